@@ -1,0 +1,231 @@
+/* ============================================================================
+ * Internal types shared by the implementation, the CUDA backend (dtrain_cuda.cu) and the
+ * transports (dtrain_comm.c). Visible with DTRAIN_IMPLEMENTATION or DTRAIN_INTERNAL_API.
+ * Not a stable API: names start with dtr__ and may change between versions.
+ * ==========================================================================*/
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- allocation ---- */
+
+void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes);
+void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
+void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
+void dtr__free(const dtr_allocation_callbacks *a, void *p);
+/** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
+dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...);
+
+/* ---- thread pool ---- */
+
+typedef struct dtr__pool dtr__pool;
+/** Body of a parallel loop: handles [begin, end) on worker `worker` (0 .. threads-1). */
+typedef void (*dtr__task_fn)(void *arg, int64_t begin, int64_t end, int worker);
+/** Starts threads-1 workers (the caller is worker 0). threads <= 1 makes a serial pool. */
+dtr_result dtr__pool_create(const dtr_allocation_callbacks *a, int threads, dtr__pool **out);
+void dtr__pool_destroy(dtr__pool *p);
+int dtr__pool_threads(const dtr__pool *p);
+/** Runs fn over [0, n) split into at most `threads` contiguous chunks of at least `grain`
+ *  items; returns when all are done. p NULL or a small n runs inline on the caller. */
+void dtr__pool_run(dtr__pool *p, int64_t n, int64_t grain, dtr__task_fn fn, void *arg);
+/** Per-worker scratch of at least `bytes`, 64-byte aligned, kept between calls (it grows only
+ *  when a larger size is asked for, so steady state allocates nothing). NULL on OOM. */
+void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes);
+
+/* ---- GEMM ---- */
+
+/** C (M, N) = alpha * A (M, K) B (K, N) + beta * C, all f32.
+ *  A(i,k) = A[i*rsa + k*csa], B(k,j) = B[k*rsb + j*csb], C(i,j) = C[i*ldc + j]; any strides
+ *  (transposed views need no copy). beta == 0 ignores C's old contents (NaN included).
+ *  Threads over `p` (NULL: serial). Packed, blocked, SIMD (AVX-512/AVX2 chosen at run time;
+ *  portable C otherwise); with DTR_USE_CBLAS through cblas_sgemm where the strides allow. */
+void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
+               const float *A, int64_t rsa, int64_t csa,
+               const float *B, int64_t rsb, int64_t csb,
+               float beta, float *C, int64_t ldc);
+/** Name of the GEMM kernel picked at run time ("avx512", "avx2", "generic", "cblas"). */
+const char *dtr__gemm_kernel_name(void);
+
+/* ---- arena ---- */
+
+typedef struct dtr__chunk {
+    struct dtr__chunk *next;
+    size_t size, used;
+    /* data follows, 64-byte aligned */
+} dtr__chunk;
+
+typedef struct dtr__arena {
+    dtr__chunk *head;          /* chunk being filled */
+    dtr__chunk *full;          /* chunks filled during this step */
+    size_t reserved, used, max_bytes, chunk_bytes;
+    const dtr_allocation_callbacks *alloc;
+} dtr__arena;
+
+void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);
+/** 64-byte aligned memory; NULL when allocation fails or max_bytes would be passed. */
+void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full);
+/** Forgets every allocation. When the step needed more than one chunk, the chunks are
+ *  replaced by one chunk of the total size, so the next step fits in one. */
+void dtr__arena_reset(dtr__arena *a);
+void dtr__arena_free(dtr__arena *a);
+
+/* ---- tensors and the tape ---- */
+
+enum {
+    DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
+    DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
+    DTR__LEAF = 4u
+};
+
+struct dtr__node;
+
+struct dtr_tensor {
+    dtr_dtype dtype;
+    int ndim;
+    int64_t shape[DTR_MAX_DIMS];
+    int64_t stride[DTR_MAX_DIMS];   /* in elements */
+    int64_t offset;                 /* in elements from storage */
+    void *storage;                  /* host or device memory */
+    float *grad;                    /* contiguous f32, logical shape; NULL until needed */
+    dtr_context *ctx;
+    struct dtr__node *node;         /* the op that made it (NULL for leaves) */
+    uint32_t flags;
+    int param_index;                /* -1 unless a parameter */
+    const char *name;
+};
+
+/** Stable op ids: append-only (traces and checkpoints store them). */
+typedef enum dtr__op {
+    DTR_OP_NONE = 0,
+    DTR_OP_ADD, DTR_OP_SUB, DTR_OP_MUL, DTR_OP_DIV, DTR_OP_SCALE,
+    DTR_OP_RELU, DTR_OP_GELU, DTR_OP_TANH, DTR_OP_SIGMOID,
+    DTR_OP_MATMUL, DTR_OP_LINEAR,
+    DTR_OP_SOFTMAX, DTR_OP_LOG_SOFTMAX, DTR_OP_SOFTMAX_CAUSAL,
+    DTR_OP_CROSS_ENTROPY, DTR_OP_MSE,
+    DTR_OP_SUM, DTR_OP_MEAN, DTR_OP_SUM_ALL, DTR_OP_MEAN_ALL,
+    DTR_OP_EMBEDDING, DTR_OP_LAYERNORM, DTR_OP_DROPOUT,
+    DTR_OP_CONV2D, DTR_OP_MAXPOOL2D, DTR_OP_AVGPOOL2D,
+    DTR_OP_CAST,
+    DTR_OP_RESHAPE, DTR_OP_PERMUTE, DTR_OP_SLICE, DTR_OP_CONCAT, DTR_OP_CONTIGUOUS,
+    DTR_OP_COUNT
+} dtr__op;
+
+#define DTR__MAX_INPUTS 4
+
+/** One recorded operation: forward arguments, saved state for backward. */
+typedef struct dtr__node {
+    int op;
+    int n_in;
+    dtr_tensor *in[DTR__MAX_INPUTS];
+    dtr_tensor *out;
+    int64_t iarg[8];
+    float farg[4];
+    void *aux;                /* saved buffers (arena): masks, indices, statistics */
+    void *aux2;
+    dtr_tensor *const *list;  /* concat inputs */
+    struct dtr__node *prev;   /* previous node on the tape */
+} dtr__node;
+
+/** Arguments of one fused optimizer update over a contiguous range. */
+typedef struct dtr__opt_args {
+    int kind;                     /* dtr_optimizer_kind */
+    int64_t n;
+    float *param, *grad, *m, *v;  /* m, v: moments (may be NULL when unused) */
+    float lr, momentum, dampening, beta1, beta2, eps, weight_decay;
+    int nesterov;
+    int64_t step;                 /* 1-based update count (bias correction) */
+    float grad_scale;             /* gradients are multiplied by this first (accumulation) */
+    int first;                    /* first SGD momentum step */
+    /* LAMB: per-parameter segments */
+    int nseg;
+    const int64_t *seg_begin, *seg_end;
+    float *work;                  /* n floats of scratch for LAMB */
+} dtr__opt_args;
+
+/** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only. */
+struct dtr_backend {
+    int abi_version;          /* DTR_VERSION_NUMBER the backend was built with */
+    const char *name;
+    dtr_result (*init)(dtr_context *ctx, void **state);
+    void (*shutdown)(dtr_context *ctx, void *state);
+    /* long-lived memory (model buffers, optimizer state) */
+    void *(*mem_alloc)(dtr_context *ctx, size_t bytes);
+    void (*mem_free)(dtr_context *ctx, void *p);
+    /* step-arena chunk memory */
+    void *(*chunk_alloc)(dtr_context *ctx, size_t bytes);
+    void (*chunk_free)(dtr_context *ctx, void *p);
+    dtr_result (*memset0)(dtr_context *ctx, void *dst, size_t bytes);
+    dtr_result (*to_host)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
+    dtr_result (*from_host)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
+    /* run the forward kernel of node->op, writing node->out (and node->aux) */
+    dtr_result (*forward)(dtr_context *ctx, dtr__node *node);
+    /* accumulate into the grads of node->in[i] that are non-NULL, from node->out->grad */
+    dtr_result (*backward)(dtr_context *ctx, dtr__node *node);
+    /* optimizer update over n contiguous floats (see dtr__opt_args) */
+    dtr_result (*optimizer_update)(dtr_context *ctx, const dtr__opt_args *args);
+    /* sum of squares of n floats into *out (host) */
+    dtr_result (*sumsq)(dtr_context *ctx, const float *x, int64_t n, double *out);
+    /* x *= s over n floats */
+    dtr_result (*scale)(dtr_context *ctx, float *x, int64_t n, float s);
+    dtr_result (*synchronize)(dtr_context *ctx);
+};
+
+struct dtr_context {
+    dtr_context_config cfg;
+    dtr_allocation_callbacks alloc;
+    const dtr_backend *backend;
+    void *backend_state;
+    dtr__pool *pool;
+    int threads;
+    dtr__arena meta;              /* tensor structs and nodes (host) */
+    dtr__arena data;              /* tensor data (backend memory) */
+    dtr__node *tape;              /* last recorded node */
+    int grad_enabled;
+    int training;
+    dtr_result status;            /* sticky */
+    char msg[512];
+    dtr_rng rng;                  /* dropout */
+    uint64_t dropout_calls;
+};
+
+/* ---- errors and logging ---- */
+
+/** Records `code` and a formatted message on ctx (the first error is sticky), logs it at
+ *  DTR_LOG_ERROR and returns code. */
+dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...);
+/** Same, returning NULL: for tensor-returning builders. */
+dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...);
+void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...);
+
+/* ---- tensor helpers ---- */
+
+/** Arena tensor struct with dense row-major strides and data from the data arena. */
+dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const char *op);
+/** Tensor struct only (views): storage shared with `base`. */
+dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
+void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
+void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
+int64_t dtr__numel(int ndim, const int64_t *shape);
+void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
+static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
+/** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
+dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);
+/** Shape as "(2, 3, 4)" into buf, for messages. */
+const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
+/** New node for `op`: records it on the tape when grad is on and an input needs grad,
+ *  then runs the backend's forward. Returns out, or NULL with the error set. */
+dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
+dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname);
+
+/* ---- CPU backend ---- */
+extern const dtr_backend dtr__cpu_backend;
+
+#ifdef __cplusplus
+}
+#endif

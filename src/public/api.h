@@ -1,0 +1,569 @@
+/* ============================================================================
+ * Public API
+ * ==========================================================================*/
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DTR_VERSION_MAJOR 0
+#define DTR_VERSION_MINOR 1
+#define DTR_VERSION_PATCH 0
+#define DTR_VERSION_NUMBER (DTR_VERSION_MAJOR * 10000 + DTR_VERSION_MINOR * 100 + DTR_VERSION_PATCH)
+#define DTR_VERSION_STRING "0.1.0"
+
+#ifndef DTR_API
+#define DTR_API
+#endif
+
+/** Maximum number of dimensions of a tensor. */
+#define DTR_MAX_DIMS 6
+
+/* ---- results ---- */
+
+/** Result codes. Zero is success; errors are negative and grouped by range:
+ *  -1..-99 general, -100..-199 files and data, -200..-299 communication.
+ *  The list is append-only. */
+typedef enum dtr_result {
+    DTR_OK = 0,
+    DTR_INVALID_ARGUMENT = -1,  /**< an argument is out of range or inconsistent */
+    DTR_NULL_HANDLE = -2,       /**< a required handle or pointer was NULL */
+    DTR_SHAPE_MISMATCH = -3,    /**< tensor shapes do not fit the operation */
+    DTR_DTYPE_MISMATCH = -4,    /**< tensor dtype not supported by the operation */
+    DTR_OUT_OF_MEMORY = -5,     /**< an allocation callback returned NULL */
+    DTR_ARENA_FULL = -6,        /**< the step arena hit arena_max_bytes */
+    DTR_BAD_STATE = -7,         /**< call made in the wrong order or state */
+    DTR_UNSUPPORTED = -8,       /**< feature not compiled in or not available */
+    DTR_NOT_FOUND = -9,         /**< a named item does not exist */
+    DTR_VERSION_MISMATCH = -10, /**< a unit was built against another header version */
+    DTR_IO_ERROR = -100,        /**< a file could not be opened, read or written */
+    DTR_CORRUPT_FILE = -101,    /**< a file's contents are malformed */
+    DTR_TIMEOUT = -200,         /**< a deadline passed */
+    DTR_PEER_FAILED = -201      /**< a peer died or stopped answering */
+} dtr_result;
+
+/** Short constant description of a result code ("shape mismatch"). Thread safe. */
+DTR_API const char *dtr_result_string(dtr_result r);
+
+/** Runtime version as DTR_VERSION_NUMBER; compare with the macro to detect a header/library skew. */
+DTR_API int dtr_version(void);
+/** Runtime version string, "major.minor.patch". */
+DTR_API const char *dtr_version_string(void);
+
+/* ---- dtypes ---- */
+
+/** Element types. Compute is f32; bf16 and f16 are storage types. Append-only. */
+typedef enum dtr_dtype {
+    DTR_F32 = 0,
+    DTR_BF16 = 1,
+    DTR_F16 = 2,
+    DTR_I32 = 3,   /**< class indices, token ids */
+    DTR_U8 = 4
+} dtr_dtype;
+
+/** Size in bytes of one element of `dt`; 0 for an unknown dtype. */
+DTR_API size_t dtr_dtype_size(dtr_dtype dt);
+/** Name of the dtype ("f32", "bf16", ...). */
+DTR_API const char *dtr_dtype_name(dtr_dtype dt);
+
+/** Scalar conversions (round to nearest even; NaN and Inf preserved). Thread safe. */
+DTR_API uint16_t dtr_f32_to_bf16(float x);
+DTR_API float dtr_bf16_to_f32(uint16_t x);
+DTR_API uint16_t dtr_f32_to_f16(float x);
+DTR_API float dtr_f16_to_f32(uint16_t x);
+/** Converts `n` elements between dtypes (f32, bf16, f16, i32, u8). `src` and `dst` must not overlap.
+ *  Returns DTR_DTYPE_MISMATCH for an unknown dtype. Thread safe. */
+DTR_API dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtype src_dtype, size_t n);
+
+/* ---- context ---- */
+
+typedef struct dtr_context dtr_context;
+typedef struct dtr_tensor dtr_tensor;
+typedef struct dtr_backend dtr_backend;
+
+/** Allocation callbacks, as in miniaudio. All NULL means the C library's malloc/realloc/free.
+ *  Either all three are set or none. */
+typedef struct dtr_allocation_callbacks {
+    void *user;
+    void *(*malloc_fn)(size_t bytes, void *user);
+    void *(*realloc_fn)(void *p, size_t bytes, void *user);
+    void (*free_fn)(void *p, void *user);
+} dtr_allocation_callbacks;
+
+typedef enum dtr_log_level {
+    DTR_LOG_ERROR = 0,
+    DTR_LOG_WARN = 1,
+    DTR_LOG_INFO = 2,
+    DTR_LOG_DEBUG = 3
+} dtr_log_level;
+
+/** Log callback. `msg` is valid only during the call. May be called from worker threads. */
+typedef void (*dtr_log_fn)(void *user, dtr_log_level level, const char *msg);
+
+/** Context configuration. Make one with dtr_context_config_init(); zero means default everywhere. */
+typedef struct dtr_context_config {
+    const dtr_backend *backend;      /**< NULL: the CPU backend in dtrain.h */
+    int device;                      /**< device ordinal for GPU backends */
+    int threads;                     /**< compute threads; 0: the number of online cores */
+    size_t arena_bytes;              /**< initial step-arena size; 0: 16 MiB. It grows by whole chunks */
+    size_t arena_max_bytes;          /**< hard limit for the step arena; 0: no limit. Past it: DTR_ARENA_FULL */
+    dtr_allocation_callbacks alloc;  /**< allocation callbacks; zero: libc */
+    dtr_log_fn log;                  /**< log callback; NULL: the library never prints */
+    void *log_user;                  /**< passed to `log` */
+    dtr_log_level log_level;         /**< most verbose level passed to `log` (default DTR_LOG_WARN) */
+    uint64_t seed;                   /**< seed of the context RNG (dropout); 0 is a valid seed */
+} dtr_context_config;
+
+/** Returns a configuration with every field at its default. */
+DTR_API dtr_context_config dtr_context_config_init(void);
+
+/** Creates a context: the backend, the thread pool and the step arena.
+ *  @param cfg  configuration, or NULL for defaults.
+ *  @param out  receives the context (NULL on failure).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_OUT_OF_MEMORY, DTR_VERSION_MISMATCH
+ *          (a backend built against another header) or the backend's init error.
+ *  Thread safety: contexts are independent; one context is used by one thread at a time. */
+DTR_API dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out);
+
+/** Destroys a context and everything allocated from its arena. NULL is ignored. */
+DTR_API void dtr_context_destroy(dtr_context *ctx);
+
+/** The sticky status: DTR_OK or the first error recorded by a tensor-returning call since the
+ *  last dtr_context_clear_error(). Check it once after building a graph. */
+DTR_API dtr_result dtr_context_status(const dtr_context *ctx);
+
+/** The message of the most recent error on this context (names the op or file), or "". */
+DTR_API const char *dtr_context_last_error(const dtr_context *ctx);
+
+/** Clears the sticky status and the message. */
+DTR_API void dtr_context_clear_error(dtr_context *ctx);
+
+/** Ends a step: forgets the tape and releases every arena tensor (activations, gradients of
+ *  non-parameters). Model parameters and their gradients are untouched. Once the arena has
+ *  grown to the step's size, later steps allocate nothing. Returns DTR_NULL_HANDLE for NULL. */
+DTR_API dtr_result dtr_context_reset(dtr_context *ctx);
+
+/** Turns tape recording on (default) or off (inference; no backward, less memory).
+ *  Returns the previous setting. */
+DTR_API int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled);
+
+/** Training mode (dropout active; default) or evaluation mode. Returns the previous setting. */
+DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
+
+/** Number of compute threads of the context. */
+DTR_API int dtr_context_threads(const dtr_context *ctx);
+
+/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL. */
+DTR_API void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used);
+
+/** The backend's name ("cpu", "cuda"). */
+DTR_API const char *dtr_context_backend_name(const dtr_context *ctx);
+
+/* ---- tensors ---- */
+
+/** New tensor of the step arena, contents undefined. Lives until dtr_context_reset().
+ *  On error the sticky status is set and NULL returned (here and in every op builder). */
+DTR_API dtr_tensor *dtr_tensor_new(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape);
+/** Shorthands of dtr_tensor_new for f32 tensors of 1 to 4 dims. */
+DTR_API dtr_tensor *dtr_tensor_1d(dtr_context *ctx, int64_t n0);
+DTR_API dtr_tensor *dtr_tensor_2d(dtr_context *ctx, int64_t n0, int64_t n1);
+DTR_API dtr_tensor *dtr_tensor_3d(dtr_context *ctx, int64_t n0, int64_t n1, int64_t n2);
+DTR_API dtr_tensor *dtr_tensor_4d(dtr_context *ctx, int64_t n0, int64_t n1, int64_t n2, int64_t n3);
+/** New arena tensor filled with zeros / with `value`. */
+DTR_API dtr_tensor *dtr_tensor_zeros(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape);
+DTR_API dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *shape, float value);
+/** Arena tensor that copies `n = numel` elements of type `dt` from host memory `src`. */
+DTR_API dtr_tensor *dtr_tensor_from(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const void *src);
+
+/** Shape queries. dtr_tensor_dim accepts negative axes (-1 is the last). NULL gives 0. */
+DTR_API int dtr_tensor_ndim(const dtr_tensor *t);
+DTR_API int64_t dtr_tensor_dim(const dtr_tensor *t, int axis);
+DTR_API int64_t dtr_tensor_numel(const dtr_tensor *t);
+DTR_API dtr_dtype dtr_tensor_dtype(const dtr_tensor *t);
+/** Stride of `axis` in elements (views may be non-contiguous). */
+DTR_API int64_t dtr_tensor_stride(const dtr_tensor *t, int axis);
+/** 1 when the elements are dense in row-major order. */
+DTR_API int dtr_tensor_is_contiguous(const dtr_tensor *t);
+/** Pointer to the first element in host memory (CPU backend), honouring the view offset.
+ *  NULL for tensors on a device: use dtr_tensor_read/write. */
+DTR_API void *dtr_tensor_data(dtr_tensor *t);
+/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. */
+DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** The name given to a parameter, or "". */
+DTR_API const char *dtr_tensor_name(const dtr_tensor *t);
+/** Copies the elements in row-major order into host memory `dst` converted to `dt`
+ *  (`n` must equal numel). Works for any backend and any view. */
+DTR_API dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t n);
+/** Copies `n` = numel elements of type `dt` from host memory into `t` (converted). */
+DTR_API dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t n);
+/** f32 element at a flat row-major index of the logical shape; 0 on error. Handy in tests. */
+DTR_API float dtr_tensor_get(const dtr_tensor *t, int64_t index);
+/** Marks an arena tensor as requiring a gradient (a leaf the app wants dL/dt of). */
+DTR_API dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t);
+
+/* ---- ops (autograd) ----
+ * Each op checks its inputs, records a tape node when grad is enabled and any input needs a
+ * gradient, runs the forward kernel of the context's backend and returns the result.
+ * Inputs are f32 unless stated (indices are i32). On a bad shape, dtype or NULL input the
+ * op records a message naming itself on the context and returns NULL; an op given NULL
+ * passes the NULL on, so a whole graph can be built and the status checked once.
+ * Binary element-wise ops broadcast as NumPy does. Shapes: B batch, T time, C channels. */
+
+/** Element-wise a + b, a - b, a * b, a / b with broadcasting. */
+DTR_API dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+DTR_API dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+/** s * x. */
+DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
+/** Activations, element-wise. gelu is the tanh approximation (as GPT-2). */
+DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
+
+/** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
+ *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
+ *  transposed views (no copy). */
+DTR_API dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+/** x (..., in) times w (out, in) transposed plus bias (out) (bias may be NULL): (..., out). */
+DTR_API dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias);
+
+/** Softmax and log-softmax over the last axis. */
+DTR_API dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
+/** Softmax over the last axis of (..., T, T) scores with a causal mask: position j > i of
+ *  row i gets probability 0. */
+DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
+
+/** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)).
+ *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0). */
+DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
+/** Mean squared error between same-shaped tensors; scalar. */
+DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
+
+/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. */
+DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
+/** Sum / mean of all elements; scalar. */
+DTR_API dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
+
+/** Rows of `table` (V, C) picked by i32 `ids` (any shape S): (S..., C). An id outside [0, V)
+ *  is DTR_INVALID_ARGUMENT. */
+DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
+/** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
+DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** Inverted dropout with probability p, from the context's seeded RNG; identity when the
+ *  context is in evaluation mode or p == 0. */
+DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
+
+/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W'). */
+DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                               int stride, int padding);
+/** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
+ *  Average pooling divides by k*k (padding counts as zeros). */
+DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
+
+/** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
+ *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
+ *  permute and softmax_causal, so it shares their backward passes. */
+DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
+
+/** Converts to another dtype. f32 <-> bf16/f16: the backward pass converts the gradient
+ *  straight through. */
+DTR_API dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt);
+
+/* ---- views ----
+ * Views share storage with their input (no copy) and have their own gradient. Ops accept
+ * non-contiguous views. */
+
+/** Same elements, new shape; one entry may be -1. Copies only if `x` is not contiguous. */
+DTR_API dtr_tensor *dtr_reshape(dtr_context *ctx, dtr_tensor *x, int ndim, const int64_t *shape);
+/** Swaps two axes. */
+DTR_API dtr_tensor *dtr_transpose(dtr_context *ctx, dtr_tensor *x, int axis0, int axis1);
+/** Reorders axes: result axis i is input axis perm[i]. */
+DTR_API dtr_tensor *dtr_permute(dtr_context *ctx, dtr_tensor *x, const int *perm);
+/** Elements [start, end) of `axis` (negative values count from the end). */
+DTR_API dtr_tensor *dtr_slice(dtr_context *ctx, dtr_tensor *x, int axis, int64_t start, int64_t end);
+/** Concatenates n tensors along `axis` (a copy). */
+DTR_API dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int n, int axis);
+/** A contiguous copy of `x` (or `x` itself when it already is). */
+DTR_API dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x);
+
+/* ---- autograd ---- */
+
+/** Runs the tape backwards from the scalar `loss` (seed 1). Gradients of parameters
+ *  accumulate into the model's gradient buffer (call dtr_model_zero_grad between steps, or
+ *  let the optimizer do it); gradients of other tensors live in the arena.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (loss not a scalar), DTR_BAD_STATE
+ *          (grad recording was off), or the sticky error. */
+DTR_API dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss);
+
+/* ---- random numbers ---- */
+
+/** A small, fast, seedable generator (PCG32). Deterministic across platforms. */
+typedef struct dtr_rng { uint64_t state, inc; } dtr_rng;
+/** Seeds a generator; different `stream` values give independent sequences. */
+DTR_API void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream);
+DTR_API uint32_t dtr_rng_u32(dtr_rng *rng);
+/** Uniform in [0, 1). */
+DTR_API float dtr_rng_uniform(dtr_rng *rng);
+/** Standard normal (Box-Muller). */
+DTR_API float dtr_rng_normal(dtr_rng *rng);
+
+/* ---- models, parameters, layers ---- */
+
+typedef struct dtr_model dtr_model;
+
+/** Parameter initialisers. Fan-in/fan-out are taken from the shape as PyTorch does
+ *  (dim 1 times the receptive field is fan-in, dim 0 times it is fan-out). Append-only. */
+typedef enum dtr_init {
+    DTR_INIT_ZEROS = 0,
+    DTR_INIT_ONES = 1,
+    DTR_INIT_NORMAL = 2,          /**< N(0, arg^2) */
+    DTR_INIT_UNIFORM = 3,         /**< U(-arg, arg) */
+    DTR_INIT_KAIMING_UNIFORM = 4, /**< He et al., U(-b, b), b = sqrt(6 / fan_in) (ReLU gain) */
+    DTR_INIT_KAIMING_NORMAL = 5,  /**< N(0, 2 / fan_in) */
+    DTR_INIT_XAVIER_UNIFORM = 6,  /**< Glorot, U(-b, b), b = sqrt(6 / (fan_in + fan_out)) */
+    DTR_INIT_XAVIER_NORMAL = 7,   /**< N(0, 2 / (fan_in + fan_out)) */
+    DTR_INIT_TORCH_DEFAULT = 8    /**< PyTorch's nn.Linear/Conv default: U(-1/sqrt(fan_in), +) */
+} dtr_init;
+
+/** Creates an empty model on `ctx`. Parameters, gradients and optimizer state live in
+ *  contiguous buffers the model owns (allocated once by dtr_model_build or the first use).
+ *  @param seed  seeds every initialiser (parameter i uses stream i). */
+DTR_API dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out);
+/** Frees the model, its buffers and its layers. NULL is ignored. */
+DTR_API void dtr_model_destroy(dtr_model *m);
+
+/** Declares a parameter. Names must be unique (they key checkpoints). `arg` is the std or
+ *  bound for DTR_INIT_NORMAL / UNIFORM. Returns the parameter tensor (valid for the model's
+ *  lifetime; its data exists after dtr_model_build), or NULL with the context's error set
+ *  (duplicate name, bad shape, model already built). */
+DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
+                                    dtr_init init, float arg);
+/** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
+ *  Called automatically by the first forward use; calling it twice is harmless. */
+DTR_API dtr_result dtr_model_build(dtr_model *m);
+/** Number of parameters (tensors) and of scalar elements. */
+DTR_API int dtr_model_param_count(const dtr_model *m);
+DTR_API int64_t dtr_model_numel(const dtr_model *m);
+/** Parameter i in declaration order, or NULL. */
+DTR_API dtr_tensor *dtr_model_param_at(const dtr_model *m, int i);
+/** Parameter by name, or NULL. */
+DTR_API dtr_tensor *dtr_model_find(const dtr_model *m, const char *name);
+/** Offset in elements of parameter i in the contiguous buffers. */
+DTR_API int64_t dtr_model_param_offset(const dtr_model *m, int i);
+/** The contiguous f32 parameter and gradient buffers (host pointers on the CPU backend;
+ *  NULL before build). Layout: parameters in declaration order, each 16-float aligned. */
+DTR_API float *dtr_model_params(dtr_model *m);
+DTR_API float *dtr_model_grads(dtr_model *m);
+/** Zeroes the gradient buffer. */
+DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
+/** The context the model lives on. */
+DTR_API dtr_context *dtr_model_context(const dtr_model *m);
+
+/** Fully connected layer: weight (out, in), optional bias (out). */
+typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
+/** 2-D convolution layer: weight (out, in, k, k), bias (out). */
+typedef struct dtr_conv2d_layer {
+    dtr_tensor *weight, *bias;
+    int64_t in, out;
+    int k, stride, padding;
+} dtr_conv2d_layer;
+/** Layer norm over the last axis: weight (C) = 1, bias (C) = 0. */
+typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
+/** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
+typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
+/** Causal self-attention: qkv projection (3C, C) and output projection (C, C). */
+typedef struct dtr_attention_layer { dtr_linear_layer qkv, proj; int64_t dim; int heads; } dtr_attention_layer;
+/** Pre-norm GPT block: x + attn(ln1(x)), then x + mlp(ln2(x)) with mlp = fc2(gelu(fc1)). */
+typedef struct dtr_gpt_block {
+    dtr_layernorm_layer ln1, ln2;
+    dtr_attention_layer attn;
+    dtr_linear_layer fc, fc_proj;
+} dtr_gpt_block;
+
+/** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill
+ *  `layer`. `init` applies to weights (DTR_INIT_TORCH_DEFAULT matches PyTorch); biases follow
+ *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error. */
+DTR_API dtr_result dtr_linear_layer_init(dtr_linear_layer *layer, dtr_model *m, const char *name,
+                                         int64_t in, int64_t out, int bias, dtr_init init);
+DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
+                                         int64_t in, int64_t out, int k, int stride, int padding,
+                                         dtr_init init);
+DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
+                                            int64_t dim);
+DTR_API dtr_result dtr_embedding_layer_init(dtr_embedding_layer *layer, dtr_model *m, const char *name,
+                                            int64_t vocab, int64_t dim);
+DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_model *m, const char *name,
+                                            int64_t dim, int heads);
+DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const char *name,
+                                      int64_t dim, int heads);
+/** Forward passes of the layers (ops with autograd). */
+DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
+/** x (B, T, C) -> (B, T, C). */
+DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
+
+/** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
+ *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure. */
+DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
+/** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
+ *  field is validated; a missing parameter, a shape mismatch or a corrupt file gives
+ *  DTR_NOT_FOUND / DTR_SHAPE_MISMATCH / DTR_CORRUPT_FILE with the file and tensor named, and
+ *  leaves the model's values unchanged. Entries the model does not have are ignored. */
+DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
+
+/* ---- safetensors, low level ---- */
+
+/** One tensor of a safetensors file. */
+typedef struct dtr_st_entry {
+    char name[256];
+    dtr_dtype dtype;
+    int ndim;
+    int64_t shape[DTR_MAX_DIMS];
+    uint64_t begin, end;   /**< byte offsets inside the data section */
+    const void *data;      /**< points into the loaded file (dtr_st_file) */
+} dtr_st_entry;
+
+/** A parsed, validated safetensors file held in memory. */
+typedef struct dtr_st_file {
+    dtr_st_entry *entries;
+    int count;
+    void *bytes;       /**< the whole file */
+    size_t size;
+    const dtr_allocation_callbacks *alloc;
+} dtr_st_file;
+
+/** Parses and validates a safetensors image in memory (no copy: entries point into `bytes`,
+ *  which must outlive `out`). Checks the header length, the JSON syntax, each dtype, shape
+ *  and data_offsets (inside the data section, matching dtype x numel, no overlap, covering
+ *  the section). `err`/`errlen` receive a message naming the problem. */
+DTR_API dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
+                                dtr_st_file *out, char *err, size_t errlen);
+/** Reads a whole file and parses it. */
+DTR_API dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc,
+                               dtr_st_file *out, char *err, size_t errlen);
+/** Frees what dtr_st_parse / dtr_st_open allocated. */
+DTR_API void dtr_st_close(dtr_st_file *f);
+/** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
+ *  and rename. `data[i]` holds the elements of entry i in its dtype. */
+DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
+                                int count, char *err, size_t errlen);
+
+/* ---- optimizers ---- */
+
+typedef enum dtr_optimizer_kind {
+    DTR_OPT_SGD = 0,    /**< momentum, Nesterov, L2 weight decay (added to the gradient) */
+    DTR_OPT_ADAM = 1,   /**< L2 weight decay added to the gradient, as torch.optim.Adam */
+    DTR_OPT_ADAMW = 2,  /**< decoupled weight decay */
+    DTR_OPT_LAMB = 3    /**< layer-wise trust ratio over AdamW-style updates (You et al.) */
+} dtr_optimizer_kind;
+
+typedef enum dtr_schedule_kind {
+    DTR_SCHED_CONSTANT = 0,
+    DTR_SCHED_STEP = 1,    /**< lr * gamma^(floor(step / step_size)) */
+    DTR_SCHED_COSINE = 2   /**< cosine from lr to min_lr over total_steps */
+} dtr_schedule_kind;
+
+/** A learning-rate schedule with optional linear warm-up (from 0 over warmup_steps). */
+typedef struct dtr_schedule {
+    dtr_schedule_kind kind;
+    float lr;
+    float min_lr;
+    int64_t warmup_steps;
+    int64_t total_steps;   /**< cosine length (after warm-up) */
+    int64_t step_size;     /**< step schedule period */
+    float gamma;           /**< step schedule factor */
+} dtr_schedule;
+
+/** Learning rate at optimizer step `step` (0-based). Pure function. */
+DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
+
+typedef struct dtr_optimizer_config {
+    dtr_optimizer_kind kind;
+    dtr_schedule schedule;  /**< schedule.lr is the learning rate */
+    float momentum;         /**< SGD */
+    int nesterov;           /**< SGD */
+    float dampening;        /**< SGD */
+    float beta1, beta2, eps;/**< Adam family (defaults 0.9, 0.999, 1e-8; LAMB eps 1e-6) */
+    float weight_decay;
+    float clip_norm;        /**< > 0: clip the global gradient norm before each update */
+    int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
+} dtr_optimizer_config;
+
+/** Defaults for `kind` with learning rate `lr` (constant schedule). */
+DTR_API dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr);
+
+typedef struct dtr_optimizer dtr_optimizer;
+
+/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers. */
+DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
+DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
+/** One call per micro-batch after dtr_backward. Applies an update (clipping and schedule
+ *  included) once every grad_accum_steps calls, then zeroes the gradients.
+ *  @param updated  set to 1 when parameters changed (may be NULL). */
+DTR_API dtr_result dtr_optimizer_step(dtr_optimizer *opt, int *updated);
+/** Number of updates applied so far (the schedule's step). */
+DTR_API int64_t dtr_optimizer_steps(const dtr_optimizer *opt);
+/** The learning rate of the next update. */
+DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
+/** Replaces the base learning rate (schedule.lr). */
+DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
+/** The optimizer's state buffers (moments) for checkpointing: `count` buffers of
+ *  dtr_model_numel floats each. */
+DTR_API float *dtr_optimizer_state(dtr_optimizer *opt, int index, int *count);
+
+/** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
+ *  @param norm_out receives the norm before clipping (may be NULL). */
+DTR_API dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out);
+
+/* ---- data: IDX (MNIST family) ---- */
+
+/** An IDX array: dims and u8/i8/i16/i32/f32/f64 data converted to f32 (labels to i32). */
+typedef struct dtr_idx {
+    int ndim;
+    int64_t dims[DTR_MAX_DIMS];
+    dtr_dtype dtype;          /**< DTR_U8 for unsigned byte data, else DTR_F32 / DTR_I32 */
+    void *data;               /**< numel elements of `dtype` */
+    int64_t numel;
+    const dtr_allocation_callbacks *alloc;
+} dtr_idx;
+
+/** Reads an IDX file, gzip-compressed or not (gzip needs DTR_USE_ZLIB and -lz; without it a
+ *  .gz file gives DTR_UNSUPPORTED with a message). Validates the magic, the dims against the
+ *  file length, and rejects truncated files with DTR_CORRUPT_FILE naming the path. */
+DTR_API dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks *alloc, dtr_idx *out,
+                                char *err, size_t errlen);
+/** Parses an uncompressed IDX image in memory (copies the data). */
+DTR_API dtr_result dtr_idx_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
+                                 dtr_idx *out, char *err, size_t errlen);
+DTR_API void dtr_idx_free(dtr_idx *idx);
+
+/** Fashion-MNIST / MNIST in memory: images as f32 in [0, 1] (N, 28*28), labels i32 (N). */
+typedef struct dtr_mnist {
+    float *train_x, *test_x;
+    int32_t *train_y, *test_y;
+    int64_t train_n, test_n;
+    int rows, cols;
+    const dtr_allocation_callbacks *alloc;
+} dtr_mnist;
+
+/** Loads the four files train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz],
+ *  t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] from `dir`. Checks that counts
+ *  agree and labels are in 0..9. */
+DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
+                                  char *err, size_t errlen);
+DTR_API void dtr_mnist_free(dtr_mnist *d);
+
+#ifdef __cplusplus
+}
+#endif
