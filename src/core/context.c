@@ -1,0 +1,318 @@
+/* ============================================================================
+ * Context: configuration, backend, thread pool, step arena, errors, logging, RNG.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "internal.h"
+#include <math.h>
+#ifndef _WIN32
+#include <unistd.h>
+#endif
+
+/* ---- version and result strings ---- */
+
+int dtr_version(void) { return DTR_VERSION_NUMBER; }
+const char *dtr_version_string(void) { return DTR_VERSION_STRING; }
+
+const char *dtr_result_string(dtr_result r) {
+    switch (r) {
+    case DTR_OK: return "ok";
+    case DTR_INVALID_ARGUMENT: return "invalid argument";
+    case DTR_NULL_HANDLE: return "null handle";
+    case DTR_SHAPE_MISMATCH: return "shape mismatch";
+    case DTR_DTYPE_MISMATCH: return "dtype mismatch";
+    case DTR_OUT_OF_MEMORY: return "out of memory";
+    case DTR_ARENA_FULL: return "arena full";
+    case DTR_BAD_STATE: return "bad state";
+    case DTR_UNSUPPORTED: return "unsupported";
+    case DTR_NOT_FOUND: return "not found";
+    case DTR_VERSION_MISMATCH: return "version mismatch";
+    case DTR_IO_ERROR: return "i/o error";
+    case DTR_CORRUPT_FILE: return "corrupt file";
+    case DTR_TIMEOUT: return "timeout";
+    case DTR_PEER_FAILED: return "peer failed";
+    }
+    return "unknown error";
+}
+
+/* ---- arena ---- */
+
+#define DTR__ALIGN 64
+#define DTR__CHUNK_HDR ((sizeof(dtr__chunk) + DTR__ALIGN - 1) / DTR__ALIGN * DTR__ALIGN)
+
+void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes) {
+    memset(a, 0, sizeof(*a));
+    a->alloc = alloc;
+    a->chunk_bytes = chunk_bytes;
+    a->max_bytes = max_bytes;
+}
+
+static dtr__chunk *dtr__chunk_new(dtr__arena *a, size_t bytes) {
+    /* over-allocate so the payload can be aligned whatever malloc returns */
+    char *raw = (char *)dtr__malloc(a->alloc, DTR__CHUNK_HDR + bytes + DTR__ALIGN);
+    dtr__chunk *c;
+    if (!raw) return NULL;
+    c = (dtr__chunk *)raw;
+    c->next = NULL;
+    c->size = bytes;
+    c->used = 0;
+    a->reserved += bytes;
+    return c;
+}
+
+static char *dtr__chunk_data(dtr__chunk *c) {
+    uintptr_t p = (uintptr_t)((char *)c + DTR__CHUNK_HDR);
+    return (char *)((p + DTR__ALIGN - 1) & ~(uintptr_t)(DTR__ALIGN - 1));
+}
+
+void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
+    size_t need = (bytes + DTR__ALIGN - 1) & ~(size_t)(DTR__ALIGN - 1);
+    dtr__chunk *c = a->head;
+    if (full) *full = 0;
+    if (need == 0) need = DTR__ALIGN;
+    if (!c || c->used + need > c->size) {
+        size_t sz = need > a->chunk_bytes ? need : a->chunk_bytes;
+        if (a->max_bytes && a->reserved + sz > a->max_bytes) {
+            /* last try: a chunk just big enough */
+            sz = need;
+            if (a->reserved + sz > a->max_bytes) { if (full) *full = 1; return NULL; }
+        }
+        c = dtr__chunk_new(a, sz);
+        if (!c) return NULL;
+        if (a->head) { a->head->next = a->full; a->full = a->head; }
+        a->head = c;
+    }
+    {
+        char *p = dtr__chunk_data(c) + c->used;
+        c->used += need;
+        a->used += need;
+        return p;
+    }
+}
+
+void dtr__arena_reset(dtr__arena *a) {
+    if (a->full) {
+        /* the step needed several chunks: replace them all by one of the total size */
+        size_t total = a->reserved;
+        dtr__chunk *c = a->full, *n;
+        while (c) { n = c->next; dtr__free(a->alloc, c); c = n; }
+        a->full = NULL;
+        if (a->head) dtr__free(a->alloc, a->head);
+        a->head = NULL;
+        a->reserved = 0;
+        if (a->max_bytes && total > a->max_bytes) total = a->max_bytes;
+        a->head = dtr__chunk_new(a, total); /* NULL is fine: the next alloc retries */
+    } else if (a->head) {
+        a->head->used = 0;
+    }
+    a->used = 0;
+}
+
+void dtr__arena_free(dtr__arena *a) {
+    dtr__chunk *c = a->full, *n;
+    while (c) { n = c->next; dtr__free(a->alloc, c); c = n; }
+    if (a->head) dtr__free(a->alloc, a->head);
+    a->head = a->full = NULL;
+    a->reserved = a->used = 0;
+}
+
+/* ---- errors and logging ---- */
+
+static void dtr__vlog(const dtr_context *ctx, dtr_log_level level, const char *fmt, va_list ap) {
+    char buf[1024];
+    if (!ctx || !ctx->cfg.log || (int)level > (int)ctx->cfg.log_level) return;
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    ctx->cfg.log(ctx->cfg.log_user, level, buf);
+}
+
+void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dtr__vlog(ctx, level, fmt, ap);
+    va_end(ap);
+}
+
+static dtr_result dtr__vfail(dtr_context *ctx, dtr_result code, const char *fmt, va_list ap) {
+    if (!ctx) return code;
+    if (ctx->status == DTR_OK) {
+        ctx->status = code;
+        vsnprintf(ctx->msg, sizeof(ctx->msg), fmt, ap);
+        if (ctx->cfg.log && ctx->cfg.log_level >= DTR_LOG_ERROR)
+            ctx->cfg.log(ctx->cfg.log_user, DTR_LOG_ERROR, ctx->msg);
+    }
+    return code;
+}
+
+dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dtr__vfail(ctx, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    dtr__vfail(ctx, code, fmt, ap);
+    va_end(ap);
+    return NULL;
+}
+
+dtr_result dtr_context_status(const dtr_context *ctx) { return ctx ? ctx->status : DTR_NULL_HANDLE; }
+const char *dtr_context_last_error(const dtr_context *ctx) { return ctx ? ctx->msg : "null context"; }
+
+void dtr_context_clear_error(dtr_context *ctx) {
+    if (!ctx) return;
+    ctx->status = DTR_OK;
+    ctx->msg[0] = 0;
+}
+
+/* ---- configuration and lifetime ---- */
+
+dtr_context_config dtr_context_config_init(void) {
+    dtr_context_config c;
+    memset(&c, 0, sizeof(c));
+    c.log_level = DTR_LOG_WARN;
+    return c;
+}
+
+static int dtr__online_cores(void) {
+#if defined(_SC_NPROCESSORS_ONLN)
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+#else
+    return 1;
+#endif
+}
+
+dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) {
+    dtr_context_config def = dtr_context_config_init();
+    dtr_context *ctx;
+    dtr_result r;
+    const dtr_allocation_callbacks *a;
+    if (!out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (!cfg) cfg = &def;
+    a = &cfg->alloc;
+    if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
+        return DTR_INVALID_ARGUMENT;
+    if (cfg->threads < 0 || cfg->threads > 1024) return DTR_INVALID_ARGUMENT;
+    if (cfg->backend && cfg->backend->abi_version != DTR_VERSION_NUMBER) return DTR_VERSION_MISMATCH;
+    ctx = (dtr_context *)dtr__calloc(a, sizeof(*ctx));
+    if (!ctx) return DTR_OUT_OF_MEMORY;
+    ctx->cfg = *cfg;
+    ctx->alloc = cfg->alloc;
+    ctx->backend = cfg->backend ? cfg->backend : &dtr__cpu_backend;
+    ctx->threads = cfg->threads ? cfg->threads : dtr__online_cores();
+    ctx->grad_enabled = 1;
+    ctx->training = 1;
+    dtr_rng_seed(&ctx->rng, cfg->seed, 0x64747261696eULL);
+    dtr__arena_init(&ctx->meta, &ctx->alloc, 1u << 20, 0);
+    dtr__arena_init(&ctx->data, &ctx->alloc, cfg->arena_bytes ? cfg->arena_bytes : (16u << 20), cfg->arena_max_bytes);
+    r = dtr__pool_create(&ctx->alloc, ctx->threads, &ctx->pool);
+    if (r != DTR_OK) { dtr__free(&ctx->alloc, ctx); return r; }
+    if (ctx->backend->init) {
+        r = ctx->backend->init(ctx, &ctx->backend_state);
+        if (r != DTR_OK) {
+            dtr__pool_destroy(ctx->pool);
+            dtr__free(&ctx->alloc, ctx);
+            return r;
+        }
+    }
+    *out = ctx;
+    return DTR_OK;
+}
+
+void dtr_context_destroy(dtr_context *ctx) {
+    dtr_allocation_callbacks a;
+    if (!ctx) return;
+    a = ctx->alloc;
+    dtr__arena_free(&ctx->meta);
+    dtr__arena_free(&ctx->data);
+    if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);
+    dtr__pool_destroy(ctx->pool);
+    dtr__free(&a, ctx);
+}
+
+dtr_result dtr_context_reset(dtr_context *ctx) {
+    if (!ctx) return DTR_NULL_HANDLE;
+    dtr__arena_reset(&ctx->meta);
+    dtr__arena_reset(&ctx->data);
+    ctx->tape = NULL;
+    return DTR_OK;
+}
+
+int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled) {
+    int old;
+    if (!ctx) return 0;
+    old = ctx->grad_enabled;
+    ctx->grad_enabled = enabled ? 1 : 0;
+    return old;
+}
+
+int dtr_context_set_training(dtr_context *ctx, int training) {
+    int old;
+    if (!ctx) return 0;
+    old = ctx->training;
+    ctx->training = training ? 1 : 0;
+    return old;
+}
+
+int dtr_context_threads(const dtr_context *ctx) { return ctx ? ctx->threads : 0; }
+
+void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used) {
+    if (reserved) *reserved = ctx ? ctx->data.reserved + ctx->meta.reserved : 0;
+    if (used) *used = ctx ? ctx->data.used + ctx->meta.used : 0;
+}
+
+const char *dtr_context_backend_name(const dtr_context *ctx) {
+    return ctx && ctx->backend ? ctx->backend->name : "";
+}
+
+void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
+    int full = 0;
+    void *p = dtr__arena_alloc(&ctx->meta, bytes, &full);
+    if (!p) dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes of tensor metadata", op, bytes);
+    return p;
+}
+
+void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
+    int full = 0;
+    void *p = dtr__arena_alloc(&ctx->data, bytes, &full);
+    if (!p) {
+        if (full)
+            dtr__fail(ctx, DTR_ARENA_FULL, "%s: step arena full (%zu bytes asked, %zu of %zu reserved); "
+                      "raise arena_max_bytes or use smaller batches", op, bytes, ctx->data.reserved,
+                      ctx->data.max_bytes);
+        else
+            dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", op, bytes);
+    }
+    return p;
+}
+
+/* ---- random numbers (PCG32, O'Neill) ---- */
+
+void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream) {
+    rng->state = 0;
+    rng->inc = (stream << 1u) | 1u;
+    dtr_rng_u32(rng);
+    rng->state += seed;
+    dtr_rng_u32(rng);
+}
+
+uint32_t dtr_rng_u32(dtr_rng *rng) {
+    uint64_t old = rng->state;
+    uint32_t xorshifted, rot;
+    rng->state = old * 6364136223846793005ULL + rng->inc;
+    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
+    rot = (uint32_t)(old >> 59u);
+    return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
+}
+
+float dtr_rng_uniform(dtr_rng *rng) { return (float)(dtr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }
+
+float dtr_rng_normal(dtr_rng *rng) {
+    float u1 = dtr_rng_uniform(rng), u2 = dtr_rng_uniform(rng);
+    if (u1 < 1e-7f) u1 = 1e-7f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
+}

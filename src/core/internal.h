@@ -48,6 +48,13 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
                const float *A, int64_t rsa, int64_t csa,
                const float *B, int64_t rsb, int64_t csb,
                float beta, float *C, int64_t ldc);
+/** dtr__gemm run entirely on the calling thread, which is worker `worker` of `p` (its packing
+ *  buffers come from that worker's scratch slot 0). For callers that already split work
+ *  over the pool. p NULL: private buffers of the calling thread. */
+void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
+                  const float *A, int64_t rsa, int64_t csa,
+                  const float *B, int64_t rsb, int64_t csb,
+                  float beta, float *C, int64_t ldc);
 /** Name of the GEMM kernel picked at run time ("avx512", "avx2", "generic", "cblas"). */
 const char *dtr__gemm_kernel_name(void);
 
@@ -96,6 +103,7 @@ struct dtr_tensor {
     struct dtr__node *node;         /* the op that made it (NULL for leaves) */
     uint32_t flags;
     int param_index;                /* -1 unless a parameter */
+    dtr_model *model;               /* owner of a parameter */
     const char *name;
 };
 
@@ -222,6 +230,14 @@ const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
  *  then runs the backend's forward. Returns out, or NULL with the error set. */
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
 dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname);
+/** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
+int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+/** x, or a recorded contiguous copy of it. */
+dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
+/** Gradient buffer of x when x takes part in backward, else NULL. */
+static inline float *dtr__gradof(const dtr_tensor *x) {
+    return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
+}
 
 /* ---- CPU backend ---- */
 extern const dtr_backend dtr__cpu_backend;

@@ -1,0 +1,341 @@
+/* ============================================================================
+ * Tensors: arena allocation, shape queries, host read/write, and the node recorder
+ * every op builder goes through.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "internal.h"
+
+/* ---- shapes ---- */
+
+int64_t dtr__numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) n *= shape[i];
+    return n;
+}
+
+void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    int i;
+    for (i = ndim - 1; i >= 0; i--) { stride[i] = s; s *= shape[i]; }
+}
+
+const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n) {
+    size_t len = 0;
+    int i;
+    if (!t) { snprintf(buf, n, "(null)"); return buf; }
+    len += (size_t)snprintf(buf + len, n - len, "(");
+    for (i = 0; i < t->ndim && len < n; i++)
+        len += (size_t)snprintf(buf + len, n - len, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (len < n) snprintf(buf + len, n - len, ")");
+    return buf;
+}
+
+/* ---- allocation ---- */
+
+dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op) {
+    dtr_tensor *t = (dtr_tensor *)dtr__arena_meta(ctx, sizeof(dtr_tensor), op);
+    if (!t) return NULL;
+    *t = *base;
+    t->grad = NULL;
+    t->node = NULL;
+    t->flags = 0;
+    t->param_index = -1;
+    t->model = NULL;
+    t->name = "";
+    return t;
+}
+
+dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const char *op) {
+    dtr_tensor *t;
+    int64_t n;
+    int i;
+    size_t es = dtr_dtype_size(dt);
+    if (!es) return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "%s: unknown dtype %d", op, (int)dt);
+    if (ndim < 0 || ndim > DTR_MAX_DIMS)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: ndim %d outside 0..%d", op, ndim, DTR_MAX_DIMS);
+    if (ndim && !shape) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: shape is NULL", op);
+    for (i = 0; i < ndim; i++)
+        if (shape[i] < 0 || shape[i] > ((int64_t)1 << 40))
+            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: dimension %d is %lld", op, i, (long long)shape[i]);
+    n = dtr__numel(ndim, shape);
+    if (n > ((int64_t)1 << 40)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: %lld elements is too many", op, (long long)n);
+    t = (dtr_tensor *)dtr__arena_meta(ctx, sizeof(dtr_tensor), op);
+    if (!t) return NULL;
+    memset(t, 0, sizeof(*t));
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    dtr__contig_strides(ndim, shape, t->stride);
+    t->ctx = ctx;
+    t->param_index = -1;
+    t->name = "";
+    t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
+    if (!t->storage) return NULL;
+    return t;
+}
+
+dtr_tensor *dtr_tensor_new(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape) {
+    if (!ctx) return NULL;
+    return dtr__tensor_alloc(ctx, dt, ndim, shape, "dtr_tensor_new");
+}
+
+dtr_tensor *dtr_tensor_1d(dtr_context *ctx, int64_t n0) { return dtr_tensor_new(ctx, DTR_F32, 1, &n0); }
+dtr_tensor *dtr_tensor_2d(dtr_context *ctx, int64_t n0, int64_t n1) {
+    int64_t s[2]; s[0] = n0; s[1] = n1;
+    return dtr_tensor_new(ctx, DTR_F32, 2, s);
+}
+dtr_tensor *dtr_tensor_3d(dtr_context *ctx, int64_t n0, int64_t n1, int64_t n2) {
+    int64_t s[3]; s[0] = n0; s[1] = n1; s[2] = n2;
+    return dtr_tensor_new(ctx, DTR_F32, 3, s);
+}
+dtr_tensor *dtr_tensor_4d(dtr_context *ctx, int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+    int64_t s[4]; s[0] = n0; s[1] = n1; s[2] = n2; s[3] = n3;
+    return dtr_tensor_new(ctx, DTR_F32, 4, s);
+}
+
+dtr_tensor *dtr_tensor_zeros(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape) {
+    dtr_tensor *t = dtr_tensor_new(ctx, dt, ndim, shape);
+    if (!t) return NULL;
+    if (ctx->backend->memset0(ctx, t->storage, (size_t)dtr_tensor_numel(t) * dtr_dtype_size(dt)) != DTR_OK)
+        return dtr__failt(ctx, DTR_UNSUPPORTED, "dtr_tensor_zeros: backend memset failed");
+    return t;
+}
+
+dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *shape, float value) {
+    dtr_tensor *t = dtr_tensor_new(ctx, DTR_F32, ndim, shape);
+    int64_t i, n;
+    float *tmp;
+    if (!t) return NULL;
+    n = dtr_tensor_numel(t);
+    if (ctx->backend == &dtr__cpu_backend) {
+        for (i = 0; i < n; i++) dtr__f32(t)[i] = value;
+        return t;
+    }
+    tmp = (float *)dtr__malloc(&ctx->alloc, (size_t)n * 4);
+    if (!tmp) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_full: out of memory");
+    for (i = 0; i < n; i++) tmp[i] = value;
+    ctx->backend->from_host(ctx, t->storage, tmp, (size_t)n * 4);
+    dtr__free(&ctx->alloc, tmp);
+    return t;
+}
+
+dtr_tensor *dtr_tensor_from(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const void *src) {
+    dtr_tensor *t;
+    if (!ctx) return NULL;
+    if (!src) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tensor_from: src is NULL");
+    t = dtr_tensor_new(ctx, dt, ndim, shape);
+    if (!t) return NULL;
+    if (ctx->backend->from_host(ctx, t->storage, src, (size_t)dtr_tensor_numel(t) * dtr_dtype_size(dt)) != DTR_OK)
+        return dtr__failt(ctx, DTR_UNSUPPORTED, "dtr_tensor_from: copy to the device failed");
+    return t;
+}
+
+/* ---- queries ---- */
+
+int dtr_tensor_ndim(const dtr_tensor *t) { return t ? t->ndim : 0; }
+
+int64_t dtr_tensor_dim(const dtr_tensor *t, int axis) {
+    if (!t) return 0;
+    if (axis < 0) axis += t->ndim;
+    if (axis < 0 || axis >= t->ndim) return 0;
+    return t->shape[axis];
+}
+
+int64_t dtr_tensor_stride(const dtr_tensor *t, int axis) {
+    if (!t) return 0;
+    if (axis < 0) axis += t->ndim;
+    if (axis < 0 || axis >= t->ndim) return 0;
+    return t->stride[axis];
+}
+
+int64_t dtr_tensor_numel(const dtr_tensor *t) { return t ? dtr__numel(t->ndim, t->shape) : 0; }
+dtr_dtype dtr_tensor_dtype(const dtr_tensor *t) { return t ? t->dtype : DTR_F32; }
+const char *dtr_tensor_name(const dtr_tensor *t) { return t && t->name ? t->name : ""; }
+
+int dtr_tensor_is_contiguous(const dtr_tensor *t) {
+    int64_t s = 1;
+    int i;
+    if (!t) return 0;
+    for (i = t->ndim - 1; i >= 0; i--) {
+        if (t->shape[i] != 1 && t->stride[i] != s) return 0;
+        s *= t->shape[i];
+    }
+    return 1;
+}
+
+void *dtr_tensor_data(dtr_tensor *t) {
+    if (!t || !t->storage) return NULL;
+    if (t->ctx && t->ctx->backend != &dtr__cpu_backend) return NULL;
+    return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype);
+}
+
+float *dtr_tensor_grad(dtr_tensor *t) { return t ? t->grad : NULL; }
+
+dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
+    if (!t) return NULL;
+    if (t->dtype != DTR_F32)
+        return dtr__failt(t->ctx, DTR_DTYPE_MISMATCH, "dtr_tensor_requires_grad: only f32 tensors have gradients (got %s)",
+                          dtr_dtype_name(t->dtype));
+    t->flags |= DTR__REQUIRES_GRAD | DTR__LEAF;
+    return t;
+}
+
+/* Gathers a (possibly strided) host tensor into dense row-major `dst` of element size es. */
+static void dtr__gather(const dtr_tensor *t, void *dst, size_t es) {
+    int64_t n = dtr__numel(t->ndim, t->shape), i;
+    int64_t idx[DTR_MAX_DIMS] = {0};
+    const char *base = (const char *)t->storage;
+    char *out = (char *)dst;
+    int d;
+    for (i = 0; i < n; i++) {
+        int64_t off = t->offset;
+        for (d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
+        memcpy(out + (size_t)i * es, base + (size_t)off * es, es);
+        for (d = t->ndim - 1; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
+    }
+}
+
+dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t n) {
+    dtr_context *ctx;
+    size_t es, bytes;
+    void *tmp = NULL;
+    const void *src;
+    dtr_result r;
+    if (!t || !dst) return DTR_NULL_HANDLE;
+    ctx = t->ctx;
+    if ((int64_t)n != dtr_tensor_numel(t))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read: %zu elements asked, tensor has %lld", n,
+                         (long long)dtr_tensor_numel(t));
+    es = dtr_dtype_size(t->dtype);
+    bytes = n * es;
+    if (ctx->backend == &dtr__cpu_backend && dtr_tensor_is_contiguous(t)) {
+        src = (const char *)t->storage + (size_t)t->offset * es;
+    } else {
+        tmp = dtr__malloc(&ctx->alloc, bytes);
+        if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
+        if (ctx->backend == &dtr__cpu_backend) {
+            dtr__gather(t, tmp, es);
+        } else {
+            if (!dtr_tensor_is_contiguous(t)) {
+                dtr__free(&ctx->alloc, tmp);
+                return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_read: make device views contiguous first");
+            }
+            r = ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, bytes);
+            if (r != DTR_OK) { dtr__free(&ctx->alloc, tmp); return dtr__fail(ctx, r, "dtr_tensor_read: copy failed"); }
+        }
+        src = tmp;
+    }
+    r = dtr_convert(dst, dt, src, t->dtype, n);
+    dtr__free(&ctx->alloc, tmp);
+    return r;
+}
+
+dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t n) {
+    dtr_context *ctx;
+    size_t es;
+    void *tmp;
+    dtr_result r;
+    if (!t || !src) return DTR_NULL_HANDLE;
+    ctx = t->ctx;
+    if ((int64_t)n != dtr_tensor_numel(t))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_write: %zu elements given, tensor has %lld", n,
+                         (long long)dtr_tensor_numel(t));
+    if (!dtr_tensor_is_contiguous(t))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_write: the tensor is a non-contiguous view");
+    es = dtr_dtype_size(t->dtype);
+    if (ctx->backend == &dtr__cpu_backend)
+        return dtr_convert((char *)t->storage + (size_t)t->offset * es, t->dtype, src, dt, n);
+    tmp = dtr__malloc(&ctx->alloc, n * es);
+    if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_write: out of memory");
+    r = dtr_convert(tmp, t->dtype, src, dt, n);
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, (char *)t->storage + (size_t)t->offset * es, tmp, n * es);
+    dtr__free(&ctx->alloc, tmp);
+    return r;
+}
+
+float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
+    int64_t off, rem;
+    int d;
+    float f = 0.0f;
+    if (!t || index < 0 || index >= dtr_tensor_numel(t)) return 0.0f;
+    off = t->offset;
+    rem = index;
+    for (d = t->ndim - 1; d >= 0; d--) {
+        off += (rem % t->shape[d]) * t->stride[d];
+        rem /= t->shape[d];
+    }
+    if (t->ctx->backend == &dtr__cpu_backend) {
+        dtr_convert(&f, DTR_F32, (const char *)t->storage + (size_t)off * dtr_dtype_size(t->dtype), t->dtype, 1);
+    } else {
+        unsigned char buf[8];
+        if (t->ctx->backend->to_host(t->ctx, buf, (const char *)t->storage + (size_t)off * dtr_dtype_size(t->dtype),
+                                     dtr_dtype_size(t->dtype)) == DTR_OK)
+            dtr_convert(&f, DTR_F32, buf, t->dtype, 1);
+    }
+    return f;
+}
+
+/* ---- gradients and the recorder ---- */
+
+dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
+    size_t bytes;
+    if (t->grad) return DTR_OK;
+    bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
+    t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    if (!t->grad) return ctx->status;
+    return ctx->backend->memset0(ctx, t->grad, bytes);
+}
+
+dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname) {
+    dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), opname);
+    if (!n) return NULL;
+    memset(n, 0, sizeof(*n));
+    n->op = op;
+    return n;
+}
+
+dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
+    dtr_result r;
+    int i, needs = 0;
+    if (ctx->status != DTR_OK) return NULL;
+    r = ctx->backend->forward(ctx, node);
+    if (r != DTR_OK) {
+        if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel failed", opname);
+        return NULL;
+    }
+    if (ctx->grad_enabled) {
+        for (i = 0; i < node->n_in; i++)
+            if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) needs = 1;
+    }
+    if (needs && (node->out->dtype == DTR_F32 || node->out->dtype == DTR_BF16 || node->out->dtype == DTR_F16)) {
+        node->out->flags |= DTR__REQUIRES_GRAD;
+        node->out->node = node;
+        node->prev = ctx->tape;
+        ctx->tape = node;
+    }
+    return node->out;
+}
+
+/* ---- input checks shared by the op builders ---- */
+
+int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what) {
+    if (!x) {
+        if (ctx->status == DTR_OK) dtr__fail(ctx, DTR_NULL_HANDLE, "%s: %s is NULL", op, what);
+        return 0;
+    }
+    if (x->dtype != DTR_F32) {
+        dtr__fail(ctx, DTR_DTYPE_MISMATCH, "%s: %s must be f32, is %s", op, what, dtr_dtype_name(x->dtype));
+        return 0;
+    }
+    if (x->ctx != ctx) {
+        dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: %s belongs to another context", op, what);
+        return 0;
+    }
+    if (!x->storage && x->model && dtr_model_build(x->model) != DTR_OK) return 0;
+    return 1;
+}
+
+dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
+    return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
+}

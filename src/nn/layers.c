@@ -1,0 +1,165 @@
+/* ============================================================================
+ * Layers: constructors that declare named parameters on a model, and forward passes made
+ * of ops (so autograd covers them). Shapes: x (..., in) for linear, (N, C, H, W) for conv,
+ * (B, T, C) for attention and GPT blocks.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include <math.h>
+
+static dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
+                                    dtr_init init, float arg) {
+    char name[256];
+    if (!prefix) prefix = "";
+    if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", suffix) >= sizeof(name))
+        return dtr__failt(dtr_model_context(m), DTR_INVALID_ARGUMENT, "layer name '%.40s...' is too long", prefix);
+    return dtr_model_param(m, name, ndim, shape, init, arg);
+}
+
+static dtr_result dtr__layer_status(dtr_model *m) {
+    return m ? dtr_context_status(dtr_model_context(m)) : DTR_NULL_HANDLE;
+}
+
+/* ---- linear ---- */
+
+dtr_result dtr_linear_layer_init(dtr_linear_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int bias,
+                                 dtr_init init) {
+    int64_t ws[2];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (in <= 0 || out <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_linear_layer_init: '%s' needs in, out > 0", name ? name : "");
+    ws[0] = out; ws[1] = in;
+    l->in = in;
+    l->out = out;
+    l->weight = dtr__named_param(m, name, "weight", 2, ws, init, 0.0f);
+    if (bias) l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_linear_layer_forward: layer is NULL");
+    return dtr_linear(ctx, x, l->weight, l->bias);
+}
+
+/* ---- conv2d ---- */
+
+dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
+                                 int stride, int padding, dtr_init init) {
+    int64_t ws[4];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (in <= 0 || out <= 0 || k <= 0 || stride <= 0 || padding < 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has a bad geometry",
+                         name ? name : "");
+    ws[0] = out; ws[1] = in; ws[2] = k; ws[3] = k;
+    l->in = in; l->out = out; l->k = k; l->stride = stride; l->padding = padding;
+    l->weight = dtr__named_param(m, name, "weight", 4, ws, init, 0.0f);
+    l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)(in * k * k))));
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv2d_layer_forward: layer is NULL");
+    return dtr_conv2d(ctx, x, l->weight, l->bias, l->stride, l->padding);
+}
+
+/* ---- layer norm, embedding ---- */
+
+dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *l, dtr_model *m, const char *name, int64_t dim) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_layernorm_layer_init: dim must be > 0");
+    l->dim = dim;
+    l->eps = 1e-5f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
+    l->bias = dtr__named_param(m, name, "bias", 1, &dim, DTR_INIT_ZEROS, 0.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_layernorm_layer_forward: layer is NULL");
+    return dtr_layernorm(ctx, x, l->weight, l->bias, l->eps);
+}
+
+dtr_result dtr_embedding_layer_init(dtr_embedding_layer *l, dtr_model *m, const char *name, int64_t vocab, int64_t dim) {
+    int64_t s[2];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (vocab <= 0 || dim <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_embedding_layer_init: vocab and dim must be > 0");
+    s[0] = vocab; s[1] = dim;
+    l->vocab = vocab;
+    l->dim = dim;
+    l->weight = dtr__named_param(m, name, "weight", 2, s, DTR_INIT_NORMAL, 0.02f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_embedding_layer_forward: layer is NULL");
+    return dtr_embedding(ctx, l->weight, ids);
+}
+
+/* ---- attention and the GPT block ---- */
+
+dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const char *name, int64_t dim, int heads) {
+    char sub[256];
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (dim <= 0 || heads <= 0 || dim % heads)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_attention_layer_init: %d heads must divide dim %lld",
+                         heads, (long long)dim);
+    l->dim = dim;
+    l->heads = heads;
+    snprintf(sub, sizeof(sub), "%s%sqkv", name ? name : "", name && *name ? "." : "");
+    dtr_linear_layer_init(&l->qkv, m, sub, dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
+    snprintf(sub, sizeof(sub), "%s%sproj", name ? name : "", name && *name ? "." : "");
+    dtr_linear_layer_init(&l->proj, m, sub, dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
+    dtr_tensor *qkv, *q, *k, *v;
+    int64_t C;
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_layer_forward: layer is NULL");
+    C = l->dim;
+    qkv = dtr_linear_layer_forward(ctx, &l->qkv, x);   /* (B, T, 3C) */
+    q = dtr_slice(ctx, qkv, -1, 0, C);
+    k = dtr_slice(ctx, qkv, -1, C, 2 * C);
+    v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
+    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention(ctx, q, k, v, l->heads));
+}
+
+dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {
+    char sub[256];
+    const char *p = name ? name : "", *dot = name && *name ? "." : "";
+    if (!b || !m) return DTR_NULL_HANDLE;
+    memset(b, 0, sizeof(*b));
+    snprintf(sub, sizeof(sub), "%s%sln1", p, dot);
+    dtr_layernorm_layer_init(&b->ln1, m, sub, dim);
+    snprintf(sub, sizeof(sub), "%s%sattn", p, dot);
+    dtr_attention_layer_init(&b->attn, m, sub, dim, heads);
+    snprintf(sub, sizeof(sub), "%s%sln2", p, dot);
+    dtr_layernorm_layer_init(&b->ln2, m, sub, dim);
+    snprintf(sub, sizeof(sub), "%s%sfc", p, dot);
+    dtr_linear_layer_init(&b->fc, m, sub, dim, 4 * dim, 1, DTR_INIT_TORCH_DEFAULT);
+    snprintf(sub, sizeof(sub), "%s%sfc_proj", p, dot);
+    dtr_linear_layer_init(&b->fc_proj, m, sub, 4 * dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
+    dtr_tensor *h;
+    if (!ctx) return NULL;
+    if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gpt_block_forward: block is NULL");
+    h = dtr_attention_layer_forward(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x));
+    x = dtr_add(ctx, x, h);
+    h = dtr_layernorm_layer_forward(ctx, &b->ln2, x);
+    h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
+    return dtr_add(ctx, x, h);
+}

@@ -1,0 +1,307 @@
+/* ============================================================================
+ * Models: named parameters in one contiguous buffer (gradients in another), seeded
+ * initialisers, and save/load in the safetensors layout.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include <math.h>
+
+#define DTR__PARAM_ALIGN 16 /* floats: each parameter starts on a 64-byte boundary */
+
+struct dtr_model {
+    dtr_context *ctx;
+    uint64_t seed;
+    dtr_tensor **params;
+    char **names;
+    dtr_init *inits;
+    float *init_args;
+    int64_t *offsets;
+    int count, cap;
+    int64_t total;        /* floats in each buffer, padding included */
+    float *data, *grad;   /* backend memory */
+    int built;
+};
+
+dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out) {
+    dtr_model *m;
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    m = (dtr_model *)dtr__calloc(&ctx->alloc, sizeof(*m));
+    if (!m) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_create: out of memory");
+    m->ctx = ctx;
+    m->seed = seed;
+    *out = m;
+    return DTR_OK;
+}
+
+void dtr_model_destroy(dtr_model *m) {
+    const dtr_allocation_callbacks *a;
+    int i;
+    if (!m) return;
+    a = &m->ctx->alloc;
+    for (i = 0; i < m->count; i++) { dtr__free(a, m->params[i]); dtr__free(a, m->names[i]); }
+    dtr__free(a, m->params);
+    dtr__free(a, m->names);
+    dtr__free(a, m->inits);
+    dtr__free(a, m->init_args);
+    dtr__free(a, m->offsets);
+    if (m->data) m->ctx->backend->mem_free(m->ctx, m->data);
+    if (m->grad) m->ctx->backend->mem_free(m->ctx, m->grad);
+    dtr__free(a, m);
+}
+
+static int dtr__model_grow(dtr_model *m) {
+    const dtr_allocation_callbacks *a = &m->ctx->alloc;
+    int cap = m->cap ? m->cap * 2 : 16;
+    void *p;
+    p = dtr__realloc(a, m->params, (size_t)cap * sizeof(*m->params)); if (!p) return 0; m->params = (dtr_tensor **)p;
+    p = dtr__realloc(a, m->names, (size_t)cap * sizeof(*m->names)); if (!p) return 0; m->names = (char **)p;
+    p = dtr__realloc(a, m->inits, (size_t)cap * sizeof(*m->inits)); if (!p) return 0; m->inits = (dtr_init *)p;
+    p = dtr__realloc(a, m->init_args, (size_t)cap * sizeof(*m->init_args)); if (!p) return 0; m->init_args = (float *)p;
+    p = dtr__realloc(a, m->offsets, (size_t)cap * sizeof(*m->offsets)); if (!p) return 0; m->offsets = (int64_t *)p;
+    m->cap = cap;
+    return 1;
+}
+
+dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape, dtr_init init, float arg) {
+    dtr_context *ctx;
+    dtr_tensor *t;
+    size_t len;
+    int i;
+    if (!m) return NULL;
+    ctx = m->ctx;
+    if (!name || !*name) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: a parameter needs a name");
+    len = strlen(name);
+    if (len >= 256) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: name '%.40s...' is longer than 255 bytes", name);
+    if (m->built) return dtr__failt(ctx, DTR_BAD_STATE, "dtr_model_param: '%s' declared after dtr_model_build", name);
+    if (ndim < 0 || ndim > DTR_MAX_DIMS || (ndim && !shape))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has a bad shape", name);
+    for (i = 0; i < ndim; i++)
+        if (shape[i] < 0 || shape[i] > ((int64_t)1 << 32))
+            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' dimension %d is %lld", name, i, (long long)shape[i]);
+    if ((int)init < 0 || init > DTR_INIT_TORCH_DEFAULT)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has unknown initialiser %d", name, (int)init);
+    for (i = 0; i < m->count; i++)
+        if (!strcmp(m->names[i], name)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' declared twice", name);
+    if (m->count == m->cap && !dtr__model_grow(m)) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
+    t = (dtr_tensor *)dtr__calloc(&ctx->alloc, sizeof(*t));
+    m->names[m->count] = (char *)dtr__malloc(&ctx->alloc, len + 1);
+    if (!t || !m->names[m->count]) {
+        dtr__free(&ctx->alloc, t);
+        dtr__free(&ctx->alloc, m->names[m->count]);
+        return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
+    }
+    memcpy(m->names[m->count], name, len + 1);
+    t->dtype = DTR_F32;
+    t->ndim = ndim;
+    for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    dtr__contig_strides(ndim, shape, t->stride);
+    t->ctx = ctx;
+    t->flags = DTR__PARAM | DTR__REQUIRES_GRAD | DTR__LEAF;
+    t->param_index = m->count;
+    t->model = m;
+    t->name = m->names[m->count];
+    m->params[m->count] = t;
+    m->inits[m->count] = init;
+    m->init_args[m->count] = arg;
+    m->offsets[m->count] = m->total;
+    m->total += (dtr_tensor_numel(t) + DTR__PARAM_ALIGN - 1) / DTR__PARAM_ALIGN * DTR__PARAM_ALIGN;
+    m->count++;
+    return t;
+}
+
+/* ---- initialisers ---- */
+
+static void dtr__fans(const dtr_tensor *t, double *fan_in, double *fan_out) {
+    double rf = 1.0;
+    int d;
+    for (d = 2; d < t->ndim; d++) rf *= (double)t->shape[d];
+    if (t->ndim >= 2) { *fan_in = (double)t->shape[1] * rf; *fan_out = (double)t->shape[0] * rf; }
+    else { *fan_in = *fan_out = t->ndim == 1 ? (double)t->shape[0] : 1.0; }
+    if (*fan_in < 1.0) *fan_in = 1.0;
+    if (*fan_out < 1.0) *fan_out = 1.0;
+}
+
+static void dtr__init_values(dtr_init init, float arg, const dtr_tensor *t, dtr_rng *rng, float *x) {
+    int64_t i, n = dtr_tensor_numel(t);
+    double fi, fo, b = 0.0, sd = 0.0;
+    int normal = 0;
+    dtr__fans(t, &fi, &fo);
+    switch (init) {
+    case DTR_INIT_ZEROS: for (i = 0; i < n; i++) x[i] = 0.0f; return;
+    case DTR_INIT_ONES: for (i = 0; i < n; i++) x[i] = 1.0f; return;
+    case DTR_INIT_NORMAL: normal = 1; sd = arg; break;
+    case DTR_INIT_UNIFORM: b = arg; break;
+    case DTR_INIT_KAIMING_UNIFORM: b = sqrt(6.0 / fi); break;
+    case DTR_INIT_KAIMING_NORMAL: normal = 1; sd = sqrt(2.0 / fi); break;
+    case DTR_INIT_XAVIER_UNIFORM: b = sqrt(6.0 / (fi + fo)); break;
+    case DTR_INIT_XAVIER_NORMAL: normal = 1; sd = sqrt(2.0 / (fi + fo)); break;
+    case DTR_INIT_TORCH_DEFAULT: b = 1.0 / sqrt(fi); break;
+    }
+    for (i = 0; i < n; i++)
+        x[i] = normal ? (float)(sd * dtr_rng_normal(rng)) : (float)(b * (2.0 * dtr_rng_uniform(rng) - 1.0));
+}
+
+dtr_result dtr_model_build(dtr_model *m) {
+    dtr_context *ctx;
+    size_t bytes;
+    float *host;
+    int i;
+    if (!m) return DTR_NULL_HANDLE;
+    if (m->built) return DTR_OK;
+    ctx = m->ctx;
+    bytes = (size_t)(m->total ? m->total : 1) * sizeof(float);
+    m->data = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    m->grad = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    host = ctx->backend == &dtr__cpu_backend ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
+    if (!m->data || !m->grad || !host) {
+        if (m->data) ctx->backend->mem_free(ctx, m->data);
+        if (m->grad) ctx->backend->mem_free(ctx, m->grad);
+        if (host && host != m->data) dtr__free(&ctx->alloc, host);
+        m->data = m->grad = NULL;
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for %lld parameters", (long long)m->total);
+    }
+    memset(host, 0, bytes);
+    for (i = 0; i < m->count; i++) {
+        dtr_rng rng;
+        dtr_rng_seed(&rng, m->seed, (uint64_t)i + 1);
+        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, host + m->offsets[i]);
+    }
+    if (host != m->data) {
+        ctx->backend->from_host(ctx, m->data, host, bytes);
+        dtr__free(&ctx->alloc, host);
+    }
+    ctx->backend->memset0(ctx, m->grad, bytes);
+    for (i = 0; i < m->count; i++) {
+        m->params[i]->storage = m->data + m->offsets[i];
+        m->params[i]->grad = m->grad + m->offsets[i];
+    }
+    m->built = 1;
+    return DTR_OK;
+}
+
+/* ---- queries ---- */
+
+int dtr_model_param_count(const dtr_model *m) { return m ? m->count : 0; }
+
+int64_t dtr_model_numel(const dtr_model *m) { return m ? m->total : 0; }
+
+dtr_tensor *dtr_model_param_at(const dtr_model *m, int i) {
+    return (m && i >= 0 && i < m->count) ? m->params[i] : NULL;
+}
+
+dtr_tensor *dtr_model_find(const dtr_model *m, const char *name) {
+    int i;
+    if (!m || !name) return NULL;
+    for (i = 0; i < m->count; i++)
+        if (!strcmp(m->names[i], name)) return m->params[i];
+    return NULL;
+}
+
+int64_t dtr_model_param_offset(const dtr_model *m, int i) {
+    return (m && i >= 0 && i < m->count) ? m->offsets[i] : -1;
+}
+
+float *dtr_model_params(dtr_model *m) { return m ? m->data : NULL; }
+float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
+dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
+
+dtr_result dtr_model_zero_grad(dtr_model *m) {
+    if (!m) return DTR_NULL_HANDLE;
+    if (!m->built) return DTR_OK;
+    return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
+}
+
+/* ---- save and load (safetensors) ---- */
+
+dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
+    dtr_context *ctx;
+    dtr_st_entry *ents = NULL;
+    const void **data = NULL;
+    void *conv = NULL;
+    size_t es, off = 0;
+    char err[512];
+    dtr_result r;
+    int i, d;
+    if (!m || !path) return DTR_NULL_HANDLE;
+    ctx = m->ctx;
+    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
+        return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_save: %s: weights are saved as f32, bf16 or f16, not %s", path,
+                         dtr_dtype_name(dt));
+    r = dtr_model_build(m);
+    if (r != DTR_OK) return r;
+    es = dtr_dtype_size(dt);
+    ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*ents));
+    data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*data));
+    conv = dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * es);
+    if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
+    for (i = 0; i < m->count; i++) {
+        const dtr_tensor *t = m->params[i];
+        int64_t n = dtr_tensor_numel(t);
+        char *dst = (char *)conv + off;
+        snprintf(ents[i].name, sizeof(ents[i].name), "%s", m->names[i]);
+        ents[i].dtype = dt;
+        ents[i].ndim = t->ndim;
+        for (d = 0; d < t->ndim; d++) ents[i].shape[d] = t->shape[d];
+        r = dtr_tensor_read(t, dt, dst, (size_t)n);
+        if (r != DTR_OK) goto done;
+        data[i] = dst;
+        off += (size_t)n * es;
+    }
+    r = dtr_st_write(path, ents, data, m->count, err, sizeof(err));
+    if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
+done:
+    dtr__free(&ctx->alloc, ents);
+    dtr__free(&ctx->alloc, (void *)data);
+    dtr__free(&ctx->alloc, conv);
+    return r;
+}
+
+dtr_result dtr_model_load(dtr_model *m, const char *path) {
+    dtr_context *ctx;
+    dtr_st_file f;
+    float *stage = NULL;
+    char err[512], s1[96];
+    dtr_result r;
+    int i, j, d;
+    if (!m || !path) return DTR_NULL_HANDLE;
+    ctx = m->ctx;
+    r = dtr_model_build(m);
+    if (r != DTR_OK) return r;
+    r = dtr_st_open(path, &ctx->alloc, &f, err, sizeof(err));
+    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_model_load: %s", err);
+    /* convert everything into a staging copy first: on any error the model is untouched */
+    stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * sizeof(float));
+    if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
+    for (i = 0; i < m->count; i++) {
+        const dtr_tensor *t = m->params[i];
+        const dtr_st_entry *e = NULL;
+        for (j = 0; j < f.count; j++)
+            if (!strcmp(f.entries[j].name, m->names[i])) { e = &f.entries[j]; break; }
+        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, m->names[i]); goto done; }
+        if (e->ndim != t->ndim) goto shape;
+        for (d = 0; d < t->ndim; d++)
+            if (e->shape[d] != t->shape[d]) goto shape;
+        if (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16) {
+            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be f32, bf16 or f16",
+                          path, m->names[i], dtr_dtype_name(e->dtype));
+            goto done;
+        }
+        dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));
+        continue;
+    shape:
+        r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' has %d dims, the model's is %s", path,
+                      m->names[i], e->ndim, dtr__shape_str(t, s1, sizeof s1));
+        goto done;
+    }
+    for (i = 0; i < m->count; i++) {
+        r = ctx->backend->from_host(ctx, m->data + m->offsets[i], stage + m->offsets[i],
+                                    (size_t)dtr_tensor_numel(m->params[i]) * sizeof(float));
+        if (r != DTR_OK) { dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path); goto done; }
+    }
+    r = DTR_OK;
+done:
+    dtr__free(&ctx->alloc, stage);
+    dtr_st_close(&f);
+    return r;
+}

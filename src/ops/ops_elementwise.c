@@ -1,0 +1,409 @@
+/* ============================================================================
+ * Element-wise ops, reductions and simple losses: builders and CPU kernels side by side.
+ * Shapes: any; binary ops broadcast as NumPy does (axes aligned on the right).
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include <math.h>
+
+/* ---- broadcasting ---- */
+
+/* Output shape and per-input strides (0 on broadcast axes) over the output's axes. */
+typedef struct dtr__bcast {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS];
+    int64_t sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS];   /* element strides of a, b (views) */
+    int64_t ga[DTR_MAX_DIMS], gb[DTR_MAX_DIMS];   /* strides into the dense gradients of a, b */
+} dtr__bcast;
+
+static int dtr__bcast_make(const dtr_tensor *a, const dtr_tensor *b, dtr__bcast *bc) {
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim, d;
+    int64_t gsa[DTR_MAX_DIMS], gsb[DTR_MAX_DIMS];
+    dtr__contig_strides(a->ndim, a->shape, gsa);
+    dtr__contig_strides(b->ndim, b->shape, gsb);
+    bc->nd = nd;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
+        int64_t na = da >= 0 ? a->shape[da] : 1, nb = db >= 0 ? b->shape[db] : 1;
+        if (na != nb && na != 1 && nb != 1) return 0;
+        bc->shape[d] = na > nb ? na : nb;
+        if (na == 0 || nb == 0) bc->shape[d] = 0;
+        bc->sa[d] = (da >= 0 && na != 1) ? a->stride[da] : 0;
+        bc->sb[d] = (db >= 0 && nb != 1) ? b->stride[db] : 0;
+        bc->ga[d] = (da >= 0 && na != 1) ? gsa[da] : 0;
+        bc->gb[d] = (db >= 0 && nb != 1) ? gsb[db] : 0;
+    }
+    return 1;
+}
+
+/* Walks the output in row-major order, one innermost row at a time. */
+#define DTR__BCAST_ROWS(bc, ...)                                                          \
+    do {                                                                                  \
+        int64_t idx_[DTR_MAX_DIMS] = {0}, nrow_ = 1, r_, inner_;                          \
+        int d_, last_ = (bc)->nd - 1;                                                     \
+        inner_ = last_ >= 0 ? (bc)->shape[last_] : 1;                                     \
+        for (d_ = 0; d_ < last_; d_++) nrow_ *= (bc)->shape[d_];                          \
+        if (inner_ == 0) nrow_ = 0;                                                       \
+        for (r_ = 0; r_ < nrow_; r_++) {                                                  \
+            int64_t oa = 0, ob = 0, oga = 0, ogb = 0, o = r_ * inner_, n = inner_;         \
+            int64_t ia = last_ >= 0 ? (bc)->sa[last_] : 0, ib = last_ >= 0 ? (bc)->sb[last_] : 0; \
+            int64_t iga = last_ >= 0 ? (bc)->ga[last_] : 0, igb = last_ >= 0 ? (bc)->gb[last_] : 0; \
+            for (d_ = 0; d_ < last_; d_++) {                                              \
+                oa += idx_[d_] * (bc)->sa[d_]; ob += idx_[d_] * (bc)->sb[d_];             \
+                oga += idx_[d_] * (bc)->ga[d_]; ogb += idx_[d_] * (bc)->gb[d_];           \
+            }                                                                             \
+            (void)oga; (void)ogb; (void)iga; (void)igb; (void)ia; (void)ib;               \
+            __VA_ARGS__;                                                                  \
+            for (d_ = last_ - 1; d_ >= 0; d_--) {                                         \
+                if (++idx_[d_] < (bc)->shape[d_]) break;                                  \
+                idx_[d_] = 0;                                                             \
+            }                                                                             \
+        }                                                                                 \
+    } while (0)
+
+static dtr_tensor *dtr__binary(dtr_context *ctx, int op, const char *name, dtr_tensor *a, dtr_tensor *b) {
+    dtr__bcast bc;
+    dtr__node *n;
+    char s1[96], s2[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, a, "a") || !dtr__check_input(ctx, name, b, "b")) return NULL;
+    if (!dtr__bcast_make(a, b, &bc))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: shapes %s and %s do not broadcast", name,
+                          dtr__shape_str(a, s1, sizeof s1), dtr__shape_str(b, s2, sizeof s2));
+    n = dtr__node_new(ctx, op, name);
+    if (!n) return NULL;
+    n->n_in = 2;
+    n->in[0] = a;
+    n->in[1] = b;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, bc.nd, bc.shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_ADD, "dtr_add", a, b); }
+dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_SUB, "dtr_sub", a, b); }
+dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_MUL, "dtr_mul", a, b); }
+dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_DIV, "dtr_div", a, b); }
+
+dtr_result dtr__cpu_binary_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__bcast bc;
+    const float *A = (const float *)nd->in[0]->storage + nd->in[0]->offset;
+    const float *B = (const float *)nd->in[1]->storage + nd->in[1]->offset;
+    float *Y = dtr__f32(nd->out);
+    int op = nd->op;
+    (void)ctx;
+    dtr__bcast_make(nd->in[0], nd->in[1], &bc);
+    DTR__BCAST_ROWS(&bc, {
+        const float *pa = A + oa, *pb = B + ob;
+        float *py = Y + o;
+        int64_t j;
+        switch (op) {
+        case DTR_OP_ADD:
+            if (ia == 1 && ib == 1) { for (j = 0; j < n; j++) py[j] = pa[j] + pb[j]; }
+            else if (ia == 1 && ib == 0) { float v = pb[0]; for (j = 0; j < n; j++) py[j] = pa[j] + v; }
+            else { for (j = 0; j < n; j++) py[j] = pa[j * ia] + pb[j * ib]; }
+            break;
+        case DTR_OP_SUB: for (j = 0; j < n; j++) py[j] = pa[j * ia] - pb[j * ib]; break;
+        case DTR_OP_MUL:
+            if (ia == 1 && ib == 1) { for (j = 0; j < n; j++) py[j] = pa[j] * pb[j]; }
+            else { for (j = 0; j < n; j++) py[j] = pa[j * ia] * pb[j * ib]; }
+            break;
+        default: for (j = 0; j < n; j++) py[j] = pa[j * ia] / pb[j * ib]; break;
+        }
+    });
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_binary_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__bcast bc;
+    const float *A = (const float *)nd->in[0]->storage + nd->in[0]->offset;
+    const float *B = (const float *)nd->in[1]->storage + nd->in[1]->offset;
+    const float *G = nd->out->grad;
+    float *GA = dtr__gradof(nd->in[0]), *GB = dtr__gradof(nd->in[1]);
+    int op = nd->op;
+    (void)ctx;
+    dtr__bcast_make(nd->in[0], nd->in[1], &bc);
+    DTR__BCAST_ROWS(&bc, {
+        const float *g = G + o, *pa = A + oa, *pb = B + ob;
+        float *qa = GA ? GA + oga : NULL, *qb = GB ? GB + ogb : NULL;
+        int64_t j;
+        switch (op) {
+        case DTR_OP_ADD:
+            if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j];
+            if (qb) for (j = 0; j < n; j++) qb[j * igb] += g[j];
+            break;
+        case DTR_OP_SUB:
+            if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j];
+            if (qb) for (j = 0; j < n; j++) qb[j * igb] -= g[j];
+            break;
+        case DTR_OP_MUL:
+            if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] * pb[j * ib];
+            if (qb) for (j = 0; j < n; j++) qb[j * igb] += g[j] * pa[j * ia];
+            break;
+        default:
+            if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] / pb[j * ib];
+            if (qb) for (j = 0; j < n; j++) {
+                float bv = pb[j * ib];
+                qb[j * igb] -= g[j] * pa[j * ia] / (bv * bv);
+            }
+            break;
+        }
+    });
+    return DTR_OK;
+}
+
+/* ---- unary ops ---- */
+
+static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_tensor *x, float arg) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    n = dtr__node_new(ctx, op, name);
+    if (!n) return NULL;
+    n->n_in = 1;
+    n->in[0] = x;
+    n->farg[0] = arg;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s) { return dtr__unary(ctx, DTR_OP_SCALE, "dtr_scale", x, s); }
+dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_RELU, "dtr_relu", x, 0); }
+dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0); }
+dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0); }
+dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
+
+#define DTR__GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+
+typedef struct { const dtr__node *nd; } dtr__unary_job;
+
+static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
+    const float *x = dtr__f32(nd->in[0]);
+    float *y = dtr__f32(nd->out);
+    int64_t i;
+    (void)w;
+    switch (nd->op) {
+    case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
+    case DTR_OP_RELU: for (i = b; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f; break;
+    case DTR_OP_GELU:
+        for (i = b; i < e; i++) {
+            float v = x[i];
+            y[i] = 0.5f * v * (1.0f + tanhf(DTR__GELU_K * (v + 0.044715f * v * v * v)));
+        }
+        break;
+    case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
+    default: for (i = b; i < e; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
+    }
+}
+
+static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
+    const float *x = dtr__f32(nd->in[0]), *y = dtr__f32(nd->out), *g = nd->out->grad;
+    float *gx = dtr__gradof(nd->in[0]);
+    int64_t i;
+    (void)w;
+    switch (nd->op) {
+    case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
+    case DTR_OP_RELU: for (i = b; i < e; i++) gx[i] += x[i] > 0.0f ? g[i] : 0.0f; break;
+    case DTR_OP_GELU:
+        for (i = b; i < e; i++) {
+            float v = x[i], u = DTR__GELU_K * (v + 0.044715f * v * v * v), t = tanhf(u);
+            float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
+            gx[i] += g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+        }
+        break;
+    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
+    default: for (i = b; i < e; i++) gx[i] += g[i] * y[i] * (1.0f - y[i]); break;
+    }
+}
+
+dtr_result dtr__cpu_unary_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__unary_job j;
+    j.nd = nd;
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__unary_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__unary_job j;
+    if (!dtr__gradof(nd->in[0])) return DTR_OK;
+    j.nd = nd;
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__unary_bwd_range, &j);
+    return DTR_OK;
+}
+
+/* ---- reductions ---- */
+
+static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
+    dtr__node *n;
+    int64_t shape[DTR_MAX_DIMS];
+    int nd = 0, d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (op == DTR_OP_SUM || op == DTR_OP_MEAN) {
+        if (axis < 0) axis += x->ndim;
+        if (axis < 0 || axis >= x->ndim)
+            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: axis %d outside a tensor of %d dims", name, axis, x->ndim);
+        for (d = 0; d < x->ndim; d++) {
+            if (d == axis) { if (keepdim) shape[nd++] = 1; }
+            else shape[nd++] = x->shape[d];
+        }
+    }
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    n = dtr__node_new(ctx, op, name);
+    if (!n) return NULL;
+    n->n_in = 1;
+    n->in[0] = x;
+    n->iarg[0] = axis;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, nd, shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) { return dtr__reduce(ctx, DTR_OP_SUM, "dtr_sum", x, axis, keepdim); }
+dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim) { return dtr__reduce(ctx, DTR_OP_MEAN, "dtr_mean", x, axis, keepdim); }
+dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x) { return dtr__reduce(ctx, DTR_OP_SUM_ALL, "dtr_sum_all", x, 0, 0); }
+dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x) { return dtr__reduce(ctx, DTR_OP_MEAN_ALL, "dtr_mean_all", x, 0, 0); }
+
+/* x viewed as (outer, len, inner) around `axis`. */
+static void dtr__axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    int d;
+    *outer = 1; *inner = 1;
+    for (d = 0; d < axis; d++) *outer *= x->shape[d];
+    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *len = x->shape[axis];
+}
+
+dtr_result dtr__cpu_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
+    const float *x = dtr__f32(nd->in[0]);
+    float *y = dtr__f32(nd->out);
+    (void)ctx;
+    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {
+        int64_t i, n = dtr_tensor_numel(nd->in[0]);
+        double s = 0.0;
+        for (i = 0; i < n; i++) s += x[i];
+        y[0] = (float)(nd->op == DTR_OP_MEAN_ALL ? (n ? s / (double)n : 0.0) : s);
+    } else {
+        int64_t outer, len, inner, o, k, i;
+        dtr__axis_split(nd->in[0], (int)nd->iarg[0], &outer, &len, &inner);
+        for (o = 0; o < outer; o++)
+            for (i = 0; i < inner; i++) {
+                double s = 0.0;
+                for (k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
+                if (nd->op == DTR_OP_MEAN && len) s /= (double)len;
+                y[o * inner + i] = (float)s;
+            }
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    const float *g = nd->out->grad;
+    (void)ctx;
+    if (!gx) return DTR_OK;
+    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {
+        int64_t i, n = dtr_tensor_numel(nd->in[0]);
+        float v = nd->op == DTR_OP_MEAN_ALL ? (n ? g[0] / (float)n : 0.0f) : g[0];
+        for (i = 0; i < n; i++) gx[i] += v;
+    } else {
+        int64_t outer, len, inner, o, k, i;
+        float sc;
+        dtr__axis_split(nd->in[0], (int)nd->iarg[0], &outer, &len, &inner);
+        sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
+        for (o = 0; o < outer; o++)
+            for (k = 0; k < len; k++)
+                for (i = 0; i < inner; i++) gx[(o * len + k) * inner + i] += g[o * inner + i] * sc;
+    }
+    return DTR_OK;
+}
+
+/* ---- mean squared error ---- */
+
+dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
+    dtr__node *n;
+    char s1[96], s2[96];
+    int d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_mse", pred, "pred") || !dtr__check_input(ctx, "dtr_mse", target, "target"))
+        return NULL;
+    if (pred->ndim != target->ndim) goto mismatch;
+    for (d = 0; d < pred->ndim; d++)
+        if (pred->shape[d] != target->shape[d]) goto mismatch;
+    pred = dtr__contig_input(ctx, pred);
+    target = dtr__contig_input(ctx, target);
+    if (!pred || !target) return NULL;
+    n = dtr__node_new(ctx, DTR_OP_MSE, "dtr_mse");
+    if (!n) return NULL;
+    n->n_in = 2;
+    n->in[0] = pred;
+    n->in[1] = target;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_mse");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_mse");
+mismatch:
+    return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_mse: pred %s and target %s differ",
+                      dtr__shape_str(pred, s1, sizeof s1), dtr__shape_str(target, s2, sizeof s2));
+}
+
+dtr_result dtr__cpu_mse_fwd(dtr_context *ctx, dtr__node *nd) {
+    const float *p = dtr__f32(nd->in[0]), *t = dtr__f32(nd->in[1]);
+    int64_t i, n = dtr_tensor_numel(nd->in[0]);
+    double s = 0.0;
+    (void)ctx;
+    for (i = 0; i < n; i++) { double d = (double)p[i] - t[i]; s += d * d; }
+    dtr__f32(nd->out)[0] = (float)(n ? s / (double)n : 0.0);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_mse_bwd(dtr_context *ctx, dtr__node *nd) {
+    const float *p = dtr__f32(nd->in[0]), *t = dtr__f32(nd->in[1]);
+    float *gp = dtr__gradof(nd->in[0]), *gt = dtr__gradof(nd->in[1]);
+    int64_t i, n = dtr_tensor_numel(nd->in[0]);
+    float c = n ? 2.0f * nd->out->grad[0] / (float)n : 0.0f;
+    (void)ctx;
+    for (i = 0; i < n; i++) {
+        float d = c * (p[i] - t[i]);
+        if (gp) gp[i] += d;
+        if (gt) gt[i] -= d;
+    }
+    return DTR_OK;
+}
+
+/* ---- dtype cast ---- */
+
+dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!x) return dtr__failt(ctx, ctx->status ? ctx->status : DTR_NULL_HANDLE, "dtr_cast: x is NULL");
+    if (!dtr_dtype_size(dt)) return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cast: unknown dtype %d", (int)dt);
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    n = dtr__node_new(ctx, DTR_OP_CAST, "dtr_cast");
+    if (!n) return NULL;
+    n->n_in = 1;
+    n->in[0] = x;
+    n->out = dtr__tensor_alloc(ctx, dt, x->ndim, x->shape, "dtr_cast");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_cast");
+}
+
+dtr_result dtr__cpu_cast_fwd(dtr_context *ctx, dtr__node *nd) {
+    (void)ctx;
+    return dtr_convert(dtr_tensor_data(nd->out), nd->out->dtype, dtr_tensor_data(nd->in[0]), nd->in[0]->dtype,
+                       (size_t)dtr_tensor_numel(nd->out));
+}
+
+dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    const float *g = nd->out->grad;
+    int64_t i, n = dtr_tensor_numel(nd->out);
+    (void)ctx;
+    if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
+    return DTR_OK;
+}

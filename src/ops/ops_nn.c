@@ -1,0 +1,411 @@
+/* ============================================================================
+ * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and the
+ * causal self-attention composite.
+ * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include <math.h>
+
+static int64_t dtr__rows(const dtr_tensor *x) {
+    int64_t c = x->ndim ? x->shape[x->ndim - 1] : 1;
+    return c ? dtr_tensor_numel(x) / c : 0;
+}
+
+/* ---- softmax, log-softmax, causal softmax ---- */
+
+static dtr_tensor *dtr__softmax_like(dtr_context *ctx, int op, const char *name, dtr_tensor *x) {
+    dtr__node *n;
+    char s1[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x must have at least one axis", name);
+    if (op == DTR_OP_SOFTMAX_CAUSAL && (x->ndim < 2 || x->shape[x->ndim - 1] != x->shape[x->ndim - 2]))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (..., T, T)", name, dtr__shape_str(x, s1, sizeof s1));
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    n = dtr__node_new(ctx, op, name);
+    if (!n) return NULL;
+    n->n_in = 1;
+    n->in[0] = x;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_SOFTMAX, "dtr_softmax", x); }
+dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_LOG_SOFTMAX, "dtr_log_softmax", x); }
+dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_SOFTMAX_CAUSAL, "dtr_softmax_causal", x); }
+
+/* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
+ * With logp set, writes log-probabilities instead. */
+static void dtr__softmax_row(const float *x, float *y, int64_t n, int64_t valid, int logp) {
+    float mx = -INFINITY;
+    double s = 0.0;
+    int64_t j;
+    for (j = 0; j < valid; j++) if (x[j] > mx) mx = x[j];
+    for (j = 0; j < valid; j++) s += exp((double)(x[j] - mx));
+    if (logp) {
+        float lse = mx + (float)log(s);
+        for (j = 0; j < valid; j++) y[j] = x[j] - lse;
+        for (; j < n; j++) y[j] = -INFINITY;
+    } else {
+        float inv = (float)(1.0 / s);
+        for (j = 0; j < valid; j++) y[j] = expf(x[j] - mx) * inv;
+        for (; j < n; j++) y[j] = 0.0f;
+    }
+}
+
+typedef struct { const dtr__node *nd; int64_t C; } dtr__rows_job;
+
+static void dtr__softmax_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__rows_job *j = (const dtr__rows_job *)arg;
+    const float *x = dtr__f32(j->nd->in[0]);
+    float *y = dtr__f32(j->nd->out);
+    int64_t r, C = j->C;
+    (void)w;
+    for (r = b; r < e; r++) {
+        int64_t valid = j->nd->op == DTR_OP_SOFTMAX_CAUSAL ? (r % C) + 1 : C;
+        dtr__softmax_row(x + r * C, y + r * C, C, valid, j->nd->op == DTR_OP_LOG_SOFTMAX);
+    }
+}
+
+static void dtr__softmax_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__rows_job *j = (const dtr__rows_job *)arg;
+    const float *y = dtr__f32(j->nd->out), *g = j->nd->out->grad;
+    float *gx = dtr__gradof(j->nd->in[0]);
+    int64_t r, k, C = j->C;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *yr = y + r * C, *gr = g + r * C;
+        float *gxr = gx + r * C;
+        double s = 0.0;
+        if (j->nd->op == DTR_OP_LOG_SOFTMAX) {
+            for (k = 0; k < C; k++) s += gr[k];
+            for (k = 0; k < C; k++) gxr[k] += gr[k] - expf(yr[k]) * (float)s;
+        } else {
+            for (k = 0; k < C; k++) s += (double)gr[k] * yr[k];
+            for (k = 0; k < C; k++) gxr[k] += yr[k] * (gr[k] - (float)s);
+        }
+    }
+}
+
+dtr_result dtr__cpu_softmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__rows_job j;
+    j.nd = nd;
+    j.C = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    dtr__pool_run(ctx->pool, dtr__rows(nd->in[0]), 64, dtr__softmax_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__rows_job j;
+    if (!dtr__gradof(nd->in[0])) return DTR_OK;
+    j.nd = nd;
+    j.C = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    dtr__pool_run(ctx->pool, dtr__rows(nd->in[0]), 64, dtr__softmax_bwd_range, &j);
+    return DTR_OK;
+}
+
+/* ---- cross-entropy on class indices ---- */
+
+dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+    dtr__node *n;
+    char s1[96], s2[96];
+    int64_t R, K, i;
+    const int32_t *t;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_cross_entropy", logits, "logits")) return NULL;
+    if (!targets) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_cross_entropy: targets is NULL");
+    if (targets->dtype != DTR_I32)
+        return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cross_entropy: targets must be i32 class indices, are %s",
+                          dtr_dtype_name(targets->dtype));
+    if (logits->ndim < 1 || dtr__rows(logits) != dtr_tensor_numel(targets))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_cross_entropy: logits %s and targets %s disagree on the row count",
+                          dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
+    logits = dtr__contig_input(ctx, logits);
+    targets = dtr__contig_input(ctx, targets);
+    if (!logits || !targets) return NULL;
+    R = dtr__rows(logits);
+    K = logits->shape[logits->ndim - 1];
+    if (ctx->backend == &dtr__cpu_backend) {
+        t = dtr__i32(targets);
+        for (i = 0; i < R; i++)
+            if (t[i] < 0 || t[i] >= K)
+                return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                                  (long long)i, (int)t[i], (long long)K);
+    }
+    n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy");
+    if (!n) return NULL;
+    n->n_in = 2;
+    n->in[0] = logits;
+    n->in[1] = targets;
+    n->aux = dtr__arena_data(ctx, (size_t)(R * K) * sizeof(float), "dtr_cross_entropy"); /* probabilities */
+    if (!n->aux) return NULL;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_cross_entropy");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_cross_entropy");
+}
+
+dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
+    const float *X = dtr__f32(x);
+    const int32_t *t = dtr__i32(nd->in[1]);
+    float *P = (float *)nd->aux;
+    double loss = 0.0;
+    (void)ctx;
+    for (r = 0; r < R; r++) {
+        const float *xr = X + r * K;
+        float *pr = P + r * K;
+        float mx = -INFINITY;
+        double s = 0.0;
+        for (k = 0; k < K; k++) if (xr[k] > mx) mx = xr[k];
+        for (k = 0; k < K; k++) { pr[k] = expf(xr[k] - mx); s += pr[k]; }
+        for (k = 0; k < K; k++) pr[k] = (float)(pr[k] / s);
+        loss += (double)mx + log(s) - xr[t[r]];
+    }
+    dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
+    const int32_t *t = dtr__i32(nd->in[1]);
+    const float *P = (const float *)nd->aux;
+    float *gx = dtr__gradof(x), c;
+    (void)ctx;
+    if (!gx || !R) return DTR_OK;
+    c = nd->out->grad[0] / (float)R;
+    for (r = 0; r < R; r++) {
+        for (k = 0; k < K; k++) gx[r * K + k] += c * P[r * K + k];
+        gx[r * K + t[r]] -= c;
+    }
+    return DTR_OK;
+}
+
+/* ---- embedding ---- */
+
+dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) {
+    dtr__node *n;
+    int64_t shape[DTR_MAX_DIMS], i, N, V;
+    char s1[96];
+    int d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_embedding", table, "table")) return NULL;
+    if (!ids) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_embedding: ids is NULL");
+    if (ids->dtype != DTR_I32) return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_embedding: ids must be i32");
+    if (table->ndim != 2 || ids->ndim + 1 > DTR_MAX_DIMS)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_embedding: table %s must be (V, C)", dtr__shape_str(table, s1, sizeof s1));
+    table = dtr__contig_input(ctx, table);
+    ids = dtr__contig_input(ctx, ids);
+    if (!table || !ids) return NULL;
+    N = dtr_tensor_numel(ids);
+    V = table->shape[0];
+    if (ctx->backend == &dtr__cpu_backend)
+        for (i = 0; i < N; i++)
+            if (dtr__i32(ids)[i] < 0 || dtr__i32(ids)[i] >= V)
+                return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_embedding: id %lld is %d, outside [0, %lld)",
+                                  (long long)i, (int)dtr__i32(ids)[i], (long long)V);
+    for (d = 0; d < ids->ndim; d++) shape[d] = ids->shape[d];
+    shape[ids->ndim] = table->shape[1];
+    n = dtr__node_new(ctx, DTR_OP_EMBEDDING, "dtr_embedding");
+    if (!n) return NULL;
+    n->n_in = 2;
+    n->in[0] = table;
+    n->in[1] = ids;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, ids->ndim + 1, shape, "dtr_embedding");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_embedding");
+}
+
+dtr_result dtr__cpu_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t C = nd->in[0]->shape[1], N = dtr_tensor_numel(nd->in[1]), i;
+    const float *W = dtr__f32(nd->in[0]);
+    const int32_t *id = dtr__i32(nd->in[1]);
+    float *Y = dtr__f32(nd->out);
+    (void)ctx;
+    for (i = 0; i < N; i++) memcpy(Y + i * C, W + (int64_t)id[i] * C, (size_t)C * sizeof(float));
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t C = nd->in[0]->shape[1], N = dtr_tensor_numel(nd->in[1]), i, k;
+    const int32_t *id = dtr__i32(nd->in[1]);
+    const float *G = nd->out->grad;
+    float *gw = dtr__gradof(nd->in[0]);
+    (void)ctx;
+    if (!gw) return DTR_OK;
+    for (i = 0; i < N; i++) {
+        float *row = gw + (int64_t)id[i] * C;
+        for (k = 0; k < C; k++) row[k] += G[i * C + k];
+    }
+    return DTR_OK;
+}
+
+/* ---- layer norm ---- */
+
+dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
+    dtr__node *n;
+    int64_t C;
+    char s1[96], s2[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_layernorm", x, "x")) return NULL;
+    if (w && !dtr__check_input(ctx, "dtr_layernorm", w, "weight")) return NULL;
+    if (b && !dtr__check_input(ctx, "dtr_layernorm", b, "bias")) return NULL;
+    if (x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_layernorm: x must have at least one axis");
+    C = x->shape[x->ndim - 1];
+    if ((w && (w->ndim != 1 || w->shape[0] != C)) || (b && (b->ndim != 1 || b->shape[0] != C)))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_layernorm: weight/bias %s must be (%lld) for x %s",
+                          dtr__shape_str(w ? w : b, s1, sizeof s1), (long long)C, dtr__shape_str(x, s2, sizeof s2));
+    if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_layernorm: eps must be > 0");
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    n = dtr__node_new(ctx, DTR_OP_LAYERNORM, "dtr_layernorm");
+    if (!n) return NULL;
+    n->n_in = 3;
+    n->in[0] = x;
+    n->in[1] = w;
+    n->in[2] = b;
+    n->farg[0] = eps;
+    n->aux = dtr__arena_data(ctx, (size_t)dtr__rows(x) * 2 * sizeof(float), "dtr_layernorm"); /* mean, rstd */
+    if (!n->aux) return NULL;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_layernorm");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_layernorm");
+}
+
+dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
+    const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    float *Y = dtr__f32(nd->out), *stat = (float *)nd->aux;
+    (void)ctx;
+    for (r = 0; r < R; r++) {
+        const float *xr = X + r * C;
+        float *yr = Y + r * C;
+        double m = 0.0, v = 0.0;
+        float mean, rstd;
+        for (k = 0; k < C; k++) m += xr[k];
+        m /= (double)C;
+        for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
+        v /= (double)C;
+        mean = (float)m;
+        rstd = (float)(1.0 / sqrt(v + nd->farg[0]));
+        for (k = 0; k < C; k++) {
+            float h = (xr[k] - mean) * rstd;
+            yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+        }
+        stat[2 * r] = mean;
+        stat[2 * r + 1] = rstd;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
+    const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *G = nd->out->grad;
+    const float *stat = (const float *)nd->aux;
+    float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
+    (void)ctx;
+    for (r = 0; r < R; r++) {
+        const float *xr = X + r * C, *gr = G + r * C;
+        float mean = stat[2 * r], rstd = stat[2 * r + 1];
+        double sd = 0.0, sdh = 0.0;
+        for (k = 0; k < C; k++) {
+            float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+            sd += dh;
+            sdh += (double)dh * h;
+            if (gw) gw[k] += gr[k] * h;
+            if (gb) gb[k] += gr[k];
+        }
+        if (gx) {
+            float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+            float *gxr = gx + r * C;
+            for (k = 0; k < C; k++) {
+                float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+                gxr[k] += rstd * (dh - md - h * mdh);
+            }
+        }
+    }
+    return DTR_OK;
+}
+
+/* ---- dropout ---- */
+
+dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
+    dtr__node *n;
+    int64_t i, N;
+    float *mask;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_dropout", x, "x")) return NULL;
+    if (!(p >= 0.0f && p < 1.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_dropout: p = %g outside [0, 1)", (double)p);
+    if (!ctx->training || p == 0.0f) return x;
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    N = dtr_tensor_numel(x);
+    n = dtr__node_new(ctx, DTR_OP_DROPOUT, "dtr_dropout");
+    if (!n) return NULL;
+    n->n_in = 1;
+    n->in[0] = x;
+    n->farg[0] = p;
+    /* the mask is drawn on the host from the context's seeded stream, so runs repeat */
+    mask = (float *)dtr__arena_meta(ctx, (size_t)N * sizeof(float), "dtr_dropout");
+    if (!mask) return NULL;
+    for (i = 0; i < N; i++) mask[i] = dtr_rng_uniform(&ctx->rng) < p ? 0.0f : 1.0f / (1.0f - p);
+    n->aux = mask;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_dropout");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_dropout");
+}
+
+dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t i, N = dtr_tensor_numel(nd->out);
+    const float *x = dtr__f32(nd->in[0]), *m = (const float *)nd->aux;
+    float *y = dtr__f32(nd->out);
+    (void)ctx;
+    for (i = 0; i < N; i++) y[i] = x[i] * m[i];
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t i, N = dtr_tensor_numel(nd->out);
+    const float *g = nd->out->grad, *m = (const float *)nd->aux;
+    float *gx = dtr__gradof(nd->in[0]);
+    (void)ctx;
+    if (gx) for (i = 0; i < N; i++) gx[i] += g[i] * m[i];
+    return DTR_OK;
+}
+
+/* ---- causal self-attention (composite) ---- */
+
+dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
+    static const int to_heads[4] = {0, 2, 1, 3}; /* (B, T, H, D) -> (B, H, T, D) */
+    int64_t B, T, C, D, shape[4];
+    dtr_tensor *qh, *kh, *vh, *att, *y;
+    char s1[96], s2[96], s3[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
+        !dtr__check_input(ctx, "dtr_attention", v, "v"))
+        return NULL;
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || memcmp(q->shape, k->shape, 3 * sizeof(int64_t)) ||
+        memcmp(q->shape, v->shape, 3 * sizeof(int64_t)))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must all be (B, T, C)",
+                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
+    B = q->shape[0]; T = q->shape[1]; C = q->shape[2];
+    if (heads <= 0 || C % heads)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)C);
+    D = C / heads;
+    shape[0] = B; shape[1] = T; shape[2] = heads; shape[3] = D;
+    qh = dtr_permute(ctx, dtr_reshape(ctx, q, 4, shape), to_heads);          /* (B, H, T, D) */
+    kh = dtr_permute(ctx, dtr_reshape(ctx, k, 4, shape), to_heads);
+    vh = dtr_permute(ctx, dtr_reshape(ctx, v, 4, shape), to_heads);
+    att = dtr_matmul(ctx, qh, dtr_transpose(ctx, kh, 2, 3));                  /* (B, H, T, T) */
+    att = dtr_softmax_causal(ctx, dtr_scale(ctx, att, 1.0f / sqrtf((float)D)));
+    y = dtr_matmul(ctx, att, vh);                                             /* (B, H, T, D) */
+    y = dtr_contiguous(ctx, dtr_permute(ctx, y, to_heads));                   /* (B, T, H, D) */
+    shape[2] = C;
+    return dtr_reshape(ctx, y, 3, shape);
+}

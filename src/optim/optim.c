@@ -1,0 +1,264 @@
+/* ============================================================================
+ * Optimizers (SGD, Adam, AdamW, LAMB) as fused updates over the model's contiguous
+ * buffers, learning-rate schedules, gradient clipping and accumulation.
+ * The update formulas follow torch.optim (SGD, Adam, AdamW) and You et al. 2019 (LAMB).
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include <math.h>
+
+struct dtr_optimizer {
+    dtr_model *model;
+    dtr_optimizer_config cfg;
+    float *m, *v, *work;      /* backend memory, dtr_model_numel floats each (NULL when unused) */
+    int64_t *seg_begin, *seg_end;
+    int64_t steps;            /* updates applied */
+    int micro;                /* micro-batches since the last update */
+};
+
+/* ---- schedules ---- */
+
+float dtr_schedule_lr(const dtr_schedule *s, int64_t step) {
+    double lr, t;
+    if (!s) return 0.0f;
+    if (step < 0) step = 0;
+    if (s->warmup_steps > 0 && step < s->warmup_steps) return (float)(s->lr * (double)(step + 1) / (double)s->warmup_steps);
+    t = (double)(step - (s->warmup_steps > 0 ? s->warmup_steps : 0));
+    switch (s->kind) {
+    case DTR_SCHED_STEP:
+        lr = s->lr * pow(s->gamma, floor(t / (double)(s->step_size > 0 ? s->step_size : 1)));
+        break;
+    case DTR_SCHED_COSINE:
+        if (s->total_steps <= 0 || t >= (double)s->total_steps) lr = s->min_lr;
+        else lr = s->min_lr + 0.5 * (s->lr - s->min_lr) * (1.0 + cos(3.14159265358979323846 * t / (double)s->total_steps));
+        break;
+    default: lr = s->lr; break;
+    }
+    return (float)lr;
+}
+
+/* ---- configuration ---- */
+
+dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr) {
+    dtr_optimizer_config c;
+    memset(&c, 0, sizeof(c));
+    c.kind = kind;
+    c.schedule.kind = DTR_SCHED_CONSTANT;
+    c.schedule.lr = lr;
+    c.schedule.gamma = 0.1f;
+    c.beta1 = 0.9f;
+    c.beta2 = 0.999f;
+    c.eps = kind == DTR_OPT_LAMB ? 1e-6f : 1e-8f;
+    c.weight_decay = kind == DTR_OPT_ADAMW ? 0.01f : 0.0f;
+    c.grad_accum_steps = 1;
+    return c;
+}
+
+dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
+    dtr_context *ctx;
+    dtr_optimizer *o;
+    size_t bytes;
+    int nbuf = 0, i;
+    dtr_result r;
+    if (!model || !cfg || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    ctx = dtr_model_context(model);
+    if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_LAMB)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown optimizer kind %d", (int)cfg->kind);
+    if (!(cfg->schedule.lr >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->eps >= 0.0f) ||
+        !(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f) || !(cfg->beta2 >= 0.0f && cfg->beta2 < 1.0f) || cfg->grad_accum_steps < 0 ||
+        !(cfg->clip_norm >= 0.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: lr, momentum, weight_decay, eps, clip_norm must be "
+                                                    ">= 0 and betas in [0, 1)");
+    if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
+    r = dtr_model_build(model);
+    if (r != DTR_OK) return r;
+    o = (dtr_optimizer *)dtr__calloc(&ctx->alloc, sizeof(*o));
+    if (!o) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
+    o->model = model;
+    o->cfg = *cfg;
+    if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
+    bytes = (size_t)(dtr_model_numel(model) ? dtr_model_numel(model) : 1) * sizeof(float);
+    nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0) : 2;
+    if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    if (cfg->kind == DTR_OPT_LAMB) {
+        int n = dtr_model_param_count(model);
+        o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
+        o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
+        o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
+        if (o->seg_begin && o->seg_end)
+            for (i = 0; i < n; i++) {
+                o->seg_begin[i] = dtr_model_param_offset(model, i);
+                o->seg_end[i] = o->seg_begin[i] + dtr_tensor_numel(dtr_model_param_at(model, i));
+            }
+    }
+    if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
+        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end))) {
+        dtr_optimizer_destroy(o);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory for the optimizer state");
+    }
+    if (o->m) ctx->backend->memset0(ctx, o->m, bytes);
+    if (o->v) ctx->backend->memset0(ctx, o->v, bytes);
+    *out = o;
+    return DTR_OK;
+}
+
+void dtr_optimizer_destroy(dtr_optimizer *o) {
+    dtr_context *ctx;
+    if (!o) return;
+    ctx = dtr_model_context(o->model);
+    if (o->m) ctx->backend->mem_free(ctx, o->m);
+    if (o->v) ctx->backend->mem_free(ctx, o->v);
+    if (o->work) ctx->backend->mem_free(ctx, o->work);
+    dtr__free(&ctx->alloc, o->seg_begin);
+    dtr__free(&ctx->alloc, o->seg_end);
+    dtr__free(&ctx->alloc, o);
+}
+
+int64_t dtr_optimizer_steps(const dtr_optimizer *o) { return o ? o->steps : 0; }
+float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
+void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
+
+float *dtr_optimizer_state(dtr_optimizer *o, int index, int *count) {
+    int n;
+    if (!o) { if (count) *count = 0; return NULL; }
+    n = (o->m ? 1 : 0) + (o->v ? 1 : 0);
+    if (count) *count = n;
+    if (index == 0) return o->m;
+    if (index == 1) return o->v;
+    return NULL;
+}
+
+/* ---- clipping ---- */
+
+static dtr_result dtr__grad_norm(dtr_model *m, double *norm) {
+    dtr_context *ctx = dtr_model_context(m);
+    double s = 0.0;
+    dtr_result r = ctx->backend->sumsq(ctx, dtr_model_grads(m), dtr_model_numel(m), &s);
+    *norm = sqrt(s);
+    return r;
+}
+
+dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
+    dtr_context *ctx;
+    double norm;
+    dtr_result r;
+    if (!m) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    if (!(max_norm > 0.0f)) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_clip_grad_norm: max_norm must be > 0");
+    r = dtr_model_build(m);
+    if (r != DTR_OK) return r;
+    r = dtr__grad_norm(m, &norm);
+    if (r != DTR_OK) return r;
+    if (norm_out) *norm_out = (float)norm;
+    if (norm > max_norm) return ctx->backend->scale(ctx, dtr_model_grads(m), dtr_model_numel(m), (float)(max_norm / (norm + 1e-6)));
+    return DTR_OK;
+}
+
+/* ---- the update ---- */
+
+dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
+    dtr_context *ctx;
+    dtr__opt_args a;
+    dtr_result r;
+    if (updated) *updated = 0;
+    if (!o) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(o->model);
+    if (ctx->status != DTR_OK) return ctx->status;
+    if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
+    o->micro = 0;
+    memset(&a, 0, sizeof(a));
+    a.kind = o->cfg.kind;
+    a.n = dtr_model_numel(o->model);
+    a.param = dtr_model_params(o->model);
+    a.grad = dtr_model_grads(o->model);
+    a.m = o->m;
+    a.v = o->v;
+    a.lr = dtr_schedule_lr(&o->cfg.schedule, o->steps);
+    a.momentum = o->cfg.momentum;
+    a.dampening = o->cfg.dampening;
+    a.nesterov = o->cfg.nesterov;
+    a.beta1 = o->cfg.beta1;
+    a.beta2 = o->cfg.beta2;
+    a.eps = o->cfg.eps;
+    a.weight_decay = o->cfg.weight_decay;
+    a.grad_scale = 1.0f / (float)o->cfg.grad_accum_steps;
+    a.first = o->steps == 0;
+    a.step = o->steps + 1;
+    a.nseg = dtr_model_param_count(o->model);
+    a.seg_begin = o->seg_begin;
+    a.seg_end = o->seg_end;
+    a.work = o->work;
+    if (o->cfg.clip_norm > 0.0f) {
+        double norm;
+        r = dtr__grad_norm(o->model, &norm);
+        if (r != DTR_OK) return r;
+        norm *= a.grad_scale;
+        if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
+    }
+    r = ctx->backend->optimizer_update(ctx, &a);
+    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+    o->steps++;
+    if (updated) *updated = 1;
+    return dtr_model_zero_grad(o->model);
+}
+
+/* CPU reference of the fused update; other backends are tested against it. */
+dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
+    int64_t i, n = a->n;
+    float *p = a->param, *g = a->grad, *m = a->m, *v = a->v;
+    float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
+    (void)ctx;
+    switch (a->kind) {
+    case DTR_OPT_SGD:
+        for (i = 0; i < n; i++) {
+            float d = g[i] * gs + wd * p[i];
+            if (m) {
+                m[i] = a->first ? d : a->momentum * m[i] + (1.0f - a->dampening) * d;
+                d = a->nesterov ? d + a->momentum * m[i] : m[i];
+            }
+            p[i] -= lr * d;
+        }
+        break;
+    case DTR_OPT_ADAM:
+    case DTR_OPT_ADAMW: {
+        float bc1 = 1.0f - (float)pow(a->beta1, (double)a->step), bc2 = 1.0f - (float)pow(a->beta2, (double)a->step);
+        float step_size = lr / bc1, sbc2 = sqrtf(bc2);
+        int adamw = a->kind == DTR_OPT_ADAMW;
+        for (i = 0; i < n; i++) {
+            float d = g[i] * gs;
+            if (adamw) p[i] *= 1.0f - lr * wd;
+            else d += wd * p[i];
+            m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * d;
+            v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * d * d;
+            p[i] -= step_size * m[i] / (sqrtf(v[i]) / sbc2 + a->eps);
+        }
+        break;
+    }
+    case DTR_OPT_LAMB: {
+        double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+        int s;
+        for (s = 0; s < a->nseg; s++) {
+            double pn = 0.0, un = 0.0;
+            float trust;
+            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
+                float d = g[i] * gs, mh, vh;
+                m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * d;
+                v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * d * d;
+                mh = (float)(m[i] / bc1);
+                vh = (float)(v[i] / bc2);
+                a->work[i] = mh / (sqrtf(vh) + a->eps) + wd * p[i];
+                pn += (double)p[i] * p[i];
+                un += (double)a->work[i] * a->work[i];
+            }
+            trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= lr * trust * a->work[i];
+        }
+        break;
+    }
+    default: return DTR_INVALID_ARGUMENT;
+    }
+    return DTR_OK;
+}

@@ -1,0 +1,15 @@
+/* dtrain.h - v0.1.0 - distributed deep-learning training in C. MIT license (end of file).
+
+   Drop-in use: in ONE C or C++ file
+
+       #define DTRAIN_IMPLEMENTATION
+       #include "dtrain.h"
+
+   and include "dtrain.h" normally everywhere else. Link with -lm -lpthread. Nothing else is
+   required; optional switches (define before the implementation include):
+
+       DTR_USE_ZLIB    read gzip-compressed IDX files through zlib (link -lz)
+       DTR_USE_CBLAS   route GEMM through a system BLAS's cblas_sgemm (link e.g. -lopenblas)
+
+   See README.md and docs/ for the guides; every public function below has a doc comment.
+*/
