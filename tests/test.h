@@ -34,11 +34,12 @@ static const char *test__case;
     if (test__case_failed) { test__failed++; fprintf(stderr, "FAIL %s\n", #fn); } \
     else { test__passed++; printf("ok   %s\n", #fn); } fflush(stdout); } while (0)
 
-static int test_summary(void) {
-    const char *name = strrchr(__FILE__, '/');
-    printf("%s: %d passed, %d failed\n", name ? name + 1 : __FILE__, test__passed, test__failed);
+static int test__summary(const char *file) {
+    const char *name = strrchr(file, '/');
+    printf("%s: %d passed, %d failed\n", name ? name + 1 : file, test__passed, test__failed);
     return test__failed ? 1 : 0;
 }
+#define test_summary() test__summary(__FILE__)
 
 /* A context with defaults and `threads` threads; aborts the test program if it cannot be made. */
 static dtr_context *test_ctx(int threads) {

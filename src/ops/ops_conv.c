@@ -98,7 +98,7 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     return dtr__record(ctx, n, "dtr_conv2d");
 }
 
-typedef struct { const dtr__node *nd; dtr__conv_geom g; dtr__pool *pool; } dtr__conv_job;
+typedef struct { const dtr__node *nd; dtr__conv_geom g; dtr__pool *pool; float *gcol; } dtr__conv_job;
 
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
@@ -149,15 +149,14 @@ static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     }
 }
 
-/* dX, split over samples; the column gradient goes to the worker's scratch slot 1. */
+/* dX, split over samples; each worker has its own column-gradient buffer in j->gcol. */
 static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     const float *G = j->nd->out->grad, *Wt = dtr__f32(j->nd->in[1]);
     float *gx = dtr__gradof(j->nd->in[0]);
     int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n;
-    float *gcol = (float *)dtr__pool_scratch(j->pool, worker, 1, (size_t)(ckk * P) * sizeof(float));
-    if (!gcol) return; /* reported by the caller through the pool status */
+    float *gcol = j->gcol + (int64_t)worker * ckk * P;
     for (n = b; n < e; n++) {
         /* gcol (ckk, P) = W^T (ckk, O) gy (O, P) */
         dtr__gemm_on(j->pool, worker, ckk, P, g->O, 1.0f, Wt, 1, ckk, G + n * g->O * P, P, 1, 0.0f, gcol, P);
@@ -167,17 +166,14 @@ static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
 
 dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
-    int w;
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
     if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.g.O, 1, dtr__conv_bwd_w_range, &j);
     if (dtr__gradof(nd->in[0])) {
-        /* reserve the scratch up front so a failed allocation is an error, not a silent skip */
-        size_t bytes = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo) * sizeof(float);
-        for (w = 0; w < dtr__pool_threads(ctx->pool); w++)
-            if (!dtr__pool_scratch(ctx->pool, w, 1, bytes))
-                return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_conv2d backward: out of memory for %zu bytes", bytes);
+        size_t per = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo);
+        j.gcol = (float *)dtr__arena_data(ctx, per * (size_t)dtr__pool_threads(ctx->pool) * sizeof(float), "dtr_conv2d backward");
+        if (!j.gcol) return ctx->status;
         dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_bwd_x_range, &j);
     }
     return DTR_OK;
