@@ -564,6 +564,18 @@ DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callback
                                   char *err, size_t errlen);
 DTR_API void dtr_mnist_free(dtr_mnist *d);
 
+/* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
+
+/** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu).
+ *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED. */
+DTR_API const dtr_backend *dtr_cuda_backend(void);
+/** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
+DTR_API int dtr_cuda_device_count(void);
+/** Newline-separated names of the libfabric providers that offer reliable-datagram tagged
+ *  endpoints here (defined in dtrain_comm.c). DTR_UNSUPPORTED when built without
+ *  DTR_HAVE_LIBFABRIC, DTR_NOT_FOUND when no provider qualifies. */
+DTR_API dtr_result dtr_fabric_providers(char *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
