@@ -573,7 +573,7 @@ DTR_API const dtr_backend *dtr_cuda_backend(void);
 DTR_API int dtr_cuda_device_count(void);
 /** Newline-separated names of the libfabric providers that offer reliable-datagram tagged
  *  endpoints here (defined in dtrain_comm.c). DTR_UNSUPPORTED when built without
- *  DTR_HAVE_LIBFABRIC, DTR_NOT_FOUND when no provider qualifies. */
+ *  DTR_USE_LIBFABRIC, DTR_NOT_FOUND when no provider qualifies. */
 DTR_API dtr_result dtr_fabric_providers(char *buf, size_t len);
 
 #ifdef __cplusplus

@@ -1,14 +1,14 @@
 /* ============================================================================
  * libfabric transport (skeleton): provider discovery. The tagged-message endpoints, the
  * rendezvous store and the collectives arrive with the distributed-core issue.
- * Build: cc -c dtrain_comm.c -DDTR_HAVE_LIBFABRIC $(pkg-config --cflags libfabric), link
- * $(pkg-config --libs libfabric). Without DTR_HAVE_LIBFABRIC it compiles to stubs that
+ * Build: cc -c dtrain_comm.c -DDTR_USE_LIBFABRIC $(pkg-config --cflags libfabric), link
+ * $(pkg-config --libs libfabric). Without DTR_USE_LIBFABRIC it compiles to stubs that
  * return DTR_UNSUPPORTED.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
 
-#ifdef DTR_HAVE_LIBFABRIC
+#ifdef DTR_USE_LIBFABRIC
 #include <rdma/fabric.h>
 
 dtr_result dtr_fabric_providers(char *buf, size_t len) {
