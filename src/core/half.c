@@ -84,7 +84,8 @@ static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
 dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtype src_dtype, size_t n) {
     size_t i;
     if (!dtr_dtype_size(dst_dtype) || !dtr_dtype_size(src_dtype)) return DTR_DTYPE_MISMATCH;
-    if (n && (!dst || !src)) return DTR_NULL_HANDLE;
+    if (n == 0) return DTR_OK; /* dst/src may be NULL: memcpy(NULL, NULL, 0) is undefined */
+    if (!dst || !src) return DTR_NULL_HANDLE;
     if (dst_dtype == src_dtype) { memcpy(dst, src, n * dtr_dtype_size(dst_dtype)); return DTR_OK; }
     if (src_dtype == DTR_I32 && dst_dtype == DTR_U8) {
         for (i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)((const int32_t *)src)[i];

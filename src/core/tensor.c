@@ -204,6 +204,8 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     dtr_result r;
     if (!t || !dst) return DTR_NULL_HANDLE;
     ctx = t->ctx;
+    /* a parameter of a model not built yet: build it, as the ops do */
+    if (!t->storage && t->model && (r = dtr_model_build(t->model)) != DTR_OK) return r;
     if ((int64_t)n != dtr_tensor_numel(t))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read: %zu elements asked, tensor has %lld", n,
                          (long long)dtr_tensor_numel(t));
@@ -238,6 +240,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     dtr_result r;
     if (!t || !src) return DTR_NULL_HANDLE;
     ctx = t->ctx;
+    if (!t->storage && t->model && (r = dtr_model_build(t->model)) != DTR_OK) return r;
     if ((int64_t)n != dtr_tensor_numel(t))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_write: %zu elements given, tensor has %lld", n,
                          (long long)dtr_tensor_numel(t));

@@ -261,7 +261,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     dtr_context *ctx;
     dtr_st_file f;
     float *stage = NULL;
-    char err[512], s1[96];
+    char err[512], s1[96], s2[96];
     dtr_result r;
     int i, j, d;
     if (!m || !path) return DTR_NULL_HANDLE;
@@ -289,10 +289,15 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         }
         dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));
         continue;
-    shape:
-        r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' has %d dims, the model's is %s", path,
-                      m->names[i], e->ndim, dtr__shape_str(t, s1, sizeof s1));
+    shape: {
+        dtr_tensor fs; /* the file's shape, for the message */
+        memset(&fs, 0, sizeof fs);
+        fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
+        for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
+        r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
+                      m->names[i], dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
         goto done;
+    }
     }
     for (i = 0; i < m->count; i++) {
         r = ctx->backend->from_host(ctx, m->data + m->offsets[i], stage + m->offsets[i],

@@ -1,0 +1,593 @@
+/* Optimizers, schedules and gradient clipping against PyTorch.
+ *
+ * The reference values come from tests/fixtures/make_optim_fixtures.py (torch.optim SGD, Adam,
+ * AdamW, a float64 LAMB, torch.optim.lr_scheduler, torch.nn.utils.clip_grad_norm_), written
+ * into tests/fixtures/optim_fixtures.h. A dtrain model holds the same two parameters p0 (3, 4)
+ * and p1 (5) (at their offsets inside the model's padded contiguous buffer); each fixture
+ * gradient is written into dtr_model_grads and dtr_optimizer_step applied. Every element of
+ * the parameters after every update, and the optimizer state after the last, must agree with
+ * torch within a relative tolerance of 1e-5 (|a - b| <= 1e-5 * max(|b|, 1e-2)).
+ * Also covered: gradient accumulation, clipping inside the optimizer, schedules seen through
+ * dtr_optimizer_lr / dtr_optimizer_steps, dtr_optimizer_state, invalid configurations and
+ * NULL handles. */
+#include "test.h"
+#include "fixtures/optim_fixtures.h"
+
+#define REL_TOL 1e-5
+#define REL_FLOOR 1e-2 /* below this magnitude the tolerance is absolute: 1e-7 */
+
+static double g_max_err_params, g_max_err_state, g_max_err_sched, g_max_err_clip;
+static double g_max_pure_rel; /* |a - b| / |b| without the floor, for the report */
+
+/* The second moment (state 1 of the Adam family) gets 3e-5: dtrain's config holds beta2 as a
+ * float, so 1 - beta2 = 1 - 0.999000013f = 0.000999987 where torch uses 0.001 (computed in
+ * double): a relative difference of 1.3e-5 in every new g^2 term. (The parameters see half of
+ * it through sqrt and stay within 1e-5.) */
+#define STATE1_TOL 3e-5
+
+/* Relative error of a against the reference b, with the floor above. */
+static double rel_err(double a, double b) { return fabs(a - b) / fmax(fabs(b), REL_FLOOR); }
+
+/* Compares n floats; returns the largest relative error and fails the case above `tol`. */
+static double check_close_tol(const char *what, int step, const float *got, const float *want, int n, double tol) {
+    double worst = 0.0;
+    int i, bad = -1;
+    for (i = 0; i < n; i++) {
+        double e = rel_err(got[i], want[i]);
+        if (!(e <= worst)) worst = e; /* NaN counts as the worst */
+        if (!(e <= tol) && bad < 0) bad = i;
+        if (want[i] != 0.0f) g_max_pure_rel = fmax(g_max_pure_rel, fabs((double)got[i] - want[i]) / fabs((double)want[i]));
+    }
+    CHECK_MSG(bad < 0, "%s, update %d, element %d: dtrain %.9g, torch %.9g (rel err %.3g)", what, step, bad,
+              bad >= 0 ? got[bad] : 0.0, bad >= 0 ? want[bad] : 0.0, worst);
+    return worst;
+}
+
+static double check_close(const char *what, int step, const float *got, const float *want, int n) {
+    return check_close_tol(what, step, got, want, n, REL_TOL);
+}
+
+/* ---- the two-parameter model of the fixtures ---- */
+
+typedef struct fx {
+    dtr_context *ctx;
+    dtr_model *m;
+    dtr_tensor *p0, *p1;
+    int64_t off0, off1;
+} fx;
+
+static void fx_open(fx *f) {
+    static const int64_t s0[2] = {3, 4}, s1[1] = {5};
+    memset(f, 0, sizeof(*f));
+    f->ctx = test_ctx(1);
+    CHECK_OK(f->ctx, dtr_model_create(f->ctx, 7, &f->m));
+    /* random initialisers on purpose: the fixture values must replace them */
+    f->p0 = dtr_model_param(f->m, "p0", 2, s0, DTR_INIT_NORMAL, 1.0f);
+    f->p1 = dtr_model_param(f->m, "p1", 1, s1, DTR_INIT_UNIFORM, 1.0f);
+    CHECK(f->p0 && f->p1);
+    CHECK_OK(f->ctx, dtr_model_build(f->m));
+    f->off0 = dtr_model_param_offset(f->m, 0);
+    f->off1 = dtr_model_param_offset(f->m, 1);
+    CHECK_EQ_INT(f->off0, 0);
+    CHECK_EQ_INT(f->off1 % 16, 0); /* padded: 12 floats of p0 then 4 of padding */
+    CHECK(f->off1 >= OPTF_N0);
+    CHECK_OK(f->ctx, dtr_tensor_write(f->p0, DTR_F32, optf_init0, OPTF_N0));
+    CHECK_OK(f->ctx, dtr_tensor_write(f->p1, DTR_F32, optf_init1, OPTF_N1));
+    CHECK(dtr_model_params(f->m)[f->off0 + 5] == optf_init0[5]);
+    CHECK(dtr_model_params(f->m)[f->off1 + 3] == optf_init1[3]);
+}
+
+static void fx_close(fx *f) {
+    dtr_model_destroy(f->m);
+    dtr_context_destroy(f->ctx);
+}
+
+/* Adds scale * (fixture gradient `step`) into the model's gradient buffer. */
+static void fx_add_grad(fx *f, int step, float scale) {
+    float *g = dtr_model_grads(f->m);
+    int i;
+    for (i = 0; i < OPTF_N0; i++) g[f->off0 + i] += scale * optf_grad0[step * OPTF_N0 + i];
+    for (i = 0; i < OPTF_N1; i++) g[f->off1 + i] += scale * optf_grad1[step * OPTF_N1 + i];
+}
+
+static void fx_read(fx *f, float *p0, float *p1) {
+    CHECK_OK(f->ctx, dtr_tensor_read(f->p0, DTR_F32, p0, OPTF_N0));
+    CHECK_OK(f->ctx, dtr_tensor_read(f->p1, DTR_F32, p1, OPTF_N1));
+}
+
+static dtr_optimizer_config case_config(const optf_case *c) {
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(c->kind, c->lr);
+    cfg.momentum = c->momentum;
+    cfg.dampening = c->dampening;
+    cfg.nesterov = c->nesterov;
+    cfg.beta1 = c->beta1;
+    cfg.beta2 = c->beta2;
+    cfg.eps = c->eps;
+    cfg.weight_decay = c->weight_decay;
+    cfg.clip_norm = c->clip_norm;
+    cfg.schedule.kind = c->sched;
+    cfg.schedule.min_lr = c->min_lr;
+    cfg.schedule.warmup_steps = c->warmup;
+    cfg.schedule.total_steps = c->total;
+    return cfg;
+}
+
+/* ---- every optimizer case against torch ---- */
+
+static void run_case(const optf_case *c) {
+    fx f;
+    dtr_optimizer_config cfg = case_config(c);
+    dtr_optimizer *opt = NULL;
+    float p0[OPTF_N0], p1[OPTF_N1];
+    char what[128];
+    double worst = 0.0, e;
+    int s, k, count = -1, updated;
+    fx_open(&f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    if (!opt) { fx_close(&f); return; }
+    for (s = 0; s < OPTF_STEPS; s++) {
+        fx_add_grad(&f, s, 1.0f);
+        CHECK_EQ_INT(dtr_optimizer_steps(opt), s);
+        CHECK_MSG(rel_err(dtr_optimizer_lr(opt), c->lrs[s]) <= 1e-6, "%s: lr of update %d is %.9g, torch used %.9g",
+                  c->name, s, dtr_optimizer_lr(opt), c->lrs[s]);
+        updated = -1;
+        CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+        CHECK_EQ_INT(updated, 1);
+        fx_read(&f, p0, p1);
+        snprintf(what, sizeof what, "%s p0", c->name);
+        e = check_close(what, s, p0, c->p0 + s * OPTF_N0, OPTF_N0);
+        worst = fmax(worst, e);
+        snprintf(what, sizeof what, "%s p1", c->name);
+        e = check_close(what, s, p1, c->p1 + s * OPTF_N1, OPTF_N1);
+        worst = fmax(worst, e);
+        /* the step zeroes the gradients */
+        CHECK(dtr_model_grads(f.m)[f.off0] == 0.0f && dtr_model_grads(f.m)[f.off1 + OPTF_N1 - 1] == 0.0f);
+    }
+    CHECK_EQ_INT(dtr_optimizer_steps(opt), OPTF_STEPS);
+    g_max_err_params = fmax(g_max_err_params, worst);
+    /* the state buffers: moments at the parameters' offsets */
+    for (k = 0; k < 2; k++) {
+        const float *want0 = k == 0 ? c->s0_p0 : c->s1_p0, *want1 = k == 0 ? c->s0_p1 : c->s1_p1;
+        float *st = dtr_optimizer_state(opt, k, &count);
+        CHECK_EQ_INT(count, c->nstate);
+        if (k >= c->nstate) { CHECK(st == NULL); continue; }
+        CHECK(st != NULL);
+        if (!st) continue;
+        snprintf(what, sizeof what, "%s state %d p0", c->name, k);
+        g_max_err_state = fmax(g_max_err_state, check_close_tol(what, OPTF_STEPS - 1, st + f.off0, want0, OPTF_N0,
+                                                                k == 1 ? STATE1_TOL : REL_TOL));
+        snprintf(what, sizeof what, "%s state %d p1", c->name, k);
+        g_max_err_state = fmax(g_max_err_state, check_close_tol(what, OPTF_STEPS - 1, st + f.off1, want1, OPTF_N1,
+                                                                k == 1 ? STATE1_TOL : REL_TOL));
+    }
+    printf("     %-28s max rel err of the parameters vs torch %.3g\n", c->name, worst);
+    dtr_optimizer_destroy(opt);
+    fx_close(&f);
+}
+
+static void test_against_torch(void) {
+    int i;
+    for (i = 0; i < OPTF_NCASES; i++) run_case(&optf_cases[i]);
+}
+
+/* The padding between parameters in the shared buffer must stay untouched (zero). */
+static void test_padding_untouched(void) {
+    fx f;
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_optimizer *opt = NULL;
+    int s, i;
+    fx_open(&f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    for (s = 0; s < OPTF_STEPS; s++) {
+        fx_add_grad(&f, s, 1.0f);
+        CHECK_OK(f.ctx, dtr_optimizer_step(opt, NULL));
+    }
+    for (i = OPTF_N0; i < f.off1; i++) CHECK(dtr_model_params(f.m)[i] == 0.0f);
+    dtr_optimizer_destroy(opt);
+    fx_close(&f);
+}
+
+/* ---- gradient accumulation ---- */
+
+/* grad_accum_steps 4 with micro-gradients g_a .. g_d gives the update of one step with their
+ * mean, bit for bit (the mean is formed in the same order and 1/4 is exact). */
+static void accumulation_case(dtr_optimizer_kind kind, float lr, float momentum) {
+    static const int micro[2][4] = {{0, 1, 2, 3}, {2, 5, 4, 1}};
+    fx a, b;
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(kind, lr);
+    dtr_optimizer *oa = NULL, *ob = NULL;
+    float pa0[OPTF_N0], pa1[OPTF_N1], pb0[OPTF_N0], pb1[OPTF_N1];
+    int u, k, i, updated;
+    cfg.momentum = momentum;
+    fx_open(&a);
+    fx_open(&b);
+    CHECK_OK(b.ctx, dtr_optimizer_create(b.m, &cfg, &ob));
+    cfg.grad_accum_steps = 4;
+    CHECK_OK(a.ctx, dtr_optimizer_create(a.m, &cfg, &oa));
+    if (!oa || !ob) goto done;
+    for (u = 0; u < 2; u++) {
+        float *gb = dtr_model_grads(b.m);
+        for (k = 0; k < 4; k++) {
+            fx_add_grad(&a, micro[u][k], 1.0f);
+            fx_add_grad(&b, micro[u][k], 1.0f);
+            updated = -1;
+            CHECK_OK(a.ctx, dtr_optimizer_step(oa, &updated));
+            CHECK_EQ_INT(updated, k == 3 ? 1 : 0);
+            CHECK_EQ_INT(dtr_optimizer_steps(oa), k == 3 ? u + 1 : u);
+            if (k < 3) /* the micro-gradients are kept until the update */
+                CHECK(dtr_model_grads(a.m)[a.off0] == dtr_model_grads(b.m)[b.off0]);
+        }
+        CHECK(dtr_model_grads(a.m)[a.off0] == 0.0f && dtr_model_grads(a.m)[a.off1] == 0.0f);
+        for (i = 0; i < OPTF_N0; i++) gb[b.off0 + i] *= 0.25f;
+        for (i = 0; i < OPTF_N1; i++) gb[b.off1 + i] *= 0.25f;
+        updated = -1;
+        CHECK_OK(b.ctx, dtr_optimizer_step(ob, &updated));
+        CHECK_EQ_INT(updated, 1);
+        fx_read(&a, pa0, pa1);
+        fx_read(&b, pb0, pb1);
+        CHECK_MSG(!memcmp(pa0, pb0, sizeof pa0) && !memcmp(pa1, pb1, sizeof pa1),
+                  "kind %d update %d: accumulated %.9g vs mean-gradient %.9g", (int)kind, u, pa0[0], pb0[0]);
+        CHECK(pa0[0] != optf_init0[0]); /* something happened */
+    }
+done:
+    dtr_optimizer_destroy(oa);
+    dtr_optimizer_destroy(ob);
+    fx_close(&a);
+    fx_close(&b);
+}
+
+static void test_grad_accumulation(void) {
+    accumulation_case(DTR_OPT_SGD, 0.1f, 0.9f);
+    accumulation_case(DTR_OPT_ADAM, 0.01f, 0.0f);
+    accumulation_case(DTR_OPT_LAMB, 0.01f, 0.0f);
+}
+
+/* Accumulation and clipping together: the clip applies to the mean gradient. Each fixture
+ * gradient g is fed twice with grad_accum_steps 2 (mean exactly g), so the result must match
+ * torch's clip-then-step reference sgd_momentum_clip. */
+static void test_accumulation_with_clip(void) {
+    const optf_case *c = NULL;
+    fx f;
+    dtr_optimizer_config cfg;
+    dtr_optimizer *opt = NULL;
+    float p0[OPTF_N0], p1[OPTF_N1];
+    int i, s, k, updated;
+    for (i = 0; i < OPTF_NCASES; i++)
+        if (!strcmp(optf_cases[i].name, "sgd_momentum_clip")) c = &optf_cases[i];
+    CHECK(c != NULL);
+    if (!c) return;
+    cfg = case_config(c);
+    cfg.grad_accum_steps = 2;
+    fx_open(&f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    for (s = 0; opt && s < OPTF_STEPS; s++) {
+        for (k = 0; k < 2; k++) { /* sum g + g = 2g; the mean is g */
+            fx_add_grad(&f, s, 1.0f);
+            CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+            CHECK_EQ_INT(updated, k);
+        }
+        fx_read(&f, p0, p1);
+        check_close("accumulated sgd_momentum_clip p0", s, p0, c->p0 + s * OPTF_N0, OPTF_N0);
+        check_close("accumulated sgd_momentum_clip p1", s, p1, c->p1 + s * OPTF_N1, OPTF_N1);
+    }
+    dtr_optimizer_destroy(opt);
+    fx_close(&f);
+}
+
+/* ---- clipping ---- */
+
+static void test_clip_grad_norm(void) {
+    fx f;
+    float g0[OPTF_N0], g1[OPTF_N1], norm;
+    int k;
+    fx_open(&f);
+    for (k = 0; k < OPTF_NCLIPS; k++) {
+        const optf_clip *c = &optf_clips[k];
+        CHECK_OK(f.ctx, dtr_model_zero_grad(f.m));
+        fx_add_grad(&f, c->step, 1.0f);
+        norm = -1.0f;
+        CHECK_OK(f.ctx, dtr_clip_grad_norm(f.m, c->max_norm, &norm));
+        CHECK_MSG(rel_err(norm, c->norm) <= 1e-6, "gradient %d: norm %.9g, torch %.9g", c->step, norm, c->norm);
+        g_max_err_clip = fmax(g_max_err_clip, rel_err(norm, c->norm));
+        memcpy(g0, dtr_model_grads(f.m) + f.off0, sizeof g0);
+        memcpy(g1, dtr_model_grads(f.m) + f.off1, sizeof g1);
+        g_max_err_clip = fmax(g_max_err_clip, check_close("clipped gradient p0", c->step, g0, c->g0, OPTF_N0));
+        g_max_err_clip = fmax(g_max_err_clip, check_close("clipped gradient p1", c->step, g1, c->g1, OPTF_N1));
+    }
+    /* the clipped norm is max_norm (up to torch's 1e-6 guard) */
+    CHECK_OK(f.ctx, dtr_model_zero_grad(f.m));
+    fx_add_grad(&f, 2, 1.0f);
+    CHECK_OK(f.ctx, dtr_clip_grad_norm(f.m, 0.25f, NULL));
+    CHECK_OK(f.ctx, dtr_clip_grad_norm(f.m, 1000.0f, &norm));
+    CHECK_NEAR(norm, 0.25, 1e-6);
+    /* max_norm must be > 0 */
+    CHECK_EQ_INT(dtr_clip_grad_norm(f.m, 0.0f, &norm), DTR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(dtr_context_last_error(f.ctx), "dtr_clip_grad_norm") != NULL, "message: %s",
+              dtr_context_last_error(f.ctx));
+    dtr_context_clear_error(f.ctx);
+    CHECK_EQ_INT(dtr_clip_grad_norm(f.m, -1.0f, NULL), DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(f.ctx);
+    CHECK_EQ_INT(dtr_clip_grad_norm(NULL, 1.0f, &norm), DTR_NULL_HANDLE);
+    fx_close(&f);
+}
+
+/* ---- schedules ---- */
+
+static void test_schedules(void) {
+    int i, s;
+    for (i = 0; i < OPTF_NSCHEDS; i++) {
+        const optf_sched *c = &optf_scheds[i];
+        dtr_schedule sc;
+        memset(&sc, 0, sizeof sc);
+        sc.kind = c->kind;
+        sc.lr = c->lr;
+        sc.min_lr = c->min_lr;
+        sc.warmup_steps = c->warmup_steps;
+        sc.total_steps = c->total_steps;
+        sc.step_size = c->step_size;
+        sc.gamma = c->gamma;
+        for (s = 0; s < c->n; s++) {
+            float lr = dtr_schedule_lr(&sc, s);
+            double e = fabs((double)lr - c->lr_at[s]) / fabs((double)c->lr_at[s]); /* every rate here is > 0 */
+            g_max_err_sched = fmax(g_max_err_sched, e);
+            CHECK_MSG(e <= 1e-6, "schedule %s step %d: %.9g, torch %.9g", c->name, s, lr, c->lr_at[s]);
+        }
+        /* a negative step counts as step 0; past the end a cosine stays at min_lr */
+        CHECK(dtr_schedule_lr(&sc, -3) == dtr_schedule_lr(&sc, 0));
+        if (c->kind == DTR_SCHED_COSINE)
+            CHECK_NEAR(dtr_schedule_lr(&sc, c->warmup_steps + c->total_steps + 100), c->min_lr, 1e-9);
+    }
+    CHECK(dtr_schedule_lr(NULL, 3) == 0.0f);
+}
+
+/* dtr_optimizer_lr / dtr_optimizer_steps follow the schedule, one step per update (not per
+ * micro-batch), and dtr_optimizer_set_lr replaces the base rate. */
+static void test_optimizer_schedule(void) {
+    const optf_sched *c = NULL;
+    fx f;
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_optimizer *opt = NULL;
+    int i, s, k, updated;
+    for (i = 0; i < OPTF_NSCHEDS; i++)
+        if (!strcmp(optf_scheds[i].name, "warmup_cosine")) c = &optf_scheds[i];
+    CHECK(c != NULL);
+    if (!c) return;
+    cfg.schedule.kind = c->kind;
+    cfg.schedule.lr = c->lr;
+    cfg.schedule.min_lr = c->min_lr;
+    cfg.schedule.warmup_steps = c->warmup_steps;
+    cfg.schedule.total_steps = c->total_steps;
+    cfg.grad_accum_steps = 2;
+    fx_open(&f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    for (s = 0; opt && s < c->n; s++) {
+        CHECK_EQ_INT(dtr_optimizer_steps(opt), s);
+        CHECK_MSG(fabs(dtr_optimizer_lr(opt) - c->lr_at[s]) <= 1e-6 * c->lr_at[s], "update %d: lr %.9g, torch %.9g", s,
+                  dtr_optimizer_lr(opt), c->lr_at[s]);
+        for (k = 0; k < 2; k++) {
+            fx_add_grad(&f, s % OPTF_STEPS, 0.01f);
+            CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+            CHECK_EQ_INT(updated, k);
+        }
+    }
+    CHECK_EQ_INT(dtr_optimizer_steps(opt), c->n);
+    /* set_lr rescales the whole schedule; past the cosine's end it reads min_lr */
+    dtr_optimizer_set_lr(opt, 1.0f);
+    CHECK_NEAR(dtr_optimizer_lr(opt), c->min_lr, 1e-9);
+    dtr_optimizer_destroy(opt);
+    /* constant schedule: set_lr takes effect on the next update */
+    cfg = dtr_optimizer_config_init(DTR_OPT_SGD, 0.5f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    if (opt) {
+        float before;
+        CHECK(dtr_optimizer_lr(opt) == 0.5f);
+        dtr_optimizer_set_lr(opt, 0.25f);
+        CHECK(dtr_optimizer_lr(opt) == 0.25f);
+        CHECK_OK(f.ctx, dtr_model_zero_grad(f.m));
+        before = dtr_model_params(f.m)[f.off0];
+        dtr_model_grads(f.m)[f.off0] = 2.0f;
+        CHECK_OK(f.ctx, dtr_optimizer_step(opt, NULL));
+        CHECK(dtr_model_params(f.m)[f.off0] == before - 0.25f * 2.0f);
+    }
+    dtr_optimizer_destroy(opt);
+    fx_close(&f);
+}
+
+/* ---- end to end: backward fills the model's gradients, the step consumes them ---- */
+
+static void test_backward_then_step(void) {
+    static const int64_t s0[2] = {3, 4};
+    fx f;
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_SGD, 0.5f);
+    dtr_optimizer *opt = NULL;
+    dtr_tensor *c, *loss;
+    float coef[OPTF_N0], before[OPTF_N0], after[OPTF_N0], p1[OPTF_N1];
+    int i, updated = 0;
+    for (i = 0; i < OPTF_N0; i++) coef[i] = 0.25f * (float)(i - 6);
+    fx_open(&f);
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &cfg, &opt));
+    fx_read(&f, before, p1);
+    /* loss = sum(p0 * coef) + sum(p1): dL/dp0 = coef, dL/dp1 = 1 */
+    c = dtr_tensor_from(f.ctx, DTR_F32, 2, s0, coef);
+    loss = dtr_add(f.ctx, dtr_sum_all(f.ctx, dtr_mul(f.ctx, f.p0, c)), dtr_sum_all(f.ctx, f.p1));
+    CHECK_OK(f.ctx, dtr_backward(f.ctx, loss));
+    CHECK(dtr_model_grads(f.m)[f.off0 + 1] == coef[1]);
+    CHECK(dtr_model_grads(f.m)[f.off1 + 4] == 1.0f);
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+    CHECK_EQ_INT(updated, 1);
+    CHECK_OK(f.ctx, dtr_context_reset(f.ctx));
+    CHECK_OK(f.ctx, dtr_tensor_read(f.p0, DTR_F32, after, OPTF_N0));
+    for (i = 0; i < OPTF_N0; i++) CHECK(after[i] == before[i] - 0.5f * coef[i]);
+    CHECK_OK(f.ctx, dtr_tensor_read(f.p1, DTR_F32, p1, OPTF_N1));
+    for (i = 0; i < OPTF_N1; i++) CHECK(p1[i] == optf_init1[i] - 0.5f);
+    CHECK(dtr_model_grads(f.m)[f.off0 + 1] == 0.0f);
+    /* a graph error is sticky: the optimizer refuses to step on it and changes nothing */
+    CHECK(dtr_matmul(f.ctx, f.p0, f.p0) == NULL);
+    dtr_model_grads(f.m)[f.off0] = 1.0f;
+    updated = -1;
+    CHECK_EQ_INT(dtr_optimizer_step(opt, &updated), DTR_SHAPE_MISMATCH);
+    CHECK_EQ_INT(updated, 0);
+    CHECK(dtr_model_params(f.m)[f.off0] == after[0]);
+    CHECK_EQ_INT(dtr_optimizer_steps(opt), 1);
+    dtr_context_clear_error(f.ctx);
+    CHECK_OK(f.ctx, dtr_optimizer_step(opt, &updated));
+    CHECK(dtr_model_params(f.m)[f.off0] == after[0] - 0.5f);
+    dtr_optimizer_destroy(opt);
+    fx_close(&f);
+}
+
+/* LAMB's trust ratio is 1 when a parameter is all zero (||p|| = 0): the first update is then
+ * lr * g / (|g| + eps) element-wise. */
+static void test_lamb_zero_param(void) {
+    static const int64_t shp[1] = {4};
+    static const float g[4] = {0.5f, -2.0f, 0.0f, 1e-3f};
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_optimizer_config cfg = dtr_optimizer_config_init(DTR_OPT_LAMB, 0.1f);
+    dtr_optimizer *opt = NULL;
+    int i;
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    CHECK(dtr_model_param(m, "z", 1, shp, DTR_INIT_ZEROS, 0.0f) != NULL);
+    cfg.weight_decay = 0.01f;
+    CHECK_OK(ctx, dtr_optimizer_create(m, &cfg, &opt));
+    if (opt) {
+        memcpy(dtr_model_grads(m), g, sizeof g);
+        CHECK_OK(ctx, dtr_optimizer_step(opt, NULL));
+        for (i = 0; i < 4; i++) {
+            double want = -0.1 * g[i] / (fabs(g[i]) + 1e-6);
+            CHECK_MSG(fabs(dtr_model_params(m)[i] - want) <= 1e-6, "element %d: %.9g, want %.9g", i,
+                      dtr_model_params(m)[i], want);
+        }
+    }
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* ---- configuration ---- */
+
+static void test_config_defaults(void) {
+    dtr_optimizer_config c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.003f);
+    CHECK(c.kind == DTR_OPT_ADAM);
+    CHECK(c.schedule.kind == DTR_SCHED_CONSTANT && c.schedule.lr == 0.003f && c.schedule.warmup_steps == 0);
+    CHECK(c.beta1 == 0.9f && c.beta2 == 0.999f && c.eps == 1e-8f);
+    CHECK(c.weight_decay == 0.0f && c.momentum == 0.0f && c.nesterov == 0 && c.dampening == 0.0f);
+    CHECK(c.clip_norm == 0.0f && c.grad_accum_steps == 1);
+    c = dtr_optimizer_config_init(DTR_OPT_LAMB, 0.01f);
+    CHECK(c.eps == 1e-6f);
+    c = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    CHECK(c.weight_decay == 0.01f);
+    c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.01f);
+    CHECK(c.weight_decay == 0.0f && c.momentum == 0.0f);
+}
+
+static void expect_invalid(fx *f, const dtr_optimizer_config *cfg, const char *what) {
+    dtr_optimizer *opt = (dtr_optimizer *)&opt; /* must be overwritten with NULL */
+    dtr_result r = dtr_optimizer_create(f->m, cfg, &opt);
+    CHECK_MSG(r == DTR_INVALID_ARGUMENT, "%s: got %s", what, dtr_result_string(r));
+    CHECK_MSG(opt == NULL, "%s: *out not NULL", what);
+    CHECK_MSG(dtr_context_status(f->ctx) == DTR_INVALID_ARGUMENT, "%s: status %d", what, dtr_context_status(f->ctx));
+    CHECK_MSG(strstr(dtr_context_last_error(f->ctx), "dtr_optimizer_create") != NULL, "%s: message '%s'", what,
+              dtr_context_last_error(f->ctx));
+    if (r == DTR_OK) dtr_optimizer_destroy(opt);
+    dtr_context_clear_error(f->ctx);
+}
+
+static void test_invalid_configs(void) {
+    fx f;
+    dtr_optimizer_config c;
+    fx_open(&f);
+    c = dtr_optimizer_config_init(DTR_OPT_SGD, -0.1f);
+    expect_invalid(&f, &c, "negative lr");
+    c = dtr_optimizer_config_init(DTR_OPT_SGD, NAN);
+    expect_invalid(&f, &c, "NaN lr");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
+    c.beta1 = 1.0f;
+    expect_invalid(&f, &c, "beta1 = 1");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
+    c.beta2 = 1.5f;
+    expect_invalid(&f, &c, "beta2 = 1.5");
+    c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    c.nesterov = 1;
+    expect_invalid(&f, &c, "nesterov without momentum");
+    c.momentum = 0.9f;
+    c.dampening = 0.1f;
+    expect_invalid(&f, &c, "nesterov with dampening");
+    c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    c.momentum = -0.5f;
+    expect_invalid(&f, &c, "negative momentum");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.1f);
+    c.weight_decay = -0.01f;
+    expect_invalid(&f, &c, "negative weight decay");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
+    c.eps = -1e-8f;
+    expect_invalid(&f, &c, "negative eps");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
+    c.clip_norm = -1.0f;
+    expect_invalid(&f, &c, "negative clip_norm");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
+    c.grad_accum_steps = -2;
+    expect_invalid(&f, &c, "negative grad_accum_steps");
+    c = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.1f);
+    c.kind = (dtr_optimizer_kind)17;
+    expect_invalid(&f, &c, "unknown kind");
+    /* a valid one still works after all that */
+    {
+        dtr_optimizer *opt = NULL;
+        c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+        c.momentum = 0.9f;
+        c.nesterov = 1;
+        CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &c, &opt));
+        CHECK(opt != NULL);
+        dtr_optimizer_destroy(opt);
+    }
+    fx_close(&f);
+}
+
+static void test_null_handles(void) {
+    fx f;
+    dtr_optimizer_config c = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_optimizer *opt = NULL;
+    int updated = -1, count = -1;
+    fx_open(&f);
+    CHECK_EQ_INT(dtr_optimizer_create(NULL, &c, &opt), DTR_NULL_HANDLE);
+    CHECK(opt == NULL);
+    CHECK_EQ_INT(dtr_optimizer_create(f.m, NULL, &opt), DTR_NULL_HANDLE);
+    CHECK_EQ_INT(dtr_optimizer_create(f.m, &c, NULL), DTR_NULL_HANDLE);
+    CHECK_EQ_INT(dtr_optimizer_step(NULL, &updated), DTR_NULL_HANDLE);
+    CHECK_EQ_INT(updated, 0);
+    CHECK_EQ_INT(dtr_optimizer_steps(NULL), 0);
+    CHECK(dtr_optimizer_lr(NULL) == 0.0f);
+    CHECK(dtr_optimizer_state(NULL, 0, &count) == NULL);
+    CHECK_EQ_INT(count, 0);
+    dtr_optimizer_set_lr(NULL, 1.0f);
+    dtr_optimizer_destroy(NULL);
+    /* a plain SGD optimizer has no state */
+    CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &c, &opt));
+    count = -1;
+    CHECK(dtr_optimizer_state(opt, 0, &count) == NULL);
+    CHECK_EQ_INT(count, 0);
+    CHECK(dtr_optimizer_state(opt, 5, NULL) == NULL);
+    dtr_optimizer_destroy(opt);
+    CHECK_EQ_INT(dtr_context_status(f.ctx), DTR_OK);
+    fx_close(&f);
+}
+
+int main(void) {
+    RUN(test_against_torch);
+    RUN(test_padding_untouched);
+    RUN(test_grad_accumulation);
+    RUN(test_accumulation_with_clip);
+    RUN(test_clip_grad_norm);
+    RUN(test_schedules);
+    RUN(test_optimizer_schedule);
+    RUN(test_backward_then_step);
+    RUN(test_lamb_zero_param);
+    RUN(test_config_defaults);
+    RUN(test_invalid_configs);
+    RUN(test_null_handles);
+    printf("     max rel err vs torch: parameters %.3g, optimizer state %.3g, schedules %.3g, clipping %.3g;\n"
+           "     without the %g floor: %.3g\n",
+           g_max_err_params, g_max_err_state, g_max_err_sched, g_max_err_clip, REL_FLOOR, g_max_pure_rel);
+    return test_summary();
+}
