@@ -144,7 +144,8 @@ typedef struct dtr__opt_args {
     int kind;                     /* dtr_optimizer_kind */
     int64_t n;
     float *param, *grad, *m, *v;  /* m, v: moments (may be NULL when unused) */
-    float lr, momentum, dampening, beta1, beta2, eps, weight_decay;
+    float lr, momentum, dampening, eps, weight_decay;
+    double beta1, beta2;
     int nesterov;
     int64_t step;                 /* 1-based update count (bias correction) */
     float grad_scale;             /* gradients are multiplied by this first (accumulation) */

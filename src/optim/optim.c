@@ -46,8 +46,8 @@ dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr
     c.schedule.kind = DTR_SCHED_CONSTANT;
     c.schedule.lr = lr;
     c.schedule.gamma = 0.1f;
-    c.beta1 = 0.9f;
-    c.beta2 = 0.999f;
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
     c.eps = kind == DTR_OPT_LAMB ? 1e-6f : 1e-8f;
     c.weight_decay = kind == DTR_OPT_ADAMW ? 0.01f : 0.0f;
     c.grad_accum_steps = 1;
@@ -66,7 +66,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if ((int)cfg->kind < 0 || cfg->kind > DTR_OPT_LAMB)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown optimizer kind %d", (int)cfg->kind);
     if (!(cfg->schedule.lr >= 0.0f) || !(cfg->momentum >= 0.0f) || !(cfg->weight_decay >= 0.0f) || !(cfg->eps >= 0.0f) ||
-        !(cfg->beta1 >= 0.0f && cfg->beta1 < 1.0f) || !(cfg->beta2 >= 0.0f && cfg->beta2 < 1.0f) || cfg->grad_accum_steps < 0 ||
+        !(cfg->beta1 >= 0.0 && cfg->beta1 < 1.0) || !(cfg->beta2 >= 0.0 && cfg->beta2 < 1.0) || cfg->grad_accum_steps < 0 ||
         !(cfg->clip_norm >= 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: lr, momentum, weight_decay, eps, clip_norm must be "
                                                     ">= 0 and betas in [0, 1)");
@@ -224,29 +224,31 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         break;
     case DTR_OPT_ADAM:
     case DTR_OPT_ADAMW: {
-        float bc1 = 1.0f - (float)pow(a->beta1, (double)a->step), bc2 = 1.0f - (float)pow(a->beta2, (double)a->step);
+        float bc1 = (float)(1.0 - pow(a->beta1, (double)a->step)), bc2 = (float)(1.0 - pow(a->beta2, (double)a->step));
         float step_size = lr / bc1, sbc2 = sqrtf(bc2);
+        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
         int adamw = a->kind == DTR_OPT_ADAMW;
         for (i = 0; i < n; i++) {
             float d = g[i] * gs;
             if (adamw) p[i] *= 1.0f - lr * wd;
             else d += wd * p[i];
-            m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * d;
-            v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * d * d;
+            m[i] = b1 * m[i] + c1 * d;
+            v[i] = b2 * v[i] + c2 * d * d;
             p[i] -= step_size * m[i] / (sqrtf(v[i]) / sbc2 + a->eps);
         }
         break;
     }
     case DTR_OPT_LAMB: {
         double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
         int s;
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
             float trust;
             for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
                 float d = g[i] * gs, mh, vh;
-                m[i] = a->beta1 * m[i] + (1.0f - a->beta1) * d;
-                v[i] = a->beta2 * v[i] + (1.0f - a->beta2) * d * d;
+                m[i] = b1 * m[i] + c1 * d;
+                v[i] = b2 * v[i] + c2 * d * d;
                 mh = (float)(m[i] / bc1);
                 vh = (float)(v[i] / bc2);
                 a->work[i] = mh / (sqrtf(vh) + a->eps) + wd * p[i];

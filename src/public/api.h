@@ -494,7 +494,8 @@ typedef struct dtr_optimizer_config {
     float momentum;         /**< SGD */
     int nesterov;           /**< SGD */
     float dampening;        /**< SGD */
-    float beta1, beta2, eps;/**< Adam family (defaults 0.9, 0.999, 1e-8; LAMB eps 1e-6) */
+    double beta1, beta2;    /**< Adam family moments (defaults 0.9, 0.999); double so 1 - beta is exact as in PyTorch */
+    float eps;              /**< Adam family (default 1e-8; LAMB 1e-6) */
     float weight_decay;
     float clip_norm;        /**< > 0: clip the global gradient norm before each update */
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
