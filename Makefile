@@ -1,0 +1,357 @@
+# Makefile for dtrain (GNU make). `make help` lists the targets.
+#
+# dtrain ships as three generated files (dtrain.h, dtrain_cuda.cu, dtrain_comm.c; see
+# ./amalgamate). This Makefile builds the CPU library from dtrain.h, the tests, examples and
+# benchmarks, the two optional units, and installs everything with a pkg-config file and a
+# CMake package. Variables can be set on the command line: `make OPT=-O3 ARCH= test`.
+
+# ---- configuration -----------------------------------------------------------------------
+
+CC      ?= cc
+CXX     ?= c++
+AR      ?= ar
+CLANG   ?= clang
+OPT     ?= -O2
+# -march=native tunes the code for this machine's CPU. Set ARCH= (empty) for a portable
+# build: packages, binaries copied to other machines, CI artefacts.
+ARCH    ?= -march=native
+# Warnings are errors on our own sources; WERROR= turns that off (e.g. a newer compiler).
+WERROR  ?= -Werror
+# Extra compiler flags (sanitizers etc.); test-sanitize sets it.
+SANITIZE ?=
+EXTRA_CFLAGS ?=
+# Output folder; test-sanitize uses build-asan.
+BUILD   ?= build
+JOBS    ?= $(shell nproc 2>/dev/null || echo 2)
+
+# Install layout (DESTDIR is honoured by install and uninstall).
+PREFIX     ?= /usr/local
+INCLUDEDIR ?= $(PREFIX)/include
+LIBDIR     ?= $(PREFIX)/lib
+DATADIR    ?= $(PREFIX)/share
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+CMAKEDIR   ?= $(LIBDIR)/cmake/dtrain
+
+# Optional features, detected unless set on the command line (1 = on, 0 = off).
+#   USE_ZLIB   gzip-compressed IDX files (zlib1g-dev): defines DTR_USE_ZLIB, links -lz
+#   USE_CBLAS  GEMM through cblas_sgemm: defines DTR_USE_CBLAS, links $(BLAS_LIBS) (off by default)
+#   USE_FABRIC dtrain_comm.c with libfabric (pkg-config libfabric): defines DTR_USE_LIBFABRIC
+#   USE_NCCL   dtrain_comm.c with NCCL (nccl.h found): defines DTR_USE_NCCL
+HASH := \#
+probe_header = $(shell printf '$(HASH)include <$(1)>\n' | $(CC) -E -x c $(2) - >/dev/null 2>&1 && echo 1 || echo 0)
+ifeq ($(origin USE_ZLIB),undefined)
+USE_ZLIB := $(call probe_header,zlib.h)
+endif
+USE_CBLAS ?= 0
+BLAS_LIBS ?= -lopenblas
+ifeq ($(origin USE_FABRIC),undefined)
+USE_FABRIC := $(shell pkg-config --exists libfabric 2>/dev/null && echo 1 || echo 0)
+endif
+CUDA_HOME ?= /usr/local/cuda
+ifeq ($(origin USE_NCCL),undefined)
+USE_NCCL := $(call probe_header,nccl.h,-I$(CUDA_HOME)/include)
+endif
+ifeq ($(origin NVCC),undefined)
+NVCC := $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
+endif
+# OpenBLAS is the reference peer of bench/gemm; without it that benchmark is left out.
+HAVE_OPENBLAS := $(if $(and $(filter 1,$(call probe_header,cblas.h)),$(filter /%,$(shell $(CC) -print-file-name=libopenblas.so))),1,0)
+
+DEFS   :=
+LDLIBS := -lm -lpthread
+ifeq ($(USE_ZLIB),1)
+DEFS   += -DDTR_USE_ZLIB
+LDLIBS := -lz $(LDLIBS)
+endif
+ifeq ($(USE_CBLAS),1)
+DEFS   += -DDTR_USE_CBLAS
+LDLIBS := $(BLAS_LIBS) $(LDLIBS)
+endif
+
+# CFLAGS is the whole compile line (the environment's CFLAGS is ignored; use EXTRA_CFLAGS).
+CFLAGS = -std=c99 -Wall -Wextra $(WERROR) -pthread -I. $(OPT) $(ARCH) $(SANITIZE) $(DEFS) $(EXTRA_CFLAGS)
+
+# CUDA: real code for sm_80 (A100) and sm_90 (H100/H200), plus PTX for newer GPUs to JIT.
+NVCC_ARCH  ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+NVCC_WERROR ?= $(if $(WERROR),-Werror all-warnings -Xcompiler -Werror)
+NVCCFLAGS  ?= -std=c++17 -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-pthread,-fPIC $(NVCC_WERROR) $(DEFS)
+
+FABRIC_CFLAGS := $(if $(filter 1,$(USE_FABRIC)),-DDTR_USE_LIBFABRIC $(shell pkg-config --cflags libfabric 2>/dev/null))
+FABRIC_LIBS   := $(if $(filter 1,$(USE_FABRIC)),$(shell pkg-config --libs libfabric 2>/dev/null))
+NCCL_CFLAGS   := $(if $(filter 1,$(USE_NCCL)),-DDTR_USE_NCCL -I$(CUDA_HOME)/include)
+
+# Fuzzing: clang with libFuzzer (libclang-rt-*-dev), built against dtrain.h.
+FUZZ_SECONDS ?= 30
+FUZZ_CFLAGS  ?= -std=c99 -g -O1 -Wall -Wextra $(WERROR) -pthread -I. $(DEFS)
+
+# Version, from the generated header (src/public/api.h before the first ./amalgamate).
+VERSION := $(shell sed -n 's/^$(HASH)define DTR_VERSION_STRING "\(.*\)"/\1/p' dtrain.h 2>/dev/null || \
+                   sed -n 's/^$(HASH)define DTR_VERSION_STRING "\(.*\)"/\1/p' src/public/api.h)
+VERSION_MAJOR := $(word 1,$(subst ., ,$(VERSION)))
+VERSION_MINOR := $(word 2,$(subst ., ,$(VERSION)))
+# While the major version is 0 every minor release may break the ABI.
+SOVERSION := $(if $(filter 0,$(VERSION_MAJOR)),0.$(VERSION_MINOR),$(VERSION_MAJOR))
+
+# The test data (Fashion-MNIST), handed to the demo and the tests as DTR_FMNIST_DIR.
+ifeq ($(origin DTR_FMNIST_DIR),undefined)
+DTR_FMNIST_DIR := $(shell scripts/fetch-fmnist.sh --find 2>/dev/null)
+endif
+export DTR_FMNIST_DIR
+
+# ---- what gets built ---------------------------------------------------------------------
+
+IMPL_OBJ := $(BUILD)/dtrain_impl.o
+LIBA     := $(BUILD)/libdtrain.a
+LIBSO    := $(BUILD)/libdtrain.so
+CUDA_OBJ := $(BUILD)/dtrain_cuda.o
+COMM_OBJ := $(BUILD)/dtrain_comm.o
+
+# Every tests/test_*.c, examples/*.c and bench/*.c is a program: new files need no edit here.
+TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
+EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+ifneq ($(HAVE_OPENBLAS),1)
+BENCHES  := $(filter-out $(BUILD)/bench/gemm,$(BENCHES))
+endif
+FUZZERS  := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+# Per-program extras. A program links every .o among its prerequisites, so a program that
+# needs a unit adds it as a prerequisite, and libraries go in its EXTRA_LIBS, e.g.
+#   $(BUILD)/bench/allreduce: $(COMM_OBJ)
+#   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
+EXTRA_LIBS :=
+$(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
+
+# A change of compiler or flags rebuilds everything built with them.
+FLAGS_ID    := $(strip $(CC) $(CFLAGS) $(LDLIBS) | $(NVCC) $(NVCCFLAGS) $(FABRIC_CFLAGS) $(NCCL_CFLAGS))
+FLAGS_STAMP := $(BUILD)/.flags
+ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
+$(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
+endif
+
+.PHONY: all lib tests examples bench cuda cuda-check comm test check deps bench-deps demo \
+        demo-run header-check header-only test-sanitize fuzz fuzz-build fuzz-smoke \
+        fuzz-smoke-if-available cmake-consumer install uninstall clean help
+.DEFAULT_GOAL := all
+
+# all: the library, every test, example and benchmark.
+all: lib tests examples bench
+
+# lib: build/libdtrain.a and build/libdtrain.so (the CPU implementation from dtrain.h).
+lib: $(LIBA) $(LIBSO)
+
+# tests, examples, bench: the programs of each folder.
+tests: $(TESTS)
+examples: $(EXAMPLES)
+bench: $(BENCHES)
+ifneq ($(HAVE_OPENBLAS),1)
+	@test ! -f bench/gemm.c || echo "*** OpenBLAS (libopenblas-dev) not found: bench/gemm SKIPPED ***"
+endif
+
+# The implementation object: lib/dtrain_impl.c is `#define DTRAIN_IMPLEMENTATION` +
+# `#include "dtrain.h"`. Compiled -fPIC once and used by both libraries.
+$(IMPL_OBJ): lib/dtrain_impl.c dtrain.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(LIBA): $(IMPL_OBJ)
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(LIBSO): $(IMPL_OBJ)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libdtrain.so.$(SOVERSION) -Wl,--no-undefined -o $@ $^ $(LDLIBS)
+
+# Programs: one .c each, linked with libdtrain.a (plus any .o prerequisite and EXTRA_LIBS).
+$(BUILD)/tests/%: tests/%.c tests/test.h $(LIBA) $(FLAGS_STAMP)
+	@mkdir -p $(@D)/.deps
+	$(CC) $(CFLAGS) -MMD -MP -MF $(@D)/.deps/$(@F).d -o $@ $< $(filter %.o,$^) $(LIBA) $(EXTRA_LIBS) $(LDLIBS)
+
+$(BUILD)/examples/%: examples/%.c $(LIBA) $(FLAGS_STAMP)
+	@mkdir -p $(@D)/.deps
+	$(CC) $(CFLAGS) -MMD -MP -MF $(@D)/.deps/$(@F).d -o $@ $< $(filter %.o,$^) $(LIBA) $(EXTRA_LIBS) $(LDLIBS)
+
+$(BUILD)/bench/%: bench/%.c $(LIBA) $(FLAGS_STAMP)
+	@mkdir -p $(@D)/.deps
+	$(CC) $(CFLAGS) -MMD -MP -MF $(@D)/.deps/$(@F).d -o $@ $< $(filter %.o,$^) $(LIBA) $(EXTRA_LIBS) $(LDLIBS)
+
+# Header dependencies found by the compiler (-MMD), kept out of the way of tests/run.sh's glob.
+-include $(wildcard $(BUILD)/*/.deps/*.d)
+
+# cuda: build/dtrain_cuda.o with nvcc for sm_80 and sm_90 (no GPU needed to compile).
+cuda: $(CUDA_OBJ)
+$(CUDA_OBJ): dtrain_cuda.cu dtrain.h $(FLAGS_STAMP)
+	@test -n "$(NVCC)" || { echo "make cuda: nvcc not found (PATH, $(CUDA_HOME)/bin); set NVCC=" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+# cuda-check: `make cuda` when nvcc exists, a loud notice when it does not (used by check).
+cuda-check:
+ifneq ($(NVCC),)
+	@$(MAKE) --no-print-directory cuda
+else
+	@echo "*****************************************************************"
+	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"
+	@echo "*** Install the CUDA toolkit (or set NVCC=) to check it.       ***"
+	@echo "*****************************************************************"
+endif
+
+# comm: build/dtrain_comm.o (with libfabric when pkg-config finds it, NCCL when nccl.h is there).
+comm: $(COMM_OBJ)
+$(COMM_OBJ): dtrain_comm.c dtrain.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	@test "$(USE_FABRIC)" = 1 || echo "*** libfabric not found (pkg-config libfabric): dtrain_comm.c built WITHOUT it ***"
+	@test "$(USE_NCCL)" = 1 || echo "*** nccl.h not found: dtrain_comm.c built without NCCL ***"
+	$(CC) $(CFLAGS) -fPIC $(FABRIC_CFLAGS) $(NCCL_CFLAGS) -c $< -o $@
+
+# deps: installs the Debian packages the tests need (nothing when all are there; see the script).
+deps:
+	@scripts/install-deps.sh test
+
+# bench-deps: the test packages plus those only the benchmarks need (PyTorch, Open MPI).
+bench-deps:
+	@scripts/install-deps.sh bench
+
+# demo: trains examples/fmnist_mlp on Fashion-MNIST (found or fetched by deps).
+demo: deps
+	@$(MAKE) --no-print-directory demo-run
+
+demo-run: $(BUILD)/examples/fmnist_mlp
+	@test -n "$(DTR_FMNIST_DIR)" || { echo "demo: Fashion-MNIST not found; run scripts/fetch-fmnist.sh" >&2; exit 1; }
+	$(BUILD)/examples/fmnist_mlp "$(DTR_FMNIST_DIR)"
+
+# test: the whole check (what CI runs): deps first, then `check` in a fresh make so that
+# features installed by deps are detected.
+test: deps
+	@$(MAKE) --no-print-directory check
+
+# check: everything `test` does except installing packages. The unit tests run last, so the
+# last line is their total ("N passed, N failed").
+check:
+	./amalgamate --check
+	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@$(MAKE) --no-print-directory header-check header-only
+	@$(MAKE) --no-print-directory cuda-check comm
+	@$(MAKE) --no-print-directory cmake-consumer
+	@$(MAKE) --no-print-directory fuzz-smoke-if-available
+	tests/run.sh $(TESTS)
+
+# header-check: dtrain.h compiles alone as pedantic C99 and as C++, with and without the
+# implementation.
+HEADER_CHECK = tests/header_only/syntax.c
+header-check:
+	$(CC) -std=c99 -Wall -Wextra -Wpedantic -Werror -fsyntax-only $(HEADER_CHECK)
+	$(CC) -std=c99 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -DDTRAIN_IMPLEMENTATION $(HEADER_CHECK)
+	$(CXX) -Wall -Wextra -Werror -fsyntax-only -x c++ $(HEADER_CHECK)
+	$(CXX) -Wall -Wextra -Werror -fsyntax-only -x c++ -DDTRAIN_IMPLEMENTATION $(HEADER_CHECK)
+
+# header-only: an app built from dtrain.h alone, the way a user would (`cc app.c -lm -lpthread`),
+# trains a tiny model and checks that the loss goes down.
+header-only:
+	@mkdir -p $(BUILD)/header_only
+	$(CC) tests/header_only/app.c -o $(BUILD)/header_only/app -lm -lpthread
+	$(BUILD)/header_only/app
+
+# cmake-consumer: a consumer project built with add_subdirectory, with find_package against
+# a `make install DESTDIR=` staging prefix, and with pkg-config (tests/cmake_consumer/check.sh).
+cmake-consumer: lib
+	tests/cmake_consumer/check.sh $(BUILD)/cmake_consumer
+
+# test-sanitize: the tests built with AddressSanitizer and UBSan into build-asan/, run with
+# DTR_TEST_QUICK=1 (slow tests shrink their workloads).
+test-sanitize: deps
+	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan OPT="-O1 -g" \
+	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" tests
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 DTR_TEST_QUICK=1 \
+	    tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS))
+
+# fuzz: builds every tests/fuzz/fuzz_*.c with libFuzzer + ASan + UBSan and runs each for
+# FUZZ_SECONDS over tests/fuzz/corpus/<name>/ (new inputs go to $(BUILD)/fuzz/work/, crashes
+# to $(BUILD)/fuzz/artifacts/).
+fuzz: fuzz-build
+	scripts/run-fuzz.sh run $(FUZZ_SECONDS) $(BUILD)/fuzz $(FUZZERS)
+
+# fuzz-smoke: runs each fuzz target once over its corpus only (-runs=0): a quick regression check.
+fuzz-smoke: fuzz-build
+	scripts/run-fuzz.sh smoke 0 $(BUILD)/fuzz $(FUZZERS)
+
+# fuzz-smoke-if-available: fuzz-smoke when clang's libFuzzer runtime works (used by check).
+fuzz-smoke-if-available:
+	@if [ -z "$(FUZZERS)" ]; then echo "fuzz-smoke: no tests/fuzz/fuzz_*.c yet"; \
+	elif printf 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' | \
+	     $(CLANG) -fsanitize=fuzzer,address,undefined -x c - -o $(BUILD)/.fuzzer-probe >/dev/null 2>&1; then \
+	    $(MAKE) --no-print-directory -j$(JOBS) fuzz-build && $(MAKE) --no-print-directory fuzz-smoke; \
+	else echo "*** clang's libFuzzer runtime not available (clang, libclang-rt-*-dev): fuzz-smoke SKIPPED ***"; fi
+
+fuzz-build: $(FUZZERS)
+
+# A fuzz target either compiles the implementation itself (#define DTRAIN_IMPLEMENTATION
+# before #include "dtrain.h") or is linked with this fuzz-flavoured implementation object.
+$(BUILD)/fuzz/dtrain_impl.o: lib/dtrain_impl.c dtrain.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link,address,undefined -c $< -o $@
+
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(BUILD)/fuzz/dtrain_impl.o
+	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< \
+	    $(if $(shell grep -lE '^\s*.\s*define\s+DTRAIN_IMPLEMENTATION' $<),,$(BUILD)/fuzz/dtrain_impl.o) $(LDLIBS)
+
+# install: header, library sources, libraries, pkg-config file and CMake package under
+# $(DESTDIR)$(PREFIX).
+install: lib
+	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
+	    $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(DATADIR)/dtrain/src $(DESTDIR)$(DATADIR)/doc/dtrain
+	install -m 644 dtrain.h $(DESTDIR)$(INCLUDEDIR)/dtrain.h
+	install -m 644 dtrain_cuda.cu dtrain_comm.c $(DESTDIR)$(DATADIR)/dtrain/src/
+	install -m 644 LICENSE $(DESTDIR)$(DATADIR)/doc/dtrain/LICENSE
+	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/libdtrain.a
+	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libdtrain.so.$(VERSION)
+	ln -sf libdtrain.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdtrain.so.$(SOVERSION)
+	ln -sf libdtrain.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libdtrain.so
+	sed -e 's|@DTRAIN_PC_PREFIX@|$(PREFIX)|g' -e 's|@DTRAIN_PC_LIBDIR@|$(LIBDIR)|g' \
+	    -e 's|@DTRAIN_PC_INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@DTRAIN_VERSION@|$(VERSION)|g' \
+	    -e 's|@DTRAIN_PC_LIBS@|$(LDLIBS)|g' dtrain.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc
+	sed -e "s|@DTRAIN_REL_INCLUDEDIR@|$$(realpath -m --relative-to=$(CMAKEDIR) $(INCLUDEDIR))|g" \
+	    -e "s|@DTRAIN_REL_LIBDIR@|$$(realpath -m --relative-to=$(CMAKEDIR) $(LIBDIR))|g" \
+	    -e 's|@DTRAIN_VERSION@|$(VERSION)|g' -e 's|@DTRAIN_SOVERSION@|$(SOVERSION)|g' \
+	    -e 's|@DTRAIN_LINK_LIBS@|Threads::Threads;m$(if $(filter 1,$(USE_ZLIB)),;z)$(if $(filter 1,$(USE_CBLAS)),;$(patsubst -l%,%,$(BLAS_LIBS)))|g' \
+	    cmake/dtrainConfig-make.cmake.in > $(DESTDIR)$(CMAKEDIR)/dtrainConfig.cmake
+	sed -e 's|@PROJECT_VERSION@|$(VERSION)|g' \
+	    -e "s|@DTRAIN_SIZEOF_VOID_P@|$$($(CC) -dM -E -x c /dev/null | sed -n 's/^#define __SIZEOF_POINTER__ //p')|g" \
+	    cmake/dtrainConfigVersion.cmake.in \
+	    > $(DESTDIR)$(CMAKEDIR)/dtrainConfigVersion.cmake
+	@# A real install as root: refresh the dynamic linker's cache so libdtrain.so is found.
+	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
+
+# uninstall: removes what install put there.
+uninstall:
+	rm -f $(DESTDIR)$(INCLUDEDIR)/dtrain.h $(DESTDIR)$(LIBDIR)/libdtrain.a \
+	    $(DESTDIR)$(LIBDIR)/libdtrain.so $(DESTDIR)$(LIBDIR)/libdtrain.so.$(SOVERSION) \
+	    $(DESTDIR)$(LIBDIR)/libdtrain.so.$(VERSION) $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc \
+	    $(DESTDIR)$(CMAKEDIR)/dtrainConfig.cmake $(DESTDIR)$(CMAKEDIR)/dtrainConfigVersion.cmake \
+	    $(DESTDIR)$(DATADIR)/dtrain/src/dtrain_cuda.cu $(DESTDIR)$(DATADIR)/dtrain/src/dtrain_comm.c \
+	    $(DESTDIR)$(DATADIR)/doc/dtrain/LICENSE
+	-rmdir $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(DATADIR)/dtrain/src $(DESTDIR)$(DATADIR)/dtrain \
+	    $(DESTDIR)$(DATADIR)/doc/dtrain 2>/dev/null
+
+# clean: removes the build folders.
+clean:
+	rm -rf $(BUILD) build-asan
+
+# help: this list.
+help:
+	@echo "dtrain $(VERSION): make [target] [VAR=value ...]"
+	@echo "  all              library, tests, examples, benchmarks (default)"
+	@echo "  lib              build/libdtrain.a and build/libdtrain.so"
+	@echo "  test             deps + check: what CI runs"
+	@echo "  check            amalgamate --check, build with -Werror, header checks, header-only app,"
+	@echo "                   nvcc/comm compile, CMake and pkg-config consumers, fuzz smoke, unit tests"
+	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
+	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
+	@echo "  demo             deps, then train examples/fmnist_mlp on Fashion-MNIST"
+	@echo "  cuda, comm       build/dtrain_cuda.o (nvcc, sm_80+sm_90), build/dtrain_comm.o"
+	@echo "  deps, bench-deps install the Debian packages for the tests / the benchmarks"
+	@echo "  install, uninstall  PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
+	@echo "  clean            remove $(BUILD)/ and build-asan/"
+	@echo "Variables: CC OPT ARCH (ARCH= for portable builds) WERROR BUILD PREFIX DESTDIR"
+	@echo "           USE_ZLIB=$(USE_ZLIB) USE_CBLAS=$(USE_CBLAS) USE_FABRIC=$(USE_FABRIC) USE_NCCL=$(USE_NCCL)"
+	@echo "           NVCC=$(NVCC) DTR_FMNIST_DIR=$(DTR_FMNIST_DIR)"
