@@ -1,7 +1,8 @@
 /* ============================================================================
  * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C, KH, KW),
  * y (N, O, Ho, Wo) with Ho = (H + 2P - KH) / S + 1. Convolution is im2col + GEMM: the
- * column matrix of sample n is (C*KH*KW, Ho*Wo), kept for the backward pass.
+ * column matrix of sample n is (C*KH*KW, Ho*Wo), kept for the backward pass when the op is
+ * recorded on the tape; otherwise (inference, frozen layers) each worker reuses one.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
@@ -13,7 +14,8 @@ typedef struct dtr__conv_geom {
     int64_t N, C, H, W, O, KH, KW, Ho, Wo, S, P;
 } dtr__conv_geom;
 
-static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
+/* Reference loops: any stride and padding. */
+static void dtr__im2col_ref(const dtr__conv_geom *g, const float *x, float *col) {
     int64_t c, ki, kj, oi, oj;
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
@@ -31,7 +33,7 @@ static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
             }
 }
 
-static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
+static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float *gx) {
     int64_t c, ki, kj, oi, oj;
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
@@ -48,6 +50,80 @@ static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx
             }
 }
 
+/* Stride 1 (any padding): for tap (ki, kj) output column oj reads input column oj - P + kj,
+ * so each output row is one contiguous run of the input row between zero margins
+ * [0, j0) and [j1, Wo). Same results as the reference loops (copies and the same order of
+ * additions), without per-element bounds checks. */
+static void dtr__conv_s1_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
+    int64_t a = g->P - kj, b = g->W + g->P - kj;   /* valid oj: a <= oj < b */
+    *j0 = a < 0 ? 0 : (a > g->Wo ? g->Wo : a);
+    *j1 = b > g->Wo ? g->Wo : (b < *j0 ? *j0 : b);
+}
+
+/* d[0..n) = s[0..n) and d[0..n) += s[0..n) for the short runs of im2col / col2im: 8 at a
+ * time through a local array, which compilers turn into vector loads and stores at -O2
+ * (a memcpy call costs more than the copy for runs of 10 to 30 floats). */
+static void dtr__conv_copy(float *d, const float *s, int64_t n) {
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8) {
+        float t[8];
+        for (k = 0; k < 8; k++) t[k] = s[i + k];
+        for (k = 0; k < 8; k++) d[i + k] = t[k];
+    }
+    for (; i < n; i++) d[i] = s[i];
+}
+
+static void dtr__conv_add(float *d, const float *s, int64_t n) {
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8) {
+        float t[8], u[8];
+        for (k = 0; k < 8; k++) { t[k] = d[i + k]; u[k] = s[i + k]; }
+        for (k = 0; k < 8; k++) t[k] += u[k];
+        for (k = 0; k < 8; k++) d[i + k] = t[k];
+    }
+    for (; i < n; i++) d[i] += s[i];
+}
+
+static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
+    int64_t c, ki, kj, oi, oj, j0, j1;
+    if (g->S != 1) { dtr__im2col_ref(g, x, col); return; }
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->KH; ki++)
+            for (kj = 0; kj < g->KW; kj++) {
+                float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
+                dtr__conv_s1_cols(g, kj, &j0, &j1);
+                for (oi = 0; oi < g->Ho; oi++) {
+                    int64_t ii = oi - g->P + ki;
+                    float *r = row + oi * g->Wo;
+                    if (ii < 0 || ii >= g->H) { memset(r, 0, (size_t)g->Wo * sizeof(float)); continue; }
+                    for (oj = 0; oj < j0; oj++) r[oj] = 0.0f;
+                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->P + kj), j1 - j0);
+                    for (oj = j1; oj < g->Wo; oj++) r[oj] = 0.0f;
+                }
+            }
+}
+
+static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
+    int64_t c, ki, kj, oi, j0, j1;
+    if (g->S != 1) { dtr__col2im_add_ref(g, col, gx); return; }
+    for (c = 0; c < g->C; c++)
+        for (ki = 0; ki < g->KH; ki++)
+            for (kj = 0; kj < g->KW; kj++) {
+                const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
+                dtr__conv_s1_cols(g, kj, &j0, &j1);
+                for (oi = 0; oi < g->Ho; oi++) {
+                    int64_t ii = oi - g->P + ki;
+                    const float *r = row + oi * g->Wo + j0;
+                    float *d;
+                    if (ii < 0 || ii >= g->H || j1 <= j0) continue;
+                    d = gx + (c * g->H + ii) * g->W + (j0 - g->P + kj);   /* input column of output column j0 */
+                    dtr__conv_add(d, r, j1 - j0);
+                }
+            }
+}
+
 static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1];
     g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
@@ -60,7 +136,7 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
 
 dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
     dtr__node *n;
-    int64_t shape[4], Ho, Wo, ckk;
+    int64_t shape[4], Ho, Wo, ckk, ncol;
     char s1[96], s2[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
@@ -91,14 +167,34 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     n->iarg[0] = stride;
     n->iarg[1] = padding;
     ckk = w->shape[1] * w->shape[2] * w->shape[3];
-    n->aux = dtr__arena_data(ctx, (size_t)(x->shape[0] * ckk * Ho * Wo) * sizeof(float), "dtr_conv2d"); /* columns */
+    /* columns: one matrix per sample when backward will need them (dtr__record records the
+     * node exactly when grad is on and an input requires grad), else one per worker */
+    n->iarg[2] = ctx->grad_enabled && ((x->flags | w->flags | (bias ? bias->flags : 0u)) & DTR__REQUIRES_GRAD);
+    ncol = n->iarg[2] ? x->shape[0] : dtr__pool_threads(ctx->pool);
+    n->aux = dtr__arena_data(ctx, (size_t)(ncol * ckk * Ho * Wo) * sizeof(float), "dtr_conv2d");
     if (!n->aux) return NULL;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
 }
 
-typedef struct { const dtr__node *nd; dtr__conv_geom g; dtr__pool *pool; float *gcol; } dtr__conv_job;
+typedef struct {
+    const dtr__node *nd;
+    dtr__conv_geom g;
+    dtr__pool *pool;
+    float *gcol;      /* backward: per-worker column gradients */
+    int split_cols;   /* backward: dW split over columns (1) or output channels (0) */
+} dtr__conv_job;
+
+/* y[0..n) = v; 8 at a time from a local array (vector stores without -O3). */
+static void dtr__conv_fill(float *y, int64_t n, float v) {
+    float t[8];
+    int64_t i;
+    int k;
+    for (k = 0; k < 8; k++) t[k] = v;
+    for (i = 0; i + 8 <= n; i += 8) memcpy(y + i, t, sizeof t);
+    for (; i < n; i++) y[i] = v;
+}
 
 static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
@@ -106,14 +202,11 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
     const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
     float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->aux;
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, p;
+    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o;
     for (n = b; n < e; n++) {
-        float *col = COL + n * ckk * P, *y = Y + n * g->O * P;
+        float *col = COL + (j->nd->iarg[2] ? n : worker) * ckk * P, *y = Y + n * g->O * P;
         dtr__im2col(g, X + n * g->C * g->H * g->W, col);
-        for (o = 0; o < g->O; o++) {
-            float bv = bias ? bias[o] : 0.0f;
-            for (p = 0; p < P; p++) y[o * P + p] = bv;
-        }
+        for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
         /* y (O, P) += W (O, ckk) col (ckk, P) */
         dtr__gemm_on(j->pool, worker, g->O, P, ckk, 1.0f, Wt, ckk, 1, col, P, 1, 1.0f, y, P);
     }
@@ -121,6 +214,7 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
 
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
+    memset(&j, 0, sizeof j);
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
@@ -128,24 +222,39 @@ dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* dW and db, split over output channels so the sum over samples runs in one fixed order. */
+/* Sum of x[0..n) in a fixed order: 8 running sums (element i goes to sum i mod 8, which
+ * compilers keep in one SIMD register) added pairwise at the end, then the tail. */
+static float dtr__conv_sum(const float *x, int64_t n) {
+    float acc[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f}, s;
+    int64_t i;
+    int k;
+    for (i = 0; i + 8 <= n; i += 8)
+        for (k = 0; k < 8; k++) acc[k] += x[i + k];
+    s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++) s += x[i];
+    return s;
+}
+
+/* dW and db. Each worker owns a slab of dW and sums over the samples in one fixed order, so
+ * any split gives the same bits. The slab is a range of output channels (rows; every worker
+ * packs all columns of each sample) or, when there are fewer output channels than C*KH*KW,
+ * a range of columns (every worker packs the smaller gy instead). The bias rows are split
+ * in proportion to the units. */
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     const float *G = j->nd->out->grad, *COL = (const float *)j->nd->aux;
     float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, p;
+    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
+    if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
-        const float *gy = G + n * g->O * P;
-        /* dW[b:e] (e-b, ckk) += gy[b:e] (e-b, P) col^T (P, ckk) */
-        if (gw) dtr__gemm_on(j->pool, worker, e - b, ckk, P, 1.0f, gy + b * P, P, 1, COL + n * ckk * P, 1, P, 1.0f,
-                             gw + b * ckk, ckk);
+        const float *gy = G + n * g->O * P, *col = COL + n * ckk * P;
+        if (gw && j->split_cols)   /* dW[:, b:e] (O, e-b) += gy (O, P) col[b:e]^T (P, e-b) */
+            dtr__gemm_on(j->pool, worker, g->O, e - b, P, 1.0f, gy, P, 1, col + b * P, 1, P, 1.0f, gw + b, ckk);
+        else if (gw)               /* dW[b:e] (e-b, ckk) += gy[b:e] (e-b, P) col^T (P, ckk) */
+            dtr__gemm_on(j->pool, worker, e - b, ckk, P, 1.0f, gy + b * P, P, 1, col, 1, P, 1.0f, gw + b * ckk, ckk);
         if (gb)
-            for (o = b; o < e; o++) {
-                float s = 0.0f;
-                for (p = 0; p < P; p++) s += gy[o * P + p];
-                gb[o] += s;
-            }
+            for (o = o0; o < o1; o++) gb[o] += dtr__conv_sum(gy + o * P, P);
     }
 }
 
@@ -166,10 +275,13 @@ static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
 
 dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
+    memset(&j, 0, sizeof j);
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
-    if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.g.O, 1, dtr__conv_bwd_w_range, &j);
+    j.split_cols = j.g.O < j.g.C * j.g.KH * j.g.KW;
+    if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
+        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
     if (dtr__gradof(nd->in[0])) {
         size_t per = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo);
         j.gcol = (float *)dtr__arena_data(ctx, per * (size_t)dtr__pool_threads(ctx->pool) * sizeof(float), "dtr_conv2d backward");
@@ -219,17 +331,22 @@ dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, in
     return dtr__pool2d(ctx, DTR_OP_AVGPOOL2D, "dtr_avgpool2d", x, k, stride, padding);
 }
 
-dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t NC = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3];
-    int64_t Ho = nd->out->shape[2], Wo = nd->out->shape[3], k = nd->iarg[0], S = nd->iarg[1], P = nd->iarg[2];
+/* Pooling kernels run over the N*C planes in parallel: a plane's output and its input
+ * gradient depend on that plane only, so any split gives the same bits. */
+typedef struct {
+    const dtr__node *nd;
+    int64_t H, W, Ho, Wo, k, S, P;
+} dtr__pool2d_job;
+
+/* Reference loops: any window, stride and padding; max keeps the first largest value. */
+static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
     int64_t c, oi, oj, a, b;
-    const float *X = dtr__f32(x);
-    float *Y = dtr__f32(nd->out);
-    int32_t *arg = (int32_t *)nd->aux;
-    int maxp = nd->op == DTR_OP_MAXPOOL2D;
-    (void)ctx;
-    for (c = 0; c < NC; c++) {
+    const float *X = dtr__f32(j->nd->in[0]);
+    float *Y = dtr__f32(j->nd->out);
+    int32_t *arg = (int32_t *)j->nd->aux;
+    int maxp = j->nd->op == DTR_OP_MAXPOOL2D;
+    for (c = c0; c < c1; c++) {
         const float *xc = X + c * H * W;
         for (oi = 0; oi < Ho; oi++)
             for (oj = 0; oj < Wo; oj++) {
@@ -251,26 +368,75 @@ dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
                 else Y[(c * Ho + oi) * Wo + oj] = s / (float)(k * k);
             }
     }
-    return DTR_OK;
 }
 
-dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t NC = x->shape[0] * x->shape[1], H = x->shape[2], W = x->shape[3];
-    int64_t Ho = nd->out->shape[2], Wo = nd->out->shape[3], k = nd->iarg[0], S = nd->iarg[1], P = nd->iarg[2];
+/* Max pooling with a 2x2 window, stride 2, no padding (the common case): the scan order
+ * and comparisons of the reference, without bounds checks. Outputs go in blocks of 8
+ * through local arrays, which compilers turn into SIMD compares and selects instead of
+ * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
+ * output column oj and are not stored). */
+static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
+                                int32_t base, int32_t W) {
+    float a[8], b[8], c[8], d[8], best[8];
+    int32_t bi[8];
+    int k;
+    for (k = 0; k < 8; k++) {
+        int64_t q = 2 * (oj + (k < n ? k : 0));
+        a[k] = r0[q]; b[k] = r0[q + 1]; c[k] = r1[q]; d[k] = r1[q + 1];
+    }
+    for (k = 0; k < 8; k++) {
+        int32_t j = base + 2 * (int32_t)(oj + k);
+        best[k] = a[k]; bi[k] = j;
+        bi[k] = b[k] > best[k] ? j + 1 : bi[k];     best[k] = b[k] > best[k] ? b[k] : best[k];
+        bi[k] = c[k] > best[k] ? j + W : bi[k];     best[k] = c[k] > best[k] ? c[k] : best[k];
+        bi[k] = d[k] > best[k] ? j + W + 1 : bi[k]; best[k] = d[k] > best[k] ? d[k] : best[k];
+    }
+    for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
+}
+
+static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) {
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, c, oi, oj;
+    const float *X = dtr__f32(j->nd->in[0]);
+    float *Y = dtr__f32(j->nd->out);
+    int32_t *arg = (int32_t *)j->nd->aux;
+    for (c = c0; c < c1; c++) {
+        const float *xc = X + c * H * W;
+        for (oi = 0; oi < Ho; oi++) {
+            const float *r0 = xc + 2 * oi * W, *r1 = r0 + W;
+            float *y = Y + (c * Ho + oi) * Wo;
+            int32_t *ag = arg + (c * Ho + oi) * Wo, base = (int32_t)(2 * oi * W);
+            for (oj = 0; oj + 8 <= Wo; oj += 8) dtr__maxpool2_block(r0, r1, y, ag, oj, 8, base, (int32_t)W);
+            if (oj < Wo) dtr__maxpool2_block(r0, r1, y, ag, oj, (int)(Wo - oj), base, (int32_t)W);
+        }
+    }
+}
+
+static void dtr__pool2d_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
+    const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
+    (void)worker;
+    if (j->nd->op == DTR_OP_MAXPOOL2D && j->k == 2 && j->S == 2 && j->P == 0) dtr__maxpool2_fwd(j, b, e);
+    else dtr__pool2d_fwd_ref(j, b, e);
+}
+
+static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker) {
+    const dtr__pool2d_job *j = (const dtr__pool2d_job *)arg;
+    int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
     int64_t c, oi, oj, a, b;
-    const float *G = nd->out->grad;
-    const int32_t *arg = (const int32_t *)nd->aux;
-    float *gx = dtr__gradof(x);
-    (void)ctx;
-    if (!gx) return DTR_OK;
-    for (c = 0; c < NC; c++) {
+    const float *G = j->nd->out->grad;
+    const int32_t *arg_ = (const int32_t *)j->nd->aux;
+    float *gx = dtr__gradof(j->nd->in[0]);
+    (void)worker;
+    for (c = c0; c < c1; c++) {
         float *gc = gx + c * H * W;
+        if (j->nd->op == DTR_OP_MAXPOOL2D) {
+            const float *g = G + c * Ho * Wo;
+            const int32_t *ag = arg_ + c * Ho * Wo;
+            for (oi = 0; oi < Ho * Wo; oi++) gc[ag[oi]] += g[oi];
+            continue;
+        }
         for (oi = 0; oi < Ho; oi++)
             for (oj = 0; oj < Wo; oj++) {
-                float g = G[(c * Ho + oi) * Wo + oj];
-                if (nd->op == DTR_OP_MAXPOOL2D) { gc[arg[(c * Ho + oi) * Wo + oj]] += g; continue; }
-                g /= (float)(k * k);
+                float g = G[(c * Ho + oi) * Wo + oj] / (float)(k * k);
                 for (a = 0; a < k; a++) {
                     int64_t ii = oi * S - P + a;
                     if (ii < 0 || ii >= H) continue;
@@ -281,5 +447,31 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
                 }
             }
     }
+}
+
+static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t *planes, int64_t *grain) {
+    const dtr_tensor *x = nd->in[0];
+    j->nd = nd;
+    j->H = x->shape[2]; j->W = x->shape[3];
+    j->Ho = nd->out->shape[2]; j->Wo = nd->out->shape[3];
+    j->k = nd->iarg[0]; j->S = nd->iarg[1]; j->P = nd->iarg[2];
+    *planes = x->shape[0] * x->shape[1];
+    *grain = 16384 / (j->H * j->W + 1) + 1;   /* about 16k input elements per chunk at least */
+}
+
+dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__pool2d_job j;
+    int64_t planes, grain;
+    dtr__pool2d_job_of(nd, &j, &planes, &grain);
+    dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__pool2d_job j;
+    int64_t planes, grain;
+    if (!dtr__gradof(nd->in[0])) return DTR_OK;
+    dtr__pool2d_job_of(nd, &j, &planes, &grain);
+    dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }

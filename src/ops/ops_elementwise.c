@@ -180,6 +180,34 @@ dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
+/* ReLU, the hot activation of CNNs and MLPs, in blocks of 8 through a local array: the
+ * compiler's basic-block (SLP) vectorizer turns each block into SIMD compares and selects,
+ * even at -O2 and although the pointers may alias (a block is loaded before it is stored).
+ * Per element the operations are those of the scalar loop, so the results are the same. */
+static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
+    int64_t i = b;
+    int k;
+    for (; i + 8 <= e; i += 8) {
+        float t[8];
+        for (k = 0; k < 8; k++) t[k] = x[i + k];
+        for (k = 0; k < 8; k++) t[k] = t[k] > 0.0f ? t[k] : 0.0f;
+        for (k = 0; k < 8; k++) y[i + k] = t[k];
+    }
+    for (; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
+    int64_t i = b;
+    int k;
+    for (; i + 8 <= e; i += 8) {
+        float tx[8], tg[8], tgx[8];
+        for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
+        for (k = 0; k < 8; k++) tgx[k] += tx[k] > 0.0f ? tg[k] : 0.0f;
+        for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
+    }
+    for (; i < e; i++) gx[i] += x[i] > 0.0f ? g[i] : 0.0f;
+}
+
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]);
@@ -188,7 +216,7 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     (void)w;
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
-    case DTR_OP_RELU: for (i = b; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f; break;
+    case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
     case DTR_OP_GELU:
         for (i = b; i < e; i++) {
             float v = x[i];
@@ -208,7 +236,7 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     (void)w;
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
-    case DTR_OP_RELU: for (i = b; i < e; i++) gx[i] += x[i] > 0.0f ? g[i] : 0.0f; break;
+    case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
     case DTR_OP_GELU:
         for (i = b; i < e; i++) {
             float v = x[i], u = DTR__GELU_K * (v + 0.044715f * v * v * v), t = tanhf(u);

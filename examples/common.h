@@ -1,0 +1,351 @@
+/* examples/common.h: Fashion-MNIST helpers shared by examples/fmnist_mlp.c,
+ * examples/fmnist_cnn.c, bench/fmnist.c and tests/test_train.c, so that the demo, the
+ * benchmark and the test train exactly the same networks in exactly the same way.
+ *
+ *   data      fm_data_dir      the folder: argument, $DTR_FMNIST_DIR or the Debian default
+ *             fm_data_load     dtr_mnist_load, then standardised pixels; messages with a hint
+ *   models    fm_net_init      MLP 784-256-128-10, or the small CNN (see fm_net below)
+ *             fm_net_forward   (B, 784) images -> (B, 10) logits
+ *   training  fm_train_epoch   one pass of mini-batch SGD over a shuffled order
+ *             fm_evaluate      accuracy with gradients off and training mode off
+ *             fm_sgd           SGD with momentum, constant or cosine learning rate
+ *   misc      fm_shuffle (seeded dtr_rng), fm_now (monotonic seconds), fm_fail (message),
+ *             fm_parse_args (the examples' command line)
+ *
+ * Everything is `static` (header included once per program) and works through the public
+ * API only. Errors: dtrain's calls return dtr_result or NULL with the context's sticky status
+ * set; these helpers pass the first error up and the programs print
+ * dtr_context_last_error(). Include this header before any system header (it asks for
+ * POSIX clock_gettime). */
+#ifndef DTRAIN_EXAMPLES_COMMON_H
+#define DTRAIN_EXAMPLES_COMMON_H
+
+#ifndef _POSIX_C_SOURCE
+#define _POSIX_C_SOURCE 200809L
+#endif
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dtrain.h"
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FM_FN static __attribute__((unused))
+#else
+#define FM_FN static
+#endif
+
+/* ---- data ---- */
+
+#define FM_DEFAULT_DIR "/usr/share/datasets/fashion-mnist"
+#define FM_PIXELS 784
+#define FM_CLASSES 10
+/* Pixel standardisation (mean and std of the Fashion-MNIST training images, as in the
+ * usual torchvision recipe); bench/fmnist_torch.py uses the same numbers. */
+#define FM_MEAN 0.2860f
+#define FM_STD 0.3530f
+
+/** The data folder: `arg` when given, else $DTR_FMNIST_DIR when set and not empty, else
+ *  the folder of Debian's dataset-fashion-mnist package. */
+FM_FN const char *fm_data_dir(const char *arg) {
+    const char *env = getenv("DTR_FMNIST_DIR");
+    if (arg && *arg) return arg;
+    if (env && *env) return env;
+    return FM_DEFAULT_DIR;
+}
+
+/** Loads Fashion-MNIST from `dir` and standardises the pixels. On failure prints what is
+ *  wrong (the path included) and how to get the data, and returns the error. */
+FM_FN dtr_result fm_data_load(const char *dir, dtr_mnist *d) {
+    char err[512];
+    int64_t i;
+    dtr_result r = dtr_mnist_load(dir, NULL, d, err, sizeof err);
+    if (r != DTR_OK) {
+        fprintf(stderr, "error: cannot load Fashion-MNIST from %s: %s (%s)\n", dir, err, dtr_result_string(r));
+        if (r == DTR_IO_ERROR)
+            fprintf(stderr, "  The folder needs train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,\n"
+                            "  t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (or the files unpacked).\n"
+                            "  `make deps` installs them (Debian package dataset-fashion-mnist, into\n"
+                            "  " FM_DEFAULT_DIR "); without root, scripts/fetch-fmnist.sh\n"
+                            "  fetches them into ~/.cache/dtrain/fashion-mnist. Pass the folder as the first\n"
+                            "  argument or in DTR_FMNIST_DIR.\n");
+        if (r == DTR_UNSUPPORTED)
+            fprintf(stderr, "  The files are gzip-compressed: build dtrain with -DDTR_USE_ZLIB and link -lz,\n"
+                            "  or gunzip them.\n");
+        return r;
+    }
+    if (d->rows * d->cols != FM_PIXELS) {
+        fprintf(stderr, "error: %s holds %d x %d images; Fashion-MNIST's are 28 x 28\n", dir, d->rows, d->cols);
+        dtr_mnist_free(d);
+        return DTR_SHAPE_MISMATCH;
+    }
+    for (i = 0; i < d->train_n * FM_PIXELS; i++) d->train_x[i] = (d->train_x[i] - FM_MEAN) / FM_STD;
+    for (i = 0; i < d->test_n * FM_PIXELS; i++) d->test_x[i] = (d->test_x[i] - FM_MEAN) / FM_STD;
+    return DTR_OK;
+}
+
+/* ---- misc ---- */
+
+/** Seconds of a monotonic clock. */
+FM_FN double fm_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/** order[0..n) becomes a permutation of 0..n-1 drawn from `rng` (Fisher-Yates). */
+FM_FN void fm_shuffle(dtr_rng *rng, int32_t *order, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) order[i] = (int32_t)i;
+    for (i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(dtr_rng_u32(rng) % (uint32_t)(i + 1));
+        int32_t t = order[i];
+        order[i] = order[j];
+        order[j] = t;
+    }
+}
+
+/** Prints "error: <what>: <result> (<context message>)" and returns 1 (for main). */
+FM_FN int fm_fail(dtr_context *ctx, const char *what, dtr_result r) {
+    const char *msg = ctx ? dtr_context_last_error(ctx) : "";
+    fprintf(stderr, "error: %s: %s%s%s%s\n", what, dtr_result_string(r), *msg ? " (" : "", msg, *msg ? ")" : "");
+    return 1;
+}
+
+/* ---- models ---- */
+
+typedef enum fm_arch { FM_MLP = 0, FM_CNN = 1 } fm_arch;
+
+/** The two networks of the examples.
+ *  MLP: (B, 784) -> fc1 256 -> relu -> fc2 128 -> relu -> fc3 10.
+ *  CNN: (B, 1, 28, 28) -> conv1 3x3 32 -> relu -> maxpool 2 -> (B, 32, 13, 13)
+ *       -> conv2 3x3 64 -> relu -> maxpool 2 -> (B, 64, 5, 5) -> flatten 1600
+ *       -> fc1 128 -> relu -> fc2 10. No padding: 28 -> 26 -> 13 -> 11 -> 5. */
+typedef struct fm_net {
+    fm_arch arch;
+    dtr_model *model;
+    dtr_conv2d_layer conv1, conv2;   /* CNN only */
+    dtr_linear_layer fc1, fc2, fc3;  /* fc3: MLP only */
+} fm_net;
+
+/** Declares the parameters of `arch` on a new model of `ctx` and initialises them with
+ *  `init` (weights; biases follow PyTorch's default) from `seed`. */
+FM_FN dtr_result fm_net_init(fm_net *net, dtr_context *ctx, fm_arch arch, dtr_init init, uint64_t seed) {
+    dtr_result r;
+    memset(net, 0, sizeof *net);
+    net->arch = arch;
+    r = dtr_model_create(ctx, seed, &net->model);
+    if (r != DTR_OK) return r;
+    if (arch == FM_MLP) {
+        if ((r = dtr_linear_layer_init(&net->fc1, net->model, "fc1", FM_PIXELS, 256, 1, init)) != DTR_OK) return r;
+        if ((r = dtr_linear_layer_init(&net->fc2, net->model, "fc2", 256, 128, 1, init)) != DTR_OK) return r;
+        if ((r = dtr_linear_layer_init(&net->fc3, net->model, "fc3", 128, FM_CLASSES, 1, init)) != DTR_OK) return r;
+    } else {
+        if ((r = dtr_conv2d_layer_init(&net->conv1, net->model, "conv1", 1, 32, 3, 1, 0, init)) != DTR_OK) return r;
+        if ((r = dtr_conv2d_layer_init(&net->conv2, net->model, "conv2", 32, 64, 3, 1, 0, init)) != DTR_OK) return r;
+        if ((r = dtr_linear_layer_init(&net->fc1, net->model, "fc1", 64 * 5 * 5, 128, 1, init)) != DTR_OK) return r;
+        if ((r = dtr_linear_layer_init(&net->fc2, net->model, "fc2", 128, FM_CLASSES, 1, init)) != DTR_OK) return r;
+    }
+    return dtr_model_build(net->model);
+}
+
+FM_FN void fm_net_free(fm_net *net) {
+    dtr_model_destroy(net->model);
+    net->model = NULL;
+}
+
+/** x (B, 784) -> logits (B, 10). NULL on error (the context holds it). */
+FM_FN dtr_tensor *fm_net_forward(dtr_context *ctx, const fm_net *net, dtr_tensor *x) {
+    int64_t B = dtr_tensor_dim(x, 0);
+    dtr_tensor *h;
+    if (net->arch == FM_MLP) {
+        h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &net->fc1, x));    /* (B, 256) */
+        h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &net->fc2, h));    /* (B, 128) */
+        return dtr_linear_layer_forward(ctx, &net->fc3, h);                /* (B, 10) */
+    } else {
+        int64_t img[4], flat[2];
+        img[0] = B; img[1] = 1; img[2] = 28; img[3] = 28;
+        flat[0] = B; flat[1] = 64 * 5 * 5;
+        h = dtr_reshape(ctx, x, 4, img);                                                  /* (B, 1, 28, 28) */
+        h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &net->conv1, h)), 2, 2, 0); /* (B, 32, 13, 13) */
+        h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &net->conv2, h)), 2, 2, 0); /* (B, 64, 5, 5) */
+        h = dtr_reshape(ctx, h, 2, flat);                                                 /* (B, 1600) */
+        h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &net->fc1, h));                   /* (B, 128) */
+        return dtr_linear_layer_forward(ctx, &net->fc2, h);                               /* (B, 10) */
+    }
+}
+
+/* ---- training and evaluation ---- */
+
+/** Host buffers of one mini-batch, allocated once. */
+typedef struct fm_batch {
+    int64_t cap;
+    float *x;        /* (cap, 784) */
+    int32_t *y;      /* (cap) */
+    float *logits;   /* (cap, 10) */
+} fm_batch;
+
+FM_FN dtr_result fm_batch_alloc(fm_batch *b, int64_t cap) {
+    b->cap = cap;
+    b->x = (float *)malloc((size_t)cap * FM_PIXELS * sizeof(float));
+    b->y = (int32_t *)malloc((size_t)cap * sizeof(int32_t));
+    b->logits = (float *)malloc((size_t)cap * FM_CLASSES * sizeof(float));
+    return (b->x && b->y && b->logits) ? DTR_OK : DTR_OUT_OF_MEMORY;
+}
+
+FM_FN void fm_batch_free(fm_batch *b) {
+    free(b->x);
+    free(b->y);
+    free(b->logits);
+    memset(b, 0, sizeof *b);
+}
+
+/** Number of rows of logits (n, 10) whose argmax equals the label. */
+FM_FN int64_t fm_count_correct(const float *logits, const int32_t *y, int64_t n) {
+    int64_t i, correct = 0;
+    int k;
+    for (i = 0; i < n; i++) {
+        const float *l = logits + i * FM_CLASSES;
+        int best = 0;
+        for (k = 1; k < FM_CLASSES; k++)
+            if (l[k] > l[best]) best = k;
+        correct += best == y[i];
+    }
+    return correct;
+}
+
+/** Result of an epoch. */
+typedef struct fm_epoch_stats {
+    double loss;      /* mean training loss over the samples seen */
+    double acc;       /* training accuracy (from the logits of each step, before its update) */
+    int64_t samples;  /* samples seen */
+    int64_t steps;    /* optimizer steps */
+} fm_epoch_stats;
+
+/** One epoch of mini-batch training over X[order[i]], Y[order[i]] for i < n, in batches of
+ *  at most b->cap (the last one may be smaller); stops after max_steps steps when > 0.
+ *  A step: batch tensors -> forward -> cross-entropy -> backward -> optimizer step
+ *  (which zeroes the gradients) -> dtr_context_reset (the step arena is reused). */
+FM_FN dtr_result fm_train_epoch(dtr_context *ctx, const fm_net *net, dtr_optimizer *opt, const float *X,
+                                const int32_t *Y, const int32_t *order, int64_t n, fm_batch *b, int64_t max_steps,
+                                fm_epoch_stats *st) {
+    double loss_sum = 0.0;
+    int64_t correct = 0, start, i;
+    dtr_result r;
+    memset(st, 0, sizeof *st);
+    dtr_context_set_training(ctx, 1);
+    dtr_context_set_grad_enabled(ctx, 1);
+    for (start = 0; start < n && (max_steps <= 0 || st->steps < max_steps); start += b->cap) {
+        int64_t B = n - start < b->cap ? n - start : b->cap, xs[2], ys[1];
+        dtr_tensor *x, *y, *logits, *loss;
+        for (i = 0; i < B; i++) {   /* gather the shuffled samples into one batch */
+            memcpy(b->x + i * FM_PIXELS, X + (int64_t)order[start + i] * FM_PIXELS, FM_PIXELS * sizeof(float));
+            b->y[i] = Y[order[start + i]];
+        }
+        xs[0] = B; xs[1] = FM_PIXELS; ys[0] = B;
+        x = dtr_tensor_from(ctx, DTR_F32, 2, xs, b->x);
+        y = dtr_tensor_from(ctx, DTR_I32, 1, ys, b->y);
+        logits = fm_net_forward(ctx, net, x);
+        loss = dtr_cross_entropy(ctx, logits, y);
+        if (!loss) return dtr_context_status(ctx);
+        if ((r = dtr_backward(ctx, loss)) != DTR_OK) return r;
+        if ((r = dtr_tensor_read(logits, DTR_F32, b->logits, (size_t)(B * FM_CLASSES))) != DTR_OK) return r;
+        loss_sum += (double)dtr_tensor_get(loss, 0) * (double)B;
+        correct += fm_count_correct(b->logits, b->y, B);
+        if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) return r;
+        if ((r = dtr_context_reset(ctx)) != DTR_OK) return r;
+        st->samples += B;
+        st->steps++;
+    }
+    if (st->samples) {
+        st->loss = loss_sum / (double)st->samples;
+        st->acc = (double)correct / (double)st->samples;
+    }
+    return DTR_OK;
+}
+
+/** Accuracy of the network on (X, Y) of n samples, in batches of b->cap, with gradient
+ *  recording and training mode off (both restored after). The training batch size is a good
+ *  choice: the step arena then never grows beyond what training needs. */
+FM_FN dtr_result fm_evaluate(dtr_context *ctx, const fm_net *net, const float *X, const int32_t *Y, int64_t n,
+                             fm_batch *b, double *acc) {
+    int grad = dtr_context_set_grad_enabled(ctx, 0), training = dtr_context_set_training(ctx, 0);
+    int64_t start, correct = 0;
+    dtr_result r = DTR_OK;
+    *acc = 0.0;
+    for (start = 0; start < n; start += b->cap) {
+        int64_t B = n - start < b->cap ? n - start : b->cap, xs[2];
+        dtr_tensor *logits;
+        xs[0] = B; xs[1] = FM_PIXELS;
+        logits = fm_net_forward(ctx, net, dtr_tensor_from(ctx, DTR_F32, 2, xs, X + start * FM_PIXELS));
+        if (!logits) { r = dtr_context_status(ctx); break; }
+        if ((r = dtr_tensor_read(logits, DTR_F32, b->logits, (size_t)(B * FM_CLASSES))) != DTR_OK) break;
+        correct += fm_count_correct(b->logits, Y + start, B);
+        if ((r = dtr_context_reset(ctx)) != DTR_OK) break;
+    }
+    dtr_context_set_grad_enabled(ctx, grad);
+    dtr_context_set_training(ctx, training);
+    if (r == DTR_OK && n > 0) *acc = (double)correct / (double)n;
+    return r;
+}
+
+/** SGD with momentum over every parameter of the network; when cosine_steps > 0 the
+ *  learning rate decays from lr to 0 along a cosine over that many steps. */
+FM_FN dtr_result fm_sgd(const fm_net *net, float lr, float momentum, int64_t cosine_steps, dtr_optimizer **out) {
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, lr);
+    oc.momentum = momentum;
+    if (cosine_steps > 0) {
+        oc.schedule.kind = DTR_SCHED_COSINE;
+        oc.schedule.total_steps = cosine_steps;
+    }
+    return dtr_optimizer_create(net->model, &oc, out);
+}
+
+/* ---- command line of the examples ---- */
+
+typedef struct fm_options {
+    const char *dir;     /* data folder (NULL: fm_data_dir's default) */
+    int epochs, threads, batch;
+    float lr;
+    int cosine;          /* 1: cosine decay of the learning rate to 0 over the run */
+    unsigned long seed;
+} fm_options;
+
+#define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]"
+
+/** Parses the examples' arguments into `o` (which holds the defaults). Returns 0, 1 for
+ *  --help, 2 after printing what is wrong. */
+FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
+        if (a[0] != '-') { o->dir = a; continue; }
+        if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
+        i++;
+        if (strcmp(a, "--schedule") == 0) {
+            if (strcmp(v, "cosine") != 0 && strcmp(v, "constant") != 0) {
+                fprintf(stderr, "error: --schedule is cosine or constant, not '%s'\n", v);
+                return 2;
+            }
+            o->cosine = strcmp(v, "cosine") == 0;
+            continue;
+        }
+        if (strcmp(a, "--epochs") == 0) o->epochs = (int)strtol(v, &end, 10);
+        else if (strcmp(a, "--threads") == 0) o->threads = (int)strtol(v, &end, 10);
+        else if (strcmp(a, "--batch") == 0) o->batch = (int)strtol(v, &end, 10);
+        else if (strcmp(a, "--lr") == 0) o->lr = strtof(v, &end);
+        else if (strcmp(a, "--seed") == 0) o->seed = strtoul(v, &end, 10);
+        else { fprintf(stderr, "error: unknown option %s\n", a); return 2; }
+        if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return 2; }
+    }
+    if (o->epochs < 1 || o->threads < 0 || o->batch < 1 || !(o->lr > 0.0f)) {
+        fprintf(stderr, "error: need --epochs >= 1, --threads >= 0, --batch >= 1, --lr > 0\n");
+        return 2;
+    }
+    return 0;
+}
+
+#endif /* DTRAIN_EXAMPLES_COMMON_H */
