@@ -49,7 +49,7 @@ void dtr__gemm(dtr__pool *p, int64_t M, int64_t N, int64_t K, float alpha,
                const float *B, int64_t rsb, int64_t csb,
                float beta, float *C, int64_t ldc);
 /** dtr__gemm run entirely on the calling thread, which is worker `worker` of `p` (its packing
- *  buffers come from that worker's scratch slot 0). For callers that already split work
+ *  buffers come from that worker's scratch). For callers that already split work
  *  over the pool. p NULL: private buffers of the calling thread. */
 void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, float alpha,
                   const float *A, int64_t rsa, int64_t csa,
@@ -105,6 +105,8 @@ struct dtr_tensor {
     int param_index;                /* -1 unless a parameter */
     dtr_model *model;               /* owner of a parameter */
     const char *name;
+    int grad_pending;               /* parameter, during dtr_backward with a gradient-ready hook:
+                                       tape nodes still to write its gradient */
 };
 
 /** Stable op ids: append-only (traces and checkpoints store them). */
@@ -200,6 +202,10 @@ struct dtr_context {
     char msg[512];
     dtr_rng rng;                  /* dropout */
     uint64_t dropout_calls;
+    /* gradient-ready hook (dtr_context_set_grad_ready): dtr_backward calls it once a
+       parameter's gradient is final for the pass; NULL costs nothing */
+    dtr_result (*grad_ready)(void *user, dtr_tensor *param);
+    void *grad_ready_user;
 };
 
 /* ---- errors and logging ---- */
