@@ -1,1 +1,148 @@
-/* placeholder: filled by its issue */
+/* ============================================================================
+ * Process-group internals shared by the sources in src/comm/, src/engine/data_parallel.c and the
+ * transports of dtrain_comm.c (which see them through DTRAIN_INTERNAL_API).
+ * ==========================================================================*/
+#include <pthread.h>
+#include <time.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- time and condition variables with deadlines ---- */
+
+/** Initialises a condition variable whose timed waits run on the monotonic clock where the
+ *  platform allows it (CLOCK_MONOTONIC; elsewhere waits are cut into short slices of the
+ *  real-time clock so that clock jumps cannot stretch a deadline much). */
+int dtr__cond_init(pthread_cond_t *cv);
+/** Waits on cv (mu held) until signalled or deadline_ns (dtr_time_ns) passes.
+ *  deadline_ns < 0: no deadline. Returns 1 when the deadline has passed. */
+int dtr__cond_wait_until(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t deadline_ns);
+
+/* ---- tags ----
+ * 64-bit transport tags: bits 63..48 the group's context id, bit 47 set for user
+ * point-to-point messages (bits 30..0: the user tag), clear for collectives (bits 46..24:
+ * the collective's sequence number modulo 2^23, bits 23..0: the message's step inside it).
+ * Every message of a collective has its own (source, destination, tag). */
+#define DTR__TAG_CTX_SHIFT 48
+#define DTR__TAG_P2P ((uint64_t)1 << 47)
+#define DTR__MAX_CTX 0xffffu
+static inline uint64_t dtr__tag_coll(uint32_t ctx, uint32_t seq, uint32_t step) {
+    return ((uint64_t)ctx << DTR__TAG_CTX_SHIFT) | ((uint64_t)(seq & 0x7fffffu) << 24) | (uint64_t)(step & 0xffffffu);
+}
+static inline uint64_t dtr__tag_p2p(uint32_t ctx, int tag) {
+    return ((uint64_t)ctx << DTR__TAG_CTX_SHIFT) | DTR__TAG_P2P | (uint64_t)(uint32_t)tag;
+}
+
+/* ---- endpoints, groups, requests ---- */
+
+/** One rank's transport instance, shared (reference counted) by a group and its sub-groups. */
+typedef struct dtr__endpoint {
+    const dtr_transport_vtable *vt;
+    void *state;
+    dtr_transport_info info;
+    dtr_allocation_callbacks alloc;
+    pthread_mutex_t mu;      /* refs, next_ctx */
+    int refs;
+    uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
+} dtr__endpoint;
+
+/** Kinds of operations of a group. */
+enum {
+    DTR__OP_ALL_REDUCE = 0, DTR__OP_BROADCAST, DTR__OP_REDUCE_SCATTER, DTR__OP_ALL_GATHER,
+    DTR__OP_BARRIER, DTR__OP_SEND, DTR__OP_RECV, DTR__OP_SPLIT, DTR__OP_COUNT
+};
+
+/** Arguments of one operation (a collective or a point-to-point transfer). */
+typedef struct dtr__coll {
+    int kind;
+    const void *src;
+    void *dst;
+    size_t count;          /* elements (bytes for send/recv) */
+    dtr_dtype dtype;
+    dtr_reduce_op op;
+    int root;              /* broadcast root; send/recv peer (group ranks) */
+    int tag;               /* send/recv user tag */
+    int algo;              /* all-reduce: the algorithm chosen at the call */
+    uint32_t seq;          /* sequence number of the collective in its group */
+    int timeout_ms;        /* the group's deadline setting when it was called */
+    int64_t deadline;      /* dtr_time_ns */
+} dtr__coll;
+
+enum { DTR__REQ_QUEUED = 0, DTR__REQ_RUNNING = 1, DTR__REQ_DONE = 2 };
+
+struct dtr_request {
+    dtr_comm *comm;
+    dtr__coll a;
+    int state;             /* DTR__REQ_*, under comm->mu */
+    dtr_result result;
+    void *treq;            /* send/recv: the transport's request */
+    struct dtr_request *next;
+};
+
+struct dtr_comm {
+    dtr__endpoint *ep;
+    int rank, size;            /* in this group */
+    int local_rank, local_size;
+    int *ranks;                /* group rank -> transport rank */
+    uint32_t ctx;              /* context id (tags) */
+    uint32_t seq;              /* next collective's sequence number */
+    void *native_group;        /* the transport's group handle when it has native collectives */
+    /* configuration */
+    int timeout_ms;
+    int algo;                  /* dtr_allreduce_algo */
+    size_t ring_threshold, chain_threshold, segment;
+    int no_native;
+    dtr_log_fn log;
+    void *log_user;
+    dtr_log_level log_level;
+    /* errors: status and message are written under mu; status is sticky once it is a
+       communication failure */
+    dtr_result status;
+    int failed_rank, native_code;
+    char msg[512];
+    /* the progress thread and its queue (under mu) */
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv;    /* the thread waits for work */
+    pthread_cond_t done_cv;    /* callers wait for requests */
+    pthread_t thread;
+    int thread_on, stop;
+    int inline_running;        /* a blocking collective runs on the caller's thread */
+    dtr_request *head, *tail;  /* queued collectives, oldest first */
+    dtr_request *running;
+    dtr_request *free_reqs;
+    int live_reqs;             /* requests handed out and not yet freed */
+    /* scratch of the algorithms: used by one operation at a time (queue rule) */
+    void *scratch;
+    size_t scratch_cap;
+};
+
+/* ---- shared helpers ---- */
+
+/** Records an error on the group (first communication failure is sticky), logs it, and for
+ *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
+ *  `peer` is the transport rank at fault (-1 unknown). Returns code. */
+dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
+                          const char *fmt, ...);
+/** "all_reduce", "broadcast", ... */
+const char *dtr__coll_name(int kind);
+/** Scratch of at least `bytes` (grows, kept); NULL on OOM. */
+void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
+/** Runs one collective on the calling thread, blocking until done or its deadline. */
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
+/** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
+ *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
+void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
+/** p[i] /= div over n elements of dt. */
+void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div);
+/** Waits until all n transport requests are complete; releases all of them in every case.
+ *  On failure records the error on the group (naming the operation) and returns it. */
+dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n);
+/** Posts a send (to >= 0) and a receive (from >= 0) of group ranks with the tag of step
+ *  `step` of collective `a`, and waits for both. Either side may be skipped with -1. */
+dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
+                              size_t rbytes, int from, uint32_t step);
+
+#ifdef __cplusplus
+}
+#endif

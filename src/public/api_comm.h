@@ -1,1 +1,407 @@
-/* placeholder: filled by its issue */
+/* ============================================================================
+ * Public API: process groups (dtr_comm), transports, collectives, data parallel (dtr_dp)
+ *
+ * A process group is a set of ranks 0..size-1 that run the same program and meet in
+ * collective calls. Ranks are threads of one process (the `local` transport, built in) or
+ * processes on one or many machines (libfabric, in dtrain_comm.c). The same code runs on
+ * both; only dtr_comm_config changes. docs/distributed.md is the guide.
+ *
+ * Rules shared by every call of this section:
+ *   - Collectives are called by every rank of the group, in the same order, with the same
+ *     count, dtype, op and root. Each has a deadline (dtr_comm_config.timeout_ms, default
+ *     five minutes): a peer that dies, hangs or leaves turns into DTR_PEER_FAILED or
+ *     DTR_TIMEOUT on every surviving rank, naming the rank at fault and the operation
+ *     (dtr_comm_last_error, dtr_comm_failed_rank), never into a hang.
+ *   - Such a failure breaks the group and every group sharing its transport (sub-groups,
+ *     parent): later calls return the same error at once. Destroy the groups (and restart
+ *     from a checkpoint with whoever is left).
+ *   - Results are deterministic: for a given world size, count, dtype and algorithm a
+ *     reduction adds in a fixed order, so two runs give the same bits, and every rank gets
+ *     the same bits (docs/distributed.md gives the exact order of each algorithm).
+ *   - Buffers are host memory. A group is used by one thread at a time; different groups
+ *     (and the ranks of a local world) may be used from different threads at once.
+ * ==========================================================================*/
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- clock ---- */
+
+/** Nanoseconds of the monotonic clock that every deadline of this section is measured on.
+ *  Thread safe. */
+DTR_API int64_t dtr_time_ns(void);
+
+/* ---- reductions and algorithms ---- */
+
+/** Reduction operators. bf16 and f16 are reduced in f32 and rounded back to their type once
+ *  per step of the algorithm (so a world of N ranks rounds at most N-1 times, as NCCL does).
+ *  DTR_REDUCE_AVG is the sum, then one division by the group size (in f32) at the rank that
+ *  finishes the sum. DTR_REDUCE_MAX propagates NaN. Append-only. */
+typedef enum dtr_reduce_op {
+    DTR_REDUCE_SUM = 0,
+    DTR_REDUCE_AVG = 1,
+    DTR_REDUCE_MAX = 2
+} dtr_reduce_op;
+
+/** All-reduce algorithms. AUTO picks ring for messages of at least
+ *  dtr_comm_config.ring_threshold_bytes (and at least one element per rank) and recursive
+ *  doubling below. Append-only. */
+typedef enum dtr_allreduce_algo {
+    DTR_ALLREDUCE_AUTO = 0,
+    DTR_ALLREDUCE_RING = 1,               /**< reduce-scatter + all-gather around a ring: 2(N-1) steps, bandwidth-optimal */
+    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+} dtr_allreduce_algo;
+
+/** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling"). */
+DTR_API const char *dtr_reduce_op_name(dtr_reduce_op op);
+DTR_API const char *dtr_allreduce_algo_name(dtr_allreduce_algo algo);
+
+/* ---- local worlds (the `local` transport) ---- */
+
+/** The shared state of a group whose ranks are threads of this process. Create it once, hand
+ *  it to every rank thread (dtr_comm_config.local_world with that thread's rank), and
+ *  destroy it once every rank has opened its endpoint (dtr_comm_create returned) or is
+ *  done: each open endpoint holds a reference, so it lives until its last rank has closed. Messages are matched like MPI's (FIFO per source and tag) and copied
+ *  once, straight from the sender's buffer into the receiver's; a rank that closes or aborts
+ *  makes its peers' pending and later operations fail with DTR_PEER_FAILED naming it. */
+typedef struct dtr_local_world dtr_local_world;
+
+/** Creates a local world of `size` ranks (1 to 4096).
+ *  @param alloc  allocation callbacks (NULL: libc).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (size), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_local_world_create(int size, const dtr_allocation_callbacks *alloc, dtr_local_world **out);
+/** Drops the creator's reference; the memory goes when the last rank has closed too. NULL
+ *  is ignored. Thread safety: thread safe; call once. */
+DTR_API void dtr_local_world_destroy(dtr_local_world *w);
+/** Number of ranks of the world (0 for NULL). Thread safe. */
+DTR_API int dtr_local_world_size(const dtr_local_world *w);
+
+/* ---- transports ---- */
+
+typedef struct dtr_comm dtr_comm;
+typedef struct dtr_comm_config dtr_comm_config;
+
+/** What a transport instance (one rank's endpoint) reports when it opens. */
+typedef struct dtr_transport_info {
+    int rank, size;              /**< this endpoint's rank among `size` (the world of the transport) */
+    int local_rank, local_size;  /**< rank among the ranks on this machine, and their number */
+} dtr_transport_info;
+
+/** Error details a transport fills when a call fails because of a peer or the network. */
+typedef struct dtr_transport_error {
+    int rank;           /**< the transport rank at fault, or -1 */
+    int native_code;    /**< the transport's own code (e.g. a negative libfabric errno), 0 if none */
+    char msg[232];      /**< what happened, without the operation (dtr_comm adds it) */
+} dtr_transport_error;
+
+/** The transport vtable, in the manner of miniaudio's backends. A transport moves bytes
+ *  between the ranks of a world with non-blocking, tagged point-to-point messages; dtr_comm
+ *  builds every collective on them unless the transport has a native one. All functions get
+ *  the `state` made by open. Requests (`void *req`) are the transport's own handles.
+ *
+ *  Contract of the point-to-point functions:
+ *   - Messages match on (source, tag) exactly, in the order they were posted (non-overtaking
+ *     per source and tag). dtr_comm never has two messages in flight with the same (source,
+ *     destination, tag), so a transport whose hardware does not order messages still works.
+ *     Tags are 64-bit: the upper bits hold the group's context id (see docs/distributed.md).
+ *   - A receive buffer may be longer than the message; a longer message fails the receive
+ *     with DTR_INVALID_ARGUMENT. Zero-byte messages are allowed (buf may be NULL).
+ *   - The buffer of a pending request is the transport's until the request is complete or
+ *     released; release of a pending request cancels it, and after release returns the
+ *     buffer is no longer touched.
+ *   - isend, irecv, test and wait_any may be called by several threads of the same rank at
+ *     once (a group's progress thread and the application) on different requests.
+ *   - Peer failure: a request whose peer died, left or aborted completes with
+ *     DTR_PEER_FAILED; wait_any returns DTR_TIMEOUT at the deadline; both fill `err` with the
+ *     rank at fault. A transport may report a rank other than the direct peer when it knows
+ *     better (the local transport follows who waits for whom to the rank that stopped).
+ *   - abort(failed_rank, why) breaks the whole world: every pending and later operation on
+ *     every rank fails with DTR_PEER_FAILED naming failed_rank. dtr_comm calls it when an
+ *     operation failed, so that the other ranks learn about the failure at once.
+ *  Optional native collectives take a group handle made by group_create for a set of
+ *  transport ranks (NULL hooks: dtr_comm builds the collective over point-to-point); NCCL
+ *  would fill them. They block until done or the deadline, with the semantics of the
+ *  dtr_comm functions of the same name.
+ *  Version: abi_version must be DTR_VERSION_NUMBER of the dtrain.h the transport was built
+ *  with; fields are only ever appended. */
+typedef struct dtr_transport_vtable {
+    int abi_version;
+    const char *name;   /**< registry key: "local", "libfabric", ... */
+    /* lifetime (required). open reads the fields of cfg that concern it (local_world, rank,
+       store, provider, timeout_ms, alloc, transport_user) and fills info. */
+    dtr_result (*open)(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err, size_t errlen);
+    void (*close)(void *state);
+    /* point-to-point (required). dst/src are transport ranks. */
+    dtr_result (*isend)(void *state, const void *buf, size_t bytes, int dst, uint64_t tag, void **req,
+                        dtr_transport_error *err);
+    dtr_result (*irecv)(void *state, void *buf, size_t bytes, int src, uint64_t tag, void **req,
+                        dtr_transport_error *err);
+    /** *done = 1 once complete; returns the request's result (DTR_OK while pending). */
+    dtr_result (*test)(void *state, void *req, int *done, dtr_transport_error *err);
+    /** Blocks until at least one of reqs[0..n) is complete (DTR_OK; it may also return
+     *  early), the deadline (dtr_time_ns) passes (DTR_TIMEOUT) or the world failed
+     *  (DTR_PEER_FAILED). Must not spin a core while nothing happens. */
+    dtr_result (*wait_any)(void *state, void *const *reqs, int n, int64_t deadline_ns, dtr_transport_error *err);
+    /** Frees a complete request, or cancels a pending one. */
+    void (*release)(void *state, void *req);
+    /* failure (required) */
+    void (*abort)(void *state, int failed_rank, const char *why);
+    /* optional */
+    dtr_result (*progress)(void *state);   /**< drives the transport when dtr_request_test polls */
+    dtr_result (*group_create)(void *state, const int *ranks, int n, uint32_t context_id, void **group);
+    void (*group_destroy)(void *state, void *group);
+    dtr_result (*all_reduce)(void *state, void *group, const void *src, void *dst, size_t count, dtr_dtype dt,
+                             dtr_reduce_op op, int64_t deadline_ns, dtr_transport_error *err);
+    dtr_result (*broadcast)(void *state, void *group, void *buf, size_t count, dtr_dtype dt, int root,
+                            int64_t deadline_ns, dtr_transport_error *err);
+    dtr_result (*reduce_scatter)(void *state, void *group, const void *src, void *dst, size_t count, dtr_dtype dt,
+                                 dtr_reduce_op op, int64_t deadline_ns, dtr_transport_error *err);
+    dtr_result (*all_gather)(void *state, void *group, const void *src, void *dst, size_t count, dtr_dtype dt,
+                             int64_t deadline_ns, dtr_transport_error *err);
+    dtr_result (*barrier)(void *state, void *group, int64_t deadline_ns, dtr_transport_error *err);
+} dtr_transport_vtable;
+
+/** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
+DTR_API const dtr_transport_vtable *dtr_local_transport(void);
+
+/** The libfabric transport (defined in dtrain_comm.c built with DTR_USE_LIBFABRIC). When
+ *  that unit is linked in, dtr_transport_find("libfabric") finds it without registration
+ *  (GCC and Clang on ELF platforms; elsewhere pass it to dtr_transport_register). */
+DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
+
+/** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
+ *  vtable must outlive every group using it. "local" is always registered.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_VERSION_MISMATCH (abi_version), DTR_INVALID_ARGUMENT
+ *          (no name, a required function missing, or the name taken by another vtable;
+ *          registering the same vtable twice is DTR_OK), DTR_OUT_OF_MEMORY (more than 32).
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_transport_register(const dtr_transport_vtable *vt);
+/** The registered transport called `name`, or NULL. Thread safe. */
+DTR_API const dtr_transport_vtable *dtr_transport_find(const char *name);
+
+/* ---- process groups ---- */
+
+/** Group configuration. Make one with dtr_comm_config_init(); zero means default. */
+struct dtr_comm_config {
+    const char *transport;             /**< registered transport name; NULL: "local" */
+    const dtr_transport_vtable *transport_vtable; /**< use this transport without registering it (overrides `transport`) */
+    dtr_local_world *local_world;      /**< local transport: the world shared by the rank threads */
+    int rank;                          /**< local transport: this thread's rank in the world */
+    struct dtr_store *store;           /**< transports that exchange addresses: the rendezvous store (api_rdzv.h) */
+    const char *provider;              /**< libfabric provider ("tcp;ofi_rxm", "shm", "efa", ...); NULL: the transport's choice */
+    void *transport_user;              /**< passed to a custom transport's open through cfg */
+    int timeout_ms;                    /**< deadline of every blocking call; 0: 300000 (five minutes) */
+    dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
+    size_t ring_threshold_bytes;       /**< AUTO: ring at or above this many bytes; 0: 256 KiB */
+    size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
+    size_t segment_bytes;              /**< segment of the pipelined chain; 0: 256 KiB */
+    int no_native;                     /**< 1: always build collectives over point-to-point, even when the transport has native ones */
+    dtr_allocation_callbacks alloc;    /**< allocation callbacks; zero: libc */
+    dtr_log_fn log;                    /**< log callback (errors of the group); NULL: silent */
+    void *log_user;
+    dtr_log_level log_level;           /**< default DTR_LOG_WARN */
+};
+
+/** Returns a configuration with every field at its default. */
+DTR_API dtr_comm_config dtr_comm_config_init(void);
+
+/** Opens this rank's endpoint of the transport and makes the world group of it (all ranks of
+ *  the transport). Not collective: each rank calls it once (local transport: in its own
+ *  thread, with its rank) and ranks may call it at different times; the first collective
+ *  waits for the others up to the deadline.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_NOT_FOUND (no such transport registered),
+ *          DTR_INVALID_ARGUMENT (rank outside the world, rank opened twice, bad config),
+ *          DTR_VERSION_MISMATCH, DTR_OUT_OF_MEMORY, or the transport's error. `err` (may be
+ *          NULL) receives a message.
+ *  Thread safety: thread safe (each rank opens its own). */
+DTR_API dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen);
+
+/** Destroys a group. Collectives still queued or running are aborted first (the other ranks
+ *  get DTR_PEER_FAILED naming this rank), so destroy never waits longer than it takes the
+ *  running step to notice. The transport endpoint closes with the last group sharing it.
+ *  NULL is ignored. Thread safety: not with other calls on the same group. */
+DTR_API void dtr_comm_destroy(dtr_comm *c);
+
+/** This rank's rank in the group, the group's size, its rank among the ranks of the group
+ *  on this machine and their number (local transport: the whole group), and the transport
+ *  (world) rank of group rank `rank` (-1 outside). 0 / -1 for NULL. Thread safe. */
+DTR_API int dtr_comm_rank(const dtr_comm *c);
+DTR_API int dtr_comm_size(const dtr_comm *c);
+DTR_API int dtr_comm_local_rank(const dtr_comm *c);
+DTR_API int dtr_comm_local_size(const dtr_comm *c);
+DTR_API int dtr_comm_world_rank(const dtr_comm *c, int rank);
+/** Name of the group's transport ("local"). */
+DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
+
+/** Color of a rank that wants no sub-group from dtr_comm_split. */
+#define DTR_COMM_UNDEFINED (-1)
+
+/** Splits the group as MPI_Comm_split does: the ranks that pass the same color >= 0 form a
+ *  sub-group, ordered by key, then by their rank here. Collective over `c` (an all-gather of
+ *  (color, key)). The sub-group shares the transport with its own context id, so its
+ *  messages never mix with another group's, and has its own progress thread and requests.
+ *  @param color  >= 0, or DTR_COMM_UNDEFINED: *out becomes NULL (still a collective call).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (color < -1), DTR_OUT_OF_MEMORY,
+ *          DTR_UNSUPPORTED (65535 context ids used), or a communication error.
+ *  Thread safety: as a collective. */
+DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
+
+/** DTR_OK, or the error that broke the group (sticky). */
+DTR_API dtr_result dtr_comm_status(const dtr_comm *c);
+/** The message of the most recent error on this group: "rank R/N all_reduce #S (...): what",
+ *  naming the peer; "" when none. Valid until the next call on the group. */
+DTR_API const char *dtr_comm_last_error(const dtr_comm *c);
+/** The transport (world) rank named by the error that broke the group, or -1. */
+DTR_API int dtr_comm_failed_rank(const dtr_comm *c);
+/** The transport's native error code of that error (0 when none). */
+DTR_API int dtr_comm_native_error(const dtr_comm *c);
+
+/** Breaks the group on purpose: every pending and later operation of every group sharing
+ *  the transport, on every rank, fails with DTR_PEER_FAILED naming this rank and `why`.
+ *  Returns at once; then destroy the groups. Use it when this rank cannot go on (its data
+ *  failed to load, an exception...), so the others stop now instead of at their deadline.
+ *  Thread safety: thread safe (may be called while another thread waits on the group). */
+DTR_API void dtr_comm_abort(dtr_comm *c, const char *why);
+
+/** Replaces the deadline (milliseconds > 0) of the group's later calls. Returns DTR_OK,
+ *  DTR_NULL_HANDLE or DTR_INVALID_ARGUMENT. Thread safety: the group's thread. */
+DTR_API dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms);
+/** Replaces the all-reduce algorithm and, when ring_threshold_bytes > 0, the AUTO threshold,
+ *  for the group's later calls. Every rank must make the same change at the same point
+ *  between collectives (the algorithm is part of what must match). Returns DTR_OK,
+ *  DTR_NULL_HANDLE or DTR_INVALID_ARGUMENT. Thread safety: the group's thread. */
+DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes);
+
+/* ---- collectives (blocking) ----
+ * Counts are elements of `dt` (f32, bf16 or f16 for reductions; any dtype otherwise).
+ * Return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad root, dtype, op, overlap),
+ * DTR_DTYPE_MISMATCH, DTR_OUT_OF_MEMORY (scratch), DTR_TIMEOUT, DTR_PEER_FAILED, or the
+ * group's sticky error. Messages name the rank, the operation and the peer. */
+
+/** dst[i] = src[i] reduced over all ranks, on every rank. src == dst is in place; otherwise
+ *  they must not overlap. Ring or recursive doubling as the configuration says. */
+DTR_API dtr_result dtr_comm_all_reduce(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
+                                       dtr_reduce_op op);
+/** buf of rank `root` is copied into buf of every rank (binomial tree; pipelined chain for
+ *  large messages). */
+DTR_API dtr_result dtr_comm_broadcast(dtr_comm *c, void *buf, size_t count, dtr_dtype dt, int root);
+/** src holds size * count elements; rank r receives in dst the reduction of block r
+ *  (elements [r*count, (r+1)*count)) over all ranks. Ring. dst must not overlap src. */
+DTR_API dtr_result dtr_comm_reduce_scatter(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
+                                           dtr_reduce_op op);
+/** Every rank's `count` elements of src, in rank order, into dst (size * count elements)
+ *  of every rank. Ring. In place when src == dst + rank * count. */
+DTR_API dtr_result dtr_comm_all_gather(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt);
+/** Returns once every rank has entered the barrier (dissemination: ceil(log2 N) rounds). */
+DTR_API dtr_result dtr_comm_barrier(dtr_comm *c);
+/** Point-to-point: sends `bytes` bytes to group rank `dst` with a user tag (0 to 2^31-1).
+ *  Returns when the receiver has the data (the local transport copies straight into the
+ *  receiver's buffer) or at the deadline. */
+DTR_API dtr_result dtr_comm_send(dtr_comm *c, const void *buf, size_t bytes, int dst, int tag);
+/** Receives a message of at most `bytes` bytes from group rank `src` with `tag`; messages
+ *  from one source with one tag arrive in the order they were sent. */
+DTR_API dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, int tag);
+
+/* ---- collectives (non-blocking) ----
+ * The *_async variants return at once with a request; the operation runs on the group's
+ * progress thread (started on first use; it sleeps while the queue is empty), in the order
+ * the calls were made, so compute can overlap communication. The buffers belong to the
+ * operation until the request is complete. A blocking collective called while requests are
+ * queued runs after them. send/recv requests are handed to the transport directly (they
+ * are not queued behind collectives). On a group of size 1 every request completes at once
+ * on the calling thread. Results, deadlines and errors are those of the blocking calls;
+ * the deadline of an operation runs from the call that started it. */
+
+typedef struct dtr_request dtr_request;
+
+DTR_API dtr_result dtr_comm_all_reduce_async(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
+                                             dtr_reduce_op op, dtr_request **req);
+DTR_API dtr_result dtr_comm_broadcast_async(dtr_comm *c, void *buf, size_t count, dtr_dtype dt, int root,
+                                            dtr_request **req);
+DTR_API dtr_result dtr_comm_reduce_scatter_async(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
+                                                 dtr_reduce_op op, dtr_request **req);
+DTR_API dtr_result dtr_comm_all_gather_async(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
+                                             dtr_request **req);
+DTR_API dtr_result dtr_comm_barrier_async(dtr_comm *c, dtr_request **req);
+DTR_API dtr_result dtr_comm_send_async(dtr_comm *c, const void *buf, size_t bytes, int dst, int tag, dtr_request **req);
+DTR_API dtr_result dtr_comm_recv_async(dtr_comm *c, void *buf, size_t bytes, int src, int tag, dtr_request **req);
+
+/** Polls a request: *done = 1 once it is complete. Returns DTR_OK while it runs, then its
+ *  result. Never blocks. Thread safety: the group's thread. */
+DTR_API dtr_result dtr_request_test(dtr_request *req, int *done);
+/** Blocks until the request is complete (at the latest shortly after its deadline) and
+ *  returns its result. Thread safety: the group's thread. */
+DTR_API dtr_result dtr_request_wait(dtr_request *req);
+/** Waits for the request if it still runs, then frees it. NULL is ignored. Every request
+ *  must be freed (before its group is destroyed). */
+DTR_API void dtr_request_free(dtr_request *req);
+
+/* ---- gradient-ready hook (autograd) ---- */
+
+/** Called by dtr_backward on the calling thread as soon as the gradient of a model
+ *  parameter is final for this backward pass (after the last tape node that writes it, or
+ *  at once when no node of this pass will). Parameters the pass never reaches are not
+ *  reported. A non-OK result stops dtr_backward, which returns it. */
+typedef dtr_result (*dtr_grad_ready_fn)(void *user, dtr_tensor *param);
+
+/** Installs (fn non-NULL) or removes (fn NULL) the gradient-ready hook of a context; the
+ *  data-parallel engine uses it to start each bucket's all-reduce during backward. Without a
+ *  hook dtr_backward does no extra work. Returns DTR_OK, or DTR_NULL_HANDLE for a NULL
+ *  context.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_context_set_grad_ready(dtr_context *ctx, dtr_grad_ready_fn fn, void *user);
+
+/* ---- data parallel ---- */
+
+/** Data-parallel training of a model replicated on every rank of a group. */
+typedef struct dtr_dp dtr_dp;
+
+typedef struct dtr_dp_config {
+    size_t bucket_bytes;   /**< gradient bucket size; 0: 25 MiB (as PyTorch DDP) */
+    int root;              /**< rank whose parameters are broadcast at creation (default 0) */
+} dtr_dp_config;
+
+/** Returns a configuration with every field at its default. */
+DTR_API dtr_dp_config dtr_dp_config_init(void);
+
+/** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from
+ *  the root (collective, blocking), splits the contiguous gradient buffer into buckets of
+ *  about bucket_bytes along parameter boundaries (last parameters first, as backward
+ *  produces them) and installs the gradient-ready hook on the model's context: during
+ *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
+ *  final, on the group's progress thread, in bucket order on every rank. On a group of size
+ *  1 nothing is installed and every call below returns at once.
+ *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
+ *          already has a gradient-ready hook), DTR_UNSUPPORTED (parameters not in host
+ *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
+ *  Thread safety: the model's context thread; collective over c. */
+DTR_API dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out);
+/** Removes the hook and frees the engine (waiting for buckets still in flight). NULL is ignored. */
+DTR_API void dtr_dp_destroy(dtr_dp *dp);
+/** Gradient accumulation: with no_sync 1 the following backward passes only accumulate into
+ *  the local gradient buffer (no communication) and dtr_dp_finish returns at once; set it
+ *  back to 0 before the last micro-batch, whose dtr_dp_finish averages the accumulated sums.
+ *  Returns DTR_OK, DTR_NULL_HANDLE, or DTR_BAD_STATE while buckets are in flight (between a
+ *  synchronised dtr_backward and its dtr_dp_finish; the group's message says so, the
+ *  context's status is not touched). */
+DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
+/** Ends a step's communication: starts the buckets that backward did not start (parameters
+ *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
+ *  the average over the ranks of their gradients, identical bits on every rank.
+ *  @return DTR_OK or the first error of a bucket (the group's message names it). */
+DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
+/** Broadcasts the parameters from the root again (e.g. after loading a checkpoint on it). */
+DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
+/** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
+ *  buffer (bucket 0 holds the last parameters). */
+DTR_API int dtr_dp_bucket_count(const dtr_dp *dp);
+DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t *end);
+/** Number of buckets whose all-reduce was started inside dtr_backward (not by finish) in
+ *  the last synchronised step: shows that communication overlapped backward. */
+DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,89 @@
+/* bench/fmnist_dp.c: data-parallel training throughput on Fashion-MNIST.
+ *
+ *   build/bench/fmnist_dp [--world 1,2] [--transport local|NAME] [--provider P]
+ *                         [--epochs E] [--batches K] [--batch B] [--bucket BYTES]
+ *                         [--data DIR] [--seed S] [--repeat R]
+ *
+ * Trains the MLP of examples/common.h (784-256-128-10) data-parallel exactly as
+ * examples/fmnist_dp.c does (this file includes it): global batch B (default 128) split
+ * over the ranks, one compute thread per rank, SGD lr 0.1 momentum 0.9 (constant), the
+ * distributed sampler, gradient buckets of 64 KiB averaged during backward. --world takes
+ * a comma-separated list and runs each world size in turn in this process, so that the
+ * ratios hold on a noisy machine; --repeat R runs the whole list R times and reports each
+ * world size's best run (the least disturbed by other processes). --batches K stops each
+ * epoch after K steps.
+ *
+ * Output: one JSON line per world size, then the speed-up of each against the first:
+ *   {"bench":"fmnist_dp","impl":"dtrain","transport":"local","world":2,"global_batch":128,
+ *    "epochs":1,"steps":469,"train_s":3.1,"samples_per_s":19300,"test_acc":0.83,"buckets":2,
+ *    "overlapped_buckets":2,"best_of":1}
+ *   {"bench":"fmnist_dp_speedup","transport":"local","world":2,"vs_world":1,"speedup":1.85}
+ * train_s is the time of the training steps (slowest rank; no data loading or evaluation);
+ * samples_per_s = samples trained over all ranks / train_s. Target: 2 ranks >= 1.6x 1 rank.
+ * Data: --data, else $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
+#define FMNIST_DP_NO_MAIN
+#include "../examples/fmnist_dp.c"
+
+int main(int argc, char **argv) {
+    dp_opts o = dp_opts_default();
+    const char *worlds = "1,2", *p;
+    int nw = 0, wl[16], rep, repeat = 1, i;
+    dp_result best[16];
+    dtr_mnist data;
+    o.epochs = 1;
+    o.cosine = 0;
+    o.quiet = 1;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!v) { fprintf(stderr, "fmnist_dp: %s needs a value (see the top of bench/fmnist_dp.c)\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "--world")) worlds = v;
+        else if (!strcmp(a, "--transport")) o.transport = v;
+        else if (!strcmp(a, "--provider")) o.provider = v;
+        else if (!strcmp(a, "--epochs")) o.epochs = atoi(v);
+        else if (!strcmp(a, "--batches")) o.max_steps = atol(v);
+        else if (!strcmp(a, "--batch")) o.batch = atoi(v);
+        else if (!strcmp(a, "--bucket")) o.bucket = (size_t)strtoull(v, NULL, 10);
+        else if (!strcmp(a, "--data")) o.dir = v;
+        else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
+        else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+        else { fprintf(stderr, "fmnist_dp: unknown option %s\n", a); return 2; }
+    }
+    if (o.epochs < 1 || o.batch < 1 || o.max_steps < 0 || repeat < 1) {
+        fprintf(stderr, "fmnist_dp: need --epochs >= 1, --batch >= 1, --batches >= 0, --repeat >= 1\n");
+        return 2;
+    }
+    for (p = worlds; *p && nw < 16;) {
+        char *end = NULL;
+        wl[nw] = (int)strtol(p, &end, 10);
+        if (end == p || wl[nw] < 1 || (*end && *end != ',')) { fprintf(stderr, "fmnist_dp: bad --world list '%s'\n", worlds); return 2; }
+        nw++;
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (strcmp(o.transport, "local") != 0) { nw = 1; repeat = 1; }   /* a process job has one world size */
+    memset(best, 0, sizeof best);
+    o.dir = fm_data_dir(o.dir);
+    if (fm_data_load(o.dir, &data) != DTR_OK) return 1;
+    for (rep = 0; rep < repeat; rep++)
+        for (i = 0; i < nw; i++) {
+            dp_result res;
+            o.world = wl[i];
+            if (!dp_train(&o, &data, &res)) { dtr_mnist_free(&data); return 1; }
+            if (res.ok && (!best[i].ok || res.samples / res.train_s > best[i].samples / best[i].train_s)) best[i] = res;
+        }
+    for (i = 0; i < nw; i++) {
+        double sps;
+        if (!best[i].ok) continue;   /* not rank 0 of a multi-process job */
+        sps = (double)best[i].samples / best[i].train_s;
+        printf("{\"bench\":\"fmnist_dp\",\"impl\":\"dtrain\",\"transport\":\"%s\",\"world\":%d,\"global_batch\":%d,"
+               "\"epochs\":%d,\"steps\":%lld,\"train_s\":%.3f,\"samples_per_s\":%.0f,\"test_acc\":%.4f,\"buckets\":%d,"
+               "\"overlapped_buckets\":%d,\"best_of\":%d}\n", o.transport, wl[i], o.batch, o.epochs, (long long)best[i].steps,
+               best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat);
+        if (i > 0 && best[0].ok)
+            printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
+                   o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));
+    }
+    fflush(stdout);
+    dtr_mnist_free(&data);
+    return 0;
+}

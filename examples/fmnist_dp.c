@@ -1,0 +1,325 @@
+/* examples/fmnist_dp.c: data-parallel training of the Fashion-MNIST MLP on N ranks.
+ *
+ * What it shows: the same program trains on N ranks instead of one by adding a process
+ * group (dtr_comm) and the data-parallel engine (dtr_dp):
+ *   - every rank builds the same model; dtr_dp_create broadcasts rank 0's parameters;
+ *   - a distributed sampler (dtr_sampler) gives each rank its shard of a per-epoch shuffle,
+ *     the same number of batches on every rank;
+ *   - each rank runs forward and backward on its share of the global batch; during
+ *     backward the gradient buckets are averaged across ranks in the background, and
+ *     dtr_dp_finish waits for them; then every rank applies the same optimizer step;
+ *   - the epoch's loss and accuracy are summed over the ranks with dtr_comm_all_reduce.
+ * With the local transport the ranks are threads of this process (one compute thread
+ * each). With another transport (--transport libfabric, from dtrain_comm.c) each process is
+ * one rank, started by the launcher: `dtrun -n 2 build/examples/fmnist_dp --transport
+ * libfabric`. Every call is checked; errors print the group's or context's message.
+ *
+ * Build and run from the repository:
+ *     make examples && build/examples/fmnist_dp [DATA_DIR] [--world 2] [options]
+ * By hand, with dtrain.h and common.h beside this file:
+ *     cc -O2 -march=native -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_dp.c \
+ *        -o fmnist_dp -lm -lpthread -lz
+ *
+ * Usage: fmnist_dp [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E]
+ *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
+ *                  [--bucket BYTES] [--threads T]
+ *   --world      ranks (local transport; default 2)
+ *   --transport  local (default) or a registered transport such as libfabric
+ *   --batch      global batch, split evenly over the ranks (default 128)
+ *   --lr         SGD learning rate, momentum 0.9 (default 0.1)
+ *   --bucket     gradient bucket bytes (default 64 KiB: the MLP's 0.9 MiB of gradients make
+ *                2 buckets, fc3+fc2 and fc1, so fc2/fc3's average overlaps fc1's backward)
+ *   --threads    compute threads per rank (default 1)
+ * Other options as examples/fmnist_mlp.c. Expect about 87% test accuracy after 2 epochs,
+ * as the single-rank example with the same global batch. */
+#include "common.h"
+#include <pthread.h>
+
+/* ---- options and results ---- */
+
+typedef struct dp_opts {
+    const char *dir, *transport, *provider;
+    int world, epochs, batch, threads, cosine, quiet;
+    float lr;
+    unsigned long seed;
+    size_t bucket;
+    int64_t max_steps;      /* > 0: steps per epoch at most (benchmarks) */
+} dp_opts;
+
+typedef struct dp_result {
+    double train_s;         /* training steps only, slowest rank */
+    int64_t samples, steps; /* over all ranks / per rank */
+    double loss, train_acc, test_acc;
+    int buckets, overlapped;
+    int ok;
+} dp_result;
+
+static dp_opts dp_opts_default(void) {
+    dp_opts o;
+    memset(&o, 0, sizeof o);
+    o.transport = "local";
+    o.world = 2;
+    o.epochs = 2;
+    o.batch = 128;
+    o.threads = 1;
+    o.cosine = 1;
+    o.lr = 0.1f;
+    o.seed = 1;
+    o.bucket = (size_t)64 << 10;
+    return o;
+}
+
+static int dp_err(int rank, const char *what, dtr_result r, const char *msg) {
+    fprintf(stderr, "rank %d: error: %s: %s%s%s%s\n", rank, what, dtr_result_string(r), msg && *msg ? " (" : "",
+            msg ? msg : "", msg && *msg ? ")" : "");
+    return 0;
+}
+
+/* ---- one rank's training ---- */
+
+/* Trains on `data` as rank dtr_comm_rank(c) of the group. Rank 0 fills `res` (and prints
+   progress unless o->quiet). Returns 1 on success. */
+static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, dp_result *res) {
+    int rank = dtr_comm_rank(c), world = dtr_comm_size(c), per = o->batch / world, ok = 0, e;
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_dp *dp = NULL;
+    dtr_optimizer *opt = NULL;
+    dtr_sampler smp;
+    fm_net net;
+    fm_batch batch, eval;
+    int64_t *idx = NULL, *scratch = NULL, count, steps;
+    double train_s = 0.0;
+    float sums[3];
+    dtr_result r;
+
+    memset(&net, 0, sizeof net);
+    memset(&batch, 0, sizeof batch);
+    memset(&eval, 0, sizeof eval);
+    if (per < 1 || per * world != o->batch) {
+        fprintf(stderr, "rank %d: error: the global batch %d must be a multiple of the %d ranks\n", rank, o->batch, world);
+        dtr_comm_abort(c, "bad batch size");
+        return 0;
+    }
+    cc.threads = o->threads;
+    cc.seed = o->seed + (uint64_t)rank;   /* dropout streams would differ per rank (unused by the MLP) */
+    if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) { dtr_comm_abort(c, "no context"); return dp_err(rank, "context", r, NULL); }
+    if ((r = dtr_sampler_init(&smp, data->train_n, rank, world, o->seed, 1, 0)) != DTR_OK) { dp_err(rank, "sampler", r, NULL); goto done; }
+    count = dtr_sampler_count(&smp);
+    steps = (count + per - 1) / per;
+    if (o->max_steps > 0 && steps > o->max_steps) steps = o->max_steps;
+    idx = (int64_t *)malloc((size_t)count * sizeof(int64_t));
+    scratch = (int64_t *)malloc((size_t)data->train_n * sizeof(int64_t));
+    if (!idx || !scratch || fm_batch_alloc(&batch, per) != DTR_OK || fm_batch_alloc(&eval, 1000) != DTR_OK) {
+        dtr_comm_abort(c, "out of memory");
+        dp_err(rank, "memory", DTR_OUT_OF_MEMORY, NULL);
+        goto done;
+    }
+    /* the same model on every rank; dtr_dp_create makes rank 0's parameters everyone's */
+    if ((r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, o->seed)) != DTR_OK) { dp_err(rank, "model", r, dtr_context_last_error(ctx)); goto done; }
+    dc.bucket_bytes = o->bucket;
+    if ((r = dtr_dp_create(net.model, c, &dc, &dp)) != DTR_OK) { dp_err(rank, "dtr_dp_create", r, dtr_context_last_error(ctx)); goto done; }
+    if ((r = fm_sgd(&net, o->lr, 0.9f, o->cosine ? o->epochs * steps : 0, &opt)) != DTR_OK) { dp_err(rank, "optimizer", r, dtr_context_last_error(ctx)); goto done; }
+    if (rank == 0 && !o->quiet)
+        printf("fmnist_dp: %d ranks over '%s', global batch %d (%d per rank), %lld steps per epoch, %d gradient "
+               "buckets\n", world, dtr_comm_transport_name(c), o->batch, per, (long long)steps, dtr_dp_bucket_count(dp));
+
+    for (e = 0; e < o->epochs; e++) {
+        double loss_sum = 0.0, t0;
+        int64_t correct = 0, seen = 0, s, i;
+        if ((r = dtr_sampler_epoch(&smp, e, idx, scratch, NULL)) != DTR_OK) { dp_err(rank, "sampler", r, NULL); goto done; }
+        if ((r = dtr_comm_barrier(c)) != DTR_OK) { dp_err(rank, "barrier", r, dtr_comm_last_error(c)); goto done; }
+        t0 = fm_now();
+        dtr_context_set_training(ctx, 1);
+        for (s = 0; s < steps; s++) {
+            int64_t B = count - s * per < per ? count - s * per : per, xs[2], ys[1];
+            dtr_tensor *logits, *loss;
+            for (i = 0; i < B; i++) {
+                int64_t k = idx[s * per + i];
+                memcpy(batch.x + i * FM_PIXELS, data->train_x + k * FM_PIXELS, FM_PIXELS * sizeof(float));
+                batch.y[i] = data->train_y[k];
+            }
+            xs[0] = B; xs[1] = FM_PIXELS; ys[0] = B;
+            logits = fm_net_forward(ctx, &net, dtr_tensor_from(ctx, DTR_F32, 2, xs, batch.x));
+            loss = dtr_cross_entropy(ctx, logits, dtr_tensor_from(ctx, DTR_I32, 1, ys, batch.y));
+            if (!loss) { r = dtr_context_status(ctx); dp_err(rank, "forward", r, dtr_context_last_error(ctx)); goto done; }
+            /* backward starts the buckets' all-reduces; finish waits for the averages */
+            if ((r = dtr_backward(ctx, loss)) != DTR_OK || (r = dtr_dp_finish(dp)) != DTR_OK) {
+                dp_err(rank, "backward", r, dtr_comm_last_error(c));
+                goto done;
+            }
+            if ((r = dtr_tensor_read(logits, DTR_F32, batch.logits, (size_t)(B * FM_CLASSES))) != DTR_OK) goto done;
+            loss_sum += (double)dtr_tensor_get(loss, 0) * (double)B;
+            correct += fm_count_correct(batch.logits, batch.y, B);
+            seen += B;
+            if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK || (r = dtr_context_reset(ctx)) != DTR_OK) {
+                dp_err(rank, "optimizer", r, dtr_context_last_error(ctx));
+                goto done;
+            }
+        }
+        if ((r = dtr_comm_barrier(c)) != DTR_OK) { dp_err(rank, "barrier", r, dtr_comm_last_error(c)); goto done; }
+        train_s += fm_now() - t0;
+        /* epoch statistics over all ranks */
+        sums[0] = (float)loss_sum;
+        sums[1] = (float)correct;
+        sums[2] = (float)seen;
+        if ((r = dtr_comm_all_reduce(c, sums, sums, 3, DTR_F32, DTR_REDUCE_SUM)) != DTR_OK) {
+            dp_err(rank, "all_reduce", r, dtr_comm_last_error(c));
+            goto done;
+        }
+        if (rank == 0) {
+            res->loss = sums[0] / sums[2];
+            res->train_acc = sums[1] / sums[2];
+            res->samples += (int64_t)sums[2];
+            if (!o->quiet) {
+                printf("epoch %2d  loss %.4f  train acc %.2f%%  %.1f s  %.0f samples/s\n", e + 1, res->loss,
+                       100.0 * res->train_acc, fm_now() - t0, sums[2] / (fm_now() - t0));
+                fflush(stdout);
+            }
+        }
+    }
+    if (rank == 0) {
+        res->train_s = train_s;
+        res->steps = steps * o->epochs;
+        res->buckets = dtr_dp_bucket_count(dp);
+        res->overlapped = dtr_dp_overlapped_buckets(dp);
+        if ((r = fm_evaluate(ctx, &net, data->test_x, data->test_y, data->test_n, &eval, &res->test_acc)) != DTR_OK) {
+            dp_err(rank, "evaluation", r, dtr_context_last_error(ctx));
+            goto done;
+        }
+        res->ok = 1;
+    }
+    ok = 1;
+done:
+    if (!ok) dtr_comm_abort(c, "training stopped");   /* the other ranks stop at once */
+    dtr_dp_destroy(dp);
+    dtr_optimizer_destroy(opt);
+    fm_net_free(&net);
+    fm_batch_free(&batch);
+    fm_batch_free(&eval);
+    free(idx);
+    free(scratch);
+    dtr_context_destroy(ctx);
+    return ok;
+}
+
+/* ---- ranks as threads (local transport) or as processes (launcher) ---- */
+
+typedef struct dp_thread {
+    const dp_opts *o;
+    const dtr_mnist *data;
+    dtr_local_world *w;
+    dp_result *res;
+    int rank, ok;
+} dp_thread;
+
+static void *dp_thread_main(void *p) {
+    dp_thread *t = (dp_thread *)p;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    char err[256];
+    dtr_result r;
+    cfg.local_world = t->w;
+    cfg.rank = t->rank;
+    if ((r = dtr_comm_create(&cfg, &c, err, sizeof err)) != DTR_OK) {
+        dp_err(t->rank, "dtr_comm_create", r, err);
+        return NULL;
+    }
+    t->ok = dp_rank_train(c, t->o, t->data, t->res);
+    dtr_comm_destroy(c);
+    return NULL;
+}
+
+/* Trains with o->world rank threads (local) or as this process's rank (other transports).
+   Returns 1 on success; res is rank 0's view (all zero on other processes). */
+static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
+    memset(res, 0, sizeof *res);
+    if (strcmp(o->transport, "local") == 0) {
+        pthread_t tid[64];
+        dp_thread t[64];
+        dtr_local_world *w = NULL;
+        int i, ok = 1;
+        if (o->world < 1 || o->world > 64 || dtr_local_world_create(o->world, NULL, &w) != DTR_OK) {
+            fprintf(stderr, "error: --world must be 1 to 64\n");
+            return 0;
+        }
+        for (i = 0; i < o->world; i++) {
+            t[i].o = o;
+            t[i].data = data;
+            t[i].w = w;
+            t[i].res = res;
+            t[i].rank = i;
+            t[i].ok = 0;
+            if (pthread_create(&tid[i], NULL, dp_thread_main, &t[i]) != 0) { fprintf(stderr, "error: no thread\n"); exit(1); }
+        }
+        for (i = 0; i < o->world; i++) { pthread_join(tid[i], NULL); ok &= t[i].ok; }
+        dtr_local_world_destroy(w);
+        return ok;
+    } else {
+        dtr_rendezvous_config rc = dtr_rendezvous_config_init();
+        dtr_comm_config cfg = dtr_comm_config_init();
+        dtr_store *st = NULL;
+        dtr_comm *c = NULL;
+        char err[512];
+        int ok = 0;
+        if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) != DTR_OK ||
+            dtr_store_create(&rc, &st, err, sizeof err) != DTR_OK) {
+            fprintf(stderr, "error: --transport %s runs one process per rank under the launcher (dtrun): %s\n",
+                    o->transport, err);
+            return 0;
+        }
+        cfg.transport = o->transport;
+        cfg.provider = o->provider;
+        cfg.store = st;
+        if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) fprintf(stderr, "error: %s\n", err);
+        else { ok = dp_rank_train(c, o, data, res); dtr_comm_destroy(c); }
+        dtr_store_destroy(st);
+        return ok;
+    }
+}
+
+#ifndef FMNIST_DP_NO_MAIN
+int main(int argc, char **argv) {
+    dp_opts o = dp_opts_default();
+    dtr_mnist data;
+    dp_result res;
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        char *end = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
+                   "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T]\n", argv[0]);
+            return 0;
+        }
+        if (a[0] != '-') { o.dir = a; continue; }
+        if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
+        i++;
+        if (!strcmp(a, "--transport")) { o.transport = v; continue; }
+        if (!strcmp(a, "--provider")) { o.provider = v; continue; }
+        if (!strcmp(a, "--schedule")) { o.cosine = strcmp(v, "constant") != 0; continue; }
+        if (!strcmp(a, "--world")) o.world = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--epochs")) o.epochs = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--threads")) o.threads = (int)strtol(v, &end, 10);
+        else if (!strcmp(a, "--lr")) o.lr = strtof(v, &end);
+        else if (!strcmp(a, "--seed")) o.seed = strtoul(v, &end, 10);
+        else if (!strcmp(a, "--bucket")) o.bucket = (size_t)strtoull(v, &end, 10);
+        else { fprintf(stderr, "error: unknown option %s\n", a); return 2; }
+        if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return 2; }
+    }
+    if (o.world < 1 || o.epochs < 1 || o.batch < 1 || o.threads < 0 || !(o.lr > 0.0f)) {
+        fprintf(stderr, "error: need --world >= 1, --epochs >= 1, --batch >= 1, --threads >= 0, --lr > 0\n");
+        return 2;
+    }
+    o.dir = fm_data_dir(o.dir);
+    if (fm_data_load(o.dir, &data) != DTR_OK) return 1;
+    if (!dp_train(&o, &data, &res)) { dtr_mnist_free(&data); return 1; }
+    if (res.ok)   /* rank 0 */
+        printf("final test accuracy: %.2f%% (%d of %d gradient buckets started during backward)\n", 100.0 * res.test_acc,
+               res.overlapped, res.buckets);
+    dtr_mnist_free(&data);
+    return 0;
+}
+#endif

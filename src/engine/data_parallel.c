@@ -1,0 +1,216 @@
+/* ============================================================================
+ * Data-parallel engine: every rank holds the whole model; gradients are averaged over the
+ * ranks in buckets of the contiguous gradient buffer, each bucket's all-reduce starting
+ * during backward as soon as its gradients are final.
+ *
+ * Buckets are ranges of the gradient buffer on parameter boundaries, formed from the last
+ * parameter backwards (the order backward produces them), each at least bucket_bytes
+ * unless it is the last. The gradient-ready hook of the context counts down the parameters
+ * of each bucket; buckets are started strictly in bucket order (a ready bucket waits for
+ * the ones before it), so every rank issues the same all-reduces in the same order even if
+ * its backward reaches parameters in another order. dtr_dp_finish starts the rest and waits.
+ * The all-reduce is DTR_REDUCE_AVG: the sum over ranks in the collective's fixed order,
+ * divided by the world size, identical bits on every rank.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../public/api_comm.h"
+#include "../core/internal.h"
+#include "../comm/comm_internal.h"
+
+typedef struct dtr__bucket {
+    int64_t begin, end;     /* float range in the gradient buffer */
+    int nparams, pending;   /* parameters, and those whose gradient is not final yet */
+    dtr_request *req;
+    int in_backward;        /* started by the hook */
+} dtr__bucket;
+
+struct dtr_dp {
+    dtr_model *m;
+    dtr_comm *c;
+    dtr_context *ctx;
+    dtr_dp_config cfg;
+    dtr__bucket *b;
+    int nb;
+    int *param_bucket;      /* parameter index -> bucket */
+    int next;               /* next bucket to start */
+    int no_sync;
+    int hooked;
+    int overlapped;
+};
+
+dtr_dp_config dtr_dp_config_init(void) {
+    dtr_dp_config c;
+    memset(&c, 0, sizeof(c));
+    return c;
+}
+
+static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
+    dtr__bucket *b = &dp->b[i];
+    float *g = dtr_model_grads(dp->m);
+    b->in_backward = from_hook;
+    return dtr_comm_all_reduce_async(dp->c, g + b->begin, g + b->begin, (size_t)(b->end - b->begin), DTR_F32,
+                                     DTR_REDUCE_AVG, &b->req);
+}
+
+/* starts every ready bucket that is next in order */
+static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
+    while (dp->next < dp->nb && dp->b[dp->next].pending == 0) {
+        dtr_result r = dtr__dp_start(dp, dp->next, from_hook);
+        dp->next++;
+        if (r != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param) {
+    dtr_dp *dp = (dtr_dp *)user;
+    dtr__bucket *b;
+    if (dp->no_sync || param->model != dp->m || param->param_index < 0) return DTR_OK;
+    b = &dp->b[dp->param_bucket[param->param_index]];
+    if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
+    if (--b->pending == 0) {
+        dtr_result r = dtr__dp_launch_ready(dp, 1);
+        if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
+                                          dtr_comm_last_error(dp->c));
+    }
+    return DTR_OK;
+}
+
+static void dtr__dp_reset(dtr_dp *dp) {
+    int i;
+    for (i = 0; i < dp->nb; i++) dp->b[i].pending = dp->b[i].nparams;
+    dp->next = 0;
+}
+
+static dtr_result dtr__dp_buckets(dtr_dp *dp) {
+    dtr_context *ctx = dp->ctx;
+    int np = dtr_model_param_count(dp->m), i, k = 0;
+    int64_t total = dtr_model_numel(dp->m), per = (int64_t)(dp->cfg.bucket_bytes / sizeof(float)), end = total;
+    if (per < 1) per = 1;
+    dp->param_bucket = (int *)dtr__calloc(&ctx->alloc, (size_t)(np ? np : 1) * sizeof(int));
+    dp->b = (dtr__bucket *)dtr__calloc(&ctx->alloc, (size_t)(np ? np : 1) * sizeof(dtr__bucket));
+    if (!dp->param_bucket || !dp->b) return DTR_OUT_OF_MEMORY;
+    for (i = np - 1; i >= 0; i--) {
+        int64_t off = dtr_model_param_offset(dp->m, i);
+        dp->param_bucket[i] = k;
+        dp->b[k].nparams++;
+        if (end - off >= per || i == 0) {
+            dp->b[k].begin = i == 0 ? 0 : off;
+            dp->b[k].end = end;
+            end = dp->b[k].begin;
+            k++;
+        }
+    }
+    dp->nb = k;
+    dtr__dp_reset(dp);
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out) {
+    dtr_dp_config def = dtr_dp_config_init();
+    dtr_context *ctx;
+    dtr_dp *dp;
+    dtr_result r;
+    if (!m || !c || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (!cfg) cfg = &def;
+    ctx = dtr_model_context(m);
+    if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
+                         dtr_comm_size(c));
+    if (ctx->backend != &dtr__cpu_backend)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
+                         ctx->backend->name);
+    if (dtr_comm_size(c) > 1 && ctx->grad_ready)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_dp_create: the context already has a gradient-ready hook");
+    r = dtr_model_build(m);
+    if (r != DTR_OK) return r;
+    dp = (dtr_dp *)dtr__calloc(&ctx->alloc, sizeof(*dp));
+    if (!dp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    dp->m = m;
+    dp->c = c;
+    dp->ctx = ctx;
+    dp->cfg = *cfg;
+    if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
+    if (dtr_comm_size(c) > 1) {
+        r = dtr__dp_buckets(dp);
+        if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
+        r = dtr_dp_broadcast_params(dp);
+        if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
+        dtr_context_set_grad_ready(ctx, dtr__dp_grad_ready, dp);
+        dp->hooked = 1;
+    }
+    *out = dp;
+    return DTR_OK;
+}
+
+static dtr_result dtr__dp_wait_all(dtr_dp *dp) {
+    dtr_result first = DTR_OK;
+    int i;
+    for (i = 0; i < dp->nb; i++) {
+        if (dp->b[i].req) {
+            dtr_result r = dtr_request_wait(dp->b[i].req);
+            if (r != DTR_OK && first == DTR_OK) first = r;
+            dtr_request_free(dp->b[i].req);
+            dp->b[i].req = NULL;
+        }
+    }
+    return first;
+}
+
+void dtr_dp_destroy(dtr_dp *dp) {
+    dtr_allocation_callbacks a;
+    if (!dp) return;
+    a = dp->ctx->alloc;
+    if (dp->b) dtr__dp_wait_all(dp);
+    if (dp->hooked && dp->ctx->grad_ready_user == dp) dtr_context_set_grad_ready(dp->ctx, NULL, NULL);
+    dtr__free(&a, dp->b);
+    dtr__free(&a, dp->param_bucket);
+    dtr__free(&a, dp);
+}
+
+dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync) {
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->nb && dp->next > 0) /* described on the group; the context stays usable */
+        return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
+                              "dtr_dp_set_no_sync: gradient buckets are in flight (call dtr_dp_finish first)");
+    dp->no_sync = no_sync ? 1 : 0;
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_finish(dtr_dp *dp) {
+    dtr_result r, w;
+    int i;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (!dp->nb || dp->no_sync) return DTR_OK;
+    for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
+    r = dtr__dp_launch_ready(dp, 0);
+    w = dtr__dp_wait_all(dp);
+    dp->overlapped = 0;
+    for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
+    dtr__dp_reset(dp);
+    if (r == DTR_OK) r = w;
+    if (r != DTR_OK) return dtr__fail(dp->ctx, r, "dtr_dp_finish: %s", dtr_comm_last_error(dp->c));
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_broadcast_params(dtr_dp *dp) {
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dtr_comm_size(dp->c) == 1) return DTR_OK;
+    r = dtr_comm_broadcast(dp->c, dtr_model_params(dp->m), (size_t)dtr_model_numel(dp->m), DTR_F32, dp->cfg.root);
+    if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: parameter broadcast: %s", dtr_comm_last_error(dp->c));
+    return DTR_OK;
+}
+
+int dtr_dp_bucket_count(const dtr_dp *dp) { return dp ? dp->nb : 0; }
+
+dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t *end) {
+    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
+    if (i < 0 || i >= dp->nb) return DTR_INVALID_ARGUMENT;
+    *begin = dp->b[i].begin;
+    *end = dp->b[i].end;
+    return DTR_OK;
+}
+
+int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0; }

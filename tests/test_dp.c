@@ -1,0 +1,460 @@
+/* The gradient-ready hook of autograd and the data-parallel engine (dtr_dp), with ranks as
+ * threads over the local transport.
+ *
+ *   test_grad_ready_hook   each parameter is reported once, after the last node that writes
+ *                          its gradient (its gradient at report time is the final one, also
+ *                          for a weight used twice and for a branch outside the loss),
+ *                          parameters off the tape are not reported, gradients are the same
+ *                          bits with and without the hook, an error from the hook stops
+ *                          dtr_backward
+ *   test_dp_equivalence    N = 2 and 4 ranks with per-rank batch b give the same weights as
+ *                          1 rank with batch N*b after 50 SGD steps (relative error <= 1e-5),
+ *                          with many small buckets (started during backward) and with one;
+ *                          all ranks hold the same bits
+ *   test_dp_no_sync        gradient accumulation: no communication in no_sync steps (the
+ *                          ranks' gradients differ), same weights as 1 rank with the whole
+ *                          batch; dtr_dp_set_no_sync with buckets in flight is refused
+ *   test_dp_broadcast      different initial weights: rank 0's win at dtr_dp_create
+ *   test_dp_single         a group of 1: no hook, identical bits to plain training
+ *   test_dp_fault          a rank stops: dtr_dp_finish on the other fails within the deadline
+ *                          naming it */
+#define _POSIX_C_SOURCE 200809L
+#define DTRAIN_INTERNAL_API
+#include <pthread.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+#include "test.h"
+
+/* ---- a small MLP on random data ---- */
+
+#define IN 20
+#define HID 32
+#define OUT 5
+
+typedef struct mlp {
+    dtr_context *ctx;
+    dtr_model *m;
+    dtr_linear_layer l1, l2;
+    dtr_optimizer *opt;
+} mlp;
+
+static int mlp_init(mlp *n, uint64_t seed, int accum) {
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
+    memset(n, 0, sizeof *n);
+    n->ctx = test_ctx(1);
+    oc.momentum = 0.9f;
+    oc.grad_accum_steps = accum;
+    if (dtr_model_create(n->ctx, seed, &n->m) != DTR_OK) return 0;
+    if (dtr_linear_layer_init(&n->l1, n->m, "l1", IN, HID, 1, DTR_INIT_KAIMING_UNIFORM) != DTR_OK) return 0;
+    if (dtr_linear_layer_init(&n->l2, n->m, "l2", HID, OUT, 1, DTR_INIT_KAIMING_UNIFORM) != DTR_OK) return 0;
+    if (dtr_model_build(n->m) != DTR_OK) return 0;
+    return dtr_optimizer_create(n->m, &oc, &n->opt) == DTR_OK;
+}
+
+static void mlp_free(mlp *n) {
+    dtr_optimizer_destroy(n->opt);
+    dtr_model_destroy(n->m);
+    dtr_context_destroy(n->ctx);
+}
+
+/* the data of step t: rows of x (IN) and labels, identical on every rank */
+static float data_x(int64_t t, int64_t row, int k) {
+    uint32_t h = (uint32_t)(t * 7919 + row * 104729 + k * 31 + 1);
+    h ^= h >> 15; h *= 0x2c1b3c6du; h ^= h >> 12; h *= 0x297a2d39u; h ^= h >> 15;
+    return (float)(h % 2001) / 1000.0f - 1.0f;
+}
+static int32_t data_y(int64_t t, int64_t row) { return (int32_t)((t * 13 + row * 7) % OUT); }
+
+/* forward + backward on rows [r0, r0 + b) of step t */
+static dtr_result mlp_backward(mlp *n, int64_t t, int64_t r0, int64_t b) {
+    int64_t xs[2], ys[1], i;
+    float *x = (float *)malloc((size_t)(b * IN) * sizeof(float));
+    int32_t *y = (int32_t *)malloc((size_t)b * sizeof(int32_t));
+    dtr_tensor *loss;
+    dtr_result r;
+    int k;
+    for (i = 0; i < b; i++) {
+        for (k = 0; k < IN; k++) x[i * IN + k] = data_x(t, r0 + i, k);
+        y[i] = data_y(t, r0 + i);
+    }
+    xs[0] = b; xs[1] = IN; ys[0] = b;
+    loss = dtr_cross_entropy(n->ctx, dtr_linear_layer_forward(n->ctx, &n->l2, dtr_relu(n->ctx,
+                                     dtr_linear_layer_forward(n->ctx, &n->l1, dtr_tensor_from(n->ctx, DTR_F32, 2, xs, x)))),
+                             dtr_tensor_from(n->ctx, DTR_I32, 1, ys, y));
+    r = loss ? dtr_backward(n->ctx, loss) : dtr_context_status(n->ctx);
+    free(x);
+    free(y);
+    return r;
+}
+
+static double rel_err(const float *a, const float *b, int64_t n) {
+    double d = 0.0, s = 0.0;
+    int64_t i;
+    for (i = 0; i < n; i++) { d += ((double)a[i] - b[i]) * ((double)a[i] - b[i]); s += (double)b[i] * b[i]; }
+    return s > 0 ? sqrt(d / s) : sqrt(d);
+}
+
+/* ---- the hook ---- */
+
+typedef struct hook_log {
+    int n;
+    int order[16];
+    float *grads[16];   /* copy of the gradient when reported */
+    int fail_at;        /* return an error at this report (-1 never) */
+} hook_log;
+
+static dtr_result hook(void *user, dtr_tensor *p) {
+    hook_log *h = (hook_log *)user;
+    int64_t n = dtr_tensor_numel(p);
+    if (h->n == h->fail_at) return DTR_INVALID_ARGUMENT;
+    if (h->n < 16) {
+        h->order[h->n] = p->param_index;
+        h->grads[h->n] = (float *)malloc((size_t)(n ? n : 1) * sizeof(float));
+        memcpy(h->grads[h->n], dtr_tensor_grad(p), (size_t)n * sizeof(float));
+    }
+    h->n++;
+    return DTR_OK;
+}
+
+/* y = l2(relu(l1 x)) + x W2-shaped reuse: w2 feeds two nodes; an extra branch (u) outside the
+   loss; "unused" never appears on the tape */
+static dtr_result hook_graph(dtr_context *ctx, dtr_model *m, dtr_tensor **p) {
+    int64_t xs[2] = {3, 4};
+    float x[12];
+    dtr_tensor *xt, *h, *y, *y2, *side;
+    int i;
+    for (i = 0; i < 12; i++) x[i] = 0.1f * (float)(i - 5);
+    xt = dtr_tensor_from(ctx, DTR_F32, 2, xs, x);
+    h = dtr_relu(ctx, dtr_linear(ctx, xt, p[0], p[1]));          /* (3, 6) */
+    y = dtr_linear(ctx, h, p[2], p[3]);                           /* (3, 2) */
+    y2 = dtr_linear(ctx, dtr_tanh(ctx, h), p[2], NULL);           /* w2 used again */
+    side = dtr_linear(ctx, xt, p[4], NULL);                       /* not in the loss */
+    (void)side;
+    (void)m;
+    return dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, dtr_add(ctx, y, y2), dtr_add(ctx, y, y2))));
+}
+
+static void t_grad_ready_hook(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_tensor *p[6];
+    int64_t s1[2] = {6, 4}, s2[1] = {6}, s3[2] = {2, 6}, s4[1] = {2}, s5[2] = {3, 4}, s6[1] = {5};
+    float *plain;
+    hook_log h;
+    int64_t total;
+    int i, k, seen[6] = {0, 0, 0, 0, 0, 0};
+    CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
+    p[0] = dtr_model_param(m, "w1", 2, s1, DTR_INIT_NORMAL, 0.5f);
+    p[1] = dtr_model_param(m, "b1", 1, s2, DTR_INIT_NORMAL, 0.5f);
+    p[2] = dtr_model_param(m, "w2", 2, s3, DTR_INIT_NORMAL, 0.5f);
+    p[3] = dtr_model_param(m, "b2", 1, s4, DTR_INIT_NORMAL, 0.5f);
+    p[4] = dtr_model_param(m, "u", 2, s5, DTR_INIT_NORMAL, 0.5f);
+    p[5] = dtr_model_param(m, "unused", 1, s6, DTR_INIT_NORMAL, 0.5f);
+    CHECK_OK(ctx, dtr_model_build(m));
+    total = dtr_model_numel(m);
+    /* without the hook */
+    CHECK_OK(ctx, hook_graph(ctx, m, p));
+    plain = (float *)malloc((size_t)total * sizeof(float));
+    memcpy(plain, dtr_model_grads(m), (size_t)total * sizeof(float));
+    dtr_context_reset(ctx);
+    dtr_model_zero_grad(m);
+    /* with it */
+    memset(&h, 0, sizeof h);
+    h.fail_at = -1;
+    CHECK_OK(ctx, dtr_context_set_grad_ready(ctx, hook, &h));
+    CHECK_OK(ctx, hook_graph(ctx, m, p));
+    CHECK(memcmp(plain, dtr_model_grads(m), (size_t)total * sizeof(float)) == 0);
+    CHECK_EQ_INT(h.n, 5);   /* w1 b1 w2 b2 u; not "unused" */
+    for (i = 0; i < h.n && i < 16; i++) {
+        int idx = h.order[i];
+        CHECK(idx >= 0 && idx < 5);
+        if (idx < 0 || idx >= 5) continue;
+        seen[idx]++;
+        /* the gradient was final when reported */
+        CHECK_MSG(memcmp(h.grads[i], dtr_tensor_grad(p[idx]), (size_t)dtr_tensor_numel(p[idx]) * sizeof(float)) == 0,
+                  "parameter %s reported before its last writer", dtr_tensor_name(p[idx]));
+        free(h.grads[i]);
+    }
+    for (k = 0; k < 5; k++) CHECK_EQ_INT(seen[k], 1);
+    /* u (outside the loss) has a zero gradient and was reported; w1/b1 come after w2/b2 */
+    for (i = 0; i < h.n && i < 16; i++) {
+        if (h.order[i] == 0) { for (k = i + 1; k < h.n; k++) CHECK(h.order[k] != 2 && h.order[k] != 3); }
+    }
+    /* an error from the hook stops backward with that error */
+    dtr_context_reset(ctx);
+    dtr_model_zero_grad(m);
+    memset(&h, 0, sizeof h);
+    h.fail_at = 1;
+    CHECK_EQ_INT(hook_graph(ctx, m, p), DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(ctx), "gradient-ready hook") != NULL);
+    for (i = 0; i < h.n && i < 16; i++) free(h.grads[i]);
+    dtr_context_clear_error(ctx);
+    dtr_context_set_grad_ready(ctx, NULL, NULL);
+    free(plain);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* ---- data parallel over rank threads ---- */
+
+typedef struct dp_job {
+    int world, b, steps, accum;
+    size_t bucket_bytes;
+    int timeout_ms;
+    int stop_rank, stop_after;   /* fault test: this rank sleeps after that many steps */
+    int seed_by_rank;            /* different initial weights per rank */
+    dtr_local_world *w;
+    /* results */
+    float *params[8];
+    int64_t numel;
+    int buckets, overlapped, fails;
+    dtr_result result[8];
+    double secs[8];
+    int failed_rank[8];
+    char msg[8][512];
+    int grads_differ;            /* no_sync: rank 0 and 1 gradients differed after a local step */
+    float *grad_copy[8];
+    int refused;                 /* set_no_sync in flight was refused */
+} dp_job;
+
+typedef struct dp_rank { dp_job *job; int rank; } dp_rank;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_barrier_t g_bar;
+
+static void *dp_rank_main(void *arg) {
+    dp_rank *dr = (dp_rank *)arg;
+    dp_job *j = dr->job;
+    int rank = dr->rank, t;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    dtr_result r = DTR_OK;
+    char err[256];
+    mlp n;
+    double t0;
+    cfg.local_world = j->w;
+    cfg.rank = rank;
+    cfg.timeout_ms = j->timeout_ms;
+    if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK || !mlp_init(&n, j->seed_by_rank ? 100 + (uint64_t)rank : 7, j->accum)) {
+        pthread_mutex_lock(&g_mu); j->fails++; pthread_mutex_unlock(&g_mu);
+        return NULL;
+    }
+    dc.bucket_bytes = j->bucket_bytes;
+    r = dtr_dp_create(n.m, c, &dc, &dp);
+    t0 = now_s();
+    for (t = 0; t < j->steps && r == DTR_OK; t++) {
+        int a;
+        if (rank == j->stop_rank && t == j->stop_after) {
+            struct timespec ts = {2, 0};
+            nanosleep(&ts, NULL);   /* stops answering past the others' deadline */
+            r = DTR_PEER_FAILED;
+            break;
+        }
+        t0 = now_s();
+        for (a = 0; a < j->accum && r == DTR_OK; a++) {
+            int last = a == j->accum - 1;
+            /* micro-batch a of rank r: rows (a * world + rank) * b of step t */
+            if ((r = dtr_dp_set_no_sync(dp, !last)) != DTR_OK) break;
+            if ((r = mlp_backward(&n, t, ((int64_t)a * j->world + rank) * j->b, j->b)) != DTR_OK) break;
+            if (!last && t == 0 && j->world > 1 && rank < 2) {   /* local gradients, to compare across ranks */
+                j->grad_copy[rank] = (float *)malloc((size_t)dtr_model_numel(n.m) * sizeof(float));
+                memcpy(j->grad_copy[rank], dtr_model_grads(n.m), (size_t)dtr_model_numel(n.m) * sizeof(float));
+            }
+            if (last && t == 0 && j->accum > 1 && dtr_dp_bucket_count(dp) > 0) {
+                int refused = dtr_dp_set_no_sync(dp, 1) == DTR_BAD_STATE;
+                if (rank == 0) j->refused += refused;
+            }
+            if ((r = dtr_dp_finish(dp)) != DTR_OK) break;
+            if ((r = dtr_optimizer_step(n.opt, NULL)) != DTR_OK) break;
+            dtr_context_reset(n.ctx);
+        }
+    }
+    j->secs[rank] = now_s() - t0;
+    j->result[rank] = r;
+    j->failed_rank[rank] = dtr_comm_failed_rank(c);
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s | %s", dtr_comm_last_error(c), dtr_context_last_error(n.ctx));
+    j->params[rank] = (float *)malloc((size_t)dtr_model_numel(n.m) * sizeof(float));
+    memcpy(j->params[rank], dtr_model_params(n.m), (size_t)dtr_model_numel(n.m) * sizeof(float));
+    if (rank == 0) {
+        j->numel = dtr_model_numel(n.m);
+        j->buckets = dtr_dp_bucket_count(dp);
+        j->overlapped = dtr_dp_overlapped_buckets(dp);
+    }
+    if (j->stop_rank < 0) pthread_barrier_wait(&g_bar);   /* nobody leaves while others still run */
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(c);
+    mlp_free(&n);
+    return NULL;
+}
+
+static void dp_run(dp_job *j) {
+    pthread_t tid[8];
+    dp_rank dr[8];
+    int i;
+    dtr_local_world_create(j->world, NULL, &j->w);
+    pthread_barrier_init(&g_bar, NULL, (unsigned)j->world);
+    for (i = 0; i < j->world; i++) {
+        dr[i].job = j;
+        dr[i].rank = i;
+        pthread_create(&tid[i], NULL, dp_rank_main, &dr[i]);
+    }
+    for (i = 0; i < j->world; i++) pthread_join(tid[i], NULL);
+    pthread_barrier_destroy(&g_bar);
+    dtr_local_world_destroy(j->w);
+}
+
+static void dp_free(dp_job *j) {
+    int i;
+    for (i = 0; i < 8; i++) { free(j->params[i]); free(j->grad_copy[i]); }
+}
+
+static dp_job dp_job_init(int world, int b, int steps) {
+    dp_job j;
+    memset(&j, 0, sizeof j);
+    j.world = world;
+    j.b = b;
+    j.steps = steps;
+    j.accum = 1;
+    j.timeout_ms = 20000;
+    j.stop_rank = -1;
+    return j;
+}
+
+static void t_dp_equivalence(void) {
+    int worlds[2] = {2, 4}, wi, bi, i;
+    size_t buckets[2] = {512, 0};
+    for (wi = 0; wi < 2; wi++) {
+        int N = worlds[wi];
+        dp_job ref = dp_job_init(1, 8 * N, 50);   /* 1 rank, batch N*b */
+        dp_run(&ref);
+        CHECK_EQ_INT(ref.fails, 0);
+        CHECK_EQ_INT(ref.result[0], DTR_OK);
+        for (bi = 0; bi < 2; bi++) {
+            dp_job j = dp_job_init(N, 8, 50);
+            double e;
+            j.bucket_bytes = buckets[bi];
+            dp_run(&j);
+            CHECK_EQ_INT(j.fails, 0);
+            for (i = 0; i < N; i++) CHECK_MSG(j.result[i] == DTR_OK, "rank %d: %s", i, j.msg[i]);
+            if (!j.params[0] || !ref.params[0]) { dp_free(&j); continue; }
+            e = rel_err(j.params[0], ref.params[0], j.numel);
+            CHECK_MSG(e <= 1e-5, "world %d, bucket %zu: relative error %.3g vs 1 rank", N, buckets[bi], e);
+            for (i = 1; i < N; i++)
+                CHECK_MSG(memcmp(j.params[i], j.params[0], (size_t)j.numel * sizeof(float)) == 0, "rank %d differs", i);
+            if (bi == 0) {
+                CHECK_MSG(j.buckets >= 2, "%d buckets", j.buckets);
+                CHECK_MSG(j.overlapped > 0, "no bucket started during backward (%d buckets)", j.buckets);
+            } else {
+                CHECK_EQ_INT(j.buckets, 1);
+            }
+            printf("     world %d, %d bucket(s), %d started during backward: relative error %.2e\n", N, j.buckets,
+                   j.overlapped, e);
+            dp_free(&j);
+        }
+        dp_free(&ref);
+    }
+}
+
+static void t_dp_no_sync(void) {
+    dp_job ref = dp_job_init(1, 2 * 2 * 6, 10), j = dp_job_init(2, 6, 10);
+    double e;
+    dp_run(&ref);
+    j.accum = 2;
+    j.bucket_bytes = 1024;
+    dp_run(&j);
+    CHECK_EQ_INT(j.fails, 0);
+    CHECK_MSG(j.result[0] == DTR_OK && j.result[1] == DTR_OK, "%s / %s", j.msg[0], j.msg[1]);
+    if (j.params[0] && ref.params[0]) {
+        e = rel_err(j.params[0], ref.params[0], j.numel);
+        CHECK_MSG(e <= 1e-5, "relative error %.3g", e);
+        CHECK(memcmp(j.params[0], j.params[1], (size_t)j.numel * sizeof(float)) == 0);
+    }
+    /* the no_sync step communicated nothing: each rank kept its own gradient */
+    CHECK(j.grad_copy[0] && j.grad_copy[1] &&
+          memcmp(j.grad_copy[0], j.grad_copy[1], (size_t)j.numel * sizeof(float)) != 0);
+    CHECK_EQ_INT(j.refused, 1);
+    dp_free(&ref);
+    dp_free(&j);
+}
+
+static void t_dp_broadcast(void) {
+    dp_job j = dp_job_init(3, 4, 0);
+    j.seed_by_rank = 1;
+    dp_run(&j);
+    CHECK_EQ_INT(j.fails, 0);
+    if (j.params[0] && j.params[1] && j.params[2]) {
+        mlp n;
+        CHECK(mlp_init(&n, 100, 1));   /* rank 0's seed */
+        CHECK(memcmp(j.params[0], dtr_model_params(n.m), (size_t)j.numel * sizeof(float)) == 0);
+        CHECK(memcmp(j.params[1], j.params[0], (size_t)j.numel * sizeof(float)) == 0);
+        CHECK(memcmp(j.params[2], j.params[0], (size_t)j.numel * sizeof(float)) == 0);
+        mlp_free(&n);
+    }
+    dp_free(&j);
+}
+
+static void t_dp_single(void) {
+    dtr_local_world *w = NULL;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    mlp a, b;
+    int t;
+    CHECK(mlp_init(&a, 7, 1) && mlp_init(&b, 7, 1));
+    CHECK_OK(NULL, dtr_local_world_create(1, NULL, &w));
+    cfg.local_world = w;
+    CHECK_OK(NULL, dtr_comm_create(&cfg, &c, NULL, 0));
+    CHECK_OK(a.ctx, dtr_dp_create(a.m, c, NULL, &dp));
+    CHECK(a.ctx->grad_ready == NULL);   /* nothing installed: the 1-rank path costs nothing */
+    CHECK_EQ_INT(dtr_dp_bucket_count(dp), 0);
+    for (t = 0; t < 5; t++) {
+        CHECK_OK(a.ctx, mlp_backward(&a, t, 0, 16));
+        CHECK_OK(a.ctx, dtr_dp_finish(dp));
+        CHECK_OK(a.ctx, dtr_optimizer_step(a.opt, NULL));
+        dtr_context_reset(a.ctx);
+        CHECK_OK(b.ctx, mlp_backward(&b, t, 0, 16));
+        CHECK_OK(b.ctx, dtr_optimizer_step(b.opt, NULL));
+        dtr_context_reset(b.ctx);
+    }
+    CHECK(memcmp(dtr_model_params(a.m), dtr_model_params(b.m), (size_t)dtr_model_numel(a.m) * sizeof(float)) == 0);
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    mlp_free(&a);
+    mlp_free(&b);
+}
+
+static void t_dp_fault(void) {
+    dp_job j = dp_job_init(2, 4, 20);
+    j.timeout_ms = 500;
+    j.stop_rank = 1;
+    j.stop_after = 3;
+    j.bucket_bytes = 512;
+    dp_run(&j);
+    CHECK(j.result[0] == DTR_TIMEOUT || j.result[0] == DTR_PEER_FAILED);
+    CHECK_MSG(j.failed_rank[0] == 1, "blames %d: %s", j.failed_rank[0], j.msg[0]);
+    CHECK_MSG(strstr(j.msg[0], "rank 1") != NULL, "%s", j.msg[0]);
+    CHECK_MSG(j.secs[0] < 1.5, "took %.2f s", j.secs[0]);
+    dp_free(&j);
+}
+
+int main(void) {
+    const char *q = getenv("DTR_TEST_QUICK");
+    alarm(q && strcmp(q, "1") == 0 ? 600 : 180);
+    RUN(t_grad_ready_hook);
+    RUN(t_dp_equivalence);
+    RUN(t_dp_no_sync);
+    RUN(t_dp_broadcast);
+    RUN(t_dp_single);
+    RUN(t_dp_fault);
+    return test_summary();
+}
