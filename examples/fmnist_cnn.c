@@ -30,8 +30,9 @@
  *   --lr        learning rate of SGD with momentum 0.9 (default 0.05)
  *   --schedule  cosine (default): the learning rate decays to 0 over the run; or constant
  *   --seed      initialisation and shuffle seed (default 1)
- * Weights are Kaiming-uniform, biases PyTorch's default. Expect about 88% test accuracy
- * after the default epoch (about 30 s on one core of a recent x86) and 91-92% after 10. */
+ * Weights are Kaiming-uniform, biases PyTorch's default. Expect about 87% test accuracy
+ * after the default epoch (about 30 s on one core of a recent x86) and about 91% with
+ * --epochs 10. */
 #include "common.h"
 
 int main(int argc, char **argv) {

@@ -29,8 +29,9 @@
  *   --lr        learning rate of SGD with momentum 0.9 (default 0.05)
  *   --schedule  cosine (default): the learning rate decays to 0 over the run; or constant
  *   --seed      initialisation and shuffle seed (default 1)
- * Weights are Kaiming-uniform, biases PyTorch's default. Expect about 87.5% test accuracy
- * after the default 2 epochs (2-3 s each on one core of a recent x86) and 89-90% after 10. */
+ * Weights are Kaiming-uniform, biases PyTorch's default. Expect about 87.4% test accuracy
+ * after the default 2 epochs (1.5-3 s each on one core of a recent x86) and about 89% with
+ * --epochs 10. */
 #include "common.h"
 
 int main(int argc, char **argv) {
