@@ -212,16 +212,32 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
     (void)ctx;
     switch (a->kind) {
-    case DTR_OPT_SGD:
-        for (i = 0; i < n; i++) {
-            float d = g[i] * gs + wd * p[i];
-            if (m) {
-                m[i] = a->first ? d : a->momentum * m[i] + (1.0f - a->dampening) * d;
-                d = a->nesterov ? d + a->momentum * m[i] : m[i];
+    case DTR_OPT_SGD: {
+        /* one simple loop per variant, fields in locals: the compiler vectorises each */
+        float mom = a->momentum, damp = 1.0f - a->dampening;
+        if (!m) {
+            for (i = 0; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
+        } else if (a->first) {
+            for (i = 0; i < n; i++) {
+                float d = g[i] * gs + wd * p[i];
+                m[i] = d;
+                p[i] -= lr * (a->nesterov ? d + mom * d : d);
             }
-            p[i] -= lr * d;
+        } else if (a->nesterov) {
+            for (i = 0; i < n; i++) {
+                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
+                m[i] = b;
+                p[i] -= lr * (d + mom * b);
+            }
+        } else {
+            for (i = 0; i < n; i++) {
+                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
+                m[i] = b;
+                p[i] -= lr * b;
+            }
         }
         break;
+    }
     case DTR_OPT_ADAM:
     case DTR_OPT_ADAMW: {
         float bc1 = (float)(1.0 - pow(a->beta1, (double)a->step)), bc2 = (float)(1.0 - pow(a->beta2, (double)a->step));
