@@ -42,6 +42,10 @@ probe_header = $(shell printf '$(HASH)include <$(1)>\n' | $(CC) -E -x c $(2) - >
 ifeq ($(origin USE_ZLIB),undefined)
 USE_ZLIB := $(call probe_header,zlib.h)
 endif
+#   USE_STB_IMAGE image decoding (libstb-dev: stb/stb_image.h): defines DTR_USE_STB_IMAGE (no library)
+ifeq ($(origin USE_STB_IMAGE),undefined)
+USE_STB_IMAGE := $(call probe_header,stb/stb_image.h)
+endif
 USE_CBLAS ?= 0
 BLAS_LIBS ?= -lopenblas
 ifeq ($(origin USE_FABRIC),undefined)
@@ -62,6 +66,9 @@ LDLIBS := -lm -lpthread
 ifeq ($(USE_ZLIB),1)
 DEFS   += -DDTR_USE_ZLIB
 LDLIBS := -lz $(LDLIBS)
+endif
+ifeq ($(USE_STB_IMAGE),1)
+DEFS   += -DDTR_USE_STB_IMAGE
 endif
 ifeq ($(USE_CBLAS),1)
 DEFS   += -DDTR_USE_CBLAS
@@ -353,5 +360,26 @@ help:
 	@echo "  install, uninstall  PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
 	@echo "  clean            remove $(BUILD)/ and build-asan/"
 	@echo "Variables: CC OPT ARCH (ARCH= for portable builds) WERROR BUILD PREFIX DESTDIR"
-	@echo "           USE_ZLIB=$(USE_ZLIB) USE_CBLAS=$(USE_CBLAS) USE_FABRIC=$(USE_FABRIC) USE_NCCL=$(USE_NCCL)"
+	@echo "           USE_ZLIB=$(USE_ZLIB) USE_STB_IMAGE=$(USE_STB_IMAGE) USE_CBLAS=$(USE_CBLAS) USE_FABRIC=$(USE_FABRIC) USE_NCCL=$(USE_NCCL)"
 	@echo "           NVCC=$(NVCC) DTR_FMNIST_DIR=$(DTR_FMNIST_DIR)"
+
+# ---- dtrun (rendezvous) ----
+# build/dtrun: the local launcher (src/tools/dtrun.c, a standalone program that takes only the
+# version from dtrain.h). tests/test_dtrun runs it, so `tests` builds it; `install` puts it in
+# $(BINDIR).
+BINDIR ?= $(PREFIX)/bin
+DTRUN  := $(BUILD)/dtrun
+$(DTRUN): src/tools/dtrun.c dtrain.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $<
+tests: $(DTRUN)
+$(BUILD)/tests/test_dtrun: $(DTRUN)
+.PHONY: install-dtrun uninstall-dtrun
+install: install-dtrun
+uninstall: uninstall-dtrun
+install-dtrun: $(DTRUN)
+	install -d $(DESTDIR)$(BINDIR)
+	install -m 755 $(DTRUN) $(DESTDIR)$(BINDIR)/dtrun
+uninstall-dtrun:
+	rm -f $(DESTDIR)$(BINDIR)/dtrun
+# ---- end dtrun ----

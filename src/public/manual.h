@@ -10,6 +10,8 @@
 
        DTR_USE_ZLIB    read gzip-compressed IDX files through zlib (link -lz)
        DTR_USE_CBLAS   route GEMM through a system BLAS's cblas_sgemm (link e.g. -lopenblas)
+       DTR_USE_STB_IMAGE  decode PNG/JPEG/BMP images with stb_image (header only; Debian's
+                       libstb-dev, or set DTR_STB_IMAGE_HEADER to your copy's path)
 
    See README.md and docs/ for the guides; every public function below has a doc comment.
 */
