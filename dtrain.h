@@ -8459,7 +8459,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (s->shuffle) { /* Fisher-Yates from a stream keyed by the epoch: the same on every rank */
         dtr_rng_seed(&rng, s->seed, (uint64_t)epoch * 2654435761u + 1u);
         for (i = s->n - 1; i > 0; i--) {
-            /* unbiased bounded draw from 64 random bits */
+            /* bounded draw from 64 random bits (modulo bias below 2^-24 for n < 2^40) */
             uint64_t r = ((uint64_t)dtr_rng_u32(&rng) << 32) | dtr_rng_u32(&rng);
             int64_t j = (int64_t)(r % (uint64_t)(i + 1)), t = perm[i];
             perm[i] = perm[j];
@@ -14122,29 +14122,36 @@ void *dtr__comm_scratch(dtr_comm *c, size_t bytes) {
 
 /* ---- the queue and the progress thread ---- */
 
+/* Runs the request at the head of the queue on the calling thread. Called and returns with
+ * c->mu held; the collective itself runs unlocked. Wakes waiters of its completion and the
+ * progress thread (which waits while another thread runs the head). */
+static void dtr__comm_run_head(dtr_comm *c) {
+    dtr_request *q = c->head;
+    dtr_result r;
+    c->head = q->next;
+    if (!c->head) c->tail = NULL;
+    q->state = DTR__REQ_RUNNING;
+    c->running = q;
+    r = c->status;
+    pthread_mutex_unlock(&c->mu);
+    if (!dtr__is_comm_failure(r)) r = dtr__coll_run(c, &q->a);
+    pthread_mutex_lock(&c->mu);
+    q->result = r;
+    q->state = DTR__REQ_DONE;
+    c->running = NULL;
+    pthread_cond_broadcast(&c->done_cv);
+    pthread_cond_broadcast(&c->work_cv);
+}
+
 static void *dtr__comm_thread(void *arg) {
     dtr_comm *c = (dtr_comm *)arg;
     pthread_mutex_lock(&c->mu);
     for (;;) {
-        dtr_request *q;
-        dtr_result r;
         /* a waiting caller may be running the head itself (dtr_request_wait): wait for it */
         while ((!c->head || c->running) && !c->stop) dtr__cond_wait_until(&c->work_cv, &c->mu, -1);
         while (c->running) dtr__cond_wait_until(&c->work_cv, &c->mu, -1);
         if (!c->head) break;    /* stop, and nothing left */
-        q = c->head;
-        c->head = q->next;
-        if (!c->head) c->tail = NULL;
-        q->state = DTR__REQ_RUNNING;
-        c->running = q;
-        r = c->status;
-        pthread_mutex_unlock(&c->mu);
-        if (!dtr__is_comm_failure(r)) r = dtr__coll_run(c, &q->a);
-        pthread_mutex_lock(&c->mu);
-        q->result = r;
-        q->state = DTR__REQ_DONE;
-        c->running = NULL;
-        pthread_cond_broadcast(&c->done_cv);
+        dtr__comm_run_head(c);
     }
     pthread_mutex_unlock(&c->mu);
     return NULL;
@@ -14363,21 +14370,7 @@ dtr_result dtr_request_wait(dtr_request *q) {
     pthread_mutex_lock(&c->mu);
     /* the request is next and nothing runs: run it on this thread rather than wake the
        progress thread and sleep (one hand-over less; the order is the same) */
-    if (q->state == DTR__REQ_QUEUED && c->head == q && !c->running) {
-        c->head = q->next;
-        if (!c->head) c->tail = NULL;
-        q->state = DTR__REQ_RUNNING;
-        c->running = q;
-        r = c->status;
-        pthread_mutex_unlock(&c->mu);
-        if (!dtr__is_comm_failure(r)) r = dtr__coll_run(c, &q->a);
-        pthread_mutex_lock(&c->mu);
-        q->result = r;
-        q->state = DTR__REQ_DONE;
-        c->running = NULL;
-        pthread_cond_broadcast(&c->done_cv);
-        pthread_cond_broadcast(&c->work_cv);
-    }
+    if (q->state == DTR__REQ_QUEUED && c->head == q && !c->running) dtr__comm_run_head(c);
     /* the progress thread ends every operation by its deadline; the grace covers a
        transport that overruns, so that this call cannot hang either */
     while (q->state != DTR__REQ_DONE) {

@@ -39,7 +39,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (s->shuffle) { /* Fisher-Yates from a stream keyed by the epoch: the same on every rank */
         dtr_rng_seed(&rng, s->seed, (uint64_t)epoch * 2654435761u + 1u);
         for (i = s->n - 1; i > 0; i--) {
-            /* unbiased bounded draw from 64 random bits */
+            /* bounded draw from 64 random bits (modulo bias below 2^-24 for n < 2^40) */
             uint64_t r = ((uint64_t)dtr_rng_u32(&rng) << 32) | dtr_rng_u32(&rng);
             int64_t j = (int64_t)(r % (uint64_t)(i + 1)), t = perm[i];
             perm[i] = perm[j];
