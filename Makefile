@@ -129,6 +129,8 @@ FUZZERS  := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz
 #   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
 EXTRA_LIBS :=
 $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
+$(BUILD)/bench/allreduce: $(COMM_OBJ)
+$(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
 
 # A change of compiler or flags rebuilds everything built with them.
 FLAGS_ID    := $(strip $(CC) $(CFLAGS) $(LDLIBS) | $(NVCC) $(NVCCFLAGS) $(FABRIC_CFLAGS) $(NCCL_CFLAGS))

@@ -2157,6 +2157,16 @@ dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n
 dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
+/* ---- rendezvous helpers for transports ---- */
+
+/** A second client connection to the store `st` joined (same rank, world, secret; never a
+ *  server), with its own lock and deadline timeout_ms (<= 0: st's). Transports use it for
+ *  their address exchange and watchdog so they neither queue behind the application's store
+ *  calls nor depend on the application keeping its store. Free with dtr_store_destroy. */
+dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
+/** Changes the deadline of every later call on st (timeout_ms > 0). */
+void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif
@@ -11798,6 +11808,12 @@ dtr_result dtr_store_barrier(dtr_store *st, const char *tag) {
     (void)st; (void)tag;
     return DTR_UNSUPPORTED;
 }
+dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen) {
+    (void)st; (void)timeout_ms;
+    if (out) *out = NULL;
+    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
+}
+void dtr__store_set_timeout(dtr_store *st, int timeout_ms) { (void)st; (void)timeout_ms; }
 const char *dtr_store_last_error(const dtr_store *st) { (void)st; return "rendezvous: not supported on Windows"; }
 int32_t dtr_store_rank(const dtr_store *st) { (void)st; return -1; }
 int32_t dtr_store_world_size(const dtr_store *st) { (void)st; return 0; }
@@ -13283,6 +13299,39 @@ fail:
     pthread_mutex_destroy(&st->lock);
     dtr__free(a, st);
     return r;
+}
+
+dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen) {
+    dtr_store *c;
+    dtr_result r;
+    if (out) *out = NULL;
+    if (!st || !out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "rendezvous: store or out is NULL");
+    c = (dtr_store *)dtr__calloc(&st->cfg.alloc, sizeof *c);
+    if (!c) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "rendezvous: out of memory");
+    c->cfg = st->cfg;
+    if (timeout_ms > 0) c->cfg.timeout_ms = timeout_ms;
+    c->fd = -1;
+    c->port = st->port;
+    memcpy(c->where, st->where, sizeof c->where);
+    if (pthread_mutex_init(&c->lock, NULL) != 0) {
+        dtr__free(&st->cfg.alloc, c);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "rendezvous: cannot make a mutex");
+    }
+    r = dtr__rdzv_connect(c, dtr__rdzv_now_ms() + c->cfg.timeout_ms, err, errlen);
+    if (r != DTR_OK) {
+        pthread_mutex_destroy(&c->lock);
+        dtr__free(&st->cfg.alloc, c);
+        return r;
+    }
+    *out = c;
+    return DTR_OK;
+}
+
+void dtr__store_set_timeout(dtr_store *st, int timeout_ms) {
+    if (!st || timeout_ms <= 0) return;
+    pthread_mutex_lock(&st->lock);
+    st->cfg.timeout_ms = timeout_ms;
+    pthread_mutex_unlock(&st->lock);
 }
 
 void dtr_store_destroy(dtr_store *st) {

@@ -143,6 +143,16 @@ dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n
 dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
+/* ---- rendezvous helpers for transports ---- */
+
+/** A second client connection to the store `st` joined (same rank, world, secret; never a
+ *  server), with its own lock and deadline timeout_ms (<= 0: st's). Transports use it for
+ *  their address exchange and watchdog so they neither queue behind the application's store
+ *  calls nor depend on the application keeping its store. Free with dtr_store_destroy. */
+dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
+/** Changes the deadline of every later call on st (timeout_ms > 0). */
+void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,15 +1,67 @@
 /* ============================================================================
- * libfabric transport (skeleton): provider discovery. The tagged-message endpoints, the
- * rendezvous store and the collectives arrive with the distributed-core issue.
+ * The libfabric transport: reliable-datagram endpoints (FI_EP_RDM) with tagged messages.
+ *
  * Build: cc -c dtrain_comm.c -DDTR_USE_LIBFABRIC $(pkg-config --cflags libfabric), link
- * $(pkg-config --libs libfabric). Without DTR_USE_LIBFABRIC it compiles to stubs that
- * return DTR_UNSUPPORTED.
+ * $(pkg-config --libs libfabric). Without DTR_USE_LIBFABRIC the unit compiles to stubs:
+ * dtr_fabric_transport() returns NULL and dtr_fabric_providers() DTR_UNSUPPORTED.
+ *
+ * Opening (every rank, through the rendezvous store; see docs/distributed.md):
+ *   1. The transport joins the store a second time (dtr__store_clone) so that its address
+ *      exchange and its watchdog never queue behind the application's store calls, and takes
+ *      a namespace "dtrfab/<n>" from the n-th open of this rank (the n-th opens of all ranks
+ *      meet there).
+ *   2. Each rank publishes its host identity (boot id and pid namespace) and pid; every rank
+ *      reads all of them: local rank and size follow, and peers on this host can be watched
+ *      by pid.
+ *   3. Rank 0 picks the provider: cfg->provider, else $DTR_FABRIC_PROVIDER, else automatic
+ *      (`shm` when every rank is on this host, otherwise the first that exists of cxi, efa,
+ *      verbs;ofi_rxm, psm3, tcp;ofi_rxm) and publishes it; a rank that asked for another
+ *      provider fails with DTR_INVALID_ARGUMENT naming both. Socket providers bind to the
+ *      loopback interface when the job is on one host; $DTR_FABRIC_DOMAIN picks a domain
+ *      (interface or NIC name) by hand.
+ *   4. Each rank opens fabric, domain, completion queue, address vector and endpoint,
+ *      publishes its endpoint name and inserts every peer's.
+ *
+ * Messages: fi_tsend / fi_trecv with FI_DIRECTED_RECV (match on source and the whole 64-bit
+ * tag); messages up to the provider's inject size go through fi_tinject and complete at once.
+ * Progress is manual: every test / wait_any / progress call reads the completion queue under
+ * one lock. wait_any polls for spin_us (default 100; $DTR_FABRIC_SPIN_US) and then sleeps in
+ * growing steps (up to 200 us) so an idle rank costs almost no CPU.
+ *
+ * Failures: a completion error (a broken connection, a cancelled receive) fails its request
+ * with DTR_PEER_FAILED naming the peer; a message longer than its receive buffer fails the
+ * receive with DTR_INVALID_ARGUMENT. A watchdog thread (every 50 ms) notices a peer process
+ * on this host that died (its pid is gone or a zombie) and a remote peer whose heartbeat
+ * counter in the store stopped (no beat for max(2 s, min(timeout / 2, 30 s))), and reads
+ * the world's abort key: abort() on any rank writes it, so every rank breaks within about
+ * 250 ms with DTR_PEER_FAILED naming the same rank. A rank that closes cleanly first marks
+ * itself as left, so its exit is not mistaken for a death.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
 
 #ifdef DTR_USE_LIBFABRIC
 #include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/types.h>
+
+#define DTR__FAB_VERSION FI_VERSION(1, 9)
+#define DTR__FAB_HOST 160          /* host identity: boot id, pid namespace */
+#define DTR__FAB_PROV 64
+#define DTR__FAB_ADDR 512          /* largest endpoint name */
+#define DTR__FAB_TICK_MS 50        /* watchdog period */
 
 dtr_result dtr_fabric_providers(char *buf, size_t len) {
     struct fi_info *hints, *info = NULL, *cur;
@@ -20,23 +72,859 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
     hints = fi_allocinfo();
     if (!hints) return DTR_OUT_OF_MEMORY;
     hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_MSG | FI_TAGGED;
-    rc = fi_getinfo(FI_VERSION(1, 9), NULL, NULL, 0, hints, &info);
+    hints->caps = FI_TAGGED | FI_DIRECTED_RECV;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    rc = fi_getinfo(DTR__FAB_VERSION, NULL, NULL, 0, hints, &info);
     fi_freeinfo(hints);
     if (rc == -FI_ENODATA) return DTR_NOT_FOUND;
     if (rc) return DTR_UNSUPPORTED;
     for (cur = info; cur; cur = cur->next) {
         const char *name = cur->fabric_attr->prov_name;
-        if (strstr(buf, name)) continue; /* one line per provider */
+        const char *p = buf;
+        size_t nl = strlen(name);
+        int seen = 0;
+        while ((p = strstr(p, name)) != NULL) {   /* whole lines only: "tcp" is not "tcp;ofi_rxm" */
+            if ((p == buf || p[-1] == '\n') && (p[nl] == '\n' || p[nl] == 0)) { seen = 1; break; }
+            p += nl;
+        }
+        if (seen) continue;
         used += (size_t)snprintf(buf + used, used < len ? len - used : 0, "%s%s", used ? "\n" : "", name);
         if (used >= len) { buf[len - 1] = 0; break; }
     }
     fi_freeinfo(info);
     return DTR_OK;
 }
+
+/* ---- state ---- */
+
+typedef struct dtr__freq {
+    struct fi_context2 ctx;      /* first: the provider's per-operation context */
+    int peer, is_recv;
+    int done;                    /* the completion arrived (or it never needed one) */
+    int released;                /* released while pending: recycled when its completion arrives */
+    dtr_result result;
+    int native;
+    size_t bytes;
+    char msg[160];
+    struct dtr__freq *next_free, *next_all;
+} dtr__freq;
+
+typedef struct dtr__fab {
+    dtr_allocation_callbacks alloc;
+    int rank, size, local_rank, local_size;
+    char prov[DTR__FAB_PROV];
+    struct fi_info *info;
+    struct fid_fabric *fabric;
+    struct fid_domain *domain;
+    struct fid_cq *cq;
+    struct fid_av *av;
+    struct fid_ep *ep;
+    fi_addr_t *addrs;
+    size_t inject;
+    int64_t spin_ns;
+    /* per peer: on this host, pid, left cleanly, last heartbeat value and when it changed */
+    int *on_host;
+    int *pids;
+    int *left;
+    int64_t *beat, *beat_ns;
+    /* requests and the completion queue, under mu */
+    pthread_mutex_t mu;
+    dtr__freq *free_reqs, *all_reqs;
+    /* world failure, under mu; `aborted` is also read without the lock as a hint */
+    volatile int aborted;
+    int failed_rank;
+    char why[200];
+    int publish;                 /* the abort is ours: the watchdog writes it to the store */
+    /* the watchdog */
+    dtr_store *st;               /* the transport's own store connection */
+    dtr_store *app_store;        /* made from the environment when cfg->store was NULL */
+    char ns[48];
+    int64_t stale_ns;            /* a remote heartbeat older than this is a failure */
+    pthread_t wd;
+    int wd_on, wd_stop;
+    pthread_mutex_t wmu;
+    pthread_cond_t wcv;
+} dtr__fab;
+
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__FAB_PRINTF(a, b) __attribute__((format(printf, a, b)))
 #else
+#define DTR__FAB_PRINTF(a, b)
+#endif
+
+static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__FAB_PRINTF(4, 5);
+static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) {
+    va_list ap;
+    if (!err) return;
+    err->rank = rank;
+    err->native_code = native;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+static void dtr__fab_sleep_ns(int64_t ns) {
+    struct timespec ts;
+    if (ns <= 0) return;
+    ts.tv_sec = (time_t)(ns / 1000000000);
+    ts.tv_nsec = (long)(ns % 1000000000);
+    nanosleep(&ts, NULL);
+}
+
+/* Marks the world failed (lock held). Returns 1 when this call did it. */
+static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__FAB_PRINTF(4, 5);
+static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) {
+    va_list ap;
+    if (f->aborted) return 0;
+    f->failed_rank = rank;
+    va_start(ap, fmt);
+    vsnprintf(f->why, sizeof f->why, fmt, ap);
+    va_end(ap);
+    f->publish = publish;
+    f->aborted = 1;
+    return 1;
+}
+
+static void dtr__fab_wake_watchdog(dtr__fab *f) {
+    pthread_mutex_lock(&f->wmu);
+    pthread_cond_signal(&f->wcv);
+    pthread_mutex_unlock(&f->wmu);
+}
+
+/* ---- requests ---- */
+
+static dtr__freq *dtr__freq_get(dtr__fab *f, int peer, int is_recv, size_t bytes) {
+    dtr__freq *q = f->free_reqs;
+    if (q) f->free_reqs = q->next_free;
+    else {
+        q = (dtr__freq *)dtr__calloc(&f->alloc, sizeof *q);
+        if (!q) return NULL;
+        q->next_all = f->all_reqs;
+        f->all_reqs = q;
+    }
+    memset(&q->ctx, 0, sizeof q->ctx);
+    q->peer = peer;
+    q->is_recv = is_recv;
+    q->done = 0;
+    q->released = 0;
+    q->result = DTR_OK;
+    q->native = 0;
+    q->bytes = bytes;
+    q->msg[0] = 0;
+    q->next_free = NULL;
+    return q;
+}
+
+static void dtr__freq_put(dtr__fab *f, dtr__freq *q) {
+    q->next_free = f->free_reqs;
+    f->free_reqs = q;
+}
+
+static void dtr__freq_complete(dtr__fab *f, dtr__freq *q) {
+    q->done = 1;
+    if (q->released) dtr__freq_put(f, q);
+}
+
+/* Reads the completion queue dry (lock held). A fatal queue error breaks the world. */
+static void dtr__fab_poll(dtr__fab *f) {
+    struct fi_cq_entry ev[16];
+    for (;;) {
+        ssize_t n = fi_cq_read(f->cq, ev, 16), i;
+        if (n > 0) {
+            for (i = 0; i < n; i++) dtr__freq_complete(f, (dtr__freq *)ev[i].op_context);
+            if (n < 16) return;
+            continue;
+        }
+        if (n == -FI_EAGAIN) return;
+        if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry e;
+            dtr__freq *q;
+            memset(&e, 0, sizeof e);
+            if (fi_cq_readerr(f->cq, &e, 0) <= 0) return;
+            q = (dtr__freq *)e.op_context;
+            if (!q) continue;
+            if (e.err == FI_ETRUNC) {
+                q->result = DTR_INVALID_ARGUMENT;
+                snprintf(q->msg, sizeof q->msg, "a message from rank %d is longer than the receive buffer of %zu bytes",
+                         q->peer, q->bytes);
+            } else if (e.err == FI_ECANCELED) {
+                q->result = DTR_PEER_FAILED;
+                snprintf(q->msg, sizeof q->msg, "the %s rank %d was cancelled", q->is_recv ? "receive from" : "send to",
+                         q->peer);
+            } else {
+                q->result = DTR_PEER_FAILED;
+                snprintf(q->msg, sizeof q->msg, "%s rank %d failed: %s (libfabric %s, error %d)",
+                         q->is_recv ? "receiving from" : "sending to", q->peer,
+                         fi_cq_strerror(f->cq, e.prov_errno, e.err_data, NULL, 0), f->prov, e.err);
+            }
+            q->native = -e.err;
+            dtr__freq_complete(f, q);
+            continue;
+        }
+        /* the queue itself failed: nothing will complete any more */
+        dtr__fab_fail_locked(f, f->rank, 1, "rank %d: reading the completion queue failed: %s", f->rank,
+                             fi_strerror((int)-n));
+        return;
+    }
+}
+
+/* The result of a request that is done, or of any request once the world has failed. */
+static dtr_result dtr__freq_result(dtr__fab *f, dtr__freq *q, dtr_transport_error *err) {
+    if (q->done) {
+        if (q->result != DTR_OK) dtr__ferr(err, q->peer, q->native, "%s", q->msg);
+        return q->result;
+    }
+    dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
+    return DTR_PEER_FAILED;
+}
+
+static dtr_result dtr__fab_post(dtr__fab *f, int is_recv, void *buf, size_t bytes, int peer, uint64_t tag, void **req,
+                                dtr_transport_error *err) {
+    dtr__freq *q;
+    ssize_t rc;
+    int64_t give_up = 0;
+    *req = NULL;
+    if (peer < 0 || peer >= f->size) {
+        dtr__ferr(err, -1, 0, "rank %d outside the world of %d", peer, f->size);
+        return DTR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&f->mu);
+    q = dtr__freq_get(f, peer, is_recv, bytes);
+    if (!q) {
+        pthread_mutex_unlock(&f->mu);
+        dtr__ferr(err, -1, 0, "out of memory");
+        return DTR_OUT_OF_MEMORY;
+    }
+    for (;;) {
+        if (f->aborted) {
+            dtr__freq_put(f, q);
+            dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
+            pthread_mutex_unlock(&f->mu);
+            return DTR_PEER_FAILED;
+        }
+        if (is_recv)
+            rc = fi_trecv(f->ep, buf, bytes, NULL, f->addrs[peer], tag, 0, &q->ctx);
+        else if (bytes <= f->inject)
+            rc = fi_tinject(f->ep, buf, bytes, f->addrs[peer], tag);
+        else
+            rc = fi_tsend(f->ep, buf, bytes, NULL, f->addrs[peer], tag, &q->ctx);
+        if (rc != -FI_EAGAIN) break;
+        /* the queues are full: make progress and retry, for a bounded time */
+        dtr__fab_poll(f);
+        if (!give_up) give_up = dtr_time_ns() + (int64_t)60 * 1000000000;
+        else if (dtr_time_ns() > give_up) break;
+        pthread_mutex_unlock(&f->mu);
+        dtr__fab_sleep_ns(2000);
+        pthread_mutex_lock(&f->mu);
+    }
+    if (rc != 0) {
+        dtr__freq_put(f, q);
+        pthread_mutex_unlock(&f->mu);
+        dtr__ferr(err, peer, (int)rc, "posting a %s rank %d failed: %s", is_recv ? "receive from" : "send to", peer,
+                  fi_strerror((int)-rc));
+        return DTR_PEER_FAILED;
+    }
+    if (!is_recv && bytes <= f->inject) q->done = 1;   /* injected: the buffer is free already */
+    pthread_mutex_unlock(&f->mu);
+    *req = q;
+    return DTR_OK;
+}
+
+static dtr_result dtr__fab_isend(void *state, const void *buf, size_t bytes, int dst, uint64_t tag, void **req,
+                                 dtr_transport_error *err) {
+    return dtr__fab_post((dtr__fab *)state, 0, (void *)(uintptr_t)buf, bytes, dst, tag, req, err);
+}
+
+static dtr_result dtr__fab_irecv(void *state, void *buf, size_t bytes, int src, uint64_t tag, void **req,
+                                 dtr_transport_error *err) {
+    return dtr__fab_post((dtr__fab *)state, 1, buf, bytes, src, tag, req, err);
+}
+
+static dtr_result dtr__fab_test(void *state, void *req, int *done, dtr_transport_error *err) {
+    dtr__fab *f = (dtr__fab *)state;
+    dtr__freq *q = (dtr__freq *)req;
+    dtr_result r = DTR_OK;
+    pthread_mutex_lock(&f->mu);
+    if (!q->done) dtr__fab_poll(f);
+    *done = q->done || f->aborted;
+    if (*done) r = dtr__freq_result(f, q, err);
+    pthread_mutex_unlock(&f->mu);
+    return r;
+}
+
+static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
+                                    dtr_transport_error *err) {
+    dtr__fab *f = (dtr__fab *)state;
+    int64_t now = dtr_time_ns(), spin_until = now + f->spin_ns, nap = 1000;
+    for (;;) {
+        int i, pending = -1;
+        pthread_mutex_lock(&f->mu);
+        dtr__fab_poll(f);
+        for (i = 0; i < n; i++) {
+            dtr__freq *q = (dtr__freq *)reqs[i];
+            if (!q) continue;
+            if (q->done) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
+            if (pending < 0) pending = i;
+        }
+        if (pending < 0) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
+        if (f->aborted) {
+            dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
+            pthread_mutex_unlock(&f->mu);
+            return DTR_PEER_FAILED;
+        }
+        pthread_mutex_unlock(&f->mu);
+        now = dtr_time_ns();
+        if (now >= deadline_ns) {
+            const dtr__freq *q = (const dtr__freq *)reqs[pending];
+            dtr__ferr(err, q->peer, 0, "rank %d did not %s (%zu bytes) in time", q->peer,
+                      q->is_recv ? "send the message this rank waits for" : "take the message this rank sends", q->bytes);
+            return DTR_TIMEOUT;
+        }
+        if (now < spin_until) continue;
+        dtr__fab_sleep_ns(nap < deadline_ns - now ? nap : deadline_ns - now);
+        if (nap < 200000) nap *= 2;
+    }
+}
+
+static void dtr__fab_release(void *state, void *req) {
+    dtr__fab *f = (dtr__fab *)state;
+    dtr__freq *q = (dtr__freq *)req;
+    int64_t until;
+    if (!q) return;
+    pthread_mutex_lock(&f->mu);
+    if (q->done) {
+        dtr__freq_put(f, q);
+        pthread_mutex_unlock(&f->mu);
+        return;
+    }
+    /* pending: cancel it and give the cancellation a moment to complete, so that the buffer
+       is not touched after release returns; a request the provider cannot cancel (a send
+       already under way to a dead peer) stays owned by the transport until close */
+    q->released = 1;
+    fi_cancel(&f->ep->fid, &q->ctx);
+    until = dtr_time_ns() + 100000000;
+    while (!q->done && dtr_time_ns() < until) {
+        dtr__fab_poll(f);
+        if (q->done) break;
+        pthread_mutex_unlock(&f->mu);
+        dtr__fab_sleep_ns(20000);
+        pthread_mutex_lock(&f->mu);
+    }
+    /* once done, dtr__freq_complete recycled it (released was set) */
+    pthread_mutex_unlock(&f->mu);
+}
+
+static void dtr__fab_abort(void *state, int failed_rank, const char *why) {
+    dtr__fab *f = (dtr__fab *)state;
+    int mine;
+    pthread_mutex_lock(&f->mu);
+    mine = dtr__fab_fail_locked(f, failed_rank, 1, "%s", why ? why : "aborted");
+    pthread_mutex_unlock(&f->mu);
+    if (mine) dtr__fab_wake_watchdog(f);
+}
+
+static dtr_result dtr__fab_progress(void *state) {
+    dtr__fab *f = (dtr__fab *)state;
+    pthread_mutex_lock(&f->mu);
+    dtr__fab_poll(f);
+    pthread_mutex_unlock(&f->mu);
+    return DTR_OK;
+}
+
+/* ---- the watchdog ---- */
+
+/* 1 when process `pid` on this host is gone (or a zombie waiting to be reaped). */
+static int dtr__fab_pid_dead(int pid) {
+    char path[64], buf[512];
+    FILE *fp;
+    size_t n;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    fp = fopen(path, "r");
+    if (!fp) return 0;   /* no /proc: kill() is all we know */
+    n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    {
+        const char *p = strrchr(buf, ')');
+        return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+    }
+}
+
+static void dtr__fab_key(const dtr__fab *f, char *key, size_t cap, const char *what, int rank) {
+    if (rank >= 0) snprintf(key, cap, "%s/%s/%d", f->ns, what, rank);
+    else snprintf(key, cap, "%s/%s", f->ns, what);
+}
+
+/* A peer looks dead: unless it left cleanly, break the world naming it. */
+static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
+    char key[96], v[8];
+    size_t len;
+    int found = 0, mine;
+    dtr__fab_key(f, key, sizeof key, "left", p);
+    if (dtr_store_check(f->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
+        f->left[p] = 1;
+        return;
+    }
+    pthread_mutex_lock(&f->mu);
+    mine = dtr__fab_fail_locked(f, p, 1, "%s", how);
+    pthread_mutex_unlock(&f->mu);
+    (void)mine;
+}
+
+static void *dtr__fab_watchdog(void *arg) {
+    dtr__fab *f = (dtr__fab *)arg;
+    char key[96], val[256];
+    int published = 0, tick = 0, next_remote = 0, store_dead = 0;
+    for (;;) {
+        int stop, aborted, p;
+        pthread_mutex_lock(&f->wmu);
+        if (!f->wd_stop)
+            dtr__cond_wait_until(&f->wcv, &f->wmu, dtr_time_ns() + (int64_t)DTR__FAB_TICK_MS * 1000000);
+        stop = f->wd_stop;
+        pthread_mutex_unlock(&f->wmu);
+        if (stop) break;
+        tick++;
+        aborted = f->aborted;
+        if (store_dead) continue;
+        /* our own failure: tell the world */
+        if (aborted && !published) {
+            int mine, who;
+            pthread_mutex_lock(&f->mu);
+            mine = f->publish;
+            who = f->failed_rank;
+            snprintf(val, sizeof val, "%d %s", who, f->why);
+            pthread_mutex_unlock(&f->mu);
+            if (mine) {
+                dtr__fab_key(f, key, sizeof key, "abort", -1);
+                if (dtr_store_set(f->st, key, val, strlen(val)) != DTR_OK) store_dead = 1;
+            }
+            published = 1;
+            continue;
+        }
+        if (aborted) continue;
+        /* peers on this host: by pid, every tick */
+        for (p = 0; p < f->size; p++)
+            if (p != f->rank && f->on_host[p] && !f->left[p] && dtr__fab_pid_dead(f->pids[p])) {
+                char how[160];
+                snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, f->pids[p]);
+                dtr__fab_peer_gone(f, p, how);
+            }
+        if (tick % 5) continue;
+        /* every 250 ms: the world's abort key, our heartbeat, one remote peer's heartbeat */
+        {
+            size_t len = 0;
+            int found = 0;
+            dtr_result r;
+            dtr__fab_key(f, key, sizeof key, "abort", -1);
+            r = dtr_store_check(f->st, key, val, sizeof val - 1, &len, &found);
+            if (r == DTR_OK && found) {
+                int who = -1, off = 0;
+                val[len < sizeof val ? len : sizeof val - 1] = 0;
+                if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
+                pthread_mutex_lock(&f->mu);
+                dtr__fab_fail_locked(f, who, 0, "%s", val + off);
+                pthread_mutex_unlock(&f->mu);
+                published = 1;
+                continue;
+            }
+            if (r == DTR_OK) {
+                dtr__fab_key(f, key, sizeof key, "beat", f->rank);
+                r = dtr_store_add(f->st, key, 1, NULL);
+            }
+            if (r == DTR_OK && f->local_size < f->size) {
+                int64_t now = dtr_time_ns(), v = 0;
+                for (p = 0; p < f->size; p++) {
+                    int q = (next_remote + p) % f->size;
+                    if (q != f->rank && !f->on_host[q] && !f->left[q]) { next_remote = q; break; }
+                }
+                p = next_remote;
+                next_remote = (next_remote + 1) % f->size;
+                if (p != f->rank && !f->on_host[p] && !f->left[p]) {
+                    dtr__fab_key(f, key, sizeof key, "beat", p);
+                    r = dtr_store_check(f->st, key, val, sizeof val - 1, &len, &found);
+                    if (r == DTR_OK) {
+                        val[len < sizeof val ? len : sizeof val - 1] = 0;
+                        v = found ? strtoll(val, NULL, 10) : 0;
+                        if (v != f->beat[p] || !f->beat_ns[p]) { f->beat[p] = v; f->beat_ns[p] = now; }
+                        else if (now - f->beat_ns[p] > f->stale_ns) {
+                            char how[160];
+                            snprintf(how, sizeof how, "rank %d stopped answering (no heartbeat for %lld ms)", p,
+                                     (long long)((now - f->beat_ns[p]) / 1000000));
+                            dtr__fab_peer_gone(f, p, how);
+                        }
+                    }
+                }
+            }
+            if (r != DTR_OK) {
+                /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
+                pthread_mutex_lock(&f->mu);
+                dtr__fab_fail_locked(f, 0, 0, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
+                                     dtr_store_last_error(f->st));
+                pthread_mutex_unlock(&f->mu);
+                store_dead = 1;
+            }
+        }
+    }
+    return NULL;
+}
+
+/* ---- open and close ---- */
+
+static void dtr__fab_host_id(char *out, size_t cap) {
+    char boot[64] = "", ns[64] = "";
+    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
+    ssize_t n;
+    if (fp) {
+        if (!fgets(boot, sizeof boot, fp)) boot[0] = 0;
+        fclose(fp);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = 0;
+    if (!boot[0] && gethostname(boot, sizeof boot - 1) != 0) boot[0] = 0;
+    boot[sizeof boot - 1] = 0;
+    snprintf(out, cap, "%s|%s", boot, ns);
+}
+
+static int dtr__fab_is_socket_prov(const char *prov) {
+    return strstr(prov, "tcp") || strstr(prov, "sockets") || strstr(prov, "udp");
+}
+
+/* fi_getinfo for one provider name. loopback: prefer the 127.0.0.1 domain of socket providers. */
+static int dtr__fab_getinfo(const char *prov, int loopback, struct fi_info **out) {
+    struct fi_info *hints = fi_allocinfo(), *info = NULL, *cur, *pick = NULL;
+    const char *want_domain = getenv("DTR_FABRIC_DOMAIN");
+    int rc;
+    *out = NULL;
+    if (!hints) return -FI_ENOMEM;
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED | FI_DIRECTED_RECV | FI_SEND | FI_RECV;
+    hints->mode = FI_CONTEXT | FI_CONTEXT2;
+    hints->addr_format = FI_FORMAT_UNSPEC;
+    hints->domain_attr->threading = FI_THREAD_DOMAIN;
+    hints->domain_attr->mr_mode = 0;   /* no registration: we only send and receive */
+    hints->domain_attr->av_type = FI_AV_TABLE;
+    hints->fabric_attr->prov_name = strdup(prov);
+    if (!hints->fabric_attr->prov_name) { fi_freeinfo(hints); return -FI_ENOMEM; }
+    rc = fi_getinfo(DTR__FAB_VERSION, NULL, NULL, 0, hints, &info);
+    fi_freeinfo(hints);
+    if (rc) return rc;
+    for (cur = info; cur; cur = cur->next) {
+        const char *dom = cur->domain_attr && cur->domain_attr->name ? cur->domain_attr->name : "";
+        const char *fab = cur->fabric_attr && cur->fabric_attr->name ? cur->fabric_attr->name : "";
+        if (strcmp(cur->fabric_attr->prov_name, prov) != 0) continue;
+        if (want_domain && *want_domain) {
+            if (!strcmp(dom, want_domain)) { pick = cur; break; }
+            continue;
+        }
+        if (!pick) pick = cur;
+        if (dtr__fab_is_socket_prov(prov)) {
+            int lo = !strncmp(fab, "127.", 4);
+            int v4 = cur->addr_format == FI_SOCKADDR_IN;
+            if (loopback && lo) { pick = cur; break; }
+            if (!loopback && v4 && !lo) { pick = cur; break; }
+        } else break;
+    }
+    if (!pick) { fi_freeinfo(info); return -FI_ENODATA; }
+    *out = fi_dupinfo(pick);
+    fi_freeinfo(info);
+    return *out ? 0 : -FI_ENOMEM;
+}
+
+static void dtr__fab_free(dtr__fab *f) {
+    dtr__freq *q, *n;
+    if (f->ep) fi_close(&f->ep->fid);
+    if (f->av) fi_close(&f->av->fid);
+    if (f->cq) fi_close(&f->cq->fid);
+    if (f->domain) fi_close(&f->domain->fid);
+    if (f->fabric) fi_close(&f->fabric->fid);
+    if (f->info) fi_freeinfo(f->info);
+    for (q = f->all_reqs; q; q = n) { n = q->next_all; dtr__free(&f->alloc, q); }
+    if (f->st) dtr_store_destroy(f->st);
+    if (f->app_store) dtr_store_destroy(f->app_store);
+    dtr__free(&f->alloc, f->addrs);
+    dtr__free(&f->alloc, f->on_host);
+    dtr__free(&f->alloc, f->pids);
+    dtr__free(&f->alloc, f->left);
+    dtr__free(&f->alloc, f->beat);
+    dtr__free(&f->alloc, f->beat_ns);
+    pthread_mutex_destroy(&f->mu);
+    pthread_mutex_destroy(&f->wmu);
+    pthread_cond_destroy(&f->wcv);
+    {
+        dtr_allocation_callbacks a = f->alloc;
+        dtr__free(&a, f);
+    }
+}
+
+/* Store errors during open: the store's message, with what we were doing. */
+static dtr_result dtr__fab_store_err(dtr__fab *f, dtr_result r, const char *what, char *err, size_t errlen) {
+    return dtr__errf(err, errlen, r, "libfabric rank %d: %s: %s", f->rank, what, dtr_store_last_error(f->st));
+}
+
+static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
+                                size_t errlen) {
+    dtr__fab *f;
+    dtr_store *app;
+    dtr_result r;
+    char key[96], host[DTR__FAB_HOST], buf[DTR__FAB_HOST + 32], prov[DTR__FAB_PROV];
+    const char *env;
+    int64_t gen = 0;
+    int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    *state = NULL;
+    f = (dtr__fab *)dtr__calloc(&cfg->alloc, sizeof *f);
+    if (!f) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
+    f->alloc = cfg->alloc;
+    f->failed_rank = -1;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_mutex_init(&f->wmu, NULL);
+    dtr__cond_init(&f->wcv);
+    env = getenv("DTR_FABRIC_SPIN_US");
+    f->spin_ns = (env && *env ? strtoll(env, NULL, 10) : 100) * 1000;
+    if (f->spin_ns < 0) f->spin_ns = 0;
+    f->stale_ns = (int64_t)(timeout / 2 < 30000 ? timeout / 2 : 30000) * 1000000;
+    if (f->stale_ns < (int64_t)2000000000) f->stale_ns = 2000000000;
+
+    /* 1. the store: the application's (joined again), or one made from the environment */
+    app = cfg->store;
+    if (!app) {
+        dtr_rendezvous_config rc2 = dtr_rendezvous_config_init();
+        char e2[400];
+        rc2.alloc = cfg->alloc;
+        if (dtr_rendezvous_config_from_env(&rc2, e2, sizeof e2) != DTR_OK ||
+            (r = dtr_store_create(&rc2, &f->app_store, e2, sizeof e2)) != DTR_OK) {
+            dtr__fab_free(f);
+            return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
+                             "libfabric: no rendezvous store in the config, and none from the environment: %s "
+                             "(start the ranks with dtrun, or set cfg.store)", e2);
+        }
+        app = f->app_store;
+    }
+    f->rank = dtr_store_rank(app);
+    f->size = dtr_store_world_size(app);
+    r = dtr__store_clone(app, timeout, &f->st, err, errlen);
+    if (r != DTR_OK) { dtr__fab_free(f); return r; }
+    f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
+    f->on_host = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
+    f->pids = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
+    f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
+    f->beat = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
+    f->beat_ns = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
+    if (!f->addrs || !f->on_host || !f->pids || !f->left || !f->beat || !f->beat_ns) {
+        dtr__fab_free(f);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
+    }
+    snprintf(key, sizeof key, "dtrfab/open/%d", f->rank);
+    if ((r = dtr_store_add(f->st, key, 1, &gen)) != DTR_OK) {
+        r = dtr__fab_store_err(f, r, "numbering this open", err, errlen);
+        dtr__fab_free(f);
+        return r;
+    }
+    snprintf(f->ns, sizeof f->ns, "dtrfab/%lld", (long long)gen);
+
+    /* 2. hosts and pids */
+    dtr__fab_host_id(host, sizeof host);
+    snprintf(buf, sizeof buf, "%d %s", (int)getpid(), host);
+    dtr__fab_key(f, key, sizeof key, "host", f->rank);
+    if ((r = dtr_store_set(f->st, key, buf, strlen(buf))) != DTR_OK) goto store_fail;
+    for (i = 0; i < f->size; i++) {
+        size_t len = 0;
+        int off = 0;
+        dtr__fab_key(f, key, sizeof key, "host", i);
+        if ((r = dtr_store_get(f->st, key, buf, sizeof buf - 1, &len)) != DTR_OK) goto store_fail;
+        buf[len < sizeof buf ? len : sizeof buf - 1] = 0;
+        if (sscanf(buf, "%d %n", &f->pids[i], &off) < 1) off = (int)len;
+        f->on_host[i] = !strcmp(buf + off, host);
+        if (f->on_host[i]) {
+            if (i < f->rank) f->local_rank++;
+            f->local_size++;
+        }
+    }
+
+    /* 3. the provider: rank 0 decides */
+    prov[0] = 0;
+    if (cfg->provider && *cfg->provider) snprintf(prov, sizeof prov, "%s", cfg->provider);
+    else if ((env = getenv("DTR_FABRIC_PROVIDER")) != NULL && *env) snprintf(prov, sizeof prov, "%s", env);
+    dtr__fab_key(f, key, sizeof key, "provider", -1);
+    if (f->rank == 0) {
+        if (!prov[0]) {
+            static const char *const remote[] = {"cxi", "efa", "verbs;ofi_rxm", "psm3", "tcp;ofi_rxm"};
+            const char *const *list = remote;
+            static const char *const local[] = {"shm", "tcp;ofi_rxm"};
+            int nlist = 5, k;
+            if (f->local_size == f->size) { list = local; nlist = 2; }
+            for (k = 0; k < nlist && !prov[0]; k++) {
+                struct fi_info *probe = NULL;
+                if (dtr__fab_getinfo(list[k], f->local_size == f->size, &probe) == 0) {
+                    snprintf(prov, sizeof prov, "%s", list[k]);
+                    fi_freeinfo(probe);
+                }
+            }
+            if (!prov[0]) {
+                r = dtr__errf(err, errlen, DTR_UNSUPPORTED, "libfabric rank 0: no usable provider (tried %s)",
+                              f->local_size == f->size ? "shm, tcp;ofi_rxm" : "cxi, efa, verbs;ofi_rxm, psm3, tcp;ofi_rxm");
+                dtr_store_set(f->st, key, "!", 1);
+                dtr__fab_free(f);
+                return r;
+            }
+        }
+        if ((r = dtr_store_set(f->st, key, prov, strlen(prov))) != DTR_OK) goto store_fail;
+    } else {
+        char p0[DTR__FAB_PROV];
+        size_t len = 0;
+        if ((r = dtr_store_get(f->st, key, p0, sizeof p0 - 1, &len)) != DTR_OK) goto store_fail;
+        p0[len < sizeof p0 ? len : sizeof p0 - 1] = 0;
+        if (!strcmp(p0, "!")) {
+            dtr__fab_free(f);
+            return dtr__errf(err, errlen, DTR_UNSUPPORTED, "libfabric rank %d: rank 0 found no usable provider", f->rank);
+        }
+        if (prov[0] && strcmp(prov, p0) != 0) {
+            r = dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
+                          "libfabric rank %d: this rank asks for provider '%s' but rank 0 uses '%s' "
+                          "(every rank must name the same provider)", f->rank, prov, p0);
+            dtr__fab_free(f);
+            return r;
+        }
+        snprintf(prov, sizeof prov, "%s", p0);
+    }
+    snprintf(f->prov, sizeof f->prov, "%s", prov);
+
+    /* 4. the endpoint */
+    rc = dtr__fab_getinfo(prov, f->local_size == f->size, &f->info);
+    if (rc) {
+        char avail[512];
+        if (dtr_fabric_providers(avail, sizeof avail) != DTR_OK) snprintf(avail, sizeof avail, "none");
+        for (i = 0; avail[i]; i++) if (avail[i] == '\n') avail[i] = ' ';
+        r = dtr__errf(err, errlen, rc == -FI_ENODATA ? DTR_NOT_FOUND : DTR_IO_ERROR,
+                      "libfabric rank %d: provider '%s' is not available with tagged reliable-datagram endpoints "
+                      "(%s); available: %s", f->rank, prov, fi_strerror(-rc), avail);
+        dtr__fab_free(f);
+        return r;
+    }
+    f->inject = f->info->tx_attr ? f->info->tx_attr->inject_size : 0;
+    {
+        struct fi_cq_attr cqa;
+        struct fi_av_attr ava;
+        const char *step = "fi_fabric";
+        memset(&cqa, 0, sizeof cqa);
+        memset(&ava, 0, sizeof ava);
+        cqa.format = FI_CQ_FORMAT_CONTEXT;
+        cqa.wait_obj = FI_WAIT_NONE;
+        cqa.size = 4096;
+        ava.type = FI_AV_TABLE;
+        ava.count = (size_t)f->size;
+        rc = fi_fabric(f->info->fabric_attr, &f->fabric, NULL);
+        if (!rc) { step = "fi_domain"; rc = fi_domain(f->fabric, f->info, &f->domain, NULL); }
+        if (!rc) { step = "fi_cq_open"; rc = fi_cq_open(f->domain, &cqa, &f->cq, NULL); }
+        if (!rc) { step = "fi_av_open"; rc = fi_av_open(f->domain, &ava, &f->av, NULL); }
+        if (!rc) { step = "fi_endpoint"; rc = fi_endpoint(f->domain, f->info, &f->ep, NULL); }
+        if (!rc) { step = "fi_ep_bind(cq)"; rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV); }
+        if (!rc) { step = "fi_ep_bind(av)"; rc = fi_ep_bind(f->ep, &f->av->fid, 0); }
+        if (!rc) { step = "fi_enable"; rc = fi_enable(f->ep); }
+        if (rc) {
+            r = dtr__errf(err, errlen, DTR_IO_ERROR, "libfabric rank %d: %s (provider %s, domain %s) failed: %s", f->rank,
+                          step, prov, f->info->domain_attr->name, fi_strerror(-rc));
+            dtr__fab_free(f);
+            return r;
+        }
+    }
+    {
+        unsigned char name[DTR__FAB_ADDR], peer[DTR__FAB_ADDR];
+        size_t nlen = sizeof name;
+        rc = fi_getname(&f->ep->fid, name, &nlen);
+        if (rc) {
+            r = dtr__errf(err, errlen, DTR_IO_ERROR, "libfabric rank %d: fi_getname failed: %s", f->rank, fi_strerror(-rc));
+            dtr__fab_free(f);
+            return r;
+        }
+        dtr__fab_key(f, key, sizeof key, "addr", f->rank);
+        if ((r = dtr_store_set(f->st, key, name, nlen)) != DTR_OK) goto store_fail;
+        for (i = 0; i < f->size; i++) {
+            size_t len = 0;
+            dtr__fab_key(f, key, sizeof key, "addr", i);
+            if ((r = dtr_store_get(f->st, key, peer, sizeof peer, &len)) != DTR_OK) goto store_fail;
+            rc = fi_av_insert(f->av, peer, 1, &f->addrs[i], 0, NULL);
+            if (rc != 1) {
+                r = dtr__errf(err, errlen, DTR_IO_ERROR, "libfabric rank %d: the address of rank %d (%zu bytes) "
+                              "cannot be inserted: %s", f->rank, i, len, fi_strerror(rc < 0 ? -rc : FI_EINVAL));
+                dtr__fab_free(f);
+                return r;
+            }
+        }
+    }
+
+    /* 5. the watchdog: short store deadlines from now on, so a dead server is noticed */
+    dtr__store_set_timeout(f->st, timeout < 10000 ? timeout : 10000);
+    if (pthread_create(&f->wd, NULL, dtr__fab_watchdog, f) != 0) {
+        dtr__fab_free(f);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the watchdog thread");
+    }
+    f->wd_on = 1;
+    info->rank = f->rank;
+    info->size = f->size;
+    info->local_rank = f->local_rank;
+    info->local_size = f->local_size;
+    *state = f;
+    return DTR_OK;
+
+store_fail:
+    r = dtr__fab_store_err(f, r, "exchanging addresses through the rendezvous store", err, errlen);
+    dtr__fab_free(f);
+    return r;
+}
+
+static void dtr__fab_close(void *state) {
+    dtr__fab *f = (dtr__fab *)state;
+    char key[96];
+    if (!f) return;
+    if (f->wd_on) {
+        pthread_mutex_lock(&f->wmu);
+        f->wd_stop = 1;
+        pthread_cond_signal(&f->wcv);
+        pthread_mutex_unlock(&f->wmu);
+        pthread_join(f->wd, NULL);
+    }
+    /* left cleanly: the peers' watchdogs must not take our exit for a death */
+    dtr__fab_key(f, key, sizeof key, "left", f->rank);
+    if (f->st) dtr_store_set(f->st, key, "1", 1);
+    /* pending requests are cancelled; then the endpoint closes */
+    pthread_mutex_lock(&f->mu);
+    {
+        dtr__freq *q;
+        for (q = f->all_reqs; q; q = q->next_all)
+            if (!q->done && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
+        dtr__fab_poll(f);
+    }
+    pthread_mutex_unlock(&f->mu);
+    dtr__fab_free(f);
+}
+
+static const dtr_transport_vtable dtr__fab_vtable = {
+    DTR_VERSION_NUMBER,
+    "libfabric",
+    dtr__fab_open,
+    dtr__fab_close,
+    dtr__fab_isend,
+    dtr__fab_irecv,
+    dtr__fab_test,
+    dtr__fab_wait_any,
+    dtr__fab_release,
+    dtr__fab_abort,
+    dtr__fab_progress,
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL
+};
+
+const dtr_transport_vtable *dtr_fabric_transport(void) { return &dtr__fab_vtable; }
+
+#else /* !DTR_USE_LIBFABRIC */
+
 dtr_result dtr_fabric_providers(char *buf, size_t len) {
     if (buf && len) buf[0] = 0;
     return DTR_UNSUPPORTED;
 }
+
+const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
+
 #endif
