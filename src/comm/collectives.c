@@ -34,11 +34,36 @@ void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dty
     int is_max = op == DTR_REDUCE_MAX;
     float d = (float)(div > 1 ? div : 1);
     if (dt == DTR_F32) {
+        /* blocks of 8 through local arrays: the basic-block vectorizer makes SIMD of each at
+           -O2 although out may alias a or b (a block is loaded before it is stored); per
+           element the operations are those of the scalar tail, so the results are the same */
         float *o = (float *)out;
         const float *x = (const float *)a, *y = (const float *)b;
-        if (is_max) for (i = 0; i < n; i++) o[i] = dtr__maxf(x[i], y[i]);
-        else if (div > 1) for (i = 0; i < n; i++) o[i] = (x[i] + y[i]) / d;
-        else for (i = 0; i < n; i++) o[i] = x[i] + y[i];
+        float tx[8], ty[8];
+        int k;
+        i = 0;
+        if (is_max)
+            for (; i + 8 <= n; i += 8) {
+                memcpy(tx, x + i, sizeof tx);
+                memcpy(ty, y + i, sizeof ty);
+                for (k = 0; k < 8; k++) tx[k] = dtr__maxf(tx[k], ty[k]);
+                memcpy(o + i, tx, sizeof tx);
+            }
+        else if (div > 1)
+            for (; i + 8 <= n; i += 8) {
+                memcpy(tx, x + i, sizeof tx);
+                memcpy(ty, y + i, sizeof ty);
+                for (k = 0; k < 8; k++) tx[k] = (tx[k] + ty[k]) / d;
+                memcpy(o + i, tx, sizeof tx);
+            }
+        else
+            for (; i + 8 <= n; i += 8) {
+                memcpy(tx, x + i, sizeof tx);
+                memcpy(ty, y + i, sizeof ty);
+                for (k = 0; k < 8; k++) tx[k] = tx[k] + ty[k];
+                memcpy(o + i, tx, sizeof tx);
+            }
+        for (; i < n; i++) o[i] = is_max ? dtr__maxf(x[i], y[i]) : div > 1 ? (x[i] + y[i]) / d : x[i] + y[i];
     } else if (dt == DTR_BF16) {
         uint16_t *o = (uint16_t *)out;
         const uint16_t *x = (const uint16_t *)a, *y = (const uint16_t *)b;
@@ -89,9 +114,11 @@ static dtr_result dtr__oom(dtr_comm *c, const dtr__coll *a, size_t bytes) {
 
 /* ---- all-reduce ---- */
 
-/* Ring reduce-scatter over dst in place (chunk layout above): afterwards rank r holds the
-   reduction of chunk r. Steps 0..N-2. */
-static dtr_result dtr__ring_reduce_scatter_inplace(dtr_comm *c, const dtr__coll *a, char *dst, char *tmp) {
+/* Ring reduce-scatter into dst (chunk layout above): afterwards rank r holds the reduction
+   of chunk r in dst. This rank's contributions are read from src (src may be dst), so an
+   out-of-place call needs no copy first; dst's other chunks receive partials only. Steps
+   0..N-2. */
+static dtr_result dtr__ring_reduce_scatter(dtr_comm *c, const dtr__coll *a, const char *src, char *dst, char *tmp) {
     int N = c->size, r = c->rank, s, right = (r + 1) % N, left = (r + N - 1) % N;
     size_t es = dtr_dtype_size(a->dtype);
     dtr_result res;
@@ -100,10 +127,11 @@ static dtr_result dtr__ring_reduce_scatter_inplace(dtr_comm *c, const dtr__coll 
         size_t so, sl, ro, rl;
         dtr__coll_chunk(a->count, N, ks, &so, &sl);
         dtr__coll_chunk(a->count, N, kr, &ro, &rl);
-        res = dtr__comm_sendrecv(c, a, dst + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
+        /* step 0 sends our own input; later steps the partial reduced at the step before */
+        res = dtr__comm_sendrecv(c, a, (s == 0 ? src : dst) + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         /* the partial of the ranks before us comes first */
-        dtr__comm_reduce(dst + ro * es, tmp, dst + ro * es, rl, a->dtype, a->op,
+        dtr__comm_reduce(dst + ro * es, tmp, src + ro * es, rl, a->dtype, a->op,
                     (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
     }
     return DTR_OK;
@@ -132,8 +160,11 @@ static dtr_result dtr__all_reduce_ring(dtr_comm *c, const dtr__coll *a) {
     dtr__coll_chunk(a->count, c->size, 0, &off, &len);  /* chunk 0 is the longest */
     tmp = (char *)dtr__comm_scratch(c, len * es);
     if (!tmp) return dtr__oom(c, a, len * es);
-    if (a->src != a->dst) memcpy(dst, a->src, a->count * es);
-    res = dtr__ring_reduce_scatter_inplace(c, a, dst, tmp);
+    if (c->size == 1) {
+        if (a->src != a->dst) memcpy(dst, a->src, a->count * es);
+        return DTR_OK;
+    }
+    res = dtr__ring_reduce_scatter(c, a, (const char *)a->src, dst, tmp);
     if (res != DTR_OK) return res;
     return dtr__ring_all_gather_chunks(c, a, dst, (uint32_t)c->size - 1);
 }

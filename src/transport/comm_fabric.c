@@ -48,6 +48,7 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 #include <errno.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -380,7 +381,7 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
                       q->is_recv ? "send the message this rank waits for" : "take the message this rank sends", q->bytes);
             return DTR_TIMEOUT;
         }
-        if (now < spin_until) continue;
+        if (now < spin_until) { sched_yield(); continue; }   /* let a peer sharing this core run */
         dtr__fab_sleep_ns(nap < deadline_ns - now ? nap : deadline_ns - now);
         if (nap < 200000) nap *= 2;
     }
