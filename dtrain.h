@@ -1455,9 +1455,14 @@ typedef struct dtr_transport_vtable {
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
 DTR_API const dtr_transport_vtable *dtr_local_transport(void);
 
-/** The libfabric transport (defined in dtrain_comm.c built with DTR_USE_LIBFABRIC). When
- *  that unit is linked in, dtr_transport_find("libfabric") finds it without registration
- *  (GCC and Clang on ELF platforms; elsewhere pass it to dtr_transport_register). */
+/** The libfabric transport (defined in dtrain_comm.c; NULL when that unit was built without
+ *  DTR_USE_LIBFABRIC). When the unit is linked in, dtr_transport_find("libfabric") finds it
+ *  without registration (GCC and Clang on ELF platforms; elsewhere pass it to
+ *  dtr_transport_register). One process per rank: open takes rank and size from
+ *  cfg->store (NULL: a store made from the environment, as dtrun sets it), exchanges
+ *  endpoint addresses through it, and uses cfg->provider, else $DTR_FABRIC_PROVIDER, else
+ *  shm on one host and the best remote provider across hosts. docs/distributed.md has the
+ *  details, the environment variables and how failures are detected. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
 /** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
@@ -1479,7 +1484,7 @@ struct dtr_comm_config {
     dtr_local_world *local_world;      /**< local transport: the world shared by the rank threads */
     int rank;                          /**< local transport: this thread's rank in the world */
     struct dtr_store *store;           /**< transports that exchange addresses: the rendezvous store (api_rdzv.h) */
-    const char *provider;              /**< libfabric provider ("tcp;ofi_rxm", "shm", "efa", ...); NULL: the transport's choice */
+    const char *provider;              /**< libfabric provider ("tcp;ofi_rxm", "shm", "efa", ...); NULL: $DTR_FABRIC_PROVIDER, else automatic */
     void *transport_user;              /**< passed to a custom transport's open through cfg */
     int timeout_ms;                    /**< deadline of every blocking call; 0: 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
