@@ -60,7 +60,13 @@ int main(int argc, char **argv) {
         nw++;
         p = *end == ',' ? end + 1 : end;
     }
-    if (strcmp(o.transport, "local") != 0) { nw = 1; repeat = 1; }   /* a process job has one world size */
+    if (strcmp(o.transport, "local") != 0) {   /* a process job has one world size: the launcher's */
+        dtr_rendezvous_config rc = dtr_rendezvous_config_init();
+        char err[256];
+        if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) == DTR_OK) wl[0] = (int)rc.world_size;
+        nw = 1;
+        repeat = 1;
+    }
     memset(best, 0, sizeof best);
     o.dir = fm_data_dir(o.dir);
     if (fm_data_load(o.dir, &data) != DTR_OK) return 1;
@@ -75,9 +81,10 @@ int main(int argc, char **argv) {
         double sps;
         if (!best[i].ok) continue;   /* not rank 0 of a multi-process job */
         sps = (double)best[i].samples / best[i].train_s;
-        printf("{\"bench\":\"fmnist_dp\",\"impl\":\"dtrain\",\"transport\":\"%s\",\"world\":%d,\"global_batch\":%d,"
+        printf("{\"bench\":\"fmnist_dp\",\"impl\":\"dtrain\",\"transport\":\"%s\",\"provider\":\"%s\",\"world\":%d,\"global_batch\":%d,"
                "\"epochs\":%d,\"steps\":%lld,\"train_s\":%.3f,\"samples_per_s\":%.0f,\"test_acc\":%.4f,\"buckets\":%d,"
-               "\"overlapped_buckets\":%d,\"best_of\":%d}\n", o.transport, wl[i], o.batch, o.epochs, (long long)best[i].steps,
+               "\"overlapped_buckets\":%d,\"best_of\":%d}\n", o.transport,
+               o.provider ? o.provider : strcmp(o.transport, "local") ? "auto" : "none", wl[i], o.batch, o.epochs, (long long)best[i].steps,
                best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat);
         if (i > 0 && best[0].ok)
             printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
