@@ -60,6 +60,9 @@ NVCC := $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc &
 endif
 # OpenBLAS is the reference peer of bench/gemm; without it that benchmark is left out.
 HAVE_OPENBLAS := $(if $(and $(filter 1,$(call probe_header,cblas.h)),$(filter /%,$(shell $(CC) -print-file-name=libopenblas.so))),1,0)
+# Open MPI is the peer of bench/allreduce: bench/allreduce_mpi.c is built with MPICC when it exists.
+MPICC ?= mpicc
+HAVE_MPICC := $(if $(shell command -v $(MPICC) 2>/dev/null),1,0)
 
 DEFS   :=
 LDLIBS := -lm -lpthread
@@ -113,13 +116,17 @@ LIBA     := $(BUILD)/libdtrain.a
 LIBSO    := $(BUILD)/libdtrain.so
 CUDA_OBJ := $(BUILD)/dtrain_cuda.o
 COMM_OBJ := $(BUILD)/dtrain_comm.o
+DTRUN    := $(BUILD)/dtrun
 
 # Every tests/test_*.c, examples/*.c and bench/*.c is a program: new files need no edit here.
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
-BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(wildcard bench/*.c))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c,$(wildcard bench/*.c)))
 ifneq ($(HAVE_OPENBLAS),1)
 BENCHES  := $(filter-out $(BUILD)/bench/gemm,$(BENCHES))
+endif
+ifeq ($(HAVE_MPICC),1)
+BENCHES  += $(BUILD)/bench/allreduce_mpi
 endif
 FUZZERS  := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz_*.c))
 
@@ -129,6 +136,14 @@ FUZZERS  := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz
 #   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
 EXTRA_LIBS :=
 $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
+# tests/test_fabric: the libfabric transport across processes (without libfabric it still
+# builds, against dtrain_comm.c's stubs, and says loudly that it skipped).
+$(BUILD)/tests/test_fabric: $(COMM_OBJ)
+$(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
+# The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
+COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp
+$(COMM_PROGRAMS): $(COMM_OBJ)
+$(COMM_PROGRAMS): EXTRA_LIBS += $(FABRIC_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)
 $(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
 
@@ -139,7 +154,7 @@ ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
 $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
-.PHONY: all lib tests examples bench cuda cuda-check comm test check deps bench-deps demo \
+.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo \
         demo-run header-check header-only test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help
 .DEFAULT_GOAL := all
@@ -156,6 +171,9 @@ examples: $(EXAMPLES)
 bench: $(BENCHES)
 ifneq ($(HAVE_OPENBLAS),1)
 	@test ! -f bench/gemm.c || echo "*** OpenBLAS (libopenblas-dev) not found: bench/gemm SKIPPED ***"
+endif
+ifneq ($(HAVE_MPICC),1)
+	@echo "*** $(MPICC) (libopenmpi-dev) not found: bench/allreduce_mpi SKIPPED ***"
 endif
 
 # The implementation object: lib/dtrain_impl.c is `#define DTRAIN_IMPLEMENTATION` +
@@ -183,6 +201,11 @@ $(BUILD)/examples/%: examples/%.c $(LIBA) $(FLAGS_STAMP)
 $(BUILD)/bench/%: bench/%.c $(LIBA) $(FLAGS_STAMP)
 	@mkdir -p $(@D)/.deps
 	$(CC) $(CFLAGS) -MMD -MP -MF $(@D)/.deps/$(@F).d -o $@ $< $(filter %.o,$^) $(LIBA) $(EXTRA_LIBS) $(LDLIBS)
+
+# bench/allreduce_mpi.c uses MPI only (no dtrain): mpicc, the same flags.
+$(BUILD)/bench/allreduce_mpi: bench/allreduce_mpi.c $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(MPICC) $(CFLAGS) -o $@ $< -lm
 
 # Header dependencies found by the compiler (-MMD), kept out of the way of tests/run.sh's glob.
 -include $(wildcard $(BUILD)/*/.deps/*.d)
@@ -221,13 +244,34 @@ deps:
 bench-deps:
 	@scripts/install-deps.sh bench
 
-# demo: trains examples/fmnist_mlp on Fashion-MNIST (found or fetched by deps).
+# bench-allreduce: dtrain's all-reduce (local, libfabric shm and tcp;ofi_rxm under dtrun)
+# against Open MPI and PyTorch's gloo, JSON lines then a summary with the targets
+# (bench/run-allreduce.sh; BENCH_ARGS="--world 4 --max 1048576" etc. are passed to it).
+BENCH_ARGS ?=
+bench-allreduce: $(BUILD)/bench/allreduce $(DTRUN) $(if $(filter 1,$(HAVE_MPICC)),$(BUILD)/bench/allreduce_mpi)
+ifneq ($(HAVE_MPICC),1)
+	@echo "*** $(MPICC) (libopenmpi-dev) not found: bench/allreduce_mpi SKIPPED (make bench-deps) ***"
+endif
+	bench/run-allreduce.sh --build $(BUILD) $(BENCH_ARGS)
+
+# demo: data-parallel Fashion-MNIST (examples/fmnist_dp, 2 epochs) on DEMO_RANKS ranks (found
+# or fetched by deps). TRANSPORT=local (default): the ranks are threads of one process;
+# another transport (TRANSPORT=libfabric, PROVIDER=shm, tcp;ofi_rxm, ...): one process per
+# rank, started by build/dtrun.
+TRANSPORT  ?= local
+PROVIDER   ?=
+DEMO_RANKS ?= 2
 demo: deps
 	@$(MAKE) --no-print-directory demo-run
 
-demo-run: $(BUILD)/examples/fmnist_mlp
+demo-run: $(BUILD)/examples/fmnist_dp $(if $(filter-out local,$(TRANSPORT)),$(DTRUN))
 	@test -n "$(DTR_FMNIST_DIR)" || { echo "demo: Fashion-MNIST not found; run scripts/fetch-fmnist.sh" >&2; exit 1; }
-	$(BUILD)/examples/fmnist_mlp "$(DTR_FMNIST_DIR)"
+ifeq ($(TRANSPORT),local)
+	$(BUILD)/examples/fmnist_dp "$(DTR_FMNIST_DIR)" --world $(DEMO_RANKS)
+else
+	@test "$(TRANSPORT)" != libfabric || test "$(USE_FABRIC)" = 1 || { echo "demo: TRANSPORT=libfabric needs libfabric (libfabric-dev; make deps)" >&2; exit 1; }
+	$(DTRUN) -n $(DEMO_RANKS) -- $(BUILD)/examples/fmnist_dp "$(DTR_FMNIST_DIR)" --transport $(TRANSPORT) $(if $(PROVIDER),--provider '$(PROVIDER)')
+endif
 
 # test: the whole check (what CI runs): deps first, then `check` in a fresh make so that
 # features installed by deps are detected.
@@ -356,21 +400,22 @@ help:
 	@echo "                   nvcc/comm compile, CMake and pkg-config consumers, fuzz smoke, unit tests"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
-	@echo "  demo             deps, then train examples/fmnist_mlp on Fashion-MNIST"
+	@echo "  demo             deps, then data-parallel Fashion-MNIST (examples/fmnist_dp) on 2 ranks, 2 epochs:"
+	@echo "                   TRANSPORT=local (threads; default) or libfabric [PROVIDER=shm] (2 processes, dtrun)"
+	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"
 	@echo "  cuda, comm       build/dtrain_cuda.o (nvcc, sm_80+sm_90), build/dtrain_comm.o"
 	@echo "  deps, bench-deps install the Debian packages for the tests / the benchmarks"
 	@echo "  install, uninstall  PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
 	@echo "  clean            remove $(BUILD)/ and build-asan/"
-	@echo "Variables: CC OPT ARCH (ARCH= for portable builds) WERROR BUILD PREFIX DESTDIR"
+	@echo "Variables: CC OPT ARCH (ARCH= for portable builds) WERROR BUILD PREFIX DESTDIR TRANSPORT PROVIDER MPICC"
 	@echo "           USE_ZLIB=$(USE_ZLIB) USE_STB_IMAGE=$(USE_STB_IMAGE) USE_CBLAS=$(USE_CBLAS) USE_FABRIC=$(USE_FABRIC) USE_NCCL=$(USE_NCCL)"
 	@echo "           NVCC=$(NVCC) DTR_FMNIST_DIR=$(DTR_FMNIST_DIR)"
 
 # ---- dtrun (rendezvous) ----
 # build/dtrun: the local launcher (src/tools/dtrun.c, a standalone program that takes only the
 # version from dtrain.h). tests/test_dtrun runs it, so `tests` builds it; `install` puts it in
-# $(BINDIR).
+# $(BINDIR). DTRUN is named with the other outputs at the top.
 BINDIR ?= $(PREFIX)/bin
-DTRUN  := $(BUILD)/dtrun
 $(DTRUN): src/tools/dtrun.c dtrain.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $<
