@@ -105,8 +105,24 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 
 /* ---- state ---- */
 
+/* Point-to-point messages of the application (tags with DTR__TAG_P2P) go as two: a header
+   of 8 bytes (the length, injected, tag | DTR__FAB_HDR) and the payload. The receiver reads
+   the header first and receives the payload into its buffer, or into a scratch buffer when
+   it is too long, so a mismatched length is DTR_INVALID_ARGUMENT on the receiver whatever
+   the provider does with truncated messages (some hang on them). Collectives never need it:
+   their lengths agree by construction. */
+#define DTR__FAB_HDR ((uint64_t)1 << 46)
+
+enum { DTR__FQ_ONE = 0, DTR__FQ_HDR, DTR__FQ_BODY, DTR__FQ_TRASH };
+
 typedef struct dtr__freq {
     struct fi_context2 ctx;      /* first: the provider's per-operation context */
+    int stage;                   /* DTR__FQ_*: receives of application messages go HDR, then BODY or TRASH */
+    int repost;                  /* the payload receive could not be posted yet (queue full) */
+    uint64_t hdr;                /* the header received: the payload's length */
+    uint64_t tag;
+    void *buf;
+    void *trash;                 /* scratch for a payload longer than buf */
     int peer, is_recv;
     int done;                    /* the completion arrived (or it never needed one) */
     int released;                /* released while pending: recycled when its completion arrives */
@@ -130,6 +146,8 @@ typedef struct dtr__fab {
     fi_addr_t *addrs;
     size_t inject;
     int64_t spin_ns;
+    int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
+    int reposts;                 /* requests with repost set */
     /* per peer: on this host, pid, left cleanly, last heartbeat value and when it changed */
     int *on_host;
     int *pids;
@@ -143,6 +161,7 @@ typedef struct dtr__fab {
     int failed_rank;
     char why[200];
     int publish;                 /* the abort is ours: the watchdog writes it to the store */
+    int published;               /* the watchdog (or close) wrote it, or read the world's */
     /* the watchdog */
     dtr_store *st;               /* the transport's own store connection */
     dtr_store *app_store;        /* made from the environment when cfg->store was NULL */
@@ -211,6 +230,12 @@ static dtr__freq *dtr__freq_get(dtr__fab *f, int peer, int is_recv, size_t bytes
         f->all_reqs = q;
     }
     memset(&q->ctx, 0, sizeof q->ctx);
+    q->stage = DTR__FQ_ONE;
+    q->repost = 0;
+    q->hdr = 0;
+    q->tag = 0;
+    q->buf = NULL;
+    q->trash = NULL;
     q->peer = peer;
     q->is_recv = is_recv;
     q->done = 0;
@@ -229,17 +254,70 @@ static void dtr__freq_put(dtr__fab *f, dtr__freq *q) {
 }
 
 static void dtr__freq_complete(dtr__fab *f, dtr__freq *q) {
+    if (q->trash) { dtr__free(&f->alloc, q->trash); q->trash = NULL; }
+    if (q->repost) { q->repost = 0; f->reposts--; }
     q->done = 1;
     if (q->released) dtr__freq_put(f, q);
+}
+
+/* Posts the payload receive of an application message whose header arrived (lock held). */
+static void dtr__freq_post_body(dtr__fab *f, dtr__freq *q) {
+    ssize_t rc;
+    size_t len = (size_t)q->hdr;
+    void *dst = q->buf;
+    if (q->hdr > (uint64_t)q->bytes) {
+        if (!q->trash) q->trash = dtr__malloc(&f->alloc, len ? len : 1);
+        if (!q->trash) {
+            q->result = DTR_OUT_OF_MEMORY;
+            snprintf(q->msg, sizeof q->msg, "out of memory for the %llu bytes of a too long message from rank %d",
+                     (unsigned long long)q->hdr, q->peer);
+            dtr__freq_complete(f, q);   /* the payload stays queued: the group is unusable */
+            return;
+        }
+        dst = q->trash;
+    }
+    rc = f->ep ? fi_trecv(f->ep, dst, len, NULL, f->addrs[q->peer], q->tag, 0, &q->ctx) : -FI_ECANCELED;
+    if (rc == -FI_EAGAIN) {
+        if (!q->repost) { q->repost = 1; f->reposts++; }
+        return;
+    }
+    if (q->repost) { q->repost = 0; f->reposts--; }
+    if (rc) {
+        q->result = DTR_PEER_FAILED;
+        snprintf(q->msg, sizeof q->msg, "posting the receive of a message from rank %d failed: %s", q->peer,
+                 fi_strerror((int)-rc));
+        dtr__freq_complete(f, q);
+        return;
+    }
+    q->stage = q->trash ? DTR__FQ_TRASH : DTR__FQ_BODY;
+}
+
+/* A successful completion of q's current operation (lock held). */
+static void dtr__freq_event(dtr__fab *f, dtr__freq *q) {
+    if (q->stage == DTR__FQ_HDR && !q->released) {
+        dtr__freq_post_body(f, q);
+        return;
+    }
+    if (q->stage == DTR__FQ_TRASH) {
+        q->result = DTR_INVALID_ARGUMENT;
+        snprintf(q->msg, sizeof q->msg, "a message of %llu bytes from rank %d is longer than the receive buffer of %zu bytes",
+                 (unsigned long long)q->hdr, q->peer, q->bytes);
+    }
+    dtr__freq_complete(f, q);
 }
 
 /* Reads the completion queue dry (lock held). A fatal queue error breaks the world. */
 static void dtr__fab_poll(dtr__fab *f) {
     struct fi_cq_entry ev[16];
+    if (f->reposts) {
+        dtr__freq *q;
+        for (q = f->all_reqs; q; q = q->next_all)
+            if (q->repost) dtr__freq_post_body(f, q);
+    }
     for (;;) {
         ssize_t n = fi_cq_read(f->cq, ev, 16), i;
         if (n > 0) {
-            for (i = 0; i < n; i++) dtr__freq_complete(f, (dtr__freq *)ev[i].op_context);
+            for (i = 0; i < n; i++) dtr__freq_event(f, (dtr__freq *)ev[i].op_context);
             if (n < 16) return;
             continue;
         }
@@ -247,25 +325,31 @@ static void dtr__fab_poll(dtr__fab *f) {
         if (n == -FI_EAVAIL) {
             struct fi_cq_err_entry e;
             dtr__freq *q;
+            int code;
             memset(&e, 0, sizeof e);
             if (fi_cq_readerr(f->cq, &e, 0) <= 0) return;
             q = (dtr__freq *)e.op_context;
             if (!q) continue;
-            if (e.err == FI_ETRUNC) {
+            code = e.err < 0 ? -e.err : e.err;   /* shm reports it negative */
+            if (code == FI_ETRUNC) {
                 q->result = DTR_INVALID_ARGUMENT;
                 snprintf(q->msg, sizeof q->msg, "a message from rank %d is longer than the receive buffer of %zu bytes",
                          q->peer, q->bytes);
-            } else if (e.err == FI_ECANCELED) {
+            } else if (code == FI_ECANCELED) {
                 q->result = DTR_PEER_FAILED;
-                snprintf(q->msg, sizeof q->msg, "the %s rank %d was cancelled", q->is_recv ? "receive from" : "send to",
-                         q->peer);
+                if (f->left[q->peer])
+                    snprintf(q->msg, sizeof q->msg, "rank %d left (closed its group) while this rank %s it", q->peer,
+                             q->is_recv ? "waited for a message from" : "sent to");
+                else
+                    snprintf(q->msg, sizeof q->msg, "the %s rank %d was cancelled",
+                             q->is_recv ? "receive from" : "send to", q->peer);
             } else {
                 q->result = DTR_PEER_FAILED;
                 snprintf(q->msg, sizeof q->msg, "%s rank %d failed: %s (libfabric %s, error %d)",
                          q->is_recv ? "receiving from" : "sending to", q->peer,
-                         fi_cq_strerror(f->cq, e.prov_errno, e.err_data, NULL, 0), f->prov, e.err);
+                         fi_cq_strerror(f->cq, e.prov_errno, e.err_data, NULL, 0), f->prov, code);
             }
-            q->native = -e.err;
+            q->native = -code;
             dtr__freq_complete(f, q);
             continue;
         }
@@ -276,11 +360,30 @@ static void dtr__fab_poll(dtr__fab *f) {
     }
 }
 
-/* The result of a request that is done, or of any request once the world has failed. */
+/* Closes the endpoint once the world has failed (lock held): the provider lets go of every
+   buffer. Later posts fail with the world's error; the completion queue stays readable. */
+static void dtr__fab_close_ep(dtr__fab *f) {
+    if (!f->ep) return;
+    fi_close(&f->ep->fid);
+    f->ep = NULL;
+}
+
+/* 1 when the caller may stop waiting for q (lock held): it is complete, its peer left, or
+   the world failed. */
+static int dtr__freq_finished(const dtr__fab *f, const dtr__freq *q) {
+    return q->done || f->left[q->peer] || f->aborted;
+}
+
+/* The result of a finished request (lock held). */
 static dtr_result dtr__freq_result(dtr__fab *f, dtr__freq *q, dtr_transport_error *err) {
     if (q->done) {
         if (q->result != DTR_OK) dtr__ferr(err, q->peer, q->native, "%s", q->msg);
         return q->result;
+    }
+    if (f->left[q->peer] && !f->aborted) {
+        dtr__ferr(err, q->peer, 0, "rank %d left (closed its group) while this rank %s it", q->peer,
+                  q->is_recv ? "waited for a message from" : "sent to");
+        return DTR_PEER_FAILED;
     }
     dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
     return DTR_PEER_FAILED;
@@ -291,6 +394,7 @@ static dtr_result dtr__fab_post(dtr__fab *f, int is_recv, void *buf, size_t byte
     dtr__freq *q;
     ssize_t rc;
     int64_t give_up = 0;
+    int hdr, sent_hdr = 0;
     *req = NULL;
     if (peer < 0 || peer >= f->size) {
         dtr__ferr(err, -1, 0, "rank %d outside the world of %d", peer, f->size);
@@ -303,23 +407,33 @@ static dtr_result dtr__fab_post(dtr__fab *f, int is_recv, void *buf, size_t byte
         dtr__ferr(err, -1, 0, "out of memory");
         return DTR_OUT_OF_MEMORY;
     }
+    hdr = (tag & DTR__TAG_P2P) && f->inject >= sizeof q->hdr;
+    q->tag = tag;
+    q->buf = buf;
     for (;;) {
-        if (f->aborted) {
+        if (f->aborted || f->left[peer] || !f->ep) {
+            dtr_result r = dtr__freq_result(f, q, err);   /* q is not done: the world's or the peer's error */
             dtr__freq_put(f, q);
-            dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
             pthread_mutex_unlock(&f->mu);
-            return DTR_PEER_FAILED;
+            return r;
         }
-        if (is_recv)
+        if (is_recv && hdr) {
+            rc = fi_trecv(f->ep, &q->hdr, sizeof q->hdr, NULL, f->addrs[peer], tag | DTR__FAB_HDR, 0, &q->ctx);
+            if (rc == 0) q->stage = DTR__FQ_HDR;
+        } else if (is_recv)
             rc = fi_trecv(f->ep, buf, bytes, NULL, f->addrs[peer], tag, 0, &q->ctx);
-        else if (bytes <= f->inject)
+        else if (hdr && !sent_hdr) {
+            uint64_t len = (uint64_t)bytes;
+            rc = fi_tinject(f->ep, &len, sizeof len, f->addrs[peer], tag | DTR__FAB_HDR);
+            if (rc == 0) { sent_hdr = 1; continue; }
+        } else if (bytes <= f->inject)
             rc = fi_tinject(f->ep, buf, bytes, f->addrs[peer], tag);
         else
             rc = fi_tsend(f->ep, buf, bytes, NULL, f->addrs[peer], tag, &q->ctx);
         if (rc != -FI_EAGAIN) break;
         /* the queues are full: make progress and retry, for a bounded time */
         dtr__fab_poll(f);
-        if (!give_up) give_up = dtr_time_ns() + (int64_t)60 * 1000000000;
+        if (!give_up) give_up = dtr_time_ns() + f->timeout_ns;
         else if (dtr_time_ns() > give_up) break;
         pthread_mutex_unlock(&f->mu);
         dtr__fab_sleep_ns(2000);
@@ -328,8 +442,12 @@ static dtr_result dtr__fab_post(dtr__fab *f, int is_recv, void *buf, size_t byte
     if (rc != 0) {
         dtr__freq_put(f, q);
         pthread_mutex_unlock(&f->mu);
-        dtr__ferr(err, peer, (int)rc, "posting a %s rank %d failed: %s", is_recv ? "receive from" : "send to", peer,
-                  fi_strerror((int)-rc));
+        if (rc == -FI_EAGAIN)
+            dtr__ferr(err, peer, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's queues "
+                      "stay full", is_recv ? "receive from" : "send to", peer, (long long)(f->timeout_ns / 1000000));
+        else
+            dtr__ferr(err, peer, (int)rc, "posting a %s rank %d failed: %s", is_recv ? "receive from" : "send to", peer,
+                      fi_strerror((int)-rc));
         return DTR_PEER_FAILED;
     }
     if (!is_recv && bytes <= f->inject) q->done = 1;   /* injected: the buffer is free already */
@@ -354,7 +472,7 @@ static dtr_result dtr__fab_test(void *state, void *req, int *done, dtr_transport
     dtr_result r = DTR_OK;
     pthread_mutex_lock(&f->mu);
     if (!q->done) dtr__fab_poll(f);
-    *done = q->done || f->aborted;
+    *done = dtr__freq_finished(f, q);
     if (*done) r = dtr__freq_result(f, q, err);
     pthread_mutex_unlock(&f->mu);
     return r;
@@ -371,7 +489,7 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
         for (i = 0; i < n; i++) {
             dtr__freq *q = (dtr__freq *)reqs[i];
             if (!q) continue;
-            if (q->done) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
+            if (dtr__freq_finished(f, q)) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
             if (pending < 0) pending = i;
         }
         if (pending < 0) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
@@ -409,7 +527,7 @@ static void dtr__fab_release(void *state, void *req) {
        is not touched after release returns; a request the provider cannot cancel (a send
        already under way to a dead peer) stays owned by the transport until close */
     q->released = 1;
-    fi_cancel(&f->ep->fid, &q->ctx);
+    if (f->ep) fi_cancel(&f->ep->fid, &q->ctx);
     until = dtr_time_ns() + 100000000;
     while (!q->done && dtr_time_ns() < until) {
         dtr__fab_poll(f);
@@ -418,7 +536,15 @@ static void dtr__fab_release(void *state, void *req) {
         dtr__fab_sleep_ns(20000);
         pthread_mutex_lock(&f->mu);
     }
-    /* once done, dtr__freq_complete recycled it (released was set) */
+    /* once done, dtr__freq_complete recycled it (released was set). A request the provider
+       would not give back may still use its buffer, which belongs to the caller again: break
+       the world and close the endpoint, after which the provider touches no buffer. */
+    if (!q->done) {
+        if (dtr__fab_fail_locked(f, f->rank, 1, "rank %d could not cancel a pending %s rank %d (%zu bytes)", f->rank,
+                                 q->is_recv ? "receive from" : "send to", q->peer, q->bytes))
+            dtr__fab_wake_watchdog(f);
+        dtr__fab_close_ep(f);
+    }
     pthread_mutex_unlock(&f->mu);
 }
 
@@ -472,7 +598,16 @@ static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
     int found = 0, mine;
     dtr__fab_key(f, key, sizeof key, "left", p);
     if (dtr_store_check(f->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
+        /* it closed cleanly: what it sent before is here (read it first); requests still
+           waiting for it fail, their receives cancelled */
+        dtr__freq *q;
+        pthread_mutex_lock(&f->mu);
+        dtr__fab_poll(f);
         f->left[p] = 1;
+        for (q = f->all_reqs; q; q = q->next_all)
+            if (f->ep && q->peer == p && !q->done && !q->released && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
+        dtr__fab_poll(f);
+        pthread_mutex_unlock(&f->mu);
         return;
     }
     pthread_mutex_lock(&f->mu);
@@ -484,7 +619,7 @@ static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
 static void *dtr__fab_watchdog(void *arg) {
     dtr__fab *f = (dtr__fab *)arg;
     char key[96], val[256];
-    int published = 0, tick = 0, next_remote = 0, store_dead = 0;
+    int tick = 0, next_remote = 0, store_dead = 0;
     for (;;) {
         int stop, aborted, p;
         pthread_mutex_lock(&f->wmu);
@@ -497,7 +632,7 @@ static void *dtr__fab_watchdog(void *arg) {
         aborted = f->aborted;
         if (store_dead) continue;
         /* our own failure: tell the world */
-        if (aborted && !published) {
+        if (aborted && !f->published) {
             int mine, who;
             pthread_mutex_lock(&f->mu);
             mine = f->publish;
@@ -508,7 +643,7 @@ static void *dtr__fab_watchdog(void *arg) {
                 dtr__fab_key(f, key, sizeof key, "abort", -1);
                 if (dtr_store_set(f->st, key, val, strlen(val)) != DTR_OK) store_dead = 1;
             }
-            published = 1;
+            f->published = 1;
             continue;
         }
         if (aborted) continue;
@@ -533,8 +668,8 @@ static void *dtr__fab_watchdog(void *arg) {
                 if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
                 pthread_mutex_lock(&f->mu);
                 dtr__fab_fail_locked(f, who, 0, "%s", val + off);
+                f->published = 1;
                 pthread_mutex_unlock(&f->mu);
-                published = 1;
                 continue;
             }
             if (r == DTR_OK) {
@@ -691,6 +826,7 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
     dtr__cond_init(&f->wcv);
     env = getenv("DTR_FABRIC_SPIN_US");
     f->spin_ns = (env && *env ? strtoll(env, NULL, 10) : 100) * 1000;
+    f->timeout_ns = (int64_t)timeout * 1000000;
     if (f->spin_ns < 0) f->spin_ns = 0;
     f->stale_ns = (int64_t)(timeout / 2 < 30000 ? timeout / 2 : 30000) * 1000000;
     if (f->stale_ns < (int64_t)2000000000) f->stale_ns = 2000000000;
@@ -894,6 +1030,13 @@ static void dtr__fab_close(void *state) {
         pthread_mutex_unlock(&f->wmu);
         pthread_join(f->wd, NULL);
     }
+    /* an abort the watchdog had no time to publish (abort then destroy at once) */
+    if (f->st && f->aborted && f->publish && !f->published) {
+        char val[256];
+        snprintf(val, sizeof val, "%d %s", f->failed_rank, f->why);
+        dtr__fab_key(f, key, sizeof key, "abort", -1);
+        dtr_store_set(f->st, key, val, strlen(val));
+    }
     /* left cleanly: the peers' watchdogs must not take our exit for a death */
     dtr__fab_key(f, key, sizeof key, "left", f->rank);
     if (f->st) dtr_store_set(f->st, key, "1", 1);
@@ -902,7 +1045,8 @@ static void dtr__fab_close(void *state) {
     {
         dtr__freq *q;
         for (q = f->all_reqs; q; q = q->next_all)
-            if (!q->done && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
+            if (f->ep && !q->done && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
+        if (f->aborted) dtr__fab_close_ep(f);   /* sends to dead peers: let go of their buffers now */
         dtr__fab_poll(f);
     }
     pthread_mutex_unlock(&f->mu);
