@@ -34,8 +34,8 @@
  * Messages: fi_tsend / fi_trecv with FI_DIRECTED_RECV (match on source and the whole 64-bit
  * tag); messages up to the provider's inject size go through fi_tinject and complete at once.
  * Progress is manual: every test / wait_any / progress call reads the completion queue under
- * one lock. wait_any polls for spin_us (default 100; $DTR_FABRIC_SPIN_US) and then sleeps in
- * growing steps (up to 200 us) so an idle rank costs almost no CPU.
+ * one lock. wait_any polls for $DTR_FABRIC_SPIN_US microseconds (default 20), then naps
+ * (4 us doubling up to $DTR_FABRIC_NAP_US, default 64) so an idle rank costs almost no CPU.
  *
  * Failures: a completion error (a broken connection, a cancelled receive) fails its request
  * with DTR_PEER_FAILED naming the peer; a message longer than its receive buffer fails the
@@ -55,7 +55,6 @@
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
 #include <errno.h>
-#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -64,6 +63,9 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/types.h>
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
 
 #define DTR__FAB_VERSION FI_VERSION(1, 9)
 #define DTR__FAB_HOST 160          /* host identity: boot id, pid namespace */
@@ -145,7 +147,8 @@ typedef struct dtr__fab {
     struct fid_ep *ep;
     fi_addr_t *addrs;
     size_t inject;
-    int64_t spin_ns;
+    int64_t spin_ns;             /* wait_any polls this long, then naps */
+    int64_t max_nap_ns;          /* the longest nap */
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
     int reposts;                 /* requests with repost set */
     /* per peer: on this host, pid, left cleanly, last heartbeat value and when it changed */
@@ -478,10 +481,31 @@ static dtr_result dtr__fab_test(void *state, void *req, int *done, dtr_transport
     return r;
 }
 
+/* Naps of a few microseconds need the thread's timer slack (50 us by default on Linux) cut
+   to 1 us while this thread waits; it is put back on return. */
+static long dtr__fab_slack_begin(void) {
+#ifdef __linux__
+    long old = (long)prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (old > 1000) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
+    return old;
+#else
+    return 0;
+#endif
+}
+static void dtr__fab_slack_end(long old) {
+#ifdef __linux__
+    if (old > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)old, 0, 0, 0);
+#else
+    (void)old;
+#endif
+}
+
 static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
                                     dtr_transport_error *err) {
     dtr__fab *f = (dtr__fab *)state;
-    int64_t now = dtr_time_ns(), spin_until = now + f->spin_ns, nap = 1000;
+    int64_t now = dtr_time_ns(), spin_until = now + f->spin_ns, nap = 4000;
+    long slack = -1;
+    dtr_result r = DTR_OK;
     for (;;) {
         int i, pending = -1;
         pthread_mutex_lock(&f->mu);
@@ -489,14 +513,15 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
         for (i = 0; i < n; i++) {
             dtr__freq *q = (dtr__freq *)reqs[i];
             if (!q) continue;
-            if (dtr__freq_finished(f, q)) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
+            if (dtr__freq_finished(f, q)) { pthread_mutex_unlock(&f->mu); goto out; }
             if (pending < 0) pending = i;
         }
-        if (pending < 0) { pthread_mutex_unlock(&f->mu); return DTR_OK; }
+        if (pending < 0) { pthread_mutex_unlock(&f->mu); goto out; }
         if (f->aborted) {
             dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
             pthread_mutex_unlock(&f->mu);
-            return DTR_PEER_FAILED;
+            r = DTR_PEER_FAILED;
+            goto out;
         }
         pthread_mutex_unlock(&f->mu);
         now = dtr_time_ns();
@@ -504,12 +529,19 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
             const dtr__freq *q = (const dtr__freq *)reqs[pending];
             dtr__ferr(err, q->peer, 0, "rank %d did not %s (%zu bytes) in time", q->peer,
                       q->is_recv ? "send the message this rank waits for" : "take the message this rank sends", q->bytes);
-            return DTR_TIMEOUT;
+            r = DTR_TIMEOUT;
+            goto out;
         }
-        if (now < spin_until) { sched_yield(); continue; }   /* let a peer sharing this core run */
+        if (now < spin_until) continue;
+        /* then naps, short at first: a thread computing beside us (the application's, while
+           the group's progress thread waits for a gradient bucket) keeps the core */
+        if (slack < 0) slack = dtr__fab_slack_begin();
         dtr__fab_sleep_ns(nap < deadline_ns - now ? nap : deadline_ns - now);
-        if (nap < 200000) nap *= 2;
+        if (nap < f->max_nap_ns) nap *= 2;
     }
+out:
+    if (slack >= 0) dtr__fab_slack_end(slack);
+    return r;
 }
 
 static void dtr__fab_release(void *state, void *req) {
@@ -825,7 +857,10 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
     pthread_mutex_init(&f->wmu, NULL);
     dtr__cond_init(&f->wcv);
     env = getenv("DTR_FABRIC_SPIN_US");
-    f->spin_ns = (env && *env ? strtoll(env, NULL, 10) : 100) * 1000;
+    f->spin_ns = (env && *env ? strtoll(env, NULL, 10) : 20) * 1000;
+    env = getenv("DTR_FABRIC_NAP_US");
+    f->max_nap_ns = (env && *env ? strtoll(env, NULL, 10) : 64) * 1000;
+    if (f->max_nap_ns < 1000) f->max_nap_ns = 1000;
     f->timeout_ns = (int64_t)timeout * 1000000;
     if (f->spin_ns < 0) f->spin_ns = 0;
     f->stale_ns = (int64_t)(timeout / 2 < 30000 ? timeout / 2 : 30000) * 1000000;
