@@ -847,6 +847,7 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
     char key[96], host[DTR__FAB_HOST], buf[DTR__FAB_HOST + 32], prov[DTR__FAB_PROV];
     const char *env;
     int64_t gen = 0;
+    int waiting_for = -1;
     int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
     *state = NULL;
     f = (dtr__fab *)dtr__calloc(&cfg->alloc, sizeof *f);
@@ -912,6 +913,7 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
         size_t len = 0;
         int off = 0;
         dtr__fab_key(f, key, sizeof key, "host", i);
+        waiting_for = i;
         if ((r = dtr_store_get(f->st, key, buf, sizeof buf - 1, &len)) != DTR_OK) goto store_fail;
         buf[len < sizeof buf ? len : sizeof buf - 1] = 0;
         if (sscanf(buf, "%d %n", &f->pids[i], &off) < 1) off = (int)len;
@@ -953,6 +955,7 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
     } else {
         char p0[DTR__FAB_PROV];
         size_t len = 0;
+        waiting_for = 0;
         if ((r = dtr_store_get(f->st, key, p0, sizeof p0 - 1, &len)) != DTR_OK) goto store_fail;
         p0[len < sizeof p0 ? len : sizeof p0 - 1] = 0;
         if (!strcmp(p0, "!")) {
@@ -1023,6 +1026,7 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
         for (i = 0; i < f->size; i++) {
             size_t len = 0;
             dtr__fab_key(f, key, sizeof key, "addr", i);
+            waiting_for = i;
             if ((r = dtr_store_get(f->st, key, peer, sizeof peer, &len)) != DTR_OK) goto store_fail;
             rc = fi_av_insert(f->av, peer, 1, &f->addrs[i], 0, NULL);
             if (rc != 1) {
@@ -1049,7 +1053,13 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
     return DTR_OK;
 
 store_fail:
-    r = dtr__fab_store_err(f, r, "exchanging addresses through the rendezvous store", err, errlen);
+    if (r == DTR_TIMEOUT && waiting_for >= 0) {
+        char what[160];
+        snprintf(what, sizeof what, "rank %d did not open the libfabric group within %d ms (did it start, join the "
+                 "store with the same secret, and call dtr_comm_create?)", waiting_for, timeout);
+        r = dtr__fab_store_err(f, r, what, err, errlen);
+    } else
+        r = dtr__fab_store_err(f, r, "exchanging addresses through the rendezvous store", err, errlen);
     dtr__fab_free(f);
     return r;
 }
