@@ -408,10 +408,11 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
     dtr_local_world *w = ep->w;
     dtr__lrank *me = &w->r[ep->rank];
     dtr_result r = DTR_OK;
+    int64_t spin_until = dtr_time_ns() + 20000;
     int i;
     pthread_mutex_lock(&w->mu);
     for (;;) {
-        int pending_peer = -1, timed_out;
+        int pending_peer = -1, timed_out = 0;
         dtr__local_service(w, ep->rank);
         for (i = 0; i < n; i++) {
             dtr__lreq *q = (dtr__lreq *)reqs[i];
@@ -443,7 +444,15 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
         }
         me->blocked++;
         me->wait_peer = pending_peer;
-        timed_out = dtr__cond_wait_until(&me->cv, &w->mu, deadline_ns);
+        if (dtr_time_ns() < spin_until) {
+            /* the first microseconds: poll with the lock released (the peer is usually a
+               moment away), then sleep on the condition variable */
+            volatile int k;
+            pthread_mutex_unlock(&w->mu);
+            for (k = 0; k < 200; k++) {}
+            pthread_mutex_lock(&w->mu);
+        } else
+            timed_out = dtr__cond_wait_until(&me->cv, &w->mu, deadline_ns);
         me->blocked--;
         (void)timed_out; /* the loop re-checks everything, the deadline included */
     }
