@@ -1193,10 +1193,18 @@ static void *dtr__rdzv_thread(void *arg) {
             ssize_t k = read(h->wake[0], cmd, sizeof cmd), j;
             for (j = 0; j < k; j++) {
                 if (cmd[j] == 'q') return NULL;
-                if (cmd[j] == 'd') draining = 1;
+                if (cmd[j] == 'd' && !draining) {
+                    /* no new joins once the store is being destroyed: the port is free at once
+                       for the next store, and a rank that opens that one cannot reach this
+                       server, which only waits for its connected ranks to leave */
+                    int l;
+                    for (l = 0; l < h->nlfd; l++) close(h->lfd[l]);
+                    h->nlfd = 0;
+                    draining = 1;
+                }
             }
         }
-        for (i = 1; i < nfixed; i++)
+        for (i = 1; i < nfixed && !draining; i++)
             if (h->pfd[i].revents & POLLIN) dtr__rdzv_accept(h, h->pfd[i].fd);
         now = dtr__rdzv_now_ms();
         for (i = nfixed; i < n; i++) {
