@@ -63,6 +63,7 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/types.h>
+#include <dirent.h>
 #ifdef __linux__
 #include <sys/prctl.h>
 #endif
@@ -642,8 +643,17 @@ static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
         pthread_mutex_unlock(&f->mu);
         return;
     }
+    /* tell the world first, without the lock: a thread of ours may be stuck inside the
+       provider holding it (a provider lock the dead rank held), and the other ranks must
+       learn of the death all the same */
+    if (!f->published) {
+        char val[256];
+        snprintf(val, sizeof val, "%d %s", p, how);
+        dtr__fab_key(f, key, sizeof key, "abort", -1);
+        if (dtr_store_set(f->st, key, val, strlen(val)) == DTR_OK) f->published = 1;
+    }
     pthread_mutex_lock(&f->mu);
-    mine = dtr__fab_fail_locked(f, p, 1, "%s", how);
+    mine = dtr__fab_fail_locked(f, p, !f->published, "%s", how);
     pthread_mutex_unlock(&f->mu);
     (void)mine;
 }
@@ -746,6 +756,41 @@ static void *dtr__fab_watchdog(void *arg) {
 }
 
 /* ---- open and close ---- */
+
+/* shm names its region in /dev/shm after the pid unless told otherwise, and a process that
+   was killed never removes it: a later process that gets the same pid cannot create its
+   region (EBUSY). dtrain names the region "dtr-<pid>-<random>" and, before creating one,
+   removes those whose process is gone. */
+#define DTR__FAB_SHM_PREFIX "dtr-"
+
+static void dtr__fab_shm_name(char *out, size_t cap) {
+    uint64_t r = (uint64_t)dtr_time_ns() ^ ((uint64_t)getpid() << 32);
+    FILE *fp = fopen("/dev/urandom", "rb");
+    if (fp) {
+        uint64_t u;
+        if (fread(&u, sizeof u, 1, fp) == 1) r ^= u;
+        fclose(fp);
+    }
+    snprintf(out, cap, DTR__FAB_SHM_PREFIX "%d-%016llx", (int)getpid(), (unsigned long long)r);
+}
+
+static void dtr__fab_shm_sweep(void) {
+#ifdef __linux__
+    DIR *d = opendir("/dev/shm");
+    struct dirent *e;
+    if (!d) return;
+    while ((e = readdir(d)) != NULL) {
+        char path[300];
+        int pid = 0;
+        if (strncmp(e->d_name, DTR__FAB_SHM_PREFIX, sizeof DTR__FAB_SHM_PREFIX - 1) != 0) continue;
+        pid = atoi(e->d_name + sizeof DTR__FAB_SHM_PREFIX - 1);
+        if (pid <= 0 || !(kill((pid_t)pid, 0) != 0 && errno == ESRCH)) continue;
+        snprintf(path, sizeof path, "/dev/shm/%.250s", e->d_name);
+        (void)unlink(path);   /* best effort: another rank may remove it first */
+    }
+    closedir(d);
+#endif
+}
 
 static void dtr__fab_host_id(char *out, size_t cap) {
     char boot[64] = "", ns[64] = "";
@@ -1002,6 +1047,13 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
         if (!rc) { step = "fi_cq_open"; rc = fi_cq_open(f->domain, &cqa, &f->cq, NULL); }
         if (!rc) { step = "fi_av_open"; rc = fi_av_open(f->domain, &ava, &f->av, NULL); }
         if (!rc) { step = "fi_endpoint"; rc = fi_endpoint(f->domain, f->info, &f->ep, NULL); }
+        if (!rc && !strcmp(prov, "shm")) {
+            char name[64];
+            dtr__fab_shm_sweep();
+            dtr__fab_shm_name(name, sizeof name);
+            step = "fi_setname";
+            rc = fi_setname(&f->ep->fid, name, strlen(name) + 1);
+        }
         if (!rc) { step = "fi_ep_bind(cq)"; rc = fi_ep_bind(f->ep, &f->cq->fid, FI_TRANSMIT | FI_RECV); }
         if (!rc) { step = "fi_ep_bind(av)"; rc = fi_ep_bind(f->ep, &f->av->fid, 0); }
         if (!rc) { step = "fi_enable"; rc = fi_enable(f->ep); }
