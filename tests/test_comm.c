@@ -32,6 +32,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "test.h"
+#include "posix_util.h"
 
 static int g_quick;
 
@@ -63,19 +64,6 @@ typedef struct rank_thread {
 #define RCHECK_OK(rc, expr) do { dtr_result r__ = (expr); if (r__ != DTR_OK) { if ((rc)->fails++ < 5) \
     fprintf(stderr, "  rank %d: FAIL %s:%d: %s -> %s (%s)\n", (rc)->rank, __FILE__, __LINE__, #expr, \
             dtr_result_string(r__), dtr_comm_last_error((rc)->comm)); } } while (0)
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
 
 static void *rank_main(void *p) {
     rank_thread *t = (rank_thread *)p;

@@ -13,6 +13,7 @@
  * loader. DTR_TEST_QUICK=1 shrinks the workloads. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
+#include "posix_util.h"
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -22,12 +23,6 @@ static char g_err[1024];
 static int quick(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     return q && q[0] && q[0] != '0';
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* ---- datasets for the tests ---- */

@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "test.h"
+#include "posix_util.h"
 
 #include "dp_mlp.h"
 
@@ -152,12 +153,6 @@ typedef struct dp_job {
 } dp_job;
 
 typedef struct dp_rank { dp_job *job; int rank; } dp_rank;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_barrier_t g_bar;

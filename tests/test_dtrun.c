@@ -19,22 +19,9 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include "test.h"
+#include "posix_util.h"
 
 static char self[PATH_MAX], dtrun[PATH_MAX];
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
 
 /* ---- helper modes: what the ranks run ---- */
 

@@ -81,6 +81,7 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include "test.h"
+#include "posix_util.h"
 
 #define PROV_SHM "shm"
 #define PROV_TCP "tcp;ofi_rxm"
@@ -89,41 +90,10 @@
 static int g_quick;
 static int g_have[2];   /* shm, tcp;ofi_rxm usable (test_available) */
 
-/* ---- time ---- */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);   /* one clock for every process of the machine */
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
+/* ---- deadlines ---- */
 
 /* Slack added to deadlines: scheduling on two cores, more under sanitizers. */
 static double slack_s(void) { return g_quick ? 6.0 : 3.0; }
-
-/* A port that is free right now (bound to 0 and read back). */
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t sl = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &sl) != 0) {
-        fprintf(stderr, "free_port: %s\n", strerror(errno));
-        exit(2);
-    }
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 
 /* ---- memory shared by the parent and the ranks of a case (mmap before fork) ---- */
 

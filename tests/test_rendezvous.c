@@ -29,43 +29,13 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include "test.h"
+#include "posix_util.h"
 
 /* Internal functions from src/comm/sha256.c (in libdtrain.a). */
 void dtr__sha256_once(const void *data, size_t n, uint8_t out[32]);
 void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, uint8_t out[32]);
 
 /* ---- helpers ---- */
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static void sleep_ms(int ms) {
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-    }
-}
-
-/* A port that is free right now (bound to 0 and read back). */
-static int free_port(void) {
-    struct sockaddr_in a;
-    socklen_t sl = sizeof a;
-    int fd = socket(AF_INET, SOCK_STREAM, 0), port;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &sl) != 0) {
-        fprintf(stderr, "free_port: %s\n", strerror(errno));
-        exit(2);
-    }
-    port = ntohs(a.sin_port);
-    close(fd);
-    return port;
-}
 
 /* Log messages of this process (the server thread logs too). */
 static char logbuf[16384];
