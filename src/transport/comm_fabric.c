@@ -617,11 +617,23 @@ static void dtr__fab_key(const dtr__fab *f, char *key, size_t cap, const char *w
     else snprintf(key, cap, "%s/%s", f->ns, what);
 }
 
+/* Writes the world's abort key ("<rank> <why>"): every rank's watchdog reads it within a
+   tick. Called by the watchdog, or by close once the watchdog has stopped. */
+static dtr_result dtr__fab_publish(dtr__fab *f, int who, const char *why) {
+    char key[96], val[256];
+    dtr_result r;
+    snprintf(val, sizeof val, "%d %s", who, why);
+    dtr__fab_key(f, key, sizeof key, "abort", -1);
+    r = dtr_store_set(f->st, key, val, strlen(val));
+    if (r == DTR_OK) f->published = 1;
+    return r;
+}
+
 /* A peer looks dead: unless it left cleanly, break the world naming it. */
 static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
     char key[96], v[8];
     size_t len;
-    int found = 0, mine;
+    int found = 0;
     dtr__fab_key(f, key, sizeof key, "left", p);
     if (dtr_store_check(f->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
         /* it closed cleanly: what it sent before is here (read it first); requests still
@@ -639,16 +651,10 @@ static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
     /* tell the world first, without the lock: a thread of ours may be stuck inside the
        provider holding it (a provider lock the dead rank held), and the other ranks must
        learn of the death all the same */
-    if (!f->published) {
-        char val[256];
-        snprintf(val, sizeof val, "%d %s", p, how);
-        dtr__fab_key(f, key, sizeof key, "abort", -1);
-        if (dtr_store_set(f->st, key, val, strlen(val)) == DTR_OK) f->published = 1;
-    }
+    if (!f->published) dtr__fab_publish(f, p, how);
     pthread_mutex_lock(&f->mu);
-    mine = dtr__fab_fail_locked(f, p, !f->published, "%s", how);
+    dtr__fab_fail_locked(f, p, !f->published, "%s", how);
     pthread_mutex_unlock(&f->mu);
-    (void)mine;
 }
 
 static void *dtr__fab_watchdog(void *arg) {
@@ -672,12 +678,9 @@ static void *dtr__fab_watchdog(void *arg) {
             pthread_mutex_lock(&f->mu);
             mine = f->publish;
             who = f->failed_rank;
-            snprintf(val, sizeof val, "%d %s", who, f->why);
+            snprintf(val, sizeof val, "%s", f->why);
             pthread_mutex_unlock(&f->mu);
-            if (mine) {
-                dtr__fab_key(f, key, sizeof key, "abort", -1);
-                if (dtr_store_set(f->st, key, val, strlen(val)) != DTR_OK) store_dead = 1;
-            }
+            if (mine && dtr__fab_publish(f, who, val) != DTR_OK) store_dead = 1;
             f->published = 1;
             continue;
         }
@@ -1121,12 +1124,7 @@ static void dtr__fab_close(void *state) {
         pthread_join(f->wd, NULL);
     }
     /* an abort the watchdog had no time to publish (abort then destroy at once) */
-    if (f->st && f->aborted && f->publish && !f->published) {
-        char val[256];
-        snprintf(val, sizeof val, "%d %s", f->failed_rank, f->why);
-        dtr__fab_key(f, key, sizeof key, "abort", -1);
-        dtr_store_set(f->st, key, val, strlen(val));
-    }
+    if (f->st && f->aborted && f->publish && !f->published) dtr__fab_publish(f, f->failed_rank, f->why);
     /* left cleanly: the peers' watchdogs must not take our exit for a death */
     dtr__fab_key(f, key, sizeof key, "left", f->rank);
     if (f->st) dtr_store_set(f->st, key, "1", 1);
