@@ -15361,10 +15361,6 @@ static dtr_result dtr__all_reduce_ring(dtr_comm *c, const dtr__coll *a) {
     dtr__coll_chunk(a->count, c->size, 0, &off, &len);  /* chunk 0 is the longest */
     tmp = (char *)dtr__comm_scratch(c, len * es);
     if (!tmp) return dtr__oom(c, a, len * es);
-    if (c->size == 1) {
-        if (a->src != a->dst) memcpy(dst, a->src, a->count * es);
-        return DTR_OK;
-    }
     res = dtr__ring_reduce_scatter(c, a, (const char *)a->src, dst, tmp);
     if (res != DTR_OK) return res;
     return dtr__ring_all_gather_chunks(c, a, dst, (uint32_t)c->size - 1);
