@@ -12,9 +12,11 @@ CXX     ?= c++
 AR      ?= ar
 CLANG   ?= clang
 OPT     ?= -O2
-# -march=native tunes the code for this machine's CPU. Set ARCH= (empty) for a portable
-# build: packages, binaries copied to other machines, CI artefacts.
-ARCH    ?= -march=native
+# Builds are portable by default: the GEMM picks its AVX-512 / AVX2 kernels at run time, so
+# the library and the programs run on any x86-64 (or other) CPU of the target. ARCH=-march=native
+# tunes everything for this machine's CPU (opt-in: such a build, installed or copied, can die
+# with SIGILL on an older CPU; never use it for packages or shared installs).
+ARCH    ?=
 # Warnings are errors on our own sources; WERROR= turns that off (e.g. a newer compiler).
 WERROR  ?= -Werror
 # Extra compiler flags (sanitizers etc.); test-sanitize sets it.
@@ -37,6 +39,7 @@ CMAKEDIR   ?= $(LIBDIR)/cmake/dtrain
 #   USE_CBLAS  GEMM through cblas_sgemm: defines DTR_USE_CBLAS, links $(BLAS_LIBS) (off by default)
 #   USE_FABRIC dtrain_comm.c with libfabric (pkg-config libfabric): defines DTR_USE_LIBFABRIC
 #   USE_NCCL   dtrain_comm.c with NCCL (nccl.h found): defines DTR_USE_NCCL
+#   USE_CUDA   install builds and installs libdtrain_cuda from dtrain_cuda.cu (nvcc found)
 HASH := \#
 probe_header = $(shell printf '$(HASH)include <$(1)>\n' | $(CC) -E -x c $(2) - >/dev/null 2>&1 && echo 1 || echo 0)
 ifeq ($(origin USE_ZLIB),undefined)
@@ -58,6 +61,7 @@ endif
 ifeq ($(origin NVCC),undefined)
 NVCC := $(shell command -v nvcc 2>/dev/null || { test -x $(CUDA_HOME)/bin/nvcc && echo $(CUDA_HOME)/bin/nvcc; })
 endif
+USE_CUDA ?= $(if $(NVCC),1,0)
 # OpenBLAS is the reference peer of bench/gemm; without it that benchmark is left out.
 HAVE_OPENBLAS := $(if $(and $(filter 1,$(call probe_header,cblas.h)),$(filter /%,$(shell $(CC) -print-file-name=libopenblas.so))),1,0)
 # Open MPI is the peer of bench/allreduce: bench/allreduce_mpi.c is built with MPICC when it exists.
@@ -116,6 +120,12 @@ LIBA     := $(BUILD)/libdtrain.a
 LIBSO    := $(BUILD)/libdtrain.so
 CUDA_OBJ := $(BUILD)/dtrain_cuda.o
 COMM_OBJ := $(BUILD)/dtrain_comm.o
+# The optional units as libraries (installed beside libdtrain when their feature is built):
+# libdtrain_comm (dtrain_comm.c: the libfabric transport) and libdtrain_cuda (dtrain_cuda.cu).
+COMM_LIBA  := $(BUILD)/libdtrain_comm.a
+COMM_LIBSO := $(BUILD)/libdtrain_comm.so
+CUDA_LIBA  := $(BUILD)/libdtrain_cuda.a
+CUDA_LIBSO := $(BUILD)/libdtrain_cuda.so
 DTRUN    := $(BUILD)/dtrun
 
 # Every tests/test_*.c, examples/*.c and bench/*.c is a program: new files need no edit here.
@@ -154,7 +164,7 @@ ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
 $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
-.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo \
+.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib install-check api-doc api-doc-check readme-check \
         demo-run header-check header-only test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help
 .DEFAULT_GOAL := all
@@ -235,6 +245,25 @@ $(COMM_OBJ): dtrain_comm.c dtrain.h $(FLAGS_STAMP)
 	@test "$(USE_FABRIC)" = 1 || echo "*** libfabric not found (pkg-config libfabric): dtrain_comm.c built WITHOUT it ***"
 	@test "$(USE_NCCL)" = 1 || echo "*** nccl.h not found: dtrain_comm.c built without NCCL ***"
 	$(CC) $(CFLAGS) -fPIC $(FABRIC_CFLAGS) $(NCCL_CFLAGS) -c $< -o $@
+
+# comm-lib, cuda-lib: the optional units as libraries, each linked against libdtrain.so
+# (build/libdtrain_comm.{a,so} needs libfabric; build/libdtrain_cuda.{a,so} needs nvcc; the
+# shared one carries the CUDA runtime statically, so it needs only the driver at run time).
+comm-lib: $(COMM_LIBA) $(COMM_LIBSO)
+cuda-lib: $(CUDA_LIBA) $(CUDA_LIBSO)
+$(COMM_LIBA): $(COMM_OBJ)
+$(CUDA_LIBA): $(CUDA_OBJ)
+$(COMM_LIBA) $(CUDA_LIBA):
+	rm -f $@
+	$(AR) rcs $@ $^
+
+$(COMM_LIBSO): $(COMM_OBJ) $(LIBSO)
+	$(CC) $(CFLAGS) -shared -Wl,-soname,libdtrain_comm.so.$(SOVERSION) -Wl,--no-undefined -o $@ $< \
+	    -L$(BUILD) -ldtrain $(FABRIC_LIBS) $(LDLIBS)
+
+$(CUDA_LIBSO): $(CUDA_OBJ) $(LIBSO)
+	$(NVCC) -shared -cudart static -Xlinker -soname=libdtrain_cuda.so.$(SOVERSION) -Xlinker --no-undefined \
+	    -o $@ $< -L$(BUILD) -ldtrain $(LDLIBS)
 
 # deps: installs the Debian packages the tests need (nothing when all are there; see the script).
 deps:
@@ -348,25 +377,44 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(BUILD)/fuzz/dtrain_impl.o
 	$(CLANG) $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< \
 	    $(if $(shell grep -lE '^\s*.\s*define\s+DTRAIN_IMPLEMENTATION' $<),,$(BUILD)/fuzz/dtrain_impl.o) $(LDLIBS)
 
-# install: header, library sources, libraries, pkg-config file and CMake package under
-# $(DESTDIR)$(PREFIX).
-install: lib
+# install: header, libraries, pkg-config files and CMake package under $(DESTDIR)$(PREFIX),
+# plus the optional units built here as libraries of their own: libdtrain_comm (the libfabric
+# transport, USE_FABRIC=1) and libdtrain_cuda (USE_CUDA=1), with dtrain-comm.pc, dtrain-cuda.pc
+# and the CMake components dtrain::comm, dtrain::cuda. The sources of the units go to
+# share/dtrain/src for builds of your own; `dtrun` goes to $(BINDIR). Portable unless ARCH is set.
+INSTALL_UNITS := $(if $(filter 1,$(USE_FABRIC)),comm) $(if $(filter 1,$(USE_CUDA)),cuda)
+UNIT_DESC_comm := dtrain libfabric transport (dtrain_comm.c)
+UNIT_LIBS_comm := $(FABRIC_LIBS)
+UNIT_DESC_cuda := dtrain CUDA backend (dtrain_cuda.cu)
+UNIT_LIBS_cuda := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+# The .pc files are relocatable: prefix is found from the file's own folder.
+PC_SED = sed -e "s|@DTRAIN_PC_PREFIX@|\$${pcfiledir}/$$(realpath -m --relative-to=$(PKGCONFIGDIR) $(PREFIX))|g" \
+    -e "s|@DTRAIN_PC_LIBDIR@|\$${prefix}/$$(realpath -m --relative-to=$(PREFIX) $(LIBDIR))|g" \
+    -e "s|@DTRAIN_PC_INCLUDEDIR@|\$${prefix}/$$(realpath -m --relative-to=$(PREFIX) $(INCLUDEDIR))|g" \
+    -e 's|@DTRAIN_VERSION@|$(VERSION)|g'
+# $(call install_lib,NAME): libNAME.a, libNAME.so.$(VERSION) and its two links.
+install_lib = install -m 644 $(BUILD)/lib$(1).a $(DESTDIR)$(LIBDIR)/lib$(1).a && \
+    install -m 755 $(BUILD)/lib$(1).so $(DESTDIR)$(LIBDIR)/lib$(1).so.$(VERSION) && \
+    ln -sf lib$(1).so.$(VERSION) $(DESTDIR)$(LIBDIR)/lib$(1).so.$(SOVERSION) && \
+    ln -sf lib$(1).so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/lib$(1).so
+install: lib $(patsubst %,%-lib,$(INSTALL_UNITS))
 	install -d $(DESTDIR)$(INCLUDEDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(PKGCONFIGDIR) \
 	    $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(DATADIR)/dtrain/src $(DESTDIR)$(DATADIR)/doc/dtrain
 	install -m 644 dtrain.h $(DESTDIR)$(INCLUDEDIR)/dtrain.h
 	install -m 644 dtrain_cuda.cu dtrain_comm.c $(DESTDIR)$(DATADIR)/dtrain/src/
 	install -m 644 LICENSE $(DESTDIR)$(DATADIR)/doc/dtrain/LICENSE
-	install -m 644 $(LIBA) $(DESTDIR)$(LIBDIR)/libdtrain.a
-	install -m 755 $(LIBSO) $(DESTDIR)$(LIBDIR)/libdtrain.so.$(VERSION)
-	ln -sf libdtrain.so.$(VERSION) $(DESTDIR)$(LIBDIR)/libdtrain.so.$(SOVERSION)
-	ln -sf libdtrain.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/libdtrain.so
-	sed -e 's|@DTRAIN_PC_PREFIX@|$(PREFIX)|g' -e 's|@DTRAIN_PC_LIBDIR@|$(LIBDIR)|g' \
-	    -e 's|@DTRAIN_PC_INCLUDEDIR@|$(INCLUDEDIR)|g' -e 's|@DTRAIN_VERSION@|$(VERSION)|g' \
-	    -e 's|@DTRAIN_PC_LIBS@|$(LDLIBS)|g' dtrain.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc
+	$(call install_lib,dtrain)
+	$(PC_SED) -e 's|@DTRAIN_PC_LIBS@|$(LDLIBS)|g' dtrain.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc
+	$(foreach u,$(INSTALL_UNITS),$(call install_lib,dtrain_$(u)) && \
+	    $(PC_SED) -e 's|@DTRAIN_PC_NAME@|dtrain-$(u)|g' -e 's|@DTRAIN_PC_DESCRIPTION@|$(UNIT_DESC_$(u))|g' \
+	    -e 's|@DTRAIN_PC_LIB@|dtrain_$(u)|g' -e 's|@DTRAIN_PC_LIBS@|$(UNIT_LIBS_$(u))|g' \
+	    dtrain-unit.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/dtrain-$(u).pc;)
 	sed -e "s|@DTRAIN_REL_INCLUDEDIR@|$$(realpath -m --relative-to=$(CMAKEDIR) $(INCLUDEDIR))|g" \
 	    -e "s|@DTRAIN_REL_LIBDIR@|$$(realpath -m --relative-to=$(CMAKEDIR) $(LIBDIR))|g" \
 	    -e 's|@DTRAIN_VERSION@|$(VERSION)|g' -e 's|@DTRAIN_SOVERSION@|$(SOVERSION)|g' \
 	    -e 's|@DTRAIN_LINK_LIBS@|Threads::Threads;m$(if $(filter 1,$(USE_ZLIB)),;z)$(if $(filter 1,$(USE_CBLAS)),;$(patsubst -l%,%,$(BLAS_LIBS)))|g' \
+	    -e 's|@DTRAIN_COMM_LIBS@|$(subst $(eval) ,;,$(strip $(UNIT_LIBS_comm)))|g' \
+	    -e 's|@DTRAIN_CUDA_LIBS@|$(subst $(eval) ,;,$(strip $(UNIT_LIBS_cuda)))|g' \
 	    cmake/dtrainConfig-make.cmake.in > $(DESTDIR)$(CMAKEDIR)/dtrainConfig.cmake
 	sed -e 's|@PROJECT_VERSION@|$(VERSION)|g' \
 	    -e "s|@DTRAIN_SIZEOF_VOID_P@|$$($(CC) -dM -E -x c /dev/null | sed -n 's/^#define __SIZEOF_POINTER__ //p')|g" \
@@ -375,14 +423,15 @@ install: lib
 	@# A real install as root: refresh the dynamic linker's cache so libdtrain.so is found.
 	@if [ -z "$(DESTDIR)" ] && [ "$$(id -u)" = 0 ] && command -v ldconfig >/dev/null; then ldconfig; fi
 
-# uninstall: removes what install put there.
+# uninstall: removes what install put there (every unit, built or not).
 uninstall:
-	rm -f $(DESTDIR)$(INCLUDEDIR)/dtrain.h $(DESTDIR)$(LIBDIR)/libdtrain.a \
-	    $(DESTDIR)$(LIBDIR)/libdtrain.so $(DESTDIR)$(LIBDIR)/libdtrain.so.$(SOVERSION) \
-	    $(DESTDIR)$(LIBDIR)/libdtrain.so.$(VERSION) $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc \
-	    $(DESTDIR)$(CMAKEDIR)/dtrainConfig.cmake $(DESTDIR)$(CMAKEDIR)/dtrainConfigVersion.cmake \
+	rm -f $(DESTDIR)$(INCLUDEDIR)/dtrain.h $(DESTDIR)$(CMAKEDIR)/dtrainConfig.cmake \
+	    $(DESTDIR)$(CMAKEDIR)/dtrainConfigVersion.cmake \
 	    $(DESTDIR)$(DATADIR)/dtrain/src/dtrain_cuda.cu $(DESTDIR)$(DATADIR)/dtrain/src/dtrain_comm.c \
 	    $(DESTDIR)$(DATADIR)/doc/dtrain/LICENSE
+	for l in dtrain dtrain_comm dtrain_cuda; do rm -f $(DESTDIR)$(LIBDIR)/lib$$l.a $(DESTDIR)$(LIBDIR)/lib$$l.so \
+	    $(DESTDIR)$(LIBDIR)/lib$$l.so.$(SOVERSION) $(DESTDIR)$(LIBDIR)/lib$$l.so.$(VERSION); done
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc $(DESTDIR)$(PKGCONFIGDIR)/dtrain-comm.pc $(DESTDIR)$(PKGCONFIGDIR)/dtrain-cuda.pc
 	-rmdir $(DESTDIR)$(CMAKEDIR) $(DESTDIR)$(DATADIR)/dtrain/src $(DESTDIR)$(DATADIR)/dtrain \
 	    $(DESTDIR)$(DATADIR)/doc/dtrain 2>/dev/null
 

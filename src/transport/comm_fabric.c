@@ -880,8 +880,8 @@ static dtr_result dtr__fab_store_err(dtr__fab *f, dtr_result r, const char *what
     return dtr__errf(err, errlen, r, "libfabric rank %d: %s: %s", f->rank, what, dtr_store_last_error(f->st));
 }
 
-static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
-                                size_t errlen) {
+static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
+                                   size_t errlen) {
     dtr__fab *f;
     dtr_store *app;
     dtr_result r;
@@ -914,12 +914,16 @@ static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_tr
         dtr_rendezvous_config rc2 = dtr_rendezvous_config_init();
         char e2[400];
         rc2.alloc = cfg->alloc;
-        if (dtr_rendezvous_config_from_env(&rc2, e2, sizeof e2) != DTR_OK ||
-            (r = dtr_store_create(&rc2, &f->app_store, e2, sizeof e2)) != DTR_OK) {
+        if (dtr_rendezvous_config_from_env(&rc2, e2, sizeof e2) != DTR_OK) {
             dtr__fab_free(f);
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
                              "libfabric: no rendezvous store in the config, and none from the environment: %s "
                              "(start the ranks with dtrun, or set cfg.store)", e2);
+        }
+        if ((r = dtr_store_create(&rc2, &f->app_store, e2, sizeof e2)) != DTR_OK) {
+            dtr__fab_free(f);
+            return dtr__errf(err, errlen, r, "libfabric: joining the rendezvous store of the environment (%s:%d) "
+                             "failed: %s", rc2.master_addr, rc2.port, e2);
         }
         app = f->app_store;
     }
@@ -1139,6 +1143,23 @@ static void dtr__fab_close(void *state) {
     }
     pthread_mutex_unlock(&f->mu);
     dtr__fab_free(f);
+}
+
+/* DTR_FABRIC_SIGNALS=keep: the handlers the process had for the signals that libfabric's
+ * providers take over (shm: SIGSEGV, SIGBUS, SIGINT, SIGTERM when its endpoint is made) are
+ * put back once the transport is open, whatever the outcome. Default: the provider's handlers
+ * stay (shm removes its shared-memory files, then calls the previous handler). */
+static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
+                                size_t errlen) {
+    static const int sigs[6] = {SIGSEGV, SIGBUS, SIGINT, SIGTERM, SIGABRT, SIGILL};
+    struct sigaction saved[6];
+    const char *env = getenv("DTR_FABRIC_SIGNALS");
+    int keep = env && !strcmp(env, "keep"), i;
+    dtr_result r;
+    for (i = 0; keep && i < 6; i++) sigaction(sigs[i], NULL, &saved[i]);
+    r = dtr__fab_open_ep(cfg, state, info, err, errlen);
+    for (i = 0; keep && i < 6; i++) sigaction(sigs[i], &saved[i], NULL);
+    return r;
 }
 
 static const dtr_transport_vtable dtr__fab_vtable = {
