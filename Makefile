@@ -404,7 +404,7 @@ install: lib $(patsubst %,%-lib,$(INSTALL_UNITS))
 	install -m 644 dtrain_cuda.cu dtrain_comm.c $(DESTDIR)$(DATADIR)/dtrain/src/
 	install -m 644 LICENSE $(DESTDIR)$(DATADIR)/doc/dtrain/LICENSE
 	$(call install_lib,dtrain)
-	$(PC_SED) -e 's|@DTRAIN_PC_LIBS@|$(LDLIBS)|g' dtrain.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc
+	$(PC_SED) -e 's|@DTRAIN_PC_LIBS@|$(LDLIBS)|g' -e 's| *@DTRAIN_PC_STATIC_LIBS@||' dtrain.pc.in > $(DESTDIR)$(PKGCONFIGDIR)/dtrain.pc
 	$(foreach u,$(INSTALL_UNITS),$(call install_lib,dtrain_$(u)) && \
 	    $(PC_SED) -e 's|@DTRAIN_PC_NAME@|dtrain-$(u)|g' -e 's|@DTRAIN_PC_DESCRIPTION@|$(UNIT_DESC_$(u))|g' \
 	    -e 's|@DTRAIN_PC_LIB@|dtrain_$(u)|g' -e 's|@DTRAIN_PC_LIBS@|$(UNIT_LIBS_$(u))|g' \
