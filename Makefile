@@ -290,16 +290,19 @@ endif
 TRANSPORT  ?= local
 PROVIDER   ?=
 DEMO_RANKS ?= 2
+# DEMO_BATCH: the global batch (default 128), a multiple of DEMO_RANKS (DEMO_RANKS=3 DEMO_BATCH=129).
+DEMO_BATCH ?=
+DEMO_ARGS = $(if $(DEMO_BATCH),--batch $(DEMO_BATCH))
 demo: deps
 	@$(MAKE) --no-print-directory demo-run
 
 demo-run: $(BUILD)/examples/fmnist_dp $(if $(filter-out local,$(TRANSPORT)),$(DTRUN))
 	@test -n "$(DTR_FMNIST_DIR)" || { echo "demo: Fashion-MNIST not found; run scripts/fetch-fmnist.sh" >&2; exit 1; }
 ifeq ($(TRANSPORT),local)
-	$(BUILD)/examples/fmnist_dp "$(DTR_FMNIST_DIR)" --world $(DEMO_RANKS)
+	$(BUILD)/examples/fmnist_dp "$(DTR_FMNIST_DIR)" --world $(DEMO_RANKS) $(DEMO_ARGS)
 else
 	@test "$(TRANSPORT)" != libfabric || test "$(USE_FABRIC)" = 1 || { echo "demo: TRANSPORT=libfabric needs libfabric (libfabric-dev; make deps)" >&2; exit 1; }
-	$(DTRUN) -n $(DEMO_RANKS) -- $(BUILD)/examples/fmnist_dp "$(DTR_FMNIST_DIR)" --transport $(TRANSPORT) $(if $(PROVIDER),--provider '$(PROVIDER)')
+	$(DTRUN) -n $(DEMO_RANKS) -- $(BUILD)/examples/fmnist_dp "$(DTR_FMNIST_DIR)" --transport $(TRANSPORT) $(if $(PROVIDER),--provider '$(PROVIDER)') $(DEMO_ARGS)
 endif
 
 # test: the whole check (what CI runs): deps first, then `check` in a fresh make so that
@@ -442,23 +445,41 @@ clean:
 # help: this list.
 help:
 	@echo "dtrain $(VERSION): make [target] [VAR=value ...]"
+	@echo "Build:"
 	@echo "  all              library, tests, examples, benchmarks (default)"
-	@echo "  lib              build/libdtrain.a and build/libdtrain.so"
+	@echo "  lib              $(BUILD)/libdtrain.a and $(BUILD)/libdtrain.so"
+	@echo "  tests            $(BUILD)/tests/test_* and $(BUILD)/dtrun"
+	@echo "  examples         $(BUILD)/examples/* (fmnist_mlp, fmnist_cnn, fmnist_dp, csv_regression, image_folder_cnn)"
+	@echo "  bench            $(BUILD)/bench/* (JSON lines; peers: make bench-deps)"
+	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric, NCCL when found)"
+	@echo "  cuda-lib, comm-lib  the same as libraries: $(BUILD)/libdtrain_cuda.{a,so}, $(BUILD)/libdtrain_comm.{a,so}"
+	@echo "Run and check:"
+	@echo "  demo             deps, then data-parallel Fashion-MNIST (examples/fmnist_dp), 2 epochs, on DEMO_RANKS ranks:"
+	@echo "                   TRANSPORT=local (threads; default) or libfabric [PROVIDER=shm|'tcp;ofi_rxm'] (processes, dtrun)"
 	@echo "  test             deps + check: what CI runs"
-	@echo "  check            amalgamate --check, build with -Werror, header checks, header-only app,"
-	@echo "                   nvcc/comm compile, CMake and pkg-config consumers, fuzz smoke, unit tests"
+	@echo "  check            amalgamate --check, build with -Werror, header checks, header-only app, nvcc/comm"
+	@echo "                   compile, install + CMake and pkg-config consumers (built and run), fuzz smoke, unit tests"
+	@echo "  cmake-consumer   only the install and consumer checks (tests/cmake_consumer/check.sh)"
+	@echo "  header-check, header-only   dtrain.h as C99 and C++; an app built from dtrain.h alone"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
-	@echo "  demo             deps, then data-parallel Fashion-MNIST (examples/fmnist_dp) on 2 ranks, 2 epochs:"
-	@echo "                   TRANSPORT=local (threads; default) or libfabric [PROVIDER=shm] (2 processes, dtrun)"
 	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"
-	@echo "  cuda, comm       build/dtrain_cuda.o (nvcc, sm_80+sm_90), build/dtrain_comm.o"
+	@echo "Install:"
+	@echo "  install          dtrain.h, libdtrain.{a,so}, dtrain.pc, CMake package, dtrun in BINDIR; with libfabric"
+	@echo "                   libdtrain_comm + dtrain-comm.pc (dtrain::comm), with nvcc libdtrain_cuda (dtrain::cuda)"
+	@echo "  uninstall        removes it all (DESTDIR honoured by both)"
 	@echo "  deps, bench-deps install the Debian packages for the tests / the benchmarks"
-	@echo "  install, uninstall  PREFIX=$(PREFIX) DESTDIR=$(DESTDIR)"
 	@echo "  clean            remove $(BUILD)/ and build-asan/"
-	@echo "Variables: CC OPT ARCH (ARCH= for portable builds) WERROR BUILD PREFIX DESTDIR TRANSPORT PROVIDER MPICC"
-	@echo "           USE_ZLIB=$(USE_ZLIB) USE_STB_IMAGE=$(USE_STB_IMAGE) USE_CBLAS=$(USE_CBLAS) USE_FABRIC=$(USE_FABRIC) USE_NCCL=$(USE_NCCL)"
-	@echo "           NVCC=$(NVCC) DTR_FMNIST_DIR=$(DTR_FMNIST_DIR)"
+	@echo "Variables (current value):"
+	@echo "  CC=$(CC) CXX=$(CXX) OPT=$(OPT) ARCH=$(ARCH) (portable when empty; ARCH=-march=native tunes for this CPU)"
+	@echo "  WERROR=$(WERROR) EXTRA_CFLAGS=$(EXTRA_CFLAGS) BUILD=$(BUILD) JOBS=$(JOBS)"
+	@echo "  PREFIX=$(PREFIX) DESTDIR=$(DESTDIR) BINDIR=$(BINDIR) LIBDIR=$(LIBDIR) INCLUDEDIR=$(INCLUDEDIR)"
+	@echo "  DATADIR=$(DATADIR) PKGCONFIGDIR=$(PKGCONFIGDIR) CMAKEDIR=$(CMAKEDIR)"
+	@echo "  USE_ZLIB=$(USE_ZLIB) USE_STB_IMAGE=$(USE_STB_IMAGE) USE_CBLAS=$(USE_CBLAS) BLAS_LIBS=$(BLAS_LIBS)"
+	@echo "  USE_FABRIC=$(USE_FABRIC) USE_NCCL=$(USE_NCCL) USE_CUDA=$(USE_CUDA) NVCC=$(NVCC) CUDA_HOME=$(CUDA_HOME)"
+	@echo "  TRANSPORT=$(TRANSPORT) PROVIDER=$(PROVIDER) DEMO_RANKS=$(DEMO_RANKS) DEMO_BATCH=$(DEMO_BATCH) (a multiple of DEMO_RANKS)"
+	@echo "  BENCH_ARGS=$(BENCH_ARGS) MPICC=$(MPICC) CLANG=$(CLANG) FUZZ_SECONDS=$(FUZZ_SECONDS)"
+	@echo "  DTR_FMNIST_DIR=$(DTR_FMNIST_DIR)"
 
 # ---- dtrun (rendezvous) ----
 # build/dtrun: the local launcher (src/tools/dtrun.c, a standalone program that takes only the

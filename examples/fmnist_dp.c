@@ -98,7 +98,10 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     memset(&batch, 0, sizeof batch);
     memset(&eval, 0, sizeof eval);
     if (per < 1 || per * world != o->batch) {
-        fprintf(stderr, "rank %d: error: the global batch %d must be a multiple of the %d ranks\n", rank, o->batch, world);
+        fprintf(stderr, "rank %d: error: the global batch %d must be a multiple of the %d ranks: pass --batch %d "
+                "or --batch %d (make demo: DEMO_BATCH=%d), or a rank count that divides %d\n", rank, o->batch, world,
+                (o->batch / world) * world > 0 ? (o->batch / world) * world : world, (o->batch / world + 1) * world,
+                (o->batch / world + 1) * world, o->batch);
         dtr_comm_abort(c, "bad batch size");
         return 0;
     }
@@ -233,6 +236,15 @@ static void *dp_thread_main(void *p) {
 
 /* Trains with o->world rank threads (local) or as this process's rank (other transports).
    Returns 1 on success; res is rank 0's view (all zero on other processes). */
+/* The libfabric provider the transport will use, as it picks it: --provider, else
+ * $DTR_FABRIC_PROVIDER, else rank 0's automatic choice (on one host: shm, else tcp;ofi_rxm). */
+static const char *dp_provider_said(const char *provider) {
+    const char *env = getenv("DTR_FABRIC_PROVIDER");
+    if (provider && *provider) return provider;
+    if (env && *env) return env;
+    return "automatic (shm on one host when it is there, else tcp;ofi_rxm; across hosts the best remote one)";
+}
+
 static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
     memset(res, 0, sizeof *res);
     if (strcmp(o->transport, "local") == 0) {
@@ -263,15 +275,21 @@ static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
         dtr_comm *c = NULL;
         char err[512];
         int ok = 0;
-        if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) != DTR_OK ||
-            dtr_store_create(&rc, &st, err, sizeof err) != DTR_OK) {
-            fprintf(stderr, "error: --transport %s runs one process per rank under the launcher (dtrun): %s\n",
-                    o->transport, err);
+        if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) != DTR_OK) {
+            fprintf(stderr, "error: --transport %s runs one process per rank under the launcher: "
+                    "dtrun -n 2 -- build/examples/fmnist_dp DATA_DIR --transport %s (%s)\n", o->transport, o->transport, err);
+            return 0;
+        }
+        if (dtr_store_create(&rc, &st, err, sizeof err) != DTR_OK) {
+            fprintf(stderr, "rank %d: error: joining the rendezvous store at %s:%d failed: %s\n", (int)rc.rank,
+                    rc.master_addr, rc.port, err);
             return 0;
         }
         cfg.transport = o->transport;
         cfg.provider = o->provider;
         cfg.store = st;
+        if (rc.rank == 0 && !o->quiet && !strcmp(o->transport, "libfabric"))
+            printf("fmnist_dp: libfabric provider: %s\n", dp_provider_said(o->provider));
         if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) fprintf(stderr, "error: %s\n", err);
         else { ok = dp_rank_train(c, o, data, res); dtr_comm_destroy(c); }
         dtr_store_destroy(st);
