@@ -164,7 +164,7 @@ ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
 $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
-.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib install-check api-doc api-doc-check readme-check \
+.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check \
         demo-run header-check header-only test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help
 .DEFAULT_GOAL := all
@@ -314,12 +314,20 @@ test: deps
 # last line is their total ("N passed, N failed").
 check:
 	./amalgamate --check
+	scripts/gen-api-doc --check
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory header-check header-only
 	@$(MAKE) --no-print-directory cuda-check comm
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
 	tests/run.sh $(TESTS)
+
+# api-doc: docs/api.md from the public headers' doc comments (check runs api-doc-check; --lint
+# lists public functions without a thread-safety line).
+api-doc:
+	scripts/gen-api-doc --lint
+api-doc-check:
+	scripts/gen-api-doc --check
 
 # header-check: dtrain.h compiles alone as pedantic C99 and as C++, with and without the
 # implementation.
@@ -460,6 +468,7 @@ help:
 	@echo "  check            amalgamate --check, build with -Werror, header checks, header-only app, nvcc/comm"
 	@echo "                   compile, install + CMake and pkg-config consumers (built and run), fuzz smoke, unit tests"
 	@echo "  cmake-consumer   only the install and consumer checks (tests/cmake_consumer/check.sh)"
+	@echo "  api-doc          docs/api.md from the headers' doc comments (api-doc-check: is it current?)"
 	@echo "  header-check, header-only   dtrain.h as C99 and C++; an app built from dtrain.h alone"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
