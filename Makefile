@@ -165,7 +165,7 @@ $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check \
-        demo-run header-check header-only test-sanitize fuzz fuzz-build fuzz-smoke \
+        demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help
 .DEFAULT_GOAL := all
 
@@ -316,7 +316,7 @@ check:
 	./amalgamate --check
 	scripts/gen-api-doc --check
 	@$(MAKE) --no-print-directory -j$(JOBS) all
-	@$(MAKE) --no-print-directory header-check header-only
+	@$(MAKE) --no-print-directory header-check header-only readme-check
 	@$(MAKE) --no-print-directory cuda-check comm
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
@@ -337,6 +337,11 @@ header-check:
 	$(CC) -std=c99 -Wall -Wextra -Wpedantic -Werror -fsyntax-only -DDTRAIN_IMPLEMENTATION $(HEADER_CHECK)
 	$(CXX) -Wall -Wextra -Werror -fsyntax-only -x c++ $(HEADER_CHECK)
 	$(CXX) -Wall -Wextra -Werror -fsyntax-only -x c++ -DDTRAIN_IMPLEMENTATION $(HEADER_CHECK)
+
+# readme-check: every C block of README.md compiles; those with a main() are built from dtrain.h
+# alone and run (tests/readme_blocks.sh).
+readme-check:
+	tests/readme_blocks.sh $(BUILD)/readme_blocks
 
 # header-only: an app built from dtrain.h alone, the way a user would (`cc app.c -lm -lpthread`),
 # trains a tiny model and checks that the loss goes down.
@@ -470,6 +475,7 @@ help:
 	@echo "  cmake-consumer   only the install and consumer checks (tests/cmake_consumer/check.sh)"
 	@echo "  api-doc          docs/api.md from the headers' doc comments (api-doc-check: is it current?)"
 	@echo "  header-check, header-only   dtrain.h as C99 and C++; an app built from dtrain.h alone"
+	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
 	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"
