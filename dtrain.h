@@ -45,7 +45,7 @@ extern "C" {
 /* ---- results ---- */
 
 /** Result codes. Zero is success; errors are negative and grouped by range:
- *  -1..-99 general, -100..-199 files and data, -200..-299 communication.
+ *  -1..-99 general, -100..-199 files and data, -200..-299 communication, -300..-399 devices.
  *  The list is append-only. */
 typedef enum dtr_result {
     DTR_OK = 0,
@@ -62,7 +62,10 @@ typedef enum dtr_result {
     DTR_IO_ERROR = -100,        /**< a file could not be opened, read or written */
     DTR_CORRUPT_FILE = -101,    /**< a file's contents are malformed */
     DTR_TIMEOUT = -200,         /**< a deadline passed */
-    DTR_PEER_FAILED = -201      /**< a peer died or stopped answering */
+    DTR_PEER_FAILED = -201,     /**< a peer died or stopped answering */
+    DTR_DEVICE_ERROR = -300,    /**< a device (GPU) or its driver reported an error; the
+                                     native code is in the message */
+    DTR_DEVICE_OUT_OF_MEMORY = -301 /**< a device allocation failed (host memory: DTR_OUT_OF_MEMORY) */
 } dtr_result;
 
 /** Short constant description of a result code ("shape mismatch"). Thread safe. */
@@ -244,6 +247,13 @@ DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
+/** |x| element-wise. Its gradient is sign(x): 0 at 0, as PyTorch's torch.abs.
+ *  Thread safety: the context's thread (as every builder). */
+DTR_API dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x);
+/** GELU in its exact form, x * Phi(x) with the normal CDF through erf: PyTorch's
+ *  torch.nn.functional.gelu(x) (approximate='none'). dtr_gelu is the tanh approximation,
+ *  gelu(x, approximate='tanh'), the form of GPT-2. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
@@ -320,9 +330,35 @@ DTR_API dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x);
 /** Runs the tape backwards from the scalar `loss` (seed 1). Gradients of parameters
  *  accumulate into the model's gradient buffer (call dtr_model_zero_grad between steps, or
  *  let the optimizer do it); gradients of other tensors live in the arena.
+ *  Several backward passes over one tape (two losses sharing a graph, each with its own
+ *  dtr_backward before dtr_context_reset) are correct: parameter and leaf gradients
+ *  accumulate the sum over the passes, intermediate gradients start from zero in each pass
+ *  (PyTorch's retain_graph=True). The gradient hooks (dtr_context_add_grad_hook) run in
+ *  every pass.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (loss not a scalar), DTR_BAD_STATE
- *          (grad recording was off), or the sticky error. */
+ *          (grad recording was off), or the sticky error.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss);
+
+/** Backward from any tensor `out` of the tape with the upstream gradient `grad` (host, f32,
+ *  numel(out) values in out's row-major order): what a pipeline stage runs with the gradient
+ *  its next stage sent back. dtr_backward(loss) is the case grad = {1}. The gradients reached
+ *  are those of sum(out * grad). A leaf `out` just accumulates grad. Passes behave as for
+ *  dtr_backward. @return as dtr_backward, DTR_NULL_HANDLE for a NULL grad.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad);
+
+/** A backend's completion handle: marks work queued on a context's stream. NULL is an event
+ *  that has completed (the CPU backend's events are always NULL). Valid until the next
+ *  dtr_context_reset of its context. */
+typedef struct dtr_event dtr_event;
+/** Blocks the calling thread until `ev` has completed (NULL: returns at once).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: any thread, while the
+ *  context lives and is not reset. */
+DTR_API dtr_result dtr_event_wait(dtr_context *ctx, dtr_event *ev);
+/** Sets *done to 1 when `ev` has completed, else 0, without blocking.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: as dtr_event_wait. */
+DTR_API dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done);
 
 /* ---- random numbers ---- */
 
@@ -1289,7 +1325,7 @@ DTR_API int dtr_store_port(const dtr_store *st);
 
 /* ---- src/public/api_comm.h ---- */
 /* ============================================================================
- * Public API: process groups (dtr_comm), transports, collectives, data parallel (dtr_dp)
+ * Public API: process groups (dtr_comm), transports, collectives (engines: api_engine.h)
  *
  * A process group is a set of ranks 0..size-1 that run the same program and meet in
  * collective calls. Ranks are threads of one process (the `local` transport, built in) or
@@ -1632,20 +1668,41 @@ DTR_API dtr_result dtr_request_wait(dtr_request *req);
  *  must be freed (before its group is destroyed). */
 DTR_API void dtr_request_free(dtr_request *req);
 
-/* ---- gradient-ready hook (autograd) ---- */
+#ifdef __cplusplus
+}
+#endif
 
-/** Called by dtr_backward on the calling thread as soon as the gradient of a model
- *  parameter is final for this backward pass (after the last tape node that writes it, or
- *  at once when no node of this pass will). Parameters the pass never reaches are not
- *  reported. A non-OK result stops dtr_backward, which returns it. */
-typedef dtr_result (*dtr_grad_ready_fn)(void *user, dtr_tensor *param);
+/* ---- src/public/api_engine.h ---- */
+/* ============================================================================
+ * Public API: engines, the parts that train one model together with others. Engines are
+ * peers: each attaches to a model and a process group through the same open seams
+ * (gradient hooks, backward from any tensor, optimizer steps over a range of the parameter
+ * buffer), so several can work on one model at once. In this version: data parallel.
+ * ==========================================================================*/
+#ifdef __cplusplus
+extern "C" {
+#endif
 
-/** Installs (fn non-NULL) or removes (fn NULL) the gradient-ready hook of a context; the
- *  data-parallel engine uses it to start each bucket's all-reduce during backward. Without a
- *  hook dtr_backward does no extra work. Returns DTR_OK, or DTR_NULL_HANDLE for a NULL
- *  context.
- *  Thread safety: the context's thread. */
-DTR_API dtr_result dtr_context_set_grad_ready(dtr_context *ctx, dtr_grad_ready_fn fn, void *user);
+/* ---- gradient hooks (autograd) ---- */
+
+/** Called on the thread running a backward pass as soon as the gradient of a model parameter
+ *  is final for that pass (after the last tape node that writes it, or at once when no node
+ *  of the pass will). `ready` completes when the backend has finished writing the gradient
+ *  (NULL on the CPU: already written); a consumer on another thread or device waits on it
+ *  (dtr_event_wait) before it reads the gradient. Parameters the pass never reaches are not
+ *  reported. A non-OK result stops the pass, which returns it. */
+typedef dtr_result (*dtr_grad_hook_fn)(void *user, dtr_tensor *param, dtr_event *ready);
+
+/** Adds a gradient hook to a context; hooks run in the order they were added, every engine
+ *  that needs gradients as they become final (data parallel, sharded optimizers, parameter
+ *  servers) adds its own. Without hooks a backward pass does no extra work. `id` (may be
+ *  NULL) receives the hook's id for dtr_context_remove_grad_hook.
+ *  @return DTR_OK, DTR_NULL_HANDLE (ctx or fn), DTR_BAD_STATE (8 hooks already).
+ *  Thread safety: the context's thread, outside a backward pass. */
+DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn fn, void *user, int *id);
+/** Removes the hook `id`. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (no such hook).
+ *  Thread safety: the context's thread, outside a backward pass. */
+DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
 /* ---- data parallel ---- */
 
@@ -1663,13 +1720,13 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
 /** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from
  *  the root (collective, blocking), splits the contiguous gradient buffer into buckets of
  *  about bucket_bytes along parameter boundaries (last parameters first, as backward
- *  produces them) and installs the gradient-ready hook on the model's context: during
+ *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
  *  1 nothing is installed and every call below returns at once.
  *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
- *          already has a gradient-ready hook), DTR_UNSUPPORTED (parameters not in host
+ *          has no free hook slot), DTR_UNSUPPORTED (parameters not in host
  *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
  *  Thread safety: the model's context thread; collective over c. */
 DTR_API dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out);
@@ -1815,40 +1872,92 @@ struct dtr_tensor {
     int param_index;                /* -1 unless a parameter */
     dtr_model *model;               /* owner of a parameter */
     const char *name;
-    int grad_pending;               /* parameter, during dtr_backward with a gradient-ready hook:
+    int grad_pending;               /* parameter, during a backward pass with gradient hooks:
                                        tape nodes still to write its gradient */
+    uint32_t grad_pass;             /* the backward pass `grad` belongs to (intermediates) */
 };
 
-/** Stable op ids: append-only (traces and checkpoints store them). */
-typedef enum dtr__op {
-    DTR_OP_NONE = 0,
-    DTR_OP_ADD, DTR_OP_SUB, DTR_OP_MUL, DTR_OP_DIV, DTR_OP_SCALE,
-    DTR_OP_RELU, DTR_OP_GELU, DTR_OP_TANH, DTR_OP_SIGMOID,
-    DTR_OP_MATMUL, DTR_OP_LINEAR,
-    DTR_OP_SOFTMAX, DTR_OP_LOG_SOFTMAX, DTR_OP_SOFTMAX_CAUSAL,
-    DTR_OP_CROSS_ENTROPY, DTR_OP_MSE,
-    DTR_OP_SUM, DTR_OP_MEAN, DTR_OP_SUM_ALL, DTR_OP_MEAN_ALL,
-    DTR_OP_EMBEDDING, DTR_OP_LAYERNORM, DTR_OP_DROPOUT,
-    DTR_OP_CONV2D, DTR_OP_MAXPOOL2D, DTR_OP_AVGPOOL2D,
-    DTR_OP_CAST,
-    DTR_OP_RESHAPE, DTR_OP_PERMUTE, DTR_OP_SLICE, DTR_OP_CONCAT, DTR_OP_CONTIGUOUS,
-    DTR_OP_COUNT
-} dtr__op;
+/* ---- the op list ----
+ * One entry per op, in id order: X(ID, "name", kernels).
+ *   ID       DTR_OP_<ID>, the op's stable id. Ids are append-only (traces and checkpoints store
+ *            them): a new op goes at the END of the list, and DTR__OP_COUNT_EXPECTED below grows.
+ *   "name"   what errors, logs and traces print (dtr__op_name).
+ *   kernels  the CPU kernel pair dtr__cpu_<kernels>_fwd / dtr__cpu_<kernels>_bwd (src/ops/);
+ *            ops of one family share a pair and switch on node->op.
+ * Everything indexed by op (the enum, the names, each backend's dispatch table, the tests'
+ * coverage check) is generated from this list: adding an op is one entry here, a builder, its
+ * kernels and a test case (HACKING.md, "Adding an op"). */
+#define DTR__OP_LIST(X)                                                                       \
+    X(ADD, "add", binary) X(SUB, "sub", binary) X(MUL, "mul", binary) X(DIV, "div", binary)   \
+    X(SCALE, "scale", unary) X(RELU, "relu", unary) X(GELU, "gelu", unary)                   \
+    X(TANH, "tanh", unary) X(SIGMOID, "sigmoid", unary)                                      \
+    X(MATMUL, "matmul", matmul) X(LINEAR, "linear", linear)                                  \
+    X(SOFTMAX, "softmax", softmax) X(LOG_SOFTMAX, "log_softmax", softmax)                    \
+    X(SOFTMAX_CAUSAL, "softmax_causal", softmax)                                             \
+    X(CROSS_ENTROPY, "cross_entropy", cross_entropy) X(MSE, "mse", mse)                      \
+    X(SUM, "sum", reduce) X(MEAN, "mean", reduce) X(SUM_ALL, "sum_all", reduce)              \
+    X(MEAN_ALL, "mean_all", reduce)                                                          \
+    X(EMBEDDING, "embedding", embedding) X(LAYERNORM, "layernorm", layernorm)                \
+    X(DROPOUT, "dropout", dropout) X(CONV2D, "conv2d", conv2d)                               \
+    X(MAXPOOL2D, "maxpool2d", pool2d) X(AVGPOOL2D, "avgpool2d", pool2d)                      \
+    X(CAST, "cast", cast)                                                                    \
+    X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
+    X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
+    X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)
 
-#define DTR__MAX_INPUTS 4
+#define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
+/** Stable op ids (DTR_OP_NONE = 0 is no op). */
+typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
+#undef DTR__OP_ENUM
+/** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
+#define DTR__OP_COUNT_EXPECTED 35
+typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
-/** One recorded operation: forward arguments, saved state for backward. */
+/** "add", "conv2d", ...; "none" for 0 and "?" outside the list. */
+const char *dtr__op_name(int op);
+
+/* ---- typed op parameters: what an op means, recorded by its builder ---- */
+
+typedef struct dtr__conv2d_params { int64_t stride, padding; } dtr__conv2d_params;   /* CONV2D */
+typedef struct dtr__pool2d_params { int64_t k, stride, padding; } dtr__pool2d_params; /* MAX/AVGPOOL2D */
+typedef struct dtr__dropout_params {
+    float p;                          /* drop probability, in (0, 1) */
+    dtr_rng rng;                      /* the context's stream where this op's draws start: the
+                                         mask is element i's draw < p, in row-major order */
+} dtr__dropout_params;
+typedef struct dtr__view_params {
+    int axis;                         /* SLICE, CONCAT: the axis */
+    int64_t start;                    /* SLICE: first index along axis */
+    int perm[DTR_MAX_DIMS];           /* PERMUTE: out axis d is input axis perm[d] */
+} dtr__view_params;
+
+/** Parameters of a node, by op (ops not listed have none). */
+typedef union dtr__op_params {
+    float scale;                      /* SCALE: the factor */
+    float eps;                        /* LAYERNORM: added to the variance */
+    int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__conv2d_params conv2d;
+    dtr__pool2d_params pool2d;
+    dtr__dropout_params dropout;
+    dtr__view_params view;
+} dtr__op_params;
+
+#define DTR__INLINE_INPUTS 4
+
+/** One recorded operation: what the builder says (op, inputs, params) and what the backend's
+ *  forward keeps for backward (`saved`). */
 typedef struct dtr__node {
-    int op;
-    int n_in;
-    dtr_tensor *in[DTR__MAX_INPUTS];
+    int op;                           /* DTR_OP_* */
+    int n_in;                         /* number of inputs */
+    dtr_tensor **in;                  /* the inputs (in_inline when n_in <= DTR__INLINE_INPUTS);
+                                         an entry may be NULL (an absent optional input) */
+    dtr_tensor *in_inline[DTR__INLINE_INPUTS];
     dtr_tensor *out;
-    int64_t iarg[8];
-    float farg[4];
-    void *aux;                /* saved buffers (arena): masks, indices, statistics */
-    void *aux2;
-    dtr_tensor *const *list;  /* concat inputs */
-    struct dtr__node *prev;   /* previous node on the tape */
+    dtr__op_params p;
+    int taped;                        /* recorded for backward (set before the forward kernel runs) */
+    void *saved;                      /* backend-private: what its forward keeps for its backward
+                                         (masks, argmax indices, statistics, im2col columns) */
+    struct dtr__node *prev;           /* previous node on the tape */
 } dtr__node;
 
 /** Arguments of one fused optimizer update over a contiguous range. */
@@ -1868,10 +1977,26 @@ typedef struct dtr__opt_args {
     float *work;                  /* n floats of scratch for LAMB */
 } dtr__opt_args;
 
-/** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only. */
+/** Capabilities of a backend (dtr_backend.caps). */
+enum {
+    DTR__CAP_HOST_MEMORY = 1u,  /* tensor, parameter and gradient memory is host memory: the
+                                   host may read and write it directly (the CPU) */
+    DTR__CAP_ASYNC = 2u         /* work is queued on a stream and completes later: wait on
+                                   events (or synchronize) before the host reads results */
+};
+
+/** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only: a new
+ *  slot goes at the end, and struct_size tells which slots a backend has.
+ *  Asynchronous contract: every slot that computes may only queue work on the context's
+ *  stream; event_record marks "everything queued so far", and results are host-visible once
+ *  that event completes. A backend without DTR__CAP_ASYNC (the CPU) completes each call
+ *  before it returns and records NULL events (complete). Errors of a device are reported as
+ *  DTR_DEVICE_ERROR / DTR_DEVICE_OUT_OF_MEMORY, distinct from DTR_UNSUPPORTED (no kernel). */
 struct dtr_backend {
     int abi_version;          /* DTR_VERSION_NUMBER the backend was built with */
+    size_t struct_size;       /* sizeof(dtr_backend) the backend was built with */
     const char *name;
+    unsigned caps;            /* DTR__CAP_* */
     dtr_result (*init)(dtr_context *ctx, void **state);
     void (*shutdown)(dtr_context *ctx, void *state);
     /* long-lived memory (model buffers, optimizer state) */
@@ -1881,20 +2006,41 @@ struct dtr_backend {
     void *(*chunk_alloc)(dtr_context *ctx, size_t bytes);
     void (*chunk_free)(dtr_context *ctx, void *p);
     dtr_result (*memset0)(dtr_context *ctx, void *dst, size_t bytes);
+    /* copies between host and backend memory; to_host completes before it returns */
     dtr_result (*to_host)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
     dtr_result (*from_host)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
-    /* run the forward kernel of node->op, writing node->out (and node->aux) */
+    /* 1 when the backend has forward and backward kernels for op (DTR_OP_*) */
+    int (*supports_op)(const dtr_context *ctx, int op);
+    /* run the forward kernel of node->op, writing node->out (and node->saved) */
     dtr_result (*forward)(dtr_context *ctx, dtr__node *node);
     /* accumulate into the grads of node->in[i] that are non-NULL, from node->out->grad */
     dtr_result (*backward)(dtr_context *ctx, dtr__node *node);
     /* optimizer update over n contiguous floats (see dtr__opt_args) */
     dtr_result (*optimizer_update)(dtr_context *ctx, const dtr__opt_args *args);
-    /* sum of squares of n floats into *out (host) */
+    /* sum of squares of n floats into *out (host; completes before it returns) */
     dtr_result (*sumsq)(dtr_context *ctx, const float *x, int64_t n, double *out);
     /* x *= s over n floats */
     dtr_result (*scale)(dtr_context *ctx, float *x, int64_t n, float s);
+    /* out[i] = a[i] op b[i] over n elements of dt in this backend's memory, then / div when
+       div > 1 (collectives reduce with it; out may alias a or b). op: dtr_reduce_op */
+    dtr_result (*reduce)(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
+                         int div);
+    /* events: *ev marks the work queued so far on the context's stream (NULL: complete);
+       valid until dtr_context_reset. wait blocks the host; query sets *done. */
+    dtr_result (*event_record)(dtr_context *ctx, dtr_event **ev);
+    dtr_result (*event_wait)(dtr_context *ctx, dtr_event *ev);
+    dtr_result (*event_query)(dtr_context *ctx, dtr_event *ev, int *done);
     dtr_result (*synchronize)(dtr_context *ctx);
 };
+
+#define DTR__MAX_GRAD_HOOKS 8
+
+/** One installed gradient hook (dtr_context_add_grad_hook). */
+typedef struct dtr__grad_hook {
+    dtr_grad_hook_fn fn;
+    void *user;
+    int id;
+} dtr__grad_hook;
 
 struct dtr_context {
     dtr_context_config cfg;
@@ -1912,11 +2058,15 @@ struct dtr_context {
     char msg[512];
     dtr_rng rng;                  /* dropout */
     uint64_t dropout_calls;
-    /* gradient-ready hook (dtr_context_set_grad_ready): dtr_backward calls it once a
-       parameter's gradient is final for the pass; NULL costs nothing */
-    dtr_result (*grad_ready)(void *user, dtr_tensor *param);
-    void *grad_ready_user;
+    /* gradient hooks (dtr_context_add_grad_hook), called in order once a parameter's
+       gradient is final for a backward pass; none installed costs nothing */
+    dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
+    int n_grad_hooks, grad_hook_ids;
+    uint32_t backward_pass;       /* number of the current (last) backward pass */
 };
+
+/** Host memory for the backend's tensors (may the host read and write it?). */
+static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
 
 /* ---- errors and logging ---- */
 
@@ -1946,7 +2096,14 @@ const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
 /** New node for `op`: records it on the tape when grad is on and an input needs grad,
  *  then runs the backend's forward. Returns out, or NULL with the error set. */
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
-dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname);
+/** New node for `op` with n_in inputs (NULL entries allowed): in points at in_inline, or at
+ *  arena memory beyond DTR__INLINE_INPUTS. NULL with the error set on failure. */
+dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
+/** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
+ *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+/** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** x, or a recorded contiguous copy of it. */
@@ -3392,6 +3549,8 @@ const char *dtr_result_string(dtr_result r) {
     case DTR_CORRUPT_FILE: return "corrupt file";
     case DTR_TIMEOUT: return "timeout";
     case DTR_PEER_FAILED: return "peer failed";
+    case DTR_DEVICE_ERROR: return "device error";
+    case DTR_DEVICE_OUT_OF_MEMORY: return "device out of memory";
     }
     return "unknown error";
 }
@@ -3559,7 +3718,8 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
         return DTR_INVALID_ARGUMENT;
     if (cfg->threads < 0 || cfg->threads > 1024) return DTR_INVALID_ARGUMENT;
-    if (cfg->backend && cfg->backend->abi_version != DTR_VERSION_NUMBER) return DTR_VERSION_MISMATCH;
+    if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
+        return DTR_VERSION_MISMATCH;
     ctx = (dtr_context *)dtr__calloc(a, sizeof(*ctx));
     if (!ctx) return DTR_OUT_OF_MEMORY;
     ctx->cfg = *cfg;
@@ -3669,6 +3829,21 @@ uint32_t dtr_rng_u32(dtr_rng *rng) {
     xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
     rot = (uint32_t)(old >> 59u);
     return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
+}
+
+/* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
+    uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;
+    while (delta > 0) {
+        if (delta & 1u) {
+            acc_mult *= mult;
+            acc_plus = acc_plus * mult + plus;
+        }
+        plus = (mult + 1u) * plus;
+        mult *= mult;
+        delta >>= 1u;
+    }
+    rng->state = acc_mult * rng->state + acc_plus;
 }
 
 float dtr_rng_uniform(dtr_rng *rng) { return (float)(dtr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }
@@ -3897,7 +4072,7 @@ dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *shape, fl
     float *tmp;
     if (!t) return NULL;
     n = dtr_tensor_numel(t);
-    if (ctx->backend == &dtr__cpu_backend) {
+    if (dtr__host_memory(ctx)) {
         for (i = 0; i < n; i++) dtr__f32(t)[i] = value;
         return t;
     }
@@ -3955,7 +4130,7 @@ int dtr_tensor_is_contiguous(const dtr_tensor *t) {
 
 void *dtr_tensor_data(dtr_tensor *t) {
     if (!t || !t->storage) return NULL;
-    if (t->ctx && t->ctx->backend != &dtr__cpu_backend) return NULL;
+    if (t->ctx && !dtr__host_memory(t->ctx)) return NULL;
     return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype);
 }
 
@@ -4000,12 +4175,12 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
                          (long long)dtr_tensor_numel(t));
     es = dtr_dtype_size(t->dtype);
     bytes = n * es;
-    if (ctx->backend == &dtr__cpu_backend && dtr_tensor_is_contiguous(t)) {
+    if (dtr__host_memory(ctx) && dtr_tensor_is_contiguous(t)) {
         src = (const char *)t->storage + (size_t)t->offset * es;
     } else {
         tmp = dtr__malloc(&ctx->alloc, bytes);
         if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
-        if (ctx->backend == &dtr__cpu_backend) {
+        if (dtr__host_memory(ctx)) {
             dtr__gather(t, tmp, es);
         } else {
             if (!dtr_tensor_is_contiguous(t)) {
@@ -4036,7 +4211,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     if (!dtr_tensor_is_contiguous(t))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_write: the tensor is a non-contiguous view");
     es = dtr_dtype_size(t->dtype);
-    if (ctx->backend == &dtr__cpu_backend)
+    if (dtr__host_memory(ctx))
         return dtr_convert((char *)t->storage + (size_t)t->offset * es, t->dtype, src, dt, n);
     tmp = dtr__malloc(&ctx->alloc, n * es);
     if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_write: out of memory");
@@ -4057,7 +4232,7 @@ float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
         off += (rem % t->shape[d]) * t->stride[d];
         rem /= t->shape[d];
     }
-    if (t->ctx->backend == &dtr__cpu_backend) {
+    if (dtr__host_memory(t->ctx)) {
         dtr_convert(&f, DTR_F32, (const char *)t->storage + (size_t)off * dtr_dtype_size(t->dtype), t->dtype, 1);
     } else {
         unsigned char buf[8];
@@ -4079,28 +4254,50 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
 
-dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname) {
-    dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), opname);
+#define DTR__OP_NAME(id, name, kernels) name,
+static const char *const dtr__op_names[DTR_OP_COUNT] = {"none", DTR__OP_LIST(DTR__OP_NAME)};
+#undef DTR__OP_NAME
+
+const char *dtr__op_name(int op) { return op >= 0 && op < DTR_OP_COUNT ? dtr__op_names[op] : "?"; }
+
+dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in) {
+    dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), dtr__op_name(op));
     if (!n) return NULL;
     memset(n, 0, sizeof(*n));
     n->op = op;
+    n->n_in = n_in;
+    n->in = n->in_inline;
+    if (n_in > DTR__INLINE_INPUTS) {
+        n->in = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)n_in * sizeof(dtr_tensor *), dtr__op_name(op));
+        if (!n->in) return NULL;
+    }
+    if (n_in > 0) memcpy(n->in, in, (size_t)n_in * sizeof(dtr_tensor *));
     return n;
+}
+
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
+    return dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+}
+
+static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
+    int i;
+    if (!ctx->grad_enabled) return 0;
+    if (node->out->dtype != DTR_F32 && node->out->dtype != DTR_BF16 && node->out->dtype != DTR_F16) return 0;
+    for (i = 0; i < node->n_in; i++)
+        if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) return 1;
+    return 0;
 }
 
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     dtr_result r;
-    int i, needs = 0;
     if (ctx->status != DTR_OK) return NULL;
+    node->taped = dtr__node_needs_grad(ctx, node);
     r = ctx->backend->forward(ctx, node);
     if (r != DTR_OK) {
-        if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel failed", opname);
+        if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel of op '%s' failed", opname, dtr__op_name(node->op));
         return NULL;
     }
-    if (ctx->grad_enabled) {
-        for (i = 0; i < node->n_in; i++)
-            if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) needs = 1;
-    }
-    if (needs && (node->out->dtype == DTR_F32 || node->out->dtype == DTR_BF16 || node->out->dtype == DTR_F16)) {
+    if (node->taped) {
         node->out->flags |= DTR__REQUIRES_GRAD;
         node->out->node = node;
         node->prev = ctx->tape;
@@ -4135,24 +4332,50 @@ dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
 /* ---- src/core/autograd.c ---- */
 /* ============================================================================
  * Autograd: replays the tape recorded by the op builders in reverse.
+ *
+ * Passes. Each dtr_backward / dtr_backward_from is one pass with its own number. Gradients of
+ * leaves (parameters, tensors marked with dtr_tensor_requires_grad) accumulate across passes;
+ * the gradient of an intermediate tensor belongs to one pass: the first write of a pass
+ * finds it zeroed (dtr__grad_of_pass), and a node whose output received nothing in this pass
+ * is skipped. So two losses that share a graph, each with its own dtr_backward, give the sum
+ * of their gradients, as PyTorch's retain_graph=True does.
+ *
+ * Gradient hooks. With hooks installed, a pass first counts, for every model parameter on
+ * the tape, the nodes whose backward writes its gradient (grad_pending), then after each
+ * node (run or skipped) counts down its parameter inputs and reports a parameter when its
+ * count reaches zero: its gradient is final for this pass. The report carries an event that
+ * completes when the backend has finished writing it (NULL on the CPU: already done).
  * ==========================================================================*/
 
-/* ---- gradient-ready hook ----
- * With a hook installed, dtr_backward first counts, for every model parameter on the tape,
- * the nodes whose backward writes its gradient (grad_pending), then after each node (run or
- * skipped because nothing flowed into it) counts down its parameter inputs and reports a
- * parameter when its count reaches zero: its gradient is final for this pass. */
+/* ---- gradient hooks ---- */
 
-dtr_result dtr_context_set_grad_ready(dtr_context *ctx, dtr_result (*fn)(void *user, dtr_tensor *param), void *user) {
+dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn fn, void *user, int *id) {
+    dtr__grad_hook *h;
     if (!ctx) return DTR_NULL_HANDLE;
-    ctx->grad_ready = fn;
-    ctx->grad_ready_user = fn ? user : NULL;
+    if (!fn) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_context_add_grad_hook: fn is NULL");
+    if (ctx->n_grad_hooks >= DTR__MAX_GRAD_HOOKS)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_context_add_grad_hook: the context has %d hooks already",
+                         DTR__MAX_GRAD_HOOKS);
+    h = &ctx->grad_hooks[ctx->n_grad_hooks++];
+    h->fn = fn;
+    h->user = user;
+    h->id = ++ctx->grad_hook_ids;
+    if (id) *id = h->id;
     return DTR_OK;
 }
 
-/* the i-th tensor whose gradient node n's backward writes (concat: its list) */
-static int dtr__node_nin(const dtr__node *n) { return n->op == DTR_OP_CONCAT ? (int)n->iarg[1] : n->n_in; }
-static dtr_tensor *dtr__node_input(const dtr__node *n, int i) { return n->op == DTR_OP_CONCAT ? n->list[i] : n->in[i]; }
+dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id) {
+    int i;
+    if (!ctx) return DTR_NULL_HANDLE;
+    for (i = 0; i < ctx->n_grad_hooks; i++) {
+        if (ctx->grad_hooks[i].id != id) continue;
+        for (; i + 1 < ctx->n_grad_hooks; i++) ctx->grad_hooks[i] = ctx->grad_hooks[i + 1];
+        ctx->n_grad_hooks--;
+        return DTR_OK;
+    }
+    return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_context_remove_grad_hook: no hook with id %d", id);
+}
+
 static int dtr__is_param(const dtr_tensor *x) {
     return x && (x->flags & DTR__PARAM) && (x->flags & DTR__REQUIRES_GRAD);
 }
@@ -4161,76 +4384,133 @@ static void dtr__count_writers(dtr_context *ctx) {
     dtr__node *n;
     int i;
     for (n = ctx->tape; n; n = n->prev)
-        for (i = 0; i < dtr__node_nin(n); i++)
-            if (dtr__is_param(dtr__node_input(n, i))) dtr__node_input(n, i)->grad_pending = 0;
+        for (i = 0; i < n->n_in; i++)
+            if (dtr__is_param(n->in[i])) n->in[i]->grad_pending = 0;
     for (n = ctx->tape; n; n = n->prev)
-        for (i = 0; i < dtr__node_nin(n); i++)
-            if (dtr__is_param(dtr__node_input(n, i))) dtr__node_input(n, i)->grad_pending++;
+        for (i = 0; i < n->n_in; i++)
+            if (dtr__is_param(n->in[i])) n->in[i]->grad_pending++;
+}
+
+static dtr_result dtr__report_param(dtr_context *ctx, dtr_tensor *x) {
+    dtr_event *ready = NULL;
+    dtr_result r = ctx->backend->event_record(ctx, &ready);
+    int k;
+    for (k = 0; r == DTR_OK && k < ctx->n_grad_hooks; k++) {
+        r = ctx->grad_hooks[k].fn(ctx->grad_hooks[k].user, x, ready);
+        if (r != DTR_OK && ctx->status == DTR_OK)
+            dtr__fail(ctx, r, "dtr_backward: gradient hook %d failed on '%s'", ctx->grad_hooks[k].id, x->name);
+    }
+    return r;
 }
 
 static dtr_result dtr__writers_done(dtr_context *ctx, const dtr__node *n) {
     int i;
-    for (i = 0; i < dtr__node_nin(n); i++) {
-        dtr_tensor *x = dtr__node_input(n, i);
+    for (i = 0; i < n->n_in; i++) {
+        dtr_tensor *x = n->in[i];
         if (dtr__is_param(x) && --x->grad_pending == 0) {
-            dtr_result r = ctx->grad_ready(ctx->grad_ready_user, x);
-            if (r != DTR_OK) {
-                if (ctx->status == DTR_OK) dtr__fail(ctx, r, "dtr_backward: the gradient-ready hook failed on '%s'", x->name);
-                return r;
-            }
+            dtr_result r = dtr__report_param(ctx, x);
+            if (r != DTR_OK) return r;
         }
     }
     return DTR_OK;
 }
 
-dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss) {
+/* ---- passes ---- */
+
+/* The gradient of x for the current pass: a leaf's accumulates; an intermediate's starts
+ * from zero in each pass. */
+static dtr_result dtr__grad_of_pass(dtr_context *ctx, dtr_tensor *x) {
+    dtr_result r = dtr__grad_ensure(ctx, x);
+    if (r != DTR_OK || !x->node || x->grad_pass == ctx->backward_pass) {
+        x->grad_pass = ctx->backward_pass;
+        return r;
+    }
+    x->grad_pass = ctx->backward_pass;
+    return ctx->backend->memset0(ctx, x->grad, (size_t)dtr_tensor_numel(x) * sizeof(float));
+}
+
+static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
+    return x->grad && x->grad_pass == ctx->backward_pass;
+}
+
+static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
+    dtr_result r;
+    int i;
+    for (i = 0; i < n->n_in; i++) {
+        dtr_tensor *x = n->in[i];
+        if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
+    }
+    r = ctx->backend->backward(ctx, n);
+    if (r != DTR_OK && ctx->status == DTR_OK)
+        dtr__fail(ctx, r, "dtr_backward: backward kernel of op '%s' failed", dtr__op_name(n->op));
+    return r;
+}
+
+/* Replays the tape from its end; `out` already holds this pass's seed gradient. */
+static dtr_result dtr__replay(dtr_context *ctx) {
     dtr__node *n;
     dtr_result r;
-    float one = 1.0f;
-    int i;
+    int hooks = ctx->n_grad_hooks > 0;
+    if (hooks) dtr__count_writers(ctx);
+    for (n = ctx->tape; n; n = n->prev) {
+        if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
+        if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_tensor *out) {
+    if (!ctx) return DTR_NULL_HANDLE;
+    if (ctx->status != DTR_OK) return ctx->status;
+    if (!out) return dtr__fail(ctx, DTR_NULL_HANDLE, "%s: the tensor is NULL", fn);
+    if (out->ctx != ctx) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: the tensor belongs to another context", fn);
+    if (!(out->flags & DTR__REQUIRES_GRAD))
+        return dtr__fail(ctx, DTR_BAD_STATE, "%s: the tensor does not depend on any parameter "
+                                             "(or gradient recording was off)", fn);
+    return DTR_OK;
+}
+
+dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
+    size_t bytes;
+    if (r != DTR_OK) return r;
+    if (!grad) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward_from: grad is NULL");
+    ctx->backward_pass++;
+    bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
+    r = dtr__grad_of_pass(ctx, out);
+    if (r == DTR_OK && out->node) {
+        r = ctx->backend->from_host(ctx, out->grad, grad, bytes);
+    } else if (r == DTR_OK) { /* a leaf: its gradient accumulates */
+        float *tmp = (float *)dtr__arena_data(ctx, bytes, "dtr_backward_from");
+        r = tmp ? ctx->backend->from_host(ctx, tmp, grad, bytes) : ctx->status;
+        if (r == DTR_OK) r = ctx->backend->reduce(ctx, out->grad, out->grad, tmp, (size_t)dtr_tensor_numel(out), DTR_F32, DTR_REDUCE_SUM, 1);
+    }
+    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward_from: cannot seed the gradient");
+    return dtr__replay(ctx);
+}
+
+dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss) {
+    static const float one = 1.0f;
     if (!ctx) return DTR_NULL_HANDLE;
     if (ctx->status != DTR_OK) return ctx->status;
     if (!loss) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward: loss is NULL");
     if (dtr_tensor_numel(loss) != 1)
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_backward: loss must be a scalar, has %lld elements",
                          (long long)dtr_tensor_numel(loss));
-    if (!(loss->flags & DTR__REQUIRES_GRAD))
-        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_backward: the loss does not depend on any parameter "
-                                             "(or gradient recording was off)");
-    r = dtr__grad_ensure(ctx, loss);
-    if (r != DTR_OK) return r;
-    r = ctx->backend->from_host(ctx, loss->grad, &one, sizeof(float));
-    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward: cannot seed the gradient");
-    if (ctx->grad_ready) dtr__count_writers(ctx);
-    for (n = ctx->tape; n; n = n->prev) {
-        if (!n->out->grad) { /* nothing flowed back into this node */
-            if (ctx->grad_ready && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
-            continue;
-        }
-        for (i = 0; i < n->n_in; i++) {
-            dtr_tensor *x = n->in[i];
-            if (x && (x->flags & DTR__REQUIRES_GRAD)) {
-                r = dtr__grad_ensure(ctx, x);
-                if (r != DTR_OK) return r;
-            }
-        }
-        if (n->op == DTR_OP_CONCAT) {
-            for (i = 0; i < (int)n->iarg[1]; i++) {
-                dtr_tensor *x = n->list[i];
-                if (x->flags & DTR__REQUIRES_GRAD) {
-                    r = dtr__grad_ensure(ctx, x);
-                    if (r != DTR_OK) return r;
-                }
-            }
-        }
-        r = ctx->backend->backward(ctx, n);
-        if (r != DTR_OK) {
-            if (ctx->status == DTR_OK) dtr__fail(ctx, r, "dtr_backward: backward kernel of op %d failed", n->op);
-            return r;
-        }
-        if (ctx->grad_ready && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
-    }
-    return DTR_OK;
+    return dtr_backward_from(ctx, loss, &one);
+}
+
+/* ---- completion events ---- */
+
+dtr_result dtr_event_wait(dtr_context *ctx, dtr_event *ev) {
+    if (!ctx) return DTR_NULL_HANDLE;
+    return ev ? ctx->backend->event_wait(ctx, ev) : DTR_OK;
+}
+
+dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    if (!ctx || !done) return DTR_NULL_HANDLE;
+    *done = 1;
+    return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
 
 /* ---- src/ops/ops_elementwise.c ---- */
@@ -4304,11 +4584,11 @@ static dtr_tensor *dtr__binary(dtr_context *ctx, int op, const char *name, dtr_t
     if (!dtr__bcast_make(a, b, &bc))
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: shapes %s and %s do not broadcast", name,
                           dtr__shape_str(a, s1, sizeof s1), dtr__shape_str(b, s2, sizeof s2));
-    n = dtr__node_new(ctx, op, name);
+    {
+        dtr_tensor *in[2] = {a, b};
+        n = dtr__node_new(ctx, op, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = a;
-    n->in[1] = b;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, bc.nd, bc.shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -4394,11 +4674,9 @@ static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_te
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->farg[0] = arg;
+    if (op == DTR_OP_SCALE) n->p.scale = arg;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -4409,8 +4687,12 @@ dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, D
 dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0); }
 dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0); }
 dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
+dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
+dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
 
-#define DTR__GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
+#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
@@ -4424,10 +4706,10 @@ static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
     for (; i + 8 <= e; i += 8) {
         float t[8];
         for (k = 0; k < 8; k++) t[k] = x[i + k];
-        for (k = 0; k < 8; k++) t[k] = t[k] > 0.0f ? t[k] : 0.0f;
+        for (k = 0; k < 8; k++) t[k] = t[k] < 0.0f ? 0.0f : t[k];
         for (k = 0; k < 8; k++) y[i + k] = t[k];
     }
-    for (; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (; i < e; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
 }
 
 static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
@@ -4436,10 +4718,10 @@ static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, 
     for (; i + 8 <= e; i += 8) {
         float tx[8], tg[8], tgx[8];
         for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
-        for (k = 0; k < 8; k++) tgx[k] += tx[k] > 0.0f ? tg[k] : 0.0f;
+        for (k = 0; k < 8; k++) tgx[k] += tx[k] <= 0.0f ? 0.0f : tg[k];
         for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
     }
-    for (; i < e; i++) gx[i] += x[i] > 0.0f ? g[i] : 0.0f;
+    for (; i < e; i++) gx[i] += x[i] <= 0.0f ? 0.0f : g[i];
 }
 
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
@@ -4449,7 +4731,7 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
+    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
     case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
     case DTR_OP_GELU:
         for (i = b; i < e; i++) {
@@ -4458,6 +4740,8 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         break;
     case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
+    case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * DTR__SQRT1_2)); break;
     default: for (i = b; i < e; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
     }
 }
@@ -4469,7 +4753,7 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
+    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
     case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
     case DTR_OP_GELU:
         for (i = b; i < e; i++) {
@@ -4479,6 +4763,15 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         break;
     case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
+    case DTR_OP_ABS: /* sign(x): 0 at 0, NaN at NaN (as PyTorch) */
+        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : x[i] * 0.0f);
+        break;
+    case DTR_OP_GELU_ERF:
+        for (i = b; i < e; i++) {
+            float v = x[i], cdf = 0.5f * (1.0f + erff(v * DTR__SQRT1_2));
+            gx[i] += g[i] * (cdf + v * DTR__INV_SQRT_2PI * expf(-0.5f * v * v));
+        }
+        break;
     default: for (i = b; i < e; i++) gx[i] += g[i] * y[i] * (1.0f - y[i]); break;
     }
 }
@@ -4517,11 +4810,9 @@ static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_t
     }
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->iarg[0] = axis;
+    n->p.axis = axis;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, nd, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -4549,15 +4840,15 @@ dtr_result dtr__cpu_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
         int64_t i, n = dtr_tensor_numel(nd->in[0]);
         double s = 0.0;
         for (i = 0; i < n; i++) s += x[i];
-        y[0] = (float)(nd->op == DTR_OP_MEAN_ALL ? (n ? s / (double)n : 0.0) : s);
+        y[0] = (float)(nd->op == DTR_OP_MEAN_ALL ? s / (double)n : s); /* empty: 0/0 = NaN */
     } else {
         int64_t outer, len, inner, o, k, i;
-        dtr__axis_split(nd->in[0], (int)nd->iarg[0], &outer, &len, &inner);
+        dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         for (o = 0; o < outer; o++)
             for (i = 0; i < inner; i++) {
                 double s = 0.0;
                 for (k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
-                if (nd->op == DTR_OP_MEAN && len) s /= (double)len;
+                if (nd->op == DTR_OP_MEAN) s /= (double)len; /* len 0: NaN */
                 y[o * inner + i] = (float)s;
             }
     }
@@ -4576,7 +4867,7 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
     } else {
         int64_t outer, len, inner, o, k, i;
         float sc;
-        dtr__axis_split(nd->in[0], (int)nd->iarg[0], &outer, &len, &inner);
+        dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
         for (o = 0; o < outer; o++)
             for (k = 0; k < len; k++)
@@ -4600,11 +4891,11 @@ dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
     pred = dtr__contig_input(ctx, pred);
     target = dtr__contig_input(ctx, target);
     if (!pred || !target) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_MSE, "dtr_mse");
+    {
+        dtr_tensor *in[2] = {pred, target};
+        n = dtr__node_new(ctx, DTR_OP_MSE, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = pred;
-    n->in[1] = target;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_mse");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_mse");
@@ -4619,7 +4910,7 @@ dtr_result dtr__cpu_mse_fwd(dtr_context *ctx, dtr__node *nd) {
     double s = 0.0;
     (void)ctx;
     for (i = 0; i < n; i++) { double d = (double)p[i] - t[i]; s += d * d; }
-    dtr__f32(nd->out)[0] = (float)(n ? s / (double)n : 0.0);
+    dtr__f32(nd->out)[0] = (float)(s / (double)n); /* empty: 0/0 = NaN, as PyTorch */
     return DTR_OK;
 }
 
@@ -4646,10 +4937,8 @@ dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt) {
     if (!dtr_dtype_size(dt)) return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cast: unknown dtype %d", (int)dt);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_CAST, "dtr_cast");
+    n = dtr__node_new(ctx, DTR_OP_CAST, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
     n->out = dtr__tensor_alloc(ctx, dt, x->ndim, x->shape, "dtr_cast");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_cast");
@@ -4725,11 +5014,11 @@ dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
     for (d = 0; d < bt.nd; d++) shape[d] = bt.shape[d];
     shape[bt.nd] = a->shape[a->ndim - 2];
     shape[bt.nd + 1] = b->shape[b->ndim - 1];
-    n = dtr__node_new(ctx, DTR_OP_MATMUL, "dtr_matmul");
+    {
+        dtr_tensor *in[2] = {a, b};
+        n = dtr__node_new(ctx, DTR_OP_MATMUL, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = a;
-    n->in[1] = b;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, bt.nd + 2, shape, "dtr_matmul");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_matmul");
@@ -4801,12 +5090,11 @@ dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     if (!x || !w) return NULL;
     for (d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
     shape[x->ndim - 1] = w->shape[0];
-    n = dtr__node_new(ctx, DTR_OP_LINEAR, "dtr_linear");
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, DTR_OP_LINEAR, bias ? 3 : 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = bias ? 3 : 2;
-    n->in[0] = x;
-    n->in[1] = w;
-    n->in[2] = bias;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, "dtr_linear");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_linear");
@@ -4871,10 +5159,8 @@ static dtr_tensor *dtr__softmax_like(dtr_context *ctx, int op, const char *name,
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (..., T, T)", name, dtr__shape_str(x, s1, sizeof s1));
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -4959,8 +5245,6 @@ dtr_result dtr__cpu_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
     dtr__node *n;
     char s1[96], s2[96];
-    int64_t R, K, i;
-    const int32_t *t;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_cross_entropy", logits, "logits")) return NULL;
     if (!targets) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_cross_entropy: targets is NULL");
@@ -4973,22 +5257,11 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
     logits = dtr__contig_input(ctx, logits);
     targets = dtr__contig_input(ctx, targets);
     if (!logits || !targets) return NULL;
-    R = dtr__rows(logits);
-    K = logits->shape[logits->ndim - 1];
-    if (ctx->backend == &dtr__cpu_backend) {
-        t = dtr__i32(targets);
-        for (i = 0; i < R; i++)
-            if (t[i] < 0 || t[i] >= K)
-                return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
-                                  (long long)i, (int)t[i], (long long)K);
+    {
+        dtr_tensor *in[2] = {logits, targets};
+        n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, 2, in);
     }
-    n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy");
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = logits;
-    n->in[1] = targets;
-    n->aux = dtr__arena_data(ctx, (size_t)(R * K) * sizeof(float), "dtr_cross_entropy"); /* probabilities */
-    if (!n->aux) return NULL;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_cross_entropy");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_cross_entropy");
@@ -4999,9 +5272,15 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x);
     const int32_t *t = dtr__i32(nd->in[1]);
-    float *P = (float *)nd->aux;
+    float *P;
     double loss = 0.0;
-    (void)ctx;
+    for (r = 0; r < R; r++)
+        if (t[r] < 0 || t[r] >= K)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)t[r], (long long)K);
+    P = (float *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float)); /* probabilities, for backward */
+    if (!P) return ctx->status;
+    nd->saved = P;
     for (r = 0; r < R; r++) {
         const float *xr = X + r * K;
         float *pr = P + r * K;
@@ -5020,7 +5299,7 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const int32_t *t = dtr__i32(nd->in[1]);
-    const float *P = (const float *)nd->aux;
+    const float *P = (const float *)nd->saved;
     float *gx = dtr__gradof(x), c;
     (void)ctx;
     if (!gx || !R) return DTR_OK;
@@ -5036,7 +5315,7 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) {
     dtr__node *n;
-    int64_t shape[DTR_MAX_DIMS], i, N, V;
+    int64_t shape[DTR_MAX_DIMS];
     char s1[96];
     int d;
     if (!ctx) return NULL;
@@ -5048,20 +5327,13 @@ dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) 
     table = dtr__contig_input(ctx, table);
     ids = dtr__contig_input(ctx, ids);
     if (!table || !ids) return NULL;
-    N = dtr_tensor_numel(ids);
-    V = table->shape[0];
-    if (ctx->backend == &dtr__cpu_backend)
-        for (i = 0; i < N; i++)
-            if (dtr__i32(ids)[i] < 0 || dtr__i32(ids)[i] >= V)
-                return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_embedding: id %lld is %d, outside [0, %lld)",
-                                  (long long)i, (int)dtr__i32(ids)[i], (long long)V);
     for (d = 0; d < ids->ndim; d++) shape[d] = ids->shape[d];
     shape[ids->ndim] = table->shape[1];
-    n = dtr__node_new(ctx, DTR_OP_EMBEDDING, "dtr_embedding");
+    {
+        dtr_tensor *in[2] = {table, ids};
+        n = dtr__node_new(ctx, DTR_OP_EMBEDDING, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = table;
-    n->in[1] = ids;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, ids->ndim + 1, shape, "dtr_embedding");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_embedding");
@@ -5072,7 +5344,11 @@ dtr_result dtr__cpu_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
     const float *W = dtr__f32(nd->in[0]);
     const int32_t *id = dtr__i32(nd->in[1]);
     float *Y = dtr__f32(nd->out);
-    (void)ctx;
+    int64_t V = nd->in[0]->shape[0];
+    for (i = 0; i < N; i++)
+        if (id[i] < 0 || id[i] >= V)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_embedding: id %lld is %d, outside [0, %lld)",
+                             (long long)i, (int)id[i], (long long)V);
     for (i = 0; i < N; i++) memcpy(Y + i * C, W + (int64_t)id[i] * C, (size_t)C * sizeof(float));
     return DTR_OK;
 }
@@ -5109,15 +5385,12 @@ dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_te
     if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_layernorm: eps must be > 0");
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_LAYERNORM, "dtr_layernorm");
+    {
+        dtr_tensor *in[3] = {x, w, b};
+        n = dtr__node_new(ctx, DTR_OP_LAYERNORM, 3, in);
+    }
     if (!n) return NULL;
-    n->n_in = 3;
-    n->in[0] = x;
-    n->in[1] = w;
-    n->in[2] = b;
-    n->farg[0] = eps;
-    n->aux = dtr__arena_data(ctx, (size_t)dtr__rows(x) * 2 * sizeof(float), "dtr_layernorm"); /* mean, rstd */
-    if (!n->aux) return NULL;
+    n->p.eps = eps;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_layernorm");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_layernorm");
@@ -5127,8 +5400,10 @@ dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    float *Y = dtr__f32(nd->out), *stat = (float *)nd->aux;
-    (void)ctx;
+    float *Y = dtr__f32(nd->out);
+    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)R * 2 * sizeof(float)); /* mean, rstd per row */
+    if (!stat) return ctx->status;
+    nd->saved = stat;
     for (r = 0; r < R; r++) {
         const float *xr = X + r * C;
         float *yr = Y + r * C;
@@ -5139,7 +5414,7 @@ dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
         mean = (float)m;
-        rstd = (float)(1.0 / sqrt(v + nd->farg[0]));
+        rstd = (float)(1.0 / sqrt(v + nd->p.eps));
         for (k = 0; k < C; k++) {
             float h = (xr[k] - mean) * rstd;
             yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
@@ -5154,7 +5429,7 @@ dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *G = nd->out->grad;
-    const float *stat = (const float *)nd->aux;
+    const float *stat = (const float *)nd->saved;
     float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
     (void)ctx;
     for (r = 0; r < R; r++) {
@@ -5184,25 +5459,19 @@ dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
     dtr__node *n;
-    int64_t i, N;
-    float *mask;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_dropout", x, "x")) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_dropout: p = %g outside [0, 1)", (double)p);
     if (!ctx->training || p == 0.0f) return x;
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    N = dtr_tensor_numel(x);
-    n = dtr__node_new(ctx, DTR_OP_DROPOUT, "dtr_dropout");
+    n = dtr__node_new(ctx, DTR_OP_DROPOUT, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->farg[0] = p;
-    /* the mask is drawn on the host from the context's seeded stream, so runs repeat */
-    mask = (float *)dtr__arena_meta(ctx, (size_t)N * sizeof(float), "dtr_dropout");
-    if (!mask) return NULL;
-    for (i = 0; i < N; i++) mask[i] = dtr_rng_uniform(&ctx->rng) < p ? 0.0f : 1.0f / (1.0f - p);
-    n->aux = mask;
+    /* the op takes the next numel(x) draws of the context's seeded stream, so runs repeat on
+       any backend; the backend draws them */
+    n->p.dropout.p = p;
+    n->p.dropout.rng = ctx->rng;
+    dtr__rng_advance(&ctx->rng, (uint64_t)dtr_tensor_numel(x));
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_dropout");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_dropout");
@@ -5210,16 +5479,20 @@ dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
 
 dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, N = dtr_tensor_numel(nd->out);
-    const float *x = dtr__f32(nd->in[0]), *m = (const float *)nd->aux;
-    float *y = dtr__f32(nd->out);
-    (void)ctx;
+    const float *x = dtr__f32(nd->in[0]);
+    float *y = dtr__f32(nd->out), *m, p = nd->p.dropout.p;
+    dtr_rng rng = nd->p.dropout.rng;
+    m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
+    if (!m) return ctx->status;
+    nd->saved = m;
+    for (i = 0; i < N; i++) m[i] = dtr_rng_uniform(&rng) < p ? 0.0f : 1.0f / (1.0f - p);
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, N = dtr_tensor_numel(nd->out);
-    const float *g = nd->out->grad, *m = (const float *)nd->aux;
+    const float *g = nd->out->grad, *m = (const float *)nd->saved;
     float *gx = dtr__gradof(nd->in[0]);
     (void)ctx;
     if (gx) for (i = 0; i < N; i++) gx[i] += g[i] * m[i];
@@ -5386,7 +5659,7 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1];
     g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
     g->O = w->shape[0]; g->KH = w->shape[2]; g->KW = w->shape[3];
-    g->S = nd->iarg[0]; g->P = nd->iarg[1];
+    g->S = nd->p.conv2d.stride; g->P = nd->p.conv2d.padding;
     g->Ho = nd->out->shape[2]; g->Wo = nd->out->shape[3];
 }
 
@@ -5394,7 +5667,7 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
 
 dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
     dtr__node *n;
-    int64_t shape[4], Ho, Wo, ckk, ncol;
+    int64_t shape[4], Ho, Wo;
     char s1[96], s2[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
@@ -5416,21 +5689,13 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     w = dtr__contig_input(ctx, w);
     if (!x || !w) return NULL;
     shape[0] = x->shape[0]; shape[1] = w->shape[0]; shape[2] = Ho; shape[3] = Wo;
-    n = dtr__node_new(ctx, DTR_OP_CONV2D, "dtr_conv2d");
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, DTR_OP_CONV2D, bias ? 3 : 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = bias ? 3 : 2;
-    n->in[0] = x;
-    n->in[1] = w;
-    n->in[2] = bias;
-    n->iarg[0] = stride;
-    n->iarg[1] = padding;
-    ckk = w->shape[1] * w->shape[2] * w->shape[3];
-    /* columns: one matrix per sample when backward will need them (dtr__record records the
-     * node exactly when grad is on and an input requires grad), else one per worker */
-    n->iarg[2] = ctx->grad_enabled && ((x->flags | w->flags | (bias ? bias->flags : 0u)) & DTR__REQUIRES_GRAD);
-    ncol = n->iarg[2] ? x->shape[0] : dtr__pool_threads(ctx->pool);
-    n->aux = dtr__arena_data(ctx, (size_t)(ncol * ckk * Ho * Wo) * sizeof(float), "dtr_conv2d");
-    if (!n->aux) return NULL;
+    n->p.conv2d.stride = stride;
+    n->p.conv2d.padding = padding;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
@@ -5459,10 +5724,10 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_geom *g = &j->g;
     const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
     const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
-    float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->aux;
+    float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->saved;
     int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o;
     for (n = b; n < e; n++) {
-        float *col = COL + (j->nd->iarg[2] ? n : worker) * ckk * P, *y = Y + n * g->O * P;
+        float *col = COL + (j->nd->taped ? n : worker) * ckk * P, *y = Y + n * g->O * P;
         dtr__im2col(g, X + n * g->C * g->H * g->W, col);
         for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
         /* y (O, P) += W (O, ckk) col (ckk, P) */
@@ -5472,10 +5737,15 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
 
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
+    int64_t ncol;
     memset(&j, 0, sizeof j);
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
+    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
+    ncol = nd->taped ? j.g.N : dtr__pool_threads(ctx->pool);
+    nd->saved = dtr__node_save(ctx, nd, (size_t)(ncol * j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo) * sizeof(float));
+    if (!nd->saved) return ctx->status;
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     return DTR_OK;
 }
@@ -5501,7 +5771,7 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *G = j->nd->out->grad, *COL = (const float *)j->nd->aux;
+    const float *G = j->nd->out->grad, *COL = (const float *)j->nd->saved;
     float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
     int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
@@ -5568,17 +5838,11 @@ static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_t
     shape[0] = x->shape[0]; shape[1] = x->shape[1];
     shape[2] = (x->shape[2] + 2 * padding - k) / stride + 1;
     shape[3] = (x->shape[3] + 2 * padding - k) / stride + 1;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->iarg[0] = k; n->iarg[1] = stride; n->iarg[2] = padding;
+    n->p.pool2d.k = k; n->p.pool2d.stride = stride; n->p.pool2d.padding = padding;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, name);
     if (!n->out) return NULL;
-    if (op == DTR_OP_MAXPOOL2D) {
-        n->aux = dtr__arena_data(ctx, (size_t)dtr_tensor_numel(n->out) * sizeof(int32_t), name); /* argmax */
-        if (!n->aux) return NULL;
-    }
     return dtr__record(ctx, n, name);
 }
 
@@ -5602,7 +5866,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
     int64_t c, oi, oj, a, b;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
-    int32_t *arg = (int32_t *)j->nd->aux;
+    int32_t *arg = (int32_t *)j->nd->saved;
     int maxp = j->nd->op == DTR_OP_MAXPOOL2D;
     for (c = c0; c < c1; c++) {
         const float *xc = X + c * H * W;
@@ -5619,7 +5883,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
                         if (jj < 0 || jj >= W) continue;
                         v = xc[ii * W + jj];
                         s += v;
-                        if (v > best || bi < 0) { best = v; bi = (int32_t)(ii * W + jj); }
+                        if (v > best || bi < 0 || v != v) { best = v; bi = (int32_t)(ii * W + jj); } /* NaN wins */
                     }
                 }
                 if (maxp) { Y[(c * Ho + oi) * Wo + oj] = best; arg[(c * Ho + oi) * Wo + oj] = bi; }
@@ -5633,6 +5897,10 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
  * through local arrays, which compilers turn into SIMD compares and selects instead of
  * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
  * output column oj and are not stored). */
+/* v replaces the window's best so far when larger, or when it is NaN (NaN propagates, and
+ * its index is the one backward uses, as in PyTorch). */
+#define DTR__MAX_TAKES(v, best) ((v) > (best) || (v) != (v))
+
 static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
                                 int32_t base, int32_t W) {
     float a[8], b[8], c[8], d[8], best[8];
@@ -5645,9 +5913,9 @@ static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int3
     for (k = 0; k < 8; k++) {
         int32_t j = base + 2 * (int32_t)(oj + k);
         best[k] = a[k]; bi[k] = j;
-        bi[k] = b[k] > best[k] ? j + 1 : bi[k];     best[k] = b[k] > best[k] ? b[k] : best[k];
-        bi[k] = c[k] > best[k] ? j + W : bi[k];     best[k] = c[k] > best[k] ? c[k] : best[k];
-        bi[k] = d[k] > best[k] ? j + W + 1 : bi[k]; best[k] = d[k] > best[k] ? d[k] : best[k];
+        bi[k] = DTR__MAX_TAKES(b[k], best[k]) ? j + 1 : bi[k];     best[k] = DTR__MAX_TAKES(b[k], best[k]) ? b[k] : best[k];
+        bi[k] = DTR__MAX_TAKES(c[k], best[k]) ? j + W : bi[k];     best[k] = DTR__MAX_TAKES(c[k], best[k]) ? c[k] : best[k];
+        bi[k] = DTR__MAX_TAKES(d[k], best[k]) ? j + W + 1 : bi[k]; best[k] = DTR__MAX_TAKES(d[k], best[k]) ? d[k] : best[k];
     }
     for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
 }
@@ -5656,7 +5924,7 @@ static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) 
     int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, c, oi, oj;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
-    int32_t *arg = (int32_t *)j->nd->aux;
+    int32_t *arg = (int32_t *)j->nd->saved;
     for (c = c0; c < c1; c++) {
         const float *xc = X + c * H * W;
         for (oi = 0; oi < Ho; oi++) {
@@ -5681,7 +5949,7 @@ static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker)
     int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
     int64_t c, oi, oj, a, b;
     const float *G = j->nd->out->grad;
-    const int32_t *arg_ = (const int32_t *)j->nd->aux;
+    const int32_t *arg_ = (const int32_t *)j->nd->saved;
     float *gx = dtr__gradof(j->nd->in[0]);
     (void)worker;
     for (c = c0; c < c1; c++) {
@@ -5712,7 +5980,7 @@ static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t 
     j->nd = nd;
     j->H = x->shape[2]; j->W = x->shape[3];
     j->Ho = nd->out->shape[2]; j->Wo = nd->out->shape[3];
-    j->k = nd->iarg[0]; j->S = nd->iarg[1]; j->P = nd->iarg[2];
+    j->k = nd->p.pool2d.k; j->S = nd->p.pool2d.stride; j->P = nd->p.pool2d.padding;
     *planes = x->shape[0] * x->shape[1];
     *grain = 16384 / (j->H * j->W + 1) + 1;   /* about 16k input elements per chunk at least */
 }
@@ -5720,6 +5988,10 @@ static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t 
 dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool2d_job j;
     int64_t planes, grain;
+    if (nd->op == DTR_OP_MAXPOOL2D) { /* argmax of each window, for backward */
+        nd->saved = dtr__node_save(ctx, nd, (size_t)dtr_tensor_numel(nd->out) * sizeof(int32_t));
+        if (!nd->saved) return ctx->status;
+    }
     dtr__pool2d_job_of(nd, &j, &planes, &grain);
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_fwd_range, &j);
     return DTR_OK;
@@ -5758,9 +6030,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         }                                                                                 \
     } while (0)
 
-static dtr_tensor *dtr__view_record(dtr_context *ctx, dtr__node *n, dtr_tensor *x, dtr_tensor *v, const char *name) {
-    n->n_in = 1;
-    n->in[0] = x;
+static dtr_tensor *dtr__view_record(dtr_context *ctx, dtr__node *n, dtr_tensor *v, const char *name) {
     n->out = v;
     return dtr__record(ctx, n, name);
 }
@@ -5794,13 +6064,13 @@ dtr_tensor *dtr_reshape(dtr_context *ctx, dtr_tensor *x, int ndim, const int64_t
                           dtr__shape_str(x, s1, sizeof s1), (long long)dtr_tensor_numel(x), (long long)dtr__numel(ndim, s));
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_RESHAPE, "dtr_reshape");
+    n = dtr__node_new(ctx, DTR_OP_RESHAPE, 1, &x);
     v = dtr__tensor_view(ctx, x, "dtr_reshape");
     if (!n || !v) return NULL;
     v->ndim = ndim;
     for (d = 0; d < ndim; d++) v->shape[d] = s[d];
     dtr__contig_strides(ndim, s, v->stride);
-    return dtr__view_record(ctx, n, x, v, "dtr_reshape");
+    return dtr__view_record(ctx, n, v, "dtr_reshape");
 }
 
 /* ---- permute, transpose ---- */
@@ -5818,15 +6088,15 @@ dtr_tensor *dtr_permute(dtr_context *ctx, dtr_tensor *x, const int *perm) {
                               perm[d], x->ndim);
         seen[perm[d]] = 1;
     }
-    n = dtr__node_new(ctx, DTR_OP_PERMUTE, "dtr_permute");
+    n = dtr__node_new(ctx, DTR_OP_PERMUTE, 1, &x);
     v = dtr__tensor_view(ctx, x, "dtr_permute");
     if (!n || !v) return NULL;
     for (d = 0; d < x->ndim; d++) {
         v->shape[d] = x->shape[perm[d]];
         v->stride[d] = x->stride[perm[d]];
-        n->iarg[d] = perm[d];
+        n->p.view.perm[d] = perm[d];
     }
-    return dtr__view_record(ctx, n, x, v, "dtr_permute");
+    return dtr__view_record(ctx, n, v, "dtr_permute");
 }
 
 dtr_tensor *dtr_transpose(dtr_context *ctx, dtr_tensor *x, int axis0, int axis1) {
@@ -5856,14 +6126,14 @@ dtr_tensor *dtr_slice(dtr_context *ctx, dtr_tensor *x, int axis, int64_t start, 
     if (start < 0 || end > x->shape[axis] || start > end)
         return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_slice: [%lld, %lld) outside axis %d of size %lld", (long long)start,
                           (long long)end, axis, (long long)x->shape[axis]);
-    n = dtr__node_new(ctx, DTR_OP_SLICE, "dtr_slice");
+    n = dtr__node_new(ctx, DTR_OP_SLICE, 1, &x);
     v = dtr__tensor_view(ctx, x, "dtr_slice");
     if (!n || !v) return NULL;
     v->shape[axis] = end - start;
     v->offset += start * x->stride[axis];
-    n->iarg[0] = axis;
-    n->iarg[1] = start;
-    return dtr__view_record(ctx, n, x, v, "dtr_slice");
+    n->p.view.axis = axis;
+    n->p.view.start = start;
+    return dtr__view_record(ctx, n, v, "dtr_slice");
 }
 
 /* ---- contiguous ---- */
@@ -5873,10 +6143,8 @@ dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x) {
     if (!ctx) return NULL;
     if (!x) return dtr__failt(ctx, ctx->status ? ctx->status : DTR_NULL_HANDLE, "dtr_contiguous: x is NULL");
     if (dtr_tensor_is_contiguous(x)) return x;
-    n = dtr__node_new(ctx, DTR_OP_CONTIGUOUS, "dtr_contiguous");
+    n = dtr__node_new(ctx, DTR_OP_CONTIGUOUS, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
     n->out = dtr__tensor_alloc(ctx, x->dtype, x->ndim, x->shape, "dtr_contiguous");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_contiguous");
@@ -5886,7 +6154,6 @@ dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x) {
 
 dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int count, int axis) {
     dtr__node *n;
-    dtr_tensor **list;
     int64_t shape[DTR_MAX_DIMS];
     char s1[96], s2[96];
     int i, d, ndim;
@@ -5905,19 +6172,11 @@ dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int count, int a
             if (d != axis && xs[i]->shape[d] != shape[d]) goto mismatch;
         shape[axis] += xs[i]->shape[axis];
     }
-    n = dtr__node_new(ctx, DTR_OP_CONCAT, "dtr_concat");
-    list = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)count * sizeof(*list), "dtr_concat");
-    if (!n || !list) return NULL;
-    for (i = 0; i < count; i++) list[i] = xs[i];
-    n->list = list;
-    n->iarg[0] = axis;
-    n->iarg[1] = count;
+    n = dtr__node_new(ctx, DTR_OP_CONCAT, count, xs);
+    if (!n) return NULL;
+    n->p.view.axis = axis;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, ndim, shape, "dtr_concat");
     if (!n->out) return NULL;
-    /* the tape only follows in[]: concat marks its output through the list below */
-    if (ctx->grad_enabled)
-        for (i = 0; i < count; i++)
-            if (xs[i]->flags & DTR__REQUIRES_GRAD) { n->n_in = 1; n->in[0] = xs[i]; break; }
     return dtr__record(ctx, n, "dtr_concat");
 mismatch:
     return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_concat: input %d %s does not match %s outside axis %d", i,
@@ -5935,12 +6194,12 @@ dtr_result dtr__cpu_view_fwd(dtr_context *ctx, dtr__node *nd) {
         const char *src = (const char *)x->storage;
         DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, memcpy(dst + (size_t)i * es, src + (size_t)off * es, es));
     } else if (nd->op == DTR_OP_CONCAT) {
-        int k, axis = (int)nd->iarg[0];
+        int k, axis = nd->p.view.axis;
         int64_t ostr[DTR_MAX_DIMS], base = 0;
         float *Y = dtr__f32(nd->out);
         memcpy(ostr, nd->out->stride, sizeof(ostr));
-        for (k = 0; k < (int)nd->iarg[1]; k++) {
-            const dtr_tensor *p = nd->list[k];
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
             const float *X = (const float *)p->storage;
             int64_t xo = p->offset;
             /* walk the input; the output offset follows with the output's strides */
@@ -5967,10 +6226,10 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     int d;
     (void)ctx;
     if (nd->op == DTR_OP_CONCAT) {
-        int k, axis = (int)nd->iarg[0];
+        int k, axis = nd->p.view.axis;
         int64_t base = 0;
-        for (k = 0; k < (int)nd->iarg[1]; k++) {
-            const dtr_tensor *p = nd->list[k];
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
             float *gp = dtr__gradof(p);
             if (gp) {
                 /* gp (dense) += the block of g at `base` along axis */
@@ -5991,11 +6250,11 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
         break;
     }
     case DTR_OP_PERMUTE:
-        for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->iarg[d]];
+        for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
         DTR__FOR_EACH(nd->out->ndim, nd->out->shape, gs, 0, gx[off] += g[i]);
         break;
     case DTR_OP_SLICE:
-        DTR__FOR_EACH(nd->out->ndim, nd->out->shape, cs, nd->iarg[1] * cs[nd->iarg[0]], gx[off] += g[i]);
+        DTR__FOR_EACH(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis], gx[off] += g[i]);
         break;
     default: break;
     }
@@ -6008,76 +6267,38 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  * beside each op's builder in src/ops/.
  * ==========================================================================*/
 
-/* kernels (defined in src/ops and src/optim) */
-dtr_result dtr__cpu_binary_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_binary_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_unary_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_unary_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_reduce_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_reduce_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_mse_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_mse_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cast_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cast_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_matmul_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_matmul_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_linear_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_linear_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_softmax_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_softmax_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_embedding_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_embedding_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_layernorm_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_layernorm_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_dropout_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_dropout_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_conv2d_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_conv2d_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_pool2d_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_pool2d_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_view_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_view_bwd(dtr_context *, dtr__node *);
+/* The kernels (src/ops/), declared and tabled from the op list: entry X(ID, name, k) runs
+ * dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
+#define DTR__CPU_DECLARE(id, name, k)                          \
+    dtr_result dtr__cpu_##k##_fwd(dtr_context *, dtr__node *); \
+    dtr_result dtr__cpu_##k##_bwd(dtr_context *, dtr__node *);
+DTR__OP_LIST(DTR__CPU_DECLARE)
+#undef DTR__CPU_DECLARE
 dtr_result dtr__cpu_optimizer_update(dtr_context *, const dtr__opt_args *);
 
 typedef dtr_result (*dtr__kernel)(dtr_context *, dtr__node *);
 
+#define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},
 static const struct { dtr__kernel fwd, bwd; } dtr__cpu_kernels[DTR_OP_COUNT] = {
-    /* NONE */            {NULL, NULL},
-    /* ADD..DIV */        {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd}, {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd},
-                          {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd}, {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd},
-    /* SCALE */           {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd},
-    /* RELU..SIGMOID */   {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd}, {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd},
-                          {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd}, {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd},
-    /* MATMUL */          {dtr__cpu_matmul_fwd, dtr__cpu_matmul_bwd},
-    /* LINEAR */          {dtr__cpu_linear_fwd, dtr__cpu_linear_bwd},
-    /* SOFTMAX x3 */      {dtr__cpu_softmax_fwd, dtr__cpu_softmax_bwd}, {dtr__cpu_softmax_fwd, dtr__cpu_softmax_bwd},
-                          {dtr__cpu_softmax_fwd, dtr__cpu_softmax_bwd},
-    /* CROSS_ENTROPY */   {dtr__cpu_cross_entropy_fwd, dtr__cpu_cross_entropy_bwd},
-    /* MSE */             {dtr__cpu_mse_fwd, dtr__cpu_mse_bwd},
-    /* SUM..MEAN_ALL */   {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd}, {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd},
-                          {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd}, {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd},
-    /* EMBEDDING */       {dtr__cpu_embedding_fwd, dtr__cpu_embedding_bwd},
-    /* LAYERNORM */       {dtr__cpu_layernorm_fwd, dtr__cpu_layernorm_bwd},
-    /* DROPOUT */         {dtr__cpu_dropout_fwd, dtr__cpu_dropout_bwd},
-    /* CONV2D */          {dtr__cpu_conv2d_fwd, dtr__cpu_conv2d_bwd},
-    /* MAX/AVG POOL */    {dtr__cpu_pool2d_fwd, dtr__cpu_pool2d_bwd}, {dtr__cpu_pool2d_fwd, dtr__cpu_pool2d_bwd},
-    /* CAST */            {dtr__cpu_cast_fwd, dtr__cpu_cast_bwd},
-    /* views */           {dtr__cpu_view_fwd, dtr__cpu_view_bwd}, {dtr__cpu_view_fwd, dtr__cpu_view_bwd},
-                          {dtr__cpu_view_fwd, dtr__cpu_view_bwd}, {dtr__cpu_view_fwd, dtr__cpu_view_bwd},
-                          {dtr__cpu_view_fwd, dtr__cpu_view_bwd}
+    {NULL, NULL}, /* DTR_OP_NONE */
+    DTR__OP_LIST(DTR__CPU_ENTRY)
 };
+#undef DTR__CPU_ENTRY
+
+static int dtr__cpu_supports_op(const dtr_context *ctx, int op) {
+    (void)ctx;
+    return op > 0 && op < DTR_OP_COUNT && dtr__cpu_kernels[op].fwd != NULL;
+}
 
 static dtr_result dtr__cpu_forward(dtr_context *ctx, dtr__node *n) {
-    if (n->op <= 0 || n->op >= DTR_OP_COUNT || !dtr__cpu_kernels[n->op].fwd)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no forward kernel for op %d", n->op);
+    if (!dtr__cpu_supports_op(ctx, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no forward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
     return dtr__cpu_kernels[n->op].fwd(ctx, n);
 }
 
 static dtr_result dtr__cpu_backward(dtr_context *ctx, dtr__node *n) {
-    if (n->op <= 0 || n->op >= DTR_OP_COUNT || !dtr__cpu_kernels[n->op].bwd)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no backward kernel for op %d", n->op);
+    if (!dtr__cpu_supports_op(ctx, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no backward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
     return dtr__cpu_kernels[n->op].bwd(ctx, n);
 }
 
@@ -6112,11 +6333,29 @@ static dtr_result dtr__cpu_scale(dtr_context *ctx, float *x, int64_t n, float s)
     return DTR_OK;
 }
 
+static dtr_result dtr__cpu_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt,
+                                  int op, int div) {
+    (void)ctx;
+    dtr__comm_reduce(out, a, b, n, dt, (dtr_reduce_op)op, div);
+    return DTR_OK;
+}
+
+/* Every call completes before it returns: events are NULL (complete). */
+static dtr_result dtr__cpu_event_record(dtr_context *ctx, dtr_event **ev) { (void)ctx; *ev = NULL; return DTR_OK; }
+static dtr_result dtr__cpu_event_wait(dtr_context *ctx, dtr_event *ev) { (void)ctx; (void)ev; return DTR_OK; }
+static dtr_result dtr__cpu_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    (void)ctx; (void)ev;
+    *done = 1;
+    return DTR_OK;
+}
+
 static dtr_result dtr__cpu_sync(dtr_context *ctx) { (void)ctx; return DTR_OK; }
 
 const dtr_backend dtr__cpu_backend = {
     DTR_VERSION_NUMBER,
+    sizeof(dtr_backend),
     "cpu",
+    DTR__CAP_HOST_MEMORY,
     NULL,
     NULL,
     dtr__cpu_mem_alloc,
@@ -6126,11 +6365,16 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_memset0,
     dtr__cpu_copy,
     dtr__cpu_copy,
+    dtr__cpu_supports_op,
     dtr__cpu_forward,
     dtr__cpu_backward,
     dtr__cpu_optimizer_update,
     dtr__cpu_sumsq,
     dtr__cpu_scale,
+    dtr__cpu_reduce,
+    dtr__cpu_event_record,
+    dtr__cpu_event_wait,
+    dtr__cpu_event_query,
     dtr__cpu_sync
 };
 
@@ -6288,7 +6532,7 @@ dtr_result dtr_model_build(dtr_model *m) {
     bytes = (size_t)(m->total ? m->total : 1) * sizeof(float);
     m->data = (float *)ctx->backend->mem_alloc(ctx, bytes);
     m->grad = (float *)ctx->backend->mem_alloc(ctx, bytes);
-    host = ctx->backend == &dtr__cpu_backend ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
+    host = dtr__host_memory(ctx) ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
     if (!m->data || !m->grad || !host) {
         if (m->data) ctx->backend->mem_free(ctx, m->data);
         if (m->grad) ctx->backend->mem_free(ctx, m->grad);
@@ -15654,7 +15898,7 @@ struct dtr_dp {
     int *param_bucket;      /* parameter index -> bucket */
     int next;               /* next bucket to start */
     int no_sync;
-    int hooked;
+    int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
 };
 
@@ -15682,14 +15926,17 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
     return DTR_OK;
 }
 
-static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param) {
+static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr__bucket *b;
     if (dp->no_sync || param->model != dp->m || param->param_index < 0) return DTR_OK;
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (--b->pending == 0) {
-        dtr_result r = dtr__dp_launch_ready(dp, 1);
+        /* the bucket's last gradient is written once `ready` completes (the transport reads
+           host memory on its progress thread) */
+        dtr_result r = dtr_event_wait(dp->ctx, ready);
+        if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);
         if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                           dtr_comm_last_error(dp->c));
     }
@@ -15738,11 +15985,9 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
                          dtr_comm_size(c));
-    if (ctx->backend != &dtr__cpu_backend)
+    if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
                          ctx->backend->name);
-    if (dtr_comm_size(c) > 1 && ctx->grad_ready)
-        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_dp_create: the context already has a gradient-ready hook");
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     dp = (dtr_dp *)dtr__calloc(&ctx->alloc, sizeof(*dp));
@@ -15757,8 +16002,8 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
         r = dtr_dp_broadcast_params(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
-        dtr_context_set_grad_ready(ctx, dtr__dp_grad_ready, dp);
-        dp->hooked = 1;
+        r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
+        if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     }
     *out = dp;
     return DTR_OK;
@@ -15783,7 +16028,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     if (!dp) return;
     a = dp->ctx->alloc;
     if (dp->b) dtr__dp_wait_all(dp);
-    if (dp->hooked && dp->ctx->grad_ready_user == dp) dtr_context_set_grad_ready(dp->ctx, NULL, NULL);
+    if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
     dtr__free(&a, dp);

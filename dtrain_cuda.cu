@@ -24,8 +24,8 @@ static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)
 
 static dtr_result dtr__cuda_check(dtr_context *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return DTR_OK;
-    return dtr__fail(ctx, e == cudaErrorMemoryAllocation ? DTR_OUT_OF_MEMORY : DTR_UNSUPPORTED, "cuda: %s: %s (%d)", what,
-                     cudaGetErrorString(e), (int)e);
+    return dtr__fail(ctx, e == cudaErrorMemoryAllocation ? DTR_DEVICE_OUT_OF_MEMORY : DTR_DEVICE_ERROR, "cuda: %s: %s (%d)",
+                     what, cudaGetErrorString(e), (int)e);
 }
 
 /* ---- lifetime ---- */
@@ -92,12 +92,33 @@ static dtr_result dtr__cuda_sync(dtr_context *ctx) {
 
 /* ---- kernels ---- */
 
+/* The dispatch table, from the op list like the CPU's: entry X(ID, name, k) will run
+ * dtr__cuda_k_fwd / dtr__cuda_k_bwd. No op has a CUDA kernel in this version yet, so every
+ * entry is empty and the backend reports DTR_UNSUPPORTED naming the op. */
+typedef dtr_result (*dtr__cuda_kernel)(dtr_context *, dtr__node *);
+#define DTR__CUDA_ENTRY(id, name, k) {NULL, NULL},
+static const struct { dtr__cuda_kernel fwd, bwd; } dtr__cuda_kernels[DTR_OP_COUNT] = {
+    {NULL, NULL}, /* DTR_OP_NONE */
+    DTR__OP_LIST(DTR__CUDA_ENTRY)
+};
+#undef DTR__CUDA_ENTRY
+
+static int dtr__cuda_supports_op(const dtr_context *ctx, int op) {
+    (void)ctx;
+    return op > 0 && op < DTR_OP_COUNT && dtr__cuda_kernels[op].fwd != NULL;
+}
+
 static dtr_result dtr__cuda_forward(dtr_context *ctx, dtr__node *n) {
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: op %d has no CUDA kernel in this version", n->op);
+    if (!dtr__cuda_supports_op(ctx, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: op %d (%s) has no CUDA kernel in this version", n->op, dtr__op_name(n->op));
+    return dtr__cuda_kernels[n->op].fwd(ctx, n);
 }
 
 static dtr_result dtr__cuda_backward(dtr_context *ctx, dtr__node *n) {
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: op %d has no CUDA backward kernel in this version", n->op);
+    if (!dtr__cuda_supports_op(ctx, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: op %d (%s) has no CUDA backward kernel in this version", n->op,
+                         dtr__op_name(n->op));
+    return dtr__cuda_kernels[n->op].bwd(ctx, n);
 }
 
 static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) {
@@ -121,9 +142,31 @@ static dtr_result dtr__cuda_sumsq(dtr_context *ctx, const float *x, int64_t n, d
     return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: sumsq is not in this version");
 }
 
+static dtr_result dtr__cuda_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt,
+                                   int op, int div) {
+    (void)out; (void)a; (void)b; (void)n; (void)dt; (void)op; (void)div;
+    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: the reduction kernel of collectives is not in this version");
+}
+
+/* Events. This version has no kernels that run behind the host's back yet, so recording
+ * waits for the stream and hands out a completed (NULL) event; real cudaEvent_t handles come
+ * with the kernels. */
+static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
+    *ev = NULL;
+    return dtr__cuda_sync(ctx);
+}
+static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) { (void)ctx; (void)ev; return DTR_OK; }
+static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    (void)ctx; (void)ev;
+    *done = 1;
+    return DTR_OK;
+}
+
 static const dtr_backend dtr__cuda_backend_vt = {
     DTR_VERSION_NUMBER,
+    sizeof(dtr_backend),
     "cuda",
+    DTR__CAP_ASYNC,
     dtr__cuda_init,
     dtr__cuda_shutdown,
     dtr__cuda_alloc,
@@ -133,11 +176,16 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_memset0,
     dtr__cuda_to_host,
     dtr__cuda_from_host,
+    dtr__cuda_supports_op,
     dtr__cuda_forward,
     dtr__cuda_backward,
     dtr__cuda_optimizer,
     dtr__cuda_sumsq,
     dtr__cuda_scale,
+    dtr__cuda_reduce,
+    dtr__cuda_event_record,
+    dtr__cuda_event_wait,
+    dtr__cuda_event_query,
     dtr__cuda_sync
 };
 

@@ -126,6 +126,11 @@ static float input_val(int r, size_t i, int random) {
 
 /* ---- cases ---- */
 
+static dtr_result nop_hook(void *user, dtr_tensor *param, dtr_event *ready) {
+    (void)user; (void)param; (void)ready;
+    return DTR_OK;
+}
+
 static void t_create_errors(void) {
     dtr_comm_config cfg = dtr_comm_config_init();
     dtr_local_world *w = NULL;
@@ -183,10 +188,19 @@ static void t_create_errors(void) {
     vt.isend = NULL;
     CHECK_EQ_INT(dtr_transport_register(&vt), DTR_INVALID_ARGUMENT);
     CHECK(strcmp(dtr_reduce_op_name(DTR_REDUCE_AVG), "avg") == 0);
-    {   /* the gradient-ready hook setter (tests/test_dp.c covers the hook itself) */
+    {   /* the gradient hook list's errors (tests/test_dp.c covers the hooks themselves) */
         dtr_context *ctx = test_ctx(1);
-        CHECK_EQ_INT(dtr_context_set_grad_ready(NULL, NULL, NULL), DTR_NULL_HANDLE);
-        CHECK_EQ_INT(dtr_context_set_grad_ready(ctx, NULL, NULL), DTR_OK);
+        int id = 0, k;
+        CHECK_EQ_INT(dtr_context_add_grad_hook(NULL, NULL, NULL, NULL), DTR_NULL_HANDLE);
+        CHECK_EQ_INT(dtr_context_add_grad_hook(ctx, NULL, NULL, NULL), DTR_NULL_HANDLE);
+        dtr_context_clear_error(ctx);
+        CHECK_EQ_INT(dtr_context_remove_grad_hook(ctx, 12345), DTR_INVALID_ARGUMENT);
+        dtr_context_clear_error(ctx);
+        for (k = 0; k < 8; k++) CHECK_OK(ctx, dtr_context_add_grad_hook(ctx, nop_hook, NULL, &id));
+        CHECK_EQ_INT(dtr_context_add_grad_hook(ctx, nop_hook, NULL, NULL), DTR_BAD_STATE);
+        dtr_context_clear_error(ctx);
+        CHECK_OK(ctx, dtr_context_remove_grad_hook(ctx, id));
+        CHECK_OK(ctx, dtr_context_add_grad_hook(ctx, nop_hook, NULL, NULL));
         dtr_context_destroy(ctx);
     }
     CHECK(strcmp(dtr_allreduce_algo_name(DTR_ALLREDUCE_RING), "ring") == 0);

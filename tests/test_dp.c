@@ -36,12 +36,16 @@ typedef struct hook_log {
     int order[16];
     float *grads[16];   /* copy of the gradient when reported */
     int fail_at;        /* return an error at this report (-1 never) */
+    int bad_event;      /* reports whose event was not a completed one */
 } hook_log;
 
-static dtr_result hook(void *user, dtr_tensor *p) {
+static dtr_result hook(void *user, dtr_tensor *p, dtr_event *ready) {
     hook_log *h = (hook_log *)user;
     int64_t n = dtr_tensor_numel(p);
+    int done = 0;
     if (h->n == h->fail_at) return DTR_INVALID_ARGUMENT;
+    /* the CPU backend's gradients are written when reported: the event is complete */
+    if (ready != NULL || dtr_event_query(p->ctx, ready, &done) != DTR_OK || !done) h->bad_event++;
     if (h->n < 16) {
         h->order[h->n] = p->param_index;
         h->grads[h->n] = (float *)malloc((size_t)(n ? n : 1) * sizeof(float));
@@ -77,7 +81,7 @@ static void t_grad_ready_hook(void) {
     float *plain;
     hook_log h;
     int64_t total;
-    int i, k, seen[6] = {0, 0, 0, 0, 0, 0};
+    int i, k, seen[6] = {0, 0, 0, 0, 0, 0}, hook_id = 0;
     CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
     p[0] = dtr_model_param(m, "w1", 2, s1, DTR_INIT_NORMAL, 0.5f);
     p[1] = dtr_model_param(m, "b1", 1, s2, DTR_INIT_NORMAL, 0.5f);
@@ -96,10 +100,11 @@ static void t_grad_ready_hook(void) {
     /* with it */
     memset(&h, 0, sizeof h);
     h.fail_at = -1;
-    CHECK_OK(ctx, dtr_context_set_grad_ready(ctx, hook, &h));
+    CHECK_OK(ctx, dtr_context_add_grad_hook(ctx, hook, &h, &hook_id));
     CHECK_OK(ctx, hook_graph(ctx, m, p));
     CHECK(memcmp(plain, dtr_model_grads(m), (size_t)total * sizeof(float)) == 0);
     CHECK_EQ_INT(h.n, 5);   /* w1 b1 w2 b2 u; not "unused" */
+    CHECK_EQ_INT(h.bad_event, 0);
     for (i = 0; i < h.n && i < 16; i++) {
         int idx = h.order[i];
         CHECK(idx >= 0 && idx < 5);
@@ -121,10 +126,10 @@ static void t_grad_ready_hook(void) {
     memset(&h, 0, sizeof h);
     h.fail_at = 1;
     CHECK_EQ_INT(hook_graph(ctx, m, p), DTR_INVALID_ARGUMENT);
-    CHECK(strstr(dtr_context_last_error(ctx), "gradient-ready hook") != NULL);
+    CHECK(strstr(dtr_context_last_error(ctx), "gradient hook") != NULL);
     for (i = 0; i < h.n && i < 16; i++) free(h.grads[i]);
     dtr_context_clear_error(ctx);
-    dtr_context_set_grad_ready(ctx, NULL, NULL);
+    CHECK_OK(ctx, dtr_context_remove_grad_hook(ctx, hook_id));
     free(plain);
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
@@ -342,7 +347,7 @@ static void t_dp_single(void) {
     cfg.local_world = w;
     CHECK_OK(NULL, dtr_comm_create(&cfg, &c, NULL, 0));
     CHECK_OK(a.ctx, dtr_dp_create(a.m, c, NULL, &dp));
-    CHECK(a.ctx->grad_ready == NULL);   /* nothing installed: the 1-rank path costs nothing */
+    CHECK(a.ctx->n_grad_hooks == 0);   /* nothing installed: the 1-rank path costs nothing */
     CHECK_EQ_INT(dtr_dp_bucket_count(dp), 0);
     for (t = 0; t < 5; t++) {
         CHECK_OK(a.ctx, mlp_backward(&a, t, 0, 16));

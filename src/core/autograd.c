@@ -1,25 +1,53 @@
 /* ============================================================================
  * Autograd: replays the tape recorded by the op builders in reverse.
+ *
+ * Passes. Each dtr_backward / dtr_backward_from is one pass with its own number. Gradients of
+ * leaves (parameters, tensors marked with dtr_tensor_requires_grad) accumulate across passes;
+ * the gradient of an intermediate tensor belongs to one pass: the first write of a pass
+ * finds it zeroed (dtr__grad_of_pass), and a node whose output received nothing in this pass
+ * is skipped. So two losses that share a graph, each with its own dtr_backward, give the sum
+ * of their gradients, as PyTorch's retain_graph=True does.
+ *
+ * Gradient hooks. With hooks installed, a pass first counts, for every model parameter on
+ * the tape, the nodes whose backward writes its gradient (grad_pending), then after each
+ * node (run or skipped) counts down its parameter inputs and reports a parameter when its
+ * count reaches zero: its gradient is final for this pass. The report carries an event that
+ * completes when the backend has finished writing it (NULL on the CPU: already done).
  * ==========================================================================*/
 #include "../public/api.h"
+#include "../public/api_comm.h"
+#include "../public/api_engine.h"
 #include "internal.h"
 
-/* ---- gradient-ready hook ----
- * With a hook installed, dtr_backward first counts, for every model parameter on the tape,
- * the nodes whose backward writes its gradient (grad_pending), then after each node (run or
- * skipped because nothing flowed into it) counts down its parameter inputs and reports a
- * parameter when its count reaches zero: its gradient is final for this pass. */
+/* ---- gradient hooks ---- */
 
-dtr_result dtr_context_set_grad_ready(dtr_context *ctx, dtr_result (*fn)(void *user, dtr_tensor *param), void *user) {
+dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn fn, void *user, int *id) {
+    dtr__grad_hook *h;
     if (!ctx) return DTR_NULL_HANDLE;
-    ctx->grad_ready = fn;
-    ctx->grad_ready_user = fn ? user : NULL;
+    if (!fn) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_context_add_grad_hook: fn is NULL");
+    if (ctx->n_grad_hooks >= DTR__MAX_GRAD_HOOKS)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_context_add_grad_hook: the context has %d hooks already",
+                         DTR__MAX_GRAD_HOOKS);
+    h = &ctx->grad_hooks[ctx->n_grad_hooks++];
+    h->fn = fn;
+    h->user = user;
+    h->id = ++ctx->grad_hook_ids;
+    if (id) *id = h->id;
     return DTR_OK;
 }
 
-/* the i-th tensor whose gradient node n's backward writes (concat: its list) */
-static int dtr__node_nin(const dtr__node *n) { return n->op == DTR_OP_CONCAT ? (int)n->iarg[1] : n->n_in; }
-static dtr_tensor *dtr__node_input(const dtr__node *n, int i) { return n->op == DTR_OP_CONCAT ? n->list[i] : n->in[i]; }
+dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id) {
+    int i;
+    if (!ctx) return DTR_NULL_HANDLE;
+    for (i = 0; i < ctx->n_grad_hooks; i++) {
+        if (ctx->grad_hooks[i].id != id) continue;
+        for (; i + 1 < ctx->n_grad_hooks; i++) ctx->grad_hooks[i] = ctx->grad_hooks[i + 1];
+        ctx->n_grad_hooks--;
+        return DTR_OK;
+    }
+    return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_context_remove_grad_hook: no hook with id %d", id);
+}
+
 static int dtr__is_param(const dtr_tensor *x) {
     return x && (x->flags & DTR__PARAM) && (x->flags & DTR__REQUIRES_GRAD);
 }
@@ -28,74 +56,131 @@ static void dtr__count_writers(dtr_context *ctx) {
     dtr__node *n;
     int i;
     for (n = ctx->tape; n; n = n->prev)
-        for (i = 0; i < dtr__node_nin(n); i++)
-            if (dtr__is_param(dtr__node_input(n, i))) dtr__node_input(n, i)->grad_pending = 0;
+        for (i = 0; i < n->n_in; i++)
+            if (dtr__is_param(n->in[i])) n->in[i]->grad_pending = 0;
     for (n = ctx->tape; n; n = n->prev)
-        for (i = 0; i < dtr__node_nin(n); i++)
-            if (dtr__is_param(dtr__node_input(n, i))) dtr__node_input(n, i)->grad_pending++;
+        for (i = 0; i < n->n_in; i++)
+            if (dtr__is_param(n->in[i])) n->in[i]->grad_pending++;
+}
+
+static dtr_result dtr__report_param(dtr_context *ctx, dtr_tensor *x) {
+    dtr_event *ready = NULL;
+    dtr_result r = ctx->backend->event_record(ctx, &ready);
+    int k;
+    for (k = 0; r == DTR_OK && k < ctx->n_grad_hooks; k++) {
+        r = ctx->grad_hooks[k].fn(ctx->grad_hooks[k].user, x, ready);
+        if (r != DTR_OK && ctx->status == DTR_OK)
+            dtr__fail(ctx, r, "dtr_backward: gradient hook %d failed on '%s'", ctx->grad_hooks[k].id, x->name);
+    }
+    return r;
 }
 
 static dtr_result dtr__writers_done(dtr_context *ctx, const dtr__node *n) {
     int i;
-    for (i = 0; i < dtr__node_nin(n); i++) {
-        dtr_tensor *x = dtr__node_input(n, i);
+    for (i = 0; i < n->n_in; i++) {
+        dtr_tensor *x = n->in[i];
         if (dtr__is_param(x) && --x->grad_pending == 0) {
-            dtr_result r = ctx->grad_ready(ctx->grad_ready_user, x);
-            if (r != DTR_OK) {
-                if (ctx->status == DTR_OK) dtr__fail(ctx, r, "dtr_backward: the gradient-ready hook failed on '%s'", x->name);
-                return r;
-            }
+            dtr_result r = dtr__report_param(ctx, x);
+            if (r != DTR_OK) return r;
         }
     }
     return DTR_OK;
 }
 
-dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss) {
+/* ---- passes ---- */
+
+/* The gradient of x for the current pass: a leaf's accumulates; an intermediate's starts
+ * from zero in each pass. */
+static dtr_result dtr__grad_of_pass(dtr_context *ctx, dtr_tensor *x) {
+    dtr_result r = dtr__grad_ensure(ctx, x);
+    if (r != DTR_OK || !x->node || x->grad_pass == ctx->backward_pass) {
+        x->grad_pass = ctx->backward_pass;
+        return r;
+    }
+    x->grad_pass = ctx->backward_pass;
+    return ctx->backend->memset0(ctx, x->grad, (size_t)dtr_tensor_numel(x) * sizeof(float));
+}
+
+static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
+    return x->grad && x->grad_pass == ctx->backward_pass;
+}
+
+static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
+    dtr_result r;
+    int i;
+    for (i = 0; i < n->n_in; i++) {
+        dtr_tensor *x = n->in[i];
+        if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
+    }
+    r = ctx->backend->backward(ctx, n);
+    if (r != DTR_OK && ctx->status == DTR_OK)
+        dtr__fail(ctx, r, "dtr_backward: backward kernel of op '%s' failed", dtr__op_name(n->op));
+    return r;
+}
+
+/* Replays the tape from its end; `out` already holds this pass's seed gradient. */
+static dtr_result dtr__replay(dtr_context *ctx) {
     dtr__node *n;
     dtr_result r;
-    float one = 1.0f;
-    int i;
+    int hooks = ctx->n_grad_hooks > 0;
+    if (hooks) dtr__count_writers(ctx);
+    for (n = ctx->tape; n; n = n->prev) {
+        if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
+        if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_tensor *out) {
+    if (!ctx) return DTR_NULL_HANDLE;
+    if (ctx->status != DTR_OK) return ctx->status;
+    if (!out) return dtr__fail(ctx, DTR_NULL_HANDLE, "%s: the tensor is NULL", fn);
+    if (out->ctx != ctx) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: the tensor belongs to another context", fn);
+    if (!(out->flags & DTR__REQUIRES_GRAD))
+        return dtr__fail(ctx, DTR_BAD_STATE, "%s: the tensor does not depend on any parameter "
+                                             "(or gradient recording was off)", fn);
+    return DTR_OK;
+}
+
+dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
+    size_t bytes;
+    if (r != DTR_OK) return r;
+    if (!grad) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward_from: grad is NULL");
+    ctx->backward_pass++;
+    bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
+    r = dtr__grad_of_pass(ctx, out);
+    if (r == DTR_OK && out->node) {
+        r = ctx->backend->from_host(ctx, out->grad, grad, bytes);
+    } else if (r == DTR_OK) { /* a leaf: its gradient accumulates */
+        float *tmp = (float *)dtr__arena_data(ctx, bytes, "dtr_backward_from");
+        r = tmp ? ctx->backend->from_host(ctx, tmp, grad, bytes) : ctx->status;
+        if (r == DTR_OK) r = ctx->backend->reduce(ctx, out->grad, out->grad, tmp, (size_t)dtr_tensor_numel(out), DTR_F32, DTR_REDUCE_SUM, 1);
+    }
+    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward_from: cannot seed the gradient");
+    return dtr__replay(ctx);
+}
+
+dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss) {
+    static const float one = 1.0f;
     if (!ctx) return DTR_NULL_HANDLE;
     if (ctx->status != DTR_OK) return ctx->status;
     if (!loss) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward: loss is NULL");
     if (dtr_tensor_numel(loss) != 1)
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_backward: loss must be a scalar, has %lld elements",
                          (long long)dtr_tensor_numel(loss));
-    if (!(loss->flags & DTR__REQUIRES_GRAD))
-        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_backward: the loss does not depend on any parameter "
-                                             "(or gradient recording was off)");
-    r = dtr__grad_ensure(ctx, loss);
-    if (r != DTR_OK) return r;
-    r = ctx->backend->from_host(ctx, loss->grad, &one, sizeof(float));
-    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward: cannot seed the gradient");
-    if (ctx->grad_ready) dtr__count_writers(ctx);
-    for (n = ctx->tape; n; n = n->prev) {
-        if (!n->out->grad) { /* nothing flowed back into this node */
-            if (ctx->grad_ready && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
-            continue;
-        }
-        for (i = 0; i < n->n_in; i++) {
-            dtr_tensor *x = n->in[i];
-            if (x && (x->flags & DTR__REQUIRES_GRAD)) {
-                r = dtr__grad_ensure(ctx, x);
-                if (r != DTR_OK) return r;
-            }
-        }
-        if (n->op == DTR_OP_CONCAT) {
-            for (i = 0; i < (int)n->iarg[1]; i++) {
-                dtr_tensor *x = n->list[i];
-                if (x->flags & DTR__REQUIRES_GRAD) {
-                    r = dtr__grad_ensure(ctx, x);
-                    if (r != DTR_OK) return r;
-                }
-            }
-        }
-        r = ctx->backend->backward(ctx, n);
-        if (r != DTR_OK) {
-            if (ctx->status == DTR_OK) dtr__fail(ctx, r, "dtr_backward: backward kernel of op %d failed", n->op);
-            return r;
-        }
-        if (ctx->grad_ready && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
-    }
-    return DTR_OK;
+    return dtr_backward_from(ctx, loss, &one);
+}
+
+/* ---- completion events ---- */
+
+dtr_result dtr_event_wait(dtr_context *ctx, dtr_event *ev) {
+    if (!ctx) return DTR_NULL_HANDLE;
+    return ev ? ctx->backend->event_wait(ctx, ev) : DTR_OK;
+}
+
+dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    if (!ctx || !done) return DTR_NULL_HANDLE;
+    *done = 1;
+    return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }

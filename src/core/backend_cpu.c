@@ -4,77 +4,40 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "internal.h"
+#include "../comm/comm_internal.h"
 
-/* kernels (defined in src/ops and src/optim) */
-dtr_result dtr__cpu_binary_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_binary_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_unary_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_unary_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_reduce_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_reduce_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_mse_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_mse_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cast_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cast_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_matmul_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_matmul_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_linear_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_linear_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_softmax_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_softmax_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_embedding_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_embedding_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_layernorm_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_layernorm_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_dropout_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_dropout_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_conv2d_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_conv2d_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_pool2d_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_pool2d_bwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_view_fwd(dtr_context *, dtr__node *);
-dtr_result dtr__cpu_view_bwd(dtr_context *, dtr__node *);
+/* The kernels (src/ops/), declared and tabled from the op list: entry X(ID, name, k) runs
+ * dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
+#define DTR__CPU_DECLARE(id, name, k)                          \
+    dtr_result dtr__cpu_##k##_fwd(dtr_context *, dtr__node *); \
+    dtr_result dtr__cpu_##k##_bwd(dtr_context *, dtr__node *);
+DTR__OP_LIST(DTR__CPU_DECLARE)
+#undef DTR__CPU_DECLARE
 dtr_result dtr__cpu_optimizer_update(dtr_context *, const dtr__opt_args *);
 
 typedef dtr_result (*dtr__kernel)(dtr_context *, dtr__node *);
 
+#define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},
 static const struct { dtr__kernel fwd, bwd; } dtr__cpu_kernels[DTR_OP_COUNT] = {
-    /* NONE */            {NULL, NULL},
-    /* ADD..DIV */        {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd}, {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd},
-                          {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd}, {dtr__cpu_binary_fwd, dtr__cpu_binary_bwd},
-    /* SCALE */           {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd},
-    /* RELU..SIGMOID */   {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd}, {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd},
-                          {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd}, {dtr__cpu_unary_fwd, dtr__cpu_unary_bwd},
-    /* MATMUL */          {dtr__cpu_matmul_fwd, dtr__cpu_matmul_bwd},
-    /* LINEAR */          {dtr__cpu_linear_fwd, dtr__cpu_linear_bwd},
-    /* SOFTMAX x3 */      {dtr__cpu_softmax_fwd, dtr__cpu_softmax_bwd}, {dtr__cpu_softmax_fwd, dtr__cpu_softmax_bwd},
-                          {dtr__cpu_softmax_fwd, dtr__cpu_softmax_bwd},
-    /* CROSS_ENTROPY */   {dtr__cpu_cross_entropy_fwd, dtr__cpu_cross_entropy_bwd},
-    /* MSE */             {dtr__cpu_mse_fwd, dtr__cpu_mse_bwd},
-    /* SUM..MEAN_ALL */   {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd}, {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd},
-                          {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd}, {dtr__cpu_reduce_fwd, dtr__cpu_reduce_bwd},
-    /* EMBEDDING */       {dtr__cpu_embedding_fwd, dtr__cpu_embedding_bwd},
-    /* LAYERNORM */       {dtr__cpu_layernorm_fwd, dtr__cpu_layernorm_bwd},
-    /* DROPOUT */         {dtr__cpu_dropout_fwd, dtr__cpu_dropout_bwd},
-    /* CONV2D */          {dtr__cpu_conv2d_fwd, dtr__cpu_conv2d_bwd},
-    /* MAX/AVG POOL */    {dtr__cpu_pool2d_fwd, dtr__cpu_pool2d_bwd}, {dtr__cpu_pool2d_fwd, dtr__cpu_pool2d_bwd},
-    /* CAST */            {dtr__cpu_cast_fwd, dtr__cpu_cast_bwd},
-    /* views */           {dtr__cpu_view_fwd, dtr__cpu_view_bwd}, {dtr__cpu_view_fwd, dtr__cpu_view_bwd},
-                          {dtr__cpu_view_fwd, dtr__cpu_view_bwd}, {dtr__cpu_view_fwd, dtr__cpu_view_bwd},
-                          {dtr__cpu_view_fwd, dtr__cpu_view_bwd}
+    {NULL, NULL}, /* DTR_OP_NONE */
+    DTR__OP_LIST(DTR__CPU_ENTRY)
 };
+#undef DTR__CPU_ENTRY
+
+static int dtr__cpu_supports_op(const dtr_context *ctx, int op) {
+    (void)ctx;
+    return op > 0 && op < DTR_OP_COUNT && dtr__cpu_kernels[op].fwd != NULL;
+}
 
 static dtr_result dtr__cpu_forward(dtr_context *ctx, dtr__node *n) {
-    if (n->op <= 0 || n->op >= DTR_OP_COUNT || !dtr__cpu_kernels[n->op].fwd)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no forward kernel for op %d", n->op);
+    if (!dtr__cpu_supports_op(ctx, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no forward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
     return dtr__cpu_kernels[n->op].fwd(ctx, n);
 }
 
 static dtr_result dtr__cpu_backward(dtr_context *ctx, dtr__node *n) {
-    if (n->op <= 0 || n->op >= DTR_OP_COUNT || !dtr__cpu_kernels[n->op].bwd)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no backward kernel for op %d", n->op);
+    if (!dtr__cpu_supports_op(ctx, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no backward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
     return dtr__cpu_kernels[n->op].bwd(ctx, n);
 }
 
@@ -109,11 +72,29 @@ static dtr_result dtr__cpu_scale(dtr_context *ctx, float *x, int64_t n, float s)
     return DTR_OK;
 }
 
+static dtr_result dtr__cpu_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt,
+                                  int op, int div) {
+    (void)ctx;
+    dtr__comm_reduce(out, a, b, n, dt, (dtr_reduce_op)op, div);
+    return DTR_OK;
+}
+
+/* Every call completes before it returns: events are NULL (complete). */
+static dtr_result dtr__cpu_event_record(dtr_context *ctx, dtr_event **ev) { (void)ctx; *ev = NULL; return DTR_OK; }
+static dtr_result dtr__cpu_event_wait(dtr_context *ctx, dtr_event *ev) { (void)ctx; (void)ev; return DTR_OK; }
+static dtr_result dtr__cpu_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    (void)ctx; (void)ev;
+    *done = 1;
+    return DTR_OK;
+}
+
 static dtr_result dtr__cpu_sync(dtr_context *ctx) { (void)ctx; return DTR_OK; }
 
 const dtr_backend dtr__cpu_backend = {
     DTR_VERSION_NUMBER,
+    sizeof(dtr_backend),
     "cpu",
+    DTR__CAP_HOST_MEMORY,
     NULL,
     NULL,
     dtr__cpu_mem_alloc,
@@ -123,10 +104,15 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_memset0,
     dtr__cpu_copy,
     dtr__cpu_copy,
+    dtr__cpu_supports_op,
     dtr__cpu_forward,
     dtr__cpu_backward,
     dtr__cpu_optimizer_update,
     dtr__cpu_sumsq,
     dtr__cpu_scale,
+    dtr__cpu_reduce,
+    dtr__cpu_event_record,
+    dtr__cpu_event_wait,
+    dtr__cpu_event_query,
     dtr__cpu_sync
 };

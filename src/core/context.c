@@ -30,6 +30,8 @@ const char *dtr_result_string(dtr_result r) {
     case DTR_CORRUPT_FILE: return "corrupt file";
     case DTR_TIMEOUT: return "timeout";
     case DTR_PEER_FAILED: return "peer failed";
+    case DTR_DEVICE_ERROR: return "device error";
+    case DTR_DEVICE_OUT_OF_MEMORY: return "device out of memory";
     }
     return "unknown error";
 }
@@ -197,7 +199,8 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
         return DTR_INVALID_ARGUMENT;
     if (cfg->threads < 0 || cfg->threads > 1024) return DTR_INVALID_ARGUMENT;
-    if (cfg->backend && cfg->backend->abi_version != DTR_VERSION_NUMBER) return DTR_VERSION_MISMATCH;
+    if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
+        return DTR_VERSION_MISMATCH;
     ctx = (dtr_context *)dtr__calloc(a, sizeof(*ctx));
     if (!ctx) return DTR_OUT_OF_MEMORY;
     ctx->cfg = *cfg;
@@ -307,6 +310,21 @@ uint32_t dtr_rng_u32(dtr_rng *rng) {
     xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
     rot = (uint32_t)(old >> 59u);
     return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
+}
+
+/* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
+    uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;
+    while (delta > 0) {
+        if (delta & 1u) {
+            acc_mult *= mult;
+            acc_plus = acc_plus * mult + plus;
+        }
+        plus = (mult + 1u) * plus;
+        mult *= mult;
+        delta >>= 1u;
+    }
+    rng->state = acc_mult * rng->state + acc_plus;
 }
 
 float dtr_rng_uniform(dtr_rng *rng) { return (float)(dtr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }

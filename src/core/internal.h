@@ -105,40 +105,92 @@ struct dtr_tensor {
     int param_index;                /* -1 unless a parameter */
     dtr_model *model;               /* owner of a parameter */
     const char *name;
-    int grad_pending;               /* parameter, during dtr_backward with a gradient-ready hook:
+    int grad_pending;               /* parameter, during a backward pass with gradient hooks:
                                        tape nodes still to write its gradient */
+    uint32_t grad_pass;             /* the backward pass `grad` belongs to (intermediates) */
 };
 
-/** Stable op ids: append-only (traces and checkpoints store them). */
-typedef enum dtr__op {
-    DTR_OP_NONE = 0,
-    DTR_OP_ADD, DTR_OP_SUB, DTR_OP_MUL, DTR_OP_DIV, DTR_OP_SCALE,
-    DTR_OP_RELU, DTR_OP_GELU, DTR_OP_TANH, DTR_OP_SIGMOID,
-    DTR_OP_MATMUL, DTR_OP_LINEAR,
-    DTR_OP_SOFTMAX, DTR_OP_LOG_SOFTMAX, DTR_OP_SOFTMAX_CAUSAL,
-    DTR_OP_CROSS_ENTROPY, DTR_OP_MSE,
-    DTR_OP_SUM, DTR_OP_MEAN, DTR_OP_SUM_ALL, DTR_OP_MEAN_ALL,
-    DTR_OP_EMBEDDING, DTR_OP_LAYERNORM, DTR_OP_DROPOUT,
-    DTR_OP_CONV2D, DTR_OP_MAXPOOL2D, DTR_OP_AVGPOOL2D,
-    DTR_OP_CAST,
-    DTR_OP_RESHAPE, DTR_OP_PERMUTE, DTR_OP_SLICE, DTR_OP_CONCAT, DTR_OP_CONTIGUOUS,
-    DTR_OP_COUNT
-} dtr__op;
+/* ---- the op list ----
+ * One entry per op, in id order: X(ID, "name", kernels).
+ *   ID       DTR_OP_<ID>, the op's stable id. Ids are append-only (traces and checkpoints store
+ *            them): a new op goes at the END of the list, and DTR__OP_COUNT_EXPECTED below grows.
+ *   "name"   what errors, logs and traces print (dtr__op_name).
+ *   kernels  the CPU kernel pair dtr__cpu_<kernels>_fwd / dtr__cpu_<kernels>_bwd (src/ops/);
+ *            ops of one family share a pair and switch on node->op.
+ * Everything indexed by op (the enum, the names, each backend's dispatch table, the tests'
+ * coverage check) is generated from this list: adding an op is one entry here, a builder, its
+ * kernels and a test case (HACKING.md, "Adding an op"). */
+#define DTR__OP_LIST(X)                                                                       \
+    X(ADD, "add", binary) X(SUB, "sub", binary) X(MUL, "mul", binary) X(DIV, "div", binary)   \
+    X(SCALE, "scale", unary) X(RELU, "relu", unary) X(GELU, "gelu", unary)                   \
+    X(TANH, "tanh", unary) X(SIGMOID, "sigmoid", unary)                                      \
+    X(MATMUL, "matmul", matmul) X(LINEAR, "linear", linear)                                  \
+    X(SOFTMAX, "softmax", softmax) X(LOG_SOFTMAX, "log_softmax", softmax)                    \
+    X(SOFTMAX_CAUSAL, "softmax_causal", softmax)                                             \
+    X(CROSS_ENTROPY, "cross_entropy", cross_entropy) X(MSE, "mse", mse)                      \
+    X(SUM, "sum", reduce) X(MEAN, "mean", reduce) X(SUM_ALL, "sum_all", reduce)              \
+    X(MEAN_ALL, "mean_all", reduce)                                                          \
+    X(EMBEDDING, "embedding", embedding) X(LAYERNORM, "layernorm", layernorm)                \
+    X(DROPOUT, "dropout", dropout) X(CONV2D, "conv2d", conv2d)                               \
+    X(MAXPOOL2D, "maxpool2d", pool2d) X(AVGPOOL2D, "avgpool2d", pool2d)                      \
+    X(CAST, "cast", cast)                                                                    \
+    X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
+    X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
+    X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)
 
-#define DTR__MAX_INPUTS 4
+#define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
+/** Stable op ids (DTR_OP_NONE = 0 is no op). */
+typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
+#undef DTR__OP_ENUM
+/** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
+#define DTR__OP_COUNT_EXPECTED 35
+typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
-/** One recorded operation: forward arguments, saved state for backward. */
+/** "add", "conv2d", ...; "none" for 0 and "?" outside the list. */
+const char *dtr__op_name(int op);
+
+/* ---- typed op parameters: what an op means, recorded by its builder ---- */
+
+typedef struct dtr__conv2d_params { int64_t stride, padding; } dtr__conv2d_params;   /* CONV2D */
+typedef struct dtr__pool2d_params { int64_t k, stride, padding; } dtr__pool2d_params; /* MAX/AVGPOOL2D */
+typedef struct dtr__dropout_params {
+    float p;                          /* drop probability, in (0, 1) */
+    dtr_rng rng;                      /* the context's stream where this op's draws start: the
+                                         mask is element i's draw < p, in row-major order */
+} dtr__dropout_params;
+typedef struct dtr__view_params {
+    int axis;                         /* SLICE, CONCAT: the axis */
+    int64_t start;                    /* SLICE: first index along axis */
+    int perm[DTR_MAX_DIMS];           /* PERMUTE: out axis d is input axis perm[d] */
+} dtr__view_params;
+
+/** Parameters of a node, by op (ops not listed have none). */
+typedef union dtr__op_params {
+    float scale;                      /* SCALE: the factor */
+    float eps;                        /* LAYERNORM: added to the variance */
+    int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__conv2d_params conv2d;
+    dtr__pool2d_params pool2d;
+    dtr__dropout_params dropout;
+    dtr__view_params view;
+} dtr__op_params;
+
+#define DTR__INLINE_INPUTS 4
+
+/** One recorded operation: what the builder says (op, inputs, params) and what the backend's
+ *  forward keeps for backward (`saved`). */
 typedef struct dtr__node {
-    int op;
-    int n_in;
-    dtr_tensor *in[DTR__MAX_INPUTS];
+    int op;                           /* DTR_OP_* */
+    int n_in;                         /* number of inputs */
+    dtr_tensor **in;                  /* the inputs (in_inline when n_in <= DTR__INLINE_INPUTS);
+                                         an entry may be NULL (an absent optional input) */
+    dtr_tensor *in_inline[DTR__INLINE_INPUTS];
     dtr_tensor *out;
-    int64_t iarg[8];
-    float farg[4];
-    void *aux;                /* saved buffers (arena): masks, indices, statistics */
-    void *aux2;
-    dtr_tensor *const *list;  /* concat inputs */
-    struct dtr__node *prev;   /* previous node on the tape */
+    dtr__op_params p;
+    int taped;                        /* recorded for backward (set before the forward kernel runs) */
+    void *saved;                      /* backend-private: what its forward keeps for its backward
+                                         (masks, argmax indices, statistics, im2col columns) */
+    struct dtr__node *prev;           /* previous node on the tape */
 } dtr__node;
 
 /** Arguments of one fused optimizer update over a contiguous range. */
@@ -158,10 +210,26 @@ typedef struct dtr__opt_args {
     float *work;                  /* n floats of scratch for LAMB */
 } dtr__opt_args;
 
-/** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only. */
+/** Capabilities of a backend (dtr_backend.caps). */
+enum {
+    DTR__CAP_HOST_MEMORY = 1u,  /* tensor, parameter and gradient memory is host memory: the
+                                   host may read and write it directly (the CPU) */
+    DTR__CAP_ASYNC = 2u         /* work is queued on a stream and completes later: wait on
+                                   events (or synchronize) before the host reads results */
+};
+
+/** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only: a new
+ *  slot goes at the end, and struct_size tells which slots a backend has.
+ *  Asynchronous contract: every slot that computes may only queue work on the context's
+ *  stream; event_record marks "everything queued so far", and results are host-visible once
+ *  that event completes. A backend without DTR__CAP_ASYNC (the CPU) completes each call
+ *  before it returns and records NULL events (complete). Errors of a device are reported as
+ *  DTR_DEVICE_ERROR / DTR_DEVICE_OUT_OF_MEMORY, distinct from DTR_UNSUPPORTED (no kernel). */
 struct dtr_backend {
     int abi_version;          /* DTR_VERSION_NUMBER the backend was built with */
+    size_t struct_size;       /* sizeof(dtr_backend) the backend was built with */
     const char *name;
+    unsigned caps;            /* DTR__CAP_* */
     dtr_result (*init)(dtr_context *ctx, void **state);
     void (*shutdown)(dtr_context *ctx, void *state);
     /* long-lived memory (model buffers, optimizer state) */
@@ -171,20 +239,41 @@ struct dtr_backend {
     void *(*chunk_alloc)(dtr_context *ctx, size_t bytes);
     void (*chunk_free)(dtr_context *ctx, void *p);
     dtr_result (*memset0)(dtr_context *ctx, void *dst, size_t bytes);
+    /* copies between host and backend memory; to_host completes before it returns */
     dtr_result (*to_host)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
     dtr_result (*from_host)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
-    /* run the forward kernel of node->op, writing node->out (and node->aux) */
+    /* 1 when the backend has forward and backward kernels for op (DTR_OP_*) */
+    int (*supports_op)(const dtr_context *ctx, int op);
+    /* run the forward kernel of node->op, writing node->out (and node->saved) */
     dtr_result (*forward)(dtr_context *ctx, dtr__node *node);
     /* accumulate into the grads of node->in[i] that are non-NULL, from node->out->grad */
     dtr_result (*backward)(dtr_context *ctx, dtr__node *node);
     /* optimizer update over n contiguous floats (see dtr__opt_args) */
     dtr_result (*optimizer_update)(dtr_context *ctx, const dtr__opt_args *args);
-    /* sum of squares of n floats into *out (host) */
+    /* sum of squares of n floats into *out (host; completes before it returns) */
     dtr_result (*sumsq)(dtr_context *ctx, const float *x, int64_t n, double *out);
     /* x *= s over n floats */
     dtr_result (*scale)(dtr_context *ctx, float *x, int64_t n, float s);
+    /* out[i] = a[i] op b[i] over n elements of dt in this backend's memory, then / div when
+       div > 1 (collectives reduce with it; out may alias a or b). op: dtr_reduce_op */
+    dtr_result (*reduce)(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
+                         int div);
+    /* events: *ev marks the work queued so far on the context's stream (NULL: complete);
+       valid until dtr_context_reset. wait blocks the host; query sets *done. */
+    dtr_result (*event_record)(dtr_context *ctx, dtr_event **ev);
+    dtr_result (*event_wait)(dtr_context *ctx, dtr_event *ev);
+    dtr_result (*event_query)(dtr_context *ctx, dtr_event *ev, int *done);
     dtr_result (*synchronize)(dtr_context *ctx);
 };
+
+#define DTR__MAX_GRAD_HOOKS 8
+
+/** One installed gradient hook (dtr_context_add_grad_hook). */
+typedef struct dtr__grad_hook {
+    dtr_grad_hook_fn fn;
+    void *user;
+    int id;
+} dtr__grad_hook;
 
 struct dtr_context {
     dtr_context_config cfg;
@@ -202,11 +291,15 @@ struct dtr_context {
     char msg[512];
     dtr_rng rng;                  /* dropout */
     uint64_t dropout_calls;
-    /* gradient-ready hook (dtr_context_set_grad_ready): dtr_backward calls it once a
-       parameter's gradient is final for the pass; NULL costs nothing */
-    dtr_result (*grad_ready)(void *user, dtr_tensor *param);
-    void *grad_ready_user;
+    /* gradient hooks (dtr_context_add_grad_hook), called in order once a parameter's
+       gradient is final for a backward pass; none installed costs nothing */
+    dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
+    int n_grad_hooks, grad_hook_ids;
+    uint32_t backward_pass;       /* number of the current (last) backward pass */
 };
+
+/** Host memory for the backend's tensors (may the host read and write it?). */
+static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
 
 /* ---- errors and logging ---- */
 
@@ -236,7 +329,14 @@ const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
 /** New node for `op`: records it on the tape when grad is on and an input needs grad,
  *  then runs the backend's forward. Returns out, or NULL with the error set. */
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
-dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname);
+/** New node for `op` with n_in inputs (NULL entries allowed): in points at in_inline, or at
+ *  arena memory beyond DTR__INLINE_INPUTS. NULL with the error set on failure. */
+dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
+/** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
+ *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+/** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** x, or a recorded contiguous copy of it. */

@@ -108,7 +108,7 @@ dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *shape, fl
     float *tmp;
     if (!t) return NULL;
     n = dtr_tensor_numel(t);
-    if (ctx->backend == &dtr__cpu_backend) {
+    if (dtr__host_memory(ctx)) {
         for (i = 0; i < n; i++) dtr__f32(t)[i] = value;
         return t;
     }
@@ -166,7 +166,7 @@ int dtr_tensor_is_contiguous(const dtr_tensor *t) {
 
 void *dtr_tensor_data(dtr_tensor *t) {
     if (!t || !t->storage) return NULL;
-    if (t->ctx && t->ctx->backend != &dtr__cpu_backend) return NULL;
+    if (t->ctx && !dtr__host_memory(t->ctx)) return NULL;
     return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype);
 }
 
@@ -211,12 +211,12 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
                          (long long)dtr_tensor_numel(t));
     es = dtr_dtype_size(t->dtype);
     bytes = n * es;
-    if (ctx->backend == &dtr__cpu_backend && dtr_tensor_is_contiguous(t)) {
+    if (dtr__host_memory(ctx) && dtr_tensor_is_contiguous(t)) {
         src = (const char *)t->storage + (size_t)t->offset * es;
     } else {
         tmp = dtr__malloc(&ctx->alloc, bytes);
         if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
-        if (ctx->backend == &dtr__cpu_backend) {
+        if (dtr__host_memory(ctx)) {
             dtr__gather(t, tmp, es);
         } else {
             if (!dtr_tensor_is_contiguous(t)) {
@@ -247,7 +247,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     if (!dtr_tensor_is_contiguous(t))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_write: the tensor is a non-contiguous view");
     es = dtr_dtype_size(t->dtype);
-    if (ctx->backend == &dtr__cpu_backend)
+    if (dtr__host_memory(ctx))
         return dtr_convert((char *)t->storage + (size_t)t->offset * es, t->dtype, src, dt, n);
     tmp = dtr__malloc(&ctx->alloc, n * es);
     if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_write: out of memory");
@@ -268,7 +268,7 @@ float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
         off += (rem % t->shape[d]) * t->stride[d];
         rem /= t->shape[d];
     }
-    if (t->ctx->backend == &dtr__cpu_backend) {
+    if (dtr__host_memory(t->ctx)) {
         dtr_convert(&f, DTR_F32, (const char *)t->storage + (size_t)off * dtr_dtype_size(t->dtype), t->dtype, 1);
     } else {
         unsigned char buf[8];
@@ -290,28 +290,50 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
 
-dtr__node *dtr__node_new(dtr_context *ctx, int op, const char *opname) {
-    dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), opname);
+#define DTR__OP_NAME(id, name, kernels) name,
+static const char *const dtr__op_names[DTR_OP_COUNT] = {"none", DTR__OP_LIST(DTR__OP_NAME)};
+#undef DTR__OP_NAME
+
+const char *dtr__op_name(int op) { return op >= 0 && op < DTR_OP_COUNT ? dtr__op_names[op] : "?"; }
+
+dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in) {
+    dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), dtr__op_name(op));
     if (!n) return NULL;
     memset(n, 0, sizeof(*n));
     n->op = op;
+    n->n_in = n_in;
+    n->in = n->in_inline;
+    if (n_in > DTR__INLINE_INPUTS) {
+        n->in = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)n_in * sizeof(dtr_tensor *), dtr__op_name(op));
+        if (!n->in) return NULL;
+    }
+    if (n_in > 0) memcpy(n->in, in, (size_t)n_in * sizeof(dtr_tensor *));
     return n;
+}
+
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
+    return dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+}
+
+static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
+    int i;
+    if (!ctx->grad_enabled) return 0;
+    if (node->out->dtype != DTR_F32 && node->out->dtype != DTR_BF16 && node->out->dtype != DTR_F16) return 0;
+    for (i = 0; i < node->n_in; i++)
+        if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) return 1;
+    return 0;
 }
 
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     dtr_result r;
-    int i, needs = 0;
     if (ctx->status != DTR_OK) return NULL;
+    node->taped = dtr__node_needs_grad(ctx, node);
     r = ctx->backend->forward(ctx, node);
     if (r != DTR_OK) {
-        if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel failed", opname);
+        if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel of op '%s' failed", opname, dtr__op_name(node->op));
         return NULL;
     }
-    if (ctx->grad_enabled) {
-        for (i = 0; i < node->n_in; i++)
-            if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) needs = 1;
-    }
-    if (needs && (node->out->dtype == DTR_F32 || node->out->dtype == DTR_BF16 || node->out->dtype == DTR_F16)) {
+    if (node->taped) {
         node->out->flags |= DTR__REQUIRES_GRAD;
         node->out->node = node;
         node->prev = ctx->tape;

@@ -14,6 +14,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
+#include "../public/api_engine.h"
 #include "../core/internal.h"
 #include "../comm/comm_internal.h"
 
@@ -34,7 +35,7 @@ struct dtr_dp {
     int *param_bucket;      /* parameter index -> bucket */
     int next;               /* next bucket to start */
     int no_sync;
-    int hooked;
+    int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
 };
 
@@ -62,14 +63,17 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
     return DTR_OK;
 }
 
-static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param) {
+static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr__bucket *b;
     if (dp->no_sync || param->model != dp->m || param->param_index < 0) return DTR_OK;
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (--b->pending == 0) {
-        dtr_result r = dtr__dp_launch_ready(dp, 1);
+        /* the bucket's last gradient is written once `ready` completes (the transport reads
+           host memory on its progress thread) */
+        dtr_result r = dtr_event_wait(dp->ctx, ready);
+        if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);
         if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                           dtr_comm_last_error(dp->c));
     }
@@ -118,11 +122,9 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
                          dtr_comm_size(c));
-    if (ctx->backend != &dtr__cpu_backend)
+    if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
                          ctx->backend->name);
-    if (dtr_comm_size(c) > 1 && ctx->grad_ready)
-        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_dp_create: the context already has a gradient-ready hook");
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     dp = (dtr_dp *)dtr__calloc(&ctx->alloc, sizeof(*dp));
@@ -137,8 +139,8 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
         r = dtr_dp_broadcast_params(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
-        dtr_context_set_grad_ready(ctx, dtr__dp_grad_ready, dp);
-        dp->hooked = 1;
+        r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
+        if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     }
     *out = dp;
     return DTR_OK;
@@ -163,7 +165,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     if (!dp) return;
     a = dp->ctx->alloc;
     if (dp->b) dtr__dp_wait_all(dp);
-    if (dp->hooked && dp->ctx->grad_ready_user == dp) dtr_context_set_grad_ready(dp->ctx, NULL, NULL);
+    if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
     dtr__free(&a, dp);

@@ -153,7 +153,7 @@ dtr_result dtr_model_build(dtr_model *m) {
     bytes = (size_t)(m->total ? m->total : 1) * sizeof(float);
     m->data = (float *)ctx->backend->mem_alloc(ctx, bytes);
     m->grad = (float *)ctx->backend->mem_alloc(ctx, bytes);
-    host = ctx->backend == &dtr__cpu_backend ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
+    host = dtr__host_memory(ctx) ? m->data : (float *)dtr__malloc(&ctx->alloc, bytes);
     if (!m->data || !m->grad || !host) {
         if (m->data) ctx->backend->mem_free(ctx, m->data);
         if (m->grad) ctx->backend->mem_free(ctx, m->grad);

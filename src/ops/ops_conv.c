@@ -128,7 +128,7 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1];
     g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
     g->O = w->shape[0]; g->KH = w->shape[2]; g->KW = w->shape[3];
-    g->S = nd->iarg[0]; g->P = nd->iarg[1];
+    g->S = nd->p.conv2d.stride; g->P = nd->p.conv2d.padding;
     g->Ho = nd->out->shape[2]; g->Wo = nd->out->shape[3];
 }
 
@@ -136,7 +136,7 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
 
 dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
     dtr__node *n;
-    int64_t shape[4], Ho, Wo, ckk, ncol;
+    int64_t shape[4], Ho, Wo;
     char s1[96], s2[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
@@ -158,21 +158,13 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     w = dtr__contig_input(ctx, w);
     if (!x || !w) return NULL;
     shape[0] = x->shape[0]; shape[1] = w->shape[0]; shape[2] = Ho; shape[3] = Wo;
-    n = dtr__node_new(ctx, DTR_OP_CONV2D, "dtr_conv2d");
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, DTR_OP_CONV2D, bias ? 3 : 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = bias ? 3 : 2;
-    n->in[0] = x;
-    n->in[1] = w;
-    n->in[2] = bias;
-    n->iarg[0] = stride;
-    n->iarg[1] = padding;
-    ckk = w->shape[1] * w->shape[2] * w->shape[3];
-    /* columns: one matrix per sample when backward will need them (dtr__record records the
-     * node exactly when grad is on and an input requires grad), else one per worker */
-    n->iarg[2] = ctx->grad_enabled && ((x->flags | w->flags | (bias ? bias->flags : 0u)) & DTR__REQUIRES_GRAD);
-    ncol = n->iarg[2] ? x->shape[0] : dtr__pool_threads(ctx->pool);
-    n->aux = dtr__arena_data(ctx, (size_t)(ncol * ckk * Ho * Wo) * sizeof(float), "dtr_conv2d");
-    if (!n->aux) return NULL;
+    n->p.conv2d.stride = stride;
+    n->p.conv2d.padding = padding;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
@@ -201,10 +193,10 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_geom *g = &j->g;
     const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
     const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
-    float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->aux;
+    float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->saved;
     int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o;
     for (n = b; n < e; n++) {
-        float *col = COL + (j->nd->iarg[2] ? n : worker) * ckk * P, *y = Y + n * g->O * P;
+        float *col = COL + (j->nd->taped ? n : worker) * ckk * P, *y = Y + n * g->O * P;
         dtr__im2col(g, X + n * g->C * g->H * g->W, col);
         for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
         /* y (O, P) += W (O, ckk) col (ckk, P) */
@@ -214,10 +206,15 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
 
 dtr_result dtr__cpu_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__conv_job j;
+    int64_t ncol;
     memset(&j, 0, sizeof j);
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
+    /* im2col columns: one matrix per sample when backward will reuse them, else one per worker */
+    ncol = nd->taped ? j.g.N : dtr__pool_threads(ctx->pool);
+    nd->saved = dtr__node_save(ctx, nd, (size_t)(ncol * j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo) * sizeof(float));
+    if (!nd->saved) return ctx->status;
     dtr__pool_run(ctx->pool, j.g.N, 1, dtr__conv_fwd_range, &j);
     return DTR_OK;
 }
@@ -243,7 +240,7 @@ static float dtr__conv_sum(const float *x, int64_t n) {
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
-    const float *G = j->nd->out->grad, *COL = (const float *)j->nd->aux;
+    const float *G = j->nd->out->grad, *COL = (const float *)j->nd->saved;
     float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
     int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
@@ -310,17 +307,11 @@ static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_t
     shape[0] = x->shape[0]; shape[1] = x->shape[1];
     shape[2] = (x->shape[2] + 2 * padding - k) / stride + 1;
     shape[3] = (x->shape[3] + 2 * padding - k) / stride + 1;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->iarg[0] = k; n->iarg[1] = stride; n->iarg[2] = padding;
+    n->p.pool2d.k = k; n->p.pool2d.stride = stride; n->p.pool2d.padding = padding;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, name);
     if (!n->out) return NULL;
-    if (op == DTR_OP_MAXPOOL2D) {
-        n->aux = dtr__arena_data(ctx, (size_t)dtr_tensor_numel(n->out) * sizeof(int32_t), name); /* argmax */
-        if (!n->aux) return NULL;
-    }
     return dtr__record(ctx, n, name);
 }
 
@@ -344,7 +335,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
     int64_t c, oi, oj, a, b;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
-    int32_t *arg = (int32_t *)j->nd->aux;
+    int32_t *arg = (int32_t *)j->nd->saved;
     int maxp = j->nd->op == DTR_OP_MAXPOOL2D;
     for (c = c0; c < c1; c++) {
         const float *xc = X + c * H * W;
@@ -361,7 +352,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
                         if (jj < 0 || jj >= W) continue;
                         v = xc[ii * W + jj];
                         s += v;
-                        if (v > best || bi < 0) { best = v; bi = (int32_t)(ii * W + jj); }
+                        if (v > best || bi < 0 || v != v) { best = v; bi = (int32_t)(ii * W + jj); } /* NaN wins */
                     }
                 }
                 if (maxp) { Y[(c * Ho + oi) * Wo + oj] = best; arg[(c * Ho + oi) * Wo + oj] = bi; }
@@ -375,6 +366,10 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
  * through local arrays, which compilers turn into SIMD compares and selects instead of
  * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
  * output column oj and are not stored). */
+/* v replaces the window's best so far when larger, or when it is NaN (NaN propagates, and
+ * its index is the one backward uses, as in PyTorch). */
+#define DTR__MAX_TAKES(v, best) ((v) > (best) || (v) != (v))
+
 static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
                                 int32_t base, int32_t W) {
     float a[8], b[8], c[8], d[8], best[8];
@@ -387,9 +382,9 @@ static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int3
     for (k = 0; k < 8; k++) {
         int32_t j = base + 2 * (int32_t)(oj + k);
         best[k] = a[k]; bi[k] = j;
-        bi[k] = b[k] > best[k] ? j + 1 : bi[k];     best[k] = b[k] > best[k] ? b[k] : best[k];
-        bi[k] = c[k] > best[k] ? j + W : bi[k];     best[k] = c[k] > best[k] ? c[k] : best[k];
-        bi[k] = d[k] > best[k] ? j + W + 1 : bi[k]; best[k] = d[k] > best[k] ? d[k] : best[k];
+        bi[k] = DTR__MAX_TAKES(b[k], best[k]) ? j + 1 : bi[k];     best[k] = DTR__MAX_TAKES(b[k], best[k]) ? b[k] : best[k];
+        bi[k] = DTR__MAX_TAKES(c[k], best[k]) ? j + W : bi[k];     best[k] = DTR__MAX_TAKES(c[k], best[k]) ? c[k] : best[k];
+        bi[k] = DTR__MAX_TAKES(d[k], best[k]) ? j + W + 1 : bi[k]; best[k] = DTR__MAX_TAKES(d[k], best[k]) ? d[k] : best[k];
     }
     for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
 }
@@ -398,7 +393,7 @@ static void dtr__maxpool2_fwd(const dtr__pool2d_job *j, int64_t c0, int64_t c1) 
     int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, c, oi, oj;
     const float *X = dtr__f32(j->nd->in[0]);
     float *Y = dtr__f32(j->nd->out);
-    int32_t *arg = (int32_t *)j->nd->aux;
+    int32_t *arg = (int32_t *)j->nd->saved;
     for (c = c0; c < c1; c++) {
         const float *xc = X + c * H * W;
         for (oi = 0; oi < Ho; oi++) {
@@ -423,7 +418,7 @@ static void dtr__pool2d_bwd_range(void *arg, int64_t c0, int64_t c1, int worker)
     int64_t H = j->H, W = j->W, Ho = j->Ho, Wo = j->Wo, k = j->k, S = j->S, P = j->P;
     int64_t c, oi, oj, a, b;
     const float *G = j->nd->out->grad;
-    const int32_t *arg_ = (const int32_t *)j->nd->aux;
+    const int32_t *arg_ = (const int32_t *)j->nd->saved;
     float *gx = dtr__gradof(j->nd->in[0]);
     (void)worker;
     for (c = c0; c < c1; c++) {
@@ -454,7 +449,7 @@ static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t 
     j->nd = nd;
     j->H = x->shape[2]; j->W = x->shape[3];
     j->Ho = nd->out->shape[2]; j->Wo = nd->out->shape[3];
-    j->k = nd->iarg[0]; j->S = nd->iarg[1]; j->P = nd->iarg[2];
+    j->k = nd->p.pool2d.k; j->S = nd->p.pool2d.stride; j->P = nd->p.pool2d.padding;
     *planes = x->shape[0] * x->shape[1];
     *grain = 16384 / (j->H * j->W + 1) + 1;   /* about 16k input elements per chunk at least */
 }
@@ -462,6 +457,10 @@ static void dtr__pool2d_job_of(const dtr__node *nd, dtr__pool2d_job *j, int64_t 
 dtr_result dtr__cpu_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool2d_job j;
     int64_t planes, grain;
+    if (nd->op == DTR_OP_MAXPOOL2D) { /* argmax of each window, for backward */
+        nd->saved = dtr__node_save(ctx, nd, (size_t)dtr_tensor_numel(nd->out) * sizeof(int32_t));
+        if (!nd->saved) return ctx->status;
+    }
     dtr__pool2d_job_of(nd, &j, &planes, &grain);
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_fwd_range, &j);
     return DTR_OK;

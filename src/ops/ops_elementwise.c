@@ -70,11 +70,11 @@ static dtr_tensor *dtr__binary(dtr_context *ctx, int op, const char *name, dtr_t
     if (!dtr__bcast_make(a, b, &bc))
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: shapes %s and %s do not broadcast", name,
                           dtr__shape_str(a, s1, sizeof s1), dtr__shape_str(b, s2, sizeof s2));
-    n = dtr__node_new(ctx, op, name);
+    {
+        dtr_tensor *in[2] = {a, b};
+        n = dtr__node_new(ctx, op, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = a;
-    n->in[1] = b;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, bc.nd, bc.shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -160,11 +160,9 @@ static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_te
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->farg[0] = arg;
+    if (op == DTR_OP_SCALE) n->p.scale = arg;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -175,8 +173,12 @@ dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, D
 dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0); }
 dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0); }
 dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
+dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
+dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
 
-#define DTR__GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
+#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
@@ -190,10 +192,10 @@ static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
     for (; i + 8 <= e; i += 8) {
         float t[8];
         for (k = 0; k < 8; k++) t[k] = x[i + k];
-        for (k = 0; k < 8; k++) t[k] = t[k] > 0.0f ? t[k] : 0.0f;
+        for (k = 0; k < 8; k++) t[k] = t[k] < 0.0f ? 0.0f : t[k];
         for (k = 0; k < 8; k++) y[i + k] = t[k];
     }
-    for (; i < e; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+    for (; i < e; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
 }
 
 static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
@@ -202,10 +204,10 @@ static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, 
     for (; i + 8 <= e; i += 8) {
         float tx[8], tg[8], tgx[8];
         for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
-        for (k = 0; k < 8; k++) tgx[k] += tx[k] > 0.0f ? tg[k] : 0.0f;
+        for (k = 0; k < 8; k++) tgx[k] += tx[k] <= 0.0f ? 0.0f : tg[k];
         for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
     }
-    for (; i < e; i++) gx[i] += x[i] > 0.0f ? g[i] : 0.0f;
+    for (; i < e; i++) gx[i] += x[i] <= 0.0f ? 0.0f : g[i];
 }
 
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
@@ -215,7 +217,7 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
+    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
     case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
     case DTR_OP_GELU:
         for (i = b; i < e; i++) {
@@ -224,6 +226,8 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         break;
     case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
+    case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * DTR__SQRT1_2)); break;
     default: for (i = b; i < e; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
     }
 }
@@ -235,7 +239,7 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->farg[0]; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
+    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
     case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
     case DTR_OP_GELU:
         for (i = b; i < e; i++) {
@@ -245,6 +249,15 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         break;
     case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
+    case DTR_OP_ABS: /* sign(x): 0 at 0, NaN at NaN (as PyTorch) */
+        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : x[i] * 0.0f);
+        break;
+    case DTR_OP_GELU_ERF:
+        for (i = b; i < e; i++) {
+            float v = x[i], cdf = 0.5f * (1.0f + erff(v * DTR__SQRT1_2));
+            gx[i] += g[i] * (cdf + v * DTR__INV_SQRT_2PI * expf(-0.5f * v * v));
+        }
+        break;
     default: for (i = b; i < e; i++) gx[i] += g[i] * y[i] * (1.0f - y[i]); break;
     }
 }
@@ -283,11 +296,9 @@ static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_t
     }
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->iarg[0] = axis;
+    n->p.axis = axis;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, nd, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -315,15 +326,15 @@ dtr_result dtr__cpu_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
         int64_t i, n = dtr_tensor_numel(nd->in[0]);
         double s = 0.0;
         for (i = 0; i < n; i++) s += x[i];
-        y[0] = (float)(nd->op == DTR_OP_MEAN_ALL ? (n ? s / (double)n : 0.0) : s);
+        y[0] = (float)(nd->op == DTR_OP_MEAN_ALL ? s / (double)n : s); /* empty: 0/0 = NaN */
     } else {
         int64_t outer, len, inner, o, k, i;
-        dtr__axis_split(nd->in[0], (int)nd->iarg[0], &outer, &len, &inner);
+        dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         for (o = 0; o < outer; o++)
             for (i = 0; i < inner; i++) {
                 double s = 0.0;
                 for (k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
-                if (nd->op == DTR_OP_MEAN && len) s /= (double)len;
+                if (nd->op == DTR_OP_MEAN) s /= (double)len; /* len 0: NaN */
                 y[o * inner + i] = (float)s;
             }
     }
@@ -342,7 +353,7 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
     } else {
         int64_t outer, len, inner, o, k, i;
         float sc;
-        dtr__axis_split(nd->in[0], (int)nd->iarg[0], &outer, &len, &inner);
+        dtr__axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
         for (o = 0; o < outer; o++)
             for (k = 0; k < len; k++)
@@ -366,11 +377,11 @@ dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
     pred = dtr__contig_input(ctx, pred);
     target = dtr__contig_input(ctx, target);
     if (!pred || !target) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_MSE, "dtr_mse");
+    {
+        dtr_tensor *in[2] = {pred, target};
+        n = dtr__node_new(ctx, DTR_OP_MSE, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = pred;
-    n->in[1] = target;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_mse");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_mse");
@@ -385,7 +396,7 @@ dtr_result dtr__cpu_mse_fwd(dtr_context *ctx, dtr__node *nd) {
     double s = 0.0;
     (void)ctx;
     for (i = 0; i < n; i++) { double d = (double)p[i] - t[i]; s += d * d; }
-    dtr__f32(nd->out)[0] = (float)(n ? s / (double)n : 0.0);
+    dtr__f32(nd->out)[0] = (float)(s / (double)n); /* empty: 0/0 = NaN, as PyTorch */
     return DTR_OK;
 }
 
@@ -412,10 +423,8 @@ dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt) {
     if (!dtr_dtype_size(dt)) return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cast: unknown dtype %d", (int)dt);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_CAST, "dtr_cast");
+    n = dtr__node_new(ctx, DTR_OP_CAST, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
     n->out = dtr__tensor_alloc(ctx, dt, x->ndim, x->shape, "dtr_cast");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_cast");

@@ -54,11 +54,11 @@ dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
     for (d = 0; d < bt.nd; d++) shape[d] = bt.shape[d];
     shape[bt.nd] = a->shape[a->ndim - 2];
     shape[bt.nd + 1] = b->shape[b->ndim - 1];
-    n = dtr__node_new(ctx, DTR_OP_MATMUL, "dtr_matmul");
+    {
+        dtr_tensor *in[2] = {a, b};
+        n = dtr__node_new(ctx, DTR_OP_MATMUL, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = a;
-    n->in[1] = b;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, bt.nd + 2, shape, "dtr_matmul");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_matmul");
@@ -130,12 +130,11 @@ dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     if (!x || !w) return NULL;
     for (d = 0; d < x->ndim - 1; d++) shape[d] = x->shape[d];
     shape[x->ndim - 1] = w->shape[0];
-    n = dtr__node_new(ctx, DTR_OP_LINEAR, "dtr_linear");
+    {
+        dtr_tensor *in[3] = {x, w, bias};
+        n = dtr__node_new(ctx, DTR_OP_LINEAR, bias ? 3 : 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = bias ? 3 : 2;
-    n->in[0] = x;
-    n->in[1] = w;
-    n->in[2] = bias;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, "dtr_linear");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_linear");

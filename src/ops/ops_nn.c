@@ -24,10 +24,8 @@ static dtr_tensor *dtr__softmax_like(dtr_context *ctx, int op, const char *name,
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x %s must be (..., T, T)", name, dtr__shape_str(x, s1, sizeof s1));
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, op, name);
+    n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
@@ -112,8 +110,6 @@ dtr_result dtr__cpu_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
     dtr__node *n;
     char s1[96], s2[96];
-    int64_t R, K, i;
-    const int32_t *t;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_cross_entropy", logits, "logits")) return NULL;
     if (!targets) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_cross_entropy: targets is NULL");
@@ -126,22 +122,11 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
     logits = dtr__contig_input(ctx, logits);
     targets = dtr__contig_input(ctx, targets);
     if (!logits || !targets) return NULL;
-    R = dtr__rows(logits);
-    K = logits->shape[logits->ndim - 1];
-    if (ctx->backend == &dtr__cpu_backend) {
-        t = dtr__i32(targets);
-        for (i = 0; i < R; i++)
-            if (t[i] < 0 || t[i] >= K)
-                return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
-                                  (long long)i, (int)t[i], (long long)K);
+    {
+        dtr_tensor *in[2] = {logits, targets};
+        n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, 2, in);
     }
-    n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy");
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = logits;
-    n->in[1] = targets;
-    n->aux = dtr__arena_data(ctx, (size_t)(R * K) * sizeof(float), "dtr_cross_entropy"); /* probabilities */
-    if (!n->aux) return NULL;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_cross_entropy");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_cross_entropy");
@@ -152,9 +137,15 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x);
     const int32_t *t = dtr__i32(nd->in[1]);
-    float *P = (float *)nd->aux;
+    float *P;
     double loss = 0.0;
-    (void)ctx;
+    for (r = 0; r < R; r++)
+        if (t[r] < 0 || t[r] >= K)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)t[r], (long long)K);
+    P = (float *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float)); /* probabilities, for backward */
+    if (!P) return ctx->status;
+    nd->saved = P;
     for (r = 0; r < R; r++) {
         const float *xr = X + r * K;
         float *pr = P + r * K;
@@ -173,7 +164,7 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const int32_t *t = dtr__i32(nd->in[1]);
-    const float *P = (const float *)nd->aux;
+    const float *P = (const float *)nd->saved;
     float *gx = dtr__gradof(x), c;
     (void)ctx;
     if (!gx || !R) return DTR_OK;
@@ -189,7 +180,7 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) {
     dtr__node *n;
-    int64_t shape[DTR_MAX_DIMS], i, N, V;
+    int64_t shape[DTR_MAX_DIMS];
     char s1[96];
     int d;
     if (!ctx) return NULL;
@@ -201,20 +192,13 @@ dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) 
     table = dtr__contig_input(ctx, table);
     ids = dtr__contig_input(ctx, ids);
     if (!table || !ids) return NULL;
-    N = dtr_tensor_numel(ids);
-    V = table->shape[0];
-    if (ctx->backend == &dtr__cpu_backend)
-        for (i = 0; i < N; i++)
-            if (dtr__i32(ids)[i] < 0 || dtr__i32(ids)[i] >= V)
-                return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_embedding: id %lld is %d, outside [0, %lld)",
-                                  (long long)i, (int)dtr__i32(ids)[i], (long long)V);
     for (d = 0; d < ids->ndim; d++) shape[d] = ids->shape[d];
     shape[ids->ndim] = table->shape[1];
-    n = dtr__node_new(ctx, DTR_OP_EMBEDDING, "dtr_embedding");
+    {
+        dtr_tensor *in[2] = {table, ids};
+        n = dtr__node_new(ctx, DTR_OP_EMBEDDING, 2, in);
+    }
     if (!n) return NULL;
-    n->n_in = 2;
-    n->in[0] = table;
-    n->in[1] = ids;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, ids->ndim + 1, shape, "dtr_embedding");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_embedding");
@@ -225,7 +209,11 @@ dtr_result dtr__cpu_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
     const float *W = dtr__f32(nd->in[0]);
     const int32_t *id = dtr__i32(nd->in[1]);
     float *Y = dtr__f32(nd->out);
-    (void)ctx;
+    int64_t V = nd->in[0]->shape[0];
+    for (i = 0; i < N; i++)
+        if (id[i] < 0 || id[i] >= V)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_embedding: id %lld is %d, outside [0, %lld)",
+                             (long long)i, (int)id[i], (long long)V);
     for (i = 0; i < N; i++) memcpy(Y + i * C, W + (int64_t)id[i] * C, (size_t)C * sizeof(float));
     return DTR_OK;
 }
@@ -262,15 +250,12 @@ dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_te
     if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_layernorm: eps must be > 0");
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_LAYERNORM, "dtr_layernorm");
+    {
+        dtr_tensor *in[3] = {x, w, b};
+        n = dtr__node_new(ctx, DTR_OP_LAYERNORM, 3, in);
+    }
     if (!n) return NULL;
-    n->n_in = 3;
-    n->in[0] = x;
-    n->in[1] = w;
-    n->in[2] = b;
-    n->farg[0] = eps;
-    n->aux = dtr__arena_data(ctx, (size_t)dtr__rows(x) * 2 * sizeof(float), "dtr_layernorm"); /* mean, rstd */
-    if (!n->aux) return NULL;
+    n->p.eps = eps;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_layernorm");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_layernorm");
@@ -280,8 +265,10 @@ dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    float *Y = dtr__f32(nd->out), *stat = (float *)nd->aux;
-    (void)ctx;
+    float *Y = dtr__f32(nd->out);
+    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)R * 2 * sizeof(float)); /* mean, rstd per row */
+    if (!stat) return ctx->status;
+    nd->saved = stat;
     for (r = 0; r < R; r++) {
         const float *xr = X + r * C;
         float *yr = Y + r * C;
@@ -292,7 +279,7 @@ dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
         mean = (float)m;
-        rstd = (float)(1.0 / sqrt(v + nd->farg[0]));
+        rstd = (float)(1.0 / sqrt(v + nd->p.eps));
         for (k = 0; k < C; k++) {
             float h = (xr[k] - mean) * rstd;
             yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
@@ -307,7 +294,7 @@ dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *G = nd->out->grad;
-    const float *stat = (const float *)nd->aux;
+    const float *stat = (const float *)nd->saved;
     float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
     (void)ctx;
     for (r = 0; r < R; r++) {
@@ -337,25 +324,19 @@ dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
     dtr__node *n;
-    int64_t i, N;
-    float *mask;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_dropout", x, "x")) return NULL;
     if (!(p >= 0.0f && p < 1.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_dropout: p = %g outside [0, 1)", (double)p);
     if (!ctx->training || p == 0.0f) return x;
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    N = dtr_tensor_numel(x);
-    n = dtr__node_new(ctx, DTR_OP_DROPOUT, "dtr_dropout");
+    n = dtr__node_new(ctx, DTR_OP_DROPOUT, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
-    n->farg[0] = p;
-    /* the mask is drawn on the host from the context's seeded stream, so runs repeat */
-    mask = (float *)dtr__arena_meta(ctx, (size_t)N * sizeof(float), "dtr_dropout");
-    if (!mask) return NULL;
-    for (i = 0; i < N; i++) mask[i] = dtr_rng_uniform(&ctx->rng) < p ? 0.0f : 1.0f / (1.0f - p);
-    n->aux = mask;
+    /* the op takes the next numel(x) draws of the context's seeded stream, so runs repeat on
+       any backend; the backend draws them */
+    n->p.dropout.p = p;
+    n->p.dropout.rng = ctx->rng;
+    dtr__rng_advance(&ctx->rng, (uint64_t)dtr_tensor_numel(x));
     n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_dropout");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_dropout");
@@ -363,16 +344,20 @@ dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
 
 dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, N = dtr_tensor_numel(nd->out);
-    const float *x = dtr__f32(nd->in[0]), *m = (const float *)nd->aux;
-    float *y = dtr__f32(nd->out);
-    (void)ctx;
+    const float *x = dtr__f32(nd->in[0]);
+    float *y = dtr__f32(nd->out), *m, p = nd->p.dropout.p;
+    dtr_rng rng = nd->p.dropout.rng;
+    m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
+    if (!m) return ctx->status;
+    nd->saved = m;
+    for (i = 0; i < N; i++) m[i] = dtr_rng_uniform(&rng) < p ? 0.0f : 1.0f / (1.0f - p);
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, N = dtr_tensor_numel(nd->out);
-    const float *g = nd->out->grad, *m = (const float *)nd->aux;
+    const float *g = nd->out->grad, *m = (const float *)nd->saved;
     float *gx = dtr__gradof(nd->in[0]);
     (void)ctx;
     if (gx) for (i = 0; i < N; i++) gx[i] += g[i] * m[i];

@@ -23,9 +23,7 @@
         }                                                                                 \
     } while (0)
 
-static dtr_tensor *dtr__view_record(dtr_context *ctx, dtr__node *n, dtr_tensor *x, dtr_tensor *v, const char *name) {
-    n->n_in = 1;
-    n->in[0] = x;
+static dtr_tensor *dtr__view_record(dtr_context *ctx, dtr__node *n, dtr_tensor *v, const char *name) {
     n->out = v;
     return dtr__record(ctx, n, name);
 }
@@ -59,13 +57,13 @@ dtr_tensor *dtr_reshape(dtr_context *ctx, dtr_tensor *x, int ndim, const int64_t
                           dtr__shape_str(x, s1, sizeof s1), (long long)dtr_tensor_numel(x), (long long)dtr__numel(ndim, s));
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
-    n = dtr__node_new(ctx, DTR_OP_RESHAPE, "dtr_reshape");
+    n = dtr__node_new(ctx, DTR_OP_RESHAPE, 1, &x);
     v = dtr__tensor_view(ctx, x, "dtr_reshape");
     if (!n || !v) return NULL;
     v->ndim = ndim;
     for (d = 0; d < ndim; d++) v->shape[d] = s[d];
     dtr__contig_strides(ndim, s, v->stride);
-    return dtr__view_record(ctx, n, x, v, "dtr_reshape");
+    return dtr__view_record(ctx, n, v, "dtr_reshape");
 }
 
 /* ---- permute, transpose ---- */
@@ -83,15 +81,15 @@ dtr_tensor *dtr_permute(dtr_context *ctx, dtr_tensor *x, const int *perm) {
                               perm[d], x->ndim);
         seen[perm[d]] = 1;
     }
-    n = dtr__node_new(ctx, DTR_OP_PERMUTE, "dtr_permute");
+    n = dtr__node_new(ctx, DTR_OP_PERMUTE, 1, &x);
     v = dtr__tensor_view(ctx, x, "dtr_permute");
     if (!n || !v) return NULL;
     for (d = 0; d < x->ndim; d++) {
         v->shape[d] = x->shape[perm[d]];
         v->stride[d] = x->stride[perm[d]];
-        n->iarg[d] = perm[d];
+        n->p.view.perm[d] = perm[d];
     }
-    return dtr__view_record(ctx, n, x, v, "dtr_permute");
+    return dtr__view_record(ctx, n, v, "dtr_permute");
 }
 
 dtr_tensor *dtr_transpose(dtr_context *ctx, dtr_tensor *x, int axis0, int axis1) {
@@ -121,14 +119,14 @@ dtr_tensor *dtr_slice(dtr_context *ctx, dtr_tensor *x, int axis, int64_t start, 
     if (start < 0 || end > x->shape[axis] || start > end)
         return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_slice: [%lld, %lld) outside axis %d of size %lld", (long long)start,
                           (long long)end, axis, (long long)x->shape[axis]);
-    n = dtr__node_new(ctx, DTR_OP_SLICE, "dtr_slice");
+    n = dtr__node_new(ctx, DTR_OP_SLICE, 1, &x);
     v = dtr__tensor_view(ctx, x, "dtr_slice");
     if (!n || !v) return NULL;
     v->shape[axis] = end - start;
     v->offset += start * x->stride[axis];
-    n->iarg[0] = axis;
-    n->iarg[1] = start;
-    return dtr__view_record(ctx, n, x, v, "dtr_slice");
+    n->p.view.axis = axis;
+    n->p.view.start = start;
+    return dtr__view_record(ctx, n, v, "dtr_slice");
 }
 
 /* ---- contiguous ---- */
@@ -138,10 +136,8 @@ dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x) {
     if (!ctx) return NULL;
     if (!x) return dtr__failt(ctx, ctx->status ? ctx->status : DTR_NULL_HANDLE, "dtr_contiguous: x is NULL");
     if (dtr_tensor_is_contiguous(x)) return x;
-    n = dtr__node_new(ctx, DTR_OP_CONTIGUOUS, "dtr_contiguous");
+    n = dtr__node_new(ctx, DTR_OP_CONTIGUOUS, 1, &x);
     if (!n) return NULL;
-    n->n_in = 1;
-    n->in[0] = x;
     n->out = dtr__tensor_alloc(ctx, x->dtype, x->ndim, x->shape, "dtr_contiguous");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_contiguous");
@@ -151,7 +147,6 @@ dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x) {
 
 dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int count, int axis) {
     dtr__node *n;
-    dtr_tensor **list;
     int64_t shape[DTR_MAX_DIMS];
     char s1[96], s2[96];
     int i, d, ndim;
@@ -170,19 +165,11 @@ dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int count, int a
             if (d != axis && xs[i]->shape[d] != shape[d]) goto mismatch;
         shape[axis] += xs[i]->shape[axis];
     }
-    n = dtr__node_new(ctx, DTR_OP_CONCAT, "dtr_concat");
-    list = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)count * sizeof(*list), "dtr_concat");
-    if (!n || !list) return NULL;
-    for (i = 0; i < count; i++) list[i] = xs[i];
-    n->list = list;
-    n->iarg[0] = axis;
-    n->iarg[1] = count;
+    n = dtr__node_new(ctx, DTR_OP_CONCAT, count, xs);
+    if (!n) return NULL;
+    n->p.view.axis = axis;
     n->out = dtr__tensor_alloc(ctx, DTR_F32, ndim, shape, "dtr_concat");
     if (!n->out) return NULL;
-    /* the tape only follows in[]: concat marks its output through the list below */
-    if (ctx->grad_enabled)
-        for (i = 0; i < count; i++)
-            if (xs[i]->flags & DTR__REQUIRES_GRAD) { n->n_in = 1; n->in[0] = xs[i]; break; }
     return dtr__record(ctx, n, "dtr_concat");
 mismatch:
     return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_concat: input %d %s does not match %s outside axis %d", i,
@@ -200,12 +187,12 @@ dtr_result dtr__cpu_view_fwd(dtr_context *ctx, dtr__node *nd) {
         const char *src = (const char *)x->storage;
         DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, memcpy(dst + (size_t)i * es, src + (size_t)off * es, es));
     } else if (nd->op == DTR_OP_CONCAT) {
-        int k, axis = (int)nd->iarg[0];
+        int k, axis = nd->p.view.axis;
         int64_t ostr[DTR_MAX_DIMS], base = 0;
         float *Y = dtr__f32(nd->out);
         memcpy(ostr, nd->out->stride, sizeof(ostr));
-        for (k = 0; k < (int)nd->iarg[1]; k++) {
-            const dtr_tensor *p = nd->list[k];
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
             const float *X = (const float *)p->storage;
             int64_t xo = p->offset;
             /* walk the input; the output offset follows with the output's strides */
@@ -232,10 +219,10 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     int d;
     (void)ctx;
     if (nd->op == DTR_OP_CONCAT) {
-        int k, axis = (int)nd->iarg[0];
+        int k, axis = nd->p.view.axis;
         int64_t base = 0;
-        for (k = 0; k < (int)nd->iarg[1]; k++) {
-            const dtr_tensor *p = nd->list[k];
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
             float *gp = dtr__gradof(p);
             if (gp) {
                 /* gp (dense) += the block of g at `base` along axis */
@@ -256,11 +243,11 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
         break;
     }
     case DTR_OP_PERMUTE:
-        for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->iarg[d]];
+        for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
         DTR__FOR_EACH(nd->out->ndim, nd->out->shape, gs, 0, gx[off] += g[i]);
         break;
     case DTR_OP_SLICE:
-        DTR__FOR_EACH(nd->out->ndim, nd->out->shape, cs, nd->iarg[1] * cs[nd->iarg[0]], gx[off] += g[i]);
+        DTR__FOR_EACH(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis], gx[off] += g[i]);
         break;
     default: break;
     }

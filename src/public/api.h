@@ -24,7 +24,7 @@ extern "C" {
 /* ---- results ---- */
 
 /** Result codes. Zero is success; errors are negative and grouped by range:
- *  -1..-99 general, -100..-199 files and data, -200..-299 communication.
+ *  -1..-99 general, -100..-199 files and data, -200..-299 communication, -300..-399 devices.
  *  The list is append-only. */
 typedef enum dtr_result {
     DTR_OK = 0,
@@ -41,7 +41,10 @@ typedef enum dtr_result {
     DTR_IO_ERROR = -100,        /**< a file could not be opened, read or written */
     DTR_CORRUPT_FILE = -101,    /**< a file's contents are malformed */
     DTR_TIMEOUT = -200,         /**< a deadline passed */
-    DTR_PEER_FAILED = -201      /**< a peer died or stopped answering */
+    DTR_PEER_FAILED = -201,     /**< a peer died or stopped answering */
+    DTR_DEVICE_ERROR = -300,    /**< a device (GPU) or its driver reported an error; the
+                                     native code is in the message */
+    DTR_DEVICE_OUT_OF_MEMORY = -301 /**< a device allocation failed (host memory: DTR_OUT_OF_MEMORY) */
 } dtr_result;
 
 /** Short constant description of a result code ("shape mismatch"). Thread safe. */
@@ -223,6 +226,13 @@ DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
+/** |x| element-wise. Its gradient is sign(x): 0 at 0, as PyTorch's torch.abs.
+ *  Thread safety: the context's thread (as every builder). */
+DTR_API dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x);
+/** GELU in its exact form, x * Phi(x) with the normal CDF through erf: PyTorch's
+ *  torch.nn.functional.gelu(x) (approximate='none'). dtr_gelu is the tanh approximation,
+ *  gelu(x, approximate='tanh'), the form of GPT-2. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
@@ -299,9 +309,35 @@ DTR_API dtr_tensor *dtr_contiguous(dtr_context *ctx, dtr_tensor *x);
 /** Runs the tape backwards from the scalar `loss` (seed 1). Gradients of parameters
  *  accumulate into the model's gradient buffer (call dtr_model_zero_grad between steps, or
  *  let the optimizer do it); gradients of other tensors live in the arena.
+ *  Several backward passes over one tape (two losses sharing a graph, each with its own
+ *  dtr_backward before dtr_context_reset) are correct: parameter and leaf gradients
+ *  accumulate the sum over the passes, intermediate gradients start from zero in each pass
+ *  (PyTorch's retain_graph=True). The gradient hooks (dtr_context_add_grad_hook) run in
+ *  every pass.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (loss not a scalar), DTR_BAD_STATE
- *          (grad recording was off), or the sticky error. */
+ *          (grad recording was off), or the sticky error.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss);
+
+/** Backward from any tensor `out` of the tape with the upstream gradient `grad` (host, f32,
+ *  numel(out) values in out's row-major order): what a pipeline stage runs with the gradient
+ *  its next stage sent back. dtr_backward(loss) is the case grad = {1}. The gradients reached
+ *  are those of sum(out * grad). A leaf `out` just accumulates grad. Passes behave as for
+ *  dtr_backward. @return as dtr_backward, DTR_NULL_HANDLE for a NULL grad.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad);
+
+/** A backend's completion handle: marks work queued on a context's stream. NULL is an event
+ *  that has completed (the CPU backend's events are always NULL). Valid until the next
+ *  dtr_context_reset of its context. */
+typedef struct dtr_event dtr_event;
+/** Blocks the calling thread until `ev` has completed (NULL: returns at once).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: any thread, while the
+ *  context lives and is not reset. */
+DTR_API dtr_result dtr_event_wait(dtr_context *ctx, dtr_event *ev);
+/** Sets *done to 1 when `ev` has completed, else 0, without blocking.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: as dtr_event_wait. */
+DTR_API dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done);
 
 /* ---- random numbers ---- */
 

@@ -1,5 +1,5 @@
 /* ============================================================================
- * Public API: process groups (dtr_comm), transports, collectives, data parallel (dtr_dp)
+ * Public API: process groups (dtr_comm), transports, collectives (engines: api_engine.h)
  *
  * A process group is a set of ranks 0..size-1 that run the same program and meet in
  * collective calls. Ranks are threads of one process (the `local` transport, built in) or
@@ -341,71 +341,6 @@ DTR_API dtr_result dtr_request_wait(dtr_request *req);
 /** Waits for the request if it still runs, then frees it. NULL is ignored. Every request
  *  must be freed (before its group is destroyed). */
 DTR_API void dtr_request_free(dtr_request *req);
-
-/* ---- gradient-ready hook (autograd) ---- */
-
-/** Called by dtr_backward on the calling thread as soon as the gradient of a model
- *  parameter is final for this backward pass (after the last tape node that writes it, or
- *  at once when no node of this pass will). Parameters the pass never reaches are not
- *  reported. A non-OK result stops dtr_backward, which returns it. */
-typedef dtr_result (*dtr_grad_ready_fn)(void *user, dtr_tensor *param);
-
-/** Installs (fn non-NULL) or removes (fn NULL) the gradient-ready hook of a context; the
- *  data-parallel engine uses it to start each bucket's all-reduce during backward. Without a
- *  hook dtr_backward does no extra work. Returns DTR_OK, or DTR_NULL_HANDLE for a NULL
- *  context.
- *  Thread safety: the context's thread. */
-DTR_API dtr_result dtr_context_set_grad_ready(dtr_context *ctx, dtr_grad_ready_fn fn, void *user);
-
-/* ---- data parallel ---- */
-
-/** Data-parallel training of a model replicated on every rank of a group. */
-typedef struct dtr_dp dtr_dp;
-
-typedef struct dtr_dp_config {
-    size_t bucket_bytes;   /**< gradient bucket size; 0: 25 MiB (as PyTorch DDP) */
-    int root;              /**< rank whose parameters are broadcast at creation (default 0) */
-} dtr_dp_config;
-
-/** Returns a configuration with every field at its default. */
-DTR_API dtr_dp_config dtr_dp_config_init(void);
-
-/** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from
- *  the root (collective, blocking), splits the contiguous gradient buffer into buckets of
- *  about bucket_bytes along parameter boundaries (last parameters first, as backward
- *  produces them) and installs the gradient-ready hook on the model's context: during
- *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
- *  final, on the group's progress thread, in bucket order on every rank. On a group of size
- *  1 nothing is installed and every call below returns at once.
- *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
- *          already has a gradient-ready hook), DTR_UNSUPPORTED (parameters not in host
- *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
- *  Thread safety: the model's context thread; collective over c. */
-DTR_API dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out);
-/** Removes the hook and frees the engine (waiting for buckets still in flight). NULL is ignored. */
-DTR_API void dtr_dp_destroy(dtr_dp *dp);
-/** Gradient accumulation: with no_sync 1 the following backward passes only accumulate into
- *  the local gradient buffer (no communication) and dtr_dp_finish returns at once; set it
- *  back to 0 before the last micro-batch, whose dtr_dp_finish averages the accumulated sums.
- *  Returns DTR_OK, DTR_NULL_HANDLE, or DTR_BAD_STATE while buckets are in flight (between a
- *  synchronised dtr_backward and its dtr_dp_finish; the group's message says so, the
- *  context's status is not touched). */
-DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
-/** Ends a step's communication: starts the buckets that backward did not start (parameters
- *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
- *  the average over the ranks of their gradients, identical bits on every rank.
- *  @return DTR_OK or the first error of a bucket (the group's message names it). */
-DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Broadcasts the parameters from the root again (e.g. after loading a checkpoint on it). */
-DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
-/** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
- *  buffer (bucket 0 holds the last parameters). */
-DTR_API int dtr_dp_bucket_count(const dtr_dp *dp);
-DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t *end);
-/** Number of buckets whose all-reduce was started inside dtr_backward (not by finish) in
- *  the last synchronised step: shows that communication overlapped backward. */
-DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 
 #ifdef __cplusplus
 }
