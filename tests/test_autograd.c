@@ -1,0 +1,230 @@
+/* tests/test_autograd.c: the open autograd seams and numeric corner cases, against PyTorch.
+ *   test_second_backward     two losses sharing a graph, one dtr_backward each: the gradients
+ *                            add up (PyTorch retain_graph=True), intermediates restart at zero
+ *   test_backward_from       dtr_backward_from(h, g) == gradients of sum(h * g); leaf roots
+ *   test_two_hooks           two gradient hooks on one context both see every parameter
+ *   test_nan_propagates      relu and max pooling keep NaN (values and gradients of PyTorch)
+ *   test_empty_mean          mean, mean_all and mse of nothing are NaN (PyTorch)
+ *   test_abs_gelu_erf        dtr_abs and dtr_gelu_erf against PyTorch's numbers
+ *   test_op_names            the op list's names, and errors that name the op
+ *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
+ * Reference numbers: PyTorch 1.13 (python3-torch), the script is quoted at each case. */
+#define DTRAIN_INTERNAL_API
+#include "test.h"
+
+static dtr_tensor *scalar_leaf(dtr_context *ctx, float v) {
+    int64_t one = 1;
+    return dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &one, &v));
+}
+
+/* x = 0.5; s = (x*x).sum(); s.backward(retain_graph=True); tanh(s).sum().backward(): x.grad 1.9400148 */
+static void test_second_backward(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_tensor *x = scalar_leaf(ctx, 0.5f);
+    dtr_tensor *s = dtr_sum_all(ctx, dtr_mul(ctx, x, x));
+    dtr_tensor *t = dtr_sum_all(ctx, dtr_tanh(ctx, s));
+    CHECK_OK(ctx, dtr_backward(ctx, s));
+    CHECK_NEAR(dtr_tensor_grad(x)[0], 1.0f, 1e-6);
+    CHECK_OK(ctx, dtr_backward(ctx, t));
+    CHECK_NEAR(dtr_tensor_grad(x)[0], 1.9400148391723633, 1e-6);
+    /* a third pass over the first loss adds its gradient once more */
+    CHECK_OK(ctx, dtr_backward(ctx, s));
+    CHECK_NEAR(dtr_tensor_grad(x)[0], 2.9400148391723633, 1e-6);
+    dtr_context_destroy(ctx);
+}
+
+/* h = x W^T: backward_from(h, g) must equal backward(sum(h * g)) */
+static void test_backward_from(void) {
+    static const float xv[6] = {0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f}, wv[6] = {1, 2, 3, -1, 0.5f, 0.25f};
+    static const float g[4] = {0.5f, -1.0f, 2.0f, 0.25f};
+    int64_t s23[2] = {2, 3}, s22[2] = {2, 2};
+    float direct[12];
+    int pass, i;
+    for (pass = 0; pass < 2; pass++) {
+        dtr_context *ctx = test_ctx(1);
+        dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, s23, xv));
+        dtr_tensor *w = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, s23, wv));
+        dtr_tensor *h = dtr_linear(ctx, x, w, NULL);
+        if (pass == 0) {
+            CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, h, dtr_tensor_from(ctx, DTR_F32, 2, s22, g)))));
+            memcpy(direct, dtr_tensor_grad(x), 6 * sizeof(float));
+            memcpy(direct + 6, dtr_tensor_grad(w), 6 * sizeof(float));
+        } else {
+            CHECK_OK(ctx, dtr_backward_from(ctx, h, g));
+            for (i = 0; i < 6; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], direct[i], 1e-6);
+            for (i = 0; i < 6; i++) CHECK_NEAR(dtr_tensor_grad(w)[i], direct[6 + i], 1e-6);
+            /* a leaf root accumulates the given gradient */
+            CHECK_OK(ctx, dtr_backward_from(ctx, x, xv));
+            for (i = 0; i < 6; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], direct[i] + xv[i], 1e-6);
+            CHECK_EQ_INT(dtr_backward_from(ctx, h, NULL), DTR_NULL_HANDLE);
+        }
+        dtr_context_destroy(ctx);
+    }
+}
+
+typedef struct hook_count { int n; dtr_tensor *last; } hook_count;
+
+static dtr_result count_hook(void *user, dtr_tensor *param, dtr_event *ready) {
+    hook_count *h = (hook_count *)user;
+    (void)ready;
+    h->n++;
+    h->last = param;
+    return DTR_OK;
+}
+
+static void test_two_hooks(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_linear_layer l1, l2;
+    hook_count a = {0, NULL}, b = {0, NULL};
+    int ida = 0, idb = 0;
+    int64_t xs[2] = {2, 3};
+    float xv[6] = {1, 2, 3, 4, 5, 6};
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    CHECK_OK(ctx, dtr_linear_layer_init(&l1, m, "l1", 3, 4, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_linear_layer_init(&l2, m, "l2", 4, 2, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_context_add_grad_hook(ctx, count_hook, &a, &ida));
+    CHECK_OK(ctx, dtr_context_add_grad_hook(ctx, count_hook, &b, &idb));
+    CHECK(ida != idb);
+    {
+        dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 2, xs, xv);
+        dtr_tensor *y = dtr_linear_layer_forward(ctx, &l2, dtr_relu(ctx, dtr_linear_layer_forward(ctx, &l1, x)));
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    }
+    CHECK_EQ_INT(a.n, 4);   /* l2.weight, l2.bias, l1.weight, l1.bias */
+    CHECK_EQ_INT(b.n, 4);
+    CHECK(a.last == b.last && a.last != NULL);
+    CHECK_OK(ctx, dtr_context_remove_grad_hook(ctx, ida));
+    dtr_context_reset(ctx);
+    {
+        dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 2, xs, xv);
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_linear_layer_forward(ctx, &l1, x))));
+    }
+    CHECK_EQ_INT(a.n, 4);   /* removed: not called again */
+    CHECK_EQ_INT(b.n, 6);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* x = [nan, -1, 0, 2]; relu(x) = [nan, 0, 0, 2], grad of sum = [1, 0, 0, 1].
+ * max_pool2d(2) of a 4x4 ramp 1..16 with x[0,1] = nan: [[nan, 8], [14, 16]], grad at the nan;
+ * max_pool2d(3, 1, 1) with x[1,1] = nan: every window holding it is nan. */
+static void test_nan_propagates(void) {
+    dtr_context *ctx = test_ctx(1);
+    float v[4] = {NAN, -1.0f, 0.0f, 2.0f}, img[16], gexp[16] = {0, 1, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 1};
+    int64_t n4 = 4, s[4] = {1, 1, 4, 4};
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n4, v)), *y, *p;
+    int i;
+    y = dtr_relu(ctx, x);
+    CHECK(isnan(dtr_tensor_get(y, 0)));
+    CHECK(dtr_tensor_get(y, 1) == 0.0f && dtr_tensor_get(y, 3) == 2.0f);
+    CHECK_OK(ctx, dtr_backward_from(ctx, y, (const float[]){1, 1, 1, 1}));
+    CHECK(dtr_tensor_grad(x)[0] == 1.0f && dtr_tensor_grad(x)[1] == 0.0f && dtr_tensor_grad(x)[2] == 0.0f &&
+          dtr_tensor_grad(x)[3] == 1.0f);
+    for (i = 0; i < 16; i++) img[i] = (float)(i + 1);
+    img[1] = NAN;
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, s, img));
+    p = dtr_maxpool2d(ctx, x, 2, 0, 0);
+    CHECK(isnan(dtr_tensor_get(p, 0)) && dtr_tensor_get(p, 1) == 8.0f && dtr_tensor_get(p, 2) == 14.0f);
+    CHECK_OK(ctx, dtr_backward_from(ctx, p, (const float[]){1, 1, 1, 1}));
+    for (i = 0; i < 16; i++) CHECK_EQ_INT(dtr_tensor_grad(x)[i], gexp[i]);
+    for (i = 0; i < 16; i++) img[i] = (float)(i + 1);
+    img[5] = NAN;
+    p = dtr_maxpool2d(ctx, dtr_tensor_from(ctx, DTR_F32, 4, s, img), 3, 1, 1);
+    for (i = 0; i < 16; i++) {   /* windows around (1,1): rows 0..2, cols 0..2 */
+        int r = i / 4, c = i % 4, hit = r <= 2 && c <= 2;
+        CHECK_MSG(hit ? isnan(dtr_tensor_get(p, i)) : !isnan(dtr_tensor_get(p, i)), "output %d", i);
+    }
+    dtr_context_destroy(ctx);
+}
+
+/* torch.zeros(0).mean() = nan; torch.zeros(3, 0).mean(1) = [nan]*3; mse_loss of empty = nan */
+static void test_empty_mean(void) {
+    dtr_context *ctx = test_ctx(1);
+    int64_t s0[1] = {0}, s30[2] = {3, 0};
+    dtr_tensor *e = dtr_tensor_zeros(ctx, DTR_F32, 1, s0), *e2 = dtr_tensor_zeros(ctx, DTR_F32, 2, s30), *m;
+    CHECK(isnan(dtr_tensor_get(dtr_mean_all(ctx, e), 0)));
+    m = dtr_mean(ctx, e2, 1, 0);
+    CHECK_EQ_INT(dtr_tensor_numel(m), 3);
+    CHECK(isnan(dtr_tensor_get(m, 0)) && isnan(dtr_tensor_get(m, 2)));
+    CHECK(isnan(dtr_tensor_get(dtr_mse(ctx, e, e), 0)));
+    CHECK(dtr_tensor_get(dtr_sum_all(ctx, e), 0) == 0.0f);   /* a sum of nothing stays 0 */
+    dtr_context_destroy(ctx);
+}
+
+/* x = [-1.5, 0.3, 2.0]: F.gelu(x) = [-0.10021086, 0.18537343, 1.95449996], grad [-0.12746915,
+ * 0.73232776, 1.08523190]; x = [-1, 0, 2]: abs grad [-1, 0, 1] */
+static void test_abs_gelu_erf(void) {
+    static const float ge[3] = {-0.10021086037158966f, 0.1853734254837036f, 1.9544999599456787f};
+    static const float gg[3] = {-0.12746915221214294f, 0.7323277592658997f, 1.085231900215149f};
+    dtr_context *ctx = test_ctx(1);
+    int64_t n3 = 3;
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.5f, 0.3f, 2.0f}));
+    dtr_tensor *y = dtr_gelu_erf(ctx, x), *a, *xa;
+    int i;
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_get(y, i), ge[i], 1e-6);
+    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], gg[i], 1e-6);
+    xa = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.0f, 0.0f, 2.0f}));
+    a = dtr_abs(ctx, xa);
+    CHECK(dtr_tensor_get(a, 0) == 1.0f && dtr_tensor_get(a, 1) == 0.0f && dtr_tensor_get(a, 2) == 2.0f);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, a)));
+    CHECK(dtr_tensor_grad(xa)[0] == -1.0f && dtr_tensor_grad(xa)[1] == 0.0f && dtr_tensor_grad(xa)[2] == 1.0f);
+    dtr_context_destroy(ctx);
+}
+
+static void test_op_names(void) {
+    dtr_context *ctx = test_ctx(1);
+    int64_t s[1] = {2};
+    dtr_tensor *t;
+    CHECK(strcmp(dtr__op_name(DTR_OP_ADD), "add") == 0);
+    CHECK(strcmp(dtr__op_name(DTR_OP_CONV2D), "conv2d") == 0);
+    CHECK(strcmp(dtr__op_name(DTR_OP_ABS), "abs") == 0);
+    CHECK(strcmp(dtr__op_name(0), "none") == 0 && strcmp(dtr__op_name(DTR_OP_COUNT), "?") == 0);
+    CHECK_EQ_INT(DTR_OP_ADD, 1);          /* stored ids do not move */
+    CHECK_EQ_INT(DTR_OP_CONTIGUOUS, 32);
+    /* a kernel's range check names its op */
+    t = dtr_cross_entropy(ctx, dtr_tensor_zeros(ctx, DTR_F32, 2, (const int64_t[]){2, 3}),
+                          dtr_tensor_from(ctx, DTR_I32, 1, s, (const int32_t[]){1, 7}));
+    CHECK(t == NULL && dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(ctx), "dtr_cross_entropy: target 1 is 7") != NULL);
+    dtr_context_destroy(ctx);
+}
+
+static void test_backend_caps(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_event *ev = (dtr_event *)1;
+    int done = 0, op;
+    CHECK(ctx->backend->struct_size == sizeof(dtr_backend));
+    CHECK(ctx->backend->caps & DTR__CAP_HOST_MEMORY);
+    CHECK(!(ctx->backend->caps & DTR__CAP_ASYNC));
+    for (op = 1; op < DTR_OP_COUNT; op++) CHECK_MSG(ctx->backend->supports_op(ctx, op), "op %s", dtr__op_name(op));
+    CHECK(!ctx->backend->supports_op(ctx, 0) && !ctx->backend->supports_op(ctx, DTR_OP_COUNT));
+    CHECK_OK(ctx, ctx->backend->event_record(ctx, &ev));
+    CHECK(ev == NULL);
+    CHECK_OK(ctx, dtr_event_wait(ctx, ev));
+    CHECK_OK(ctx, dtr_event_query(ctx, ev, &done));
+    CHECK(done == 1);
+    CHECK_EQ_INT(dtr_event_query(ctx, ev, NULL), DTR_NULL_HANDLE);
+    CHECK(strcmp(dtr_result_string(DTR_DEVICE_ERROR), "device error") == 0);
+    CHECK(strcmp(dtr_result_string(DTR_DEVICE_OUT_OF_MEMORY), "device out of memory") == 0);
+    CHECK(DTR_DEVICE_ERROR != DTR_UNSUPPORTED);
+    {   /* the backend's reduction (collectives use it) adds in f32 and divides last */
+        float a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, out[3];
+        CHECK_OK(ctx, ctx->backend->reduce(ctx, out, a, b, 3, DTR_F32, DTR_REDUCE_AVG, 2));
+        CHECK(out[0] == 2.5f && out[1] == 3.5f && out[2] == 4.5f);
+    }
+    dtr_context_destroy(ctx);
+}
+
+int main(void) {
+    RUN(test_second_backward);
+    RUN(test_backward_from);
+    RUN(test_two_hooks);
+    RUN(test_nan_propagates);
+    RUN(test_empty_mean);
+    RUN(test_abs_gelu_erf);
+    RUN(test_op_names);
+    RUN(test_backend_caps);
+    return test_summary();
+}
