@@ -115,6 +115,15 @@ export DTR_FMNIST_DIR
 
 # ---- what gets built ---------------------------------------------------------------------
 
+# The generated files follow src/: editing a source and running make regenerates them
+# (./amalgamate rewrites only the files whose content changed; the touch records that they
+# are current). Commit them with the change: CI's `./amalgamate --check` fails on drift.
+GENERATED := dtrain.h dtrain_cuda.cu dtrain_comm.c
+SOURCES   := $(shell find src -type f 2>/dev/null) amalgamate
+$(GENERATED) &: $(SOURCES)
+	./amalgamate
+	@touch $(GENERATED)
+
 IMPL_OBJ := $(BUILD)/dtrain_impl.o
 LIBA     := $(BUILD)/libdtrain.a
 LIBSO    := $(BUILD)/libdtrain.so

@@ -1764,12 +1764,52 @@ DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 #ifndef DTRAIN_INTERNAL_H
 #define DTRAIN_INTERNAL_H
 
+/* ---- src/core/platform.h ---- */
+#line 1 "src/core/platform.h"
+/* ============================================================================
+ * Platform shims shared by the implementation and the two other units: compiler attributes
+ * and atomics, each defined once. GCC and Clang builtins; other compilers get the portable
+ * fall-backs noted at each macro.
+ * ==========================================================================*/
+
+/* ---- attributes ---- */
+
+/** printf-style checking of a function's format (argument fmt_index) against its variadic
+ *  arguments (from first_arg): -Wformat then finds every mismatched call. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__PRINTF(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define DTR__PRINTF(fmt_index, first_arg)
+#endif
+
+/* ---- atomics ----
+ * Acquire/release loads and stores, a sequentially consistent decrement and compare-and-swap,
+ * and relaxed accesses, on integers shared between threads. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DTR__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DTR__ATOMIC_LOAD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define DTR__ATOMIC_STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DTR__ATOMIC_LOAD_RELAXED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DTR__ATOMIC_STORE_RELAXED(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DTR__ATOMIC_DEC(p) __atomic_sub_fetch((p), 1, __ATOMIC_SEQ_CST)
+/* 1 when *p was *expect and is now v; else 0 and *expect holds *p */
+#define DTR__ATOMIC_CAS(p, expect, v) \
+    __atomic_compare_exchange_n((p), (expect), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+#define DTR__HAVE_ATOMICS 1
+#else
+#define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
+#endif
+#line 1804 "dtrain.h"
+
 /* ---- src/core/internal.h ---- */
+#line 1 "src/core/internal.h"
 /* ============================================================================
  * Internal types shared by the implementation, the CUDA backend (dtrain_cuda.cu) and the
  * transports (dtrain_comm.c). Visible with DTRAIN_IMPLEMENTATION or DTRAIN_INTERNAL_API.
  * Not a stable API: names start with dtr__ and may change between versions.
  * ==========================================================================*/
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1786,7 +1826,7 @@ void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
 void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
-dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...);
+dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
 /* ---- thread pool ---- */
 
@@ -2072,10 +2112,10 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at
  *  DTR_LOG_ERROR and returns code. */
-dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...);
+dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 /** Same, returning NULL: for tensor-returning builders. */
-dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...);
-void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...);
+dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
+void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
 
 /* ---- tensor helpers ---- */
 
@@ -2119,8 +2159,10 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
+#line 2163 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
+#line 1 "src/data/data_internal.h"
 /* ============================================================================
  * Internal types of the data pipeline (src/data/): the dataset handle and the helpers the
  * dataset, CSV, image, loader and stream files share. Not a stable API.
@@ -2172,8 +2214,10 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
+#line 2218 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
+#line 1 "src/comm/comm_internal.h"
 /* ============================================================================
  * Process-group internals shared by the sources in src/comm/, src/engine/data_parallel.c and the
  * transports of dtrain_comm.c (which see them through DTRAIN_INTERNAL_API).
@@ -2299,7 +2343,7 @@ struct dtr_comm {
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
  *  `peer` is the transport rank at fault (-1 unknown). Returns code. */
 dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
-                          const char *fmt, ...);
+                          const char *fmt, ...) DTR__PRINTF(6, 7);
 /** "all_reduce", "broadcast", ... */
 const char *dtr__coll_name(int kind);
 /** Scratch of at least `bytes` (grows, kept); NULL on OOM. */
@@ -2332,6 +2376,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
+#line 2380 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2341,9 +2386,12 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #define DTRAIN_IMPLEMENTATION_DONE
 
 /* ---- src/core/alloc.c ---- */
+#line 1 "src/core/alloc.c"
 /* ============================================================================
  * Allocation through the application's callbacks, and small error helpers.
  * ==========================================================================*/
+
+
 
 void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes) {
     if (bytes == 0) bytes = 1;
@@ -2378,8 +2426,10 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
+#line 2430 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
+#line 1 "src/core/threadpool.c"
 /* ============================================================================
  * Thread pool: parallel loops over [0, n) and per-worker scratch memory.
  *
@@ -2407,6 +2457,8 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
  *     dtr__pool_scratch.
  *   - No printing, no exit()/abort(): thread-creation failure is a dtr_result.
  * ==========================================================================*/
+
+
 #include <pthread.h>
 
 /* ---- configuration and portability ---- */
@@ -2419,12 +2471,8 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
 #endif
 #define DTR__POOL_MAX_THREADS 1024
 
-#if defined(__GNUC__) || defined(__clang__)
+#if DTR__HAVE_ATOMICS
 #define DTR__POOL_ATOMICS 1
-#define DTR__POOL_LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
-#define DTR__POOL_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
-#define DTR__POOL_DEC(p) __atomic_sub_fetch((p), 1, __ATOMIC_SEQ_CST)
-#define DTR__POOL_CAS(p, expect, v) __atomic_compare_exchange_n((p), (expect), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
 #define DTR__POOL_TLS 1
 #else
 #define DTR__POOL_ATOMICS 0   /* no atomics: every shared field is read under the mutex */
@@ -2512,18 +2560,18 @@ static void dtr__pool_run_chunk(dtr__pool *p, int i) {
 #if DTR__POOL_ATOMICS
 /** Spins while (*v == val) == equal, at most the spin budget; returns the last value read. */
 static unsigned dtr__pool_spin(unsigned *v, unsigned val, int equal) {
-    unsigned cur = DTR__POOL_LOAD(v);
+    unsigned cur = DTR__ATOMIC_LOAD_SC(v);
 #ifdef DTR__POOL_RDTSC
     unsigned long long t0 = __rdtsc();
     while ((cur == val) == equal && __rdtsc() - t0 < (unsigned long long)DTR_POOL_SPIN_TICKS) {
         dtr__pool_relax(); dtr__pool_relax(); dtr__pool_relax(); dtr__pool_relax();
-        cur = DTR__POOL_LOAD(v);
+        cur = DTR__ATOMIC_LOAD_SC(v);
     }
 #else
     long it;
     for (it = 0; (cur == val) == equal && it < DTR_POOL_SPIN_ITERS; it++) {
         dtr__pool_relax();
-        cur = DTR__POOL_LOAD(v);
+        cur = DTR__ATOMIC_LOAD_SC(v);
     }
 #endif
     return cur;
@@ -2545,12 +2593,12 @@ static void *dtr__pool_main(void *argp) {
         unsigned t = dtr__pool_spin(&w->ticket, seen, 1);
         if (t == seen) {
             pthread_mutex_lock(&p->mu);
-            DTR__POOL_STORE(&w->sleeping, 1);
-            while (DTR__POOL_LOAD(&w->ticket) == seen && !DTR__POOL_LOAD(&p->stop))
+            DTR__ATOMIC_STORE_SC(&w->sleeping, 1);
+            while (DTR__ATOMIC_LOAD_SC(&w->ticket) == seen && !DTR__ATOMIC_LOAD_SC(&p->stop))
                 pthread_cond_wait(&p->wake, &p->mu);
-            DTR__POOL_STORE(&w->sleeping, 0);
+            DTR__ATOMIC_STORE_SC(&w->sleeping, 0);
             pthread_mutex_unlock(&p->mu);
-            t = DTR__POOL_LOAD(&w->ticket);
+            t = DTR__ATOMIC_LOAD_SC(&w->ticket);
         }
         if (t == seen) break;   /* woken by stop */
         seen = t;
@@ -2558,11 +2606,11 @@ static void *dtr__pool_main(void *argp) {
          * claimed once its own is done): then there is nothing to do. */
         {
             int expect = 0;
-            if (!DTR__POOL_CAS(&w->claim, &expect, 1)) continue;
+            if (!DTR__ATOMIC_CAS(&w->claim, &expect, 1)) continue;
         }
         dtr__pool_run_chunk(p, w->index);
-        last = DTR__POOL_DEC(&p->pending) == 0;
-        if (last && DTR__POOL_LOAD(&p->waiting)) {
+        last = DTR__ATOMIC_DEC(&p->pending) == 0;
+        if (last && DTR__ATOMIC_LOAD_SC(&p->waiting)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -2627,7 +2675,7 @@ void dtr__pool_destroy(dtr__pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
 #if DTR__POOL_ATOMICS
-    DTR__POOL_STORE(&p->stop, 1);
+    DTR__ATOMIC_STORE_SC(&p->stop, 1);
 #else
     p->stop = 1;
 #endif
@@ -2661,15 +2709,15 @@ void dtr__pool_run(dtr__pool *p, int64_t n, int64_t grain, dtr__task_fn fn, void
 #if DTR__POOL_ATOMICS
     {
         int expect = 0, wake = 0;
-        if (!DTR__POOL_CAS(&p->busy, &expect, 1)) {   /* nested: run inline */
+        if (!DTR__ATOMIC_CAS(&p->busy, &expect, 1)) {   /* nested: run inline */
             fn(arg, 0, n, DTR__POOL_SELF);
             return;
         }
         p->fn = fn; p->arg = arg; p->n = n; p->chunks = chunks;
-        DTR__POOL_STORE(&p->pending, (unsigned)(chunks - 1));
-        for (i = 1; i < chunks; i++) DTR__POOL_STORE(&p->w[i].claim, 0);
-        for (i = 1; i < chunks; i++) DTR__POOL_STORE(&p->w[i].ticket, DTR__POOL_LOAD(&p->w[i].ticket) + 1u);
-        for (i = 1; i < chunks; i++) wake |= DTR__POOL_LOAD(&p->w[i].sleeping);
+        DTR__ATOMIC_STORE_SC(&p->pending, (unsigned)(chunks - 1));
+        for (i = 1; i < chunks; i++) DTR__ATOMIC_STORE_SC(&p->w[i].claim, 0);
+        for (i = 1; i < chunks; i++) DTR__ATOMIC_STORE_SC(&p->w[i].ticket, DTR__ATOMIC_LOAD_SC(&p->w[i].ticket) + 1u);
+        for (i = 1; i < chunks; i++) wake |= DTR__ATOMIC_LOAD_SC(&p->w[i].sleeping);
         if (wake) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_broadcast(&p->wake);
@@ -2680,19 +2728,19 @@ void dtr__pool_run(dtr__pool *p, int64_t n, int64_t grain, dtr__task_fn fn, void
          * process) run here: a late worker never delays the loop. */
         for (i = 1; i < chunks; i++) {
             int expect = 0;
-            if (DTR__POOL_CAS(&p->w[i].claim, &expect, 1)) {
+            if (DTR__ATOMIC_CAS(&p->w[i].claim, &expect, 1)) {
                 dtr__pool_run_chunk(p, i);
-                DTR__POOL_DEC(&p->pending);
+                DTR__ATOMIC_DEC(&p->pending);
             }
         }
         if (dtr__pool_spin(&p->pending, 0, 0) != 0) {
             pthread_mutex_lock(&p->mu);
-            DTR__POOL_STORE(&p->waiting, 1);
-            while (DTR__POOL_LOAD(&p->pending) != 0) pthread_cond_wait(&p->done, &p->mu);
-            DTR__POOL_STORE(&p->waiting, 0);
+            DTR__ATOMIC_STORE_SC(&p->waiting, 1);
+            while (DTR__ATOMIC_LOAD_SC(&p->pending) != 0) pthread_cond_wait(&p->done, &p->mu);
+            DTR__ATOMIC_STORE_SC(&p->waiting, 0);
             pthread_mutex_unlock(&p->mu);
         }
-        DTR__POOL_STORE(&p->busy, 0);
+        DTR__ATOMIC_STORE_SC(&p->busy, 0);
     }
 #else
     pthread_mutex_lock(&p->mu);
@@ -2730,8 +2778,10 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
+#line 2782 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
+#line 1 "src/core/gemm.c"
 /* ============================================================================
  * GEMM: C (M, N) = alpha * A (M, K) B (K, N) + beta * C, f32, for the CPU backend.
  *
@@ -2788,6 +2838,8 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
  * A pool task that calls dtr__gemm with its own pool runs it serially on its worker index
  * (see threadpool.c), sharing that worker's scratch.
  * ==========================================================================*/
+
+
 
 #ifdef DTR_USE_CBLAS
 #include <cblas.h>
@@ -3230,7 +3282,7 @@ static int dtr__gemm_supported(int idx) {
 
 static const dtr__gemm_kernel *dtr__gemm_pick(void) {
 #if defined(__GNUC__) || defined(__clang__)
-    int idx = __atomic_load_n(&dtr__gemm_choice, __ATOMIC_RELAXED);
+    int idx = DTR__ATOMIC_LOAD_RELAXED(&dtr__gemm_choice);
 #else
     int idx = dtr__gemm_choice;
 #endif
@@ -3245,7 +3297,7 @@ static const dtr__gemm_kernel *dtr__gemm_pick(void) {
                 if (strcmp(force, dtr__gemm_kernels[i].name) == 0 && dtr__gemm_supported(i)) idx = i;
         /* every thread that races here computes the same value */
 #if defined(__GNUC__) || defined(__clang__)
-        __atomic_store_n(&dtr__gemm_choice, idx, __ATOMIC_RELAXED);
+        DTR__ATOMIC_STORE_RELAXED(&dtr__gemm_choice, idx);
 #else
         dtr__gemm_choice = idx;
 #endif
@@ -3517,11 +3569,15 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
+#line 3573 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
+#line 1 "src/core/context.c"
 /* ============================================================================
  * Context: configuration, backend, thread pool, step arena, errors, logging, RNG.
  * ==========================================================================*/
+
+
 #include <math.h>
 #ifndef _WIN32
 #include <unistd.h>
@@ -3853,11 +3909,15 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
+#line 3913 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
+#line 1 "src/core/half.c"
 /* ============================================================================
  * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even).
  * ==========================================================================*/
+
+
 
 size_t dtr_dtype_size(dtr_dtype dt) {
     switch (dt) {
@@ -3962,12 +4022,16 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
+#line 4026 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
+#line 1 "src/core/tensor.c"
 /* ============================================================================
  * Tensors: arena allocation, shape queries, host read/write, and the node recorder
  * every op builder goes through.
  * ==========================================================================*/
+
+
 
 /* ---- shapes ---- */
 
@@ -4328,8 +4392,10 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
+#line 4396 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
+#line 1 "src/core/autograd.c"
 /* ============================================================================
  * Autograd: replays the tape recorded by the op builders in reverse.
  *
@@ -4346,6 +4412,10 @@ dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
  * count reaches zero: its gradient is final for this pass. The report carries an event that
  * completes when the backend has finished writing it (NULL on the CPU: already done).
  * ==========================================================================*/
+
+
+
+
 
 /* ---- gradient hooks ---- */
 
@@ -4512,12 +4582,16 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
+#line 4586 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
+#line 1 "src/ops/ops_elementwise.c"
 /* ============================================================================
  * Element-wise ops, reductions and simple losses: builders and CPU kernels side by side.
  * Shapes: any; binary ops broadcast as NumPy does (axes aligned on the right).
  * ==========================================================================*/
+
+
 #include <math.h>
 
 /* ---- broadcasting ---- */
@@ -4958,12 +5032,16 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
+#line 5036 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
+#line 1 "src/ops/ops_matmul.c"
 /* ============================================================================
  * Matrix products: batched matmul and linear (x w^T + b), through dtr__gemm.
  * Shapes: a (..., M, K), b (..., K, N) -> (..., M, N); x (R..., in), w (out, in) -> (R..., out).
  * ==========================================================================*/
+
+
 
 /* ---- matmul ---- */
 
@@ -5133,13 +5211,17 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
+#line 5215 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
+#line 1 "src/ops/ops_nn.c"
 /* ============================================================================
  * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and the
  * causal self-attention composite.
  * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
  * ==========================================================================*/
+
+
 #include <math.h>
 
 static int64_t dtr__rows(const dtr_tensor *x) {
@@ -5529,14 +5611,18 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
+#line 5615 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
+#line 1 "src/ops/ops_conv.c"
 /* ============================================================================
  * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C, KH, KW),
  * y (N, O, Ho, Wo) with Ho = (H + 2P - KH) / S + 1. Convolution is im2col + GEMM: the
  * column matrix of sample n is (C*KH*KW, Ho*Wo), kept for the backward pass when the op is
  * recorded on the tape; otherwise (inference, frozen layers) each worker reuses one.
  * ==========================================================================*/
+
+
 #include <math.h>
 
 /* ---- im2col / col2im ---- */
@@ -6005,13 +6091,17 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
+#line 6095 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
+#line 1 "src/ops/ops_view.c"
 /* ============================================================================
  * Views and copies: reshape, permute/transpose, slice (no copy), concat and contiguous
  * (copies). A view shares its input's storage and has its own dense gradient; its backward
  * adds that gradient into the input's at the positions the view covers.
  * ==========================================================================*/
+
+
 
 /* Calls ROW for every element of a tensor of shape (nd, shape) in row-major order with
  * `off` = the offset given by `stride` (and `i` = the flat index). */
@@ -6260,12 +6350,17 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
+#line 6354 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
+#line 1 "src/core/backend_cpu.c"
 /* ============================================================================
  * The CPU backend: host memory and the dispatch from op ids to the CPU kernels that sit
  * beside each op's builder in src/ops/.
  * ==========================================================================*/
+
+
+
 
 /* The kernels (src/ops/), declared and tabled from the op list: entry X(ID, name, k) runs
  * dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
@@ -6377,12 +6472,16 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
+#line 6476 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
+#line 1 "src/nn/model.c"
 /* ============================================================================
  * Models: named parameters in one contiguous buffer (gradients in another), seeded
  * initialisers, and save/load in the safetensors layout.
  * ==========================================================================*/
+
+
 #include <math.h>
 
 #define DTR__PARAM_ALIGN 16 /* floats: each parameter starts on a 64-byte boundary */
@@ -6689,13 +6788,17 @@ done:
     dtr_st_close(&f);
     return r;
 }
+#line 6792 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
+#line 1 "src/nn/layers.c"
 /* ============================================================================
  * Layers: constructors that declare named parameters on a model, and forward passes made
  * of ops (so autograd covers them). Shapes: x (..., in) for linear, (N, C, H, W) for conv,
  * (B, T, C) for attention and GPT blocks.
  * ==========================================================================*/
+
+
 #include <math.h>
 
 static dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
@@ -6854,13 +6957,17 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
+#line 6961 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
+#line 1 "src/optim/optim.c"
 /* ============================================================================
  * Optimizers (SGD, Adam, AdamW, LAMB) as fused updates over the model's contiguous
  * buffers, learning-rate schedules, gradient clipping and accumulation.
  * The update formulas follow torch.optim (SGD, Adam, AdamW) and You et al. 2019 (LAMB).
  * ==========================================================================*/
+
+
 #include <math.h>
 
 struct dtr_optimizer {
@@ -7136,8 +7243,10 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     }
     return DTR_OK;
 }
+#line 7247 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
+#line 1 "src/io/json.c"
 /* ============================================================================
  * A small strict JSON reader (RFC 8259) for the safetensors header: a cursor over
  * the text that the caller drives (object, key, value ...), with checked helpers for
@@ -7149,6 +7258,8 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
  * Private to the amalgamation (static, SQLite-style): src/io/safetensors.c, which follows
  * this file in the amalgamation's order, is its user.
  * ==========================================================================*/
+
+
 
 /* ---- cursor ---- */
 
@@ -7479,8 +7590,10 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
+#line 7594 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
+#line 1 "src/io/safetensors.c"
 /* ============================================================================
  * safetensors files (https://github.com/huggingface/safetensors): read, validate, write.
  *
@@ -7496,6 +7609,8 @@ static dtr_result dtr__json_validate(dtr__json *j) {
  * field, and the problem. The writer produces compact headers padded to a multiple of 8
  * and writes through a temporary file, fsync and rename.
  * ==========================================================================*/
+
+
 #include <errno.h>
 #ifdef _WIN32
 #include <io.h>
@@ -8229,8 +8344,10 @@ done:
     dtr__free(NULL, tmp);
     return r;
 }
+#line 8348 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
+#line 1 "src/data/idx.c"
 /* ============================================================================
  * IDX files (the MNIST family) and the MNIST / Fashion-MNIST loader.
  *
@@ -8242,6 +8359,8 @@ done:
  * library is built with -DDTR_USE_ZLIB (and linked with -lz); otherwise they are
  * recognised by their magic and refused with DTR_UNSUPPORTED and a hint.
  * ==========================================================================*/
+
+
 #include <errno.h>
 #ifdef DTR_USE_ZLIB
 #include <zlib.h>
@@ -8678,11 +8797,16 @@ void dtr_mnist_free(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
+#line 8801 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
+#line 1 "src/data/sampler.c"
 /* ============================================================================
  * Distributed sampler: per-epoch seeded permutations sharded by rank with equal counts.
  * ==========================================================================*/
+
+
+
 
 dtr_result dtr_sampler_init(dtr_sampler *s, int64_t n, int rank, int world, uint64_t seed, int shuffle, int drop_last) {
     if (!s) return DTR_NULL_HANDLE;
@@ -8729,8 +8853,10 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
+#line 8857 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
+#line 1 "src/data/dataset.c"
 /* ============================================================================
  * Datasets: the handle and its vtable, in-memory arrays, subsets, feature statistics,
  * IDX files and memory-mapped token files. CSV lives in csv.c, image folders in image.c,
@@ -8741,6 +8867,10 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
  * threads at once (the loader's prefetch threads): the built-in formats only read shared
  * state after construction.
  * ==========================================================================*/
+
+
+
+
 #include <errno.h>
 #include <math.h>
 #include <sys/time.h>
@@ -9500,8 +9630,10 @@ fail:
     dtr_dataset_close(ds);
     return r;
 }
+#line 9634 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
+#line 1 "src/data/csv.c"
 /* ============================================================================
  * CSV datasets: a whole file (or buffer) parsed into an in-memory dataset.
  *
@@ -9513,6 +9645,10 @@ fail:
  * comma) cannot change them: [+-]digits[.digits][(e|E)[+-]digits]. Every error names
  * "file:line:column" (column = the 1-based field number) and the column's header name.
  * ==========================================================================*/
+
+
+
+
 #include <math.h>
 
 /* ---- fields ---- */
@@ -10075,8 +10211,10 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
+#line 10215 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
+#line 1 "src/data/image.c"
 /* ============================================================================
  * Images: decoding (PNG, JPEG, BMP, GIF through stb_image), resampling, image-folder datasets.
  *
@@ -10093,6 +10231,10 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
  * Samples are planar f32 (C, H, W) in [0, 1]: stb's interleaved 8-bit pixels (gray or RGB;
  * alpha dropped, gray from colour by stb's luma weights) divided by 255, then resized.
  * ==========================================================================*/
+
+
+
+
 #include <errno.h>
 #include <math.h>
 #include <limits.h>
@@ -10700,8 +10842,10 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
+#line 10846 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
+#line 1 "src/data/loader.c"
 /* ============================================================================
  * The loader: batches over any dataset, with per-epoch seeded shuffles, sharding by rank
  * (dtr_sampler), background prefetch threads, augmentation, a cache of decoded samples,
@@ -10721,14 +10865,16 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
  * batch head. At most ceil(depth / B) + 1 epochs are in flight, so a ring of that many
  * per-epoch index lists suffices. Destroy sets `stop` (checked between samples) and joins.
  * ==========================================================================*/
+
+
+
+
 #include <pthread.h>
 
 #if defined(__GNUC__) || defined(__clang__)
-#define DTR__LD_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define DTR__LD_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #else
-#define DTR__LD_LOAD(p) (*(volatile int *)(p))
-#define DTR__LD_STORE(p, v) (*(volatile int *)(p) = (v))
+#define DTR__ATOMIC_LOAD(p) (*(volatile int *)(p))
+#define DTR__ATOMIC_STORE(p, v) (*(volatile int *)(p) = (v))
 #endif
 
 /* Replacement attempts of skip_bad before giving up on a batch. */
@@ -10829,7 +10975,7 @@ static const int64_t *dtr__epoch_indices(dtr_loader *l, int64_t epoch) {
 static int dtr__cache_claim(dtr_loader *l, int64_t i) {
 #if defined(__GNUC__) || defined(__clang__)
     unsigned char expect = 0;
-    if (__atomic_compare_exchange_n(&l->cache_state[i], &expect, (unsigned char)1, 0, __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE))
+    if (DTR__ATOMIC_CAS(&l->cache_state[i], &expect, (unsigned char)1))
         return 0;
     return expect;
 #else
@@ -10844,7 +10990,7 @@ static int dtr__cache_claim(dtr_loader *l, int64_t i) {
 
 static void dtr__cache_publish(dtr_loader *l, int64_t i, int state) {
 #if defined(__GNUC__) || defined(__clang__)
-    __atomic_store_n(&l->cache_state[i], (unsigned char)state, __ATOMIC_RELEASE);
+    DTR__ATOMIC_STORE(&l->cache_state[i], (unsigned char)state);
 #else
     pthread_mutex_lock(&l->cache_mu);
     l->cache_state[i] = (unsigned char)state;
@@ -10968,7 +11114,7 @@ static void dtr__fill(dtr_loader *l, dtr__worker *w, int64_t seq, dtr__slot *slo
         const float *src = xs;
         dtr_result r = DTR_OK;
         int hit = 0;
-        if (DTR__LD_LOAD(&l->stop)) {
+        if (DTR__ATOMIC_LOAD(&l->stop)) {
             slot->result = DTR_BAD_STATE;
             return;
         }
@@ -11038,7 +11184,7 @@ static void dtr__loader_stop(dtr_loader *l) {
     int i;
     if (!l->sync_ok || !l->workers) return;
     pthread_mutex_lock(&l->mu);
-    DTR__LD_STORE(&l->stop, 1);
+    DTR__ATOMIC_STORE(&l->stop, 1);
     pthread_cond_broadcast(&l->cv_work);
     pthread_mutex_unlock(&l->mu);
     for (i = 0; i < l->nthreads; i++)
@@ -11377,8 +11523,8 @@ dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c) {
     if (c->position > 0 && (c->batch_size != l->B || c->world != l->sampler.world || (c->shuffle != 0) != (l->sampler.shuffle != 0)))
         return dtr__errf(l->msg, sizeof l->msg, DTR_INVALID_ARGUMENT,
                          "loader cursor: in the middle of an epoch the batch size (%lld, here %lld), world size (%d, here %d) "
-                         "and shuffle must match", (long long)c->batch_size, (long long)l->B, (int)c->world,
-                         l->sampler.world, (int)c->shuffle);
+                         "and shuffle (%d, here %d) must match", (long long)c->batch_size, (long long)l->B, (int)c->world,
+                         l->sampler.world, (int)c->shuffle, l->sampler.shuffle != 0);
     if (c->epoch > (INT64_MAX - c->position) / l->batches - 1)
         return dtr__errf(l->msg, sizeof l->msg, DTR_INVALID_ARGUMENT, "loader cursor: epoch %lld is too large", (long long)c->epoch);
     seq = c->epoch * l->batches + c->position;
@@ -11419,8 +11565,10 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
     }
     return DTR_OK;
 }
+#line 11569 "dtrain.h"
 
 /* ---- src/data/stream.c ---- */
+#line 1 "src/data/stream.c"
 /* ============================================================================
  * Streaming dataset: a bounded ring buffer of samples for online training inside an app.
  *
@@ -11431,6 +11579,10 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
  * clock that pthread_cond_timedwait uses. All memory (the ring and one batch buffer) is
  * allocated at creation: pushing and popping allocate nothing.
  * ==========================================================================*/
+
+
+
+
 #include <errno.h>
 #include <pthread.h>
 #include <sys/time.h>
@@ -11680,8 +11832,10 @@ void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
+#line 11836 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
+#line 1 "src/comm/sha256.c"
 /* ============================================================================
  * SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the rendezvous handshake.
  *
@@ -11690,6 +11844,8 @@ void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
  * hashes per connection). Checked against the FIPS 180-4 examples and the RFC 4231 HMAC
  * vectors in tests/test_rendezvous.c.
  * ==========================================================================*/
+
+
 
 #ifdef __cplusplus
 extern "C" {
@@ -11866,8 +12022,10 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
+#line 12026 "dtrain.h"
 
 /* ---- src/comm/rendezvous.c ---- */
+#line 1 "src/comm/rendezvous.c"
 /* ============================================================================
  * Rendezvous: the environment conventions and the built-in TCP store.
  *
@@ -11902,6 +12060,9 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
  * Uses dtr__hmac_* and dtr__ct_equal from src/comm/sha256.c (just before it in the
  * amalgamation).
  * ==========================================================================*/
+
+
+
 
 #include <limits.h>
 
@@ -12198,10 +12359,7 @@ static void dtr__rdzv_random(uint8_t *out, size_t n) {
 }
 
 /* Log through the configuration's callback. */
-#if defined(__GNUC__) || defined(__clang__)
-static void dtr__rdzv_log(const dtr_rendezvous_config *cfg, dtr_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#endif
+static void dtr__rdzv_log(const dtr_rendezvous_config *cfg, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
 static void dtr__rdzv_log(const dtr_rendezvous_config *cfg, dtr_log_level level, const char *fmt, ...) {
     char msg[768];
     va_list ap;
@@ -12437,10 +12595,7 @@ static int dtr__rdzv_out_reserve(dtr__rdzv_server *s, dtr__rdzv_conn *c, size_t 
 }
 
 /* Ends a connection after what is queued has been sent; logs why at `level`. */
-#if defined(__GNUC__) || defined(__clang__)
-static void dtr__rdzv_refuse(dtr__rdzv_server *s, dtr__rdzv_conn *c, dtr_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-#endif
+static void dtr__rdzv_refuse(dtr__rdzv_server *s, dtr__rdzv_conn *c, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(4, 5);
 static void dtr__rdzv_refuse(dtr__rdzv_server *s, dtr__rdzv_conn *c, dtr_log_level level, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -13331,10 +13486,7 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
 static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connection closed by the server"; }
 
 /* Records the store's message (and logs it at ERROR); returns code. */
-#if defined(__GNUC__) || defined(__clang__)
-static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#endif
+static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -13901,8 +14053,10 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
+#line 14057 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
+#line 1 "src/comm/comm.c"
 /* ============================================================================
  * Process groups: the transport registry, dtr_comm (create, split, errors, abort), the
  * progress thread that runs non-blocking collectives, requests, point-to-point calls.
@@ -13921,6 +14075,10 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
  * group stays broken: later calls return the error. Argument errors are returned and
  * described without breaking the group.
  * ==========================================================================*/
+
+
+
+
 #include <sys/time.h>
 
 /* ---- clock and timed waits ----
@@ -14913,8 +15071,10 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
+#line 15075 "dtrain.h"
 
 /* ---- src/comm/local.c ---- */
+#line 1 "src/comm/local.c"
 /* ============================================================================
  * The `local` transport: the ranks of a world are threads of this process.
  *
@@ -14939,6 +15099,10 @@ done:
  * broken at once naming it, so every other rank fails with DTR_PEER_FAILED naming the same
  * rank.
  * ==========================================================================*/
+
+
+
+
 
 #ifndef DTR__LOCAL_EAGER
 #define DTR__LOCAL_EAGER 32768
@@ -15174,6 +15338,7 @@ static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_
     return DTR_OK;
 }
 
+static void dtr__lerr(dtr_transport_error *err, int rank, const char *fmt, ...) DTR__PRINTF(3, 4);
 static void dtr__lerr(dtr_transport_error *err, int rank, const char *fmt, ...) {
     va_list ap;
     if (!err) return;
@@ -15445,8 +15610,10 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
+#line 15614 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
+#line 1 "src/comm/collectives.c"
 /* ============================================================================
  * Collectives built over point-to-point messages, and the reduction kernels.
  *
@@ -15469,6 +15636,10 @@ const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtabl
  *                       divides, for the last step of an average) and rounds once to the
  *                       storage type (round to nearest even).
  * ==========================================================================*/
+
+
+
+
 
 /* ---- reduction kernels ---- */
 
@@ -15864,8 +16035,10 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
+#line 16039 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
+#line 1 "src/engine/data_parallel.c"
 /* ============================================================================
  * Data-parallel engine: every rank holds the whole model; gradients are averaged over the
  * ranks in buckets of the contiguous gradient buffer, each bucket's all-reduce starting
@@ -15880,6 +16053,11 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
  * The all-reduce is DTR_REDUCE_AVG: the sum over ranks in the collective's fixed order,
  * divided by the world size, identical bits on every rank.
  * ==========================================================================*/
+
+
+
+
+
 
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
@@ -16079,6 +16257,7 @@ dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t 
 }
 
 int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0; }
+#line 16261 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

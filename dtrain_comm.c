@@ -7,6 +7,7 @@
 #include "dtrain.h"
 
 /* ---- src/transport/comm_fabric.c ---- */
+#line 1 "src/transport/comm_fabric.c"
 /* ============================================================================
  * The libfabric transport: reliable-datagram endpoints (FI_EP_RDM) with tagged messages.
  *
@@ -46,6 +47,8 @@
  * 250 ms with DTR_PEER_FAILED naming the same rank. A rank that closes cleanly first marks
  * itself as left, so its exit is not mistaken for a death.
  * ==========================================================================*/
+
+
 
 #ifdef DTR_USE_LIBFABRIC
 #include <rdma/fabric.h>
@@ -177,13 +180,7 @@ typedef struct dtr__fab {
     pthread_cond_t wcv;
 } dtr__fab;
 
-#if defined(__GNUC__) || defined(__clang__)
-#define DTR__FAB_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define DTR__FAB_PRINTF(a, b)
-#endif
-
-static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__FAB_PRINTF(4, 5);
+static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__PRINTF(4, 5);
 static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) {
     va_list ap;
     if (!err) return;
@@ -203,7 +200,7 @@ static void dtr__fab_sleep_ns(int64_t ns) {
 }
 
 /* Marks the world failed (lock held). Returns 1 when this call did it. */
-static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__FAB_PRINTF(4, 5);
+static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__PRINTF(4, 5);
 static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) {
     va_list ap;
     if (f->aborted) return 0;
@@ -1196,4 +1193,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
+#line 1197 "dtrain_comm.c"
 

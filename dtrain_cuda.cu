@@ -4,6 +4,7 @@
 #include "dtrain.h"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
+#line 1 "src/cuda/cuda_backend.cu"
 /* ============================================================================
  * CUDA backend (skeleton): device selection, device memory and host<->device copies
  * behind the backend vtable. The op kernels, cuBLAS matmul and mixed precision arrive with
@@ -11,6 +12,8 @@
  * that picks this backend gets a clear error instead of wrong results.
  * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
  * ==========================================================================*/
+
+
 #include <cuda_runtime.h>
 
 /* ---- helpers ---- */
@@ -198,4 +201,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
+#line 205 "dtrain_cuda.cu"
 

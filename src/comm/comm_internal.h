@@ -123,7 +123,7 @@ struct dtr_comm {
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
  *  `peer` is the transport rank at fault (-1 unknown). Returns code. */
 dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
-                          const char *fmt, ...);
+                          const char *fmt, ...) DTR__PRINTF(6, 7);
 /** "all_reduce", "broadcast", ... */
 const char *dtr__coll_name(int kind);
 /** Scratch of at least `bytes` (grows, kept); NULL on OOM. */

@@ -261,6 +261,7 @@ static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_
     return DTR_OK;
 }
 
+static void dtr__lerr(dtr_transport_error *err, int rank, const char *fmt, ...) DTR__PRINTF(3, 4);
 static void dtr__lerr(dtr_transport_error *err, int rank, const char *fmt, ...) {
     va_list ap;
     if (!err) return;

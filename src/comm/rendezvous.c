@@ -331,10 +331,7 @@ static void dtr__rdzv_random(uint8_t *out, size_t n) {
 }
 
 /* Log through the configuration's callback. */
-#if defined(__GNUC__) || defined(__clang__)
-static void dtr__rdzv_log(const dtr_rendezvous_config *cfg, dtr_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#endif
+static void dtr__rdzv_log(const dtr_rendezvous_config *cfg, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
 static void dtr__rdzv_log(const dtr_rendezvous_config *cfg, dtr_log_level level, const char *fmt, ...) {
     char msg[768];
     va_list ap;
@@ -570,10 +567,7 @@ static int dtr__rdzv_out_reserve(dtr__rdzv_server *s, dtr__rdzv_conn *c, size_t 
 }
 
 /* Ends a connection after what is queued has been sent; logs why at `level`. */
-#if defined(__GNUC__) || defined(__clang__)
-static void dtr__rdzv_refuse(dtr__rdzv_server *s, dtr__rdzv_conn *c, dtr_log_level level, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-#endif
+static void dtr__rdzv_refuse(dtr__rdzv_server *s, dtr__rdzv_conn *c, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(4, 5);
 static void dtr__rdzv_refuse(dtr__rdzv_server *s, dtr__rdzv_conn *c, dtr_log_level level, const char *fmt, ...) {
     char msg[512];
     va_list ap;
@@ -1464,10 +1458,7 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
 static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connection closed by the server"; }
 
 /* Records the store's message (and logs it at ERROR); returns code. */
-#if defined(__GNUC__) || defined(__clang__)
-static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-#endif
+static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

@@ -498,7 +498,7 @@ static int dtr__gemm_supported(int idx) {
 
 static const dtr__gemm_kernel *dtr__gemm_pick(void) {
 #if defined(__GNUC__) || defined(__clang__)
-    int idx = __atomic_load_n(&dtr__gemm_choice, __ATOMIC_RELAXED);
+    int idx = DTR__ATOMIC_LOAD_RELAXED(&dtr__gemm_choice);
 #else
     int idx = dtr__gemm_choice;
 #endif
@@ -513,7 +513,7 @@ static const dtr__gemm_kernel *dtr__gemm_pick(void) {
                 if (strcmp(force, dtr__gemm_kernels[i].name) == 0 && dtr__gemm_supported(i)) idx = i;
         /* every thread that races here computes the same value */
 #if defined(__GNUC__) || defined(__clang__)
-        __atomic_store_n(&dtr__gemm_choice, idx, __ATOMIC_RELAXED);
+        DTR__ATOMIC_STORE_RELAXED(&dtr__gemm_choice, idx);
 #else
         dtr__gemm_choice = idx;
 #endif

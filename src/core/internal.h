@@ -3,6 +3,7 @@
  * transports (dtrain_comm.c). Visible with DTRAIN_IMPLEMENTATION or DTRAIN_INTERNAL_API.
  * Not a stable API: names start with dtr__ and may change between versions.
  * ==========================================================================*/
+#include "platform.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,7 @@ void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
 void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
-dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...);
+dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
 /* ---- thread pool ---- */
 
@@ -305,10 +306,10 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at
  *  DTR_LOG_ERROR and returns code. */
-dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...);
+dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 /** Same, returning NULL: for tensor-returning builders. */
-dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...);
-void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...);
+dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
+void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
 
 /* ---- tensor helpers ---- */
 

@@ -39,12 +39,8 @@
 #endif
 #define DTR__POOL_MAX_THREADS 1024
 
-#if defined(__GNUC__) || defined(__clang__)
+#if DTR__HAVE_ATOMICS
 #define DTR__POOL_ATOMICS 1
-#define DTR__POOL_LOAD(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
-#define DTR__POOL_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
-#define DTR__POOL_DEC(p) __atomic_sub_fetch((p), 1, __ATOMIC_SEQ_CST)
-#define DTR__POOL_CAS(p, expect, v) __atomic_compare_exchange_n((p), (expect), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
 #define DTR__POOL_TLS 1
 #else
 #define DTR__POOL_ATOMICS 0   /* no atomics: every shared field is read under the mutex */
@@ -132,18 +128,18 @@ static void dtr__pool_run_chunk(dtr__pool *p, int i) {
 #if DTR__POOL_ATOMICS
 /** Spins while (*v == val) == equal, at most the spin budget; returns the last value read. */
 static unsigned dtr__pool_spin(unsigned *v, unsigned val, int equal) {
-    unsigned cur = DTR__POOL_LOAD(v);
+    unsigned cur = DTR__ATOMIC_LOAD_SC(v);
 #ifdef DTR__POOL_RDTSC
     unsigned long long t0 = __rdtsc();
     while ((cur == val) == equal && __rdtsc() - t0 < (unsigned long long)DTR_POOL_SPIN_TICKS) {
         dtr__pool_relax(); dtr__pool_relax(); dtr__pool_relax(); dtr__pool_relax();
-        cur = DTR__POOL_LOAD(v);
+        cur = DTR__ATOMIC_LOAD_SC(v);
     }
 #else
     long it;
     for (it = 0; (cur == val) == equal && it < DTR_POOL_SPIN_ITERS; it++) {
         dtr__pool_relax();
-        cur = DTR__POOL_LOAD(v);
+        cur = DTR__ATOMIC_LOAD_SC(v);
     }
 #endif
     return cur;
@@ -165,12 +161,12 @@ static void *dtr__pool_main(void *argp) {
         unsigned t = dtr__pool_spin(&w->ticket, seen, 1);
         if (t == seen) {
             pthread_mutex_lock(&p->mu);
-            DTR__POOL_STORE(&w->sleeping, 1);
-            while (DTR__POOL_LOAD(&w->ticket) == seen && !DTR__POOL_LOAD(&p->stop))
+            DTR__ATOMIC_STORE_SC(&w->sleeping, 1);
+            while (DTR__ATOMIC_LOAD_SC(&w->ticket) == seen && !DTR__ATOMIC_LOAD_SC(&p->stop))
                 pthread_cond_wait(&p->wake, &p->mu);
-            DTR__POOL_STORE(&w->sleeping, 0);
+            DTR__ATOMIC_STORE_SC(&w->sleeping, 0);
             pthread_mutex_unlock(&p->mu);
-            t = DTR__POOL_LOAD(&w->ticket);
+            t = DTR__ATOMIC_LOAD_SC(&w->ticket);
         }
         if (t == seen) break;   /* woken by stop */
         seen = t;
@@ -178,11 +174,11 @@ static void *dtr__pool_main(void *argp) {
          * claimed once its own is done): then there is nothing to do. */
         {
             int expect = 0;
-            if (!DTR__POOL_CAS(&w->claim, &expect, 1)) continue;
+            if (!DTR__ATOMIC_CAS(&w->claim, &expect, 1)) continue;
         }
         dtr__pool_run_chunk(p, w->index);
-        last = DTR__POOL_DEC(&p->pending) == 0;
-        if (last && DTR__POOL_LOAD(&p->waiting)) {
+        last = DTR__ATOMIC_DEC(&p->pending) == 0;
+        if (last && DTR__ATOMIC_LOAD_SC(&p->waiting)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done);
             pthread_mutex_unlock(&p->mu);
@@ -247,7 +243,7 @@ void dtr__pool_destroy(dtr__pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
 #if DTR__POOL_ATOMICS
-    DTR__POOL_STORE(&p->stop, 1);
+    DTR__ATOMIC_STORE_SC(&p->stop, 1);
 #else
     p->stop = 1;
 #endif
@@ -281,15 +277,15 @@ void dtr__pool_run(dtr__pool *p, int64_t n, int64_t grain, dtr__task_fn fn, void
 #if DTR__POOL_ATOMICS
     {
         int expect = 0, wake = 0;
-        if (!DTR__POOL_CAS(&p->busy, &expect, 1)) {   /* nested: run inline */
+        if (!DTR__ATOMIC_CAS(&p->busy, &expect, 1)) {   /* nested: run inline */
             fn(arg, 0, n, DTR__POOL_SELF);
             return;
         }
         p->fn = fn; p->arg = arg; p->n = n; p->chunks = chunks;
-        DTR__POOL_STORE(&p->pending, (unsigned)(chunks - 1));
-        for (i = 1; i < chunks; i++) DTR__POOL_STORE(&p->w[i].claim, 0);
-        for (i = 1; i < chunks; i++) DTR__POOL_STORE(&p->w[i].ticket, DTR__POOL_LOAD(&p->w[i].ticket) + 1u);
-        for (i = 1; i < chunks; i++) wake |= DTR__POOL_LOAD(&p->w[i].sleeping);
+        DTR__ATOMIC_STORE_SC(&p->pending, (unsigned)(chunks - 1));
+        for (i = 1; i < chunks; i++) DTR__ATOMIC_STORE_SC(&p->w[i].claim, 0);
+        for (i = 1; i < chunks; i++) DTR__ATOMIC_STORE_SC(&p->w[i].ticket, DTR__ATOMIC_LOAD_SC(&p->w[i].ticket) + 1u);
+        for (i = 1; i < chunks; i++) wake |= DTR__ATOMIC_LOAD_SC(&p->w[i].sleeping);
         if (wake) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_broadcast(&p->wake);
@@ -300,19 +296,19 @@ void dtr__pool_run(dtr__pool *p, int64_t n, int64_t grain, dtr__task_fn fn, void
          * process) run here: a late worker never delays the loop. */
         for (i = 1; i < chunks; i++) {
             int expect = 0;
-            if (DTR__POOL_CAS(&p->w[i].claim, &expect, 1)) {
+            if (DTR__ATOMIC_CAS(&p->w[i].claim, &expect, 1)) {
                 dtr__pool_run_chunk(p, i);
-                DTR__POOL_DEC(&p->pending);
+                DTR__ATOMIC_DEC(&p->pending);
             }
         }
         if (dtr__pool_spin(&p->pending, 0, 0) != 0) {
             pthread_mutex_lock(&p->mu);
-            DTR__POOL_STORE(&p->waiting, 1);
-            while (DTR__POOL_LOAD(&p->pending) != 0) pthread_cond_wait(&p->done, &p->mu);
-            DTR__POOL_STORE(&p->waiting, 0);
+            DTR__ATOMIC_STORE_SC(&p->waiting, 1);
+            while (DTR__ATOMIC_LOAD_SC(&p->pending) != 0) pthread_cond_wait(&p->done, &p->mu);
+            DTR__ATOMIC_STORE_SC(&p->waiting, 0);
             pthread_mutex_unlock(&p->mu);
         }
-        DTR__POOL_STORE(&p->busy, 0);
+        DTR__ATOMIC_STORE_SC(&p->busy, 0);
     }
 #else
     pthread_mutex_lock(&p->mu);

@@ -24,11 +24,9 @@
 #include <pthread.h>
 
 #if defined(__GNUC__) || defined(__clang__)
-#define DTR__LD_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
-#define DTR__LD_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
 #else
-#define DTR__LD_LOAD(p) (*(volatile int *)(p))
-#define DTR__LD_STORE(p, v) (*(volatile int *)(p) = (v))
+#define DTR__ATOMIC_LOAD(p) (*(volatile int *)(p))
+#define DTR__ATOMIC_STORE(p, v) (*(volatile int *)(p) = (v))
 #endif
 
 /* Replacement attempts of skip_bad before giving up on a batch. */
@@ -129,7 +127,7 @@ static const int64_t *dtr__epoch_indices(dtr_loader *l, int64_t epoch) {
 static int dtr__cache_claim(dtr_loader *l, int64_t i) {
 #if defined(__GNUC__) || defined(__clang__)
     unsigned char expect = 0;
-    if (__atomic_compare_exchange_n(&l->cache_state[i], &expect, (unsigned char)1, 0, __ATOMIC_ACQUIRE, __ATOMIC_ACQUIRE))
+    if (DTR__ATOMIC_CAS(&l->cache_state[i], &expect, (unsigned char)1))
         return 0;
     return expect;
 #else
@@ -144,7 +142,7 @@ static int dtr__cache_claim(dtr_loader *l, int64_t i) {
 
 static void dtr__cache_publish(dtr_loader *l, int64_t i, int state) {
 #if defined(__GNUC__) || defined(__clang__)
-    __atomic_store_n(&l->cache_state[i], (unsigned char)state, __ATOMIC_RELEASE);
+    DTR__ATOMIC_STORE(&l->cache_state[i], (unsigned char)state);
 #else
     pthread_mutex_lock(&l->cache_mu);
     l->cache_state[i] = (unsigned char)state;
@@ -268,7 +266,7 @@ static void dtr__fill(dtr_loader *l, dtr__worker *w, int64_t seq, dtr__slot *slo
         const float *src = xs;
         dtr_result r = DTR_OK;
         int hit = 0;
-        if (DTR__LD_LOAD(&l->stop)) {
+        if (DTR__ATOMIC_LOAD(&l->stop)) {
             slot->result = DTR_BAD_STATE;
             return;
         }
@@ -338,7 +336,7 @@ static void dtr__loader_stop(dtr_loader *l) {
     int i;
     if (!l->sync_ok || !l->workers) return;
     pthread_mutex_lock(&l->mu);
-    DTR__LD_STORE(&l->stop, 1);
+    DTR__ATOMIC_STORE(&l->stop, 1);
     pthread_cond_broadcast(&l->cv_work);
     pthread_mutex_unlock(&l->mu);
     for (i = 0; i < l->nthreads; i++)
@@ -677,8 +675,8 @@ dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c) {
     if (c->position > 0 && (c->batch_size != l->B || c->world != l->sampler.world || (c->shuffle != 0) != (l->sampler.shuffle != 0)))
         return dtr__errf(l->msg, sizeof l->msg, DTR_INVALID_ARGUMENT,
                          "loader cursor: in the middle of an epoch the batch size (%lld, here %lld), world size (%d, here %d) "
-                         "and shuffle must match", (long long)c->batch_size, (long long)l->B, (int)c->world,
-                         l->sampler.world, (int)c->shuffle);
+                         "and shuffle (%d, here %d) must match", (long long)c->batch_size, (long long)l->B, (int)c->world,
+                         l->sampler.world, (int)c->shuffle, l->sampler.shuffle != 0);
     if (c->epoch > (INT64_MAX - c->position) / l->batches - 1)
         return dtr__errf(l->msg, sizeof l->msg, DTR_INVALID_ARGUMENT, "loader cursor: epoch %lld is too large", (long long)c->epoch);
     seq = c->epoch * l->batches + c->position;

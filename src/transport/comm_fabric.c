@@ -170,13 +170,7 @@ typedef struct dtr__fab {
     pthread_cond_t wcv;
 } dtr__fab;
 
-#if defined(__GNUC__) || defined(__clang__)
-#define DTR__FAB_PRINTF(a, b) __attribute__((format(printf, a, b)))
-#else
-#define DTR__FAB_PRINTF(a, b)
-#endif
-
-static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__FAB_PRINTF(4, 5);
+static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__PRINTF(4, 5);
 static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) {
     va_list ap;
     if (!err) return;
@@ -196,7 +190,7 @@ static void dtr__fab_sleep_ns(int64_t ns) {
 }
 
 /* Marks the world failed (lock held). Returns 1 when this call did it. */
-static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__FAB_PRINTF(4, 5);
+static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__PRINTF(4, 5);
 static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) {
     va_list ap;
     if (f->aborted) return 0;

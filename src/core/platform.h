@@ -1,0 +1,34 @@
+/* ============================================================================
+ * Platform shims shared by the implementation and the two other units: compiler attributes
+ * and atomics, each defined once. GCC and Clang builtins; other compilers get the portable
+ * fall-backs noted at each macro.
+ * ==========================================================================*/
+
+/* ---- attributes ---- */
+
+/** printf-style checking of a function's format (argument fmt_index) against its variadic
+ *  arguments (from first_arg): -Wformat then finds every mismatched call. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__PRINTF(fmt_index, first_arg) __attribute__((format(printf, fmt_index, first_arg)))
+#else
+#define DTR__PRINTF(fmt_index, first_arg)
+#endif
+
+/* ---- atomics ----
+ * Acquire/release loads and stores, a sequentially consistent decrement and compare-and-swap,
+ * and relaxed accesses, on integers shared between threads. */
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__ATOMIC_LOAD(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define DTR__ATOMIC_STORE(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define DTR__ATOMIC_LOAD_SC(p) __atomic_load_n((p), __ATOMIC_SEQ_CST)
+#define DTR__ATOMIC_STORE_SC(p, v) __atomic_store_n((p), (v), __ATOMIC_SEQ_CST)
+#define DTR__ATOMIC_LOAD_RELAXED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
+#define DTR__ATOMIC_STORE_RELAXED(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define DTR__ATOMIC_DEC(p) __atomic_sub_fetch((p), 1, __ATOMIC_SEQ_CST)
+/* 1 when *p was *expect and is now v; else 0 and *expect holds *p */
+#define DTR__ATOMIC_CAS(p, expect, v) \
+    __atomic_compare_exchange_n((p), (expect), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
+#define DTR__HAVE_ATOMICS 1
+#else
+#define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
+#endif
