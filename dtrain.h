@@ -1344,7 +1344,8 @@ DTR_API int dtr_store_port(const dtr_store *st);
  *   - Results are deterministic: for a given world size, count, dtype and algorithm a
  *     reduction adds in a fixed order, so two runs give the same bits, and every rank gets
  *     the same bits (docs/distributed.md gives the exact order of each algorithm).
- *   - Buffers are host memory. A group is used by one thread at a time; different groups
+ *   - Buffers are host memory (cfg.memory opens the way to device memory on transports that
+ *     take it). A group is used by one thread at a time; different groups
  *     (and the ranks of a local world) may be used from different threads at once.
  * ==========================================================================*/
 #ifdef __cplusplus
@@ -1454,8 +1455,8 @@ typedef struct dtr_transport_error {
 typedef struct dtr_transport_vtable {
     int abi_version;
     const char *name;   /**< registry key: "local", "libfabric", ... */
-    /* lifetime (required). open reads the fields of cfg that concern it (local_world, rank,
-       store, provider, timeout_ms, alloc, transport_user) and fills info. */
+    /* lifetime (required). open reads the fields of cfg that concern it (its nested settings:
+       cfg->local, cfg->fabric, ...; store, timeout_ms, alloc, transport_user) and fills info. */
     dtr_result (*open)(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err, size_t errlen);
     void (*close)(void *state);
     /* point-to-point (required). dst/src are transport ranks. */
@@ -1486,6 +1487,11 @@ typedef struct dtr_transport_vtable {
     dtr_result (*all_gather)(void *state, void *group, const void *src, void *dst, size_t count, dtr_dtype dt,
                              int64_t deadline_ns, dtr_transport_error *err);
     dtr_result (*barrier)(void *state, void *group, int64_t deadline_ns, dtr_transport_error *err);
+    /* memory: the dtr_mem_kind bits of the buffers the transport's functions take (0 means
+       DTR_MEM_HOST only). A transport taking DTR_MEM_DEVICE orders its transfers after the
+       work queued on cfg->context's stream (the backend's event_record) and completes them
+       before reporting a request complete. */
+    unsigned mem_kinds;
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -1496,8 +1502,9 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  without registration (GCC and Clang on ELF platforms; elsewhere pass it to
  *  dtr_transport_register). One process per rank: open takes rank and size from
  *  cfg->store (NULL: a store made from the environment, as dtrun sets it), exchanges
- *  endpoint addresses through it, and uses cfg->provider, else $DTR_FABRIC_PROVIDER, else
- *  shm on one host and the best remote provider across hosts. docs/distributed.md has the
+ *  endpoint addresses through it, and uses cfg->fabric.provider, else $DTR_FABRIC_PROVIDER,
+ *  else shm on one host and the best remote provider across hosts (cfg->fabric has the other
+ *  settings). docs/distributed.md has the
  *  details, the environment variables and how failures are detected. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
@@ -1513,15 +1520,51 @@ DTR_API const dtr_transport_vtable *dtr_transport_find(const char *name);
 
 /* ---- process groups ---- */
 
-/** Group configuration. Make one with dtr_comm_config_init(); zero means default. */
+/** Settings of the `local` transport (ranks are threads of one process). */
+typedef struct dtr_local_config {
+    dtr_local_world *world;            /**< the world shared by the rank threads (required) */
+    int rank;                          /**< this thread's rank in the world */
+} dtr_local_config;
+
+/** Settings of the libfabric transport (dtrain_comm.c). Zero or NULL means: the environment
+ *  variable named, else the default. */
+typedef struct dtr_fabric_config {
+    const char *provider;              /**< "tcp;ofi_rxm", "shm", "efa", ...; $DTR_FABRIC_PROVIDER, else automatic */
+    const char *domain;                /**< a domain (NIC) by name; $DTR_FABRIC_DOMAIN, else the provider's first */
+    int spin_us;                       /**< a wait polls this long before it naps; $DTR_FABRIC_SPIN_US, else 20 (-1: 0) */
+    int nap_us;                        /**< longest nap between polls; $DTR_FABRIC_NAP_US, else 64 */
+    int keep_signal_handlers;          /**< 1: put back the process's handlers of SIGSEGV, SIGBUS, SIGINT, SIGTERM,
+                                            SIGABRT and SIGILL after the endpoint opens (the shm provider installs
+                                            its own); 0: $DTR_FABRIC_SIGNALS=keep does the same, else the
+                                            provider's handlers stay (README, "Signals") */
+} dtr_fabric_config;
+
+/** Settings of the NCCL transport (reserved: the transport arrives with the CUDA backend). */
+typedef struct dtr_nccl_config {
+    int device;                        /**< CUDA device of this rank; -1 (default): the local rank */
+    int blocking;                      /**< 1: NCCL's blocking communicator mode; 0: non-blocking (deadlines work) */
+} dtr_nccl_config;
+
+/** Where the buffers handed to a group's collectives live. */
+typedef enum dtr_mem_kind {
+    DTR_MEM_HOST = 1,                  /**< host memory (default) */
+    DTR_MEM_DEVICE = 2                 /**< memory of the context's backend (a GPU): needs a transport that takes it */
+} dtr_mem_kind;
+
+/** Group configuration. Make one with dtr_comm_config_init(); zero means default. Settings of
+ *  one transport are nested (cfg.local, cfg.fabric, cfg.nccl) and read by that transport
+ *  only, in the manner of miniaudio's per-backend configs. */
 struct dtr_comm_config {
     const char *transport;             /**< registered transport name; NULL: "local" */
     const dtr_transport_vtable *transport_vtable; /**< use this transport without registering it (overrides `transport`) */
-    dtr_local_world *local_world;      /**< local transport: the world shared by the rank threads */
-    int rank;                          /**< local transport: this thread's rank in the world */
     struct dtr_store *store;           /**< transports that exchange addresses: the rendezvous store (api_rdzv.h) */
-    const char *provider;              /**< libfabric provider ("tcp;ofi_rxm", "shm", "efa", ...); NULL: $DTR_FABRIC_PROVIDER, else automatic */
     void *transport_user;              /**< passed to a custom transport's open through cfg */
+    dtr_local_config local;            /**< the local transport's settings */
+    dtr_fabric_config fabric;          /**< the libfabric transport's settings */
+    dtr_nccl_config nccl;              /**< the NCCL transport's settings */
+    dtr_mem_kind memory;               /**< where collective buffers live; 0: DTR_MEM_HOST */
+    dtr_context *context;              /**< DTR_MEM_DEVICE: the context whose backend owns the buffers (its
+                                            stream orders the transfers, its backend reduces); NULL for host */
     int timeout_ms;                    /**< deadline of every blocking call; 0: 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
     size_t ring_threshold_bytes;       /**< AUTO: ring at or above this many bytes; 0: 256 KiB */
@@ -1534,7 +1577,8 @@ struct dtr_comm_config {
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
 };
 
-/** Returns a configuration with every field at its default. */
+/** Returns a configuration with every field at its default (nccl.device -1, memory host).
+ *  Thread safety: thread safe. */
 DTR_API dtr_comm_config dtr_comm_config_init(void);
 
 /** Opens this rank's endpoint of the transport and makes the world group of it (all ranks of
@@ -1800,7 +1844,7 @@ DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 1804 "dtrain.h"
+#line 1848 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2159,7 +2203,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2163 "dtrain.h"
+#line 2207 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2214,7 +2258,7 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
-#line 2218 "dtrain.h"
+#line 2262 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2308,6 +2352,7 @@ struct dtr_comm {
     uint32_t ctx;              /* context id (tags) */
     uint32_t seq;              /* next collective's sequence number */
     void *native_group;        /* the transport's group handle when it has native collectives */
+    dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
     /* configuration */
     int timeout_ms;
     int algo;                  /* dtr_allreduce_algo */
@@ -2353,6 +2398,9 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
 /** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
  *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
 void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
+/** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
+ *  for device memory. Records a failure on the group. */
+dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div);
 /** p[i] /= div over n elements of dt. */
 void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div);
 /** Waits until all n transport requests are complete; releases all of them in every case.
@@ -2376,7 +2424,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2380 "dtrain.h"
+#line 2428 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2426,7 +2474,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2430 "dtrain.h"
+#line 2478 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -2778,7 +2826,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 2782 "dtrain.h"
+#line 2830 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3569,7 +3617,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3573 "dtrain.h"
+#line 3621 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -3909,7 +3957,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 3913 "dtrain.h"
+#line 3961 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4022,7 +4070,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4026 "dtrain.h"
+#line 4074 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4392,7 +4440,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4396 "dtrain.h"
+#line 4444 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4582,7 +4630,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4586 "dtrain.h"
+#line 4634 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5032,7 +5080,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5036 "dtrain.h"
+#line 5084 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5211,7 +5259,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5215 "dtrain.h"
+#line 5263 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5611,7 +5659,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5615 "dtrain.h"
+#line 5663 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6091,7 +6139,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6095 "dtrain.h"
+#line 6143 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6350,7 +6398,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6354 "dtrain.h"
+#line 6402 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6472,7 +6520,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6476 "dtrain.h"
+#line 6524 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -6788,7 +6836,7 @@ done:
     dtr_st_close(&f);
     return r;
 }
-#line 6792 "dtrain.h"
+#line 6840 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -6957,7 +7005,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 6961 "dtrain.h"
+#line 7009 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7243,7 +7291,7 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     }
     return DTR_OK;
 }
-#line 7247 "dtrain.h"
+#line 7295 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -7590,7 +7638,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 7594 "dtrain.h"
+#line 7642 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8344,7 +8392,7 @@ done:
     dtr__free(NULL, tmp);
     return r;
 }
-#line 8348 "dtrain.h"
+#line 8396 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -8797,7 +8845,7 @@ void dtr_mnist_free(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 8801 "dtrain.h"
+#line 8849 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -8853,7 +8901,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 8857 "dtrain.h"
+#line 8905 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -9630,7 +9678,7 @@ fail:
     dtr_dataset_close(ds);
     return r;
 }
-#line 9634 "dtrain.h"
+#line 9682 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10211,7 +10259,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10215 "dtrain.h"
+#line 10263 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -10842,7 +10890,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 10846 "dtrain.h"
+#line 10894 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -11565,7 +11613,7 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
     }
     return DTR_OK;
 }
-#line 11569 "dtrain.h"
+#line 11617 "dtrain.h"
 
 /* ---- src/data/stream.c ---- */
 #line 1 "src/data/stream.c"
@@ -11832,7 +11880,7 @@ void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 11836 "dtrain.h"
+#line 11884 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12022,7 +12070,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12026 "dtrain.h"
+#line 12074 "dtrain.h"
 
 /* ---- src/comm/rendezvous.c ---- */
 #line 1 "src/comm/rendezvous.c"
@@ -14053,7 +14101,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14057 "dtrain.h"
+#line 14105 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -14254,6 +14302,8 @@ dtr_comm_config dtr_comm_config_init(void) {
     memset(&c, 0, sizeof(c));
     c.allreduce_algo = DTR_ALLREDUCE_AUTO;
     c.log_level = DTR_LOG_WARN;
+    c.memory = DTR_MEM_HOST;
+    c.nccl.device = -1;
     return c;
 }
 
@@ -14310,6 +14360,20 @@ static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
     c->log_level = cfg->log_level;
 }
 
+/* The memory kind of the group's buffers must be one the transport takes. */
+static dtr_result dtr__comm_check_memory(const dtr_comm_config *cfg, const dtr_transport_vtable *vt, char *err, size_t errlen) {
+    unsigned kinds = vt->mem_kinds ? vt->mem_kinds : (unsigned)DTR_MEM_HOST;
+    dtr_mem_kind mem = cfg->memory ? cfg->memory : DTR_MEM_HOST;
+    if (mem != DTR_MEM_HOST && mem != DTR_MEM_DEVICE)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: memory %d is not a dtr_mem_kind", (int)mem);
+    if (mem == DTR_MEM_DEVICE && !cfg->context)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: device memory needs cfg.context (the owner)");
+    if (!(kinds & (unsigned)mem))
+        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "dtr_comm_create: transport '%s' does not take %s memory", vt->name,
+                         mem == DTR_MEM_DEVICE ? "device" : "host");
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen) {
     dtr_comm_config def = dtr_comm_config_init();
     const dtr_transport_vtable *vt;
@@ -14335,6 +14399,8 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     if (vt->abi_version != DTR_VERSION_NUMBER)
         return dtr__errf(err, errlen, DTR_VERSION_MISMATCH, "dtr_comm_create: transport '%s' was built against dtrain %d, "
                          "this is %d", vt->name ? vt->name : "?", vt->abi_version, DTR_VERSION_NUMBER);
+    r = dtr__comm_check_memory(cfg, vt, err, errlen);
+    if (r != DTR_OK) return r;
     ep = (dtr__endpoint *)dtr__calloc(a, sizeof(*ep));
     if (!ep) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "dtr_comm_create: out of memory");
     ep->alloc = *a;
@@ -14367,6 +14433,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     c->local_size = ep->info.local_size > 0 ? ep->info.local_size : 1;
     for (i = 0; i < c->size; i++) c->ranks[i] = i;
     c->ctx = 0;
+    c->mem_ctx = cfg->memory == DTR_MEM_DEVICE ? cfg->context : NULL;
     dtr__comm_config_apply(c, cfg);
     if (vt->group_create && !c->no_native) {
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
@@ -15043,6 +15110,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     }
     nc->rank = me;
     nc->ctx = ctx;
+    nc->mem_ctx = c->mem_ctx;
     nc->timeout_ms = c->timeout_ms;
     nc->algo = c->algo;
     nc->ring_threshold = c->ring_threshold;
@@ -15071,7 +15139,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15075 "dtrain.h"
+#line 15143 "dtrain.h"
 
 /* ---- src/comm/local.c ---- */
 #line 1 "src/comm/local.c"
@@ -15311,28 +15379,29 @@ static void dtr__local_service(dtr_local_world *w, int rank) {
 
 static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                   size_t errlen) {
-    dtr_local_world *w = cfg->local_world;
+    dtr_local_world *w = cfg->local.world;
+    int rank = cfg->local.rank;
     dtr__lep *ep;
-    if (!w) return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: dtr_comm_config.local_world is NULL "
+    if (!w) return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: dtr_comm_config.local.world is NULL "
                                                               "(make one with dtr_local_world_create)");
-    if (cfg->rank < 0 || cfg->rank >= w->size)
-        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: rank %d outside the world of %d", cfg->rank,
+    if (rank < 0 || rank >= w->size)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: rank %d outside the world of %d", rank,
                          w->size);
     ep = (dtr__lep *)dtr__calloc(&w->alloc, sizeof(*ep));
     if (!ep) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "local transport: out of memory");
     pthread_mutex_lock(&w->mu);
-    if (w->r[cfg->rank].opened) {
+    if (w->r[rank].opened) {
         pthread_mutex_unlock(&w->mu);
         dtr__free(&w->alloc, ep);
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: rank %d of this world was opened already",
-                         cfg->rank);
+                         rank);
     }
-    w->r[cfg->rank].opened = 1;
+    w->r[rank].opened = 1;
     w->refs++;
     pthread_mutex_unlock(&w->mu);
     ep->w = w;
-    ep->rank = cfg->rank;
-    info->rank = info->local_rank = cfg->rank;
+    ep->rank = rank;
+    info->rank = info->local_rank = rank;
     info->size = info->local_size = w->size;
     *state = ep;
     return DTR_OK;
@@ -15606,11 +15675,12 @@ static const dtr_transport_vtable dtr__local_vtable = {
     dtr__local_open, dtr__local_close,
     dtr__local_isend, dtr__local_irecv, dtr__local_test, dtr__local_wait_any, dtr__local_release,
     dtr__local_abort,
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    DTR_MEM_HOST
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 15614 "dtrain.h"
+#line 15684 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -15713,6 +15783,21 @@ void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div) {
     }
 }
 
+/* The reduction step of an algorithm, on the backend that owns the group's buffers: the host
+ * code above for host memory, the context's backend for device memory (cfg.memory). */
+dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div) {
+    dtr_result r;
+    if (!c->mem_ctx) {
+        dtr__comm_reduce(out, x, y, n, a->dtype, a->op, div);
+        return DTR_OK;
+    }
+    r = c->mem_ctx->backend->reduce(c->mem_ctx, out, x, y, n, a->dtype, (int)a->op, div);
+    if (r != DTR_OK)
+        return dtr__comm_fail(c, a, r, -1, 0, "the %s backend's reduction failed: %s", c->mem_ctx->backend->name,
+                              dtr_context_last_error(c->mem_ctx));
+    return DTR_OK;
+}
+
 /* ---- helpers ---- */
 
 static int dtr__mod(int a, int n) { return ((a % n) + n) % n; }
@@ -15747,8 +15832,8 @@ static dtr_result dtr__ring_reduce_scatter(dtr_comm *c, const dtr__coll *a, cons
         res = dtr__comm_sendrecv(c, a, (s == 0 ? src : dst) + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         /* the partial of the ranks before us comes first */
-        dtr__comm_reduce(dst + ro * es, tmp, src + ro * es, rl, a->dtype, a->op,
-                    (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        if (res != DTR_OK) return res;
     }
     return DTR_OK;
 }
@@ -15801,7 +15886,8 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
         } else {
             res = dtr__comm_sendrecv(c, a, NULL, 0, -1, tmp, bytes, r - 1, 0);
             if (res != DTR_OK) return res;
-            dtr__comm_reduce(dst, tmp, dst, a->count, a->dtype, a->op, 1);
+            res = dtr__coll_reduce(c, dst, tmp, dst, a->count, a, 1);
+            if (res != DTR_OK) return res;
             nr = r / 2;
         }
     } else {
@@ -15813,8 +15899,8 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
             int div = (d * 2 >= p && a->op == DTR_REDUCE_AVG) ? N : 1;
             res = dtr__comm_sendrecv(c, a, dst, bytes, partner, tmp, bytes, partner, step);
             if (res != DTR_OK) return res;
-            if (nr < pn) dtr__comm_reduce(dst, dst, tmp, a->count, a->dtype, a->op, div);
-            else dtr__comm_reduce(dst, tmp, dst, a->count, a->dtype, a->op, div);
+            res = nr < pn ? dtr__coll_reduce(c, dst, dst, tmp, a->count, a, div) : dtr__coll_reduce(c, dst, tmp, dst, a->count, a, div);
+            if (res != DTR_OK) return res;
         }
     }
     /* unfold: the result goes back to the folded-out ranks */
@@ -15932,9 +16018,10 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
         res = dtr__comm_sendrecv(c, a, sb, bytes, right, rb, bytes, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         if (s == N - 2)
-            dtr__comm_reduce(a->dst, rb, src + (size_t)kr * bytes, a->count, a->dtype, a->op, a->op == DTR_REDUCE_AVG ? N : 1);
+            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, a->op == DTR_REDUCE_AVG ? N : 1);
         else
-            dtr__comm_reduce(rb, rb, src + (size_t)kr * bytes, a->count, a->dtype, a->op, 1);
+            res = dtr__coll_reduce(c, rb, rb, src + (size_t)kr * bytes, a->count, a, 1);
+        if (res != DTR_OK) return res;
     }
     return DTR_OK;
 }
@@ -16035,7 +16122,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16039 "dtrain.h"
+#line 16126 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16257,7 +16344,7 @@ dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t 
 }
 
 int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0; }
-#line 16261 "dtrain.h"
+#line 16348 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

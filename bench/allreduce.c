@@ -86,8 +86,8 @@ static void *local_rank(void *p) {
     dtr_comm *c = NULL;
     char err[256];
     dtr_result r;
-    cfg.local_world = a->w;
-    cfg.rank = a->rank;
+    cfg.local.world = a->w;
+    cfg.local.rank = a->rank;
     cfg.allreduce_algo = a->o->algo;
     r = dtr_comm_create(&cfg, &c, err, sizeof err);
     if (r != DTR_OK) {
@@ -143,7 +143,7 @@ static int run_process(const opts *o) {
     if (o->world > 0 && o->world != rc.world_size)
         fprintf(stderr, "allreduce: --world %d ignored: the launcher started %d ranks\n", o->world, (int)rc.world_size);
     cfg.transport = o->transport;
-    cfg.provider = o->provider;
+    cfg.fabric.provider = o->provider;
     cfg.store = st;
     cfg.allreduce_algo = o->algo;
     if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {

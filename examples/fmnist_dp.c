@@ -223,8 +223,8 @@ static void *dp_thread_main(void *p) {
     dtr_comm *c = NULL;
     char err[256];
     dtr_result r;
-    cfg.local_world = t->w;
-    cfg.rank = t->rank;
+    cfg.local.world = t->w;
+    cfg.local.rank = t->rank;
     if ((r = dtr_comm_create(&cfg, &c, err, sizeof err)) != DTR_OK) {
         dp_err(t->rank, "dtr_comm_create", r, err);
         return NULL;
@@ -286,7 +286,7 @@ static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
             return 0;
         }
         cfg.transport = o->transport;
-        cfg.provider = o->provider;
+        cfg.fabric.provider = o->provider;
         cfg.store = st;
         if (rc.rank == 0 && !o->quiet && !strcmp(o->transport, "libfabric"))
             printf("fmnist_dp: libfabric provider: %s\n", dp_provider_said(o->provider));

@@ -27,6 +27,7 @@
  * alarm() bounds the whole program: a hang is a crash, never a stuck CI job.
  * DTR_TEST_QUICK=1 (sanitizers) shrinks the largest sizes. */
 #define _POSIX_C_SOURCE 200809L
+#define DTRAIN_INTERNAL_API   /* t_memory_kinds wraps the CPU backend's reduction */
 #include <pthread.h>
 #include <signal.h>
 #include <time.h>
@@ -69,8 +70,8 @@ static void *rank_main(void *p) {
     rank_thread *t = (rank_thread *)p;
     char err[256];
     dtr_result r;
-    t->cfg.local_world = t->w;
-    t->cfg.rank = t->rc.rank;
+    t->cfg.local.world = t->w;
+    t->cfg.local.rank = t->rc.rank;
     r = dtr_comm_create(&t->cfg, &t->rc.comm, err, sizeof err);
     if (r != DTR_OK) {
         fprintf(stderr, "  rank %d: dtr_comm_create: %s (%s)\n", t->rc.rank, dtr_result_string(r), err);
@@ -143,10 +144,10 @@ static void t_create_errors(void) {
     CHECK(strstr(err, "local_world") != NULL);
     CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
     CHECK_EQ_INT(dtr_local_world_size(w), 2);
-    cfg.local_world = w;
-    cfg.rank = 2;
+    cfg.local.world = w;
+    cfg.local.rank = 2;
     CHECK_EQ_INT(dtr_comm_create(&cfg, &c, err, sizeof err), DTR_INVALID_ARGUMENT);
-    cfg.rank = 1;
+    cfg.local.rank = 1;
     cfg.transport = "no-such-transport";
     CHECK_EQ_INT(dtr_comm_create(&cfg, &c, err, sizeof err), DTR_NOT_FOUND);
     CHECK(strstr(err, "no-such-transport") != NULL);
@@ -224,6 +225,72 @@ static void t_registered_transport(void) {
     cfg.transport = "local-copy";
     cfg.timeout_ms = 20000;
     CHECK_EQ_INT(run_ranks(3, &cfg, rk_registered, NULL, NULL), 0);
+}
+
+/* ---- memory kinds: the nested config, and reductions through the buffers' backend ---- */
+
+static dtr_backend g_count_be;              /* the CPU backend with a counting reduce */
+static dtr_result (*g_cpu_reduce)(dtr_context *, void *, const void *, const void *, size_t, dtr_dtype, int, int);
+static pthread_mutex_t g_count_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_reduces;
+
+static dtr_result count_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
+                               int div) {
+    pthread_mutex_lock(&g_count_mu);
+    g_reduces++;
+    pthread_mutex_unlock(&g_count_mu);
+    return g_cpu_reduce(ctx, out, a, b, n, dt, op, div);
+}
+
+static void rk_device_sum(rank_ctx *rc) {
+    float v[5];
+    int i;
+    for (i = 0; i < 5; i++) v[i] = (float)(rc->rank * 10 + i);
+    RCHECK_OK(rc, dtr_comm_all_reduce(rc->comm, v, v, 5, DTR_F32, DTR_REDUCE_SUM));
+    for (i = 0; i < 5; i++) RCHECK(rc, v[i] == (float)(30 + 3 * i));
+}
+
+static void t_memory_kinds(void) {
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_transport_vtable dev_vt = *dtr_local_transport();
+    dtr_local_world *w = NULL;
+    dtr_context *cpu = test_ctx(1), *owner = NULL;
+    dtr_comm *c = NULL;
+    char err[256];
+    CHECK(cfg.memory == DTR_MEM_HOST && cfg.nccl.device == -1 && cfg.local.world == NULL);
+    CHECK(cfg.fabric.provider == NULL && cfg.fabric.keep_signal_handlers == 0);
+    CHECK(dtr_local_transport()->mem_kinds == DTR_MEM_HOST);
+    CHECK_OK(NULL, dtr_local_world_create(1, NULL, &w));
+    cfg.local.world = w;
+    cfg.memory = DTR_MEM_DEVICE;                       /* device memory needs an owner ... */
+    CHECK_EQ_INT(dtr_comm_create(&cfg, &c, err, sizeof err), DTR_INVALID_ARGUMENT);
+    CHECK(strstr(err, "cfg.context") != NULL);
+    cfg.context = cpu;                                 /* ... and a transport that takes it */
+    CHECK_EQ_INT(dtr_comm_create(&cfg, &c, err, sizeof err), DTR_UNSUPPORTED);
+    CHECK(strstr(err, "does not take device memory") != NULL);
+    cfg.memory = (dtr_mem_kind)7;
+    CHECK_EQ_INT(dtr_comm_create(&cfg, &c, err, sizeof err), DTR_INVALID_ARGUMENT);
+    dtr_local_world_destroy(w);
+    /* a transport taking device memory: the collectives reduce through the owner's backend */
+    g_count_be = *cpu->backend;
+    g_cpu_reduce = g_count_be.reduce;
+    g_count_be.reduce = count_reduce;
+    cc.backend = &g_count_be;
+    cc.threads = 1;
+    CHECK_OK(NULL, dtr_context_create(&cc, &owner));
+    dev_vt.name = "local-device";
+    dev_vt.mem_kinds = DTR_MEM_HOST | DTR_MEM_DEVICE;
+    cfg = dtr_comm_config_init();
+    cfg.transport_vtable = &dev_vt;
+    cfg.memory = DTR_MEM_DEVICE;
+    cfg.context = owner;
+    cfg.timeout_ms = 20000;
+    g_reduces = 0;
+    CHECK_EQ_INT(run_ranks(3, &cfg, rk_device_sum, NULL, NULL), 0);
+    CHECK(g_reduces >= 3);   /* every rank reduced through the backend */
+    dtr_context_destroy(owner);
+    dtr_context_destroy(cpu);
 }
 
 /* ---- all-reduce ---- */
@@ -933,6 +1000,7 @@ int main(void) {
     alarm(g_quick ? 900 : 300);   /* a hang kills the program (SIGALRM) instead of blocking CI */
     RUN(t_create_errors);
     RUN(t_registered_transport);
+    RUN(t_memory_kinds);
     RUN(t_all_reduce);
     RUN(t_determinism);
     RUN(t_broadcast);

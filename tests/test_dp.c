@@ -174,8 +174,8 @@ static void *dp_rank_main(void *arg) {
     char err[256];
     mlp n;
     double t0;
-    cfg.local_world = j->w;
-    cfg.rank = rank;
+    cfg.local.world = j->w;
+    cfg.local.rank = rank;
     cfg.timeout_ms = j->timeout_ms;
     if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK || !mlp_init(&n, j->seed_by_rank ? 100 + (uint64_t)rank : 7, j->accum)) {
         pthread_mutex_lock(&g_mu); j->fails++; pthread_mutex_unlock(&g_mu);
@@ -344,7 +344,7 @@ static void t_dp_single(void) {
     int t;
     CHECK(mlp_init(&a, 7, 1) && mlp_init(&b, 7, 1));
     CHECK_OK(NULL, dtr_local_world_create(1, NULL, &w));
-    cfg.local_world = w;
+    cfg.local.world = w;
     CHECK_OK(NULL, dtr_comm_create(&cfg, &c, NULL, 0));
     CHECK_OK(a.ctx, dtr_dp_create(a.m, c, NULL, &dp));
     CHECK(a.ctx->n_grad_hooks == 0);   /* nothing installed: the 1-rank path costs nothing */

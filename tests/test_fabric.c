@@ -213,7 +213,7 @@ static dtr_result store_open(rank_ctx *rc, const char *secret, int timeout_ms, c
 static dtr_comm_config comm_cfg(const rank_ctx *rc, const char *provider) {
     dtr_comm_config cfg = dtr_comm_config_init();
     cfg.transport = "libfabric";
-    cfg.provider = provider;
+    cfg.fabric.provider = provider;
     cfg.store = rc->store;
     cfg.timeout_ms = rc->j->timeout_ms;
     cfg.chain_threshold_bytes = 64 << 10;   /* broadcasts of 64 KiB and more: the pipelined chain */

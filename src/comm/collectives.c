@@ -97,6 +97,21 @@ void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div) {
     }
 }
 
+/* The reduction step of an algorithm, on the backend that owns the group's buffers: the host
+ * code above for host memory, the context's backend for device memory (cfg.memory). */
+dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div) {
+    dtr_result r;
+    if (!c->mem_ctx) {
+        dtr__comm_reduce(out, x, y, n, a->dtype, a->op, div);
+        return DTR_OK;
+    }
+    r = c->mem_ctx->backend->reduce(c->mem_ctx, out, x, y, n, a->dtype, (int)a->op, div);
+    if (r != DTR_OK)
+        return dtr__comm_fail(c, a, r, -1, 0, "the %s backend's reduction failed: %s", c->mem_ctx->backend->name,
+                              dtr_context_last_error(c->mem_ctx));
+    return DTR_OK;
+}
+
 /* ---- helpers ---- */
 
 static int dtr__mod(int a, int n) { return ((a % n) + n) % n; }
@@ -131,8 +146,8 @@ static dtr_result dtr__ring_reduce_scatter(dtr_comm *c, const dtr__coll *a, cons
         res = dtr__comm_sendrecv(c, a, (s == 0 ? src : dst) + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         /* the partial of the ranks before us comes first */
-        dtr__comm_reduce(dst + ro * es, tmp, src + ro * es, rl, a->dtype, a->op,
-                    (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        if (res != DTR_OK) return res;
     }
     return DTR_OK;
 }
@@ -185,7 +200,8 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
         } else {
             res = dtr__comm_sendrecv(c, a, NULL, 0, -1, tmp, bytes, r - 1, 0);
             if (res != DTR_OK) return res;
-            dtr__comm_reduce(dst, tmp, dst, a->count, a->dtype, a->op, 1);
+            res = dtr__coll_reduce(c, dst, tmp, dst, a->count, a, 1);
+            if (res != DTR_OK) return res;
             nr = r / 2;
         }
     } else {
@@ -197,8 +213,8 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
             int div = (d * 2 >= p && a->op == DTR_REDUCE_AVG) ? N : 1;
             res = dtr__comm_sendrecv(c, a, dst, bytes, partner, tmp, bytes, partner, step);
             if (res != DTR_OK) return res;
-            if (nr < pn) dtr__comm_reduce(dst, dst, tmp, a->count, a->dtype, a->op, div);
-            else dtr__comm_reduce(dst, tmp, dst, a->count, a->dtype, a->op, div);
+            res = nr < pn ? dtr__coll_reduce(c, dst, dst, tmp, a->count, a, div) : dtr__coll_reduce(c, dst, tmp, dst, a->count, a, div);
+            if (res != DTR_OK) return res;
         }
     }
     /* unfold: the result goes back to the folded-out ranks */
@@ -316,9 +332,10 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
         res = dtr__comm_sendrecv(c, a, sb, bytes, right, rb, bytes, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         if (s == N - 2)
-            dtr__comm_reduce(a->dst, rb, src + (size_t)kr * bytes, a->count, a->dtype, a->op, a->op == DTR_REDUCE_AVG ? N : 1);
+            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, a->op == DTR_REDUCE_AVG ? N : 1);
         else
-            dtr__comm_reduce(rb, rb, src + (size_t)kr * bytes, a->count, a->dtype, a->op, 1);
+            res = dtr__coll_reduce(c, rb, rb, src + (size_t)kr * bytes, a->count, a, 1);
+        if (res != DTR_OK) return res;
     }
     return DTR_OK;
 }

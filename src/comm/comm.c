@@ -195,6 +195,8 @@ dtr_comm_config dtr_comm_config_init(void) {
     memset(&c, 0, sizeof(c));
     c.allreduce_algo = DTR_ALLREDUCE_AUTO;
     c.log_level = DTR_LOG_WARN;
+    c.memory = DTR_MEM_HOST;
+    c.nccl.device = -1;
     return c;
 }
 
@@ -251,6 +253,20 @@ static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
     c->log_level = cfg->log_level;
 }
 
+/* The memory kind of the group's buffers must be one the transport takes. */
+static dtr_result dtr__comm_check_memory(const dtr_comm_config *cfg, const dtr_transport_vtable *vt, char *err, size_t errlen) {
+    unsigned kinds = vt->mem_kinds ? vt->mem_kinds : (unsigned)DTR_MEM_HOST;
+    dtr_mem_kind mem = cfg->memory ? cfg->memory : DTR_MEM_HOST;
+    if (mem != DTR_MEM_HOST && mem != DTR_MEM_DEVICE)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: memory %d is not a dtr_mem_kind", (int)mem);
+    if (mem == DTR_MEM_DEVICE && !cfg->context)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: device memory needs cfg.context (the owner)");
+    if (!(kinds & (unsigned)mem))
+        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "dtr_comm_create: transport '%s' does not take %s memory", vt->name,
+                         mem == DTR_MEM_DEVICE ? "device" : "host");
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen) {
     dtr_comm_config def = dtr_comm_config_init();
     const dtr_transport_vtable *vt;
@@ -276,6 +292,8 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     if (vt->abi_version != DTR_VERSION_NUMBER)
         return dtr__errf(err, errlen, DTR_VERSION_MISMATCH, "dtr_comm_create: transport '%s' was built against dtrain %d, "
                          "this is %d", vt->name ? vt->name : "?", vt->abi_version, DTR_VERSION_NUMBER);
+    r = dtr__comm_check_memory(cfg, vt, err, errlen);
+    if (r != DTR_OK) return r;
     ep = (dtr__endpoint *)dtr__calloc(a, sizeof(*ep));
     if (!ep) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "dtr_comm_create: out of memory");
     ep->alloc = *a;
@@ -308,6 +326,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     c->local_size = ep->info.local_size > 0 ? ep->info.local_size : 1;
     for (i = 0; i < c->size; i++) c->ranks[i] = i;
     c->ctx = 0;
+    c->mem_ctx = cfg->memory == DTR_MEM_DEVICE ? cfg->context : NULL;
     dtr__comm_config_apply(c, cfg);
     if (vt->group_create && !c->no_native) {
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
@@ -984,6 +1003,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     }
     nc->rank = me;
     nc->ctx = ctx;
+    nc->mem_ctx = c->mem_ctx;
     nc->timeout_ms = c->timeout_ms;
     nc->algo = c->algo;
     nc->ring_threshold = c->ring_threshold;

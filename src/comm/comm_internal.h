@@ -88,6 +88,7 @@ struct dtr_comm {
     uint32_t ctx;              /* context id (tags) */
     uint32_t seq;              /* next collective's sequence number */
     void *native_group;        /* the transport's group handle when it has native collectives */
+    dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
     /* configuration */
     int timeout_ms;
     int algo;                  /* dtr_allreduce_algo */
@@ -133,6 +134,9 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
 /** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
  *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
 void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
+/** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
+ *  for device memory. Records a failure on the group. */
+dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div);
 /** p[i] /= div over n elements of dt. */
 void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div);
 /** Waits until all n transport requests are complete; releases all of them in every case.

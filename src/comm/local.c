@@ -234,28 +234,29 @@ static void dtr__local_service(dtr_local_world *w, int rank) {
 
 static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                   size_t errlen) {
-    dtr_local_world *w = cfg->local_world;
+    dtr_local_world *w = cfg->local.world;
+    int rank = cfg->local.rank;
     dtr__lep *ep;
-    if (!w) return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: dtr_comm_config.local_world is NULL "
+    if (!w) return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: dtr_comm_config.local.world is NULL "
                                                               "(make one with dtr_local_world_create)");
-    if (cfg->rank < 0 || cfg->rank >= w->size)
-        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: rank %d outside the world of %d", cfg->rank,
+    if (rank < 0 || rank >= w->size)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: rank %d outside the world of %d", rank,
                          w->size);
     ep = (dtr__lep *)dtr__calloc(&w->alloc, sizeof(*ep));
     if (!ep) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "local transport: out of memory");
     pthread_mutex_lock(&w->mu);
-    if (w->r[cfg->rank].opened) {
+    if (w->r[rank].opened) {
         pthread_mutex_unlock(&w->mu);
         dtr__free(&w->alloc, ep);
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "local transport: rank %d of this world was opened already",
-                         cfg->rank);
+                         rank);
     }
-    w->r[cfg->rank].opened = 1;
+    w->r[rank].opened = 1;
     w->refs++;
     pthread_mutex_unlock(&w->mu);
     ep->w = w;
-    ep->rank = cfg->rank;
-    info->rank = info->local_rank = cfg->rank;
+    ep->rank = rank;
+    info->rank = info->local_rank = rank;
     info->size = info->local_size = w->size;
     *state = ep;
     return DTR_OK;
@@ -529,7 +530,8 @@ static const dtr_transport_vtable dtr__local_vtable = {
     dtr__local_open, dtr__local_close,
     dtr__local_isend, dtr__local_irecv, dtr__local_test, dtr__local_wait_any, dtr__local_release,
     dtr__local_abort,
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    DTR_MEM_HOST
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }

@@ -18,7 +18,8 @@
  *   - Results are deterministic: for a given world size, count, dtype and algorithm a
  *     reduction adds in a fixed order, so two runs give the same bits, and every rank gets
  *     the same bits (docs/distributed.md gives the exact order of each algorithm).
- *   - Buffers are host memory. A group is used by one thread at a time; different groups
+ *   - Buffers are host memory (cfg.memory opens the way to device memory on transports that
+ *     take it). A group is used by one thread at a time; different groups
  *     (and the ranks of a local world) may be used from different threads at once.
  * ==========================================================================*/
 #ifdef __cplusplus
@@ -128,8 +129,8 @@ typedef struct dtr_transport_error {
 typedef struct dtr_transport_vtable {
     int abi_version;
     const char *name;   /**< registry key: "local", "libfabric", ... */
-    /* lifetime (required). open reads the fields of cfg that concern it (local_world, rank,
-       store, provider, timeout_ms, alloc, transport_user) and fills info. */
+    /* lifetime (required). open reads the fields of cfg that concern it (its nested settings:
+       cfg->local, cfg->fabric, ...; store, timeout_ms, alloc, transport_user) and fills info. */
     dtr_result (*open)(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err, size_t errlen);
     void (*close)(void *state);
     /* point-to-point (required). dst/src are transport ranks. */
@@ -160,6 +161,11 @@ typedef struct dtr_transport_vtable {
     dtr_result (*all_gather)(void *state, void *group, const void *src, void *dst, size_t count, dtr_dtype dt,
                              int64_t deadline_ns, dtr_transport_error *err);
     dtr_result (*barrier)(void *state, void *group, int64_t deadline_ns, dtr_transport_error *err);
+    /* memory: the dtr_mem_kind bits of the buffers the transport's functions take (0 means
+       DTR_MEM_HOST only). A transport taking DTR_MEM_DEVICE orders its transfers after the
+       work queued on cfg->context's stream (the backend's event_record) and completes them
+       before reporting a request complete. */
+    unsigned mem_kinds;
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -170,8 +176,9 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  without registration (GCC and Clang on ELF platforms; elsewhere pass it to
  *  dtr_transport_register). One process per rank: open takes rank and size from
  *  cfg->store (NULL: a store made from the environment, as dtrun sets it), exchanges
- *  endpoint addresses through it, and uses cfg->provider, else $DTR_FABRIC_PROVIDER, else
- *  shm on one host and the best remote provider across hosts. docs/distributed.md has the
+ *  endpoint addresses through it, and uses cfg->fabric.provider, else $DTR_FABRIC_PROVIDER,
+ *  else shm on one host and the best remote provider across hosts (cfg->fabric has the other
+ *  settings). docs/distributed.md has the
  *  details, the environment variables and how failures are detected. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
@@ -187,15 +194,51 @@ DTR_API const dtr_transport_vtable *dtr_transport_find(const char *name);
 
 /* ---- process groups ---- */
 
-/** Group configuration. Make one with dtr_comm_config_init(); zero means default. */
+/** Settings of the `local` transport (ranks are threads of one process). */
+typedef struct dtr_local_config {
+    dtr_local_world *world;            /**< the world shared by the rank threads (required) */
+    int rank;                          /**< this thread's rank in the world */
+} dtr_local_config;
+
+/** Settings of the libfabric transport (dtrain_comm.c). Zero or NULL means: the environment
+ *  variable named, else the default. */
+typedef struct dtr_fabric_config {
+    const char *provider;              /**< "tcp;ofi_rxm", "shm", "efa", ...; $DTR_FABRIC_PROVIDER, else automatic */
+    const char *domain;                /**< a domain (NIC) by name; $DTR_FABRIC_DOMAIN, else the provider's first */
+    int spin_us;                       /**< a wait polls this long before it naps; $DTR_FABRIC_SPIN_US, else 20 (-1: 0) */
+    int nap_us;                        /**< longest nap between polls; $DTR_FABRIC_NAP_US, else 64 */
+    int keep_signal_handlers;          /**< 1: put back the process's handlers of SIGSEGV, SIGBUS, SIGINT, SIGTERM,
+                                            SIGABRT and SIGILL after the endpoint opens (the shm provider installs
+                                            its own); 0: $DTR_FABRIC_SIGNALS=keep does the same, else the
+                                            provider's handlers stay (README, "Signals") */
+} dtr_fabric_config;
+
+/** Settings of the NCCL transport (reserved: the transport arrives with the CUDA backend). */
+typedef struct dtr_nccl_config {
+    int device;                        /**< CUDA device of this rank; -1 (default): the local rank */
+    int blocking;                      /**< 1: NCCL's blocking communicator mode; 0: non-blocking (deadlines work) */
+} dtr_nccl_config;
+
+/** Where the buffers handed to a group's collectives live. */
+typedef enum dtr_mem_kind {
+    DTR_MEM_HOST = 1,                  /**< host memory (default) */
+    DTR_MEM_DEVICE = 2                 /**< memory of the context's backend (a GPU): needs a transport that takes it */
+} dtr_mem_kind;
+
+/** Group configuration. Make one with dtr_comm_config_init(); zero means default. Settings of
+ *  one transport are nested (cfg.local, cfg.fabric, cfg.nccl) and read by that transport
+ *  only, in the manner of miniaudio's per-backend configs. */
 struct dtr_comm_config {
     const char *transport;             /**< registered transport name; NULL: "local" */
     const dtr_transport_vtable *transport_vtable; /**< use this transport without registering it (overrides `transport`) */
-    dtr_local_world *local_world;      /**< local transport: the world shared by the rank threads */
-    int rank;                          /**< local transport: this thread's rank in the world */
     struct dtr_store *store;           /**< transports that exchange addresses: the rendezvous store (api_rdzv.h) */
-    const char *provider;              /**< libfabric provider ("tcp;ofi_rxm", "shm", "efa", ...); NULL: $DTR_FABRIC_PROVIDER, else automatic */
     void *transport_user;              /**< passed to a custom transport's open through cfg */
+    dtr_local_config local;            /**< the local transport's settings */
+    dtr_fabric_config fabric;          /**< the libfabric transport's settings */
+    dtr_nccl_config nccl;              /**< the NCCL transport's settings */
+    dtr_mem_kind memory;               /**< where collective buffers live; 0: DTR_MEM_HOST */
+    dtr_context *context;              /**< DTR_MEM_DEVICE: the context whose backend owns the buffers (its
+                                            stream orders the transfers, its backend reduces); NULL for host */
     int timeout_ms;                    /**< deadline of every blocking call; 0: 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
     size_t ring_threshold_bytes;       /**< AUTO: ring at or above this many bytes; 0: 256 KiB */
@@ -208,7 +251,8 @@ struct dtr_comm_config {
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
 };
 
-/** Returns a configuration with every field at its default. */
+/** Returns a configuration with every field at its default (nccl.device -1, memory host).
+ *  Thread safety: thread safe. */
 DTR_API dtr_comm_config dtr_comm_config_init(void);
 
 /** Opens this rank's endpoint of the transport and makes the world group of it (all ranks of

@@ -142,6 +142,7 @@ typedef struct dtr__fab {
     fi_addr_t *addrs;
     size_t inject;
     int64_t spin_ns;             /* wait_any polls this long, then naps */
+    const char *want_domain;     /* cfg.fabric.domain or $DTR_FABRIC_DOMAIN; NULL: the provider's first */
     int64_t max_nap_ns;          /* the longest nap */
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
     int reposts;                 /* requests with repost set */
@@ -798,14 +799,22 @@ static void dtr__fab_host_id(char *out, size_t cap) {
     snprintf(out, cap, "%s|%s", boot, ns);
 }
 
+/* A numeric setting: the config's value when set (> 0; -1 means 0), else the environment
+ * variable's, else the default. */
+static int64_t dtr__fab_setting(int value, const char *env_name, int64_t def) {
+    const char *env = getenv(env_name);
+    if (value > 0) return value;
+    if (value < 0) return 0;
+    return env && *env ? strtoll(env, NULL, 10) : def;
+}
+
 static int dtr__fab_is_socket_prov(const char *prov) {
     return strstr(prov, "tcp") || strstr(prov, "sockets") || strstr(prov, "udp");
 }
 
 /* fi_getinfo for one provider name. loopback: prefer the 127.0.0.1 domain of socket providers. */
-static int dtr__fab_getinfo(const char *prov, int loopback, struct fi_info **out) {
+static int dtr__fab_getinfo(const char *prov, const char *want_domain, int loopback, struct fi_info **out) {
     struct fi_info *hints = fi_allocinfo(), *info = NULL, *cur, *pick = NULL;
-    const char *want_domain = getenv("DTR_FABRIC_DOMAIN");
     int rc;
     *out = NULL;
     if (!hints) return -FI_ENOMEM;
@@ -892,10 +901,9 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     pthread_mutex_init(&f->mu, NULL);
     pthread_mutex_init(&f->wmu, NULL);
     dtr__cond_init(&f->wcv);
-    env = getenv("DTR_FABRIC_SPIN_US");
-    f->spin_ns = (env && *env ? strtoll(env, NULL, 10) : 20) * 1000;
-    env = getenv("DTR_FABRIC_NAP_US");
-    f->max_nap_ns = (env && *env ? strtoll(env, NULL, 10) : 64) * 1000;
+    f->spin_ns = dtr__fab_setting(cfg->fabric.spin_us, "DTR_FABRIC_SPIN_US", 20) * 1000;
+    f->max_nap_ns = dtr__fab_setting(cfg->fabric.nap_us, "DTR_FABRIC_NAP_US", 64) * 1000;
+    f->want_domain = cfg->fabric.domain && *cfg->fabric.domain ? cfg->fabric.domain : getenv("DTR_FABRIC_DOMAIN");
     if (f->max_nap_ns < 1000) f->max_nap_ns = 1000;
     f->timeout_ns = (int64_t)timeout * 1000000;
     if (f->spin_ns < 0) f->spin_ns = 0;
@@ -965,7 +973,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
 
     /* 3. the provider: rank 0 decides */
     prov[0] = 0;
-    if (cfg->provider && *cfg->provider) snprintf(prov, sizeof prov, "%s", cfg->provider);
+    if (cfg->fabric.provider && *cfg->fabric.provider) snprintf(prov, sizeof prov, "%s", cfg->fabric.provider);
     else if ((env = getenv("DTR_FABRIC_PROVIDER")) != NULL && *env) snprintf(prov, sizeof prov, "%s", env);
     dtr__fab_key(f, key, sizeof key, "provider", -1);
     if (f->rank == 0) {
@@ -977,7 +985,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
             if (f->local_size == f->size) { list = local; nlist = 2; }
             for (k = 0; k < nlist && !prov[0]; k++) {
                 struct fi_info *probe = NULL;
-                if (dtr__fab_getinfo(list[k], f->local_size == f->size, &probe) == 0) {
+                if (dtr__fab_getinfo(list[k], f->want_domain, f->local_size == f->size, &probe) == 0) {
                     snprintf(prov, sizeof prov, "%s", list[k]);
                     fi_freeinfo(probe);
                 }
@@ -1013,7 +1021,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     snprintf(f->prov, sizeof f->prov, "%s", prov);
 
     /* 4. the endpoint */
-    rc = dtr__fab_getinfo(prov, f->local_size == f->size, &f->info);
+    rc = dtr__fab_getinfo(prov, f->want_domain, f->local_size == f->size, &f->info);
     if (rc) {
         char avail[512];
         if (dtr_fabric_providers(avail, sizeof avail) != DTR_OK) snprintf(avail, sizeof avail, "none");
@@ -1139,16 +1147,17 @@ static void dtr__fab_close(void *state) {
     dtr__fab_free(f);
 }
 
-/* DTR_FABRIC_SIGNALS=keep: the handlers the process had for the signals that libfabric's
- * providers take over (shm: SIGSEGV, SIGBUS, SIGINT, SIGTERM when its endpoint is made) are
- * put back once the transport is open, whatever the outcome. Default: the provider's handlers
- * stay (shm removes its shared-memory files, then calls the previous handler). */
+/* cfg.fabric.keep_signal_handlers (or DTR_FABRIC_SIGNALS=keep): the handlers the process had
+ * for the signals that libfabric's providers take over (shm: SIGSEGV, SIGBUS, SIGINT, SIGTERM
+ * when its endpoint is made) are put back once the transport is open, whatever the outcome.
+ * Default: the provider's handlers stay (shm removes its shared-memory files, then calls the
+ * previous handler). */
 static dtr_result dtr__fab_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                 size_t errlen) {
     static const int sigs[6] = {SIGSEGV, SIGBUS, SIGINT, SIGTERM, SIGABRT, SIGILL};
     struct sigaction saved[6];
     const char *env = getenv("DTR_FABRIC_SIGNALS");
-    int keep = env && !strcmp(env, "keep"), i;
+    int keep = cfg->fabric.keep_signal_handlers == 1 || (cfg->fabric.keep_signal_handlers == 0 && env && !strcmp(env, "keep")), i;
     dtr_result r;
     for (i = 0; keep && i < 6; i++) sigaction(sigs[i], NULL, &saved[i]);
     r = dtr__fab_open_ep(cfg, state, info, err, errlen);
@@ -1168,7 +1177,8 @@ static const dtr_transport_vtable dtr__fab_vtable = {
     dtr__fab_release,
     dtr__fab_abort,
     dtr__fab_progress,
-    NULL, NULL, NULL, NULL, NULL, NULL, NULL
+    NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    DTR_MEM_HOST   /* host buffers (device memory would need FI_HMEM registration) */
 };
 
 const dtr_transport_vtable *dtr_fabric_transport(void) { return &dtr__fab_vtable; }

@@ -35,8 +35,13 @@ quiet() {  # runs a command, showing its output only when it fails
   local log=$work/last.log
   if ! "$@" >"$log" 2>&1; then cat "$log" >&2; fail "$*"; fi
 }
-# run PROGRAM: runs a consumer (the comm one with DTR_FABRIC_SIGNALS=keep, which it checks)
-run() { if [[ $1 == *comm* ]]; then DTR_FABRIC_SIGNALS=keep "$1"; else "$1"; fi || fail "$1"; }
+# run PROGRAM: runs a consumer (the comm one twice: with DTR_FABRIC_SIGNALS=keep, and with
+# cfg.fabric.keep_signal_handlers; it checks that its own signal handlers survive)
+run() {
+  if [[ $1 == *comm* ]]; then
+    DTR_FABRIC_SIGNALS=keep "$1" && env -u DTR_FABRIC_SIGNALS "$1" --keep-signals
+  else "$1"; fi || fail "$1"
+}
 # cmake_consumer DIR PREFIX [CMAKE ARGS]: find_package(dtrain) build in DIR, then run
 cmake_consumer() {
   local dir=$1 prefix=$2; shift 2

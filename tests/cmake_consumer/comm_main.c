@@ -19,7 +19,7 @@ static int handler_is_own(int sig) {
     return sigaction(sig, NULL, &sa) == 0 && sa.sa_handler == own_handler;
 }
 
-static int run(dtr_store *st) {
+static int run(dtr_store *st, int keep_cfg) {
     dtr_comm_config cfg = dtr_comm_config_init();
     dtr_comm *c = NULL;
     char err[512];
@@ -27,7 +27,8 @@ static int run(dtr_store *st) {
     int ok;
     cfg.transport = "libfabric";
     cfg.store = st;
-    cfg.provider = "shm";
+    cfg.fabric.provider = "shm";
+    cfg.fabric.keep_signal_handlers = keep_cfg;
     cfg.timeout_ms = 20000;
     if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {
         fprintf(stderr, "comm consumer: dtr_comm_create: %s\n", err);
@@ -40,13 +41,13 @@ static int run(dtr_store *st) {
     return ok;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     dtr_rendezvous_config rc = dtr_rendezvous_config_init();
     dtr_store *st = NULL;
     struct sigaction sa;
     char err[512];
     const char *keep = getenv("DTR_FABRIC_SIGNALS");
-    int ok;
+    int keep_cfg = argc > 1 && !strcmp(argv[1], "--keep-signals"), ok;
     if (!dtr_transport_find("libfabric")) {
         fprintf(stderr, "comm consumer: the libfabric transport is not registered: was libdtrain_comm linked?\n");
         return 1;
@@ -61,13 +62,14 @@ int main(void) {
         fprintf(stderr, "comm consumer: dtr_store_create: %s\n", err);
         return 1;
     }
-    ok = run(st);
+    ok = run(st, keep_cfg);
     dtr_store_destroy(st);
     {
         int kept = handler_is_own(SIGSEGV) && handler_is_own(SIGTERM);
-        int must = keep && !strcmp(keep, "keep");
-        printf("comm consumer: DTR_FABRIC_SIGNALS=%s: the program's SIGSEGV and SIGTERM handlers %s\n",
-               keep ? keep : "(unset)", kept ? "kept" : must ? "REPLACED" : "replaced by the provider's");
+        int must = keep_cfg || (keep && !strcmp(keep, "keep"));
+        printf("comm consumer: %s: the program's SIGSEGV and SIGTERM handlers %s\n",
+               keep_cfg ? "cfg.fabric.keep_signal_handlers = 1" : keep ? keep : "DTR_FABRIC_SIGNALS unset",
+               kept ? "kept" : must ? "REPLACED" : "replaced by the provider's");
         ok &= kept || !must;
     }
     return ok ? 0 : 1;
