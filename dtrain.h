@@ -360,6 +360,32 @@ DTR_API dtr_result dtr_event_wait(dtr_context *ctx, dtr_event *ev);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: as dtr_event_wait. */
 DTR_API dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done);
 
+/* ---- state: what a full-state checkpoint saves ----
+ * Every stateful object lists its state the same way: entry i of the object (name, pointer,
+ * bytes) through dtr_<object>_state(obj, i, &entry), DTR_NOT_FOUND past the last. A
+ * checkpoint writes every entry of every object; a restore writes the bytes back through the
+ * same pointers, then calls dtr_<object>_state_loaded(obj), which checks them and applies
+ * what derives from them. Objects: context (random stream), model (parameters, gradients),
+ * optimizer (step counters, schedule, moments), loader (cursor), data-parallel engine.
+ * Entries stay valid until the object changes shape or is destroyed. */
+
+/** One piece of an object's state. */
+typedef struct dtr_state_entry {
+    const char *name;   /**< stable within its object ("rng", "params", "m", "cursor", ...) */
+    void *data;         /**< the bytes, writable */
+    size_t bytes;
+    int device;         /**< 1: data is memory of the context's backend (a GPU), not host memory:
+                             copy it with dtr_tensor_read-like transfers of that backend */
+} dtr_state_entry;
+
+/** Entry `index` of the context's state: "rng" (the random stream dropout draws from).
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the
+ *  context's thread. */
+DTR_API dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out);
+/** After writing the context's entries back. @return DTR_OK or DTR_NULL_HANDLE.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_context_state_loaded(dtr_context *ctx);
+
 /* ---- random numbers ---- */
 
 /** A small, fast, seedable generator (PCG32). Deterministic across platforms. */
@@ -516,6 +542,15 @@ DTR_API void dtr_st_close(dtr_st_file *f);
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                                 int count, char *err, size_t errlen);
 
+/** Entry `index` of the model's state: "params" and "grads" (dtr_model_numel floats each,
+ *  the contiguous buffers; device memory on a device backend). Builds the model first.
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE, or the build's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out);
+/** After writing the model's entries back. @return DTR_OK or DTR_NULL_HANDLE.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_state_loaded(dtr_model *m);
+
 /* ---- optimizers ---- */
 
 typedef enum dtr_optimizer_kind {
@@ -576,9 +611,34 @@ DTR_API int64_t dtr_optimizer_steps(const dtr_optimizer *opt);
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
-/** The optimizer's state buffers (moments) for checkpointing: `count` buffers of
- *  dtr_model_numel floats each. */
-DTR_API float *dtr_optimizer_state(dtr_optimizer *opt, int index, int *count);
+/** The optimizer's moment buffers: `count` buffers of dtr_model_numel floats each (SGD with
+ *  momentum: 1; the Adam family and LAMB: 2), NULL past the end. For checkpoints, prefer
+ *  dtr_optimizer_state, which lists every piece of the optimizer's state.
+ *  Thread safety: the model's context thread. */
+DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
+/** One update over the range [begin, end) of the parameter buffer (offsets as
+ *  dtr_model_param_offset gives them): what a sharded optimizer (ZeRO) or a parameter-server
+ *  shard runs on its part. Parameters and moments inside the range change exactly as the
+ *  full dtr_optimizer_step would change them (the same bits); outside it nothing changes.
+ *  The step counter, gradient accumulation and the zeroing of all gradients behave as in
+ *  dtr_optimizer_step. LAMB's trust ratio is per parameter, so for LAMB begin and end must
+ *  fall on parameter boundaries; clip_norm needs the norm of the whole gradient, so a range
+ *  that is not the whole buffer is refused when clip_norm is set (clip with a global norm
+ *  first). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (range outside the buffer,
+ *  LAMB boundary, clipping), or the update's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, int64_t end, int *updated);
+
+/** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
+ *  micro-batches since the last update), "schedule" (its dtr_schedule, which
+ *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
+ *  (dtr_model_numel floats each, device memory on a device backend).
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
+ *  context thread. */
+DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_entry *out);
+/** After writing the optimizer's entries back: checks them.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE (a negative counter, a micro count not
+ *  below grad_accum_steps). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
  *  @param norm_out receives the norm before clipping (may be NULL). */
@@ -1082,6 +1142,13 @@ DTR_API void dtr_loader_get_cursor(const dtr_loader *l, dtr_loader_cursor *out);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad magic or version, mismatch:
  *          dtr_loader_last_error says which), DTR_OUT_OF_MEMORY. */
 DTR_API dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c);
+/** Entry `index` of the loader's state (api.h, "state"): "cursor", its dtr_loader_cursor as
+ *  dtr_loader_get_cursor gives it now. @return DTR_OK, DTR_NOT_FOUND past the last,
+ *  DTR_NULL_HANDLE. Thread safety: the thread that calls dtr_loader_next. */
+DTR_API dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *out);
+/** After writing the "cursor" entry back: applies it (dtr_loader_set_cursor, with its checks
+ *  and results). Thread safety: the thread that calls dtr_loader_next. */
+DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
 /* ---- streaming dataset (online training) ---- */
 
@@ -1798,6 +1865,14 @@ DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, 
  *  the last synchronised step: shows that communication overlapped backward. */
 DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 
+/** Entry `index` of the engine's state (api.h, "state"): "no_sync" (int). Buckets and
+ *  requests last one step and are not state. @return DTR_OK, DTR_NOT_FOUND past the last,
+ *  DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out);
+/** After writing the entries back: checks them. @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_CORRUPT_FILE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
+
 #ifdef __cplusplus
 }
 #endif
@@ -1844,7 +1919,7 @@ DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 1848 "dtrain.h"
+#line 1923 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2052,6 +2127,7 @@ typedef struct dtr__opt_args {
     float lr, momentum, dampening, eps, weight_decay;
     double beta1, beta2;
     int nesterov;
+    int64_t begin;                /* the update covers [begin, n) of the buffers (0: all) */
     int64_t step;                 /* 1-based update count (bias correction) */
     float grad_scale;             /* gradients are multiplied by this first (accumulation) */
     int first;                    /* first SGD momentum step */
@@ -2141,7 +2217,6 @@ struct dtr_context {
     dtr_result status;            /* sticky */
     char msg[512];
     dtr_rng rng;                  /* dropout */
-    uint64_t dropout_calls;
     /* gradient hooks (dtr_context_add_grad_hook), called in order once a parameter's
        gradient is final for a backward pass; none installed costs nothing */
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
@@ -2151,6 +2226,12 @@ struct dtr_context {
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+
+/* ---- state entries ---- */
+
+/** Fills *out (when index == want) and returns DTR_OK; else returns DTR_NOT_FOUND. The
+ *  accessors list their entries as a chain of these: `if (i == 0) return put(...)`. */
+dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
 
 /* ---- errors and logging ---- */
 
@@ -2203,7 +2284,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2207 "dtrain.h"
+#line 2288 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2258,7 +2339,7 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
-#line 2262 "dtrain.h"
+#line 2343 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2424,7 +2505,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2428 "dtrain.h"
+#line 2509 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2474,7 +2555,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2478 "dtrain.h"
+#line 2559 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -2826,7 +2907,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 2830 "dtrain.h"
+#line 2911 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3617,7 +3698,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3621 "dtrain.h"
+#line 3702 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -3935,6 +4016,24 @@ uint32_t dtr_rng_u32(dtr_rng *rng) {
     return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
 }
 
+/* ---- state ---- */
+
+dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device) {
+    out->name = name;
+    out->data = data;
+    out->bytes = bytes;
+    out->device = device;
+    return DTR_OK;
+}
+
+dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out) {
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    if (index == 0) return dtr__state_put(out, "rng", &ctx->rng, sizeof ctx->rng, 0);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DTR_NULL_HANDLE; }
+
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
 void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
     uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;
@@ -3957,7 +4056,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 3961 "dtrain.h"
+#line 4060 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4070,7 +4169,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4074 "dtrain.h"
+#line 4173 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4440,7 +4539,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4444 "dtrain.h"
+#line 4543 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4630,7 +4729,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4634 "dtrain.h"
+#line 4733 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5080,7 +5179,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5084 "dtrain.h"
+#line 5183 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5259,7 +5358,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5263 "dtrain.h"
+#line 5362 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5659,7 +5758,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5663 "dtrain.h"
+#line 5762 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6139,7 +6238,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6143 "dtrain.h"
+#line 6242 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6398,7 +6497,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6402 "dtrain.h"
+#line 6501 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6520,7 +6619,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6524 "dtrain.h"
+#line 6623 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -6836,7 +6935,22 @@ done:
     dtr_st_close(&f);
     return r;
 }
-#line 6840 "dtrain.h"
+
+/* ---- state ---- */
+
+dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
+    dtr_result r;
+    size_t bytes;
+    if (!m || !out) return DTR_NULL_HANDLE;
+    if ((r = dtr_model_build(m)) != DTR_OK) return r;
+    bytes = (size_t)m->total * sizeof(float);
+    if (index == 0) return dtr__state_put(out, "params", m->data, bytes, !dtr__host_memory(m->ctx));
+    if (index == 1) return dtr__state_put(out, "grads", m->grad, bytes, !dtr__host_memory(m->ctx));
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
+#line 6954 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7005,7 +7119,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7009 "dtrain.h"
+#line 7123 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7132,7 +7246,7 @@ int64_t dtr_optimizer_steps(const dtr_optimizer *o) { return o ? o->steps : 0; }
 float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
 void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
 
-float *dtr_optimizer_state(dtr_optimizer *o, int index, int *count) {
+float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     int n;
     if (!o) { if (count) *count = 0; return NULL; }
     n = (o->m ? 1 : 0) + (o->v ? 1 : 0);
@@ -7170,7 +7284,37 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
+/* A range the update can take: inside the buffer; for LAMB on parameter boundaries; without
+ * clipping unless it is the whole buffer. */
+static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int64_t n = dtr_model_numel(o->model);
+    int i, b_ok = begin == 0, e_ok = end == n;
+    if (begin < 0 || end > n || begin > end)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the buffer of %lld",
+                         (long long)begin, (long long)end, (long long)n);
+    if (o->cfg.clip_norm > 0.0f && (begin != 0 || end != n))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm needs the whole gradient's norm; "
+                                                    "clip globally (dtr_clip_grad_norm) and step ranges without it");
+    if (o->cfg.kind != DTR_OPT_LAMB) return DTR_OK;
+    for (i = 0; i < dtr_model_param_count(o->model); i++) {
+        b_ok |= o->seg_begin[i] == begin || o->seg_end[i] == begin;
+        e_ok |= o->seg_begin[i] == end || o->seg_end[i] == end;
+    }
+    if (!b_ok || !e_ok)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: LAMB's trust ratio is per parameter: "
+                                                    "[%lld, %lld) must start and end on parameter boundaries",
+                         (long long)begin, (long long)end);
+    return DTR_OK;
+}
+
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
+    if (updated) *updated = 0;
+    if (!o) return DTR_NULL_HANDLE;
+    return dtr_optimizer_step_range(o, 0, dtr_model_numel(o->model), updated);
+}
+
+dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx;
     dtr__opt_args a;
     dtr_result r;
@@ -7178,11 +7322,13 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
+    if ((r = dtr__check_range(o, begin, end)) != DTR_OK) return r;
     if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
-    a.n = dtr_model_numel(o->model);
+    a.begin = begin;
+    a.n = end;
     a.param = dtr_model_params(o->model);
     a.grad = dtr_model_grads(o->model);
     a.m = o->m;
@@ -7218,7 +7364,7 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
 
 /* CPU reference of the fused update; other backends are tested against it. */
 dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
-    int64_t i, n = a->n;
+    int64_t i, n = a->n, b = a->begin;
     float *p = a->param, *g = a->grad, *m = a->m, *v = a->v;
     float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
     (void)ctx;
@@ -7227,21 +7373,21 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         /* one simple loop per variant, fields in locals: the compiler vectorises each */
         float mom = a->momentum, damp = 1.0f - a->dampening;
         if (!m) {
-            for (i = 0; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
+            for (i = b; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
         } else if (a->first) {
-            for (i = 0; i < n; i++) {
+            for (i = b; i < n; i++) {
                 float d = g[i] * gs + wd * p[i];
                 m[i] = d;
                 p[i] -= lr * (a->nesterov ? d + mom * d : d);
             }
         } else if (a->nesterov) {
-            for (i = 0; i < n; i++) {
+            for (i = b; i < n; i++) {
                 float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
                 m[i] = b;
                 p[i] -= lr * (d + mom * b);
             }
         } else {
-            for (i = 0; i < n; i++) {
+            for (i = b; i < n; i++) {
                 float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
                 m[i] = b;
                 p[i] -= lr * b;
@@ -7255,7 +7401,7 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         float step_size = lr / bc1, sbc2 = sqrtf(bc2);
         float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
         int adamw = a->kind == DTR_OPT_ADAMW;
-        for (i = 0; i < n; i++) {
+        for (i = b; i < n; i++) {
             float d = g[i] * gs;
             if (adamw) p[i] *= 1.0f - lr * wd;
             else d += wd * p[i];
@@ -7272,6 +7418,7 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
             float trust;
+            if (a->seg_begin[s] < b || a->seg_end[s] > n) continue;   /* outside the range */
             for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
                 float d = g[i] * gs, mh, vh;
                 m[i] = b1 * m[i] + c1 * d;
@@ -7291,7 +7438,32 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     }
     return DTR_OK;
 }
-#line 7295 "dtrain.h"
+
+/* ---- state ---- */
+
+dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out) {
+    size_t bytes;
+    int dev;
+    if (!o || !out) return DTR_NULL_HANDLE;
+    bytes = (size_t)(dtr_model_numel(o->model) ? dtr_model_numel(o->model) : 1) * sizeof(float);
+    dev = !dtr__host_memory(dtr_model_context(o->model));
+    if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
+    if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);
+    if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, sizeof o->cfg.schedule, 0);
+    if (index == 3 && o->m) return dtr__state_put(out, "m", o->m, bytes, dev);
+    if (index == 4 && o->v) return dtr__state_put(out, "v", o->v, bytes, dev);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
+    if (!o) return DTR_NULL_HANDLE;
+    if (o->steps < 0 || o->micro < 0 || o->micro >= o->cfg.grad_accum_steps)
+        return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE,
+                         "dtr_optimizer_state_loaded: steps %lld / micro %d do not fit this optimizer", (long long)o->steps,
+                         o->micro);
+    return DTR_OK;
+}
+#line 7467 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -7638,7 +7810,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 7642 "dtrain.h"
+#line 7814 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8392,7 +8564,7 @@ done:
     dtr__free(NULL, tmp);
     return r;
 }
-#line 8396 "dtrain.h"
+#line 8568 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -8845,7 +9017,7 @@ void dtr_mnist_free(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 8849 "dtrain.h"
+#line 9021 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -8901,7 +9073,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 8905 "dtrain.h"
+#line 9077 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -9678,7 +9850,7 @@ fail:
     dtr_dataset_close(ds);
     return r;
 }
-#line 9682 "dtrain.h"
+#line 9854 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10259,7 +10431,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10263 "dtrain.h"
+#line 10435 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -10890,7 +11062,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 10894 "dtrain.h"
+#line 11066 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -10950,6 +11122,7 @@ typedef struct dtr__worker {
 
 struct dtr_loader {
     dtr_dataset *ds;
+    dtr_loader_cursor state_cursor;   /* dtr_loader_state's "cursor" entry */
     dtr_loader_config cfg;
     dtr_allocation_callbacks alloc;
     float *mean, *std;        /* normalisation (owned copies) */
@@ -11613,7 +11786,21 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
     }
     return DTR_OK;
 }
-#line 11617 "dtrain.h"
+
+/* ---- state ---- */
+
+dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *out) {
+    if (!l || !out) return DTR_NULL_HANDLE;
+    if (index != 0) return DTR_NOT_FOUND;
+    dtr_loader_get_cursor(l, &l->state_cursor);
+    return dtr__state_put(out, "cursor", &l->state_cursor, sizeof l->state_cursor, 0);
+}
+
+dtr_result dtr_loader_state_loaded(dtr_loader *l) {
+    if (!l) return DTR_NULL_HANDLE;
+    return dtr_loader_set_cursor(l, &l->state_cursor);
+}
+#line 11804 "dtrain.h"
 
 /* ---- src/data/stream.c ---- */
 #line 1 "src/data/stream.c"
@@ -11880,7 +12067,7 @@ void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 11884 "dtrain.h"
+#line 12071 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12070,7 +12257,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12074 "dtrain.h"
+#line 12261 "dtrain.h"
 
 /* ---- src/comm/rendezvous.c ---- */
 #line 1 "src/comm/rendezvous.c"
@@ -14101,7 +14288,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14105 "dtrain.h"
+#line 14292 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15139,7 +15326,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15143 "dtrain.h"
+#line 15330 "dtrain.h"
 
 /* ---- src/comm/local.c ---- */
 #line 1 "src/comm/local.c"
@@ -15680,7 +15867,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 15684 "dtrain.h"
+#line 15871 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16122,7 +16309,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16126 "dtrain.h"
+#line 16313 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16344,7 +16531,22 @@ dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t 
 }
 
 int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0; }
-#line 16348 "dtrain.h"
+
+/* ---- state ---- */
+
+dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out) {
+    if (!dp || !out) return DTR_NULL_HANDLE;
+    if (index == 0) return dtr__state_put(out, "no_sync", &dp->no_sync, sizeof dp->no_sync, 0);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->no_sync != 0 && dp->no_sync != 1)
+        return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
+    return DTR_OK;
+}
+#line 16550 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

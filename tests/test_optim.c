@@ -8,7 +8,7 @@
  * the parameters after every update, and the optimizer state after the last, must agree with
  * torch within a relative tolerance of 1e-5 (|a - b| <= 1e-5 * max(|b|, 1e-2)).
  * Also covered: gradient accumulation, clipping inside the optimizer, schedules seen through
- * dtr_optimizer_lr / dtr_optimizer_steps, dtr_optimizer_state, invalid configurations and
+ * dtr_optimizer_lr / dtr_optimizer_steps, dtr_optimizer_moments, invalid configurations and
  * NULL handles. */
 #include "test.h"
 #include "fixtures/optim_fixtures.h"
@@ -146,7 +146,7 @@ static void run_case(const optf_case *c) {
     /* the state buffers: moments at the parameters' offsets */
     for (k = 0; k < 2; k++) {
         const float *want0 = k == 0 ? c->s0_p0 : c->s1_p0, *want1 = k == 0 ? c->s0_p1 : c->s1_p1;
-        float *st = dtr_optimizer_state(opt, k, &count);
+        float *st = dtr_optimizer_moments(opt, k, &count);
         CHECK_EQ_INT(count, c->nstate);
         if (k >= c->nstate) { CHECK(st == NULL); continue; }
         CHECK(st != NULL);
@@ -556,16 +556,16 @@ static void test_null_handles(void) {
     CHECK_EQ_INT(updated, 0);
     CHECK_EQ_INT(dtr_optimizer_steps(NULL), 0);
     CHECK(dtr_optimizer_lr(NULL) == 0.0f);
-    CHECK(dtr_optimizer_state(NULL, 0, &count) == NULL);
+    CHECK(dtr_optimizer_moments(NULL, 0, &count) == NULL);
     CHECK_EQ_INT(count, 0);
     dtr_optimizer_set_lr(NULL, 1.0f);
     dtr_optimizer_destroy(NULL);
     /* a plain SGD optimizer has no state */
     CHECK_OK(f.ctx, dtr_optimizer_create(f.m, &c, &opt));
     count = -1;
-    CHECK(dtr_optimizer_state(opt, 0, &count) == NULL);
+    CHECK(dtr_optimizer_moments(opt, 0, &count) == NULL);
     CHECK_EQ_INT(count, 0);
-    CHECK(dtr_optimizer_state(opt, 5, NULL) == NULL);
+    CHECK(dtr_optimizer_moments(opt, 5, NULL) == NULL);
     dtr_optimizer_destroy(opt);
     CHECK_EQ_INT(dtr_context_status(f.ctx), DTR_OK);
     fx_close(&f);

@@ -312,6 +312,24 @@ uint32_t dtr_rng_u32(dtr_rng *rng) {
     return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
 }
 
+/* ---- state ---- */
+
+dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device) {
+    out->name = name;
+    out->data = data;
+    out->bytes = bytes;
+    out->device = device;
+    return DTR_OK;
+}
+
+dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out) {
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    if (index == 0) return dtr__state_put(out, "rng", &ctx->rng, sizeof ctx->rng, 0);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DTR_NULL_HANDLE; }
+
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
 void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
     uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;

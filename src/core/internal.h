@@ -202,6 +202,7 @@ typedef struct dtr__opt_args {
     float lr, momentum, dampening, eps, weight_decay;
     double beta1, beta2;
     int nesterov;
+    int64_t begin;                /* the update covers [begin, n) of the buffers (0: all) */
     int64_t step;                 /* 1-based update count (bias correction) */
     float grad_scale;             /* gradients are multiplied by this first (accumulation) */
     int first;                    /* first SGD momentum step */
@@ -291,7 +292,6 @@ struct dtr_context {
     dtr_result status;            /* sticky */
     char msg[512];
     dtr_rng rng;                  /* dropout */
-    uint64_t dropout_calls;
     /* gradient hooks (dtr_context_add_grad_hook), called in order once a parameter's
        gradient is final for a backward pass; none installed costs nothing */
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
@@ -301,6 +301,12 @@ struct dtr_context {
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+
+/* ---- state entries ---- */
+
+/** Fills *out (when index == want) and returns DTR_OK; else returns DTR_NOT_FOUND. The
+ *  accessors list their entries as a chain of these: `if (i == 0) return put(...)`. */
+dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
 
 /* ---- errors and logging ---- */
 

@@ -54,6 +54,7 @@ typedef struct dtr__worker {
 
 struct dtr_loader {
     dtr_dataset *ds;
+    dtr_loader_cursor state_cursor;   /* dtr_loader_state's "cursor" entry */
     dtr_loader_config cfg;
     dtr_allocation_callbacks alloc;
     float *mean, *std;        /* normalisation (owned copies) */
@@ -716,4 +717,18 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
         if (!*y) return dtr_context_status(ctx);
     }
     return DTR_OK;
+}
+
+/* ---- state ---- */
+
+dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *out) {
+    if (!l || !out) return DTR_NULL_HANDLE;
+    if (index != 0) return DTR_NOT_FOUND;
+    dtr_loader_get_cursor(l, &l->state_cursor);
+    return dtr__state_put(out, "cursor", &l->state_cursor, sizeof l->state_cursor, 0);
+}
+
+dtr_result dtr_loader_state_loaded(dtr_loader *l) {
+    if (!l) return DTR_NULL_HANDLE;
+    return dtr_loader_set_cursor(l, &l->state_cursor);
 }

@@ -216,3 +216,18 @@ dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t 
 }
 
 int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0; }
+
+/* ---- state ---- */
+
+dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out) {
+    if (!dp || !out) return DTR_NULL_HANDLE;
+    if (index == 0) return dtr__state_put(out, "no_sync", &dp->no_sync, sizeof dp->no_sync, 0);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->no_sync != 0 && dp->no_sync != 1)
+        return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
+    return DTR_OK;
+}

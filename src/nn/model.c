@@ -310,3 +310,18 @@ done:
     dtr_st_close(&f);
     return r;
 }
+
+/* ---- state ---- */
+
+dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
+    dtr_result r;
+    size_t bytes;
+    if (!m || !out) return DTR_NULL_HANDLE;
+    if ((r = dtr_model_build(m)) != DTR_OK) return r;
+    bytes = (size_t)m->total * sizeof(float);
+    if (index == 0) return dtr__state_put(out, "params", m->data, bytes, !dtr__host_memory(m->ctx));
+    if (index == 1) return dtr__state_put(out, "grads", m->grad, bytes, !dtr__host_memory(m->ctx));
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }

@@ -121,7 +121,7 @@ int64_t dtr_optimizer_steps(const dtr_optimizer *o) { return o ? o->steps : 0; }
 float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
 void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
 
-float *dtr_optimizer_state(dtr_optimizer *o, int index, int *count) {
+float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
     int n;
     if (!o) { if (count) *count = 0; return NULL; }
     n = (o->m ? 1 : 0) + (o->v ? 1 : 0);
@@ -159,7 +159,37 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
+/* A range the update can take: inside the buffer; for LAMB on parameter boundaries; without
+ * clipping unless it is the whole buffer. */
+static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int64_t n = dtr_model_numel(o->model);
+    int i, b_ok = begin == 0, e_ok = end == n;
+    if (begin < 0 || end > n || begin > end)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the buffer of %lld",
+                         (long long)begin, (long long)end, (long long)n);
+    if (o->cfg.clip_norm > 0.0f && (begin != 0 || end != n))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm needs the whole gradient's norm; "
+                                                    "clip globally (dtr_clip_grad_norm) and step ranges without it");
+    if (o->cfg.kind != DTR_OPT_LAMB) return DTR_OK;
+    for (i = 0; i < dtr_model_param_count(o->model); i++) {
+        b_ok |= o->seg_begin[i] == begin || o->seg_end[i] == begin;
+        e_ok |= o->seg_begin[i] == end || o->seg_end[i] == end;
+    }
+    if (!b_ok || !e_ok)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: LAMB's trust ratio is per parameter: "
+                                                    "[%lld, %lld) must start and end on parameter boundaries",
+                         (long long)begin, (long long)end);
+    return DTR_OK;
+}
+
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
+    if (updated) *updated = 0;
+    if (!o) return DTR_NULL_HANDLE;
+    return dtr_optimizer_step_range(o, 0, dtr_model_numel(o->model), updated);
+}
+
+dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx;
     dtr__opt_args a;
     dtr_result r;
@@ -167,11 +197,13 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
+    if ((r = dtr__check_range(o, begin, end)) != DTR_OK) return r;
     if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
-    a.n = dtr_model_numel(o->model);
+    a.begin = begin;
+    a.n = end;
     a.param = dtr_model_params(o->model);
     a.grad = dtr_model_grads(o->model);
     a.m = o->m;
@@ -207,7 +239,7 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
 
 /* CPU reference of the fused update; other backends are tested against it. */
 dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
-    int64_t i, n = a->n;
+    int64_t i, n = a->n, b = a->begin;
     float *p = a->param, *g = a->grad, *m = a->m, *v = a->v;
     float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
     (void)ctx;
@@ -216,21 +248,21 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         /* one simple loop per variant, fields in locals: the compiler vectorises each */
         float mom = a->momentum, damp = 1.0f - a->dampening;
         if (!m) {
-            for (i = 0; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
+            for (i = b; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
         } else if (a->first) {
-            for (i = 0; i < n; i++) {
+            for (i = b; i < n; i++) {
                 float d = g[i] * gs + wd * p[i];
                 m[i] = d;
                 p[i] -= lr * (a->nesterov ? d + mom * d : d);
             }
         } else if (a->nesterov) {
-            for (i = 0; i < n; i++) {
+            for (i = b; i < n; i++) {
                 float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
                 m[i] = b;
                 p[i] -= lr * (d + mom * b);
             }
         } else {
-            for (i = 0; i < n; i++) {
+            for (i = b; i < n; i++) {
                 float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
                 m[i] = b;
                 p[i] -= lr * b;
@@ -244,7 +276,7 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         float step_size = lr / bc1, sbc2 = sqrtf(bc2);
         float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
         int adamw = a->kind == DTR_OPT_ADAMW;
-        for (i = 0; i < n; i++) {
+        for (i = b; i < n; i++) {
             float d = g[i] * gs;
             if (adamw) p[i] *= 1.0f - lr * wd;
             else d += wd * p[i];
@@ -261,6 +293,7 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
             float trust;
+            if (a->seg_begin[s] < b || a->seg_end[s] > n) continue;   /* outside the range */
             for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
                 float d = g[i] * gs, mh, vh;
                 m[i] = b1 * m[i] + c1 * d;
@@ -278,5 +311,30 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     }
     default: return DTR_INVALID_ARGUMENT;
     }
+    return DTR_OK;
+}
+
+/* ---- state ---- */
+
+dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out) {
+    size_t bytes;
+    int dev;
+    if (!o || !out) return DTR_NULL_HANDLE;
+    bytes = (size_t)(dtr_model_numel(o->model) ? dtr_model_numel(o->model) : 1) * sizeof(float);
+    dev = !dtr__host_memory(dtr_model_context(o->model));
+    if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
+    if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);
+    if (index == 2) return dtr__state_put(out, "schedule", &o->cfg.schedule, sizeof o->cfg.schedule, 0);
+    if (index == 3 && o->m) return dtr__state_put(out, "m", o->m, bytes, dev);
+    if (index == 4 && o->v) return dtr__state_put(out, "v", o->v, bytes, dev);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
+    if (!o) return DTR_NULL_HANDLE;
+    if (o->steps < 0 || o->micro < 0 || o->micro >= o->cfg.grad_accum_steps)
+        return dtr__fail(dtr_model_context(o->model), DTR_CORRUPT_FILE,
+                         "dtr_optimizer_state_loaded: steps %lld / micro %d do not fit this optimizer", (long long)o->steps,
+                         o->micro);
     return DTR_OK;
 }

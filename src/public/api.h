@@ -339,6 +339,32 @@ DTR_API dtr_result dtr_event_wait(dtr_context *ctx, dtr_event *ev);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: as dtr_event_wait. */
 DTR_API dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done);
 
+/* ---- state: what a full-state checkpoint saves ----
+ * Every stateful object lists its state the same way: entry i of the object (name, pointer,
+ * bytes) through dtr_<object>_state(obj, i, &entry), DTR_NOT_FOUND past the last. A
+ * checkpoint writes every entry of every object; a restore writes the bytes back through the
+ * same pointers, then calls dtr_<object>_state_loaded(obj), which checks them and applies
+ * what derives from them. Objects: context (random stream), model (parameters, gradients),
+ * optimizer (step counters, schedule, moments), loader (cursor), data-parallel engine.
+ * Entries stay valid until the object changes shape or is destroyed. */
+
+/** One piece of an object's state. */
+typedef struct dtr_state_entry {
+    const char *name;   /**< stable within its object ("rng", "params", "m", "cursor", ...) */
+    void *data;         /**< the bytes, writable */
+    size_t bytes;
+    int device;         /**< 1: data is memory of the context's backend (a GPU), not host memory:
+                             copy it with dtr_tensor_read-like transfers of that backend */
+} dtr_state_entry;
+
+/** Entry `index` of the context's state: "rng" (the random stream dropout draws from).
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the
+ *  context's thread. */
+DTR_API dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out);
+/** After writing the context's entries back. @return DTR_OK or DTR_NULL_HANDLE.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_context_state_loaded(dtr_context *ctx);
+
 /* ---- random numbers ---- */
 
 /** A small, fast, seedable generator (PCG32). Deterministic across platforms. */
@@ -495,6 +521,15 @@ DTR_API void dtr_st_close(dtr_st_file *f);
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                                 int count, char *err, size_t errlen);
 
+/** Entry `index` of the model's state: "params" and "grads" (dtr_model_numel floats each,
+ *  the contiguous buffers; device memory on a device backend). Builds the model first.
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE, or the build's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out);
+/** After writing the model's entries back. @return DTR_OK or DTR_NULL_HANDLE.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_state_loaded(dtr_model *m);
+
 /* ---- optimizers ---- */
 
 typedef enum dtr_optimizer_kind {
@@ -555,9 +590,34 @@ DTR_API int64_t dtr_optimizer_steps(const dtr_optimizer *opt);
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
 DTR_API void dtr_optimizer_set_lr(dtr_optimizer *opt, float lr);
-/** The optimizer's state buffers (moments) for checkpointing: `count` buffers of
- *  dtr_model_numel floats each. */
-DTR_API float *dtr_optimizer_state(dtr_optimizer *opt, int index, int *count);
+/** The optimizer's moment buffers: `count` buffers of dtr_model_numel floats each (SGD with
+ *  momentum: 1; the Adam family and LAMB: 2), NULL past the end. For checkpoints, prefer
+ *  dtr_optimizer_state, which lists every piece of the optimizer's state.
+ *  Thread safety: the model's context thread. */
+DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
+/** One update over the range [begin, end) of the parameter buffer (offsets as
+ *  dtr_model_param_offset gives them): what a sharded optimizer (ZeRO) or a parameter-server
+ *  shard runs on its part. Parameters and moments inside the range change exactly as the
+ *  full dtr_optimizer_step would change them (the same bits); outside it nothing changes.
+ *  The step counter, gradient accumulation and the zeroing of all gradients behave as in
+ *  dtr_optimizer_step. LAMB's trust ratio is per parameter, so for LAMB begin and end must
+ *  fall on parameter boundaries; clip_norm needs the norm of the whole gradient, so a range
+ *  that is not the whole buffer is refused when clip_norm is set (clip with a global norm
+ *  first). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (range outside the buffer,
+ *  LAMB boundary, clipping), or the update's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, int64_t end, int *updated);
+
+/** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
+ *  micro-batches since the last update), "schedule" (its dtr_schedule, which
+ *  dtr_optimizer_set_lr changes), then the moments "m" and "v" where the kind has them
+ *  (dtr_model_numel floats each, device memory on a device backend).
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: the model's
+ *  context thread. */
+DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_entry *out);
+/** After writing the optimizer's entries back: checks them.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE (a negative counter, a micro count not
+ *  below grad_accum_steps). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
  *  @param norm_out receives the norm before clipping (may be NULL). */

@@ -441,6 +441,13 @@ DTR_API void dtr_loader_get_cursor(const dtr_loader *l, dtr_loader_cursor *out);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad magic or version, mismatch:
  *          dtr_loader_last_error says which), DTR_OUT_OF_MEMORY. */
 DTR_API dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c);
+/** Entry `index` of the loader's state (api.h, "state"): "cursor", its dtr_loader_cursor as
+ *  dtr_loader_get_cursor gives it now. @return DTR_OK, DTR_NOT_FOUND past the last,
+ *  DTR_NULL_HANDLE. Thread safety: the thread that calls dtr_loader_next. */
+DTR_API dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *out);
+/** After writing the "cursor" entry back: applies it (dtr_loader_set_cursor, with its checks
+ *  and results). Thread safety: the thread that calls dtr_loader_next. */
+DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
 /* ---- streaming dataset (online training) ---- */
 

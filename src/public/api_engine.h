@@ -79,6 +79,14 @@ DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, 
  *  the last synchronised step: shows that communication overlapped backward. */
 DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 
+/** Entry `index` of the engine's state (api.h, "state"): "no_sync" (int). Buckets and
+ *  requests last one step and are not state. @return DTR_OK, DTR_NOT_FOUND past the last,
+ *  DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out);
+/** After writing the entries back: checks them. @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_CORRUPT_FILE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
+
 #ifdef __cplusplus
 }
 #endif
