@@ -500,9 +500,13 @@ DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block 
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
- *  field is validated; a missing parameter, a shape mismatch or a corrupt file gives
- *  DTR_NOT_FOUND / DTR_SHAPE_MISMATCH / DTR_CORRUPT_FILE with the file and tensor named, and
- *  leaves the model's values unchanged. Entries the model does not have are ignored. */
+ *  field of every entry is validated; a missing parameter, a shape mismatch or a corrupt file
+ *  gives DTR_NOT_FOUND / DTR_SHAPE_MISMATCH / DTR_CORRUPT_FILE with the file and tensor named,
+ *  and leaves the model's values unchanged. Entries the model does not ask for are skipped
+ *  whatever their dtype (Hugging Face files carry I64 position_ids, F64 or BOOL buffers); a
+ *  parameter stored as another dtype gives DTR_DTYPE_MISMATCH. DTR_UNSUPPORTED comes only from
+ *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims.
+ *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 
 /* ---- safetensors, low level ---- */
@@ -510,7 +514,11 @@ DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 /** One tensor of a safetensors file. */
 typedef struct dtr_st_entry {
     char name[256];
-    dtr_dtype dtype;
+    dtr_dtype dtype;       /**< meaningful when !foreign */
+    int foreign;           /**< 1: a dtype of the format that dtrain does not hold (I64, F64, BOOL,
+                                I8, I16, U16, U32, U64, F8_E4M3, F8_E5M2): checked like the others,
+                                its bytes are at `data`; dtr_model_load skips it unless asked for it */
+    char dtype_name[12];   /**< the file's dtype ("F32", "I64", ...) */
     int ndim;
     int64_t shape[DTR_MAX_DIMS];
     uint64_t begin, end;   /**< byte offsets inside the data section */
@@ -537,6 +545,15 @@ DTR_API dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks 
                                dtr_st_file *out, char *err, size_t errlen);
 /** Frees what dtr_st_parse / dtr_st_open allocated. */
 DTR_API void dtr_st_close(dtr_st_file *f);
+/** Writes `bytes` bytes to `path` atomically: into a temporary file beside it
+ *  ("<path>.tmp.<pid>.<n>"), synced, renamed over `path`, then the folder synced. Readers see
+ *  the old file or the whole new one; on failure the temporary file is removed and `path`
+ *  is untouched. The writer of weights (dtr_st_write) uses the same code; use it for
+ *  checkpoints, manifests and logs. @return DTR_OK, DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY,
+ *  DTR_IO_ERROR (with the path and the system's reason in err).
+ *  Thread safety: thread safe for distinct paths. */
+DTR_API dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen);
+
 /** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
  *  and rename. `data[i]` holds the elements of entry i in its dtype. */
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
@@ -1912,6 +1929,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #define DTR__ATOMIC_LOAD_RELAXED(p) __atomic_load_n((p), __ATOMIC_RELAXED)
 #define DTR__ATOMIC_STORE_RELAXED(p, v) __atomic_store_n((p), (v), __ATOMIC_RELAXED)
 #define DTR__ATOMIC_DEC(p) __atomic_sub_fetch((p), 1, __ATOMIC_SEQ_CST)
+#define DTR__ATOMIC_INC(p) __atomic_add_fetch((p), 1, __ATOMIC_SEQ_CST)
 /* 1 when *p was *expect and is now v; else 0 and *expect holds *p */
 #define DTR__ATOMIC_CAS(p, expect, v) \
     __atomic_compare_exchange_n((p), (expect), (v), 0, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)
@@ -1919,7 +1937,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 1923 "dtrain.h"
+#line 1941 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2227,6 +2245,19 @@ struct dtr_context {
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
 
+/* ---- the atomic file writer (src/io/atomic.c) ---- */
+
+typedef struct dtr__afile dtr__afile;
+/** Starts writing `path` through a temporary file beside it. */
+dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen);
+/** Buffered write; the first failure is remembered and reported by commit. */
+void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
+/** Syncs, renames over the path, syncs its folder; frees f (also on failure, removing the
+ *  temporary file). */
+dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
+/** Gives up: closes and removes the temporary file; frees f. */
+void dtr__afile_abort(dtr__afile *f);
+
 /* ---- state entries ---- */
 
 /** Fills *out (when index == want) and returns DTR_OK; else returns DTR_NOT_FOUND. The
@@ -2284,7 +2315,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2288 "dtrain.h"
+#line 2319 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2339,7 +2370,7 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
-#line 2343 "dtrain.h"
+#line 2374 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2505,7 +2536,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2509 "dtrain.h"
+#line 2540 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2555,7 +2586,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2559 "dtrain.h"
+#line 2590 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -2907,7 +2938,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 2911 "dtrain.h"
+#line 2942 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3698,7 +3729,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3702 "dtrain.h"
+#line 3733 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4056,7 +4087,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4060 "dtrain.h"
+#line 4091 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4169,7 +4200,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4173 "dtrain.h"
+#line 4204 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4539,7 +4570,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4543 "dtrain.h"
+#line 4574 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4729,7 +4760,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4733 "dtrain.h"
+#line 4764 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5179,7 +5210,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5183 "dtrain.h"
+#line 5214 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5358,7 +5389,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5362 "dtrain.h"
+#line 5393 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5758,7 +5789,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5762 "dtrain.h"
+#line 5793 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6238,7 +6269,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6242 "dtrain.h"
+#line 6273 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6497,7 +6528,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6501 "dtrain.h"
+#line 6532 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6619,7 +6650,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6623 "dtrain.h"
+#line 6654 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -6907,9 +6938,9 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
             if (e->shape[d] != t->shape[d]) goto shape;
-        if (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16) {
-            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be f32, bf16 or f16",
-                          path, m->names[i], dtr_dtype_name(e->dtype));
+        if (e->foreign || (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16)) {
+            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
+                          path, m->names[i], e->dtype_name);
             goto done;
         }
         dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));
@@ -6950,7 +6981,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 6954 "dtrain.h"
+#line 6985 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7119,7 +7150,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7123 "dtrain.h"
+#line 7154 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7463,7 +7494,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7467 "dtrain.h"
+#line 7498 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -7810,7 +7841,192 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 7814 "dtrain.h"
+#line 7845 "dtrain.h"
+
+/* ---- src/io/atomic.c ---- */
+#line 1 "src/io/atomic.c"
+/* ============================================================================
+ * The atomic file writer shared by weights (safetensors), checkpoints and logs: bytes go to
+ * "<path>.tmp.<pid>.<n>" in the same folder through a buffer; commit syncs the file, renames
+ * it over `path` and syncs the folder (POSIX), so a reader sees the old file or the whole new
+ * one, and a crash leaves no half-written `path`. Any failure removes the temporary file.
+ * ==========================================================================*/
+
+
+#include <errno.h>
+#ifdef _WIN32
+#include <io.h>
+#include <process.h>
+#include <windows.h>
+#else
+#include <fcntl.h>
+#include <unistd.h>
+#endif
+
+struct dtr__afile {
+    char *path, *tmp;
+#ifdef _WIN32
+    FILE *fp;
+#else
+    int fd;
+#endif
+    int failed;        /* errno of the first failed write, -1 for a short write, 0: none */
+    size_t used;
+    char buf[8192];
+};
+
+static unsigned dtr__afile_serial;   /* distinguishes temporary files of one process */
+
+dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen) {
+    dtr__afile *f;
+    long pid;
+    *out = NULL;
+    if (!path) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "atomic write: path is NULL");
+    f = (dtr__afile *)dtr__calloc(NULL, sizeof *f);
+    if (f) f->tmp = (char *)dtr__malloc(NULL, strlen(path) + 48);
+    if (f) f->path = (char *)dtr__malloc(NULL, strlen(path) + 1);
+    if (!f || !f->tmp || !f->path) {
+        if (f) { dtr__free(NULL, f->tmp); dtr__free(NULL, f->path); dtr__free(NULL, f); }
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", path);
+    }
+    strcpy(f->path, path);
+#ifdef _WIN32
+    pid = (long)_getpid();
+    sprintf(f->tmp, "%s.tmp.%ld.%u", path, pid, DTR__ATOMIC_INC(&dtr__afile_serial));
+    f->fp = fopen(f->tmp, "wb");
+    if (!f->fp) {
+#else
+    pid = (long)getpid();
+    sprintf(f->tmp, "%s.tmp.%ld.%u", path, pid, DTR__ATOMIC_INC(&dtr__afile_serial));
+    do { f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666); } while (f->fd < 0 && errno == EINTR);
+    if (f->fd < 0) {
+#endif
+        dtr_result r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: cannot create temporary file %s: %s", path, f->tmp,
+                                 strerror(errno));
+        dtr__free(NULL, f->tmp);
+        dtr__free(NULL, f->path);
+        dtr__free(NULL, f);
+        return r;
+    }
+    *out = f;
+    return DTR_OK;
+}
+
+static void dtr__afile_raw(dtr__afile *f, const char *c, size_t n) {
+    while (n > 0 && !f->failed) {
+        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
+#ifdef _WIN32
+        if (fwrite(c, 1, chunk, f->fp) != chunk) { f->failed = errno ? errno : -1; return; }
+#else
+        ssize_t w = write(f->fd, c, chunk);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { f->failed = w < 0 && errno ? errno : -1; return; }
+        chunk = (size_t)w;
+#endif
+        c += chunk;
+        n -= chunk;
+    }
+}
+
+void dtr__afile_write(dtr__afile *f, const void *p, size_t n) {
+    if (f->used + n > sizeof f->buf) {
+        dtr__afile_raw(f, f->buf, f->used);
+        f->used = 0;
+        if (n >= sizeof f->buf) { dtr__afile_raw(f, (const char *)p, n); return; }
+    }
+    memcpy(f->buf + f->used, p, n);
+    f->used += n;
+}
+
+static void dtr__afile_free(dtr__afile *f, int remove_tmp) {
+    if (remove_tmp) remove(f->tmp);
+    dtr__free(NULL, f->tmp);
+    dtr__free(NULL, f->path);
+    dtr__free(NULL, f);
+}
+
+void dtr__afile_abort(dtr__afile *f) {
+    if (!f) return;
+#ifdef _WIN32
+    fclose(f->fp);
+#else
+    close(f->fd);
+#endif
+    dtr__afile_free(f, 1);
+}
+
+/* Syncs and closes the temporary file; 0 or the errno of the failure. */
+static int dtr__afile_close(dtr__afile *f) {
+    int e = 0;
+#ifdef _WIN32
+    if (fflush(f->fp) != 0 || _commit(_fileno(f->fp)) != 0) e = errno;
+    if (fclose(f->fp) != 0 && !e) e = errno;
+#else
+    if (fsync(f->fd) != 0) e = errno;
+    if (close(f->fd) != 0 && !e) e = errno;
+#endif
+    return e;
+}
+
+/* The rename made durable: the folder holding `path` is synced (best effort). */
+static void dtr__afile_sync_dir(const char *path) {
+#ifndef _WIN32
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path) : 0;
+    int dfd;
+    if (dl >= sizeof dir) return;
+    if (slash) { memcpy(dir, path, dl ? dl : 1); dir[dl ? dl : 1] = '\0'; }
+    else strcpy(dir, ".");
+    dfd = open(dir, O_RDONLY);
+    if (dfd >= 0) { (void)fsync(dfd); close(dfd); }
+#else
+    (void)path;
+#endif
+}
+
+dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen) {
+    dtr_result r = DTR_OK;
+    int e;
+    dtr__afile_raw(f, f->buf, f->used);
+    f->used = 0;
+    if (f->failed) {
+        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: write to %s failed: %s", f->path, f->tmp,
+                      f->failed > 0 ? strerror(f->failed) : "short write");
+        dtr__afile_abort(f);
+        return r;
+    }
+    if ((e = dtr__afile_close(f)) != 0) {
+        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: syncing %s failed: %s", f->path, f->tmp, strerror(e));
+        dtr__afile_free(f, 1);
+        return r;
+    }
+#ifdef _WIN32
+    if (!MoveFileExA(f->tmp, f->path, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
+        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: renaming %s into place failed (error %lu)", f->path, f->tmp,
+                      (unsigned long)GetLastError());
+#else
+    if (rename(f->tmp, f->path) != 0) {
+        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: renaming %s into place failed: %s", f->path, f->tmp, strerror(errno));
+#endif
+        dtr__afile_free(f, 1);
+        return r;
+    }
+    dtr__afile_sync_dir(f->path);
+    dtr__afile_free(f, 0);
+    return DTR_OK;
+}
+
+dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen) {
+    dtr__afile *f;
+    dtr_result r;
+    if (err && errlen) err[0] = '\0';
+    if (!data && bytes) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_write_file_atomic: data is NULL");
+    if ((r = dtr__afile_open(&f, path, err, errlen)) != DTR_OK) return r;
+    dtr__afile_write(f, data, bytes);
+    return dtr__afile_commit(f, err, errlen);
+}
+#line 8030 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -7875,6 +8091,17 @@ static int dtr__st_dtype_parse(const char *s, dtr_dtype *out) {
     return 0;
 }
 
+/* Dtypes of the format that dtrain does not hold, with their element sizes. */
+static unsigned dtr__st_foreign_size(const char *s) {
+    static const struct { const char *name; unsigned size; } t[10] = {
+        {"BOOL", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"U32", 4},
+        {"I64", 8}, {"U64", 8}, {"F64", 8}};
+    int i;
+    for (i = 0; i < 10; i++)
+        if (strcmp(s, t[i].name) == 0) return t[i].size;
+    return 0;
+}
+
 static size_t dtr__st_dtype_size(dtr_dtype dt) {
     switch (dt) {
     case DTR_F32: case DTR_I32: return 4;
@@ -7885,8 +8112,8 @@ static size_t dtr__st_dtype_size(dtr_dtype dt) {
 }
 
 /* numel of a shape and its size in bytes, with overflow checks. Returns 0 on overflow. */
-static int dtr__st_nbytes(int ndim, const int64_t *shape, dtr_dtype dt, uint64_t *numel, uint64_t *nbytes) {
-    uint64_t n = 1, es = dtr__st_dtype_size(dt);
+static int dtr__st_nbytes(int ndim, const int64_t *shape, uint64_t es, uint64_t *numel, uint64_t *nbytes) {
+    uint64_t n = 1;
     int i;
     for (i = 0; i < ndim; i++) {
         if (shape[i] == 0) { n = 0; break; }
@@ -7911,7 +8138,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
                                       char *err, size_t errlen) {
     const char *nm = e->name;
     int have_dtype = 0, have_shape = 0, have_offsets = 0;
-    uint64_t numel = 0, nbytes = 0;
+    uint64_t numel = 0, nbytes = 0, es = 0;
     char key[32], dts[24];
     size_t klen, dlen;
 
@@ -7930,10 +8157,15 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
                 have_dtype = 1;
                 if (dtr__json_string(j, dts, sizeof dts, &dlen) != DTR_OK)
                     return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": dtype: %s", src, nm, j->msg);
-                if (dlen >= sizeof dts || strlen(dts) != dlen || !dtr__st_dtype_parse(dts, &e->dtype))
+                if (dlen < sizeof dts && strlen(dts) == dlen && dtr__st_dtype_parse(dts, &e->dtype))
+                    es = dtr__st_dtype_size(e->dtype);
+                else if (dlen < sizeof dts && strlen(dts) == dlen && (es = dtr__st_foreign_size(dts)) != 0)
+                    e->foreign = 1, e->dtype = DTR_U8;
+                else
                     return dtr__errf(err, errlen, DTR_UNSUPPORTED,
-                                     "%s: tensor \"%s\": dtype \"%s%s\" is not supported (dtrain reads F32, BF16, F16, I32, U8)",
-                                     src, nm, dts, dlen >= sizeof dts ? "..." : "");
+                                     "%s: tensor \"%s\": dtype \"%s%s\" is not a safetensors dtype", src, nm, dts,
+                                     dlen >= sizeof dts ? "..." : "");
+                snprintf(e->dtype_name, sizeof e->dtype_name, "%s", dts);
             } else if (klen < sizeof key && strlen(key) == klen && strcmp(key, "shape") == 0) {
                 if (have_shape)
                     return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": duplicate field \"shape\"", src, nm);
@@ -7987,7 +8219,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": missing field \"%s\"", src, nm,
                          !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
 
-    if (!dtr__st_nbytes(e->ndim, e->shape, e->dtype, &numel, &nbytes))
+    if (!dtr__st_nbytes(e->ndim, e->shape, es, &numel, &nbytes))
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": shape x dtype size overflows 64 bits", src, nm);
     if (e->begin > e->end)
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": data_offsets [%llu, %llu]: begin is after end",
@@ -7996,7 +8228,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE,
                          "%s: tensor \"%s\": size mismatch: data_offsets [%llu, %llu] hold %llu bytes but %s x %llu elements need %llu",
                          src, nm, (unsigned long long)e->begin, (unsigned long long)e->end,
-                         (unsigned long long)(e->end - e->begin), dtr__st_dtype_str(e->dtype),
+                         (unsigned long long)(e->end - e->begin), e->dtype_name,
                          (unsigned long long)numel, (unsigned long long)nbytes);
     if (e->end > data_size)
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE,
@@ -8173,8 +8405,9 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
 
 /** Parses and validates a safetensors image in memory; see api.h. The entries point into
  *  `bytes`; out->bytes stays NULL (the caller owns the image) and out->size is `size`.
- *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE, DTR_UNSUPPORTED (a dtype other than
- *  F32/BF16/F16/I32/U8, more than DTR_MAX_DIMS dims), DTR_OUT_OF_MEMORY. On failure `out` is
+ *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE, DTR_UNSUPPORTED (a dtype name that is
+ *  not one of the format's, more than DTR_MAX_DIMS dims), DTR_OUT_OF_MEMORY. Entries of the
+ *  format's other dtypes (I64, F64, BOOL, ...) are kept with `foreign` set. On failure `out` is
  *  left empty (safe to pass to dtr_st_close). Thread safe for distinct `out`. */
 dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                         dtr_st_file *out, char *err, size_t errlen) {
@@ -8275,55 +8508,16 @@ void dtr_st_close(dtr_st_file *f) {
 /* ---- writing ---- */
 
 /* A buffered sink that either counts bytes (to size the header) or writes them. */
+/* Where the writer's bytes go: counted only (sizing the header), or to the atomic file. */
 typedef struct dtr__st_sink {
     int counting;
     uint64_t total;
-#ifdef _WIN32
-    FILE *fp;
-#else
-    int fd;
-#endif
-    int failed;        /* errno of the first failed write, or -1 */
-    size_t used;
-    char buf[8192];
+    dtr__afile *f;
 } dtr__st_sink;
-
-static void dtr__st_sink_raw(dtr__st_sink *s, const void *p, size_t n) {
-    const char *c = (const char *)p;
-    while (n > 0 && !s->failed) {
-        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-#ifdef _WIN32
-        size_t w = fwrite(c, 1, chunk, s->fp);
-        if (w != chunk) { s->failed = errno ? errno : -1; return; }
-#else
-        ssize_t w = write(s->fd, c, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            s->failed = errno ? errno : -1;
-            return;
-        }
-        if (w == 0) { s->failed = -1; return; }
-        chunk = (size_t)w;
-#endif
-        c += chunk;
-        n -= chunk;
-    }
-}
-
-static void dtr__st_sink_flush(dtr__st_sink *s) {
-    if (s->used && !s->counting) dtr__st_sink_raw(s, s->buf, s->used);
-    s->used = 0;
-}
 
 static void dtr__st_put(dtr__st_sink *s, const void *p, size_t n) {
     s->total += n;
-    if (s->counting || n == 0) return;
-    if (n > sizeof s->buf - s->used) {
-        dtr__st_sink_flush(s);
-        if (n > sizeof s->buf) { dtr__st_sink_raw(s, p, n); return; }
-    }
-    memcpy(s->buf + s->used, p, n);
-    s->used += n;
+    if (!s->counting && n) dtr__afile_write(s->f, p, n);
 }
 
 static void dtr__st_puts(dtr__st_sink *s, const char *str) { dtr__st_put(s, str, strlen(str)); }
@@ -8395,7 +8589,7 @@ static dtr_result dtr__st_check_write(const char *path, const dtr_st_entry *entr
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: entry %d: name is not NUL-terminated within 256 bytes", path, i);
         if (strcmp(e->name, "__metadata__") == 0)
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: entry %d: \"__metadata__\" is reserved", path, i);
-        if (!dtr__st_dtype_str(e->dtype))
+        if (e->foreign || !dtr__st_dtype_str(e->dtype))
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": unknown dtype %d", path, e->name, (int)e->dtype);
         if (e->ndim < 0 || e->ndim > DTR_MAX_DIMS)
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": ndim %d is outside 0..%d",
@@ -8405,7 +8599,7 @@ static dtr_result dtr__st_check_write(const char *path, const dtr_st_entry *entr
                 return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": shape[%d] = %lld is negative",
                                  path, e->name, k, (long long)e->shape[k]);
         }
-        if (!dtr__st_nbytes(e->ndim, e->shape, e->dtype, &numel, &nbytes_out[i]))
+        if (!dtr__st_nbytes(e->ndim, e->shape, dtr__st_dtype_size(e->dtype), &numel, &nbytes_out[i]))
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": size overflows", path, e->name);
         if (nbytes_out[i] && !data[i])
             return dtr__errf(err, errlen, DTR_NULL_HANDLE, "%s: tensor \"%s\": data is NULL", path, e->name);
@@ -8422,21 +8616,19 @@ static dtr_result dtr__st_check_write(const char *path, const dtr_st_entry *entr
  *  contiguous data offsets (the begin/end and data fields of `entries` are ignored; the
  *  bytes come from data[i], stored as they are in the entry's dtype). The header is compact
  *  JSON padded with spaces to a multiple of 8 bytes, so tensor data is 8-byte aligned in
- *  the file. The file is written to "<path>.tmp.<pid>", synced and renamed over `path`;
- *  on failure the temporary file is removed and `path` is untouched.
+ *  the file. The file is written atomically (dtr_write_file_atomic's temporary file, sync
+ *  and rename): on failure the temporary file is removed and `path` is untouched.
  *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad name, dtype, shape, duplicate
  *  names), DTR_OUT_OF_MEMORY, DTR_IO_ERROR (with the path and the system's reason).
  *  Thread safe for distinct paths. Allocates with the C library (the API has no callbacks). */
 dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                         int count, char *err, size_t errlen) {
-    dtr__st_sink *s = NULL;
+    dtr__st_sink s;
     uint64_t *nbytes = NULL, hlen, pad, total = 0;
-    char *tmp = NULL;
     unsigned char len8[8];
     static const char spaces[8] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     dtr_result r = DTR_OK;
-    int i, opened = 0, created = 0;
-    long pid;
+    int i;
 
     if (err && errlen) err[0] = '\0';
     if (!path) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_st_write: path is NULL");
@@ -8445,9 +8637,7 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
         return dtr__errf(err, errlen, DTR_NULL_HANDLE, "%s: entries or data is NULL", path);
 
     nbytes = (uint64_t *)dtr__calloc(NULL, (size_t)(count ? count : 1) * sizeof *nbytes);
-    s = (dtr__st_sink *)dtr__calloc(NULL, sizeof *s);
-    tmp = (char *)dtr__malloc(NULL, strlen(path) + 32);
-    if (!nbytes || !s || !tmp) { r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", path); goto done; }
+    if (!nbytes) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", path);
     if ((r = dtr__st_check_write(path, entries, data, count, nbytes, err, errlen)) != DTR_OK) goto done;
     for (i = 0; i < count; i++) {
         if (total > (uint64_t)INT64_MAX - nbytes[i]) {
@@ -8458,113 +8648,26 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
     }
 
     /* size the header, then pad it with spaces to a multiple of 8 */
-    s->counting = 1;
-    dtr__st_put_header(s, entries, nbytes, count);
-    hlen = s->total;
+    memset(&s, 0, sizeof s);
+    s.counting = 1;
+    dtr__st_put_header(&s, entries, nbytes, count);
+    hlen = s.total;
     pad = (8 - hlen % 8) % 8;
     hlen += pad;
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)(hlen >> (8 * i));
 
-#ifdef _WIN32
-    pid = (long)_getpid();
-#else
-    pid = (long)getpid();
-#endif
-    sprintf(tmp, "%s.tmp.%ld", path, pid);
-#ifdef _WIN32
-    s->fp = fopen(tmp, "wb");
-    opened = s->fp != NULL;
-#else
-    do { s->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666); } while (s->fd < 0 && errno == EINTR);
-    opened = s->fd >= 0;
-#endif
-    if (!opened) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    created = 1;
-    s->counting = 0;
-    s->total = 0;
-    dtr__st_put(s, len8, 8);
-    dtr__st_put_header(s, entries, nbytes, count);
-    dtr__st_put(s, spaces, (size_t)pad);
-    for (i = 0; i < count; i++) dtr__st_put(s, data[i], (size_t)nbytes[i]);
-    dtr__st_sink_flush(s);
-    if (s->failed) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: write to %s failed: %s", path, tmp,
-                      s->failed > 0 ? strerror(s->failed) : "short write");
-        goto done;
-    }
-#ifdef _WIN32
-    if (fflush(s->fp) != 0 || _commit(_fileno(s->fp)) != 0) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: flushing %s failed: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    {
-        int rc = fclose(s->fp);
-        s->fp = NULL;
-        opened = 0;
-        if (rc != 0) {
-            r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: closing %s failed: %s", path, tmp, strerror(errno));
-            goto done;
-        }
-    }
-    if (!MoveFileExA(tmp, path, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: renaming %s into place failed (error %lu)", path, tmp,
-                      (unsigned long)GetLastError());
-        goto done;
-    }
-    created = 0;
-#else
-    if (fsync(s->fd) != 0) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: fsync of %s failed: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    {
-        int rc = close(s->fd);
-        opened = 0;
-        if (rc != 0) {
-            r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: closing %s failed: %s", path, tmp, strerror(errno));
-            goto done;
-        }
-    }
-    if (rename(tmp, path) != 0) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: renaming %s into place failed: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    created = 0;
-    {   /* make the rename durable: sync the directory (best effort) */
-        const char *slash = strrchr(path, '/');
-        int dfd;
-        if (slash) {
-            size_t dl = (size_t)(slash - path);
-            memcpy(tmp, path, dl ? dl : 1);
-            tmp[dl ? dl : 1] = '\0';
-        } else {
-            strcpy(tmp, ".");
-        }
-        dfd = open(tmp, O_RDONLY);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-    }
-#endif
+    if ((r = dtr__afile_open(&s.f, path, err, errlen)) != DTR_OK) goto done;
+    s.counting = 0;
+    dtr__st_put(&s, len8, 8);
+    dtr__st_put_header(&s, entries, nbytes, count);
+    dtr__st_put(&s, spaces, (size_t)pad);
+    for (i = 0; i < count; i++) dtr__st_put(&s, data[i], (size_t)nbytes[i]);
+    r = dtr__afile_commit(s.f, err, errlen);
 done:
-    if (opened) {
-#ifdef _WIN32
-        fclose(s->fp);
-#else
-        close(s->fd);
-#endif
-    }
-    if (created) remove(tmp);
     dtr__free(NULL, nbytes);
-    dtr__free(NULL, s);
-    dtr__free(NULL, tmp);
     return r;
 }
-#line 8568 "dtrain.h"
+#line 8671 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9017,7 +9120,7 @@ void dtr_mnist_free(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9021 "dtrain.h"
+#line 9124 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9073,7 +9176,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9077 "dtrain.h"
+#line 9180 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -9850,7 +9953,7 @@ fail:
     dtr_dataset_close(ds);
     return r;
 }
-#line 9854 "dtrain.h"
+#line 9957 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10431,7 +10534,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10435 "dtrain.h"
+#line 10538 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11062,7 +11165,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11066 "dtrain.h"
+#line 11169 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -11800,7 +11903,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 11804 "dtrain.h"
+#line 11907 "dtrain.h"
 
 /* ---- src/data/stream.c ---- */
 #line 1 "src/data/stream.c"
@@ -12067,7 +12170,7 @@ void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12071 "dtrain.h"
+#line 12174 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12257,7 +12360,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12261 "dtrain.h"
+#line 12364 "dtrain.h"
 
 /* ---- src/comm/rendezvous.c ---- */
 #line 1 "src/comm/rendezvous.c"
@@ -14288,7 +14391,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14292 "dtrain.h"
+#line 14395 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15326,7 +15429,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15330 "dtrain.h"
+#line 15433 "dtrain.h"
 
 /* ---- src/comm/local.c ---- */
 #line 1 "src/comm/local.c"
@@ -15867,7 +15970,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 15871 "dtrain.h"
+#line 15974 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16309,7 +16412,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16313 "dtrain.h"
+#line 16416 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16546,7 +16649,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16550 "dtrain.h"
+#line 16653 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

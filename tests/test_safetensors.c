@@ -318,10 +318,57 @@ static void test_missing_and_unknown_fields(void) {
     BAD("{\"w\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4,8]}}", 4, DTR_CORRUPT_FILE, "data_offsets must be [begin, end]");
 }
 
+/* Dtypes of the format that dtrain does not hold parse as `foreign` entries, sizes checked;
+ * names outside the format are refused. */
 static void test_unknown_dtype(void) {
-    BAD("{\"w\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, DTR_UNSUPPORTED, "tensor \"w\": dtype \"F64\"");
-    BAD("{\"ids\":{\"dtype\":\"I64\",\"shape\":[1],\"data_offsets\":[0,8]}}", 8, DTR_UNSUPPORTED, "\"ids\": dtype \"I64\" is not supported");
-    BAD("{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, DTR_UNSUPPORTED, "dtype \"f32\"");
+    dtr_st_file f;
+    char err[256];
+    size_t n = make_img("{\"w\":{\"dtype\":\"F64\",\"shape\":[1],\"data_offsets\":[0,8]},"
+                        "\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[8,24]},"
+                        "\"m\":{\"dtype\":\"BOOL\",\"shape\":[3],\"data_offsets\":[24,27]}}", 27);
+    CHECK_OK(NULL, dtr_st_parse(img, n, NULL, &f, err, sizeof err));
+    CHECK_EQ_INT(f.count, 3);
+    if (f.count == 3) {
+        CHECK(f.entries[0].foreign && strcmp(f.entries[0].dtype_name, "F64") == 0);
+        CHECK(f.entries[1].foreign && strcmp(f.entries[1].dtype_name, "I64") == 0 && f.entries[1].end - f.entries[1].begin == 16);
+        CHECK(f.entries[2].foreign && strcmp(f.entries[2].dtype_name, "BOOL") == 0);
+    }
+    dtr_st_close(&f);
+    BAD("{\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, DTR_CORRUPT_FILE, "I64 x 2 elements need 16");
+    BAD("{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, DTR_UNSUPPORTED, "dtype \"f32\" is not a safetensors dtype");
+    BAD("{\"w\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, DTR_UNSUPPORTED, "dtype \"Q7\"");
+}
+
+/* dtr_model_load skips entries it does not ask for whatever their dtype (Hugging Face files
+ * carry I64 position_ids), and refuses a parameter stored as such a dtype. */
+static void test_model_load_skips_foreign(void) {
+    static const char hdr[] = "{\"position_ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,16]},"
+                              "\"w\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]},"
+                              "\"flag\":{\"dtype\":\"BOOL\",\"shape\":[1],\"data_offsets\":[24,25]}}";
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    int64_t two = 2;
+    char path[512];
+    float w[2] = {1.5f, -2.0f};
+    size_t n = make_img(hdr, 25);
+    FILE *fp;
+    memcpy(img + 8 + strlen(hdr) + 16, w, sizeof w);
+    tmp_path("foreign.safetensors", path, sizeof path);
+    fp = fopen(path, "wb");
+    CHECK(fp && fwrite(img, 1, n, fp) == n);
+    if (fp) fclose(fp);
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    dtr_model_param(m, "w", 1, &two, DTR_INIT_ZEROS, 0.0f);
+    CHECK_OK(ctx, dtr_model_load(m, path));
+    CHECK(dtr_model_params(m)[0] == 1.5f && dtr_model_params(m)[1] == -2.0f);
+    dtr_model_destroy(m);
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    dtr_model_param(m, "position_ids", 1, &two, DTR_INIT_ZEROS, 0.0f);
+    CHECK_EQ_INT(dtr_model_load(m, path), DTR_DTYPE_MISMATCH);
+    CHECK(strstr(dtr_context_last_error(ctx), "'position_ids' is I64") != NULL);
+    dtr_model_destroy(m);
+    remove(path);
+    dtr_context_destroy(ctx);
 }
 
 static void test_bad_shapes(void) {
@@ -501,6 +548,7 @@ int main(void) {
     RUN(test_deep_nesting);
     RUN(test_missing_and_unknown_fields);
     RUN(test_unknown_dtype);
+    RUN(test_model_load_skips_foreign);
     RUN(test_bad_shapes);
     RUN(test_bad_offsets);
     RUN(test_names);

@@ -7,7 +7,9 @@
  *   test_step_range          ZeRO-style: each of two shards updates its half with
  *                            dtr_optimizer_step_range; together they equal one full step, bit
  *                            for bit (SGD momentum, Nesterov, Adam, AdamW; LAMB on a parameter
- *                            boundary); LAMB inside a parameter and clipping are refused */
+ *                            boundary); LAMB inside a parameter and clipping are refused
+ *   test_atomic_write        dtr_write_file_atomic replaces a file whole, and a failure leaves
+ *                            the old file and no temporary file */
 #include "test.h"
 
 #define N_SAMPLES 96
@@ -240,10 +242,29 @@ static void test_step_range(void) {
     rig_close(&g);
 }
 
+static void test_atomic_write(void) {
+    char path[256], err[256], buf[64];
+    const char *tmpdir = getenv("TMPDIR");
+    FILE *fp;
+    size_t n;
+    snprintf(path, sizeof path, "%s/dtr_state_atomic_%d.bin", tmpdir && *tmpdir ? tmpdir : "/tmp", (int)N_SAMPLES);
+    CHECK_OK(NULL, dtr_write_file_atomic(path, "first version", 13, err, sizeof err));
+    CHECK_OK(NULL, dtr_write_file_atomic(path, "second", 6, err, sizeof err));
+    fp = fopen(path, "rb");
+    n = fp ? fread(buf, 1, sizeof buf, fp) : 0;
+    if (fp) fclose(fp);
+    CHECK(n == 6 && memcmp(buf, "second", 6) == 0);
+    CHECK_EQ_INT(dtr_write_file_atomic("/nonexistent-dir/x/y.bin", "z", 1, err, sizeof err), DTR_IO_ERROR);
+    CHECK(strstr(err, "/nonexistent-dir/x/y.bin") != NULL);
+    CHECK_EQ_INT(dtr_write_file_atomic(path, NULL, 3, err, sizeof err), DTR_NULL_HANDLE);
+    remove(path);
+}
+
 int main(void) {
     dtr_context_destroy(test_ctx(1));   /* the harness's context helper works here too */
     RUN(test_full_state_resume);
     RUN(test_state_errors);
     RUN(test_step_range);
+    RUN(test_atomic_write);
     return test_summary();
 }

@@ -302,6 +302,19 @@ struct dtr_context {
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
 
+/* ---- the atomic file writer (src/io/atomic.c) ---- */
+
+typedef struct dtr__afile dtr__afile;
+/** Starts writing `path` through a temporary file beside it. */
+dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen);
+/** Buffered write; the first failure is remembered and reported by commit. */
+void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
+/** Syncs, renames over the path, syncs its folder; frees f (also on failure, removing the
+ *  temporary file). */
+dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
+/** Gives up: closes and removes the temporary file; frees f. */
+void dtr__afile_abort(dtr__afile *f);
+
 /* ---- state entries ---- */
 
 /** Fills *out (when index == want) and returns DTR_OK; else returns DTR_NOT_FOUND. The

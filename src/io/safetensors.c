@@ -59,6 +59,17 @@ static int dtr__st_dtype_parse(const char *s, dtr_dtype *out) {
     return 0;
 }
 
+/* Dtypes of the format that dtrain does not hold, with their element sizes. */
+static unsigned dtr__st_foreign_size(const char *s) {
+    static const struct { const char *name; unsigned size; } t[10] = {
+        {"BOOL", 1}, {"I8", 1}, {"F8_E4M3", 1}, {"F8_E5M2", 1}, {"I16", 2}, {"U16", 2}, {"U32", 4},
+        {"I64", 8}, {"U64", 8}, {"F64", 8}};
+    int i;
+    for (i = 0; i < 10; i++)
+        if (strcmp(s, t[i].name) == 0) return t[i].size;
+    return 0;
+}
+
 static size_t dtr__st_dtype_size(dtr_dtype dt) {
     switch (dt) {
     case DTR_F32: case DTR_I32: return 4;
@@ -69,8 +80,8 @@ static size_t dtr__st_dtype_size(dtr_dtype dt) {
 }
 
 /* numel of a shape and its size in bytes, with overflow checks. Returns 0 on overflow. */
-static int dtr__st_nbytes(int ndim, const int64_t *shape, dtr_dtype dt, uint64_t *numel, uint64_t *nbytes) {
-    uint64_t n = 1, es = dtr__st_dtype_size(dt);
+static int dtr__st_nbytes(int ndim, const int64_t *shape, uint64_t es, uint64_t *numel, uint64_t *nbytes) {
+    uint64_t n = 1;
     int i;
     for (i = 0; i < ndim; i++) {
         if (shape[i] == 0) { n = 0; break; }
@@ -95,7 +106,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
                                       char *err, size_t errlen) {
     const char *nm = e->name;
     int have_dtype = 0, have_shape = 0, have_offsets = 0;
-    uint64_t numel = 0, nbytes = 0;
+    uint64_t numel = 0, nbytes = 0, es = 0;
     char key[32], dts[24];
     size_t klen, dlen;
 
@@ -114,10 +125,15 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
                 have_dtype = 1;
                 if (dtr__json_string(j, dts, sizeof dts, &dlen) != DTR_OK)
                     return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": dtype: %s", src, nm, j->msg);
-                if (dlen >= sizeof dts || strlen(dts) != dlen || !dtr__st_dtype_parse(dts, &e->dtype))
+                if (dlen < sizeof dts && strlen(dts) == dlen && dtr__st_dtype_parse(dts, &e->dtype))
+                    es = dtr__st_dtype_size(e->dtype);
+                else if (dlen < sizeof dts && strlen(dts) == dlen && (es = dtr__st_foreign_size(dts)) != 0)
+                    e->foreign = 1, e->dtype = DTR_U8;
+                else
                     return dtr__errf(err, errlen, DTR_UNSUPPORTED,
-                                     "%s: tensor \"%s\": dtype \"%s%s\" is not supported (dtrain reads F32, BF16, F16, I32, U8)",
-                                     src, nm, dts, dlen >= sizeof dts ? "..." : "");
+                                     "%s: tensor \"%s\": dtype \"%s%s\" is not a safetensors dtype", src, nm, dts,
+                                     dlen >= sizeof dts ? "..." : "");
+                snprintf(e->dtype_name, sizeof e->dtype_name, "%s", dts);
             } else if (klen < sizeof key && strlen(key) == klen && strcmp(key, "shape") == 0) {
                 if (have_shape)
                     return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": duplicate field \"shape\"", src, nm);
@@ -171,7 +187,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": missing field \"%s\"", src, nm,
                          !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
 
-    if (!dtr__st_nbytes(e->ndim, e->shape, e->dtype, &numel, &nbytes))
+    if (!dtr__st_nbytes(e->ndim, e->shape, es, &numel, &nbytes))
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": shape x dtype size overflows 64 bits", src, nm);
     if (e->begin > e->end)
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": data_offsets [%llu, %llu]: begin is after end",
@@ -180,7 +196,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE,
                          "%s: tensor \"%s\": size mismatch: data_offsets [%llu, %llu] hold %llu bytes but %s x %llu elements need %llu",
                          src, nm, (unsigned long long)e->begin, (unsigned long long)e->end,
-                         (unsigned long long)(e->end - e->begin), dtr__st_dtype_str(e->dtype),
+                         (unsigned long long)(e->end - e->begin), e->dtype_name,
                          (unsigned long long)numel, (unsigned long long)nbytes);
     if (e->end > data_size)
         return dtr__errf(err, errlen, DTR_CORRUPT_FILE,
@@ -357,8 +373,9 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
 
 /** Parses and validates a safetensors image in memory; see api.h. The entries point into
  *  `bytes`; out->bytes stays NULL (the caller owns the image) and out->size is `size`.
- *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE, DTR_UNSUPPORTED (a dtype other than
- *  F32/BF16/F16/I32/U8, more than DTR_MAX_DIMS dims), DTR_OUT_OF_MEMORY. On failure `out` is
+ *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE, DTR_UNSUPPORTED (a dtype name that is
+ *  not one of the format's, more than DTR_MAX_DIMS dims), DTR_OUT_OF_MEMORY. Entries of the
+ *  format's other dtypes (I64, F64, BOOL, ...) are kept with `foreign` set. On failure `out` is
  *  left empty (safe to pass to dtr_st_close). Thread safe for distinct `out`. */
 dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                         dtr_st_file *out, char *err, size_t errlen) {
@@ -459,55 +476,16 @@ void dtr_st_close(dtr_st_file *f) {
 /* ---- writing ---- */
 
 /* A buffered sink that either counts bytes (to size the header) or writes them. */
+/* Where the writer's bytes go: counted only (sizing the header), or to the atomic file. */
 typedef struct dtr__st_sink {
     int counting;
     uint64_t total;
-#ifdef _WIN32
-    FILE *fp;
-#else
-    int fd;
-#endif
-    int failed;        /* errno of the first failed write, or -1 */
-    size_t used;
-    char buf[8192];
+    dtr__afile *f;
 } dtr__st_sink;
-
-static void dtr__st_sink_raw(dtr__st_sink *s, const void *p, size_t n) {
-    const char *c = (const char *)p;
-    while (n > 0 && !s->failed) {
-        size_t chunk = n < ((size_t)1 << 30) ? n : ((size_t)1 << 30);
-#ifdef _WIN32
-        size_t w = fwrite(c, 1, chunk, s->fp);
-        if (w != chunk) { s->failed = errno ? errno : -1; return; }
-#else
-        ssize_t w = write(s->fd, c, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            s->failed = errno ? errno : -1;
-            return;
-        }
-        if (w == 0) { s->failed = -1; return; }
-        chunk = (size_t)w;
-#endif
-        c += chunk;
-        n -= chunk;
-    }
-}
-
-static void dtr__st_sink_flush(dtr__st_sink *s) {
-    if (s->used && !s->counting) dtr__st_sink_raw(s, s->buf, s->used);
-    s->used = 0;
-}
 
 static void dtr__st_put(dtr__st_sink *s, const void *p, size_t n) {
     s->total += n;
-    if (s->counting || n == 0) return;
-    if (n > sizeof s->buf - s->used) {
-        dtr__st_sink_flush(s);
-        if (n > sizeof s->buf) { dtr__st_sink_raw(s, p, n); return; }
-    }
-    memcpy(s->buf + s->used, p, n);
-    s->used += n;
+    if (!s->counting && n) dtr__afile_write(s->f, p, n);
 }
 
 static void dtr__st_puts(dtr__st_sink *s, const char *str) { dtr__st_put(s, str, strlen(str)); }
@@ -579,7 +557,7 @@ static dtr_result dtr__st_check_write(const char *path, const dtr_st_entry *entr
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: entry %d: name is not NUL-terminated within 256 bytes", path, i);
         if (strcmp(e->name, "__metadata__") == 0)
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: entry %d: \"__metadata__\" is reserved", path, i);
-        if (!dtr__st_dtype_str(e->dtype))
+        if (e->foreign || !dtr__st_dtype_str(e->dtype))
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": unknown dtype %d", path, e->name, (int)e->dtype);
         if (e->ndim < 0 || e->ndim > DTR_MAX_DIMS)
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": ndim %d is outside 0..%d",
@@ -589,7 +567,7 @@ static dtr_result dtr__st_check_write(const char *path, const dtr_st_entry *entr
                 return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": shape[%d] = %lld is negative",
                                  path, e->name, k, (long long)e->shape[k]);
         }
-        if (!dtr__st_nbytes(e->ndim, e->shape, e->dtype, &numel, &nbytes_out[i]))
+        if (!dtr__st_nbytes(e->ndim, e->shape, dtr__st_dtype_size(e->dtype), &numel, &nbytes_out[i]))
             return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: tensor \"%s\": size overflows", path, e->name);
         if (nbytes_out[i] && !data[i])
             return dtr__errf(err, errlen, DTR_NULL_HANDLE, "%s: tensor \"%s\": data is NULL", path, e->name);
@@ -606,21 +584,19 @@ static dtr_result dtr__st_check_write(const char *path, const dtr_st_entry *entr
  *  contiguous data offsets (the begin/end and data fields of `entries` are ignored; the
  *  bytes come from data[i], stored as they are in the entry's dtype). The header is compact
  *  JSON padded with spaces to a multiple of 8 bytes, so tensor data is 8-byte aligned in
- *  the file. The file is written to "<path>.tmp.<pid>", synced and renamed over `path`;
- *  on failure the temporary file is removed and `path` is untouched.
+ *  the file. The file is written atomically (dtr_write_file_atomic's temporary file, sync
+ *  and rename): on failure the temporary file is removed and `path` is untouched.
  *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad name, dtype, shape, duplicate
  *  names), DTR_OUT_OF_MEMORY, DTR_IO_ERROR (with the path and the system's reason).
  *  Thread safe for distinct paths. Allocates with the C library (the API has no callbacks). */
 dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                         int count, char *err, size_t errlen) {
-    dtr__st_sink *s = NULL;
+    dtr__st_sink s;
     uint64_t *nbytes = NULL, hlen, pad, total = 0;
-    char *tmp = NULL;
     unsigned char len8[8];
     static const char spaces[8] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     dtr_result r = DTR_OK;
-    int i, opened = 0, created = 0;
-    long pid;
+    int i;
 
     if (err && errlen) err[0] = '\0';
     if (!path) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_st_write: path is NULL");
@@ -629,9 +605,7 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
         return dtr__errf(err, errlen, DTR_NULL_HANDLE, "%s: entries or data is NULL", path);
 
     nbytes = (uint64_t *)dtr__calloc(NULL, (size_t)(count ? count : 1) * sizeof *nbytes);
-    s = (dtr__st_sink *)dtr__calloc(NULL, sizeof *s);
-    tmp = (char *)dtr__malloc(NULL, strlen(path) + 32);
-    if (!nbytes || !s || !tmp) { r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", path); goto done; }
+    if (!nbytes) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", path);
     if ((r = dtr__st_check_write(path, entries, data, count, nbytes, err, errlen)) != DTR_OK) goto done;
     for (i = 0; i < count; i++) {
         if (total > (uint64_t)INT64_MAX - nbytes[i]) {
@@ -642,109 +616,22 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
     }
 
     /* size the header, then pad it with spaces to a multiple of 8 */
-    s->counting = 1;
-    dtr__st_put_header(s, entries, nbytes, count);
-    hlen = s->total;
+    memset(&s, 0, sizeof s);
+    s.counting = 1;
+    dtr__st_put_header(&s, entries, nbytes, count);
+    hlen = s.total;
     pad = (8 - hlen % 8) % 8;
     hlen += pad;
     for (i = 0; i < 8; i++) len8[i] = (unsigned char)(hlen >> (8 * i));
 
-#ifdef _WIN32
-    pid = (long)_getpid();
-#else
-    pid = (long)getpid();
-#endif
-    sprintf(tmp, "%s.tmp.%ld", path, pid);
-#ifdef _WIN32
-    s->fp = fopen(tmp, "wb");
-    opened = s->fp != NULL;
-#else
-    do { s->fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666); } while (s->fd < 0 && errno == EINTR);
-    opened = s->fd >= 0;
-#endif
-    if (!opened) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: cannot create temporary file %s: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    created = 1;
-    s->counting = 0;
-    s->total = 0;
-    dtr__st_put(s, len8, 8);
-    dtr__st_put_header(s, entries, nbytes, count);
-    dtr__st_put(s, spaces, (size_t)pad);
-    for (i = 0; i < count; i++) dtr__st_put(s, data[i], (size_t)nbytes[i]);
-    dtr__st_sink_flush(s);
-    if (s->failed) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: write to %s failed: %s", path, tmp,
-                      s->failed > 0 ? strerror(s->failed) : "short write");
-        goto done;
-    }
-#ifdef _WIN32
-    if (fflush(s->fp) != 0 || _commit(_fileno(s->fp)) != 0) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: flushing %s failed: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    {
-        int rc = fclose(s->fp);
-        s->fp = NULL;
-        opened = 0;
-        if (rc != 0) {
-            r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: closing %s failed: %s", path, tmp, strerror(errno));
-            goto done;
-        }
-    }
-    if (!MoveFileExA(tmp, path, MOVEFILE_REPLACE_EXISTING | MOVEFILE_WRITE_THROUGH)) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: renaming %s into place failed (error %lu)", path, tmp,
-                      (unsigned long)GetLastError());
-        goto done;
-    }
-    created = 0;
-#else
-    if (fsync(s->fd) != 0) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: fsync of %s failed: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    {
-        int rc = close(s->fd);
-        opened = 0;
-        if (rc != 0) {
-            r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: closing %s failed: %s", path, tmp, strerror(errno));
-            goto done;
-        }
-    }
-    if (rename(tmp, path) != 0) {
-        r = dtr__errf(err, errlen, DTR_IO_ERROR, "%s: renaming %s into place failed: %s", path, tmp, strerror(errno));
-        goto done;
-    }
-    created = 0;
-    {   /* make the rename durable: sync the directory (best effort) */
-        const char *slash = strrchr(path, '/');
-        int dfd;
-        if (slash) {
-            size_t dl = (size_t)(slash - path);
-            memcpy(tmp, path, dl ? dl : 1);
-            tmp[dl ? dl : 1] = '\0';
-        } else {
-            strcpy(tmp, ".");
-        }
-        dfd = open(tmp, O_RDONLY);
-        if (dfd >= 0) {
-            (void)fsync(dfd);
-            close(dfd);
-        }
-    }
-#endif
+    if ((r = dtr__afile_open(&s.f, path, err, errlen)) != DTR_OK) goto done;
+    s.counting = 0;
+    dtr__st_put(&s, len8, 8);
+    dtr__st_put_header(&s, entries, nbytes, count);
+    dtr__st_put(&s, spaces, (size_t)pad);
+    for (i = 0; i < count; i++) dtr__st_put(&s, data[i], (size_t)nbytes[i]);
+    r = dtr__afile_commit(s.f, err, errlen);
 done:
-    if (opened) {
-#ifdef _WIN32
-        fclose(s->fp);
-#else
-        close(s->fd);
-#endif
-    }
-    if (created) remove(tmp);
     dtr__free(NULL, nbytes);
-    dtr__free(NULL, s);
-    dtr__free(NULL, tmp);
     return r;
 }

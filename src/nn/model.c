@@ -282,9 +282,9 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
             if (e->shape[d] != t->shape[d]) goto shape;
-        if (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16) {
-            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be f32, bf16 or f16",
-                          path, m->names[i], dtr_dtype_name(e->dtype));
+        if (e->foreign || (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16)) {
+            r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
+                          path, m->names[i], e->dtype_name);
             goto done;
         }
         dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));

@@ -479,9 +479,13 @@ DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block 
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
- *  field is validated; a missing parameter, a shape mismatch or a corrupt file gives
- *  DTR_NOT_FOUND / DTR_SHAPE_MISMATCH / DTR_CORRUPT_FILE with the file and tensor named, and
- *  leaves the model's values unchanged. Entries the model does not have are ignored. */
+ *  field of every entry is validated; a missing parameter, a shape mismatch or a corrupt file
+ *  gives DTR_NOT_FOUND / DTR_SHAPE_MISMATCH / DTR_CORRUPT_FILE with the file and tensor named,
+ *  and leaves the model's values unchanged. Entries the model does not ask for are skipped
+ *  whatever their dtype (Hugging Face files carry I64 position_ids, F64 or BOOL buffers); a
+ *  parameter stored as another dtype gives DTR_DTYPE_MISMATCH. DTR_UNSUPPORTED comes only from
+ *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims.
+ *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 
 /* ---- safetensors, low level ---- */
@@ -489,7 +493,11 @@ DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 /** One tensor of a safetensors file. */
 typedef struct dtr_st_entry {
     char name[256];
-    dtr_dtype dtype;
+    dtr_dtype dtype;       /**< meaningful when !foreign */
+    int foreign;           /**< 1: a dtype of the format that dtrain does not hold (I64, F64, BOOL,
+                                I8, I16, U16, U32, U64, F8_E4M3, F8_E5M2): checked like the others,
+                                its bytes are at `data`; dtr_model_load skips it unless asked for it */
+    char dtype_name[12];   /**< the file's dtype ("F32", "I64", ...) */
     int ndim;
     int64_t shape[DTR_MAX_DIMS];
     uint64_t begin, end;   /**< byte offsets inside the data section */
@@ -516,6 +524,15 @@ DTR_API dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks 
                                dtr_st_file *out, char *err, size_t errlen);
 /** Frees what dtr_st_parse / dtr_st_open allocated. */
 DTR_API void dtr_st_close(dtr_st_file *f);
+/** Writes `bytes` bytes to `path` atomically: into a temporary file beside it
+ *  ("<path>.tmp.<pid>.<n>"), synced, renamed over `path`, then the folder synced. Readers see
+ *  the old file or the whole new one; on failure the temporary file is removed and `path`
+ *  is untouched. The writer of weights (dtr_st_write) uses the same code; use it for
+ *  checkpoints, manifests and logs. @return DTR_OK, DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY,
+ *  DTR_IO_ERROR (with the path and the system's reason in err).
+ *  Thread safety: thread safe for distinct paths. */
+DTR_API dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen);
+
 /** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
  *  and rename. `data[i]` holds the elements of entry i in its dtype. */
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
