@@ -1832,6 +1832,21 @@ DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn 
  *  Thread safety: the context's thread, outside a backward pass. */
 DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
+/* ---- tensor parallel: communication on the tape ---- */
+
+/** Tensor parallelism's entry into a parallel region (Megatron-LM's f): forward y = x, the
+ *  backward all-reduces (sums) the gradient over `comm`. Put it before a column-parallel layer
+ *  (each rank holds some output features of the layer): every rank's slice contributed to x's
+ *  gradient. Collective in forward order and in backward: every rank of `comm` builds it.
+ *  @return y, or NULL with the context's error (NULL input, or the group's failure).
+ *  Thread safety: the context's thread; `comm` not used by another thread meanwhile. */
+DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Tensor parallelism's exit from a parallel region (Megatron-LM's g): forward y =
+ *  all-reduce-sum of x over `comm` (each rank holds a partial sum, e.g. after a row-parallel
+ *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+
 /* ---- data parallel ---- */
 
 /** Data-parallel training of a model replicated on every rank of a group. */
@@ -1937,7 +1952,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 1941 "dtrain.h"
+#line 1956 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2080,14 +2095,15 @@ struct dtr_tensor {
     X(CAST, "cast", cast)                                                                    \
     X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
-    X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)
+    X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
+    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 35
+#define DTR__OP_COUNT_EXPECTED 37
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /** "add", "conv2d", ...; "none" for 0 and "?" outside the list. */
@@ -2117,6 +2133,7 @@ typedef union dtr__op_params {
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -2315,7 +2332,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2319 "dtrain.h"
+#line 2336 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2370,7 +2387,7 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
-#line 2374 "dtrain.h"
+#line 2391 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2536,7 +2553,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2540 "dtrain.h"
+#line 2557 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2586,7 +2603,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2590 "dtrain.h"
+#line 2607 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -2938,7 +2955,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 2942 "dtrain.h"
+#line 2959 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3729,7 +3746,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3733 "dtrain.h"
+#line 3750 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4087,7 +4104,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4091 "dtrain.h"
+#line 4108 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4200,7 +4217,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4204 "dtrain.h"
+#line 4221 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4570,7 +4587,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4574 "dtrain.h"
+#line 4591 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4760,7 +4777,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4764 "dtrain.h"
+#line 4781 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5210,7 +5227,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5214 "dtrain.h"
+#line 5231 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5389,7 +5406,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5393 "dtrain.h"
+#line 5410 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5789,7 +5806,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5793 "dtrain.h"
+#line 5810 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6269,7 +6286,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6273 "dtrain.h"
+#line 6290 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6528,7 +6545,74 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6532 "dtrain.h"
+#line 6549 "dtrain.h"
+
+/* ---- src/ops/ops_comm.c ---- */
+#line 1 "src/ops/ops_comm.c"
+/* ============================================================================
+ * Communication on the tape, for tensor parallelism (Megatron-LM's f and g): the ranks of a
+ * group each hold a slice of a layer, and these ops join their partial results.
+ *   TP_COPY    forward: y = x (every rank already holds all of x);
+ *              backward: gx += all_reduce_sum(gy) (each rank's slice contributed to gy)
+ *   TP_REDUCE  forward: y = all_reduce_sum(x) (each rank holds a partial sum);
+ *              backward: gx += gy
+ * Shapes: any; y has x's shape. Every rank of the group must build the same ops in the same
+ * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
+ * ==========================================================================*/
+
+
+
+
+
+static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    n = dtr__node_new(ctx, op, 1, &x);
+    if (!n) return NULL;
+    n->p.comm = comm;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, name);
+}
+
+dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_COPY, "dtr_tp_copy", x, comm); }
+dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
+
+/* in-place sum over the group, with the group's error on the context */
+static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n) {
+    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, DTR_REDUCE_SUM);
+    if (r != DTR_OK)
+        return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm));
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
+    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n) : DTR_OK;
+}
+
+dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t i, n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
+    dtr_result r;
+    if (nd->op == DTR_OP_TP_REDUCE) {
+        if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
+        return DTR_OK;
+    }
+    /* every rank takes part in the all-reduce, whether or not its x needs a gradient */
+    sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
+    if (!sum) return ctx->status;
+    memcpy(sum, g, (size_t)n * sizeof(float));
+    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n)) != DTR_OK) return r;
+    if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
+    return DTR_OK;
+}
+#line 6616 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6650,7 +6734,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6654 "dtrain.h"
+#line 6738 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -6981,7 +7065,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 6985 "dtrain.h"
+#line 7069 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7150,7 +7234,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7154 "dtrain.h"
+#line 7238 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7494,7 +7578,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7498 "dtrain.h"
+#line 7582 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -7841,7 +7925,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 7845 "dtrain.h"
+#line 7929 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8026,7 +8110,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8030 "dtrain.h"
+#line 8114 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8667,7 +8751,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8671 "dtrain.h"
+#line 8755 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9120,7 +9204,7 @@ void dtr_mnist_free(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9124 "dtrain.h"
+#line 9208 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9176,7 +9260,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9180 "dtrain.h"
+#line 9264 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -9953,7 +10037,7 @@ fail:
     dtr_dataset_close(ds);
     return r;
 }
-#line 9957 "dtrain.h"
+#line 10041 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10534,7 +10618,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10538 "dtrain.h"
+#line 10622 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11165,7 +11249,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11169 "dtrain.h"
+#line 11253 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -11903,7 +11987,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 11907 "dtrain.h"
+#line 11991 "dtrain.h"
 
 /* ---- src/data/stream.c ---- */
 #line 1 "src/data/stream.c"
@@ -12170,7 +12254,7 @@ void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12174 "dtrain.h"
+#line 12258 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12360,7 +12444,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12364 "dtrain.h"
+#line 12448 "dtrain.h"
 
 /* ---- src/comm/rendezvous.c ---- */
 #line 1 "src/comm/rendezvous.c"
@@ -14391,7 +14475,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14395 "dtrain.h"
+#line 14479 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15429,7 +15513,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15433 "dtrain.h"
+#line 15517 "dtrain.h"
 
 /* ---- src/comm/local.c ---- */
 #line 1 "src/comm/local.c"
@@ -15970,7 +16054,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 15974 "dtrain.h"
+#line 16058 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16412,7 +16496,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16416 "dtrain.h"
+#line 16500 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16649,7 +16733,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16653 "dtrain.h"
+#line 16737 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

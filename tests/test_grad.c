@@ -308,6 +308,14 @@ static dtr_tensor *b_cast(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_cast(c, dtr_cast(c, x[0], DTR_BF16), DTR_F32);
 }
 
+/* tensor-parallel communication on a group of one rank (tests/test_tp.c runs it on several) */
+static dtr_comm *g_comm1;
+
+static dtr_tensor *b_tp(dtr_context *c, dtr_tensor **x, void *u) {
+    dtr_tensor *h = dtr_tanh(c, x[0]);
+    return *(int *)u ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
+}
+
 /* ---- the table ---- */
 
 typedef struct op_case {
@@ -376,6 +384,8 @@ static const op_case CASES[] = {
     {"reshape of a transposed view", 1, {IN2(6, 4)}, b_views, KA(4), 0, NULL},
     {"gpt block (input gradient)", 1, {IN3(2, 4, 8)}, b_gpt, K0, 0, &gpt_hooks},
     {"cast f32 -> bf16 -> f32", 1, {IN2(3, 4)}, b_cast, K0, 1, NULL},
+    {"tp_copy (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(0), 0, NULL},
+    {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 
@@ -508,7 +518,12 @@ static void test_cast_straight_through(void) {
 }
 
 int main(void) {
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_local_world *w1 = NULL;
     int pass;
+    if (dtr_local_world_create(1, NULL, &w1) != DTR_OK) return 2;
+    cc.local.world = w1;
+    if (dtr_comm_create(&cc, &g_comm1, NULL, 0) != DTR_OK) return 2;
     for (pass = 0; pass < 2; pass++) {
         g_threads = pass ? 2 : 1; /* the threaded kernels must give the same gradients */
         printf("-- %d thread(s)\n", g_threads);
@@ -517,5 +532,7 @@ int main(void) {
     RUN(test_cast_straight_through);
     RUN(test_backend_parity);
     RUN(test_op_coverage);   /* after the cases above have run */
+    dtr_comm_destroy(g_comm1);
+    dtr_local_world_destroy(w1);
     return test_summary();
 }

@@ -137,14 +137,15 @@ struct dtr_tensor {
     X(CAST, "cast", cast)                                                                    \
     X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
-    X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)
+    X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
+    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 35
+#define DTR__OP_COUNT_EXPECTED 37
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /** "add", "conv2d", ...; "none" for 0 and "?" outside the list. */
@@ -174,6 +175,7 @@ typedef union dtr__op_params {
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4

@@ -29,6 +29,21 @@ DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn 
  *  Thread safety: the context's thread, outside a backward pass. */
 DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
+/* ---- tensor parallel: communication on the tape ---- */
+
+/** Tensor parallelism's entry into a parallel region (Megatron-LM's f): forward y = x, the
+ *  backward all-reduces (sums) the gradient over `comm`. Put it before a column-parallel layer
+ *  (each rank holds some output features of the layer): every rank's slice contributed to x's
+ *  gradient. Collective in forward order and in backward: every rank of `comm` builds it.
+ *  @return y, or NULL with the context's error (NULL input, or the group's failure).
+ *  Thread safety: the context's thread; `comm` not used by another thread meanwhile. */
+DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Tensor parallelism's exit from a parallel region (Megatron-LM's g): forward y =
+ *  all-reduce-sum of x over `comm` (each rank holds a partial sum, e.g. after a row-parallel
+ *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+
 /* ---- data parallel ---- */
 
 /** Data-parallel training of a model replicated on every rank of a group. */
