@@ -544,7 +544,7 @@ DTR_API dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_alloca
 DTR_API dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc,
                                dtr_st_file *out, char *err, size_t errlen);
 /** Frees what dtr_st_parse / dtr_st_open allocated. */
-DTR_API void dtr_st_close(dtr_st_file *f);
+DTR_API void dtr_st_destroy(dtr_st_file *f);
 /** Writes `bytes` bytes to `path` atomically: into a temporary file beside it
  *  ("<path>.tmp.<pid>.<n>"), synced, renamed over `path`, then the folder synced. Readers see
  *  the old file or the whole new one; on failure the temporary file is removed and `path`
@@ -681,7 +681,7 @@ DTR_API dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks
 /** Parses an uncompressed IDX image in memory (copies the data). */
 DTR_API dtr_result dtr_idx_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                                  dtr_idx *out, char *err, size_t errlen);
-DTR_API void dtr_idx_free(dtr_idx *idx);
+DTR_API void dtr_idx_destroy(dtr_idx *idx);
 
 /** Fashion-MNIST / MNIST in memory: images as f32 in [0, 1] (N, 28*28), labels i32 (N). */
 typedef struct dtr_mnist {
@@ -697,7 +697,7 @@ typedef struct dtr_mnist {
  *  agree and labels are in 0..9. */
 DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                                   char *err, size_t errlen);
-DTR_API void dtr_mnist_free(dtr_mnist *d);
+DTR_API void dtr_mnist_destroy(dtr_mnist *d);
 
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 
@@ -787,7 +787,7 @@ DTR_API int64_t dtr_sample_layout_y_numel(const dtr_sample_layout *l);
  *  and `y` (y_numel elements of y_dtype; NULL when unlabeled); returns DTR_OK or an error
  *  with a message in `err` (errlen bytes, may be NULL). Must be safe to call from several
  *  threads at once when a loader with threads > 0 uses the dataset.
- *  close: frees `user` (may be NULL); called once by dtr_dataset_close. */
+ *  close: frees `user` (may be NULL); called once by dtr_dataset_destroy. */
 typedef struct dtr_dataset_callbacks {
     void *user;
     dtr_result (*get)(void *user, int64_t index, void *x, void *y, char *err, size_t errlen);
@@ -808,7 +808,7 @@ DTR_API dtr_result dtr_dataset_create(int64_t count, const dtr_sample_layout *la
 
 /** Closes a dataset and frees what it owns (its close callback included). NULL is ignored.
  *  Close it only after every loader and subset over it. */
-DTR_API void dtr_dataset_close(dtr_dataset *ds);
+DTR_API void dtr_dataset_destroy(dtr_dataset *ds);
 
 /** Number of samples; 0 for NULL. Thread safe. */
 DTR_API int64_t dtr_dataset_count(const dtr_dataset *ds);
@@ -1021,8 +1021,8 @@ DTR_API dtr_result dtr_dataset_open_tokens(const dtr_token_file_config *cfg, dtr
 
 /* ---- batches ---- */
 
-/** A batch of samples in host memory, owned by the loader or stream that produced it and
- *  valid until its next call (dtr_loader_next, dtr_stream_next) or its destruction.
+/** A batch of samples in host memory, owned by the loader or feed that produced it and
+ *  valid until its next call (dtr_loader_next, dtr_feed_next) or its destruction.
  *  x is (size, x_shape of a sample...) of x_dtype, y (size, y_shape...) of y_dtype, both
  *  dense row-major: ready for dtr_tensor_from, or use dtr_batch_tensors. */
 typedef struct dtr_batch {
@@ -1035,7 +1035,7 @@ typedef struct dtr_batch {
     int y_ndim;                       /**< including the leading N; 0 when unlabeled */
     int64_t y_shape[DTR_MAX_DIMS];
     void *y;                          /**< NULL when unlabeled */
-    const int64_t *indices;           /**< (N) dataset index of each sample (a stream: push sequence numbers) */
+    const int64_t *indices;           /**< (N) dataset index of each sample (a feed: push sequence numbers) */
     int64_t epoch;                    /**< epoch of the batch (0-based) */
     int64_t position;                 /**< batch number within the epoch (0-based) */
     int last;                         /**< 1 for the last batch of its epoch */
@@ -1167,67 +1167,67 @@ DTR_API dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *o
  *  and results). Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
-/* ---- streaming dataset (online training) ---- */
+/* ---- feed: a streaming dataset (online training) ---- */
 
 /** A bounded ring buffer of samples that the application pushes into while a trainer pops
  *  batches from it: training inside a running app on a stream of samples. */
-typedef struct dtr_stream_config {
+typedef struct dtr_feed_config {
     dtr_sample_layout layout;         /**< the samples' layout */
     int64_t capacity;                 /**< samples the ring holds; 0: 1024 */
-    int64_t max_batch;                /**< largest batch dtr_stream_next hands out; 0: 256 */
+    int64_t max_batch;                /**< largest batch dtr_feed_next hands out; 0: 256 */
     int drop_oldest;                  /**< 1: a push into a full ring overwrites the oldest samples
                                            (counted) instead of waiting */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
-} dtr_stream_config;
+} dtr_feed_config;
 
 /** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full). */
-DTR_API dtr_stream_config dtr_stream_config_init(void);
+DTR_API dtr_feed_config dtr_feed_config_init(void);
 
-typedef struct dtr_stream dtr_stream;
+typedef struct dtr_feed dtr_feed;
 
-/** Creates a stream; all memory is allocated here, pushes and pops allocate nothing.
+/** Creates a feed; all memory is allocated here, pushes and pops allocate nothing.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (layout, sizes), DTR_OUT_OF_MEMORY
  *          (also when a mutex cannot be created). */
-DTR_API dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, char *err, size_t errlen);
+DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err, size_t errlen);
 
-/** Frees the stream. No thread may be inside a push or next call. NULL is ignored. */
-DTR_API void dtr_stream_destroy(dtr_stream *s);
+/** Frees the feed. No thread may be inside a push or next call. NULL is ignored. */
+DTR_API void dtr_feed_destroy(dtr_feed *s);
 
 /** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into
  *  the ring. When it is full, waits up to `timeout_ms` for room (0: never blocks; negative:
  *  waits as long as it takes), or with drop_oldest overwrites the oldest samples.
  *  @param pushed  receives how many samples went in (may be NULL).
  *  @return DTR_OK (all went in), DTR_TIMEOUT (the ring stayed full: *pushed < n),
- *          DTR_BAD_STATE (the stream is closed), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
- *  Thread safety: any number of threads may push while one thread calls dtr_stream_next. */
-DTR_API dtr_result dtr_stream_push(dtr_stream *s, const void *x, const void *y, int64_t n, int timeout_ms,
+ *          DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
+ *  Thread safety: any number of threads may push while one thread calls dtr_feed_next. */
+DTR_API dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms,
                                    int64_t *pushed);
 
 /** Pops a batch of up to `max_size` samples (at most max_batch) once at least `min_size`
  *  (1 when < 1) are there, waiting up to `timeout_ms` (0: never; negative: forever). After
- *  dtr_stream_close the remaining samples come out even when fewer than min_size. The
+ *  dtr_feed_end the remaining samples come out even when fewer than min_size. The
  *  batch (epoch 0, position = batches popped before) is valid until the next call.
  *  @return DTR_OK, DTR_TIMEOUT (fewer than min_size arrived in time; nothing popped),
  *          DTR_BAD_STATE (closed and empty: the end of the stream), DTR_NULL_HANDLE,
  *          DTR_INVALID_ARGUMENT. Thread safety: one thread pops at a time. */
-DTR_API dtr_result dtr_stream_next(dtr_stream *s, int64_t max_size, int64_t min_size, int timeout_ms,
+DTR_API dtr_result dtr_feed_next(dtr_feed *s, int64_t max_size, int64_t min_size, int timeout_ms,
                                    dtr_batch *out);
 
-/** Marks the end of the stream: pushes fail with DTR_BAD_STATE, waiting calls wake up, and
- *  dtr_stream_next drains what is left. Thread safe. */
-DTR_API void dtr_stream_close(dtr_stream *s);
+/** Marks the end of the feed (no more pushes): pushes fail with DTR_BAD_STATE, waiting calls wake up, and
+ *  dtr_feed_next drains what is left. Thread safe. */
+DTR_API void dtr_feed_end(dtr_feed *s);
 
-/** Counters of a stream. */
-typedef struct dtr_stream_stats {
+/** Counters of a feed. */
+typedef struct dtr_feed_stats {
     int64_t size;                     /**< samples waiting in the ring */
     int64_t pushed;                   /**< samples pushed in total */
     int64_t popped;                   /**< samples handed out in batches */
     int64_t dropped;                  /**< samples overwritten by drop_oldest before being popped */
     int64_t timeouts;                 /**< pushes that returned DTR_TIMEOUT */
-} dtr_stream_stats;
+} dtr_feed_stats;
 
 /** Copies the counters. Thread safe. */
-DTR_API void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out);
+DTR_API void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out);
 
 #ifdef __cplusplus
 }
@@ -1794,7 +1794,7 @@ DTR_API dtr_result dtr_request_test(dtr_request *req, int *done);
 DTR_API dtr_result dtr_request_wait(dtr_request *req);
 /** Waits for the request if it still runs, then frees it. NULL is ignored. Every request
  *  must be freed (before its group is destroyed). */
-DTR_API void dtr_request_free(dtr_request *req);
+DTR_API void dtr_request_destroy(dtr_request *req);
 
 #ifdef __cplusplus
 }
@@ -7047,7 +7047,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     r = DTR_OK;
 done:
     dtr__free(&ctx->alloc, stage);
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     return r;
 }
 
@@ -8492,7 +8492,7 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
  *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE, DTR_UNSUPPORTED (a dtype name that is
  *  not one of the format's, more than DTR_MAX_DIMS dims), DTR_OUT_OF_MEMORY. Entries of the
  *  format's other dtypes (I64, F64, BOOL, ...) are kept with `foreign` set. On failure `out` is
- *  left empty (safe to pass to dtr_st_close). Thread safe for distinct `out`. */
+ *  left empty (safe to pass to dtr_st_destroy). Thread safe for distinct `out`. */
 dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                         dtr_st_file *out, char *err, size_t errlen) {
     dtr_result r;
@@ -8503,7 +8503,7 @@ dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_cal
     if (!bytes && size) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_st_parse: bytes is NULL");
     r = dtr__st_parse_image("safetensors image", bytes ? bytes : "", size, alloc, out, err, errlen);
     if (r != DTR_OK) {
-        dtr_st_close(out);
+        dtr_st_destroy(out);
         return r;
     }
     out->size = size;
@@ -8546,7 +8546,7 @@ static int dtr__st_read_all(FILE *fp, const dtr_allocation_callbacks *alloc, voi
 }
 
 /** Reads the whole file at `path` and parses it (see dtr_st_parse); out->bytes owns the
- *  file's contents until dtr_st_close. Results as dtr_st_parse plus DTR_IO_ERROR when the
+ *  file's contents until dtr_st_destroy. Results as dtr_st_parse plus DTR_IO_ERROR when the
  *  file cannot be opened or read. Messages name `path`. Thread safe for distinct `out`. */
 dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, dtr_st_file *out,
                        char *err, size_t errlen) {
@@ -8568,7 +8568,7 @@ dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, 
     if (rc == 2) return dtr__errf(err, errlen, DTR_IO_ERROR, "%s: read error: %s", path, strerror(errno));
     r = dtr__st_parse_image(path, buf, size, alloc, out, err, errlen);
     if (r != DTR_OK) {
-        dtr_st_close(out);
+        dtr_st_destroy(out);
         dtr__free(alloc, buf);
         return r;
     }
@@ -8579,7 +8579,7 @@ dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, 
 
 /** Frees the entries (and, after dtr_st_open, the file's bytes) and empties `f`.
  *  NULL is ignored. */
-void dtr_st_close(dtr_st_file *f) {
+void dtr_st_destroy(dtr_st_file *f) {
     if (!f) return;
     dtr__free(f->alloc, f->entries);
     dtr__free(f->alloc, f->bytes);
@@ -8928,7 +8928,7 @@ static void dtr__idx_reset(dtr_idx *out, const dtr_allocation_callbacks *alloc) 
 /** Parses an uncompressed IDX image of `size` bytes (see the file comment for the layout).
  *  The elements are copied and converted, so `bytes` may be freed afterwards.
  *  @param out  receives dims, dtype (DTR_U8, DTR_I32 or DTR_F32), data and numel; empty on
- *              failure (safe to pass to dtr_idx_free).
+ *              failure (safe to pass to dtr_idx_destroy).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE (bad magic, type, ndim, overflowing
  *          dims, truncated or trailing bytes), DTR_UNSUPPORTED (more than DTR_MAX_DIMS dims),
  *          DTR_OUT_OF_MEMORY. Thread safe for distinct `out`. */
@@ -8941,7 +8941,7 @@ dtr_result dtr_idx_parse(const void *bytes, size_t size, const dtr_allocation_ca
     if (!bytes && size) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_idx_parse: bytes is NULL");
     r = dtr__idx_parse_named("IDX image", (const unsigned char *)(bytes ? bytes : ""), size, alloc, out, err, errlen);
     if (r != DTR_OK) {
-        dtr_idx_free(out);
+        dtr_idx_destroy(out);
         dtr__idx_reset(out, alloc);
     }
     return r;
@@ -9056,14 +9056,14 @@ dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks *alloc,
     r = dtr__idx_parse_named(path, buf, size, alloc, out, err, errlen);
     dtr__free(alloc, buf);
     if (r != DTR_OK) {
-        dtr_idx_free(out);
+        dtr_idx_destroy(out);
         dtr__idx_reset(out, alloc);
     }
     return r;
 }
 
 /** Frees the data of an IDX array and empties it. NULL is ignored. */
-void dtr_idx_free(dtr_idx *idx) {
+void dtr_idx_destroy(dtr_idx *idx) {
     if (!idx) return;
     dtr__free(idx->alloc, idx->data);
     idx->data = NULL;
@@ -9160,8 +9160,8 @@ static dtr_result dtr__mnist_split(const char *dir, const char *img_name, const 
     for (i = 0; i < img.numel; i++) (*xs)[i] = (float)((const unsigned char *)img.data)[i] / 255.0f;
     for (i = 0; i < lbl.numel; i++) (*ys)[i] = (int32_t)((const unsigned char *)lbl.data)[i];
 done:
-    dtr_idx_free(&img);
-    dtr_idx_free(&lbl);
+    dtr_idx_destroy(&img);
+    dtr_idx_destroy(&lbl);
     dtr__free(alloc, img_path);
     dtr__free(alloc, lbl_path);
     return r;
@@ -9173,7 +9173,7 @@ done:
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_IO_ERROR (a file is missing: the message names it),
  *          DTR_CORRUPT_FILE (bad IDX, image and label counts differ, train and test image
  *          sizes differ, a label outside 0..9), DTR_UNSUPPORTED (.gz without zlib),
- *          DTR_OUT_OF_MEMORY. On failure `out` is empty. Free with dtr_mnist_free.
+ *          DTR_OUT_OF_MEMORY. On failure `out` is empty. Free with dtr_mnist_destroy.
  *  Thread safe for distinct `out`. */
 dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                           char *err, size_t errlen) {
@@ -9189,14 +9189,14 @@ dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc
         r = dtr__mnist_split(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", alloc,
                              &out->test_x, &out->test_y, &out->test_n, &out->rows, &out->cols, err, errlen);
     if (r != DTR_OK) {
-        dtr_mnist_free(out);
+        dtr_mnist_destroy(out);
         out->alloc = alloc;
     }
     return r;
 }
 
 /** Frees the four arrays of a loaded dataset and empties it. NULL is ignored. */
-void dtr_mnist_free(dtr_mnist *d) {
+void dtr_mnist_destroy(dtr_mnist *d) {
     if (!d) return;
     dtr__free(d->alloc, d->train_x);
     dtr__free(d->alloc, d->train_y);
@@ -9490,7 +9490,7 @@ dtr_result dtr_dataset_create(int64_t count, const dtr_sample_layout *layout, co
     return DTR_OK;
 }
 
-void dtr_dataset_close(dtr_dataset *ds) {
+void dtr_dataset_destroy(dtr_dataset *ds) {
     dtr_allocation_callbacks a;
     int i;
     if (!ds) return;
@@ -9617,11 +9617,11 @@ dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dat
     if (ds->count > 0 && (!cfg->x || (!ds->layout.unlabeled && !cfg->y))) {
         r = dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_dataset_from_memory: x%s is NULL",
                       ds->layout.unlabeled ? "" : " or y");
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
         return r;
     }
     if ((uint64_t)ds->count > ((uint64_t)(size_t)-1 / 8) / (uint64_t)(ds->x_numel + ds->y_numel + 1)) {
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_dataset_from_memory: too many samples");
     }
     xb = (size_t)ds->count * m->x_bytes;
@@ -9630,7 +9630,7 @@ dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dat
         m->own_x = dtr__malloc(alloc, xb);
         m->own_y = yb ? dtr__malloc(alloc, yb) : NULL;
         if (!m->own_x || (yb && !m->own_y)) {
-            dtr_dataset_close(ds);
+            dtr_dataset_destroy(ds);
             return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "dtr_dataset_from_memory: out of memory for %lld samples",
                              (long long)cfg->count);
         }
@@ -9643,7 +9643,7 @@ dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dat
         m->y = (const unsigned char *)(ds->layout.unlabeled ? NULL : cfg->y);
     }
     if ((r = dtr__check_labels(ds, m->y, err, errlen)) != DTR_OK) {
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
         return r;
     }
     *out = ds;
@@ -9794,8 +9794,8 @@ static dtr_result dtr__idx_ds_get(dtr_dataset *ds, int64_t index, void *x, void 
 
 static void dtr__idx_ds_close(dtr_dataset *ds) {
     dtr__idx_ds *d = (dtr__idx_ds *)ds->impl;
-    dtr_idx_free(&d->images);
-    dtr_idx_free(&d->labels);
+    dtr_idx_destroy(&d->images);
+    dtr_idx_destroy(&d->labels);
     dtr__free(&ds->alloc, d);
 }
 
@@ -9885,7 +9885,7 @@ dtr_result dtr_dataset_open_idx(const char *images_path, const char *labels_path
     *out = ds;
     return DTR_OK;
 fail:
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return r;
 }
 
@@ -10034,7 +10034,7 @@ dtr_result dtr_dataset_open_tokens(const dtr_token_file_config *cfg, dtr_dataset
     *out = ds;
     return DTR_OK;
 fail:
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return r;
 }
 #line 10041 "dtrain.h"
@@ -11216,7 +11216,7 @@ static dtr_result dtr__open_folder(const dtr_image_folder_config *cfg, int ch, d
     return DTR_OK;
 fail:
     dtr__strlist_free(&classes, a);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return r;
 }
 #endif /* DTR_USE_STB_IMAGE && DTR__HAVE_DIRENT */
@@ -11989,13 +11989,13 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
 }
 #line 11991 "dtrain.h"
 
-/* ---- src/data/stream.c ---- */
-#line 1 "src/data/stream.c"
+/* ---- src/data/feed.c ---- */
+#line 1 "src/data/feed.c"
 /* ============================================================================
  * Streaming dataset: a bounded ring buffer of samples for online training inside an app.
  *
  * Producers (any number of threads: a game loop, a sensor callback) copy samples in with
- * dtr_stream_push; one trainer thread takes batches out with dtr_stream_next. One mutex
+ * dtr_feed_push; one trainer thread takes batches out with dtr_feed_next. One mutex
  * guards the ring; two condition variables wake a waiting producer (room) or trainer
  * (samples). Waits have deadlines from the caller (0: never block), measured on the wall
  * clock that pthread_cond_timedwait uses. All memory (the ring and one batch buffer) is
@@ -12009,7 +12009,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
 #include <pthread.h>
 #include <sys/time.h>
 
-struct dtr_stream {
+struct dtr_feed {
     dtr_sample_layout layout;
     dtr_allocation_callbacks alloc;
     size_t x_bytes, y_bytes;
@@ -12024,28 +12024,28 @@ struct dtr_stream {
     int64_t *bseq;
     int64_t batches;
     int closed;
-    dtr_stream_stats stats;
+    dtr_feed_stats stats;
     pthread_mutex_t mu;
     pthread_cond_t room, data;
 };
 
-dtr_stream_config dtr_stream_config_init(void) {
-    dtr_stream_config c;
+dtr_feed_config dtr_feed_config_init(void) {
+    dtr_feed_config c;
     memset(&c, 0, sizeof c);
     c.capacity = 1024;
     c.max_batch = 256;
     return c;
 }
 
-dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, char *err, size_t errlen) {
+dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err, size_t errlen) {
     const dtr_allocation_callbacks *a;
-    dtr_stream *s;
+    dtr_feed *s;
     dtr_result r;
     int64_t cap, mb;
     if (err && errlen) err[0] = '\0';
-    if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_stream_create: out is NULL");
+    if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_feed_create: out is NULL");
     *out = NULL;
-    if (!cfg) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_stream_create: cfg is NULL");
+    if (!cfg) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_feed_create: cfg is NULL");
     if ((r = dtr__layout_check(&cfg->layout, "stream", err, errlen)) != DTR_OK) return r;
     cap = cfg->capacity ? cfg->capacity : 1024;
     mb = cfg->max_batch ? cfg->max_batch : 256;
@@ -12053,7 +12053,7 @@ dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, cha
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "stream: capacity and max_batch must be >= 1");
     if (mb > cap) mb = cap;
     a = &cfg->alloc;
-    s = (dtr_stream *)dtr__calloc(a, sizeof *s);
+    s = (dtr_feed *)dtr__calloc(a, sizeof *s);
     if (!s) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "stream: out of memory");
     s->alloc = cfg->alloc;
     a = &s->alloc;
@@ -12092,7 +12092,7 @@ dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, cha
     return DTR_OK;
 }
 
-void dtr_stream_destroy(dtr_stream *s) {
+void dtr_feed_destroy(dtr_feed *s) {
     dtr_allocation_callbacks a;
     if (!s) return;
     a = s->alloc;
@@ -12121,7 +12121,7 @@ static struct timespec dtr__deadline(int ms) {
 }
 
 /* Waits on `cv` (forever when ms < 0). Returns 0 when the deadline passed. */
-static int dtr__stream_wait(dtr_stream *s, pthread_cond_t *cv, int ms, const struct timespec *deadline) {
+static int dtr__stream_wait(dtr_feed *s, pthread_cond_t *cv, int ms, const struct timespec *deadline) {
     if (ms < 0) {
         pthread_cond_wait(cv, &s->mu);
         return 1;
@@ -12129,7 +12129,7 @@ static int dtr__stream_wait(dtr_stream *s, pthread_cond_t *cv, int ms, const str
     return pthread_cond_timedwait(cv, &s->mu, deadline) != ETIMEDOUT;
 }
 
-dtr_result dtr_stream_push(dtr_stream *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
+dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
     struct timespec deadline;
     dtr_result r = DTR_OK;
     int64_t done = 0;
@@ -12181,7 +12181,7 @@ dtr_result dtr_stream_push(dtr_stream *s, const void *x, const void *y, int64_t 
     return r;
 }
 
-dtr_result dtr_stream_next(dtr_stream *s, int64_t max_size, int64_t min_size, int timeout_ms, dtr_batch *out) {
+dtr_result dtr_feed_next(dtr_feed *s, int64_t max_size, int64_t min_size, int timeout_ms, dtr_batch *out) {
     struct timespec deadline;
     int64_t k, i;
     int d;
@@ -12236,7 +12236,7 @@ dtr_result dtr_stream_next(dtr_stream *s, int64_t max_size, int64_t min_size, in
     return DTR_OK;
 }
 
-void dtr_stream_close(dtr_stream *s) {
+void dtr_feed_end(dtr_feed *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->closed = 1;
@@ -12245,7 +12245,7 @@ void dtr_stream_close(dtr_stream *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
+void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!s) return;
@@ -15184,7 +15184,7 @@ static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
         r = dtr__comm_enqueue(c, q);
         if (r == DTR_OK) r = dtr_request_wait(q);
         else { q->state = DTR__REQ_DONE; q->result = r; }
-        dtr_request_free(q);
+        dtr_request_destroy(q);
         return r;
     }
 }
@@ -15293,7 +15293,7 @@ dtr_result dtr_request_wait(dtr_request *q) {
     return r;
 }
 
-void dtr_request_free(dtr_request *q) {
+void dtr_request_destroy(dtr_request *q) {
     dtr_comm *c;
     if (!q) return;
     c = q->comm;
@@ -15419,7 +15419,7 @@ dtr_result dtr_comm_send(dtr_comm *c, const void *buf, size_t bytes, int dst, in
     dtr_result r = dtr__p2p_start(c, DTR__OP_SEND, buf, NULL, bytes, dst, tag, &q);
     if (r != DTR_OK) return r;
     r = dtr_request_wait(q);
-    dtr_request_free(q);
+    dtr_request_destroy(q);
     return r;
 }
 dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, int tag) {
@@ -15427,7 +15427,7 @@ dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, int tag)
     dtr_result r = dtr__p2p_start(c, DTR__OP_RECV, NULL, buf, bytes, src, tag, &q);
     if (r != DTR_OK) return r;
     r = dtr_request_wait(q);
-    dtr_request_free(q);
+    dtr_request_destroy(q);
     return r;
 }
 
@@ -16655,7 +16655,7 @@ static dtr_result dtr__dp_wait_all(dtr_dp *dp) {
         if (dp->b[i].req) {
             dtr_result r = dtr_request_wait(dp->b[i].req);
             if (r != DTR_OK && first == DTR_OK) first = r;
-            dtr_request_free(dp->b[i].req);
+            dtr_request_destroy(dp->b[i].req);
             dp->b[i].req = NULL;
         }
     }

@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
         for (i = 0; i < nw; i++) {
             dp_result res;
             o.world = wl[i];
-            if (!dp_train(&o, &data, &res)) { dtr_mnist_free(&data); return 1; }
+            if (!dp_train(&o, &data, &res)) { dtr_mnist_destroy(&data); return 1; }
             if (res.ok && (!best[i].ok || res.samples / res.train_s > best[i].samples / best[i].train_s)) best[i] = res;
         }
     for (i = 0; i < nw; i++) {
@@ -91,6 +91,6 @@ int main(int argc, char **argv) {
                    o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));
     }
     fflush(stdout);
-    dtr_mnist_free(&data);
+    dtr_mnist_destroy(&data);
     return 0;
 }

@@ -399,7 +399,7 @@ int main(int argc, char **argv) {
             train_fed(ds, &c, g_quick ? 1 : 2, 1);
             c.cache_bytes = 0;
             train_fed(ds, &c, 1, 0);
-            dtr_dataset_close(ds);
+            dtr_dataset_destroy(ds);
             ds = NULL;
         }
         snprintf(path, sizeof path, "%s/image224", g_dir);
@@ -419,7 +419,7 @@ int main(int argc, char **argv) {
                 c.augment.std = s224;
                 report("image224", "jpeg256", "resize+crop+flip+norm", 0, ds, &c, 0, n224 / 2, 1.0, NULL);
             }
-            dtr_dataset_close(ds);
+            dtr_dataset_destroy(ds);
             ds = NULL;
         }
     }
@@ -439,7 +439,7 @@ int main(int argc, char **argv) {
                 c.augment.std = s28;
                 report("idx", "idx.gz", "norm", 0, ds, &c, 0, g_quick ? 20000 : 60000, 1.0, NULL);
             }
-            dtr_dataset_close(ds);
+            dtr_dataset_destroy(ds);
             ds = NULL;
         } else {
             fprintf(stderr, "loader: idx: %s\n", g_err);
@@ -464,14 +464,14 @@ int main(int argc, char **argv) {
                 c.threads = th;
                 report("csv", "csv", "none", 0, ds, &c, 0, csv_rows, 1.0, NULL);
             }
-            dtr_dataset_close(ds);
+            dtr_dataset_destroy(ds);
             ds = NULL;
         } else {
             fprintf(stderr, "loader: csv: %s\n", g_err);
         }
     }
 out:
-    if (have_fm) dtr_mnist_free(&fm);
+    if (have_fm) dtr_mnist_destroy(&fm);
     rm_rf(g_dir);
     return 0;
 }

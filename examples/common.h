@@ -77,7 +77,7 @@ FM_FN dtr_result fm_data_load(const char *dir, dtr_mnist *d) {
     }
     if (d->rows * d->cols != FM_PIXELS) {
         fprintf(stderr, "error: %s holds %d x %d images; Fashion-MNIST's are 28 x 28\n", dir, d->rows, d->cols);
-        dtr_mnist_free(d);
+        dtr_mnist_destroy(d);
         return DTR_SHAPE_MISMATCH;
     }
     for (i = 0; i < d->train_n * FM_PIXELS; i++) d->train_x[i] = (d->train_x[i] - FM_MEAN) / FM_STD;

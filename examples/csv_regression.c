@@ -243,9 +243,9 @@ done:
     dtr_context_destroy(ctx);
     dtr_loader_destroy(tl);
     dtr_loader_destroy(vl);
-    dtr_dataset_close(train);
-    dtr_dataset_close(val);
-    dtr_dataset_close(all);
+    dtr_dataset_destroy(train);
+    dtr_dataset_destroy(val);
+    dtr_dataset_destroy(all);
     free(perm);
     free(mean);
     free(stdv);

@@ -102,6 +102,6 @@ done:
     dtr_optimizer_destroy(opt);
     fm_net_free(&net);
     dtr_context_destroy(ctx);
-    dtr_mnist_free(&data);
+    dtr_mnist_destroy(&data);
     return rc;
 }

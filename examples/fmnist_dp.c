@@ -333,11 +333,11 @@ int main(int argc, char **argv) {
     }
     o.dir = fm_data_dir(o.dir);
     if (fm_data_load(o.dir, &data) != DTR_OK) return 1;
-    if (!dp_train(&o, &data, &res)) { dtr_mnist_free(&data); return 1; }
+    if (!dp_train(&o, &data, &res)) { dtr_mnist_destroy(&data); return 1; }
     if (res.ok)   /* rank 0 */
         printf("final test accuracy: %.2f%% (%d of %d gradient buckets started during backward)\n", 100.0 * res.test_acc,
                res.overlapped, res.buckets);
-    dtr_mnist_free(&data);
+    dtr_mnist_destroy(&data);
     return 0;
 }
 #endif

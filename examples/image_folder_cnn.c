@@ -99,7 +99,7 @@ static int make_fmnist(const char *root, int per_class) {
     mkdir(root, 0755);
     ok = write_split(root, "train", d.train_x, d.train_y, d.train_n, per_class) &&
          write_split(root, "test", d.test_x, d.test_y, d.test_n, per_class / 6 > 0 ? per_class / 6 : 1);
-    dtr_mnist_free(&d);
+    dtr_mnist_destroy(&d);
     if (ok) printf("image_folder_cnn: wrote %d training and %d test PNG images per class to %s\n", per_class,
                    per_class / 6 > 0 ? per_class / 6 : 1, root);
     return ok;
@@ -281,7 +281,7 @@ done:
     dtr_context_destroy(ctx);
     dtr_loader_destroy(tl);
     dtr_loader_destroy(vl);
-    dtr_dataset_close(train);
-    dtr_dataset_close(test);
+    dtr_dataset_destroy(train);
+    dtr_dataset_destroy(test);
     return rc;
 }

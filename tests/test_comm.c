@@ -539,13 +539,13 @@ static void rk_send_recv(rank_ctx *rc) {
     if (me == 0) {
         int vals[3] = {1, 2, 3}, t1 = 11, t2 = 22;
         for (i = 0; i < 3; i++) RCHECK_OK(rc, dtr_comm_send_async(c, &vals[i], sizeof(int), 1, 7, &q[i]));
-        for (i = 0; i < 3; i++) { RCHECK_OK(rc, dtr_request_wait(q[i])); dtr_request_free(q[i]); }
+        for (i = 0; i < 3; i++) { RCHECK_OK(rc, dtr_request_wait(q[i])); dtr_request_destroy(q[i]); }
         RCHECK_OK(rc, dtr_comm_send_async(c, &t1, sizeof t1, 1, 1, &q[0]));
         RCHECK_OK(rc, dtr_comm_send_async(c, &t2, sizeof t2, 1, 2, &q[1]));
         RCHECK_OK(rc, dtr_request_wait(q[1]));
         RCHECK_OK(rc, dtr_request_wait(q[0]));
-        dtr_request_free(q[0]);
-        dtr_request_free(q[1]);
+        dtr_request_destroy(q[0]);
+        dtr_request_destroy(q[1]);
     } else if (me == 1) {
         int got;
         for (i = 0; i < 3; i++) {
@@ -563,7 +563,7 @@ static void rk_send_recv(rank_ctx *rc) {
     RCHECK_OK(rc, dtr_comm_send_async(c, sb, big, right, 9, &q[1]));
     RCHECK_OK(rc, dtr_comm_send_async(c, NULL, 0, right, 10, &q[2]));
     RCHECK_OK(rc, dtr_comm_recv(c, NULL, 0, left, 10));
-    for (i = 0; i < 3; i++) { RCHECK_OK(rc, dtr_request_wait(q[i])); dtr_request_free(q[i]); }
+    for (i = 0; i < 3; i++) { RCHECK_OK(rc, dtr_request_wait(q[i])); dtr_request_destroy(q[i]); }
     for (i = 0; i < (int)big; i++) if (rb[i] != (unsigned char)(i + left)) break;
     RCHECK(rc, i == (int)big);
     /* a message longer than the receive buffer fails both sides; the group goes on */
@@ -606,8 +606,8 @@ static void rk_split(rank_ctx *rc) {
     RCHECK_OK(rc, dtr_comm_all_reduce_async(col, b, b, 1000, DTR_F32, DTR_REDUCE_SUM, &qb));
     RCHECK_OK(rc, dtr_request_wait(qb));
     RCHECK_OK(rc, dtr_request_wait(qa));
-    dtr_request_free(qa);
-    dtr_request_free(qb);
+    dtr_request_destroy(qa);
+    dtr_request_destroy(qb);
     for (i = 0; i < 1000; i++) {
         RCHECK(rc, a[i] == (float)(3 * r * 3 + 0 + 1 + 2 + 3 * i));
         RCHECK(rc, b[i] == (float)(10 * (k + k + 3) + 2 * i));
@@ -666,7 +666,7 @@ static void rk_async(rank_ctx *rc) {
         RCHECK_OK(rc, dtr_request_test(q[i], &done));
         RCHECK(rc, done == 1);
         RCHECK_OK(rc, dtr_request_wait(q[i]));
-        dtr_request_free(q[i]);
+        dtr_request_destroy(q[i]);
     }
     for (i = 0; i < K * M; i++)
         if (bufs[i] != (float)(N * (N - 1) / 2 + N * (i % 17))) break;
@@ -675,11 +675,11 @@ static void rk_async(rank_ctx *rc) {
     RCHECK_OK(rc, dtr_comm_broadcast_async(rc->comm, bufs, M, DTR_F32, N - 1, &q[0]));
     do { RCHECK_OK(rc, dtr_request_test(q[0], &done)); polls++; if (!done) sleep_ms(1); } while (!done && polls < 20000);
     RCHECK(rc, done);
-    dtr_request_free(q[0]);
+    dtr_request_destroy(q[0]);
     RCHECK_OK(rc, dtr_comm_reduce_scatter_async(rc->comm, bufs, bufs + K * M / 2, 10, DTR_F32, DTR_REDUCE_SUM, &q[0]));
     RCHECK_OK(rc, dtr_comm_all_gather_async(rc->comm, bufs + K * M / 2, bufs, 10, DTR_F32, &q[1]));
     RCHECK_OK(rc, dtr_comm_barrier_async(rc->comm, &q[2]));
-    for (i = 2; i >= 0; i--) { RCHECK_OK(rc, dtr_request_wait(q[i])); dtr_request_free(q[i]); }
+    for (i = 2; i >= 0; i--) { RCHECK_OK(rc, dtr_request_wait(q[i])); dtr_request_destroy(q[i]); }
     free(bufs);
 }
 
@@ -882,7 +882,7 @@ static void rk_fault(rank_ctx *rc) {
         dtr_request *q = NULL;
         RCHECK_OK(rc, dtr_comm_all_reduce_async(rc->comm, buf, buf, 4096, DTR_F32, DTR_REDUCE_SUM, &q));
         rc->result = dtr_request_wait(q);
-        dtr_request_free(q);
+        dtr_request_destroy(q);
     } else if (fa->mode == FAULT_DEADLOCK) {
         rc->result = dtr_comm_recv(rc->comm, buf, 4, (rc->rank + 1) % rc->size, 99);
     } else {

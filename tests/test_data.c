@@ -141,8 +141,8 @@ static void test_memory_dataset(void) {
     CHECK(strstr(g_err, "sample 6") != NULL);
     CHECK_EQ_INT(dtr_dataset_get(ds, -1, xs, &ys, NULL, 0), DTR_INVALID_ARGUMENT);
     CHECK(dtr_dataset_class_name(ds, 0) == NULL);
-    dtr_dataset_close(ds);
-    dtr_dataset_close(cp);
+    dtr_dataset_destroy(ds);
+    dtr_dataset_destroy(cp);
     /* a label out of range names the sample */
     y[5] = 3;
     c.copy = 0;
@@ -165,9 +165,9 @@ static void test_memory_dataset(void) {
     CHECK_EQ_INT(dtr_sample_layout_y_numel(dtr_dataset_layout(ds)), 0);
     CHECK_EQ_INT(dtr_dataset_get(ds, 1, xs, &ys, NULL, 0), DTR_OK);
     CHECK(xs[0] == 1.0f);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     CHECK_EQ_INT(dtr_dataset_from_memory(NULL, &ds, NULL, 0), DTR_NULL_HANDLE);
-    dtr_dataset_close(NULL);
+    dtr_dataset_destroy(NULL);
 }
 
 static void test_subset_and_stats(void) {
@@ -206,8 +206,8 @@ static void test_subset_and_stats(void) {
     /* per channel over (3) samples: every element is its own channel here too */
     CHECK_OK(NULL, dtr_dataset_feature_stats(ds, 1, m, s, NULL, 0));
     CHECK_NEAR(m[1], 30.0, 1e-5);
-    dtr_dataset_close(sub);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(sub);
+    dtr_dataset_destroy(ds);
 }
 
 typedef struct td_user {
@@ -251,7 +251,7 @@ static void test_custom_dataset(void) {
     CHECK(x[0] == 3.0f && x[1] == -3.0f && y == 1);
     CHECK_EQ_INT(dtr_dataset_get(ds, 7, x, &y, g_err, sizeof g_err), DTR_CORRUPT_FILE);
     CHECK(strstr(g_err, "record 7 is damaged") != NULL);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     CHECK_EQ_INT(u.closed, 1);
     cb.get = NULL;
     CHECK_EQ_INT(dtr_dataset_create(10, &L, &cb, NULL, &ds, g_err, sizeof g_err), DTR_NULL_HANDLE);
@@ -282,7 +282,7 @@ static void test_csv_basic(void) {
     CHECK(x[0] == 4.5f && x[1] == -0.5f && x[2] == 0.25f && y == 2);
     dtr_dataset_get(ds, 2, x, &y, NULL, 0);
     CHECK(x[0] == 7.0f && x[2] == 9.0f && y == 1);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
 
     /* no header (detected), label in column 0, CRLF, a BOM, spaces, ';' */
     c.label_column = 0;
@@ -294,7 +294,7 @@ static void test_csv_basic(void) {
     CHECK(y == 1 && x[0] == 0.1f && x[1] == 2.0f);
     dtr_dataset_get(ds, 1, x, &y, NULL, 0);
     CHECK(y == 0 && x[0] == 3.0f && x[1] == 4.0f);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
 
     /* header forced off: a first row of names is then a bad field */
     c = dtr_csv_config_init();
@@ -308,7 +308,7 @@ static void test_csv_basic(void) {
         CHECK_EQ_INT(dtr_dataset_count(ds), 1);
         dtr_dataset_get(ds, 0, x, &y, NULL, 0);
         CHECK(x[0] == 3.0f && y == 4);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
 }
 
@@ -336,7 +336,7 @@ static void test_csv_columns(void) {
     CHECK(x[0] == 3.0f && x[1] == 80.0f && yf == 250000.5f);
     dtr_dataset_get(ds, 1, x, &yf, NULL, 0);
     CHECK(x[0] == 2.0f && x[1] == 60.0f && yf == 150000.0f);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     /* a quoted header name with escapes can be the label */
     c.label_name = "the \"area\"";
     c.ignore = "id,rooms";
@@ -345,7 +345,7 @@ static void test_csv_columns(void) {
         CHECK_EQ_INT(dtr_dataset_layout(ds)->x_shape[0], 1);
         dtr_dataset_get(ds, 1, x, &yf, NULL, 0);
         CHECK(x[0] == 150000.0f && yf == 60.0f);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     /* text class labels: sorted names, delimiter inside quotes */
     c = dtr_csv_config_init();
@@ -362,14 +362,14 @@ static void test_csv_columns(void) {
     CHECK(x[0] == 3.0f && y == 1);
     dtr_dataset_get(ds, 3, x, &y, NULL, 0);
     CHECK(y == 0);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     /* unlabeled: every column is a feature */
     c.label_kind = DTR_LABEL_NONE;
     CHECK_OK(NULL, csv_open("1,2,3\n4,5,6\n", &c, &ds));
     if (ds) {
         CHECK(dtr_dataset_layout(ds)->unlabeled);
         CHECK_EQ_INT(dtr_dataset_layout(ds)->x_shape[0], 3);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
 }
 
@@ -394,7 +394,7 @@ static void test_csv_numbers(void) {
         if (!ds) continue;
         dtr_dataset_get(ds, 0, &x, &y, NULL, 0);
         CHECK_MSG(x == good[i].v, "%s -> %.9g, want %.9g", good[i].s, (double)x, (double)good[i].v);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     c.delimiter = ';';
     for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
@@ -402,7 +402,7 @@ static void test_csv_numbers(void) {
         ds = NULL;
         CHECK_MSG(csv_open(text, &c, &ds) == DTR_CORRUPT_FILE, "%s was accepted", bad[i]);
         CHECK_MSG(strstr(g_err, ":1:1:") && strstr(g_err, "is not a number"), "%s: %s", bad[i], g_err);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
 }
 
@@ -412,7 +412,7 @@ static void expect_csv_error(const char *text, const dtr_csv_config *c, dtr_resu
     CHECK_MSG(r == want, "line %d: got %s, want %s (%s)", line, dtr_result_string(r), dtr_result_string(want), g_err);
     CHECK_MSG(strstr(g_err, needle) != NULL, "line %d: message \"%s\" lacks \"%s\"", line, g_err, needle);
     CHECK(ds == NULL);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
 }
 
 static void test_csv_errors(void) {
@@ -464,7 +464,7 @@ static void test_csv_errors(void) {
         CHECK_EQ_INT(dtr_dataset_count(ds), 3);
         CHECK(strcmp(dtr_dataset_class_name(ds, 2), "x") == 0);
         CHECK(strcmp(dtr_dataset_name(ds), c.path) == 0);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     CHECK(write_text(c.path, "f1,f2,y\n1,2,1\n3,,0\n"));
     CHECK_EQ_INT(dtr_dataset_open_csv(&c, &ds, g_err, sizeof g_err), DTR_CORRUPT_FILE);
@@ -510,12 +510,12 @@ static void test_idx_dataset(void) {
     CHECK(x[0] == 80.0f / 255.0f && x[3] == 140.0f / 255.0f && y == 0);
     dtr_dataset_get(ds, 0, x, &y, NULL, 0);
     CHECK(y == 4 && x[1] == 20.0f / 255.0f);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     /* unlabeled */
     CHECK_OK(NULL, dtr_dataset_open_idx(tpath("img.idx"), NULL, NULL, &ds, g_err, sizeof g_err));
     if (ds) {
         CHECK(dtr_dataset_layout(ds)->unlabeled);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     /* count mismatch, truncated file, missing file */
     m = idx_header(lab, 0x08, 1, dl2);
@@ -573,7 +573,7 @@ static void test_idx_fmnist(void) {
         for (i = 0; i < 784; i++) ok &= x[i] == g_fm.train_x[idx[k] * 784 + i];
     }
     CHECK(ok);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
 }
 
 /* ---- token files ---- */
@@ -599,7 +599,7 @@ static void test_tokens(void) {
     CHECK(x[0] == 1008 && x[3] == 1011 && y[0] == 1009 && y[3] == 1012);
     dtr_dataset_get(ds, 4, x, y, NULL, 0);
     CHECK(x[0] == 1016 && y[3] == 1020);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     /* stride 1 (overlapping windows), a vocabulary too small for the last tokens */
     c.stride = 1;
     c.vocab_size = 1019;
@@ -612,7 +612,7 @@ static void test_tokens(void) {
         CHECK_EQ_INT(dtr_dataset_get(ds, 14, x, y, NULL, 0), DTR_OK);
         CHECK_EQ_INT(dtr_dataset_get(ds, 15, x, y, g_err, sizeof g_err), DTR_CORRUPT_FILE);
         CHECK_MSG(strstr(g_err, "tok.bin: sample 15: token 1019 at position 19 is outside the vocabulary (1019)"), "%s", g_err);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     /* uint32 after a 8-byte header */
     memset(b, 0xAB, 8);
@@ -634,7 +634,7 @@ static void test_tokens(void) {
         CHECK_EQ_INT(dtr_dataset_count(ds), 3);
         dtr_dataset_get(ds, 1, x, y, NULL, 0);
         CHECK(x[0] == 70003 && y[2] == 70006);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     /* truncated: not a whole number of tokens */
     CHECK(write_bytes(tpath("tok32.bin"), b, 47));
@@ -649,11 +649,11 @@ static void test_tokens(void) {
     CHECK(write_bytes(tpath("tok32.bin"), b, 48));
     CHECK_OK(NULL, dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err));
     CHECK_EQ_INT(dtr_dataset_count(ds), 0);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     CHECK(write_bytes(tpath("tok32.bin"), b, 0));
     CHECK_OK(NULL, dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err));
     CHECK_EQ_INT(dtr_dataset_count(ds), 0);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     c.path = tpath("nope.bin");
     CHECK_EQ_INT(dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err), DTR_IO_ERROR);
     CHECK(strstr(g_err, "nope.bin: cannot open") != NULL);
@@ -906,7 +906,7 @@ static void test_image_folder(void) {
     remove(path);
     CHECK_EQ_INT(dtr_dataset_get(ds, 5, x, &y, g_err, sizeof g_err), DTR_IO_ERROR);
     CHECK_MSG(strstr(g_err, "mid/img1.BMP: cannot open") != NULL, "%s", g_err);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     /* gray */
     c.channels = 1;
     CHECK_OK(NULL, dtr_dataset_open_image_folder(&c, &ds, g_err, sizeof g_err));
@@ -915,7 +915,7 @@ static void test_image_folder(void) {
         CHECK_EQ_INT(dtr_dataset_count(ds), 9);   /* mid/img1.BMP is gone */
         CHECK_OK(NULL, dtr_dataset_get(ds, 8, x, &y, g_err, sizeof g_err));
         CHECK(x[63] == 1.0f / 255.0f);
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
     }
     /* no images; no class folders; no folder; bad size */
     snprintf(path, sizeof path, "%s/empty", g_dir);
@@ -997,7 +997,7 @@ static void test_image_folder_fmnist(void) {
         for (k = 0; k < 784; k++) ok &= x[k] == g_fm.train_x[order[i] * 784 + k];
     }
     CHECK_MSG(ok, "%s", g_err);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     rm_rf(root);
 #else
     have_stb();
@@ -1027,6 +1027,6 @@ int main(void) {
     RUN(test_image_folder);
     RUN(test_image_folder_fmnist);
     rm_rf(g_dir);
-    if (g_have_fmnist > 0) dtr_mnist_free(&g_fm);
+    if (g_have_fmnist > 0) dtr_mnist_destroy(&g_fm);
     return test_summary();
 }

@@ -57,7 +57,7 @@ static void td_mem_make(td_mem *m, int64_t n, int C, int H, int W, int classes) 
 }
 
 static void td_mem_free(td_mem *m) {
-    dtr_dataset_close(m->ds);
+    dtr_dataset_destroy(m->ds);
     free(m->x);
     free(m->y);
 }
@@ -570,7 +570,7 @@ static void test_augment_values(void) {
         c.augment.hflip = 1;
         CHECK_EQ_INT(dtr_loader_create(csv, &c, &l, g_err, sizeof g_err), DTR_INVALID_ARGUMENT);
         CHECK(strstr(g_err, "crop and flip need") != NULL);
-        dtr_dataset_close(csv);
+        dtr_dataset_destroy(csv);
     }
     td_mem_free(&m);
 }
@@ -623,7 +623,7 @@ static void test_cache(void) {
     }
     td_rec_free(&a);
     td_rec_free(&r);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     pthread_mutex_destroy(&t.mu);
 }
 
@@ -686,7 +686,7 @@ static void test_bad_samples(void) {
         CHECK_MSG(strstr(dtr_loader_last_error(l), "samples in a row") != NULL, "%s", dtr_loader_last_error(l));
         dtr_loader_destroy(l);
     }
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     pthread_mutex_destroy(&t.mu);
 }
 
@@ -714,7 +714,7 @@ static void test_destroy_midway(void) {
         if (k > 1) CHECK_OK(NULL, dtr_loader_next(l, &b));
         dtr_loader_destroy(l);   /* joins threads in the middle of batches */
     }
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     pthread_mutex_destroy(&t.mu);
 }
 
@@ -758,28 +758,28 @@ static void test_token_batches(void) {
         CHECK(ok);
         dtr_loader_destroy(l);
     }
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     remove(path);
 }
 
 /* ---- streaming ---- */
 
-static dtr_stream *td_stream(int64_t cap, int64_t max_batch, int drop) {
-    dtr_stream_config c = dtr_stream_config_init();
-    dtr_stream *s = NULL;
+static dtr_feed *td_stream(int64_t cap, int64_t max_batch, int drop) {
+    dtr_feed_config c = dtr_feed_config_init();
+    dtr_feed *s = NULL;
     c.layout.x_ndim = 1;
     c.layout.x_shape[0] = 2;
     c.layout.y_dtype = DTR_F32;
     c.capacity = cap;
     c.max_batch = max_batch;
     c.drop_oldest = drop;
-    if (dtr_stream_create(&c, &s, g_err, sizeof g_err) != DTR_OK) fprintf(stderr, "td_stream: %s\n", g_err);
+    if (dtr_feed_create(&c, &s, g_err, sizeof g_err) != DTR_OK) fprintf(stderr, "td_stream: %s\n", g_err);
     return s;
 }
 
 static void test_stream_basic(void) {
-    dtr_stream *s = td_stream(4, 3, 0);
-    dtr_stream_stats st;
+    dtr_feed *s = td_stream(4, 3, 0);
+    dtr_feed_stats st;
     dtr_batch b;
     float x[12], y[6];
     int64_t pushed;
@@ -789,53 +789,53 @@ static void test_stream_basic(void) {
     for (i = 0; i < 12; i++) x[i] = (float)i;
     for (i = 0; i < 6; i++) y[i] = -(float)i;
     /* empty: next times out at once, or after about the time asked */
-    CHECK_EQ_INT(dtr_stream_next(s, 3, 1, 0, &b), DTR_TIMEOUT);
+    CHECK_EQ_INT(dtr_feed_next(s, 3, 1, 0, &b), DTR_TIMEOUT);
     t0 = now_s();
-    CHECK_EQ_INT(dtr_stream_next(s, 3, 1, 60, &b), DTR_TIMEOUT);
+    CHECK_EQ_INT(dtr_feed_next(s, 3, 1, 60, &b), DTR_TIMEOUT);
     dt = now_s() - t0;
     CHECK_MSG(dt >= 0.05 && dt < 0.5, "waited %.3f s for a 60 ms timeout", dt);
     /* push 6 into 4 with timeout 0: 4 go in, DTR_TIMEOUT at once */
     t0 = now_s();
-    CHECK_EQ_INT(dtr_stream_push(s, x, y, 6, 0, &pushed), DTR_TIMEOUT);
+    CHECK_EQ_INT(dtr_feed_push(s, x, y, 6, 0, &pushed), DTR_TIMEOUT);
     CHECK(now_s() - t0 < 0.05);
     CHECK_EQ_INT(pushed, 4);
     t0 = now_s();
-    CHECK_EQ_INT(dtr_stream_push(s, x + 8, y + 4, 2, 40, &pushed), DTR_TIMEOUT);
+    CHECK_EQ_INT(dtr_feed_push(s, x + 8, y + 4, 2, 40, &pushed), DTR_TIMEOUT);
     dt = now_s() - t0;
     CHECK_MSG(dt >= 0.03 && dt < 0.5, "push waited %.3f s for a 40 ms timeout", dt);
     CHECK_EQ_INT(pushed, 0);
     /* min_size larger than what is there: timeout; then a batch of up to max_batch (3) */
-    CHECK_OK(NULL, dtr_stream_next(s, 10, 2, 0, &b));
+    CHECK_OK(NULL, dtr_feed_next(s, 10, 2, 0, &b));
     CHECK(b.size == 3 && b.x_ndim == 2 && b.x_shape[0] == 3 && b.x_shape[1] == 2 && b.y_ndim == 1);
     CHECK(((float *)b.x)[5] == 5.0f && ((float *)b.y)[2] == -2.0f && b.indices[2] == 2 && b.position == 0);
-    CHECK_EQ_INT(dtr_stream_next(s, 3, 2, 0, &b), DTR_TIMEOUT);   /* one left */
-    CHECK_OK(NULL, dtr_stream_push(s, x + 8, y + 4, 2, 0, &pushed));
-    CHECK_OK(NULL, dtr_stream_next(s, 3, 3, 0, &b));
+    CHECK_EQ_INT(dtr_feed_next(s, 3, 2, 0, &b), DTR_TIMEOUT);   /* one left */
+    CHECK_OK(NULL, dtr_feed_push(s, x + 8, y + 4, 2, 0, &pushed));
+    CHECK_OK(NULL, dtr_feed_next(s, 3, 3, 0, &b));
     CHECK(b.size == 3 && ((float *)b.x)[0] == 6.0f && ((float *)b.x)[4] == 10.0f && b.indices[2] == 5 && b.position == 1);
-    dtr_stream_get_stats(s, &st);
+    dtr_feed_get_stats(s, &st);
     CHECK(st.pushed == 6 && st.popped == 6 && st.size == 0 && st.dropped == 0 && st.timeouts == 2);
     /* close: pushes refused, the rest drains, then the end */
-    CHECK_OK(NULL, dtr_stream_push(s, x, y, 1, 0, NULL));
-    dtr_stream_close(s);
-    CHECK_EQ_INT(dtr_stream_push(s, x, y, 1, 0, NULL), DTR_BAD_STATE);
-    CHECK_OK(NULL, dtr_stream_next(s, 3, 3, -1, &b));
+    CHECK_OK(NULL, dtr_feed_push(s, x, y, 1, 0, NULL));
+    dtr_feed_end(s);
+    CHECK_EQ_INT(dtr_feed_push(s, x, y, 1, 0, NULL), DTR_BAD_STATE);
+    CHECK_OK(NULL, dtr_feed_next(s, 3, 3, -1, &b));
     CHECK_EQ_INT(b.size, 1);
-    CHECK_EQ_INT(dtr_stream_next(s, 3, 1, -1, &b), DTR_BAD_STATE);
-    dtr_stream_destroy(s);
+    CHECK_EQ_INT(dtr_feed_next(s, 3, 1, -1, &b), DTR_BAD_STATE);
+    dtr_feed_destroy(s);
     /* drop_oldest: never blocks, keeps the newest */
     s = td_stream(4, 4, 1);
     if (!s) return;
-    CHECK_OK(NULL, dtr_stream_push(s, x, y, 6, 0, &pushed));
+    CHECK_OK(NULL, dtr_feed_push(s, x, y, 6, 0, &pushed));
     CHECK_EQ_INT(pushed, 6);
-    CHECK_OK(NULL, dtr_stream_next(s, 4, 4, 0, &b));
+    CHECK_OK(NULL, dtr_feed_next(s, 4, 4, 0, &b));
     CHECK(b.size == 4 && b.indices[0] == 2 && ((float *)b.x)[0] == 4.0f);
-    dtr_stream_get_stats(s, &st);
+    dtr_feed_get_stats(s, &st);
     CHECK_EQ_INT(st.dropped, 2);
-    dtr_stream_destroy(s);
+    dtr_feed_destroy(s);
 }
 
 typedef struct td_prod {
-    dtr_stream *s;
+    dtr_feed *s;
     int n;
     int64_t timeouts;
 } td_prod;
@@ -845,9 +845,9 @@ static void *td_producer(void *arg) {
     int i;
     for (i = 0; i < p->n; i++) {
         float x[2] = {(float)i, (float)(2 * i)}, y = (float)(3 * i);
-        while (dtr_stream_push(p->s, x, &y, 1, 5, NULL) == DTR_TIMEOUT) p->timeouts++;
+        while (dtr_feed_push(p->s, x, &y, 1, 5, NULL) == DTR_TIMEOUT) p->timeouts++;
     }
-    dtr_stream_close(p->s);
+    dtr_feed_end(p->s);
     return NULL;
 }
 
@@ -863,7 +863,7 @@ static void test_stream_threads(void) {
     p.timeouts = 0;
     if (!p.s) return;
     CHECK(pthread_create(&th, NULL, td_producer, &p) == 0);
-    while ((r = dtr_stream_next(p.s, 8, 4, 100, &b)) != DTR_BAD_STATE) {
+    while ((r = dtr_feed_next(p.s, 8, 4, 100, &b)) != DTR_BAD_STATE) {
         int64_t i;
         if (r == DTR_TIMEOUT) continue;
         for (i = 0; i < b.size; i++) {   /* in order, nothing lost */
@@ -874,7 +874,7 @@ static void test_stream_threads(void) {
     pthread_join(th, NULL);
     CHECK(ok);
     CHECK_EQ_INT(got, p.n);
-    dtr_stream_destroy(p.s);
+    dtr_feed_destroy(p.s);
 }
 
 /* ---- the trainer fed by the loader ---- */
@@ -936,7 +936,7 @@ static void test_train_from_loader(void) {
     dtr_model_destroy(model);
     dtr_context_destroy(ctx);
     dtr_loader_destroy(l);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
 }
 
 int main(void) {

@@ -588,13 +588,13 @@ static void sc_send_recv(rank_ctx *rc) {
     if (me == 0) {
         int vals[3] = {1, 2, 3}, t1 = 11, t2 = 22;
         for (i = 0; i < 3; i++) RCHECK_OK(rc, c, dtr_comm_send_async(c, &vals[i], sizeof(int), 1, 7, &q[i]));
-        for (i = 0; i < 3; i++) { RCHECK_OK(rc, c, dtr_request_wait(q[i])); dtr_request_free(q[i]); }
+        for (i = 0; i < 3; i++) { RCHECK_OK(rc, c, dtr_request_wait(q[i])); dtr_request_destroy(q[i]); }
         RCHECK_OK(rc, c, dtr_comm_send_async(c, &t1, sizeof t1, 1, 1, &q[0]));
         RCHECK_OK(rc, c, dtr_comm_send_async(c, &t2, sizeof t2, 1, 2, &q[1]));
         RCHECK_OK(rc, c, dtr_request_wait(q[1]));
         RCHECK_OK(rc, c, dtr_request_wait(q[0]));
-        dtr_request_free(q[0]);
-        dtr_request_free(q[1]);
+        dtr_request_destroy(q[0]);
+        dtr_request_destroy(q[1]);
     } else if (me == 1) {
         int got = 0;
         for (i = 0; i < 3; i++) {
@@ -612,7 +612,7 @@ static void sc_send_recv(rank_ctx *rc) {
     RCHECK_OK(rc, c, dtr_comm_send_async(c, sb, big, right, 9, &q[1]));
     RCHECK_OK(rc, c, dtr_comm_send_async(c, NULL, 0, right, 10, &q[2]));
     RCHECK_OK(rc, c, dtr_comm_recv(c, NULL, 0, left, 10));
-    for (i = 0; i < 3; i++) { RCHECK_OK(rc, c, dtr_request_wait(q[i])); dtr_request_free(q[i]); }
+    for (i = 0; i < 3; i++) { RCHECK_OK(rc, c, dtr_request_wait(q[i])); dtr_request_destroy(q[i]); }
     for (bad = 0, k = 0; k < big; k++) bad |= rb[k] != (unsigned char)(k + (size_t)left);
     RCHECK_MSG(rc, !bad, "1 MiB from rank %d: wrong bytes", left);
     /* an all-to-all of sizes around the providers' inject / eager / rendezvous thresholds;
@@ -632,8 +632,8 @@ static void sc_send_recv(rank_ctx *rc) {
             if (p != me) RCHECK_OK(rc, c, dtr_comm_send_async(c, a2a_s[p], sz, p, 100 + i, &qs[p]));
         for (p = 0; p < N; p++) {
             if (p == me) continue;
-            if (qs[p]) { RCHECK_OK(rc, c, dtr_request_wait(qs[p])); dtr_request_free(qs[p]); }
-            if (qr[p]) { RCHECK_OK(rc, c, dtr_request_wait(qr[p])); dtr_request_free(qr[p]); }
+            if (qs[p]) { RCHECK_OK(rc, c, dtr_request_wait(qs[p])); dtr_request_destroy(qs[p]); }
+            if (qr[p]) { RCHECK_OK(rc, c, dtr_request_wait(qr[p])); dtr_request_destroy(qr[p]); }
             for (bad = 0, k = 0; k < sz; k++) bad |= a2a_r[p][k] != pat(p, me, k);
             for (k = sz; k < sz + 16; k++) bad |= a2a_r[p][k] != 0xcc;   /* nothing past the message */
             RCHECK_MSG(rc, !bad, "all-to-all: %zu bytes from rank %d: wrong bytes", sz, p);
@@ -716,8 +716,8 @@ static void sc_split(rank_ctx *rc) {
     for (i = 0; i < 1000; i++) { a[i] = (float)(me + i); b[i] = (float)(me * 10 + i); }
     RCHECK_OK(rc, row, dtr_comm_all_reduce_async(row, a, a, 1000, DTR_F32, DTR_REDUCE_SUM, &qa));
     RCHECK_OK(rc, col, dtr_comm_all_reduce_async(col, b, b, 1000, DTR_F32, DTR_REDUCE_SUM, &qb));
-    if (qb) { RCHECK_OK(rc, col, dtr_request_wait(qb)); dtr_request_free(qb); }
-    if (qa) { RCHECK_OK(rc, row, dtr_request_wait(qa)); dtr_request_free(qa); }
+    if (qb) { RCHECK_OK(rc, col, dtr_request_wait(qb)); dtr_request_destroy(qb); }
+    if (qa) { RCHECK_OK(rc, row, dtr_request_wait(qa)); dtr_request_destroy(qa); }
     for (bad = 0, i = 0; i < 1000; i++) {
         bad |= a[i] != (float)(sum_of(row_first, 1, row_first + row_n) + row_n * i);
         bad |= b[i] != (float)(10 * sum_of(me % 2, 2, N) + col_n * i);
@@ -766,7 +766,7 @@ static void sc_async(rank_ctx *rc) {
         RCHECK_OK(rc, c, dtr_request_test(q[i], &done));
         RCHECK(rc, done == 1);
         RCHECK_OK(rc, c, dtr_request_wait(q[i]));
-        dtr_request_free(q[i]);
+        dtr_request_destroy(q[i]);
     }
     for (bad = 0, i = 0; i < K * M; i++) bad |= bufs[i] != (float)(N * (N - 1) / 2 + N * (i % 17));
     RCHECK_MSG(rc, !bad, "async all-reduces: wrong sums");
@@ -778,11 +778,11 @@ static void sc_async(rank_ctx *rc) {
         if (!done) sleep_ms(1);
     }
     RCHECK(rc, done);
-    dtr_request_free(q[0]);
+    dtr_request_destroy(q[0]);
     RCHECK_OK(rc, c, dtr_comm_reduce_scatter_async(c, bufs, bufs + K * M / 2, 10, DTR_F32, DTR_REDUCE_SUM, &q[0]));
     RCHECK_OK(rc, c, dtr_comm_all_gather_async(c, bufs + K * M / 2, bufs, 10, DTR_F32, &q[1]));
     RCHECK_OK(rc, c, dtr_comm_barrier_async(c, &q[2]));
-    for (i = 2; i >= 0; i--) { RCHECK_OK(rc, c, dtr_request_wait(q[i])); dtr_request_free(q[i]); }
+    for (i = 2; i >= 0; i--) { RCHECK_OK(rc, c, dtr_request_wait(q[i])); dtr_request_destroy(q[i]); }
     free(bufs);
 }
 

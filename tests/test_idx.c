@@ -59,7 +59,7 @@ static void expect_bad(const unsigned char *b, size_t n, dtr_result want, const 
     CHECK_MSG(r == want, "line %d: got %d (%s), want %d; message: %s", line, (int)r, dtr_result_string(r), (int)want, err);
     CHECK_MSG(strstr(err, needle) != NULL, "line %d: message \"%s\" lacks \"%s\"", line, err, needle);
     CHECK_MSG(x.data == NULL, "line %d: data not NULL on failure", line);
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 }
 #define BAD(b, n, want, needle) expect_bad(b, n, want, needle, __LINE__)
 
@@ -126,10 +126,10 @@ static void test_parse_all_types(void) {
     CHECK_MSG(dtr_idx_parse(b, h + 6, NULL, &x, err, sizeof err) == DTR_OK, "%s", err);
     CHECK(x.dtype == DTR_U8 && x.ndim == 2 && x.dims[0] == 2 && x.dims[1] == 3 && x.numel == 6);
     CHECK(x.data && ((unsigned char *)x.data)[5] == 255);
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
     CHECK(x.data == NULL);
-    dtr_idx_free(&x);
-    dtr_idx_free(NULL);
+    dtr_idx_destroy(&x);
+    dtr_idx_destroy(NULL);
 
     dims[0] = 4;
     h = idx_header(b, 0x09, 1, dims);
@@ -140,7 +140,7 @@ static void test_parse_all_types(void) {
         int32_t *v = (int32_t *)x.data;
         CHECK(v[0] == -128 && v[1] == -1 && v[2] == 0 && v[3] == 127);
     }
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 
     dims[0] = 3;
     h = idx_header(b, 0x0B, 1, dims);
@@ -151,7 +151,7 @@ static void test_parse_all_types(void) {
         int32_t *v = (int32_t *)x.data;
         CHECK(v[0] == -32768 && v[1] == -2 && v[2] == 300);
     }
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 
     dims[0] = 2;
     h = idx_header(b, 0x0C, 1, dims);
@@ -162,7 +162,7 @@ static void test_parse_all_types(void) {
         int32_t *v = (int32_t *)x.data;
         CHECK(v[0] == INT32_MIN && v[1] == 123456789);
     }
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 
     h = idx_header(b, 0x0D, 1, dims);
     put_be(b + h, 0x3fc00000u, 4);       /* 1.5 */
@@ -170,7 +170,7 @@ static void test_parse_all_types(void) {
     CHECK_MSG(dtr_idx_parse(b, h + 8, NULL, &x, err, sizeof err) == DTR_OK, "%s", err);
     CHECK(x.dtype == DTR_F32);
     if (x.data) CHECK(((float *)x.data)[0] == 1.5f && ((float *)x.data)[1] == -0.25f);
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 
     h = idx_header(b, 0x0E, 1, dims);
     put_be(b + h, 0x400a000000000000ull, 8);       /* 3.25 */
@@ -178,14 +178,14 @@ static void test_parse_all_types(void) {
     CHECK_MSG(dtr_idx_parse(b, h + 16, NULL, &x, err, sizeof err) == DTR_OK, "%s", err);
     CHECK(x.dtype == DTR_F32);
     if (x.data) CHECK(((float *)x.data)[0] == 3.25f && ((float *)x.data)[1] == -1e10f);
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 
     /* a zero dim is an empty array, not an error */
     dims[0] = 0; dims[1] = 5;
     h = idx_header(b, 0x08, 2, dims);
     CHECK_MSG(dtr_idx_parse(b, h, NULL, &x, err, sizeof err) == DTR_OK, "%s", err);
     CHECK(x.numel == 0 && x.ndim == 2 && x.dims[1] == 5);
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 }
 
 /* ---- bad images ---- */
@@ -247,7 +247,7 @@ static void test_read_files(void) {
     CHECK(write_file(path, b, h + 5));
     CHECK_MSG(dtr_idx_read(path, NULL, &x, err, sizeof err) == DTR_OK, "%s", err);
     CHECK(x.numel == 5 && x.dtype == DTR_U8 && x.data && ((unsigned char *)x.data)[4] == 9);
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
 
     /* a truncated file: the message names the path and both sizes */
     CHECK(write_file(path, b, h + 4));
@@ -273,7 +273,7 @@ static void test_read_files(void) {
 #ifdef DTR_USE_ZLIB
     CHECK_MSG(have_zlib, "built with DTR_USE_ZLIB but the gzip file was not read: %s", err);
 #endif
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
     remove(path);
 
     {   /* corrupt streams: bad checksum, bad block type, truncated, garbage after the magic */
@@ -294,7 +294,7 @@ static void test_read_files(void) {
             CHECK_MSG(strstr(err, path) != NULL, "%s: %s", what[k], err);
             if (have_zlib) CHECK_MSG(strstr(err, "gzip") != NULL, "%s: %s", what[k], err);
             CHECK(x.data == NULL);
-            dtr_idx_free(&x);
+            dtr_idx_destroy(&x);
             remove(path);
         }
     }
@@ -347,10 +347,10 @@ static void test_mnist_synthetic(void) {
         CHECK_NEAR(d.test_x[7], 140.0 / 255.0, 1e-7);
         CHECK(d.train_y[1] == 9 && d.test_y[1] == 9);
     }
-    dtr_mnist_free(&d);
+    dtr_mnist_destroy(&d);
     CHECK(d.train_x == NULL);
-    dtr_mnist_free(&d);
-    dtr_mnist_free(NULL);
+    dtr_mnist_destroy(&d);
+    dtr_mnist_destroy(NULL);
 
     {   /* allocation callbacks: used, balanced, and every failure reported as out of memory */
         count_alloc c;
@@ -360,7 +360,7 @@ static void test_mnist_synthetic(void) {
         a.user = &c; a.malloc_fn = ca_malloc; a.realloc_fn = ca_realloc; a.free_fn = ca_free;
         CHECK(dtr_mnist_load(dir, &a, &d, err, sizeof err) == DTR_OK);
         CHECK(d.alloc == &a);
-        dtr_mnist_free(&d);
+        dtr_mnist_destroy(&d);
         CHECK(c.calls > 0);
         CHECK_EQ_INT(c.live, 0);
         calls = c.calls;
@@ -370,7 +370,7 @@ static void test_mnist_synthetic(void) {
             r = dtr_mnist_load(dir, &a, &d, err, sizeof err);
             CHECK_MSG(r == DTR_OUT_OF_MEMORY && strstr(err, "out of memory"), "allocation %ld: %d %s", k, (int)r, err);
             CHECK(d.train_x == NULL && d.test_y == NULL);
-            dtr_mnist_free(&d);
+            dtr_mnist_destroy(&d);
             CHECK_EQ_INT(c.live, 0);
         }
     }
@@ -458,7 +458,7 @@ static void test_fashion_mnist(void) {
         sum += floor((double)v * 255.0 + 0.5);
     }
     CHECK_NEAR(sum, 3431114169.0, 1.0);   /* the sum of every training pixel, from Python */
-    dtr_mnist_free(&d);
+    dtr_mnist_destroy(&d);
 }
 
 int main(void) {

@@ -54,7 +54,7 @@ static void expect_bad(size_t n, dtr_result want, const char *needle, int line) 
     CHECK_MSG(r == want, "line %d: got %d (%s), want %d; message: %s", line, (int)r, dtr_result_string(r), (int)want, err);
     CHECK_MSG(strstr(err, needle) != NULL, "line %d: message \"%s\" lacks \"%s\"", line, err, needle);
     CHECK_MSG(f.entries == NULL && f.count == 0, "line %d: out not emptied on failure", line);
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
 }
 #define BAD(header, data_len, want, needle) expect_bad(make_img(header, data_len), want, needle, __LINE__)
 
@@ -131,10 +131,10 @@ static void test_roundtrip_all_dtypes(void) {
         CHECK_EQ_INT(f.entries[5].end - f.entries[5].begin, 4);
         CHECK_EQ_INT(f.entries[6].end - f.entries[6].begin, 0);
     }
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     CHECK(f.entries == NULL && f.bytes == NULL);
-    dtr_st_close(&f);   /* twice is harmless */
-    dtr_st_close(NULL);
+    dtr_st_destroy(&f);   /* twice is harmless */
+    dtr_st_destroy(NULL);
     remove(path);
 }
 
@@ -158,7 +158,7 @@ static void test_write_replaces_atomically(void) {
         CHECK_EQ_INT(f.entries[0].shape[0], 2);
         CHECK(memcmp(f.entries[0].data, b, sizeof b) == 0);
     }
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
 #ifndef _WIN32
     snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
     CHECK(!file_exists(tmp));
@@ -176,7 +176,7 @@ static void test_zero_tensors(void) {
     CHECK_MSG(dtr_st_open(path, NULL, &f, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_EQ_INT(f.count, 0);
     CHECK_EQ_INT(f.size, 16);   /* 8 + "{}" padded to 8 */
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     remove(path);
 }
 
@@ -225,7 +225,7 @@ static void test_export_arange(void) {
         memcpy(&v, (const unsigned char *)f_in.entries[2].data + 2 * 23, 2);
         CHECK(dtr_f16_to_f32(v) == 23.0f);
     }
-    dtr_st_close(&f_in);
+    dtr_st_destroy(&f_in);
     if (!(exp && exp[0])) remove(path);
 }
 
@@ -245,7 +245,7 @@ static void test_reference_layout(void) {
         CHECK(f.entries[1].data == img + n - 4);
         CHECK(f.bytes == NULL);   /* the caller owns the image */
     }
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
 }
 
 /* ---- bad files: length and framing ---- */
@@ -333,7 +333,7 @@ static void test_unknown_dtype(void) {
         CHECK(f.entries[1].foreign && strcmp(f.entries[1].dtype_name, "I64") == 0 && f.entries[1].end - f.entries[1].begin == 16);
         CHECK(f.entries[2].foreign && strcmp(f.entries[2].dtype_name, "BOOL") == 0);
     }
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     BAD("{\"ids\":{\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, DTR_CORRUPT_FILE, "I64 x 2 elements need 16");
     BAD("{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, DTR_UNSUPPORTED, "dtype \"f32\" is not a safetensors dtype");
     BAD("{\"w\":{\"dtype\":\"Q7\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, DTR_UNSUPPORTED, "dtype \"Q7\"");
@@ -419,7 +419,7 @@ static void test_names(void) {
         char err[512] = "";
         CHECK_MSG(dtr_st_parse(img, make_img(h, 1), NULL, &f, err, sizeof err) == DTR_OK, "%s", err);
         CHECK(f.count == 1 && strlen(f.entries[0].name) == 255);
-        dtr_st_close(&f);
+        dtr_st_destroy(&f);
     }
     BAD("{\"a\\u0000b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1, DTR_CORRUPT_FILE, "NUL character");
 }
@@ -468,7 +468,7 @@ static void test_allocation_callbacks(void) {
     a.user = &c; a.malloc_fn = ca_malloc; a.realloc_fn = ca_realloc; a.free_fn = ca_free;
     CHECK(dtr_st_parse(img, n, &a, &f, err, sizeof err) == DTR_OK);
     CHECK(c.calls > 0);
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     CHECK_EQ_INT(c.live, 0);
     calls = c.calls;
     for (k = 1; k <= calls; k++) {   /* every allocation failing in turn */
@@ -476,7 +476,7 @@ static void test_allocation_callbacks(void) {
         c.fail_at = k;
         CHECK_EQ_INT(dtr_st_parse(img, n, &a, &f, err, sizeof err), DTR_OUT_OF_MEMORY);
         CHECK(strstr(err, "out of memory") != NULL);
-        dtr_st_close(&f);
+        dtr_st_destroy(&f);
         CHECK_EQ_INT(c.live, 0);
     }
 }

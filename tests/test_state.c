@@ -65,7 +65,7 @@ static int rig_open(rig *g, dtr_optimizer_kind kind) {
 
 static void rig_close(rig *g) {
     dtr_loader_destroy(g->ld);
-    dtr_dataset_close(g->ds);
+    dtr_dataset_destroy(g->ds);
     dtr_optimizer_destroy(g->opt);
     dtr_model_destroy(g->m);
     dtr_context_destroy(g->ctx);

@@ -406,6 +406,6 @@ int main(void) {
     RUN(test_gpt_tiny);
     RUN(test_mlp_fmnist);
     RUN(test_cnn_fmnist);
-    dtr_mnist_free(&g_data);
+    dtr_mnist_destroy(&g_data);
     return test_summary();
 }

@@ -703,7 +703,7 @@ static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
         r = dtr__comm_enqueue(c, q);
         if (r == DTR_OK) r = dtr_request_wait(q);
         else { q->state = DTR__REQ_DONE; q->result = r; }
-        dtr_request_free(q);
+        dtr_request_destroy(q);
         return r;
     }
 }
@@ -812,7 +812,7 @@ dtr_result dtr_request_wait(dtr_request *q) {
     return r;
 }
 
-void dtr_request_free(dtr_request *q) {
+void dtr_request_destroy(dtr_request *q) {
     dtr_comm *c;
     if (!q) return;
     c = q->comm;
@@ -938,7 +938,7 @@ dtr_result dtr_comm_send(dtr_comm *c, const void *buf, size_t bytes, int dst, in
     dtr_result r = dtr__p2p_start(c, DTR__OP_SEND, buf, NULL, bytes, dst, tag, &q);
     if (r != DTR_OK) return r;
     r = dtr_request_wait(q);
-    dtr_request_free(q);
+    dtr_request_destroy(q);
     return r;
 }
 dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, int tag) {
@@ -946,7 +946,7 @@ dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, int tag)
     dtr_result r = dtr__p2p_start(c, DTR__OP_RECV, NULL, buf, bytes, src, tag, &q);
     if (r != DTR_OK) return r;
     r = dtr_request_wait(q);
-    dtr_request_free(q);
+    dtr_request_destroy(q);
     return r;
 }
 

@@ -224,7 +224,7 @@ dtr_result dtr_dataset_create(int64_t count, const dtr_sample_layout *layout, co
     return DTR_OK;
 }
 
-void dtr_dataset_close(dtr_dataset *ds) {
+void dtr_dataset_destroy(dtr_dataset *ds) {
     dtr_allocation_callbacks a;
     int i;
     if (!ds) return;
@@ -351,11 +351,11 @@ dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dat
     if (ds->count > 0 && (!cfg->x || (!ds->layout.unlabeled && !cfg->y))) {
         r = dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_dataset_from_memory: x%s is NULL",
                       ds->layout.unlabeled ? "" : " or y");
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
         return r;
     }
     if ((uint64_t)ds->count > ((uint64_t)(size_t)-1 / 8) / (uint64_t)(ds->x_numel + ds->y_numel + 1)) {
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_dataset_from_memory: too many samples");
     }
     xb = (size_t)ds->count * m->x_bytes;
@@ -364,7 +364,7 @@ dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dat
         m->own_x = dtr__malloc(alloc, xb);
         m->own_y = yb ? dtr__malloc(alloc, yb) : NULL;
         if (!m->own_x || (yb && !m->own_y)) {
-            dtr_dataset_close(ds);
+            dtr_dataset_destroy(ds);
             return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "dtr_dataset_from_memory: out of memory for %lld samples",
                              (long long)cfg->count);
         }
@@ -377,7 +377,7 @@ dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dat
         m->y = (const unsigned char *)(ds->layout.unlabeled ? NULL : cfg->y);
     }
     if ((r = dtr__check_labels(ds, m->y, err, errlen)) != DTR_OK) {
-        dtr_dataset_close(ds);
+        dtr_dataset_destroy(ds);
         return r;
     }
     *out = ds;
@@ -528,8 +528,8 @@ static dtr_result dtr__idx_ds_get(dtr_dataset *ds, int64_t index, void *x, void 
 
 static void dtr__idx_ds_close(dtr_dataset *ds) {
     dtr__idx_ds *d = (dtr__idx_ds *)ds->impl;
-    dtr_idx_free(&d->images);
-    dtr_idx_free(&d->labels);
+    dtr_idx_destroy(&d->images);
+    dtr_idx_destroy(&d->labels);
     dtr__free(&ds->alloc, d);
 }
 
@@ -619,7 +619,7 @@ dtr_result dtr_dataset_open_idx(const char *images_path, const char *labels_path
     *out = ds;
     return DTR_OK;
 fail:
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return r;
 }
 
@@ -768,6 +768,6 @@ dtr_result dtr_dataset_open_tokens(const dtr_token_file_config *cfg, dtr_dataset
     *out = ds;
     return DTR_OK;
 fail:
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return r;
 }

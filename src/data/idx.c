@@ -171,7 +171,7 @@ static void dtr__idx_reset(dtr_idx *out, const dtr_allocation_callbacks *alloc) 
 /** Parses an uncompressed IDX image of `size` bytes (see the file comment for the layout).
  *  The elements are copied and converted, so `bytes` may be freed afterwards.
  *  @param out  receives dims, dtype (DTR_U8, DTR_I32 or DTR_F32), data and numel; empty on
- *              failure (safe to pass to dtr_idx_free).
+ *              failure (safe to pass to dtr_idx_destroy).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE (bad magic, type, ndim, overflowing
  *          dims, truncated or trailing bytes), DTR_UNSUPPORTED (more than DTR_MAX_DIMS dims),
  *          DTR_OUT_OF_MEMORY. Thread safe for distinct `out`. */
@@ -184,7 +184,7 @@ dtr_result dtr_idx_parse(const void *bytes, size_t size, const dtr_allocation_ca
     if (!bytes && size) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_idx_parse: bytes is NULL");
     r = dtr__idx_parse_named("IDX image", (const unsigned char *)(bytes ? bytes : ""), size, alloc, out, err, errlen);
     if (r != DTR_OK) {
-        dtr_idx_free(out);
+        dtr_idx_destroy(out);
         dtr__idx_reset(out, alloc);
     }
     return r;
@@ -299,14 +299,14 @@ dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks *alloc,
     r = dtr__idx_parse_named(path, buf, size, alloc, out, err, errlen);
     dtr__free(alloc, buf);
     if (r != DTR_OK) {
-        dtr_idx_free(out);
+        dtr_idx_destroy(out);
         dtr__idx_reset(out, alloc);
     }
     return r;
 }
 
 /** Frees the data of an IDX array and empties it. NULL is ignored. */
-void dtr_idx_free(dtr_idx *idx) {
+void dtr_idx_destroy(dtr_idx *idx) {
     if (!idx) return;
     dtr__free(idx->alloc, idx->data);
     idx->data = NULL;
@@ -403,8 +403,8 @@ static dtr_result dtr__mnist_split(const char *dir, const char *img_name, const 
     for (i = 0; i < img.numel; i++) (*xs)[i] = (float)((const unsigned char *)img.data)[i] / 255.0f;
     for (i = 0; i < lbl.numel; i++) (*ys)[i] = (int32_t)((const unsigned char *)lbl.data)[i];
 done:
-    dtr_idx_free(&img);
-    dtr_idx_free(&lbl);
+    dtr_idx_destroy(&img);
+    dtr_idx_destroy(&lbl);
     dtr__free(alloc, img_path);
     dtr__free(alloc, lbl_path);
     return r;
@@ -416,7 +416,7 @@ done:
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_IO_ERROR (a file is missing: the message names it),
  *          DTR_CORRUPT_FILE (bad IDX, image and label counts differ, train and test image
  *          sizes differ, a label outside 0..9), DTR_UNSUPPORTED (.gz without zlib),
- *          DTR_OUT_OF_MEMORY. On failure `out` is empty. Free with dtr_mnist_free.
+ *          DTR_OUT_OF_MEMORY. On failure `out` is empty. Free with dtr_mnist_destroy.
  *  Thread safe for distinct `out`. */
 dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                           char *err, size_t errlen) {
@@ -432,14 +432,14 @@ dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc
         r = dtr__mnist_split(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", alloc,
                              &out->test_x, &out->test_y, &out->test_n, &out->rows, &out->cols, err, errlen);
     if (r != DTR_OK) {
-        dtr_mnist_free(out);
+        dtr_mnist_destroy(out);
         out->alloc = alloc;
     }
     return r;
 }
 
 /** Frees the four arrays of a loaded dataset and empties it. NULL is ignored. */
-void dtr_mnist_free(dtr_mnist *d) {
+void dtr_mnist_destroy(dtr_mnist *d) {
     if (!d) return;
     dtr__free(d->alloc, d->train_x);
     dtr__free(d->alloc, d->train_y);

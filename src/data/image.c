@@ -592,7 +592,7 @@ static dtr_result dtr__open_folder(const dtr_image_folder_config *cfg, int ch, d
     return DTR_OK;
 fail:
     dtr__strlist_free(&classes, a);
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return r;
 }
 #endif /* DTR_USE_STB_IMAGE && DTR__HAVE_DIRENT */

@@ -153,7 +153,7 @@ static dtr_result dtr__dp_wait_all(dtr_dp *dp) {
         if (dp->b[i].req) {
             dtr_result r = dtr_request_wait(dp->b[i].req);
             if (r != DTR_OK && first == DTR_OK) first = r;
-            dtr_request_free(dp->b[i].req);
+            dtr_request_destroy(dp->b[i].req);
             dp->b[i].req = NULL;
         }
     }

@@ -376,7 +376,7 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
  *  Results: DTR_OK, DTR_NULL_HANDLE, DTR_CORRUPT_FILE, DTR_UNSUPPORTED (a dtype name that is
  *  not one of the format's, more than DTR_MAX_DIMS dims), DTR_OUT_OF_MEMORY. Entries of the
  *  format's other dtypes (I64, F64, BOOL, ...) are kept with `foreign` set. On failure `out` is
- *  left empty (safe to pass to dtr_st_close). Thread safe for distinct `out`. */
+ *  left empty (safe to pass to dtr_st_destroy). Thread safe for distinct `out`. */
 dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                         dtr_st_file *out, char *err, size_t errlen) {
     dtr_result r;
@@ -387,7 +387,7 @@ dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_cal
     if (!bytes && size) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_st_parse: bytes is NULL");
     r = dtr__st_parse_image("safetensors image", bytes ? bytes : "", size, alloc, out, err, errlen);
     if (r != DTR_OK) {
-        dtr_st_close(out);
+        dtr_st_destroy(out);
         return r;
     }
     out->size = size;
@@ -430,7 +430,7 @@ static int dtr__st_read_all(FILE *fp, const dtr_allocation_callbacks *alloc, voi
 }
 
 /** Reads the whole file at `path` and parses it (see dtr_st_parse); out->bytes owns the
- *  file's contents until dtr_st_close. Results as dtr_st_parse plus DTR_IO_ERROR when the
+ *  file's contents until dtr_st_destroy. Results as dtr_st_parse plus DTR_IO_ERROR when the
  *  file cannot be opened or read. Messages name `path`. Thread safe for distinct `out`. */
 dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, dtr_st_file *out,
                        char *err, size_t errlen) {
@@ -452,7 +452,7 @@ dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, 
     if (rc == 2) return dtr__errf(err, errlen, DTR_IO_ERROR, "%s: read error: %s", path, strerror(errno));
     r = dtr__st_parse_image(path, buf, size, alloc, out, err, errlen);
     if (r != DTR_OK) {
-        dtr_st_close(out);
+        dtr_st_destroy(out);
         dtr__free(alloc, buf);
         return r;
     }
@@ -463,7 +463,7 @@ dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, 
 
 /** Frees the entries (and, after dtr_st_open, the file's bytes) and empties `f`.
  *  NULL is ignored. */
-void dtr_st_close(dtr_st_file *f) {
+void dtr_st_destroy(dtr_st_file *f) {
     if (!f) return;
     dtr__free(f->alloc, f->entries);
     dtr__free(f->alloc, f->bytes);

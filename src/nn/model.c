@@ -307,7 +307,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     r = DTR_OK;
 done:
     dtr__free(&ctx->alloc, stage);
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     return r;
 }
 

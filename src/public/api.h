@@ -523,7 +523,7 @@ DTR_API dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_alloca
 DTR_API dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc,
                                dtr_st_file *out, char *err, size_t errlen);
 /** Frees what dtr_st_parse / dtr_st_open allocated. */
-DTR_API void dtr_st_close(dtr_st_file *f);
+DTR_API void dtr_st_destroy(dtr_st_file *f);
 /** Writes `bytes` bytes to `path` atomically: into a temporary file beside it
  *  ("<path>.tmp.<pid>.<n>"), synced, renamed over `path`, then the folder synced. Readers see
  *  the old file or the whole new one; on failure the temporary file is removed and `path`
@@ -660,7 +660,7 @@ DTR_API dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks
 /** Parses an uncompressed IDX image in memory (copies the data). */
 DTR_API dtr_result dtr_idx_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                                  dtr_idx *out, char *err, size_t errlen);
-DTR_API void dtr_idx_free(dtr_idx *idx);
+DTR_API void dtr_idx_destroy(dtr_idx *idx);
 
 /** Fashion-MNIST / MNIST in memory: images as f32 in [0, 1] (N, 28*28), labels i32 (N). */
 typedef struct dtr_mnist {
@@ -676,7 +676,7 @@ typedef struct dtr_mnist {
  *  agree and labels are in 0..9. */
 DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                                   char *err, size_t errlen);
-DTR_API void dtr_mnist_free(dtr_mnist *d);
+DTR_API void dtr_mnist_destroy(dtr_mnist *d);
 
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 

@@ -384,7 +384,7 @@ DTR_API dtr_result dtr_request_test(dtr_request *req, int *done);
 DTR_API dtr_result dtr_request_wait(dtr_request *req);
 /** Waits for the request if it still runs, then frees it. NULL is ignored. Every request
  *  must be freed (before its group is destroyed). */
-DTR_API void dtr_request_free(dtr_request *req);
+DTR_API void dtr_request_destroy(dtr_request *req);
 
 #ifdef __cplusplus
 }

@@ -69,7 +69,7 @@ DTR_API int64_t dtr_sample_layout_y_numel(const dtr_sample_layout *l);
  *  and `y` (y_numel elements of y_dtype; NULL when unlabeled); returns DTR_OK or an error
  *  with a message in `err` (errlen bytes, may be NULL). Must be safe to call from several
  *  threads at once when a loader with threads > 0 uses the dataset.
- *  close: frees `user` (may be NULL); called once by dtr_dataset_close. */
+ *  close: frees `user` (may be NULL); called once by dtr_dataset_destroy. */
 typedef struct dtr_dataset_callbacks {
     void *user;
     dtr_result (*get)(void *user, int64_t index, void *x, void *y, char *err, size_t errlen);
@@ -90,7 +90,7 @@ DTR_API dtr_result dtr_dataset_create(int64_t count, const dtr_sample_layout *la
 
 /** Closes a dataset and frees what it owns (its close callback included). NULL is ignored.
  *  Close it only after every loader and subset over it. */
-DTR_API void dtr_dataset_close(dtr_dataset *ds);
+DTR_API void dtr_dataset_destroy(dtr_dataset *ds);
 
 /** Number of samples; 0 for NULL. Thread safe. */
 DTR_API int64_t dtr_dataset_count(const dtr_dataset *ds);
@@ -303,8 +303,8 @@ DTR_API dtr_result dtr_dataset_open_tokens(const dtr_token_file_config *cfg, dtr
 
 /* ---- batches ---- */
 
-/** A batch of samples in host memory, owned by the loader or stream that produced it and
- *  valid until its next call (dtr_loader_next, dtr_stream_next) or its destruction.
+/** A batch of samples in host memory, owned by the loader or feed that produced it and
+ *  valid until its next call (dtr_loader_next, dtr_feed_next) or its destruction.
  *  x is (size, x_shape of a sample...) of x_dtype, y (size, y_shape...) of y_dtype, both
  *  dense row-major: ready for dtr_tensor_from, or use dtr_batch_tensors. */
 typedef struct dtr_batch {
@@ -317,7 +317,7 @@ typedef struct dtr_batch {
     int y_ndim;                       /**< including the leading N; 0 when unlabeled */
     int64_t y_shape[DTR_MAX_DIMS];
     void *y;                          /**< NULL when unlabeled */
-    const int64_t *indices;           /**< (N) dataset index of each sample (a stream: push sequence numbers) */
+    const int64_t *indices;           /**< (N) dataset index of each sample (a feed: push sequence numbers) */
     int64_t epoch;                    /**< epoch of the batch (0-based) */
     int64_t position;                 /**< batch number within the epoch (0-based) */
     int last;                         /**< 1 for the last batch of its epoch */
@@ -449,67 +449,67 @@ DTR_API dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *o
  *  and results). Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
-/* ---- streaming dataset (online training) ---- */
+/* ---- feed: a streaming dataset (online training) ---- */
 
 /** A bounded ring buffer of samples that the application pushes into while a trainer pops
  *  batches from it: training inside a running app on a stream of samples. */
-typedef struct dtr_stream_config {
+typedef struct dtr_feed_config {
     dtr_sample_layout layout;         /**< the samples' layout */
     int64_t capacity;                 /**< samples the ring holds; 0: 1024 */
-    int64_t max_batch;                /**< largest batch dtr_stream_next hands out; 0: 256 */
+    int64_t max_batch;                /**< largest batch dtr_feed_next hands out; 0: 256 */
     int drop_oldest;                  /**< 1: a push into a full ring overwrites the oldest samples
                                            (counted) instead of waiting */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
-} dtr_stream_config;
+} dtr_feed_config;
 
 /** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full). */
-DTR_API dtr_stream_config dtr_stream_config_init(void);
+DTR_API dtr_feed_config dtr_feed_config_init(void);
 
-typedef struct dtr_stream dtr_stream;
+typedef struct dtr_feed dtr_feed;
 
-/** Creates a stream; all memory is allocated here, pushes and pops allocate nothing.
+/** Creates a feed; all memory is allocated here, pushes and pops allocate nothing.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (layout, sizes), DTR_OUT_OF_MEMORY
  *          (also when a mutex cannot be created). */
-DTR_API dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, char *err, size_t errlen);
+DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err, size_t errlen);
 
-/** Frees the stream. No thread may be inside a push or next call. NULL is ignored. */
-DTR_API void dtr_stream_destroy(dtr_stream *s);
+/** Frees the feed. No thread may be inside a push or next call. NULL is ignored. */
+DTR_API void dtr_feed_destroy(dtr_feed *s);
 
 /** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into
  *  the ring. When it is full, waits up to `timeout_ms` for room (0: never blocks; negative:
  *  waits as long as it takes), or with drop_oldest overwrites the oldest samples.
  *  @param pushed  receives how many samples went in (may be NULL).
  *  @return DTR_OK (all went in), DTR_TIMEOUT (the ring stayed full: *pushed < n),
- *          DTR_BAD_STATE (the stream is closed), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
- *  Thread safety: any number of threads may push while one thread calls dtr_stream_next. */
-DTR_API dtr_result dtr_stream_push(dtr_stream *s, const void *x, const void *y, int64_t n, int timeout_ms,
+ *          DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
+ *  Thread safety: any number of threads may push while one thread calls dtr_feed_next. */
+DTR_API dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms,
                                    int64_t *pushed);
 
 /** Pops a batch of up to `max_size` samples (at most max_batch) once at least `min_size`
  *  (1 when < 1) are there, waiting up to `timeout_ms` (0: never; negative: forever). After
- *  dtr_stream_close the remaining samples come out even when fewer than min_size. The
+ *  dtr_feed_end the remaining samples come out even when fewer than min_size. The
  *  batch (epoch 0, position = batches popped before) is valid until the next call.
  *  @return DTR_OK, DTR_TIMEOUT (fewer than min_size arrived in time; nothing popped),
  *          DTR_BAD_STATE (closed and empty: the end of the stream), DTR_NULL_HANDLE,
  *          DTR_INVALID_ARGUMENT. Thread safety: one thread pops at a time. */
-DTR_API dtr_result dtr_stream_next(dtr_stream *s, int64_t max_size, int64_t min_size, int timeout_ms,
+DTR_API dtr_result dtr_feed_next(dtr_feed *s, int64_t max_size, int64_t min_size, int timeout_ms,
                                    dtr_batch *out);
 
-/** Marks the end of the stream: pushes fail with DTR_BAD_STATE, waiting calls wake up, and
- *  dtr_stream_next drains what is left. Thread safe. */
-DTR_API void dtr_stream_close(dtr_stream *s);
+/** Marks the end of the feed (no more pushes): pushes fail with DTR_BAD_STATE, waiting calls wake up, and
+ *  dtr_feed_next drains what is left. Thread safe. */
+DTR_API void dtr_feed_end(dtr_feed *s);
 
-/** Counters of a stream. */
-typedef struct dtr_stream_stats {
+/** Counters of a feed. */
+typedef struct dtr_feed_stats {
     int64_t size;                     /**< samples waiting in the ring */
     int64_t pushed;                   /**< samples pushed in total */
     int64_t popped;                   /**< samples handed out in batches */
     int64_t dropped;                  /**< samples overwritten by drop_oldest before being popped */
     int64_t timeouts;                 /**< pushes that returned DTR_TIMEOUT */
-} dtr_stream_stats;
+} dtr_feed_stats;
 
 /** Copies the counters. Thread safe. */
-DTR_API void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out);
+DTR_API void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out);
 
 #ifdef __cplusplus
 }

@@ -47,6 +47,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (dtr_dataset_class_name(ds, 0))   /* text labels: a name for every class */
         for (k = 0; k < L->num_classes; k++)
             if (dtr_dataset_class_name(ds, (int)k) == NULL) __builtin_trap();
-    dtr_dataset_close(ds);
+    dtr_dataset_destroy(ds);
     return 0;
 }

@@ -23,6 +23,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     es = dtr_dtype_size(x.dtype);
     for (i = 0; i < x.numel * (int64_t)es; i++) sum += ((const unsigned char *)x.data)[i];   /* ASan: in bounds */
     (void)sum;
-    dtr_idx_free(&x);
+    dtr_idx_destroy(&x);
     return 0;
 }

@@ -30,6 +30,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     if (f.count && covered + 8 > size) __builtin_trap();
     (void)sum;
-    dtr_st_close(&f);
+    dtr_st_destroy(&f);
     return 0;
 }

@@ -2,7 +2,7 @@
  * Streaming dataset: a bounded ring buffer of samples for online training inside an app.
  *
  * Producers (any number of threads: a game loop, a sensor callback) copy samples in with
- * dtr_stream_push; one trainer thread takes batches out with dtr_stream_next. One mutex
+ * dtr_feed_push; one trainer thread takes batches out with dtr_feed_next. One mutex
  * guards the ring; two condition variables wake a waiting producer (room) or trainer
  * (samples). Waits have deadlines from the caller (0: never block), measured on the wall
  * clock that pthread_cond_timedwait uses. All memory (the ring and one batch buffer) is
@@ -16,7 +16,7 @@
 #include <pthread.h>
 #include <sys/time.h>
 
-struct dtr_stream {
+struct dtr_feed {
     dtr_sample_layout layout;
     dtr_allocation_callbacks alloc;
     size_t x_bytes, y_bytes;
@@ -31,28 +31,28 @@ struct dtr_stream {
     int64_t *bseq;
     int64_t batches;
     int closed;
-    dtr_stream_stats stats;
+    dtr_feed_stats stats;
     pthread_mutex_t mu;
     pthread_cond_t room, data;
 };
 
-dtr_stream_config dtr_stream_config_init(void) {
-    dtr_stream_config c;
+dtr_feed_config dtr_feed_config_init(void) {
+    dtr_feed_config c;
     memset(&c, 0, sizeof c);
     c.capacity = 1024;
     c.max_batch = 256;
     return c;
 }
 
-dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, char *err, size_t errlen) {
+dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err, size_t errlen) {
     const dtr_allocation_callbacks *a;
-    dtr_stream *s;
+    dtr_feed *s;
     dtr_result r;
     int64_t cap, mb;
     if (err && errlen) err[0] = '\0';
-    if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_stream_create: out is NULL");
+    if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_feed_create: out is NULL");
     *out = NULL;
-    if (!cfg) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_stream_create: cfg is NULL");
+    if (!cfg) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_feed_create: cfg is NULL");
     if ((r = dtr__layout_check(&cfg->layout, "stream", err, errlen)) != DTR_OK) return r;
     cap = cfg->capacity ? cfg->capacity : 1024;
     mb = cfg->max_batch ? cfg->max_batch : 256;
@@ -60,7 +60,7 @@ dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, cha
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "stream: capacity and max_batch must be >= 1");
     if (mb > cap) mb = cap;
     a = &cfg->alloc;
-    s = (dtr_stream *)dtr__calloc(a, sizeof *s);
+    s = (dtr_feed *)dtr__calloc(a, sizeof *s);
     if (!s) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "stream: out of memory");
     s->alloc = cfg->alloc;
     a = &s->alloc;
@@ -99,7 +99,7 @@ dtr_result dtr_stream_create(const dtr_stream_config *cfg, dtr_stream **out, cha
     return DTR_OK;
 }
 
-void dtr_stream_destroy(dtr_stream *s) {
+void dtr_feed_destroy(dtr_feed *s) {
     dtr_allocation_callbacks a;
     if (!s) return;
     a = s->alloc;
@@ -128,7 +128,7 @@ static struct timespec dtr__deadline(int ms) {
 }
 
 /* Waits on `cv` (forever when ms < 0). Returns 0 when the deadline passed. */
-static int dtr__stream_wait(dtr_stream *s, pthread_cond_t *cv, int ms, const struct timespec *deadline) {
+static int dtr__stream_wait(dtr_feed *s, pthread_cond_t *cv, int ms, const struct timespec *deadline) {
     if (ms < 0) {
         pthread_cond_wait(cv, &s->mu);
         return 1;
@@ -136,7 +136,7 @@ static int dtr__stream_wait(dtr_stream *s, pthread_cond_t *cv, int ms, const str
     return pthread_cond_timedwait(cv, &s->mu, deadline) != ETIMEDOUT;
 }
 
-dtr_result dtr_stream_push(dtr_stream *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
+dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
     struct timespec deadline;
     dtr_result r = DTR_OK;
     int64_t done = 0;
@@ -188,7 +188,7 @@ dtr_result dtr_stream_push(dtr_stream *s, const void *x, const void *y, int64_t 
     return r;
 }
 
-dtr_result dtr_stream_next(dtr_stream *s, int64_t max_size, int64_t min_size, int timeout_ms, dtr_batch *out) {
+dtr_result dtr_feed_next(dtr_feed *s, int64_t max_size, int64_t min_size, int timeout_ms, dtr_batch *out) {
     struct timespec deadline;
     int64_t k, i;
     int d;
@@ -243,7 +243,7 @@ dtr_result dtr_stream_next(dtr_stream *s, int64_t max_size, int64_t min_size, in
     return DTR_OK;
 }
 
-void dtr_stream_close(dtr_stream *s) {
+void dtr_feed_end(dtr_feed *s) {
     if (!s) return;
     pthread_mutex_lock(&s->mu);
     s->closed = 1;
@@ -252,7 +252,7 @@ void dtr_stream_close(dtr_stream *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
-void dtr_stream_get_stats(dtr_stream *s, dtr_stream_stats *out) {
+void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     if (!s) return;
