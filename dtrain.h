@@ -12446,41 +12446,13 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #endif
 #line 12448 "dtrain.h"
 
-/* ---- src/comm/rendezvous.c ---- */
-#line 1 "src/comm/rendezvous.c"
+/* ---- src/rendezvous/env.c ---- */
+#line 1 "src/rendezvous/env.c"
 /* ============================================================================
- * Rendezvous: the environment conventions and the built-in TCP store.
- *
- * Rank 0 runs the server on a thread of its own: one poll() loop over the listening
- * sockets, a wake-up pipe and every connection, all non-blocking, so a client that stalls
- * or sends garbage holds nobody up. Every rank, rank 0 included, is a client with one
- * blocking-with-deadline connection.
- *
- * Wire format (all integers big-endian; docs/rendezvous.md has the full description):
- *   server hello    40 B  "DTRZ" u32 version  nonce_s[32]
- *   client auth     80 B  "DTRA" u32 version  u32 rank  u32 world  nonce_c[32]  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 join" || nonce_s || auth[0..48))
- *   server welcome  40 B  "DTRW" u32 status  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 welcome" || nonce_c || nonce_s
- *                               || welcome[0..8)), zero when the status is a refusal
- *   request         12 B  u8 op  u8 0  u16 key_len  u32 value_len  u32 id,  then key, value
- *   reply           12 B  u8 status  u8 0  u16 0  u32 value_len  u32 id,  then value
- * The server reads exactly 80 bytes from a new connection and checks the MAC before it
- * looks at any field. Every length is checked against its bound as soon as its header is
- * complete, before a byte of the body is buffered; a message that breaks a rule closes
- * that connection (the reason is logged) and nothing else.
- *
- * The server logic (dtr__rdzv_server_*, dtr__rdzv_conn_*) works on in-memory buffers and
- * knows nothing of sockets, so tests/fuzz/fuzz_rdzv.c drives it directly.
- *
- * Portability: POSIX sockets, poll, pthreads. Only interfaces that glibc and musl declare
- * under plain -std=c99 are required (the amalgamation cannot define feature-test macros
- * after the user's headers): getaddrinfo and clock_gettime are used when the headers
- * declare them (AI_PASSIVE, CLOCK_MONOTONIC), else numeric addresses go through
- * inet_pton, host names through gethostbyname (IPv4) and time through times().
- * Windows: the store reports DTR_UNSUPPORTED.
- * Uses dtr__hmac_* and dtr__ct_equal from src/comm/sha256.c (just before it in the
- * amalgamation).
+ * Rendezvous, part 1 of 4: the configuration and the environment conventions (dtrun,
+ * torchrun, Slurm, Open MPI), on every platform. Part 2 (wire.c) is the protocol and the
+ * server logic on memory buffers, part 3 (server.c) the sockets and rank 0's server thread,
+ * part 4 (client.c) the client every rank uses. docs/rendezvous.md describes the whole.
  * ==========================================================================*/
 
 
@@ -12602,57 +12574,56 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
     return DTR_OK;
 }
 
-#if defined(_WIN32)
 
-/* ---- Windows: not supported yet ---- */
+#ifdef __cplusplus
+}
+#endif
+#line 12582 "dtrain.h"
 
-struct dtr_store {
-    int unused;
-};
+/* ---- src/rendezvous/wire.c ---- */
+#line 1 "src/rendezvous/wire.c"
+/* ============================================================================
+ * Rendezvous, part 2 of 4: the built-in TCP store's protocol and its server logic on memory
+ * buffers (no sockets), so tests/fuzz/fuzz_rdzv.c drives it directly.
+ *
+ * Rank 0 runs the server on a thread of its own: one poll() loop over the listening
+ * sockets, a wake-up pipe and every connection, all non-blocking, so a client that stalls
+ * or sends garbage holds nobody up. Every rank, rank 0 included, is a client with one
+ * blocking-with-deadline connection.
+ *
+ * Wire format (all integers big-endian; docs/rendezvous.md has the full description):
+ *   server hello    40 B  "DTRZ" u32 version  nonce_s[32]
+ *   client auth     80 B  "DTRA" u32 version  u32 rank  u32 world  nonce_c[32]  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 join" || nonce_s || auth[0..48))
+ *   server welcome  40 B  "DTRW" u32 status  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 welcome" || nonce_c || nonce_s
+ *                               || welcome[0..8)), zero when the status is a refusal
+ *   request         12 B  u8 op  u8 0  u16 key_len  u32 value_len  u32 id,  then key, value
+ *   reply           12 B  u8 status  u8 0  u16 0  u32 value_len  u32 id,  then value
+ * The server reads exactly 80 bytes from a new connection and checks the MAC before it
+ * looks at any field. Every length is checked against its bound as soon as its header is
+ * complete, before a byte of the body is buffered; a message that breaks a rule closes
+ * that connection (the reason is logged) and nothing else.
+ *
+ * The server logic (dtr__rdzv_server_*, dtr__rdzv_conn_*) works on in-memory buffers and
+ * knows nothing of sockets, so tests/fuzz/fuzz_rdzv.c drives it directly.
+ *
+ * Portability: POSIX sockets, poll, pthreads. Only interfaces that glibc and musl declare
+ * under plain -std=c99 are required (the amalgamation cannot define feature-test macros
+ * after the user's headers): getaddrinfo and clock_gettime are used when the headers
+ * declare them (AI_PASSIVE, CLOCK_MONOTONIC), else numeric addresses go through
+ * inet_pton, host names through gethostbyname (IPv4) and time through times().
+ * Windows: the store reports DTR_UNSUPPORTED.
+ * Uses dtr__hmac_* and dtr__ct_equal from src/comm/sha256.c (just before it in the
+ * amalgamation).
+ * ==========================================================================*/
 
-dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, char *err, size_t errlen) {
-    (void)cfg;
-    if (out) *out = NULL;
-    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
-}
-void dtr_store_destroy(dtr_store *st) { (void)st; }
-dtr_result dtr_store_set(dtr_store *st, const char *key, const void *value, size_t len) {
-    (void)st; (void)key; (void)value; (void)len;
-    return DTR_UNSUPPORTED;
-}
-dtr_result dtr_store_get(dtr_store *st, const char *key, void *buf, size_t cap, size_t *len) {
-    (void)st; (void)key; (void)buf; (void)cap; (void)len;
-    return DTR_UNSUPPORTED;
-}
-dtr_result dtr_store_check(dtr_store *st, const char *key, void *buf, size_t cap, size_t *len, int *found) {
-    (void)st; (void)key; (void)buf; (void)cap; (void)len; (void)found;
-    return DTR_UNSUPPORTED;
-}
-dtr_result dtr_store_add(dtr_store *st, const char *key, int64_t delta, int64_t *result) {
-    (void)st; (void)key; (void)delta; (void)result;
-    return DTR_UNSUPPORTED;
-}
-dtr_result dtr_store_delete(dtr_store *st, const char *key) {
-    (void)st; (void)key;
-    return DTR_UNSUPPORTED;
-}
-dtr_result dtr_store_barrier(dtr_store *st, const char *tag) {
-    (void)st; (void)tag;
-    return DTR_UNSUPPORTED;
-}
-dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen) {
-    (void)st; (void)timeout_ms;
-    if (out) *out = NULL;
-    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
-}
-void dtr__store_set_timeout(dtr_store *st, int timeout_ms) { (void)st; (void)timeout_ms; }
-const char *dtr_store_last_error(const dtr_store *st) { (void)st; return "rendezvous: not supported on Windows"; }
-int32_t dtr_store_rank(const dtr_store *st) { (void)st; return -1; }
-int32_t dtr_store_world_size(const dtr_store *st) { (void)st; return 0; }
-int dtr_store_port(const dtr_store *st) { (void)st; return 0; }
 
-#else /* POSIX */
 
+
+#include <limits.h>
+
+#if !defined(_WIN32)
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
@@ -12666,6 +12637,10 @@ int dtr_store_port(const dtr_store *st) { (void)st; return 0; }
 #include <sys/socket.h>
 #include <sys/times.h>
 #include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* ---- protocol constants ---- */
 
@@ -13342,6 +13317,44 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
     }
 }
 
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* !_WIN32 */
+#line 13327 "dtrain.h"
+
+/* ---- src/rendezvous/server.c ---- */
+#line 1 "src/rendezvous/server.c"
+/* ============================================================================
+ * Rendezvous, part 3 of 4: sockets (addresses, listening, non-blocking I/O) and rank 0's
+ * server thread: one poll() loop over the listening sockets, a wake-up pipe and every
+ * connection, feeding the server logic of wire.c.
+ * ==========================================================================*/
+
+
+
+
+#if !defined(_WIN32)
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/times.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* ======================================================================
  * Sockets: addresses, the server thread, the client.
  * ====================================================================*/
@@ -13822,6 +13835,94 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
     *out = h;
     return DTR_OK;
 }
+
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* !_WIN32 */
+#line 13846 "dtrain.h"
+
+/* ---- src/rendezvous/client.c ---- */
+#line 1 "src/rendezvous/client.c"
+/* ============================================================================
+ * Rendezvous, part 4 of 4: the store's client, which every rank (rank 0 included) uses with
+ * one blocking-with-deadline connection, and dtr_store_create, which starts rank 0's server
+ * (server.c) first. On Windows the store reports DTR_UNSUPPORTED.
+ * ==========================================================================*/
+
+
+
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+
+/* ---- Windows: not supported yet ---- */
+
+struct dtr_store {
+    int unused;
+};
+
+dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, char *err, size_t errlen) {
+    (void)cfg;
+    if (out) *out = NULL;
+    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
+}
+void dtr_store_destroy(dtr_store *st) { (void)st; }
+dtr_result dtr_store_set(dtr_store *st, const char *key, const void *value, size_t len) {
+    (void)st; (void)key; (void)value; (void)len;
+    return DTR_UNSUPPORTED;
+}
+dtr_result dtr_store_get(dtr_store *st, const char *key, void *buf, size_t cap, size_t *len) {
+    (void)st; (void)key; (void)buf; (void)cap; (void)len;
+    return DTR_UNSUPPORTED;
+}
+dtr_result dtr_store_check(dtr_store *st, const char *key, void *buf, size_t cap, size_t *len, int *found) {
+    (void)st; (void)key; (void)buf; (void)cap; (void)len; (void)found;
+    return DTR_UNSUPPORTED;
+}
+dtr_result dtr_store_add(dtr_store *st, const char *key, int64_t delta, int64_t *result) {
+    (void)st; (void)key; (void)delta; (void)result;
+    return DTR_UNSUPPORTED;
+}
+dtr_result dtr_store_delete(dtr_store *st, const char *key) {
+    (void)st; (void)key;
+    return DTR_UNSUPPORTED;
+}
+dtr_result dtr_store_barrier(dtr_store *st, const char *tag) {
+    (void)st; (void)tag;
+    return DTR_UNSUPPORTED;
+}
+dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen) {
+    (void)st; (void)timeout_ms;
+    if (out) *out = NULL;
+    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
+}
+void dtr__store_set_timeout(dtr_store *st, int timeout_ms) { (void)st; (void)timeout_ms; }
+const char *dtr_store_last_error(const dtr_store *st) { (void)st; return "rendezvous: not supported on Windows"; }
+int32_t dtr_store_rank(const dtr_store *st) { (void)st; return -1; }
+int32_t dtr_store_world_size(const dtr_store *st) { (void)st; return 0; }
+int dtr_store_port(const dtr_store *st) { (void)st; return 0; }
+
+#else /* POSIX */
+
+#include <errno.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/times.h>
+#include <sys/types.h>
 
 /* ---- the client ---- */
 
@@ -14475,7 +14576,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14479 "dtrain.h"
+#line 14580 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15513,10 +15614,10 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15517 "dtrain.h"
+#line 15618 "dtrain.h"
 
-/* ---- src/comm/local.c ---- */
-#line 1 "src/comm/local.c"
+/* ---- src/transport/local.c ---- */
+#line 1 "src/transport/local.c"
 /* ============================================================================
  * The `local` transport: the ranks of a world are threads of this process.
  *
@@ -16054,7 +16155,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16058 "dtrain.h"
+#line 16159 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16496,7 +16597,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16500 "dtrain.h"
+#line 16601 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16733,7 +16834,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16737 "dtrain.h"
+#line 16838 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
