@@ -323,7 +323,7 @@ test: deps
 # last line is their total ("N passed, N failed").
 check:
 	./amalgamate --check
-	scripts/gen-api-doc --check
+	scripts/gen-api-doc --check --lint
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory header-check header-only readme-check
 	@$(MAKE) --no-print-directory cuda-check comm
@@ -336,7 +336,7 @@ check:
 api-doc:
 	scripts/gen-api-doc --lint
 api-doc-check:
-	scripts/gen-api-doc --check
+	scripts/gen-api-doc --check --lint
 
 # header-check: dtrain.h compiles alone as pedantic C99 and as C++, with and without the
 # implementation.

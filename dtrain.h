@@ -71,7 +71,8 @@ typedef enum dtr_result {
 /** Short constant description of a result code ("shape mismatch"). Thread safe. */
 DTR_API const char *dtr_result_string(dtr_result r);
 
-/** Runtime version as DTR_VERSION_NUMBER; compare with the macro to detect a header/library skew. */
+/** Runtime version as DTR_VERSION_NUMBER; compare with the macro to detect a header/library skew.
+ *  Thread safety: thread safe. */
 DTR_API int dtr_version(void);
 /** Runtime version string, "major.minor.patch". */
 DTR_API const char *dtr_version_string(void);
@@ -87,7 +88,8 @@ typedef enum dtr_dtype {
     DTR_U8 = 4
 } dtr_dtype;
 
-/** Size in bytes of one element of `dt`; 0 for an unknown dtype. */
+/** Size in bytes of one element of `dt`; 0 for an unknown dtype.
+ *  Thread safety: thread safe. */
 DTR_API size_t dtr_dtype_size(dtr_dtype dt);
 /** Name of the dtype ("f32", "bf16", ...). */
 DTR_API const char *dtr_dtype_name(dtr_dtype dt);
@@ -140,7 +142,8 @@ typedef struct dtr_context_config {
     uint64_t seed;                   /**< seed of the context RNG (dropout); 0 is a valid seed */
 } dtr_context_config;
 
-/** Returns a configuration with every field at its default. */
+/** Returns a configuration with every field at its default.
+ *  Thread safety: thread safe. */
 DTR_API dtr_context_config dtr_context_config_init(void);
 
 /** Creates a context: the backend, the thread pool and the step arena.
@@ -151,44 +154,55 @@ DTR_API dtr_context_config dtr_context_config_init(void);
  *  Thread safety: contexts are independent; one context is used by one thread at a time. */
 DTR_API dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out);
 
-/** Destroys a context and everything allocated from its arena. NULL is ignored. */
+/** Destroys a context and everything allocated from its arena. NULL is ignored.
+ *  Thread safety: the context's thread. */
 DTR_API void dtr_context_destroy(dtr_context *ctx);
 
 /** The sticky status: DTR_OK or the first error recorded by a tensor-returning call since the
- *  last dtr_context_clear_error(). Check it once after building a graph. */
+ *  last dtr_context_clear_error(). Check it once after building a graph.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_context_status(const dtr_context *ctx);
 
-/** The message of the most recent error on this context (names the op or file), or "". */
+/** The message of the most recent error on this context (names the op or file), or "".
+ *  Thread safety: the context's thread. */
 DTR_API const char *dtr_context_last_error(const dtr_context *ctx);
 
-/** Clears the sticky status and the message. */
+/** Clears the sticky status and the message.
+ *  Thread safety: the context's thread. */
 DTR_API void dtr_context_clear_error(dtr_context *ctx);
 
 /** Ends a step: forgets the tape and releases every arena tensor (activations, gradients of
  *  non-parameters). Model parameters and their gradients are untouched. Once the arena has
- *  grown to the step's size, later steps allocate nothing. Returns DTR_NULL_HANDLE for NULL. */
+ *  grown to the step's size, later steps allocate nothing. Returns DTR_NULL_HANDLE for NULL.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_context_reset(dtr_context *ctx);
 
 /** Turns tape recording on (default) or off (inference; no backward, less memory).
- *  Returns the previous setting. */
+ *  Returns the previous setting.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled);
 
-/** Training mode (dropout active; default) or evaluation mode. Returns the previous setting. */
+/** Training mode (dropout active; default) or evaluation mode. Returns the previous setting.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
 
-/** Number of compute threads of the context. */
+/** Number of compute threads of the context.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_context_threads(const dtr_context *ctx);
 
-/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL. */
+/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL.
+ *  Thread safety: the context's thread. */
 DTR_API void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used);
 
-/** The backend's name ("cpu", "cuda"). */
+/** The backend's name ("cpu", "cuda").
+ *  Thread safety: the context's thread. */
 DTR_API const char *dtr_context_backend_name(const dtr_context *ctx);
 
 /* ---- tensors ---- */
 
 /** New tensor of the step arena, contents undefined. Lives until dtr_context_reset().
- *  On error the sticky status is set and NULL returned (here and in every op builder). */
+ *  On error the sticky status is set and NULL returned (here and in every op builder).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_tensor_new(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape);
 /** Shorthands of dtr_tensor_new for f32 tensors of 1 to 4 dims. */
 DTR_API dtr_tensor *dtr_tensor_1d(dtr_context *ctx, int64_t n0);
@@ -201,7 +215,8 @@ DTR_API dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *s
 /** Arena tensor that copies `n = numel` elements of type `dt` from host memory `src`. */
 DTR_API dtr_tensor *dtr_tensor_from(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const void *src);
 
-/** Shape queries. dtr_tensor_dim accepts negative axes (-1 is the last). NULL gives 0. */
+/** Shape queries. dtr_tensor_dim accepts negative axes (-1 is the last). NULL gives 0.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_tensor_ndim(const dtr_tensor *t);
 DTR_API int64_t dtr_tensor_dim(const dtr_tensor *t, int axis);
 DTR_API int64_t dtr_tensor_numel(const dtr_tensor *t);
@@ -235,7 +250,8 @@ DTR_API dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t);
  * passes the NULL on, so a whole graph can be built and the status checked once.
  * Binary element-wise ops broadcast as NumPy does. Shapes: B batch, T time, C channels. */
 
-/** Element-wise a + b, a - b, a * b, a / b with broadcasting. */
+/** Element-wise a + b, a - b, a * b, a / b with broadcasting.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
@@ -244,6 +260,9 @@ DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
 /** Activations, element-wise. gelu is the tanh approximation (as GPT-2). */
 DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
+/** GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's
+ *  gelu(x, approximate='tanh') and GPT-2's; dtr_gelu_erf is the exact form.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
@@ -257,12 +276,14 @@ DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
- *  transposed views (no copy). */
+ *  transposed views (no copy).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 /** x (..., in) times w (out, in) transposed plus bias (out) (bias may be NULL): (..., out). */
 DTR_API dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias);
 
-/** Softmax and log-softmax over the last axis. */
+/** Softmax and log-softmax over the last axis.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
 /** Softmax over the last axis of (..., T, T) scores with a causal mask: position j > i of
@@ -270,12 +291,14 @@ DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
 
 /** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)).
- *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0). */
+ *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
 
-/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. */
+/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 /** Sum / mean of all elements; scalar. */
@@ -283,7 +306,8 @@ DTR_API dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 
 /** Rows of `table` (V, C) picked by i32 `ids` (any shape S): (S..., C). An id outside [0, V)
- *  is DTR_INVALID_ARGUMENT. */
+ *  is DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
@@ -291,7 +315,8 @@ DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w
  *  context is in evaluation mode or p == 0. */
 DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
 
-/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W'). */
+/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W').
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                int stride, int padding);
 /** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
@@ -301,18 +326,21 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
  *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
- *  permute and softmax_causal, so it shares their backward passes. */
+ *  permute and softmax_causal, so it shares their backward passes.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
 /** Converts to another dtype. f32 <-> bf16/f16: the backward pass converts the gradient
- *  straight through. */
+ *  straight through.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt);
 
 /* ---- views ----
  * Views share storage with their input (no copy) and have their own gradient. Ops accept
  * non-contiguous views. */
 
-/** Same elements, new shape; one entry may be -1. Copies only if `x` is not contiguous. */
+/** Same elements, new shape; one entry may be -1. Copies only if `x` is not contiguous.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_reshape(dtr_context *ctx, dtr_tensor *x, int ndim, const int64_t *shape);
 /** Swaps two axes. */
 DTR_API dtr_tensor *dtr_transpose(dtr_context *ctx, dtr_tensor *x, int axis0, int axis1);
@@ -350,7 +378,8 @@ DTR_API dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const fl
 
 /** A backend's completion handle: marks work queued on a context's stream. NULL is an event
  *  that has completed (the CPU backend's events are always NULL). Valid until the next
- *  dtr_context_reset of its context. */
+ *  dtr_context_reset of its context.
+ *  Thread safety: the context's thread. */
 typedef struct dtr_event dtr_event;
 /** Blocks the calling thread until `ev` has completed (NULL: returns at once).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: any thread, while the
@@ -388,7 +417,8 @@ DTR_API dtr_result dtr_context_state_loaded(dtr_context *ctx);
 
 /* ---- random numbers ---- */
 
-/** A small, fast, seedable generator (PCG32). Deterministic across platforms. */
+/** A small, fast, seedable generator (PCG32). Deterministic across platforms.
+ *  Thread safety: one thread per generator. */
 typedef struct dtr_rng { uint64_t state, inc; } dtr_rng;
 /** Seeds a generator; different `stream` values give independent sequences. */
 DTR_API void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream);
@@ -418,7 +448,8 @@ typedef enum dtr_init {
 
 /** Creates an empty model on `ctx`. Parameters, gradients and optimizer state live in
  *  contiguous buffers the model owns (allocated once by dtr_model_build or the first use).
- *  @param seed  seeds every initialiser (parameter i uses stream i). */
+ *  @param seed  seeds every initialiser (parameter i uses stream i).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out);
 /** Frees the model, its buffers and its layers. NULL is ignored. */
 DTR_API void dtr_model_destroy(dtr_model *m);
@@ -426,7 +457,8 @@ DTR_API void dtr_model_destroy(dtr_model *m);
 /** Declares a parameter. Names must be unique (they key checkpoints). `arg` is the std or
  *  bound for DTR_INIT_NORMAL / UNIFORM. Returns the parameter tensor (valid for the model's
  *  lifetime; its data exists after dtr_model_build), or NULL with the context's error set
- *  (duplicate name, bad shape, model already built). */
+ *  (duplicate name, bad shape, model already built).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
                                     dtr_init init, float arg);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
@@ -458,13 +490,24 @@ typedef struct dtr_conv2d_layer {
     int64_t in, out;
     int k, stride, padding;
 } dtr_conv2d_layer;
-/** Layer norm over the last axis: weight (C) = 1, bias (C) = 0. */
+/** Layer norm over the last axis: weight (C) = 1, bias (C) = 0; eps 1e-5, PyTorch's
+ *  nn.LayerNorm default (the layer's `eps` field may be changed after init). */
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
-/** Causal self-attention: qkv projection (3C, C) and output projection (C, C). */
+/** Causal self-attention: parameters "<name>.qkv.weight" (3C, C), "<name>.qkv.bias" (3C),
+ *  "<name>.proj.weight" (C, C), "<name>.proj.bias" (C), stored as nn.Linear stores them
+ *  (out, in). The rows of qkv.weight are q | k | v: rows 0..C-1 give q, C..2C-1 k, 2C..3C-1 v;
+ *  head h of `heads` uses features h*C/heads .. (h+1)*C/heads-1 of each (GPT-2's layout).
+ *  Scores are scaled by 1/sqrt(C/heads). Hugging Face GPT-2 keeps these as Conv1D weights
+ *  (in, out): transpose c_attn.weight and c_proj.weight when porting (docs/guide.md). */
 typedef struct dtr_attention_layer { dtr_linear_layer qkv, proj; int64_t dim; int heads; } dtr_attention_layer;
-/** Pre-norm GPT block: x + attn(ln1(x)), then x + mlp(ln2(x)) with mlp = fc2(gelu(fc1)). */
+/** Pre-norm GPT block: x + attn(ln1(x)), then x + fc_proj(gelu(fc(ln2(x)))), GELU in its tanh
+ *  form (dtr_gelu, GPT-2's). Parameters under "<name>.": ln1.weight/bias, attn.qkv.*,
+ *  attn.proj.* (as dtr_attention_layer), ln2.weight/bias, fc.weight (4C, C), fc.bias (4C),
+ *  fc_proj.weight (C, 4C), fc_proj.bias (C). Hugging Face GPT-2's h.<i>.ln_1, attn.c_attn,
+ *  attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj map to them in that order (Conv1D weights
+ *  transposed). */
 typedef struct dtr_gpt_block {
     dtr_layernorm_layer ln1, ln2;
     dtr_attention_layer attn;
@@ -473,7 +516,8 @@ typedef struct dtr_gpt_block {
 
 /** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill
  *  `layer`. `init` applies to weights (DTR_INIT_TORCH_DEFAULT matches PyTorch); biases follow
- *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error. */
+ *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_linear_layer_init(dtr_linear_layer *layer, dtr_model *m, const char *name,
                                          int64_t in, int64_t out, int bias, dtr_init init);
 DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
@@ -497,7 +541,8 @@ DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_atte
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
- *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure. */
+ *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
  *  field of every entry is validated; a missing parameter, a shape mismatch or a corrupt file
@@ -537,7 +582,8 @@ typedef struct dtr_st_file {
 /** Parses and validates a safetensors image in memory (no copy: entries point into `bytes`,
  *  which must outlive `out`). Checks the header length, the JSON syntax, each dtype, shape
  *  and data_offsets (inside the data section, matching dtype x numel, no overlap, covering
- *  the section). `err`/`errlen` receive a message naming the problem. */
+ *  the section). `err`/`errlen` receive a message naming the problem.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                                 dtr_st_file *out, char *err, size_t errlen);
 /** Reads a whole file and parses it. */
@@ -555,7 +601,8 @@ DTR_API void dtr_st_destroy(dtr_st_file *f);
 DTR_API dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen);
 
 /** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
- *  and rename. `data[i]` holds the elements of entry i in its dtype. */
+ *  and rename. `data[i]` holds the elements of entry i in its dtype.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                                 int count, char *err, size_t errlen);
 
@@ -594,7 +641,8 @@ typedef struct dtr_schedule {
     float gamma;           /**< step schedule factor */
 } dtr_schedule;
 
-/** Learning rate at optimizer step `step` (0-based). Pure function. */
+/** Learning rate at optimizer step `step` (0-based). Pure function.
+ *  Thread safety: thread safe. */
 DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
 
 typedef struct dtr_optimizer_config {
@@ -610,12 +658,14 @@ typedef struct dtr_optimizer_config {
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
 } dtr_optimizer_config;
 
-/** Defaults for `kind` with learning rate `lr` (constant schedule). */
+/** Defaults for `kind` with learning rate `lr` (constant schedule).
+ *  Thread safety: thread safe. */
 DTR_API dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr);
 
 typedef struct dtr_optimizer dtr_optimizer;
 
-/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers. */
+/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 /** One call per micro-batch after dtr_backward. Applies an update (clipping and schedule
@@ -658,7 +708,8 @@ DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_
 DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
- *  @param norm_out receives the norm before clipping (may be NULL). */
+ *  @param norm_out receives the norm before clipping (may be NULL).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out);
 
 /* ---- data: IDX (MNIST family) ---- */
@@ -675,7 +726,8 @@ typedef struct dtr_idx {
 
 /** Reads an IDX file, gzip-compressed or not (gzip needs DTR_USE_ZLIB and -lz; without it a
  *  .gz file gives DTR_UNSUPPORTED with a message). Validates the magic, the dims against the
- *  file length, and rejects truncated files with DTR_CORRUPT_FILE naming the path. */
+ *  file length, and rejects truncated files with DTR_CORRUPT_FILE naming the path.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks *alloc, dtr_idx *out,
                                 char *err, size_t errlen);
 /** Parses an uncompressed IDX image in memory (copies the data). */
@@ -694,7 +746,8 @@ typedef struct dtr_mnist {
 
 /** Loads the four files train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz],
  *  t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] from `dir`. Checks that counts
- *  agree and labels are in 0..9. */
+ *  agree and labels are in 0..9.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                                   char *err, size_t errlen);
 DTR_API void dtr_mnist_destroy(dtr_mnist *d);
@@ -702,7 +755,8 @@ DTR_API void dtr_mnist_destroy(dtr_mnist *d);
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 
 /** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu).
- *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED. */
+ *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED.
+ *  Thread safety: thread safe. */
 DTR_API const dtr_backend *dtr_cuda_backend(void);
 /** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
 DTR_API int dtr_cuda_device_count(void);
@@ -739,7 +793,8 @@ typedef struct dtr_sampler {
 } dtr_sampler;
 
 /** Fills `s`. Returns DTR_INVALID_ARGUMENT for n < 0, world < 1 or rank outside [0, world),
- *  or when drop_last leaves no index for a rank while n > 0 would need one. */
+ *  or when drop_last leaves no index for a rank while n > 0 would need one.
+ *  Thread safety: one thread per sampler. */
 DTR_API dtr_result dtr_sampler_init(dtr_sampler *s, int64_t n, int rank, int world, uint64_t seed, int shuffle,
                                     int drop_last);
 /** Indices per rank per epoch (the same on every rank). */
@@ -778,7 +833,8 @@ typedef struct dtr_sample_layout {
     int num_classes;                  /**< classification: labels are in [0, num_classes); 0: not known */
 } dtr_sample_layout;
 
-/** Elements of x and of y in one sample (y: 0 when unlabeled). NULL gives 0. */
+/** Elements of x and of y in one sample (y: 0 when unlabeled). NULL gives 0.
+ *  Thread safety: thread safe. */
 DTR_API int64_t dtr_sample_layout_x_numel(const dtr_sample_layout *l);
 DTR_API int64_t dtr_sample_layout_y_numel(const dtr_sample_layout *l);
 
@@ -807,7 +863,8 @@ DTR_API dtr_result dtr_dataset_create(int64_t count, const dtr_sample_layout *la
                                       size_t errlen);
 
 /** Closes a dataset and frees what it owns (its close callback included). NULL is ignored.
- *  Close it only after every loader and subset over it. */
+ *  Close it only after every loader and subset over it.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API void dtr_dataset_destroy(dtr_dataset *ds);
 
 /** Number of samples; 0 for NULL. Thread safe. */
@@ -816,7 +873,8 @@ DTR_API int64_t dtr_dataset_count(const dtr_dataset *ds);
 /** The sample layout (valid while the dataset is open); NULL for NULL. Thread safe. */
 DTR_API const dtr_sample_layout *dtr_dataset_layout(const dtr_dataset *ds);
 
-/** A short description for messages: the file or folder it was read from, or "memory". */
+/** A short description for messages: the file or folder it was read from, or "memory".
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API const char *dtr_dataset_name(const dtr_dataset *ds);
 
 /** Reads sample `index` into host buffers `x` (x_numel elements) and `y` (y_numel elements;
@@ -832,7 +890,8 @@ DTR_API const char *dtr_dataset_class_name(const dtr_dataset *ds, int k);
 
 /** A dataset of the samples `indices[0..n)` of `base` (copied), e.g. a train/validation
  *  split. Samples are read from `base`, which must stay open while the subset is used.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (an index outside base), DTR_OUT_OF_MEMORY. */
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (an index outside base), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_subset(dtr_dataset *base, const int64_t *indices, int64_t n, dtr_dataset **out,
                                       char *err, size_t errlen);
 
@@ -841,7 +900,8 @@ DTR_API dtr_result dtr_dataset_subset(dtr_dataset *base, const int64_t *indices,
  *  (C, ...) samples (`per_channel` 1: x_shape[0] values each). Feed them to the loader's
  *  normalisation (dtr_augment_config). std is the population deviation; 0 becomes 1.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DTYPE_MISMATCH (x not f32), DTR_INVALID_ARGUMENT
- *          (empty dataset), DTR_OUT_OF_MEMORY, or the error of a sample that fails. */
+ *          (empty dataset), DTR_OUT_OF_MEMORY, or the error of a sample that fails.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_feature_stats(dtr_dataset *ds, int per_channel, float *mean, float *std, char *err,
                                              size_t errlen);
 
@@ -858,13 +918,15 @@ typedef struct dtr_memory_dataset_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_memory_dataset_config;
 
-/** Returns a configuration with every field zero (borrowing, f32 x, i32 scalar labels). */
+/** Returns a configuration with every field zero (borrowing, f32 x, i32 scalar labels).
+ *  Thread safety: thread safe. */
 DTR_API dtr_memory_dataset_config dtr_memory_dataset_config_init(void);
 
 /** Creates a dataset over in-memory arrays. When layout.num_classes > 0 every i32 label is
  *  checked to lie in [0, num_classes).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad layout, count < 0, a label out
- *          of range: the message names the sample), DTR_OUT_OF_MEMORY. */
+ *          of range: the message names the sample), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dataset **out, char *err,
                                            size_t errlen);
 
@@ -897,7 +959,8 @@ typedef struct dtr_csv_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_csv_config;
 
-/** Returns the defaults: detected header, ',' separator, class labels in the last column. */
+/** Returns the defaults: detected header, ',' separator, class labels in the last column.
+ *  Thread safety: thread safe. */
 DTR_API dtr_csv_config dtr_csv_config_init(void);
 
 /** Reads a whole CSV file into an in-memory dataset: x is the f32 vector (F) of the feature
@@ -911,7 +974,8 @@ DTR_API dtr_csv_config dtr_csv_config_init(void);
 DTR_API dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, char *err, size_t errlen);
 
 /** Same as dtr_dataset_open_csv over `size` bytes of CSV text in memory (cfg->path, when
- *  set, only names the text in messages). The bytes are not kept. */
+ *  set, only names the text in messages). The bytes are not kept.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_csv_from_buffer(const void *bytes, size_t size, const dtr_csv_config *cfg,
                                                dtr_dataset **out, char *err, size_t errlen);
 
@@ -925,7 +989,8 @@ DTR_API dtr_result dtr_dataset_csv_from_buffer(const void *bytes, size_t size, c
  *  @param labels_path  NULL for an unlabeled dataset.
  *  @param alloc        NULL: libc.
  *  @return DTR_OK, DTR_NULL_HANDLE, the errors of dtr_idx_read, DTR_CORRUPT_FILE (image and
- *          label counts differ, labels not 1-D, a negative label), DTR_OUT_OF_MEMORY. */
+ *          label counts differ, labels not 1-D, a negative label), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_open_idx(const char *images_path, const char *labels_path,
                                         const dtr_allocation_callbacks *alloc, dtr_dataset **out, char *err,
                                         size_t errlen);
@@ -943,7 +1008,8 @@ typedef struct dtr_image_folder_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_image_folder_config;
 
-/** Returns the defaults (RGB; width and height must still be set). */
+/** Returns the defaults (RGB; width and height must still be set).
+ *  Thread safety: thread safe. */
 DTR_API dtr_image_folder_config dtr_image_folder_config_init(void);
 
 /** Lists an image folder; images are decoded by dtr_dataset_get (so a loader decodes them in
@@ -954,7 +1020,8 @@ DTR_API dtr_image_folder_config dtr_image_folder_config_init(void);
  *          message names root), DTR_UNSUPPORTED (built without DTR_USE_STB_IMAGE, or no
  *          directory listing on this platform: the message says how to enable it),
  *          DTR_OUT_OF_MEMORY. An image that fails to decode is reported by dtr_dataset_get
- *          (or skipped by a loader with skip_bad) naming its file. */
+ *          (or skipped by a loader with skip_bad) naming its file.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr_dataset **out, char *err,
                                                  size_t errlen);
 
@@ -1007,7 +1074,8 @@ typedef struct dtr_token_file_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_token_file_config;
 
-/** Returns the defaults (uint16 tokens, no header, stride = context; context must be set). */
+/** Returns the defaults (uint16 tokens, no header, stride = context; context must be set).
+ *  Thread safety: thread safe. */
 DTR_API dtr_token_file_config dtr_token_file_config_init(void);
 
 /** Maps a token file. count = (tokens - context - 1) / stride + 1 windows (0 when shorter).
@@ -1015,7 +1083,8 @@ DTR_API dtr_token_file_config dtr_token_file_config_init(void);
  *          stride < 0), DTR_IO_ERROR (cannot open or map), DTR_CORRUPT_FILE (shorter than
  *          the header, or the token data is not a whole number of tokens), DTR_OUT_OF_MEMORY.
  *  A token that does not fit i32 or passes vocab_size is reported by dtr_dataset_get
- *  naming the file, sample and position. */
+ *  naming the file, sample and position.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_open_tokens(const dtr_token_file_config *cfg, dtr_dataset **out, char *err,
                                            size_t errlen);
 
@@ -1043,7 +1112,8 @@ typedef struct dtr_batch {
 
 /** Copies a batch into arena tensors of `ctx` (dtr_tensor_from): *x gets the batch's x
  *  shape and dtype, *y its labels (NULL when unlabeled; `y` may be NULL to skip them).
- *  @return DTR_OK, DTR_NULL_HANDLE, or the context's error (arena full ...). */
+ *  @return DTR_OK, DTR_NULL_HANDLE, or the context's error (arena full ...).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y);
 
 /* ---- the loader ---- */
@@ -1083,7 +1153,8 @@ typedef struct dtr_loader_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_loader_config;
 
-/** Returns the defaults: batch 32, no shuffle, one rank, synchronous, no augmentation. */
+/** Returns the defaults: batch 32, no shuffle, one rank, synchronous, no augmentation.
+ *  Thread safety: thread safe. */
 DTR_API dtr_loader_config dtr_loader_config_init(void);
 
 typedef struct dtr_loader dtr_loader;
@@ -1100,10 +1171,12 @@ DTR_API dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *c
                                      size_t errlen);
 
 /** Stops and joins the prefetch threads (also in the middle of an epoch) and frees the
- *  loader. NULL is ignored. Batches it returned are invalid afterwards. */
+ *  loader. NULL is ignored. Batches it returned are invalid afterwards.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API void dtr_loader_destroy(dtr_loader *l);
 
-/** Batches per epoch on this rank (the same on every rank). */
+/** Batches per epoch on this rank (the same on every rank).
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API int64_t dtr_loader_batches(const dtr_loader *l);
 
 /** Hands out the next batch (waiting for the prefetch threads if it is not ready yet). The
@@ -1111,10 +1184,12 @@ DTR_API int64_t dtr_loader_batches(const dtr_loader *l);
  *  configuration and the batch's (epoch, position): the same with 0, 1 or 8 threads.
  *  @return DTR_OK; DTR_NULL_HANDLE; or the error of a sample that failed to load (skip_bad
  *          0; dtr_loader_last_error names the batch, file and sample), after which the
- *          loader has moved past that batch and can go on. */
+ *          loader has moved past that batch and can go on.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out);
 
-/** The message of the last error of dtr_loader_next, or "". */
+/** The message of the last error of dtr_loader_next, or "".
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API const char *dtr_loader_last_error(const dtr_loader *l);
 
 /** Counters since creation. */
@@ -1128,7 +1203,8 @@ typedef struct dtr_loader_stats {
     char last_bad[256];               /**< message of the last skipped sample, or "" */
 } dtr_loader_stats;
 
-/** Copies the counters into `out`. */
+/** Copies the counters into `out`.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API void dtr_loader_get_stats(const dtr_loader *l, dtr_loader_stats *out);
 
 #define DTR_LOADER_CURSOR_MAGIC 0x52435444u  /* "DTCR" */
@@ -1150,14 +1226,16 @@ typedef struct dtr_loader_cursor {
     int32_t reserved;
 } dtr_loader_cursor;
 
-/** The cursor of the next batch to be handed out (prefetched batches do not count). */
+/** The cursor of the next batch to be handed out (prefetched batches do not count).
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API void dtr_loader_get_cursor(const dtr_loader *l, dtr_loader_cursor *out);
 
 /** Moves the loader to `c` (discarding prefetched batches) and adopts its seed. The dataset
  *  size must match; in the middle of an epoch (position > 0) the batch size and world size
  *  must match too. Also the way to jump to an epoch: get the cursor, set epoch and position.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad magic or version, mismatch:
- *          dtr_loader_last_error says which), DTR_OUT_OF_MEMORY. */
+ *          dtr_loader_last_error says which), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c);
 /** Entry `index` of the loader's state (api.h, "state"): "cursor", its dtr_loader_cursor as
  *  dtr_loader_get_cursor gives it now. @return DTR_OK, DTR_NOT_FOUND past the last,
@@ -1180,17 +1258,20 @@ typedef struct dtr_feed_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_feed_config;
 
-/** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full). */
+/** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full).
+ *  Thread safety: thread safe. */
 DTR_API dtr_feed_config dtr_feed_config_init(void);
 
 typedef struct dtr_feed dtr_feed;
 
 /** Creates a feed; all memory is allocated here, pushes and pops allocate nothing.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (layout, sizes), DTR_OUT_OF_MEMORY
- *          (also when a mutex cannot be created). */
+ *          (also when a mutex cannot be created).
+ *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err, size_t errlen);
 
-/** Frees the feed. No thread may be inside a push or next call. NULL is ignored. */
+/** Frees the feed. No thread may be inside a push or next call. NULL is ignored.
+ *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API void dtr_feed_destroy(dtr_feed *s);
 
 /** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into
@@ -1367,7 +1448,8 @@ DTR_API dtr_result dtr_store_get(dtr_store *st, const char *key, void *buf, size
 
 /** Like dtr_store_get but does not wait: *found is 1 and the value is returned when the key
  *  exists, else *found is 0 and the result is DTR_OK.
- *  @return as dtr_store_get, without DTR_TIMEOUT for a missing key. */
+ *  @return as dtr_store_get, without DTR_TIMEOUT for a missing key.
+ *  Thread safety: one thread at a time per store handle. */
 DTR_API dtr_result dtr_store_check(dtr_store *st, const char *key, void *buf, size_t cap, size_t *len,
                                    int *found);
 
@@ -1392,7 +1474,8 @@ DTR_API dtr_result dtr_store_delete(dtr_store *st, const char *key);
 DTR_API dtr_result dtr_store_barrier(dtr_store *st, const char *tag);
 
 /** The message of the last failed call on this store (names rank, operation and key), or "".
- *  Valid until the next call on the store. */
+ *  Valid until the next call on the store.
+ *  Thread safety: one thread at a time per store handle. */
 DTR_API const char *dtr_store_last_error(const dtr_store *st);
 
 /** This store's rank (from its configuration); -1 for NULL. Thread safe. */
@@ -1463,7 +1546,8 @@ typedef enum dtr_allreduce_algo {
     DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
 } dtr_allreduce_algo;
 
-/** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling"). */
+/** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling").
+ *  Thread safety: thread safe. */
 DTR_API const char *dtr_reduce_op_name(dtr_reduce_op op);
 DTR_API const char *dtr_allreduce_algo_name(dtr_allreduce_algo algo);
 
@@ -1589,7 +1673,8 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  endpoint addresses through it, and uses cfg->fabric.provider, else $DTR_FABRIC_PROVIDER,
  *  else shm on one host and the best remote provider across hosts (cfg->fabric has the other
  *  settings). docs/distributed.md has the
- *  details, the environment variables and how failures are detected. */
+ *  details, the environment variables and how failures are detected.
+ *  Thread safety: thread safe. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
 /** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
@@ -1706,7 +1791,8 @@ DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
  *  Thread safety: as a collective. */
 DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
 
-/** DTR_OK, or the error that broke the group (sticky). */
+/** DTR_OK, or the error that broke the group (sticky).
+ *  Thread safety: the group's thread (one at a time per group). */
 DTR_API dtr_result dtr_comm_status(const dtr_comm *c);
 /** The message of the most recent error on this group: "rank R/N all_reduce #S (...): what",
  *  naming the peer; "" when none. Valid until the next call on the group. */
@@ -1739,7 +1825,8 @@ DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo a
  * group's sticky error. Messages name the rank, the operation and the peer. */
 
 /** dst[i] = src[i] reduced over all ranks, on every rank. src == dst is in place; otherwise
- *  they must not overlap. Ring or recursive doubling as the configuration says. */
+ *  they must not overlap. Ring or recursive doubling as the configuration says.
+ *  Thread safety: the group's thread (one at a time per group). */
 DTR_API dtr_result dtr_comm_all_reduce(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
                                        dtr_reduce_op op);
 /** buf of rank `root` is copied into buf of every rank (binomial tree; pipelined chain for
@@ -1774,6 +1861,11 @@ DTR_API dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, 
 
 typedef struct dtr_request dtr_request;
 
+/** The non-blocking collectives and point-to-point calls: arguments as the blocking calls of
+ *  the same name, plus *req, the request to test, wait on and destroy.
+ *  @return DTR_OK with *req set, or at once the error a blocking call would give for bad
+ *  arguments or a broken group (no request then).
+ *  Thread safety: the group's thread (the progress thread is the group's own). */
 DTR_API dtr_result dtr_comm_all_reduce_async(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
                                              dtr_reduce_op op, dtr_request **req);
 DTR_API dtr_result dtr_comm_broadcast_async(dtr_comm *c, void *buf, size_t count, dtr_dtype dt, int root,
@@ -1857,7 +1949,8 @@ typedef struct dtr_dp_config {
     int root;              /**< rank whose parameters are broadcast at creation (default 0) */
 } dtr_dp_config;
 
-/** Returns a configuration with every field at its default. */
+/** Returns a configuration with every field at its default.
+ *  Thread safety: thread safe. */
 DTR_API dtr_dp_config dtr_dp_config_init(void);
 
 /** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from
@@ -1952,7 +2045,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 1956 "dtrain.h"
+#line 2049 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2332,7 +2425,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2336 "dtrain.h"
+#line 2429 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2387,7 +2480,7 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
-#line 2391 "dtrain.h"
+#line 2484 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2553,7 +2646,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2557 "dtrain.h"
+#line 2650 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2603,7 +2696,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2607 "dtrain.h"
+#line 2700 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -2955,7 +3048,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 2959 "dtrain.h"
+#line 3052 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3746,7 +3839,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3750 "dtrain.h"
+#line 3843 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4104,7 +4197,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4108 "dtrain.h"
+#line 4201 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4217,7 +4310,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4221 "dtrain.h"
+#line 4314 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4587,7 +4680,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4591 "dtrain.h"
+#line 4684 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4777,7 +4870,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4781 "dtrain.h"
+#line 4874 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5227,7 +5320,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5231 "dtrain.h"
+#line 5324 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5406,7 +5499,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5410 "dtrain.h"
+#line 5503 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5806,7 +5899,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5810 "dtrain.h"
+#line 5903 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6286,7 +6379,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6290 "dtrain.h"
+#line 6383 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6545,7 +6638,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6549 "dtrain.h"
+#line 6642 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6612,7 +6705,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6616 "dtrain.h"
+#line 6709 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6734,7 +6827,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6738 "dtrain.h"
+#line 6831 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7065,7 +7158,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7069 "dtrain.h"
+#line 7162 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7234,7 +7327,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7238 "dtrain.h"
+#line 7331 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7578,7 +7671,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7582 "dtrain.h"
+#line 7675 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -7925,7 +8018,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 7929 "dtrain.h"
+#line 8022 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8110,7 +8203,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8114 "dtrain.h"
+#line 8207 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8751,7 +8844,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8755 "dtrain.h"
+#line 8848 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9204,7 +9297,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9208 "dtrain.h"
+#line 9301 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9260,7 +9353,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9264 "dtrain.h"
+#line 9357 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10037,7 +10130,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10041 "dtrain.h"
+#line 10134 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10618,7 +10711,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10622 "dtrain.h"
+#line 10715 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11249,7 +11342,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11253 "dtrain.h"
+#line 11346 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -11987,7 +12080,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 11991 "dtrain.h"
+#line 12084 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12254,7 +12347,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12258 "dtrain.h"
+#line 12351 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12444,7 +12537,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12448 "dtrain.h"
+#line 12541 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12578,7 +12671,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12582 "dtrain.h"
+#line 12675 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13323,7 +13416,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13327 "dtrain.h"
+#line 13420 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13842,7 +13935,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 13846 "dtrain.h"
+#line 13939 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14576,7 +14669,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14580 "dtrain.h"
+#line 14673 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15614,7 +15707,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15618 "dtrain.h"
+#line 15711 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16155,7 +16248,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16159 "dtrain.h"
+#line 16252 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16597,7 +16690,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16601 "dtrain.h"
+#line 16694 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16834,7 +16927,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16838 "dtrain.h"
+#line 16931 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

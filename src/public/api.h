@@ -50,7 +50,8 @@ typedef enum dtr_result {
 /** Short constant description of a result code ("shape mismatch"). Thread safe. */
 DTR_API const char *dtr_result_string(dtr_result r);
 
-/** Runtime version as DTR_VERSION_NUMBER; compare with the macro to detect a header/library skew. */
+/** Runtime version as DTR_VERSION_NUMBER; compare with the macro to detect a header/library skew.
+ *  Thread safety: thread safe. */
 DTR_API int dtr_version(void);
 /** Runtime version string, "major.minor.patch". */
 DTR_API const char *dtr_version_string(void);
@@ -66,7 +67,8 @@ typedef enum dtr_dtype {
     DTR_U8 = 4
 } dtr_dtype;
 
-/** Size in bytes of one element of `dt`; 0 for an unknown dtype. */
+/** Size in bytes of one element of `dt`; 0 for an unknown dtype.
+ *  Thread safety: thread safe. */
 DTR_API size_t dtr_dtype_size(dtr_dtype dt);
 /** Name of the dtype ("f32", "bf16", ...). */
 DTR_API const char *dtr_dtype_name(dtr_dtype dt);
@@ -119,7 +121,8 @@ typedef struct dtr_context_config {
     uint64_t seed;                   /**< seed of the context RNG (dropout); 0 is a valid seed */
 } dtr_context_config;
 
-/** Returns a configuration with every field at its default. */
+/** Returns a configuration with every field at its default.
+ *  Thread safety: thread safe. */
 DTR_API dtr_context_config dtr_context_config_init(void);
 
 /** Creates a context: the backend, the thread pool and the step arena.
@@ -130,44 +133,55 @@ DTR_API dtr_context_config dtr_context_config_init(void);
  *  Thread safety: contexts are independent; one context is used by one thread at a time. */
 DTR_API dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out);
 
-/** Destroys a context and everything allocated from its arena. NULL is ignored. */
+/** Destroys a context and everything allocated from its arena. NULL is ignored.
+ *  Thread safety: the context's thread. */
 DTR_API void dtr_context_destroy(dtr_context *ctx);
 
 /** The sticky status: DTR_OK or the first error recorded by a tensor-returning call since the
- *  last dtr_context_clear_error(). Check it once after building a graph. */
+ *  last dtr_context_clear_error(). Check it once after building a graph.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_context_status(const dtr_context *ctx);
 
-/** The message of the most recent error on this context (names the op or file), or "". */
+/** The message of the most recent error on this context (names the op or file), or "".
+ *  Thread safety: the context's thread. */
 DTR_API const char *dtr_context_last_error(const dtr_context *ctx);
 
-/** Clears the sticky status and the message. */
+/** Clears the sticky status and the message.
+ *  Thread safety: the context's thread. */
 DTR_API void dtr_context_clear_error(dtr_context *ctx);
 
 /** Ends a step: forgets the tape and releases every arena tensor (activations, gradients of
  *  non-parameters). Model parameters and their gradients are untouched. Once the arena has
- *  grown to the step's size, later steps allocate nothing. Returns DTR_NULL_HANDLE for NULL. */
+ *  grown to the step's size, later steps allocate nothing. Returns DTR_NULL_HANDLE for NULL.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_context_reset(dtr_context *ctx);
 
 /** Turns tape recording on (default) or off (inference; no backward, less memory).
- *  Returns the previous setting. */
+ *  Returns the previous setting.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled);
 
-/** Training mode (dropout active; default) or evaluation mode. Returns the previous setting. */
+/** Training mode (dropout active; default) or evaluation mode. Returns the previous setting.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
 
-/** Number of compute threads of the context. */
+/** Number of compute threads of the context.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_context_threads(const dtr_context *ctx);
 
-/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL. */
+/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL.
+ *  Thread safety: the context's thread. */
 DTR_API void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used);
 
-/** The backend's name ("cpu", "cuda"). */
+/** The backend's name ("cpu", "cuda").
+ *  Thread safety: the context's thread. */
 DTR_API const char *dtr_context_backend_name(const dtr_context *ctx);
 
 /* ---- tensors ---- */
 
 /** New tensor of the step arena, contents undefined. Lives until dtr_context_reset().
- *  On error the sticky status is set and NULL returned (here and in every op builder). */
+ *  On error the sticky status is set and NULL returned (here and in every op builder).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_tensor_new(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape);
 /** Shorthands of dtr_tensor_new for f32 tensors of 1 to 4 dims. */
 DTR_API dtr_tensor *dtr_tensor_1d(dtr_context *ctx, int64_t n0);
@@ -180,7 +194,8 @@ DTR_API dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *s
 /** Arena tensor that copies `n = numel` elements of type `dt` from host memory `src`. */
 DTR_API dtr_tensor *dtr_tensor_from(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const void *src);
 
-/** Shape queries. dtr_tensor_dim accepts negative axes (-1 is the last). NULL gives 0. */
+/** Shape queries. dtr_tensor_dim accepts negative axes (-1 is the last). NULL gives 0.
+ *  Thread safety: the context's thread. */
 DTR_API int dtr_tensor_ndim(const dtr_tensor *t);
 DTR_API int64_t dtr_tensor_dim(const dtr_tensor *t, int axis);
 DTR_API int64_t dtr_tensor_numel(const dtr_tensor *t);
@@ -214,7 +229,8 @@ DTR_API dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t);
  * passes the NULL on, so a whole graph can be built and the status checked once.
  * Binary element-wise ops broadcast as NumPy does. Shapes: B batch, T time, C channels. */
 
-/** Element-wise a + b, a - b, a * b, a / b with broadcasting. */
+/** Element-wise a + b, a - b, a * b, a / b with broadcasting.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
@@ -223,6 +239,9 @@ DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
 /** Activations, element-wise. gelu is the tanh approximation (as GPT-2). */
 DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
+/** GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's
+ *  gelu(x, approximate='tanh') and GPT-2's; dtr_gelu_erf is the exact form.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
@@ -236,12 +255,14 @@ DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
- *  transposed views (no copy). */
+ *  transposed views (no copy).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 /** x (..., in) times w (out, in) transposed plus bias (out) (bias may be NULL): (..., out). */
 DTR_API dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias);
 
-/** Softmax and log-softmax over the last axis. */
+/** Softmax and log-softmax over the last axis.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
 /** Softmax over the last axis of (..., T, T) scores with a causal mask: position j > i of
@@ -249,12 +270,14 @@ DTR_API dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
 
 /** Mean cross-entropy of logits (N, K) (or (..., K)) against i32 class indices (N) (or (...)).
- *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0). */
+ *  An index outside [0, K) is DTR_INVALID_ARGUMENT. Returns a scalar (ndim 0).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
 
-/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. */
+/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 /** Sum / mean of all elements; scalar. */
@@ -262,7 +285,8 @@ DTR_API dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 
 /** Rows of `table` (V, C) picked by i32 `ids` (any shape S): (S..., C). An id outside [0, V)
- *  is DTR_INVALID_ARGUMENT. */
+ *  is DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
@@ -270,7 +294,8 @@ DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w
  *  context is in evaluation mode or p == 0. */
 DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
 
-/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W'). */
+/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W').
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                int stride, int padding);
 /** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
@@ -280,18 +305,21 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
  *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
- *  permute and softmax_causal, so it shares their backward passes. */
+ *  permute and softmax_causal, so it shares their backward passes.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
 /** Converts to another dtype. f32 <-> bf16/f16: the backward pass converts the gradient
- *  straight through. */
+ *  straight through.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt);
 
 /* ---- views ----
  * Views share storage with their input (no copy) and have their own gradient. Ops accept
  * non-contiguous views. */
 
-/** Same elements, new shape; one entry may be -1. Copies only if `x` is not contiguous. */
+/** Same elements, new shape; one entry may be -1. Copies only if `x` is not contiguous.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_reshape(dtr_context *ctx, dtr_tensor *x, int ndim, const int64_t *shape);
 /** Swaps two axes. */
 DTR_API dtr_tensor *dtr_transpose(dtr_context *ctx, dtr_tensor *x, int axis0, int axis1);
@@ -329,7 +357,8 @@ DTR_API dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const fl
 
 /** A backend's completion handle: marks work queued on a context's stream. NULL is an event
  *  that has completed (the CPU backend's events are always NULL). Valid until the next
- *  dtr_context_reset of its context. */
+ *  dtr_context_reset of its context.
+ *  Thread safety: the context's thread. */
 typedef struct dtr_event dtr_event;
 /** Blocks the calling thread until `ev` has completed (NULL: returns at once).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DEVICE_ERROR. Thread safety: any thread, while the
@@ -367,7 +396,8 @@ DTR_API dtr_result dtr_context_state_loaded(dtr_context *ctx);
 
 /* ---- random numbers ---- */
 
-/** A small, fast, seedable generator (PCG32). Deterministic across platforms. */
+/** A small, fast, seedable generator (PCG32). Deterministic across platforms.
+ *  Thread safety: one thread per generator. */
 typedef struct dtr_rng { uint64_t state, inc; } dtr_rng;
 /** Seeds a generator; different `stream` values give independent sequences. */
 DTR_API void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream);
@@ -397,7 +427,8 @@ typedef enum dtr_init {
 
 /** Creates an empty model on `ctx`. Parameters, gradients and optimizer state live in
  *  contiguous buffers the model owns (allocated once by dtr_model_build or the first use).
- *  @param seed  seeds every initialiser (parameter i uses stream i). */
+ *  @param seed  seeds every initialiser (parameter i uses stream i).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out);
 /** Frees the model, its buffers and its layers. NULL is ignored. */
 DTR_API void dtr_model_destroy(dtr_model *m);
@@ -405,7 +436,8 @@ DTR_API void dtr_model_destroy(dtr_model *m);
 /** Declares a parameter. Names must be unique (they key checkpoints). `arg` is the std or
  *  bound for DTR_INIT_NORMAL / UNIFORM. Returns the parameter tensor (valid for the model's
  *  lifetime; its data exists after dtr_model_build), or NULL with the context's error set
- *  (duplicate name, bad shape, model already built). */
+ *  (duplicate name, bad shape, model already built).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
                                     dtr_init init, float arg);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
@@ -437,13 +469,24 @@ typedef struct dtr_conv2d_layer {
     int64_t in, out;
     int k, stride, padding;
 } dtr_conv2d_layer;
-/** Layer norm over the last axis: weight (C) = 1, bias (C) = 0. */
+/** Layer norm over the last axis: weight (C) = 1, bias (C) = 0; eps 1e-5, PyTorch's
+ *  nn.LayerNorm default (the layer's `eps` field may be changed after init). */
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
-/** Causal self-attention: qkv projection (3C, C) and output projection (C, C). */
+/** Causal self-attention: parameters "<name>.qkv.weight" (3C, C), "<name>.qkv.bias" (3C),
+ *  "<name>.proj.weight" (C, C), "<name>.proj.bias" (C), stored as nn.Linear stores them
+ *  (out, in). The rows of qkv.weight are q | k | v: rows 0..C-1 give q, C..2C-1 k, 2C..3C-1 v;
+ *  head h of `heads` uses features h*C/heads .. (h+1)*C/heads-1 of each (GPT-2's layout).
+ *  Scores are scaled by 1/sqrt(C/heads). Hugging Face GPT-2 keeps these as Conv1D weights
+ *  (in, out): transpose c_attn.weight and c_proj.weight when porting (docs/guide.md). */
 typedef struct dtr_attention_layer { dtr_linear_layer qkv, proj; int64_t dim; int heads; } dtr_attention_layer;
-/** Pre-norm GPT block: x + attn(ln1(x)), then x + mlp(ln2(x)) with mlp = fc2(gelu(fc1)). */
+/** Pre-norm GPT block: x + attn(ln1(x)), then x + fc_proj(gelu(fc(ln2(x)))), GELU in its tanh
+ *  form (dtr_gelu, GPT-2's). Parameters under "<name>.": ln1.weight/bias, attn.qkv.*,
+ *  attn.proj.* (as dtr_attention_layer), ln2.weight/bias, fc.weight (4C, C), fc.bias (4C),
+ *  fc_proj.weight (C, 4C), fc_proj.bias (C). Hugging Face GPT-2's h.<i>.ln_1, attn.c_attn,
+ *  attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj map to them in that order (Conv1D weights
+ *  transposed). */
 typedef struct dtr_gpt_block {
     dtr_layernorm_layer ln1, ln2;
     dtr_attention_layer attn;
@@ -452,7 +495,8 @@ typedef struct dtr_gpt_block {
 
 /** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill
  *  `layer`. `init` applies to weights (DTR_INIT_TORCH_DEFAULT matches PyTorch); biases follow
- *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error. */
+ *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_linear_layer_init(dtr_linear_layer *layer, dtr_model *m, const char *name,
                                          int64_t in, int64_t out, int bias, dtr_init init);
 DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
@@ -476,7 +520,8 @@ DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_atte
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
- *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure. */
+ *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
  *  field of every entry is validated; a missing parameter, a shape mismatch or a corrupt file
@@ -516,7 +561,8 @@ typedef struct dtr_st_file {
 /** Parses and validates a safetensors image in memory (no copy: entries point into `bytes`,
  *  which must outlive `out`). Checks the header length, the JSON syntax, each dtype, shape
  *  and data_offsets (inside the data section, matching dtype x numel, no overlap, covering
- *  the section). `err`/`errlen` receive a message naming the problem. */
+ *  the section). `err`/`errlen` receive a message naming the problem.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                                 dtr_st_file *out, char *err, size_t errlen);
 /** Reads a whole file and parses it. */
@@ -534,7 +580,8 @@ DTR_API void dtr_st_destroy(dtr_st_file *f);
 DTR_API dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen);
 
 /** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
- *  and rename. `data[i]` holds the elements of entry i in its dtype. */
+ *  and rename. `data[i]` holds the elements of entry i in its dtype.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                                 int count, char *err, size_t errlen);
 
@@ -573,7 +620,8 @@ typedef struct dtr_schedule {
     float gamma;           /**< step schedule factor */
 } dtr_schedule;
 
-/** Learning rate at optimizer step `step` (0-based). Pure function. */
+/** Learning rate at optimizer step `step` (0-based). Pure function.
+ *  Thread safety: thread safe. */
 DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
 
 typedef struct dtr_optimizer_config {
@@ -589,12 +637,14 @@ typedef struct dtr_optimizer_config {
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
 } dtr_optimizer_config;
 
-/** Defaults for `kind` with learning rate `lr` (constant schedule). */
+/** Defaults for `kind` with learning rate `lr` (constant schedule).
+ *  Thread safety: thread safe. */
 DTR_API dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr);
 
 typedef struct dtr_optimizer dtr_optimizer;
 
-/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers. */
+/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 /** One call per micro-batch after dtr_backward. Applies an update (clipping and schedule
@@ -637,7 +687,8 @@ DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_
 DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
- *  @param norm_out receives the norm before clipping (may be NULL). */
+ *  @param norm_out receives the norm before clipping (may be NULL).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out);
 
 /* ---- data: IDX (MNIST family) ---- */
@@ -654,7 +705,8 @@ typedef struct dtr_idx {
 
 /** Reads an IDX file, gzip-compressed or not (gzip needs DTR_USE_ZLIB and -lz; without it a
  *  .gz file gives DTR_UNSUPPORTED with a message). Validates the magic, the dims against the
- *  file length, and rejects truncated files with DTR_CORRUPT_FILE naming the path. */
+ *  file length, and rejects truncated files with DTR_CORRUPT_FILE naming the path.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_idx_read(const char *path, const dtr_allocation_callbacks *alloc, dtr_idx *out,
                                 char *err, size_t errlen);
 /** Parses an uncompressed IDX image in memory (copies the data). */
@@ -673,7 +725,8 @@ typedef struct dtr_mnist {
 
 /** Loads the four files train-images-idx3-ubyte[.gz], train-labels-idx1-ubyte[.gz],
  *  t10k-images-idx3-ubyte[.gz], t10k-labels-idx1-ubyte[.gz] from `dir`. Checks that counts
- *  agree and labels are in 0..9. */
+ *  agree and labels are in 0..9.
+ *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                                   char *err, size_t errlen);
 DTR_API void dtr_mnist_destroy(dtr_mnist *d);
@@ -681,7 +734,8 @@ DTR_API void dtr_mnist_destroy(dtr_mnist *d);
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 
 /** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu).
- *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED. */
+ *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED.
+ *  Thread safety: thread safe. */
 DTR_API const dtr_backend *dtr_cuda_backend(void);
 /** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
 DTR_API int dtr_cuda_device_count(void);

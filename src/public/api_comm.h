@@ -53,7 +53,8 @@ typedef enum dtr_allreduce_algo {
     DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
 } dtr_allreduce_algo;
 
-/** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling"). */
+/** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling").
+ *  Thread safety: thread safe. */
 DTR_API const char *dtr_reduce_op_name(dtr_reduce_op op);
 DTR_API const char *dtr_allreduce_algo_name(dtr_allreduce_algo algo);
 
@@ -179,7 +180,8 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  endpoint addresses through it, and uses cfg->fabric.provider, else $DTR_FABRIC_PROVIDER,
  *  else shm on one host and the best remote provider across hosts (cfg->fabric has the other
  *  settings). docs/distributed.md has the
- *  details, the environment variables and how failures are detected. */
+ *  details, the environment variables and how failures are detected.
+ *  Thread safety: thread safe. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
 /** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
@@ -296,7 +298,8 @@ DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
  *  Thread safety: as a collective. */
 DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
 
-/** DTR_OK, or the error that broke the group (sticky). */
+/** DTR_OK, or the error that broke the group (sticky).
+ *  Thread safety: the group's thread (one at a time per group). */
 DTR_API dtr_result dtr_comm_status(const dtr_comm *c);
 /** The message of the most recent error on this group: "rank R/N all_reduce #S (...): what",
  *  naming the peer; "" when none. Valid until the next call on the group. */
@@ -329,7 +332,8 @@ DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo a
  * group's sticky error. Messages name the rank, the operation and the peer. */
 
 /** dst[i] = src[i] reduced over all ranks, on every rank. src == dst is in place; otherwise
- *  they must not overlap. Ring or recursive doubling as the configuration says. */
+ *  they must not overlap. Ring or recursive doubling as the configuration says.
+ *  Thread safety: the group's thread (one at a time per group). */
 DTR_API dtr_result dtr_comm_all_reduce(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
                                        dtr_reduce_op op);
 /** buf of rank `root` is copied into buf of every rank (binomial tree; pipelined chain for
@@ -364,6 +368,11 @@ DTR_API dtr_result dtr_comm_recv(dtr_comm *c, void *buf, size_t bytes, int src, 
 
 typedef struct dtr_request dtr_request;
 
+/** The non-blocking collectives and point-to-point calls: arguments as the blocking calls of
+ *  the same name, plus *req, the request to test, wait on and destroy.
+ *  @return DTR_OK with *req set, or at once the error a blocking call would give for bad
+ *  arguments or a broken group (no request then).
+ *  Thread safety: the group's thread (the progress thread is the group's own). */
 DTR_API dtr_result dtr_comm_all_reduce_async(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt,
                                              dtr_reduce_op op, dtr_request **req);
 DTR_API dtr_result dtr_comm_broadcast_async(dtr_comm *c, void *buf, size_t count, dtr_dtype dt, int root,

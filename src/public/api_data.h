@@ -21,7 +21,8 @@ typedef struct dtr_sampler {
 } dtr_sampler;
 
 /** Fills `s`. Returns DTR_INVALID_ARGUMENT for n < 0, world < 1 or rank outside [0, world),
- *  or when drop_last leaves no index for a rank while n > 0 would need one. */
+ *  or when drop_last leaves no index for a rank while n > 0 would need one.
+ *  Thread safety: one thread per sampler. */
 DTR_API dtr_result dtr_sampler_init(dtr_sampler *s, int64_t n, int rank, int world, uint64_t seed, int shuffle,
                                     int drop_last);
 /** Indices per rank per epoch (the same on every rank). */
@@ -60,7 +61,8 @@ typedef struct dtr_sample_layout {
     int num_classes;                  /**< classification: labels are in [0, num_classes); 0: not known */
 } dtr_sample_layout;
 
-/** Elements of x and of y in one sample (y: 0 when unlabeled). NULL gives 0. */
+/** Elements of x and of y in one sample (y: 0 when unlabeled). NULL gives 0.
+ *  Thread safety: thread safe. */
 DTR_API int64_t dtr_sample_layout_x_numel(const dtr_sample_layout *l);
 DTR_API int64_t dtr_sample_layout_y_numel(const dtr_sample_layout *l);
 
@@ -89,7 +91,8 @@ DTR_API dtr_result dtr_dataset_create(int64_t count, const dtr_sample_layout *la
                                       size_t errlen);
 
 /** Closes a dataset and frees what it owns (its close callback included). NULL is ignored.
- *  Close it only after every loader and subset over it. */
+ *  Close it only after every loader and subset over it.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API void dtr_dataset_destroy(dtr_dataset *ds);
 
 /** Number of samples; 0 for NULL. Thread safe. */
@@ -98,7 +101,8 @@ DTR_API int64_t dtr_dataset_count(const dtr_dataset *ds);
 /** The sample layout (valid while the dataset is open); NULL for NULL. Thread safe. */
 DTR_API const dtr_sample_layout *dtr_dataset_layout(const dtr_dataset *ds);
 
-/** A short description for messages: the file or folder it was read from, or "memory". */
+/** A short description for messages: the file or folder it was read from, or "memory".
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API const char *dtr_dataset_name(const dtr_dataset *ds);
 
 /** Reads sample `index` into host buffers `x` (x_numel elements) and `y` (y_numel elements;
@@ -114,7 +118,8 @@ DTR_API const char *dtr_dataset_class_name(const dtr_dataset *ds, int k);
 
 /** A dataset of the samples `indices[0..n)` of `base` (copied), e.g. a train/validation
  *  split. Samples are read from `base`, which must stay open while the subset is used.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (an index outside base), DTR_OUT_OF_MEMORY. */
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (an index outside base), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_subset(dtr_dataset *base, const int64_t *indices, int64_t n, dtr_dataset **out,
                                       char *err, size_t errlen);
 
@@ -123,7 +128,8 @@ DTR_API dtr_result dtr_dataset_subset(dtr_dataset *base, const int64_t *indices,
  *  (C, ...) samples (`per_channel` 1: x_shape[0] values each). Feed them to the loader's
  *  normalisation (dtr_augment_config). std is the population deviation; 0 becomes 1.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_DTYPE_MISMATCH (x not f32), DTR_INVALID_ARGUMENT
- *          (empty dataset), DTR_OUT_OF_MEMORY, or the error of a sample that fails. */
+ *          (empty dataset), DTR_OUT_OF_MEMORY, or the error of a sample that fails.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_feature_stats(dtr_dataset *ds, int per_channel, float *mean, float *std, char *err,
                                              size_t errlen);
 
@@ -140,13 +146,15 @@ typedef struct dtr_memory_dataset_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_memory_dataset_config;
 
-/** Returns a configuration with every field zero (borrowing, f32 x, i32 scalar labels). */
+/** Returns a configuration with every field zero (borrowing, f32 x, i32 scalar labels).
+ *  Thread safety: thread safe. */
 DTR_API dtr_memory_dataset_config dtr_memory_dataset_config_init(void);
 
 /** Creates a dataset over in-memory arrays. When layout.num_classes > 0 every i32 label is
  *  checked to lie in [0, num_classes).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad layout, count < 0, a label out
- *          of range: the message names the sample), DTR_OUT_OF_MEMORY. */
+ *          of range: the message names the sample), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dataset **out, char *err,
                                            size_t errlen);
 
@@ -179,7 +187,8 @@ typedef struct dtr_csv_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_csv_config;
 
-/** Returns the defaults: detected header, ',' separator, class labels in the last column. */
+/** Returns the defaults: detected header, ',' separator, class labels in the last column.
+ *  Thread safety: thread safe. */
 DTR_API dtr_csv_config dtr_csv_config_init(void);
 
 /** Reads a whole CSV file into an in-memory dataset: x is the f32 vector (F) of the feature
@@ -193,7 +202,8 @@ DTR_API dtr_csv_config dtr_csv_config_init(void);
 DTR_API dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, char *err, size_t errlen);
 
 /** Same as dtr_dataset_open_csv over `size` bytes of CSV text in memory (cfg->path, when
- *  set, only names the text in messages). The bytes are not kept. */
+ *  set, only names the text in messages). The bytes are not kept.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_csv_from_buffer(const void *bytes, size_t size, const dtr_csv_config *cfg,
                                                dtr_dataset **out, char *err, size_t errlen);
 
@@ -207,7 +217,8 @@ DTR_API dtr_result dtr_dataset_csv_from_buffer(const void *bytes, size_t size, c
  *  @param labels_path  NULL for an unlabeled dataset.
  *  @param alloc        NULL: libc.
  *  @return DTR_OK, DTR_NULL_HANDLE, the errors of dtr_idx_read, DTR_CORRUPT_FILE (image and
- *          label counts differ, labels not 1-D, a negative label), DTR_OUT_OF_MEMORY. */
+ *          label counts differ, labels not 1-D, a negative label), DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_open_idx(const char *images_path, const char *labels_path,
                                         const dtr_allocation_callbacks *alloc, dtr_dataset **out, char *err,
                                         size_t errlen);
@@ -225,7 +236,8 @@ typedef struct dtr_image_folder_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_image_folder_config;
 
-/** Returns the defaults (RGB; width and height must still be set). */
+/** Returns the defaults (RGB; width and height must still be set).
+ *  Thread safety: thread safe. */
 DTR_API dtr_image_folder_config dtr_image_folder_config_init(void);
 
 /** Lists an image folder; images are decoded by dtr_dataset_get (so a loader decodes them in
@@ -236,7 +248,8 @@ DTR_API dtr_image_folder_config dtr_image_folder_config_init(void);
  *          message names root), DTR_UNSUPPORTED (built without DTR_USE_STB_IMAGE, or no
  *          directory listing on this platform: the message says how to enable it),
  *          DTR_OUT_OF_MEMORY. An image that fails to decode is reported by dtr_dataset_get
- *          (or skipped by a loader with skip_bad) naming its file. */
+ *          (or skipped by a loader with skip_bad) naming its file.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr_dataset **out, char *err,
                                                  size_t errlen);
 
@@ -289,7 +302,8 @@ typedef struct dtr_token_file_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_token_file_config;
 
-/** Returns the defaults (uint16 tokens, no header, stride = context; context must be set). */
+/** Returns the defaults (uint16 tokens, no header, stride = context; context must be set).
+ *  Thread safety: thread safe. */
 DTR_API dtr_token_file_config dtr_token_file_config_init(void);
 
 /** Maps a token file. count = (tokens - context - 1) / stride + 1 windows (0 when shorter).
@@ -297,7 +311,8 @@ DTR_API dtr_token_file_config dtr_token_file_config_init(void);
  *          stride < 0), DTR_IO_ERROR (cannot open or map), DTR_CORRUPT_FILE (shorter than
  *          the header, or the token data is not a whole number of tokens), DTR_OUT_OF_MEMORY.
  *  A token that does not fit i32 or passes vocab_size is reported by dtr_dataset_get
- *  naming the file, sample and position. */
+ *  naming the file, sample and position.
+ *  Thread safety: thread safe (see the section comment). */
 DTR_API dtr_result dtr_dataset_open_tokens(const dtr_token_file_config *cfg, dtr_dataset **out, char *err,
                                            size_t errlen);
 
@@ -325,7 +340,8 @@ typedef struct dtr_batch {
 
 /** Copies a batch into arena tensors of `ctx` (dtr_tensor_from): *x gets the batch's x
  *  shape and dtype, *y its labels (NULL when unlabeled; `y` may be NULL to skip them).
- *  @return DTR_OK, DTR_NULL_HANDLE, or the context's error (arena full ...). */
+ *  @return DTR_OK, DTR_NULL_HANDLE, or the context's error (arena full ...).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y);
 
 /* ---- the loader ---- */
@@ -365,7 +381,8 @@ typedef struct dtr_loader_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_loader_config;
 
-/** Returns the defaults: batch 32, no shuffle, one rank, synchronous, no augmentation. */
+/** Returns the defaults: batch 32, no shuffle, one rank, synchronous, no augmentation.
+ *  Thread safety: thread safe. */
 DTR_API dtr_loader_config dtr_loader_config_init(void);
 
 typedef struct dtr_loader dtr_loader;
@@ -382,10 +399,12 @@ DTR_API dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *c
                                      size_t errlen);
 
 /** Stops and joins the prefetch threads (also in the middle of an epoch) and frees the
- *  loader. NULL is ignored. Batches it returned are invalid afterwards. */
+ *  loader. NULL is ignored. Batches it returned are invalid afterwards.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API void dtr_loader_destroy(dtr_loader *l);
 
-/** Batches per epoch on this rank (the same on every rank). */
+/** Batches per epoch on this rank (the same on every rank).
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API int64_t dtr_loader_batches(const dtr_loader *l);
 
 /** Hands out the next batch (waiting for the prefetch threads if it is not ready yet). The
@@ -393,10 +412,12 @@ DTR_API int64_t dtr_loader_batches(const dtr_loader *l);
  *  configuration and the batch's (epoch, position): the same with 0, 1 or 8 threads.
  *  @return DTR_OK; DTR_NULL_HANDLE; or the error of a sample that failed to load (skip_bad
  *          0; dtr_loader_last_error names the batch, file and sample), after which the
- *          loader has moved past that batch and can go on. */
+ *          loader has moved past that batch and can go on.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out);
 
-/** The message of the last error of dtr_loader_next, or "". */
+/** The message of the last error of dtr_loader_next, or "".
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API const char *dtr_loader_last_error(const dtr_loader *l);
 
 /** Counters since creation. */
@@ -410,7 +431,8 @@ typedef struct dtr_loader_stats {
     char last_bad[256];               /**< message of the last skipped sample, or "" */
 } dtr_loader_stats;
 
-/** Copies the counters into `out`. */
+/** Copies the counters into `out`.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API void dtr_loader_get_stats(const dtr_loader *l, dtr_loader_stats *out);
 
 #define DTR_LOADER_CURSOR_MAGIC 0x52435444u  /* "DTCR" */
@@ -432,14 +454,16 @@ typedef struct dtr_loader_cursor {
     int32_t reserved;
 } dtr_loader_cursor;
 
-/** The cursor of the next batch to be handed out (prefetched batches do not count). */
+/** The cursor of the next batch to be handed out (prefetched batches do not count).
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API void dtr_loader_get_cursor(const dtr_loader *l, dtr_loader_cursor *out);
 
 /** Moves the loader to `c` (discarding prefetched batches) and adopts its seed. The dataset
  *  size must match; in the middle of an epoch (position > 0) the batch size and world size
  *  must match too. Also the way to jump to an epoch: get the cursor, set epoch and position.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad magic or version, mismatch:
- *          dtr_loader_last_error says which), DTR_OUT_OF_MEMORY. */
+ *          dtr_loader_last_error says which), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c);
 /** Entry `index` of the loader's state (api.h, "state"): "cursor", its dtr_loader_cursor as
  *  dtr_loader_get_cursor gives it now. @return DTR_OK, DTR_NOT_FOUND past the last,
@@ -462,17 +486,20 @@ typedef struct dtr_feed_config {
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_feed_config;
 
-/** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full). */
+/** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full).
+ *  Thread safety: thread safe. */
 DTR_API dtr_feed_config dtr_feed_config_init(void);
 
 typedef struct dtr_feed dtr_feed;
 
 /** Creates a feed; all memory is allocated here, pushes and pops allocate nothing.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (layout, sizes), DTR_OUT_OF_MEMORY
- *          (also when a mutex cannot be created). */
+ *          (also when a mutex cannot be created).
+ *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err, size_t errlen);
 
-/** Frees the feed. No thread may be inside a push or next call. NULL is ignored. */
+/** Frees the feed. No thread may be inside a push or next call. NULL is ignored.
+ *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API void dtr_feed_destroy(dtr_feed *s);
 
 /** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into

@@ -54,7 +54,8 @@ typedef struct dtr_dp_config {
     int root;              /**< rank whose parameters are broadcast at creation (default 0) */
 } dtr_dp_config;
 
-/** Returns a configuration with every field at its default. */
+/** Returns a configuration with every field at its default.
+ *  Thread safety: thread safe. */
 DTR_API dtr_dp_config dtr_dp_config_init(void);
 
 /** Makes model `m` data parallel over group `c`: builds it, broadcasts its parameters from

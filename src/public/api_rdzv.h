@@ -131,7 +131,8 @@ DTR_API dtr_result dtr_store_get(dtr_store *st, const char *key, void *buf, size
 
 /** Like dtr_store_get but does not wait: *found is 1 and the value is returned when the key
  *  exists, else *found is 0 and the result is DTR_OK.
- *  @return as dtr_store_get, without DTR_TIMEOUT for a missing key. */
+ *  @return as dtr_store_get, without DTR_TIMEOUT for a missing key.
+ *  Thread safety: one thread at a time per store handle. */
 DTR_API dtr_result dtr_store_check(dtr_store *st, const char *key, void *buf, size_t cap, size_t *len,
                                    int *found);
 
@@ -156,7 +157,8 @@ DTR_API dtr_result dtr_store_delete(dtr_store *st, const char *key);
 DTR_API dtr_result dtr_store_barrier(dtr_store *st, const char *tag);
 
 /** The message of the last failed call on this store (names rank, operation and key), or "".
- *  Valid until the next call on the store. */
+ *  Valid until the next call on the store.
+ *  Thread safety: one thread at a time per store handle. */
 DTR_API const char *dtr_store_last_error(const dtr_store *st);
 
 /** This store's rank (from its configuration); -1 for NULL. Thread safe. */
