@@ -1581,6 +1581,8 @@ typedef struct dtr_comm_config dtr_comm_config;
 typedef struct dtr_transport_info {
     int rank, size;              /**< this endpoint's rank among `size` (the world of the transport) */
     int local_rank, local_size;  /**< rank among the ranks on this machine, and their number */
+    char detail[64];             /**< what the transport chose, for messages: libfabric's provider
+                                      ("shm", "tcp;ofi_rxm", ...); "" when it has nothing to say */
 } dtr_transport_info;
 
 /** Error details a transport fills when a call fails because of a peer or the network. */
@@ -1777,6 +1779,9 @@ DTR_API int dtr_comm_local_size(const dtr_comm *c);
 DTR_API int dtr_comm_world_rank(const dtr_comm *c, int rank);
 /** Name of the group's transport ("local"). */
 DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
+/** What the transport chose when it opened (dtr_transport_info.detail): libfabric's provider,
+ *  e.g. "shm" or "tcp;ofi_rxm"; "" for the local transport. Thread safety: any thread. */
+DTR_API const char *dtr_comm_transport_detail(const dtr_comm *c);
 
 /** Color of a rank that wants no sub-group from dtr_comm_split. */
 #define DTR_COMM_UNDEFINED (-1)
@@ -2045,7 +2050,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2049 "dtrain.h"
+#line 2054 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2425,7 +2430,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2429 "dtrain.h"
+#line 2434 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2480,7 +2485,7 @@ dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t co
 #ifdef __cplusplus
 }
 #endif
-#line 2484 "dtrain.h"
+#line 2489 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2646,7 +2651,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2650 "dtrain.h"
+#line 2655 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2696,7 +2701,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2700 "dtrain.h"
+#line 2705 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3048,7 +3053,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3052 "dtrain.h"
+#line 3057 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3839,7 +3844,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3843 "dtrain.h"
+#line 3848 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4197,7 +4202,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4201 "dtrain.h"
+#line 4206 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4310,7 +4315,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4314 "dtrain.h"
+#line 4319 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4680,7 +4685,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4684 "dtrain.h"
+#line 4689 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4870,7 +4875,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4874 "dtrain.h"
+#line 4879 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5157,7 +5162,7 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
 
 static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
     dtr__node *n;
-    int64_t shape[DTR_MAX_DIMS];
+    int64_t shape[DTR_MAX_DIMS] = {0};
     int nd = 0, d;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
@@ -5320,7 +5325,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5324 "dtrain.h"
+#line 5329 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5499,7 +5504,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5503 "dtrain.h"
+#line 5508 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5899,7 +5904,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5903 "dtrain.h"
+#line 5908 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6379,7 +6384,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6383 "dtrain.h"
+#line 6388 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6638,7 +6643,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6642 "dtrain.h"
+#line 6647 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6705,7 +6710,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6709 "dtrain.h"
+#line 6714 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6827,7 +6832,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6831 "dtrain.h"
+#line 6836 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7158,7 +7163,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7162 "dtrain.h"
+#line 7167 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7327,7 +7332,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7331 "dtrain.h"
+#line 7336 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7671,7 +7676,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7675 "dtrain.h"
+#line 7680 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8018,7 +8023,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8022 "dtrain.h"
+#line 8027 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8203,7 +8208,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8207 "dtrain.h"
+#line 8212 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8342,7 +8347,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
                     return dtr__errf(err, errlen, DTR_UNSUPPORTED,
                                      "%s: tensor \"%s\": dtype \"%s%s\" is not a safetensors dtype", src, nm, dts,
                                      dlen >= sizeof dts ? "..." : "");
-                snprintf(e->dtype_name, sizeof e->dtype_name, "%s", dts);
+                snprintf(e->dtype_name, sizeof e->dtype_name, "%.11s", dts);   /* names are at most 7 */
             } else if (klen < sizeof key && strlen(key) == klen && strcmp(key, "shape") == 0) {
                 if (have_shape)
                     return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": duplicate field \"shape\"", src, nm);
@@ -8844,7 +8849,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8848 "dtrain.h"
+#line 8853 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9297,7 +9302,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9301 "dtrain.h"
+#line 9306 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9353,7 +9358,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9357 "dtrain.h"
+#line 9362 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -9694,7 +9699,7 @@ dtr_memory_dataset_config dtr_memory_dataset_config_init(void) {
 }
 
 dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dataset **out, char *err, size_t errlen) {
-    dtr_dataset *ds;
+    dtr_dataset *ds = NULL;
     dtr__memory_ds *m;
     const dtr_allocation_callbacks *alloc;
     dtr_result r;
@@ -10130,7 +10135,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10134 "dtrain.h"
+#line 10139 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10711,7 +10716,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10715 "dtrain.h"
+#line 10720 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11342,7 +11347,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11346 "dtrain.h"
+#line 11351 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12080,7 +12085,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12084 "dtrain.h"
+#line 12089 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12347,7 +12352,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12351 "dtrain.h"
+#line 12356 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12537,7 +12542,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12541 "dtrain.h"
+#line 12546 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12671,7 +12676,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12675 "dtrain.h"
+#line 12680 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13416,7 +13421,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13420 "dtrain.h"
+#line 13425 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13935,7 +13940,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 13939 "dtrain.h"
+#line 13944 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14669,7 +14674,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14673 "dtrain.h"
+#line 14678 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15063,6 +15068,7 @@ int dtr_comm_world_rank(const dtr_comm *c, int rank) {
     return c && rank >= 0 && rank < c->size ? c->ranks[rank] : -1;
 }
 const char *dtr_comm_transport_name(const dtr_comm *c) { return c ? c->ep->vt->name : ""; }
+const char *dtr_comm_transport_detail(const dtr_comm *c) { return c ? c->ep->info.detail : ""; }
 
 dtr_result dtr_comm_status(const dtr_comm *c) {
     dtr_result r;
@@ -15707,7 +15713,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15711 "dtrain.h"
+#line 15717 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16248,7 +16254,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16252 "dtrain.h"
+#line 16258 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16690,7 +16696,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16694 "dtrain.h"
+#line 16700 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16927,7 +16933,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16931 "dtrain.h"
+#line 16937 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

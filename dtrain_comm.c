@@ -1111,6 +1111,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->wd_on = 1;
     info->rank = f->rank;
     info->size = f->size;
+    snprintf(info->detail, sizeof info->detail, "%s", f->prov);
     info->local_rank = f->local_rank;
     info->local_size = f->local_size;
     *state = f;
@@ -1203,5 +1204,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1207 "dtrain_comm.c"
+#line 1208 "dtrain_comm.c"
 

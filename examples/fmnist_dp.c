@@ -236,15 +236,6 @@ static void *dp_thread_main(void *p) {
 
 /* Trains with o->world rank threads (local) or as this process's rank (other transports).
    Returns 1 on success; res is rank 0's view (all zero on other processes). */
-/* The libfabric provider the transport will use, as it picks it: --provider, else
- * $DTR_FABRIC_PROVIDER, else rank 0's automatic choice (on one host: shm, else tcp;ofi_rxm). */
-static const char *dp_provider_said(const char *provider) {
-    const char *env = getenv("DTR_FABRIC_PROVIDER");
-    if (provider && *provider) return provider;
-    if (env && *env) return env;
-    return "automatic (shm on one host when it is there, else tcp;ofi_rxm; across hosts the best remote one)";
-}
-
 static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
     memset(res, 0, sizeof *res);
     if (strcmp(o->transport, "local") == 0) {
@@ -288,10 +279,15 @@ static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
         cfg.transport = o->transport;
         cfg.fabric.provider = o->provider;
         cfg.store = st;
-        if (rc.rank == 0 && !o->quiet && !strcmp(o->transport, "libfabric"))
-            printf("fmnist_dp: libfabric provider: %s\n", dp_provider_said(o->provider));
-        if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) fprintf(stderr, "error: %s\n", err);
-        else { ok = dp_rank_train(c, o, data, res); dtr_comm_destroy(c); }
+        if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {
+            fprintf(stderr, "error: %s\n", err);
+        } else {
+            if (rc.rank == 0 && !o->quiet && dtr_comm_transport_detail(c)[0])   /* what it picked */
+                printf("fmnist_dp: %s provider: %s%s\n", o->transport, dtr_comm_transport_detail(c),
+                       o->provider && *o->provider ? "" : " (chosen automatically)");
+            ok = dp_rank_train(c, o, data, res);
+            dtr_comm_destroy(c);
+        }
         dtr_store_destroy(st);
         return ok;
     }

@@ -161,7 +161,7 @@ static void t_create_errors(void) {
     CHECK_EQ_INT(dtr_comm_local_size(c), 2);
     CHECK_EQ_INT(dtr_comm_world_rank(c, 0), 0);
     CHECK_EQ_INT(dtr_comm_world_rank(c, 5), -1);
-    CHECK(strcmp(dtr_comm_transport_name(c), "local") == 0);
+    CHECK(strcmp(dtr_comm_transport_name(c), "local") == 0 && dtr_comm_transport_detail(c)[0] == 0);
     CHECK_EQ_INT(dtr_comm_status(c), DTR_OK);
     CHECK_EQ_INT(dtr_comm_failed_rank(c), -1);
     CHECK_EQ_INT(dtr_comm_create(&cfg, &c2, err, sizeof err), DTR_INVALID_ARGUMENT);  /* rank 1 again */

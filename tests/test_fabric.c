@@ -255,6 +255,9 @@ static int rank_main(const job *j, int rank, int port, int fd) {
         RCHECK_MSG(&rc, dtr_comm_local_size(rc.comm) == j->n && dtr_comm_local_rank(rc.comm) == rank,
                    "local rank %d of %d", dtr_comm_local_rank(rc.comm), dtr_comm_local_size(rc.comm));
         RCHECK(&rc, strcmp(dtr_comm_transport_name(rc.comm), "libfabric") == 0);
+        /* the provider picked: the one asked for, else shm (every rank is on this host) */
+        RCHECK_MSG(&rc, strcmp(dtr_comm_transport_detail(rc.comm), j->prov[rank] ? j->prov[rank] : "shm") == 0,
+                   "transport detail '%s'", dtr_comm_transport_detail(rc.comm));
         RCHECK(&rc, dtr_comm_status(rc.comm) == DTR_OK && dtr_comm_failed_rank(rc.comm) == -1);
     }
     j->fn(&rc);

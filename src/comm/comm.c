@@ -388,6 +388,7 @@ int dtr_comm_world_rank(const dtr_comm *c, int rank) {
     return c && rank >= 0 && rank < c->size ? c->ranks[rank] : -1;
 }
 const char *dtr_comm_transport_name(const dtr_comm *c) { return c ? c->ep->vt->name : ""; }
+const char *dtr_comm_transport_detail(const dtr_comm *c) { return c ? c->ep->info.detail : ""; }
 
 dtr_result dtr_comm_status(const dtr_comm *c) {
     dtr_result r;

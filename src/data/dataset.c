@@ -335,7 +335,7 @@ dtr_memory_dataset_config dtr_memory_dataset_config_init(void) {
 }
 
 dtr_result dtr_dataset_from_memory(const dtr_memory_dataset_config *cfg, dtr_dataset **out, char *err, size_t errlen) {
-    dtr_dataset *ds;
+    dtr_dataset *ds = NULL;
     dtr__memory_ds *m;
     const dtr_allocation_callbacks *alloc;
     dtr_result r;

@@ -133,7 +133,7 @@ static dtr_result dtr__st_parse_entry(dtr__json *j, const char *src, dtr_st_entr
                     return dtr__errf(err, errlen, DTR_UNSUPPORTED,
                                      "%s: tensor \"%s\": dtype \"%s%s\" is not a safetensors dtype", src, nm, dts,
                                      dlen >= sizeof dts ? "..." : "");
-                snprintf(e->dtype_name, sizeof e->dtype_name, "%s", dts);
+                snprintf(e->dtype_name, sizeof e->dtype_name, "%.11s", dts);   /* names are at most 7 */
             } else if (klen < sizeof key && strlen(key) == klen && strcmp(key, "shape") == 0) {
                 if (have_shape)
                     return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": duplicate field \"shape\"", src, nm);

@@ -281,7 +281,7 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
 
 static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_tensor *x, int axis, int keepdim) {
     dtr__node *n;
-    int64_t shape[DTR_MAX_DIMS];
+    int64_t shape[DTR_MAX_DIMS] = {0};
     int nd = 0, d;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;

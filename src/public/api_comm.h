@@ -88,6 +88,8 @@ typedef struct dtr_comm_config dtr_comm_config;
 typedef struct dtr_transport_info {
     int rank, size;              /**< this endpoint's rank among `size` (the world of the transport) */
     int local_rank, local_size;  /**< rank among the ranks on this machine, and their number */
+    char detail[64];             /**< what the transport chose, for messages: libfabric's provider
+                                      ("shm", "tcp;ofi_rxm", ...); "" when it has nothing to say */
 } dtr_transport_info;
 
 /** Error details a transport fills when a call fails because of a peer or the network. */
@@ -284,6 +286,9 @@ DTR_API int dtr_comm_local_size(const dtr_comm *c);
 DTR_API int dtr_comm_world_rank(const dtr_comm *c, int rank);
 /** Name of the group's transport ("local"). */
 DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
+/** What the transport chose when it opened (dtr_transport_info.detail): libfabric's provider,
+ *  e.g. "shm" or "tcp;ofi_rxm"; "" for the local transport. Thread safety: any thread. */
+DTR_API const char *dtr_comm_transport_detail(const dtr_comm *c);
 
 /** Color of a rank that wants no sub-group from dtr_comm_split. */
 #define DTR_COMM_UNDEFINED (-1)

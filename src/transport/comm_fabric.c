@@ -1101,6 +1101,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->wd_on = 1;
     info->rank = f->rank;
     info->size = f->size;
+    snprintf(info->detail, sizeof info->detail, "%s", f->prov);
     info->local_rank = f->local_rank;
     info->local_size = f->local_size;
     *state = f;
