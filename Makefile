@@ -327,6 +327,7 @@ check:
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory header-check header-only readme-check
 	@$(MAKE) --no-print-directory cuda-check comm
+	scripts/private-check $(LIBA) $(COMM_OBJ)
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
 	tests/run.sh $(TESTS)

@@ -2031,6 +2031,17 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #define DTR__PRINTF(fmt_index, first_arg)
 #endif
 
+/** Marks the declaration of an implementation-private function (dtr__, not used by
+ *  dtrain_cuda.cu, dtrain_comm.c or the tests): `static` inside the implementation unit, so
+ *  the library exports only what the other units need (`make private-check` keeps it so);
+ *  a plain declaration in the units that see the internal API, where nothing calls it. A
+ *  definition without `static` after it keeps the internal linkage (C99 6.2.2). */
+#if defined(DTRAIN_IMPLEMENTATION)
+#define DTR__PRIVATE static
+#else
+#define DTR__PRIVATE
+#endif
+
 /* ---- atomics ----
  * Acquire/release loads and stores, a sequentially consistent decrement and compare-and-swap,
  * and relaxed accesses, on integers shared between threads. */
@@ -2050,7 +2061,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2054 "dtrain.h"
+#line 2065 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2073,7 +2084,7 @@ extern "C" {
 
 void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes);
 void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
-void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
+DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
@@ -2130,13 +2141,13 @@ typedef struct dtr__arena {
     const dtr_allocation_callbacks *alloc;
 } dtr__arena;
 
-void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);
+DTR__PRIVATE void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);
 /** 64-byte aligned memory; NULL when allocation fails or max_bytes would be passed. */
-void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full);
+DTR__PRIVATE void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full);
 /** Forgets every allocation. When the step needed more than one chunk, the chunks are
  *  replaced by one chunk of the total size, so the next step fits in one. */
-void dtr__arena_reset(dtr__arena *a);
-void dtr__arena_free(dtr__arena *a);
+DTR__PRIVATE void dtr__arena_reset(dtr__arena *a);
+DTR__PRIVATE void dtr__arena_free(dtr__arena *a);
 
 /* ---- tensors and the tape ---- */
 
@@ -2204,6 +2215,11 @@ typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT 
 #define DTR__OP_COUNT_EXPECTED 37
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
+/* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
+#define DTR__CPU_DECLARE(id, name, k)                                       \
+    DTR__PRIVATE dtr_result dtr__cpu_##k##_fwd(dtr_context *, struct dtr__node *); \
+    DTR__PRIVATE dtr_result dtr__cpu_##k##_bwd(dtr_context *, struct dtr__node *);
+
 /** "add", "conv2d", ...; "none" for 0 and "?" outside the list. */
 const char *dtr__op_name(int op);
 
@@ -2269,6 +2285,9 @@ typedef struct dtr__opt_args {
     const int64_t *seg_begin, *seg_end;
     float *work;                  /* n floats of scratch for LAMB */
 } dtr__opt_args;
+
+DTR__OP_LIST(DTR__CPU_DECLARE)
+DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
 /** Capabilities of a backend (dtr_backend.caps). */
 enum {
@@ -2364,20 +2383,20 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
 
 typedef struct dtr__afile dtr__afile;
 /** Starts writing `path` through a temporary file beside it. */
-dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen);
 /** Buffered write; the first failure is remembered and reported by commit. */
-void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
+DTR__PRIVATE void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
 /** Syncs, renames over the path, syncs its folder; frees f (also on failure, removing the
  *  temporary file). */
-dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
 /** Gives up: closes and removes the temporary file; frees f. */
-void dtr__afile_abort(dtr__afile *f);
+DTR__PRIVATE void dtr__afile_abort(dtr__afile *f);
 
 /* ---- state entries ---- */
 
 /** Fills *out (when index == want) and returns DTR_OK; else returns DTR_NOT_FOUND. The
  *  accessors list their entries as a chain of these: `if (i == 0) return put(...)`. */
-dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
+DTR__PRIVATE dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
 
 /* ---- errors and logging ---- */
 
@@ -2385,40 +2404,39 @@ dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, si
  *  DTR_LOG_ERROR and returns code. */
 dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 /** Same, returning NULL: for tensor-returning builders. */
-dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
-void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
+DTR__PRIVATE dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 
 /* ---- tensor helpers ---- */
 
 /** Arena tensor struct with dense row-major strides and data from the data arena. */
-dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const char *op);
+DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const char *op);
 /** Tensor struct only (views): storage shared with `base`. */
-dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
-void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
-void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
+DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
+DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
+DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
 int64_t dtr__numel(int ndim, const int64_t *shape);
-void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+DTR__PRIVATE void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
-dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);
+DTR__PRIVATE dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);
 /** Shape as "(2, 3, 4)" into buf, for messages. */
-const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
+DTR__PRIVATE const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
 /** New node for `op`: records it on the tape when grad is on and an input needs grad,
  *  then runs the backend's forward. Returns out, or NULL with the error set. */
-dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
+DTR__PRIVATE dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
 /** New node for `op` with n_in inputs (NULL entries allowed): in points at in_inline, or at
  *  arena memory beyond DTR__INLINE_INPUTS. NULL with the error set on failure. */
-dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
+DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
 /** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
  *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
-void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
-void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
+DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
-int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** x, or a recorded contiguous copy of it. */
-dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
+DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -2430,7 +2448,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2434 "dtrain.h"
+#line 2452 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2462,30 +2480,30 @@ struct dtr_dataset {
 };
 
 /** Checks a layout (dtypes, ranks, sizes); writes a message and returns DTR_INVALID_ARGUMENT. */
-dtr_result dtr__layout_check(const dtr_sample_layout *l, const char *who, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__layout_check(const dtr_sample_layout *l, const char *who, char *err, size_t errlen);
 /** A zeroed handle with `layout` (x_numel and y_numel filled) from `alloc` (copied; may be NULL). */
-dtr_result dtr__dataset_new(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
+DTR__PRIVATE dtr_result dtr__dataset_new(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
                             const char *name, dtr_dataset **out, char *err, size_t errlen);
 /** A heap copy of a NUL-terminated string (NULL on OOM). */
-char *dtr__strdup(const dtr_allocation_callbacks *a, const char *s);
+DTR__PRIVATE char *dtr__strdup(const dtr_allocation_callbacks *a, const char *s);
 /** Reads a whole file into memory from `a` (a NUL byte is appended, not counted in *size). */
-dtr_result dtr__read_file(const char *path, const dtr_allocation_callbacks *a, unsigned char **buf, size_t *size,
+DTR__PRIVATE dtr_result dtr__read_file(const char *path, const dtr_allocation_callbacks *a, unsigned char **buf, size_t *size,
                           char *err, size_t errlen);
 /** Wall-clock seconds (gettimeofday): for the loader's wait time and stream deadlines. */
-double dtr__wall_seconds(void);
+DTR__PRIVATE double dtr__wall_seconds(void);
 /** Stable merge sort of ids v[0..n) by the NUL-terminated texts buf + off[id] (strcmp
  *  order); tmp holds n ids. */
-void dtr__sort_by_text(int64_t *v, int64_t *tmp, int64_t n, const char *buf, const size_t *off);
+DTR__PRIVATE void dtr__sort_by_text(int64_t *v, int64_t *tmp, int64_t n, const char *buf, const size_t *off);
 /** An in-memory dataset that owns (copy 1) or borrows the arrays; see dtr_dataset_from_memory.
  *  `own_x`/`own_y` are adopted (freed with the dataset) when not NULL. */
-dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
+DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
                                void *own_x, void *own_y, const char *name, dtr_dataset **out, char *err,
                                size_t errlen);
 
 #ifdef __cplusplus
 }
 #endif
-#line 2489 "dtrain.h"
+#line 2507 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2614,28 +2632,26 @@ struct dtr_comm {
 /** Records an error on the group (first communication failure is sticky), logs it, and for
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
  *  `peer` is the transport rank at fault (-1 unknown). Returns code. */
-dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
+DTR__PRIVATE dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
                           const char *fmt, ...) DTR__PRINTF(6, 7);
 /** "all_reduce", "broadcast", ... */
-const char *dtr__coll_name(int kind);
+DTR__PRIVATE const char *dtr__coll_name(int kind);
 /** Scratch of at least `bytes` (grows, kept); NULL on OOM. */
-void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
+DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
+DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
 /** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
  *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
-void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
+DTR__PRIVATE void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
 /** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
  *  for device memory. Records a failure on the group. */
-dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div);
-/** p[i] /= div over n elements of dt. */
-void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div);
+DTR__PRIVATE dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div);
 /** Waits until all n transport requests are complete; releases all of them in every case.
  *  On failure records the error on the group (naming the operation) and returns it. */
-dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n);
+DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n);
 /** Posts a send (to >= 0) and a receive (from >= 0) of group ranks with the tag of step
  *  `step` of collective `a`, and waits for both. Either side may be skipped with -1. */
-dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
+DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
 /* ---- rendezvous helpers for transports ---- */
@@ -2651,7 +2667,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2655 "dtrain.h"
+#line 2671 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2701,7 +2717,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2705 "dtrain.h"
+#line 2721 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3053,7 +3069,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3057 "dtrain.h"
+#line 3073 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3844,7 +3860,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3848 "dtrain.h"
+#line 3864 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -3968,20 +3984,6 @@ void dtr__arena_free(dtr__arena *a) {
 }
 
 /* ---- errors and logging ---- */
-
-static void dtr__vlog(const dtr_context *ctx, dtr_log_level level, const char *fmt, va_list ap) {
-    char buf[1024];
-    if (!ctx || !ctx->cfg.log || (int)level > (int)ctx->cfg.log_level) return;
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    ctx->cfg.log(ctx->cfg.log_user, level, buf);
-}
-
-void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    dtr__vlog(ctx, level, fmt, ap);
-    va_end(ap);
-}
 
 static dtr_result dtr__vfail(dtr_context *ctx, dtr_result code, const char *fmt, va_list ap) {
     if (!ctx) return code;
@@ -4202,7 +4204,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4206 "dtrain.h"
+#line 4208 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4315,7 +4317,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4319 "dtrain.h"
+#line 4321 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4685,7 +4687,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4689 "dtrain.h"
+#line 4691 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4875,7 +4877,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4879 "dtrain.h"
+#line 4881 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5325,7 +5327,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5329 "dtrain.h"
+#line 5331 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5504,7 +5506,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5508 "dtrain.h"
+#line 5510 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5904,7 +5906,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5908 "dtrain.h"
+#line 5910 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6384,7 +6386,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6388 "dtrain.h"
+#line 6390 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6643,7 +6645,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6647 "dtrain.h"
+#line 6649 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6710,7 +6712,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6714 "dtrain.h"
+#line 6716 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6722,15 +6724,8 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
 
 
 
-/* The kernels (src/ops/), declared and tabled from the op list: entry X(ID, name, k) runs
- * dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
-#define DTR__CPU_DECLARE(id, name, k)                          \
-    dtr_result dtr__cpu_##k##_fwd(dtr_context *, dtr__node *); \
-    dtr_result dtr__cpu_##k##_bwd(dtr_context *, dtr__node *);
-DTR__OP_LIST(DTR__CPU_DECLARE)
-#undef DTR__CPU_DECLARE
-dtr_result dtr__cpu_optimizer_update(dtr_context *, const dtr__opt_args *);
-
+/* The kernels (src/ops/, declared in internal.h), tabled from the op list: entry
+ * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
 typedef dtr_result (*dtr__kernel)(dtr_context *, dtr__node *);
 
 #define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},
@@ -6832,7 +6827,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6836 "dtrain.h"
+#line 6831 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7163,7 +7158,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7167 "dtrain.h"
+#line 7162 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7332,7 +7327,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7336 "dtrain.h"
+#line 7331 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7676,7 +7671,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7680 "dtrain.h"
+#line 7675 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8023,7 +8018,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8027 "dtrain.h"
+#line 8022 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8208,7 +8203,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8212 "dtrain.h"
+#line 8207 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8849,7 +8844,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8853 "dtrain.h"
+#line 8848 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9302,7 +9297,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9306 "dtrain.h"
+#line 9301 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9358,7 +9353,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9362 "dtrain.h"
+#line 9357 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10135,7 +10130,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10139 "dtrain.h"
+#line 10134 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10716,7 +10711,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10720 "dtrain.h"
+#line 10715 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11347,7 +11342,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11351 "dtrain.h"
+#line 11346 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12085,7 +12080,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12089 "dtrain.h"
+#line 12084 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12352,7 +12347,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12356 "dtrain.h"
+#line 12351 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12381,9 +12376,9 @@ typedef struct dtr__sha256 {
     size_t fill;
 } dtr__sha256;
 
-void dtr__sha256_init(dtr__sha256 *s);
-void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n);
-void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]);
+static void dtr__sha256_init(dtr__sha256 *s);
+static void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n);
+static void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]);
 /** SHA-256 of one buffer. */
 void dtr__sha256_once(const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]);
 
@@ -12391,13 +12386,13 @@ void dtr__sha256_once(const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]
 typedef struct dtr__hmac {
     dtr__sha256 inner, outer;
 } dtr__hmac;
-void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen);
-void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n);
-void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]);
+static void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen);
+static void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n);
+static void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]);
 /** HMAC-SHA256 of one buffer. */
 void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]);
 /** 1 when the n bytes of a and b are equal; the time taken does not depend on where they differ. */
-int dtr__ct_equal(const void *a, const void *b, size_t n);
+static int dtr__ct_equal(const void *a, const void *b, size_t n);
 
 /* ---- SHA-256 ---- */
 
@@ -12439,7 +12434,7 @@ static void dtr__sha256_block(uint32_t h[8], const uint8_t *p) {
     h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
 }
 
-void dtr__sha256_init(dtr__sha256 *s) {
+static void dtr__sha256_init(dtr__sha256 *s) {
     static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
                                    0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
     memcpy(s->h, iv, sizeof iv);
@@ -12447,7 +12442,7 @@ void dtr__sha256_init(dtr__sha256 *s) {
     s->fill = 0;
 }
 
-void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n) {
+static void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n) {
     const uint8_t *p = (const uint8_t *)data;
     s->bytes += n;
     if (s->fill) {
@@ -12469,7 +12464,7 @@ void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n) {
     }
 }
 
-void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]) {
+static void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]) {
     uint64_t bits = s->bytes * 8;
     int i;
     s->buf[s->fill++] = 0x80;
@@ -12499,7 +12494,7 @@ void dtr__sha256_once(const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]
 
 /* ---- HMAC-SHA256: H((K ^ opad) || H((K ^ ipad) || m)) ---- */
 
-void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen) {
+static void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen) {
     uint8_t k[DTR__SHA256_BLOCK], pad[DTR__SHA256_BLOCK];
     int i;
     memset(k, 0, sizeof k);
@@ -12515,9 +12510,9 @@ void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen) {
     memset(pad, 0, sizeof pad);
 }
 
-void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n) { dtr__sha256_update(&h->inner, data, n); }
+static void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n) { dtr__sha256_update(&h->inner, data, n); }
 
-void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]) {
+static void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]) {
     uint8_t ih[DTR__SHA256_BYTES];
     dtr__sha256_final(&h->inner, ih);
     dtr__sha256_update(&h->outer, ih, sizeof ih);
@@ -12531,7 +12526,7 @@ void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n
     dtr__hmac_final(&h, out);
 }
 
-int dtr__ct_equal(const void *a, const void *b, size_t n) {
+static int dtr__ct_equal(const void *a, const void *b, size_t n) {
     const volatile uint8_t *x = (const volatile uint8_t *)a, *y = (const volatile uint8_t *)b;
     uint8_t d = 0;
     size_t i;
@@ -12542,7 +12537,7 @@ int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12546 "dtrain.h"
+#line 12541 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12676,7 +12671,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12680 "dtrain.h"
+#line 12675 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13421,7 +13416,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13425 "dtrain.h"
+#line 13420 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13940,7 +13935,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 13944 "dtrain.h"
+#line 13939 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14674,7 +14669,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14678 "dtrain.h"
+#line 14673 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15713,7 +15708,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15717 "dtrain.h"
+#line 15712 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16254,7 +16249,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16258 "dtrain.h"
+#line 16253 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16338,22 +16333,6 @@ void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dty
             float fx = dtr_f16_to_f32(x[i]), fy = dtr_f16_to_f32(y[i]);
             o[i] = dtr_f32_to_f16(is_max ? dtr__maxf(fx, fy) : div > 1 ? (fx + fy) / d : fx + fy);
         }
-    }
-}
-
-void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div) {
-    float d = (float)div;
-    size_t i;
-    if (div <= 1) return;
-    if (dt == DTR_F32) {
-        float *x = (float *)p;
-        for (i = 0; i < n; i++) x[i] = x[i] / d;
-    } else if (dt == DTR_BF16) {
-        uint16_t *x = (uint16_t *)p;
-        for (i = 0; i < n; i++) x[i] = dtr_f32_to_bf16(dtr_bf16_to_f32(x[i]) / d);
-    } else if (dt == DTR_F16) {
-        uint16_t *x = (uint16_t *)p;
-        for (i = 0; i < n; i++) x[i] = dtr_f32_to_f16(dtr_f16_to_f32(x[i]) / d);
     }
 }
 
@@ -16696,7 +16675,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16700 "dtrain.h"
+#line 16679 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16933,7 +16912,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16937 "dtrain.h"
+#line 16916 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

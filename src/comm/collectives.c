@@ -81,22 +81,6 @@ void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dty
     }
 }
 
-void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div) {
-    float d = (float)div;
-    size_t i;
-    if (div <= 1) return;
-    if (dt == DTR_F32) {
-        float *x = (float *)p;
-        for (i = 0; i < n; i++) x[i] = x[i] / d;
-    } else if (dt == DTR_BF16) {
-        uint16_t *x = (uint16_t *)p;
-        for (i = 0; i < n; i++) x[i] = dtr_f32_to_bf16(dtr_bf16_to_f32(x[i]) / d);
-    } else if (dt == DTR_F16) {
-        uint16_t *x = (uint16_t *)p;
-        for (i = 0; i < n; i++) x[i] = dtr_f32_to_f16(dtr_f16_to_f32(x[i]) / d);
-    }
-}
-
 /* The reduction step of an algorithm, on the backend that owns the group's buffers: the host
  * code above for host memory, the context's backend for device memory (cfg.memory). */
 dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div) {

@@ -123,28 +123,26 @@ struct dtr_comm {
 /** Records an error on the group (first communication failure is sticky), logs it, and for
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
  *  `peer` is the transport rank at fault (-1 unknown). Returns code. */
-dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
+DTR__PRIVATE dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int peer, int native_code,
                           const char *fmt, ...) DTR__PRINTF(6, 7);
 /** "all_reduce", "broadcast", ... */
-const char *dtr__coll_name(int kind);
+DTR__PRIVATE const char *dtr__coll_name(int kind);
 /** Scratch of at least `bytes` (grows, kept); NULL on OOM. */
-void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
+DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
+DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
 /** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
  *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
-void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
+DTR__PRIVATE void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
 /** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
  *  for device memory. Records a failure on the group. */
-dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div);
-/** p[i] /= div over n elements of dt. */
-void dtr__comm_scale_div(void *p, size_t n, dtr_dtype dt, int div);
+DTR__PRIVATE dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y, size_t n, const dtr__coll *a, int div);
 /** Waits until all n transport requests are complete; releases all of them in every case.
  *  On failure records the error on the group (naming the operation) and returns it. */
-dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n);
+DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void **reqs, int n);
 /** Posts a send (to >= 0) and a receive (from >= 0) of group ranks with the tag of step
  *  `step` of collective `a`, and waits for both. Either side may be skipped with -1. */
-dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
+DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
 /* ---- rendezvous helpers for transports ---- */

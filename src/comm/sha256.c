@@ -23,9 +23,9 @@ typedef struct dtr__sha256 {
     size_t fill;
 } dtr__sha256;
 
-void dtr__sha256_init(dtr__sha256 *s);
-void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n);
-void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]);
+static void dtr__sha256_init(dtr__sha256 *s);
+static void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n);
+static void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]);
 /** SHA-256 of one buffer. */
 void dtr__sha256_once(const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]);
 
@@ -33,13 +33,13 @@ void dtr__sha256_once(const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]
 typedef struct dtr__hmac {
     dtr__sha256 inner, outer;
 } dtr__hmac;
-void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen);
-void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n);
-void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]);
+static void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen);
+static void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n);
+static void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]);
 /** HMAC-SHA256 of one buffer. */
 void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]);
 /** 1 when the n bytes of a and b are equal; the time taken does not depend on where they differ. */
-int dtr__ct_equal(const void *a, const void *b, size_t n);
+static int dtr__ct_equal(const void *a, const void *b, size_t n);
 
 /* ---- SHA-256 ---- */
 
@@ -81,7 +81,7 @@ static void dtr__sha256_block(uint32_t h[8], const uint8_t *p) {
     h[0] += a; h[1] += b; h[2] += c; h[3] += d; h[4] += e; h[5] += f; h[6] += g; h[7] += hh;
 }
 
-void dtr__sha256_init(dtr__sha256 *s) {
+static void dtr__sha256_init(dtr__sha256 *s) {
     static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
                                    0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
     memcpy(s->h, iv, sizeof iv);
@@ -89,7 +89,7 @@ void dtr__sha256_init(dtr__sha256 *s) {
     s->fill = 0;
 }
 
-void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n) {
+static void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n) {
     const uint8_t *p = (const uint8_t *)data;
     s->bytes += n;
     if (s->fill) {
@@ -111,7 +111,7 @@ void dtr__sha256_update(dtr__sha256 *s, const void *data, size_t n) {
     }
 }
 
-void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]) {
+static void dtr__sha256_final(dtr__sha256 *s, uint8_t out[DTR__SHA256_BYTES]) {
     uint64_t bits = s->bytes * 8;
     int i;
     s->buf[s->fill++] = 0x80;
@@ -141,7 +141,7 @@ void dtr__sha256_once(const void *data, size_t n, uint8_t out[DTR__SHA256_BYTES]
 
 /* ---- HMAC-SHA256: H((K ^ opad) || H((K ^ ipad) || m)) ---- */
 
-void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen) {
+static void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen) {
     uint8_t k[DTR__SHA256_BLOCK], pad[DTR__SHA256_BLOCK];
     int i;
     memset(k, 0, sizeof k);
@@ -157,9 +157,9 @@ void dtr__hmac_init(dtr__hmac *h, const void *key, size_t keylen) {
     memset(pad, 0, sizeof pad);
 }
 
-void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n) { dtr__sha256_update(&h->inner, data, n); }
+static void dtr__hmac_update(dtr__hmac *h, const void *data, size_t n) { dtr__sha256_update(&h->inner, data, n); }
 
-void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]) {
+static void dtr__hmac_final(dtr__hmac *h, uint8_t out[DTR__SHA256_BYTES]) {
     uint8_t ih[DTR__SHA256_BYTES];
     dtr__sha256_final(&h->inner, ih);
     dtr__sha256_update(&h->outer, ih, sizeof ih);
@@ -173,7 +173,7 @@ void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n
     dtr__hmac_final(&h, out);
 }
 
-int dtr__ct_equal(const void *a, const void *b, size_t n) {
+static int dtr__ct_equal(const void *a, const void *b, size_t n) {
     const volatile uint8_t *x = (const volatile uint8_t *)a, *y = (const volatile uint8_t *)b;
     uint8_t d = 0;
     size_t i;

@@ -6,15 +6,8 @@
 #include "internal.h"
 #include "../comm/comm_internal.h"
 
-/* The kernels (src/ops/), declared and tabled from the op list: entry X(ID, name, k) runs
- * dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
-#define DTR__CPU_DECLARE(id, name, k)                          \
-    dtr_result dtr__cpu_##k##_fwd(dtr_context *, dtr__node *); \
-    dtr_result dtr__cpu_##k##_bwd(dtr_context *, dtr__node *);
-DTR__OP_LIST(DTR__CPU_DECLARE)
-#undef DTR__CPU_DECLARE
-dtr_result dtr__cpu_optimizer_update(dtr_context *, const dtr__opt_args *);
-
+/* The kernels (src/ops/, declared in internal.h), tabled from the op list: entry
+ * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
 typedef dtr_result (*dtr__kernel)(dtr_context *, dtr__node *);
 
 #define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},

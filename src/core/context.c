@@ -119,20 +119,6 @@ void dtr__arena_free(dtr__arena *a) {
 
 /* ---- errors and logging ---- */
 
-static void dtr__vlog(const dtr_context *ctx, dtr_log_level level, const char *fmt, va_list ap) {
-    char buf[1024];
-    if (!ctx || !ctx->cfg.log || (int)level > (int)ctx->cfg.log_level) return;
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    ctx->cfg.log(ctx->cfg.log_user, level, buf);
-}
-
-void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    dtr__vlog(ctx, level, fmt, ap);
-    va_end(ap);
-}
-
 static dtr_result dtr__vfail(dtr_context *ctx, dtr_result code, const char *fmt, va_list ap) {
     if (!ctx) return code;
     if (ctx->status == DTR_OK) {

@@ -17,7 +17,7 @@ extern "C" {
 
 void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes);
 void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
-void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
+DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
@@ -74,13 +74,13 @@ typedef struct dtr__arena {
     const dtr_allocation_callbacks *alloc;
 } dtr__arena;
 
-void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);
+DTR__PRIVATE void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);
 /** 64-byte aligned memory; NULL when allocation fails or max_bytes would be passed. */
-void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full);
+DTR__PRIVATE void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full);
 /** Forgets every allocation. When the step needed more than one chunk, the chunks are
  *  replaced by one chunk of the total size, so the next step fits in one. */
-void dtr__arena_reset(dtr__arena *a);
-void dtr__arena_free(dtr__arena *a);
+DTR__PRIVATE void dtr__arena_reset(dtr__arena *a);
+DTR__PRIVATE void dtr__arena_free(dtr__arena *a);
 
 /* ---- tensors and the tape ---- */
 
@@ -148,6 +148,11 @@ typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT 
 #define DTR__OP_COUNT_EXPECTED 37
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
+/* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
+#define DTR__CPU_DECLARE(id, name, k)                                       \
+    DTR__PRIVATE dtr_result dtr__cpu_##k##_fwd(dtr_context *, struct dtr__node *); \
+    DTR__PRIVATE dtr_result dtr__cpu_##k##_bwd(dtr_context *, struct dtr__node *);
+
 /** "add", "conv2d", ...; "none" for 0 and "?" outside the list. */
 const char *dtr__op_name(int op);
 
@@ -213,6 +218,9 @@ typedef struct dtr__opt_args {
     const int64_t *seg_begin, *seg_end;
     float *work;                  /* n floats of scratch for LAMB */
 } dtr__opt_args;
+
+DTR__OP_LIST(DTR__CPU_DECLARE)
+DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
 /** Capabilities of a backend (dtr_backend.caps). */
 enum {
@@ -308,20 +316,20 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
 
 typedef struct dtr__afile dtr__afile;
 /** Starts writing `path` through a temporary file beside it. */
-dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen);
 /** Buffered write; the first failure is remembered and reported by commit. */
-void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
+DTR__PRIVATE void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
 /** Syncs, renames over the path, syncs its folder; frees f (also on failure, removing the
  *  temporary file). */
-dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
 /** Gives up: closes and removes the temporary file; frees f. */
-void dtr__afile_abort(dtr__afile *f);
+DTR__PRIVATE void dtr__afile_abort(dtr__afile *f);
 
 /* ---- state entries ---- */
 
 /** Fills *out (when index == want) and returns DTR_OK; else returns DTR_NOT_FOUND. The
  *  accessors list their entries as a chain of these: `if (i == 0) return put(...)`. */
-dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
+DTR__PRIVATE dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
 
 /* ---- errors and logging ---- */
 
@@ -329,40 +337,39 @@ dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, si
  *  DTR_LOG_ERROR and returns code. */
 dtr_result dtr__fail(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 /** Same, returning NULL: for tensor-returning builders. */
-dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
-void dtr__log(const dtr_context *ctx, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
+DTR__PRIVATE dtr_tensor *dtr__failt(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 
 /* ---- tensor helpers ---- */
 
 /** Arena tensor struct with dense row-major strides and data from the data arena. */
-dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const char *op);
+DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const int64_t *shape, const char *op);
 /** Tensor struct only (views): storage shared with `base`. */
-dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
-void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
-void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
+DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
+DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
+DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
 int64_t dtr__numel(int ndim, const int64_t *shape);
-void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+DTR__PRIVATE void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
-dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);
+DTR__PRIVATE dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);
 /** Shape as "(2, 3, 4)" into buf, for messages. */
-const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
+DTR__PRIVATE const char *dtr__shape_str(const dtr_tensor *t, char *buf, size_t n);
 /** New node for `op`: records it on the tape when grad is on and an input needs grad,
  *  then runs the backend's forward. Returns out, or NULL with the error set. */
-dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
+DTR__PRIVATE dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname);
 /** New node for `op` with n_in inputs (NULL entries allowed): in points at in_inline, or at
  *  arena memory beyond DTR__INLINE_INPUTS. NULL with the error set on failure. */
-dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
+DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
 /** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
  *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
-void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
-void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
+DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
-int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** x, or a recorded contiguous copy of it. */
-dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
+DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

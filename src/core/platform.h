@@ -14,6 +14,17 @@
 #define DTR__PRINTF(fmt_index, first_arg)
 #endif
 
+/** Marks the declaration of an implementation-private function (dtr__, not used by
+ *  dtrain_cuda.cu, dtrain_comm.c or the tests): `static` inside the implementation unit, so
+ *  the library exports only what the other units need (`make private-check` keeps it so);
+ *  a plain declaration in the units that see the internal API, where nothing calls it. A
+ *  definition without `static` after it keeps the internal linkage (C99 6.2.2). */
+#if defined(DTRAIN_IMPLEMENTATION)
+#define DTR__PRIVATE static
+#else
+#define DTR__PRIVATE
+#endif
+
 /* ---- atomics ----
  * Acquire/release loads and stores, a sequentially consistent decrement and compare-and-swap,
  * and relaxed accesses, on integers shared between threads. */

@@ -26,23 +26,23 @@ struct dtr_dataset {
 };
 
 /** Checks a layout (dtypes, ranks, sizes); writes a message and returns DTR_INVALID_ARGUMENT. */
-dtr_result dtr__layout_check(const dtr_sample_layout *l, const char *who, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__layout_check(const dtr_sample_layout *l, const char *who, char *err, size_t errlen);
 /** A zeroed handle with `layout` (x_numel and y_numel filled) from `alloc` (copied; may be NULL). */
-dtr_result dtr__dataset_new(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
+DTR__PRIVATE dtr_result dtr__dataset_new(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
                             const char *name, dtr_dataset **out, char *err, size_t errlen);
 /** A heap copy of a NUL-terminated string (NULL on OOM). */
-char *dtr__strdup(const dtr_allocation_callbacks *a, const char *s);
+DTR__PRIVATE char *dtr__strdup(const dtr_allocation_callbacks *a, const char *s);
 /** Reads a whole file into memory from `a` (a NUL byte is appended, not counted in *size). */
-dtr_result dtr__read_file(const char *path, const dtr_allocation_callbacks *a, unsigned char **buf, size_t *size,
+DTR__PRIVATE dtr_result dtr__read_file(const char *path, const dtr_allocation_callbacks *a, unsigned char **buf, size_t *size,
                           char *err, size_t errlen);
 /** Wall-clock seconds (gettimeofday): for the loader's wait time and stream deadlines. */
-double dtr__wall_seconds(void);
+DTR__PRIVATE double dtr__wall_seconds(void);
 /** Stable merge sort of ids v[0..n) by the NUL-terminated texts buf + off[id] (strcmp
  *  order); tmp holds n ids. */
-void dtr__sort_by_text(int64_t *v, int64_t *tmp, int64_t n, const char *buf, const size_t *off);
+DTR__PRIVATE void dtr__sort_by_text(int64_t *v, int64_t *tmp, int64_t n, const char *buf, const size_t *off);
 /** An in-memory dataset that owns (copy 1) or borrows the arrays; see dtr_dataset_from_memory.
  *  `own_x`/`own_y` are adopted (freed with the dataset) when not NULL. */
-dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
+DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *alloc, int64_t count, const dtr_sample_layout *layout,
                                void *own_x, void *own_y, const char *name, dtr_dataset **out, char *err,
                                size_t errlen);
 
