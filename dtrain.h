@@ -2289,6 +2289,16 @@ typedef struct dtr__opt_args {
 DTR__OP_LIST(DTR__CPU_DECLARE)
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
+/** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
+typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
+typedef struct dtr__kernel_pair { dtr__kernel fwd, bwd; } dtr__kernel_pair;
+/** 1 when table[op] has a forward kernel. */
+int dtr__table_has(const dtr__kernel_pair *table, int op);
+/** Runs the forward (bwd 0) or backward kernel of node->op from `table`, or records
+ *  DTR_UNSUPPORTED naming the backend and the op. Shared by every backend's vtable. */
+dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dtr_context *ctx, struct dtr__node *n,
+                          int bwd);
+
 /** Capabilities of a backend (dtr_backend.caps). */
 enum {
     DTR__CAP_HOST_MEMORY = 1u,  /* tensor, parameter and gradient memory is host memory: the
@@ -2448,7 +2458,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2452 "dtrain.h"
+#line 2462 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2503,7 +2513,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2507 "dtrain.h"
+#line 2517 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2667,7 +2677,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2671 "dtrain.h"
+#line 2681 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2717,7 +2727,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2721 "dtrain.h"
+#line 2731 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3069,7 +3079,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3073 "dtrain.h"
+#line 3083 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3860,7 +3870,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3864 "dtrain.h"
+#line 3874 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4204,7 +4214,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4208 "dtrain.h"
+#line 4218 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4317,7 +4327,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4321 "dtrain.h"
+#line 4331 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4687,7 +4697,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4691 "dtrain.h"
+#line 4701 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4877,7 +4887,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4881 "dtrain.h"
+#line 4891 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5327,7 +5337,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5331 "dtrain.h"
+#line 5341 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5506,7 +5516,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5510 "dtrain.h"
+#line 5520 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5906,7 +5916,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5910 "dtrain.h"
+#line 5920 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6386,7 +6396,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6390 "dtrain.h"
+#line 6400 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6645,7 +6655,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6649 "dtrain.h"
+#line 6659 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6712,7 +6722,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6716 "dtrain.h"
+#line 6726 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6724,33 +6734,31 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
 
 
 
-/* The kernels (src/ops/, declared in internal.h), tabled from the op list: entry
- * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
-typedef dtr_result (*dtr__kernel)(dtr_context *, dtr__node *);
+/* ---- dispatch (shared by every backend) ---- */
 
+int dtr__table_has(const dtr__kernel_pair *table, int op) {
+    return op > 0 && op < DTR_OP_COUNT && table[op].fwd != NULL;
+}
+
+dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dtr_context *ctx, dtr__node *n, int bwd) {
+    if (!dtr__table_has(table, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "%s backend: op %d (%s) has no %s kernel in this version", backend, n->op,
+                         dtr__op_name(n->op), bwd ? "backward" : "forward");
+    return bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
+}
+
+/* The CPU kernels (src/ops/, declared in internal.h), tabled from the op list: entry
+ * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
 #define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},
-static const struct { dtr__kernel fwd, bwd; } dtr__cpu_kernels[DTR_OP_COUNT] = {
+static const dtr__kernel_pair dtr__cpu_kernels[DTR_OP_COUNT] = {
     {NULL, NULL}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CPU_ENTRY)
 };
 #undef DTR__CPU_ENTRY
 
-static int dtr__cpu_supports_op(const dtr_context *ctx, int op) {
-    (void)ctx;
-    return op > 0 && op < DTR_OP_COUNT && dtr__cpu_kernels[op].fwd != NULL;
-}
-
-static dtr_result dtr__cpu_forward(dtr_context *ctx, dtr__node *n) {
-    if (!dtr__cpu_supports_op(ctx, n->op))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no forward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
-    return dtr__cpu_kernels[n->op].fwd(ctx, n);
-}
-
-static dtr_result dtr__cpu_backward(dtr_context *ctx, dtr__node *n) {
-    if (!dtr__cpu_supports_op(ctx, n->op))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no backward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
-    return dtr__cpu_kernels[n->op].bwd(ctx, n);
-}
+static int dtr__cpu_supports_op(const dtr_context *ctx, int op) { (void)ctx; return dtr__table_has(dtr__cpu_kernels, op); }
+static dtr_result dtr__cpu_forward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cpu_kernels, "cpu", ctx, n, 0); }
+static dtr_result dtr__cpu_backward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cpu_kernels, "cpu", ctx, n, 1); }
 
 static void *dtr__cpu_mem_alloc(dtr_context *ctx, size_t bytes) { return dtr__malloc(&ctx->alloc, bytes); }
 static void dtr__cpu_mem_free(dtr_context *ctx, void *p) { dtr__free(&ctx->alloc, p); }
@@ -6827,7 +6835,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6831 "dtrain.h"
+#line 6839 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7158,7 +7166,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7162 "dtrain.h"
+#line 7170 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7327,7 +7335,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7331 "dtrain.h"
+#line 7339 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7671,7 +7679,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7675 "dtrain.h"
+#line 7683 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8018,7 +8026,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8022 "dtrain.h"
+#line 8030 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8203,7 +8211,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8207 "dtrain.h"
+#line 8215 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8844,7 +8852,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8848 "dtrain.h"
+#line 8856 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9297,7 +9305,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9301 "dtrain.h"
+#line 9309 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9353,7 +9361,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9357 "dtrain.h"
+#line 9365 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10130,7 +10138,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10134 "dtrain.h"
+#line 10142 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10711,7 +10719,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10715 "dtrain.h"
+#line 10723 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11342,7 +11350,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11346 "dtrain.h"
+#line 11354 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12080,7 +12088,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12084 "dtrain.h"
+#line 12092 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12347,7 +12355,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12351 "dtrain.h"
+#line 12359 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12537,7 +12545,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12541 "dtrain.h"
+#line 12549 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12671,7 +12679,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12675 "dtrain.h"
+#line 12683 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13416,7 +13424,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13420 "dtrain.h"
+#line 13428 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13935,7 +13943,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 13939 "dtrain.h"
+#line 13947 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14669,7 +14677,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14673 "dtrain.h"
+#line 14681 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15708,7 +15716,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15712 "dtrain.h"
+#line 15720 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16249,7 +16257,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16253 "dtrain.h"
+#line 16261 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16675,7 +16683,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16679 "dtrain.h"
+#line 16687 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16912,7 +16920,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16916 "dtrain.h"
+#line 16924 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -98,31 +98,16 @@ static dtr_result dtr__cuda_sync(dtr_context *ctx) {
 /* The dispatch table, from the op list like the CPU's: entry X(ID, name, k) will run
  * dtr__cuda_k_fwd / dtr__cuda_k_bwd. No op has a CUDA kernel in this version yet, so every
  * entry is empty and the backend reports DTR_UNSUPPORTED naming the op. */
-typedef dtr_result (*dtr__cuda_kernel)(dtr_context *, dtr__node *);
 #define DTR__CUDA_ENTRY(id, name, k) {NULL, NULL},
-static const struct { dtr__cuda_kernel fwd, bwd; } dtr__cuda_kernels[DTR_OP_COUNT] = {
+static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
     {NULL, NULL}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CUDA_ENTRY)
 };
 #undef DTR__CUDA_ENTRY
 
-static int dtr__cuda_supports_op(const dtr_context *ctx, int op) {
-    (void)ctx;
-    return op > 0 && op < DTR_OP_COUNT && dtr__cuda_kernels[op].fwd != NULL;
-}
-
-static dtr_result dtr__cuda_forward(dtr_context *ctx, dtr__node *n) {
-    if (!dtr__cuda_supports_op(ctx, n->op))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: op %d (%s) has no CUDA kernel in this version", n->op, dtr__op_name(n->op));
-    return dtr__cuda_kernels[n->op].fwd(ctx, n);
-}
-
-static dtr_result dtr__cuda_backward(dtr_context *ctx, dtr__node *n) {
-    if (!dtr__cuda_supports_op(ctx, n->op))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: op %d (%s) has no CUDA backward kernel in this version", n->op,
-                         dtr__op_name(n->op));
-    return dtr__cuda_kernels[n->op].bwd(ctx, n);
-}
+static int dtr__cuda_supports_op(const dtr_context *ctx, int op) { (void)ctx; return dtr__table_has(dtr__cuda_kernels, op); }
+static dtr_result dtr__cuda_forward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 0); }
+static dtr_result dtr__cuda_backward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 1); }
 
 static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) {
     (void)a;
@@ -201,5 +186,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 205 "dtrain_cuda.cu"
+#line 190 "dtrain_cuda.cu"
 

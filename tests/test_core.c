@@ -132,6 +132,10 @@ static void test_context_invalid_config(void) {
     bad.abi_version = DTR_VERSION_NUMBER + 1;
     c.backend = &bad;
     expect_create_fails(&c, DTR_VERSION_MISMATCH, "backend of another version");
+    bad = dtr__cpu_backend;
+    bad.struct_size = sizeof(dtr_backend) - sizeof(void *);   /* a vtable of another layout */
+    c.backend = &bad;
+    expect_create_fails(&c, DTR_VERSION_MISMATCH, "backend vtable of another size");
     CHECK_EQ_INT(dtr_context_create(NULL, NULL), DTR_NULL_HANDLE);
     /* all three callbacks: fine */
     c = dtr_context_config_init();

@@ -6,33 +6,31 @@
 #include "internal.h"
 #include "../comm/comm_internal.h"
 
-/* The kernels (src/ops/, declared in internal.h), tabled from the op list: entry
- * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
-typedef dtr_result (*dtr__kernel)(dtr_context *, dtr__node *);
+/* ---- dispatch (shared by every backend) ---- */
 
+int dtr__table_has(const dtr__kernel_pair *table, int op) {
+    return op > 0 && op < DTR_OP_COUNT && table[op].fwd != NULL;
+}
+
+dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dtr_context *ctx, dtr__node *n, int bwd) {
+    if (!dtr__table_has(table, n->op))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "%s backend: op %d (%s) has no %s kernel in this version", backend, n->op,
+                         dtr__op_name(n->op), bwd ? "backward" : "forward");
+    return bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
+}
+
+/* The CPU kernels (src/ops/, declared in internal.h), tabled from the op list: entry
+ * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
 #define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},
-static const struct { dtr__kernel fwd, bwd; } dtr__cpu_kernels[DTR_OP_COUNT] = {
+static const dtr__kernel_pair dtr__cpu_kernels[DTR_OP_COUNT] = {
     {NULL, NULL}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CPU_ENTRY)
 };
 #undef DTR__CPU_ENTRY
 
-static int dtr__cpu_supports_op(const dtr_context *ctx, int op) {
-    (void)ctx;
-    return op > 0 && op < DTR_OP_COUNT && dtr__cpu_kernels[op].fwd != NULL;
-}
-
-static dtr_result dtr__cpu_forward(dtr_context *ctx, dtr__node *n) {
-    if (!dtr__cpu_supports_op(ctx, n->op))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no forward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
-    return dtr__cpu_kernels[n->op].fwd(ctx, n);
-}
-
-static dtr_result dtr__cpu_backward(dtr_context *ctx, dtr__node *n) {
-    if (!dtr__cpu_supports_op(ctx, n->op))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cpu backend: no backward kernel for op %d (%s)", n->op, dtr__op_name(n->op));
-    return dtr__cpu_kernels[n->op].bwd(ctx, n);
-}
+static int dtr__cpu_supports_op(const dtr_context *ctx, int op) { (void)ctx; return dtr__table_has(dtr__cpu_kernels, op); }
+static dtr_result dtr__cpu_forward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cpu_kernels, "cpu", ctx, n, 0); }
+static dtr_result dtr__cpu_backward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cpu_kernels, "cpu", ctx, n, 1); }
 
 static void *dtr__cpu_mem_alloc(dtr_context *ctx, size_t bytes) { return dtr__malloc(&ctx->alloc, bytes); }
 static void dtr__cpu_mem_free(dtr_context *ctx, void *p) { dtr__free(&ctx->alloc, p); }

@@ -222,6 +222,16 @@ typedef struct dtr__opt_args {
 DTR__OP_LIST(DTR__CPU_DECLARE)
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
+/** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
+typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
+typedef struct dtr__kernel_pair { dtr__kernel fwd, bwd; } dtr__kernel_pair;
+/** 1 when table[op] has a forward kernel. */
+int dtr__table_has(const dtr__kernel_pair *table, int op);
+/** Runs the forward (bwd 0) or backward kernel of node->op from `table`, or records
+ *  DTR_UNSUPPORTED naming the backend and the op. Shared by every backend's vtable. */
+dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dtr_context *ctx, struct dtr__node *n,
+                          int bwd);
+
 /** Capabilities of a backend (dtr_backend.caps). */
 enum {
     DTR__CAP_HOST_MEMORY = 1u,  /* tensor, parameter and gradient memory is host memory: the
