@@ -12,28 +12,12 @@
  * loudly that they were skipped. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
+#define TU_WANT_STBIW
+#include "test_util.h"
 #include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#if defined(__has_include)
-#if __has_include(<stb/stb_image_write.h>)
-#define TD_HAVE_STBIW 1
-#define STB_IMAGE_WRITE_STATIC
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#if defined(__GNUC__)
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wunused-function"
-#endif
-#include <stb/stb_image_write.h>
-#if defined(__GNUC__)
-#pragma GCC diagnostic pop
-#endif
-#endif
-#endif
-#ifndef TD_HAVE_STBIW
-#define TD_HAVE_STBIW 0
-#endif
 
 /* ---- helpers ---- */
 
@@ -48,15 +32,8 @@ static const char *tpath(const char *name) {
     return buf[k];
 }
 
-static int write_bytes(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    int ok;
-    if (!f) return 0;
-    ok = fwrite(p, 1, n, f) == n;
-    return fclose(f) == 0 && ok;
-}
 
-static int write_text(const char *path, const char *s) { return write_bytes(path, s, strlen(s)); }
+static int write_text(const char *path, const char *s) { return write_file(path, s, strlen(s)); }
 
 static void rm_rf(const char *path) {
     struct stat st;
@@ -474,17 +451,6 @@ static void test_csv_errors(void) {
 
 /* ---- IDX ---- */
 
-static size_t idx_header(unsigned char *b, int type, int ndim, const uint32_t *dims) {
-    int i;
-    b[0] = 0; b[1] = 0; b[2] = (unsigned char)type; b[3] = (unsigned char)ndim;
-    for (i = 0; i < ndim; i++) {
-        b[4 + 4 * i] = (unsigned char)(dims[i] >> 24);
-        b[5 + 4 * i] = (unsigned char)(dims[i] >> 16);
-        b[6 + 4 * i] = (unsigned char)(dims[i] >> 8);
-        b[7 + 4 * i] = (unsigned char)dims[i];
-    }
-    return 4 + 4 * (size_t)ndim;
-}
 
 static void test_idx_dataset(void) {
     unsigned char img[64], lab[64];
@@ -498,8 +464,8 @@ static void test_idx_dataset(void) {
     for (i = 0; i < 12; i++) img[n + i] = (unsigned char)(i * 20);
     m = idx_header(lab, 0x08, 1, dl);
     lab[m] = 4; lab[m + 1] = 0; lab[m + 2] = 2;
-    CHECK(write_bytes(tpath("img.idx"), img, n + 12));
-    CHECK(write_bytes(tpath("lab.idx"), lab, m + 3));
+    CHECK(write_file(tpath("img.idx"), img, n + 12));
+    CHECK(write_file(tpath("lab.idx"), lab, m + 3));
     CHECK_OK(NULL, dtr_dataset_open_idx(tpath("img.idx"), tpath("lab.idx"), NULL, &ds, g_err, sizeof g_err));
     if (!ds) return;
     L = dtr_dataset_layout(ds);
@@ -519,10 +485,10 @@ static void test_idx_dataset(void) {
     }
     /* count mismatch, truncated file, missing file */
     m = idx_header(lab, 0x08, 1, dl2);
-    CHECK(write_bytes(tpath("lab2.idx"), lab, m + 2));
+    CHECK(write_file(tpath("lab2.idx"), lab, m + 2));
     CHECK_EQ_INT(dtr_dataset_open_idx(tpath("img.idx"), tpath("lab2.idx"), NULL, &ds, g_err, sizeof g_err), DTR_CORRUPT_FILE);
     CHECK_MSG(strstr(g_err, "lab2.idx: 2 labels but") != NULL, "%s", g_err);
-    CHECK(write_bytes(tpath("trunc.idx"), img, n + 11));
+    CHECK(write_file(tpath("trunc.idx"), img, n + 11));
     CHECK_EQ_INT(dtr_dataset_open_idx(tpath("trunc.idx"), NULL, NULL, &ds, g_err, sizeof g_err), DTR_CORRUPT_FILE);
     CHECK_MSG(strstr(g_err, "trunc.idx: truncated") != NULL, "%s", g_err);
     CHECK_EQ_INT(dtr_dataset_open_idx(tpath("nope.idx"), NULL, NULL, &ds, g_err, sizeof g_err), DTR_IO_ERROR);
@@ -588,7 +554,7 @@ static void test_tokens(void) {
         b[2 * i] = (unsigned char)((1000 + i) & 255);
         b[2 * i + 1] = (unsigned char)((1000 + i) >> 8);
     }
-    CHECK(write_bytes(tpath("tok.bin"), b, 42));
+    CHECK(write_file(tpath("tok.bin"), b, 42));
     c.path = tpath("tok.bin");
     c.context = 4;
     CHECK_OK(NULL, dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err));
@@ -623,7 +589,7 @@ static void test_tokens(void) {
         b[10 + 4 * i] = (unsigned char)(v >> 16);
         b[11 + 4 * i] = (unsigned char)(v >> 24);
     }
-    CHECK(write_bytes(tpath("tok32.bin"), b, 48));
+    CHECK(write_file(tpath("tok32.bin"), b, 48));
     c = dtr_token_file_config_init();
     c.path = tpath("tok32.bin");
     c.token_bytes = 4;
@@ -637,7 +603,7 @@ static void test_tokens(void) {
         dtr_dataset_destroy(ds);
     }
     /* truncated: not a whole number of tokens */
-    CHECK(write_bytes(tpath("tok32.bin"), b, 47));
+    CHECK(write_file(tpath("tok32.bin"), b, 47));
     CHECK_EQ_INT(dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err), DTR_CORRUPT_FILE);
     CHECK_MSG(strstr(g_err, "tok32.bin: 39 bytes of tokens is not a whole number of 4-byte tokens"), "%s", g_err);
     c.header_bytes = 100;
@@ -646,11 +612,11 @@ static void test_tokens(void) {
     /* too short for one window; empty; missing; bad arguments */
     c.header_bytes = 0;
     c.context = 100;
-    CHECK(write_bytes(tpath("tok32.bin"), b, 48));
+    CHECK(write_file(tpath("tok32.bin"), b, 48));
     CHECK_OK(NULL, dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err));
     CHECK_EQ_INT(dtr_dataset_count(ds), 0);
     dtr_dataset_destroy(ds);
-    CHECK(write_bytes(tpath("tok32.bin"), b, 0));
+    CHECK(write_file(tpath("tok32.bin"), b, 0));
     CHECK_OK(NULL, dtr_dataset_open_tokens(&c, &ds, g_err, sizeof g_err));
     CHECK_EQ_INT(dtr_dataset_count(ds), 0);
     dtr_dataset_destroy(ds);
@@ -728,14 +694,14 @@ static int have_stb(void) {
         if (!g_stb) {
             CHECK_MSG(strstr(g_err, "DTR_USE_STB_IMAGE") != NULL, "%s", g_err);
             printf("  SKIPPED (loudly): the library was built without DTR_USE_STB_IMAGE: %s\n", g_err);
-        } else if (!TD_HAVE_STBIW) {
+        } else if (!TU_HAVE_STBIW) {
             printf("  SKIPPED (loudly): stb_image_write.h not found; the image tests need it to write files\n");
         }
     }
-    return g_stb && TD_HAVE_STBIW;
+    return g_stb && TU_HAVE_STBIW;
 }
 
-#if TD_HAVE_STBIW
+#if TU_HAVE_STBIW
 typedef struct td_mem { unsigned char *p; size_t n, cap; } td_mem;
 
 static void td_mem_write(void *ctx, void *data, int size) {
@@ -758,7 +724,7 @@ static void td_pattern(unsigned char *px, int w, int h, int c) {
 }
 
 static void test_image_decode(void) {
-#if TD_HAVE_STBIW
+#if TU_HAVE_STBIW
     unsigned char px[12 * 10 * 3];
     float out[3 * 10 * 12], small[3 * 5 * 6];
     td_mem m = {NULL, 0, 0};
@@ -835,12 +801,12 @@ static void test_image_decode(void) {
 #endif
 }
 
-#if TD_HAVE_STBIW
+#if TU_HAVE_STBIW
 static int td_mkdir(const char *p) { return mkdir(p, 0755) == 0; }
 #endif
 
 static void test_image_folder(void) {
-#if TD_HAVE_STBIW
+#if TU_HAVE_STBIW
     char root[512], path[600];
     static const char *const classes[] = {"zeta", "alpha", "mid"};   /* sorted: alpha, mid, zeta */
     unsigned char px[16 * 16];
@@ -944,7 +910,7 @@ static void test_image_folder(void) {
 
 /* Fashion-MNIST written as PNG files: the folder gives back exactly the IDX pixels. */
 static void test_image_folder_fmnist(void) {
-#if TD_HAVE_STBIW
+#if TU_HAVE_STBIW
     char root[512], path[600];
     int per_class = quick() ? 5 : 50, k, n, i, ok = 1;
     int count[10] = {0};

@@ -8,6 +8,7 @@
  * Fashion-MNIST files (skipped with a loud message when the directory is missing;
  * DTR_FMNIST_DIR overrides /usr/share/datasets/fashion-mnist). */
 #include "test.h"
+#include "test_util.h"
 #ifndef _WIN32
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,26 +27,7 @@ static const char *tmp_path(const char *tag, char *buf, size_t n) {
     return buf;
 }
 
-static int write_file(const char *path, const void *p, size_t n) {
-    FILE *f = fopen(path, "wb");
-    int ok;
-    if (!f) return 0;
-    ok = fwrite(p, 1, n, f) == n;
-    return fclose(f) == 0 && ok;
-}
 
-/* Appends an IDX header: 00 00 type ndim, then big-endian dims. Returns the length. */
-static size_t idx_header(unsigned char *b, int type, int ndim, const uint32_t *dims) {
-    int i;
-    b[0] = 0; b[1] = 0; b[2] = (unsigned char)type; b[3] = (unsigned char)ndim;
-    for (i = 0; i < ndim; i++) {
-        b[4 + 4 * i] = (unsigned char)(dims[i] >> 24);
-        b[5 + 4 * i] = (unsigned char)(dims[i] >> 16);
-        b[6 + 4 * i] = (unsigned char)(dims[i] >> 8);
-        b[7 + 4 * i] = (unsigned char)dims[i];
-    }
-    return 4 + 4 * (size_t)ndim;
-}
 
 static void put_be(unsigned char *p, uint64_t v, int bytes) {
     int i;
@@ -63,25 +45,6 @@ static void expect_bad(const unsigned char *b, size_t n, dtr_result want, const 
 }
 #define BAD(b, n, want, needle) expect_bad(b, n, want, needle, __LINE__)
 
-/* A counting allocator: checks that everything allocated is freed, and can fail on demand. */
-typedef struct count_alloc { long live, calls, fail_at; } count_alloc;
-static void *ca_malloc(size_t n, void *u) {
-    count_alloc *c = (count_alloc *)u;
-    if (++c->calls == c->fail_at) return NULL;
-    c->live++;
-    return malloc(n);
-}
-static void *ca_realloc(void *p, size_t n, void *u) {
-    count_alloc *c = (count_alloc *)u;
-    if (++c->calls == c->fail_at) return NULL;
-    if (!p) c->live++;
-    return realloc(p, n);
-}
-static void ca_free(void *p, void *u) {
-    count_alloc *c = (count_alloc *)u;
-    if (p) c->live--;
-    free(p);
-}
 
 /* CRC-32 (IEEE) for the gzip trailer. */
 static uint32_t crc32_ieee(const unsigned char *p, size_t n) {

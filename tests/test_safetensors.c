@@ -5,6 +5,7 @@
  * Also: allocation callbacks (every byte freed; a failing allocator gives
  * DTR_OUT_OF_MEMORY), writer argument checks and atomic replacement. */
 #include "test.h"
+#include "test_util.h"
 #ifndef _WIN32
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,25 +59,6 @@ static void expect_bad(size_t n, dtr_result want, const char *needle, int line) 
 }
 #define BAD(header, data_len, want, needle) expect_bad(make_img(header, data_len), want, needle, __LINE__)
 
-/* A counting allocator: checks that everything allocated is freed, and can fail on demand. */
-typedef struct count_alloc { long live, calls, fail_at; } count_alloc;
-static void *ca_malloc(size_t n, void *u) {
-    count_alloc *c = (count_alloc *)u;
-    if (++c->calls == c->fail_at) return NULL;
-    c->live++;
-    return malloc(n);
-}
-static void *ca_realloc(void *p, size_t n, void *u) {
-    count_alloc *c = (count_alloc *)u;
-    if (++c->calls == c->fail_at) return NULL;
-    if (!p) c->live++;
-    return realloc(p, n);
-}
-static void ca_free(void *p, void *u) {
-    count_alloc *c = (count_alloc *)u;
-    if (p) c->live--;
-    free(p);
-}
 
 /* ---- round trips ---- */
 
