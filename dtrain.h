@@ -2664,20 +2664,50 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
+/* ---- the bootstrap of process transports (src/comm/bootstrap.c) ---- */
+
+/** What a transport whose ranks are processes learns through the rendezvous store. */
+typedef struct dtr__boot {
+    const char *transport;     /* its name, for messages */
+    dtr_store *st;             /* its own store connection (dtr__store_clone) */
+    dtr_store *app_store;      /* made from the environment when cfg->store was NULL */
+    int rank, size, local_rank, local_size;
+    int *on_host, *pids;       /* per rank: on this host (same kernel and pid namespace), pid */
+    char ns[48];               /* this open's namespace in the store: "<prefix>/<n>" */
+    int waiting_for;           /* the rank the last fetch waited for (-1: none) */
+    int timeout_ms;            /* the group's deadline */
+    dtr_allocation_callbacks alloc;
+} dtr__boot;
+
+/** Opens the bootstrap of `transport`: the store (cfg->store, else from the environment), its
+ *  own connection, the namespace "<prefix>/<n>" of this rank's n-th open, every rank's host
+ *  and pid. On failure `b` holds what to release with dtr__boot_close. */
+dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *transport, const char *prefix, char *err,
+                          size_t errlen);
+void dtr__boot_close(dtr__boot *b);
+/** "<ns>/<what>/<rank>" (rank < 0: "<ns>/<what>"). */
+void dtr__boot_key(const dtr__boot *b, char *key, size_t cap, const char *what, int rank);
+/** Sets "<ns>/<what>/<my rank>" / gets "<ns>/<what>/<rank>" (blocking until it is there). */
+dtr_result dtr__boot_publish(dtr__boot *b, const char *what, const void *data, size_t len);
+dtr_result dtr__boot_fetch(dtr__boot *b, const char *what, int rank, void *buf, size_t cap, size_t *len);
+/** The message of a failed store call during open: names the rank a timed-out fetch waited
+ *  for. Returns r. */
+dtr_result dtr__boot_fail(const dtr__boot *b, dtr_result r, const char *what, char *err, size_t errlen);
+
 /* ---- rendezvous helpers for transports ---- */
 
 /** A second client connection to the store `st` joined (same rank, world, secret; never a
  *  server), with its own lock and deadline timeout_ms (<= 0: st's). Transports use it for
  *  their address exchange and watchdog so they neither queue behind the application's store
  *  calls nor depend on the application keeping its store. Free with dtr_store_destroy. */
-dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 
 #ifdef __cplusplus
 }
 #endif
-#line 2681 "dtrain.h"
+#line 2711 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2727,7 +2757,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2731 "dtrain.h"
+#line 2761 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3079,7 +3109,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3083 "dtrain.h"
+#line 3113 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3870,7 +3900,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3874 "dtrain.h"
+#line 3904 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4214,7 +4244,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4218 "dtrain.h"
+#line 4248 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4327,7 +4357,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4331 "dtrain.h"
+#line 4361 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4697,7 +4727,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4701 "dtrain.h"
+#line 4731 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4887,7 +4917,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4891 "dtrain.h"
+#line 4921 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5337,7 +5367,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5341 "dtrain.h"
+#line 5371 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5516,7 +5546,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5520 "dtrain.h"
+#line 5550 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5916,7 +5946,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5920 "dtrain.h"
+#line 5950 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6396,7 +6426,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6400 "dtrain.h"
+#line 6430 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6655,7 +6685,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6659 "dtrain.h"
+#line 6689 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6722,7 +6752,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6726 "dtrain.h"
+#line 6756 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6835,7 +6865,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6839 "dtrain.h"
+#line 6869 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7166,7 +7196,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7170 "dtrain.h"
+#line 7200 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7335,7 +7365,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7339 "dtrain.h"
+#line 7369 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7679,7 +7709,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7683 "dtrain.h"
+#line 7713 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8026,7 +8056,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8030 "dtrain.h"
+#line 8060 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8211,7 +8241,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8215 "dtrain.h"
+#line 8245 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8852,7 +8882,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8856 "dtrain.h"
+#line 8886 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9305,7 +9335,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9309 "dtrain.h"
+#line 9339 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9361,7 +9391,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9365 "dtrain.h"
+#line 9395 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10138,7 +10168,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10142 "dtrain.h"
+#line 10172 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10719,7 +10749,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10723 "dtrain.h"
+#line 10753 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11350,7 +11380,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11354 "dtrain.h"
+#line 11384 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12088,7 +12118,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12092 "dtrain.h"
+#line 12122 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12355,7 +12385,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12359 "dtrain.h"
+#line 12389 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12545,7 +12575,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12549 "dtrain.h"
+#line 12579 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12679,7 +12709,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12683 "dtrain.h"
+#line 12713 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13424,7 +13454,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13428 "dtrain.h"
+#line 13458 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13943,7 +13973,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 13947 "dtrain.h"
+#line 13977 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14677,7 +14707,148 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14681 "dtrain.h"
+#line 14711 "dtrain.h"
+
+/* ---- src/comm/bootstrap.c ---- */
+#line 1 "src/comm/bootstrap.c"
+/* ============================================================================
+ * The bootstrap of a transport whose ranks are processes (libfabric now, NCCL next): through
+ * the rendezvous store it gets rank and size, its own store connection (so its exchanges and
+ * its watchdog never queue behind the application's store calls), a namespace for this open
+ * ("<prefix>/<n>": the n-th opens of all ranks meet there), every rank's host identity and
+ * pid (hence local rank and size, and which peers can be watched by pid), and a place to
+ * publish and fetch per-rank values (endpoint addresses, unique ids). An exchange that times
+ * out names the rank it was waiting for.
+ * ==========================================================================*/
+
+
+
+
+
+
+#if !defined(_WIN32)
+#include <unistd.h>
+
+/* "<boot id>|<pid namespace>": equal for two processes exactly when they share a kernel and
+ * can see each other's pids. */
+static void dtr__boot_host_id(char *out, size_t cap) {
+    char boot[64] = "", ns[64] = "";
+    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
+    ssize_t n;
+    if (fp) {
+        if (!fgets(boot, sizeof boot, fp)) boot[0] = 0;
+        fclose(fp);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
+    ns[n > 0 ? n : 0] = 0;
+    if (!boot[0] && gethostname(boot, sizeof boot - 1) != 0) boot[0] = 0;
+    boot[sizeof boot - 1] = 0;
+    snprintf(out, cap, "%s|%s", boot, ns);
+}
+
+void dtr__boot_key(const dtr__boot *b, char *key, size_t cap, const char *what, int rank) {
+    if (rank >= 0) snprintf(key, cap, "%s/%s/%d", b->ns, what, rank);
+    else snprintf(key, cap, "%s/%s", b->ns, what);
+}
+
+dtr_result dtr__boot_fail(const dtr__boot *b, dtr_result r, const char *what, char *err, size_t errlen) {
+    if (r == DTR_TIMEOUT && b->waiting_for >= 0)
+        return dtr__errf(err, errlen, r, "%s rank %d: rank %d did not open the %s group within %d ms (did it start, join "
+                         "the store with the same secret, and call dtr_comm_create?): %s", b->transport, b->rank,
+                         b->waiting_for, b->transport, b->timeout_ms, dtr_store_last_error(b->st));
+    return dtr__errf(err, errlen, r, "%s rank %d: %s: %s", b->transport, b->rank, what,
+                     b->st ? dtr_store_last_error(b->st) : "no store");
+}
+
+dtr_result dtr__boot_publish(dtr__boot *b, const char *what, const void *data, size_t len) {
+    char key[128];
+    dtr__boot_key(b, key, sizeof key, what, b->rank);
+    return dtr_store_set(b->st, key, data, len);
+}
+
+dtr_result dtr__boot_fetch(dtr__boot *b, const char *what, int rank, void *buf, size_t cap, size_t *len) {
+    char key[128];
+    dtr__boot_key(b, key, sizeof key, what, rank);
+    b->waiting_for = rank;
+    return dtr_store_get(b->st, key, buf, cap, len);
+}
+
+/* cfg->store, or one made from the environment (dtrun, torchrun, Slurm, ...). */
+static dtr_result dtr__boot_store(dtr__boot *b, const dtr_comm_config *cfg, dtr_store **app, char *err, size_t errlen) {
+    dtr_rendezvous_config rc = dtr_rendezvous_config_init();
+    char e2[400];
+    dtr_result r;
+    *app = cfg->store;
+    if (*app) return DTR_OK;
+    rc.alloc = cfg->alloc;
+    if (dtr_rendezvous_config_from_env(&rc, e2, sizeof e2) != DTR_OK)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: no rendezvous store in the config, and none from the "
+                         "environment: %s (start the ranks with dtrun, or set cfg.store)", b->transport, e2);
+    if ((r = dtr_store_create(&rc, &b->app_store, e2, sizeof e2)) != DTR_OK)
+        return dtr__errf(err, errlen, r, "%s: joining the rendezvous store of the environment (%s:%d) failed: %s",
+                         b->transport, rc.master_addr, rc.port, e2);
+    *app = b->app_store;
+    return DTR_OK;
+}
+
+/* Every rank's "<pid> <host id>": on_host, pids, local rank and size. */
+static dtr_result dtr__boot_hosts(dtr__boot *b, char *err, size_t errlen) {
+    char host[200], buf[240];
+    dtr_result r;
+    int i;
+    dtr__boot_host_id(host, sizeof host);
+    snprintf(buf, sizeof buf, "%d %s", (int)getpid(), host);
+    if ((r = dtr__boot_publish(b, "host", buf, strlen(buf))) != DTR_OK) return dtr__boot_fail(b, r, "publishing the host", err, errlen);
+    for (i = 0; i < b->size; i++) {
+        size_t len = 0;
+        int off = 0;
+        if ((r = dtr__boot_fetch(b, "host", i, buf, sizeof buf - 1, &len)) != DTR_OK)
+            return dtr__boot_fail(b, r, "reading the hosts", err, errlen);
+        buf[len < sizeof buf ? len : sizeof buf - 1] = 0;
+        if (sscanf(buf, "%d %n", &b->pids[i], &off) < 1) off = (int)len;
+        b->on_host[i] = !strcmp(buf + off, host);
+        if (b->on_host[i] && i < b->rank) b->local_rank++;
+        b->local_size += b->on_host[i];
+    }
+    b->waiting_for = -1;
+    return DTR_OK;
+}
+
+dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *transport, const char *prefix, char *err,
+                          size_t errlen) {
+    dtr_store *app;
+    dtr_result r;
+    char key[96];
+    int64_t gen = 0;
+    memset(b, 0, sizeof *b);
+    b->alloc = cfg->alloc;
+    b->transport = transport;
+    b->waiting_for = -1;
+    b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    if ((r = dtr__boot_store(b, cfg, &app, err, errlen)) != DTR_OK) return r;
+    b->rank = dtr_store_rank(app);
+    b->size = dtr_store_world_size(app);
+    if ((r = dtr__store_clone(app, b->timeout_ms, &b->st, err, errlen)) != DTR_OK) return r;
+    b->on_host = (int *)dtr__calloc(&b->alloc, sizeof(int) * (size_t)b->size);
+    b->pids = (int *)dtr__calloc(&b->alloc, sizeof(int) * (size_t)b->size);
+    if (!b->on_host || !b->pids) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", transport);
+    snprintf(key, sizeof key, "%s/open/%d", prefix, b->rank);
+    if ((r = dtr_store_add(b->st, key, 1, &gen)) != DTR_OK) return dtr__boot_fail(b, r, "numbering this open", err, errlen);
+    snprintf(b->ns, sizeof b->ns, "%s/%lld", prefix, (long long)gen);
+    return dtr__boot_hosts(b, err, errlen);
+}
+
+void dtr__boot_close(dtr__boot *b) {
+    if (b->st) dtr_store_destroy(b->st);
+    if (b->app_store) dtr_store_destroy(b->app_store);
+    dtr__free(&b->alloc, b->on_host);
+    dtr__free(&b->alloc, b->pids);
+    memset(b, 0, sizeof *b);
+}
+
+#endif /* !_WIN32 */
+#line 14852 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15716,7 +15887,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15720 "dtrain.h"
+#line 15891 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16257,7 +16428,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16261 "dtrain.h"
+#line 16432 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16683,7 +16854,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16687 "dtrain.h"
+#line 16858 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16920,7 +17091,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16924 "dtrain.h"
+#line 17095 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

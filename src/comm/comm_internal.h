@@ -145,13 +145,43 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
+/* ---- the bootstrap of process transports (src/comm/bootstrap.c) ---- */
+
+/** What a transport whose ranks are processes learns through the rendezvous store. */
+typedef struct dtr__boot {
+    const char *transport;     /* its name, for messages */
+    dtr_store *st;             /* its own store connection (dtr__store_clone) */
+    dtr_store *app_store;      /* made from the environment when cfg->store was NULL */
+    int rank, size, local_rank, local_size;
+    int *on_host, *pids;       /* per rank: on this host (same kernel and pid namespace), pid */
+    char ns[48];               /* this open's namespace in the store: "<prefix>/<n>" */
+    int waiting_for;           /* the rank the last fetch waited for (-1: none) */
+    int timeout_ms;            /* the group's deadline */
+    dtr_allocation_callbacks alloc;
+} dtr__boot;
+
+/** Opens the bootstrap of `transport`: the store (cfg->store, else from the environment), its
+ *  own connection, the namespace "<prefix>/<n>" of this rank's n-th open, every rank's host
+ *  and pid. On failure `b` holds what to release with dtr__boot_close. */
+dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *transport, const char *prefix, char *err,
+                          size_t errlen);
+void dtr__boot_close(dtr__boot *b);
+/** "<ns>/<what>/<rank>" (rank < 0: "<ns>/<what>"). */
+void dtr__boot_key(const dtr__boot *b, char *key, size_t cap, const char *what, int rank);
+/** Sets "<ns>/<what>/<my rank>" / gets "<ns>/<what>/<rank>" (blocking until it is there). */
+dtr_result dtr__boot_publish(dtr__boot *b, const char *what, const void *data, size_t len);
+dtr_result dtr__boot_fetch(dtr__boot *b, const char *what, int rank, void *buf, size_t cap, size_t *len);
+/** The message of a failed store call during open: names the rank a timed-out fetch waited
+ *  for. Returns r. */
+dtr_result dtr__boot_fail(const dtr__boot *b, dtr_result r, const char *what, char *err, size_t errlen);
+
 /* ---- rendezvous helpers for transports ---- */
 
 /** A second client connection to the store `st` joined (same rank, world, secret; never a
  *  server), with its own lock and deadline timeout_ms (<= 0: st's). Transports use it for
  *  their address exchange and watchdog so they neither queue behind the application's store
  *  calls nor depend on the application keeping its store. Free with dtr_store_destroy. */
-dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
+DTR__PRIVATE dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 

@@ -62,7 +62,6 @@
 #endif
 
 #define DTR__FAB_VERSION FI_VERSION(1, 9)
-#define DTR__FAB_HOST 160          /* host identity: boot id, pid namespace */
 #define DTR__FAB_PROV 64
 #define DTR__FAB_ADDR 512          /* largest endpoint name */
 #define DTR__FAB_TICK_MS 50        /* watchdog period */
@@ -146,9 +145,8 @@ typedef struct dtr__fab {
     int64_t max_nap_ns;          /* the longest nap */
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
     int reposts;                 /* requests with repost set */
-    /* per peer: on this host, pid, left cleanly, last heartbeat value and when it changed */
-    int *on_host;
-    int *pids;
+    dtr__boot boot;              /* the store connection, namespace, hosts and pids (src/comm/bootstrap.c) */
+    /* per peer: left cleanly, last heartbeat value and when it changed */
     int *left;
     int64_t *beat, *beat_ns;
     /* requests and the completion queue, under mu */
@@ -161,9 +159,6 @@ typedef struct dtr__fab {
     int publish;                 /* the abort is ours: the watchdog writes it to the store */
     int published;               /* the watchdog (or close) wrote it, or read the world's */
     /* the watchdog */
-    dtr_store *st;               /* the transport's own store connection */
-    dtr_store *app_store;        /* made from the environment when cfg->store was NULL */
-    char ns[48];
     int64_t stale_ns;            /* a remote heartbeat older than this is a failure */
     pthread_t wd;
     int wd_on, wd_stop;
@@ -607,19 +602,14 @@ static int dtr__fab_pid_dead(int pid) {
     }
 }
 
-static void dtr__fab_key(const dtr__fab *f, char *key, size_t cap, const char *what, int rank) {
-    if (rank >= 0) snprintf(key, cap, "%s/%s/%d", f->ns, what, rank);
-    else snprintf(key, cap, "%s/%s", f->ns, what);
-}
-
 /* Writes the world's abort key ("<rank> <why>"): every rank's watchdog reads it within a
    tick. Called by the watchdog, or by close once the watchdog has stopped. */
 static dtr_result dtr__fab_publish(dtr__fab *f, int who, const char *why) {
     char key[96], val[256];
     dtr_result r;
     snprintf(val, sizeof val, "%d %s", who, why);
-    dtr__fab_key(f, key, sizeof key, "abort", -1);
-    r = dtr_store_set(f->st, key, val, strlen(val));
+    dtr__boot_key(&f->boot, key, sizeof key, "abort", -1);
+    r = dtr_store_set(f->boot.st, key, val, strlen(val));
     if (r == DTR_OK) f->published = 1;
     return r;
 }
@@ -629,8 +619,8 @@ static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
     char key[96], v[8];
     size_t len;
     int found = 0;
-    dtr__fab_key(f, key, sizeof key, "left", p);
-    if (dtr_store_check(f->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
+    dtr__boot_key(&f->boot, key, sizeof key, "left", p);
+    if (dtr_store_check(f->boot.st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
         /* it closed cleanly: what it sent before is here (read it first); requests still
            waiting for it fail, their receives cancelled */
         dtr__freq *q;
@@ -682,9 +672,9 @@ static void *dtr__fab_watchdog(void *arg) {
         if (aborted) continue;
         /* peers on this host: by pid, every tick */
         for (p = 0; p < f->size; p++)
-            if (p != f->rank && f->on_host[p] && !f->left[p] && dtr__fab_pid_dead(f->pids[p])) {
+            if (p != f->rank && f->boot.on_host[p] && !f->left[p] && dtr__fab_pid_dead(f->boot.pids[p])) {
                 char how[160];
-                snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, f->pids[p]);
+                snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, f->boot.pids[p]);
                 dtr__fab_peer_gone(f, p, how);
             }
         if (tick % 5) continue;
@@ -693,8 +683,8 @@ static void *dtr__fab_watchdog(void *arg) {
             size_t len = 0;
             int found = 0;
             dtr_result r;
-            dtr__fab_key(f, key, sizeof key, "abort", -1);
-            r = dtr_store_check(f->st, key, val, sizeof val - 1, &len, &found);
+            dtr__boot_key(&f->boot, key, sizeof key, "abort", -1);
+            r = dtr_store_check(f->boot.st, key, val, sizeof val - 1, &len, &found);
             if (r == DTR_OK && found) {
                 int who = -1, off = 0;
                 val[len < sizeof val ? len : sizeof val - 1] = 0;
@@ -706,20 +696,20 @@ static void *dtr__fab_watchdog(void *arg) {
                 continue;
             }
             if (r == DTR_OK) {
-                dtr__fab_key(f, key, sizeof key, "beat", f->rank);
-                r = dtr_store_add(f->st, key, 1, NULL);
+                dtr__boot_key(&f->boot, key, sizeof key, "beat", f->rank);
+                r = dtr_store_add(f->boot.st, key, 1, NULL);
             }
             if (r == DTR_OK && f->local_size < f->size) {
                 int64_t now = dtr_time_ns(), v = 0;
                 for (p = 0; p < f->size; p++) {
                     int q = (next_remote + p) % f->size;
-                    if (q != f->rank && !f->on_host[q] && !f->left[q]) { next_remote = q; break; }
+                    if (q != f->rank && !f->boot.on_host[q] && !f->left[q]) { next_remote = q; break; }
                 }
                 p = next_remote;
                 next_remote = (next_remote + 1) % f->size;
-                if (p != f->rank && !f->on_host[p] && !f->left[p]) {
-                    dtr__fab_key(f, key, sizeof key, "beat", p);
-                    r = dtr_store_check(f->st, key, val, sizeof val - 1, &len, &found);
+                if (p != f->rank && !f->boot.on_host[p] && !f->left[p]) {
+                    dtr__boot_key(&f->boot, key, sizeof key, "beat", p);
+                    r = dtr_store_check(f->boot.st, key, val, sizeof val - 1, &len, &found);
                     if (r == DTR_OK) {
                         val[len < sizeof val ? len : sizeof val - 1] = 0;
                         v = found ? strtoll(val, NULL, 10) : 0;
@@ -737,7 +727,7 @@ static void *dtr__fab_watchdog(void *arg) {
                 /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
                 pthread_mutex_lock(&f->mu);
                 dtr__fab_fail_locked(f, 0, 0, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
-                                     dtr_store_last_error(f->st));
+                                     dtr_store_last_error(f->boot.st));
                 pthread_mutex_unlock(&f->mu);
                 store_dead = 1;
             }
@@ -781,22 +771,6 @@ static void dtr__fab_shm_sweep(void) {
     }
     closedir(d);
 #endif
-}
-
-static void dtr__fab_host_id(char *out, size_t cap) {
-    char boot[64] = "", ns[64] = "";
-    FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
-    ssize_t n;
-    if (fp) {
-        if (!fgets(boot, sizeof boot, fp)) boot[0] = 0;
-        fclose(fp);
-        boot[strcspn(boot, "\n")] = 0;
-    }
-    n = readlink("/proc/self/ns/pid", ns, sizeof ns - 1);
-    ns[n > 0 ? n : 0] = 0;
-    if (!boot[0] && gethostname(boot, sizeof boot - 1) != 0) boot[0] = 0;
-    boot[sizeof boot - 1] = 0;
-    snprintf(out, cap, "%s|%s", boot, ns);
 }
 
 /* A numeric setting: the config's value when set (> 0; -1 means 0), else the environment
@@ -861,11 +835,8 @@ static void dtr__fab_free(dtr__fab *f) {
     if (f->fabric) fi_close(&f->fabric->fid);
     if (f->info) fi_freeinfo(f->info);
     for (q = f->all_reqs; q; q = n) { n = q->next_all; dtr__free(&f->alloc, q); }
-    if (f->st) dtr_store_destroy(f->st);
-    if (f->app_store) dtr_store_destroy(f->app_store);
+    dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
-    dtr__free(&f->alloc, f->on_host);
-    dtr__free(&f->alloc, f->pids);
     dtr__free(&f->alloc, f->left);
     dtr__free(&f->alloc, f->beat);
     dtr__free(&f->alloc, f->beat_ns);
@@ -878,20 +849,12 @@ static void dtr__fab_free(dtr__fab *f) {
     }
 }
 
-/* Store errors during open: the store's message, with what we were doing. */
-static dtr_result dtr__fab_store_err(dtr__fab *f, dtr_result r, const char *what, char *err, size_t errlen) {
-    return dtr__errf(err, errlen, r, "libfabric rank %d: %s: %s", f->rank, what, dtr_store_last_error(f->st));
-}
-
 static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                    size_t errlen) {
     dtr__fab *f;
-    dtr_store *app;
     dtr_result r;
-    char key[96], host[DTR__FAB_HOST], buf[DTR__FAB_HOST + 32], prov[DTR__FAB_PROV];
+    char key[96], prov[DTR__FAB_PROV];
     const char *env;
-    int64_t gen = 0;
-    int waiting_for = -1;
     int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
     *state = NULL;
     f = (dtr__fab *)dtr__calloc(&cfg->alloc, sizeof *f);
@@ -910,72 +873,29 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->stale_ns = (int64_t)(timeout / 2 < 30000 ? timeout / 2 : 30000) * 1000000;
     if (f->stale_ns < (int64_t)2000000000) f->stale_ns = 2000000000;
 
-    /* 1. the store: the application's (joined again), or one made from the environment */
-    app = cfg->store;
-    if (!app) {
-        dtr_rendezvous_config rc2 = dtr_rendezvous_config_init();
-        char e2[400];
-        rc2.alloc = cfg->alloc;
-        if (dtr_rendezvous_config_from_env(&rc2, e2, sizeof e2) != DTR_OK) {
-            dtr__fab_free(f);
-            return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
-                             "libfabric: no rendezvous store in the config, and none from the environment: %s "
-                             "(start the ranks with dtrun, or set cfg.store)", e2);
-        }
-        if ((r = dtr_store_create(&rc2, &f->app_store, e2, sizeof e2)) != DTR_OK) {
-            dtr__fab_free(f);
-            return dtr__errf(err, errlen, r, "libfabric: joining the rendezvous store of the environment (%s:%d) "
-                             "failed: %s", rc2.master_addr, rc2.port, e2);
-        }
-        app = f->app_store;
-    }
-    f->rank = dtr_store_rank(app);
-    f->size = dtr_store_world_size(app);
-    r = dtr__store_clone(app, timeout, &f->st, err, errlen);
-    if (r != DTR_OK) { dtr__fab_free(f); return r; }
-    f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
-    f->on_host = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    f->pids = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    f->beat = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
-    f->beat_ns = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
-    if (!f->addrs || !f->on_host || !f->pids || !f->left || !f->beat || !f->beat_ns) {
-        dtr__fab_free(f);
-        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
-    }
-    snprintf(key, sizeof key, "dtrfab/open/%d", f->rank);
-    if ((r = dtr_store_add(f->st, key, 1, &gen)) != DTR_OK) {
-        r = dtr__fab_store_err(f, r, "numbering this open", err, errlen);
+    /* 1-2. the store, this open's namespace, hosts and pids */
+    if ((r = dtr__boot_open(&f->boot, cfg, "libfabric", "dtrfab", err, errlen)) != DTR_OK) {
         dtr__fab_free(f);
         return r;
     }
-    snprintf(f->ns, sizeof f->ns, "dtrfab/%lld", (long long)gen);
-
-    /* 2. hosts and pids */
-    dtr__fab_host_id(host, sizeof host);
-    snprintf(buf, sizeof buf, "%d %s", (int)getpid(), host);
-    dtr__fab_key(f, key, sizeof key, "host", f->rank);
-    if ((r = dtr_store_set(f->st, key, buf, strlen(buf))) != DTR_OK) goto store_fail;
-    for (i = 0; i < f->size; i++) {
-        size_t len = 0;
-        int off = 0;
-        dtr__fab_key(f, key, sizeof key, "host", i);
-        waiting_for = i;
-        if ((r = dtr_store_get(f->st, key, buf, sizeof buf - 1, &len)) != DTR_OK) goto store_fail;
-        buf[len < sizeof buf ? len : sizeof buf - 1] = 0;
-        if (sscanf(buf, "%d %n", &f->pids[i], &off) < 1) off = (int)len;
-        f->on_host[i] = !strcmp(buf + off, host);
-        if (f->on_host[i]) {
-            if (i < f->rank) f->local_rank++;
-            f->local_size++;
-        }
+    f->rank = f->boot.rank;
+    f->size = f->boot.size;
+    f->local_rank = f->boot.local_rank;
+    f->local_size = f->boot.local_size;
+    f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
+    f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
+    f->beat = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
+    f->beat_ns = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
+    if (!f->addrs || !f->left || !f->beat || !f->beat_ns) {
+        dtr__fab_free(f);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
     }
 
     /* 3. the provider: rank 0 decides */
     prov[0] = 0;
     if (cfg->fabric.provider && *cfg->fabric.provider) snprintf(prov, sizeof prov, "%s", cfg->fabric.provider);
     else if ((env = getenv("DTR_FABRIC_PROVIDER")) != NULL && *env) snprintf(prov, sizeof prov, "%s", env);
-    dtr__fab_key(f, key, sizeof key, "provider", -1);
+    dtr__boot_key(&f->boot, key, sizeof key, "provider", -1);
     if (f->rank == 0) {
         if (!prov[0]) {
             static const char *const remote[] = {"cxi", "efa", "verbs;ofi_rxm", "psm3", "tcp;ofi_rxm"};
@@ -993,17 +913,17 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
             if (!prov[0]) {
                 r = dtr__errf(err, errlen, DTR_UNSUPPORTED, "libfabric rank 0: no usable provider (tried %s)",
                               f->local_size == f->size ? "shm, tcp;ofi_rxm" : "cxi, efa, verbs;ofi_rxm, psm3, tcp;ofi_rxm");
-                dtr_store_set(f->st, key, "!", 1);
+                dtr_store_set(f->boot.st, key, "!", 1);
                 dtr__fab_free(f);
                 return r;
             }
         }
-        if ((r = dtr_store_set(f->st, key, prov, strlen(prov))) != DTR_OK) goto store_fail;
+        if ((r = dtr_store_set(f->boot.st, key, prov, strlen(prov))) != DTR_OK) goto store_fail;
     } else {
         char p0[DTR__FAB_PROV];
         size_t len = 0;
-        waiting_for = 0;
-        if ((r = dtr_store_get(f->st, key, p0, sizeof p0 - 1, &len)) != DTR_OK) goto store_fail;
+        f->boot.waiting_for = 0;
+        if ((r = dtr_store_get(f->boot.st, key, p0, sizeof p0 - 1, &len)) != DTR_OK) goto store_fail;
         p0[len < sizeof p0 ? len : sizeof p0 - 1] = 0;
         if (!strcmp(p0, "!")) {
             dtr__fab_free(f);
@@ -1075,13 +995,10 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
             dtr__fab_free(f);
             return r;
         }
-        dtr__fab_key(f, key, sizeof key, "addr", f->rank);
-        if ((r = dtr_store_set(f->st, key, name, nlen)) != DTR_OK) goto store_fail;
+        if ((r = dtr__boot_publish(&f->boot, "addr", name, nlen)) != DTR_OK) goto store_fail;
         for (i = 0; i < f->size; i++) {
             size_t len = 0;
-            dtr__fab_key(f, key, sizeof key, "addr", i);
-            waiting_for = i;
-            if ((r = dtr_store_get(f->st, key, peer, sizeof peer, &len)) != DTR_OK) goto store_fail;
+            if ((r = dtr__boot_fetch(&f->boot, "addr", i, peer, sizeof peer, &len)) != DTR_OK) goto store_fail;
             rc = fi_av_insert(f->av, peer, 1, &f->addrs[i], 0, NULL);
             if (rc != 1) {
                 r = dtr__errf(err, errlen, DTR_IO_ERROR, "libfabric rank %d: the address of rank %d (%zu bytes) "
@@ -1093,7 +1010,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     }
 
     /* 5. the watchdog: short store deadlines from now on, so a dead server is noticed */
-    dtr__store_set_timeout(f->st, timeout < 10000 ? timeout : 10000);
+    dtr__store_set_timeout(f->boot.st, timeout < 10000 ? timeout : 10000);
     if (pthread_create(&f->wd, NULL, dtr__fab_watchdog, f) != 0) {
         dtr__fab_free(f);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the watchdog thread");
@@ -1108,13 +1025,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     return DTR_OK;
 
 store_fail:
-    if (r == DTR_TIMEOUT && waiting_for >= 0) {
-        char what[160];
-        snprintf(what, sizeof what, "rank %d did not open the libfabric group within %d ms (did it start, join the "
-                 "store with the same secret, and call dtr_comm_create?)", waiting_for, timeout);
-        r = dtr__fab_store_err(f, r, what, err, errlen);
-    } else
-        r = dtr__fab_store_err(f, r, "exchanging addresses through the rendezvous store", err, errlen);
+    r = dtr__boot_fail(&f->boot, r, "exchanging addresses through the rendezvous store", err, errlen);
     dtr__fab_free(f);
     return r;
 }
@@ -1131,10 +1042,10 @@ static void dtr__fab_close(void *state) {
         pthread_join(f->wd, NULL);
     }
     /* an abort the watchdog had no time to publish (abort then destroy at once) */
-    if (f->st && f->aborted && f->publish && !f->published) dtr__fab_publish(f, f->failed_rank, f->why);
+    if (f->boot.st && f->aborted && f->publish && !f->published) dtr__fab_publish(f, f->failed_rank, f->why);
     /* left cleanly: the peers' watchdogs must not take our exit for a death */
-    dtr__fab_key(f, key, sizeof key, "left", f->rank);
-    if (f->st) dtr_store_set(f->st, key, "1", 1);
+    dtr__boot_key(&f->boot, key, sizeof key, "left", f->rank);
+    if (f->boot.st) dtr_store_set(f->boot.st, key, "1", 1);
     /* pending requests are cancelled; then the endpoint closes */
     pthread_mutex_lock(&f->mu);
     {
