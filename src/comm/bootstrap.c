@@ -5,7 +5,7 @@
  * ("<prefix>/<n>": the n-th opens of all ranks meet there), every rank's host identity and
  * pid (hence local rank and size, and which peers can be watched by pid), and a place to
  * publish and fetch per-rank values (endpoint addresses, unique ids). An exchange that times
- * out names the rank it was waiting for.
+ * out names the rank it was waiting for. Part of dtrain_comm.c (POSIX process APIs).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_rdzv.h"

@@ -145,7 +145,7 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
-/* ---- the bootstrap of process transports (src/comm/bootstrap.c) ---- */
+/* ---- the bootstrap of process transports (src/comm/bootstrap.c, in dtrain_comm.c) ---- */
 
 /** What a transport whose ranks are processes learns through the rendezvous store. */
 typedef struct dtr__boot {
@@ -181,7 +181,7 @@ dtr_result dtr__boot_fail(const dtr__boot *b, dtr_result r, const char *what, ch
  *  server), with its own lock and deadline timeout_ms (<= 0: st's). Transports use it for
  *  their address exchange and watchdog so they neither queue behind the application's store
  *  calls nor depend on the application keeping its store. Free with dtr_store_destroy. */
-DTR__PRIVATE dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
+dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 
