@@ -4825,12 +4825,10 @@ static dtr_result dtr__writers_done(dtr_context *ctx, const dtr__node *n) {
 /* The gradient of x for the current pass: a leaf's accumulates; an intermediate's starts
  * from zero in each pass. */
 static dtr_result dtr__grad_of_pass(dtr_context *ctx, dtr_tensor *x) {
-    dtr_result r = dtr__grad_ensure(ctx, x);
-    if (r != DTR_OK || !x->node || x->grad_pass == ctx->backward_pass) {
-        x->grad_pass = ctx->backward_pass;
-        return r;
-    }
+    int stale = x->grad && x->node && x->grad_pass != ctx->backward_pass;   /* left by an earlier pass */
+    dtr_result r = dtr__grad_ensure(ctx, x);                                /* a new one comes zeroed */
     x->grad_pass = ctx->backward_pass;
+    if (r != DTR_OK || !stale) return r;
     return ctx->backend->memset0(ctx, x->grad, (size_t)dtr_tensor_numel(x) * sizeof(float));
 }
 
@@ -4917,7 +4915,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4921 "dtrain.h"
+#line 4919 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5367,7 +5365,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5371 "dtrain.h"
+#line 5369 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5546,7 +5544,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5550 "dtrain.h"
+#line 5548 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5946,7 +5944,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5950 "dtrain.h"
+#line 5948 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6313,31 +6311,51 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
     }
 }
 
-/* Max pooling with a 2x2 window, stride 2, no padding (the common case): the scan order
- * and comparisons of the reference, without bounds checks. Outputs go in blocks of 8
- * through local arrays, which compilers turn into SIMD compares and selects instead of
- * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
- * output column oj and are not stored). */
 /* v replaces the window's best so far when larger, or when it is NaN (NaN propagates, and
  * its index is the one backward uses, as in PyTorch). */
 #define DTR__MAX_TAKES(v, best) ((v) > (best) || (v) != (v))
 
+/* One 2x2 window per lane: a b / c d. with_nan 0: plain compares (no lane holds a NaN);
+ * 1: the NaN-aware rule of the reference. Two loops, each branch-free, so both vectorise. */
+static void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, const float *d, float *best,
+                                int32_t *bi, int32_t j0, int32_t W, int with_nan) {
+    int k;
+    for (k = 0; k < 8; k++) { best[k] = a[k]; bi[k] = j0 + 2 * k; }
+    if (with_nan) {
+        for (k = 0; k < 8; k++) {
+            bi[k] = DTR__MAX_TAKES(b[k], best[k]) ? bi[k] + 1 : bi[k];   best[k] = DTR__MAX_TAKES(b[k], best[k]) ? b[k] : best[k];
+            bi[k] = DTR__MAX_TAKES(c[k], best[k]) ? j0 + 2 * k + W : bi[k]; best[k] = DTR__MAX_TAKES(c[k], best[k]) ? c[k] : best[k];
+            bi[k] = DTR__MAX_TAKES(d[k], best[k]) ? j0 + 2 * k + W + 1 : bi[k]; best[k] = DTR__MAX_TAKES(d[k], best[k]) ? d[k] : best[k];
+        }
+        return;
+    }
+    for (k = 0; k < 8; k++) {
+        int32_t j = j0 + 2 * k;
+        bi[k] = b[k] > best[k] ? j + 1 : bi[k];     best[k] = b[k] > best[k] ? b[k] : best[k];
+        bi[k] = c[k] > best[k] ? j + W : bi[k];     best[k] = c[k] > best[k] ? c[k] : best[k];
+        bi[k] = d[k] > best[k] ? j + W + 1 : bi[k]; best[k] = d[k] > best[k] ? d[k] : best[k];
+    }
+}
+
+/* Max pooling with a 2x2 window, stride 2, no padding (the common case): the scan order
+ * and comparisons of the reference, without bounds checks. Outputs go in blocks of 8
+ * through local arrays, which compilers turn into SIMD compares and selects instead of
+ * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
+ * output column oj and are not stored). A block holding a NaN takes the NaN-aware rule. */
 static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
                                 int32_t base, int32_t W) {
-    float a[8], b[8], c[8], d[8], best[8];
+    float a[8], b[8], c[8], d[8], best[8], z[8], zs;
     int32_t bi[8];
     int k;
     for (k = 0; k < 8; k++) {
         int64_t q = 2 * (oj + (k < n ? k : 0));
         a[k] = r0[q]; b[k] = r0[q + 1]; c[k] = r1[q]; d[k] = r1[q + 1];
     }
-    for (k = 0; k < 8; k++) {
-        int32_t j = base + 2 * (int32_t)(oj + k);
-        best[k] = a[k]; bi[k] = j;
-        bi[k] = DTR__MAX_TAKES(b[k], best[k]) ? j + 1 : bi[k];     best[k] = DTR__MAX_TAKES(b[k], best[k]) ? b[k] : best[k];
-        bi[k] = DTR__MAX_TAKES(c[k], best[k]) ? j + W : bi[k];     best[k] = DTR__MAX_TAKES(c[k], best[k]) ? c[k] : best[k];
-        bi[k] = DTR__MAX_TAKES(d[k], best[k]) ? j + W + 1 : bi[k]; best[k] = DTR__MAX_TAKES(d[k], best[k]) ? d[k] : best[k];
-    }
+    /* x - x is 0, or NaN when x is NaN or infinite: float lanes the compiler vectorises; a
+       block with an infinity takes the exact rule too (same result) */
+    for (k = 0; k < 8; k++) z[k] = ((a[k] - a[k]) + (b[k] - b[k])) + ((c[k] - c[k]) + (d[k] - d[k]));
+    zs = ((z[0] + z[1]) + (z[2] + z[3])) + ((z[4] + z[5]) + (z[6] + z[7]));
+    dtr__maxpool2_lanes(a, b, c, d, best, bi, base + 2 * (int32_t)oj, W, zs != zs);
     for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
 }
 
@@ -6426,7 +6444,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6430 "dtrain.h"
+#line 6448 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6685,7 +6703,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6689 "dtrain.h"
+#line 6707 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6752,7 +6770,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6756 "dtrain.h"
+#line 6774 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6865,7 +6883,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6869 "dtrain.h"
+#line 6887 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7196,7 +7214,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7200 "dtrain.h"
+#line 7218 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7365,7 +7383,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7369 "dtrain.h"
+#line 7387 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7709,7 +7727,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7713 "dtrain.h"
+#line 7731 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8056,7 +8074,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8060 "dtrain.h"
+#line 8078 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8241,7 +8259,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8245 "dtrain.h"
+#line 8263 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8882,7 +8900,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8886 "dtrain.h"
+#line 8904 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9335,7 +9353,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9339 "dtrain.h"
+#line 9357 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9391,7 +9409,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9395 "dtrain.h"
+#line 9413 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10168,7 +10186,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10172 "dtrain.h"
+#line 10190 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10749,7 +10767,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10753 "dtrain.h"
+#line 10771 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11380,7 +11398,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11384 "dtrain.h"
+#line 11402 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12118,7 +12136,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12122 "dtrain.h"
+#line 12140 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12385,7 +12403,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12389 "dtrain.h"
+#line 12407 "dtrain.h"
 
 /* ---- src/comm/sha256.c ---- */
 #line 1 "src/comm/sha256.c"
@@ -12575,7 +12593,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12579 "dtrain.h"
+#line 12597 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12709,7 +12727,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12713 "dtrain.h"
+#line 12731 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13454,7 +13472,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13458 "dtrain.h"
+#line 13476 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13973,7 +13991,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 13977 "dtrain.h"
+#line 13995 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14707,7 +14725,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14711 "dtrain.h"
+#line 14729 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15746,7 +15764,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15750 "dtrain.h"
+#line 15768 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16287,7 +16305,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16291 "dtrain.h"
+#line 16309 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16713,7 +16731,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16717 "dtrain.h"
+#line 16735 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16950,7 +16968,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 16954 "dtrain.h"
+#line 16972 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -92,12 +92,10 @@ static dtr_result dtr__writers_done(dtr_context *ctx, const dtr__node *n) {
 /* The gradient of x for the current pass: a leaf's accumulates; an intermediate's starts
  * from zero in each pass. */
 static dtr_result dtr__grad_of_pass(dtr_context *ctx, dtr_tensor *x) {
-    dtr_result r = dtr__grad_ensure(ctx, x);
-    if (r != DTR_OK || !x->node || x->grad_pass == ctx->backward_pass) {
-        x->grad_pass = ctx->backward_pass;
-        return r;
-    }
+    int stale = x->grad && x->node && x->grad_pass != ctx->backward_pass;   /* left by an earlier pass */
+    dtr_result r = dtr__grad_ensure(ctx, x);                                /* a new one comes zeroed */
     x->grad_pass = ctx->backward_pass;
+    if (r != DTR_OK || !stale) return r;
     return ctx->backend->memset0(ctx, x->grad, (size_t)dtr_tensor_numel(x) * sizeof(float));
 }
 

@@ -361,31 +361,51 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
     }
 }
 
-/* Max pooling with a 2x2 window, stride 2, no padding (the common case): the scan order
- * and comparisons of the reference, without bounds checks. Outputs go in blocks of 8
- * through local arrays, which compilers turn into SIMD compares and selects instead of
- * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
- * output column oj and are not stored). */
 /* v replaces the window's best so far when larger, or when it is NaN (NaN propagates, and
  * its index is the one backward uses, as in PyTorch). */
 #define DTR__MAX_TAKES(v, best) ((v) > (best) || (v) != (v))
 
+/* One 2x2 window per lane: a b / c d. with_nan 0: plain compares (no lane holds a NaN);
+ * 1: the NaN-aware rule of the reference. Two loops, each branch-free, so both vectorise. */
+static void dtr__maxpool2_lanes(const float *a, const float *b, const float *c, const float *d, float *best,
+                                int32_t *bi, int32_t j0, int32_t W, int with_nan) {
+    int k;
+    for (k = 0; k < 8; k++) { best[k] = a[k]; bi[k] = j0 + 2 * k; }
+    if (with_nan) {
+        for (k = 0; k < 8; k++) {
+            bi[k] = DTR__MAX_TAKES(b[k], best[k]) ? bi[k] + 1 : bi[k];   best[k] = DTR__MAX_TAKES(b[k], best[k]) ? b[k] : best[k];
+            bi[k] = DTR__MAX_TAKES(c[k], best[k]) ? j0 + 2 * k + W : bi[k]; best[k] = DTR__MAX_TAKES(c[k], best[k]) ? c[k] : best[k];
+            bi[k] = DTR__MAX_TAKES(d[k], best[k]) ? j0 + 2 * k + W + 1 : bi[k]; best[k] = DTR__MAX_TAKES(d[k], best[k]) ? d[k] : best[k];
+        }
+        return;
+    }
+    for (k = 0; k < 8; k++) {
+        int32_t j = j0 + 2 * k;
+        bi[k] = b[k] > best[k] ? j + 1 : bi[k];     best[k] = b[k] > best[k] ? b[k] : best[k];
+        bi[k] = c[k] > best[k] ? j + W : bi[k];     best[k] = c[k] > best[k] ? c[k] : best[k];
+        bi[k] = d[k] > best[k] ? j + W + 1 : bi[k]; best[k] = d[k] > best[k] ? d[k] : best[k];
+    }
+}
+
+/* Max pooling with a 2x2 window, stride 2, no padding (the common case): the scan order
+ * and comparisons of the reference, without bounds checks. Outputs go in blocks of 8
+ * through local arrays, which compilers turn into SIMD compares and selects instead of
+ * unpredictable branches; a row's last block has n < 8 valid lanes (the others repeat
+ * output column oj and are not stored). A block holding a NaN takes the NaN-aware rule. */
 static void dtr__maxpool2_block(const float *r0, const float *r1, float *y, int32_t *ag, int64_t oj, int n,
                                 int32_t base, int32_t W) {
-    float a[8], b[8], c[8], d[8], best[8];
+    float a[8], b[8], c[8], d[8], best[8], z[8], zs;
     int32_t bi[8];
     int k;
     for (k = 0; k < 8; k++) {
         int64_t q = 2 * (oj + (k < n ? k : 0));
         a[k] = r0[q]; b[k] = r0[q + 1]; c[k] = r1[q]; d[k] = r1[q + 1];
     }
-    for (k = 0; k < 8; k++) {
-        int32_t j = base + 2 * (int32_t)(oj + k);
-        best[k] = a[k]; bi[k] = j;
-        bi[k] = DTR__MAX_TAKES(b[k], best[k]) ? j + 1 : bi[k];     best[k] = DTR__MAX_TAKES(b[k], best[k]) ? b[k] : best[k];
-        bi[k] = DTR__MAX_TAKES(c[k], best[k]) ? j + W : bi[k];     best[k] = DTR__MAX_TAKES(c[k], best[k]) ? c[k] : best[k];
-        bi[k] = DTR__MAX_TAKES(d[k], best[k]) ? j + W + 1 : bi[k]; best[k] = DTR__MAX_TAKES(d[k], best[k]) ? d[k] : best[k];
-    }
+    /* x - x is 0, or NaN when x is NaN or infinite: float lanes the compiler vectorises; a
+       block with an infinity takes the exact rule too (same result) */
+    for (k = 0; k < 8; k++) z[k] = ((a[k] - a[k]) + (b[k] - b[k])) + ((c[k] - c[k]) + (d[k] - d[k]));
+    zs = ((z[0] + z[1]) + (z[2] + z[3])) + ((z[4] + z[5]) + (z[6] + z[7]));
+    dtr__maxpool2_lanes(a, b, c, d, best, bi, base + 2 * (int32_t)oj, W, zs != zs);
     for (k = 0; k < n; k++) { y[oj + k] = best[k]; ag[oj + k] = bi[k]; }
 }
 
