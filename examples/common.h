@@ -1,9 +1,14 @@
-/* examples/common.h: Fashion-MNIST helpers shared by examples/fmnist_mlp.c,
- * examples/fmnist_cnn.c, bench/fmnist.c and tests/test_train.c, so that the demo, the
- * benchmark and the test train exactly the same networks in exactly the same way.
+/* examples/common.h: Fashion-MNIST helpers. The two examples (examples/fmnist_mlp.c,
+ * examples/fmnist_cnn.c) keep their network and training loop in their own file and take
+ * only the plumbing from here (command line, data folder, split loaders, evaluation);
+ * bench/fmnist.c, examples/fmnist_dp.c and tests/test_train.c also use the networks and the
+ * epoch loop below, so the benchmark and the tests train exactly the same way.
  *
  *   data      fm_data_dir      the folder: argument, $DTR_FMNIST_DIR or the Debian default
  *             fm_data_load     dtr_mnist_load, then standardised pixels; messages with a hint
+ *             fm_data_hint     what is wrong with the folder and how to get the data
+ *             fm_open_split    a dtr_loader over "train" or "t10k" (normalised, flattened)
+ *             fm_evaluate_loader  accuracy over a loader with gradients and training mode off
  *   models    fm_net_init      MLP 784-256-128-10, or the small CNN (see fm_net below)
  *             fm_net_forward   (B, 784) images -> (B, 10) logits
  *   training  fm_train_epoch   one pass of mini-batch SGD over a shuffled order
@@ -55,26 +60,30 @@ FM_FN const char *fm_data_dir(const char *arg) {
     return FM_DEFAULT_DIR;
 }
 
+/** Prints why Fashion-MNIST could not be read from `dir` (err: the library's message) and
+ *  how to get the data; returns r. */
+FM_FN dtr_result fm_data_hint(const char *dir, const char *err, dtr_result r) {
+    fprintf(stderr, "error: cannot load Fashion-MNIST from %s: %s (%s)\n", dir, err, dtr_result_string(r));
+    if (r == DTR_IO_ERROR)
+        fprintf(stderr, "  The folder needs train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,\n"
+                            "  t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (or the files unpacked).\n"
+                            "  `make deps` installs them (Debian package dataset-fashion-mnist, into\n"
+                            "  " FM_DEFAULT_DIR "); without root, scripts/fetch-fmnist.sh\n"
+                            "  fetches them into ~/.cache/dtrain/fashion-mnist. Pass the folder as the first\n"
+                            "  argument or in DTR_FMNIST_DIR.\n");
+    if (r == DTR_UNSUPPORTED)
+        fprintf(stderr, "  The files are gzip-compressed: build dtrain with -DDTR_USE_ZLIB and link -lz,\n"
+                        "  or gunzip them.\n");
+    return r;
+}
+
 /** Loads Fashion-MNIST from `dir` and standardises the pixels. On failure prints what is
  *  wrong (the path included) and how to get the data, and returns the error. */
 FM_FN dtr_result fm_data_load(const char *dir, dtr_mnist *d) {
     char err[512];
     int64_t i;
     dtr_result r = dtr_mnist_load(dir, NULL, d, err, sizeof err);
-    if (r != DTR_OK) {
-        fprintf(stderr, "error: cannot load Fashion-MNIST from %s: %s (%s)\n", dir, err, dtr_result_string(r));
-        if (r == DTR_IO_ERROR)
-            fprintf(stderr, "  The folder needs train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz,\n"
-                            "  t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz (or the files unpacked).\n"
-                            "  `make deps` installs them (Debian package dataset-fashion-mnist, into\n"
-                            "  " FM_DEFAULT_DIR "); without root, scripts/fetch-fmnist.sh\n"
-                            "  fetches them into ~/.cache/dtrain/fashion-mnist. Pass the folder as the first\n"
-                            "  argument or in DTR_FMNIST_DIR.\n");
-        if (r == DTR_UNSUPPORTED)
-            fprintf(stderr, "  The files are gzip-compressed: build dtrain with -DDTR_USE_ZLIB and link -lz,\n"
-                            "  or gunzip them.\n");
-        return r;
-    }
+    if (r != DTR_OK) return fm_data_hint(dir, err, r);
     if (d->rows * d->cols != FM_PIXELS) {
         fprintf(stderr, "error: %s holds %d x %d images; Fashion-MNIST's are 28 x 28\n", dir, d->rows, d->cols);
         dtr_mnist_destroy(d);
@@ -202,6 +211,14 @@ FM_FN void fm_batch_free(fm_batch *b) {
 }
 
 /** Number of rows of logits (n, 10) whose argmax equals the label. */
+FM_FN int64_t fm_count_correct(const float *logits, const int32_t *y, int64_t n);
+/** fm_count_correct on a logits tensor (B, 10) of at most 1000 rows. */
+FM_FN int64_t fm_count_correct_t(const dtr_tensor *logits, const int32_t *y, int64_t n) {
+    static float buf[1000 * FM_CLASSES];
+    if (n > 1000 || dtr_tensor_read(logits, DTR_F32, buf, (size_t)(n * FM_CLASSES)) != DTR_OK) return 0;
+    return fm_count_correct(buf, y, n);
+}
+
 FM_FN int64_t fm_count_correct(const float *logits, const int32_t *y, int64_t n) {
     int64_t i, correct = 0;
     int k;
@@ -300,6 +317,59 @@ FM_FN dtr_result fm_sgd(const fm_net *net, float lr, float momentum, int64_t cos
         oc.schedule.total_steps = cosine_steps;
     }
     return dtr_optimizer_create(net->model, &oc, out);
+}
+
+/* ---- loaders and evaluation (the examples that use the data loader) ---- */
+
+/** A loader over one split of Fashion-MNIST ("train" or "t10k") in `dir` (.gz or unpacked
+ *  files): flattened (B, 784) pixels, normalised with FM_MEAN and FM_STD. On failure prints
+ *  what is wrong and how to get the data. */
+FM_FN dtr_result fm_open_split(const char *dir, const char *split, int64_t batch, int shuffle, uint64_t seed,
+                             dtr_dataset **ds, dtr_loader **ld) {
+    static const float mean = FM_MEAN, std = FM_STD;
+    dtr_loader_config lc = dtr_loader_config_init();
+    char img[600], lab[600], err[512];
+    dtr_result r;
+    snprintf(img, sizeof img, "%s/%s-images-idx3-ubyte.gz", dir, split);
+    snprintf(lab, sizeof lab, "%s/%s-labels-idx1-ubyte.gz", dir, split);
+    if ((r = dtr_dataset_open_idx(img, lab, NULL, ds, err, sizeof err)) != DTR_OK) {   /* or unpacked files */
+        img[strlen(img) - 3] = lab[strlen(lab) - 3] = '\0';
+        r = dtr_dataset_open_idx(img, lab, NULL, ds, err, sizeof err);
+    }
+    if (r != DTR_OK) return fm_data_hint(dir, err, r);
+    lc.batch_size = batch;
+    lc.shuffle = shuffle;
+    lc.seed = seed;
+    lc.flatten = 1;
+    lc.augment.norm_count = 1;
+    lc.augment.mean = &mean;
+    lc.augment.std = &std;
+    if ((r = dtr_loader_create(*ds, &lc, ld, err, sizeof err)) != DTR_OK) fprintf(stderr, "error: loader: %s\n", err);
+    return r;
+}
+
+/** A network's forward pass: x (B, 784) -> logits (B, 10). */
+typedef dtr_tensor *(*fm_forward_fn)(dtr_context *ctx, const void *net, dtr_tensor *x);
+
+/** Accuracy over a loader's epoch (batches of at most 1000), without gradients or dropout. */
+FM_FN dtr_result fm_evaluate_loader(dtr_context *ctx, fm_forward_fn forward, const void *n, dtr_loader *test, double *acc) {
+    int64_t b, seen = 0, correct = 0;
+    dtr_context_set_grad_enabled(ctx, 0);
+    dtr_context_set_training(ctx, 0);
+    for (b = 0; b < dtr_loader_batches(test); b++) {
+        dtr_batch batch;
+        dtr_tensor *x, *y, *logits;
+        dtr_result r = dtr_loader_next(test, &batch);
+        if (r == DTR_OK) r = dtr_batch_tensors(ctx, &batch, &x, &y);
+        if (r != DTR_OK || !(logits = forward(ctx, n, x))) return r != DTR_OK ? r : dtr_context_status(ctx);
+        correct += fm_count_correct_t(logits, (const int32_t *)batch.y, batch.size);
+        seen += batch.size;
+        dtr_context_reset(ctx);
+    }
+    dtr_context_set_grad_enabled(ctx, 1);
+    dtr_context_set_training(ctx, 1);
+    *acc = seen ? (double)correct / (double)seen : 0.0;
+    return DTR_OK;
 }
 
 /* ---- command line of the examples ---- */

@@ -6,10 +6,9 @@
  * (im2col + GEMM per sample; results are bit-identical for any thread count). The network:
  *     conv 3x3 32 -> relu -> maxpool 2 -> conv 3x3 64 -> relu -> maxpool 2
  *     -> linear 1600-128 -> relu -> linear 10          (no padding: 28 -> 26 -> 13 -> 11 -> 5)
- * SGD with momentum and a cosine learning-rate schedule, a seeded shuffle each epoch,
- * evaluation with gradient recording and training mode off, every call checked (on error
- * the context's message is printed). The network, the data loading and the loop are in
- * examples/common.h, shared with examples/fmnist_mlp.c, bench/fmnist.c and tests/test_train.c.
+ * The model and the training loop are in this file; the data comes from the loader (seeded
+ * shuffle each epoch, normalisation), as in examples/fmnist_mlp.c. examples/common.h holds
+ * the command line, the data folder, the loaders of the splits and the evaluation loop.
  *
  * Build and run from the repository:
  *     make examples && build/examples/fmnist_cnn [DATA_DIR] [options]
@@ -35,18 +34,29 @@
  * --epochs 10. */
 #include "common.h"
 
+typedef struct cnn { dtr_model *model; dtr_conv2d_layer conv1, conv2; dtr_linear_layer fc1, fc2; } cnn;
+
+/* x (B, 784) -> logits (B, 10); an fm_forward_fn */
+static dtr_tensor *cnn_forward(dtr_context *ctx, const void *net, dtr_tensor *x) {
+    const cnn *n = (const cnn *)net;
+    int64_t img[4] = {dtr_tensor_dim(x, 0), 1, 28, 28}, flat[2] = {dtr_tensor_dim(x, 0), 64 * 5 * 5};
+    dtr_tensor *h = dtr_reshape(ctx, x, 4, img);                                                /* (B, 1, 28, 28) */
+    h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->conv1, h)), 2, 2, 0);  /* (B, 32, 13, 13) */
+    h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->conv2, h)), 2, 2, 0);  /* (B, 64, 5, 5) */
+    h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->fc1, dtr_reshape(ctx, h, 2, flat)));    /* (B, 128) */
+    return dtr_linear_layer_forward(ctx, &n->fc2, h);                                           /* (B, 10) */
+}
+
 int main(int argc, char **argv) {
     fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1};
     dtr_context_config cfg = dtr_context_config_init();
+    dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
     dtr_optimizer *opt = NULL;
-    dtr_mnist data;
-    fm_net net;
-    fm_batch batch;
-    int32_t *order = NULL;
-    dtr_rng rng;
+    dtr_dataset *train_ds = NULL, *test_ds = NULL;
+    dtr_loader *train = NULL, *test = NULL;
+    cnn net;
     double test_acc = 0.0;
-    int64_t steps_per_epoch;
     dtr_result r;
     int e, rc = 1, pa = fm_parse_args(argc, argv, &o);
 
@@ -56,52 +66,64 @@ int main(int argc, char **argv) {
     }
     o.dir = fm_data_dir(o.dir);
     memset(&net, 0, sizeof net);
-    memset(&batch, 0, sizeof batch);
-    if (fm_data_load(o.dir, &data) != DTR_OK) return 1;   /* prints the path and how to get the data */
-    steps_per_epoch = (data.train_n + o.batch - 1) / o.batch;
+    if (fm_open_split(o.dir, "train", o.batch, 1, o.seed, &train_ds, &train) != DTR_OK ||
+        fm_open_split(o.dir, "t10k", 1000, 0, 0, &test_ds, &test) != DTR_OK)
+        goto done;
 
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
-    if ((r = fm_net_init(&net, ctx, FM_CNN, DTR_INIT_KAIMING_UNIFORM, o.seed)) != DTR_OK) { fm_fail(ctx, "model", r); goto done; }
-    r = fm_sgd(&net, o.lr, 0.9f, o.cosine ? o.epochs * steps_per_epoch : 0, &opt);
-    if (r != DTR_OK) { fm_fail(ctx, "optimizer", r); goto done; }
-    order = (int32_t *)malloc((size_t)data.train_n * sizeof(int32_t));
-    if (!order || fm_batch_alloc(&batch, o.batch) != DTR_OK) {
-        fprintf(stderr, "error: out of memory\n");
+    if ((r = dtr_model_create(ctx, o.seed, &net.model)) != DTR_OK ||
+        (r = dtr_conv2d_layer_init(&net.conv1, net.model, "conv1", 1, 32, 3, 1, 0, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
+        (r = dtr_conv2d_layer_init(&net.conv2, net.model, "conv2", 32, 64, 3, 1, 0, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
+        (r = dtr_linear_layer_init(&net.fc1, net.model, "fc1", 64 * 5 * 5, 128, 1, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
+        (r = dtr_linear_layer_init(&net.fc2, net.model, "fc2", 128, FM_CLASSES, 1, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK) {
+        fm_fail(ctx, "model", r);
         goto done;
     }
-    dtr_rng_seed(&rng, o.seed, 1);
+    oc = dtr_optimizer_config_init(DTR_OPT_SGD, o.lr);
+    oc.momentum = 0.9f;
+    if (o.cosine) {
+        oc.schedule.kind = DTR_SCHED_COSINE;
+        oc.schedule.total_steps = (int64_t)o.epochs * dtr_loader_batches(train);
+    }
+    if ((r = dtr_optimizer_create(net.model, &oc, &opt)) != DTR_OK) { fm_fail(ctx, "optimizer", r); goto done; }
     printf("fmnist_cnn: %lld train / %lld test images from %s\n"
            "  CNN conv32-pool-conv64-pool-128-10 (%lld parameters), %d threads, batch %d, SGD lr %g momentum 0.9 %s\n",
-           (long long)data.train_n, (long long)data.test_n, o.dir, (long long)dtr_model_numel(net.model),
-           dtr_context_threads(ctx), o.batch, (double)o.lr, o.cosine ? "cosine" : "constant");
+           (long long)dtr_dataset_count(train_ds), (long long)dtr_dataset_count(test_ds), o.dir,
+           (long long)dtr_model_numel(net.model), dtr_context_threads(ctx), o.batch, (double)o.lr,
+           o.cosine ? "cosine" : "constant");
 
     for (e = 1; e <= o.epochs; e++) {
-        fm_epoch_stats st;
-        double t0, secs;
-        fm_shuffle(&rng, order, data.train_n);   /* a new seeded order each epoch */
-        t0 = fm_now();
-        r = fm_train_epoch(ctx, &net, opt, data.train_x, data.train_y, order, data.train_n, &batch, 0, &st);
-        secs = fm_now() - t0;
-        if (r != DTR_OK) { fm_fail(ctx, "training", r); goto done; }
-        if ((r = fm_evaluate(ctx, &net, data.test_x, data.test_y, data.test_n, &batch, &test_acc)) != DTR_OK) {
-            fm_fail(ctx, "evaluation", r);
-            goto done;
+        double t0 = fm_now(), loss_sum = 0.0;
+        int64_t b, seen = 0;
+        for (b = 0; b < dtr_loader_batches(train); b++) {   /* one epoch: the loader reshuffles each */
+            dtr_batch batch;
+            dtr_tensor *x, *y, *loss;
+            if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
+            if ((r = dtr_batch_tensors(ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
+            loss = dtr_cross_entropy(ctx, cnn_forward(ctx, &net, x), y);
+            if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
+            loss_sum += (double)dtr_tensor_get(loss, 0) * (double)batch.size;   /* read before the reset */
+            seen += batch.size;
+            if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) { fm_fail(ctx, "optimizer step", r); goto done; }
+            dtr_context_reset(ctx);
         }
-        printf("epoch %2d  loss %.4f  train acc %.2f%%  test acc %.2f%%  %.1f s  %.0f samples/s\n", e, st.loss,
-               100.0 * st.acc, 100.0 * test_acc, secs, (double)st.samples / secs);
+        if ((r = fm_evaluate_loader(ctx, cnn_forward, &net, test, &test_acc)) != DTR_OK) { fm_fail(ctx, "evaluation", r); goto done; }
+        printf("epoch %2d  loss %.4f  test acc %.2f%%  %.1f s  %.0f samples/s\n", e, loss_sum / (double)seen,
+               100.0 * test_acc, fm_now() - t0, (double)seen / (fm_now() - t0));
         fflush(stdout);
     }
     printf("final test accuracy: %.2f%%\n", 100.0 * test_acc);
     rc = 0;
 done:
-    free(order);
-    fm_batch_free(&batch);
     dtr_optimizer_destroy(opt);
-    fm_net_free(&net);
+    dtr_model_destroy(net.model);
     dtr_context_destroy(ctx);
-    dtr_mnist_destroy(&data);
+    dtr_loader_destroy(train);
+    dtr_loader_destroy(test);
+    dtr_dataset_destroy(train_ds);
+    dtr_dataset_destroy(test_ds);
     return rc;
 }
