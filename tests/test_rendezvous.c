@@ -9,10 +9,10 @@
  * (DTR_ > torchrun > Slurm > Open MPI) and parse errors; one-process store: set/get/check/
  * add/delete, limits, bad arguments, a missing key timing out with its name, a busy port,
  * a zeroed configuration; four processes exchanging keys and counters; barriers (and one
- * that times out, naming how many arrived); a joiner with the wrong secret or another world
- * size (refused at once with DTR_INVALID_ARGUMENT, logged, the server keeps serving); garbage,
- * oversize length fields and bad ops sent to the port (refused and logged, the server keeps
- * serving); a joiner that connects and stays silent (nobody stalls; it is dropped after the
+ * that times out, naming how many arrived); the intruder scenarios, one table
+ * (INTRUDERS): a joiner with the wrong secret or another world size (refused at once with
+ * DTR_INVALID_ARGUMENT, logged, the server keeps serving), garbage, oversize length fields
+ * and bad ops sent to the port (refused and logged, the server keeps serving); a joiner that connects and stays silent (nobody stalls; it is dropped after the
  * deadline); the server SIGKILLed (DTR_PEER_FAILED, quickly) or stopped (DTR_TIMEOUT, within
  * the deadline); a late server (clients retry) and no server at all (DTR_TIMEOUT); a late
  * reply to a request that timed out is not taken for the next one's. */
@@ -781,19 +781,6 @@ static int other_world(int rank, void *p) {
     return 0;
 }
 
-static void test_wrong_secret(void) {
-    fault_arg a = {0, 5000, "refused 127.0.0.1;wrong secret;joins a world of 3 ranks; this job has 2"};
-    pid_t p0, pi, p1;
-    a.port = free_port();
-    p0 = spawn(fault_rank0, 0, &a);
-    pi = spawn(intruder, 1, &a);
-    CHECK_EQ_INT(reap(pi, 5000), 0);
-    pi = spawn(other_world, 1, &a);
-    CHECK_EQ_INT(reap(pi, 5000), 0);
-    p1 = spawn(fault_rank1, 1, &a);
-    CHECK_EQ_INT(reap(p1, 8000), 0);
-    CHECK_EQ_INT(reap(p0, 8000), 0);
-}
 
 /* Garbage on the port, before and after a valid handshake. */
 static int garbage(int rank, void *p) {
@@ -887,18 +874,43 @@ static int garbage(int rank, void *p) {
     return 0;
 }
 
-static void test_garbage(void) {
-    fault_arg a = {0, 5000,
-                   "wrong secret;malformed request: key length 65535;value length 1048577;unknown op 127;"
-                   "rank 9 is not below;joins a world of 3 ranks;incomplete join message"};
-    pid_t p0, pg, p1;
+/* ---- the intruder scenarios: one table, one runner ----
+ * Rank 0 of a 2-rank job starts its server; each intruder process of the case connects,
+ * misbehaves and checks what it gets back (in its own process); then the real rank 1 joins
+ * and the job finishes normally. Rank 0's log must contain every fragment of expect_log. */
+typedef struct intruder_case {
+    const char *name;
+    const char *expect_log;                      /* ';'-separated fragments of rank 0's log */
+    int (*intruders[3])(int rank, void *arg);    /* run one after the other; NULL ends */
+    int intruder_ms;                             /* deadline of each intruder process */
+} intruder_case;
+
+static const intruder_case INTRUDERS[] = {
+    {"wrong secret, then another world size", "refused 127.0.0.1;wrong secret;joins a world of 3 ranks; this job has 2",
+     {intruder, other_world, NULL}, 5000},
+    {"garbage before and after a valid handshake",
+     "wrong secret;malformed request: key length 65535;value length 1048577;unknown op 127;"
+     "rank 9 is not below;joins a world of 3 ranks;incomplete join message",
+     {garbage, NULL, NULL}, 10000},
+};
+
+static void run_intruder_case(const intruder_case *ic) {
+    fault_arg a = {0, 5000, NULL};
+    pid_t p0, p1;
+    int k;
     a.port = free_port();
+    a.expect_log = ic->expect_log;
     p0 = spawn(fault_rank0, 0, &a);
-    pg = spawn(garbage, 1, &a);
-    CHECK_EQ_INT(reap(pg, 10000), 0);
+    for (k = 0; k < 3 && ic->intruders[k]; k++)
+        CHECK_MSG(reap(spawn(ic->intruders[k], 1, &a), ic->intruder_ms) == 0, "%s: intruder %d", ic->name, k);
     p1 = spawn(fault_rank1, 1, &a);
-    CHECK_EQ_INT(reap(p1, 8000), 0);
-    CHECK_EQ_INT(reap(p0, 8000), 0);
+    CHECK_MSG(reap(p1, 8000) == 0, "%s: rank 1", ic->name);
+    CHECK_MSG(reap(p0, 8000) == 0, "%s: rank 0", ic->name);
+}
+
+static void test_intruders(void) {
+    size_t i;
+    for (i = 0; i < sizeof INTRUDERS / sizeof INTRUDERS[0]; i++) run_intruder_case(&INTRUDERS[i]);
 }
 
 /* A joiner that connects and says nothing: the others go on at full speed; the server drops
@@ -1124,8 +1136,7 @@ int main(void) {
     RUN(test_late_server);
     RUN(test_barrier);
     RUN(test_barrier_timeout);
-    RUN(test_wrong_secret);
-    RUN(test_garbage);
+    RUN(test_intruders);
     RUN(test_silent_joiner);
     RUN(test_server_killed);
     RUN(test_server_hung);
