@@ -147,6 +147,245 @@ void dtr__boot_close(dtr__boot *b) {
 #endif /* !_WIN32 */
 #line 149 "dtrain_comm.c"
 
+/* ---- src/comm/watchdog.c ---- */
+#line 1 "src/comm/watchdog.c"
+/* ============================================================================
+ * The watchdog of a process transport (libfabric now, NCCL next): a thread that turns a
+ * dead or silent peer into a failure of the whole world, and spreads failures through the
+ * rendezvous store, using the bootstrap's store connection, namespace, hosts and pids.
+ *   every tick (50 ms)   peers on this host: dead when their pid is gone or a zombie;
+ *                        our own failure: written to the world's abort key
+ *   every 5 ticks        the abort key (another rank's failure), our heartbeat, and one
+ *                        remote peer's heartbeat (dead after stale_ns without a change)
+ * A peer that wrote its "left" key closed cleanly: the transport is told (ops.left) instead
+ * of a failure. Failures go to the transport through ops.fail; the transport says through
+ * ops.to_publish whether it failed on its own and the world must hear of it. Part of
+ * dtrain_comm.c (POSIX process APIs).
+ * ==========================================================================*/
+
+
+
+
+
+
+#if !defined(_WIN32)
+#include <errno.h>
+#include <signal.h>
+#include <sys/types.h>
+
+#define DTR__WATCH_TICK_MS 50
+
+/* 1 when process `pid` on this host is gone (or a zombie waiting to be reaped). */
+static int dtr__watch_pid_dead(int pid) {
+    char path[64], buf[512];
+    FILE *fp;
+    size_t n;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+    snprintf(path, sizeof path, "/proc/%d/stat", pid);
+    fp = fopen(path, "r");
+    if (!fp) return 0;   /* no /proc: kill() is all we know */
+    n = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[n] = 0;
+    {
+        const char *p = strrchr(buf, ')');
+        return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+    }
+}
+
+dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why) {
+    char key[96], val[256];
+    dtr_result r;
+    snprintf(val, sizeof val, "%d %s", who, why);
+    dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
+    r = dtr_store_set(w->boot->st, key, val, strlen(val));
+    if (r == DTR_OK) w->published = 1;
+    return r;
+}
+
+/* A peer looks dead: unless it left cleanly, break the world naming it. */
+static void dtr__watch_peer_gone(dtr__watchdog *w, int p, const char *how) {
+    char key[96], v[8];
+    size_t len;
+    int found = 0;
+    dtr__boot_key(w->boot, key, sizeof key, "left", p);
+    if (dtr_store_check(w->boot->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
+        w->gone[p] = 1;
+        w->ops.left(w->ops.t, p);
+        return;
+    }
+    /* tell the world first, without the transport's lock: a thread of ours may be stuck
+       inside the transport holding it, and the other ranks must learn of the death */
+    if (!w->published) dtr__watchdog_publish(w, p, how);
+    w->ops.fail(w->ops.t, p, how, !w->published);
+}
+
+/* Our own failure, not yet told: write it to the abort key. 1 when the store is gone. */
+static int dtr__watch_own_failure(dtr__watchdog *w) {
+    char why[256];
+    int who = -1;
+    if (w->published) return 0;
+    if (w->ops.to_publish(w->ops.t, &who, why, sizeof why) && dtr__watchdog_publish(w, who, why) != DTR_OK) {
+        w->published = 1;
+        return 1;
+    }
+    w->published = 1;
+    return 0;
+}
+
+static void dtr__watch_local_peers(dtr__watchdog *w) {
+    const dtr__boot *b = w->boot;
+    int p;
+    for (p = 0; p < b->size; p++)
+        if (p != b->rank && b->on_host[p] && !w->gone[p] && dtr__watch_pid_dead(b->pids[p])) {
+            char how[160];
+            snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, b->pids[p]);
+            dtr__watch_peer_gone(w, p, how);
+        }
+}
+
+/* One remote peer's heartbeat per call, round robin. */
+static dtr_result dtr__watch_remote_peer(dtr__watchdog *w) {
+    const dtr__boot *b = w->boot;
+    char key[96], val[64];
+    size_t len = 0;
+    int found = 0, p, k;
+    dtr_result r;
+    int64_t now = dtr_time_ns(), v;
+    for (k = 0, p = -1; k < b->size && p < 0; k++) {
+        int q = (w->next_remote + k) % b->size;
+        if (q != b->rank && !b->on_host[q] && !w->gone[q]) p = q;
+    }
+    if (p < 0) return DTR_OK;
+    w->next_remote = (p + 1) % b->size;
+    dtr__boot_key(w->boot, key, sizeof key, "beat", p);
+    if ((r = dtr_store_check(b->st, key, val, sizeof val - 1, &len, &found)) != DTR_OK) return r;
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    v = found ? strtoll(val, NULL, 10) : 0;
+    if (v != w->beat[p] || !w->beat_ns[p]) { w->beat[p] = v; w->beat_ns[p] = now; }
+    else if (now - w->beat_ns[p] > w->stale_ns) {
+        char how[160];
+        snprintf(how, sizeof how, "rank %d stopped answering (no heartbeat for %lld ms)", p,
+                 (long long)((now - w->beat_ns[p]) / 1000000));
+        dtr__watch_peer_gone(w, p, how);
+    }
+    return DTR_OK;
+}
+
+/* Every 250 ms: the world's abort key, our heartbeat, a remote peer's. DTR_OK, or the error
+ * of a store that is gone. Sets *aborted when another rank broke the world. */
+static dtr_result dtr__watch_world(dtr__watchdog *w, int *aborted) {
+    char key[96], val[256];
+    size_t len = 0;
+    int found = 0;
+    dtr_result r;
+    dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
+    r = dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found);
+    if (r == DTR_OK && found) {
+        int who = -1, off = 0;
+        val[len < sizeof val ? len : sizeof val - 1] = 0;
+        if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
+        w->ops.fail(w->ops.t, who, val + off, 0);
+        w->published = 1;
+        *aborted = 1;
+        return DTR_OK;
+    }
+    if (r == DTR_OK) {
+        dtr__boot_key(w->boot, key, sizeof key, "beat", w->boot->rank);
+        r = dtr_store_add(w->boot->st, key, 1, NULL);
+    }
+    if (r == DTR_OK && w->boot->local_size < w->boot->size) r = dtr__watch_remote_peer(w);
+    return r;
+}
+
+static void *dtr__watch_main(void *arg) {
+    dtr__watchdog *w = (dtr__watchdog *)arg;
+    int tick = 0, store_dead = 0;
+    for (;;) {
+        int stop, aborted = 0;
+        pthread_mutex_lock(&w->mu);
+        if (!w->stop) dtr__cond_wait_until(&w->cv, &w->mu, dtr_time_ns() + (int64_t)DTR__WATCH_TICK_MS * 1000000);
+        stop = w->stop;
+        pthread_mutex_unlock(&w->mu);
+        if (stop) break;
+        tick++;
+        if (store_dead || w->published) continue;
+        if (w->ops.failed(w->ops.t)) { store_dead = dtr__watch_own_failure(w); continue; }
+        dtr__watch_local_peers(w);
+        if (tick % 5 || w->ops.failed(w->ops.t)) continue;
+        if (dtr__watch_world(w, &aborted) != DTR_OK && !aborted) {
+            /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
+            char why[256];
+            snprintf(why, sizeof why, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
+                     dtr_store_last_error(w->boot->st));
+            w->ops.fail(w->ops.t, 0, why, 0);
+            store_dead = 1;
+        }
+    }
+    return NULL;
+}
+
+dtr_result dtr__watchdog_start(dtr__watchdog *w, dtr__boot *b, const dtr__watch_ops *ops) {
+    int64_t stale_ms = b->timeout_ms / 2 < 30000 ? b->timeout_ms / 2 : 30000;
+    memset(w, 0, sizeof *w);
+    w->boot = b;
+    w->ops = *ops;
+    w->stale_ns = (stale_ms < 2000 ? 2000 : stale_ms) * (int64_t)1000000;
+    w->gone = (int *)dtr__calloc(&b->alloc, sizeof(int) * (size_t)b->size);
+    w->beat = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
+    w->beat_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
+    pthread_mutex_init(&w->mu, NULL);
+    dtr__cond_init(&w->cv);
+    w->inited = 1;
+    if (!w->gone || !w->beat || !w->beat_ns) return DTR_OUT_OF_MEMORY;
+    /* short store deadlines from now on, so a dead server is noticed */
+    dtr__store_set_timeout(b->st, b->timeout_ms < 10000 ? b->timeout_ms : 10000);
+    if (pthread_create(&w->thread, NULL, dtr__watch_main, w) != 0) return DTR_OUT_OF_MEMORY;
+    w->on = 1;
+    return DTR_OK;
+}
+
+void dtr__watchdog_wake(dtr__watchdog *w) {
+    if (!w->inited) return;
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+void dtr__watchdog_stop(dtr__watchdog *w) {
+    if (!w->inited) return;
+    if (w->on) {
+        pthread_mutex_lock(&w->mu);
+        w->stop = 1;
+        pthread_cond_signal(&w->cv);
+        pthread_mutex_unlock(&w->mu);
+        pthread_join(w->thread, NULL);
+        w->on = 0;
+    }
+    /* a failure the thread had no time to tell (abort, then destroy at once) */
+    if (w->boot->st && w->ops.failed(w->ops.t)) dtr__watch_own_failure(w);
+    /* left cleanly: the peers' watchdogs must not take our exit for a death */
+    if (w->boot->st) {
+        char key[96];
+        dtr__boot_key(w->boot, key, sizeof key, "left", w->boot->rank);
+        dtr_store_set(w->boot->st, key, "1", 1);
+    }
+}
+
+void dtr__watchdog_free(dtr__watchdog *w) {
+    if (!w->inited) return;
+    dtr__free(&w->boot->alloc, w->gone);
+    dtr__free(&w->boot->alloc, w->beat);
+    dtr__free(&w->boot->alloc, w->beat_ns);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv);
+    w->inited = 0;
+}
+
+#endif /* !_WIN32 */
+#line 388 "dtrain_comm.c"
+
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
 /* ============================================================================
@@ -215,7 +454,6 @@ void dtr__boot_close(dtr__boot *b) {
 #define DTR__FAB_VERSION FI_VERSION(1, 9)
 #define DTR__FAB_PROV 64
 #define DTR__FAB_ADDR 512          /* largest endpoint name */
-#define DTR__FAB_TICK_MS 50        /* watchdog period */
 
 dtr_result dtr_fabric_providers(char *buf, size_t len) {
     struct fi_info *hints, *info = NULL, *cur;
@@ -297,9 +535,7 @@ typedef struct dtr__fab {
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
     int reposts;                 /* requests with repost set */
     dtr__boot boot;              /* the store connection, namespace, hosts and pids (src/comm/bootstrap.c) */
-    /* per peer: left cleanly, last heartbeat value and when it changed */
-    int *left;
-    int64_t *beat, *beat_ns;
+    int *left;                   /* per peer: closed cleanly (its requests fail, "rank N left") */
     /* requests and the completion queue, under mu */
     pthread_mutex_t mu;
     dtr__freq *free_reqs, *all_reqs;
@@ -308,13 +544,7 @@ typedef struct dtr__fab {
     int failed_rank;
     char why[200];
     int publish;                 /* the abort is ours: the watchdog writes it to the store */
-    int published;               /* the watchdog (or close) wrote it, or read the world's */
-    /* the watchdog */
-    int64_t stale_ns;            /* a remote heartbeat older than this is a failure */
-    pthread_t wd;
-    int wd_on, wd_stop;
-    pthread_mutex_t wmu;
-    pthread_cond_t wcv;
+    dtr__watchdog wd;            /* src/comm/watchdog.c */
 } dtr__fab;
 
 static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__PRINTF(4, 5);
@@ -350,11 +580,7 @@ static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *
     return 1;
 }
 
-static void dtr__fab_wake_watchdog(dtr__fab *f) {
-    pthread_mutex_lock(&f->wmu);
-    pthread_cond_signal(&f->wcv);
-    pthread_mutex_unlock(&f->wmu);
-}
+static void dtr__fab_wake_watchdog(dtr__fab *f) { dtr__watchdog_wake(&f->wd); }
 
 /* ---- requests ---- */
 
@@ -732,159 +958,40 @@ static dtr_result dtr__fab_progress(void *state) {
     return DTR_OK;
 }
 
-/* ---- the watchdog ---- */
+/* ---- the watchdog's callbacks (the watchdog itself: src/comm/watchdog.c) ---- */
 
-/* 1 when process `pid` on this host is gone (or a zombie waiting to be reaped). */
-static int dtr__fab_pid_dead(int pid) {
-    char path[64], buf[512];
-    FILE *fp;
-    size_t n;
-    if (pid <= 0) return 0;
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    fp = fopen(path, "r");
-    if (!fp) return 0;   /* no /proc: kill() is all we know */
-    n = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    buf[n] = 0;
-    {
-        const char *p = strrchr(buf, ')');
-        return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-    }
-}
+static int dtr__fab_wd_failed(void *t) { return ((dtr__fab *)t)->aborted; }
 
-/* Writes the world's abort key ("<rank> <why>"): every rank's watchdog reads it within a
-   tick. Called by the watchdog, or by close once the watchdog has stopped. */
-static dtr_result dtr__fab_publish(dtr__fab *f, int who, const char *why) {
-    char key[96], val[256];
-    dtr_result r;
-    snprintf(val, sizeof val, "%d %s", who, why);
-    dtr__boot_key(&f->boot, key, sizeof key, "abort", -1);
-    r = dtr_store_set(f->boot.st, key, val, strlen(val));
-    if (r == DTR_OK) f->published = 1;
-    return r;
-}
-
-/* A peer looks dead: unless it left cleanly, break the world naming it. */
-static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
-    char key[96], v[8];
-    size_t len;
-    int found = 0;
-    dtr__boot_key(&f->boot, key, sizeof key, "left", p);
-    if (dtr_store_check(f->boot.st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
-        /* it closed cleanly: what it sent before is here (read it first); requests still
-           waiting for it fail, their receives cancelled */
-        dtr__freq *q;
-        pthread_mutex_lock(&f->mu);
-        dtr__fab_poll(f);
-        f->left[p] = 1;
-        for (q = f->all_reqs; q; q = q->next_all)
-            if (f->ep && q->peer == p && !q->done && !q->released && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
-        dtr__fab_poll(f);
-        pthread_mutex_unlock(&f->mu);
-        return;
-    }
-    /* tell the world first, without the lock: a thread of ours may be stuck inside the
-       provider holding it (a provider lock the dead rank held), and the other ranks must
-       learn of the death all the same */
-    if (!f->published) dtr__fab_publish(f, p, how);
+static int dtr__fab_wd_to_publish(void *t, int *who, char *why, size_t cap) {
+    dtr__fab *f = (dtr__fab *)t;
+    int mine;
     pthread_mutex_lock(&f->mu);
-    dtr__fab_fail_locked(f, p, !f->published, "%s", how);
+    mine = f->aborted && f->publish;
+    *who = f->failed_rank;
+    snprintf(why, cap, "%s", f->why);
+    pthread_mutex_unlock(&f->mu);
+    return mine;
+}
+
+static void dtr__fab_wd_fail(void *t, int rank, const char *why, int publish) {
+    dtr__fab *f = (dtr__fab *)t;
+    pthread_mutex_lock(&f->mu);
+    dtr__fab_fail_locked(f, rank, publish, "%s", why);
     pthread_mutex_unlock(&f->mu);
 }
 
-static void *dtr__fab_watchdog(void *arg) {
-    dtr__fab *f = (dtr__fab *)arg;
-    char key[96], val[256];
-    int tick = 0, next_remote = 0, store_dead = 0;
-    for (;;) {
-        int stop, aborted, p;
-        pthread_mutex_lock(&f->wmu);
-        if (!f->wd_stop)
-            dtr__cond_wait_until(&f->wcv, &f->wmu, dtr_time_ns() + (int64_t)DTR__FAB_TICK_MS * 1000000);
-        stop = f->wd_stop;
-        pthread_mutex_unlock(&f->wmu);
-        if (stop) break;
-        tick++;
-        aborted = f->aborted;
-        if (store_dead) continue;
-        /* our own failure: tell the world */
-        if (aborted && !f->published) {
-            int mine, who;
-            pthread_mutex_lock(&f->mu);
-            mine = f->publish;
-            who = f->failed_rank;
-            snprintf(val, sizeof val, "%s", f->why);
-            pthread_mutex_unlock(&f->mu);
-            if (mine && dtr__fab_publish(f, who, val) != DTR_OK) store_dead = 1;
-            f->published = 1;
-            continue;
-        }
-        if (aborted) continue;
-        /* peers on this host: by pid, every tick */
-        for (p = 0; p < f->size; p++)
-            if (p != f->rank && f->boot.on_host[p] && !f->left[p] && dtr__fab_pid_dead(f->boot.pids[p])) {
-                char how[160];
-                snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, f->boot.pids[p]);
-                dtr__fab_peer_gone(f, p, how);
-            }
-        if (tick % 5) continue;
-        /* every 250 ms: the world's abort key, our heartbeat, one remote peer's heartbeat */
-        {
-            size_t len = 0;
-            int found = 0;
-            dtr_result r;
-            dtr__boot_key(&f->boot, key, sizeof key, "abort", -1);
-            r = dtr_store_check(f->boot.st, key, val, sizeof val - 1, &len, &found);
-            if (r == DTR_OK && found) {
-                int who = -1, off = 0;
-                val[len < sizeof val ? len : sizeof val - 1] = 0;
-                if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
-                pthread_mutex_lock(&f->mu);
-                dtr__fab_fail_locked(f, who, 0, "%s", val + off);
-                f->published = 1;
-                pthread_mutex_unlock(&f->mu);
-                continue;
-            }
-            if (r == DTR_OK) {
-                dtr__boot_key(&f->boot, key, sizeof key, "beat", f->rank);
-                r = dtr_store_add(f->boot.st, key, 1, NULL);
-            }
-            if (r == DTR_OK && f->local_size < f->size) {
-                int64_t now = dtr_time_ns(), v = 0;
-                for (p = 0; p < f->size; p++) {
-                    int q = (next_remote + p) % f->size;
-                    if (q != f->rank && !f->boot.on_host[q] && !f->left[q]) { next_remote = q; break; }
-                }
-                p = next_remote;
-                next_remote = (next_remote + 1) % f->size;
-                if (p != f->rank && !f->boot.on_host[p] && !f->left[p]) {
-                    dtr__boot_key(&f->boot, key, sizeof key, "beat", p);
-                    r = dtr_store_check(f->boot.st, key, val, sizeof val - 1, &len, &found);
-                    if (r == DTR_OK) {
-                        val[len < sizeof val ? len : sizeof val - 1] = 0;
-                        v = found ? strtoll(val, NULL, 10) : 0;
-                        if (v != f->beat[p] || !f->beat_ns[p]) { f->beat[p] = v; f->beat_ns[p] = now; }
-                        else if (now - f->beat_ns[p] > f->stale_ns) {
-                            char how[160];
-                            snprintf(how, sizeof how, "rank %d stopped answering (no heartbeat for %lld ms)", p,
-                                     (long long)((now - f->beat_ns[p]) / 1000000));
-                            dtr__fab_peer_gone(f, p, how);
-                        }
-                    }
-                }
-            }
-            if (r != DTR_OK) {
-                /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
-                pthread_mutex_lock(&f->mu);
-                dtr__fab_fail_locked(f, 0, 0, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
-                                     dtr_store_last_error(f->boot.st));
-                pthread_mutex_unlock(&f->mu);
-                store_dead = 1;
-            }
-        }
-    }
-    return NULL;
+/* A peer closed cleanly: what it sent before is here (read it first); requests still
+   waiting for it fail, their receives cancelled. */
+static void dtr__fab_wd_left(void *t, int p) {
+    dtr__fab *f = (dtr__fab *)t;
+    dtr__freq *q;
+    pthread_mutex_lock(&f->mu);
+    dtr__fab_poll(f);
+    f->left[p] = 1;
+    for (q = f->all_reqs; q; q = q->next_all)
+        if (f->ep && q->peer == p && !q->done && !q->released && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
+    dtr__fab_poll(f);
+    pthread_mutex_unlock(&f->mu);
 }
 
 /* ---- open and close ---- */
@@ -989,11 +1096,8 @@ static void dtr__fab_free(dtr__fab *f) {
     dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
-    dtr__free(&f->alloc, f->beat);
-    dtr__free(&f->alloc, f->beat_ns);
+    dtr__watchdog_free(&f->wd);
     pthread_mutex_destroy(&f->mu);
-    pthread_mutex_destroy(&f->wmu);
-    pthread_cond_destroy(&f->wcv);
     {
         dtr_allocation_callbacks a = f->alloc;
         dtr__free(&a, f);
@@ -1013,16 +1117,12 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->alloc = cfg->alloc;
     f->failed_rank = -1;
     pthread_mutex_init(&f->mu, NULL);
-    pthread_mutex_init(&f->wmu, NULL);
-    dtr__cond_init(&f->wcv);
     f->spin_ns = dtr__fab_setting(cfg->fabric.spin_us, "DTR_FABRIC_SPIN_US", 20) * 1000;
     f->max_nap_ns = dtr__fab_setting(cfg->fabric.nap_us, "DTR_FABRIC_NAP_US", 64) * 1000;
     f->want_domain = cfg->fabric.domain && *cfg->fabric.domain ? cfg->fabric.domain : getenv("DTR_FABRIC_DOMAIN");
     if (f->max_nap_ns < 1000) f->max_nap_ns = 1000;
     f->timeout_ns = (int64_t)timeout * 1000000;
     if (f->spin_ns < 0) f->spin_ns = 0;
-    f->stale_ns = (int64_t)(timeout / 2 < 30000 ? timeout / 2 : 30000) * 1000000;
-    if (f->stale_ns < (int64_t)2000000000) f->stale_ns = 2000000000;
 
     /* 1-2. the store, this open's namespace, hosts and pids */
     if ((r = dtr__boot_open(&f->boot, cfg, "libfabric", "dtrfab", err, errlen)) != DTR_OK) {
@@ -1035,9 +1135,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->local_size = f->boot.local_size;
     f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
     f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    f->beat = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
-    f->beat_ns = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
-    if (!f->addrs || !f->left || !f->beat || !f->beat_ns) {
+    if (!f->addrs || !f->left) {
         dtr__fab_free(f);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
     }
@@ -1160,13 +1258,15 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
         }
     }
 
-    /* 5. the watchdog: short store deadlines from now on, so a dead server is noticed */
-    dtr__store_set_timeout(f->boot.st, timeout < 10000 ? timeout : 10000);
-    if (pthread_create(&f->wd, NULL, dtr__fab_watchdog, f) != 0) {
-        dtr__fab_free(f);
-        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the watchdog thread");
+    /* 5. the watchdog */
+    {
+        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left};
+        ops.t = f;
+        if (dtr__watchdog_start(&f->wd, &f->boot, &ops) != DTR_OK) {
+            dtr__fab_free(f);
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the watchdog thread");
+        }
     }
-    f->wd_on = 1;
     info->rank = f->rank;
     info->size = f->size;
     snprintf(info->detail, sizeof info->detail, "%s", f->prov);
@@ -1183,20 +1283,9 @@ store_fail:
 
 static void dtr__fab_close(void *state) {
     dtr__fab *f = (dtr__fab *)state;
-    char key[96];
     if (!f) return;
-    if (f->wd_on) {
-        pthread_mutex_lock(&f->wmu);
-        f->wd_stop = 1;
-        pthread_cond_signal(&f->wcv);
-        pthread_mutex_unlock(&f->wmu);
-        pthread_join(f->wd, NULL);
-    }
-    /* an abort the watchdog had no time to publish (abort then destroy at once) */
-    if (f->boot.st && f->aborted && f->publish && !f->published) dtr__fab_publish(f, f->failed_rank, f->why);
-    /* left cleanly: the peers' watchdogs must not take our exit for a death */
-    dtr__boot_key(&f->boot, key, sizeof key, "left", f->rank);
-    if (f->boot.st) dtr_store_set(f->boot.st, key, "1", 1);
+    /* stops the watchdog, publishes an abort it had no time to, marks us as left */
+    dtr__watchdog_stop(&f->wd);
     /* pending requests are cancelled; then the endpoint closes */
     pthread_mutex_lock(&f->mu);
     {
@@ -1256,5 +1345,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1260 "dtrain_comm.c"
+#line 1349 "dtrain_comm.c"
 

@@ -175,6 +175,48 @@ dtr_result dtr__boot_fetch(dtr__boot *b, const char *what, int rank, void *buf, 
  *  for. Returns r. */
 dtr_result dtr__boot_fail(const dtr__boot *b, dtr_result r, const char *what, char *err, size_t errlen);
 
+/* ---- the watchdog of process transports (src/comm/watchdog.c, in dtrain_comm.c) ---- */
+
+/** What the watchdog asks of its transport (t: the transport's state). */
+typedef struct dtr__watch_ops {
+    void *t;
+    /** 1 when the world is broken already (read without the transport's lock: a hint). */
+    int (*failed)(void *t);
+    /** 1 when the transport failed on its own and the world must hear of it: fills who (the
+     *  rank at fault) and why. */
+    int (*to_publish)(void *t, int *who, char *why, size_t cap);
+    /** Break the world naming `rank` (publish 1: the transport's own failure to tell). */
+    void (*fail)(void *t, int rank, const char *why, int publish);
+    /** `rank` closed its end cleanly: requests still waiting for it fail. */
+    void (*left)(void *t, int rank);
+} dtr__watch_ops;
+
+/** A watchdog thread over a bootstrap (see the file's comment for what it watches). */
+typedef struct dtr__watchdog {
+    dtr__boot *boot;
+    dtr__watch_ops ops;
+    int *gone;                 /* per rank: left cleanly, no longer watched */
+    int64_t *beat, *beat_ns;   /* last heartbeat value of each remote peer, and when it changed */
+    int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
+    int next_remote;           /* the remote peer whose heartbeat is read next */
+    volatile int published;    /* the world's abort key holds a failure (ours or read) */
+    pthread_t thread;
+    int inited, on, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} dtr__watchdog;
+
+/** Starts the thread (and cuts the store's deadlines to 10 s). On failure
+ *  dtr__watchdog_free still releases what was made. */
+dtr_result dtr__watchdog_start(dtr__watchdog *w, dtr__boot *b, const dtr__watch_ops *ops);
+/** Wakes the thread at once (the transport just failed: publish now). */
+void dtr__watchdog_wake(dtr__watchdog *w);
+/** Joins the thread, publishes a failure it had no time to, and marks this rank as left. */
+void dtr__watchdog_stop(dtr__watchdog *w);
+void dtr__watchdog_free(dtr__watchdog *w);
+/** Writes the world's abort key ("<who> <why>"). */
+dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
+
 /* ---- rendezvous helpers for transports ---- */
 
 /** A second client connection to the store `st` joined (same rank, world, secret; never a

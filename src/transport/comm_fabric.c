@@ -64,7 +64,6 @@
 #define DTR__FAB_VERSION FI_VERSION(1, 9)
 #define DTR__FAB_PROV 64
 #define DTR__FAB_ADDR 512          /* largest endpoint name */
-#define DTR__FAB_TICK_MS 50        /* watchdog period */
 
 dtr_result dtr_fabric_providers(char *buf, size_t len) {
     struct fi_info *hints, *info = NULL, *cur;
@@ -146,9 +145,7 @@ typedef struct dtr__fab {
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
     int reposts;                 /* requests with repost set */
     dtr__boot boot;              /* the store connection, namespace, hosts and pids (src/comm/bootstrap.c) */
-    /* per peer: left cleanly, last heartbeat value and when it changed */
-    int *left;
-    int64_t *beat, *beat_ns;
+    int *left;                   /* per peer: closed cleanly (its requests fail, "rank N left") */
     /* requests and the completion queue, under mu */
     pthread_mutex_t mu;
     dtr__freq *free_reqs, *all_reqs;
@@ -157,13 +154,7 @@ typedef struct dtr__fab {
     int failed_rank;
     char why[200];
     int publish;                 /* the abort is ours: the watchdog writes it to the store */
-    int published;               /* the watchdog (or close) wrote it, or read the world's */
-    /* the watchdog */
-    int64_t stale_ns;            /* a remote heartbeat older than this is a failure */
-    pthread_t wd;
-    int wd_on, wd_stop;
-    pthread_mutex_t wmu;
-    pthread_cond_t wcv;
+    dtr__watchdog wd;            /* src/comm/watchdog.c */
 } dtr__fab;
 
 static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char *fmt, ...) DTR__PRINTF(4, 5);
@@ -199,11 +190,7 @@ static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *
     return 1;
 }
 
-static void dtr__fab_wake_watchdog(dtr__fab *f) {
-    pthread_mutex_lock(&f->wmu);
-    pthread_cond_signal(&f->wcv);
-    pthread_mutex_unlock(&f->wmu);
-}
+static void dtr__fab_wake_watchdog(dtr__fab *f) { dtr__watchdog_wake(&f->wd); }
 
 /* ---- requests ---- */
 
@@ -581,159 +568,40 @@ static dtr_result dtr__fab_progress(void *state) {
     return DTR_OK;
 }
 
-/* ---- the watchdog ---- */
+/* ---- the watchdog's callbacks (the watchdog itself: src/comm/watchdog.c) ---- */
 
-/* 1 when process `pid` on this host is gone (or a zombie waiting to be reaped). */
-static int dtr__fab_pid_dead(int pid) {
-    char path[64], buf[512];
-    FILE *fp;
-    size_t n;
-    if (pid <= 0) return 0;
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    fp = fopen(path, "r");
-    if (!fp) return 0;   /* no /proc: kill() is all we know */
-    n = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    buf[n] = 0;
-    {
-        const char *p = strrchr(buf, ')');
-        return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-    }
-}
+static int dtr__fab_wd_failed(void *t) { return ((dtr__fab *)t)->aborted; }
 
-/* Writes the world's abort key ("<rank> <why>"): every rank's watchdog reads it within a
-   tick. Called by the watchdog, or by close once the watchdog has stopped. */
-static dtr_result dtr__fab_publish(dtr__fab *f, int who, const char *why) {
-    char key[96], val[256];
-    dtr_result r;
-    snprintf(val, sizeof val, "%d %s", who, why);
-    dtr__boot_key(&f->boot, key, sizeof key, "abort", -1);
-    r = dtr_store_set(f->boot.st, key, val, strlen(val));
-    if (r == DTR_OK) f->published = 1;
-    return r;
-}
-
-/* A peer looks dead: unless it left cleanly, break the world naming it. */
-static void dtr__fab_peer_gone(dtr__fab *f, int p, const char *how) {
-    char key[96], v[8];
-    size_t len;
-    int found = 0;
-    dtr__boot_key(&f->boot, key, sizeof key, "left", p);
-    if (dtr_store_check(f->boot.st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
-        /* it closed cleanly: what it sent before is here (read it first); requests still
-           waiting for it fail, their receives cancelled */
-        dtr__freq *q;
-        pthread_mutex_lock(&f->mu);
-        dtr__fab_poll(f);
-        f->left[p] = 1;
-        for (q = f->all_reqs; q; q = q->next_all)
-            if (f->ep && q->peer == p && !q->done && !q->released && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
-        dtr__fab_poll(f);
-        pthread_mutex_unlock(&f->mu);
-        return;
-    }
-    /* tell the world first, without the lock: a thread of ours may be stuck inside the
-       provider holding it (a provider lock the dead rank held), and the other ranks must
-       learn of the death all the same */
-    if (!f->published) dtr__fab_publish(f, p, how);
+static int dtr__fab_wd_to_publish(void *t, int *who, char *why, size_t cap) {
+    dtr__fab *f = (dtr__fab *)t;
+    int mine;
     pthread_mutex_lock(&f->mu);
-    dtr__fab_fail_locked(f, p, !f->published, "%s", how);
+    mine = f->aborted && f->publish;
+    *who = f->failed_rank;
+    snprintf(why, cap, "%s", f->why);
+    pthread_mutex_unlock(&f->mu);
+    return mine;
+}
+
+static void dtr__fab_wd_fail(void *t, int rank, const char *why, int publish) {
+    dtr__fab *f = (dtr__fab *)t;
+    pthread_mutex_lock(&f->mu);
+    dtr__fab_fail_locked(f, rank, publish, "%s", why);
     pthread_mutex_unlock(&f->mu);
 }
 
-static void *dtr__fab_watchdog(void *arg) {
-    dtr__fab *f = (dtr__fab *)arg;
-    char key[96], val[256];
-    int tick = 0, next_remote = 0, store_dead = 0;
-    for (;;) {
-        int stop, aborted, p;
-        pthread_mutex_lock(&f->wmu);
-        if (!f->wd_stop)
-            dtr__cond_wait_until(&f->wcv, &f->wmu, dtr_time_ns() + (int64_t)DTR__FAB_TICK_MS * 1000000);
-        stop = f->wd_stop;
-        pthread_mutex_unlock(&f->wmu);
-        if (stop) break;
-        tick++;
-        aborted = f->aborted;
-        if (store_dead) continue;
-        /* our own failure: tell the world */
-        if (aborted && !f->published) {
-            int mine, who;
-            pthread_mutex_lock(&f->mu);
-            mine = f->publish;
-            who = f->failed_rank;
-            snprintf(val, sizeof val, "%s", f->why);
-            pthread_mutex_unlock(&f->mu);
-            if (mine && dtr__fab_publish(f, who, val) != DTR_OK) store_dead = 1;
-            f->published = 1;
-            continue;
-        }
-        if (aborted) continue;
-        /* peers on this host: by pid, every tick */
-        for (p = 0; p < f->size; p++)
-            if (p != f->rank && f->boot.on_host[p] && !f->left[p] && dtr__fab_pid_dead(f->boot.pids[p])) {
-                char how[160];
-                snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, f->boot.pids[p]);
-                dtr__fab_peer_gone(f, p, how);
-            }
-        if (tick % 5) continue;
-        /* every 250 ms: the world's abort key, our heartbeat, one remote peer's heartbeat */
-        {
-            size_t len = 0;
-            int found = 0;
-            dtr_result r;
-            dtr__boot_key(&f->boot, key, sizeof key, "abort", -1);
-            r = dtr_store_check(f->boot.st, key, val, sizeof val - 1, &len, &found);
-            if (r == DTR_OK && found) {
-                int who = -1, off = 0;
-                val[len < sizeof val ? len : sizeof val - 1] = 0;
-                if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
-                pthread_mutex_lock(&f->mu);
-                dtr__fab_fail_locked(f, who, 0, "%s", val + off);
-                f->published = 1;
-                pthread_mutex_unlock(&f->mu);
-                continue;
-            }
-            if (r == DTR_OK) {
-                dtr__boot_key(&f->boot, key, sizeof key, "beat", f->rank);
-                r = dtr_store_add(f->boot.st, key, 1, NULL);
-            }
-            if (r == DTR_OK && f->local_size < f->size) {
-                int64_t now = dtr_time_ns(), v = 0;
-                for (p = 0; p < f->size; p++) {
-                    int q = (next_remote + p) % f->size;
-                    if (q != f->rank && !f->boot.on_host[q] && !f->left[q]) { next_remote = q; break; }
-                }
-                p = next_remote;
-                next_remote = (next_remote + 1) % f->size;
-                if (p != f->rank && !f->boot.on_host[p] && !f->left[p]) {
-                    dtr__boot_key(&f->boot, key, sizeof key, "beat", p);
-                    r = dtr_store_check(f->boot.st, key, val, sizeof val - 1, &len, &found);
-                    if (r == DTR_OK) {
-                        val[len < sizeof val ? len : sizeof val - 1] = 0;
-                        v = found ? strtoll(val, NULL, 10) : 0;
-                        if (v != f->beat[p] || !f->beat_ns[p]) { f->beat[p] = v; f->beat_ns[p] = now; }
-                        else if (now - f->beat_ns[p] > f->stale_ns) {
-                            char how[160];
-                            snprintf(how, sizeof how, "rank %d stopped answering (no heartbeat for %lld ms)", p,
-                                     (long long)((now - f->beat_ns[p]) / 1000000));
-                            dtr__fab_peer_gone(f, p, how);
-                        }
-                    }
-                }
-            }
-            if (r != DTR_OK) {
-                /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
-                pthread_mutex_lock(&f->mu);
-                dtr__fab_fail_locked(f, 0, 0, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
-                                     dtr_store_last_error(f->boot.st));
-                pthread_mutex_unlock(&f->mu);
-                store_dead = 1;
-            }
-        }
-    }
-    return NULL;
+/* A peer closed cleanly: what it sent before is here (read it first); requests still
+   waiting for it fail, their receives cancelled. */
+static void dtr__fab_wd_left(void *t, int p) {
+    dtr__fab *f = (dtr__fab *)t;
+    dtr__freq *q;
+    pthread_mutex_lock(&f->mu);
+    dtr__fab_poll(f);
+    f->left[p] = 1;
+    for (q = f->all_reqs; q; q = q->next_all)
+        if (f->ep && q->peer == p && !q->done && !q->released && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
+    dtr__fab_poll(f);
+    pthread_mutex_unlock(&f->mu);
 }
 
 /* ---- open and close ---- */
@@ -838,11 +706,8 @@ static void dtr__fab_free(dtr__fab *f) {
     dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
-    dtr__free(&f->alloc, f->beat);
-    dtr__free(&f->alloc, f->beat_ns);
+    dtr__watchdog_free(&f->wd);
     pthread_mutex_destroy(&f->mu);
-    pthread_mutex_destroy(&f->wmu);
-    pthread_cond_destroy(&f->wcv);
     {
         dtr_allocation_callbacks a = f->alloc;
         dtr__free(&a, f);
@@ -862,16 +727,12 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->alloc = cfg->alloc;
     f->failed_rank = -1;
     pthread_mutex_init(&f->mu, NULL);
-    pthread_mutex_init(&f->wmu, NULL);
-    dtr__cond_init(&f->wcv);
     f->spin_ns = dtr__fab_setting(cfg->fabric.spin_us, "DTR_FABRIC_SPIN_US", 20) * 1000;
     f->max_nap_ns = dtr__fab_setting(cfg->fabric.nap_us, "DTR_FABRIC_NAP_US", 64) * 1000;
     f->want_domain = cfg->fabric.domain && *cfg->fabric.domain ? cfg->fabric.domain : getenv("DTR_FABRIC_DOMAIN");
     if (f->max_nap_ns < 1000) f->max_nap_ns = 1000;
     f->timeout_ns = (int64_t)timeout * 1000000;
     if (f->spin_ns < 0) f->spin_ns = 0;
-    f->stale_ns = (int64_t)(timeout / 2 < 30000 ? timeout / 2 : 30000) * 1000000;
-    if (f->stale_ns < (int64_t)2000000000) f->stale_ns = 2000000000;
 
     /* 1-2. the store, this open's namespace, hosts and pids */
     if ((r = dtr__boot_open(&f->boot, cfg, "libfabric", "dtrfab", err, errlen)) != DTR_OK) {
@@ -884,9 +745,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->local_size = f->boot.local_size;
     f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
     f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    f->beat = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
-    f->beat_ns = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
-    if (!f->addrs || !f->left || !f->beat || !f->beat_ns) {
+    if (!f->addrs || !f->left) {
         dtr__fab_free(f);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
     }
@@ -1009,13 +868,15 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
         }
     }
 
-    /* 5. the watchdog: short store deadlines from now on, so a dead server is noticed */
-    dtr__store_set_timeout(f->boot.st, timeout < 10000 ? timeout : 10000);
-    if (pthread_create(&f->wd, NULL, dtr__fab_watchdog, f) != 0) {
-        dtr__fab_free(f);
-        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the watchdog thread");
+    /* 5. the watchdog */
+    {
+        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left};
+        ops.t = f;
+        if (dtr__watchdog_start(&f->wd, &f->boot, &ops) != DTR_OK) {
+            dtr__fab_free(f);
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the watchdog thread");
+        }
     }
-    f->wd_on = 1;
     info->rank = f->rank;
     info->size = f->size;
     snprintf(info->detail, sizeof info->detail, "%s", f->prov);
@@ -1032,20 +893,9 @@ store_fail:
 
 static void dtr__fab_close(void *state) {
     dtr__fab *f = (dtr__fab *)state;
-    char key[96];
     if (!f) return;
-    if (f->wd_on) {
-        pthread_mutex_lock(&f->wmu);
-        f->wd_stop = 1;
-        pthread_cond_signal(&f->wcv);
-        pthread_mutex_unlock(&f->wmu);
-        pthread_join(f->wd, NULL);
-    }
-    /* an abort the watchdog had no time to publish (abort then destroy at once) */
-    if (f->boot.st && f->aborted && f->publish && !f->published) dtr__fab_publish(f, f->failed_rank, f->why);
-    /* left cleanly: the peers' watchdogs must not take our exit for a death */
-    dtr__boot_key(&f->boot, key, sizeof key, "left", f->rank);
-    if (f->boot.st) dtr_store_set(f->boot.st, key, "1", 1);
+    /* stops the watchdog, publishes an abort it had no time to, marks us as left */
+    dtr__watchdog_stop(&f->wd);
     /* pending requests are cancelled; then the endpoint closes */
     pthread_mutex_lock(&f->mu);
     {
