@@ -2,7 +2,8 @@
  * Public API: engines, the parts that train one model together with others. Engines are
  * peers: each attaches to a model and a process group through the same open seams
  * (gradient hooks, backward from any tensor, optimizer steps over a range of the parameter
- * buffer), so several can work on one model at once. In this version: data parallel.
+ * buffer, state accessors), so several can work on one model at once. In this version:
+ * data parallel, and tensor-parallel communication on the tape.
  * ==========================================================================*/
 #ifdef __cplusplus
 extern "C" {
