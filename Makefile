@@ -173,7 +173,7 @@ ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
 $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
-.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check \
+.PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help
 .DEFAULT_GOAL := all
@@ -327,7 +327,7 @@ check:
 	@$(MAKE) --no-print-directory -j$(JOBS) all
 	@$(MAKE) --no-print-directory header-check header-only readme-check
 	@$(MAKE) --no-print-directory cuda-check comm
-	scripts/private-check $(LIBA) $(COMM_OBJ)
+	@$(MAKE) --no-print-directory private-check
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
 	tests/run.sh $(TESTS)
@@ -338,6 +338,11 @@ api-doc:
 	scripts/gen-api-doc --lint
 api-doc-check:
 	scripts/gen-api-doc --check --lint
+
+# private-check: the library exports only the dtr__ symbols another unit or a test needs, and
+# none of those is DTR__PRIVATE (scripts/private-check says which).
+private-check: $(LIBA) $(COMM_OBJ)
+	scripts/private-check $(LIBA) $(COMM_OBJ)
 
 # header-check: dtrain.h compiles alone as pedantic C99 and as C++, with and without the
 # implementation.
@@ -485,6 +490,7 @@ help:
 	@echo "  cmake-consumer   only the install and consumer checks (tests/cmake_consumer/check.sh)"
 	@echo "  api-doc          docs/api.md from the headers' doc comments (api-doc-check: is it current?)"
 	@echo "  header-check, header-only   dtrain.h as C99 and C++; an app built from dtrain.h alone"
+	@echo "  private-check    the library exports only the dtr__ symbols other units and tests use"
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"

@@ -12448,8 +12448,8 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
 }
 #line 12450 "dtrain.h"
 
-/* ---- src/comm/sha256.c ---- */
-#line 1 "src/comm/sha256.c"
+/* ---- src/rendezvous/sha256.c ---- */
+#line 1 "src/rendezvous/sha256.c"
 /* ============================================================================
  * SHA-256 (FIPS 180-4) and HMAC-SHA256 (RFC 2104), for the rendezvous handshake.
  *
@@ -12806,7 +12806,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
  * declare them (AI_PASSIVE, CLOCK_MONOTONIC), else numeric addresses go through
  * inet_pton, host names through gethostbyname (IPv4) and time through times().
  * Windows: the store reports DTR_UNSUPPORTED.
- * Uses dtr__hmac_* and dtr__ct_equal from src/comm/sha256.c (just before it in the
+ * Uses dtr__hmac_* and dtr__ct_equal from src/rendezvous/sha256.c (just before it in the
  * amalgamation).
  * ==========================================================================*/
 
@@ -13012,13 +13012,15 @@ typedef struct dtr__rdzv_req {
     uint32_t klen, vlen, id;
 } dtr__rdzv_req;
 
-dtr_result dtr__rdzv_server_init(dtr__rdzv_server *s, const dtr_rendezvous_config *cfg);
-void dtr__rdzv_server_free(dtr__rdzv_server *s);
-int dtr__rdzv_parse_header(const uint8_t *p, dtr__rdzv_req *req, char *why, size_t whylen);
-dtr__rdzv_conn *dtr__rdzv_conn_open(dtr__rdzv_server *s, int fd, const char *peer);
-void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *p, size_t n);
-size_t dtr__rdzv_conn_want(const dtr__rdzv_conn *c);
-void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c);
+/* The server core, used by server.c (and driven directly by tests/fuzz/fuzz_rdzv.c, which
+ * compiles the implementation itself). */
+DTR__PRIVATE dtr_result dtr__rdzv_server_init(dtr__rdzv_server *s, const dtr_rendezvous_config *cfg);
+DTR__PRIVATE void dtr__rdzv_server_free(dtr__rdzv_server *s);
+DTR__PRIVATE int dtr__rdzv_parse_header(const uint8_t *p, dtr__rdzv_req *req, char *why, size_t whylen);
+DTR__PRIVATE dtr__rdzv_conn *dtr__rdzv_conn_open(dtr__rdzv_server *s, int fd, const char *peer);
+DTR__PRIVATE void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *p, size_t n);
+DTR__PRIVATE size_t dtr__rdzv_conn_want(const dtr__rdzv_conn *c);
+DTR__PRIVATE void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c);
 
 static void *dtr__rdzv_alloc(const dtr_rendezvous_config *cfg, size_t n) { return dtr__malloc(&cfg->alloc, n); }
 static void dtr__rdzv_free(const dtr_rendezvous_config *cfg, void *p) { dtr__free(&cfg->alloc, p); }
@@ -13515,7 +13517,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13519 "dtrain.h"
+#line 13521 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14034,7 +14036,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14038 "dtrain.h"
+#line 14040 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14768,7 +14770,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14772 "dtrain.h"
+#line 14774 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15807,7 +15809,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15811 "dtrain.h"
+#line 15813 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16348,7 +16350,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16352 "dtrain.h"
+#line 16354 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16774,7 +16776,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16778 "dtrain.h"
+#line 16780 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17011,7 +17013,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17015 "dtrain.h"
+#line 17017 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -1,4 +1,4 @@
-/* tests/test_rendezvous.c: the rendezvous store (src/comm/rendezvous.c) across real processes.
+/* tests/test_rendezvous.c: the rendezvous store (src/rendezvous/) across real processes.
  *
  * Every multi-process case forks its ranks on 127.0.0.1 with short deadlines (0.5 to 5 s);
  * each child has an alarm() so it cannot outlive its case, the parent reaps with a deadline
@@ -31,7 +31,7 @@
 #include "test.h"
 #include "posix_util.h"
 
-/* Internal functions from src/comm/sha256.c (in libdtrain.a). */
+/* Internal functions from src/rendezvous/sha256.c (in libdtrain.a). */
 void dtr__sha256_once(const void *data, size_t n, uint8_t out[32]);
 void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, uint8_t out[32]);
 

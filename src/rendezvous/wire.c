@@ -30,7 +30,7 @@
  * declare them (AI_PASSIVE, CLOCK_MONOTONIC), else numeric addresses go through
  * inet_pton, host names through gethostbyname (IPv4) and time through times().
  * Windows: the store reports DTR_UNSUPPORTED.
- * Uses dtr__hmac_* and dtr__ct_equal from src/comm/sha256.c (just before it in the
+ * Uses dtr__hmac_* and dtr__ct_equal from src/rendezvous/sha256.c (just before it in the
  * amalgamation).
  * ==========================================================================*/
 #include "../public/api.h"
@@ -236,13 +236,15 @@ typedef struct dtr__rdzv_req {
     uint32_t klen, vlen, id;
 } dtr__rdzv_req;
 
-dtr_result dtr__rdzv_server_init(dtr__rdzv_server *s, const dtr_rendezvous_config *cfg);
-void dtr__rdzv_server_free(dtr__rdzv_server *s);
-int dtr__rdzv_parse_header(const uint8_t *p, dtr__rdzv_req *req, char *why, size_t whylen);
-dtr__rdzv_conn *dtr__rdzv_conn_open(dtr__rdzv_server *s, int fd, const char *peer);
-void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *p, size_t n);
-size_t dtr__rdzv_conn_want(const dtr__rdzv_conn *c);
-void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c);
+/* The server core, used by server.c (and driven directly by tests/fuzz/fuzz_rdzv.c, which
+ * compiles the implementation itself). */
+DTR__PRIVATE dtr_result dtr__rdzv_server_init(dtr__rdzv_server *s, const dtr_rendezvous_config *cfg);
+DTR__PRIVATE void dtr__rdzv_server_free(dtr__rdzv_server *s);
+DTR__PRIVATE int dtr__rdzv_parse_header(const uint8_t *p, dtr__rdzv_req *req, char *why, size_t whylen);
+DTR__PRIVATE dtr__rdzv_conn *dtr__rdzv_conn_open(dtr__rdzv_server *s, int fd, const char *peer);
+DTR__PRIVATE void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *p, size_t n);
+DTR__PRIVATE size_t dtr__rdzv_conn_want(const dtr__rdzv_conn *c);
+DTR__PRIVATE void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c);
 
 static void *dtr__rdzv_alloc(const dtr_rendezvous_config *cfg, size_t n) { return dtr__malloc(&cfg->alloc, n); }
 static void dtr__rdzv_free(const dtr_rendezvous_config *cfg, void *p) { dtr__free(&cfg->alloc, p); }

@@ -1,5 +1,5 @@
 /* tests/fuzz/fuzz_rdzv.c: libFuzzer target for the rendezvous server's message handling
- * (src/comm/rendezvous.c), driven in memory without sockets: two connections are opened on
+ * (src/rendezvous/wire.c), driven in memory without sockets: two connections are opened on
  * a server core, optionally authenticated with a valid join message, and the input is fed to
  * them in chunks. Input layout:
  *     byte 0        mode: bit 0 authenticates connection A, bit 1 connection B,
