@@ -12802,13 +12802,14 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
  *
  * Portability: POSIX sockets, poll, pthreads. Only interfaces that glibc and musl declare
  * under plain -std=c99 are required (the amalgamation cannot define feature-test macros
- * after the user's headers): getaddrinfo and clock_gettime are used when the headers
- * declare them (AI_PASSIVE, CLOCK_MONOTONIC), else numeric addresses go through
- * inet_pton, host names through gethostbyname (IPv4) and time through times().
+ * after the user's headers): getaddrinfo is used when the headers declare it (AI_PASSIVE),
+ * else numeric addresses go through inet_pton and host names through gethostbyname (IPv4).
+ * Time is dtr_time_ns (src/comm/comm.c), which finds the monotonic clock under -std=c99 too.
  * Windows: the store reports DTR_UNSUPPORTED.
  * Uses dtr__hmac_* and dtr__ct_equal from src/rendezvous/sha256.c (just before it in the
  * amalgamation).
  * ==========================================================================*/
+
 
 
 
@@ -12821,13 +12822,11 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/times.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -12881,20 +12880,8 @@ static uint64_t dtr__rdzv_get64(const uint8_t *p) {
     return ((uint64_t)dtr__rdzv_get32(p) << 32) | dtr__rdzv_get32(p + 4);
 }
 
-/* Monotonic milliseconds. */
-static int64_t dtr__rdzv_now_ms(void) {
-#ifdef CLOCK_MONOTONIC
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
-#endif
-    {
-        struct tms t;
-        long hz = sysconf(_SC_CLK_TCK);
-        int64_t ticks = (int64_t)times(&t);
-        if (hz <= 0) hz = 100;
-        return ticks / hz * 1000 + (ticks % hz) * 1000 / hz;
-    }
-}
+/* Monotonic milliseconds (the library's one clock, dtr_time_ns). */
+static int64_t dtr__rdzv_now_ms(void) { return dtr_time_ns() / 1000000; }
 
 /* Milliseconds left until `deadline`, clamped to [0, INT_MAX]. */
 static int dtr__rdzv_left_ms(int64_t deadline) {
@@ -13517,7 +13504,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13521 "dtrain.h"
+#line 13508 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -13536,13 +13523,11 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/times.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -14036,7 +14021,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14040 "dtrain.h"
+#line 14025 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14109,13 +14094,11 @@ int dtr_store_port(const dtr_store *st) { (void)st; return 0; }
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/times.h>
 #include <sys/types.h>
 
 /* ---- the client ---- */
@@ -14770,7 +14753,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14774 "dtrain.h"
+#line 14757 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15809,7 +15792,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15813 "dtrain.h"
+#line 15796 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16350,7 +16333,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16354 "dtrain.h"
+#line 16337 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16776,7 +16759,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16780 "dtrain.h"
+#line 16763 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17013,7 +16996,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17017 "dtrain.h"
+#line 17000 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -67,13 +67,11 @@ int dtr_store_port(const dtr_store *st) { (void)st; return 0; }
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/times.h>
 #include <sys/types.h>
 
 /* ---- the client ---- */

@@ -13,13 +13,11 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/times.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus

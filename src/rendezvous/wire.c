@@ -26,15 +26,16 @@
  *
  * Portability: POSIX sockets, poll, pthreads. Only interfaces that glibc and musl declare
  * under plain -std=c99 are required (the amalgamation cannot define feature-test macros
- * after the user's headers): getaddrinfo and clock_gettime are used when the headers
- * declare them (AI_PASSIVE, CLOCK_MONOTONIC), else numeric addresses go through
- * inet_pton, host names through gethostbyname (IPv4) and time through times().
+ * after the user's headers): getaddrinfo is used when the headers declare it (AI_PASSIVE),
+ * else numeric addresses go through inet_pton and host names through gethostbyname (IPv4).
+ * Time is dtr_time_ns (src/comm/comm.c), which finds the monotonic clock under -std=c99 too.
  * Windows: the store reports DTR_UNSUPPORTED.
  * Uses dtr__hmac_* and dtr__ct_equal from src/rendezvous/sha256.c (just before it in the
  * amalgamation).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_rdzv.h"
+#include "../public/api_comm.h"
 #include "../core/internal.h"
 
 #include <limits.h>
@@ -45,13 +46,11 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
-#include <time.h>
 #include <unistd.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
-#include <sys/times.h>
 #include <sys/types.h>
 
 #ifdef __cplusplus
@@ -105,20 +104,8 @@ static uint64_t dtr__rdzv_get64(const uint8_t *p) {
     return ((uint64_t)dtr__rdzv_get32(p) << 32) | dtr__rdzv_get32(p + 4);
 }
 
-/* Monotonic milliseconds. */
-static int64_t dtr__rdzv_now_ms(void) {
-#ifdef CLOCK_MONOTONIC
-    struct timespec ts;
-    if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0) return (int64_t)ts.tv_sec * 1000 + (int64_t)(ts.tv_nsec / 1000000);
-#endif
-    {
-        struct tms t;
-        long hz = sysconf(_SC_CLK_TCK);
-        int64_t ticks = (int64_t)times(&t);
-        if (hz <= 0) hz = 100;
-        return ticks / hz * 1000 + (ticks % hz) * 1000 / hz;
-    }
-}
+/* Monotonic milliseconds (the library's one clock, dtr_time_ns). */
+static int64_t dtr__rdzv_now_ms(void) { return dtr_time_ns() / 1000000; }
 
 /* Milliseconds left until `deadline`, clamped to [0, INT_MAX]. */
 static int dtr__rdzv_left_ms(int64_t deadline) {
