@@ -6,11 +6,12 @@
 #define _POSIX_C_SOURCE 200809L
 #define DTRAIN_INTERNAL_API /* for a dtr_backend with a wrong abi_version only */
 #include "test.h"
+#include "test_util.h"
 #include <unistd.h>
 #include <sys/stat.h>
 
 static int g_quick;
-static char g_tmpdir[64];
+static char g_tmpdir[96];   /* short: the paths made from it are 128 bytes */
 
 /* Expects a failed call: its result (`got`, a dtr_result), the context's sticky status and a
  * message that contains `needle`; then clears the error. */
@@ -294,40 +295,12 @@ static void test_result_strings_and_version(void) {
 
 /* ======================================================================== allocation counting */
 
-/* Calls of each callback, and live blocks (malloc and realloc(NULL) add one, free removes one). */
-typedef struct alloc_count { long mallocs, reallocs, frees, live; } alloc_count;
-
-static void *cnt_malloc(size_t n, void *u) {
-    void *p = malloc(n);
-    __atomic_add_fetch(&((alloc_count *)u)->mallocs, 1, __ATOMIC_SEQ_CST);
-    if (p) __atomic_add_fetch(&((alloc_count *)u)->live, 1, __ATOMIC_SEQ_CST);
-    return p;
-}
-static void *cnt_realloc(void *p, size_t n, void *u) {
-    void *q = realloc(p, n);
-    __atomic_add_fetch(&((alloc_count *)u)->reallocs, 1, __ATOMIC_SEQ_CST);
-    if (!p && q) __atomic_add_fetch(&((alloc_count *)u)->live, 1, __ATOMIC_SEQ_CST);
-    return q;
-}
-static void cnt_free(void *p, void *u) {
-    __atomic_add_fetch(&((alloc_count *)u)->frees, 1, __ATOMIC_SEQ_CST);
-    if (p) __atomic_sub_fetch(&((alloc_count *)u)->live, 1, __ATOMIC_SEQ_CST);
-    free(p);
-}
-static long cnt_total(alloc_count *c) {
-    return __atomic_load_n(&c->mallocs, __ATOMIC_SEQ_CST) + __atomic_load_n(&c->reallocs, __ATOMIC_SEQ_CST) +
-           __atomic_load_n(&c->frees, __ATOMIC_SEQ_CST);
-}
-
-static dtr_context *counted_ctx(alloc_count *cnt, int threads, uint64_t seed) {
+static dtr_context *counted_ctx(count_alloc *cnt, int threads, uint64_t seed) {
     dtr_context_config c = dtr_context_config_init();
     dtr_context *ctx = NULL;
     c.threads = threads;
     c.seed = seed;
-    c.alloc.user = cnt;
-    c.alloc.malloc_fn = cnt_malloc;
-    c.alloc.realloc_fn = cnt_realloc;
-    c.alloc.free_fn = cnt_free;
+    c.alloc = count_alloc_callbacks(cnt);
     if (dtr_context_create(&c, &ctx) != DTR_OK) { fprintf(stderr, "cannot create context\n"); exit(2); }
     return ctx;
 }
@@ -420,7 +393,7 @@ static const char *const ph_names[PH_COUNT] = {"dtr_tensor_from (inputs)", "forw
 
 /* Trains `warm` steps, then `steps` more counting allocation-callback calls per phase. */
 static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kind, int threads, int warm, int steps) {
-    alloc_count cnt = {0, 0, 0, 0};
+    count_alloc cnt = {0, 0, 0, 0, 0, 0};
     dtr_context *ctx = counted_ctx(&cnt, threads, 11);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
@@ -444,26 +417,26 @@ static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kin
     for (s = 0; s < steps; s++) {
         dtr_tensor *x, *y, *logits, *loss;
         int b = s % d.nb;
-        before = cnt_total(&cnt);
+        before = count_alloc_total(&cnt);
         x = net_input(ctx, &n, &d, b);
         y = net_labels(ctx, &d, b);
-        ph[PH_INPUT] += cnt_total(&cnt) - before;
-        before = cnt_total(&cnt);
+        ph[PH_INPUT] += count_alloc_total(&cnt) - before;
+        before = count_alloc_total(&cnt);
         logits = net_logits(ctx, &n, x);
-        ph[PH_FORWARD] += cnt_total(&cnt) - before;
-        before = cnt_total(&cnt);
+        ph[PH_FORWARD] += count_alloc_total(&cnt) - before;
+        before = count_alloc_total(&cnt);
         loss = dtr_cross_entropy(ctx, logits, y);
-        ph[PH_LOSS] += cnt_total(&cnt) - before;
+        ph[PH_LOSS] += count_alloc_total(&cnt) - before;
         if (s == steps - 1 && loss) last = dtr_tensor_get(loss, 0);
-        before = cnt_total(&cnt);
+        before = count_alloc_total(&cnt);
         CHECK_OK(ctx, dtr_backward(ctx, loss));
-        ph[PH_BACKWARD] += cnt_total(&cnt) - before;
-        before = cnt_total(&cnt);
+        ph[PH_BACKWARD] += count_alloc_total(&cnt) - before;
+        before = count_alloc_total(&cnt);
         CHECK_OK(ctx, dtr_optimizer_step(opt, NULL));
-        ph[PH_STEP] += cnt_total(&cnt) - before;
-        before = cnt_total(&cnt);
+        ph[PH_STEP] += count_alloc_total(&cnt) - before;
+        before = count_alloc_total(&cnt);
         CHECK_OK(ctx, dtr_context_reset(ctx));
-        ph[PH_RESET] += cnt_total(&cnt) - before;
+        ph[PH_RESET] += count_alloc_total(&cnt) - before;
         ran++;
         if (test__case_failed && !failed_before) break;
     }
@@ -1418,8 +1391,7 @@ static void test_determinism_threads(void) {
 int main(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     g_quick = q && *q && strcmp(q, "0") != 0;
-    snprintf(g_tmpdir, sizeof g_tmpdir, "/tmp/dtr_test_core_XXXXXX");
-    if (!mkdtemp(g_tmpdir)) { perror("mkdtemp"); return 2; }
+    if (!make_tmp_dir("dtr_test_core", g_tmpdir, sizeof g_tmpdir)) return 2;
     RUN(test_context_defaults);
     RUN(test_context_invalid_config);
     RUN(test_log_callback);

@@ -971,13 +971,8 @@ static void test_image_folder_fmnist(void) {
 }
 
 int main(void) {
-    const char *t = getenv("TMPDIR");
     (void)test_ctx;
-    snprintf(g_dir, sizeof g_dir, "%s/dtr_data_XXXXXX", t && t[0] ? t : "/tmp");
-    if (!mkdtemp(g_dir)) {
-        fprintf(stderr, "test_data: cannot make a temporary folder %s\n", g_dir);
-        return 2;
-    }
+    if (!make_tmp_dir("dtr_data", g_dir, sizeof g_dir)) return 2;
     RUN(test_memory_dataset);
     RUN(test_subset_and_stats);
     RUN(test_custom_dataset);

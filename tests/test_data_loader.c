@@ -14,6 +14,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "posix_util.h"
+#include "test_util.h"
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
@@ -721,7 +722,6 @@ static void test_destroy_midway(void) {
 /* ---- tokens through the loader ---- */
 
 static void test_token_batches(void) {
-    const char *tdir = getenv("TMPDIR");
     char path[512];
     unsigned char buf[2 * 101];
     dtr_token_file_config tc = dtr_token_file_config_init();
@@ -731,7 +731,7 @@ static void test_token_batches(void) {
     dtr_batch b;
     FILE *f;
     int i, ok = 1;
-    snprintf(path, sizeof path, "%s/dtr_tokens_%ld.bin", tdir && tdir[0] ? tdir : "/tmp", (long)getpid());
+    tmp_path("dtr_tokens", "tokens.bin", path, sizeof path);
     for (i = 0; i < 101; i++) {
         buf[2 * i] = (unsigned char)(i * 3);
         buf[2 * i + 1] = 0;

@@ -10,6 +10,7 @@
  * test another one on the same machine. */
 #define DTRAIN_INTERNAL_API
 #include "test.h"
+#include "test_util.h"
 
 /* ---- helpers ---- */
 
@@ -27,12 +28,6 @@ static float *tg_alloc_rand(int64_t n) {
     for (i = 0; i < n; i++) p[i] = tg_rand();
     return p;
 }
-
-/* Counting allocation callbacks. */
-static long tg_allocs;
-static void *tg_malloc(size_t n, void *u) { (void)u; tg_allocs++; return malloc(n); }
-static void *tg_realloc(void *p, size_t n, void *u) { (void)u; tg_allocs++; return realloc(p, n); }
-static void tg_free(void *p, void *u) { (void)u; tg_allocs++; free(p); }
 
 /** One GEMM problem with its operands laid out through strides. */
 typedef struct tg_case {
@@ -248,18 +243,18 @@ static void test_pool_scratch(void) {
     dtr__pool *p = NULL;
     void *a, *b;
     long before;
-    cb.user = NULL; cb.malloc_fn = tg_malloc; cb.realloc_fn = tg_realloc; cb.free_fn = tg_free;
-    tg_allocs = 0;
+    count_alloc c = {0, 0, 0, 0, 0, 0};
+    cb = count_alloc_callbacks(&c);
     CHECK(dtr__pool_create(&cb, 2, &p) == DTR_OK);
     if (!p) return;
-    CHECK(tg_allocs > 0);   /* the pool itself went through the callbacks */
+    CHECK(count_alloc_total(&c) > 0);   /* the pool itself went through the callbacks */
     a = dtr__pool_scratch(p, 1, 1000);
     CHECK(a != NULL);
     CHECK(((uintptr_t)a & 63) == 0);
-    before = tg_allocs;
+    before = count_alloc_total(&c);
     b = dtr__pool_scratch(p, 1, 500);   /* smaller: same buffer, no allocation */
     CHECK(a == b);
-    CHECK_EQ_INT(tg_allocs, before);
+    CHECK_EQ_INT(count_alloc_total(&c), before);
     b = dtr__pool_scratch(p, 1, 100000);   /* larger: grows */
     CHECK(b != NULL);
     CHECK(((uintptr_t)b & 63) == 0);
@@ -268,7 +263,7 @@ static void test_pool_scratch(void) {
     CHECK(dtr__pool_scratch(p, -1, 10) == NULL);
     CHECK(dtr__pool_scratch(NULL, 0, 10) == NULL);
     dtr__pool_destroy(p);
-    CHECK_EQ_INT(tg_allocs % 2, 0);   /* every malloc freed (this test makes no realloc) */
+    CHECK_EQ_INT(count_alloc_total(&c) % 2, 0);   /* every malloc freed (this test makes no realloc) */
     dtr__pool_destroy(NULL);
 }
 
@@ -453,12 +448,13 @@ static void test_gemm_no_steady_state_alloc(void) {
     float *A = tg_alloc_rand(256 * 784), *B = tg_alloc_rand(784 * 256), *C = tg_alloc_rand(256 * 256);
     long before;
     int r;
-    cb.user = NULL; cb.malloc_fn = tg_malloc; cb.realloc_fn = tg_realloc; cb.free_fn = tg_free;
+    count_alloc c = {0, 0, 0, 0, 0, 0};
+    cb = count_alloc_callbacks(&c);
     CHECK(dtr__pool_create(&cb, 2, &p) == DTR_OK);
     if (!p) return;
     dtr__gemm(p, 256, 256, 784, 1.0f, A, 784, 1, B, 256, 1, 0.0f, C, 256);
     dtr__gemm(p, 256, 256, 784, 1.0f, A, 1, 256, B, 1, 784, 0.0f, C, 256);
-    before = tg_allocs;
+    before = count_alloc_total(&c);
     for (r = 0; r < 5; r++) {
         dtr__gemm(p, 64, 256, 784, 1.0f, A, 784, 1, B, 256, 1, 0.0f, C, 256);
         dtr__gemm(p, 64, 200, 256, 1.0f, A, 256, 1, B, 1, 256, 1.0f, C, 256);
@@ -466,7 +462,7 @@ static void test_gemm_no_steady_state_alloc(void) {
         dtr__gemm(p, 256, 256, 784, 1.0f, A, 784, 1, B, 256, 1, 0.0f, C, 256);
         dtr__gemm_on(p, 1, 32, 100, 9, 1.0f, A, 9, 1, B, 100, 1, 0.0f, C, 100);
     }
-    CHECK_EQ_INT(tg_allocs, before);
+    CHECK_EQ_INT(count_alloc_total(&c), before);
     dtr__pool_destroy(p);
     free(A); free(B); free(C);
 }

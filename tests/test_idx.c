@@ -16,19 +16,6 @@
 
 /* ---- helpers ---- */
 
-/* "<tmp>/dtr_idx_<pid>_<tag>" */
-static const char *tmp_path(const char *tag, char *buf, size_t n) {
-    const char *d = getenv("TMPDIR");
-    long pid = 0;
-#ifndef _WIN32
-    pid = (long)getpid();
-#endif
-    snprintf(buf, n, "%s/dtr_idx_%ld_%s", d && d[0] ? d : "/tmp", pid, tag);
-    return buf;
-}
-
-
-
 static void put_be(unsigned char *p, uint64_t v, int bytes) {
     int i;
     for (i = 0; i < bytes; i++) p[i] = (unsigned char)(v >> (8 * (bytes - 1 - i)));
@@ -206,7 +193,7 @@ static void test_read_files(void) {
     int have_zlib;
 
     memcpy(b + h, "\x00\x01\x02\x03\x09", 5);
-    tmp_path("plain.idx", path, sizeof path);
+    tmp_path("dtr_idx", "plain.idx", path, sizeof path);
     CHECK(write_file(path, b, h + 5));
     CHECK_MSG(dtr_idx_read(path, NULL, &x, err, sizeof err) == DTR_OK, "%s", err);
     CHECK(x.numel == 5 && x.dtype == DTR_U8 && x.data && ((unsigned char *)x.data)[4] == 9);
@@ -223,7 +210,7 @@ static void test_read_files(void) {
 
     /* gzip: read with zlib, refused with a hint without it */
     gn = make_gzip(gz, b, h + 5);
-    tmp_path("good.idx.gz", path, sizeof path);
+    tmp_path("dtr_idx", "good.idx.gz", path, sizeof path);
     CHECK(write_file(path, gz, gn));
     r = dtr_idx_read(path, NULL, &x, err, sizeof err);
     have_zlib = r == DTR_OK;
@@ -250,7 +237,7 @@ static void test_read_files(void) {
             if (k == 1) c[10] = 0x07;
             if (k == 2) cn = gn - 6;
             if (k == 3) { memset(c + 3, 0xa5, gn - 3); c[2] = 8; c[3] = 0; memset(c + 10, 0xff, gn - 10); }
-            tmp_path("bad.idx.gz", path, sizeof path);
+            tmp_path("dtr_idx", "bad.idx.gz", path, sizeof path);
             CHECK(write_file(path, c, cn));
             r = dtr_idx_read(path, NULL, &x, err, sizeof err);
             CHECK_MSG(r == (have_zlib ? DTR_CORRUPT_FILE : DTR_UNSUPPORTED), "%s: got %d: %s", what[k], (int)r, err);
@@ -290,7 +277,7 @@ static void test_mnist_synthetic(void) {
     dtr_result r;
     int i;
     for (i = 0; i < 12; i++) px[i] = (unsigned char)(i * 20);
-    tmp_path("mnist", dir, sizeof dir);
+    tmp_path("dtr_idx", "mnist", dir, sizeof dir);
     CHECK(mkdir(dir, 0700) == 0);
     write_idx(dir, "train-images-idx3-ubyte", 0x08, 3, tri, px, 12);
     write_idx(dir, "train-labels-idx1-ubyte", 0x08, 1, trl, lb, 3);
@@ -320,7 +307,7 @@ static void test_mnist_synthetic(void) {
         dtr_allocation_callbacks a;
         long k, calls;
         memset(&c, 0, sizeof c);
-        a.user = &c; a.malloc_fn = ca_malloc; a.realloc_fn = ca_realloc; a.free_fn = ca_free;
+        a = count_alloc_callbacks(&c);
         CHECK(dtr_mnist_load(dir, &a, &d, err, sizeof err) == DTR_OK);
         CHECK(d.alloc == &a);
         dtr_mnist_destroy(&d);

@@ -13,20 +13,6 @@
 
 /* ---- helpers ---- */
 
-static char tmp_dir[256];
-
-/* A per-process path in the temp directory: "<tmp>/dtr_st_<pid>_<tag>". */
-static const char *tmp_path(const char *tag, char *buf, size_t n) {
-    const char *d = getenv("TMPDIR");
-    long pid = 0;
-#ifndef _WIN32
-    pid = (long)getpid();
-#endif
-    if (!tmp_dir[0]) snprintf(tmp_dir, sizeof tmp_dir, "%s", d && d[0] ? d : "/tmp");
-    snprintf(buf, n, "%s/dtr_st_%ld_%s", tmp_dir, pid, tag);
-    return buf;
-}
-
 static int file_exists(const char *path) {
     FILE *f = fopen(path, "rb");
     if (f) fclose(f);
@@ -91,7 +77,7 @@ static void test_roundtrip_all_dtypes(void) {
     e[7].dtype = DTR_U8; e[7].ndim = 1; e[7].shape[0] = 3;
     data[7] = buf[4];
 
-    tmp_path("all.safetensors", path, sizeof path);
+    tmp_path("dtr_st", "all.safetensors", path, sizeof path);
     CHECK_MSG(dtr_st_write(path, e, data, 8, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_MSG(dtr_st_open(path, NULL, &f, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_EQ_INT(f.count, 8);
@@ -130,7 +116,7 @@ static void test_write_replaces_atomically(void) {
     strcpy(e.name, "w");
     e.dtype = DTR_F32; e.ndim = 1; e.shape[0] = 4;
     da[0] = a; db[0] = b;
-    tmp_path("replace.safetensors", path, sizeof path);
+    tmp_path("dtr_st", "replace.safetensors", path, sizeof path);
     CHECK(dtr_st_write(path, &e, da, 1, err, sizeof err) == DTR_OK);
     e.shape[0] = 2;
     CHECK(dtr_st_write(path, &e, db, 1, err, sizeof err) == DTR_OK);
@@ -153,7 +139,7 @@ static void test_write_replaces_atomically(void) {
 static void test_zero_tensors(void) {
     dtr_st_file f;
     char path[512], err[512] = "";
-    tmp_path("none.safetensors", path, sizeof path);
+    tmp_path("dtr_st", "none.safetensors", path, sizeof path);
     CHECK_MSG(dtr_st_write(path, NULL, NULL, 0, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_MSG(dtr_st_open(path, NULL, &f, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_EQ_INT(f.count, 0);
@@ -196,7 +182,7 @@ static void test_export_arange(void) {
     strcpy(e[5].name, "scalar"); e[5].dtype = DTR_F32;
     strcpy(e[6].name, "empty"); e[6].dtype = DTR_F16; e[6].ndim = 2; e[6].shape[1] = 3;
     if (exp && exp[0]) snprintf(path, sizeof path, "%s", exp);
-    else tmp_path("arange.safetensors", path, sizeof path);
+    else tmp_path("dtr_st", "arange.safetensors", path, sizeof path);
     CHECK_MSG(dtr_st_write(path, e, data, 7, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_MSG(dtr_st_open(path, NULL, &f_in, err, sizeof err) == DTR_OK, "%s", err);
     CHECK_EQ_INT(f_in.count, 7);
@@ -335,7 +321,7 @@ static void test_model_load_skips_foreign(void) {
     size_t n = make_img(hdr, 25);
     FILE *fp;
     memcpy(img + 8 + strlen(hdr) + 16, w, sizeof w);
-    tmp_path("foreign.safetensors", path, sizeof path);
+    tmp_path("dtr_st", "foreign.safetensors", path, sizeof path);
     fp = fopen(path, "wb");
     CHECK(fp && fwrite(img, 1, n, fp) == n);
     if (fp) fclose(fp);
@@ -421,7 +407,7 @@ static void test_open_errors(void) {
     size_t n;
     CHECK(dtr_st_open("/nonexistent/dir/x.safetensors", NULL, &f, err, sizeof err) == DTR_IO_ERROR);
     CHECK(strstr(err, "/nonexistent/dir/x.safetensors") != NULL);
-    tmp_path("bad.safetensors", path, sizeof path);
+    tmp_path("dtr_st", "bad.safetensors", path, sizeof path);
     n = make_img("{\"w\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8);
     fp = fopen(path, "wb");
     CHECK(fp != NULL);
@@ -447,7 +433,7 @@ static void test_allocation_callbacks(void) {
     size_t n = make_img("{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
                         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8);
     memset(&c, 0, sizeof c);
-    a.user = &c; a.malloc_fn = ca_malloc; a.realloc_fn = ca_realloc; a.free_fn = ca_free;
+    a = count_alloc_callbacks(&c);
     CHECK(dtr_st_parse(img, n, &a, &f, err, sizeof err) == DTR_OK);
     CHECK(c.calls > 0);
     dtr_st_destroy(&f);
@@ -472,7 +458,7 @@ static void test_write_bad_arguments(void) {
     memset(e, 0, sizeof e);
     strcpy(e[0].name, "a"); e[0].dtype = DTR_F32; e[0].ndim = 1; e[0].shape[0] = 2;
     e[1] = e[0];
-    tmp_path("args.safetensors", path, sizeof path);
+    tmp_path("dtr_st", "args.safetensors", path, sizeof path);
     CHECK(dtr_st_write(path, e, data, 2, err, sizeof err) == DTR_INVALID_ARGUMENT);
     CHECK(strstr(err, "duplicate tensor name \"a\"") != NULL);
     strcpy(e[1].name, "__metadata__");
@@ -506,7 +492,7 @@ static void test_write_bad_arguments(void) {
 #ifndef _WIN32
     {   /* the rename fails (the target is a directory): the temporary file is removed */
         char tmp[600];
-        tmp_path("isdir", path, sizeof path);
+        tmp_path("dtr_st", "isdir", path, sizeof path);
         CHECK(mkdir(path, 0700) == 0);
         CHECK(dtr_st_write(path, e, data, 2, err, sizeof err) == DTR_IO_ERROR);
         CHECK_MSG(strstr(err, "renaming") != NULL, "%s", err);
