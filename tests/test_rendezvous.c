@@ -12,9 +12,10 @@
  * that times out, naming how many arrived); the intruder scenarios, one table
  * (INTRUDERS): a joiner with the wrong secret or another world size (refused at once with
  * DTR_INVALID_ARGUMENT, logged, the server keeps serving), garbage, oversize length fields
- * and bad ops sent to the port (refused and logged, the server keeps serving); a joiner that connects and stays silent (nobody stalls; it is dropped after the
- * deadline); the server SIGKILLed (DTR_PEER_FAILED, quickly) or stopped (DTR_TIMEOUT, within
- * the deadline); a late server (clients retry) and no server at all (DTR_TIMEOUT); a late
+ * and bad ops sent to the port (refused and logged, the server keeps serving); a joiner that
+ * connects and stays silent (nobody stalls; it is dropped after the deadline); the server
+ * faults, one table (SERVER_FAULTS): the server SIGKILLed (DTR_PEER_FAILED, quickly) or
+ * stopped (DTR_TIMEOUT, within the deadline); a late server (clients retry) and no server at all (DTR_TIMEOUT); a late
  * reply to a request that timed out is not taken for the next one's. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
@@ -587,6 +588,7 @@ typedef struct mp_arg {
     const char *secret;
     int delay_ms;       /* before joining */
     int fd, fd2;        /* pipes or sockets between processes (-1: none) */
+    const struct server_fault_case *fault;   /* the server-fault case being run, or NULL */
 } mp_arg;
 
 static int kv_child(int rank, void *p) {
@@ -634,7 +636,7 @@ static void run_ranks(child_fn fn, mp_arg *a, int timeout_ms) {
 }
 
 static void test_four_processes(void) {
-    mp_arg a = {0, 4, 5000, "four", 0, -1, -1};
+    mp_arg a = {0, 4, 5000, "four", 0, -1, -1, NULL};
     a.port = free_port();
     run_ranks(kv_child, &a, 10000);
 }
@@ -647,7 +649,7 @@ static int late_child(int rank, void *p) {
 }
 
 static void test_late_server(void) {
-    mp_arg a = {0, 3, 5000, "late", 0, -1, -1};
+    mp_arg a = {0, 3, 5000, "late", 0, -1, -1, NULL};
     a.port = free_port();
     run_ranks(late_child, &a, 10000);
 }
@@ -676,7 +678,7 @@ static int barrier_child(int rank, void *p) {
 }
 
 static void test_barrier(void) {
-    mp_arg a = {0, 3, 5000, "barrier", 0, -1, -1};
+    mp_arg a = {0, 3, 5000, "barrier", 0, -1, -1, NULL};
     a.port = free_port();
     run_ranks(barrier_child, &a, 10000);
 }
@@ -708,7 +710,7 @@ static int barrier_timeout_child(int rank, void *p) {
 }
 
 static void test_barrier_timeout(void) {
-    mp_arg a = {0, 3, 0, "bt", 0, -1, -1};
+    mp_arg a = {0, 3, 0, "bt", 0, -1, -1, NULL};
     a.port = free_port();
     run_ranks(barrier_timeout_child, &a, 10000);
 }
@@ -959,7 +961,7 @@ static int silent_rank(int rank, void *p) {
 }
 
 static void test_silent_joiner(void) {
-    mp_arg a = {0, 3, 1500, "silence", 0, -1, -1};
+    mp_arg a = {0, 3, 1500, "silence", 0, -1, -1, NULL};
     int pfd[2];
     pid_t p0, ps, p1, p2;
     char b;
@@ -980,7 +982,23 @@ static void test_silent_joiner(void) {
     close(pfd[1]);
 }
 
-/* The server dies (SIGKILL) or hangs (SIGSTOP) under a waiting client. */
+/* ---- the server faults: one table, one runner ----
+ * The server (rank 0) dies or hangs while rank 1 waits on a key that never comes: rank 1's
+ * get ends with `want` within [min_ms, max_ms) (its timeout is 1000 ms) and names both ranks,
+ * the key and the call. */
+typedef struct server_fault_case {
+    const char *name;
+    int sig;             /* what the parent sends the server */
+    dtr_result want;     /* the pending get's result */
+    int min_ms, max_ms;  /* how long the get takes */
+    int stays_failed;    /* later calls answer at once with `want` */
+} server_fault_case;
+
+static const server_fault_case SERVER_FAULTS[] = {
+    {"server killed (SIGKILL)", SIGKILL, DTR_PEER_FAILED, 0, 500, 1},
+    {"server hung (SIGSTOP)", SIGSTOP, DTR_TIMEOUT, 900, 2000, 0},
+};
+
 static int idle_server(int rank, void *p) {
     mp_arg *a = (mp_arg *)p;
     dtr_rendezvous_config c = cfg_for(rank, 2, a->port, a->secret, 20000);
@@ -994,58 +1012,56 @@ static int idle_server(int rank, void *p) {
 
 static int victim(int rank, void *p) {
     mp_arg *a = (mp_arg *)p;
+    const server_fault_case *fc = a->fault;
     dtr_rendezvous_config c = cfg_for(rank, 2, a->port, a->secret, a->timeout_ms);
     dtr_store *st = NULL;
     char err[512], one = 1;
     int64_t t0;
     dtr_result r;
-    int stop = a->delay_ms;   /* 1: the server is stopped (hangs), 0: killed */
     CC_MSG(dtr_store_create(&c, &st, err, sizeof err) == DTR_OK, "%s", err);
     CC_OK(st, dtr_store_set(st, "x", "1", 1));
     if (write(a->fd, &one, 1) != 1) return 1;   /* the parent now kills or stops the server */
     sleep_ms(100);
     t0 = now_ms();
     r = dtr_store_get(st, "never", NULL, 0, NULL);
-    if (stop) {
-        CC_MSG(r == DTR_TIMEOUT, "got %s", dtr_result_string(r));
-        CC(now_ms() - t0 >= a->timeout_ms - 100 && now_ms() - t0 < a->timeout_ms + 1000);
-    } else {
-        CC_MSG(r == DTR_PEER_FAILED, "got %s", dtr_result_string(r));
-        CC_MSG(now_ms() - t0 < 500, "noticed after %lld ms", (long long)(now_ms() - t0));
-    }
+    CC_MSG(r == fc->want, "%s: got %s", fc->name, dtr_result_string(r));
+    CC_MSG(now_ms() - t0 >= fc->min_ms && now_ms() - t0 < fc->max_ms, "%s: noticed after %lld ms", fc->name,
+           (long long)(now_ms() - t0));
     CC_MSG(strstr(dtr_store_last_error(st), "rank 0") && strstr(dtr_store_last_error(st), "rank 1") &&
            strstr(dtr_store_last_error(st), "'never'") && strstr(dtr_store_last_error(st), "get"),
            "%s", dtr_store_last_error(st));
-    if (!stop) {   /* the store stays failed: later calls answer at once */
+    if (fc->stays_failed) {
         t0 = now_ms();
-        CC(dtr_store_set(st, "y", "1", 1) == DTR_PEER_FAILED && now_ms() - t0 < 100);
+        CC(dtr_store_set(st, "y", "1", 1) == fc->want && now_ms() - t0 < 100);
     }
     dtr_store_destroy(st);
     return 0;
 }
 
-static void server_fault(int stop) {
-    mp_arg a = {0, 2, 1000, "kill", 0, -1, -1};
+static void run_server_fault(const server_fault_case *fc) {
+    mp_arg a = {0, 2, 1000, "kill", 0, -1, -1, NULL};
     int pfd[2];
     pid_t p0, p1;
     char b;
     a.port = free_port();
-    a.delay_ms = stop;
+    a.fault = fc;
     CHECK(pipe(pfd) == 0);
     a.fd = pfd[1];
     p0 = spawn(idle_server, 0, &a);
     p1 = spawn(victim, 1, &a);
     CHECK(read(pfd[0], &b, 1) == 1);
-    kill(p0, stop ? SIGSTOP : SIGKILL);
-    CHECK_EQ_INT(reap(p1, 5000), 0);
+    kill(p0, fc->sig);
+    CHECK_MSG(reap(p1, 5000) == 0, "%s: rank 1", fc->name);
     kill(p0, SIGKILL);
     reap(p0, 5000);
     close(pfd[0]);
     close(pfd[1]);
 }
 
-static void test_server_killed(void) { server_fault(0); }
-static void test_server_hung(void) { server_fault(1); }
+static void test_server_faults(void) {
+    size_t i;
+    for (i = 0; i < sizeof SERVER_FAULTS / sizeof SERVER_FAULTS[0]; i++) run_server_fault(&SERVER_FAULTS[i]);
+}
 
 /* A get that timed out gets its reply later; the next call must not take it for its own. */
 static int stale_child(int rank, void *p) {
@@ -1081,7 +1097,7 @@ static int stale_child(int rank, void *p) {
 }
 
 static void test_stale_reply(void) {
-    mp_arg a = {0, 3, 5000, "stale", 0, -1, -1};
+    mp_arg a = {0, 3, 5000, "stale", 0, -1, -1, NULL};
     int sv[2];
     a.port = free_port();
     CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, sv) == 0);
@@ -1138,8 +1154,7 @@ int main(void) {
     RUN(test_barrier_timeout);
     RUN(test_intruders);
     RUN(test_silent_joiner);
-    RUN(test_server_killed);
-    RUN(test_server_hung);
+    RUN(test_server_faults);
     RUN(test_stale_reply);
     return test_summary();
 }
