@@ -119,6 +119,7 @@ void dtr__arena_free(dtr__arena *a) {
 
 /* ---- errors and logging ---- */
 
+static dtr_result dtr__vfail(dtr_context *ctx, dtr_result code, const char *fmt, va_list ap) DTR__PRINTF(3, 0);
 static dtr_result dtr__vfail(dtr_context *ctx, dtr_result code, const char *fmt, va_list ap) {
     if (!ctx) return code;
     if (ctx->status == DTR_OK) {
