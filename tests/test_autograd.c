@@ -153,23 +153,26 @@ static void test_empty_mean(void) {
 }
 
 /* x = [-1.5, 0.3, 2.0]: F.gelu(x) = [-0.10021086, 0.18537343, 1.95449996], grad [-0.12746915,
- * 0.73232776, 1.08523190]; x = [-1, 0, 2]: abs grad [-1, 0, 1] */
+ * 0.73232776, 1.08523190]; x = [-1, 0, 2, nan]: torch.abs(x) = [1, 0, 2, nan], grad of its sum
+ * [-1, 0, 1, 0] (PyTorch 1.13: abs backward is grad * sgn(x), and sgn(nan) is 0) */
 static void test_abs_gelu_erf(void) {
     static const float ge[3] = {-0.10021086037158966f, 0.1853734254837036f, 1.9544999599456787f};
     static const float gg[3] = {-0.12746915221214294f, 0.7323277592658997f, 1.085231900215149f};
     dtr_context *ctx = test_ctx(1);
-    int64_t n3 = 3;
+    int64_t n3 = 3, n4 = 4;
     dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.5f, 0.3f, 2.0f}));
     dtr_tensor *y = dtr_gelu_erf(ctx, x), *a, *xa;
     int i;
     CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
     for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_get(y, i), ge[i], 1e-6);
     for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], gg[i], 1e-6);
-    xa = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.0f, 0.0f, 2.0f}));
+    xa = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n4, (const float[]){-1.0f, 0.0f, 2.0f, NAN}));
     a = dtr_abs(ctx, xa);
     CHECK(dtr_tensor_get(a, 0) == 1.0f && dtr_tensor_get(a, 1) == 0.0f && dtr_tensor_get(a, 2) == 2.0f);
-    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, a)));
+    CHECK(isnan(dtr_tensor_get(a, 3)));
+    CHECK_OK(ctx, dtr_backward_from(ctx, a, (const float[]){1, 1, 1, 1}));
     CHECK(dtr_tensor_grad(xa)[0] == -1.0f && dtr_tensor_grad(xa)[1] == 0.0f && dtr_tensor_grad(xa)[2] == 1.0f);
+    CHECK(dtr_tensor_grad(xa)[3] == 0.0f);
     dtr_context_destroy(ctx);
 }
 
