@@ -6,7 +6,7 @@
  *   test_nan_propagates      relu and max pooling keep NaN (values and gradients of PyTorch)
  *   test_empty_mean          mean, mean_all and mse of nothing are NaN (PyTorch)
  *   test_abs_gelu_erf        dtr_abs and dtr_gelu_erf against PyTorch's numbers
- *   test_op_names            the op list's names, and errors that name the op
+ *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  * Reference numbers: PyTorch 1.13 (python3-torch), the script is quoted at each case. */
 #define DTRAIN_INTERNAL_API
@@ -176,16 +176,30 @@ static void test_abs_gelu_erf(void) {
     dtr_context_destroy(ctx);
 }
 
+/* Every op's stored id and name, written out: traces and checkpoints keep the numbers, so
+ * an entry of the op list moved or renamed fails here (a new op adds a line at the end). */
+static const char *const k_op_ids[] = {
+    "none", "add", "sub", "mul", "div", "scale", "relu", "gelu", "tanh", "sigmoid",           /*  0.. 9 */
+    "matmul", "linear", "softmax", "log_softmax", "softmax_causal", "cross_entropy", "mse",   /* 10..16 */
+    "sum", "mean", "sum_all", "mean_all", "embedding", "layernorm", "dropout", "conv2d",      /* 17..24 */
+    "maxpool2d", "avgpool2d", "cast", "reshape", "permute", "slice", "concat", "contiguous",  /* 25..32 */
+    "abs", "gelu_erf", "tp_copy", "tp_reduce"                                                 /* 33..36 */
+};
+
 static void test_op_names(void) {
     dtr_context *ctx = test_ctx(1);
     int64_t s[1] = {2};
     dtr_tensor *t;
-    CHECK(strcmp(dtr__op_name(DTR_OP_ADD), "add") == 0);
-    CHECK(strcmp(dtr__op_name(DTR_OP_CONV2D), "conv2d") == 0);
-    CHECK(strcmp(dtr__op_name(DTR_OP_ABS), "abs") == 0);
-    CHECK(strcmp(dtr__op_name(0), "none") == 0 && strcmp(dtr__op_name(DTR_OP_COUNT), "?") == 0);
+    int op;
+    CHECK_EQ_INT(DTR_OP_COUNT, (int)(sizeof(k_op_ids) / sizeof(k_op_ids[0])));
+    for (op = 0; op < DTR_OP_COUNT && op < (int)(sizeof(k_op_ids) / sizeof(k_op_ids[0])); op++)
+        CHECK_MSG(strcmp(dtr__op_name(op), k_op_ids[op]) == 0, "op %d is '%s', stored traces say '%s'", op,
+                  dtr__op_name(op), k_op_ids[op]);
+    CHECK(strcmp(dtr__op_name(DTR_OP_COUNT), "?") == 0 && strcmp(dtr__op_name(-1), "?") == 0);
     CHECK_EQ_INT(DTR_OP_ADD, 1);          /* stored ids do not move */
     CHECK_EQ_INT(DTR_OP_CONTIGUOUS, 32);
+    CHECK_EQ_INT(DTR_OP_ABS, 33);
+    CHECK_EQ_INT(DTR_OP_TP_REDUCE, 36);
     /* a kernel's range check names its op */
     t = dtr_cross_entropy(ctx, dtr_tensor_zeros(ctx, DTR_F32, 2, (const int64_t[]){2, 3}),
                           dtr_tensor_from(ctx, DTR_I32, 1, s, (const int32_t[]){1, 7}));
