@@ -5,7 +5,7 @@
  *   test_two_hooks           two gradient hooks on one context both see every parameter
  *   test_nan_propagates      relu and max pooling keep NaN (values and gradients of PyTorch)
  *   test_empty_mean          mean, mean_all and mse of nothing are NaN (PyTorch)
- *   test_abs_gelu_erf        dtr_abs and dtr_gelu_erf against PyTorch's numbers
+ *   test_abs_gelu_erf        dtr_abs, dtr_gelu_erf and dtr_gelu (tanh form) against PyTorch's numbers
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  * Reference numbers: PyTorch 1.13 (python3-torch), the script is quoted at each case. */
@@ -152,20 +152,35 @@ static void test_empty_mean(void) {
     dtr_context_destroy(ctx);
 }
 
-/* x = [-1.5, 0.3, 2.0]: F.gelu(x) = [-0.10021086, 0.18537343, 1.95449996], grad [-0.12746915,
- * 0.73232776, 1.08523190]; x = [-1, 0, 2, nan]: torch.abs(x) = [1, 0, 2, nan], grad of its sum
- * [-1, 0, 1, 0] (PyTorch 1.13: abs backward is grad * sgn(x), and sgn(nan) is 0) */
-static void test_abs_gelu_erf(void) {
-    static const float ge[3] = {-0.10021086037158966f, 0.1853734254837036f, 1.9544999599456787f};
-    static const float gg[3] = {-0.12746915221214294f, 0.7323277592658997f, 1.085231900215149f};
-    dtr_context *ctx = test_ctx(1);
-    int64_t n3 = 3, n4 = 4;
+/* y = f(x) and the gradient of sum(y) at x = [-1.5, 0.3, 2.0] against PyTorch's numbers */
+static void check_unary_ref(dtr_context *ctx, dtr_tensor *(*f)(dtr_context *, dtr_tensor *), const float *ye,
+                            const float *ge) {
+    int64_t n3 = 3;
     dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.5f, 0.3f, 2.0f}));
-    dtr_tensor *y = dtr_gelu_erf(ctx, x), *a, *xa;
+    dtr_tensor *y = f(ctx, x);
     int i;
     CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
-    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_get(y, i), ge[i], 1e-6);
-    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], gg[i], 1e-6);
+    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_get(y, i), ye[i], 2e-6);
+    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], ge[i], 2e-6);
+}
+
+/* x = [-1.5, 0.3, 2.0] (PyTorch 1.13, y = F.gelu(x, approximate=...); y.sum().backward()):
+ *   approximate='none' (dtr_gelu_erf): y [-0.10021086, 0.18537343, 1.95449996],
+ *                                      grad [-0.12746915, 0.73232776, 1.08523190]
+ *   approximate='tanh' (dtr_gelu):     y [-0.10042843, 0.18537094, 1.95459771],
+ *                                      grad [-0.12771082, 0.73229551, 1.08609927]
+ * x = [-1, 0, 2, nan]: torch.abs(x) = [1, 0, 2, nan], grad of its sum
+ * [-1, 0, 1, 0] (PyTorch 1.13: abs backward is grad * sgn(x), and sgn(nan) is 0) */
+static void test_abs_gelu_erf(void) {
+    static const float erf_y[3] = {-0.10021086037158966f, 0.1853734254837036f, 1.9544999599456787f};
+    static const float erf_g[3] = {-0.12746915221214294f, 0.7323277592658997f, 1.085231900215149f};
+    static const float tanh_y[3] = {-0.10042843222618103f, 0.18537093698978424f, 1.9545977115631104f};
+    static const float tanh_g[3] = {-0.12771081924438477f, 0.7322955131530762f, 1.0860992670059204f};
+    dtr_context *ctx = test_ctx(1);
+    int64_t n4 = 4;
+    dtr_tensor *a, *xa;
+    check_unary_ref(ctx, dtr_gelu_erf, erf_y, erf_g);
+    check_unary_ref(ctx, dtr_gelu, tanh_y, tanh_g);
     xa = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n4, (const float[]){-1.0f, 0.0f, 2.0f, NAN}));
     a = dtr_abs(ctx, xa);
     CHECK(dtr_tensor_get(a, 0) == 1.0f && dtr_tensor_get(a, 1) == 0.0f && dtr_tensor_get(a, 2) == 2.0f);
