@@ -4,6 +4,7 @@
  *   test_backward_from       dtr_backward_from(h, g) == gradients of sum(h * g); leaf roots
  *   test_two_hooks           two gradient hooks on one context both see every parameter
  *   test_nan_propagates      relu and max pooling keep NaN (values and gradients of PyTorch)
+ *   test_nan_maxpool_windows overlapping max-pool windows holding NaN: the gradient as PyTorch's
  *   test_empty_mean          mean, mean_all and mse of nothing are NaN (PyTorch)
  *   test_abs_gelu_erf        dtr_abs, dtr_gelu_erf and dtr_gelu (tanh form) against PyTorch's numbers
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
@@ -138,6 +139,36 @@ static void test_nan_propagates(void) {
     dtr_context_destroy(ctx);
 }
 
+/* Gradients of max_pool2d(3, 1, 1) over overlapping windows holding NaN (PyTorch 1.13:
+ *   img = torch.arange(1., 17.).reshape(1, 1, 4, 4); img[0, 0, 1, 1] = nan (and img[0, 0, 2, 2] = nan);
+ *   F.max_pool2d(img, 3, 1, 1).sum().backward(); img.grad).
+ * Each window's gradient goes to a NaN it holds; with two, to the later one in row-major order
+ * (PyTorch's kernel takes every NaN it meets). */
+static void test_nan_maxpool_windows(void) {
+    static const float g1[16] = {0, 0, 0, 0, 0, 9, 0, 1, 0, 0, 0, 1, 0, 1, 1, 3};
+    static const float g2[16] = {0, 0, 0, 0, 0, 5, 0, 1, 0, 0, 9, 0, 0, 1, 0, 0};
+    dtr_context *ctx = test_ctx(1);
+    int64_t s[4] = {1, 1, 4, 4};
+    float img[16], ones[16];
+    int two, i;
+    for (i = 0; i < 16; i++) ones[i] = 1.0f;
+    for (two = 0; two < 2; two++) {
+        dtr_tensor *x, *p;
+        for (i = 0; i < 16; i++) img[i] = (float)(i + 1);
+        img[5] = NAN;
+        if (two) img[10] = NAN;
+        x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, s, img));
+        p = dtr_maxpool2d(ctx, x, 3, 1, 1);
+        CHECK_OK(ctx, dtr_backward_from(ctx, p, ones));
+        for (i = 0; i < 16; i++)
+            CHECK_MSG(dtr_tensor_grad(x)[i] == (two ? g2 : g1)[i], "%d NaN: grad[%d] %g, PyTorch %g", two + 1, i,
+                      (double)dtr_tensor_grad(x)[i], (double)(two ? g2 : g1)[i]);
+        CHECK(!two || (isnan(dtr_tensor_get(p, 15)) && dtr_tensor_get(p, 12) == 14.0f));
+        dtr_context_reset(ctx);
+    }
+    dtr_context_destroy(ctx);
+}
+
 /* torch.zeros(0).mean() = nan; torch.zeros(3, 0).mean(1) = [nan]*3; mse_loss of empty = nan */
 static void test_empty_mean(void) {
     dtr_context *ctx = test_ctx(1);
@@ -254,6 +285,7 @@ int main(void) {
     RUN(test_backward_from);
     RUN(test_two_hooks);
     RUN(test_nan_propagates);
+    RUN(test_nan_maxpool_windows);
     RUN(test_empty_mean);
     RUN(test_abs_gelu_erf);
     RUN(test_op_names);
