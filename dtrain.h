@@ -258,7 +258,10 @@ DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 /** s * x. */
 DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
-/** Activations, element-wise. gelu is the tanh approximation (as GPT-2). */
+/** Activations, element-wise. gelu is the tanh approximation (as GPT-2).
+ *  relu keeps NaN (relu(NaN) is NaN) and passes the gradient through at NaN, as PyTorch's
+ *  torch.relu (whose backward zeroes it only where x <= 0).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
 /** GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's
  *  gelu(x, approximate='tanh') and GPT-2's; dtr_gelu_erf is the exact form.
@@ -266,7 +269,8 @@ DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
-/** |x| element-wise. Its gradient is sign(x): 0 at 0, as PyTorch's torch.abs.
+/** |x| element-wise (|NaN| is NaN). Its gradient is sign(x) as PyTorch's torch.abs: 0 at 0,
+ *  and 0 at NaN (PyTorch's torch.sign(nan) is 0).
  *  Thread safety: the context's thread (as every builder). */
 DTR_API dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x);
 /** GELU in its exact form, x * Phi(x) with the normal CDF through erf: PyTorch's
@@ -297,11 +301,14 @@ DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
 
-/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1.
+/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. The mean over an
+ *  axis of size 0 is NaN (0 / 0), as PyTorch's torch.mean; the sum of nothing is 0.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
-/** Sum / mean of all elements; scalar. */
+/** Sum / mean of all elements; scalar. The mean of an empty tensor is NaN, as PyTorch's
+ *  torch.mean (dtr_mse of empty tensors too); the sum is 0.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 
@@ -320,7 +327,9 @@ DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
 DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                int stride, int padding);
 /** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
- *  Average pooling divides by k*k (padding counts as zeros). */
+ *  Average pooling divides by k*k (padding counts as zeros). Max pooling propagates NaN as
+ *  PyTorch's max_pool2d: a window holding a NaN gives NaN, and its gradient goes to the NaN.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
@@ -2062,7 +2071,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2066 "dtrain.h"
+#line 2075 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2459,7 +2468,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2463 "dtrain.h"
+#line 2472 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2514,7 +2523,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2518 "dtrain.h"
+#line 2527 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2750,7 +2759,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2754 "dtrain.h"
+#line 2763 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2800,7 +2809,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2804 "dtrain.h"
+#line 2813 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3152,7 +3161,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3156 "dtrain.h"
+#line 3165 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3943,7 +3952,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3947 "dtrain.h"
+#line 3956 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4288,7 +4297,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4292 "dtrain.h"
+#line 4301 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4401,7 +4410,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4405 "dtrain.h"
+#line 4414 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4771,7 +4780,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4775 "dtrain.h"
+#line 4784 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4959,7 +4968,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4963 "dtrain.h"
+#line 4972 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5214,8 +5223,8 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         break;
     case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
-    case DTR_OP_ABS: /* sign(x): 0 at 0, NaN at NaN (as PyTorch) */
-        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : x[i] * 0.0f);
+    case DTR_OP_ABS: /* sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0) */
+        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : 0.0f);
         break;
     case DTR_OP_GELU_ERF:
         for (i = b; i < e; i++) {
@@ -5409,7 +5418,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5413 "dtrain.h"
+#line 5422 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5588,7 +5597,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5592 "dtrain.h"
+#line 5601 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5988,7 +5997,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 5992 "dtrain.h"
+#line 6001 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6488,7 +6497,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6492 "dtrain.h"
+#line 6501 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6747,7 +6756,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6751 "dtrain.h"
+#line 6760 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6814,7 +6823,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6818 "dtrain.h"
+#line 6827 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6927,7 +6936,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6931 "dtrain.h"
+#line 6940 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7258,7 +7267,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7262 "dtrain.h"
+#line 7271 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7427,7 +7436,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7431 "dtrain.h"
+#line 7440 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7771,7 +7780,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7775 "dtrain.h"
+#line 7784 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8118,7 +8127,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8122 "dtrain.h"
+#line 8131 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8303,7 +8312,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8307 "dtrain.h"
+#line 8316 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8944,7 +8953,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8948 "dtrain.h"
+#line 8957 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9397,7 +9406,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9401 "dtrain.h"
+#line 9410 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9453,7 +9462,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9457 "dtrain.h"
+#line 9466 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10230,7 +10239,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10234 "dtrain.h"
+#line 10243 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10811,7 +10820,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10815 "dtrain.h"
+#line 10824 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11442,7 +11451,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11446 "dtrain.h"
+#line 11455 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12180,7 +12189,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12184 "dtrain.h"
+#line 12193 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12447,7 +12456,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12451 "dtrain.h"
+#line 12460 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -12637,7 +12646,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12641 "dtrain.h"
+#line 12650 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12771,7 +12780,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12775 "dtrain.h"
+#line 12784 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13505,7 +13514,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13509 "dtrain.h"
+#line 13518 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14022,7 +14031,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14026 "dtrain.h"
+#line 14035 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14754,7 +14763,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14758 "dtrain.h"
+#line 14767 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15793,7 +15802,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15797 "dtrain.h"
+#line 15806 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16334,7 +16343,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16338 "dtrain.h"
+#line 16347 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16760,7 +16769,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16764 "dtrain.h"
+#line 16773 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -16997,7 +17006,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17001 "dtrain.h"
+#line 17010 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -4,9 +4,10 @@
  *   test_backward_from       dtr_backward_from(h, g) == gradients of sum(h * g); leaf roots
  *   test_two_hooks           two gradient hooks on one context both see every parameter
  *   test_nan_propagates      relu and max pooling keep NaN (values and gradients of PyTorch)
+ *   test_nan_maxpool_windows overlapping max-pool windows holding NaN: the gradient as PyTorch's
  *   test_empty_mean          mean, mean_all and mse of nothing are NaN (PyTorch)
- *   test_abs_gelu_erf        dtr_abs and dtr_gelu_erf against PyTorch's numbers
- *   test_op_names            the op list's names, and errors that name the op
+ *   test_abs_gelu_erf        dtr_abs, dtr_gelu_erf and dtr_gelu (tanh form) against PyTorch's numbers
+ *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  * Reference numbers: PyTorch 1.13 (python3-torch), the script is quoted at each case. */
 #define DTRAIN_INTERNAL_API
@@ -138,6 +139,36 @@ static void test_nan_propagates(void) {
     dtr_context_destroy(ctx);
 }
 
+/* Gradients of max_pool2d(3, 1, 1) over overlapping windows holding NaN (PyTorch 1.13:
+ *   img = torch.arange(1., 17.).reshape(1, 1, 4, 4); img[0, 0, 1, 1] = nan (and img[0, 0, 2, 2] = nan);
+ *   F.max_pool2d(img, 3, 1, 1).sum().backward(); img.grad).
+ * Each window's gradient goes to a NaN it holds; with two, to the later one in row-major order
+ * (PyTorch's kernel takes every NaN it meets). */
+static void test_nan_maxpool_windows(void) {
+    static const float g1[16] = {0, 0, 0, 0, 0, 9, 0, 1, 0, 0, 0, 1, 0, 1, 1, 3};
+    static const float g2[16] = {0, 0, 0, 0, 0, 5, 0, 1, 0, 0, 9, 0, 0, 1, 0, 0};
+    dtr_context *ctx = test_ctx(1);
+    int64_t s[4] = {1, 1, 4, 4};
+    float img[16], ones[16];
+    int two, i;
+    for (i = 0; i < 16; i++) ones[i] = 1.0f;
+    for (two = 0; two < 2; two++) {
+        dtr_tensor *x, *p;
+        for (i = 0; i < 16; i++) img[i] = (float)(i + 1);
+        img[5] = NAN;
+        if (two) img[10] = NAN;
+        x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, s, img));
+        p = dtr_maxpool2d(ctx, x, 3, 1, 1);
+        CHECK_OK(ctx, dtr_backward_from(ctx, p, ones));
+        for (i = 0; i < 16; i++)
+            CHECK_MSG(dtr_tensor_grad(x)[i] == (two ? g2 : g1)[i], "%d NaN: grad[%d] %g, PyTorch %g", two + 1, i,
+                      (double)dtr_tensor_grad(x)[i], (double)(two ? g2 : g1)[i]);
+        CHECK(!two || (isnan(dtr_tensor_get(p, 15)) && dtr_tensor_get(p, 12) == 14.0f));
+        dtr_context_reset(ctx);
+    }
+    dtr_context_destroy(ctx);
+}
+
 /* torch.zeros(0).mean() = nan; torch.zeros(3, 0).mean(1) = [nan]*3; mse_loss of empty = nan */
 static void test_empty_mean(void) {
     dtr_context *ctx = test_ctx(1);
@@ -152,37 +183,69 @@ static void test_empty_mean(void) {
     dtr_context_destroy(ctx);
 }
 
-/* x = [-1.5, 0.3, 2.0]: F.gelu(x) = [-0.10021086, 0.18537343, 1.95449996], grad [-0.12746915,
- * 0.73232776, 1.08523190]; x = [-1, 0, 2]: abs grad [-1, 0, 1] */
-static void test_abs_gelu_erf(void) {
-    static const float ge[3] = {-0.10021086037158966f, 0.1853734254837036f, 1.9544999599456787f};
-    static const float gg[3] = {-0.12746915221214294f, 0.7323277592658997f, 1.085231900215149f};
-    dtr_context *ctx = test_ctx(1);
+/* y = f(x) and the gradient of sum(y) at x = [-1.5, 0.3, 2.0] against PyTorch's numbers */
+static void check_unary_ref(dtr_context *ctx, dtr_tensor *(*f)(dtr_context *, dtr_tensor *), const float *ye,
+                            const float *ge) {
     int64_t n3 = 3;
     dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.5f, 0.3f, 2.0f}));
-    dtr_tensor *y = dtr_gelu_erf(ctx, x), *a, *xa;
+    dtr_tensor *y = f(ctx, x);
     int i;
     CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
-    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_get(y, i), ge[i], 1e-6);
-    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], gg[i], 1e-6);
-    xa = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n3, (const float[]){-1.0f, 0.0f, 2.0f}));
+    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_get(y, i), ye[i], 2e-6);
+    for (i = 0; i < 3; i++) CHECK_NEAR(dtr_tensor_grad(x)[i], ge[i], 2e-6);
+}
+
+/* x = [-1.5, 0.3, 2.0] (PyTorch 1.13, y = F.gelu(x, approximate=...); y.sum().backward()):
+ *   approximate='none' (dtr_gelu_erf): y [-0.10021086, 0.18537343, 1.95449996],
+ *                                      grad [-0.12746915, 0.73232776, 1.08523190]
+ *   approximate='tanh' (dtr_gelu):     y [-0.10042843, 0.18537094, 1.95459771],
+ *                                      grad [-0.12771082, 0.73229551, 1.08609927]
+ * x = [-1, 0, 2, nan]: torch.abs(x) = [1, 0, 2, nan], grad of its sum
+ * [-1, 0, 1, 0] (PyTorch 1.13: abs backward is grad * sgn(x), and sgn(nan) is 0) */
+static void test_abs_gelu_erf(void) {
+    static const float erf_y[3] = {-0.10021086037158966f, 0.1853734254837036f, 1.9544999599456787f};
+    static const float erf_g[3] = {-0.12746915221214294f, 0.7323277592658997f, 1.085231900215149f};
+    static const float tanh_y[3] = {-0.10042843222618103f, 0.18537093698978424f, 1.9545977115631104f};
+    static const float tanh_g[3] = {-0.12771081924438477f, 0.7322955131530762f, 1.0860992670059204f};
+    dtr_context *ctx = test_ctx(1);
+    int64_t n4 = 4;
+    dtr_tensor *a, *xa;
+    check_unary_ref(ctx, dtr_gelu_erf, erf_y, erf_g);
+    check_unary_ref(ctx, dtr_gelu, tanh_y, tanh_g);
+    xa = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n4, (const float[]){-1.0f, 0.0f, 2.0f, NAN}));
     a = dtr_abs(ctx, xa);
     CHECK(dtr_tensor_get(a, 0) == 1.0f && dtr_tensor_get(a, 1) == 0.0f && dtr_tensor_get(a, 2) == 2.0f);
-    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, a)));
+    CHECK(isnan(dtr_tensor_get(a, 3)));
+    CHECK_OK(ctx, dtr_backward_from(ctx, a, (const float[]){1, 1, 1, 1}));
     CHECK(dtr_tensor_grad(xa)[0] == -1.0f && dtr_tensor_grad(xa)[1] == 0.0f && dtr_tensor_grad(xa)[2] == 1.0f);
+    CHECK(dtr_tensor_grad(xa)[3] == 0.0f);
     dtr_context_destroy(ctx);
 }
+
+/* Every op's stored id and name, written out: traces and checkpoints keep the numbers, so
+ * an entry of the op list moved or renamed fails here (a new op adds a line at the end). */
+static const char *const k_op_ids[] = {
+    "none", "add", "sub", "mul", "div", "scale", "relu", "gelu", "tanh", "sigmoid",           /*  0.. 9 */
+    "matmul", "linear", "softmax", "log_softmax", "softmax_causal", "cross_entropy", "mse",   /* 10..16 */
+    "sum", "mean", "sum_all", "mean_all", "embedding", "layernorm", "dropout", "conv2d",      /* 17..24 */
+    "maxpool2d", "avgpool2d", "cast", "reshape", "permute", "slice", "concat", "contiguous",  /* 25..32 */
+    "abs", "gelu_erf", "tp_copy", "tp_reduce"                                                 /* 33..36 */
+};
 
 static void test_op_names(void) {
     dtr_context *ctx = test_ctx(1);
     int64_t s[1] = {2};
     dtr_tensor *t;
-    CHECK(strcmp(dtr__op_name(DTR_OP_ADD), "add") == 0);
-    CHECK(strcmp(dtr__op_name(DTR_OP_CONV2D), "conv2d") == 0);
-    CHECK(strcmp(dtr__op_name(DTR_OP_ABS), "abs") == 0);
-    CHECK(strcmp(dtr__op_name(0), "none") == 0 && strcmp(dtr__op_name(DTR_OP_COUNT), "?") == 0);
+    int op;
+    CHECK_EQ_INT(DTR_OP_COUNT, (int)(sizeof(k_op_ids) / sizeof(k_op_ids[0])));
+    for (op = 0; op < DTR_OP_COUNT && op < (int)(sizeof(k_op_ids) / sizeof(k_op_ids[0])); op++)
+        CHECK_MSG(strcmp(dtr__op_name(op), k_op_ids[op]) == 0, "op %d is '%s', stored traces say '%s'", op,
+                  dtr__op_name(op), k_op_ids[op]);
+    CHECK(strcmp(dtr__op_name(DTR_OP_COUNT), "?") == 0 && strcmp(dtr__op_name(-1), "?") == 0);
     CHECK_EQ_INT(DTR_OP_ADD, 1);          /* stored ids do not move */
     CHECK_EQ_INT(DTR_OP_CONTIGUOUS, 32);
+    CHECK_EQ_INT(DTR_OP_ABS, 33);
+    CHECK_EQ_INT(DTR_OP_TP_REDUCE, 36);
     /* a kernel's range check names its op */
     t = dtr_cross_entropy(ctx, dtr_tensor_zeros(ctx, DTR_F32, 2, (const int64_t[]){2, 3}),
                           dtr_tensor_from(ctx, DTR_I32, 1, s, (const int32_t[]){1, 7}));
@@ -222,6 +285,7 @@ int main(void) {
     RUN(test_backward_from);
     RUN(test_two_hooks);
     RUN(test_nan_propagates);
+    RUN(test_nan_maxpool_windows);
     RUN(test_empty_mean);
     RUN(test_abs_gelu_erf);
     RUN(test_op_names);

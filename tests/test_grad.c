@@ -155,13 +155,10 @@ static dtr_tensor *b_sub(dtr_context *c, dtr_tensor **x, void *u) { (void)u; ret
 static dtr_tensor *b_mul(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_mul(c, x[0], x[1]); }
 static dtr_tensor *b_div(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_div(c, x[0], x[1]); }
 
-
-
 static dtr_tensor *b_add_t(dtr_context *c, dtr_tensor **x, void *u) {
     (void)u;
     return dtr_mul(c, dtr_transpose(c, x[0], 0, 1), dtr_slice(c, x[1], 1, 1, 5));
 }
-
 
 static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
     switch (*(int *)u) {
@@ -175,12 +172,10 @@ static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
     }
 }
 
-
 static dtr_tensor *b_unary_view(dtr_context *c, dtr_tensor **x, void *u) {
     (void)u;
     return dtr_gelu(c, dtr_permute(c, x[0], (const int[]){2, 0, 1}));
 }
-
 
 /* ---- matmul, linear ---- */
 
@@ -190,11 +185,9 @@ static dtr_tensor *b_matmul_t(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_matmul(c, dtr_transpose(c, x[0], -1, -2), dtr_transpose(c, x[1], -1, -2));
 }
 
-
 static dtr_tensor *b_linear(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_linear(c, x[0], x[1], *(int *)u ? x[2] : NULL);
 }
-
 
 /* ---- softmax family, losses, reductions ---- */
 
@@ -206,7 +199,6 @@ static dtr_tensor *b_softmax(dtr_context *c, dtr_tensor **x, void *u) {
     }
 }
 
-
 static dtr_tensor *b_xent(dtr_context *c, dtr_tensor **x, void *u) {
     static const int32_t t[6] = {0, 4, 2, 2, 1, 3};
     int64_t n = 6;
@@ -215,7 +207,6 @@ static dtr_tensor *b_xent(dtr_context *c, dtr_tensor **x, void *u) {
 }
 
 static dtr_tensor *b_mse(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_mse(c, x[0], x[1]); }
-
 
 static dtr_tensor *b_reduce(dtr_context *c, dtr_tensor **x, void *u) {
     switch (*(int *)u) {
@@ -227,7 +218,6 @@ static dtr_tensor *b_reduce(dtr_context *c, dtr_tensor **x, void *u) {
     default: return dtr_mean(c, dtr_transpose(c, x[0], 0, 2), 1, 0);
     }
 }
-
 
 /* ---- embedding, layer norm, dropout ---- */
 
@@ -244,14 +234,12 @@ static dtr_tensor *b_layernorm(dtr_context *c, dtr_tensor **x, void *u) {
 
 static dtr_tensor *b_dropout(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_dropout(c, x[0], 0.3f); }
 
-
 /* ---- convolution and pooling ---- */
 
 static dtr_tensor *b_conv(dtr_context *c, dtr_tensor **x, void *u) {
     const int *g = (const int *)u; /* stride, padding, bias */
     return dtr_conv2d(c, x[0], x[1], g[2] ? x[2] : NULL, g[0], g[1]);
 }
-
 
 static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
     switch (*(int *)u) {
@@ -262,11 +250,9 @@ static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
     }
 }
 
-
 /* ---- attention and views ---- */
 
 static dtr_tensor *b_attention(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_attention(c, x[0], x[1], x[2], 2); }
-
 
 static dtr_tensor *b_views(dtr_context *c, dtr_tensor **x, void *u) {
     int64_t shp[3] = {3, -1, 2};
@@ -284,7 +270,6 @@ static dtr_tensor *b_views(dtr_context *c, dtr_tensor **x, void *u) {
     }
 }
 
-
 /* ---- a whole GPT block through the layer API ---- */
 
 static dtr_model *g_gpt_model;
@@ -299,7 +284,6 @@ static void gpt_teardown(void) { dtr_model_destroy(g_gpt_model); g_gpt_model = N
 static const gc_hooks gpt_hooks = {gpt_setup, gpt_teardown};
 
 static dtr_tensor *b_gpt(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_gpt_block_forward(c, &g_gpt, x[0]); }
-
 
 /* cast f32 -> bf16 -> f32: not differentiable by finite differences (bf16 rounding); its
    gradient is checked exactly by test_cast_straight_through, its parity by the table */

@@ -249,8 +249,8 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         }
         break;
     case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
-    case DTR_OP_ABS: /* sign(x): 0 at 0, NaN at NaN (as PyTorch) */
-        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : x[i] * 0.0f);
+    case DTR_OP_ABS: /* sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0) */
+        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : 0.0f);
         break;
     case DTR_OP_GELU_ERF:
         for (i = b; i < e; i++) {

@@ -237,7 +237,10 @@ DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 /** s * x. */
 DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
-/** Activations, element-wise. gelu is the tanh approximation (as GPT-2). */
+/** Activations, element-wise. gelu is the tanh approximation (as GPT-2).
+ *  relu keeps NaN (relu(NaN) is NaN) and passes the gradient through at NaN, as PyTorch's
+ *  torch.relu (whose backward zeroes it only where x <= 0).
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
 /** GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), PyTorch's
  *  gelu(x, approximate='tanh') and GPT-2's; dtr_gelu_erf is the exact form.
@@ -245,7 +248,8 @@ DTR_API dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x);
-/** |x| element-wise. Its gradient is sign(x): 0 at 0, as PyTorch's torch.abs.
+/** |x| element-wise (|NaN| is NaN). Its gradient is sign(x) as PyTorch's torch.abs: 0 at 0,
+ *  and 0 at NaN (PyTorch's torch.sign(nan) is 0).
  *  Thread safety: the context's thread (as every builder). */
 DTR_API dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x);
 /** GELU in its exact form, x * Phi(x) with the normal CDF through erf: PyTorch's
@@ -276,11 +280,14 @@ DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
 
-/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1.
+/** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. The mean over an
+ *  axis of size 0 is NaN (0 / 0), as PyTorch's torch.mean; the sum of nothing is 0.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
 DTR_API dtr_tensor *dtr_mean(dtr_context *ctx, dtr_tensor *x, int axis, int keepdim);
-/** Sum / mean of all elements; scalar. */
+/** Sum / mean of all elements; scalar. The mean of an empty tensor is NaN, as PyTorch's
+ *  torch.mean (dtr_mse of empty tensors too); the sum is 0.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_sum_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 
@@ -299,7 +306,9 @@ DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
 DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                int stride, int padding);
 /** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
- *  Average pooling divides by k*k (padding counts as zeros). */
+ *  Average pooling divides by k*k (padding counts as zeros). Max pooling propagates NaN as
+ *  PyTorch's max_pool2d: a window holding a NaN gives NaN, and its gradient goes to the NaN.
+ *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
