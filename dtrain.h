@@ -106,6 +106,8 @@ DTR_API dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, 
 /* ---- context ---- */
 
 typedef struct dtr_context dtr_context;
+/** A tape with its own arenas (dtr_tape_create). */
+typedef struct dtr_tape dtr_tape;
 typedef struct dtr_tensor dtr_tensor;
 typedef struct dtr_backend dtr_backend;
 
@@ -190,9 +192,42 @@ DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
  *  Thread safety: the context's thread. */
 DTR_API int dtr_context_threads(const dtr_context *ctx);
 
-/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL.
+/** Bytes the current tape's arenas have reserved (their capacity) and use now (the context's
+ *  own step arena unless a dtr_tape is current). Either pointer may be NULL.
  *  Thread safety: the context's thread. */
 DTR_API void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used);
+
+/** The most arena bytes in use at once, over the context's own tape and every dtr_tape, since
+ *  the context was created or the last call with `reset` 1 (which restarts the count from the
+ *  bytes in use now). 0 for NULL.
+ *  Thread safety: the context's thread. */
+DTR_API size_t dtr_context_arena_peak(dtr_context *ctx, int reset);
+
+/* ---- tapes ----
+ * Ops record on, and allocate their tensors from, the context's current tape: its own by
+ * default, which dtr_context_reset frees. An engine that keeps several forward passes alive
+ * at once (the micro-batches of a pipeline, a recomputed region) gives each its own tape and
+ * frees each when its backward is done, in any order. dtr_backward replays the tape that
+ * recorded the loss. A tensor of one tape may feed ops recorded on another; resetting the
+ * first while the second still needs it is the app's error (its memory is gone). */
+
+/** New, empty tape of ctx, with arenas sized like the context's (arena_bytes, and
+ *  arena_max_bytes per tape). @return DTR_OK, DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out);
+/** Forgets the tape's nodes and frees its tensors, keeping its memory for reuse.
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tape_reset(dtr_tape *t);
+/** Frees the tape (the context's own tape comes back as current if it was). Destroy every
+ *  tape before its context. NULL is ignored. Thread safety: the context's thread. */
+DTR_API void dtr_tape_destroy(dtr_tape *t);
+/** Makes `t` the tape that later ops record on (NULL: the context's own). Returns the tape
+ *  that was current (NULL for the context's own), to put back after. A tape of another
+ *  context is refused (error recorded on ctx, NULL returned, nothing changed).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t);
+/** The current tape, NULL when it is the context's own. Thread safety: the context's thread. */
+DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
 
 /** The backend's name ("cpu", "cuda").
  *  Thread safety: the context's thread. */
@@ -2071,7 +2106,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2075 "dtrain.h"
+#line 2110 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2276,6 +2311,7 @@ typedef struct dtr__node {
     void *saved;                      /* backend-private: what its forward keeps for its backward
                                          (masks, argmax indices, statistics, im2col columns) */
     struct dtr__node *prev;           /* previous node on the tape */
+    struct dtr_tape *tape;            /* the tape that recorded it */
 } dtr__node;
 
 /** Arguments of one fused optimizer update over a contiguous range. */
@@ -2367,6 +2403,15 @@ struct dtr_backend {
 
 #define DTR__MAX_GRAD_HOOKS 8
 
+/** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
+ *  context's own is ctx->own). Resetting it frees all of them at once. */
+struct dtr_tape {
+    dtr_context *ctx;
+    dtr__arena meta;              /* tensor structs and nodes (host) */
+    dtr__arena data;              /* tensor data (backend memory) */
+    dtr__node *head;              /* last recorded node */
+};
+
 /** One installed gradient hook (dtr_context_add_grad_hook). */
 typedef struct dtr__grad_hook {
     dtr_grad_hook_fn fn;
@@ -2381,9 +2426,10 @@ struct dtr_context {
     void *backend_state;
     dtr__pool *pool;
     int threads;
-    dtr__arena meta;              /* tensor structs and nodes (host) */
-    dtr__arena data;              /* tensor data (backend memory) */
-    dtr__node *tape;              /* last recorded node */
+    dtr_tape own;                 /* the context's own tape (dtr_context_reset) */
+    dtr_tape *cur;                /* where ops record and allocate now (&own by default) */
+    size_t live_bytes;            /* arena bytes in use over all tapes */
+    size_t peak_bytes;            /* the most live_bytes since the last dtr_context_arena_peak reset */
     int grad_enabled;
     int training;
     dtr_result status;            /* sticky */
@@ -2468,7 +2514,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2472 "dtrain.h"
+#line 2518 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2523,7 +2569,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2527 "dtrain.h"
+#line 2573 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2759,7 +2805,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2763 "dtrain.h"
+#line 2809 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2809,7 +2855,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2813 "dtrain.h"
+#line 2859 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3161,7 +3207,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3165 "dtrain.h"
+#line 3211 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3952,7 +3998,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 3956 "dtrain.h"
+#line 4002 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4116,6 +4162,9 @@ void dtr_context_clear_error(dtr_context *ctx) {
 
 /* ---- configuration and lifetime ---- */
 
+static void dtr__tape_init(dtr_context *ctx, dtr_tape *t);
+static void dtr__tape_clear(dtr_tape *t);
+
 dtr_context_config dtr_context_config_init(void) {
     dtr_context_config c;
     memset(&c, 0, sizeof(c));
@@ -4155,8 +4204,8 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     ctx->grad_enabled = 1;
     ctx->training = 1;
     dtr_rng_seed(&ctx->rng, cfg->seed, 0x64747261696eULL);
-    dtr__arena_init(&ctx->meta, &ctx->alloc, 1u << 20, 0);
-    dtr__arena_init(&ctx->data, &ctx->alloc, cfg->arena_bytes ? cfg->arena_bytes : (16u << 20), cfg->arena_max_bytes);
+    dtr__tape_init(ctx, &ctx->own);
+    ctx->cur = &ctx->own;
     r = dtr__pool_create(&ctx->alloc, ctx->threads, &ctx->pool);
     if (r != DTR_OK) { dtr__free(&ctx->alloc, ctx); return r; }
     if (ctx->backend->init) {
@@ -4175,8 +4224,8 @@ void dtr_context_destroy(dtr_context *ctx) {
     dtr_allocation_callbacks a;
     if (!ctx) return;
     a = ctx->alloc;
-    dtr__arena_free(&ctx->meta);
-    dtr__arena_free(&ctx->data);
+    dtr__arena_free(&ctx->own.meta);
+    dtr__arena_free(&ctx->own.data);
     if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);
     dtr__pool_destroy(ctx->pool);
     dtr__free(&a, ctx);
@@ -4184,10 +4233,69 @@ void dtr_context_destroy(dtr_context *ctx) {
 
 dtr_result dtr_context_reset(dtr_context *ctx) {
     if (!ctx) return DTR_NULL_HANDLE;
-    dtr__arena_reset(&ctx->meta);
-    dtr__arena_reset(&ctx->data);
-    ctx->tape = NULL;
+    dtr__tape_clear(&ctx->own);
     return DTR_OK;
+}
+
+/* ---- tapes ---- */
+
+static void dtr__tape_init(dtr_context *ctx, dtr_tape *t) {
+    t->ctx = ctx;
+    t->head = NULL;
+    dtr__arena_init(&t->meta, &ctx->alloc, 1u << 20, 0);
+    dtr__arena_init(&t->data, &ctx->alloc, ctx->cfg.arena_bytes ? ctx->cfg.arena_bytes : (16u << 20),
+                    ctx->cfg.arena_max_bytes);
+}
+
+static void dtr__tape_clear(dtr_tape *t) {
+    t->ctx->live_bytes -= t->meta.used + t->data.used;
+    dtr__arena_reset(&t->meta);
+    dtr__arena_reset(&t->data);
+    t->head = NULL;
+}
+
+dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out) {
+    dtr_tape *t;
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    t = (dtr_tape *)dtr__calloc(&ctx->alloc, sizeof(*t));
+    if (!t) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tape_create: out of memory");
+    dtr__tape_init(ctx, t);
+    *out = t;
+    return DTR_OK;
+}
+
+dtr_result dtr_tape_reset(dtr_tape *t) {
+    if (!t) return DTR_NULL_HANDLE;
+    dtr__tape_clear(t);
+    return DTR_OK;
+}
+
+void dtr_tape_destroy(dtr_tape *t) {
+    dtr_context *ctx;
+    if (!t || t == &t->ctx->own) return;
+    ctx = t->ctx;
+    dtr__tape_clear(t);
+    if (ctx->cur == t) ctx->cur = &ctx->own;
+    dtr__arena_free(&t->meta);
+    dtr__arena_free(&t->data);
+    dtr__free(&ctx->alloc, t);
+}
+
+dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {
+    dtr_tape *old;
+    if (!ctx) return NULL;
+    if (t && t->ctx != ctx) {
+        dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_context_set_tape: the tape belongs to another context");
+        return NULL;
+    }
+    old = ctx->cur == &ctx->own ? NULL : ctx->cur;
+    ctx->cur = t ? t : &ctx->own;
+    return old;
+}
+
+dtr_tape *dtr_context_tape(const dtr_context *ctx) {
+    return ctx && ctx->cur != &ctx->own ? ctx->cur : NULL;
 }
 
 int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled) {
@@ -4209,8 +4317,25 @@ int dtr_context_set_training(dtr_context *ctx, int training) {
 int dtr_context_threads(const dtr_context *ctx) { return ctx ? ctx->threads : 0; }
 
 void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used) {
-    if (reserved) *reserved = ctx ? ctx->data.reserved + ctx->meta.reserved : 0;
-    if (used) *used = ctx ? ctx->data.used + ctx->meta.used : 0;
+    if (reserved) *reserved = ctx ? ctx->cur->data.reserved + ctx->cur->meta.reserved : 0;
+    if (used) *used = ctx ? ctx->cur->data.used + ctx->cur->meta.used : 0;
+}
+
+size_t dtr_context_arena_peak(dtr_context *ctx, int reset) {
+    size_t peak;
+    if (!ctx) return 0;
+    peak = ctx->peak_bytes;
+    if (reset) ctx->peak_bytes = ctx->live_bytes;
+    return peak;
+}
+
+/* an allocation from one of the current tape's arenas, counted in live and peak bytes */
+static void *dtr__tape_alloc(dtr_context *ctx, dtr__arena *a, size_t bytes, int *full) {
+    size_t before = a->used;
+    void *p = dtr__arena_alloc(a, bytes, full);
+    ctx->live_bytes += a->used - before;
+    if (ctx->live_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->live_bytes;
+    return p;
 }
 
 const char *dtr_context_backend_name(const dtr_context *ctx) {
@@ -4219,19 +4344,19 @@ const char *dtr_context_backend_name(const dtr_context *ctx) {
 
 void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     int full = 0;
-    void *p = dtr__arena_alloc(&ctx->meta, bytes, &full);
+    void *p = dtr__tape_alloc(ctx, &ctx->cur->meta, bytes, &full);
     if (!p) dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes of tensor metadata", op, bytes);
     return p;
 }
 
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     int full = 0;
-    void *p = dtr__arena_alloc(&ctx->data, bytes, &full);
+    void *p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
             dtr__fail(ctx, DTR_ARENA_FULL, "%s: step arena full (%zu bytes asked, %zu of %zu reserved); "
-                      "raise arena_max_bytes or use smaller batches", op, bytes, ctx->data.reserved,
-                      ctx->data.max_bytes);
+                      "raise arena_max_bytes or use smaller batches", op, bytes, ctx->cur->data.reserved,
+                      ctx->cur->data.max_bytes);
         else
             dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", op, bytes);
     }
@@ -4297,7 +4422,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4301 "dtrain.h"
+#line 4426 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4410,7 +4535,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4414 "dtrain.h"
+#line 4539 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4752,8 +4877,9 @@ dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     if (node->taped) {
         node->out->flags |= DTR__REQUIRES_GRAD;
         node->out->node = node;
-        node->prev = ctx->tape;
-        ctx->tape = node;
+        node->tape = ctx->cur;
+        node->prev = ctx->cur->head;
+        ctx->cur->head = node;
     }
     return node->out;
 }
@@ -4780,7 +4906,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4784 "dtrain.h"
+#line 4910 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -4838,13 +4964,13 @@ static int dtr__is_param(const dtr_tensor *x) {
     return x && (x->flags & DTR__PARAM) && (x->flags & DTR__REQUIRES_GRAD);
 }
 
-static void dtr__count_writers(dtr_context *ctx) {
+static void dtr__count_writers(dtr__node *tape) {
     dtr__node *n;
     int i;
-    for (n = ctx->tape; n; n = n->prev)
+    for (n = tape; n; n = n->prev)
         for (i = 0; i < n->n_in; i++)
             if (dtr__is_param(n->in[i])) n->in[i]->grad_pending = 0;
-    for (n = ctx->tape; n; n = n->prev)
+    for (n = tape; n; n = n->prev)
         for (i = 0; i < n->n_in; i++)
             if (dtr__is_param(n->in[i])) n->in[i]->grad_pending++;
 }
@@ -4902,13 +5028,13 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     return r;
 }
 
-/* Replays the tape from its end; `out` already holds this pass's seed gradient. */
-static dtr_result dtr__replay(dtr_context *ctx) {
+/* Replays `tape` from its end; the root already holds this pass's seed gradient. */
+static dtr_result dtr__replay_nodes(dtr_context *ctx, dtr__node *tape) {
     dtr__node *n;
     dtr_result r;
     int hooks = ctx->n_grad_hooks > 0;
-    if (hooks) dtr__count_writers(ctx);
-    for (n = ctx->tape; n; n = n->prev) {
+    if (hooks) dtr__count_writers(tape);
+    for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
@@ -4926,14 +5052,10 @@ static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_te
     return DTR_OK;
 }
 
-dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
-    dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
-    size_t bytes;
-    if (r != DTR_OK) return r;
-    if (!grad) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward_from: grad is NULL");
-    ctx->backward_pass++;
-    bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
-    r = dtr__grad_of_pass(ctx, out);
+/* Seeds out's gradient for this pass with `grad` (host memory). */
+static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    size_t bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
+    dtr_result r = dtr__grad_of_pass(ctx, out);
     if (r == DTR_OK && out->node) {
         r = ctx->backend->from_host(ctx, out->grad, grad, bytes);
     } else if (r == DTR_OK) { /* a leaf: its gradient accumulates */
@@ -4942,7 +5064,23 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
         if (r == DTR_OK) r = ctx->backend->reduce(ctx, out->grad, out->grad, tmp, (size_t)dtr_tensor_numel(out), DTR_F32, DTR_REDUCE_SUM, 1);
     }
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward_from: cannot seed the gradient");
-    return dtr__replay(ctx);
+    return DTR_OK;
+}
+
+/* One pass over the tape that recorded `out` (the current one for a leaf), with that tape
+ * current so the gradients of its tensors live in its arenas. */
+dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
+    dtr_tape *was;
+    if (r != DTR_OK) return r;
+    if (!grad) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward_from: grad is NULL");
+    was = ctx->cur;
+    if (out->node) ctx->cur = out->node->tape;
+    ctx->backward_pass++;
+    r = dtr__seed(ctx, out, grad);
+    if (r == DTR_OK) r = dtr__replay_nodes(ctx, ctx->cur->head);
+    ctx->cur = was;
+    return r;
 }
 
 dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss) {
@@ -4968,7 +5106,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 4972 "dtrain.h"
+#line 5110 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5418,7 +5556,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5422 "dtrain.h"
+#line 5560 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5597,7 +5735,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5601 "dtrain.h"
+#line 5739 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -5997,7 +6135,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6001 "dtrain.h"
+#line 6139 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6497,7 +6635,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6501 "dtrain.h"
+#line 6639 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6756,7 +6894,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6760 "dtrain.h"
+#line 6898 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6823,7 +6961,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6827 "dtrain.h"
+#line 6965 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -6936,7 +7074,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 6940 "dtrain.h"
+#line 7078 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7267,7 +7405,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7271 "dtrain.h"
+#line 7409 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7436,7 +7574,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7440 "dtrain.h"
+#line 7578 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7780,7 +7918,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7784 "dtrain.h"
+#line 7922 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8127,7 +8265,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8131 "dtrain.h"
+#line 8269 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8312,7 +8450,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8316 "dtrain.h"
+#line 8454 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -8953,7 +9091,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 8957 "dtrain.h"
+#line 9095 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9406,7 +9544,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9410 "dtrain.h"
+#line 9548 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9462,7 +9600,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9466 "dtrain.h"
+#line 9604 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10239,7 +10377,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10243 "dtrain.h"
+#line 10381 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10820,7 +10958,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10824 "dtrain.h"
+#line 10962 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11451,7 +11589,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11455 "dtrain.h"
+#line 11593 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12189,7 +12327,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12193 "dtrain.h"
+#line 12331 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12456,7 +12594,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12460 "dtrain.h"
+#line 12598 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -12646,7 +12784,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12650 "dtrain.h"
+#line 12788 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12780,7 +12918,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12784 "dtrain.h"
+#line 12922 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13514,7 +13652,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13518 "dtrain.h"
+#line 13656 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14031,7 +14169,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14035 "dtrain.h"
+#line 14173 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14763,7 +14901,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14767 "dtrain.h"
+#line 14905 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15802,7 +15940,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15806 "dtrain.h"
+#line 15944 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16343,7 +16481,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16347 "dtrain.h"
+#line 16485 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16769,7 +16907,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16773 "dtrain.h"
+#line 16911 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17006,7 +17144,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17010 "dtrain.h"
+#line 17148 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

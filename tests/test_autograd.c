@@ -2,6 +2,8 @@
  *   test_second_backward     two losses sharing a graph, one dtr_backward each: the gradients
  *                            add up (PyTorch retain_graph=True), intermediates restart at zero
  *   test_backward_from       dtr_backward_from(h, g) == gradients of sum(h * g); leaf roots
+ *   test_tapes               micro-batches on their own tapes, backward in any order: the
+ *                            gradients of one tape, live/peak bytes fall when a tape is reset
  *   test_two_hooks           two gradient hooks on one context both see every parameter
  *   test_nan_propagates      relu and max pooling keep NaN (values and gradients of PyTorch)
  *   test_nan_maxpool_windows overlapping max-pool windows holding NaN: the gradient as PyTorch's
@@ -71,6 +73,54 @@ static dtr_result count_hook(void *user, dtr_tensor *param, dtr_event *ready) {
     h->n++;
     h->last = param;
     return DTR_OK;
+}
+
+/* Two micro-batches, each on its own tape, backward in reverse order and interleaved with a
+ * third forward: the weight's gradient is the sum of the per-batch gradients computed on the
+ * context's own tape; resetting a tape gives its bytes back (peak tracks the most live). */
+static void test_tapes(void) {
+    static const float wv[6] = {1, 2, 3, -1, 0.5f, 0.25f};
+    static const float xv[3][6] = {{0.1f, -0.2f, 0.3f, 0.4f, -0.5f, 0.6f}, {1, 0, -1, 2, 0.5f, -0.5f},
+                                   {0.3f, 0.3f, -0.7f, 0.2f, 0.1f, 0.9f}};
+    int64_t s23[2] = {2, 3};
+    float ref[6] = {0}, *gw;
+    dtr_context *ctx = test_ctx(1);
+    dtr_tensor *w = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, s23, wv)), *loss[3];
+    dtr_tape *tape[3];
+    size_t live0, peak_two;
+    int i, k;
+    for (k = 0; k < 3; k++) { /* reference: each batch alone on the context's own tape */
+        dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 2, s23, xv[k]);
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_tanh(ctx, dtr_linear(ctx, x, w, NULL)))));
+    }
+    for (i = 0; i < 6; i++) ref[i] = dtr_tensor_grad(w)[i], dtr_tensor_grad(w)[i] = 0;
+    live0 = dtr_context_arena_peak(ctx, 1);
+    for (k = 0; k < 3; k++) CHECK_OK(ctx, dtr_tape_create(ctx, &tape[k]));
+    for (k = 0; k < 2; k++) {
+        CHECK(dtr_context_set_tape(ctx, tape[k]) == (k ? tape[0] : NULL));
+        CHECK(dtr_context_tape(ctx) == tape[k]);
+        loss[k] = dtr_sum_all(ctx, dtr_tanh(ctx, dtr_linear(ctx, dtr_tensor_from(ctx, DTR_F32, 2, s23, xv[k]), w, NULL)));
+    }
+    dtr_context_set_tape(ctx, NULL);
+    CHECK_OK(ctx, dtr_backward(ctx, loss[1]));  /* replays tape 1 only, whatever is current */
+    CHECK_OK(ctx, dtr_tape_reset(tape[1]));
+    peak_two = dtr_context_arena_peak(ctx, 0);
+    dtr_context_set_tape(ctx, tape[2]);
+    loss[2] = dtr_sum_all(ctx, dtr_tanh(ctx, dtr_linear(ctx, dtr_tensor_from(ctx, DTR_F32, 2, s23, xv[2]), w, NULL)));
+    CHECK_OK(ctx, dtr_backward(ctx, loss[2]));
+    CHECK_OK(ctx, dtr_tape_reset(tape[2]));
+    CHECK_OK(ctx, dtr_backward(ctx, loss[0]));
+    gw = dtr_tensor_grad(w);
+    for (i = 0; i < 6; i++) CHECK_NEAR(gw[i], ref[i], 1e-6);
+    /* at most two batches were alive at once: the third, of the second's size, reused its
+       share (a single tape would have held all three) */
+    CHECK(peak_two > 0);
+    CHECK_EQ_INT(dtr_context_arena_peak(ctx, 0), peak_two);
+    for (k = 0; k < 3; k++) dtr_tape_destroy(tape[k]);
+    CHECK(dtr_context_tape(ctx) == NULL);
+    CHECK_EQ_INT(dtr_context_arena_peak(ctx, 1), peak_two);
+    CHECK_EQ_INT(dtr_context_arena_peak(ctx, 0), live0);
+    dtr_context_destroy(ctx);
 }
 
 static void test_two_hooks(void) {
@@ -283,6 +333,7 @@ static void test_backend_caps(void) {
 int main(void) {
     RUN(test_second_backward);
     RUN(test_backward_from);
+    RUN(test_tapes);
     RUN(test_two_hooks);
     RUN(test_nan_propagates);
     RUN(test_nan_maxpool_windows);

@@ -28,7 +28,7 @@ static int g_covered[DTR_OP_COUNT];   /* ops seen on the tape of some case */
 
 static void mark_covered(const dtr_context *ctx) {
     const dtr__node *n;
-    for (n = ctx->tape; n; n = n->prev) g_covered[n->op] = 1;
+    for (n = ctx->cur->head; n; n = n->prev) g_covered[n->op] = 1;
 }
 
 /* Random inputs of a case: normal in [-1, 1), away from zero (kind 1), or a shuffled ramp of

@@ -52,13 +52,13 @@ static int dtr__is_param(const dtr_tensor *x) {
     return x && (x->flags & DTR__PARAM) && (x->flags & DTR__REQUIRES_GRAD);
 }
 
-static void dtr__count_writers(dtr_context *ctx) {
+static void dtr__count_writers(dtr__node *tape) {
     dtr__node *n;
     int i;
-    for (n = ctx->tape; n; n = n->prev)
+    for (n = tape; n; n = n->prev)
         for (i = 0; i < n->n_in; i++)
             if (dtr__is_param(n->in[i])) n->in[i]->grad_pending = 0;
-    for (n = ctx->tape; n; n = n->prev)
+    for (n = tape; n; n = n->prev)
         for (i = 0; i < n->n_in; i++)
             if (dtr__is_param(n->in[i])) n->in[i]->grad_pending++;
 }
@@ -116,13 +116,13 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     return r;
 }
 
-/* Replays the tape from its end; `out` already holds this pass's seed gradient. */
-static dtr_result dtr__replay(dtr_context *ctx) {
+/* Replays `tape` from its end; the root already holds this pass's seed gradient. */
+static dtr_result dtr__replay_nodes(dtr_context *ctx, dtr__node *tape) {
     dtr__node *n;
     dtr_result r;
     int hooks = ctx->n_grad_hooks > 0;
-    if (hooks) dtr__count_writers(ctx);
-    for (n = ctx->tape; n; n = n->prev) {
+    if (hooks) dtr__count_writers(tape);
+    for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
@@ -140,14 +140,10 @@ static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_te
     return DTR_OK;
 }
 
-dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
-    dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
-    size_t bytes;
-    if (r != DTR_OK) return r;
-    if (!grad) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward_from: grad is NULL");
-    ctx->backward_pass++;
-    bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
-    r = dtr__grad_of_pass(ctx, out);
+/* Seeds out's gradient for this pass with `grad` (host memory). */
+static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    size_t bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
+    dtr_result r = dtr__grad_of_pass(ctx, out);
     if (r == DTR_OK && out->node) {
         r = ctx->backend->from_host(ctx, out->grad, grad, bytes);
     } else if (r == DTR_OK) { /* a leaf: its gradient accumulates */
@@ -156,7 +152,23 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
         if (r == DTR_OK) r = ctx->backend->reduce(ctx, out->grad, out->grad, tmp, (size_t)dtr_tensor_numel(out), DTR_F32, DTR_REDUCE_SUM, 1);
     }
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward_from: cannot seed the gradient");
-    return dtr__replay(ctx);
+    return DTR_OK;
+}
+
+/* One pass over the tape that recorded `out` (the current one for a leaf), with that tape
+ * current so the gradients of its tensors live in its arenas. */
+dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
+    dtr_tape *was;
+    if (r != DTR_OK) return r;
+    if (!grad) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_backward_from: grad is NULL");
+    was = ctx->cur;
+    if (out->node) ctx->cur = out->node->tape;
+    ctx->backward_pass++;
+    r = dtr__seed(ctx, out, grad);
+    if (r == DTR_OK) r = dtr__replay_nodes(ctx, ctx->cur->head);
+    ctx->cur = was;
+    return r;
 }
 
 dtr_result dtr_backward(dtr_context *ctx, dtr_tensor *loss) {

@@ -158,6 +158,9 @@ void dtr_context_clear_error(dtr_context *ctx) {
 
 /* ---- configuration and lifetime ---- */
 
+static void dtr__tape_init(dtr_context *ctx, dtr_tape *t);
+static void dtr__tape_clear(dtr_tape *t);
+
 dtr_context_config dtr_context_config_init(void) {
     dtr_context_config c;
     memset(&c, 0, sizeof(c));
@@ -197,8 +200,8 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     ctx->grad_enabled = 1;
     ctx->training = 1;
     dtr_rng_seed(&ctx->rng, cfg->seed, 0x64747261696eULL);
-    dtr__arena_init(&ctx->meta, &ctx->alloc, 1u << 20, 0);
-    dtr__arena_init(&ctx->data, &ctx->alloc, cfg->arena_bytes ? cfg->arena_bytes : (16u << 20), cfg->arena_max_bytes);
+    dtr__tape_init(ctx, &ctx->own);
+    ctx->cur = &ctx->own;
     r = dtr__pool_create(&ctx->alloc, ctx->threads, &ctx->pool);
     if (r != DTR_OK) { dtr__free(&ctx->alloc, ctx); return r; }
     if (ctx->backend->init) {
@@ -217,8 +220,8 @@ void dtr_context_destroy(dtr_context *ctx) {
     dtr_allocation_callbacks a;
     if (!ctx) return;
     a = ctx->alloc;
-    dtr__arena_free(&ctx->meta);
-    dtr__arena_free(&ctx->data);
+    dtr__arena_free(&ctx->own.meta);
+    dtr__arena_free(&ctx->own.data);
     if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);
     dtr__pool_destroy(ctx->pool);
     dtr__free(&a, ctx);
@@ -226,10 +229,69 @@ void dtr_context_destroy(dtr_context *ctx) {
 
 dtr_result dtr_context_reset(dtr_context *ctx) {
     if (!ctx) return DTR_NULL_HANDLE;
-    dtr__arena_reset(&ctx->meta);
-    dtr__arena_reset(&ctx->data);
-    ctx->tape = NULL;
+    dtr__tape_clear(&ctx->own);
     return DTR_OK;
+}
+
+/* ---- tapes ---- */
+
+static void dtr__tape_init(dtr_context *ctx, dtr_tape *t) {
+    t->ctx = ctx;
+    t->head = NULL;
+    dtr__arena_init(&t->meta, &ctx->alloc, 1u << 20, 0);
+    dtr__arena_init(&t->data, &ctx->alloc, ctx->cfg.arena_bytes ? ctx->cfg.arena_bytes : (16u << 20),
+                    ctx->cfg.arena_max_bytes);
+}
+
+static void dtr__tape_clear(dtr_tape *t) {
+    t->ctx->live_bytes -= t->meta.used + t->data.used;
+    dtr__arena_reset(&t->meta);
+    dtr__arena_reset(&t->data);
+    t->head = NULL;
+}
+
+dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out) {
+    dtr_tape *t;
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    t = (dtr_tape *)dtr__calloc(&ctx->alloc, sizeof(*t));
+    if (!t) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tape_create: out of memory");
+    dtr__tape_init(ctx, t);
+    *out = t;
+    return DTR_OK;
+}
+
+dtr_result dtr_tape_reset(dtr_tape *t) {
+    if (!t) return DTR_NULL_HANDLE;
+    dtr__tape_clear(t);
+    return DTR_OK;
+}
+
+void dtr_tape_destroy(dtr_tape *t) {
+    dtr_context *ctx;
+    if (!t || t == &t->ctx->own) return;
+    ctx = t->ctx;
+    dtr__tape_clear(t);
+    if (ctx->cur == t) ctx->cur = &ctx->own;
+    dtr__arena_free(&t->meta);
+    dtr__arena_free(&t->data);
+    dtr__free(&ctx->alloc, t);
+}
+
+dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {
+    dtr_tape *old;
+    if (!ctx) return NULL;
+    if (t && t->ctx != ctx) {
+        dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_context_set_tape: the tape belongs to another context");
+        return NULL;
+    }
+    old = ctx->cur == &ctx->own ? NULL : ctx->cur;
+    ctx->cur = t ? t : &ctx->own;
+    return old;
+}
+
+dtr_tape *dtr_context_tape(const dtr_context *ctx) {
+    return ctx && ctx->cur != &ctx->own ? ctx->cur : NULL;
 }
 
 int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled) {
@@ -251,8 +313,25 @@ int dtr_context_set_training(dtr_context *ctx, int training) {
 int dtr_context_threads(const dtr_context *ctx) { return ctx ? ctx->threads : 0; }
 
 void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used) {
-    if (reserved) *reserved = ctx ? ctx->data.reserved + ctx->meta.reserved : 0;
-    if (used) *used = ctx ? ctx->data.used + ctx->meta.used : 0;
+    if (reserved) *reserved = ctx ? ctx->cur->data.reserved + ctx->cur->meta.reserved : 0;
+    if (used) *used = ctx ? ctx->cur->data.used + ctx->cur->meta.used : 0;
+}
+
+size_t dtr_context_arena_peak(dtr_context *ctx, int reset) {
+    size_t peak;
+    if (!ctx) return 0;
+    peak = ctx->peak_bytes;
+    if (reset) ctx->peak_bytes = ctx->live_bytes;
+    return peak;
+}
+
+/* an allocation from one of the current tape's arenas, counted in live and peak bytes */
+static void *dtr__tape_alloc(dtr_context *ctx, dtr__arena *a, size_t bytes, int *full) {
+    size_t before = a->used;
+    void *p = dtr__arena_alloc(a, bytes, full);
+    ctx->live_bytes += a->used - before;
+    if (ctx->live_bytes > ctx->peak_bytes) ctx->peak_bytes = ctx->live_bytes;
+    return p;
 }
 
 const char *dtr_context_backend_name(const dtr_context *ctx) {
@@ -261,19 +340,19 @@ const char *dtr_context_backend_name(const dtr_context *ctx) {
 
 void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     int full = 0;
-    void *p = dtr__arena_alloc(&ctx->meta, bytes, &full);
+    void *p = dtr__tape_alloc(ctx, &ctx->cur->meta, bytes, &full);
     if (!p) dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes of tensor metadata", op, bytes);
     return p;
 }
 
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     int full = 0;
-    void *p = dtr__arena_alloc(&ctx->data, bytes, &full);
+    void *p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
             dtr__fail(ctx, DTR_ARENA_FULL, "%s: step arena full (%zu bytes asked, %zu of %zu reserved); "
-                      "raise arena_max_bytes or use smaller batches", op, bytes, ctx->data.reserved,
-                      ctx->data.max_bytes);
+                      "raise arena_max_bytes or use smaller batches", op, bytes, ctx->cur->data.reserved,
+                      ctx->cur->data.max_bytes);
         else
             dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", op, bytes);
     }

@@ -199,6 +199,7 @@ typedef struct dtr__node {
     void *saved;                      /* backend-private: what its forward keeps for its backward
                                          (masks, argmax indices, statistics, im2col columns) */
     struct dtr__node *prev;           /* previous node on the tape */
+    struct dtr_tape *tape;            /* the tape that recorded it */
 } dtr__node;
 
 /** Arguments of one fused optimizer update over a contiguous range. */
@@ -290,6 +291,15 @@ struct dtr_backend {
 
 #define DTR__MAX_GRAD_HOOKS 8
 
+/** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
+ *  context's own is ctx->own). Resetting it frees all of them at once. */
+struct dtr_tape {
+    dtr_context *ctx;
+    dtr__arena meta;              /* tensor structs and nodes (host) */
+    dtr__arena data;              /* tensor data (backend memory) */
+    dtr__node *head;              /* last recorded node */
+};
+
 /** One installed gradient hook (dtr_context_add_grad_hook). */
 typedef struct dtr__grad_hook {
     dtr_grad_hook_fn fn;
@@ -304,9 +314,10 @@ struct dtr_context {
     void *backend_state;
     dtr__pool *pool;
     int threads;
-    dtr__arena meta;              /* tensor structs and nodes (host) */
-    dtr__arena data;              /* tensor data (backend memory) */
-    dtr__node *tape;              /* last recorded node */
+    dtr_tape own;                 /* the context's own tape (dtr_context_reset) */
+    dtr_tape *cur;                /* where ops record and allocate now (&own by default) */
+    size_t live_bytes;            /* arena bytes in use over all tapes */
+    size_t peak_bytes;            /* the most live_bytes since the last dtr_context_arena_peak reset */
     int grad_enabled;
     int training;
     dtr_result status;            /* sticky */

@@ -336,8 +336,9 @@ dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     if (node->taped) {
         node->out->flags |= DTR__REQUIRES_GRAD;
         node->out->node = node;
-        node->prev = ctx->tape;
-        ctx->tape = node;
+        node->tape = ctx->cur;
+        node->prev = ctx->cur->head;
+        ctx->cur->head = node;
     }
     return node->out;
 }

@@ -85,6 +85,8 @@ DTR_API dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, 
 /* ---- context ---- */
 
 typedef struct dtr_context dtr_context;
+/** A tape with its own arenas (dtr_tape_create). */
+typedef struct dtr_tape dtr_tape;
 typedef struct dtr_tensor dtr_tensor;
 typedef struct dtr_backend dtr_backend;
 
@@ -169,9 +171,42 @@ DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
  *  Thread safety: the context's thread. */
 DTR_API int dtr_context_threads(const dtr_context *ctx);
 
-/** Bytes the step arena has reserved (its capacity) and uses now. Either pointer may be NULL.
+/** Bytes the current tape's arenas have reserved (their capacity) and use now (the context's
+ *  own step arena unless a dtr_tape is current). Either pointer may be NULL.
  *  Thread safety: the context's thread. */
 DTR_API void dtr_context_arena_usage(const dtr_context *ctx, size_t *reserved, size_t *used);
+
+/** The most arena bytes in use at once, over the context's own tape and every dtr_tape, since
+ *  the context was created or the last call with `reset` 1 (which restarts the count from the
+ *  bytes in use now). 0 for NULL.
+ *  Thread safety: the context's thread. */
+DTR_API size_t dtr_context_arena_peak(dtr_context *ctx, int reset);
+
+/* ---- tapes ----
+ * Ops record on, and allocate their tensors from, the context's current tape: its own by
+ * default, which dtr_context_reset frees. An engine that keeps several forward passes alive
+ * at once (the micro-batches of a pipeline, a recomputed region) gives each its own tape and
+ * frees each when its backward is done, in any order. dtr_backward replays the tape that
+ * recorded the loss. A tensor of one tape may feed ops recorded on another; resetting the
+ * first while the second still needs it is the app's error (its memory is gone). */
+
+/** New, empty tape of ctx, with arenas sized like the context's (arena_bytes, and
+ *  arena_max_bytes per tape). @return DTR_OK, DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out);
+/** Forgets the tape's nodes and frees its tensors, keeping its memory for reuse.
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tape_reset(dtr_tape *t);
+/** Frees the tape (the context's own tape comes back as current if it was). Destroy every
+ *  tape before its context. NULL is ignored. Thread safety: the context's thread. */
+DTR_API void dtr_tape_destroy(dtr_tape *t);
+/** Makes `t` the tape that later ops record on (NULL: the context's own). Returns the tape
+ *  that was current (NULL for the context's own), to put back after. A tape of another
+ *  context is refused (error recorded on ctx, NULL returned, nothing changed).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t);
+/** The current tape, NULL when it is the context's own. Thread safety: the context's thread. */
+DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
 
 /** The backend's name ("cpu", "cuda").
  *  Thread safety: the context's thread. */
