@@ -505,6 +505,16 @@ DTR_API void dtr_model_destroy(dtr_model *m);
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
                                     dtr_init init, float arg);
+/** Keeps only the parameters whose names start with one of the n `prefixes` (for example the
+ *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}); call it after declaring the
+ *  whole model and before dtr_model_build. Kept parameters start from the values they would
+ *  have in the whole model (each parameter's initialiser stream is its declaration number),
+ *  so a split model and the whole one train from the same weights. A parameter left out
+ *  keeps its tensor (layer structs may point at it) but has no storage: an op given it fails
+ *  with DTR_INVALID_ARGUMENT naming it. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
+ *  (n < 0), DTR_BAD_STATE (already built), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
  *  Called automatically by the first forward use; calling it twice is harmless. */
 DTR_API dtr_result dtr_model_build(dtr_model *m);
@@ -1947,7 +1957,7 @@ DTR_API void dtr_request_destroy(dtr_request *req);
  * peers: each attaches to a model and a process group through the same open seams
  * (gradient hooks, backward from any tensor, optimizer steps over a range of the parameter
  * buffer, state accessors), so several can work on one model at once. In this version:
- * data parallel, and tensor-parallel communication on the tape.
+ * data parallel, pipeline parallel, and tensor-parallel communication on the tape.
  * ==========================================================================*/
 #ifdef __cplusplus
 extern "C" {
@@ -1993,6 +2003,8 @@ DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *com
 
 /** Data-parallel training of a model replicated on every rank of a group. */
 typedef struct dtr_dp dtr_dp;
+/** Pipeline-parallel training: a model's layers split into stages over the ranks of a group. */
+typedef struct dtr_pipe dtr_pipe;
 
 typedef struct dtr_dp_config {
     size_t bucket_bytes;   /**< gradient bucket size; 0: 25 MiB (as PyTorch DDP) */
@@ -2047,6 +2059,89 @@ DTR_API dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out);
 /** After writing the entries back: checks them. @return DTR_OK, DTR_NULL_HANDLE,
  *  DTR_CORRUPT_FILE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
+
+/* ---- pipeline parallel ----
+ * Each rank of a group holds a stage: some consecutive layers (dtr_model_keep keeps them out
+ * of a model declared whole). The micro-batches of a batch flow through the stages; the
+ * engine sends activations forward and their gradients back, accumulates the gradients of
+ * all micro-batches in the model, and reports the loss of the last stage to every rank.
+ * Loop: dtr_model_zero_grad (or the optimizer's), dtr_pipe_step, dtr_optimizer_step,
+ * dtr_context_reset. Stage s of S = P * chunks lives on rank s mod P as chunk s / P. */
+
+/** The order in which a rank runs the forwards and backwards of its micro-batches. */
+typedef enum dtr_pipe_schedule {
+    DTR_PIPE_GPIPE = 0,      /**< every forward, then every backward: M micro-batches of activations alive */
+    DTR_PIPE_1F1B = 1,       /**< PipeDream-flush: after P - rank - 1 warm-up forwards, one forward
+                                  then one backward; at most P micro-batches alive (default) */
+    DTR_PIPE_INTERLEAVED = 2 /**< Megatron-LM's interleaved 1F1B over `chunks` model chunks per
+                                  rank: bubble divided by chunks; M must divide by P */
+} dtr_pipe_schedule;
+
+/** A stage's forward for one micro-batch, called by dtr_pipe_step with the micro-batch's own
+ *  tape current. `input` is the previous stage's output (it requires grad: its gradient goes
+ *  back), NULL on stage 0, which reads micro-batch `microbatch` of its data itself. The last
+ *  stage returns the micro-batch's loss (a scalar, the mean over its samples); the others
+ *  return the activation for the next stage (any shape, f32). NULL (with the context's
+ *  error) stops the step. `chunk` is the model chunk of this rank (0 without interleaving). */
+typedef dtr_tensor *(*dtr_pipe_forward_fn)(void *user, dtr_context *ctx, int chunk, int microbatch,
+                                           dtr_tensor *input);
+
+typedef struct dtr_pipe_config {
+    dtr_pipe_schedule schedule; /**< default DTR_PIPE_1F1B */
+    int microbatches;           /**< M per batch, 1 to 65536 (default 1) */
+    int chunks;                 /**< model chunks per rank: 1 (default), 2 or more with INTERLEAVED */
+    int64_t batch;              /**< samples per batch, split into M near-equal contiguous ranges
+                                     (dtr_pipe_microbatch_range) whose losses are weighted by their
+                                     size; 0: the micro-batches weigh 1/M each */
+    dtr_pipe_forward_fn forward;
+    void *user;                 /**< passed to forward */
+    int tag;                    /**< point-to-point tags tag .. tag + 3 * chunks - 1 are the
+                                     engine's (default 1 << 24) */
+    dtr_dp *dp;                 /**< optional: the data-parallel engine of this stage's replicas
+                                     (a hybrid grid); its all-reduce runs during the last backward */
+} dtr_pipe_config;
+
+/** What the last dtr_pipe_step measured on this rank. */
+typedef struct dtr_pipe_stats {
+    double step_s;          /**< wall time of the step */
+    double wait_s;          /**< time blocked receiving activations and gradients */
+    double bubble;          /**< wait_s / step_s: the measured idle fraction */
+    double bubble_theory;   /**< (P - 1) / (chunks * M + P - 1) */
+    int64_t bytes_sent;     /**< activation, header and gradient bytes this rank sent */
+    int max_live;           /**< most micro-batches whose activations were alive at once */
+} dtr_pipe_stats;
+
+/** A pipeline engine with every field at its default. Thread safety: thread safe. */
+DTR_API dtr_pipe_config dtr_pipe_config_init(void);
+/** "gpipe", "1f1b", "interleaved"; "?" for others. Thread safety: thread safe. */
+DTR_API const char *dtr_pipe_schedule_name(dtr_pipe_schedule s);
+/** Makes `m` (this rank's stages) a pipeline stage over group `c` (rank r holds stages r,
+ *  r + P, ...). Not collective: nothing is sent until dtr_pipe_step.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (micro-batches, chunks against the
+ *  schedule, an interleaved M not divisible by P, a batch smaller than M, tag),
+ *  DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg, dtr_pipe **out);
+/** Frees the engine and its tapes. NULL is ignored. Thread safety: the model's context thread. */
+DTR_API void dtr_pipe_destroy(dtr_pipe *p);
+/** Runs the forward and backward of every micro-batch of one batch in the schedule's order
+ *  (collective over the group: every rank calls it). Gradients accumulate into the model's
+ *  gradient buffer, scaled so that they are those of the batch's mean loss; *loss (may be
+ *  NULL) receives that loss on every rank. A failing stage aborts the group, and every other
+ *  rank returns DTR_PEER_FAILED within the group's deadline; the message names the stage
+ *  and micro-batch. @return DTR_OK, or the context's error (the forward's, a malformed
+ *  message, the group's failure). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_step(dtr_pipe *p, float *loss);
+/** Samples [*begin, *end) of micro-batch mb when cfg.batch is set.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (mb out of range, batch not set).
+ *  Thread safety: any thread. */
+DTR_API dtr_result dtr_pipe_microbatch_range(const dtr_pipe *p, int mb, int64_t *begin, int64_t *end);
+/** The global stage number of this rank's model chunk `chunk` (-1 out of range), and the
+ *  number of stages. Thread safety: any thread. */
+DTR_API int dtr_pipe_stage(const dtr_pipe *p, int chunk);
+DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
+/** The measurements of the last step. @return DTR_OK, DTR_NULL_HANDLE.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out);
 
 #ifdef __cplusplus
 }
@@ -2106,7 +2201,7 @@ DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2110 "dtrain.h"
+#line 2205 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2514,7 +2609,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2518 "dtrain.h"
+#line 2613 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2569,7 +2664,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2573 "dtrain.h"
+#line 2668 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2805,7 +2900,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2809 "dtrain.h"
+#line 2904 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2855,7 +2950,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2859 "dtrain.h"
+#line 2954 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3207,7 +3302,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3211 "dtrain.h"
+#line 3306 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -3998,7 +4093,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4002 "dtrain.h"
+#line 4097 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4422,7 +4517,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4426 "dtrain.h"
+#line 4521 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4535,7 +4630,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4539 "dtrain.h"
+#line 4634 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -4900,13 +4995,17 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
         return 0;
     }
     if (!x->storage && x->model && dtr_model_build(x->model) != DTR_OK) return 0;
+    if (!x->storage && x->model) {
+        dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: parameter '%s' is not part of this model (dtr_model_keep left it out)", op, x->name);
+        return 0;
+    }
     return 1;
 }
 
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 4910 "dtrain.h"
+#line 5009 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5106,7 +5205,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5110 "dtrain.h"
+#line 5209 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5556,7 +5655,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5560 "dtrain.h"
+#line 5659 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5735,7 +5834,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5739 "dtrain.h"
+#line 5838 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6135,7 +6234,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6139 "dtrain.h"
+#line 6238 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6635,7 +6734,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6639 "dtrain.h"
+#line 6738 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6894,7 +6993,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6898 "dtrain.h"
+#line 6997 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -6961,7 +7060,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 6965 "dtrain.h"
+#line 7064 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7074,7 +7173,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7078 "dtrain.h"
+#line 7177 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7096,7 +7195,10 @@ struct dtr_model {
     dtr_init *inits;
     float *init_args;
     int64_t *offsets;
+    uint64_t *streams;    /* each parameter's initialiser stream: its declaration number */
     int count, cap;
+    dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
+    int n_dropped;
     int64_t total;        /* floats in each buffer, padding included */
     float *data, *grad;   /* backend memory */
     int built;
@@ -7120,6 +7222,9 @@ void dtr_model_destroy(dtr_model *m) {
     if (!m) return;
     a = &m->ctx->alloc;
     for (i = 0; i < m->count; i++) { dtr__free(a, m->params[i]); dtr__free(a, m->names[i]); }
+    for (i = 0; i < m->n_dropped; i++) { dtr__free(a, (void *)m->dropped[i]->name); dtr__free(a, m->dropped[i]); }
+    dtr__free(a, m->dropped);
+    dtr__free(a, m->streams);
     dtr__free(a, m->params);
     dtr__free(a, m->names);
     dtr__free(a, m->inits);
@@ -7128,6 +7233,11 @@ void dtr_model_destroy(dtr_model *m) {
     if (m->data) m->ctx->backend->mem_free(m->ctx, m->data);
     if (m->grad) m->ctx->backend->mem_free(m->ctx, m->grad);
     dtr__free(a, m);
+}
+
+/* floats a parameter takes in the buffers: each starts on a 64-byte boundary */
+static int64_t dtr__padded(const dtr_tensor *t) {
+    return (dtr_tensor_numel(t) + DTR__PARAM_ALIGN - 1) / DTR__PARAM_ALIGN * DTR__PARAM_ALIGN;
 }
 
 static int dtr__model_grow(dtr_model *m) {
@@ -7139,6 +7249,7 @@ static int dtr__model_grow(dtr_model *m) {
     p = dtr__realloc(a, m->inits, (size_t)cap * sizeof(*m->inits)); if (!p) return 0; m->inits = (dtr_init *)p;
     p = dtr__realloc(a, m->init_args, (size_t)cap * sizeof(*m->init_args)); if (!p) return 0; m->init_args = (float *)p;
     p = dtr__realloc(a, m->offsets, (size_t)cap * sizeof(*m->offsets)); if (!p) return 0; m->offsets = (int64_t *)p;
+    p = dtr__realloc(a, m->streams, (size_t)cap * sizeof(*m->streams)); if (!p) return 0; m->streams = (uint64_t *)p;
     m->cap = cap;
     return 1;
 }
@@ -7185,7 +7296,8 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->inits[m->count] = init;
     m->init_args[m->count] = arg;
     m->offsets[m->count] = m->total;
-    m->total += (dtr_tensor_numel(t) + DTR__PARAM_ALIGN - 1) / DTR__PARAM_ALIGN * DTR__PARAM_ALIGN;
+    m->streams[m->count] = (uint64_t)(m->count + m->n_dropped) + 1;
+    m->total += dtr__padded(t);
     m->count++;
     return t;
 }
@@ -7244,7 +7356,7 @@ dtr_result dtr_model_build(dtr_model *m) {
     memset(host, 0, bytes);
     for (i = 0; i < m->count; i++) {
         dtr_rng rng;
-        dtr_rng_seed(&rng, m->seed, (uint64_t)i + 1);
+        dtr_rng_seed(&rng, m->seed, m->streams[i]);
         dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, host + m->offsets[i]);
     }
     if (host != m->data) {
@@ -7257,6 +7369,47 @@ dtr_result dtr_model_build(dtr_model *m) {
         m->params[i]->grad = m->grad + m->offsets[i];
     }
     m->built = 1;
+    return DTR_OK;
+}
+
+/* ---- keeping a part of a model (a pipeline stage) ---- */
+
+static int dtr__has_prefix(const char *name, const char *const *prefixes, int n) {
+    int k;
+    for (k = 0; k < n; k++)
+        if (prefixes[k] && !strncmp(name, prefixes[k], strlen(prefixes[k]))) return 1;
+    return 0;
+}
+
+/* moves parameter i to the dropped list (its struct stays valid: layers point at it) */
+static int dtr__model_drop(dtr_model *m, int i) {
+    void *p = dtr__realloc(&m->ctx->alloc, m->dropped, (size_t)(m->n_dropped + 1) * sizeof(*m->dropped));
+    if (!p) return 0;
+    m->dropped = (dtr_tensor **)p;
+    m->dropped[m->n_dropped++] = m->params[i];
+    m->params[i]->param_index = -1;
+    return 1;
+}
+
+dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
+    int i, kept = 0;
+    if (!m) return DTR_NULL_HANDLE;
+    if (n < 0 || (n && !prefixes)) return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "dtr_model_keep: %d prefixes", n);
+    if (m->built) return dtr__fail(m->ctx, DTR_BAD_STATE, "dtr_model_keep: the model is built already");
+    m->total = 0;
+    for (i = 0; i < m->count; i++) {
+        dtr_tensor *t = m->params[i];
+        if (!dtr__has_prefix(t->name, prefixes, n)) {
+            if (!dtr__model_drop(m, i)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
+            continue;
+        }
+        m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
+        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i];
+        t->param_index = kept;
+        m->offsets[kept++] = m->total;
+        m->total += dtr__padded(t);
+    }
+    m->count = kept;
     return DTR_OK;
 }
 
@@ -7405,7 +7558,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7409 "dtrain.h"
+#line 7562 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7574,7 +7727,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7578 "dtrain.h"
+#line 7731 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -7918,7 +8071,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 7922 "dtrain.h"
+#line 8075 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8265,7 +8418,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8269 "dtrain.h"
+#line 8422 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8450,7 +8603,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8454 "dtrain.h"
+#line 8607 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9091,7 +9244,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9095 "dtrain.h"
+#line 9248 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9544,7 +9697,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9548 "dtrain.h"
+#line 9701 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9600,7 +9753,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9604 "dtrain.h"
+#line 9757 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10377,7 +10530,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10381 "dtrain.h"
+#line 10534 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -10958,7 +11111,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 10962 "dtrain.h"
+#line 11115 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11589,7 +11742,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11593 "dtrain.h"
+#line 11746 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12327,7 +12480,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12331 "dtrain.h"
+#line 12484 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12594,7 +12747,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12598 "dtrain.h"
+#line 12751 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -12784,7 +12937,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12788 "dtrain.h"
+#line 12941 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -12918,7 +13071,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 12922 "dtrain.h"
+#line 13075 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13652,7 +13805,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13656 "dtrain.h"
+#line 13809 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14169,7 +14322,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14173 "dtrain.h"
+#line 14326 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -14901,7 +15054,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 14905 "dtrain.h"
+#line 15058 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15940,7 +16093,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 15944 "dtrain.h"
+#line 16097 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16481,7 +16634,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16485 "dtrain.h"
+#line 16638 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16907,7 +17060,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 16911 "dtrain.h"
+#line 17064 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17144,7 +17297,430 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17148 "dtrain.h"
+#line 17301 "dtrain.h"
+
+/* ---- src/engine/pipeline.c ---- */
+#line 1 "src/engine/pipeline.c"
+/* ============================================================================
+ * Pipeline parallelism: each rank of a group holds some consecutive layers of the model (a
+ * stage, or with interleaving several model chunks), and the micro-batches of a batch flow
+ * through the stages: activations forward by point-to-point sends, their gradients back.
+ *
+ * A step runs this rank's plan, a list of actions F(chunk, mb) and B(chunk, mb) that the
+ * schedule fixes (GPipe: every forward, then every backward; 1F1B: P - rank - 1 forwards of
+ * warm-up, then one forward and one backward in turn, then the rest of the backwards;
+ * interleaved: Megatron-LM's order over `chunks` model chunks per rank). Sends never block
+ * (their requests are collected and reclaimed later), receives block (with the group's
+ * deadline), so a rank waits only for data it needs next: the plans of all ranks together
+ * cannot deadlock, and a dead stage turns into DTR_PEER_FAILED on the others.
+ *
+ * Memory: each micro-batch in flight has its own tape (dtr_tape), reset as soon as its
+ * backward is done and its gradient sent; 1F1B keeps at most P micro-batches of activations
+ * alive on the first stage, GPipe keeps M.
+ *
+ * Wire format, per (sender, receiving chunk): an activation is a header of 1 + DTR_MAX_DIMS
+ * int64 (ndim, shape) on tag + 3c, its f32 data on tag + 3c + 1; a gradient (shape known to
+ * both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
+ * handles the micro-batches of a chunk in increasing order in both directions.
+ * ==========================================================================*/
+
+
+
+
+
+/* one micro-batch in flight: its tape, input (received or NULL), output, sends */
+typedef struct dtr__pipe_slot {
+    dtr_tape *tape;
+    dtr_tensor *in, *out;
+    dtr_request *req[3];           /* header, activation, gradient sends */
+    int64_t hdr[1 + DTR_MAX_DIMS]; /* header being sent */
+    int busy;                      /* 1 from its forward until its backward is done */
+} dtr__pipe_slot;
+
+typedef struct dtr__pipe_action { int fwd, chunk, mb; } dtr__pipe_action;
+
+struct dtr_pipe {
+    dtr_model *m;
+    dtr_context *ctx;
+    dtr_comm *c;
+    dtr_pipe_config cfg;
+    int rank, P, v, M;
+    dtr__pipe_slot *slots;
+    int n_slots, live_now;
+    dtr__pipe_slot **live;          /* [chunk * M + mb] during a step */
+    dtr__pipe_action *plan;         /* 2 * v * M actions */
+    double loss;                    /* weighted sum of this step's micro-batch losses */
+    dtr_pipe_stats stats;
+};
+
+/* ---- configuration and plans ---- */
+
+dtr_pipe_config dtr_pipe_config_init(void) {
+    dtr_pipe_config c;
+    memset(&c, 0, sizeof(c));
+    c.schedule = DTR_PIPE_1F1B;
+    c.microbatches = 1;
+    c.chunks = 1;
+    c.tag = 1 << 24;
+    return c;
+}
+
+/* Megatron-LM's interleaved order: forward k runs chunk (k mod P*v) / P of micro-batch
+ * (k / (P*v)) * P + k mod P; backward k the same micro-batch of the mirrored chunk. */
+static dtr__pipe_action dtr__pipe_interleaved(const dtr_pipe *p, int k, int fwd) {
+    dtr__pipe_action a;
+    int group = p->P * p->v, chunk = (k % group) / p->P;
+    a.fwd = fwd;
+    a.chunk = fwd ? chunk : p->v - 1 - chunk;
+    a.mb = (k / group) * p->P + k % p->P;
+    return a;
+}
+
+static dtr__pipe_action dtr__pipe_nth(const dtr_pipe *p, int k, int fwd) {
+    dtr__pipe_action a;
+    if (p->v > 1) return dtr__pipe_interleaved(p, k, fwd);
+    a.fwd = fwd, a.chunk = 0, a.mb = k;
+    return a;
+}
+
+/* forwards before the first backward on this rank */
+static int dtr__pipe_warmup(const dtr_pipe *p) {
+    int total = p->v * p->M, w;
+    if (p->cfg.schedule == DTR_PIPE_GPIPE) return total;
+    if (p->v == 1) w = p->P - p->rank - 1;
+    else w = p->M == p->P ? total : (p->P - p->rank - 1) * 2 + (p->v - 1) * p->P;
+    return w < total ? w : total;
+}
+
+static void dtr__pipe_build_plan(dtr_pipe *p) {
+    int total = p->v * p->M, w = dtr__pipe_warmup(p), n = 0, k;
+    for (k = 0; k < w; k++) p->plan[n++] = dtr__pipe_nth(p, k, 1);
+    for (k = 0; k < total - w; k++) {
+        p->plan[n++] = dtr__pipe_nth(p, w + k, 1);
+        p->plan[n++] = dtr__pipe_nth(p, k, 0);
+    }
+    for (k = total - w; k < total; k++) p->plan[n++] = dtr__pipe_nth(p, k, 0);
+}
+
+static dtr_result dtr__pipe_check(dtr_context *ctx, const dtr_pipe_config *cfg, int P) {
+    const char *fn = "dtr_pipe_create";
+    if (!cfg->forward) return dtr__fail(ctx, DTR_NULL_HANDLE, "%s: cfg.forward is NULL", fn);
+    if (cfg->microbatches < 1 || cfg->microbatches > 1 << 16)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: %d micro-batches (1 to 65536)", fn, cfg->microbatches);
+    if ((int)cfg->schedule < 0 || cfg->schedule > DTR_PIPE_INTERLEAVED)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: unknown schedule %d", fn, (int)cfg->schedule);
+    if (cfg->chunks < 1 || cfg->chunks > 64 || (cfg->chunks > 1) != (cfg->schedule == DTR_PIPE_INTERLEAVED))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: %d model chunks per rank with the %s schedule "
+                         "(the interleaved schedule takes 2 or more, the others 1)", fn, cfg->chunks,
+                         dtr_pipe_schedule_name(cfg->schedule));
+    if (cfg->chunks > 1 && (P < 2 || cfg->microbatches % P))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: the interleaved schedule needs 2 or more ranks and a "
+                         "micro-batch count divisible by them (%d micro-batches, %d ranks)", fn, cfg->microbatches, P);
+    if (cfg->batch < 0 || (cfg->batch > 0 && cfg->batch < cfg->microbatches))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: a batch of %lld samples cannot make %d micro-batches", fn,
+                         (long long)cfg->batch, cfg->microbatches);
+    if (cfg->tag < 0 || cfg->tag > INT32_MAX - 3 * cfg->chunks)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: tag %d out of range", fn, cfg->tag);
+    return DTR_OK;
+}
+
+const char *dtr_pipe_schedule_name(dtr_pipe_schedule s) {
+    switch (s) {
+    case DTR_PIPE_GPIPE: return "gpipe";
+    case DTR_PIPE_1F1B: return "1f1b";
+    case DTR_PIPE_INTERLEAVED: return "interleaved";
+    }
+    return "?";
+}
+
+dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg, dtr_pipe **out) {
+    dtr_context *ctx;
+    dtr_pipe *p;
+    dtr_result r;
+    if (!out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (!m || !c || !cfg) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    if ((r = dtr__pipe_check(ctx, cfg, dtr_comm_size(c))) != DTR_OK) return r;
+    p = (dtr_pipe *)dtr__calloc(&ctx->alloc, sizeof(*p));
+    if (!p) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
+    p->m = m, p->ctx = ctx, p->c = c, p->cfg = *cfg;
+    p->rank = dtr_comm_rank(c), p->P = dtr_comm_size(c), p->v = cfg->chunks, p->M = cfg->microbatches;
+    p->live = (dtr__pipe_slot **)dtr__calloc(&ctx->alloc, (size_t)(p->v * p->M) * sizeof(*p->live));
+    p->plan = (dtr__pipe_action *)dtr__calloc(&ctx->alloc, (size_t)(2 * p->v * p->M) * sizeof(*p->plan));
+    if (!p->live || !p->plan) {
+        dtr_pipe_destroy(p);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
+    }
+    dtr__pipe_build_plan(p);
+    if ((r = dtr_model_build(m)) != DTR_OK) { dtr_pipe_destroy(p); return r; }
+    *out = p;
+    return DTR_OK;
+}
+
+void dtr_pipe_destroy(dtr_pipe *p) {
+    int i, k;
+    if (!p) return;
+    for (i = 0; i < p->n_slots; i++) {
+        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i].req[k]);
+        dtr_tape_destroy(p->slots[i].tape);
+    }
+    dtr__free(&p->ctx->alloc, p->slots);
+    dtr__free(&p->ctx->alloc, p->live);
+    dtr__free(&p->ctx->alloc, p->plan);
+    dtr__free(&p->ctx->alloc, p);
+}
+
+/* ---- queries ---- */
+
+int dtr_pipe_stage(const dtr_pipe *p, int chunk) { return p && chunk >= 0 && chunk < p->v ? chunk * p->P + p->rank : -1; }
+int dtr_pipe_stage_count(const dtr_pipe *p) { return p ? p->P * p->v : 0; }
+
+dtr_result dtr_pipe_microbatch_range(const dtr_pipe *p, int mb, int64_t *begin, int64_t *end) {
+    if (!p || !begin || !end) return DTR_NULL_HANDLE;
+    if (mb < 0 || mb >= p->M || p->cfg.batch <= 0)
+        return dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_microbatch_range: micro-batch %d of %d%s", mb, p->M,
+                         p->cfg.batch <= 0 ? " (cfg.batch is not set)" : "");
+    *begin = p->cfg.batch * mb / p->M;
+    *end = p->cfg.batch * (mb + 1) / p->M;
+    return DTR_OK;
+}
+
+dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out) {
+    if (!p || !out) return DTR_NULL_HANDLE;
+    *out = p->stats;
+    return DTR_OK;
+}
+
+/* ---- slots ---- */
+
+/* 1 when every send of the slot is complete (their requests freed); errors go to *r */
+static int dtr__pipe_sent(dtr__pipe_slot *s, dtr_result *r) {
+    int k, done = 1, d;
+    for (k = 0; k < 3; k++) {
+        if (!s->req[k]) continue;
+        d = 0;
+        if ((*r = dtr_request_test(s->req[k], &d)) != DTR_OK) return 0;
+        if (!d) { done = 0; continue; }
+        dtr_request_destroy(s->req[k]);
+        s->req[k] = NULL;
+    }
+    return done;
+}
+
+/* A free slot (backward done, sends complete, tape reset); a new one when none is. */
+static dtr__pipe_slot *dtr__pipe_acquire(dtr_pipe *p, dtr_result *r) {
+    dtr__pipe_slot *s;
+    int i;
+    *r = DTR_OK;
+    for (i = 0; i < p->n_slots; i++) {
+        s = &p->slots[i];
+        if (!s->busy && dtr__pipe_sent(s, r)) { dtr_tape_reset(s->tape); return s; }
+        if (*r != DTR_OK) return NULL;
+    }
+    s = (dtr__pipe_slot *)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*s));
+    if (!s) { *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory"); return NULL; }
+    /* live[] points into the array: move the pointers with it */
+    for (i = 0; i < p->v * p->M; i++)
+        if (p->live[i]) p->live[i] = s + (p->live[i] - p->slots);
+    p->slots = s;
+    s = &p->slots[p->n_slots];
+    memset(s, 0, sizeof(*s));
+    if ((*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) return NULL;
+    p->n_slots++;
+    return s;
+}
+
+/* ---- one forward and one backward ---- */
+
+static int dtr__pipe_first(const dtr_pipe *p, int chunk) { return chunk == 0 && p->rank == 0; }
+static int dtr__pipe_last(const dtr_pipe *p, int chunk) { return chunk == p->v - 1 && p->rank == p->P - 1; }
+static int dtr__pipe_next(const dtr_pipe *p) { return (p->rank + 1) % p->P; }
+static int dtr__pipe_prev(const dtr_pipe *p) { return (p->rank + p->P - 1) % p->P; }
+
+static dtr_result dtr__pipe_comm_fail(dtr_pipe *p, dtr_result r, const char *what, int chunk, int mb) {
+    return dtr__fail(p->ctx, r, "dtr_pipe_step: stage %d, micro-batch %d: %s: %s", dtr_pipe_stage(p, chunk), mb, what,
+                     dtr_comm_last_error(p->c));
+}
+
+/* a blocking receive, its time counted as waiting */
+static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, int tag) {
+    int64_t t0 = dtr_time_ns();
+    dtr_result r = dtr_comm_recv(p->c, buf, bytes, src, tag);
+    p->stats.wait_s += (double)(dtr_time_ns() - t0) * 1e-9;
+    return r;
+}
+
+/* receives the activation header for (chunk, mb) and makes the input tensor on the slot's tape */
+static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
+    int64_t hdr[1 + DTR_MAX_DIMS];
+    int tag = p->cfg.tag + 3 * chunk, d;
+    dtr_result r = dtr__pipe_recv(p, hdr, sizeof hdr, dtr__pipe_prev(p), tag);
+    if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving an activation's shape", chunk, mb);
+    if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
+    for (d = 1; d <= hdr[0]; d++)
+        if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
+    s->in = dtr_tensor_new(p->ctx, DTR_F32, (int)hdr[0], hdr + 1);
+    if (!s->in) return p->ctx->status;
+    r = dtr__pipe_recv(p, dtr_tensor_data(s->in), (size_t)dtr_tensor_numel(s->in) * sizeof(float), dtr__pipe_prev(p), tag + 1);
+    if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving an activation", chunk, mb);
+    dtr_tensor_requires_grad(s->in);
+    return DTR_OK;
+bad:
+    return dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: stage %d, micro-batch %d: malformed activation "
+                     "header from rank %d (ndim %lld)", dtr_pipe_stage(p, chunk), mb, dtr__pipe_prev(p), (long long)hdr[0]);
+}
+
+static dtr_result dtr__pipe_send(dtr_pipe *p, dtr__pipe_slot *s, int k, const void *buf, size_t bytes, int dst, int tag) {
+    p->stats.bytes_sent += (int64_t)bytes;
+    return dtr_comm_send_async(p->c, buf, bytes, dst, tag, &s->req[k]);
+}
+
+/* sends the output of (chunk, mb) to the next stage: header, then data */
+static dtr_result dtr__pipe_send_output(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
+    int next_chunk = chunk + (p->rank == p->P - 1), tag = p->cfg.tag + 3 * next_chunk, d;
+    dtr_result r;
+    if (!dtr_tensor_is_contiguous(s->out) && !(s->out = dtr_contiguous(p->ctx, s->out))) return p->ctx->status;
+    s->hdr[0] = dtr_tensor_ndim(s->out);
+    for (d = 0; d < DTR_MAX_DIMS; d++) s->hdr[1 + d] = d < s->hdr[0] ? dtr_tensor_dim(s->out, d) : 0;
+    r = dtr__pipe_send(p, s, 0, s->hdr, sizeof s->hdr, dtr__pipe_next(p), tag);
+    if (r == DTR_OK)
+        r = dtr__pipe_send(p, s, 1, dtr_tensor_data(s->out), (size_t)dtr_tensor_numel(s->out) * sizeof(float),
+                           dtr__pipe_next(p), tag + 1);
+    return r == DTR_OK ? DTR_OK : dtr__pipe_comm_fail(p, r, "sending an activation", chunk, mb);
+}
+
+/* the weight of micro-batch mb in the batch's mean loss */
+static float dtr__pipe_weight(const dtr_pipe *p, int mb) {
+    int64_t b, e;
+    if (p->cfg.batch <= 0) return 1.0f / (float)p->M;
+    dtr_pipe_microbatch_range(p, mb, &b, &e);
+    return (float)(e - b) / (float)p->cfg.batch;
+}
+
+static dtr_result dtr__pipe_forward(dtr_pipe *p, int chunk, int mb) {
+    dtr_result r;
+    dtr__pipe_slot *s = dtr__pipe_acquire(p, &r);
+    dtr_tape *was;
+    if (!s) return r;
+    was = dtr_context_set_tape(p->ctx, s->tape);
+    s->in = NULL;
+    r = dtr__pipe_first(p, chunk) ? DTR_OK : dtr__pipe_recv_input(p, s, chunk, mb);
+    if (r == DTR_OK) s->out = p->cfg.forward(p->cfg.user, p->ctx, chunk, mb, s->in);
+    if (r == DTR_OK && !s->out)
+        r = p->ctx->status != DTR_OK ? p->ctx->status
+                                     : dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: the forward of stage %d "
+                                                 "returned NULL for micro-batch %d", dtr_pipe_stage(p, chunk), mb);
+    if (r == DTR_OK && dtr__pipe_last(p, chunk)) {
+        if (dtr_tensor_numel(s->out) != 1)
+            r = dtr__fail(p->ctx, DTR_SHAPE_MISMATCH, "dtr_pipe_step: the last stage must return a scalar loss");
+        else p->loss += (double)dtr__pipe_weight(p, mb) * dtr_tensor_get(s->out, 0);
+    } else if (r == DTR_OK) {
+        r = dtr__pipe_send_output(p, s, chunk, mb);
+    }
+    dtr_context_set_tape(p->ctx, was);
+    s->busy = 1;
+    p->live[chunk * p->M + mb] = s;
+    if (++p->live_now > p->stats.max_live) p->stats.max_live = p->live_now;
+    return r;
+}
+
+/* sends the gradient of the slot's input to the previous stage (zeros if it got none) */
+static dtr_result dtr__pipe_send_grad(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
+    int64_t n = dtr_tensor_numel(s->in);
+    const float *g = dtr_tensor_grad(s->in);
+    dtr_result r;
+    if (!g) {
+        dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
+        dtr_tensor *z = dtr_tensor_zeros(p->ctx, DTR_F32, 1, &n);
+        dtr_context_set_tape(p->ctx, was);
+        if (!z) return p->ctx->status;
+        g = (const float *)dtr_tensor_data(z);
+    }
+    r = dtr__pipe_send(p, s, 2, g, (size_t)n * sizeof(float), dtr__pipe_prev(p), p->cfg.tag + 3 * chunk + 2);
+    return r == DTR_OK ? DTR_OK : dtr__pipe_comm_fail(p, r, "sending a gradient", chunk, mb);
+}
+
+static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_backward) {
+    dtr__pipe_slot *s = p->live[chunk * p->M + mb];
+    dtr_result r = DTR_OK;
+    float seed = dtr__pipe_weight(p, mb), *g = &seed;
+    if (p->cfg.dp && (r = dtr_dp_set_no_sync(p->cfg.dp, !last_backward)) != DTR_OK) return r;
+    if (!dtr__pipe_last(p, chunk)) {
+        dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
+        int64_t n = dtr_tensor_numel(s->out);
+        dtr_tensor *gt = dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
+        dtr_context_set_tape(p->ctx, was);
+        if (!gt) return p->ctx->status;
+        g = (float *)dtr_tensor_data(gt);
+        r = dtr__pipe_recv(p, g, (size_t)n * sizeof(float), dtr__pipe_next(p), p->cfg.tag + 3 * (chunk + (p->rank == p->P - 1)) + 2);
+        if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving a gradient", chunk, mb);
+    }
+    if ((r = dtr_backward_from(p->ctx, s->out, g)) != DTR_OK) return r;
+    if (s->in && (r = dtr__pipe_send_grad(p, s, chunk, mb)) != DTR_OK) return r;
+    s->busy = 0;
+    p->live[chunk * p->M + mb] = NULL;
+    p->live_now--;
+    return DTR_OK;
+}
+
+/* ---- the step ---- */
+
+/* waits for every send and frees every micro-batch's tape; the first error wins */
+static dtr_result dtr__pipe_drain(dtr_pipe *p, dtr_result r) {
+    int i, k;
+    for (i = 0; i < p->n_slots; i++) {
+        dtr__pipe_slot *s = &p->slots[i];
+        for (k = 0; k < 3; k++) {
+            dtr_result w = s->req[k] ? dtr_request_wait(s->req[k]) : DTR_OK;
+            if (r == DTR_OK && w != DTR_OK) r = dtr__pipe_comm_fail(p, w, "completing a send", 0, -1);
+            dtr_request_destroy(s->req[k]);
+            s->req[k] = NULL;
+        }
+        s->busy = 0;
+        dtr_tape_reset(s->tape);
+    }
+    memset(p->live, 0, (size_t)(p->v * p->M) * sizeof(*p->live));
+    p->live_now = 0;
+    return r;
+}
+
+static dtr_result dtr__pipe_run_plan(dtr_pipe *p) {
+    int n = 2 * p->v * p->M, i, last_b = n - 1;
+    dtr_result r = DTR_OK;
+    while (last_b > 0 && p->plan[last_b].fwd) last_b--;
+    for (i = 0; i < n && r == DTR_OK; i++) {
+        const dtr__pipe_action *a = &p->plan[i];
+        r = a->fwd ? dtr__pipe_forward(p, a->chunk, a->mb) : dtr__pipe_backward(p, a->chunk, a->mb, i == last_b);
+    }
+    return r;
+}
+
+dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
+    int64_t t0;
+    float l;
+    dtr_result r;
+    if (!p) return DTR_NULL_HANDLE;
+    if (p->ctx->status != DTR_OK) return p->ctx->status;
+    t0 = dtr_time_ns();
+    p->loss = 0.0;
+    p->stats.wait_s = 0.0;
+    p->stats.bytes_sent = 0;
+    p->stats.max_live = 0;
+    r = dtr__pipe_run_plan(p);
+    if (r == DTR_OK && p->cfg.dp) r = dtr_dp_finish(p->cfg.dp);
+    if (r != DTR_OK && dtr_comm_status(p->c) == DTR_OK) dtr_comm_abort(p->c, dtr_context_last_error(p->ctx));
+    r = dtr__pipe_drain(p, r);
+    l = (float)p->loss;
+    if (r == DTR_OK && (r = dtr_comm_broadcast(p->c, &l, 1, DTR_F32, p->P - 1)) != DTR_OK)
+        r = dtr__pipe_comm_fail(p, r, "sharing the loss", p->v - 1, -1);
+    if (r == DTR_OK && loss) *loss = l;
+    p->stats.step_s = (double)(dtr_time_ns() - t0) * 1e-9;
+    p->stats.bubble = p->stats.step_s > 0 ? p->stats.wait_s / p->stats.step_s : 0.0;
+    p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
+    return r;
+}
+#line 17724 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

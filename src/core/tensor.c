@@ -359,6 +359,10 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
         return 0;
     }
     if (!x->storage && x->model && dtr_model_build(x->model) != DTR_OK) return 0;
+    if (!x->storage && x->model) {
+        dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: parameter '%s' is not part of this model (dtr_model_keep left it out)", op, x->name);
+        return 0;
+    }
     return 1;
 }
 

@@ -16,7 +16,10 @@ struct dtr_model {
     dtr_init *inits;
     float *init_args;
     int64_t *offsets;
+    uint64_t *streams;    /* each parameter's initialiser stream: its declaration number */
     int count, cap;
+    dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
+    int n_dropped;
     int64_t total;        /* floats in each buffer, padding included */
     float *data, *grad;   /* backend memory */
     int built;
@@ -40,6 +43,9 @@ void dtr_model_destroy(dtr_model *m) {
     if (!m) return;
     a = &m->ctx->alloc;
     for (i = 0; i < m->count; i++) { dtr__free(a, m->params[i]); dtr__free(a, m->names[i]); }
+    for (i = 0; i < m->n_dropped; i++) { dtr__free(a, (void *)m->dropped[i]->name); dtr__free(a, m->dropped[i]); }
+    dtr__free(a, m->dropped);
+    dtr__free(a, m->streams);
     dtr__free(a, m->params);
     dtr__free(a, m->names);
     dtr__free(a, m->inits);
@@ -48,6 +54,11 @@ void dtr_model_destroy(dtr_model *m) {
     if (m->data) m->ctx->backend->mem_free(m->ctx, m->data);
     if (m->grad) m->ctx->backend->mem_free(m->ctx, m->grad);
     dtr__free(a, m);
+}
+
+/* floats a parameter takes in the buffers: each starts on a 64-byte boundary */
+static int64_t dtr__padded(const dtr_tensor *t) {
+    return (dtr_tensor_numel(t) + DTR__PARAM_ALIGN - 1) / DTR__PARAM_ALIGN * DTR__PARAM_ALIGN;
 }
 
 static int dtr__model_grow(dtr_model *m) {
@@ -59,6 +70,7 @@ static int dtr__model_grow(dtr_model *m) {
     p = dtr__realloc(a, m->inits, (size_t)cap * sizeof(*m->inits)); if (!p) return 0; m->inits = (dtr_init *)p;
     p = dtr__realloc(a, m->init_args, (size_t)cap * sizeof(*m->init_args)); if (!p) return 0; m->init_args = (float *)p;
     p = dtr__realloc(a, m->offsets, (size_t)cap * sizeof(*m->offsets)); if (!p) return 0; m->offsets = (int64_t *)p;
+    p = dtr__realloc(a, m->streams, (size_t)cap * sizeof(*m->streams)); if (!p) return 0; m->streams = (uint64_t *)p;
     m->cap = cap;
     return 1;
 }
@@ -105,7 +117,8 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->inits[m->count] = init;
     m->init_args[m->count] = arg;
     m->offsets[m->count] = m->total;
-    m->total += (dtr_tensor_numel(t) + DTR__PARAM_ALIGN - 1) / DTR__PARAM_ALIGN * DTR__PARAM_ALIGN;
+    m->streams[m->count] = (uint64_t)(m->count + m->n_dropped) + 1;
+    m->total += dtr__padded(t);
     m->count++;
     return t;
 }
@@ -164,7 +177,7 @@ dtr_result dtr_model_build(dtr_model *m) {
     memset(host, 0, bytes);
     for (i = 0; i < m->count; i++) {
         dtr_rng rng;
-        dtr_rng_seed(&rng, m->seed, (uint64_t)i + 1);
+        dtr_rng_seed(&rng, m->seed, m->streams[i]);
         dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, host + m->offsets[i]);
     }
     if (host != m->data) {
@@ -177,6 +190,47 @@ dtr_result dtr_model_build(dtr_model *m) {
         m->params[i]->grad = m->grad + m->offsets[i];
     }
     m->built = 1;
+    return DTR_OK;
+}
+
+/* ---- keeping a part of a model (a pipeline stage) ---- */
+
+static int dtr__has_prefix(const char *name, const char *const *prefixes, int n) {
+    int k;
+    for (k = 0; k < n; k++)
+        if (prefixes[k] && !strncmp(name, prefixes[k], strlen(prefixes[k]))) return 1;
+    return 0;
+}
+
+/* moves parameter i to the dropped list (its struct stays valid: layers point at it) */
+static int dtr__model_drop(dtr_model *m, int i) {
+    void *p = dtr__realloc(&m->ctx->alloc, m->dropped, (size_t)(m->n_dropped + 1) * sizeof(*m->dropped));
+    if (!p) return 0;
+    m->dropped = (dtr_tensor **)p;
+    m->dropped[m->n_dropped++] = m->params[i];
+    m->params[i]->param_index = -1;
+    return 1;
+}
+
+dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
+    int i, kept = 0;
+    if (!m) return DTR_NULL_HANDLE;
+    if (n < 0 || (n && !prefixes)) return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "dtr_model_keep: %d prefixes", n);
+    if (m->built) return dtr__fail(m->ctx, DTR_BAD_STATE, "dtr_model_keep: the model is built already");
+    m->total = 0;
+    for (i = 0; i < m->count; i++) {
+        dtr_tensor *t = m->params[i];
+        if (!dtr__has_prefix(t->name, prefixes, n)) {
+            if (!dtr__model_drop(m, i)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
+            continue;
+        }
+        m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
+        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i];
+        t->param_index = kept;
+        m->offsets[kept++] = m->total;
+        m->total += dtr__padded(t);
+    }
+    m->count = kept;
     return DTR_OK;
 }
 

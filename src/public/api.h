@@ -484,6 +484,16 @@ DTR_API void dtr_model_destroy(dtr_model *m);
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
                                     dtr_init init, float arg);
+/** Keeps only the parameters whose names start with one of the n `prefixes` (for example the
+ *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}); call it after declaring the
+ *  whole model and before dtr_model_build. Kept parameters start from the values they would
+ *  have in the whole model (each parameter's initialiser stream is its declaration number),
+ *  so a split model and the whole one train from the same weights. A parameter left out
+ *  keeps its tensor (layer structs may point at it) but has no storage: an op given it fails
+ *  with DTR_INVALID_ARGUMENT naming it. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
+ *  (n < 0), DTR_BAD_STATE (already built), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
  *  Called automatically by the first forward use; calling it twice is harmless. */
 DTR_API dtr_result dtr_model_build(dtr_model *m);

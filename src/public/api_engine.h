@@ -3,7 +3,7 @@
  * peers: each attaches to a model and a process group through the same open seams
  * (gradient hooks, backward from any tensor, optimizer steps over a range of the parameter
  * buffer, state accessors), so several can work on one model at once. In this version:
- * data parallel, and tensor-parallel communication on the tape.
+ * data parallel, pipeline parallel, and tensor-parallel communication on the tape.
  * ==========================================================================*/
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +49,8 @@ DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *com
 
 /** Data-parallel training of a model replicated on every rank of a group. */
 typedef struct dtr_dp dtr_dp;
+/** Pipeline-parallel training: a model's layers split into stages over the ranks of a group. */
+typedef struct dtr_pipe dtr_pipe;
 
 typedef struct dtr_dp_config {
     size_t bucket_bytes;   /**< gradient bucket size; 0: 25 MiB (as PyTorch DDP) */
@@ -103,6 +105,89 @@ DTR_API dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out);
 /** After writing the entries back: checks them. @return DTR_OK, DTR_NULL_HANDLE,
  *  DTR_CORRUPT_FILE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_state_loaded(dtr_dp *dp);
+
+/* ---- pipeline parallel ----
+ * Each rank of a group holds a stage: some consecutive layers (dtr_model_keep keeps them out
+ * of a model declared whole). The micro-batches of a batch flow through the stages; the
+ * engine sends activations forward and their gradients back, accumulates the gradients of
+ * all micro-batches in the model, and reports the loss of the last stage to every rank.
+ * Loop: dtr_model_zero_grad (or the optimizer's), dtr_pipe_step, dtr_optimizer_step,
+ * dtr_context_reset. Stage s of S = P * chunks lives on rank s mod P as chunk s / P. */
+
+/** The order in which a rank runs the forwards and backwards of its micro-batches. */
+typedef enum dtr_pipe_schedule {
+    DTR_PIPE_GPIPE = 0,      /**< every forward, then every backward: M micro-batches of activations alive */
+    DTR_PIPE_1F1B = 1,       /**< PipeDream-flush: after P - rank - 1 warm-up forwards, one forward
+                                  then one backward; at most P micro-batches alive (default) */
+    DTR_PIPE_INTERLEAVED = 2 /**< Megatron-LM's interleaved 1F1B over `chunks` model chunks per
+                                  rank: bubble divided by chunks; M must divide by P */
+} dtr_pipe_schedule;
+
+/** A stage's forward for one micro-batch, called by dtr_pipe_step with the micro-batch's own
+ *  tape current. `input` is the previous stage's output (it requires grad: its gradient goes
+ *  back), NULL on stage 0, which reads micro-batch `microbatch` of its data itself. The last
+ *  stage returns the micro-batch's loss (a scalar, the mean over its samples); the others
+ *  return the activation for the next stage (any shape, f32). NULL (with the context's
+ *  error) stops the step. `chunk` is the model chunk of this rank (0 without interleaving). */
+typedef dtr_tensor *(*dtr_pipe_forward_fn)(void *user, dtr_context *ctx, int chunk, int microbatch,
+                                           dtr_tensor *input);
+
+typedef struct dtr_pipe_config {
+    dtr_pipe_schedule schedule; /**< default DTR_PIPE_1F1B */
+    int microbatches;           /**< M per batch, 1 to 65536 (default 1) */
+    int chunks;                 /**< model chunks per rank: 1 (default), 2 or more with INTERLEAVED */
+    int64_t batch;              /**< samples per batch, split into M near-equal contiguous ranges
+                                     (dtr_pipe_microbatch_range) whose losses are weighted by their
+                                     size; 0: the micro-batches weigh 1/M each */
+    dtr_pipe_forward_fn forward;
+    void *user;                 /**< passed to forward */
+    int tag;                    /**< point-to-point tags tag .. tag + 3 * chunks - 1 are the
+                                     engine's (default 1 << 24) */
+    dtr_dp *dp;                 /**< optional: the data-parallel engine of this stage's replicas
+                                     (a hybrid grid); its all-reduce runs during the last backward */
+} dtr_pipe_config;
+
+/** What the last dtr_pipe_step measured on this rank. */
+typedef struct dtr_pipe_stats {
+    double step_s;          /**< wall time of the step */
+    double wait_s;          /**< time blocked receiving activations and gradients */
+    double bubble;          /**< wait_s / step_s: the measured idle fraction */
+    double bubble_theory;   /**< (P - 1) / (chunks * M + P - 1) */
+    int64_t bytes_sent;     /**< activation, header and gradient bytes this rank sent */
+    int max_live;           /**< most micro-batches whose activations were alive at once */
+} dtr_pipe_stats;
+
+/** A pipeline engine with every field at its default. Thread safety: thread safe. */
+DTR_API dtr_pipe_config dtr_pipe_config_init(void);
+/** "gpipe", "1f1b", "interleaved"; "?" for others. Thread safety: thread safe. */
+DTR_API const char *dtr_pipe_schedule_name(dtr_pipe_schedule s);
+/** Makes `m` (this rank's stages) a pipeline stage over group `c` (rank r holds stages r,
+ *  r + P, ...). Not collective: nothing is sent until dtr_pipe_step.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (micro-batches, chunks against the
+ *  schedule, an interleaved M not divisible by P, a batch smaller than M, tag),
+ *  DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg, dtr_pipe **out);
+/** Frees the engine and its tapes. NULL is ignored. Thread safety: the model's context thread. */
+DTR_API void dtr_pipe_destroy(dtr_pipe *p);
+/** Runs the forward and backward of every micro-batch of one batch in the schedule's order
+ *  (collective over the group: every rank calls it). Gradients accumulate into the model's
+ *  gradient buffer, scaled so that they are those of the batch's mean loss; *loss (may be
+ *  NULL) receives that loss on every rank. A failing stage aborts the group, and every other
+ *  rank returns DTR_PEER_FAILED within the group's deadline; the message names the stage
+ *  and micro-batch. @return DTR_OK, or the context's error (the forward's, a malformed
+ *  message, the group's failure). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_step(dtr_pipe *p, float *loss);
+/** Samples [*begin, *end) of micro-batch mb when cfg.batch is set.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (mb out of range, batch not set).
+ *  Thread safety: any thread. */
+DTR_API dtr_result dtr_pipe_microbatch_range(const dtr_pipe *p, int mb, int64_t *begin, int64_t *end);
+/** The global stage number of this rank's model chunk `chunk` (-1 out of range), and the
+ *  number of stages. Thread safety: any thread. */
+DTR_API int dtr_pipe_stage(const dtr_pipe *p, int chunk);
+DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
+/** The measurements of the last step. @return DTR_OK, DTR_NULL_HANDLE.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out);
 
 #ifdef __cplusplus
 }
