@@ -2143,6 +2143,27 @@ DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out);
 
+/* ---- hybrid grids ---- */
+
+/** A world laid out as data x pipeline x tensor groups (dtr_grid_create). */
+typedef struct dtr_grid {
+    dtr_comm *dp, *pp, *tp;        /**< this rank's data, pipeline and tensor groups */
+    int dp_rank, pp_rank, tp_rank; /**< this rank's place in each */
+    int dp_size, pp_size, tp_size;
+} dtr_grid;
+
+/** Lays the `world` group out as dp x pp x tp ranks and makes this rank's three groups with
+ *  dtr_comm_split (collective over world: every rank calls it with the same sizes). World
+ *  rank r has tensor rank r mod tp (innermost: tensor groups are consecutive ranks, so they
+ *  share a host), data rank (r / tp) mod dp and pipeline rank r / (tp * dp). Then the
+ *  engines compose: tensor-parallel layers over g.tp, dtr_pipe over g.pp (with cfg.dp from
+ *  dtr_dp_create over g.dp). `err` (may be NULL) receives a message on failure.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (dp * pp * tp is not the world's
+ *  size, or a size < 1), or the split's error. Thread safety: as a collective over world. */
+DTR_API dtr_result dtr_grid_create(dtr_comm *world, int dp, int pp, int tp, dtr_grid *out, char *err, size_t errlen);
+/** Destroys the three groups (not the world). NULL is ignored. Thread safety: the groups' thread. */
+DTR_API void dtr_grid_destroy(dtr_grid *g);
+
 #ifdef __cplusplus
 }
 #endif
@@ -2201,7 +2222,7 @@ DTR_API dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2205 "dtrain.h"
+#line 2226 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2609,7 +2630,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2613 "dtrain.h"
+#line 2634 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2664,7 +2685,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2668 "dtrain.h"
+#line 2689 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2900,7 +2921,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2904 "dtrain.h"
+#line 2925 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2950,7 +2971,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 2954 "dtrain.h"
+#line 2975 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3302,7 +3323,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3306 "dtrain.h"
+#line 3327 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4093,7 +4114,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4097 "dtrain.h"
+#line 4118 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4517,7 +4538,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4521 "dtrain.h"
+#line 4542 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4630,7 +4651,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4634 "dtrain.h"
+#line 4655 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5005,7 +5026,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5009 "dtrain.h"
+#line 5030 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5205,7 +5226,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5209 "dtrain.h"
+#line 5230 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5655,7 +5676,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5659 "dtrain.h"
+#line 5680 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5834,7 +5855,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5838 "dtrain.h"
+#line 5859 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6234,7 +6255,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6238 "dtrain.h"
+#line 6259 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6734,7 +6755,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6738 "dtrain.h"
+#line 6759 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -6993,7 +7014,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6997 "dtrain.h"
+#line 7018 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7060,7 +7081,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7064 "dtrain.h"
+#line 7085 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7173,7 +7194,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7177 "dtrain.h"
+#line 7198 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7558,7 +7579,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7562 "dtrain.h"
+#line 7583 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7727,7 +7748,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7731 "dtrain.h"
+#line 7752 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8071,7 +8092,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8075 "dtrain.h"
+#line 8096 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8418,7 +8439,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8422 "dtrain.h"
+#line 8443 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8603,7 +8624,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8607 "dtrain.h"
+#line 8628 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9244,7 +9265,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9248 "dtrain.h"
+#line 9269 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9697,7 +9718,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9701 "dtrain.h"
+#line 9722 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9753,7 +9774,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9757 "dtrain.h"
+#line 9778 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10530,7 +10551,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10534 "dtrain.h"
+#line 10555 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11111,7 +11132,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11115 "dtrain.h"
+#line 11136 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11742,7 +11763,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11746 "dtrain.h"
+#line 11767 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12480,7 +12501,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12484 "dtrain.h"
+#line 12505 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12747,7 +12768,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12751 "dtrain.h"
+#line 12772 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -12937,7 +12958,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12941 "dtrain.h"
+#line 12962 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13071,7 +13092,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13075 "dtrain.h"
+#line 13096 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13805,7 +13826,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13809 "dtrain.h"
+#line 13830 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14322,7 +14343,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14326 "dtrain.h"
+#line 14347 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15054,7 +15075,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15058 "dtrain.h"
+#line 15079 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16093,7 +16114,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16097 "dtrain.h"
+#line 16118 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16634,7 +16655,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16638 "dtrain.h"
+#line 16659 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17060,7 +17081,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17064 "dtrain.h"
+#line 17085 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17297,7 +17318,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17301 "dtrain.h"
+#line 17322 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -17720,7 +17741,61 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 17724 "dtrain.h"
+#line 17745 "dtrain.h"
+
+/* ---- src/engine/grid.c ---- */
+#line 1 "src/engine/grid.c"
+/* ============================================================================
+ * Hybrid grids: a world of D * P * T ranks laid out as data x pipeline x tensor groups.
+ * World rank r has tensor rank t = r mod T (innermost: the T ranks of a tensor group are
+ * neighbours, so they share a host when hosts hold whole tensor groups), data rank
+ * d = (r / T) mod D and pipeline rank p = r / (T * D) (outermost, as Megatron-LM lays it
+ * out). Each rank belongs to one group of each kind, made by dtr_comm_split.
+ * ==========================================================================*/
+
+
+
+
+
+static dtr_result dtr__grid_split(dtr_comm *world, int color, int key, dtr_comm **out, const char *what, char *err,
+                                  size_t errlen) {
+    dtr_result r = dtr_comm_split(world, color, key, out);
+    if (r != DTR_OK && err && errlen)
+        snprintf(err, errlen, "dtr_grid_create: splitting the %s groups: %s", what, dtr_comm_last_error(world));
+    return r;
+}
+
+dtr_result dtr_grid_create(dtr_comm *world, int dp, int pp, int tp, dtr_grid *out, char *err, size_t errlen) {
+    int n, r, t, d, p;
+    dtr_result res;
+    if (err && errlen) err[0] = 0;
+    if (!world || !out) return DTR_NULL_HANDLE;
+    memset(out, 0, sizeof(*out));
+    n = dtr_comm_size(world), r = dtr_comm_rank(world);
+    if (dp < 1 || pp < 1 || tp < 1 || (int64_t)dp * pp * tp != n) {
+        if (err && errlen)
+            snprintf(err, errlen, "dtr_grid_create: data %d x pipeline %d x tensor %d is not the %d ranks of the group",
+                     dp, pp, tp, n);
+        return DTR_INVALID_ARGUMENT;
+    }
+    t = r % tp, d = (r / tp) % dp, p = r / (tp * dp);
+    out->dp_size = dp, out->pp_size = pp, out->tp_size = tp;
+    out->dp_rank = d, out->pp_rank = p, out->tp_rank = t;
+    res = dtr__grid_split(world, p * dp + d, t, &out->tp, "tensor", err, errlen);
+    if (res == DTR_OK) res = dtr__grid_split(world, p * tp + t, d, &out->dp, "data", err, errlen);
+    if (res == DTR_OK) res = dtr__grid_split(world, d * tp + t, p, &out->pp, "pipeline", err, errlen);
+    if (res != DTR_OK) dtr_grid_destroy(out);
+    return res;
+}
+
+void dtr_grid_destroy(dtr_grid *g) {
+    if (!g) return;
+    dtr_comm_destroy(g->pp);
+    dtr_comm_destroy(g->dp);
+    dtr_comm_destroy(g->tp);
+    g->pp = g->dp = g->tp = NULL;
+}
+#line 17799 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -19,6 +19,7 @@ typedef struct pm_model {
     dtr_model *m;
     dtr_linear_layer in, l[PM_BLOCKS], out;
     int stages, P, rank, step;
+    int offset;       /* first sample of this replica's share of the batch (data parallel) */
 } pm_model;
 
 /* declares the whole model on m (parameters in one fixed order) */
@@ -57,7 +58,7 @@ static float pm_value(int t, int i, int k, int target) {
 }
 
 static dtr_tensor *pm_data(dtr_context *ctx, int t, int64_t b, int64_t e, int target) {
-    float v[PM_BATCH * PM_D];
+    float v[PM_BATCH * PM_D + PM_BATCH * PM_O];
     int64_t shape[2] = {e - b, target ? PM_O : PM_D}, i, k;
     for (i = b; i < e; i++)
         for (k = 0; k < shape[1]; k++) v[(i - b) * shape[1] + k] = pm_value(t, (int)i, (int)k, target);
@@ -67,6 +68,7 @@ static dtr_tensor *pm_data(dtr_context *ctx, int t, int64_t b, int64_t e, int ta
 /* blocks b0..b1-1 on x; samples [lo, hi) of step t for the input and the loss */
 static dtr_tensor *pm_blocks(const pm_model *pm, dtr_context *ctx, int b0, int b1, dtr_tensor *x, int64_t lo, int64_t hi) {
     int b;
+    lo += pm->offset, hi += pm->offset;
     if (b0 == 0) x = dtr_linear_layer_forward(ctx, &pm->in, pm_data(ctx, pm->step, lo, hi, 0));
     for (b = b0; b < b1; b++) x = dtr_tanh(ctx, dtr_linear_layer_forward(ctx, &pm->l[b], x));
     if (b1 == PM_BLOCKS) x = dtr_mse(ctx, dtr_linear_layer_forward(ctx, &pm->out, x), pm_data(ctx, pm->step, lo, hi, 1));
@@ -79,7 +81,7 @@ typedef struct pm_stage { pm_model *pm; dtr_pipe *pipe; } pm_stage;
 static dtr_tensor *pm_forward(void *user, dtr_context *ctx, int chunk, int mb, dtr_tensor *input) {
     pm_stage *st = (pm_stage *)user;
     int s = chunk * st->pm->P + st->pm->rank;
-    int64_t lo = 0, hi = PM_BATCH;
+    int64_t lo, hi;
     if (dtr_pipe_microbatch_range(st->pipe, mb, &lo, &hi) != DTR_OK) return NULL;
     return pm_blocks(st->pm, ctx, pm_first_block(s, st->pm->stages), pm_first_block(s + 1, st->pm->stages), input, lo, hi);
 }

@@ -6,6 +6,8 @@
  *                          the reference's loss
  *   test_pipe_uneven       16 samples in 3 micro-batches (5, 5, 6): weighted by their size,
  *                          still the reference's weights
+ *   test_pipe_grid         data 2 x pipeline 2 (1F1B, and interleaved 2 chunks) on 4 ranks
+ *                          laid out by dtr_grid_create: the reference's weights
  *   test_pipe_memory       4 stages, 8 micro-batches: 1F1B keeps at most 4 micro-batches of
  *                          activations alive on stage 0 and GPipe 8; the arena peaks follow
  *   test_pipe_keep         dtr_model_keep: kept parameters start from the whole model's
@@ -23,6 +25,7 @@
 typedef struct pipe_run {
     dtr_pipe_schedule schedule;
     int stages, chunks, microbatches, steps, fail_rank, bogus;
+    int dp;            /* > 1: a data x pipeline grid of dp * stages ranks */
 } pipe_run;
 
 typedef struct rank_out {
@@ -53,23 +56,37 @@ static void send_bogus(dtr_comm *c) {
     dtr_comm_send(c, hdr, sizeof hdr, 1, 1 << 24);
 }
 
-static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *c) {
+static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     const pipe_run *run = o->run;
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
     dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
     dtr_pipe_config pc = dtr_pipe_config_init();
+    dtr_grid g;
+    dtr_comm *c = world;
+    dtr_dp *dp = NULL;
     pm_model pm;
     pm_stage st;
-    dtr_result r;
+    int dps = run->dp > 1 ? run->dp : 1;
+    dtr_result r = dtr_grid_create(world, dps, run->stages / run->chunks, 1, &g, o->msg, sizeof o->msg);
+    if (r != DTR_OK) return r;
+    if (dps > 1) c = g.pp;
+    if (run->bogus && o->rank == 0) {
+        send_bogus(c);
+        dtr_grid_destroy(&g);
+        return DTR_OK;
+    }
     memset(&pm, 0, sizeof pm);
-    pm.stages = run->stages, pm.P = dtr_comm_size(c), pm.rank = o->rank;
+    pm.stages = run->stages, pm.P = dtr_comm_size(c), pm.rank = dtr_comm_rank(c);
+    pm.offset = g.dp_rank * (PM_BATCH / dps);
     oc.momentum = 0.9f;
     pc.schedule = run->schedule, pc.chunks = run->chunks, pc.microbatches = run->microbatches;
-    pc.batch = PM_BATCH, pc.forward = o->rank == run->fail_rank ? failing_forward : pm_forward, pc.user = &st;
+    pc.batch = PM_BATCH / dps, pc.forward = o->rank == run->fail_rank ? failing_forward : pm_forward, pc.user = &st;
     r = dtr_model_create(ctx, 7, &m);
     if (r == DTR_OK) r = pm_declare(&pm, m);
     if (r == DTR_OK) r = pm_keep(&pm, run->chunks);
+    if (r == DTR_OK && dps > 1) r = dtr_dp_create(m, g.dp, NULL, &dp);
+    pc.dp = dp;
     if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &opt);
     if (r == DTR_OK) r = dtr_pipe_create(m, c, &pc, &st.pipe);
     st.pm = &pm;
@@ -82,8 +99,10 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *c) {
     o->peak = dtr_context_arena_peak(ctx, 0);
     if (r == DTR_OK && g_ref_model) o->rel_error = pm_max_rel_error(m, g_ref_model);
     dtr_pipe_destroy(st.pipe);
+    dtr_dp_destroy(dp);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(m);
+    dtr_grid_destroy(&g);
     return r;
 }
 
@@ -97,8 +116,7 @@ static void *rank_main(void *arg) {
     cfg.local.rank = o->rank;
     cfg.timeout_ms = o->run->fail_rank >= 0 || o->run->bogus ? 2000 : 30000;
     o->result = dtr_comm_create(&cfg, &c, o->msg, sizeof o->msg);
-    if (o->result == DTR_OK && o->run->bogus && o->rank == 0) send_bogus(c);
-    else if (o->result == DTR_OK) o->result = train(o, ctx, c);
+    if (o->result == DTR_OK) o->result = train(o, ctx, c);
     if (o->result != DTR_OK && !o->msg[0]) snprintf(o->msg, sizeof o->msg, "%s", dtr_context_last_error(ctx));
     o->seconds = (double)(dtr_time_ns() - t0) * 1e-9;
     dtr_comm_destroy(c);
@@ -108,7 +126,7 @@ static void *rank_main(void *arg) {
 
 static void run_pipeline(const pipe_run *run, rank_out *o) {
     dtr_local_world *w = NULL;
-    int P = run->stages / run->chunks, r;
+    int P = run->stages / run->chunks * (run->dp > 1 ? run->dp : 1), r;
     if (dtr_local_world_create(P, NULL, &w) != DTR_OK) { CHECK(0); return; }
     for (r = 0; r < P; r++) {
         memset(&o[r], 0, sizeof o[r]);
@@ -120,14 +138,15 @@ static void run_pipeline(const pipe_run *run, rank_out *o) {
 }
 
 static void check_equivalent(const pipe_run *run) {
-    rank_out o[4];
-    int P = run->stages / run->chunks, r;
+    rank_out o[8];
+    int P = run->stages / run->chunks * (run->dp > 1 ? run->dp : 1), r;
     run_pipeline(run, o);
     for (r = 0; r < P; r++) {
         CHECK_MSG(o[r].result == DTR_OK, "%s S=%d M=%d rank %d: %s", dtr_pipe_schedule_name(run->schedule), run->stages,
                   run->microbatches, r, o[r].msg);
         CHECK_MSG(o[r].rel_error <= 1e-5, "%s S=%d M=%d rank %d: relative error %g", dtr_pipe_schedule_name(run->schedule),
                   run->stages, run->microbatches, r, o[r].rel_error);
+        if (run->dp > 1) continue;  /* each replica reports the loss of its share */
         CHECK_MSG(fabsf(o[r].loss - g_ref_loss) <= 1e-5f * (1.0f + fabsf(g_ref_loss)), "rank %d loss %g vs %g", r,
                   (double)o[r].loss, (double)g_ref_loss);
     }
@@ -161,13 +180,24 @@ static void test_pipe_equivalence(void) {
 
 static void test_pipe_uneven(void) {
     pipe_run run;
-    rank_out o[2];
     make_reference();
     memset(&run, 0, sizeof run);
     run.steps = STEPS, run.fail_rank = -1, run.chunks = 1, run.stages = 2, run.microbatches = 3;
     run.schedule = DTR_PIPE_1F1B;
     check_equivalent(&run);
-    (void)o;
+}
+
+/* data 2 x pipeline 2 on 4 ranks (dtr_grid_create), each replica half the batch: the
+   replicas' all-reduce runs in the last micro-batch's backward */
+static void test_pipe_grid(void) {
+    pipe_run run;
+    make_reference();
+    memset(&run, 0, sizeof run);
+    run.steps = STEPS, run.fail_rank = -1, run.chunks = 1, run.stages = 2, run.microbatches = 4, run.dp = 2;
+    run.schedule = DTR_PIPE_1F1B;
+    check_equivalent(&run);
+    run.schedule = DTR_PIPE_INTERLEAVED, run.chunks = 2, run.stages = 4;
+    check_equivalent(&run);
 }
 
 static void test_pipe_memory(void) {
@@ -276,6 +306,7 @@ static void test_pipe_errors(void) {
 int main(void) {
     RUN(test_pipe_equivalence);
     RUN(test_pipe_uneven);
+    RUN(test_pipe_grid);
     RUN(test_pipe_memory);
     RUN(test_pipe_keep);
     RUN(test_pipe_errors);

@@ -189,6 +189,27 @@ DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out);
 
+/* ---- hybrid grids ---- */
+
+/** A world laid out as data x pipeline x tensor groups (dtr_grid_create). */
+typedef struct dtr_grid {
+    dtr_comm *dp, *pp, *tp;        /**< this rank's data, pipeline and tensor groups */
+    int dp_rank, pp_rank, tp_rank; /**< this rank's place in each */
+    int dp_size, pp_size, tp_size;
+} dtr_grid;
+
+/** Lays the `world` group out as dp x pp x tp ranks and makes this rank's three groups with
+ *  dtr_comm_split (collective over world: every rank calls it with the same sizes). World
+ *  rank r has tensor rank r mod tp (innermost: tensor groups are consecutive ranks, so they
+ *  share a host), data rank (r / tp) mod dp and pipeline rank r / (tp * dp). Then the
+ *  engines compose: tensor-parallel layers over g.tp, dtr_pipe over g.pp (with cfg.dp from
+ *  dtr_dp_create over g.dp). `err` (may be NULL) receives a message on failure.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (dp * pp * tp is not the world's
+ *  size, or a size < 1), or the split's error. Thread safety: as a collective over world. */
+DTR_API dtr_result dtr_grid_create(dtr_comm *world, int dp, int pp, int tp, dtr_grid *out, char *err, size_t errlen);
+/** Destroys the three groups (not the world). NULL is ignored. Thread safety: the groups' thread. */
+DTR_API void dtr_grid_destroy(dtr_grid *g);
+
 #ifdef __cplusplus
 }
 #endif
