@@ -34,6 +34,10 @@
  *                         on N ranks with batch b gives the weights of 1 rank with batch N*b
  *                         after 50 steps (relative error <= 1e-5), the same bits on every
  *                         rank (shm: N = 2 and 4; tcp: N = 2).
+ *   test_{shm,tcp}_pipe   pipeline-parallel training (dtr_pipe, 1F1B, 4 micro-batches) of
+ *                         tests/pipe_model.h on 2 processes, and over shm the interleaved
+ *                         schedule with 2 chunks per rank: 20 steps give the weights and the
+ *                         loss of 1 rank training the whole model (relative error <= 1e-5).
  *   test_store_dropped    the application destroys its store right after dtr_comm_create
  *                         on the ranks above 0 (allowed: the transport keeps its own
  *                         connection; rank 0's store hosts the server and stays).
@@ -48,6 +52,8 @@
  *                         naming it in under 3.75 s (in practice about 0.15 s). Over tcp the
  *                         victim dies in the middle of its own transfers; over shm while it
  *                         computes outside the collective (see faults_kill: shm's own locks).
+ *                         The same for the middle stage of a 3-stage pipeline in training:
+ *                         both other stages get DTR_PEER_FAILED naming it.
  *   test_{shm,tcp}_stop   a rank SIGSTOPped in that loop: DTR_TIMEOUT or DTR_PEER_FAILED
  *                         within the deadline (2 s) plus slack; after SIGCONT the stopped
  *                         rank fails too and every rank destroys its group and exits 0.
@@ -910,6 +916,87 @@ static void dp_equivalence(int p) {
 static void test_shm_dp(void) { dp_equivalence(0); }
 static void test_tcp_dp(void) { dp_equivalence(1); }
 
+/* ---- cases: pipeline-parallel training ---- */
+
+#include "pipe_model.h"
+
+#define PIPE_STEPS 20
+
+/* Trains tests/pipe_model.h as a pipeline of `size` stages (1F1B, 4 micro-batches, or the
+   interleaved schedule when *arg is 2 chunks per rank); each rank then trains the whole model
+   alone and compares its stage's weights (relative error <= 1e-5). With a stop flag in
+   shared memory (fault cases) it keeps stepping until a step fails. */
+static dtr_result pipe_train(rank_ctx *rc, int chunks, int steps, float *loss, char *msg, size_t msglen) {
+    dtr_context *ctx = NULL;
+    dtr_model *m = NULL, *whole = NULL;
+    dtr_context *wctx = NULL;
+    dtr_optimizer *opt = NULL;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_pipe_config pc = dtr_pipe_config_init();
+    pm_model pm;
+    pm_stage st;
+    float ref_loss = 0.0f;
+    dtr_result r = dtr_context_create(NULL, &ctx);
+    memset(&pm, 0, sizeof pm);
+    memset(&st, 0, sizeof st);
+    pm.P = rc->size, pm.rank = rc->rank, pm.stages = rc->size * chunks;
+    oc.momentum = 0.9f;
+    pc.schedule = chunks > 1 ? DTR_PIPE_INTERLEAVED : DTR_PIPE_1F1B, pc.chunks = chunks;
+    pc.microbatches = 4, pc.batch = PM_BATCH, pc.forward = pm_forward, pc.user = &st;
+    st.pm = &pm;
+    if (r == DTR_OK) r = dtr_model_create(ctx, 7, &m);
+    if (r == DTR_OK) r = pm_declare(&pm, m);
+    if (r == DTR_OK) r = pm_keep(&pm, chunks);
+    if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &opt);
+    if (r == DTR_OK) r = dtr_pipe_create(m, rc->comm, &pc, &st.pipe);
+    for (pm.step = 0; r == DTR_OK && (steps < 0 || pm.step < steps); pm.step++) {
+        r = dtr_pipe_step(st.pipe, loss);
+        if (r == DTR_OK) r = dtr_optimizer_step(opt, NULL);
+        dtr_context_reset(ctx);
+    }
+    if (r != DTR_OK) snprintf(msg, msglen, "%s", dtr_context_last_error(ctx));
+    if (r == DTR_OK && steps > 0) {
+        double e;
+        RCHECK(rc, pm_reference(steps, &wctx, &whole, &ref_loss) == DTR_OK);
+        e = whole ? pm_max_rel_error(m, whole) : 1e30;
+        RCHECK_MSG(rc, e <= 1e-5, "pipeline of %d stages: relative error %.3g", pm.stages, e);
+        RCHECK_MSG(rc, fabsf(*loss - ref_loss) <= 1e-5f * (1.0f + fabsf(ref_loss)), "loss %g vs %g", (double)*loss,
+                   (double)ref_loss);
+        if (rc->rank == 0) printf("    %d stages over %s: relative error %.2e vs 1 rank\n", pm.stages,
+                                  dtr_comm_transport_detail(rc->comm), e);
+        fflush(stdout);
+    }
+    dtr_model_destroy(whole);
+    dtr_context_destroy(wctx);
+    dtr_pipe_destroy(st.pipe);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return r;
+}
+
+static void sc_pipe(rank_ctx *rc) {
+    float loss = 0.0f;
+    char msg[512] = "";
+    dtr_result r = pipe_train(rc, *(const int *)rc->j->arg, PIPE_STEPS, &loss, msg, sizeof msg);
+    RCHECK_MSG(rc, r == DTR_OK, "%s: %s", dtr_result_string(r), msg);
+}
+
+static void pipe_equivalence(int p) {
+    static const int one = 1, two = 2;
+    const char *prov = p ? PROV_TCP : PROV_SHM;
+    job j;
+    if (!prov_ok(p)) return;
+    j = job_init(prov, 2, sc_pipe, &one, "pipeline of 2 stages");
+    CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
+    if (p) return;
+    j = job_init(prov, 2, sc_pipe, &two, "pipeline of 2 ranks x 2 chunks");
+    CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
+}
+
+static void test_shm_pipe(void) { pipe_equivalence(0); }
+static void test_tcp_pipe(void) { pipe_equivalence(1); }
+
 /* a few collectives, for the cases that only need the group to work */
 static void sc_sanity(rank_ctx *rc) {
     float v[1000];
@@ -1071,7 +1158,7 @@ static void test_create_errors(void) {
 enum { F_KILL = 0, F_STOP = 1, F_SLEEP = 2, F_ABORT = 3, F_ABORT_EXIT = 4, F_LEAVE = 5, F_KILL_IDLE = 6 };
 static const char *const fault_names[7] = {"SIGKILL", "SIGSTOP", "sleep", "abort", "abort, destroy and exit",
                                            "leave (destroy and exit)", "SIGKILL outside the collective"};
-typedef struct fault_arg { int mode, culprit; size_t count; } fault_arg;
+typedef struct fault_arg { int mode, culprit, pipeline; size_t count; } fault_arg;
 
 static void sc_fault(rank_ctx *rc) {
     const fault_arg *fa = (const fault_arg *)rc->j->arg;
@@ -1106,6 +1193,12 @@ static void sc_fault(rank_ctx *rc) {
         dtr_comm_destroy(c);
         rc->comm = c = NULL;
         r = DTR_PEER_FAILED;
+    } else if (fa->pipeline) {
+        /* pipeline steps until one fails; the parent kills the culprit (a middle stage) */
+        float loss;
+        char msg[512];
+        t0 = now_s();
+        r = pipe_train(rc, 1, -1, &loss, msg, sizeof msg);
     } else {
         /* a loop of large ring all-reduces; the parent kills or stops the culprit in it */
         start = now_s();
@@ -1130,7 +1223,7 @@ static void sc_fault(rank_ctx *rc) {
 
 /* Runs a fault scenario on n ranks; the parent injects SIGKILL / SIGSTOP, then checks every
    report and that every rank but a killed one exits 0. */
-static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int drop_store) {
+static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int drop_store, int pipeline) {
     const char *prov = p ? PROV_TCP : PROV_SHM;
     fault_arg fa;
     job j;
@@ -1141,8 +1234,9 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
     char what[96], needle[32];
     fa.mode = mode;
     fa.culprit = culprit;
+    fa.pipeline = pipeline;
     fa.count = g_quick ? (size_t)1 << 18 : (size_t)1 << 20;   /* 1 or 4 MiB of f32 */
-    snprintf(what, sizeof what, "%s of rank %d%s", fault_names[mode], culprit,
+    snprintf(what, sizeof what, "%s%s of rank %d%s", pipeline ? "pipeline: " : "", fault_names[mode], culprit,
              drop_store == 1 ? ", stores dropped" : drop_store == 2 ? ", stores of ranks > 0 dropped" : "");
     j = job_init(prov, n, sc_fault, &fa, what);
     j.timeout_ms = timeout_ms;
@@ -1219,26 +1313,27 @@ static void faults_kill(int p) {
        the peer's progress call (seen about once in 40 kills in the middle of 4 MiB ring
        all-reduces; docs/distributed.md, limits). Over shm the victim is killed outside the
        collective the survivors are in (it computes); over tcp in the middle of the transfers. */
-    check_fault(p, 3, mode, 1, 5000, 0);
-    check_fault(p, 4, mode, 0, 5000, 0);   /* rank 0 hosts the store */
-    check_fault(p, 3, mode, 2, 5000, 2);   /* the dead rank had dropped its store */
+    check_fault(p, 3, mode, 1, 5000, 0, 0);
+    check_fault(p, 4, mode, 0, 5000, 0, 0);   /* rank 0 hosts the store */
+    check_fault(p, 3, mode, 2, 5000, 2, 0);   /* the dead rank had dropped its store */
+    check_fault(p, 3, mode, 1, 5000, 0, 1);   /* the middle stage of a pipeline */
 }
 static void faults_stop(int p) {
     if (!prov_ok(p)) return;
-    check_fault(p, 3, F_STOP, 2, 2000, 0);
+    check_fault(p, 3, F_STOP, 2, 2000, 0, 0);
 }
 static void faults_sleep(int p) {
     if (!prov_ok(p)) return;
-    check_fault(p, 3, F_SLEEP, 1, 1500, 0);
+    check_fault(p, 3, F_SLEEP, 1, 1500, 0, 0);
 }
 static void faults_abort(int p) {
     if (!prov_ok(p)) return;
-    check_fault(p, 3, F_ABORT, 0, 30000, 0);
-    check_fault(p, 3, F_ABORT_EXIT, 1, 30000, 0);   /* the abort must reach the others all the same */
+    check_fault(p, 3, F_ABORT, 0, 30000, 0, 0);
+    check_fault(p, 3, F_ABORT_EXIT, 1, 30000, 0, 0);   /* the abort must reach the others all the same */
 }
 static void faults_leave(int p) {
     if (!prov_ok(p)) return;
-    check_fault(p, 3, F_LEAVE, 1, 30000, 0);
+    check_fault(p, 3, F_LEAVE, 1, 30000, 0, 0);
 }
 
 static void test_shm_kill(void) { faults_kill(0); }
@@ -1461,6 +1556,8 @@ int main(void) {
         RUN_SEL(test_tcp_truncation);
         RUN_SEL(test_shm_dp);
         RUN_SEL(test_tcp_dp);
+        RUN_SEL(test_shm_pipe);
+        RUN_SEL(test_tcp_pipe);
         RUN_SEL(test_store_dropped);
         RUN_SEL(test_auto_provider);
         RUN_SEL(test_two_groups);
