@@ -16,7 +16,7 @@
  *
  * Build and run from the repository:
  *     make examples && build/examples/fmnist_dp [DATA_DIR] [--world 2] [options]
- * By hand, with dtrain.h and common.h beside this file:
+ * By hand, with dtrain.h, common.h and ranks.h beside this file:
  *     cc -O2 -march=native -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_dp.c \
  *        -o fmnist_dp -lm -lpthread -lz
  *
@@ -33,7 +33,7 @@
  * Other options as examples/fmnist_mlp.c. Expect about 87% test accuracy after 2 epochs,
  * as the single-rank example with the same global batch. */
 #include "common.h"
-#include <pthread.h>
+#include "ranks.h"
 
 /* ---- options and results ---- */
 
@@ -207,90 +207,22 @@ done:
     return ok;
 }
 
-/* ---- ranks as threads (local transport) or as processes (launcher) ---- */
+/* ---- ranks as threads (local transport) or as processes (launcher): ranks.h ---- */
 
-typedef struct dp_thread {
-    const dp_opts *o;
-    const dtr_mnist *data;
-    dtr_local_world *w;
-    dp_result *res;
-    int rank, ok;
-} dp_thread;
+typedef struct dp_job { const dp_opts *o; const dtr_mnist *data; dp_result *res; } dp_job;
 
-static void *dp_thread_main(void *p) {
-    dp_thread *t = (dp_thread *)p;
-    dtr_comm_config cfg = dtr_comm_config_init();
-    dtr_comm *c = NULL;
-    char err[256];
-    dtr_result r;
-    cfg.local.world = t->w;
-    cfg.local.rank = t->rank;
-    if ((r = dtr_comm_create(&cfg, &c, err, sizeof err)) != DTR_OK) {
-        dp_err(t->rank, "dtr_comm_create", r, err);
-        return NULL;
-    }
-    t->ok = dp_rank_train(c, t->o, t->data, t->res);
-    dtr_comm_destroy(c);
-    return NULL;
+static int dp_job_rank(dtr_comm *c, void *user) {
+    dp_job *j = (dp_job *)user;
+    return dp_rank_train(c, j->o, j->data, j->res);
 }
 
 /* Trains with o->world rank threads (local) or as this process's rank (other transports).
    Returns 1 on success; res is rank 0's view (all zero on other processes). */
 static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
+    dp_job j;
     memset(res, 0, sizeof *res);
-    if (strcmp(o->transport, "local") == 0) {
-        pthread_t tid[64];
-        dp_thread t[64];
-        dtr_local_world *w = NULL;
-        int i, ok = 1;
-        if (o->world < 1 || o->world > 64 || dtr_local_world_create(o->world, NULL, &w) != DTR_OK) {
-            fprintf(stderr, "error: --world must be 1 to 64\n");
-            return 0;
-        }
-        for (i = 0; i < o->world; i++) {
-            t[i].o = o;
-            t[i].data = data;
-            t[i].w = w;
-            t[i].res = res;
-            t[i].rank = i;
-            t[i].ok = 0;
-            if (pthread_create(&tid[i], NULL, dp_thread_main, &t[i]) != 0) { fprintf(stderr, "error: no thread\n"); exit(1); }
-        }
-        for (i = 0; i < o->world; i++) { pthread_join(tid[i], NULL); ok &= t[i].ok; }
-        dtr_local_world_destroy(w);
-        return ok;
-    } else {
-        dtr_rendezvous_config rc = dtr_rendezvous_config_init();
-        dtr_comm_config cfg = dtr_comm_config_init();
-        dtr_store *st = NULL;
-        dtr_comm *c = NULL;
-        char err[512];
-        int ok = 0;
-        if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) != DTR_OK) {
-            fprintf(stderr, "error: --transport %s runs one process per rank under the launcher: "
-                    "dtrun -n 2 -- build/examples/fmnist_dp DATA_DIR --transport %s (%s)\n", o->transport, o->transport, err);
-            return 0;
-        }
-        if (dtr_store_create(&rc, &st, err, sizeof err) != DTR_OK) {
-            fprintf(stderr, "rank %d: error: joining the rendezvous store at %s:%d failed: %s\n", (int)rc.rank,
-                    rc.master_addr, rc.port, err);
-            return 0;
-        }
-        cfg.transport = o->transport;
-        cfg.fabric.provider = o->provider;
-        cfg.store = st;
-        if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {
-            fprintf(stderr, "error: %s\n", err);
-        } else {
-            if (rc.rank == 0 && !o->quiet && dtr_comm_transport_detail(c)[0])   /* what it picked */
-                printf("fmnist_dp: %s provider: %s%s\n", o->transport, dtr_comm_transport_detail(c),
-                       o->provider && *o->provider ? "" : " (chosen automatically)");
-            ok = dp_rank_train(c, o, data, res);
-            dtr_comm_destroy(c);
-        }
-        dtr_store_destroy(st);
-        return ok;
-    }
+    j.o = o, j.data = data, j.res = res;
+    return ex_run_ranks("fmnist_dp", o->transport, o->provider, o->world, !o->quiet, dp_job_rank, &j);
 }
 
 #ifndef FMNIST_DP_NO_MAIN
