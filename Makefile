@@ -477,7 +477,7 @@ help:
 	@echo "  all              library, tests, examples, benchmarks (default)"
 	@echo "  lib              $(BUILD)/libdtrain.a and $(BUILD)/libdtrain.so"
 	@echo "  tests            $(BUILD)/tests/test_* and $(BUILD)/dtrun"
-	@echo "  examples         $(BUILD)/examples/* (fmnist_mlp, fmnist_cnn, fmnist_dp, csv_regression, image_folder_cnn)"
+	@echo "  examples         $(BUILD)/examples/* (fmnist_mlp, fmnist_cnn, fmnist_dp, gpt, csv_regression, image_folder_cnn)"
 	@echo "  bench            $(BUILD)/bench/* (JSON lines; peers: make bench-deps)"
 	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric, NCCL when found)"
 	@echo "  cuda-lib, comm-lib  the same as libraries: $(BUILD)/libdtrain_cuda.{a,so}, $(BUILD)/libdtrain_comm.{a,so}"
