@@ -1838,6 +1838,11 @@ DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
 /** What the transport chose when it opened (dtr_transport_info.detail): libfabric's provider,
  *  e.g. "shm" or "tcp;ofi_rxm"; "" for the local transport. Thread safety: any thread. */
 DTR_API const char *dtr_comm_transport_detail(const dtr_comm *c);
+/** 1 when the group's collectives run through a shared-memory segment that its ranks map
+ *  (they are processes of one host, with host buffers: set up when the group is made;
+ *  $DTR_COMM_SHM=0 turns it off), 0 when they go through the transport. The results are the
+ *  same bits either way. Thread safety: any thread. */
+DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
 
 /** Color of a rank that wants no sub-group from dtr_comm_split. */
 #define DTR_COMM_UNDEFINED (-1)
@@ -2232,7 +2237,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2236 "dtrain.h"
+#line 2241 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2640,7 +2645,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2644 "dtrain.h"
+#line 2649 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2695,7 +2700,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2699 "dtrain.h"
+#line 2704 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2793,6 +2798,7 @@ struct dtr_comm {
     struct dtr_comm *host;     /* hierarchical all-reduce: this rank's host, and the hosts'
                                   first ranks (NULL on the others); run only by this group */
     struct dtr_comm *leaders;
+    struct dtr__shm *shm;      /* the group's shared-memory segment (src/comm/shm.c), or NULL */
     int hier_ready;            /* host and leaders were made */
     int hier_on;               /* and hierarchical differs from flat (several hosts, one of
                                   several ranks, host memory): the same on every rank */
@@ -2835,6 +2841,16 @@ static inline int dtr__fake_ranks_per_host(void) {
     int k = v ? atoi(v) : 0;
     return k > 0 ? k : 0;
 }
+/* ---- shared-memory collectives (src/comm/shm.c) ---- */
+typedef struct dtr__shm dtr__shm;
+/** Collective over c at its creation: maps one segment shared by the group's ranks when
+ *  they are processes of one host (else nothing). An error only when the group failed. */
+DTR__PRIVATE dtr_result dtr__shm_setup(dtr_comm *c);
+/** Unmaps the group's segment. */
+DTR__PRIVATE void dtr__shm_free(dtr_comm *c);
+/** Runs collective a through the segment when the group has one (1; result in *r), else 0. */
+DTR__PRIVATE int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r);
+
 /** The all-reduce algorithm AUTO picks for `count` elements of `dt` on group c. */
 DTR__PRIVATE int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt);
 
@@ -2948,7 +2964,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2952 "dtrain.h"
+#line 2968 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -2998,7 +3014,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3002 "dtrain.h"
+#line 3018 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3350,7 +3366,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3354 "dtrain.h"
+#line 3370 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4141,7 +4157,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4145 "dtrain.h"
+#line 4161 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4565,7 +4581,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4569 "dtrain.h"
+#line 4585 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4678,7 +4694,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4682 "dtrain.h"
+#line 4698 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5053,7 +5069,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5057 "dtrain.h"
+#line 5073 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5253,7 +5269,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5257 "dtrain.h"
+#line 5273 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5703,7 +5719,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5707 "dtrain.h"
+#line 5723 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5882,7 +5898,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5886 "dtrain.h"
+#line 5902 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6282,7 +6298,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6286 "dtrain.h"
+#line 6302 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6782,7 +6798,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6786 "dtrain.h"
+#line 6802 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7041,7 +7057,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7045 "dtrain.h"
+#line 7061 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7108,7 +7124,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7112 "dtrain.h"
+#line 7128 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7221,7 +7237,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7225 "dtrain.h"
+#line 7241 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7606,7 +7622,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7610 "dtrain.h"
+#line 7626 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7775,7 +7791,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7779 "dtrain.h"
+#line 7795 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8119,7 +8135,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8123 "dtrain.h"
+#line 8139 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8466,7 +8482,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8470 "dtrain.h"
+#line 8486 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8651,7 +8667,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8655 "dtrain.h"
+#line 8671 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9292,7 +9308,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9296 "dtrain.h"
+#line 9312 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9745,7 +9761,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9749 "dtrain.h"
+#line 9765 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9801,7 +9817,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9805 "dtrain.h"
+#line 9821 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10578,7 +10594,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10582 "dtrain.h"
+#line 10598 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11159,7 +11175,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11163 "dtrain.h"
+#line 11179 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11790,7 +11806,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11794 "dtrain.h"
+#line 11810 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12528,7 +12544,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12532 "dtrain.h"
+#line 12548 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12795,7 +12811,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12799 "dtrain.h"
+#line 12815 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -12985,7 +13001,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 12989 "dtrain.h"
+#line 13005 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13119,7 +13135,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13123 "dtrain.h"
+#line 13139 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13853,7 +13869,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13857 "dtrain.h"
+#line 13873 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14370,7 +14386,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14374 "dtrain.h"
+#line 14390 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15102,7 +15118,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15106 "dtrain.h"
+#line 15122 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15441,6 +15457,11 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
         if (r != DTR_OK) c->native_group = NULL;   /* fall back to point-to-point */
     }
+    if (!c->native_group && (r = dtr__shm_setup(c)) != DTR_OK) {
+        dtr__errf(err, errlen, r, "dtr_comm_create: %s", c->msg);
+        dtr_comm_destroy(c);
+        return r;
+    }
     *out = c;
     return DTR_OK;
 }
@@ -15475,6 +15496,7 @@ void dtr_comm_destroy(dtr_comm *c) {
     dtr__comm_stop_thread(c);
     dtr_comm_destroy(c->leaders);
     dtr_comm_destroy(c->host);
+    dtr__shm_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -16161,12 +16183,17 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
         if (c->ep->vt->group_create(c->ep->state, nc->ranks, nc->size, nc->ctx, &nc->native_group) != DTR_OK)
             nc->native_group = NULL;
     }
+    if (!nc->native_group && (r = dtr__shm_setup(nc)) != DTR_OK) {
+        r = dtr__comm_fail(c, &a, r, dtr_comm_failed_rank(nc), 0, "setting up the sub-group: %s", nc->msg);
+        dtr_comm_destroy(nc);
+        goto done;
+    }
     *out = nc;
 done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16170 "dtrain.h"
+#line 16197 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16718,7 +16745,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16722 "dtrain.h"
+#line 16749 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17144,8 +17171,17 @@ static dtr_result dtr__coll_native(dtr_comm *c, const dtr__coll *a, int *used) {
     return r;
 }
 
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
-    size_t es = dtr_dtype_size(a->dtype);
+/* the all-reduce algorithm that runs: the one asked for, AUTO's pick, or hierarchical where
+ * it changes something */
+static int dtr__effective_algo(const dtr_comm *c, const dtr__coll *a) {
+    if (a->algo == DTR_ALLREDUCE_RING || a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) return a->algo;
+    if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) return a->algo;
+    return dtr__auto_algo(c, a->count, a->dtype);
+}
+
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
+    size_t es = dtr_dtype_size(in->dtype);
+    dtr__coll b = *in, *a = &b;
     dtr_result r;
     int used = 0;
     if (c->size == 1) { /* no communication: copy (and an average over one rank is the value) */
@@ -17158,12 +17194,14 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
         r = dtr__coll_native(c, a, &used);
         if (used) return r;
     }
-    switch (a->kind) {
+    if (a->kind == DTR__OP_ALL_REDUCE) b.algo = dtr__effective_algo(c, a);
+    if (a->kind == DTR__OP_ALL_REDUCE && a->algo == DTR_ALLREDUCE_HIERARCHICAL) {
+        r = dtr__all_reduce_hier(c, a);
+    } else if (dtr__shm_run(c, a, &r)) {
+        /* done through the group's shared memory */
+    } else switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
-        if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) r = dtr__all_reduce_hier(c, a);
-        else if (a->algo == DTR_ALLREDUCE_RING) r = dtr__all_reduce_ring(c, a);
-        else if (a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) r = dtr__all_reduce_rd(c, a);
-        else r = dtr__auto_algo(c, a->count, a->dtype) == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
+        r = a->algo == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
         break;
     case DTR__OP_BROADCAST:
         r = a->count * es >= c->chain_threshold ? dtr__broadcast_chain(c, a) : dtr__broadcast_tree(c, a);
@@ -17189,7 +17227,437 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17193 "dtrain.h"
+#line 17231 "dtrain.h"
+
+/* ---- src/comm/shm.c ---- */
+#line 1 "src/comm/shm.c"
+/* ============================================================================
+ * Shared-memory collectives: the ranks of a group that are processes of one host map one
+ * segment and run every collective through it instead of through the transport.
+ *
+ * Segment: a header with two counters per rank (each on its own cache line), a slot of S
+ * bytes per rank, and two result buffers of S bytes. Every collective goes in epochs of at
+ * most S bytes per rank (the same count on every rank: the collectives are called in the
+ * same order). In epoch e a rank
+ *   A. copies its part of the input into its slot and publishes in = e;
+ *   B. waits until every rank's `in` reached e (or only the root's, for a broadcast), then
+ *      computes its share of the result from the peers' slots (a reduction reads its slice of
+ *      every slot, in the documented order of the algorithm the group would have used, so
+ *      results are bit for bit those of the point-to-point path), writing it into the
+ *      epoch's result buffer (or straight into its output), and publishes red = e;
+ *   C. waits until every rank's `red` reached e and copies the result out.
+ * A slot is written again only in epoch e + 1, after every rank passed B of epoch e; the
+ * result buffers alternate, so a slow reader of epoch e never sees epoch e + 1's writes.
+ *
+ * Waits spin briefly, then yield, then nap, and check the deadline, an abort flag in the
+ * header (a rank that fails sets it), and a zero-byte receive posted on the transport at
+ * setup that never matches: the transport fails it when a peer dies or the world aborts, so
+ * a killed rank turns into DTR_PEER_FAILED here too. Setup (dtr__shm_setup, collective at
+ * group creation) uses the transport: rank 0 creates the segment and broadcasts its name,
+ * the others map it, all agree (or all fall back), and the name is unlinked at once.
+ * ==========================================================================*/
+
+
+
+
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#define DTR__HAVE_SHM DTR__HAVE_ATOMICS
+#else
+#define DTR__HAVE_SHM 0
+#endif
+
+#if DTR__HAVE_SHM
+
+#define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
+
+typedef struct dtr__shm_counter {
+    uint64_t in;            /* the epoch whose input is in this rank's slot */
+    char pad0[56];
+    uint64_t red;           /* the epoch whose share this rank computed */
+    int64_t pid;            /* the rank's process, watched while others wait for it */
+    char pad1[48];
+} dtr__shm_counter;
+
+typedef struct dtr__shm_hdr {
+    uint64_t magic;
+    uint64_t slot;          /* S */
+    int32_t size;
+    int32_t abort_rank;     /* -1; else the group rank that failed (first writer wins) */
+    char pad[40];
+    dtr__shm_counter r[1];  /* size of them */
+} dtr__shm_hdr;
+
+struct dtr__shm {
+    char *base;
+    size_t bytes, slot;
+    dtr__shm_hdr *h;
+    char *slots, *out[2];
+    uint64_t epoch;
+    void *sentinel;         /* the transport's never-matching receive */
+    int on;                 /* every rank mapped it: the collectives use it */
+    int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
+};
+
+static size_t dtr__shm_hdr_bytes(int n) {
+    size_t b = sizeof(dtr__shm_hdr) + (size_t)n * sizeof(dtr__shm_counter);
+    return (b + 4095) & ~(size_t)4095;
+}
+
+static size_t dtr__shm_slot_bytes(int n) { return n <= 8 ? (size_t)2 << 20 : (size_t)512 << 10; }
+
+/* ---- setup and teardown ---- */
+
+static void dtr__shm_name(char *out, size_t cap, const uint32_t *token) {
+    snprintf(out, cap, "/dtr-%ld-%08x%08x", (long)getuid(), token[0], token[1]);
+}
+
+/* maps the segment `name` (creating it on rank 0); NULL on any failure */
+static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
+    size_t slot = dtr__shm_slot_bytes(c->size), bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot;
+    int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+    struct stat st;
+    dtr__shm *s;
+    void *p;
+    if (fd < 0) return NULL;
+    if ((create && ftruncate(fd, (off_t)bytes) != 0) || fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+        close(fd);
+        return NULL;
+    }
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return NULL;
+    s = (dtr__shm *)dtr__calloc(&c->ep->alloc, sizeof(*s));
+    if (!s) { munmap(p, bytes); return NULL; }
+    s->base = (char *)p, s->bytes = bytes, s->slot = slot, s->h = (dtr__shm_hdr *)p;
+    s->slots = s->base + dtr__shm_hdr_bytes(c->size);
+    s->out[0] = s->slots + (size_t)c->size * slot;
+    s->out[1] = s->out[0] + slot;
+    if (create) {
+        s->h->slot = slot, s->h->size = c->size, s->h->abort_rank = -1;
+        DTR__ATOMIC_STORE(&s->h->magic, DTR__SHM_MAGIC);
+    }
+    return s;
+}
+
+void dtr__shm_free(dtr_comm *c) {
+    dtr__shm *s = c->shm;
+    if (!s) return;
+    if (s->sentinel) c->ep->vt->release(c->ep->state, s->sentinel);
+    munmap(s->base, s->bytes);
+    dtr__free(&c->ep->alloc, s);
+    c->shm = NULL;
+}
+
+/* 1 when this group may use a segment: processes of one host, host buffers, 2 to 64 */
+static int dtr__shm_eligible(const dtr_comm *c) {
+    const char *env = getenv("DTR_COMM_SHM");
+    if (env && !strcmp(env, "0")) return 0;
+    return c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
+           c->local_size == c->size;
+}
+
+static int dtr__shm_check(const dtr__shm *s, const dtr_comm *c) {
+    return s && DTR__ATOMIC_LOAD(&s->h->magic) == DTR__SHM_MAGIC && s->h->size == c->size && s->h->slot == s->slot;
+}
+
+/* posts the never-matching receive that reports the world's failures */
+static int dtr__shm_post_sentinel(dtr_comm *c) {
+    dtr_transport_error e;
+    int peer = c->ranks[(c->rank + 1) % c->size];
+    return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel,
+                            &e) == DTR_OK;
+}
+
+dtr_result dtr__shm_setup(dtr_comm *c) {
+    uint32_t msg[3] = {0, 0, 0};
+    char name[64];
+    float ok;
+    dtr_result r;
+    if (!dtr__shm_eligible(c)) return DTR_OK;
+    if (c->rank == 0) {
+        int64_t t = dtr_time_ns();
+        msg[0] = (uint32_t)t ^ (uint32_t)getpid();
+        msg[1] = (uint32_t)((uint64_t)t >> 32) ^ (uint32_t)(uintptr_t)c;
+        dtr__shm_name(name, sizeof name, msg);
+        c->shm = dtr__shm_map(c, name, 1);
+        msg[2] = c->shm != NULL;
+    }
+    if ((r = dtr_comm_broadcast(c, msg, 3, DTR_I32, 0)) != DTR_OK) { dtr__shm_free(c); return r; }
+    dtr__shm_name(name, sizeof name, msg);
+    if (c->rank != 0 && msg[2]) c->shm = dtr__shm_map(c, name, 0);
+    ok = dtr__shm_check(c->shm, c) && dtr__shm_post_sentinel(c) ? 1.0f : 0.0f;
+    if (ok > 0.5f) DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
+    r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);   /* ranks that could map it */
+    if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
+    if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
+    else c->shm->on = 1;
+    return r;
+}
+
+/* ---- waiting ---- */
+
+/* the first rank (all: -1) whose counter at `off` is below e, or -1 when none is */
+static int dtr__shm_behind(const dtr__shm *s, int n, int only, size_t off, uint64_t e) {
+    int j;
+    for (j = 0; j < n; j++) {
+        const uint64_t *p = (const uint64_t *)((const char *)&s->h->r[j] + off);
+        if ((only < 0 || j == only) && DTR__ATOMIC_LOAD(p) < e) return j;
+    }
+    return -1;
+}
+
+static void dtr__shm_nap(int64_t ns) {
+    struct timespec ts;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (long)ns;
+    nanosleep(&ts, NULL);
+}
+
+/* 1 when process pid is gone or a zombie (Linux: /proc; elsewhere only gone) */
+static int dtr__shm_dead(int64_t pid) {
+    char path[64], buf[512], *p;
+    FILE *f;
+    size_t n;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    if (!(f = fopen(path, "r"))) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* the first peer whose process died, or -1 */
+static int dtr__shm_dead_peer(dtr_comm *c) {
+    int j;
+    for (j = 0; j < c->size; j++)
+        if (j != c->rank && dtr__shm_dead(DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid))) return j;
+    return -1;
+}
+
+/* DTR_OK, or the failure that stops the wait: a rank's abort flag, a peer's death, the
+ * transport's report (its never-matching receive failed), the deadline */
+static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiting_for) {
+    dtr__shm *s = c->shm;
+    dtr_transport_error e;
+    int done = 0, who = DTR__ATOMIC_LOAD(&s->h->abort_rank), dead;
+    int64_t now = dtr_time_ns();
+    dtr_result r;
+    e.rank = -1, e.native_code = 0, e.msg[0] = 0;
+    if (who >= 0)
+        return dtr__comm_fail(c, a, DTR_PEER_FAILED, who, 0, "rank %d failed (a shared-memory collective's peer said so)", who);
+    if (now < s->next_check) return DTR_OK;   /* the slower looks: every 5 ms */
+    s->next_check = now + 5000000;
+    if ((dead = dtr__shm_dead_peer(c)) >= 0)
+        return dtr__comm_fail(c, a, DTR_PEER_FAILED, c->ranks[dead], 0, "rank %d (pid %lld on this host) died",
+                              c->ranks[dead], (long long)DTR__ATOMIC_LOAD(&s->h->r[dead].pid));
+    r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
+    if (r != DTR_OK || done)
+        return dtr__comm_fail(c, a, r != DTR_OK ? r : DTR_PEER_FAILED, e.rank, e.native_code, "%s",
+                              e.msg[0] ? e.msg : "the transport reported a failure");
+    if (now > a->deadline)
+        return dtr__comm_fail(c, a, DTR_TIMEOUT, c->ranks[waiting_for], 0,
+                              "timed out after %d ms: rank %d did not reach the shared-memory step", a->timeout_ms,
+                              c->ranks[waiting_for]);
+    return DTR_OK;
+}
+
+/* Waits until the counters at `off` of every rank (or of `only`) reached epoch e. */
+static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_t off, uint64_t e) {
+    dtr__shm *s = c->shm;
+    int64_t naps = 0;
+    long spins = 0;
+    int j;
+    dtr_result r;
+    while ((j = dtr__shm_behind(s, c->size, only, off, e)) >= 0) {
+        if (++spins < 2000) continue;
+        if ((r = dtr__shm_check_fail(c, a, j)) != DTR_OK) {   /* tell the others whom to blame */
+            int32_t none = -1, who = dtr_comm_failed_rank(c) >= 0 ? dtr_comm_failed_rank(c) : c->ep->info.rank;
+            DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
+            return r;
+        }
+        if (spins < 4000) sched_yield();
+        else dtr__shm_nap(naps++ < 100 ? 2000 : 50000);
+    }
+    return DTR_OK;
+}
+
+#define DTR__SHM_IN offsetof(dtr__shm_counter, in)
+#define DTR__SHM_RED offsetof(dtr__shm_counter, red)
+
+/* ---- reductions in the point-to-point path's orders ---- */
+
+/* the first element of ring chunk k of a count split over n ranks */
+static size_t dtr__shm_ring_start(size_t count, int n, int k) {
+    size_t q = count / (size_t)n, rem = count % (size_t)n;
+    return (size_t)k * q + ((size_t)k < rem ? (size_t)k : rem);
+}
+
+/* out[0..len) = elements [g, g + len) of the slots (slot j's first element is global index
+ * g0) in ring order: chunk k starts at rank k + 1 and ends at rank k (an average divides in
+ * the last step) */
+static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0, size_t g, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype);
+    int N = c->size, k;
+    for (k = 0; k < N && len; k++) {
+        size_t lo = dtr__shm_ring_start(a->count, N, k), hi = dtr__shm_ring_start(a->count, N, k + 1), b, e, i;
+        int j;
+        b = g > lo ? g : lo, e = g + len < hi ? g + len : hi;
+        if (b >= e) continue;
+        i = b - g0;
+        for (j = 2; j <= N; j++) {
+            const char *x = j == 2 ? c->shm->slots + (size_t)((k + 1) % N) * c->shm->slot + i * es : out + (b - g) * es;
+            const char *y = c->shm->slots + (size_t)((k + j) % N) * c->shm->slot + i * es;
+            dtr__comm_reduce(out + (b - g) * es, x, y, e - b, a->dtype, a->op, j == N ? div : 1);
+        }
+    }
+}
+
+/* the same in recursive doubling's order (fold pairs 2i, 2i+1 below 2m; then partners at
+ * distances 1, 2, 4 ..., the lower first), element by element through f32 as the kernels do */
+static void dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype), i;
+    int N = c->size, p = 1, m, nr, d;
+    char v[64][4];
+    while (p * 2 <= N) p *= 2;
+    m = N - p;
+    for (i = 0; i < len; i++) {
+        for (nr = 0; nr < p; nr++) {
+            const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + (first + i) * es;
+            if (nr < m) dtr__comm_reduce(v[nr], x0, x0 + c->shm->slot, 1, a->dtype, a->op, 1);
+            else memcpy(v[nr], x0, es);
+        }
+        for (d = 1; d < p; d *= 2)
+            for (nr = 0; nr < p; nr++)
+                if (!(nr & d)) {
+                    dtr__comm_reduce(v[nr], v[nr], v[nr | d], 1, a->dtype, a->op, d * 2 >= p ? div : 1);
+                    memcpy(v[nr | d], v[nr], es);
+                }
+        memcpy(out + i * es, v[0], es);
+    }
+}
+
+/* ---- the collectives ---- */
+
+/* A: this rank's input of the epoch into its slot */
+static uint64_t dtr__shm_publish(dtr_comm *c, const void *src, size_t bytes) {
+    dtr__shm *s = c->shm;
+    uint64_t e = ++s->epoch;
+    if (bytes) memcpy(s->slots + (size_t)c->rank * s->slot, src, bytes);
+    DTR__ATOMIC_STORE(&s->h->r[c->rank].in, e);
+    return e;
+}
+
+static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), per = s->slot / es, g, n;
+    int div = a->op == DTR_REDUCE_AVG ? (a->avg_div ? a->avg_div : c->size) : 1;
+    dtr_result r;
+    for (g = 0; g < a->count; g += n) {
+        size_t lo, hi;
+        char *out;
+        uint64_t e;
+        n = a->count - g < per ? a->count - g : per;
+        e = dtr__shm_publish(c, (const char *)a->src + g * es, n * es);
+        out = s->out[e & 1];
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+        lo = n * (size_t)c->rank / (size_t)c->size, hi = n * (size_t)(c->rank + 1) / (size_t)c->size;
+        if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_ring(c, a, out + lo * es, g, g + lo, hi - lo, div);
+        else dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div);
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
+        memcpy((char *)a->dst + g * es, out, n * es);
+    }
+    return DTR_OK;
+}
+
+/* reduce-scatter: block b of the input is rank b's; each epoch carries the same range of
+ * every block, and rank b reduces its block in ring order (chunk b starts at rank b + 1) */
+static dtr_result dtr__shm_reduce_scatter(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), per = s->slot / es / (size_t)c->size, g, n;
+    int N = c->size, b, j;
+    dtr_result r;
+    for (g = 0; g < a->count; g += n) {
+        char *mine = s->slots + (size_t)c->rank * s->slot, *dst = (char *)a->dst + g * es;
+        uint64_t e = ++s->epoch;
+        n = a->count - g < per ? a->count - g : per;
+        for (b = 0; b < N; b++) memcpy(mine + (size_t)b * n * es, (const char *)a->src + ((size_t)b * a->count + g) * es, n * es);
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].in, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+        for (j = 2; j <= N; j++) {
+            const char *x = j == 2 ? s->slots + (size_t)((c->rank + 1) % N) * s->slot + (size_t)c->rank * n * es : dst;
+            const char *y = s->slots + (size_t)((c->rank + j) % N) * s->slot + (size_t)c->rank * n * es;
+            dtr__comm_reduce(dst, x, y, n, a->dtype, a->op, j == N && a->op == DTR_REDUCE_AVG ? N : 1);
+        }
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+/* all-gather (root < 0) or broadcast from root: every rank (or the root) publishes, all copy */
+static dtr_result dtr__shm_gather(dtr_comm *c, const dtr__coll *a, int root) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), per = s->slot / es, g, n;
+    int j;
+    dtr_result r;
+    for (g = 0; g < a->count; g += n) {
+        const char *src = root < 0 ? (const char *)a->src : (const char *)a->dst;
+        uint64_t e;
+        n = a->count - g < per ? a->count - g : per;
+        e = dtr__shm_publish(c, src + g * es, root < 0 || root == c->rank ? n * es : 0);
+        if ((r = dtr__shm_wait(c, a, root, DTR__SHM_IN, e)) != DTR_OK) return r;
+        for (j = 0; j < c->size; j++) {
+            const char *from = s->slots + (size_t)j * s->slot;
+            if (root < 0) memcpy((char *)a->dst + ((size_t)j * a->count + g) * es, from, n * es);
+            else if (j == root && j != c->rank) memcpy((char *)a->dst + g * es, from, n * es);
+        }
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__shm_barrier(dtr_comm *c, const dtr__coll *a) {
+    uint64_t e = dtr__shm_publish(c, NULL, 0);
+    dtr_result r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e);
+    if (r == DTR_OK) DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].red, e);
+    return r;
+}
+
+int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on; }
+
+int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
+    if (!c->shm || !c->shm->on) return 0;
+    switch (a->kind) {
+    case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
+    case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
+    case DTR__OP_ALL_GATHER: *r = dtr__shm_gather(c, a, -1); return 1;
+    case DTR__OP_BROADCAST: *r = dtr__shm_gather(c, a, a->root); return 1;
+    case DTR__OP_BARRIER: *r = dtr__shm_barrier(c, a); return 1;
+    }
+    return 0;
+}
+
+#else /* no POSIX shared memory: the transport's path */
+int dtr_comm_shared_memory(const dtr_comm *c) { (void)c; return 0; }
+dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
+void dtr__shm_free(dtr_comm *c) { (void)c; }
+int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
+#endif
+#line 17661 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17426,7 +17894,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17430 "dtrain.h"
+#line 17898 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -17474,7 +17942,7 @@ struct dtr_pipe {
     dtr_comm *c;
     dtr_pipe_config cfg;
     int rank, P, v, M;
-    dtr__pipe_slot *slots;
+    dtr__pipe_slot **slots;         /* each allocated once: pending sends point into them */
     int n_slots, live_now;
     dtr__pipe_slot **live;          /* [chunk * M + mb] during a step */
     dtr__pipe_action *plan;         /* 2 * v * M actions */
@@ -17591,8 +18059,9 @@ void dtr_pipe_destroy(dtr_pipe *p) {
     int i, k;
     if (!p) return;
     for (i = 0; i < p->n_slots; i++) {
-        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i].req[k]);
-        dtr_tape_destroy(p->slots[i].tape);
+        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i]->req[k]);
+        dtr_tape_destroy(p->slots[i]->tape);
+        dtr__free(&p->ctx->alloc, p->slots[i]);
     }
     dtr__free(&p->ctx->alloc, p->slots);
     dtr__free(&p->ctx->alloc, p->live);
@@ -17639,24 +18108,23 @@ static int dtr__pipe_sent(dtr__pipe_slot *s, dtr_result *r) {
 
 /* A free slot (backward done, sends complete, tape reset); a new one when none is. */
 static dtr__pipe_slot *dtr__pipe_acquire(dtr_pipe *p, dtr_result *r) {
-    dtr__pipe_slot *s;
+    dtr__pipe_slot *s, **grown;
     int i;
     *r = DTR_OK;
     for (i = 0; i < p->n_slots; i++) {
-        s = &p->slots[i];
+        s = p->slots[i];
         if (!s->busy && dtr__pipe_sent(s, r)) { dtr_tape_reset(s->tape); return s; }
         if (*r != DTR_OK) return NULL;
     }
-    s = (dtr__pipe_slot *)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*s));
-    if (!s) { *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory"); return NULL; }
-    /* live[] points into the array: move the pointers with it */
-    for (i = 0; i < p->v * p->M; i++)
-        if (p->live[i]) p->live[i] = s + (p->live[i] - p->slots);
-    p->slots = s;
-    s = &p->slots[p->n_slots];
-    memset(s, 0, sizeof(*s));
-    if ((*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) return NULL;
-    p->n_slots++;
+    grown = (dtr__pipe_slot **)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*grown));
+    s = (dtr__pipe_slot *)dtr__calloc(&p->ctx->alloc, sizeof(*s));
+    if (grown) p->slots = grown;
+    if (!grown || !s || (*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) {
+        dtr__free(&p->ctx->alloc, s);
+        if (*r == DTR_OK) *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory");
+        return NULL;
+    }
+    p->slots[p->n_slots++] = s;
     return s;
 }
 
@@ -17799,7 +18267,7 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
 static dtr_result dtr__pipe_drain(dtr_pipe *p, dtr_result r) {
     int i, k;
     for (i = 0; i < p->n_slots; i++) {
-        dtr__pipe_slot *s = &p->slots[i];
+        dtr__pipe_slot *s = p->slots[i];
         for (k = 0; k < 3; k++) {
             dtr_result w = s->req[k] ? dtr_request_wait(s->req[k]) : DTR_OK;
             if (r == DTR_OK && w != DTR_OK) r = dtr__pipe_comm_fail(p, w, "completing a send", 0, -1);
@@ -17849,7 +18317,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 17853 "dtrain.h"
+#line 18321 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -17903,7 +18371,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 17907 "dtrain.h"
+#line 18375 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -123,6 +123,7 @@ typedef struct job {
     int own_setup;             /* the scenario makes its store and group itself */
     int drop_store;            /* destroy the store right after dtr_comm_create: 1 on every rank,
                                   2 on every rank but rank 0 (which hosts the store's server) */
+    int no_shm;                /* $DTR_COMM_SHM=0: collectives through the transport (tcp jobs) */
     int hosts;                 /* fake hosts of n / hosts consecutive ranks ($DTR_RANKS_PER_HOST; 1: none) */
     int alarm_s;               /* a child lives at most this long */
 } job;
@@ -245,6 +246,7 @@ static int rank_main(const job *j, int rank, int port, int fd) {
             rfail(&rc, __LINE__, "dtr_store_create: %s: %s", dtr_result_string(r), err);
             return 1;
         }
+        if (j->no_shm) setenv("DTR_COMM_SHM", "0", 1);   /* this child only */
         cfg = comm_cfg(&rc, j->prov[rank]);
         r = dtr_comm_create(&cfg, &rc.comm, err, sizeof err);
         if (r != DTR_OK) {
@@ -262,6 +264,9 @@ static int rank_main(const job *j, int rank, int port, int fd) {
         RCHECK_MSG(&rc, dtr_comm_local_size(rc.comm) == j->n / j->hosts && dtr_comm_local_rank(rc.comm) == rank % (j->n / j->hosts),
                    "local rank %d of %d", dtr_comm_local_rank(rc.comm), dtr_comm_local_size(rc.comm));
         RCHECK(&rc, strcmp(dtr_comm_transport_name(rc.comm), "libfabric") == 0);
+        /* one host, several processes: collectives through shared memory unless turned off */
+        RCHECK_MSG(&rc, dtr_comm_shared_memory(rc.comm) == (!j->no_shm && j->n > 1 && j->hosts == 1),
+                   "shared-memory collectives %d", dtr_comm_shared_memory(rc.comm));
         /* the provider picked: the one asked for, else shm (every rank is on this host) */
         RCHECK_MSG(&rc, strcmp(dtr_comm_transport_detail(rc.comm), j->prov[rank] ? j->prov[rank] : "shm") == 0,
                    "transport detail '%s'", dtr_comm_transport_detail(rc.comm));
@@ -397,6 +402,7 @@ static job job_init(const char *provider, int n, scen_fn fn, const void *arg, co
     for (i = 0; i < MAXR; i++) j.prov[i] = provider;
     j.n = n;
     j.hosts = 1;
+    j.no_shm = provider && !strcmp(provider, PROV_TCP);   /* tcp jobs test the transport's collectives */
     j.timeout_ms = 10000;
     j.fn = fn;
     j.arg = arg;
@@ -1360,6 +1366,9 @@ static void faults_kill(int p) {
     check_fault(p, 4, mode, 0, 5000, 0, 0);   /* rank 0 hosts the store */
     check_fault(p, 3, mode, 2, 5000, 2, 0);   /* the dead rank had dropped its store */
     check_fault(p, 3, mode, 1, 5000, 0, 1);   /* the middle stage of a pipeline */
+    /* the shared-memory collectives (one host): killed in the middle of one, outside the
+       provider (the collective does not go through it) */
+    if (p == 0) check_fault(p, 3, F_KILL, 1, 5000, 0, 0);
 }
 static void faults_stop(int p) {
     if (!prov_ok(p)) return;

@@ -420,8 +420,17 @@ static dtr_result dtr__coll_native(dtr_comm *c, const dtr__coll *a, int *used) {
     return r;
 }
 
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
-    size_t es = dtr_dtype_size(a->dtype);
+/* the all-reduce algorithm that runs: the one asked for, AUTO's pick, or hierarchical where
+ * it changes something */
+static int dtr__effective_algo(const dtr_comm *c, const dtr__coll *a) {
+    if (a->algo == DTR_ALLREDUCE_RING || a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) return a->algo;
+    if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) return a->algo;
+    return dtr__auto_algo(c, a->count, a->dtype);
+}
+
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
+    size_t es = dtr_dtype_size(in->dtype);
+    dtr__coll b = *in, *a = &b;
     dtr_result r;
     int used = 0;
     if (c->size == 1) { /* no communication: copy (and an average over one rank is the value) */
@@ -434,12 +443,14 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
         r = dtr__coll_native(c, a, &used);
         if (used) return r;
     }
-    switch (a->kind) {
+    if (a->kind == DTR__OP_ALL_REDUCE) b.algo = dtr__effective_algo(c, a);
+    if (a->kind == DTR__OP_ALL_REDUCE && a->algo == DTR_ALLREDUCE_HIERARCHICAL) {
+        r = dtr__all_reduce_hier(c, a);
+    } else if (dtr__shm_run(c, a, &r)) {
+        /* done through the group's shared memory */
+    } else switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
-        if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) r = dtr__all_reduce_hier(c, a);
-        else if (a->algo == DTR_ALLREDUCE_RING) r = dtr__all_reduce_ring(c, a);
-        else if (a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) r = dtr__all_reduce_rd(c, a);
-        else r = dtr__auto_algo(c, a->count, a->dtype) == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
+        r = a->algo == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
         break;
     case DTR__OP_BROADCAST:
         r = a->count * es >= c->chain_threshold ? dtr__broadcast_chain(c, a) : dtr__broadcast_tree(c, a);

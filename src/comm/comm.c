@@ -333,6 +333,11 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
         if (r != DTR_OK) c->native_group = NULL;   /* fall back to point-to-point */
     }
+    if (!c->native_group && (r = dtr__shm_setup(c)) != DTR_OK) {
+        dtr__errf(err, errlen, r, "dtr_comm_create: %s", c->msg);
+        dtr_comm_destroy(c);
+        return r;
+    }
     *out = c;
     return DTR_OK;
 }
@@ -367,6 +372,7 @@ void dtr_comm_destroy(dtr_comm *c) {
     dtr__comm_stop_thread(c);
     dtr_comm_destroy(c->leaders);
     dtr_comm_destroy(c->host);
+    dtr__shm_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -1052,6 +1058,11 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     if (c->ep->vt->group_create && !nc->no_native) {
         if (c->ep->vt->group_create(c->ep->state, nc->ranks, nc->size, nc->ctx, &nc->native_group) != DTR_OK)
             nc->native_group = NULL;
+    }
+    if (!nc->native_group && (r = dtr__shm_setup(nc)) != DTR_OK) {
+        r = dtr__comm_fail(c, &a, r, dtr_comm_failed_rank(nc), 0, "setting up the sub-group: %s", nc->msg);
+        dtr_comm_destroy(nc);
+        goto done;
     }
     *out = nc;
 done:

@@ -92,6 +92,7 @@ struct dtr_comm {
     struct dtr_comm *host;     /* hierarchical all-reduce: this rank's host, and the hosts'
                                   first ranks (NULL on the others); run only by this group */
     struct dtr_comm *leaders;
+    struct dtr__shm *shm;      /* the group's shared-memory segment (src/comm/shm.c), or NULL */
     int hier_ready;            /* host and leaders were made */
     int hier_on;               /* and hierarchical differs from flat (several hosts, one of
                                   several ranks, host memory): the same on every rank */
@@ -134,6 +135,16 @@ static inline int dtr__fake_ranks_per_host(void) {
     int k = v ? atoi(v) : 0;
     return k > 0 ? k : 0;
 }
+/* ---- shared-memory collectives (src/comm/shm.c) ---- */
+typedef struct dtr__shm dtr__shm;
+/** Collective over c at its creation: maps one segment shared by the group's ranks when
+ *  they are processes of one host (else nothing). An error only when the group failed. */
+DTR__PRIVATE dtr_result dtr__shm_setup(dtr_comm *c);
+/** Unmaps the group's segment. */
+DTR__PRIVATE void dtr__shm_free(dtr_comm *c);
+/** Runs collective a through the segment when the group has one (1; result in *r), else 0. */
+DTR__PRIVATE int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r);
+
 /** The all-reduce algorithm AUTO picks for `count` elements of `dt` on group c. */
 DTR__PRIVATE int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt);
 

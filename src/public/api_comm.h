@@ -291,6 +291,11 @@ DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
 /** What the transport chose when it opened (dtr_transport_info.detail): libfabric's provider,
  *  e.g. "shm" or "tcp;ofi_rxm"; "" for the local transport. Thread safety: any thread. */
 DTR_API const char *dtr_comm_transport_detail(const dtr_comm *c);
+/** 1 when the group's collectives run through a shared-memory segment that its ranks map
+ *  (they are processes of one host, with host buffers: set up when the group is made;
+ *  $DTR_COMM_SHM=0 turns it off), 0 when they go through the transport. The results are the
+ *  same bits either way. Thread safety: any thread. */
+DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
 
 /** Color of a rank that wants no sub-group from dtr_comm_split. */
 #define DTR_COMM_UNDEFINED (-1)
