@@ -300,6 +300,14 @@ static dtr_tensor *b_tp(dtr_context *c, dtr_tensor **x, void *u) {
     return *(int *)u ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
 }
 
+/* the vocabulary-parallel cross-entropy on a group of one rank: dtr_cross_entropy's value */
+static dtr_tensor *b_vxent(dtr_context *c, dtr_tensor **x, void *u) {
+    static const int32_t t[6] = {0, 4, 2, 2, 1, 3};
+    int64_t n = 6;
+    (void)u;
+    return dtr_vocab_parallel_cross_entropy(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, t), g_comm1);
+}
+
 /* ---- the table ---- */
 
 typedef struct op_case {
@@ -370,6 +378,7 @@ static const op_case CASES[] = {
     {"cast f32 -> bf16 -> f32", 1, {IN2(3, 4)}, b_cast, K0, 1, NULL},
     {"tp_copy (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(0), 0, NULL},
     {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
+    {"vocab_cross_entropy (1 rank)", 1, {IN2(6, 5)}, b_vxent, K0, 0, NULL},
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 

@@ -391,6 +391,9 @@ DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+/** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
+ *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
+DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
@@ -410,6 +413,9 @@ typedef struct dtr__shard {
     int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
 } dtr__shard;
 
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
+                                          const int64_t *shape, dtr_init init, float arg);
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
  *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
 DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
