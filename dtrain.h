@@ -8142,6 +8142,13 @@ static const char *dtr__tp_sub(char *buf, size_t n, const char *prefix, const ch
 
 static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
 
+/* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
+static int dtr__tp_size(dtr_model *m, dtr_comm *comm, const char *fn, const char *name) {
+    if (comm) return dtr_comm_size(comm);
+    dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "%s: '%s': comm is NULL", fn, name ? name : "");
+    return 0;
+}
+
 /* ---- linear ---- */
 
 static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
@@ -8151,8 +8158,7 @@ static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *
     int tp;
     if (!l || !m) return DTR_NULL_HANDLE;
     memset(l, 0, sizeof(*l));
-    if (!comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "%s: '%s': comm is NULL", fn, name ? name : "");
-    tp = dtr_comm_size(comm);
+    if (!(tp = dtr__tp_size(m, comm, fn, name))) return DTR_NULL_HANDLE;
     split = row ? in : out;
     if (in <= 0 || out <= 0 || split % ((int64_t)parts * tp))
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
@@ -8215,8 +8221,7 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
     int tp;
     if (!a || !m) return DTR_NULL_HANDLE;
     memset(a, 0, sizeof(*a));
-    if (!comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "dtr_tp_attention_init: '%s': comm is NULL", name ? name : "");
-    tp = dtr_comm_size(comm);
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_attention_init", name))) return DTR_NULL_HANDLE;
     if (dim <= 0 || heads <= 0 || dim % heads || heads % tp)
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
                          "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
@@ -8249,8 +8254,7 @@ dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *co
     int tp;
     if (!e || !m) return DTR_NULL_HANDLE;
     memset(e, 0, sizeof(*e));
-    if (!comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "dtr_tp_embedding_init: '%s': comm is NULL", name ? name : "");
-    tp = dtr_comm_size(comm);
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_embedding_init", name))) return DTR_NULL_HANDLE;
     if (vocab <= 0 || dim <= 0 || vocab % tp)
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
                          "dtr_tp_embedding_init: '%s': vocab %lld must be > 0 and split evenly over %d ranks (dim %lld)",
@@ -8329,7 +8333,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8333 "dtrain.h"
+#line 8337 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8673,7 +8677,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8677 "dtrain.h"
+#line 8681 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9020,7 +9024,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9024 "dtrain.h"
+#line 9028 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9205,7 +9209,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9209 "dtrain.h"
+#line 9213 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9846,7 +9850,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9850 "dtrain.h"
+#line 9854 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10299,7 +10303,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10303 "dtrain.h"
+#line 10307 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10355,7 +10359,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10359 "dtrain.h"
+#line 10363 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11132,7 +11136,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11136 "dtrain.h"
+#line 11140 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11713,7 +11717,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11717 "dtrain.h"
+#line 11721 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12344,7 +12348,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12348 "dtrain.h"
+#line 12352 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13082,7 +13086,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13086 "dtrain.h"
+#line 13090 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13349,7 +13353,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13353 "dtrain.h"
+#line 13357 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13539,7 +13543,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13543 "dtrain.h"
+#line 13547 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13673,7 +13677,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13677 "dtrain.h"
+#line 13681 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14407,7 +14411,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14411 "dtrain.h"
+#line 14415 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14924,7 +14928,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14928 "dtrain.h"
+#line 14932 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15656,7 +15660,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15660 "dtrain.h"
+#line 15664 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16695,7 +16699,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16699 "dtrain.h"
+#line 16703 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17236,7 +17240,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17240 "dtrain.h"
+#line 17244 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17662,7 +17666,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17666 "dtrain.h"
+#line 17670 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17899,7 +17903,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17903 "dtrain.h"
+#line 17907 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18322,7 +18326,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18326 "dtrain.h"
+#line 18330 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18376,7 +18380,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18380 "dtrain.h"
+#line 18384 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -69,6 +69,13 @@ static const char *dtr__tp_sub(char *buf, size_t n, const char *prefix, const ch
 
 static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
 
+/* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
+static int dtr__tp_size(dtr_model *m, dtr_comm *comm, const char *fn, const char *name) {
+    if (comm) return dtr_comm_size(comm);
+    dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "%s: '%s': comm is NULL", fn, name ? name : "");
+    return 0;
+}
+
 /* ---- linear ---- */
 
 static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
@@ -78,8 +85,7 @@ static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *
     int tp;
     if (!l || !m) return DTR_NULL_HANDLE;
     memset(l, 0, sizeof(*l));
-    if (!comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "%s: '%s': comm is NULL", fn, name ? name : "");
-    tp = dtr_comm_size(comm);
+    if (!(tp = dtr__tp_size(m, comm, fn, name))) return DTR_NULL_HANDLE;
     split = row ? in : out;
     if (in <= 0 || out <= 0 || split % ((int64_t)parts * tp))
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
@@ -142,8 +148,7 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
     int tp;
     if (!a || !m) return DTR_NULL_HANDLE;
     memset(a, 0, sizeof(*a));
-    if (!comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "dtr_tp_attention_init: '%s': comm is NULL", name ? name : "");
-    tp = dtr_comm_size(comm);
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_attention_init", name))) return DTR_NULL_HANDLE;
     if (dim <= 0 || heads <= 0 || dim % heads || heads % tp)
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
                          "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
@@ -176,8 +181,7 @@ dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *co
     int tp;
     if (!e || !m) return DTR_NULL_HANDLE;
     memset(e, 0, sizeof(*e));
-    if (!comm) return dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "dtr_tp_embedding_init: '%s': comm is NULL", name ? name : "");
-    tp = dtr_comm_size(comm);
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_embedding_init", name))) return DTR_NULL_HANDLE;
     if (vocab <= 0 || dim <= 0 || vocab % tp)
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
                          "dtr_tp_embedding_init: '%s': vocab %lld must be > 0 and split evenly over %d ranks (dim %lld)",
