@@ -577,7 +577,8 @@ DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block 
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
  *  A model with tensor-parallel shards (api_engine.h, dtr_tp_*) saves collectively: every rank
  *  of its group calls this, the shards are gathered and rank 0 writes one file of full
- *  tensors under the single-device names (the others write nothing).
+ *  tensors under the single-device names (the others write nothing and return once the
+ *  gather is done; the file is complete when rank 0's call returns).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
