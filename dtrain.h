@@ -2003,6 +2003,13 @@ DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm)
  *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Every rank's x (..., w) joined along the last axis in rank order: (..., w * group size),
+ *  the same on every rank (all-gather); backward adds this rank's slice of the gradient to
+ *  x's, without communication. What a column-parallel layer's gathered output uses.
+ *  Collective like dtr_tp_copy. @return y, or NULL with the context's error (NULL input or
+ *  comm, a 0-dim x: DTR_SHAPE_MISMATCH, the group's failure).
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
 
 /** Mean cross-entropy of logits whose vocabulary (last axis) is split over `comm`: rank r
  *  holds `logits` (..., K) for classes r * K .. (r + 1) * K - 1 (the output of a
@@ -2055,8 +2062,7 @@ DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
                                           int64_t in, int64_t out, int bias, dtr_init init);
-/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) the shards joined along
- *  the last axis by an all-reduce of zero-padded outputs. Row: dtr_tp_reduce(x W_shard^T) +
+/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
  *  bias. @return the output or NULL with the context's error. Collective over l->comm.
  *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
 DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
@@ -2337,7 +2343,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2341 "dtrain.h"
+#line 2347 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2482,14 +2488,14 @@ struct dtr_tensor {
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
-    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm)
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 38
+#define DTR__OP_COUNT_EXPECTED 39
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -2524,7 +2530,7 @@ typedef union dtr__op_params {
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, VOCAB_CROSS_ENTROPY: the tensor-parallel
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
                                          group (the last's rank r holds vocabulary rows r * K ..) */
 } dtr__op_params;
 
@@ -2773,7 +2779,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2777 "dtrain.h"
+#line 2783 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2828,7 +2834,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2832 "dtrain.h"
+#line 2838 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3064,7 +3070,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3068 "dtrain.h"
+#line 3074 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3114,7 +3120,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3118 "dtrain.h"
+#line 3124 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3466,7 +3472,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3470 "dtrain.h"
+#line 3476 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4257,7 +4263,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4261 "dtrain.h"
+#line 4267 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4681,7 +4687,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4685 "dtrain.h"
+#line 4691 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4794,7 +4800,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4798 "dtrain.h"
+#line 4804 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5169,7 +5175,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5173 "dtrain.h"
+#line 5179 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5369,7 +5375,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5373 "dtrain.h"
+#line 5379 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5819,7 +5825,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5823 "dtrain.h"
+#line 5829 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5998,7 +6004,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6002 "dtrain.h"
+#line 6008 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6403,7 +6409,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6407 "dtrain.h"
+#line 6413 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6903,7 +6909,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6907 "dtrain.h"
+#line 6913 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7162,7 +7168,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7166 "dtrain.h"
+#line 7172 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7177,7 +7183,9 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  *              over the group, rank r holding classes r * K .. (r + 1) * K - 1: the global row
  *              max (all-reduce MAX), sum of exponentials and target logit (one all-reduce SUM);
  *              backward: gx += g / N * (softmax_shard - onehot_shard), no communication.
- * Shapes: any; y has x's shape. Every rank of the group must build the same ops in the same
+ *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
+ *              (all-gather); backward: gx += this rank's slice of gy
+ * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
  * ==========================================================================*/
 
@@ -7187,22 +7195,27 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
 #include <math.h>
 
 static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
+    int64_t shape[DTR_MAX_DIMS];
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (op == DTR_OP_TP_GATHER && x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x needs an axis to join", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.comm = comm;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    memcpy(shape, x->shape, sizeof shape);
+    if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_COPY, "dtr_tp_copy", x, comm); }
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
+dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
 dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
     static const char name[] = "dtr_vocab_parallel_cross_entropy";
@@ -7286,11 +7299,39 @@ static dtr_result dtr__vxent_bwd(dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- all-gather along the last axis ---- */
+
+/* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
+static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    dtr_result res;
+    if (!buf) return ctx->status;
+    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    if (res != DTR_OK)
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    return DTR_OK;
+}
+
+static dtr_result dtr__gather_bwd(dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    float *gx = dtr__gradof(x);
+    if (gx && w)
+        for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
+    return DTR_OK;
+}
+
 /* ---- the family's kernels ---- */
 
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
     return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
 }
@@ -7300,6 +7341,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
     if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
         return DTR_OK;
@@ -7312,7 +7354,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7316 "dtrain.h"
+#line 7358 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7425,7 +7467,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7429 "dtrain.h"
+#line 7471 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7899,7 +7941,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7903 "dtrain.h"
+#line 7945 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8068,7 +8110,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8072 "dtrain.h"
+#line 8114 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8185,30 +8227,13 @@ dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm
     return dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 1, 1);
 }
 
-/* The column shards of every rank joined along the last axis: each rank pads its own with
-   zeros to the full width and the group sums (backward: each rank's slice of the gradient). */
-static dtr_tensor *dtr__tp_gather_last(dtr_context *ctx, dtr_tensor *y, dtr_comm *comm) {
-    int rank = dtr_comm_rank(comm), tp = dtr_comm_size(comm), n = 0, d;
-    int64_t shape[DTR_MAX_DIMS], w;
-    dtr_tensor *parts[3];
-    if (!y) return NULL;
-    for (d = 0; d < y->ndim; d++) shape[d] = y->shape[d];
-    w = shape[y->ndim - 1];
-    shape[y->ndim - 1] = w * rank;
-    if (rank) parts[n++] = dtr_tensor_zeros(ctx, DTR_F32, y->ndim, shape);
-    parts[n++] = y;
-    shape[y->ndim - 1] = w * (tp - 1 - rank);
-    if (rank < tp - 1) parts[n++] = dtr_tensor_zeros(ctx, DTR_F32, y->ndim, shape);
-    return dtr_tp_reduce(ctx, n > 1 ? dtr_concat(ctx, parts, n, -1) : y, comm);
-}
-
 dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
     dtr_tensor *y;
     if (!ctx) return NULL;
     if (!l || !l->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_linear_forward: layer is NULL or not initialised");
     if (!l->row) {
         y = dtr_linear(ctx, dtr_tp_copy(ctx, x, l->comm), l->weight, l->bias);
-        return l->gather ? dtr__tp_gather_last(ctx, y, l->comm) : y;
+        return l->gather ? dtr_tp_gather(ctx, y, l->comm) : y;
     }
     y = dtr_tp_reduce(ctx, dtr_linear(ctx, x, l->weight, NULL), l->comm);
     return l->bias ? dtr_add(ctx, y, l->bias) : y;
@@ -8334,7 +8359,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8338 "dtrain.h"
+#line 8363 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8678,7 +8703,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8682 "dtrain.h"
+#line 8707 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9025,7 +9050,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9029 "dtrain.h"
+#line 9054 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9210,7 +9235,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9214 "dtrain.h"
+#line 9239 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9851,7 +9876,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9855 "dtrain.h"
+#line 9880 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10304,7 +10329,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10308 "dtrain.h"
+#line 10333 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10360,7 +10385,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10364 "dtrain.h"
+#line 10389 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11137,7 +11162,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11141 "dtrain.h"
+#line 11166 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11718,7 +11743,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11722 "dtrain.h"
+#line 11747 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12349,7 +12374,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12353 "dtrain.h"
+#line 12378 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13087,7 +13112,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13091 "dtrain.h"
+#line 13116 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13354,7 +13379,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13358 "dtrain.h"
+#line 13383 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13544,7 +13569,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13548 "dtrain.h"
+#line 13573 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13678,7 +13703,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13682 "dtrain.h"
+#line 13707 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14412,7 +14437,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14416 "dtrain.h"
+#line 14441 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14929,7 +14954,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14933 "dtrain.h"
+#line 14958 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15661,7 +15686,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15665 "dtrain.h"
+#line 15690 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16700,7 +16725,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16704 "dtrain.h"
+#line 16729 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17241,7 +17266,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17245 "dtrain.h"
+#line 17270 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17667,7 +17692,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17671 "dtrain.h"
+#line 17696 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17904,7 +17929,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17908 "dtrain.h"
+#line 17933 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18327,7 +18352,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18331 "dtrain.h"
+#line 18356 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18381,7 +18406,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18385 "dtrain.h"
+#line 18410 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

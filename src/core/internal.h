@@ -139,14 +139,14 @@ struct dtr_tensor {
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
-    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm)
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 38
+#define DTR__OP_COUNT_EXPECTED 39
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -181,7 +181,7 @@ typedef union dtr__op_params {
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, VOCAB_CROSS_ENTROPY: the tensor-parallel
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
                                          group (the last's rank r holds vocabulary rows r * K ..) */
 } dtr__op_params;
 

@@ -111,30 +111,13 @@ dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm
     return dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 1, 1);
 }
 
-/* The column shards of every rank joined along the last axis: each rank pads its own with
-   zeros to the full width and the group sums (backward: each rank's slice of the gradient). */
-static dtr_tensor *dtr__tp_gather_last(dtr_context *ctx, dtr_tensor *y, dtr_comm *comm) {
-    int rank = dtr_comm_rank(comm), tp = dtr_comm_size(comm), n = 0, d;
-    int64_t shape[DTR_MAX_DIMS], w;
-    dtr_tensor *parts[3];
-    if (!y) return NULL;
-    for (d = 0; d < y->ndim; d++) shape[d] = y->shape[d];
-    w = shape[y->ndim - 1];
-    shape[y->ndim - 1] = w * rank;
-    if (rank) parts[n++] = dtr_tensor_zeros(ctx, DTR_F32, y->ndim, shape);
-    parts[n++] = y;
-    shape[y->ndim - 1] = w * (tp - 1 - rank);
-    if (rank < tp - 1) parts[n++] = dtr_tensor_zeros(ctx, DTR_F32, y->ndim, shape);
-    return dtr_tp_reduce(ctx, n > 1 ? dtr_concat(ctx, parts, n, -1) : y, comm);
-}
-
 dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
     dtr_tensor *y;
     if (!ctx) return NULL;
     if (!l || !l->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_linear_forward: layer is NULL or not initialised");
     if (!l->row) {
         y = dtr_linear(ctx, dtr_tp_copy(ctx, x, l->comm), l->weight, l->bias);
-        return l->gather ? dtr__tp_gather_last(ctx, y, l->comm) : y;
+        return l->gather ? dtr_tp_gather(ctx, y, l->comm) : y;
     }
     y = dtr_tp_reduce(ctx, dtr_linear(ctx, x, l->weight, NULL), l->comm);
     return l->bias ? dtr_add(ctx, y, l->bias) : y;

@@ -9,7 +9,9 @@
  *              over the group, rank r holding classes r * K .. (r + 1) * K - 1: the global row
  *              max (all-reduce MAX), sum of exponentials and target logit (one all-reduce SUM);
  *              backward: gx += g / N * (softmax_shard - onehot_shard), no communication.
- * Shapes: any; y has x's shape. Every rank of the group must build the same ops in the same
+ *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
+ *              (all-gather); backward: gx += this rank's slice of gy
+ * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
  * ==========================================================================*/
 #include "../public/api.h"
@@ -19,22 +21,27 @@
 #include <math.h>
 
 static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
+    int64_t shape[DTR_MAX_DIMS];
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (op == DTR_OP_TP_GATHER && x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x needs an axis to join", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.comm = comm;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    memcpy(shape, x->shape, sizeof shape);
+    if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_COPY, "dtr_tp_copy", x, comm); }
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
+dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
 dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
     static const char name[] = "dtr_vocab_parallel_cross_entropy";
@@ -118,11 +125,39 @@ static dtr_result dtr__vxent_bwd(dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- all-gather along the last axis ---- */
+
+/* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
+static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    dtr_result res;
+    if (!buf) return ctx->status;
+    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    if (res != DTR_OK)
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    return DTR_OK;
+}
+
+static dtr_result dtr__gather_bwd(dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    float *gx = dtr__gradof(x);
+    if (gx && w)
+        for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
+    return DTR_OK;
+}
+
 /* ---- the family's kernels ---- */
 
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
     return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
 }
@@ -132,6 +167,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
     if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
         return DTR_OK;

@@ -44,6 +44,13 @@ DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm)
  *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Every rank's x (..., w) joined along the last axis in rank order: (..., w * group size),
+ *  the same on every rank (all-gather); backward adds this rank's slice of the gradient to
+ *  x's, without communication. What a column-parallel layer's gathered output uses.
+ *  Collective like dtr_tp_copy. @return y, or NULL with the context's error (NULL input or
+ *  comm, a 0-dim x: DTR_SHAPE_MISMATCH, the group's failure).
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
 
 /** Mean cross-entropy of logits whose vocabulary (last axis) is split over `comm`: rank r
  *  holds `logits` (..., K) for classes r * K .. (r + 1) * K - 1 (the output of a
@@ -96,8 +103,7 @@ DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
                                           int64_t in, int64_t out, int bias, dtr_init init);
-/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) the shards joined along
- *  the last axis by an all-reduce of zero-padded outputs. Row: dtr_tp_reduce(x W_shard^T) +
+/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
  *  bias. @return the output or NULL with the context's error. Collective over l->comm.
  *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
 DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
