@@ -160,7 +160,7 @@ $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
 $(BUILD)/tests/test_fabric: $(COMM_OBJ)
 $(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
-COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp
+COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
 $(COMM_PROGRAMS): $(COMM_OBJ)
 $(COMM_PROGRAMS): EXTRA_LIBS += $(FABRIC_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)
@@ -477,7 +477,7 @@ help:
 	@echo "  all              library, tests, examples, benchmarks (default)"
 	@echo "  lib              $(BUILD)/libdtrain.a and $(BUILD)/libdtrain.so"
 	@echo "  tests            $(BUILD)/tests/test_* and $(BUILD)/dtrun"
-	@echo "  examples         $(BUILD)/examples/* (fmnist_mlp, fmnist_cnn, fmnist_dp, csv_regression, image_folder_cnn)"
+	@echo "  examples         $(BUILD)/examples/* (fmnist_mlp, fmnist_cnn, fmnist_dp, gpt, csv_regression, image_folder_cnn)"
 	@echo "  bench            $(BUILD)/bench/* (JSON lines; peers: make bench-deps)"
 	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric, NCCL when found)"
 	@echo "  cuda-lib, comm-lib  the same as libraries: $(BUILD)/libdtrain_cuda.{a,so}, $(BUILD)/libdtrain_comm.{a,so}"

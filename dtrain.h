@@ -1602,7 +1602,9 @@ typedef enum dtr_reduce_op {
 typedef enum dtr_allreduce_algo {
     DTR_ALLREDUCE_AUTO = 0,
     DTR_ALLREDUCE_RING = 1,               /**< reduce-scatter + all-gather around a ring: 2(N-1) steps, bandwidth-optimal */
-    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2, /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_HIERARCHICAL = 3        /**< sum inside each host, all-reduce between the hosts' leaders,
+                                               broadcast inside each host (dtr_comm_set_allreduce_algo) */
 } dtr_allreduce_algo;
 
 /** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling").
@@ -1878,8 +1880,16 @@ DTR_API void dtr_comm_abort(dtr_comm *c, const char *why);
 DTR_API dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms);
 /** Replaces the all-reduce algorithm and, when ring_threshold_bytes > 0, the AUTO threshold,
  *  for the group's later calls. Every rank must make the same change at the same point
- *  between collectives (the algorithm is part of what must match). Returns DTR_OK,
- *  DTR_NULL_HANDLE or DTR_INVALID_ARGUMENT. Thread safety: the group's thread. */
+ *  between collectives (the algorithm is part of what must match).
+ *  DTR_ALLREDUCE_HIERARCHICAL makes the call a collective the first time: it splits the group
+ *  by host (dtr_comm_local_rank's hosts; $DTR_RANKS_PER_HOST=k declares fake hosts of k
+ *  consecutive ranks, for tests on one machine) and the hosts' first ranks into a leaders'
+ *  group. Its all-reduce sums inside each host (the host group's AUTO algorithm), all-reduces
+ *  the sums between the leaders (an average divided by the whole group's size in the last
+ *  step), and broadcasts inside each host. With one host, or one rank per host, it is the
+ *  flat algorithm AUTO picks. Buffers in device memory (cfg.memory) use the flat one.
+ *  Returns DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, or a split's error.
+ *  Thread safety: the group's thread. */
 DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes);
 
 /* ---- collectives (blocking) ----
@@ -2343,7 +2353,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2347 "dtrain.h"
+#line 2357 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2779,7 +2789,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2783 "dtrain.h"
+#line 2793 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2834,7 +2844,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2838 "dtrain.h"
+#line 2848 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2904,6 +2914,7 @@ typedef struct dtr__coll {
     int root;              /* broadcast root; send/recv peer (group ranks) */
     int tag;               /* send/recv user tag */
     int algo;              /* all-reduce: the algorithm chosen at the call */
+    int avg_div;           /* DTR_REDUCE_AVG divides by this (0: the group's size) */
     uint32_t seq;          /* sequence number of the collective in its group */
     int timeout_ms;        /* the group's deadline setting when it was called */
     int64_t deadline;      /* dtr_time_ns */
@@ -2928,6 +2939,12 @@ struct dtr_comm {
     uint32_t ctx;              /* context id (tags) */
     uint32_t seq;              /* next collective's sequence number */
     void *native_group;        /* the transport's group handle when it has native collectives */
+    struct dtr_comm *host;     /* hierarchical all-reduce: this rank's host, and the hosts'
+                                  first ranks (NULL on the others); run only by this group */
+    struct dtr_comm *leaders;
+    int hier_ready;            /* host and leaders were made */
+    int hier_on;               /* and hierarchical differs from flat (several hosts, one of
+                                  several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
     /* configuration */
     int timeout_ms;
@@ -2959,6 +2976,16 @@ struct dtr_comm {
 };
 
 /* ---- shared helpers ---- */
+
+/** $DTR_RANKS_PER_HOST: fake hosts of that many consecutive ranks (tests of hierarchical
+ *  collectives on one machine); 0 when unset or not a positive number. */
+static inline int dtr__fake_ranks_per_host(void) {
+    const char *v = getenv("DTR_RANKS_PER_HOST");
+    int k = v ? atoi(v) : 0;
+    return k > 0 ? k : 0;
+}
+/** The all-reduce algorithm AUTO picks for `count` elements of `dt` on group c. */
+DTR__PRIVATE int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt);
 
 /** Records an error on the group (first communication failure is sticky), logs it, and for
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
@@ -3070,7 +3097,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3074 "dtrain.h"
+#line 3101 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3120,7 +3147,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3124 "dtrain.h"
+#line 3151 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3472,7 +3499,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3476 "dtrain.h"
+#line 3503 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4263,7 +4290,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4267 "dtrain.h"
+#line 4294 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4687,7 +4714,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4691 "dtrain.h"
+#line 4718 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4800,7 +4827,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4804 "dtrain.h"
+#line 4831 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5175,7 +5202,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5179 "dtrain.h"
+#line 5206 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5375,7 +5402,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5379 "dtrain.h"
+#line 5406 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5825,7 +5852,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5829 "dtrain.h"
+#line 5856 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6004,7 +6031,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6008 "dtrain.h"
+#line 6035 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6409,7 +6436,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6413 "dtrain.h"
+#line 6440 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6909,7 +6936,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6913 "dtrain.h"
+#line 6940 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7168,7 +7195,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7172 "dtrain.h"
+#line 7199 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7354,7 +7381,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7358 "dtrain.h"
+#line 7385 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7467,7 +7494,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7471 "dtrain.h"
+#line 7498 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7941,7 +7968,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7945 "dtrain.h"
+#line 7972 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8110,7 +8137,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8114 "dtrain.h"
+#line 8141 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8359,7 +8386,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8363 "dtrain.h"
+#line 8390 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8703,7 +8730,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8707 "dtrain.h"
+#line 8734 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9050,7 +9077,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9054 "dtrain.h"
+#line 9081 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9235,7 +9262,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9239 "dtrain.h"
+#line 9266 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9876,7 +9903,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9880 "dtrain.h"
+#line 9907 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10329,7 +10356,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10333 "dtrain.h"
+#line 10360 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10385,7 +10412,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10389 "dtrain.h"
+#line 10416 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11162,7 +11189,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11166 "dtrain.h"
+#line 11193 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11743,7 +11770,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11747 "dtrain.h"
+#line 11774 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12374,7 +12401,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12378 "dtrain.h"
+#line 12405 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13112,7 +13139,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13116 "dtrain.h"
+#line 13143 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13379,7 +13406,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13383 "dtrain.h"
+#line 13410 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13569,7 +13596,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13573 "dtrain.h"
+#line 13600 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13703,7 +13730,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13707 "dtrain.h"
+#line 13734 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14437,7 +14464,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14441 "dtrain.h"
+#line 14468 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14954,7 +14981,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14958 "dtrain.h"
+#line 14985 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15686,7 +15713,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15690 "dtrain.h"
+#line 15717 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15817,6 +15844,7 @@ const char *dtr_allreduce_algo_name(dtr_allreduce_algo algo) {
     case DTR_ALLREDUCE_AUTO: return "auto";
     case DTR_ALLREDUCE_RING: return "ring";
     case DTR_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
+    case DTR_ALLREDUCE_HIERARCHICAL: return "hierarchical";
     }
     return "unknown";
 }
@@ -16056,6 +16084,8 @@ void dtr_comm_destroy(dtr_comm *c) {
         ep->vt->abort(ep->state, ep->info.rank, why);
     }
     dtr__comm_stop_thread(c);
+    dtr_comm_destroy(c->leaders);
+    dtr_comm_destroy(c->host);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -16102,11 +16132,34 @@ dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms) {
     return DTR_OK;
 }
 
+/* The host and leaders groups of the hierarchical all-reduce (collective over c), and
+ * whether it changes anything: several hosts, one of several ranks (the same on all ranks). */
+static dtr_result dtr__comm_hier_groups(dtr_comm *c) {
+    int host = c->ep->info.rank - c->ep->info.local_rank; /* its first rank: ranks of a host are contiguous */
+    float shape[2];
+    dtr_result r;
+    if (c->hier_ready) return DTR_OK;
+    r = dtr_comm_split(c, host, c->rank, &c->host);
+    if (r == DTR_OK) r = dtr_comm_split(c, dtr_comm_rank(c->host) == 0 ? 0 : DTR_COMM_UNDEFINED, c->rank, &c->leaders);
+    shape[0] = c->leaders ? 1.0f : 0.0f;                            /* hosts */
+    shape[1] = (float)dtr_comm_size(c->host);                     /* the biggest host */
+    if (r == DTR_OK) r = dtr_comm_all_reduce(c, shape, shape, 1, DTR_F32, DTR_REDUCE_SUM);
+    if (r == DTR_OK) r = dtr_comm_all_reduce(c, shape + 1, shape + 1, 1, DTR_F32, DTR_REDUCE_MAX);
+    if (r != DTR_OK) return r;
+    c->hier_ready = 1;
+    c->hier_on = shape[0] > 1.5f && shape[1] > 1.5f && !c->mem_ctx;
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes) {
+    dtr_result r;
     if (!c) return DTR_NULL_HANDLE;
-    if ((int)algo < 0 || algo > DTR_ALLREDUCE_RECURSIVE_DOUBLING) return DTR_INVALID_ARGUMENT;
+    if ((int)algo < 0 || algo > DTR_ALLREDUCE_HIERARCHICAL) return DTR_INVALID_ARGUMENT;
+    if (algo == DTR_ALLREDUCE_HIERARCHICAL && (r = dtr__comm_hier_groups(c)) != DTR_OK) return r;
     c->algo = (int)algo;
     if (ring_threshold_bytes) c->ring_threshold = ring_threshold_bytes;
+    if (c->host) c->host->ring_threshold = c->ring_threshold;
+    if (c->leaders) c->leaders->ring_threshold = c->ring_threshold;
     return DTR_OK;
 }
 
@@ -16307,6 +16360,11 @@ static dtr_result dtr__comm_enqueue(dtr_comm *c, dtr_request *q) {
     return r;
 }
 
+int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt) {
+    return count * dtr_dtype_size(dt) >= c->ring_threshold && count >= (size_t)c->size ? DTR_ALLREDUCE_RING
+                                                                                        : DTR_ALLREDUCE_RECURSIVE_DOUBLING;
+}
+
 /* Checks arguments (an error here breaks nothing), stamps the sequence number and deadline. */
 static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
     size_t es;
@@ -16358,13 +16416,7 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
         if (a->count && !(a->kind == DTR__OP_SEND ? a->src : (const void *)a->dst))
             return dtr__comm_fail(c, a, DTR_NULL_HANDLE, -1, 0, "the buffer is NULL");
     }
-    if (a->kind == DTR__OP_ALL_REDUCE) {
-        size_t bytes = a->count * es;
-        a->algo = c->algo != DTR_ALLREDUCE_AUTO
-                      ? c->algo
-                      : (bytes >= c->ring_threshold && a->count >= (size_t)c->size ? DTR_ALLREDUCE_RING
-                                                                                  : DTR_ALLREDUCE_RECURSIVE_DOUBLING);
-    }
+    if (a->kind == DTR__OP_ALL_REDUCE) a->algo = c->algo != DTR_ALLREDUCE_AUTO ? c->algo : dtr__auto_algo(c, a->count, a->dtype);
     if (a->kind != DTR__OP_SEND && a->kind != DTR__OP_RECV) a->seq = c->seq++;
     a->timeout_ms = c->timeout_ms;
     a->deadline = dtr_time_ns() + (int64_t)c->timeout_ms * 1000000;
@@ -16725,7 +16777,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16729 "dtrain.h"
+#line 16781 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16963,6 +17015,18 @@ static void dtr__local_service(dtr_local_world *w, int rank) {
 
 /* ---- vtable ---- */
 
+/* Every rank of a world is on this host, unless $DTR_RANKS_PER_HOST declares fake hosts of
+ * k consecutive ranks (the last may hold fewer). */
+static void dtr__local_host(int rank, int size, dtr_transport_info *info) {
+    int k = dtr__fake_ranks_per_host(), first;
+    if (k <= 0 || k > size) k = size;
+    first = rank / k * k;
+    info->rank = rank;
+    info->size = size;
+    info->local_rank = rank - first;
+    info->local_size = size - first < k ? size - first : k;
+}
+
 static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                   size_t errlen) {
     dtr_local_world *w = cfg->local.world;
@@ -16987,8 +17051,7 @@ static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_
     pthread_mutex_unlock(&w->mu);
     ep->w = w;
     ep->rank = rank;
-    info->rank = info->local_rank = rank;
-    info->size = info->local_size = w->size;
+    dtr__local_host(rank, w->size, info);
     *state = ep;
     return DTR_OK;
 }
@@ -17266,7 +17329,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17270 "dtrain.h"
+#line 17333 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17370,6 +17433,12 @@ dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y
 
 /* ---- helpers ---- */
 
+/* what the step that completes an average divides by (1 for other reductions) */
+static int dtr__avg_div(const dtr_comm *c, const dtr__coll *a) {
+    if (a->op != DTR_REDUCE_AVG) return 1;
+    return a->avg_div ? a->avg_div : c->size;
+}
+
 static int dtr__mod(int a, int n) { return ((a % n) + n) % n; }
 
 /* chunk k of `count` elements split into n: [*off, *off + *len) */
@@ -17402,7 +17471,7 @@ static dtr_result dtr__ring_reduce_scatter(dtr_comm *c, const dtr__coll *a, cons
         res = dtr__comm_sendrecv(c, a, (s == 0 ? src : dst) + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         /* the partial of the ranks before us comes first */
-        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, s == N - 2 ? dtr__avg_div(c, a) : 1);
         if (res != DTR_OK) return res;
     }
     return DTR_OK;
@@ -17466,7 +17535,7 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     if (nr >= 0) {
         for (d = 1; d < p; d *= 2, step++) {
             int pn = nr ^ d, partner = pn < m ? 2 * pn + 1 : pn + m;
-            int div = (d * 2 >= p && a->op == DTR_REDUCE_AVG) ? N : 1;
+            int div = d * 2 >= p ? dtr__avg_div(c, a) : 1;
             res = dtr__comm_sendrecv(c, a, dst, bytes, partner, tmp, bytes, partner, step);
             if (res != DTR_OK) return res;
             res = nr < pn ? dtr__coll_reduce(c, dst, dst, tmp, a->count, a, div) : dtr__coll_reduce(c, dst, tmp, dst, a->count, a, div);
@@ -17481,6 +17550,42 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     }
     return DTR_OK;
 }
+
+/* ---- hierarchical all-reduce ---- */
+
+/* Runs collective `sub` on a child group of c (host or leaders) inside c's collective `a`:
+ * the child's sequence number, a's deadline; a failure there is c's failure. */
+static dtr_result dtr__coll_child(dtr_comm *c, const dtr__coll *a, dtr_comm *child, dtr__coll *sub) {
+    dtr_result r;
+    sub->seq = child->seq++;
+    if (sub->kind == DTR__OP_ALL_REDUCE) sub->algo = dtr__auto_algo(child, sub->count, sub->dtype);
+    r = dtr__coll_run(child, sub);
+    if (r == DTR_OK) return DTR_OK;
+    return dtr__comm_fail(c, a, r, dtr_comm_failed_rank(child), dtr_comm_native_error(child), "in the %s group: %s",
+                          child == c->host ? "host" : "leaders'", dtr_comm_last_error(child));
+}
+
+/* Sum inside the host, all-reduce of the hosts' sums between the leaders (an average is
+ * divided by the whole group's size in its last step), broadcast inside the host. */
+static dtr_result dtr__all_reduce_hier(dtr_comm *c, const dtr__coll *a) {
+    dtr__coll s = *a;
+    dtr_result r;
+    s.op = a->op == DTR_REDUCE_AVG ? DTR_REDUCE_SUM : a->op;
+    if ((r = dtr__coll_child(c, a, c->host, &s)) != DTR_OK) return r;
+    if (c->leaders) {
+        s = *a;
+        s.src = a->dst;
+        s.avg_div = c->size;
+        if ((r = dtr__coll_child(c, a, c->leaders, &s)) != DTR_OK) return r;
+    }
+    s = *a;
+    s.kind = DTR__OP_BROADCAST;
+    s.root = 0;
+    return dtr__coll_child(c, a, c->host, &s);
+}
+
+/* hierarchical only where it changes something (decided alike on every rank) */
+static int dtr__use_hier(const dtr_comm *c) { return c->hier_ready && c->hier_on; }
 
 /* ---- broadcast ---- */
 
@@ -17588,7 +17693,7 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
         res = dtr__comm_sendrecv(c, a, sb, bytes, right, rb, bytes, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         if (s == N - 2)
-            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, a->op == DTR_REDUCE_AVG ? N : 1);
+            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, dtr__avg_div(c, a));
         else
             res = dtr__coll_reduce(c, rb, rb, src + (size_t)kr * bytes, a->count, a, 1);
         if (res != DTR_OK) return res;
@@ -17666,7 +17771,10 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
-        r = a->algo == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
+        if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) r = dtr__all_reduce_hier(c, a);
+        else if (a->algo == DTR_ALLREDUCE_RING) r = dtr__all_reduce_ring(c, a);
+        else if (a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) r = dtr__all_reduce_rd(c, a);
+        else r = dtr__auto_algo(c, a->count, a->dtype) == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
         break;
     case DTR__OP_BROADCAST:
         r = a->count * es >= c->chain_threshold ? dtr__broadcast_chain(c, a) : dtr__broadcast_tree(c, a);
@@ -17692,7 +17800,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17696 "dtrain.h"
+#line 17804 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17929,7 +18037,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17933 "dtrain.h"
+#line 18041 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18352,7 +18460,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18356 "dtrain.h"
+#line 18464 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18406,7 +18514,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18410 "dtrain.h"
+#line 18518 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

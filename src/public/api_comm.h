@@ -50,7 +50,9 @@ typedef enum dtr_reduce_op {
 typedef enum dtr_allreduce_algo {
     DTR_ALLREDUCE_AUTO = 0,
     DTR_ALLREDUCE_RING = 1,               /**< reduce-scatter + all-gather around a ring: 2(N-1) steps, bandwidth-optimal */
-    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2, /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_HIERARCHICAL = 3        /**< sum inside each host, all-reduce between the hosts' leaders,
+                                               broadcast inside each host (dtr_comm_set_allreduce_algo) */
 } dtr_allreduce_algo;
 
 /** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling").
@@ -326,8 +328,16 @@ DTR_API void dtr_comm_abort(dtr_comm *c, const char *why);
 DTR_API dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms);
 /** Replaces the all-reduce algorithm and, when ring_threshold_bytes > 0, the AUTO threshold,
  *  for the group's later calls. Every rank must make the same change at the same point
- *  between collectives (the algorithm is part of what must match). Returns DTR_OK,
- *  DTR_NULL_HANDLE or DTR_INVALID_ARGUMENT. Thread safety: the group's thread. */
+ *  between collectives (the algorithm is part of what must match).
+ *  DTR_ALLREDUCE_HIERARCHICAL makes the call a collective the first time: it splits the group
+ *  by host (dtr_comm_local_rank's hosts; $DTR_RANKS_PER_HOST=k declares fake hosts of k
+ *  consecutive ranks, for tests on one machine) and the hosts' first ranks into a leaders'
+ *  group. Its all-reduce sums inside each host (the host group's AUTO algorithm), all-reduces
+ *  the sums between the leaders (an average divided by the whole group's size in the last
+ *  step), and broadcasts inside each host. With one host, or one rank per host, it is the
+ *  flat algorithm AUTO picks. Buffers in device memory (cfg.memory) use the flat one.
+ *  Returns DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, or a split's error.
+ *  Thread safety: the group's thread. */
 DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes);
 
 /* ---- collectives (blocking) ----
