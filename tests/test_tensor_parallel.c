@@ -12,6 +12,8 @@
  *                     weight (gathered by the collective dtr_model_save, read back by a
  *                     single-device dtr_model_load) agree within 1e-5 (relative, per tensor).
  *   test_tp_init      before any step the TP shards save into the single-device weights.
+ *   test_tp_grid      data 2 x tensor 2 (dtr_grid_create, dtr_dp over the data group) on half
+ *                     the batch per replica against one rank on the whole batch: same weights.
  *   test_tp_load      a single-device file loaded into TP 2 ranks is sliced: saving it again
  *                     gives the same tensors, and the TP forward equals the single-device one.
  *   test_tp_errors    heads or vocabulary not divisible by tp, a NULL comm, a bad id or
@@ -81,10 +83,12 @@ static void make_batch(int step, batch *b) {
     for (i = 0; i < B * T; i++) b->tgt[i] = (int32_t)(dtr_rng_u32(&r) % V);
 }
 
-static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, const net_layers *L, const batch *b) {
-    static const int64_t xs[3] = {B, T, C}, is[2] = {B, T};
-    dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 3, xs, b->x), *y = dtr_tensor_from(ctx, DTR_F32, 3, xs, b->y), *h;
-    dtr_tensor *ids = dtr_tensor_from(ctx, DTR_I32, 2, is, b->ids), *tgt = dtr_tensor_from(ctx, DTR_I32, 2, is, b->tgt);
+/* The loss of samples [lo, lo + n) of the batch. */
+static dtr_tensor *forward_loss(dtr_context *ctx, enum net kind, dtr_comm *c, const net_layers *L, const batch *b, int lo,
+                                int n) {
+    const int64_t xs[3] = {n, T, C}, is[2] = {n, T};
+    dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 3, xs, b->x + lo * T * C), *y = dtr_tensor_from(ctx, DTR_F32, 3, xs, b->y + lo * T * C);
+    dtr_tensor *ids = dtr_tensor_from(ctx, DTR_I32, 2, is, b->ids + lo * T), *tgt = dtr_tensor_from(ctx, DTR_I32, 2, is, b->tgt + lo * T), *h;
     if (kind == NET_LINEAR && !c)
         return dtr_mse(ctx, dtr_linear_layer_forward(ctx, &L->l3, dtr_linear_layer_forward(ctx, &L->l2,
                             dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &L->l1, x)))), y);
@@ -107,33 +111,43 @@ typedef struct run_out {
 } run_out;
 
 /* Trains `steps` steps of net `kind` (comm NULL: single device); with `path`, saves the model
-   after training (collective for TP) and, before it, loads `load` when given. */
-static void train(enum net kind, dtr_comm *c, int steps, const char *load, const char *path, run_out *o) {
+   after training (collective for TP) and, before it, loads `load` when given. With `dp`
+   (group of D replicas, this one `dp_rank`): each replica trains on its 1/D of the batch. */
+static void train_dp(enum net kind, dtr_comm *c, dtr_comm *dpc, int steps, const char *load, const char *path, run_out *o) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
     int adamw = kind == NET_LINEAR || kind == NET_EMBED;
     dtr_optimizer_config oc = dtr_optimizer_config_init(adamw ? DTR_OPT_ADAMW : DTR_OPT_SGD, adamw ? 0.01f : 0.1f);
+    dtr_dp *dp = NULL;
+    int D = dpc ? dtr_comm_size(dpc) : 1, lo = dpc ? dtr_comm_rank(dpc) * (B / D) : 0;
     net_layers L;
     batch b;
     int s;
     memset(o, 0, sizeof *o);
     o->ok = dtr_model_create(ctx, SEED, &m) == DTR_OK && declare(kind, m, c, &L) == DTR_OK &&
-            (!load || dtr_model_load(m, load) == DTR_OK) && dtr_optimizer_create(m, &oc, &opt) == DTR_OK;
+            (!load || dtr_model_load(m, load) == DTR_OK) && dtr_optimizer_create(m, &oc, &opt) == DTR_OK &&
+            (!dpc || dtr_dp_create(m, dpc, NULL, &dp) == DTR_OK);
     for (s = 0; o->ok && s < steps; s++) {
         dtr_tensor *loss;
         make_batch(s % 2, &b);
         dtr_model_zero_grad(m);
-        loss = forward_loss(ctx, kind, c, &L, &b);
-        o->ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK;
+        loss = forward_loss(ctx, kind, c, &L, &b, lo, B / D);
+        o->ok = loss && dtr_backward(ctx, loss) == DTR_OK && (!dp || dtr_dp_finish(dp) == DTR_OK) &&
+                dtr_optimizer_step(opt, NULL) == DTR_OK;
         if (o->ok) o->loss[s] = dtr_tensor_get(loss, 0);
         dtr_context_reset(ctx);
     }
     if (o->ok && path) o->ok = dtr_model_save(m, path, DTR_F32) == DTR_OK;
     if (!o->ok) snprintf(o->msg, sizeof o->msg, "%s", dtr_context_last_error(ctx));
+    dtr_dp_destroy(dp);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
+}
+
+static void train(enum net kind, dtr_comm *c, int steps, const char *load, const char *path, run_out *o) {
+    train_dp(kind, c, NULL, steps, load, path, o);
 }
 
 /* ---- thread ranks ---- */
@@ -141,7 +155,7 @@ static void train(enum net kind, dtr_comm *c, int steps, const char *load, const
 typedef struct rank_job {
     pthread_t tid;
     dtr_local_world *w;
-    int rank, steps;
+    int rank, steps, dp;   /* dp > 1: a grid of dp x (world / dp) tensor ranks */
     enum net kind;
     const char *load, *path;
     run_out out;
@@ -155,30 +169,43 @@ static void *rank_main(void *arg) {
     cfg.local.rank = j->rank;
     cfg.timeout_ms = 20000;
     if (dtr_comm_create(&cfg, &c, j->out.msg, sizeof j->out.msg) != DTR_OK) return NULL;
-    train(j->kind, c, j->steps, j->load, j->path, &j->out);
+    if (j->dp > 1) {
+        dtr_grid g;
+        if (dtr_grid_create(c, j->dp, 1, dtr_comm_size(c) / j->dp, &g, j->out.msg, sizeof j->out.msg) == DTR_OK) {
+            train_dp(j->kind, g.tp, g.dp, j->steps, j->load, g.dp_rank ? NULL : j->path, &j->out);   /* replica 0 saves */
+            dtr_grid_destroy(&g);
+        }
+    } else {
+        train(j->kind, c, j->steps, j->load, j->path, &j->out);
+    }
     dtr_comm_destroy(c);
     return NULL;
 }
 
 /* Runs `tp` thread ranks; 1 when every rank succeeded (failures are reported). */
-static int run_tp(int tp, enum net kind, int steps, const char *load, const char *path, run_out *rank0) {
+static int run_grid(int world, int dp, enum net kind, int steps, const char *load, const char *path, run_out *rank0) {
     static rank_job jobs[4];
     dtr_local_world *w = NULL;
     int r, ok = 1;
-    if (dtr_local_world_create(tp, NULL, &w) != DTR_OK) return 0;
-    for (r = 0; r < tp; r++) {
+    if (dtr_local_world_create(world, NULL, &w) != DTR_OK) return 0;
+    for (r = 0; r < world; r++) {
         memset(&jobs[r], 0, sizeof jobs[r]);
         jobs[r].w = w, jobs[r].rank = r, jobs[r].steps = steps, jobs[r].kind = kind, jobs[r].load = load, jobs[r].path = path;
+        jobs[r].dp = dp;
         pthread_create(&jobs[r].tid, NULL, rank_main, &jobs[r]);
     }
-    for (r = 0; r < tp; r++) pthread_join(jobs[r].tid, NULL);
-    for (r = 0; r < tp; r++) {
-        CHECK_MSG(jobs[r].out.ok, "%s, tp %d, rank %d: %s", k_net_names[kind], tp, r, jobs[r].out.msg);
+    for (r = 0; r < world; r++) pthread_join(jobs[r].tid, NULL);
+    for (r = 0; r < world; r++) {
+        CHECK_MSG(jobs[r].out.ok, "%s, %d ranks (dp %d), rank %d: %s", k_net_names[kind], world, dp, r, jobs[r].out.msg);
         ok &= jobs[r].out.ok;
     }
     *rank0 = jobs[0].out;
     dtr_local_world_destroy(w);
     return ok;
+}
+
+static int run_tp(int tp, enum net kind, int steps, const char *load, const char *path, run_out *rank0) {
+    return run_grid(tp, 1, kind, steps, load, path, rank0);
 }
 
 /* ---- comparing weights ---- */
@@ -285,6 +312,22 @@ static void test_tp_load(void) {
     remove(path);
 }
 
+/* data 2 x tensor 2 on 4 ranks (dtr_grid_create): each replica trains the TP GPT block on
+   half the batch, the data-parallel engine averages the gradients over the replicas; the
+   weights equal one rank's on the whole batch. */
+static void test_tp_grid(void) {
+    run_out ref, got;
+    char ref_path[512], path[512];
+    tmp_path("tp_grid", "ref", ref_path, sizeof ref_path);
+    tmp_path("tp_grid", "tp", path, sizeof path);
+    train(NET_GPT, NULL, STEPS, NULL, ref_path, &ref);
+    CHECK_MSG(ref.ok, "%s", ref.msg);
+    if (run_grid(4, 2, NET_GPT, STEPS, NULL, path, &got))
+        check_same_weights(NET_GPT, ref_path, path, 1e-5, "dp 2 x tp 2 after 20 steps");
+    remove(ref_path);
+    remove(path);
+}
+
 /* ---- bad input ---- */
 
 typedef struct err_job { pthread_t tid; dtr_local_world *w; int rank; char msg[4][256]; dtr_result res[4]; } err_job;
@@ -375,6 +418,7 @@ int main(void) {
     RUN(test_tp_train_gpt);
     RUN(test_tp_init);
     RUN(test_tp_load);
+    RUN(test_tp_grid);
     RUN(test_tp_errors);
     return test_summary();
 }
