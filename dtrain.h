@@ -596,6 +596,10 @@ DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block 
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
+ *  A model with tensor-parallel shards (api_engine.h, dtr_tp_*) saves collectively: every rank
+ *  of its group calls this, the shards are gathered and rank 0 writes one file of full
+ *  tensors under the single-device names (the others write nothing and return once the
+ *  gather is done; the file is complete when rank 0's call returns).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
@@ -604,7 +608,8 @@ DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
  *  and leaves the model's values unchanged. Entries the model does not ask for are skipped
  *  whatever their dtype (Hugging Face files carry I64 position_ids, F64 or BOOL buffers); a
  *  parameter stored as another dtype gives DTR_DTYPE_MISMATCH. DTR_UNSUPPORTED comes only from
- *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims.
+ *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims. A
+ *  tensor-parallel shard reads the full tensor (single-device shape) and keeps its slice.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 
@@ -2013,6 +2018,122 @@ DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm)
  *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Every rank's x (..., w) joined along the last axis in rank order: (..., w * group size),
+ *  the same on every rank (all-gather); backward adds this rank's slice of the gradient to
+ *  x's, without communication. What a column-parallel layer's gathered output uses.
+ *  Collective like dtr_tp_copy. @return y, or NULL with the context's error (NULL input or
+ *  comm, a 0-dim x: DTR_SHAPE_MISMATCH, the group's failure).
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+
+/** Mean cross-entropy of logits whose vocabulary (last axis) is split over `comm`: rank r
+ *  holds `logits` (..., K) for classes r * K .. (r + 1) * K - 1 (the output of a
+ *  column-parallel head without gather); `targets` are i32 global class indices (...),
+ *  the same on every rank. The value equals dtr_cross_entropy over the full logits: the row
+ *  max is all-reduced (MAX), the sum of exponentials and the target logit (from the rank
+ *  that owns it) are all-reduced (SUM). Backward: softmax_shard - onehot_shard, scaled by the
+ *  upstream gradient over the row count, with no communication. Collective like dtr_tp_copy.
+ *  @return the scalar loss (the same on every rank), or NULL with the context's error:
+ *  DTR_NULL_HANDLE (comm, input), DTR_DTYPE_MISMATCH, DTR_SHAPE_MISMATCH (row counts),
+ *  DTR_INVALID_ARGUMENT (a target outside [0, K * group size)), the group's failure.
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
+                                                     dtr_comm *comm);
+
+/* ---- tensor parallel: layers (Megatron-LM) ----
+ * Each layer splits its weights over the ranks of a tensor-parallel group `comm` (size tp):
+ * every rank declares the same parameter names as the single-device layer (dtr_linear_layer,
+ * dtr_attention_layer, dtr_embedding_layer, dtr_gpt_block) with its shard's shape, in the
+ * same order. dtr_model_build initialises each shard as the slice of the full tensor that a
+ * single-device model with the same seed draws, so both runs start from the same weights;
+ * dtr_model_save gathers the shards into one file of full tensors (collective) that a
+ * single-device model loads, and dtr_model_load of such a file keeps each rank's slice.
+ * Replicated parameters (layer norms, the row-parallel bias) get identical gradients on every
+ * rank without further communication. Sizes that do not divide by tp are
+ * DTR_INVALID_ARGUMENT. Every rank must run the same forward (the layers are collectives). */
+
+/** A linear layer split over a tensor-parallel group. Column-parallel: weight rows (output
+ *  features) out / tp per rank, rank r holding features r * out / tp ..; input full,
+ *  output (..., out / tp), or (..., out) with `gather`. Row-parallel: weight columns (input
+ *  features) in / tp per rank; input (..., in / tp) (a column-parallel output), output
+ *  (..., out) summed over the group, plus the full bias (replicated). */
+typedef struct dtr_tp_linear {
+    dtr_tensor *weight, *bias; /**< this rank's shard; bias NULL without one */
+    int64_t in, out;           /**< the full layer's sizes */
+    int row;                   /**< 1: row-parallel, 0: column-parallel */
+    int gather;                /**< column-parallel: the forward returns the full output */
+    dtr_comm *comm;            /**< the tensor-parallel group */
+} dtr_tp_linear;
+
+/** Declares a column-parallel linear layer `name` (weight (out, in) and bias (out) of the full
+ *  layer, as dtr_linear_layer_init) on m; rank r keeps rows r * out / tp .. of both.
+ *  `gather` 1 makes the forward return the full output on every rank.
+ *  @return DTR_OK, DTR_NULL_HANDLE (l, m or comm), DTR_INVALID_ARGUMENT (sizes, out % tp),
+ *  or the model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
+                                             int64_t in, int64_t out, int bias, dtr_init init, int gather);
+/** Declares a row-parallel linear layer `name`: rank r keeps weight columns r * in / tp ..;
+ *  the bias (out) is whole on every rank. @return as dtr_tp_column_linear_init (in % tp).
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
+                                          int64_t in, int64_t out, int bias, dtr_init init);
+/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
+ *  bias. @return the output or NULL with the context's error. Collective over l->comm.
+ *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
+DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
+
+/** Causal self-attention with its heads split over the group: rank r computes heads
+ *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
+ *  row-parallel proj. Parameters as dtr_attention_layer's. */
+typedef struct dtr_tp_attention {
+    dtr_tp_linear qkv, proj;
+    int64_t dim;
+    int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
+} dtr_tp_attention;
+
+/** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
+ *  (heads not dividing dim, or tp not dividing heads: the message names both), or the
+ *  model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                         int heads);
+/** x (B, T, C), the same on every rank -> (B, T, C), the same on every rank. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x);
+
+/** Vocabulary-parallel embedding: rank r holds table rows r * vocab / tp .. */
+typedef struct dtr_tp_embedding {
+    dtr_tensor *weight;        /**< (vocab / tp, dim) */
+    int64_t vocab, dim, start; /**< full sizes; the first row held here */
+    dtr_comm *comm;
+} dtr_tp_embedding;
+
+/** Declares the embedding `name` (weight (vocab, dim) of the full table, as
+ *  dtr_embedding_layer_init). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (sizes,
+ *  vocab % tp), or the model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *comm, const char *name, int64_t vocab,
+                                         int64_t dim);
+/** Rows of the full table for i32 `ids` (any shape S, the same on every rank): each rank
+ *  looks up the ids it holds (zero rows for the others), then dtr_tp_reduce sums them.
+ *  An id outside [0, vocab) is DTR_INVALID_ARGUMENT. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids);
+
+/** A GPT block (pre-norm) with its attention and MLP split over the group: ln1, tensor-parallel
+ *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters as
+ *  dtr_gpt_block's (same names and order), the layer norms replicated. */
+typedef struct dtr_tp_gpt_block {
+    dtr_layernorm_layer ln1, ln2;
+    dtr_tp_attention attn;
+    dtr_tp_linear fc, fc_proj;
+} dtr_tp_gpt_block;
+
+/** Declares the block `name` on m. @return as dtr_tp_attention_init.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                         int heads);
+/** x (B, T, C) -> (B, T, C), as dtr_gpt_block_forward. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x);
 
 /* ---- data parallel ---- */
 
@@ -2237,7 +2358,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2241 "dtrain.h"
+#line 2362 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2381,14 +2502,15 @@ struct dtr_tensor {
     X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
-    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)
+    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 37
+#define DTR__OP_COUNT_EXPECTED 39
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -2423,7 +2545,8 @@ typedef union dtr__op_params {
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
+                                         group (the last's rank r holds vocabulary rows r * K ..) */
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -2632,6 +2755,9 @@ DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+/** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
+ *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
+DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
@@ -2639,13 +2765,36 @@ static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
 }
 
+/* ---- tensor-parallel shards of model parameters (src/nn/tensor_parallel.c) ---- */
+
+/** How a parameter is one rank's shard of a full tensor: the full tensor's axis `axis` is
+ *  `parts` equal blocks (3 for attention's q|k|v), each split evenly over `ways` ranks; rank
+ *  `rank` holds its slice of every block, in block order. */
+typedef struct dtr__shard {
+    dtr_comm *comm;                   /* the tensor-parallel group */
+    int rank, ways, axis, parts;
+    int ndim;
+    int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
+} dtr__shard;
+
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
+                                          const int64_t *shape, dtr_init init, float arg);
+/** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
+ *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
+DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
+/** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
+DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
+/** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */
+DTR__PRIVATE dtr_result dtr__shard_gather(dtr_context *ctx, const dtr__shard *s, const dtr_tensor *t, float *full);
+
 /* ---- CPU backend ---- */
 extern const dtr_backend dtr__cpu_backend;
 
 #ifdef __cplusplus
 }
 #endif
-#line 2649 "dtrain.h"
+#line 2798 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2700,7 +2849,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2704 "dtrain.h"
+#line 2853 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2964,7 +3113,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2968 "dtrain.h"
+#line 3117 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3014,7 +3163,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3018 "dtrain.h"
+#line 3167 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3366,7 +3515,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3370 "dtrain.h"
+#line 3519 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4157,7 +4306,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4161 "dtrain.h"
+#line 4310 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4581,7 +4730,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4585 "dtrain.h"
+#line 4734 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4694,7 +4843,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4698 "dtrain.h"
+#line 4847 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5069,7 +5218,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5073 "dtrain.h"
+#line 5222 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5269,7 +5418,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5273 "dtrain.h"
+#line 5422 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5719,7 +5868,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5723 "dtrain.h"
+#line 5872 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5898,7 +6047,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5902 "dtrain.h"
+#line 6051 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6011,29 +6160,34 @@ dtr_result dtr__cpu_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- cross-entropy on class indices ---- */
 
-dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets) {
     dtr__node *n;
     char s1[96], s2[96];
-    if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_cross_entropy", logits, "logits")) return NULL;
-    if (!targets) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_cross_entropy: targets is NULL");
+    if (!dtr__check_input(ctx, name, logits, "logits")) return NULL;
+    if (!targets) return (dtr__node *)dtr__failt(ctx, DTR_NULL_HANDLE, "%s: targets is NULL", name);
     if (targets->dtype != DTR_I32)
-        return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cross_entropy: targets must be i32 class indices, are %s",
-                          dtr_dtype_name(targets->dtype));
+        return (dtr__node *)dtr__failt(ctx, DTR_DTYPE_MISMATCH, "%s: targets must be i32 class indices, are %s", name,
+                                       dtr_dtype_name(targets->dtype));
     if (logits->ndim < 1 || dtr__rows(logits) != dtr_tensor_numel(targets))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_cross_entropy: logits %s and targets %s disagree on the row count",
-                          dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
+        return (dtr__node *)dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: logits %s and targets %s disagree on the row count", name,
+                                       dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
     logits = dtr__contig_input(ctx, logits);
     targets = dtr__contig_input(ctx, targets);
     if (!logits || !targets) return NULL;
     {
         dtr_tensor *in[2] = {logits, targets};
-        n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, 2, in);
+        n = dtr__node_new(ctx, op, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_cross_entropy");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_cross_entropy");
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, name);
+    return n->out ? n : NULL;
+}
+
+dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    n = dtr__xent_node(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy", logits, targets);
+    return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
 }
 
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -6298,7 +6452,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6302 "dtrain.h"
+#line 6456 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6798,7 +6952,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6802 "dtrain.h"
+#line 6956 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7057,7 +7211,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7061 "dtrain.h"
+#line 7215 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7068,50 +7222,169 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  *              backward: gx += all_reduce_sum(gy) (each rank's slice contributed to gy)
  *   TP_REDUCE  forward: y = all_reduce_sum(x) (each rank holds a partial sum);
  *              backward: gx += gy
- * Shapes: any; y has x's shape. Every rank of the group must build the same ops in the same
+ *   VOCAB_CROSS_ENTROPY  mean cross-entropy of logits whose last axis (the vocabulary) is split
+ *              over the group, rank r holding classes r * K .. (r + 1) * K - 1: the global row
+ *              max (all-reduce MAX), sum of exponentials and target logit (one all-reduce SUM);
+ *              backward: gx += g / N * (softmax_shard - onehot_shard), no communication.
+ *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
+ *              (all-gather); backward: gx += this rank's slice of gy
+ * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
  * ==========================================================================*/
 
 
 
 
+#include <math.h>
 
 static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
+    int64_t shape[DTR_MAX_DIMS];
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (op == DTR_OP_TP_GATHER && x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x needs an axis to join", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.comm = comm;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    memcpy(shape, x->shape, sizeof shape);
+    if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_COPY, "dtr_tp_copy", x, comm); }
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
+dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
-/* in-place sum over the group, with the group's error on the context */
-static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n) {
-    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, DTR_REDUCE_SUM);
+dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+    static const char name[] = "dtr_vocab_parallel_cross_entropy";
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    n = dtr__xent_node(ctx, DTR_OP_VOCAB_CROSS_ENTROPY, name, logits, targets);
+    if (!n) return NULL;
+    n->p.comm = comm;
+    return dtr__record(ctx, n, name);
+}
+
+/* in-place reduction over the group, with the group's error on the context */
+static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n, dtr_reduce_op op) {
+    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, op);
     if (r != DTR_OK)
         return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm));
     return DTR_OK;
 }
 
+/* ---- vocabulary-parallel cross-entropy ---- */
+
+typedef struct dtr__vxent {
+    int64_t K, R, start;       /* classes here, rows, first class here */
+    const float *x;
+    const int32_t *t;
+} dtr__vxent;
+
+static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
+    dtr__vxent v;
+    v.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    v.R = v.K ? dtr_tensor_numel(nd->in[0]) / v.K : 0;
+    v.start = (int64_t)dtr_comm_rank(nd->p.comm) * v.K;
+    v.x = dtr__f32(nd->in[0]);
+    v.t = dtr__i32(nd->in[1]);
+    return v;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each */
+static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__vxent v = dtr__vxent_of(nd);
+    int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
+    float *M, *Z, *T;
+    double loss = 0.0;
+    dtr_result res;
+    for (r = 0; r < v.R; r++)
+        if (v.t[r] < 0 || v.t[r] >= V)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)v.t[r], (long long)V);
+    M = (float *)dtr__node_save(ctx, nd, (size_t)(3 * v.R + 1) * sizeof(float));
+    if (!M) return ctx->status;
+    nd->saved = M, Z = M + v.R, T = Z + v.R;
+    for (r = 0; r < v.R; r++)
+        for (M[r] = -INFINITY, k = 0; k < v.K; k++) M[r] = v.x[r * v.K + k] > M[r] ? v.x[r * v.K + k] : M[r];
+    if ((res = dtr__tp_all_reduce(ctx, nd, M, v.R, DTR_REDUCE_MAX)) != DTR_OK) return res;
+    for (r = 0; r < v.R; r++) {
+        double s = 0.0;
+        int64_t own = v.t[r] - v.start;
+        for (k = 0; k < v.K; k++) s += expf(v.x[r * v.K + k] - M[r]);
+        Z[r] = (float)s;
+        T[r] = own >= 0 && own < v.K ? v.x[r * v.K + own] : 0.0f;
+    }
+    if ((res = dtr__tp_all_reduce(ctx, nd, Z, 2 * v.R, DTR_REDUCE_SUM)) != DTR_OK) return res;
+    for (r = 0; r < v.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    dtr__f32(nd->out)[0] = v.R ? (float)(loss / (double)v.R) : 0.0f;
+    return DTR_OK;
+}
+
+static dtr_result dtr__vxent_bwd(dtr__node *nd) {
+    dtr__vxent v = dtr__vxent_of(nd);
+    const float *M = (const float *)nd->saved, *Z = M + v.R;
+    float *gx = dtr__gradof(nd->in[0]), c;
+    int64_t r, k;
+    if (!gx || !v.R) return DTR_OK;
+    c = nd->out->grad[0] / (float)v.R;
+    for (r = 0; r < v.R; r++) {
+        int64_t own = v.t[r] - v.start;
+        for (k = 0; k < v.K; k++) gx[r * v.K + k] += c * (expf(v.x[r * v.K + k] - M[r]) / Z[r]);
+        if (own >= 0 && own < v.K) gx[r * v.K + own] -= c;
+    }
+    return DTR_OK;
+}
+
+/* ---- all-gather along the last axis ---- */
+
+/* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
+static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    dtr_result res;
+    if (!buf) return ctx->status;
+    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    if (res != DTR_OK)
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    return DTR_OK;
+}
+
+static dtr_result dtr__gather_bwd(dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    float *gx = dtr__gradof(x);
+    if (gx && w)
+        for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
+    return DTR_OK;
+}
+
+/* ---- the family's kernels ---- */
+
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
-    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n) : DTR_OK;
+    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
 }
 
 dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
         return DTR_OK;
@@ -7120,11 +7393,11 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
     if (!sum) return ctx->status;
     memcpy(sum, g, (size_t)n * sizeof(float));
-    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n)) != DTR_OK) return r;
+    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM)) != DTR_OK) return r;
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7128 "dtrain.h"
+#line 7401 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7237,7 +7510,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7241 "dtrain.h"
+#line 7514 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7260,6 +7533,7 @@ struct dtr_model {
     float *init_args;
     int64_t *offsets;
     uint64_t *streams;    /* each parameter's initialiser stream: its declaration number */
+    dtr__shard *shards;   /* tensor-parallel shards (comm NULL: a whole tensor) */
     int count, cap;
     dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
     int n_dropped;
@@ -7289,6 +7563,7 @@ void dtr_model_destroy(dtr_model *m) {
     for (i = 0; i < m->n_dropped; i++) { dtr__free(a, (void *)m->dropped[i]->name); dtr__free(a, m->dropped[i]); }
     dtr__free(a, m->dropped);
     dtr__free(a, m->streams);
+    dtr__free(a, m->shards);
     dtr__free(a, m->params);
     dtr__free(a, m->names);
     dtr__free(a, m->inits);
@@ -7314,6 +7589,7 @@ static int dtr__model_grow(dtr_model *m) {
     p = dtr__realloc(a, m->init_args, (size_t)cap * sizeof(*m->init_args)); if (!p) return 0; m->init_args = (float *)p;
     p = dtr__realloc(a, m->offsets, (size_t)cap * sizeof(*m->offsets)); if (!p) return 0; m->offsets = (int64_t *)p;
     p = dtr__realloc(a, m->streams, (size_t)cap * sizeof(*m->streams)); if (!p) return 0; m->streams = (uint64_t *)p;
+    p = dtr__realloc(a, m->shards, (size_t)cap * sizeof(*m->shards)); if (!p) return 0; m->shards = (dtr__shard *)p;
     m->cap = cap;
     return 1;
 }
@@ -7361,6 +7637,7 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->init_args[m->count] = arg;
     m->offsets[m->count] = m->total;
     m->streams[m->count] = (uint64_t)(m->count + m->n_dropped) + 1;
+    memset(&m->shards[m->count], 0, sizeof(m->shards[m->count]));
     m->total += dtr__padded(t);
     m->count++;
     return t;
@@ -7398,6 +7675,36 @@ static void dtr__init_values(dtr_init init, float arg, const dtr_tensor *t, dtr_
         x[i] = normal ? (float)(sd * dtr_rng_normal(rng)) : (float)(b * (2.0 * dtr_rng_uniform(rng) - 1.0));
 }
 
+/* Parameter i's initial values into x: a shard gets its slice of the full tensor, drawn as a
+   single-device model would draw it (same stream, fans of the full shape). */
+static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
+    const dtr__shard *s = &m->shards[i];
+    dtr_tensor full;
+    float *buf;
+    dtr_rng rng;
+    dtr_rng_seed(&rng, m->seed, m->streams[i]);
+    if (!s->comm) {
+        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, x);
+        return DTR_OK;
+    }
+    memset(&full, 0, sizeof full);
+    full.ndim = s->ndim;
+    memcpy(full.shape, s->full, sizeof full.shape);
+    buf = (float *)dtr__malloc(&m->ctx->alloc, (size_t)dtr__numel(s->ndim, s->full) * sizeof(float) + 1);
+    if (!buf) return DTR_OUT_OF_MEMORY;
+    dtr__init_values(m->inits[i], m->init_args[i], &full, &rng, buf);
+    dtr__shard_copy(s, s->rank, buf, x, 0);
+    dtr__free(&m->ctx->alloc, buf);
+    return DTR_OK;
+}
+
+dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s) {
+    if (!m || !t || t->model != m || t->param_index < 0) return DTR_NULL_HANDLE;
+    if (m->built) return dtr__fail(m->ctx, DTR_BAD_STATE, "'%s': a shard is declared before dtr_model_build", t->name);
+    m->shards[t->param_index] = *s;
+    return DTR_OK;
+}
+
 dtr_result dtr_model_build(dtr_model *m) {
     dtr_context *ctx;
     size_t bytes;
@@ -7418,10 +7725,14 @@ dtr_result dtr_model_build(dtr_model *m) {
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for %lld parameters", (long long)m->total);
     }
     memset(host, 0, bytes);
-    for (i = 0; i < m->count; i++) {
-        dtr_rng rng;
-        dtr_rng_seed(&rng, m->seed, m->streams[i]);
-        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, host + m->offsets[i]);
+    for (i = 0; i < m->count; i++)
+        if (dtr__model_init_param(m, i, host + m->offsets[i]) != DTR_OK) break;
+    if (i < m->count) {
+        ctx->backend->mem_free(ctx, m->data);
+        ctx->backend->mem_free(ctx, m->grad);
+        if (host != m->data) dtr__free(&ctx->alloc, host);
+        m->data = m->grad = NULL;
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for the full tensor of '%s'", m->names[i]);
     }
     if (host != m->data) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
@@ -7468,7 +7779,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
             continue;
         }
         m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
-        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i];
+        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i], m->shards[kept] = m->shards[i];
         t->param_index = kept;
         m->offsets[kept++] = m->total;
         m->total += dtr__padded(t);
@@ -7511,15 +7822,44 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 
 /* ---- save and load (safetensors) ---- */
 
+/* Elements of parameter i in a file: the full tensor's for a shard. */
+static int64_t dtr__file_numel(const dtr_model *m, int i) {
+    const dtr__shard *s = &m->shards[i];
+    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(m->params[i]);
+}
+
+/* Parameter i as the file holds it: its entry (name, dtype, full shape) and its values in dt
+   at dst (a shard is gathered from its group first: collective). */
+static dtr_result dtr__save_param(dtr_model *m, int i, dtr_dtype dt, dtr_st_entry *e, void *dst) {
+    const dtr__shard *s = &m->shards[i];
+    const dtr_tensor *t = m->params[i];
+    int64_t n = dtr__file_numel(m, i);
+    float *full;
+    dtr_result r;
+    int d;
+    snprintf(e->name, sizeof(e->name), "%s", m->names[i]);
+    e->dtype = dt;
+    e->ndim = s->comm ? s->ndim : t->ndim;
+    for (d = 0; d < e->ndim; d++) e->shape[d] = s->comm ? s->full[d] : t->shape[d];
+    if (!s->comm) return dtr_tensor_read(t, dt, dst, (size_t)n);
+    full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", m->names[i]);
+    r = dtr__shard_gather(m->ctx, s, t, full);
+    if (r == DTR_OK) dtr_convert(dst, dt, full, DTR_F32, (size_t)n);
+    dtr__free(&m->ctx->alloc, full);
+    return r;
+}
+
 dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     dtr_context *ctx;
     dtr_st_entry *ents = NULL;
     const void **data = NULL;
     void *conv = NULL;
     size_t es, off = 0;
+    int64_t total = 0;
     char err[512];
     dtr_result r;
-    int i, d;
+    int i, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
@@ -7528,30 +7868,51 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
+    for (i = 0; i < m->count; i++) {
+        total += dtr__file_numel(m, i);
+        if (m->shards[i].comm && m->shards[i].rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
+    }
     ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*ents));
     data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*data));
-    conv = dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * es);
+    conv = dtr__malloc(&ctx->alloc, (size_t)(total ? total : 1) * es);
     if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
     for (i = 0; i < m->count; i++) {
-        const dtr_tensor *t = m->params[i];
-        int64_t n = dtr_tensor_numel(t);
-        char *dst = (char *)conv + off;
-        snprintf(ents[i].name, sizeof(ents[i].name), "%s", m->names[i]);
-        ents[i].dtype = dt;
-        ents[i].ndim = t->ndim;
-        for (d = 0; d < t->ndim; d++) ents[i].shape[d] = t->shape[d];
-        r = dtr_tensor_read(t, dt, dst, (size_t)n);
+        data[i] = (char *)conv + off;
+        r = dtr__save_param(m, i, dt, &ents[i], (char *)conv + off);
         if (r != DTR_OK) goto done;
-        data[i] = dst;
-        off += (size_t)n * es;
+        off += (size_t)dtr__file_numel(m, i) * es;
     }
-    r = dtr_st_write(path, ents, data, m->count, err, sizeof(err));
+    r = writer ? dtr_st_write(path, ents, data, m->count, err, sizeof(err)) : DTR_OK;
     if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
 done:
     dtr__free(&ctx->alloc, ents);
     dtr__free(&ctx->alloc, (void *)data);
     dtr__free(&ctx->alloc, conv);
     return r;
+}
+
+/* The shape parameter i has in a file: its own, or (in *buf) the full tensor's for a shard. */
+static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *buf) {
+    const dtr__shard *s = &m->shards[i];
+    if (!s->comm) return m->params[i];
+    *buf = *m->params[i];
+    buf->ndim = s->ndim;
+    memcpy(buf->shape, s->full, sizeof buf->shape);
+    return buf;
+}
+
+/* Converts entry e (checked against the file shape) into parameter i's f32 values at x. */
+static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, float *x) {
+    const dtr__shard *s = &m->shards[i];
+    int64_t n = dtr__file_numel(m, i);
+    float *full;
+    if (!s->comm) return dtr_convert(x, DTR_F32, e->data, e->dtype, (size_t)n);
+    full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: out of memory for '%s'", m->names[i]);
+    dtr_convert(full, DTR_F32, e->data, e->dtype, (size_t)n);
+    dtr__shard_copy(s, s->rank, full, x, 0);
+    dtr__free(&m->ctx->alloc, full);
+    return DTR_OK;
 }
 
 dtr_result dtr_model_load(dtr_model *m, const char *path) {
@@ -7571,7 +7932,8 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * sizeof(float));
     if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
     for (i = 0; i < m->count; i++) {
-        const dtr_tensor *t = m->params[i];
+        dtr_tensor want;
+        const dtr_tensor *t = dtr__file_shape(m, i, &want);
         const dtr_st_entry *e = NULL;
         for (j = 0; j < f.count; j++)
             if (!strcmp(f.entries[j].name, m->names[i])) { e = &f.entries[j]; break; }
@@ -7584,7 +7946,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
                           path, m->names[i], e->dtype_name);
             goto done;
         }
-        dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));
+        if ((r = dtr__load_param(m, i, e, stage + m->offsets[i])) != DTR_OK) goto done;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */
@@ -7622,7 +7984,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7626 "dtrain.h"
+#line 7988 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7635,8 +7997,8 @@ dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_H
 
 #include <math.h>
 
-static dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
-                                    dtr_init init, float arg) {
+dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
+                             dtr_init init, float arg) {
     char name[256];
     if (!prefix) prefix = "";
     if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", suffix) >= sizeof(name))
@@ -7791,7 +8153,256 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7795 "dtrain.h"
+#line 8157 "dtrain.h"
+
+/* ---- src/nn/tensor_parallel.c ---- */
+#line 1 "src/nn/tensor_parallel.c"
+/* ============================================================================
+ * Tensor-parallel layers (Megatron-LM): each rank of a group holds a shard of a layer's
+ * weights and the communication ops of src/ops/ops_comm.c join the partial results.
+ *   column-parallel linear  y_r = x W_r^T + b_r   (W_r: rows r * out / tp ..), after tp_copy
+ *   row-parallel linear     y = tp_reduce(x_r W_r^T) + b   (W_r: columns r * in / tp ..)
+ *   attention               qkv column-parallel over this rank's heads, proj row-parallel
+ *   embedding               rows r * vocab / tp ..; the others' ids give zero rows; tp_reduce
+ * Shards are model parameters marked with a dtr__shard (model.c initialises, saves and loads
+ * them as slices of the full tensor).
+ * ==========================================================================*/
+
+
+
+
+#include <math.h>
+
+/* ---- shards ---- */
+
+void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full) {
+    int64_t outer = 1, inner = 1, c, o;
+    int d, p;
+    for (d = 0; d < s->axis; d++) outer *= s->full[d];
+    for (d = s->axis + 1; d < s->ndim; d++) inner *= s->full[d];
+    c = s->full[s->axis] / s->parts / s->ways * inner;   /* floats of one block's slice */
+    for (o = 0; o < outer; o++)
+        for (p = 0; p < s->parts; p++) {
+            float *f = full + ((o * s->parts + p) * s->ways + rank) * c, *q = part + (o * s->parts + p) * c;
+            memcpy(to_full ? f : q, to_full ? q : f, (size_t)c * sizeof(float));
+        }
+}
+
+dtr_result dtr__shard_gather(dtr_context *ctx, const dtr__shard *s, const dtr_tensor *t, float *full) {
+    int64_t n = dtr_tensor_numel(t);
+    float *buf = (float *)dtr__malloc(&ctx->alloc, (size_t)(n * s->ways + 1) * sizeof(float));
+    dtr_result r;
+    int k;
+    if (!buf) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "gathering '%s': out of memory", t->name);
+    r = dtr_tensor_read(t, DTR_F32, buf + s->rank * n, (size_t)n);
+    if (r == DTR_OK) r = dtr_comm_all_gather(s->comm, buf + s->rank * n, buf, (size_t)n, DTR_F32);
+    if (r != DTR_OK) dtr__fail(ctx, r, "gathering '%s' over the tensor-parallel group: %s", t->name, dtr_comm_last_error(s->comm));
+    for (k = 0; r == DTR_OK && k < s->ways; k++) dtr__shard_copy(s, k, full, buf + k * n, 1);
+    dtr__free(&ctx->alloc, buf);
+    return r;
+}
+
+/* Declares "prefix.suffix" as this rank's shard of a full tensor of shape `full` split along
+   `axis` (in `parts` blocks); a group of one holds the whole tensor. */
+static dtr_tensor *dtr__tp_param(dtr_model *m, dtr_comm *comm, const char *prefix, const char *suffix, int ndim,
+                                 const int64_t *full, int axis, int parts, dtr_init init, float arg) {
+    dtr__shard s;
+    int64_t shape[DTR_MAX_DIMS];
+    dtr_tensor *t;
+    memset(&s, 0, sizeof s);
+    s.comm = comm, s.rank = dtr_comm_rank(comm), s.ways = dtr_comm_size(comm);
+    s.axis = axis, s.parts = parts, s.ndim = ndim;
+    memcpy(s.full, full, (size_t)ndim * sizeof(*full));
+    memcpy(shape, full, (size_t)ndim * sizeof(*full));
+    shape[axis] = full[axis] / s.ways;
+    t = dtr__named_param(m, prefix, suffix, ndim, shape, init, arg);
+    if (t && s.ways > 1) dtr__model_set_shard(m, t, &s);
+    return t;
+}
+
+/* "prefix.suffix" into buf (as the single-device layers name their parts) */
+static const char *dtr__tp_sub(char *buf, size_t n, const char *prefix, const char *suffix) {
+    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && *prefix ? "." : "", suffix);
+    return buf;
+}
+
+static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
+
+/* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
+static int dtr__tp_size(dtr_model *m, dtr_comm *comm, const char *fn, const char *name) {
+    if (comm) return dtr_comm_size(comm);
+    dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "%s: '%s': comm is NULL", fn, name ? name : "");
+    return 0;
+}
+
+/* ---- linear ---- */
+
+static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
+                                      int64_t out, int bias, dtr_init init, int row, int parts) {
+    const char *fn = row ? "dtr_tp_row_linear_init" : "dtr_tp_column_linear_init";
+    int64_t ws[2], split;
+    int tp;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (!(tp = dtr__tp_size(m, comm, fn, name))) return DTR_NULL_HANDLE;
+    split = row ? in : out;
+    if (in <= 0 || out <= 0 || split % ((int64_t)parts * tp))
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "%s: '%s': %s features %lld do not split over %d ranks (in %lld, out %lld)", fn, name ? name : "",
+                         row ? "input" : "output", (long long)split, tp, (long long)in, (long long)out);
+    ws[0] = out, ws[1] = in;
+    l->in = in, l->out = out, l->row = row, l->comm = comm;
+    l->weight = dtr__tp_param(m, comm, name, "weight", 2, ws, row, parts, init, 0.0f);
+    if (bias && row) l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
+    else if (bias) l->bias = dtr__tp_param(m, comm, name, "bias", 1, &out, 0, parts, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
+    return dtr__tp_status(m);
+}
+
+dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
+                                     int64_t out, int bias, dtr_init init, int gather) {
+    dtr_result r = dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 0, 1);
+    if (r == DTR_OK) l->gather = gather;
+    return r;
+}
+
+dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
+                                  int64_t out, int bias, dtr_init init) {
+    return dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 1, 1);
+}
+
+dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
+    dtr_tensor *y;
+    if (!ctx) return NULL;
+    if (!l || !l->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_linear_forward: layer is NULL or not initialised");
+    if (!l->row) {
+        y = dtr_linear(ctx, dtr_tp_copy(ctx, x, l->comm), l->weight, l->bias);
+        return l->gather ? dtr_tp_gather(ctx, y, l->comm) : y;
+    }
+    y = dtr_tp_reduce(ctx, dtr_linear(ctx, x, l->weight, NULL), l->comm);
+    return l->bias ? dtr_add(ctx, y, l->bias) : y;
+}
+
+/* ---- attention ---- */
+
+dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                 int heads) {
+    char sub[256];
+    int tp;
+    if (!a || !m) return DTR_NULL_HANDLE;
+    memset(a, 0, sizeof(*a));
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_attention_init", name))) return DTR_NULL_HANDLE;
+    if (dim <= 0 || heads <= 0 || dim % heads || heads % tp)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
+                         name ? name : "", heads, (long long)dim, tp);
+    a->dim = dim, a->heads = heads, a->local_heads = heads / tp;
+    dtr__tp_linear_init(&a->qkv, m, comm, dtr__tp_sub(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
+                        DTR_INIT_TORCH_DEFAULT, 0, 3);
+    dtr_tp_row_linear_init(&a->proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    return dtr__tp_status(m);
+}
+
+dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
+    dtr_tensor *qkv, *q, *k, *v;
+    int64_t C;
+    if (!ctx) return NULL;
+    if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
+    C = a->dim / a->heads * a->local_heads;   /* this rank's features */
+    qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
+    q = dtr_slice(ctx, qkv, -1, 0, C);
+    k = dtr_slice(ctx, qkv, -1, C, 2 * C);
+    v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
+    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention(ctx, q, k, v, a->local_heads));
+}
+
+/* ---- embedding ---- */
+
+dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *comm, const char *name, int64_t vocab,
+                                 int64_t dim) {
+    int64_t s[2];
+    int tp;
+    if (!e || !m) return DTR_NULL_HANDLE;
+    memset(e, 0, sizeof(*e));
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_embedding_init", name))) return DTR_NULL_HANDLE;
+    if (vocab <= 0 || dim <= 0 || vocab % tp)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_tp_embedding_init: '%s': vocab %lld must be > 0 and split evenly over %d ranks (dim %lld)",
+                         name ? name : "", (long long)vocab, tp, (long long)dim);
+    s[0] = vocab, s[1] = dim;
+    e->vocab = vocab, e->dim = dim, e->comm = comm;
+    e->start = vocab / tp * dtr_comm_rank(comm);
+    e->weight = dtr__tp_param(m, comm, name, "weight", 2, s, 0, 1, DTR_INIT_NORMAL, 0.02f);
+    return dtr__tp_status(m);
+}
+
+/* ids -> this rank's rows (0 for ids it does not hold) and a mask (S..., 1) of the ids it holds */
+static dtr_result dtr__tp_local_ids(dtr_context *ctx, const dtr_tp_embedding *e, const int32_t *ids, int64_t n,
+                                    int32_t *local, float *mask) {
+    int64_t i, rows = e->vocab / dtr_comm_size(e->comm);
+    for (i = 0; i < n; i++) {
+        int64_t j = (int64_t)ids[i] - e->start;
+        if (ids[i] < 0 || ids[i] >= e->vocab)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_tp_embedding_forward: id %lld is %d, outside [0, %lld)",
+                             (long long)i, (int)ids[i], (long long)e->vocab);
+        mask[i] = j >= 0 && j < rows ? 1.0f : 0.0f;
+        local[i] = mask[i] != 0.0f ? (int32_t)j : 0;
+    }
+    return DTR_OK;
+}
+
+dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids) {
+    int64_t n, shape[DTR_MAX_DIMS];
+    int32_t *buf;
+    dtr_tensor *rows = NULL, *mask;
+    int d;
+    if (!ctx) return NULL;
+    if (!e || !e->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_embedding_forward: layer is NULL or not initialised");
+    if (!ids || ids->dtype != DTR_I32 || ids->ndim >= DTR_MAX_DIMS)
+        return dtr__failt(ctx, ids ? DTR_DTYPE_MISMATCH : DTR_NULL_HANDLE, "dtr_tp_embedding_forward: ids must be i32 of at most %d dims",
+                          DTR_MAX_DIMS - 1);
+    n = dtr_tensor_numel(ids);
+    buf = (int32_t *)dtr__malloc(&ctx->alloc, (size_t)(2 * n + 1) * sizeof(int32_t) + (size_t)n * sizeof(float));
+    if (!buf) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_embedding_forward: out of memory");
+    for (d = 0; d < ids->ndim; d++) shape[d] = ids->shape[d];
+    shape[ids->ndim] = 1;
+    if (dtr_tensor_read(ids, DTR_I32, buf, (size_t)n) == DTR_OK &&
+        dtr__tp_local_ids(ctx, e, buf, n, buf + n, (float *)(buf + 2 * n + 1)) == DTR_OK) {
+        rows = dtr_embedding(ctx, e->weight, dtr_tensor_from(ctx, DTR_I32, ids->ndim, ids->shape, buf + n));
+        mask = dtr_tensor_from(ctx, DTR_F32, ids->ndim + 1, shape, buf + 2 * n + 1);
+        rows = dtr_tp_reduce(ctx, dtr_mul(ctx, rows, mask), e->comm);
+    }
+    dtr__free(&ctx->alloc, buf);
+    return rows;
+}
+
+/* ---- the GPT block ---- */
+
+dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                 int heads) {
+    char sub[256];
+    if (!b || !m) return DTR_NULL_HANDLE;
+    memset(b, 0, sizeof(*b));
+    dtr_layernorm_layer_init(&b->ln1, m, dtr__tp_sub(sub, sizeof sub, name, "ln1"), dim);
+    if (dtr_tp_attention_init(&b->attn, m, comm, dtr__tp_sub(sub, sizeof sub, name, "attn"), dim, heads) != DTR_OK)
+        return dtr__tp_status(m);
+    dtr_layernorm_layer_init(&b->ln2, m, dtr__tp_sub(sub, sizeof sub, name, "ln2"), dim);
+    dtr_tp_column_linear_init(&b->fc, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1,
+                              DTR_INIT_TORCH_DEFAULT, 0);
+    dtr_tp_row_linear_init(&b->fc_proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1,
+                           DTR_INIT_TORCH_DEFAULT);
+    return dtr__tp_status(m);
+}
+
+dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
+    dtr_tensor *h;
+    if (!ctx) return NULL;
+    if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_gpt_block_forward: block is NULL");
+    h = dtr_tp_attention_forward(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x));
+    x = dtr_add(ctx, x, h);
+    h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
+    return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
+}
+#line 8406 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8135,7 +8746,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8139 "dtrain.h"
+#line 8750 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8482,7 +9093,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8486 "dtrain.h"
+#line 9097 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8667,7 +9278,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8671 "dtrain.h"
+#line 9282 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9308,7 +9919,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9312 "dtrain.h"
+#line 9923 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9761,7 +10372,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9765 "dtrain.h"
+#line 10376 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9817,7 +10428,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9821 "dtrain.h"
+#line 10432 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10594,7 +11205,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10598 "dtrain.h"
+#line 11209 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11175,7 +11786,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11179 "dtrain.h"
+#line 11790 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11806,7 +12417,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11810 "dtrain.h"
+#line 12421 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12544,7 +13155,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12548 "dtrain.h"
+#line 13159 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12811,7 +13422,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12815 "dtrain.h"
+#line 13426 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13001,7 +13612,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13005 "dtrain.h"
+#line 13616 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13135,7 +13746,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13139 "dtrain.h"
+#line 13750 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13869,7 +14480,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13873 "dtrain.h"
+#line 14484 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14386,7 +14997,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14390 "dtrain.h"
+#line 15001 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15118,7 +15729,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15122 "dtrain.h"
+#line 15733 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16193,7 +16804,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16197 "dtrain.h"
+#line 16808 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16745,7 +17356,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16749 "dtrain.h"
+#line 17360 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17227,7 +17838,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 17231 "dtrain.h"
+#line 17842 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -17657,7 +18268,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 17661 "dtrain.h"
+#line 18272 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17894,7 +18505,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17898 "dtrain.h"
+#line 18509 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18317,7 +18928,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18321 "dtrain.h"
+#line 18932 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18371,7 +18982,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18375 "dtrain.h"
+#line 18986 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -297,7 +297,16 @@ static dtr_comm *g_comm1;
 
 static dtr_tensor *b_tp(dtr_context *c, dtr_tensor **x, void *u) {
     dtr_tensor *h = dtr_tanh(c, x[0]);
-    return *(int *)u ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
+    int k = *(int *)u;
+    return k == 2 ? dtr_tp_gather(c, h, g_comm1) : k ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
+}
+
+/* the vocabulary-parallel cross-entropy on a group of one rank: dtr_cross_entropy's value */
+static dtr_tensor *b_vxent(dtr_context *c, dtr_tensor **x, void *u) {
+    static const int32_t t[6] = {0, 4, 2, 2, 1, 3};
+    int64_t n = 6;
+    (void)u;
+    return dtr_vocab_parallel_cross_entropy(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, t), g_comm1);
 }
 
 /* ---- the table ---- */
@@ -370,6 +379,8 @@ static const op_case CASES[] = {
     {"cast f32 -> bf16 -> f32", 1, {IN2(3, 4)}, b_cast, K0, 1, NULL},
     {"tp_copy (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(0), 0, NULL},
     {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
+    {"tp_gather (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(2), 0, NULL},
+    {"vocab_cross_entropy (1 rank)", 1, {IN2(6, 5)}, b_vxent, K0, 0, NULL},
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 

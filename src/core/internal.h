@@ -138,14 +138,15 @@ struct dtr_tensor {
     X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
-    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)
+    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 37
+#define DTR__OP_COUNT_EXPECTED 39
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -180,7 +181,8 @@ typedef union dtr__op_params {
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
+                                         group (the last's rank r holds vocabulary rows r * K ..) */
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -389,12 +391,38 @@ DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+/** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
+ *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
+DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
 }
+
+/* ---- tensor-parallel shards of model parameters (src/nn/tensor_parallel.c) ---- */
+
+/** How a parameter is one rank's shard of a full tensor: the full tensor's axis `axis` is
+ *  `parts` equal blocks (3 for attention's q|k|v), each split evenly over `ways` ranks; rank
+ *  `rank` holds its slice of every block, in block order. */
+typedef struct dtr__shard {
+    dtr_comm *comm;                   /* the tensor-parallel group */
+    int rank, ways, axis, parts;
+    int ndim;
+    int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
+} dtr__shard;
+
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
+                                          const int64_t *shape, dtr_init init, float arg);
+/** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
+ *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
+DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
+/** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
+DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
+/** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */
+DTR__PRIVATE dtr_result dtr__shard_gather(dtr_context *ctx, const dtr__shard *s, const dtr_tensor *t, float *full);
 
 /* ---- CPU backend ---- */
 extern const dtr_backend dtr__cpu_backend;
