@@ -300,6 +300,18 @@ static dtr_tensor *b_tp(dtr_context *c, dtr_tensor **x, void *u) {
     return *(int *)u ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
 }
 
+/* a checkpointed region (src/core/recompute.c): dropout inside, recomputed in backward with
+   the same mask */
+static dtr_tensor *ckpt_region(void *u, dtr_context *c, dtr_tensor *const *x) {
+    (void)u;
+    return dtr_dropout(c, dtr_mul(c, dtr_tanh(c, x[0]), x[1]), 0.25f);
+}
+static dtr_tensor *b_checkpoint(dtr_context *c, dtr_tensor **x, void *u) {
+    (void)u;
+    dtr_rng_seed(&c->rng, 11, 5);   /* the same mask on a context that ran other cases (parity) */
+    return dtr_checkpoint(c, ckpt_region, NULL, 2, x);
+}
+
 /* ---- the table ---- */
 
 typedef struct op_case {
@@ -370,6 +382,7 @@ static const op_case CASES[] = {
     {"cast f32 -> bf16 -> f32", 1, {IN2(3, 4)}, b_cast, K0, 1, NULL},
     {"tp_copy (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(0), 0, NULL},
     {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
+    {"checkpoint (dropout inside)", 2, {IN2(3, 4), IN2(3, 4)}, b_checkpoint, K0, 0, NULL},
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 

@@ -218,8 +218,10 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
 
 void dtr_context_destroy(dtr_context *ctx) {
     dtr_allocation_callbacks a;
+    int i;
     if (!ctx) return;
     a = ctx->alloc;
+    for (i = 0; i < DTR__MAX_RECOMPUTE_DEPTH; i++) dtr_tape_destroy(ctx->recompute[i]);
     dtr__arena_free(&ctx->own.meta);
     dtr__arena_free(&ctx->own.data);
     if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);

@@ -1,0 +1,390 @@
+/* Activation checkpointing (dtr_checkpoint):
+ *   test_gpt_bitwise      a small GPT (embedding, 2 blocks with dropout p = 0.1, layer norm,
+ *                         head) trained 2 steps with each block checkpointed gives the same
+ *                         loss and gradient bits as without, and a lower arena peak
+ *   test_hooks_once       a gradient hook sees every parameter exactly once per pass, with
+ *                         its final gradient
+ *   test_hooks_shared     ... also for a layer that two regions use (after the second's backward)
+ *   test_nested           a checkpoint inside another gives the same bits; 5 levels fail cleanly
+ *   test_no_grad          with recording off dtr_checkpoint just calls fn
+ *   test_errors           NULL fn, n_in out of range, NULL/foreign inputs, fn returning NULL or
+ *                         its input, fn's own error, a region that changes between forward and
+ *                         recompute (other tensors, other shape)
+ *   test_pipeline_1f1b    each stage's blocks checkpointed in a 2-stage 1F1B pipeline equal the
+ *                         same pipeline without checkpoints, bit for bit */
+#define DTRAIN_INTERNAL_API
+#include "test.h"
+
+#define V 16        /* vocabulary */
+#define C 16        /* model width */
+#define B 4         /* batch */
+#define T 12        /* sequence */
+#define NBLOCK 2
+#define P_DROP 0.1f
+
+typedef struct gpt {
+    dtr_context *ctx;
+    dtr_model *m;
+    dtr_embedding_layer wte;
+    dtr_gpt_block h[NBLOCK];
+    dtr_layernorm_layer ln_f;
+    dtr_linear_layer head;
+    int ckpt;          /* 1: each block checkpointed; 2: both inside one more checkpoint */
+} gpt;
+
+static void gpt_make(gpt *g, int ckpt) {
+    dtr_context_config cfg = dtr_context_config_init();
+    char name[16];
+    int i;
+    memset(g, 0, sizeof *g);
+    cfg.threads = 1;
+    cfg.seed = 42;
+    if (dtr_context_create(&cfg, &g->ctx) != DTR_OK || dtr_model_create(g->ctx, 3, &g->m) != DTR_OK) exit(2);
+    g->ckpt = ckpt;
+    dtr_embedding_layer_init(&g->wte, g->m, "wte", V, C);
+    for (i = 0; i < NBLOCK; i++) {
+        snprintf(name, sizeof name, "h%d", i);
+        dtr_gpt_block_init(&g->h[i], g->m, name, C, 2);
+    }
+    dtr_layernorm_layer_init(&g->ln_f, g->m, "ln_f", C);
+    dtr_linear_layer_init(&g->head, g->m, "head", C, V, 1, DTR_INIT_TORCH_DEFAULT);
+    if (dtr_model_build(g->m) != DTR_OK) exit(2);
+}
+
+static void gpt_free(gpt *g) {
+    dtr_model_destroy(g->m);
+    dtr_context_destroy(g->ctx);
+}
+
+/* the region: one block, then dropout */
+static dtr_tensor *block_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    return dtr_dropout(ctx, dtr_gpt_block_forward(ctx, (const dtr_gpt_block *)user, in[0]), P_DROP);
+}
+
+static dtr_tensor *blocks(gpt *g, dtr_context *ctx, dtr_tensor *x, int ckpt) {
+    int i;
+    for (i = 0; i < NBLOCK; i++) x = ckpt ? dtr_checkpoint(ctx, block_fn, &g->h[i], 1, &x) : block_fn(&g->h[i], ctx, &x);
+    return x;
+}
+
+/* the outer region of ckpt 2: both blocks, each checkpointed inside */
+static dtr_tensor *all_blocks_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    return blocks((gpt *)user, ctx, in[0], 1);
+}
+
+/* batch of step `step`: token ids and next-token targets */
+static void gpt_batch(gpt *g, int step, dtr_tensor **ids, dtr_tensor **targets) {
+    int32_t v[B * T], t[B * T];
+    int64_t s2[2] = {B, T}, s1[1] = {B * T};
+    int i;
+    for (i = 0; i < B * T; i++) v[i] = (i * 7 + step * 3) % V, t[i] = (i * 5 + step + 1) % V;
+    *ids = dtr_tensor_from(g->ctx, DTR_I32, 2, s2, v);
+    *targets = dtr_tensor_from(g->ctx, DTR_I32, 1, s1, t);
+}
+
+static dtr_tensor *gpt_loss(gpt *g, int step) {
+    dtr_context *ctx = g->ctx;
+    dtr_tensor *ids, *targets, *x;
+    int64_t s2[2] = {B * T, V};
+    gpt_batch(g, step, &ids, &targets);
+    x = dtr_dropout(ctx, dtr_embedding_layer_forward(ctx, &g->wte, ids), P_DROP);
+    x = g->ckpt == 2 ? dtr_checkpoint(ctx, all_blocks_fn, g, 1, &x) : blocks(g, ctx, x, g->ckpt);
+    x = dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln_f, x));
+    return dtr_cross_entropy(ctx, dtr_reshape(ctx, x, 2, s2), targets);
+}
+
+/* one step (gradients zeroed first, kept after); its loss and arena peak */
+static void gpt_step(gpt *g, int step, float *loss, size_t *peak) {
+    dtr_tensor *l;
+    dtr_model_zero_grad(g->m);
+    dtr_context_reset(g->ctx);
+    dtr_context_arena_peak(g->ctx, 1);
+    l = gpt_loss(g, step);
+    CHECK_OK(g->ctx, dtr_backward(g->ctx, l));
+    *loss = dtr_tensor_get(l, 0);
+    *peak = dtr_context_arena_peak(g->ctx, 0);
+}
+
+static int64_t gpt_nparams(const gpt *g) {
+    return dtr_model_param_offset(g->m, dtr_model_param_count(g->m) - 1) +
+           dtr_tensor_numel(dtr_model_param_at(g->m, dtr_model_param_count(g->m) - 1));
+}
+
+/* the same loss and gradient bits as the plain model; returns ckpt's peak */
+static size_t compare_with_plain(int ckpt) {
+    gpt plain, cp;
+    float l0, l1;
+    size_t p0 = 0, p1 = 0;
+    int step;
+    gpt_make(&plain, 0);
+    gpt_make(&cp, ckpt);
+    for (step = 0; step < 2; step++) {
+        int64_t n = gpt_nparams(&plain), nz = 0, k;
+        gpt_step(&plain, step, &l0, &p0);
+        gpt_step(&cp, step, &l1, &p1);
+        CHECK_MSG(memcmp(&l0, &l1, sizeof l0) == 0, "step %d: loss %.9g with checkpoints, %.9g without", step, l1, l0);
+        CHECK(memcmp(dtr_model_grads(plain.m), dtr_model_grads(cp.m), (size_t)n * sizeof(float)) == 0);
+        for (k = 0; k < n; k++) nz += dtr_model_grads(cp.m)[k] != 0.0f;
+        CHECK_MSG(nz > n / 2, "only %lld of %lld gradients are non-zero", (long long)nz, (long long)n);
+        /* the random stream went on from the same place */
+        CHECK(memcmp(&plain.ctx->rng, &cp.ctx->rng, sizeof(dtr_rng)) == 0);
+        CHECK_EQ_INT(cp.ctx->recompute_depth, 0);
+        CHECK_MSG(p1 < p0, "step %d: arena peak %zu with checkpoints, %zu without", step, p1, p0);
+    }
+    gpt_free(&plain);
+    gpt_free(&cp);
+    return p1;
+}
+
+static void test_gpt_bitwise(void) {
+    size_t peak = compare_with_plain(1);
+    printf("     arena peak with each block checkpointed: %zu bytes\n", peak);
+}
+
+/* dropout really draws masks in the regions: eval mode gives another loss */
+static void test_dropout_active(void) {
+    gpt g;
+    float l_train, l_eval;
+    size_t peak;
+    gpt_make(&g, 1);
+    gpt_step(&g, 0, &l_train, &peak);
+    dtr_context_set_training(g.ctx, 0);
+    gpt_step(&g, 0, &l_eval, &peak);
+    CHECK(l_train != l_eval);
+    gpt_free(&g);
+}
+
+/* ---- gradient hooks ---- */
+
+typedef struct hook_log {
+    dtr_model *m;
+    int count[64];
+    float *at_report;   /* each parameter's gradient when it was reported */
+} hook_log;
+
+static dtr_result log_hook(void *user, dtr_tensor *param, dtr_event *ready) {
+    hook_log *h = (hook_log *)user;
+    int i = param->param_index;
+    (void)ready;
+    h->count[i]++;
+    memcpy(h->at_report + dtr_model_param_offset(h->m, i), dtr_tensor_grad(param),
+           (size_t)dtr_tensor_numel(param) * sizeof(float));
+    return DTR_OK;
+}
+
+static void test_hooks_once(void) {
+    gpt g;
+    hook_log h;
+    float loss;
+    size_t peak;
+    int64_t n;
+    int i, id = 0, step;
+    gpt_make(&g, 1);
+    n = gpt_nparams(&g);
+    memset(&h, 0, sizeof h);
+    h.m = g.m;
+    h.at_report = calloc((size_t)n, sizeof(float));
+    CHECK_OK(g.ctx, dtr_context_add_grad_hook(g.ctx, log_hook, &h, &id));
+    for (step = 0; step < 2; step++) {
+        memset(h.count, 0, sizeof h.count);
+        gpt_step(&g, step, &loss, &peak);
+        for (i = 0; i < dtr_model_param_count(g.m); i++)
+            CHECK_MSG(h.count[i] == 1, "'%s' reported %d times", dtr_tensor_name(dtr_model_param_at(g.m, i)), h.count[i]);
+        CHECK(memcmp(h.at_report, dtr_model_grads(g.m), (size_t)n * sizeof(float)) == 0);
+    }
+    CHECK_OK(g.ctx, dtr_context_remove_grad_hook(g.ctx, id));
+    free(h.at_report);
+    gpt_free(&g);
+}
+
+/* a layer used by two regions: reported once, after the second region's backward (the
+   earlier in forward), not inside the first one replayed */
+static dtr_tensor *shared_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    return dtr_tanh(ctx, dtr_linear_layer_forward(ctx, (const dtr_linear_layer *)user, in[0]));
+}
+
+static void test_hooks_shared(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_linear_layer l;
+    hook_log h;
+    int64_t s[2] = {3, 4};
+    float xv[12];
+    dtr_tensor *x;
+    int i;
+    for (i = 0; i < 12; i++) xv[i] = 0.1f * (float)i - 0.5f;
+    CHECK_OK(ctx, dtr_model_create(ctx, 9, &m));
+    CHECK_OK(ctx, dtr_linear_layer_init(&l, m, "l", 4, 4, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_model_build(m));
+    memset(&h, 0, sizeof h);
+    h.m = m;
+    h.at_report = calloc(20, sizeof(float));
+    CHECK_OK(ctx, dtr_context_add_grad_hook(ctx, log_hook, &h, NULL));
+    x = dtr_tensor_from(ctx, DTR_F32, 2, s, xv);
+    x = dtr_checkpoint(ctx, shared_fn, &l, 1, &x);
+    x = dtr_checkpoint(ctx, shared_fn, &l, 1, &x);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, x)));
+    CHECK(h.count[0] == 1 && h.count[1] == 1);
+    CHECK(memcmp(h.at_report, dtr_model_grads(m), 20 * sizeof(float)) == 0);
+    free(h.at_report);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* ---- nesting ---- */
+
+static void test_nested(void) {
+    compare_with_plain(2);
+}
+
+/* fn of level *user: a region of level *user - 1 inside (none at 1), then tanh */
+static const int k_levels[] = {0, 1, 2, 3, 4, 5};
+static dtr_tensor *deep_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    const int *level = (const int *)user;
+    dtr_tensor *y = *level > 1 ? dtr_checkpoint(ctx, deep_fn, (void *)(level - 1), 1, in) : in[0];
+    return y ? dtr_tanh(ctx, y) : NULL;
+}
+
+static void test_too_deep(void) {
+    dtr_context *ctx = test_ctx(1);
+    int64_t s[1] = {3};
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 1, s, 0.5f)), *y;
+    y = dtr_checkpoint(ctx, deep_fn, (void *)&k_levels[4], 1, &x);   /* 4 levels: allowed */
+    CHECK(y != NULL);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    /* tanh^4 (0.5): each level's derivative multiplies in */
+    {
+        double v = 0.5, d = 1.0;
+        int k;
+        for (k = 0; k < 4; k++) { v = tanh(v); d *= 1.0 - v * v; }
+        CHECK_NEAR(dtr_tensor_get(y, 0), v, 1e-6);
+        CHECK_NEAR(dtr_tensor_grad(x)[0], d, 1e-6);
+    }
+    CHECK(dtr_checkpoint(ctx, deep_fn, (void *)&k_levels[5], 1, &x) == NULL);
+    CHECK_EQ_INT(dtr_context_status(ctx), DTR_BAD_STATE);
+    CHECK(strstr(dtr_context_last_error(ctx), "nested deeper than 4") != NULL);
+    CHECK_EQ_INT(ctx->recompute_depth, 0);
+    CHECK(ctx->cur == &ctx->own);
+    dtr_context_destroy(ctx);
+}
+
+/* ---- recording off ---- */
+
+static int g_calls;
+
+static dtr_tensor *square_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    (void)user;
+    g_calls++;
+    return dtr_mul(ctx, in[0], in[0]);
+}
+
+static void test_no_grad(void) {
+    dtr_context *ctx = test_ctx(1);
+    int64_t s[1] = {2};
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 1, s, 3.0f)), *y;
+    dtr_context_set_grad_enabled(ctx, 0);
+    g_calls = 0;
+    y = dtr_checkpoint(ctx, square_fn, NULL, 1, &x);
+    CHECK(y != NULL && y->node == NULL && ctx->own.head == NULL && g_calls == 1);
+    CHECK_NEAR(dtr_tensor_get(y, 1), 9.0f, 0);
+    dtr_context_set_grad_enabled(ctx, 1);
+    /* recording on: fn runs once in forward, once more in backward */
+    y = dtr_checkpoint(ctx, square_fn, NULL, 1, &x);
+    CHECK(y != NULL && y->node && y->node->op == DTR_OP_CHECKPOINT && g_calls == 2);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    CHECK(g_calls == 3);
+    CHECK_NEAR(dtr_tensor_grad(x)[0], 6.0f, 0);
+    dtr_context_destroy(ctx);
+}
+
+/* ---- errors ---- */
+
+static dtr_tensor *null_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    (void)user, (void)ctx, (void)in;
+    return NULL;
+}
+
+static dtr_tensor *identity_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    (void)user, (void)ctx;
+    return in[0];
+}
+
+static dtr_tensor *bad_matmul_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    (void)user;
+    return dtr_matmul(ctx, in[0], in[0]);   /* (2, 3) x (2, 3): shape error */
+}
+
+/* a region that changes after its forward: *(int *)user 1 reads another tensor, 2 changes shape */
+static dtr_tensor *g_other;
+static dtr_tensor *fickle_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    int mode = *(int *)user;
+    if (mode == 1) return dtr_mul(ctx, in[0], g_other);
+    if (mode == 2) return dtr_sum(ctx, in[0], 0, 0);
+    return dtr_mul(ctx, in[0], in[0]);
+}
+
+/* expects the call to have failed with `code` and a message containing `text`; clears it */
+static void expect_error(dtr_context *ctx, dtr_result code, const char *text) {
+    CHECK_EQ_INT(dtr_context_status(ctx), code);
+    CHECK_MSG(strstr(dtr_context_last_error(ctx), text) != NULL, "message: %s", dtr_context_last_error(ctx));
+    CHECK_EQ_INT(ctx->recompute_depth, 0);
+    CHECK(ctx->cur == &ctx->own);
+    dtr_context_clear_error(ctx);
+}
+
+static void test_errors(void) {
+    dtr_context *ctx = test_ctx(1), *other = test_ctx(1);
+    int64_t s[2] = {2, 3};
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 2, s, 1.0f)), *y;
+    dtr_tensor *foreign = dtr_tensor_full(other, 2, s, 1.0f), *none = NULL;
+    int mode;
+    CHECK(dtr_checkpoint(NULL, square_fn, NULL, 1, &x) == NULL);
+    CHECK(dtr_checkpoint(ctx, NULL, NULL, 1, &x) == NULL);
+    expect_error(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: fn is NULL");
+    CHECK(dtr_checkpoint(ctx, square_fn, NULL, -1, &x) == NULL);
+    expect_error(ctx, DTR_INVALID_ARGUMENT, "n_in is -1, must be 0..64");
+    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 65, &x) == NULL);
+    expect_error(ctx, DTR_INVALID_ARGUMENT, "n_in is 65");
+    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 1, NULL) == NULL);
+    expect_error(ctx, DTR_NULL_HANDLE, "in is NULL");
+    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 1, &none) == NULL);
+    expect_error(ctx, DTR_NULL_HANDLE, "input 0 is NULL");
+    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 1, &foreign) == NULL);
+    expect_error(ctx, DTR_INVALID_ARGUMENT, "input 0 belongs to another context");
+    CHECK(dtr_checkpoint(ctx, null_fn, NULL, 1, &x) == NULL);
+    expect_error(ctx, DTR_INVALID_ARGUMENT, "fn returned NULL without setting an error");
+    CHECK(dtr_checkpoint(ctx, identity_fn, NULL, 1, &x) == NULL);
+    expect_error(ctx, DTR_INVALID_ARGUMENT, "a tensor it did not compute");
+    CHECK(dtr_checkpoint(ctx, bad_matmul_fn, NULL, 1, &x) == NULL);
+    expect_error(ctx, DTR_SHAPE_MISMATCH, "dtr_matmul");
+    /* the region changes between forward and backward: the pass fails, nothing is written */
+    g_other = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 2, s, 2.0f));
+    for (mode = 1; mode <= 2; mode++) {
+        int now = 0;
+        y = dtr_checkpoint(ctx, fickle_fn, &now, 1, &x);
+        CHECK(y != NULL);
+        now = mode;
+        CHECK(dtr_backward(ctx, dtr_sum_all(ctx, y)) != DTR_OK);
+        expect_error(ctx, mode == 1 ? DTR_BAD_STATE : DTR_SHAPE_MISMATCH,
+                     mode == 1 ? "which it did not read in forward" : "was (2, 3) in forward and is (3) recomputed");
+        CHECK(dtr_tensor_grad(g_other) == NULL);
+    }
+    /* still usable */
+    y = dtr_checkpoint(ctx, square_fn, NULL, 1, &x);
+    CHECK(y != NULL);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    dtr_context_destroy(ctx);
+    dtr_context_destroy(other);
+}
+
+int main(void) {
+    RUN(test_gpt_bitwise);
+    RUN(test_dropout_active);
+    RUN(test_hooks_once);
+    RUN(test_hooks_shared);
+    RUN(test_nested);
+    RUN(test_too_deep);
+    RUN(test_no_grad);
+    RUN(test_errors);
+    return test_summary();
+}
