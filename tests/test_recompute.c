@@ -10,10 +10,15 @@
  *   test_errors           NULL fn, n_in out of range, NULL/foreign inputs, fn returning NULL or
  *                         its input, fn's own error, a region that changes between forward and
  *                         recompute (other tensors, other shape)
- *   test_pipeline_1f1b    each stage's blocks checkpointed in a 2-stage 1F1B pipeline equal the
- *                         same pipeline without checkpoints, bit for bit */
+ *   test_parallel         blocks with dropout, each checkpointed, in a 2-stage 1F1B pipeline of
+ *                         4 micro-batches (dtr_pipe) and over 2 data-parallel replicas (dtr_dp,
+ *                         whose bucketed all-reduce starts from gradient hooks) give every rank
+ *                         the gradient bits of the same run without checkpoints */
+#define _POSIX_C_SOURCE 200809L
 #define DTRAIN_INTERNAL_API
+#include <pthread.h>
 #include "test.h"
+#include "pipe_model.h"
 
 #define V 16        /* vocabulary */
 #define C 16        /* model width */
@@ -377,6 +382,138 @@ static void test_errors(void) {
     dtr_context_destroy(other);
 }
 
+/* ---- pipeline and data parallel (tests/pipe_model.h's blocks, with dropout) ---- */
+
+typedef struct par_rank {
+    pthread_t tid;
+    dtr_local_world *w;
+    int rank, ckpt, pipeline;
+    dtr_result r;
+    char msg[256];
+    float grads[512];
+    int64_t n;
+} par_rank;
+
+typedef struct par_stage { pm_model pm; dtr_pipe *pipe; int ckpt; } par_stage;
+
+static dtr_tensor *pm_block_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    return dtr_dropout(ctx, dtr_tanh(ctx, dtr_linear_layer_forward(ctx, (const dtr_linear_layer *)user, in[0])), P_DROP);
+}
+
+/* blocks b0 .. b1-1 of the model on samples [lo, hi), as pm_blocks with dropout */
+static dtr_tensor *par_blocks(par_stage *st, dtr_context *ctx, int b0, int b1, dtr_tensor *x, int64_t lo, int64_t hi) {
+    const pm_model *pm = &st->pm;
+    int b;
+    lo += pm->offset, hi += pm->offset;
+    if (b0 == 0) x = dtr_linear_layer_forward(ctx, &pm->in, pm_data(ctx, pm->step, lo, hi, 0));
+    for (b = b0; b < b1 && x; b++)
+        x = st->ckpt ? dtr_checkpoint(ctx, pm_block_fn, (void *)&pm->l[b], 1, &x) : pm_block_fn((void *)&pm->l[b], ctx, &x);
+    if (b1 == PM_BLOCKS) x = dtr_mse(ctx, dtr_linear_layer_forward(ctx, &pm->out, x), pm_data(ctx, pm->step, lo, hi, 1));
+    return x;
+}
+
+static dtr_tensor *par_forward(void *user, dtr_context *ctx, int chunk, int mb, dtr_tensor *input) {
+    par_stage *st = (par_stage *)user;
+    int64_t lo, hi;
+    (void)chunk;
+    if (dtr_pipe_microbatch_range(st->pipe, mb, &lo, &hi) != DTR_OK) return NULL;
+    return par_blocks(st, ctx, pm_first_block(st->pm.rank, 2), pm_first_block(st->pm.rank + 1, 2), input, lo, hi);
+}
+
+/* one step of this rank's engine: a pipeline stage (1F1B, 4 micro-batches) or a replica */
+static dtr_result par_step(par_rank *o, dtr_context *ctx, dtr_comm *c, par_stage *st, dtr_model *m) {
+    dtr_pipe_config pc = dtr_pipe_config_init();
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_dp *dp = NULL;
+    dtr_result r;
+    if (o->pipeline) {
+        pc.schedule = DTR_PIPE_1F1B, pc.microbatches = 4, pc.batch = PM_BATCH;
+        pc.forward = par_forward, pc.user = st;
+        r = dtr_pipe_create(m, c, &pc, &st->pipe);
+        if (r == DTR_OK) r = dtr_pipe_step(st->pipe, NULL);
+        dtr_pipe_destroy(st->pipe);
+        return r;
+    }
+    dc.bucket_bytes = 256;   /* several buckets, started as backward goes */
+    st->pm.offset = o->rank * PM_BATCH / 2;
+    r = dtr_dp_create(m, c, &dc, &dp);
+    if (r == DTR_OK) r = dtr_backward(ctx, par_blocks(st, ctx, 0, PM_BLOCKS, NULL, 0, PM_BATCH / 2));
+    if (r == DTR_OK) r = dtr_dp_finish(dp);
+    if (r == DTR_OK && dtr_dp_overlapped_buckets(dp) < 2)
+        snprintf(o->msg, sizeof o->msg, "%d buckets started in backward", dtr_dp_overlapped_buckets(dp)), r = DTR_BAD_STATE;
+    dtr_dp_destroy(dp);
+    return r;
+}
+
+static dtr_result par_train(par_rank *o, dtr_context *ctx, dtr_comm *c) {
+    par_stage st;
+    dtr_model *m = NULL;
+    dtr_result r;
+    memset(&st, 0, sizeof st);
+    st.ckpt = o->ckpt;
+    st.pm.stages = 2, st.pm.P = 2, st.pm.rank = o->rank;
+    r = dtr_model_create(ctx, 7, &m);
+    if (r == DTR_OK) r = pm_declare(&st.pm, m);
+    if (r == DTR_OK && o->pipeline) r = pm_keep(&st.pm, 1);
+    if (r == DTR_OK) r = dtr_model_build(m);
+    if (r == DTR_OK) r = par_step(o, ctx, c, &st, m);
+    if (r == DTR_OK) {
+        o->n = dtr_model_param_offset(m, dtr_model_param_count(m) - 1) +
+               dtr_tensor_numel(dtr_model_param_at(m, dtr_model_param_count(m) - 1));
+        if (o->n > 512) r = DTR_INVALID_ARGUMENT;
+        else memcpy(o->grads, dtr_model_grads(m), (size_t)o->n * sizeof(float));
+    }
+    dtr_model_destroy(m);
+    return r;
+}
+
+static void *par_main(void *arg) {
+    par_rank *o = (par_rank *)arg;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    dtr_comm *c = NULL;
+    cc.threads = 1, cc.seed = 5;
+    cfg.local.world = o->w, cfg.local.rank = o->rank, cfg.timeout_ms = 30000;
+    o->r = dtr_context_create(&cc, &ctx);
+    if (o->r == DTR_OK) o->r = dtr_comm_create(&cfg, &c, o->msg, sizeof o->msg);
+    if (o->r == DTR_OK) o->r = par_train(o, ctx, c);
+    if (o->r != DTR_OK && !o->msg[0] && ctx) snprintf(o->msg, sizeof o->msg, "%s", dtr_context_last_error(ctx));
+    dtr_comm_destroy(c);
+    dtr_context_destroy(ctx);
+    return NULL;
+}
+
+static void par_run(int pipeline, int ckpt, par_rank *o) {
+    dtr_local_world *w = NULL;
+    int r;
+    if (dtr_local_world_create(2, NULL, &w) != DTR_OK) { CHECK(0); return; }
+    for (r = 0; r < 2; r++) {
+        memset(&o[r], 0, sizeof o[r]);
+        o[r].w = w, o[r].rank = r, o[r].ckpt = ckpt, o[r].pipeline = pipeline;
+        pthread_create(&o[r].tid, NULL, par_main, &o[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(o[r].tid, NULL);
+    dtr_local_world_destroy(w);
+}
+
+static void test_parallel(void) {
+    par_rank plain[2], cp[2];
+    int pipeline, r;
+    (void)pm_forward, (void)pm_reference, (void)pm_max_rel_error;   /* the shared model's, unused here */
+    for (pipeline = 0; pipeline < 2; pipeline++) {
+        par_run(pipeline, 0, plain);
+        par_run(pipeline, 1, cp);
+        for (r = 0; r < 2; r++) {
+            const char *what = pipeline ? "pipeline stage" : "data-parallel rank";
+            CHECK_MSG(plain[r].r == DTR_OK && cp[r].r == DTR_OK, "%s %d: %s (%s) / %s (%s)", what, r, dtr_result_string(plain[r].r), plain[r].msg, dtr_result_string(cp[r].r), cp[r].msg);
+            CHECK(plain[r].n > 0 && plain[r].n == cp[r].n);
+            CHECK_MSG(memcmp(plain[r].grads, cp[r].grads, (size_t)plain[r].n * sizeof(float)) == 0,
+                      "%s %d: gradients differ with checkpoints", what, r);
+        }
+    }
+}
+
 int main(void) {
     RUN(test_gpt_bitwise);
     RUN(test_dropout_active);
@@ -386,5 +523,6 @@ int main(void) {
     RUN(test_too_deep);
     RUN(test_no_grad);
     RUN(test_errors);
+    RUN(test_parallel);
     return test_summary();
 }
