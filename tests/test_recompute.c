@@ -2,6 +2,7 @@
  *   test_gpt_bitwise      a small GPT (embedding, 2 blocks with dropout p = 0.1, layer norm,
  *                         head) trained 2 steps with each block checkpointed gives the same
  *                         loss and gradient bits as without, and a lower arena peak
+ *   test_steady_state     after two steps a checkpointed step makes no heap allocation
  *   test_hooks_once       a gradient hook sees every parameter exactly once per pass, with
  *                         its final gradient
  *   test_hooks_shared     ... also for a layer that two regions use (after the second's backward)
@@ -37,6 +38,12 @@ typedef struct gpt {
     int ckpt;          /* 1: each block checkpointed; 2: both inside one more checkpoint */
 } gpt;
 
+/* heap allocations made through the contexts of the GPT tests */
+static long g_allocs;
+static void *count_malloc(size_t n, void *u) { (void)u; g_allocs++; return malloc(n); }
+static void *count_realloc(void *p, size_t n, void *u) { (void)u; g_allocs++; return realloc(p, n); }
+static void count_free(void *p, void *u) { (void)u; free(p); }
+
 static void gpt_make(gpt *g, int ckpt) {
     dtr_context_config cfg = dtr_context_config_init();
     char name[16];
@@ -44,6 +51,7 @@ static void gpt_make(gpt *g, int ckpt) {
     memset(g, 0, sizeof *g);
     cfg.threads = 1;
     cfg.seed = 42;
+    cfg.alloc.malloc_fn = count_malloc, cfg.alloc.realloc_fn = count_realloc, cfg.alloc.free_fn = count_free;
     if (dtr_context_create(&cfg, &g->ctx) != DTR_OK || dtr_model_create(g->ctx, 3, &g->m) != DTR_OK) exit(2);
     g->ckpt = ckpt;
     dtr_embedding_layer_init(&g->wte, g->m, "wte", V, C);
@@ -115,8 +123,8 @@ static int64_t gpt_nparams(const gpt *g) {
            dtr_tensor_numel(dtr_model_param_at(g->m, dtr_model_param_count(g->m) - 1));
 }
 
-/* the same loss and gradient bits as the plain model; returns ckpt's peak */
-static size_t compare_with_plain(int ckpt) {
+/* the same loss and gradient bits as the plain model, and a lower arena peak */
+static void compare_with_plain(int ckpt) {
     gpt plain, cp;
     float l0, l1;
     size_t p0 = 0, p1 = 0;
@@ -136,14 +144,27 @@ static size_t compare_with_plain(int ckpt) {
         CHECK_EQ_INT(cp.ctx->recompute_depth, 0);
         CHECK_MSG(p1 < p0, "step %d: arena peak %zu with checkpoints, %zu without", step, p1, p0);
     }
+    printf("     checkpoint mode %d: arena peak %zu bytes, %zu without\n", ckpt, p1, p0);
     gpt_free(&plain);
     gpt_free(&cp);
-    return p1;
 }
 
-static void test_gpt_bitwise(void) {
-    size_t peak = compare_with_plain(1);
-    printf("     arena peak with each block checkpointed: %zu bytes\n", peak);
+static void test_gpt_bitwise(void) { compare_with_plain(1); }
+
+/* after two steps, a step with checkpoints (nested too) makes no heap allocation */
+static void test_steady_state(void) {
+    gpt g;
+    float loss;
+    size_t peak;
+    int ckpt, step;
+    for (ckpt = 1; ckpt <= 2; ckpt++) {
+        gpt_make(&g, ckpt);
+        for (step = 0; step < 2; step++) gpt_step(&g, step, &loss, &peak);
+        g_allocs = 0;
+        gpt_step(&g, 2, &loss, &peak);
+        CHECK_MSG(g_allocs == 0, "checkpoint mode %d: %ld allocations in a steady step", ckpt, g_allocs);
+        gpt_free(&g);
+    }
 }
 
 /* dropout really draws masks in the regions: eval mode gives another loss */
@@ -517,6 +538,7 @@ static void test_parallel(void) {
 int main(void) {
     RUN(test_gpt_bitwise);
     RUN(test_dropout_active);
+    RUN(test_steady_state);
     RUN(test_hooks_once);
     RUN(test_hooks_shared);
     RUN(test_nested);
