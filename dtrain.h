@@ -2020,7 +2020,7 @@ typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tenso
  *  @return the region's output (a new tensor of the current tape), or NULL with the context's
  *          error: DTR_NULL_HANDLE (fn, in or an input NULL), DTR_INVALID_ARGUMENT (n_in out of
  *          range, an input of another context, fn returned NULL without an error or returned
- *          a tensor it did not compute), DTR_BAD_STATE (nested deeper than 4), or fn's error.
+ *          a tensor it did not compute, a tensor made to require gradients inside), DTR_BAD_STATE (nested deeper than 4), or fn's error.
  *          In backward, a region that builds a different graph the second time fails the pass.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in);
@@ -2691,6 +2691,8 @@ static inline float *dtr__gradof(const dtr_tensor *x) {
  *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
  *  recomputed region inside the pass that reports its parameters). */
 DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
 DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
@@ -2701,7 +2703,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2705 "dtrain.h"
+#line 2707 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2756,7 +2758,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2760 "dtrain.h"
+#line 2762 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3009,7 +3011,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3013 "dtrain.h"
+#line 3015 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3059,7 +3061,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3063 "dtrain.h"
+#line 3065 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3411,7 +3413,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3415 "dtrain.h"
+#line 3417 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4202,7 +4204,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4206 "dtrain.h"
+#line 4208 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4488,6 +4490,21 @@ void dtr_tape_destroy(dtr_tape *t) {
     dtr__free(&ctx->alloc, t);
 }
 
+static int dtr__chunk_has(dtr__chunk *c, const void *p) {
+    uintptr_t q = (uintptr_t)p, begin;
+    if (!c) return 0;
+    begin = (uintptr_t)dtr__chunk_data(c);
+    return q >= begin && q < begin + c->size;
+}
+
+int dtr__tape_owns(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->meta.head, p)) return 1;
+    for (c = t->meta.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
+}
+
 dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {
     dtr_tape *old;
     if (!ctx) return NULL;
@@ -4628,7 +4645,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4632 "dtrain.h"
+#line 4649 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4741,7 +4758,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4745 "dtrain.h"
+#line 4762 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5116,7 +5133,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5120 "dtrain.h"
+#line 5137 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5315,7 +5332,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5319 "dtrain.h"
+#line 5336 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5405,12 +5422,19 @@ static dtr_tensor *dtr__region_run(dtr_context *ctx, const dtr__checkpoint_param
 
 /* ---- forward ---- */
 
-/* Appends x to list[0 .. *n) unless it is there already. */
-static void dtr__add_unique(dtr_tensor **list, int *n, dtr_tensor *x) {
+/* Appends x, an input of a node of the region, to list[0 .. *n) when it comes from outside
+ * the region and needs a gradient, unless it is there already. 0 with the error set when x
+ * was made inside the region without a node (a leaf would not outlive it). */
+static int dtr__capture(dtr_context *ctx, dtr_tensor **list, int *n, dtr_tensor *x) {
     int i;
+    if (!dtr__from_outside(ctx->cur, x)) return 1;
+    if (dtr__tape_owns(ctx->cur, x))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn made '%s' require a gradient inside the region; "
+                         "make it outside and pass it in", x->name), 0;
     for (i = 0; i < *n; i++)
-        if (list[i] == x) return;
+        if (list[i] == x) return 1;
     list[(*n)++] = x;
+    return 1;
 }
 
 /* The CHECKPOINT node's inputs: the explicit ones, then each tensor from outside the region
@@ -5428,7 +5452,7 @@ static dtr_tensor **dtr__region_inputs(dtr_context *ctx, int n_in, dtr_tensor *c
     *count = n_in;
     for (m = t->head; m; m = m->prev)
         for (i = 0; i < m->n_in; i++)
-            if (dtr__from_outside(t, m->in[i])) dtr__add_unique(list, count, m->in[i]);
+            if (!dtr__capture(ctx, list, count, m->in[i])) return NULL;
     return list;
 }
 
@@ -5539,7 +5563,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5543 "dtrain.h"
+#line 5567 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5989,7 +6013,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5993 "dtrain.h"
+#line 6017 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6168,7 +6192,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6172 "dtrain.h"
+#line 6196 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6568,7 +6592,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6572 "dtrain.h"
+#line 6596 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7068,7 +7092,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7072 "dtrain.h"
+#line 7096 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7327,7 +7351,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7331 "dtrain.h"
+#line 7355 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7394,7 +7418,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7398 "dtrain.h"
+#line 7422 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7507,7 +7531,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7511 "dtrain.h"
+#line 7535 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7892,7 +7916,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7896 "dtrain.h"
+#line 7920 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8061,7 +8085,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8065 "dtrain.h"
+#line 8089 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8405,7 +8429,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8409 "dtrain.h"
+#line 8433 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8752,7 +8776,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8756 "dtrain.h"
+#line 8780 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8937,7 +8961,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8941 "dtrain.h"
+#line 8965 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9578,7 +9602,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9582 "dtrain.h"
+#line 9606 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10031,7 +10055,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10035 "dtrain.h"
+#line 10059 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10087,7 +10111,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10091 "dtrain.h"
+#line 10115 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10864,7 +10888,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10868 "dtrain.h"
+#line 10892 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11445,7 +11469,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11449 "dtrain.h"
+#line 11473 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12076,7 +12100,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12080 "dtrain.h"
+#line 12104 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12814,7 +12838,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12818 "dtrain.h"
+#line 12842 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13081,7 +13105,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13085 "dtrain.h"
+#line 13109 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13271,7 +13295,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13275 "dtrain.h"
+#line 13299 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13405,7 +13429,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13409 "dtrain.h"
+#line 13433 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14139,7 +14163,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14143 "dtrain.h"
+#line 14167 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14656,7 +14680,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14660 "dtrain.h"
+#line 14684 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15388,7 +15412,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15392 "dtrain.h"
+#line 15416 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16452,7 +16476,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16456 "dtrain.h"
+#line 16480 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17004,7 +17028,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17008 "dtrain.h"
+#line 17032 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17475,7 +17499,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17479 "dtrain.h"
+#line 17503 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17712,7 +17736,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17716 "dtrain.h"
+#line 17740 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18135,7 +18159,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18139 "dtrain.h"
+#line 18163 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18189,7 +18213,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18193 "dtrain.h"
+#line 18217 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

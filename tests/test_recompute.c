@@ -7,10 +7,11 @@
  *                         its final gradient
  *   test_hooks_shared     ... also for a layer that two regions use (after the second's backward)
  *   test_nested           a checkpoint inside another gives the same bits; 5 levels fail cleanly
- *   test_no_grad          with recording off dtr_checkpoint just calls fn
+ *   test_no_grad          with recording off dtr_checkpoint just calls fn; with it on, fn runs
+ *                         once in forward and once per backward pass (two passes add up)
  *   test_errors           NULL fn, n_in out of range, NULL/foreign inputs, fn returning NULL or
- *                         its input, fn's own error, a region that changes between forward and
- *                         recompute (other tensors, other shape)
+ *                         its input, fn's own error, a leaf made inside, a region that changes
+ *                         between forward and recompute (other tensors, other shape)
  *   test_parallel         blocks with dropout, each checkpointed, in a 2-stage 1F1B pipeline of
  *                         4 micro-batches (dtr_pipe) and over 2 data-parallel replicas (dtr_dp,
  *                         whose bucketed all-reduce starts from gradient hooks) give every rank
@@ -320,6 +321,10 @@ static void test_no_grad(void) {
     CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
     CHECK(g_calls == 3);
     CHECK_NEAR(dtr_tensor_grad(x)[0], 6.0f, 0);
+    /* a second pass over the same region recomputes it again and adds up: 6 + 2 * 6 */
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_scale(ctx, y, 2.0f))));
+    CHECK(g_calls == 4);
+    CHECK_NEAR(dtr_tensor_grad(x)[1], 18.0f, 0);
     dtr_context_destroy(ctx);
 }
 
@@ -338,6 +343,14 @@ static dtr_tensor *identity_fn(void *user, dtr_context *ctx, dtr_tensor *const *
 static dtr_tensor *bad_matmul_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
     (void)user;
     return dtr_matmul(ctx, in[0], in[0]);   /* (2, 3) x (2, 3): shape error */
+}
+
+/* makes a leaf that requires a gradient inside the region: refused (it would not outlive it) */
+static dtr_tensor *leaf_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    dtr_tensor *w = dtr_tensor_requires_grad(dtr_tensor_full(ctx, in[0]->ndim, in[0]->shape, 2.0f));
+    (void)user;
+    if (w) w->name = "w";
+    return dtr_mul(ctx, in[0], w);
 }
 
 /* a region that changes after its forward: *(int *)user 1 reads another tensor, 2 changes shape */
@@ -383,6 +396,8 @@ static void test_errors(void) {
     expect_error(ctx, DTR_INVALID_ARGUMENT, "a tensor it did not compute");
     CHECK(dtr_checkpoint(ctx, bad_matmul_fn, NULL, 1, &x) == NULL);
     expect_error(ctx, DTR_SHAPE_MISMATCH, "dtr_matmul");
+    CHECK(dtr_checkpoint(ctx, leaf_fn, NULL, 1, &x) == NULL);
+    expect_error(ctx, DTR_INVALID_ARGUMENT, "fn made 'w' require a gradient inside the region");
     /* the region changes between forward and backward: the pass fails, nothing is written */
     g_other = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 2, s, 2.0f));
     for (mode = 1; mode <= 2; mode++) {

@@ -280,6 +280,21 @@ void dtr_tape_destroy(dtr_tape *t) {
     dtr__free(&ctx->alloc, t);
 }
 
+static int dtr__chunk_has(dtr__chunk *c, const void *p) {
+    uintptr_t q = (uintptr_t)p, begin;
+    if (!c) return 0;
+    begin = (uintptr_t)dtr__chunk_data(c);
+    return q >= begin && q < begin + c->size;
+}
+
+int dtr__tape_owns(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->meta.head, p)) return 1;
+    for (c = t->meta.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
+}
+
 dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {
     dtr_tape *old;
     if (!ctx) return NULL;

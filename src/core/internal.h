@@ -422,6 +422,8 @@ static inline float *dtr__gradof(const dtr_tensor *x) {
  *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
  *  recomputed region inside the pass that reports its parameters). */
 DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
 DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);

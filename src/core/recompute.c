@@ -84,12 +84,19 @@ static dtr_tensor *dtr__region_run(dtr_context *ctx, const dtr__checkpoint_param
 
 /* ---- forward ---- */
 
-/* Appends x to list[0 .. *n) unless it is there already. */
-static void dtr__add_unique(dtr_tensor **list, int *n, dtr_tensor *x) {
+/* Appends x, an input of a node of the region, to list[0 .. *n) when it comes from outside
+ * the region and needs a gradient, unless it is there already. 0 with the error set when x
+ * was made inside the region without a node (a leaf would not outlive it). */
+static int dtr__capture(dtr_context *ctx, dtr_tensor **list, int *n, dtr_tensor *x) {
     int i;
+    if (!dtr__from_outside(ctx->cur, x)) return 1;
+    if (dtr__tape_owns(ctx->cur, x))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn made '%s' require a gradient inside the region; "
+                         "make it outside and pass it in", x->name), 0;
     for (i = 0; i < *n; i++)
-        if (list[i] == x) return;
+        if (list[i] == x) return 1;
     list[(*n)++] = x;
+    return 1;
 }
 
 /* The CHECKPOINT node's inputs: the explicit ones, then each tensor from outside the region
@@ -107,7 +114,7 @@ static dtr_tensor **dtr__region_inputs(dtr_context *ctx, int n_in, dtr_tensor *c
     *count = n_in;
     for (m = t->head; m; m = m->prev)
         for (i = 0; i < m->n_in; i++)
-            if (dtr__from_outside(t, m->in[i])) dtr__add_unique(list, count, m->in[i]);
+            if (!dtr__capture(ctx, list, count, m->in[i])) return NULL;
     return list;
 }
 

@@ -56,7 +56,7 @@ typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tenso
  *  @return the region's output (a new tensor of the current tape), or NULL with the context's
  *          error: DTR_NULL_HANDLE (fn, in or an input NULL), DTR_INVALID_ARGUMENT (n_in out of
  *          range, an input of another context, fn returned NULL without an error or returned
- *          a tensor it did not compute), DTR_BAD_STATE (nested deeper than 4), or fn's error.
+ *          a tensor it did not compute, a tensor made to require gradients inside), DTR_BAD_STATE (nested deeper than 4), or fn's error.
  *          In backward, a region that builds a different graph the second time fails the pass.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in);
