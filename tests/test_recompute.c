@@ -2,6 +2,8 @@
  *   test_gpt_bitwise      a small GPT (embedding, 2 blocks with dropout p = 0.1, layer norm,
  *                         head) trained 2 steps with each block checkpointed gives the same
  *                         loss and gradient bits as without, and a lower arena peak
+ *   test_memory_per_layer 6 blocks instead of 2: with checkpoints the peak grows by under 1/8
+ *                         of what it grows without, under 3 block inputs per block
  *   test_steady_state     after two steps a checkpointed step makes no heap allocation
  *   test_hooks_once       a gradient hook sees every parameter exactly once per pass, with
  *                         its final gradient
@@ -26,14 +28,15 @@
 #define C 16        /* model width */
 #define B 4         /* batch */
 #define T 12        /* sequence */
-#define NBLOCK 2
+#define MAXBLOCK 6
 #define P_DROP 0.1f
 
 typedef struct gpt {
     dtr_context *ctx;
     dtr_model *m;
     dtr_embedding_layer wte;
-    dtr_gpt_block h[NBLOCK];
+    dtr_gpt_block h[MAXBLOCK];
+    int nblock;
     dtr_layernorm_layer ln_f;
     dtr_linear_layer head;
     int ckpt;          /* 1: each block checkpointed; 2: both inside one more checkpoint */
@@ -45,7 +48,7 @@ static void *count_malloc(size_t n, void *u) { (void)u; g_allocs++; return mallo
 static void *count_realloc(void *p, size_t n, void *u) { (void)u; g_allocs++; return realloc(p, n); }
 static void count_free(void *p, void *u) { (void)u; free(p); }
 
-static void gpt_make(gpt *g, int ckpt) {
+static void gpt_make(gpt *g, int ckpt, int nblock) {
     dtr_context_config cfg = dtr_context_config_init();
     char name[16];
     int i;
@@ -55,8 +58,9 @@ static void gpt_make(gpt *g, int ckpt) {
     cfg.alloc.malloc_fn = count_malloc, cfg.alloc.realloc_fn = count_realloc, cfg.alloc.free_fn = count_free;
     if (dtr_context_create(&cfg, &g->ctx) != DTR_OK || dtr_model_create(g->ctx, 3, &g->m) != DTR_OK) exit(2);
     g->ckpt = ckpt;
+    g->nblock = nblock;
     dtr_embedding_layer_init(&g->wte, g->m, "wte", V, C);
-    for (i = 0; i < NBLOCK; i++) {
+    for (i = 0; i < nblock; i++) {
         snprintf(name, sizeof name, "h%d", i);
         dtr_gpt_block_init(&g->h[i], g->m, name, C, 2);
     }
@@ -77,7 +81,7 @@ static dtr_tensor *block_fn(void *user, dtr_context *ctx, dtr_tensor *const *in)
 
 static dtr_tensor *blocks(gpt *g, dtr_context *ctx, dtr_tensor *x, int ckpt) {
     int i;
-    for (i = 0; i < NBLOCK; i++) x = ckpt ? dtr_checkpoint(ctx, block_fn, &g->h[i], 1, &x) : block_fn(&g->h[i], ctx, &x);
+    for (i = 0; i < g->nblock; i++) x = ckpt ? dtr_checkpoint(ctx, block_fn, &g->h[i], 1, &x) : block_fn(&g->h[i], ctx, &x);
     return x;
 }
 
@@ -130,8 +134,8 @@ static void compare_with_plain(int ckpt) {
     float l0, l1;
     size_t p0 = 0, p1 = 0;
     int step;
-    gpt_make(&plain, 0);
-    gpt_make(&cp, ckpt);
+    gpt_make(&plain, 0, 2);
+    gpt_make(&cp, ckpt, 2);
     for (step = 0; step < 2; step++) {
         int64_t n = gpt_nparams(&plain), nz = 0, k;
         gpt_step(&plain, step, &l0, &p0);
@@ -159,7 +163,7 @@ static void test_steady_state(void) {
     size_t peak;
     int ckpt, step;
     for (ckpt = 1; ckpt <= 2; ckpt++) {
-        gpt_make(&g, ckpt);
+        gpt_make(&g, ckpt, 2);
         for (step = 0; step < 2; step++) gpt_step(&g, step, &loss, &peak);
         g_allocs = 0;
         gpt_step(&g, 2, &loss, &peak);
@@ -168,12 +172,35 @@ static void test_steady_state(void) {
     }
 }
 
+/* memory per layer falls to its input: each more block adds far less to the peak with
+   checkpoints than without */
+static void test_memory_per_layer(void) {
+    size_t peak[2][2];
+    float loss;
+    int ckpt, k;
+    for (ckpt = 0; ckpt < 2; ckpt++)
+        for (k = 0; k < 2; k++) {
+            gpt g;
+            gpt_make(&g, ckpt, 2 + 4 * k);
+            gpt_step(&g, 0, &loss, &peak[ckpt][k]);
+            gpt_free(&g);
+        }
+    {
+        double plain = (double)(peak[0][1] - peak[0][0]) / 4, cp = (double)(peak[1][1] - peak[1][0]) / 4;
+        printf("     arena peak per block: %.0f bytes without checkpoints, %.0f with (block input: %d)\n", plain, cp,
+               (int)(B * T * C * sizeof(float)));
+        CHECK_MSG(cp * 8 < plain, "per block: %.0f bytes with checkpoints, %.0f without", cp, plain);
+        /* what stays: the block's output (the next one's input), its gradient, one node */
+        CHECK_MSG(cp < 3.0 * B * T * C * sizeof(float), "per block with checkpoints: %.0f bytes", cp);
+    }
+}
+
 /* dropout really draws masks in the regions: eval mode gives another loss */
 static void test_dropout_active(void) {
     gpt g;
     float l_train, l_eval;
     size_t peak;
-    gpt_make(&g, 1);
+    gpt_make(&g, 1, 2);
     gpt_step(&g, 0, &l_train, &peak);
     dtr_context_set_training(g.ctx, 0);
     gpt_step(&g, 0, &l_eval, &peak);
@@ -206,7 +233,7 @@ static void test_hooks_once(void) {
     size_t peak;
     int64_t n;
     int i, id = 0, step;
-    gpt_make(&g, 1);
+    gpt_make(&g, 1, 2);
     n = gpt_nparams(&g);
     memset(&h, 0, sizeof h);
     h.m = g.m;
@@ -554,6 +581,7 @@ int main(void) {
     RUN(test_gpt_bitwise);
     RUN(test_dropout_active);
     RUN(test_steady_state);
+    RUN(test_memory_per_layer);
     RUN(test_hooks_once);
     RUN(test_hooks_shared);
     RUN(test_nested);
