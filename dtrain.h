@@ -17772,7 +17772,8 @@ typedef struct dtr__pipe_slot {
     dtr_tape *tape;
     dtr_tensor *in, *out;
     dtr_request *req[3];           /* header, activation, gradient sends */
-    int64_t hdr[1 + DTR_MAX_DIMS]; /* header being sent */
+    int64_t *hdr;                  /* header being sent: on the slot's tape (the slot array
+                                      moves when it grows, while sends are in flight) */
     int busy;                      /* 1 from its forward until its backward is done */
 } dtr__pipe_slot;
 
@@ -18020,9 +18021,11 @@ static dtr_result dtr__pipe_send_output(dtr_pipe *p, dtr__pipe_slot *s, int chun
     int next_chunk = chunk + (p->rank == p->P - 1), tag = p->cfg.tag + 3 * next_chunk, d;
     dtr_result r;
     if (!dtr_tensor_is_contiguous(s->out) && !(s->out = dtr_contiguous(p->ctx, s->out))) return p->ctx->status;
+    s->hdr = (int64_t *)dtr__arena_meta(p->ctx, (1 + DTR_MAX_DIMS) * sizeof(int64_t), "dtr_pipe_step");
+    if (!s->hdr) return p->ctx->status;
     s->hdr[0] = dtr_tensor_ndim(s->out);
     for (d = 0; d < DTR_MAX_DIMS; d++) s->hdr[1 + d] = d < s->hdr[0] ? dtr_tensor_dim(s->out, d) : 0;
-    r = dtr__pipe_send(p, s, 0, s->hdr, sizeof s->hdr, dtr__pipe_next(p), tag);
+    r = dtr__pipe_send(p, s, 0, s->hdr, (1 + DTR_MAX_DIMS) * sizeof(int64_t), dtr__pipe_next(p), tag);
     if (r == DTR_OK)
         r = dtr__pipe_send(p, s, 1, dtr_tensor_data(s->out), (size_t)dtr_tensor_numel(s->out) * sizeof(float),
                            dtr__pipe_next(p), tag + 1);
@@ -18159,7 +18162,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18163 "dtrain.h"
+#line 18166 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18213,7 +18216,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18217 "dtrain.h"
+#line 18220 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
