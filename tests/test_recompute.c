@@ -398,6 +398,13 @@ static void expect_error(dtr_context *ctx, dtr_result code, const char *text) {
     dtr_context_clear_error(ctx);
 }
 
+/* dtr_checkpoint(ctx, fn, NULL, n_in, in) fails with `code` and `text` */
+static void refused(dtr_context *ctx, dtr_checkpoint_fn fn, int n_in, dtr_tensor *const *in, dtr_result code,
+                    const char *text) {
+    CHECK(dtr_checkpoint(ctx, fn, NULL, n_in, in) == NULL);
+    expect_error(ctx, code, text);
+}
+
 static void test_errors(void) {
     dtr_context *ctx = test_ctx(1), *other = test_ctx(1);
     int64_t s[2] = {2, 3};
@@ -405,26 +412,16 @@ static void test_errors(void) {
     dtr_tensor *foreign = dtr_tensor_full(other, 2, s, 1.0f), *none = NULL;
     int mode;
     CHECK(dtr_checkpoint(NULL, square_fn, NULL, 1, &x) == NULL);
-    CHECK(dtr_checkpoint(ctx, NULL, NULL, 1, &x) == NULL);
-    expect_error(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: fn is NULL");
-    CHECK(dtr_checkpoint(ctx, square_fn, NULL, -1, &x) == NULL);
-    expect_error(ctx, DTR_INVALID_ARGUMENT, "n_in is -1, must be 0..64");
-    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 65, &x) == NULL);
-    expect_error(ctx, DTR_INVALID_ARGUMENT, "n_in is 65");
-    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 1, NULL) == NULL);
-    expect_error(ctx, DTR_NULL_HANDLE, "in is NULL");
-    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 1, &none) == NULL);
-    expect_error(ctx, DTR_NULL_HANDLE, "input 0 is NULL");
-    CHECK(dtr_checkpoint(ctx, square_fn, NULL, 1, &foreign) == NULL);
-    expect_error(ctx, DTR_INVALID_ARGUMENT, "input 0 belongs to another context");
-    CHECK(dtr_checkpoint(ctx, null_fn, NULL, 1, &x) == NULL);
-    expect_error(ctx, DTR_INVALID_ARGUMENT, "fn returned NULL without setting an error");
-    CHECK(dtr_checkpoint(ctx, identity_fn, NULL, 1, &x) == NULL);
-    expect_error(ctx, DTR_INVALID_ARGUMENT, "a tensor it did not compute");
-    CHECK(dtr_checkpoint(ctx, bad_matmul_fn, NULL, 1, &x) == NULL);
-    expect_error(ctx, DTR_SHAPE_MISMATCH, "dtr_matmul");
-    CHECK(dtr_checkpoint(ctx, leaf_fn, NULL, 1, &x) == NULL);
-    expect_error(ctx, DTR_INVALID_ARGUMENT, "fn made 'w' require a gradient inside the region");
+    refused(ctx, NULL, 1, &x, DTR_NULL_HANDLE, "dtr_checkpoint: fn is NULL");
+    refused(ctx, square_fn, -1, &x, DTR_INVALID_ARGUMENT, "n_in is -1, must be 0..64");
+    refused(ctx, square_fn, 65, &x, DTR_INVALID_ARGUMENT, "n_in is 65");
+    refused(ctx, square_fn, 1, NULL, DTR_NULL_HANDLE, "in is NULL");
+    refused(ctx, square_fn, 1, &none, DTR_NULL_HANDLE, "input 0 is NULL");
+    refused(ctx, square_fn, 1, &foreign, DTR_INVALID_ARGUMENT, "input 0 belongs to another context");
+    refused(ctx, null_fn, 1, &x, DTR_INVALID_ARGUMENT, "fn returned NULL without setting an error");
+    refused(ctx, identity_fn, 1, &x, DTR_INVALID_ARGUMENT, "a tensor it did not compute");
+    refused(ctx, bad_matmul_fn, 1, &x, DTR_SHAPE_MISMATCH, "dtr_matmul");
+    refused(ctx, leaf_fn, 1, &x, DTR_INVALID_ARGUMENT, "fn made 'w' require a gradient inside the region");
     /* the region changes between forward and backward: the pass fails, nothing is written */
     g_other = dtr_tensor_requires_grad(dtr_tensor_full(ctx, 2, s, 2.0f));
     for (mode = 1; mode <= 2; mode++) {
