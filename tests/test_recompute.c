@@ -15,9 +15,10 @@
  *                         its input, fn's own error, a leaf made inside, a region that changes
  *                         between forward and recompute (other tensors, other shape)
  *   test_parallel         blocks with dropout, each checkpointed, in a 2-stage 1F1B pipeline of
- *                         4 micro-batches (dtr_pipe) and over 2 data-parallel replicas (dtr_dp,
- *                         whose bucketed all-reduce starts from gradient hooks) give every rank
- *                         the gradient bits of the same run without checkpoints */
+ *                         4 micro-batches (dtr_pipe), over 2 data-parallel replicas (dtr_dp,
+ *                         whose bucketed all-reduce starts from gradient hooks), and a region
+ *                         holding tensor-parallel collectives on 2 ranks give every rank the
+ *                         gradient bits of the same run without checkpoints */
 #define _POSIX_C_SOURCE 200809L
 #define DTRAIN_INTERNAL_API
 #include <pthread.h>
@@ -442,19 +443,24 @@ static void test_errors(void) {
     dtr_context_destroy(other);
 }
 
-/* ---- pipeline and data parallel (tests/pipe_model.h's blocks, with dropout) ---- */
+/* ---- data, pipeline and tensor parallel (tests/pipe_model.h's layers, with dropout) ---- */
 
 typedef struct par_rank {
     pthread_t tid;
     dtr_local_world *w;
-    int rank, ckpt, pipeline;
+    int rank, ckpt, mode;   /* mode: 0 data parallel, 1 pipeline, 2 tensor parallel */
     dtr_result r;
     char msg[256];
     float grads[512];
     int64_t n;
 } par_rank;
 
-typedef struct par_stage { pm_model pm; dtr_pipe *pipe; int ckpt; } par_stage;
+typedef struct par_stage {
+    pm_model pm;
+    dtr_pipe *pipe;
+    dtr_comm *comm;   /* the tensor-parallel group */
+    int ckpt;
+} par_stage;
 
 static dtr_tensor *pm_block_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
     return dtr_dropout(ctx, dtr_tanh(ctx, dtr_linear_layer_forward(ctx, (const dtr_linear_layer *)user, in[0])), P_DROP);
@@ -480,30 +486,55 @@ static dtr_tensor *par_forward(void *user, dtr_context *ctx, int chunk, int mb, 
     return par_blocks(st, ctx, pm_first_block(st->pm.rank, 2), pm_first_block(st->pm.rank + 1, 2), input, lo, hi);
 }
 
-/* one step of this rank's engine: a pipeline stage (1F1B, 4 micro-batches) or a replica */
-static dtr_result par_step(par_rank *o, dtr_context *ctx, dtr_comm *c, par_stage *st, dtr_model *m) {
+/* one step of a 2-stage pipeline (1F1B, 4 micro-batches) */
+static dtr_result par_pipe_step(dtr_context *ctx, dtr_comm *c, par_stage *st, dtr_model *m) {
     dtr_pipe_config pc = dtr_pipe_config_init();
+    dtr_result r;
+    (void)ctx;
+    pc.schedule = DTR_PIPE_1F1B, pc.microbatches = 4, pc.batch = PM_BATCH;
+    pc.forward = par_forward, pc.user = st;
+    r = dtr_pipe_create(m, c, &pc, &st->pipe);
+    if (r == DTR_OK) r = dtr_pipe_step(st->pipe, NULL);
+    dtr_pipe_destroy(st->pipe);
+    return r;
+}
+
+/* one step of a replica, half the batch; buckets of 256 bytes start as backward goes */
+static dtr_result par_dp_step(dtr_context *ctx, dtr_comm *c, par_stage *st, dtr_model *m) {
     dtr_dp_config dc = dtr_dp_config_init();
     dtr_dp *dp = NULL;
     dtr_result r;
-    if (o->pipeline) {
-        pc.schedule = DTR_PIPE_1F1B, pc.microbatches = 4, pc.batch = PM_BATCH;
-        pc.forward = par_forward, pc.user = st;
-        r = dtr_pipe_create(m, c, &pc, &st->pipe);
-        if (r == DTR_OK) r = dtr_pipe_step(st->pipe, NULL);
-        dtr_pipe_destroy(st->pipe);
-        return r;
-    }
-    dc.bucket_bytes = 256;   /* several buckets, started as backward goes */
-    st->pm.offset = o->rank * PM_BATCH / 2;
+    dc.bucket_bytes = 256;
+    st->pm.offset = st->pm.rank * PM_BATCH / 2;
     r = dtr_dp_create(m, c, &dc, &dp);
     if (r == DTR_OK) r = dtr_backward(ctx, par_blocks(st, ctx, 0, PM_BLOCKS, NULL, 0, PM_BATCH / 2));
     if (r == DTR_OK) r = dtr_dp_finish(dp);
     if (r == DTR_OK && dtr_dp_overlapped_buckets(dp) < 2)
-        snprintf(o->msg, sizeof o->msg, "%d buckets started in backward", dtr_dp_overlapped_buckets(dp)), r = DTR_BAD_STATE;
+        r = dtr__fail(ctx, DTR_BAD_STATE, "%d buckets started in backward", dtr_dp_overlapped_buckets(dp));
     dtr_dp_destroy(dp);
     return r;
 }
+
+/* Megatron-LM's MLP on each rank's slice, with collectives inside the region: recomputing it
+   runs the forward's all-reduce again in backward, at the same point on every rank */
+static dtr_tensor *tp_region_fn(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    const par_stage *st = (const par_stage *)user;
+    dtr_tensor *h = dtr_tp_copy(ctx, in[0], st->comm);
+    h = dtr_dropout(ctx, dtr_tanh(ctx, dtr_linear_layer_forward(ctx, &st->pm.l[0], h)), P_DROP);
+    return dtr_tp_reduce(ctx, dtr_linear_layer_forward(ctx, &st->pm.l[1], h), st->comm);
+}
+
+static dtr_result par_tp_step(dtr_context *ctx, dtr_comm *c, par_stage *st, dtr_model *m) {
+    dtr_tensor *x = dtr_linear_layer_forward(ctx, &st->pm.in, pm_data(ctx, 0, 0, PM_BATCH, 0));
+    (void)m;
+    st->comm = c;
+    x = st->ckpt ? dtr_checkpoint(ctx, tp_region_fn, st, 1, &x) : tp_region_fn(st, ctx, &x);
+    return dtr_backward(ctx, dtr_mse(ctx, dtr_linear_layer_forward(ctx, &st->pm.out, x), pm_data(ctx, 0, 0, PM_BATCH, 1)));
+}
+
+typedef dtr_result (*par_step_fn)(dtr_context *ctx, dtr_comm *c, par_stage *st, dtr_model *m);
+static const par_step_fn k_par_steps[3] = {par_dp_step, par_pipe_step, par_tp_step};
+static const char *const k_par_names[3] = {"data-parallel rank", "pipeline stage", "tensor-parallel rank"};
 
 static dtr_result par_train(par_rank *o, dtr_context *ctx, dtr_comm *c) {
     par_stage st;
@@ -514,9 +545,9 @@ static dtr_result par_train(par_rank *o, dtr_context *ctx, dtr_comm *c) {
     st.pm.stages = 2, st.pm.P = 2, st.pm.rank = o->rank;
     r = dtr_model_create(ctx, 7, &m);
     if (r == DTR_OK) r = pm_declare(&st.pm, m);
-    if (r == DTR_OK && o->pipeline) r = pm_keep(&st.pm, 1);
+    if (r == DTR_OK && o->mode == 1) r = pm_keep(&st.pm, 1);
     if (r == DTR_OK) r = dtr_model_build(m);
-    if (r == DTR_OK) r = par_step(o, ctx, c, &st, m);
+    if (r == DTR_OK) r = k_par_steps[o->mode](ctx, c, &st, m);
     if (r == DTR_OK) {
         o->n = dtr_model_param_offset(m, dtr_model_param_count(m) - 1) +
                dtr_tensor_numel(dtr_model_param_at(m, dtr_model_param_count(m) - 1));
@@ -544,13 +575,13 @@ static void *par_main(void *arg) {
     return NULL;
 }
 
-static void par_run(int pipeline, int ckpt, par_rank *o) {
+static void par_run(int mode, int ckpt, par_rank *o) {
     dtr_local_world *w = NULL;
     int r;
     if (dtr_local_world_create(2, NULL, &w) != DTR_OK) { CHECK(0); return; }
     for (r = 0; r < 2; r++) {
         memset(&o[r], 0, sizeof o[r]);
-        o[r].w = w, o[r].rank = r, o[r].ckpt = ckpt, o[r].pipeline = pipeline;
+        o[r].w = w, o[r].rank = r, o[r].ckpt = ckpt, o[r].mode = mode;
         pthread_create(&o[r].tid, NULL, par_main, &o[r]);
     }
     for (r = 0; r < 2; r++) pthread_join(o[r].tid, NULL);
@@ -559,14 +590,14 @@ static void par_run(int pipeline, int ckpt, par_rank *o) {
 
 static void test_parallel(void) {
     par_rank plain[2], cp[2];
-    int pipeline, r;
+    int mode, r;
     (void)pm_forward, (void)pm_reference, (void)pm_max_rel_error;   /* the shared model's, unused here */
-    for (pipeline = 0; pipeline < 2; pipeline++) {
-        par_run(pipeline, 0, plain);
-        par_run(pipeline, 1, cp);
+    for (mode = 0; mode < 3; mode++) {
+        par_run(mode, 0, plain);
+        par_run(mode, 1, cp);
         for (r = 0; r < 2; r++) {
-            const char *what = pipeline ? "pipeline stage" : "data-parallel rank";
-            CHECK_MSG(plain[r].r == DTR_OK && cp[r].r == DTR_OK, "%s %d: %s (%s) / %s (%s)", what, r, dtr_result_string(plain[r].r), plain[r].msg, dtr_result_string(cp[r].r), cp[r].msg);
+            const char *what = k_par_names[mode];
+            CHECK_MSG(plain[r].r == DTR_OK && cp[r].r == DTR_OK, "%s %d: %s / %s", what, r, plain[r].msg, cp[r].msg);
             CHECK(plain[r].n > 0 && plain[r].n == cp[r].n);
             CHECK_MSG(memcmp(plain[r].grads, cp[r].grads, (size_t)plain[r].n * sizeof(float)) == 0,
                       "%s %d: gradients differ with checkpoints", what, r);
