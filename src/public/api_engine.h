@@ -47,8 +47,10 @@ typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tenso
  *  replays the context's random stream and training mode from the forward). The region is one
  *  node of the current tape that writes the gradients of every parameter and tensor the
  *  region read, so gradient hooks (dtr_dp's bucketed all-reduce) report a parameter only after
- *  it, and it works in each micro-batch of a pipeline (dtr_pipe) the same way. Regions may
- *  nest up to 4 deep. With gradient recording off it just calls fn.
+ *  it, and it works in each micro-batch of a pipeline (dtr_pipe) the same way. A region may
+ *  hold tensor-parallel collectives (dtr_tp_copy, dtr_tp_reduce): every rank recomputes them
+ *  at the same point of its backward (they run twice). Regions may nest up to 4 deep. With
+ *  gradient recording off it just calls fn.
  *  fn must not return one of its inputs or a parameter unchanged, nor create tensors that
  *  require gradients (dtr_tensor_requires_grad) inside the region.
  *  @param fn    the region; @param user handed to fn;
