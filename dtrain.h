@@ -2460,12 +2460,12 @@ typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
     dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
-    dtr__checkpoint_params checkpoint;
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -2624,6 +2624,18 @@ struct dtr_context {
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
 
+/* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
+
+/** Replays the nodes from `head` back in the current pass (ctx->backward_pass); the root
+ *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
+ *  recomputed region inside the pass that reports its parameters). */
+DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
+/** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
+ *  saved random stream and replays it into the gradients of the node's inputs. */
+DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
 typedef struct dtr__afile dtr__afile;
@@ -2686,18 +2698,6 @@ DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
 }
-
-/* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
-
-/** Replays the nodes from `head` back in the current pass (ctx->backward_pass); the root
- *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
- *  recomputed region inside the pass that reports its parameters). */
-DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
-/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
-DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
-/** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
- *  saved random stream and replays it into the gradients of the node's inputs. */
-DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- CPU backend ---- */
 extern const dtr_backend dtr__cpu_backend;
