@@ -2004,6 +2004,39 @@ DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn 
  *  Thread safety: the context's thread, outside a backward pass. */
 DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
+/* ---- activation checkpointing (recompute) ---- */
+
+/** A region of the forward pass for dtr_checkpoint: builds its output from `in` (the inputs
+ *  given to dtr_checkpoint, in order) with ordinary ops on `ctx` and returns it, or returns
+ *  NULL with the context's error set. It may read model parameters and other tensors through
+ *  `user`. It runs once in forward and once more in backward, so it must build the same ops
+ *  from the same tensors each time (dropout draws the same masks: the random stream is
+ *  replayed) and have no other side effects that matter. */
+typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tensor *const *in);
+
+/** Activation checkpointing: runs `fn` (a GPT block, a pipeline stage) and keeps only its
+ *  output; the activations inside the region are dropped at once and recomputed during
+ *  backward, so a checkpointed layer holds only its inputs and output between forward and
+ *  backward. Gradients are the same bits as without it, dropout included (the recomputation
+ *  replays the context's random stream and training mode from the forward). The region is one
+ *  node of the current tape that writes the gradients of every parameter and tensor the
+ *  region read, so gradient hooks (dtr_dp's bucketed all-reduce) report a parameter only after
+ *  it, and it works in each micro-batch of a pipeline (dtr_pipe) the same way. A region may
+ *  hold tensor-parallel collectives (dtr_tp_copy, dtr_tp_reduce): every rank recomputes them
+ *  at the same point of its backward (they run twice). Regions may nest up to 4 deep. With
+ *  gradient recording off it just calls fn.
+ *  fn must not return one of its inputs or a parameter unchanged, nor create tensors that
+ *  require gradients (dtr_tensor_requires_grad) inside the region.
+ *  @param fn    the region; @param user handed to fn;
+ *  @param n_in  number of inputs, 0 to 64; @param in  the inputs (may be NULL when n_in is 0).
+ *  @return the region's output (a new tensor of the current tape), or NULL with the context's
+ *          error: DTR_NULL_HANDLE (fn, in or an input NULL), DTR_INVALID_ARGUMENT (n_in out of
+ *          range, an input of another context, fn returned NULL without an error or returned
+ *          a tensor it did not compute, a tensor made to require gradients inside), DTR_BAD_STATE (nested deeper than 4), or fn's error.
+ *          In backward, a region that builds a different graph the second time fails the pass.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in);
+
 /* ---- tensor parallel: communication on the tape ---- */
 
 /** Tensor parallelism's entry into a parallel region (Megatron-LM's f): forward y = x, the
@@ -2358,7 +2391,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2362 "dtrain.h"
+#line 2395 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2503,14 +2536,15 @@ struct dtr_tensor {
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
-    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
+    X(CHECKPOINT, "checkpoint", checkpoint)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 39
+#define DTR__OP_COUNT_EXPECTED 40
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -2536,11 +2570,24 @@ typedef struct dtr__view_params {
     int perm[DTR_MAX_DIMS];           /* PERMUTE: out axis d is input axis perm[d] */
 } dtr__view_params;
 
+typedef struct dtr__checkpoint_params {
+    dtr_checkpoint_fn fn;             /* the region (dtr_checkpoint) and its user pointer */
+    void *user;
+    dtr_rng rng;                      /* the context's stream when the region began: the
+                                         recomputation draws the same dropout masks */
+    int n_explicit;                   /* in[0 .. n_explicit-1] are fn's inputs; the rest are the
+                                         tensors the region read that need gradients */
+    int training;                     /* the context's training mode in the region */
+    dtr_tensor *region_out;           /* forward only: the region's output (dense, on the
+                                         region's tape) that the kernel copies into out */
+} dtr__checkpoint_params;
+
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
@@ -2656,6 +2703,8 @@ struct dtr_backend {
 };
 
 #define DTR__MAX_GRAD_HOOKS 8
+/** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
+#define DTR__MAX_RECOMPUTE_DEPTH 4
 
 /** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
  *  context's own is ctx->own). Resetting it frees all of them at once. */
@@ -2694,10 +2743,26 @@ struct dtr_context {
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
     int n_grad_hooks, grad_hook_ids;
     uint32_t backward_pass;       /* number of the current (last) backward pass */
+    /* activation checkpointing (src/core/recompute.c): one tape per nesting level, made on
+       first use, where a region runs and is recomputed; empty between uses */
+    dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
+    int recompute_depth;          /* levels in use now */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+
+/* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
+
+/** Replays the nodes from `head` back in the current pass (ctx->backward_pass); the root
+ *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
+ *  recomputed region inside the pass that reports its parameters). */
+DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
+/** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
+ *  saved random stream and replays it into the gradients of the node's inputs. */
+DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -2794,7 +2859,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2798 "dtrain.h"
+#line 2863 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2849,7 +2914,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2853 "dtrain.h"
+#line 2918 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3113,7 +3178,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3117 "dtrain.h"
+#line 3182 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3163,7 +3228,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3167 "dtrain.h"
+#line 3232 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3515,7 +3580,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3519 "dtrain.h"
+#line 3584 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4306,7 +4371,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4310 "dtrain.h"
+#line 4375 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4530,8 +4595,10 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
 
 void dtr_context_destroy(dtr_context *ctx) {
     dtr_allocation_callbacks a;
+    int i;
     if (!ctx) return;
     a = ctx->alloc;
+    for (i = 0; i < DTR__MAX_RECOMPUTE_DEPTH; i++) dtr_tape_destroy(ctx->recompute[i]);
     dtr__arena_free(&ctx->own.meta);
     dtr__arena_free(&ctx->own.data);
     if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);
@@ -4588,6 +4655,21 @@ void dtr_tape_destroy(dtr_tape *t) {
     dtr__arena_free(&t->meta);
     dtr__arena_free(&t->data);
     dtr__free(&ctx->alloc, t);
+}
+
+static int dtr__chunk_has(dtr__chunk *c, const void *p) {
+    uintptr_t q = (uintptr_t)p, begin;
+    if (!c) return 0;
+    begin = (uintptr_t)dtr__chunk_data(c);
+    return q >= begin && q < begin + c->size;
+}
+
+int dtr__tape_owns(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->meta.head, p)) return 1;
+    for (c = t->meta.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
 }
 
 dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {
@@ -4730,7 +4812,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4734 "dtrain.h"
+#line 4816 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4843,7 +4925,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4847 "dtrain.h"
+#line 4929 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5218,7 +5300,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5222 "dtrain.h"
+#line 5304 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5340,11 +5422,10 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     return r;
 }
 
-/* Replays `tape` from its end; the root already holds this pass's seed gradient. */
-static dtr_result dtr__replay_nodes(dtr_context *ctx, dtr__node *tape) {
+dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     dtr__node *n;
     dtr_result r;
-    int hooks = ctx->n_grad_hooks > 0;
+    int hooks = report && ctx->n_grad_hooks > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
@@ -5390,7 +5471,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
     r = dtr__seed(ctx, out, grad);
-    if (r == DTR_OK) r = dtr__replay_nodes(ctx, ctx->cur->head);
+    if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
     ctx->cur = was;
     return r;
 }
@@ -5418,7 +5499,238 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5422 "dtrain.h"
+#line 5503 "dtrain.h"
+
+/* ---- src/core/recompute.c ---- */
+#line 1 "src/core/recompute.c"
+/* ============================================================================
+ * Activation checkpointing (dtr_checkpoint): a region of the forward runs on a tape of its
+ * own, which is emptied as soon as the region's output is copied out; the region is
+ * recorded as one CHECKPOINT node whose backward runs the region again (same inputs, same
+ * random stream, same training mode) and replays it inside the current backward pass.
+ *
+ *   forward   in -> fn on ctx->recompute[depth] -> y (dense) -> copied into out (current tape)
+ *             The node's inputs: the explicit inputs, then every tensor from outside the
+ *             region that a node of the region read and that needs a gradient (parameters,
+ *             tensors fn reached through its user pointer). So the outer pass makes their
+ *             gradients before the node runs, and gradient hooks count the node as a writer
+ *             of each parameter: they report it after the node, not inside it.
+ *   backward  fn again -> y'; y'.grad is out.grad for this pass (no copy); the region's
+ *             nodes replay with the pass's number and without hook reports; the tape is
+ *             emptied again.
+ * Each nesting level has its own tape, made on first use and kept (empty) for the next
+ * step, so a steady step allocates nothing.
+ * ==========================================================================*/
+
+
+
+
+
+#define DTR__CHECKPOINT_MAX_INPUTS 64
+
+/* ---- the region's tape ---- */
+
+typedef struct dtr__region {
+    dtr_tape *outer, *tape;
+    int grad_enabled;
+} dtr__region;
+
+/* Makes the tape of the next nesting level current, with gradient recording on. */
+static dtr_result dtr__region_begin(dtr_context *ctx, dtr__region *g) {
+    dtr_tape **slot;
+    dtr_result r;
+    if (ctx->recompute_depth >= DTR__MAX_RECOMPUTE_DEPTH)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_checkpoint: regions nested deeper than %d", DTR__MAX_RECOMPUTE_DEPTH);
+    slot = &ctx->recompute[ctx->recompute_depth];
+    if (!*slot && (r = dtr_tape_create(ctx, slot)) != DTR_OK) return r;
+    g->outer = ctx->cur;
+    g->tape = *slot;
+    g->grad_enabled = ctx->grad_enabled;
+    ctx->cur = g->tape;
+    ctx->grad_enabled = 1;
+    ctx->recompute_depth++;
+    return DTR_OK;
+}
+
+/* Drops everything the region recorded and makes the outer tape current again. */
+static void dtr__region_end(dtr_context *ctx, const dtr__region *g) {
+    dtr_tape_reset(g->tape);
+    ctx->cur = g->outer;
+    ctx->grad_enabled = g->grad_enabled;
+    ctx->recompute_depth--;
+}
+
+/* 1 when x was computed by a node of tape t. */
+static int dtr__inside(const dtr_tape *t, const dtr_tensor *x) { return x->node && x->node->tape == t; }
+
+/* 1 when x needs a gradient and comes from outside tape t (a parameter, an outer tensor). */
+static int dtr__from_outside(const dtr_tape *t, const dtr_tensor *x) {
+    return x && (x->flags & DTR__REQUIRES_GRAD) && !dtr__inside(t, x);
+}
+
+/* fn's output, or NULL with the context's error set. */
+static dtr_tensor *dtr__call(dtr_context *ctx, const dtr__checkpoint_params *p, dtr_tensor *const *in) {
+    dtr_tensor *y = p->fn(p->user, ctx, in);
+    if (ctx->status != DTR_OK) return NULL;
+    if (!y) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn returned NULL without setting an error");
+    if (y->ctx != ctx) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn returned a tensor of another context");
+    return y;
+}
+
+/* fn's output on the region's (current) tape, made dense; NULL with the error set. */
+static dtr_tensor *dtr__region_run(dtr_context *ctx, const dtr__checkpoint_params *p, dtr_tensor *const *in) {
+    dtr_tensor *y = dtr__call(ctx, p, in);
+    if (!y) return NULL;
+    if (dtr__from_outside(ctx->cur, y))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn returned '%s', a tensor it did not compute "
+                          "(an input or a parameter); return the result of an op", y->name);
+    return dtr__contig_input(ctx, y);
+}
+
+/* ---- forward ---- */
+
+/* Appends x, an input of a node of the region, to list[0 .. *n) when it comes from outside
+ * the region and needs a gradient, unless it is there already. 0 with the error set when x
+ * was made inside the region without a node (a leaf would not outlive it). */
+static int dtr__capture(dtr_context *ctx, dtr_tensor **list, int *n, dtr_tensor *x) {
+    int i;
+    if (!dtr__from_outside(ctx->cur, x)) return 1;
+    if (dtr__tape_owns(ctx->cur, x))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn made '%s' require a gradient inside the region; "
+                         "make it outside and pass it in", x->name), 0;
+    for (i = 0; i < *n; i++)
+        if (list[i] == x) return 1;
+    list[(*n)++] = x;
+    return 1;
+}
+
+/* The CHECKPOINT node's inputs: the explicit ones, then each tensor from outside the region
+ * that a node of the region read and that needs a gradient. In the region tape's memory. */
+static dtr_tensor **dtr__region_inputs(dtr_context *ctx, int n_in, dtr_tensor *const *in, int *count) {
+    const dtr_tape *t = ctx->cur;
+    const dtr__node *m;
+    size_t cap = (size_t)n_in + 1;
+    dtr_tensor **list;
+    int i;
+    for (m = t->head; m; m = m->prev) cap += (size_t)m->n_in;
+    list = (dtr_tensor **)dtr__arena_meta(ctx, cap * sizeof(*list), "dtr_checkpoint");
+    if (!list) return NULL;
+    for (i = 0; i < n_in; i++) list[i] = in[i];
+    *count = n_in;
+    for (m = t->head; m; m = m->prev)
+        for (i = 0; i < m->n_in; i++)
+            if (!dtr__capture(ctx, list, count, m->in[i])) return NULL;
+    return list;
+}
+
+/* Records the CHECKPOINT node on the outer tape; its forward kernel copies y into out. */
+static dtr_tensor *dtr__checkpoint_record(dtr_context *ctx, const dtr__region *g, const dtr__checkpoint_params *p,
+                                          dtr_tensor *const *in, dtr_tensor *y) {
+    int count = 0;
+    dtr_tensor **all = dtr__region_inputs(ctx, p->n_explicit, in, &count);
+    dtr__node *n;
+    if (!all) return NULL;
+    ctx->cur = g->outer;
+    n = dtr__node_new(ctx, DTR_OP_CHECKPOINT, count, all);
+    if (!n) return NULL;
+    n->p.checkpoint = *p;
+    n->p.checkpoint.region_out = y;
+    n->out = dtr__tensor_alloc(ctx, y->dtype, y->ndim, y->shape, "dtr_checkpoint");
+    y = n->out ? dtr__record(ctx, n, "dtr_checkpoint") : NULL;
+    n->p.checkpoint.region_out = NULL;   /* emptied with the region's tape */
+    return y;
+}
+
+static int dtr__checkpoint_args(dtr_context *ctx, dtr_checkpoint_fn fn, int n_in, dtr_tensor *const *in) {
+    int i;
+    if (ctx->status != DTR_OK) return 0;
+    if (!fn) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: fn is NULL"), 0;
+    if (n_in < 0 || n_in > DTR__CHECKPOINT_MAX_INPUTS)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: n_in is %d, must be 0..%d", n_in,
+                         DTR__CHECKPOINT_MAX_INPUTS), 0;
+    if (n_in > 0 && !in) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: in is NULL (n_in %d)", n_in), 0;
+    for (i = 0; i < n_in; i++) {
+        if (!in[i]) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: input %d is NULL", i), 0;
+        if (in[i]->ctx != ctx)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: input %d belongs to another context", i), 0;
+    }
+    return 1;
+}
+
+dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in) {
+    dtr__checkpoint_params p;
+    dtr__region g = {NULL, NULL, 0};
+    dtr_tensor *y;
+    if (!ctx || !dtr__checkpoint_args(ctx, fn, n_in, in)) return NULL;
+    memset(&p, 0, sizeof(p));
+    p.fn = fn;
+    p.user = user;
+    p.rng = ctx->rng;
+    p.n_explicit = n_in;
+    p.training = ctx->training;
+    if (!ctx->grad_enabled) return dtr__call(ctx, &p, in);   /* nothing to keep for backward */
+    if (dtr__region_begin(ctx, &g) != DTR_OK) return NULL;
+    y = dtr__region_run(ctx, &p, in);
+    if (y) y = dtr__checkpoint_record(ctx, &g, &p, in, y);
+    dtr__region_end(ctx, &g);
+    return y;
+}
+
+/* ---- backward ---- */
+
+/* The recomputed region's share of the pass: y's gradient is the node's output gradient,
+ * and the region's nodes replay into the gradients the outer pass made for its inputs. */
+static dtr_result dtr__region_backward(dtr_context *ctx, const dtr__node *n, dtr_tensor *y) {
+    const dtr_tape *t = ctx->cur;
+    const dtr__node *m;
+    char s1[96], s2[96];
+    int i;
+    if (y->ndim != n->out->ndim || memcmp(y->shape, n->out->shape, (size_t)y->ndim * sizeof(int64_t)) != 0)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_checkpoint: the region's output was %s in forward and is %s "
+                         "recomputed", dtr__shape_str(n->out, s1, sizeof s1), dtr__shape_str(y, s2, sizeof s2));
+    if (!dtr__inside(t, y)) return DTR_OK;   /* nothing in the region needs a gradient */
+    /* every outside tensor the region writes a gradient to must have one from this pass */
+    for (m = t->head; m; m = m->prev)
+        for (i = 0; i < m->n_in; i++)
+            if (dtr__from_outside(t, m->in[i]) && !(m->in[i]->grad && m->in[i]->grad_pass == ctx->backward_pass))
+                return dtr__fail(ctx, DTR_BAD_STATE, "dtr_checkpoint: recomputing the region read '%s', which it did "
+                                 "not read in forward (fn must build the same graph each time)", m->in[i]->name);
+    y->grad = n->out->grad;
+    y->grad_pass = ctx->backward_pass;
+    return dtr__replay(ctx, t->head, 0);
+}
+
+dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n) {
+    const dtr__checkpoint_params *p = &n->p.checkpoint;
+    dtr_rng rng = ctx->rng;
+    int training = ctx->training;
+    dtr__region g = {NULL, NULL, 0};
+    dtr_tensor *y;
+    dtr_result r = dtr__region_begin(ctx, &g);
+    if (r != DTR_OK) return r;
+    ctx->rng = p->rng;           /* the forward's stream: the same dropout masks */
+    ctx->training = p->training;
+    y = dtr__region_run(ctx, p, n->in);
+    ctx->rng = rng;
+    ctx->training = training;
+    r = y ? dtr__region_backward(ctx, n, y) : ctx->status;
+    dtr__region_end(ctx, &g);
+    return r;
+}
+
+/* ---- CPU kernels ---- */
+
+/* out = the region's dense output */
+dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
+    const dtr_tensor *y = n->p.checkpoint.region_out;
+    size_t es = dtr_dtype_size(y->dtype);
+    (void)ctx;
+    memcpy(n->out->storage, (const char *)y->storage + (size_t)y->offset * es, (size_t)dtr_tensor_numel(y) * es);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
+#line 5734 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5868,7 +6180,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5872 "dtrain.h"
+#line 6184 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6047,7 +6359,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6051 "dtrain.h"
+#line 6363 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6452,7 +6764,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6456 "dtrain.h"
+#line 6768 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6952,7 +7264,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6956 "dtrain.h"
+#line 7268 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7211,7 +7523,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7215 "dtrain.h"
+#line 7527 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7397,7 +7709,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7401 "dtrain.h"
+#line 7713 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7510,7 +7822,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7514 "dtrain.h"
+#line 7826 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7984,7 +8296,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7988 "dtrain.h"
+#line 8300 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8153,7 +8465,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8157 "dtrain.h"
+#line 8469 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8402,7 +8714,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8406 "dtrain.h"
+#line 8718 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8746,7 +9058,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8750 "dtrain.h"
+#line 9062 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9093,7 +9405,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9097 "dtrain.h"
+#line 9409 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9278,7 +9590,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9282 "dtrain.h"
+#line 9594 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9919,7 +10231,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9923 "dtrain.h"
+#line 10235 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10372,7 +10684,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10376 "dtrain.h"
+#line 10688 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10428,7 +10740,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10432 "dtrain.h"
+#line 10744 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11205,7 +11517,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11209 "dtrain.h"
+#line 11521 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11786,7 +12098,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11790 "dtrain.h"
+#line 12102 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12417,7 +12729,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12421 "dtrain.h"
+#line 12733 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13155,7 +13467,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13159 "dtrain.h"
+#line 13471 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13422,7 +13734,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13426 "dtrain.h"
+#line 13738 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13612,7 +13924,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13616 "dtrain.h"
+#line 13928 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13746,7 +14058,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13750 "dtrain.h"
+#line 14062 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14480,7 +14792,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14484 "dtrain.h"
+#line 14796 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14997,7 +15309,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15001 "dtrain.h"
+#line 15313 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15729,7 +16041,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15733 "dtrain.h"
+#line 16045 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16804,7 +17116,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16808 "dtrain.h"
+#line 17120 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17356,7 +17668,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17360 "dtrain.h"
+#line 17672 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17838,7 +18150,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 17842 "dtrain.h"
+#line 18154 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18268,7 +18580,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18272 "dtrain.h"
+#line 18584 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -18505,7 +18817,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 18509 "dtrain.h"
+#line 18821 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18928,7 +19240,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18932 "dtrain.h"
+#line 19244 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18982,7 +19294,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18986 "dtrain.h"
+#line 19298 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -234,6 +234,18 @@ static dtr_tensor *b_layernorm(dtr_context *c, dtr_tensor **x, void *u) {
 
 static dtr_tensor *b_dropout(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_dropout(c, x[0], 0.3f); }
 
+/* a checkpointed region (src/core/recompute.c): dropout inside, recomputed in backward with
+   the same mask */
+static dtr_tensor *ckpt_region(void *u, dtr_context *c, dtr_tensor *const *x) {
+    (void)u;
+    return dtr_dropout(c, dtr_mul(c, dtr_tanh(c, x[0]), x[1]), 0.25f);
+}
+static dtr_tensor *b_checkpoint(dtr_context *c, dtr_tensor **x, void *u) {
+    (void)u;
+    dtr_rng_seed(&c->rng, 11, 5);   /* the same mask on a context that ran other cases (parity) */
+    return dtr_checkpoint(c, ckpt_region, NULL, 2, x);
+}
+
 /* ---- convolution and pooling ---- */
 
 static dtr_tensor *b_conv(dtr_context *c, dtr_tensor **x, void *u) {
@@ -362,6 +374,7 @@ static const op_case CASES[] = {
     {"layernorm affine", 3, {IN3(2, 3, 8), IN1(8), IN1(8)}, b_layernorm, KA(1), 0, NULL},
     {"layernorm plain", 1, {IN3(2, 3, 8)}, b_layernorm, KA(0), 0, NULL},
     {"dropout", 1, {IN2(6, 7)}, b_dropout, K0, 0, NULL},
+    {"checkpoint (dropout inside)", 2, {IN2(3, 4), IN2(3, 4)}, b_checkpoint, K0, 0, NULL},
     {"conv2d stride 1 pad 1 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {1, 1, 1}, 0, NULL},
     {"conv2d stride 2 pad 0", 2, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3)}, b_conv, {2, 0, 0}, 0, NULL},
     {"conv2d stride 2 pad 2 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {2, 2, 1}, 0, NULL},

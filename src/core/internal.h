@@ -139,14 +139,15 @@ struct dtr_tensor {
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
-    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
+    X(CHECKPOINT, "checkpoint", checkpoint)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 39
+#define DTR__OP_COUNT_EXPECTED 40
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -172,11 +173,24 @@ typedef struct dtr__view_params {
     int perm[DTR_MAX_DIMS];           /* PERMUTE: out axis d is input axis perm[d] */
 } dtr__view_params;
 
+typedef struct dtr__checkpoint_params {
+    dtr_checkpoint_fn fn;             /* the region (dtr_checkpoint) and its user pointer */
+    void *user;
+    dtr_rng rng;                      /* the context's stream when the region began: the
+                                         recomputation draws the same dropout masks */
+    int n_explicit;                   /* in[0 .. n_explicit-1] are fn's inputs; the rest are the
+                                         tensors the region read that need gradients */
+    int training;                     /* the context's training mode in the region */
+    dtr_tensor *region_out;           /* forward only: the region's output (dense, on the
+                                         region's tape) that the kernel copies into out */
+} dtr__checkpoint_params;
+
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
@@ -292,6 +306,8 @@ struct dtr_backend {
 };
 
 #define DTR__MAX_GRAD_HOOKS 8
+/** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
+#define DTR__MAX_RECOMPUTE_DEPTH 4
 
 /** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
  *  context's own is ctx->own). Resetting it frees all of them at once. */
@@ -330,10 +346,26 @@ struct dtr_context {
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
     int n_grad_hooks, grad_hook_ids;
     uint32_t backward_pass;       /* number of the current (last) backward pass */
+    /* activation checkpointing (src/core/recompute.c): one tape per nesting level, made on
+       first use, where a region runs and is recomputed; empty between uses */
+    dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
+    int recompute_depth;          /* levels in use now */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+
+/* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
+
+/** Replays the nodes from `head` back in the current pass (ctx->backward_pass); the root
+ *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
+ *  recomputed region inside the pass that reports its parameters). */
+DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
+/** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
+ *  saved random stream and replays it into the gradients of the node's inputs. */
+DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 

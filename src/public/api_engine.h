@@ -30,6 +30,39 @@ DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn 
  *  Thread safety: the context's thread, outside a backward pass. */
 DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
+/* ---- activation checkpointing (recompute) ---- */
+
+/** A region of the forward pass for dtr_checkpoint: builds its output from `in` (the inputs
+ *  given to dtr_checkpoint, in order) with ordinary ops on `ctx` and returns it, or returns
+ *  NULL with the context's error set. It may read model parameters and other tensors through
+ *  `user`. It runs once in forward and once more in backward, so it must build the same ops
+ *  from the same tensors each time (dropout draws the same masks: the random stream is
+ *  replayed) and have no other side effects that matter. */
+typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tensor *const *in);
+
+/** Activation checkpointing: runs `fn` (a GPT block, a pipeline stage) and keeps only its
+ *  output; the activations inside the region are dropped at once and recomputed during
+ *  backward, so a checkpointed layer holds only its inputs and output between forward and
+ *  backward. Gradients are the same bits as without it, dropout included (the recomputation
+ *  replays the context's random stream and training mode from the forward). The region is one
+ *  node of the current tape that writes the gradients of every parameter and tensor the
+ *  region read, so gradient hooks (dtr_dp's bucketed all-reduce) report a parameter only after
+ *  it, and it works in each micro-batch of a pipeline (dtr_pipe) the same way. A region may
+ *  hold tensor-parallel collectives (dtr_tp_copy, dtr_tp_reduce): every rank recomputes them
+ *  at the same point of its backward (they run twice). Regions may nest up to 4 deep. With
+ *  gradient recording off it just calls fn.
+ *  fn must not return one of its inputs or a parameter unchanged, nor create tensors that
+ *  require gradients (dtr_tensor_requires_grad) inside the region.
+ *  @param fn    the region; @param user handed to fn;
+ *  @param n_in  number of inputs, 0 to 64; @param in  the inputs (may be NULL when n_in is 0).
+ *  @return the region's output (a new tensor of the current tape), or NULL with the context's
+ *          error: DTR_NULL_HANDLE (fn, in or an input NULL), DTR_INVALID_ARGUMENT (n_in out of
+ *          range, an input of another context, fn returned NULL without an error or returned
+ *          a tensor it did not compute, a tensor made to require gradients inside), DTR_BAD_STATE (nested deeper than 4), or fn's error.
+ *          In backward, a region that builds a different graph the second time fails the pass.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in);
+
 /* ---- tensor parallel: communication on the tape ---- */
 
 /** Tensor parallelism's entry into a parallel region (Megatron-LM's f): forward y = x, the
