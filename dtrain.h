@@ -18280,7 +18280,8 @@ void dtr__shm_free(dtr_comm *c) {
     c->shm = NULL;
 }
 
-/* 1 when this group may use a segment: processes of one host, host buffers, 2 to 64 */
+/* 1 when this group may use a segment: processes of one host (not the local transport's
+ * threads; other transports' threads decline at setup), host buffers, 2 to 64 ranks */
 static int dtr__shm_eligible(const dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM");
     if (env && !strcmp(env, "0")) return 0;
@@ -18301,7 +18302,7 @@ static int dtr__shm_post_sentinel(dtr_comm *c) {
 }
 
 dtr_result dtr__shm_setup(dtr_comm *c) {
-    uint32_t msg[3] = {0, 0, 0};
+    uint32_t msg[4] = {0, 0, 0, 0};   /* token, rank 0 mapped it, rank 0's pid */
     char name[64];
     float ok;
     dtr_result r;
@@ -18313,10 +18314,12 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
         dtr__shm_name(name, sizeof name, msg);
         c->shm = dtr__shm_map(c, name, 1);
         msg[2] = c->shm != NULL;
+        msg[3] = (uint32_t)getpid();
     }
-    if ((r = dtr_comm_broadcast(c, msg, 3, DTR_I32, 0)) != DTR_OK) { dtr__shm_free(c); return r; }
+    if ((r = dtr_comm_broadcast(c, msg, 4, DTR_I32, 0)) != DTR_OK) { dtr__shm_free(c); return r; }
     dtr__shm_name(name, sizeof name, msg);
-    if (c->rank != 0 && msg[2]) c->shm = dtr__shm_map(c, name, 0);
+    /* threads of one process (a transport of the app's own) gain nothing: all decline */
+    if (c->rank != 0 && msg[2] && msg[3] != (uint32_t)getpid()) c->shm = dtr__shm_map(c, name, 0);
     ok = dtr__shm_check(c->shm, c) && dtr__shm_post_sentinel(c) ? 1.0f : 0.0f;
     if (ok > 0.5f) DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);   /* ranks that could map it */
@@ -18580,7 +18583,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18584 "dtrain.h"
+#line 18587 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -18817,7 +18820,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 18821 "dtrain.h"
+#line 18824 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19240,7 +19243,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19244 "dtrain.h"
+#line 19247 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19294,7 +19297,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19298 "dtrain.h"
+#line 19301 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
