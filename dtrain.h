@@ -18191,8 +18191,19 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+/* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c) */
+#if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
+extern int nanosleep(const struct timespec *req, struct timespec *rem);
+#endif
+#if defined(__GLIBC__) && !defined(__USE_POSIX) && !defined(__cplusplus)
+extern int kill(__pid_t pid, int sig);
+#endif
+#if defined(__GLIBC__) && !defined(__USE_XOPEN2K8) && !defined(__USE_XOPEN_EXTENDED) && !defined(__cplusplus)
+extern int ftruncate(int fd, __off_t length);
+#endif
 #define DTR__HAVE_SHM DTR__HAVE_ATOMICS
 #else
 #define DTR__HAVE_SHM 0
@@ -18583,7 +18594,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18587 "dtrain.h"
+#line 18598 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -18820,7 +18831,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 18824 "dtrain.h"
+#line 18835 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19243,7 +19254,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19247 "dtrain.h"
+#line 19258 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19297,7 +19308,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19301 "dtrain.h"
+#line 19312 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -35,8 +35,19 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+/* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c) */
+#if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
+extern int nanosleep(const struct timespec *req, struct timespec *rem);
+#endif
+#if defined(__GLIBC__) && !defined(__USE_POSIX) && !defined(__cplusplus)
+extern int kill(__pid_t pid, int sig);
+#endif
+#if defined(__GLIBC__) && !defined(__USE_XOPEN2K8) && !defined(__USE_XOPEN_EXTENDED) && !defined(__cplusplus)
+extern int ftruncate(int fd, __off_t length);
+#endif
 #define DTR__HAVE_SHM DTR__HAVE_ATOMICS
 #else
 #define DTR__HAVE_SHM 0
