@@ -17317,16 +17317,17 @@ static void dtr__psgd_rest(const dtr__cbucket *b, float *g, float *rest, int to_
     }
 }
 
-/* makes the r columns of p (rows, r) orthonormal (Gram-Schmidt; a zero column stays zero) */
+/* makes the r columns of p (rows, r) orthonormal (modified Gram-Schmidt, projections done
+   twice so that a column of rounding noise still comes out orthogonal; zero stays zero) */
 static void dtr__orthonormalise(float *p, int64_t rows, int r) {
     int c, d;
     int64_t i;
     for (c = 0; c < r; c++) {
         double norm = 0.0;
-        for (d = 0; d < c; d++) {
+        for (d = 0; d < 2 * c; d++) {
             double dot = 0.0;
-            for (i = 0; i < rows; i++) dot += (double)p[i * r + c] * p[i * r + d];
-            for (i = 0; i < rows; i++) p[i * r + c] -= (float)dot * p[i * r + d];
+            for (i = 0; i < rows; i++) dot += (double)p[i * r + c] * p[i * r + d % c];
+            for (i = 0; i < rows; i++) p[i * r + c] -= (float)dot * p[i * r + d % c];
         }
         for (i = 0; i < rows; i++) norm += (double)p[i * r + c] * p[i * r + c];
         norm = sqrt(norm);
@@ -17547,7 +17548,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 17551 "dtrain.h"
+#line 17552 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17831,7 +17832,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17835 "dtrain.h"
+#line 17836 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18254,7 +18255,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18258 "dtrain.h"
+#line 18259 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18308,7 +18309,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18312 "dtrain.h"
+#line 18313 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

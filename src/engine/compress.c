@@ -141,16 +141,17 @@ static void dtr__psgd_rest(const dtr__cbucket *b, float *g, float *rest, int to_
     }
 }
 
-/* makes the r columns of p (rows, r) orthonormal (Gram-Schmidt; a zero column stays zero) */
+/* makes the r columns of p (rows, r) orthonormal (modified Gram-Schmidt, projections done
+   twice so that a column of rounding noise still comes out orthogonal; zero stays zero) */
 static void dtr__orthonormalise(float *p, int64_t rows, int r) {
     int c, d;
     int64_t i;
     for (c = 0; c < r; c++) {
         double norm = 0.0;
-        for (d = 0; d < c; d++) {
+        for (d = 0; d < 2 * c; d++) {
             double dot = 0.0;
-            for (i = 0; i < rows; i++) dot += (double)p[i * r + c] * p[i * r + d];
-            for (i = 0; i < rows; i++) p[i * r + c] -= (float)dot * p[i * r + d];
+            for (i = 0; i < rows; i++) dot += (double)p[i * r + c] * p[i * r + d % c];
+            for (i = 0; i < rows; i++) p[i * r + c] -= (float)dot * p[i * r + d % c];
         }
         for (i = 0; i < rows; i++) norm += (double)p[i * r + c] * p[i * r + c];
         norm = sqrt(norm);
