@@ -41,7 +41,7 @@ struct dtr__dpc {
     dtr_dp_compress kind;
     float ratio;
     int rank_r, ef, world;
-    float *resid, *tmp;     /* error feedback (numel); top-k's magnitudes (numel) */
+    float *resid;           /* error feedback (numel floats) */
     dtr__cbucket *b;        /* one per parameter at most, made at the first start */
     int nb;
     dtr_dp_stats st;
@@ -70,8 +70,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ef = !cfg->no_error_feedback;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
     if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
-    if (z->b && z->kind == DTR_COMPRESS_TOPK) z->tmp = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
-    if (!z->b || (dtr__dpc_has_ef(z) && !z->resid) || (z->kind == DTR_COMPRESS_TOPK && !z->tmp)) {
+    if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
         dtr__dpc_destroy(z);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     }
@@ -91,7 +90,6 @@ void dtr__dpc_destroy(dtr__dpc *z) {
     }
     dtr__free(&z->ctx->alloc, z->b);
     dtr__free(&z->ctx->alloc, z->resid);
-    dtr__free(&z->ctx->alloc, z->tmp);
     dtr__free(&z->ctx->alloc, z);
 }
 
@@ -258,22 +256,29 @@ static void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, floa
     }
 }
 
-/* the k-th largest of a[0..n) (1 <= k <= n); reorders a (quickselect) */
-static float dtr__kth_largest(float *a, int64_t n, int64_t k) {
-    int64_t lo = 0, hi = n - 1, want = k - 1;
-    while (lo < hi) {
-        float pivot = a[lo + (hi - lo) / 2], t;
-        int64_t i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] > pivot) i++;
-            while (a[j] < pivot) j--;
-            if (i <= j) { t = a[i]; a[i] = a[j]; a[j] = t; i++; j--; }
+/* the k-th largest of |g[0..n)| (1 <= k <= n): a radix select on the magnitudes' bit
+   patterns (those of non-negative floats order as the floats), 11 + 11 + 10 bits, each pass
+   counting the entries that share the prefix found so far */
+static float dtr__kth_largest_abs(const float *g, int64_t n, int64_t k) {
+    static const int shift[3] = {21, 10, 0};
+    uint32_t prefix = 0, mask = 0, bits;
+    int64_t cnt[2048], i;
+    int p, bin, nb;
+    float f;
+    for (p = 0; p < 3; p++) {
+        nb = p == 2 ? 1024 : 2048;
+        memset(cnt, 0, sizeof cnt);
+        for (i = 0; i < n; i++) {
+            memcpy(&bits, g + i, sizeof bits);
+            bits &= 0x7fffffffu;
+            if ((bits & mask) == prefix) cnt[(bits >> shift[p]) & (uint32_t)(nb - 1)]++;
         }
-        if (want <= j) hi = j;
-        else if (want >= i) lo = i;
-        else break;
+        for (bin = nb - 1; bin > 0 && cnt[bin] < k; bin--) k -= cnt[bin];
+        prefix |= (uint32_t)bin << shift[p];
+        mask |= (uint32_t)(nb - 1) << shift[p];
     }
-    return a[want];
+    memcpy(&f, &prefix, sizeof f);
+    return f;
 }
 
 static int64_t dtr__topk_count(const dtr__dpc *z, int64_t n) {
@@ -283,12 +288,10 @@ static int64_t dtr__topk_count(const dtr__dpc *z, int64_t n) {
 
 /* payload [k int32 indices, ascending][k f32 values]: the k entries of g largest in
    magnitude (ties: the first ones); resid (may be NULL) = g with those entries zeroed */
-static void dtr__topk_encode(const float *g, int64_t n, int64_t k, float *tmp, unsigned char *out, float *resid) {
+static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char *out, float *resid) {
     int32_t *idx = (int32_t *)out;
-    float *val = (float *)(out + (size_t)k * sizeof(int32_t)), thr;
+    float *val = (float *)(out + (size_t)k * sizeof(int32_t)), thr = dtr__kth_largest_abs(g, n, k);
     int64_t i, m = 0, above = 0;
-    for (i = 0; i < n; i++) tmp[i] = fabsf(g[i]);
-    thr = dtr__kth_largest(tmp, n, k);
     for (i = 0; i < n; i++) above += fabsf(g[i]) > thr;
     for (i = 0; i < n; i++) {
         int take = m < k && (fabsf(g[i]) > thr || (fabsf(g[i]) == thr && above < k));
@@ -354,7 +357,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
         dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
     case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
-    case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), z->tmp, b->send, rb); break;
+    case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
     default:
         if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
         return dtr__psgd_start(z, b, gb, req);
