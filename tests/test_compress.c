@@ -67,6 +67,16 @@ static float *copy_of(const float *x, int64_t n) {
     return y;
 }
 
+/* the end of a rank on the MLP: the message, the others stopped on failure, teardown */
+static int mlp_rank_end(cjob *j, dtr_comm *c, int ok, dtr_dp *dp, mlp *net) {
+    int rank = dtr_comm_rank(c);
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", dtr_context_last_error(net->ctx));
+    if (!ok) dtr_comm_abort(c, "test rank failed");
+    dtr_dp_destroy(dp);
+    mlp_free(net);
+    return ok;
+}
+
 /* ---- round trip: one compressed step against the exact average ---- */
 
 /* largest |out - ex| / bound over the elements; bound from max_r |g_r| (mx) per codec */
@@ -135,12 +145,8 @@ static int round_trip_rank(dtr_comm *c, void *user) {
     dtr_dp_get_stats(dp, &j->stats[rank]);
     ok = 1;
 done:
-    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", dtr_context_last_error(net.ctx));
-    if (!ok) dtr_comm_abort(c, "test rank failed");
-    dtr_dp_destroy(dp);
-    mlp_free(&net);
     free(loc), free(ex), free(mx), free(avg_resid);
-    return ok;
+    return mlp_rank_end(j, c, ok, dp, &net);
 }
 
 static void round_trip(dtr_dp_compress kind, int b, int rank_r, double max_rel, double min_rel) {
@@ -259,11 +265,7 @@ static int sgd_rank(dtr_comm *c, void *user) {
     dtr_dp_get_stats(dp, &j->stats[rank]);
     ok = 1;
 done:
-    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", dtr_context_last_error(net.ctx));
-    if (!ok) dtr_comm_abort(c, "test rank failed");
-    dtr_dp_destroy(dp);
-    mlp_free(&net);
-    return ok;
+    return mlp_rank_end(j, c, ok, dp, &net);
 }
 
 static void t_local_sgd_h1(void) {

@@ -157,19 +157,6 @@ static void dtr__orthonormalise(float *p, int64_t rows, int r) {
     }
 }
 
-/* y += M x (t 0: M (rows, cols), x (cols, r), y (rows, r)) or M^T x (t 1: x (rows, r), y (cols, r)) */
-static void dtr__mat_times(const float *M, int64_t rows, int64_t cols, const float *x, float *y, int r, int t) {
-    int64_t i, j;
-    int c;
-    for (i = 0; i < rows; i++)
-        for (j = 0; j < cols; j++) {
-            float mv = M[i * cols + j];
-            const float *xs = t ? x + i * r : x + j * r;
-            float *ys = t ? y + j * r : y + i * r;
-            for (c = 0; c < r; c++) ys[c] += mv * xs[c];
-        }
-}
-
 static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
     dtr_rng rng;
     int64_t i;
@@ -185,28 +172,15 @@ static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, i
 
 static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_request **req) {
     float *p = (float *)b->send, *q = b->q;
-    int j;
-    memset(p, 0, b->bytes);
-    for (j = 0; j < b->nmat; j++) {
+    int j, r = z->rank_r;
+    for (j = 0; j < b->nmat; j++) {   /* P (rows, r) = M (rows, cols) Q (cols, r) */
         const dtr__cmat *a = &b->mat[j];
-        dtr__mat_times(g + a->off, a->rows, a->cols, q, p, z->rank_r, 0);
+        dtr__gemm(z->ctx->pool, a->rows, r, a->cols, 1.0f, g + a->off, a->cols, 1, q, r, 1, 0.0f, p, r);
         p += a->rows * z->rank_r;
         q += a->cols * z->rank_r;
     }
     dtr__psgd_rest(b, g, p, 0);
     return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
-}
-
-/* g (rows, cols) = p (rows, r) q (cols, r)^T */
-static void dtr__outer(const float *p, const float *q, int64_t rows, int64_t cols, int r, float *g) {
-    int64_t i, j;
-    int c;
-    for (i = 0; i < rows; i++)
-        for (j = 0; j < cols; j++) {
-            float v = 0.0f;
-            for (c = 0; c < r; c++) v += p[i * r + c] * q[j * r + c];
-            g[i * cols + j] = v;
-        }
 }
 
 /* P averaged: Q = M^T P averaged (blocking), g = P Q^T, the rest from P's tail */
@@ -215,18 +189,19 @@ static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float
     int64_t s, len;
     int j, r = z->rank_r;
     dtr_result res;
-    memset(q, 0, (size_t)b->nq * sizeof(float));
-    for (j = 0; j < b->nmat; j++) {
-        dtr__orthonormalise(p, b->mat[j].rows, r);
-        dtr__mat_times(g + b->mat[j].off, b->mat[j].rows, b->mat[j].cols, p, q, r, 1);
+    for (j = 0; j < b->nmat; j++) {   /* Q (cols, r) = M^T P */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__orthonormalise(p, a->rows, r);
+        dtr__gemm(z->ctx->pool, a->cols, r, a->rows, 1.0f, g + a->off, 1, a->cols, p, r, 1, 0.0f, q, r);
         p += b->mat[j].rows * r;
         q += b->mat[j].cols * r;
     }
     z->st.wire_bytes += (uint64_t)b->nq * sizeof(float);
     if ((res = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG)) != DTR_OK) return res;
     dtr__psgd_rest(b, g, p, 1);
-    for (j = 0, p = (float *)b->send, q = b->q; j < b->nmat; j++) {
-        dtr__outer(p, q, b->mat[j].rows, b->mat[j].cols, r, g + b->mat[j].off);
+    for (j = 0, p = (float *)b->send, q = b->q; j < b->nmat; j++) {   /* M ~ P Q^T */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__gemm(z->ctx->pool, a->rows, a->cols, r, 1.0f, p, r, 1, q, 1, r, 0.0f, g + a->off, a->cols);
         p += b->mat[j].rows * r;
         q += b->mat[j].cols * r;
     }
