@@ -2068,9 +2068,12 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
- *  1 nothing is installed and every call below returns at once.
- *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
+ *  1 nothing is installed and every call below returns at once. cfg.compress replaces the
+ *  f32 all-reduce by a codec (dtr_dp_compress); cfg.local_sgd_every turns on local SGD.
+ *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_dp_step_done (needed
+ *  by local SGD only), dtr_context_reset.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
+ *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
  *          has no free hook slot), DTR_UNSUPPORTED (parameters not in host
  *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
  *  Thread safety: the model's context thread; collective over c. */
@@ -2086,8 +2089,11 @@ DTR_API void dtr_dp_destroy(dtr_dp *dp);
 DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
 /** Ends a step's communication: starts the buckets that backward did not start (parameters
  *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
- *  the average over the ranks of their gradients, identical bits on every rank.
- *  @return DTR_OK or the first error of a bucket (the group's message names it). */
+ *  the average over the ranks of their gradients, identical bits on every rank (with a
+ *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
+ *  here). During local SGD past its warm-up it returns at once.
+ *  @return DTR_OK or the first error of a bucket (the group's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
 /** Local SGD: tells the engine an optimizer step is done (call it after dtr_optimizer_step;
  *  without local SGD it only counts). During the warm-up (local_sgd_warmup steps) the engine
@@ -2284,7 +2290,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2288 "dtrain.h"
+#line 2294 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2692,7 +2698,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2696 "dtrain.h"
+#line 2702 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2747,7 +2753,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2751 "dtrain.h"
+#line 2757 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2983,7 +2989,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2987 "dtrain.h"
+#line 2993 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3010,7 +3016,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3014 "dtrain.h"
+#line 3020 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3060,7 +3066,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3064 "dtrain.h"
+#line 3070 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3412,7 +3418,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3416 "dtrain.h"
+#line 3422 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4203,7 +4209,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4207 "dtrain.h"
+#line 4213 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4627,7 +4633,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4631 "dtrain.h"
+#line 4637 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4740,7 +4746,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4744 "dtrain.h"
+#line 4750 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5115,7 +5121,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5119 "dtrain.h"
+#line 5125 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5315,7 +5321,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5319 "dtrain.h"
+#line 5325 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5765,7 +5771,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5769 "dtrain.h"
+#line 5775 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5944,7 +5950,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5948 "dtrain.h"
+#line 5954 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6344,7 +6350,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6348 "dtrain.h"
+#line 6354 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6844,7 +6850,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6848 "dtrain.h"
+#line 6854 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7103,7 +7109,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7107 "dtrain.h"
+#line 7113 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7170,7 +7176,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7174 "dtrain.h"
+#line 7180 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7283,7 +7289,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7287 "dtrain.h"
+#line 7293 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7668,7 +7674,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7672 "dtrain.h"
+#line 7678 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7837,7 +7843,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7841 "dtrain.h"
+#line 7847 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8181,7 +8187,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8185 "dtrain.h"
+#line 8191 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8528,7 +8534,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8532 "dtrain.h"
+#line 8538 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8713,7 +8719,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8717 "dtrain.h"
+#line 8723 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9354,7 +9360,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9358 "dtrain.h"
+#line 9364 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9807,7 +9813,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9811 "dtrain.h"
+#line 9817 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9863,7 +9869,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9867 "dtrain.h"
+#line 9873 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10640,7 +10646,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10644 "dtrain.h"
+#line 10650 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11221,7 +11227,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11225 "dtrain.h"
+#line 11231 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11852,7 +11858,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11856 "dtrain.h"
+#line 11862 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12590,7 +12596,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12594 "dtrain.h"
+#line 12600 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12857,7 +12863,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12861 "dtrain.h"
+#line 12867 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13047,7 +13053,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13051 "dtrain.h"
+#line 13057 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13181,7 +13187,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13185 "dtrain.h"
+#line 13191 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13915,7 +13921,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13919 "dtrain.h"
+#line 13925 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14432,7 +14438,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14436 "dtrain.h"
+#line 14442 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15164,7 +15170,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15168 "dtrain.h"
+#line 15174 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16203,7 +16209,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16207 "dtrain.h"
+#line 16213 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16744,7 +16750,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16748 "dtrain.h"
+#line 16754 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -17170,7 +17176,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17174 "dtrain.h"
+#line 17180 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -17526,7 +17532,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 17530 "dtrain.h"
+#line 17536 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17810,7 +17816,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
     return DTR_OK;
 }
-#line 17814 "dtrain.h"
+#line 17820 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -18233,7 +18239,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18237 "dtrain.h"
+#line 18243 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18287,7 +18293,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18291 "dtrain.h"
+#line 18297 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -114,9 +114,12 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
- *  1 nothing is installed and every call below returns at once.
- *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
+ *  1 nothing is installed and every call below returns at once. cfg.compress replaces the
+ *  f32 all-reduce by a codec (dtr_dp_compress); cfg.local_sgd_every turns on local SGD.
+ *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_dp_step_done (needed
+ *  by local SGD only), dtr_context_reset.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
+ *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
  *          has no free hook slot), DTR_UNSUPPORTED (parameters not in host
  *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
  *  Thread safety: the model's context thread; collective over c. */
@@ -132,8 +135,11 @@ DTR_API void dtr_dp_destroy(dtr_dp *dp);
 DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
 /** Ends a step's communication: starts the buckets that backward did not start (parameters
  *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
- *  the average over the ranks of their gradients, identical bits on every rank.
- *  @return DTR_OK or the first error of a bucket (the group's message names it). */
+ *  the average over the ranks of their gradients, identical bits on every rank (with a
+ *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
+ *  here). During local SGD past its warm-up it returns at once.
+ *  @return DTR_OK or the first error of a bucket (the group's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
 /** Local SGD: tells the engine an optimizer step is done (call it after dtr_optimizer_step;
  *  without local SGD it only counts). During the warm-up (local_sgd_warmup steps) the engine
