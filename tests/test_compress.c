@@ -15,7 +15,8 @@
  *                        (int8 and top-k never send the small entries, PowerSGD never the
  *                        second singular component)
  *   test_local_sgd_h1    local SGD with H = 1 gives the weights of ordinary DP (20 SGD steps
- *                        with momentum, relative error <= 1e-5), identical bits on the ranks
+ *                        with momentum, relative error <= 1e-5), identical bits on the ranks;
+ *                        dtr_dp_step_done between backward and finish is DTR_BAD_STATE
  *   test_local_sgd_phases  warm-up 3 and H 4 over 11 steps: the ranks hold the same weights
  *                        after the warm-up steps and after steps 7 and 11 only; 3 gradient
  *                        syncs, 2 parameter averages, and the bytes they put on the wire
@@ -43,6 +44,7 @@ typedef struct cjob {
     double rel[WORLD];         /* round trip: relative error; error feedback: worst entry */
     int64_t numel;
     dtr_dp_stats stats[WORLD];
+    int refused[WORLD];        /* dtr_dp_step_done between backward and finish was refused */
     char msg[WORLD][256];
 } cjob;
 
@@ -255,7 +257,9 @@ static int sgd_rank(dtr_comm *c, void *user) {
     n = j->numel = dtr_model_numel(net.m);
     j->trace[rank] = (float *)malloc((size_t)(n * j->steps) * sizeof(float));
     for (t = 0; t < j->steps; t++) {
-        if (mlp_backward(&net, t, (int64_t)rank * j->b, j->b) != DTR_OK || dtr_dp_finish(dp) != DTR_OK ||
+        if (mlp_backward(&net, t, (int64_t)rank * j->b, j->b) != DTR_OK) goto done;
+        if (t == 0 && !j->dc.local_sgd_every) j->refused[rank] = dtr_dp_step_done(dp) == DTR_BAD_STATE;
+        if (dtr_dp_finish(dp) != DTR_OK ||
             dtr_optimizer_step(net.opt, NULL) != DTR_OK || dtr_dp_step_done(dp) != DTR_OK)
             goto done;
         dtr_context_reset(net.ctx);
@@ -279,6 +283,8 @@ static void t_local_sgd_h1(void) {
         CHECK(memcmp(loc.params[0], loc.params[1], (size_t)loc.numel * sizeof(float)) == 0);
         CHECK_EQ_INT(loc.stats[0].syncs, 0);
         CHECK_EQ_INT(loc.stats[0].param_averages, 20);
+        CHECK(dp.refused[0] && dp.refused[1]);   /* step_done with buckets in flight */
+        CHECK_EQ_INT(dp.stats[0].steps, 20);
         printf("     H = 1 vs DP after 20 steps: relative error %.2e\n", e);
     }
     cjob_free(&dp);

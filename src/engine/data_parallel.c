@@ -185,11 +185,16 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp);
 }
 
+/* `fn` called between a synchronised backward and its finish: described on the group; the
+   context stays usable */
+static dtr_result dtr__dp_busy(dtr_dp *dp, const char *fn) {
+    return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
+                          "%s: gradient buckets are in flight (call dtr_dp_finish first)", fn);
+}
+
 dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync) {
     if (!dp) return DTR_NULL_HANDLE;
-    if (dp->nb && dp->next > 0) /* described on the group; the context stays usable */
-        return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
-                              "dtr_dp_set_no_sync: gradient buckets are in flight (call dtr_dp_finish first)");
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_set_no_sync");
     dp->no_sync = no_sync ? 1 : 0;
     return DTR_OK;
 }
@@ -218,8 +223,7 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     int64_t n, w;
     dtr_result r;
     if (!dp) return DTR_NULL_HANDLE;
-    if (dp->nb && dp->next > 0)
-        return dtr__fail(dp->ctx, DTR_BAD_STATE, "dtr_dp_step_done: gradient buckets are in flight (call dtr_dp_finish first)");
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
@@ -276,5 +280,8 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->no_sync != 0 && dp->no_sync != 1)
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
+    if (dtr__dpc_stats(dp->cz)->steps < 0)
+        return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: steps is %lld",
+                         (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }

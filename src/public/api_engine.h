@@ -147,8 +147,9 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
  *  (a blocking f32 all-reduce). With local_sgd_every 1 this is ordinary DP up to rounding.
  *  Optimizer state (momentum) stays local.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (gradient buckets in flight), or the
- *          all-reduce's error (the context's message names it).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (gradient buckets in flight: the group's
+ *          message says so, the context's status is not touched), or the all-reduce's
+ *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
 /** Copies the engine's counters (dtr_dp_stats) into *out.
