@@ -151,8 +151,9 @@ done:
     return mlp_rank_end(j, c, ok, dp, &net);
 }
 
-static void round_trip(dtr_dp_compress kind, int b, int rank_r, double max_rel, double min_rel) {
+static void round_trip(dtr_dp_compress kind, int b, int rank_r, size_t bucket, double max_rel, double min_rel) {
     cjob j = cjob_init(kind, b, 1);
+    j.dc.bucket_bytes = bucket;
     j.dc.topk_ratio = 0.1f;
     j.dc.powersgd_rank = rank_r;
     CHECK_MSG(ex_run_ranks("test_compress", "local", NULL, WORLD, 0, round_trip_rank, &j), "%s | %s", j.msg[0], j.msg[1]);
@@ -162,7 +163,7 @@ static void round_trip(dtr_dp_compress kind, int b, int rank_r, double max_rel, 
         CHECK_MSG(j.worst[0] <= 1.0 && j.worst[1] <= 1.0, "%s: error %.3g x the bound", dp_compress_names[kind],
                   fmax(j.worst[0], j.worst[1]));
         CHECK_MSG(j.rel[0] <= max_rel && j.rel[0] >= min_rel, "%s: relative error %.3g", dp_compress_names[kind], j.rel[0]);
-        CHECK_EQ_INT(j.stats[0].raw_bytes, j.numel * 4);
+        CHECK_EQ_INT(j.stats[0].raw_bytes, j.numel * 4);   /* one sync of every bucket */
         CHECK_MSG(j.stats[0].wire_bytes < j.stats[0].raw_bytes, "%s: %llu bytes", dp_compress_names[kind],
                   (unsigned long long)j.stats[0].wire_bytes);
         printf("     %-8s rank %d, %d rows/rank: relative error %.2e, %llu of %llu bytes\n", dp_compress_names[kind],
@@ -172,12 +173,13 @@ static void round_trip(dtr_dp_compress kind, int b, int rank_r, double max_rel, 
 }
 
 static void t_round_trip(void) {
-    round_trip(DTR_COMPRESS_BF16, 8, 0, 1e-2, 0.0);
-    round_trip(DTR_COMPRESS_FP16, 8, 0, 1e-3, 0.0);
-    round_trip(DTR_COMPRESS_INT8, 8, 0, 5e-2, 0.0);
-    round_trip(DTR_COMPRESS_TOPK, 8, 0, 1.0, 1e-2);
-    round_trip(DTR_COMPRESS_POWERSGD, 1, 4, 1e-4, 0.0);    /* weight gradients of rank <= 2 */
-    round_trip(DTR_COMPRESS_POWERSGD, 8, 1, 1.0, 1e-2);    /* rank 1 of rank-16 gradients */
+    round_trip(DTR_COMPRESS_BF16, 8, 0, 0, 1e-2, 0.0);
+    round_trip(DTR_COMPRESS_FP16, 8, 0, 0, 1e-3, 0.0);
+    round_trip(DTR_COMPRESS_INT8, 8, 0, 0, 5e-2, 0.0);
+    round_trip(DTR_COMPRESS_TOPK, 8, 0, 0, 1.0, 1e-2);
+    round_trip(DTR_COMPRESS_POWERSGD, 1, 4, 0, 1e-4, 0.0);     /* weight gradients of rank <= 2 */
+    round_trip(DTR_COMPRESS_POWERSGD, 1, 4, 64, 1e-4, 0.0);    /* a bucket per parameter: some hold no matrix */
+    round_trip(DTR_COMPRESS_POWERSGD, 8, 1, 0, 1.0, 1e-2);     /* rank 1 of gradients of rank up to 16 */
 }
 
 /* ---- error feedback: a constant gradient part of which each codec drops ---- */
