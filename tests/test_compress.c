@@ -23,7 +23,8 @@
  *   test_bad_config      unknown codec, topk_ratio > 1, negative H: DTR_INVALID_ARGUMENT
  *   test_accuracy        the Fashion-MNIST MLP (examples/fmnist_dp.c), 3 epochs on 2 ranks:
  *                        every codec within 1 point of uncompressed accuracy (PowerSGD rank 4).
- *                        make test runs 100 batches of 128 per epoch, top-k sending 10% of
+ *                        make test runs 100 batches of 128 per epoch (40 with
+ *                        DTR_TEST_QUICK=1, the sanitizer runs), top-k sending 10% of
  *                        each bucket; DTR_COMPRESS_FULL=1 (make test-compress-full) whole
  *                        epochs, top-k at its default 1%. Data as tests/test_train.c: missing
  *                        data fails unless DTR_ALLOW_SKIP=1. */
@@ -340,7 +341,7 @@ static void t_bad_config(void) {
 /* ---- accuracy on Fashion-MNIST ---- */
 
 static void t_accuracy(void) {
-    const char *full = getenv("DTR_COMPRESS_FULL"), *allow = getenv("DTR_ALLOW_SKIP");
+    const char *full = getenv("DTR_COMPRESS_FULL"), *allow = getenv("DTR_ALLOW_SKIP"), *quick = getenv("DTR_TEST_QUICK");
     dtr_mnist data;
     dp_opts o = dp_opts_default();
     dp_result base, res;
@@ -353,7 +354,7 @@ static void t_accuracy(void) {
     }
     o.epochs = 3;
     o.quiet = 1;
-    o.max_steps = full && strcmp(full, "1") == 0 ? 0 : 100;
+    o.max_steps = full && strcmp(full, "1") == 0 ? 0 : quick && strcmp(quick, "1") == 0 ? 40 : 100;
     o.topk_ratio = o.max_steps ? 0.1f : 0.0f;   /* 1% trails by 2 points after 300 steps, not after 3 epochs */
     CHECK(dp_train(&o, &data, &base) && base.ok);
     printf("     none      %.2f%%  %8.0f bytes/step\n", 100.0 * base.test_acc, (double)base.stats.wire_bytes / (double)base.steps);
