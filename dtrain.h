@@ -596,6 +596,10 @@ DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block 
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
+ *  A model with tensor-parallel shards (api_engine.h, dtr_tp_*) saves collectively: every rank
+ *  of its group calls this, the shards are gathered and rank 0 writes one file of full
+ *  tensors under the single-device names (the others write nothing and return once the
+ *  gather is done; the file is complete when rank 0's call returns).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
@@ -604,7 +608,8 @@ DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
  *  and leaves the model's values unchanged. Entries the model does not ask for are skipped
  *  whatever their dtype (Hugging Face files carry I64 position_ids, F64 or BOOL buffers); a
  *  parameter stored as another dtype gives DTR_DTYPE_MISMATCH. DTR_UNSUPPORTED comes only from
- *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims.
+ *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims. A
+ *  tensor-parallel shard reads the full tensor (single-device shape) and keeps its slice.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 
@@ -1597,7 +1602,9 @@ typedef enum dtr_reduce_op {
 typedef enum dtr_allreduce_algo {
     DTR_ALLREDUCE_AUTO = 0,
     DTR_ALLREDUCE_RING = 1,               /**< reduce-scatter + all-gather around a ring: 2(N-1) steps, bandwidth-optimal */
-    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2, /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_HIERARCHICAL = 3        /**< sum inside each host, all-reduce between the hosts' leaders,
+                                               broadcast inside each host (dtr_comm_set_allreduce_algo) */
 } dtr_allreduce_algo;
 
 /** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling").
@@ -1836,6 +1843,11 @@ DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
 /** What the transport chose when it opened (dtr_transport_info.detail): libfabric's provider,
  *  e.g. "shm" or "tcp;ofi_rxm"; "" for the local transport. Thread safety: any thread. */
 DTR_API const char *dtr_comm_transport_detail(const dtr_comm *c);
+/** 1 when the group's collectives run through a shared-memory segment that its ranks map
+ *  (they are processes of one host, with host buffers: set up when the group is made;
+ *  $DTR_COMM_SHM=0 turns it off), 0 when they go through the transport. The results are the
+ *  same bits either way. Thread safety: any thread. */
+DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
 
 /** Color of a rank that wants no sub-group from dtr_comm_split. */
 #define DTR_COMM_UNDEFINED (-1)
@@ -1873,8 +1885,16 @@ DTR_API void dtr_comm_abort(dtr_comm *c, const char *why);
 DTR_API dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms);
 /** Replaces the all-reduce algorithm and, when ring_threshold_bytes > 0, the AUTO threshold,
  *  for the group's later calls. Every rank must make the same change at the same point
- *  between collectives (the algorithm is part of what must match). Returns DTR_OK,
- *  DTR_NULL_HANDLE or DTR_INVALID_ARGUMENT. Thread safety: the group's thread. */
+ *  between collectives (the algorithm is part of what must match).
+ *  DTR_ALLREDUCE_HIERARCHICAL makes the call a collective the first time: it splits the group
+ *  by host (dtr_comm_local_rank's hosts; $DTR_RANKS_PER_HOST=k declares fake hosts of k
+ *  consecutive ranks, for tests on one machine) and the hosts' first ranks into a leaders'
+ *  group. Its all-reduce sums inside each host (the host group's AUTO algorithm), all-reduces
+ *  the sums between the leaders (an average divided by the whole group's size in the last
+ *  step), and broadcasts inside each host. With one host, or one rank per host, it is the
+ *  flat algorithm AUTO picks. Buffers in device memory (cfg.memory) use the flat one.
+ *  Returns DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, or a split's error.
+ *  Thread safety: the group's thread. */
 DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes);
 
 /* ---- collectives (blocking) ----
@@ -1984,6 +2004,39 @@ DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn 
  *  Thread safety: the context's thread, outside a backward pass. */
 DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
+/* ---- activation checkpointing (recompute) ---- */
+
+/** A region of the forward pass for dtr_checkpoint: builds its output from `in` (the inputs
+ *  given to dtr_checkpoint, in order) with ordinary ops on `ctx` and returns it, or returns
+ *  NULL with the context's error set. It may read model parameters and other tensors through
+ *  `user`. It runs once in forward and once more in backward, so it must build the same ops
+ *  from the same tensors each time (dropout draws the same masks: the random stream is
+ *  replayed) and have no other side effects that matter. */
+typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tensor *const *in);
+
+/** Activation checkpointing: runs `fn` (a GPT block, a pipeline stage) and keeps only its
+ *  output; the activations inside the region are dropped at once and recomputed during
+ *  backward, so a checkpointed layer holds only its inputs and output between forward and
+ *  backward. Gradients are the same bits as without it, dropout included (the recomputation
+ *  replays the context's random stream and training mode from the forward). The region is one
+ *  node of the current tape that writes the gradients of every parameter and tensor the
+ *  region read, so gradient hooks (dtr_dp's bucketed all-reduce) report a parameter only after
+ *  it, and it works in each micro-batch of a pipeline (dtr_pipe) the same way. A region may
+ *  hold tensor-parallel collectives (dtr_tp_copy, dtr_tp_reduce): every rank recomputes them
+ *  at the same point of its backward (they run twice). Regions may nest up to 4 deep. With
+ *  gradient recording off it just calls fn.
+ *  fn must not return one of its inputs or a parameter unchanged, nor create tensors that
+ *  require gradients (dtr_tensor_requires_grad) inside the region.
+ *  @param fn    the region; @param user handed to fn;
+ *  @param n_in  number of inputs, 0 to 64; @param in  the inputs (may be NULL when n_in is 0).
+ *  @return the region's output (a new tensor of the current tape), or NULL with the context's
+ *          error: DTR_NULL_HANDLE (fn, in or an input NULL), DTR_INVALID_ARGUMENT (n_in out of
+ *          range, an input of another context, fn returned NULL without an error or returned
+ *          a tensor it did not compute, a tensor made to require gradients inside), DTR_BAD_STATE (nested deeper than 4), or fn's error.
+ *          In backward, a region that builds a different graph the second time fails the pass.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in);
+
 /* ---- tensor parallel: communication on the tape ---- */
 
 /** Tensor parallelism's entry into a parallel region (Megatron-LM's f): forward y = x, the
@@ -1998,6 +2051,122 @@ DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm)
  *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Every rank's x (..., w) joined along the last axis in rank order: (..., w * group size),
+ *  the same on every rank (all-gather); backward adds this rank's slice of the gradient to
+ *  x's, without communication. What a column-parallel layer's gathered output uses.
+ *  Collective like dtr_tp_copy. @return y, or NULL with the context's error (NULL input or
+ *  comm, a 0-dim x: DTR_SHAPE_MISMATCH, the group's failure).
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+
+/** Mean cross-entropy of logits whose vocabulary (last axis) is split over `comm`: rank r
+ *  holds `logits` (..., K) for classes r * K .. (r + 1) * K - 1 (the output of a
+ *  column-parallel head without gather); `targets` are i32 global class indices (...),
+ *  the same on every rank. The value equals dtr_cross_entropy over the full logits: the row
+ *  max is all-reduced (MAX), the sum of exponentials and the target logit (from the rank
+ *  that owns it) are all-reduced (SUM). Backward: softmax_shard - onehot_shard, scaled by the
+ *  upstream gradient over the row count, with no communication. Collective like dtr_tp_copy.
+ *  @return the scalar loss (the same on every rank), or NULL with the context's error:
+ *  DTR_NULL_HANDLE (comm, input), DTR_DTYPE_MISMATCH, DTR_SHAPE_MISMATCH (row counts),
+ *  DTR_INVALID_ARGUMENT (a target outside [0, K * group size)), the group's failure.
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
+                                                     dtr_comm *comm);
+
+/* ---- tensor parallel: layers (Megatron-LM) ----
+ * Each layer splits its weights over the ranks of a tensor-parallel group `comm` (size tp):
+ * every rank declares the same parameter names as the single-device layer (dtr_linear_layer,
+ * dtr_attention_layer, dtr_embedding_layer, dtr_gpt_block) with its shard's shape, in the
+ * same order. dtr_model_build initialises each shard as the slice of the full tensor that a
+ * single-device model with the same seed draws, so both runs start from the same weights;
+ * dtr_model_save gathers the shards into one file of full tensors (collective) that a
+ * single-device model loads, and dtr_model_load of such a file keeps each rank's slice.
+ * Replicated parameters (layer norms, the row-parallel bias) get identical gradients on every
+ * rank without further communication. Sizes that do not divide by tp are
+ * DTR_INVALID_ARGUMENT. Every rank must run the same forward (the layers are collectives). */
+
+/** A linear layer split over a tensor-parallel group. Column-parallel: weight rows (output
+ *  features) out / tp per rank, rank r holding features r * out / tp ..; input full,
+ *  output (..., out / tp), or (..., out) with `gather`. Row-parallel: weight columns (input
+ *  features) in / tp per rank; input (..., in / tp) (a column-parallel output), output
+ *  (..., out) summed over the group, plus the full bias (replicated). */
+typedef struct dtr_tp_linear {
+    dtr_tensor *weight, *bias; /**< this rank's shard; bias NULL without one */
+    int64_t in, out;           /**< the full layer's sizes */
+    int row;                   /**< 1: row-parallel, 0: column-parallel */
+    int gather;                /**< column-parallel: the forward returns the full output */
+    dtr_comm *comm;            /**< the tensor-parallel group */
+} dtr_tp_linear;
+
+/** Declares a column-parallel linear layer `name` (weight (out, in) and bias (out) of the full
+ *  layer, as dtr_linear_layer_init) on m; rank r keeps rows r * out / tp .. of both.
+ *  `gather` 1 makes the forward return the full output on every rank.
+ *  @return DTR_OK, DTR_NULL_HANDLE (l, m or comm), DTR_INVALID_ARGUMENT (sizes, out % tp),
+ *  or the model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
+                                             int64_t in, int64_t out, int bias, dtr_init init, int gather);
+/** Declares a row-parallel linear layer `name`: rank r keeps weight columns r * in / tp ..;
+ *  the bias (out) is whole on every rank. @return as dtr_tp_column_linear_init (in % tp).
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
+                                          int64_t in, int64_t out, int bias, dtr_init init);
+/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
+ *  bias. @return the output or NULL with the context's error. Collective over l->comm.
+ *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
+DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
+
+/** Causal self-attention with its heads split over the group: rank r computes heads
+ *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
+ *  row-parallel proj. Parameters as dtr_attention_layer's. */
+typedef struct dtr_tp_attention {
+    dtr_tp_linear qkv, proj;
+    int64_t dim;
+    int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
+} dtr_tp_attention;
+
+/** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
+ *  (heads not dividing dim, or tp not dividing heads: the message names both), or the
+ *  model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                         int heads);
+/** x (B, T, C), the same on every rank -> (B, T, C), the same on every rank. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x);
+
+/** Vocabulary-parallel embedding: rank r holds table rows r * vocab / tp .. */
+typedef struct dtr_tp_embedding {
+    dtr_tensor *weight;        /**< (vocab / tp, dim) */
+    int64_t vocab, dim, start; /**< full sizes; the first row held here */
+    dtr_comm *comm;
+} dtr_tp_embedding;
+
+/** Declares the embedding `name` (weight (vocab, dim) of the full table, as
+ *  dtr_embedding_layer_init). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (sizes,
+ *  vocab % tp), or the model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *comm, const char *name, int64_t vocab,
+                                         int64_t dim);
+/** Rows of the full table for i32 `ids` (any shape S, the same on every rank): each rank
+ *  looks up the ids it holds (zero rows for the others), then dtr_tp_reduce sums them.
+ *  An id outside [0, vocab) is DTR_INVALID_ARGUMENT. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids);
+
+/** A GPT block (pre-norm) with its attention and MLP split over the group: ln1, tensor-parallel
+ *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters as
+ *  dtr_gpt_block's (same names and order), the layer norms replicated. */
+typedef struct dtr_tp_gpt_block {
+    dtr_layernorm_layer ln1, ln2;
+    dtr_tp_attention attn;
+    dtr_tp_linear fc, fc_proj;
+} dtr_tp_gpt_block;
+
+/** Declares the block `name` on m. @return as dtr_tp_attention_init.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                         int heads);
+/** x (B, T, C) -> (B, T, C), as dtr_gpt_block_forward. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x);
 
 /* ---- data parallel ---- */
 
@@ -2291,7 +2460,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2295 "dtrain.h"
+#line 2464 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2435,14 +2604,16 @@ struct dtr_tensor {
     X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
-    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)
+    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
+    X(CHECKPOINT, "checkpoint", checkpoint)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 37
+#define DTR__OP_COUNT_EXPECTED 40
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -2468,16 +2639,30 @@ typedef struct dtr__view_params {
     int perm[DTR_MAX_DIMS];           /* PERMUTE: out axis d is input axis perm[d] */
 } dtr__view_params;
 
+typedef struct dtr__checkpoint_params {
+    dtr_checkpoint_fn fn;             /* the region (dtr_checkpoint) and its user pointer */
+    void *user;
+    dtr_rng rng;                      /* the context's stream when the region began: the
+                                         recomputation draws the same dropout masks */
+    int n_explicit;                   /* in[0 .. n_explicit-1] are fn's inputs; the rest are the
+                                         tensors the region read that need gradients */
+    int training;                     /* the context's training mode in the region */
+    dtr_tensor *region_out;           /* forward only: the region's output (dense, on the
+                                         region's tape) that the kernel copies into out */
+} dtr__checkpoint_params;
+
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
+                                         group (the last's rank r holds vocabulary rows r * K ..) */
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -2587,6 +2772,8 @@ struct dtr_backend {
 };
 
 #define DTR__MAX_GRAD_HOOKS 8
+/** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
+#define DTR__MAX_RECOMPUTE_DEPTH 4
 
 /** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
  *  context's own is ctx->own). Resetting it frees all of them at once. */
@@ -2625,10 +2812,26 @@ struct dtr_context {
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
     int n_grad_hooks, grad_hook_ids;
     uint32_t backward_pass;       /* number of the current (last) backward pass */
+    /* activation checkpointing (src/core/recompute.c): one tape per nesting level, made on
+       first use, where a region runs and is recomputed; empty between uses */
+    dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
+    int recompute_depth;          /* levels in use now */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+
+/* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
+
+/** Replays the nodes from `head` back in the current pass (ctx->backward_pass); the root
+ *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
+ *  recomputed region inside the pass that reports its parameters). */
+DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
+/** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
+ *  saved random stream and replays it into the gradients of the node's inputs. */
+DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -2686,6 +2889,9 @@ DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+/** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
+ *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
+DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
@@ -2693,13 +2899,36 @@ static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
 }
 
+/* ---- tensor-parallel shards of model parameters (src/nn/tensor_parallel.c) ---- */
+
+/** How a parameter is one rank's shard of a full tensor: the full tensor's axis `axis` is
+ *  `parts` equal blocks (3 for attention's q|k|v), each split evenly over `ways` ranks; rank
+ *  `rank` holds its slice of every block, in block order. */
+typedef struct dtr__shard {
+    dtr_comm *comm;                   /* the tensor-parallel group */
+    int rank, ways, axis, parts;
+    int ndim;
+    int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
+} dtr__shard;
+
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
+                                          const int64_t *shape, dtr_init init, float arg);
+/** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
+ *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
+DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
+/** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
+DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
+/** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */
+DTR__PRIVATE dtr_result dtr__shard_gather(dtr_context *ctx, const dtr__shard *s, const dtr_tensor *t, float *full);
+
 /* ---- CPU backend ---- */
 extern const dtr_backend dtr__cpu_backend;
 
 #ifdef __cplusplus
 }
 #endif
-#line 2703 "dtrain.h"
+#line 2932 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2754,7 +2983,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2758 "dtrain.h"
+#line 2987 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -2824,6 +3053,7 @@ typedef struct dtr__coll {
     int root;              /* broadcast root; send/recv peer (group ranks) */
     int tag;               /* send/recv user tag */
     int algo;              /* all-reduce: the algorithm chosen at the call */
+    int avg_div;           /* DTR_REDUCE_AVG divides by this (0: the group's size) */
     uint32_t seq;          /* sequence number of the collective in its group */
     int timeout_ms;        /* the group's deadline setting when it was called */
     int64_t deadline;      /* dtr_time_ns */
@@ -2848,6 +3078,13 @@ struct dtr_comm {
     uint32_t ctx;              /* context id (tags) */
     uint32_t seq;              /* next collective's sequence number */
     void *native_group;        /* the transport's group handle when it has native collectives */
+    struct dtr_comm *host;     /* hierarchical all-reduce: this rank's host, and the hosts'
+                                  first ranks (NULL on the others); run only by this group */
+    struct dtr_comm *leaders;
+    struct dtr__shm *shm;      /* the group's shared-memory segment (src/comm/shm.c), or NULL */
+    int hier_ready;            /* host and leaders were made */
+    int hier_on;               /* and hierarchical differs from flat (several hosts, one of
+                                  several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
     /* configuration */
     int timeout_ms;
@@ -2879,6 +3116,26 @@ struct dtr_comm {
 };
 
 /* ---- shared helpers ---- */
+
+/** $DTR_RANKS_PER_HOST: fake hosts of that many consecutive ranks (tests of hierarchical
+ *  collectives on one machine); 0 when unset or not a positive number. */
+static inline int dtr__fake_ranks_per_host(void) {
+    const char *v = getenv("DTR_RANKS_PER_HOST");
+    int k = v ? atoi(v) : 0;
+    return k > 0 ? k : 0;
+}
+/* ---- shared-memory collectives (src/comm/shm.c) ---- */
+typedef struct dtr__shm dtr__shm;
+/** Collective over c at its creation: maps one segment shared by the group's ranks when
+ *  they are processes of one host (else nothing). An error only when the group failed. */
+DTR__PRIVATE dtr_result dtr__shm_setup(dtr_comm *c);
+/** Unmaps the group's segment. */
+DTR__PRIVATE void dtr__shm_free(dtr_comm *c);
+/** Runs collective a through the segment when the group has one (1; result in *r), else 0. */
+DTR__PRIVATE int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r);
+
+/** The all-reduce algorithm AUTO picks for `count` elements of `dt` on group c. */
+DTR__PRIVATE int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt);
 
 /** Records an error on the group (first communication failure is sticky), logs it, and for
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.
@@ -2990,7 +3247,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 2994 "dtrain.h"
+#line 3251 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3017,7 +3274,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3021 "dtrain.h"
+#line 3278 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3067,7 +3324,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3071 "dtrain.h"
+#line 3328 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3419,7 +3676,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3423 "dtrain.h"
+#line 3680 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4210,7 +4467,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4214 "dtrain.h"
+#line 4471 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4434,8 +4691,10 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
 
 void dtr_context_destroy(dtr_context *ctx) {
     dtr_allocation_callbacks a;
+    int i;
     if (!ctx) return;
     a = ctx->alloc;
+    for (i = 0; i < DTR__MAX_RECOMPUTE_DEPTH; i++) dtr_tape_destroy(ctx->recompute[i]);
     dtr__arena_free(&ctx->own.meta);
     dtr__arena_free(&ctx->own.data);
     if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);
@@ -4492,6 +4751,21 @@ void dtr_tape_destroy(dtr_tape *t) {
     dtr__arena_free(&t->meta);
     dtr__arena_free(&t->data);
     dtr__free(&ctx->alloc, t);
+}
+
+static int dtr__chunk_has(dtr__chunk *c, const void *p) {
+    uintptr_t q = (uintptr_t)p, begin;
+    if (!c) return 0;
+    begin = (uintptr_t)dtr__chunk_data(c);
+    return q >= begin && q < begin + c->size;
+}
+
+int dtr__tape_owns(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->meta.head, p)) return 1;
+    for (c = t->meta.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
 }
 
 dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {
@@ -4634,7 +4908,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4638 "dtrain.h"
+#line 4912 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4747,7 +5021,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4751 "dtrain.h"
+#line 5025 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5122,7 +5396,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5126 "dtrain.h"
+#line 5400 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5244,11 +5518,10 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     return r;
 }
 
-/* Replays `tape` from its end; the root already holds this pass's seed gradient. */
-static dtr_result dtr__replay_nodes(dtr_context *ctx, dtr__node *tape) {
+dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     dtr__node *n;
     dtr_result r;
-    int hooks = ctx->n_grad_hooks > 0;
+    int hooks = report && ctx->n_grad_hooks > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
@@ -5294,7 +5567,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
     r = dtr__seed(ctx, out, grad);
-    if (r == DTR_OK) r = dtr__replay_nodes(ctx, ctx->cur->head);
+    if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
     ctx->cur = was;
     return r;
 }
@@ -5322,7 +5595,238 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5326 "dtrain.h"
+#line 5599 "dtrain.h"
+
+/* ---- src/core/recompute.c ---- */
+#line 1 "src/core/recompute.c"
+/* ============================================================================
+ * Activation checkpointing (dtr_checkpoint): a region of the forward runs on a tape of its
+ * own, which is emptied as soon as the region's output is copied out; the region is
+ * recorded as one CHECKPOINT node whose backward runs the region again (same inputs, same
+ * random stream, same training mode) and replays it inside the current backward pass.
+ *
+ *   forward   in -> fn on ctx->recompute[depth] -> y (dense) -> copied into out (current tape)
+ *             The node's inputs: the explicit inputs, then every tensor from outside the
+ *             region that a node of the region read and that needs a gradient (parameters,
+ *             tensors fn reached through its user pointer). So the outer pass makes their
+ *             gradients before the node runs, and gradient hooks count the node as a writer
+ *             of each parameter: they report it after the node, not inside it.
+ *   backward  fn again -> y'; y'.grad is out.grad for this pass (no copy); the region's
+ *             nodes replay with the pass's number and without hook reports; the tape is
+ *             emptied again.
+ * Each nesting level has its own tape, made on first use and kept (empty) for the next
+ * step, so a steady step allocates nothing.
+ * ==========================================================================*/
+
+
+
+
+
+#define DTR__CHECKPOINT_MAX_INPUTS 64
+
+/* ---- the region's tape ---- */
+
+typedef struct dtr__region {
+    dtr_tape *outer, *tape;
+    int grad_enabled;
+} dtr__region;
+
+/* Makes the tape of the next nesting level current, with gradient recording on. */
+static dtr_result dtr__region_begin(dtr_context *ctx, dtr__region *g) {
+    dtr_tape **slot;
+    dtr_result r;
+    if (ctx->recompute_depth >= DTR__MAX_RECOMPUTE_DEPTH)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_checkpoint: regions nested deeper than %d", DTR__MAX_RECOMPUTE_DEPTH);
+    slot = &ctx->recompute[ctx->recompute_depth];
+    if (!*slot && (r = dtr_tape_create(ctx, slot)) != DTR_OK) return r;
+    g->outer = ctx->cur;
+    g->tape = *slot;
+    g->grad_enabled = ctx->grad_enabled;
+    ctx->cur = g->tape;
+    ctx->grad_enabled = 1;
+    ctx->recompute_depth++;
+    return DTR_OK;
+}
+
+/* Drops everything the region recorded and makes the outer tape current again. */
+static void dtr__region_end(dtr_context *ctx, const dtr__region *g) {
+    dtr_tape_reset(g->tape);
+    ctx->cur = g->outer;
+    ctx->grad_enabled = g->grad_enabled;
+    ctx->recompute_depth--;
+}
+
+/* 1 when x was computed by a node of tape t. */
+static int dtr__inside(const dtr_tape *t, const dtr_tensor *x) { return x->node && x->node->tape == t; }
+
+/* 1 when x needs a gradient and comes from outside tape t (a parameter, an outer tensor). */
+static int dtr__from_outside(const dtr_tape *t, const dtr_tensor *x) {
+    return x && (x->flags & DTR__REQUIRES_GRAD) && !dtr__inside(t, x);
+}
+
+/* fn's output, or NULL with the context's error set. */
+static dtr_tensor *dtr__call(dtr_context *ctx, const dtr__checkpoint_params *p, dtr_tensor *const *in) {
+    dtr_tensor *y = p->fn(p->user, ctx, in);
+    if (ctx->status != DTR_OK) return NULL;
+    if (!y) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn returned NULL without setting an error");
+    if (y->ctx != ctx) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn returned a tensor of another context");
+    return y;
+}
+
+/* fn's output on the region's (current) tape, made dense; NULL with the error set. */
+static dtr_tensor *dtr__region_run(dtr_context *ctx, const dtr__checkpoint_params *p, dtr_tensor *const *in) {
+    dtr_tensor *y = dtr__call(ctx, p, in);
+    if (!y) return NULL;
+    if (dtr__from_outside(ctx->cur, y))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn returned '%s', a tensor it did not compute "
+                          "(an input or a parameter); return the result of an op", y->name);
+    return dtr__contig_input(ctx, y);
+}
+
+/* ---- forward ---- */
+
+/* Appends x, an input of a node of the region, to list[0 .. *n) when it comes from outside
+ * the region and needs a gradient, unless it is there already. 0 with the error set when x
+ * was made inside the region without a node (a leaf would not outlive it). */
+static int dtr__capture(dtr_context *ctx, dtr_tensor **list, int *n, dtr_tensor *x) {
+    int i;
+    if (!dtr__from_outside(ctx->cur, x)) return 1;
+    if (dtr__tape_owns(ctx->cur, x))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: fn made '%s' require a gradient inside the region; "
+                         "make it outside and pass it in", x->name), 0;
+    for (i = 0; i < *n; i++)
+        if (list[i] == x) return 1;
+    list[(*n)++] = x;
+    return 1;
+}
+
+/* The CHECKPOINT node's inputs: the explicit ones, then each tensor from outside the region
+ * that a node of the region read and that needs a gradient. In the region tape's memory. */
+static dtr_tensor **dtr__region_inputs(dtr_context *ctx, int n_in, dtr_tensor *const *in, int *count) {
+    const dtr_tape *t = ctx->cur;
+    const dtr__node *m;
+    size_t cap = (size_t)n_in + 1;
+    dtr_tensor **list;
+    int i;
+    for (m = t->head; m; m = m->prev) cap += (size_t)m->n_in;
+    list = (dtr_tensor **)dtr__arena_meta(ctx, cap * sizeof(*list), "dtr_checkpoint");
+    if (!list) return NULL;
+    for (i = 0; i < n_in; i++) list[i] = in[i];
+    *count = n_in;
+    for (m = t->head; m; m = m->prev)
+        for (i = 0; i < m->n_in; i++)
+            if (!dtr__capture(ctx, list, count, m->in[i])) return NULL;
+    return list;
+}
+
+/* Records the CHECKPOINT node on the outer tape; its forward kernel copies y into out. */
+static dtr_tensor *dtr__checkpoint_record(dtr_context *ctx, const dtr__region *g, const dtr__checkpoint_params *p,
+                                          dtr_tensor *const *in, dtr_tensor *y) {
+    int count = 0;
+    dtr_tensor **all = dtr__region_inputs(ctx, p->n_explicit, in, &count);
+    dtr__node *n;
+    if (!all) return NULL;
+    ctx->cur = g->outer;
+    n = dtr__node_new(ctx, DTR_OP_CHECKPOINT, count, all);
+    if (!n) return NULL;
+    n->p.checkpoint = *p;
+    n->p.checkpoint.region_out = y;
+    n->out = dtr__tensor_alloc(ctx, y->dtype, y->ndim, y->shape, "dtr_checkpoint");
+    y = n->out ? dtr__record(ctx, n, "dtr_checkpoint") : NULL;
+    n->p.checkpoint.region_out = NULL;   /* emptied with the region's tape */
+    return y;
+}
+
+static int dtr__checkpoint_args(dtr_context *ctx, dtr_checkpoint_fn fn, int n_in, dtr_tensor *const *in) {
+    int i;
+    if (ctx->status != DTR_OK) return 0;
+    if (!fn) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: fn is NULL"), 0;
+    if (n_in < 0 || n_in > DTR__CHECKPOINT_MAX_INPUTS)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: n_in is %d, must be 0..%d", n_in,
+                         DTR__CHECKPOINT_MAX_INPUTS), 0;
+    if (n_in > 0 && !in) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: in is NULL (n_in %d)", n_in), 0;
+    for (i = 0; i < n_in; i++) {
+        if (!in[i]) return dtr__fail(ctx, DTR_NULL_HANDLE, "dtr_checkpoint: input %d is NULL", i), 0;
+        if (in[i]->ctx != ctx)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_checkpoint: input %d belongs to another context", i), 0;
+    }
+    return 1;
+}
+
+dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in) {
+    dtr__checkpoint_params p;
+    dtr__region g = {NULL, NULL, 0};
+    dtr_tensor *y;
+    if (!ctx || !dtr__checkpoint_args(ctx, fn, n_in, in)) return NULL;
+    memset(&p, 0, sizeof(p));
+    p.fn = fn;
+    p.user = user;
+    p.rng = ctx->rng;
+    p.n_explicit = n_in;
+    p.training = ctx->training;
+    if (!ctx->grad_enabled) return dtr__call(ctx, &p, in);   /* nothing to keep for backward */
+    if (dtr__region_begin(ctx, &g) != DTR_OK) return NULL;
+    y = dtr__region_run(ctx, &p, in);
+    if (y) y = dtr__checkpoint_record(ctx, &g, &p, in, y);
+    dtr__region_end(ctx, &g);
+    return y;
+}
+
+/* ---- backward ---- */
+
+/* The recomputed region's share of the pass: y's gradient is the node's output gradient,
+ * and the region's nodes replay into the gradients the outer pass made for its inputs. */
+static dtr_result dtr__region_backward(dtr_context *ctx, const dtr__node *n, dtr_tensor *y) {
+    const dtr_tape *t = ctx->cur;
+    const dtr__node *m;
+    char s1[96], s2[96];
+    int i;
+    if (y->ndim != n->out->ndim || memcmp(y->shape, n->out->shape, (size_t)y->ndim * sizeof(int64_t)) != 0)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_checkpoint: the region's output was %s in forward and is %s "
+                         "recomputed", dtr__shape_str(n->out, s1, sizeof s1), dtr__shape_str(y, s2, sizeof s2));
+    if (!dtr__inside(t, y)) return DTR_OK;   /* nothing in the region needs a gradient */
+    /* every outside tensor the region writes a gradient to must have one from this pass */
+    for (m = t->head; m; m = m->prev)
+        for (i = 0; i < m->n_in; i++)
+            if (dtr__from_outside(t, m->in[i]) && !(m->in[i]->grad && m->in[i]->grad_pass == ctx->backward_pass))
+                return dtr__fail(ctx, DTR_BAD_STATE, "dtr_checkpoint: recomputing the region read '%s', which it did "
+                                 "not read in forward (fn must build the same graph each time)", m->in[i]->name);
+    y->grad = n->out->grad;
+    y->grad_pass = ctx->backward_pass;
+    return dtr__replay(ctx, t->head, 0);
+}
+
+dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n) {
+    const dtr__checkpoint_params *p = &n->p.checkpoint;
+    dtr_rng rng = ctx->rng;
+    int training = ctx->training;
+    dtr__region g = {NULL, NULL, 0};
+    dtr_tensor *y;
+    dtr_result r = dtr__region_begin(ctx, &g);
+    if (r != DTR_OK) return r;
+    ctx->rng = p->rng;           /* the forward's stream: the same dropout masks */
+    ctx->training = p->training;
+    y = dtr__region_run(ctx, p, n->in);
+    ctx->rng = rng;
+    ctx->training = training;
+    r = y ? dtr__region_backward(ctx, n, y) : ctx->status;
+    dtr__region_end(ctx, &g);
+    return r;
+}
+
+/* ---- CPU kernels ---- */
+
+/* out = the region's dense output */
+dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
+    const dtr_tensor *y = n->p.checkpoint.region_out;
+    size_t es = dtr_dtype_size(y->dtype);
+    (void)ctx;
+    memcpy(n->out->storage, (const char *)y->storage + (size_t)y->offset * es, (size_t)dtr_tensor_numel(y) * es);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
+#line 5830 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5772,7 +6276,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 5776 "dtrain.h"
+#line 6280 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -5951,7 +6455,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 5955 "dtrain.h"
+#line 6459 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6064,29 +6568,34 @@ dtr_result dtr__cpu_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- cross-entropy on class indices ---- */
 
-dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets) {
     dtr__node *n;
     char s1[96], s2[96];
-    if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_cross_entropy", logits, "logits")) return NULL;
-    if (!targets) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_cross_entropy: targets is NULL");
+    if (!dtr__check_input(ctx, name, logits, "logits")) return NULL;
+    if (!targets) return (dtr__node *)dtr__failt(ctx, DTR_NULL_HANDLE, "%s: targets is NULL", name);
     if (targets->dtype != DTR_I32)
-        return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cross_entropy: targets must be i32 class indices, are %s",
-                          dtr_dtype_name(targets->dtype));
+        return (dtr__node *)dtr__failt(ctx, DTR_DTYPE_MISMATCH, "%s: targets must be i32 class indices, are %s", name,
+                                       dtr_dtype_name(targets->dtype));
     if (logits->ndim < 1 || dtr__rows(logits) != dtr_tensor_numel(targets))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_cross_entropy: logits %s and targets %s disagree on the row count",
-                          dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
+        return (dtr__node *)dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: logits %s and targets %s disagree on the row count", name,
+                                       dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
     logits = dtr__contig_input(ctx, logits);
     targets = dtr__contig_input(ctx, targets);
     if (!logits || !targets) return NULL;
     {
         dtr_tensor *in[2] = {logits, targets};
-        n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, 2, in);
+        n = dtr__node_new(ctx, op, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_cross_entropy");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_cross_entropy");
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, name);
+    return n->out ? n : NULL;
+}
+
+dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    n = dtr__xent_node(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy", logits, targets);
+    return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
 }
 
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -6351,7 +6860,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6355 "dtrain.h"
+#line 6864 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -6851,7 +7360,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 6855 "dtrain.h"
+#line 7364 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7110,7 +7619,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7114 "dtrain.h"
+#line 7623 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7121,50 +7630,169 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  *              backward: gx += all_reduce_sum(gy) (each rank's slice contributed to gy)
  *   TP_REDUCE  forward: y = all_reduce_sum(x) (each rank holds a partial sum);
  *              backward: gx += gy
- * Shapes: any; y has x's shape. Every rank of the group must build the same ops in the same
+ *   VOCAB_CROSS_ENTROPY  mean cross-entropy of logits whose last axis (the vocabulary) is split
+ *              over the group, rank r holding classes r * K .. (r + 1) * K - 1: the global row
+ *              max (all-reduce MAX), sum of exponentials and target logit (one all-reduce SUM);
+ *              backward: gx += g / N * (softmax_shard - onehot_shard), no communication.
+ *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
+ *              (all-gather); backward: gx += this rank's slice of gy
+ * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
  * ==========================================================================*/
 
 
 
 
+#include <math.h>
 
 static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
+    int64_t shape[DTR_MAX_DIMS];
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (op == DTR_OP_TP_GATHER && x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x needs an axis to join", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.comm = comm;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    memcpy(shape, x->shape, sizeof shape);
+    if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_COPY, "dtr_tp_copy", x, comm); }
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
+dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
-/* in-place sum over the group, with the group's error on the context */
-static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n) {
-    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, DTR_REDUCE_SUM);
+dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+    static const char name[] = "dtr_vocab_parallel_cross_entropy";
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    n = dtr__xent_node(ctx, DTR_OP_VOCAB_CROSS_ENTROPY, name, logits, targets);
+    if (!n) return NULL;
+    n->p.comm = comm;
+    return dtr__record(ctx, n, name);
+}
+
+/* in-place reduction over the group, with the group's error on the context */
+static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n, dtr_reduce_op op) {
+    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, op);
     if (r != DTR_OK)
         return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm));
     return DTR_OK;
 }
 
+/* ---- vocabulary-parallel cross-entropy ---- */
+
+typedef struct dtr__vxent {
+    int64_t K, R, start;       /* classes here, rows, first class here */
+    const float *x;
+    const int32_t *t;
+} dtr__vxent;
+
+static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
+    dtr__vxent v;
+    v.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    v.R = v.K ? dtr_tensor_numel(nd->in[0]) / v.K : 0;
+    v.start = (int64_t)dtr_comm_rank(nd->p.comm) * v.K;
+    v.x = dtr__f32(nd->in[0]);
+    v.t = dtr__i32(nd->in[1]);
+    return v;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each */
+static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__vxent v = dtr__vxent_of(nd);
+    int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
+    float *M, *Z, *T;
+    double loss = 0.0;
+    dtr_result res;
+    for (r = 0; r < v.R; r++)
+        if (v.t[r] < 0 || v.t[r] >= V)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)v.t[r], (long long)V);
+    M = (float *)dtr__node_save(ctx, nd, (size_t)(3 * v.R + 1) * sizeof(float));
+    if (!M) return ctx->status;
+    nd->saved = M, Z = M + v.R, T = Z + v.R;
+    for (r = 0; r < v.R; r++)
+        for (M[r] = -INFINITY, k = 0; k < v.K; k++) M[r] = v.x[r * v.K + k] > M[r] ? v.x[r * v.K + k] : M[r];
+    if ((res = dtr__tp_all_reduce(ctx, nd, M, v.R, DTR_REDUCE_MAX)) != DTR_OK) return res;
+    for (r = 0; r < v.R; r++) {
+        double s = 0.0;
+        int64_t own = v.t[r] - v.start;
+        for (k = 0; k < v.K; k++) s += expf(v.x[r * v.K + k] - M[r]);
+        Z[r] = (float)s;
+        T[r] = own >= 0 && own < v.K ? v.x[r * v.K + own] : 0.0f;
+    }
+    if ((res = dtr__tp_all_reduce(ctx, nd, Z, 2 * v.R, DTR_REDUCE_SUM)) != DTR_OK) return res;
+    for (r = 0; r < v.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    dtr__f32(nd->out)[0] = v.R ? (float)(loss / (double)v.R) : 0.0f;
+    return DTR_OK;
+}
+
+static dtr_result dtr__vxent_bwd(dtr__node *nd) {
+    dtr__vxent v = dtr__vxent_of(nd);
+    const float *M = (const float *)nd->saved, *Z = M + v.R;
+    float *gx = dtr__gradof(nd->in[0]), c;
+    int64_t r, k;
+    if (!gx || !v.R) return DTR_OK;
+    c = nd->out->grad[0] / (float)v.R;
+    for (r = 0; r < v.R; r++) {
+        int64_t own = v.t[r] - v.start;
+        for (k = 0; k < v.K; k++) gx[r * v.K + k] += c * (expf(v.x[r * v.K + k] - M[r]) / Z[r]);
+        if (own >= 0 && own < v.K) gx[r * v.K + own] -= c;
+    }
+    return DTR_OK;
+}
+
+/* ---- all-gather along the last axis ---- */
+
+/* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
+static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    dtr_result res;
+    if (!buf) return ctx->status;
+    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    if (res != DTR_OK)
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    return DTR_OK;
+}
+
+static dtr_result dtr__gather_bwd(dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    float *gx = dtr__gradof(x);
+    if (gx && w)
+        for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
+    return DTR_OK;
+}
+
+/* ---- the family's kernels ---- */
+
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
-    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n) : DTR_OK;
+    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
 }
 
 dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
         return DTR_OK;
@@ -7173,11 +7801,11 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
     if (!sum) return ctx->status;
     memcpy(sum, g, (size_t)n * sizeof(float));
-    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n)) != DTR_OK) return r;
+    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM)) != DTR_OK) return r;
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7181 "dtrain.h"
+#line 7809 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7290,7 +7918,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7294 "dtrain.h"
+#line 7922 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -7313,6 +7941,7 @@ struct dtr_model {
     float *init_args;
     int64_t *offsets;
     uint64_t *streams;    /* each parameter's initialiser stream: its declaration number */
+    dtr__shard *shards;   /* tensor-parallel shards (comm NULL: a whole tensor) */
     int count, cap;
     dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
     int n_dropped;
@@ -7342,6 +7971,7 @@ void dtr_model_destroy(dtr_model *m) {
     for (i = 0; i < m->n_dropped; i++) { dtr__free(a, (void *)m->dropped[i]->name); dtr__free(a, m->dropped[i]); }
     dtr__free(a, m->dropped);
     dtr__free(a, m->streams);
+    dtr__free(a, m->shards);
     dtr__free(a, m->params);
     dtr__free(a, m->names);
     dtr__free(a, m->inits);
@@ -7367,6 +7997,7 @@ static int dtr__model_grow(dtr_model *m) {
     p = dtr__realloc(a, m->init_args, (size_t)cap * sizeof(*m->init_args)); if (!p) return 0; m->init_args = (float *)p;
     p = dtr__realloc(a, m->offsets, (size_t)cap * sizeof(*m->offsets)); if (!p) return 0; m->offsets = (int64_t *)p;
     p = dtr__realloc(a, m->streams, (size_t)cap * sizeof(*m->streams)); if (!p) return 0; m->streams = (uint64_t *)p;
+    p = dtr__realloc(a, m->shards, (size_t)cap * sizeof(*m->shards)); if (!p) return 0; m->shards = (dtr__shard *)p;
     m->cap = cap;
     return 1;
 }
@@ -7414,6 +8045,7 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->init_args[m->count] = arg;
     m->offsets[m->count] = m->total;
     m->streams[m->count] = (uint64_t)(m->count + m->n_dropped) + 1;
+    memset(&m->shards[m->count], 0, sizeof(m->shards[m->count]));
     m->total += dtr__padded(t);
     m->count++;
     return t;
@@ -7451,6 +8083,36 @@ static void dtr__init_values(dtr_init init, float arg, const dtr_tensor *t, dtr_
         x[i] = normal ? (float)(sd * dtr_rng_normal(rng)) : (float)(b * (2.0 * dtr_rng_uniform(rng) - 1.0));
 }
 
+/* Parameter i's initial values into x: a shard gets its slice of the full tensor, drawn as a
+   single-device model would draw it (same stream, fans of the full shape). */
+static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
+    const dtr__shard *s = &m->shards[i];
+    dtr_tensor full;
+    float *buf;
+    dtr_rng rng;
+    dtr_rng_seed(&rng, m->seed, m->streams[i]);
+    if (!s->comm) {
+        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, x);
+        return DTR_OK;
+    }
+    memset(&full, 0, sizeof full);
+    full.ndim = s->ndim;
+    memcpy(full.shape, s->full, sizeof full.shape);
+    buf = (float *)dtr__malloc(&m->ctx->alloc, (size_t)dtr__numel(s->ndim, s->full) * sizeof(float) + 1);
+    if (!buf) return DTR_OUT_OF_MEMORY;
+    dtr__init_values(m->inits[i], m->init_args[i], &full, &rng, buf);
+    dtr__shard_copy(s, s->rank, buf, x, 0);
+    dtr__free(&m->ctx->alloc, buf);
+    return DTR_OK;
+}
+
+dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s) {
+    if (!m || !t || t->model != m || t->param_index < 0) return DTR_NULL_HANDLE;
+    if (m->built) return dtr__fail(m->ctx, DTR_BAD_STATE, "'%s': a shard is declared before dtr_model_build", t->name);
+    m->shards[t->param_index] = *s;
+    return DTR_OK;
+}
+
 dtr_result dtr_model_build(dtr_model *m) {
     dtr_context *ctx;
     size_t bytes;
@@ -7471,10 +8133,14 @@ dtr_result dtr_model_build(dtr_model *m) {
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for %lld parameters", (long long)m->total);
     }
     memset(host, 0, bytes);
-    for (i = 0; i < m->count; i++) {
-        dtr_rng rng;
-        dtr_rng_seed(&rng, m->seed, m->streams[i]);
-        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, host + m->offsets[i]);
+    for (i = 0; i < m->count; i++)
+        if (dtr__model_init_param(m, i, host + m->offsets[i]) != DTR_OK) break;
+    if (i < m->count) {
+        ctx->backend->mem_free(ctx, m->data);
+        ctx->backend->mem_free(ctx, m->grad);
+        if (host != m->data) dtr__free(&ctx->alloc, host);
+        m->data = m->grad = NULL;
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for the full tensor of '%s'", m->names[i]);
     }
     if (host != m->data) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
@@ -7521,7 +8187,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
             continue;
         }
         m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
-        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i];
+        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i], m->shards[kept] = m->shards[i];
         t->param_index = kept;
         m->offsets[kept++] = m->total;
         m->total += dtr__padded(t);
@@ -7564,15 +8230,44 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 
 /* ---- save and load (safetensors) ---- */
 
+/* Elements of parameter i in a file: the full tensor's for a shard. */
+static int64_t dtr__file_numel(const dtr_model *m, int i) {
+    const dtr__shard *s = &m->shards[i];
+    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(m->params[i]);
+}
+
+/* Parameter i as the file holds it: its entry (name, dtype, full shape) and its values in dt
+   at dst (a shard is gathered from its group first: collective). */
+static dtr_result dtr__save_param(dtr_model *m, int i, dtr_dtype dt, dtr_st_entry *e, void *dst) {
+    const dtr__shard *s = &m->shards[i];
+    const dtr_tensor *t = m->params[i];
+    int64_t n = dtr__file_numel(m, i);
+    float *full;
+    dtr_result r;
+    int d;
+    snprintf(e->name, sizeof(e->name), "%s", m->names[i]);
+    e->dtype = dt;
+    e->ndim = s->comm ? s->ndim : t->ndim;
+    for (d = 0; d < e->ndim; d++) e->shape[d] = s->comm ? s->full[d] : t->shape[d];
+    if (!s->comm) return dtr_tensor_read(t, dt, dst, (size_t)n);
+    full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", m->names[i]);
+    r = dtr__shard_gather(m->ctx, s, t, full);
+    if (r == DTR_OK) dtr_convert(dst, dt, full, DTR_F32, (size_t)n);
+    dtr__free(&m->ctx->alloc, full);
+    return r;
+}
+
 dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     dtr_context *ctx;
     dtr_st_entry *ents = NULL;
     const void **data = NULL;
     void *conv = NULL;
     size_t es, off = 0;
+    int64_t total = 0;
     char err[512];
     dtr_result r;
-    int i, d;
+    int i, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
@@ -7581,30 +8276,51 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
+    for (i = 0; i < m->count; i++) {
+        total += dtr__file_numel(m, i);
+        if (m->shards[i].comm && m->shards[i].rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
+    }
     ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*ents));
     data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*data));
-    conv = dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * es);
+    conv = dtr__malloc(&ctx->alloc, (size_t)(total ? total : 1) * es);
     if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
     for (i = 0; i < m->count; i++) {
-        const dtr_tensor *t = m->params[i];
-        int64_t n = dtr_tensor_numel(t);
-        char *dst = (char *)conv + off;
-        snprintf(ents[i].name, sizeof(ents[i].name), "%s", m->names[i]);
-        ents[i].dtype = dt;
-        ents[i].ndim = t->ndim;
-        for (d = 0; d < t->ndim; d++) ents[i].shape[d] = t->shape[d];
-        r = dtr_tensor_read(t, dt, dst, (size_t)n);
+        data[i] = (char *)conv + off;
+        r = dtr__save_param(m, i, dt, &ents[i], (char *)conv + off);
         if (r != DTR_OK) goto done;
-        data[i] = dst;
-        off += (size_t)n * es;
+        off += (size_t)dtr__file_numel(m, i) * es;
     }
-    r = dtr_st_write(path, ents, data, m->count, err, sizeof(err));
+    r = writer ? dtr_st_write(path, ents, data, m->count, err, sizeof(err)) : DTR_OK;
     if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
 done:
     dtr__free(&ctx->alloc, ents);
     dtr__free(&ctx->alloc, (void *)data);
     dtr__free(&ctx->alloc, conv);
     return r;
+}
+
+/* The shape parameter i has in a file: its own, or (in *buf) the full tensor's for a shard. */
+static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *buf) {
+    const dtr__shard *s = &m->shards[i];
+    if (!s->comm) return m->params[i];
+    *buf = *m->params[i];
+    buf->ndim = s->ndim;
+    memcpy(buf->shape, s->full, sizeof buf->shape);
+    return buf;
+}
+
+/* Converts entry e (checked against the file shape) into parameter i's f32 values at x. */
+static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, float *x) {
+    const dtr__shard *s = &m->shards[i];
+    int64_t n = dtr__file_numel(m, i);
+    float *full;
+    if (!s->comm) return dtr_convert(x, DTR_F32, e->data, e->dtype, (size_t)n);
+    full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: out of memory for '%s'", m->names[i]);
+    dtr_convert(full, DTR_F32, e->data, e->dtype, (size_t)n);
+    dtr__shard_copy(s, s->rank, full, x, 0);
+    dtr__free(&m->ctx->alloc, full);
+    return DTR_OK;
 }
 
 dtr_result dtr_model_load(dtr_model *m, const char *path) {
@@ -7624,7 +8340,8 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * sizeof(float));
     if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
     for (i = 0; i < m->count; i++) {
-        const dtr_tensor *t = m->params[i];
+        dtr_tensor want;
+        const dtr_tensor *t = dtr__file_shape(m, i, &want);
         const dtr_st_entry *e = NULL;
         for (j = 0; j < f.count; j++)
             if (!strcmp(f.entries[j].name, m->names[i])) { e = &f.entries[j]; break; }
@@ -7637,7 +8354,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
                           path, m->names[i], e->dtype_name);
             goto done;
         }
-        dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));
+        if ((r = dtr__load_param(m, i, e, stage + m->offsets[i])) != DTR_OK) goto done;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */
@@ -7675,7 +8392,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 7679 "dtrain.h"
+#line 8396 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -7688,8 +8405,8 @@ dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_H
 
 #include <math.h>
 
-static dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
-                                    dtr_init init, float arg) {
+dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
+                             dtr_init init, float arg) {
     char name[256];
     if (!prefix) prefix = "";
     if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", suffix) >= sizeof(name))
@@ -7844,7 +8561,256 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 7848 "dtrain.h"
+#line 8565 "dtrain.h"
+
+/* ---- src/nn/tensor_parallel.c ---- */
+#line 1 "src/nn/tensor_parallel.c"
+/* ============================================================================
+ * Tensor-parallel layers (Megatron-LM): each rank of a group holds a shard of a layer's
+ * weights and the communication ops of src/ops/ops_comm.c join the partial results.
+ *   column-parallel linear  y_r = x W_r^T + b_r   (W_r: rows r * out / tp ..), after tp_copy
+ *   row-parallel linear     y = tp_reduce(x_r W_r^T) + b   (W_r: columns r * in / tp ..)
+ *   attention               qkv column-parallel over this rank's heads, proj row-parallel
+ *   embedding               rows r * vocab / tp ..; the others' ids give zero rows; tp_reduce
+ * Shards are model parameters marked with a dtr__shard (model.c initialises, saves and loads
+ * them as slices of the full tensor).
+ * ==========================================================================*/
+
+
+
+
+#include <math.h>
+
+/* ---- shards ---- */
+
+void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full) {
+    int64_t outer = 1, inner = 1, c, o;
+    int d, p;
+    for (d = 0; d < s->axis; d++) outer *= s->full[d];
+    for (d = s->axis + 1; d < s->ndim; d++) inner *= s->full[d];
+    c = s->full[s->axis] / s->parts / s->ways * inner;   /* floats of one block's slice */
+    for (o = 0; o < outer; o++)
+        for (p = 0; p < s->parts; p++) {
+            float *f = full + ((o * s->parts + p) * s->ways + rank) * c, *q = part + (o * s->parts + p) * c;
+            memcpy(to_full ? f : q, to_full ? q : f, (size_t)c * sizeof(float));
+        }
+}
+
+dtr_result dtr__shard_gather(dtr_context *ctx, const dtr__shard *s, const dtr_tensor *t, float *full) {
+    int64_t n = dtr_tensor_numel(t);
+    float *buf = (float *)dtr__malloc(&ctx->alloc, (size_t)(n * s->ways + 1) * sizeof(float));
+    dtr_result r;
+    int k;
+    if (!buf) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "gathering '%s': out of memory", t->name);
+    r = dtr_tensor_read(t, DTR_F32, buf + s->rank * n, (size_t)n);
+    if (r == DTR_OK) r = dtr_comm_all_gather(s->comm, buf + s->rank * n, buf, (size_t)n, DTR_F32);
+    if (r != DTR_OK) dtr__fail(ctx, r, "gathering '%s' over the tensor-parallel group: %s", t->name, dtr_comm_last_error(s->comm));
+    for (k = 0; r == DTR_OK && k < s->ways; k++) dtr__shard_copy(s, k, full, buf + k * n, 1);
+    dtr__free(&ctx->alloc, buf);
+    return r;
+}
+
+/* Declares "prefix.suffix" as this rank's shard of a full tensor of shape `full` split along
+   `axis` (in `parts` blocks); a group of one holds the whole tensor. */
+static dtr_tensor *dtr__tp_param(dtr_model *m, dtr_comm *comm, const char *prefix, const char *suffix, int ndim,
+                                 const int64_t *full, int axis, int parts, dtr_init init, float arg) {
+    dtr__shard s;
+    int64_t shape[DTR_MAX_DIMS];
+    dtr_tensor *t;
+    memset(&s, 0, sizeof s);
+    s.comm = comm, s.rank = dtr_comm_rank(comm), s.ways = dtr_comm_size(comm);
+    s.axis = axis, s.parts = parts, s.ndim = ndim;
+    memcpy(s.full, full, (size_t)ndim * sizeof(*full));
+    memcpy(shape, full, (size_t)ndim * sizeof(*full));
+    shape[axis] = full[axis] / s.ways;
+    t = dtr__named_param(m, prefix, suffix, ndim, shape, init, arg);
+    if (t && s.ways > 1) dtr__model_set_shard(m, t, &s);
+    return t;
+}
+
+/* "prefix.suffix" into buf (as the single-device layers name their parts) */
+static const char *dtr__tp_sub(char *buf, size_t n, const char *prefix, const char *suffix) {
+    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && *prefix ? "." : "", suffix);
+    return buf;
+}
+
+static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
+
+/* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
+static int dtr__tp_size(dtr_model *m, dtr_comm *comm, const char *fn, const char *name) {
+    if (comm) return dtr_comm_size(comm);
+    dtr__fail(dtr_model_context(m), DTR_NULL_HANDLE, "%s: '%s': comm is NULL", fn, name ? name : "");
+    return 0;
+}
+
+/* ---- linear ---- */
+
+static dtr_result dtr__tp_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
+                                      int64_t out, int bias, dtr_init init, int row, int parts) {
+    const char *fn = row ? "dtr_tp_row_linear_init" : "dtr_tp_column_linear_init";
+    int64_t ws[2], split;
+    int tp;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (!(tp = dtr__tp_size(m, comm, fn, name))) return DTR_NULL_HANDLE;
+    split = row ? in : out;
+    if (in <= 0 || out <= 0 || split % ((int64_t)parts * tp))
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "%s: '%s': %s features %lld do not split over %d ranks (in %lld, out %lld)", fn, name ? name : "",
+                         row ? "input" : "output", (long long)split, tp, (long long)in, (long long)out);
+    ws[0] = out, ws[1] = in;
+    l->in = in, l->out = out, l->row = row, l->comm = comm;
+    l->weight = dtr__tp_param(m, comm, name, "weight", 2, ws, row, parts, init, 0.0f);
+    if (bias && row) l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
+    else if (bias) l->bias = dtr__tp_param(m, comm, name, "bias", 1, &out, 0, parts, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)in)));
+    return dtr__tp_status(m);
+}
+
+dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
+                                     int64_t out, int bias, dtr_init init, int gather) {
+    dtr_result r = dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 0, 1);
+    if (r == DTR_OK) l->gather = gather;
+    return r;
+}
+
+dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name, int64_t in,
+                                  int64_t out, int bias, dtr_init init) {
+    return dtr__tp_linear_init(l, m, comm, name, in, out, bias, init, 1, 1);
+}
+
+dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x) {
+    dtr_tensor *y;
+    if (!ctx) return NULL;
+    if (!l || !l->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_linear_forward: layer is NULL or not initialised");
+    if (!l->row) {
+        y = dtr_linear(ctx, dtr_tp_copy(ctx, x, l->comm), l->weight, l->bias);
+        return l->gather ? dtr_tp_gather(ctx, y, l->comm) : y;
+    }
+    y = dtr_tp_reduce(ctx, dtr_linear(ctx, x, l->weight, NULL), l->comm);
+    return l->bias ? dtr_add(ctx, y, l->bias) : y;
+}
+
+/* ---- attention ---- */
+
+dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                 int heads) {
+    char sub[256];
+    int tp;
+    if (!a || !m) return DTR_NULL_HANDLE;
+    memset(a, 0, sizeof(*a));
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_attention_init", name))) return DTR_NULL_HANDLE;
+    if (dim <= 0 || heads <= 0 || dim % heads || heads % tp)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
+                         name ? name : "", heads, (long long)dim, tp);
+    a->dim = dim, a->heads = heads, a->local_heads = heads / tp;
+    dtr__tp_linear_init(&a->qkv, m, comm, dtr__tp_sub(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
+                        DTR_INIT_TORCH_DEFAULT, 0, 3);
+    dtr_tp_row_linear_init(&a->proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    return dtr__tp_status(m);
+}
+
+dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
+    dtr_tensor *qkv, *q, *k, *v;
+    int64_t C;
+    if (!ctx) return NULL;
+    if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
+    C = a->dim / a->heads * a->local_heads;   /* this rank's features */
+    qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
+    q = dtr_slice(ctx, qkv, -1, 0, C);
+    k = dtr_slice(ctx, qkv, -1, C, 2 * C);
+    v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
+    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention(ctx, q, k, v, a->local_heads));
+}
+
+/* ---- embedding ---- */
+
+dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *comm, const char *name, int64_t vocab,
+                                 int64_t dim) {
+    int64_t s[2];
+    int tp;
+    if (!e || !m) return DTR_NULL_HANDLE;
+    memset(e, 0, sizeof(*e));
+    if (!(tp = dtr__tp_size(m, comm, "dtr_tp_embedding_init", name))) return DTR_NULL_HANDLE;
+    if (vocab <= 0 || dim <= 0 || vocab % tp)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_tp_embedding_init: '%s': vocab %lld must be > 0 and split evenly over %d ranks (dim %lld)",
+                         name ? name : "", (long long)vocab, tp, (long long)dim);
+    s[0] = vocab, s[1] = dim;
+    e->vocab = vocab, e->dim = dim, e->comm = comm;
+    e->start = vocab / tp * dtr_comm_rank(comm);
+    e->weight = dtr__tp_param(m, comm, name, "weight", 2, s, 0, 1, DTR_INIT_NORMAL, 0.02f);
+    return dtr__tp_status(m);
+}
+
+/* ids -> this rank's rows (0 for ids it does not hold) and a mask (S..., 1) of the ids it holds */
+static dtr_result dtr__tp_local_ids(dtr_context *ctx, const dtr_tp_embedding *e, const int32_t *ids, int64_t n,
+                                    int32_t *local, float *mask) {
+    int64_t i, rows = e->vocab / dtr_comm_size(e->comm);
+    for (i = 0; i < n; i++) {
+        int64_t j = (int64_t)ids[i] - e->start;
+        if (ids[i] < 0 || ids[i] >= e->vocab)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_tp_embedding_forward: id %lld is %d, outside [0, %lld)",
+                             (long long)i, (int)ids[i], (long long)e->vocab);
+        mask[i] = j >= 0 && j < rows ? 1.0f : 0.0f;
+        local[i] = mask[i] != 0.0f ? (int32_t)j : 0;
+    }
+    return DTR_OK;
+}
+
+dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids) {
+    int64_t n, shape[DTR_MAX_DIMS];
+    int32_t *buf;
+    dtr_tensor *rows = NULL, *mask;
+    int d;
+    if (!ctx) return NULL;
+    if (!e || !e->comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_embedding_forward: layer is NULL or not initialised");
+    if (!ids || ids->dtype != DTR_I32 || ids->ndim >= DTR_MAX_DIMS)
+        return dtr__failt(ctx, ids ? DTR_DTYPE_MISMATCH : DTR_NULL_HANDLE, "dtr_tp_embedding_forward: ids must be i32 of at most %d dims",
+                          DTR_MAX_DIMS - 1);
+    n = dtr_tensor_numel(ids);
+    buf = (int32_t *)dtr__malloc(&ctx->alloc, (size_t)(2 * n + 1) * sizeof(int32_t) + (size_t)n * sizeof(float));
+    if (!buf) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_embedding_forward: out of memory");
+    for (d = 0; d < ids->ndim; d++) shape[d] = ids->shape[d];
+    shape[ids->ndim] = 1;
+    if (dtr_tensor_read(ids, DTR_I32, buf, (size_t)n) == DTR_OK &&
+        dtr__tp_local_ids(ctx, e, buf, n, buf + n, (float *)(buf + 2 * n + 1)) == DTR_OK) {
+        rows = dtr_embedding(ctx, e->weight, dtr_tensor_from(ctx, DTR_I32, ids->ndim, ids->shape, buf + n));
+        mask = dtr_tensor_from(ctx, DTR_F32, ids->ndim + 1, shape, buf + 2 * n + 1);
+        rows = dtr_tp_reduce(ctx, dtr_mul(ctx, rows, mask), e->comm);
+    }
+    dtr__free(&ctx->alloc, buf);
+    return rows;
+}
+
+/* ---- the GPT block ---- */
+
+dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                 int heads) {
+    char sub[256];
+    if (!b || !m) return DTR_NULL_HANDLE;
+    memset(b, 0, sizeof(*b));
+    dtr_layernorm_layer_init(&b->ln1, m, dtr__tp_sub(sub, sizeof sub, name, "ln1"), dim);
+    if (dtr_tp_attention_init(&b->attn, m, comm, dtr__tp_sub(sub, sizeof sub, name, "attn"), dim, heads) != DTR_OK)
+        return dtr__tp_status(m);
+    dtr_layernorm_layer_init(&b->ln2, m, dtr__tp_sub(sub, sizeof sub, name, "ln2"), dim);
+    dtr_tp_column_linear_init(&b->fc, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1,
+                              DTR_INIT_TORCH_DEFAULT, 0);
+    dtr_tp_row_linear_init(&b->fc_proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1,
+                           DTR_INIT_TORCH_DEFAULT);
+    return dtr__tp_status(m);
+}
+
+dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
+    dtr_tensor *h;
+    if (!ctx) return NULL;
+    if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_gpt_block_forward: block is NULL");
+    h = dtr_tp_attention_forward(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x));
+    x = dtr_add(ctx, x, h);
+    h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
+    return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
+}
+#line 8814 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8188,7 +9154,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 8192 "dtrain.h"
+#line 9158 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -8535,7 +9501,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 8539 "dtrain.h"
+#line 9505 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -8720,7 +9686,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 8724 "dtrain.h"
+#line 9690 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -9361,7 +10327,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 9365 "dtrain.h"
+#line 10331 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -9814,7 +10780,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 9818 "dtrain.h"
+#line 10784 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -9870,7 +10836,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 9874 "dtrain.h"
+#line 10840 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -10647,7 +11613,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 10651 "dtrain.h"
+#line 11617 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -11228,7 +12194,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 11232 "dtrain.h"
+#line 12198 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -11859,7 +12825,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 11863 "dtrain.h"
+#line 12829 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -12597,7 +13563,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 12601 "dtrain.h"
+#line 13567 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -12864,7 +13830,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 12868 "dtrain.h"
+#line 13834 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13054,7 +14020,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13058 "dtrain.h"
+#line 14024 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -13188,7 +14154,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 13192 "dtrain.h"
+#line 14158 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -13922,7 +14888,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 13926 "dtrain.h"
+#line 14892 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -14439,7 +15405,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 14443 "dtrain.h"
+#line 15409 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15171,7 +16137,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 15175 "dtrain.h"
+#line 16141 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -15302,6 +16268,7 @@ const char *dtr_allreduce_algo_name(dtr_allreduce_algo algo) {
     case DTR_ALLREDUCE_AUTO: return "auto";
     case DTR_ALLREDUCE_RING: return "ring";
     case DTR_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
+    case DTR_ALLREDUCE_HIERARCHICAL: return "hierarchical";
     }
     return "unknown";
 }
@@ -15509,6 +16476,11 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
         if (r != DTR_OK) c->native_group = NULL;   /* fall back to point-to-point */
     }
+    if (!c->native_group && (r = dtr__shm_setup(c)) != DTR_OK) {
+        dtr__errf(err, errlen, r, "dtr_comm_create: %s", c->msg);
+        dtr_comm_destroy(c);
+        return r;
+    }
     *out = c;
     return DTR_OK;
 }
@@ -15541,6 +16513,9 @@ void dtr_comm_destroy(dtr_comm *c) {
         ep->vt->abort(ep->state, ep->info.rank, why);
     }
     dtr__comm_stop_thread(c);
+    dtr_comm_destroy(c->leaders);
+    dtr_comm_destroy(c->host);
+    dtr__shm_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -15587,11 +16562,34 @@ dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms) {
     return DTR_OK;
 }
 
+/* The host and leaders groups of the hierarchical all-reduce (collective over c), and
+ * whether it changes anything: several hosts, one of several ranks (the same on all ranks). */
+static dtr_result dtr__comm_hier_groups(dtr_comm *c) {
+    int host = c->ep->info.rank - c->ep->info.local_rank; /* its first rank: ranks of a host are contiguous */
+    float shape[2];
+    dtr_result r;
+    if (c->hier_ready) return DTR_OK;
+    r = dtr_comm_split(c, host, c->rank, &c->host);
+    if (r == DTR_OK) r = dtr_comm_split(c, dtr_comm_rank(c->host) == 0 ? 0 : DTR_COMM_UNDEFINED, c->rank, &c->leaders);
+    shape[0] = c->leaders ? 1.0f : 0.0f;                            /* hosts */
+    shape[1] = (float)dtr_comm_size(c->host);                     /* the biggest host */
+    if (r == DTR_OK) r = dtr_comm_all_reduce(c, shape, shape, 1, DTR_F32, DTR_REDUCE_SUM);
+    if (r == DTR_OK) r = dtr_comm_all_reduce(c, shape + 1, shape + 1, 1, DTR_F32, DTR_REDUCE_MAX);
+    if (r != DTR_OK) return r;
+    c->hier_ready = 1;
+    c->hier_on = shape[0] > 1.5f && shape[1] > 1.5f && !c->mem_ctx;
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes) {
+    dtr_result r;
     if (!c) return DTR_NULL_HANDLE;
-    if ((int)algo < 0 || algo > DTR_ALLREDUCE_RECURSIVE_DOUBLING) return DTR_INVALID_ARGUMENT;
+    if ((int)algo < 0 || algo > DTR_ALLREDUCE_HIERARCHICAL) return DTR_INVALID_ARGUMENT;
+    if (algo == DTR_ALLREDUCE_HIERARCHICAL && (r = dtr__comm_hier_groups(c)) != DTR_OK) return r;
     c->algo = (int)algo;
     if (ring_threshold_bytes) c->ring_threshold = ring_threshold_bytes;
+    if (c->host) c->host->ring_threshold = c->ring_threshold;
+    if (c->leaders) c->leaders->ring_threshold = c->ring_threshold;
     return DTR_OK;
 }
 
@@ -15792,6 +16790,11 @@ static dtr_result dtr__comm_enqueue(dtr_comm *c, dtr_request *q) {
     return r;
 }
 
+int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt) {
+    return count * dtr_dtype_size(dt) >= c->ring_threshold && count >= (size_t)c->size ? DTR_ALLREDUCE_RING
+                                                                                        : DTR_ALLREDUCE_RECURSIVE_DOUBLING;
+}
+
 /* Checks arguments (an error here breaks nothing), stamps the sequence number and deadline. */
 static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
     size_t es;
@@ -15843,13 +16846,7 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
         if (a->count && !(a->kind == DTR__OP_SEND ? a->src : (const void *)a->dst))
             return dtr__comm_fail(c, a, DTR_NULL_HANDLE, -1, 0, "the buffer is NULL");
     }
-    if (a->kind == DTR__OP_ALL_REDUCE) {
-        size_t bytes = a->count * es;
-        a->algo = c->algo != DTR_ALLREDUCE_AUTO
-                      ? c->algo
-                      : (bytes >= c->ring_threshold && a->count >= (size_t)c->size ? DTR_ALLREDUCE_RING
-                                                                                  : DTR_ALLREDUCE_RECURSIVE_DOUBLING);
-    }
+    if (a->kind == DTR__OP_ALL_REDUCE) a->algo = c->algo != DTR_ALLREDUCE_AUTO ? c->algo : dtr__auto_algo(c, a->count, a->dtype);
     if (a->kind != DTR__OP_SEND && a->kind != DTR__OP_RECV) a->seq = c->seq++;
     a->timeout_ms = c->timeout_ms;
     a->deadline = dtr_time_ns() + (int64_t)c->timeout_ms * 1000000;
@@ -16205,12 +17202,17 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
         if (c->ep->vt->group_create(c->ep->state, nc->ranks, nc->size, nc->ctx, &nc->native_group) != DTR_OK)
             nc->native_group = NULL;
     }
+    if (!nc->native_group && (r = dtr__shm_setup(nc)) != DTR_OK) {
+        r = dtr__comm_fail(c, &a, r, dtr_comm_failed_rank(nc), 0, "setting up the sub-group: %s", nc->msg);
+        dtr_comm_destroy(nc);
+        goto done;
+    }
     *out = nc;
 done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 16214 "dtrain.h"
+#line 17216 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -16448,6 +17450,18 @@ static void dtr__local_service(dtr_local_world *w, int rank) {
 
 /* ---- vtable ---- */
 
+/* Every rank of a world is on this host, unless $DTR_RANKS_PER_HOST declares fake hosts of
+ * k consecutive ranks (the last may hold fewer). */
+static void dtr__local_host(int rank, int size, dtr_transport_info *info) {
+    int k = dtr__fake_ranks_per_host(), first;
+    if (k <= 0 || k > size) k = size;
+    first = rank / k * k;
+    info->rank = rank;
+    info->size = size;
+    info->local_rank = rank - first;
+    info->local_size = size - first < k ? size - first : k;
+}
+
 static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                   size_t errlen) {
     dtr_local_world *w = cfg->local.world;
@@ -16472,8 +17486,7 @@ static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_
     pthread_mutex_unlock(&w->mu);
     ep->w = w;
     ep->rank = rank;
-    info->rank = info->local_rank = rank;
-    info->size = info->local_size = w->size;
+    dtr__local_host(rank, w->size, info);
     *state = ep;
     return DTR_OK;
 }
@@ -16751,7 +17764,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 16755 "dtrain.h"
+#line 17768 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -16855,6 +17868,12 @@ dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y
 
 /* ---- helpers ---- */
 
+/* what the step that completes an average divides by (1 for other reductions) */
+static int dtr__avg_div(const dtr_comm *c, const dtr__coll *a) {
+    if (a->op != DTR_REDUCE_AVG) return 1;
+    return a->avg_div ? a->avg_div : c->size;
+}
+
 static int dtr__mod(int a, int n) { return ((a % n) + n) % n; }
 
 /* chunk k of `count` elements split into n: [*off, *off + *len) */
@@ -16887,7 +17906,7 @@ static dtr_result dtr__ring_reduce_scatter(dtr_comm *c, const dtr__coll *a, cons
         res = dtr__comm_sendrecv(c, a, (s == 0 ? src : dst) + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         /* the partial of the ranks before us comes first */
-        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, s == N - 2 ? dtr__avg_div(c, a) : 1);
         if (res != DTR_OK) return res;
     }
     return DTR_OK;
@@ -16951,7 +17970,7 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     if (nr >= 0) {
         for (d = 1; d < p; d *= 2, step++) {
             int pn = nr ^ d, partner = pn < m ? 2 * pn + 1 : pn + m;
-            int div = (d * 2 >= p && a->op == DTR_REDUCE_AVG) ? N : 1;
+            int div = d * 2 >= p ? dtr__avg_div(c, a) : 1;
             res = dtr__comm_sendrecv(c, a, dst, bytes, partner, tmp, bytes, partner, step);
             if (res != DTR_OK) return res;
             res = nr < pn ? dtr__coll_reduce(c, dst, dst, tmp, a->count, a, div) : dtr__coll_reduce(c, dst, tmp, dst, a->count, a, div);
@@ -16966,6 +17985,42 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     }
     return DTR_OK;
 }
+
+/* ---- hierarchical all-reduce ---- */
+
+/* Runs collective `sub` on a child group of c (host or leaders) inside c's collective `a`:
+ * the child's sequence number, a's deadline; a failure there is c's failure. */
+static dtr_result dtr__coll_child(dtr_comm *c, const dtr__coll *a, dtr_comm *child, dtr__coll *sub) {
+    dtr_result r;
+    sub->seq = child->seq++;
+    if (sub->kind == DTR__OP_ALL_REDUCE) sub->algo = dtr__auto_algo(child, sub->count, sub->dtype);
+    r = dtr__coll_run(child, sub);
+    if (r == DTR_OK) return DTR_OK;
+    return dtr__comm_fail(c, a, r, dtr_comm_failed_rank(child), dtr_comm_native_error(child), "in the %s group: %s",
+                          child == c->host ? "host" : "leaders'", dtr_comm_last_error(child));
+}
+
+/* Sum inside the host, all-reduce of the hosts' sums between the leaders (an average is
+ * divided by the whole group's size in its last step), broadcast inside the host. */
+static dtr_result dtr__all_reduce_hier(dtr_comm *c, const dtr__coll *a) {
+    dtr__coll s = *a;
+    dtr_result r;
+    s.op = a->op == DTR_REDUCE_AVG ? DTR_REDUCE_SUM : a->op;
+    if ((r = dtr__coll_child(c, a, c->host, &s)) != DTR_OK) return r;
+    if (c->leaders) {
+        s = *a;
+        s.src = a->dst;
+        s.avg_div = c->size;
+        if ((r = dtr__coll_child(c, a, c->leaders, &s)) != DTR_OK) return r;
+    }
+    s = *a;
+    s.kind = DTR__OP_BROADCAST;
+    s.root = 0;
+    return dtr__coll_child(c, a, c->host, &s);
+}
+
+/* hierarchical only where it changes something (decided alike on every rank) */
+static int dtr__use_hier(const dtr_comm *c) { return c->hier_ready && c->hier_on; }
 
 /* ---- broadcast ---- */
 
@@ -17073,7 +18128,7 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
         res = dtr__comm_sendrecv(c, a, sb, bytes, right, rb, bytes, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         if (s == N - 2)
-            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, a->op == DTR_REDUCE_AVG ? N : 1);
+            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, dtr__avg_div(c, a));
         else
             res = dtr__coll_reduce(c, rb, rb, src + (size_t)kr * bytes, a->count, a, 1);
         if (res != DTR_OK) return res;
@@ -17135,8 +18190,17 @@ static dtr_result dtr__coll_native(dtr_comm *c, const dtr__coll *a, int *used) {
     return r;
 }
 
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
-    size_t es = dtr_dtype_size(a->dtype);
+/* the all-reduce algorithm that runs: the one asked for, AUTO's pick, or hierarchical where
+ * it changes something */
+static int dtr__effective_algo(const dtr_comm *c, const dtr__coll *a) {
+    if (a->algo == DTR_ALLREDUCE_RING || a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) return a->algo;
+    if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) return a->algo;
+    return dtr__auto_algo(c, a->count, a->dtype);
+}
+
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
+    size_t es = dtr_dtype_size(in->dtype);
+    dtr__coll b = *in, *a = &b;
     dtr_result r;
     int used = 0;
     if (c->size == 1) { /* no communication: copy (and an average over one rank is the value) */
@@ -17149,7 +18213,12 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
         r = dtr__coll_native(c, a, &used);
         if (used) return r;
     }
-    switch (a->kind) {
+    if (a->kind == DTR__OP_ALL_REDUCE) b.algo = dtr__effective_algo(c, a);
+    if (a->kind == DTR__OP_ALL_REDUCE && a->algo == DTR_ALLREDUCE_HIERARCHICAL) {
+        r = dtr__all_reduce_hier(c, a);
+    } else if (dtr__shm_run(c, a, &r)) {
+        /* done through the group's shared memory */
+    } else switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
         r = a->algo == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
         break;
@@ -17177,7 +18246,440 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     }
     return r;
 }
-#line 17181 "dtrain.h"
+#line 18250 "dtrain.h"
+
+/* ---- src/comm/shm.c ---- */
+#line 1 "src/comm/shm.c"
+/* ============================================================================
+ * Shared-memory collectives: the ranks of a group that are processes of one host map one
+ * segment and run every collective through it instead of through the transport.
+ *
+ * Segment: a header with two counters per rank (each on its own cache line), a slot of S
+ * bytes per rank, and two result buffers of S bytes. Every collective goes in epochs of at
+ * most S bytes per rank (the same count on every rank: the collectives are called in the
+ * same order). In epoch e a rank
+ *   A. copies its part of the input into its slot and publishes in = e;
+ *   B. waits until every rank's `in` reached e (or only the root's, for a broadcast), then
+ *      computes its share of the result from the peers' slots (a reduction reads its slice of
+ *      every slot, in the documented order of the algorithm the group would have used, so
+ *      results are bit for bit those of the point-to-point path), writing it into the
+ *      epoch's result buffer (or straight into its output), and publishes red = e;
+ *   C. waits until every rank's `red` reached e and copies the result out.
+ * A slot is written again only in epoch e + 1, after every rank passed B of epoch e; the
+ * result buffers alternate, so a slow reader of epoch e never sees epoch e + 1's writes.
+ *
+ * Waits spin briefly, then yield, then nap, and check the deadline, an abort flag in the
+ * header (a rank that fails sets it), and a zero-byte receive posted on the transport at
+ * setup that never matches: the transport fails it when a peer dies or the world aborts, so
+ * a killed rank turns into DTR_PEER_FAILED here too. Setup (dtr__shm_setup, collective at
+ * group creation) uses the transport: rank 0 creates the segment and broadcasts its name,
+ * the others map it, all agree (or all fall back), and the name is unlinked at once.
+ * ==========================================================================*/
+
+
+
+
+
+#if defined(__unix__) || defined(__APPLE__)
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#define DTR__HAVE_SHM DTR__HAVE_ATOMICS
+#else
+#define DTR__HAVE_SHM 0
+#endif
+
+#if DTR__HAVE_SHM
+
+#define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
+
+typedef struct dtr__shm_counter {
+    uint64_t in;            /* the epoch whose input is in this rank's slot */
+    char pad0[56];
+    uint64_t red;           /* the epoch whose share this rank computed */
+    int64_t pid;            /* the rank's process, watched while others wait for it */
+    char pad1[48];
+} dtr__shm_counter;
+
+typedef struct dtr__shm_hdr {
+    uint64_t magic;
+    uint64_t slot;          /* S */
+    int32_t size;
+    int32_t abort_rank;     /* -1; else the group rank that failed (first writer wins) */
+    char pad[40];
+    dtr__shm_counter r[1];  /* size of them */
+} dtr__shm_hdr;
+
+struct dtr__shm {
+    char *base;
+    size_t bytes, slot;
+    dtr__shm_hdr *h;
+    char *slots, *out[2];
+    uint64_t epoch;
+    void *sentinel;         /* the transport's never-matching receive */
+    int on;                 /* every rank mapped it: the collectives use it */
+    int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
+};
+
+static size_t dtr__shm_hdr_bytes(int n) {
+    size_t b = sizeof(dtr__shm_hdr) + (size_t)n * sizeof(dtr__shm_counter);
+    return (b + 4095) & ~(size_t)4095;
+}
+
+static size_t dtr__shm_slot_bytes(int n) { return n <= 8 ? (size_t)2 << 20 : (size_t)512 << 10; }
+
+/* ---- setup and teardown ---- */
+
+static void dtr__shm_name(char *out, size_t cap, const uint32_t *token) {
+    snprintf(out, cap, "/dtr-%ld-%08x%08x", (long)getuid(), token[0], token[1]);
+}
+
+/* maps the segment `name` (creating it on rank 0); NULL on any failure */
+static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
+    size_t slot = dtr__shm_slot_bytes(c->size), bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot;
+    int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
+    struct stat st;
+    dtr__shm *s;
+    void *p;
+    if (fd < 0) return NULL;
+    if ((create && ftruncate(fd, (off_t)bytes) != 0) || fstat(fd, &st) != 0 || (size_t)st.st_size != bytes) {
+        close(fd);
+        return NULL;
+    }
+    p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (p == MAP_FAILED) return NULL;
+    s = (dtr__shm *)dtr__calloc(&c->ep->alloc, sizeof(*s));
+    if (!s) { munmap(p, bytes); return NULL; }
+    s->base = (char *)p, s->bytes = bytes, s->slot = slot, s->h = (dtr__shm_hdr *)p;
+    s->slots = s->base + dtr__shm_hdr_bytes(c->size);
+    s->out[0] = s->slots + (size_t)c->size * slot;
+    s->out[1] = s->out[0] + slot;
+    if (create) {
+        s->h->slot = slot, s->h->size = c->size, s->h->abort_rank = -1;
+        DTR__ATOMIC_STORE(&s->h->magic, DTR__SHM_MAGIC);
+    }
+    return s;
+}
+
+void dtr__shm_free(dtr_comm *c) {
+    dtr__shm *s = c->shm;
+    if (!s) return;
+    if (s->sentinel) c->ep->vt->release(c->ep->state, s->sentinel);
+    munmap(s->base, s->bytes);
+    dtr__free(&c->ep->alloc, s);
+    c->shm = NULL;
+}
+
+/* 1 when this group may use a segment: processes of one host (not the local transport's
+ * threads; other transports' threads decline at setup), host buffers, 2 to 64 ranks */
+static int dtr__shm_eligible(const dtr_comm *c) {
+    const char *env = getenv("DTR_COMM_SHM");
+    if (env && !strcmp(env, "0")) return 0;
+    return c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
+           c->local_size == c->size;
+}
+
+static int dtr__shm_check(const dtr__shm *s, const dtr_comm *c) {
+    return s && DTR__ATOMIC_LOAD(&s->h->magic) == DTR__SHM_MAGIC && s->h->size == c->size && s->h->slot == s->slot;
+}
+
+/* posts the never-matching receive that reports the world's failures */
+static int dtr__shm_post_sentinel(dtr_comm *c) {
+    dtr_transport_error e;
+    int peer = c->ranks[(c->rank + 1) % c->size];
+    return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel,
+                            &e) == DTR_OK;
+}
+
+dtr_result dtr__shm_setup(dtr_comm *c) {
+    uint32_t msg[4] = {0, 0, 0, 0};   /* token, rank 0 mapped it, rank 0's pid */
+    char name[64];
+    float ok;
+    dtr_result r;
+    if (!dtr__shm_eligible(c)) return DTR_OK;
+    if (c->rank == 0) {
+        int64_t t = dtr_time_ns();
+        msg[0] = (uint32_t)t ^ (uint32_t)getpid();
+        msg[1] = (uint32_t)((uint64_t)t >> 32) ^ (uint32_t)(uintptr_t)c;
+        dtr__shm_name(name, sizeof name, msg);
+        c->shm = dtr__shm_map(c, name, 1);
+        msg[2] = c->shm != NULL;
+        msg[3] = (uint32_t)getpid();
+    }
+    if ((r = dtr_comm_broadcast(c, msg, 4, DTR_I32, 0)) != DTR_OK) { dtr__shm_free(c); return r; }
+    dtr__shm_name(name, sizeof name, msg);
+    /* threads of one process (a transport of the app's own) gain nothing: all decline */
+    if (c->rank != 0 && msg[2] && msg[3] != (uint32_t)getpid()) c->shm = dtr__shm_map(c, name, 0);
+    ok = dtr__shm_check(c->shm, c) && dtr__shm_post_sentinel(c) ? 1.0f : 0.0f;
+    if (ok > 0.5f) DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
+    r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);   /* ranks that could map it */
+    if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
+    if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
+    else c->shm->on = 1;
+    return r;
+}
+
+/* ---- waiting ---- */
+
+/* the first rank (all: -1) whose counter at `off` is below e, or -1 when none is */
+static int dtr__shm_behind(const dtr__shm *s, int n, int only, size_t off, uint64_t e) {
+    int j;
+    for (j = 0; j < n; j++) {
+        const uint64_t *p = (const uint64_t *)((const char *)&s->h->r[j] + off);
+        if ((only < 0 || j == only) && DTR__ATOMIC_LOAD(p) < e) return j;
+    }
+    return -1;
+}
+
+static void dtr__shm_nap(int64_t ns) {
+    struct timespec ts;
+    ts.tv_sec = 0;
+    ts.tv_nsec = (long)ns;
+    nanosleep(&ts, NULL);
+}
+
+/* 1 when process pid is gone or a zombie (Linux: /proc; elsewhere only gone) */
+static int dtr__shm_dead(int64_t pid) {
+    char path[64], buf[512], *p;
+    FILE *f;
+    size_t n;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    if (!(f = fopen(path, "r"))) return 0;
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+/* the first peer whose process died, or -1 */
+static int dtr__shm_dead_peer(dtr_comm *c) {
+    int j;
+    for (j = 0; j < c->size; j++)
+        if (j != c->rank && dtr__shm_dead(DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid))) return j;
+    return -1;
+}
+
+/* DTR_OK, or the failure that stops the wait: a rank's abort flag, a peer's death, the
+ * transport's report (its never-matching receive failed), the deadline */
+static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiting_for) {
+    dtr__shm *s = c->shm;
+    dtr_transport_error e;
+    int done = 0, who = DTR__ATOMIC_LOAD(&s->h->abort_rank), dead;
+    int64_t now = dtr_time_ns();
+    dtr_result r;
+    e.rank = -1, e.native_code = 0, e.msg[0] = 0;
+    if (who >= 0)
+        return dtr__comm_fail(c, a, DTR_PEER_FAILED, who, 0, "rank %d failed (a shared-memory collective's peer said so)", who);
+    if (now < s->next_check) return DTR_OK;   /* the slower looks: every 5 ms */
+    s->next_check = now + 5000000;
+    if ((dead = dtr__shm_dead_peer(c)) >= 0)
+        return dtr__comm_fail(c, a, DTR_PEER_FAILED, c->ranks[dead], 0, "rank %d (pid %lld on this host) died",
+                              c->ranks[dead], (long long)DTR__ATOMIC_LOAD(&s->h->r[dead].pid));
+    r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
+    if (r != DTR_OK || done)
+        return dtr__comm_fail(c, a, r != DTR_OK ? r : DTR_PEER_FAILED, e.rank, e.native_code, "%s",
+                              e.msg[0] ? e.msg : "the transport reported a failure");
+    if (now > a->deadline)
+        return dtr__comm_fail(c, a, DTR_TIMEOUT, c->ranks[waiting_for], 0,
+                              "timed out after %d ms: rank %d did not reach the shared-memory step", a->timeout_ms,
+                              c->ranks[waiting_for]);
+    return DTR_OK;
+}
+
+/* Waits until the counters at `off` of every rank (or of `only`) reached epoch e. */
+static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_t off, uint64_t e) {
+    dtr__shm *s = c->shm;
+    int64_t naps = 0;
+    long spins = 0;
+    int j;
+    dtr_result r;
+    while ((j = dtr__shm_behind(s, c->size, only, off, e)) >= 0) {
+        if (++spins < 2000) continue;
+        if ((r = dtr__shm_check_fail(c, a, j)) != DTR_OK) {   /* tell the others whom to blame */
+            int32_t none = -1, who = dtr_comm_failed_rank(c) >= 0 ? dtr_comm_failed_rank(c) : c->ep->info.rank;
+            DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
+            return r;
+        }
+        if (spins < 4000) sched_yield();
+        else dtr__shm_nap(naps++ < 100 ? 2000 : 50000);
+    }
+    return DTR_OK;
+}
+
+#define DTR__SHM_IN offsetof(dtr__shm_counter, in)
+#define DTR__SHM_RED offsetof(dtr__shm_counter, red)
+
+/* ---- reductions in the point-to-point path's orders ---- */
+
+/* the first element of ring chunk k of a count split over n ranks */
+static size_t dtr__shm_ring_start(size_t count, int n, int k) {
+    size_t q = count / (size_t)n, rem = count % (size_t)n;
+    return (size_t)k * q + ((size_t)k < rem ? (size_t)k : rem);
+}
+
+/* out[0..len) = elements [g, g + len) of the slots (slot j's first element is global index
+ * g0) in ring order: chunk k starts at rank k + 1 and ends at rank k (an average divides in
+ * the last step) */
+static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0, size_t g, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype);
+    int N = c->size, k;
+    for (k = 0; k < N && len; k++) {
+        size_t lo = dtr__shm_ring_start(a->count, N, k), hi = dtr__shm_ring_start(a->count, N, k + 1), b, e, i;
+        int j;
+        b = g > lo ? g : lo, e = g + len < hi ? g + len : hi;
+        if (b >= e) continue;
+        i = b - g0;
+        for (j = 2; j <= N; j++) {
+            const char *x = j == 2 ? c->shm->slots + (size_t)((k + 1) % N) * c->shm->slot + i * es : out + (b - g) * es;
+            const char *y = c->shm->slots + (size_t)((k + j) % N) * c->shm->slot + i * es;
+            dtr__comm_reduce(out + (b - g) * es, x, y, e - b, a->dtype, a->op, j == N ? div : 1);
+        }
+    }
+}
+
+/* the same in recursive doubling's order (fold pairs 2i, 2i+1 below 2m; then partners at
+ * distances 1, 2, 4 ..., the lower first), element by element through f32 as the kernels do */
+static void dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype), i;
+    int N = c->size, p = 1, m, nr, d;
+    char v[64][4];
+    while (p * 2 <= N) p *= 2;
+    m = N - p;
+    for (i = 0; i < len; i++) {
+        for (nr = 0; nr < p; nr++) {
+            const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + (first + i) * es;
+            if (nr < m) dtr__comm_reduce(v[nr], x0, x0 + c->shm->slot, 1, a->dtype, a->op, 1);
+            else memcpy(v[nr], x0, es);
+        }
+        for (d = 1; d < p; d *= 2)
+            for (nr = 0; nr < p; nr++)
+                if (!(nr & d)) {
+                    dtr__comm_reduce(v[nr], v[nr], v[nr | d], 1, a->dtype, a->op, d * 2 >= p ? div : 1);
+                    memcpy(v[nr | d], v[nr], es);
+                }
+        memcpy(out + i * es, v[0], es);
+    }
+}
+
+/* ---- the collectives ---- */
+
+/* A: this rank's input of the epoch into its slot */
+static uint64_t dtr__shm_publish(dtr_comm *c, const void *src, size_t bytes) {
+    dtr__shm *s = c->shm;
+    uint64_t e = ++s->epoch;
+    if (bytes) memcpy(s->slots + (size_t)c->rank * s->slot, src, bytes);
+    DTR__ATOMIC_STORE(&s->h->r[c->rank].in, e);
+    return e;
+}
+
+static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), per = s->slot / es, g, n;
+    int div = a->op == DTR_REDUCE_AVG ? (a->avg_div ? a->avg_div : c->size) : 1;
+    dtr_result r;
+    for (g = 0; g < a->count; g += n) {
+        size_t lo, hi;
+        char *out;
+        uint64_t e;
+        n = a->count - g < per ? a->count - g : per;
+        e = dtr__shm_publish(c, (const char *)a->src + g * es, n * es);
+        out = s->out[e & 1];
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+        lo = n * (size_t)c->rank / (size_t)c->size, hi = n * (size_t)(c->rank + 1) / (size_t)c->size;
+        if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_ring(c, a, out + lo * es, g, g + lo, hi - lo, div);
+        else dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div);
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
+        memcpy((char *)a->dst + g * es, out, n * es);
+    }
+    return DTR_OK;
+}
+
+/* reduce-scatter: block b of the input is rank b's; each epoch carries the same range of
+ * every block, and rank b reduces its block in ring order (chunk b starts at rank b + 1) */
+static dtr_result dtr__shm_reduce_scatter(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), per = s->slot / es / (size_t)c->size, g, n;
+    int N = c->size, b, j;
+    dtr_result r;
+    for (g = 0; g < a->count; g += n) {
+        char *mine = s->slots + (size_t)c->rank * s->slot, *dst = (char *)a->dst + g * es;
+        uint64_t e = ++s->epoch;
+        n = a->count - g < per ? a->count - g : per;
+        for (b = 0; b < N; b++) memcpy(mine + (size_t)b * n * es, (const char *)a->src + ((size_t)b * a->count + g) * es, n * es);
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].in, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+        for (j = 2; j <= N; j++) {
+            const char *x = j == 2 ? s->slots + (size_t)((c->rank + 1) % N) * s->slot + (size_t)c->rank * n * es : dst;
+            const char *y = s->slots + (size_t)((c->rank + j) % N) * s->slot + (size_t)c->rank * n * es;
+            dtr__comm_reduce(dst, x, y, n, a->dtype, a->op, j == N && a->op == DTR_REDUCE_AVG ? N : 1);
+        }
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+/* all-gather (root < 0) or broadcast from root: every rank (or the root) publishes, all copy */
+static dtr_result dtr__shm_gather(dtr_comm *c, const dtr__coll *a, int root) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), per = s->slot / es, g, n;
+    int j;
+    dtr_result r;
+    for (g = 0; g < a->count; g += n) {
+        const char *src = root < 0 ? (const char *)a->src : (const char *)a->dst;
+        uint64_t e;
+        n = a->count - g < per ? a->count - g : per;
+        e = dtr__shm_publish(c, src + g * es, root < 0 || root == c->rank ? n * es : 0);
+        if ((r = dtr__shm_wait(c, a, root, DTR__SHM_IN, e)) != DTR_OK) return r;
+        for (j = 0; j < c->size; j++) {
+            const char *from = s->slots + (size_t)j * s->slot;
+            if (root < 0) memcpy((char *)a->dst + ((size_t)j * a->count + g) * es, from, n * es);
+            else if (j == root && j != c->rank) memcpy((char *)a->dst + g * es, from, n * es);
+        }
+        DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
+        if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__shm_barrier(dtr_comm *c, const dtr__coll *a) {
+    uint64_t e = dtr__shm_publish(c, NULL, 0);
+    dtr_result r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e);
+    if (r == DTR_OK) DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].red, e);
+    return r;
+}
+
+int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on; }
+
+int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
+    if (!c->shm || !c->shm->on) return 0;
+    switch (a->kind) {
+    case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
+    case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
+    case DTR__OP_ALL_GATHER: *r = dtr__shm_gather(c, a, -1); return 1;
+    case DTR__OP_BROADCAST: *r = dtr__shm_gather(c, a, a->root); return 1;
+    case DTR__OP_BARRIER: *r = dtr__shm_barrier(c, a); return 1;
+    }
+    return 0;
+}
+
+#else /* no POSIX shared memory: the transport's path */
+int dtr_comm_shared_memory(const dtr_comm *c) { (void)c; return 0; }
+dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
+void dtr__shm_free(dtr_comm *c) { (void)c; }
+int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
+#endif
+#line 18683 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -17533,7 +19035,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 17537 "dtrain.h"
+#line 19039 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -17824,7 +19326,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 17828 "dtrain.h"
+#line 19330 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -17872,7 +19374,7 @@ struct dtr_pipe {
     dtr_comm *c;
     dtr_pipe_config cfg;
     int rank, P, v, M;
-    dtr__pipe_slot *slots;
+    dtr__pipe_slot **slots;         /* each allocated once: pending sends point into them */
     int n_slots, live_now;
     dtr__pipe_slot **live;          /* [chunk * M + mb] during a step */
     dtr__pipe_action *plan;         /* 2 * v * M actions */
@@ -17989,8 +19491,9 @@ void dtr_pipe_destroy(dtr_pipe *p) {
     int i, k;
     if (!p) return;
     for (i = 0; i < p->n_slots; i++) {
-        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i].req[k]);
-        dtr_tape_destroy(p->slots[i].tape);
+        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i]->req[k]);
+        dtr_tape_destroy(p->slots[i]->tape);
+        dtr__free(&p->ctx->alloc, p->slots[i]);
     }
     dtr__free(&p->ctx->alloc, p->slots);
     dtr__free(&p->ctx->alloc, p->live);
@@ -18037,24 +19540,23 @@ static int dtr__pipe_sent(dtr__pipe_slot *s, dtr_result *r) {
 
 /* A free slot (backward done, sends complete, tape reset); a new one when none is. */
 static dtr__pipe_slot *dtr__pipe_acquire(dtr_pipe *p, dtr_result *r) {
-    dtr__pipe_slot *s;
+    dtr__pipe_slot *s, **grown;
     int i;
     *r = DTR_OK;
     for (i = 0; i < p->n_slots; i++) {
-        s = &p->slots[i];
+        s = p->slots[i];
         if (!s->busy && dtr__pipe_sent(s, r)) { dtr_tape_reset(s->tape); return s; }
         if (*r != DTR_OK) return NULL;
     }
-    s = (dtr__pipe_slot *)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*s));
-    if (!s) { *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory"); return NULL; }
-    /* live[] points into the array: move the pointers with it */
-    for (i = 0; i < p->v * p->M; i++)
-        if (p->live[i]) p->live[i] = s + (p->live[i] - p->slots);
-    p->slots = s;
-    s = &p->slots[p->n_slots];
-    memset(s, 0, sizeof(*s));
-    if ((*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) return NULL;
-    p->n_slots++;
+    grown = (dtr__pipe_slot **)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*grown));
+    s = (dtr__pipe_slot *)dtr__calloc(&p->ctx->alloc, sizeof(*s));
+    if (grown) p->slots = grown;
+    if (!grown || !s || (*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) {
+        dtr__free(&p->ctx->alloc, s);
+        if (*r == DTR_OK) *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory");
+        return NULL;
+    }
+    p->slots[p->n_slots++] = s;
     return s;
 }
 
@@ -18197,7 +19699,7 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
 static dtr_result dtr__pipe_drain(dtr_pipe *p, dtr_result r) {
     int i, k;
     for (i = 0; i < p->n_slots; i++) {
-        dtr__pipe_slot *s = &p->slots[i];
+        dtr__pipe_slot *s = p->slots[i];
         for (k = 0; k < 3; k++) {
             dtr_result w = s->req[k] ? dtr_request_wait(s->req[k]) : DTR_OK;
             if (r == DTR_OK && w != DTR_OK) r = dtr__pipe_comm_fail(p, w, "completing a send", 0, -1);
@@ -18247,7 +19749,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 18251 "dtrain.h"
+#line 19753 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -18301,7 +19803,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 18305 "dtrain.h"
+#line 19807 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

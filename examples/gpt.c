@@ -25,9 +25,13 @@
  * Usage: gpt [TEXT_FILE] [--stages P] [--chunks V] [--microbatches M]
  *            [--schedule gpipe|1f1b|interleaved] [--dp D] [--tp T] [--steps N] [--batch B]
  *            [--context T] [--dim C] [--heads H] [--layers L] [--lr LR] [--seed S]
- *            [--transport local|NAME] [--provider P] [--threads N] [--quiet]
+ *            [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet]
  *   --stages, --chunks  pipeline ranks, and model chunks per rank (interleaved schedule)
- *   --dp, --tp          data-parallel replicas; tensor-parallel ranks per stage
+ *   --dp, --tp          data-parallel replicas; tensor-parallel ranks per stage (the
+ *                       embedding, every block and the head split over them, the
+ *                       cross-entropy vocabulary-parallel)
+ *   --checkpoint        recompute each block's activations in backward (dtr_checkpoint):
+ *                       less memory, one more forward of the blocks
  *   --batch             samples per step over all replicas (default 16), split into M
  *                       micro-batches per replica
  *   world = dp * stages * tp ranks: threads of this process (--transport local, default)
@@ -39,7 +43,7 @@
 
 typedef struct gpt_opts {
     const char *text, *transport, *provider;
-    int stages, chunks, microbatches, dp, tp, steps, batch, context, dim, heads, layers, threads, quiet;
+    int stages, chunks, microbatches, dp, tp, steps, batch, context, dim, heads, layers, threads, quiet, checkpoint;
     dtr_pipe_schedule schedule;
     float lr;
     unsigned long seed;
@@ -63,33 +67,48 @@ static gpt_opts gpt_opts_default(void) {
 #define GPT_VOCAB 256
 #define GPT_MAX_LAYERS 64
 
-typedef struct gpt_model {
+typedef struct gpt_model gpt_model;
+typedef struct gpt_block_ref { gpt_model *g; int i; } gpt_block_ref;   /* a block, for dtr_checkpoint */
+
+struct gpt_model {
     const gpt_opts *o;
     const unsigned char *text;
     long text_len;
     dtr_model *m;
-    dtr_embedding_layer wte, wpe;
+    dtr_comm *tp;                       /* tensor-parallel group (--tp > 1), else NULL */
+    dtr_embedding_layer wte, wpe;       /* without tp */
     dtr_gpt_block h[GPT_MAX_LAYERS];
-    dtr_layernorm_layer ln_f;
     dtr_linear_layer head;
+    dtr_tp_embedding twte;              /* with tp: vocabulary-parallel */
+    dtr_tp_gpt_block th[GPT_MAX_LAYERS];
+    dtr_tp_linear thead;                /* column-parallel, logits stay split */
+    dtr_layernorm_layer ln_f;
+    gpt_block_ref ref[GPT_MAX_LAYERS];
     dtr_pipe *pipe;
     int pp_rank, pp_size, dp_rank, step;
-} gpt_model;
+};
 
+/* the whole model, under the same names with or without tensor parallelism (a tp model
+ * starts from the weights of the single-device one) */
 static dtr_result gpt_declare(gpt_model *g, dtr_model *m) {
     const gpt_opts *o = g->o;
     char name[32];
     dtr_result r;
     int i;
     g->m = m;
-    r = dtr_embedding_layer_init(&g->wte, m, "wte", GPT_VOCAB, o->dim);
+    r = g->tp ? dtr_tp_embedding_init(&g->twte, m, g->tp, "wte", GPT_VOCAB, o->dim)
+              : dtr_embedding_layer_init(&g->wte, m, "wte", GPT_VOCAB, o->dim);
     if (r == DTR_OK) r = dtr_embedding_layer_init(&g->wpe, m, "wpe", o->context, o->dim);
     for (i = 0; i < o->layers && r == DTR_OK; i++) {
         snprintf(name, sizeof name, "h.%d", i);
-        r = dtr_gpt_block_init(&g->h[i], m, name, o->dim, o->heads);
+        g->ref[i].g = g, g->ref[i].i = i;
+        r = g->tp ? dtr_tp_gpt_block_init(&g->th[i], m, g->tp, name, o->dim, o->heads)
+                  : dtr_gpt_block_init(&g->h[i], m, name, o->dim, o->heads);
     }
     if (r == DTR_OK) r = dtr_layernorm_layer_init(&g->ln_f, m, "ln_f", o->dim);
-    return r == DTR_OK ? dtr_linear_layer_init(&g->head, m, "head", o->dim, GPT_VOCAB, 0, DTR_INIT_TORCH_DEFAULT) : r;
+    if (r != DTR_OK) return r;
+    return g->tp ? dtr_tp_column_linear_init(&g->thead, m, g->tp, "head", o->dim, GPT_VOCAB, 0, DTR_INIT_TORCH_DEFAULT, 0)
+                 : dtr_linear_layer_init(&g->head, m, "head", o->dim, GPT_VOCAB, 0, DTR_INIT_TORCH_DEFAULT);
 }
 
 /* the blocks of stage s of S: [first(s), first(s + 1)) */
@@ -139,7 +158,8 @@ static dtr_tensor *gpt_tokens(gpt_model *g, dtr_context *ctx, int64_t lo, int64_
 static dtr_tensor *gpt_embed(gpt_model *g, dtr_context *ctx, int64_t lo, int64_t hi) {
     int64_t shape[2] = {hi - lo, g->o->context}, i;
     int32_t *pos = (int32_t *)malloc((size_t)(shape[0] * shape[1]) * sizeof(int32_t));
-    dtr_tensor *p, *x = dtr_embedding_layer_forward(ctx, &g->wte, gpt_tokens(g, ctx, lo, hi, 0));
+    dtr_tensor *p, *ids = gpt_tokens(g, ctx, lo, hi, 0);
+    dtr_tensor *x = g->tp ? dtr_tp_embedding_forward(ctx, &g->twte, ids) : dtr_embedding_layer_forward(ctx, &g->wte, ids);
     if (!pos) return NULL;
     for (i = 0; i < shape[0] * shape[1]; i++) pos[i] = (int32_t)(i % shape[1]);
     p = dtr_embedding_layer_forward(ctx, &g->wpe, dtr_tensor_from(ctx, DTR_I32, 2, shape, pos));
@@ -148,9 +168,22 @@ static dtr_tensor *gpt_embed(gpt_model *g, dtr_context *ctx, int64_t lo, int64_t
 }
 
 static dtr_tensor *gpt_loss(gpt_model *g, dtr_context *ctx, dtr_tensor *x, int64_t lo, int64_t hi) {
-    int64_t n = (hi - lo) * g->o->context, ls[2] = {n, GPT_VOCAB}, ts[1] = {n};
-    dtr_tensor *logits = dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln_f, x));
-    return dtr_cross_entropy(ctx, dtr_reshape(ctx, logits, 2, ls), dtr_reshape(ctx, gpt_tokens(g, ctx, lo, hi, 1), 1, ts));
+    int64_t n = (hi - lo) * g->o->context, ls[2] = {n, GPT_VOCAB / g->o->tp}, ts[1] = {n};
+    dtr_tensor *y = dtr_layernorm_layer_forward(ctx, &g->ln_f, x), *targets;
+    dtr_tensor *logits = g->tp ? dtr_tp_linear_forward(ctx, &g->thead, y) : dtr_linear_layer_forward(ctx, &g->head, y);
+    logits = dtr_reshape(ctx, logits, 2, ls);
+    targets = dtr_reshape(ctx, gpt_tokens(g, ctx, lo, hi, 1), 1, ts);
+    return g->tp ? dtr_vocab_parallel_cross_entropy(ctx, logits, targets, g->tp) : dtr_cross_entropy(ctx, logits, targets);
+}
+
+/* block i on x (dtr_checkpoint's region when --checkpoint: its activations are recomputed) */
+static dtr_tensor *gpt_block_region(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    const gpt_block_ref *b = (const gpt_block_ref *)user;
+    return b->g->tp ? dtr_tp_gpt_block_forward(ctx, &b->g->th[b->i], in[0]) : dtr_gpt_block_forward(ctx, &b->g->h[b->i], in[0]);
+}
+
+static dtr_tensor *gpt_block(gpt_model *g, dtr_context *ctx, int i, dtr_tensor *x) {
+    return g->o->checkpoint ? dtr_checkpoint(ctx, gpt_block_region, &g->ref[i], 1, &x) : gpt_block_region(&g->ref[i], ctx, &x);
 }
 
 /* the pipeline engine's forward of stage chunk * P + pp_rank for one micro-batch */
@@ -160,7 +193,7 @@ static dtr_tensor *gpt_forward(void *user, dtr_context *ctx, int chunk, int mb, 
     int64_t lo, hi;
     if (dtr_pipe_microbatch_range(g->pipe, mb, &lo, &hi) != DTR_OK) return NULL;
     if (s == 0) x = gpt_embed(g, ctx, lo, hi);
-    for (b = gpt_first_block(g->o, s); b < gpt_first_block(g->o, s + 1); b++) x = dtr_gpt_block_forward(ctx, &g->h[b], x);
+    for (b = gpt_first_block(g->o, s); b < gpt_first_block(g->o, s + 1); b++) x = gpt_block(g, ctx, b, x);
     return gpt_last_stage(g->o, s) ? gpt_loss(g, ctx, x, lo, hi) : x;
 }
 
@@ -193,6 +226,7 @@ static dtr_result gpt_setup(gpt_model *g, dtr_context *ctx, const dtr_grid *grid
     dtr_model *m = NULL;
     dtr_result r = dtr_model_create(ctx, o->seed, &m);
     g->pp_rank = grid->pp_rank, g->pp_size = grid->pp_size, g->dp_rank = grid->dp_rank;
+    g->tp = o->tp > 1 ? grid->tp : NULL;
     if (r == DTR_OK) r = gpt_declare(g, m);
     if (r == DTR_OK) r = gpt_keep(g);
     if (r == DTR_OK && o->dp > 1) r = dtr_dp_create(m, grid->dp, NULL, dp);
@@ -289,7 +323,7 @@ static const char *gpt_check(const gpt_opts *o, long len) {
         return "--layers must be 1 to 64 and at least one per stage (stages x chunks)";
     if (o->batch % o->dp || o->batch / o->dp < o->microbatches) return "--batch must divide by --dp into >= M samples each";
     if (o->dim % o->heads || o->context < 2 || len < o->context + 2) return "--dim must divide by --heads; the text must be longer than --context";
-    if (o->tp != 1) return "--tp > 1 needs the tensor-parallel GPT block (not in this version)";
+    if (o->heads % o->tp || GPT_VOCAB % o->tp) return "--tp must divide --heads and the 256 byte values";
     return NULL;
 }
 
@@ -338,6 +372,7 @@ static int gpt_parse(int argc, char **argv, gpt_opts *o) {
     for (i = 1; i < argc; i++) {
         if (argv[i][0] != '-') { o->text = argv[i]; continue; }
         if (!strcmp(argv[i], "--quiet")) { o->quiet = 1; continue; }
+        if (!strcmp(argv[i], "--checkpoint")) { o->checkpoint = 1; continue; }
         if (i + 1 >= argc) { fprintf(stderr, "error: %s needs a value\n", argv[i]); return 0; }
         k = gpt_option(o, argv[i], argv[i + 1]);
         if (k <= 0) { fprintf(stderr, "error: %s %s\n", k ? "bad value for" : "unknown option", argv[i]); return 0; }
@@ -354,7 +389,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         printf("usage: %s [TEXT_FILE] [--stages P] [--chunks V] [--microbatches M] [--schedule gpipe|1f1b|interleaved] "
                "[--dp D] [--tp T] [--steps N] [--batch B] [--context T] [--dim C] [--heads H] [--layers L] [--lr LR] "
-               "[--seed S] [--transport local|NAME] [--provider P] [--threads N] [--quiet]\n", argv[0]);
+               "[--seed S] [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet]\n", argv[0]);
         return 0;
     }
     if (!gpt_parse(argc, argv, &o)) return 2;

@@ -3,7 +3,10 @@
  * in block 0 and an output layer with an MSE loss in block 3; with S stages, stage s runs
  * blocks 4s/S .. 4(s+1)/S - 1 and keeps only their parameters (dtr_model_keep), so every
  * split starts from the weights of the whole model. Batch b of step t is a fixed function
- * of (t, sample). pipe_reference trains the whole model on one rank without the engine. */
+ * of (t, sample). pm_reference trains the whole model on one rank without the engine.
+ * With a tensor-parallel group (pm_model.tp), the blocks' layers split over it in pairs:
+ * even blocks column-parallel (their output a shard), odd blocks row-parallel (summed back),
+ * under the same parameter names, so stage boundaries after odd blocks carry full tensors. */
 #ifndef DTRAIN_TEST_PIPE_MODEL_H
 #define DTRAIN_TEST_PIPE_MODEL_H
 #include <stdio.h>
@@ -18,6 +21,8 @@
 typedef struct pm_model {
     dtr_model *m;
     dtr_linear_layer in, l[PM_BLOCKS], out;
+    dtr_tp_linear tl[PM_BLOCKS];   /* with tp */
+    dtr_comm *tp;                  /* tensor-parallel group, or NULL */
     int stages, P, rank, step;
     int offset;       /* first sample of this replica's share of the batch (data parallel) */
 } pm_model;
@@ -31,7 +36,9 @@ static dtr_result pm_declare(pm_model *pm, dtr_model *m) {
     r = dtr_linear_layer_init(&pm->in, m, "b0.in", PM_D, PM_H, 1, DTR_INIT_TORCH_DEFAULT);
     for (i = 0; i < PM_BLOCKS && r == DTR_OK; i++) {
         snprintf(name, sizeof name, "b%d.l", i);
-        r = dtr_linear_layer_init(&pm->l[i], m, name, PM_H, PM_H, 1, DTR_INIT_TORCH_DEFAULT);
+        if (!pm->tp) r = dtr_linear_layer_init(&pm->l[i], m, name, PM_H, PM_H, 1, DTR_INIT_TORCH_DEFAULT);
+        else if (i % 2 == 0) r = dtr_tp_column_linear_init(&pm->tl[i], m, pm->tp, name, PM_H, PM_H, 1, DTR_INIT_TORCH_DEFAULT, 0);
+        else r = dtr_tp_row_linear_init(&pm->tl[i], m, pm->tp, name, PM_H, PM_H, 1, DTR_INIT_TORCH_DEFAULT);
     }
     return r == DTR_OK ? dtr_linear_layer_init(&pm->out, m, "b3.out", PM_H, PM_O, 1, DTR_INIT_TORCH_DEFAULT) : r;
 }
@@ -70,7 +77,8 @@ static dtr_tensor *pm_blocks(const pm_model *pm, dtr_context *ctx, int b0, int b
     int b;
     lo += pm->offset, hi += pm->offset;
     if (b0 == 0) x = dtr_linear_layer_forward(ctx, &pm->in, pm_data(ctx, pm->step, lo, hi, 0));
-    for (b = b0; b < b1; b++) x = dtr_tanh(ctx, dtr_linear_layer_forward(ctx, &pm->l[b], x));
+    for (b = b0; b < b1; b++)
+        x = dtr_tanh(ctx, pm->tp ? dtr_tp_linear_forward(ctx, &pm->tl[b], x) : dtr_linear_layer_forward(ctx, &pm->l[b], x));
     if (b1 == PM_BLOCKS) x = dtr_mse(ctx, dtr_linear_layer_forward(ctx, &pm->out, x), pm_data(ctx, pm->step, lo, hi, 1));
     return x;
 }
@@ -113,8 +121,21 @@ static dtr_result pm_reference(int steps, dtr_context **ctx_out, dtr_model **m_o
     return r;
 }
 
-/* largest relative error ||a - b|| / ||b|| over the parameters of `part` found in `whole` */
-static double pm_max_rel_error(dtr_model *part, dtr_model *whole) {
+/* the element of the whole tensor b that element k of a shard a holds: column-parallel
+ * shards are row ranges (rank t of T holds the t-th), row-parallel weights column ranges */
+static int64_t pm_whole_index(const dtr_tensor *a, const dtr_tensor *b, int64_t k, int t) {
+    int64_t n = dtr_tensor_numel(a), cols;
+    if (n == dtr_tensor_numel(b)) return k;
+    if (dtr_tensor_ndim(a) == 2 && dtr_tensor_dim(a, 0) == dtr_tensor_dim(b, 0)) {   /* row-parallel weight */
+        cols = dtr_tensor_dim(a, 1);
+        return k / cols * dtr_tensor_dim(b, 1) + (int64_t)t * cols + k % cols;
+    }
+    return (int64_t)t * n + k;
+}
+
+/* largest relative error ||a - b|| / ||b|| over the parameters of `part` found in `whole`
+ * (part's tensor-parallel rank t: its shards are compared with their slices) */
+static double pm_max_rel_error_tp(dtr_model *part, dtr_model *whole, int t) {
     double worst = 0.0;
     int i;
     for (i = 0; i < dtr_model_param_count(part); i++) {
@@ -123,7 +144,7 @@ static double pm_max_rel_error(dtr_model *part, dtr_model *whole) {
         int64_t k;
         if (!b) return 1e30;
         for (k = 0; k < dtr_tensor_numel(a); k++) {
-            double x = dtr_tensor_get(a, k), y = dtr_tensor_get(b, k);
+            double x = dtr_tensor_get(a, k), y = dtr_tensor_get(b, pm_whole_index(a, b, k, t));
             d += (x - y) * (x - y);
             n += y * y;
         }
@@ -132,4 +153,6 @@ static double pm_max_rel_error(dtr_model *part, dtr_model *whole) {
     }
     return worst;
 }
+
+static double pm_max_rel_error(dtr_model *part, dtr_model *whole) { return pm_max_rel_error_tp(part, whole, 0); }
 #endif

@@ -279,7 +279,8 @@ static const char *const k_op_ids[] = {
     "matmul", "linear", "softmax", "log_softmax", "softmax_causal", "cross_entropy", "mse",   /* 10..16 */
     "sum", "mean", "sum_all", "mean_all", "embedding", "layernorm", "dropout", "conv2d",      /* 17..24 */
     "maxpool2d", "avgpool2d", "cast", "reshape", "permute", "slice", "concat", "contiguous",  /* 25..32 */
-    "abs", "gelu_erf", "tp_copy", "tp_reduce"                                                 /* 33..36 */
+    "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
+    "checkpoint"                                                                              /* 39 */
 };
 
 static void test_op_names(void) {
@@ -296,6 +297,9 @@ static void test_op_names(void) {
     CHECK_EQ_INT(DTR_OP_CONTIGUOUS, 32);
     CHECK_EQ_INT(DTR_OP_ABS, 33);
     CHECK_EQ_INT(DTR_OP_TP_REDUCE, 36);
+    CHECK_EQ_INT(DTR_OP_VOCAB_CROSS_ENTROPY, 37);
+    CHECK_EQ_INT(DTR_OP_TP_GATHER, 38);
+    CHECK_EQ_INT(DTR_OP_CHECKPOINT, 39);
     /* a kernel's range check names its op */
     t = dtr_cross_entropy(ctx, dtr_tensor_zeros(ctx, DTR_F32, 2, (const int64_t[]){2, 3}),
                           dtr_tensor_from(ctx, DTR_I32, 1, s, (const int32_t[]){1, 7}));

@@ -450,7 +450,7 @@ static void rk_reduce_scatter(rank_ctx *rc) {
                 for (r = 0; r < N; r++)
                     for (i = 0; i < (size_t)N * n; i++) x[r][i] = rnd(dts[d], input_val(r, i, 1));
                 /* block k reduces like the ring's chunk k, starting at rank k+1 */
-                for (i = 0; i < n; i++) ref[i] = ref_ring_elem(x, N, dts[d], ops[o], rc->rank, (size_t)rc->rank * n + i);
+                for (i = 0; i < n; i++) ref[i] = ref_ring_elem(x, N, dts[d], ops[o], rc->rank, (size_t)rc->rank * n + i, N);
                 to_dtype(dts[d], x[rc->rank], src, (size_t)N * n);
                 memset(dst, 0x55, n * es);
                 RCHECK_OK(rc, dtr_comm_reduce_scatter(rc->comm, src, dst, n, dts[d], ops[o]));
@@ -645,6 +645,56 @@ static void rk_split(rank_ctx *rc) {
 }
 
 static void t_split_grid(void) { CHECK_EQ_INT(run_ranks(6, NULL, rk_split, NULL, NULL), 0); }
+
+/* Hierarchical all-reduce on fake hosts of k ranks ($DTR_RANKS_PER_HOST): local ranks, every
+   dtype x reduction x count against the documented order (host sums, then the leaders'),
+   and on 2 hosts x 2 the flat recursive doubling's bits, which add in the same order. */
+static void rk_hier(rank_ctx *rc) {
+    static const dtr_dtype dts[3] = {DTR_F32, DTR_BF16, DTR_F16};
+    static const dtr_reduce_op ops[3] = {DTR_REDUCE_SUM, DTR_REDUCE_AVG, DTR_REDUCE_MAX};
+    static const size_t counts[6] = {1, 3, 64, 1000, 4099, 70000};
+    int N = rc->size, k = *(const int *)rc->arg, d, o, ci, r;
+    float *x[8], *ref = (float *)malloc(70001 * sizeof(float)), *flat = (float *)malloc(70001 * sizeof(float));
+    float *got = (float *)malloc(70001 * sizeof(float));
+    void *buf = malloc(70001 * 4);
+    RCHECK(rc, dtr_comm_local_rank(rc->comm) == rc->rank % k);
+    RCHECK(rc, dtr_comm_local_size(rc->comm) == (N - rc->rank / k * k < k ? N - rc->rank / k * k : k));
+    RCHECK_OK(rc, dtr_comm_set_allreduce_algo(rc->comm, DTR_ALLREDUCE_HIERARCHICAL, 4096));
+    for (r = 0; r < N; r++) x[r] = (float *)malloc(70001 * sizeof(float));
+    for (d = 0; d < 3; d++)
+        for (o = 0; o < 3; o++)
+            for (ci = 0; ci < 6; ci++) {
+                size_t n = counts[ci], i;
+                for (r = 0; r < N; r++)
+                    for (i = 0; i < n; i++) x[r][i] = rnd(dts[d], input_val(r, i, 1));
+                ref_hier(x, N, k, n, dts[d], ops[o], 4096, ref);
+                to_dtype(dts[d], x[rc->rank], buf, n);
+                RCHECK_OK(rc, dtr_comm_all_reduce(rc->comm, buf, buf, n, dts[d], ops[o]));
+                from_dtype(dts[d], buf, got, n);
+                if (memcmp(got, ref, n * sizeof(float)) != 0 && rc->fails++ < 5)
+                    fprintf(stderr, "  rank %d: hierarchical N=%d k=%d %s %s n=%zu differs from the reference\n", rc->rank, N,
+                            k, dtr_dtype_name(dts[d]), dtr_reduce_op_name(ops[o]), n);
+                if (N == 4 && k == 2) {
+                    ref_rd(x, N, n, dts[d], ops[o], flat);
+                    RCHECK(rc, memcmp(got, flat, n * sizeof(float)) == 0);
+                }
+            }
+    for (r = 0; r < N; r++) free(x[r]);
+    free(ref), free(flat), free(got), free(buf);
+}
+
+static void t_hierarchical(void) {
+    static const int shapes[4][2] = {{4, 2}, {5, 2}, {6, 3}, {3, 1}};
+    int i;
+    for (i = 0; i < 4; i++) {
+        char v[8];
+        snprintf(v, sizeof v, "%d", shapes[i][1]);
+        setenv("DTR_RANKS_PER_HOST", v, 1);
+        CHECK_MSG(run_ranks(shapes[i][0], NULL, rk_hier, (void *)&shapes[i][1], NULL) == 0, "world %d, %d per host",
+                  shapes[i][0], shapes[i][1]);
+        unsetenv("DTR_RANKS_PER_HOST");
+    }
+}
 
 /* ---- non-blocking ---- */
 
@@ -1009,6 +1059,7 @@ int main(void) {
     RUN(t_barrier);
     RUN(t_send_recv);
     RUN(t_split_grid);
+    RUN(t_hierarchical);
     RUN(t_async);
     RUN(t_native_transport);
     RUN(t_fault_hang);

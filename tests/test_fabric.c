@@ -123,6 +123,8 @@ typedef struct job {
     int own_setup;             /* the scenario makes its store and group itself */
     int drop_store;            /* destroy the store right after dtr_comm_create: 1 on every rank,
                                   2 on every rank but rank 0 (which hosts the store's server) */
+    int no_shm;                /* $DTR_COMM_SHM=0: collectives through the transport (tcp jobs) */
+    int hosts;                 /* fake hosts of n / hosts consecutive ranks ($DTR_RANKS_PER_HOST; 1: none) */
     int alarm_s;               /* a child lives at most this long */
 } job;
 
@@ -244,6 +246,7 @@ static int rank_main(const job *j, int rank, int port, int fd) {
             rfail(&rc, __LINE__, "dtr_store_create: %s: %s", dtr_result_string(r), err);
             return 1;
         }
+        if (j->no_shm) setenv("DTR_COMM_SHM", "0", 1);   /* this child only */
         cfg = comm_cfg(&rc, j->prov[rank]);
         r = dtr_comm_create(&cfg, &rc.comm, err, sizeof err);
         if (r != DTR_OK) {
@@ -258,9 +261,12 @@ static int rank_main(const job *j, int rank, int port, int fd) {
         }
         RCHECK(&rc, dtr_comm_rank(rc.comm) == rank);
         RCHECK(&rc, dtr_comm_size(rc.comm) == j->n);
-        RCHECK_MSG(&rc, dtr_comm_local_size(rc.comm) == j->n && dtr_comm_local_rank(rc.comm) == rank,
+        RCHECK_MSG(&rc, dtr_comm_local_size(rc.comm) == j->n / j->hosts && dtr_comm_local_rank(rc.comm) == rank % (j->n / j->hosts),
                    "local rank %d of %d", dtr_comm_local_rank(rc.comm), dtr_comm_local_size(rc.comm));
         RCHECK(&rc, strcmp(dtr_comm_transport_name(rc.comm), "libfabric") == 0);
+        /* one host, several processes: collectives through shared memory unless turned off */
+        RCHECK_MSG(&rc, dtr_comm_shared_memory(rc.comm) == (!j->no_shm && j->n > 1 && j->hosts == 1),
+                   "shared-memory collectives %d", dtr_comm_shared_memory(rc.comm));
         /* the provider picked: the one asked for, else shm (every rank is on this host) */
         RCHECK_MSG(&rc, strcmp(dtr_comm_transport_detail(rc.comm), j->prov[rank] ? j->prov[rank] : "shm") == 0,
                    "transport detail '%s'", dtr_comm_transport_detail(rc.comm));
@@ -395,6 +401,8 @@ static job job_init(const char *provider, int n, scen_fn fn, const void *arg, co
     memset(&j, 0, sizeof j);
     for (i = 0; i < MAXR; i++) j.prov[i] = provider;
     j.n = n;
+    j.hosts = 1;
+    j.no_shm = provider && !strcmp(provider, PROV_TCP);   /* tcp jobs test the transport's collectives */
     j.timeout_ms = 10000;
     j.fn = fn;
     j.arg = arg;
@@ -526,7 +534,7 @@ static void sc_reduce_scatter(rank_ctx *rc) {
                 for (r = 0; r < N; r++)
                     for (i = 0; i < (size_t)N * n; i++) x[r][i] = rnd(dts[d], input_val(r, i));
                 /* block k reduces like the ring's chunk k, starting at rank k+1 */
-                for (i = 0; i < n; i++) ref[i] = ref_ring_elem(x, N, dts[d], ops[o], rc->rank, (size_t)rc->rank * n + i);
+                for (i = 0; i < n; i++) ref[i] = ref_ring_elem(x, N, dts[d], ops[o], rc->rank, (size_t)rc->rank * n + i, N);
                 to_dtype(dts[d], x[rc->rank], src, (size_t)N * n);
                 memset(dst, 0x55, n * es);
                 RCHECK_OK(rc, rc->comm, dtr_comm_reduce_scatter(rc->comm, src, dst, n, dts[d], ops[o]));
@@ -827,6 +835,47 @@ static void collectives(int p) {
         CHECK_MSG(run_job(&j, g_quick ? 140 : 50) == 0, "%s", j.what);
     }
 }
+
+/* 2 fake hosts x 2 processes ($DTR_RANKS_PER_HOST=2): the hierarchical all-reduce in the
+   documented order, bit for bit (f32, bf16; sum, avg, max; counts around the ring threshold) */
+static void sc_hier(rank_ctx *rc) {
+    static const dtr_dtype dts[2] = {DTR_F32, DTR_BF16};
+    static const dtr_reduce_op ops[3] = {DTR_REDUCE_SUM, DTR_REDUCE_AVG, DTR_REDUCE_MAX};
+    static const size_t counts[4] = {1, 1000, 4099, 70000};
+    int N = rc->size, d, o, ci, r;
+    float *x[4], *ref = (float *)malloc(70001 * sizeof(float)), *got = (float *)malloc(70001 * sizeof(float));
+    void *buf = malloc(70001 * 4);
+    RCHECK_OK(rc, rc->comm, dtr_comm_set_allreduce_algo(rc->comm, DTR_ALLREDUCE_HIERARCHICAL, 4096));
+    for (r = 0; r < N; r++) x[r] = (float *)malloc(70001 * sizeof(float));
+    for (d = 0; d < 2; d++)
+        for (o = 0; o < 3; o++)
+            for (ci = 0; ci < 4; ci++) {
+                size_t n = counts[ci], i;
+                for (r = 0; r < N; r++)
+                    for (i = 0; i < n; i++) x[r][i] = rnd(dts[d], input_val(r, i) * 0.37f);
+                ref_hier(x, N, N / rc->j->hosts, n, dts[d], ops[o], 4096, ref);
+                to_dtype(dts[d], x[rc->rank], buf, n);
+                RCHECK_OK(rc, rc->comm, dtr_comm_all_reduce(rc->comm, buf, buf, n, dts[d], ops[o]));
+                from_dtype(dts[d], buf, got, n);
+                RCHECK_MSG(rc, memcmp(got, ref, n * sizeof(float)) == 0, "hierarchical %s %s n=%zu differs",
+                           dtr_dtype_name(dts[d]), dtr_reduce_op_name(ops[o]), n);
+            }
+    for (r = 0; r < N; r++) free(x[r]);
+    free(ref), free(got), free(buf);
+}
+
+static void hierarchical(int p) {
+    job j;
+    if (!prov_ok(p)) return;
+    j = job_init(p ? PROV_TCP : PROV_SHM, 4, sc_hier, NULL, "hierarchical all-reduce, 2 fake hosts x 2");
+    j.hosts = 2;
+    setenv("DTR_RANKS_PER_HOST", "2", 1);   /* inherited by the ranks */
+    CHECK_MSG(run_job(&j, g_quick ? 140 : 50) == 0, "%s", j.what);
+    unsetenv("DTR_RANKS_PER_HOST");
+}
+
+static void test_shm_hierarchical(void) { hierarchical(0); }
+static void test_tcp_hierarchical(void) { hierarchical(1); }
 
 static void test_shm_collectives(void) { collectives(0); }
 static void test_tcp_collectives(void) { collectives(1); }
@@ -1317,6 +1366,9 @@ static void faults_kill(int p) {
     check_fault(p, 4, mode, 0, 5000, 0, 0);   /* rank 0 hosts the store */
     check_fault(p, 3, mode, 2, 5000, 2, 0);   /* the dead rank had dropped its store */
     check_fault(p, 3, mode, 1, 5000, 0, 1);   /* the middle stage of a pipeline */
+    /* the shared-memory collectives (one host): killed in the middle of one, outside the
+       provider (the collective does not go through it) */
+    if (p == 0) check_fault(p, 3, F_KILL, 1, 5000, 0, 0);
 }
 static void faults_stop(int p) {
     if (!prov_ok(p)) return;
@@ -1557,6 +1609,8 @@ int main(void) {
         RUN_SEL(test_shm_dp);
         RUN_SEL(test_tcp_dp);
         RUN_SEL(test_shm_pipe);
+        RUN_SEL(test_shm_hierarchical);
+        RUN_SEL(test_tcp_hierarchical);
         RUN_SEL(test_tcp_pipe);
         RUN_SEL(test_store_dropped);
         RUN_SEL(test_auto_provider);

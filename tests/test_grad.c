@@ -234,6 +234,18 @@ static dtr_tensor *b_layernorm(dtr_context *c, dtr_tensor **x, void *u) {
 
 static dtr_tensor *b_dropout(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_dropout(c, x[0], 0.3f); }
 
+/* a checkpointed region (src/core/recompute.c): dropout inside, recomputed in backward with
+   the same mask */
+static dtr_tensor *ckpt_region(void *u, dtr_context *c, dtr_tensor *const *x) {
+    (void)u;
+    return dtr_dropout(c, dtr_mul(c, dtr_tanh(c, x[0]), x[1]), 0.25f);
+}
+static dtr_tensor *b_checkpoint(dtr_context *c, dtr_tensor **x, void *u) {
+    (void)u;
+    dtr_rng_seed(&c->rng, 11, 5);   /* the same mask on a context that ran other cases (parity) */
+    return dtr_checkpoint(c, ckpt_region, NULL, 2, x);
+}
+
 /* ---- convolution and pooling ---- */
 
 static dtr_tensor *b_conv(dtr_context *c, dtr_tensor **x, void *u) {
@@ -297,7 +309,16 @@ static dtr_comm *g_comm1;
 
 static dtr_tensor *b_tp(dtr_context *c, dtr_tensor **x, void *u) {
     dtr_tensor *h = dtr_tanh(c, x[0]);
-    return *(int *)u ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
+    int k = *(int *)u;
+    return k == 2 ? dtr_tp_gather(c, h, g_comm1) : k ? dtr_tp_reduce(c, h, g_comm1) : dtr_tp_copy(c, h, g_comm1);
+}
+
+/* the vocabulary-parallel cross-entropy on a group of one rank: dtr_cross_entropy's value */
+static dtr_tensor *b_vxent(dtr_context *c, dtr_tensor **x, void *u) {
+    static const int32_t t[6] = {0, 4, 2, 2, 1, 3};
+    int64_t n = 6;
+    (void)u;
+    return dtr_vocab_parallel_cross_entropy(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, t), g_comm1);
 }
 
 /* ---- the table ---- */
@@ -353,6 +374,7 @@ static const op_case CASES[] = {
     {"layernorm affine", 3, {IN3(2, 3, 8), IN1(8), IN1(8)}, b_layernorm, KA(1), 0, NULL},
     {"layernorm plain", 1, {IN3(2, 3, 8)}, b_layernorm, KA(0), 0, NULL},
     {"dropout", 1, {IN2(6, 7)}, b_dropout, K0, 0, NULL},
+    {"checkpoint (dropout inside)", 2, {IN2(3, 4), IN2(3, 4)}, b_checkpoint, K0, 0, NULL},
     {"conv2d stride 1 pad 1 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {1, 1, 1}, 0, NULL},
     {"conv2d stride 2 pad 0", 2, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3)}, b_conv, {2, 0, 0}, 0, NULL},
     {"conv2d stride 2 pad 2 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {2, 2, 1}, 0, NULL},
@@ -370,6 +392,8 @@ static const op_case CASES[] = {
     {"cast f32 -> bf16 -> f32", 1, {IN2(3, 4)}, b_cast, K0, 1, NULL},
     {"tp_copy (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(0), 0, NULL},
     {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
+    {"tp_gather (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(2), 0, NULL},
+    {"vocab_cross_entropy (1 rank)", 1, {IN2(6, 5)}, b_vxent, K0, 0, NULL},
 };
 #define N_CASES ((int)(sizeof(CASES) / sizeof(CASES[0])))
 

@@ -6,8 +6,11 @@
  *                          the reference's loss
  *   test_pipe_uneven       16 samples in 3 micro-batches (5, 5, 6): weighted by their size,
  *                          still the reference's weights
- *   test_pipe_grid         data 2 x pipeline 2 (1F1B, and interleaved 2 chunks) on 4 ranks
- *                          laid out by dtr_grid_create: the reference's weights
+ *   test_pipe_grid         data 2 x pipeline 2 (1F1B, and interleaved 2 chunks) on 4 ranks,
+ *                          data 2 x pipeline 2 x tensor 2 on 8 ranks and pipeline 2 x
+ *                          tensor 2 (column- then row-parallel blocks) laid out by
+ *                          dtr_grid_create: the reference's weights (shards against their
+ *                          slices)
  *   test_pipe_memory       4 stages, 8 micro-batches: 1F1B keeps at most 4 micro-batches of
  *                          activations alive on stage 0 and GPipe 8; the arena peaks follow
  *   test_pipe_keep         dtr_model_keep: kept parameters start from the whole model's
@@ -26,6 +29,7 @@ typedef struct pipe_run {
     dtr_pipe_schedule schedule;
     int stages, chunks, microbatches, steps, fail_rank, bogus;
     int dp;            /* > 1: a data x pipeline grid of dp * stages ranks */
+    int tp;            /* > 1: and tensor-parallel blocks over groups of tp ranks */
 } pipe_run;
 
 typedef struct rank_out {
@@ -67,10 +71,10 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     dtr_dp *dp = NULL;
     pm_model pm;
     pm_stage st;
-    int dps = run->dp > 1 ? run->dp : 1;
-    dtr_result r = dtr_grid_create(world, dps, run->stages / run->chunks, 1, &g, o->msg, sizeof o->msg);
+    int dps = run->dp > 1 ? run->dp : 1, tps = run->tp > 1 ? run->tp : 1;
+    dtr_result r = dtr_grid_create(world, dps, run->stages / run->chunks, tps, &g, o->msg, sizeof o->msg);
     if (r != DTR_OK) return r;
-    if (dps > 1) c = g.pp;
+    if (dps > 1 || tps > 1) c = g.pp;
     if (run->bogus && o->rank == 0) {
         send_bogus(c);
         dtr_grid_destroy(&g);
@@ -79,6 +83,7 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     memset(&pm, 0, sizeof pm);
     pm.stages = run->stages, pm.P = dtr_comm_size(c), pm.rank = dtr_comm_rank(c);
     pm.offset = g.dp_rank * (PM_BATCH / dps);
+    pm.tp = tps > 1 ? g.tp : NULL;
     oc.momentum = 0.9f;
     pc.schedule = run->schedule, pc.chunks = run->chunks, pc.microbatches = run->microbatches;
     pc.batch = PM_BATCH / dps, pc.forward = o->rank == run->fail_rank ? failing_forward : pm_forward, pc.user = &st;
@@ -97,7 +102,7 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     }
     dtr_pipe_get_stats(st.pipe, &o->stats);
     o->peak = dtr_context_arena_peak(ctx, 0);
-    if (r == DTR_OK && g_ref_model) o->rel_error = pm_max_rel_error(m, g_ref_model);
+    if (r == DTR_OK && g_ref_model) o->rel_error = pm_max_rel_error_tp(m, g_ref_model, g.tp_rank);
     dtr_pipe_destroy(st.pipe);
     dtr_dp_destroy(dp);
     dtr_optimizer_destroy(opt);
@@ -126,7 +131,7 @@ static void *rank_main(void *arg) {
 
 static void run_pipeline(const pipe_run *run, rank_out *o) {
     dtr_local_world *w = NULL;
-    int P = run->stages / run->chunks * (run->dp > 1 ? run->dp : 1), r;
+    int P = run->stages / run->chunks * (run->dp > 1 ? run->dp : 1) * (run->tp > 1 ? run->tp : 1), r;
     if (dtr_local_world_create(P, NULL, &w) != DTR_OK) { CHECK(0); return; }
     for (r = 0; r < P; r++) {
         memset(&o[r], 0, sizeof o[r]);
@@ -139,7 +144,7 @@ static void run_pipeline(const pipe_run *run, rank_out *o) {
 
 static void check_equivalent(const pipe_run *run) {
     rank_out o[8];
-    int P = run->stages / run->chunks * (run->dp > 1 ? run->dp : 1), r;
+    int P = run->stages / run->chunks * (run->dp > 1 ? run->dp : 1) * (run->tp > 1 ? run->tp : 1), r;
     run_pipeline(run, o);
     for (r = 0; r < P; r++) {
         CHECK_MSG(o[r].result == DTR_OK, "%s S=%d M=%d rank %d: %s", dtr_pipe_schedule_name(run->schedule), run->stages,
@@ -197,6 +202,11 @@ static void test_pipe_grid(void) {
     run.schedule = DTR_PIPE_1F1B;
     check_equivalent(&run);
     run.schedule = DTR_PIPE_INTERLEAVED, run.chunks = 2, run.stages = 4;
+    check_equivalent(&run);
+    /* data 2 x pipeline 2 x tensor 2 on 8 ranks, then pipeline 2 x tensor 2 */
+    run.schedule = DTR_PIPE_1F1B, run.chunks = 1, run.stages = 2, run.tp = 2;
+    check_equivalent(&run);
+    run.dp = 1;
     check_equivalent(&run);
 }
 

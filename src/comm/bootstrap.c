@@ -18,7 +18,7 @@
 
 /* "<boot id>|<pid namespace>": equal for two processes exactly when they share a kernel and
  * can see each other's pids. */
-static void dtr__boot_host_id(char *out, size_t cap) {
+static void dtr__boot_host_id(char *out, size_t cap, int rank) {
     char boot[64] = "", ns[64] = "";
     FILE *fp = fopen("/proc/sys/kernel/random/boot_id", "r");
     ssize_t n;
@@ -31,7 +31,10 @@ static void dtr__boot_host_id(char *out, size_t cap) {
     ns[n > 0 ? n : 0] = 0;
     if (!boot[0] && gethostname(boot, sizeof boot - 1) != 0) boot[0] = 0;
     boot[sizeof boot - 1] = 0;
-    snprintf(out, cap, "%s|%s", boot, ns);
+    if (dtr__fake_ranks_per_host() > 0) /* fake hosts of k consecutive ranks ($DTR_RANKS_PER_HOST) */
+        snprintf(out, cap, "%s|%s|fake%d", boot, ns, rank / dtr__fake_ranks_per_host());
+    else
+        snprintf(out, cap, "%s|%s", boot, ns);
 }
 
 void dtr__boot_key(const dtr__boot *b, char *key, size_t cap, const char *what, int rank) {
@@ -84,7 +87,7 @@ static dtr_result dtr__boot_hosts(dtr__boot *b, char *err, size_t errlen) {
     char host[200], buf[240];
     dtr_result r;
     int i;
-    dtr__boot_host_id(host, sizeof host);
+    dtr__boot_host_id(host, sizeof host, b->rank);
     snprintf(buf, sizeof buf, "%d %s", (int)getpid(), host);
     if ((r = dtr__boot_publish(b, "host", buf, strlen(buf))) != DTR_OK) return dtr__boot_fail(b, r, "publishing the host", err, errlen);
     for (i = 0; i < b->size; i++) {

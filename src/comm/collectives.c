@@ -98,6 +98,12 @@ dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y
 
 /* ---- helpers ---- */
 
+/* what the step that completes an average divides by (1 for other reductions) */
+static int dtr__avg_div(const dtr_comm *c, const dtr__coll *a) {
+    if (a->op != DTR_REDUCE_AVG) return 1;
+    return a->avg_div ? a->avg_div : c->size;
+}
+
 static int dtr__mod(int a, int n) { return ((a % n) + n) % n; }
 
 /* chunk k of `count` elements split into n: [*off, *off + *len) */
@@ -130,7 +136,7 @@ static dtr_result dtr__ring_reduce_scatter(dtr_comm *c, const dtr__coll *a, cons
         res = dtr__comm_sendrecv(c, a, (s == 0 ? src : dst) + so * es, sl * es, right, tmp, rl * es, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         /* the partial of the ranks before us comes first */
-        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, (s == N - 2 && a->op == DTR_REDUCE_AVG) ? N : 1);
+        res = dtr__coll_reduce(c, dst + ro * es, tmp, src + ro * es, rl, a, s == N - 2 ? dtr__avg_div(c, a) : 1);
         if (res != DTR_OK) return res;
     }
     return DTR_OK;
@@ -194,7 +200,7 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     if (nr >= 0) {
         for (d = 1; d < p; d *= 2, step++) {
             int pn = nr ^ d, partner = pn < m ? 2 * pn + 1 : pn + m;
-            int div = (d * 2 >= p && a->op == DTR_REDUCE_AVG) ? N : 1;
+            int div = d * 2 >= p ? dtr__avg_div(c, a) : 1;
             res = dtr__comm_sendrecv(c, a, dst, bytes, partner, tmp, bytes, partner, step);
             if (res != DTR_OK) return res;
             res = nr < pn ? dtr__coll_reduce(c, dst, dst, tmp, a->count, a, div) : dtr__coll_reduce(c, dst, tmp, dst, a->count, a, div);
@@ -209,6 +215,42 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     }
     return DTR_OK;
 }
+
+/* ---- hierarchical all-reduce ---- */
+
+/* Runs collective `sub` on a child group of c (host or leaders) inside c's collective `a`:
+ * the child's sequence number, a's deadline; a failure there is c's failure. */
+static dtr_result dtr__coll_child(dtr_comm *c, const dtr__coll *a, dtr_comm *child, dtr__coll *sub) {
+    dtr_result r;
+    sub->seq = child->seq++;
+    if (sub->kind == DTR__OP_ALL_REDUCE) sub->algo = dtr__auto_algo(child, sub->count, sub->dtype);
+    r = dtr__coll_run(child, sub);
+    if (r == DTR_OK) return DTR_OK;
+    return dtr__comm_fail(c, a, r, dtr_comm_failed_rank(child), dtr_comm_native_error(child), "in the %s group: %s",
+                          child == c->host ? "host" : "leaders'", dtr_comm_last_error(child));
+}
+
+/* Sum inside the host, all-reduce of the hosts' sums between the leaders (an average is
+ * divided by the whole group's size in its last step), broadcast inside the host. */
+static dtr_result dtr__all_reduce_hier(dtr_comm *c, const dtr__coll *a) {
+    dtr__coll s = *a;
+    dtr_result r;
+    s.op = a->op == DTR_REDUCE_AVG ? DTR_REDUCE_SUM : a->op;
+    if ((r = dtr__coll_child(c, a, c->host, &s)) != DTR_OK) return r;
+    if (c->leaders) {
+        s = *a;
+        s.src = a->dst;
+        s.avg_div = c->size;
+        if ((r = dtr__coll_child(c, a, c->leaders, &s)) != DTR_OK) return r;
+    }
+    s = *a;
+    s.kind = DTR__OP_BROADCAST;
+    s.root = 0;
+    return dtr__coll_child(c, a, c->host, &s);
+}
+
+/* hierarchical only where it changes something (decided alike on every rank) */
+static int dtr__use_hier(const dtr_comm *c) { return c->hier_ready && c->hier_on; }
 
 /* ---- broadcast ---- */
 
@@ -316,7 +358,7 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
         res = dtr__comm_sendrecv(c, a, sb, bytes, right, rb, bytes, left, (uint32_t)s);
         if (res != DTR_OK) return res;
         if (s == N - 2)
-            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, a->op == DTR_REDUCE_AVG ? N : 1);
+            res = dtr__coll_reduce(c, a->dst, rb, src + (size_t)kr * bytes, a->count, a, dtr__avg_div(c, a));
         else
             res = dtr__coll_reduce(c, rb, rb, src + (size_t)kr * bytes, a->count, a, 1);
         if (res != DTR_OK) return res;
@@ -378,8 +420,17 @@ static dtr_result dtr__coll_native(dtr_comm *c, const dtr__coll *a, int *used) {
     return r;
 }
 
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
-    size_t es = dtr_dtype_size(a->dtype);
+/* the all-reduce algorithm that runs: the one asked for, AUTO's pick, or hierarchical where
+ * it changes something */
+static int dtr__effective_algo(const dtr_comm *c, const dtr__coll *a) {
+    if (a->algo == DTR_ALLREDUCE_RING || a->algo == DTR_ALLREDUCE_RECURSIVE_DOUBLING) return a->algo;
+    if (a->algo == DTR_ALLREDUCE_HIERARCHICAL && dtr__use_hier(c)) return a->algo;
+    return dtr__auto_algo(c, a->count, a->dtype);
+}
+
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
+    size_t es = dtr_dtype_size(in->dtype);
+    dtr__coll b = *in, *a = &b;
     dtr_result r;
     int used = 0;
     if (c->size == 1) { /* no communication: copy (and an average over one rank is the value) */
@@ -392,7 +443,12 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
         r = dtr__coll_native(c, a, &used);
         if (used) return r;
     }
-    switch (a->kind) {
+    if (a->kind == DTR__OP_ALL_REDUCE) b.algo = dtr__effective_algo(c, a);
+    if (a->kind == DTR__OP_ALL_REDUCE && a->algo == DTR_ALLREDUCE_HIERARCHICAL) {
+        r = dtr__all_reduce_hier(c, a);
+    } else if (dtr__shm_run(c, a, &r)) {
+        /* done through the group's shared memory */
+    } else switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
         r = a->algo == DTR_ALLREDUCE_RING ? dtr__all_reduce_ring(c, a) : dtr__all_reduce_rd(c, a);
         break;

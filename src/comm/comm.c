@@ -125,6 +125,7 @@ const char *dtr_allreduce_algo_name(dtr_allreduce_algo algo) {
     case DTR_ALLREDUCE_AUTO: return "auto";
     case DTR_ALLREDUCE_RING: return "ring";
     case DTR_ALLREDUCE_RECURSIVE_DOUBLING: return "recursive_doubling";
+    case DTR_ALLREDUCE_HIERARCHICAL: return "hierarchical";
     }
     return "unknown";
 }
@@ -332,6 +333,11 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
         if (r != DTR_OK) c->native_group = NULL;   /* fall back to point-to-point */
     }
+    if (!c->native_group && (r = dtr__shm_setup(c)) != DTR_OK) {
+        dtr__errf(err, errlen, r, "dtr_comm_create: %s", c->msg);
+        dtr_comm_destroy(c);
+        return r;
+    }
     *out = c;
     return DTR_OK;
 }
@@ -364,6 +370,9 @@ void dtr_comm_destroy(dtr_comm *c) {
         ep->vt->abort(ep->state, ep->info.rank, why);
     }
     dtr__comm_stop_thread(c);
+    dtr_comm_destroy(c->leaders);
+    dtr_comm_destroy(c->host);
+    dtr__shm_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -410,11 +419,34 @@ dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms) {
     return DTR_OK;
 }
 
+/* The host and leaders groups of the hierarchical all-reduce (collective over c), and
+ * whether it changes anything: several hosts, one of several ranks (the same on all ranks). */
+static dtr_result dtr__comm_hier_groups(dtr_comm *c) {
+    int host = c->ep->info.rank - c->ep->info.local_rank; /* its first rank: ranks of a host are contiguous */
+    float shape[2];
+    dtr_result r;
+    if (c->hier_ready) return DTR_OK;
+    r = dtr_comm_split(c, host, c->rank, &c->host);
+    if (r == DTR_OK) r = dtr_comm_split(c, dtr_comm_rank(c->host) == 0 ? 0 : DTR_COMM_UNDEFINED, c->rank, &c->leaders);
+    shape[0] = c->leaders ? 1.0f : 0.0f;                            /* hosts */
+    shape[1] = (float)dtr_comm_size(c->host);                     /* the biggest host */
+    if (r == DTR_OK) r = dtr_comm_all_reduce(c, shape, shape, 1, DTR_F32, DTR_REDUCE_SUM);
+    if (r == DTR_OK) r = dtr_comm_all_reduce(c, shape + 1, shape + 1, 1, DTR_F32, DTR_REDUCE_MAX);
+    if (r != DTR_OK) return r;
+    c->hier_ready = 1;
+    c->hier_on = shape[0] > 1.5f && shape[1] > 1.5f && !c->mem_ctx;
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes) {
+    dtr_result r;
     if (!c) return DTR_NULL_HANDLE;
-    if ((int)algo < 0 || algo > DTR_ALLREDUCE_RECURSIVE_DOUBLING) return DTR_INVALID_ARGUMENT;
+    if ((int)algo < 0 || algo > DTR_ALLREDUCE_HIERARCHICAL) return DTR_INVALID_ARGUMENT;
+    if (algo == DTR_ALLREDUCE_HIERARCHICAL && (r = dtr__comm_hier_groups(c)) != DTR_OK) return r;
     c->algo = (int)algo;
     if (ring_threshold_bytes) c->ring_threshold = ring_threshold_bytes;
+    if (c->host) c->host->ring_threshold = c->ring_threshold;
+    if (c->leaders) c->leaders->ring_threshold = c->ring_threshold;
     return DTR_OK;
 }
 
@@ -615,6 +647,11 @@ static dtr_result dtr__comm_enqueue(dtr_comm *c, dtr_request *q) {
     return r;
 }
 
+int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt) {
+    return count * dtr_dtype_size(dt) >= c->ring_threshold && count >= (size_t)c->size ? DTR_ALLREDUCE_RING
+                                                                                        : DTR_ALLREDUCE_RECURSIVE_DOUBLING;
+}
+
 /* Checks arguments (an error here breaks nothing), stamps the sequence number and deadline. */
 static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
     size_t es;
@@ -666,13 +703,7 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
         if (a->count && !(a->kind == DTR__OP_SEND ? a->src : (const void *)a->dst))
             return dtr__comm_fail(c, a, DTR_NULL_HANDLE, -1, 0, "the buffer is NULL");
     }
-    if (a->kind == DTR__OP_ALL_REDUCE) {
-        size_t bytes = a->count * es;
-        a->algo = c->algo != DTR_ALLREDUCE_AUTO
-                      ? c->algo
-                      : (bytes >= c->ring_threshold && a->count >= (size_t)c->size ? DTR_ALLREDUCE_RING
-                                                                                  : DTR_ALLREDUCE_RECURSIVE_DOUBLING);
-    }
+    if (a->kind == DTR__OP_ALL_REDUCE) a->algo = c->algo != DTR_ALLREDUCE_AUTO ? c->algo : dtr__auto_algo(c, a->count, a->dtype);
     if (a->kind != DTR__OP_SEND && a->kind != DTR__OP_RECV) a->seq = c->seq++;
     a->timeout_ms = c->timeout_ms;
     a->deadline = dtr_time_ns() + (int64_t)c->timeout_ms * 1000000;
@@ -1027,6 +1058,11 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     if (c->ep->vt->group_create && !nc->no_native) {
         if (c->ep->vt->group_create(c->ep->state, nc->ranks, nc->size, nc->ctx, &nc->native_group) != DTR_OK)
             nc->native_group = NULL;
+    }
+    if (!nc->native_group && (r = dtr__shm_setup(nc)) != DTR_OK) {
+        r = dtr__comm_fail(c, &a, r, dtr_comm_failed_rank(nc), 0, "setting up the sub-group: %s", nc->msg);
+        dtr_comm_destroy(nc);
+        goto done;
     }
     *out = nc;
 done:

@@ -64,6 +64,7 @@ typedef struct dtr__coll {
     int root;              /* broadcast root; send/recv peer (group ranks) */
     int tag;               /* send/recv user tag */
     int algo;              /* all-reduce: the algorithm chosen at the call */
+    int avg_div;           /* DTR_REDUCE_AVG divides by this (0: the group's size) */
     uint32_t seq;          /* sequence number of the collective in its group */
     int timeout_ms;        /* the group's deadline setting when it was called */
     int64_t deadline;      /* dtr_time_ns */
@@ -88,6 +89,13 @@ struct dtr_comm {
     uint32_t ctx;              /* context id (tags) */
     uint32_t seq;              /* next collective's sequence number */
     void *native_group;        /* the transport's group handle when it has native collectives */
+    struct dtr_comm *host;     /* hierarchical all-reduce: this rank's host, and the hosts'
+                                  first ranks (NULL on the others); run only by this group */
+    struct dtr_comm *leaders;
+    struct dtr__shm *shm;      /* the group's shared-memory segment (src/comm/shm.c), or NULL */
+    int hier_ready;            /* host and leaders were made */
+    int hier_on;               /* and hierarchical differs from flat (several hosts, one of
+                                  several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
     /* configuration */
     int timeout_ms;
@@ -119,6 +127,26 @@ struct dtr_comm {
 };
 
 /* ---- shared helpers ---- */
+
+/** $DTR_RANKS_PER_HOST: fake hosts of that many consecutive ranks (tests of hierarchical
+ *  collectives on one machine); 0 when unset or not a positive number. */
+static inline int dtr__fake_ranks_per_host(void) {
+    const char *v = getenv("DTR_RANKS_PER_HOST");
+    int k = v ? atoi(v) : 0;
+    return k > 0 ? k : 0;
+}
+/* ---- shared-memory collectives (src/comm/shm.c) ---- */
+typedef struct dtr__shm dtr__shm;
+/** Collective over c at its creation: maps one segment shared by the group's ranks when
+ *  they are processes of one host (else nothing). An error only when the group failed. */
+DTR__PRIVATE dtr_result dtr__shm_setup(dtr_comm *c);
+/** Unmaps the group's segment. */
+DTR__PRIVATE void dtr__shm_free(dtr_comm *c);
+/** Runs collective a through the segment when the group has one (1; result in *r), else 0. */
+DTR__PRIVATE int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r);
+
+/** The all-reduce algorithm AUTO picks for `count` elements of `dt` on group c. */
+DTR__PRIVATE int dtr__auto_algo(const dtr_comm *c, size_t count, dtr_dtype dt);
 
 /** Records an error on the group (first communication failure is sticky), logs it, and for
  *  DTR_TIMEOUT / DTR_PEER_FAILED aborts the transport so every rank learns of it.

@@ -116,11 +116,10 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     return r;
 }
 
-/* Replays `tape` from its end; the root already holds this pass's seed gradient. */
-static dtr_result dtr__replay_nodes(dtr_context *ctx, dtr__node *tape) {
+dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     dtr__node *n;
     dtr_result r;
-    int hooks = ctx->n_grad_hooks > 0;
+    int hooks = report && ctx->n_grad_hooks > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
@@ -166,7 +165,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
     r = dtr__seed(ctx, out, grad);
-    if (r == DTR_OK) r = dtr__replay_nodes(ctx, ctx->cur->head);
+    if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
     ctx->cur = was;
     return r;
 }

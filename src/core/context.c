@@ -218,8 +218,10 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
 
 void dtr_context_destroy(dtr_context *ctx) {
     dtr_allocation_callbacks a;
+    int i;
     if (!ctx) return;
     a = ctx->alloc;
+    for (i = 0; i < DTR__MAX_RECOMPUTE_DEPTH; i++) dtr_tape_destroy(ctx->recompute[i]);
     dtr__arena_free(&ctx->own.meta);
     dtr__arena_free(&ctx->own.data);
     if (ctx->backend->shutdown) ctx->backend->shutdown(ctx, ctx->backend_state);
@@ -276,6 +278,21 @@ void dtr_tape_destroy(dtr_tape *t) {
     dtr__arena_free(&t->meta);
     dtr__arena_free(&t->data);
     dtr__free(&ctx->alloc, t);
+}
+
+static int dtr__chunk_has(dtr__chunk *c, const void *p) {
+    uintptr_t q = (uintptr_t)p, begin;
+    if (!c) return 0;
+    begin = (uintptr_t)dtr__chunk_data(c);
+    return q >= begin && q < begin + c->size;
+}
+
+int dtr__tape_owns(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->meta.head, p)) return 1;
+    for (c = t->meta.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
 }
 
 dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t) {

@@ -138,14 +138,16 @@ struct dtr_tensor {
     X(RESHAPE, "reshape", view) X(PERMUTE, "permute", view) X(SLICE, "slice", view)          \
     X(CONCAT, "concat", view) X(CONTIGUOUS, "contiguous", view)                              \
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
-    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)
+    X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
+    X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
+    X(CHECKPOINT, "checkpoint", checkpoint)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 37
+#define DTR__OP_COUNT_EXPECTED 40
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -171,16 +173,30 @@ typedef struct dtr__view_params {
     int perm[DTR_MAX_DIMS];           /* PERMUTE: out axis d is input axis perm[d] */
 } dtr__view_params;
 
+typedef struct dtr__checkpoint_params {
+    dtr_checkpoint_fn fn;             /* the region (dtr_checkpoint) and its user pointer */
+    void *user;
+    dtr_rng rng;                      /* the context's stream when the region began: the
+                                         recomputation draws the same dropout masks */
+    int n_explicit;                   /* in[0 .. n_explicit-1] are fn's inputs; the rest are the
+                                         tensors the region read that need gradients */
+    int training;                     /* the context's training mode in the region */
+    dtr_tensor *region_out;           /* forward only: the region's output (dense, on the
+                                         region's tape) that the kernel copies into out */
+} dtr__checkpoint_params;
+
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
     dtr__dropout_params dropout;
     dtr__view_params view;
-    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE: the tensor-parallel group */
+    dtr_comm *comm;                   /* TP_COPY, TP_REDUCE, TP_GATHER, VOCAB_CROSS_ENTROPY: the tensor-parallel
+                                         group (the last's rank r holds vocabulary rows r * K ..) */
 } dtr__op_params;
 
 #define DTR__INLINE_INPUTS 4
@@ -290,6 +306,8 @@ struct dtr_backend {
 };
 
 #define DTR__MAX_GRAD_HOOKS 8
+/** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
+#define DTR__MAX_RECOMPUTE_DEPTH 4
 
 /** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
  *  context's own is ctx->own). Resetting it frees all of them at once. */
@@ -328,10 +346,26 @@ struct dtr_context {
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
     int n_grad_hooks, grad_hook_ids;
     uint32_t backward_pass;       /* number of the current (last) backward pass */
+    /* activation checkpointing (src/core/recompute.c): one tape per nesting level, made on
+       first use, where a region runs and is recomputed; empty between uses */
+    dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
+    int recompute_depth;          /* levels in use now */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+
+/* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
+
+/** Replays the nodes from `head` back in the current pass (ctx->backward_pass); the root
+ *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
+ *  recomputed region inside the pass that reports its parameters). */
+DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
+DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
+/** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
+ *  saved random stream and replays it into the gradients of the node's inputs. */
+DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -389,12 +423,38 @@ DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
+/** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
+ *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
+DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
 }
+
+/* ---- tensor-parallel shards of model parameters (src/nn/tensor_parallel.c) ---- */
+
+/** How a parameter is one rank's shard of a full tensor: the full tensor's axis `axis` is
+ *  `parts` equal blocks (3 for attention's q|k|v), each split evenly over `ways` ranks; rank
+ *  `rank` holds its slice of every block, in block order. */
+typedef struct dtr__shard {
+    dtr_comm *comm;                   /* the tensor-parallel group */
+    int rank, ways, axis, parts;
+    int ndim;
+    int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
+} dtr__shard;
+
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
+                                          const int64_t *shape, dtr_init init, float arg);
+/** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
+ *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
+DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
+/** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
+DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
+/** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */
+DTR__PRIVATE dtr_result dtr__shard_gather(dtr_context *ctx, const dtr__shard *s, const dtr_tensor *t, float *full);
 
 /* ---- CPU backend ---- */
 extern const dtr_backend dtr__cpu_backend;

@@ -42,7 +42,7 @@ struct dtr_pipe {
     dtr_comm *c;
     dtr_pipe_config cfg;
     int rank, P, v, M;
-    dtr__pipe_slot *slots;
+    dtr__pipe_slot **slots;         /* each allocated once: pending sends point into them */
     int n_slots, live_now;
     dtr__pipe_slot **live;          /* [chunk * M + mb] during a step */
     dtr__pipe_action *plan;         /* 2 * v * M actions */
@@ -159,8 +159,9 @@ void dtr_pipe_destroy(dtr_pipe *p) {
     int i, k;
     if (!p) return;
     for (i = 0; i < p->n_slots; i++) {
-        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i].req[k]);
-        dtr_tape_destroy(p->slots[i].tape);
+        for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i]->req[k]);
+        dtr_tape_destroy(p->slots[i]->tape);
+        dtr__free(&p->ctx->alloc, p->slots[i]);
     }
     dtr__free(&p->ctx->alloc, p->slots);
     dtr__free(&p->ctx->alloc, p->live);
@@ -207,24 +208,23 @@ static int dtr__pipe_sent(dtr__pipe_slot *s, dtr_result *r) {
 
 /* A free slot (backward done, sends complete, tape reset); a new one when none is. */
 static dtr__pipe_slot *dtr__pipe_acquire(dtr_pipe *p, dtr_result *r) {
-    dtr__pipe_slot *s;
+    dtr__pipe_slot *s, **grown;
     int i;
     *r = DTR_OK;
     for (i = 0; i < p->n_slots; i++) {
-        s = &p->slots[i];
+        s = p->slots[i];
         if (!s->busy && dtr__pipe_sent(s, r)) { dtr_tape_reset(s->tape); return s; }
         if (*r != DTR_OK) return NULL;
     }
-    s = (dtr__pipe_slot *)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*s));
-    if (!s) { *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory"); return NULL; }
-    /* live[] points into the array: move the pointers with it */
-    for (i = 0; i < p->v * p->M; i++)
-        if (p->live[i]) p->live[i] = s + (p->live[i] - p->slots);
-    p->slots = s;
-    s = &p->slots[p->n_slots];
-    memset(s, 0, sizeof(*s));
-    if ((*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) return NULL;
-    p->n_slots++;
+    grown = (dtr__pipe_slot **)dtr__realloc(&p->ctx->alloc, p->slots, (size_t)(p->n_slots + 1) * sizeof(*grown));
+    s = (dtr__pipe_slot *)dtr__calloc(&p->ctx->alloc, sizeof(*s));
+    if (grown) p->slots = grown;
+    if (!grown || !s || (*r = dtr_tape_create(p->ctx, &s->tape)) != DTR_OK) {
+        dtr__free(&p->ctx->alloc, s);
+        if (*r == DTR_OK) *r = dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory");
+        return NULL;
+    }
+    p->slots[p->n_slots++] = s;
     return s;
 }
 
@@ -367,7 +367,7 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
 static dtr_result dtr__pipe_drain(dtr_pipe *p, dtr_result r) {
     int i, k;
     for (i = 0; i < p->n_slots; i++) {
-        dtr__pipe_slot *s = &p->slots[i];
+        dtr__pipe_slot *s = p->slots[i];
         for (k = 0; k < 3; k++) {
             dtr_result w = s->req[k] ? dtr_request_wait(s->req[k]) : DTR_OK;
             if (r == DTR_OK && w != DTR_OK) r = dtr__pipe_comm_fail(p, w, "completing a send", 0, -1);

@@ -7,8 +7,8 @@
 #include "../core/internal.h"
 #include <math.h>
 
-static dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
-                                    dtr_init init, float arg) {
+dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
+                             dtr_init init, float arg) {
     char name[256];
     if (!prefix) prefix = "";
     if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", suffix) >= sizeof(name))

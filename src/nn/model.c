@@ -17,6 +17,7 @@ struct dtr_model {
     float *init_args;
     int64_t *offsets;
     uint64_t *streams;    /* each parameter's initialiser stream: its declaration number */
+    dtr__shard *shards;   /* tensor-parallel shards (comm NULL: a whole tensor) */
     int count, cap;
     dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
     int n_dropped;
@@ -46,6 +47,7 @@ void dtr_model_destroy(dtr_model *m) {
     for (i = 0; i < m->n_dropped; i++) { dtr__free(a, (void *)m->dropped[i]->name); dtr__free(a, m->dropped[i]); }
     dtr__free(a, m->dropped);
     dtr__free(a, m->streams);
+    dtr__free(a, m->shards);
     dtr__free(a, m->params);
     dtr__free(a, m->names);
     dtr__free(a, m->inits);
@@ -71,6 +73,7 @@ static int dtr__model_grow(dtr_model *m) {
     p = dtr__realloc(a, m->init_args, (size_t)cap * sizeof(*m->init_args)); if (!p) return 0; m->init_args = (float *)p;
     p = dtr__realloc(a, m->offsets, (size_t)cap * sizeof(*m->offsets)); if (!p) return 0; m->offsets = (int64_t *)p;
     p = dtr__realloc(a, m->streams, (size_t)cap * sizeof(*m->streams)); if (!p) return 0; m->streams = (uint64_t *)p;
+    p = dtr__realloc(a, m->shards, (size_t)cap * sizeof(*m->shards)); if (!p) return 0; m->shards = (dtr__shard *)p;
     m->cap = cap;
     return 1;
 }
@@ -118,6 +121,7 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->init_args[m->count] = arg;
     m->offsets[m->count] = m->total;
     m->streams[m->count] = (uint64_t)(m->count + m->n_dropped) + 1;
+    memset(&m->shards[m->count], 0, sizeof(m->shards[m->count]));
     m->total += dtr__padded(t);
     m->count++;
     return t;
@@ -155,6 +159,36 @@ static void dtr__init_values(dtr_init init, float arg, const dtr_tensor *t, dtr_
         x[i] = normal ? (float)(sd * dtr_rng_normal(rng)) : (float)(b * (2.0 * dtr_rng_uniform(rng) - 1.0));
 }
 
+/* Parameter i's initial values into x: a shard gets its slice of the full tensor, drawn as a
+   single-device model would draw it (same stream, fans of the full shape). */
+static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
+    const dtr__shard *s = &m->shards[i];
+    dtr_tensor full;
+    float *buf;
+    dtr_rng rng;
+    dtr_rng_seed(&rng, m->seed, m->streams[i]);
+    if (!s->comm) {
+        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, x);
+        return DTR_OK;
+    }
+    memset(&full, 0, sizeof full);
+    full.ndim = s->ndim;
+    memcpy(full.shape, s->full, sizeof full.shape);
+    buf = (float *)dtr__malloc(&m->ctx->alloc, (size_t)dtr__numel(s->ndim, s->full) * sizeof(float) + 1);
+    if (!buf) return DTR_OUT_OF_MEMORY;
+    dtr__init_values(m->inits[i], m->init_args[i], &full, &rng, buf);
+    dtr__shard_copy(s, s->rank, buf, x, 0);
+    dtr__free(&m->ctx->alloc, buf);
+    return DTR_OK;
+}
+
+dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s) {
+    if (!m || !t || t->model != m || t->param_index < 0) return DTR_NULL_HANDLE;
+    if (m->built) return dtr__fail(m->ctx, DTR_BAD_STATE, "'%s': a shard is declared before dtr_model_build", t->name);
+    m->shards[t->param_index] = *s;
+    return DTR_OK;
+}
+
 dtr_result dtr_model_build(dtr_model *m) {
     dtr_context *ctx;
     size_t bytes;
@@ -175,10 +209,14 @@ dtr_result dtr_model_build(dtr_model *m) {
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for %lld parameters", (long long)m->total);
     }
     memset(host, 0, bytes);
-    for (i = 0; i < m->count; i++) {
-        dtr_rng rng;
-        dtr_rng_seed(&rng, m->seed, m->streams[i]);
-        dtr__init_values(m->inits[i], m->init_args[i], m->params[i], &rng, host + m->offsets[i]);
+    for (i = 0; i < m->count; i++)
+        if (dtr__model_init_param(m, i, host + m->offsets[i]) != DTR_OK) break;
+    if (i < m->count) {
+        ctx->backend->mem_free(ctx, m->data);
+        ctx->backend->mem_free(ctx, m->grad);
+        if (host != m->data) dtr__free(&ctx->alloc, host);
+        m->data = m->grad = NULL;
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for the full tensor of '%s'", m->names[i]);
     }
     if (host != m->data) {
         ctx->backend->from_host(ctx, m->data, host, bytes);
@@ -225,7 +263,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
             continue;
         }
         m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
-        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i];
+        m->init_args[kept] = m->init_args[i], m->streams[kept] = m->streams[i], m->shards[kept] = m->shards[i];
         t->param_index = kept;
         m->offsets[kept++] = m->total;
         m->total += dtr__padded(t);
@@ -268,15 +306,44 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 
 /* ---- save and load (safetensors) ---- */
 
+/* Elements of parameter i in a file: the full tensor's for a shard. */
+static int64_t dtr__file_numel(const dtr_model *m, int i) {
+    const dtr__shard *s = &m->shards[i];
+    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(m->params[i]);
+}
+
+/* Parameter i as the file holds it: its entry (name, dtype, full shape) and its values in dt
+   at dst (a shard is gathered from its group first: collective). */
+static dtr_result dtr__save_param(dtr_model *m, int i, dtr_dtype dt, dtr_st_entry *e, void *dst) {
+    const dtr__shard *s = &m->shards[i];
+    const dtr_tensor *t = m->params[i];
+    int64_t n = dtr__file_numel(m, i);
+    float *full;
+    dtr_result r;
+    int d;
+    snprintf(e->name, sizeof(e->name), "%s", m->names[i]);
+    e->dtype = dt;
+    e->ndim = s->comm ? s->ndim : t->ndim;
+    for (d = 0; d < e->ndim; d++) e->shape[d] = s->comm ? s->full[d] : t->shape[d];
+    if (!s->comm) return dtr_tensor_read(t, dt, dst, (size_t)n);
+    full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", m->names[i]);
+    r = dtr__shard_gather(m->ctx, s, t, full);
+    if (r == DTR_OK) dtr_convert(dst, dt, full, DTR_F32, (size_t)n);
+    dtr__free(&m->ctx->alloc, full);
+    return r;
+}
+
 dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     dtr_context *ctx;
     dtr_st_entry *ents = NULL;
     const void **data = NULL;
     void *conv = NULL;
     size_t es, off = 0;
+    int64_t total = 0;
     char err[512];
     dtr_result r;
-    int i, d;
+    int i, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
@@ -285,30 +352,51 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
+    for (i = 0; i < m->count; i++) {
+        total += dtr__file_numel(m, i);
+        if (m->shards[i].comm && m->shards[i].rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
+    }
     ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*ents));
     data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*data));
-    conv = dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * es);
+    conv = dtr__malloc(&ctx->alloc, (size_t)(total ? total : 1) * es);
     if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
     for (i = 0; i < m->count; i++) {
-        const dtr_tensor *t = m->params[i];
-        int64_t n = dtr_tensor_numel(t);
-        char *dst = (char *)conv + off;
-        snprintf(ents[i].name, sizeof(ents[i].name), "%s", m->names[i]);
-        ents[i].dtype = dt;
-        ents[i].ndim = t->ndim;
-        for (d = 0; d < t->ndim; d++) ents[i].shape[d] = t->shape[d];
-        r = dtr_tensor_read(t, dt, dst, (size_t)n);
+        data[i] = (char *)conv + off;
+        r = dtr__save_param(m, i, dt, &ents[i], (char *)conv + off);
         if (r != DTR_OK) goto done;
-        data[i] = dst;
-        off += (size_t)n * es;
+        off += (size_t)dtr__file_numel(m, i) * es;
     }
-    r = dtr_st_write(path, ents, data, m->count, err, sizeof(err));
+    r = writer ? dtr_st_write(path, ents, data, m->count, err, sizeof(err)) : DTR_OK;
     if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
 done:
     dtr__free(&ctx->alloc, ents);
     dtr__free(&ctx->alloc, (void *)data);
     dtr__free(&ctx->alloc, conv);
     return r;
+}
+
+/* The shape parameter i has in a file: its own, or (in *buf) the full tensor's for a shard. */
+static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *buf) {
+    const dtr__shard *s = &m->shards[i];
+    if (!s->comm) return m->params[i];
+    *buf = *m->params[i];
+    buf->ndim = s->ndim;
+    memcpy(buf->shape, s->full, sizeof buf->shape);
+    return buf;
+}
+
+/* Converts entry e (checked against the file shape) into parameter i's f32 values at x. */
+static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, float *x) {
+    const dtr__shard *s = &m->shards[i];
+    int64_t n = dtr__file_numel(m, i);
+    float *full;
+    if (!s->comm) return dtr_convert(x, DTR_F32, e->data, e->dtype, (size_t)n);
+    full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: out of memory for '%s'", m->names[i]);
+    dtr_convert(full, DTR_F32, e->data, e->dtype, (size_t)n);
+    dtr__shard_copy(s, s->rank, full, x, 0);
+    dtr__free(&m->ctx->alloc, full);
+    return DTR_OK;
 }
 
 dtr_result dtr_model_load(dtr_model *m, const char *path) {
@@ -328,7 +416,8 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * sizeof(float));
     if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
     for (i = 0; i < m->count; i++) {
-        const dtr_tensor *t = m->params[i];
+        dtr_tensor want;
+        const dtr_tensor *t = dtr__file_shape(m, i, &want);
         const dtr_st_entry *e = NULL;
         for (j = 0; j < f.count; j++)
             if (!strcmp(f.entries[j].name, m->names[i])) { e = &f.entries[j]; break; }
@@ -341,7 +430,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
                           path, m->names[i], e->dtype_name);
             goto done;
         }
-        dtr_convert(stage + m->offsets[i], DTR_F32, e->data, e->dtype, (size_t)dtr_tensor_numel(t));
+        if ((r = dtr__load_param(m, i, e, stage + m->offsets[i])) != DTR_OK) goto done;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */

@@ -5,50 +5,169 @@
  *              backward: gx += all_reduce_sum(gy) (each rank's slice contributed to gy)
  *   TP_REDUCE  forward: y = all_reduce_sum(x) (each rank holds a partial sum);
  *              backward: gx += gy
- * Shapes: any; y has x's shape. Every rank of the group must build the same ops in the same
+ *   VOCAB_CROSS_ENTROPY  mean cross-entropy of logits whose last axis (the vocabulary) is split
+ *              over the group, rank r holding classes r * K .. (r + 1) * K - 1: the global row
+ *              max (all-reduce MAX), sum of exponentials and target logit (one all-reduce SUM);
+ *              backward: gx += g / N * (softmax_shard - onehot_shard), no communication.
+ *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
+ *              (all-gather); backward: gx += this rank's slice of gy
+ * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
+#include <math.h>
 
 static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
+    int64_t shape[DTR_MAX_DIMS];
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
     if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    if (op == DTR_OP_TP_GATHER && x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x needs an axis to join", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.comm = comm;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    memcpy(shape, x->shape, sizeof shape);
+    if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
 dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_COPY, "dtr_tp_copy", x, comm); }
 dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_REDUCE, "dtr_tp_reduce", x, comm); }
+dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm) { return dtr__tp(ctx, DTR_OP_TP_GATHER, "dtr_tp_gather", x, comm); }
 
-/* in-place sum over the group, with the group's error on the context */
-static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n) {
-    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, DTR_REDUCE_SUM);
+dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets, dtr_comm *comm) {
+    static const char name[] = "dtr_vocab_parallel_cross_entropy";
+    dtr__node *n;
+    if (!ctx) return NULL;
+    if (!comm) return dtr__failt(ctx, DTR_NULL_HANDLE, "%s: comm is NULL", name);
+    n = dtr__xent_node(ctx, DTR_OP_VOCAB_CROSS_ENTROPY, name, logits, targets);
+    if (!n) return NULL;
+    n->p.comm = comm;
+    return dtr__record(ctx, n, name);
+}
+
+/* in-place reduction over the group, with the group's error on the context */
+static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, float *buf, int64_t n, dtr_reduce_op op) {
+    dtr_result r = dtr_comm_all_reduce(nd->p.comm, buf, buf, (size_t)n, DTR_F32, op);
     if (r != DTR_OK)
         return dtr__fail(ctx, r, "%s: all-reduce over the group failed: %s", dtr__op_name(nd->op), dtr_comm_last_error(nd->p.comm));
     return DTR_OK;
 }
 
+/* ---- vocabulary-parallel cross-entropy ---- */
+
+typedef struct dtr__vxent {
+    int64_t K, R, start;       /* classes here, rows, first class here */
+    const float *x;
+    const int32_t *t;
+} dtr__vxent;
+
+static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
+    dtr__vxent v;
+    v.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    v.R = v.K ? dtr_tensor_numel(nd->in[0]) / v.K : 0;
+    v.start = (int64_t)dtr_comm_rank(nd->p.comm) * v.K;
+    v.x = dtr__f32(nd->in[0]);
+    v.t = dtr__i32(nd->in[1]);
+    return v;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each */
+static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__vxent v = dtr__vxent_of(nd);
+    int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
+    float *M, *Z, *T;
+    double loss = 0.0;
+    dtr_result res;
+    for (r = 0; r < v.R; r++)
+        if (v.t[r] < 0 || v.t[r] >= V)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)v.t[r], (long long)V);
+    M = (float *)dtr__node_save(ctx, nd, (size_t)(3 * v.R + 1) * sizeof(float));
+    if (!M) return ctx->status;
+    nd->saved = M, Z = M + v.R, T = Z + v.R;
+    for (r = 0; r < v.R; r++)
+        for (M[r] = -INFINITY, k = 0; k < v.K; k++) M[r] = v.x[r * v.K + k] > M[r] ? v.x[r * v.K + k] : M[r];
+    if ((res = dtr__tp_all_reduce(ctx, nd, M, v.R, DTR_REDUCE_MAX)) != DTR_OK) return res;
+    for (r = 0; r < v.R; r++) {
+        double s = 0.0;
+        int64_t own = v.t[r] - v.start;
+        for (k = 0; k < v.K; k++) s += expf(v.x[r * v.K + k] - M[r]);
+        Z[r] = (float)s;
+        T[r] = own >= 0 && own < v.K ? v.x[r * v.K + own] : 0.0f;
+    }
+    if ((res = dtr__tp_all_reduce(ctx, nd, Z, 2 * v.R, DTR_REDUCE_SUM)) != DTR_OK) return res;
+    for (r = 0; r < v.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    dtr__f32(nd->out)[0] = v.R ? (float)(loss / (double)v.R) : 0.0f;
+    return DTR_OK;
+}
+
+static dtr_result dtr__vxent_bwd(dtr__node *nd) {
+    dtr__vxent v = dtr__vxent_of(nd);
+    const float *M = (const float *)nd->saved, *Z = M + v.R;
+    float *gx = dtr__gradof(nd->in[0]), c;
+    int64_t r, k;
+    if (!gx || !v.R) return DTR_OK;
+    c = nd->out->grad[0] / (float)v.R;
+    for (r = 0; r < v.R; r++) {
+        int64_t own = v.t[r] - v.start;
+        for (k = 0; k < v.K; k++) gx[r * v.K + k] += c * (expf(v.x[r * v.K + k] - M[r]) / Z[r]);
+        if (own >= 0 && own < v.K) gx[r * v.K + own] -= c;
+    }
+    return DTR_OK;
+}
+
+/* ---- all-gather along the last axis ---- */
+
+/* rows of width w: rank k's row r lands at y[r * N * w + k * w] */
+static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    dtr_result res;
+    if (!buf) return ctx->status;
+    res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    if (res != DTR_OK)
+        return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    return DTR_OK;
+}
+
+static dtr_result dtr__gather_bwd(dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), i;
+    const float *g = nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w;
+    float *gx = dtr__gradof(x);
+    if (gx && w)
+        for (i = 0; i < n; i++) gx[i] += g[i / w * N * w + i % w];
+    return DTR_OK;
+}
+
+/* ---- the family's kernels ---- */
+
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
-    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n) : DTR_OK;
+    return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
 }
 
 dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
         return DTR_OK;
@@ -57,7 +176,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
     if (!sum) return ctx->status;
     memcpy(sum, g, (size_t)n * sizeof(float));
-    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n)) != DTR_OK) return r;
+    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM)) != DTR_OK) return r;
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }

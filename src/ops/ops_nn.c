@@ -107,29 +107,34 @@ dtr_result dtr__cpu_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- cross-entropy on class indices ---- */
 
-dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets) {
     dtr__node *n;
     char s1[96], s2[96];
-    if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_cross_entropy", logits, "logits")) return NULL;
-    if (!targets) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_cross_entropy: targets is NULL");
+    if (!dtr__check_input(ctx, name, logits, "logits")) return NULL;
+    if (!targets) return (dtr__node *)dtr__failt(ctx, DTR_NULL_HANDLE, "%s: targets is NULL", name);
     if (targets->dtype != DTR_I32)
-        return dtr__failt(ctx, DTR_DTYPE_MISMATCH, "dtr_cross_entropy: targets must be i32 class indices, are %s",
-                          dtr_dtype_name(targets->dtype));
+        return (dtr__node *)dtr__failt(ctx, DTR_DTYPE_MISMATCH, "%s: targets must be i32 class indices, are %s", name,
+                                       dtr_dtype_name(targets->dtype));
     if (logits->ndim < 1 || dtr__rows(logits) != dtr_tensor_numel(targets))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_cross_entropy: logits %s and targets %s disagree on the row count",
-                          dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
+        return (dtr__node *)dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: logits %s and targets %s disagree on the row count", name,
+                                       dtr__shape_str(logits, s1, sizeof s1), dtr__shape_str(targets, s2, sizeof s2));
     logits = dtr__contig_input(ctx, logits);
     targets = dtr__contig_input(ctx, targets);
     if (!logits || !targets) return NULL;
     {
         dtr_tensor *in[2] = {logits, targets};
-        n = dtr__node_new(ctx, DTR_OP_CROSS_ENTROPY, 2, in);
+        n = dtr__node_new(ctx, op, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_cross_entropy");
-    if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_cross_entropy");
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, name);
+    return n->out ? n : NULL;
+}
+
+dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets) {
+    dtr__node *n;
+    if (!ctx) return NULL;
+    n = dtr__xent_node(ctx, DTR_OP_CROSS_ENTROPY, "dtr_cross_entropy", logits, targets);
+    return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
 }
 
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {

@@ -575,6 +575,10 @@ DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block 
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
+ *  A model with tensor-parallel shards (api_engine.h, dtr_tp_*) saves collectively: every rank
+ *  of its group calls this, the shards are gathered and rank 0 writes one file of full
+ *  tensors under the single-device names (the others write nothing and return once the
+ *  gather is done; the file is complete when rank 0's call returns).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
 /** Loads parameters by name from a safetensors file (F32, BF16 or F16 entries). Every header
@@ -583,7 +587,8 @@ DTR_API dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt);
  *  and leaves the model's values unchanged. Entries the model does not ask for are skipped
  *  whatever their dtype (Hugging Face files carry I64 position_ids, F64 or BOOL buffers); a
  *  parameter stored as another dtype gives DTR_DTYPE_MISMATCH. DTR_UNSUPPORTED comes only from
- *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims.
+ *  a dtype name outside the safetensors format or more than DTR_MAX_DIMS dims. A
+ *  tensor-parallel shard reads the full tensor (single-device shape) and keeps its slice.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_load(dtr_model *m, const char *path);
 

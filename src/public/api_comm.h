@@ -50,7 +50,9 @@ typedef enum dtr_reduce_op {
 typedef enum dtr_allreduce_algo {
     DTR_ALLREDUCE_AUTO = 0,
     DTR_ALLREDUCE_RING = 1,               /**< reduce-scatter + all-gather around a ring: 2(N-1) steps, bandwidth-optimal */
-    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2  /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_RECURSIVE_DOUBLING = 2, /**< ceil(log2 N) full exchanges (+2 for the fold of a non-power-of-two N) */
+    DTR_ALLREDUCE_HIERARCHICAL = 3        /**< sum inside each host, all-reduce between the hosts' leaders,
+                                               broadcast inside each host (dtr_comm_set_allreduce_algo) */
 } dtr_allreduce_algo;
 
 /** Name of an operator ("sum", "avg", "max") or algorithm ("auto", "ring", "recursive_doubling").
@@ -289,6 +291,11 @@ DTR_API const char *dtr_comm_transport_name(const dtr_comm *c);
 /** What the transport chose when it opened (dtr_transport_info.detail): libfabric's provider,
  *  e.g. "shm" or "tcp;ofi_rxm"; "" for the local transport. Thread safety: any thread. */
 DTR_API const char *dtr_comm_transport_detail(const dtr_comm *c);
+/** 1 when the group's collectives run through a shared-memory segment that its ranks map
+ *  (they are processes of one host, with host buffers: set up when the group is made;
+ *  $DTR_COMM_SHM=0 turns it off), 0 when they go through the transport. The results are the
+ *  same bits either way. Thread safety: any thread. */
+DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
 
 /** Color of a rank that wants no sub-group from dtr_comm_split. */
 #define DTR_COMM_UNDEFINED (-1)
@@ -326,8 +333,16 @@ DTR_API void dtr_comm_abort(dtr_comm *c, const char *why);
 DTR_API dtr_result dtr_comm_set_timeout(dtr_comm *c, int timeout_ms);
 /** Replaces the all-reduce algorithm and, when ring_threshold_bytes > 0, the AUTO threshold,
  *  for the group's later calls. Every rank must make the same change at the same point
- *  between collectives (the algorithm is part of what must match). Returns DTR_OK,
- *  DTR_NULL_HANDLE or DTR_INVALID_ARGUMENT. Thread safety: the group's thread. */
+ *  between collectives (the algorithm is part of what must match).
+ *  DTR_ALLREDUCE_HIERARCHICAL makes the call a collective the first time: it splits the group
+ *  by host (dtr_comm_local_rank's hosts; $DTR_RANKS_PER_HOST=k declares fake hosts of k
+ *  consecutive ranks, for tests on one machine) and the hosts' first ranks into a leaders'
+ *  group. Its all-reduce sums inside each host (the host group's AUTO algorithm), all-reduces
+ *  the sums between the leaders (an average divided by the whole group's size in the last
+ *  step), and broadcasts inside each host. With one host, or one rank per host, it is the
+ *  flat algorithm AUTO picks. Buffers in device memory (cfg.memory) use the flat one.
+ *  Returns DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, or a split's error.
+ *  Thread safety: the group's thread. */
 DTR_API dtr_result dtr_comm_set_allreduce_algo(dtr_comm *c, dtr_allreduce_algo algo, size_t ring_threshold_bytes);
 
 /* ---- collectives (blocking) ----

@@ -30,6 +30,39 @@ DTR_API dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn 
  *  Thread safety: the context's thread, outside a backward pass. */
 DTR_API dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id);
 
+/* ---- activation checkpointing (recompute) ---- */
+
+/** A region of the forward pass for dtr_checkpoint: builds its output from `in` (the inputs
+ *  given to dtr_checkpoint, in order) with ordinary ops on `ctx` and returns it, or returns
+ *  NULL with the context's error set. It may read model parameters and other tensors through
+ *  `user`. It runs once in forward and once more in backward, so it must build the same ops
+ *  from the same tensors each time (dropout draws the same masks: the random stream is
+ *  replayed) and have no other side effects that matter. */
+typedef dtr_tensor *(*dtr_checkpoint_fn)(void *user, dtr_context *ctx, dtr_tensor *const *in);
+
+/** Activation checkpointing: runs `fn` (a GPT block, a pipeline stage) and keeps only its
+ *  output; the activations inside the region are dropped at once and recomputed during
+ *  backward, so a checkpointed layer holds only its inputs and output between forward and
+ *  backward. Gradients are the same bits as without it, dropout included (the recomputation
+ *  replays the context's random stream and training mode from the forward). The region is one
+ *  node of the current tape that writes the gradients of every parameter and tensor the
+ *  region read, so gradient hooks (dtr_dp's bucketed all-reduce) report a parameter only after
+ *  it, and it works in each micro-batch of a pipeline (dtr_pipe) the same way. A region may
+ *  hold tensor-parallel collectives (dtr_tp_copy, dtr_tp_reduce): every rank recomputes them
+ *  at the same point of its backward (they run twice). Regions may nest up to 4 deep. With
+ *  gradient recording off it just calls fn.
+ *  fn must not return one of its inputs or a parameter unchanged, nor create tensors that
+ *  require gradients (dtr_tensor_requires_grad) inside the region.
+ *  @param fn    the region; @param user handed to fn;
+ *  @param n_in  number of inputs, 0 to 64; @param in  the inputs (may be NULL when n_in is 0).
+ *  @return the region's output (a new tensor of the current tape), or NULL with the context's
+ *          error: DTR_NULL_HANDLE (fn, in or an input NULL), DTR_INVALID_ARGUMENT (n_in out of
+ *          range, an input of another context, fn returned NULL without an error or returned
+ *          a tensor it did not compute, a tensor made to require gradients inside), DTR_BAD_STATE (nested deeper than 4), or fn's error.
+ *          In backward, a region that builds a different graph the second time fails the pass.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_checkpoint(dtr_context *ctx, dtr_checkpoint_fn fn, void *user, int n_in, dtr_tensor *const *in);
+
 /* ---- tensor parallel: communication on the tape ---- */
 
 /** Tensor parallelism's entry into a parallel region (Megatron-LM's f): forward y = x, the
@@ -44,6 +77,122 @@ DTR_API dtr_tensor *dtr_tp_copy(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm)
  *  layer), backward passes the gradient through unchanged. Collective like dtr_tp_copy.
  *  Thread safety: as dtr_tp_copy. */
 DTR_API dtr_tensor *dtr_tp_reduce(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+/** Every rank's x (..., w) joined along the last axis in rank order: (..., w * group size),
+ *  the same on every rank (all-gather); backward adds this rank's slice of the gradient to
+ *  x's, without communication. What a column-parallel layer's gathered output uses.
+ *  Collective like dtr_tp_copy. @return y, or NULL with the context's error (NULL input or
+ *  comm, a 0-dim x: DTR_SHAPE_MISMATCH, the group's failure).
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_tp_gather(dtr_context *ctx, dtr_tensor *x, dtr_comm *comm);
+
+/** Mean cross-entropy of logits whose vocabulary (last axis) is split over `comm`: rank r
+ *  holds `logits` (..., K) for classes r * K .. (r + 1) * K - 1 (the output of a
+ *  column-parallel head without gather); `targets` are i32 global class indices (...),
+ *  the same on every rank. The value equals dtr_cross_entropy over the full logits: the row
+ *  max is all-reduced (MAX), the sum of exponentials and the target logit (from the rank
+ *  that owns it) are all-reduced (SUM). Backward: softmax_shard - onehot_shard, scaled by the
+ *  upstream gradient over the row count, with no communication. Collective like dtr_tp_copy.
+ *  @return the scalar loss (the same on every rank), or NULL with the context's error:
+ *  DTR_NULL_HANDLE (comm, input), DTR_DTYPE_MISMATCH, DTR_SHAPE_MISMATCH (row counts),
+ *  DTR_INVALID_ARGUMENT (a target outside [0, K * group size)), the group's failure.
+ *  Thread safety: as dtr_tp_copy. */
+DTR_API dtr_tensor *dtr_vocab_parallel_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets,
+                                                     dtr_comm *comm);
+
+/* ---- tensor parallel: layers (Megatron-LM) ----
+ * Each layer splits its weights over the ranks of a tensor-parallel group `comm` (size tp):
+ * every rank declares the same parameter names as the single-device layer (dtr_linear_layer,
+ * dtr_attention_layer, dtr_embedding_layer, dtr_gpt_block) with its shard's shape, in the
+ * same order. dtr_model_build initialises each shard as the slice of the full tensor that a
+ * single-device model with the same seed draws, so both runs start from the same weights;
+ * dtr_model_save gathers the shards into one file of full tensors (collective) that a
+ * single-device model loads, and dtr_model_load of such a file keeps each rank's slice.
+ * Replicated parameters (layer norms, the row-parallel bias) get identical gradients on every
+ * rank without further communication. Sizes that do not divide by tp are
+ * DTR_INVALID_ARGUMENT. Every rank must run the same forward (the layers are collectives). */
+
+/** A linear layer split over a tensor-parallel group. Column-parallel: weight rows (output
+ *  features) out / tp per rank, rank r holding features r * out / tp ..; input full,
+ *  output (..., out / tp), or (..., out) with `gather`. Row-parallel: weight columns (input
+ *  features) in / tp per rank; input (..., in / tp) (a column-parallel output), output
+ *  (..., out) summed over the group, plus the full bias (replicated). */
+typedef struct dtr_tp_linear {
+    dtr_tensor *weight, *bias; /**< this rank's shard; bias NULL without one */
+    int64_t in, out;           /**< the full layer's sizes */
+    int row;                   /**< 1: row-parallel, 0: column-parallel */
+    int gather;                /**< column-parallel: the forward returns the full output */
+    dtr_comm *comm;            /**< the tensor-parallel group */
+} dtr_tp_linear;
+
+/** Declares a column-parallel linear layer `name` (weight (out, in) and bias (out) of the full
+ *  layer, as dtr_linear_layer_init) on m; rank r keeps rows r * out / tp .. of both.
+ *  `gather` 1 makes the forward return the full output on every rank.
+ *  @return DTR_OK, DTR_NULL_HANDLE (l, m or comm), DTR_INVALID_ARGUMENT (sizes, out % tp),
+ *  or the model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_column_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
+                                             int64_t in, int64_t out, int bias, dtr_init init, int gather);
+/** Declares a row-parallel linear layer `name`: rank r keeps weight columns r * in / tp ..;
+ *  the bias (out) is whole on every rank. @return as dtr_tp_column_linear_init (in % tp).
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_comm *comm, const char *name,
+                                          int64_t in, int64_t out, int bias, dtr_init init);
+/** Column: linear(dtr_tp_copy(x), W_shard, b_shard), then (gather) dtr_tp_gather. Row: dtr_tp_reduce(x W_shard^T) +
+ *  bias. @return the output or NULL with the context's error. Collective over l->comm.
+ *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
+DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
+
+/** Causal self-attention with its heads split over the group: rank r computes heads
+ *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
+ *  row-parallel proj. Parameters as dtr_attention_layer's. */
+typedef struct dtr_tp_attention {
+    dtr_tp_linear qkv, proj;
+    int64_t dim;
+    int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
+} dtr_tp_attention;
+
+/** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
+ *  (heads not dividing dim, or tp not dividing heads: the message names both), or the
+ *  model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                         int heads);
+/** x (B, T, C), the same on every rank -> (B, T, C), the same on every rank. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x);
+
+/** Vocabulary-parallel embedding: rank r holds table rows r * vocab / tp .. */
+typedef struct dtr_tp_embedding {
+    dtr_tensor *weight;        /**< (vocab / tp, dim) */
+    int64_t vocab, dim, start; /**< full sizes; the first row held here */
+    dtr_comm *comm;
+} dtr_tp_embedding;
+
+/** Declares the embedding `name` (weight (vocab, dim) of the full table, as
+ *  dtr_embedding_layer_init). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (sizes,
+ *  vocab % tp), or the model's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_embedding_init(dtr_tp_embedding *e, dtr_model *m, dtr_comm *comm, const char *name, int64_t vocab,
+                                         int64_t dim);
+/** Rows of the full table for i32 `ids` (any shape S, the same on every rank): each rank
+ *  looks up the ids it holds (zero rows for the others), then dtr_tp_reduce sums them.
+ *  An id outside [0, vocab) is DTR_INVALID_ARGUMENT. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_embedding_forward(dtr_context *ctx, const dtr_tp_embedding *e, dtr_tensor *ids);
+
+/** A GPT block (pre-norm) with its attention and MLP split over the group: ln1, tensor-parallel
+ *  attention, ln2, column-parallel fc, gelu, row-parallel fc_proj. Parameters as
+ *  dtr_gpt_block's (same names and order), the layer norms replicated. */
+typedef struct dtr_tp_gpt_block {
+    dtr_layernorm_layer ln1, ln2;
+    dtr_tp_attention attn;
+    dtr_tp_linear fc, fc_proj;
+} dtr_tp_gpt_block;
+
+/** Declares the block `name` on m. @return as dtr_tp_attention_init.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *comm, const char *name, int64_t dim,
+                                         int heads);
+/** x (B, T, C) -> (B, T, C), as dtr_gpt_block_forward. Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x);
 
 /* ---- data parallel ---- */
 

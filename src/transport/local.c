@@ -232,6 +232,18 @@ static void dtr__local_service(dtr_local_world *w, int rank) {
 
 /* ---- vtable ---- */
 
+/* Every rank of a world is on this host, unless $DTR_RANKS_PER_HOST declares fake hosts of
+ * k consecutive ranks (the last may hold fewer). */
+static void dtr__local_host(int rank, int size, dtr_transport_info *info) {
+    int k = dtr__fake_ranks_per_host(), first;
+    if (k <= 0 || k > size) k = size;
+    first = rank / k * k;
+    info->rank = rank;
+    info->size = size;
+    info->local_rank = rank - first;
+    info->local_size = size - first < k ? size - first : k;
+}
+
 static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err,
                                   size_t errlen) {
     dtr_local_world *w = cfg->local.world;
@@ -256,8 +268,7 @@ static dtr_result dtr__local_open(const dtr_comm_config *cfg, void **state, dtr_
     pthread_mutex_unlock(&w->mu);
     ep->w = w;
     ep->rank = rank;
-    info->rank = info->local_rank = rank;
-    info->size = info->local_size = w->size;
+    dtr__local_host(rank, w->size, info);
     *state = ep;
     return DTR_OK;
 }
