@@ -18747,6 +18747,8 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: topk_ratio %g outside (0, 1]", cfg->topk_ratio);
     if (cfg->powersgd_rank < 0 || cfg->powersgd_rank > 1024)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: powersgd_rank %d outside 1..1024", cfg->powersgd_rank);
+    if (cfg->compress == DTR_COMPRESS_TOPK && numel > (size_t)INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: top-k indexes buckets with int32 (%zu floats)", numel);
     z = (dtr__dpc *)dtr__calloc(&ctx->alloc, sizeof(*z));
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->kind = cfg->compress, z->world = dtr_comm_size(c);
@@ -18911,7 +18913,7 @@ static void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, floa
     memcpy(out, &scale, sizeof scale);
     for (i = 0; i < n; i++) {
         float v = scale > 0.0f ? nearbyintf(g[i] / scale) : 0.0f;
-        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);   /* NaN: 0 */
         if (resid) resid[i] = g[i] - (float)q[i] * scale;
     }
 }
@@ -18959,6 +18961,7 @@ static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char
         if (take) { idx[m] = (int32_t)i; val[m++] = g[i]; }
         if (resid) resid[i] = take ? 0.0f : g[i];
     }
+    for (; m < k; m++) idx[m] = 0, val[m] = 0.0f;   /* NaN magnitudes compare with nothing */
 }
 
 /* g = (sum over ranks, in rank order, of the gathered payloads) / N */
@@ -19035,7 +19038,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19039 "dtrain.h"
+#line 19042 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19326,7 +19329,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19330 "dtrain.h"
+#line 19333 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19749,7 +19752,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19753 "dtrain.h"
+#line 19756 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19803,7 +19806,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19807 "dtrain.h"
+#line 19810 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -62,6 +62,8 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: topk_ratio %g outside (0, 1]", cfg->topk_ratio);
     if (cfg->powersgd_rank < 0 || cfg->powersgd_rank > 1024)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: powersgd_rank %d outside 1..1024", cfg->powersgd_rank);
+    if (cfg->compress == DTR_COMPRESS_TOPK && numel > (size_t)INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: top-k indexes buckets with int32 (%zu floats)", numel);
     z = (dtr__dpc *)dtr__calloc(&ctx->alloc, sizeof(*z));
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->kind = cfg->compress, z->world = dtr_comm_size(c);
@@ -226,7 +228,7 @@ static void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, floa
     memcpy(out, &scale, sizeof scale);
     for (i = 0; i < n; i++) {
         float v = scale > 0.0f ? nearbyintf(g[i] / scale) : 0.0f;
-        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v);
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);   /* NaN: 0 */
         if (resid) resid[i] = g[i] - (float)q[i] * scale;
     }
 }
@@ -274,6 +276,7 @@ static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char
         if (take) { idx[m] = (int32_t)i; val[m++] = g[i]; }
         if (resid) resid[i] = take ? 0.0f : g[i];
     }
+    for (; m < k; m++) idx[m] = 0, val[m] = 0.0f;   /* NaN magnitudes compare with nothing */
 }
 
 /* g = (sum over ranks, in rank order, of the gathered payloads) / N */
