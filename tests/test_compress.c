@@ -138,7 +138,8 @@ static int round_trip_rank(dtr_comm *c, void *user) {
     j->rel[rank] = rel_err(out, ex, n);
     if (j->dc.compress <= DTR_COMPRESS_INT8) j->worst[rank] = half_int8_worst(j->dc.compress, out, ex, mx, n);
     if (j->dc.compress == DTR_COMPRESS_TOPK || j->dc.compress == DTR_COMPRESS_POWERSGD) {
-        if (dtr_dp_state(dp, 2, &st) != DTR_OK || st.bytes != (size_t)n * sizeof(float)) goto done;
+        if (dtr_dp_state(dp, 2, &st) != DTR_OK || strcmp(st.name, "residual") != 0 || st.bytes != (size_t)n * sizeof(float))
+            goto done;
         if (j->dc.compress == DTR_COMPRESS_TOPK) j->worst[rank] = topk_worst(loc, (const float *)st.data, n, j->dc.topk_ratio);
         avg_resid = copy_of((const float *)st.data, n);
         if (dtr_comm_all_reduce(c, avg_resid, avg_resid, (size_t)n, DTR_F32, DTR_REDUCE_AVG) != DTR_OK) goto done;
