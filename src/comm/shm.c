@@ -79,7 +79,7 @@ static size_t dtr__shm_hdr_bytes(int n) {
     return (b + 4095) & ~(size_t)4095;
 }
 
-static size_t dtr__shm_slot_bytes(int n) { return n <= 8 ? (size_t)2 << 20 : (size_t)512 << 10; }
+static size_t dtr__shm_slot_bytes(int n) { return n <= 8 ? (size_t)256 << 10 : (size_t)128 << 10; }
 
 /* ---- setup and teardown ---- */
 
