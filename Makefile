@@ -175,7 +175,7 @@ endif
 
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
-        fuzz-smoke-if-available cmake-consumer install uninstall clean help
+        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full
 .DEFAULT_GOAL := all
 
 # all: the library, every test, example and benchmark.
@@ -331,6 +331,11 @@ check:
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
 	tests/run.sh $(TESTS)
+
+# test-compress-full: tests/test_compress.c with whole Fashion-MNIST epochs (3 per codec; make
+# test runs 100 batches per epoch).
+test-compress-full: $(BUILD)/tests/test_compress
+	DTR_COMPRESS_FULL=1 $<
 
 # api-doc: docs/api.md from the public headers' doc comments (check runs api-doc-check; --lint
 # lists public functions without a thread-safety line).
@@ -493,6 +498,7 @@ help:
 	@echo "  private-check    the library exports only the dtr__ symbols other units and tests use"
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
+	@echo "  test-compress-full  gradient compression accuracy over whole epochs (minutes)"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
 	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"
 	@echo "Install:"

@@ -2175,10 +2175,57 @@ typedef struct dtr_dp dtr_dp;
 /** Pipeline-parallel training: a model's layers split into stages over the ranks of a group. */
 typedef struct dtr_pipe dtr_pipe;
 
+/** How the data-parallel engine puts gradients on the wire (docs/distributed.md, "Gradient
+ *  compression"). Each bucket is compressed on its own; every rank ends with identical bits.
+ *  Error bounds are per element, for one step, with acc_r = rank r's gradient plus its residual:
+ *  - NONE: f32 all-reduce (average).
+ *  - BF16, FP16: all-reduce in that dtype (summed in f32, rounded once): |error| <= 2^-7 (bf16)
+ *    or 2^-10 (fp16) times max_r |g_r|, plus 2^-24 for fp16's subnormals; fp16 overflows above
+ *    65504. No error feedback.
+ *  - INT8: each rank sends one f32 scale (max |acc_r| / 127) and n bytes, all-gathered and
+ *    summed in rank order: |error| <= max_r scale_r / 2.
+ *  - TOPK: each rank sends the topk_ratio * n entries of acc_r largest in magnitude (index
+ *    and value, 8 bytes each), all-gathered and summed in rank order; entries not sent
+ *    stay in the residual: sent + residual == acc_r exactly.
+ *  - POWERSGD: each parameter with 2 or more dimensions in the bucket, as a (rows, rest)
+ *    matrix M, is sent as rank-r factors P = M Q (averaged during backward) and
+ *    Q = M^T P (averaged in dtr_dp_finish, after orthonormalising P): rows * r + cols * r
+ *    floats instead of rows * cols; the other parameters are averaged exactly. A gradient of
+ *    rank <= powersgd_rank comes back exact; averaged residual + result == averaged acc.
+ *  INT8, TOPK and POWERSGD carry the error in a residual per rank (error feedback), added
+ *  to the next step's gradient. */
+typedef enum dtr_dp_compress {
+    DTR_COMPRESS_NONE = 0,
+    DTR_COMPRESS_BF16 = 1,
+    DTR_COMPRESS_FP16 = 2,
+    DTR_COMPRESS_INT8 = 3,
+    DTR_COMPRESS_TOPK = 4,
+    DTR_COMPRESS_POWERSGD = 5
+} dtr_dp_compress;
+
 typedef struct dtr_dp_config {
     size_t bucket_bytes;   /**< gradient bucket size; 0: 25 MiB (as PyTorch DDP) */
     int root;              /**< rank whose parameters are broadcast at creation (default 0) */
+    dtr_dp_compress compress;   /**< gradient compression (default none) */
+    float topk_ratio;      /**< TOPK: fraction of each bucket's entries sent; 0: 0.01 */
+    int powersgd_rank;     /**< POWERSGD: rank r of the factors; 0: 4 */
+    int no_error_feedback; /**< 1: drop what INT8/TOPK/POWERSGD lose instead of carrying it */
+    int local_sgd_every;   /**< H > 0: local SGD, parameters averaged every H optimizer steps
+                                (dtr_dp_step_done) and gradients not synchronised; 0: off */
+    int64_t local_sgd_warmup;   /**< local SGD: steps of ordinary DP first (post-local SGD) */
 } dtr_dp_config;
+
+/** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
+ *  rank hands to the collectives (an all-reduce of n floats counts 4n, an all-gather the
+ *  rank's own part), not the algorithm's factor (a ring all-reduce moves 2 (N-1)/N times
+ *  it). */
+typedef struct dtr_dp_stats {
+    uint64_t wire_bytes;       /**< gradient and parameter payload put on the wire */
+    uint64_t raw_bytes;        /**< what f32 all-reduces of the same data would have been */
+    int64_t syncs;             /**< gradient synchronisations (dtr_dp_finish that communicated) */
+    int64_t steps;             /**< dtr_dp_step_done calls */
+    int64_t param_averages;    /**< local SGD parameter averages */
+} dtr_dp_stats;
 
 /** Returns a configuration with every field at its default.
  *  Thread safety: thread safe. */
@@ -2190,9 +2237,12 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
- *  1 nothing is installed and every call below returns at once.
- *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
+ *  1 nothing is installed and every call below returns at once. cfg.compress replaces the
+ *  f32 all-reduce by a codec (dtr_dp_compress); cfg.local_sgd_every turns on local SGD.
+ *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_dp_step_done (needed
+ *  by local SGD only), dtr_context_reset.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
+ *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
  *          has no free hook slot), DTR_UNSUPPORTED (parameters not in host
  *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
  *  Thread safety: the model's context thread; collective over c. */
@@ -2208,9 +2258,26 @@ DTR_API void dtr_dp_destroy(dtr_dp *dp);
 DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
 /** Ends a step's communication: starts the buckets that backward did not start (parameters
  *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
- *  the average over the ranks of their gradients, identical bits on every rank.
- *  @return DTR_OK or the first error of a bucket (the group's message names it). */
+ *  the average over the ranks of their gradients, identical bits on every rank (with a
+ *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
+ *  here). During local SGD past its warm-up it returns at once.
+ *  @return DTR_OK or the first error of a bucket (the group's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
+/** Local SGD: tells the engine an optimizer step is done (call it after dtr_optimizer_step;
+ *  without local SGD it only counts). During the warm-up (local_sgd_warmup steps) the engine
+ *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
+ *  at once) and every local_sgd_every-th step here averages the parameters over the group
+ *  (a blocking f32 all-reduce). With local_sgd_every 1 this is ordinary DP up to rounding.
+ *  Optimizer state (momentum) stays local.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (gradient buckets in flight: the group's
+ *          message says so, the context's status is not touched), or the all-reduce's
+ *          error (the context's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
+DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
+/** Copies the engine's counters (dtr_dp_stats) into *out.
+ *  @return DTR_OK or DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);
 /** Broadcasts the parameters from the root again (e.g. after loading a checkpoint on it). */
 DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
 /** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
@@ -2221,8 +2288,10 @@ DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, 
  *  the last synchronised step: shows that communication overlapped backward. */
 DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 
-/** Entry `index` of the engine's state (api.h, "state"): "no_sync" (int). Buckets and
- *  requests last one step and are not state. @return DTR_OK, DTR_NOT_FOUND past the last,
+/** Entry `index` of the engine's state (api.h, "state"): "no_sync" (int), "steps" (int64:
+ *  dtr_dp_step_done calls, local SGD's phase) and, with INT8, TOPK or POWERSGD and error
+ *  feedback, "residual" (one float per gradient float). Buckets and requests last one step
+ *  and are not state; PowerSGD's warm-start Q is not either (it is rebuilt). @return DTR_OK, DTR_NOT_FOUND past the last,
  *  DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out);
 /** After writing the entries back: checks them. @return DTR_OK, DTR_NULL_HANDLE,
@@ -2391,7 +2460,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2395 "dtrain.h"
+#line 2464 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2859,7 +2928,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2863 "dtrain.h"
+#line 2932 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2914,7 +2983,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2918 "dtrain.h"
+#line 2987 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3178,7 +3247,34 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3182 "dtrain.h"
+#line 3251 "dtrain.h"
+
+/* ---- src/engine/compress.h ---- */
+#line 1 "src/engine/compress.h"
+/* ============================================================================
+ * Gradient compression of the data-parallel engine (src/engine/compress.c), private to
+ * src/engine/data_parallel.c: one codec per engine (dtr_dp_compress), state per bucket,
+ * the residual of error feedback, and the engine's counters.
+ * ==========================================================================*/
+
+typedef struct dtr__dpc dtr__dpc;
+
+/** Makes the compressor of config `cfg` for model m over group c (defaults filled in).
+ *  @return DTR_OK, DTR_INVALID_ARGUMENT (compress, topk_ratio, powersgd_rank; the context's
+ *          message says which) or DTR_OUT_OF_MEMORY. */
+DTR__PRIVATE dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr__dpc **out);
+DTR__PRIVATE void dtr__dpc_destroy(dtr__dpc *z);
+/** Bucket i ([begin, end) of the gradient buffer g) is final: encodes it (adding the
+ *  residual) and starts its exchange in *req. */
+DTR__PRIVATE dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t end, dtr_request **req);
+/** After bucket i's request completed: decodes the average into g + begin (PowerSGD: its
+ *  second all-reduce, blocking). Called in bucket order on every rank. */
+DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin);
+/** The engine's counters (updated by the engine too). */
+DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
+/** The residual of error feedback (numel floats) or NULL when the codec has none. */
+DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
+#line 3278 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3228,7 +3324,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3232 "dtrain.h"
+#line 3328 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3580,7 +3676,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3584 "dtrain.h"
+#line 3680 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4371,7 +4467,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4375 "dtrain.h"
+#line 4471 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4812,7 +4908,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4816 "dtrain.h"
+#line 4912 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -4925,7 +5021,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 4929 "dtrain.h"
+#line 5025 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5300,7 +5396,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5304 "dtrain.h"
+#line 5400 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5499,7 +5595,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5503 "dtrain.h"
+#line 5599 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5730,7 +5826,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5734 "dtrain.h"
+#line 5830 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6180,7 +6276,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6184 "dtrain.h"
+#line 6280 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6359,7 +6455,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6363 "dtrain.h"
+#line 6459 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6764,7 +6860,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6768 "dtrain.h"
+#line 6864 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7264,7 +7360,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7268 "dtrain.h"
+#line 7364 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7523,7 +7619,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7527 "dtrain.h"
+#line 7623 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7709,7 +7805,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7713 "dtrain.h"
+#line 7809 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7822,7 +7918,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7826 "dtrain.h"
+#line 7922 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8296,7 +8392,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8300 "dtrain.h"
+#line 8396 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8465,7 +8561,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8469 "dtrain.h"
+#line 8565 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8714,7 +8810,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8718 "dtrain.h"
+#line 8814 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9058,7 +9154,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9062 "dtrain.h"
+#line 9158 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9405,7 +9501,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9409 "dtrain.h"
+#line 9505 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9590,7 +9686,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9594 "dtrain.h"
+#line 9690 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10231,7 +10327,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10235 "dtrain.h"
+#line 10331 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10684,7 +10780,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10688 "dtrain.h"
+#line 10784 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10740,7 +10836,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10744 "dtrain.h"
+#line 10840 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11517,7 +11613,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11521 "dtrain.h"
+#line 11617 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12098,7 +12194,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12102 "dtrain.h"
+#line 12198 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12729,7 +12825,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12733 "dtrain.h"
+#line 12829 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13467,7 +13563,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13471 "dtrain.h"
+#line 13567 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13734,7 +13830,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13738 "dtrain.h"
+#line 13834 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -13924,7 +14020,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 13928 "dtrain.h"
+#line 14024 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14058,7 +14154,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14062 "dtrain.h"
+#line 14158 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14792,7 +14888,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14796 "dtrain.h"
+#line 14892 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15309,7 +15405,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15313 "dtrain.h"
+#line 15409 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16041,7 +16137,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16045 "dtrain.h"
+#line 16141 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17116,7 +17212,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17120 "dtrain.h"
+#line 17216 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17668,7 +17764,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17672 "dtrain.h"
+#line 17768 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18150,7 +18246,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18154 "dtrain.h"
+#line 18250 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18594,7 +18690,366 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18598 "dtrain.h"
+#line 18694 "dtrain.h"
+
+/* ---- src/engine/compress.c ---- */
+#line 1 "src/engine/compress.c"
+/* ============================================================================
+ * Gradient compression of the data-parallel engine: what each bucket puts on the wire.
+ *
+ *   n      floats in the bucket, N ranks, acc = gradient + residual (error feedback)
+ *   bf16, fp16   the bucket converted to 2-byte floats, all-reduced (average) in that dtype
+ *   int8         [f32 scale][n int8], all-gathered; every rank sums the N payloads in rank
+ *                order (identical bits everywhere) and divides by N
+ *   topk         [k int32 indices][k f32 values], all-gathered, summed likewise
+ *   powersgd     per matrix M (rows, cols) of the bucket: P = M Q (rows, r) with the other
+ *                parameters' floats appended, all-reduced during backward; then in
+ *                dtr_dp_finish P is orthonormalised, Q = M^T P (cols, r) all-reduced, and
+ *                M ~ P Q^T. Q starts random (the same seed on every rank) and is reused by
+ *                the next step (warm start), as PowerSGD (Vogels et al., 2019).
+ * The residual (one float per gradient float) keeps what the codec lost: int8 and top-k the
+ * local difference acc - decoded(acc); PowerSGD acc - (averaged approximation), whose
+ * average over the ranks is what the average lost (the approximation is linear in M).
+ * ==========================================================================*/
+
+
+
+
+
+#include <math.h>
+
+typedef struct dtr__cmat { int64_t off, rows, cols; } dtr__cmat;   /* offset in the bucket */
+
+typedef struct dtr__cbucket {
+    int64_t n;              /* floats */
+    size_t bytes;           /* this rank's payload */
+    unsigned char *send, *recv;   /* payload; the gathered payloads of int8 and top-k */
+    dtr__cmat *mat;         /* PowerSGD: the matrices, by offset */
+    int nmat;
+    int64_t np, nq;         /* PowerSGD: floats of P (with the exact rest) and of Q */
+    float *q;               /* PowerSGD: Q of every matrix, kept for the next step */
+} dtr__cbucket;
+
+struct dtr__dpc {
+    dtr_model *m;
+    dtr_comm *c;
+    dtr_context *ctx;
+    dtr_dp_compress kind;
+    float ratio;
+    int rank_r, ef, world;
+    float *resid;           /* error feedback (numel floats) */
+    dtr__cbucket *b;        /* one per parameter at most, made at the first start */
+    int nb;
+    dtr_dp_stats st;
+};
+
+static int dtr__dpc_has_ef(const dtr__dpc *z) {
+    return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
+}
+
+dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr__dpc **out) {
+    dtr_context *ctx = dtr_model_context(m);
+    size_t numel = (size_t)dtr_model_numel(m);
+    dtr__dpc *z;
+    *out = NULL;
+    if ((int)cfg->compress < 0 || cfg->compress > DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: unknown compress %d", (int)cfg->compress);
+    if (!(cfg->topk_ratio >= 0.0f && cfg->topk_ratio <= 1.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: topk_ratio %g outside (0, 1]", cfg->topk_ratio);
+    if (cfg->powersgd_rank < 0 || cfg->powersgd_rank > 1024)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: powersgd_rank %d outside 1..1024", cfg->powersgd_rank);
+    if (cfg->compress == DTR_COMPRESS_TOPK && numel > (size_t)INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: top-k indexes buckets with int32 (%zu floats)", numel);
+    z = (dtr__dpc *)dtr__calloc(&ctx->alloc, sizeof(*z));
+    if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->m = m, z->c = c, z->ctx = ctx, z->kind = cfg->compress, z->world = dtr_comm_size(c);
+    z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
+    z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
+    z->ef = !cfg->no_error_feedback;
+    z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
+    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
+    if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
+        dtr__dpc_destroy(z);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    }
+    z->nb = dtr_model_param_count(m) + 1;
+    *out = z;
+    return DTR_OK;
+}
+
+void dtr__dpc_destroy(dtr__dpc *z) {
+    int i;
+    if (!z) return;
+    for (i = 0; z->b && i < z->nb; i++) {
+        dtr__free(&z->ctx->alloc, z->b[i].send);
+        dtr__free(&z->ctx->alloc, z->b[i].recv);
+        dtr__free(&z->ctx->alloc, z->b[i].mat);
+        dtr__free(&z->ctx->alloc, z->b[i].q);
+    }
+    dtr__free(&z->ctx->alloc, z->b);
+    dtr__free(&z->ctx->alloc, z->resid);
+    dtr__free(&z->ctx->alloc, z);
+}
+
+dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z) { return &z->st; }
+
+float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes) {
+    *bytes = z->resid ? (size_t)dtr_model_numel(z->m) * sizeof(float) : 0;
+    return z->resid;
+}
+
+/* ---- PowerSGD: the matrices of a bucket and the floats between them ---- */
+
+/* the parameters of [begin, end) with 2 or more dimensions and both sides above the rank */
+static dtr_result dtr__psgd_plan(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    int np = dtr_model_param_count(z->m), i;
+    int64_t covered = 0;
+    b->mat = (dtr__cmat *)dtr__calloc(&z->ctx->alloc, (size_t)(np + 1) * sizeof(dtr__cmat));
+    if (!b->mat) return DTR_OUT_OF_MEMORY;
+    for (i = 0; i < np; i++) {
+        dtr_tensor *p = dtr_model_param_at(z->m, i);
+        int64_t off = dtr_model_param_offset(z->m, i), rows = dtr_tensor_dim(p, 0), numel = dtr_tensor_numel(p);
+        if (off < begin || off >= end || dtr_tensor_ndim(p) < 2 || rows <= z->rank_r || numel / rows <= z->rank_r) continue;
+        b->mat[b->nmat].off = off - begin, b->mat[b->nmat].rows = rows, b->mat[b->nmat].cols = numel / rows;
+        b->np += rows * z->rank_r;
+        b->nq += numel / rows * z->rank_r;
+        covered += numel;
+        b->nmat++;
+    }
+    b->np += b->n - covered;
+    return DTR_OK;
+}
+
+/* segment j (0 .. nmat) of the floats outside the matrices: start in *s, length returned */
+static int64_t dtr__psgd_gap(const dtr__cbucket *b, int j, int64_t *s) {
+    *s = j == 0 ? 0 : b->mat[j - 1].off + b->mat[j - 1].rows * b->mat[j - 1].cols;
+    return (j < b->nmat ? b->mat[j].off : b->n) - *s;
+}
+
+/* copies the floats outside the matrices between the bucket g and rest (to_g: rest -> g) */
+static void dtr__psgd_rest(const dtr__cbucket *b, float *g, float *rest, int to_g) {
+    int64_t s, len, k = 0;
+    int j;
+    for (j = 0; j <= b->nmat; j++, k += len) {
+        len = dtr__psgd_gap(b, j, &s);
+        if (to_g) memcpy(g + s, rest + k, (size_t)len * sizeof(float));
+        else memcpy(rest + k, g + s, (size_t)len * sizeof(float));
+    }
+}
+
+/* makes the r columns of p (rows, r) orthonormal (modified Gram-Schmidt, projections done
+   twice so that a column of rounding noise still comes out orthogonal; zero stays zero) */
+static void dtr__orthonormalise(float *p, int64_t rows, int r) {
+    int c, d;
+    int64_t i;
+    for (c = 0; c < r; c++) {
+        double norm = 0.0;
+        for (d = 0; d < 2 * c; d++) {
+            double dot = 0.0;
+            for (i = 0; i < rows; i++) dot += (double)p[i * r + c] * p[i * r + d % c];
+            for (i = 0; i < rows; i++) p[i * r + c] -= (float)dot * p[i * r + d % c];
+        }
+        for (i = 0; i < rows; i++) norm += (double)p[i * r + c] * p[i * r + c];
+        norm = sqrt(norm);
+        for (i = 0; i < rows; i++) p[i * r + c] = norm > 1e-30 ? (float)(p[i * r + c] / norm) : 0.0f;
+    }
+}
+
+static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    dtr_rng rng;
+    int64_t i;
+    if (dtr__psgd_plan(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    b->bytes = (size_t)b->np * sizeof(float);
+    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + sizeof(float));
+    b->q = (float *)dtr__calloc(&z->ctx->alloc, (size_t)(b->nq + 1) * sizeof(float));
+    if (!b->send || !b->q) return DTR_OUT_OF_MEMORY;
+    dtr_rng_seed(&rng, 0x9e3779b97f4a7c15ull, (uint64_t)begin);   /* the same Q on every rank */
+    for (i = 0; i < b->nq; i++) b->q[i] = dtr_rng_normal(&rng);
+    return DTR_OK;
+}
+
+static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_request **req) {
+    float *p = (float *)b->send, *q = b->q;
+    int j, r = z->rank_r;
+    for (j = 0; j < b->nmat; j++) {   /* P (rows, r) = M (rows, cols) Q (cols, r) */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__gemm(z->ctx->pool, a->rows, r, a->cols, 1.0f, g + a->off, a->cols, 1, q, r, 1, 0.0f, p, r);
+        p += a->rows * z->rank_r;
+        q += a->cols * z->rank_r;
+    }
+    dtr__psgd_rest(b, g, p, 0);
+    return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
+}
+
+/* P averaged: Q = M^T P averaged (blocking), g = P Q^T, the rest from P's tail */
+static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float *resid) {
+    float *p = (float *)b->send, *q = b->q;
+    int64_t s, len;
+    int j, r = z->rank_r;
+    dtr_result res;
+    for (j = 0; j < b->nmat; j++) {   /* Q (cols, r) = M^T P */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__orthonormalise(p, a->rows, r);
+        dtr__gemm(z->ctx->pool, a->cols, r, a->rows, 1.0f, g + a->off, 1, a->cols, p, r, 1, 0.0f, q, r);
+        p += b->mat[j].rows * r;
+        q += b->mat[j].cols * r;
+    }
+    z->st.wire_bytes += (uint64_t)b->nq * sizeof(float);
+    if ((res = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG)) != DTR_OK) return res;
+    dtr__psgd_rest(b, g, p, 1);
+    for (j = 0, p = (float *)b->send, q = b->q; j < b->nmat; j++) {   /* M ~ P Q^T */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__gemm(z->ctx->pool, a->rows, a->cols, r, 1.0f, p, r, 1, q, 1, r, 0.0f, g + a->off, a->cols);
+        p += b->mat[j].rows * r;
+        q += b->mat[j].cols * r;
+    }
+    if (!resid) return DTR_OK;
+    for (s = 0; s < b->n; s++) resid[s] -= g[s];   /* resid held acc */
+    for (j = 0; j <= b->nmat; j++) {               /* the rest was averaged exactly */
+        len = dtr__psgd_gap(b, j, &s);
+        memset(resid + s, 0, (size_t)len * sizeof(float));
+    }
+    return DTR_OK;
+}
+
+/* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
+
+/* payload [f32 scale][n int8]; resid (may be NULL) = g - decoded */
+static void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid) {
+    float mx = 0.0f, scale;
+    int8_t *q = (int8_t *)(out + sizeof(float));
+    int64_t i;
+    for (i = 0; i < n; i++) mx = fabsf(g[i]) > mx ? fabsf(g[i]) : mx;
+    scale = mx / 127.0f;
+    memcpy(out, &scale, sizeof scale);
+    for (i = 0; i < n; i++) {
+        float v = scale > 0.0f ? nearbyintf(g[i] / scale) : 0.0f;
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);   /* NaN: 0 */
+        if (resid) resid[i] = g[i] - (float)q[i] * scale;
+    }
+}
+
+/* the k-th largest of |g[0..n)| (1 <= k <= n): a radix select on the magnitudes' bit
+   patterns (those of non-negative floats order as the floats), 11 + 11 + 10 bits, each pass
+   counting the entries that share the prefix found so far */
+static float dtr__kth_largest_abs(const float *g, int64_t n, int64_t k) {
+    static const int shift[3] = {21, 10, 0};
+    uint32_t prefix = 0, mask = 0, bits;
+    int64_t cnt[2048], i;
+    int p, bin, nb;
+    float f;
+    for (p = 0; p < 3; p++) {
+        nb = p == 2 ? 1024 : 2048;
+        memset(cnt, 0, sizeof cnt);
+        for (i = 0; i < n; i++) {
+            memcpy(&bits, g + i, sizeof bits);
+            bits &= 0x7fffffffu;
+            if ((bits & mask) == prefix) cnt[(bits >> shift[p]) & (uint32_t)(nb - 1)]++;
+        }
+        for (bin = nb - 1; bin > 0 && cnt[bin] < k; bin--) k -= cnt[bin];
+        prefix |= (uint32_t)bin << shift[p];
+        mask |= (uint32_t)(nb - 1) << shift[p];
+    }
+    memcpy(&f, &prefix, sizeof f);
+    return f;
+}
+
+static int64_t dtr__topk_count(const dtr__dpc *z, int64_t n) {
+    int64_t k = (int64_t)((double)z->ratio * (double)n + 0.5);
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
+/* payload [k int32 indices, ascending][k f32 values]: the k entries of g largest in
+   magnitude (ties: the first ones); resid (may be NULL) = g with those entries zeroed */
+static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char *out, float *resid) {
+    int32_t *idx = (int32_t *)out;
+    float *val = (float *)(out + (size_t)k * sizeof(int32_t)), thr = dtr__kth_largest_abs(g, n, k);
+    int64_t i, m = 0, above = 0;
+    for (i = 0; i < n; i++) above += fabsf(g[i]) > thr;
+    for (i = 0; i < n; i++) {
+        int take = m < k && (fabsf(g[i]) > thr || (fabsf(g[i]) == thr && above < k));
+        if (fabsf(g[i]) == thr && take) above++;
+        if (take) { idx[m] = (int32_t)i; val[m++] = g[i]; }
+        if (resid) resid[i] = take ? 0.0f : g[i];
+    }
+    for (; m < k; m++) idx[m] = 0, val[m] = 0.0f;   /* NaN magnitudes compare with nothing */
+}
+
+/* g = (sum over ranks, in rank order, of the gathered payloads) / N */
+static void dtr__gather_decode(const dtr__dpc *z, const dtr__cbucket *b, float *g) {
+    int r;
+    int64_t i, k = z->kind == DTR_COMPRESS_TOPK ? dtr__topk_count(z, b->n) : 0;
+    memset(g, 0, (size_t)b->n * sizeof(float));
+    for (r = 0; r < z->world; r++) {
+        const unsigned char *p = b->recv + (size_t)r * b->bytes;
+        float scale;
+        if (z->kind == DTR_COMPRESS_TOPK) {
+            const int32_t *idx = (const int32_t *)p;
+            const float *val = (const float *)(p + (size_t)k * sizeof(int32_t));
+            for (i = 0; i < k; i++) g[idx[i]] += val[i];
+            continue;
+        }
+        memcpy(&scale, p, sizeof scale);
+        for (i = 0; i < b->n; i++) g[i] += scale * (float)((const int8_t *)(p + sizeof(float)))[i];
+    }
+    for (i = 0; i < b->n; i++) g[i] /= (float)z->world;
+}
+
+/* ---- per bucket ---- */
+
+static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    size_t half = (size_t)b->n * sizeof(uint16_t);
+    if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_alloc(z, b, begin, end);
+    if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
+    if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
+    if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
+    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + 1);
+    if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
+        b->recv = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes * (size_t)z->world + 1);
+    return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
+}
+
+dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t end, dtr_request **req) {
+    dtr__cbucket *b = &z->b[i];
+    float *gb = g + begin, *rb = z->resid ? z->resid + begin : NULL;
+    dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
+    int64_t k;
+    z->st.raw_bytes += (uint64_t)(end - begin) * sizeof(float);
+    if (z->kind == DTR_COMPRESS_NONE) {
+        z->st.wire_bytes += (uint64_t)(end - begin) * sizeof(float);
+        return dtr_comm_all_reduce_async(z->c, gb, gb, (size_t)(end - begin), DTR_F32, DTR_REDUCE_AVG, req);
+    }
+    if (!b->send) {
+        b->n = end - begin;
+        if (dtr__cbucket_alloc(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    }
+    for (k = 0; rb && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
+    z->st.wire_bytes += b->bytes;
+    switch (z->kind) {
+    case DTR_COMPRESS_BF16:
+    case DTR_COMPRESS_FP16:
+        dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
+    case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
+    case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
+    default:
+        if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
+        return dtr__psgd_start(z, b, gb, req);
+    }
+    return dtr_comm_all_gather_async(z->c, b->send, b->recv, b->bytes, DTR_U8, req);
+}
+
+dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
+    dtr__cbucket *b = &z->b[i];
+    dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
+    if (z->kind == DTR_COMPRESS_NONE || !b->send) return DTR_OK;
+    if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_finish(z, b, g + begin, z->resid ? z->resid + begin : NULL);
+    if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
+        return dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
+    dtr__gather_decode(z, b, g + begin);
+    return DTR_OK;
+}
+#line 19053 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -18610,8 +19065,12 @@ int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (voi
  * the ones before it), so every rank issues the same all-reduces in the same order even if
  * its backward reaches parameters in another order. dtr_dp_finish starts the rest and waits.
  * The all-reduce is DTR_REDUCE_AVG: the sum over ranks in the collective's fixed order,
- * divided by the world size, identical bits on every rank.
+ * divided by the world size, identical bits on every rank. With compression (compress.c)
+ * a bucket's exchange is the codec's; dtr_dp_finish decodes the buckets in bucket order.
+ * Local SGD: after the warm-up the hook and dtr_dp_finish do nothing, and dtr_dp_step_done
+ * averages the parameters every local_sgd_every steps.
  * ==========================================================================*/
+
 
 
 
@@ -18637,6 +19096,7 @@ struct dtr_dp {
     int no_sync;
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
+    dtr__dpc *cz;           /* gradient codec and counters */
 };
 
 dtr_dp_config dtr_dp_config_init(void) {
@@ -18647,10 +19107,13 @@ dtr_dp_config dtr_dp_config_init(void) {
 
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
-    float *g = dtr_model_grads(dp->m);
     b->in_backward = from_hook;
-    return dtr_comm_all_reduce_async(dp->c, g + b->begin, g + b->begin, (size_t)(b->end - b->begin), DTR_F32,
-                                     DTR_REDUCE_AVG, &b->req);
+    return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
+}
+
+/* local SGD past its warm-up: gradients stay local */
+static int dtr__dp_local(const dtr_dp *dp) {
+    return dp->cfg.local_sgd_every > 0 && dtr__dpc_stats(dp->cz)->steps >= dp->cfg.local_sgd_warmup;
 }
 
 /* starts every ready bucket that is next in order */
@@ -18666,7 +19129,7 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr__bucket *b;
-    if (dp->no_sync || param->model != dp->m || param->param_index < 0) return DTR_OK;
+    if (dp->no_sync || dtr__dp_local(dp) || param->model != dp->m || param->param_index < 0) return DTR_OK;
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (--b->pending == 0) {
@@ -18722,6 +19185,9 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
                          dtr_comm_size(c));
+    if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
+                         "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
                          ctx->backend->name);
@@ -18734,6 +19200,8 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->ctx = ctx;
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
+    r = dtr__dpc_create(m, c, cfg, &dp->cz);
+    if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
@@ -18768,14 +19236,20 @@ void dtr_dp_destroy(dtr_dp *dp) {
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
+    dtr__dpc_destroy(dp->cz);
     dtr__free(&a, dp);
+}
+
+/* `fn` called between a synchronised backward and its finish: described on the group; the
+   context stays usable */
+static dtr_result dtr__dp_busy(dtr_dp *dp, const char *fn) {
+    return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
+                          "%s: gradient buckets are in flight (call dtr_dp_finish first)", fn);
 }
 
 dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync) {
     if (!dp) return DTR_NULL_HANDLE;
-    if (dp->nb && dp->next > 0) /* described on the group; the context stays usable */
-        return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
-                              "dtr_dp_set_no_sync: gradient buckets are in flight (call dtr_dp_finish first)");
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_set_no_sync");
     dp->no_sync = no_sync ? 1 : 0;
     return DTR_OK;
 }
@@ -18784,15 +19258,42 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
     if (!dp) return DTR_NULL_HANDLE;
-    if (!dp->nb || dp->no_sync) return DTR_OK;
+    if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
+    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK; i++)
+        w = dtr__dpc_finish(dp->cz, i, dtr_model_grads(dp->m), dp->b[i].begin);
+    dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
     dtr__dp_reset(dp);
     if (r == DTR_OK) r = w;
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "dtr_dp_finish: %s", dtr_comm_last_error(dp->c));
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_step_done(dtr_dp *dp) {
+    dtr_dp_stats *st;
+    int64_t n, w;
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
+    st = dtr__dpc_stats(dp->cz);
+    w = ++st->steps - dp->cfg.local_sgd_warmup;
+    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
+    n = dtr_model_numel(dp->m);
+    r = dtr_comm_all_reduce(dp->c, dtr_model_params(dp->m), dtr_model_params(dp->m), (size_t)n, DTR_F32, DTR_REDUCE_AVG);
+    if (r != DTR_OK) return dtr__fail(dp->ctx, r, "local SGD: parameter average: %s", dtr_comm_last_error(dp->c));
+    st->param_averages++;
+    st->wire_bytes += (uint64_t)n * sizeof(float);
+    st->raw_bytes += (uint64_t)n * sizeof(float);
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
+    if (!dp || !out) return DTR_NULL_HANDLE;
+    *out = *dtr__dpc_stats(dp->cz);
     return DTR_OK;
 }
 
@@ -18820,8 +19321,13 @@ int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0
 /* ---- state ---- */
 
 dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out) {
+    size_t bytes;
+    float *resid;
     if (!dp || !out) return DTR_NULL_HANDLE;
+    resid = dtr__dpc_residual(dp->cz, &bytes);
     if (index == 0) return dtr__state_put(out, "no_sync", &dp->no_sync, sizeof dp->no_sync, 0);
+    if (index == 1) return dtr__state_put(out, "steps", &dtr__dpc_stats(dp->cz)->steps, sizeof(int64_t), 0);
+    if (index == 2 && resid) return dtr__state_put(out, "residual", resid, bytes, 0);
     return DTR_NOT_FOUND;
 }
 
@@ -18829,9 +19335,12 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->no_sync != 0 && dp->no_sync != 1)
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
+    if (dtr__dpc_stats(dp->cz)->steps < 0)
+        return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: steps is %lld",
+                         (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 18835 "dtrain.h"
+#line 19344 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19254,7 +19763,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19258 "dtrain.h"
+#line 19767 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19308,7 +19817,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19312 "dtrain.h"
+#line 19821 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -3,6 +3,8 @@
  *   build/bench/fmnist_dp [--world 1,2] [--transport local|NAME] [--provider P]
  *                         [--epochs E] [--batches K] [--batch B] [--bucket BYTES]
  *                         [--data DIR] [--seed S] [--repeat R]
+ *                         [--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F]
+ *                         [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W]
  *
  * Trains the MLP of examples/common.h (784-256-128-10) data-parallel exactly as
  * examples/fmnist_dp.c does (this file includes it): global batch B (default 128) split
@@ -11,15 +13,18 @@
  * a comma-separated list and runs each world size in turn in this process, so that the
  * ratios hold on a noisy machine; --repeat R runs the whole list R times and reports each
  * world size's best run (the least disturbed by other processes). --batches K stops each
- * epoch after K steps.
+ * epoch after K steps. --compress and --local-sgd set the engine's gradient compression and
+ * local SGD (dtr_dp_config; see examples/fmnist_dp.c).
  *
  * Output: one JSON line per world size, then the speed-up of each against the first:
  *   {"bench":"fmnist_dp","impl":"dtrain","transport":"local","world":2,"global_batch":128,
  *    "epochs":1,"steps":469,"train_s":3.1,"samples_per_s":19300,"test_acc":0.83,"buckets":2,
- *    "overlapped_buckets":2,"best_of":1}
+ *    "overlapped_buckets":2,"best_of":1,
+ *    "compress":"none","local_sgd":0,"bytes_per_step":940608,"f32_bytes_per_step":940608}
  *   {"bench":"fmnist_dp_speedup","transport":"local","world":2,"vs_world":1,"speedup":1.85}
  * train_s is the time of the training steps (slowest rank; no data loading or evaluation);
- * samples_per_s = samples trained over all ranks / train_s. Target: 2 ranks >= 1.6x 1 rank.
+ * samples_per_s = samples trained over all ranks / train_s; bytes_per_step is the payload one
+ * rank hands to the engine's collectives per step (dtr_dp_stats.wire_bytes / steps). Target: 2 ranks >= 1.6x 1 rank.
  * Data: --data, else $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
 #define FMNIST_DP_NO_MAIN
 #include "../examples/fmnist_dp.c"
@@ -27,7 +32,7 @@
 int main(int argc, char **argv) {
     dp_opts o = dp_opts_default();
     const char *worlds = "1,2", *p;
-    int nw = 0, wl[16], rep, repeat = 1, i;
+    int nw = 0, wl[16], rep, repeat = 1, i, k;
     dp_result best[16];
     dtr_mnist data;
     o.epochs = 1;
@@ -37,6 +42,7 @@ int main(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!v) { fprintf(stderr, "fmnist_dp: %s needs a value (see the top of bench/fmnist_dp.c)\n", a); return 2; }
         i++;
+        if ((k = dp_parse_compress(&o, a, v)) != 0) { if (k < 0) return 2; continue; }
         if (!strcmp(a, "--world")) worlds = v;
         else if (!strcmp(a, "--transport")) o.transport = v;
         else if (!strcmp(a, "--provider")) o.provider = v;
@@ -83,9 +89,12 @@ int main(int argc, char **argv) {
         sps = (double)best[i].samples / best[i].train_s;
         printf("{\"bench\":\"fmnist_dp\",\"impl\":\"dtrain\",\"transport\":\"%s\",\"provider\":\"%s\",\"world\":%d,\"global_batch\":%d,"
                "\"epochs\":%d,\"steps\":%lld,\"train_s\":%.3f,\"samples_per_s\":%.0f,\"test_acc\":%.4f,\"buckets\":%d,"
-               "\"overlapped_buckets\":%d,\"best_of\":%d}\n", o.transport,
+               "\"overlapped_buckets\":%d,\"best_of\":%d,\"compress\":\"%s\",\"local_sgd\":%d,\"bytes_per_step\":%.0f,"
+               "\"f32_bytes_per_step\":%.0f}\n", o.transport,
                o.provider ? o.provider : strcmp(o.transport, "local") ? "auto" : "none", wl[i], o.batch, o.epochs, (long long)best[i].steps,
-               best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat);
+               best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat,
+               dp_compress_names[o.compress], o.local_sgd, (double)best[i].stats.wire_bytes / (double)best[i].steps,
+               (double)best[i].stats.raw_bytes / (double)best[i].steps);
         if (i > 0 && best[0].ok)
             printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
                    o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));

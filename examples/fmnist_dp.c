@@ -22,7 +22,8 @@
  *
  * Usage: fmnist_dp [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E]
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
- *                  [--bucket BYTES] [--threads T]
+ *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
+ *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
  *   --batch      global batch, split evenly over the ranks (default 128)
@@ -30,6 +31,9 @@
  *   --bucket     gradient bucket bytes (default 64 KiB: the MLP's 0.9 MiB of gradients make
  *                2 buckets, fc3+fc2 and fc1, so fc2/fc3's average overlaps fc1's backward)
  *   --threads    compute threads per rank (default 1)
+ *   --compress   gradient compression of the engine (dtr_dp_config.compress; default none)
+ *   --local-sgd  H > 0: local SGD, parameters averaged every H steps after W warm-up steps of
+ *                ordinary DP (dtr_dp_step_done after each optimizer step)
  * Other options as examples/fmnist_mlp.c. Expect about 87% test accuracy after 2 epochs,
  * as the single-rank example with the same global batch. */
 #include "common.h"
@@ -44,6 +48,10 @@ typedef struct dp_opts {
     unsigned long seed;
     size_t bucket;
     int64_t max_steps;      /* > 0: steps per epoch at most (benchmarks) */
+    dtr_dp_compress compress;
+    float topk_ratio;
+    int powersgd_rank, local_sgd;
+    int64_t local_sgd_warmup;
 } dp_opts;
 
 typedef struct dp_result {
@@ -51,6 +59,7 @@ typedef struct dp_result {
     int64_t samples, steps; /* over all ranks / per rank */
     double loss, train_acc, test_acc;
     int buckets, overlapped;
+    dtr_dp_stats stats;     /* rank 0's engine counters */
     int ok;
 } dp_result;
 
@@ -122,6 +131,11 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     /* the same model on every rank; dtr_dp_create makes rank 0's parameters everyone's */
     if ((r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, o->seed)) != DTR_OK) { dp_err(rank, "model", r, dtr_context_last_error(ctx)); goto done; }
     dc.bucket_bytes = o->bucket;
+    dc.compress = o->compress;
+    dc.topk_ratio = o->topk_ratio;
+    dc.powersgd_rank = o->powersgd_rank;
+    dc.local_sgd_every = o->local_sgd;
+    dc.local_sgd_warmup = o->local_sgd_warmup;
     if ((r = dtr_dp_create(net.model, c, &dc, &dp)) != DTR_OK) { dp_err(rank, "dtr_dp_create", r, dtr_context_last_error(ctx)); goto done; }
     if ((r = fm_sgd(&net, o->lr, 0.9f, o->cosine ? o->epochs * steps : 0, &opt)) != DTR_OK) { dp_err(rank, "optimizer", r, dtr_context_last_error(ctx)); goto done; }
     if (rank == 0 && !o->quiet)
@@ -156,7 +170,8 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
             loss_sum += (double)dtr_tensor_get(loss, 0) * (double)B;
             correct += fm_count_correct(batch.logits, batch.y, B);
             seen += B;
-            if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK || (r = dtr_context_reset(ctx)) != DTR_OK) {
+            if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK || (r = dtr_dp_step_done(dp)) != DTR_OK ||
+                (r = dtr_context_reset(ctx)) != DTR_OK) {
                 dp_err(rank, "optimizer", r, dtr_context_last_error(ctx));
                 goto done;
             }
@@ -187,6 +202,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
         res->steps = steps * o->epochs;
         res->buckets = dtr_dp_bucket_count(dp);
         res->overlapped = dtr_dp_overlapped_buckets(dp);
+        dtr_dp_get_stats(dp, &res->stats);
         if ((r = fm_evaluate(ctx, &net, data->test_x, data->test_y, data->test_n, &eval, &res->test_acc)) != DTR_OK) {
             dp_err(rank, "evaluation", r, dtr_context_last_error(ctx));
             goto done;
@@ -225,18 +241,43 @@ static int dp_train(const dp_opts *o, const dtr_mnist *data, dp_result *res) {
     return ex_run_ranks("fmnist_dp", o->transport, o->provider, o->world, !o->quiet, dp_job_rank, &j);
 }
 
+/* the --compress names, in dtr_dp_compress order */
+static const char *const dp_compress_names[] = {"none", "bf16", "fp16", "int8", "topk", "powersgd"};
+
+/* options shared with bench/fmnist_dp.c; returns 1 when `a` was one of them (0 otherwise,
+   -1 for a bad value) */
+static int dp_parse_compress(dp_opts *o, const char *a, const char *v) {
+    char *end = NULL;
+    int i;
+    if (!strcmp(a, "--compress")) {
+        for (i = 0; i < 6; i++)
+            if (!strcmp(v, dp_compress_names[i])) { o->compress = (dtr_dp_compress)i; return 1; }
+        fprintf(stderr, "error: --compress %s: none, bf16, fp16, int8, topk or powersgd\n", v);
+        return -1;
+    }
+    if (!strcmp(a, "--topk-ratio")) o->topk_ratio = strtof(v, &end);
+    else if (!strcmp(a, "--powersgd-rank")) o->powersgd_rank = (int)strtol(v, &end, 10);
+    else if (!strcmp(a, "--local-sgd")) o->local_sgd = (int)strtol(v, &end, 10);
+    else if (!strcmp(a, "--local-sgd-warmup")) o->local_sgd_warmup = strtol(v, &end, 10);
+    else return 0;
+    if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return -1; }
+    return 1;
+}
+
 #ifndef FMNIST_DP_NO_MAIN
 int main(int argc, char **argv) {
     dp_opts o = dp_opts_default();
     dtr_mnist data;
     dp_result res;
-    int i;
+    int i, k;
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         char *end = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
-                   "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T]\n", argv[0]);
+                   "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
+                   "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
+                   "[--local-sgd H] [--local-sgd-warmup W]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }
@@ -245,6 +286,7 @@ int main(int argc, char **argv) {
         if (!strcmp(a, "--transport")) { o.transport = v; continue; }
         if (!strcmp(a, "--provider")) { o.provider = v; continue; }
         if (!strcmp(a, "--schedule")) { o.cosine = strcmp(v, "constant") != 0; continue; }
+        if ((k = dp_parse_compress(&o, a, v)) != 0) { if (k < 0) return 2; continue; }
         if (!strcmp(a, "--world")) o.world = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--epochs")) o.epochs = (int)strtol(v, &end, 10);
         else if (!strcmp(a, "--batch")) o.batch = (int)strtol(v, &end, 10);
@@ -265,6 +307,9 @@ int main(int argc, char **argv) {
     if (res.ok)   /* rank 0 */
         printf("final test accuracy: %.2f%% (%d of %d gradient buckets started during backward)\n", 100.0 * res.test_acc,
                res.overlapped, res.buckets);
+    if (res.ok && res.steps > 0)
+        printf("%s: %.0f bytes per step on the wire (f32: %.0f)\n", dp_compress_names[o.compress],
+               (double)res.stats.wire_bytes / (double)res.steps, (double)res.stats.raw_bytes / (double)res.steps);
     dtr_mnist_destroy(&data);
     return 0;
 }

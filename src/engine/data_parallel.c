@@ -10,13 +10,17 @@
  * the ones before it), so every rank issues the same all-reduces in the same order even if
  * its backward reaches parameters in another order. dtr_dp_finish starts the rest and waits.
  * The all-reduce is DTR_REDUCE_AVG: the sum over ranks in the collective's fixed order,
- * divided by the world size, identical bits on every rank.
+ * divided by the world size, identical bits on every rank. With compression (compress.c)
+ * a bucket's exchange is the codec's; dtr_dp_finish decodes the buckets in bucket order.
+ * Local SGD: after the warm-up the hook and dtr_dp_finish do nothing, and dtr_dp_step_done
+ * averages the parameters every local_sgd_every steps.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
 #include "../comm/comm_internal.h"
+#include "compress.h"
 
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
@@ -37,6 +41,7 @@ struct dtr_dp {
     int no_sync;
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
+    dtr__dpc *cz;           /* gradient codec and counters */
 };
 
 dtr_dp_config dtr_dp_config_init(void) {
@@ -47,10 +52,13 @@ dtr_dp_config dtr_dp_config_init(void) {
 
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
-    float *g = dtr_model_grads(dp->m);
     b->in_backward = from_hook;
-    return dtr_comm_all_reduce_async(dp->c, g + b->begin, g + b->begin, (size_t)(b->end - b->begin), DTR_F32,
-                                     DTR_REDUCE_AVG, &b->req);
+    return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
+}
+
+/* local SGD past its warm-up: gradients stay local */
+static int dtr__dp_local(const dtr_dp *dp) {
+    return dp->cfg.local_sgd_every > 0 && dtr__dpc_stats(dp->cz)->steps >= dp->cfg.local_sgd_warmup;
 }
 
 /* starts every ready bucket that is next in order */
@@ -66,7 +74,7 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr__bucket *b;
-    if (dp->no_sync || param->model != dp->m || param->param_index < 0) return DTR_OK;
+    if (dp->no_sync || dtr__dp_local(dp) || param->model != dp->m || param->param_index < 0) return DTR_OK;
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (--b->pending == 0) {
@@ -122,6 +130,9 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
                          dtr_comm_size(c));
+    if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
+                         "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
                          ctx->backend->name);
@@ -134,6 +145,8 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->ctx = ctx;
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
+    r = dtr__dpc_create(m, c, cfg, &dp->cz);
+    if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
@@ -168,14 +181,20 @@ void dtr_dp_destroy(dtr_dp *dp) {
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
+    dtr__dpc_destroy(dp->cz);
     dtr__free(&a, dp);
+}
+
+/* `fn` called between a synchronised backward and its finish: described on the group; the
+   context stays usable */
+static dtr_result dtr__dp_busy(dtr_dp *dp, const char *fn) {
+    return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
+                          "%s: gradient buckets are in flight (call dtr_dp_finish first)", fn);
 }
 
 dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync) {
     if (!dp) return DTR_NULL_HANDLE;
-    if (dp->nb && dp->next > 0) /* described on the group; the context stays usable */
-        return dtr__comm_fail(dp->c, NULL, DTR_BAD_STATE, -1, 0,
-                              "dtr_dp_set_no_sync: gradient buckets are in flight (call dtr_dp_finish first)");
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_set_no_sync");
     dp->no_sync = no_sync ? 1 : 0;
     return DTR_OK;
 }
@@ -184,15 +203,42 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
     if (!dp) return DTR_NULL_HANDLE;
-    if (!dp->nb || dp->no_sync) return DTR_OK;
+    if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
+    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK; i++)
+        w = dtr__dpc_finish(dp->cz, i, dtr_model_grads(dp->m), dp->b[i].begin);
+    dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
     dtr__dp_reset(dp);
     if (r == DTR_OK) r = w;
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "dtr_dp_finish: %s", dtr_comm_last_error(dp->c));
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_step_done(dtr_dp *dp) {
+    dtr_dp_stats *st;
+    int64_t n, w;
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
+    st = dtr__dpc_stats(dp->cz);
+    w = ++st->steps - dp->cfg.local_sgd_warmup;
+    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
+    n = dtr_model_numel(dp->m);
+    r = dtr_comm_all_reduce(dp->c, dtr_model_params(dp->m), dtr_model_params(dp->m), (size_t)n, DTR_F32, DTR_REDUCE_AVG);
+    if (r != DTR_OK) return dtr__fail(dp->ctx, r, "local SGD: parameter average: %s", dtr_comm_last_error(dp->c));
+    st->param_averages++;
+    st->wire_bytes += (uint64_t)n * sizeof(float);
+    st->raw_bytes += (uint64_t)n * sizeof(float);
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
+    if (!dp || !out) return DTR_NULL_HANDLE;
+    *out = *dtr__dpc_stats(dp->cz);
     return DTR_OK;
 }
 
@@ -220,8 +266,13 @@ int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0
 /* ---- state ---- */
 
 dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out) {
+    size_t bytes;
+    float *resid;
     if (!dp || !out) return DTR_NULL_HANDLE;
+    resid = dtr__dpc_residual(dp->cz, &bytes);
     if (index == 0) return dtr__state_put(out, "no_sync", &dp->no_sync, sizeof dp->no_sync, 0);
+    if (index == 1) return dtr__state_put(out, "steps", &dtr__dpc_stats(dp->cz)->steps, sizeof(int64_t), 0);
+    if (index == 2 && resid) return dtr__state_put(out, "residual", resid, bytes, 0);
     return DTR_NOT_FOUND;
 }
 
@@ -229,5 +280,8 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->no_sync != 0 && dp->no_sync != 1)
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: no_sync is %d", dp->no_sync);
+    if (dtr__dpc_stats(dp->cz)->steps < 0)
+        return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: steps is %lld",
+                         (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }

@@ -201,10 +201,57 @@ typedef struct dtr_dp dtr_dp;
 /** Pipeline-parallel training: a model's layers split into stages over the ranks of a group. */
 typedef struct dtr_pipe dtr_pipe;
 
+/** How the data-parallel engine puts gradients on the wire (docs/distributed.md, "Gradient
+ *  compression"). Each bucket is compressed on its own; every rank ends with identical bits.
+ *  Error bounds are per element, for one step, with acc_r = rank r's gradient plus its residual:
+ *  - NONE: f32 all-reduce (average).
+ *  - BF16, FP16: all-reduce in that dtype (summed in f32, rounded once): |error| <= 2^-7 (bf16)
+ *    or 2^-10 (fp16) times max_r |g_r|, plus 2^-24 for fp16's subnormals; fp16 overflows above
+ *    65504. No error feedback.
+ *  - INT8: each rank sends one f32 scale (max |acc_r| / 127) and n bytes, all-gathered and
+ *    summed in rank order: |error| <= max_r scale_r / 2.
+ *  - TOPK: each rank sends the topk_ratio * n entries of acc_r largest in magnitude (index
+ *    and value, 8 bytes each), all-gathered and summed in rank order; entries not sent
+ *    stay in the residual: sent + residual == acc_r exactly.
+ *  - POWERSGD: each parameter with 2 or more dimensions in the bucket, as a (rows, rest)
+ *    matrix M, is sent as rank-r factors P = M Q (averaged during backward) and
+ *    Q = M^T P (averaged in dtr_dp_finish, after orthonormalising P): rows * r + cols * r
+ *    floats instead of rows * cols; the other parameters are averaged exactly. A gradient of
+ *    rank <= powersgd_rank comes back exact; averaged residual + result == averaged acc.
+ *  INT8, TOPK and POWERSGD carry the error in a residual per rank (error feedback), added
+ *  to the next step's gradient. */
+typedef enum dtr_dp_compress {
+    DTR_COMPRESS_NONE = 0,
+    DTR_COMPRESS_BF16 = 1,
+    DTR_COMPRESS_FP16 = 2,
+    DTR_COMPRESS_INT8 = 3,
+    DTR_COMPRESS_TOPK = 4,
+    DTR_COMPRESS_POWERSGD = 5
+} dtr_dp_compress;
+
 typedef struct dtr_dp_config {
     size_t bucket_bytes;   /**< gradient bucket size; 0: 25 MiB (as PyTorch DDP) */
     int root;              /**< rank whose parameters are broadcast at creation (default 0) */
+    dtr_dp_compress compress;   /**< gradient compression (default none) */
+    float topk_ratio;      /**< TOPK: fraction of each bucket's entries sent; 0: 0.01 */
+    int powersgd_rank;     /**< POWERSGD: rank r of the factors; 0: 4 */
+    int no_error_feedback; /**< 1: drop what INT8/TOPK/POWERSGD lose instead of carrying it */
+    int local_sgd_every;   /**< H > 0: local SGD, parameters averaged every H optimizer steps
+                                (dtr_dp_step_done) and gradients not synchronised; 0: off */
+    int64_t local_sgd_warmup;   /**< local SGD: steps of ordinary DP first (post-local SGD) */
 } dtr_dp_config;
+
+/** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
+ *  rank hands to the collectives (an all-reduce of n floats counts 4n, an all-gather the
+ *  rank's own part), not the algorithm's factor (a ring all-reduce moves 2 (N-1)/N times
+ *  it). */
+typedef struct dtr_dp_stats {
+    uint64_t wire_bytes;       /**< gradient and parameter payload put on the wire */
+    uint64_t raw_bytes;        /**< what f32 all-reduces of the same data would have been */
+    int64_t syncs;             /**< gradient synchronisations (dtr_dp_finish that communicated) */
+    int64_t steps;             /**< dtr_dp_step_done calls */
+    int64_t param_averages;    /**< local SGD parameter averages */
+} dtr_dp_stats;
 
 /** Returns a configuration with every field at its default.
  *  Thread safety: thread safe. */
@@ -216,9 +263,12 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  produces them) and adds a gradient hook to the model's context (dtr_context_add_grad_hook): during
  *  dtr_backward each bucket's all-reduce (average) starts as soon as all its gradients are
  *  final, on the group's progress thread, in bucket order on every rank. On a group of size
- *  1 nothing is installed and every call below returns at once.
- *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_context_reset.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root), DTR_BAD_STATE (the context
+ *  1 nothing is installed and every call below returns at once. cfg.compress replaces the
+ *  f32 all-reduce by a codec (dtr_dp_compress); cfg.local_sgd_every turns on local SGD.
+ *  Loop: forward, dtr_backward, dtr_dp_finish, dtr_optimizer_step, dtr_dp_step_done (needed
+ *  by local SGD only), dtr_context_reset.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
+ *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
  *          has no free hook slot), DTR_UNSUPPORTED (parameters not in host
  *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
  *  Thread safety: the model's context thread; collective over c. */
@@ -234,9 +284,26 @@ DTR_API void dtr_dp_destroy(dtr_dp *dp);
 DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
 /** Ends a step's communication: starts the buckets that backward did not start (parameters
  *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
- *  the average over the ranks of their gradients, identical bits on every rank.
- *  @return DTR_OK or the first error of a bucket (the group's message names it). */
+ *  the average over the ranks of their gradients, identical bits on every rank (with a
+ *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
+ *  here). During local SGD past its warm-up it returns at once.
+ *  @return DTR_OK or the first error of a bucket (the group's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
+/** Local SGD: tells the engine an optimizer step is done (call it after dtr_optimizer_step;
+ *  without local SGD it only counts). During the warm-up (local_sgd_warmup steps) the engine
+ *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
+ *  at once) and every local_sgd_every-th step here averages the parameters over the group
+ *  (a blocking f32 all-reduce). With local_sgd_every 1 this is ordinary DP up to rounding.
+ *  Optimizer state (momentum) stays local.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (gradient buckets in flight: the group's
+ *          message says so, the context's status is not touched), or the all-reduce's
+ *          error (the context's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
+DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
+/** Copies the engine's counters (dtr_dp_stats) into *out.
+ *  @return DTR_OK or DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);
 /** Broadcasts the parameters from the root again (e.g. after loading a checkpoint on it). */
 DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
 /** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
@@ -247,8 +314,10 @@ DTR_API dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, 
  *  the last synchronised step: shows that communication overlapped backward. */
 DTR_API int dtr_dp_overlapped_buckets(const dtr_dp *dp);
 
-/** Entry `index` of the engine's state (api.h, "state"): "no_sync" (int). Buckets and
- *  requests last one step and are not state. @return DTR_OK, DTR_NOT_FOUND past the last,
+/** Entry `index` of the engine's state (api.h, "state"): "no_sync" (int), "steps" (int64:
+ *  dtr_dp_step_done calls, local SGD's phase) and, with INT8, TOPK or POWERSGD and error
+ *  feedback, "residual" (one float per gradient float). Buckets and requests last one step
+ *  and are not state; PowerSGD's warm-start Q is not either (it is rebuilt). @return DTR_OK, DTR_NOT_FOUND past the last,
  *  DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out);
 /** After writing the entries back: checks them. @return DTR_OK, DTR_NULL_HANDLE,

@@ -1,0 +1,355 @@
+/* ============================================================================
+ * Gradient compression of the data-parallel engine: what each bucket puts on the wire.
+ *
+ *   n      floats in the bucket, N ranks, acc = gradient + residual (error feedback)
+ *   bf16, fp16   the bucket converted to 2-byte floats, all-reduced (average) in that dtype
+ *   int8         [f32 scale][n int8], all-gathered; every rank sums the N payloads in rank
+ *                order (identical bits everywhere) and divides by N
+ *   topk         [k int32 indices][k f32 values], all-gathered, summed likewise
+ *   powersgd     per matrix M (rows, cols) of the bucket: P = M Q (rows, r) with the other
+ *                parameters' floats appended, all-reduced during backward; then in
+ *                dtr_dp_finish P is orthonormalised, Q = M^T P (cols, r) all-reduced, and
+ *                M ~ P Q^T. Q starts random (the same seed on every rank) and is reused by
+ *                the next step (warm start), as PowerSGD (Vogels et al., 2019).
+ * The residual (one float per gradient float) keeps what the codec lost: int8 and top-k the
+ * local difference acc - decoded(acc); PowerSGD acc - (averaged approximation), whose
+ * average over the ranks is what the average lost (the approximation is linear in M).
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../public/api_comm.h"
+#include "../public/api_engine.h"
+#include "../core/internal.h"
+#include "compress.h"
+#include <math.h>
+
+typedef struct dtr__cmat { int64_t off, rows, cols; } dtr__cmat;   /* offset in the bucket */
+
+typedef struct dtr__cbucket {
+    int64_t n;              /* floats */
+    size_t bytes;           /* this rank's payload */
+    unsigned char *send, *recv;   /* payload; the gathered payloads of int8 and top-k */
+    dtr__cmat *mat;         /* PowerSGD: the matrices, by offset */
+    int nmat;
+    int64_t np, nq;         /* PowerSGD: floats of P (with the exact rest) and of Q */
+    float *q;               /* PowerSGD: Q of every matrix, kept for the next step */
+} dtr__cbucket;
+
+struct dtr__dpc {
+    dtr_model *m;
+    dtr_comm *c;
+    dtr_context *ctx;
+    dtr_dp_compress kind;
+    float ratio;
+    int rank_r, ef, world;
+    float *resid;           /* error feedback (numel floats) */
+    dtr__cbucket *b;        /* one per parameter at most, made at the first start */
+    int nb;
+    dtr_dp_stats st;
+};
+
+static int dtr__dpc_has_ef(const dtr__dpc *z) {
+    return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
+}
+
+dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr__dpc **out) {
+    dtr_context *ctx = dtr_model_context(m);
+    size_t numel = (size_t)dtr_model_numel(m);
+    dtr__dpc *z;
+    *out = NULL;
+    if ((int)cfg->compress < 0 || cfg->compress > DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: unknown compress %d", (int)cfg->compress);
+    if (!(cfg->topk_ratio >= 0.0f && cfg->topk_ratio <= 1.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: topk_ratio %g outside (0, 1]", cfg->topk_ratio);
+    if (cfg->powersgd_rank < 0 || cfg->powersgd_rank > 1024)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: powersgd_rank %d outside 1..1024", cfg->powersgd_rank);
+    if (cfg->compress == DTR_COMPRESS_TOPK && numel > (size_t)INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: top-k indexes buckets with int32 (%zu floats)", numel);
+    z = (dtr__dpc *)dtr__calloc(&ctx->alloc, sizeof(*z));
+    if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->m = m, z->c = c, z->ctx = ctx, z->kind = cfg->compress, z->world = dtr_comm_size(c);
+    z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
+    z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
+    z->ef = !cfg->no_error_feedback;
+    z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
+    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
+    if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
+        dtr__dpc_destroy(z);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    }
+    z->nb = dtr_model_param_count(m) + 1;
+    *out = z;
+    return DTR_OK;
+}
+
+void dtr__dpc_destroy(dtr__dpc *z) {
+    int i;
+    if (!z) return;
+    for (i = 0; z->b && i < z->nb; i++) {
+        dtr__free(&z->ctx->alloc, z->b[i].send);
+        dtr__free(&z->ctx->alloc, z->b[i].recv);
+        dtr__free(&z->ctx->alloc, z->b[i].mat);
+        dtr__free(&z->ctx->alloc, z->b[i].q);
+    }
+    dtr__free(&z->ctx->alloc, z->b);
+    dtr__free(&z->ctx->alloc, z->resid);
+    dtr__free(&z->ctx->alloc, z);
+}
+
+dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z) { return &z->st; }
+
+float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes) {
+    *bytes = z->resid ? (size_t)dtr_model_numel(z->m) * sizeof(float) : 0;
+    return z->resid;
+}
+
+/* ---- PowerSGD: the matrices of a bucket and the floats between them ---- */
+
+/* the parameters of [begin, end) with 2 or more dimensions and both sides above the rank */
+static dtr_result dtr__psgd_plan(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    int np = dtr_model_param_count(z->m), i;
+    int64_t covered = 0;
+    b->mat = (dtr__cmat *)dtr__calloc(&z->ctx->alloc, (size_t)(np + 1) * sizeof(dtr__cmat));
+    if (!b->mat) return DTR_OUT_OF_MEMORY;
+    for (i = 0; i < np; i++) {
+        dtr_tensor *p = dtr_model_param_at(z->m, i);
+        int64_t off = dtr_model_param_offset(z->m, i), rows = dtr_tensor_dim(p, 0), numel = dtr_tensor_numel(p);
+        if (off < begin || off >= end || dtr_tensor_ndim(p) < 2 || rows <= z->rank_r || numel / rows <= z->rank_r) continue;
+        b->mat[b->nmat].off = off - begin, b->mat[b->nmat].rows = rows, b->mat[b->nmat].cols = numel / rows;
+        b->np += rows * z->rank_r;
+        b->nq += numel / rows * z->rank_r;
+        covered += numel;
+        b->nmat++;
+    }
+    b->np += b->n - covered;
+    return DTR_OK;
+}
+
+/* segment j (0 .. nmat) of the floats outside the matrices: start in *s, length returned */
+static int64_t dtr__psgd_gap(const dtr__cbucket *b, int j, int64_t *s) {
+    *s = j == 0 ? 0 : b->mat[j - 1].off + b->mat[j - 1].rows * b->mat[j - 1].cols;
+    return (j < b->nmat ? b->mat[j].off : b->n) - *s;
+}
+
+/* copies the floats outside the matrices between the bucket g and rest (to_g: rest -> g) */
+static void dtr__psgd_rest(const dtr__cbucket *b, float *g, float *rest, int to_g) {
+    int64_t s, len, k = 0;
+    int j;
+    for (j = 0; j <= b->nmat; j++, k += len) {
+        len = dtr__psgd_gap(b, j, &s);
+        if (to_g) memcpy(g + s, rest + k, (size_t)len * sizeof(float));
+        else memcpy(rest + k, g + s, (size_t)len * sizeof(float));
+    }
+}
+
+/* makes the r columns of p (rows, r) orthonormal (modified Gram-Schmidt, projections done
+   twice so that a column of rounding noise still comes out orthogonal; zero stays zero) */
+static void dtr__orthonormalise(float *p, int64_t rows, int r) {
+    int c, d;
+    int64_t i;
+    for (c = 0; c < r; c++) {
+        double norm = 0.0;
+        for (d = 0; d < 2 * c; d++) {
+            double dot = 0.0;
+            for (i = 0; i < rows; i++) dot += (double)p[i * r + c] * p[i * r + d % c];
+            for (i = 0; i < rows; i++) p[i * r + c] -= (float)dot * p[i * r + d % c];
+        }
+        for (i = 0; i < rows; i++) norm += (double)p[i * r + c] * p[i * r + c];
+        norm = sqrt(norm);
+        for (i = 0; i < rows; i++) p[i * r + c] = norm > 1e-30 ? (float)(p[i * r + c] / norm) : 0.0f;
+    }
+}
+
+static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    dtr_rng rng;
+    int64_t i;
+    if (dtr__psgd_plan(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    b->bytes = (size_t)b->np * sizeof(float);
+    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + sizeof(float));
+    b->q = (float *)dtr__calloc(&z->ctx->alloc, (size_t)(b->nq + 1) * sizeof(float));
+    if (!b->send || !b->q) return DTR_OUT_OF_MEMORY;
+    dtr_rng_seed(&rng, 0x9e3779b97f4a7c15ull, (uint64_t)begin);   /* the same Q on every rank */
+    for (i = 0; i < b->nq; i++) b->q[i] = dtr_rng_normal(&rng);
+    return DTR_OK;
+}
+
+static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_request **req) {
+    float *p = (float *)b->send, *q = b->q;
+    int j, r = z->rank_r;
+    for (j = 0; j < b->nmat; j++) {   /* P (rows, r) = M (rows, cols) Q (cols, r) */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__gemm(z->ctx->pool, a->rows, r, a->cols, 1.0f, g + a->off, a->cols, 1, q, r, 1, 0.0f, p, r);
+        p += a->rows * z->rank_r;
+        q += a->cols * z->rank_r;
+    }
+    dtr__psgd_rest(b, g, p, 0);
+    return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
+}
+
+/* P averaged: Q = M^T P averaged (blocking), g = P Q^T, the rest from P's tail */
+static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float *resid) {
+    float *p = (float *)b->send, *q = b->q;
+    int64_t s, len;
+    int j, r = z->rank_r;
+    dtr_result res;
+    for (j = 0; j < b->nmat; j++) {   /* Q (cols, r) = M^T P */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__orthonormalise(p, a->rows, r);
+        dtr__gemm(z->ctx->pool, a->cols, r, a->rows, 1.0f, g + a->off, 1, a->cols, p, r, 1, 0.0f, q, r);
+        p += b->mat[j].rows * r;
+        q += b->mat[j].cols * r;
+    }
+    z->st.wire_bytes += (uint64_t)b->nq * sizeof(float);
+    if ((res = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG)) != DTR_OK) return res;
+    dtr__psgd_rest(b, g, p, 1);
+    for (j = 0, p = (float *)b->send, q = b->q; j < b->nmat; j++) {   /* M ~ P Q^T */
+        const dtr__cmat *a = &b->mat[j];
+        dtr__gemm(z->ctx->pool, a->rows, a->cols, r, 1.0f, p, r, 1, q, 1, r, 0.0f, g + a->off, a->cols);
+        p += b->mat[j].rows * r;
+        q += b->mat[j].cols * r;
+    }
+    if (!resid) return DTR_OK;
+    for (s = 0; s < b->n; s++) resid[s] -= g[s];   /* resid held acc */
+    for (j = 0; j <= b->nmat; j++) {               /* the rest was averaged exactly */
+        len = dtr__psgd_gap(b, j, &s);
+        memset(resid + s, 0, (size_t)len * sizeof(float));
+    }
+    return DTR_OK;
+}
+
+/* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
+
+/* payload [f32 scale][n int8]; resid (may be NULL) = g - decoded */
+static void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid) {
+    float mx = 0.0f, scale;
+    int8_t *q = (int8_t *)(out + sizeof(float));
+    int64_t i;
+    for (i = 0; i < n; i++) mx = fabsf(g[i]) > mx ? fabsf(g[i]) : mx;
+    scale = mx / 127.0f;
+    memcpy(out, &scale, sizeof scale);
+    for (i = 0; i < n; i++) {
+        float v = scale > 0.0f ? nearbyintf(g[i] / scale) : 0.0f;
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);   /* NaN: 0 */
+        if (resid) resid[i] = g[i] - (float)q[i] * scale;
+    }
+}
+
+/* the k-th largest of |g[0..n)| (1 <= k <= n): a radix select on the magnitudes' bit
+   patterns (those of non-negative floats order as the floats), 11 + 11 + 10 bits, each pass
+   counting the entries that share the prefix found so far */
+static float dtr__kth_largest_abs(const float *g, int64_t n, int64_t k) {
+    static const int shift[3] = {21, 10, 0};
+    uint32_t prefix = 0, mask = 0, bits;
+    int64_t cnt[2048], i;
+    int p, bin, nb;
+    float f;
+    for (p = 0; p < 3; p++) {
+        nb = p == 2 ? 1024 : 2048;
+        memset(cnt, 0, sizeof cnt);
+        for (i = 0; i < n; i++) {
+            memcpy(&bits, g + i, sizeof bits);
+            bits &= 0x7fffffffu;
+            if ((bits & mask) == prefix) cnt[(bits >> shift[p]) & (uint32_t)(nb - 1)]++;
+        }
+        for (bin = nb - 1; bin > 0 && cnt[bin] < k; bin--) k -= cnt[bin];
+        prefix |= (uint32_t)bin << shift[p];
+        mask |= (uint32_t)(nb - 1) << shift[p];
+    }
+    memcpy(&f, &prefix, sizeof f);
+    return f;
+}
+
+static int64_t dtr__topk_count(const dtr__dpc *z, int64_t n) {
+    int64_t k = (int64_t)((double)z->ratio * (double)n + 0.5);
+    return k < 1 ? 1 : k > n ? n : k;
+}
+
+/* payload [k int32 indices, ascending][k f32 values]: the k entries of g largest in
+   magnitude (ties: the first ones); resid (may be NULL) = g with those entries zeroed */
+static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char *out, float *resid) {
+    int32_t *idx = (int32_t *)out;
+    float *val = (float *)(out + (size_t)k * sizeof(int32_t)), thr = dtr__kth_largest_abs(g, n, k);
+    int64_t i, m = 0, above = 0;
+    for (i = 0; i < n; i++) above += fabsf(g[i]) > thr;
+    for (i = 0; i < n; i++) {
+        int take = m < k && (fabsf(g[i]) > thr || (fabsf(g[i]) == thr && above < k));
+        if (fabsf(g[i]) == thr && take) above++;
+        if (take) { idx[m] = (int32_t)i; val[m++] = g[i]; }
+        if (resid) resid[i] = take ? 0.0f : g[i];
+    }
+    for (; m < k; m++) idx[m] = 0, val[m] = 0.0f;   /* NaN magnitudes compare with nothing */
+}
+
+/* g = (sum over ranks, in rank order, of the gathered payloads) / N */
+static void dtr__gather_decode(const dtr__dpc *z, const dtr__cbucket *b, float *g) {
+    int r;
+    int64_t i, k = z->kind == DTR_COMPRESS_TOPK ? dtr__topk_count(z, b->n) : 0;
+    memset(g, 0, (size_t)b->n * sizeof(float));
+    for (r = 0; r < z->world; r++) {
+        const unsigned char *p = b->recv + (size_t)r * b->bytes;
+        float scale;
+        if (z->kind == DTR_COMPRESS_TOPK) {
+            const int32_t *idx = (const int32_t *)p;
+            const float *val = (const float *)(p + (size_t)k * sizeof(int32_t));
+            for (i = 0; i < k; i++) g[idx[i]] += val[i];
+            continue;
+        }
+        memcpy(&scale, p, sizeof scale);
+        for (i = 0; i < b->n; i++) g[i] += scale * (float)((const int8_t *)(p + sizeof(float)))[i];
+    }
+    for (i = 0; i < b->n; i++) g[i] /= (float)z->world;
+}
+
+/* ---- per bucket ---- */
+
+static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    size_t half = (size_t)b->n * sizeof(uint16_t);
+    if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_alloc(z, b, begin, end);
+    if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
+    if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
+    if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
+    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + 1);
+    if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
+        b->recv = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes * (size_t)z->world + 1);
+    return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
+}
+
+dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t end, dtr_request **req) {
+    dtr__cbucket *b = &z->b[i];
+    float *gb = g + begin, *rb = z->resid ? z->resid + begin : NULL;
+    dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
+    int64_t k;
+    z->st.raw_bytes += (uint64_t)(end - begin) * sizeof(float);
+    if (z->kind == DTR_COMPRESS_NONE) {
+        z->st.wire_bytes += (uint64_t)(end - begin) * sizeof(float);
+        return dtr_comm_all_reduce_async(z->c, gb, gb, (size_t)(end - begin), DTR_F32, DTR_REDUCE_AVG, req);
+    }
+    if (!b->send) {
+        b->n = end - begin;
+        if (dtr__cbucket_alloc(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    }
+    for (k = 0; rb && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
+    z->st.wire_bytes += b->bytes;
+    switch (z->kind) {
+    case DTR_COMPRESS_BF16:
+    case DTR_COMPRESS_FP16:
+        dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
+    case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
+    case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
+    default:
+        if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
+        return dtr__psgd_start(z, b, gb, req);
+    }
+    return dtr_comm_all_gather_async(z->c, b->send, b->recv, b->bytes, DTR_U8, req);
+}
+
+dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
+    dtr__cbucket *b = &z->b[i];
+    dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
+    if (z->kind == DTR_COMPRESS_NONE || !b->send) return DTR_OK;
+    if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_finish(z, b, g + begin, z->resid ? z->resid + begin : NULL);
+    if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
+        return dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
+    dtr__gather_decode(z, b, g + begin);
+    return DTR_OK;
+}
