@@ -17,7 +17,8 @@
  *                          values; a left-out one is refused by name
  *   test_pipe_errors       bad configurations; a forward returning NULL on the middle stage
  *                          fails there and gives DTR_PEER_FAILED on the others within the
- *                          deadline; a malformed activation header is refused */
+ *                          deadline; an i32 activation and a malformed activation header
+ *                          are refused */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include "test.h"
@@ -28,6 +29,7 @@
 typedef struct pipe_run {
     dtr_pipe_schedule schedule;
     int stages, chunks, microbatches, steps, fail_rank, bogus;
+    int fail_i32;      /* the failing rank returns an i32 tensor instead of NULL */
     int dp;            /* > 1: a data x pipeline grid of dp * stages ranks */
     int tp;            /* > 1: and tensor-parallel blocks over groups of tp ranks */
 } pipe_run;
@@ -49,7 +51,9 @@ static dtr_model *g_ref_model;
 static float g_ref_loss;
 
 static dtr_tensor *failing_forward(void *user, dtr_context *ctx, int chunk, int mb, dtr_tensor *input) {
-    (void)user, (void)chunk, (void)mb, (void)input;
+    int64_t n = 4;
+    (void)chunk, (void)mb, (void)input;
+    if (((const pipe_run *)user)->fail_i32) return dtr_tensor_zeros(ctx, DTR_I32, 1, &n);
     dtr_tensor_new(ctx, DTR_F32, -1, NULL);  /* records an error on ctx and returns NULL */
     return NULL;
 }
@@ -86,7 +90,8 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     pm.tp = tps > 1 ? g.tp : NULL;
     oc.momentum = 0.9f;
     pc.schedule = run->schedule, pc.chunks = run->chunks, pc.microbatches = run->microbatches;
-    pc.batch = PM_BATCH / dps, pc.forward = o->rank == run->fail_rank ? failing_forward : pm_forward, pc.user = &st;
+    pc.batch = PM_BATCH / dps, pc.forward = o->rank == run->fail_rank ? failing_forward : pm_forward;
+    pc.user = o->rank == run->fail_rank ? (void *)run : (void *)&st;
     r = dtr_model_create(ctx, 7, &m);
     if (r == DTR_OK) r = pm_declare(&pm, m);
     if (r == DTR_OK) r = pm_keep(&pm, run->chunks);
@@ -307,6 +312,12 @@ static void test_pipe_errors(void) {
         CHECK_MSG(o[r].result == DTR_PEER_FAILED, "rank %d: %s (%s)", r, dtr_result_string(o[r].result), o[r].msg);
         CHECK_MSG(o[r].seconds < 1.9, "rank %d took %.2f s (deadline 2 s: the abort should be quicker)", r, o[r].seconds);
     }
+    /* the middle stage returns an i32 tensor: refused by dtype, the others fail at once */
+    run.fail_i32 = 1;
+    run_pipeline(&run, o);
+    CHECK_MSG(o[1].result == DTR_DTYPE_MISMATCH && strstr(o[1].msg, "i32"), "%s", o[1].msg);
+    CHECK_MSG(o[0].result == DTR_PEER_FAILED && o[2].result == DTR_PEER_FAILED, "%s | %s", o[0].msg, o[2].msg);
+    run.fail_i32 = 0;
     /* a malformed header */
     run.fail_rank = -1, run.bogus = 1, run.stages = 2;
     run_pipeline(&run, o);

@@ -295,6 +295,24 @@ static float dtr__pipe_weight(const dtr_pipe *p, int mb) {
     return (float)(e - b) / (float)p->cfg.batch;
 }
 
+/* checks the stage's output; the last stage's loss is counted, the others' sent on */
+static dtr_result dtr__pipe_take_output(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
+    int stage = dtr_pipe_stage(p, chunk);
+    if (!s->out)
+        return p->ctx->status != DTR_OK ? p->ctx->status
+                                        : dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: the forward of stage %d "
+                                                    "returned NULL for micro-batch %d", stage, mb);
+    if (dtr_tensor_dtype(s->out) != DTR_F32)
+        return dtr__fail(p->ctx, DTR_DTYPE_MISMATCH, "dtr_pipe_step: the forward of stage %d returned %s for micro-batch %d "
+                         "(stages exchange f32)", stage, dtr_dtype_name(dtr_tensor_dtype(s->out)), mb);
+    if (!dtr__pipe_last(p, chunk)) return dtr__pipe_send_output(p, s, chunk, mb);
+    if (dtr_tensor_numel(s->out) != 1)
+        return dtr__fail(p->ctx, DTR_SHAPE_MISMATCH, "dtr_pipe_step: the last stage must return a scalar loss, not %lld "
+                         "values", (long long)dtr_tensor_numel(s->out));
+    p->loss += (double)dtr__pipe_weight(p, mb) * dtr_tensor_get(s->out, 0);
+    return DTR_OK;
+}
+
 static dtr_result dtr__pipe_forward(dtr_pipe *p, int chunk, int mb) {
     dtr_result r;
     dtr__pipe_slot *s = dtr__pipe_acquire(p, &r);
@@ -303,17 +321,9 @@ static dtr_result dtr__pipe_forward(dtr_pipe *p, int chunk, int mb) {
     was = dtr_context_set_tape(p->ctx, s->tape);
     s->in = NULL;
     r = dtr__pipe_first(p, chunk) ? DTR_OK : dtr__pipe_recv_input(p, s, chunk, mb);
-    if (r == DTR_OK) s->out = p->cfg.forward(p->cfg.user, p->ctx, chunk, mb, s->in);
-    if (r == DTR_OK && !s->out)
-        r = p->ctx->status != DTR_OK ? p->ctx->status
-                                     : dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: the forward of stage %d "
-                                                 "returned NULL for micro-batch %d", dtr_pipe_stage(p, chunk), mb);
-    if (r == DTR_OK && dtr__pipe_last(p, chunk)) {
-        if (dtr_tensor_numel(s->out) != 1)
-            r = dtr__fail(p->ctx, DTR_SHAPE_MISMATCH, "dtr_pipe_step: the last stage must return a scalar loss");
-        else p->loss += (double)dtr__pipe_weight(p, mb) * dtr_tensor_get(s->out, 0);
-    } else if (r == DTR_OK) {
-        r = dtr__pipe_send_output(p, s, chunk, mb);
+    if (r == DTR_OK) {
+        s->out = p->cfg.forward(p->cfg.user, p->ctx, chunk, mb, s->in);
+        r = dtr__pipe_take_output(p, s, chunk, mb);
     }
     dtr_context_set_tape(p->ctx, was);
     s->busy = 1;
