@@ -4995,12 +4995,30 @@ static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
     return 0.0f;
 }
 
+/* f32 <-> bf16 over arrays, branch-free so that compilers vectorize them (the rule of
+ * dtr_f32_to_bf16: NaN stays a quiet NaN, the rest rounds to nearest even) */
+static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t u = dtr__fbits(s[i]), nan = (u & 0x7fffffffu) > 0x7f800000u;
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+        d[i] = (uint16_t)(nan ? q : r);
+    }
+}
+
+static void dtr__bf16_to_f32_n(float *d, const uint16_t *s, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) d[i] = dtr__bitsf((uint32_t)s[i] << 16);
+}
+
 dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtype src_dtype, size_t n) {
     size_t i;
     if (!dtr_dtype_size(dst_dtype) || !dtr_dtype_size(src_dtype)) return DTR_DTYPE_MISMATCH;
     if (n == 0) return DTR_OK; /* dst/src may be NULL: memcpy(NULL, NULL, 0) is undefined */
     if (!dst || !src) return DTR_NULL_HANDLE;
     if (dst_dtype == src_dtype) { memcpy(dst, src, n * dtr_dtype_size(dst_dtype)); return DTR_OK; }
+    if (src_dtype == DTR_F32 && dst_dtype == DTR_BF16) { dtr__f32_to_bf16_n((uint16_t *)dst, (const float *)src, n); return DTR_OK; }
+    if (src_dtype == DTR_BF16 && dst_dtype == DTR_F32) { dtr__bf16_to_f32_n((float *)dst, (const uint16_t *)src, n); return DTR_OK; }
     if (src_dtype == DTR_I32 && dst_dtype == DTR_U8) {
         for (i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)((const int32_t *)src)[i];
         return DTR_OK;
@@ -5021,7 +5039,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5025 "dtrain.h"
+#line 5043 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5396,7 +5414,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5400 "dtrain.h"
+#line 5418 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5595,7 +5613,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5599 "dtrain.h"
+#line 5617 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5826,7 +5844,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5830 "dtrain.h"
+#line 5848 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6276,7 +6294,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6280 "dtrain.h"
+#line 6298 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6455,7 +6473,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6459 "dtrain.h"
+#line 6477 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6860,7 +6878,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6864 "dtrain.h"
+#line 6882 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7360,7 +7378,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7364 "dtrain.h"
+#line 7382 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7619,7 +7637,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7623 "dtrain.h"
+#line 7641 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7805,7 +7823,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7809 "dtrain.h"
+#line 7827 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7918,7 +7936,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7922 "dtrain.h"
+#line 7940 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8392,7 +8410,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8396 "dtrain.h"
+#line 8414 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8561,7 +8579,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8565 "dtrain.h"
+#line 8583 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8810,7 +8828,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8814 "dtrain.h"
+#line 8832 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9154,7 +9172,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9158 "dtrain.h"
+#line 9176 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9501,7 +9519,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9505 "dtrain.h"
+#line 9523 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9686,7 +9704,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9690 "dtrain.h"
+#line 9708 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10327,7 +10345,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10331 "dtrain.h"
+#line 10349 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10780,7 +10798,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10784 "dtrain.h"
+#line 10802 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10836,7 +10854,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10840 "dtrain.h"
+#line 10858 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11613,7 +11631,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11617 "dtrain.h"
+#line 11635 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12194,7 +12212,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12198 "dtrain.h"
+#line 12216 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12825,7 +12843,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12829 "dtrain.h"
+#line 12847 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13563,7 +13581,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13567 "dtrain.h"
+#line 13585 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13830,7 +13848,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13834 "dtrain.h"
+#line 13852 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14020,7 +14038,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14024 "dtrain.h"
+#line 14042 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14154,7 +14172,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14158 "dtrain.h"
+#line 14176 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14888,7 +14906,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14892 "dtrain.h"
+#line 14910 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15405,7 +15423,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15409 "dtrain.h"
+#line 15427 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16137,7 +16155,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16141 "dtrain.h"
+#line 16159 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17212,7 +17230,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17216 "dtrain.h"
+#line 17234 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17764,7 +17782,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17768 "dtrain.h"
+#line 17786 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18246,7 +18264,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18250 "dtrain.h"
+#line 18268 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18690,7 +18708,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18694 "dtrain.h"
+#line 18712 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19049,7 +19067,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19053 "dtrain.h"
+#line 19071 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19340,7 +19358,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19344 "dtrain.h"
+#line 19362 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19773,7 +19791,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19777 "dtrain.h"
+#line 19795 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19827,7 +19845,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19831 "dtrain.h"
+#line 19849 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

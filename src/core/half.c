@@ -81,12 +81,30 @@ static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
     return 0.0f;
 }
 
+/* f32 <-> bf16 over arrays, branch-free so that compilers vectorize them (the rule of
+ * dtr_f32_to_bf16: NaN stays a quiet NaN, the rest rounds to nearest even) */
+static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t u = dtr__fbits(s[i]), nan = (u & 0x7fffffffu) > 0x7f800000u;
+        uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
+        d[i] = (uint16_t)(nan ? q : r);
+    }
+}
+
+static void dtr__bf16_to_f32_n(float *d, const uint16_t *s, size_t n) {
+    size_t i;
+    for (i = 0; i < n; i++) d[i] = dtr__bitsf((uint32_t)s[i] << 16);
+}
+
 dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtype src_dtype, size_t n) {
     size_t i;
     if (!dtr_dtype_size(dst_dtype) || !dtr_dtype_size(src_dtype)) return DTR_DTYPE_MISMATCH;
     if (n == 0) return DTR_OK; /* dst/src may be NULL: memcpy(NULL, NULL, 0) is undefined */
     if (!dst || !src) return DTR_NULL_HANDLE;
     if (dst_dtype == src_dtype) { memcpy(dst, src, n * dtr_dtype_size(dst_dtype)); return DTR_OK; }
+    if (src_dtype == DTR_F32 && dst_dtype == DTR_BF16) { dtr__f32_to_bf16_n((uint16_t *)dst, (const float *)src, n); return DTR_OK; }
+    if (src_dtype == DTR_BF16 && dst_dtype == DTR_F32) { dtr__bf16_to_f32_n((float *)dst, (const uint16_t *)src, n); return DTR_OK; }
     if (src_dtype == DTR_I32 && dst_dtype == DTR_U8) {
         for (i = 0; i < n; i++) ((uint8_t *)dst)[i] = (uint8_t)((const int32_t *)src)[i];
         return DTR_OK;
