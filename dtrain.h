@@ -715,6 +715,11 @@ typedef struct dtr_optimizer_config {
     float weight_decay;
     float clip_norm;        /**< > 0: clip the global gradient norm before each update */
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
+    int64_t shard_begin;    /**< with shard_end > 0: the optimizer updates, and keeps state for, only the */
+    int64_t shard_end;      /**< floats [shard_begin, shard_end) of the parameter buffer (on parameter
+                                 boundaries for LAMB; may be empty): one rank's shard of a sharded optimizer
+                                 (ZeRO-1, dtr_dp_shard); clip_norm still takes the whole gradient buffer's norm
+                                 (after data-parallel averaging every rank holds all of it). 0: all */
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -2213,6 +2218,14 @@ typedef struct dtr_dp_config {
     int local_sgd_every;   /**< H > 0: local SGD, parameters averaged every H optimizer steps
                                 (dtr_dp_step_done) and gradients not synchronised; 0: off */
     int64_t local_sgd_warmup;   /**< local SGD: steps of ordinary DP first (post-local SGD) */
+    int zero;              /**< 1: ZeRO-1, a sharded optimizer: each rank updates only its shard of
+                                the parameters (dtr_dp_shard; create the optimizer with
+                                shard_begin/shard_end) and keeps optimizer state for it only;
+                                dtr_dp_step_done gathers the shards. 0: off. Stages 2 and 3 are not
+                                in this version (DTR_UNSUPPORTED) */
+    int zero_whole_params; /**< ZeRO-1: 1 makes each shard a run of whole parameters, as LAMB's
+                                per-parameter trust ratio needs (shards then follow the
+                                parameter sizes); 0: equal shards (16-float aligned) */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -2264,8 +2277,10 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Local SGD: tells the engine an optimizer step is done (call it after dtr_optimizer_step;
- *  without local SGD it only counts). During the warm-up (local_sgd_warmup steps) the engine
+/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO-1
+ *  it gathers every rank's updated shard of the parameters (one broadcast per rank, from the
+ *  rank that owns it), so every rank holds the whole model again; without ZeRO-1 or local
+ *  SGD it only counts. Local SGD: During the warm-up (local_sgd_warmup steps) the engine
  *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
  *  (a blocking f32 all-reduce). With local_sgd_every 1 this is ordinary DP up to rounding.
@@ -2275,6 +2290,12 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
+/** ZeRO-1: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
+ *  or whole parameters with cfg.zero_whole_params; may be empty), to give the optimizer as
+ *  shard_begin / shard_end. Without
+ *  cfg.zero (or on a group of 1): the whole buffer. @return DTR_OK, DTR_NULL_HANDLE.
+ *  Thread safety: any thread. */
+DTR_API dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end);
 /** Copies the engine's counters (dtr_dp_stats) into *out.
  *  @return DTR_OK or DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);
@@ -2460,7 +2481,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2464 "dtrain.h"
+#line 2485 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2928,7 +2949,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2932 "dtrain.h"
+#line 2953 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -2983,7 +3004,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 2987 "dtrain.h"
+#line 3008 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3247,7 +3268,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3251 "dtrain.h"
+#line 3272 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3274,7 +3295,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3278 "dtrain.h"
+#line 3299 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3324,7 +3345,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3328 "dtrain.h"
+#line 3349 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3676,7 +3697,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3680 "dtrain.h"
+#line 3701 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4467,7 +4488,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4471 "dtrain.h"
+#line 4492 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4908,7 +4929,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4912 "dtrain.h"
+#line 4933 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5039,7 +5060,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5043 "dtrain.h"
+#line 5064 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5414,7 +5435,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5418 "dtrain.h"
+#line 5439 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5613,7 +5634,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5617 "dtrain.h"
+#line 5638 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5844,7 +5865,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5848 "dtrain.h"
+#line 5869 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6294,7 +6315,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6298 "dtrain.h"
+#line 6319 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6473,7 +6494,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6477 "dtrain.h"
+#line 6498 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6878,7 +6899,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6882 "dtrain.h"
+#line 6903 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7378,7 +7399,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7382 "dtrain.h"
+#line 7403 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7637,7 +7658,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7641 "dtrain.h"
+#line 7662 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7823,7 +7844,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7827 "dtrain.h"
+#line 7848 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7936,7 +7957,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7940 "dtrain.h"
+#line 7961 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8410,7 +8431,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8414 "dtrain.h"
+#line 8435 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8579,7 +8600,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8583 "dtrain.h"
+#line 8604 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8828,7 +8849,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8832 "dtrain.h"
+#line 8853 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8844,8 +8865,10 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
 struct dtr_optimizer {
     dtr_model *model;
     dtr_optimizer_config cfg;
-    float *m, *v, *work;      /* backend memory, dtr_model_numel floats each (NULL when unused) */
-    int64_t *seg_begin, *seg_end;
+    float *m, *v, *work;      /* backend memory, len floats each (NULL when unused) */
+    int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
+    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base */
+    int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
 };
@@ -8888,11 +8911,47 @@ dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr
     return c;
 }
 
+/* 1 when x is 0, the buffer's end, or where a parameter starts or ends */
+static int dtr__on_boundary(const dtr_model *m, int64_t x) {
+    int i;
+    if (x == 0 || x == dtr_model_numel(m)) return 1;
+    for (i = 0; i < dtr_model_param_count(m); i++) {
+        int64_t b = dtr_model_param_offset(m, i);
+        if (x == b || x == b + dtr_tensor_numel(dtr_model_param_at(m, i))) return 1;
+    }
+    return 0;
+}
+
+static dtr_result dtr__check_shard(dtr_model *m, const dtr_optimizer_config *cfg) {
+    if (cfg->shard_end <= 0 && cfg->shard_begin == 0) return DTR_OK;
+    if (cfg->shard_begin < 0 || cfg->shard_end < cfg->shard_begin || cfg->shard_end > dtr_model_numel(m))
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: shard [%lld, %lld) is not a "
+                         "range of the parameter buffer (%lld floats)", (long long)cfg->shard_begin,
+                         (long long)cfg->shard_end, (long long)dtr_model_numel(m));
+    if (cfg->kind == DTR_OPT_LAMB && (!dtr__on_boundary(m, cfg->shard_begin) || !dtr__on_boundary(m, cfg->shard_end)))
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: LAMB's trust ratio is per "
+                         "parameter: shard [%lld, %lld) must hold whole parameters (dtr_dp_config.zero_whole_params)",
+                         (long long)cfg->shard_begin, (long long)cfg->shard_end);
+    return DTR_OK;
+}
+
+/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base */
+static void dtr__lamb_segments(dtr_optimizer *o) {
+    int i;
+    o->nseg = 0;
+    for (i = 0; i < dtr_model_param_count(o->model); i++) {
+        int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
+        if (b < o->base || e > o->base + o->len) continue;
+        o->seg_begin[o->nseg] = b - o->base;
+        o->seg_end[o->nseg++] = e - o->base;
+    }
+}
+
 dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
     dtr_context *ctx;
     dtr_optimizer *o;
     size_t bytes;
-    int nbuf = 0, i;
+    int nbuf = 0;
     dtr_result r;
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
@@ -8908,12 +8967,15 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
+    if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
     o = (dtr_optimizer *)dtr__calloc(&ctx->alloc, sizeof(*o));
     if (!o) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->model = model;
     o->cfg = *cfg;
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
-    bytes = (size_t)(dtr_model_numel(model) ? dtr_model_numel(model) : 1) * sizeof(float);
+    o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
+    o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
+    bytes = (size_t)(o->len ? o->len : 1) * sizeof(float);
     nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0) : 2;
     if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
     if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
@@ -8922,11 +8984,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
         o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
         o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        if (o->seg_begin && o->seg_end)
-            for (i = 0; i < n; i++) {
-                o->seg_begin[i] = dtr_model_param_offset(model, i);
-                o->seg_end[i] = o->seg_begin[i] + dtr_tensor_numel(dtr_model_param_at(model, i));
-            }
+        if (o->seg_begin && o->seg_end) dtr__lamb_segments(o);
     }
     if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
         (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end))) {
@@ -8993,24 +9051,19 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
-/* A range the update can take: inside the buffer; for LAMB on parameter boundaries; without
- * clipping unless it is the whole buffer. */
+/* A range the update can take: inside the optimizer's floats; for LAMB on parameter
+ * boundaries; without clipping unless it is all of them. */
 static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end) {
     dtr_context *ctx = dtr_model_context(o->model);
-    int64_t n = dtr_model_numel(o->model);
-    int i, b_ok = begin == 0, e_ok = end == n;
-    if (begin < 0 || end > n || begin > end)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the buffer of %lld",
-                         (long long)begin, (long long)end, (long long)n);
-    if (o->cfg.clip_norm > 0.0f && (begin != 0 || end != n))
+    int64_t lo = o->base, hi = o->base + o->len;
+    if (begin < lo || end > hi || begin > end)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the optimizer's "
+                         "[%lld, %lld)", (long long)begin, (long long)end, (long long)lo, (long long)hi);
+    if (o->cfg.clip_norm > 0.0f && (begin != lo || end != hi))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm needs the whole gradient's norm; "
                                                     "clip globally (dtr_clip_grad_norm) and step ranges without it");
     if (o->cfg.kind != DTR_OPT_LAMB) return DTR_OK;
-    for (i = 0; i < dtr_model_param_count(o->model); i++) {
-        b_ok |= o->seg_begin[i] == begin || o->seg_end[i] == begin;
-        e_ok |= o->seg_begin[i] == end || o->seg_end[i] == end;
-    }
-    if (!b_ok || !e_ok)
+    if (!dtr__on_boundary(o->model, begin) || !dtr__on_boundary(o->model, end))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: LAMB's trust ratio is per parameter: "
                                                     "[%lld, %lld) must start and end on parameter boundaries",
                          (long long)begin, (long long)end);
@@ -9020,7 +9073,7 @@ static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end)
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
-    return dtr_optimizer_step_range(o, 0, dtr_model_numel(o->model), updated);
+    return dtr_optimizer_step_range(o, o->base, o->base + o->len, updated);
 }
 
 dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
@@ -9036,10 +9089,10 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
-    a.begin = begin;
-    a.n = end;
-    a.param = dtr_model_params(o->model);
-    a.grad = dtr_model_grads(o->model);
+    a.begin = begin - o->base;   /* the kernel sees the optimizer's floats, state-aligned */
+    a.n = end - o->base;
+    a.param = dtr_model_params(o->model) + o->base;
+    a.grad = dtr_model_grads(o->model) + o->base;
     a.m = o->m;
     a.v = o->v;
     a.lr = dtr_schedule_lr(&o->cfg.schedule, o->steps);
@@ -9053,7 +9106,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.grad_scale = 1.0f / (float)o->cfg.grad_accum_steps;
     a.first = o->steps == 0;
     a.step = o->steps + 1;
-    a.nseg = dtr_model_param_count(o->model);
+    a.nseg = o->nseg;
     a.seg_begin = o->seg_begin;
     a.seg_end = o->seg_end;
     a.work = o->work;
@@ -9154,7 +9207,7 @@ dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out
     size_t bytes;
     int dev;
     if (!o || !out) return DTR_NULL_HANDLE;
-    bytes = (size_t)(dtr_model_numel(o->model) ? dtr_model_numel(o->model) : 1) * sizeof(float);
+    bytes = (size_t)o->len * sizeof(float);   /* 0 for an empty shard */
     dev = !dtr__host_memory(dtr_model_context(o->model));
     if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
     if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);
@@ -9172,7 +9225,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9176 "dtrain.h"
+#line 9229 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9519,7 +9572,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9523 "dtrain.h"
+#line 9576 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9704,7 +9757,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9708 "dtrain.h"
+#line 9761 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10345,7 +10398,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10349 "dtrain.h"
+#line 10402 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10798,7 +10851,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10802 "dtrain.h"
+#line 10855 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10854,7 +10907,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10858 "dtrain.h"
+#line 10911 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11631,7 +11684,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11635 "dtrain.h"
+#line 11688 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12212,7 +12265,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12216 "dtrain.h"
+#line 12269 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12843,7 +12896,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12847 "dtrain.h"
+#line 12900 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13581,7 +13634,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13585 "dtrain.h"
+#line 13638 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13848,7 +13901,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13852 "dtrain.h"
+#line 13905 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14038,7 +14091,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14042 "dtrain.h"
+#line 14095 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14172,7 +14225,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14176 "dtrain.h"
+#line 14229 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14906,7 +14959,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14910 "dtrain.h"
+#line 14963 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15423,7 +15476,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15427 "dtrain.h"
+#line 15480 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16155,7 +16208,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16159 "dtrain.h"
+#line 16212 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17230,7 +17283,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17234 "dtrain.h"
+#line 17287 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17782,7 +17835,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17786 "dtrain.h"
+#line 17839 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18264,7 +18317,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18268 "dtrain.h"
+#line 18321 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18708,7 +18761,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18712 "dtrain.h"
+#line 18765 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19067,7 +19120,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19071 "dtrain.h"
+#line 19124 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19115,6 +19168,7 @@ struct dtr_dp {
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
     dtr__dpc *cz;           /* gradient codec and counters */
+    int64_t *shard;         /* ZeRO-1: rank r updates floats [shard[r], shard[r + 1]) */
 };
 
 dtr_dp_config dtr_dp_config_init(void) {
@@ -19191,6 +19245,41 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     return DTR_OK;
 }
 
+static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
+    if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
+                         dtr_comm_size(c));
+    if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
+                         "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
+    if (cfg->zero < 0 || cfg->zero > 1)
+        return dtr__fail(ctx, cfg->zero == 2 || cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
+                         "dtr_dp_create: zero %d (this version has stage 1)", cfg->zero);
+    if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-1 with gradient compression or local SGD is not in "
+                                               "this version");
+    if (!dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
+                         ctx->backend->name);
+    return DTR_OK;
+}
+
+/* ZeRO-1 shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
+ * zero_whole_params at the first parameter boundary there or after (a shard may be empty) */
+static dtr_result dtr__dp_shards(dtr_dp *dp) {
+    int W = dtr_comm_size(dp->c), np = dtr_model_param_count(dp->m), r, i = 0;
+    int64_t total = dtr_model_numel(dp->m);
+    dp->shard = (int64_t *)dtr__calloc(&dp->ctx->alloc, (size_t)(W + 1) * sizeof(int64_t));
+    if (!dp->shard) return dtr__fail(dp->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    for (r = 1; r < W; r++) {
+        int64_t want = total * r / W / 16 * 16;
+        while (dp->cfg.zero_whole_params && i < np && dtr_model_param_offset(dp->m, i) < want) i++;
+        dp->shard[r] = !dp->cfg.zero_whole_params ? want : i < np ? dtr_model_param_offset(dp->m, i) : total;
+    }
+    dp->shard[W] = total;
+    return DTR_OK;
+}
+
 dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out) {
     dtr_dp_config def = dtr_dp_config_init();
     dtr_context *ctx;
@@ -19200,15 +19289,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     *out = NULL;
     if (!cfg) cfg = &def;
     ctx = dtr_model_context(m);
-    if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
-                         dtr_comm_size(c));
-    if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
-                         "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
-    if (!dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
-                         ctx->backend->name);
+    if ((r = dtr__dp_check(ctx, c, cfg)) != DTR_OK) return r;
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     dp = (dtr_dp *)dtr__calloc(&ctx->alloc, sizeof(*dp));
@@ -19219,6 +19300,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
+    if (r == DTR_OK && cfg->zero) r = dtr__dp_shards(dp);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
@@ -19255,6 +19337,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
+    dtr__free(&a, dp->shard);
     dtr__free(&a, dp);
 }
 
@@ -19291,6 +19374,28 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     return DTR_OK;
 }
 
+/* ZeRO-1: every rank's shard of the parameters, from the rank that updated it */
+static dtr_result dtr__dp_gather_shards(dtr_dp *dp, dtr_dp_stats *st) {
+    float *p = dtr_model_params(dp->m);
+    int r, me = dtr_comm_rank(dp->c);
+    for (r = 0; r < dtr_comm_size(dp->c); r++) {
+        dtr_result res = dtr_comm_broadcast(dp->c, p + dp->shard[r], (size_t)(dp->shard[r + 1] - dp->shard[r]), DTR_F32, r);
+        if (res != DTR_OK) return dtr__fail(dp->ctx, res, "ZeRO-1: gathering the parameters: %s", dtr_comm_last_error(dp->c));
+    }
+    st->wire_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
+    st->raw_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
+    int me;
+    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
+    me = dtr_comm_rank(dp->c);
+    *begin = dp->shard ? dp->shard[me] : 0;
+    *end = dp->shard ? dp->shard[me + 1] : dtr_model_numel(dp->m);
+    return DTR_OK;
+}
+
 dtr_result dtr_dp_step_done(dtr_dp *dp) {
     dtr_dp_stats *st;
     int64_t n, w;
@@ -19298,6 +19403,10 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
+    if (dp->shard && dp->nb) {
+        st->steps++;
+        return dtr__dp_gather_shards(dp, st);
+    }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
     n = dtr_model_numel(dp->m);
@@ -19358,7 +19467,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19362 "dtrain.h"
+#line 19471 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19791,7 +19900,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19795 "dtrain.h"
+#line 19904 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19845,7 +19954,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19849 "dtrain.h"
+#line 19958 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

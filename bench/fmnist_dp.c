@@ -90,11 +90,11 @@ int main(int argc, char **argv) {
         printf("{\"bench\":\"fmnist_dp\",\"impl\":\"dtrain\",\"transport\":\"%s\",\"provider\":\"%s\",\"world\":%d,\"global_batch\":%d,"
                "\"epochs\":%d,\"steps\":%lld,\"train_s\":%.3f,\"samples_per_s\":%.0f,\"test_acc\":%.4f,\"buckets\":%d,"
                "\"overlapped_buckets\":%d,\"best_of\":%d,\"compress\":\"%s\",\"local_sgd\":%d,\"bytes_per_step\":%.0f,"
-               "\"f32_bytes_per_step\":%.0f}\n", o.transport,
+               "\"f32_bytes_per_step\":%.0f,\"zero\":%d,\"optimizer_state_bytes\":%zu}\n", o.transport,
                o.provider ? o.provider : strcmp(o.transport, "local") ? "auto" : "none", wl[i], o.batch, o.epochs, (long long)best[i].steps,
                best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat,
                dp_compress_names[o.compress], o.local_sgd, (double)best[i].stats.wire_bytes / (double)best[i].steps,
-               (double)best[i].stats.raw_bytes / (double)best[i].steps);
+               (double)best[i].stats.raw_bytes / (double)best[i].steps, o.zero, best[i].opt_state_bytes);
         if (i > 0 && best[0].ok)
             printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
                    o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));

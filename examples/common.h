@@ -309,13 +309,18 @@ FM_FN dtr_result fm_evaluate(dtr_context *ctx, const fm_net *net, const float *X
 
 /** SGD with momentum over every parameter of the network; when cosine_steps > 0 the
  *  learning rate decays from lr to 0 along a cosine over that many steps. */
-FM_FN dtr_result fm_sgd(const fm_net *net, float lr, float momentum, int64_t cosine_steps, dtr_optimizer **out) {
+FM_FN dtr_optimizer_config fm_sgd_config(float lr, float momentum, int64_t cosine_steps) {
     dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, lr);
     oc.momentum = momentum;
     if (cosine_steps > 0) {
         oc.schedule.kind = DTR_SCHED_COSINE;
         oc.schedule.total_steps = cosine_steps;
     }
+    return oc;
+}
+
+FM_FN dtr_result fm_sgd(const fm_net *net, float lr, float momentum, int64_t cosine_steps, dtr_optimizer **out) {
+    dtr_optimizer_config oc = fm_sgd_config(lr, momentum, cosine_steps);
     return dtr_optimizer_create(net->model, &oc, out);
 }
 

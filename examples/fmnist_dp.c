@@ -23,7 +23,7 @@
  * Usage: fmnist_dp [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E]
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
- *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W]
+ *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
  *   --batch      global batch, split evenly over the ranks (default 128)
@@ -34,6 +34,8 @@
  *   --compress   gradient compression of the engine (dtr_dp_config.compress; default none)
  *   --local-sgd  H > 0: local SGD, parameters averaged every H steps after W warm-up steps of
  *                ordinary DP (dtr_dp_step_done after each optimizer step)
+ *   --zero 1     ZeRO-1: each rank updates (and keeps optimizer state for) its shard of the
+ *                parameters; dtr_dp_step_done gathers the shards
  * Other options as examples/fmnist_mlp.c. Expect about 87% test accuracy after 2 epochs,
  * as the single-rank example with the same global batch. */
 #include "common.h"
@@ -49,6 +51,7 @@ typedef struct dp_opts {
     size_t bucket;
     int64_t max_steps;      /* > 0: steps per epoch at most (benchmarks) */
     dtr_dp_compress compress;
+    int zero;               /* 1: ZeRO-1 */
     float topk_ratio;
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
@@ -60,6 +63,7 @@ typedef struct dp_result {
     double loss, train_acc, test_acc;
     int buckets, overlapped;
     dtr_dp_stats stats;     /* rank 0's engine counters */
+    size_t opt_state_bytes; /* rank 0's optimizer state (momentum: its shard with --zero 1) */
     int ok;
 } dp_result;
 
@@ -86,6 +90,15 @@ static int dp_err(int rank, const char *what, dtr_result r, const char *msg) {
 
 /* ---- one rank's training ---- */
 
+/* the bytes of the optimizer's moment buffers (state entries 3 and on) */
+static size_t dp_state_bytes(dtr_optimizer *opt) {
+    dtr_state_entry e;
+    size_t b = 0;
+    int i;
+    for (i = 3; dtr_optimizer_state(opt, i, &e) == DTR_OK; i++) b += e.bytes;
+    return b;
+}
+
 /* Trains on `data` as rank dtr_comm_rank(c) of the group. Rank 0 fills `res` (and prints
    progress unless o->quiet). Returns 1 on success. */
 static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, dp_result *res) {
@@ -95,6 +108,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dtr_dp_config dc = dtr_dp_config_init();
     dtr_dp *dp = NULL;
     dtr_optimizer *opt = NULL;
+    dtr_optimizer_config oc;
     dtr_sampler smp;
     fm_net net;
     fm_batch batch, eval;
@@ -136,8 +150,11 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dc.powersgd_rank = o->powersgd_rank;
     dc.local_sgd_every = o->local_sgd;
     dc.local_sgd_warmup = o->local_sgd_warmup;
+    dc.zero = o->zero;
     if ((r = dtr_dp_create(net.model, c, &dc, &dp)) != DTR_OK) { dp_err(rank, "dtr_dp_create", r, dtr_context_last_error(ctx)); goto done; }
-    if ((r = fm_sgd(&net, o->lr, 0.9f, o->cosine ? o->epochs * steps : 0, &opt)) != DTR_OK) { dp_err(rank, "optimizer", r, dtr_context_last_error(ctx)); goto done; }
+    oc = fm_sgd_config(o->lr, 0.9f, o->cosine ? o->epochs * steps : 0);
+    dtr_dp_shard(dp, &oc.shard_begin, &oc.shard_end);   /* ZeRO-1: this rank's shard; else all */
+    if ((r = dtr_optimizer_create(net.model, &oc, &opt)) != DTR_OK) { dp_err(rank, "optimizer", r, dtr_context_last_error(ctx)); goto done; }
     if (rank == 0 && !o->quiet)
         printf("fmnist_dp: %d ranks over '%s', global batch %d (%d per rank), %lld steps per epoch, %d gradient "
                "buckets\n", world, dtr_comm_transport_name(c), o->batch, per, (long long)steps, dtr_dp_bucket_count(dp));
@@ -203,6 +220,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
         res->buckets = dtr_dp_bucket_count(dp);
         res->overlapped = dtr_dp_overlapped_buckets(dp);
         dtr_dp_get_stats(dp, &res->stats);
+        res->opt_state_bytes = dp_state_bytes(opt);
         if ((r = fm_evaluate(ctx, &net, data->test_x, data->test_y, data->test_n, &eval, &res->test_acc)) != DTR_OK) {
             dp_err(rank, "evaluation", r, dtr_context_last_error(ctx));
             goto done;
@@ -259,6 +277,7 @@ static int dp_parse_compress(dp_opts *o, const char *a, const char *v) {
     else if (!strcmp(a, "--powersgd-rank")) o->powersgd_rank = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--local-sgd")) o->local_sgd = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--local-sgd-warmup")) o->local_sgd_warmup = strtol(v, &end, 10);
+    else if (!strcmp(a, "--zero")) o->zero = (int)strtol(v, &end, 10);
     else return 0;
     if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return -1; }
     return 1;
@@ -277,7 +296,7 @@ int main(int argc, char **argv) {
             printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
-                   "[--local-sgd H] [--local-sgd-warmup W]\n", argv[0]);
+                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }

@@ -42,6 +42,7 @@ struct dtr_dp {
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
     dtr__dpc *cz;           /* gradient codec and counters */
+    int64_t *shard;         /* ZeRO-1: rank r updates floats [shard[r], shard[r + 1]) */
 };
 
 dtr_dp_config dtr_dp_config_init(void) {
@@ -118,6 +119,41 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     return DTR_OK;
 }
 
+static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
+    if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
+                         dtr_comm_size(c));
+    if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
+                         "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
+    if (cfg->zero < 0 || cfg->zero > 1)
+        return dtr__fail(ctx, cfg->zero == 2 || cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
+                         "dtr_dp_create: zero %d (this version has stage 1)", cfg->zero);
+    if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-1 with gradient compression or local SGD is not in "
+                                               "this version");
+    if (!dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
+                         ctx->backend->name);
+    return DTR_OK;
+}
+
+/* ZeRO-1 shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
+ * zero_whole_params at the first parameter boundary there or after (a shard may be empty) */
+static dtr_result dtr__dp_shards(dtr_dp *dp) {
+    int W = dtr_comm_size(dp->c), np = dtr_model_param_count(dp->m), r, i = 0;
+    int64_t total = dtr_model_numel(dp->m);
+    dp->shard = (int64_t *)dtr__calloc(&dp->ctx->alloc, (size_t)(W + 1) * sizeof(int64_t));
+    if (!dp->shard) return dtr__fail(dp->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    for (r = 1; r < W; r++) {
+        int64_t want = total * r / W / 16 * 16;
+        while (dp->cfg.zero_whole_params && i < np && dtr_model_param_offset(dp->m, i) < want) i++;
+        dp->shard[r] = !dp->cfg.zero_whole_params ? want : i < np ? dtr_model_param_offset(dp->m, i) : total;
+    }
+    dp->shard[W] = total;
+    return DTR_OK;
+}
+
 dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out) {
     dtr_dp_config def = dtr_dp_config_init();
     dtr_context *ctx;
@@ -127,15 +163,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     *out = NULL;
     if (!cfg) cfg = &def;
     ctx = dtr_model_context(m);
-    if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
-                         dtr_comm_size(c));
-    if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
-                         "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
-    if (!dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
-                         ctx->backend->name);
+    if ((r = dtr__dp_check(ctx, c, cfg)) != DTR_OK) return r;
     r = dtr_model_build(m);
     if (r != DTR_OK) return r;
     dp = (dtr_dp *)dtr__calloc(&ctx->alloc, sizeof(*dp));
@@ -146,6 +174,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
+    if (r == DTR_OK && cfg->zero) r = dtr__dp_shards(dp);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
@@ -182,6 +211,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
+    dtr__free(&a, dp->shard);
     dtr__free(&a, dp);
 }
 
@@ -218,6 +248,28 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     return DTR_OK;
 }
 
+/* ZeRO-1: every rank's shard of the parameters, from the rank that updated it */
+static dtr_result dtr__dp_gather_shards(dtr_dp *dp, dtr_dp_stats *st) {
+    float *p = dtr_model_params(dp->m);
+    int r, me = dtr_comm_rank(dp->c);
+    for (r = 0; r < dtr_comm_size(dp->c); r++) {
+        dtr_result res = dtr_comm_broadcast(dp->c, p + dp->shard[r], (size_t)(dp->shard[r + 1] - dp->shard[r]), DTR_F32, r);
+        if (res != DTR_OK) return dtr__fail(dp->ctx, res, "ZeRO-1: gathering the parameters: %s", dtr_comm_last_error(dp->c));
+    }
+    st->wire_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
+    st->raw_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
+    return DTR_OK;
+}
+
+dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
+    int me;
+    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
+    me = dtr_comm_rank(dp->c);
+    *begin = dp->shard ? dp->shard[me] : 0;
+    *end = dp->shard ? dp->shard[me + 1] : dtr_model_numel(dp->m);
+    return DTR_OK;
+}
+
 dtr_result dtr_dp_step_done(dtr_dp *dp) {
     dtr_dp_stats *st;
     int64_t n, w;
@@ -225,6 +277,10 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
+    if (dp->shard && dp->nb) {
+        st->steps++;
+        return dtr__dp_gather_shards(dp, st);
+    }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
     n = dtr_model_numel(dp->m);

@@ -10,8 +10,10 @@
 struct dtr_optimizer {
     dtr_model *model;
     dtr_optimizer_config cfg;
-    float *m, *v, *work;      /* backend memory, dtr_model_numel floats each (NULL when unused) */
-    int64_t *seg_begin, *seg_end;
+    float *m, *v, *work;      /* backend memory, len floats each (NULL when unused) */
+    int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
+    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base */
+    int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
 };
@@ -54,11 +56,47 @@ dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, float lr
     return c;
 }
 
+/* 1 when x is 0, the buffer's end, or where a parameter starts or ends */
+static int dtr__on_boundary(const dtr_model *m, int64_t x) {
+    int i;
+    if (x == 0 || x == dtr_model_numel(m)) return 1;
+    for (i = 0; i < dtr_model_param_count(m); i++) {
+        int64_t b = dtr_model_param_offset(m, i);
+        if (x == b || x == b + dtr_tensor_numel(dtr_model_param_at(m, i))) return 1;
+    }
+    return 0;
+}
+
+static dtr_result dtr__check_shard(dtr_model *m, const dtr_optimizer_config *cfg) {
+    if (cfg->shard_end <= 0 && cfg->shard_begin == 0) return DTR_OK;
+    if (cfg->shard_begin < 0 || cfg->shard_end < cfg->shard_begin || cfg->shard_end > dtr_model_numel(m))
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: shard [%lld, %lld) is not a "
+                         "range of the parameter buffer (%lld floats)", (long long)cfg->shard_begin,
+                         (long long)cfg->shard_end, (long long)dtr_model_numel(m));
+    if (cfg->kind == DTR_OPT_LAMB && (!dtr__on_boundary(m, cfg->shard_begin) || !dtr__on_boundary(m, cfg->shard_end)))
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: LAMB's trust ratio is per "
+                         "parameter: shard [%lld, %lld) must hold whole parameters (dtr_dp_config.zero_whole_params)",
+                         (long long)cfg->shard_begin, (long long)cfg->shard_end);
+    return DTR_OK;
+}
+
+/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base */
+static void dtr__lamb_segments(dtr_optimizer *o) {
+    int i;
+    o->nseg = 0;
+    for (i = 0; i < dtr_model_param_count(o->model); i++) {
+        int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
+        if (b < o->base || e > o->base + o->len) continue;
+        o->seg_begin[o->nseg] = b - o->base;
+        o->seg_end[o->nseg++] = e - o->base;
+    }
+}
+
 dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cfg, dtr_optimizer **out) {
     dtr_context *ctx;
     dtr_optimizer *o;
     size_t bytes;
-    int nbuf = 0, i;
+    int nbuf = 0;
     dtr_result r;
     if (!model || !cfg || !out) return DTR_NULL_HANDLE;
     *out = NULL;
@@ -74,12 +112,15 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     r = dtr_model_build(model);
     if (r != DTR_OK) return r;
+    if ((r = dtr__check_shard(model, cfg)) != DTR_OK) return r;
     o = (dtr_optimizer *)dtr__calloc(&ctx->alloc, sizeof(*o));
     if (!o) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->model = model;
     o->cfg = *cfg;
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
-    bytes = (size_t)(dtr_model_numel(model) ? dtr_model_numel(model) : 1) * sizeof(float);
+    o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
+    o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
+    bytes = (size_t)(o->len ? o->len : 1) * sizeof(float);
     nbuf = cfg->kind == DTR_OPT_SGD ? (cfg->momentum > 0.0f ? 1 : 0) : 2;
     if (nbuf >= 1) o->m = (float *)ctx->backend->mem_alloc(ctx, bytes);
     if (nbuf >= 2) o->v = (float *)ctx->backend->mem_alloc(ctx, bytes);
@@ -88,11 +129,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
         o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
         o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        if (o->seg_begin && o->seg_end)
-            for (i = 0; i < n; i++) {
-                o->seg_begin[i] = dtr_model_param_offset(model, i);
-                o->seg_end[i] = o->seg_begin[i] + dtr_tensor_numel(dtr_model_param_at(model, i));
-            }
+        if (o->seg_begin && o->seg_end) dtr__lamb_segments(o);
     }
     if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
         (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end))) {
@@ -159,24 +196,19 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
-/* A range the update can take: inside the buffer; for LAMB on parameter boundaries; without
- * clipping unless it is the whole buffer. */
+/* A range the update can take: inside the optimizer's floats; for LAMB on parameter
+ * boundaries; without clipping unless it is all of them. */
 static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end) {
     dtr_context *ctx = dtr_model_context(o->model);
-    int64_t n = dtr_model_numel(o->model);
-    int i, b_ok = begin == 0, e_ok = end == n;
-    if (begin < 0 || end > n || begin > end)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the buffer of %lld",
-                         (long long)begin, (long long)end, (long long)n);
-    if (o->cfg.clip_norm > 0.0f && (begin != 0 || end != n))
+    int64_t lo = o->base, hi = o->base + o->len;
+    if (begin < lo || end > hi || begin > end)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the optimizer's "
+                         "[%lld, %lld)", (long long)begin, (long long)end, (long long)lo, (long long)hi);
+    if (o->cfg.clip_norm > 0.0f && (begin != lo || end != hi))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm needs the whole gradient's norm; "
                                                     "clip globally (dtr_clip_grad_norm) and step ranges without it");
     if (o->cfg.kind != DTR_OPT_LAMB) return DTR_OK;
-    for (i = 0; i < dtr_model_param_count(o->model); i++) {
-        b_ok |= o->seg_begin[i] == begin || o->seg_end[i] == begin;
-        e_ok |= o->seg_begin[i] == end || o->seg_end[i] == end;
-    }
-    if (!b_ok || !e_ok)
+    if (!dtr__on_boundary(o->model, begin) || !dtr__on_boundary(o->model, end))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: LAMB's trust ratio is per parameter: "
                                                     "[%lld, %lld) must start and end on parameter boundaries",
                          (long long)begin, (long long)end);
@@ -186,7 +218,7 @@ static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end)
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
-    return dtr_optimizer_step_range(o, 0, dtr_model_numel(o->model), updated);
+    return dtr_optimizer_step_range(o, o->base, o->base + o->len, updated);
 }
 
 dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
@@ -202,10 +234,10 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
-    a.begin = begin;
-    a.n = end;
-    a.param = dtr_model_params(o->model);
-    a.grad = dtr_model_grads(o->model);
+    a.begin = begin - o->base;   /* the kernel sees the optimizer's floats, state-aligned */
+    a.n = end - o->base;
+    a.param = dtr_model_params(o->model) + o->base;
+    a.grad = dtr_model_grads(o->model) + o->base;
     a.m = o->m;
     a.v = o->v;
     a.lr = dtr_schedule_lr(&o->cfg.schedule, o->steps);
@@ -219,7 +251,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.grad_scale = 1.0f / (float)o->cfg.grad_accum_steps;
     a.first = o->steps == 0;
     a.step = o->steps + 1;
-    a.nseg = dtr_model_param_count(o->model);
+    a.nseg = o->nseg;
     a.seg_begin = o->seg_begin;
     a.seg_end = o->seg_end;
     a.work = o->work;
@@ -320,7 +352,7 @@ dtr_result dtr_optimizer_state(dtr_optimizer *o, int index, dtr_state_entry *out
     size_t bytes;
     int dev;
     if (!o || !out) return DTR_NULL_HANDLE;
-    bytes = (size_t)(dtr_model_numel(o->model) ? dtr_model_numel(o->model) : 1) * sizeof(float);
+    bytes = (size_t)o->len * sizeof(float);   /* 0 for an empty shard */
     dev = !dtr__host_memory(dtr_model_context(o->model));
     if (index == 0) return dtr__state_put(out, "steps", &o->steps, sizeof o->steps, 0);
     if (index == 1) return dtr__state_put(out, "micro", &o->micro, sizeof o->micro, 0);

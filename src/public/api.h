@@ -694,6 +694,11 @@ typedef struct dtr_optimizer_config {
     float weight_decay;
     float clip_norm;        /**< > 0: clip the global gradient norm before each update */
     int grad_accum_steps;   /**< > 1: dtr_optimizer_step updates every N calls with the mean gradient */
+    int64_t shard_begin;    /**< with shard_end > 0: the optimizer updates, and keeps state for, only the */
+    int64_t shard_end;      /**< floats [shard_begin, shard_end) of the parameter buffer (on parameter
+                                 boundaries for LAMB; may be empty): one rank's shard of a sharded optimizer
+                                 (ZeRO-1, dtr_dp_shard); clip_norm still takes the whole gradient buffer's norm
+                                 (after data-parallel averaging every rank holds all of it). 0: all */
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).

@@ -239,6 +239,14 @@ typedef struct dtr_dp_config {
     int local_sgd_every;   /**< H > 0: local SGD, parameters averaged every H optimizer steps
                                 (dtr_dp_step_done) and gradients not synchronised; 0: off */
     int64_t local_sgd_warmup;   /**< local SGD: steps of ordinary DP first (post-local SGD) */
+    int zero;              /**< 1: ZeRO-1, a sharded optimizer: each rank updates only its shard of
+                                the parameters (dtr_dp_shard; create the optimizer with
+                                shard_begin/shard_end) and keeps optimizer state for it only;
+                                dtr_dp_step_done gathers the shards. 0: off. Stages 2 and 3 are not
+                                in this version (DTR_UNSUPPORTED) */
+    int zero_whole_params; /**< ZeRO-1: 1 makes each shard a run of whole parameters, as LAMB's
+                                per-parameter trust ratio needs (shards then follow the
+                                parameter sizes); 0: equal shards (16-float aligned) */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -290,8 +298,10 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Local SGD: tells the engine an optimizer step is done (call it after dtr_optimizer_step;
- *  without local SGD it only counts). During the warm-up (local_sgd_warmup steps) the engine
+/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO-1
+ *  it gathers every rank's updated shard of the parameters (one broadcast per rank, from the
+ *  rank that owns it), so every rank holds the whole model again; without ZeRO-1 or local
+ *  SGD it only counts. Local SGD: During the warm-up (local_sgd_warmup steps) the engine
  *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
  *  (a blocking f32 all-reduce). With local_sgd_every 1 this is ordinary DP up to rounding.
@@ -301,6 +311,12 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
+/** ZeRO-1: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
+ *  or whole parameters with cfg.zero_whole_params; may be empty), to give the optimizer as
+ *  shard_begin / shard_end. Without
+ *  cfg.zero (or on a group of 1): the whole buffer. @return DTR_OK, DTR_NULL_HANDLE.
+ *  Thread safety: any thread. */
+DTR_API dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end);
 /** Copies the engine's counters (dtr_dp_stats) into *out.
  *  @return DTR_OK or DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);
