@@ -718,8 +718,15 @@ typedef struct dtr_optimizer_config {
     int64_t shard_begin;    /**< with shard_end > 0: the optimizer updates, and keeps state for, only the */
     int64_t shard_end;      /**< floats [shard_begin, shard_end) of the parameter buffer (on parameter
                                  boundaries for LAMB; may be empty): one rank's shard of a sharded optimizer
-                                 (ZeRO-1, dtr_dp_shard); clip_norm still takes the whole gradient buffer's norm
-                                 (after data-parallel averaging every rank holds all of it). 0: all */
+                                 (ZeRO, dtr_dp_shard_optimizer). Without shard_sum clip_norm takes the whole
+                                 gradient buffer's norm (ZeRO-1: every rank holds the whole average). 0: all */
+    /** With a shard: sums n values over the ranks that share the optimizer, in place (the same
+     *  result on every rank; a collective every rank's optimizer step calls alike). Given, the
+     *  optimizer takes clip_norm's norm as the root of the sum of its shard's sums of squares
+     *  (ZeRO-2: a rank holds the average of its shard's gradients only). NULL: none.
+     *  dtr_dp_shard_optimizer sets it. */
+    dtr_result (*shard_sum)(void *user, double *vals, int n);
+    void *shard_sum_user;   /**< handed to shard_sum */
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -2218,12 +2225,16 @@ typedef struct dtr_dp_config {
     int local_sgd_every;   /**< H > 0: local SGD, parameters averaged every H optimizer steps
                                 (dtr_dp_step_done) and gradients not synchronised; 0: off */
     int64_t local_sgd_warmup;   /**< local SGD: steps of ordinary DP first (post-local SGD) */
-    int zero;              /**< 1: ZeRO-1, a sharded optimizer: each rank updates only its shard of
-                                the parameters (dtr_dp_shard; create the optimizer with
-                                shard_begin/shard_end) and keeps optimizer state for it only;
-                                dtr_dp_step_done gathers the shards. 0: off. Stages 2 and 3 are not
-                                in this version (DTR_UNSUPPORTED) */
-    int zero_whole_params; /**< ZeRO-1: 1 makes each shard a run of whole parameters, as LAMB's
+    int zero;              /**< ZeRO (docs/distributed.md, "ZeRO"), a sharded optimizer: each rank
+                                updates only its shard of the parameters and keeps optimizer state
+                                for it only (create the optimizer from dtr_dp_shard_optimizer);
+                                dtr_dp_step_done gathers the shards. 1: ZeRO-1, gradients averaged
+                                whole. 2: ZeRO-2, each bucket's slices are sent to the ranks that
+                                own them during backward (a reduce-scatter's volume, half an
+                                all-reduce's) and a rank ends with the average of its shard's
+                                gradients only. 0: off. Stage 3 is not in this version
+                                (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD */
+    int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters, as LAMB's
                                 per-parameter trust ratio needs (shards then follow the
                                 parameter sizes); 0: equal shards (16-float aligned) */
 } dtr_dp_config;
@@ -2273,13 +2284,14 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
  *  the average over the ranks of their gradients, identical bits on every rank (with a
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
- *  here). During local SGD past its warm-up it returns at once.
+ *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
+ *  rest of the buffer keeps this rank's own gradients). During local SGD past its warm-up it returns at once.
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO-1
+/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO
  *  it gathers every rank's updated shard of the parameters (one broadcast per rank, from the
- *  rank that owns it), so every rank holds the whole model again; without ZeRO-1 or local
+ *  rank that owns it), so every rank holds the whole model again; without ZeRO or local
  *  SGD it only counts. Local SGD: During the warm-up (local_sgd_warmup steps) the engine
  *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
@@ -2290,12 +2302,20 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
-/** ZeRO-1: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
+/** ZeRO: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
  *  or whole parameters with cfg.zero_whole_params; may be empty), to give the optimizer as
  *  shard_begin / shard_end. Without
  *  cfg.zero (or on a group of 1): the whole buffer. @return DTR_OK, DTR_NULL_HANDLE.
  *  Thread safety: any thread. */
 DTR_API dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end);
+/** ZeRO: fills the shard fields of an optimizer configuration for this rank: shard_begin /
+ *  shard_end (dtr_dp_shard) and, with ZeRO-2, shard_sum / shard_sum_user (clip_norm's
+ *  norm summed over the group's shards); without ZeRO the whole buffer and no shard_sum.
+ *  Create the optimizer from it (dtr_optimizer_create); the engine must outlive the
+ *  optimizer's steps. With ZeRO-2 only the shard holds averaged gradients: clip through the
+ *  optimizer's clip_norm, not dtr_clip_grad_norm (which sees this rank's buffer only).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc);
 /** Copies the engine's counters (dtr_dp_stats) into *out.
  *  @return DTR_OK or DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);
@@ -2481,7 +2501,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2485 "dtrain.h"
+#line 2505 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2949,7 +2969,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2953 "dtrain.h"
+#line 2973 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3004,7 +3024,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3008 "dtrain.h"
+#line 3028 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3268,7 +3288,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3272 "dtrain.h"
+#line 3292 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3295,7 +3315,40 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3299 "dtrain.h"
+#line 3319 "dtrain.h"
+
+/* ---- src/engine/zero.h ---- */
+#line 1 "src/engine/zero.h"
+/* ============================================================================
+ * ZeRO of the data-parallel engine (src/engine/zero.c), private to
+ * src/engine/data_parallel.c: the shards of the parameter buffer, stage 2's exchange of
+ * gradient slices to their owners, and the gather of the updated shards.
+ * ==========================================================================*/
+
+typedef struct dtr__zero dtr__zero;
+
+/** The shards of model m over group c for cfg.zero (1 or 2), with stage 2's receive buffer
+ *  for the peers' slices of this rank's shard. nb: the engine's bucket count.
+ *  @return DTR_OK or DTR_OUT_OF_MEMORY (the context's message says so). */
+DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out);
+/** Waits for requests still in flight and frees. NULL is ignored. */
+DTR__PRIVATE void dtr__zero_destroy(dtr__zero *z);
+/** Stage 2: bucket i ([begin, end) of the gradient buffer) is final: sends each of its
+ *  slices that another rank owns to that rank and posts the receives of the peers' slices
+ *  of this rank's shard (point-to-point, tag per bucket). */
+DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end);
+/** Stage 2, after every bucket started: waits for the exchange and writes the average over
+ *  the ranks (summed in rank order, divided by the group's size) into this rank's shard of
+ *  the gradient buffer; adds the bytes sent to st. */
+DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
+/** Every rank's shard of the parameters from the rank that updated it (collective). */
+DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st);
+/** This rank's shard, [*begin, *end) floats. */
+DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end);
+/** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
+ *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
+DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
+#line 3352 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3345,7 +3398,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3349 "dtrain.h"
+#line 3402 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3697,7 +3750,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3701 "dtrain.h"
+#line 3754 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4488,7 +4541,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4492 "dtrain.h"
+#line 4545 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4929,7 +4982,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4933 "dtrain.h"
+#line 4986 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5060,7 +5113,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5064 "dtrain.h"
+#line 5117 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5435,7 +5488,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5439 "dtrain.h"
+#line 5492 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5634,7 +5687,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5638 "dtrain.h"
+#line 5691 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5865,7 +5918,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5869 "dtrain.h"
+#line 5922 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6315,7 +6368,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6319 "dtrain.h"
+#line 6372 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6494,7 +6547,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6498 "dtrain.h"
+#line 6551 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6899,7 +6952,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6903 "dtrain.h"
+#line 6956 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7399,7 +7452,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7403 "dtrain.h"
+#line 7456 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7658,7 +7711,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7662 "dtrain.h"
+#line 7715 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7844,7 +7897,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7848 "dtrain.h"
+#line 7901 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7957,7 +8010,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7961 "dtrain.h"
+#line 8014 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8431,7 +8484,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8435 "dtrain.h"
+#line 8488 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8600,7 +8653,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8604 "dtrain.h"
+#line 8657 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8849,7 +8902,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8853 "dtrain.h"
+#line 8906 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9051,6 +9104,18 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
+/* the norm clip_norm takes: the whole buffer's, or with shard_sum the group's over the shards */
+static dtr_result dtr__opt_grad_norm(dtr_optimizer *o, double *norm) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    double s = 0.0;
+    dtr_result r;
+    if (!o->cfg.shard_sum) return dtr__grad_norm(o->model, norm);
+    r = o->len ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + o->base, o->len, &s) : DTR_OK;
+    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
+    *norm = sqrt(s);
+    return r;
+}
+
 /* A range the update can take: inside the optimizer's floats; for LAMB on parameter
  * boundaries; without clipping unless it is all of them. */
 static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end) {
@@ -9112,7 +9177,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.work = o->work;
     if (o->cfg.clip_norm > 0.0f) {
         double norm;
-        r = dtr__grad_norm(o->model, &norm);
+        r = dtr__opt_grad_norm(o, &norm);
         if (r != DTR_OK) return r;
         norm *= a.grad_scale;
         if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
@@ -9225,7 +9290,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9229 "dtrain.h"
+#line 9294 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9572,7 +9637,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9576 "dtrain.h"
+#line 9641 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9757,7 +9822,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9761 "dtrain.h"
+#line 9826 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10398,7 +10463,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10402 "dtrain.h"
+#line 10467 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10851,7 +10916,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10855 "dtrain.h"
+#line 10920 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10907,7 +10972,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10911 "dtrain.h"
+#line 10976 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11684,7 +11749,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11688 "dtrain.h"
+#line 11753 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12265,7 +12330,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12269 "dtrain.h"
+#line 12334 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12896,7 +12961,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12900 "dtrain.h"
+#line 12965 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13634,7 +13699,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13638 "dtrain.h"
+#line 13703 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13901,7 +13966,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13905 "dtrain.h"
+#line 13970 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14091,7 +14156,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14095 "dtrain.h"
+#line 14160 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14225,7 +14290,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14229 "dtrain.h"
+#line 14294 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14959,7 +15024,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14963 "dtrain.h"
+#line 15028 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15476,7 +15541,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15480 "dtrain.h"
+#line 15545 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16208,7 +16273,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16212 "dtrain.h"
+#line 16277 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17283,7 +17348,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17287 "dtrain.h"
+#line 17352 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17835,7 +17900,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17839 "dtrain.h"
+#line 17904 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18317,7 +18382,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18321 "dtrain.h"
+#line 18386 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18761,7 +18826,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18765 "dtrain.h"
+#line 18830 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19120,7 +19185,191 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19124 "dtrain.h"
+#line 19189 "dtrain.h"
+
+/* ---- src/engine/zero.c ---- */
+#line 1 "src/engine/zero.c"
+/* ============================================================================
+ * ZeRO in the data-parallel engine. Rank r of W owns floats [shard[r], shard[r + 1]) of the
+ * parameter buffer: it updates them (its optimizer keeps state for them only) and after
+ * the step sends them to the others (one broadcast per shard).
+ *
+ * Stage 1: gradients are averaged whole (the engine's bucketed all-reduce).
+ * Stage 2: a bucket's gradients are final during backward -> each rank sends the bucket's
+ * slice of rank o's shard to rank o (point-to-point, asynchronous) and receives the peers'
+ * slices of its own shard into a buffer, one slot per peer. dtr_dp_finish waits and sums
+ * the slices in rank order into the shard. Each rank sends (W - 1) / W of the gradients and
+ * receives as much: the volume of a reduce-scatter, half an all-reduce's. Outside its
+ * shard a rank's gradient buffer keeps its own local gradients (not the average).
+ * ==========================================================================*/
+
+
+
+
+
+
+
+#define DTR__ZERO_TAG (1 << 30)   /* + bucket index: stage 2's point-to-point tags */
+
+struct dtr__zero {
+    dtr_model *m;
+    dtr_comm *c;
+    dtr_context *ctx;
+    int W, me, stage;
+    int64_t *shard;          /* W + 1 offsets */
+    float *recv;             /* stage 2: W - 1 slots of this rank's shard, peers in rank order */
+    dtr_request **req;       /* stage 2: this step's sends and receives */
+    int nreq, cap;
+};
+
+/* Shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
+ * zero_whole_params at the first parameter boundary there or after (a shard may be empty) */
+static void dtr__zero_layout(dtr__zero *z, int whole) {
+    int np = dtr_model_param_count(z->m), r, i = 0;
+    int64_t total = dtr_model_numel(z->m);
+    for (r = 1; r < z->W; r++) {
+        int64_t want = total * r / z->W / 16 * 16;
+        while (whole && i < np && dtr_model_param_offset(z->m, i) < want) i++;
+        z->shard[r] = !whole ? want : i < np ? dtr_model_param_offset(z->m, i) : total;
+    }
+    z->shard[z->W] = total;
+}
+
+dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out) {
+    dtr_context *ctx = dtr_model_context(m);
+    dtr__zero *z = (dtr__zero *)dtr__calloc(&ctx->alloc, sizeof(*z));
+    int ok;
+    *out = NULL;
+    if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
+    z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
+    z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
+    ok = z->shard != NULL;
+    if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
+    if (ok && z->stage == 2) {
+        int64_t len = z->shard[z->me + 1] - z->shard[z->me];
+        z->cap = 2 * z->W * (nb > 0 ? nb : 1);
+        z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
+        z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
+        ok = z->req && z->recv;
+    }
+    if (!ok) {
+        dtr__zero_destroy(z);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory for the ZeRO shards");
+    }
+    *out = z;
+    return DTR_OK;
+}
+
+/* waits for and frees this step's requests; the first error */
+static dtr_result dtr__zero_wait(dtr__zero *z) {
+    dtr_result first = DTR_OK;
+    int i;
+    for (i = 0; i < z->nreq; i++) {
+        dtr_result r = dtr_request_wait(z->req[i]);
+        if (r != DTR_OK && first == DTR_OK) first = r;
+        dtr_request_destroy(z->req[i]);
+        z->req[i] = NULL;
+    }
+    z->nreq = 0;
+    return first;
+}
+
+void dtr__zero_destroy(dtr__zero *z) {
+    dtr_allocation_callbacks a;
+    if (!z) return;
+    a = z->ctx->alloc;
+    if (z->req) dtr__zero_wait(z);
+    dtr__free(&a, z->req);
+    dtr__free(&a, z->recv);
+    dtr__free(&a, z->shard);
+    dtr__free(&a, z);
+}
+
+/* peer p's slot for float x of this rank's shard */
+static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) {
+    int64_t len = z->shard[z->me + 1] - z->shard[z->me];
+    return z->recv + (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
+}
+
+dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
+    float *g = dtr_model_grads(z->m);
+    int o, p;
+    for (o = 0; o < z->W; o++) {
+        int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
+        size_t bytes = (size_t)(hi - lo) * sizeof(float);
+        if (lo >= hi) continue;
+        for (p = 0; p < z->W; p++) {
+            dtr_result r = DTR_OK;
+            if (o != z->me && p == z->me)
+                r = dtr_comm_send_async(z->c, g + lo, bytes, o, DTR__ZERO_TAG + i, &z->req[z->nreq]);
+            else if (o == z->me && p != z->me)
+                r = dtr_comm_recv_async(z->c, dtr__zero_slot(z, p, lo), bytes, p, DTR__ZERO_TAG + i, &z->req[z->nreq]);
+            else continue;
+            if (r != DTR_OK) return r;
+            z->nreq++;
+        }
+    }
+    return DTR_OK;
+}
+
+/* rank p's slice of the shard: the local gradients for this rank, else its slot */
+static const float *dtr__zero_part(dtr__zero *z, int p) {
+    int64_t b = z->shard[z->me];
+    return p == z->me ? dtr_model_grads(z->m) + b : dtr__zero_slot(z, p, b);
+}
+
+dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
+    int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
+    float *g = dtr_model_grads(z->m) + b, *acc;
+    dtr_result r = dtr__zero_wait(z);
+    int p;
+    if (r != DTR_OK) return r;
+    /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
+       may still need its own gradients); the last addition divides and lands in the shard */
+    acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
+    for (p = 1; p < z->W; p++)
+        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, 0) : acc, dtr__zero_part(z, p), (size_t)n,
+                         DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
+    st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * sizeof(float);
+    st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
+    return DTR_OK;
+}
+
+dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st) {
+    float *p = dtr_model_params(z->m);
+    int r;
+    for (r = 0; r < z->W; r++) {
+        dtr_result res = dtr_comm_broadcast(z->c, p + z->shard[r], (size_t)(z->shard[r + 1] - z->shard[r]), DTR_F32, r);
+        if (res != DTR_OK)
+            return dtr__fail(z->ctx, res, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
+    }
+    st->wire_bytes += (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    st->raw_bytes += (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    return DTR_OK;
+}
+
+void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
+    *begin = z->shard[z->me];
+    *end = z->shard[z->me + 1];
+}
+
+dtr_result dtr__zero_sum(void *user, double *vals, int n) {
+    dtr__zero *z = (dtr__zero *)user;
+    double *all = (double *)dtr__malloc(&z->ctx->alloc, (size_t)(z->W * (n > 0 ? n : 1)) * sizeof(double));
+    int i, r;
+    dtr_result res;
+    if (!all) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "ZeRO: out of memory");
+    res = dtr_comm_all_gather(z->c, vals, all, (size_t)n * sizeof(double), DTR_U8);
+    for (i = 0; i < n && res == DTR_OK; i++) {
+        vals[i] = 0.0;
+        for (r = 0; r < z->W; r++) vals[i] += all[r * n + i];
+    }
+    dtr__free(&z->ctx->alloc, all);
+    if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
+    return DTR_OK;
+}
+#line 19373 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19148,6 +19397,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
 
 
 
+
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
     int nparams, pending;   /* parameters, and those whose gradient is not final yet */
@@ -19168,7 +19418,7 @@ struct dtr_dp {
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
     dtr__dpc *cz;           /* gradient codec and counters */
-    int64_t *shard;         /* ZeRO-1: rank r updates floats [shard[r], shard[r + 1]) */
+    dtr__zero *z;           /* ZeRO: the shards (NULL without) */
 };
 
 dtr_dp_config dtr_dp_config_init(void) {
@@ -19180,6 +19430,7 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     b->in_backward = from_hook;
+    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
 }
 
@@ -19252,31 +19503,15 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
                          "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
-    if (cfg->zero < 0 || cfg->zero > 1)
-        return dtr__fail(ctx, cfg->zero == 2 || cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
-                         "dtr_dp_create: zero %d (this version has stage 1)", cfg->zero);
+    if (cfg->zero < 0 || cfg->zero > 2)
+        return dtr__fail(ctx, cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
+                         "dtr_dp_create: zero %d (this version has stages 1 and 2)", cfg->zero);
     if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-1 with gradient compression or local SGD is not in "
-                                               "this version");
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
+                                               "this version", cfg->zero);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
                          ctx->backend->name);
-    return DTR_OK;
-}
-
-/* ZeRO-1 shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
- * zero_whole_params at the first parameter boundary there or after (a shard may be empty) */
-static dtr_result dtr__dp_shards(dtr_dp *dp) {
-    int W = dtr_comm_size(dp->c), np = dtr_model_param_count(dp->m), r, i = 0;
-    int64_t total = dtr_model_numel(dp->m);
-    dp->shard = (int64_t *)dtr__calloc(&dp->ctx->alloc, (size_t)(W + 1) * sizeof(int64_t));
-    if (!dp->shard) return dtr__fail(dp->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
-    for (r = 1; r < W; r++) {
-        int64_t want = total * r / W / 16 * 16;
-        while (dp->cfg.zero_whole_params && i < np && dtr_model_param_offset(dp->m, i) < want) i++;
-        dp->shard[r] = !dp->cfg.zero_whole_params ? want : i < np ? dtr_model_param_offset(dp->m, i) : total;
-    }
-    dp->shard[W] = total;
     return DTR_OK;
 }
 
@@ -19300,11 +19535,11 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
-    if (r == DTR_OK && cfg->zero) r = dtr__dp_shards(dp);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
+        if (cfg->zero && (r = dtr__zero_create(m, c, cfg, dp->nb, &dp->z)) != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_dp_broadcast_params(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
@@ -19337,7 +19572,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
-    dtr__free(&a, dp->shard);
+    dtr__zero_destroy(dp->z);
     dtr__free(&a, dp);
 }
 
@@ -19363,7 +19598,11 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
-    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK; i++)
+    if (dp->cfg.zero == 2) {   /* waits for the exchange even after an error */
+        dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
+        if (w == DTR_OK) w = zr;
+    }
+    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && dp->cfg.zero != 2; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr_model_grads(dp->m), dp->b[i].begin);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
@@ -19374,26 +19613,19 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     return DTR_OK;
 }
 
-/* ZeRO-1: every rank's shard of the parameters, from the rank that updated it */
-static dtr_result dtr__dp_gather_shards(dtr_dp *dp, dtr_dp_stats *st) {
-    float *p = dtr_model_params(dp->m);
-    int r, me = dtr_comm_rank(dp->c);
-    for (r = 0; r < dtr_comm_size(dp->c); r++) {
-        dtr_result res = dtr_comm_broadcast(dp->c, p + dp->shard[r], (size_t)(dp->shard[r + 1] - dp->shard[r]), DTR_F32, r);
-        if (res != DTR_OK) return dtr__fail(dp->ctx, res, "ZeRO-1: gathering the parameters: %s", dtr_comm_last_error(dp->c));
-    }
-    st->wire_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
-    st->raw_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
+dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
+    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
+    *begin = 0;
+    *end = dtr_model_numel(dp->m);
+    if (dp->z) dtr__zero_shard(dp->z, begin, end);
     return DTR_OK;
 }
 
-dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
-    int me;
-    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
-    me = dtr_comm_rank(dp->c);
-    *begin = dp->shard ? dp->shard[me] : 0;
-    *end = dp->shard ? dp->shard[me + 1] : dtr_model_numel(dp->m);
-    return DTR_OK;
+dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
+    if (!dp || !oc) return DTR_NULL_HANDLE;
+    oc->shard_sum = dp->cfg.zero == 2 && dp->z ? dtr__zero_sum : NULL;
+    oc->shard_sum_user = oc->shard_sum ? dp->z : NULL;
+    return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
 
 dtr_result dtr_dp_step_done(dtr_dp *dp) {
@@ -19403,9 +19635,9 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
-    if (dp->shard && dp->nb) {
+    if (dp->z) {
         st->steps++;
-        return dtr__dp_gather_shards(dp, st);
+        return dtr__zero_gather(dp->z, st);
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
@@ -19467,7 +19699,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19471 "dtrain.h"
+#line 19703 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19900,7 +20132,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19904 "dtrain.h"
+#line 20136 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19954,7 +20186,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19958 "dtrain.h"
+#line 20190 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

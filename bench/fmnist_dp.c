@@ -4,7 +4,7 @@
  *                         [--epochs E] [--batches K] [--batch B] [--bucket BYTES]
  *                         [--data DIR] [--seed S] [--repeat R]
  *                         [--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F]
- *                         [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W]
+ *                         [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]
  *
  * Trains the MLP of examples/common.h (784-256-128-10) data-parallel exactly as
  * examples/fmnist_dp.c does (this file includes it): global batch B (default 128) split
@@ -14,7 +14,8 @@
  * ratios hold on a noisy machine; --repeat R runs the whole list R times and reports each
  * world size's best run (the least disturbed by other processes). --batches K stops each
  * epoch after K steps. --compress and --local-sgd set the engine's gradient compression and
- * local SGD (dtr_dp_config; see examples/fmnist_dp.c).
+ * local SGD (dtr_dp_config; see examples/fmnist_dp.c), --zero the ZeRO stage
+ * (optimizer_state_bytes: rank 0's optimizer state, its shard with ZeRO).
  *
  * Output: one JSON line per world size, then the speed-up of each against the first:
  *   {"bench":"fmnist_dp","impl":"dtrain","transport":"local","world":2,"global_batch":128,

@@ -23,7 +23,7 @@
  * Usage: fmnist_dp [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E]
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
- *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1]
+ *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
  *   --batch      global batch, split evenly over the ranks (default 128)
@@ -36,6 +36,8 @@
  *                ordinary DP (dtr_dp_step_done after each optimizer step)
  *   --zero 1     ZeRO-1: each rank updates (and keeps optimizer state for) its shard of the
  *                parameters; dtr_dp_step_done gathers the shards
+ *   --zero 2     ZeRO-2: as 1, and each rank receives only its shard's gradients (sent to it
+ *                during backward: half the bytes of an all-reduce)
  * Other options as examples/fmnist_mlp.c. Expect about 87% test accuracy after 2 epochs,
  * as the single-rank example with the same global batch. */
 #include "common.h"
@@ -51,7 +53,7 @@ typedef struct dp_opts {
     size_t bucket;
     int64_t max_steps;      /* > 0: steps per epoch at most (benchmarks) */
     dtr_dp_compress compress;
-    int zero;               /* 1: ZeRO-1 */
+    int zero;               /* 1: ZeRO-1, 2: ZeRO-2 */
     float topk_ratio;
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
@@ -63,7 +65,7 @@ typedef struct dp_result {
     double loss, train_acc, test_acc;
     int buckets, overlapped;
     dtr_dp_stats stats;     /* rank 0's engine counters */
-    size_t opt_state_bytes; /* rank 0's optimizer state (momentum: its shard with --zero 1) */
+    size_t opt_state_bytes; /* rank 0's optimizer state (momentum: its shard with --zero 1 or 2) */
     int ok;
 } dp_result;
 
@@ -153,7 +155,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dc.zero = o->zero;
     if ((r = dtr_dp_create(net.model, c, &dc, &dp)) != DTR_OK) { dp_err(rank, "dtr_dp_create", r, dtr_context_last_error(ctx)); goto done; }
     oc = fm_sgd_config(o->lr, 0.9f, o->cosine ? o->epochs * steps : 0);
-    dtr_dp_shard(dp, &oc.shard_begin, &oc.shard_end);   /* ZeRO-1: this rank's shard; else all */
+    dtr_dp_shard_optimizer(dp, &oc);   /* ZeRO: this rank's shard; else all */
     if ((r = dtr_optimizer_create(net.model, &oc, &opt)) != DTR_OK) { dp_err(rank, "optimizer", r, dtr_context_last_error(ctx)); goto done; }
     if (rank == 0 && !o->quiet)
         printf("fmnist_dp: %d ranks over '%s', global batch %d (%d per rank), %lld steps per epoch, %d gradient "
@@ -296,7 +298,7 @@ int main(int argc, char **argv) {
             printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
-                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1]\n", argv[0]);
+                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }

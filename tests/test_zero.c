@@ -1,12 +1,17 @@
-/* tests/test_zero.c: ZeRO-1 (a sharded optimizer) in the data-parallel engine, thread ranks.
+/* tests/test_zero.c: ZeRO-1 and ZeRO-2 (a sharded optimizer) in the data-parallel engine,
+ * thread ranks.
  *   test_zero_equals_dp  worlds 2, 3, 4 x SGD (momentum), AdamW, LAMB, each with clipping by
  *                        global norm and 2 micro-batches of accumulation (no_sync): 12 steps
- *                        of ZeRO-1 give every rank the weights of plain data parallelism
- *                        (relative error <= 1e-6; in fact the same bits: the gradients are
- *                        the same average, and each float is updated by the same formula)
+ *                        of ZeRO-1 and of ZeRO-2 give every rank the weights of plain data
+ *                        parallelism (relative error <= 1e-6; ZeRO-1 in fact the same bits:
+ *                        the gradients are the same average, and each float is updated by the
+ *                        same formula; ZeRO-2 sums its shard in rank order and clips by the
+ *                        norm summed over the shards)
  *   test_zero_memory     8 equal parameters on 4 ranks: each rank's optimizer state is a
  *                        quarter of the unsharded one, and the shards tile the buffer
- *   test_zero_errors     stage 2, ZeRO with compression, an optimizer shard past the buffer,
+ *   test_zero2_grads     ZeRO-2's shard of the gradients after dtr_dp_finish is plain DP's
+ *                        average; the bytes sent per sync are the non-shard gradients
+ *   test_zero_errors     stage 3, ZeRO with compression, an optimizer shard past the buffer,
  *                        a LAMB shard splitting a parameter, a step range outside the shard
  * SGD and AdamW take equal shards (splitting parameters), LAMB shards of whole parameters. */
 #define _POSIX_C_SOURCE 200809L
@@ -74,7 +79,7 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     dc.zero = z->run->zero;
     dc.zero_whole_params = z->run->kind == DTR_OPT_LAMB;
     r = dtr_dp_create(n.m, c, &dc, &dp);
-    if (r == DTR_OK) r = dtr_dp_shard(dp, &oc.shard_begin, &oc.shard_end);
+    if (r == DTR_OK) r = dtr_dp_shard_optimizer(dp, &oc);
     if (r == DTR_OK) r = dtr_optimizer_create(n.m, &oc, &n.opt);
     for (t = 0; t < STEPS && r == DTR_OK; t++) r = zstep(&n, dp, t, z->rank);
     if (r != DTR_OK) snprintf(z->msg, sizeof z->msg, "%s | %s", dtr_context_last_error(n.ctx), dtr_comm_last_error(c));
@@ -112,27 +117,39 @@ static void zrun_world(const zrun *run, zrank *z) {
     dtr_local_world_destroy(w);
 }
 
+/* plain DP against ZeRO `zero` on `world` ranks with optimizer `kind` */
+static void zcompare(int world, dtr_optimizer_kind kind, int zero, const zrank *plain) {
+    static zrank z[4];
+    zrun b;
+    size_t sum = 0;
+    int r;
+    b.world = world, b.kind = kind, b.zero = zero;
+    zrun_world(&b, z);
+    for (r = 0; r < world; r++) {
+        double e;
+        CHECK_MSG(plain[r].ok && z[r].ok, "world %d kind %d ZeRO-%d rank %d: %s %s", world, (int)kind, zero, r, plain[r].msg,
+                  z[r].msg);
+        e = rel_err(z[r].params, plain[0].params, plain[0].numel);
+        CHECK_MSG(e <= 1e-6, "world %d optimizer %d ZeRO-%d rank %d: relative error %g against plain DP", world, (int)kind,
+                  zero, r, e);
+        sum += z[r].state_bytes;
+    }
+    /* the shards' state adds up to one unsharded optimizer's */
+    CHECK_MSG(sum == plain[0].state_bytes, "world %d optimizer %d ZeRO-%d: %zu state bytes over the ranks, %zu unsharded",
+              world, (int)kind, zero, sum, plain[0].state_bytes);
+}
+
 static void test_zero_equals_dp(void) {
     static const dtr_optimizer_kind kinds[3] = {DTR_OPT_SGD, DTR_OPT_ADAMW, DTR_OPT_LAMB};
-    static zrank plain[4], zero[4];
-    zrun a, b;
-    int world, k, r;
+    static zrank plain[4];
+    zrun a;
+    int world, k;
     for (world = 2; world <= 4; world++)
         for (k = 0; k < 3; k++) {
-            size_t sum = 0;
-            a.world = b.world = world, a.kind = b.kind = kinds[k], a.zero = 0, b.zero = 1;
+            a.world = world, a.kind = kinds[k], a.zero = 0;
             zrun_world(&a, plain);
-            zrun_world(&b, zero);
-            for (r = 0; r < world; r++) {
-                double e;
-                CHECK_MSG(plain[r].ok && zero[r].ok, "world %d kind %d rank %d: %s %s", world, k, r, plain[r].msg, zero[r].msg);
-                e = rel_err(zero[r].params, plain[0].params, plain[0].numel);
-                CHECK_MSG(e <= 1e-6, "world %d optimizer %d rank %d: relative error %g against plain DP", world, k, r, e);
-                sum += zero[r].state_bytes;
-            }
-            /* the shards' state adds up to one unsharded optimizer's */
-            CHECK_MSG(sum == plain[0].state_bytes, "world %d optimizer %d: %zu state bytes over the ranks, %zu unsharded",
-                      world, k, sum, plain[0].state_bytes);
+            zcompare(world, kinds[k], 1, plain);
+            zcompare(world, kinds[k], 2, plain);
         }
 }
 
@@ -176,12 +193,19 @@ static void test_zero_errors(void) {
     CHECK(dtr_local_world_create(1, NULL, &w) == DTR_OK);
     cc.local.world = w;
     CHECK(dtr_comm_create(&cc, &c, NULL, 0) == DTR_OK);
-    dc.zero = 2;
+    dc.zero = 3;
     CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
-    CHECK(strstr(dtr_context_last_error(n.ctx), "stage 1") != NULL);
+    CHECK(strstr(dtr_context_last_error(n.ctx), "stages 1 and 2") != NULL);
+    dtr_context_clear_error(n.ctx);
+    dc.zero = 4;
+    CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_INVALID_ARGUMENT);
     dtr_context_clear_error(n.ctx);
     dc.zero = 1, dc.compress = DTR_COMPRESS_INT8;
     CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
+    dtr_context_clear_error(n.ctx);
+    dc.zero = 2, dc.compress = DTR_COMPRESS_NONE, dc.local_sgd_every = 2;
+    CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
+    CHECK(strstr(dtr_context_last_error(n.ctx), "ZeRO-2") != NULL);
     dtr_context_clear_error(n.ctx);
     oc.shard_begin = 0, oc.shard_end = dtr_model_numel(n.m) + 16;   /* past the buffer */
     CHECK_EQ_INT(dtr_optimizer_create(n.m, &oc, &o), DTR_INVALID_ARGUMENT);

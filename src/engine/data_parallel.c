@@ -21,6 +21,7 @@
 #include "../core/internal.h"
 #include "../comm/comm_internal.h"
 #include "compress.h"
+#include "zero.h"
 
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
@@ -42,7 +43,7 @@ struct dtr_dp {
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
     dtr__dpc *cz;           /* gradient codec and counters */
-    int64_t *shard;         /* ZeRO-1: rank r updates floats [shard[r], shard[r + 1]) */
+    dtr__zero *z;           /* ZeRO: the shards (NULL without) */
 };
 
 dtr_dp_config dtr_dp_config_init(void) {
@@ -54,6 +55,7 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     b->in_backward = from_hook;
+    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
 }
 
@@ -126,31 +128,15 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
                          "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
-    if (cfg->zero < 0 || cfg->zero > 1)
-        return dtr__fail(ctx, cfg->zero == 2 || cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
-                         "dtr_dp_create: zero %d (this version has stage 1)", cfg->zero);
+    if (cfg->zero < 0 || cfg->zero > 2)
+        return dtr__fail(ctx, cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
+                         "dtr_dp_create: zero %d (this version has stages 1 and 2)", cfg->zero);
     if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-1 with gradient compression or local SGD is not in "
-                                               "this version");
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
+                                               "this version", cfg->zero);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
                          ctx->backend->name);
-    return DTR_OK;
-}
-
-/* ZeRO-1 shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
- * zero_whole_params at the first parameter boundary there or after (a shard may be empty) */
-static dtr_result dtr__dp_shards(dtr_dp *dp) {
-    int W = dtr_comm_size(dp->c), np = dtr_model_param_count(dp->m), r, i = 0;
-    int64_t total = dtr_model_numel(dp->m);
-    dp->shard = (int64_t *)dtr__calloc(&dp->ctx->alloc, (size_t)(W + 1) * sizeof(int64_t));
-    if (!dp->shard) return dtr__fail(dp->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
-    for (r = 1; r < W; r++) {
-        int64_t want = total * r / W / 16 * 16;
-        while (dp->cfg.zero_whole_params && i < np && dtr_model_param_offset(dp->m, i) < want) i++;
-        dp->shard[r] = !dp->cfg.zero_whole_params ? want : i < np ? dtr_model_param_offset(dp->m, i) : total;
-    }
-    dp->shard[W] = total;
     return DTR_OK;
 }
 
@@ -174,11 +160,11 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
-    if (r == DTR_OK && cfg->zero) r = dtr__dp_shards(dp);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
+        if (cfg->zero && (r = dtr__zero_create(m, c, cfg, dp->nb, &dp->z)) != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_dp_broadcast_params(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
@@ -211,7 +197,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
-    dtr__free(&a, dp->shard);
+    dtr__zero_destroy(dp->z);
     dtr__free(&a, dp);
 }
 
@@ -237,7 +223,11 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
-    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK; i++)
+    if (dp->cfg.zero == 2) {   /* waits for the exchange even after an error */
+        dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
+        if (w == DTR_OK) w = zr;
+    }
+    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && dp->cfg.zero != 2; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr_model_grads(dp->m), dp->b[i].begin);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
@@ -248,26 +238,19 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     return DTR_OK;
 }
 
-/* ZeRO-1: every rank's shard of the parameters, from the rank that updated it */
-static dtr_result dtr__dp_gather_shards(dtr_dp *dp, dtr_dp_stats *st) {
-    float *p = dtr_model_params(dp->m);
-    int r, me = dtr_comm_rank(dp->c);
-    for (r = 0; r < dtr_comm_size(dp->c); r++) {
-        dtr_result res = dtr_comm_broadcast(dp->c, p + dp->shard[r], (size_t)(dp->shard[r + 1] - dp->shard[r]), DTR_F32, r);
-        if (res != DTR_OK) return dtr__fail(dp->ctx, res, "ZeRO-1: gathering the parameters: %s", dtr_comm_last_error(dp->c));
-    }
-    st->wire_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
-    st->raw_bytes += (uint64_t)(dp->shard[me + 1] - dp->shard[me]) * sizeof(float);
+dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
+    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
+    *begin = 0;
+    *end = dtr_model_numel(dp->m);
+    if (dp->z) dtr__zero_shard(dp->z, begin, end);
     return DTR_OK;
 }
 
-dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
-    int me;
-    if (!dp || !begin || !end) return DTR_NULL_HANDLE;
-    me = dtr_comm_rank(dp->c);
-    *begin = dp->shard ? dp->shard[me] : 0;
-    *end = dp->shard ? dp->shard[me + 1] : dtr_model_numel(dp->m);
-    return DTR_OK;
+dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
+    if (!dp || !oc) return DTR_NULL_HANDLE;
+    oc->shard_sum = dp->cfg.zero == 2 && dp->z ? dtr__zero_sum : NULL;
+    oc->shard_sum_user = oc->shard_sum ? dp->z : NULL;
+    return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
 
 dtr_result dtr_dp_step_done(dtr_dp *dp) {
@@ -277,9 +260,9 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     if (!dp) return DTR_NULL_HANDLE;
     if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
-    if (dp->shard && dp->nb) {
+    if (dp->z) {
         st->steps++;
-        return dtr__dp_gather_shards(dp, st);
+        return dtr__zero_gather(dp->z, st);
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;

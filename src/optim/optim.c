@@ -196,6 +196,18 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
+/* the norm clip_norm takes: the whole buffer's, or with shard_sum the group's over the shards */
+static dtr_result dtr__opt_grad_norm(dtr_optimizer *o, double *norm) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    double s = 0.0;
+    dtr_result r;
+    if (!o->cfg.shard_sum) return dtr__grad_norm(o->model, norm);
+    r = o->len ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + o->base, o->len, &s) : DTR_OK;
+    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
+    *norm = sqrt(s);
+    return r;
+}
+
 /* A range the update can take: inside the optimizer's floats; for LAMB on parameter
  * boundaries; without clipping unless it is all of them. */
 static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end) {
@@ -257,7 +269,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.work = o->work;
     if (o->cfg.clip_norm > 0.0f) {
         double norm;
-        r = dtr__grad_norm(o->model, &norm);
+        r = dtr__opt_grad_norm(o, &norm);
         if (r != DTR_OK) return r;
         norm *= a.grad_scale;
         if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));

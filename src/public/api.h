@@ -697,8 +697,15 @@ typedef struct dtr_optimizer_config {
     int64_t shard_begin;    /**< with shard_end > 0: the optimizer updates, and keeps state for, only the */
     int64_t shard_end;      /**< floats [shard_begin, shard_end) of the parameter buffer (on parameter
                                  boundaries for LAMB; may be empty): one rank's shard of a sharded optimizer
-                                 (ZeRO-1, dtr_dp_shard); clip_norm still takes the whole gradient buffer's norm
-                                 (after data-parallel averaging every rank holds all of it). 0: all */
+                                 (ZeRO, dtr_dp_shard_optimizer). Without shard_sum clip_norm takes the whole
+                                 gradient buffer's norm (ZeRO-1: every rank holds the whole average). 0: all */
+    /** With a shard: sums n values over the ranks that share the optimizer, in place (the same
+     *  result on every rank; a collective every rank's optimizer step calls alike). Given, the
+     *  optimizer takes clip_norm's norm as the root of the sum of its shard's sums of squares
+     *  (ZeRO-2: a rank holds the average of its shard's gradients only). NULL: none.
+     *  dtr_dp_shard_optimizer sets it. */
+    dtr_result (*shard_sum)(void *user, double *vals, int n);
+    void *shard_sum_user;   /**< handed to shard_sum */
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).

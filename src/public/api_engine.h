@@ -239,12 +239,16 @@ typedef struct dtr_dp_config {
     int local_sgd_every;   /**< H > 0: local SGD, parameters averaged every H optimizer steps
                                 (dtr_dp_step_done) and gradients not synchronised; 0: off */
     int64_t local_sgd_warmup;   /**< local SGD: steps of ordinary DP first (post-local SGD) */
-    int zero;              /**< 1: ZeRO-1, a sharded optimizer: each rank updates only its shard of
-                                the parameters (dtr_dp_shard; create the optimizer with
-                                shard_begin/shard_end) and keeps optimizer state for it only;
-                                dtr_dp_step_done gathers the shards. 0: off. Stages 2 and 3 are not
-                                in this version (DTR_UNSUPPORTED) */
-    int zero_whole_params; /**< ZeRO-1: 1 makes each shard a run of whole parameters, as LAMB's
+    int zero;              /**< ZeRO (docs/distributed.md, "ZeRO"), a sharded optimizer: each rank
+                                updates only its shard of the parameters and keeps optimizer state
+                                for it only (create the optimizer from dtr_dp_shard_optimizer);
+                                dtr_dp_step_done gathers the shards. 1: ZeRO-1, gradients averaged
+                                whole. 2: ZeRO-2, each bucket's slices are sent to the ranks that
+                                own them during backward (a reduce-scatter's volume, half an
+                                all-reduce's) and a rank ends with the average of its shard's
+                                gradients only. 0: off. Stage 3 is not in this version
+                                (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD */
+    int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters, as LAMB's
                                 per-parameter trust ratio needs (shards then follow the
                                 parameter sizes); 0: equal shards (16-float aligned) */
 } dtr_dp_config;
@@ -294,13 +298,14 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  the pass did not reach) and waits for all of them. Afterwards the gradient buffer holds
  *  the average over the ranks of their gradients, identical bits on every rank (with a
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
- *  here). During local SGD past its warm-up it returns at once.
+ *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
+ *  rest of the buffer keeps this rank's own gradients). During local SGD past its warm-up it returns at once.
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO-1
+/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO
  *  it gathers every rank's updated shard of the parameters (one broadcast per rank, from the
- *  rank that owns it), so every rank holds the whole model again; without ZeRO-1 or local
+ *  rank that owns it), so every rank holds the whole model again; without ZeRO or local
  *  SGD it only counts. Local SGD: During the warm-up (local_sgd_warmup steps) the engine
  *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
@@ -311,12 +316,20 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
-/** ZeRO-1: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
+/** ZeRO: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
  *  or whole parameters with cfg.zero_whole_params; may be empty), to give the optimizer as
  *  shard_begin / shard_end. Without
  *  cfg.zero (or on a group of 1): the whole buffer. @return DTR_OK, DTR_NULL_HANDLE.
  *  Thread safety: any thread. */
 DTR_API dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end);
+/** ZeRO: fills the shard fields of an optimizer configuration for this rank: shard_begin /
+ *  shard_end (dtr_dp_shard) and, with ZeRO-2, shard_sum / shard_sum_user (clip_norm's
+ *  norm summed over the group's shards); without ZeRO the whole buffer and no shard_sum.
+ *  Create the optimizer from it (dtr_optimizer_create); the engine must outlive the
+ *  optimizer's steps. With ZeRO-2 only the shard holds averaged gradients: clip through the
+ *  optimizer's clip_norm, not dtr_clip_grad_norm (which sees this rank's buffer only).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc);
 /** Copies the engine's counters (dtr_dp_stats) into *out.
  *  @return DTR_OK or DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);

@@ -1,0 +1,180 @@
+/* ============================================================================
+ * ZeRO in the data-parallel engine. Rank r of W owns floats [shard[r], shard[r + 1]) of the
+ * parameter buffer: it updates them (its optimizer keeps state for them only) and after
+ * the step sends them to the others (one broadcast per shard).
+ *
+ * Stage 1: gradients are averaged whole (the engine's bucketed all-reduce).
+ * Stage 2: a bucket's gradients are final during backward -> each rank sends the bucket's
+ * slice of rank o's shard to rank o (point-to-point, asynchronous) and receives the peers'
+ * slices of its own shard into a buffer, one slot per peer. dtr_dp_finish waits and sums
+ * the slices in rank order into the shard. Each rank sends (W - 1) / W of the gradients and
+ * receives as much: the volume of a reduce-scatter, half an all-reduce's. Outside its
+ * shard a rank's gradient buffer keeps its own local gradients (not the average).
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../public/api_comm.h"
+#include "../public/api_engine.h"
+#include "../core/internal.h"
+#include "../comm/comm_internal.h"
+#include "zero.h"
+
+#define DTR__ZERO_TAG (1 << 30)   /* + bucket index: stage 2's point-to-point tags */
+
+struct dtr__zero {
+    dtr_model *m;
+    dtr_comm *c;
+    dtr_context *ctx;
+    int W, me, stage;
+    int64_t *shard;          /* W + 1 offsets */
+    float *recv;             /* stage 2: W - 1 slots of this rank's shard, peers in rank order */
+    dtr_request **req;       /* stage 2: this step's sends and receives */
+    int nreq, cap;
+};
+
+/* Shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
+ * zero_whole_params at the first parameter boundary there or after (a shard may be empty) */
+static void dtr__zero_layout(dtr__zero *z, int whole) {
+    int np = dtr_model_param_count(z->m), r, i = 0;
+    int64_t total = dtr_model_numel(z->m);
+    for (r = 1; r < z->W; r++) {
+        int64_t want = total * r / z->W / 16 * 16;
+        while (whole && i < np && dtr_model_param_offset(z->m, i) < want) i++;
+        z->shard[r] = !whole ? want : i < np ? dtr_model_param_offset(z->m, i) : total;
+    }
+    z->shard[z->W] = total;
+}
+
+dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out) {
+    dtr_context *ctx = dtr_model_context(m);
+    dtr__zero *z = (dtr__zero *)dtr__calloc(&ctx->alloc, sizeof(*z));
+    int ok;
+    *out = NULL;
+    if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
+    z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
+    z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
+    ok = z->shard != NULL;
+    if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
+    if (ok && z->stage == 2) {
+        int64_t len = z->shard[z->me + 1] - z->shard[z->me];
+        z->cap = 2 * z->W * (nb > 0 ? nb : 1);
+        z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
+        z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
+        ok = z->req && z->recv;
+    }
+    if (!ok) {
+        dtr__zero_destroy(z);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory for the ZeRO shards");
+    }
+    *out = z;
+    return DTR_OK;
+}
+
+/* waits for and frees this step's requests; the first error */
+static dtr_result dtr__zero_wait(dtr__zero *z) {
+    dtr_result first = DTR_OK;
+    int i;
+    for (i = 0; i < z->nreq; i++) {
+        dtr_result r = dtr_request_wait(z->req[i]);
+        if (r != DTR_OK && first == DTR_OK) first = r;
+        dtr_request_destroy(z->req[i]);
+        z->req[i] = NULL;
+    }
+    z->nreq = 0;
+    return first;
+}
+
+void dtr__zero_destroy(dtr__zero *z) {
+    dtr_allocation_callbacks a;
+    if (!z) return;
+    a = z->ctx->alloc;
+    if (z->req) dtr__zero_wait(z);
+    dtr__free(&a, z->req);
+    dtr__free(&a, z->recv);
+    dtr__free(&a, z->shard);
+    dtr__free(&a, z);
+}
+
+/* peer p's slot for float x of this rank's shard */
+static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) {
+    int64_t len = z->shard[z->me + 1] - z->shard[z->me];
+    return z->recv + (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
+}
+
+dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
+    float *g = dtr_model_grads(z->m);
+    int o, p;
+    for (o = 0; o < z->W; o++) {
+        int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
+        size_t bytes = (size_t)(hi - lo) * sizeof(float);
+        if (lo >= hi) continue;
+        for (p = 0; p < z->W; p++) {
+            dtr_result r = DTR_OK;
+            if (o != z->me && p == z->me)
+                r = dtr_comm_send_async(z->c, g + lo, bytes, o, DTR__ZERO_TAG + i, &z->req[z->nreq]);
+            else if (o == z->me && p != z->me)
+                r = dtr_comm_recv_async(z->c, dtr__zero_slot(z, p, lo), bytes, p, DTR__ZERO_TAG + i, &z->req[z->nreq]);
+            else continue;
+            if (r != DTR_OK) return r;
+            z->nreq++;
+        }
+    }
+    return DTR_OK;
+}
+
+/* rank p's slice of the shard: the local gradients for this rank, else its slot */
+static const float *dtr__zero_part(dtr__zero *z, int p) {
+    int64_t b = z->shard[z->me];
+    return p == z->me ? dtr_model_grads(z->m) + b : dtr__zero_slot(z, p, b);
+}
+
+dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
+    int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
+    float *g = dtr_model_grads(z->m) + b, *acc;
+    dtr_result r = dtr__zero_wait(z);
+    int p;
+    if (r != DTR_OK) return r;
+    /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
+       may still need its own gradients); the last addition divides and lands in the shard */
+    acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
+    for (p = 1; p < z->W; p++)
+        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, 0) : acc, dtr__zero_part(z, p), (size_t)n,
+                         DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
+    st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * sizeof(float);
+    st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
+    return DTR_OK;
+}
+
+dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st) {
+    float *p = dtr_model_params(z->m);
+    int r;
+    for (r = 0; r < z->W; r++) {
+        dtr_result res = dtr_comm_broadcast(z->c, p + z->shard[r], (size_t)(z->shard[r + 1] - z->shard[r]), DTR_F32, r);
+        if (res != DTR_OK)
+            return dtr__fail(z->ctx, res, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
+    }
+    st->wire_bytes += (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    st->raw_bytes += (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    return DTR_OK;
+}
+
+void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
+    *begin = z->shard[z->me];
+    *end = z->shard[z->me + 1];
+}
+
+dtr_result dtr__zero_sum(void *user, double *vals, int n) {
+    dtr__zero *z = (dtr__zero *)user;
+    double *all = (double *)dtr__malloc(&z->ctx->alloc, (size_t)(z->W * (n > 0 ? n : 1)) * sizeof(double));
+    int i, r;
+    dtr_result res;
+    if (!all) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "ZeRO: out of memory");
+    res = dtr_comm_all_gather(z->c, vals, all, (size_t)n * sizeof(double), DTR_U8);
+    for (i = 0; i < n && res == DTR_OK; i++) {
+        vals[i] = 0.0;
+        for (r = 0; r < z->W; r++) vals[i] += all[r * n + i];
+    }
+    dtr__free(&z->ctx->alloc, all);
+    if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
+    return DTR_OK;
+}
