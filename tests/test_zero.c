@@ -25,6 +25,7 @@
 
 typedef struct zrun {
     int world, zero;
+    int grads_only;         /* 1: one synchronised backward, its gradients kept */
     dtr_optimizer_kind kind;
 } zrun;
 
@@ -33,8 +34,9 @@ typedef struct zrank {
     dtr_local_world *w;
     const zrun *run;
     int rank, ok;
-    float params[1024];
-    int64_t numel;
+    float params[1024], grads[1024];
+    int64_t numel, shard_begin, shard_end;
+    dtr_dp_stats stats;
     size_t state_bytes;
     char msg[512];
 } zrank;
@@ -81,10 +83,15 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     r = dtr_dp_create(n.m, c, &dc, &dp);
     if (r == DTR_OK) r = dtr_dp_shard_optimizer(dp, &oc);
     if (r == DTR_OK) r = dtr_optimizer_create(n.m, &oc, &n.opt);
-    for (t = 0; t < STEPS && r == DTR_OK; t++) r = zstep(&n, dp, t, z->rank);
+    if (r == DTR_OK && z->run->grads_only) r = mlp_backward(&n, 0, (int64_t)z->rank * B, B);
+    if (r == DTR_OK && z->run->grads_only) r = dtr_dp_finish(dp);
+    for (t = 0; t < STEPS && r == DTR_OK && !z->run->grads_only; t++) r = zstep(&n, dp, t, z->rank);
     if (r != DTR_OK) snprintf(z->msg, sizeof z->msg, "%s | %s", dtr_context_last_error(n.ctx), dtr_comm_last_error(c));
     z->numel = dtr_model_numel(n.m);
     memcpy(z->params, dtr_model_params(n.m), (size_t)z->numel * sizeof(float));
+    memcpy(z->grads, dtr_model_grads(n.m), (size_t)z->numel * sizeof(float));
+    z->shard_begin = oc.shard_begin, z->shard_end = oc.shard_end;
+    dtr_dp_get_stats(dp, &z->stats);
     z->state_bytes = n.opt ? state_bytes(n.opt) : 0;
     dtr_dp_destroy(dp);
     mlp_free(&n);
@@ -123,6 +130,7 @@ static void zcompare(int world, dtr_optimizer_kind kind, int zero, const zrank *
     zrun b;
     size_t sum = 0;
     int r;
+    memset(&b, 0, sizeof b);
     b.world = world, b.kind = kind, b.zero = zero;
     zrun_world(&b, z);
     for (r = 0; r < world; r++) {
@@ -144,6 +152,7 @@ static void test_zero_equals_dp(void) {
     static zrank plain[4];
     zrun a;
     int world, k;
+    memset(&a, 0, sizeof a);
     for (world = 2; world <= 4; world++)
         for (k = 0; k < 3; k++) {
             a.world = world, a.kind = kinds[k], a.zero = 0;
@@ -151,6 +160,33 @@ static void test_zero_equals_dp(void) {
             zcompare(world, kinds[k], 1, plain);
             zcompare(world, kinds[k], 2, plain);
         }
+}
+
+/* world 3: after dtr_dp_finish each rank's shard of the gradients is plain DP's average, and
+   the rank sent the gradients outside its shard */
+static void test_zero2_grads(void) {
+    static zrank plain[3], z[3];
+    zrun a, b;
+    int r;
+    memset(&a, 0, sizeof a);
+    a.world = 3, a.kind = DTR_OPT_ADAMW, a.grads_only = 1;
+    b = a;
+    b.zero = 2;
+    zrun_world(&a, plain);
+    zrun_world(&b, z);
+    CHECK_EQ_INT(z[0].shard_begin, 0);
+    CHECK_EQ_INT(z[2].shard_end, plain[0].numel);
+    for (r = 0; r < 3; r++) {
+        int64_t sb = z[r].shard_begin, n = z[r].shard_end - sb;
+        CHECK_MSG(plain[r].ok && z[r].ok, "rank %d: %s %s", r, plain[r].msg, z[r].msg);
+        CHECK(n > 0 && (r == 0 || sb == z[r - 1].shard_end));
+        CHECK_MSG(rel_err(z[r].grads + sb, plain[0].grads + sb, n) <= 1e-6, "rank %d: shard gradients differ", r);
+        CHECK_EQ_INT((int64_t)z[r].stats.wire_bytes, (plain[0].numel - n) * (int64_t)sizeof(float));
+        CHECK_EQ_INT((int64_t)z[r].stats.raw_bytes, plain[0].numel * (int64_t)sizeof(float));
+    }
+    /* outside its shard a rank keeps its own gradients, not the average */
+    CHECK(rel_err(z[0].grads + z[1].shard_begin, plain[0].grads + z[1].shard_begin,
+                  z[1].shard_end - z[1].shard_begin) > 1e-3);
 }
 
 /* 8 parameters of 256 floats over 4 ranks: shards of 2 parameters each */
@@ -227,6 +263,7 @@ static void test_zero_errors(void) {
 
 int main(void) {
     RUN(test_zero_equals_dp);
+    RUN(test_zero2_grads);
     RUN(test_zero_memory);
     RUN(test_zero_errors);
     return test_summary();
