@@ -19246,12 +19246,13 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
     ok = z->shard != NULL;
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
+    z->cap = 2 * z->W * (nb > 0 ? nb : 1);   /* a bucket's or the gather's sends and receives: 2 (W - 1) */
+    z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
+    ok = ok && z->req;
     if (ok && z->stage == 2) {
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
-        z->cap = 2 * z->W * (nb > 0 ? nb : 1);
-        z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
         z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
-        ok = z->req && z->recv;
+        ok = z->recv != NULL;
     }
     if (!ok) {
         dtr__zero_destroy(z);
@@ -19292,23 +19293,28 @@ static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) {
     return z->recv + (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
 }
 
+/* posts a send or receive of n floats at buf to/from rank p */
+static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, int p, int tag) {
+    size_t bytes = (size_t)n * sizeof(float);
+    dtr_result r;
+    if (z->nreq >= z->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
+    r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &z->req[z->nreq])
+             : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &z->req[z->nreq]);
+    if (r == DTR_OK) z->nreq++;
+    return r;
+}
+
 dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
     float *g = dtr_model_grads(z->m);
     int o, p;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
-        size_t bytes = (size_t)(hi - lo) * sizeof(float);
+        dtr_result r = DTR_OK;
         if (lo >= hi) continue;
-        for (p = 0; p < z->W; p++) {
-            dtr_result r = DTR_OK;
-            if (o != z->me && p == z->me)
-                r = dtr_comm_send_async(z->c, g + lo, bytes, o, DTR__ZERO_TAG + i, &z->req[z->nreq]);
-            else if (o == z->me && p != z->me)
-                r = dtr_comm_recv_async(z->c, dtr__zero_slot(z, p, lo), bytes, p, DTR__ZERO_TAG + i, &z->req[z->nreq]);
-            else continue;
-            if (r != DTR_OK) return r;
-            z->nreq++;
-        }
+        if (o != z->me) r = dtr__zero_post(z, 1, g + lo, hi - lo, o, DTR__ZERO_TAG + i);
+        for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
+            if (p != z->me) r = dtr__zero_post(z, 0, dtr__zero_slot(z, p, lo), hi - lo, p, DTR__ZERO_TAG + i);
+        if (r != DTR_OK) return r;
     }
     return DTR_OK;
 }
@@ -19337,15 +19343,22 @@ dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
 }
 
 dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st) {
-    float *p = dtr_model_params(z->m);
-    int r;
-    for (r = 0; r < z->W; r++) {
-        dtr_result res = dtr_comm_broadcast(z->c, p + z->shard[r], (size_t)(z->shard[r + 1] - z->shard[r]), DTR_F32, r);
-        if (res != DTR_OK)
-            return dtr__fail(z->ctx, res, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
+    float *prm = dtr_model_params(z->m);
+    int64_t n = z->shard[z->me + 1] - z->shard[z->me];
+    dtr_result r = DTR_OK;
+    int p;
+    /* an all-gather of unequal shards: this rank's to every peer, every peer's from it */
+    for (p = 0; p < z->W && r == DTR_OK; p++) {
+        if (p == z->me) continue;
+        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], n, p, DTR__ZERO_TAG - 1);
+        if (r == DTR_OK && z->shard[p + 1] > z->shard[p])
+            r = dtr__zero_post(z, 0, prm + z->shard[p], z->shard[p + 1] - z->shard[p], p, DTR__ZERO_TAG - 1);
     }
-    st->wire_bytes += (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
-    st->raw_bytes += (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    if (r == DTR_OK) r = dtr__zero_wait(z);
+    else dtr__zero_wait(z);
+    if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
+    st->wire_bytes += (uint64_t)n * sizeof(float);
+    st->raw_bytes += (uint64_t)n * sizeof(float);
     return DTR_OK;
 }
 
@@ -19369,7 +19382,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19373 "dtrain.h"
+#line 19386 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19699,7 +19712,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19703 "dtrain.h"
+#line 19716 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20132,7 +20145,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20136 "dtrain.h"
+#line 20149 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20186,7 +20199,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20190 "dtrain.h"
+#line 20203 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
