@@ -8920,7 +8920,9 @@ struct dtr_optimizer {
     dtr_optimizer_config cfg;
     float *m, *v, *work;      /* backend memory, len floats each (NULL when unused) */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
-    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base */
+    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base (with
+                                       shard_sum: their parts inside the shard) */
+    int *seg_param;           /* LAMB: the parameter of each segment */
     int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
@@ -8981,20 +8983,28 @@ static dtr_result dtr__check_shard(dtr_model *m, const dtr_optimizer_config *cfg
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: shard [%lld, %lld) is not a "
                          "range of the parameter buffer (%lld floats)", (long long)cfg->shard_begin,
                          (long long)cfg->shard_end, (long long)dtr_model_numel(m));
-    if (cfg->kind == DTR_OPT_LAMB && (!dtr__on_boundary(m, cfg->shard_begin) || !dtr__on_boundary(m, cfg->shard_end)))
+    if (cfg->kind == DTR_OPT_LAMB && !cfg->shard_sum &&
+        (!dtr__on_boundary(m, cfg->shard_begin) || !dtr__on_boundary(m, cfg->shard_end)))
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: LAMB's trust ratio is per "
-                         "parameter: shard [%lld, %lld) must hold whole parameters (dtr_dp_config.zero_whole_params)",
-                         (long long)cfg->shard_begin, (long long)cfg->shard_end);
+                         "parameter: shard [%lld, %lld) must hold whole parameters (dtr_dp_config.zero_whole_params) "
+                         "or give shard_sum", (long long)cfg->shard_begin, (long long)cfg->shard_end);
+    if (cfg->kind == DTR_OPT_LAMB && cfg->shard_sum && !dtr__host_memory(dtr_model_context(m)))
+        return dtr__fail(dtr_model_context(m), DTR_UNSUPPORTED, "dtr_optimizer_create: LAMB with shard_sum needs "
+                                                                "parameters in host memory");
     return DTR_OK;
 }
 
-/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base */
+/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base;
+   with shard_sum the parts of those that cross its ends too */
 static void dtr__lamb_segments(dtr_optimizer *o) {
+    int64_t lo = o->base, hi = o->base + o->len;
     int i;
     o->nseg = 0;
     for (i = 0; i < dtr_model_param_count(o->model); i++) {
         int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
-        if (b < o->base || e > o->base + o->len) continue;
+        if (o->cfg.shard_sum) b = b > lo ? b : lo, e = e < hi ? e : hi;
+        if (b < lo || e > hi || b >= e) continue;
+        o->seg_param[o->nseg] = i;
         o->seg_begin[o->nseg] = b - o->base;
         o->seg_end[o->nseg++] = e - o->base;
     }
@@ -9037,10 +9047,11 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
         o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
         o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        if (o->seg_begin && o->seg_end) dtr__lamb_segments(o);
+        o->seg_param = (int *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int));
+        if (o->seg_begin && o->seg_end && o->seg_param) dtr__lamb_segments(o);
     }
     if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
-        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end))) {
+        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end || !o->seg_param))) {
         dtr_optimizer_destroy(o);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory for the optimizer state");
     }
@@ -9059,6 +9070,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     if (o->work) ctx->backend->mem_free(ctx, o->work);
     dtr__free(&ctx->alloc, o->seg_begin);
     dtr__free(&ctx->alloc, o->seg_end);
+    dtr__free(&ctx->alloc, o->seg_param);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -9124,15 +9136,45 @@ static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end)
     if (begin < lo || end > hi || begin > end)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the optimizer's "
                          "[%lld, %lld)", (long long)begin, (long long)end, (long long)lo, (long long)hi);
-    if (o->cfg.clip_norm > 0.0f && (begin != lo || end != hi))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm needs the whole gradient's norm; "
-                                                    "clip globally (dtr_clip_grad_norm) and step ranges without it");
-    if (o->cfg.kind != DTR_OPT_LAMB) return DTR_OK;
+    if ((o->cfg.clip_norm > 0.0f || o->cfg.shard_sum) && (begin != lo || end != hi))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm and shard_sum need the whole "
+                                                    "gradient's norm; clip globally (dtr_clip_grad_norm) and step ranges "
+                                                    "without them");
+    if (o->cfg.kind != DTR_OPT_LAMB || o->cfg.shard_sum) return DTR_OK;   /* shard_sum: the whole shard */
     if (!dtr__on_boundary(o->model, begin) || !dtr__on_boundary(o->model, end))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: LAMB's trust ratio is per parameter: "
                                                     "[%lld, %lld) must start and end on parameter boundaries",
                          (long long)begin, (long long)end);
     return DTR_OK;
+}
+
+/* LAMB over a shard whose ends may split parameters (shard_sum given; host memory): the
+ * kernel with lr 0 updates the moments and writes each update direction to work without
+ * moving the parameters; each parameter's norms (of p and of its direction) are summed over
+ * the shards; then p -= lr * trust * work, as the kernel's last loop. */
+static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int np = dtr_model_param_count(o->model), s;
+    double *v = (double *)dtr__calloc(&ctx->alloc, (size_t)(2 * np + 1) * sizeof(double));
+    float lr = a->lr;
+    dtr_result r;
+    int64_t i;
+    if (!v) return DTR_OUT_OF_MEMORY;
+    a->lr = 0.0f;
+    r = ctx->backend->optimizer_update(ctx, a);
+    for (s = 0; s < o->nseg && r == DTR_OK; s++)
+        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) {
+            v[2 * o->seg_param[s]] += (double)a->param[i] * a->param[i];
+            v[2 * o->seg_param[s] + 1] += (double)a->work[i] * a->work[i];
+        }
+    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
+    for (s = 0; s < o->nseg && r == DTR_OK; s++) {
+        double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
+        float trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) a->param[i] -= lr * trust * a->work[i];
+    }
+    dtr__free(&ctx->alloc, v);
+    return r;
 }
 
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
@@ -9182,7 +9224,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
         norm *= a.grad_scale;
         if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
     }
-    r = ctx->backend->optimizer_update(ctx, &a);
+    r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;
     if (updated) *updated = 1;
@@ -9290,7 +9332,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9294 "dtrain.h"
+#line 9336 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9637,7 +9679,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9641 "dtrain.h"
+#line 9683 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9822,7 +9864,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9826 "dtrain.h"
+#line 9868 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10463,7 +10505,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10467 "dtrain.h"
+#line 10509 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10916,7 +10958,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10920 "dtrain.h"
+#line 10962 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10972,7 +11014,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10976 "dtrain.h"
+#line 11018 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11749,7 +11791,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11753 "dtrain.h"
+#line 11795 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12330,7 +12372,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12334 "dtrain.h"
+#line 12376 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12961,7 +13003,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12965 "dtrain.h"
+#line 13007 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13699,7 +13741,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13703 "dtrain.h"
+#line 13745 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13966,7 +14008,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13970 "dtrain.h"
+#line 14012 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14156,7 +14198,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14160 "dtrain.h"
+#line 14202 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14290,7 +14332,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14294 "dtrain.h"
+#line 14336 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15024,7 +15066,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15028 "dtrain.h"
+#line 15070 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15541,7 +15583,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15545 "dtrain.h"
+#line 15587 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16273,7 +16315,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16277 "dtrain.h"
+#line 16319 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17348,7 +17390,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17352 "dtrain.h"
+#line 17394 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17900,7 +17942,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17904 "dtrain.h"
+#line 17946 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18382,7 +18424,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18386 "dtrain.h"
+#line 18428 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18826,7 +18868,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18830 "dtrain.h"
+#line 18872 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19185,7 +19227,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19189 "dtrain.h"
+#line 19231 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19382,7 +19424,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19386 "dtrain.h"
+#line 19428 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19636,7 +19678,7 @@ dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
 
 dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
     if (!dp || !oc) return DTR_NULL_HANDLE;
-    oc->shard_sum = dp->cfg.zero == 2 && dp->z ? dtr__zero_sum : NULL;
+    oc->shard_sum = dp->z ? dtr__zero_sum : NULL;
     oc->shard_sum_user = oc->shard_sum ? dp->z : NULL;
     return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
@@ -19712,7 +19754,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19716 "dtrain.h"
+#line 19758 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20145,7 +20187,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20149 "dtrain.h"
+#line 20191 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20199,7 +20241,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20203 "dtrain.h"
+#line 20245 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

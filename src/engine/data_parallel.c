@@ -248,7 +248,7 @@ dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end) {
 
 dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
     if (!dp || !oc) return DTR_NULL_HANDLE;
-    oc->shard_sum = dp->cfg.zero == 2 && dp->z ? dtr__zero_sum : NULL;
+    oc->shard_sum = dp->z ? dtr__zero_sum : NULL;
     oc->shard_sum_user = oc->shard_sum ? dp->z : NULL;
     return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }

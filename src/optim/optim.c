@@ -12,7 +12,9 @@ struct dtr_optimizer {
     dtr_optimizer_config cfg;
     float *m, *v, *work;      /* backend memory, len floats each (NULL when unused) */
     int64_t base, len;        /* the floats it updates: [base, base + len) of the model's buffers */
-    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base */
+    int64_t *seg_begin, *seg_end;   /* LAMB: its parameters' ranges, relative to base (with
+                                       shard_sum: their parts inside the shard) */
+    int *seg_param;           /* LAMB: the parameter of each segment */
     int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
@@ -73,20 +75,28 @@ static dtr_result dtr__check_shard(dtr_model *m, const dtr_optimizer_config *cfg
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: shard [%lld, %lld) is not a "
                          "range of the parameter buffer (%lld floats)", (long long)cfg->shard_begin,
                          (long long)cfg->shard_end, (long long)dtr_model_numel(m));
-    if (cfg->kind == DTR_OPT_LAMB && (!dtr__on_boundary(m, cfg->shard_begin) || !dtr__on_boundary(m, cfg->shard_end)))
+    if (cfg->kind == DTR_OPT_LAMB && !cfg->shard_sum &&
+        (!dtr__on_boundary(m, cfg->shard_begin) || !dtr__on_boundary(m, cfg->shard_end)))
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_optimizer_create: LAMB's trust ratio is per "
-                         "parameter: shard [%lld, %lld) must hold whole parameters (dtr_dp_config.zero_whole_params)",
-                         (long long)cfg->shard_begin, (long long)cfg->shard_end);
+                         "parameter: shard [%lld, %lld) must hold whole parameters (dtr_dp_config.zero_whole_params) "
+                         "or give shard_sum", (long long)cfg->shard_begin, (long long)cfg->shard_end);
+    if (cfg->kind == DTR_OPT_LAMB && cfg->shard_sum && !dtr__host_memory(dtr_model_context(m)))
+        return dtr__fail(dtr_model_context(m), DTR_UNSUPPORTED, "dtr_optimizer_create: LAMB with shard_sum needs "
+                                                                "parameters in host memory");
     return DTR_OK;
 }
 
-/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base */
+/* LAMB's per-parameter segments: the parameters inside [base, base + len), relative to base;
+   with shard_sum the parts of those that cross its ends too */
 static void dtr__lamb_segments(dtr_optimizer *o) {
+    int64_t lo = o->base, hi = o->base + o->len;
     int i;
     o->nseg = 0;
     for (i = 0; i < dtr_model_param_count(o->model); i++) {
         int64_t b = dtr_model_param_offset(o->model, i), e = b + dtr_tensor_numel(dtr_model_param_at(o->model, i));
-        if (b < o->base || e > o->base + o->len) continue;
+        if (o->cfg.shard_sum) b = b > lo ? b : lo, e = e < hi ? e : hi;
+        if (b < lo || e > hi || b >= e) continue;
+        o->seg_param[o->nseg] = i;
         o->seg_begin[o->nseg] = b - o->base;
         o->seg_end[o->nseg++] = e - o->base;
     }
@@ -129,10 +139,11 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         o->work = (float *)ctx->backend->mem_alloc(ctx, bytes);
         o->seg_begin = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
         o->seg_end = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int64_t));
-        if (o->seg_begin && o->seg_end) dtr__lamb_segments(o);
+        o->seg_param = (int *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(int));
+        if (o->seg_begin && o->seg_end && o->seg_param) dtr__lamb_segments(o);
     }
     if ((nbuf >= 1 && !o->m) || (nbuf >= 2 && !o->v) ||
-        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end))) {
+        (cfg->kind == DTR_OPT_LAMB && (!o->work || !o->seg_begin || !o->seg_end || !o->seg_param))) {
         dtr_optimizer_destroy(o);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory for the optimizer state");
     }
@@ -151,6 +162,7 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
     if (o->work) ctx->backend->mem_free(ctx, o->work);
     dtr__free(&ctx->alloc, o->seg_begin);
     dtr__free(&ctx->alloc, o->seg_end);
+    dtr__free(&ctx->alloc, o->seg_param);
     dtr__free(&ctx->alloc, o);
 }
 
@@ -216,15 +228,45 @@ static dtr_result dtr__check_range(dtr_optimizer *o, int64_t begin, int64_t end)
     if (begin < lo || end > hi || begin > end)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: [%lld, %lld) outside the optimizer's "
                          "[%lld, %lld)", (long long)begin, (long long)end, (long long)lo, (long long)hi);
-    if (o->cfg.clip_norm > 0.0f && (begin != lo || end != hi))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm needs the whole gradient's norm; "
-                                                    "clip globally (dtr_clip_grad_norm) and step ranges without it");
-    if (o->cfg.kind != DTR_OPT_LAMB) return DTR_OK;
+    if ((o->cfg.clip_norm > 0.0f || o->cfg.shard_sum) && (begin != lo || end != hi))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: clip_norm and shard_sum need the whole "
+                                                    "gradient's norm; clip globally (dtr_clip_grad_norm) and step ranges "
+                                                    "without them");
+    if (o->cfg.kind != DTR_OPT_LAMB || o->cfg.shard_sum) return DTR_OK;   /* shard_sum: the whole shard */
     if (!dtr__on_boundary(o->model, begin) || !dtr__on_boundary(o->model, end))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_step_range: LAMB's trust ratio is per parameter: "
                                                     "[%lld, %lld) must start and end on parameter boundaries",
                          (long long)begin, (long long)end);
     return DTR_OK;
+}
+
+/* LAMB over a shard whose ends may split parameters (shard_sum given; host memory): the
+ * kernel with lr 0 updates the moments and writes each update direction to work without
+ * moving the parameters; each parameter's norms (of p and of its direction) are summed over
+ * the shards; then p -= lr * trust * work, as the kernel's last loop. */
+static dtr_result dtr__lamb_sharded(dtr_optimizer *o, dtr__opt_args *a) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int np = dtr_model_param_count(o->model), s;
+    double *v = (double *)dtr__calloc(&ctx->alloc, (size_t)(2 * np + 1) * sizeof(double));
+    float lr = a->lr;
+    dtr_result r;
+    int64_t i;
+    if (!v) return DTR_OUT_OF_MEMORY;
+    a->lr = 0.0f;
+    r = ctx->backend->optimizer_update(ctx, a);
+    for (s = 0; s < o->nseg && r == DTR_OK; s++)
+        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) {
+            v[2 * o->seg_param[s]] += (double)a->param[i] * a->param[i];
+            v[2 * o->seg_param[s] + 1] += (double)a->work[i] * a->work[i];
+        }
+    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, v, 2 * np);
+    for (s = 0; s < o->nseg && r == DTR_OK; s++) {
+        double pn = v[2 * o->seg_param[s]], un = v[2 * o->seg_param[s] + 1];
+        float trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+        for (i = o->seg_begin[s]; i < o->seg_end[s]; i++) a->param[i] -= lr * trust * a->work[i];
+    }
+    dtr__free(&ctx->alloc, v);
+    return r;
 }
 
 dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
@@ -274,7 +316,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
         norm *= a.grad_scale;
         if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
     }
-    r = ctx->backend->optimizer_update(ctx, &a);
+    r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;
     if (updated) *updated = 1;
