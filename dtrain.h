@@ -723,7 +723,9 @@ typedef struct dtr_optimizer_config {
     /** With a shard: sums n values over the ranks that share the optimizer, in place (the same
      *  result on every rank; a collective every rank's optimizer step calls alike). Given, the
      *  optimizer takes clip_norm's norm as the root of the sum of its shard's sums of squares
-     *  (ZeRO-2: a rank holds the average of its shard's gradients only). NULL: none.
+     *  (ZeRO-2: a rank holds the average of its shard's gradients only), and LAMB's shard may
+     *  split parameters: each one's norms are summed over the shards (host memory only). The
+     *  optimizer then steps its whole shard only (dtr_optimizer_step). NULL: none.
      *  dtr_dp_shard_optimizer sets it. */
     dtr_result (*shard_sum)(void *user, double *vals, int n);
     void *shard_sum_user;   /**< handed to shard_sum */
@@ -735,7 +737,11 @@ DTR_API dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, 
 
 typedef struct dtr_optimizer dtr_optimizer;
 
-/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers.
+/** Creates an optimizer over every parameter of `m` (or over cfg's shard of them); its state
+ *  lives in contiguous buffers.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a field out of range, a shard outside
+ *  the buffer, a LAMB shard splitting a parameter without shard_sum), DTR_UNSUPPORTED (LAMB
+ *  with shard_sum on a device backend), DTR_OUT_OF_MEMORY.
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
@@ -761,9 +767,9 @@ DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
  *  The step counter, gradient accumulation and the zeroing of all gradients behave as in
  *  dtr_optimizer_step. LAMB's trust ratio is per parameter, so for LAMB begin and end must
  *  fall on parameter boundaries; clip_norm needs the norm of the whole gradient, so a range
- *  that is not the whole buffer is refused when clip_norm is set (clip with a global norm
- *  first). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (range outside the buffer,
- *  LAMB boundary, clipping), or the update's error. Thread safety: the model's context thread. */
+ *  that is not the whole buffer is refused when clip_norm or shard_sum is set (clip with a
+ *  global norm first). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (range outside
+ *  the buffer, LAMB boundary, clipping), or the update's error. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, int64_t end, int *updated);
 
 /** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,
@@ -2234,9 +2240,9 @@ typedef struct dtr_dp_config {
                                 all-reduce's) and a rank ends with the average of its shard's
                                 gradients only. 0: off. Stage 3 is not in this version
                                 (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD */
-    int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters, as LAMB's
-                                per-parameter trust ratio needs (shards then follow the
-                                parameter sizes); 0: equal shards (16-float aligned) */
+    int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
+                                follow the parameter sizes; LAMB needs no sum over the shards
+                                for its trust ratios); 0: equal shards (16-float aligned) */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -2309,8 +2315,9 @@ DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
  *  Thread safety: any thread. */
 DTR_API dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end);
 /** ZeRO: fills the shard fields of an optimizer configuration for this rank: shard_begin /
- *  shard_end (dtr_dp_shard) and, with ZeRO-2, shard_sum / shard_sum_user (clip_norm's
- *  norm summed over the group's shards); without ZeRO the whole buffer and no shard_sum.
+ *  shard_end (dtr_dp_shard) and shard_sum / shard_sum_user (an all-gather over the group:
+ *  clip_norm's norm and LAMB's per-parameter norms summed over the shards); without ZeRO
+ *  (or on a group of 1) the whole buffer and no shard_sum.
  *  Create the optimizer from it (dtr_optimizer_create); the engine must outlive the
  *  optimizer's steps. With ZeRO-2 only the shard holds averaged gradients: clip through the
  *  optimizer's clip_norm, not dtr_clip_grad_norm (which sees this rank's buffer only).
@@ -2501,7 +2508,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2505 "dtrain.h"
+#line 2512 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2969,7 +2976,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2973 "dtrain.h"
+#line 2980 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3024,7 +3031,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3028 "dtrain.h"
+#line 3035 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3288,7 +3295,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3292 "dtrain.h"
+#line 3299 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3315,7 +3322,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3319 "dtrain.h"
+#line 3326 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3348,7 +3355,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3352 "dtrain.h"
+#line 3359 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3398,7 +3405,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3402 "dtrain.h"
+#line 3409 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3750,7 +3757,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3754 "dtrain.h"
+#line 3761 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4541,7 +4548,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4545 "dtrain.h"
+#line 4552 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4982,7 +4989,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4986 "dtrain.h"
+#line 4993 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5113,7 +5120,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5117 "dtrain.h"
+#line 5124 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5488,7 +5495,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5492 "dtrain.h"
+#line 5499 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5687,7 +5694,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5691 "dtrain.h"
+#line 5698 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5918,7 +5925,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5922 "dtrain.h"
+#line 5929 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6368,7 +6375,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6372 "dtrain.h"
+#line 6379 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6547,7 +6554,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6551 "dtrain.h"
+#line 6558 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6952,7 +6959,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6956 "dtrain.h"
+#line 6963 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7452,7 +7459,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7456 "dtrain.h"
+#line 7463 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7711,7 +7718,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7715 "dtrain.h"
+#line 7722 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7897,7 +7904,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7901 "dtrain.h"
+#line 7908 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8010,7 +8017,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8014 "dtrain.h"
+#line 8021 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8484,7 +8491,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8488 "dtrain.h"
+#line 8495 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8653,7 +8660,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8657 "dtrain.h"
+#line 8664 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8902,7 +8909,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8906 "dtrain.h"
+#line 8913 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9332,7 +9339,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9336 "dtrain.h"
+#line 9343 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9679,7 +9686,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9683 "dtrain.h"
+#line 9690 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9864,7 +9871,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9868 "dtrain.h"
+#line 9875 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10505,7 +10512,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10509 "dtrain.h"
+#line 10516 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10958,7 +10965,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10962 "dtrain.h"
+#line 10969 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11014,7 +11021,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11018 "dtrain.h"
+#line 11025 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11791,7 +11798,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11795 "dtrain.h"
+#line 11802 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12372,7 +12379,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12376 "dtrain.h"
+#line 12383 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13003,7 +13010,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13007 "dtrain.h"
+#line 13014 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13741,7 +13748,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13745 "dtrain.h"
+#line 13752 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14008,7 +14015,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14012 "dtrain.h"
+#line 14019 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14198,7 +14205,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14202 "dtrain.h"
+#line 14209 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14332,7 +14339,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14336 "dtrain.h"
+#line 14343 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15066,7 +15073,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15070 "dtrain.h"
+#line 15077 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15583,7 +15590,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15587 "dtrain.h"
+#line 15594 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16315,7 +16322,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16319 "dtrain.h"
+#line 16326 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17390,7 +17397,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17394 "dtrain.h"
+#line 17401 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17942,7 +17949,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17946 "dtrain.h"
+#line 17953 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18424,7 +18431,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18428 "dtrain.h"
+#line 18435 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18868,7 +18875,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18872 "dtrain.h"
+#line 18879 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19227,7 +19234,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19231 "dtrain.h"
+#line 19238 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19424,7 +19431,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19428 "dtrain.h"
+#line 19435 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19754,7 +19761,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19758 "dtrain.h"
+#line 19765 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20187,7 +20194,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20191 "dtrain.h"
+#line 20198 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20241,7 +20248,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20245 "dtrain.h"
+#line 20252 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

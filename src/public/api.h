@@ -702,7 +702,9 @@ typedef struct dtr_optimizer_config {
     /** With a shard: sums n values over the ranks that share the optimizer, in place (the same
      *  result on every rank; a collective every rank's optimizer step calls alike). Given, the
      *  optimizer takes clip_norm's norm as the root of the sum of its shard's sums of squares
-     *  (ZeRO-2: a rank holds the average of its shard's gradients only). NULL: none.
+     *  (ZeRO-2: a rank holds the average of its shard's gradients only), and LAMB's shard may
+     *  split parameters: each one's norms are summed over the shards (host memory only). The
+     *  optimizer then steps its whole shard only (dtr_optimizer_step). NULL: none.
      *  dtr_dp_shard_optimizer sets it. */
     dtr_result (*shard_sum)(void *user, double *vals, int n);
     void *shard_sum_user;   /**< handed to shard_sum */
@@ -714,7 +716,11 @@ DTR_API dtr_optimizer_config dtr_optimizer_config_init(dtr_optimizer_kind kind, 
 
 typedef struct dtr_optimizer dtr_optimizer;
 
-/** Creates an optimizer over every parameter of `m`; its state lives in contiguous buffers.
+/** Creates an optimizer over every parameter of `m` (or over cfg's shard of them); its state
+ *  lives in contiguous buffers.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a field out of range, a shard outside
+ *  the buffer, a LAMB shard splitting a parameter without shard_sum), DTR_UNSUPPORTED (LAMB
+ *  with shard_sum on a device backend), DTR_OUT_OF_MEMORY.
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_optimizer_create(dtr_model *m, const dtr_optimizer_config *cfg, dtr_optimizer **out);
 DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
@@ -740,9 +746,9 @@ DTR_API float *dtr_optimizer_moments(dtr_optimizer *opt, int index, int *count);
  *  The step counter, gradient accumulation and the zeroing of all gradients behave as in
  *  dtr_optimizer_step. LAMB's trust ratio is per parameter, so for LAMB begin and end must
  *  fall on parameter boundaries; clip_norm needs the norm of the whole gradient, so a range
- *  that is not the whole buffer is refused when clip_norm is set (clip with a global norm
- *  first). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (range outside the buffer,
- *  LAMB boundary, clipping), or the update's error. Thread safety: the model's context thread. */
+ *  that is not the whole buffer is refused when clip_norm or shard_sum is set (clip with a
+ *  global norm first). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (range outside
+ *  the buffer, LAMB boundary, clipping), or the update's error. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_step_range(dtr_optimizer *opt, int64_t begin, int64_t end, int *updated);
 
 /** Entry `index` of the optimizer's state: "steps" (int64 updates applied), "micro" (int,

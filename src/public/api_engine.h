@@ -248,9 +248,9 @@ typedef struct dtr_dp_config {
                                 all-reduce's) and a rank ends with the average of its shard's
                                 gradients only. 0: off. Stage 3 is not in this version
                                 (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD */
-    int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters, as LAMB's
-                                per-parameter trust ratio needs (shards then follow the
-                                parameter sizes); 0: equal shards (16-float aligned) */
+    int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
+                                follow the parameter sizes; LAMB needs no sum over the shards
+                                for its trust ratios); 0: equal shards (16-float aligned) */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -323,8 +323,9 @@ DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
  *  Thread safety: any thread. */
 DTR_API dtr_result dtr_dp_shard(const dtr_dp *dp, int64_t *begin, int64_t *end);
 /** ZeRO: fills the shard fields of an optimizer configuration for this rank: shard_begin /
- *  shard_end (dtr_dp_shard) and, with ZeRO-2, shard_sum / shard_sum_user (clip_norm's
- *  norm summed over the group's shards); without ZeRO the whole buffer and no shard_sum.
+ *  shard_end (dtr_dp_shard) and shard_sum / shard_sum_user (an all-gather over the group:
+ *  clip_norm's norm and LAMB's per-parameter norms summed over the shards); without ZeRO
+ *  (or on a group of 1) the whole buffer and no shard_sum.
  *  Create the optimizer from it (dtr_optimizer_create); the engine must outlive the
  *  optimizer's steps. With ZeRO-2 only the shard holds averaged gradients: clip through the
  *  optimizer's clip_norm, not dtr_clip_grad_norm (which sees this rank's buffer only).
