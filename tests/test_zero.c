@@ -11,9 +11,12 @@
  *                        quarter of the unsharded one, and the shards tile the buffer
  *   test_zero2_grads     ZeRO-2's shard of the gradients after dtr_dp_finish is plain DP's
  *                        average; the bytes sent per sync are the non-shard gradients
- *   test_zero_errors     stage 3, ZeRO with compression, an optimizer shard past the buffer,
- *                        a LAMB shard splitting a parameter, a step range outside the shard
- * SGD and AdamW take equal shards (splitting parameters), LAMB shards of whole parameters. */
+ *   test_zero_errors     a group of 1 (whole buffer, no shard_sum), stage 3, ZeRO with
+ *                        compression or local SGD, an optimizer shard past the buffer, a LAMB
+ *                        shard splitting a parameter without shard_sum, a step range outside
+ *                        the shard
+ * Shards are equal (splitting parameters; LAMB's split parameters take their norms summed
+ * over the shards), and for LAMB also runs of whole parameters (zero_whole_params). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include "test.h"
@@ -231,6 +234,16 @@ static void test_zero_errors(void) {
     CHECK(dtr_local_world_create(1, NULL, &w) == DTR_OK);
     cc.local.world = w;
     CHECK(dtr_comm_create(&cc, &c, NULL, 0) == DTR_OK);
+    dc.zero = 2;   /* a group of 1: the whole buffer, nothing to sum over */
+    CHECK_OK(n.ctx, dtr_dp_create(n.m, c, &dc, &dp));
+    oc.shard_sum_user = &oc;
+    CHECK_OK(n.ctx, dtr_dp_shard_optimizer(dp, &oc));
+    CHECK(oc.shard_begin == 0 && oc.shard_end == dtr_model_numel(n.m) && !oc.shard_sum && !oc.shard_sum_user);
+    CHECK_EQ_INT(dtr_dp_shard_optimizer(dp, NULL), DTR_NULL_HANDLE);
+    CHECK_EQ_INT(dtr_dp_shard_optimizer(NULL, &oc), DTR_NULL_HANDLE);
+    dtr_dp_destroy(dp);
+    dp = NULL;
+    oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
     dc.zero = 3;
     CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
     CHECK(strstr(dtr_context_last_error(n.ctx), "stages 1 and 2") != NULL);
