@@ -247,7 +247,9 @@ typedef struct dtr_dp_config {
                                 own them during backward (a reduce-scatter's volume, half an
                                 all-reduce's) and a rank ends with the average of its shard's
                                 gradients only. 0: off. Stage 3 is not in this version
-                                (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD */
+                                (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD.
+                                ZeRO's point-to-point messages on the group use tags 2^30 - 1
+                                to 2^30 + the bucket count: keep the application's apart */
     int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
                                 follow the parameter sizes; LAMB needs no sum over the shards
                                 for its trust ratios); 0: equal shards (16-float aligned) */
