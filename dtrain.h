@@ -19453,6 +19453,9 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * a bucket's exchange is the codec's; dtr_dp_finish decodes the buckets in bucket order.
  * Local SGD: after the warm-up the hook and dtr_dp_finish do nothing, and dtr_dp_step_done
  * averages the parameters every local_sgd_every steps.
+ * ZeRO (zero.c): dtr_dp_step_done gathers the shards the ranks updated; with stage 2 a
+ * bucket's start sends its slices to their owners instead of an all-reduce, and
+ * dtr_dp_finish sums this rank's shard.
  * ==========================================================================*/
 
 
@@ -19763,7 +19766,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19767 "dtrain.h"
+#line 19770 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20196,7 +20199,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20200 "dtrain.h"
+#line 20203 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20250,7 +20253,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20254 "dtrain.h"
+#line 20257 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -14,6 +14,9 @@
  * a bucket's exchange is the codec's; dtr_dp_finish decodes the buckets in bucket order.
  * Local SGD: after the warm-up the hook and dtr_dp_finish do nothing, and dtr_dp_step_done
  * averages the parameters every local_sgd_every steps.
+ * ZeRO (zero.c): dtr_dp_step_done gathers the shards the ranks updated; with stage 2 a
+ * bucket's start sends its slices to their owners instead of an all-reduce, and
+ * dtr_dp_finish sums this rank's shard.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
