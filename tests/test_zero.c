@@ -145,7 +145,7 @@ static void test_zero_memory(void) {
         dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
         dtr_optimizer *whole = NULL, *part = NULL;
         int64_t shape[1] = {256}, per = 8 * 256 / 4;
-        char name[8];
+        char name[16];
         int i;
         CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
         for (i = 0; i < 8; i++) {
