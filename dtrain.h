@@ -1808,6 +1808,10 @@ struct dtr_comm_config {
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
     size_t segment_bytes;              /**< segment of the pipelined chain; 0: 256 KiB */
     int no_native;                     /**< 1: always build collectives over point-to-point, even when the transport has native ones */
+    int shared_memory;                 /**< 1: run collectives of up to 128 KiB per rank through a segment
+                                            shared by the processes of one host (docs/distributed.md;
+                                            $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
+                                            beat libfabric's shm provider reliably in this version's runs */
     dtr_allocation_callbacks alloc;    /**< allocation callbacks; zero: libc */
     dtr_log_fn log;                    /**< log callback (errors of the group); NULL: silent */
     void *log_user;
@@ -2481,7 +2485,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2485 "dtrain.h"
+#line 2489 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2949,7 +2953,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2953 "dtrain.h"
+#line 2957 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3004,7 +3008,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3008 "dtrain.h"
+#line 3012 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3112,6 +3116,7 @@ struct dtr_comm {
     int algo;                  /* dtr_allreduce_algo */
     size_t ring_threshold, chain_threshold, segment;
     int no_native;
+    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1 overrides (sub-groups inherit it) */
     dtr_log_fn log;
     void *log_user;
     dtr_log_level log_level;
@@ -3268,7 +3273,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3272 "dtrain.h"
+#line 3277 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3295,7 +3300,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3299 "dtrain.h"
+#line 3304 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3345,7 +3350,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3349 "dtrain.h"
+#line 3354 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3697,7 +3702,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3701 "dtrain.h"
+#line 3706 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4488,7 +4493,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4492 "dtrain.h"
+#line 4497 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4929,7 +4934,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4933 "dtrain.h"
+#line 4938 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5060,7 +5065,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5064 "dtrain.h"
+#line 5069 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5435,7 +5440,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5439 "dtrain.h"
+#line 5444 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5634,7 +5639,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5638 "dtrain.h"
+#line 5643 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5865,7 +5870,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5869 "dtrain.h"
+#line 5874 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6315,7 +6320,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6319 "dtrain.h"
+#line 6324 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6494,7 +6499,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6498 "dtrain.h"
+#line 6503 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6899,7 +6904,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6903 "dtrain.h"
+#line 6908 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7399,7 +7404,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7403 "dtrain.h"
+#line 7408 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7658,7 +7663,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7662 "dtrain.h"
+#line 7667 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7844,7 +7849,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7848 "dtrain.h"
+#line 7853 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -7957,7 +7962,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 7961 "dtrain.h"
+#line 7966 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8431,7 +8436,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8435 "dtrain.h"
+#line 8440 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8600,7 +8605,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8604 "dtrain.h"
+#line 8609 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8849,7 +8854,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8853 "dtrain.h"
+#line 8858 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9225,7 +9230,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9229 "dtrain.h"
+#line 9234 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9572,7 +9577,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9576 "dtrain.h"
+#line 9581 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9757,7 +9762,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9761 "dtrain.h"
+#line 9766 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10398,7 +10403,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10402 "dtrain.h"
+#line 10407 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10851,7 +10856,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10855 "dtrain.h"
+#line 10860 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -10907,7 +10912,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 10911 "dtrain.h"
+#line 10916 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11684,7 +11689,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11688 "dtrain.h"
+#line 11693 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12265,7 +12270,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12269 "dtrain.h"
+#line 12274 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -12896,7 +12901,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 12900 "dtrain.h"
+#line 12905 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13634,7 +13639,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13638 "dtrain.h"
+#line 13643 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -13901,7 +13906,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 13905 "dtrain.h"
+#line 13910 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14091,7 +14096,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14095 "dtrain.h"
+#line 14100 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14225,7 +14230,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14229 "dtrain.h"
+#line 14234 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14959,7 +14964,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 14963 "dtrain.h"
+#line 14968 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15476,7 +15481,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15480 "dtrain.h"
+#line 15485 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16208,7 +16213,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16212 "dtrain.h"
+#line 16217 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16463,6 +16468,7 @@ static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
     c->chain_threshold = cfg->chain_threshold_bytes ? cfg->chain_threshold_bytes : (size_t)1 << 20;
     c->segment = cfg->segment_bytes ? cfg->segment_bytes : (size_t)256 << 10;
     c->no_native = cfg->no_native;
+    c->shm_wanted = cfg->shared_memory;
     c->log = cfg->log;
     c->log_user = cfg->log_user;
     c->log_level = cfg->log_level;
@@ -17256,6 +17262,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->chain_threshold = c->chain_threshold;
     nc->segment = c->segment;
     nc->no_native = c->no_native;
+    nc->shm_wanted = c->shm_wanted;
     nc->log = c->log;
     nc->log_user = c->log_user;
     nc->log_level = c->log_level;
@@ -17283,7 +17290,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17287 "dtrain.h"
+#line 17294 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17835,7 +17842,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17839 "dtrain.h"
+#line 17846 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18317,7 +18324,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18321 "dtrain.h"
+#line 18328 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18379,6 +18386,10 @@ extern int ftruncate(int fd, __off_t length);
 #if DTR__HAVE_SHM
 
 #define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
+/* Collectives of at most this many bytes per rank go through the segment, larger ones through
+ * the transport: measured at world 2 (docs/distributed.md) the segment matched or beat
+ * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
+#define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
 typedef struct dtr__shm_counter {
     uint64_t in;            /* the epoch whose input is in this rank's slot */
@@ -18458,12 +18469,13 @@ void dtr__shm_free(dtr_comm *c) {
     c->shm = NULL;
 }
 
-/* 1 when this group may use a segment: processes of one host (not the local transport's
- * threads; other transports' threads decline at setup), host buffers, 2 to 64 ranks */
+/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0 or 1 overrides)
+ * and may use one: processes of one host (not the local transport's threads; other
+ * transports' threads decline at setup), host buffers, 2 to 64 ranks */
 static int dtr__shm_eligible(const dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM");
-    if (env && !strcmp(env, "0")) return 0;
-    return c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
+    int wanted = env && *env ? strcmp(env, "0") != 0 : c->shm_wanted;
+    return wanted && c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
            c->local_size == c->size;
 }
 
@@ -18628,28 +18640,27 @@ static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0,
     }
 }
 
-/* the same in recursive doubling's order (fold pairs 2i, 2i+1 below 2m; then partners at
- * distances 1, 2, 4 ..., the lower first), element by element through f32 as the kernels do */
-static void dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
-    size_t es = dtr_dtype_size(a->dtype), i;
+/* the same in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first, then the p
+ * partial values combine at distances 1, 2, 4 ..., the lower first (the tree that leads to
+ * partial 0); vector by vector over the slice, in the group's scratch (p slices) */
+static dtr_result dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype), sl = len * es;
     int N = c->size, p = 1, m, nr, d;
-    char v[64][4];
+    char *v;
     while (p * 2 <= N) p *= 2;
     m = N - p;
-    for (i = 0; i < len; i++) {
-        for (nr = 0; nr < p; nr++) {
-            const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + (first + i) * es;
-            if (nr < m) dtr__comm_reduce(v[nr], x0, x0 + c->shm->slot, 1, a->dtype, a->op, 1);
-            else memcpy(v[nr], x0, es);
-        }
-        for (d = 1; d < p; d *= 2)
-            for (nr = 0; nr < p; nr++)
-                if (!(nr & d)) {
-                    dtr__comm_reduce(v[nr], v[nr], v[nr | d], 1, a->dtype, a->op, d * 2 >= p ? div : 1);
-                    memcpy(v[nr | d], v[nr], es);
-                }
-        memcpy(out + i * es, v[0], es);
+    v = (char *)dtr__comm_scratch(c, (size_t)p * sl + 1);
+    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)p * sl);
+    for (nr = 0; nr < p; nr++) {
+        const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + first * es;
+        if (nr < m) dtr__comm_reduce(v + nr * sl, x0, x0 + c->shm->slot, len, a->dtype, a->op, 1);
+        else memcpy(v + nr * sl, x0, sl);
     }
+    for (d = 1; d < p; d *= 2)
+        for (nr = 0; nr < p; nr += 2 * d)
+            dtr__comm_reduce(v + nr * sl, v + nr * sl, v + (nr + d) * sl, len, a->dtype, a->op, d * 2 >= p ? div : 1);
+    memcpy(out, v, sl);
+    return DTR_OK;
 }
 
 /* ---- the collectives ---- */
@@ -18678,7 +18689,7 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
         if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
         lo = n * (size_t)c->rank / (size_t)c->size, hi = n * (size_t)(c->rank + 1) / (size_t)c->size;
         if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_ring(c, a, out + lo * es, g, g + lo, hi - lo, div);
-        else dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div);
+        else if ((r = dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div)) != DTR_OK) return r;
         DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
         if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
         memcpy((char *)a->dst + g * es, out, n * es);
@@ -18745,6 +18756,8 @@ int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on
 
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
     if (!c->shm || !c->shm->on) return 0;
+    /* large payloads: the provider's single-copy path moves them faster (same bits) */
+    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) return 0;
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
     case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
@@ -18761,7 +18774,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18765 "dtrain.h"
+#line 18778 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19120,7 +19133,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19124 "dtrain.h"
+#line 19137 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19467,7 +19480,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19471 "dtrain.h"
+#line 19484 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -19900,7 +19913,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 19904 "dtrain.h"
+#line 19917 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -19954,7 +19967,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 19958 "dtrain.h"
+#line 19971 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
