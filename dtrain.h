@@ -1821,6 +1821,10 @@ struct dtr_comm_config {
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
     size_t segment_bytes;              /**< segment of the pipelined chain; 0: 256 KiB */
     int no_native;                     /**< 1: always build collectives over point-to-point, even when the transport has native ones */
+    int shared_memory;                 /**< 1: run collectives of up to 128 KiB per rank through a segment
+                                            shared by the processes of one host (docs/distributed.md;
+                                            $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
+                                            beat libfabric's shm provider reliably in this version's runs */
     dtr_allocation_callbacks alloc;    /**< allocation callbacks; zero: libc */
     dtr_log_fn log;                    /**< log callback (errors of the group); NULL: silent */
     void *log_user;
@@ -2510,7 +2514,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2514 "dtrain.h"
+#line 2518 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2978,7 +2982,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2982 "dtrain.h"
+#line 2986 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3033,7 +3037,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3037 "dtrain.h"
+#line 3041 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3141,6 +3145,7 @@ struct dtr_comm {
     int algo;                  /* dtr_allreduce_algo */
     size_t ring_threshold, chain_threshold, segment;
     int no_native;
+    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1 overrides (sub-groups inherit it) */
     dtr_log_fn log;
     void *log_user;
     dtr_log_level log_level;
@@ -3297,7 +3302,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3301 "dtrain.h"
+#line 3306 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3324,7 +3329,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3328 "dtrain.h"
+#line 3333 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3357,7 +3362,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3361 "dtrain.h"
+#line 3366 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3407,7 +3412,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3411 "dtrain.h"
+#line 3416 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3759,7 +3764,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3763 "dtrain.h"
+#line 3768 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4550,7 +4555,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4554 "dtrain.h"
+#line 4559 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4991,7 +4996,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 4995 "dtrain.h"
+#line 5000 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5122,7 +5127,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5126 "dtrain.h"
+#line 5131 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5497,7 +5502,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5501 "dtrain.h"
+#line 5506 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5696,7 +5701,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5700 "dtrain.h"
+#line 5705 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5927,7 +5932,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5931 "dtrain.h"
+#line 5936 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6377,7 +6382,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6381 "dtrain.h"
+#line 6386 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6556,7 +6561,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6560 "dtrain.h"
+#line 6565 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6961,7 +6966,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6965 "dtrain.h"
+#line 6970 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7461,7 +7466,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7465 "dtrain.h"
+#line 7470 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7720,7 +7725,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7724 "dtrain.h"
+#line 7729 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7906,7 +7911,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7910 "dtrain.h"
+#line 7915 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8019,7 +8024,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8023 "dtrain.h"
+#line 8028 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8493,7 +8498,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8497 "dtrain.h"
+#line 8502 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8662,7 +8667,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8666 "dtrain.h"
+#line 8671 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8911,7 +8916,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8915 "dtrain.h"
+#line 8920 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9341,7 +9346,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9345 "dtrain.h"
+#line 9350 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9688,7 +9693,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9692 "dtrain.h"
+#line 9697 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9873,7 +9878,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9877 "dtrain.h"
+#line 9882 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10514,7 +10519,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10518 "dtrain.h"
+#line 10523 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10967,7 +10972,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10971 "dtrain.h"
+#line 10976 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11023,7 +11028,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11027 "dtrain.h"
+#line 11032 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11800,7 +11805,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11804 "dtrain.h"
+#line 11809 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12381,7 +12386,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12385 "dtrain.h"
+#line 12390 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13012,7 +13017,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13016 "dtrain.h"
+#line 13021 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13750,7 +13755,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13754 "dtrain.h"
+#line 13759 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14017,7 +14022,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14021 "dtrain.h"
+#line 14026 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14207,7 +14212,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14211 "dtrain.h"
+#line 14216 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14341,7 +14346,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14345 "dtrain.h"
+#line 14350 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15075,7 +15080,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15079 "dtrain.h"
+#line 15084 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15592,7 +15597,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15596 "dtrain.h"
+#line 15601 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16324,7 +16329,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16328 "dtrain.h"
+#line 16333 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16579,6 +16584,7 @@ static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
     c->chain_threshold = cfg->chain_threshold_bytes ? cfg->chain_threshold_bytes : (size_t)1 << 20;
     c->segment = cfg->segment_bytes ? cfg->segment_bytes : (size_t)256 << 10;
     c->no_native = cfg->no_native;
+    c->shm_wanted = cfg->shared_memory;
     c->log = cfg->log;
     c->log_user = cfg->log_user;
     c->log_level = cfg->log_level;
@@ -17372,6 +17378,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->chain_threshold = c->chain_threshold;
     nc->segment = c->segment;
     nc->no_native = c->no_native;
+    nc->shm_wanted = c->shm_wanted;
     nc->log = c->log;
     nc->log_user = c->log_user;
     nc->log_level = c->log_level;
@@ -17399,7 +17406,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17403 "dtrain.h"
+#line 17410 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17951,7 +17958,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17955 "dtrain.h"
+#line 17962 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18433,7 +18440,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18437 "dtrain.h"
+#line 18444 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18495,6 +18502,10 @@ extern int ftruncate(int fd, __off_t length);
 #if DTR__HAVE_SHM
 
 #define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
+/* Collectives of at most this many bytes per rank go through the segment, larger ones through
+ * the transport: measured at world 2 (docs/distributed.md) the segment matched or beat
+ * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
+#define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
 typedef struct dtr__shm_counter {
     uint64_t in;            /* the epoch whose input is in this rank's slot */
@@ -18574,12 +18585,13 @@ void dtr__shm_free(dtr_comm *c) {
     c->shm = NULL;
 }
 
-/* 1 when this group may use a segment: processes of one host (not the local transport's
- * threads; other transports' threads decline at setup), host buffers, 2 to 64 ranks */
+/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0 or 1 overrides)
+ * and may use one: processes of one host (not the local transport's threads; other
+ * transports' threads decline at setup), host buffers, 2 to 64 ranks */
 static int dtr__shm_eligible(const dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM");
-    if (env && !strcmp(env, "0")) return 0;
-    return c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
+    int wanted = env && *env ? strcmp(env, "0") != 0 : c->shm_wanted;
+    return wanted && c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
            c->local_size == c->size;
 }
 
@@ -18744,28 +18756,27 @@ static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0,
     }
 }
 
-/* the same in recursive doubling's order (fold pairs 2i, 2i+1 below 2m; then partners at
- * distances 1, 2, 4 ..., the lower first), element by element through f32 as the kernels do */
-static void dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
-    size_t es = dtr_dtype_size(a->dtype), i;
+/* the same in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first, then the p
+ * partial values combine at distances 1, 2, 4 ..., the lower first (the tree that leads to
+ * partial 0); vector by vector over the slice, in the group's scratch (p slices) */
+static dtr_result dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype), sl = len * es;
     int N = c->size, p = 1, m, nr, d;
-    char v[64][4];
+    char *v;
     while (p * 2 <= N) p *= 2;
     m = N - p;
-    for (i = 0; i < len; i++) {
-        for (nr = 0; nr < p; nr++) {
-            const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + (first + i) * es;
-            if (nr < m) dtr__comm_reduce(v[nr], x0, x0 + c->shm->slot, 1, a->dtype, a->op, 1);
-            else memcpy(v[nr], x0, es);
-        }
-        for (d = 1; d < p; d *= 2)
-            for (nr = 0; nr < p; nr++)
-                if (!(nr & d)) {
-                    dtr__comm_reduce(v[nr], v[nr], v[nr | d], 1, a->dtype, a->op, d * 2 >= p ? div : 1);
-                    memcpy(v[nr | d], v[nr], es);
-                }
-        memcpy(out + i * es, v[0], es);
+    v = (char *)dtr__comm_scratch(c, (size_t)p * sl + 1);
+    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)p * sl);
+    for (nr = 0; nr < p; nr++) {
+        const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + first * es;
+        if (nr < m) dtr__comm_reduce(v + nr * sl, x0, x0 + c->shm->slot, len, a->dtype, a->op, 1);
+        else memcpy(v + nr * sl, x0, sl);
     }
+    for (d = 1; d < p; d *= 2)
+        for (nr = 0; nr < p; nr += 2 * d)
+            dtr__comm_reduce(v + nr * sl, v + nr * sl, v + (nr + d) * sl, len, a->dtype, a->op, d * 2 >= p ? div : 1);
+    memcpy(out, v, sl);
+    return DTR_OK;
 }
 
 /* ---- the collectives ---- */
@@ -18794,7 +18805,7 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
         if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
         lo = n * (size_t)c->rank / (size_t)c->size, hi = n * (size_t)(c->rank + 1) / (size_t)c->size;
         if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_ring(c, a, out + lo * es, g, g + lo, hi - lo, div);
-        else dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div);
+        else if ((r = dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div)) != DTR_OK) return r;
         DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
         if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
         memcpy((char *)a->dst + g * es, out, n * es);
@@ -18861,6 +18872,8 @@ int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on
 
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
     if (!c->shm || !c->shm->on) return 0;
+    /* large payloads: the provider's single-copy path moves them faster (same bits) */
+    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) return 0;
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
     case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
@@ -18877,7 +18890,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18881 "dtrain.h"
+#line 18894 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19236,7 +19249,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19240 "dtrain.h"
+#line 19253 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19433,7 +19446,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19437 "dtrain.h"
+#line 19450 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19766,7 +19779,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19770 "dtrain.h"
+#line 19783 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20199,7 +20212,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20203 "dtrain.h"
+#line 20216 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20253,7 +20266,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20257 "dtrain.h"
+#line 20270 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -117,8 +117,8 @@ for ((round = 1; round <= repeat; round++)); do
     for prov in shm 'tcp;ofi_rxm'; do
       step "fabric-${prov%%;*}" "$dtrun" -n "$world" -- "$bench" --transport libfabric --provider "$prov" "${pass[@]}"
     done
-    # shm without the shared-memory collectives: the provider's point-to-point path
-    step fabric-p2p env DTR_COMM_SHM=0 "$dtrun" -n "$world" -- "$bench" --transport libfabric --provider shm "${pass[@]}"
+    # shm with dtrain's shared-memory collectives (up to 128 KiB per rank; the rest as above)
+    step fabric-seg env DTR_COMM_SHM=1 "$dtrun" -n "$world" -- "$bench" --transport libfabric --provider shm "${pass[@]}"
   fi
   # shellcheck disable=SC2086 # MPI_ARGS is a list of options
   [ $have_mpi = 1 ] && step mpi "$MPIRUN" "${mpi_opts[@]}" ${MPI_ARGS:-} "$build/bench/allreduce_mpi" --provider vader "${pass[@]}"
@@ -152,16 +152,16 @@ awk -F'\t' -v world="$world" '
     if (ns == 0) { print "   no results"; exit }
     # sizes in increasing order (insertion sort: a handful of them)
     for (i = 2; i <= ns; i++) { v = sizes[i]; for (j = i - 1; j >= 1 && sizes[j] > v; j--) sizes[j + 1] = sizes[j]; sizes[j + 1] = v }
-    printf "%10s %8s %8s %8s %8s %8s %8s %8s %8s\n", "size", "local", "fab-shm", "fab-p2p", "fab-tcp", "mpi", "gloo", "shm/mpi", "shm/gloo"
+    printf "%10s %8s %8s %8s %8s %8s %8s %8s %8s\n", "size", "local", "fab-shm", "fab-seg", "fab-tcp", "mpi", "gloo", "shm/mpi", "shm/gloo"
     for (i = 1; i <= ns; i++) {
       b = sizes[i]
-      printf "%10s %s %s %s %s %s %s %s %s\n", size(b), cell("local", b), cell("fabric-shm", b), cell("fabric-p2p", b),
+      printf "%10s %s %s %s %s %s %s %s %s\n", size(b), cell("local", b), cell("fabric-shm", b), cell("fabric-seg", b),
              cell("fabric-tcp", b), cell("mpi", b), cell("gloo", b), ratio("fabric-shm", "mpi", b), ratio("fabric-shm", "gloo", b)
     }
     printf "%10s", "us @4KiB"
-    split("local fabric-shm fabric-p2p fabric-tcp mpi gloo", L, " ")
+    split("local fabric-shm fabric-seg fabric-tcp mpi gloo", L, " ")
     for (k = 1; k <= 6; k++) printf " %8s", (((L[k], 4096) in us) ? sprintf("%.1f", us[L[k], 4096]) : "-")
-    printf "\n\nTargets (fabric-shm = dtrain over libfabric shm with its shared-memory collectives, fab-p2p = without them, world %d):\n", world
+    printf "\n\nTargets (fabric-shm = dtrain over libfabric shm, fab-seg = with its shared-memory collectives (DTR_COMM_SHM=1), world %d):\n", world
     # busbw >= mpi and >= 10x gloo at every size from 1 MiB up
     split("mpi gloo", P, " "); F[1] = 1; F[2] = 10
     for (k = 1; k <= 2; k++) {

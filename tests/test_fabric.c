@@ -123,7 +123,7 @@ typedef struct job {
     int own_setup;             /* the scenario makes its store and group itself */
     int drop_store;            /* destroy the store right after dtr_comm_create: 1 on every rank,
                                   2 on every rank but rank 0 (which hosts the store's server) */
-    int no_shm;                /* $DTR_COMM_SHM=0: collectives through the transport (tcp jobs) */
+    int shm;                   /* $DTR_COMM_SHM=1: small collectives through shared memory (one host) */
     int hosts;                 /* fake hosts of n / hosts consecutive ranks ($DTR_RANKS_PER_HOST; 1: none) */
     int alarm_s;               /* a child lives at most this long */
 } job;
@@ -246,7 +246,7 @@ static int rank_main(const job *j, int rank, int port, int fd) {
             rfail(&rc, __LINE__, "dtr_store_create: %s: %s", dtr_result_string(r), err);
             return 1;
         }
-        if (j->no_shm) setenv("DTR_COMM_SHM", "0", 1);   /* this child only */
+        if (j->shm) setenv("DTR_COMM_SHM", "1", 1);   /* this child only */
         cfg = comm_cfg(&rc, j->prov[rank]);
         r = dtr_comm_create(&cfg, &rc.comm, err, sizeof err);
         if (r != DTR_OK) {
@@ -264,8 +264,8 @@ static int rank_main(const job *j, int rank, int port, int fd) {
         RCHECK_MSG(&rc, dtr_comm_local_size(rc.comm) == j->n / j->hosts && dtr_comm_local_rank(rc.comm) == rank % (j->n / j->hosts),
                    "local rank %d of %d", dtr_comm_local_rank(rc.comm), dtr_comm_local_size(rc.comm));
         RCHECK(&rc, strcmp(dtr_comm_transport_name(rc.comm), "libfabric") == 0);
-        /* one host, several processes: collectives through shared memory unless turned off */
-        RCHECK_MSG(&rc, dtr_comm_shared_memory(rc.comm) == (!j->no_shm && j->n > 1 && j->hosts == 1),
+        /* one host, several processes, asked for: small collectives through shared memory */
+        RCHECK_MSG(&rc, dtr_comm_shared_memory(rc.comm) == (j->shm && j->n > 1 && j->hosts == 1),
                    "shared-memory collectives %d", dtr_comm_shared_memory(rc.comm));
         /* the provider picked: the one asked for, else shm (every rank is on this host) */
         RCHECK_MSG(&rc, strcmp(dtr_comm_transport_detail(rc.comm), j->prov[rank] ? j->prov[rank] : "shm") == 0,
@@ -402,7 +402,6 @@ static job job_init(const char *provider, int n, scen_fn fn, const void *arg, co
     for (i = 0; i < MAXR; i++) j.prov[i] = provider;
     j.n = n;
     j.hosts = 1;
-    j.no_shm = provider && !strcmp(provider, PROV_TCP);   /* tcp jobs test the transport's collectives */
     j.timeout_ms = 10000;
     j.fn = fn;
     j.arg = arg;
@@ -826,14 +825,18 @@ static int prov_ok(int p) {
     return g_have[p];
 }
 
+/* worlds 1-4 through the provider; over shm also worlds 2-4 with the shared-memory
+   collectives on (counts up to 128 KiB per rank go through the segment, the others not) */
 static void collectives(int p) {
     const char *prov = p ? PROV_TCP : PROV_SHM;
-    int n;
+    int n, shm;
     if (!prov_ok(p)) return;
-    for (n = 1; n <= 4; n++) {
-        job j = job_init(prov, n, sc_collectives, NULL, "collectives");
-        CHECK_MSG(run_job(&j, g_quick ? 140 : 50) == 0, "%s", j.what);
-    }
+    for (shm = 0; shm <= (p == 0); shm++)
+        for (n = 1 + shm; n <= 4; n++) {
+            job j = job_init(prov, n, sc_collectives, NULL, shm ? "collectives, shared memory" : "collectives");
+            j.shm = shm;
+            CHECK_MSG(run_job(&j, g_quick ? 140 : 50) == 0, "%s", j.what);
+        }
 }
 
 /* 2 fake hosts x 2 processes ($DTR_RANKS_PER_HOST=2): the hierarchical all-reduce in the
@@ -1272,7 +1275,10 @@ static void sc_fault(rank_ctx *rc) {
 
 /* Runs a fault scenario on n ranks; the parent injects SIGKILL / SIGSTOP, then checks every
    report and that every rank but a killed one exits 0. */
-static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int drop_store, int pipeline) {
+/* flags of a fault case: what the ranks run when the fault comes */
+enum { FC_PIPELINE = 1, FC_SHM = 2 };
+
+static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int drop_store, int flags) {
     const char *prov = p ? PROV_TCP : PROV_SHM;
     fault_arg fa;
     job j;
@@ -1283,11 +1289,14 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
     char what[96], needle[32];
     fa.mode = mode;
     fa.culprit = culprit;
-    fa.pipeline = pipeline;
+    fa.pipeline = flags & FC_PIPELINE;
     fa.count = g_quick ? (size_t)1 << 18 : (size_t)1 << 20;   /* 1 or 4 MiB of f32 */
-    snprintf(what, sizeof what, "%s%s of rank %d%s", pipeline ? "pipeline: " : "", fault_names[mode], culprit,
+    if (flags & FC_SHM) fa.count = (size_t)1 << 15;   /* 128 KiB: through the segment */
+    snprintf(what, sizeof what, "%s%s of rank %d%s", flags & FC_PIPELINE ? "pipeline: " : flags & FC_SHM ? "shared memory: " : "",
+             fault_names[mode], culprit,
              drop_store == 1 ? ", stores dropped" : drop_store == 2 ? ", stores of ranks > 0 dropped" : "");
     j = job_init(prov, n, sc_fault, &fa, what);
+    j.shm = (flags & FC_SHM) != 0;
     j.timeout_ms = timeout_ms;
     j.drop_store = drop_store;
     fd = start_job(&j, pids);
@@ -1365,10 +1374,10 @@ static void faults_kill(int p) {
     check_fault(p, 3, mode, 1, 5000, 0, 0);
     check_fault(p, 4, mode, 0, 5000, 0, 0);   /* rank 0 hosts the store */
     check_fault(p, 3, mode, 2, 5000, 2, 0);   /* the dead rank had dropped its store */
-    check_fault(p, 3, mode, 1, 5000, 0, 1);   /* the middle stage of a pipeline */
-    /* the shared-memory collectives (one host): killed in the middle of one, outside the
-       provider (the collective does not go through it) */
-    if (p == 0) check_fault(p, 3, F_KILL, 1, 5000, 0, 0);
+    check_fault(p, 3, mode, 1, 5000, 0, FC_PIPELINE);   /* the middle stage of a pipeline */
+    /* the shared-memory collectives (one host; 128 KiB all-reduces): killed in the middle of
+       one, outside the provider (the collective does not go through it) */
+    if (p == 0) check_fault(p, 3, F_KILL, 1, 5000, 0, FC_SHM);
 }
 static void faults_stop(int p) {
     if (!prov_ok(p)) return;

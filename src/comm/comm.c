@@ -249,6 +249,7 @@ static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
     c->chain_threshold = cfg->chain_threshold_bytes ? cfg->chain_threshold_bytes : (size_t)1 << 20;
     c->segment = cfg->segment_bytes ? cfg->segment_bytes : (size_t)256 << 10;
     c->no_native = cfg->no_native;
+    c->shm_wanted = cfg->shared_memory;
     c->log = cfg->log;
     c->log_user = cfg->log_user;
     c->log_level = cfg->log_level;
@@ -1042,6 +1043,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->chain_threshold = c->chain_threshold;
     nc->segment = c->segment;
     nc->no_native = c->no_native;
+    nc->shm_wanted = c->shm_wanted;
     nc->log = c->log;
     nc->log_user = c->log_user;
     nc->log_level = c->log_level;

@@ -102,6 +102,7 @@ struct dtr_comm {
     int algo;                  /* dtr_allreduce_algo */
     size_t ring_threshold, chain_threshold, segment;
     int no_native;
+    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1 overrides (sub-groups inherit it) */
     dtr_log_fn log;
     void *log_user;
     dtr_log_level log_level;

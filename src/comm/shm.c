@@ -56,6 +56,10 @@ extern int ftruncate(int fd, __off_t length);
 #if DTR__HAVE_SHM
 
 #define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
+/* Collectives of at most this many bytes per rank go through the segment, larger ones through
+ * the transport: measured at world 2 (docs/distributed.md) the segment matched or beat
+ * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
+#define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
 typedef struct dtr__shm_counter {
     uint64_t in;            /* the epoch whose input is in this rank's slot */
@@ -135,12 +139,13 @@ void dtr__shm_free(dtr_comm *c) {
     c->shm = NULL;
 }
 
-/* 1 when this group may use a segment: processes of one host (not the local transport's
- * threads; other transports' threads decline at setup), host buffers, 2 to 64 ranks */
+/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0 or 1 overrides)
+ * and may use one: processes of one host (not the local transport's threads; other
+ * transports' threads decline at setup), host buffers, 2 to 64 ranks */
 static int dtr__shm_eligible(const dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM");
-    if (env && !strcmp(env, "0")) return 0;
-    return c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
+    int wanted = env && *env ? strcmp(env, "0") != 0 : c->shm_wanted;
+    return wanted && c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
            c->local_size == c->size;
 }
 
@@ -305,28 +310,27 @@ static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0,
     }
 }
 
-/* the same in recursive doubling's order (fold pairs 2i, 2i+1 below 2m; then partners at
- * distances 1, 2, 4 ..., the lower first), element by element through f32 as the kernels do */
-static void dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
-    size_t es = dtr_dtype_size(a->dtype), i;
+/* the same in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first, then the p
+ * partial values combine at distances 1, 2, 4 ..., the lower first (the tree that leads to
+ * partial 0); vector by vector over the slice, in the group's scratch (p slices) */
+static dtr_result dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype), sl = len * es;
     int N = c->size, p = 1, m, nr, d;
-    char v[64][4];
+    char *v;
     while (p * 2 <= N) p *= 2;
     m = N - p;
-    for (i = 0; i < len; i++) {
-        for (nr = 0; nr < p; nr++) {
-            const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + (first + i) * es;
-            if (nr < m) dtr__comm_reduce(v[nr], x0, x0 + c->shm->slot, 1, a->dtype, a->op, 1);
-            else memcpy(v[nr], x0, es);
-        }
-        for (d = 1; d < p; d *= 2)
-            for (nr = 0; nr < p; nr++)
-                if (!(nr & d)) {
-                    dtr__comm_reduce(v[nr], v[nr], v[nr | d], 1, a->dtype, a->op, d * 2 >= p ? div : 1);
-                    memcpy(v[nr | d], v[nr], es);
-                }
-        memcpy(out + i * es, v[0], es);
+    v = (char *)dtr__comm_scratch(c, (size_t)p * sl + 1);
+    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)p * sl);
+    for (nr = 0; nr < p; nr++) {
+        const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + first * es;
+        if (nr < m) dtr__comm_reduce(v + nr * sl, x0, x0 + c->shm->slot, len, a->dtype, a->op, 1);
+        else memcpy(v + nr * sl, x0, sl);
     }
+    for (d = 1; d < p; d *= 2)
+        for (nr = 0; nr < p; nr += 2 * d)
+            dtr__comm_reduce(v + nr * sl, v + nr * sl, v + (nr + d) * sl, len, a->dtype, a->op, d * 2 >= p ? div : 1);
+    memcpy(out, v, sl);
+    return DTR_OK;
 }
 
 /* ---- the collectives ---- */
@@ -355,7 +359,7 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
         if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
         lo = n * (size_t)c->rank / (size_t)c->size, hi = n * (size_t)(c->rank + 1) / (size_t)c->size;
         if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_ring(c, a, out + lo * es, g, g + lo, hi - lo, div);
-        else dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div);
+        else if ((r = dtr__shm_rd(c, a, out + lo * es, lo, hi - lo, div)) != DTR_OK) return r;
         DTR__ATOMIC_STORE(&s->h->r[c->rank].red, e);
         if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK) return r;
         memcpy((char *)a->dst + g * es, out, n * es);
@@ -422,6 +426,8 @@ int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on
 
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
     if (!c->shm || !c->shm->on) return 0;
+    /* large payloads: the provider's single-copy path moves them faster (same bits) */
+    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) return 0;
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
     case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;

@@ -251,6 +251,10 @@ struct dtr_comm_config {
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
     size_t segment_bytes;              /**< segment of the pipelined chain; 0: 256 KiB */
     int no_native;                     /**< 1: always build collectives over point-to-point, even when the transport has native ones */
+    int shared_memory;                 /**< 1: run collectives of up to 128 KiB per rank through a segment
+                                            shared by the processes of one host (docs/distributed.md;
+                                            $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
+                                            beat libfabric's shm provider reliably in this version's runs */
     dtr_allocation_callbacks alloc;    /**< allocation callbacks; zero: libc */
     dtr_log_fn log;                    /**< log callback (errors of the group); NULL: silent */
     void *log_user;
