@@ -33,7 +33,8 @@
  *   test_{shm,tcp}_dp     data-parallel training (dtr_dp, buckets started during backward)
  *                         on N ranks with batch b gives the weights of 1 rank with batch N*b
  *                         after 50 steps (relative error <= 1e-5), the same bits on every
- *                         rank (shm: N = 2 and 4; tcp: N = 2).
+ *                         rank (shm: N = 2 and 4; tcp: N = 2); and with ZeRO-2 (shm: N = 3,
+ *                         tcp: N = 2).
  *   test_{shm,tcp}_pipe   pipeline-parallel training (dtr_pipe, 1F1B, 4 micro-batches) of
  *                         tests/pipe_model.h on 2 processes, and over shm the interleaved
  *                         schedule with 2 chunks per rank: 20 steps give the weights and the
@@ -917,10 +918,20 @@ static void sc_dp(rank_ctx *rc) {
     int t, ok = 1;
     if (!mlp_init(&n, 7, 1)) { rfail(rc, __LINE__, "mlp_init"); return; }
     dc.bucket_bytes = 512;   /* several buckets, started during backward */
+    dc.zero = rc->j->arg ? *(const int *)rc->j->arg : 0;
     RCHECK_OK(rc, c, dtr_dp_create(n.m, c, &dc, &dp));
-    for (t = 0; t < DP_STEPS && dp && ok; t++) {
+    if (dc.zero && dp) {   /* ZeRO: the optimizer of this rank's shard */
+        dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
+        oc.momentum = 0.9f;
+        dtr_optimizer_destroy(n.opt);
+        n.opt = NULL;
+        RCHECK_OK(rc, c, dtr_dp_shard_optimizer(dp, &oc));
+        RCHECK_OK(rc, c, dtr_optimizer_create(n.m, &oc, &n.opt));
+    }
+    for (t = 0; t < DP_STEPS && dp && n.opt && ok; t++) {
         ok = mlp_backward(&n, t, (int64_t)rc->rank * DP_B, DP_B) == DTR_OK && dtr_dp_finish(dp) == DTR_OK &&
-             dtr_optimizer_step(n.opt, NULL) == DTR_OK && dtr_context_reset(n.ctx) == DTR_OK;
+             dtr_optimizer_step(n.opt, NULL) == DTR_OK && dtr_dp_step_done(dp) == DTR_OK &&
+             dtr_context_reset(n.ctx) == DTR_OK;
     }
     RCHECK_MSG(rc, ok, "step %d failed: %s | %s", t, dtr_comm_last_error(c), dtr_context_last_error(n.ctx));
     if (rc->size > 1 && dp)
@@ -954,15 +965,19 @@ static void sc_dp(rank_ctx *rc) {
 }
 
 static void dp_equivalence(int p) {
+    static const int zero2 = 2;
     const char *prov = p ? PROV_TCP : PROV_SHM;
+    job j;
     int n;
     if (!prov_ok(p)) return;
     for (n = 2; n <= 4; n += 2) {
-        job j;
         if (p && n == 4) break;   /* tcp: world 2 (time) */
         j = job_init(prov, n, sc_dp, NULL, "data-parallel equivalence");
         CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
     }
+    /* ZeRO-2: slices sent to their owners during backward, shards gathered after the step */
+    j = job_init(prov, p ? 2 : 3, sc_dp, &zero2, "data-parallel equivalence, ZeRO-2");
+    CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
 }
 
 static void test_shm_dp(void) { dp_equivalence(0); }

@@ -6,7 +6,8 @@
  *                          the reference's loss
  *   test_pipe_uneven       16 samples in 3 micro-batches (5, 5, 6): weighted by their size,
  *                          still the reference's weights
- *   test_pipe_grid         data 2 x pipeline 2 (1F1B, and interleaved 2 chunks) on 4 ranks,
+ *   test_pipe_grid         data 2 x pipeline 2 (1F1B, and interleaved 2 chunks, and 1F1B with
+ *                          ZeRO-2 over the replicas) on 4 ranks,
  *                          data 2 x pipeline 2 x tensor 2 on 8 ranks and pipeline 2 x
  *                          tensor 2 (column- then row-parallel blocks) laid out by
  *                          dtr_grid_create: the reference's weights (shards against their
@@ -32,6 +33,7 @@ typedef struct pipe_run {
     int fail_i32;      /* the failing rank returns an i32 tensor instead of NULL */
     int dp;            /* > 1: a data x pipeline grid of dp * stages ranks */
     int tp;            /* > 1: and tensor-parallel blocks over groups of tp ranks */
+    int zero;          /* with dp: the replicas' ZeRO stage */
 } pipe_run;
 
 typedef struct rank_out {
@@ -95,7 +97,12 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     r = dtr_model_create(ctx, 7, &m);
     if (r == DTR_OK) r = pm_declare(&pm, m);
     if (r == DTR_OK) r = pm_keep(&pm, run->chunks);
-    if (r == DTR_OK && dps > 1) r = dtr_dp_create(m, g.dp, NULL, &dp);
+    if (r == DTR_OK && dps > 1) {
+        dtr_dp_config dc = dtr_dp_config_init();
+        dc.zero = run->zero;
+        r = dtr_dp_create(m, g.dp, &dc, &dp);
+        if (r == DTR_OK) r = dtr_dp_shard_optimizer(dp, &oc);   /* this replica's shard (ZeRO) */
+    }
     pc.dp = dp;
     if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &opt);
     if (r == DTR_OK) r = dtr_pipe_create(m, c, &pc, &st.pipe);
@@ -103,6 +110,7 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     for (pm.step = 0; r == DTR_OK && pm.step < run->steps; pm.step++) {
         r = dtr_pipe_step(st.pipe, &o->loss);
         if (r == DTR_OK) r = dtr_optimizer_step(opt, NULL);
+        if (r == DTR_OK && dp) r = dtr_dp_step_done(dp);
         dtr_context_reset(ctx);
     }
     dtr_pipe_get_stats(st.pipe, &o->stats);
@@ -208,6 +216,10 @@ static void test_pipe_grid(void) {
     check_equivalent(&run);
     run.schedule = DTR_PIPE_INTERLEAVED, run.chunks = 2, run.stages = 4;
     check_equivalent(&run);
+    /* ZeRO-2 over the replicas of each stage */
+    run.schedule = DTR_PIPE_1F1B, run.chunks = 1, run.stages = 2, run.zero = 2;
+    check_equivalent(&run);
+    run.zero = 0;
     /* data 2 x pipeline 2 x tensor 2 on 8 ranks, then pipeline 2 x tensor 2 */
     run.schedule = DTR_PIPE_1F1B, run.chunks = 1, run.stages = 2, run.tp = 2;
     check_equivalent(&run);
