@@ -172,30 +172,9 @@ void dtr__boot_close(dtr__boot *b) {
 
 
 #if !defined(_WIN32)
-#include <errno.h>
-#include <signal.h>
 #include <sys/types.h>
 
 #define DTR__WATCH_TICK_MS 50
-
-/* 1 when process `pid` on this host is gone (or a zombie waiting to be reaped). */
-static int dtr__watch_pid_dead(int pid) {
-    char path[64], buf[512];
-    FILE *fp;
-    size_t n;
-    if (pid <= 0) return 0;
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
-    snprintf(path, sizeof path, "/proc/%d/stat", pid);
-    fp = fopen(path, "r");
-    if (!fp) return 0;   /* no /proc: kill() is all we know */
-    n = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    buf[n] = 0;
-    {
-        const char *p = strrchr(buf, ')');
-        return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-    }
-}
 
 dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why) {
     char key[96], val[256];
@@ -241,7 +220,7 @@ static void dtr__watch_local_peers(dtr__watchdog *w) {
     const dtr__boot *b = w->boot;
     int p;
     for (p = 0; p < b->size; p++)
-        if (p != b->rank && b->on_host[p] && !w->gone[p] && dtr__watch_pid_dead(b->pids[p])) {
+        if (p != b->rank && b->on_host[p] && !w->gone[p] && dtr__pid_dead(b->pids[p])) {
             char how[160];
             snprintf(how, sizeof how, "rank %d (pid %d on this host) died", p, b->pids[p]);
             dtr__watch_peer_gone(w, p, how);
@@ -387,7 +366,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 391 "dtrain_comm.c"
+#line 370 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1348,5 +1327,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1352 "dtrain_comm.c"
+#line 1331 "dtrain_comm.c"
 

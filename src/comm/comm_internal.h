@@ -136,6 +136,11 @@ static inline int dtr__fake_ranks_per_host(void) {
     int k = v ? atoi(v) : 0;
     return k > 0 ? k : 0;
 }
+/** 1 when process `pid` on this host is gone or a zombie waiting to be reaped (Linux reads
+ *  /proc; elsewhere only a gone pid counts). Used by the shared-memory collectives and the
+ *  process transports' watchdog. */
+int dtr__pid_dead(int64_t pid);
+
 /* ---- shared-memory collectives (src/comm/shm.c) ---- */
 typedef struct dtr__shm dtr__shm;
 /** Collective over c at its creation: maps one segment shared by the group's ranks when

@@ -48,6 +48,22 @@ extern int kill(__pid_t pid, int sig);
 #if defined(__GLIBC__) && !defined(__USE_XOPEN2K8) && !defined(__USE_XOPEN_EXTENDED) && !defined(__cplusplus)
 extern int ftruncate(int fd, __off_t length);
 #endif
+
+/* Shared with the process transports' watchdog (src/comm/watchdog.c, in dtrain_comm.c). */
+int dtr__pid_dead(int64_t pid) {
+    char path[64], buf[512], *p;
+    FILE *f;
+    size_t n;
+    if (pid <= 0) return 0;
+    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
+    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+    if (!(f = fopen(path, "r"))) return 0;   /* no /proc: kill() is all we know */
+    n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
 #define DTR__HAVE_SHM DTR__HAVE_ATOMICS
 #else
 #define DTR__HAVE_SHM 0
@@ -208,27 +224,11 @@ static void dtr__shm_nap(int64_t ns) {
     nanosleep(&ts, NULL);
 }
 
-/* 1 when process pid is gone or a zombie (Linux: /proc; elsewhere only gone) */
-static int dtr__shm_dead(int64_t pid) {
-    char path[64], buf[512], *p;
-    FILE *f;
-    size_t n;
-    if (pid <= 0) return 0;
-    if (kill((pid_t)pid, 0) != 0 && errno == ESRCH) return 1;
-    snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
-    if (!(f = fopen(path, "r"))) return 0;
-    n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = 0;
-    p = strrchr(buf, ')');
-    return p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
-}
-
 /* the first peer whose process died, or -1 */
 static int dtr__shm_dead_peer(dtr_comm *c) {
     int j;
     for (j = 0; j < c->size; j++)
-        if (j != c->rank && dtr__shm_dead(DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid))) return j;
+        if (j != c->rank && dtr__pid_dead(DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid))) return j;
     return -1;
 }
 
@@ -439,6 +439,9 @@ int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
 }
 
 #else /* no POSIX shared memory: the transport's path */
+#if !(defined(__unix__) || defined(__APPLE__))
+int dtr__pid_dead(int64_t pid) { (void)pid; return 0; }
+#endif
 int dtr_comm_shared_memory(const dtr_comm *c) { (void)c; return 0; }
 dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
