@@ -379,6 +379,11 @@ DTR__PRIVATE void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
 DTR__PRIVATE dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
 /** Gives up: closes and removes the temporary file; frees f. */
 DTR__PRIVATE void dtr__afile_abort(dtr__afile *f);
+/** 1 when `path` exists and is not a regular file (a folder, a FIFO, a device). */
+DTR__PRIVATE int dtr__not_regular_file(const char *path);
+/** 1 when process `pid` of this host is gone (or a zombie); 0 when alive or unknown
+ *  (src/comm/shm.c; the process transports' watchdog and the atomic writer use it). */
+int dtr__pid_dead(int64_t pid);
 
 /* ---- state entries ---- */
 
