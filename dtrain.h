@@ -3006,6 +3006,219 @@ extern const dtr_backend dtr__cpu_backend;
 #endif
 #line 3008 "dtrain.h"
 
+/* ---- src/core/formulas.h ---- */
+#line 1 "src/core/formulas.h"
+/* ============================================================================
+ * The element formulas, one home for each: the CPU kernels (dtrain.h) and the CUDA kernels
+ * (dtrain_cuda.cu) call these same functions, so the CPU tests (finite differences, the
+ * PyTorch references) check the arithmetic the GPU runs. Under nvcc they are
+ * __host__ __device__; elsewhere plain static inline C99.
+ *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
+ *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
+ *   - activations and their derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
+ *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
+ * ==========================================================================*/
+#ifndef DTR__FORMULAS_H
+#define DTR__FORMULAS_H
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define DTR__HD static __host__ __device__ __forceinline__
+#else
+#define DTR__HD static inline
+#endif
+
+#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
+#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
+
+/* ---- bits ---- */
+
+DTR__HD uint32_t dtr__f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+DTR__HD float dtr__f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- dtype conversions ---- */
+
+/** f32 -> bf16, round to nearest even; NaN stays a quiet NaN. */
+DTR__HD uint16_t dtr__f_to_bf16(float x) {
+    uint32_t u = dtr__f_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+DTR__HD float dtr__f_from_bf16(uint16_t x) { return dtr__f_from_bits((uint32_t)x << 16); }
+
+/** f32 -> f16 (IEEE half), round to nearest even; overflow to inf; NaN kept. */
+DTR__HD uint16_t dtr__f_to_f16(float x) {
+    uint32_t u = dtr__f_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
+    if (a < 0x38800000u) {  /* subnormal or zero in f16: units of 2^-24, half to even */
+        float f = dtr__f_from_bits(a) * 16777216.0f;
+        uint32_t i = (uint32_t)f;
+        float rem = f - (float)i;
+        if (rem > 0.5f || (rem == 0.5f && (i & 1u))) i++;
+        return (uint16_t)(sign | i);
+    }
+    a += 0xc8000fffu + ((a >> 13) & 1u); /* rebias exponent (-112 << 23) and round */
+    return (uint16_t)(sign | (a >> 13));
+}
+
+DTR__HD float dtr__f_from_f16(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (e == 0) {
+        float f = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    if (e == 31) return dtr__f_from_bits(sign | 0x7f800000u | (mant << 13));
+    return dtr__f_from_bits(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+/* ---- the random stream (PCG32, XSH RR) ---- */
+
+#define DTR__PCG_MULT 6364136223846793005ULL
+
+/** One draw: returns the output of `*state` and steps it. */
+DTR__HD uint32_t dtr__f_pcg_next(uint64_t *state, uint64_t inc) {
+    uint64_t old = *state;
+    uint32_t xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    *state = old * DTR__PCG_MULT + inc;
+    return (xorshifted >> rot) | (xorshifted << ((0u - rot) & 31u));
+}
+
+/** The state `delta` draws later, in O(log delta) (Brown's jump ahead): draw i of a stream
+ *  is computed on its own, so a GPU thread per element reproduces the CPU's sequence. */
+DTR__HD uint64_t dtr__f_pcg_advance(uint64_t state, uint64_t inc, uint64_t delta) {
+    uint64_t mult = DTR__PCG_MULT, plus = inc, acc_mult = 1u, acc_plus = 0u;
+    while (delta > 0) {
+        if (delta & 1u) {
+            acc_mult *= mult;
+            acc_plus = acc_plus * mult + plus;
+        }
+        plus = (mult + 1u) * plus;
+        mult *= mult;
+        delta >>= 1u;
+    }
+    return acc_mult * state + acc_plus;
+}
+
+/** A draw as a float uniform in [0, 1), 24 bits. */
+DTR__HD float dtr__f_uniform(uint32_t u) { return (float)(u >> 8) * (1.0f / 16777216.0f); }
+
+/** Dropout's multiplier for a draw: 0 (dropped, draw < p) or 1 / (1 - p). */
+DTR__HD float dtr__f_dropout_mask(uint32_t u, float p) { return dtr__f_uniform(u) < p ? 0.0f : 1.0f / (1.0f - p); }
+
+/* ---- activations: y = f(x) and dy/dx ---- */
+
+DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + tanhf(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
+DTR__HD float dtr__f_gelu_grad(float x) {
+    float u = DTR__GELU_K * (x + 0.044715f * x * x * x), t = tanhf(u);
+    float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+DTR__HD float dtr__f_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * DTR__SQRT1_2)); }
+DTR__HD float dtr__f_gelu_erf_grad(float x) {
+    return 0.5f * (1.0f + erff(x * DTR__SQRT1_2)) + x * DTR__INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+DTR__HD float dtr__f_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/** From the output y = sigmoid(x). */
+DTR__HD float dtr__f_sigmoid_grad(float y) { return y * (1.0f - y); }
+/** From the output y = tanh(x). */
+DTR__HD float dtr__f_tanh_grad(float y) { return 1.0f - y * y; }
+/** NaN and -0 pass through, as PyTorch. */
+DTR__HD float dtr__f_relu(float x) { return x < 0.0f ? 0.0f : x; }
+/** 0 at and below 0 (and at NaN), as PyTorch. */
+DTR__HD float dtr__f_relu_grad(float x) { return x <= 0.0f ? 0.0f : 1.0f; }
+/** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
+DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+
+/* ---- optimizer element updates ---- */
+
+/** The constants of one SGD / Adam / AdamW / LAMB update (dtr__opt_consts makes them on the
+ *  host from dtr__opt_args; a kernel takes them by value). */
+typedef struct dtr__opt_k {
+    float lr, wd, gs, eps;
+    float mom, damp;          /* SGD: momentum, 1 - dampening */
+    float step_size, sbc2;    /* Adam: lr / (1 - beta1^t), sqrt(1 - beta2^t) */
+    float b1, b2, c1, c2;     /* beta1, beta2, 1 - beta1, 1 - beta2 */
+    double bc1, bc2;          /* LAMB: 1 - beta1^t, 1 - beta2^t */
+    int adamw, nesterov, first;
+} dtr__opt_k;
+
+/** SGD without momentum buffers. */
+DTR__HD void dtr__f_sgd(float *p, float g, const dtr__opt_k *k) { *p -= k->lr * (g * k->gs + k->wd * *p); }
+
+/** SGD with a momentum buffer m: the first step stores the gradient, later ones
+ *  m = mom m + (1 - dampening) d; Nesterov steps along d + mom m. The flags are arguments
+ *  (k->first, k->nesterov) so that a CPU loop passing constants compiles to one branch-free,
+ *  vectorised loop per variant. */
+DTR__HD void dtr__f_sgd_momentum(float *p, float *m, float g, const dtr__opt_k *k, int first, int nesterov) {
+    float d = g * k->gs + k->wd * *p, b;
+    if (first) {
+        *m = d;
+        *p -= k->lr * (nesterov ? d + k->mom * d : d);
+        return;
+    }
+    b = k->mom * *m + k->damp * d;
+    *m = b;
+    *p -= k->lr * (nesterov ? d + k->mom * b : b);
+}
+
+/** Adam (L2 decay added to the gradient) or AdamW (decoupled decay, `adamw` = k->adamw),
+ *  bias-corrected. */
+DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
+    float d = g * k->gs;
+    if (adamw) *p *= 1.0f - k->lr * k->wd;
+    else d += k->wd * *p;
+    *m = k->b1 * *m + k->c1 * d;
+    *v = k->b2 * *v + k->c2 * d * d;
+    *p -= k->step_size * *m / (sqrtf(*v) / k->sbc2 + k->eps);
+}
+
+/** LAMB's first phase for one element: moments updated, returns the update direction
+ *  (before the per-parameter trust ratio scales it). */
+DTR__HD float dtr__f_lamb_dir(float p, float *m, float *v, float g, const dtr__opt_k *k) {
+    float d = g * k->gs, mh, vh;
+    *m = k->b1 * *m + k->c1 * d;
+    *v = k->b2 * *v + k->c2 * d * d;
+    mh = (float)(*m / k->bc1);
+    vh = (float)(*v / k->bc2);
+    return mh / (sqrtf(vh) + k->eps) + k->wd * p;
+}
+
+/** LAMB's trust ratio from the squared norms of the parameter and of its direction. */
+DTR__HD float dtr__f_lamb_trust(double pn, double un) {
+    return (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+}
+
+/** The constants of the update `a` describes (host side). */
+static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
+    dtr__opt_k k;
+    double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    memset(&k, 0, sizeof k);
+    k.lr = a->lr; k.wd = a->weight_decay; k.gs = a->grad_scale; k.eps = a->eps;
+    k.mom = a->momentum; k.damp = 1.0f - a->dampening;
+    k.step_size = a->lr / (float)bc1;
+    k.sbc2 = sqrtf((float)bc2);
+    k.b1 = (float)a->beta1; k.b2 = (float)a->beta2;
+    k.c1 = (float)(1.0 - a->beta1); k.c2 = (float)(1.0 - a->beta2);
+    k.bc1 = bc1; k.bc2 = bc2;
+    k.adamw = a->kind == DTR_OPT_ADAMW;
+    k.nesterov = a->nesterov;
+    k.first = a->first;
+    return k;
+}
+
+#endif /* DTR__FORMULAS_H */
+#line 3221 "dtrain.h"
+
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
 /* ============================================================================
@@ -3059,7 +3272,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3063 "dtrain.h"
+#line 3276 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3329,7 +3542,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3333 "dtrain.h"
+#line 3546 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3356,7 +3569,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3360 "dtrain.h"
+#line 3573 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3389,7 +3602,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3393 "dtrain.h"
+#line 3606 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3439,7 +3652,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3443 "dtrain.h"
+#line 3656 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3791,7 +4004,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3795 "dtrain.h"
+#line 4008 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4582,13 +4795,14 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4586 "dtrain.h"
+#line 4799 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
 /* ============================================================================
  * Context: configuration, backend, thread pool, step arena, errors, logging, RNG.
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -4974,14 +5188,7 @@ void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream) {
     dtr_rng_u32(rng);
 }
 
-uint32_t dtr_rng_u32(dtr_rng *rng) {
-    uint64_t old = rng->state;
-    uint32_t xorshifted, rot;
-    rng->state = old * 6364136223846793005ULL + rng->inc;
-    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
-    rot = (uint32_t)(old >> 59u);
-    return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
-}
+uint32_t dtr_rng_u32(dtr_rng *rng) { return dtr__f_pcg_next(&rng->state, rng->inc); }
 
 /* ---- state ---- */
 
@@ -5002,34 +5209,23 @@ dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out) 
 dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DTR_NULL_HANDLE; }
 
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
-void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
-    uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;
-    while (delta > 0) {
-        if (delta & 1u) {
-            acc_mult *= mult;
-            acc_plus = acc_plus * mult + plus;
-        }
-        plus = (mult + 1u) * plus;
-        mult *= mult;
-        delta >>= 1u;
-    }
-    rng->state = acc_mult * rng->state + acc_plus;
-}
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta) { rng->state = dtr__f_pcg_advance(rng->state, rng->inc, delta); }
 
-float dtr_rng_uniform(dtr_rng *rng) { return (float)(dtr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }
+float dtr_rng_uniform(dtr_rng *rng) { return dtr__f_uniform(dtr_rng_u32(rng)); }
 
 float dtr_rng_normal(dtr_rng *rng) {
     float u1 = dtr_rng_uniform(rng), u2 = dtr_rng_uniform(rng);
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5027 "dtrain.h"
+#line 5222 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
 /* ============================================================================
  * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even).
  * ==========================================================================*/
+
 
 
 
@@ -5053,51 +5249,10 @@ const char *dtr_dtype_name(dtr_dtype dt) {
     return "unknown";
 }
 
-static uint32_t dtr__fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float dtr__bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-uint16_t dtr_f32_to_bf16(float x) {
-    uint32_t u = dtr__fbits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float dtr_bf16_to_f32(uint16_t x) { return dtr__bitsf((uint32_t)x << 16); }
-
-uint16_t dtr_f32_to_f16(float x) {
-    uint32_t u = dtr__fbits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) /* inf or nan */
-        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
-    if (a < 0x38800000u) {  /* subnormal or zero in f16 */
-        /* value = a as float; f16 subnormal unit = 2^-24 */
-        float f = dtr__bitsf(a) * 16777216.0f; /* scale by 2^24 */
-        /* round half to even */
-        uint32_t i = (uint32_t)f;
-        float rem = f - (float)i;
-        if (rem > 0.5f || (rem == 0.5f && (i & 1u))) i++;
-        return (uint16_t)(sign | i);
-    }
-    {
-        uint32_t mant_odd = (a >> 13) & 1u;
-        a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
-        return (uint16_t)(sign | (a >> 13));
-    }
-}
-
-float dtr_f16_to_f32(uint16_t h) {
-    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0) {
-        float f = (float)mant * (1.0f / 16777216.0f);
-        return sign ? -f : f;
-    }
-    if (exp == 31) return dtr__bitsf(sign | 0x7f800000u | (mant << 13));
-    return dtr__bitsf(sign | ((exp + 112u) << 23) | (mant << 13));
-}
+uint16_t dtr_f32_to_bf16(float x) { return dtr__f_to_bf16(x); }
+float dtr_bf16_to_f32(uint16_t x) { return dtr__f_from_bf16(x); }
+uint16_t dtr_f32_to_f16(float x) { return dtr__f_to_f16(x); }
+float dtr_f16_to_f32(uint16_t h) { return dtr__f_from_f16(h); }
 
 static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
     switch (dt) {
@@ -5115,7 +5270,7 @@ static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
 static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
-        uint32_t u = dtr__fbits(s[i]), nan = (u & 0x7fffffffu) > 0x7f800000u;
+        uint32_t u = dtr__f_bits(s[i]), nan = (u & 0x7fffffffu) > 0x7f800000u;
         uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
         d[i] = (uint16_t)(nan ? q : r);
     }
@@ -5123,7 +5278,7 @@ static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
 
 static void dtr__bf16_to_f32_n(float *d, const uint16_t *s, size_t n) {
     size_t i;
-    for (i = 0; i < n; i++) d[i] = dtr__bitsf((uint32_t)s[i] << 16);
+    for (i = 0; i < n; i++) d[i] = dtr__f_from_bits((uint32_t)s[i] << 16);
 }
 
 dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtype src_dtype, size_t n) {
@@ -5154,7 +5309,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5158 "dtrain.h"
+#line 5313 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5529,7 +5684,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5533 "dtrain.h"
+#line 5688 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5728,7 +5883,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5732 "dtrain.h"
+#line 5887 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5959,7 +6114,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5963 "dtrain.h"
+#line 6118 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -5967,6 +6122,7 @@ dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr_
  * Element-wise ops, reductions and simple losses: builders and CPU kernels side by side.
  * Shapes: any; binary ops broadcast as NumPy does (axes aligned on the right).
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -6141,9 +6297,6 @@ dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx
 dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
 dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
 
-#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
-#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
-#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
@@ -6157,10 +6310,10 @@ static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
     for (; i + 8 <= e; i += 8) {
         float t[8];
         for (k = 0; k < 8; k++) t[k] = x[i + k];
-        for (k = 0; k < 8; k++) t[k] = t[k] < 0.0f ? 0.0f : t[k];
+        for (k = 0; k < 8; k++) t[k] = dtr__f_relu(t[k]);
         for (k = 0; k < 8; k++) y[i + k] = t[k];
     }
-    for (; i < e; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+    for (; i < e; i++) y[i] = dtr__f_relu(x[i]);
 }
 
 static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
@@ -6169,10 +6322,10 @@ static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, 
     for (; i + 8 <= e; i += 8) {
         float tx[8], tg[8], tgx[8];
         for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
-        for (k = 0; k < 8; k++) tgx[k] += tx[k] <= 0.0f ? 0.0f : tg[k];
+        for (k = 0; k < 8; k++) tgx[k] += tg[k] * dtr__f_relu_grad(tx[k]);
         for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
     }
-    for (; i < e; i++) gx[i] += x[i] <= 0.0f ? 0.0f : g[i];
+    for (; i < e; i++) gx[i] += g[i] * dtr__f_relu_grad(x[i]);
 }
 
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
@@ -6184,16 +6337,11 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
     case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
-    case DTR_OP_GELU:
-        for (i = b; i < e; i++) {
-            float v = x[i];
-            y[i] = 0.5f * v * (1.0f + tanhf(DTR__GELU_K * (v + 0.044715f * v * v * v)));
-        }
-        break;
+    case DTR_OP_GELU: for (i = b; i < e; i++) y[i] = dtr__f_gelu(x[i]); break;
     case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
-    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * DTR__SQRT1_2)); break;
-    default: for (i = b; i < e; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = dtr__f_gelu_erf(x[i]); break;
+    default: for (i = b; i < e; i++) y[i] = dtr__f_sigmoid(x[i]); break;
     }
 }
 
@@ -6206,24 +6354,11 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
     case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
-    case DTR_OP_GELU:
-        for (i = b; i < e; i++) {
-            float v = x[i], u = DTR__GELU_K * (v + 0.044715f * v * v * v), t = tanhf(u);
-            float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            gx[i] += g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        }
-        break;
-    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
-    case DTR_OP_ABS: /* sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0) */
-        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : 0.0f);
-        break;
-    case DTR_OP_GELU_ERF:
-        for (i = b; i < e; i++) {
-            float v = x[i], cdf = 0.5f * (1.0f + erff(v * DTR__SQRT1_2));
-            gx[i] += g[i] * (cdf + v * DTR__INV_SQRT_2PI * expf(-0.5f * v * v));
-        }
-        break;
-    default: for (i = b; i < e; i++) gx[i] += g[i] * y[i] * (1.0f - y[i]); break;
+    case DTR_OP_GELU: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_grad(x[i]); break;
+    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_tanh_grad(y[i]); break;
+    case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_erf_grad(x[i]); break;
+    default: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_sigmoid_grad(y[i]); break;
     }
 }
 
@@ -6409,7 +6544,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6413 "dtrain.h"
+#line 6548 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6588,7 +6723,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6592 "dtrain.h"
+#line 6727 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6597,6 +6732,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
  * causal self-attention composite.
  * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -6949,7 +7085,7 @@ dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
     if (!m) return ctx->status;
     nd->saved = m;
-    for (i = 0; i < N; i++) m[i] = dtr_rng_uniform(&rng) < p ? 0.0f : 1.0f / (1.0f - p);
+    for (i = 0; i < N; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
@@ -6993,7 +7129,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6997 "dtrain.h"
+#line 7133 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7493,7 +7629,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7497 "dtrain.h"
+#line 7633 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7752,7 +7888,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7756 "dtrain.h"
+#line 7892 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7938,7 +8074,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7942 "dtrain.h"
+#line 8078 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8051,7 +8187,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8055 "dtrain.h"
+#line 8191 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8525,7 +8661,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8529 "dtrain.h"
+#line 8665 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8694,7 +8830,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8698 "dtrain.h"
+#line 8834 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8943,7 +9079,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8947 "dtrain.h"
+#line 9083 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8952,6 +9088,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
  * buffers, learning-rate schedules, gradient clipping and accumulation.
  * The update formulas follow torch.optim (SGD, Adam, AdamW) and You et al. 2019 (LAMB).
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -9276,74 +9413,33 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
 dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     int64_t i, n = a->n, b = a->begin;
     float *p = a->param, *g = a->grad, *m = a->m, *v = a->v;
-    float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
+    dtr__opt_k k = dtr__opt_consts(a);
+    int s;
     (void)ctx;
     switch (a->kind) {
-    case DTR_OPT_SGD: {
-        /* one simple loop per variant, fields in locals: the compiler vectorises each */
-        float mom = a->momentum, damp = 1.0f - a->dampening;
-        if (!m) {
-            for (i = b; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
-        } else if (a->first) {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i];
-                m[i] = d;
-                p[i] -= lr * (a->nesterov ? d + mom * d : d);
-            }
-        } else if (a->nesterov) {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
-                m[i] = b;
-                p[i] -= lr * (d + mom * b);
-            }
-        } else {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
-                m[i] = b;
-                p[i] -= lr * b;
-            }
-        }
+    case DTR_OPT_SGD:
+        /* one loop per variant, the flags constant in each: the compiler vectorises them */
+        if (!m) for (i = b; i < n; i++) dtr__f_sgd(&p[i], g[i], &k);
+        else if (k.first) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 1, k.nesterov);
+        else if (k.nesterov) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1);
+        else for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0);
         break;
-    }
-    case DTR_OPT_ADAM:
-    case DTR_OPT_ADAMW: {
-        float bc1 = (float)(1.0 - pow(a->beta1, (double)a->step)), bc2 = (float)(1.0 - pow(a->beta2, (double)a->step));
-        float step_size = lr / bc1, sbc2 = sqrtf(bc2);
-        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
-        int adamw = a->kind == DTR_OPT_ADAMW;
-        for (i = b; i < n; i++) {
-            float d = g[i] * gs;
-            if (adamw) p[i] *= 1.0f - lr * wd;
-            else d += wd * p[i];
-            m[i] = b1 * m[i] + c1 * d;
-            v[i] = b2 * v[i] + c2 * d * d;
-            p[i] -= step_size * m[i] / (sqrtf(v[i]) / sbc2 + a->eps);
-        }
-        break;
-    }
-    case DTR_OPT_LAMB: {
-        double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
-        int s;
+    case DTR_OPT_ADAM: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 0); break;
+    case DTR_OPT_ADAMW: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 1); break;
+    case DTR_OPT_LAMB:
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
             float trust;
             if (a->seg_begin[s] < b || a->seg_end[s] > n) continue;   /* outside the range */
             for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
-                float d = g[i] * gs, mh, vh;
-                m[i] = b1 * m[i] + c1 * d;
-                v[i] = b2 * v[i] + c2 * d * d;
-                mh = (float)(m[i] / bc1);
-                vh = (float)(v[i] / bc2);
-                a->work[i] = mh / (sqrtf(vh) + a->eps) + wd * p[i];
+                a->work[i] = dtr__f_lamb_dir(p[i], &m[i], &v[i], g[i], &k);
                 pn += (double)p[i] * p[i];
                 un += (double)a->work[i] * a->work[i];
             }
-            trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
-            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= lr * trust * a->work[i];
+            trust = dtr__f_lamb_trust(pn, un);
+            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= a->lr * trust * a->work[i];
         }
         break;
-    }
     default: return DTR_INVALID_ARGUMENT;
     }
     return DTR_OK;
@@ -9373,7 +9469,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9377 "dtrain.h"
+#line 9473 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9720,7 +9816,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9724 "dtrain.h"
+#line 9820 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -9786,7 +9882,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 9790 "dtrain.h"
+#line 9886 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10023,7 +10119,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10027 "dtrain.h"
+#line 10123 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10772,7 +10868,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10776 "dtrain.h"
+#line 10872 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11225,7 +11321,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11229 "dtrain.h"
+#line 11325 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11281,7 +11377,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11285 "dtrain.h"
+#line 11381 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12058,7 +12154,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12062 "dtrain.h"
+#line 12158 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12639,7 +12735,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12643 "dtrain.h"
+#line 12739 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13270,7 +13366,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13274 "dtrain.h"
+#line 13370 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14008,7 +14104,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14012 "dtrain.h"
+#line 14108 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14275,7 +14371,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14279 "dtrain.h"
+#line 14375 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14465,7 +14561,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14469 "dtrain.h"
+#line 14565 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14599,7 +14695,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14603 "dtrain.h"
+#line 14699 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15333,7 +15429,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15337 "dtrain.h"
+#line 15433 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15850,7 +15946,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15854 "dtrain.h"
+#line 15950 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16582,7 +16678,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16586 "dtrain.h"
+#line 16682 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17659,7 +17755,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17663 "dtrain.h"
+#line 17759 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18211,7 +18307,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18215 "dtrain.h"
+#line 18311 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18693,7 +18789,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18697 "dtrain.h"
+#line 18793 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19146,7 +19242,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19150 "dtrain.h"
+#line 19246 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19505,7 +19601,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19509 "dtrain.h"
+#line 19605 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19702,7 +19798,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19706 "dtrain.h"
+#line 19802 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20035,7 +20131,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20039 "dtrain.h"
+#line 20135 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20468,7 +20564,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20472 "dtrain.h"
+#line 20568 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20522,7 +20618,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20526 "dtrain.h"
+#line 20622 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
