@@ -263,8 +263,14 @@ DTR_API int dtr_tensor_is_contiguous(const dtr_tensor *t);
 /** Pointer to the first element in host memory (CPU backend), honouring the view offset.
  *  NULL for tensors on a device: use dtr_tensor_read/write. */
 DTR_API void *dtr_tensor_data(dtr_tensor *t);
-/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. */
+/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. On a device
+ *  backend the pointer is device memory: read it with dtr_tensor_read_grad. */
 DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
+ *  (a device's copy completes before it returns).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
+ *  DTR_SHAPE_MISMATCH (n), DTR_DEVICE_ERROR. Thread safety: the tensor's context thread. */
+DTR_API dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n);
 /** The name given to a parameter, or "". */
 DTR_API const char *dtr_tensor_name(const dtr_tensor *t);
 /** Copies the elements in row-major order into host memory `dst` converted to `dt`
@@ -2531,7 +2537,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2535 "dtrain.h"
+#line 2541 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2902,7 +2908,7 @@ DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int repor
 DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
-DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -2945,7 +2951,7 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, co
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
 int64_t dtr__numel(int ndim, const int64_t *shape);
-DTR__PRIVATE void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
@@ -2960,7 +2966,7 @@ DTR__PRIVATE dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const ch
 DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
 /** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
  *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
-DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
@@ -3004,7 +3010,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3008 "dtrain.h"
+#line 3014 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3079,6 +3085,48 @@ DTR__HD float dtr__f_from_f16(uint16_t h) {
     }
     if (e == 31) return dtr__f_from_bits(sign | 0x7f800000u | (mant << 13));
     return dtr__f_from_bits(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+/** Element i of an array of dtype `dt` (DTR_F32, BF16, F16, I32, U8) as a float. */
+DTR__HD float dtr__f_load(const void *src, int dt, int64_t i) {
+    switch (dt) {
+    case DTR_F32: return ((const float *)src)[i];
+    case DTR_BF16: return dtr__f_from_bf16(((const uint16_t *)src)[i]);
+    case DTR_F16: return dtr__f_from_f16(((const uint16_t *)src)[i]);
+    case DTR_I32: return (float)((const int32_t *)src)[i];
+    case DTR_U8: return (float)((const uint8_t *)src)[i];
+    default: return 0.0f;
+    }
+}
+
+/** Stores f as element i of an array of dtype `dt`: rounded to nearest even for bf16 / f16,
+ *  truncated for i32, clamped to [0, 255] for u8. */
+DTR__HD void dtr__f_store(void *dst, int dt, int64_t i, float f) {
+    switch (dt) {
+    case DTR_F32: ((float *)dst)[i] = f; break;
+    case DTR_BF16: ((uint16_t *)dst)[i] = dtr__f_to_bf16(f); break;
+    case DTR_F16: ((uint16_t *)dst)[i] = dtr__f_to_f16(f); break;
+    case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
+    case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
+    default: break;
+    }
+}
+
+/* ---- launch shapes (CUDA kernels; plain arithmetic, tested on the CPU) ---- */
+
+/** Blocks of `threads` for n elements in a grid-stride loop: ceil(n / threads), at least 1,
+ *  at most max_blocks (each thread then takes several elements). */
+static inline unsigned dtr__launch_blocks(int64_t n, int threads, unsigned max_blocks) {
+    int64_t b = n > 0 ? (n + threads - 1) / threads : 1;
+    return b > (int64_t)max_blocks ? max_blocks : (unsigned)b;
+}
+
+/** Threads per block for a row of n elements reduced by one block: the smallest power of two
+ *  >= n, between 32 (a warp) and 1024 (the hardware's limit). */
+static inline int dtr__launch_row_threads(int64_t n) {
+    int t = 32;
+    while (t < 1024 && t < n) t *= 2;
+    return t;
 }
 
 /* ---- the random stream (PCG32, XSH RR) ---- */
@@ -3217,7 +3265,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3221 "dtrain.h"
+#line 3269 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3272,7 +3320,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3276 "dtrain.h"
+#line 3324 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3542,7 +3590,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3546 "dtrain.h"
+#line 3594 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3569,7 +3617,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3573 "dtrain.h"
+#line 3621 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3602,7 +3650,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3606 "dtrain.h"
+#line 3654 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3652,7 +3700,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3656 "dtrain.h"
+#line 3704 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4004,7 +4052,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4008 "dtrain.h"
+#line 4056 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4795,7 +4843,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4799 "dtrain.h"
+#line 4847 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5218,7 +5266,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5222 "dtrain.h"
+#line 5270 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5254,17 +5302,6 @@ float dtr_bf16_to_f32(uint16_t x) { return dtr__f_from_bf16(x); }
 uint16_t dtr_f32_to_f16(float x) { return dtr__f_to_f16(x); }
 float dtr_f16_to_f32(uint16_t h) { return dtr__f_from_f16(h); }
 
-static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
-    switch (dt) {
-    case DTR_F32: return ((const float *)src)[i];
-    case DTR_BF16: return dtr_bf16_to_f32(((const uint16_t *)src)[i]);
-    case DTR_F16: return dtr_f16_to_f32(((const uint16_t *)src)[i]);
-    case DTR_I32: return (float)((const int32_t *)src)[i];
-    case DTR_U8: return (float)((const uint8_t *)src)[i];
-    }
-    return 0.0f;
-}
-
 /* f32 <-> bf16 over arrays, branch-free so that compilers vectorize them (the rule of
  * dtr_f32_to_bf16: NaN stays a quiet NaN, the rest rounds to nearest even) */
 static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
@@ -5297,19 +5334,10 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
         for (i = 0; i < n; i++) ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
         return DTR_OK;
     }
-    for (i = 0; i < n; i++) {
-        float f = dtr__load_f32(src, src_dtype, i);
-        switch (dst_dtype) {
-        case DTR_F32: ((float *)dst)[i] = f; break;
-        case DTR_BF16: ((uint16_t *)dst)[i] = dtr_f32_to_bf16(f); break;
-        case DTR_F16: ((uint16_t *)dst)[i] = dtr_f32_to_f16(f); break;
-        case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
-        case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
-        }
-    }
+    for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5313 "dtrain.h"
+#line 5341 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5486,6 +5514,20 @@ void *dtr_tensor_data(dtr_tensor *t) {
 }
 
 float *dtr_tensor_grad(dtr_tensor *t) { return t ? t->grad : NULL; }
+
+dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
+    if (!t || !dst) return DTR_NULL_HANDLE;
+    if (!t->grad) return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_read_grad: the tensor has no gradient");
+    if ((int64_t)n != dtr_tensor_numel(t))
+        return dtr__fail(t->ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read_grad: %zu elements asked, tensor has %lld", n,
+                         (long long)dtr_tensor_numel(t));
+    if (n == 0) return DTR_OK;
+    if (dtr__host_memory(t->ctx)) {
+        memcpy(dst, t->grad, n * sizeof(float));
+        return DTR_OK;
+    }
+    return t->ctx->backend->to_host(t->ctx, dst, t->grad, n * sizeof(float));
+}
 
 dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     if (!t) return NULL;
@@ -5684,7 +5726,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5688 "dtrain.h"
+#line 5730 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5883,7 +5925,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5887 "dtrain.h"
+#line 5929 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6114,7 +6156,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6118 "dtrain.h"
+#line 6160 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6544,7 +6586,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6548 "dtrain.h"
+#line 6590 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6723,7 +6765,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6727 "dtrain.h"
+#line 6769 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7129,7 +7171,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 7133 "dtrain.h"
+#line 7175 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7629,7 +7671,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7633 "dtrain.h"
+#line 7675 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7888,7 +7930,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7892 "dtrain.h"
+#line 7934 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8074,7 +8116,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8078 "dtrain.h"
+#line 8120 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8187,7 +8229,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8191 "dtrain.h"
+#line 8233 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8661,7 +8703,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8665 "dtrain.h"
+#line 8707 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8830,7 +8872,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8834 "dtrain.h"
+#line 8876 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9079,7 +9121,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9083 "dtrain.h"
+#line 9125 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9469,7 +9511,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9473 "dtrain.h"
+#line 9515 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9816,7 +9858,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9820 "dtrain.h"
+#line 9862 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -9882,7 +9924,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 9886 "dtrain.h"
+#line 9928 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10119,7 +10161,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10123 "dtrain.h"
+#line 10165 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10868,7 +10910,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10872 "dtrain.h"
+#line 10914 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11321,7 +11363,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11325 "dtrain.h"
+#line 11367 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11377,7 +11419,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11381 "dtrain.h"
+#line 11423 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12154,7 +12196,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12158 "dtrain.h"
+#line 12200 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12735,7 +12777,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12739 "dtrain.h"
+#line 12781 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13366,7 +13408,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13370 "dtrain.h"
+#line 13412 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14104,7 +14146,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14108 "dtrain.h"
+#line 14150 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14371,7 +14413,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14375 "dtrain.h"
+#line 14417 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14561,7 +14603,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14565 "dtrain.h"
+#line 14607 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14695,7 +14737,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14699 "dtrain.h"
+#line 14741 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15429,7 +15471,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15433 "dtrain.h"
+#line 15475 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15946,7 +15988,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15950 "dtrain.h"
+#line 15992 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16678,7 +16720,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16682 "dtrain.h"
+#line 16724 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17755,7 +17797,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17759 "dtrain.h"
+#line 17801 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18307,7 +18349,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18311 "dtrain.h"
+#line 18353 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18789,7 +18831,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18793 "dtrain.h"
+#line 18835 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19242,7 +19284,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19246 "dtrain.h"
+#line 19288 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19601,7 +19643,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19605 "dtrain.h"
+#line 19647 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19798,7 +19840,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19802 "dtrain.h"
+#line 19844 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20131,7 +20173,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20135 "dtrain.h"
+#line 20177 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20564,7 +20606,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20568 "dtrain.h"
+#line 20610 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20618,7 +20660,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20622 "dtrain.h"
+#line 20664 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

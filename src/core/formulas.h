@@ -71,6 +71,48 @@ DTR__HD float dtr__f_from_f16(uint16_t h) {
     return dtr__f_from_bits(sign | ((e + 112u) << 23) | (mant << 13));
 }
 
+/** Element i of an array of dtype `dt` (DTR_F32, BF16, F16, I32, U8) as a float. */
+DTR__HD float dtr__f_load(const void *src, int dt, int64_t i) {
+    switch (dt) {
+    case DTR_F32: return ((const float *)src)[i];
+    case DTR_BF16: return dtr__f_from_bf16(((const uint16_t *)src)[i]);
+    case DTR_F16: return dtr__f_from_f16(((const uint16_t *)src)[i]);
+    case DTR_I32: return (float)((const int32_t *)src)[i];
+    case DTR_U8: return (float)((const uint8_t *)src)[i];
+    default: return 0.0f;
+    }
+}
+
+/** Stores f as element i of an array of dtype `dt`: rounded to nearest even for bf16 / f16,
+ *  truncated for i32, clamped to [0, 255] for u8. */
+DTR__HD void dtr__f_store(void *dst, int dt, int64_t i, float f) {
+    switch (dt) {
+    case DTR_F32: ((float *)dst)[i] = f; break;
+    case DTR_BF16: ((uint16_t *)dst)[i] = dtr__f_to_bf16(f); break;
+    case DTR_F16: ((uint16_t *)dst)[i] = dtr__f_to_f16(f); break;
+    case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
+    case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
+    default: break;
+    }
+}
+
+/* ---- launch shapes (CUDA kernels; plain arithmetic, tested on the CPU) ---- */
+
+/** Blocks of `threads` for n elements in a grid-stride loop: ceil(n / threads), at least 1,
+ *  at most max_blocks (each thread then takes several elements). */
+static inline unsigned dtr__launch_blocks(int64_t n, int threads, unsigned max_blocks) {
+    int64_t b = n > 0 ? (n + threads - 1) / threads : 1;
+    return b > (int64_t)max_blocks ? max_blocks : (unsigned)b;
+}
+
+/** Threads per block for a row of n elements reduced by one block: the smallest power of two
+ *  >= n, between 32 (a warp) and 1024 (the hardware's limit). */
+static inline int dtr__launch_row_threads(int64_t n) {
+    int t = 32;
+    while (t < 1024 && t < n) t *= 2;
+    return t;
+}
+
 /* ---- the random stream (PCG32, XSH RR) ---- */
 
 #define DTR__PCG_MULT 6364136223846793005ULL

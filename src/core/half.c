@@ -30,17 +30,6 @@ float dtr_bf16_to_f32(uint16_t x) { return dtr__f_from_bf16(x); }
 uint16_t dtr_f32_to_f16(float x) { return dtr__f_to_f16(x); }
 float dtr_f16_to_f32(uint16_t h) { return dtr__f_from_f16(h); }
 
-static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
-    switch (dt) {
-    case DTR_F32: return ((const float *)src)[i];
-    case DTR_BF16: return dtr_bf16_to_f32(((const uint16_t *)src)[i]);
-    case DTR_F16: return dtr_f16_to_f32(((const uint16_t *)src)[i]);
-    case DTR_I32: return (float)((const int32_t *)src)[i];
-    case DTR_U8: return (float)((const uint8_t *)src)[i];
-    }
-    return 0.0f;
-}
-
 /* f32 <-> bf16 over arrays, branch-free so that compilers vectorize them (the rule of
  * dtr_f32_to_bf16: NaN stays a quiet NaN, the rest rounds to nearest even) */
 static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
@@ -73,15 +62,6 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
         for (i = 0; i < n; i++) ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
         return DTR_OK;
     }
-    for (i = 0; i < n; i++) {
-        float f = dtr__load_f32(src, src_dtype, i);
-        switch (dst_dtype) {
-        case DTR_F32: ((float *)dst)[i] = f; break;
-        case DTR_BF16: ((uint16_t *)dst)[i] = dtr_f32_to_bf16(f); break;
-        case DTR_F16: ((uint16_t *)dst)[i] = dtr_f32_to_f16(f); break;
-        case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
-        case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
-        }
-    }
+    for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
