@@ -171,6 +171,10 @@ DTR__HD float dtr__f_relu_grad(float x) { return x <= 0.0f ? 0.0f : 1.0f; }
 /** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
 DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
 
+/** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
+ *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
+DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
+
 /* ---- optimizer element updates ---- */
 
 /** The constants of one SGD / Adam / AdamW / LAMB update (dtr__opt_consts makes them on the
