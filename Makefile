@@ -93,6 +93,9 @@ NVCCFLAGS  ?= -std=c++17 -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-pthread,
 
 FABRIC_CFLAGS := $(if $(filter 1,$(USE_FABRIC)),-DDTR_USE_LIBFABRIC $(shell pkg-config --cflags libfabric 2>/dev/null))
 FABRIC_LIBS   := $(if $(filter 1,$(USE_FABRIC)),$(shell pkg-config --libs libfabric 2>/dev/null))
+# NCCL (and the CUDA runtime it needs) join the libraries of dtrain_comm.c when nccl.h was found.
+NCCL_LIBS     := $(if $(filter 1,$(USE_NCCL)),-L$(CUDA_HOME)/lib64 -lnccl -lcudart)
+COMM_LIBS     := $(FABRIC_LIBS) $(NCCL_LIBS)
 NCCL_CFLAGS   := $(if $(filter 1,$(USE_NCCL)),-DDTR_USE_NCCL -I$(CUDA_HOME)/include)
 
 # Fuzzing: clang with libFuzzer (libclang-rt-*-dev), built against dtrain.h.
@@ -152,19 +155,22 @@ FUZZERS  := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz
 # Per-program extras. A program links every .o among its prerequisites, so a program that
 # needs a unit adds it as a prerequisite, and libraries go in its EXTRA_LIBS, e.g.
 #   $(BUILD)/bench/allreduce: $(COMM_OBJ)
-#   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
+#   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(COMM_LIBS)
 EXTRA_LIBS :=
 $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
 # tests/test_fabric: the libfabric transport across processes (without libfabric it still
 # builds, against dtrain_comm.c's stubs, and says loudly that it skipped).
 $(BUILD)/tests/test_fabric: $(COMM_OBJ)
-$(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
+$(BUILD)/tests/test_fabric: EXTRA_LIBS += $(COMM_LIBS)
+# tests/test_nccl: the NCCL transport's watchdog logic, and its open without a GPU.
+$(BUILD)/tests/test_nccl: $(COMM_OBJ)
+$(BUILD)/tests/test_nccl: EXTRA_LIBS += $(COMM_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
 COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
 $(COMM_PROGRAMS): $(COMM_OBJ)
-$(COMM_PROGRAMS): EXTRA_LIBS += $(FABRIC_LIBS)
+$(COMM_PROGRAMS): EXTRA_LIBS += $(COMM_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)
-$(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
+$(BUILD)/bench/allreduce: EXTRA_LIBS += $(COMM_LIBS)
 
 # A change of compiler or flags rebuilds everything built with them.
 FLAGS_ID    := $(strip $(CC) $(CFLAGS) $(LDLIBS) | $(NVCC) $(NVCCFLAGS) $(FABRIC_CFLAGS) $(NCCL_CFLAGS))
@@ -283,7 +289,7 @@ $(COMM_LIBA) $(CUDA_LIBA):
 
 $(COMM_LIBSO): $(COMM_OBJ) $(LIBSO)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libdtrain_comm.so.$(SOVERSION) -Wl,--no-undefined -o $@ $< \
-	    -L$(BUILD) -ldtrain $(FABRIC_LIBS) $(LDLIBS)
+	    -L$(BUILD) -ldtrain $(COMM_LIBS) $(LDLIBS)
 
 $(CUDA_LIBSO): $(CUDA_OBJ) $(LIBSO)
 	$(NVCC) -shared -cudart static -Xlinker -soname=libdtrain_cuda.so.$(SOVERSION) -Xlinker --no-undefined \
@@ -435,7 +441,7 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(BUILD)/fuzz/dtrain_impl.o
 # share/dtrain/src for builds of your own; `dtrun` goes to $(BINDIR). Portable unless ARCH is set.
 INSTALL_UNITS := $(if $(filter 1,$(USE_FABRIC)),comm) $(if $(filter 1,$(USE_CUDA)),cuda)
 UNIT_DESC_comm := dtrain libfabric transport (dtrain_comm.c)
-UNIT_LIBS_comm := $(FABRIC_LIBS)
+UNIT_LIBS_comm := $(COMM_LIBS)
 UNIT_DESC_cuda := dtrain CUDA backend (dtrain_cuda.cu)
 UNIT_LIBS_cuda := -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 # The .pc files are relocatable: prefix is found from the file's own folder.

@@ -1781,6 +1781,19 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  Thread safety: thread safe. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
+/** The NCCL transport (defined in dtrain_comm.c when it was built with nccl.h: DTR_USE_NCCL;
+ *  NULL otherwise), found by dtr_transport_find("nccl") like libfabric. One process per GPU:
+ *  open takes rank and size from cfg->store (as libfabric), passes rank 0's ncclUniqueId
+ *  through it, and opens a non-blocking communicator on cfg->nccl.device (default: the local
+ *  rank). Buffers are device memory (cfg->memory DTR_MEM_DEVICE, cfg->context the CUDA
+ *  context whose queued work goes first). All-reduce, broadcast, reduce-scatter and
+ *  all-gather are NCCL's own; point-to-point messages of a pair of ranks match in posting
+ *  order with equal sizes (NCCL has no tags). A deadline, an asynchronous NCCL error or a dead
+ *  peer process aborts the communicator: DTR_PEER_FAILED / DTR_TIMEOUT naming the rank, never
+ *  a hang. Without a visible GPU open gives DTR_UNSUPPORTED. docs/distributed.md has more.
+ *  Thread safety: thread safe. */
+DTR_API const dtr_transport_vtable *dtr_nccl_transport(void);
+
 /** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
  *  vtable must outlive every group using it. "local" is always registered.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_VERSION_MISMATCH (abi_version), DTR_INVALID_ARGUMENT
@@ -1812,7 +1825,7 @@ typedef struct dtr_fabric_config {
                                             provider's handlers stay (README, "Signals") */
 } dtr_fabric_config;
 
-/** Settings of the NCCL transport (reserved: the transport arrives with the CUDA backend). */
+/** Settings of the NCCL transport (dtr_nccl_transport). */
 typedef struct dtr_nccl_config {
     int device;                        /**< CUDA device of this rank; -1 (default): the local rank */
     int blocking;                      /**< 1: NCCL's blocking communicator mode; 0: non-blocking (deadlines work) */
@@ -2537,7 +2550,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2541 "dtrain.h"
+#line 2554 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3010,7 +3023,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3014 "dtrain.h"
+#line 3027 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3269,7 +3282,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3273 "dtrain.h"
+#line 3286 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3324,7 +3337,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3328 "dtrain.h"
+#line 3341 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3594,7 +3607,50 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3598 "dtrain.h"
+#line 3611 "dtrain.h"
+
+/* ---- src/transport/nccl_watch.h ---- */
+#line 1 "src/transport/nccl_watch.h"
+/* ============================================================================
+ * The NCCL transport's watchdog decisions, kept pure (no NCCL, no clock of their own) so the
+ * CPU tests drive them with a fake clock: what a thread waiting on NCCL work does next, and
+ * how long it naps between polls. src/transport/nccl.c (dtrain_comm.c) calls them.
+ * ==========================================================================*/
+#ifndef DTR__NCCL_WATCH_H
+#define DTR__NCCL_WATCH_H
+
+/** What a waiter does next. */
+typedef enum dtr__nccl_next {
+    DTR__NCCL_WAIT = 0,      /* nap, then poll again */
+    DTR__NCCL_DONE = 1,      /* the work completed: its result is valid */
+    DTR__NCCL_ERROR = 2,     /* NCCL reported an asynchronous error: abort the communicator */
+    DTR__NCCL_PEER_DEAD = 3, /* a peer process on this host is gone: abort, name it */
+    DTR__NCCL_TIMEOUT = 4    /* the deadline passed: abort (NCCL would wait forever), name the peer */
+} dtr__nccl_next;
+
+/** The decision from one poll: `done` (the work's event completed), `async_error` (0 none,
+ *  1 an operation still in progress, 2 an error: ncclCommGetAsyncError's answer mapped),
+ *  `dead_peer` (a peer found dead, or -1), the clock and the deadline. An error wins over
+ *  completion (the result cannot be trusted); completed work wins over a peer that died
+ *  after it; the deadline is checked last. */
+static inline dtr__nccl_next dtr__nccl_watch(int done, int async_error, int dead_peer, int64_t now_ns, int64_t deadline_ns) {
+    if (async_error == 2) return DTR__NCCL_ERROR;
+    if (done) return DTR__NCCL_DONE;
+    if (dead_peer >= 0) return DTR__NCCL_PEER_DEAD;
+    if (now_ns >= deadline_ns) return DTR__NCCL_TIMEOUT;
+    return DTR__NCCL_WAIT;
+}
+
+/** The next nap: doubling from 2 us up to max_ns, never past the deadline. */
+static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now_ns, int64_t deadline_ns) {
+    int64_t nap = prev_ns <= 0 ? 2000 : prev_ns * 2;
+    if (nap > max_ns) nap = max_ns;
+    if (nap > deadline_ns - now_ns) nap = deadline_ns - now_ns;
+    return nap > 0 ? nap : 0;
+}
+
+#endif /* DTR__NCCL_WATCH_H */
+#line 3654 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3621,7 +3677,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3625 "dtrain.h"
+#line 3681 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3654,7 +3710,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3658 "dtrain.h"
+#line 3714 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3704,7 +3760,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3708 "dtrain.h"
+#line 3764 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4056,7 +4112,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4060 "dtrain.h"
+#line 4116 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4847,7 +4903,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4851 "dtrain.h"
+#line 4907 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5270,7 +5326,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5274 "dtrain.h"
+#line 5330 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5341,7 +5397,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5345 "dtrain.h"
+#line 5401 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5730,7 +5786,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5734 "dtrain.h"
+#line 5790 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5929,7 +5985,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5933 "dtrain.h"
+#line 5989 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6160,7 +6216,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6164 "dtrain.h"
+#line 6220 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6590,7 +6646,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6594 "dtrain.h"
+#line 6650 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6769,7 +6825,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6773 "dtrain.h"
+#line 6829 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7175,7 +7231,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 7179 "dtrain.h"
+#line 7235 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7674,7 +7730,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7678 "dtrain.h"
+#line 7734 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7933,7 +7989,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7937 "dtrain.h"
+#line 7993 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8119,7 +8175,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8123 "dtrain.h"
+#line 8179 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8232,7 +8288,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8236 "dtrain.h"
+#line 8292 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8706,7 +8762,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8710 "dtrain.h"
+#line 8766 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8875,7 +8931,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8879 "dtrain.h"
+#line 8935 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9124,7 +9180,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9128 "dtrain.h"
+#line 9184 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9514,7 +9570,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9518 "dtrain.h"
+#line 9574 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9861,7 +9917,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9865 "dtrain.h"
+#line 9921 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -9927,7 +9983,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 9931 "dtrain.h"
+#line 9987 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10164,7 +10220,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10168 "dtrain.h"
+#line 10224 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10913,7 +10969,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10917 "dtrain.h"
+#line 10973 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11366,7 +11422,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11370 "dtrain.h"
+#line 11426 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11422,7 +11478,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11426 "dtrain.h"
+#line 11482 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12199,7 +12255,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12203 "dtrain.h"
+#line 12259 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12780,7 +12836,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12784 "dtrain.h"
+#line 12840 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13411,7 +13467,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13415 "dtrain.h"
+#line 13471 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14149,7 +14205,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14153 "dtrain.h"
+#line 14209 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14416,7 +14472,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14420 "dtrain.h"
+#line 14476 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14606,7 +14662,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14610 "dtrain.h"
+#line 14666 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14740,7 +14796,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14744 "dtrain.h"
+#line 14800 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15474,7 +15530,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15478 "dtrain.h"
+#line 15534 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15991,7 +16047,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15995 "dtrain.h"
+#line 16051 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16723,7 +16779,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16727 "dtrain.h"
+#line 16783 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16895,6 +16951,7 @@ out:
    without the unit the address is NULL) */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__ELF__)
 extern const dtr_transport_vtable *dtr_fabric_transport(void) __attribute__((weak));
+extern const dtr_transport_vtable *dtr_nccl_transport(void) __attribute__((weak));
 #define DTR__WEAK_FABRIC 1
 #else
 #define DTR__WEAK_FABRIC 0
@@ -16908,6 +16965,10 @@ const dtr_transport_vtable *dtr_transport_find(const char *name) {
 #if DTR__WEAK_FABRIC
     if (!strcmp(name, "libfabric") && dtr_fabric_transport) {
         vt = dtr_fabric_transport();
+        if (vt) return vt;
+    }
+    if (!strcmp(name, "nccl") && dtr_nccl_transport) {
+        vt = dtr_nccl_transport();
         if (vt) return vt;
     }
 #endif
@@ -17800,7 +17861,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17804 "dtrain.h"
+#line 17865 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18352,7 +18413,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18356 "dtrain.h"
+#line 18417 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18834,7 +18895,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18838 "dtrain.h"
+#line 18899 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19287,7 +19348,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19291 "dtrain.h"
+#line 19352 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19646,7 +19707,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19650 "dtrain.h"
+#line 19711 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19843,7 +19904,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19847 "dtrain.h"
+#line 19908 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20176,7 +20237,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20180 "dtrain.h"
+#line 20241 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20609,7 +20670,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20613 "dtrain.h"
+#line 20674 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20663,7 +20724,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20667 "dtrain.h"
+#line 20728 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
