@@ -143,7 +143,7 @@ DTRUN    := $(BUILD)/dtrun
 # Every tests/test_*.c, examples/*.c and bench/*.c is a program: new files need no edit here.
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
-BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c,$(wildcard bench/*.c)))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c bench/gpu.c,$(wildcard bench/*.c)))
 ifneq ($(HAVE_OPENBLAS),1)
 BENCHES  := $(filter-out $(BUILD)/bench/gemm,$(BENCHES))
 endif
@@ -256,11 +256,21 @@ $(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DDTR_TEST_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
 
+# bench-gpu: bench/gpu.c (MLP, CNN, a small GPT and GPT-2 small's shape; JSON lines) on the
+# GPU, then bench/gpu_torch.py, PyTorch's eager and compiled runs of the same models, when
+# torch with CUDA is there. BENCH_ARGS are passed to both.
+$(BUILD)/bench/gpu: bench/gpu.c $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+bench-gpu: $(BUILD)/bench/gpu
+	$(BUILD)/bench/gpu $(BENCH_ARGS)
+	-python3 bench/gpu_torch.py $(BENCH_ARGS)
+
 # cuda-check: `make cuda` and the GPU test program linked when nvcc exists, a loud notice when
 # it does not (used by check).
 cuda-check:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory cuda $(GPU_TESTS)
+	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu
 else
 	@echo "*****************************************************************"
 	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"
