@@ -375,8 +375,10 @@ DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
- *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
- *  permute and softmax_causal, so it shares their backward passes.
+ *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
+ *  query rows go in tiles through GEMMs with an exact softmax per row, and only each row's
+ *  log-sum-exp is kept for backward, which recomputes the probabilities: memory grows with
+ *  T, never with T x T per head. Results do not depend on the thread count.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
@@ -2550,7 +2552,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2554 "dtrain.h"
+#line 2556 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2696,14 +2698,14 @@ struct dtr_tensor {
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
-    X(CHECKPOINT, "checkpoint", checkpoint)
+    X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 40
+#define DTR__OP_COUNT_EXPECTED 41
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -2746,6 +2748,7 @@ typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    int heads;                        /* ATTENTION: the number of heads (C = heads * D) */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -3023,7 +3026,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3027 "dtrain.h"
+#line 3030 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3282,7 +3285,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3286 "dtrain.h"
+#line 3289 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3337,7 +3340,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3341 "dtrain.h"
+#line 3344 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3607,7 +3610,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3611 "dtrain.h"
+#line 3614 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -3650,7 +3653,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 3654 "dtrain.h"
+#line 3657 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3677,7 +3680,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3681 "dtrain.h"
+#line 3684 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3710,7 +3713,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3714 "dtrain.h"
+#line 3717 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3760,7 +3763,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3764 "dtrain.h"
+#line 3767 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4112,7 +4115,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4116 "dtrain.h"
+#line 4119 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4903,7 +4906,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4907 "dtrain.h"
+#line 4910 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5326,7 +5329,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5330 "dtrain.h"
+#line 5333 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5397,7 +5400,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5401 "dtrain.h"
+#line 5404 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5786,7 +5789,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5790 "dtrain.h"
+#line 5793 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5985,7 +5988,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5989 "dtrain.h"
+#line 5992 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6216,7 +6219,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6220 "dtrain.h"
+#line 6223 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6646,7 +6649,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6650 "dtrain.h"
+#line 6653 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6825,7 +6828,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6829 "dtrain.h"
+#line 6832 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7201,12 +7204,18 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- causal self-attention (composite) ---- */
+/* ---- causal self-attention, fused (flash-style) ----
+ * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). Per
+ * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
+ * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
+ * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
+ * Memory per worker: two TILE x T blocks, never T x T per head. A (batch, head) is one
+ * worker's, in tile order, so results do not depend on the thread count. */
+
+#define DTR__ATT_TILE 32
 
 dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
-    static const int to_heads[4] = {0, 2, 1, 3}; /* (B, T, H, D) -> (B, H, T, D) */
-    int64_t B, T, C, D, shape[4];
-    dtr_tensor *qh, *kh, *vh, *att, *y;
+    dtr__node *n;
     char s1[96], s2[96], s3[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
@@ -7216,22 +7225,135 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
         memcmp(q->shape, v->shape, 3 * sizeof(int64_t)))
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must all be (B, T, C)",
                           dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
-    B = q->shape[0]; T = q->shape[1]; C = q->shape[2];
-    if (heads <= 0 || C % heads)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)C);
-    D = C / heads;
-    shape[0] = B; shape[1] = T; shape[2] = heads; shape[3] = D;
-    qh = dtr_permute(ctx, dtr_reshape(ctx, q, 4, shape), to_heads);          /* (B, H, T, D) */
-    kh = dtr_permute(ctx, dtr_reshape(ctx, k, 4, shape), to_heads);
-    vh = dtr_permute(ctx, dtr_reshape(ctx, v, 4, shape), to_heads);
-    att = dtr_matmul(ctx, qh, dtr_transpose(ctx, kh, 2, 3));                  /* (B, H, T, T) */
-    att = dtr_softmax_causal(ctx, dtr_scale(ctx, att, 1.0f / sqrtf((float)D)));
-    y = dtr_matmul(ctx, att, vh);                                             /* (B, H, T, D) */
-    y = dtr_contiguous(ctx, dtr_permute(ctx, y, to_heads));                   /* (B, T, H, D) */
-    shape[2] = C;
-    return dtr_reshape(ctx, y, 3, shape);
+    if (heads <= 0 || q->shape[2] % heads)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
+    q = dtr__contig_input(ctx, q);
+    k = dtr__contig_input(ctx, k);
+    v = dtr__contig_input(ctx, v);
+    if (!q || !k || !v) return NULL;
+    {
+        dtr_tensor *in[3] = {q, k, v};
+        n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
+    }
+    if (!n) return NULL;
+    n->p.heads = heads;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 3, q->shape, "dtr_attention");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_attention");
 }
-#line 7235 "dtrain.h"
+
+typedef struct dtr__att_job {
+    const dtr__node *nd;
+    dtr__pool *pool;
+    int64_t B, T, C, H, D;
+    float scale;
+    float *lse;        /* (B, H, T) */
+    float *scratch;    /* per worker: two TILE x T blocks */
+} dtr__att_job;
+
+/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled causal scores S in place; the
+ * row's log-sum-exp to lse (forward) or P from it (backward: have_lse). */
+static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
+    int64_t r, j;
+    for (r = 0; r < rows; r++) {
+        float *sr = S + r * nk, mx = -INFINITY;
+        int64_t valid = t0 + r + 1;
+        double sum = 0.0;
+        for (j = 0; j < valid; j++) sr[j] *= scale;
+        if (have_lse) {
+            for (j = 0; j < valid; j++) sr[j] = expf(sr[j] - lse[t0 + r]);
+        } else {
+            for (j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
+            for (j = 0; j < valid; j++) sum += exp((double)(sr[j] - mx));
+            lse[t0 + r] = mx + (float)log(sum);
+            for (j = 0; j < valid; j++) sr[j] = (float)(exp((double)(sr[j] - mx)) / sum);
+        }
+        for (j = valid; j < nk; j++) sr[j] = 0.0f;
+    }
+}
+
+static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    int64_t T = j->T, C = j->C, D = j->D, bh, t0;
+    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
+    for (bh = b; bh < e; bh++) {
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
+        const float *Q = dtr__f32(j->nd->in[0]) + off, *K = dtr__f32(j->nd->in[1]) + off, *V = dtr__f32(j->nd->in[2]) + off;
+        float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
+        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
+            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+            /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, S, nk);
+            dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
+            /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
+            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, C, 1, 0.0f, Y + t0 * C, C);
+        }
+    }
+}
+
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) / sqrt(D). */
+static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    const dtr__node *nd = j->nd;
+    int64_t T = j->T, C = j->C, D = j->D, bh, t0, r, c;
+    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
+    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    for (bh = b; bh < e; bh++) {
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
+        const float *Q = dtr__f32(nd->in[0]) + off, *K = dtr__f32(nd->in[1]) + off, *V = dtr__f32(nd->in[2]) + off;
+        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
+        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
+            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, P, nk);
+            dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
+            /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
+            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
+            if (!GQ && !GK) continue;
+            /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, C, 0.0f, dP, nk);
+            for (r = 0; r < rows; r++) {
+                double dy = 0.0;
+                for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
+                for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
+            }
+            /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
+            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, C, 1, 1.0f, GQ + off + t0 * C, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * C, C, 1, 1.0f, GK + off, C);
+        }
+    }
+}
+
+static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
+    memset(j, 0, sizeof *j);
+    j->nd = nd;
+    j->pool = ctx->pool;
+    j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
+    j->H = nd->p.heads; j->D = j->C / j->H;
+    j->scale = 1.0f / sqrtf((float)j->D);
+    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
+                                                 sizeof(float), "dtr_attention");
+    return j->scratch ? DTR_OK : ctx->status;
+}
+
+dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__att_job j;
+    if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.T + 1) * sizeof(float)); /* row log-sum-exps */
+    if (!j.lse) return ctx->status;
+    nd->saved = j.lse;
+    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__att_job j;
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
+    if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    j.lse = (float *)nd->saved;
+    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
+    return DTR_OK;
+}
+#line 7357 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7730,7 +7852,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7734 "dtrain.h"
+#line 7856 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7989,7 +8111,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7993 "dtrain.h"
+#line 8115 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8175,7 +8297,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8179 "dtrain.h"
+#line 8301 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8288,7 +8410,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8292 "dtrain.h"
+#line 8414 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8762,7 +8884,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8766 "dtrain.h"
+#line 8888 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8931,7 +9053,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8935 "dtrain.h"
+#line 9057 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9180,7 +9302,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9184 "dtrain.h"
+#line 9306 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9570,7 +9692,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9574 "dtrain.h"
+#line 9696 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9917,7 +10039,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9921 "dtrain.h"
+#line 10043 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -9983,7 +10105,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 9987 "dtrain.h"
+#line 10109 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10220,7 +10342,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10224 "dtrain.h"
+#line 10346 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10969,7 +11091,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10973 "dtrain.h"
+#line 11095 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11422,7 +11544,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11426 "dtrain.h"
+#line 11548 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11478,7 +11600,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11482 "dtrain.h"
+#line 11604 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12255,7 +12377,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12259 "dtrain.h"
+#line 12381 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12836,7 +12958,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12840 "dtrain.h"
+#line 12962 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13467,7 +13589,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13471 "dtrain.h"
+#line 13593 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14205,7 +14327,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14209 "dtrain.h"
+#line 14331 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14472,7 +14594,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14476 "dtrain.h"
+#line 14598 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14662,7 +14784,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14666 "dtrain.h"
+#line 14788 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14796,7 +14918,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14800 "dtrain.h"
+#line 14922 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15530,7 +15652,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15534 "dtrain.h"
+#line 15656 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16047,7 +16169,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16051 "dtrain.h"
+#line 16173 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16779,7 +16901,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16783 "dtrain.h"
+#line 16905 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17861,7 +17983,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17865 "dtrain.h"
+#line 17987 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18413,7 +18535,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18417 "dtrain.h"
+#line 18539 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18895,7 +19017,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18899 "dtrain.h"
+#line 19021 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19348,7 +19470,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19352 "dtrain.h"
+#line 19474 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19707,7 +19829,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19711 "dtrain.h"
+#line 19833 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19904,7 +20026,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19908 "dtrain.h"
+#line 20030 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20237,7 +20359,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20241 "dtrain.h"
+#line 20363 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20670,7 +20792,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20674 "dtrain.h"
+#line 20796 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20724,7 +20846,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20728 "dtrain.h"
+#line 20850 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

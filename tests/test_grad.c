@@ -383,6 +383,7 @@ static const op_case CASES[] = {
     {"avgpool 2", 1, {IN4(2, 2, 6, 7)}, b_pool, KA(2), 0, NULL},
     {"avgpool 3 stride 1 pad 1", 1, {IN4(2, 2, 6, 7)}, b_pool, KA(3), 0, NULL},
     {"causal self-attention", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention, K0, 0, NULL},
+    {"causal self-attention, two tiles of queries", 3, {IN3(1, 40, 4), IN3(1, 40, 4), IN3(1, 40, 4)}, b_attention, K0, 0, NULL},
     {"reshape", 1, {IN2(6, 4)}, b_views, KA(0), 0, NULL},
     {"permute + contiguous", 1, {IN2(6, 4)}, b_views, KA(1), 0, NULL},
     {"slice", 1, {IN2(6, 4)}, b_views, KA(2), 0, NULL},

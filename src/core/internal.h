@@ -140,14 +140,14 @@ struct dtr_tensor {
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
-    X(CHECKPOINT, "checkpoint", checkpoint)
+    X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 40
+#define DTR__OP_COUNT_EXPECTED 41
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -190,6 +190,7 @@ typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    int heads;                        /* ATTENTION: the number of heads (C = heads * D) */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;

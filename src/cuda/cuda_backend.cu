@@ -227,6 +227,8 @@ static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *do
 
 /* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd; the families
  * without CUDA kernels yet are NULL here, so the table reports them unsupported. */
+#define dtr__cuda_attention_fwd NULL
+#define dtr__cuda_attention_bwd NULL
 #define dtr__cuda_comm_fwd NULL
 #define dtr__cuda_comm_bwd NULL
 

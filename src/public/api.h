@@ -354,8 +354,10 @@ DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
- *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
- *  permute and softmax_causal, so it shares their backward passes.
+ *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
+ *  query rows go in tiles through GEMMs with an exact softmax per row, and only each row's
+ *  log-sum-exp is kept for backward, which recomputes the probabilities: memory grows with
+ *  T, never with T x T per head. Results do not depend on the thread count.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
