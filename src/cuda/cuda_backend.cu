@@ -3,7 +3,7 @@
  * (never managed memory), host<->device copies, events, the device-side error word, and the
  * backend vtable whose dispatch table comes from the op list like the CPU's.
  * Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
- * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling). Ops
+ * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling), cuda_attention.cu (fused causal attention). Ops
  * without a CUDA kernel yet (the tensor-parallel communication ops) report DTR_UNSUPPORTED
  * naming the op, and supports_op says so.
  * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
@@ -227,8 +227,6 @@ static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *do
 
 /* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd; the families
  * without CUDA kernels yet are NULL here, so the table reports them unsupported. */
-#define dtr__cuda_attention_fwd NULL
-#define dtr__cuda_attention_bwd NULL
 #define dtr__cuda_comm_fwd NULL
 #define dtr__cuda_comm_bwd NULL
 
