@@ -809,6 +809,55 @@ DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_
  *  below grad_accum_steps). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
+/* ---- dynamic loss scaling (low-precision gradients) ---- */
+
+/** Settings of a loss scaler; dtr_loss_scaler_config_init gives PyTorch GradScaler's. */
+typedef struct dtr_loss_scaler_config {
+    float init_scale;       /**< first scale (default 65536) */
+    float growth_factor;    /**< applied after growth_interval finite steps in a row (default 2) */
+    float backoff_factor;   /**< applied after a step with non-finite gradients (default 0.5) */
+    int growth_interval;    /**< default 2000 */
+    float min_scale, max_scale;   /**< bounds of the scale (defaults 1 and 2^24) */
+} dtr_loss_scaler_config;
+
+/** Default loss-scaler settings. Thread safety: thread safe. */
+DTR_API dtr_loss_scaler_config dtr_loss_scaler_config_init(void);
+
+typedef struct dtr_loss_scaler dtr_loss_scaler;
+
+/** Creates a loss scaler (cfg NULL: defaults). A training step with it reads:
+ *      dtr_backward(ctx, dtr_loss_scaler_scale(ls, ctx, loss));
+ *      dtr_loss_scaler_step(ls, model, opt, &stepped);   // unscale, check, step or skip
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a setting out of range),
+ *  DTR_OUT_OF_MEMORY. Thread safety: thread safe for distinct scalers. */
+DTR_API dtr_result dtr_loss_scaler_create(const dtr_loss_scaler_config *cfg, dtr_loss_scaler **out);
+/** Frees the scaler; NULL is ignored. Thread safety: one thread per scaler. */
+DTR_API void dtr_loss_scaler_destroy(dtr_loss_scaler *ls);
+/** The loss times the current scale (an op: backward from it gives scaled gradients).
+ *  NULL with the context's error when ls is NULL. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_loss_scaler_scale(dtr_loss_scaler *ls, dtr_context *ctx, dtr_tensor *loss);
+/** Divides the model's gradients by the scale and checks them: finite, the optimizer steps
+ *  (*stepped as dtr_optimizer_step's `updated`) and after growth_interval such steps the
+ *  scale grows; an inf or NaN anywhere skips the step (*stepped 0, counted, a warning through
+ *  the log callback), shrinks the scale and zeroes the gradients. With data parallelism every
+ *  rank holds the same averaged gradients, so all take the same decision; a sharded optimizer
+ *  (ZeRO) is not supported yet. @return DTR_OK (stepped or skipped), DTR_NULL_HANDLE,
+ *  DTR_BAD_STATE (no gradients), or the optimizer's error. Thread safety: the model's context
+ *  thread. */
+DTR_API dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer *opt, int *stepped);
+/** The current scale (0 for NULL). Thread safety: as dtr_loss_scaler_step. */
+DTR_API float dtr_loss_scaler_value(const dtr_loss_scaler *ls);
+/** Steps skipped so far for non-finite gradients. Thread safety: as dtr_loss_scaler_step. */
+DTR_API int64_t dtr_loss_scaler_skipped(const dtr_loss_scaler *ls);
+/** State entries ("scale", "good", "skipped") for a full-state checkpoint.
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: as
+ *  dtr_loss_scaler_step. */
+DTR_API dtr_result dtr_loss_scaler_state(dtr_loss_scaler *ls, int index, dtr_state_entry *out);
+/** After the entries were written back: DTR_OK, or DTR_CORRUPT_FILE for a scale outside the
+ *  settings' bounds or negative counters; DTR_NULL_HANDLE. Thread safety: as
+ *  dtr_loss_scaler_step. */
+DTR_API dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls);
+
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
  *  @param norm_out receives the norm before clipping (may be NULL).
  *  Thread safety: the context's thread. */
@@ -2552,7 +2601,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2556 "dtrain.h"
+#line 2605 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3026,7 +3075,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3030 "dtrain.h"
+#line 3079 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3285,7 +3334,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3289 "dtrain.h"
+#line 3338 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3340,7 +3389,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3344 "dtrain.h"
+#line 3393 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3610,7 +3659,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3614 "dtrain.h"
+#line 3663 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -3653,7 +3702,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 3657 "dtrain.h"
+#line 3706 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3680,7 +3729,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3684 "dtrain.h"
+#line 3733 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3713,7 +3762,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3717 "dtrain.h"
+#line 3766 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3763,7 +3812,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3767 "dtrain.h"
+#line 3816 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4115,7 +4164,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4119 "dtrain.h"
+#line 4168 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4906,7 +4955,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4910 "dtrain.h"
+#line 4959 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5329,7 +5378,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5333 "dtrain.h"
+#line 5382 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5400,7 +5449,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5404 "dtrain.h"
+#line 5453 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5789,7 +5838,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5793 "dtrain.h"
+#line 5842 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5988,7 +6037,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5992 "dtrain.h"
+#line 6041 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6219,7 +6268,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6223 "dtrain.h"
+#line 6272 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6649,7 +6698,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6653 "dtrain.h"
+#line 6702 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6828,7 +6877,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6832 "dtrain.h"
+#line 6881 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7353,7 +7402,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 7357 "dtrain.h"
+#line 7406 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7852,7 +7901,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7856 "dtrain.h"
+#line 7905 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8111,7 +8160,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8115 "dtrain.h"
+#line 8164 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8297,7 +8346,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8301 "dtrain.h"
+#line 8350 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8410,7 +8459,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8414 "dtrain.h"
+#line 8463 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8884,7 +8933,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8888 "dtrain.h"
+#line 8937 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -9053,7 +9102,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 9057 "dtrain.h"
+#line 9106 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9302,7 +9351,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9306 "dtrain.h"
+#line 9355 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9692,7 +9741,136 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9696 "dtrain.h"
+#line 9745 "dtrain.h"
+
+/* ---- src/optim/loss_scale.c ---- */
+#line 1 "src/optim/loss_scale.c"
+/* ============================================================================
+ * Dynamic loss scaling for low-precision training (fp16 gradients underflow without it):
+ * the loss is multiplied by a scale before backward, and before the optimizer step the
+ * gradients are divided by it and checked. Non-finite gradients skip the step (reported, and
+ * counted), halve the scale and clear the gradients; `growth_interval` good steps in a row
+ * double it. The schedule of PyTorch's GradScaler. The scale and counters are state entries,
+ * so a full-state checkpoint resumes them. Gradients are read through the backend (scale,
+ * sumsq), so it works on any backend.
+ * ==========================================================================*/
+
+
+#include <math.h>
+#include <stdarg.h>
+
+struct dtr_loss_scaler {
+    dtr_loss_scaler_config cfg;
+    float scale;
+    int64_t good;       /* finite steps since the scale last changed */
+    int64_t skipped;    /* steps skipped for non-finite gradients */
+};
+
+dtr_loss_scaler_config dtr_loss_scaler_config_init(void) {
+    dtr_loss_scaler_config c;
+    memset(&c, 0, sizeof c);
+    c.init_scale = 65536.0f;
+    c.growth_factor = 2.0f;
+    c.backoff_factor = 0.5f;
+    c.growth_interval = 2000;
+    c.min_scale = 1.0f;
+    c.max_scale = 16777216.0f;
+    return c;
+}
+
+dtr_result dtr_loss_scaler_create(const dtr_loss_scaler_config *cfg, dtr_loss_scaler **out) {
+    dtr_loss_scaler_config c = cfg ? *cfg : dtr_loss_scaler_config_init();
+    dtr_loss_scaler *ls;
+    if (!out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (!(c.init_scale > 0.0f) || !(c.growth_factor >= 1.0f) || !(c.backoff_factor > 0.0f && c.backoff_factor < 1.0f) ||
+        c.growth_interval < 1 || !(c.min_scale > 0.0f) || !(c.max_scale >= c.min_scale) || !isfinite(c.max_scale))
+        return DTR_INVALID_ARGUMENT;
+    ls = (dtr_loss_scaler *)dtr__calloc(NULL, sizeof *ls);
+    if (!ls) return DTR_OUT_OF_MEMORY;
+    ls->cfg = c;
+    ls->scale = c.init_scale < c.min_scale ? c.min_scale : c.init_scale > c.max_scale ? c.max_scale : c.init_scale;
+    *out = ls;
+    return DTR_OK;
+}
+
+void dtr_loss_scaler_destroy(dtr_loss_scaler *ls) { dtr__free(NULL, ls); }
+
+dtr_tensor *dtr_loss_scaler_scale(dtr_loss_scaler *ls, dtr_context *ctx, dtr_tensor *loss) {
+    if (!ctx) return NULL;
+    if (!ls) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_loss_scaler_scale: scaler is NULL");
+    return dtr_scale(ctx, loss, ls->scale);
+}
+
+/* A warning through the context's log callback, when it asked for warnings. */
+static void dtr__ls_warn(dtr_context *ctx, const char *fmt, ...) DTR__PRINTF(2, 3);
+static void dtr__ls_warn(dtr_context *ctx, const char *fmt, ...) {
+    char msg[256];
+    va_list ap;
+    if (!ctx->cfg.log || ctx->cfg.log_level < DTR_LOG_WARN) return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ctx->cfg.log(ctx->cfg.log_user, DTR_LOG_WARN, msg);
+}
+
+/* After a finite step: count it, and grow the scale every growth_interval of them. */
+static void dtr__ls_good(dtr_loss_scaler *ls) {
+    if (++ls->good < ls->cfg.growth_interval) return;
+    ls->good = 0;
+    ls->scale = ls->scale * ls->cfg.growth_factor > ls->cfg.max_scale ? ls->cfg.max_scale : ls->scale * ls->cfg.growth_factor;
+}
+
+dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer *opt, int *stepped) {
+    dtr_context *ctx;
+    float *g;
+    int64_t n;
+    double ss = 0.0;
+    dtr_result r;
+    if (stepped) *stepped = 0;
+    if (!ls || !m || !opt) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    g = dtr_model_grads(m);
+    n = dtr_model_numel(m);
+    if (!g && n > 0) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_loss_scaler_step: the model has no gradients (run backward first)");
+    if (n > 0 && ((r = ctx->backend->scale(ctx, g, n, 1.0f / ls->scale)) != DTR_OK ||
+                  (r = ctx->backend->sumsq(ctx, g, n, &ss)) != DTR_OK))
+        return r;
+    if (!isfinite(ss)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */
+        ls->skipped++;
+        ls->good = 0;
+        ls->scale = ls->scale * ls->cfg.backoff_factor < ls->cfg.min_scale ? ls->cfg.min_scale : ls->scale * ls->cfg.backoff_factor;
+        dtr__ls_warn(ctx, "loss scaler: non-finite gradients, step skipped (%lld so far); scale now %g",
+                 (long long)ls->skipped, (double)ls->scale);
+        return dtr_model_zero_grad(m);
+    }
+    {
+        int updated = 0;
+        if ((r = dtr_optimizer_step(opt, &updated)) != DTR_OK) return r;
+        if (stepped) *stepped = updated;
+        if (updated) dtr__ls_good(ls);
+    }
+    return DTR_OK;
+}
+
+float dtr_loss_scaler_value(const dtr_loss_scaler *ls) { return ls ? ls->scale : 0.0f; }
+int64_t dtr_loss_scaler_skipped(const dtr_loss_scaler *ls) { return ls ? ls->skipped : 0; }
+
+dtr_result dtr_loss_scaler_state(dtr_loss_scaler *ls, int index, dtr_state_entry *out) {
+    if (!ls || !out) return DTR_NULL_HANDLE;
+    if (index == 0) return dtr__state_put(out, "scale", &ls->scale, sizeof ls->scale, 0);
+    if (index == 1) return dtr__state_put(out, "good", &ls->good, sizeof ls->good, 0);
+    if (index == 2) return dtr__state_put(out, "skipped", &ls->skipped, sizeof ls->skipped, 0);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
+    if (!ls) return DTR_NULL_HANDLE;
+    if (!(ls->scale >= ls->cfg.min_scale && ls->scale <= ls->cfg.max_scale) || ls->good < 0 || ls->skipped < 0)
+        return DTR_CORRUPT_FILE;
+    return DTR_OK;
+}
+#line 9874 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -10039,7 +10217,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 10043 "dtrain.h"
+#line 10221 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -10105,7 +10283,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 10109 "dtrain.h"
+#line 10287 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10342,7 +10520,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10346 "dtrain.h"
+#line 10524 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -11091,7 +11269,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 11095 "dtrain.h"
+#line 11273 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11544,7 +11722,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11548 "dtrain.h"
+#line 11726 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11600,7 +11778,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11604 "dtrain.h"
+#line 11782 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12377,7 +12555,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12381 "dtrain.h"
+#line 12559 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12958,7 +13136,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12962 "dtrain.h"
+#line 13140 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13589,7 +13767,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13593 "dtrain.h"
+#line 13771 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14327,7 +14505,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14331 "dtrain.h"
+#line 14509 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14594,7 +14772,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14598 "dtrain.h"
+#line 14776 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14784,7 +14962,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14788 "dtrain.h"
+#line 14966 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14918,7 +15096,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14922 "dtrain.h"
+#line 15100 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15652,7 +15830,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15656 "dtrain.h"
+#line 15834 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16169,7 +16347,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16173 "dtrain.h"
+#line 16351 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16901,7 +17079,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16905 "dtrain.h"
+#line 17083 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17983,7 +18161,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17987 "dtrain.h"
+#line 18165 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18535,7 +18713,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18539 "dtrain.h"
+#line 18717 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -19017,7 +19195,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 19021 "dtrain.h"
+#line 19199 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19470,7 +19648,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19474 "dtrain.h"
+#line 19652 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19829,7 +20007,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19833 "dtrain.h"
+#line 20011 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -20026,7 +20204,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 20030 "dtrain.h"
+#line 20208 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20359,7 +20537,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20363 "dtrain.h"
+#line 20541 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20792,7 +20970,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20796 "dtrain.h"
+#line 20974 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20846,7 +21024,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20850 "dtrain.h"
+#line 21028 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

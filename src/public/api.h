@@ -788,6 +788,55 @@ DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_
  *  below grad_accum_steps). Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
+/* ---- dynamic loss scaling (low-precision gradients) ---- */
+
+/** Settings of a loss scaler; dtr_loss_scaler_config_init gives PyTorch GradScaler's. */
+typedef struct dtr_loss_scaler_config {
+    float init_scale;       /**< first scale (default 65536) */
+    float growth_factor;    /**< applied after growth_interval finite steps in a row (default 2) */
+    float backoff_factor;   /**< applied after a step with non-finite gradients (default 0.5) */
+    int growth_interval;    /**< default 2000 */
+    float min_scale, max_scale;   /**< bounds of the scale (defaults 1 and 2^24) */
+} dtr_loss_scaler_config;
+
+/** Default loss-scaler settings. Thread safety: thread safe. */
+DTR_API dtr_loss_scaler_config dtr_loss_scaler_config_init(void);
+
+typedef struct dtr_loss_scaler dtr_loss_scaler;
+
+/** Creates a loss scaler (cfg NULL: defaults). A training step with it reads:
+ *      dtr_backward(ctx, dtr_loss_scaler_scale(ls, ctx, loss));
+ *      dtr_loss_scaler_step(ls, model, opt, &stepped);   // unscale, check, step or skip
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a setting out of range),
+ *  DTR_OUT_OF_MEMORY. Thread safety: thread safe for distinct scalers. */
+DTR_API dtr_result dtr_loss_scaler_create(const dtr_loss_scaler_config *cfg, dtr_loss_scaler **out);
+/** Frees the scaler; NULL is ignored. Thread safety: one thread per scaler. */
+DTR_API void dtr_loss_scaler_destroy(dtr_loss_scaler *ls);
+/** The loss times the current scale (an op: backward from it gives scaled gradients).
+ *  NULL with the context's error when ls is NULL. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_loss_scaler_scale(dtr_loss_scaler *ls, dtr_context *ctx, dtr_tensor *loss);
+/** Divides the model's gradients by the scale and checks them: finite, the optimizer steps
+ *  (*stepped as dtr_optimizer_step's `updated`) and after growth_interval such steps the
+ *  scale grows; an inf or NaN anywhere skips the step (*stepped 0, counted, a warning through
+ *  the log callback), shrinks the scale and zeroes the gradients. With data parallelism every
+ *  rank holds the same averaged gradients, so all take the same decision; a sharded optimizer
+ *  (ZeRO) is not supported yet. @return DTR_OK (stepped or skipped), DTR_NULL_HANDLE,
+ *  DTR_BAD_STATE (no gradients), or the optimizer's error. Thread safety: the model's context
+ *  thread. */
+DTR_API dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer *opt, int *stepped);
+/** The current scale (0 for NULL). Thread safety: as dtr_loss_scaler_step. */
+DTR_API float dtr_loss_scaler_value(const dtr_loss_scaler *ls);
+/** Steps skipped so far for non-finite gradients. Thread safety: as dtr_loss_scaler_step. */
+DTR_API int64_t dtr_loss_scaler_skipped(const dtr_loss_scaler *ls);
+/** State entries ("scale", "good", "skipped") for a full-state checkpoint.
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE. Thread safety: as
+ *  dtr_loss_scaler_step. */
+DTR_API dtr_result dtr_loss_scaler_state(dtr_loss_scaler *ls, int index, dtr_state_entry *out);
+/** After the entries were written back: DTR_OK, or DTR_CORRUPT_FILE for a scale outside the
+ *  settings' bounds or negative counters; DTR_NULL_HANDLE. Thread safety: as
+ *  dtr_loss_scaler_step. */
+DTR_API dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls);
+
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
  *  @param norm_out receives the norm before clipping (may be NULL).
  *  Thread safety: the context's thread. */
