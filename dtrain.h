@@ -65,7 +65,11 @@ typedef enum dtr_result {
     DTR_PEER_FAILED = -201,     /**< a peer died or stopped answering */
     DTR_DEVICE_ERROR = -300,    /**< a device (GPU) or its driver reported an error; the
                                      native code is in the message */
-    DTR_DEVICE_OUT_OF_MEMORY = -301 /**< a device allocation failed (host memory: DTR_OUT_OF_MEMORY) */
+    DTR_DEVICE_OUT_OF_MEMORY = -301, /**< a device allocation failed (host memory: DTR_OUT_OF_MEMORY) */
+    DTR_NONFINITE = -400        /**< a NaN or an infinity where numbers must be finite: a loss or
+                                     gradient norm (dtr_optimizer_config.nonfinite), or an op's output
+                                     or gradient in anomaly mode (dtr_context_set_anomaly); the
+                                     message names where */
 } dtr_result;
 
 /** Short constant description of a result code ("shape mismatch"). Thread safe. */
@@ -187,6 +191,15 @@ DTR_API int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled);
 /** Training mode (dropout active; default) or evaluation mode. Returns the previous setting.
  *  Thread safety: the context's thread. */
 DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
+
+/** Anomaly mode (off by default; costs nothing when off): every op's output in forward and
+ *  every gradient an op's backward writes is checked for NaN and infinity (one pass over
+ *  each, so slow: for debugging). The first op that makes one fails with DTR_NONFINITE, and
+ *  the message names it: the op, its position on the tape, the shape, forward or backward,
+ *  the parameter whose gradient it is, and an input that was already non-finite (data or a
+ *  parameter that arrived so). Returns the previous setting (0 for NULL).
+ *  Thread safety: the context's thread. */
+DTR_API int dtr_context_set_anomaly(dtr_context *ctx, int on);
 
 /** Number of compute threads of the context.
  *  Thread safety: the context's thread. */
@@ -704,6 +717,21 @@ typedef struct dtr_schedule {
  *  Thread safety: thread safe. */
 DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
 
+/** The optimizer's check of the gradient before each update (one sum of squares over the
+ *  contiguous gradient buffer, shared with clip_norm). In data parallelism it runs after the
+ *  gradients are averaged, so every rank sees the same norm and decides alike (with local
+ *  SGD each rank decides alone). */
+typedef enum dtr_nonfinite_policy {
+    DTR_NONFINITE_SKIP = 0,   /**< default: no update; the gradients are zeroed, the skipped-step
+                                   counter (dtr_optimizer_skipped) grows, a warning is logged,
+                                   and dtr_optimizer_step returns DTR_OK with *updated 0 */
+    DTR_NONFINITE_STOP = 1,   /**< no update: dtr_optimizer_step fails with DTR_NONFINITE (sticky;
+                                   the gradients are left for inspection) */
+    DTR_NONFINITE_WARN = 2,   /**< a warning is logged, then the update runs anyway (the
+                                   parameters take the NaN) */
+    DTR_NONFINITE_OFF = 3     /**< no check (and no extra pass when clip_norm is 0) */
+} dtr_nonfinite_policy;
+
 typedef struct dtr_optimizer_config {
     dtr_optimizer_kind kind;
     dtr_schedule schedule;  /**< schedule.lr is the learning rate */
@@ -729,6 +757,9 @@ typedef struct dtr_optimizer_config {
      *  dtr_dp_shard_optimizer sets it. */
     dtr_result (*shard_sum)(void *user, double *vals, int n);
     void *shard_sum_user;   /**< handed to shard_sum */
+    /** What an update does when the gradient's global norm is not finite (a NaN or an infinity
+     *  anywhere in the gradient): see dtr_nonfinite_policy. Default DTR_NONFINITE_SKIP. */
+    dtr_nonfinite_policy nonfinite;
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -751,6 +782,15 @@ DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 DTR_API dtr_result dtr_optimizer_step(dtr_optimizer *opt, int *updated);
 /** Number of updates applied so far (the schedule's step). */
 DTR_API int64_t dtr_optimizer_steps(const dtr_optimizer *opt);
+/** Updates skipped because the gradient was not finite (DTR_NONFINITE_SKIP) since the
+ *  optimizer was created (not part of its saved state). 0 for NULL.
+ *  Thread safety: the model's context thread. */
+DTR_API int64_t dtr_optimizer_skipped(const dtr_optimizer *opt);
+/** The global gradient norm the last update measured (after the 1 / grad_accum_steps
+ *  scaling, before clipping; NaN when it was not finite), or -1 before the first update or
+ *  when nothing measured it (DTR_NONFINITE_OFF without clip_norm). 0 for NULL.
+ *  Thread safety: the model's context thread. */
+DTR_API double dtr_optimizer_grad_norm(const dtr_optimizer *opt);
 /** The learning rate of the next update. */
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
@@ -785,7 +825,11 @@ DTR_API dtr_result dtr_optimizer_state(dtr_optimizer *opt, int index, dtr_state_
 DTR_API dtr_result dtr_optimizer_state_loaded(dtr_optimizer *opt);
 
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
- *  @param norm_out receives the norm before clipping (may be NULL).
+ *  @param norm_out receives the norm before clipping (may be NULL; NaN or infinity when the
+ *  gradient holds one).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_NONFINITE (the norm is not
+ *  finite: the gradients are left unscaled and the error is not sticky, so the optimizer's
+ *  nonfinite policy still decides the step).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out);
 
@@ -828,6 +872,28 @@ typedef struct dtr_mnist {
 DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                                   char *err, size_t errlen);
 DTR_API void dtr_mnist_destroy(dtr_mnist *d);
+
+/* ---- progress line ---- */
+
+/** What a progress line shows (dtr_progress_format); a zero field is left out. */
+typedef struct dtr_progress_info {
+    int64_t epoch;          /**< 0-based epoch */
+    int64_t epochs;         /**< epochs in all (0: unknown; the ETA is then to the epoch's end) */
+    int64_t step;           /**< steps done in this epoch */
+    int64_t steps;          /**< steps per epoch (0: unknown: no bar, no percentage, no ETA) */
+    double elapsed_s;       /**< seconds since training began: the ETA follows the mean pace */
+    double rate;            /**< items per second (0: not shown) */
+    const char *rate_unit;  /**< "samples/s" when NULL */
+    double loss;            /**< shown when has_loss */
+    int has_loss;
+} dtr_progress_info;
+
+/** One progress line, without newline or carriage return, e.g.
+ *  "epoch 2/5 [#######.............] 35% 164/469 | 5821 samples/s | loss 0.4312 | ETA 1m12s".
+ *  Print it after "\r" on a terminal (redrawn in place) or on a line of its own in a log.
+ *  @return the length of the whole line (as snprintf; the line is cut to n - 1 characters),
+ *  0 when buf or p is NULL or n is 0. Thread safety: thread safe. */
+DTR_API size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p);
 
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 
@@ -2514,7 +2580,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2518 "dtrain.h"
+#line 2584 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2870,6 +2936,7 @@ struct dtr_context {
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
+    int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
@@ -2886,6 +2953,20 @@ DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
 DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+
+/* ---- numeric health (src/core/anomaly.c) ---- */
+
+/** Anomaly mode, forward: DTR_OK when n->out is finite (or not checked: not f32, a view),
+ *  else DTR_NONFINITE recorded on ctx naming the op. Called only when ctx->anomaly is set. */
+DTR__PRIVATE dtr_result dtr__anomaly_forward(dtr_context *ctx, const dtr__node *n);
+/** Anomaly mode, backward: checks the gradients n's backward wrote (its inputs'). */
+DTR__PRIVATE dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n);
+/** Logs a formatted message at `level` through the context's log callback (when set and
+ *  verbose enough); never records an error. */
+DTR__PRIVATE void dtr__ctx_log(dtr_context *ctx, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
+/** A non-sticky error: writes the message (when no error is recorded) and logs it at
+ *  DTR_LOG_WARN, leaving the status as it is; returns code. */
+DTR__PRIVATE dtr_result dtr__note(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -2982,7 +3063,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2986 "dtrain.h"
+#line 3067 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3037,7 +3118,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3041 "dtrain.h"
+#line 3122 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3307,7 +3388,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3311 "dtrain.h"
+#line 3392 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3334,7 +3415,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3338 "dtrain.h"
+#line 3419 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3367,7 +3448,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3371 "dtrain.h"
+#line 3452 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3417,7 +3498,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3421 "dtrain.h"
+#line 3502 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3769,7 +3850,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3773 "dtrain.h"
+#line 3854 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4560,7 +4641,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4564 "dtrain.h"
+#line 4645 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -4598,6 +4679,7 @@ const char *dtr_result_string(dtr_result r) {
     case DTR_PEER_FAILED: return "peer failed";
     case DTR_DEVICE_ERROR: return "device error";
     case DTR_DEVICE_OUT_OF_MEMORY: return "device out of memory";
+    case DTR_NONFINITE: return "non-finite value";
     }
     return "unknown error";
 }
@@ -5001,7 +5083,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5005 "dtrain.h"
+#line 5087 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5132,7 +5214,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5136 "dtrain.h"
+#line 5218 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5478,6 +5560,7 @@ dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
         node->prev = ctx->cur->head;
         ctx->cur->head = node;
     }
+    if (ctx->anomaly && dtr__anomaly_forward(ctx, node) != DTR_OK) return NULL;
     return node->out;
 }
 
@@ -5507,7 +5590,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5511 "dtrain.h"
+#line 5594 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5626,6 +5709,7 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     r = ctx->backend->backward(ctx, n);
     if (r != DTR_OK && ctx->status == DTR_OK)
         dtr__fail(ctx, r, "dtr_backward: backward kernel of op '%s' failed", dtr__op_name(n->op));
+    if (r == DTR_OK && ctx->anomaly) r = dtr__anomaly_backward(ctx, n);
     return r;
 }
 
@@ -5706,7 +5790,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5710 "dtrain.h"
+#line 5794 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5937,7 +6021,178 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5941 "dtrain.h"
+#line 6025 "dtrain.h"
+
+/* ---- src/core/anomaly.c ---- */
+#line 1 "src/core/anomaly.c"
+/* ============================================================================
+ * Numeric health: anomaly mode (dtr_context_set_anomaly) and the context's log helpers.
+ *
+ * Anomaly mode checks, with the backend's sum of squares (one pass; NaN or infinity in gives
+ * NaN or infinity out, and squares of finite floats cannot overflow a double), every op's
+ * output after its forward kernel and every gradient an op's backward kernel wrote. The
+ * first non-finite one fails with DTR_NONFINITE naming the op; when an input of that op was
+ * non-finite already and nothing before made it (a leaf: data or a parameter), the message
+ * says so. Off, the recorder and the backward pass test one flag.
+ * ==========================================================================*/
+
+
+#include <math.h>
+
+int dtr_context_set_anomaly(dtr_context *ctx, int on) {
+    int was;
+    if (!ctx) return 0;
+    was = ctx->anomaly;
+    ctx->anomaly = on != 0;
+    return was;
+}
+
+void dtr__ctx_log(dtr_context *ctx, dtr_log_level level, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    if (!ctx || !ctx->cfg.log || ctx->cfg.log_level < level) return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    ctx->cfg.log(ctx->cfg.log_user, level, msg);
+}
+
+dtr_result dtr__note(dtr_context *ctx, dtr_result code, const char *fmt, ...) {
+    va_list ap;
+    if (!ctx || ctx->status != DTR_OK) return code;
+    va_start(ap, fmt);
+    vsnprintf(ctx->msg, sizeof(ctx->msg), fmt, ap);
+    va_end(ap);
+    dtr__ctx_log(ctx, DTR_LOG_WARN, "%s", ctx->msg);
+    return code;
+}
+
+/* "NaN", "Inf" or NULL (finite) for n floats at x in backend memory */
+static const char *dtr__nonfinite_kind(dtr_context *ctx, const float *x, int64_t n) {
+    double s = 0.0;
+    if (!x || n <= 0 || ctx->backend->sumsq(ctx, x, n, &s) != DTR_OK) return NULL;
+    if (isnan(s)) return "NaN";
+    return isinf(s) ? "Inf" : NULL;
+}
+
+/* the output of a node whose values the check can read: f32, dense */
+static int dtr__checkable(const dtr_tensor *t) {
+    return t && t->storage && t->dtype == DTR_F32 && dtr_tensor_is_contiguous(t);
+}
+
+/* nodes recorded before n on its tape (its 0-based position) */
+static int dtr__tape_pos(const dtr__node *n) {
+    int k = 0;
+    for (n = n->prev; n; n = n->prev) k++;
+    return k;
+}
+
+/* " (parameter 'w')", " (data or a constant: no op made it)" or "" */
+static const char *dtr__origin(const dtr_tensor *x, char *buf, size_t len) {
+    if (x->flags & DTR__PARAM) snprintf(buf, len, " (parameter '%s')", x->name ? x->name : "?");
+    else if (!x->node) snprintf(buf, len, " (data or a constant: no op made it)");
+    else buf[0] = 0;
+    return buf;
+}
+
+/* "; input 1 (4, 784) (data ...) was already non-finite" for the first such input */
+static void dtr__bad_input(dtr_context *ctx, const dtr__node *n, char *buf, size_t len) {
+    char shape[96], origin[160];
+    int i;
+    buf[0] = 0;
+    for (i = 0; i < n->n_in; i++) {
+        const dtr_tensor *x = n->in[i];
+        const char *k = dtr__checkable(x) ? dtr__nonfinite_kind(ctx, dtr__f32(x), dtr_tensor_numel(x)) : NULL;
+        if (!k) continue;
+        snprintf(buf, len, "; its input %d %s%s already held %s", i, dtr__shape_str(x, shape, sizeof shape),
+                 dtr__origin(x, origin, sizeof origin), k);
+        return;
+    }
+}
+
+dtr_result dtr__anomaly_forward(dtr_context *ctx, const dtr__node *n) {
+    char shape[96], pos[48], inputs[320];
+    const char *k;
+    if (!dtr__checkable(n->out)) return DTR_OK;
+    k = dtr__nonfinite_kind(ctx, dtr__f32(n->out), dtr_tensor_numel(n->out));
+    if (!k) return DTR_OK;
+    if (n->taped) snprintf(pos, sizeof pos, "tape position %d", dtr__tape_pos(n));
+    else snprintf(pos, sizeof pos, "not on the tape");
+    dtr__bad_input(ctx, n, inputs, sizeof inputs);
+    return dtr__fail(ctx, DTR_NONFINITE, "anomaly: forward of op '%s' (%s) produced %s in its output %s%s",
+                     dtr__op_name(n->op), pos, k, dtr__shape_str(n->out, shape, sizeof shape), inputs);
+}
+
+dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
+    char shape[96], origin[160];
+    int i;
+    for (i = 0; i < n->n_in; i++) {
+        const dtr_tensor *x = n->in[i];
+        const char *k = dtr__gradof(x) ? dtr__nonfinite_kind(ctx, x->grad, dtr_tensor_numel(x)) : NULL;
+        if (!k) continue;
+        return dtr__fail(ctx, DTR_NONFINITE, "anomaly: backward of op '%s' (tape position %d) produced %s in the "
+                         "gradient of its input %d %s%s", dtr__op_name(n->op), dtr__tape_pos(n), k, i,
+                         dtr__shape_str(x, shape, sizeof shape), dtr__origin(x, origin, sizeof origin));
+    }
+    return DTR_OK;
+}
+#line 6140 "dtrain.h"
+
+/* ---- src/core/progress.c ---- */
+#line 1 "src/core/progress.c"
+/* ============================================================================
+ * The progress line of training loops (dtr_progress_format): epoch and step, a bar, the
+ * rate, the loss and the time left at the mean pace so far. Pure formatting.
+ * ==========================================================================*/
+
+
+
+/* appends to buf at *len like snprintf, keeping *len the untruncated length */
+static void dtr__app(char *buf, size_t n, size_t *len, const char *fmt, ...) DTR__PRINTF(4, 5);
+static void dtr__app(char *buf, size_t n, size_t *len, const char *fmt, ...) {
+    va_list ap;
+    int k;
+    va_start(ap, fmt);
+    k = vsnprintf(*len < n ? buf + *len : NULL, *len < n ? n - *len : 0, fmt, ap);
+    va_end(ap);
+    if (k > 0) *len += (size_t)k;
+}
+
+/* "42s", "3m05s", "2h07m" */
+static void dtr__eta(char *buf, size_t n, size_t *len, double s) {
+    long t = s < 0 ? 0 : (long)(s + 0.5);
+    if (t < 60) dtr__app(buf, n, len, " | ETA %lds", t);
+    else if (t < 3600) dtr__app(buf, n, len, " | ETA %ldm%02lds", t / 60, t % 60);
+    else dtr__app(buf, n, len, " | ETA %ldh%02ldm", t / 3600, (t / 60) % 60);
+}
+
+static void dtr__bar(char *buf, size_t n, size_t *len, int64_t step, int64_t steps) {
+    char bar[21];
+    int i, full = (int)(20 * (step < steps ? step : steps) / steps);
+    for (i = 0; i < 20; i++) bar[i] = i < full ? '#' : '.';
+    bar[20] = 0;
+    dtr__app(buf, n, len, " [%s] %3d%% %lld/%lld", bar, (int)(100 * (step < steps ? step : steps) / steps),
+             (long long)step, (long long)steps);
+}
+
+size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
+    size_t len = 0;
+    int64_t done, total;
+    if (!buf || !p || n == 0) return 0;
+    buf[0] = 0;
+    if (p->epochs > 0) dtr__app(buf, n, &len, "epoch %lld/%lld", (long long)p->epoch + 1, (long long)p->epochs);
+    else dtr__app(buf, n, &len, "epoch %lld", (long long)p->epoch + 1);
+    if (p->steps > 0) dtr__bar(buf, n, &len, p->step, p->steps);
+    else dtr__app(buf, n, &len, " step %lld", (long long)p->step);
+    if (p->rate > 0) dtr__app(buf, n, &len, " | %.0f %s", p->rate, p->rate_unit ? p->rate_unit : "samples/s");
+    if (p->has_loss) dtr__app(buf, n, &len, " | loss %.4f", p->loss);
+    done = p->epoch * p->steps + p->step;
+    total = p->epochs > 0 ? p->epochs * p->steps : (p->epoch + 1) * p->steps;
+    if (p->steps > 0 && done > 0 && p->elapsed_s > 0 && total >= done)
+        dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
+    return len;
+}
+#line 6196 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6387,7 +6642,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6391 "dtrain.h"
+#line 6646 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6566,7 +6821,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6570 "dtrain.h"
+#line 6825 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6971,7 +7226,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6975 "dtrain.h"
+#line 7230 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7471,7 +7726,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7475 "dtrain.h"
+#line 7730 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7730,7 +7985,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7734 "dtrain.h"
+#line 7989 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7916,7 +8171,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7920 "dtrain.h"
+#line 8175 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8029,7 +8284,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8033 "dtrain.h"
+#line 8288 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8503,7 +8758,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8507 "dtrain.h"
+#line 8762 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8672,7 +8927,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8676 "dtrain.h"
+#line 8931 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8921,7 +9176,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8925 "dtrain.h"
+#line 9180 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -8945,6 +9200,8 @@ struct dtr_optimizer {
     int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
+    int64_t skipped;          /* updates skipped for a non-finite gradient (DTR_NONFINITE_SKIP) */
+    double last_norm;         /* the last update's gradient norm (-1: none measured) */
 };
 
 /* ---- schedules ---- */
@@ -9045,6 +9302,8 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         !(cfg->clip_norm >= 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: lr, momentum, weight_decay, eps, clip_norm must be "
                                                     ">= 0 and betas in [0, 1)");
+    if ((int)cfg->nonfinite < 0 || cfg->nonfinite > DTR_NONFINITE_OFF)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
     if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     r = dtr_model_build(model);
@@ -9054,6 +9313,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (!o) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->model = model;
     o->cfg = *cfg;
+    o->last_norm = -1.0;
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
@@ -9094,6 +9354,8 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
 }
 
 int64_t dtr_optimizer_steps(const dtr_optimizer *o) { return o ? o->steps : 0; }
+int64_t dtr_optimizer_skipped(const dtr_optimizer *o) { return o ? o->skipped : 0; }
+double dtr_optimizer_grad_norm(const dtr_optimizer *o) { return o ? o->last_norm : 0.0; }
 float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
 void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
 
@@ -9129,6 +9391,9 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
     r = dtr__grad_norm(m, &norm);
     if (r != DTR_OK) return r;
     if (norm_out) *norm_out = (float)norm;
+    if (!isfinite(norm))   /* never scale by NaN: leave the gradients to the optimizer's policy */
+        return dtr__note(ctx, DTR_NONFINITE, "dtr_clip_grad_norm: the gradients' global norm is %s: not clipped "
+                         "(anomaly mode, dtr_context_set_anomaly, names the op that made it)", isnan(norm) ? "NaN" : "Inf");
     if (norm > max_norm) return ctx->backend->scale(ctx, dtr_model_grads(m), dtr_model_numel(m), (float)(max_norm / (norm + 1e-6)));
     return DTR_OK;
 }
@@ -9145,6 +9410,53 @@ static dtr_result dtr__opt_grad_norm(dtr_optimizer *o, double *norm) {
     if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
     *norm = sqrt(s);
     return r;
+}
+
+/* The norm of the floats an update over [begin, end) reads: the optimizer's norm for all of
+ * them (the whole gradient, or the group's with shard_sum), else the range's own. */
+static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, double *norm) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    double s = 0.0;
+    dtr_result r;
+    if (begin == o->base && end == o->base + o->len) return dtr__opt_grad_norm(o, norm);
+    r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
+    *norm = sqrt(s);
+    return r;
+}
+
+/* A non-finite norm under the policy: 1 in *skip to skip the update, or the error */
+static dtr_result dtr__nonfinite(dtr_optimizer *o, double norm, int *skip) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    const char *k = isnan(norm) ? "NaN" : "Inf";
+    if (o->cfg.nonfinite == DTR_NONFINITE_STOP)
+        return dtr__fail(ctx, DTR_NONFINITE, "dtr_optimizer_step: the gradient's global norm is %s before update %lld: "
+                         "stopped (nonfinite policy STOP; anomaly mode, dtr_context_set_anomaly, names the op that made "
+                         "it)", k, (long long)o->steps + 1);
+    if (o->cfg.nonfinite == DTR_NONFINITE_WARN) {
+        dtr__ctx_log(ctx, DTR_LOG_WARN, "dtr_optimizer_step: the gradient's global norm is %s before update %lld: "
+                     "applied anyway (nonfinite policy WARN)", k, (long long)o->steps + 1);
+        return DTR_OK;
+    }
+    *skip = 1;
+    o->skipped++;
+    dtr__ctx_log(ctx, DTR_LOG_WARN, "dtr_optimizer_step: the gradient's global norm is %s before update %lld: update "
+                 "skipped, gradients zeroed (%lld skipped so far)", k, (long long)o->steps + 1, (long long)o->skipped);
+    return DTR_OK;
+}
+
+/* Before an update: the gradient norm (for clip_norm and the nonfinite policy), clipping
+ * folded into a->grad_scale, and the policy's decision (*skip 1: no update). */
+static dtr_result dtr__check_grads(dtr_optimizer *o, dtr__opt_args *a, int64_t begin, int64_t end, int *skip) {
+    double norm;
+    dtr_result r;
+    *skip = 0;
+    if (o->cfg.clip_norm <= 0.0f && o->cfg.nonfinite == DTR_NONFINITE_OFF) return DTR_OK;
+    if ((r = dtr__range_norm(o, begin, end, &norm)) != DTR_OK) return r;
+    norm *= a->grad_scale;
+    o->last_norm = norm;
+    if (!isfinite(norm) && o->cfg.nonfinite != DTR_NONFINITE_OFF && (r = dtr__nonfinite(o, norm, skip)) != DTR_OK) return r;
+    if (o->cfg.clip_norm > 0.0f && norm > o->cfg.clip_norm) a->grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
+    return DTR_OK;
 }
 
 /* A range the update can take: inside the optimizer's floats; for LAMB on parameter
@@ -9206,6 +9518,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     dtr_context *ctx;
     dtr__opt_args a;
     dtr_result r;
+    int skip;
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
@@ -9236,13 +9549,8 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.seg_begin = o->seg_begin;
     a.seg_end = o->seg_end;
     a.work = o->work;
-    if (o->cfg.clip_norm > 0.0f) {
-        double norm;
-        r = dtr__opt_grad_norm(o, &norm);
-        if (r != DTR_OK) return r;
-        norm *= a.grad_scale;
-        if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
-    }
+    if ((r = dtr__check_grads(o, &a, begin, end, &skip)) != DTR_OK) return r;
+    if (skip) return dtr_model_zero_grad(o->model);
     r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;
@@ -9351,7 +9659,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9355 "dtrain.h"
+#line 9663 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9698,7 +10006,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9702 "dtrain.h"
+#line 10010 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9883,7 +10191,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9887 "dtrain.h"
+#line 10195 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10524,7 +10832,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10528 "dtrain.h"
+#line 10836 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10977,7 +11285,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10981 "dtrain.h"
+#line 11289 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11033,7 +11341,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11037 "dtrain.h"
+#line 11345 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11810,7 +12118,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11814 "dtrain.h"
+#line 12122 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12391,7 +12699,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12395 "dtrain.h"
+#line 12703 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13022,7 +13330,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13026 "dtrain.h"
+#line 13334 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13760,7 +14068,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13764 "dtrain.h"
+#line 14072 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14027,7 +14335,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14031 "dtrain.h"
+#line 14339 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14217,7 +14525,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14221 "dtrain.h"
+#line 14529 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14351,7 +14659,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14355 "dtrain.h"
+#line 14663 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15085,7 +15393,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15089 "dtrain.h"
+#line 15397 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15602,7 +15910,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15606 "dtrain.h"
+#line 15914 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16334,7 +16642,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16338 "dtrain.h"
+#line 16646 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17411,7 +17719,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17415 "dtrain.h"
+#line 17723 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17963,7 +18271,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17967 "dtrain.h"
+#line 18275 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18445,7 +18753,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18449 "dtrain.h"
+#line 18757 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18898,7 +19206,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18902 "dtrain.h"
+#line 19210 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19257,7 +19565,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19261 "dtrain.h"
+#line 19569 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19454,7 +19762,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19458 "dtrain.h"
+#line 19766 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19787,7 +20095,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19791 "dtrain.h"
+#line 20099 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20220,7 +20528,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20224 "dtrain.h"
+#line 20532 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20274,7 +20582,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20278 "dtrain.h"
+#line 20586 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
