@@ -5,7 +5,8 @@
  * Chrome traces (X events, nested B/E pairs, two ranks) one rectangle per span and one lane
  * per (pid, tid); malformed input gives exit code 1 and a message naming the line, never a
  * crash. The program is looked for beside the tests folder (build/tests/../dtrain-plot) or
- * at $DTRAIN_PLOT. */
+ * at $DTRAIN_PLOT. Also dtrun's forwarding of progress lines (a line ending in "\r" stays
+ * one), with build/dtrun beside it. */
 #define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "test_util.h"
@@ -281,6 +282,25 @@ static void t_checker_rejects(void) {   /* the checker itself */
     CHECK(!xml_well_formed("<a>"));
 }
 
+/* ---- dtrun forwards a progress line ("\r") as one ---- */
+
+static void t_dtrun_progress(void) {
+    char cmd[2400], outpath[512], dtrun[1100];
+    const char *want = "[0] step 1\r[0] step 2\r[0] done\n";
+    char *out;
+    const char *slash = strrchr(g_plot, '/');
+    snprintf(dtrun, sizeof dtrun, "%.*s/dtrun", slash ? (int)(slash - g_plot) : 1, slash ? g_plot : ".");
+    tmp_path("test_plot", "dtrun.out", outpath, sizeof outpath);
+    snprintf(cmd, sizeof cmd, "'%s' -n 1 -- sh -c 'printf \"step 1\\rstep 2\\rdone\\n\"; env' >'%s' 2>&1 </dev/null", dtrun,
+             outpath);
+    CHECK_EQ_INT(system(cmd), 0);
+    out = slurp(outpath);
+    CHECK_MSG(out && strncmp(out, want, strlen(want)) == 0, "%s", out ? out : "(none)");
+    CHECK(out && !strstr(out, "DTR_TTY="));   /* its stdout is a file here */
+    free(out);
+    remove(outpath);
+}
+
 int main(int argc, char **argv) {
     const char *env = getenv("DTRAIN_PLOT");
     const char *slash = strrchr(argv[0], '/');
@@ -293,5 +313,6 @@ int main(int argc, char **argv) {
     RUN(t_metrics_sparse);
     RUN(t_trace_svg);
     RUN(t_malformed);
+    RUN(t_dtrun_progress);
     return test_summary();
 }
