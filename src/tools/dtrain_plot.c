@@ -8,10 +8,12 @@
  *       throughput per step (samples/s, or tokens/s when no samples are counted) and the
  *       time of each step split into data, forward, backward, comm, optimizer and
  *       checkpoint (stacked). Steps whose update was skipped are marked on the loss.
- *   dtrain-plot --trace [-o out.svg] trace0.json [trace1.json ...]
+ *   dtrain-plot --trace [--from MS --to MS] [-o out.svg] trace0.json [trace1.json ...]
  *       Chrome trace-event files ({"traceEvents":[...]} or a bare array; "X" events and
  *       "B"/"E" pairs) as a timeline: one lane per (pid, tid), nested spans below their
- *       parents, each span's name and duration in its tooltip.
+ *       parents, each span's name and duration in its tooltip; lanes take their names from
+ *       "thread_name" metadata. --from MS --to MS draws only that window (milliseconds from
+ *       the first span's start).
  *
  * Missing fields are tolerated (a series leaves the record out); a malformed line or file
  * is an error naming the file, the line and the problem, with exit code 1. The JSON reader
@@ -357,10 +359,19 @@ static void write_metrics_svg(FILE *f, const recs *rs, int rank) {
 /* ---- the trace picture ---- */
 
 typedef struct span { int lane, depth; double s, e; char name[64]; } span;
-typedef struct lane { double pid, tid; int depth; double y; } lane;
-typedef struct trace { span *sp; size_t n, cap; lane *ln; size_t nl, lcap; } trace;
+typedef struct lane { double pid, tid; int depth; double y; char label[80]; } lane;
+typedef struct trace {
+    span *sp;
+    size_t n, cap;
+    lane *ln;
+    size_t nl, lcap;
+    double from_ms, to_ms;   /* the window drawn, from the first span's start (to <= 0: all) */
+} trace;
 
-typedef struct event { char name[64], ph[8]; double ts, dur, pid, tid; } event;
+typedef struct event { char name[64], ph[8], arg[48]; double ts, dur, pid, tid; } event;
+
+/* an id for labels (pids and tids are small integers; anything else shows as -1) */
+static long id_of(double v) { return fabs(v) < 1e9 ? (long)v : -1; }
 
 static int lane_of(trace *t, double pid, double tid) {
     size_t i;
@@ -369,7 +380,8 @@ static int lane_of(trace *t, double pid, double tid) {
     if (t->nl == t->lcap && !grow((void **)&t->ln, &t->lcap, sizeof(lane))) return -1;
     t->ln[t->nl].pid = pid;
     t->ln[t->nl].tid = tid;
-    t->ln[t->nl].depth = 0;
+    t->ln[t->nl].depth = -1;   /* no span yet: not drawn */
+    snprintf(t->ln[t->nl].label, sizeof t->ln[t->nl].label, "rank %ld / tid %ld", id_of(pid), id_of(tid));
     return (int)t->nl++;
 }
 
@@ -389,6 +401,28 @@ static dtr_result event_field(dtr__json *j, const char *key, event *ev) {
     return dtr__json_skip(j);
 }
 
+/* "args" of a metadata event: its "name" into ev->arg */
+static dtr_result event_args(dtr__json *j, event *ev) {
+    char key[32];
+    dtr_result r;
+    if (dtr__json_peek(j) != '{') return dtr__json_skip(j);
+    j->pos++;
+    if (dtr__json_accept(j, '}')) return DTR_OK;
+    for (;;) {
+        if ((r = dtr__json_string(j, key, sizeof key, NULL)) != DTR_OK) return r;
+        if ((r = dtr__json_expect(j, ':')) != DTR_OK) return r;
+        if (!strcmp(key, "name") && dtr__json_peek(j) == '"') {
+            size_t len = 0;
+            r = dtr__json_string(j, ev->arg, sizeof ev->arg - 1, &len);
+            ev->arg[len < sizeof ev->arg - 1 ? len : sizeof ev->arg - 1] = 0;
+        } else {
+            r = dtr__json_skip(j);
+        }
+        if (r != DTR_OK) return r;
+        if (!dtr__json_accept(j, ',')) return dtr__json_expect(j, '}');
+    }
+}
+
 static dtr_result parse_event(dtr__json *j, event *ev) {
     char key[32];
     dtr_result r;
@@ -400,7 +434,7 @@ static dtr_result parse_event(dtr__json *j, event *ev) {
     for (;;) {
         if ((r = dtr__json_string(j, key, sizeof key, NULL)) != DTR_OK) return r;
         if ((r = dtr__json_expect(j, ':')) != DTR_OK) return r;
-        if ((r = event_field(j, key, ev)) != DTR_OK) return r;
+        if ((r = strcmp(key, "args") ? event_field(j, key, ev) : event_args(j, ev)) != DTR_OK) return r;
         if (!dtr__json_accept(j, ',')) return dtr__json_expect(j, '}');
     }
 }
@@ -424,9 +458,19 @@ static void span_close(trace *t, int lane, double ts) {
         if (t->sp[i].lane == lane && isnan(t->sp[i].e)) { t->sp[i].e = ts; return; }
 }
 
+/* "thread_name" metadata names its lane ("rank 0 / compute" with the rank from its pid) */
+static dtr_result add_meta(dtr__json *j, trace *t, const event *ev) {
+    int lane;
+    if (strcmp(ev->name, "thread_name") != 0 || !ev->arg[0]) return DTR_OK;
+    if ((lane = lane_of(t, ev->pid, ev->tid)) < 0) return dtr__json_fail(j, "out of memory");
+    snprintf(t->ln[lane].label, sizeof t->ln[lane].label, "rank %ld / %s", id_of(ev->pid), ev->arg);
+    return DTR_OK;
+}
+
 static dtr_result add_event(dtr__json *j, trace *t, const event *ev) {
     int lane;
     char c = ev->ph[0];
+    if (c == 'M' && !ev->ph[1]) return add_meta(j, t, ev);
     if ((c != 'X' && c != 'B' && c != 'E') || ev->ph[1]) return DTR_OK;   /* counters, metadata, instants */
     if (!isfinite(ev->ts)) return dtr__json_fail(j, "a span event without a numeric \"ts\"");
     if ((lane = lane_of(t, ev->pid, ev->tid)) < 0) return dtr__json_fail(j, "out of memory");
@@ -480,6 +524,23 @@ static int load_trace(const char *path, trace *t) {
     return 0;
 }
 
+/* keeps the spans that overlap [t0 + from, t0 + to] (to > 0), cut to it */
+static void window(trace *t, double *t0, double *t1) {
+    double lo = *t0 + t->from_ms * 1000.0, hi = *t0 + t->to_ms * 1000.0;
+    size_t i, k = 0;
+    if (!(t->to_ms > 0)) return;
+    for (i = 0; i < t->n; i++) {
+        span s = t->sp[i];
+        if (s.e < lo || s.s > hi) continue;
+        s.s = s.s < lo ? lo : s.s;
+        s.e = s.e > hi ? hi : s.e;
+        t->sp[k++] = s;
+    }
+    t->n = k;
+    *t0 = lo;
+    *t1 = hi;
+}
+
 static int span_cmp(const void *a, const void *b) {
     const span *x = (const span *)a, *y = (const span *)b;
     if (x->lane != y->lane) return x->lane < y->lane ? -1 : 1;
@@ -501,6 +562,7 @@ static void layout(trace *t, double *t0, double *t1) {
     }
     for (i = 0; i < t->n; i++)
         if (isnan(t->sp[i].e)) t->sp[i].e = *t1;
+    window(t, t0, t1);
     qsort(t->sp, t->n, sizeof(span), span_cmp);
     for (i = 0; i < t->n; i++) {
         span *s = &t->sp[i];
@@ -547,7 +609,7 @@ static void write_trace_svg(FILE *f, trace *t) {
     layout(t, &t0, &t1);
     for (i = 0; i < t->nl; i++) {
         t->ln[i].y = y;
-        y += (t->ln[i].depth + 1) * ROW + 8;
+        if (t->ln[i].depth >= 0) y += (t->ln[i].depth + 1) * ROW + 8;
     }
     scale = t1 > t0 ? (W - TL - 20) / (t1 - t0) : 1;
     fprintf(f, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" "
@@ -557,11 +619,14 @@ static void write_trace_svg(FILE *f, trace *t) {
         double x = TL + (W - TL - 20) * k / 4;
         fprintf(f, "<line x1=\"%.1f\" y1=\"28\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/>", x, x, y);
         fprintf(f, "<text x=\"%.1f\" y=\"22\" font-size=\"11\" text-anchor=\"middle\">%.3f ms</text>\n", x,
-                (t1 - t0) * k / 4 / 1000.0);
+                t->from_ms + (t1 - t0) * k / 4 / 1000.0);
     }
-    for (i = 0; i < t->nl; i++)
-        fprintf(f, "<text class=\"lane\" x=\"6\" y=\"%.1f\" font-size=\"12\">rank %.0f / tid %.0f</text>\n", t->ln[i].y + 12,
-                t->ln[i].pid, t->ln[i].tid);
+    for (i = 0; i < t->nl; i++) {
+        if (t->ln[i].depth < 0) continue;
+        fprintf(f, "<text class=\"lane\" x=\"6\" y=\"%.1f\" font-size=\"12\">", t->ln[i].y + 12);
+        xml_text(f, t->ln[i].label);
+        fputs("</text>\n", f);
+    }
     for (i = 0; i < t->n; i++) write_span(f, t, &t->sp[i], t0, scale);
     fputs("</svg>\n", f);
 }
@@ -570,7 +635,7 @@ static void write_trace_svg(FILE *f, trace *t) {
 
 static int usage(void) {
     fprintf(stderr, "usage: dtrain-plot [--rank R] [-o out.svg] metrics.jsonl\n"
-                    "       dtrain-plot --trace [-o out.svg] trace.json [trace.json ...]\n");
+                    "       dtrain-plot --trace [--from MS --to MS] [-o out.svg] trace.json [trace.json ...]\n");
     return 1;
 }
 
@@ -606,12 +671,15 @@ static int run_metrics(const char *path, int rank, const char *out) {
     return rc;
 }
 
-static int run_trace(char **paths, int n, const char *out) {
+static int run_trace(char **paths, int n, const char *out, double from_ms, double to_ms) {
     trace t;
     int i, rc = 0;
     memset(&t, 0, sizeof t);
+    t.from_ms = from_ms;
+    t.to_ms = to_ms;
     for (i = 0; i < n && !rc; i++) rc = load_trace(paths[i], &t);
     if (!rc && t.n == 0) { fprintf(stderr, "dtrain-plot: no spans (\"X\" events or \"B\"/\"E\" pairs) found\n"); rc = 1; }
+    if (!rc && !(to_ms > from_ms || to_ms <= 0)) { fprintf(stderr, "dtrain-plot: --to must be after --from\n"); rc = 1; }
     if (!rc) rc = emit(out, emit_trace, &t);
     free(t.sp);
     free(t.ln);
@@ -622,13 +690,16 @@ int main(int argc, char **argv) {
     const char *out = NULL;
     char *files[256];
     int i, nf = 0, trace_mode = 0, rank = 0;
+    double from_ms = 0, to_ms = 0;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--trace")) trace_mode = 1;
         else if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--from") && i + 1 < argc) from_ms = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--to") && i + 1 < argc) to_ms = atof(argv[++i]);
         else if (argv[i][0] == '-' || nf == 256) return usage();
         else files[nf++] = argv[i];
     }
     if (nf == 0 || (!trace_mode && nf != 1)) return usage();
-    return trace_mode ? run_trace(files, nf, out) : run_metrics(files[0], rank, out);
+    return trace_mode ? run_trace(files, nf, out, from_ms, to_ms) : run_metrics(files[0], rank, out);
 }
