@@ -217,7 +217,9 @@ static void t_trace_svg(void) {
                      "{\"name\":\"allreduce\",\"ph\":\"X\",\"ts\":600,\"dur\":300,\"pid\":0,\"tid\":1},"
                      "{\"name\":\"counter\",\"ph\":\"C\",\"ts\":5,\"pid\":0,\"args\":{\"x\":1}},"
                      "{\"name\":\"step\",\"ph\":\"E\",\"ts\":1000,\"pid\":0,\"tid\":0}],\"displayTimeUnit\":\"ms\"}";
-    const char *t1 = "[{\"name\":\"step\",\"ph\":\"X\",\"ts\":0,\"dur\":990,\"pid\":1,\"tid\":0}]";
+    const char *t1 = "[{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{\"name\":\"compute\"}},"
+                     "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":7,\"args\":{\"name\":\"idle\"}},"
+                     "{\"name\":\"step\",\"ph\":\"X\",\"ts\":0,\"dur\":990,\"pid\":1,\"tid\":0}]";
     char *svg;
     CHECK(write_file(tmp_path("test_plot", "t0.json", in0, sizeof in0), t0, strlen(t0)));
     CHECK(write_file(tmp_path("test_plot", "t1.json", in1, sizeof in1), t1, strlen(t1)));
@@ -228,10 +230,23 @@ static void t_trace_svg(void) {
     CHECK(svg && xml_well_formed(svg));
     if (svg) {
         CHECK_EQ_INT(count_of(svg, "class=\"span\""), 5);
-        CHECK_EQ_INT(count_of(svg, "class=\"lane\""), 3);
+        CHECK_EQ_INT(count_of(svg, "class=\"lane\""), 3);   /* the lane without spans is not drawn */
         CHECK(strstr(svg, "backward &lt;&amp;&gt; (0.480 ms)") != NULL);
+        CHECK(strstr(svg, ">rank 1 / compute<") != NULL && strstr(svg, ">rank 0 / tid 1<") != NULL);
     }
     free(svg);
+    /* a window: 0.5 ms to 0.7 ms cuts the spans to it */
+    snprintf(args, sizeof args, "--trace --from 0.5 --to 0.7 -o '%s' '%s' '%s'", out, in0, in1);
+    CHECK_EQ_INT(plot(args, err, sizeof err), 0);
+    svg = slurp(out);
+    CHECK(svg && xml_well_formed(svg));
+    if (svg) {
+        CHECK_EQ_INT(count_of(svg, "class=\"span\""), 4);   /* step, backward, allreduce, rank 1's step */
+        CHECK(strstr(svg, "backward &lt;&amp;&gt; (0.200 ms)") != NULL);
+    }
+    free(svg);
+    snprintf(args, sizeof args, "--trace --from 0.7 --to 0.5 -o '%s' '%s'", out, in0);
+    CHECK_EQ_INT(plot(args, err, sizeof err), 1);
     remove(in0);
     remove(in1);
     remove(out);
