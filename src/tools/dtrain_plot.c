@@ -270,17 +270,13 @@ static void polyline(FILE *f, const recs *rs, const axes *a, int which, int toke
     fputs("\"/>\n", f);
 }
 
-/* marks the steps where the skipped counter grew */
+/* marks the steps whose update was skipped ("skipped" is 1 on such a step) */
 static void skipped_marks(FILE *f, const recs *rs, const axes *a) {
-    double prev = 0;
     size_t i;
-    for (i = 0; i < rs->n; i++) {
-        double s = rs->r[i].skipped;
-        if (isfinite(s) && s > prev)
+    for (i = 0; i < rs->n; i++)
+        if (rs->r[i].skipped > 0)
             fprintf(f, "<circle class=\"skipped\" cx=\"%.1f\" cy=\"%.1f\" r=\"4\" fill=\"#d62728\"/>\n", ax_x(a, rs->r[i].step),
                     a->y0 + PT + PH - 6);
-        if (isfinite(s)) prev = s;
-    }
 }
 
 static int has_time(const recs *rs, int k) {
