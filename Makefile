@@ -568,3 +568,22 @@ install-dtrun: $(DTRUN)
 uninstall-dtrun:
 	rm -f $(DESTDIR)$(BINDIR)/dtrun
 # ---- end dtrun ----
+
+# ---- dtrain-plot ----
+# build/dtrain-plot: metrics JSON lines and Chrome traces as SVG (src/tools/dtrain_plot.c; it
+# compiles the implementation for the library's JSON reader). tests/test_plot runs it.
+PLOT := $(BUILD)/dtrain-plot
+$(PLOT): src/tools/dtrain_plot.c dtrain.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(LDLIBS)
+tests: $(PLOT)
+$(BUILD)/tests/test_plot: $(PLOT)
+.PHONY: install-plot uninstall-plot
+install: install-plot
+uninstall: uninstall-plot
+install-plot: $(PLOT)
+	install -d $(DESTDIR)$(BINDIR)
+	install -m 755 $(PLOT) $(DESTDIR)$(BINDIR)/dtrain-plot
+uninstall-plot:
+	rm -f $(DESTDIR)$(BINDIR)/dtrain-plot
+# ---- end dtrain-plot ----

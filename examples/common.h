@@ -16,6 +16,8 @@
  *             fm_sgd           SGD with momentum, constant or cosine learning rate
  *   misc      fm_shuffle (seeded dtr_rng), fm_now (monotonic seconds), fm_fail (message),
  *             fm_parse_args (the examples' command line)
+ *   progress  fm_progress_init / _step / _clear: a progress line (dtr_progress_format) redrawn
+ *             in place on a terminal, one line every N steps in a log
  *
  * Everything is `static` (header included once per program) and works through the public
  * API only. Errors: dtrain's calls return dtr_result or NULL with the context's sticky status
@@ -33,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include "dtrain.h"
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -120,6 +123,65 @@ FM_FN int fm_fail(dtr_context *ctx, const char *what, dtr_result r) {
     const char *msg = ctx ? dtr_context_last_error(ctx) : "";
     fprintf(stderr, "error: %s: %s%s%s%s\n", what, dtr_result_string(r), *msg ? " (" : "", msg, *msg ? ")" : "");
     return 1;
+}
+
+/* ---- progress line ---- */
+
+/** A progress line on stdout. On a terminal (or under dtrun on one: dtrun sets DTR_TTY=1 and
+ *  forwards a line that ends in "\r" as such) it is redrawn in place at most 10 times a
+ *  second; otherwise one line is printed every `every` steps (0: never). DTR_PROGRESS=0 in
+ *  the environment turns it off, DTR_PROGRESS=N sets `every`. */
+typedef struct fm_progress {
+    int tty, every, width, on;
+    double t0, epoch_t0, last;
+    int64_t epoch, samples;
+} fm_progress;
+
+FM_FN void fm_progress_init(fm_progress *p, int every) {
+    const char *env = getenv("DTR_PROGRESS"), *tty = getenv("DTR_TTY");
+    memset(p, 0, sizeof *p);
+    p->tty = isatty(1) || (tty && strcmp(tty, "1") == 0);
+    p->every = env && *env ? atoi(env) : every;
+    p->on = !(env && strcmp(env, "0") == 0);
+    p->t0 = p->last = fm_now();
+    p->epoch = -1;
+}
+
+/** Wipes a drawn progress line (before the program prints a line of its own). */
+FM_FN void fm_progress_clear(fm_progress *p) {
+    if (!p->tty || !p->width) return;
+    printf("%*s\r", p->width, "");
+    fflush(stdout);
+    p->width = 0;
+}
+
+/** After step `step` (1-based) of `steps` in epoch `epoch` (0-based) of `epochs`, which took
+ *  `samples` samples and gave `loss`. */
+FM_FN void fm_progress_step(fm_progress *p, int64_t epoch, int64_t epochs, int64_t step, int64_t steps, int64_t samples,
+                            double loss) {
+    dtr_progress_info info;
+    char line[200];
+    double now = fm_now();
+    int n;
+    if (epoch != p->epoch) p->epoch = epoch, p->epoch_t0 = now, p->samples = 0;
+    p->samples += samples;
+    if (!p->on || (p->tty ? now - p->last < 0.1 && step != steps : p->every <= 0 || step % p->every != 0)) return;
+    p->last = now;
+    memset(&info, 0, sizeof info);
+    info.epoch = epoch;
+    info.epochs = epochs;
+    info.step = step;
+    info.steps = steps;
+    info.elapsed_s = now - p->t0;
+    info.rate = now > p->epoch_t0 ? (double)p->samples / (now - p->epoch_t0) : 0.0;
+    info.loss = loss;
+    info.has_loss = 1;
+    dtr_progress_format(line, sizeof line, &info);
+    n = (int)strlen(line);
+    if (p->tty) printf("%s%*s\r", line, p->width > n ? p->width - n : 0, "");
+    else printf("%s\n", line);
+    if (p->tty && n > p->width) p->width = n;
+    fflush(stdout);
 }
 
 /* ---- models ---- */

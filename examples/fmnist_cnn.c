@@ -57,6 +57,7 @@ int main(int argc, char **argv) {
     dtr_loader *train = NULL, *test = NULL;
     cnn net;
     double test_acc = 0.0;
+    fm_progress prog;
     dtr_result r;
     int e, rc = 1, pa = fm_parse_args(argc, argv, &o);
 
@@ -95,6 +96,7 @@ int main(int argc, char **argv) {
            (long long)dtr_model_numel(net.model), dtr_context_threads(ctx), o.batch, (double)o.lr,
            o.cosine ? "cosine" : "constant");
 
+    fm_progress_init(&prog, 100);
     for (e = 1; e <= o.epochs; e++) {
         double t0 = fm_now(), loss_sum = 0.0;
         int64_t b, seen = 0;
@@ -108,8 +110,10 @@ int main(int argc, char **argv) {
             loss_sum += (double)dtr_tensor_get(loss, 0) * (double)batch.size;   /* read before the reset */
             seen += batch.size;
             if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) { fm_fail(ctx, "optimizer step", r); goto done; }
+            fm_progress_step(&prog, e - 1, o.epochs, b + 1, dtr_loader_batches(train), batch.size, dtr_tensor_get(loss, 0));
             dtr_context_reset(ctx);
         }
+        fm_progress_clear(&prog);
         if ((r = fm_evaluate_loader(ctx, cnn_forward, &net, test, &test_acc)) != DTR_OK) { fm_fail(ctx, "evaluation", r); goto done; }
         printf("epoch %2d  loss %.4f  test acc %.2f%%  %.1f s  %.0f samples/s\n", e, loss_sum / (double)seen,
                100.0 * test_acc, fm_now() - t0, (double)seen / (fm_now() - t0));

@@ -116,6 +116,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     fm_batch batch, eval;
     int64_t *idx = NULL, *scratch = NULL, count, steps;
     double train_s = 0.0;
+    fm_progress prog;
     float sums[3];
     dtr_result r;
 
@@ -161,6 +162,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
         printf("fmnist_dp: %d ranks over '%s', global batch %d (%d per rank), %lld steps per epoch, %d gradient "
                "buckets\n", world, dtr_comm_transport_name(c), o->batch, per, (long long)steps, dtr_dp_bucket_count(dp));
 
+    fm_progress_init(&prog, 50);
     for (e = 0; e < o->epochs; e++) {
         double loss_sum = 0.0, t0;
         int64_t correct = 0, seen = 0, s, i;
@@ -189,12 +191,15 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
             loss_sum += (double)dtr_tensor_get(loss, 0) * (double)B;
             correct += fm_count_correct(batch.logits, batch.y, B);
             seen += B;
+            if (rank == 0 && !o->quiet)   /* rank 0's loss and rate, times the ranks */
+                fm_progress_step(&prog, e, o->epochs, s + 1, steps, B * world, dtr_tensor_get(loss, 0));
             if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK || (r = dtr_dp_step_done(dp)) != DTR_OK ||
                 (r = dtr_context_reset(ctx)) != DTR_OK) {
                 dp_err(rank, "optimizer", r, dtr_context_last_error(ctx));
                 goto done;
             }
         }
+        if (rank == 0 && !o->quiet) fm_progress_clear(&prog);
         if ((r = dtr_comm_barrier(c)) != DTR_OK) { dp_err(rank, "barrier", r, dtr_comm_last_error(c)); goto done; }
         train_s += fm_now() - t0;
         /* epoch statistics over all ranks */

@@ -113,6 +113,7 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     r = ctx->backend->backward(ctx, n);
     if (r != DTR_OK && ctx->status == DTR_OK)
         dtr__fail(ctx, r, "dtr_backward: backward kernel of op '%s' failed", dtr__op_name(n->op));
+    if (r == DTR_OK && ctx->anomaly) r = dtr__anomaly_backward(ctx, n);
     return r;
 }
 

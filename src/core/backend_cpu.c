@@ -47,11 +47,18 @@ static dtr_result dtr__cpu_copy(dtr_context *ctx, void *dst, const void *src, si
     return DTR_OK;
 }
 
+/* Eight running sums (independent chains the CPU overlaps, and the compiler may vectorise),
+ * added in a fixed order: the same bits for any thread count, about 4x the single chain's
+ * speed (the optimizer's non-finite check runs this on every update). */
 static dtr_result dtr__cpu_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
-    int64_t i;
-    double s = 0.0;
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, s;
+    int64_t i = 0;
+    int k;
     (void)ctx;
-    for (i = 0; i < n; i++) s += (double)x[i] * x[i];
+    for (; i + 8 <= n; i += 8)
+        for (k = 0; k < 8; k++) acc[k] += (double)x[i + k] * x[i + k];
+    s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+    for (; i < n; i++) s += (double)x[i] * x[i];
     *out = s;
     return DTR_OK;
 }

@@ -33,6 +33,7 @@ const char *dtr_result_string(dtr_result r) {
     case DTR_PEER_FAILED: return "peer failed";
     case DTR_DEVICE_ERROR: return "device error";
     case DTR_DEVICE_OUT_OF_MEMORY: return "device out of memory";
+    case DTR_NONFINITE: return "non-finite value";
     }
     return "unknown error";
 }

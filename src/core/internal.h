@@ -351,6 +351,7 @@ struct dtr_context {
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
+    int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
@@ -367,6 +368,20 @@ DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
 dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+
+/* ---- numeric health (src/core/anomaly.c) ---- */
+
+/** Anomaly mode, forward: DTR_OK when n->out is finite (or not checked: not f32, a view),
+ *  else DTR_NONFINITE recorded on ctx naming the op. Called only when ctx->anomaly is set. */
+DTR__PRIVATE dtr_result dtr__anomaly_forward(dtr_context *ctx, const dtr__node *n);
+/** Anomaly mode, backward: checks the gradients n's backward wrote (its inputs'). */
+DTR__PRIVATE dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n);
+/** Logs a formatted message at `level` through the context's log callback (when set and
+ *  verbose enough); never records an error. */
+DTR__PRIVATE void dtr__ctx_log(dtr_context *ctx, dtr_log_level level, const char *fmt, ...) DTR__PRINTF(3, 4);
+/** A non-sticky error: writes the message (when no error is recorded) and logs it at
+ *  DTR_LOG_WARN, leaving the status as it is; returns code. */
+DTR__PRIVATE dtr_result dtr__note(dtr_context *ctx, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 

@@ -354,6 +354,7 @@ dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
         node->prev = ctx->cur->head;
         ctx->cur->head = node;
     }
+    if (ctx->anomaly && dtr__anomaly_forward(ctx, node) != DTR_OK) return NULL;
     return node->out;
 }
 

@@ -19,6 +19,8 @@ struct dtr_optimizer {
     int nseg;
     int64_t steps;            /* updates applied */
     int micro;                /* micro-batches since the last update */
+    int64_t skipped;          /* updates skipped for a non-finite gradient (DTR_NONFINITE_SKIP) */
+    double last_norm;         /* the last update's gradient norm (-1: none measured) */
 };
 
 /* ---- schedules ---- */
@@ -119,6 +121,8 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
         !(cfg->clip_norm >= 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: lr, momentum, weight_decay, eps, clip_norm must be "
                                                     ">= 0 and betas in [0, 1)");
+    if ((int)cfg->nonfinite < 0 || cfg->nonfinite > DTR_NONFINITE_OFF)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: unknown nonfinite policy %d", (int)cfg->nonfinite);
     if (cfg->nesterov && (cfg->momentum <= 0.0f || cfg->dampening != 0.0f))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_optimizer_create: Nesterov needs momentum > 0 and zero dampening");
     r = dtr_model_build(model);
@@ -128,6 +132,7 @@ dtr_result dtr_optimizer_create(dtr_model *model, const dtr_optimizer_config *cf
     if (!o) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_optimizer_create: out of memory");
     o->model = model;
     o->cfg = *cfg;
+    o->last_norm = -1.0;
     if (o->cfg.grad_accum_steps < 1) o->cfg.grad_accum_steps = 1;
     o->base = cfg->shard_end > 0 ? cfg->shard_begin : 0;
     o->len = cfg->shard_end > 0 ? cfg->shard_end - cfg->shard_begin : dtr_model_numel(model);
@@ -168,6 +173,8 @@ void dtr_optimizer_destroy(dtr_optimizer *o) {
 }
 
 int64_t dtr_optimizer_steps(const dtr_optimizer *o) { return o ? o->steps : 0; }
+int64_t dtr_optimizer_skipped(const dtr_optimizer *o) { return o ? o->skipped : 0; }
+double dtr_optimizer_grad_norm(const dtr_optimizer *o) { return o ? o->last_norm : 0.0; }
 float dtr_optimizer_lr(const dtr_optimizer *o) { return o ? dtr_schedule_lr(&o->cfg.schedule, o->steps) : 0.0f; }
 void dtr_optimizer_set_lr(dtr_optimizer *o, float lr) { if (o) o->cfg.schedule.lr = lr; }
 
@@ -203,6 +210,9 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
     r = dtr__grad_norm(m, &norm);
     if (r != DTR_OK) return r;
     if (norm_out) *norm_out = (float)norm;
+    if (!isfinite(norm))   /* never scale by NaN: leave the gradients to the optimizer's policy */
+        return dtr__note(ctx, DTR_NONFINITE, "dtr_clip_grad_norm: the gradients' global norm is %s: not clipped "
+                         "(anomaly mode, dtr_context_set_anomaly, names the op that made it)", isnan(norm) ? "NaN" : "Inf");
     if (norm > max_norm) return ctx->backend->scale(ctx, dtr_model_grads(m), dtr_model_numel(m), (float)(max_norm / (norm + 1e-6)));
     return DTR_OK;
 }
@@ -219,6 +229,53 @@ static dtr_result dtr__opt_grad_norm(dtr_optimizer *o, double *norm) {
     if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
     *norm = sqrt(s);
     return r;
+}
+
+/* The norm of the floats an update over [begin, end) reads: the optimizer's norm for all of
+ * them (the whole gradient, or the group's with shard_sum), else the range's own. */
+static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, double *norm) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    double s = 0.0;
+    dtr_result r;
+    if (begin == o->base && end == o->base + o->len) return dtr__opt_grad_norm(o, norm);
+    r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
+    *norm = sqrt(s);
+    return r;
+}
+
+/* A non-finite norm under the policy: 1 in *skip to skip the update, or the error */
+static dtr_result dtr__nonfinite(dtr_optimizer *o, double norm, int *skip) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    const char *k = isnan(norm) ? "NaN" : "Inf";
+    if (o->cfg.nonfinite == DTR_NONFINITE_STOP)
+        return dtr__fail(ctx, DTR_NONFINITE, "dtr_optimizer_step: the gradient's global norm is %s before update %lld: "
+                         "stopped (nonfinite policy STOP; anomaly mode, dtr_context_set_anomaly, names the op that made "
+                         "it)", k, (long long)o->steps + 1);
+    if (o->cfg.nonfinite == DTR_NONFINITE_WARN) {
+        dtr__ctx_log(ctx, DTR_LOG_WARN, "dtr_optimizer_step: the gradient's global norm is %s before update %lld: "
+                     "applied anyway (nonfinite policy WARN)", k, (long long)o->steps + 1);
+        return DTR_OK;
+    }
+    *skip = 1;
+    o->skipped++;
+    dtr__ctx_log(ctx, DTR_LOG_WARN, "dtr_optimizer_step: the gradient's global norm is %s before update %lld: update "
+                 "skipped, gradients zeroed (%lld skipped so far)", k, (long long)o->steps + 1, (long long)o->skipped);
+    return DTR_OK;
+}
+
+/* Before an update: the gradient norm (for clip_norm and the nonfinite policy), clipping
+ * folded into a->grad_scale, and the policy's decision (*skip 1: no update). */
+static dtr_result dtr__check_grads(dtr_optimizer *o, dtr__opt_args *a, int64_t begin, int64_t end, int *skip) {
+    double norm;
+    dtr_result r;
+    *skip = 0;
+    if (o->cfg.clip_norm <= 0.0f && o->cfg.nonfinite == DTR_NONFINITE_OFF) return DTR_OK;
+    if ((r = dtr__range_norm(o, begin, end, &norm)) != DTR_OK) return r;
+    norm *= a->grad_scale;
+    o->last_norm = norm;
+    if (!isfinite(norm) && o->cfg.nonfinite != DTR_NONFINITE_OFF && (r = dtr__nonfinite(o, norm, skip)) != DTR_OK) return r;
+    if (o->cfg.clip_norm > 0.0f && norm > o->cfg.clip_norm) a->grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
+    return DTR_OK;
 }
 
 /* A range the update can take: inside the optimizer's floats; for LAMB on parameter
@@ -280,6 +337,7 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     dtr_context *ctx;
     dtr__opt_args a;
     dtr_result r;
+    int skip;
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
@@ -310,13 +368,8 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.seg_begin = o->seg_begin;
     a.seg_end = o->seg_end;
     a.work = o->work;
-    if (o->cfg.clip_norm > 0.0f) {
-        double norm;
-        r = dtr__opt_grad_norm(o, &norm);
-        if (r != DTR_OK) return r;
-        norm *= a.grad_scale;
-        if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
-    }
+    if ((r = dtr__check_grads(o, &a, begin, end, &skip)) != DTR_OK) return r;
+    if (skip) return dtr_model_zero_grad(o->model);
     r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;

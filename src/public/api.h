@@ -44,7 +44,11 @@ typedef enum dtr_result {
     DTR_PEER_FAILED = -201,     /**< a peer died or stopped answering */
     DTR_DEVICE_ERROR = -300,    /**< a device (GPU) or its driver reported an error; the
                                      native code is in the message */
-    DTR_DEVICE_OUT_OF_MEMORY = -301 /**< a device allocation failed (host memory: DTR_OUT_OF_MEMORY) */
+    DTR_DEVICE_OUT_OF_MEMORY = -301, /**< a device allocation failed (host memory: DTR_OUT_OF_MEMORY) */
+    DTR_NONFINITE = -400        /**< a NaN or an infinity where numbers must be finite: a loss or
+                                     gradient norm (dtr_optimizer_config.nonfinite), or an op's output
+                                     or gradient in anomaly mode (dtr_context_set_anomaly); the
+                                     message names where */
 } dtr_result;
 
 /** Short constant description of a result code ("shape mismatch"). Thread safe. */
@@ -166,6 +170,15 @@ DTR_API int dtr_context_set_grad_enabled(dtr_context *ctx, int enabled);
 /** Training mode (dropout active; default) or evaluation mode. Returns the previous setting.
  *  Thread safety: the context's thread. */
 DTR_API int dtr_context_set_training(dtr_context *ctx, int training);
+
+/** Anomaly mode (off by default; costs nothing when off): every op's output in forward and
+ *  every gradient an op's backward writes is checked for NaN and infinity (one pass over
+ *  each, so slow: for debugging). The first op that makes one fails with DTR_NONFINITE, and
+ *  the message names it: the op, its position on the tape, the shape, forward or backward,
+ *  the parameter whose gradient it is, and an input that was already non-finite (data or a
+ *  parameter that arrived so). Returns the previous setting (0 for NULL).
+ *  Thread safety: the context's thread. */
+DTR_API int dtr_context_set_anomaly(dtr_context *ctx, int on);
 
 /** Number of compute threads of the context.
  *  Thread safety: the context's thread. */
@@ -708,6 +721,21 @@ typedef struct dtr_schedule {
  *  Thread safety: thread safe. */
 DTR_API float dtr_schedule_lr(const dtr_schedule *s, int64_t step);
 
+/** The optimizer's check of the gradient before each update (one sum of squares over the
+ *  contiguous gradient buffer, shared with clip_norm). In data parallelism it runs after the
+ *  gradients are averaged, so every rank sees the same norm and decides alike (with local
+ *  SGD each rank decides alone). */
+typedef enum dtr_nonfinite_policy {
+    DTR_NONFINITE_SKIP = 0,   /**< default: no update; the gradients are zeroed, the skipped-step
+                                   counter (dtr_optimizer_skipped) grows, a warning is logged,
+                                   and dtr_optimizer_step returns DTR_OK with *updated 0 */
+    DTR_NONFINITE_STOP = 1,   /**< no update: dtr_optimizer_step fails with DTR_NONFINITE (sticky;
+                                   the gradients are left for inspection) */
+    DTR_NONFINITE_WARN = 2,   /**< a warning is logged, then the update runs anyway (the
+                                   parameters take the NaN) */
+    DTR_NONFINITE_OFF = 3     /**< no check (and no extra pass when clip_norm is 0) */
+} dtr_nonfinite_policy;
+
 typedef struct dtr_optimizer_config {
     dtr_optimizer_kind kind;
     dtr_schedule schedule;  /**< schedule.lr is the learning rate */
@@ -733,6 +761,9 @@ typedef struct dtr_optimizer_config {
      *  dtr_dp_shard_optimizer sets it. */
     dtr_result (*shard_sum)(void *user, double *vals, int n);
     void *shard_sum_user;   /**< handed to shard_sum */
+    /** What an update does when the gradient's global norm is not finite (a NaN or an infinity
+     *  anywhere in the gradient): see dtr_nonfinite_policy. Default DTR_NONFINITE_SKIP. */
+    dtr_nonfinite_policy nonfinite;
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -755,6 +786,15 @@ DTR_API void dtr_optimizer_destroy(dtr_optimizer *opt);
 DTR_API dtr_result dtr_optimizer_step(dtr_optimizer *opt, int *updated);
 /** Number of updates applied so far (the schedule's step). */
 DTR_API int64_t dtr_optimizer_steps(const dtr_optimizer *opt);
+/** Updates skipped because the gradient was not finite (DTR_NONFINITE_SKIP) since the
+ *  optimizer was created (not part of its saved state). 0 for NULL.
+ *  Thread safety: the model's context thread. */
+DTR_API int64_t dtr_optimizer_skipped(const dtr_optimizer *opt);
+/** The global gradient norm the last update measured (after the 1 / grad_accum_steps
+ *  scaling, before clipping; NaN when it was not finite), or -1 before the first update or
+ *  when nothing measured it (DTR_NONFINITE_OFF without clip_norm). 0 for NULL.
+ *  Thread safety: the model's context thread. */
+DTR_API double dtr_optimizer_grad_norm(const dtr_optimizer *opt);
 /** The learning rate of the next update. */
 DTR_API float dtr_optimizer_lr(const dtr_optimizer *opt);
 /** Replaces the base learning rate (schedule.lr). */
@@ -838,7 +878,11 @@ DTR_API dtr_result dtr_loss_scaler_state(dtr_loss_scaler *ls, int index, dtr_sta
 DTR_API dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls);
 
 /** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
- *  @param norm_out receives the norm before clipping (may be NULL).
+ *  @param norm_out receives the norm before clipping (may be NULL; NaN or infinity when the
+ *  gradient holds one).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_NONFINITE (the norm is not
+ *  finite: the gradients are left unscaled and the error is not sticky, so the optimizer's
+ *  nonfinite policy still decides the step).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out);
 
@@ -881,6 +925,28 @@ typedef struct dtr_mnist {
 DTR_API dtr_result dtr_mnist_load(const char *dir, const dtr_allocation_callbacks *alloc, dtr_mnist *out,
                                   char *err, size_t errlen);
 DTR_API void dtr_mnist_destroy(dtr_mnist *d);
+
+/* ---- progress line ---- */
+
+/** What a progress line shows (dtr_progress_format); a zero field is left out. */
+typedef struct dtr_progress_info {
+    int64_t epoch;          /**< 0-based epoch */
+    int64_t epochs;         /**< epochs in all (0: unknown; the ETA is then to the epoch's end) */
+    int64_t step;           /**< steps done in this epoch */
+    int64_t steps;          /**< steps per epoch (0: unknown: no bar, no percentage, no ETA) */
+    double elapsed_s;       /**< seconds since training began: the ETA follows the mean pace */
+    double rate;            /**< items per second (0: not shown) */
+    const char *rate_unit;  /**< "samples/s" when NULL */
+    double loss;            /**< shown when has_loss */
+    int has_loss;
+} dtr_progress_info;
+
+/** One progress line, without newline or carriage return, e.g.
+ *  "epoch 2/5 [#######.............] 35% 164/469 | 5821 samples/s | loss 0.4312 | ETA 1m12s".
+ *  Print it after "\r" on a terminal (redrawn in place) or on a line of its own in a log.
+ *  @return the length of the whole line (as snprintf; the line is cut to n - 1 characters),
+ *  0 when buf or p is NULL or n is 0. Thread safety: thread safe. */
+DTR_API size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p);
 
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 

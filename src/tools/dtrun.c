@@ -11,7 +11,9 @@
  *
  * Each rank's stdout and stderr go through pipes; dtrun writes every line to its own stdout
  * or stderr prefixed with "[rank] ", a whole line per write, so lines never mix (a line over
- * 64 KiB is cut into prefixed pieces). Ranks read stdin from /dev/null.
+ * 64 KiB is cut into prefixed pieces). A line that ends in "\r" (a progress line redrawn in
+ * place) is forwarded ending in "\r", and when dtrun's stdout is a terminal the ranks get
+ * DTR_TTY=1, so they may draw such lines. Ranks read stdin from /dev/null.
  *
  * Each rank runs in a process group of its own. SIGINT, SIGTERM and SIGHUP sent to dtrun are
  * forwarded to every rank's group. When a rank exits non-zero or is killed by a signal, dtrun
@@ -87,8 +89,8 @@ static void write_all(int fd, const char *p, size_t n) {
     }
 }
 
-/* Writes "[rank] " + line + "\n" with one write. */
-static void emit(int fd, int rank, const char *line, size_t n) {
+/* Writes "[rank] " + line + end ("\n", or "\r" for a line redrawn in place) with one write. */
+static void emit_end(int fd, int rank, const char *line, size_t n, char end) {
     static char *out;
     static size_t cap;
     char prefix[24];
@@ -99,7 +101,7 @@ static void emit(int fd, int rank, const char *line, size_t n) {
         if (!p) {   /* no memory: write in three pieces rather than not at all */
             write_all(fd, prefix, (size_t)pl);
             write_all(fd, line, n);
-            write_all(fd, "\n", 1);
+            write_all(fd, &end, 1);
             return;
         }
         out = p;
@@ -107,8 +109,15 @@ static void emit(int fd, int rank, const char *line, size_t n) {
     }
     memcpy(out, prefix, (size_t)pl);
     memcpy(out + pl, line, n);
-    out[pl + n] = '\n';
+    out[pl + n] = end;
     write_all(fd, out, need);
+}
+static void emit(int fd, int rank, const char *line, size_t n) { emit_end(fd, rank, line, n, '\n'); }
+
+/* the first "\n" or "\r" of p[0, n), or NULL */
+static char *line_end(char *p, size_t n) {
+    char *nl = (char *)memchr(p, '\n', n), *cr = (char *)memchr(p, '\r', nl ? (size_t)(nl - p) : n);
+    return cr ? cr : nl;
 }
 
 /* Reads what the pipe has; emits complete lines (a line that reaches LINE_MAX_BYTES is
@@ -125,7 +134,7 @@ static int pump(int rank, stream *s) {
     }
     rem = (size_t)k;
     while (rem > 0) {
-        char *nl = (char *)memchr(p, '\n', rem);
+        char *nl = line_end(p, rem);
         size_t seg = nl ? (size_t)(nl - p) : rem;
         while (seg > 0) {
             size_t take = LINE_MAX_BYTES - s->len < seg ? LINE_MAX_BYTES - s->len : seg;
@@ -142,7 +151,8 @@ static int pump(int rank, stream *s) {
             }
         }
         if (nl) {
-            if (s->len || !s->cut) emit(s->out, rank, s->buf, s->len);   /* not the end of a cut line */
+            if (*nl == '\r' && s->len) emit_end(s->out, rank, s->buf, s->len, '\r');
+            else if (*nl == '\n' && (s->len || !s->cut)) emit(s->out, rank, s->buf, s->len);   /* not the end of a cut line */
             s->len = 0;
             s->cut = 0;
             p++;
@@ -232,6 +242,7 @@ static void run_child(int rank, int n, int port, const char *secret, int out_fd,
     setpgid(0, 0);
     for (i = 0; i < sizeof sigs / sizeof sigs[0]; i++) signal(sigs[i], SIG_DFL);
     sigprocmask(SIG_SETMASK, oldmask, NULL);
+    if (isatty(1)) setenv("DTR_TTY", "1", 1);   /* dtrun's own stdout, before the pipe replaces it */
     devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) {
         dup2(devnull, 0);
