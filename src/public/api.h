@@ -638,6 +638,13 @@ DTR_API void dtr_st_destroy(dtr_st_file *f);
  *  Thread safety: thread safe for distinct paths. */
 DTR_API dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen);
 
+/** CRC-32C (Castagnoli) of `n` bytes, continuing from `crc`: 0 starts a checksum, and a
+ *  previous result continues it over the next piece. The checksum of every tensor in the
+ *  safetensors files dtrain writes and of the files a checkpoint manifest lists.
+ *  @return the checksum (`crc` unchanged when `data` is NULL).
+ *  Thread safety: thread safe. */
+DTR_API uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n);
+
 /** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
  *  and rename. `data[i]` holds the elements of entry i in its dtype.
  *  Thread safety: thread safe for distinct files and objects. */
