@@ -98,6 +98,14 @@ static double dtr__ck_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* The largest of every rank's small non-negative int (collectives reduce floats only). */
+static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v) {
+    float f = (float)*v;
+    dtr_result r = dtr_comm_all_reduce(c, &f, &f, 1, DTR_F32, DTR_REDUCE_MAX);
+    *v = (int32_t)f;
+    return r;
+}
+
 /* ---- configuration and creation ---- */
 
 dtr_ckpt_config dtr_ckpt_config_init(void) {
@@ -755,7 +763,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->rank == 0) r = dtr__ck_prepare_dir(ck, sd);
     if (ck->world > 1) {   /* everyone waits for rank 0's folder */
         flag = r != DTR_OK;
-        if ((r2 = dtr_comm_all_reduce(ck->group, &flag, &flag, 1, DTR_I32, DTR_REDUCE_MAX)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint: rank 0 failed to make %s", sd);
     }
     if (r == DTR_OK) r = dtr__ck_write_file(ck, sd);
@@ -773,7 +781,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->world > 1) {   /* everyone learns whether rank 0 committed */
         dtr__free(NULL, recs);
         flag = r != DTR_OK;
-        if ((r2 = dtr_comm_all_reduce(ck->group, &flag, &flag, 1, DTR_I32, DTR_REDUCE_MAX)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint step %lld: another rank "
                                                "failed (rank 0's log says which)", (long long)ck->wstep);
     }
@@ -806,7 +814,7 @@ static dtr_result dtr__ck_join(dtr_ckpt *ck) {
 static int dtr__ck_busy(dtr_ckpt *ck, dtr_result *r) {
     int32_t busy = ck->running && !DTR__ATOMIC_LOAD(&ck->done);
     *r = DTR_OK;
-    if (ck->world > 1) *r = dtr_comm_all_reduce(ck->cfg.comm, &busy, &busy, 1, DTR_I32, DTR_REDUCE_MAX);
+    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy);
     return busy != 0;
 }
 
@@ -889,6 +897,13 @@ static dtr_result dtr__ck_open(dtr_ckpt *ck, dtr__ck_src *s, int k) {
         return dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s: %s", path, err);
     s->opened[k] = 1;
     return DTR_OK;
+}
+
+static int dtr__ck_has(const dtr__ck_rec *fr, const char *name) {
+    int i;
+    for (i = 0; i < fr->count; i++)
+        if (strcmp(fr->t[i].name, name) == 0) return 1;
+    return 0;
 }
 
 /* The bytes of tensor `name` of old rank k's file, checked against the manifest. */
@@ -974,6 +989,8 @@ static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entr
         memset(ck->stage + d->off, 0, d->e.bytes);
         return DTR_OK;
     }
+    if (!same && o->kind == DTR__CK_DP && !dtr__ck_has(&s->m->files[k], d->name))   /* saved without an engine */
+        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);
     if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
     if (bytes != d->e.bytes) return dtr__ck_size_err(ck, s, k, d, bytes);
     memcpy(ck->stage + d->off, src, d->e.bytes);
@@ -1055,7 +1072,7 @@ static dtr_result dtr__ck_agree(dtr_ckpt *ck, dtr_result mine) {
     int32_t v = (int32_t)-mine;
     dtr_result r;
     if (ck->world == 1) return mine;
-    if ((r = dtr_comm_all_reduce(ck->group, &v, &v, 1, DTR_I32, DTR_REDUCE_MAX)) != DTR_OK) return r;
+    if ((r = dtr__ck_max(ck->group, &v)) != DTR_OK) return r;
     if (v != 0 && mine == DTR_OK) snprintf(ck->msg, sizeof ck->msg, "checkpoint: another rank failed to verify it (%s)",
                                            dtr_result_string((dtr_result)-v));
     return (dtr_result)-v;
