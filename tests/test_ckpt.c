@@ -488,7 +488,7 @@ static void corrupt_files(rig *g, const char *sd) {
     cuts[nc++] = n[0] - 1;
     for (k = 0; k < 2; k++)
         for (i = 0; i < nc; i++) {
-            char why[64];
+            char why[128];
             size_t c = k == 0 ? cuts[i] : cuts[i] * n[1] / n[0];
             snprintf(why, sizeof why, "%s cut to %zu bytes", k ? "manifest" : "shard", c);
             CHECK(write_file(paths[k], orig[k], c));
@@ -496,7 +496,7 @@ static void corrupt_files(rig *g, const char *sd) {
             CHECK(write_file(paths[k], orig[k], n[k]));
         }
     for (i = 0; i < 100; i++) {   /* bit flips */
-        char why[64];
+        char why[128];
         size_t at;
         k = (int)(rand_r(&seed) % 4 == 0);   /* a quarter in the manifest */
         at = rand_r(&seed) % n[k];

@@ -98,6 +98,19 @@ static double dtr__ck_now(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* dst = a (+ "/" b when b): cut to cap - 1 bytes (memcpy: the buffers may share a struct). */
+static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
+    size_t n = strlen(a) < cap - 1 ? strlen(a) : cap - 1, m;
+    memmove(dst, a, n);
+    if (b && n + 1 < cap) {
+        dst[n++] = '/';
+        m = strlen(b) < cap - 1 - n ? strlen(b) : cap - 1 - n;
+        memmove(dst + n, b, m);
+        n += m;
+    }
+    dst[n] = '\0';
+}
+
 /* The largest of every rank's small non-negative int (collectives reduce floats only). */
 static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v) {
     float f = (float)*v;
@@ -130,7 +143,7 @@ static void dtr__ck_add(dtr_ckpt *ck, const char *name, int kind, void *obj) {
     dtr__ck_obj *o;
     if (!obj) return;
     o = &ck->objs[ck->nobj++];
-    snprintf(o->name, sizeof o->name, "%s", name);
+    dtr__ck_str(o->name, sizeof o->name, name, NULL);
     o->kind = kind;
     o->obj = obj;
 }
@@ -212,8 +225,8 @@ static dtr_result dtr__ck_meta_set(dtr__ck_meta *m, const char *key, const char 
     }
     if (i < 0 && m->n == DTR__CK_MAX_META) return DTR_INVALID_ARGUMENT;
     if (i < 0) i = m->n++;
-    snprintf(m->key[i], sizeof m->key[i], "%s", key);
-    snprintf(m->val[i], sizeof m->val[i], "%s", value);
+    dtr__ck_str(m->key[i], sizeof m->key[i], key, NULL);
+    dtr__ck_str(m->val[i], sizeof m->val[i], value, NULL);
     return DTR_OK;
 }
 
@@ -272,7 +285,7 @@ static dtr_result dtr__ck_list(dtr_ckpt *ck) {
                 return dtr__errf(ck->msg, sizeof ck->msg, DTR_UNSUPPORTED, "checkpoint: more than %d state entries",
                                  DTR__CK_MAX_ENTRIES);
             d = &ck->ents[ck->nent++];
-            snprintf(d->name, sizeof d->name, "%s/%s", ck->objs[k].name, e.name ? e.name : "?");
+            dtr__ck_str(d->name, sizeof d->name, ck->objs[k].name, e.name ? e.name : "?");
             d->obj = k;
             d->e = e;
             d->off = off;
@@ -702,12 +715,12 @@ static dtr_result dtr__ck_write_file(dtr_ckpt *ck, const char *sd) {
     }
     for (i = 0; i < ck->nent; i++) {
         const dtr__ck_entry *d = &ck->ents[i];
-        snprintf(st[i].name, sizeof st[i].name, "%s", d->name);
+        dtr__ck_str(st[i].name, sizeof st[i].name, d->name, NULL);
         st[i].dtype = DTR_U8;
         st[i].ndim = 1;
         st[i].shape[0] = (int64_t)d->e.bytes;
         data[i] = ck->stage + d->off;
-        snprintf(ck->rec.t[i].name, sizeof ck->rec.t[i].name, "%s", d->name);
+        dtr__ck_str(ck->rec.t[i].name, sizeof ck->rec.t[i].name, d->name, NULL);
         ck->rec.t[i].bytes = d->e.bytes;
         ck->rec.t[i].crc = dtr_crc32c(0, ck->stage + d->off, d->e.bytes);
     }
@@ -806,7 +819,7 @@ static dtr_result dtr__ck_join(dtr_ckpt *ck) {
     }
     r = ck->wresult;
     ck->wresult = DTR_OK;
-    if (r != DTR_OK) snprintf(ck->msg, sizeof ck->msg, "%s", ck->wmsg);
+    if (r != DTR_OK) dtr__ck_str(ck->msg, sizeof ck->msg, ck->wmsg, NULL);
     return r;
 }
 
@@ -1108,10 +1121,10 @@ dtr_result dtr_ckpt_restore(dtr_ckpt *ck, const char *path, int64_t *step) {
         dtr__ck_step_dir(ck, s, sd, sizeof sd);
         r = dtr__ck_try(ck, sd, step);
         if (r == DTR_OK || !ck->cfg.fallback || (r != DTR_CORRUPT_FILE && r != DTR_IO_ERROR && r != DTR_NOT_FOUND)) break;
-        if (!first[0]) snprintf(first, sizeof first, "%s", ck->msg);
+        if (!first[0]) dtr__ck_str(first, sizeof first, ck->msg, NULL);
     }
     if (r == DTR_NOT_FOUND && !ck->msg[0]) snprintf(ck->msg, sizeof ck->msg, "no complete checkpoint under %s", ck->dir);
-    if (first[0] && r != DTR_OK) snprintf(ck->msg, sizeof ck->msg, "%s", first);
+    if (first[0] && r != DTR_OK) dtr__ck_str(ck->msg, sizeof ck->msg, first, NULL);
     return r;
 }
 
