@@ -20537,7 +20537,6 @@ void dtr_grid_destroy(dtr_grid *g) {
 #include <sys/stat.h>
 #include <unistd.h>
 #include <fcntl.h>
-#include <time.h>
 
 #define DTR__CK_MAX_ENTRIES 64
 #define DTR__CK_MAX_OBJS 21      /* 5 of the library's + 16 of the app's */
@@ -20607,11 +20606,7 @@ struct dtr_ckpt {
     dtr_ckpt_stats stats;
 };
 
-static double dtr__ck_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double dtr__ck_now(void) { return (double)dtr_time_ns() * 1e-9; }
 
 /* dst = a (+ "/" b when b): cut to cap - 1 bytes (memcpy: the buffers may share a struct). */
 static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
@@ -21663,7 +21658,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 21667 "dtrain.h"
+#line 21662 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -22,7 +22,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <fcntl.h>
-#include <time.h>
 
 #define DTR__CK_MAX_ENTRIES 64
 #define DTR__CK_MAX_OBJS 21      /* 5 of the library's + 16 of the app's */
@@ -92,11 +91,7 @@ struct dtr_ckpt {
     dtr_ckpt_stats stats;
 };
 
-static double dtr__ck_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
+static double dtr__ck_now(void) { return (double)dtr_time_ns() * 1e-9; }
 
 /* dst = a (+ "/" b when b): cut to cap - 1 bytes (memcpy: the buffers may share a struct). */
 static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
