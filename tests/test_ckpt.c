@@ -17,10 +17,13 @@
  *                        a missing file; another model's checkpoint (INVALID_ARGUMENT);
  *                        fallback to the previous complete checkpoint; keep-last-K; latest;
  *                        BUSY_SKIP; argument errors
+ *   test_resume_fabric   the same with ZeRO-1 over 2 processes on libfabric (shm): the saving
+ *                        processes are SIGKILLed; checksums of the outcomes match
  *   test_world_change    saved on 2 ranks (ZeRO-1, Adam) restores on 1: the moments are the
  *                        two shards joined; saved on 1 restores on 2 with ZeRO: each rank's
  *                        shard is its slice; both train on; a missing shard fails every rank */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* MAP_ANONYMOUS */
 #include "test.h"
 #include "test_util.h"
 #include "posix_util.h"
@@ -29,6 +32,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include <dirent.h>
+#include <sys/mman.h>
 
 #define N_SAMPLES 64
 #define H 4
@@ -217,6 +221,7 @@ typedef struct job {
     char msg[MAXW][512];
     float loss[MAXW];
     char meta[64];
+    int fabric, port;                  /* ranks are processes over libfabric (shm), rendezvous on port */
 } job;
 
 typedef struct rank_arg { job *j; int rank; } rank_arg;
@@ -262,11 +267,25 @@ static void *rank_main(void *arg) {
     rig g;
     memset(&o, 0, sizeof o);
     o.world = j->world, o.rank = a->rank, o.zero = j->zero, o.adam = j->adam, o.dir = j->dir, o.keep = 2;
+    dtr_store *st = NULL;
     cfg.local.world = j->lw;
     cfg.local.rank = a->rank;
     cfg.timeout_ms = 20000;
+    if (j->fabric) {   /* one process per rank: a rendezvous store, then the libfabric group */
+        dtr_rendezvous_config rc = dtr_rendezvous_config_init();
+        rc.rank = a->rank, rc.world_size = j->world, rc.port = j->port, rc.timeout_ms = 20000;
+        snprintf(rc.secret, sizeof rc.secret, "test-ckpt");
+        cfg.transport = "libfabric";
+        cfg.fabric.provider = "shm";
+        if (dtr_store_create(&rc, &st, j->msg[a->rank], sizeof j->msg[a->rank]) != DTR_OK) {
+            j->result[a->rank] = DTR_PEER_FAILED;
+            return NULL;
+        }
+        cfg.store = st;
+    }
     if (j->world > 1 && dtr_comm_create(&cfg, &c, j->msg[a->rank], sizeof j->msg[a->rank]) != DTR_OK) {
         j->result[a->rank] = DTR_PEER_FAILED;
+        dtr_store_destroy(st);
         return NULL;
     }
     o.comm = c;
@@ -281,7 +300,9 @@ static void *rank_main(void *arg) {
         else record(&g, &j->out[a->rank]);
     }
     rig_close(&g);
+    if (c && j->fabric) dtr_comm_barrier(c);   /* nobody leaves while the others still talk */
     dtr_comm_destroy(c);
+    dtr_store_destroy(st);
     return NULL;
 }
 
@@ -297,6 +318,38 @@ static void job_run(job *j) {
     }
     for (i = 0; i < j->world; i++) pthread_join(tid[i], NULL);
     dtr_local_world_destroy(j->lw);
+}
+
+/* ---- ranks as processes (libfabric) ----
+ * Each rank is a forked process; what it ends with comes back as checksums of its outcome
+ * (parameters, moments, the next batch) through memory shared before the fork. */
+
+typedef struct digest { int result; uint32_t params, m, v, next; int64_t steps, restored; char msg[256]; } digest;
+
+static uint32_t digest_of(const void *p, size_t n) { return p ? dtr_crc32c(0, p, n) : 0; }
+
+static void job_run_procs(job *j, digest *dg) {
+    pid_t pid[MAXW];
+    int i, st;
+    j->port = free_port();
+    for (i = 0; i < j->world; i++) {
+        fflush(NULL);
+        if ((pid[i] = fork()) == 0) {
+            rank_arg ra;
+            outcome *o = &j->out[i];
+            alarm(60);
+            ra.j = j, ra.rank = i;
+            rank_main(&ra);
+            dg[i].result = j->result[i];
+            dg[i].params = digest_of(o->params, o->np * 4), dg[i].m = digest_of(o->m, o->nm * 4);
+            dg[i].v = digest_of(o->v, o->nm * 4), dg[i].next = digest_of(o->next, o->nnext * 4);
+            dg[i].steps = o->steps, dg[i].restored = j->restored_step[i];
+            snprintf(dg[i].msg, sizeof dg[i].msg, "%s", j->msg[i]);
+            if (j->signal_fd >= 0) close(j->signal_fd);
+            _exit(0);
+        }
+    }
+    for (i = 0; i < j->world; i++) waitpid(pid[i], &st, 0);
 }
 
 static void job_free(job *j) {
@@ -379,6 +432,60 @@ static void resume_case(int world, int zero, int adam) {
     CHECK(strcmp(resumed.meta, "killed-child") == 0);
     job_free(&base);
     job_free(&resumed);
+    rm_tree(dir);
+}
+
+/* The same over libfabric's shm provider, 2 processes: the saving ranks are SIGKILLed. */
+static void test_resume_fabric(void) {
+    char dir[256];
+    digest *dg = (digest *)mmap(NULL, 3 * MAXW * sizeof(digest), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    job base, child, resumed;
+    int pfd[2], n = 6, r, w = 2;
+    pid_t holder;
+    char c;
+    if (!dtr_transport_find("libfabric")) {
+        const char *a = getenv("DTR_ALLOW_SKIP");
+        fprintf(stderr, "*** SKIPPED: libfabric not built (dtrain_comm.c without DTR_USE_LIBFABRIC)%s\n",
+                a && !strcmp(a, "1") ? "" : ": counted as a FAILURE (DTR_ALLOW_SKIP=1 allows it)");
+        CHECK(a && !strcmp(a, "1"));
+        return;
+    }
+    CHECK(dg != MAP_FAILED && pipe(pfd) == 0);
+    if (dg == MAP_FAILED) return;
+    memset(dg, 0, 3 * MAXW * sizeof(digest));
+    make_data();
+    CHECK(make_tmp_dir("dtr_ckpt_fabric", dir, sizeof dir));
+    base = job_make(JOB_TRAIN, w, 1, 1, 2 * n, NULL);
+    child = job_make(JOB_SAVE_THEN_RUN, w, 1, 1, 100000, dir);
+    resumed = job_make(JOB_RESTORE_TRAIN, w, 1, 1, n, dir);
+    base.fabric = child.fabric = resumed.fabric = 1;
+    child.save_at = n;
+    child.signal_fd = pfd[1];
+    job_run_procs(&base, dg);
+    fflush(NULL);
+    if ((holder = fork()) == 0) {   /* holds the saving ranks: the parent kills its group */
+        setpgid(0, 0);
+        job_run_procs(&child, dg + MAXW);
+        _exit(0);
+    }
+    close(pfd[1]);
+    CHECK_MSG(read(pfd[0], &c, 1) == 1, "the saving ranks did not checkpoint");
+    sleep_ms(5);
+    kill(-holder, SIGKILL);
+    kill(holder, SIGKILL);
+    waitpid(holder, NULL, 0);
+    sleep_ms(100);   /* the killed ranks' processes (the holder's group) are gone */
+    close(pfd[0]);
+    job_run_procs(&resumed, dg + 2 * MAXW);
+    for (r = 0; r < w; r++) {
+        digest *a = &dg[r], *b = &dg[2 * MAXW + r];
+        CHECK_MSG(a->result == DTR_OK && b->result == DTR_OK, "fabric rank %d: %s / %s", r, a->msg, b->msg);
+        CHECK_EQ_INT(b->restored, n);
+        CHECK_MSG(a->steps == b->steps && a->params == b->params && a->m == b->m && a->v == b->v && a->next == b->next &&
+                  a->next != 0, "fabric rank %d: the resumed run differs (params %08x/%08x m %08x/%08x next %08x/%08x)", r,
+                  a->params, b->params, a->m, b->m, a->next, b->next);
+    }
+    munmap(dg, 3 * MAXW * sizeof(digest));
     rm_tree(dir);
 }
 
@@ -672,5 +779,6 @@ int main(void) {
     RUN(test_world_change);
     RUN(test_resume_killed);
     RUN(test_crash_while_saving);
+    RUN(test_resume_fabric);
     return test_summary();
 }
