@@ -509,7 +509,7 @@ typedef dtr_result (*dtr_ckpt_state_fn)(void *obj, int index, dtr_state_entry *o
 typedef dtr_result (*dtr_ckpt_loaded_fn)(void *obj);
 
 typedef struct dtr_ckpt_config {
-    const char *dir;          /**< the root folder (created when missing); copied */
+    const char *dir;          /**< the root folder (created when missing; its parent must exist); copied */
     dtr_context *ctx;         /**< required: its random stream is saved; its backend copies device entries */
     dtr_model *model;         /**< may be NULL (then no model identity check) */
     dtr_optimizer *optimizer; /**< may be NULL */
