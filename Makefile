@@ -165,6 +165,9 @@ $(BUILD)/tests/test_fabric: EXTRA_LIBS += $(COMM_LIBS)
 # tests/test_nccl: the NCCL transport's watchdog logic, and its open without a GPU.
 $(BUILD)/tests/test_nccl: $(COMM_OBJ)
 $(BUILD)/tests/test_nccl: EXTRA_LIBS += $(COMM_LIBS)
+# tests/test_ckpt: one case resumes ranks that are processes over libfabric.
+$(BUILD)/tests/test_ckpt: $(COMM_OBJ)
+$(BUILD)/tests/test_ckpt: EXTRA_LIBS += $(COMM_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
 COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
 $(COMM_PROGRAMS): $(COMM_OBJ)

@@ -2609,6 +2609,159 @@ DTR_API dtr_result dtr_grid_create(dtr_comm *world, int dp, int pp, int tp, dtr_
 /** Destroys the three groups (not the world). NULL is ignored. Thread safety: the groups' thread. */
 DTR_API void dtr_grid_destroy(dtr_grid *g);
 
+/* ---- full-state checkpoints (docs/fault-tolerance.md) ----
+ * One call saves, one restores everything a run needs to continue bit for bit: the context's
+ * random stream, the model (parameters, gradients), the optimizer (step, schedule, moments),
+ * the loader's cursor, the data-parallel engine (ZeRO shards included), any object the app
+ * adds (augmentation streams, a loss scaler, its own counters) and key/value metadata.
+ *
+ * Layout: <dir>/step-<8 digits>/ holds one safetensors file per rank
+ * ("rank-<5 digits>.safetensors", each state entry a U8 tensor named "<object>/<entry>") and
+ * "manifest.json", written LAST by rank 0 once every rank's file is durable: the world size,
+ * the model's identity (CRC-32C of its parameter names and shapes), each file's size and
+ * CRC-32C, each tensor's size and CRC-32C, the metadata, and the manifest's own checksum.
+ * Every file goes through the atomic writer (temporary file, fsync, rename, fsync folder),
+ * so a crash at any instant leaves the old checkpoints and maybe a folder without a manifest,
+ * which is incomplete and ignored (and removed by the next save). A checkpoint is complete
+ * when its manifest exists.
+ *
+ * Saving is asynchronous by default: dtr_ckpt_save copies every entry into a staging buffer
+ * (the only stall of the training loop) and a background thread writes the files. Restoring
+ * verifies every file and tensor against the manifest before touching live state: a
+ * truncated file, a flipped bit, a missing shard or another model's checkpoint is an error
+ * naming the file and tensor, and nothing is loaded.
+ *
+ * Multi-rank (cfg.comm): every rank calls every function (they are collective); each rank
+ * writes its own file; the app's thread and the writer thread use distinct groups
+ * (dtr_ckpt_create splits a private one). The folder must be one file system that all ranks
+ * see. A checkpoint saved on N ranks restores on M != N ranks for data parallelism (with or
+ * without ZeRO): the ZeRO optimizer shards are re-split from the N files, the loader's
+ * position is converted to the same number of samples seen (rounded down to a batch), rank
+ * r takes old rank r mod N's random streams and app objects, and error-feedback residuals
+ * are zeroed. Such a resume continues training but is not bit-exact; a resume on the same
+ * world size is. Models that differ between ranks (pipeline stages, tensor shards) restore
+ * on the same world size only (DTR_UNSUPPORTED otherwise). */
+
+typedef struct dtr_ckpt dtr_ckpt;
+
+/** What dtr_ckpt_save does when the previous checkpoint is still being written. */
+typedef enum dtr_ckpt_busy {
+    DTR_CKPT_BUSY_WAIT = 0,   /**< waits for it, then snapshots (default: no checkpoint is lost) */
+    DTR_CKPT_BUSY_SKIP = 1    /**< skips this one (*started = 0): training never waits for the disk */
+} dtr_ckpt_busy;
+
+/** An application object's state, listed like the library's objects (api.h, "state"):
+ *  entry `index`, DTR_NOT_FOUND past the last. */
+typedef dtr_result (*dtr_ckpt_state_fn)(void *obj, int index, dtr_state_entry *out);
+/** Called after a restore wrote the object's entries back (may be NULL). A failure undoes
+ *  the whole restore. */
+typedef dtr_result (*dtr_ckpt_loaded_fn)(void *obj);
+
+typedef struct dtr_ckpt_config {
+    const char *dir;          /**< the root folder (created when missing; its parent must exist); copied */
+    dtr_context *ctx;         /**< required: its random stream is saved; its backend copies device entries */
+    dtr_model *model;         /**< may be NULL (then no model identity check) */
+    dtr_optimizer *optimizer; /**< may be NULL */
+    dtr_loader *loader;       /**< may be NULL */
+    dtr_dp *dp;               /**< may be NULL; with ZeRO its shard bounds make world-size changes possible */
+    dtr_comm *comm;           /**< NULL: this process alone; else every rank of it takes part */
+    int keep;                 /**< complete checkpoints kept, newest first (default 3); < 0: all */
+    int sync;                 /**< 1: dtr_ckpt_save writes before it returns (default 0: a background thread) */
+    dtr_ckpt_busy busy;       /**< a save while the previous one is still written (default WAIT) */
+    int fallback;             /**< 1: restoring the latest, a checkpoint that fails verification is
+                                   reported (dtr_ckpt_last_error keeps the first reason) and the next
+                                   older complete one is tried (default 0: the error is returned) */
+} dtr_ckpt_config;
+
+/** Measurements of a checkpointer (this rank). */
+typedef struct dtr_ckpt_stats {
+    int64_t saves;            /**< checkpoints started */
+    int64_t skipped;          /**< saves skipped because one was being written (BUSY_SKIP) */
+    int64_t committed;        /**< checkpoints whose manifest was written (all ranks count them) */
+    double snapshot_s;        /**< the last save's stall: copying the state into the staging buffer
+                                   (plus waiting for the previous write with BUSY_WAIT) */
+    double write_s;           /**< the last write's time on the writer thread (files, fsyncs, manifest) */
+    uint64_t bytes;           /**< this rank's state bytes per checkpoint */
+} dtr_ckpt_stats;
+
+/** Returns a configuration with every field at its default (keep 3, asynchronous, BUSY_WAIT).
+ *  Thread safety: thread safe. */
+DTR_API dtr_ckpt_config dtr_ckpt_config_init(void);
+
+/** Makes a checkpointer over the objects of `cfg` (which must outlive it), creating cfg->dir.
+ *  With cfg->comm of size > 1 it splits a private group from it (collective).
+ *  @return DTR_OK, DTR_NULL_HANDLE (cfg, out, dir or ctx NULL), DTR_OUT_OF_MEMORY, DTR_IO_ERROR
+ *          (the folder cannot be made), or the split's error.
+ *  Thread safety: the context's thread; collective over cfg->comm. */
+DTR_API dtr_result dtr_ckpt_create(const dtr_ckpt_config *cfg, dtr_ckpt **out);
+
+/** Adds an application object whose entries are saved as "<name>/<entry name>" and written
+ *  back on restore, then `loaded(obj)` is called. Names are up to 31 characters of [A-Za-z0-9_.-].
+ *  Add the same objects in the same order on every run (and every rank).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad or repeated name, more than 16
+ *          objects), DTR_BAD_STATE (a write in flight).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_add_object(dtr_ckpt *ck, const char *name, void *obj, dtr_ckpt_state_fn state,
+                                       dtr_ckpt_loaded_fn loaded);
+
+/** Sets a key/value pair of metadata that the next saves store in the manifest (rank 0's are
+ *  kept); a restore replaces the set with the checkpoint's. value NULL removes the key.
+ *  Keys and values: printable ASCII, keys up to 63 bytes, values up to 255; at most 32 keys.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_set_meta(dtr_ckpt *ck, const char *key, const char *value);
+/** The value of `key` (set, or read by the last restore), or NULL. The pointer stays valid
+ *  until the key changes. Thread safety: the context's thread. */
+DTR_API const char *dtr_ckpt_get_meta(const dtr_ckpt *ck, const char *key);
+
+/** Checkpoints the state as of now as <dir>/step-<step>/: snapshots every entry into the
+ *  staging buffer, then writes (on the writer thread unless cfg.sync). Call it at a step
+ *  boundary (after the optimizer step, before the next forward). An existing complete
+ *  checkpoint of the same step is replaced (its manifest is removed first). After the new
+ *  manifest, the complete checkpoints beyond cfg.keep and incomplete folders of older steps
+ *  are removed. A failure of the previous asynchronous write is returned here (or by
+ *  dtr_ckpt_wait) once; the new save still goes ahead.
+ *  @param started receives 1 when a checkpoint was started, 0 when skipped (BUSY_SKIP); may be NULL.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (step < 0 or above 99999999),
+ *          DTR_OUT_OF_MEMORY, DTR_DEVICE_ERROR, DTR_UNSUPPORTED (more than 64 entries), the
+ *          previous write's error (DTR_IO_ERROR, a communication error), or with cfg.sync this one's.
+ *  Thread safety: the context's thread; collective over cfg.comm. */
+DTR_API dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started);
+
+/** Waits until the write in flight (if any) has finished, manifest included.
+ *  @return DTR_OK, DTR_NULL_HANDLE, or that write's error. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_wait(dtr_ckpt *ck);
+
+/** Restores every object from a checkpoint: `path` names a checkpoint folder, or NULL for the
+ *  newest complete one under cfg.dir (older ones too with cfg.fallback). Waits for a write
+ *  in flight first. Verifies the manifest (its checksum, the model's identity, the world
+ *  layout) and every file and tensor it needs (size, CRC-32C, the live entry's size) before
+ *  writing anything; then writes the entries and calls each object's state_loaded. A failure
+ *  there puts the previous state back. Collective over cfg.comm: the ranks agree on the
+ *  checkpoint (a rank that fails verification fails it for all).
+ *  @param step receives the checkpoint's step (may be NULL).
+ *  @return DTR_OK; DTR_NOT_FOUND (no complete checkpoint: a fresh start); DTR_CORRUPT_FILE
+ *          (checksum, size or format wrong, a tensor missing); DTR_IO_ERROR (a file missing or
+ *          unreadable); DTR_INVALID_ARGUMENT (another model's checkpoint, or entries of
+ *          other sizes); DTR_UNSUPPORTED (a world-size change of a model that differs between
+ *          ranks); DTR_OUT_OF_MEMORY; a communication error; or a state_loaded error.
+ *          dtr_ckpt_last_error names the file and tensor.
+ *  Thread safety: the context's thread; collective over cfg.comm. */
+DTR_API dtr_result dtr_ckpt_restore(dtr_ckpt *ck, const char *path, int64_t *step);
+
+/** Finds the newest complete checkpoint under `dir` (one with a manifest; not verified).
+ *  @param step receives its step; @param path receives its folder (may be NULL).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_NOT_FOUND (none, or no such folder).
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_ckpt_latest(const char *dir, int64_t *step, char *path, size_t pathlen);
+
+/** The last error's message ("" when none). Thread safety: the context's thread. */
+DTR_API const char *dtr_ckpt_last_error(const dtr_ckpt *ck);
+/** Copies the counters into *out. @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_get_stats(const dtr_ckpt *ck, dtr_ckpt_stats *out);
+/** Waits for the write in flight, then frees the checkpointer (not the objects). NULL is
+ *  ignored. Thread safety: the context's thread; collective over cfg.comm. */
+DTR_API void dtr_ckpt_destroy(dtr_ckpt *ck);
+
 #ifdef __cplusplus
 }
 #endif
@@ -2667,7 +2820,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2671 "dtrain.h"
+#line 2824 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3080,6 +3233,10 @@ int dtr__pid_dead(int64_t pid);
  *  accessors list their entries as a chain of these: `if (i == 0) return put(...)`. */
 DTR__PRIVATE dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
 
+/** The floats the optimizer updates and keeps state for: [*base, *base + *len) of the
+ *  model's buffers (the whole buffer, or its ZeRO shard); 0, 0 for NULL. */
+DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len);
+
 /* ---- errors and logging ---- */
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at
@@ -3156,7 +3313,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3160 "dtrain.h"
+#line 3317 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3415,7 +3572,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3419 "dtrain.h"
+#line 3576 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3470,7 +3627,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3474 "dtrain.h"
+#line 3631 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3740,7 +3897,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3744 "dtrain.h"
+#line 3901 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -3783,7 +3940,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 3787 "dtrain.h"
+#line 3944 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3810,7 +3967,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3814 "dtrain.h"
+#line 3971 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3843,7 +4000,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3847 "dtrain.h"
+#line 4004 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3893,7 +4050,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3897 "dtrain.h"
+#line 4054 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4245,7 +4402,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4249 "dtrain.h"
+#line 4406 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -5036,7 +5193,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 5040 "dtrain.h"
+#line 5197 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5460,7 +5617,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5464 "dtrain.h"
+#line 5621 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5531,7 +5688,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5535 "dtrain.h"
+#line 5692 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5921,7 +6078,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5925 "dtrain.h"
+#line 6082 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -6121,7 +6278,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 6125 "dtrain.h"
+#line 6282 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6352,7 +6509,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6356 "dtrain.h"
+#line 6513 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -6467,7 +6624,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 6471 "dtrain.h"
+#line 6628 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -6523,7 +6680,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 6527 "dtrain.h"
+#line 6684 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6953,7 +7110,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6957 "dtrain.h"
+#line 7114 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -7132,7 +7289,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7136 "dtrain.h"
+#line 7293 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7657,7 +7814,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 7661 "dtrain.h"
+#line 7818 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -8156,7 +8313,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 8160 "dtrain.h"
+#line 8317 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8415,7 +8572,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8419 "dtrain.h"
+#line 8576 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8601,7 +8758,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8605 "dtrain.h"
+#line 8762 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8721,7 +8878,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8725 "dtrain.h"
+#line 8882 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -9195,7 +9352,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 9199 "dtrain.h"
+#line 9356 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -9364,7 +9521,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 9368 "dtrain.h"
+#line 9525 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9613,7 +9770,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9617 "dtrain.h"
+#line 9774 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -10056,7 +10213,12 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 10060 "dtrain.h"
+
+void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
+    *base = o ? o->base : 0;
+    *len = o ? o->len : 0;
+}
+#line 10222 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -10185,7 +10347,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 10189 "dtrain.h"
+#line 10351 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -10532,7 +10694,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 10536 "dtrain.h"
+#line 10698 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -10598,7 +10760,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 10602 "dtrain.h"
+#line 10764 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10835,7 +10997,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10839 "dtrain.h"
+#line 11001 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -11584,7 +11746,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 11588 "dtrain.h"
+#line 11750 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -12037,7 +12199,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 12041 "dtrain.h"
+#line 12203 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -12093,7 +12255,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 12097 "dtrain.h"
+#line 12259 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12870,7 +13032,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12874 "dtrain.h"
+#line 13036 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -13451,7 +13613,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 13455 "dtrain.h"
+#line 13617 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -14082,7 +14244,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 14086 "dtrain.h"
+#line 14248 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14820,7 +14982,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14824 "dtrain.h"
+#line 14986 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -15087,7 +15249,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 15091 "dtrain.h"
+#line 15253 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -15277,7 +15439,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 15281 "dtrain.h"
+#line 15443 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -15411,7 +15573,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 15415 "dtrain.h"
+#line 15577 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -16145,7 +16307,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 16149 "dtrain.h"
+#line 16311 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16662,7 +16824,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16666 "dtrain.h"
+#line 16828 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -17394,7 +17556,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 17398 "dtrain.h"
+#line 17560 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -18476,7 +18638,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 18480 "dtrain.h"
+#line 18642 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -19028,7 +19190,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 19032 "dtrain.h"
+#line 19194 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -19510,7 +19672,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 19514 "dtrain.h"
+#line 19676 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19963,7 +20125,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19967 "dtrain.h"
+#line 20129 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -20322,7 +20484,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 20326 "dtrain.h"
+#line 20488 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -20519,7 +20681,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 20523 "dtrain.h"
+#line 20685 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20852,7 +21014,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20856 "dtrain.h"
+#line 21018 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -21285,7 +21447,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 21289 "dtrain.h"
+#line 21451 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -21339,7 +21501,1156 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 21343 "dtrain.h"
+#line 21505 "dtrain.h"
+
+/* ---- src/engine/checkpoint.c ---- */
+#line 1 "src/engine/checkpoint.c"
+/* ============================================================================
+ * Full-state checkpoints (api_engine.h, "full-state checkpoints"; docs/fault-tolerance.md).
+ * A checkpoint is a loop over the objects' state entries (dtr_<object>_state) plus a
+ * manifest:
+ *   save     the app's thread lists every entry and copies it into the staging buffer; the
+ *            writer thread (or the caller with cfg.sync) writes this rank's safetensors file
+ *            (one U8 tensor per entry), reads it back for its CRC-32C, all-gathers the ranks'
+ *            records over a private group, and rank 0 writes manifest.json last, then prunes.
+ *   restore  picks a complete checkpoint (rank 0's choice, broadcast), verifies the manifest
+ *            and every file and tensor it needs into the staging buffer, agrees with the other
+ *            ranks (an all-reduce of failures), and only then writes the live entries and calls
+ *            the objects' state_loaded, putting the previous bytes back if one refuses.
+ * World-size changes: a plan per entry says where its bytes come from (the same rank, old
+ * rank r mod N, the ZeRO shards overlapping this rank's range, or zeros).
+ * ==========================================================================*/
+
+
+
+#include <errno.h>
+#include <pthread.h>
+#include <dirent.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <fcntl.h>
+
+#define DTR__CK_MAX_ENTRIES 64
+#define DTR__CK_MAX_OBJS 21      /* 5 of the library's + 16 of the app's */
+#define DTR__CK_NAME 64          /* "<object>/<entry>" */
+#define DTR__CK_MAX_META 32
+#define DTR__CK_MANIFEST "manifest.json"
+#define DTR__CK_CRC_KEY "\"manifest_crc32c\":\""
+
+enum { DTR__CK_CTX, DTR__CK_MODEL, DTR__CK_OPT, DTR__CK_LOADER, DTR__CK_DP, DTR__CK_USER };
+
+typedef struct dtr__ck_obj {
+    char name[32];
+    int kind;
+    void *obj;
+    dtr_ckpt_state_fn state;
+    dtr_ckpt_loaded_fn loaded;
+} dtr__ck_obj;
+
+typedef struct dtr__ck_entry {   /* one live entry */
+    char name[DTR__CK_NAME];
+    int obj;                     /* index in objs */
+    dtr_state_entry e;
+    size_t off;                  /* in the staging buffer */
+} dtr__ck_entry;
+
+typedef struct dtr__ck_trec { char name[DTR__CK_NAME]; uint64_t bytes; uint32_t crc, pad; } dtr__ck_trec;
+
+/* What a rank reports after writing its file (all-gathered as bytes), and what the manifest
+   says of each file. */
+typedef struct dtr__ck_rec {
+    int32_t ok, count;
+    uint64_t bytes;
+    uint32_t crc, model;
+    int64_t numel, shard_begin, shard_end;
+    char msg[192];
+    dtr__ck_trec t[DTR__CK_MAX_ENTRIES];
+} dtr__ck_rec;
+
+typedef struct dtr__ck_meta { int n; char key[DTR__CK_MAX_META][64]; char val[DTR__CK_MAX_META][256]; } dtr__ck_meta;
+
+typedef struct dtr__ck_manifest {
+    int64_t step, numel;
+    int world;
+    uint32_t model;
+    dtr__ck_meta meta;
+    dtr__ck_rec *files;          /* world of them */
+} dtr__ck_manifest;
+
+struct dtr_ckpt {
+    dtr_ckpt_config cfg;
+    char *dir;
+    dtr_comm *group;             /* private: the writer's collectives (NULL alone) */
+    int rank, world;
+    dtr__ck_obj objs[DTR__CK_MAX_OBJS];
+    int nobj;
+    dtr__ck_entry ents[DTR__CK_MAX_ENTRIES];
+    int nent;
+    unsigned char *stage;
+    size_t stage_cap, stage_bytes;
+    dtr__ck_meta meta, wmeta;    /* the app's; the snapshot's (the writer's copy) */
+    dtr__ck_rec rec;             /* this rank's, for the write in flight */
+    int64_t wstep;
+    pthread_t thread;
+    int running, done;           /* done: set by the writer (atomic) */
+    dtr_result wresult;          /* the last write's result, not yet returned */
+    char msg[512], wmsg[512];
+    dtr_ckpt_stats stats;
+};
+
+static double dtr__ck_now(void) { return (double)dtr_time_ns() * 1e-9; }
+
+/* dst = a (+ "/" b when b): cut to cap - 1 bytes (memcpy: the buffers may share a struct). */
+static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
+    size_t n = strlen(a) < cap - 1 ? strlen(a) : cap - 1, m;
+    memmove(dst, a, n);
+    if (b && n + 1 < cap) {
+        dst[n++] = '/';
+        m = strlen(b) < cap - 1 - n ? strlen(b) : cap - 1 - n;
+        memmove(dst + n, b, m);
+        n += m;
+    }
+    dst[n] = '\0';
+}
+
+/* The largest of every rank's small non-negative int (collectives reduce floats only). */
+static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v) {
+    float f = (float)*v;
+    dtr_result r = dtr_comm_all_reduce(c, &f, &f, 1, DTR_F32, DTR_REDUCE_MAX);
+    *v = (int32_t)f;
+    return r;
+}
+
+/* ---- configuration and creation ---- */
+
+dtr_ckpt_config dtr_ckpt_config_init(void) {
+    dtr_ckpt_config c;
+    memset(&c, 0, sizeof c);
+    c.keep = 3;
+    c.busy = DTR_CKPT_BUSY_WAIT;
+    return c;
+}
+
+static int dtr__ck_name_ok(const char *s, size_t max) {
+    size_t i, n = strlen(s);
+    if (n == 0 || n > max) return 0;
+    for (i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') || (s[i] >= '0' && s[i] <= '9') ||
+              s[i] == '_' || s[i] == '.' || s[i] == '-'))
+            return 0;
+    return 1;
+}
+
+static void dtr__ck_add(dtr_ckpt *ck, const char *name, int kind, void *obj) {
+    dtr__ck_obj *o;
+    if (!obj) return;
+    o = &ck->objs[ck->nobj++];
+    dtr__ck_str(o->name, sizeof o->name, name, NULL);
+    o->kind = kind;
+    o->obj = obj;
+}
+
+static int dtr__ck_mkdir(const char *path) {
+    return mkdir(path, 0777) == 0 || errno == EEXIST ? 0 : errno;
+}
+
+dtr_result dtr_ckpt_create(const dtr_ckpt_config *cfg, dtr_ckpt **out) {
+    dtr_ckpt *ck;
+    dtr_result r = DTR_OK;
+    int e;
+    if (out) *out = NULL;
+    if (!cfg || !out || !cfg->dir || !cfg->ctx) return DTR_NULL_HANDLE;
+    ck = (dtr_ckpt *)dtr__calloc(NULL, sizeof *ck);
+    if (ck) ck->dir = (char *)dtr__malloc(NULL, strlen(cfg->dir) + 1);
+    if (!ck || !ck->dir) { dtr__free(NULL, ck); return DTR_OUT_OF_MEMORY; }
+    strcpy(ck->dir, cfg->dir);
+    ck->cfg = *cfg;
+    ck->cfg.dir = ck->dir;
+    ck->world = cfg->comm ? dtr_comm_size(cfg->comm) : 1;
+    ck->rank = cfg->comm ? dtr_comm_rank(cfg->comm) : 0;
+    dtr__ck_add(ck, "context", DTR__CK_CTX, cfg->ctx);
+    dtr__ck_add(ck, "model", DTR__CK_MODEL, cfg->model);
+    dtr__ck_add(ck, "optimizer", DTR__CK_OPT, cfg->optimizer);
+    dtr__ck_add(ck, "loader", DTR__CK_LOADER, cfg->loader);
+    dtr__ck_add(ck, "dp", DTR__CK_DP, cfg->dp);
+    if ((e = dtr__ck_mkdir(ck->dir)) != 0)
+        r = dtr__fail(cfg->ctx, DTR_IO_ERROR, "dtr_ckpt_create: cannot make folder %s: %s", ck->dir, strerror(e));
+    if (r == DTR_OK && ck->world > 1) r = dtr_comm_split(cfg->comm, 0, ck->rank, &ck->group);
+    if (r != DTR_OK) { dtr__free(NULL, ck->dir); dtr__free(NULL, ck); return r; }
+    *out = ck;
+    return DTR_OK;
+}
+
+dtr_result dtr_ckpt_add_object(dtr_ckpt *ck, const char *name, void *obj, dtr_ckpt_state_fn state,
+                               dtr_ckpt_loaded_fn loaded) {
+    int i;
+    if (!ck || !name || !state) return DTR_NULL_HANDLE;
+    if (ck->running) return DTR_BAD_STATE;
+    if (!dtr__ck_name_ok(name, 31) || ck->nobj >= DTR__CK_MAX_OBJS)
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "dtr_ckpt_add_object: bad name '%s' or too "
+                         "many objects (%d)", name, ck->nobj);
+    for (i = 0; i < ck->nobj; i++)
+        if (strcmp(ck->objs[i].name, name) == 0)
+            return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "dtr_ckpt_add_object: '%s' is taken", name);
+    dtr__ck_add(ck, name, DTR__CK_USER, obj);
+    ck->objs[ck->nobj - 1].state = state;
+    ck->objs[ck->nobj - 1].loaded = loaded;
+    return DTR_OK;
+}
+
+/* ---- metadata ---- */
+
+static int dtr__ck_printable(const char *s, size_t max) {
+    size_t n = strlen(s), i;
+    if (n > max) return 0;
+    for (i = 0; i < n; i++)
+        if ((unsigned char)s[i] < 0x20 || (unsigned char)s[i] > 0x7e) return 0;
+    return 1;
+}
+
+static int dtr__ck_meta_find(const dtr__ck_meta *m, const char *key) {
+    int i;
+    for (i = 0; i < m->n; i++)
+        if (strcmp(m->key[i], key) == 0) return i;
+    return -1;
+}
+
+static dtr_result dtr__ck_meta_set(dtr__ck_meta *m, const char *key, const char *value) {
+    int i = dtr__ck_meta_find(m, key);
+    if (!value) {
+        if (i >= 0) {
+            memmove(m->key[i], m->key[i + 1], (size_t)(m->n - i - 1) * sizeof m->key[0]);
+            memmove(m->val[i], m->val[i + 1], (size_t)(m->n - i - 1) * sizeof m->val[0]);
+            m->n--;
+        }
+        return DTR_OK;
+    }
+    if (i < 0 && m->n == DTR__CK_MAX_META) return DTR_INVALID_ARGUMENT;
+    if (i < 0) i = m->n++;
+    dtr__ck_str(m->key[i], sizeof m->key[i], key, NULL);
+    dtr__ck_str(m->val[i], sizeof m->val[i], value, NULL);
+    return DTR_OK;
+}
+
+dtr_result dtr_ckpt_set_meta(dtr_ckpt *ck, const char *key, const char *value) {
+    if (!ck || !key) return DTR_NULL_HANDLE;
+    if (!*key || !dtr__ck_printable(key, 63) || (value && !dtr__ck_printable(value, 255)) ||
+        dtr__ck_meta_set(&ck->meta, key, value) != DTR_OK)
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "dtr_ckpt_set_meta: key '%.63s': empty, too "
+                         "long, not printable ASCII, or more than %d keys", key, DTR__CK_MAX_META);
+    return DTR_OK;
+}
+
+const char *dtr_ckpt_get_meta(const dtr_ckpt *ck, const char *key) {
+    int i;
+    if (!ck || !key) return NULL;
+    i = dtr__ck_meta_find(&ck->meta, key);
+    return i < 0 ? NULL : ck->meta.val[i];
+}
+
+/* ---- the live entries ---- */
+
+static dtr_result dtr__ck_state(dtr__ck_obj *o, int i, dtr_state_entry *e) {
+    switch (o->kind) {
+    case DTR__CK_CTX: return dtr_context_state((dtr_context *)o->obj, i, e);
+    case DTR__CK_MODEL: return dtr_model_state((dtr_model *)o->obj, i, e);
+    case DTR__CK_OPT: return dtr_optimizer_state((dtr_optimizer *)o->obj, i, e);
+    case DTR__CK_LOADER: return dtr_loader_state((dtr_loader *)o->obj, i, e);
+    case DTR__CK_DP: return dtr_dp_state((dtr_dp *)o->obj, i, e);
+    default: return o->state(o->obj, i, e);
+    }
+}
+
+static dtr_result dtr__ck_loaded(dtr__ck_obj *o) {
+    switch (o->kind) {
+    case DTR__CK_CTX: return dtr_context_state_loaded((dtr_context *)o->obj);
+    case DTR__CK_MODEL: return dtr_model_state_loaded((dtr_model *)o->obj);
+    case DTR__CK_OPT: return dtr_optimizer_state_loaded((dtr_optimizer *)o->obj);
+    case DTR__CK_LOADER: return dtr_loader_state_loaded((dtr_loader *)o->obj);
+    case DTR__CK_DP: return dtr_dp_state_loaded((dtr_dp *)o->obj);
+    default: return o->loaded ? o->loaded(o->obj) : DTR_OK;
+    }
+}
+
+/* Lists every entry of every object into ck->ents with its staging offset; grows the
+   staging buffer to hold them all. */
+static dtr_result dtr__ck_list(dtr_ckpt *ck) {
+    int k, i;
+    dtr_state_entry e;
+    dtr_result r = DTR_NOT_FOUND;
+    size_t off = 0;
+    ck->nent = 0;
+    for (k = 0; k < ck->nobj; k++)
+        for (i = 0; (r = dtr__ck_state(&ck->objs[k], i, &e)) == DTR_OK; i++) {
+            dtr__ck_entry *d;
+            if (ck->nent == DTR__CK_MAX_ENTRIES)
+                return dtr__errf(ck->msg, sizeof ck->msg, DTR_UNSUPPORTED, "checkpoint: more than %d state entries",
+                                 DTR__CK_MAX_ENTRIES);
+            d = &ck->ents[ck->nent++];
+            dtr__ck_str(d->name, sizeof d->name, ck->objs[k].name, e.name ? e.name : "?");
+            d->obj = k;
+            d->e = e;
+            d->off = off;
+            off += (e.bytes + 63) & ~(size_t)63;
+        }
+    if (r != DTR_NOT_FOUND) return dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: listing the state of '%s' failed: %s",
+                                             ck->objs[k < ck->nobj ? k : 0].name, dtr_result_string(r));
+    ck->stage_bytes = off;
+    if (off > ck->stage_cap) {
+        unsigned char *p = (unsigned char *)dtr__realloc(NULL, ck->stage, off);
+        if (!p) return dtr__errf(ck->msg, sizeof ck->msg, DTR_OUT_OF_MEMORY, "checkpoint: no memory for %zu staging bytes", off);
+        ck->stage = p;
+        ck->stage_cap = off;
+    }
+    return DTR_OK;
+}
+
+/* Copies between a live entry and `host` (to_live 0: live to host). */
+static dtr_result dtr__ck_copy(dtr_ckpt *ck, const dtr__ck_entry *d, void *host, int to_live) {
+    dtr_context *ctx = ck->cfg.ctx;
+    if (!d->e.bytes) return DTR_OK;
+    if (!d->e.device) {
+        if (to_live) memcpy(d->e.data, host, d->e.bytes);
+        else memcpy(host, d->e.data, d->e.bytes);
+        return DTR_OK;
+    }
+    return to_live ? ctx->backend->from_host(ctx, d->e.data, host, d->e.bytes)
+                   : ctx->backend->to_host(ctx, host, d->e.data, d->e.bytes);
+}
+
+/* The model's identity: CRC-32C of its parameter names, dims and shapes. */
+static uint32_t dtr__ck_model_id(dtr_model *m) {
+    uint32_t c = 0;
+    int i, n = m ? dtr_model_param_count(m) : 0;
+    for (i = 0; i < n; i++) {
+        dtr_tensor *t = dtr_model_param_at(m, i);
+        int d, nd = dtr_tensor_ndim(t);
+        const char *name = dtr_tensor_name(t);
+        c = dtr_crc32c(c, name ? name : "", name ? strlen(name) + 1 : 1);
+        c = dtr_crc32c(c, &nd, sizeof nd);
+        for (d = 0; d < nd; d++) {
+            int64_t s = dtr_tensor_dim(t, d);
+            c = dtr_crc32c(c, &s, sizeof s);
+        }
+    }
+    return c;
+}
+
+/* This rank's identity fields of a record: model, numel, the optimizer's range. */
+static void dtr__ck_identity(dtr_ckpt *ck, dtr__ck_rec *rec) {
+    int64_t base, len;
+    rec->model = dtr__ck_model_id(ck->cfg.model);
+    rec->numel = ck->cfg.model ? dtr_model_numel(ck->cfg.model) : 0;
+    dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
+    rec->shard_begin = base;
+    rec->shard_end = base + len;
+}
+
+/* ---- paths ---- */
+
+static void dtr__ck_step_dir(const dtr_ckpt *ck, int64_t step, char *out, size_t cap) {
+    snprintf(out, cap, "%s/step-%08lld", ck->dir, (long long)step);
+}
+
+static void dtr__ck_file(const char *stepdir, int rank, char *out, size_t cap) {
+    snprintf(out, cap, "%s/rank-%05d.safetensors", stepdir, rank);
+}
+
+static int dtr__ck_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static void dtr__ck_sync_dir(const char *dir) {
+    int fd = open(dir, O_RDONLY);
+    if (fd >= 0) { (void)fsync(fd); close(fd); }
+}
+
+/* Steps of the folders under dir, newest first; complete ones only when `complete`.
+   Returns the count (up to cap), -1 when dir cannot be read. */
+static int dtr__ck_scan(const char *dir, int complete, int64_t *steps, int cap) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0, i, j;
+    if (!d) return -1;
+    while ((de = readdir(d)) != NULL) {
+        char path[4096], *end;
+        long long s;
+        if (strncmp(de->d_name, "step-", 5) != 0 || strlen(de->d_name) != 13) continue;
+        s = strtoll(de->d_name + 5, &end, 10);
+        if (*end || s < 0) continue;
+        snprintf(path, sizeof path, "%s/%s/" DTR__CK_MANIFEST, dir, de->d_name);
+        if (complete && !dtr__ck_exists(path)) continue;
+        if (n < cap) steps[n++] = s;
+    }
+    closedir(d);
+    for (i = 1; i < n; i++)   /* insertion sort, descending */
+        for (j = i; j > 0 && steps[j] > steps[j - 1]; j--) { int64_t t = steps[j]; steps[j] = steps[j - 1]; steps[j - 1] = t; }
+    return n;
+}
+
+dtr_result dtr_ckpt_latest(const char *dir, int64_t *step, char *path, size_t pathlen) {
+    int64_t steps[1024];
+    int n;
+    if (!dir || !step) return DTR_NULL_HANDLE;
+    n = dtr__ck_scan(dir, 1, steps, 1024);
+    if (n <= 0) return DTR_NOT_FOUND;
+    *step = steps[0];
+    if (path && pathlen) snprintf(path, pathlen, "%s/step-%08lld", dir, (long long)steps[0]);
+    return DTR_OK;
+}
+
+/* Removes a checkpoint folder: its manifest first (so a crash leaves it incomplete), then
+   every file in it, then the folder. */
+static void dtr__ck_remove(const dtr_ckpt *ck, int64_t step) {
+    char sd[4096], path[4400];
+    DIR *d;
+    struct dirent *de;
+    dtr__ck_step_dir(ck, step, sd, sizeof sd);
+    snprintf(path, sizeof path, "%s/" DTR__CK_MANIFEST, sd);
+    if (remove(path) == 0) dtr__ck_sync_dir(sd);
+    if ((d = opendir(sd)) == NULL) return;
+    while ((de = readdir(d)) != NULL) {
+        if (strcmp(de->d_name, ".") == 0 || strcmp(de->d_name, "..") == 0) continue;
+        snprintf(path, sizeof path, "%s/%s", sd, de->d_name);
+        remove(path);
+    }
+    closedir(d);
+    rmdir(sd);
+}
+
+/* After committing `step`: keeps the newest cfg.keep complete checkpoints and removes the
+   incomplete folders of older steps (a crashed or abandoned write). */
+static void dtr__ck_prune(dtr_ckpt *ck, int64_t step) {
+    int64_t all[1024], done[1024];
+    int na = dtr__ck_scan(ck->dir, 0, all, 1024), nd = dtr__ck_scan(ck->dir, 1, done, 1024), i, j;
+    for (i = 0; i < na; i++) {
+        int complete = 0, rank_in_done = -1;
+        for (j = 0; j < nd; j++)
+            if (done[j] == all[i]) { complete = 1; rank_in_done = j; }
+        if (!complete && all[i] < step) dtr__ck_remove(ck, all[i]);
+        if (complete && ck->cfg.keep >= 0 && rank_in_done >= (ck->cfg.keep ? ck->cfg.keep : 1)) dtr__ck_remove(ck, all[i]);
+    }
+    dtr__ck_sync_dir(ck->dir);
+}
+
+/* ---- the manifest ---- */
+
+typedef struct dtr__ck_buf { char *p; size_t n, cap; int oom; } dtr__ck_buf;
+
+static void dtr__ck_printf(dtr__ck_buf *b, const char *fmt, ...) DTR__PRINTF(2, 3);
+static void dtr__ck_printf(dtr__ck_buf *b, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    if (b->oom) return;
+    if (b->cap - b->n < 1024) {
+        char *p = (char *)dtr__realloc(NULL, b->p, b->cap * 2 + 4096);
+        if (!p) { b->oom = 1; return; }
+        b->p = p;
+        b->cap = b->cap * 2 + 4096;
+    }
+    va_start(ap, fmt);
+    n = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+    va_end(ap);
+    if (n < 0 || (size_t)n >= b->cap - b->n) { b->oom = 1; return; }
+    b->n += (size_t)n;
+}
+
+/* A JSON string of printable ASCII (quotes and backslashes escaped). */
+static void dtr__ck_jstr(dtr__ck_buf *b, const char *s) {
+    char tmp[600];
+    size_t k = 0;
+    for (; *s && k < sizeof tmp - 3; s++) {
+        if (*s == '"' || *s == '\\') tmp[k++] = '\\';
+        tmp[k++] = *s;
+    }
+    tmp[k] = '\0';
+    dtr__ck_printf(b, "\"%s\"", tmp);
+}
+
+static void dtr__ck_put_file(dtr__ck_buf *b, const dtr__ck_rec *r, int rank) {
+    int i;
+    dtr__ck_printf(b, "    {\"rank\": %d, \"file\": \"rank-%05d.safetensors\", \"bytes\": %llu, \"crc32c\": \"%08x\",\n"
+                   "     \"model\": \"%08x\", \"numel\": %lld, \"shard_begin\": %lld, \"shard_end\": %lld,\n"
+                   "     \"tensors\": [", rank, rank, (unsigned long long)r->bytes, r->crc, r->model, (long long)r->numel,
+                   (long long)r->shard_begin, (long long)r->shard_end);
+    for (i = 0; i < r->count; i++)
+        dtr__ck_printf(b, "%s\n      {\"name\": \"%s\", \"bytes\": %llu, \"crc32c\": \"%08x\"}", i ? "," : "", r->t[i].name,
+                       (unsigned long long)r->t[i].bytes, r->t[i].crc);
+    dtr__ck_printf(b, "]}");
+}
+
+/* The manifest's text for `step` from every rank's record; its last member is the CRC-32C
+   of every byte before that member's key. */
+static void dtr__ck_manifest_text(dtr_ckpt *ck, const dtr__ck_rec *recs, dtr__ck_buf *b) {
+    int i;
+    dtr__ck_printf(b, "{\"format\": \"dtrain-checkpoint\", \"version\": 1, \"step\": %lld, \"world\": %d,\n"
+                   " \"model\": \"%08x\", \"numel\": %lld,\n \"meta\": {", (long long)ck->wstep, ck->world, recs[0].model,
+                   (long long)recs[0].numel);
+    for (i = 0; i < ck->wmeta.n; i++) {
+        dtr__ck_printf(b, "%s", i ? ", " : "");
+        dtr__ck_jstr(b, ck->wmeta.key[i]);
+        dtr__ck_printf(b, ": ");
+        dtr__ck_jstr(b, ck->wmeta.val[i]);
+    }
+    dtr__ck_printf(b, "},\n \"files\": [\n");
+    for (i = 0; i < ck->world; i++) {
+        dtr__ck_put_file(b, &recs[i], i);
+        dtr__ck_printf(b, "%s\n", i + 1 < ck->world ? "," : "");
+    }
+    dtr__ck_printf(b, " ],\n ");
+    if (!b->oom) dtr__ck_printf(b, DTR__CK_CRC_KEY "%08x\"}\n", dtr_crc32c(0, b->p, b->n));
+}
+
+/* ---- reading the manifest ---- */
+
+static int dtr__ck_hex32(const char *s, uint32_t *out) {
+    uint32_t v = 0;
+    int i;
+    if (strlen(s) != 8) return 0;
+    for (i = 0; i < 8; i++) {
+        int c = s[i], d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v << 4 | (uint32_t)d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* "key": at the cursor; returns 1 with the key, 0 at the object's end, -1 on error. */
+static int dtr__ck_key(dtr__json *j, char *key, size_t cap, int first) {
+    size_t len;
+    if (dtr__json_accept(j, '}')) return 0;
+    if (!first && dtr__json_expect(j, ',') != DTR_OK) return -1;
+    if (dtr__json_string(j, key, cap, &len) != DTR_OK || len >= cap || dtr__json_expect(j, ':') != DTR_OK) return -1;
+    return 1;
+}
+
+static int dtr__ck_hexval(dtr__json *j, uint32_t *out) {
+    char s[16];
+    size_t len;
+    return dtr__json_string(j, s, sizeof s, &len) == DTR_OK && dtr__ck_hex32(s, out);
+}
+
+static int dtr__ck_i64(dtr__json *j, int64_t *out) {
+    uint64_t v;
+    if (dtr__json_u64(j, &v) != DTR_OK || v > (uint64_t)INT64_MAX) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static int dtr__ck_parse_tensors(dtr__json *j, dtr__ck_rec *r) {
+    if (dtr__json_expect(j, '[') != DTR_OK) return 0;
+    if (dtr__json_accept(j, ']')) return 1;
+    do {
+        dtr__ck_trec *t;
+        char key[32];
+        int first = 1, k;
+        int64_t bytes = -1;
+        if (r->count == DTR__CK_MAX_ENTRIES || dtr__json_expect(j, '{') != DTR_OK) return 0;
+        t = &r->t[r->count++];
+        while ((k = dtr__ck_key(j, key, sizeof key, first)) == 1) {
+            size_t len;
+            int ok = strcmp(key, "name") == 0 ? dtr__json_string(j, t->name, sizeof t->name, &len) == DTR_OK && len < sizeof t->name
+                   : strcmp(key, "bytes") == 0 ? dtr__ck_i64(j, &bytes)
+                   : strcmp(key, "crc32c") == 0 ? dtr__ck_hexval(j, &t->crc) : dtr__json_skip(j) == DTR_OK;
+            if (!ok) return 0;
+            first = 0;
+        }
+        if (k < 0 || bytes < 0 || !t->name[0]) return 0;
+        t->bytes = (uint64_t)bytes;
+    } while (dtr__json_accept(j, ','));
+    return dtr__json_expect(j, ']') == DTR_OK;
+}
+
+static int dtr__ck_parse_file(dtr__json *j, dtr__ck_rec *r, int *rank) {
+    char key[32];
+    int first = 1, k;
+    int64_t v;
+    if (dtr__json_expect(j, '{') != DTR_OK) return 0;
+    memset(r, 0, sizeof *r);
+    while ((k = dtr__ck_key(j, key, sizeof key, first)) == 1) {
+        int ok = 1;
+        first = 0;
+        if (strcmp(key, "rank") == 0) ok = dtr__ck_i64(j, &v) && v < 65536 && (*rank = (int)v, 1);
+        else if (strcmp(key, "bytes") == 0) ok = dtr__ck_i64(j, &v) && (r->bytes = (uint64_t)v, 1);
+        else if (strcmp(key, "crc32c") == 0) ok = dtr__ck_hexval(j, &r->crc);
+        else if (strcmp(key, "model") == 0) ok = dtr__ck_hexval(j, &r->model);
+        else if (strcmp(key, "numel") == 0) ok = dtr__ck_i64(j, &r->numel);
+        else if (strcmp(key, "shard_begin") == 0) ok = dtr__ck_i64(j, &r->shard_begin);
+        else if (strcmp(key, "shard_end") == 0) ok = dtr__ck_i64(j, &r->shard_end);
+        else if (strcmp(key, "tensors") == 0) ok = dtr__ck_parse_tensors(j, r);
+        else ok = dtr__json_skip(j) == DTR_OK;
+        if (!ok) return 0;
+    }
+    return k == 0;
+}
+
+static int dtr__ck_parse_meta(dtr__json *j, dtr__ck_meta *m) {
+    char key[64], val[256];
+    int first = 1, k;
+    size_t len;
+    if (dtr__json_expect(j, '{') != DTR_OK) return 0;
+    while ((k = dtr__ck_key(j, key, sizeof key, first)) == 1) {
+        if (dtr__json_string(j, val, sizeof val, &len) != DTR_OK || len >= sizeof val ||
+            dtr__ck_meta_set(m, key, val) != DTR_OK)
+            return 0;
+        first = 0;
+    }
+    return k == 0;
+}
+
+static int dtr__ck_parse_files(dtr__json *j, dtr__ck_manifest *m) {
+    int n = 0, rank = -1;
+    if (m->world < 1 || dtr__json_expect(j, '[') != DTR_OK) return 0;
+    m->files = (dtr__ck_rec *)dtr__calloc(NULL, (size_t)m->world * sizeof *m->files);
+    if (!m->files) return 0;
+    do {
+        if (n == m->world || !dtr__ck_parse_file(j, &m->files[n], &rank) || rank != n) return 0;
+        n++;
+    } while (dtr__json_accept(j, ','));
+    return n == m->world && dtr__json_expect(j, ']') == DTR_OK;
+}
+
+/* Parses the manifest body (the caller checked its checksum); world must precede files. */
+static int dtr__ck_parse(dtr__json *j, dtr__ck_manifest *m) {
+    char key[32], s[64];
+    int first = 1, k, ok;
+    size_t len;
+    int64_t v;
+    if (dtr__json_expect(j, '{') != DTR_OK) return 0;
+    while ((k = dtr__ck_key(j, key, sizeof key, first)) == 1) {
+        first = 0;
+        if (strcmp(key, "format") == 0) ok = dtr__json_string(j, s, sizeof s, &len) == DTR_OK && strcmp(s, "dtrain-checkpoint") == 0;
+        else if (strcmp(key, "version") == 0) ok = dtr__ck_i64(j, &v) && v == 1;
+        else if (strcmp(key, "step") == 0) ok = dtr__ck_i64(j, &m->step);
+        else if (strcmp(key, "world") == 0) ok = dtr__ck_i64(j, &v) && v >= 1 && v <= 65536 && (m->world = (int)v, 1);
+        else if (strcmp(key, "model") == 0) ok = dtr__ck_hexval(j, &m->model);
+        else if (strcmp(key, "numel") == 0) ok = dtr__ck_i64(j, &m->numel);
+        else if (strcmp(key, "meta") == 0) ok = dtr__ck_parse_meta(j, &m->meta);
+        else if (strcmp(key, "files") == 0) ok = !m->files && dtr__ck_parse_files(j, m);
+        else ok = dtr__json_skip(j) == DTR_OK;
+        if (!ok) return 0;
+    }
+    return k == 0 && m->files != NULL;
+}
+
+/* Reads a whole file into a buffer (dtr__free it). 0 or errno. */
+static int dtr__ck_read(const char *path, char **out, size_t *size) {
+    FILE *fp = fopen(path, "rb");
+    char *p = NULL;
+    long n;
+    *out = NULL;
+    if (!fp) return errno ? errno : EIO;
+    if (fseek(fp, 0, SEEK_END) != 0 || (n = ftell(fp)) < 0 || fseek(fp, 0, SEEK_SET) != 0 ||
+        (p = (char *)dtr__malloc(NULL, (size_t)n + 1)) == NULL || fread(p, 1, (size_t)n, fp) != (size_t)n) {
+        int e = errno ? errno : EIO;
+        fclose(fp);
+        dtr__free(NULL, p);
+        return e;
+    }
+    fclose(fp);
+    p[n] = '\0';
+    *out = p;
+    *size = (size_t)n;
+    return 0;
+}
+
+/* 1 when the manifest's last member holds the CRC-32C of every byte before it. */
+static int dtr__ck_manifest_sealed(const char *text, size_t n) {
+    const char *at = n >= 40 ? strstr(text + n - 40, DTR__CK_CRC_KEY) : NULL;
+    char hex[9];
+    uint32_t want;
+    if (!at) return 0;
+    memcpy(hex, at + strlen(DTR__CK_CRC_KEY), 8);
+    hex[8] = '\0';
+    return dtr__ck_hex32(hex, &want) && strcmp(at + strlen(DTR__CK_CRC_KEY) + 8, "\"}\n") == 0 &&
+           dtr_crc32c(0, text, (size_t)(at - text)) == want;
+}
+
+static dtr_result dtr__ck_load_manifest(dtr_ckpt *ck, const char *sd, dtr__ck_manifest *m) {
+    char path[4200], *text;
+    size_t n;
+    dtr__json j;
+    int e;
+    snprintf(path, sizeof path, "%s/" DTR__CK_MANIFEST, sd);
+    if ((e = dtr__ck_read(path, &text, &n)) != 0)
+        return dtr__errf(ck->msg, sizeof ck->msg, e == ENOENT ? DTR_NOT_FOUND : DTR_IO_ERROR, "%s: %s", path, strerror(e));
+    if (strlen(text) != n || !dtr__ck_manifest_sealed(text, n)) {
+        dtr__free(NULL, text);
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s: the manifest's checksum does not match (truncated "
+                         "or altered)", path);
+    }
+    dtr__json_init(&j, text, n);
+    e = dtr__ck_parse(&j, m);
+    dtr__free(NULL, text);
+    if (!e) return dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s: malformed manifest (%s)", path, j.msg);
+    return DTR_OK;
+}
+
+/* ---- writing ---- */
+
+/* CRC-32C and size of a file as it is on disk. 0 or errno. */
+static int dtr__ck_file_crc(const char *path, uint64_t *bytes, uint32_t *crc) {
+    FILE *fp = fopen(path, "rb");
+    unsigned char buf[65536];
+    size_t n;
+    *bytes = 0;
+    *crc = 0;
+    if (!fp) return errno ? errno : EIO;
+    while ((n = fread(buf, 1, sizeof buf, fp)) > 0) { *crc = dtr_crc32c(*crc, buf, n); *bytes += n; }
+    n = (size_t)ferror(fp);
+    fclose(fp);
+    return n ? EIO : 0;
+}
+
+/* Writes this rank's file from the staging buffer; fills ck->rec. */
+static dtr_result dtr__ck_write_file(dtr_ckpt *ck, const char *sd) {
+    dtr_st_entry *st = (dtr_st_entry *)dtr__calloc(NULL, (size_t)(ck->nent ? ck->nent : 1) * sizeof *st);
+    const void **data = (const void **)dtr__calloc(NULL, (size_t)(ck->nent ? ck->nent : 1) * sizeof *data);
+    char path[4200];
+    dtr_result r;
+    int i, e;
+    if (!st || !data) {
+        dtr__free(NULL, st); dtr__free(NULL, data);
+        return dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_OUT_OF_MEMORY, "checkpoint: out of memory");
+    }
+    for (i = 0; i < ck->nent; i++) {
+        const dtr__ck_entry *d = &ck->ents[i];
+        dtr__ck_str(st[i].name, sizeof st[i].name, d->name, NULL);
+        st[i].dtype = DTR_U8;
+        st[i].ndim = 1;
+        st[i].shape[0] = (int64_t)d->e.bytes;
+        data[i] = ck->stage + d->off;
+        dtr__ck_str(ck->rec.t[i].name, sizeof ck->rec.t[i].name, d->name, NULL);
+        ck->rec.t[i].bytes = d->e.bytes;
+        ck->rec.t[i].crc = dtr_crc32c(0, ck->stage + d->off, d->e.bytes);
+    }
+    ck->rec.count = ck->nent;
+    dtr__ck_file(sd, ck->rank, path, sizeof path);
+    r = dtr_st_write(path, st, data, ck->nent, ck->wmsg, sizeof ck->wmsg);
+    if (r == DTR_OK && (e = dtr__ck_file_crc(path, &ck->rec.bytes, &ck->rec.crc)) != 0)
+        r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "%s: cannot read it back: %s", path, strerror(e));
+    dtr__free(NULL, st);
+    dtr__free(NULL, data);
+    return r;
+}
+
+/* Rank 0, before any rank writes: makes the folder and removes an old manifest of the same
+   step, so the folder is incomplete while its files change. */
+static dtr_result dtr__ck_prepare_dir(dtr_ckpt *ck, const char *sd) {
+    char path[4200];
+    int e;
+    if ((e = dtr__ck_mkdir(sd)) != 0)
+        return dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint: cannot make folder %s: %s", sd, strerror(e));
+    snprintf(path, sizeof path, "%s/" DTR__CK_MANIFEST, sd);
+    if (remove(path) == 0) dtr__ck_sync_dir(sd);
+    dtr__ck_sync_dir(ck->dir);
+    return DTR_OK;
+}
+
+static dtr_result dtr__ck_commit(dtr_ckpt *ck, const char *sd, const dtr__ck_rec *recs) {
+    dtr__ck_buf b = {NULL, 0, 0, 0};
+    char path[4200];
+    dtr_result r;
+    int i;
+    for (i = 0; i < ck->world; i++)
+        if (!recs[i].ok)
+            return dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint step %lld: rank %d failed to write its "
+                             "file: %s", (long long)ck->wstep, i, recs[i].msg);
+    dtr__ck_manifest_text(ck, recs, &b);
+    if (b.oom) { dtr__free(NULL, b.p); return dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_OUT_OF_MEMORY, "checkpoint: manifest"); }
+    snprintf(path, sizeof path, "%s/" DTR__CK_MANIFEST, sd);
+    r = dtr_write_file_atomic(path, b.p, b.n, ck->wmsg, sizeof ck->wmsg);
+    dtr__free(NULL, b.p);
+    if (r == DTR_OK) dtr__ck_prune(ck, ck->wstep);
+    return r;
+}
+
+/* The whole write of one checkpoint (writer thread or caller). */
+static dtr_result dtr__ck_write(dtr_ckpt *ck) {
+    char sd[4096];
+    dtr__ck_rec *recs = &ck->rec;
+    dtr_result r = DTR_OK, r2;
+    int32_t flag;
+    double t0 = dtr__ck_now();
+    dtr__ck_step_dir(ck, ck->wstep, sd, sizeof sd);
+    if (ck->rank == 0) r = dtr__ck_prepare_dir(ck, sd);
+    if (ck->world > 1) {   /* everyone waits for rank 0's folder */
+        flag = r != DTR_OK;
+        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint: rank 0 failed to make %s", sd);
+    }
+    if (r == DTR_OK) r = dtr__ck_write_file(ck, sd);
+    ck->rec.ok = r == DTR_OK;
+    memcpy(ck->rec.msg, ck->wmsg, sizeof ck->rec.msg - 1);   /* cut to fit the record */
+    ck->rec.msg[sizeof ck->rec.msg - 1] = '\0';
+    if (r == DTR_OK) ck->rec.msg[0] = '\0';
+    if (ck->world > 1) {
+        recs = (dtr__ck_rec *)dtr__malloc(NULL, (size_t)ck->world * sizeof *recs);
+        if (!recs) return dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_OUT_OF_MEMORY, "checkpoint: out of memory");
+        r2 = dtr_comm_all_gather(ck->group, &ck->rec, recs, sizeof ck->rec, DTR_U8);
+        if (r2 != DTR_OK) { dtr__free(NULL, recs); return dtr__errf(ck->wmsg, sizeof ck->wmsg, r2, "checkpoint: %s", dtr_comm_last_error(ck->group)); }
+    }
+    if (ck->rank == 0 && r == DTR_OK) r = dtr__ck_commit(ck, sd, recs);
+    if (ck->world > 1) {   /* everyone learns whether rank 0 committed */
+        dtr__free(NULL, recs);
+        flag = r != DTR_OK;
+        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint step %lld: another rank "
+                                               "failed (rank 0's log says which)", (long long)ck->wstep);
+    }
+    ck->stats.write_s = dtr__ck_now() - t0;
+    if (r == DTR_OK) ck->stats.committed++;
+    return r;
+}
+
+static void *dtr__ck_thread(void *arg) {
+    dtr_ckpt *ck = (dtr_ckpt *)arg;
+    ck->wresult = dtr__ck_write(ck);
+    DTR__ATOMIC_STORE(&ck->done, 1);
+    return NULL;
+}
+
+/* Joins the writer; returns its result once (DTR_OK afterwards). */
+static dtr_result dtr__ck_join(dtr_ckpt *ck) {
+    dtr_result r;
+    if (ck->running) {
+        pthread_join(ck->thread, NULL);
+        ck->running = 0;
+    }
+    r = ck->wresult;
+    ck->wresult = DTR_OK;
+    if (r != DTR_OK) dtr__ck_str(ck->msg, sizeof ck->msg, ck->wmsg, NULL);
+    return r;
+}
+
+/* 1 when the writer (on any rank, with a group) is still busy. */
+static int dtr__ck_busy(dtr_ckpt *ck, dtr_result *r) {
+    int32_t busy = ck->running && !DTR__ATOMIC_LOAD(&ck->done);
+    *r = DTR_OK;
+    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy);
+    return busy != 0;
+}
+
+static dtr_result dtr__ck_snapshot(dtr_ckpt *ck) {
+    dtr_result r = dtr__ck_list(ck);
+    int i;
+    for (i = 0; r == DTR_OK && i < ck->nent; i++)
+        if ((r = dtr__ck_copy(ck, &ck->ents[i], ck->stage + ck->ents[i].off, 0)) != DTR_OK)
+            dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: copying %s from the device failed", ck->ents[i].name);
+    if (r != DTR_OK) return r;
+    memset(&ck->rec, 0, sizeof ck->rec);
+    dtr__ck_identity(ck, &ck->rec);
+    ck->wmeta = ck->meta;
+    ck->stats.bytes = (uint64_t)ck->stage_bytes;
+    return DTR_OK;
+}
+
+dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
+    dtr_result r, prev = DTR_OK;
+    double t0 = dtr__ck_now();
+    if (started) *started = 0;
+    if (!ck) return DTR_NULL_HANDLE;
+    if (step < 0 || step > 99999999)
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "dtr_ckpt_save: step %lld is outside [0, 99999999]",
+                         (long long)step);
+    if (dtr__ck_busy(ck, &r) && ck->cfg.busy == DTR_CKPT_BUSY_SKIP && r == DTR_OK) { ck->stats.skipped++; return DTR_OK; }
+    if (r != DTR_OK) return r;
+    prev = dtr__ck_join(ck);
+    if ((r = dtr__ck_snapshot(ck)) != DTR_OK) return r;
+    ck->stats.snapshot_s = dtr__ck_now() - t0;
+    ck->wstep = step;
+    ck->stats.saves++;
+    if (started) *started = 1;
+    if (ck->cfg.sync) {
+        ck->wresult = dtr__ck_write(ck);
+        r = dtr__ck_join(ck);
+        return prev != DTR_OK ? prev : r;
+    }
+    ck->done = 0;
+    if (pthread_create(&ck->thread, NULL, dtr__ck_thread, ck) != 0) {
+        ck->wresult = dtr__ck_write(ck);   /* no thread: write now */
+        ck->done = 1;
+    } else ck->running = 1;
+    return prev;
+}
+
+dtr_result dtr_ckpt_wait(dtr_ckpt *ck) {
+    return ck ? dtr__ck_join(ck) : DTR_NULL_HANDLE;
+}
+
+/* ---- restoring ---- */
+
+/* The checkpoint's files this restore opened (verified), by old rank. */
+typedef struct dtr__ck_src {
+    const dtr__ck_manifest *m;
+    const char *sd;
+    dtr_st_file *files;
+    int *opened;
+} dtr__ck_src;
+
+/* Opens old rank k's file once: checks its size and CRC-32C against the manifest, parses it. */
+static dtr_result dtr__ck_open(dtr_ckpt *ck, dtr__ck_src *s, int k) {
+    char path[4200];
+    const dtr__ck_rec *fr = &s->m->files[k];
+    char err[256];
+    dtr_result r;
+    if (s->opened[k]) return DTR_OK;
+    dtr__ck_file(s->sd, k, path, sizeof path);
+    r = dtr_st_open(path, NULL, &s->files[k], err, sizeof err);
+    if (r == DTR_IO_ERROR || (r != DTR_OK && !dtr__ck_exists(path)))
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_IO_ERROR, "%s: missing or unreadable (rank %d's shard): %s", path, k, err);
+    if (r == DTR_OK && (s->files[k].size != fr->bytes || dtr_crc32c(0, s->files[k].bytes, s->files[k].size) != fr->crc)) {
+        dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s: %zu bytes with CRC-32C %08x, the manifest says %llu bytes "
+                  "with %08x (truncated or altered)", path, s->files[k].size, dtr_crc32c(0, s->files[k].bytes, s->files[k].size),
+                  (unsigned long long)fr->bytes, fr->crc);
+        dtr_st_destroy(&s->files[k]);
+        return DTR_CORRUPT_FILE;
+    }
+    if (r != DTR_OK)   /* a size the manifest also has but a parse failure: altered consistently? still corrupt */
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s: %s", path, err);
+    s->opened[k] = 1;
+    return DTR_OK;
+}
+
+static int dtr__ck_has(const dtr__ck_rec *fr, const char *name) {
+    int i;
+    for (i = 0; i < fr->count; i++)
+        if (strcmp(fr->t[i].name, name) == 0) return 1;
+    return 0;
+}
+
+/* The bytes of tensor `name` of old rank k's file, checked against the manifest. */
+static dtr_result dtr__ck_tensor(dtr_ckpt *ck, dtr__ck_src *s, int k, const char *name, const unsigned char **data,
+                                 uint64_t *bytes) {
+    const dtr__ck_rec *fr = &s->m->files[k];
+    dtr_result r = dtr__ck_open(ck, s, k);
+    int i;
+    if (r != DTR_OK) return r;
+    for (i = 0; i < fr->count && strcmp(fr->t[i].name, name) != 0; i++) {}
+    if (i == fr->count)
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "%s/rank-%05d.safetensors: the checkpoint has no "
+                         "entry '%s' (saved with other objects or options)", s->sd, k, name);
+    for (r = DTR_CORRUPT_FILE, *data = NULL, *bytes = 0, i = 0; i < s->files[k].count; i++) {
+        const dtr_st_entry *e = &s->files[k].entries[i];
+        if (strcmp(e->name, name) != 0) continue;
+        *data = (const unsigned char *)e->data;
+        *bytes = e->end - e->begin;
+        r = DTR_OK;
+    }
+    for (i = 0; i < fr->count && strcmp(fr->t[i].name, name) != 0; i++) {}
+    if (r != DTR_OK || *bytes != fr->t[i].bytes || dtr_crc32c(0, *data, (size_t)*bytes) != fr->t[i].crc)
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s/rank-%05d.safetensors: tensor '%s' is missing or "
+                         "does not match its size and CRC-32C in the manifest", s->sd, k, name);
+    return DTR_OK;
+}
+
+static dtr_result dtr__ck_size_err(dtr_ckpt *ck, const dtr__ck_src *s, int k, const dtr__ck_entry *d, uint64_t bytes) {
+    return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "%s/rank-%05d.safetensors: tensor '%s' holds %llu "
+                     "bytes, this run's entry %zu (another configuration)", s->sd, k, d->name, (unsigned long long)bytes,
+                     d->e.bytes);
+}
+
+/* ZeRO re-split: this rank's optimizer range gathered from the old ranks' shards. */
+static dtr_result dtr__ck_gather_shard(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d, unsigned char *dst) {
+    int64_t base, len, covered = 0;
+    int k;
+    dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
+    if ((int64_t)d->e.bytes != len * (int64_t)sizeof(float)) return dtr__ck_size_err(ck, s, 0, d, (uint64_t)len * 4);
+    for (k = 0; k < s->m->world; k++) {
+        const dtr__ck_rec *fr = &s->m->files[k];
+        int64_t lo = fr->shard_begin > base ? fr->shard_begin : base, hi = fr->shard_end < base + len ? fr->shard_end : base + len;
+        const unsigned char *src;
+        uint64_t bytes;
+        dtr_result r;
+        if (hi <= lo) continue;
+        if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
+        if (bytes != (uint64_t)(fr->shard_end - fr->shard_begin) * sizeof(float)) return dtr__ck_size_err(ck, s, k, d, bytes);
+        memcpy(dst + (lo - base) * 4, src + (lo - fr->shard_begin) * 4, (size_t)(hi - lo) * 4);
+        if (lo >= base + covered) covered = hi - base;   /* shards are ordered and disjoint */
+    }
+    if (covered != len)
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_CORRUPT_FILE, "%s: the optimizer shards of the checkpoint do not cover "
+                         "[%lld, %lld)", s->sd, (long long)base, (long long)(base + len));
+    return DTR_OK;
+}
+
+/* Loader cursor of old rank k moved to this world: the same samples seen, rounded down. */
+static void dtr__ck_fix_cursor(dtr_ckpt *ck, unsigned char *dst) {
+    dtr_loader_cursor c, live;
+    memcpy(&c, dst, sizeof c);
+    dtr_loader_get_cursor(ck->cfg.loader, &live);
+    if (c.world > 0 && live.world > 0 && c.batch_size == live.batch_size)
+        c.position = c.position * c.world / live.world;
+    else c.position = 0, c.epoch += 1;   /* another batch size: the next epoch */
+    c.rank = live.rank;
+    c.world = live.world;
+    memcpy(dst, &c, sizeof c);
+}
+
+/* Stages live entry d from the checkpoint (verified) at ck->stage + d->off. */
+static dtr_result dtr__ck_stage(dtr_ckpt *ck, dtr__ck_src *s, const dtr__ck_entry *d) {
+    int same = s->m->world == ck->world, k = same ? ck->rank : ck->rank % s->m->world;
+    const dtr__ck_obj *o = &ck->objs[d->obj];
+    const unsigned char *src;
+    uint64_t bytes;
+    dtr_result r;
+    int64_t base, len;
+    dtr__optimizer_range(ck->cfg.optimizer, &base, &len);
+    if (!same && o->kind == DTR__CK_OPT && (strcmp(d->name, "optimizer/m") == 0 || strcmp(d->name, "optimizer/v") == 0))
+        return dtr__ck_gather_shard(ck, s, d, ck->stage + d->off);
+    if (!same && o->kind == DTR__CK_DP && strcmp(d->name, "dp/residual") == 0) {
+        memset(ck->stage + d->off, 0, d->e.bytes);
+        return DTR_OK;
+    }
+    if (!same && o->kind == DTR__CK_DP && !dtr__ck_has(&s->m->files[k], d->name))   /* saved without an engine */
+        return dtr__ck_copy(ck, d, ck->stage + d->off, 0);
+    if ((r = dtr__ck_tensor(ck, s, k, d->name, &src, &bytes)) != DTR_OK) return r;
+    if (bytes != d->e.bytes) return dtr__ck_size_err(ck, s, k, d, bytes);
+    memcpy(ck->stage + d->off, src, d->e.bytes);
+    if (!same && o->kind == DTR__CK_LOADER && d->e.bytes == sizeof(dtr_loader_cursor)) dtr__ck_fix_cursor(ck, ck->stage + d->off);
+    return DTR_OK;
+}
+
+/* Checks the manifest against this run: the model, and whether a world change is possible. */
+static dtr_result dtr__ck_check_layout(dtr_ckpt *ck, const char *sd, const dtr__ck_manifest *m) {
+    dtr__ck_rec me;
+    int k, k0 = m->world == ck->world ? ck->rank : ck->rank % m->world;
+    memset(&me, 0, sizeof me);
+    dtr__ck_identity(ck, &me);
+    if (ck->cfg.model && (m->files[k0].model != me.model || m->files[k0].numel != me.numel))
+        return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "%s/" DTR__CK_MANIFEST ": another model (identity %08x, "
+                         "%lld parameters; this one %08x, %lld)", sd, m->files[k0].model, (long long)m->files[k0].numel,
+                         me.model, (long long)me.numel);
+    if (m->world == ck->world) return DTR_OK;
+    for (k = 1; k < m->world; k++)
+        if (m->files[k].model != m->files[0].model || m->files[k].numel != m->files[0].numel)
+            return dtr__errf(ck->msg, sizeof ck->msg, DTR_UNSUPPORTED, "%s: saved on %d ranks whose models differ (pipeline "
+                             "stages or tensor shards): restore it on %d ranks, not %d", sd, m->world, m->world, ck->world);
+    return DTR_OK;
+}
+
+static void dtr__ck_close_src(dtr__ck_src *s) {
+    int k;
+    for (k = 0; s->opened && k < s->m->world; k++)
+        if (s->opened[k]) dtr_st_destroy(&s->files[k]);
+    dtr__free(NULL, s->files);
+    dtr__free(NULL, s->opened);
+}
+
+/* Verifies checkpoint folder `sd` and stages every live entry from it; touches no live state. */
+static dtr_result dtr__ck_verify(dtr_ckpt *ck, const char *sd, dtr__ck_manifest *m) {
+    dtr__ck_src s;
+    dtr_result r;
+    int i;
+    if ((r = dtr__ck_load_manifest(ck, sd, m)) != DTR_OK) return r;
+    if ((r = dtr__ck_check_layout(ck, sd, m)) != DTR_OK) return r;
+    if ((r = dtr__ck_list(ck)) != DTR_OK) return r;
+    s.m = m;
+    s.sd = sd;
+    s.files = (dtr_st_file *)dtr__calloc(NULL, (size_t)m->world * sizeof *s.files);
+    s.opened = (int *)dtr__calloc(NULL, (size_t)m->world * sizeof *s.opened);
+    if (!s.files || !s.opened) r = dtr__errf(ck->msg, sizeof ck->msg, DTR_OUT_OF_MEMORY, "checkpoint: out of memory");
+    for (i = 0; r == DTR_OK && i < ck->nent; i++) r = dtr__ck_stage(ck, &s, &ck->ents[i]);
+    dtr__ck_close_src(&s);
+    return r;
+}
+
+/* Writes the staged entries into the live objects; on a refusal puts the old bytes back. */
+static dtr_result dtr__ck_apply(dtr_ckpt *ck) {
+    unsigned char *old = (unsigned char *)dtr__malloc(NULL, ck->stage_bytes ? ck->stage_bytes : 1);
+    dtr_result r = old ? DTR_OK : DTR_OUT_OF_MEMORY;
+    int i, k, undo;
+    for (i = 0; r == DTR_OK && i < ck->nent; i++) r = dtr__ck_copy(ck, &ck->ents[i], old + ck->ents[i].off, 0);
+    for (i = 0; r == DTR_OK && i < ck->nent; i++) r = dtr__ck_copy(ck, &ck->ents[i], ck->stage + ck->ents[i].off, 1);
+    for (k = 0; r == DTR_OK && k < ck->nobj; k++)
+        if ((r = dtr__ck_loaded(&ck->objs[k])) != DTR_OK)
+            dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: '%s' refused the restored state (%s); the previous state is back",
+                      ck->objs[k].name, dtr_result_string(r));
+    undo = r != DTR_OK && old;
+    for (i = 0; undo && i < ck->nent; i++) dtr__ck_copy(ck, &ck->ents[i], old + ck->ents[i].off, 1);
+    for (k = 0; undo && k < ck->nobj; k++) dtr__ck_loaded(&ck->objs[k]);
+    dtr__free(NULL, old);
+    if (r == DTR_OUT_OF_MEMORY && !old) dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: no memory to restore");
+    return r;
+}
+
+/* The step of candidate i (rank 0's list, broadcast), -1 past the last. */
+static dtr_result dtr__ck_candidate(dtr_ckpt *ck, const int64_t *steps, int n, int i, int64_t *step) {
+    *step = i < n ? steps[i] : -1;
+    return ck->world > 1 ? dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0) : DTR_OK;
+}
+
+/* Every rank's verdict: the first failure's code on all (DTR_OK when all verified). */
+static dtr_result dtr__ck_agree(dtr_ckpt *ck, dtr_result mine) {
+    int32_t v = (int32_t)-mine;
+    dtr_result r;
+    if (ck->world == 1) return mine;
+    if ((r = dtr__ck_max(ck->group, &v)) != DTR_OK) return r;
+    if (v != 0 && mine == DTR_OK) snprintf(ck->msg, sizeof ck->msg, "checkpoint: another rank failed to verify it (%s)",
+                                           dtr_result_string((dtr_result)-v));
+    return (dtr_result)-v;
+}
+
+static dtr_result dtr__ck_try(dtr_ckpt *ck, const char *sd, int64_t *step) {
+    dtr__ck_manifest m;
+    dtr_result r;
+    memset(&m, 0, sizeof m);
+    r = dtr__ck_agree(ck, dtr__ck_verify(ck, sd, &m));
+    if (r == DTR_OK) r = dtr__ck_agree(ck, dtr__ck_apply(ck));
+    if (r == DTR_OK) {
+        ck->meta = m.meta;
+        if (step) *step = m.step;
+    }
+    dtr__free(NULL, m.files);
+    return r;
+}
+
+dtr_result dtr_ckpt_restore(dtr_ckpt *ck, const char *path, int64_t *step) {
+    int64_t steps[1024], s;
+    char sd[4096], first[512] = "";
+    dtr_result r = DTR_NOT_FOUND, rc;
+    int n = 0, i;
+    if (!ck) return DTR_NULL_HANDLE;
+    (void)dtr__ck_join(ck);
+    ck->msg[0] = '\0';
+    if (path) return dtr__ck_try(ck, path, step);
+    if (ck->rank == 0 && (n = dtr__ck_scan(ck->dir, 1, steps, 1024)) < 0) n = 0;
+    for (i = 0;; i++) {
+        if ((rc = dtr__ck_candidate(ck, steps, n, i, &s)) != DTR_OK) return rc;
+        if (s < 0) break;
+        dtr__ck_step_dir(ck, s, sd, sizeof sd);
+        r = dtr__ck_try(ck, sd, step);
+        if (r == DTR_OK || !ck->cfg.fallback || (r != DTR_CORRUPT_FILE && r != DTR_IO_ERROR && r != DTR_NOT_FOUND)) break;
+        if (!first[0]) dtr__ck_str(first, sizeof first, ck->msg, NULL);
+    }
+    if (r == DTR_NOT_FOUND && !ck->msg[0]) snprintf(ck->msg, sizeof ck->msg, "no complete checkpoint under %s", ck->dir);
+    if (first[0] && r != DTR_OK) dtr__ck_str(ck->msg, sizeof ck->msg, first, NULL);
+    return r;
+}
+
+/* ---- the rest ---- */
+
+const char *dtr_ckpt_last_error(const dtr_ckpt *ck) {
+    return ck ? ck->msg : "";
+}
+
+dtr_result dtr_ckpt_get_stats(const dtr_ckpt *ck, dtr_ckpt_stats *out) {
+    if (!ck || !out) return DTR_NULL_HANDLE;
+    *out = ck->stats;
+    return DTR_OK;
+}
+
+void dtr_ckpt_destroy(dtr_ckpt *ck) {
+    if (!ck) return;
+    (void)dtr__ck_join(ck);
+    if (ck->group) dtr_comm_destroy(ck->group);
+    dtr__free(NULL, ck->stage);
+    dtr__free(NULL, ck->dir);
+    dtr__free(NULL, ck);
+}
+#line 22654 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

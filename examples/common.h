@@ -447,9 +447,12 @@ typedef struct fm_options {
     float lr;
     int cosine;          /* 1: cosine decay of the learning rate to 0 over the run */
     unsigned long seed;
+    const char *ckpt_dir; /* --ckpt-dir: full-state checkpoints there, resumed from (examples that take it) */
+    int ckpt_every;       /* --ckpt-every: steps between checkpoints (0: 200) */
 } fm_options;
 
-#define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]"
+#define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]" \
+                 " [--ckpt-dir DIR] [--ckpt-every N]"
 
 /** Parses the examples' arguments into `o` (which holds the defaults). Returns 0, 1 for
  *  --help, 2 after printing what is wrong. */
@@ -470,16 +473,18 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
             o->cosine = strcmp(v, "cosine") == 0;
             continue;
         }
+        if (strcmp(a, "--ckpt-dir") == 0) { o->ckpt_dir = v; continue; }
         if (strcmp(a, "--epochs") == 0) o->epochs = (int)strtol(v, &end, 10);
         else if (strcmp(a, "--threads") == 0) o->threads = (int)strtol(v, &end, 10);
         else if (strcmp(a, "--batch") == 0) o->batch = (int)strtol(v, &end, 10);
         else if (strcmp(a, "--lr") == 0) o->lr = strtof(v, &end);
         else if (strcmp(a, "--seed") == 0) o->seed = strtoul(v, &end, 10);
+        else if (strcmp(a, "--ckpt-every") == 0) o->ckpt_every = (int)strtol(v, &end, 10);
         else { fprintf(stderr, "error: unknown option %s\n", a); return 2; }
         if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return 2; }
     }
-    if (o->epochs < 1 || o->threads < 0 || o->batch < 1 || !(o->lr > 0.0f)) {
-        fprintf(stderr, "error: need --epochs >= 1, --threads >= 0, --batch >= 1, --lr > 0\n");
+    if (o->epochs < 1 || o->threads < 0 || o->batch < 1 || !(o->lr > 0.0f) || o->ckpt_every < 0) {
+        fprintf(stderr, "error: need --epochs >= 1, --threads >= 0, --batch >= 1, --lr > 0, --ckpt-every >= 0\n");
         return 2;
     }
     return 0;

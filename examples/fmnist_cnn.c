@@ -48,7 +48,7 @@ static dtr_tensor *cnn_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1};
+    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -64,6 +64,10 @@ int main(int argc, char **argv) {
     if (pa) {
         fprintf(pa == 1 ? stdout : stderr, "usage: %s " FM_USAGE "\n", argv[0]);
         return pa == 1 ? 0 : 2;
+    }
+    if (o.ckpt_dir) {
+        fprintf(stderr, "error: --ckpt-dir: this example does not checkpoint; examples/fmnist_mlp.c shows it\n");
+        return 2;
     }
     o.dir = fm_data_dir(o.dir);
     memset(&net, 0, sizeof net);

@@ -6,7 +6,11 @@
  * with momentum and an optional cosine schedule, and the per-step loop:
  *     batch -> forward -> cross-entropy -> backward -> optimizer step -> dtr_context_reset
  * (the step arena is reused, so a steady-state step allocates nothing), then evaluation with
- * gradient recording and training mode off. Every call is checked; on error the program
+ * gradient recording and training mode off. With --ckpt-dir DIR it checkpoints the full
+ * state (weights, momentum, schedule, the loader's shuffle and position) every --ckpt-every
+ * steps (default 200) asynchronously, and a second run with the same options resumes from the
+ * newest complete checkpoint, bit for bit (docs/fault-tolerance.md): interrupt it with Ctrl-C
+ * or kill -9 and start it again. Every call is checked; on error the program
  * prints the context's message (dtrain itself never prints). examples/common.h holds the
  * command line, the data folder with its error hints, the loaders of the two splits
  * (fm_open_split) and the evaluation loop (fm_evaluate_loader).
@@ -16,7 +20,7 @@
  * Build by hand, with dtrain.h and common.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_mlp.c -o fmnist_mlp -lm -lpthread -lz
  * Options: [DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant]
- * [--seed S]. DATA_DIR defaults to $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
+ * [--seed S] [--ckpt-dir DIR] [--ckpt-every N]. DATA_DIR defaults to $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
 #include "common.h"
 
 typedef struct mlp { dtr_model *model; dtr_linear_layer fc1, fc2, fc3; } mlp;
@@ -30,13 +34,15 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
     dtr_optimizer *opt = NULL;
     dtr_dataset *train_ds = NULL, *test_ds = NULL;
     dtr_loader *train = NULL, *test = NULL;
+    dtr_ckpt *ck = NULL;
+    int64_t step = 0, per;
     mlp net = {NULL, {0}, {0}, {0}};
     double test_acc = 0.0;
     fm_progress prog;
@@ -76,11 +82,22 @@ int main(int argc, char **argv) {
            (long long)dtr_model_numel(net.model), dtr_context_threads(ctx), o.batch, (double)o.lr,
            o.cosine ? "cosine" : "constant");
 
+    per = dtr_loader_batches(train);
+    if (o.ckpt_dir) {   /* full-state checkpoints: resume from the newest complete one */
+        dtr_ckpt_config kc = dtr_ckpt_config_init();
+        kc.dir = o.ckpt_dir;
+        kc.ctx = ctx, kc.model = net.model, kc.optimizer = opt, kc.loader = train;
+        if ((r = dtr_ckpt_create(&kc, &ck)) != DTR_OK) { fm_fail(ctx, "dtr_ckpt_create", r); goto done; }
+        r = dtr_ckpt_restore(ck, NULL, &step);
+        if (r == DTR_OK) printf("  resumed from %s at step %lld (epoch %lld)\n", o.ckpt_dir, (long long)step, (long long)(step / per + 1));
+        else if (r != DTR_NOT_FOUND) { fprintf(stderr, "error: restore: %s\n", dtr_ckpt_last_error(ck)); goto done; }
+    }
+
     fm_progress_init(&prog, 100);
-    for (e = 1; e <= o.epochs; e++) {
+    for (e = (int)(step / per) + 1; e <= o.epochs; e++) {
         double t0 = fm_now(), loss_sum = 0.0;
         int64_t b, seen = 0;
-        for (b = 0; b < dtr_loader_batches(train); b++) {   /* one epoch: the loader reshuffles each */
+        for (b = step % per; b < per; b++) {   /* one epoch: the loader reshuffles each */
             dtr_batch batch;
             dtr_tensor *x, *y, *loss;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
@@ -92,6 +109,10 @@ int main(int argc, char **argv) {
             if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) { fm_fail(ctx, "optimizer step", r); goto done; }
             fm_progress_step(&prog, e - 1, o.epochs, b + 1, dtr_loader_batches(train), batch.size, dtr_tensor_get(loss, 0));
             dtr_context_reset(ctx);
+            if (ck && ++step % (o.ckpt_every ? o.ckpt_every : 200) == 0 && (r = dtr_ckpt_save(ck, step, NULL)) != DTR_OK) {
+                fprintf(stderr, "error: checkpoint: %s\n", dtr_ckpt_last_error(ck));
+                goto done;
+            }
         }
         fm_progress_clear(&prog);
         if ((r = fm_evaluate_loader(ctx, mlp_forward, &net, test, &test_acc)) != DTR_OK) { fm_fail(ctx, "evaluation", r); goto done; }
@@ -101,7 +122,9 @@ int main(int argc, char **argv) {
     }
     printf("final test accuracy: %.2f%%\n", 100.0 * test_acc);
     rc = 0;
+    if (ck && (r = dtr_ckpt_wait(ck)) != DTR_OK) { fprintf(stderr, "error: checkpoint: %s\n", dtr_ckpt_last_error(ck)); rc = 1; }
 done:
+    dtr_ckpt_destroy(ck);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(net.model);
     dtr_context_destroy(ctx);

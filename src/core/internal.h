@@ -407,6 +407,10 @@ int dtr__pid_dead(int64_t pid);
  *  accessors list their entries as a chain of these: `if (i == 0) return put(...)`. */
 DTR__PRIVATE dtr_result dtr__state_put(dtr_state_entry *out, const char *name, void *data, size_t bytes, int device);
 
+/** The floats the optimizer updates and keeps state for: [*base, *base + *len) of the
+ *  model's buffers (the whole buffer, or its ZeRO shard); 0, 0 for NULL. */
+DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len);
+
 /* ---- errors and logging ---- */
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at

@@ -437,3 +437,8 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
+
+void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
+    *base = o ? o->base : 0;
+    *len = o ? o->len : 0;
+}

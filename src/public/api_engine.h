@@ -460,6 +460,159 @@ DTR_API dtr_result dtr_grid_create(dtr_comm *world, int dp, int pp, int tp, dtr_
 /** Destroys the three groups (not the world). NULL is ignored. Thread safety: the groups' thread. */
 DTR_API void dtr_grid_destroy(dtr_grid *g);
 
+/* ---- full-state checkpoints (docs/fault-tolerance.md) ----
+ * One call saves, one restores everything a run needs to continue bit for bit: the context's
+ * random stream, the model (parameters, gradients), the optimizer (step, schedule, moments),
+ * the loader's cursor, the data-parallel engine (ZeRO shards included), any object the app
+ * adds (augmentation streams, a loss scaler, its own counters) and key/value metadata.
+ *
+ * Layout: <dir>/step-<8 digits>/ holds one safetensors file per rank
+ * ("rank-<5 digits>.safetensors", each state entry a U8 tensor named "<object>/<entry>") and
+ * "manifest.json", written LAST by rank 0 once every rank's file is durable: the world size,
+ * the model's identity (CRC-32C of its parameter names and shapes), each file's size and
+ * CRC-32C, each tensor's size and CRC-32C, the metadata, and the manifest's own checksum.
+ * Every file goes through the atomic writer (temporary file, fsync, rename, fsync folder),
+ * so a crash at any instant leaves the old checkpoints and maybe a folder without a manifest,
+ * which is incomplete and ignored (and removed by the next save). A checkpoint is complete
+ * when its manifest exists.
+ *
+ * Saving is asynchronous by default: dtr_ckpt_save copies every entry into a staging buffer
+ * (the only stall of the training loop) and a background thread writes the files. Restoring
+ * verifies every file and tensor against the manifest before touching live state: a
+ * truncated file, a flipped bit, a missing shard or another model's checkpoint is an error
+ * naming the file and tensor, and nothing is loaded.
+ *
+ * Multi-rank (cfg.comm): every rank calls every function (they are collective); each rank
+ * writes its own file; the app's thread and the writer thread use distinct groups
+ * (dtr_ckpt_create splits a private one). The folder must be one file system that all ranks
+ * see. A checkpoint saved on N ranks restores on M != N ranks for data parallelism (with or
+ * without ZeRO): the ZeRO optimizer shards are re-split from the N files, the loader's
+ * position is converted to the same number of samples seen (rounded down to a batch), rank
+ * r takes old rank r mod N's random streams and app objects, and error-feedback residuals
+ * are zeroed. Such a resume continues training but is not bit-exact; a resume on the same
+ * world size is. Models that differ between ranks (pipeline stages, tensor shards) restore
+ * on the same world size only (DTR_UNSUPPORTED otherwise). */
+
+typedef struct dtr_ckpt dtr_ckpt;
+
+/** What dtr_ckpt_save does when the previous checkpoint is still being written. */
+typedef enum dtr_ckpt_busy {
+    DTR_CKPT_BUSY_WAIT = 0,   /**< waits for it, then snapshots (default: no checkpoint is lost) */
+    DTR_CKPT_BUSY_SKIP = 1    /**< skips this one (*started = 0): training never waits for the disk */
+} dtr_ckpt_busy;
+
+/** An application object's state, listed like the library's objects (api.h, "state"):
+ *  entry `index`, DTR_NOT_FOUND past the last. */
+typedef dtr_result (*dtr_ckpt_state_fn)(void *obj, int index, dtr_state_entry *out);
+/** Called after a restore wrote the object's entries back (may be NULL). A failure undoes
+ *  the whole restore. */
+typedef dtr_result (*dtr_ckpt_loaded_fn)(void *obj);
+
+typedef struct dtr_ckpt_config {
+    const char *dir;          /**< the root folder (created when missing; its parent must exist); copied */
+    dtr_context *ctx;         /**< required: its random stream is saved; its backend copies device entries */
+    dtr_model *model;         /**< may be NULL (then no model identity check) */
+    dtr_optimizer *optimizer; /**< may be NULL */
+    dtr_loader *loader;       /**< may be NULL */
+    dtr_dp *dp;               /**< may be NULL; with ZeRO its shard bounds make world-size changes possible */
+    dtr_comm *comm;           /**< NULL: this process alone; else every rank of it takes part */
+    int keep;                 /**< complete checkpoints kept, newest first (default 3); < 0: all */
+    int sync;                 /**< 1: dtr_ckpt_save writes before it returns (default 0: a background thread) */
+    dtr_ckpt_busy busy;       /**< a save while the previous one is still written (default WAIT) */
+    int fallback;             /**< 1: restoring the latest, a checkpoint that fails verification is
+                                   reported (dtr_ckpt_last_error keeps the first reason) and the next
+                                   older complete one is tried (default 0: the error is returned) */
+} dtr_ckpt_config;
+
+/** Measurements of a checkpointer (this rank). */
+typedef struct dtr_ckpt_stats {
+    int64_t saves;            /**< checkpoints started */
+    int64_t skipped;          /**< saves skipped because one was being written (BUSY_SKIP) */
+    int64_t committed;        /**< checkpoints whose manifest was written (all ranks count them) */
+    double snapshot_s;        /**< the last save's stall: copying the state into the staging buffer
+                                   (plus waiting for the previous write with BUSY_WAIT) */
+    double write_s;           /**< the last write's time on the writer thread (files, fsyncs, manifest) */
+    uint64_t bytes;           /**< this rank's state bytes per checkpoint */
+} dtr_ckpt_stats;
+
+/** Returns a configuration with every field at its default (keep 3, asynchronous, BUSY_WAIT).
+ *  Thread safety: thread safe. */
+DTR_API dtr_ckpt_config dtr_ckpt_config_init(void);
+
+/** Makes a checkpointer over the objects of `cfg` (which must outlive it), creating cfg->dir.
+ *  With cfg->comm of size > 1 it splits a private group from it (collective).
+ *  @return DTR_OK, DTR_NULL_HANDLE (cfg, out, dir or ctx NULL), DTR_OUT_OF_MEMORY, DTR_IO_ERROR
+ *          (the folder cannot be made), or the split's error.
+ *  Thread safety: the context's thread; collective over cfg->comm. */
+DTR_API dtr_result dtr_ckpt_create(const dtr_ckpt_config *cfg, dtr_ckpt **out);
+
+/** Adds an application object whose entries are saved as "<name>/<entry name>" and written
+ *  back on restore, then `loaded(obj)` is called. Names are up to 31 characters of [A-Za-z0-9_.-].
+ *  Add the same objects in the same order on every run (and every rank).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (bad or repeated name, more than 16
+ *          objects), DTR_BAD_STATE (a write in flight).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_add_object(dtr_ckpt *ck, const char *name, void *obj, dtr_ckpt_state_fn state,
+                                       dtr_ckpt_loaded_fn loaded);
+
+/** Sets a key/value pair of metadata that the next saves store in the manifest (rank 0's are
+ *  kept); a restore replaces the set with the checkpoint's. value NULL removes the key.
+ *  Keys and values: printable ASCII, keys up to 63 bytes, values up to 255; at most 32 keys.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_set_meta(dtr_ckpt *ck, const char *key, const char *value);
+/** The value of `key` (set, or read by the last restore), or NULL. The pointer stays valid
+ *  until the key changes. Thread safety: the context's thread. */
+DTR_API const char *dtr_ckpt_get_meta(const dtr_ckpt *ck, const char *key);
+
+/** Checkpoints the state as of now as <dir>/step-<step>/: snapshots every entry into the
+ *  staging buffer, then writes (on the writer thread unless cfg.sync). Call it at a step
+ *  boundary (after the optimizer step, before the next forward). An existing complete
+ *  checkpoint of the same step is replaced (its manifest is removed first). After the new
+ *  manifest, the complete checkpoints beyond cfg.keep and incomplete folders of older steps
+ *  are removed. A failure of the previous asynchronous write is returned here (or by
+ *  dtr_ckpt_wait) once; the new save still goes ahead.
+ *  @param started receives 1 when a checkpoint was started, 0 when skipped (BUSY_SKIP); may be NULL.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (step < 0 or above 99999999),
+ *          DTR_OUT_OF_MEMORY, DTR_DEVICE_ERROR, DTR_UNSUPPORTED (more than 64 entries), the
+ *          previous write's error (DTR_IO_ERROR, a communication error), or with cfg.sync this one's.
+ *  Thread safety: the context's thread; collective over cfg.comm. */
+DTR_API dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started);
+
+/** Waits until the write in flight (if any) has finished, manifest included.
+ *  @return DTR_OK, DTR_NULL_HANDLE, or that write's error. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_wait(dtr_ckpt *ck);
+
+/** Restores every object from a checkpoint: `path` names a checkpoint folder, or NULL for the
+ *  newest complete one under cfg.dir (older ones too with cfg.fallback). Waits for a write
+ *  in flight first. Verifies the manifest (its checksum, the model's identity, the world
+ *  layout) and every file and tensor it needs (size, CRC-32C, the live entry's size) before
+ *  writing anything; then writes the entries and calls each object's state_loaded. A failure
+ *  there puts the previous state back. Collective over cfg.comm: the ranks agree on the
+ *  checkpoint (a rank that fails verification fails it for all).
+ *  @param step receives the checkpoint's step (may be NULL).
+ *  @return DTR_OK; DTR_NOT_FOUND (no complete checkpoint: a fresh start); DTR_CORRUPT_FILE
+ *          (checksum, size or format wrong, a tensor missing); DTR_IO_ERROR (a file missing or
+ *          unreadable); DTR_INVALID_ARGUMENT (another model's checkpoint, or entries of
+ *          other sizes); DTR_UNSUPPORTED (a world-size change of a model that differs between
+ *          ranks); DTR_OUT_OF_MEMORY; a communication error; or a state_loaded error.
+ *          dtr_ckpt_last_error names the file and tensor.
+ *  Thread safety: the context's thread; collective over cfg.comm. */
+DTR_API dtr_result dtr_ckpt_restore(dtr_ckpt *ck, const char *path, int64_t *step);
+
+/** Finds the newest complete checkpoint under `dir` (one with a manifest; not verified).
+ *  @param step receives its step; @param path receives its folder (may be NULL).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_NOT_FOUND (none, or no such folder).
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_ckpt_latest(const char *dir, int64_t *step, char *path, size_t pathlen);
+
+/** The last error's message ("" when none). Thread safety: the context's thread. */
+DTR_API const char *dtr_ckpt_last_error(const dtr_ckpt *ck);
+/** Copies the counters into *out. @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_ckpt_get_stats(const dtr_ckpt *ck, dtr_ckpt_stats *out);
+/** Waits for the write in flight, then frees the checkpointer (not the objects). NULL is
+ *  ignored. Thread safety: the context's thread; collective over cfg.comm. */
+DTR_API void dtr_ckpt_destroy(dtr_ckpt *ck);
+
 #ifdef __cplusplus
 }
 #endif
