@@ -1341,15 +1341,34 @@ DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
 /* ---- feed: a streaming dataset (online training) ---- */
 
+/** What a push into a full ring does (dtr_feed_config.policy). Append-only. */
+typedef enum dtr_feed_policy {
+    DTR_FEED_BLOCK = 0,               /**< wait for room up to the push's timeout, then DTR_TIMEOUT */
+    DTR_FEED_DROP_OLDEST = 1,         /**< overwrite the oldest waiting samples (counted in `dropped`) */
+    DTR_FEED_DROP_NEWEST = 2          /**< discard the incoming samples that do not fit (counted in
+                                           `dropped_newest`); the push returns DTR_OK */
+} dtr_feed_policy;
+
+/** How a push checks its samples (dtr_feed_config.check), as the other datasets do: f32
+ *  features and targets must be finite, i32 labels inside [0, num_classes) when the layout
+ *  gives num_classes. Append-only. */
+typedef enum dtr_feed_check {
+    DTR_FEED_REJECT_PUSH = 0,         /**< one bad sample refuses the whole push: DTR_INVALID_ARGUMENT,
+                                           nothing goes in (counted in `rejected_pushes`) */
+    DTR_FEED_REJECT_SAMPLE = 1,       /**< bad samples are left out (counted in `rejected`), the rest go in */
+    DTR_FEED_NO_CHECK = 2             /**< no check (the app has checked) */
+} dtr_feed_check;
+
 /** A bounded ring buffer of samples that the application pushes into while a trainer pops
  *  batches from it: training inside a running app on a stream of samples. */
 typedef struct dtr_feed_config {
     dtr_sample_layout layout;         /**< the samples' layout */
     int64_t capacity;                 /**< samples the ring holds; 0: 1024 */
     int64_t max_batch;                /**< largest batch dtr_feed_next hands out; 0: 256 */
-    int drop_oldest;                  /**< 1: a push into a full ring overwrites the oldest samples
-                                           (counted) instead of waiting */
+    int drop_oldest;                  /**< 1: the same as policy DTR_FEED_DROP_OLDEST (kept for old code) */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
+    dtr_feed_policy policy;           /**< a push into a full ring; default DTR_FEED_BLOCK */
+    dtr_feed_check check;             /**< checking of pushed samples; default DTR_FEED_REJECT_PUSH */
 } dtr_feed_config;
 
 /** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full).
@@ -1368,12 +1387,15 @@ DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, c
  *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API void dtr_feed_destroy(dtr_feed *s);
 
-/** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into
- *  the ring. When it is full, waits up to `timeout_ms` for room (0: never blocks; negative:
- *  waits as long as it takes), or with drop_oldest overwrites the oldest samples.
+/** Checks (dtr_feed_config.check) and copies `n` samples (x: n * x_numel elements, y:
+ *  n * y_numel, NULL when unlabeled) into the ring. When it is full, the policy decides:
+ *  wait up to `timeout_ms` for room (0: never blocks; negative: waits as long as it takes),
+ *  overwrite the oldest samples, or discard the newest.
  *  @param pushed  receives how many samples went in (may be NULL).
- *  @return DTR_OK (all went in), DTR_TIMEOUT (the ring stayed full: *pushed < n),
- *          DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
+ *  @return DTR_OK (all went in, or the rest was dropped or rejected by policy: see the
+ *          stats), DTR_TIMEOUT (the ring stayed full: *pushed < n), DTR_INVALID_ARGUMENT
+ *          (n < 0, or a bad sample with DTR_FEED_REJECT_PUSH: the stats' last_bad says which
+ *          and why), DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE.
  *  Thread safety: any number of threads may push while one thread calls dtr_feed_next. */
 DTR_API dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms,
                                    int64_t *pushed);
@@ -1399,6 +1421,10 @@ typedef struct dtr_feed_stats {
     int64_t popped;                   /**< samples handed out in batches */
     int64_t dropped;                  /**< samples overwritten by drop_oldest before being popped */
     int64_t timeouts;                 /**< pushes that returned DTR_TIMEOUT */
+    int64_t dropped_newest;           /**< incoming samples discarded by DTR_FEED_DROP_NEWEST */
+    int64_t rejected;                 /**< bad samples left out (DTR_FEED_REJECT_SAMPLE) */
+    int64_t rejected_pushes;          /**< pushes refused for a bad sample (DTR_FEED_REJECT_PUSH) */
+    char last_bad[160];               /**< why the last bad sample was bad, or "" */
 } dtr_feed_stats;
 
 /** Copies the counters. Thread safe. */
@@ -2531,7 +2557,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2535 "dtrain.h"
+#line 2561 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3004,7 +3030,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3008 "dtrain.h"
+#line 3034 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3059,7 +3085,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3063 "dtrain.h"
+#line 3089 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3329,7 +3355,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3333 "dtrain.h"
+#line 3359 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3356,7 +3382,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3360 "dtrain.h"
+#line 3386 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3389,7 +3415,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3393 "dtrain.h"
+#line 3419 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3439,7 +3465,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3443 "dtrain.h"
+#line 3469 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3791,7 +3817,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3795 "dtrain.h"
+#line 3821 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4582,7 +4608,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4586 "dtrain.h"
+#line 4612 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5023,7 +5049,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5027 "dtrain.h"
+#line 5053 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5154,7 +5180,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5158 "dtrain.h"
+#line 5184 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5529,7 +5555,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5533 "dtrain.h"
+#line 5559 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5728,7 +5754,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5732 "dtrain.h"
+#line 5758 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5959,7 +5985,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5963 "dtrain.h"
+#line 5989 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6409,7 +6435,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6413 "dtrain.h"
+#line 6439 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6588,7 +6614,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6592 "dtrain.h"
+#line 6618 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6993,7 +7019,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6997 "dtrain.h"
+#line 7023 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7493,7 +7519,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7497 "dtrain.h"
+#line 7523 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7752,7 +7778,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7756 "dtrain.h"
+#line 7782 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7938,7 +7964,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7942 "dtrain.h"
+#line 7968 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8051,7 +8077,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8055 "dtrain.h"
+#line 8081 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8525,7 +8551,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8529 "dtrain.h"
+#line 8555 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8694,7 +8720,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8698 "dtrain.h"
+#line 8724 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8943,7 +8969,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8947 "dtrain.h"
+#line 8973 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9373,7 +9399,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9377 "dtrain.h"
+#line 9403 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9720,7 +9746,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9724 "dtrain.h"
+#line 9750 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -9786,7 +9812,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 9790 "dtrain.h"
+#line 9816 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10023,7 +10049,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10027 "dtrain.h"
+#line 10053 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10772,7 +10798,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10776 "dtrain.h"
+#line 10802 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11225,7 +11251,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11229 "dtrain.h"
+#line 11255 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11281,7 +11307,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11285 "dtrain.h"
+#line 11311 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12058,7 +12084,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12062 "dtrain.h"
+#line 12088 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12639,7 +12665,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12643 "dtrain.h"
+#line 12669 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13270,7 +13296,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13274 "dtrain.h"
+#line 13300 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14008,7 +14034,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14012 "dtrain.h"
+#line 14038 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14027,6 +14053,8 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
 
 
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sys/time.h>
 
@@ -14036,7 +14064,8 @@ struct dtr_feed {
     size_t x_bytes, y_bytes;
     int64_t x_numel, y_numel;
     int64_t cap, max_batch;
-    int drop_oldest;
+    int policy;                    /* dtr_feed_policy */
+    int check;                     /* dtr_feed_check */
     unsigned char *rx, *ry;        /* the ring: cap samples */
     int64_t *rseq;                 /* push sequence number of each ring sample */
     int64_t head, size;            /* oldest sample, samples waiting */
@@ -14085,7 +14114,14 @@ dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err
     s->y_bytes = (size_t)s->y_numel * 4;
     s->cap = cap;
     s->max_batch = mb;
-    s->drop_oldest = cfg->drop_oldest ? 1 : 0;
+    s->policy = cfg->drop_oldest ? DTR_FEED_DROP_OLDEST : (int)cfg->policy;
+    s->check = (int)cfg->check;
+    if (s->policy < DTR_FEED_BLOCK || s->policy > DTR_FEED_DROP_NEWEST || s->check < DTR_FEED_REJECT_PUSH ||
+        s->check > DTR_FEED_NO_CHECK) {
+        dtr__free(a, s);
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "stream: policy %d or check %d is not a known value",
+                         (int)cfg->policy, (int)cfg->check);
+    }
     if ((uint64_t)cap > (uint64_t)((size_t)-1 / 4) / (uint64_t)(s->x_bytes + s->y_bytes + 8)) {
         dtr__free(a, s);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "stream: a ring of %lld samples does not fit in memory", (long long)cap);
@@ -14150,53 +14186,115 @@ static int dtr__stream_wait(dtr_feed *s, pthread_cond_t *cv, int ms, const struc
     return pthread_cond_timedwait(cv, &s->mu, deadline) != ETIMEDOUT;
 }
 
+/* Writes why sample `i` of a push is bad into `msg` and returns 0, or returns 1 when it is
+ * good: f32 values finite, i32 labels inside [0, num_classes) when num_classes is known. */
+static int dtr__feed_sample_ok(const dtr_feed *s, const void *x, const void *y, int64_t i, char *msg, size_t len) {
+    const dtr_sample_layout *l = &s->layout;
+    int64_t k;
+    if (l->x_dtype == DTR_F32) {
+        const float *v = (const float *)x + i * s->x_numel;
+        for (k = 0; k < s->x_numel; k++)
+            if (!isfinite(v[k])) {
+                snprintf(msg, len, "stream: sample %lld of the push: feature %lld is not finite", (long long)i, (long long)k);
+                return 0;
+            }
+    }
+    if (!s->y_bytes) return 1;
+    for (k = 0; k < s->y_numel; k++) {
+        if (l->y_dtype == DTR_F32) {
+            float v = ((const float *)y)[i * s->y_numel + k];
+            if (isfinite(v)) continue;
+            snprintf(msg, len, "stream: sample %lld of the push: target %lld is not finite", (long long)i, (long long)k);
+            return 0;
+        } else {
+            int32_t v = ((const int32_t *)y)[i * s->y_numel + k];
+            if (l->num_classes <= 0 || (v >= 0 && v < l->num_classes)) continue;
+            snprintf(msg, len, "stream: sample %lld of the push: label %d is outside 0..%d", (long long)i, (int)v,
+                     l->num_classes - 1);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* DTR_FEED_REJECT_PUSH: the index of the first bad sample (its reason in s->stats), or -1. */
+static int64_t dtr__feed_first_bad(dtr_feed *s, const void *x, const void *y, int64_t n) {
+    char msg[sizeof s->stats.last_bad];
+    int64_t i;
+    for (i = 0; i < n; i++)
+        if (!dtr__feed_sample_ok(s, x, y, i, msg, sizeof msg)) {
+            pthread_mutex_lock(&s->mu);
+            s->stats.rejected_pushes++;
+            memcpy(s->stats.last_bad, msg, sizeof msg);
+            pthread_mutex_unlock(&s->mu);
+            return i;
+        }
+    return -1;
+}
+
+/* Copies sample i of the push to the ring's tail. Under the lock, with room. */
+static void dtr__feed_put(dtr_feed *s, const void *x, const void *y, int64_t i) {
+    int64_t at = (s->head + s->size) % s->cap;
+    memcpy(s->rx + (size_t)at * s->x_bytes, (const unsigned char *)x + (size_t)i * s->x_bytes, s->x_bytes);
+    if (s->y_bytes) memcpy(s->ry + (size_t)at * s->y_bytes, (const unsigned char *)y + (size_t)i * s->y_bytes, s->y_bytes);
+    s->rseq[at] = s->next_seq++;
+    s->size++;
+    s->stats.pushed++;
+}
+
+/* The ring is full: makes room by the feed's policy, or waits. 1: go on; 0: stop with *r. */
+static int dtr__feed_room(dtr_feed *s, int timeout_ms, const struct timespec *deadline, int64_t left, dtr_result *r) {
+    if (s->policy == DTR_FEED_DROP_OLDEST) {
+        s->head = (s->head + 1) % s->cap;
+        s->size--;
+        s->stats.dropped++;
+        return 1;
+    }
+    if (s->policy == DTR_FEED_DROP_NEWEST) {
+        s->stats.dropped_newest += left;
+        return 0;
+    }
+    pthread_cond_signal(&s->data);
+    if (timeout_ms == 0 || !dtr__stream_wait(s, &s->room, timeout_ms, deadline)) {
+        if (s->size == s->cap) {   /* still full when the time ran out */
+            *r = DTR_TIMEOUT;
+            s->stats.timeouts++;
+            return 0;
+        }
+    }
+    return 1;
+}
+
 dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
     struct timespec deadline;
     dtr_result r = DTR_OK;
-    int64_t done = 0;
+    int64_t done = 0, i;
     if (pushed) *pushed = 0;
     if (!s || (n > 0 && (!x || (s->y_bytes && !y)))) return DTR_NULL_HANDLE;
     if (n < 0) return DTR_INVALID_ARGUMENT;
+    if (s->check == DTR_FEED_REJECT_PUSH && dtr__feed_first_bad(s, x, y, n) >= 0) return DTR_INVALID_ARGUMENT;
     if (timeout_ms > 0) deadline = dtr__deadline(timeout_ms);
     else memset(&deadline, 0, sizeof deadline);
     pthread_mutex_lock(&s->mu);
-    while (done < n) {
-        int64_t room, k, i;
+    for (i = 0; i < n;) {
         if (s->closed) {
             r = DTR_BAD_STATE;
             break;
         }
-        room = s->cap - s->size;
-        if (room == 0) {
-            if (s->drop_oldest) {
-                k = n - done < s->cap ? n - done : s->cap;
-                s->head = (s->head + k) % s->cap;
-                s->size -= k;
-                s->stats.dropped += k;
-                continue;
-            }
-            if (timeout_ms == 0 || !dtr__stream_wait(s, &s->room, timeout_ms, &deadline)) {
-                if (s->size == s->cap) {   /* still full when the time ran out */
-                    r = DTR_TIMEOUT;
-                    s->stats.timeouts++;
-                    break;
-                }
-            }
+        if (s->check == DTR_FEED_REJECT_SAMPLE &&
+            !dtr__feed_sample_ok(s, x, y, i, s->stats.last_bad, sizeof s->stats.last_bad)) {
+            s->stats.rejected++;
+            i++;
             continue;
         }
-        k = n - done < room ? n - done : room;
-        for (i = 0; i < k; i++) {
-            int64_t at = (s->head + s->size + i) % s->cap;
-            memcpy(s->rx + (size_t)at * s->x_bytes, (const unsigned char *)x + (size_t)(done + i) * s->x_bytes, s->x_bytes);
-            if (s->y_bytes)
-                memcpy(s->ry + (size_t)at * s->y_bytes, (const unsigned char *)y + (size_t)(done + i) * s->y_bytes, s->y_bytes);
-            s->rseq[at] = s->next_seq++;
+        if (s->size == s->cap) {
+            if (!dtr__feed_room(s, timeout_ms, &deadline, n - i, &r)) break;
+            continue;
         }
-        s->size += k;
-        done += k;
-        s->stats.pushed += k;
-        pthread_cond_signal(&s->data);
+        dtr__feed_put(s, x, y, i++);
+        done++;
     }
+    if (done) pthread_cond_signal(&s->data);
     pthread_mutex_unlock(&s->mu);
     if (pushed) *pushed = done;
     return r;
@@ -14275,7 +14373,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14279 "dtrain.h"
+#line 14377 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14465,7 +14563,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14469 "dtrain.h"
+#line 14567 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14599,7 +14697,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14603 "dtrain.h"
+#line 14701 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15333,7 +15431,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15337 "dtrain.h"
+#line 15435 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15850,7 +15948,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15854 "dtrain.h"
+#line 15952 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16582,7 +16680,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16586 "dtrain.h"
+#line 16684 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17659,7 +17757,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17663 "dtrain.h"
+#line 17761 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18211,7 +18309,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18215 "dtrain.h"
+#line 18313 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18693,7 +18791,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18697 "dtrain.h"
+#line 18795 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19146,7 +19244,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19150 "dtrain.h"
+#line 19248 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19505,7 +19603,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19509 "dtrain.h"
+#line 19607 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19702,7 +19800,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19706 "dtrain.h"
+#line 19804 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20035,7 +20133,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20039 "dtrain.h"
+#line 20137 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20468,7 +20566,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20472 "dtrain.h"
+#line 20570 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20522,7 +20620,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20526 "dtrain.h"
+#line 20624 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
