@@ -177,19 +177,25 @@ static int dtr__feed_sample_ok(const dtr_feed *s, const void *x, const void *y, 
     return 1;
 }
 
-/* DTR_FEED_REJECT_PUSH: the index of the first bad sample (its reason in s->stats), or -1. */
-static int64_t dtr__feed_first_bad(dtr_feed *s, const void *x, const void *y, int64_t n) {
-    char msg[sizeof s->stats.last_bad];
+int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *y, int64_t n, char *msg, size_t len) {
+    char buf[sizeof s->stats.last_bad];
     int64_t i;
+    if (s->check == DTR_FEED_NO_CHECK) return -1;
     for (i = 0; i < n; i++)
-        if (!dtr__feed_sample_ok(s, x, y, i, msg, sizeof msg)) {
+        if (!dtr__feed_sample_ok(s, x, y, i, buf, sizeof buf)) {
+            if (msg && len) snprintf(msg, len, "%s", buf);
             pthread_mutex_lock(&s->mu);
             s->stats.rejected_pushes++;
-            memcpy(s->stats.last_bad, msg, sizeof msg);
+            memcpy(s->stats.last_bad, buf, sizeof buf);
             pthread_mutex_unlock(&s->mu);
             return i;
         }
     return -1;
+}
+
+/* DTR_FEED_REJECT_PUSH: the index of the first bad sample (its reason in s->stats), or -1. */
+static int64_t dtr__feed_first_bad(dtr_feed *s, const void *x, const void *y, int64_t n) {
+    return dtr__feed_validate(s, x, y, n, NULL, 0);
 }
 
 /* Copies sample i of the push to the ring's tail. Under the lock, with room. */
