@@ -20971,25 +20971,31 @@ static void dtr__tr_record(dtr__tr_window *w, int64_t us) {
     if (w->n < DTR__TR_WIN) w->n++;
 }
 
-/* The recent worst time plus a margin of 1/8 and 5 us; -1 when nothing was timed. */
+/* The recent near-worst time (the largest of the last 16 but one: a single preemption or
+ * page-fault burst does not starve that kind of work for 16 rounds) plus a margin of 1/8
+ * and 5 us; -1 when nothing was timed. */
 static int64_t dtr__tr_worst(const dtr__tr_window *w) {
-    int64_t mx = 0;
+    int64_t a = 0, b = 0;
     int i;
     if (w->n == 0) return -1;
-    for (i = 0; i < w->n; i++)
-        if (w->t[i] > mx) mx = w->t[i];
-    return mx + mx / 8 + 5;
+    for (i = 0; i < w->n; i++) {
+        if (w->t[i] > a) b = a, a = w->t[i];
+        else if (w->t[i] > b) b = w->t[i];
+    }
+    if (w->n < 4) b = a;
+    return b + b / 8 + 5;
 }
 
-/* Estimate of a micro-batch of 2^b samples: its own recent worst, or twice the estimate of
- * 2^(b-1) samples when that is smaller (time grows at most linearly with the samples); a
- * cold one-sample micro-batch takes cold_estimate_us; -1: unknown. */
+/* Estimate of a micro-batch of 2^b samples: its own recent near-worst, or, while a size has
+ * not run yet, four times the estimate of 2^(b-1) samples (time grows at most linearly with
+ * the samples; the first run of a size also touches new arena memory); a cold one-sample
+ * micro-batch takes cold_estimate_us; -1: unknown. */
 static int64_t dtr__tr_micro_est(const dtr_trainer *tr, int b) {
     int64_t e = dtr__tr_worst(&tr->micro[b]), p;
     if (b == 0) return e < 0 && tr->cfg.cold_estimate_us > 0 ? tr->cfg.cold_estimate_us : e;
+    if (e >= 0) return e;
     p = dtr__tr_micro_est(tr, b - 1);
-    if (p >= 0 && (e < 0 || 2 * p < e)) e = 2 * p;
-    return e;
+    return p >= 0 ? 4 * p : -1;
 }
 
 static int dtr__tr_log2(int64_t n) {
@@ -21174,11 +21180,28 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     return DTR_OK;
 }
 
-/* Runs one piece of work and times it into `w`. */
+/* A publication's cost grows with the held-out set it evaluates: its window holds times
+ * per 1024 "units" of (held-out samples + 64), its estimate scales to the set's size now. */
+static int64_t dtr__tr_publish_units(dtr_trainer *tr) {
+    int64_t h;
+    if (!tr->cfg.guard.enabled) return 64;
+    pthread_mutex_lock(&tr->hmu);
+    h = tr->hsize;
+    pthread_mutex_unlock(&tr->hmu);
+    return h + 64;
+}
+
+static int64_t dtr__tr_publish_est(dtr_trainer *tr) {
+    int64_t e = dtr__tr_worst(&tr->publish);
+    return e < 0 ? -1 : e * dtr__tr_publish_units(tr) / 1024 + 5;
+}
+
+/* Runs one piece of work and times it into its window. */
 static dtr_result dtr__tr_timed_publish(dtr_trainer *tr, int *out) {
+    int64_t u = dtr__tr_publish_units(tr);
     uint64_t t0 = dtr__tr_now(tr);
     dtr_result r = dtr__tr_publish(tr, out);
-    dtr__tr_record(&tr->publish, (int64_t)(dtr__tr_now(tr) - t0));
+    dtr__tr_record(&tr->publish, (int64_t)(dtr__tr_now(tr) - t0) * 1024 / u + 1);
     return r;
 }
 
@@ -21427,7 +21450,7 @@ static dtr_result dtr__tr_tick_one(dtr_trainer *tr, int64_t left, int first, dtr
     int64_t e, m, got = 0;
     dtr_result r;
     *did = 0;
-    if (DTR__ATOMIC_LOAD_SC(&tr->publish_req) && (e = dtr__tr_worst(&tr->publish)) <= left && (e >= 0 || first)) {
+    if (DTR__ATOMIC_LOAD_SC(&tr->publish_req) && (e = dtr__tr_publish_est(tr)) <= left && (e >= 0 || first)) {
         int p;
         if ((r = dtr__tr_timed_publish(tr, &p)) != DTR_OK) return r;
         if (p) rep->published = p;
@@ -21710,7 +21733,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 21714 "dtrain.h"
+#line 21737 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
