@@ -14,21 +14,21 @@
 #include <time.h>
 
 /* Microseconds on the monotonic clock. */
-static int64_t ol_now_us(void) {
+static inline int64_t ol_now_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* Microseconds of CPU time of the calling thread. */
-static int64_t ol_cpu_us(void) {
+static inline int64_t ol_cpu_us(void) {
     struct timespec ts;
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* Sleeps until ol_now_us() reaches `t` (returns at once when it has). */
-static void ol_sleep_until(int64_t t) {
+static inline void ol_sleep_until(int64_t t) {
     struct timespec ts;
     ts.tv_sec = (time_t)(t / 1000000);
     ts.tv_nsec = (long)(t % 1000000) * 1000L;
@@ -40,7 +40,7 @@ static void ol_sleep_until(int64_t t) {
  * set-up): a fixed amount of arithmetic calibrated once, so it takes longer when the CPU is
  * shared, as real work does. Returns a value to keep the compiler from removing it. */
 static double ol_iters_per_us;
-static float ol_work(int64_t us) {
+static inline float ol_work(int64_t us) {
     volatile float acc = 0;
     float a = 1.0001f;
     int64_t i, n;
@@ -61,7 +61,7 @@ static int ol_cmp_i64(const void *a, const void *b) {
 }
 
 /* The p-th percentile (0..100) of n values (sorted in place); 0 for n 0. */
-static int64_t ol_percentile(int64_t *v, int n, double p) {
+static inline int64_t ol_percentile(int64_t *v, int n, double p) {
     int k;
     if (n <= 0) return 0;
     qsort(v, (size_t)n, sizeof *v, ol_cmp_i64);
