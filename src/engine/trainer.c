@@ -19,11 +19,11 @@
 #include "../public/api_data.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
+#include "../public/api_comm.h"
 #include "../data/data_internal.h"
+#include "../comm/comm_internal.h"
 #include <math.h>
 #include <pthread.h>
-#include <time.h>
-#include <errno.h>
 #ifdef __linux__
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -81,10 +81,8 @@ struct dtr_trainer {
 /* ---- clock, errors ---- */
 
 static uint64_t dtr__tr_now(const dtr_trainer *tr) {
-    struct timespec ts;
     if (tr->cfg.clock) return tr->cfg.clock(tr->cfg.clock_user);
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000u + (uint64_t)ts.tv_nsec / 1000u;
+    return (uint64_t)(dtr_time_ns() / 1000);
 }
 
 static dtr_result dtr__tr_fail(dtr_trainer *tr, dtr_result r, const char *what) {
@@ -470,7 +468,7 @@ dtr_result dtr_trainer_create(const dtr_trainer_config *cfg, dtr_trainer **out, 
     pthread_mutex_init(&tr->hmu, NULL);
     pthread_mutex_init(&tr->smu, NULL);
     pthread_mutex_init(&tr->bmu, NULL);
-    pthread_cond_init(&tr->bcv, NULL);
+    dtr__cond_init(&tr->bcv);
     tr->t_created = dtr__tr_now(tr);
     if ((r = dtr__tr_setup(tr, err, errlen)) != DTR_OK) {
         dtr_trainer_destroy(tr);
@@ -662,12 +660,9 @@ static void dtr__tr_thread_setup(dtr_trainer *tr) {
 
 /* Sleeps `us` on bcv (stop and pause wake it). Under bmu. */
 static void dtr__tr_rest(dtr_trainer *tr, int64_t us) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += us / 1000000;
-    ts.tv_nsec += (long)(us % 1000000) * 1000L;
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    while (!tr->stop && !tr->paused && pthread_cond_timedwait(&tr->bcv, &tr->bmu, &ts) != ETIMEDOUT) {}
+    int64_t deadline = dtr_time_ns() + us * 1000;
+    while (!tr->stop && !tr->paused && !dtr__cond_wait_until(&tr->bcv, &tr->bmu, deadline)) {
+    }
 }
 
 /* One piece of work of the background thread; returns its time in microseconds. */
