@@ -2570,7 +2570,11 @@ typedef struct dtr_trainer_config {
                                            past it stops training with DTR_ARENA_FULL; 0: no cap */
     int64_t cold_estimate_us;         /**< how long a one-sample micro-batch takes before any was timed;
                                            0: unknown (the first tick with samples runs one to time it) */
-    dtr_trainer_clock_fn clock;       /**< NULL: CLOCK_MONOTONIC */
+    int reprobe_ticks;                /**< after this many ticks in a row with work waiting and nothing
+                                           that fitted, the time estimates are halved so that one slow
+                                           measurement cannot stop training for good (the attempt
+                                           may run over if the work really does not fit); 0: 64; -1: never */
+    dtr_trainer_clock_fn clock;       /**< NULL: the monotonic clock (dtr_time_ns) */
     void *clock_user;                 /**< handed to clock */
 } dtr_trainer_config;
 
@@ -2691,6 +2695,7 @@ typedef struct dtr_trainer_stats {
     int64_t tick_overruns;            /**< ticks that ran past budget + max(10%, 200 us) */
     int64_t tick_max_over_us;         /**< the largest (used - budget) of a tick (<= 0: none ran over) */
     int64_t tick_used_us, tick_budget_us; /**< sums over ticks */
+    int64_t reprobes;                 /**< times the estimates were halved (reprobe_ticks) */
     int64_t holdout;                  /**< held-out samples kept now */
     dtr_feed_stats feed;              /**< the stream: pushed, dropped, rejected, timeouts, backlog */
     double ingest_per_s, trained_per_s; /**< samples pushed and trained per second since creation */
@@ -2716,7 +2721,8 @@ DTR_API dtr_optimizer *dtr_trainer_optimizer(dtr_trainer *tr);
 DTR_API dtr_feed *dtr_trainer_feed(dtr_trainer *tr);
 
 /** Entry `index` of the trainer's state (api.h, "state"): "counters" (int64: updates,
- *  micro-batches, samples trained, version, accumulated samples), then "published" (the
+ *  micro-batches, samples trained, version, accumulated samples, the published weights'
+ *  updates), then "published" (the
  *  published weights, dtr_model_numel floats) so a restored trainer serves and guards against
  *  the same weights. The model and optimizer list their own state.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE.
@@ -2785,7 +2791,7 @@ DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2789 "dtrain.h"
+#line 2795 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3258,7 +3264,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3262 "dtrain.h"
+#line 3268 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3313,12 +3319,14 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 /** Checks samples [0, n) of a push as the feed's policy says (none with DTR_FEED_NO_CHECK):
  *  the index of the first bad one (its reason in msg and the feed's stats, counted as a
  *  refused push), or -1 when all are good. Thread safe. */
+/** Samples waiting in the feed (without copying the stats). Thread safe. */
+DTR__PRIVATE int64_t dtr__feed_size(dtr_feed *s);
 DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *y, int64_t n, char *msg, size_t len);
 
 #ifdef __cplusplus
 }
 #endif
-#line 3322 "dtrain.h"
+#line 3330 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3588,7 +3596,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3592 "dtrain.h"
+#line 3600 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3615,7 +3623,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3619 "dtrain.h"
+#line 3627 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3648,7 +3656,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3652 "dtrain.h"
+#line 3660 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3698,7 +3706,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3702 "dtrain.h"
+#line 3710 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4050,7 +4058,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4054 "dtrain.h"
+#line 4062 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4841,7 +4849,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4845 "dtrain.h"
+#line 4853 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5282,7 +5290,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5286 "dtrain.h"
+#line 5294 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5413,7 +5421,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5417 "dtrain.h"
+#line 5425 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5788,7 +5796,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5792 "dtrain.h"
+#line 5800 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5987,7 +5995,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5991 "dtrain.h"
+#line 5999 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6218,7 +6226,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6222 "dtrain.h"
+#line 6230 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6668,7 +6676,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6672 "dtrain.h"
+#line 6680 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6847,7 +6855,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6851 "dtrain.h"
+#line 6859 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7252,7 +7260,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 7256 "dtrain.h"
+#line 7264 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7752,7 +7760,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7756 "dtrain.h"
+#line 7764 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8011,7 +8019,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8015 "dtrain.h"
+#line 8023 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8197,7 +8205,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8201 "dtrain.h"
+#line 8209 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8310,7 +8318,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8314 "dtrain.h"
+#line 8322 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8784,7 +8792,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8788 "dtrain.h"
+#line 8796 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8953,7 +8961,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8957 "dtrain.h"
+#line 8965 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9202,7 +9210,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9206 "dtrain.h"
+#line 9214 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9632,7 +9640,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9636 "dtrain.h"
+#line 9644 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9979,7 +9987,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9983 "dtrain.h"
+#line 9991 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -10045,7 +10053,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 10049 "dtrain.h"
+#line 10057 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10282,7 +10290,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10286 "dtrain.h"
+#line 10294 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -11031,7 +11039,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 11035 "dtrain.h"
+#line 11043 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11484,7 +11492,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11488 "dtrain.h"
+#line 11496 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11540,7 +11548,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11544 "dtrain.h"
+#line 11552 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12317,7 +12325,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12321 "dtrain.h"
+#line 12329 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12898,7 +12906,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12902 "dtrain.h"
+#line 12910 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13529,7 +13537,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13533 "dtrain.h"
+#line 13541 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14267,7 +14275,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14271 "dtrain.h"
+#line 14279 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14603,6 +14611,14 @@ void dtr_feed_end(dtr_feed *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+int64_t dtr__feed_size(dtr_feed *s) {
+    int64_t n;
+    pthread_mutex_lock(&s->mu);
+    n = s->size;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
@@ -14612,7 +14628,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14616 "dtrain.h"
+#line 14632 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14802,7 +14818,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14806 "dtrain.h"
+#line 14822 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14936,7 +14952,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14940 "dtrain.h"
+#line 14956 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15670,7 +15686,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15674 "dtrain.h"
+#line 15690 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16187,7 +16203,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16191 "dtrain.h"
+#line 16207 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16919,7 +16935,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16923 "dtrain.h"
+#line 16939 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17996,7 +18012,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 18000 "dtrain.h"
+#line 18016 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18548,7 +18564,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18552 "dtrain.h"
+#line 18568 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -19030,7 +19046,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 19034 "dtrain.h"
+#line 19050 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19483,7 +19499,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19487 "dtrain.h"
+#line 19503 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19842,7 +19858,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19846 "dtrain.h"
+#line 19862 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -20039,7 +20055,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 20043 "dtrain.h"
+#line 20059 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20372,7 +20388,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20376 "dtrain.h"
+#line 20392 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20805,7 +20821,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20809 "dtrain.h"
+#line 20825 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20859,7 +20875,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20863 "dtrain.h"
+#line 20879 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -20933,7 +20949,8 @@ struct dtr_trainer {
     pthread_mutex_t smu;
     dtr_trainer_stats st;
     int64_t lost_seen;
-    int64_t saved[5];        /* the "counters" state entry */
+    int64_t saved[6];        /* the "counters" state entry */
+    int64_t starved;         /* ticks in a row with work waiting and nothing that fitted */
     /* background thread */
     pthread_mutex_t bmu;
     pthread_cond_t bcv;
@@ -21444,8 +21461,7 @@ static int64_t dtr__tr_pick(const dtr_trainer *tr, int64_t want, int64_t left, i
 
 /* One piece of work for a tick with `left` microseconds. 1: done one; 0: none fits. */
 static dtr_result dtr__tr_tick_one(dtr_trainer *tr, int64_t left, int first, dtr_trainer_tick_report *rep, int *did) {
-    dtr_feed_stats fs;
-    int64_t e, m, got = 0;
+    int64_t e, m, got = 0, avail;
     dtr_result r;
     *did = 0;
     if (DTR__ATOMIC_LOAD_SC(&tr->publish_req) && (e = dtr__tr_publish_est(tr)) <= left && (e >= 0 || first)) {
@@ -21462,14 +21478,39 @@ static dtr_result dtr__tr_tick_one(dtr_trainer *tr, int64_t left, int first, dtr
         *did = 1;
         return dtr__tr_timed_update(tr);
     }
-    dtr_feed_get_stats(tr->feed, &fs);
-    m = dtr__tr_pick(tr, fs.size < tr->batch - tr->acc ? fs.size : tr->batch - tr->acc, left, first);
+    avail = dtr__feed_size(tr->feed);
+    m = dtr__tr_pick(tr, avail < tr->batch - tr->acc ? avail : tr->batch - tr->acc, left, first);
     if (m == 0) return DTR_OK;
     r = dtr__tr_timed_micro(tr, m, 0, &got);
     rep->micro_batches += got > 0;
     rep->samples += got;
     *did = got > 0;
     return r;
+}
+
+static void dtr__tr_halve(dtr__tr_window *w) {
+    int i;
+    for (i = 0; i < w->n; i++) w->t[i] /= 2;
+}
+
+/* A tick in which work waited and nothing fitted. After reprobe_ticks of them in a row the
+ * estimates are halved, so one spike (a page-fault burst, a preemption on the clock) does not
+ * stop training for good; if the work really does not fit, the next attempt shows it again. */
+static void dtr__tr_starve(dtr_trainer *tr, const dtr_trainer_tick_report *rep) {
+    int b;
+    if (rep->micro_batches || rep->updates || rep->published || (dtr__feed_size(tr->feed) == 0 && tr->acc < tr->batch &&
+                                                                 !DTR__ATOMIC_LOAD_SC(&tr->publish_req))) {
+        tr->starved = 0;
+        return;
+    }
+    if (tr->cfg.reprobe_ticks < 0 || ++tr->starved < (tr->cfg.reprobe_ticks ? tr->cfg.reprobe_ticks : 64)) return;
+    tr->starved = 0;
+    for (b = 0; b < DTR__TR_BUCKETS; b++) dtr__tr_halve(&tr->micro[b]);
+    dtr__tr_halve(&tr->update);
+    dtr__tr_halve(&tr->publish);
+    pthread_mutex_lock(&tr->smu);
+    tr->st.reprobes++;
+    pthread_mutex_unlock(&tr->smu);
 }
 
 static void dtr__tr_tick_stats(dtr_trainer *tr, int64_t budget, int64_t used) {
@@ -21502,6 +21543,7 @@ dtr_result dtr_trainer_tick(dtr_trainer *tr, int64_t budget_us, dtr_trainer_tick
     }
     rep.used_us = (int64_t)(dtr__tr_now(tr) - t0);
     dtr__tr_tick_stats(tr, budget_us, rep.used_us);
+    if (r == DTR_OK) dtr__tr_starve(tr, &rep);
     if (r != DTR_OK) tr->status = r;
     if (report) *report = rep;
     return r;
@@ -21700,6 +21742,7 @@ dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry *out) {
         pthread_mutex_lock(&tr->smu);
         tr->saved[0] = tr->st.updates, tr->saved[1] = tr->st.micro_batches, tr->saved[2] = tr->st.samples_trained;
         tr->saved[3] = tr->st.version, tr->saved[4] = tr->acc;
+        tr->saved[5] = tr->slots[DTR__ATOMIC_LOAD_SC(&tr->current)].updates;
         pthread_mutex_unlock(&tr->smu);
         return dtr__state_put(out, "counters", tr->saved, sizeof tr->saved, 0);
     }
@@ -21712,7 +21755,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     dtr__tr_slot *s;
     int i;
     if (!tr) return DTR_NULL_HANDLE;
-    for (i = 0; i < 5; i++)
+    for (i = 0; i < 6; i++)
         if (tr->saved[i] < 0 || (i == 4 && tr->saved[i] > tr->batch)) {
             snprintf(tr->err, sizeof tr->err, "trainer: state entry \"counters\" holds a value out of range (%lld at %d)",
                      (long long)tr->saved[i], i);
@@ -21723,12 +21766,12 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     tr->st.updates = tr->saved[0], tr->st.micro_batches = tr->saved[1], tr->st.samples_trained = tr->saved[2];
     tr->st.version = tr->saved[3], tr->acc = tr->saved[4];
     s->version = tr->saved[3];
-    s->updates = tr->saved[0];
+    s->updates = tr->saved[5];
     pthread_mutex_unlock(&tr->smu);
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 21732 "dtrain.h"
+#line 21775 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -330,6 +330,14 @@ void dtr_feed_end(dtr_feed *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+int64_t dtr__feed_size(dtr_feed *s) {
+    int64_t n;
+    pthread_mutex_lock(&s->mu);
+    n = s->size;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);

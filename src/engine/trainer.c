@@ -68,7 +68,8 @@ struct dtr_trainer {
     pthread_mutex_t smu;
     dtr_trainer_stats st;
     int64_t lost_seen;
-    int64_t saved[5];        /* the "counters" state entry */
+    int64_t saved[6];        /* the "counters" state entry */
+    int64_t starved;         /* ticks in a row with work waiting and nothing that fitted */
     /* background thread */
     pthread_mutex_t bmu;
     pthread_cond_t bcv;
@@ -579,8 +580,7 @@ static int64_t dtr__tr_pick(const dtr_trainer *tr, int64_t want, int64_t left, i
 
 /* One piece of work for a tick with `left` microseconds. 1: done one; 0: none fits. */
 static dtr_result dtr__tr_tick_one(dtr_trainer *tr, int64_t left, int first, dtr_trainer_tick_report *rep, int *did) {
-    dtr_feed_stats fs;
-    int64_t e, m, got = 0;
+    int64_t e, m, got = 0, avail;
     dtr_result r;
     *did = 0;
     if (DTR__ATOMIC_LOAD_SC(&tr->publish_req) && (e = dtr__tr_publish_est(tr)) <= left && (e >= 0 || first)) {
@@ -597,14 +597,39 @@ static dtr_result dtr__tr_tick_one(dtr_trainer *tr, int64_t left, int first, dtr
         *did = 1;
         return dtr__tr_timed_update(tr);
     }
-    dtr_feed_get_stats(tr->feed, &fs);
-    m = dtr__tr_pick(tr, fs.size < tr->batch - tr->acc ? fs.size : tr->batch - tr->acc, left, first);
+    avail = dtr__feed_size(tr->feed);
+    m = dtr__tr_pick(tr, avail < tr->batch - tr->acc ? avail : tr->batch - tr->acc, left, first);
     if (m == 0) return DTR_OK;
     r = dtr__tr_timed_micro(tr, m, 0, &got);
     rep->micro_batches += got > 0;
     rep->samples += got;
     *did = got > 0;
     return r;
+}
+
+static void dtr__tr_halve(dtr__tr_window *w) {
+    int i;
+    for (i = 0; i < w->n; i++) w->t[i] /= 2;
+}
+
+/* A tick in which work waited and nothing fitted. After reprobe_ticks of them in a row the
+ * estimates are halved, so one spike (a page-fault burst, a preemption on the clock) does not
+ * stop training for good; if the work really does not fit, the next attempt shows it again. */
+static void dtr__tr_starve(dtr_trainer *tr, const dtr_trainer_tick_report *rep) {
+    int b;
+    if (rep->micro_batches || rep->updates || rep->published || (dtr__feed_size(tr->feed) == 0 && tr->acc < tr->batch &&
+                                                                 !DTR__ATOMIC_LOAD_SC(&tr->publish_req))) {
+        tr->starved = 0;
+        return;
+    }
+    if (tr->cfg.reprobe_ticks < 0 || ++tr->starved < (tr->cfg.reprobe_ticks ? tr->cfg.reprobe_ticks : 64)) return;
+    tr->starved = 0;
+    for (b = 0; b < DTR__TR_BUCKETS; b++) dtr__tr_halve(&tr->micro[b]);
+    dtr__tr_halve(&tr->update);
+    dtr__tr_halve(&tr->publish);
+    pthread_mutex_lock(&tr->smu);
+    tr->st.reprobes++;
+    pthread_mutex_unlock(&tr->smu);
 }
 
 static void dtr__tr_tick_stats(dtr_trainer *tr, int64_t budget, int64_t used) {
@@ -637,6 +662,7 @@ dtr_result dtr_trainer_tick(dtr_trainer *tr, int64_t budget_us, dtr_trainer_tick
     }
     rep.used_us = (int64_t)(dtr__tr_now(tr) - t0);
     dtr__tr_tick_stats(tr, budget_us, rep.used_us);
+    if (r == DTR_OK) dtr__tr_starve(tr, &rep);
     if (r != DTR_OK) tr->status = r;
     if (report) *report = rep;
     return r;
@@ -835,6 +861,7 @@ dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry *out) {
         pthread_mutex_lock(&tr->smu);
         tr->saved[0] = tr->st.updates, tr->saved[1] = tr->st.micro_batches, tr->saved[2] = tr->st.samples_trained;
         tr->saved[3] = tr->st.version, tr->saved[4] = tr->acc;
+        tr->saved[5] = tr->slots[DTR__ATOMIC_LOAD_SC(&tr->current)].updates;
         pthread_mutex_unlock(&tr->smu);
         return dtr__state_put(out, "counters", tr->saved, sizeof tr->saved, 0);
     }
@@ -847,7 +874,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     dtr__tr_slot *s;
     int i;
     if (!tr) return DTR_NULL_HANDLE;
-    for (i = 0; i < 5; i++)
+    for (i = 0; i < 6; i++)
         if (tr->saved[i] < 0 || (i == 4 && tr->saved[i] > tr->batch)) {
             snprintf(tr->err, sizeof tr->err, "trainer: state entry \"counters\" holds a value out of range (%lld at %d)",
                      (long long)tr->saved[i], i);
@@ -858,7 +885,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     tr->st.updates = tr->saved[0], tr->st.micro_batches = tr->saved[1], tr->st.samples_trained = tr->saved[2];
     tr->st.version = tr->saved[3], tr->acc = tr->saved[4];
     s->version = tr->saved[3];
-    s->updates = tr->saved[0];
+    s->updates = tr->saved[5];
     pthread_mutex_unlock(&tr->smu);
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;

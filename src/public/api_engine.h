@@ -531,7 +531,11 @@ typedef struct dtr_trainer_config {
                                            past it stops training with DTR_ARENA_FULL; 0: no cap */
     int64_t cold_estimate_us;         /**< how long a one-sample micro-batch takes before any was timed;
                                            0: unknown (the first tick with samples runs one to time it) */
-    dtr_trainer_clock_fn clock;       /**< NULL: CLOCK_MONOTONIC */
+    int reprobe_ticks;                /**< after this many ticks in a row with work waiting and nothing
+                                           that fitted, the time estimates are halved so that one slow
+                                           measurement cannot stop training for good (the attempt
+                                           may run over if the work really does not fit); 0: 64; -1: never */
+    dtr_trainer_clock_fn clock;       /**< NULL: the monotonic clock (dtr_time_ns) */
     void *clock_user;                 /**< handed to clock */
 } dtr_trainer_config;
 
@@ -652,6 +656,7 @@ typedef struct dtr_trainer_stats {
     int64_t tick_overruns;            /**< ticks that ran past budget + max(10%, 200 us) */
     int64_t tick_max_over_us;         /**< the largest (used - budget) of a tick (<= 0: none ran over) */
     int64_t tick_used_us, tick_budget_us; /**< sums over ticks */
+    int64_t reprobes;                 /**< times the estimates were halved (reprobe_ticks) */
     int64_t holdout;                  /**< held-out samples kept now */
     dtr_feed_stats feed;              /**< the stream: pushed, dropped, rejected, timeouts, backlog */
     double ingest_per_s, trained_per_s; /**< samples pushed and trained per second since creation */
@@ -677,7 +682,8 @@ DTR_API dtr_optimizer *dtr_trainer_optimizer(dtr_trainer *tr);
 DTR_API dtr_feed *dtr_trainer_feed(dtr_trainer *tr);
 
 /** Entry `index` of the trainer's state (api.h, "state"): "counters" (int64: updates,
- *  micro-batches, samples trained, version, accumulated samples), then "published" (the
+ *  micro-batches, samples trained, version, accumulated samples, the published weights'
+ *  updates), then "published" (the
  *  published weights, dtr_model_numel floats) so a restored trainer serves and guards against
  *  the same weights. The model and optimizer list their own state.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE.
