@@ -353,14 +353,14 @@ static void test_reprobe(void) {
 
 typedef struct reader {
     dtr_trainer *tr;
-    volatile int *stop;
+    int *stop;
     int64_t reads, bad, back, last;
 } reader;
 
 static void *reader_main(void *arg) {
     reader *rd = (reader *)arg;
     dtr_snapshot s;
-    while (!*rd->stop) {
+    while (!__atomic_load_n(rd->stop, __ATOMIC_ACQUIRE)) {
         if (dtr_trainer_acquire(rd->tr, &s) != DTR_OK) {
             rd->bad++;
             continue;
@@ -381,7 +381,7 @@ static void test_snapshot_stress(void) {
     dtr_trainer_stats st;
     reader rd[2];
     pthread_t th[2];
-    volatile int stop = 0;
+    int stop = 0;
     float x[64];
     int32_t y[32];
     uint32_t s = 3;
@@ -408,7 +408,7 @@ static void test_snapshot_stress(void) {
         dtr_trainer_push(tr, x, y, 32, 0, NULL);
         sleep_ms(1);
     }
-    stop = 1;
+    __atomic_store_n(&stop, 1, __ATOMIC_RELEASE);
     for (i = 0; i < 2; i++) pthread_join(th[i], NULL);
     CHECK_OK(NULL, dtr_trainer_stop(tr));
     dtr_trainer_get_stats(tr, &st);
@@ -542,7 +542,7 @@ static void test_learning_drift(void) {
         float a = 1.5f * (float)frame / (float)frames;   /* the boundary turns 86 degrees */
         tdata(&s, a, x, y, 8);
         CHECK_OK(NULL, dtr_trainer_push(tr, x, y, 8, 0, NULL));
-        CHECK_OK(NULL, dtr_trainer_tick(tr, 2000, NULL));
+        CHECK_OK(NULL, dtr_trainer_tick(tr, quick() ? 20000 : 2000, NULL));   /* sanitizers: 10x slower */
         if (frame % 300 == 299) acc[frame / 300] = served_accuracy(tr, &srv, &version, a);
     }
     printf("  served accuracy: %.2f before training, then %.2f %.2f %.2f %.2f as the boundary turns\n", acc0, acc[0],
