@@ -88,7 +88,7 @@ static uint64_t dtr__tr_now(const dtr_trainer *tr) {
 
 static dtr_result dtr__tr_fail(dtr_trainer *tr, dtr_result r, const char *what) {
     const char *why = dtr_context_last_error(tr->ctx);
-    snprintf(tr->err, sizeof tr->err, "trainer: %s: %s%s%s", what, dtr_result_string(r), why && *why ? ": " : "",
+    snprintf(tr->err, sizeof tr->err, "trainer: %s: %s%s%.180s", what, dtr_result_string(r), why && *why ? ": " : "",
              why ? why : "");
     return r;
 }
