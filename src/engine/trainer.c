@@ -699,9 +699,11 @@ static dtr_result dtr__tr_bg_one(dtr_trainer *tr, int64_t *us) {
     int p;
     if (DTR__ATOMIC_LOAD_SC(&tr->publish_req)) r = dtr__tr_timed_publish(tr, &p);
     else if (tr->acc >= tr->batch) r = dtr__tr_timed_update(tr);
-    else r = dtr__tr_timed_micro(tr, tr->batch - tr->acc, tr->cfg.background.idle_wait_ms, &got);
+    else {
+        r = dtr__tr_timed_micro(tr, tr->batch - tr->acc, tr->cfg.background.idle_wait_ms, &got);
+        if (got == 0) t0 = dtr__tr_now(tr);   /* waited for samples: no work to pay for */
+    }
     *us = (int64_t)(dtr__tr_now(tr) - t0);
-    if (got == 0 && !tr->acc) *us = 0;   /* waited for samples: no work to pay for */
     return r;
 }
 

@@ -483,7 +483,9 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
  *  off for the guard's evaluation. */
 typedef dtr_tensor *(*dtr_trainer_loss_fn)(void *user, dtr_context *ctx, dtr_tensor *x, dtr_tensor *y);
 
-/** A monotonic clock in microseconds (a fake one for tests, or CPU time of the thread). */
+/** A monotonic clock in microseconds (a fake one for tests, or CPU time of the thread), called
+ *  on the thread that trains (the tick's caller or the background thread) and by
+ *  dtr_trainer_get_stats. */
 typedef uint64_t (*dtr_trainer_clock_fn)(void *user);
 
 /** The background thread's settings (dtr_trainer_start). */
