@@ -1464,15 +1464,34 @@ DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
 /* ---- feed: a streaming dataset (online training) ---- */
 
+/** What a push into a full ring does (dtr_feed_config.policy). Append-only. */
+typedef enum dtr_feed_policy {
+    DTR_FEED_BLOCK = 0,               /**< wait for room up to the push's timeout, then DTR_TIMEOUT */
+    DTR_FEED_DROP_OLDEST = 1,         /**< overwrite the oldest waiting samples (counted in `dropped`) */
+    DTR_FEED_DROP_NEWEST = 2          /**< discard the incoming samples that do not fit (counted in
+                                           `dropped_newest`); the push returns DTR_OK */
+} dtr_feed_policy;
+
+/** How a push checks its samples (dtr_feed_config.check), as the other datasets do: f32
+ *  features and targets must be finite, i32 labels inside [0, num_classes) when the layout
+ *  gives num_classes. Append-only. */
+typedef enum dtr_feed_check {
+    DTR_FEED_REJECT_PUSH = 0,         /**< one bad sample refuses the whole push: DTR_INVALID_ARGUMENT,
+                                           nothing goes in (counted in `rejected_pushes`) */
+    DTR_FEED_REJECT_SAMPLE = 1,       /**< bad samples are left out (counted in `rejected`), the rest go in */
+    DTR_FEED_NO_CHECK = 2             /**< no check (the app has checked) */
+} dtr_feed_check;
+
 /** A bounded ring buffer of samples that the application pushes into while a trainer pops
  *  batches from it: training inside a running app on a stream of samples. */
 typedef struct dtr_feed_config {
     dtr_sample_layout layout;         /**< the samples' layout */
     int64_t capacity;                 /**< samples the ring holds; 0: 1024 */
     int64_t max_batch;                /**< largest batch dtr_feed_next hands out; 0: 256 */
-    int drop_oldest;                  /**< 1: a push into a full ring overwrites the oldest samples
-                                           (counted) instead of waiting */
+    int drop_oldest;                  /**< 1: the same as policy DTR_FEED_DROP_OLDEST (kept for old code) */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
+    dtr_feed_policy policy;           /**< a push into a full ring; default DTR_FEED_BLOCK */
+    dtr_feed_check check;             /**< checking of pushed samples; default DTR_FEED_REJECT_PUSH */
 } dtr_feed_config;
 
 /** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full).
@@ -1491,12 +1510,15 @@ DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, c
  *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API void dtr_feed_destroy(dtr_feed *s);
 
-/** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into
- *  the ring. When it is full, waits up to `timeout_ms` for room (0: never blocks; negative:
- *  waits as long as it takes), or with drop_oldest overwrites the oldest samples.
+/** Checks (dtr_feed_config.check) and copies `n` samples (x: n * x_numel elements, y:
+ *  n * y_numel, NULL when unlabeled) into the ring. When it is full, the policy decides:
+ *  wait up to `timeout_ms` for room (0: never blocks; negative: waits as long as it takes),
+ *  overwrite the oldest samples, or discard the newest.
  *  @param pushed  receives how many samples went in (may be NULL).
- *  @return DTR_OK (all went in), DTR_TIMEOUT (the ring stayed full: *pushed < n),
- *          DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
+ *  @return DTR_OK (all went in, or the rest was dropped or rejected by policy: see the
+ *          stats), DTR_TIMEOUT (the ring stayed full: *pushed < n), DTR_INVALID_ARGUMENT
+ *          (n < 0, or a bad sample with DTR_FEED_REJECT_PUSH: the stats' last_bad says which
+ *          and why), DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE.
  *  Thread safety: any number of threads may push while one thread calls dtr_feed_next. */
 DTR_API dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms,
                                    int64_t *pushed);
@@ -1522,6 +1544,10 @@ typedef struct dtr_feed_stats {
     int64_t popped;                   /**< samples handed out in batches */
     int64_t dropped;                  /**< samples overwritten by drop_oldest before being popped */
     int64_t timeouts;                 /**< pushes that returned DTR_TIMEOUT */
+    int64_t dropped_newest;           /**< incoming samples discarded by DTR_FEED_DROP_NEWEST */
+    int64_t rejected;                 /**< bad samples left out (DTR_FEED_REJECT_SAMPLE) */
+    int64_t rejected_pushes;          /**< pushes refused for a bad sample (DTR_FEED_REJECT_PUSH) */
+    char last_bad[160];               /**< why the last bad sample was bad, or "" */
 } dtr_feed_stats;
 
 /** Copies the counters. Thread safe. */
@@ -2762,6 +2788,241 @@ DTR_API dtr_result dtr_ckpt_get_stats(const dtr_ckpt *ck, dtr_ckpt_stats *out);
  *  ignored. Thread safety: the context's thread; collective over cfg.comm. */
 DTR_API void dtr_ckpt_destroy(dtr_ckpt *ck);
 
+/* ---- online trainer: learning inside a running app ----
+ * A dtr_trainer trains a model on the samples an application pushes while it runs (a game
+ * at 60 or 144 frames per second, a 1 kHz control loop, a trading engine), and serves
+ * predictions from the last published weights. It owns an optimizer (with its schedule), a
+ * streaming dataset (dtr_feed) with a back-pressure policy and checked pushes, a held-out
+ * set for the publication guard, and a few snapshot buffers. Two ways to run:
+ *  - cooperative: the app calls dtr_trainer_tick(tr, budget_us) from its own loop; the
+ *    tick runs micro-batches, updates and publications only while the step times it has
+ *    measured say they fit in what is left of the budget;
+ *  - background: dtr_trainer_start runs a thread (priority, CPU affinity, a CPU share cap)
+ *    that trains continuously, with pause and resume.
+ * Serving: dtr_trainer_acquire gives the newest published snapshot without waiting on
+ * training (lock-free: a reader never blocks, training never writes a buffer a reader
+ * holds), dtr_trainer_pull copies it into the app's own serving model. See docs/online.md. */
+
+/** Builds the training loss from a batch: x (N, sample shape...) and y (N, ...; NULL when
+ *  unlabeled) are arena tensors of `ctx` (the model's context); returns the scalar mean
+ *  loss over the N samples, or NULL with the context's error set. Called on the thread that
+ *  trains (the tick's caller or the background thread), with gradients on for training and
+ *  off for the guard's evaluation. */
+typedef dtr_tensor *(*dtr_trainer_loss_fn)(void *user, dtr_context *ctx, dtr_tensor *x, dtr_tensor *y);
+
+/** A monotonic clock in microseconds (a fake one for tests, or CPU time of the thread), called
+ *  on the thread that trains (the tick's caller or the background thread) and by
+ *  dtr_trainer_get_stats. */
+typedef uint64_t (*dtr_trainer_clock_fn)(void *user);
+
+/** The background thread's settings (dtr_trainer_start). */
+typedef struct dtr_trainer_background_config {
+    int nice;                         /**< 0: the app's priority; 1..19: lower (Linux: the thread's nice value) */
+    int cpu;                          /**< >= 0: pin the thread to this CPU (Linux); -1 (default): no pinning */
+    float cpu_share;                  /**< (0, 1]: the fraction of one core the thread may take; it sleeps
+                                           after each piece of work in proportion; 0: 1 (no cap) */
+    int max_threads;                  /**< > 0: refuse a model whose context has more compute threads than
+                                           this (the trainer's thread count is 1 + the context's); 0: no cap */
+    int idle_wait_ms;                 /**< how long the thread waits for samples before looking at
+                                           requests again; 0: 5 */
+} dtr_trainer_background_config;
+
+/** The publication guard: weights are published only when their loss on a held-out set is
+ *  no worse than the published weights' loss on the same set (both measured now). */
+typedef struct dtr_trainer_guard_config {
+    int enabled;                      /**< 1: guard every publication */
+    int64_t holdout_every;            /**< every k-th accepted sample goes to the held-out set instead of
+                                           training (dtr_trainer_push_holdout adds more); 0: 10 */
+    int64_t holdout_size;             /**< held-out samples kept (the newest); 0: 256 */
+    float tolerance;                  /**< publish when new_loss <= old_loss * (1 + tolerance); default 0 */
+} dtr_trainer_guard_config;
+
+/** Trainer options. Make one with dtr_trainer_config_init() and set model, loss and the
+ *  feed's layout. */
+typedef struct dtr_trainer_config {
+    dtr_model *model;                 /**< the model trained (the app keeps it; only the trainer touches it
+                                           while the trainer lives, except between ticks) */
+    dtr_trainer_loss_fn loss;         /**< required */
+    void *loss_user;                  /**< handed to loss */
+    dtr_optimizer_config optimizer;   /**< the optimizer and its schedule; default Adam, lr 1e-3
+                                           (grad_accum_steps is the trainer's business: must be 0 or 1) */
+    dtr_feed_config feed;             /**< the stream: layout, capacity, back-pressure policy, checks */
+    int64_t batch_size;               /**< samples per optimizer update; 0: 32. A tick may split a batch
+                                           into micro-batches across ticks (the gradient accumulates) */
+    int64_t publish_every;            /**< publish every N updates; 0: 10; < 0: only on demand */
+    int snapshots;                    /**< snapshot buffers: readers holding one + 2 are always enough;
+                                           0: 4 (two readers at once) */
+    dtr_trainer_guard_config guard;
+    dtr_trainer_background_config background;
+    size_t memory_cap;                /**< > 0: the trainer's memory (model, optimizer, feed, snapshots,
+                                           held-out set, and the context's arena) stays under this many
+                                           bytes: creation fails above it, a step that grows the arena
+                                           past it stops training with DTR_ARENA_FULL; 0: no cap */
+    int64_t cold_estimate_us;         /**< how long a one-sample micro-batch takes before any was timed;
+                                           0: unknown (the first tick with samples runs one to time it) */
+    int reprobe_ticks;                /**< after this many ticks in a row with work waiting and nothing
+                                           that fitted, the time estimates are halved so that one slow
+                                           measurement cannot stop training for good (the attempt
+                                           may run over if the work really does not fit); 0: 64; -1: never */
+    dtr_trainer_clock_fn clock;       /**< NULL: the monotonic clock (dtr_time_ns) */
+    void *clock_user;                 /**< handed to clock */
+} dtr_trainer_config;
+
+/** Defaults: Adam at 1e-3, batch 32, publish every 10 updates, 4 snapshots, no guard, no
+ *  cap. Thread safety: thread safe. */
+DTR_API dtr_trainer_config dtr_trainer_config_init(void);
+
+typedef struct dtr_trainer dtr_trainer;
+
+/** Creates a trainer over cfg->model (built here if it was not), its optimizer, its feed
+ *  and its snapshot buffers, and publishes the model's current weights as version 1. All
+ *  memory is allocated here.
+ *  @return DTR_OK, DTR_NULL_HANDLE (cfg, model or loss), DTR_INVALID_ARGUMENT (a field out
+ *          of range: the message says which), DTR_UNSUPPORTED (a model whose parameters are
+ *          not host memory), DTR_OUT_OF_MEMORY (also: over memory_cap, the message gives
+ *          the bytes), or the optimizer's or feed's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_trainer_create(const dtr_trainer_config *cfg, dtr_trainer **out, char *err, size_t errlen);
+
+/** Stops the background thread (if any), then frees the optimizer, feed and snapshots (the
+ *  model stays the app's). No snapshot may be held. NULL is ignored.
+ *  Thread safety: the thread that created it, with no other call in flight. */
+DTR_API void dtr_trainer_destroy(dtr_trainer *tr);
+
+/** Pushes n samples (the feed's layout): checked by the feed's policy, every
+ *  guard.holdout_every-th accepted one kept for the guard, the rest queued for training.
+ *  Back pressure is the feed's policy: wait up to timeout_ms, drop the oldest or drop the
+ *  newest (dtr_feed_push has the details and results).
+ *  @param pushed receives the samples that went in for training or held out (may be NULL).
+ *  Thread safety: any number of threads, at any time (also while training runs). */
+DTR_API dtr_result dtr_trainer_push(dtr_trainer *tr, const void *x, const void *y, int64_t n, int timeout_ms,
+                                    int64_t *pushed);
+
+/** Adds n samples to the guard's held-out set only (checked as pushes are; the newest
+ *  holdout_size are kept). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0, a
+ *  bad sample), DTR_BAD_STATE (no guard). Thread safety: any thread, at any time. */
+DTR_API dtr_result dtr_trainer_push_holdout(dtr_trainer *tr, const void *x, const void *y, int64_t n);
+
+/** What one tick did. */
+typedef struct dtr_trainer_tick_report {
+    int64_t micro_batches;            /**< forward and backward passes run */
+    int64_t samples;                  /**< samples they trained on */
+    int64_t updates;                  /**< optimizer updates applied */
+    int published;                    /**< 1: a new snapshot was published; -1: the guard refused one */
+    int64_t used_us;                  /**< time the tick took, on the trainer's clock */
+} dtr_trainer_tick_report;
+
+/** Cooperative mode: trains for at most budget_us microseconds of the trainer's clock and
+ *  returns. Each piece of work (a micro-batch of 1, 2, 4 ... samples, an update, a
+ *  publication with its guard evaluation) starts only when the recent worst time of its
+ *  kind, plus a margin, fits in what is left; an unknown size is estimated from the next
+ *  smaller one (twice its time). Never waits for samples. Publications requested by
+ *  publish_every or dtr_trainer_publish are made when one fits.
+ *  @param report receives what was done (may be NULL).
+ *  @return DTR_OK (also when nothing fitted or no sample was there), DTR_BAD_STATE (the
+ *          background thread runs, or training stopped on an earlier error), DTR_ARENA_FULL
+ *          (memory_cap), or the loss's or optimizer's error (dtr_trainer_last_error).
+ *  Thread safety: one thread (the app's loop), not while the background thread runs. */
+DTR_API dtr_result dtr_trainer_tick(dtr_trainer *tr, int64_t budget_us, dtr_trainer_tick_report *report);
+
+/** Background mode: starts the training thread (cfg.background). Training goes on until
+ *  dtr_trainer_stop or destroy; pause and resume hold it between two pieces of work.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (already running), DTR_INVALID_ARGUMENT
+ *          (max_threads exceeded), DTR_OUT_OF_MEMORY (no thread).
+ *  Thread safety: the thread that created the trainer. */
+DTR_API dtr_result dtr_trainer_start(dtr_trainer *tr);
+/** Stops and joins the training thread (after its current piece of work). Returns the error
+ *  that stopped training, if one did, else DTR_OK (also when not running).
+ *  Thread safety: the thread that created the trainer. */
+DTR_API dtr_result dtr_trainer_stop(dtr_trainer *tr);
+/** Holds the background thread after its current piece of work (pause 1) or lets it go on
+ *  (pause 0); returns at once. @return DTR_OK or DTR_NULL_HANDLE. Thread safety: any thread. */
+DTR_API dtr_result dtr_trainer_pause(dtr_trainer *tr, int pause);
+
+/** Asks for a publication of the current weights (through the guard when enabled): the next
+ *  tick with room for it, or the background thread after its current piece of work, makes
+ *  it. The stats say what happened (versions, guard refusals). @return DTR_OK or
+ *  DTR_NULL_HANDLE. Thread safety: any thread. */
+DTR_API dtr_result dtr_trainer_publish(dtr_trainer *tr);
+
+/** A published version of the weights, read-only, valid until dtr_trainer_release. */
+typedef struct dtr_snapshot {
+    const float *params;              /**< dtr_model_numel floats, the model's parameter buffer layout */
+    int64_t numel;
+    int64_t version;                  /**< 1, 2, 3 ... in publication order */
+    int64_t updates;                  /**< optimizer updates the weights had seen */
+    uint32_t crc32c;                  /**< dtr_crc32c(0, params, numel * 4), computed at publication */
+    float holdout_loss;               /**< guard: the loss on the held-out set at publication; NaN without */
+    int slot;                         /**< which buffer (for dtr_trainer_release) */
+} dtr_snapshot;
+
+/** Takes the newest published snapshot and holds it until dtr_trainer_release: training
+ *  never writes a held buffer. Lock-free: never waits on training (it retries only while a
+ *  publication is swapping the pointer).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: any number of threads at once. */
+DTR_API dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out);
+/** Lets go of a snapshot from dtr_trainer_acquire. Thread safety: any thread. */
+DTR_API void dtr_trainer_release(dtr_trainer *tr, const dtr_snapshot *snap);
+
+/** Serving helper: when the newest published version differs from *version, copies it into
+ *  `serving`'s parameters (a model of the same layout on the caller's own context) and sets
+ *  *version; otherwise does nothing. Never waits on training.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (another parameter count).
+ *  Thread safety: any thread that owns `serving`; several at once with their own models. */
+DTR_API dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *version);
+
+/** Counters and the falling-behind report. */
+typedef struct dtr_trainer_stats {
+    int64_t updates;                  /**< optimizer updates */
+    int64_t micro_batches;
+    int64_t samples_trained;
+    int64_t version;                  /**< newest published version */
+    int64_t published;                /**< publications made */
+    int64_t guard_refused;            /**< publications the guard refused (the old weights stayed) */
+    float guard_new_loss, guard_old_loss; /**< losses of the last guarded decision (NaN before one) */
+    int64_t publish_busy;             /**< publications put off because every spare buffer was held */
+    int64_t ticks;                    /**< cooperative ticks */
+    int64_t tick_overruns;            /**< ticks that ran past budget + max(10%, 200 us) */
+    int64_t tick_max_over_us;         /**< the largest (used - budget) of a tick (<= 0: none ran over) */
+    int64_t tick_used_us, tick_budget_us; /**< sums over ticks */
+    int64_t reprobes;                 /**< times the estimates were halved (reprobe_ticks) */
+    int64_t holdout;                  /**< held-out samples kept now */
+    dtr_feed_stats feed;              /**< the stream: pushed, dropped, rejected, timeouts, backlog */
+    double ingest_per_s, trained_per_s; /**< samples pushed and trained per second since creation */
+    int behind;                       /**< 1: the trainer has fallen behind the stream (samples were lost
+                                           to the back-pressure policy since the last call, or the
+                                           backlog is over 3/4 of the feed's capacity) */
+    char report[256];                 /**< one line saying so (how many lost, backlog, rates), or "" */
+    dtr_result status;                /**< the error that stopped training, or DTR_OK */
+} dtr_trainer_stats;
+
+/** Fills the stats. Thread safety: any thread (counters of a running trainer may be a
+ *  piece of work apart from each other). */
+DTR_API void dtr_trainer_get_stats(dtr_trainer *tr, dtr_trainer_stats *out);
+
+/** The message of the error that stopped training, or of the last failed call, or "".
+ *  Thread safety: any thread, once the call that failed has returned. */
+DTR_API const char *dtr_trainer_last_error(const dtr_trainer *tr);
+
+/** The trainer's optimizer (for its state in a checkpoint). Thread safety: any thread; use
+ *  it only while training is paused or between ticks. */
+DTR_API dtr_optimizer *dtr_trainer_optimizer(dtr_trainer *tr);
+/** The trainer's feed (stats, dtr_feed_end). Thread safety: as the feed's functions. */
+DTR_API dtr_feed *dtr_trainer_feed(dtr_trainer *tr);
+
+/** Entry `index` of the trainer's state (api.h, "state"): "counters" (int64: updates,
+ *  micro-batches, samples trained, version, accumulated samples, the published weights'
+ *  updates), then "published" (the
+ *  published weights, dtr_model_numel floats) so a restored trainer serves and guards against
+ *  the same weights. The model and optimizer list their own state.
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE.
+ *  Thread safety: while training is paused (stopped) or between ticks; no snapshot held. */
+DTR_API dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry *out);
+/** After writing the entries back: checks the counters and republishes the loaded weights
+ *  under their version (checksum recomputed). @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_CORRUPT_FILE (a negative counter). Thread safety: as dtr_trainer_state. */
+DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
+
 #ifdef __cplusplus
 }
 #endif
@@ -2820,7 +3081,7 @@ DTR_API void dtr_ckpt_destroy(dtr_ckpt *ck);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2824 "dtrain.h"
+#line 3085 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3313,7 +3574,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3317 "dtrain.h"
+#line 3578 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3572,7 +3833,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3576 "dtrain.h"
+#line 3837 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3624,10 +3885,17 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
                                void *own_x, void *own_y, const char *name, dtr_dataset **out, char *err,
                                size_t errlen);
 
+/** Checks samples [0, n) of a push as the feed's policy says (none with DTR_FEED_NO_CHECK):
+ *  the index of the first bad one (its reason in msg and the feed's stats, counted as a
+ *  refused push), or -1 when all are good. Thread safe. */
+/** Samples waiting in the feed (without copying the stats). Thread safe. */
+DTR__PRIVATE int64_t dtr__feed_size(dtr_feed *s);
+DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *y, int64_t n, char *msg, size_t len);
+
 #ifdef __cplusplus
 }
 #endif
-#line 3631 "dtrain.h"
+#line 3899 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3897,7 +4165,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3901 "dtrain.h"
+#line 4169 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -3940,7 +4208,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 3944 "dtrain.h"
+#line 4212 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3967,7 +4235,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3971 "dtrain.h"
+#line 4239 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4000,7 +4268,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4004 "dtrain.h"
+#line 4272 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -4050,7 +4318,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 4054 "dtrain.h"
+#line 4322 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4402,7 +4670,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4406 "dtrain.h"
+#line 4674 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -5193,7 +5461,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 5197 "dtrain.h"
+#line 5465 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5617,7 +5885,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5621 "dtrain.h"
+#line 5889 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5688,7 +5956,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5692 "dtrain.h"
+#line 5960 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6078,7 +6346,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 6082 "dtrain.h"
+#line 6350 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -6278,7 +6546,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 6282 "dtrain.h"
+#line 6550 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6509,7 +6777,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6513 "dtrain.h"
+#line 6781 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -6624,7 +6892,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 6628 "dtrain.h"
+#line 6896 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -6680,7 +6948,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 6684 "dtrain.h"
+#line 6952 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -7110,7 +7378,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 7114 "dtrain.h"
+#line 7382 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -7289,7 +7557,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7293 "dtrain.h"
+#line 7561 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7814,7 +8082,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 7818 "dtrain.h"
+#line 8086 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -8313,7 +8581,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 8317 "dtrain.h"
+#line 8585 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8572,7 +8840,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8576 "dtrain.h"
+#line 8844 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8758,7 +9026,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8762 "dtrain.h"
+#line 9030 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8878,7 +9146,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8882 "dtrain.h"
+#line 9150 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -9352,7 +9620,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 9356 "dtrain.h"
+#line 9624 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -9521,7 +9789,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 9525 "dtrain.h"
+#line 9793 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9770,7 +10038,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9774 "dtrain.h"
+#line 10042 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -10218,7 +10486,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 10222 "dtrain.h"
+#line 10490 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -10347,7 +10615,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 10351 "dtrain.h"
+#line 10619 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -10694,7 +10962,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 10698 "dtrain.h"
+#line 10966 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -10760,7 +11028,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 10764 "dtrain.h"
+#line 11032 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10997,7 +11265,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 11001 "dtrain.h"
+#line 11269 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -11746,7 +12014,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 11750 "dtrain.h"
+#line 12018 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -12199,7 +12467,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 12203 "dtrain.h"
+#line 12471 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -12255,7 +12523,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 12259 "dtrain.h"
+#line 12527 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -13032,7 +13300,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 13036 "dtrain.h"
+#line 13304 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -13613,7 +13881,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 13617 "dtrain.h"
+#line 13885 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -14244,7 +14512,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 14248 "dtrain.h"
+#line 14516 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14982,7 +15250,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14986 "dtrain.h"
+#line 15254 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -15001,6 +15269,8 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
 
 
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sys/time.h>
 
@@ -15010,7 +15280,8 @@ struct dtr_feed {
     size_t x_bytes, y_bytes;
     int64_t x_numel, y_numel;
     int64_t cap, max_batch;
-    int drop_oldest;
+    int policy;                    /* dtr_feed_policy */
+    int check;                     /* dtr_feed_check */
     unsigned char *rx, *ry;        /* the ring: cap samples */
     int64_t *rseq;                 /* push sequence number of each ring sample */
     int64_t head, size;            /* oldest sample, samples waiting */
@@ -15059,7 +15330,14 @@ dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err
     s->y_bytes = (size_t)s->y_numel * 4;
     s->cap = cap;
     s->max_batch = mb;
-    s->drop_oldest = cfg->drop_oldest ? 1 : 0;
+    s->policy = cfg->drop_oldest ? DTR_FEED_DROP_OLDEST : (int)cfg->policy;
+    s->check = (int)cfg->check;
+    if (s->policy < DTR_FEED_BLOCK || s->policy > DTR_FEED_DROP_NEWEST || s->check < DTR_FEED_REJECT_PUSH ||
+        s->check > DTR_FEED_NO_CHECK) {
+        dtr__free(a, s);
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "stream: policy %d or check %d is not a known value",
+                         (int)cfg->policy, (int)cfg->check);
+    }
     if ((uint64_t)cap > (uint64_t)((size_t)-1 / 4) / (uint64_t)(s->x_bytes + s->y_bytes + 8)) {
         dtr__free(a, s);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "stream: a ring of %lld samples does not fit in memory", (long long)cap);
@@ -15124,53 +15402,121 @@ static int dtr__stream_wait(dtr_feed *s, pthread_cond_t *cv, int ms, const struc
     return pthread_cond_timedwait(cv, &s->mu, deadline) != ETIMEDOUT;
 }
 
+/* Writes why sample `i` of a push is bad into `msg` and returns 0, or returns 1 when it is
+ * good: f32 values finite, i32 labels inside [0, num_classes) when num_classes is known. */
+static int dtr__feed_sample_ok(const dtr_feed *s, const void *x, const void *y, int64_t i, char *msg, size_t len) {
+    const dtr_sample_layout *l = &s->layout;
+    int64_t k;
+    if (l->x_dtype == DTR_F32) {
+        const float *v = (const float *)x + i * s->x_numel;
+        for (k = 0; k < s->x_numel; k++)
+            if (!isfinite(v[k])) {
+                snprintf(msg, len, "stream: sample %lld of the push: feature %lld is not finite", (long long)i, (long long)k);
+                return 0;
+            }
+    }
+    if (!s->y_bytes) return 1;
+    for (k = 0; k < s->y_numel; k++) {
+        if (l->y_dtype == DTR_F32) {
+            float v = ((const float *)y)[i * s->y_numel + k];
+            if (isfinite(v)) continue;
+            snprintf(msg, len, "stream: sample %lld of the push: target %lld is not finite", (long long)i, (long long)k);
+            return 0;
+        } else {
+            int32_t v = ((const int32_t *)y)[i * s->y_numel + k];
+            if (l->num_classes <= 0 || (v >= 0 && v < l->num_classes)) continue;
+            snprintf(msg, len, "stream: sample %lld of the push: label %d is outside 0..%d", (long long)i, (int)v,
+                     l->num_classes - 1);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *y, int64_t n, char *msg, size_t len) {
+    char buf[sizeof s->stats.last_bad];
+    int64_t i;
+    if (s->check == DTR_FEED_NO_CHECK) return -1;
+    for (i = 0; i < n; i++)
+        if (!dtr__feed_sample_ok(s, x, y, i, buf, sizeof buf)) {
+            if (msg && len) snprintf(msg, len, "%s", buf);
+            pthread_mutex_lock(&s->mu);
+            s->stats.rejected_pushes++;
+            memcpy(s->stats.last_bad, buf, sizeof buf);
+            pthread_mutex_unlock(&s->mu);
+            return i;
+        }
+    return -1;
+}
+
+/* DTR_FEED_REJECT_PUSH: the index of the first bad sample (its reason in s->stats), or -1. */
+static int64_t dtr__feed_first_bad(dtr_feed *s, const void *x, const void *y, int64_t n) {
+    return dtr__feed_validate(s, x, y, n, NULL, 0);
+}
+
+/* Copies sample i of the push to the ring's tail. Under the lock, with room. */
+static void dtr__feed_put(dtr_feed *s, const void *x, const void *y, int64_t i) {
+    int64_t at = (s->head + s->size) % s->cap;
+    memcpy(s->rx + (size_t)at * s->x_bytes, (const unsigned char *)x + (size_t)i * s->x_bytes, s->x_bytes);
+    if (s->y_bytes) memcpy(s->ry + (size_t)at * s->y_bytes, (const unsigned char *)y + (size_t)i * s->y_bytes, s->y_bytes);
+    s->rseq[at] = s->next_seq++;
+    s->size++;
+    s->stats.pushed++;
+}
+
+/* The ring is full: makes room by the feed's policy, or waits. 1: go on; 0: stop with *r. */
+static int dtr__feed_room(dtr_feed *s, int timeout_ms, const struct timespec *deadline, int64_t left, dtr_result *r) {
+    if (s->policy == DTR_FEED_DROP_OLDEST) {
+        s->head = (s->head + 1) % s->cap;
+        s->size--;
+        s->stats.dropped++;
+        return 1;
+    }
+    if (s->policy == DTR_FEED_DROP_NEWEST) {
+        s->stats.dropped_newest += left;
+        return 0;
+    }
+    pthread_cond_signal(&s->data);
+    if (timeout_ms == 0 || !dtr__stream_wait(s, &s->room, timeout_ms, deadline)) {
+        if (s->size == s->cap) {   /* still full when the time ran out */
+            *r = DTR_TIMEOUT;
+            s->stats.timeouts++;
+            return 0;
+        }
+    }
+    return 1;
+}
+
 dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
     struct timespec deadline;
     dtr_result r = DTR_OK;
-    int64_t done = 0;
+    int64_t done = 0, i;
     if (pushed) *pushed = 0;
     if (!s || (n > 0 && (!x || (s->y_bytes && !y)))) return DTR_NULL_HANDLE;
     if (n < 0) return DTR_INVALID_ARGUMENT;
+    if (s->check == DTR_FEED_REJECT_PUSH && dtr__feed_first_bad(s, x, y, n) >= 0) return DTR_INVALID_ARGUMENT;
     if (timeout_ms > 0) deadline = dtr__deadline(timeout_ms);
     else memset(&deadline, 0, sizeof deadline);
     pthread_mutex_lock(&s->mu);
-    while (done < n) {
-        int64_t room, k, i;
+    for (i = 0; i < n;) {
         if (s->closed) {
             r = DTR_BAD_STATE;
             break;
         }
-        room = s->cap - s->size;
-        if (room == 0) {
-            if (s->drop_oldest) {
-                k = n - done < s->cap ? n - done : s->cap;
-                s->head = (s->head + k) % s->cap;
-                s->size -= k;
-                s->stats.dropped += k;
-                continue;
-            }
-            if (timeout_ms == 0 || !dtr__stream_wait(s, &s->room, timeout_ms, &deadline)) {
-                if (s->size == s->cap) {   /* still full when the time ran out */
-                    r = DTR_TIMEOUT;
-                    s->stats.timeouts++;
-                    break;
-                }
-            }
+        if (s->check == DTR_FEED_REJECT_SAMPLE &&
+            !dtr__feed_sample_ok(s, x, y, i, s->stats.last_bad, sizeof s->stats.last_bad)) {
+            s->stats.rejected++;
+            i++;
             continue;
         }
-        k = n - done < room ? n - done : room;
-        for (i = 0; i < k; i++) {
-            int64_t at = (s->head + s->size + i) % s->cap;
-            memcpy(s->rx + (size_t)at * s->x_bytes, (const unsigned char *)x + (size_t)(done + i) * s->x_bytes, s->x_bytes);
-            if (s->y_bytes)
-                memcpy(s->ry + (size_t)at * s->y_bytes, (const unsigned char *)y + (size_t)(done + i) * s->y_bytes, s->y_bytes);
-            s->rseq[at] = s->next_seq++;
+        if (s->size == s->cap) {
+            if (!dtr__feed_room(s, timeout_ms, &deadline, n - i, &r)) break;
+            continue;
         }
-        s->size += k;
-        done += k;
-        s->stats.pushed += k;
-        pthread_cond_signal(&s->data);
+        dtr__feed_put(s, x, y, i++);
+        done++;
     }
+    if (done) pthread_cond_signal(&s->data);
     pthread_mutex_unlock(&s->mu);
     if (pushed) *pushed = done;
     return r;
@@ -15240,6 +15586,14 @@ void dtr_feed_end(dtr_feed *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+int64_t dtr__feed_size(dtr_feed *s) {
+    int64_t n;
+    pthread_mutex_lock(&s->mu);
+    n = s->size;
+    pthread_mutex_unlock(&s->mu);
+    return n;
+}
+
 void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
@@ -15249,7 +15603,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 15253 "dtrain.h"
+#line 15607 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -15439,7 +15793,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 15443 "dtrain.h"
+#line 15797 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -15573,7 +15927,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 15577 "dtrain.h"
+#line 15931 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -16307,7 +16661,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 16311 "dtrain.h"
+#line 16665 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16824,7 +17178,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16828 "dtrain.h"
+#line 17182 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -17556,7 +17910,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 17560 "dtrain.h"
+#line 17914 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -18638,7 +18992,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 18642 "dtrain.h"
+#line 18996 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -19190,7 +19544,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 19194 "dtrain.h"
+#line 19548 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -19672,7 +20026,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 19676 "dtrain.h"
+#line 20030 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -20125,7 +20479,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 20129 "dtrain.h"
+#line 20483 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -20484,7 +20838,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 20488 "dtrain.h"
+#line 20842 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -20681,7 +21035,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 20685 "dtrain.h"
+#line 21039 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -21014,7 +21368,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 21018 "dtrain.h"
+#line 21372 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -21447,7 +21801,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 21451 "dtrain.h"
+#line 21805 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -21501,7 +21855,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 21505 "dtrain.h"
+#line 21859 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -22650,7 +23004,905 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 22654 "dtrain.h"
+#line 23008 "dtrain.h"
+
+/* ---- src/engine/trainer.c ---- */
+#line 1 "src/engine/trainer.c"
+/* ============================================================================
+ * Online trainer: learning inside a running app (dtr_trainer, api_engine.h).
+ *
+ * Work comes in pieces: a micro-batch (forward and backward of 1, 2, 4 ... samples popped
+ * from the feed, its gradient accumulated in the model's buffer), an update (the optimizer
+ * step once a batch has accumulated) and a publication (copy, guard, checksum, swap). A
+ * cooperative tick starts a piece only when the recent worst time of its kind, plus a
+ * margin, fits in what is left of the budget; the background thread runs them back to back,
+ * sleeping in proportion to cap its CPU share.
+ *
+ * Snapshots (RCU-style): `nslots` buffers, one of them current. A reader increments the
+ * current slot's reader count, then checks the slot is still current (else it lets go and
+ * retries). The publisher writes only a slot that is not current and has no reader, then
+ * makes it current with a sequentially consistent store. A reader that counted itself in
+ * after the publisher's check sees another slot current and retries, so nobody reads a
+ * buffer being written and no reader ever waits for the publisher.
+ * ==========================================================================*/
+
+
+
+
+
+
+
+#include <math.h>
+#include <pthread.h>
+#ifdef __linux__
+#include <sys/resource.h>
+#include <sys/syscall.h>
+extern long syscall(long number, ...);
+#endif
+
+#define DTR__TR_BUCKETS 16   /* micro-batch sizes 1, 2, 4 ... 32768 */
+#define DTR__TR_WIN 16       /* durations remembered per kind of work */
+
+typedef struct dtr__tr_window {
+    int64_t t[DTR__TR_WIN];
+    int n, at;
+} dtr__tr_window;
+
+typedef struct dtr__tr_slot {
+    float *params;
+    int64_t version, updates;
+    uint32_t crc;
+    float loss;
+    int readers;
+} dtr__tr_slot;
+
+struct dtr_trainer {
+    dtr_trainer_config cfg;
+    dtr_context *ctx;
+    dtr_optimizer *opt;
+    dtr_feed *feed;
+    int64_t numel, batch, x_numel, y_numel;
+    size_t x_bytes, y_bytes, fixed_bytes;
+    dtr__tr_slot *slots;
+    int nslots, current;
+    /* the guard's held-out set: a ring, and the copy the evaluation reads */
+    pthread_mutex_t hmu;
+    unsigned char *hx, *hy, *ex, *ey;
+    int64_t hcap, hhead, hsize, accepted;
+    /* timing of each kind of work, in microseconds of the trainer's clock */
+    dtr__tr_window micro[DTR__TR_BUCKETS], update, publish;
+    int64_t acc;             /* samples whose gradient is in the model's buffer */
+    int publish_req;         /* atomic */
+    uint64_t t_created;
+    /* counters: written by the training thread under smu */
+    pthread_mutex_t smu;
+    dtr_trainer_stats st;
+    int64_t lost_seen;
+    int64_t saved[6];        /* the "counters" state entry */
+    int64_t starved;         /* ticks in a row with work waiting and nothing that fitted */
+    /* background thread */
+    pthread_mutex_t bmu;
+    pthread_cond_t bcv;
+    pthread_t th;
+    int running, stop, paused;
+    dtr_result status;
+    char err[256];
+};
+
+/* ---- clock, errors ---- */
+
+static uint64_t dtr__tr_now(const dtr_trainer *tr) {
+    if (tr->cfg.clock) return tr->cfg.clock(tr->cfg.clock_user);
+    return (uint64_t)(dtr_time_ns() / 1000);
+}
+
+static dtr_result dtr__tr_fail(dtr_trainer *tr, dtr_result r, const char *what) {
+    const char *why = dtr_context_last_error(tr->ctx);
+    snprintf(tr->err, sizeof tr->err, "trainer: %s: %s%s%.180s", what, dtr_result_string(r), why && *why ? ": " : "",
+             why ? why : "");
+    return r;
+}
+
+static void dtr__tr_log(dtr_trainer *tr, dtr_log_level level, const char *msg) {
+    if (tr->ctx->cfg.log && tr->ctx->cfg.log_level >= level) tr->ctx->cfg.log(tr->ctx->cfg.log_user, level, msg);
+}
+
+/* ---- estimates ---- */
+
+static void dtr__tr_record(dtr__tr_window *w, int64_t us) {
+    w->t[w->at] = us;
+    w->at = (w->at + 1) % DTR__TR_WIN;
+    if (w->n < DTR__TR_WIN) w->n++;
+}
+
+/* The recent near-worst time (the largest of the last 16 but one: a single preemption or
+ * page-fault burst does not starve that kind of work for 16 rounds) plus a margin of 1/8
+ * and 5 us; -1 when nothing was timed. */
+static int64_t dtr__tr_worst(const dtr__tr_window *w) {
+    int64_t a = 0, b = 0;
+    int i;
+    if (w->n == 0) return -1;
+    for (i = 0; i < w->n; i++) {
+        if (w->t[i] > a) b = a, a = w->t[i];
+        else if (w->t[i] > b) b = w->t[i];
+    }
+    if (w->n < 4) b = a;
+    return b + b / 8 + 5;
+}
+
+/* Estimate of a micro-batch of 2^b samples: its own recent near-worst, or, while a size has
+ * not run yet, four times the estimate of 2^(b-1) samples (time grows at most linearly with
+ * the samples; the first run of a size also touches new arena memory); a cold one-sample
+ * micro-batch takes cold_estimate_us; -1: unknown. */
+static int64_t dtr__tr_micro_est(const dtr_trainer *tr, int b) {
+    int64_t e = dtr__tr_worst(&tr->micro[b]), p;
+    if (b == 0) return e < 0 && tr->cfg.cold_estimate_us > 0 ? tr->cfg.cold_estimate_us : e;
+    if (e >= 0) return e;
+    p = dtr__tr_micro_est(tr, b - 1);
+    return p >= 0 ? 4 * p : -1;
+}
+
+static int dtr__tr_log2(int64_t n) {
+    int b = 0;
+    while (b + 1 < DTR__TR_BUCKETS && ((int64_t)1 << (b + 1)) <= n) b++;
+    return b;
+}
+
+/* ---- the held-out set ---- */
+
+/* Adds samples [0, n) to the ring (the newest hcap stay). Under hmu. */
+static void dtr__tr_hold(dtr_trainer *tr, const unsigned char *x, const unsigned char *y, int64_t n) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        int64_t at = (tr->hhead + tr->hsize) % tr->hcap;
+        if (tr->hsize == tr->hcap) tr->hhead = (tr->hhead + 1) % tr->hcap;
+        else tr->hsize++;
+        memcpy(tr->hx + (size_t)at * tr->x_bytes, x + (size_t)i * tr->x_bytes, tr->x_bytes);
+        if (tr->y_bytes) memcpy(tr->hy + (size_t)at * tr->y_bytes, y + (size_t)i * tr->y_bytes, tr->y_bytes);
+    }
+}
+
+/* Copies the held-out set into ex/ey for an evaluation; returns its size. */
+static int64_t dtr__tr_hold_copy(dtr_trainer *tr) {
+    int64_t i, n;
+    pthread_mutex_lock(&tr->hmu);
+    n = tr->hsize;
+    for (i = 0; i < n; i++) {
+        int64_t at = (tr->hhead + i) % tr->hcap;
+        memcpy(tr->ex + (size_t)i * tr->x_bytes, tr->hx + (size_t)at * tr->x_bytes, tr->x_bytes);
+        if (tr->y_bytes) memcpy(tr->ey + (size_t)i * tr->y_bytes, tr->hy + (size_t)at * tr->y_bytes, tr->y_bytes);
+    }
+    pthread_mutex_unlock(&tr->hmu);
+    return n;
+}
+
+/* ---- pieces of work ---- */
+
+/* The loss of the model's current weights on the n samples in ex/ey (no gradients). */
+static dtr_result dtr__tr_eval(dtr_trainer *tr, int64_t n, float *out) {
+    const dtr_sample_layout *l = &tr->cfg.feed.layout;
+    int64_t xs[DTR_MAX_DIMS], ys[DTR_MAX_DIMS];
+    dtr_tensor *x, *y = NULL, *loss;
+    int g = dtr_context_set_grad_enabled(tr->ctx, 0), t = dtr_context_set_training(tr->ctx, 0), d;
+    dtr_result r;
+    xs[0] = ys[0] = n;
+    for (d = 0; d < l->x_ndim; d++) xs[d + 1] = l->x_shape[d];
+    for (d = 0; d < l->y_ndim; d++) ys[d + 1] = l->y_shape[d];
+    x = dtr_tensor_from(tr->ctx, l->x_dtype, l->x_ndim + 1, xs, tr->ex);
+    if (tr->y_bytes) y = dtr_tensor_from(tr->ctx, l->y_dtype, l->y_ndim + 1, ys, tr->ey);
+    loss = x && (y || !tr->y_bytes) ? tr->cfg.loss(tr->cfg.loss_user, tr->ctx, x, y) : NULL;
+    *out = loss ? dtr_tensor_get(loss, 0) : NAN;
+    r = loss ? DTR_OK : dtr_context_status(tr->ctx);
+    if (r == DTR_OK && !loss) r = DTR_BAD_STATE;
+    if (r != DTR_OK) dtr__tr_fail(tr, r, "evaluating the held-out set");
+    dtr_context_set_grad_enabled(tr->ctx, g);
+    dtr_context_set_training(tr->ctx, t);
+    dtr_context_reset(tr->ctx);
+    return r;
+}
+
+/* Forward and backward of up to m samples from the feed (waiting up to wait_ms for them). */
+static dtr_result dtr__tr_micro(dtr_trainer *tr, int64_t m, int wait_ms, int64_t *got) {
+    dtr_batch b;
+    dtr_tensor *x = NULL, *y = NULL, *loss = NULL;
+    dtr_result r = dtr_feed_next(tr->feed, m, 1, wait_ms, &b);
+    size_t reserved = 0;
+    *got = 0;
+    if (r == DTR_TIMEOUT || r == DTR_BAD_STATE) return DTR_OK;   /* nothing there, or the stream ended */
+    if (r != DTR_OK) return dtr__tr_fail(tr, r, "popping a batch");
+    r = dtr_batch_tensors(tr->ctx, &b, &x, tr->y_bytes ? &y : NULL);
+    if (r == DTR_OK) loss = tr->cfg.loss(tr->cfg.loss_user, tr->ctx, x, y);
+    if (loss) loss = dtr_scale(tr->ctx, loss, (float)b.size / (float)tr->batch);
+    if (r == DTR_OK) r = loss ? dtr_backward(tr->ctx, loss) : dtr_context_status(tr->ctx);
+    if (r == DTR_OK && !loss) r = DTR_BAD_STATE;
+    dtr_context_arena_usage(tr->ctx, &reserved, NULL);
+    dtr_context_reset(tr->ctx);
+    if (r != DTR_OK) return dtr__tr_fail(tr, r, "a training micro-batch");
+    if (tr->cfg.memory_cap && tr->fixed_bytes + reserved > tr->cfg.memory_cap) {
+        snprintf(tr->err, sizeof tr->err, "trainer: the arena grew to %zu bytes: with the trainer's %zu bytes that is over memory_cap %zu",
+                 reserved, tr->fixed_bytes, tr->cfg.memory_cap);
+        return DTR_ARENA_FULL;
+    }
+    tr->acc += b.size;
+    *got = b.size;
+    pthread_mutex_lock(&tr->smu);
+    tr->st.micro_batches++;
+    tr->st.samples_trained += b.size;
+    pthread_mutex_unlock(&tr->smu);
+    return DTR_OK;
+}
+
+/* The optimizer step over the accumulated gradient (rescaled to the mean when the batch
+ * came out larger than batch_size). */
+static dtr_result dtr__tr_update(dtr_trainer *tr) {
+    float *g = dtr_model_grads(tr->cfg.model);
+    dtr_result r;
+    int64_t i;
+    if (tr->acc != tr->batch) {
+        float k = (float)tr->batch / (float)tr->acc;
+        for (i = 0; i < tr->numel; i++) g[i] *= k;
+    }
+    if ((r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
+    tr->acc = 0;
+    pthread_mutex_lock(&tr->smu);
+    tr->st.updates++;
+    if (tr->cfg.publish_every > 0 && tr->st.updates % tr->cfg.publish_every == 0)
+        DTR__ATOMIC_STORE_SC(&tr->publish_req, 1);
+    pthread_mutex_unlock(&tr->smu);
+    return DTR_OK;
+}
+
+/* A slot nobody reads and that is not current, or -1. */
+static int dtr__tr_free_slot(dtr_trainer *tr) {
+    int cur = DTR__ATOMIC_LOAD_SC(&tr->current), i;
+    for (i = 0; i < tr->nslots; i++)
+        if (i != cur && DTR__ATOMIC_LOAD_SC(&tr->slots[i].readers) == 0) return i;
+    return -1;
+}
+
+/* The guard: evaluates the candidate (the model's weights, also in `s`) and the current
+ * snapshot on the same held-out samples. 1: publish; 0: refused. */
+static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
+    float ln, lo;
+    float *p = dtr_model_params(tr->cfg.model);
+    int64_t n = dtr__tr_hold_copy(tr);
+    dtr_result r;
+    *ok = 1;
+    s->loss = NAN;
+    if (n == 0 || cur < 0) return DTR_OK;
+    if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
+    memcpy(p, tr->slots[cur].params, (size_t)tr->numel * 4);
+    r = dtr__tr_eval(tr, n, &lo);
+    memcpy(p, s->params, (size_t)tr->numel * 4);
+    if (r != DTR_OK) return r;
+    s->loss = ln;
+    *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
+    pthread_mutex_lock(&tr->smu);
+    tr->st.guard_new_loss = ln;
+    tr->st.guard_old_loss = lo;
+    if (!*ok) tr->st.guard_refused++;
+    pthread_mutex_unlock(&tr->smu);
+    if (!*ok) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "trainer: the guard kept version %lld: held-out loss %g of the new weights is worse than %g",
+                 (long long)tr->slots[cur].version, (double)ln, (double)lo);
+        dtr__tr_log(tr, DTR_LOG_WARN, msg);
+    }
+    return DTR_OK;
+}
+
+/* Publishes the model's weights (through the guard). *out: 1 published, -1 refused, 0 put
+ * off (every spare buffer held). */
+static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
+    int i = dtr__tr_free_slot(tr), cur = DTR__ATOMIC_LOAD_SC(&tr->current), ok = 1;
+    dtr__tr_slot *s;
+    dtr_result r;
+    *out = 0;
+    if (i < 0) {
+        pthread_mutex_lock(&tr->smu);
+        tr->st.publish_busy++;
+        pthread_mutex_unlock(&tr->smu);
+        return DTR_OK;
+    }
+    s = &tr->slots[i];
+    DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
+    memcpy(s->params, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
+    s->loss = NAN;
+    if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
+    if (!ok) {
+        *out = -1;
+        return DTR_OK;
+    }
+    s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
+    pthread_mutex_lock(&tr->smu);
+    s->version = ++tr->st.version;
+    s->updates = tr->st.updates;
+    tr->st.published++;
+    pthread_mutex_unlock(&tr->smu);
+    DTR__ATOMIC_STORE_SC(&tr->current, i);
+    *out = 1;
+    return DTR_OK;
+}
+
+/* A publication's cost grows with the held-out set it evaluates: its window holds times
+ * per 1024 "units" of (held-out samples + 64), its estimate scales to the set's size now. */
+static int64_t dtr__tr_publish_units(dtr_trainer *tr) {
+    int64_t h;
+    if (!tr->cfg.guard.enabled) return 64;
+    pthread_mutex_lock(&tr->hmu);
+    h = tr->hsize;
+    pthread_mutex_unlock(&tr->hmu);
+    return h + 64;
+}
+
+static int64_t dtr__tr_publish_est(dtr_trainer *tr) {
+    int64_t e = dtr__tr_worst(&tr->publish);
+    return e < 0 ? -1 : e * dtr__tr_publish_units(tr) / 1024 + 5;
+}
+
+/* Runs one piece of work and times it into its window. */
+static dtr_result dtr__tr_timed_publish(dtr_trainer *tr, int *out) {
+    int64_t u = dtr__tr_publish_units(tr);
+    uint64_t t0 = dtr__tr_now(tr);
+    dtr_result r = dtr__tr_publish(tr, out);
+    dtr__tr_record(&tr->publish, (int64_t)(dtr__tr_now(tr) - t0) * 1024 / u + 1);
+    return r;
+}
+
+static dtr_result dtr__tr_timed_update(dtr_trainer *tr) {
+    uint64_t t0 = dtr__tr_now(tr);
+    dtr_result r = dtr__tr_update(tr);
+    dtr__tr_record(&tr->update, (int64_t)(dtr__tr_now(tr) - t0));
+    return r;
+}
+
+static dtr_result dtr__tr_timed_micro(dtr_trainer *tr, int64_t m, int wait_ms, int64_t *got) {
+    uint64_t t0 = dtr__tr_now(tr);
+    dtr_result r = dtr__tr_micro(tr, m, wait_ms, got);
+    if (*got > 0) dtr__tr_record(&tr->micro[dtr__tr_log2(*got)], (int64_t)(dtr__tr_now(tr) - t0));
+    return r;
+}
+
+/* ---- creation ---- */
+
+dtr_trainer_config dtr_trainer_config_init(void) {
+    dtr_trainer_config c;
+    memset(&c, 0, sizeof c);
+    c.optimizer = dtr_optimizer_config_init(DTR_OPT_ADAM, 1e-3f);
+    c.feed = dtr_feed_config_init();
+    c.batch_size = 32;
+    c.publish_every = 10;
+    c.snapshots = 4;
+    c.guard.holdout_every = 10;
+    c.guard.holdout_size = 256;
+    c.background.cpu = -1;
+    c.background.cpu_share = 1.0f;
+    c.background.idle_wait_ms = 5;
+    return c;
+}
+
+static dtr_result dtr__tr_check_config(const dtr_trainer_config *c, char *err, size_t errlen) {
+    if (!c->model || !c->loss) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_trainer_create: model or loss is NULL");
+    if (c->batch_size < 0 || c->snapshots < 0 || c->snapshots == 1 || c->guard.holdout_every < 0 ||
+        c->guard.holdout_size < 0 || !(c->guard.tolerance >= 0) || c->background.nice < 0 || c->background.nice > 19 ||
+        !(c->background.cpu_share >= 0 && c->background.cpu_share <= 1) || c->background.max_threads < 0 ||
+        c->background.idle_wait_ms < 0 || c->cold_estimate_us < 0)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
+                         "dtr_trainer_create: a field is out of range (batch_size, snapshots >= 2, guard sizes and "
+                         "tolerance >= 0, nice 0..19, cpu_share in [0, 1], max_threads, idle_wait_ms, cold_estimate_us)");
+    if (c->optimizer.grad_accum_steps > 1)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
+                         "dtr_trainer_create: optimizer.grad_accum_steps must be 0 or 1 (the trainer accumulates batch_size samples)");
+    return DTR_OK;
+}
+
+/* Allocates the snapshots and the held-out buffers. */
+static dtr_result dtr__tr_alloc(dtr_trainer *tr, char *err, size_t errlen) {
+    const dtr_allocation_callbacks *a = &tr->ctx->cfg.alloc;
+    int i;
+    tr->slots = (dtr__tr_slot *)dtr__calloc(a, (size_t)tr->nslots * sizeof *tr->slots);
+    if (!tr->slots) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory");
+    for (i = 0; i < tr->nslots; i++)
+        if (!(tr->slots[i].params = (float *)dtr__malloc(a, (size_t)tr->numel * 4 + 4)))
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory for %d snapshots", tr->nslots);
+    if (!tr->cfg.guard.enabled) return DTR_OK;
+    tr->hx = (unsigned char *)dtr__malloc(a, (size_t)tr->hcap * tr->x_bytes);
+    tr->ex = (unsigned char *)dtr__malloc(a, (size_t)tr->hcap * tr->x_bytes);
+    tr->hy = (unsigned char *)dtr__malloc(a, (size_t)tr->hcap * tr->y_bytes + 4);
+    tr->ey = (unsigned char *)dtr__malloc(a, (size_t)tr->hcap * tr->y_bytes + 4);
+    if (!tr->hx || !tr->ex || !tr->hy || !tr->ey)
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory for %lld held-out samples", (long long)tr->hcap);
+    return DTR_OK;
+}
+
+/* Bytes the trainer holds besides the arena: model (params, grads), optimizer moments,
+ * feed ring and batch, snapshots, held-out ring and copy. */
+static size_t dtr__tr_bytes(const dtr_trainer *tr) {
+    size_t sample = tr->x_bytes + tr->y_bytes + 8, moments = tr->cfg.optimizer.kind == DTR_OPT_SGD ? 1 : 2;
+    int64_t cap = tr->cfg.feed.capacity ? tr->cfg.feed.capacity : 1024;
+    int64_t mb = tr->cfg.feed.max_batch ? tr->cfg.feed.max_batch : 256;
+    size_t b = (size_t)tr->numel * 4 * (2 + moments + (size_t)tr->nslots);
+    b += (size_t)(cap + mb) * sample;
+    if (tr->cfg.guard.enabled) b += (size_t)tr->hcap * (tr->x_bytes + tr->y_bytes) * 2;
+    return b;
+}
+
+static dtr_result dtr__tr_setup(dtr_trainer *tr, char *err, size_t errlen) {
+    dtr_trainer_config *c = &tr->cfg;
+    dtr_result r;
+    int pub;
+    if ((r = dtr_model_build(c->model)) != DTR_OK) return dtr__errf(err, errlen, r, "trainer: building the model failed");
+    if (!dtr__host_memory(tr->ctx))
+        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "trainer: the model's parameters must be host memory (CPU backend)");
+    tr->numel = dtr_model_numel(c->model);
+    tr->x_numel = dtr_sample_layout_x_numel(&c->feed.layout);
+    tr->y_numel = dtr_sample_layout_y_numel(&c->feed.layout);
+    tr->x_bytes = (size_t)tr->x_numel * 4;
+    tr->y_bytes = (size_t)tr->y_numel * 4;
+    tr->fixed_bytes = dtr__tr_bytes(tr);
+    if (c->memory_cap && tr->fixed_bytes > c->memory_cap)
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: needs %zu bytes (model, optimizer, feed, snapshots, held-out set): over memory_cap %zu",
+                         tr->fixed_bytes, c->memory_cap);
+    if (c->background.max_threads > 0 && dtr_context_threads(tr->ctx) > c->background.max_threads)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "trainer: the context has %d compute threads, over max_threads %d",
+                         dtr_context_threads(tr->ctx), c->background.max_threads);
+    if ((r = dtr_feed_create(&c->feed, &tr->feed, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr_optimizer_create(c->model, &c->optimizer, &tr->opt)) != DTR_OK)
+        return dtr__errf(err, errlen, r, "trainer: creating the optimizer: %s", dtr_context_last_error(tr->ctx));
+    if ((r = dtr__tr_alloc(tr, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__tr_publish(tr, &pub)) != DTR_OK) return dtr__errf(err, errlen, r, "%s", tr->err);
+    return DTR_OK;
+}
+
+dtr_result dtr_trainer_create(const dtr_trainer_config *cfg, dtr_trainer **out, char *err, size_t errlen) {
+    dtr_trainer *tr;
+    dtr_result r;
+    if (err && errlen) err[0] = '\0';
+    if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_trainer_create: out is NULL");
+    *out = NULL;
+    if (!cfg) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_trainer_create: cfg is NULL");
+    if ((r = dtr__tr_check_config(cfg, err, errlen)) != DTR_OK) return r;
+    tr = (dtr_trainer *)dtr__calloc(&dtr_model_context(cfg->model)->cfg.alloc, sizeof *tr);
+    if (!tr) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory");
+    tr->cfg = *cfg;
+    tr->ctx = dtr_model_context(cfg->model);
+    tr->batch = cfg->batch_size ? cfg->batch_size : 32;
+    tr->cfg.publish_every = cfg->publish_every ? cfg->publish_every : 10;
+    tr->nslots = cfg->snapshots ? cfg->snapshots : 4;
+    tr->hcap = cfg->guard.holdout_size ? cfg->guard.holdout_size : 256;
+    tr->cfg.guard.holdout_every = cfg->guard.holdout_every ? cfg->guard.holdout_every : 10;
+    if (tr->cfg.background.cpu_share == 0) tr->cfg.background.cpu_share = 1;
+    if (tr->cfg.background.idle_wait_ms == 0) tr->cfg.background.idle_wait_ms = 5;
+    tr->cfg.optimizer.grad_accum_steps = 1;
+    tr->current = -1;
+    tr->st.guard_new_loss = tr->st.guard_old_loss = NAN;
+    pthread_mutex_init(&tr->hmu, NULL);
+    pthread_mutex_init(&tr->smu, NULL);
+    pthread_mutex_init(&tr->bmu, NULL);
+    dtr__cond_init(&tr->bcv);
+    tr->t_created = dtr__tr_now(tr);
+    if ((r = dtr__tr_setup(tr, err, errlen)) != DTR_OK) {
+        dtr_trainer_destroy(tr);
+        return r;
+    }
+    *out = tr;
+    return DTR_OK;
+}
+
+void dtr_trainer_destroy(dtr_trainer *tr) {
+    const dtr_allocation_callbacks *a;
+    int i;
+    if (!tr) return;
+    dtr_trainer_stop(tr);
+    a = &tr->ctx->cfg.alloc;
+    dtr_feed_destroy(tr->feed);
+    dtr_optimizer_destroy(tr->opt);
+    for (i = 0; tr->slots && i < tr->nslots; i++) dtr__free(a, tr->slots[i].params);
+    dtr__free(a, tr->slots);
+    dtr__free(a, tr->hx);
+    dtr__free(a, tr->hy);
+    dtr__free(a, tr->ex);
+    dtr__free(a, tr->ey);
+    pthread_mutex_destroy(&tr->hmu);
+    pthread_mutex_destroy(&tr->smu);
+    pthread_mutex_destroy(&tr->bmu);
+    pthread_cond_destroy(&tr->bcv);
+    dtr__free(a, tr);
+}
+
+/* ---- ingest ---- */
+
+dtr_result dtr_trainer_push_holdout(dtr_trainer *tr, const void *x, const void *y, int64_t n) {
+    dtr_feed_stats st;
+    if (!tr || (n > 0 && (!x || (tr->y_bytes && !y)))) return DTR_NULL_HANDLE;
+    if (n < 0) return DTR_INVALID_ARGUMENT;
+    if (!tr->cfg.guard.enabled) return DTR_BAD_STATE;
+    if (dtr__feed_validate(tr->feed, x, y, n, st.last_bad, sizeof st.last_bad) >= 0) {
+        snprintf(tr->err, sizeof tr->err, "trainer: held-out push: %s", st.last_bad);
+        return DTR_INVALID_ARGUMENT;
+    }
+    pthread_mutex_lock(&tr->hmu);
+    dtr__tr_hold(tr, (const unsigned char *)x, (const unsigned char *)y, n);
+    pthread_mutex_unlock(&tr->hmu);
+    return DTR_OK;
+}
+
+/* Pushes samples [i0, i1) to the feed; adds to *pushed. */
+static dtr_result dtr__tr_feed_range(dtr_trainer *tr, const unsigned char *x, const unsigned char *y, int64_t i0,
+                                     int64_t i1, int timeout_ms, int64_t *pushed) {
+    int64_t k = 0;
+    dtr_result r;
+    if (i1 <= i0) return DTR_OK;
+    r = dtr_feed_push(tr->feed, x + (size_t)i0 * tr->x_bytes, y ? y + (size_t)i0 * tr->y_bytes : NULL, i1 - i0,
+                      timeout_ms, &k);
+    *pushed += k;
+    return r;
+}
+
+dtr_result dtr_trainer_push(dtr_trainer *tr, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
+    const unsigned char *xb = (const unsigned char *)x, *yb = (const unsigned char *)y;
+    int64_t done = 0, i, start = 0, every;
+    dtr_result r = DTR_OK;
+    if (pushed) *pushed = 0;
+    if (!tr) return DTR_NULL_HANDLE;
+    if (!tr->cfg.guard.enabled || n <= 0) {
+        r = dtr_feed_push(tr->feed, x, y, n, timeout_ms, pushed);
+        return r;
+    }
+    /* every holdout_every-th sample goes to the held-out set (checked the same way) */
+    if (!x || (tr->y_bytes && !y)) return DTR_NULL_HANDLE;
+    if (tr->cfg.feed.check == DTR_FEED_REJECT_PUSH && dtr__feed_validate(tr->feed, x, y, n, tr->err, sizeof tr->err) >= 0)
+        return DTR_INVALID_ARGUMENT;
+    every = tr->cfg.guard.holdout_every;
+    for (i = 0; i < n && r == DTR_OK; i++) {
+        int64_t k = DTR__ATOMIC_INC(&tr->accepted);
+        if (k % every != 0) continue;
+        r = dtr__tr_feed_range(tr, xb, yb, start, i, timeout_ms, &done);
+        if (r == DTR_OK && dtr__feed_validate(tr->feed, xb + (size_t)i * tr->x_bytes, yb ? yb + (size_t)i * tr->y_bytes : NULL, 1,
+                                              NULL, 0) < 0) {
+            pthread_mutex_lock(&tr->hmu);
+            dtr__tr_hold(tr, xb + (size_t)i * tr->x_bytes, yb ? yb + (size_t)i * tr->y_bytes : NULL, 1);
+            pthread_mutex_unlock(&tr->hmu);
+            done++;
+        }
+        start = i + 1;
+    }
+    if (r == DTR_OK) r = dtr__tr_feed_range(tr, xb, yb, start, n, timeout_ms, &done);
+    if (pushed) *pushed = done;
+    return r;
+}
+
+/* ---- cooperative ticks ---- */
+
+/* The largest micro-batch (a power of two up to what is wanted and there) whose estimate
+ * fits in `left`; the cold one-sample batch when nothing is known and nothing ran yet in
+ * this tick; 0: none fits. */
+static int64_t dtr__tr_pick(const dtr_trainer *tr, int64_t want, int64_t left, int first) {
+    int b;
+    if (want < 1) return 0;
+    for (b = dtr__tr_log2(want); b >= 0; b--) {
+        int64_t e = dtr__tr_micro_est(tr, b);
+        if (e >= 0 && e <= left) return (int64_t)1 << b;
+        if (e < 0 && b == 0 && first) return 1;
+    }
+    return 0;
+}
+
+/* One piece of work for a tick with `left` microseconds. 1: done one; 0: none fits. */
+static dtr_result dtr__tr_tick_one(dtr_trainer *tr, int64_t left, int first, dtr_trainer_tick_report *rep, int *did) {
+    int64_t e, m, got = 0, avail;
+    dtr_result r;
+    *did = 0;
+    if (DTR__ATOMIC_LOAD_SC(&tr->publish_req) && (e = dtr__tr_publish_est(tr)) <= left && (e >= 0 || first)) {
+        int p;
+        if ((r = dtr__tr_timed_publish(tr, &p)) != DTR_OK) return r;
+        if (p) rep->published = p;
+        *did = p != 0;
+        if (*did) return DTR_OK;
+    }
+    if (tr->acc >= tr->batch) {
+        e = dtr__tr_worst(&tr->update);
+        if (!(e <= left && (e >= 0 || first))) return DTR_OK;
+        rep->updates++;
+        *did = 1;
+        return dtr__tr_timed_update(tr);
+    }
+    avail = dtr__feed_size(tr->feed);
+    m = dtr__tr_pick(tr, avail < tr->batch - tr->acc ? avail : tr->batch - tr->acc, left, first);
+    if (m == 0) return DTR_OK;
+    r = dtr__tr_timed_micro(tr, m, 0, &got);
+    rep->micro_batches += got > 0;
+    rep->samples += got;
+    *did = got > 0;
+    return r;
+}
+
+static void dtr__tr_halve(dtr__tr_window *w) {
+    int i;
+    for (i = 0; i < w->n; i++) w->t[i] /= 2;
+}
+
+/* A tick in which work waited and nothing fitted. After reprobe_ticks of them in a row the
+ * estimates are halved, so one spike (a page-fault burst, a preemption on the clock) does not
+ * stop training for good; if the work really does not fit, the next attempt shows it again. */
+static void dtr__tr_starve(dtr_trainer *tr, const dtr_trainer_tick_report *rep) {
+    int b;
+    if (rep->micro_batches || rep->updates || rep->published || (dtr__feed_size(tr->feed) == 0 && tr->acc < tr->batch &&
+                                                                 !DTR__ATOMIC_LOAD_SC(&tr->publish_req))) {
+        tr->starved = 0;
+        return;
+    }
+    if (tr->cfg.reprobe_ticks < 0 || ++tr->starved < (tr->cfg.reprobe_ticks ? tr->cfg.reprobe_ticks : 64)) return;
+    tr->starved = 0;
+    for (b = 0; b < DTR__TR_BUCKETS; b++) dtr__tr_halve(&tr->micro[b]);
+    dtr__tr_halve(&tr->update);
+    dtr__tr_halve(&tr->publish);
+    pthread_mutex_lock(&tr->smu);
+    tr->st.reprobes++;
+    pthread_mutex_unlock(&tr->smu);
+}
+
+static void dtr__tr_tick_stats(dtr_trainer *tr, int64_t budget, int64_t used) {
+    int64_t over = used - budget, slack = budget / 10 > 200 ? budget / 10 : 200;
+    pthread_mutex_lock(&tr->smu);
+    if (tr->st.ticks == 0 || over > tr->st.tick_max_over_us) tr->st.tick_max_over_us = over;
+    tr->st.ticks++;
+    tr->st.tick_overruns += over > slack;
+    tr->st.tick_used_us += used;
+    tr->st.tick_budget_us += budget;
+    pthread_mutex_unlock(&tr->smu);
+}
+
+dtr_result dtr_trainer_tick(dtr_trainer *tr, int64_t budget_us, dtr_trainer_tick_report *report) {
+    dtr_trainer_tick_report rep;
+    uint64_t t0;
+    dtr_result r = DTR_OK;
+    int did = 1, first = 1;
+    memset(&rep, 0, sizeof rep);
+    if (report) *report = rep;
+    if (!tr) return DTR_NULL_HANDLE;
+    if (tr->running || tr->status != DTR_OK) return tr->running ? DTR_BAD_STATE : tr->status;
+    if (budget_us < 0) budget_us = 0;
+    t0 = dtr__tr_now(tr);
+    while (did && r == DTR_OK) {
+        int64_t left = budget_us - (int64_t)(dtr__tr_now(tr) - t0);
+        if (left <= 0) break;
+        r = dtr__tr_tick_one(tr, left, first, &rep, &did);
+        first = 0;
+    }
+    rep.used_us = (int64_t)(dtr__tr_now(tr) - t0);
+    dtr__tr_tick_stats(tr, budget_us, rep.used_us);
+    if (r == DTR_OK) dtr__tr_starve(tr, &rep);
+    if (r != DTR_OK) tr->status = r;
+    if (report) *report = rep;
+    return r;
+}
+
+/* ---- background thread ---- */
+
+static void dtr__tr_thread_setup(dtr_trainer *tr) {
+#ifdef __linux__
+    if (tr->cfg.background.nice > 0) setpriority(PRIO_PROCESS, 0, tr->cfg.background.nice);   /* this thread only */
+    if (tr->cfg.background.cpu >= 0 && tr->cfg.background.cpu < 1024) {
+        unsigned long mask[1024 / (8 * sizeof(unsigned long))];
+        memset(mask, 0, sizeof mask);
+        mask[tr->cfg.background.cpu / (8 * sizeof(unsigned long))] |= 1ul << (tr->cfg.background.cpu % (8 * sizeof(unsigned long)));
+        syscall(SYS_sched_setaffinity, 0L, (long)sizeof mask, mask);
+    }
+#else
+    (void)tr;
+#endif
+}
+
+/* Sleeps `us` on bcv (stop and pause wake it). Under bmu. */
+static void dtr__tr_rest(dtr_trainer *tr, int64_t us) {
+    int64_t deadline = dtr_time_ns() + us * 1000;
+    while (!tr->stop && !tr->paused && !dtr__cond_wait_until(&tr->bcv, &tr->bmu, deadline)) {
+    }
+}
+
+/* One piece of work of the background thread; returns its time in microseconds. */
+static dtr_result dtr__tr_bg_one(dtr_trainer *tr, int64_t *us) {
+    uint64_t t0 = dtr__tr_now(tr);
+    int64_t got = 0;
+    dtr_result r;
+    int p;
+    if (DTR__ATOMIC_LOAD_SC(&tr->publish_req)) r = dtr__tr_timed_publish(tr, &p);
+    else if (tr->acc >= tr->batch) r = dtr__tr_timed_update(tr);
+    else {
+        r = dtr__tr_timed_micro(tr, tr->batch - tr->acc, tr->cfg.background.idle_wait_ms, &got);
+        if (got == 0) t0 = dtr__tr_now(tr);   /* waited for samples: no work to pay for */
+    }
+    *us = (int64_t)(dtr__tr_now(tr) - t0);
+    return r;
+}
+
+static void *dtr__tr_thread(void *arg) {
+    dtr_trainer *tr = (dtr_trainer *)arg;
+    float share = tr->cfg.background.cpu_share;
+    dtr_result r = DTR_OK;
+    dtr__tr_thread_setup(tr);
+    for (;;) {
+        int64_t us = 0;
+        pthread_mutex_lock(&tr->bmu);
+        while (tr->paused && !tr->stop) pthread_cond_wait(&tr->bcv, &tr->bmu);
+        if (tr->stop) {
+            pthread_mutex_unlock(&tr->bmu);
+            break;
+        }
+        pthread_mutex_unlock(&tr->bmu);
+        if ((r = dtr__tr_bg_one(tr, &us)) != DTR_OK) break;
+        if (share < 1 && us > 0) {
+            pthread_mutex_lock(&tr->bmu);
+            dtr__tr_rest(tr, (int64_t)((double)us * (1 - share) / share));
+            pthread_mutex_unlock(&tr->bmu);
+        }
+    }
+    tr->status = r;
+    if (r != DTR_OK) dtr__tr_log(tr, DTR_LOG_ERROR, tr->err);
+    return NULL;
+}
+
+dtr_result dtr_trainer_start(dtr_trainer *tr) {
+    if (!tr) return DTR_NULL_HANDLE;
+    if (tr->running || tr->status != DTR_OK) return DTR_BAD_STATE;
+    tr->stop = 0;
+    if (pthread_create(&tr->th, NULL, dtr__tr_thread, tr) != 0) {
+        snprintf(tr->err, sizeof tr->err, "trainer: cannot start the training thread");
+        return DTR_OUT_OF_MEMORY;
+    }
+    tr->running = 1;
+    return DTR_OK;
+}
+
+dtr_result dtr_trainer_stop(dtr_trainer *tr) {
+    if (!tr) return DTR_NULL_HANDLE;
+    if (tr->running) {
+        pthread_mutex_lock(&tr->bmu);
+        tr->stop = 1;
+        pthread_cond_broadcast(&tr->bcv);
+        pthread_mutex_unlock(&tr->bmu);
+        pthread_join(tr->th, NULL);
+        tr->running = 0;
+    }
+    return tr->status;
+}
+
+dtr_result dtr_trainer_pause(dtr_trainer *tr, int pause) {
+    if (!tr) return DTR_NULL_HANDLE;
+    pthread_mutex_lock(&tr->bmu);
+    tr->paused = pause != 0;
+    pthread_cond_broadcast(&tr->bcv);
+    pthread_mutex_unlock(&tr->bmu);
+    return DTR_OK;
+}
+
+/* ---- serving ---- */
+
+dtr_result dtr_trainer_publish(dtr_trainer *tr) {
+    if (!tr) return DTR_NULL_HANDLE;
+    DTR__ATOMIC_STORE_SC(&tr->publish_req, 1);
+    return DTR_OK;
+}
+
+dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out) {
+    if (!tr || !out) return DTR_NULL_HANDLE;
+    for (;;) {
+        int c = DTR__ATOMIC_LOAD_SC(&tr->current);
+        dtr__tr_slot *s = &tr->slots[c];
+        DTR__ATOMIC_INC(&s->readers);
+        if (DTR__ATOMIC_LOAD_SC(&tr->current) == c) {
+            out->params = s->params;
+            out->numel = tr->numel;
+            out->version = s->version;
+            out->updates = s->updates;
+            out->crc32c = s->crc;
+            out->holdout_loss = s->loss;
+            out->slot = c;
+            return DTR_OK;
+        }
+        DTR__ATOMIC_DEC(&s->readers);
+    }
+}
+
+void dtr_trainer_release(dtr_trainer *tr, const dtr_snapshot *snap) {
+    if (!tr || !snap || snap->slot < 0 || snap->slot >= tr->nslots) return;
+    DTR__ATOMIC_DEC(&tr->slots[snap->slot].readers);
+}
+
+dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *version) {
+    dtr_snapshot s;
+    dtr_result r;
+    if (!tr || !serving || !version) return DTR_NULL_HANDLE;
+    if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
+        return DTR_SHAPE_MISMATCH;
+    if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
+    if (s.version != *version) {
+        memcpy(dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
+        *version = s.version;
+    }
+    dtr_trainer_release(tr, &s);
+    return DTR_OK;
+}
+
+/* ---- stats, state ---- */
+
+/* The falling-behind verdict and its line. */
+static void dtr__tr_behind(dtr_trainer *tr, dtr_trainer_stats *o) {
+    int64_t lost = o->feed.dropped + o->feed.dropped_newest + o->feed.timeouts, cap;
+    cap = tr->cfg.feed.capacity ? tr->cfg.feed.capacity : 1024;
+    o->behind = lost > tr->lost_seen || o->feed.size * 4 > cap * 3;
+    tr->lost_seen = lost;
+    o->report[0] = '\0';
+    if (o->behind)
+        snprintf(o->report, sizeof o->report,
+                 "trainer behind the stream: %lld samples lost (%lld oldest dropped, %lld newest dropped, %lld push "
+                 "timeouts), backlog %lld of %lld, ingest %.0f/s, trained %.0f/s",
+                 (long long)lost, (long long)o->feed.dropped, (long long)o->feed.dropped_newest, (long long)o->feed.timeouts,
+                 (long long)o->feed.size, (long long)cap, o->ingest_per_s, o->trained_per_s);
+}
+
+void dtr_trainer_get_stats(dtr_trainer *tr, dtr_trainer_stats *out) {
+    double s;
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!tr) return;
+    pthread_mutex_lock(&tr->smu);
+    *out = tr->st;
+    pthread_mutex_unlock(&tr->smu);
+    dtr_feed_get_stats(tr->feed, &out->feed);
+    pthread_mutex_lock(&tr->hmu);
+    out->holdout = tr->hsize;
+    pthread_mutex_unlock(&tr->hmu);
+    s = (double)(dtr__tr_now(tr) - tr->t_created) / 1e6;
+    out->ingest_per_s = s > 0 ? (double)out->feed.pushed / s : 0;
+    out->trained_per_s = s > 0 ? (double)out->samples_trained / s : 0;
+    out->status = tr->status;
+    pthread_mutex_lock(&tr->smu);
+    dtr__tr_behind(tr, out);
+    pthread_mutex_unlock(&tr->smu);
+}
+
+const char *dtr_trainer_last_error(const dtr_trainer *tr) { return tr ? tr->err : ""; }
+dtr_optimizer *dtr_trainer_optimizer(dtr_trainer *tr) { return tr ? tr->opt : NULL; }
+dtr_feed *dtr_trainer_feed(dtr_trainer *tr) { return tr ? tr->feed : NULL; }
+
+dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry *out) {
+    if (!tr || !out) return DTR_NULL_HANDLE;
+    if (index == 0) {
+        pthread_mutex_lock(&tr->smu);
+        tr->saved[0] = tr->st.updates, tr->saved[1] = tr->st.micro_batches, tr->saved[2] = tr->st.samples_trained;
+        tr->saved[3] = tr->st.version, tr->saved[4] = tr->acc;
+        tr->saved[5] = tr->slots[DTR__ATOMIC_LOAD_SC(&tr->current)].updates;
+        pthread_mutex_unlock(&tr->smu);
+        return dtr__state_put(out, "counters", tr->saved, sizeof tr->saved, 0);
+    }
+    if (index == 1)
+        return dtr__state_put(out, "published", tr->slots[DTR__ATOMIC_LOAD_SC(&tr->current)].params, (size_t)tr->numel * 4, 0);
+    return DTR_NOT_FOUND;
+}
+
+dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
+    dtr__tr_slot *s;
+    int i;
+    if (!tr) return DTR_NULL_HANDLE;
+    for (i = 0; i < 6; i++)
+        if (tr->saved[i] < 0 || (i == 4 && tr->saved[i] > tr->batch)) {
+            snprintf(tr->err, sizeof tr->err, "trainer: state entry \"counters\" holds a value out of range (%lld at %d)",
+                     (long long)tr->saved[i], i);
+            return DTR_CORRUPT_FILE;
+        }
+    s = &tr->slots[DTR__ATOMIC_LOAD_SC(&tr->current)];
+    pthread_mutex_lock(&tr->smu);
+    tr->st.updates = tr->saved[0], tr->st.micro_batches = tr->saved[1], tr->st.samples_trained = tr->saved[2];
+    tr->st.version = tr->saved[3], tr->acc = tr->saved[4];
+    s->version = tr->saved[3];
+    s->updates = tr->saved[5];
+    pthread_mutex_unlock(&tr->smu);
+    s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
+    return DTR_OK;
+}
+#line 23906 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -46,6 +46,13 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
                                void *own_x, void *own_y, const char *name, dtr_dataset **out, char *err,
                                size_t errlen);
 
+/** Checks samples [0, n) of a push as the feed's policy says (none with DTR_FEED_NO_CHECK):
+ *  the index of the first bad one (its reason in msg and the feed's stats, counted as a
+ *  refused push), or -1 when all are good. Thread safe. */
+/** Samples waiting in the feed (without copying the stats). Thread safe. */
+DTR__PRIVATE int64_t dtr__feed_size(dtr_feed *s);
+DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *y, int64_t n, char *msg, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

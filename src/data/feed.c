@@ -13,6 +13,8 @@
 #include "../core/internal.h"
 #include "data_internal.h"
 #include <errno.h>
+#include <math.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <sys/time.h>
 
@@ -22,7 +24,8 @@ struct dtr_feed {
     size_t x_bytes, y_bytes;
     int64_t x_numel, y_numel;
     int64_t cap, max_batch;
-    int drop_oldest;
+    int policy;                    /* dtr_feed_policy */
+    int check;                     /* dtr_feed_check */
     unsigned char *rx, *ry;        /* the ring: cap samples */
     int64_t *rseq;                 /* push sequence number of each ring sample */
     int64_t head, size;            /* oldest sample, samples waiting */
@@ -71,7 +74,14 @@ dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, char *err
     s->y_bytes = (size_t)s->y_numel * 4;
     s->cap = cap;
     s->max_batch = mb;
-    s->drop_oldest = cfg->drop_oldest ? 1 : 0;
+    s->policy = cfg->drop_oldest ? DTR_FEED_DROP_OLDEST : (int)cfg->policy;
+    s->check = (int)cfg->check;
+    if (s->policy < DTR_FEED_BLOCK || s->policy > DTR_FEED_DROP_NEWEST || s->check < DTR_FEED_REJECT_PUSH ||
+        s->check > DTR_FEED_NO_CHECK) {
+        dtr__free(a, s);
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "stream: policy %d or check %d is not a known value",
+                         (int)cfg->policy, (int)cfg->check);
+    }
     if ((uint64_t)cap > (uint64_t)((size_t)-1 / 4) / (uint64_t)(s->x_bytes + s->y_bytes + 8)) {
         dtr__free(a, s);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "stream: a ring of %lld samples does not fit in memory", (long long)cap);
@@ -136,53 +146,121 @@ static int dtr__stream_wait(dtr_feed *s, pthread_cond_t *cv, int ms, const struc
     return pthread_cond_timedwait(cv, &s->mu, deadline) != ETIMEDOUT;
 }
 
+/* Writes why sample `i` of a push is bad into `msg` and returns 0, or returns 1 when it is
+ * good: f32 values finite, i32 labels inside [0, num_classes) when num_classes is known. */
+static int dtr__feed_sample_ok(const dtr_feed *s, const void *x, const void *y, int64_t i, char *msg, size_t len) {
+    const dtr_sample_layout *l = &s->layout;
+    int64_t k;
+    if (l->x_dtype == DTR_F32) {
+        const float *v = (const float *)x + i * s->x_numel;
+        for (k = 0; k < s->x_numel; k++)
+            if (!isfinite(v[k])) {
+                snprintf(msg, len, "stream: sample %lld of the push: feature %lld is not finite", (long long)i, (long long)k);
+                return 0;
+            }
+    }
+    if (!s->y_bytes) return 1;
+    for (k = 0; k < s->y_numel; k++) {
+        if (l->y_dtype == DTR_F32) {
+            float v = ((const float *)y)[i * s->y_numel + k];
+            if (isfinite(v)) continue;
+            snprintf(msg, len, "stream: sample %lld of the push: target %lld is not finite", (long long)i, (long long)k);
+            return 0;
+        } else {
+            int32_t v = ((const int32_t *)y)[i * s->y_numel + k];
+            if (l->num_classes <= 0 || (v >= 0 && v < l->num_classes)) continue;
+            snprintf(msg, len, "stream: sample %lld of the push: label %d is outside 0..%d", (long long)i, (int)v,
+                     l->num_classes - 1);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *y, int64_t n, char *msg, size_t len) {
+    char buf[sizeof s->stats.last_bad];
+    int64_t i;
+    if (s->check == DTR_FEED_NO_CHECK) return -1;
+    for (i = 0; i < n; i++)
+        if (!dtr__feed_sample_ok(s, x, y, i, buf, sizeof buf)) {
+            if (msg && len) snprintf(msg, len, "%s", buf);
+            pthread_mutex_lock(&s->mu);
+            s->stats.rejected_pushes++;
+            memcpy(s->stats.last_bad, buf, sizeof buf);
+            pthread_mutex_unlock(&s->mu);
+            return i;
+        }
+    return -1;
+}
+
+/* DTR_FEED_REJECT_PUSH: the index of the first bad sample (its reason in s->stats), or -1. */
+static int64_t dtr__feed_first_bad(dtr_feed *s, const void *x, const void *y, int64_t n) {
+    return dtr__feed_validate(s, x, y, n, NULL, 0);
+}
+
+/* Copies sample i of the push to the ring's tail. Under the lock, with room. */
+static void dtr__feed_put(dtr_feed *s, const void *x, const void *y, int64_t i) {
+    int64_t at = (s->head + s->size) % s->cap;
+    memcpy(s->rx + (size_t)at * s->x_bytes, (const unsigned char *)x + (size_t)i * s->x_bytes, s->x_bytes);
+    if (s->y_bytes) memcpy(s->ry + (size_t)at * s->y_bytes, (const unsigned char *)y + (size_t)i * s->y_bytes, s->y_bytes);
+    s->rseq[at] = s->next_seq++;
+    s->size++;
+    s->stats.pushed++;
+}
+
+/* The ring is full: makes room by the feed's policy, or waits. 1: go on; 0: stop with *r. */
+static int dtr__feed_room(dtr_feed *s, int timeout_ms, const struct timespec *deadline, int64_t left, dtr_result *r) {
+    if (s->policy == DTR_FEED_DROP_OLDEST) {
+        s->head = (s->head + 1) % s->cap;
+        s->size--;
+        s->stats.dropped++;
+        return 1;
+    }
+    if (s->policy == DTR_FEED_DROP_NEWEST) {
+        s->stats.dropped_newest += left;
+        return 0;
+    }
+    pthread_cond_signal(&s->data);
+    if (timeout_ms == 0 || !dtr__stream_wait(s, &s->room, timeout_ms, deadline)) {
+        if (s->size == s->cap) {   /* still full when the time ran out */
+            *r = DTR_TIMEOUT;
+            s->stats.timeouts++;
+            return 0;
+        }
+    }
+    return 1;
+}
+
 dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms, int64_t *pushed) {
     struct timespec deadline;
     dtr_result r = DTR_OK;
-    int64_t done = 0;
+    int64_t done = 0, i;
     if (pushed) *pushed = 0;
     if (!s || (n > 0 && (!x || (s->y_bytes && !y)))) return DTR_NULL_HANDLE;
     if (n < 0) return DTR_INVALID_ARGUMENT;
+    if (s->check == DTR_FEED_REJECT_PUSH && dtr__feed_first_bad(s, x, y, n) >= 0) return DTR_INVALID_ARGUMENT;
     if (timeout_ms > 0) deadline = dtr__deadline(timeout_ms);
     else memset(&deadline, 0, sizeof deadline);
     pthread_mutex_lock(&s->mu);
-    while (done < n) {
-        int64_t room, k, i;
+    for (i = 0; i < n;) {
         if (s->closed) {
             r = DTR_BAD_STATE;
             break;
         }
-        room = s->cap - s->size;
-        if (room == 0) {
-            if (s->drop_oldest) {
-                k = n - done < s->cap ? n - done : s->cap;
-                s->head = (s->head + k) % s->cap;
-                s->size -= k;
-                s->stats.dropped += k;
-                continue;
-            }
-            if (timeout_ms == 0 || !dtr__stream_wait(s, &s->room, timeout_ms, &deadline)) {
-                if (s->size == s->cap) {   /* still full when the time ran out */
-                    r = DTR_TIMEOUT;
-                    s->stats.timeouts++;
-                    break;
-                }
-            }
+        if (s->check == DTR_FEED_REJECT_SAMPLE &&
+            !dtr__feed_sample_ok(s, x, y, i, s->stats.last_bad, sizeof s->stats.last_bad)) {
+            s->stats.rejected++;
+            i++;
             continue;
         }
-        k = n - done < room ? n - done : room;
-        for (i = 0; i < k; i++) {
-            int64_t at = (s->head + s->size + i) % s->cap;
-            memcpy(s->rx + (size_t)at * s->x_bytes, (const unsigned char *)x + (size_t)(done + i) * s->x_bytes, s->x_bytes);
-            if (s->y_bytes)
-                memcpy(s->ry + (size_t)at * s->y_bytes, (const unsigned char *)y + (size_t)(done + i) * s->y_bytes, s->y_bytes);
-            s->rseq[at] = s->next_seq++;
+        if (s->size == s->cap) {
+            if (!dtr__feed_room(s, timeout_ms, &deadline, n - i, &r)) break;
+            continue;
         }
-        s->size += k;
-        done += k;
-        s->stats.pushed += k;
-        pthread_cond_signal(&s->data);
+        dtr__feed_put(s, x, y, i++);
+        done++;
     }
+    if (done) pthread_cond_signal(&s->data);
     pthread_mutex_unlock(&s->mu);
     if (pushed) *pushed = done;
     return r;
@@ -250,6 +328,14 @@ void dtr_feed_end(dtr_feed *s) {
     pthread_cond_broadcast(&s->room);
     pthread_cond_broadcast(&s->data);
     pthread_mutex_unlock(&s->mu);
+}
+
+int64_t dtr__feed_size(dtr_feed *s) {
+    int64_t n;
+    pthread_mutex_lock(&s->mu);
+    n = s->size;
+    pthread_mutex_unlock(&s->mu);
+    return n;
 }
 
 void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {

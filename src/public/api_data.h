@@ -475,15 +475,34 @@ DTR_API dtr_result dtr_loader_state_loaded(dtr_loader *l);
 
 /* ---- feed: a streaming dataset (online training) ---- */
 
+/** What a push into a full ring does (dtr_feed_config.policy). Append-only. */
+typedef enum dtr_feed_policy {
+    DTR_FEED_BLOCK = 0,               /**< wait for room up to the push's timeout, then DTR_TIMEOUT */
+    DTR_FEED_DROP_OLDEST = 1,         /**< overwrite the oldest waiting samples (counted in `dropped`) */
+    DTR_FEED_DROP_NEWEST = 2          /**< discard the incoming samples that do not fit (counted in
+                                           `dropped_newest`); the push returns DTR_OK */
+} dtr_feed_policy;
+
+/** How a push checks its samples (dtr_feed_config.check), as the other datasets do: f32
+ *  features and targets must be finite, i32 labels inside [0, num_classes) when the layout
+ *  gives num_classes. Append-only. */
+typedef enum dtr_feed_check {
+    DTR_FEED_REJECT_PUSH = 0,         /**< one bad sample refuses the whole push: DTR_INVALID_ARGUMENT,
+                                           nothing goes in (counted in `rejected_pushes`) */
+    DTR_FEED_REJECT_SAMPLE = 1,       /**< bad samples are left out (counted in `rejected`), the rest go in */
+    DTR_FEED_NO_CHECK = 2             /**< no check (the app has checked) */
+} dtr_feed_check;
+
 /** A bounded ring buffer of samples that the application pushes into while a trainer pops
  *  batches from it: training inside a running app on a stream of samples. */
 typedef struct dtr_feed_config {
     dtr_sample_layout layout;         /**< the samples' layout */
     int64_t capacity;                 /**< samples the ring holds; 0: 1024 */
     int64_t max_batch;                /**< largest batch dtr_feed_next hands out; 0: 256 */
-    int drop_oldest;                  /**< 1: a push into a full ring overwrites the oldest samples
-                                           (counted) instead of waiting */
+    int drop_oldest;                  /**< 1: the same as policy DTR_FEED_DROP_OLDEST (kept for old code) */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
+    dtr_feed_policy policy;           /**< a push into a full ring; default DTR_FEED_BLOCK */
+    dtr_feed_check check;             /**< checking of pushed samples; default DTR_FEED_REJECT_PUSH */
 } dtr_feed_config;
 
 /** Returns the defaults (capacity 1024, batches of up to 256, pushes wait when full).
@@ -502,12 +521,15 @@ DTR_API dtr_result dtr_feed_create(const dtr_feed_config *cfg, dtr_feed **out, c
  *  Thread safety: on one thread, with no push or next in flight. */
 DTR_API void dtr_feed_destroy(dtr_feed *s);
 
-/** Copies `n` samples (x: n * x_numel elements, y: n * y_numel, NULL when unlabeled) into
- *  the ring. When it is full, waits up to `timeout_ms` for room (0: never blocks; negative:
- *  waits as long as it takes), or with drop_oldest overwrites the oldest samples.
+/** Checks (dtr_feed_config.check) and copies `n` samples (x: n * x_numel elements, y:
+ *  n * y_numel, NULL when unlabeled) into the ring. When it is full, the policy decides:
+ *  wait up to `timeout_ms` for room (0: never blocks; negative: waits as long as it takes),
+ *  overwrite the oldest samples, or discard the newest.
  *  @param pushed  receives how many samples went in (may be NULL).
- *  @return DTR_OK (all went in), DTR_TIMEOUT (the ring stayed full: *pushed < n),
- *          DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT.
+ *  @return DTR_OK (all went in, or the rest was dropped or rejected by policy: see the
+ *          stats), DTR_TIMEOUT (the ring stayed full: *pushed < n), DTR_INVALID_ARGUMENT
+ *          (n < 0, or a bad sample with DTR_FEED_REJECT_PUSH: the stats' last_bad says which
+ *          and why), DTR_BAD_STATE (the feed has ended), DTR_NULL_HANDLE.
  *  Thread safety: any number of threads may push while one thread calls dtr_feed_next. */
 DTR_API dtr_result dtr_feed_push(dtr_feed *s, const void *x, const void *y, int64_t n, int timeout_ms,
                                    int64_t *pushed);
@@ -533,6 +555,10 @@ typedef struct dtr_feed_stats {
     int64_t popped;                   /**< samples handed out in batches */
     int64_t dropped;                  /**< samples overwritten by drop_oldest before being popped */
     int64_t timeouts;                 /**< pushes that returned DTR_TIMEOUT */
+    int64_t dropped_newest;           /**< incoming samples discarded by DTR_FEED_DROP_NEWEST */
+    int64_t rejected;                 /**< bad samples left out (DTR_FEED_REJECT_SAMPLE) */
+    int64_t rejected_pushes;          /**< pushes refused for a bad sample (DTR_FEED_REJECT_PUSH) */
+    char last_bad[160];               /**< why the last bad sample was bad, or "" */
 } dtr_feed_stats;
 
 /** Copies the counters. Thread safe. */

@@ -613,6 +613,241 @@ DTR_API dtr_result dtr_ckpt_get_stats(const dtr_ckpt *ck, dtr_ckpt_stats *out);
  *  ignored. Thread safety: the context's thread; collective over cfg.comm. */
 DTR_API void dtr_ckpt_destroy(dtr_ckpt *ck);
 
+/* ---- online trainer: learning inside a running app ----
+ * A dtr_trainer trains a model on the samples an application pushes while it runs (a game
+ * at 60 or 144 frames per second, a 1 kHz control loop, a trading engine), and serves
+ * predictions from the last published weights. It owns an optimizer (with its schedule), a
+ * streaming dataset (dtr_feed) with a back-pressure policy and checked pushes, a held-out
+ * set for the publication guard, and a few snapshot buffers. Two ways to run:
+ *  - cooperative: the app calls dtr_trainer_tick(tr, budget_us) from its own loop; the
+ *    tick runs micro-batches, updates and publications only while the step times it has
+ *    measured say they fit in what is left of the budget;
+ *  - background: dtr_trainer_start runs a thread (priority, CPU affinity, a CPU share cap)
+ *    that trains continuously, with pause and resume.
+ * Serving: dtr_trainer_acquire gives the newest published snapshot without waiting on
+ * training (lock-free: a reader never blocks, training never writes a buffer a reader
+ * holds), dtr_trainer_pull copies it into the app's own serving model. See docs/online.md. */
+
+/** Builds the training loss from a batch: x (N, sample shape...) and y (N, ...; NULL when
+ *  unlabeled) are arena tensors of `ctx` (the model's context); returns the scalar mean
+ *  loss over the N samples, or NULL with the context's error set. Called on the thread that
+ *  trains (the tick's caller or the background thread), with gradients on for training and
+ *  off for the guard's evaluation. */
+typedef dtr_tensor *(*dtr_trainer_loss_fn)(void *user, dtr_context *ctx, dtr_tensor *x, dtr_tensor *y);
+
+/** A monotonic clock in microseconds (a fake one for tests, or CPU time of the thread), called
+ *  on the thread that trains (the tick's caller or the background thread) and by
+ *  dtr_trainer_get_stats. */
+typedef uint64_t (*dtr_trainer_clock_fn)(void *user);
+
+/** The background thread's settings (dtr_trainer_start). */
+typedef struct dtr_trainer_background_config {
+    int nice;                         /**< 0: the app's priority; 1..19: lower (Linux: the thread's nice value) */
+    int cpu;                          /**< >= 0: pin the thread to this CPU (Linux); -1 (default): no pinning */
+    float cpu_share;                  /**< (0, 1]: the fraction of one core the thread may take; it sleeps
+                                           after each piece of work in proportion; 0: 1 (no cap) */
+    int max_threads;                  /**< > 0: refuse a model whose context has more compute threads than
+                                           this (the trainer's thread count is 1 + the context's); 0: no cap */
+    int idle_wait_ms;                 /**< how long the thread waits for samples before looking at
+                                           requests again; 0: 5 */
+} dtr_trainer_background_config;
+
+/** The publication guard: weights are published only when their loss on a held-out set is
+ *  no worse than the published weights' loss on the same set (both measured now). */
+typedef struct dtr_trainer_guard_config {
+    int enabled;                      /**< 1: guard every publication */
+    int64_t holdout_every;            /**< every k-th accepted sample goes to the held-out set instead of
+                                           training (dtr_trainer_push_holdout adds more); 0: 10 */
+    int64_t holdout_size;             /**< held-out samples kept (the newest); 0: 256 */
+    float tolerance;                  /**< publish when new_loss <= old_loss * (1 + tolerance); default 0 */
+} dtr_trainer_guard_config;
+
+/** Trainer options. Make one with dtr_trainer_config_init() and set model, loss and the
+ *  feed's layout. */
+typedef struct dtr_trainer_config {
+    dtr_model *model;                 /**< the model trained (the app keeps it; only the trainer touches it
+                                           while the trainer lives, except between ticks) */
+    dtr_trainer_loss_fn loss;         /**< required */
+    void *loss_user;                  /**< handed to loss */
+    dtr_optimizer_config optimizer;   /**< the optimizer and its schedule; default Adam, lr 1e-3
+                                           (grad_accum_steps is the trainer's business: must be 0 or 1) */
+    dtr_feed_config feed;             /**< the stream: layout, capacity, back-pressure policy, checks */
+    int64_t batch_size;               /**< samples per optimizer update; 0: 32. A tick may split a batch
+                                           into micro-batches across ticks (the gradient accumulates) */
+    int64_t publish_every;            /**< publish every N updates; 0: 10; < 0: only on demand */
+    int snapshots;                    /**< snapshot buffers: readers holding one + 2 are always enough;
+                                           0: 4 (two readers at once) */
+    dtr_trainer_guard_config guard;
+    dtr_trainer_background_config background;
+    size_t memory_cap;                /**< > 0: the trainer's memory (model, optimizer, feed, snapshots,
+                                           held-out set, and the context's arena) stays under this many
+                                           bytes: creation fails above it, a step that grows the arena
+                                           past it stops training with DTR_ARENA_FULL; 0: no cap */
+    int64_t cold_estimate_us;         /**< how long a one-sample micro-batch takes before any was timed;
+                                           0: unknown (the first tick with samples runs one to time it) */
+    int reprobe_ticks;                /**< after this many ticks in a row with work waiting and nothing
+                                           that fitted, the time estimates are halved so that one slow
+                                           measurement cannot stop training for good (the attempt
+                                           may run over if the work really does not fit); 0: 64; -1: never */
+    dtr_trainer_clock_fn clock;       /**< NULL: the monotonic clock (dtr_time_ns) */
+    void *clock_user;                 /**< handed to clock */
+} dtr_trainer_config;
+
+/** Defaults: Adam at 1e-3, batch 32, publish every 10 updates, 4 snapshots, no guard, no
+ *  cap. Thread safety: thread safe. */
+DTR_API dtr_trainer_config dtr_trainer_config_init(void);
+
+typedef struct dtr_trainer dtr_trainer;
+
+/** Creates a trainer over cfg->model (built here if it was not), its optimizer, its feed
+ *  and its snapshot buffers, and publishes the model's current weights as version 1. All
+ *  memory is allocated here.
+ *  @return DTR_OK, DTR_NULL_HANDLE (cfg, model or loss), DTR_INVALID_ARGUMENT (a field out
+ *          of range: the message says which), DTR_UNSUPPORTED (a model whose parameters are
+ *          not host memory), DTR_OUT_OF_MEMORY (also: over memory_cap, the message gives
+ *          the bytes), or the optimizer's or feed's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_trainer_create(const dtr_trainer_config *cfg, dtr_trainer **out, char *err, size_t errlen);
+
+/** Stops the background thread (if any), then frees the optimizer, feed and snapshots (the
+ *  model stays the app's). No snapshot may be held. NULL is ignored.
+ *  Thread safety: the thread that created it, with no other call in flight. */
+DTR_API void dtr_trainer_destroy(dtr_trainer *tr);
+
+/** Pushes n samples (the feed's layout): checked by the feed's policy, every
+ *  guard.holdout_every-th accepted one kept for the guard, the rest queued for training.
+ *  Back pressure is the feed's policy: wait up to timeout_ms, drop the oldest or drop the
+ *  newest (dtr_feed_push has the details and results).
+ *  @param pushed receives the samples that went in for training or held out (may be NULL).
+ *  Thread safety: any number of threads, at any time (also while training runs). */
+DTR_API dtr_result dtr_trainer_push(dtr_trainer *tr, const void *x, const void *y, int64_t n, int timeout_ms,
+                                    int64_t *pushed);
+
+/** Adds n samples to the guard's held-out set only (checked as pushes are; the newest
+ *  holdout_size are kept). @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0, a
+ *  bad sample), DTR_BAD_STATE (no guard). Thread safety: any thread, at any time. */
+DTR_API dtr_result dtr_trainer_push_holdout(dtr_trainer *tr, const void *x, const void *y, int64_t n);
+
+/** What one tick did. */
+typedef struct dtr_trainer_tick_report {
+    int64_t micro_batches;            /**< forward and backward passes run */
+    int64_t samples;                  /**< samples they trained on */
+    int64_t updates;                  /**< optimizer updates applied */
+    int published;                    /**< 1: a new snapshot was published; -1: the guard refused one */
+    int64_t used_us;                  /**< time the tick took, on the trainer's clock */
+} dtr_trainer_tick_report;
+
+/** Cooperative mode: trains for at most budget_us microseconds of the trainer's clock and
+ *  returns. Each piece of work (a micro-batch of 1, 2, 4 ... samples, an update, a
+ *  publication with its guard evaluation) starts only when the recent worst time of its
+ *  kind, plus a margin, fits in what is left; an unknown size is estimated from the next
+ *  smaller one (twice its time). Never waits for samples. Publications requested by
+ *  publish_every or dtr_trainer_publish are made when one fits.
+ *  @param report receives what was done (may be NULL).
+ *  @return DTR_OK (also when nothing fitted or no sample was there), DTR_BAD_STATE (the
+ *          background thread runs, or training stopped on an earlier error), DTR_ARENA_FULL
+ *          (memory_cap), or the loss's or optimizer's error (dtr_trainer_last_error).
+ *  Thread safety: one thread (the app's loop), not while the background thread runs. */
+DTR_API dtr_result dtr_trainer_tick(dtr_trainer *tr, int64_t budget_us, dtr_trainer_tick_report *report);
+
+/** Background mode: starts the training thread (cfg.background). Training goes on until
+ *  dtr_trainer_stop or destroy; pause and resume hold it between two pieces of work.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (already running), DTR_INVALID_ARGUMENT
+ *          (max_threads exceeded), DTR_OUT_OF_MEMORY (no thread).
+ *  Thread safety: the thread that created the trainer. */
+DTR_API dtr_result dtr_trainer_start(dtr_trainer *tr);
+/** Stops and joins the training thread (after its current piece of work). Returns the error
+ *  that stopped training, if one did, else DTR_OK (also when not running).
+ *  Thread safety: the thread that created the trainer. */
+DTR_API dtr_result dtr_trainer_stop(dtr_trainer *tr);
+/** Holds the background thread after its current piece of work (pause 1) or lets it go on
+ *  (pause 0); returns at once. @return DTR_OK or DTR_NULL_HANDLE. Thread safety: any thread. */
+DTR_API dtr_result dtr_trainer_pause(dtr_trainer *tr, int pause);
+
+/** Asks for a publication of the current weights (through the guard when enabled): the next
+ *  tick with room for it, or the background thread after its current piece of work, makes
+ *  it. The stats say what happened (versions, guard refusals). @return DTR_OK or
+ *  DTR_NULL_HANDLE. Thread safety: any thread. */
+DTR_API dtr_result dtr_trainer_publish(dtr_trainer *tr);
+
+/** A published version of the weights, read-only, valid until dtr_trainer_release. */
+typedef struct dtr_snapshot {
+    const float *params;              /**< dtr_model_numel floats, the model's parameter buffer layout */
+    int64_t numel;
+    int64_t version;                  /**< 1, 2, 3 ... in publication order */
+    int64_t updates;                  /**< optimizer updates the weights had seen */
+    uint32_t crc32c;                  /**< dtr_crc32c(0, params, numel * 4), computed at publication */
+    float holdout_loss;               /**< guard: the loss on the held-out set at publication; NaN without */
+    int slot;                         /**< which buffer (for dtr_trainer_release) */
+} dtr_snapshot;
+
+/** Takes the newest published snapshot and holds it until dtr_trainer_release: training
+ *  never writes a held buffer. Lock-free: never waits on training (it retries only while a
+ *  publication is swapping the pointer).
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: any number of threads at once. */
+DTR_API dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out);
+/** Lets go of a snapshot from dtr_trainer_acquire. Thread safety: any thread. */
+DTR_API void dtr_trainer_release(dtr_trainer *tr, const dtr_snapshot *snap);
+
+/** Serving helper: when the newest published version differs from *version, copies it into
+ *  `serving`'s parameters (a model of the same layout on the caller's own context) and sets
+ *  *version; otherwise does nothing. Never waits on training.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (another parameter count).
+ *  Thread safety: any thread that owns `serving`; several at once with their own models. */
+DTR_API dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *version);
+
+/** Counters and the falling-behind report. */
+typedef struct dtr_trainer_stats {
+    int64_t updates;                  /**< optimizer updates */
+    int64_t micro_batches;
+    int64_t samples_trained;
+    int64_t version;                  /**< newest published version */
+    int64_t published;                /**< publications made */
+    int64_t guard_refused;            /**< publications the guard refused (the old weights stayed) */
+    float guard_new_loss, guard_old_loss; /**< losses of the last guarded decision (NaN before one) */
+    int64_t publish_busy;             /**< publications put off because every spare buffer was held */
+    int64_t ticks;                    /**< cooperative ticks */
+    int64_t tick_overruns;            /**< ticks that ran past budget + max(10%, 200 us) */
+    int64_t tick_max_over_us;         /**< the largest (used - budget) of a tick (<= 0: none ran over) */
+    int64_t tick_used_us, tick_budget_us; /**< sums over ticks */
+    int64_t reprobes;                 /**< times the estimates were halved (reprobe_ticks) */
+    int64_t holdout;                  /**< held-out samples kept now */
+    dtr_feed_stats feed;              /**< the stream: pushed, dropped, rejected, timeouts, backlog */
+    double ingest_per_s, trained_per_s; /**< samples pushed and trained per second since creation */
+    int behind;                       /**< 1: the trainer has fallen behind the stream (samples were lost
+                                           to the back-pressure policy since the last call, or the
+                                           backlog is over 3/4 of the feed's capacity) */
+    char report[256];                 /**< one line saying so (how many lost, backlog, rates), or "" */
+    dtr_result status;                /**< the error that stopped training, or DTR_OK */
+} dtr_trainer_stats;
+
+/** Fills the stats. Thread safety: any thread (counters of a running trainer may be a
+ *  piece of work apart from each other). */
+DTR_API void dtr_trainer_get_stats(dtr_trainer *tr, dtr_trainer_stats *out);
+
+/** The message of the error that stopped training, or of the last failed call, or "".
+ *  Thread safety: any thread, once the call that failed has returned. */
+DTR_API const char *dtr_trainer_last_error(const dtr_trainer *tr);
+
+/** The trainer's optimizer (for its state in a checkpoint). Thread safety: any thread; use
+ *  it only while training is paused or between ticks. */
+DTR_API dtr_optimizer *dtr_trainer_optimizer(dtr_trainer *tr);
+/** The trainer's feed (stats, dtr_feed_end). Thread safety: as the feed's functions. */
+DTR_API dtr_feed *dtr_trainer_feed(dtr_trainer *tr);
+
+/** Entry `index` of the trainer's state (api.h, "state"): "counters" (int64: updates,
+ *  micro-batches, samples trained, version, accumulated samples, the published weights'
+ *  updates), then "published" (the
+ *  published weights, dtr_model_numel floats) so a restored trainer serves and guards against
+ *  the same weights. The model and optimizer list their own state.
+ *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE.
+ *  Thread safety: while training is paused (stopped) or between ticks; no snapshot held. */
+DTR_API dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry *out);
+/** After writing the entries back: checks the counters and republishes the loaded weights
+ *  under their version (checksum recomputed). @return DTR_OK, DTR_NULL_HANDLE,
+ *  DTR_CORRUPT_FILE (a negative counter). Thread safety: as dtr_trainer_state. */
+DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
+
 #ifdef __cplusplus
 }
 #endif
