@@ -1449,6 +1449,16 @@ typedef struct dtr_rendezvous_config {
                                      Called from the server thread too */
     void *log_user;             /**< passed to `log` */
     dtr_log_level log_level;    /**< most verbose level passed to `log` (default DTR_LOG_WARN) */
+    int32_t generation;         /**< the job's attempt, 0 first (DTR_RESTART, set by dtrun --max-restarts):
+                                     a rank of another generation than rank 0's cannot join; an older
+                                     one is refused at once, a newer one retries (the old store is
+                                     going away) */
+    char job_id[DTR_RDZV_STR];  /**< the job's identity (DTR_JOB_ID; dtrun makes a random one; default
+                                     ""): a rank of another job that reaches this store (two jobs on one
+                                     port) is refused at once, naming the cause */
+    int grace_ms;               /**< rank 0's dtr_store_destroy after a failure (a call of this store
+                                     failed, or dtr_store_mark_failed): the longest wait for the other
+                                     ranks to close; 0: $DTR_GRACE_MS, else 2000 */
 } dtr_rendezvous_config;
 
 /** Returns a configuration with every field at its default (rank 0 of 1, 127.0.0.1:29500,
@@ -1467,6 +1477,9 @@ DTR_API dtr_rendezvous_config dtr_rendezvous_config_init(void);
  *      port              DTR_MASTER_PORT, MASTER_PORT
  *      secret            DTR_SECRET
  *      timeout_ms        DTR_TIMEOUT_MS
+ *      generation        DTR_RESTART
+ *      job_id            DTR_JOB_ID
+ *      grace_ms          DTR_GRACE_MS
  *
  *  A variable that is set must be valid; it is never skipped in favour of a later one.
  *  @param cfg     in/out: the configuration to update.
@@ -1498,10 +1511,11 @@ typedef struct dtr_store dtr_store;
  *  Thread safety: any thread; stores are independent. */
 DTR_API dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, char *err, size_t errlen);
 
-/** Leaves the store and frees it. On rank 0 it first waits (up to timeout_ms) until the other
- *  ranks have closed their connections, so call it after a final barrier, then stops the
- *  server thread and joins it. NULL is ignored. Thread safety: no other call on this store
- *  may be running or follow. */
+/** Leaves the store and frees it. On rank 0 it first waits until the other ranks have closed
+ *  their connections (up to timeout_ms; up to grace_ms once the store has failed: see
+ *  dtr_store_mark_failed), so call it after a final barrier, then stops the server thread and
+ *  joins it. NULL is ignored. Thread safety: no other call on this store may be running or
+ *  follow. */
 DTR_API void dtr_store_destroy(dtr_store *st);
 
 /** Sets `key` (a string of 1..DTR_STORE_MAX_KEY bytes) to `len` bytes of `value` (len up to
@@ -1549,6 +1563,20 @@ DTR_API dtr_result dtr_store_delete(dtr_store *st, const char *key);
  *  @return DTR_OK; DTR_TIMEOUT naming how many ranks arrived; DTR_PEER_FAILED; DTR_NULL_HANDLE.
  *  Thread safety: as dtr_store_set. */
 DTR_API dtr_result dtr_store_barrier(dtr_store *st, const char *tag);
+
+/** Marks the job as failed for this store, so that dtr_store_destroy on rank 0 waits for the
+ *  other ranks to leave at most grace_ms instead of timeout_ms (a stopped or hung rank keeps
+ *  its connection open). A call of the store that fails with DTR_TIMEOUT or DTR_PEER_FAILED
+ *  marks it too, and so does a process group (dtr_comm) that failed, for the store it was
+ *  made from. NULL is ignored. Thread safety: any thread, at any time before destroy. */
+DTR_API void dtr_store_mark_failed(dtr_store *st);
+
+/** Tells the launcher (dtrun) that this rank finished training step `step` of this attempt,
+ *  so that dtrun can print how long a restart took from the failure to the restarted job's
+ *  first step. Only the first call of a process does anything: it writes one line to the
+ *  pipe whose descriptor dtrun puts in DTR_NOTIFY_FD; without that variable it does nothing.
+ *  Cheap enough to call after every step. Thread safety: any thread. */
+DTR_API void dtr_elastic_step(int64_t step);
 
 /** The message of the last failed call on this store (names rank, operation and key), or "".
  *  Valid until the next call on the store.
@@ -2514,7 +2542,7 @@ DTR_API void dtr_grid_destroy(dtr_grid *g);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2518 "dtrain.h"
+#line 2546 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2982,7 +3010,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 2986 "dtrain.h"
+#line 3014 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3037,7 +3065,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3041 "dtrain.h"
+#line 3069 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3229,6 +3257,8 @@ typedef struct dtr__boot {
     const char *transport;     /* its name, for messages */
     dtr_store *st;             /* its own store connection (dtr__store_clone) */
     dtr_store *app_store;      /* made from the environment when cfg->store was NULL */
+    dtr_store *app;            /* the store the group was made from (cfg->store or app_store) */
+    int failed;                /* set by the transport before close when the group failed */
     int rank, size, local_rank, local_size;
     int *on_host, *pids;       /* per rank: on this host (same kernel and pid namespace), pid */
     char ns[48];               /* this open's namespace in the store: "<prefix>/<n>" */
@@ -3303,11 +3333,16 @@ dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
 dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+/** The default deadline of every blocking call: $DTR_TIMEOUT_MS when it is a positive decimal
+ *  number, else 300000 (src/rendezvous/env.c). */
+int dtr__default_timeout_ms(void);
+/** The default teardown grace after a failure: $DTR_GRACE_MS, else 2000. */
+int dtr__default_grace_ms(void);
 
 #ifdef __cplusplus
 }
 #endif
-#line 3311 "dtrain.h"
+#line 3346 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3334,7 +3369,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3338 "dtrain.h"
+#line 3373 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3367,7 +3402,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3371 "dtrain.h"
+#line 3406 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3417,7 +3452,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3421 "dtrain.h"
+#line 3456 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3769,7 +3804,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3773 "dtrain.h"
+#line 3808 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4560,7 +4595,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4564 "dtrain.h"
+#line 4599 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5001,7 +5036,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5005 "dtrain.h"
+#line 5040 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5132,7 +5167,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5136 "dtrain.h"
+#line 5171 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5507,7 +5542,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5511 "dtrain.h"
+#line 5546 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5706,7 +5741,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5710 "dtrain.h"
+#line 5745 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5937,7 +5972,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5941 "dtrain.h"
+#line 5976 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6387,7 +6422,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6391 "dtrain.h"
+#line 6426 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6566,7 +6601,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6570 "dtrain.h"
+#line 6605 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6971,7 +7006,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6975 "dtrain.h"
+#line 7010 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7471,7 +7506,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7475 "dtrain.h"
+#line 7510 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7730,7 +7765,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7734 "dtrain.h"
+#line 7769 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7916,7 +7951,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7920 "dtrain.h"
+#line 7955 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8029,7 +8064,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8033 "dtrain.h"
+#line 8068 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8503,7 +8538,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8507 "dtrain.h"
+#line 8542 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8672,7 +8707,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8676 "dtrain.h"
+#line 8711 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8921,7 +8956,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8925 "dtrain.h"
+#line 8960 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9351,7 +9386,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9355 "dtrain.h"
+#line 9390 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9698,7 +9733,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9702 "dtrain.h"
+#line 9737 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9883,7 +9918,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9887 "dtrain.h"
+#line 9922 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10524,7 +10559,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10528 "dtrain.h"
+#line 10563 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10977,7 +11012,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10981 "dtrain.h"
+#line 11016 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11033,7 +11068,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11037 "dtrain.h"
+#line 11072 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11810,7 +11845,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11814 "dtrain.h"
+#line 11849 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12391,7 +12426,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12395 "dtrain.h"
+#line 12430 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13022,7 +13057,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13026 "dtrain.h"
+#line 13061 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13760,7 +13795,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13764 "dtrain.h"
+#line 13799 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14027,7 +14062,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14031 "dtrain.h"
+#line 14066 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14217,7 +14252,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14221 "dtrain.h"
+#line 14256 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14232,6 +14267,9 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 
 
 #include <limits.h>
+#if !defined(_WIN32)
+#include <unistd.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -14305,6 +14343,49 @@ static dtr_result dtr__rdzv_env_str(const char *const *names, int n, char *field
     return DTR_OK;
 }
 
+/* A positive decimal variable, or `def` when it is unset or not valid. */
+static int dtr__env_ms(const char *name, int def) {
+    const char *v = getenv(name);
+    int64_t x;
+    return v && dtr__rdzv_parse_uint(v, 1, INT32_MAX, &x) ? (int)x : def;
+}
+
+int dtr__default_timeout_ms(void) { return dtr__env_ms("DTR_TIMEOUT_MS", 300000); }
+int dtr__default_grace_ms(void) { return dtr__env_ms("DTR_GRACE_MS", 2000); }
+
+/* The fields of the elastic restarts: generation, job id, grace. */
+static dtr_result dtr__rdzv_env_elastic(dtr_rendezvous_config *cfg, char *err, size_t errlen) {
+    static const char *const gen[] = {"DTR_RESTART"};
+    static const char *const job[] = {"DTR_JOB_ID"};
+    static const char *const grace[] = {"DTR_GRACE_MS"};
+    const char *w = NULL;
+    int32_t grace_v = cfg->grace_ms;
+    dtr_result r;
+    if ((r = dtr__rdzv_env_int(gen, 1, 0, INT32_MAX, &cfg->generation, &w, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__rdzv_env_str(job, 1, cfg->job_id, &w, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__rdzv_env_int(grace, 1, 1, INT32_MAX, &grace_v, &w, err, errlen)) != DTR_OK) return r;
+    cfg->grace_ms = grace_v;
+    return DTR_OK;
+}
+
+void dtr_elastic_step(int64_t step) {
+#if !defined(_WIN32)
+    static int done;
+    int expect = 0;
+    const char *fd = getenv("DTR_NOTIFY_FD");
+    int64_t n;
+    char line[96];
+    int len;
+    if (!fd || !dtr__rdzv_parse_uint(fd, 0, INT32_MAX, &n) || !DTR__ATOMIC_CAS(&done, &expect, 1)) return;
+    len = snprintf(line, sizeof line, "step %s %s %lld\n", getenv("DTR_RESTART") ? getenv("DTR_RESTART") : "0",
+                   getenv("DTR_RANK") ? getenv("DTR_RANK") : "0", (long long)step);
+    if (write((int)n, line, (size_t)len) < 0) { /* dtrun is gone: nothing to tell */
+    }
+#else
+    (void)step;
+#endif
+}
+
 dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err, size_t errlen) {
     static const char *const rank[] = {"DTR_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
     static const char *const world[] = {"DTR_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"};
@@ -14337,6 +14418,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
     timeout_v = cfg->timeout_ms;
     if ((r = dtr__rdzv_env_int(timeout, 1, 1, INT32_MAX, &timeout_v, &w, err, errlen)) != DTR_OK) return r;
     cfg->timeout_ms = timeout_v;
+    if ((r = dtr__rdzv_env_elastic(cfg, err, errlen)) != DTR_OK) return r;
     if (cfg->rank >= cfg->world_size)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: rank %ld (from %s) is not below the world size %ld (from %s)",
                          (long)cfg->rank, rank_from, (long)cfg->world_size, world_from);
@@ -14351,7 +14433,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14355 "dtrain.h"
+#line 14437 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -14366,14 +14448,16 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
  *
  * Wire format (all integers big-endian; docs/rendezvous.md has the full description):
  *   server hello    40 B  "DTRZ" u32 version  nonce_s[32]
- *   client auth     80 B  "DTRA" u32 version  u32 rank  u32 world  nonce_c[32]  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 join" || nonce_s || auth[0..48))
- *   server welcome  40 B  "DTRW" u32 status  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 welcome" || nonce_c || nonce_s
- *                               || welcome[0..8)), zero when the status is a refusal
+ *   client auth    100 B  "DTRA" u32 version  u32 rank  u32 world  u32 generation  job[16]
+ *                         nonce_c[32]  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-2 join" || nonce_s || auth[0..68))
+ *                         job = the first 16 bytes of SHA-256(job id)
+ *   server welcome  44 B  "DTRW" u32 status  u32 generation (the server's)  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-2 welcome" || nonce_c || nonce_s
+ *                               || welcome[0..12)), zero when the status is a refusal
  *   request         12 B  u8 op  u8 0  u16 key_len  u32 value_len  u32 id,  then key, value
  *   reply           12 B  u8 status  u8 0  u16 0  u32 value_len  u32 id,  then value
- * The server reads exactly 80 bytes from a new connection and checks the MAC before it
+ * The server reads exactly 100 bytes from a new connection and checks the MAC before it
  * looks at any field. Every length is checked against its bound as soon as its header is
  * complete, before a byte of the body is buffered; a message that breaks a rule closes
  * that connection (the reason is logged) and nothing else.
@@ -14416,13 +14500,16 @@ extern "C" {
 
 /* ---- protocol constants ---- */
 
-#define DTR__RDZV_VERSION 1u
+#define DTR__RDZV_VERSION 2u
 #define DTR__RDZV_NONCE 32
 #define DTR__RDZV_MAC 32
+#define DTR__RDZV_JOB 16            /* bytes of the job tag (a truncated SHA-256 of the job id) */
 #define DTR__RDZV_HELLO_LEN 40
-#define DTR__RDZV_AUTH_LEN 80
-#define DTR__RDZV_AUTH_SIGNED 48    /* bytes of the auth message covered by its MAC */
-#define DTR__RDZV_WELCOME_LEN 40
+#define DTR__RDZV_AUTH_LEN 100
+#define DTR__RDZV_AUTH_NONCE 36     /* offset of the client nonce in the auth message */
+#define DTR__RDZV_AUTH_SIGNED 68    /* bytes of the auth message covered by its MAC */
+#define DTR__RDZV_WELCOME_LEN 44
+#define DTR__RDZV_WELCOME_SIGNED 12 /* bytes of the welcome covered by its MAC */
 #define DTR__RDZV_HDR 12
 #define DTR__RDZV_MAX_FRAME (DTR__RDZV_HDR + DTR_STORE_MAX_KEY + DTR_STORE_MAX_VALUE)
 
@@ -14431,13 +14518,19 @@ enum { DTR__RDZV_SET = 1, DTR__RDZV_GET = 2, DTR__RDZV_ADD = 3, DTR__RDZV_CHECK 
 /* reply status */
 enum { DTR__RDZV_OK = 0, DTR__RDZV_NOT_FOUND = 1, DTR__RDZV_NOT_INTEGER = 2, DTR__RDZV_FULL = 3 };
 /* welcome status */
-enum { DTR__RDZV_W_OK = 0, DTR__RDZV_W_BAD_SECRET = 1, DTR__RDZV_W_BAD_RANK = 2, DTR__RDZV_W_BAD_VERSION = 3 };
-/* (W_BAD_RANK: the rank is not below the world size, or the world sizes differ) */
+enum {
+    DTR__RDZV_W_OK = 0, DTR__RDZV_W_BAD_SECRET = 1, DTR__RDZV_W_BAD_RANK = 2, DTR__RDZV_W_BAD_VERSION = 3,
+    DTR__RDZV_W_STALE = 4, DTR__RDZV_W_OLD_SERVER = 5, DTR__RDZV_W_OTHER_JOB = 6
+};
+/* (W_BAD_RANK: the rank is not below the world size, or the world sizes differ; W_STALE: the
+ * rank is of an older generation than the store, a rank of a world that was restarted;
+ * W_OLD_SERVER: the store is of an older generation than the rank, a server that is going
+ * away: the rank retries; W_OTHER_JOB: the store belongs to another job (job ids differ)) */
 /* connection states */
 enum { DTR__RDZV_C_AUTH = 0, DTR__RDZV_C_READY = 1, DTR__RDZV_C_CLOSING = 2 };
 
-static const char dtr__rdzv_join_label[] = "dtr-rdzv-1 join";
-static const char dtr__rdzv_welcome_label[] = "dtr-rdzv-1 welcome";
+static const char dtr__rdzv_join_label[] = "dtr-rdzv-2 join";
+static const char dtr__rdzv_welcome_label[] = "dtr-rdzv-2 welcome";
 
 #ifdef MSG_NOSIGNAL
 #define DTR__RDZV_NOSIGNAL MSG_NOSIGNAL
@@ -14829,7 +14922,14 @@ void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c) {
     dtr__rdzv_free(&s->cfg, c);
 }
 
-/* The MAC of an auth message: HMAC(secret, join label || server nonce || auth[0..48)). */
+/* The job tag: the first 16 bytes of SHA-256(job id) ("" for no job id). */
+static void dtr__rdzv_job_tag(const char *job, uint8_t *tag) {
+    uint8_t h[DTR__SHA256_BYTES];
+    dtr__sha256_once(job, strlen(job), h);
+    memcpy(tag, h, DTR__RDZV_JOB);
+}
+
+/* The MAC of an auth message: HMAC(secret, join label || server nonce || auth[0..68)). */
 static void dtr__rdzv_auth_mac(const char *secret, const uint8_t *snonce, const uint8_t *auth, uint8_t *mac) {
     dtr__hmac h;
     dtr__hmac_init(&h, secret, strlen(secret));
@@ -14839,7 +14939,7 @@ static void dtr__rdzv_auth_mac(const char *secret, const uint8_t *snonce, const 
     dtr__hmac_final(&h, mac);
 }
 
-/* The MAC of a welcome: HMAC(secret, welcome label || client nonce || server nonce || welcome[0..8)). */
+/* The MAC of a welcome: HMAC(secret, welcome label || client nonce || server nonce || welcome[0..12)). */
 static void dtr__rdzv_welcome_mac(const char *secret, const uint8_t *cnonce, const uint8_t *snonce,
                                   const uint8_t *welcome, uint8_t *mac) {
     dtr__hmac h;
@@ -14847,7 +14947,7 @@ static void dtr__rdzv_welcome_mac(const char *secret, const uint8_t *cnonce, con
     dtr__hmac_update(&h, dtr__rdzv_welcome_label, sizeof dtr__rdzv_welcome_label - 1);
     dtr__hmac_update(&h, cnonce, DTR__RDZV_NONCE);
     dtr__hmac_update(&h, snonce, DTR__RDZV_NONCE);
-    dtr__hmac_update(&h, welcome, 8);
+    dtr__hmac_update(&h, welcome, DTR__RDZV_WELCOME_SIGNED);
     dtr__hmac_final(&h, mac);
 }
 
@@ -14860,12 +14960,34 @@ static void dtr__rdzv_welcome(dtr__rdzv_server *s, dtr__rdzv_conn *c, uint32_t s
     p = c->out + c->out_len;
     memcpy(p, "DTRW", 4);
     dtr__rdzv_put32(p + 4, status);
-    if (status == DTR__RDZV_W_OK) dtr__rdzv_welcome_mac(s->cfg.secret, cnonce, c->nonce, p, p + 8);
-    else memset(p + 8, 0, DTR__RDZV_MAC);
+    dtr__rdzv_put32(p + 8, (uint32_t)s->cfg.generation);
+    if (status == DTR__RDZV_W_OK) dtr__rdzv_welcome_mac(s->cfg.secret, cnonce, c->nonce, p, p + 12);
+    else memset(p + 12, 0, DTR__RDZV_MAC);
     c->out_len += DTR__RDZV_WELCOME_LEN;
 }
 
-/* The 80-byte auth message: the MAC first, then the fields it covers. */
+/* The job and the generation of an authenticated join message are this store's; else the
+ * refusal is sent and 0 returned. */
+static int dtr__rdzv_same_job(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *m) {
+    uint8_t tag[DTR__RDZV_JOB];
+    uint32_t gen = dtr__rdzv_get32(m + 16), mine = (uint32_t)s->cfg.generation;
+    dtr__rdzv_job_tag(s->cfg.job_id, tag);
+    if (memcmp(tag, m + 20, DTR__RDZV_JOB) != 0) {
+        dtr__rdzv_welcome(s, c, DTR__RDZV_W_OTHER_JOB, NULL);
+        dtr__rdzv_refuse(s, c, DTR_LOG_WARN, "rank %lu belongs to another job (its job id differs from '%.64s')",
+                         (unsigned long)dtr__rdzv_get32(m + 8), s->cfg.job_id);
+        return 0;
+    }
+    if (gen != mine) {
+        dtr__rdzv_welcome(s, c, gen < mine ? DTR__RDZV_W_STALE : DTR__RDZV_W_OLD_SERVER, NULL);
+        dtr__rdzv_refuse(s, c, DTR_LOG_WARN, "rank %lu is of generation %lu; this store is generation %lu",
+                         (unsigned long)dtr__rdzv_get32(m + 8), (unsigned long)gen, (unsigned long)mine);
+        return 0;
+    }
+    return 1;
+}
+
+/* The 100-byte auth message: the MAC first, then the fields it covers. */
 static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *m) {
     uint8_t mac[DTR__RDZV_MAC];
     uint32_t version, rank, world;
@@ -14885,6 +15007,7 @@ static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const 
                          (unsigned long)version, DTR__RDZV_VERSION);
         return;
     }
+    if (!dtr__rdzv_same_job(s, c, m)) return;
     if (world != (uint32_t)s->cfg.world_size || rank >= world) {
         dtr__rdzv_welcome(s, c, DTR__RDZV_W_BAD_RANK, NULL);
         if (world != (uint32_t)s->cfg.world_size)
@@ -14897,7 +15020,7 @@ static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const 
     }
     c->rank = (int32_t)rank;
     c->state = DTR__RDZV_C_READY;
-    dtr__rdzv_welcome(s, c, DTR__RDZV_W_OK, m + 16);
+    dtr__rdzv_welcome(s, c, DTR__RDZV_W_OK, m + DTR__RDZV_AUTH_NONCE);
     dtr__rdzv_log(&s->cfg, DTR_LOG_DEBUG, "rendezvous server: rank %ld joined from %s", (long)c->rank, c->peer);
 }
 
@@ -15085,7 +15208,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15089 "dtrain.h"
+#line 15212 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15602,7 +15725,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15606 "dtrain.h"
+#line 15729 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -15633,6 +15756,7 @@ dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, c
     return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
 }
 void dtr_store_destroy(dtr_store *st) { (void)st; }
+void dtr_store_mark_failed(dtr_store *st) { (void)st; }
 dtr_result dtr_store_set(dtr_store *st, const char *key, const void *value, size_t len) {
     (void)st; (void)key; (void)value; (void)len;
     return DTR_UNSUPPORTED;
@@ -15695,6 +15819,7 @@ struct dtr_store {
     char where[DTR_RDZV_STR + 16];   /* "host:port" of the server */
     pthread_mutex_t lock;
     dtr__rdzv_host *host;        /* rank 0: the server */
+    int failed;                  /* the job failed: destroy waits grace_ms at most (atomic) */
     char err[768];
 };
 
@@ -15769,12 +15894,41 @@ static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connec
 /* Records the store's message (and logs it at ERROR); returns code. */
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) {
+    if (code == DTR_TIMEOUT || code == DTR_PEER_FAILED) DTR__ATOMIC_STORE(&st->failed, 1);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(st->err, sizeof st->err, fmt, ap);
     va_end(ap);
     dtr__rdzv_log(&st->cfg, DTR_LOG_ERROR, "%s", st->err);
     return code;
+}
+
+/* The message and code of a refused join (status != W_OK); `gen` is the server's generation. */
+static dtr_result dtr__rdzv_refusal(const dtr_store *st, uint32_t status, uint32_t gen, char *why, size_t whylen) {
+    long mine = (long)st->cfg.generation;
+    switch (status) {
+    case DTR__RDZV_W_BAD_SECRET:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "the server refused the secret (DTR_SECRET must be the same on every rank)");
+    case DTR__RDZV_W_BAD_RANK:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "the server refused rank %ld of a world of %ld (rank 0 has another world size)",
+                         (long)st->cfg.rank, (long)st->cfg.world_size);
+    case DTR__RDZV_W_STALE:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "this rank is of generation %ld but the store is generation %lu: the job was restarted "
+                         "and this rank belongs to an old world (DTR_RESTART)", mine, (unsigned long)gen);
+    case DTR__RDZV_W_OLD_SERVER:
+        return dtr__errf(why, whylen, DTR_PEER_FAILED,
+                         "the store there is of generation %lu, an older world than this rank's %ld (still going "
+                         "away?)", (unsigned long)gen, mine);
+    case DTR__RDZV_W_OTHER_JOB:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "another job owns the store on this port (its job id is not '%.64s'; two jobs on one "
+                         "port: give each its own DTR_MASTER_PORT)", st->cfg.job_id);
+    default:
+        return dtr__errf(why, whylen, DTR_VERSION_MISMATCH, "the server refused this protocol version");
+    }
 }
 
 /* Connect (non-blocking, bounded by the deadline) and run the client side of the handshake.
@@ -15851,7 +16005,9 @@ static dtr_result dtr__rdzv_join(dtr_store *st, const dtr__rdzv_addr *a, int64_t
     dtr__rdzv_put32(auth + 4, DTR__RDZV_VERSION);
     dtr__rdzv_put32(auth + 8, (uint32_t)st->cfg.rank);
     dtr__rdzv_put32(auth + 12, (uint32_t)st->cfg.world_size);
-    dtr__rdzv_random(auth + 16, DTR__RDZV_NONCE);
+    dtr__rdzv_put32(auth + 16, (uint32_t)st->cfg.generation);
+    dtr__rdzv_job_tag(st->cfg.job_id, auth + 20);
+    dtr__rdzv_random(auth + DTR__RDZV_AUTH_NONCE, DTR__RDZV_NONCE);
     dtr__rdzv_auth_mac(st->cfg.secret, hello + 8, auth, auth + DTR__RDZV_AUTH_SIGNED);
     r = dtr__rdzv_send_all(fd, auth, sizeof auth, deadline, &e);
     if (r == DTR_OK) r = dtr__rdzv_recv_all(fd, wel, sizeof wel, deadline, &got, &e);
@@ -15861,25 +16017,18 @@ static dtr_result dtr__rdzv_join(dtr_store *st, const dtr__rdzv_addr *a, int64_t
                          r == DTR_TIMEOUT ? "no answer" : dtr__rdzv_errno_str(e));
     }
     status = dtr__rdzv_get32(wel + 4);
-    if (memcmp(wel, "DTRW", 4) != 0 || status > DTR__RDZV_W_BAD_VERSION) {
+    if (memcmp(wel, "DTRW", 4) != 0 || status > DTR__RDZV_W_OTHER_JOB) {
         close(fd);
         *fatal = 1;
         return dtr__errf(why, whylen, DTR_PEER_FAILED, "malformed answer to the join message");
     }
     if (status != DTR__RDZV_W_OK) {
         close(fd);
-        *fatal = 1;
-        if (status == DTR__RDZV_W_BAD_SECRET)
-            return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
-                             "the server refused the secret (DTR_SECRET must be the same on every rank)");
-        if (status == DTR__RDZV_W_BAD_RANK)
-            return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
-                             "the server refused rank %ld of a world of %ld (rank 0 has another world size)",
-                             (long)st->cfg.rank, (long)st->cfg.world_size);
-        return dtr__errf(why, whylen, DTR_VERSION_MISMATCH, "the server refused this protocol version");
+        *fatal = status != DTR__RDZV_W_OLD_SERVER;   /* an older store goes away: retry */
+        return dtr__rdzv_refusal(st, status, dtr__rdzv_get32(wel + 8), why, whylen);
     }
-    dtr__rdzv_welcome_mac(st->cfg.secret, auth + 16, hello + 8, wel, mac);
-    if (!dtr__ct_equal(mac, wel + 8, DTR__RDZV_MAC)) {
+    dtr__rdzv_welcome_mac(st->cfg.secret, auth + DTR__RDZV_AUTH_NONCE, hello + 8, wel, mac);
+    if (!dtr__ct_equal(mac, wel + DTR__RDZV_WELCOME_SIGNED, DTR__RDZV_MAC)) {
         close(fd);
         *fatal = 1;
         return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
@@ -15953,12 +16102,15 @@ dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, c
     if (cfg->port < 0 || cfg->port > 65535 || (cfg->port == 0 && cfg->world_size > 1))
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
                          "rendezvous: port %d outside 1..65535 (0 only for a one-process job)", cfg->port);
+    if (!memchr(cfg->job_id, 0, sizeof cfg->job_id) || cfg->generation < 0)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: job_id is not NUL-terminated or generation < 0");
     if (cfg->timeout_ms < 0 || cfg->max_keys < 0 || cfg->max_connections < 0)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: negative timeout_ms, max_keys or max_connections");
     st = (dtr_store *)dtr__calloc(a, sizeof *st);
     if (!st) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "rendezvous: out of memory");
     st->cfg = *cfg;
-    if (st->cfg.timeout_ms == 0) st->cfg.timeout_ms = 300000;
+    if (st->cfg.timeout_ms == 0) st->cfg.timeout_ms = dtr__default_timeout_ms();
+    if (st->cfg.grace_ms <= 0) st->cfg.grace_ms = dtr__default_grace_ms();
     if (!st->cfg.master_addr[0]) memcpy(st->cfg.master_addr, "127.0.0.1", 10);
     if (st->cfg.world_size == 0) st->cfg.world_size = 1;
     st->fd = -1;
@@ -16024,11 +16176,18 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms) {
     pthread_mutex_unlock(&st->lock);
 }
 
+void dtr_store_mark_failed(dtr_store *st) {
+    if (st) DTR__ATOMIC_STORE(&st->failed, 1);
+}
+
 void dtr_store_destroy(dtr_store *st) {
     dtr_allocation_callbacks a;
+    int wait_ms;
     if (!st) return;
     dtr__rdzv_close_client(st);
-    if (st->host) dtr__rdzv_host_stop(st->host, 'd', dtr__rdzv_now_ms() + st->cfg.timeout_ms);
+    wait_ms = st->cfg.timeout_ms;
+    if (DTR__ATOMIC_LOAD(&st->failed) && st->cfg.grace_ms < wait_ms) wait_ms = st->cfg.grace_ms;
+    if (st->host) dtr__rdzv_host_stop(st->host, 'd', dtr__rdzv_now_ms() + wait_ms);
     pthread_mutex_destroy(&st->lock);
     a = st->cfg.alloc;
     dtr__free(&a, st);
@@ -16334,7 +16493,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16338 "dtrain.h"
+#line 16497 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -16583,7 +16742,7 @@ fail:
 }
 
 static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
-    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();   /* DTR_TIMEOUT_MS */
     c->algo = (int)cfg->allreduce_algo;
     c->ring_threshold = cfg->ring_threshold_bytes ? cfg->ring_threshold_bytes : (size_t)256 << 10;
     c->chain_threshold = cfg->chain_threshold_bytes ? cfg->chain_threshold_bytes : (size_t)1 << 20;
@@ -17411,7 +17570,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17415 "dtrain.h"
+#line 17574 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17963,7 +18122,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17967 "dtrain.h"
+#line 18126 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18445,7 +18604,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18449 "dtrain.h"
+#line 18608 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18898,7 +19057,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18902 "dtrain.h"
+#line 19061 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19257,7 +19416,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19261 "dtrain.h"
+#line 19420 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19454,7 +19613,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19458 "dtrain.h"
+#line 19617 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19787,7 +19946,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19791 "dtrain.h"
+#line 19950 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20220,7 +20379,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20224 "dtrain.h"
+#line 20383 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20274,7 +20433,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20278 "dtrain.h"
+#line 20437 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
