@@ -159,6 +159,9 @@ $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
 # builds, against dtrain_comm.c's stubs, and says loudly that it skipped).
 $(BUILD)/tests/test_fabric: $(COMM_OBJ)
 $(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
+# tests/test_elastic: restarts under dtrun, its ranks over libfabric.
+$(BUILD)/tests/test_elastic: $(COMM_OBJ)
+$(BUILD)/tests/test_elastic: EXTRA_LIBS += $(FABRIC_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
 COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
 $(COMM_PROGRAMS): $(COMM_OBJ)

@@ -20,8 +20,7 @@
 #include <sys/wait.h>
 #include "test.h"
 #include "posix_util.h"
-
-static char self[PATH_MAX], dtrun[PATH_MAX];
+#include "dtrun_util.h"
 
 /* ---- helper modes: what the ranks run ---- */
 
@@ -130,105 +129,6 @@ static int child_main(const char *mode) {
 }
 
 /* ---- running dtrun ---- */
-
-typedef struct run_result {
-    int code;          /* exit code, 128 + signal, or -1 on timeout */
-    char *out, *err;   /* what dtrun wrote (malloc'd, NUL-terminated) */
-    int64_t ms;
-} run_result;
-
-static char *slurp(int fd) {
-    size_t cap = 1 << 16, len = 0;
-    char *b = (char *)malloc(cap);
-    ssize_t k;
-    lseek(fd, 0, SEEK_SET);
-    while ((k = read(fd, b + len, cap - len - 1)) > 0) {
-        len += (size_t)k;
-        if (cap - len < 4096) {
-            cap *= 2;
-            b = (char *)realloc(b, cap);
-        }
-    }
-    b[len] = '\0';
-    return b;
-}
-
-static int temp_file(void) {
-    char name[] = "/tmp/dtrun_testXXXXXX";
-    int fd = mkstemp(name);
-    if (fd < 0) {
-        perror("mkstemp");
-        exit(2);
-    }
-    unlink(name);
-    return fd;
-}
-
-/* Waits for pid at most until `end`; SIGKILL after it (code -1). */
-static int wait_code(pid_t pid, int64_t end) {
-    int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (now_ms() > end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        sleep_ms(5);
-    }
-}
-
-/* Runs dtrun with args (NULL-terminated), stdout/stderr to temp files, within timeout_ms. */
-static run_result run_dtrun(const char *const *args, int timeout_ms) {
-    run_result rr;
-    const char *argv[32];
-    int out = temp_file(), err = temp_file(), n = 0;
-    int64_t t0 = now_ms();
-    pid_t pid;
-    argv[n++] = dtrun;
-    while (*args && n < 31) argv[n++] = *args++;
-    argv[n] = NULL;
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) {
-        dup2(out, 1);
-        dup2(err, 2);
-        execv(dtrun, (char *const *)argv);
-        _exit(126);
-    }
-    rr.code = wait_code(pid, t0 + timeout_ms);
-    rr.ms = now_ms() - t0;
-    rr.out = slurp(out);
-    rr.err = slurp(err);
-    close(out);
-    close(err);
-    if (rr.code != 0 && getenv("DTR_TEST_VERBOSE"))
-        fprintf(stderr, "  dtrun exit %d\n--- out\n%s--- err\n%s---\n", rr.code, rr.out, rr.err);
-    return rr;
-}
-
-static void run_free(run_result *r) {
-    free(r->out);
-    free(r->err);
-}
-
-/* Number of lines of `text` that start with `prefix` and contain `needle` (NULL: any). */
-static int count_lines(const char *text, const char *prefix, const char *needle) {
-    int n = 0;
-    const char *p = text;
-    while (*p) {
-        const char *e = strchr(p, '\n');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        char *line = (char *)malloc(len + 1);
-        memcpy(line, p, len);
-        line[len] = '\0';
-        if (strncmp(line, prefix, strlen(prefix)) == 0 && (!needle || strstr(line, needle))) n++;
-        free(line);
-        p += len + (e ? 1 : 0);
-    }
-    return n;
-}
 
 /* ---- cases ---- */
 
@@ -421,37 +321,10 @@ static void test_rendezvous_through_dtrun(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *d;
     (void)test_ctx;   /* tests/test.h's helper; no context here */
     if (argc > 1 && strncmp(argv[1], "child-", 6) == 0) return child_main(argv[1]);
     alarm(90);
-    if (argv[0][0] == '/') {
-        snprintf(self, sizeof self, "%s", argv[0]);
-    } else {   /* an absolute path: ranks run it from any folder */
-        char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof cwd) || strlen(cwd) + strlen(argv[0]) + 2 > sizeof self) {
-            fprintf(stderr, "test_dtrun: cannot resolve %s\n", argv[0]);
-            return 1;
-        }
-        memcpy(self, cwd, strlen(cwd));
-        self[strlen(cwd)] = '/';
-        memcpy(self + strlen(cwd) + 1, argv[0], strlen(argv[0]) + 1);
-    }
-    if ((d = getenv("DTRUN")) != NULL) {
-        snprintf(dtrun, sizeof dtrun, "%s", d);
-    } else {   /* <build>/tests/test_dtrun -> <build>/dtrun */
-        char *slash;
-        snprintf(dtrun, sizeof dtrun, "%s", self);
-        slash = strrchr(dtrun, '/');
-        if (slash) *slash = '\0';
-        slash = strrchr(dtrun, '/');
-        if (slash) *slash = '\0';
-        strncat(dtrun, "/dtrun", sizeof dtrun - strlen(dtrun) - 1);
-    }
-    if (access(dtrun, X_OK) != 0) {
-        fprintf(stderr, "test_dtrun: %s not found (make builds it; or set DTRUN)\n", dtrun);
-        return 1;
-    }
+    if (!find_dtrun(argv[0], "test_dtrun")) return 1;
     unsetenv("DTR_SECRET");
     RUN(test_env_and_prefix);
     RUN(test_failure_stops_others);
