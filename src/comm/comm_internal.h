@@ -266,7 +266,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
  *  number, else 300000 (src/rendezvous/env.c). */
 int dtr__default_timeout_ms(void);
 /** The default teardown grace after a failure: $DTR_GRACE_MS, else 2000. */
-int dtr__default_grace_ms(void);
+DTR__PRIVATE int dtr__default_grace_ms(void);
 
 #ifdef __cplusplus
 }

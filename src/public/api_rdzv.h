@@ -46,7 +46,8 @@ typedef struct dtr_rendezvous_config {
     int port;                   /**< TCP port of the store, 1..65535 (default 29500). Rank 0 of a
                                      one-process job may use 0: any free port (dtr_store_port) */
     char secret[DTR_RDZV_STR];  /**< shared secret, 1..255 bytes; required (DTR_SECRET) */
-    int timeout_ms;             /**< deadline of every blocking call, create included; 0: 300000 */
+    int timeout_ms;             /**< deadline of every blocking call, create included; 0: $DTR_TIMEOUT_MS,
+                                     else 300000 */
     int max_keys;               /**< server: most keys held; 0: 65536 */
     int max_connections;        /**< server: most open connections; 0: 1024 (at least world_size + 16) */
     size_t max_bytes;           /**< server: most bytes of keys and values held; 0: 256 MiB */
