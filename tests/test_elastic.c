@@ -18,8 +18,9 @@
  *                            stopped rank.
  *   test_min_ranks           rank 2 of 3 fails at step 4 in every attempt with 3 ranks: after
  *                            the second time it cannot come back, and with --min-ranks 2 the
- *                            job goes on with 2 ranks from the checkpoint and completes; with
- *                            --min-ranks 3 dtrun gives up.
+ *                            job goes on with 2 ranks from the checkpoint and completes;
+ *                            without --min-ranks the same world is restarted until
+ *                            --max-restarts is spent, then dtrun exits with the rank's code.
  *   test_two_jobs            two dtrun jobs on one port with the same secret: the second one's
  *                            rank 1 is refused at once by the first one's store, the message
  *                            says another job owns it, and the second job ends within seconds.
@@ -420,7 +421,7 @@ static void test_stopped_rank(void) {
 
 static void test_min_ranks(void) {
     const char *go_on[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "3", "--min-ranks", "2", NULL};
-    const char *give_up[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "3", "--min-ranks", "3", NULL};
+    const char *give_up[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "2", NULL};
     const char *dir;
     run_result r;
     size_t nw;
@@ -438,7 +439,9 @@ static void test_min_ranks(void) {
     remove_dir(dir);
     dir = temp_dir();
     r = train_run(give_up, PROV_SHM, "die:2:4", dir);
-    CHECK_MSG(r.code == 1 && strstr(r.err, "fewer than --min-ranks 3: giving up") != NULL, "exit %d\n%s", r.code, r.err);
+    CHECK_MSG(r.code == 1 && strstr(r.err, "no restarts left (--max-restarts 2)") != NULL &&
+                  count_lines(r.err, "dtrun: rank 2 exited with code 1", NULL) == 3,
+              "exit %d\n%s", r.code, r.err);
     run_free(&r);
     remove_dir(dir);
 }

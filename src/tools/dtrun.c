@@ -29,8 +29,8 @@
  * starts the whole job again with DTR_RESTART one higher (the program restores its latest
  * checkpoint), at most R times. A rank "cannot come back" when the same rank number is the
  * one blamed in two attempts in a row: then the job restarts with one rank fewer, as long as
- * that leaves at least --min-ranks (default N; --max-ranks is another name for -n); below
- * that, dtrun gives up. First step: a rank that calls dtr_elastic_step() writes one line to
+ * that leaves at least --min-ranks (default N: never fewer; --max-ranks is another name for
+ * -n); else it is restarted as it is (R bounds the attempts). First step: a rank that calls dtr_elastic_step() writes one line to
  * the pipe DTR_NOTIFY_FD names; on the first of a restarted attempt dtrun prints to its
  * stderr "dtrun: restart k: first step ... ms after the failure".
  *
@@ -585,19 +585,20 @@ static int setup_job(job *j, const char *secret_arg) {
     return -1;
 }
 
-/* After a failed attempt: the world of the next one, or 0 to give up. `*last_blamed` is the
- * rank blamed in the attempt before (-1: none). */
+/* After a failed attempt: the world of the next one. `*last_blamed` is the rank blamed in
+ * the attempt before (-1: none). */
 static int next_world(const job *j, const outcome *o, int world, int *last_blamed) {
     if (o->fail_rank != *last_blamed) {
         *last_blamed = o->fail_rank;
         return world;
     }
-    *last_blamed = -1;   /* the numbering changes with the world */
-    if (world - 1 < j->min_ranks) {
-        fprintf(stderr, "dtrun: rank %d failed in two attempts in a row and cannot come back; %d ranks would be "
-                "fewer than --min-ranks %ld: giving up\n", o->fail_rank, world - 1, j->min_ranks);
-        return 0;
+    if (world - 1 < j->min_ranks) {   /* cannot shrink: the same world again (R bounds it) */
+        if (j->min_ranks < j->n)
+            fprintf(stderr, "dtrun: rank %d failed in two attempts in a row; %d ranks would be fewer than "
+                    "--min-ranks %ld: restarting it\n", o->fail_rank, world - 1, j->min_ranks);
+        return world;
     }
+    *last_blamed = -1;   /* the numbering changes with the world */
     fprintf(stderr, "dtrun: rank %d failed in two attempts in a row and cannot come back: going on with %d ranks\n",
             o->fail_rank, world - 1);
     return world - 1;
@@ -684,7 +685,7 @@ int main(int argc, char **argv) {
             if (j.max_restarts > 0) fprintf(stderr, "dtrun: no restarts left (--max-restarts %ld)\n", j.max_restarts);
             break;
         }
-        if ((world = next_world(&j, &o, world, &last_blamed)) == 0) break;
+        world = next_world(&j, &o, world, &last_blamed);
         failed_at = o.fail_at;
         fprintf(stderr, "dtrun: restarting the job (restart %d of %ld) with %d ranks, %lld ms after the failure\n",
                 attempt + 1, j.max_restarts, world, (long long)(now_ms() - failed_at));
