@@ -163,7 +163,8 @@ $(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
 $(BUILD)/tests/test_elastic: $(COMM_OBJ)
 $(BUILD)/tests/test_elastic: EXTRA_LIBS += $(FABRIC_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
-COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
+COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt \
+                 $(BUILD)/bench/restart
 $(COMM_PROGRAMS): $(COMM_OBJ)
 $(COMM_PROGRAMS): EXTRA_LIBS += $(FABRIC_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)
