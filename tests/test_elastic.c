@@ -457,6 +457,7 @@ static void test_two_jobs(void) {
     int status;
     snprintf(port, sizeof port, "%d", free_port());
     setenv("DTR_SECRET", "one-secret-two-jobs", 1);
+    setenv("DTR_TIMEOUT_MS", "30000", 1);   /* "at once" is far below it */
     fflush(NULL);
     if ((a = fork()) == 0) {
         run_result ra = run_dtrun(a_args, 20000);
@@ -464,10 +465,12 @@ static void test_two_jobs(void) {
     }
     sleep_ms(700);   /* job A's store is up */
     rb = run_dtrun(b_args, 20000);
-    CHECK_MSG(rb.code != 0 && rb.ms < 3000, "job B: exit %d after %lld ms", rb.code, (long long)rb.ms);
+    CHECK_MSG(rb.code != 0 && rb.ms < (g_quick ? 12000 : 3000), "job B: exit %d after %lld ms (its deadline: 30 s)",
+              rb.code, (long long)rb.ms);
     CHECK_MSG(count_lines(rb.out, "[1] ", "another job owns the store on this port") == 1, "job B:\n%s%s", rb.out, rb.err);
     CHECK_MSG(waitpid(a, &status, 0) == a && WIFEXITED(status) && WEXITSTATUS(status) == 0, "job A failed");
     unsetenv("DTR_SECRET");
+    unsetenv("DTR_TIMEOUT_MS");
     run_free(&rb);
 }
 
@@ -514,6 +517,8 @@ int main(int argc, char **argv) {
     unsetenv("DTR_SECRET");
     unsetenv("DTR_JOB_ID");
     unsetenv("DTR_RESTART");
+    unsetenv("DTR_TIMEOUT_MS");
+    unsetenv("DTR_GRACE_MS");
     RUN(test_shm_restart);
     RUN(test_tcp_restart);
     RUN(test_stopped_rank);
