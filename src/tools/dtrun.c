@@ -447,23 +447,10 @@ static void free_streams(void) {
         }
 }
 
-/* Runs one attempt of `world` ranks to its end. */
-static outcome run_attempt(job *j, int world, int attempt, int64_t failed_at) {
-    outcome o = {-1, 0, 0, -1};
-    int r, i, alive = 0, open_streams = 0, reported = 0, n2 = 2 * world + 2;
-    int64_t kill_at = -1, drain_until = -1;
+/* Forks the `nranks` ranks of an attempt with the signals blocked. The number started. */
+static int start_all(const job *j, int attempt) {
     sigset_t block, oldmask;
-    struct pollfd *pfd = (struct pollfd *)calloc((size_t)n2, sizeof *pfd);
-    int *pfd_rank = (int *)calloc((size_t)n2, sizeof *pfd_rank), *pfd_stream = (int *)calloc((size_t)n2, sizeof(int));
-    nranks = world;
-    memset(ranks, 0, sizeof *ranks * (size_t)world);
-    for (r = 0; r < nranks; r++) ranks[r].s[0].fd = ranks[r].s[1].fd = -1;
-    if (!pfd || !pfd_rank || !pfd_stream) {
-        fprintf(stderr, "dtrun: out of memory\n");
-        o.fail_rank = 0;
-        o.fail_code = 2;
-        goto out;
-    }
+    int r;
     sigemptyset(&block);
     sigaddset(&block, SIGINT);
     sigaddset(&block, SIGTERM);
@@ -471,75 +458,92 @@ static outcome run_attempt(job *j, int world, int attempt, int64_t failed_at) {
     sigaddset(&block, SIGCHLD);
     sigprocmask(SIG_BLOCK, &block, &oldmask);   /* no signal while the ranks are forked */
     fflush(NULL);
-    for (r = 0; r < nranks; r++) {
+    for (r = 0; r < nranks; r++)
         if (!start_rank(j, r, attempt, &oldmask)) break;
-        alive++;
-        open_streams += 2;
-    }
-    if (r < nranks) {   /* could not start every rank: stop those that run */
-        o.fail_rank = r;
-        o.fail_code = 1;
-        o.fail_at = now_ms();
-        signal_all(SIGTERM);
-        kill_at = now_ms() + j->grace_s * 1000;
-    }
     sigprocmask(SIG_SETMASK, &oldmask, NULL);
+    return r;
+}
 
-    while (alive > 0 || open_streams > 0) {
-        int np = 0, timeout = -1, rc;
-        int64_t now = now_ms();
-        if (kill_at >= 0) {
-            if (now >= kill_at) {
-                signal_all(SIGKILL);
-                kill_at = -1;
-            } else {
-                timeout = (int)(kill_at - now);
-            }
+/* The poll set: the signal pipe, the notify pipe, every open stream. Its size. */
+static int poll_set(const job *j, struct pollfd *pfd, int *pfd_rank, int *pfd_stream) {
+    int np = 0, r, k;
+    pfd[np].fd = sig_pipe[0];
+    pfd[np++].events = POLLIN;
+    pfd[np].fd = j->notify[0];
+    pfd[np++].events = POLLIN;
+    for (r = 0; r < nranks; r++)
+        for (k = 0; k < 2; k++) {
+            if (ranks[r].s[k].fd < 0) continue;
+            pfd[np].fd = ranks[r].s[k].fd;
+            pfd[np].events = POLLIN;
+            pfd_rank[np] = r;
+            pfd_stream[np++] = k;
         }
-        if (alive == 0) {   /* all ranks are gone; a grandchild may hold a pipe: wait 1 s at most */
+    return np;
+}
+
+/* Copies the ranks' output, reaps them and handles signals and step notes until every rank
+ * is gone and its pipes are closed (or 1 s after the last exit: a grandchild may hold one). */
+static void supervise(job *j, outcome *o, int alive, int attempt, int64_t failed_at, int64_t kill_at) {
+    int n2 = 2 * nranks + 2, open_streams = 2 * alive, reported = 0, i;
+    int64_t drain_until = -1;
+    struct pollfd *pfd = (struct pollfd *)calloc((size_t)n2, sizeof *pfd);
+    int *pfd_rank = (int *)calloc((size_t)n2, sizeof(int)), *pfd_stream = (int *)calloc((size_t)n2, sizeof(int));
+    while (pfd && pfd_rank && pfd_stream && (alive > 0 || open_streams > 0)) {
+        int np, timeout = -1;
+        int64_t now = now_ms();
+        if (kill_at >= 0 && now >= kill_at) {
+            signal_all(SIGKILL);
+            kill_at = -1;
+        }
+        if (kill_at >= 0) timeout = (int)(kill_at - now);
+        if (alive == 0) {
             if (drain_until < 0) drain_until = now + 1000;
             if (now >= drain_until) break;
             if (timeout < 0 || drain_until - now < timeout) timeout = (int)(drain_until - now);
         }
-        pfd[np].fd = sig_pipe[0];
-        pfd[np++].events = POLLIN;
-        pfd[np].fd = j->notify[0];
-        pfd[np++].events = POLLIN;
-        for (r = 0; r < nranks; r++) {
-            int k;
-            for (k = 0; k < 2; k++) {
-                if (ranks[r].s[k].fd < 0) continue;
-                pfd[np].fd = ranks[r].s[k].fd;
-                pfd[np].events = POLLIN;
-                pfd_rank[np] = r;
-                pfd_stream[np++] = k;
-            }
-        }
-        rc = poll(pfd, (nfds_t)np, timeout);
-        if (rc < 0) {
+        np = poll_set(j, pfd, pfd_rank, pfd_stream);
+        if (poll(pfd, (nfds_t)np, timeout) < 0) {
             if (errno == EINTR) continue;
             perror("dtrun: poll");
             break;
         }
         for (i = 2; i < np; i++) {
-            stream *s;
-            if (!pfd[i].revents) continue;
-            s = &ranks[pfd_rank[i]].s[pfd_stream[i]];
-            if (!pump(pfd_rank[i], s)) {
+            stream *s = &ranks[pfd_rank[i]].s[pfd_stream[i]];
+            if (pfd[i].revents && !pump(pfd_rank[i], s)) {
                 close(s->fd);
                 s->fd = -1;
                 open_streams--;
             }
         }
         if (pfd[1].revents) read_notes(j, attempt, failed_at, &reported);
-        if (pfd[0].revents) read_signals(j, &o, &kill_at);
-        alive = reap(j, &o, alive, &kill_at);   /* SIGCHLD or not: cheap */
+        if (pfd[0].revents) read_signals(j, o, &kill_at);
+        alive = reap(j, o, alive, &kill_at);   /* SIGCHLD or not: cheap */
     }
-out:
-    free_streams();
+    if (!pfd || !pfd_rank || !pfd_stream) fprintf(stderr, "dtrun: out of memory\n");
     free(pfd);
     free(pfd_rank);
     free(pfd_stream);
+}
+
+/* Runs one attempt of `world` ranks to its end. */
+static outcome run_attempt(job *j, int world, int attempt, int64_t failed_at) {
+    outcome o = {-1, 0, 0, -1};
+    int r, started;
+    int64_t kill_at = -1;
+    nranks = world;
+    memset(ranks, 0, sizeof *ranks * (size_t)world);
+    for (r = 0; r < nranks; r++) ranks[r].s[0].fd = ranks[r].s[1].fd = -1;
+    started = start_all(j, attempt);
+    if (started < nranks) {   /* could not start every rank: stop those that run */
+        o.fail_rank = started;
+        o.fail_code = 1;
+        o.fail_at = now_ms();
+        signal_all(SIGTERM);
+        kill_at = now_ms() + j->grace_s * 1000;
+    }
+    supervise(j, &o, started, attempt, failed_at, kill_at);
+    free_streams();
     return o;
 }
 
