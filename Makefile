@@ -168,8 +168,12 @@ $(BUILD)/tests/test_nccl: EXTRA_LIBS += $(COMM_LIBS)
 # tests/test_ckpt: one case resumes ranks that are processes over libfabric.
 $(BUILD)/tests/test_ckpt: $(COMM_OBJ)
 $(BUILD)/tests/test_ckpt: EXTRA_LIBS += $(COMM_LIBS)
+# tests/test_elastic: restarts under dtrun, its ranks over libfabric.
+$(BUILD)/tests/test_elastic: $(COMM_OBJ)
+$(BUILD)/tests/test_elastic: EXTRA_LIBS += $(COMM_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
-COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
+COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt \
+                 $(BUILD)/bench/restart
 $(COMM_PROGRAMS): $(COMM_OBJ)
 $(COMM_PROGRAMS): EXTRA_LIBS += $(COMM_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)

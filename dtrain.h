@@ -1606,7 +1606,8 @@ typedef struct dtr_rendezvous_config {
     int port;                   /**< TCP port of the store, 1..65535 (default 29500). Rank 0 of a
                                      one-process job may use 0: any free port (dtr_store_port) */
     char secret[DTR_RDZV_STR];  /**< shared secret, 1..255 bytes; required (DTR_SECRET) */
-    int timeout_ms;             /**< deadline of every blocking call, create included; 0: 300000 */
+    int timeout_ms;             /**< deadline of every blocking call, create included; 0: $DTR_TIMEOUT_MS,
+                                     else 300000 */
     int max_keys;               /**< server: most keys held; 0: 65536 */
     int max_connections;        /**< server: most open connections; 0: 1024 (at least world_size + 16) */
     size_t max_bytes;           /**< server: most bytes of keys and values held; 0: 256 MiB */
@@ -1615,6 +1616,16 @@ typedef struct dtr_rendezvous_config {
                                      Called from the server thread too */
     void *log_user;             /**< passed to `log` */
     dtr_log_level log_level;    /**< most verbose level passed to `log` (default DTR_LOG_WARN) */
+    int32_t generation;         /**< the job's attempt, 0 first (DTR_RESTART, set by dtrun --max-restarts):
+                                     a rank of another generation than rank 0's cannot join; an older
+                                     one is refused at once, a newer one retries (the old store is
+                                     going away) */
+    char job_id[DTR_RDZV_STR];  /**< the job's identity (DTR_JOB_ID; dtrun makes a random one; default
+                                     ""): a rank of another job that reaches this store (two jobs on one
+                                     port) is refused at once, naming the cause */
+    int grace_ms;               /**< rank 0's dtr_store_destroy after a failure (a call of this store
+                                     failed, or dtr_store_mark_failed): the longest wait for the other
+                                     ranks to close; 0: $DTR_GRACE_MS, else 2000 */
 } dtr_rendezvous_config;
 
 /** Returns a configuration with every field at its default (rank 0 of 1, 127.0.0.1:29500,
@@ -1633,6 +1644,9 @@ DTR_API dtr_rendezvous_config dtr_rendezvous_config_init(void);
  *      port              DTR_MASTER_PORT, MASTER_PORT
  *      secret            DTR_SECRET
  *      timeout_ms        DTR_TIMEOUT_MS
+ *      generation        DTR_RESTART
+ *      job_id            DTR_JOB_ID
+ *      grace_ms          DTR_GRACE_MS
  *
  *  A variable that is set must be valid; it is never skipped in favour of a later one.
  *  @param cfg     in/out: the configuration to update.
@@ -1664,10 +1678,11 @@ typedef struct dtr_store dtr_store;
  *  Thread safety: any thread; stores are independent. */
 DTR_API dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, char *err, size_t errlen);
 
-/** Leaves the store and frees it. On rank 0 it first waits (up to timeout_ms) until the other
- *  ranks have closed their connections, so call it after a final barrier, then stops the
- *  server thread and joins it. NULL is ignored. Thread safety: no other call on this store
- *  may be running or follow. */
+/** Leaves the store and frees it. On rank 0 it first waits until the other ranks have closed
+ *  their connections (up to timeout_ms; up to grace_ms once the store has failed: see
+ *  dtr_store_mark_failed), so call it after a final barrier, then stops the server thread and
+ *  joins it. NULL is ignored. Thread safety: no other call on this store may be running or
+ *  follow. */
 DTR_API void dtr_store_destroy(dtr_store *st);
 
 /** Sets `key` (a string of 1..DTR_STORE_MAX_KEY bytes) to `len` bytes of `value` (len up to
@@ -1716,6 +1731,20 @@ DTR_API dtr_result dtr_store_delete(dtr_store *st, const char *key);
  *  Thread safety: as dtr_store_set. */
 DTR_API dtr_result dtr_store_barrier(dtr_store *st, const char *tag);
 
+/** Marks the job as failed for this store, so that dtr_store_destroy on rank 0 waits for the
+ *  other ranks to leave at most grace_ms instead of timeout_ms (a stopped or hung rank keeps
+ *  its connection open). A call of the store that fails with DTR_TIMEOUT or DTR_PEER_FAILED
+ *  marks it too, and so does a process group (dtr_comm) that failed, for the store it was
+ *  made from. NULL is ignored. Thread safety: any thread, at any time before destroy. */
+DTR_API void dtr_store_mark_failed(dtr_store *st);
+
+/** Tells the launcher (dtrun) that this rank finished training step `step` of this attempt,
+ *  so that dtrun can print how long a restart took from the failure to the restarted job's
+ *  first step. Only the first call of a process does anything: it writes one line to the
+ *  pipe whose descriptor dtrun puts in DTR_NOTIFY_FD; without that variable it does nothing.
+ *  Cheap enough to call after every step. Thread safety: any thread. */
+DTR_API void dtr_elastic_step(int64_t step);
+
 /** The message of the last failed call on this store (names rank, operation and key), or "".
  *  Valid until the next call on the store.
  *  Thread safety: one thread at a time per store handle. */
@@ -1745,7 +1774,7 @@ DTR_API int dtr_store_port(const dtr_store *st);
  * Rules shared by every call of this section:
  *   - Collectives are called by every rank of the group, in the same order, with the same
  *     count, dtype, op and root. Each has a deadline (dtr_comm_config.timeout_ms, default
- *     five minutes): a peer that dies, hangs or leaves turns into DTR_PEER_FAILED or
+ *     $DTR_TIMEOUT_MS, else five minutes): a peer that dies, hangs or leaves turns into DTR_PEER_FAILED or
  *     DTR_TIMEOUT on every surviving rank, naming the rank at fault and the operation
  *     (dtr_comm_last_error, dtr_comm_failed_rank), never into a hang.
  *   - Such a failure breaks the group and every group sharing its transport (sub-groups,
@@ -1994,7 +2023,8 @@ struct dtr_comm_config {
     dtr_mem_kind memory;               /**< where collective buffers live; 0: DTR_MEM_HOST */
     dtr_context *context;              /**< DTR_MEM_DEVICE: the context whose backend owns the buffers (its
                                             stream orders the transfers, its backend reduces); NULL for host */
-    int timeout_ms;                    /**< deadline of every blocking call; 0: 300000 (five minutes) */
+    int timeout_ms;                    /**< deadline of every blocking call (the store it makes from the
+                                            environment too); 0: $DTR_TIMEOUT_MS, else 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
     size_t ring_threshold_bytes;       /**< AUTO: ring at or above this many bytes; 0: 256 KiB */
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
@@ -3081,7 +3111,7 @@ DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3085 "dtrain.h"
+#line 3115 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3574,7 +3604,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3578 "dtrain.h"
+#line 3608 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3833,7 +3863,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3837 "dtrain.h"
+#line 3867 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3895,7 +3925,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 3899 "dtrain.h"
+#line 3929 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4087,6 +4117,8 @@ typedef struct dtr__boot {
     const char *transport;     /* its name, for messages */
     dtr_store *st;             /* its own store connection (dtr__store_clone) */
     dtr_store *app_store;      /* made from the environment when cfg->store was NULL */
+    dtr_store *app;            /* the store the group was made from (cfg->store or app_store) */
+    int failed;                /* set by the transport before close when the group failed */
     int rank, size, local_rank, local_size;
     int *on_host, *pids;       /* per rank: on this host (same kernel and pid namespace), pid */
     char ns[48];               /* this open's namespace in the store: "<prefix>/<n>" */
@@ -4161,11 +4193,16 @@ dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
 dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+/** The default deadline of every blocking call: $DTR_TIMEOUT_MS when it is a positive decimal
+ *  number, else 300000 (src/rendezvous/env.c). */
+int dtr__default_timeout_ms(void);
+/** The default teardown grace after a failure: $DTR_GRACE_MS, else 2000. */
+DTR__PRIVATE int dtr__default_grace_ms(void);
 
 #ifdef __cplusplus
 }
 #endif
-#line 4169 "dtrain.h"
+#line 4206 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4208,7 +4245,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4212 "dtrain.h"
+#line 4249 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4235,7 +4272,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4239 "dtrain.h"
+#line 4276 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4268,7 +4305,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4272 "dtrain.h"
+#line 4309 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -4318,7 +4355,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 4322 "dtrain.h"
+#line 4359 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4670,7 +4707,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4674 "dtrain.h"
+#line 4711 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -5461,7 +5498,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 5465 "dtrain.h"
+#line 5502 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5885,7 +5922,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5889 "dtrain.h"
+#line 5926 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5956,7 +5993,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5960 "dtrain.h"
+#line 5997 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6346,7 +6383,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 6350 "dtrain.h"
+#line 6387 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -6546,7 +6583,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 6550 "dtrain.h"
+#line 6587 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6777,7 +6814,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6781 "dtrain.h"
+#line 6818 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -6892,7 +6929,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 6896 "dtrain.h"
+#line 6933 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -6948,7 +6985,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 6952 "dtrain.h"
+#line 6989 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -7378,7 +7415,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 7382 "dtrain.h"
+#line 7419 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -7557,7 +7594,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7561 "dtrain.h"
+#line 7598 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8082,7 +8119,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8086 "dtrain.h"
+#line 8123 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -8581,7 +8618,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 8585 "dtrain.h"
+#line 8622 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8840,7 +8877,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8844 "dtrain.h"
+#line 8881 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9026,7 +9063,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9030 "dtrain.h"
+#line 9067 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9146,7 +9183,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9150 "dtrain.h"
+#line 9187 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -9620,7 +9657,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 9624 "dtrain.h"
+#line 9661 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -9789,7 +9826,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 9793 "dtrain.h"
+#line 9830 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10038,7 +10075,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10042 "dtrain.h"
+#line 10079 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -10486,7 +10523,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 10490 "dtrain.h"
+#line 10527 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -10615,7 +10652,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 10619 "dtrain.h"
+#line 10656 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -10962,7 +10999,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 10966 "dtrain.h"
+#line 11003 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11028,7 +11065,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11032 "dtrain.h"
+#line 11069 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -11265,7 +11302,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 11269 "dtrain.h"
+#line 11306 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12014,7 +12051,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12018 "dtrain.h"
+#line 12055 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -12467,7 +12504,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 12471 "dtrain.h"
+#line 12508 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -12523,7 +12560,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 12527 "dtrain.h"
+#line 12564 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -13300,7 +13337,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 13304 "dtrain.h"
+#line 13341 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -13881,7 +13918,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 13885 "dtrain.h"
+#line 13922 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -14512,7 +14549,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 14516 "dtrain.h"
+#line 14553 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -15250,7 +15287,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 15254 "dtrain.h"
+#line 15291 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -15603,7 +15640,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 15607 "dtrain.h"
+#line 15644 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -15793,7 +15830,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 15797 "dtrain.h"
+#line 15834 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -15808,6 +15845,9 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 
 
 #include <limits.h>
+#if !defined(_WIN32)
+#include <unistd.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -15881,6 +15921,49 @@ static dtr_result dtr__rdzv_env_str(const char *const *names, int n, char *field
     return DTR_OK;
 }
 
+/* A positive decimal variable, or `def` when it is unset or not valid. */
+static int dtr__env_ms(const char *name, int def) {
+    const char *v = getenv(name);
+    int64_t x;
+    return v && dtr__rdzv_parse_uint(v, 1, INT32_MAX, &x) ? (int)x : def;
+}
+
+int dtr__default_timeout_ms(void) { return dtr__env_ms("DTR_TIMEOUT_MS", 300000); }
+int dtr__default_grace_ms(void) { return dtr__env_ms("DTR_GRACE_MS", 2000); }
+
+/* The fields of the elastic restarts: generation, job id, grace. */
+static dtr_result dtr__rdzv_env_elastic(dtr_rendezvous_config *cfg, char *err, size_t errlen) {
+    static const char *const gen[] = {"DTR_RESTART"};
+    static const char *const job[] = {"DTR_JOB_ID"};
+    static const char *const grace[] = {"DTR_GRACE_MS"};
+    const char *w = NULL;
+    int32_t grace_v = cfg->grace_ms;
+    dtr_result r;
+    if ((r = dtr__rdzv_env_int(gen, 1, 0, INT32_MAX, &cfg->generation, &w, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__rdzv_env_str(job, 1, cfg->job_id, &w, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__rdzv_env_int(grace, 1, 1, INT32_MAX, &grace_v, &w, err, errlen)) != DTR_OK) return r;
+    cfg->grace_ms = grace_v;
+    return DTR_OK;
+}
+
+void dtr_elastic_step(int64_t step) {
+#if !defined(_WIN32)
+    static int done;
+    int expect = 0;
+    const char *fd = getenv("DTR_NOTIFY_FD");
+    int64_t n;
+    char line[96];
+    int len;
+    if (!fd || !dtr__rdzv_parse_uint(fd, 0, INT32_MAX, &n) || !DTR__ATOMIC_CAS(&done, &expect, 1)) return;
+    len = snprintf(line, sizeof line, "step %s %s %lld\n", getenv("DTR_RESTART") ? getenv("DTR_RESTART") : "0",
+                   getenv("DTR_RANK") ? getenv("DTR_RANK") : "0", (long long)step);
+    if (write((int)n, line, (size_t)len) < 0) { /* dtrun is gone: nothing to tell */
+    }
+#else
+    (void)step;
+#endif
+}
+
 dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err, size_t errlen) {
     static const char *const rank[] = {"DTR_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
     static const char *const world[] = {"DTR_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"};
@@ -15913,6 +15996,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
     timeout_v = cfg->timeout_ms;
     if ((r = dtr__rdzv_env_int(timeout, 1, 1, INT32_MAX, &timeout_v, &w, err, errlen)) != DTR_OK) return r;
     cfg->timeout_ms = timeout_v;
+    if ((r = dtr__rdzv_env_elastic(cfg, err, errlen)) != DTR_OK) return r;
     if (cfg->rank >= cfg->world_size)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: rank %ld (from %s) is not below the world size %ld (from %s)",
                          (long)cfg->rank, rank_from, (long)cfg->world_size, world_from);
@@ -15927,7 +16011,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 15931 "dtrain.h"
+#line 16015 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15942,14 +16026,16 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
  *
  * Wire format (all integers big-endian; docs/rendezvous.md has the full description):
  *   server hello    40 B  "DTRZ" u32 version  nonce_s[32]
- *   client auth     80 B  "DTRA" u32 version  u32 rank  u32 world  nonce_c[32]  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 join" || nonce_s || auth[0..48))
- *   server welcome  40 B  "DTRW" u32 status  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 welcome" || nonce_c || nonce_s
- *                               || welcome[0..8)), zero when the status is a refusal
+ *   client auth    100 B  "DTRA" u32 version  u32 rank  u32 world  u32 generation  job[16]
+ *                         nonce_c[32]  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-2 join" || nonce_s || auth[0..68))
+ *                         job = the first 16 bytes of SHA-256(job id)
+ *   server welcome  44 B  "DTRW" u32 status  u32 generation (the server's)  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-2 welcome" || nonce_c || nonce_s
+ *                               || welcome[0..12)), zero when the status is a refusal
  *   request         12 B  u8 op  u8 0  u16 key_len  u32 value_len  u32 id,  then key, value
  *   reply           12 B  u8 status  u8 0  u16 0  u32 value_len  u32 id,  then value
- * The server reads exactly 80 bytes from a new connection and checks the MAC before it
+ * The server reads exactly 100 bytes from a new connection and checks the MAC before it
  * looks at any field. Every length is checked against its bound as soon as its header is
  * complete, before a byte of the body is buffered; a message that breaks a rule closes
  * that connection (the reason is logged) and nothing else.
@@ -15992,13 +16078,16 @@ extern "C" {
 
 /* ---- protocol constants ---- */
 
-#define DTR__RDZV_VERSION 1u
+#define DTR__RDZV_VERSION 2u
 #define DTR__RDZV_NONCE 32
 #define DTR__RDZV_MAC 32
+#define DTR__RDZV_JOB 16            /* bytes of the job tag (a truncated SHA-256 of the job id) */
 #define DTR__RDZV_HELLO_LEN 40
-#define DTR__RDZV_AUTH_LEN 80
-#define DTR__RDZV_AUTH_SIGNED 48    /* bytes of the auth message covered by its MAC */
-#define DTR__RDZV_WELCOME_LEN 40
+#define DTR__RDZV_AUTH_LEN 100
+#define DTR__RDZV_AUTH_NONCE 36     /* offset of the client nonce in the auth message */
+#define DTR__RDZV_AUTH_SIGNED 68    /* bytes of the auth message covered by its MAC */
+#define DTR__RDZV_WELCOME_LEN 44
+#define DTR__RDZV_WELCOME_SIGNED 12 /* bytes of the welcome covered by its MAC */
 #define DTR__RDZV_HDR 12
 #define DTR__RDZV_MAX_FRAME (DTR__RDZV_HDR + DTR_STORE_MAX_KEY + DTR_STORE_MAX_VALUE)
 
@@ -16007,13 +16096,19 @@ enum { DTR__RDZV_SET = 1, DTR__RDZV_GET = 2, DTR__RDZV_ADD = 3, DTR__RDZV_CHECK 
 /* reply status */
 enum { DTR__RDZV_OK = 0, DTR__RDZV_NOT_FOUND = 1, DTR__RDZV_NOT_INTEGER = 2, DTR__RDZV_FULL = 3 };
 /* welcome status */
-enum { DTR__RDZV_W_OK = 0, DTR__RDZV_W_BAD_SECRET = 1, DTR__RDZV_W_BAD_RANK = 2, DTR__RDZV_W_BAD_VERSION = 3 };
-/* (W_BAD_RANK: the rank is not below the world size, or the world sizes differ) */
+enum {
+    DTR__RDZV_W_OK = 0, DTR__RDZV_W_BAD_SECRET = 1, DTR__RDZV_W_BAD_RANK = 2, DTR__RDZV_W_BAD_VERSION = 3,
+    DTR__RDZV_W_STALE = 4, DTR__RDZV_W_OLD_SERVER = 5, DTR__RDZV_W_OTHER_JOB = 6
+};
+/* (W_BAD_RANK: the rank is not below the world size, or the world sizes differ; W_STALE: the
+ * rank is of an older generation than the store, a rank of a world that was restarted;
+ * W_OLD_SERVER: the store is of an older generation than the rank, a server that is going
+ * away: the rank retries; W_OTHER_JOB: the store belongs to another job (job ids differ)) */
 /* connection states */
 enum { DTR__RDZV_C_AUTH = 0, DTR__RDZV_C_READY = 1, DTR__RDZV_C_CLOSING = 2 };
 
-static const char dtr__rdzv_join_label[] = "dtr-rdzv-1 join";
-static const char dtr__rdzv_welcome_label[] = "dtr-rdzv-1 welcome";
+static const char dtr__rdzv_join_label[] = "dtr-rdzv-2 join";
+static const char dtr__rdzv_welcome_label[] = "dtr-rdzv-2 welcome";
 
 #ifdef MSG_NOSIGNAL
 #define DTR__RDZV_NOSIGNAL MSG_NOSIGNAL
@@ -16405,7 +16500,14 @@ void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c) {
     dtr__rdzv_free(&s->cfg, c);
 }
 
-/* The MAC of an auth message: HMAC(secret, join label || server nonce || auth[0..48)). */
+/* The job tag: the first 16 bytes of SHA-256(job id) ("" for no job id). */
+static void dtr__rdzv_job_tag(const char *job, uint8_t *tag) {
+    uint8_t h[DTR__SHA256_BYTES];
+    dtr__sha256_once(job, strlen(job), h);
+    memcpy(tag, h, DTR__RDZV_JOB);
+}
+
+/* The MAC of an auth message: HMAC(secret, join label || server nonce || auth[0..68)). */
 static void dtr__rdzv_auth_mac(const char *secret, const uint8_t *snonce, const uint8_t *auth, uint8_t *mac) {
     dtr__hmac h;
     dtr__hmac_init(&h, secret, strlen(secret));
@@ -16415,7 +16517,7 @@ static void dtr__rdzv_auth_mac(const char *secret, const uint8_t *snonce, const 
     dtr__hmac_final(&h, mac);
 }
 
-/* The MAC of a welcome: HMAC(secret, welcome label || client nonce || server nonce || welcome[0..8)). */
+/* The MAC of a welcome: HMAC(secret, welcome label || client nonce || server nonce || welcome[0..12)). */
 static void dtr__rdzv_welcome_mac(const char *secret, const uint8_t *cnonce, const uint8_t *snonce,
                                   const uint8_t *welcome, uint8_t *mac) {
     dtr__hmac h;
@@ -16423,7 +16525,7 @@ static void dtr__rdzv_welcome_mac(const char *secret, const uint8_t *cnonce, con
     dtr__hmac_update(&h, dtr__rdzv_welcome_label, sizeof dtr__rdzv_welcome_label - 1);
     dtr__hmac_update(&h, cnonce, DTR__RDZV_NONCE);
     dtr__hmac_update(&h, snonce, DTR__RDZV_NONCE);
-    dtr__hmac_update(&h, welcome, 8);
+    dtr__hmac_update(&h, welcome, DTR__RDZV_WELCOME_SIGNED);
     dtr__hmac_final(&h, mac);
 }
 
@@ -16436,12 +16538,34 @@ static void dtr__rdzv_welcome(dtr__rdzv_server *s, dtr__rdzv_conn *c, uint32_t s
     p = c->out + c->out_len;
     memcpy(p, "DTRW", 4);
     dtr__rdzv_put32(p + 4, status);
-    if (status == DTR__RDZV_W_OK) dtr__rdzv_welcome_mac(s->cfg.secret, cnonce, c->nonce, p, p + 8);
-    else memset(p + 8, 0, DTR__RDZV_MAC);
+    dtr__rdzv_put32(p + 8, (uint32_t)s->cfg.generation);
+    if (status == DTR__RDZV_W_OK) dtr__rdzv_welcome_mac(s->cfg.secret, cnonce, c->nonce, p, p + 12);
+    else memset(p + 12, 0, DTR__RDZV_MAC);
     c->out_len += DTR__RDZV_WELCOME_LEN;
 }
 
-/* The 80-byte auth message: the MAC first, then the fields it covers. */
+/* The job and the generation of an authenticated join message are this store's; else the
+ * refusal is sent and 0 returned. */
+static int dtr__rdzv_same_job(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *m) {
+    uint8_t tag[DTR__RDZV_JOB];
+    uint32_t gen = dtr__rdzv_get32(m + 16), mine = (uint32_t)s->cfg.generation;
+    dtr__rdzv_job_tag(s->cfg.job_id, tag);
+    if (memcmp(tag, m + 20, DTR__RDZV_JOB) != 0) {
+        dtr__rdzv_welcome(s, c, DTR__RDZV_W_OTHER_JOB, NULL);
+        dtr__rdzv_refuse(s, c, DTR_LOG_WARN, "rank %lu belongs to another job (its job id differs from '%.64s')",
+                         (unsigned long)dtr__rdzv_get32(m + 8), s->cfg.job_id);
+        return 0;
+    }
+    if (gen != mine) {
+        dtr__rdzv_welcome(s, c, gen < mine ? DTR__RDZV_W_STALE : DTR__RDZV_W_OLD_SERVER, NULL);
+        dtr__rdzv_refuse(s, c, DTR_LOG_WARN, "rank %lu is of generation %lu; this store is generation %lu",
+                         (unsigned long)dtr__rdzv_get32(m + 8), (unsigned long)gen, (unsigned long)mine);
+        return 0;
+    }
+    return 1;
+}
+
+/* The 100-byte auth message: the MAC first, then the fields it covers. */
 static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *m) {
     uint8_t mac[DTR__RDZV_MAC];
     uint32_t version, rank, world;
@@ -16461,6 +16585,7 @@ static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const 
                          (unsigned long)version, DTR__RDZV_VERSION);
         return;
     }
+    if (!dtr__rdzv_same_job(s, c, m)) return;
     if (world != (uint32_t)s->cfg.world_size || rank >= world) {
         dtr__rdzv_welcome(s, c, DTR__RDZV_W_BAD_RANK, NULL);
         if (world != (uint32_t)s->cfg.world_size)
@@ -16473,7 +16598,7 @@ static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const 
     }
     c->rank = (int32_t)rank;
     c->state = DTR__RDZV_C_READY;
-    dtr__rdzv_welcome(s, c, DTR__RDZV_W_OK, m + 16);
+    dtr__rdzv_welcome(s, c, DTR__RDZV_W_OK, m + DTR__RDZV_AUTH_NONCE);
     dtr__rdzv_log(&s->cfg, DTR_LOG_DEBUG, "rendezvous server: rank %ld joined from %s", (long)c->rank, c->peer);
 }
 
@@ -16661,7 +16786,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 16665 "dtrain.h"
+#line 16790 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -17178,7 +17303,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 17182 "dtrain.h"
+#line 17307 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -17209,6 +17334,7 @@ dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, c
     return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
 }
 void dtr_store_destroy(dtr_store *st) { (void)st; }
+void dtr_store_mark_failed(dtr_store *st) { (void)st; }
 dtr_result dtr_store_set(dtr_store *st, const char *key, const void *value, size_t len) {
     (void)st; (void)key; (void)value; (void)len;
     return DTR_UNSUPPORTED;
@@ -17271,6 +17397,7 @@ struct dtr_store {
     char where[DTR_RDZV_STR + 16];   /* "host:port" of the server */
     pthread_mutex_t lock;
     dtr__rdzv_host *host;        /* rank 0: the server */
+    int failed;                  /* the job failed: destroy waits grace_ms at most (atomic) */
     char err[768];
 };
 
@@ -17345,12 +17472,41 @@ static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connec
 /* Records the store's message (and logs it at ERROR); returns code. */
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) {
+    if (code == DTR_TIMEOUT || code == DTR_PEER_FAILED) DTR__ATOMIC_STORE(&st->failed, 1);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(st->err, sizeof st->err, fmt, ap);
     va_end(ap);
     dtr__rdzv_log(&st->cfg, DTR_LOG_ERROR, "%s", st->err);
     return code;
+}
+
+/* The message and code of a refused join (status != W_OK); `gen` is the server's generation. */
+static dtr_result dtr__rdzv_refusal(const dtr_store *st, uint32_t status, uint32_t gen, char *why, size_t whylen) {
+    long mine = (long)st->cfg.generation;
+    switch (status) {
+    case DTR__RDZV_W_BAD_SECRET:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "the server refused the secret (DTR_SECRET must be the same on every rank)");
+    case DTR__RDZV_W_BAD_RANK:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "the server refused rank %ld of a world of %ld (rank 0 has another world size)",
+                         (long)st->cfg.rank, (long)st->cfg.world_size);
+    case DTR__RDZV_W_STALE:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "this rank is of generation %ld but the store is generation %lu: the job was restarted "
+                         "and this rank belongs to an old world (DTR_RESTART)", mine, (unsigned long)gen);
+    case DTR__RDZV_W_OLD_SERVER:
+        return dtr__errf(why, whylen, DTR_PEER_FAILED,
+                         "the store there is of generation %lu, an older world than this rank's %ld (still going "
+                         "away?)", (unsigned long)gen, mine);
+    case DTR__RDZV_W_OTHER_JOB:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "another job owns the store on this port (its job id is not '%.64s'; two jobs on one "
+                         "port: give each its own DTR_MASTER_PORT)", st->cfg.job_id);
+    default:
+        return dtr__errf(why, whylen, DTR_VERSION_MISMATCH, "the server refused this protocol version");
+    }
 }
 
 /* Connect (non-blocking, bounded by the deadline) and run the client side of the handshake.
@@ -17427,7 +17583,9 @@ static dtr_result dtr__rdzv_join(dtr_store *st, const dtr__rdzv_addr *a, int64_t
     dtr__rdzv_put32(auth + 4, DTR__RDZV_VERSION);
     dtr__rdzv_put32(auth + 8, (uint32_t)st->cfg.rank);
     dtr__rdzv_put32(auth + 12, (uint32_t)st->cfg.world_size);
-    dtr__rdzv_random(auth + 16, DTR__RDZV_NONCE);
+    dtr__rdzv_put32(auth + 16, (uint32_t)st->cfg.generation);
+    dtr__rdzv_job_tag(st->cfg.job_id, auth + 20);
+    dtr__rdzv_random(auth + DTR__RDZV_AUTH_NONCE, DTR__RDZV_NONCE);
     dtr__rdzv_auth_mac(st->cfg.secret, hello + 8, auth, auth + DTR__RDZV_AUTH_SIGNED);
     r = dtr__rdzv_send_all(fd, auth, sizeof auth, deadline, &e);
     if (r == DTR_OK) r = dtr__rdzv_recv_all(fd, wel, sizeof wel, deadline, &got, &e);
@@ -17437,25 +17595,18 @@ static dtr_result dtr__rdzv_join(dtr_store *st, const dtr__rdzv_addr *a, int64_t
                          r == DTR_TIMEOUT ? "no answer" : dtr__rdzv_errno_str(e));
     }
     status = dtr__rdzv_get32(wel + 4);
-    if (memcmp(wel, "DTRW", 4) != 0 || status > DTR__RDZV_W_BAD_VERSION) {
+    if (memcmp(wel, "DTRW", 4) != 0 || status > DTR__RDZV_W_OTHER_JOB) {
         close(fd);
         *fatal = 1;
         return dtr__errf(why, whylen, DTR_PEER_FAILED, "malformed answer to the join message");
     }
     if (status != DTR__RDZV_W_OK) {
         close(fd);
-        *fatal = 1;
-        if (status == DTR__RDZV_W_BAD_SECRET)
-            return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
-                             "the server refused the secret (DTR_SECRET must be the same on every rank)");
-        if (status == DTR__RDZV_W_BAD_RANK)
-            return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
-                             "the server refused rank %ld of a world of %ld (rank 0 has another world size)",
-                             (long)st->cfg.rank, (long)st->cfg.world_size);
-        return dtr__errf(why, whylen, DTR_VERSION_MISMATCH, "the server refused this protocol version");
+        *fatal = status != DTR__RDZV_W_OLD_SERVER;   /* an older store goes away: retry */
+        return dtr__rdzv_refusal(st, status, dtr__rdzv_get32(wel + 8), why, whylen);
     }
-    dtr__rdzv_welcome_mac(st->cfg.secret, auth + 16, hello + 8, wel, mac);
-    if (!dtr__ct_equal(mac, wel + 8, DTR__RDZV_MAC)) {
+    dtr__rdzv_welcome_mac(st->cfg.secret, auth + DTR__RDZV_AUTH_NONCE, hello + 8, wel, mac);
+    if (!dtr__ct_equal(mac, wel + DTR__RDZV_WELCOME_SIGNED, DTR__RDZV_MAC)) {
         close(fd);
         *fatal = 1;
         return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
@@ -17529,12 +17680,15 @@ dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, c
     if (cfg->port < 0 || cfg->port > 65535 || (cfg->port == 0 && cfg->world_size > 1))
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
                          "rendezvous: port %d outside 1..65535 (0 only for a one-process job)", cfg->port);
+    if (!memchr(cfg->job_id, 0, sizeof cfg->job_id) || cfg->generation < 0)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: job_id is not NUL-terminated or generation < 0");
     if (cfg->timeout_ms < 0 || cfg->max_keys < 0 || cfg->max_connections < 0)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: negative timeout_ms, max_keys or max_connections");
     st = (dtr_store *)dtr__calloc(a, sizeof *st);
     if (!st) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "rendezvous: out of memory");
     st->cfg = *cfg;
-    if (st->cfg.timeout_ms == 0) st->cfg.timeout_ms = 300000;
+    if (st->cfg.timeout_ms == 0) st->cfg.timeout_ms = dtr__default_timeout_ms();
+    if (st->cfg.grace_ms <= 0) st->cfg.grace_ms = dtr__default_grace_ms();
     if (!st->cfg.master_addr[0]) memcpy(st->cfg.master_addr, "127.0.0.1", 10);
     if (st->cfg.world_size == 0) st->cfg.world_size = 1;
     st->fd = -1;
@@ -17600,11 +17754,18 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms) {
     pthread_mutex_unlock(&st->lock);
 }
 
+void dtr_store_mark_failed(dtr_store *st) {
+    if (st) DTR__ATOMIC_STORE(&st->failed, 1);
+}
+
 void dtr_store_destroy(dtr_store *st) {
     dtr_allocation_callbacks a;
+    int wait_ms;
     if (!st) return;
     dtr__rdzv_close_client(st);
-    if (st->host) dtr__rdzv_host_stop(st->host, 'd', dtr__rdzv_now_ms() + st->cfg.timeout_ms);
+    wait_ms = st->cfg.timeout_ms;
+    if (DTR__ATOMIC_LOAD(&st->failed) && st->cfg.grace_ms < wait_ms) wait_ms = st->cfg.grace_ms;
+    if (st->host) dtr__rdzv_host_stop(st->host, 'd', dtr__rdzv_now_ms() + wait_ms);
     pthread_mutex_destroy(&st->lock);
     a = st->cfg.alloc;
     dtr__free(&a, st);
@@ -17910,7 +18071,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 17914 "dtrain.h"
+#line 18075 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -18164,7 +18325,7 @@ fail:
 }
 
 static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
-    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();   /* DTR_TIMEOUT_MS */
     c->algo = (int)cfg->allreduce_algo;
     c->ring_threshold = cfg->ring_threshold_bytes ? cfg->ring_threshold_bytes : (size_t)256 << 10;
     c->chain_threshold = cfg->chain_threshold_bytes ? cfg->chain_threshold_bytes : (size_t)1 << 20;
@@ -18992,7 +19153,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 18996 "dtrain.h"
+#line 19157 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -19544,7 +19705,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 19548 "dtrain.h"
+#line 19709 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -20026,7 +20187,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 20030 "dtrain.h"
+#line 20191 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -20479,7 +20640,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 20483 "dtrain.h"
+#line 20644 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -20838,7 +20999,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 20842 "dtrain.h"
+#line 21003 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -21035,7 +21196,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 21039 "dtrain.h"
+#line 21200 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -21368,7 +21529,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 21372 "dtrain.h"
+#line 21533 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -21801,7 +21962,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 21805 "dtrain.h"
+#line 21966 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -21855,7 +22016,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 21859 "dtrain.h"
+#line 22020 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -23004,7 +23165,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 23008 "dtrain.h"
+#line 23169 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -23902,7 +24063,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 23906 "dtrain.h"
+#line 24067 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -85,6 +85,7 @@ static dtr_result dtr__boot_store(dtr__boot *b, const dtr_comm_config *cfg, dtr_
     if (dtr_rendezvous_config_from_env(&rc, e2, sizeof e2) != DTR_OK)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: no rendezvous store in the config, and none from the "
                          "environment: %s (start the ranks with dtrun, or set cfg.store)", b->transport, e2);
+    if (cfg->timeout_ms > 0) rc.timeout_ms = cfg->timeout_ms;   /* one deadline: the group's, else DTR_TIMEOUT_MS */
     if ((r = dtr_store_create(&rc, &b->app_store, e2, sizeof e2)) != DTR_OK)
         return dtr__errf(err, errlen, r, "%s: joining the rendezvous store of the environment (%s:%d) failed: %s",
                          b->transport, rc.master_addr, rc.port, e2);
@@ -125,8 +126,9 @@ dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *
     b->alloc = cfg->alloc;
     b->transport = transport;
     b->waiting_for = -1;
-    b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();   /* DTR_TIMEOUT_MS */
     if ((r = dtr__boot_store(b, cfg, &app, err, errlen)) != DTR_OK) return r;
+    b->app = app;
     b->rank = dtr_store_rank(app);
     b->size = dtr_store_world_size(app);
     if ((r = dtr__store_clone(app, b->timeout_ms, &b->st, err, errlen)) != DTR_OK) return r;
@@ -140,6 +142,10 @@ dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *
 }
 
 void dtr__boot_close(dtr__boot *b) {
+    if (b->failed) {   /* a failed group: rank 0's store waits only the grace for the others to leave */
+        dtr_store_mark_failed(b->app);
+        dtr_store_mark_failed(b->st);
+    }
     if (b->st) dtr_store_destroy(b->st);
     if (b->app_store) dtr_store_destroy(b->app_store);
     dtr__free(&b->alloc, b->on_host);
@@ -148,7 +154,7 @@ void dtr__boot_close(dtr__boot *b) {
 }
 
 #endif /* !_WIN32 */
-#line 152 "dtrain_comm.c"
+#line 158 "dtrain_comm.c"
 
 /* ---- src/comm/watchdog.c ---- */
 #line 1 "src/comm/watchdog.c"
@@ -366,7 +372,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 370 "dtrain_comm.c"
+#line 376 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1075,6 +1081,7 @@ static void dtr__fab_free(dtr__fab *f) {
     if (f->fabric) fi_close(&f->fabric->fid);
     if (f->info) fi_freeinfo(f->info);
     for (q = f->all_reqs; q; q = n) { n = q->next_all; dtr__free(&f->alloc, q); }
+    f->boot.failed = f->aborted;   /* bounded teardown after a failure (grace_ms) */
     dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
@@ -1092,7 +1099,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     dtr_result r;
     char key[96], prov[DTR__FAB_PROV];
     const char *env;
-    int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();
     *state = NULL;
     f = (dtr__fab *)dtr__calloc(&cfg->alloc, sizeof *f);
     if (!f) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
@@ -1327,7 +1334,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1331 "dtrain_comm.c"
+#line 1338 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -1841,5 +1848,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 1845 "dtrain_comm.c"
+#line 1852 "dtrain_comm.c"
 

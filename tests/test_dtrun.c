@@ -4,7 +4,10 @@
  * included), one rank exiting 3 stopping the others and dtrun exiting 3, a rank killed by a
  * signal (exit 128 + signal), SIGTERM to dtrun forwarded to every rank (and SIGKILL after the
  * grace period for a rank that ignores it), usage errors, a program that cannot be run, and
- * three ranks meeting through the rendezvous store from the variables dtrun sets.
+ * three ranks meeting through the rendezvous store from the variables dtrun sets, and
+ * restarts (--max-restarts: DTR_RESTART, one job id, DTR_NOTIFY_FD, --timeout's
+ * DTR_TIMEOUT_MS, the restart time printed, restarts running out, --min-ranks shrinking the
+ * world when one rank fails twice in a row).
  *
  * dtrun is looked for next to the tests folder (build/tests/../dtrun), or at $DTRUN. Every
  * run has a deadline (SIGKILL past it) and the program an alarm(): nothing can hang. */
@@ -20,8 +23,7 @@
 #include <sys/wait.h>
 #include "test.h"
 #include "posix_util.h"
-
-static char self[PATH_MAX], dtrun[PATH_MAX];
+#include "dtrun_util.h"
 
 /* ---- helper modes: what the ranks run ---- */
 
@@ -49,6 +51,16 @@ static int child_main(const char *mode) {
                env_or("LOCAL_RANK"), env_or("LOCAL_WORLD_SIZE"), env_or("MASTER_ADDR"), env_or("MASTER_PORT"));
         fflush(stdout);
         fprintf(stderr, "to stderr from %d\n", rank);
+        return 0;
+    }
+    if (strcmp(mode, "child-restart") == 0) {   /* rank 1 fails in attempts 0 and 1 */
+        const char *a = getenv("DTR_RESTART");
+        printf("attempt=%s job=%s notify=%s timeout=%s world=%s\n", env_or("DTR_RESTART"), env_or("DTR_JOB_ID"),
+               env_or("DTR_NOTIFY_FD"), env_or("DTR_TIMEOUT_MS"), env_or("DTR_WORLD_SIZE"));
+        fflush(stdout);
+        sleep_ms(rank == 1 ? 400 : 200);   /* the others have printed and stepped before rank 1 fails */
+        if (rank == 1 && a && atoi(a) < 2) return 4;
+        dtr_elastic_step(0);
         return 0;
     }
     if (strcmp(mode, "child-fail") == 0) {
@@ -130,105 +142,6 @@ static int child_main(const char *mode) {
 }
 
 /* ---- running dtrun ---- */
-
-typedef struct run_result {
-    int code;          /* exit code, 128 + signal, or -1 on timeout */
-    char *out, *err;   /* what dtrun wrote (malloc'd, NUL-terminated) */
-    int64_t ms;
-} run_result;
-
-static char *slurp(int fd) {
-    size_t cap = 1 << 16, len = 0;
-    char *b = (char *)malloc(cap);
-    ssize_t k;
-    lseek(fd, 0, SEEK_SET);
-    while ((k = read(fd, b + len, cap - len - 1)) > 0) {
-        len += (size_t)k;
-        if (cap - len < 4096) {
-            cap *= 2;
-            b = (char *)realloc(b, cap);
-        }
-    }
-    b[len] = '\0';
-    return b;
-}
-
-static int temp_file(void) {
-    char name[] = "/tmp/dtrun_testXXXXXX";
-    int fd = mkstemp(name);
-    if (fd < 0) {
-        perror("mkstemp");
-        exit(2);
-    }
-    unlink(name);
-    return fd;
-}
-
-/* Waits for pid at most until `end`; SIGKILL after it (code -1). */
-static int wait_code(pid_t pid, int64_t end) {
-    int status;
-    for (;;) {
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        if (now_ms() > end) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            return -1;
-        }
-        sleep_ms(5);
-    }
-}
-
-/* Runs dtrun with args (NULL-terminated), stdout/stderr to temp files, within timeout_ms. */
-static run_result run_dtrun(const char *const *args, int timeout_ms) {
-    run_result rr;
-    const char *argv[32];
-    int out = temp_file(), err = temp_file(), n = 0;
-    int64_t t0 = now_ms();
-    pid_t pid;
-    argv[n++] = dtrun;
-    while (*args && n < 31) argv[n++] = *args++;
-    argv[n] = NULL;
-    fflush(NULL);
-    pid = fork();
-    if (pid == 0) {
-        dup2(out, 1);
-        dup2(err, 2);
-        execv(dtrun, (char *const *)argv);
-        _exit(126);
-    }
-    rr.code = wait_code(pid, t0 + timeout_ms);
-    rr.ms = now_ms() - t0;
-    rr.out = slurp(out);
-    rr.err = slurp(err);
-    close(out);
-    close(err);
-    if (rr.code != 0 && getenv("DTR_TEST_VERBOSE"))
-        fprintf(stderr, "  dtrun exit %d\n--- out\n%s--- err\n%s---\n", rr.code, rr.out, rr.err);
-    return rr;
-}
-
-static void run_free(run_result *r) {
-    free(r->out);
-    free(r->err);
-}
-
-/* Number of lines of `text` that start with `prefix` and contain `needle` (NULL: any). */
-static int count_lines(const char *text, const char *prefix, const char *needle) {
-    int n = 0;
-    const char *p = text;
-    while (*p) {
-        const char *e = strchr(p, '\n');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        char *line = (char *)malloc(len + 1);
-        memcpy(line, p, len);
-        line[len] = '\0';
-        if (strncmp(line, prefix, strlen(prefix)) == 0 && (!needle || strstr(line, needle))) n++;
-        free(line);
-        p += len + (e ? 1 : 0);
-    }
-    return n;
-}
 
 /* ---- cases ---- */
 
@@ -388,6 +301,8 @@ static void test_usage_errors(void) {
     const char *bad[] = {"-n", "2", "--frobnicate", "true", NULL};
     const char *noprog[] = {"-n", "2", "--", NULL};
     const char *missing[] = {"-n", "2", "--grace", "1", "/nonexistent/program", NULL};
+    const char *min_over[] = {"-n", "2", "--min-ranks", "3", "true", NULL};
+    const char *bad_restarts[] = {"-n", "2", "--max-restarts", "-1", "true", NULL};
     run_result r = run_dtrun(none, 5000);
     CHECK_EQ_INT(r.code, 2);
     CHECK(strstr(r.err, "usage") != NULL);
@@ -402,9 +317,54 @@ static void test_usage_errors(void) {
     r = run_dtrun(noprog, 5000);
     CHECK_EQ_INT(r.code, 2);
     run_free(&r);
+    r = run_dtrun(min_over, 5000);
+    CHECK_MSG(r.code == 2 && strstr(r.err, "--min-ranks 3 is more than -n 2"), "%s", r.err);
+    run_free(&r);
+    r = run_dtrun(bad_restarts, 5000);
+    CHECK_MSG(r.code == 2 && strstr(r.err, "--max-restarts -1"), "%s", r.err);
+    run_free(&r);
     r = run_dtrun(missing, 5000);
     CHECK_EQ_INT(r.code, 127);
     CHECK_MSG(strstr(r.err, "] dtrun: cannot run /nonexistent/program") != NULL, "%s", r.err);
+    run_free(&r);
+}
+
+/* --max-restarts: attempts 0 and 1 fail (rank 1 exits 4), attempt 2 succeeds; every attempt
+ * gets DTR_RESTART, one job id, the notify pipe and --timeout's DTR_TIMEOUT_MS; the restart
+ * time to the first step is printed. With one restart allowed dtrun exits 4. */
+static void test_restarts(void) {
+    const char *args[] = {"-n", "2", "--timeout", "1234", "--max-restarts", "3", "--", self, "child-restart", NULL};
+    const char *one[] = {"-n", "2", "--max-restarts", "1", "--", self, "child-restart", NULL};
+    const char *shrink[] = {"-n", "3", "--min-ranks", "2", "--max-restarts", "3", "--", self, "child-restart", NULL};
+    run_result r = run_dtrun(args, 20000);
+    char job[80] = "", want[160];
+    const char *p;
+    int a;
+    CHECK_MSG(r.code == 0, "exit %d\n%s%s", r.code, r.out, r.err);
+    p = strstr(r.out, "job=");
+    if (p) sscanf(p, "job=%79s", job);
+    CHECK_EQ_INT(strlen(job), 32);
+    for (a = 0; a < 3; a++) {
+        snprintf(want, sizeof want, "attempt=%d job=%s notify=", a, job);
+        CHECK_MSG(count_lines(r.out, "[", want) == 2, "attempt %d:\n%s", a, r.out);
+    }
+    CHECK_EQ_INT(count_lines(r.out, "[", "timeout=1234 world=2"), 6);
+    CHECK_EQ_INT(count_lines(r.err, "dtrun: rank 1 exited with code 4", NULL), 2);
+    CHECK_MSG(count_lines(r.err, "dtrun: restart 1: first step (0, rank ", "ms after the failure") == 1 &&
+                  count_lines(r.err, "dtrun: restart 2: first step (0, rank ", "ms after the failure") == 1,
+              "%s", r.err);
+    CHECK(strstr(r.err, "restarting the job (restart 2 of 3) with 2 ranks") != NULL);
+    run_free(&r);
+    r = run_dtrun(one, 20000);
+    CHECK_MSG(r.code == 4 && strstr(r.err, "no restarts left (--max-restarts 1)"), "exit %d\n%s", r.code, r.err);
+    run_free(&r);
+    /* rank 1 blamed twice in a row: the third attempt has 2 ranks (and rank 1 fails once more) */
+    r = run_dtrun(shrink, 20000);
+    CHECK_MSG(r.code == 0 && strstr(r.err, "rank 1 failed in two attempts in a row and cannot come back: going on "
+                                           "with 2 ranks"), "exit %d\n%s", r.code, r.err);
+    CHECK_EQ_INT(count_lines(r.out, "[", "attempt=2 job="), 2);
+    CHECK_EQ_INT(count_lines(r.out, "[", "world=3"), 6);
+    CHECK_EQ_INT(count_lines(r.out, "[", "world=2"), 2);
     run_free(&r);
 }
 
@@ -421,37 +381,10 @@ static void test_rendezvous_through_dtrun(void) {
 }
 
 int main(int argc, char **argv) {
-    const char *d;
     (void)test_ctx;   /* tests/test.h's helper; no context here */
     if (argc > 1 && strncmp(argv[1], "child-", 6) == 0) return child_main(argv[1]);
     alarm(90);
-    if (argv[0][0] == '/') {
-        snprintf(self, sizeof self, "%s", argv[0]);
-    } else {   /* an absolute path: ranks run it from any folder */
-        char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof cwd) || strlen(cwd) + strlen(argv[0]) + 2 > sizeof self) {
-            fprintf(stderr, "test_dtrun: cannot resolve %s\n", argv[0]);
-            return 1;
-        }
-        memcpy(self, cwd, strlen(cwd));
-        self[strlen(cwd)] = '/';
-        memcpy(self + strlen(cwd) + 1, argv[0], strlen(argv[0]) + 1);
-    }
-    if ((d = getenv("DTRUN")) != NULL) {
-        snprintf(dtrun, sizeof dtrun, "%s", d);
-    } else {   /* <build>/tests/test_dtrun -> <build>/dtrun */
-        char *slash;
-        snprintf(dtrun, sizeof dtrun, "%s", self);
-        slash = strrchr(dtrun, '/');
-        if (slash) *slash = '\0';
-        slash = strrchr(dtrun, '/');
-        if (slash) *slash = '\0';
-        strncat(dtrun, "/dtrun", sizeof dtrun - strlen(dtrun) - 1);
-    }
-    if (access(dtrun, X_OK) != 0) {
-        fprintf(stderr, "test_dtrun: %s not found (make builds it; or set DTRUN)\n", dtrun);
-        return 1;
-    }
+    if (!find_dtrun(argv[0], "test_dtrun")) return 1;
     unsetenv("DTR_SECRET");
     RUN(test_env_and_prefix);
     RUN(test_failure_stops_others);
@@ -461,5 +394,6 @@ int main(int argc, char **argv) {
     RUN(test_no_interleaving);
     RUN(test_usage_errors);
     RUN(test_rendezvous_through_dtrun);
+    RUN(test_restarts);
     return test_summary();
 }

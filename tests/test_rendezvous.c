@@ -16,7 +16,10 @@
  * connects and stays silent (nobody stalls; it is dropped after the deadline); the server
  * faults, one table (SERVER_FAULTS): the server SIGKILLed (DTR_PEER_FAILED, quickly) or
  * stopped (DTR_TIMEOUT, within the deadline); a late server (clients retry) and no server at all (DTR_TIMEOUT); a late
- * reply to a request that timed out is not taken for the next one's. */
+ * reply to a request that timed out is not taken for the next one's; generations (a rank of
+ * an older world is refused at once, a newer one retries) and jobs (a rank of another job on
+ * the port is refused at once, naming the cause); rank 0's destroy waits timeout_ms for a
+ * rank that keeps its connection, but only grace_ms once the store failed. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
@@ -204,19 +207,22 @@ static uint32_t get32(const uint8_t *p) {
 /* The documented handshake, written out from docs/rendezvous.md. Returns the welcome status,
  * or -1 when the server did not answer. */
 static int raw_handshake(int fd, const char *secret, uint32_t rank, uint32_t world) {
-    uint8_t hello[40], auth[80], msg[15 + 32 + 48], wel[40];
-    if (raw_read(fd, hello, 40, 2000) != 40 || memcmp(hello, "DTRZ", 4) != 0 || get32(hello + 4) != 1) return -1;
+    uint8_t hello[40], auth[100], msg[15 + 32 + 68], wel[44], job[32];
+    if (raw_read(fd, hello, 40, 2000) != 40 || memcmp(hello, "DTRZ", 4) != 0 || get32(hello + 4) != 2) return -1;
     memcpy(auth, "DTRA", 4);
-    put32(auth + 4, 1);
+    put32(auth + 4, 2);
     put32(auth + 8, rank);
     put32(auth + 12, world);
-    memset(auth + 16, 0x5a, 32);   /* client nonce */
-    memcpy(msg, "dtr-rdzv-1 join", 15);
+    put32(auth + 16, 0);           /* generation */
+    dtr__sha256_once("", 0, job);  /* job tag: SHA-256 of the job id "" */
+    memcpy(auth + 20, job, 16);
+    memset(auth + 36, 0x5a, 32);   /* client nonce */
+    memcpy(msg, "dtr-rdzv-2 join", 15);
     memcpy(msg + 15, hello + 8, 32);
-    memcpy(msg + 47, auth, 48);
-    dtr__hmac_sha256(secret, strlen(secret), msg, sizeof msg, auth + 48);
+    memcpy(msg + 47, auth, 68);
+    dtr__hmac_sha256(secret, strlen(secret), msg, sizeof msg, auth + 68);
     raw_send(fd, auth, sizeof auth);
-    if (raw_read(fd, wel, 40, 2000) != 40 || memcmp(wel, "DTRW", 4) != 0) return -1;
+    if (raw_read(fd, wel, 44, 2000) != 44 || memcmp(wel, "DTRW", 4) != 0) return -1;
     return (int)get32(wel + 4);
 }
 
@@ -290,7 +296,7 @@ static const char *all_vars[] = {
     "DTR_RANK", "DTR_WORLD_SIZE", "DTR_LOCAL_RANK", "DTR_LOCAL_WORLD_SIZE", "DTR_MASTER_ADDR", "DTR_MASTER_PORT",
     "DTR_SECRET", "DTR_TIMEOUT_MS", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
     "MASTER_PORT", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
-    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", "DTR_RESTART", "DTR_JOB_ID", "DTR_GRACE_MS"};
 
 static void clear_env(void) {
     size_t i;
@@ -795,14 +801,14 @@ static int garbage(int rank, void *p) {
     fd = raw_connect(a->port, 3000);
     CC(fd >= 0);
     {
-        uint8_t hello[40], wel[40];
+        uint8_t hello[40], wel[44];
         CC(raw_read(fd, hello, 40, 2000) == 40 && memcmp(hello, "DTRZ", 4) == 0);
-        raw_send(fd, junk, 80);
-        CC(raw_read(fd, wel, 40, 2000) == 40 && memcmp(wel, "DTRW", 4) == 0 && get32(wel + 4) == 1);
+        raw_send(fd, junk, 100);
+        CC(raw_read(fd, wel, 44, 2000) == 44 && memcmp(wel, "DTRW", 4) == 0 && get32(wel + 4) == 1);
         CC(raw_wait_eof(fd, 2000));
     }
     close(fd);
-    /* 2. a flood of 4 KiB without reading anything: closed after the first 80 bytes */
+    /* 2. a flood of 4 KiB without reading anything: closed after the first 100 bytes */
     fd = raw_connect(a->port, 3000);
     CC(fd >= 0);
     raw_send(fd, junk, sizeof junk);
@@ -1136,6 +1142,84 @@ static void test_ipv6_and_names(void) {
     }
 }
 
+/* ---- generations and jobs (elastic restarts, two jobs on one port) ---- */
+
+/* Rank 1 with this generation and job joins rank 0's store (generation 1, job "J"): the
+ * result, the time it took and the message. */
+static dtr_result join_as(int port, int gen, const char *job, int timeout_ms, int64_t *ms, char *err, size_t n) {
+    dtr_rendezvous_config c = cfg_for(1, 2, port, "gen-secret", timeout_ms);
+    dtr_store *st = NULL;
+    int64_t t0 = now_ms();
+    dtr_result r;
+    c.generation = gen;
+    snprintf(c.job_id, sizeof c.job_id, "%s", job);
+    r = dtr_store_create(&c, &st, err, n);
+    *ms = now_ms() - t0;
+    dtr_store_destroy(st);
+    return r;
+}
+
+/* A rank of generation 0 cannot join the store of generation 1 (refused at once, the message
+ * says it is of an old world); a rank of another job is refused at once, the message says
+ * another job owns the store; a rank of generation 2 retries (the old store goes away) and
+ * times out naming the older store; the environment sets the three fields. */
+static void test_generations(void) {
+    dtr_rendezvous_config c0;
+    dtr_store *s0 = NULL;
+    char err[768];
+    int64_t ms;
+    int port = free_port();
+    c0 = cfg_for(0, 2, port, "gen-secret", 5000);
+    c0.generation = 1;
+    snprintf(c0.job_id, sizeof c0.job_id, "J");
+    CHECK_OK(NULL, dtr_store_create(&c0, &s0, err, sizeof err));
+    CHECK_EQ_INT(join_as(port, 1, "J", 5000, &ms, err, sizeof err), DTR_OK);
+    CHECK_EQ_INT(join_as(port, 0, "J", 5000, &ms, err, sizeof err), DTR_INVALID_ARGUMENT);
+    CHECK_MSG(ms < 1000 && strstr(err, "generation 0") && strstr(err, "generation 1") && strstr(err, "old world"),
+              "stale rank: %lld ms: %s", (long long)ms, err);
+    CHECK_EQ_INT(join_as(port, 1, "K", 5000, &ms, err, sizeof err), DTR_INVALID_ARGUMENT);
+    CHECK_MSG(ms < 1000 && strstr(err, "another job owns the store"), "other job: %lld ms: %s", (long long)ms, err);
+    CHECK_EQ_INT(join_as(port, 2, "J", 600, &ms, err, sizeof err), DTR_TIMEOUT);
+    CHECK_MSG(ms >= 500 && strstr(err, "older world"), "newer rank: %lld ms: %s", (long long)ms, err);
+    dtr_store_destroy(s0);
+    setenv("DTR_RESTART", "3", 1);
+    setenv("DTR_JOB_ID", "job-7", 1);
+    setenv("DTR_GRACE_MS", "250", 1);
+    CHECK_EQ_INT(env_cfg(&c0, err, sizeof err), DTR_OK);
+    CHECK(c0.generation == 3 && !strcmp(c0.job_id, "job-7") && c0.grace_ms == 250);
+    bad_env("DTR_RESTART", "-1", "DTR_RESTART");
+    clear_env();
+}
+
+/* Rank 0's destroy waits for a rank that keeps its connection: timeout_ms normally, only
+ * grace_ms once the store is marked failed. */
+static int64_t destroy_with_lingering_rank(int failed) {
+    dtr_rendezvous_config c0, c1;
+    dtr_store *s0 = NULL, *s1 = NULL;
+    char err[512];
+    int64_t t0;
+    int port = free_port();
+    c0 = cfg_for(0, 2, port, "grace", 1500);
+    c1 = cfg_for(1, 2, port, "grace", 1500);
+    c0.grace_ms = 200;
+    if (dtr_store_create(&c0, &s0, err, sizeof err) != DTR_OK || dtr_store_create(&c1, &s1, err, sizeof err) != DTR_OK) {
+        CHECK_MSG(0, "%s", err);
+        return -1;
+    }
+    if (failed) dtr_store_mark_failed(s0);
+    t0 = now_ms();
+    dtr_store_destroy(s0);
+    t0 = now_ms() - t0;
+    dtr_store_destroy(s1);
+    return t0;
+}
+
+static void test_teardown_grace(void) {
+    int64_t normal = destroy_with_lingering_rank(0), failed = destroy_with_lingering_rank(1);
+    CHECK_MSG(normal >= 1400, "destroy returned after %lld ms; the deadline is 1500", (long long)normal);
+    CHECK_MSG(failed >= 150 && failed < 800, "destroy after a failure took %lld ms; the grace is 200", (long long)failed);
+}
+
 int main(void) {
     (void)test_ctx;   /* tests/test.h's helper; no context here */
     signal(SIGPIPE, SIG_IGN);
@@ -1156,5 +1240,7 @@ int main(void) {
     RUN(test_silent_joiner);
     RUN(test_server_faults);
     RUN(test_stale_reply);
+    RUN(test_generations);
+    RUN(test_teardown_grace);
     return test_summary();
 }

@@ -75,6 +75,7 @@ static dtr_result dtr__boot_store(dtr__boot *b, const dtr_comm_config *cfg, dtr_
     if (dtr_rendezvous_config_from_env(&rc, e2, sizeof e2) != DTR_OK)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: no rendezvous store in the config, and none from the "
                          "environment: %s (start the ranks with dtrun, or set cfg.store)", b->transport, e2);
+    if (cfg->timeout_ms > 0) rc.timeout_ms = cfg->timeout_ms;   /* one deadline: the group's, else DTR_TIMEOUT_MS */
     if ((r = dtr_store_create(&rc, &b->app_store, e2, sizeof e2)) != DTR_OK)
         return dtr__errf(err, errlen, r, "%s: joining the rendezvous store of the environment (%s:%d) failed: %s",
                          b->transport, rc.master_addr, rc.port, e2);
@@ -115,8 +116,9 @@ dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *
     b->alloc = cfg->alloc;
     b->transport = transport;
     b->waiting_for = -1;
-    b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    b->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();   /* DTR_TIMEOUT_MS */
     if ((r = dtr__boot_store(b, cfg, &app, err, errlen)) != DTR_OK) return r;
+    b->app = app;
     b->rank = dtr_store_rank(app);
     b->size = dtr_store_world_size(app);
     if ((r = dtr__store_clone(app, b->timeout_ms, &b->st, err, errlen)) != DTR_OK) return r;
@@ -130,6 +132,10 @@ dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *
 }
 
 void dtr__boot_close(dtr__boot *b) {
+    if (b->failed) {   /* a failed group: rank 0's store waits only the grace for the others to leave */
+        dtr_store_mark_failed(b->app);
+        dtr_store_mark_failed(b->st);
+    }
     if (b->st) dtr_store_destroy(b->st);
     if (b->app_store) dtr_store_destroy(b->app_store);
     dtr__free(&b->alloc, b->on_host);

@@ -248,7 +248,7 @@ fail:
 }
 
 static void dtr__comm_config_apply(dtr_comm *c, const dtr_comm_config *cfg) {
-    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    c->timeout_ms = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();   /* DTR_TIMEOUT_MS */
     c->algo = (int)cfg->allreduce_algo;
     c->ring_threshold = cfg->ring_threshold_bytes ? cfg->ring_threshold_bytes : (size_t)256 << 10;
     c->chain_threshold = cfg->chain_threshold_bytes ? cfg->chain_threshold_bytes : (size_t)1 << 20;

@@ -186,6 +186,8 @@ typedef struct dtr__boot {
     const char *transport;     /* its name, for messages */
     dtr_store *st;             /* its own store connection (dtr__store_clone) */
     dtr_store *app_store;      /* made from the environment when cfg->store was NULL */
+    dtr_store *app;            /* the store the group was made from (cfg->store or app_store) */
+    int failed;                /* set by the transport before close when the group failed */
     int rank, size, local_rank, local_size;
     int *on_host, *pids;       /* per rank: on this host (same kernel and pid namespace), pid */
     char ns[48];               /* this open's namespace in the store: "<prefix>/<n>" */
@@ -260,6 +262,11 @@ dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
 dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+/** The default deadline of every blocking call: $DTR_TIMEOUT_MS when it is a positive decimal
+ *  number, else 300000 (src/rendezvous/env.c). */
+int dtr__default_timeout_ms(void);
+/** The default teardown grace after a failure: $DTR_GRACE_MS, else 2000. */
+DTR__PRIVATE int dtr__default_grace_ms(void);
 
 #ifdef __cplusplus
 }

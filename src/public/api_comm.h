@@ -9,7 +9,7 @@
  * Rules shared by every call of this section:
  *   - Collectives are called by every rank of the group, in the same order, with the same
  *     count, dtype, op and root. Each has a deadline (dtr_comm_config.timeout_ms, default
- *     five minutes): a peer that dies, hangs or leaves turns into DTR_PEER_FAILED or
+ *     $DTR_TIMEOUT_MS, else five minutes): a peer that dies, hangs or leaves turns into DTR_PEER_FAILED or
  *     DTR_TIMEOUT on every surviving rank, naming the rank at fault and the operation
  *     (dtr_comm_last_error, dtr_comm_failed_rank), never into a hang.
  *   - Such a failure breaks the group and every group sharing its transport (sub-groups,
@@ -258,7 +258,8 @@ struct dtr_comm_config {
     dtr_mem_kind memory;               /**< where collective buffers live; 0: DTR_MEM_HOST */
     dtr_context *context;              /**< DTR_MEM_DEVICE: the context whose backend owns the buffers (its
                                             stream orders the transfers, its backend reduces); NULL for host */
-    int timeout_ms;                    /**< deadline of every blocking call; 0: 300000 (five minutes) */
+    int timeout_ms;                    /**< deadline of every blocking call (the store it makes from the
+                                            environment too); 0: $DTR_TIMEOUT_MS, else 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
     size_t ring_threshold_bytes;       /**< AUTO: ring at or above this many bytes; 0: 256 KiB */
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */

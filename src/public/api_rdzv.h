@@ -46,7 +46,8 @@ typedef struct dtr_rendezvous_config {
     int port;                   /**< TCP port of the store, 1..65535 (default 29500). Rank 0 of a
                                      one-process job may use 0: any free port (dtr_store_port) */
     char secret[DTR_RDZV_STR];  /**< shared secret, 1..255 bytes; required (DTR_SECRET) */
-    int timeout_ms;             /**< deadline of every blocking call, create included; 0: 300000 */
+    int timeout_ms;             /**< deadline of every blocking call, create included; 0: $DTR_TIMEOUT_MS,
+                                     else 300000 */
     int max_keys;               /**< server: most keys held; 0: 65536 */
     int max_connections;        /**< server: most open connections; 0: 1024 (at least world_size + 16) */
     size_t max_bytes;           /**< server: most bytes of keys and values held; 0: 256 MiB */
@@ -55,6 +56,16 @@ typedef struct dtr_rendezvous_config {
                                      Called from the server thread too */
     void *log_user;             /**< passed to `log` */
     dtr_log_level log_level;    /**< most verbose level passed to `log` (default DTR_LOG_WARN) */
+    int32_t generation;         /**< the job's attempt, 0 first (DTR_RESTART, set by dtrun --max-restarts):
+                                     a rank of another generation than rank 0's cannot join; an older
+                                     one is refused at once, a newer one retries (the old store is
+                                     going away) */
+    char job_id[DTR_RDZV_STR];  /**< the job's identity (DTR_JOB_ID; dtrun makes a random one; default
+                                     ""): a rank of another job that reaches this store (two jobs on one
+                                     port) is refused at once, naming the cause */
+    int grace_ms;               /**< rank 0's dtr_store_destroy after a failure (a call of this store
+                                     failed, or dtr_store_mark_failed): the longest wait for the other
+                                     ranks to close; 0: $DTR_GRACE_MS, else 2000 */
 } dtr_rendezvous_config;
 
 /** Returns a configuration with every field at its default (rank 0 of 1, 127.0.0.1:29500,
@@ -73,6 +84,9 @@ DTR_API dtr_rendezvous_config dtr_rendezvous_config_init(void);
  *      port              DTR_MASTER_PORT, MASTER_PORT
  *      secret            DTR_SECRET
  *      timeout_ms        DTR_TIMEOUT_MS
+ *      generation        DTR_RESTART
+ *      job_id            DTR_JOB_ID
+ *      grace_ms          DTR_GRACE_MS
  *
  *  A variable that is set must be valid; it is never skipped in favour of a later one.
  *  @param cfg     in/out: the configuration to update.
@@ -104,10 +118,11 @@ typedef struct dtr_store dtr_store;
  *  Thread safety: any thread; stores are independent. */
 DTR_API dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, char *err, size_t errlen);
 
-/** Leaves the store and frees it. On rank 0 it first waits (up to timeout_ms) until the other
- *  ranks have closed their connections, so call it after a final barrier, then stops the
- *  server thread and joins it. NULL is ignored. Thread safety: no other call on this store
- *  may be running or follow. */
+/** Leaves the store and frees it. On rank 0 it first waits until the other ranks have closed
+ *  their connections (up to timeout_ms; up to grace_ms once the store has failed: see
+ *  dtr_store_mark_failed), so call it after a final barrier, then stops the server thread and
+ *  joins it. NULL is ignored. Thread safety: no other call on this store may be running or
+ *  follow. */
 DTR_API void dtr_store_destroy(dtr_store *st);
 
 /** Sets `key` (a string of 1..DTR_STORE_MAX_KEY bytes) to `len` bytes of `value` (len up to
@@ -155,6 +170,20 @@ DTR_API dtr_result dtr_store_delete(dtr_store *st, const char *key);
  *  @return DTR_OK; DTR_TIMEOUT naming how many ranks arrived; DTR_PEER_FAILED; DTR_NULL_HANDLE.
  *  Thread safety: as dtr_store_set. */
 DTR_API dtr_result dtr_store_barrier(dtr_store *st, const char *tag);
+
+/** Marks the job as failed for this store, so that dtr_store_destroy on rank 0 waits for the
+ *  other ranks to leave at most grace_ms instead of timeout_ms (a stopped or hung rank keeps
+ *  its connection open). A call of the store that fails with DTR_TIMEOUT or DTR_PEER_FAILED
+ *  marks it too, and so does a process group (dtr_comm) that failed, for the store it was
+ *  made from. NULL is ignored. Thread safety: any thread, at any time before destroy. */
+DTR_API void dtr_store_mark_failed(dtr_store *st);
+
+/** Tells the launcher (dtrun) that this rank finished training step `step` of this attempt,
+ *  so that dtrun can print how long a restart took from the failure to the restarted job's
+ *  first step. Only the first call of a process does anything: it writes one line to the
+ *  pipe whose descriptor dtrun puts in DTR_NOTIFY_FD; without that variable it does nothing.
+ *  Cheap enough to call after every step. Thread safety: any thread. */
+DTR_API void dtr_elastic_step(int64_t step);
 
 /** The message of the last failed call on this store (names rank, operation and key), or "".
  *  Valid until the next call on the store.

@@ -25,6 +25,7 @@ dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, c
     return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
 }
 void dtr_store_destroy(dtr_store *st) { (void)st; }
+void dtr_store_mark_failed(dtr_store *st) { (void)st; }
 dtr_result dtr_store_set(dtr_store *st, const char *key, const void *value, size_t len) {
     (void)st; (void)key; (void)value; (void)len;
     return DTR_UNSUPPORTED;
@@ -87,6 +88,7 @@ struct dtr_store {
     char where[DTR_RDZV_STR + 16];   /* "host:port" of the server */
     pthread_mutex_t lock;
     dtr__rdzv_host *host;        /* rank 0: the server */
+    int failed;                  /* the job failed: destroy waits grace_ms at most (atomic) */
     char err[768];
 };
 
@@ -161,12 +163,41 @@ static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connec
 /* Records the store's message (and logs it at ERROR); returns code. */
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) DTR__PRINTF(3, 4);
 static dtr_result dtr__rdzv_fail(dtr_store *st, dtr_result code, const char *fmt, ...) {
+    if (code == DTR_TIMEOUT || code == DTR_PEER_FAILED) DTR__ATOMIC_STORE(&st->failed, 1);
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(st->err, sizeof st->err, fmt, ap);
     va_end(ap);
     dtr__rdzv_log(&st->cfg, DTR_LOG_ERROR, "%s", st->err);
     return code;
+}
+
+/* The message and code of a refused join (status != W_OK); `gen` is the server's generation. */
+static dtr_result dtr__rdzv_refusal(const dtr_store *st, uint32_t status, uint32_t gen, char *why, size_t whylen) {
+    long mine = (long)st->cfg.generation;
+    switch (status) {
+    case DTR__RDZV_W_BAD_SECRET:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "the server refused the secret (DTR_SECRET must be the same on every rank)");
+    case DTR__RDZV_W_BAD_RANK:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "the server refused rank %ld of a world of %ld (rank 0 has another world size)",
+                         (long)st->cfg.rank, (long)st->cfg.world_size);
+    case DTR__RDZV_W_STALE:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "this rank is of generation %ld but the store is generation %lu: the job was restarted "
+                         "and this rank belongs to an old world (DTR_RESTART)", mine, (unsigned long)gen);
+    case DTR__RDZV_W_OLD_SERVER:
+        return dtr__errf(why, whylen, DTR_PEER_FAILED,
+                         "the store there is of generation %lu, an older world than this rank's %ld (still going "
+                         "away?)", (unsigned long)gen, mine);
+    case DTR__RDZV_W_OTHER_JOB:
+        return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
+                         "another job owns the store on this port (its job id is not '%.64s'; two jobs on one "
+                         "port: give each its own DTR_MASTER_PORT)", st->cfg.job_id);
+    default:
+        return dtr__errf(why, whylen, DTR_VERSION_MISMATCH, "the server refused this protocol version");
+    }
 }
 
 /* Connect (non-blocking, bounded by the deadline) and run the client side of the handshake.
@@ -243,7 +274,9 @@ static dtr_result dtr__rdzv_join(dtr_store *st, const dtr__rdzv_addr *a, int64_t
     dtr__rdzv_put32(auth + 4, DTR__RDZV_VERSION);
     dtr__rdzv_put32(auth + 8, (uint32_t)st->cfg.rank);
     dtr__rdzv_put32(auth + 12, (uint32_t)st->cfg.world_size);
-    dtr__rdzv_random(auth + 16, DTR__RDZV_NONCE);
+    dtr__rdzv_put32(auth + 16, (uint32_t)st->cfg.generation);
+    dtr__rdzv_job_tag(st->cfg.job_id, auth + 20);
+    dtr__rdzv_random(auth + DTR__RDZV_AUTH_NONCE, DTR__RDZV_NONCE);
     dtr__rdzv_auth_mac(st->cfg.secret, hello + 8, auth, auth + DTR__RDZV_AUTH_SIGNED);
     r = dtr__rdzv_send_all(fd, auth, sizeof auth, deadline, &e);
     if (r == DTR_OK) r = dtr__rdzv_recv_all(fd, wel, sizeof wel, deadline, &got, &e);
@@ -253,25 +286,18 @@ static dtr_result dtr__rdzv_join(dtr_store *st, const dtr__rdzv_addr *a, int64_t
                          r == DTR_TIMEOUT ? "no answer" : dtr__rdzv_errno_str(e));
     }
     status = dtr__rdzv_get32(wel + 4);
-    if (memcmp(wel, "DTRW", 4) != 0 || status > DTR__RDZV_W_BAD_VERSION) {
+    if (memcmp(wel, "DTRW", 4) != 0 || status > DTR__RDZV_W_OTHER_JOB) {
         close(fd);
         *fatal = 1;
         return dtr__errf(why, whylen, DTR_PEER_FAILED, "malformed answer to the join message");
     }
     if (status != DTR__RDZV_W_OK) {
         close(fd);
-        *fatal = 1;
-        if (status == DTR__RDZV_W_BAD_SECRET)
-            return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
-                             "the server refused the secret (DTR_SECRET must be the same on every rank)");
-        if (status == DTR__RDZV_W_BAD_RANK)
-            return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
-                             "the server refused rank %ld of a world of %ld (rank 0 has another world size)",
-                             (long)st->cfg.rank, (long)st->cfg.world_size);
-        return dtr__errf(why, whylen, DTR_VERSION_MISMATCH, "the server refused this protocol version");
+        *fatal = status != DTR__RDZV_W_OLD_SERVER;   /* an older store goes away: retry */
+        return dtr__rdzv_refusal(st, status, dtr__rdzv_get32(wel + 8), why, whylen);
     }
-    dtr__rdzv_welcome_mac(st->cfg.secret, auth + 16, hello + 8, wel, mac);
-    if (!dtr__ct_equal(mac, wel + 8, DTR__RDZV_MAC)) {
+    dtr__rdzv_welcome_mac(st->cfg.secret, auth + DTR__RDZV_AUTH_NONCE, hello + 8, wel, mac);
+    if (!dtr__ct_equal(mac, wel + DTR__RDZV_WELCOME_SIGNED, DTR__RDZV_MAC)) {
         close(fd);
         *fatal = 1;
         return dtr__errf(why, whylen, DTR_INVALID_ARGUMENT,
@@ -345,12 +371,15 @@ dtr_result dtr_store_create(const dtr_rendezvous_config *cfg, dtr_store **out, c
     if (cfg->port < 0 || cfg->port > 65535 || (cfg->port == 0 && cfg->world_size > 1))
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
                          "rendezvous: port %d outside 1..65535 (0 only for a one-process job)", cfg->port);
+    if (!memchr(cfg->job_id, 0, sizeof cfg->job_id) || cfg->generation < 0)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: job_id is not NUL-terminated or generation < 0");
     if (cfg->timeout_ms < 0 || cfg->max_keys < 0 || cfg->max_connections < 0)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: negative timeout_ms, max_keys or max_connections");
     st = (dtr_store *)dtr__calloc(a, sizeof *st);
     if (!st) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "rendezvous: out of memory");
     st->cfg = *cfg;
-    if (st->cfg.timeout_ms == 0) st->cfg.timeout_ms = 300000;
+    if (st->cfg.timeout_ms == 0) st->cfg.timeout_ms = dtr__default_timeout_ms();
+    if (st->cfg.grace_ms <= 0) st->cfg.grace_ms = dtr__default_grace_ms();
     if (!st->cfg.master_addr[0]) memcpy(st->cfg.master_addr, "127.0.0.1", 10);
     if (st->cfg.world_size == 0) st->cfg.world_size = 1;
     st->fd = -1;
@@ -416,11 +445,18 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms) {
     pthread_mutex_unlock(&st->lock);
 }
 
+void dtr_store_mark_failed(dtr_store *st) {
+    if (st) DTR__ATOMIC_STORE(&st->failed, 1);
+}
+
 void dtr_store_destroy(dtr_store *st) {
     dtr_allocation_callbacks a;
+    int wait_ms;
     if (!st) return;
     dtr__rdzv_close_client(st);
-    if (st->host) dtr__rdzv_host_stop(st->host, 'd', dtr__rdzv_now_ms() + st->cfg.timeout_ms);
+    wait_ms = st->cfg.timeout_ms;
+    if (DTR__ATOMIC_LOAD(&st->failed) && st->cfg.grace_ms < wait_ms) wait_ms = st->cfg.grace_ms;
+    if (st->host) dtr__rdzv_host_stop(st->host, 'd', dtr__rdzv_now_ms() + wait_ms);
     pthread_mutex_destroy(&st->lock);
     a = st->cfg.alloc;
     dtr__free(&a, st);

@@ -9,6 +9,9 @@
 #include "../core/internal.h"
 
 #include <limits.h>
+#if !defined(_WIN32)
+#include <unistd.h>
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -82,6 +85,49 @@ static dtr_result dtr__rdzv_env_str(const char *const *names, int n, char *field
     return DTR_OK;
 }
 
+/* A positive decimal variable, or `def` when it is unset or not valid. */
+static int dtr__env_ms(const char *name, int def) {
+    const char *v = getenv(name);
+    int64_t x;
+    return v && dtr__rdzv_parse_uint(v, 1, INT32_MAX, &x) ? (int)x : def;
+}
+
+int dtr__default_timeout_ms(void) { return dtr__env_ms("DTR_TIMEOUT_MS", 300000); }
+int dtr__default_grace_ms(void) { return dtr__env_ms("DTR_GRACE_MS", 2000); }
+
+/* The fields of the elastic restarts: generation, job id, grace. */
+static dtr_result dtr__rdzv_env_elastic(dtr_rendezvous_config *cfg, char *err, size_t errlen) {
+    static const char *const gen[] = {"DTR_RESTART"};
+    static const char *const job[] = {"DTR_JOB_ID"};
+    static const char *const grace[] = {"DTR_GRACE_MS"};
+    const char *w = NULL;
+    int32_t grace_v = cfg->grace_ms;
+    dtr_result r;
+    if ((r = dtr__rdzv_env_int(gen, 1, 0, INT32_MAX, &cfg->generation, &w, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__rdzv_env_str(job, 1, cfg->job_id, &w, err, errlen)) != DTR_OK) return r;
+    if ((r = dtr__rdzv_env_int(grace, 1, 1, INT32_MAX, &grace_v, &w, err, errlen)) != DTR_OK) return r;
+    cfg->grace_ms = grace_v;
+    return DTR_OK;
+}
+
+void dtr_elastic_step(int64_t step) {
+#if !defined(_WIN32)
+    static int done;
+    int expect = 0;
+    const char *fd = getenv("DTR_NOTIFY_FD");
+    int64_t n;
+    char line[96];
+    int len;
+    if (!fd || !dtr__rdzv_parse_uint(fd, 0, INT32_MAX, &n) || !DTR__ATOMIC_CAS(&done, &expect, 1)) return;
+    len = snprintf(line, sizeof line, "step %s %s %lld\n", getenv("DTR_RESTART") ? getenv("DTR_RESTART") : "0",
+                   getenv("DTR_RANK") ? getenv("DTR_RANK") : "0", (long long)step);
+    if (write((int)n, line, (size_t)len) < 0) { /* dtrun is gone: nothing to tell */
+    }
+#else
+    (void)step;
+#endif
+}
+
 dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err, size_t errlen) {
     static const char *const rank[] = {"DTR_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK"};
     static const char *const world[] = {"DTR_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE"};
@@ -114,6 +160,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
     timeout_v = cfg->timeout_ms;
     if ((r = dtr__rdzv_env_int(timeout, 1, 1, INT32_MAX, &timeout_v, &w, err, errlen)) != DTR_OK) return r;
     cfg->timeout_ms = timeout_v;
+    if ((r = dtr__rdzv_env_elastic(cfg, err, errlen)) != DTR_OK) return r;
     if (cfg->rank >= cfg->world_size)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "rendezvous: rank %ld (from %s) is not below the world size %ld (from %s)",
                          (long)cfg->rank, rank_from, (long)cfg->world_size, world_from);

@@ -9,14 +9,16 @@
  *
  * Wire format (all integers big-endian; docs/rendezvous.md has the full description):
  *   server hello    40 B  "DTRZ" u32 version  nonce_s[32]
- *   client auth     80 B  "DTRA" u32 version  u32 rank  u32 world  nonce_c[32]  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 join" || nonce_s || auth[0..48))
- *   server welcome  40 B  "DTRW" u32 status  mac[32]
- *                         mac = HMAC-SHA256(secret, "dtr-rdzv-1 welcome" || nonce_c || nonce_s
- *                               || welcome[0..8)), zero when the status is a refusal
+ *   client auth    100 B  "DTRA" u32 version  u32 rank  u32 world  u32 generation  job[16]
+ *                         nonce_c[32]  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-2 join" || nonce_s || auth[0..68))
+ *                         job = the first 16 bytes of SHA-256(job id)
+ *   server welcome  44 B  "DTRW" u32 status  u32 generation (the server's)  mac[32]
+ *                         mac = HMAC-SHA256(secret, "dtr-rdzv-2 welcome" || nonce_c || nonce_s
+ *                               || welcome[0..12)), zero when the status is a refusal
  *   request         12 B  u8 op  u8 0  u16 key_len  u32 value_len  u32 id,  then key, value
  *   reply           12 B  u8 status  u8 0  u16 0  u32 value_len  u32 id,  then value
- * The server reads exactly 80 bytes from a new connection and checks the MAC before it
+ * The server reads exactly 100 bytes from a new connection and checks the MAC before it
  * looks at any field. Every length is checked against its bound as soon as its header is
  * complete, before a byte of the body is buffered; a message that breaks a rule closes
  * that connection (the reason is logged) and nothing else.
@@ -59,13 +61,16 @@ extern "C" {
 
 /* ---- protocol constants ---- */
 
-#define DTR__RDZV_VERSION 1u
+#define DTR__RDZV_VERSION 2u
 #define DTR__RDZV_NONCE 32
 #define DTR__RDZV_MAC 32
+#define DTR__RDZV_JOB 16            /* bytes of the job tag (a truncated SHA-256 of the job id) */
 #define DTR__RDZV_HELLO_LEN 40
-#define DTR__RDZV_AUTH_LEN 80
-#define DTR__RDZV_AUTH_SIGNED 48    /* bytes of the auth message covered by its MAC */
-#define DTR__RDZV_WELCOME_LEN 40
+#define DTR__RDZV_AUTH_LEN 100
+#define DTR__RDZV_AUTH_NONCE 36     /* offset of the client nonce in the auth message */
+#define DTR__RDZV_AUTH_SIGNED 68    /* bytes of the auth message covered by its MAC */
+#define DTR__RDZV_WELCOME_LEN 44
+#define DTR__RDZV_WELCOME_SIGNED 12 /* bytes of the welcome covered by its MAC */
 #define DTR__RDZV_HDR 12
 #define DTR__RDZV_MAX_FRAME (DTR__RDZV_HDR + DTR_STORE_MAX_KEY + DTR_STORE_MAX_VALUE)
 
@@ -74,13 +79,19 @@ enum { DTR__RDZV_SET = 1, DTR__RDZV_GET = 2, DTR__RDZV_ADD = 3, DTR__RDZV_CHECK 
 /* reply status */
 enum { DTR__RDZV_OK = 0, DTR__RDZV_NOT_FOUND = 1, DTR__RDZV_NOT_INTEGER = 2, DTR__RDZV_FULL = 3 };
 /* welcome status */
-enum { DTR__RDZV_W_OK = 0, DTR__RDZV_W_BAD_SECRET = 1, DTR__RDZV_W_BAD_RANK = 2, DTR__RDZV_W_BAD_VERSION = 3 };
-/* (W_BAD_RANK: the rank is not below the world size, or the world sizes differ) */
+enum {
+    DTR__RDZV_W_OK = 0, DTR__RDZV_W_BAD_SECRET = 1, DTR__RDZV_W_BAD_RANK = 2, DTR__RDZV_W_BAD_VERSION = 3,
+    DTR__RDZV_W_STALE = 4, DTR__RDZV_W_OLD_SERVER = 5, DTR__RDZV_W_OTHER_JOB = 6
+};
+/* (W_BAD_RANK: the rank is not below the world size, or the world sizes differ; W_STALE: the
+ * rank is of an older generation than the store, a rank of a world that was restarted;
+ * W_OLD_SERVER: the store is of an older generation than the rank, a server that is going
+ * away: the rank retries; W_OTHER_JOB: the store belongs to another job (job ids differ)) */
 /* connection states */
 enum { DTR__RDZV_C_AUTH = 0, DTR__RDZV_C_READY = 1, DTR__RDZV_C_CLOSING = 2 };
 
-static const char dtr__rdzv_join_label[] = "dtr-rdzv-1 join";
-static const char dtr__rdzv_welcome_label[] = "dtr-rdzv-1 welcome";
+static const char dtr__rdzv_join_label[] = "dtr-rdzv-2 join";
+static const char dtr__rdzv_welcome_label[] = "dtr-rdzv-2 welcome";
 
 #ifdef MSG_NOSIGNAL
 #define DTR__RDZV_NOSIGNAL MSG_NOSIGNAL
@@ -472,7 +483,14 @@ void dtr__rdzv_conn_close(dtr__rdzv_server *s, dtr__rdzv_conn *c) {
     dtr__rdzv_free(&s->cfg, c);
 }
 
-/* The MAC of an auth message: HMAC(secret, join label || server nonce || auth[0..48)). */
+/* The job tag: the first 16 bytes of SHA-256(job id) ("" for no job id). */
+static void dtr__rdzv_job_tag(const char *job, uint8_t *tag) {
+    uint8_t h[DTR__SHA256_BYTES];
+    dtr__sha256_once(job, strlen(job), h);
+    memcpy(tag, h, DTR__RDZV_JOB);
+}
+
+/* The MAC of an auth message: HMAC(secret, join label || server nonce || auth[0..68)). */
 static void dtr__rdzv_auth_mac(const char *secret, const uint8_t *snonce, const uint8_t *auth, uint8_t *mac) {
     dtr__hmac h;
     dtr__hmac_init(&h, secret, strlen(secret));
@@ -482,7 +500,7 @@ static void dtr__rdzv_auth_mac(const char *secret, const uint8_t *snonce, const 
     dtr__hmac_final(&h, mac);
 }
 
-/* The MAC of a welcome: HMAC(secret, welcome label || client nonce || server nonce || welcome[0..8)). */
+/* The MAC of a welcome: HMAC(secret, welcome label || client nonce || server nonce || welcome[0..12)). */
 static void dtr__rdzv_welcome_mac(const char *secret, const uint8_t *cnonce, const uint8_t *snonce,
                                   const uint8_t *welcome, uint8_t *mac) {
     dtr__hmac h;
@@ -490,7 +508,7 @@ static void dtr__rdzv_welcome_mac(const char *secret, const uint8_t *cnonce, con
     dtr__hmac_update(&h, dtr__rdzv_welcome_label, sizeof dtr__rdzv_welcome_label - 1);
     dtr__hmac_update(&h, cnonce, DTR__RDZV_NONCE);
     dtr__hmac_update(&h, snonce, DTR__RDZV_NONCE);
-    dtr__hmac_update(&h, welcome, 8);
+    dtr__hmac_update(&h, welcome, DTR__RDZV_WELCOME_SIGNED);
     dtr__hmac_final(&h, mac);
 }
 
@@ -503,12 +521,34 @@ static void dtr__rdzv_welcome(dtr__rdzv_server *s, dtr__rdzv_conn *c, uint32_t s
     p = c->out + c->out_len;
     memcpy(p, "DTRW", 4);
     dtr__rdzv_put32(p + 4, status);
-    if (status == DTR__RDZV_W_OK) dtr__rdzv_welcome_mac(s->cfg.secret, cnonce, c->nonce, p, p + 8);
-    else memset(p + 8, 0, DTR__RDZV_MAC);
+    dtr__rdzv_put32(p + 8, (uint32_t)s->cfg.generation);
+    if (status == DTR__RDZV_W_OK) dtr__rdzv_welcome_mac(s->cfg.secret, cnonce, c->nonce, p, p + 12);
+    else memset(p + 12, 0, DTR__RDZV_MAC);
     c->out_len += DTR__RDZV_WELCOME_LEN;
 }
 
-/* The 80-byte auth message: the MAC first, then the fields it covers. */
+/* The job and the generation of an authenticated join message are this store's; else the
+ * refusal is sent and 0 returned. */
+static int dtr__rdzv_same_job(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *m) {
+    uint8_t tag[DTR__RDZV_JOB];
+    uint32_t gen = dtr__rdzv_get32(m + 16), mine = (uint32_t)s->cfg.generation;
+    dtr__rdzv_job_tag(s->cfg.job_id, tag);
+    if (memcmp(tag, m + 20, DTR__RDZV_JOB) != 0) {
+        dtr__rdzv_welcome(s, c, DTR__RDZV_W_OTHER_JOB, NULL);
+        dtr__rdzv_refuse(s, c, DTR_LOG_WARN, "rank %lu belongs to another job (its job id differs from '%.64s')",
+                         (unsigned long)dtr__rdzv_get32(m + 8), s->cfg.job_id);
+        return 0;
+    }
+    if (gen != mine) {
+        dtr__rdzv_welcome(s, c, gen < mine ? DTR__RDZV_W_STALE : DTR__RDZV_W_OLD_SERVER, NULL);
+        dtr__rdzv_refuse(s, c, DTR_LOG_WARN, "rank %lu is of generation %lu; this store is generation %lu",
+                         (unsigned long)dtr__rdzv_get32(m + 8), (unsigned long)gen, (unsigned long)mine);
+        return 0;
+    }
+    return 1;
+}
+
+/* The 100-byte auth message: the MAC first, then the fields it covers. */
 static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *m) {
     uint8_t mac[DTR__RDZV_MAC];
     uint32_t version, rank, world;
@@ -528,6 +568,7 @@ static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const 
                          (unsigned long)version, DTR__RDZV_VERSION);
         return;
     }
+    if (!dtr__rdzv_same_job(s, c, m)) return;
     if (world != (uint32_t)s->cfg.world_size || rank >= world) {
         dtr__rdzv_welcome(s, c, DTR__RDZV_W_BAD_RANK, NULL);
         if (world != (uint32_t)s->cfg.world_size)
@@ -540,7 +581,7 @@ static void dtr__rdzv_handle_auth(dtr__rdzv_server *s, dtr__rdzv_conn *c, const 
     }
     c->rank = (int32_t)rank;
     c->state = DTR__RDZV_C_READY;
-    dtr__rdzv_welcome(s, c, DTR__RDZV_W_OK, m + 16);
+    dtr__rdzv_welcome(s, c, DTR__RDZV_W_OK, m + DTR__RDZV_AUTH_NONCE);
     dtr__rdzv_log(&s->cfg, DTR_LOG_DEBUG, "rendezvous server: rank %ld joined from %s", (long)c->rank, c->peer);
 }
 

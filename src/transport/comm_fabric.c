@@ -703,6 +703,7 @@ static void dtr__fab_free(dtr__fab *f) {
     if (f->fabric) fi_close(&f->fabric->fid);
     if (f->info) fi_freeinfo(f->info);
     for (q = f->all_reqs; q; q = n) { n = q->next_all; dtr__free(&f->alloc, q); }
+    f->boot.failed = f->aborted;   /* bounded teardown after a failure (grace_ms) */
     dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
@@ -720,7 +721,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     dtr_result r;
     char key[96], prov[DTR__FAB_PROV];
     const char *env;
-    int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : 300000;
+    int i, rc, timeout = cfg->timeout_ms > 0 ? cfg->timeout_ms : dtr__default_timeout_ms();
     *state = NULL;
     f = (dtr__fab *)dtr__calloc(&cfg->alloc, sizeof *f);
     if (!f) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");

@@ -50,13 +50,15 @@ static void start(dtr__rdzv_server *s, dtr__rdzv_conn *c, int auth, uint32_t ran
     dtr__rdzv_put32(msg + 4, DTR__RDZV_VERSION);
     dtr__rdzv_put32(msg + 8, rank);
     dtr__rdzv_put32(msg + 12, 4);   /* the world size */
-    memset(msg + 16, 0x42, DTR__RDZV_NONCE);
+    dtr__rdzv_put32(msg + 16, 0);   /* the generation */
+    dtr__rdzv_job_tag("", msg + 20);
+    memset(msg + DTR__RDZV_AUTH_NONCE, 0x42, DTR__RDZV_NONCE);
     dtr__rdzv_auth_mac(s->cfg.secret, c->nonce, msg, msg + DTR__RDZV_AUTH_SIGNED);
     dtr__rdzv_conn_feed(s, c, msg, sizeof msg);
     if (c->state != DTR__RDZV_C_READY || c->out_len != DTR__RDZV_WELCOME_LEN || dtr__rdzv_get32(c->out + 4) != 0)
         __builtin_trap();
-    dtr__rdzv_welcome_mac(s->cfg.secret, msg + 16, c->nonce, c->out, mac);
-    if (memcmp(mac, c->out + 8, DTR__RDZV_MAC) != 0) __builtin_trap();
+    dtr__rdzv_welcome_mac(s->cfg.secret, msg + DTR__RDZV_AUTH_NONCE, c->nonce, c->out, mac);
+    if (memcmp(mac, c->out + DTR__RDZV_WELCOME_SIGNED, DTR__RDZV_MAC) != 0) __builtin_trap();
     c->out_pos = c->out_len = 0;
 }
 

@@ -1,0 +1,529 @@
+/* tests/test_elastic.c: elastic restarts under build/dtrun, with real processes over the
+ * libfabric transport (providers shm and tcp;ofi_rxm). The ranks run this very program in
+ * the helper mode `train`: data-parallel training of the MLP of tests/dp_mlp.h (dtr_dp), rank
+ * 0 checkpointing the full state (model, optimizer, data-parallel engine: the state-entry
+ * loop of tests/test_state.c, written with dtr_write_file_atomic) after every step, every rank
+ * restoring the latest checkpoint at start, and a fault injected at one step.
+ *
+ *   test_{shm,tcp}_restart   rank 0, a middle rank and the last rank of 3 SIGKILLed at step
+ *                            6 under `dtrun --max-restarts 1`: the job completes in attempt
+ *                            1 (DTR_RESTART=1), dtrun prints the time from the failure to the
+ *                            first step of the restarted job, and the final weights equal
+ *                            those of an uninterrupted run bit for bit.
+ *   test_stopped_rank        a rank SIGSTOPped (shm, 3 ranks, DTR_TIMEOUT_MS 1500 through
+ *                            dtrun --timeout, DTR_GRACE_MS 300): the others fail within the
+ *                            deadline + 1 s, and their teardown (rank 0's, which hosts the
+ *                            store and used to wait a whole deadline for the stopped rank's
+ *                            connection) takes at most the grace + 1 s; dtrun blames the
+ *                            stopped rank.
+ *   test_min_ranks           rank 2 of 3 fails at step 4 in every attempt with 3 ranks: after
+ *                            the second time it cannot come back, and with --min-ranks 2 the
+ *                            job goes on with 2 ranks from the checkpoint and completes;
+ *                            without --min-ranks the same world is restarted until
+ *                            --max-restarts is spent, then dtrun exits with the rank's code.
+ *   test_two_jobs            two dtrun jobs on one port with the same secret: the second one's
+ *                            rank 1 is refused at once by the first one's store, the message
+ *                            says another job owns it, and the second job ends within seconds.
+ *   test_stale_rank          a rank of attempt 0 that escaped dtrun (its own session) tries to
+ *                            join the store of attempt 1: refused at once as a rank of an old
+ *                            world, while the restarted job completes.
+ *
+ * Without libfabric the cases skip loudly (a failure unless DTR_ALLOW_SKIP=1), as
+ * tests/test_fabric.c does. Every dtrun run has a deadline and the program an alarm(). */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <time.h>
+#include <unistd.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include "test.h"
+#include "posix_util.h"
+#include "dtrun_util.h"
+#include "dp_mlp.h"
+
+#define B 4          /* rows per rank and step */
+#define STEPS 12
+#define PROV_SHM "shm"
+#define PROV_TCP "tcp;ofi_rxm"
+
+static int g_quick;
+
+/* ---- the rank: train, checkpoint, restore ---- */
+
+typedef dtr_result (*state_fn)(void *obj, int index, dtr_state_entry *out);
+static dtr_result st_model(void *o, int i, dtr_state_entry *e) { return dtr_model_state((dtr_model *)o, i, e); }
+static dtr_result st_opt(void *o, int i, dtr_state_entry *e) { return dtr_optimizer_state((dtr_optimizer *)o, i, e); }
+static dtr_result st_dp(void *o, int i, dtr_state_entry *e) { return dtr_dp_state((dtr_dp *)o, i, e); }
+
+/* Copies every state entry of the three objects to (save) or from (restore) buf; the bytes. */
+static size_t state_copy(mlp *n, dtr_dp *dp, unsigned char *buf, size_t cap, int save) {
+    state_fn fns[3] = {st_model, st_opt, st_dp};
+    void *objs[3];
+    size_t at = 0;
+    int k, i;
+    objs[0] = n->m;
+    objs[1] = n->opt;
+    objs[2] = dp;
+    for (k = 0; k < 3; k++) {
+        dtr_state_entry e;
+        for (i = 0; fns[k](objs[k], i, &e) == DTR_OK; i++) {
+            if (buf && at + e.bytes <= cap) {
+                if (save) memcpy(buf + at, e.data, e.bytes);
+                else memcpy(e.data, buf + at, e.bytes);
+            }
+            at += e.bytes;
+        }
+    }
+    return at;
+}
+
+static void ckpt_path(char *out, size_t cap, const char *dir, const char *name) { snprintf(out, cap, "%s/%s", dir, name); }
+
+/* Rank 0 after step t: the step to start from (t + 1) and the whole state, atomically. */
+static int save(mlp *n, dtr_dp *dp, const char *dir, int64_t next) {
+    size_t bytes = state_copy(n, dp, NULL, 0, 1);
+    unsigned char *buf = (unsigned char *)malloc(bytes + 8);
+    char path[PATH_MAX], err[256];
+    int ok;
+    memcpy(buf, &next, 8);
+    state_copy(n, dp, buf + 8, bytes, 1);
+    ckpt_path(path, sizeof path, dir, "ckpt.bin");
+    ok = dtr_write_file_atomic(path, buf, bytes + 8, err, sizeof err) == DTR_OK;
+    if (!ok) fprintf(stderr, "checkpoint: %s\n", err);
+    free(buf);
+    return ok;
+}
+
+/* The step to start from: 0 without a checkpoint, else the one it holds (state restored). */
+static int64_t restore(mlp *n, dtr_dp *dp, const char *dir) {
+    char path[PATH_MAX];
+    size_t bytes = state_copy(n, dp, NULL, 0, 0);
+    unsigned char *buf = (unsigned char *)malloc(bytes + 8);
+    int64_t next = 0;
+    FILE *f;
+    ckpt_path(path, sizeof path, dir, "ckpt.bin");
+    f = fopen(path, "rb");
+    if (f && fread(buf, 1, bytes + 8, f) == bytes + 8) {
+        memcpy(&next, buf, 8);
+        state_copy(n, dp, buf + 8, bytes, 0);
+        if (dtr_model_state_loaded(n->m) != DTR_OK || dtr_optimizer_state_loaded(n->opt) != DTR_OK ||
+            dtr_dp_state_loaded(dp) != DTR_OK)
+            next = -1;
+    }
+    if (f) fclose(f);
+    free(buf);
+    return next;
+}
+
+/* The fault "<kind>:<rank>:<step>" (kind: none, kill, stop, die) hits here? kill and stop hit
+ * attempt 0 only; die hits every attempt with 3 ranks. */
+static int fault_hits(const char *fault, int rank, int world, int attempt, int64_t t) {
+    char kind[8] = "";
+    int fr = -1, ft = -1;
+    if (sscanf(fault, "%7[a-z]:%d:%d", kind, &fr, &ft) != 3 || fr != rank || ft != t) return 0;
+    if (!strcmp(kind, "kill") && attempt == 0) raise(SIGKILL);
+    if (!strcmp(kind, "stop") && attempt == 0) raise(SIGSTOP);
+    if (!strcmp(kind, "escape") && attempt == 0) return 2;
+    return !strcmp(kind, "die") && world == 3;
+}
+
+static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, const char *fault, const char *dir, int attempt);
+
+/* train <provider> <fault> <dir>: the rank of every case. */
+static int train_main(char **argv) {
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    mlp n;
+    char err[768];
+    const char *attempt_s = getenv("DTR_RESTART");
+    int rc;
+    alarm(60);
+    if (!strncmp(argv[3], "stop", 4)) signal(SIGTERM, SIG_IGN);   /* measure the teardown: dtrun SIGTERMs */
+    cfg.transport = "libfabric";
+    cfg.fabric.provider = argv[2];   /* store and deadline: the environment (dtrun) */
+    if (!mlp_init(&n, 7, 1)) return 2;
+    if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {
+        printf("elastic: comm create failed: %s\n", err);
+        return 1;
+    }
+    dc.bucket_bytes = 512;
+    if (dtr_dp_create(n.m, c, &dc, &dp) != DTR_OK) {
+        printf("elastic: dp create failed: %s\n", dtr_comm_last_error(c));
+        return 1;
+    }
+    rc = train_loop(&n, dp, c, argv[3], argv[4], attempt_s ? atoi(attempt_s) : 0);
+    {
+        int64_t t0 = now_ms();
+        int rank = dtr_comm_rank(c);
+        dtr_dp_destroy(dp);
+        dtr_comm_destroy(c);
+        if (rc) printf("elastic: rank teardown %lld ms\n", (long long)(now_ms() - t0));
+        fflush(stdout);
+        /* rank 0 leaves first: dtrun does not wake the stopped rank during rank 0's teardown */
+        if (rc && !strncmp(argv[3], "stop", 4) && rank != 0) sleep_ms(2500);
+    }
+    mlp_free(&n);
+    return rc;
+}
+
+/* stale <dir>: a rank of attempt 0 that escaped dtrun (the stale-rank case): waits for
+ * attempt 1's store, joins it with its own (old) environment, writes the outcome to
+ * <dir>/stale.txt. */
+static int stale_main(const char *dir) {
+    char path[PATH_MAX], err[768] = "", ck[PATH_MAX];
+    dtr_rendezvous_config rc = dtr_rendezvous_config_init();
+    dtr_store *st = NULL;
+    dtr_result r;
+    int64_t t0, ms, end = now_ms() + 20000;
+    FILE *f;
+    alarm(30);
+    ckpt_path(ck, sizeof ck, dir, "attempt1");
+    while (access(ck, F_OK) != 0 && now_ms() < end) sleep_ms(20);   /* attempt 1's rank 0 hosts its store */
+    dtr_rendezvous_config_from_env(&rc, err, sizeof err);
+    rc.timeout_ms = 3000;
+    t0 = now_ms();
+    r = dtr_store_create(&rc, &st, err, sizeof err);
+    ms = now_ms() - t0;
+    dtr_store_destroy(st);
+    ckpt_path(path, sizeof path, dir, "stale.txt");
+    if ((f = fopen(path, "w")) != NULL) {
+        fprintf(f, "%d %lld %s\n", (int)r, (long long)ms, err);
+        fclose(f);
+    }
+    return 0;
+}
+
+/* Starts `self stale <dir>` in a session of its own, out of dtrun's reach. */
+static void escape(const char *dir) {
+    fflush(NULL);
+    if (fork() != 0) return;
+    setsid();
+    execl(self, self, "stale", dir, (char *)NULL);
+    _exit(127);
+}
+
+static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, const char *fault, const char *dir, int attempt) {
+    int rank = dtr_comm_rank(c), world = dtr_comm_size(c);
+    int64_t t = restore(n, dp, dir);
+    char path[PATH_MAX];
+    if (t < 0) {
+        printf("elastic: rank %d: the checkpoint does not fit\n", rank);
+        return 1;
+    }
+    if (attempt == 1 && rank == 0) {   /* the store of attempt 1 is up: tell the escaped rank */
+        FILE *f;
+        ckpt_path(path, sizeof path, dir, "attempt1");
+        if ((f = fopen(path, "w")) != NULL) fclose(f);
+    }
+    for (; t < STEPS; t++) {
+        int64_t t0 = now_ms();
+        int hit = fault_hits(fault, rank, world, attempt, t), ok;
+        if (hit == 2) {
+            escape(dir);
+            return 1;
+        }
+        if (hit) return 1;
+        ok = mlp_backward(n, t, (int64_t)rank * B, B) == DTR_OK && dtr_dp_finish(dp) == DTR_OK &&
+             dtr_optimizer_step(n->opt, NULL) == DTR_OK && dtr_dp_step_done(dp) == DTR_OK &&
+             dtr_context_reset(n->ctx) == DTR_OK;
+        if (!ok) {
+            printf("elastic: rank %d step %lld failed after %lld ms: %s\n", rank, (long long)t,
+                   (long long)(now_ms() - t0), dtr_comm_last_error(c));
+            return 1;
+        }
+        if (rank == 0 && !save(n, dp, dir, t + 1)) return 1;
+        dtr_elastic_step(t);
+    }
+    if (rank == 0) {
+        char err[256];
+        ckpt_path(path, sizeof path, dir, "final.bin");
+        if (dtr_write_file_atomic(path, dtr_model_params(n->m), (size_t)dtr_model_numel(n->m) * sizeof(float), err,
+                                  sizeof err) != DTR_OK)
+            return 1;
+    }
+    printf("elastic: done world %d attempt %d\n", world, attempt);
+    return 0;
+}
+
+/* store <delay_ms> <hold_ms>: joins the store of the environment (rank 0 after delay_ms), a
+ * barrier, holds hold_ms, leaves; prints the outcome. */
+static int store_main(char **argv) {
+    dtr_rendezvous_config rc = dtr_rendezvous_config_init();
+    dtr_store *st = NULL;
+    char err[768];
+    alarm(30);
+    if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) != DTR_OK) return 2;
+    if (rc.rank == 0) sleep_ms(atoi(argv[2]));
+    if (dtr_store_create(&rc, &st, err, sizeof err) != DTR_OK) {
+        printf("store: %s\n", err);
+        return 1;
+    }
+    if (dtr_store_barrier(st, "hold") != DTR_OK) {
+        printf("store: %s\n", dtr_store_last_error(st));
+        dtr_store_destroy(st);
+        return 1;
+    }
+    sleep_ms(atoi(argv[3]));
+    dtr_store_destroy(st);
+    printf("store: done\n");
+    return 0;
+}
+
+/* ---- the cases ---- */
+
+static int g_have_fabric;
+
+static char g_dirs[8][64];
+static int g_ndirs;
+
+static const char *temp_dir(void) {
+    char *d = g_dirs[g_ndirs++ % 8];
+    snprintf(d, 64, "/tmp/dtr_elasticXXXXXX");
+    if (!mkdtemp(d)) {
+        perror("mkdtemp");
+        exit(2);
+    }
+    return d;
+}
+
+static void remove_dir(const char *d) {
+    static const char *files[] = {"ckpt.bin", "final.bin", "attempt1", "stale.txt"};
+    char p[PATH_MAX];
+    size_t i;
+    for (i = 0; i < sizeof files / sizeof files[0]; i++) {
+        ckpt_path(p, sizeof p, d, files[i]);
+        unlink(p);
+    }
+    rmdir(d);
+}
+
+static float *read_final(const char *dir, size_t *n) {
+    char path[PATH_MAX];
+    FILE *f;
+    float *w = (float *)malloc(1 << 16);
+    ckpt_path(path, sizeof path, dir, "final.bin");
+    *n = 0;
+    if ((f = fopen(path, "rb")) != NULL) {
+        *n = fread(w, sizeof(float), (1 << 16) / sizeof(float), f);
+        fclose(f);
+    }
+    return w;
+}
+
+/* dtrun [opts] -- self train prov fault dir; the result. */
+static run_result train_run(const char *const *opts, const char *prov, const char *fault, const char *dir) {
+    const char *args[24];
+    int n = 0;
+    while (*opts) args[n++] = *opts++;
+    args[n++] = "--";
+    args[n++] = self;
+    args[n++] = "train";
+    args[n++] = prov;
+    args[n++] = fault;
+    args[n++] = dir;
+    args[n] = NULL;
+    return run_dtrun(args, g_quick ? 120000 : 60000);
+}
+
+static void restart_cases(const char *prov) {
+    static const char *const faults[3] = {"kill:0:6", "kill:1:6", "kill:2:6"};
+    const char *opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    const char *ref_dir = temp_dir();
+    run_result r = train_run(opts, prov, "none", ref_dir);
+    size_t nref, nw;
+    float *ref = read_final(ref_dir, &nref), *w;
+    int i;
+    CHECK_MSG(r.code == 0 && nref > 0, "uninterrupted run over %s: exit %d\n%s%s", prov, r.code, r.out, r.err);
+    run_free(&r);
+    for (i = 0; i < 3; i++) {
+        const char *dir = temp_dir(), *p;
+        r = train_run(opts, prov, faults[i], dir);
+        w = read_final(dir, &nw);
+        CHECK_MSG(r.code == 0, "%s over %s: exit %d\n%s%s", faults[i], prov, r.code, r.out, r.err);
+        CHECK_MSG(count_lines(r.out, "[0] ", "done world 3 attempt 1") == 1, "%s: no completion in attempt 1:\n%s",
+                  faults[i], r.out);
+        CHECK_MSG(strstr(r.err, "was killed by signal 9") && strstr(r.err, "restarting the job (restart 1 of 1)"),
+                  "%s: %s", faults[i], r.err);
+        p = strstr(r.err, "restart 1: first step");
+        CHECK_MSG(p != NULL, "%s: no restart time: %s", faults[i], r.err);
+        CHECK_MSG(nw == nref && memcmp(w, ref, nref * sizeof(float)) == 0,
+                  "%s over %s: the final weights differ from the uninterrupted run's", faults[i], prov);
+        if (p) printf("    %s over %s: %.*s", faults[i], prov, (int)(strchr(p, '\n') ? strchr(p, '\n') - p + 1 : 0), p);
+        free(w);
+        run_free(&r);
+        remove_dir(dir);
+    }
+    free(ref);
+    remove_dir(ref_dir);
+}
+
+static int need_fabric(void) {
+    if (g_have_fabric) return 1;
+    fprintf(stderr, "\n*** SKIPPED: libfabric not built (dtrain_comm.c without DTR_USE_LIBFABRIC; `make deps`) ***\n"
+                    "*** %s\n\n", getenv("DTR_ALLOW_SKIP") ? "DTR_ALLOW_SKIP=1: not counted as a failure."
+                                                         : "Counted as a FAILURE (set DTR_ALLOW_SKIP=1 to allow it).");
+    if (!getenv("DTR_ALLOW_SKIP")) CHECK_MSG(0, "SKIPPED: libfabric not built");
+    return 0;
+}
+
+static void test_shm_restart(void) {
+    if (need_fabric()) restart_cases(PROV_SHM);
+}
+static void test_tcp_restart(void) {
+    if (need_fabric()) restart_cases(PROV_TCP);
+}
+
+/* The largest "<what> <N> ms" of the lines of ranks 0 and 2 (the survivors), or -1. */
+static long long max_ms(const char *text, const char *what) {
+    long long best = -1;
+    const char *p = text;
+    while ((p = strstr(p, what)) != NULL) {
+        const char *q = p + strlen(what), *line = p;
+        long long v = -1;
+        while (line > text && line[-1] != '\n') line--;
+        while (*q && (*q < '0' || *q > '9') && *q != '\n') q++;
+        if ((!strncmp(line, "[0] ", 4) || !strncmp(line, "[2] ", 4)) && sscanf(q, "%lld", &v) == 1 && v > best) best = v;
+        p = q;
+    }
+    return best;
+}
+
+static void test_stopped_rank(void) {
+    const char *opts[] = {"-n", "3", "--timeout", "1500", NULL};
+    const char *dir;
+    run_result r;
+    long long fail_ms, down_ms;
+    if (!need_fabric()) return;
+    dir = temp_dir();
+    setenv("DTR_GRACE_MS", "300", 1);
+    r = train_run(opts, PROV_SHM, "stop:1:5", dir);
+    unsetenv("DTR_GRACE_MS");
+    fail_ms = max_ms(r.out, "failed after");
+    down_ms = max_ms(r.out, "rank teardown");   /* rank 0's is the one that waits */
+    CHECK_MSG(r.code != 0 && count_lines(r.out, "[0] ", "failed after") == 1 &&
+                  count_lines(r.out, "[2] ", "failed after") == 1,
+              "exit %d\n%s%s", r.code, r.out, r.err);
+    CHECK_MSG(fail_ms >= 0 && fail_ms <= 1500 + 1000, "the survivors failed after %lld ms; the deadline is 1500", fail_ms);
+    CHECK_MSG(down_ms >= 0 && down_ms <= 300 + (g_quick ? 3000 : 1000),
+              "teardown took %lld ms; the grace is 300\n%s", down_ms, r.out);
+    CHECK_MSG(strstr(r.err, "rank 1 is stopped: blaming it") != NULL, "%s", r.err);
+    printf("    stopped rank: the others failed after %lld ms (deadline 1500), teardown %lld ms (grace 300)\n", fail_ms,
+           down_ms);
+    run_free(&r);
+    remove_dir(dir);
+}
+
+static void test_min_ranks(void) {
+    const char *go_on[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "3", "--min-ranks", "2", NULL};
+    const char *give_up[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "2", NULL};
+    const char *dir;
+    run_result r;
+    size_t nw;
+    float *w;
+    if (!need_fabric()) return;
+    dir = temp_dir();
+    r = train_run(go_on, PROV_SHM, "die:2:4", dir);
+    w = read_final(dir, &nw);
+    CHECK_MSG(r.code == 0 && count_lines(r.out, "[0] ", "done world 2 attempt 2") == 1 && nw > 0,
+              "exit %d\n%s%s", r.code, r.out, r.err);
+    CHECK_MSG(strstr(r.err, "rank 2 failed in two attempts in a row and cannot come back: going on with 2 ranks") != NULL,
+              "%s", r.err);
+    free(w);
+    run_free(&r);
+    remove_dir(dir);
+    dir = temp_dir();
+    r = train_run(give_up, PROV_SHM, "die:2:4", dir);
+    CHECK_MSG(r.code == 1 && strstr(r.err, "no restarts left (--max-restarts 2)") != NULL &&
+                  count_lines(r.err, "dtrun: rank 2 exited with code 1", NULL) == 3,
+              "exit %d\n%s", r.code, r.err);
+    run_free(&r);
+    remove_dir(dir);
+}
+
+/* Job A (2 ranks) holds the port for 4 s; job B on the same port and secret: its rank 0 comes
+ * 500 ms late, so its rank 1 reaches job A's store first and is refused at once. */
+static void test_two_jobs(void) {
+    char port[16];
+    const char *a_args[] = {"-n", "2", "--port", port, "--", self, "store", "0", "4000", NULL};
+    const char *b_args[] = {"-n", "2", "--port", port, "--", self, "store", "500", "0", NULL};
+    pid_t a;
+    run_result rb;
+    int status;
+    snprintf(port, sizeof port, "%d", free_port());
+    setenv("DTR_SECRET", "one-secret-two-jobs", 1);
+    setenv("DTR_TIMEOUT_MS", "30000", 1);   /* "at once" is far below it */
+    fflush(NULL);
+    if ((a = fork()) == 0) {
+        run_result ra = run_dtrun(a_args, 20000);
+        _exit(ra.code == 0 ? 0 : 1);
+    }
+    sleep_ms(700);   /* job A's store is up */
+    rb = run_dtrun(b_args, 20000);
+    CHECK_MSG(rb.code != 0 && rb.ms < (g_quick ? 12000 : 3000), "job B: exit %d after %lld ms (its deadline: 30 s)",
+              rb.code, (long long)rb.ms);
+    CHECK_MSG(count_lines(rb.out, "[1] ", "another job owns the store on this port") == 1, "job B:\n%s%s", rb.out, rb.err);
+    CHECK_MSG(waitpid(a, &status, 0) == a && WIFEXITED(status) && WEXITSTATUS(status) == 0, "job A failed");
+    unsetenv("DTR_SECRET");
+    unsetenv("DTR_TIMEOUT_MS");
+    run_free(&rb);
+}
+
+static void test_stale_rank(void) {
+    const char *opts[] = {"-n", "2", "--timeout", "20000", "--max-restarts", "1", NULL};
+    const char *dir;
+    char path[PATH_MAX], line[1024] = "";
+    run_result r;
+    int code = -1;
+    long long ms = -1;
+    int64_t end;
+    FILE *f = NULL;
+    if (!need_fabric()) return;
+    dir = temp_dir();
+    r = train_run(opts, PROV_SHM, "escape:1:3", dir);
+    CHECK_MSG(r.code == 0 && count_lines(r.out, "[0] ", "done world 2 attempt 1") == 1, "exit %d\n%s%s", r.code, r.out,
+              r.err);
+    ckpt_path(path, sizeof path, dir, "stale.txt");
+    for (end = now_ms() + 10000; now_ms() < end && !(f = fopen(path, "r"));) sleep_ms(20);
+    if (f) {
+        if (!fgets(line, sizeof line, f)) line[0] = 0;
+        fclose(f);
+    }
+    CHECK_MSG(sscanf(line, "%d %lld", &code, &ms) == 2 && code == DTR_INVALID_ARGUMENT && ms < 1000 &&
+                  strstr(line, "belongs to an old world"),
+              "the stale rank: %s", line);
+    run_free(&r);
+    remove_dir(dir);
+}
+
+int main(int argc, char **argv) {
+    (void)test_ctx;
+    (void)rel_err;
+    if (argc > 4 && !strcmp(argv[1], "train")) {
+        snprintf(self, sizeof self, "%s", argv[0]);   /* absolute: dtrun runs the test's own path */
+        return train_main(argv);
+    }
+    if (argc > 3 && !strcmp(argv[1], "store")) return store_main(argv);
+    if (argc > 2 && !strcmp(argv[1], "stale")) return stale_main(argv[2]);
+    alarm(600);
+    g_quick = getenv("DTR_TEST_QUICK") != NULL;
+    if (!find_dtrun(argv[0], "test_elastic")) return 1;
+    g_have_fabric = dtr_transport_find("libfabric") != NULL;
+    unsetenv("DTR_SECRET");
+    unsetenv("DTR_JOB_ID");
+    unsetenv("DTR_RESTART");
+    unsetenv("DTR_TIMEOUT_MS");
+    unsetenv("DTR_GRACE_MS");
+    RUN(test_shm_restart);
+    RUN(test_tcp_restart);
+    RUN(test_stopped_rank);
+    RUN(test_min_ranks);
+    RUN(test_two_jobs);
+    RUN(test_stale_rank);
+    return test_summary();
+}
