@@ -3273,10 +3273,14 @@ typedef struct dtr__watchdog {
     dtr__boot *boot;
     dtr__watch_ops ops;
     int *gone;                 /* per rank: left cleanly, no longer watched */
-    int64_t *beat, *beat_ns;   /* last heartbeat value of each remote peer, and when it changed */
+    int64_t *beat, *beat_ns;   /* last heartbeat value of each peer, and when it changed (under mu) */
     int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
-    int next_remote;           /* the remote peer whose heartbeat is read next */
+    int next_remote;           /* the peer whose heartbeat is read next (large worlds: one per round) */
     volatile int published;    /* the world's abort key holds a failure (ours or read) */
+    volatile int heard;        /* the abort key was read and handed to the transport */
+    volatile int won;          /* this rank's failure is the one the abort key holds */
+    int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
+    int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
     pthread_t thread;
     int inited, on, stop;
     pthread_mutex_t mu;
@@ -3291,8 +3295,14 @@ void dtr__watchdog_wake(dtr__watchdog *w);
 /** Joins the thread, publishes a failure it had no time to, and marks this rank as left. */
 void dtr__watchdog_stop(dtr__watchdog *w);
 void dtr__watchdog_free(dtr__watchdog *w);
-/** Writes the world's abort key ("<who> <why>"). */
+/** Writes the world's abort key ("<who> <why>") unless another rank's failure is there
+ *  first (the first told wins, so every rank reads the same culprit). */
 dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
+/** A deadline passed while this rank waited for `suspect`: the rank to blame, the same on
+ *  every rank: the one the abort key names, else the lowest rank whose heartbeat stopped
+ *  (rank 0 when the store it hosts is silent), else suspect; published first-told-wins.
+ *  Fills why. Blocks at most for a store call. */
+int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 
 /* ---- rendezvous helpers for transports ---- */
 
@@ -3307,7 +3317,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3311 "dtrain.h"
+#line 3321 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3334,7 +3344,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3338 "dtrain.h"
+#line 3348 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3367,7 +3377,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3371 "dtrain.h"
+#line 3381 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3417,7 +3427,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3421 "dtrain.h"
+#line 3431 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3769,7 +3779,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3773 "dtrain.h"
+#line 3783 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4560,7 +4570,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4564 "dtrain.h"
+#line 4574 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5001,7 +5011,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5005 "dtrain.h"
+#line 5015 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5132,7 +5142,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5136 "dtrain.h"
+#line 5146 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5507,7 +5517,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5511 "dtrain.h"
+#line 5521 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5706,7 +5716,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5710 "dtrain.h"
+#line 5720 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -5937,7 +5947,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 5941 "dtrain.h"
+#line 5951 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6387,7 +6397,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6391 "dtrain.h"
+#line 6401 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6566,7 +6576,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6570 "dtrain.h"
+#line 6580 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6971,7 +6981,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 6975 "dtrain.h"
+#line 6985 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7471,7 +7481,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7475 "dtrain.h"
+#line 7485 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7730,7 +7740,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7734 "dtrain.h"
+#line 7744 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -7916,7 +7926,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 7920 "dtrain.h"
+#line 7930 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8029,7 +8039,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8033 "dtrain.h"
+#line 8043 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8503,7 +8513,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8507 "dtrain.h"
+#line 8517 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8672,7 +8682,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8676 "dtrain.h"
+#line 8686 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -8921,7 +8931,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 8925 "dtrain.h"
+#line 8935 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9351,7 +9361,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9355 "dtrain.h"
+#line 9365 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9698,7 +9708,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9702 "dtrain.h"
+#line 9712 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -9883,7 +9893,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 9887 "dtrain.h"
+#line 9897 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10524,7 +10534,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10528 "dtrain.h"
+#line 10538 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -10977,7 +10987,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 10981 "dtrain.h"
+#line 10991 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11033,7 +11043,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11037 "dtrain.h"
+#line 11047 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -11810,7 +11820,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 11814 "dtrain.h"
+#line 11824 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12391,7 +12401,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12395 "dtrain.h"
+#line 12405 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13022,7 +13032,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13026 "dtrain.h"
+#line 13036 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -13760,7 +13770,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 13764 "dtrain.h"
+#line 13774 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14027,7 +14037,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14031 "dtrain.h"
+#line 14041 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14217,7 +14227,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14221 "dtrain.h"
+#line 14231 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14351,7 +14361,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14355 "dtrain.h"
+#line 14365 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15085,7 +15095,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15089 "dtrain.h"
+#line 15099 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -15602,7 +15612,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 15606 "dtrain.h"
+#line 15616 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16334,7 +16344,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16338 "dtrain.h"
+#line 16348 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17411,7 +17421,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17415 "dtrain.h"
+#line 17425 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -17963,7 +17973,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 17967 "dtrain.h"
+#line 17977 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18445,7 +18455,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18449 "dtrain.h"
+#line 18459 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -18898,7 +18908,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 18902 "dtrain.h"
+#line 18912 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19257,7 +19267,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19261 "dtrain.h"
+#line 19271 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19454,7 +19464,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19458 "dtrain.h"
+#line 19468 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -19787,7 +19797,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 19791 "dtrain.h"
+#line 19801 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20220,7 +20230,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20224 "dtrain.h"
+#line 20234 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20274,7 +20284,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20278 "dtrain.h"
+#line 20288 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

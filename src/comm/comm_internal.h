@@ -230,10 +230,14 @@ typedef struct dtr__watchdog {
     dtr__boot *boot;
     dtr__watch_ops ops;
     int *gone;                 /* per rank: left cleanly, no longer watched */
-    int64_t *beat, *beat_ns;   /* last heartbeat value of each remote peer, and when it changed */
+    int64_t *beat, *beat_ns;   /* last heartbeat value of each peer, and when it changed (under mu) */
     int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
-    int next_remote;           /* the remote peer whose heartbeat is read next */
+    int next_remote;           /* the peer whose heartbeat is read next (large worlds: one per round) */
     volatile int published;    /* the world's abort key holds a failure (ours or read) */
+    volatile int heard;        /* the abort key was read and handed to the transport */
+    volatile int won;          /* this rank's failure is the one the abort key holds */
+    int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
+    int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
     pthread_t thread;
     int inited, on, stop;
     pthread_mutex_t mu;
@@ -248,8 +252,14 @@ void dtr__watchdog_wake(dtr__watchdog *w);
 /** Joins the thread, publishes a failure it had no time to, and marks this rank as left. */
 void dtr__watchdog_stop(dtr__watchdog *w);
 void dtr__watchdog_free(dtr__watchdog *w);
-/** Writes the world's abort key ("<who> <why>"). */
+/** Writes the world's abort key ("<who> <why>") unless another rank's failure is there
+ *  first (the first told wins, so every rank reads the same culprit). */
 dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
+/** A deadline passed while this rank waited for `suspect`: the rank to blame, the same on
+ *  every rank: the one the abort key names, else the lowest rank whose heartbeat stopped
+ *  (rank 0 when the store it hosts is silent), else suspect; published first-told-wins.
+ *  Fills why. Blocks at most for a store call. */
+int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 
 /* ---- rendezvous helpers for transports ---- */
 
