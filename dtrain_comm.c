@@ -308,6 +308,7 @@ static void *dtr__watch_main(void *arg) {
     int tick = 0, store_dead = 0;
     for (;;) {
         int stop, aborted = 0;
+        dtr_result r;
         pthread_mutex_lock(&w->mu);
         if (!w->stop && tick) dtr__cond_wait_until(&w->cv, &w->mu, dtr_time_ns() + (int64_t)DTR__WATCH_TICK_MS * 1000000);
         stop = w->stop;
@@ -319,7 +320,10 @@ static void *dtr__watch_main(void *arg) {
         else dtr__watch_local_peers(w);
         /* the heartbeats go on after a failure: a rank that failed first is not a culprit */
         if (tick++ % 2) continue;
-        if (dtr__watch_world(w, &aborted) != DTR_OK && !aborted && !w->published) {
+        w->in_store = 1;
+        r = dtr__watch_world(w, &aborted);
+        w->in_store = 0;
+        if (r != DTR_OK && !aborted && !w->published) {
             /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
             char why[256];
             snprintf(why, sizeof why, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
@@ -358,7 +362,7 @@ int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap) 
     ok = w->ok_ns;
     silent = now - w->tick_ns;
     pthread_mutex_unlock(&w->mu);
-    if (silent > dtr__watch_blame_ns(w)) {   /* this process did not run (SIGSTOP, starved): it is late itself */
+    if (silent > dtr__watch_blame_ns(w) && !w->in_store) {   /* this process did not run (SIGSTOP, starved): it is late itself */
         snprintf(why, cap, "rank %d itself did not run for %lld ms (stopped?)", w->boot->rank, (long long)(silent / 1000000));
         return w->boot->rank;
     }
@@ -447,7 +451,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 451 "dtrain_comm.c"
+#line 455 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1530,5 +1534,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1534 "dtrain_comm.c"
+#line 1538 "dtrain_comm.c"
 
