@@ -506,6 +506,7 @@ help:
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  test-compress-full  gradient compression accuracy over whole epochs (minutes)"
+	@echo "  soak                SIGKILL mid-collective over libfabric shm SOAK_KILLS times (default 100), JSON summary"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
 	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"
 	@echo "Install:"

@@ -47,6 +47,17 @@ typedef struct dtr__endpoint {
     uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
 } dtr__endpoint;
 
+/** The flight recorder of a group (src/comm/flight.c). */
+#define DTR__FLIGHT_DEFAULT 64   /* records kept when the config says 0 */
+#define DTR__FLIGHT_LOGGED 16    /* records the log callback gets on failure */
+typedef struct dtr__flight {
+    pthread_mutex_t mu;
+    dtr_flight_record *ring;   /* cap records; id k lives at (k - 1) % cap */
+    int cap, inited, dumped;
+    uint64_t next_id;          /* the last id handed out */
+    char dir[256];             /* where the failure dump goes ("": nowhere) */
+} dtr__flight;
+
 /** Kinds of operations of a group. */
 enum {
     DTR__OP_ALL_REDUCE = 0, DTR__OP_BROADCAST, DTR__OP_REDUCE_SCATTER, DTR__OP_ALL_GATHER,
@@ -78,6 +89,7 @@ struct dtr_request {
     int state;             /* DTR__REQ_*, under comm->mu */
     dtr_result result;
     void *treq;            /* send/recv: the transport's request */
+    uint64_t flight_id;    /* send/recv: its flight record */
     struct dtr_request *next;
 };
 
@@ -122,6 +134,7 @@ struct dtr_comm {
     dtr_request *running;
     dtr_request *free_reqs;
     int live_reqs;             /* requests handed out and not yet freed */
+    dtr__flight flight;        /* the last operations (src/comm/flight.c) */
     /* scratch of the algorithms: used by one operation at a time (queue rule) */
     void *scratch;
     size_t scratch_cap;
@@ -140,6 +153,19 @@ static inline int dtr__fake_ranks_per_host(void) {
  *  /proc; elsewhere only a gone pid counts). Used by the shared-memory collectives and the
  *  process transports' watchdog. */
 int dtr__pid_dead(int64_t pid);
+
+/* ---- the flight recorder (src/comm/flight.c) ---- */
+/** Makes c's ring of `cap` records (0: the default; < 0: off) and takes the dump folder
+ *  (NULL or "": $DTR_FLIGHT_DIR). */
+DTR__PRIVATE dtr_result dtr__flight_init(dtr_comm *c, int cap, const char *dir);
+DTR__PRIVATE void dtr__flight_free(dtr_comm *c);
+/** Records the start of operation a; returns its id (0: recorder off). */
+DTR__PRIVATE uint64_t dtr__flight_begin(dtr_comm *c, const dtr__coll *a);
+/** Records the end of operation id with result r. */
+DTR__PRIVATE void dtr__flight_end(dtr_comm *c, uint64_t id, dtr_result r);
+/** The group's first communication failure: the running records fail with code; the first
+ *  call logs the ring and writes the dump file. */
+DTR__PRIVATE void dtr__flight_failure(dtr_comm *c, dtr_result code);
 
 /* ---- shared-memory collectives (src/comm/shm.c) ---- */
 typedef struct dtr__shm dtr__shm;
