@@ -244,6 +244,7 @@ static void dtr__watch_beat_seen(dtr__watchdog *w, int p, int64_t v, int64_t now
     int stale;
     pthread_mutex_lock(&w->mu);
     if (v != w->beat[p] || !w->beat_ns[p]) { w->beat[p] = v; w->beat_ns[p] = now; }
+    w->seen_ns[p] = now;
     stale = !w->boot->on_host[p] && now - w->beat_ns[p] > w->stale_ns;
     pthread_mutex_unlock(&w->mu);
     if (stale && !w->published) {
@@ -346,7 +347,8 @@ static int dtr__watch_silent(dtr__watchdog *w, int64_t now, int64_t *silent_ns) 
     int p, who = -1;
     pthread_mutex_lock(&w->mu);
     for (p = 0; p < w->boot->size && who < 0; p++)
-        if (p != w->boot->rank && !w->gone[p] && w->beat_ns[p] && now - w->beat_ns[p] > dtr__watch_blame_ns(w)) who = p;
+        if (p != w->boot->rank && !w->gone[p] && w->beat_ns[p] && w->seen_ns[p] - w->beat_ns[p] > dtr__watch_blame_ns(w))
+            who = p;   /* silent for blame_ns when last read (large worlds read a peer only now and then) */
     if (who >= 0) *silent_ns = now - w->beat_ns[who];
     pthread_mutex_unlock(&w->mu);
     return who;
@@ -402,10 +404,11 @@ dtr_result dtr__watchdog_start(dtr__watchdog *w, dtr__boot *b, const dtr__watch_
     w->gone = (int *)dtr__calloc(&b->alloc, sizeof(int) * (size_t)b->size);
     w->beat = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
     w->beat_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
+    w->seen_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
     pthread_mutex_init(&w->mu, NULL);
     dtr__cond_init(&w->cv);
     w->inited = 1;
-    if (!w->gone || !w->beat || !w->beat_ns) return DTR_OUT_OF_MEMORY;
+    if (!w->gone || !w->beat || !w->beat_ns || !w->seen_ns) return DTR_OUT_OF_MEMORY;
     /* short store deadlines from now on, so a dead server is noticed */
     dtr__store_set_timeout(b->st, b->timeout_ms < 10000 ? b->timeout_ms : 10000);
     if (pthread_create(&w->thread, NULL, dtr__watch_main, w) != 0) return DTR_OUT_OF_MEMORY;
@@ -445,13 +448,14 @@ void dtr__watchdog_free(dtr__watchdog *w) {
     dtr__free(&w->boot->alloc, w->gone);
     dtr__free(&w->boot->alloc, w->beat);
     dtr__free(&w->boot->alloc, w->beat_ns);
+    dtr__free(&w->boot->alloc, w->seen_ns);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     w->inited = 0;
 }
 
 #endif /* !_WIN32 */
-#line 455 "dtrain_comm.c"
+#line 459 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -618,7 +622,7 @@ typedef struct dtr__fab {
     pthread_cond_t done_cv;      /* waiters wait for completions */
     dtr__freq *free_reqs, *all_reqs;
     dtr__freq *post_head, *post_tail;   /* requests to post, oldest first */
-    dtr__freq *retry;            /* the thread's own: posts the provider refused for now */
+    dtr__freq *retry, *retry_tail;   /* the thread's own: posts the provider refused for now, in order */
     int ncancel, inflight, nleaving, want_close_ep, sleepers;
     unsigned events;             /* completions so far (waiters spin on it briefly) */
     pthread_t thread;
@@ -768,13 +772,12 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
     return fi_tsend(f->ep, q->buf, q->bytes, NULL, a, q->tag, &q->ctx);
 }
 
-/* Posts q (no lock held on entry or exit): with the provider, done (injected), failed, or on
-   the retry list while the provider's queues are full. */
-static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
+/* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
+static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc = dtr__fab_post_one(f, q);
     int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
     if (rc == -FI_EAGAIN && !q->give_up) q->give_up = now + f->timeout_ns;
-    if (rc == -FI_EAGAIN && now < q->give_up) { q->next_post = f->retry; f->retry = q; return; }
+    if (rc == -FI_EAGAIN && now < q->give_up) return 1;
     pthread_mutex_lock(&f->mu);
     if (rc == -FI_EAGAIN)
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's "
@@ -785,6 +788,28 @@ static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
     else if (!q->is_recv && q->bytes <= f->inject) dtr__freq_complete(f, q);   /* injected: the buffer is free already */
     else { q->where = DTR__FW_POSTED; f->inflight++; }
     pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+/* Posts q, or queues it behind the refused ones: posts keep their order (messages of one tag
+   match in the order they were posted). */
+static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
+    q->next_post = NULL;
+    if (!f->retry && !dtr__fab_try_post(f, q)) return;
+    if (f->retry_tail) f->retry_tail->next_post = q;
+    else f->retry = q;
+    f->retry_tail = q;
+}
+
+/* Posts the refused requests, oldest first, until the provider refuses one again. */
+static int dtr__fab_retry(dtr__fab *f) {
+    int n = 0;
+    while (f->retry && !dtr__fab_try_post(f, f->retry)) {
+        f->retry = f->retry->next_post;
+        if (!f->retry) f->retry_tail = NULL;
+        n++;
+    }
+    return n;
 }
 
 /* A completion of q, good or failed (code: 0 or the positive libfabric error); lock held.
@@ -889,10 +914,8 @@ static int dtr__fab_take_cancels(dtr__fab *f, dtr__freq **list, int cap) {
 static int dtr__fab_round(dtr__fab *f, dtr__freq *batch) {
     dtr__freq *q, *next, *cancels[32];
     int n = 0, nc, i, close_ep;
+    n += dtr__fab_retry(f);
     for (q = batch; q; q = next) { next = q->next_post; dtr__fab_post_req(f, q); n++; }
-    q = f->retry;
-    f->retry = NULL;
-    for (; q; q = next) { next = q->next_post; dtr__fab_post_req(f, q); }
     pthread_mutex_lock(&f->mu);
     nc = dtr__fab_take_cancels(f, cancels, 32);
     close_ep = f->want_close_ep && f->ep;
@@ -1534,5 +1557,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1538 "dtrain_comm.c"
+#line 1561 "dtrain_comm.c"
 

@@ -257,6 +257,7 @@ typedef struct dtr__watchdog {
     dtr__watch_ops ops;
     int *gone;                 /* per rank: left cleanly, no longer watched */
     int64_t *beat, *beat_ns;   /* last heartbeat value of each peer, and when it changed (under mu) */
+    int64_t *seen_ns;          /* when each peer's heartbeat was last read (under mu) */
     int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
     int next_remote;           /* the peer whose heartbeat is read next (large worlds: one per round) */
     volatile int published;    /* the world's abort key holds a failure (ours or read) */

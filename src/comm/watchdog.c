@@ -90,6 +90,7 @@ static void dtr__watch_beat_seen(dtr__watchdog *w, int p, int64_t v, int64_t now
     int stale;
     pthread_mutex_lock(&w->mu);
     if (v != w->beat[p] || !w->beat_ns[p]) { w->beat[p] = v; w->beat_ns[p] = now; }
+    w->seen_ns[p] = now;
     stale = !w->boot->on_host[p] && now - w->beat_ns[p] > w->stale_ns;
     pthread_mutex_unlock(&w->mu);
     if (stale && !w->published) {
@@ -192,7 +193,8 @@ static int dtr__watch_silent(dtr__watchdog *w, int64_t now, int64_t *silent_ns) 
     int p, who = -1;
     pthread_mutex_lock(&w->mu);
     for (p = 0; p < w->boot->size && who < 0; p++)
-        if (p != w->boot->rank && !w->gone[p] && w->beat_ns[p] && now - w->beat_ns[p] > dtr__watch_blame_ns(w)) who = p;
+        if (p != w->boot->rank && !w->gone[p] && w->beat_ns[p] && w->seen_ns[p] - w->beat_ns[p] > dtr__watch_blame_ns(w))
+            who = p;   /* silent for blame_ns when last read (large worlds read a peer only now and then) */
     if (who >= 0) *silent_ns = now - w->beat_ns[who];
     pthread_mutex_unlock(&w->mu);
     return who;
@@ -248,10 +250,11 @@ dtr_result dtr__watchdog_start(dtr__watchdog *w, dtr__boot *b, const dtr__watch_
     w->gone = (int *)dtr__calloc(&b->alloc, sizeof(int) * (size_t)b->size);
     w->beat = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
     w->beat_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
+    w->seen_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
     pthread_mutex_init(&w->mu, NULL);
     dtr__cond_init(&w->cv);
     w->inited = 1;
-    if (!w->gone || !w->beat || !w->beat_ns) return DTR_OUT_OF_MEMORY;
+    if (!w->gone || !w->beat || !w->beat_ns || !w->seen_ns) return DTR_OUT_OF_MEMORY;
     /* short store deadlines from now on, so a dead server is noticed */
     dtr__store_set_timeout(b->st, b->timeout_ms < 10000 ? b->timeout_ms : 10000);
     if (pthread_create(&w->thread, NULL, dtr__watch_main, w) != 0) return DTR_OUT_OF_MEMORY;
@@ -291,6 +294,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
     dtr__free(&w->boot->alloc, w->gone);
     dtr__free(&w->boot->alloc, w->beat);
     dtr__free(&w->boot->alloc, w->beat_ns);
+    dtr__free(&w->boot->alloc, w->seen_ns);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     w->inited = 0;

@@ -161,7 +161,7 @@ typedef struct dtr__fab {
     pthread_cond_t done_cv;      /* waiters wait for completions */
     dtr__freq *free_reqs, *all_reqs;
     dtr__freq *post_head, *post_tail;   /* requests to post, oldest first */
-    dtr__freq *retry;            /* the thread's own: posts the provider refused for now */
+    dtr__freq *retry, *retry_tail;   /* the thread's own: posts the provider refused for now, in order */
     int ncancel, inflight, nleaving, want_close_ep, sleepers;
     unsigned events;             /* completions so far (waiters spin on it briefly) */
     pthread_t thread;
@@ -311,13 +311,12 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
     return fi_tsend(f->ep, q->buf, q->bytes, NULL, a, q->tag, &q->ctx);
 }
 
-/* Posts q (no lock held on entry or exit): with the provider, done (injected), failed, or on
-   the retry list while the provider's queues are full. */
-static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
+/* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
+static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc = dtr__fab_post_one(f, q);
     int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
     if (rc == -FI_EAGAIN && !q->give_up) q->give_up = now + f->timeout_ns;
-    if (rc == -FI_EAGAIN && now < q->give_up) { q->next_post = f->retry; f->retry = q; return; }
+    if (rc == -FI_EAGAIN && now < q->give_up) return 1;
     pthread_mutex_lock(&f->mu);
     if (rc == -FI_EAGAIN)
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's "
@@ -328,6 +327,28 @@ static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
     else if (!q->is_recv && q->bytes <= f->inject) dtr__freq_complete(f, q);   /* injected: the buffer is free already */
     else { q->where = DTR__FW_POSTED; f->inflight++; }
     pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+/* Posts q, or queues it behind the refused ones: posts keep their order (messages of one tag
+   match in the order they were posted). */
+static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
+    q->next_post = NULL;
+    if (!f->retry && !dtr__fab_try_post(f, q)) return;
+    if (f->retry_tail) f->retry_tail->next_post = q;
+    else f->retry = q;
+    f->retry_tail = q;
+}
+
+/* Posts the refused requests, oldest first, until the provider refuses one again. */
+static int dtr__fab_retry(dtr__fab *f) {
+    int n = 0;
+    while (f->retry && !dtr__fab_try_post(f, f->retry)) {
+        f->retry = f->retry->next_post;
+        if (!f->retry) f->retry_tail = NULL;
+        n++;
+    }
+    return n;
 }
 
 /* A completion of q, good or failed (code: 0 or the positive libfabric error); lock held.
@@ -432,10 +453,8 @@ static int dtr__fab_take_cancels(dtr__fab *f, dtr__freq **list, int cap) {
 static int dtr__fab_round(dtr__fab *f, dtr__freq *batch) {
     dtr__freq *q, *next, *cancels[32];
     int n = 0, nc, i, close_ep;
+    n += dtr__fab_retry(f);
     for (q = batch; q; q = next) { next = q->next_post; dtr__fab_post_req(f, q); n++; }
-    q = f->retry;
-    f->retry = NULL;
-    for (; q; q = next) { next = q->next_post; dtr__fab_post_req(f, q); }
     pthread_mutex_lock(&f->mu);
     nc = dtr__fab_take_cancels(f, cancels, 32);
     close_ep = f->want_close_ep && f->ep;
