@@ -49,15 +49,23 @@
  *                         clear errors, no hang.
  *   test_{shm,tcp}_kill   a rank SIGKILLed while the others are in a 4 MiB ring all-reduce
  *                         (rank 1 of 3; rank 0, the store's host, of 4; rank 2 of 3 after the
- *                         ranks > 0 dropped their stores): every survivor gets DTR_PEER_FAILED
- *                         naming it in under 3.75 s (in practice about 0.15 s). Over tcp the
- *                         victim dies in the middle of its own transfers; over shm while it
- *                         computes outside the collective (see faults_kill: shm's own locks).
- *                         The same for the middle stage of a 3-stage pipeline in training:
- *                         both other stages get DTR_PEER_FAILED naming it.
- *   test_{shm,tcp}_stop   a rank SIGSTOPped in that loop: DTR_TIMEOUT or DTR_PEER_FAILED
- *                         within the deadline (2 s) plus slack; after SIGCONT the stopped
- *                         rank fails too and every rank destroys its group and exits 0.
+ *                         ranks > 0 dropped their stores; rank 1 computing outside the
+ *                         collective): every survivor gets DTR_PEER_FAILED naming it in under
+ *                         3.75 s (in practice about 0.15 s). Over shm too the victim dies in
+ *                         the middle of its own transfers (the provider may then spin forever
+ *                         on a lock the victim held: only the transport's provider thread is
+ *                         caught, never a waiter). The same for the middle stage of a 3-stage
+ *                         pipeline in training: both other stages get DTR_PEER_FAILED naming it.
+ *   test_{shm,tcp}_matrix the kill matrix: SIGKILL and SIGSTOP of rank 0, a middle rank and
+ *                         the last rank, at start-up (the others in their first collective)
+ *                         and in the middle of the all-reduce loop, world 3 (and SIGSTOP of
+ *                         ranks 2 and 3 of 4), deadline 1.5 s: every survivor errors within the
+ *                         deadline + 1 s naming the culprit (a stopped rank: its heartbeat
+ *                         stopped; the survivors agree through the abort key); after SIGCONT
+ *                         the stopped rank fails too and every rank exits 0.
+ *   test_shm_soak         only with DTR_SOAK=N (make soak): N SIGKILLs in the middle of
+ *                         all-reduces over shm (victim and moment vary), one JSON line:
+ *                         kills, hangs, wrong culprits, slowest time to error.
  *   test_{shm,tcp}_sleep  a rank that sleeps instead of calling the all-reduce: the same,
  *                         and its late call fails with DTR_PEER_FAILED.
  *   test_{shm,tcp}_abort  dtr_comm_abort on one rank: the others get DTR_PEER_FAILED naming
