@@ -120,31 +120,44 @@ static dtr_result dtr__watch_beats(dtr__watchdog *w) {
     return DTR_OK;
 }
 
+static void dtr__watch_nap(dtr__watchdog *w, int ms) {
+    pthread_mutex_lock(&w->mu);
+    dtr__cond_wait_until(&w->cv, &w->mu, dtr_time_ns() + (int64_t)ms * 1000000);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The world's abort key: 1 with its culprit and reason when it is there (wait: up to the
+ * store's deadline for it to appear). */
+static int dtr__watch_abort_key(dtr__watchdog *w, int wait, int *who, char *why, size_t cap) {
+    char key[96], val[256];
+    size_t len = 0;
+    int found = 0, off = 0;
+    dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
+    if (dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found) != DTR_OK) return 0;
+    if (!found && (!wait || dtr_store_get(w->boot->st, key, val, sizeof val - 1, &len) != DTR_OK)) return 0;
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    if (sscanf(val, "%d %n", who, &off) < 1) return 0;
+    snprintf(why, cap, "%s", val + off);
+    return 1;
+}
+
 /* Every 100 ms: the world's abort key, our heartbeat, the peers'. DTR_OK, or the error of a
  * store that is gone. Sets *aborted when another rank broke the world. */
 static dtr_result dtr__watch_world(dtr__watchdog *w, int *aborted) {
-    char key[96], val[256];
-    size_t len = 0;
-    int found = 0;
-    dtr_result r;
-    dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
-    r = dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found);
-    if (r == DTR_OK && found && !w->heard) {
-        int who = -1, off = 0;
-        val[len < sizeof val ? len : sizeof val - 1] = 0;
-        if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
-        w->ops.fail(w->ops.t, who, val + off, 0);
+    char key[96], why[256];
+    int who = -1;
+    dtr_result r = DTR_OK;
+    if (!w->heard && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
+        w->ops.fail(w->ops.t, who, why, 0);
         w->published = w->heard = 1;
         *aborted = 1;
     }
-    if (r == DTR_OK) {
-        dtr__boot_key(w->boot, key, sizeof key, "beat", w->boot->rank);
-        r = dtr_store_add(w->boot->st, key, 1, NULL);
-    }
+    dtr__boot_key(w->boot, key, sizeof key, "beat", w->boot->rank);
+    r = dtr_store_add(w->boot->st, key, 1, NULL);
     if (r == DTR_OK) r = dtr__watch_beats(w);
     if (r == DTR_OK) {
         pthread_mutex_lock(&w->mu);
-        w->ok_ns = w->tick_ns = dtr_time_ns();
+        w->ok_ns = dtr_time_ns();
         pthread_mutex_unlock(&w->mu);
     }
     return r;
@@ -200,43 +213,48 @@ static int dtr__watch_silent(dtr__watchdog *w, int64_t now, int64_t *silent_ns) 
     return who;
 }
 
-int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap) {
-    char key[96], val[256];
-    size_t len = 0;
-    int64_t now = dtr_time_ns(), silent = 0, ok;
-    int found = 0, who, off = 0;
-    if (!w->inited || !w->on) { snprintf(why, cap, "%s", ""); return suspect; }
+/* Culprits this rank knows without the store: itself when its own process did not run
+ * (SIGSTOP: the watchdog did not tick), rank 0 when the store it hosts is silent; else -1. */
+static int dtr__watch_local_culprit(dtr__watchdog *w, int64_t now, char *why, size_t cap) {
+    int64_t ok, idle;
     pthread_mutex_lock(&w->mu);
     ok = w->ok_ns;
-    silent = now - w->tick_ns;
+    idle = now - w->tick_ns;
     pthread_mutex_unlock(&w->mu);
-    if (silent > dtr__watch_blame_ns(w) && !w->in_store) {   /* this process did not run (SIGSTOP, starved): it is late itself */
-        snprintf(why, cap, "rank %d itself did not run for %lld ms (stopped?)", w->boot->rank, (long long)(silent / 1000000));
+    if (idle > dtr__watch_blame_ns(w) && !w->in_store) {
+        snprintf(why, cap, "rank %d itself did not run for %lld ms (stopped?)", w->boot->rank, (long long)(idle / 1000000));
         return w->boot->rank;
     }
-    if (ok && now - ok > dtr__watch_blame_ns(w)) {   /* the store itself is silent: rank 0 hosts it */   /* the store itself is silent: rank 0 hosts it */
+    if (ok && now - ok > dtr__watch_blame_ns(w)) {
         snprintf(why, cap, "rank 0 stopped answering (the rendezvous store it hosts has not answered for %lld ms)",
                  (long long)((now - ok) / 1000000));
         return 0;
     }
-    dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
-    if (dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found) == DTR_OK && found) {
-        val[len < sizeof val ? len : sizeof val - 1] = 0;
-        if (sscanf(val, "%d %n", &who, &off) >= 1) { snprintf(why, cap, "%s", val + off); return who; }
+    return -1;
+}
+
+int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap) {
+    int64_t now = dtr_time_ns(), silent = 0;
+    int who;
+    snprintf(why, cap, "%s", "");
+    if (!w->inited || !w->on) return suspect;
+    if ((who = dtr__watch_local_culprit(w, now, why, cap)) >= 0) return who;
+    /* another rank decided, or a rank is silent; on a loaded host the watchdog may not have
+       read the silence yet: look again for up to 500 ms (the deadline + 1 s holds) */
+    for (;;) {
+        if (dtr__watch_abort_key(w, 0, &who, why, cap)) return who;
+        if ((who = dtr__watch_silent(w, now, &silent)) >= 0 || dtr_time_ns() - now > (int64_t)500000000) break;
+        dtr__watch_nap(w, 50);
     }
-    who = dtr__watch_silent(w, now, &silent);
     if (who >= 0) snprintf(why, cap, "rank %d stopped answering (no heartbeat for %lld ms; the ranks wait for it)", who,
                            (long long)(silent / 1000000));
-    else { who = suspect; snprintf(why, cap, "rank %d is alive but did not take part in time", who); }
+    else {
+        who = suspect;
+        snprintf(why, cap, "rank %d (or a rank it waits for) did not take part in time", who);
+    }
     if (dtr__watchdog_publish(w, who, why) != DTR_OK || w->won) return who;
     /* another rank told the world first: take its culprit (it writes the key right after its claim) */
-    if (dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found) == DTR_OK && !found) {
-        if (dtr_store_get(w->boot->st, key, val, sizeof val - 1, &len) == DTR_OK) found = 1;
-    }
-    if (found) {
-        val[len < sizeof val ? len : sizeof val - 1] = 0;
-        if (sscanf(val, "%d %n", &who, &off) >= 1) snprintf(why, cap, "%s", val + off);
-    }
+    dtr__watch_abort_key(w, 1, &who, why, cap);
     return who;
 }
 
