@@ -96,6 +96,7 @@
 #include <sys/types.h>
 #include <sys/wait.h>
 #include "test.h"
+#include "test_util.h"
 #include "posix_util.h"
 
 #define PROV_SHM "shm"
@@ -1320,6 +1321,36 @@ static void sc_fault(rank_ctx *rc) {
     free(buf);
 }
 
+/* The flight record a survivor dumped into $DTR_FLIGHT_DIR (set by fault_matrix): it names
+   the culprit and ends with a failed operation. Removes the file. */
+static void check_flight_dump(const char *what, int rank, int culprit) {
+    const char *dir = getenv("DTR_FLIGHT_DIR");
+    char path[600], needle[48], *json = (char *)calloc(1, 1 << 16);
+    FILE *fp;
+    size_t len = 0;
+    snprintf(path, sizeof path, "%s/flight-rank%d.json", dir, rank);
+    if ((fp = fopen(path, "rb")) != NULL) { len = fread(json, 1, (1 << 16) - 1, fp); fclose(fp); }
+    snprintf(needle, sizeof needle, "\"failed_rank\": %d,", culprit);
+    CHECK_MSG(len > 0, "%s: rank %d wrote no %s", what, rank, path);
+    if (len > 0) {
+        CHECK_MSG(strstr(json, needle) && strstr(json, "\"state\": \"failed\"") && strstr(json, "\"op\": \"all_reduce\""),
+                  "%s: rank %d's flight record: %.400s", what, rank, json);
+        remove(path);
+    }
+    free(json);
+}
+
+/* Removes the flight records of ranks 0..MAXR-1 from dir (and dir itself when rm_dir). */
+static void flight_dir_clear(const char *dir, int rm_dir) {
+    char path[600];
+    int i;
+    for (i = 0; i < MAXR; i++) {
+        snprintf(path, sizeof path, "%s/flight-rank%d.json", dir, i);
+        remove(path);
+    }
+    if (rm_dir) remove(dir);
+}
+
 /* Runs a fault scenario on n ranks; the parent injects SIGKILL / SIGSTOP, then checks every
    report and that every rank but a killed one exits 0. */
 /* flags of a fault case: what the ranks run when the fault comes */
@@ -1347,6 +1378,7 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
     j.shm = (flags & FC_SHM) != 0;
     j.timeout_ms = timeout_ms;
     j.drop_store = drop_store;
+    if (flags & FC_STRICT && getenv("DTR_FLIGHT_DIR")) flight_dir_clear(getenv("DTR_FLIGHT_DIR"), 0);
     fd = start_job(&j, pids);
     got = collect(fd, R, REP_READY, n, now_s() + (g_quick ? 60 : 30));
     CHECK_MSG(got == n, "%s: only %d of %d ranks got going", j.what, got, n);
@@ -1386,6 +1418,7 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
                waited out: well before deadlines of 5 s and more */
             if ((is_kill(mode) || mode == F_ABORT || mode == F_ABORT_EXIT || mode == F_LEAVE) && timeout_ms >= 5000)
                 CHECK_MSG(after < 3.0 + slack_s() / 4, "%s: rank %d noticed only %.2f s after the fault", j.what, i, after);
+            if (flags & FC_STRICT && getenv("DTR_FLIGHT_DIR")) check_flight_dump(j.what, i, culprit);
             printf("    [%s %s] rank %d: %s after %.2f s (call %.2f s), blames rank %d: %s\n", prov, what, i,
                    dtr_result_string((dtr_result)rp->result), after, rp->secs, rp->failed_rank, rp->msg);
         }
@@ -1439,12 +1472,18 @@ static void faults_kill(int p) {
    errors within the deadline + 1 s naming the same culprit. */
 static void fault_matrix(int p) {
     static const int modes[4] = {F_KILL_START, F_STOP_START, F_KILL, F_STOP};
+    char dir[512];
     int m, v;
     if (!prov_ok(p)) return;
+    /* the survivors dump their flight records there (check_flight_dump) */
+    if (!make_tmp_dir("dtr_flight", dir, sizeof dir)) { CHECK(0); return; }
+    setenv("DTR_FLIGHT_DIR", dir, 1);
     for (m = 0; m < 4; m++)
         for (v = 0; v < 3; v++) check_fault(p, 3, modes[m], v, 1500, 0, FC_STRICT);
     check_fault(p, 4, F_STOP, 2, 1500, 0, FC_STRICT);   /* a middle rank of 4 */
     check_fault(p, 4, F_STOP, 3, 1500, 0, FC_STRICT);   /* the last rank of 4 */
+    unsetenv("DTR_FLIGHT_DIR");
+    flight_dir_clear(dir, 1);
 }
 static void test_shm_matrix(void) { fault_matrix(0); }
 static void test_tcp_matrix(void) { fault_matrix(1); }
