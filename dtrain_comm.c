@@ -794,12 +794,17 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
 static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc = dtr__fab_post_one(f, q);
     int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
-    if (rc == -FI_EAGAIN && !q->give_up) q->give_up = now + f->timeout_ns;
-    if (rc == -FI_EAGAIN && now < q->give_up) return 1;
+    /* retried until the world fails or well past any deadline of the waiter (whose timeout
+       names the culprit the ranks agree on) */
+    if (rc == -FI_EAGAIN && !q->give_up) q->give_up = now + f->timeout_ns + (int64_t)2000000000;
+    if (rc == -FI_EAGAIN && now < q->give_up && !f->aborted) return 1;
     pthread_mutex_lock(&f->mu);
-    if (rc == -FI_EAGAIN)
+    if (rc == -FI_EAGAIN && f->aborted)
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "rank %d failed: %s", f->failed_rank, f->why);
+    else if (rc == -FI_EAGAIN)
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's "
-                       "queues stay full", q->is_recv ? "receive from" : "send to", q->peer, (long long)(f->timeout_ns / 1000000));
+                       "queues stay full", q->is_recv ? "receive from" : "send to", q->peer,
+                       (long long)(f->timeout_ns / 1000000 + 2000));
     else if (rc)
         dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "posting a %s rank %d failed: %s", q->is_recv ? "receive from" : "send to",
                        q->peer, fi_strerror((int)-rc));
@@ -1575,5 +1580,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1579 "dtrain_comm.c"
+#line 1584 "dtrain_comm.c"
 
