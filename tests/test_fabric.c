@@ -1268,7 +1268,7 @@ static void sc_fault(rank_ctx *rc) {
     RCHECK_OK(rc, c, dtr_comm_set_allreduce_algo(c, DTR_ALLREDUCE_RING, 0));
     /* everybody is up (through the store when the rank has one: its deadline does not
        count a slow start on a loaded host against the group's short one) */
-    if (!at_start(fa->mode) && rc->store) RCHECK_OK(rc, c, dtr_store_barrier(rc->store, "up"));
+    if (!at_start(fa->mode) && !rc->j->drop_store) RCHECK_OK(rc, c, dtr_store_barrier(rc->store, "up"));
     else if (!at_start(fa->mode)) RCHECK_OK(rc, c, dtr_comm_barrier(c));
     send_report(rc, REP_READY, DTR_OK, 0.0, "");
     if (culprit && fa->mode == F_KILL_START) {
