@@ -1236,7 +1236,7 @@ enum { F_KILL = 0, F_STOP = 1, F_SLEEP = 2, F_ABORT = 3, F_ABORT_EXIT = 4, F_LEA
 static const char *const fault_names[9] = {"SIGKILL", "SIGSTOP", "sleep", "abort", "abort, destroy and exit",
                                            "leave (destroy and exit)", "SIGKILL outside the collective",
                                            "SIGKILL at start-up", "SIGSTOP at start-up"};
-typedef struct fault_arg { int mode, culprit, pipeline; size_t count; } fault_arg;
+typedef struct fault_arg { int mode, culprit, pipeline, store_barrier; size_t count; } fault_arg;
 static int is_kill(int mode) { return mode == F_KILL || mode == F_KILL_IDLE || mode == F_KILL_START; }
 static int is_stop(int mode) { return mode == F_STOP || mode == F_STOP_START; }
 /* "start-up": the culprit stops (or dies) right after dtr_comm_create, while the others are
@@ -1266,9 +1266,9 @@ static void sc_fault(rank_ctx *rc) {
     int me = rc->rank, culprit = me == fa->culprit;
     for (i = 0; i < n; i++) buf[i] = (float)(me + 1);
     RCHECK_OK(rc, c, dtr_comm_set_allreduce_algo(c, DTR_ALLREDUCE_RING, 0));
-    /* everybody is up (through the store when the rank has one: its deadline does not
-       count a slow start on a loaded host against the group's short one) */
-    if (!at_start(fa->mode) && !rc->j->drop_store) RCHECK_OK(rc, c, dtr_store_barrier(rc->store, "up"));
+    /* everybody is up (the kill matrix: through the store, whose deadline does not count a
+       slow start on a loaded host against the group's short one) */
+    if (!at_start(fa->mode) && fa->store_barrier) RCHECK_OK(rc, c, dtr_store_barrier(rc->store, "up"));
     else if (!at_start(fa->mode)) RCHECK_OK(rc, c, dtr_comm_barrier(c));
     send_report(rc, REP_READY, DTR_OK, 0.0, "");
     if (culprit && fa->mode == F_KILL_START) {
@@ -1369,6 +1369,7 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
     fa.mode = mode;
     fa.culprit = culprit;
     fa.pipeline = flags & FC_PIPELINE;
+    fa.store_barrier = (flags & FC_STRICT) && !drop_store;
     fa.count = g_quick ? (size_t)1 << 18 : (size_t)1 << 20;   /* 1 or 4 MiB of f32 */
     if (flags & FC_SHM) fa.count = (size_t)1 << 15;   /* 128 KiB: through the segment */
     snprintf(what, sizeof what, "%s%s of rank %d%s", flags & FC_PIPELINE ? "pipeline: " : flags & FC_SHM ? "shared memory: " : "",

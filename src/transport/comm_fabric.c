@@ -477,7 +477,8 @@ static int dtr__fab_has_work(const dtr__fab *f) {
     return f->post_head || f->retry || f->inflight || f->nleaving || (f->want_close_ep && f->ep) || f->ncancel;
 }
 
-/* closing: cancels every pending receive, drains the queue briefly, closes every object */
+/* closing: cancels every pending receive and drains the queue briefly; the closing thread
+   then closes every object (dtr__fab_free) once this one has exited */
 static void dtr__fab_thread_teardown(dtr__fab *f) {
     int64_t until = dtr_time_ns() + 100000000;
     dtr__freq *q;
@@ -487,12 +488,6 @@ static void dtr__fab_thread_teardown(dtr__fab *f) {
     if (f->aborted) f->want_close_ep = 1;   /* sends to dead peers: let go of their buffers now */
     pthread_mutex_unlock(&f->mu);
     do dtr__fab_round(f, NULL); while (f->inflight && dtr_time_ns() < until);
-    if (f->ep) fi_close(&f->ep->fid);
-    if (f->av) fi_close(&f->av->fid);
-    if (f->cq) fi_close(&f->cq->fid);
-    if (f->domain) fi_close(&f->domain->fid);
-    if (f->fabric) fi_close(&f->fabric->fid);
-    f->ep = NULL; f->av = NULL; f->cq = NULL; f->domain = NULL; f->fabric = NULL;
 }
 
 static void *dtr__fab_thread(void *arg) {
@@ -1027,16 +1022,18 @@ store_fail:
     return r;
 }
 
-/* Stops the provider thread, which closes every libfabric object. A thread stuck inside the
-   provider (shm spinning on a lock a killed peer held) is left behind with the endpoint and
-   the transport's state (never freed: the thread still uses them); close still returns. */
+/* Stops the provider thread (then dtr__fab_free closes every libfabric object). After a failure of the
+   world a thread that does not come back within 10 s is stuck inside the provider (shm
+   spinning on a lock a killed peer held): it is left behind with the endpoint and the
+   transport's state (never freed: the thread still uses them), and close returns. */
 static int dtr__fab_stop_thread(dtr__fab *f) {
-    int64_t until = dtr_time_ns() + (int64_t)2000 * 1000000;
+    int64_t until;
     int exited;
     if (!f->thread_on) return 1;
     pthread_mutex_lock(&f->mu);
     f->closing = 1;
     pthread_cond_signal(&f->work_cv);
+    until = f->aborted ? dtr_time_ns() + (int64_t)10000 * 1000000 : -1;   /* no failure: a provider's close ends */
     while (!f->exited && !dtr__cond_wait_until(&f->done_cv, &f->mu, until)) {}
     exited = f->exited;
     pthread_mutex_unlock(&f->mu);
