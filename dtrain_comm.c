@@ -793,6 +793,7 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
 /* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
 static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc = dtr__fab_post_one(f, q);
+    if (rc == -FI_ENOMEM) rc = -FI_EAGAIN;   /* shm: its receive entries ran out for now */
     int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
     /* retried until the world fails or well past any deadline of the waiter (whose timeout
        names the culprit the ranks agree on) */
@@ -1577,5 +1578,5 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1581 "dtrain_comm.c"
+#line 1582 "dtrain_comm.c"
 

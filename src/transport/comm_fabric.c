@@ -314,6 +314,7 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
 /* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
 static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc = dtr__fab_post_one(f, q);
+    if (rc == -FI_ENOMEM) rc = -FI_EAGAIN;   /* shm: its receive entries ran out for now */
     int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
     /* retried until the world fails or well past any deadline of the waiter (whose timeout
        names the culprit the ranks agree on) */
