@@ -188,7 +188,7 @@ endif
 
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
-        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full
+        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full soak
 .DEFAULT_GOAL := all
 
 # all: the library, every test, example and benchmark.
@@ -370,6 +370,13 @@ check:
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
 	tests/run.sh $(TESTS)
 
+# soak: tests/test_fabric's SIGKILL of a rank in the middle of collectives over libfabric's shm
+# provider, SOAK_KILLS times (default 100): 0 hangs; prints one JSON line (kills, hangs, slowest
+# time to error). Not in test/check (minutes).
+SOAK_KILLS ?= 100
+soak: $(BUILD)/tests/test_fabric
+	DTR_SOAK=$(SOAK_KILLS) DTR_TEST_ONLY=shm_soak $<
+
 # test-compress-full: tests/test_compress.c with whole Fashion-MNIST epochs (3 per codec; make
 # test runs 100 batches per epoch).
 test-compress-full: $(BUILD)/tests/test_compress
@@ -537,6 +544,7 @@ help:
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  test-compress-full  gradient compression accuracy over whole epochs (minutes)"
+	@echo "  soak                SIGKILL mid-collective over libfabric shm SOAK_KILLS times (default 100), JSON summary"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
 	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"
 	@echo "Install:"

@@ -2034,8 +2034,11 @@ struct dtr_comm_config {
                                             shared by the processes of one host (docs/distributed.md;
                                             $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
                                             beat libfabric's shm provider reliably in this version's runs */
+    int flight_records;                /**< operations the flight recorder keeps per group; 0: 64; -1: off */
+    const char *flight_dir;            /**< on the first failure write <dir>/flight-rank<N>.json; NULL:
+                                            $DTR_FLIGHT_DIR, else no file */
     dtr_allocation_callbacks alloc;    /**< allocation callbacks; zero: libc */
-    dtr_log_fn log;                    /**< log callback (errors of the group); NULL: silent */
+    dtr_log_fn log;                    /**< log callback (errors of the group, the flight record on failure); NULL: silent */
     void *log_user;
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
 };
@@ -2103,6 +2106,52 @@ DTR_API const char *dtr_comm_last_error(const dtr_comm *c);
 DTR_API int dtr_comm_failed_rank(const dtr_comm *c);
 /** The transport's native error code of that error (0 when none). */
 DTR_API int dtr_comm_native_error(const dtr_comm *c);
+
+/* ---- the flight recorder ----
+ * Every group keeps its last operations (cfg.flight_records, default 64) in a ring made with
+ * the group: recording allocates nothing. On the group's first communication failure
+ * (DTR_TIMEOUT, DTR_PEER_FAILED) the ring goes to the log callback (DTR_LOG_ERROR, the last
+ * 16) and, when cfg.flight_dir or $DTR_FLIGHT_DIR names a folder, to
+ * <dir>/flight-rank<N>.json (N: the world rank; a sub-group writes
+ * flight-rank<N>-group<id>.json). docs/distributed.md shows one. */
+
+/** State of an operation in the flight recorder. */
+typedef enum dtr_flight_state {
+    DTR_FLIGHT_RUNNING = 0,            /**< started, not finished (in a dump: what the rank was doing) */
+    DTR_FLIGHT_DONE = 1,               /**< finished with DTR_OK */
+    DTR_FLIGHT_FAILED = 2              /**< finished with an error, or under way when the group failed */
+} dtr_flight_state;
+
+/** One operation of a group, as the flight recorder saw it. */
+typedef struct dtr_flight_record {
+    uint64_t id;                       /**< the group's operations counted from 1 */
+    const char *op;                    /**< "all_reduce", "broadcast", "reduce_scatter", "all_gather", "barrier",
+                                            "send", "recv" (a static string) */
+    int p2p;                           /**< 1: send or recv */
+    uint32_t seq;                      /**< a collective's sequence number in the group (the "#S" of error
+                                            messages; equal on every rank for the same call); 0 for send/recv */
+    size_t bytes;                      /**< this rank's payload (count x element size) */
+    int peer;                          /**< send/recv: the peer; broadcast: the root (group ranks); else -1 */
+    int tag;                           /**< send/recv: the tag; else 0 */
+    int64_t start_ns, end_ns;          /**< dtr_time_ns() at start and end; end_ns 0 while running */
+    dtr_flight_state state;
+    dtr_result result;                 /**< DTR_OK, or the error it ended with (a send/recv request
+                                            destroyed before it finished: DTR_BAD_STATE) */
+} dtr_flight_record;
+
+/** Copies the group's last operations into out (at most cap, oldest first) and returns how
+ *  many it copied; with out NULL or cap <= 0, returns how many the recorder holds. 0 for a
+ *  NULL group or a recorder turned off (cfg.flight_records -1).
+ *  Thread safety: thread safe (any thread, also while operations run). */
+DTR_API int dtr_comm_flight(const dtr_comm *c, dtr_flight_record *out, int cap);
+/** Writes the flight record of the group as JSON to `path` (atomically: temporary file,
+ *  fsync, rename): rank, size, status, failed rank, error message and the records.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY, DTR_IO_ERROR (message in err).
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_comm_flight_dump(const dtr_comm *c, const char *path, char *err, size_t errlen);
+/** "running", "done", "failed".
+ *  Thread safety: thread safe. */
+DTR_API const char *dtr_flight_state_name(dtr_flight_state s);
 
 /** Breaks the group on purpose: every pending and later operation of every group sharing
  *  the transport, on every rank, fails with DTR_PEER_FAILED naming this rank and `why`.
@@ -3111,7 +3160,7 @@ DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3115 "dtrain.h"
+#line 3164 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3604,7 +3653,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3608 "dtrain.h"
+#line 3657 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -3863,7 +3912,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 3867 "dtrain.h"
+#line 3916 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3925,7 +3974,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 3929 "dtrain.h"
+#line 3978 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3978,6 +4027,17 @@ typedef struct dtr__endpoint {
     uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
 } dtr__endpoint;
 
+/** The flight recorder of a group (src/comm/flight.c). */
+#define DTR__FLIGHT_DEFAULT 64   /* records kept when the config says 0 */
+#define DTR__FLIGHT_LOGGED 16    /* records the log callback gets on failure */
+typedef struct dtr__flight {
+    pthread_mutex_t mu;
+    dtr_flight_record *ring;   /* cap records; id k lives at (k - 1) % cap */
+    int cap, inited, dumped;
+    uint64_t next_id;          /* the last id handed out */
+    char dir[256];             /* where the failure dump goes ("": nowhere) */
+} dtr__flight;
+
 /** Kinds of operations of a group. */
 enum {
     DTR__OP_ALL_REDUCE = 0, DTR__OP_BROADCAST, DTR__OP_REDUCE_SCATTER, DTR__OP_ALL_GATHER,
@@ -4009,6 +4069,7 @@ struct dtr_request {
     int state;             /* DTR__REQ_*, under comm->mu */
     dtr_result result;
     void *treq;            /* send/recv: the transport's request */
+    uint64_t flight_id;    /* send/recv: its flight record */
     struct dtr_request *next;
 };
 
@@ -4053,6 +4114,7 @@ struct dtr_comm {
     dtr_request *running;
     dtr_request *free_reqs;
     int live_reqs;             /* requests handed out and not yet freed */
+    dtr__flight flight;        /* the last operations (src/comm/flight.c) */
     /* scratch of the algorithms: used by one operation at a time (queue rule) */
     void *scratch;
     size_t scratch_cap;
@@ -4071,6 +4133,19 @@ static inline int dtr__fake_ranks_per_host(void) {
  *  /proc; elsewhere only a gone pid counts). Used by the shared-memory collectives and the
  *  process transports' watchdog. */
 int dtr__pid_dead(int64_t pid);
+
+/* ---- the flight recorder (src/comm/flight.c) ---- */
+/** Makes c's ring of `cap` records (0: the default; < 0: off) and takes the dump folder
+ *  (NULL or "": $DTR_FLIGHT_DIR). */
+DTR__PRIVATE dtr_result dtr__flight_init(dtr_comm *c, int cap, const char *dir);
+DTR__PRIVATE void dtr__flight_free(dtr_comm *c);
+/** Records the start of operation a; returns its id (0: recorder off). */
+DTR__PRIVATE uint64_t dtr__flight_begin(dtr_comm *c, const dtr__coll *a);
+/** Records the end of operation id with result r. */
+DTR__PRIVATE void dtr__flight_end(dtr_comm *c, uint64_t id, dtr_result r);
+/** The group's first communication failure: the running records fail with code; the first
+ *  call logs the ring and writes the dump file. */
+DTR__PRIVATE void dtr__flight_failure(dtr_comm *c, dtr_result code);
 
 /* ---- shared-memory collectives (src/comm/shm.c) ---- */
 typedef struct dtr__shm dtr__shm;
@@ -4163,10 +4238,16 @@ typedef struct dtr__watchdog {
     dtr__boot *boot;
     dtr__watch_ops ops;
     int *gone;                 /* per rank: left cleanly, no longer watched */
-    int64_t *beat, *beat_ns;   /* last heartbeat value of each remote peer, and when it changed */
+    int64_t *beat, *beat_ns;   /* last heartbeat value of each peer, and when it changed (under mu) */
+    int64_t *seen_ns;          /* when each peer's heartbeat was last read (under mu) */
     int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
-    int next_remote;           /* the remote peer whose heartbeat is read next */
+    int next_remote;           /* the peer whose heartbeat is read next (large worlds: one per round) */
     volatile int published;    /* the world's abort key holds a failure (ours or read) */
+    volatile int heard;        /* the abort key was read and handed to the transport */
+    volatile int won;          /* this rank's failure is the one the abort key holds */
+    int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
+    int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
+    volatile int in_store;     /* the thread is in a store call (which may wait for a silent store) */
     pthread_t thread;
     int inited, on, stop;
     pthread_mutex_t mu;
@@ -4181,8 +4262,14 @@ void dtr__watchdog_wake(dtr__watchdog *w);
 /** Joins the thread, publishes a failure it had no time to, and marks this rank as left. */
 void dtr__watchdog_stop(dtr__watchdog *w);
 void dtr__watchdog_free(dtr__watchdog *w);
-/** Writes the world's abort key ("<who> <why>"). */
+/** Writes the world's abort key ("<who> <why>") unless another rank's failure is there
+ *  first (the first told wins, so every rank reads the same culprit). */
 dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
+/** A deadline passed while this rank waited for `suspect`: the rank to blame, the same on
+ *  every rank: the one the abort key names, else the lowest rank whose heartbeat stopped
+ *  (rank 0 when the store it hosts is silent), else suspect; published first-told-wins.
+ *  Fills why. Blocks at most for a store call. */
+int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 
 /* ---- rendezvous helpers for transports ---- */
 
@@ -4202,7 +4289,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4206 "dtrain.h"
+#line 4293 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4245,7 +4332,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4249 "dtrain.h"
+#line 4336 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4272,7 +4359,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4276 "dtrain.h"
+#line 4363 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4305,7 +4392,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4309 "dtrain.h"
+#line 4396 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -4355,7 +4442,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 4359 "dtrain.h"
+#line 4446 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4707,7 +4794,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4711 "dtrain.h"
+#line 4798 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -5498,7 +5585,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 5502 "dtrain.h"
+#line 5589 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5922,7 +6009,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5926 "dtrain.h"
+#line 6013 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5993,7 +6080,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5997 "dtrain.h"
+#line 6084 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6383,7 +6470,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 6387 "dtrain.h"
+#line 6474 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -6583,7 +6670,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 6587 "dtrain.h"
+#line 6674 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6814,7 +6901,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6818 "dtrain.h"
+#line 6905 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -6929,7 +7016,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 6933 "dtrain.h"
+#line 7020 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -6985,7 +7072,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 6989 "dtrain.h"
+#line 7076 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -7415,7 +7502,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 7419 "dtrain.h"
+#line 7506 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -7594,7 +7681,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7598 "dtrain.h"
+#line 7685 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8119,7 +8206,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8123 "dtrain.h"
+#line 8210 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -8618,7 +8705,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 8622 "dtrain.h"
+#line 8709 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8877,7 +8964,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8881 "dtrain.h"
+#line 8968 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9063,7 +9150,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9067 "dtrain.h"
+#line 9154 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9183,7 +9270,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9187 "dtrain.h"
+#line 9274 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -9657,7 +9744,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 9661 "dtrain.h"
+#line 9748 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -9826,7 +9913,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 9830 "dtrain.h"
+#line 9917 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10075,7 +10162,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10079 "dtrain.h"
+#line 10166 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -10523,7 +10610,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 10527 "dtrain.h"
+#line 10614 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -10652,7 +10739,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 10656 "dtrain.h"
+#line 10743 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -10999,7 +11086,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11003 "dtrain.h"
+#line 11090 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11065,7 +11152,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11069 "dtrain.h"
+#line 11156 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -11302,7 +11389,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 11306 "dtrain.h"
+#line 11393 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12051,7 +12138,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12055 "dtrain.h"
+#line 12142 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -12504,7 +12591,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 12508 "dtrain.h"
+#line 12595 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -12560,7 +12647,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 12564 "dtrain.h"
+#line 12651 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -13337,7 +13424,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 13341 "dtrain.h"
+#line 13428 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -13918,7 +14005,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 13922 "dtrain.h"
+#line 14009 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -14549,7 +14636,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 14553 "dtrain.h"
+#line 14640 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -15287,7 +15374,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 15291 "dtrain.h"
+#line 15378 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -15640,7 +15727,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 15644 "dtrain.h"
+#line 15731 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -15830,7 +15917,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 15834 "dtrain.h"
+#line 15921 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16011,7 +16098,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16015 "dtrain.h"
+#line 16102 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -16786,7 +16873,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 16790 "dtrain.h"
+#line 16877 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -17303,7 +17390,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 17307 "dtrain.h"
+#line 17394 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18071,7 +18158,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18075 "dtrain.h"
+#line 18162 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -18412,6 +18499,10 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     c->ctx = 0;
     c->mem_ctx = cfg->memory == DTR_MEM_DEVICE ? cfg->context : NULL;
     dtr__comm_config_apply(c, cfg);
+    if ((r = dtr__flight_init(c, cfg->flight_records, cfg->flight_dir)) != DTR_OK) {
+        dtr_comm_destroy(c);
+        return dtr__errf(err, errlen, r, "dtr_comm_create: out of memory");
+    }
     if (vt->group_create && !c->no_native) {
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
         if (r != DTR_OK) c->native_group = NULL;   /* fall back to point-to-point */
@@ -18456,6 +18547,7 @@ void dtr_comm_destroy(dtr_comm *c) {
     dtr_comm_destroy(c->leaders);
     dtr_comm_destroy(c->host);
     dtr__shm_free(c);
+    dtr__flight_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -18582,6 +18674,7 @@ dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int 
     }
     pthread_mutex_unlock(&c->mu);
     if (first && c->log && c->log_level >= DTR_LOG_ERROR) c->log(c->log_user, DTR_LOG_ERROR, c->msg);
+    if (first && dtr__is_comm_failure(code)) dtr__flight_failure(c, code);
     if (dtr__is_comm_failure(code)) {
         char why[200];
         snprintf(why, sizeof why, "%.80s: %.110s", head, what);
@@ -18854,6 +18947,7 @@ static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transp
     c->ep->vt->release(c->ep->state, q->treq);
     q->treq = NULL;
     q->state = DTR__REQ_DONE;
+    dtr__flight_end(c, q->flight_id, r);
     if (r == DTR_OK) q->result = DTR_OK;
     else if (timed_out)
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
@@ -18932,6 +19026,7 @@ void dtr_request_destroy(dtr_request *q) {
     if (!q) return;
     c = q->comm;
     if (q->treq) { /* a pending send/recv is cancelled */
+        dtr__flight_end(c, q->flight_id, DTR_BAD_STATE);   /* destroyed before it finished */
         c->ep->vt->release(c->ep->state, q->treq);
         q->treq = NULL;
     } else if (q->state != DTR__REQ_DONE) {
@@ -19021,12 +19116,14 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
     if (!q) return dtr__comm_fail(c, &a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory");
     q->a = a;
     q->state = DTR__REQ_RUNNING;
+    q->flight_id = dtr__flight_begin(c, &a);
     dtr__terr_clear(&e);
     if (kind == DTR__OP_SEND)
         r = c->ep->vt->isend(c->ep->state, sbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     else
         r = c->ep->vt->irecv(c->ep->state, rbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     if (r != DTR_OK) {
+        dtr__flight_end(c, q->flight_id, r);
         pthread_mutex_lock(&c->mu);
         q->next = c->free_reqs;
         c->free_reqs = q;
@@ -19129,6 +19226,11 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->log = c->log;
     nc->log_user = c->log_user;
     nc->log_level = c->log_level;
+    if ((r = dtr__flight_init(nc, c->flight.cap ? c->flight.cap : -1, c->flight.dir)) != DTR_OK) {
+        dtr_comm_destroy(nc);
+        r = dtr__comm_fail(c, &a, r, -1, 0, "out of memory");
+        goto done;
+    }
     /* local rank: among the members on this machine, in group order */
     nc->local_rank = nc->local_size = 0;
     for (i = 0; i < n; i++) {
@@ -19153,7 +19255,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 19157 "dtrain.h"
+#line 19259 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -19705,7 +19807,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 19709 "dtrain.h"
+#line 19811 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -20139,7 +20241,7 @@ static int dtr__effective_algo(const dtr_comm *c, const dtr__coll *a) {
     return dtr__auto_algo(c, a->count, a->dtype);
 }
 
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
+static dtr_result dtr__coll_exec(dtr_comm *c, const dtr__coll *in) {
     size_t es = dtr_dtype_size(in->dtype);
     dtr__coll b = *in, *a = &b;
     dtr_result r;
@@ -20187,7 +20289,14 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 20191 "dtrain.h"
+
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
+    uint64_t id = dtr__flight_begin(c, a);
+    dtr_result r = dtr__coll_exec(c, a);
+    dtr__flight_end(c, id, r);
+    return r;
+}
+#line 20300 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -20640,7 +20749,243 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 20644 "dtrain.h"
+#line 20753 "dtrain.h"
+
+/* ---- src/comm/flight.c ---- */
+#line 1 "src/comm/flight.c"
+/* ============================================================================
+ * The flight recorder of a group: a ring of the group's last operations (collectives and
+ * point-to-point transfers: op, bytes, peer or root, sequence number, start and end times,
+ * running / done / failed), allocated once with the group, so recording costs a lock and a
+ * few stores per operation and no allocation. On the group's first communication failure
+ * it is handed to the log callback and, when a folder is set (cfg.flight_dir, else
+ * $DTR_FLIGHT_DIR), written to <dir>/flight-rank<N>.json (sub-groups:
+ * flight-rank<N>-group<ctx>.json) with the atomic writer. dtr_comm_flight reads it.
+ * ==========================================================================*/
+
+
+
+
+dtr_result dtr__flight_init(dtr_comm *c, int cap, const char *dir) {
+    dtr__flight *fl = &c->flight;
+    memset(fl, 0, sizeof *fl);
+    if (pthread_mutex_init(&fl->mu, NULL) != 0) return DTR_OUT_OF_MEMORY;
+    fl->inited = 1;
+    fl->cap = cap == 0 ? DTR__FLIGHT_DEFAULT : cap < 0 ? 0 : cap;
+    if (!dir || !*dir) dir = getenv("DTR_FLIGHT_DIR");
+    snprintf(fl->dir, sizeof fl->dir, "%s", dir ? dir : "");
+    if (fl->cap && !(fl->ring = (dtr_flight_record *)dtr__calloc(&c->ep->alloc, (size_t)fl->cap * sizeof *fl->ring)))
+        return DTR_OUT_OF_MEMORY;
+    return DTR_OK;
+}
+
+void dtr__flight_free(dtr_comm *c) {
+    if (!c->flight.inited) return;
+    dtr__free(&c->ep->alloc, c->flight.ring);
+    pthread_mutex_destroy(&c->flight.mu);
+    c->flight.inited = 0;
+}
+
+static size_t dtr__flight_bytes(const dtr__coll *a) {
+    size_t es = a->kind == DTR__OP_SEND || a->kind == DTR__OP_RECV ? 1 : dtr_dtype_size(a->dtype);
+    return a->count * es;
+}
+
+uint64_t dtr__flight_begin(dtr_comm *c, const dtr__coll *a) {
+    dtr__flight *fl = &c->flight;
+    dtr_flight_record *rec;
+    uint64_t id;
+    if (!fl->cap) return 0;
+    pthread_mutex_lock(&fl->mu);
+    id = ++fl->next_id;
+    rec = &fl->ring[(id - 1) % (uint64_t)fl->cap];
+    rec->id = id;
+    rec->op = dtr__coll_name(a->kind);
+    rec->p2p = a->kind == DTR__OP_SEND || a->kind == DTR__OP_RECV;
+    rec->seq = rec->p2p ? 0 : a->seq;
+    rec->bytes = dtr__flight_bytes(a);
+    rec->peer = rec->p2p || a->kind == DTR__OP_BROADCAST ? a->root : -1;
+    rec->tag = rec->p2p ? a->tag : 0;
+    rec->start_ns = dtr_time_ns();
+    rec->end_ns = 0;
+    rec->state = DTR_FLIGHT_RUNNING;
+    rec->result = DTR_OK;
+    pthread_mutex_unlock(&fl->mu);
+    return id;
+}
+
+void dtr__flight_end(dtr_comm *c, uint64_t id, dtr_result r) {
+    dtr__flight *fl = &c->flight;
+    dtr_flight_record *rec;
+    if (!id || !fl->cap) return;
+    pthread_mutex_lock(&fl->mu);
+    rec = &fl->ring[(id - 1) % (uint64_t)fl->cap];
+    if (rec->id == id) {   /* else overwritten by later operations */
+        rec->end_ns = dtr_time_ns();
+        rec->state = r == DTR_OK ? DTR_FLIGHT_DONE : DTR_FLIGHT_FAILED;
+        rec->result = r;
+    }
+    pthread_mutex_unlock(&fl->mu);
+}
+
+int dtr_comm_flight(const dtr_comm *c, dtr_flight_record *out, int cap) {
+    dtr__flight *fl;
+    uint64_t first, id;
+    int n = 0;
+    if (!c || !c->flight.cap) return 0;
+    fl = (dtr__flight *)&c->flight;
+    pthread_mutex_lock(&fl->mu);
+    first = fl->next_id > (uint64_t)fl->cap ? fl->next_id - (uint64_t)fl->cap + 1 : 1;
+    if (!out || cap <= 0) n = (int)(fl->next_id - first + 1);
+    else {
+        if (fl->next_id + 1 - first > (uint64_t)cap) first = fl->next_id + 1 - (uint64_t)cap;
+        for (id = first; id <= fl->next_id; id++) out[n++] = fl->ring[(id - 1) % (uint64_t)fl->cap];
+    }
+    pthread_mutex_unlock(&fl->mu);
+    return n;
+}
+
+const char *dtr_flight_state_name(dtr_flight_state s) {
+    return s == DTR_FLIGHT_RUNNING ? "running" : s == DTR_FLIGHT_DONE ? "done" : s == DTR_FLIGHT_FAILED ? "failed" : "?";
+}
+
+/* ---- the dump ---- */
+
+/* A growing text buffer (oom: an allocation failed; what was written stays). */
+typedef struct dtr__sbuf {
+    const dtr_allocation_callbacks *alloc;
+    char *data;
+    size_t len, cap;
+    int oom;
+} dtr__sbuf;
+
+static void dtr__sbuf_init(dtr__sbuf *b, const dtr_allocation_callbacks *alloc) {
+    memset(b, 0, sizeof *b);
+    b->alloc = alloc;
+}
+
+static void dtr__sbuf_free(dtr__sbuf *b) { dtr__free(b->alloc, b->data); }
+
+static void dtr__sbuf_printf(dtr__sbuf *b, const char *fmt, ...) DTR__PRINTF(2, 3);
+static void dtr__sbuf_printf(dtr__sbuf *b, const char *fmt, ...) {
+    va_list ap;
+    int n;
+    if (b->oom) return;
+    va_start(ap, fmt);
+    n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (b->len + (size_t)n + 1 > b->cap) {
+        size_t cap = (b->len + (size_t)n + 1) * 2;
+        char *p = (char *)dtr__realloc(b->alloc, b->data, cap);
+        if (!p) { b->oom = 1; return; }
+        b->data = p;
+        b->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+/* s as a JSON string body (quotes, backslashes and control characters escaped). */
+static void dtr__flight_json_str(dtr__sbuf *b, const char *s) {
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"' || ch == '\\') dtr__sbuf_printf(b, "\\%c", ch);
+        else if (ch < 0x20) dtr__sbuf_printf(b, "\\u%04x", ch);
+        else dtr__sbuf_printf(b, "%c", ch);
+    }
+}
+
+static void dtr__flight_json_rec(dtr__sbuf *b, const dtr_flight_record *r, int last) {
+    int64_t end = r->end_ns ? r->end_ns : dtr_time_ns();
+    dtr__sbuf_printf(b, "    {\"id\": %llu, \"op\": \"%s\", \"seq\": %u, \"bytes\": %zu, \"peer\": %d, \"tag\": %d, "
+                     "\"start_ns\": %lld, \"end_ns\": %lld, \"ms\": %.3f, \"state\": \"%s\", \"result\": \"%s\"}%s\n",
+                     (unsigned long long)r->id, r->op, r->seq, r->bytes, r->peer, r->tag, (long long)r->start_ns,
+                     (long long)r->end_ns, (double)(end - r->start_ns) / 1e6, dtr_flight_state_name(r->state),
+                     dtr_result_string(r->result), last ? "" : ",");
+}
+
+/* The JSON document of the group's record (b must be freed by the caller). */
+static void dtr__flight_json(const dtr_comm *c, dtr__sbuf *b, const dtr_flight_record *recs, int n) {
+    int i;
+    dtr__sbuf_printf(b, "{\n  \"rank\": %d, \"group_rank\": %d, \"size\": %d, \"group\": %u, \"transport\": \"%s\", "
+                     "\"detail\": \"", c->ep->info.rank, c->rank, c->size, c->ctx, c->ep->vt->name);
+    dtr__flight_json_str(b, c->ep->info.detail);
+    dtr__sbuf_printf(b, "\",\n  \"status\": \"%s\", \"failed_rank\": %d, \"time_ns\": %lld,\n  \"error\": \"",
+                     dtr_result_string(c->status), c->failed_rank >= 0 ? c->failed_rank : -1, (long long)dtr_time_ns());
+    dtr__flight_json_str(b, c->msg);
+    dtr__sbuf_printf(b, "\",\n  \"records\": [\n");
+    for (i = 0; i < n; i++) dtr__flight_json_rec(b, &recs[i], i == n - 1);
+    dtr__sbuf_printf(b, "  ]\n}\n");
+}
+
+dtr_result dtr_comm_flight_dump(const dtr_comm *c, const char *path, char *err, size_t errlen) {
+    dtr_flight_record *recs;
+    dtr__sbuf b;
+    dtr_result r;
+    int n;
+    if (err && errlen) err[0] = 0;
+    if (!c || !path) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_comm_flight_dump: %s is NULL", c ? "path" : "group");
+    recs = (dtr_flight_record *)dtr__malloc(&c->ep->alloc, ((size_t)c->flight.cap + 1) * sizeof *recs);
+    if (!recs) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "dtr_comm_flight_dump: out of memory");
+    n = dtr_comm_flight(c, recs, c->flight.cap);
+    dtr__sbuf_init(&b, &c->ep->alloc);
+    dtr__flight_json(c, &b, recs, n);
+    dtr__free(&c->ep->alloc, recs);
+    if (b.oom) r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "dtr_comm_flight_dump: out of memory");
+    else r = dtr_write_file_atomic(path, b.data, b.len, err, errlen);
+    dtr__sbuf_free(&b);
+    return r;
+}
+
+/* The log line: the failure and the last records, newest last. */
+static void dtr__flight_log(dtr_comm *c) {
+    dtr_flight_record recs[DTR__FLIGHT_LOGGED];
+    dtr__sbuf b;
+    int n = dtr_comm_flight(c, recs, DTR__FLIGHT_LOGGED), i;
+    dtr__sbuf_init(&b, &c->ep->alloc);
+    dtr__sbuf_printf(&b, "flight recorder of rank %d (group rank %d/%d), last %d operations:", c->ep->info.rank,
+                     c->rank, c->size, n);
+    for (i = 0; i < n; i++) {
+        const dtr_flight_record *r = &recs[i];
+        int64_t end = r->end_ns ? r->end_ns : dtr_time_ns();
+        dtr__sbuf_printf(&b, "\n  #%llu %s", (unsigned long long)r->id, r->op);
+        if (!r->p2p) dtr__sbuf_printf(&b, " seq %u", r->seq);
+        if (r->peer >= 0) dtr__sbuf_printf(&b, " %s %d", r->p2p ? "peer" : "root", r->peer);
+        dtr__sbuf_printf(&b, " %zu bytes, %s after %.1f ms%s%s", r->bytes, dtr_flight_state_name(r->state),
+                         (double)(end - r->start_ns) / 1e6, r->result != DTR_OK ? ": " : "",
+                         r->result != DTR_OK ? dtr_result_string(r->result) : "");
+    }
+    if (!b.oom && b.data) c->log(c->log_user, DTR_LOG_ERROR, b.data);
+    dtr__sbuf_free(&b);
+}
+
+void dtr__flight_failure(dtr_comm *c, dtr_result code) {
+    dtr__flight *fl = &c->flight;
+    int i, dump;
+    if (!fl->cap) return;
+    pthread_mutex_lock(&fl->mu);
+    for (i = 0; i < fl->cap; i++)   /* the operations under way failed with the group */
+        if (fl->ring[i].id && fl->ring[i].state == DTR_FLIGHT_RUNNING) {
+            fl->ring[i].state = DTR_FLIGHT_FAILED;
+            fl->ring[i].result = code;
+        }
+    dump = !fl->dumped;
+    fl->dumped = 1;
+    pthread_mutex_unlock(&fl->mu);
+    if (!dump) return;
+    if (c->log && c->log_level >= DTR_LOG_ERROR) dtr__flight_log(c);
+    if (fl->dir[0]) {
+        char path[400], err[256];
+        if (c->ctx) snprintf(path, sizeof path, "%s/flight-rank%d-group%u.json", fl->dir, c->ep->info.rank, c->ctx);
+        else snprintf(path, sizeof path, "%s/flight-rank%d.json", fl->dir, c->ep->info.rank);
+        if (dtr_comm_flight_dump(c, path, err, sizeof err) != DTR_OK && c->log && c->log_level >= DTR_LOG_ERROR)
+            c->log(c->log_user, DTR_LOG_ERROR, err);
+    }
+}
+#line 20989 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -20999,7 +21344,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 21003 "dtrain.h"
+#line 21348 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -21196,7 +21541,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 21200 "dtrain.h"
+#line 21545 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -21529,7 +21874,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 21533 "dtrain.h"
+#line 21878 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -21962,7 +22307,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 21966 "dtrain.h"
+#line 22311 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -22016,7 +22361,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 22020 "dtrain.h"
+#line 22365 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -23165,7 +23510,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 23169 "dtrain.h"
+#line 23514 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -24063,7 +24408,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 24067 "dtrain.h"
+#line 24412 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -163,9 +163,14 @@ void dtr__boot_close(dtr__boot *b) {
  * dead or silent peer into a failure of the whole world, and spreads failures through the
  * rendezvous store, using the bootstrap's store connection, namespace, hosts and pids.
  *   every tick (50 ms)   peers on this host: dead when their pid is gone or a zombie;
- *                        our own failure: written to the world's abort key
- *   every 5 ticks        the abort key (another rank's failure), our heartbeat, and one
- *                        remote peer's heartbeat (dead after stale_ns without a change)
+ *                        our own failure: written to the world's abort key (first told wins)
+ *   every 2 ticks        the abort key (another rank's failure), our heartbeat, and the
+ *                        peers' heartbeats (all of them up to 64 ranks, else one per round);
+ *                        a remote peer is dead after stale_ns without a change
+ * At a deadline (dtr__watchdog_culprit) the rank to blame is the same on every rank: the one
+ * the abort key names, else the lowest rank whose heartbeat stopped (a SIGSTOPped process:
+ * its watchdog stops too; rank 0 when the store it hosts is silent), else the rank waited for,
+ * and the first rank to tell the world decides for the others.
  * A peer that wrote its "left" key closed cleanly: the transport is told (ops.left) instead
  * of a failure. Failures go to the transport through ops.fail; the transport says through
  * ops.to_publish whether it failed on its own and the world must hear of it. Part of
@@ -182,14 +187,20 @@ void dtr__boot_close(dtr__boot *b) {
 
 #define DTR__WATCH_TICK_MS 50
 
+/* Writes the world's abort key ("<who> <why>") unless another rank's is there: the first
+ * failure told wins (a claim counter decides), so every rank reads the same culprit. */
 dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why) {
     char key[96], val[256];
+    int64_t n = 0;
     dtr_result r;
+    dtr__boot_key(w->boot, key, sizeof key, "abort-claim", -1);
+    if ((r = dtr_store_add(w->boot->st, key, 1, &n)) != DTR_OK) return r;
+    w->published = 1;
+    if (n != 1) return DTR_OK;
+    w->won = 1;   /* another rank's failure is (being) written: the watchdog reads it */
     snprintf(val, sizeof val, "%d %s", who, why);
     dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
-    r = dtr_store_set(w->boot->st, key, val, strlen(val));
-    if (r == DTR_OK) w->published = 1;
-    return r;
+    return dtr_store_set(w->boot->st, key, val, strlen(val));
 }
 
 /* A peer looks dead: unless it left cleanly, break the world naming it. */
@@ -233,57 +244,82 @@ static void dtr__watch_local_peers(dtr__watchdog *w) {
         }
 }
 
-/* One remote peer's heartbeat per call, round robin. */
-static dtr_result dtr__watch_remote_peer(dtr__watchdog *w) {
-    const dtr__boot *b = w->boot;
-    char key[96], val[64];
-    size_t len = 0;
-    int found = 0, p, k;
-    dtr_result r;
-    int64_t now = dtr_time_ns(), v;
-    for (k = 0, p = -1; k < b->size && p < 0; k++) {
-        int q = (w->next_remote + k) % b->size;
-        if (q != b->rank && !b->on_host[q] && !w->gone[q]) p = q;
-    }
-    if (p < 0) return DTR_OK;
-    w->next_remote = (p + 1) % b->size;
-    dtr__boot_key(w->boot, key, sizeof key, "beat", p);
-    if ((r = dtr_store_check(b->st, key, val, sizeof val - 1, &len, &found)) != DTR_OK) return r;
-    val[len < sizeof val ? len : sizeof val - 1] = 0;
-    v = found ? strtoll(val, NULL, 10) : 0;
+/* Records peer p's heartbeat value (when it changed: now) and fails the world on a remote
+ * peer silent for stale_ns (a local one is watched by pid; its silence only names culprits). */
+static void dtr__watch_beat_seen(dtr__watchdog *w, int p, int64_t v, int64_t now) {
+    int stale;
+    pthread_mutex_lock(&w->mu);
     if (v != w->beat[p] || !w->beat_ns[p]) { w->beat[p] = v; w->beat_ns[p] = now; }
-    else if (now - w->beat_ns[p] > w->stale_ns) {
+    w->seen_ns[p] = now;
+    stale = !w->boot->on_host[p] && now - w->beat_ns[p] > w->stale_ns;
+    pthread_mutex_unlock(&w->mu);
+    if (stale && !w->published) {
         char how[160];
         snprintf(how, sizeof how, "rank %d stopped answering (no heartbeat for %lld ms)", p,
                  (long long)((now - w->beat_ns[p]) / 1000000));
         dtr__watch_peer_gone(w, p, how);
     }
+}
+
+/* The heartbeats of the peers: all of them in worlds up to 64, else one per call round robin. */
+static dtr_result dtr__watch_beats(dtr__watchdog *w) {
+    const dtr__boot *b = w->boot;
+    int k, n = b->size <= 64 ? b->size : 1;
+    for (k = 0; k < n; k++) {
+        char key[96], val[64];
+        size_t len = 0;
+        int found = 0, p = w->next_remote;
+        dtr_result r;
+        w->next_remote = (p + 1) % b->size;
+        if (p == b->rank || w->gone[p]) continue;
+        dtr__boot_key(w->boot, key, sizeof key, "beat", p);
+        if ((r = dtr_store_check(b->st, key, val, sizeof val - 1, &len, &found)) != DTR_OK) return r;
+        val[len < sizeof val ? len : sizeof val - 1] = 0;
+        dtr__watch_beat_seen(w, p, found ? strtoll(val, NULL, 10) : 0, dtr_time_ns());
+    }
     return DTR_OK;
 }
 
-/* Every 250 ms: the world's abort key, our heartbeat, a remote peer's. DTR_OK, or the error
- * of a store that is gone. Sets *aborted when another rank broke the world. */
-static dtr_result dtr__watch_world(dtr__watchdog *w, int *aborted) {
+static void dtr__watch_nap(dtr__watchdog *w, int ms) {
+    pthread_mutex_lock(&w->mu);
+    dtr__cond_wait_until(&w->cv, &w->mu, dtr_time_ns() + (int64_t)ms * 1000000);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* The world's abort key: 1 with its culprit and reason when it is there (wait: up to the
+ * store's deadline for it to appear). */
+static int dtr__watch_abort_key(dtr__watchdog *w, int wait, int *who, char *why, size_t cap) {
     char key[96], val[256];
     size_t len = 0;
-    int found = 0;
-    dtr_result r;
+    int found = 0, off = 0;
     dtr__boot_key(w->boot, key, sizeof key, "abort", -1);
-    r = dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found);
-    if (r == DTR_OK && found) {
-        int who = -1, off = 0;
-        val[len < sizeof val ? len : sizeof val - 1] = 0;
-        if (sscanf(val, "%d %n", &who, &off) < 1) off = 0;
-        w->ops.fail(w->ops.t, who, val + off, 0);
-        w->published = 1;
+    if (dtr_store_check(w->boot->st, key, val, sizeof val - 1, &len, &found) != DTR_OK) return 0;
+    if (!found && (!wait || dtr_store_get(w->boot->st, key, val, sizeof val - 1, &len) != DTR_OK)) return 0;
+    val[len < sizeof val ? len : sizeof val - 1] = 0;
+    if (sscanf(val, "%d %n", who, &off) < 1) return 0;
+    snprintf(why, cap, "%s", val + off);
+    return 1;
+}
+
+/* Every 100 ms: the world's abort key, our heartbeat, the peers'. DTR_OK, or the error of a
+ * store that is gone. Sets *aborted when another rank broke the world. */
+static dtr_result dtr__watch_world(dtr__watchdog *w, int *aborted) {
+    char key[96], why[256];
+    int who = -1;
+    dtr_result r = DTR_OK;
+    if (!w->heard && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
+        w->ops.fail(w->ops.t, who, why, 0);
+        w->published = w->heard = 1;
         *aborted = 1;
-        return DTR_OK;
     }
+    dtr__boot_key(w->boot, key, sizeof key, "beat", w->boot->rank);
+    r = dtr_store_add(w->boot->st, key, 1, NULL);
+    if (r == DTR_OK) r = dtr__watch_beats(w);
     if (r == DTR_OK) {
-        dtr__boot_key(w->boot, key, sizeof key, "beat", w->boot->rank);
-        r = dtr_store_add(w->boot->st, key, 1, NULL);
+        pthread_mutex_lock(&w->mu);
+        w->ok_ns = dtr_time_ns();
+        pthread_mutex_unlock(&w->mu);
     }
-    if (r == DTR_OK && w->boot->local_size < w->boot->size) r = dtr__watch_remote_peer(w);
     return r;
 }
 
@@ -292,17 +328,22 @@ static void *dtr__watch_main(void *arg) {
     int tick = 0, store_dead = 0;
     for (;;) {
         int stop, aborted = 0;
+        dtr_result r;
         pthread_mutex_lock(&w->mu);
-        if (!w->stop) dtr__cond_wait_until(&w->cv, &w->mu, dtr_time_ns() + (int64_t)DTR__WATCH_TICK_MS * 1000000);
+        if (!w->stop && tick) dtr__cond_wait_until(&w->cv, &w->mu, dtr_time_ns() + (int64_t)DTR__WATCH_TICK_MS * 1000000);
         stop = w->stop;
+        w->tick_ns = dtr_time_ns();
         pthread_mutex_unlock(&w->mu);
         if (stop) break;
-        tick++;
-        if (store_dead || w->published) continue;
-        if (w->ops.failed(w->ops.t)) { store_dead = dtr__watch_own_failure(w); continue; }
-        dtr__watch_local_peers(w);
-        if (tick % 5 || w->ops.failed(w->ops.t)) continue;
-        if (dtr__watch_world(w, &aborted) != DTR_OK && !aborted) {
+        if (store_dead) continue;
+        if (w->ops.failed(w->ops.t)) store_dead = dtr__watch_own_failure(w);
+        else dtr__watch_local_peers(w);
+        /* the heartbeats go on after a failure: a rank that failed first is not a culprit */
+        if (tick++ % 2) continue;
+        w->in_store = 1;
+        r = dtr__watch_world(w, &aborted);
+        w->in_store = 0;
+        if (r != DTR_OK && !aborted && !w->published) {
             /* the store (rank 0's server) is gone: rank 0 died or the network to it did */
             char why[256];
             snprintf(why, sizeof why, "the rendezvous store (hosted by rank 0) is unreachable: %.150s",
@@ -314,19 +355,84 @@ static void *dtr__watch_main(void *arg) {
     return NULL;
 }
 
+/* A rank whose heartbeat has not moved for this long names the culprit of a timeout. */
+static int64_t dtr__watch_blame_ns(const dtr__watchdog *w) {
+    int64_t ms = w->boot->timeout_ms / 2;
+    return (ms < 600 ? 600 : ms > 2000 ? 2000 : ms) * (int64_t)1000000;
+}
+
+/* The lowest rank (not this one) whose heartbeat stopped for blame_ns, or -1. */
+static int dtr__watch_silent(dtr__watchdog *w, int64_t now, int64_t *silent_ns) {
+    int p, who = -1;
+    pthread_mutex_lock(&w->mu);
+    for (p = 0; p < w->boot->size && who < 0; p++)
+        if (p != w->boot->rank && !w->gone[p] && w->beat_ns[p] && w->seen_ns[p] - w->beat_ns[p] > dtr__watch_blame_ns(w))
+            who = p;   /* silent for blame_ns when last read (large worlds read a peer only now and then) */
+    if (who >= 0) *silent_ns = now - w->beat_ns[who];
+    pthread_mutex_unlock(&w->mu);
+    return who;
+}
+
+/* Culprits this rank knows without the store: itself when its own process did not run
+ * (SIGSTOP: the watchdog did not tick), rank 0 when the store it hosts is silent; else -1. */
+static int dtr__watch_local_culprit(dtr__watchdog *w, int64_t now, char *why, size_t cap) {
+    int64_t ok, idle;
+    pthread_mutex_lock(&w->mu);
+    ok = w->ok_ns;
+    idle = now - w->tick_ns;
+    pthread_mutex_unlock(&w->mu);
+    if (idle > dtr__watch_blame_ns(w) && !w->in_store) {
+        snprintf(why, cap, "rank %d itself did not run for %lld ms (stopped?)", w->boot->rank, (long long)(idle / 1000000));
+        return w->boot->rank;
+    }
+    if (ok && now - ok > dtr__watch_blame_ns(w)) {
+        snprintf(why, cap, "rank 0 stopped answering (the rendezvous store it hosts has not answered for %lld ms)",
+                 (long long)((now - ok) / 1000000));
+        return 0;
+    }
+    return -1;
+}
+
+int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap) {
+    int64_t now = dtr_time_ns(), silent = 0;
+    int who;
+    snprintf(why, cap, "%s", "");
+    if (!w->inited || !w->on) return suspect;
+    if ((who = dtr__watch_local_culprit(w, now, why, cap)) >= 0) return who;
+    /* another rank decided, or a rank is silent; on a loaded host the watchdog may not have
+       read the silence yet: look again for up to 500 ms (the deadline + 1 s holds) */
+    for (;;) {
+        if (dtr__watch_abort_key(w, 0, &who, why, cap)) return who;
+        if ((who = dtr__watch_silent(w, now, &silent)) >= 0 || dtr_time_ns() - now > (int64_t)500000000) break;
+        dtr__watch_nap(w, 50);
+    }
+    if (who >= 0) snprintf(why, cap, "rank %d stopped answering (no heartbeat for %lld ms; the ranks wait for it)", who,
+                           (long long)(silent / 1000000));
+    else {
+        who = suspect;
+        snprintf(why, cap, "rank %d (or a rank it waits for) did not take part in time", who);
+    }
+    if (dtr__watchdog_publish(w, who, why) != DTR_OK || w->won) return who;
+    /* another rank told the world first: take its culprit (it writes the key right after its claim) */
+    dtr__watch_abort_key(w, 1, &who, why, cap);
+    return who;
+}
+
 dtr_result dtr__watchdog_start(dtr__watchdog *w, dtr__boot *b, const dtr__watch_ops *ops) {
     int64_t stale_ms = b->timeout_ms / 2 < 30000 ? b->timeout_ms / 2 : 30000;
     memset(w, 0, sizeof *w);
     w->boot = b;
     w->ops = *ops;
     w->stale_ns = (stale_ms < 2000 ? 2000 : stale_ms) * (int64_t)1000000;
+    w->ok_ns = w->tick_ns = dtr_time_ns();
     w->gone = (int *)dtr__calloc(&b->alloc, sizeof(int) * (size_t)b->size);
     w->beat = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
     w->beat_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
+    w->seen_ns = (int64_t *)dtr__calloc(&b->alloc, sizeof(int64_t) * (size_t)b->size);
     pthread_mutex_init(&w->mu, NULL);
     dtr__cond_init(&w->cv);
     w->inited = 1;
-    if (!w->gone || !w->beat || !w->beat_ns) return DTR_OUT_OF_MEMORY;
+    if (!w->gone || !w->beat || !w->beat_ns || !w->seen_ns) return DTR_OUT_OF_MEMORY;
     /* short store deadlines from now on, so a dead server is noticed */
     dtr__store_set_timeout(b->st, b->timeout_ms < 10000 ? b->timeout_ms : 10000);
     if (pthread_create(&w->thread, NULL, dtr__watch_main, w) != 0) return DTR_OUT_OF_MEMORY;
@@ -366,13 +472,14 @@ void dtr__watchdog_free(dtr__watchdog *w) {
     dtr__free(&w->boot->alloc, w->gone);
     dtr__free(&w->boot->alloc, w->beat);
     dtr__free(&w->boot->alloc, w->beat_ns);
+    dtr__free(&w->boot->alloc, w->seen_ns);
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
     w->inited = 0;
 }
 
 #endif /* !_WIN32 */
-#line 376 "dtrain_comm.c"
+#line 483 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -486,23 +593,32 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 #define DTR__FAB_HDR ((uint64_t)1 << 46)
 
 enum { DTR__FQ_ONE = 0, DTR__FQ_HDR, DTR__FQ_BODY, DTR__FQ_TRASH };
+/* where a request is (under mu): in the post list, taken by the provider thread, with the provider */
+enum { DTR__FW_QUEUED = 0, DTR__FW_POSTING, DTR__FW_POSTED, DTR__FW_IDLE };
+/* released: 0 no, 1 its releaser waits for its cancellation, 2 abandoned (recycled when it completes) */
 
 typedef struct dtr__freq {
     struct fi_context2 ctx;      /* first: the provider's per-operation context */
+    /* the provider thread's alone once queued */
     int stage;                   /* DTR__FQ_*: receives of application messages go HDR, then BODY or TRASH */
-    int repost;                  /* the payload receive could not be posted yet (queue full) */
+    int hdr_proto;               /* an application message: header, then payload */
+    int sent_hdr;
     uint64_t hdr;                /* the header received: the payload's length */
     uint64_t tag;
     void *buf;
     void *trash;                 /* scratch for a payload longer than buf */
+    int64_t give_up;             /* a post the provider refuses (queue full) fails after this */
     int peer, is_recv;
+    size_t bytes;
+    /* under mu */
+    int where;                   /* DTR__FW_* */
+    int cancel;                  /* the provider thread is to cancel it */
     int done;                    /* the completion arrived (or it never needed one) */
-    int released;                /* released while pending: recycled when its completion arrives */
+    int released;
     dtr_result result;
     int native;
-    size_t bytes;
     char msg[160];
-    struct dtr__freq *next_free, *next_all;
+    struct dtr__freq *next_free, *next_all, *next_post;
 } dtr__freq;
 
 typedef struct dtr__fab {
@@ -514,20 +630,28 @@ typedef struct dtr__fab {
     struct fid_domain *domain;
     struct fid_cq *cq;
     struct fid_av *av;
-    struct fid_ep *ep;
+    struct fid_ep *ep;           /* only the provider thread calls into libfabric once it runs */
     fi_addr_t *addrs;
     size_t inject;
-    int64_t spin_ns;             /* wait_any polls this long, then naps */
+    int64_t spin_ns;             /* the provider thread polls this long after an event, then naps */
     const char *want_domain;     /* cfg.fabric.domain or $DTR_FABRIC_DOMAIN; NULL: the provider's first */
     int64_t max_nap_ns;          /* the longest nap */
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
-    int reposts;                 /* requests with repost set */
     dtr__boot boot;              /* the store connection, namespace, hosts and pids (src/comm/bootstrap.c) */
     int *left;                   /* per peer: closed cleanly (its requests fail, "rank N left") */
-    /* requests and the completion queue, under mu */
+    int *leaving;                /* per peer: the watchdog read its "left" key; the thread applies it after a poll */
+    /* requests, the provider thread's work and the world's failure, under mu */
     pthread_mutex_t mu;
+    pthread_cond_t work_cv;      /* the provider thread waits for work */
+    pthread_cond_t done_cv;      /* waiters wait for completions */
     dtr__freq *free_reqs, *all_reqs;
-    /* world failure, under mu; `aborted` is also read without the lock as a hint */
+    dtr__freq *post_head, *post_tail;   /* requests to post, oldest first */
+    dtr__freq *retry, *retry_tail;   /* the thread's own: posts the provider refused for now, in order */
+    int ncancel, inflight, nleaving, want_close_ep, sleepers;
+    unsigned events;             /* completions so far (waiters spin on it briefly) */
+    pthread_t thread;
+    int thread_on, closing, exited;
+    /* world failure; `aborted` is also read without the lock as a hint */
     volatile int aborted;
     int failed_rank;
     char why[200];
@@ -546,15 +670,7 @@ static void dtr__ferr(dtr_transport_error *err, int rank, int native, const char
     va_end(ap);
 }
 
-static void dtr__fab_sleep_ns(int64_t ns) {
-    struct timespec ts;
-    if (ns <= 0) return;
-    ts.tv_sec = (time_t)(ns / 1000000000);
-    ts.tv_nsec = (long)(ns % 1000000000);
-    nanosleep(&ts, NULL);
-}
-
-/* Marks the world failed (lock held). Returns 1 when this call did it. */
+/* Marks the world failed and wakes every waiter (lock held). Returns 1 when this call did it. */
 static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) DTR__PRINTF(4, 5);
 static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *fmt, ...) {
     va_list ap;
@@ -565,14 +681,15 @@ static int dtr__fab_fail_locked(dtr__fab *f, int rank, int publish, const char *
     va_end(ap);
     f->publish = publish;
     f->aborted = 1;
+    pthread_cond_broadcast(&f->done_cv);
+    pthread_cond_signal(&f->work_cv);
     return 1;
 }
 
 static void dtr__fab_wake_watchdog(dtr__fab *f) { dtr__watchdog_wake(&f->wd); }
+/* ---- requests (under mu) ---- */
 
-/* ---- requests ---- */
-
-static dtr__freq *dtr__freq_get(dtr__fab *f, int peer, int is_recv, size_t bytes) {
+static dtr__freq *dtr__freq_get(dtr__fab *f, int peer, int is_recv, void *buf, size_t bytes, uint64_t tag) {
     dtr__freq *q = f->free_reqs;
     if (q) f->free_reqs = q->next_free;
     else {
@@ -583,20 +700,22 @@ static dtr__freq *dtr__freq_get(dtr__fab *f, int peer, int is_recv, size_t bytes
     }
     memset(&q->ctx, 0, sizeof q->ctx);
     q->stage = DTR__FQ_ONE;
-    q->repost = 0;
+    q->hdr_proto = (tag & DTR__TAG_P2P) && f->inject >= sizeof q->hdr;
+    q->sent_hdr = 0;
     q->hdr = 0;
-    q->tag = 0;
-    q->buf = NULL;
+    q->tag = tag;
+    q->buf = buf;
     q->trash = NULL;
+    q->give_up = 0;
     q->peer = peer;
     q->is_recv = is_recv;
-    q->done = 0;
-    q->released = 0;
+    q->bytes = bytes;
+    q->where = DTR__FW_QUEUED;
+    q->cancel = q->done = q->released = 0;
     q->result = DTR_OK;
     q->native = 0;
-    q->bytes = bytes;
     q->msg[0] = 0;
-    q->next_free = NULL;
+    q->next_free = q->next_post = NULL;
     return q;
 }
 
@@ -605,119 +724,27 @@ static void dtr__freq_put(dtr__fab *f, dtr__freq *q) {
     f->free_reqs = q;
 }
 
+/* q is complete (lock held): waiters hear of it; an abandoned request is recycled. */
 static void dtr__freq_complete(dtr__fab *f, dtr__freq *q) {
     if (q->trash) { dtr__free(&f->alloc, q->trash); q->trash = NULL; }
-    if (q->repost) { q->repost = 0; f->reposts--; }
+    if (q->where == DTR__FW_POSTED) f->inflight--;
+    if (q->cancel) { q->cancel = 0; f->ncancel--; }
+    q->where = DTR__FW_IDLE;
     q->done = 1;
-    if (q->released) dtr__freq_put(f, q);
+    f->events++;
+    if (q->released == 2) dtr__freq_put(f, q);
+    if (f->sleepers) pthread_cond_broadcast(&f->done_cv);
 }
 
-/* Posts the payload receive of an application message whose header arrived (lock held). */
-static void dtr__freq_post_body(dtr__fab *f, dtr__freq *q) {
-    ssize_t rc;
-    size_t len = (size_t)q->hdr;
-    void *dst = q->buf;
-    if (q->hdr > (uint64_t)q->bytes) {
-        if (!q->trash) q->trash = dtr__malloc(&f->alloc, len ? len : 1);
-        if (!q->trash) {
-            q->result = DTR_OUT_OF_MEMORY;
-            snprintf(q->msg, sizeof q->msg, "out of memory for the %llu bytes of a too long message from rank %d",
-                     (unsigned long long)q->hdr, q->peer);
-            dtr__freq_complete(f, q);   /* the payload stays queued: the group is unusable */
-            return;
-        }
-        dst = q->trash;
-    }
-    rc = f->ep ? fi_trecv(f->ep, dst, len, NULL, f->addrs[q->peer], q->tag, 0, &q->ctx) : -FI_ECANCELED;
-    if (rc == -FI_EAGAIN) {
-        if (!q->repost) { q->repost = 1; f->reposts++; }
-        return;
-    }
-    if (q->repost) { q->repost = 0; f->reposts--; }
-    if (rc) {
-        q->result = DTR_PEER_FAILED;
-        snprintf(q->msg, sizeof q->msg, "posting the receive of a message from rank %d failed: %s", q->peer,
-                 fi_strerror((int)-rc));
-        dtr__freq_complete(f, q);
-        return;
-    }
-    q->stage = q->trash ? DTR__FQ_TRASH : DTR__FQ_BODY;
-}
-
-/* A successful completion of q's current operation (lock held). */
-static void dtr__freq_event(dtr__fab *f, dtr__freq *q) {
-    if (q->stage == DTR__FQ_HDR && !q->released) {
-        dtr__freq_post_body(f, q);
-        return;
-    }
-    if (q->stage == DTR__FQ_TRASH) {
-        q->result = DTR_INVALID_ARGUMENT;
-        snprintf(q->msg, sizeof q->msg, "a message of %llu bytes from rank %d is longer than the receive buffer of %zu bytes",
-                 (unsigned long long)q->hdr, q->peer, q->bytes);
-    }
+static void dtr__freq_fail(dtr__fab *f, dtr__freq *q, dtr_result r, int native, const char *fmt, ...) DTR__PRINTF(5, 6);
+static void dtr__freq_fail(dtr__fab *f, dtr__freq *q, dtr_result r, int native, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(q->msg, sizeof q->msg, fmt, ap);
+    va_end(ap);
+    q->result = r;
+    q->native = native;
     dtr__freq_complete(f, q);
-}
-
-/* Reads the completion queue dry (lock held). A fatal queue error breaks the world. */
-static void dtr__fab_poll(dtr__fab *f) {
-    struct fi_cq_entry ev[16];
-    if (f->reposts) {
-        dtr__freq *q;
-        for (q = f->all_reqs; q; q = q->next_all)
-            if (q->repost) dtr__freq_post_body(f, q);
-    }
-    for (;;) {
-        ssize_t n = fi_cq_read(f->cq, ev, 16), i;
-        if (n > 0) {
-            for (i = 0; i < n; i++) dtr__freq_event(f, (dtr__freq *)ev[i].op_context);
-            if (n < 16) return;
-            continue;
-        }
-        if (n == -FI_EAGAIN) return;
-        if (n == -FI_EAVAIL) {
-            struct fi_cq_err_entry e;
-            dtr__freq *q;
-            int code;
-            memset(&e, 0, sizeof e);
-            if (fi_cq_readerr(f->cq, &e, 0) <= 0) return;
-            q = (dtr__freq *)e.op_context;
-            if (!q) continue;
-            code = e.err < 0 ? -e.err : e.err;   /* shm reports it negative */
-            if (code == FI_ETRUNC) {
-                q->result = DTR_INVALID_ARGUMENT;
-                snprintf(q->msg, sizeof q->msg, "a message from rank %d is longer than the receive buffer of %zu bytes",
-                         q->peer, q->bytes);
-            } else if (code == FI_ECANCELED) {
-                q->result = DTR_PEER_FAILED;
-                if (f->left[q->peer])
-                    snprintf(q->msg, sizeof q->msg, "rank %d left (closed its group) while this rank %s it", q->peer,
-                             q->is_recv ? "waited for a message from" : "sent to");
-                else
-                    snprintf(q->msg, sizeof q->msg, "the %s rank %d was cancelled",
-                             q->is_recv ? "receive from" : "send to", q->peer);
-            } else {
-                q->result = DTR_PEER_FAILED;
-                snprintf(q->msg, sizeof q->msg, "%s rank %d failed: %s (libfabric %s, error %d)",
-                         q->is_recv ? "receiving from" : "sending to", q->peer,
-                         fi_cq_strerror(f->cq, e.prov_errno, e.err_data, NULL, 0), f->prov, code);
-            }
-            q->native = -code;
-            dtr__freq_complete(f, q);
-            continue;
-        }
-        /* the queue itself failed: nothing will complete any more */
-        dtr__fab_fail_locked(f, f->rank, 1, "rank %d: reading the completion queue failed: %s", f->rank,
-                             fi_strerror((int)-n));
-        return;
-    }
-}
-
-/* Closes the endpoint once the world has failed (lock held): the provider lets go of every
-   buffer. Later posts fail with the world's error; the completion queue stays readable. */
-static void dtr__fab_close_ep(dtr__fab *f) {
-    if (!f->ep) return;
-    fi_close(&f->ep->fid);
-    f->ep = NULL;
 }
 
 /* 1 when the caller may stop waiting for q (lock held): it is complete, its peer left, or
@@ -741,68 +768,277 @@ static dtr_result dtr__freq_result(dtr__fab *f, dtr__freq *q, dtr_transport_erro
     return DTR_PEER_FAILED;
 }
 
+/* ---- the provider thread ----
+ * Only this thread calls into libfabric once the endpoint is open: posts, cancellations,
+ * the completion queue, teardown. Callers queue requests and wait on a condition variable
+ * with their deadline, and the watchdog breaks the world under `mu`, which is never held
+ * across a libfabric call: a provider that spins forever (shm, on a queue lock a killed
+ * peer held) stops this thread only, never a waiter. Such an endpoint is abandoned at close. */
+
+/* One libfabric post of q (no lock). 0, -FI_EAGAIN, or another error. */
+static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
+    fi_addr_t a = f->addrs[q->peer];
+    if (!f->ep) return -FI_ECANCELED;
+    if (q->stage == DTR__FQ_BODY || q->stage == DTR__FQ_TRASH)
+        return fi_trecv(f->ep, q->stage == DTR__FQ_TRASH ? q->trash : q->buf, (size_t)q->hdr, NULL, a, q->tag, 0, &q->ctx);
+    if (q->is_recv && q->hdr_proto) {
+        q->stage = DTR__FQ_HDR;
+        return fi_trecv(f->ep, &q->hdr, sizeof q->hdr, NULL, a, q->tag | DTR__FAB_HDR, 0, &q->ctx);
+    }
+    if (q->is_recv) return fi_trecv(f->ep, q->buf, q->bytes, NULL, a, q->tag, 0, &q->ctx);
+    if (q->hdr_proto && !q->sent_hdr) {
+        uint64_t len = (uint64_t)q->bytes;
+        ssize_t rc = fi_tinject(f->ep, &len, sizeof len, a, q->tag | DTR__FAB_HDR);
+        if (rc) return rc;
+        q->sent_hdr = 1;
+    }
+    if (q->bytes <= f->inject) return fi_tinject(f->ep, q->buf, q->bytes, a, q->tag);
+    return fi_tsend(f->ep, q->buf, q->bytes, NULL, a, q->tag, &q->ctx);
+}
+
+/* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
+static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
+    ssize_t rc = dtr__fab_post_one(f, q);
+    if (rc == -FI_ENOMEM) rc = -FI_EAGAIN;   /* shm: its receive entries ran out for now */
+    int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
+    /* retried until the world fails or well past any deadline of the waiter (whose timeout
+       names the culprit the ranks agree on) */
+    if (rc == -FI_EAGAIN && !q->give_up) q->give_up = now + f->timeout_ns + (int64_t)2000000000;
+    if (rc == -FI_EAGAIN && now < q->give_up && !f->aborted) return 1;
+    pthread_mutex_lock(&f->mu);
+    if (rc == -FI_EAGAIN && f->aborted)
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "rank %d failed: %s", f->failed_rank, f->why);
+    else if (rc == -FI_EAGAIN)
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's "
+                       "queues stay full", q->is_recv ? "receive from" : "send to", q->peer,
+                       (long long)(f->timeout_ns / 1000000 + 2000));
+    else if (rc)
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, (int)rc, "posting a %s rank %d failed: %s", q->is_recv ? "receive from" : "send to",
+                       q->peer, fi_strerror((int)-rc));
+    else if (!q->is_recv && q->bytes <= f->inject) dtr__freq_complete(f, q);   /* injected: the buffer is free already */
+    else { q->where = DTR__FW_POSTED; f->inflight++; }
+    pthread_mutex_unlock(&f->mu);
+    return 0;
+}
+
+/* Posts q, or queues it behind the refused ones: posts keep their order (messages of one tag
+   match in the order they were posted). */
+static void dtr__fab_post_req(dtr__fab *f, dtr__freq *q) {
+    q->next_post = NULL;
+    if (!f->retry && !dtr__fab_try_post(f, q)) return;
+    if (f->retry_tail) f->retry_tail->next_post = q;
+    else f->retry = q;
+    f->retry_tail = q;
+}
+
+/* Posts the refused requests, oldest first, until the provider refuses one again. */
+static int dtr__fab_retry(dtr__fab *f) {
+    int n = 0;
+    while (f->retry && !dtr__fab_try_post(f, f->retry)) {
+        f->retry = f->retry->next_post;
+        if (!f->retry) f->retry_tail = NULL;
+        n++;
+    }
+    return n;
+}
+
+/* A completion of q, good or failed (code: 0 or the positive libfabric error); lock held.
+   Returns 1 when q's payload receive is to be posted next (its header arrived). */
+static int dtr__fab_event(dtr__fab *f, dtr__freq *q, int code, const char *detail) {
+    if (!code && q->stage == DTR__FQ_HDR && (q->released || f->aborted)) {
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "the group failed before the message from rank %d arrived", q->peer);
+        return 0;
+    }
+    if (!code && q->stage == DTR__FQ_HDR) {
+        if (q->hdr > (uint64_t)q->bytes && !(q->trash = dtr__malloc(&f->alloc, q->hdr ? (size_t)q->hdr : 1))) {
+            dtr__freq_fail(f, q, DTR_OUT_OF_MEMORY, 0, "out of memory for the %llu bytes of a too long message from rank %d",
+                           (unsigned long long)q->hdr, q->peer);
+            return 0;
+        }
+        q->stage = q->trash ? DTR__FQ_TRASH : DTR__FQ_BODY;
+        q->give_up = 0;
+        return 1;
+    }
+    if (!code && q->stage == DTR__FQ_TRASH)
+        dtr__freq_fail(f, q, DTR_INVALID_ARGUMENT, 0, "a message of %llu bytes from rank %d is longer than the receive "
+                       "buffer of %zu bytes", (unsigned long long)q->hdr, q->peer, q->bytes);
+    else if (!code) dtr__freq_complete(f, q);
+    else if (code == FI_ETRUNC)
+        dtr__freq_fail(f, q, DTR_INVALID_ARGUMENT, -code, "a message from rank %d is longer than the receive buffer of %zu "
+                       "bytes", q->peer, q->bytes);
+    else if (code == FI_ECANCELED && f->left[q->peer])
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, -code, "rank %d left (closed its group) while this rank %s it", q->peer,
+                       q->is_recv ? "waited for a message from" : "sent to");
+    else if (code == FI_ECANCELED)
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, -code, "the %s rank %d was cancelled", q->is_recv ? "receive from" : "send to",
+                       q->peer);
+    else
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, -code, "%s rank %d failed: %s (libfabric %s, error %d)",
+                       q->is_recv ? "receiving from" : "sending to", q->peer, detail, f->prov, code);
+    return 0;
+}
+
+/* Reads the completion queue (no lock held): the number of completions, or -1 when the
+   queue itself failed. */
+static int dtr__fab_read_cq(dtr__fab *f) {
+    struct fi_cq_entry ev[16];
+    dtr__freq *body[16];
+    int total = 0, nb = 0, i, code;
+    for (;;) {
+        ssize_t n = fi_cq_read(f->cq, ev, 16);
+        if (n > 0) {
+            pthread_mutex_lock(&f->mu);
+            for (i = 0; i < (int)n; i++)
+                if (dtr__fab_event(f, (dtr__freq *)ev[i].op_context, 0, "")) body[nb++] = (dtr__freq *)ev[i].op_context;
+            pthread_mutex_unlock(&f->mu);
+            for (i = 0; i < nb; i++) dtr__fab_post_req(f, body[i]);
+            total += (int)n;
+            nb = 0;
+            if (n < 16) return total;
+        } else if (n == -FI_EAVAIL) {
+            struct fi_cq_err_entry e;
+            char detail[128];
+            memset(&e, 0, sizeof e);
+            if (fi_cq_readerr(f->cq, &e, 0) <= 0) return total;
+            code = e.err < 0 ? -e.err : (e.err ? e.err : FI_EOTHER);   /* shm reports it negative */
+            detail[0] = 0;
+            if (code != FI_ECANCELED && code != FI_ETRUNC)
+                snprintf(detail, sizeof detail, "%s", fi_cq_strerror(f->cq, e.prov_errno, e.err_data, NULL, 0));
+            if (!e.op_context) continue;
+            pthread_mutex_lock(&f->mu);
+            dtr__fab_event(f, (dtr__freq *)e.op_context, code, detail);
+            pthread_mutex_unlock(&f->mu);
+            total++;
+        } else if (n == -FI_EAGAIN) {
+            return total;
+        } else {
+            pthread_mutex_lock(&f->mu);
+            dtr__fab_fail_locked(f, f->rank, 1, "rank %d: reading the completion queue failed: %s", f->rank, fi_strerror((int)-n));
+            pthread_mutex_unlock(&f->mu);
+            dtr__fab_wake_watchdog(f);
+            return -1;
+        }
+    }
+}
+
+/* The requests to cancel and the peers that left (lock held): fills list, returns its length. */
+static int dtr__fab_take_cancels(dtr__fab *f, dtr__freq **list, int cap) {
+    dtr__freq *q;
+    int n = 0, p;
+    for (p = 0; f->nleaving && p < f->size; p++)
+        if (f->leaving[p]) {
+            f->leaving[p] = 0;
+            f->nleaving--;
+            f->left[p] = 1;
+            pthread_cond_broadcast(&f->done_cv);
+            for (q = f->all_reqs; q; q = q->next_all)
+                if (q->peer == p && q->is_recv && q->where == DTR__FW_POSTED && !q->cancel) { q->cancel = 1; f->ncancel++; }
+        }
+    for (q = f->all_reqs; f->ncancel && q && n < cap; q = q->next_all)
+        if (q->cancel && q->where == DTR__FW_POSTED && q->cancel == 1) { q->cancel = 2; list[n++] = q; }
+    return n;
+}
+
+/* One round of the provider thread (no lock held): posts, retries, cancellations, the
+   completion queue. Returns the number of things that happened. */
+static int dtr__fab_round(dtr__fab *f, dtr__freq *batch) {
+    dtr__freq *q, *next, *cancels[32];
+    int n = 0, nc, i, close_ep;
+    n += dtr__fab_retry(f);
+    for (q = batch; q; q = next) { next = q->next_post; dtr__fab_post_req(f, q); n++; }
+    pthread_mutex_lock(&f->mu);
+    nc = dtr__fab_take_cancels(f, cancels, 32);
+    close_ep = f->want_close_ep && f->ep;
+    pthread_mutex_unlock(&f->mu);
+    for (i = 0; i < nc && f->ep; i++) fi_cancel(&f->ep->fid, &cancels[i]->ctx);
+    if (close_ep) {   /* the world failed: the provider lets go of every buffer; later posts fail */
+        fi_close(&f->ep->fid);
+        f->ep = NULL;
+    }
+    i = dtr__fab_read_cq(f);
+    return n + nc + (i > 0 ? i : 0);
+}
+
+static int dtr__fab_has_work(const dtr__fab *f) {
+    return f->post_head || f->retry || f->inflight || f->nleaving || (f->want_close_ep && f->ep) || f->ncancel;
+}
+
+/* closing: cancels every pending receive and drains the queue briefly; the closing thread
+   then closes every object (dtr__fab_free) once this one has exited */
+static void dtr__fab_thread_teardown(dtr__fab *f) {
+    int64_t until = dtr_time_ns() + 100000000;
+    dtr__freq *q;
+    pthread_mutex_lock(&f->mu);
+    for (q = f->all_reqs; q; q = q->next_all)
+        if (q->where == DTR__FW_POSTED && q->is_recv && !q->cancel) { q->cancel = 1; f->ncancel++; }
+    if (f->aborted) f->want_close_ep = 1;   /* sends to dead peers: let go of their buffers now */
+    pthread_mutex_unlock(&f->mu);
+    do dtr__fab_round(f, NULL); while (f->inflight && dtr_time_ns() < until);
+}
+
+static void *dtr__fab_thread(void *arg) {
+    dtr__fab *f = (dtr__fab *)arg;
+    int64_t nap = 4000, spin_until = 0;
+#ifdef __linux__
+    prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);   /* naps of a few microseconds */
+#endif
+    pthread_mutex_lock(&f->mu);
+    for (;;) {
+        dtr__freq *batch, *q;
+        int got;
+        while (!f->closing && !dtr__fab_has_work(f)) dtr__cond_wait_until(&f->work_cv, &f->mu, -1);
+        if (f->closing) break;
+        batch = f->post_head;
+        f->post_head = f->post_tail = NULL;
+        for (q = batch; q; q = q->next_post) q->where = DTR__FW_POSTING;
+        pthread_mutex_unlock(&f->mu);
+        got = dtr__fab_round(f, batch);
+        pthread_mutex_lock(&f->mu);
+        if (got) { nap = 4000; spin_until = dtr_time_ns() + f->spin_ns; continue; }
+        if (dtr_time_ns() < spin_until || f->post_head) continue;
+        dtr__cond_wait_until(&f->work_cv, &f->mu, dtr_time_ns() + nap);   /* a new post wakes it */
+        if (nap < f->max_nap_ns) nap *= 2;
+    }
+    pthread_mutex_unlock(&f->mu);
+    dtr__fab_thread_teardown(f);
+    pthread_mutex_lock(&f->mu);
+    f->exited = 1;
+    pthread_cond_broadcast(&f->done_cv);
+    pthread_mutex_unlock(&f->mu);
+    return NULL;
+}
+
+/* ---- the transport's calls ---- */
+
 static dtr_result dtr__fab_post(dtr__fab *f, int is_recv, void *buf, size_t bytes, int peer, uint64_t tag, void **req,
                                 dtr_transport_error *err) {
     dtr__freq *q;
-    ssize_t rc;
-    int64_t give_up = 0;
-    int hdr, sent_hdr = 0;
     *req = NULL;
     if (peer < 0 || peer >= f->size) {
         dtr__ferr(err, -1, 0, "rank %d outside the world of %d", peer, f->size);
         return DTR_INVALID_ARGUMENT;
     }
     pthread_mutex_lock(&f->mu);
-    q = dtr__freq_get(f, peer, is_recv, bytes);
+    if (f->aborted || f->left[peer]) {
+        dtr__freq tmp;
+        dtr_result r;
+        memset(&tmp, 0, sizeof tmp);
+        tmp.peer = peer;
+        tmp.is_recv = is_recv;
+        r = dtr__freq_result(f, &tmp, err);   /* the world's or the peer's error */
+        pthread_mutex_unlock(&f->mu);
+        return r;
+    }
+    q = dtr__freq_get(f, peer, is_recv, buf, bytes, tag);
     if (!q) {
         pthread_mutex_unlock(&f->mu);
         dtr__ferr(err, -1, 0, "out of memory");
         return DTR_OUT_OF_MEMORY;
     }
-    hdr = (tag & DTR__TAG_P2P) && f->inject >= sizeof q->hdr;
-    q->tag = tag;
-    q->buf = buf;
-    for (;;) {
-        if (f->aborted || f->left[peer] || !f->ep) {
-            dtr_result r = dtr__freq_result(f, q, err);   /* q is not done: the world's or the peer's error */
-            dtr__freq_put(f, q);
-            pthread_mutex_unlock(&f->mu);
-            return r;
-        }
-        if (is_recv && hdr) {
-            rc = fi_trecv(f->ep, &q->hdr, sizeof q->hdr, NULL, f->addrs[peer], tag | DTR__FAB_HDR, 0, &q->ctx);
-            if (rc == 0) q->stage = DTR__FQ_HDR;
-        } else if (is_recv)
-            rc = fi_trecv(f->ep, buf, bytes, NULL, f->addrs[peer], tag, 0, &q->ctx);
-        else if (hdr && !sent_hdr) {
-            uint64_t len = (uint64_t)bytes;
-            rc = fi_tinject(f->ep, &len, sizeof len, f->addrs[peer], tag | DTR__FAB_HDR);
-            if (rc == 0) { sent_hdr = 1; continue; }
-        } else if (bytes <= f->inject)
-            rc = fi_tinject(f->ep, buf, bytes, f->addrs[peer], tag);
-        else
-            rc = fi_tsend(f->ep, buf, bytes, NULL, f->addrs[peer], tag, &q->ctx);
-        if (rc != -FI_EAGAIN) break;
-        /* the queues are full: make progress and retry, for a bounded time */
-        dtr__fab_poll(f);
-        if (!give_up) give_up = dtr_time_ns() + f->timeout_ns;
-        else if (dtr_time_ns() > give_up) break;
-        pthread_mutex_unlock(&f->mu);
-        dtr__fab_sleep_ns(2000);
-        pthread_mutex_lock(&f->mu);
-    }
-    if (rc != 0) {
-        dtr__freq_put(f, q);
-        pthread_mutex_unlock(&f->mu);
-        if (rc == -FI_EAGAIN)
-            dtr__ferr(err, peer, (int)rc, "the %s rank %d could not be posted within %lld ms: the provider's queues "
-                      "stay full", is_recv ? "receive from" : "send to", peer, (long long)(f->timeout_ns / 1000000));
-        else
-            dtr__ferr(err, peer, (int)rc, "posting a %s rank %d failed: %s", is_recv ? "receive from" : "send to", peer,
-                      fi_strerror((int)-rc));
-        return DTR_PEER_FAILED;
-    }
-    if (!is_recv && bytes <= f->inject) q->done = 1;   /* injected: the buffer is free already */
+    if (f->post_tail) f->post_tail->next_post = q;
+    else f->post_head = q;
+    f->post_tail = q;
+    pthread_cond_signal(&f->work_cv);
     pthread_mutex_unlock(&f->mu);
     *req = q;
     return DTR_OK;
@@ -823,108 +1059,113 @@ static dtr_result dtr__fab_test(void *state, void *req, int *done, dtr_transport
     dtr__freq *q = (dtr__freq *)req;
     dtr_result r = DTR_OK;
     pthread_mutex_lock(&f->mu);
-    if (!q->done) dtr__fab_poll(f);
     *done = dtr__freq_finished(f, q);
     if (*done) r = dtr__freq_result(f, q, err);
     pthread_mutex_unlock(&f->mu);
     return r;
 }
 
-/* Naps of a few microseconds need the thread's timer slack (50 us by default on Linux) cut
-   to 1 us while this thread waits; it is put back on return. */
-static long dtr__fab_slack_begin(void) {
-#ifdef __linux__
-    long old = (long)prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
-    if (old > 1000) prctl(PR_SET_TIMERSLACK, 1000UL, 0, 0, 0);
-    return old;
-#else
+/* The first finished request of reqs (lock held): 1 (result in *r) or 0 while all pend;
+   *pending: the first pending one. */
+static int dtr__fab_any_finished(dtr__fab *f, void *const *reqs, int n, int *pending, dtr_result *r,
+                                 dtr_transport_error *err) {
+    int i;
+    *pending = -1;
+    for (i = 0; i < n; i++) {
+        dtr__freq *q = (dtr__freq *)reqs[i];
+        if (!q) continue;
+        if (dtr__freq_finished(f, q)) { *r = DTR_OK; return 1; }
+        if (*pending < 0) *pending = i;
+    }
+    if (*pending < 0) { *r = DTR_OK; return 1; }
+    if (f->aborted) {
+        dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
+        *r = DTR_PEER_FAILED;
+        return 1;
+    }
     return 0;
-#endif
 }
-static void dtr__fab_slack_end(long old) {
-#ifdef __linux__
-    if (old > 1000) prctl(PR_SET_TIMERSLACK, (unsigned long)old, 0, 0, 0);
-#else
-    (void)old;
-#endif
+
+/* The deadline passed while q pends: the rank every rank blames (src/comm/watchdog.c). */
+static dtr_result dtr__fab_timed_out(dtr__fab *f, const dtr__freq *q, dtr_transport_error *err) {
+    char why[200];
+    int who = dtr__watchdog_culprit(&f->wd, q->peer, why, sizeof why);
+    if (who == q->peer)
+        dtr__ferr(err, who, 0, "rank %d did not %s (%zu bytes) in time%s%s", q->peer,
+                  q->is_recv ? "send the message this rank waits for" : "take the message this rank sends", q->bytes,
+                  why[0] ? ": " : "", why);
+    else
+        dtr__ferr(err, who, 0, "rank %d (this rank waited for rank %d, which waits for it): %s", who, q->peer, why);
+    return DTR_TIMEOUT;
 }
 
 static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
                                     dtr_transport_error *err) {
     dtr__fab *f = (dtr__fab *)state;
-    int64_t now = dtr_time_ns(), spin_until = now + f->spin_ns, nap = 4000;
-    long slack = -1;
+    int64_t spin_until = dtr_time_ns() + f->spin_ns;
     dtr_result r = DTR_OK;
+    int pending;
+    pthread_mutex_lock(&f->mu);
     for (;;) {
-        int i, pending = -1;
-        pthread_mutex_lock(&f->mu);
-        dtr__fab_poll(f);
-        for (i = 0; i < n; i++) {
-            dtr__freq *q = (dtr__freq *)reqs[i];
-            if (!q) continue;
-            if (dtr__freq_finished(f, q)) { pthread_mutex_unlock(&f->mu); goto out; }
-            if (pending < 0) pending = i;
-        }
-        if (pending < 0) { pthread_mutex_unlock(&f->mu); goto out; }
-        if (f->aborted) {
-            dtr__ferr(err, f->failed_rank, 0, "rank %d failed: %s", f->failed_rank, f->why);
-            pthread_mutex_unlock(&f->mu);
-            r = DTR_PEER_FAILED;
-            goto out;
-        }
-        pthread_mutex_unlock(&f->mu);
+        unsigned seen;
+        int64_t now;
+        if (dtr__fab_any_finished(f, reqs, n, &pending, &r, err)) break;
         now = dtr_time_ns();
         if (now >= deadline_ns) {
-            const dtr__freq *q = (const dtr__freq *)reqs[pending];
-            dtr__ferr(err, q->peer, 0, "rank %d did not %s (%zu bytes) in time", q->peer,
-                      q->is_recv ? "send the message this rank waits for" : "take the message this rank sends", q->bytes);
-            r = DTR_TIMEOUT;
-            goto out;
+            dtr__freq *q = (dtr__freq *)reqs[pending];
+            pthread_mutex_unlock(&f->mu);
+            return dtr__fab_timed_out(f, q, err);
         }
-        if (now < spin_until) continue;
-        /* then naps, short at first: a thread computing beside us (the application's, while
-           the group's progress thread waits for a gradient bucket) keeps the core */
-        if (slack < 0) slack = dtr__fab_slack_begin();
-        dtr__fab_sleep_ns(nap < deadline_ns - now ? nap : deadline_ns - now);
-        if (nap < f->max_nap_ns) nap *= 2;
+        seen = f->events;
+        if (now < spin_until) {   /* a completion is often a few microseconds away */
+            pthread_mutex_unlock(&f->mu);
+            while (DTR__ATOMIC_LOAD_RELAXED(&f->events) == seen && !f->aborted && dtr_time_ns() < spin_until) {}
+            pthread_mutex_lock(&f->mu);
+            continue;
+        }
+        f->sleepers++;
+        dtr__cond_wait_until(&f->done_cv, &f->mu, deadline_ns);
+        f->sleepers--;
     }
-out:
-    if (slack >= 0) dtr__fab_slack_end(slack);
+    pthread_mutex_unlock(&f->mu);
     return r;
 }
 
 static void dtr__fab_release(void *state, void *req) {
     dtr__fab *f = (dtr__fab *)state;
-    dtr__freq *q = (dtr__freq *)req;
-    int64_t until;
+    dtr__freq *q = (dtr__freq *)req, **pp;
+    int64_t until = dtr_time_ns() + 100000000;
     if (!q) return;
     pthread_mutex_lock(&f->mu);
-    if (q->done) {
-        dtr__freq_put(f, q);
-        pthread_mutex_unlock(&f->mu);
-        return;
+    if (q->where == DTR__FW_QUEUED) {   /* never reached the provider */
+        dtr__freq *prev = NULL;
+        for (pp = &f->post_head; *pp && *pp != q; pp = &(*pp)->next_post) prev = *pp;
+        if (*pp) { *pp = q->next_post; if (f->post_tail == q) f->post_tail = prev; }
+        q->done = 1;
     }
-    /* pending: cancel it and give the cancellation a moment to complete, so that the buffer
-       is not touched after release returns; a request the provider cannot cancel (a send
-       already under way to a dead peer) stays owned by the transport until close */
-    q->released = 1;
-    if (f->ep) fi_cancel(&f->ep->fid, &q->ctx);
-    until = dtr_time_ns() + 100000000;
-    while (!q->done && dtr_time_ns() < until) {
-        dtr__fab_poll(f);
-        if (q->done) break;
-        pthread_mutex_unlock(&f->mu);
-        dtr__fab_sleep_ns(20000);
-        pthread_mutex_lock(&f->mu);
-    }
-    /* once done, dtr__freq_complete recycled it (released was set). A request the provider
-       would not give back may still use its buffer, which belongs to the caller again: break
-       the world and close the endpoint, after which the provider touches no buffer. */
     if (!q->done) {
+        /* pending: the provider thread cancels it; wait a moment for the cancellation so the
+           buffer is not touched after release returns */
+        q->released = 1;
+        if (!q->cancel) { q->cancel = 1; f->ncancel++; }
+        pthread_cond_signal(&f->work_cv);
+        f->sleepers++;
+        while (!q->done && !dtr__cond_wait_until(&f->done_cv, &f->mu, until)) {}
+        f->sleepers--;
+    }
+    if (q->done) dtr__freq_put(f, q);
+    else {
+        /* the provider would not give it back (or is stuck): break the world and close the
+           endpoint, after which the provider touches no buffer; recycled if it ever completes */
+        q->released = 2;
+        f->want_close_ep = 1;
+        pthread_cond_signal(&f->work_cv);
         if (dtr__fab_fail_locked(f, f->rank, 1, "rank %d could not cancel a pending %s rank %d (%zu bytes)", f->rank,
-                                 q->is_recv ? "receive from" : "send to", q->peer, q->bytes))
+                                 q->is_recv ? "receive from" : "send to", q->peer, q->bytes)) {
+            pthread_mutex_unlock(&f->mu);
             dtr__fab_wake_watchdog(f);
-        dtr__fab_close_ep(f);
+            return;
+        }
     }
     pthread_mutex_unlock(&f->mu);
 }
@@ -936,14 +1177,6 @@ static void dtr__fab_abort(void *state, int failed_rank, const char *why) {
     mine = dtr__fab_fail_locked(f, failed_rank, 1, "%s", why ? why : "aborted");
     pthread_mutex_unlock(&f->mu);
     if (mine) dtr__fab_wake_watchdog(f);
-}
-
-static dtr_result dtr__fab_progress(void *state) {
-    dtr__fab *f = (dtr__fab *)state;
-    pthread_mutex_lock(&f->mu);
-    dtr__fab_poll(f);
-    pthread_mutex_unlock(&f->mu);
-    return DTR_OK;
 }
 
 /* ---- the watchdog's callbacks (the watchdog itself: src/comm/watchdog.c) ---- */
@@ -968,20 +1201,15 @@ static void dtr__fab_wd_fail(void *t, int rank, const char *why, int publish) {
     pthread_mutex_unlock(&f->mu);
 }
 
-/* A peer closed cleanly: what it sent before is here (read it first); requests still
-   waiting for it fail, their receives cancelled. */
+/* A peer closed cleanly: the provider thread reads what it sent before (one more poll),
+   then requests still waiting for it fail, their receives cancelled. */
 static void dtr__fab_wd_left(void *t, int p) {
     dtr__fab *f = (dtr__fab *)t;
-    dtr__freq *q;
     pthread_mutex_lock(&f->mu);
-    dtr__fab_poll(f);
-    f->left[p] = 1;
-    for (q = f->all_reqs; q; q = q->next_all)
-        if (f->ep && q->peer == p && !q->done && !q->released && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
-    dtr__fab_poll(f);
+    if (!f->leaving[p] && !f->left[p]) { f->leaving[p] = 1; f->nleaving++; }
+    pthread_cond_signal(&f->work_cv);
     pthread_mutex_unlock(&f->mu);
 }
-
 /* ---- open and close ---- */
 
 /* shm names its region in /dev/shm after the pid unless told otherwise, and a process that
@@ -1085,8 +1313,11 @@ static void dtr__fab_free(dtr__fab *f) {
     dtr__boot_close(&f->boot);
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
+    dtr__free(&f->alloc, f->leaving);
     dtr__watchdog_free(&f->wd);
     pthread_mutex_destroy(&f->mu);
+    pthread_cond_destroy(&f->work_cv);
+    pthread_cond_destroy(&f->done_cv);
     {
         dtr_allocation_callbacks a = f->alloc;
         dtr__free(&a, f);
@@ -1106,6 +1337,8 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->alloc = cfg->alloc;
     f->failed_rank = -1;
     pthread_mutex_init(&f->mu, NULL);
+    dtr__cond_init(&f->work_cv);
+    dtr__cond_init(&f->done_cv);
     f->spin_ns = dtr__fab_setting(cfg->fabric.spin_us, "DTR_FABRIC_SPIN_US", 20) * 1000;
     f->max_nap_ns = dtr__fab_setting(cfg->fabric.nap_us, "DTR_FABRIC_NAP_US", 64) * 1000;
     f->want_domain = cfg->fabric.domain && *cfg->fabric.domain ? cfg->fabric.domain : getenv("DTR_FABRIC_DOMAIN");
@@ -1124,7 +1357,8 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->local_size = f->boot.local_size;
     f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
     f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    if (!f->addrs || !f->left) {
+    f->leaving = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
+    if (!f->addrs || !f->left || !f->leaving) {
         dtr__fab_free(f);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
     }
@@ -1247,7 +1481,12 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
         }
     }
 
-    /* 5. the watchdog */
+    /* 5. the provider thread (from now on the only caller of libfabric), the watchdog */
+    if (pthread_create(&f->thread, NULL, dtr__fab_thread, f) != 0) {
+        dtr__fab_free(f);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: cannot start the provider thread");
+    }
+    f->thread_on = 1;
     {
         dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left};
         ops.t = f;
@@ -1270,22 +1509,34 @@ store_fail:
     return r;
 }
 
+/* Stops the provider thread (then dtr__fab_free closes every libfabric object). After a failure of the
+   world a thread that does not come back within 10 s is stuck inside the provider (shm
+   spinning on a lock a killed peer held): it is left behind with the endpoint and the
+   transport's state (never freed: the thread still uses them), and close returns. */
+static int dtr__fab_stop_thread(dtr__fab *f) {
+    int64_t until;
+    int exited;
+    if (!f->thread_on) return 1;
+    pthread_mutex_lock(&f->mu);
+    f->closing = 1;
+    pthread_cond_signal(&f->work_cv);
+    until = f->aborted ? dtr_time_ns() + (int64_t)10000 * 1000000 : -1;   /* no failure: a provider's close ends */
+    while (!f->exited && !dtr__cond_wait_until(&f->done_cv, &f->mu, until)) {}
+    exited = f->exited;
+    pthread_mutex_unlock(&f->mu);
+    if (exited) pthread_join(f->thread, NULL);
+    else pthread_detach(f->thread);
+    f->thread_on = 0;
+    return exited;
+}
+
 static void dtr__fab_close(void *state) {
     dtr__fab *f = (dtr__fab *)state;
     if (!f) return;
     /* stops the watchdog, publishes an abort it had no time to, marks us as left */
     dtr__watchdog_stop(&f->wd);
-    /* pending requests are cancelled; then the endpoint closes */
-    pthread_mutex_lock(&f->mu);
-    {
-        dtr__freq *q;
-        for (q = f->all_reqs; q; q = q->next_all)
-            if (f->ep && !q->done && q->is_recv) fi_cancel(&f->ep->fid, &q->ctx);
-        if (f->aborted) dtr__fab_close_ep(f);   /* sends to dead peers: let go of their buffers now */
-        dtr__fab_poll(f);
-    }
-    pthread_mutex_unlock(&f->mu);
-    dtr__fab_free(f);
+    /* pending receives are cancelled, sends to dead peers let go, every object closed */
+    if (dtr__fab_stop_thread(f)) dtr__fab_free(f);
 }
 
 /* cfg.fabric.keep_signal_handlers (or DTR_FABRIC_SIGNALS=keep): the handlers the process had
@@ -1317,7 +1568,7 @@ static const dtr_transport_vtable dtr__fab_vtable = {
     dtr__fab_wait_any,
     dtr__fab_release,
     dtr__fab_abort,
-    dtr__fab_progress,
+    NULL,   /* progress: the provider thread makes it */
     NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     DTR_MEM_HOST   /* host buffers (device memory would need FI_HMEM registration) */
 };
@@ -1334,7 +1585,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1338 "dtrain_comm.c"
+#line 1589 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -1848,5 +2099,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 1852 "dtrain_comm.c"
+#line 2103 "dtrain_comm.c"
 

@@ -23,6 +23,10 @@
  *   test_fault_abort       dtr_comm_abort stops the others at once
  *   test_fault_async       a failure seen through a request
  *   test_fault_deadlock    mismatched calls: both time out and say so
+ *   test_flight            the flight recorder: the last operations with their op, bytes,
+ *                          peer or root, sequence number, times and state; a ring of 8 keeps
+ *                          the newest 8; a timeout marks the running one failed, logs the ring
+ *                          and writes <dir>/flight-rank<N>.json; turned off it holds nothing
  * Each rank thread counts its own failed checks; the main thread checks the counts.
  * alarm() bounds the whole program: a hang is a crash, never a stuck CI job.
  * DTR_TEST_QUICK=1 (sanitizers) shrinks the largest sizes. */
@@ -33,6 +37,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "test.h"
+#include "test_util.h"
 #include "posix_util.h"
 
 static int g_quick;
@@ -1044,6 +1049,109 @@ static void t_fault_deadlock(void) {
     CHECK(rc[0].secs < 1.5 && rc[1].secs < 1.5);
 }
 
+/* ---- the flight recorder ---- */
+
+static pthread_mutex_t g_flight_mu = PTHREAD_MUTEX_INITIALIZER;
+static int g_flight_logged[8];   /* per rank: the log got its flight record */
+
+static void flight_log(void *user, dtr_log_level level, const char *msg) {
+    int r;
+    (void)user;
+    if (level != DTR_LOG_ERROR || sscanf(msg, "flight recorder of rank %d", &r) != 1 || r < 0 || r >= 8) return;
+    pthread_mutex_lock(&g_flight_mu);
+    if (strstr(msg, "all_reduce seq 12") && strstr(msg, "failed")) g_flight_logged[r]++;
+    pthread_mutex_unlock(&g_flight_mu);
+}
+
+static void rk_flight(rank_ctx *rc) {
+    dtr_comm *c = rc->comm;
+    dtr_flight_record rec[16];
+    float buf[100], x = 1.0f;
+    int i, n, next = (rc->rank + 1) % rc->size, prev = (rc->rank + rc->size - 1) % rc->size;
+    for (i = 0; i < 100; i++) buf[i] = 1.0f;
+    RCHECK(rc, dtr_comm_flight(c, NULL, 0) == 0);
+    for (i = 0; i < 10; i++) RCHECK_OK(rc, dtr_comm_all_reduce(c, buf, buf, 100, DTR_F32, DTR_REDUCE_AVG));   /* seq 0-9 */
+    RCHECK_OK(rc, dtr_comm_broadcast(c, buf, 50, DTR_F32, 1));                                            /* seq 10 */
+    if (rc->rank % 2 == 0) {   /* a ring of send/recv, even ranks send first */
+        RCHECK_OK(rc, dtr_comm_send(c, &x, sizeof x, next, 7));
+        RCHECK_OK(rc, dtr_comm_recv(c, &x, sizeof x, prev, 7));
+    } else {
+        RCHECK_OK(rc, dtr_comm_recv(c, &x, sizeof x, prev, 7));
+        RCHECK_OK(rc, dtr_comm_send(c, &x, sizeof x, next, 7));
+    }
+    RCHECK_OK(rc, dtr_comm_barrier(c));                                                                   /* seq 11 */
+    /* 14 operations, the ring keeps 8: ids 7..14 */
+    RCHECK(rc, dtr_comm_flight(c, NULL, 0) == 8);
+    n = dtr_comm_flight(c, rec, 16);
+    RCHECK(rc, n == 8);
+    for (i = 0; i < n; i++) {
+        RCHECK(rc, rec[i].id == (uint64_t)(7 + i));
+        RCHECK(rc, rec[i].state == DTR_FLIGHT_DONE && rec[i].result == DTR_OK);
+        RCHECK(rc, rec[i].end_ns >= rec[i].start_ns && rec[i].start_ns > 0);
+        if (i) RCHECK(rc, rec[i].start_ns >= rec[i - 1].end_ns);
+    }
+    RCHECK(rc, !strcmp(rec[3].op, "all_reduce") && rec[3].seq == 9 && rec[3].bytes == 400 && rec[3].peer == -1);
+    RCHECK(rc, !strcmp(rec[4].op, "broadcast") && rec[4].seq == 10 && rec[4].bytes == 200 && rec[4].peer == 1);
+    RCHECK(rc, !strcmp(rec[5].op, rc->rank % 2 ? "recv" : "send") && rec[5].p2p && rec[5].tag == 7 && rec[5].bytes == 4);
+    RCHECK(rc, rec[5].peer == (rc->rank % 2 ? prev : next) && rec[6].peer == (rc->rank % 2 ? next : prev));
+    RCHECK(rc, !strcmp(rec[7].op, "barrier") && rec[7].seq == 11 && !rec[7].p2p);
+    RCHECK(rc, dtr_comm_flight(c, rec, 2) == 2 && rec[0].id == 13 && rec[1].id == 14);   /* the newest 2 */
+    /* rank 2 comes too late to all-reduce #12: the others time out, their running record fails */
+    RCHECK_OK(rc, dtr_comm_set_timeout(c, 300));
+    if (rc->rank == 2) sleep_ms(900);
+    rc->result = dtr_comm_all_reduce(c, buf, buf, 100, DTR_F32, DTR_REDUCE_SUM);
+    n = dtr_comm_flight(c, rec, 16);
+    RCHECK(rc, n == 8 && !strcmp(rec[n - 1].op, "all_reduce") && rec[n - 1].seq == 12);
+    RCHECK(rc, rec[n - 1].state == DTR_FLIGHT_FAILED && rec[n - 1].result == rc->result && rc->result != DTR_OK);
+    RCHECK(rc, rec[n - 1].end_ns > rec[n - 1].start_ns);
+}
+
+static void rk_flight_off(rank_ctx *rc) {
+    float v = 1.0f;
+    RCHECK_OK(rc, dtr_comm_all_reduce(rc->comm, &v, &v, 1, DTR_F32, DTR_REDUCE_SUM));
+    RCHECK(rc, dtr_comm_flight(rc->comm, NULL, 0) == 0);
+}
+
+static void t_flight(void) {
+    dtr_comm_config cfg = dtr_comm_config_init();
+    char dir[512], path[600], err[256];
+    rank_ctx rc[3];
+    int i;
+    if (!make_tmp_dir("dtr_flight", dir, sizeof dir)) { CHECK(0); return; }
+    memset(g_flight_logged, 0, sizeof g_flight_logged);
+    cfg.timeout_ms = 20000;
+    cfg.flight_records = 8;
+    cfg.flight_dir = dir;
+    cfg.log = flight_log;
+    CHECK_EQ_INT(run_ranks(3, &cfg, rk_flight, NULL, rc), 0);
+    for (i = 0; i < 3; i++) {
+        size_t len = 0;
+        char *json;
+        FILE *fp;
+        snprintf(path, sizeof path, "%s/flight-rank%d.json", dir, i);
+        fp = fopen(path, "rb");
+        CHECK_MSG(fp != NULL, "no dump %s", path);
+        if (!fp) continue;
+        json = (char *)calloc(1, 65536);
+        len = fread(json, 1, 65535, fp);
+        fclose(fp);
+        CHECK(len > 0 && json[len - 2] == '}');
+        CHECK_MSG(strstr(json, "\"op\": \"all_reduce\", \"seq\": 12") && strstr(json, "\"state\": \"failed\""), "%s", json);
+        CHECK(strstr(json, "\"transport\": \"local\"") != NULL);
+        if (i != 2) CHECK_MSG(strstr(json, "\"failed_rank\": 2") != NULL, "rank %d: %s", i, json);
+        free(json);
+        remove(path);
+        if (i != 2) CHECK_MSG(g_flight_logged[i] == 1, "rank %d logged its flight record %d times", i, g_flight_logged[i]);
+    }
+    CHECK(dtr_comm_flight(NULL, NULL, 0) == 0);
+    CHECK(dtr_comm_flight_dump(NULL, path, err, sizeof err) == DTR_NULL_HANDLE);
+    CHECK(!strcmp(dtr_flight_state_name(DTR_FLIGHT_FAILED), "failed"));
+    remove(dir);
+    cfg = dtr_comm_config_init();
+    cfg.flight_records = -1;
+    CHECK_EQ_INT(run_ranks(2, &cfg, rk_flight_off, NULL, NULL), 0);
+}
+
 int main(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     g_quick = q && strcmp(q, "1") == 0;
@@ -1067,5 +1175,6 @@ int main(void) {
     RUN(t_fault_abort);
     RUN(t_fault_async);
     RUN(t_fault_deadlock);
+    RUN(t_flight);
     return test_summary();
 }

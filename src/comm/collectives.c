@@ -428,7 +428,7 @@ static int dtr__effective_algo(const dtr_comm *c, const dtr__coll *a) {
     return dtr__auto_algo(c, a->count, a->dtype);
 }
 
-dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
+static dtr_result dtr__coll_exec(dtr_comm *c, const dtr__coll *in) {
     size_t es = dtr_dtype_size(in->dtype);
     dtr__coll b = *in, *a = &b;
     dtr_result r;
@@ -474,5 +474,12 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
         pthread_mutex_unlock(&c->mu);
         c->ep->vt->abort(c->ep->state, c->ep->info.rank, why);
     }
+    return r;
+}
+
+dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
+    uint64_t id = dtr__flight_begin(c, a);
+    dtr_result r = dtr__coll_exec(c, a);
+    dtr__flight_end(c, id, r);
     return r;
 }

@@ -335,6 +335,10 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     c->ctx = 0;
     c->mem_ctx = cfg->memory == DTR_MEM_DEVICE ? cfg->context : NULL;
     dtr__comm_config_apply(c, cfg);
+    if ((r = dtr__flight_init(c, cfg->flight_records, cfg->flight_dir)) != DTR_OK) {
+        dtr_comm_destroy(c);
+        return dtr__errf(err, errlen, r, "dtr_comm_create: out of memory");
+    }
     if (vt->group_create && !c->no_native) {
         r = vt->group_create(ep->state, c->ranks, c->size, c->ctx, &c->native_group);
         if (r != DTR_OK) c->native_group = NULL;   /* fall back to point-to-point */
@@ -379,6 +383,7 @@ void dtr_comm_destroy(dtr_comm *c) {
     dtr_comm_destroy(c->leaders);
     dtr_comm_destroy(c->host);
     dtr__shm_free(c);
+    dtr__flight_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
     for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
@@ -505,6 +510,7 @@ dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_result code, int 
     }
     pthread_mutex_unlock(&c->mu);
     if (first && c->log && c->log_level >= DTR_LOG_ERROR) c->log(c->log_user, DTR_LOG_ERROR, c->msg);
+    if (first && dtr__is_comm_failure(code)) dtr__flight_failure(c, code);
     if (dtr__is_comm_failure(code)) {
         char why[200];
         snprintf(why, sizeof why, "%.80s: %.110s", head, what);
@@ -777,6 +783,7 @@ static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transp
     c->ep->vt->release(c->ep->state, q->treq);
     q->treq = NULL;
     q->state = DTR__REQ_DONE;
+    dtr__flight_end(c, q->flight_id, r);
     if (r == DTR_OK) q->result = DTR_OK;
     else if (timed_out)
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
@@ -855,6 +862,7 @@ void dtr_request_destroy(dtr_request *q) {
     if (!q) return;
     c = q->comm;
     if (q->treq) { /* a pending send/recv is cancelled */
+        dtr__flight_end(c, q->flight_id, DTR_BAD_STATE);   /* destroyed before it finished */
         c->ep->vt->release(c->ep->state, q->treq);
         q->treq = NULL;
     } else if (q->state != DTR__REQ_DONE) {
@@ -944,12 +952,14 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
     if (!q) return dtr__comm_fail(c, &a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory");
     q->a = a;
     q->state = DTR__REQ_RUNNING;
+    q->flight_id = dtr__flight_begin(c, &a);
     dtr__terr_clear(&e);
     if (kind == DTR__OP_SEND)
         r = c->ep->vt->isend(c->ep->state, sbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     else
         r = c->ep->vt->irecv(c->ep->state, rbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     if (r != DTR_OK) {
+        dtr__flight_end(c, q->flight_id, r);
         pthread_mutex_lock(&c->mu);
         q->next = c->free_reqs;
         c->free_reqs = q;
@@ -1052,6 +1062,11 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->log = c->log;
     nc->log_user = c->log_user;
     nc->log_level = c->log_level;
+    if ((r = dtr__flight_init(nc, c->flight.cap ? c->flight.cap : -1, c->flight.dir)) != DTR_OK) {
+        dtr_comm_destroy(nc);
+        r = dtr__comm_fail(c, &a, r, -1, 0, "out of memory");
+        goto done;
+    }
     /* local rank: among the members on this machine, in group order */
     nc->local_rank = nc->local_size = 0;
     for (i = 0; i < n; i++) {

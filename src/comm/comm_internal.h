@@ -47,6 +47,17 @@ typedef struct dtr__endpoint {
     uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
 } dtr__endpoint;
 
+/** The flight recorder of a group (src/comm/flight.c). */
+#define DTR__FLIGHT_DEFAULT 64   /* records kept when the config says 0 */
+#define DTR__FLIGHT_LOGGED 16    /* records the log callback gets on failure */
+typedef struct dtr__flight {
+    pthread_mutex_t mu;
+    dtr_flight_record *ring;   /* cap records; id k lives at (k - 1) % cap */
+    int cap, inited, dumped;
+    uint64_t next_id;          /* the last id handed out */
+    char dir[256];             /* where the failure dump goes ("": nowhere) */
+} dtr__flight;
+
 /** Kinds of operations of a group. */
 enum {
     DTR__OP_ALL_REDUCE = 0, DTR__OP_BROADCAST, DTR__OP_REDUCE_SCATTER, DTR__OP_ALL_GATHER,
@@ -78,6 +89,7 @@ struct dtr_request {
     int state;             /* DTR__REQ_*, under comm->mu */
     dtr_result result;
     void *treq;            /* send/recv: the transport's request */
+    uint64_t flight_id;    /* send/recv: its flight record */
     struct dtr_request *next;
 };
 
@@ -122,6 +134,7 @@ struct dtr_comm {
     dtr_request *running;
     dtr_request *free_reqs;
     int live_reqs;             /* requests handed out and not yet freed */
+    dtr__flight flight;        /* the last operations (src/comm/flight.c) */
     /* scratch of the algorithms: used by one operation at a time (queue rule) */
     void *scratch;
     size_t scratch_cap;
@@ -140,6 +153,19 @@ static inline int dtr__fake_ranks_per_host(void) {
  *  /proc; elsewhere only a gone pid counts). Used by the shared-memory collectives and the
  *  process transports' watchdog. */
 int dtr__pid_dead(int64_t pid);
+
+/* ---- the flight recorder (src/comm/flight.c) ---- */
+/** Makes c's ring of `cap` records (0: the default; < 0: off) and takes the dump folder
+ *  (NULL or "": $DTR_FLIGHT_DIR). */
+DTR__PRIVATE dtr_result dtr__flight_init(dtr_comm *c, int cap, const char *dir);
+DTR__PRIVATE void dtr__flight_free(dtr_comm *c);
+/** Records the start of operation a; returns its id (0: recorder off). */
+DTR__PRIVATE uint64_t dtr__flight_begin(dtr_comm *c, const dtr__coll *a);
+/** Records the end of operation id with result r. */
+DTR__PRIVATE void dtr__flight_end(dtr_comm *c, uint64_t id, dtr_result r);
+/** The group's first communication failure: the running records fail with code; the first
+ *  call logs the ring and writes the dump file. */
+DTR__PRIVATE void dtr__flight_failure(dtr_comm *c, dtr_result code);
 
 /* ---- shared-memory collectives (src/comm/shm.c) ---- */
 typedef struct dtr__shm dtr__shm;
@@ -232,10 +258,16 @@ typedef struct dtr__watchdog {
     dtr__boot *boot;
     dtr__watch_ops ops;
     int *gone;                 /* per rank: left cleanly, no longer watched */
-    int64_t *beat, *beat_ns;   /* last heartbeat value of each remote peer, and when it changed */
+    int64_t *beat, *beat_ns;   /* last heartbeat value of each peer, and when it changed (under mu) */
+    int64_t *seen_ns;          /* when each peer's heartbeat was last read (under mu) */
     int64_t stale_ns;          /* a remote heartbeat older than this is a failure */
-    int next_remote;           /* the remote peer whose heartbeat is read next */
+    int next_remote;           /* the peer whose heartbeat is read next (large worlds: one per round) */
     volatile int published;    /* the world's abort key holds a failure (ours or read) */
+    volatile int heard;        /* the abort key was read and handed to the transport */
+    volatile int won;          /* this rank's failure is the one the abort key holds */
+    int64_t ok_ns;             /* when the store last answered a whole round (under mu) */
+    int64_t tick_ns;           /* the thread's last wake-up (under mu): old when this process was stopped */
+    volatile int in_store;     /* the thread is in a store call (which may wait for a silent store) */
     pthread_t thread;
     int inited, on, stop;
     pthread_mutex_t mu;
@@ -250,8 +282,14 @@ void dtr__watchdog_wake(dtr__watchdog *w);
 /** Joins the thread, publishes a failure it had no time to, and marks this rank as left. */
 void dtr__watchdog_stop(dtr__watchdog *w);
 void dtr__watchdog_free(dtr__watchdog *w);
-/** Writes the world's abort key ("<who> <why>"). */
+/** Writes the world's abort key ("<who> <why>") unless another rank's failure is there
+ *  first (the first told wins, so every rank reads the same culprit). */
 dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why);
+/** A deadline passed while this rank waited for `suspect`: the rank to blame, the same on
+ *  every rank: the one the abort key names, else the lowest rank whose heartbeat stopped
+ *  (rank 0 when the store it hosts is silent), else suspect; published first-told-wins.
+ *  Fills why. Blocks at most for a store call. */
+int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 
 /* ---- rendezvous helpers for transports ---- */
 

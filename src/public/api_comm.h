@@ -269,8 +269,11 @@ struct dtr_comm_config {
                                             shared by the processes of one host (docs/distributed.md;
                                             $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
                                             beat libfabric's shm provider reliably in this version's runs */
+    int flight_records;                /**< operations the flight recorder keeps per group; 0: 64; -1: off */
+    const char *flight_dir;            /**< on the first failure write <dir>/flight-rank<N>.json; NULL:
+                                            $DTR_FLIGHT_DIR, else no file */
     dtr_allocation_callbacks alloc;    /**< allocation callbacks; zero: libc */
-    dtr_log_fn log;                    /**< log callback (errors of the group); NULL: silent */
+    dtr_log_fn log;                    /**< log callback (errors of the group, the flight record on failure); NULL: silent */
     void *log_user;
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
 };
@@ -338,6 +341,52 @@ DTR_API const char *dtr_comm_last_error(const dtr_comm *c);
 DTR_API int dtr_comm_failed_rank(const dtr_comm *c);
 /** The transport's native error code of that error (0 when none). */
 DTR_API int dtr_comm_native_error(const dtr_comm *c);
+
+/* ---- the flight recorder ----
+ * Every group keeps its last operations (cfg.flight_records, default 64) in a ring made with
+ * the group: recording allocates nothing. On the group's first communication failure
+ * (DTR_TIMEOUT, DTR_PEER_FAILED) the ring goes to the log callback (DTR_LOG_ERROR, the last
+ * 16) and, when cfg.flight_dir or $DTR_FLIGHT_DIR names a folder, to
+ * <dir>/flight-rank<N>.json (N: the world rank; a sub-group writes
+ * flight-rank<N>-group<id>.json). docs/distributed.md shows one. */
+
+/** State of an operation in the flight recorder. */
+typedef enum dtr_flight_state {
+    DTR_FLIGHT_RUNNING = 0,            /**< started, not finished (in a dump: what the rank was doing) */
+    DTR_FLIGHT_DONE = 1,               /**< finished with DTR_OK */
+    DTR_FLIGHT_FAILED = 2              /**< finished with an error, or under way when the group failed */
+} dtr_flight_state;
+
+/** One operation of a group, as the flight recorder saw it. */
+typedef struct dtr_flight_record {
+    uint64_t id;                       /**< the group's operations counted from 1 */
+    const char *op;                    /**< "all_reduce", "broadcast", "reduce_scatter", "all_gather", "barrier",
+                                            "send", "recv" (a static string) */
+    int p2p;                           /**< 1: send or recv */
+    uint32_t seq;                      /**< a collective's sequence number in the group (the "#S" of error
+                                            messages; equal on every rank for the same call); 0 for send/recv */
+    size_t bytes;                      /**< this rank's payload (count x element size) */
+    int peer;                          /**< send/recv: the peer; broadcast: the root (group ranks); else -1 */
+    int tag;                           /**< send/recv: the tag; else 0 */
+    int64_t start_ns, end_ns;          /**< dtr_time_ns() at start and end; end_ns 0 while running */
+    dtr_flight_state state;
+    dtr_result result;                 /**< DTR_OK, or the error it ended with (a send/recv request
+                                            destroyed before it finished: DTR_BAD_STATE) */
+} dtr_flight_record;
+
+/** Copies the group's last operations into out (at most cap, oldest first) and returns how
+ *  many it copied; with out NULL or cap <= 0, returns how many the recorder holds. 0 for a
+ *  NULL group or a recorder turned off (cfg.flight_records -1).
+ *  Thread safety: thread safe (any thread, also while operations run). */
+DTR_API int dtr_comm_flight(const dtr_comm *c, dtr_flight_record *out, int cap);
+/** Writes the flight record of the group as JSON to `path` (atomically: temporary file,
+ *  fsync, rename): rank, size, status, failed rank, error message and the records.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY, DTR_IO_ERROR (message in err).
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_comm_flight_dump(const dtr_comm *c, const char *path, char *err, size_t errlen);
+/** "running", "done", "failed".
+ *  Thread safety: thread safe. */
+DTR_API const char *dtr_flight_state_name(dtr_flight_state s);
 
 /** Breaks the group on purpose: every pending and later operation of every group sharing
  *  the transport, on every rank, fails with DTR_PEER_FAILED naming this rank and `why`.
