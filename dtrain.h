@@ -2558,7 +2558,7 @@ typedef struct dtr_fed_server_config {
     float dp_noise_multiplier;  /**< z > 0 adds Gaussian noise of std z * clip_norm * max_i(w_i) / sum_i(w_i)
                                      to the aggregate (needs clip_norm > 0); default 0: off */
     dtr_fed_server_opt server_opt;  /**< default DTR_FED_OPT_AVG */
-    float server_lr;            /**< default 1 (DTR_FED_OPT_ADAM: 0.01) */
+    float server_lr;            /**< 0: 1, or 0.01 with DTR_FED_OPT_ADAM (resolved at create) */
     float beta1, beta2, eps;    /**< momentum / Adam moments (default 0.9, 0.99) and Adam's eps (default 1e-3) */
     dtr_fed_codec codec;        /**< encoding of the weights sent to the clients (default DTR_FED_F32) */
     uint64_t seed;              /**< seed of client sampling and of the noise (default 0) */
@@ -21699,6 +21699,7 @@ dtr_fed_server_config dtr_fed_server_config_init(void) {
     dtr_fed_server_config c;
     memset(&c, 0, sizeof c);
     dtr__fed_defaults(&c);
+    c.server_lr = 0.0f;   /* resolved at create: it depends on server_opt */
     c.log_level = DTR_LOG_WARN;
     return c;
 }
@@ -22231,7 +22232,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 22235 "dtrain.h"
+#line 22236 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

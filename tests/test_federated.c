@@ -170,6 +170,79 @@ static void test_fedavg_equals_central(void) {
     fedavg_vs_central(DTR_FED_OPT_MOMENTUM, 0.9f);
 }
 
+/* One round of the 3 GD clients under `sc`; returns its stats (round result in *rr). */
+static dtr_fed_round_stats gd_round(dtr_fed_server_config sc, dtr_result *rr, float *w_out) {
+    dtr_fed_round_stats st;
+    dtr_fed_server *s = NULL;
+    pid_t pids[3];
+    mlp n;
+    char err[512];
+    int k;
+    memset(&st, 0, sizeof st);
+    *rr = DTR_BAD_STATE;
+    CHECK(mlp_init(&n, 1, 1));
+    sc.port = free_port();
+    spawn_gd_clients(sc.port, pids);
+    CHECK_EQ_INT(dtr_fed_server_create(&sc, dtr_model_params(n.m), dtr_model_numel(n.m), &s, err, sizeof err), DTR_OK);
+    if (s && dtr_fed_server_wait_clients(s, 3, 15000) == DTR_OK) *rr = dtr_fed_server_round(s, &st);
+    if (s && w_out) memcpy(w_out, dtr_fed_server_weights(s), (size_t)dtr_model_numel(n.m) * sizeof(float));
+    dtr_fed_server_destroy(s);
+    for (k = 0; k < 3; k++) CHECK_EQ_INT(reap(pids[k], 10000), 0);
+    mlp_free(&n);
+    return st;
+}
+
+/* Clipping scales every update to clip_norm; the noise of differential privacy has the
+ * documented size: std z * clip_norm * max(samples) / sum(samples) per value. */
+static void test_clip_and_dp(void) {
+    dtr_fed_server_config sc = server_cfg(3);
+    dtr_fed_round_stats st;
+    dtr_result rr;
+    mlp n;
+    double sigma, want;
+    CHECK(mlp_init(&n, 1, 1));
+    sc.clip_norm = 1e-3f;
+    st = gd_round(sc, &rr, NULL);
+    CHECK_EQ_INT(rr, DTR_OK);
+    CHECK_EQ_INT(st.clipped, 3);
+    CHECK_MSG(st.update_norm <= 1e-3 * (1 + 1e-5), "aggregate norm %g above the clip", st.update_norm);
+    sc.clip_norm = 1e-6f;   /* the updates vanish next to the noise */
+    sc.dp_noise_multiplier = 2.0f;
+    st = gd_round(sc, &rr, NULL);
+    CHECK_EQ_INT(rr, DTR_OK);
+    sigma = 2.0 * 1e-6 * 24.0 / 48.0;
+    want = sigma * sqrt((double)dtr_model_numel(n.m));
+    printf("     dp noise: aggregate norm %.4g, expected about %.4g\n", st.update_norm, want);
+    CHECK_MSG(st.update_norm > 0.8 * want && st.update_norm < 1.2 * want, "norm %g, expected %g", st.update_norm, want);
+    mlp_free(&n);
+}
+
+/* FedAdam's first step: m = (1-b1) d, v = (1-b2) d^2, w += lr m / (sqrt(v) + eps), with d the
+ * average of the clients' GD steps (= -0.1 x the gradient over all rows). */
+static void test_fedadam_step(void) {
+    dtr_fed_server_config sc = server_cfg(3);
+    dtr_result rr;
+    mlp n;
+    int64_t i, numel;
+    float *w, *want;
+    CHECK(mlp_init(&n, 1, 1));
+    numel = dtr_model_numel(n.m);
+    w = (float *)malloc((size_t)numel * sizeof(float));
+    want = (float *)malloc((size_t)numel * sizeof(float));
+    sc.server_opt = DTR_FED_OPT_ADAM;
+    (void)gd_round(sc, &rr, w);
+    CHECK_EQ_INT(rr, DTR_OK);
+    CHECK_OK(n.ctx, mlp_backward(&n, 0, 0, 48));
+    for (i = 0; i < numel; i++) {
+        float d = -GD_LR * dtr_model_grads(n.m)[i], m = 0.1f * d, v = 0.01f * d * d;
+        want[i] = dtr_model_params(n.m)[i] + 0.01f * m / (sqrtf(v) + 1e-3f);
+    }
+    CHECK_MSG(rel_err(w, want, numel) <= 1e-5, "FedAdam step: relative error %g", rel_err(w, want, numel));
+    free(w);
+    free(want);
+    mlp_free(&n);
+}
+
 /* ---- Fashion-MNIST clients ---- */
 
 typedef enum { HONEST, SEND_NAN, SEND_HUGE, SILENT, BYZANTINE } behaviour;
@@ -502,6 +575,8 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     RUNF(test_config_errors);
     RUNF(test_fedavg_equals_central);
+    RUNF(test_clip_and_dp);
+    RUNF(test_fedadam_step);
     RUNF(test_rule_breakers);
     RUNF(test_server_restart);
     RUNF(test_noniid_fmnist);

@@ -923,6 +923,7 @@ dtr_fed_server_config dtr_fed_server_config_init(void) {
     dtr_fed_server_config c;
     memset(&c, 0, sizeof c);
     dtr__fed_defaults(&c);
+    c.server_lr = 0.0f;   /* resolved at create: it depends on server_opt */
     c.log_level = DTR_LOG_WARN;
     return c;
 }

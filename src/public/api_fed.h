@@ -78,7 +78,7 @@ typedef struct dtr_fed_server_config {
     float dp_noise_multiplier;  /**< z > 0 adds Gaussian noise of std z * clip_norm * max_i(w_i) / sum_i(w_i)
                                      to the aggregate (needs clip_norm > 0); default 0: off */
     dtr_fed_server_opt server_opt;  /**< default DTR_FED_OPT_AVG */
-    float server_lr;            /**< default 1 (DTR_FED_OPT_ADAM: 0.01) */
+    float server_lr;            /**< 0: 1, or 0.01 with DTR_FED_OPT_ADAM (resolved at create) */
     float beta1, beta2, eps;    /**< momentum / Adam moments (default 0.9, 0.99) and Adam's eps (default 1e-3) */
     dtr_fed_codec codec;        /**< encoding of the weights sent to the clients (default DTR_FED_F32) */
     uint64_t seed;              /**< seed of client sampling and of the noise (default 0) */
