@@ -154,6 +154,12 @@ DTR__PRIVATE void dtr__fed_frame_mac(const uint8_t *key, int dir, uint64_t seq, 
                                      size_t len, uint8_t *mac);
 DTR__PRIVATE void dtr__fed_put_header(uint8_t *p, const dtr__fed_hdr *h);
 
+/* strnlen, which plain C99 lacks. */
+static size_t dtr__fed_slen(const char *s, size_t cap) {
+    const char *z = (const char *)memchr(s, 0, cap);
+    return z ? (size_t)(z - s) : cap;
+}
+
 static const char dtr__fed_join_label[] = "dtr-fed-1 join";
 static const char dtr__fed_welcome_label[] = "dtr-fed-1 welcome";
 static const char dtr__fed_session_label[] = "dtr-fed-1 session";
@@ -272,7 +278,7 @@ static void dtr__fed_log(const dtr_fed_server_config *cfg, dtr_log_level level, 
 }
 
 static dtr_result dtr__fed_check_config(dtr_fed_server_config *c, char *err, size_t errlen) {
-    size_t sl = strnlen(c->secret, sizeof c->secret);
+    size_t sl = dtr__fed_slen(c->secret, sizeof c->secret);
     if (sl == 0 || sl >= sizeof c->secret)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "federated server: secret must be 1..255 bytes");
     if (c->port < 0 || c->port > 65535 || c->clients_per_round < 0 || c->min_updates < 0 || c->round_timeout_ms < 0 ||
@@ -1274,7 +1280,7 @@ dtr_result dtr_fed_client_create(const dtr_fed_client_config *cfg, int64_t numel
     if (err && errlen) err[0] = '\0';
     if (out) *out = NULL;
     if (!cfg || !out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "federated client: cfg or out is NULL");
-    sl = strnlen(cfg->secret, sizeof cfg->secret);
+    sl = dtr__fed_slen(cfg->secret, sizeof cfg->secret);
     if (sl == 0 || sl >= sizeof cfg->secret || cfg->port < 1 || cfg->port > 65535 || numel < 1 ||
         numel > DTR__FED_MAX_NUMEL || (unsigned)cfg->codec > DTR_FED_BF16 || cfg->timeout_ms < 0)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT,
