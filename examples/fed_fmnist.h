@@ -8,9 +8,14 @@
  *   fed_local_train E epochs of mini-batch SGD (momentum 0.9, fresh each round) on a shard,
  *                   with the FedProx term when mu > 0
  *   fed_evaluate    accuracy of the flat weights on the first n test images
- *   fed_client_loop a whole client: next task -> train -> send, until the server is done */
+ *   fed_client_loop a whole client: next task -> train -> send, until the server is done
+ *   fed_run         a whole federation on this machine: the clients as forked processes,
+ *                   the server in this one, a callback after each round (POSIX) */
 #ifndef DTRAIN_EXAMPLES_FED_FMNIST_H
 #define DTRAIN_EXAMPLES_FED_FMNIST_H
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 typedef struct fed_net {
     dtr_context *ctx;
@@ -153,6 +158,94 @@ FM_FN dtr_result fed_client_loop(const dtr_fed_client_config *cc, fed_net *n, co
     if (r != DTR_OK && cl && err && !err[0]) snprintf(err, errlen, "%s", dtr_fed_client_last_error(cl));
     dtr_fed_client_destroy(cl);
     free(global);
+    return r;
+}
+
+/** What fed_run does. */
+typedef struct fed_options {
+    int clients, per_round, rounds, epochs, hidden, per_client, eval_n;
+    double skew;
+    float lr, mu;
+    dtr_fed_codec codec;
+    dtr_fed_aggregator aggregator;
+    dtr_fed_server_opt server_opt;
+    const char *secret;
+} fed_options;
+
+FM_FN fed_options fed_options_default(void) {
+    fed_options o;
+    memset(&o, 0, sizeof o);
+    o.clients = 8; o.per_round = 8; o.rounds = 20; o.epochs = 2; o.hidden = 64; o.per_client = 800;
+    o.eval_n = 10000; o.skew = 0.8; o.lr = 0.02f; o.secret = "federated-example";
+    return o;
+}
+
+/** Called after each round with its stats and the test accuracy of the new global model. */
+typedef void (*fed_round_fn)(void *user, const dtr_fed_round_stats *st, double acc);
+
+/* A client process of fed_run: never returns. */
+FM_FN void fed_child(const fed_options *o, const dtr_mnist *d, int port, int k) {
+    dtr_fed_client_config cc = dtr_fed_client_config_init();
+    fed_net n;
+    int32_t *idx = fed_shard(d, k, o->per_client, o->skew, 5);
+    char err[512] = "";
+    dtr_result r;
+    cc.port = port;
+    cc.client_id = (uint64_t)k + 1;
+    cc.codec = o->codec;
+    snprintf(cc.secret, sizeof cc.secret, "%s", o->secret);
+    if (!idx || fed_net_init(&n, o->hidden, 1, 1) != DTR_OK) _exit(3);
+    r = fed_client_loop(&cc, &n, d, idx, o->per_client, o->lr, err, sizeof err);
+    if (r != DTR_OK) fprintf(stderr, "client %d: %s: %s\n", k, dtr_result_string(r), err);
+    _exit(r == DTR_OK ? 0 : 1);
+}
+
+/** Runs the federation of `o` on the data set `d` (loaded and standardised), calling
+ *  `each` after every round. Returns DTR_OK, or the first error (message printed). */
+FM_FN dtr_result fed_run(const fed_options *o, const dtr_mnist *d, fed_round_fn each, void *user) {
+    dtr_fed_server_config sc = dtr_fed_server_config_init();
+    dtr_fed_server *s = NULL;
+    pid_t *pids = (pid_t *)calloc((size_t)o->clients, sizeof(pid_t));
+    fed_net eval;
+    char err[512];
+    dtr_result r;
+    int k, round;
+    if (!pids) return DTR_OUT_OF_MEMORY;
+    snprintf(sc.secret, sizeof sc.secret, "%s", o->secret);
+    sc.clients_per_round = o->per_round;
+    sc.min_updates = o->per_round > 1 ? o->per_round / 2 : 1;
+    sc.round_timeout_ms = 60000;
+    sc.local_epochs = o->epochs;
+    sc.mu = o->mu;
+    sc.codec = o->codec;
+    sc.aggregator = o->aggregator;
+    sc.server_opt = o->server_opt;
+    if ((r = fed_net_init(&eval, o->hidden, 1, 1)) != DTR_OK ||
+        (r = dtr_fed_server_create(&sc, dtr_model_params(eval.model), dtr_model_numel(eval.model), &s, err, sizeof err)) != DTR_OK) {
+        fprintf(stderr, "server: %s: %s\n", dtr_result_string(r), err);
+        fed_net_free(&eval);
+        free(pids);
+        return r;
+    }
+    fflush(NULL);
+    for (k = 0; k < o->clients; k++)
+        if ((pids[k] = fork()) == 0) fed_child(o, d, dtr_fed_server_port(s), k);
+    r = dtr_fed_server_wait_clients(s, o->clients, 60000);
+    for (round = 0; r == DTR_OK && round < o->rounds; round++) {
+        dtr_fed_round_stats st;
+        double acc = 0.0;
+        if ((r = dtr_fed_server_round(s, &st)) != DTR_OK) break;
+        if ((r = fed_evaluate(&eval, d, dtr_fed_server_weights(s), o->eval_n, &acc)) != DTR_OK) break;
+        each(user, &st, acc);
+    }
+    if (r != DTR_OK) fprintf(stderr, "server: %s: %s\n", dtr_result_string(r), dtr_fed_server_last_error(s));
+    dtr_fed_server_destroy(s);   /* the clients get "done" and exit */
+    for (k = 0; k < o->clients; k++) {
+        int status;
+        if (pids[k] > 0) waitpid(pids[k], &status, 0);
+    }
+    fed_net_free(&eval);
+    free(pids);
     return r;
 }
 
