@@ -216,6 +216,48 @@ static void test_clip_and_dp(void) {
     mlp_free(&n);
 }
 
+/* Too few clients: the round is attempted max_attempts times within its bound, returns
+ * DTR_TIMEOUT and leaves the model alone; once a third client joins the round goes through. */
+static void test_round_repeats(void) {
+    dtr_fed_server_config sc = server_cfg(3);
+    dtr_fed_server *s = NULL;
+    dtr_fed_round_stats st;
+    pid_t pids[3];
+    mlp n;
+    char err[512];
+    int64_t t0;
+    int k;
+    CHECK(mlp_init(&n, 1, 1));
+    sc.port = free_port();
+    sc.join_timeout_ms = 300;
+    sc.round_timeout_ms = 300;
+    sc.max_attempts = 2;
+    for (k = 0; k < 2; k++) {
+        pids[k] = fork_child();
+        if (pids[k] == 0) gd_client(sc.port, (uint64_t)k + 1, 8 * k, 8);
+    }
+    CHECK_EQ_INT(dtr_fed_server_create(&sc, dtr_model_params(n.m), dtr_model_numel(n.m), &s, err, sizeof err), DTR_OK);
+    if (s) {
+        CHECK_EQ_INT(dtr_fed_server_wait_clients(s, 2, 15000), DTR_OK);
+        t0 = now_ms();
+        CHECK_EQ_INT(dtr_fed_server_round(s, &st), DTR_TIMEOUT);
+        CHECK_MSG(now_ms() - t0 < 2 * 600 + 1000, "took %lld ms", (long long)(now_ms() - t0));
+        CHECK_EQ_INT(st.attempts, 2);
+        CHECK_EQ_INT(dtr_fed_server_round_index(s), 0);
+        CHECK(memcmp(dtr_fed_server_weights(s), dtr_model_params(n.m), (size_t)dtr_model_numel(n.m) * 4) == 0);
+        CHECK(strstr(dtr_fed_server_last_error(s), "fewer than 3") != NULL);
+        pids[2] = fork_child();
+        if (pids[2] == 0) gd_client(sc.port, 3, 16, 8);
+        CHECK_EQ_INT(dtr_fed_server_wait_clients(s, 3, 15000), DTR_OK);
+        CHECK_EQ_INT(dtr_fed_server_round(s, &st), DTR_OK);
+        CHECK_EQ_INT(st.accepted, 3);
+    }
+    dtr_fed_server_destroy(s);
+    for (k = 0; k < 3; k++)
+        if (k < 2 || s) CHECK_EQ_INT(reap(pids[k], 10000), 0);
+    mlp_free(&n);
+}
+
 /* FedAdam's first step: m = (1-b1) d, v = (1-b2) d^2, w += lr m / (sqrt(v) + eps), with d the
  * average of the clients' GD steps (= -0.1 x the gradient over all rows). */
 static void test_fedadam_step(void) {
@@ -574,6 +616,7 @@ int main(int argc, char **argv) {
     RUNF(test_fedavg_equals_central);
     RUNF(test_clip_and_dp);
     RUNF(test_fedadam_step);
+    RUNF(test_round_repeats);
     RUNF(test_rule_breakers);
     RUNF(test_server_restart);
     RUNF(test_noniid_fmnist);
