@@ -93,6 +93,9 @@ NVCCFLAGS  ?= -std=c++17 -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-pthread,
 
 FABRIC_CFLAGS := $(if $(filter 1,$(USE_FABRIC)),-DDTR_USE_LIBFABRIC $(shell pkg-config --cflags libfabric 2>/dev/null))
 FABRIC_LIBS   := $(if $(filter 1,$(USE_FABRIC)),$(shell pkg-config --libs libfabric 2>/dev/null))
+# NCCL (and the CUDA runtime it needs) join the libraries of dtrain_comm.c when nccl.h was found.
+NCCL_LIBS     := $(if $(filter 1,$(USE_NCCL)),-L$(CUDA_HOME)/lib64 -lnccl -lcudart)
+COMM_LIBS     := $(FABRIC_LIBS) $(NCCL_LIBS)
 NCCL_CFLAGS   := $(if $(filter 1,$(USE_NCCL)),-DDTR_USE_NCCL -I$(CUDA_HOME)/include)
 
 # Fuzzing: clang with libFuzzer (libclang-rt-*-dev), built against dtrain.h.
@@ -140,7 +143,7 @@ DTRUN    := $(BUILD)/dtrun
 # Every tests/test_*.c, examples/*.c and bench/*.c is a program: new files need no edit here.
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
-BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c,$(wildcard bench/*.c)))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c bench/gpu.c,$(wildcard bench/*.c)))
 ifneq ($(HAVE_OPENBLAS),1)
 BENCHES  := $(filter-out $(BUILD)/bench/gemm,$(BENCHES))
 endif
@@ -152,19 +155,22 @@ FUZZERS  := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(wildcard tests/fuzz/fuzz
 # Per-program extras. A program links every .o among its prerequisites, so a program that
 # needs a unit adds it as a prerequisite, and libraries go in its EXTRA_LIBS, e.g.
 #   $(BUILD)/bench/allreduce: $(COMM_OBJ)
-#   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
+#   $(BUILD)/bench/allreduce: EXTRA_LIBS += $(COMM_LIBS)
 EXTRA_LIBS :=
 $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
 # tests/test_fabric: the libfabric transport across processes (without libfabric it still
 # builds, against dtrain_comm.c's stubs, and says loudly that it skipped).
 $(BUILD)/tests/test_fabric: $(COMM_OBJ)
-$(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
+$(BUILD)/tests/test_fabric: EXTRA_LIBS += $(COMM_LIBS)
+# tests/test_nccl: the NCCL transport's watchdog logic, and its open without a GPU.
+$(BUILD)/tests/test_nccl: $(COMM_OBJ)
+$(BUILD)/tests/test_nccl: EXTRA_LIBS += $(COMM_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
 COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
 $(COMM_PROGRAMS): $(COMM_OBJ)
-$(COMM_PROGRAMS): EXTRA_LIBS += $(FABRIC_LIBS)
+$(COMM_PROGRAMS): EXTRA_LIBS += $(COMM_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)
-$(BUILD)/bench/allreduce: EXTRA_LIBS += $(FABRIC_LIBS)
+$(BUILD)/bench/allreduce: EXTRA_LIBS += $(COMM_LIBS)
 
 # A change of compiler or flags rebuilds everything built with them.
 FLAGS_ID    := $(strip $(CC) $(CFLAGS) $(LDLIBS) | $(NVCC) $(NVCCFLAGS) $(FABRIC_CFLAGS) $(NCCL_CFLAGS))
@@ -236,10 +242,35 @@ $(CUDA_OBJ): dtrain_cuda.cu dtrain.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-# cuda-check: `make cuda` when nvcc exists, a loud notice when it does not (used by check).
+# The CUDA runtime and cuBLAS, for programs linked with dtrain_cuda.o.
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+
+# test-gpu: tests/test_grad.c linked with dtrain_cuda.o: every op case, forward and backward,
+# on the GPU against the CPU (cases whose op has no CUDA kernel yet are listed as SKIPPED).
+# Without a GPU it says loudly that it skipped. The program is built by cuda-check (so CI
+# compiles and links the CUDA unit) and run here.
+GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu
+test-gpu: $(GPU_TESTS)
+	tests/run.sh $(GPU_TESTS)
+$(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DDTR_TEST_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+
+# bench-gpu: bench/gpu.c (MLP, CNN, a small GPT and GPT-2 small's shape; JSON lines) on the
+# GPU, then bench/gpu_torch.py, PyTorch's eager and compiled runs of the same models, when
+# torch with CUDA is there. BENCH_ARGS are passed to both.
+$(BUILD)/bench/gpu: bench/gpu.c $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+bench-gpu: $(BUILD)/bench/gpu
+	$(BUILD)/bench/gpu $(BENCH_ARGS)
+	-python3 bench/gpu_torch.py $(BENCH_ARGS)
+
+# cuda-check: `make cuda` and the GPU test program linked when nvcc exists, a loud notice when
+# it does not (used by check).
 cuda-check:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory cuda
+	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu
 else
 	@echo "*****************************************************************"
 	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"
@@ -268,11 +299,11 @@ $(COMM_LIBA) $(CUDA_LIBA):
 
 $(COMM_LIBSO): $(COMM_OBJ) $(LIBSO)
 	$(CC) $(CFLAGS) -shared -Wl,-soname,libdtrain_comm.so.$(SOVERSION) -Wl,--no-undefined -o $@ $< \
-	    -L$(BUILD) -ldtrain $(FABRIC_LIBS) $(LDLIBS)
+	    -L$(BUILD) -ldtrain $(COMM_LIBS) $(LDLIBS)
 
 $(CUDA_LIBSO): $(CUDA_OBJ) $(LIBSO)
 	$(NVCC) -shared -cudart static -Xlinker -soname=libdtrain_cuda.so.$(SOVERSION) -Xlinker --no-undefined \
-	    -o $@ $< -L$(BUILD) -ldtrain $(LDLIBS)
+	    -o $@ $< -L$(BUILD) -ldtrain -lcublas $(LDLIBS)
 
 # deps: installs the Debian packages the tests need (nothing when all are there; see the script).
 deps:
@@ -420,9 +451,9 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(BUILD)/fuzz/dtrain_impl.o
 # share/dtrain/src for builds of your own; `dtrun` goes to $(BINDIR). Portable unless ARCH is set.
 INSTALL_UNITS := $(if $(filter 1,$(USE_FABRIC)),comm) $(if $(filter 1,$(USE_CUDA)),cuda)
 UNIT_DESC_comm := dtrain libfabric transport (dtrain_comm.c)
-UNIT_LIBS_comm := $(FABRIC_LIBS)
+UNIT_LIBS_comm := $(COMM_LIBS)
 UNIT_DESC_cuda := dtrain CUDA backend (dtrain_cuda.cu)
-UNIT_LIBS_cuda := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+UNIT_LIBS_cuda := -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 # The .pc files are relocatable: prefix is found from the file's own folder.
 PC_SED = sed -e "s|@DTRAIN_PC_PREFIX@|\$${pcfiledir}/$$(realpath -m --relative-to=$(PKGCONFIGDIR) $(PREFIX))|g" \
     -e "s|@DTRAIN_PC_LIBDIR@|\$${prefix}/$$(realpath -m --relative-to=$(PREFIX) $(LIBDIR))|g" \

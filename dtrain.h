@@ -263,8 +263,14 @@ DTR_API int dtr_tensor_is_contiguous(const dtr_tensor *t);
 /** Pointer to the first element in host memory (CPU backend), honouring the view offset.
  *  NULL for tensors on a device: use dtr_tensor_read/write. */
 DTR_API void *dtr_tensor_data(dtr_tensor *t);
-/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. */
+/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. On a device
+ *  backend the pointer is device memory: read it with dtr_tensor_read_grad. */
 DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
+ *  (a device's copy completes before it returns).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
+ *  DTR_SHAPE_MISMATCH (n), DTR_DEVICE_ERROR. Thread safety: the tensor's context thread. */
+DTR_API dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n);
 /** The name given to a parameter, or "". */
 DTR_API const char *dtr_tensor_name(const dtr_tensor *t);
 /** Copies the elements in row-major order into host memory `dst` converted to `dt`
@@ -369,8 +375,10 @@ DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
- *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
- *  permute and softmax_causal, so it shares their backward passes.
+ *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
+ *  query rows go in tiles through GEMMs with an exact softmax per row, and only each row's
+ *  log-sum-exp is kept for backward, which recomputes the probabilities: memory grows with
+ *  T, never with T x T per head. Results do not depend on the thread count.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
@@ -1775,6 +1783,19 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  Thread safety: thread safe. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
+/** The NCCL transport (defined in dtrain_comm.c when it was built with nccl.h: DTR_USE_NCCL;
+ *  NULL otherwise), found by dtr_transport_find("nccl") like libfabric. One process per GPU:
+ *  open takes rank and size from cfg->store (as libfabric), passes rank 0's ncclUniqueId
+ *  through it, and opens a non-blocking communicator on cfg->nccl.device (default: the local
+ *  rank). Buffers are device memory (cfg->memory DTR_MEM_DEVICE, cfg->context the CUDA
+ *  context whose queued work goes first). All-reduce, broadcast, reduce-scatter and
+ *  all-gather are NCCL's own; point-to-point messages of a pair of ranks match in posting
+ *  order with equal sizes (NCCL has no tags). A deadline, an asynchronous NCCL error or a dead
+ *  peer process aborts the communicator: DTR_PEER_FAILED / DTR_TIMEOUT naming the rank, never
+ *  a hang. Without a visible GPU open gives DTR_UNSUPPORTED. docs/distributed.md has more.
+ *  Thread safety: thread safe. */
+DTR_API const dtr_transport_vtable *dtr_nccl_transport(void);
+
 /** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
  *  vtable must outlive every group using it. "local" is always registered.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_VERSION_MISMATCH (abi_version), DTR_INVALID_ARGUMENT
@@ -1806,7 +1827,7 @@ typedef struct dtr_fabric_config {
                                             provider's handlers stay (README, "Signals") */
 } dtr_fabric_config;
 
-/** Settings of the NCCL transport (reserved: the transport arrives with the CUDA backend). */
+/** Settings of the NCCL transport (dtr_nccl_transport). */
 typedef struct dtr_nccl_config {
     int device;                        /**< CUDA device of this rank; -1 (default): the local rank */
     int blocking;                      /**< 1: NCCL's blocking communicator mode; 0: non-blocking (deadlines work) */
@@ -2779,7 +2800,7 @@ DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2783 "dtrain.h"
+#line 2804 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -2925,14 +2946,14 @@ struct dtr_tensor {
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
-    X(CHECKPOINT, "checkpoint", checkpoint)
+    X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 40
+#define DTR__OP_COUNT_EXPECTED 41
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -2975,6 +2996,7 @@ typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    int heads;                        /* ATTENTION: the number of heads (C = heads * D) */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -3150,7 +3172,7 @@ DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int repor
 DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
-DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -3193,7 +3215,7 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, co
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
 int64_t dtr__numel(int ndim, const int64_t *shape);
-DTR__PRIVATE void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
@@ -3208,7 +3230,7 @@ DTR__PRIVATE dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const ch
 DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
 /** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
  *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
-DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
@@ -3252,7 +3274,266 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3256 "dtrain.h"
+#line 3278 "dtrain.h"
+
+/* ---- src/core/formulas.h ---- */
+#line 1 "src/core/formulas.h"
+/* ============================================================================
+ * The element formulas, one home for each: the CPU kernels (dtrain.h) and the CUDA kernels
+ * (dtrain_cuda.cu) call these same functions, so the CPU tests (finite differences, the
+ * PyTorch references) check the arithmetic the GPU runs. Under nvcc they are
+ * __host__ __device__; elsewhere plain static inline C99.
+ *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
+ *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
+ *   - activations and their derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
+ *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
+ * ==========================================================================*/
+#ifndef DTR__FORMULAS_H
+#define DTR__FORMULAS_H
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define DTR__HD static __host__ __device__ __forceinline__
+#else
+#define DTR__HD static inline
+#endif
+
+#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
+#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
+
+/* ---- bits ---- */
+
+DTR__HD uint32_t dtr__f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+DTR__HD float dtr__f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- dtype conversions ---- */
+
+/** f32 -> bf16, round to nearest even; NaN stays a quiet NaN. */
+DTR__HD uint16_t dtr__f_to_bf16(float x) {
+    uint32_t u = dtr__f_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+DTR__HD float dtr__f_from_bf16(uint16_t x) { return dtr__f_from_bits((uint32_t)x << 16); }
+
+/** f32 -> f16 (IEEE half), round to nearest even; overflow to inf; NaN kept. */
+DTR__HD uint16_t dtr__f_to_f16(float x) {
+    uint32_t u = dtr__f_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
+    if (a < 0x38800000u) {  /* subnormal or zero in f16: units of 2^-24, half to even */
+        float f = dtr__f_from_bits(a) * 16777216.0f;
+        uint32_t i = (uint32_t)f;
+        float rem = f - (float)i;
+        if (rem > 0.5f || (rem == 0.5f && (i & 1u))) i++;
+        return (uint16_t)(sign | i);
+    }
+    a += 0xc8000fffu + ((a >> 13) & 1u); /* rebias exponent (-112 << 23) and round */
+    return (uint16_t)(sign | (a >> 13));
+}
+
+DTR__HD float dtr__f_from_f16(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (e == 0) {
+        float f = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    if (e == 31) return dtr__f_from_bits(sign | 0x7f800000u | (mant << 13));
+    return dtr__f_from_bits(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+/** Element i of an array of dtype `dt` (DTR_F32, BF16, F16, I32, U8) as a float. */
+DTR__HD float dtr__f_load(const void *src, int dt, int64_t i) {
+    switch (dt) {
+    case DTR_F32: return ((const float *)src)[i];
+    case DTR_BF16: return dtr__f_from_bf16(((const uint16_t *)src)[i]);
+    case DTR_F16: return dtr__f_from_f16(((const uint16_t *)src)[i]);
+    case DTR_I32: return (float)((const int32_t *)src)[i];
+    case DTR_U8: return (float)((const uint8_t *)src)[i];
+    default: return 0.0f;
+    }
+}
+
+/** Stores f as element i of an array of dtype `dt`: rounded to nearest even for bf16 / f16,
+ *  truncated for i32, clamped to [0, 255] for u8. */
+DTR__HD void dtr__f_store(void *dst, int dt, int64_t i, float f) {
+    switch (dt) {
+    case DTR_F32: ((float *)dst)[i] = f; break;
+    case DTR_BF16: ((uint16_t *)dst)[i] = dtr__f_to_bf16(f); break;
+    case DTR_F16: ((uint16_t *)dst)[i] = dtr__f_to_f16(f); break;
+    case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
+    case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
+    default: break;
+    }
+}
+
+/* ---- launch shapes (CUDA kernels; plain arithmetic, tested on the CPU) ---- */
+
+/** Blocks of `threads` for n elements in a grid-stride loop: ceil(n / threads), at least 1,
+ *  at most max_blocks (each thread then takes several elements). */
+static inline unsigned dtr__launch_blocks(int64_t n, int threads, unsigned max_blocks) {
+    int64_t b = n > 0 ? (n + threads - 1) / threads : 1;
+    return b > (int64_t)max_blocks ? max_blocks : (unsigned)b;
+}
+
+/** Threads per block for a row of n elements reduced by one block: the smallest power of two
+ *  >= n, between 32 (a warp) and 1024 (the hardware's limit). */
+static inline int dtr__launch_row_threads(int64_t n) {
+    int t = 32;
+    while (t < 1024 && t < n) t *= 2;
+    return t;
+}
+
+/* ---- the random stream (PCG32, XSH RR) ---- */
+
+#define DTR__PCG_MULT 6364136223846793005ULL
+
+/** One draw: returns the output of `*state` and steps it. */
+DTR__HD uint32_t dtr__f_pcg_next(uint64_t *state, uint64_t inc) {
+    uint64_t old = *state;
+    uint32_t xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    *state = old * DTR__PCG_MULT + inc;
+    return (xorshifted >> rot) | (xorshifted << ((0u - rot) & 31u));
+}
+
+/** The state `delta` draws later, in O(log delta) (Brown's jump ahead): draw i of a stream
+ *  is computed on its own, so a GPU thread per element reproduces the CPU's sequence. */
+DTR__HD uint64_t dtr__f_pcg_advance(uint64_t state, uint64_t inc, uint64_t delta) {
+    uint64_t mult = DTR__PCG_MULT, plus = inc, acc_mult = 1u, acc_plus = 0u;
+    while (delta > 0) {
+        if (delta & 1u) {
+            acc_mult *= mult;
+            acc_plus = acc_plus * mult + plus;
+        }
+        plus = (mult + 1u) * plus;
+        mult *= mult;
+        delta >>= 1u;
+    }
+    return acc_mult * state + acc_plus;
+}
+
+/** A draw as a float uniform in [0, 1), 24 bits. */
+DTR__HD float dtr__f_uniform(uint32_t u) { return (float)(u >> 8) * (1.0f / 16777216.0f); }
+
+/** Dropout's multiplier for a draw: 0 (dropped, draw < p) or 1 / (1 - p). */
+DTR__HD float dtr__f_dropout_mask(uint32_t u, float p) { return dtr__f_uniform(u) < p ? 0.0f : 1.0f / (1.0f - p); }
+
+/* ---- activations: y = f(x) and dy/dx ---- */
+
+DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + tanhf(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
+DTR__HD float dtr__f_gelu_grad(float x) {
+    float u = DTR__GELU_K * (x + 0.044715f * x * x * x), t = tanhf(u);
+    float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+DTR__HD float dtr__f_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * DTR__SQRT1_2)); }
+DTR__HD float dtr__f_gelu_erf_grad(float x) {
+    return 0.5f * (1.0f + erff(x * DTR__SQRT1_2)) + x * DTR__INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+DTR__HD float dtr__f_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/** From the output y = sigmoid(x). */
+DTR__HD float dtr__f_sigmoid_grad(float y) { return y * (1.0f - y); }
+/** From the output y = tanh(x). */
+DTR__HD float dtr__f_tanh_grad(float y) { return 1.0f - y * y; }
+/** NaN and -0 pass through, as PyTorch. */
+DTR__HD float dtr__f_relu(float x) { return x < 0.0f ? 0.0f : x; }
+/** 0 at and below 0 (and at NaN), as PyTorch. */
+DTR__HD float dtr__f_relu_grad(float x) { return x <= 0.0f ? 0.0f : 1.0f; }
+/** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
+DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+
+/** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
+ *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
+DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
+
+/* ---- optimizer element updates ---- */
+
+/** The constants of one SGD / Adam / AdamW / LAMB update (dtr__opt_consts makes them on the
+ *  host from dtr__opt_args; a kernel takes them by value). */
+typedef struct dtr__opt_k {
+    float lr, wd, gs, eps;
+    float mom, damp;          /* SGD: momentum, 1 - dampening */
+    float step_size, sbc2;    /* Adam: lr / (1 - beta1^t), sqrt(1 - beta2^t) */
+    float b1, b2, c1, c2;     /* beta1, beta2, 1 - beta1, 1 - beta2 */
+    double bc1, bc2;          /* LAMB: 1 - beta1^t, 1 - beta2^t */
+    int adamw, nesterov, first;
+} dtr__opt_k;
+
+/** SGD without momentum buffers. */
+DTR__HD void dtr__f_sgd(float *p, float g, const dtr__opt_k *k) { *p -= k->lr * (g * k->gs + k->wd * *p); }
+
+/** SGD with a momentum buffer m: the first step stores the gradient, later ones
+ *  m = mom m + (1 - dampening) d; Nesterov steps along d + mom m. The flags are arguments
+ *  (k->first, k->nesterov) so that a CPU loop passing constants compiles to one branch-free,
+ *  vectorised loop per variant. */
+DTR__HD void dtr__f_sgd_momentum(float *p, float *m, float g, const dtr__opt_k *k, int first, int nesterov) {
+    float d = g * k->gs + k->wd * *p, b;
+    if (first) {
+        *m = d;
+        *p -= k->lr * (nesterov ? d + k->mom * d : d);
+        return;
+    }
+    b = k->mom * *m + k->damp * d;
+    *m = b;
+    *p -= k->lr * (nesterov ? d + k->mom * b : b);
+}
+
+/** Adam (L2 decay added to the gradient) or AdamW (decoupled decay, `adamw` = k->adamw),
+ *  bias-corrected. */
+DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
+    float d = g * k->gs;
+    if (adamw) *p *= 1.0f - k->lr * k->wd;
+    else d += k->wd * *p;
+    *m = k->b1 * *m + k->c1 * d;
+    *v = k->b2 * *v + k->c2 * d * d;
+    *p -= k->step_size * *m / (sqrtf(*v) / k->sbc2 + k->eps);
+}
+
+/** LAMB's first phase for one element: moments updated, returns the update direction
+ *  (before the per-parameter trust ratio scales it). */
+DTR__HD float dtr__f_lamb_dir(float p, float *m, float *v, float g, const dtr__opt_k *k) {
+    float d = g * k->gs, mh, vh;
+    *m = k->b1 * *m + k->c1 * d;
+    *v = k->b2 * *v + k->c2 * d * d;
+    mh = (float)(*m / k->bc1);
+    vh = (float)(*v / k->bc2);
+    return mh / (sqrtf(vh) + k->eps) + k->wd * p;
+}
+
+/** LAMB's trust ratio from the squared norms of the parameter and of its direction. */
+DTR__HD float dtr__f_lamb_trust(double pn, double un) {
+    return (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+}
+
+/** The constants of the update `a` describes (host side). */
+static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
+    dtr__opt_k k;
+    double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    memset(&k, 0, sizeof k);
+    k.lr = a->lr; k.wd = a->weight_decay; k.gs = a->grad_scale; k.eps = a->eps;
+    k.mom = a->momentum; k.damp = 1.0f - a->dampening;
+    k.step_size = a->lr / (float)bc1;
+    k.sbc2 = sqrtf((float)bc2);
+    k.b1 = (float)a->beta1; k.b2 = (float)a->beta2;
+    k.c1 = (float)(1.0 - a->beta1); k.c2 = (float)(1.0 - a->beta2);
+    k.bc1 = bc1; k.bc2 = bc2;
+    k.adamw = a->kind == DTR_OPT_ADAMW;
+    k.nesterov = a->nesterov;
+    k.first = a->first;
+    return k;
+}
+
+#endif /* DTR__FORMULAS_H */
+#line 3537 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3307,7 +3588,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3311 "dtrain.h"
+#line 3592 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3577,7 +3858,50 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3581 "dtrain.h"
+#line 3862 "dtrain.h"
+
+/* ---- src/transport/nccl_watch.h ---- */
+#line 1 "src/transport/nccl_watch.h"
+/* ============================================================================
+ * The NCCL transport's watchdog decisions, kept pure (no NCCL, no clock of their own) so the
+ * CPU tests drive them with a fake clock: what a thread waiting on NCCL work does next, and
+ * how long it naps between polls. src/transport/nccl.c (dtrain_comm.c) calls them.
+ * ==========================================================================*/
+#ifndef DTR__NCCL_WATCH_H
+#define DTR__NCCL_WATCH_H
+
+/** What a waiter does next. */
+typedef enum dtr__nccl_next {
+    DTR__NCCL_WAIT = 0,      /* nap, then poll again */
+    DTR__NCCL_DONE = 1,      /* the work completed: its result is valid */
+    DTR__NCCL_ERROR = 2,     /* NCCL reported an asynchronous error: abort the communicator */
+    DTR__NCCL_PEER_DEAD = 3, /* a peer process on this host is gone: abort, name it */
+    DTR__NCCL_TIMEOUT = 4    /* the deadline passed: abort (NCCL would wait forever), name the peer */
+} dtr__nccl_next;
+
+/** The decision from one poll: `done` (the work's event completed), `async_error` (0 none,
+ *  1 an operation still in progress, 2 an error: ncclCommGetAsyncError's answer mapped),
+ *  `dead_peer` (a peer found dead, or -1), the clock and the deadline. An error wins over
+ *  completion (the result cannot be trusted); completed work wins over a peer that died
+ *  after it; the deadline is checked last. */
+static inline dtr__nccl_next dtr__nccl_watch(int done, int async_error, int dead_peer, int64_t now_ns, int64_t deadline_ns) {
+    if (async_error == 2) return DTR__NCCL_ERROR;
+    if (done) return DTR__NCCL_DONE;
+    if (dead_peer >= 0) return DTR__NCCL_PEER_DEAD;
+    if (now_ns >= deadline_ns) return DTR__NCCL_TIMEOUT;
+    return DTR__NCCL_WAIT;
+}
+
+/** The next nap: doubling from 2 us up to max_ns, never past the deadline. */
+static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now_ns, int64_t deadline_ns) {
+    int64_t nap = prev_ns <= 0 ? 2000 : prev_ns * 2;
+    if (nap > max_ns) nap = max_ns;
+    if (nap > deadline_ns - now_ns) nap = deadline_ns - now_ns;
+    return nap > 0 ? nap : 0;
+}
+
+#endif /* DTR__NCCL_WATCH_H */
+#line 3905 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3604,7 +3928,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3608 "dtrain.h"
+#line 3932 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3637,7 +3961,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3641 "dtrain.h"
+#line 3965 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3687,7 +4011,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3691 "dtrain.h"
+#line 4015 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -4039,7 +4363,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 4043 "dtrain.h"
+#line 4367 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4830,13 +5154,14 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4834 "dtrain.h"
+#line 5158 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
 /* ============================================================================
  * Context: configuration, backend, thread pool, step arena, errors, logging, RNG.
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -5222,14 +5547,7 @@ void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream) {
     dtr_rng_u32(rng);
 }
 
-uint32_t dtr_rng_u32(dtr_rng *rng) {
-    uint64_t old = rng->state;
-    uint32_t xorshifted, rot;
-    rng->state = old * 6364136223846793005ULL + rng->inc;
-    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
-    rot = (uint32_t)(old >> 59u);
-    return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
-}
+uint32_t dtr_rng_u32(dtr_rng *rng) { return dtr__f_pcg_next(&rng->state, rng->inc); }
 
 /* ---- state ---- */
 
@@ -5250,34 +5568,23 @@ dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out) 
 dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DTR_NULL_HANDLE; }
 
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
-void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
-    uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;
-    while (delta > 0) {
-        if (delta & 1u) {
-            acc_mult *= mult;
-            acc_plus = acc_plus * mult + plus;
-        }
-        plus = (mult + 1u) * plus;
-        mult *= mult;
-        delta >>= 1u;
-    }
-    rng->state = acc_mult * rng->state + acc_plus;
-}
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta) { rng->state = dtr__f_pcg_advance(rng->state, rng->inc, delta); }
 
-float dtr_rng_uniform(dtr_rng *rng) { return (float)(dtr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }
+float dtr_rng_uniform(dtr_rng *rng) { return dtr__f_uniform(dtr_rng_u32(rng)); }
 
 float dtr_rng_normal(dtr_rng *rng) {
     float u1 = dtr_rng_uniform(rng), u2 = dtr_rng_uniform(rng);
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5275 "dtrain.h"
+#line 5581 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
 /* ============================================================================
  * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even).
  * ==========================================================================*/
+
 
 
 
@@ -5301,69 +5608,17 @@ const char *dtr_dtype_name(dtr_dtype dt) {
     return "unknown";
 }
 
-static uint32_t dtr__fbits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
-static float dtr__bitsf(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-
-uint16_t dtr_f32_to_bf16(float x) {
-    uint32_t u = dtr__fbits(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-float dtr_bf16_to_f32(uint16_t x) { return dtr__bitsf((uint32_t)x << 16); }
-
-uint16_t dtr_f32_to_f16(float x) {
-    uint32_t u = dtr__fbits(x);
-    uint32_t sign = (u >> 16) & 0x8000u;
-    uint32_t a = u & 0x7fffffffu;
-    if (a >= 0x7f800000u) /* inf or nan */
-        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
-    if (a < 0x38800000u) {  /* subnormal or zero in f16 */
-        /* value = a as float; f16 subnormal unit = 2^-24 */
-        float f = dtr__bitsf(a) * 16777216.0f; /* scale by 2^24 */
-        /* round half to even */
-        uint32_t i = (uint32_t)f;
-        float rem = f - (float)i;
-        if (rem > 0.5f || (rem == 0.5f && (i & 1u))) i++;
-        return (uint16_t)(sign | i);
-    }
-    {
-        uint32_t mant_odd = (a >> 13) & 1u;
-        a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
-        return (uint16_t)(sign | (a >> 13));
-    }
-}
-
-float dtr_f16_to_f32(uint16_t h) {
-    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-    if (exp == 0) {
-        float f = (float)mant * (1.0f / 16777216.0f);
-        return sign ? -f : f;
-    }
-    if (exp == 31) return dtr__bitsf(sign | 0x7f800000u | (mant << 13));
-    return dtr__bitsf(sign | ((exp + 112u) << 23) | (mant << 13));
-}
-
-static float dtr__load_f32(const void *src, dtr_dtype dt, size_t i) {
-    switch (dt) {
-    case DTR_F32: return ((const float *)src)[i];
-    case DTR_BF16: return dtr_bf16_to_f32(((const uint16_t *)src)[i]);
-    case DTR_F16: return dtr_f16_to_f32(((const uint16_t *)src)[i]);
-    case DTR_I32: return (float)((const int32_t *)src)[i];
-    case DTR_U8: return (float)((const uint8_t *)src)[i];
-    }
-    return 0.0f;
-}
+uint16_t dtr_f32_to_bf16(float x) { return dtr__f_to_bf16(x); }
+float dtr_bf16_to_f32(uint16_t x) { return dtr__f_from_bf16(x); }
+uint16_t dtr_f32_to_f16(float x) { return dtr__f_to_f16(x); }
+float dtr_f16_to_f32(uint16_t h) { return dtr__f_from_f16(h); }
 
 /* f32 <-> bf16 over arrays, branch-free so that compilers vectorize them (the rule of
  * dtr_f32_to_bf16: NaN stays a quiet NaN, the rest rounds to nearest even) */
 static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
     size_t i;
     for (i = 0; i < n; i++) {
-        uint32_t u = dtr__fbits(s[i]), nan = (u & 0x7fffffffu) > 0x7f800000u;
+        uint32_t u = dtr__f_bits(s[i]), nan = (u & 0x7fffffffu) > 0x7f800000u;
         uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, q = (u >> 16) | 0x40u;
         d[i] = (uint16_t)(nan ? q : r);
     }
@@ -5371,7 +5626,7 @@ static void dtr__f32_to_bf16_n(uint16_t *d, const float *s, size_t n) {
 
 static void dtr__bf16_to_f32_n(float *d, const uint16_t *s, size_t n) {
     size_t i;
-    for (i = 0; i < n; i++) d[i] = dtr__bitsf((uint32_t)s[i] << 16);
+    for (i = 0; i < n; i++) d[i] = dtr__f_from_bits((uint32_t)s[i] << 16);
 }
 
 dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtype src_dtype, size_t n) {
@@ -5390,19 +5645,10 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
         for (i = 0; i < n; i++) ((int32_t *)dst)[i] = ((const uint8_t *)src)[i];
         return DTR_OK;
     }
-    for (i = 0; i < n; i++) {
-        float f = dtr__load_f32(src, src_dtype, i);
-        switch (dst_dtype) {
-        case DTR_F32: ((float *)dst)[i] = f; break;
-        case DTR_BF16: ((uint16_t *)dst)[i] = dtr_f32_to_bf16(f); break;
-        case DTR_F16: ((uint16_t *)dst)[i] = dtr_f32_to_f16(f); break;
-        case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
-        case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
-        }
-    }
+    for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 5406 "dtrain.h"
+#line 5652 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5579,6 +5825,20 @@ void *dtr_tensor_data(dtr_tensor *t) {
 }
 
 float *dtr_tensor_grad(dtr_tensor *t) { return t ? t->grad : NULL; }
+
+dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
+    if (!t || !dst) return DTR_NULL_HANDLE;
+    if (!t->grad) return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_read_grad: the tensor has no gradient");
+    if ((int64_t)n != dtr_tensor_numel(t))
+        return dtr__fail(t->ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read_grad: %zu elements asked, tensor has %lld", n,
+                         (long long)dtr_tensor_numel(t));
+    if (n == 0) return DTR_OK;
+    if (dtr__host_memory(t->ctx)) {
+        memcpy(dst, t->grad, n * sizeof(float));
+        return DTR_OK;
+    }
+    return t->ctx->backend->to_host(t->ctx, dst, t->grad, n * sizeof(float));
+}
 
 dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     if (!t) return NULL;
@@ -5777,7 +6037,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5781 "dtrain.h"
+#line 6041 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5976,7 +6236,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5980 "dtrain.h"
+#line 6240 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6207,7 +6467,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6211 "dtrain.h"
+#line 6471 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6215,6 +6475,7 @@ dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr_
  * Element-wise ops, reductions and simple losses: builders and CPU kernels side by side.
  * Shapes: any; binary ops broadcast as NumPy does (axes aligned on the right).
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -6389,9 +6650,6 @@ dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx
 dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
 dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
 
-#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
-#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
-#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
@@ -6405,10 +6663,10 @@ static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
     for (; i + 8 <= e; i += 8) {
         float t[8];
         for (k = 0; k < 8; k++) t[k] = x[i + k];
-        for (k = 0; k < 8; k++) t[k] = t[k] < 0.0f ? 0.0f : t[k];
+        for (k = 0; k < 8; k++) t[k] = dtr__f_relu(t[k]);
         for (k = 0; k < 8; k++) y[i + k] = t[k];
     }
-    for (; i < e; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+    for (; i < e; i++) y[i] = dtr__f_relu(x[i]);
 }
 
 static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
@@ -6417,10 +6675,10 @@ static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, 
     for (; i + 8 <= e; i += 8) {
         float tx[8], tg[8], tgx[8];
         for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
-        for (k = 0; k < 8; k++) tgx[k] += tx[k] <= 0.0f ? 0.0f : tg[k];
+        for (k = 0; k < 8; k++) tgx[k] += tg[k] * dtr__f_relu_grad(tx[k]);
         for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
     }
-    for (; i < e; i++) gx[i] += x[i] <= 0.0f ? 0.0f : g[i];
+    for (; i < e; i++) gx[i] += g[i] * dtr__f_relu_grad(x[i]);
 }
 
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
@@ -6432,16 +6690,11 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
     case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
-    case DTR_OP_GELU:
-        for (i = b; i < e; i++) {
-            float v = x[i];
-            y[i] = 0.5f * v * (1.0f + tanhf(DTR__GELU_K * (v + 0.044715f * v * v * v)));
-        }
-        break;
+    case DTR_OP_GELU: for (i = b; i < e; i++) y[i] = dtr__f_gelu(x[i]); break;
     case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
-    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * DTR__SQRT1_2)); break;
-    default: for (i = b; i < e; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = dtr__f_gelu_erf(x[i]); break;
+    default: for (i = b; i < e; i++) y[i] = dtr__f_sigmoid(x[i]); break;
     }
 }
 
@@ -6454,24 +6707,11 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
     case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
-    case DTR_OP_GELU:
-        for (i = b; i < e; i++) {
-            float v = x[i], u = DTR__GELU_K * (v + 0.044715f * v * v * v), t = tanhf(u);
-            float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            gx[i] += g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        }
-        break;
-    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
-    case DTR_OP_ABS: /* sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0) */
-        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : 0.0f);
-        break;
-    case DTR_OP_GELU_ERF:
-        for (i = b; i < e; i++) {
-            float v = x[i], cdf = 0.5f * (1.0f + erff(v * DTR__SQRT1_2));
-            gx[i] += g[i] * (cdf + v * DTR__INV_SQRT_2PI * expf(-0.5f * v * v));
-        }
-        break;
-    default: for (i = b; i < e; i++) gx[i] += g[i] * y[i] * (1.0f - y[i]); break;
+    case DTR_OP_GELU: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_grad(x[i]); break;
+    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_tanh_grad(y[i]); break;
+    case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_erf_grad(x[i]); break;
+    default: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_sigmoid_grad(y[i]); break;
     }
 }
 
@@ -6657,7 +6897,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6661 "dtrain.h"
+#line 6901 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6836,7 +7076,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6840 "dtrain.h"
+#line 7080 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -6845,6 +7085,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
  * causal self-attention composite.
  * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -7197,7 +7438,7 @@ dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
     if (!m) return ctx->status;
     nd->saved = m;
-    for (i = 0; i < N; i++) m[i] = dtr_rng_uniform(&rng) < p ? 0.0f : 1.0f / (1.0f - p);
+    for (i = 0; i < N; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
@@ -7211,12 +7452,18 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- causal self-attention (composite) ---- */
+/* ---- causal self-attention, fused (flash-style) ----
+ * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). Per
+ * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
+ * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
+ * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
+ * Memory per worker: two TILE x T blocks, never T x T per head. A (batch, head) is one
+ * worker's, in tile order, so results do not depend on the thread count. */
+
+#define DTR__ATT_TILE 32
 
 dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
-    static const int to_heads[4] = {0, 2, 1, 3}; /* (B, T, H, D) -> (B, H, T, D) */
-    int64_t B, T, C, D, shape[4];
-    dtr_tensor *qh, *kh, *vh, *att, *y;
+    dtr__node *n;
     char s1[96], s2[96], s3[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
@@ -7226,22 +7473,135 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
         memcmp(q->shape, v->shape, 3 * sizeof(int64_t)))
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must all be (B, T, C)",
                           dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
-    B = q->shape[0]; T = q->shape[1]; C = q->shape[2];
-    if (heads <= 0 || C % heads)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)C);
-    D = C / heads;
-    shape[0] = B; shape[1] = T; shape[2] = heads; shape[3] = D;
-    qh = dtr_permute(ctx, dtr_reshape(ctx, q, 4, shape), to_heads);          /* (B, H, T, D) */
-    kh = dtr_permute(ctx, dtr_reshape(ctx, k, 4, shape), to_heads);
-    vh = dtr_permute(ctx, dtr_reshape(ctx, v, 4, shape), to_heads);
-    att = dtr_matmul(ctx, qh, dtr_transpose(ctx, kh, 2, 3));                  /* (B, H, T, T) */
-    att = dtr_softmax_causal(ctx, dtr_scale(ctx, att, 1.0f / sqrtf((float)D)));
-    y = dtr_matmul(ctx, att, vh);                                             /* (B, H, T, D) */
-    y = dtr_contiguous(ctx, dtr_permute(ctx, y, to_heads));                   /* (B, T, H, D) */
-    shape[2] = C;
-    return dtr_reshape(ctx, y, 3, shape);
+    if (heads <= 0 || q->shape[2] % heads)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
+    q = dtr__contig_input(ctx, q);
+    k = dtr__contig_input(ctx, k);
+    v = dtr__contig_input(ctx, v);
+    if (!q || !k || !v) return NULL;
+    {
+        dtr_tensor *in[3] = {q, k, v};
+        n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
+    }
+    if (!n) return NULL;
+    n->p.heads = heads;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 3, q->shape, "dtr_attention");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_attention");
 }
-#line 7245 "dtrain.h"
+
+typedef struct dtr__att_job {
+    const dtr__node *nd;
+    dtr__pool *pool;
+    int64_t B, T, C, H, D;
+    float scale;
+    float *lse;        /* (B, H, T) */
+    float *scratch;    /* per worker: two TILE x T blocks */
+} dtr__att_job;
+
+/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled causal scores S in place; the
+ * row's log-sum-exp to lse (forward) or P from it (backward: have_lse). */
+static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
+    int64_t r, j;
+    for (r = 0; r < rows; r++) {
+        float *sr = S + r * nk, mx = -INFINITY;
+        int64_t valid = t0 + r + 1;
+        double sum = 0.0;
+        for (j = 0; j < valid; j++) sr[j] *= scale;
+        if (have_lse) {
+            for (j = 0; j < valid; j++) sr[j] = expf(sr[j] - lse[t0 + r]);
+        } else {
+            for (j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
+            for (j = 0; j < valid; j++) sum += exp((double)(sr[j] - mx));
+            lse[t0 + r] = mx + (float)log(sum);
+            for (j = 0; j < valid; j++) sr[j] = (float)(exp((double)(sr[j] - mx)) / sum);
+        }
+        for (j = valid; j < nk; j++) sr[j] = 0.0f;
+    }
+}
+
+static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    int64_t T = j->T, C = j->C, D = j->D, bh, t0;
+    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
+    for (bh = b; bh < e; bh++) {
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
+        const float *Q = dtr__f32(j->nd->in[0]) + off, *K = dtr__f32(j->nd->in[1]) + off, *V = dtr__f32(j->nd->in[2]) + off;
+        float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
+        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
+            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+            /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, S, nk);
+            dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
+            /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
+            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, C, 1, 0.0f, Y + t0 * C, C);
+        }
+    }
+}
+
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) / sqrt(D). */
+static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    const dtr__node *nd = j->nd;
+    int64_t T = j->T, C = j->C, D = j->D, bh, t0, r, c;
+    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
+    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    for (bh = b; bh < e; bh++) {
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
+        const float *Q = dtr__f32(nd->in[0]) + off, *K = dtr__f32(nd->in[1]) + off, *V = dtr__f32(nd->in[2]) + off;
+        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
+        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
+            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, P, nk);
+            dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
+            /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
+            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
+            if (!GQ && !GK) continue;
+            /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, C, 0.0f, dP, nk);
+            for (r = 0; r < rows; r++) {
+                double dy = 0.0;
+                for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
+                for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
+            }
+            /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
+            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, C, 1, 1.0f, GQ + off + t0 * C, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * C, C, 1, 1.0f, GK + off, C);
+        }
+    }
+}
+
+static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
+    memset(j, 0, sizeof *j);
+    j->nd = nd;
+    j->pool = ctx->pool;
+    j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
+    j->H = nd->p.heads; j->D = j->C / j->H;
+    j->scale = 1.0f / sqrtf((float)j->D);
+    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
+                                                 sizeof(float), "dtr_attention");
+    return j->scratch ? DTR_OK : ctx->status;
+}
+
+dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__att_job j;
+    if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.T + 1) * sizeof(float)); /* row log-sum-exps */
+    if (!j.lse) return ctx->status;
+    nd->saved = j.lse;
+    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__att_job j;
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
+    if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    j.lse = (float *)nd->saved;
+    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
+    return DTR_OK;
+}
+#line 7605 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7251,6 +7611,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
  * column matrix of sample n is (C*KH*KW, Ho*Wo), kept for the backward pass when the op is
  * recorded on the tape; otherwise (inference, frozen layers) each worker reuses one.
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -7599,7 +7960,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
                         if (jj < 0 || jj >= W) continue;
                         v = xc[ii * W + jj];
                         s += v;
-                        if (v > best || bi < 0 || v != v) { best = v; bi = (int32_t)(ii * W + jj); } /* NaN wins */
+                        if (dtr__f_max_takes(v, best) || bi < 0) { best = v; bi = (int32_t)(ii * W + jj); } /* NaN wins */
                     }
                 }
                 if (maxp) { Y[(c * Ho + oi) * Wo + oj] = best; arg[(c * Ho + oi) * Wo + oj] = bi; }
@@ -7608,9 +7969,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
     }
 }
 
-/* v replaces the window's best so far when larger, or when it is NaN (NaN propagates, and
- * its index is the one backward uses, as in PyTorch). */
-#define DTR__MAX_TAKES(v, best) ((v) > (best) || (v) != (v))
+#define DTR__MAX_TAKES(v, best) dtr__f_max_takes(v, best)
 
 /* One 2x2 window per lane: a b / c d. with_nan 0: plain compares (no lane holds a NaN);
  * 1: the NaN-aware rule of the reference. Two loops, each branch-free, so both vectorise. */
@@ -7741,7 +8100,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7745 "dtrain.h"
+#line 8104 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -8000,7 +8359,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8004 "dtrain.h"
+#line 8363 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8186,7 +8545,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8190 "dtrain.h"
+#line 8549 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8299,7 +8658,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8303 "dtrain.h"
+#line 8662 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8773,7 +9132,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8777 "dtrain.h"
+#line 9136 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8942,7 +9301,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8946 "dtrain.h"
+#line 9305 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9191,7 +9550,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9195 "dtrain.h"
+#line 9554 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9200,6 +9559,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
  * buffers, learning-rate schedules, gradient clipping and accumulation.
  * The update formulas follow torch.optim (SGD, Adam, AdamW) and You et al. 2019 (LAMB).
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -9524,74 +9884,33 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
 dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     int64_t i, n = a->n, b = a->begin;
     float *p = a->param, *g = a->grad, *m = a->m, *v = a->v;
-    float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
+    dtr__opt_k k = dtr__opt_consts(a);
+    int s;
     (void)ctx;
     switch (a->kind) {
-    case DTR_OPT_SGD: {
-        /* one simple loop per variant, fields in locals: the compiler vectorises each */
-        float mom = a->momentum, damp = 1.0f - a->dampening;
-        if (!m) {
-            for (i = b; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
-        } else if (a->first) {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i];
-                m[i] = d;
-                p[i] -= lr * (a->nesterov ? d + mom * d : d);
-            }
-        } else if (a->nesterov) {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
-                m[i] = b;
-                p[i] -= lr * (d + mom * b);
-            }
-        } else {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
-                m[i] = b;
-                p[i] -= lr * b;
-            }
-        }
+    case DTR_OPT_SGD:
+        /* one loop per variant, the flags constant in each: the compiler vectorises them */
+        if (!m) for (i = b; i < n; i++) dtr__f_sgd(&p[i], g[i], &k);
+        else if (k.first) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 1, k.nesterov);
+        else if (k.nesterov) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1);
+        else for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0);
         break;
-    }
-    case DTR_OPT_ADAM:
-    case DTR_OPT_ADAMW: {
-        float bc1 = (float)(1.0 - pow(a->beta1, (double)a->step)), bc2 = (float)(1.0 - pow(a->beta2, (double)a->step));
-        float step_size = lr / bc1, sbc2 = sqrtf(bc2);
-        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
-        int adamw = a->kind == DTR_OPT_ADAMW;
-        for (i = b; i < n; i++) {
-            float d = g[i] * gs;
-            if (adamw) p[i] *= 1.0f - lr * wd;
-            else d += wd * p[i];
-            m[i] = b1 * m[i] + c1 * d;
-            v[i] = b2 * v[i] + c2 * d * d;
-            p[i] -= step_size * m[i] / (sqrtf(v[i]) / sbc2 + a->eps);
-        }
-        break;
-    }
-    case DTR_OPT_LAMB: {
-        double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
-        int s;
+    case DTR_OPT_ADAM: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 0); break;
+    case DTR_OPT_ADAMW: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 1); break;
+    case DTR_OPT_LAMB:
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
             float trust;
             if (a->seg_begin[s] < b || a->seg_end[s] > n) continue;   /* outside the range */
             for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
-                float d = g[i] * gs, mh, vh;
-                m[i] = b1 * m[i] + c1 * d;
-                v[i] = b2 * v[i] + c2 * d * d;
-                mh = (float)(m[i] / bc1);
-                vh = (float)(v[i] / bc2);
-                a->work[i] = mh / (sqrtf(vh) + a->eps) + wd * p[i];
+                a->work[i] = dtr__f_lamb_dir(p[i], &m[i], &v[i], g[i], &k);
                 pn += (double)p[i] * p[i];
                 un += (double)a->work[i] * a->work[i];
             }
-            trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
-            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= lr * trust * a->work[i];
+            trust = dtr__f_lamb_trust(pn, un);
+            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= a->lr * trust * a->work[i];
         }
         break;
-    }
     default: return DTR_INVALID_ARGUMENT;
     }
     return DTR_OK;
@@ -9621,7 +9940,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9625 "dtrain.h"
+#line 9944 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9968,7 +10287,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9972 "dtrain.h"
+#line 10291 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -10034,7 +10353,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 10038 "dtrain.h"
+#line 10357 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10271,7 +10590,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10275 "dtrain.h"
+#line 10594 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -11020,7 +11339,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 11024 "dtrain.h"
+#line 11343 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11473,7 +11792,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11477 "dtrain.h"
+#line 11796 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11529,7 +11848,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11533 "dtrain.h"
+#line 11852 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12306,7 +12625,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12310 "dtrain.h"
+#line 12629 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12887,7 +13206,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12891 "dtrain.h"
+#line 13210 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13518,7 +13837,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13522 "dtrain.h"
+#line 13841 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14256,7 +14575,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14260 "dtrain.h"
+#line 14579 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14523,7 +14842,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14527 "dtrain.h"
+#line 14846 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14713,7 +15032,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14717 "dtrain.h"
+#line 15036 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14847,7 +15166,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14851 "dtrain.h"
+#line 15170 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15581,7 +15900,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15585 "dtrain.h"
+#line 15904 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16098,7 +16417,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16102 "dtrain.h"
+#line 16421 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16830,7 +17149,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16834 "dtrain.h"
+#line 17153 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17002,6 +17321,7 @@ out:
    without the unit the address is NULL) */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__ELF__)
 extern const dtr_transport_vtable *dtr_fabric_transport(void) __attribute__((weak));
+extern const dtr_transport_vtable *dtr_nccl_transport(void) __attribute__((weak));
 #define DTR__WEAK_FABRIC 1
 #else
 #define DTR__WEAK_FABRIC 0
@@ -17015,6 +17335,10 @@ const dtr_transport_vtable *dtr_transport_find(const char *name) {
 #if DTR__WEAK_FABRIC
     if (!strcmp(name, "libfabric") && dtr_fabric_transport) {
         vt = dtr_fabric_transport();
+        if (vt) return vt;
+    }
+    if (!strcmp(name, "nccl") && dtr_nccl_transport) {
+        vt = dtr_nccl_transport();
         if (vt) return vt;
     }
 #endif
@@ -17907,7 +18231,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17911 "dtrain.h"
+#line 18235 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18459,7 +18783,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18463 "dtrain.h"
+#line 18787 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18941,7 +19265,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18945 "dtrain.h"
+#line 19269 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19394,7 +19718,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19398 "dtrain.h"
+#line 19722 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19753,7 +20077,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19757 "dtrain.h"
+#line 20081 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19950,7 +20274,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19954 "dtrain.h"
+#line 20278 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20283,7 +20607,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20287 "dtrain.h"
+#line 20611 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20716,7 +21040,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20720 "dtrain.h"
+#line 21044 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -20770,7 +21094,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 20774 "dtrain.h"
+#line 21098 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -22238,7 +22562,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 22242 "dtrain.h"
+#line 22566 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

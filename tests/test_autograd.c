@@ -11,6 +11,8 @@
  *   test_abs_gelu_erf        dtr_abs, dtr_gelu_erf and dtr_gelu (tanh form) against PyTorch's numbers
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
+ *   test_fused_attention     the fused attention op equals the composite of public ops; its arena
+ *                            peak at T = 512 is a fraction of the composite's (no T x T per head)
  * Reference numbers: PyTorch 1.13 (python3-torch), the script is quoted at each case. */
 #define DTRAIN_INTERNAL_API
 #include "test.h"
@@ -280,7 +282,7 @@ static const char *const k_op_ids[] = {
     "sum", "mean", "sum_all", "mean_all", "embedding", "layernorm", "dropout", "conv2d",      /* 17..24 */
     "maxpool2d", "avgpool2d", "cast", "reshape", "permute", "slice", "concat", "contiguous",  /* 25..32 */
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
-    "checkpoint"                                                                              /* 39 */
+    "checkpoint", "attention"                                                                 /* 39..40 */
 };
 
 static void test_op_names(void) {
@@ -300,6 +302,7 @@ static void test_op_names(void) {
     CHECK_EQ_INT(DTR_OP_VOCAB_CROSS_ENTROPY, 37);
     CHECK_EQ_INT(DTR_OP_TP_GATHER, 38);
     CHECK_EQ_INT(DTR_OP_CHECKPOINT, 39);
+    CHECK_EQ_INT(DTR_OP_ATTENTION, 40);
     /* a kernel's range check names its op */
     t = dtr_cross_entropy(ctx, dtr_tensor_zeros(ctx, DTR_F32, 2, (const int64_t[]){2, 3}),
                           dtr_tensor_from(ctx, DTR_I32, 1, s, (const int32_t[]){1, 7}));
@@ -334,6 +337,62 @@ static void test_backend_caps(void) {
     dtr_context_destroy(ctx);
 }
 
+/* The fused attention op against the same math built from public ops (matmul,
+ * softmax_causal, permute): outputs and the gradients of q, k, v agree to 1e-5 over three
+ * tiles of queries; and its arena peak at T = 512 is far below the composite's, which holds
+ * (B, H, T, T) scores and probabilities. */
+static dtr_tensor *attention_composite(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
+    static const int to_heads[4] = {0, 2, 1, 3};
+    int64_t B = q->shape[0], T = q->shape[1], C = q->shape[2], D = C / heads, shape[4];
+    dtr_tensor *qh, *kh, *vh, *att, *y;
+    shape[0] = B; shape[1] = T; shape[2] = heads; shape[3] = D;
+    qh = dtr_permute(ctx, dtr_reshape(ctx, q, 4, shape), to_heads);
+    kh = dtr_permute(ctx, dtr_reshape(ctx, k, 4, shape), to_heads);
+    vh = dtr_permute(ctx, dtr_reshape(ctx, v, 4, shape), to_heads);
+    att = dtr_softmax_causal(ctx, dtr_scale(ctx, dtr_matmul(ctx, qh, dtr_transpose(ctx, kh, 2, 3)), 1.0f / sqrtf((float)D)));
+    y = dtr_contiguous(ctx, dtr_permute(ctx, dtr_matmul(ctx, att, vh), to_heads));
+    shape[2] = C;
+    return dtr_reshape(ctx, y, 3, shape);
+}
+
+static void attention_run(int fused, int64_t B, int64_t T, int64_t C, int heads, float *out, float *grads, size_t *peak) {
+    dtr_context *ctx = test_ctx(2);
+    int64_t shape[3] = {B, T, C}, n = B * T * C, i;
+    float *data = (float *)malloc((size_t)n * 3 * sizeof(float));
+    dtr_tensor *x[3], *y, *loss;
+    dtr_rng r;
+    int k;
+    dtr_rng_seed(&r, 21, 1);
+    for (i = 0; i < 3 * n; i++) data[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
+    for (k = 0; k < 3; k++) x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, data + k * n));
+    dtr_context_arena_peak(ctx, 1);
+    y = fused ? dtr_attention(ctx, x[0], x[1], x[2], heads) : attention_composite(ctx, x[0], x[1], x[2], heads);
+    loss = dtr_sum_all(ctx, dtr_mul(ctx, y, y));
+    CHECK_OK(ctx, dtr_backward(ctx, loss));
+    *peak = dtr_context_arena_peak(ctx, 0);
+    if (out) CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, out, (size_t)n));
+    for (k = 0; grads && k < 3; k++) memcpy(grads + k * n, dtr_tensor_grad(x[k]), (size_t)n * sizeof(float));
+    free(data);
+    dtr_context_destroy(ctx);
+}
+
+static void test_fused_attention(void) {
+    int64_t B = 2, T = 70, C = 8, n = B * T * C, i;
+    float *o1 = (float *)malloc((size_t)n * 8 * sizeof(float)), *o2 = o1 + n, *g1 = o2 + n, *g2 = g1 + 3 * n;
+    double worst = 0.0;
+    size_t p_fused, p_comp;
+    attention_run(1, B, T, C, 2, o1, g1, &p_fused);
+    attention_run(0, B, T, C, 2, o2, g2, &p_comp);
+    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)o1[i] - o2[i]) / (1.0 + fabs((double)o2[i])));
+    for (i = 0; i < 3 * n; i++) worst = fmax(worst, fabs((double)g1[i] - g2[i]) / (1.0 + fabs((double)g2[i])));
+    CHECK_MSG(worst < 1e-5, "fused attention differs from the composite by %.3g", worst);
+    attention_run(1, 1, 512, 32, 4, NULL, NULL, &p_fused);
+    attention_run(0, 1, 512, 32, 4, NULL, NULL, &p_comp);
+    CHECK_MSG(p_fused * 4 < p_comp, "arena peak: fused %zu bytes, composite %zu", p_fused, p_comp);
+    printf("attention at T = 512, 4 heads: arena peak %zu bytes fused, %zu composite\n", p_fused, p_comp);
+    free(o1);
+}
+
 int main(void) {
     RUN(test_second_backward);
     RUN(test_backward_from);
@@ -345,5 +404,6 @@ int main(void) {
     RUN(test_abs_gelu_erf);
     RUN(test_op_names);
     RUN(test_backend_caps);
+    RUN(test_fused_attention);
     return test_summary();
 }

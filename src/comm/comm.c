@@ -166,6 +166,7 @@ out:
    without the unit the address is NULL) */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__ELF__)
 extern const dtr_transport_vtable *dtr_fabric_transport(void) __attribute__((weak));
+extern const dtr_transport_vtable *dtr_nccl_transport(void) __attribute__((weak));
 #define DTR__WEAK_FABRIC 1
 #else
 #define DTR__WEAK_FABRIC 0
@@ -179,6 +180,10 @@ const dtr_transport_vtable *dtr_transport_find(const char *name) {
 #if DTR__WEAK_FABRIC
     if (!strcmp(name, "libfabric") && dtr_fabric_transport) {
         vt = dtr_fabric_transport();
+        if (vt) return vt;
+    }
+    if (!strcmp(name, "nccl") && dtr_nccl_transport) {
+        vt = dtr_nccl_transport();
         if (vt) return vt;
     }
 #endif

@@ -140,14 +140,14 @@ struct dtr_tensor {
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
-    X(CHECKPOINT, "checkpoint", checkpoint)
+    X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 40
+#define DTR__OP_COUNT_EXPECTED 41
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -190,6 +190,7 @@ typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
+    int heads;                        /* ATTENTION: the number of heads (C = heads * D) */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -365,7 +366,7 @@ DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int repor
 DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
-DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -408,7 +409,7 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, co
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
 int64_t dtr__numel(int ndim, const int64_t *shape);
-DTR__PRIVATE void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
@@ -423,7 +424,7 @@ DTR__PRIVATE dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const ch
 DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
 /** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
  *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
-DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */

@@ -5,6 +5,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../core/formulas.h"
 #include <math.h>
 
 static int64_t dtr__rows(const dtr_tensor *x) {
@@ -355,7 +356,7 @@ dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
     if (!m) return ctx->status;
     nd->saved = m;
-    for (i = 0; i < N; i++) m[i] = dtr_rng_uniform(&rng) < p ? 0.0f : 1.0f / (1.0f - p);
+    for (i = 0; i < N; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }
@@ -369,12 +370,18 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- causal self-attention (composite) ---- */
+/* ---- causal self-attention, fused (flash-style) ----
+ * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). Per
+ * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
+ * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
+ * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
+ * Memory per worker: two TILE x T blocks, never T x T per head. A (batch, head) is one
+ * worker's, in tile order, so results do not depend on the thread count. */
+
+#define DTR__ATT_TILE 32
 
 dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
-    static const int to_heads[4] = {0, 2, 1, 3}; /* (B, T, H, D) -> (B, H, T, D) */
-    int64_t B, T, C, D, shape[4];
-    dtr_tensor *qh, *kh, *vh, *att, *y;
+    dtr__node *n;
     char s1[96], s2[96], s3[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
@@ -384,18 +391,131 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
         memcmp(q->shape, v->shape, 3 * sizeof(int64_t)))
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must all be (B, T, C)",
                           dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
-    B = q->shape[0]; T = q->shape[1]; C = q->shape[2];
-    if (heads <= 0 || C % heads)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)C);
-    D = C / heads;
-    shape[0] = B; shape[1] = T; shape[2] = heads; shape[3] = D;
-    qh = dtr_permute(ctx, dtr_reshape(ctx, q, 4, shape), to_heads);          /* (B, H, T, D) */
-    kh = dtr_permute(ctx, dtr_reshape(ctx, k, 4, shape), to_heads);
-    vh = dtr_permute(ctx, dtr_reshape(ctx, v, 4, shape), to_heads);
-    att = dtr_matmul(ctx, qh, dtr_transpose(ctx, kh, 2, 3));                  /* (B, H, T, T) */
-    att = dtr_softmax_causal(ctx, dtr_scale(ctx, att, 1.0f / sqrtf((float)D)));
-    y = dtr_matmul(ctx, att, vh);                                             /* (B, H, T, D) */
-    y = dtr_contiguous(ctx, dtr_permute(ctx, y, to_heads));                   /* (B, T, H, D) */
-    shape[2] = C;
-    return dtr_reshape(ctx, y, 3, shape);
+    if (heads <= 0 || q->shape[2] % heads)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
+    q = dtr__contig_input(ctx, q);
+    k = dtr__contig_input(ctx, k);
+    v = dtr__contig_input(ctx, v);
+    if (!q || !k || !v) return NULL;
+    {
+        dtr_tensor *in[3] = {q, k, v};
+        n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
+    }
+    if (!n) return NULL;
+    n->p.heads = heads;
+    n->out = dtr__tensor_alloc(ctx, DTR_F32, 3, q->shape, "dtr_attention");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_attention");
+}
+
+typedef struct dtr__att_job {
+    const dtr__node *nd;
+    dtr__pool *pool;
+    int64_t B, T, C, H, D;
+    float scale;
+    float *lse;        /* (B, H, T) */
+    float *scratch;    /* per worker: two TILE x T blocks */
+} dtr__att_job;
+
+/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled causal scores S in place; the
+ * row's log-sum-exp to lse (forward) or P from it (backward: have_lse). */
+static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
+    int64_t r, j;
+    for (r = 0; r < rows; r++) {
+        float *sr = S + r * nk, mx = -INFINITY;
+        int64_t valid = t0 + r + 1;
+        double sum = 0.0;
+        for (j = 0; j < valid; j++) sr[j] *= scale;
+        if (have_lse) {
+            for (j = 0; j < valid; j++) sr[j] = expf(sr[j] - lse[t0 + r]);
+        } else {
+            for (j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
+            for (j = 0; j < valid; j++) sum += exp((double)(sr[j] - mx));
+            lse[t0 + r] = mx + (float)log(sum);
+            for (j = 0; j < valid; j++) sr[j] = (float)(exp((double)(sr[j] - mx)) / sum);
+        }
+        for (j = valid; j < nk; j++) sr[j] = 0.0f;
+    }
+}
+
+static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    int64_t T = j->T, C = j->C, D = j->D, bh, t0;
+    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
+    for (bh = b; bh < e; bh++) {
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
+        const float *Q = dtr__f32(j->nd->in[0]) + off, *K = dtr__f32(j->nd->in[1]) + off, *V = dtr__f32(j->nd->in[2]) + off;
+        float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
+        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
+            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+            /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, S, nk);
+            dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
+            /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
+            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, C, 1, 0.0f, Y + t0 * C, C);
+        }
+    }
+}
+
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) / sqrt(D). */
+static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    const dtr__node *nd = j->nd;
+    int64_t T = j->T, C = j->C, D = j->D, bh, t0, r, c;
+    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
+    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    for (bh = b; bh < e; bh++) {
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
+        const float *Q = dtr__f32(nd->in[0]) + off, *K = dtr__f32(nd->in[1]) + off, *V = dtr__f32(nd->in[2]) + off;
+        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
+        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
+            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, P, nk);
+            dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
+            /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
+            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
+            if (!GQ && !GK) continue;
+            /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, C, 0.0f, dP, nk);
+            for (r = 0; r < rows; r++) {
+                double dy = 0.0;
+                for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
+                for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
+            }
+            /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
+            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, C, 1, 1.0f, GQ + off + t0 * C, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * C, C, 1, 1.0f, GK + off, C);
+        }
+    }
+}
+
+static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
+    memset(j, 0, sizeof *j);
+    j->nd = nd;
+    j->pool = ctx->pool;
+    j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
+    j->H = nd->p.heads; j->D = j->C / j->H;
+    j->scale = 1.0f / sqrtf((float)j->D);
+    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
+                                                 sizeof(float), "dtr_attention");
+    return j->scratch ? DTR_OK : ctx->status;
+}
+
+dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__att_job j;
+    if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.T + 1) * sizeof(float)); /* row log-sum-exps */
+    if (!j.lse) return ctx->status;
+    nd->saved = j.lse;
+    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__att_job j;
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
+    if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    j.lse = (float *)nd->saved;
+    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
+    return DTR_OK;
 }

@@ -242,8 +242,14 @@ DTR_API int dtr_tensor_is_contiguous(const dtr_tensor *t);
 /** Pointer to the first element in host memory (CPU backend), honouring the view offset.
  *  NULL for tensors on a device: use dtr_tensor_read/write. */
 DTR_API void *dtr_tensor_data(dtr_tensor *t);
-/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. */
+/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. On a device
+ *  backend the pointer is device memory: read it with dtr_tensor_read_grad. */
 DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
+ *  (a device's copy completes before it returns).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
+ *  DTR_SHAPE_MISMATCH (n), DTR_DEVICE_ERROR. Thread safety: the tensor's context thread. */
+DTR_API dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n);
 /** The name given to a parameter, or "". */
 DTR_API const char *dtr_tensor_name(const dtr_tensor *t);
 /** Copies the elements in row-major order into host memory `dst` converted to `dt`
@@ -348,8 +354,10 @@ DTR_API dtr_tensor *dtr_maxpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
 DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int stride, int padding);
 
 /** Causal multi-head self-attention core: q, k, v (B, T, C) with C = heads * D ->
- *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. Built from matmul,
- *  permute and softmax_causal, so it shares their backward passes.
+ *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
+ *  query rows go in tiles through GEMMs with an exact softmax per row, and only each row's
+ *  log-sum-exp is kept for backward, which recomputes the probabilities: memory grows with
+ *  T, never with T x T per head. Results do not depend on the thread count.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 

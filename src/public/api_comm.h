@@ -188,6 +188,19 @@ DTR_API const dtr_transport_vtable *dtr_local_transport(void);
  *  Thread safety: thread safe. */
 DTR_API const dtr_transport_vtable *dtr_fabric_transport(void);
 
+/** The NCCL transport (defined in dtrain_comm.c when it was built with nccl.h: DTR_USE_NCCL;
+ *  NULL otherwise), found by dtr_transport_find("nccl") like libfabric. One process per GPU:
+ *  open takes rank and size from cfg->store (as libfabric), passes rank 0's ncclUniqueId
+ *  through it, and opens a non-blocking communicator on cfg->nccl.device (default: the local
+ *  rank). Buffers are device memory (cfg->memory DTR_MEM_DEVICE, cfg->context the CUDA
+ *  context whose queued work goes first). All-reduce, broadcast, reduce-scatter and
+ *  all-gather are NCCL's own; point-to-point messages of a pair of ranks match in posting
+ *  order with equal sizes (NCCL has no tags). A deadline, an asynchronous NCCL error or a dead
+ *  peer process aborts the communicator: DTR_PEER_FAILED / DTR_TIMEOUT naming the rank, never
+ *  a hang. Without a visible GPU open gives DTR_UNSUPPORTED. docs/distributed.md has more.
+ *  Thread safety: thread safe. */
+DTR_API const dtr_transport_vtable *dtr_nccl_transport(void);
+
 /** Registers a transport under vt->name so that dtr_comm_config.transport can name it. The
  *  vtable must outlive every group using it. "local" is always registered.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_VERSION_MISMATCH (abi_version), DTR_INVALID_ARGUMENT
@@ -219,7 +232,7 @@ typedef struct dtr_fabric_config {
                                             provider's handlers stay (README, "Signals") */
 } dtr_fabric_config;
 
-/** Settings of the NCCL transport (reserved: the transport arrives with the CUDA backend). */
+/** Settings of the NCCL transport (dtr_nccl_transport). */
 typedef struct dtr_nccl_config {
     int device;                        /**< CUDA device of this rank; -1 (default): the local rank */
     int blocking;                      /**< 1: NCCL's blocking communicator mode; 0: non-blocking (deadlines work) */

@@ -1,0 +1,203 @@
+/* bench/gpu.c: training throughput of four models on a backend, as JSON lines
+ * ("impl":"dtrain"; bench/gpu_torch.py prints the same lines for PyTorch on the same GPU).
+ *   mlp      Fashion-MNIST's MLP shape: 784-256-128-10, batch 256 (random inputs)
+ *   cnn      conv 1->16 k3 p1, pool 2, conv 16->32 k3 p1, pool 2, linear 1568->10, batch 256
+ *   gpt      6 layers, width 384, 6 heads, context 256, vocabulary 50257, batch 8
+ *   gpt2     GPT-2 small's shape: 12 layers, width 768, 12 heads, context 1024, batch 4
+ * Each model: AdamW steps after warm-up, the step time, samples (tokens) per second, and for
+ * the GPTs the model FLOP utilisation against --peak-tflops (6 N per token plus attention's
+ * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
+ * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
+ *            [--peak-tflops F] [--threads N]
+ * Build: make bench-gpu (links dtrain_cuda.o); --backend cpu works without a GPU. */
+#define _POSIX_C_SOURCE 200809L
+#include "../dtrain.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct bench_model {
+    const char *name;
+    int kind;                 /* 0 mlp, 1 cnn, 2 gpt */
+    int64_t batch, layers, dim, heads, context, vocab;
+} bench_model;
+
+static const bench_model MODELS[] = {
+    {"mlp", 0, 256, 0, 0, 0, 0, 10},
+    {"cnn", 1, 256, 0, 0, 0, 0, 10},
+    {"gpt", 2, 8, 6, 384, 6, 256, 50257},
+    {"gpt2", 2, 4, 12, 768, 12, 1024, 50257},
+};
+
+typedef struct net {
+    dtr_model *m;
+    dtr_linear_layer l1, l2, l3, head;
+    dtr_conv2d_layer c1, c2;
+    dtr_embedding_layer wte, wpe;
+    dtr_gpt_block h[12];
+    dtr_layernorm_layer ln_f;
+} net;
+
+static dtr_result net_init(net *n, const bench_model *b) {
+    dtr_model *m = n->m;
+    dtr_result r = DTR_OK;
+    int i;
+    char name[16];
+    if (b->kind == 0) {
+        r = dtr_linear_layer_init(&n->l1, m, "l1", 784, 256, 1, DTR_INIT_TORCH_DEFAULT);
+        if (r == DTR_OK) r = dtr_linear_layer_init(&n->l2, m, "l2", 256, 128, 1, DTR_INIT_TORCH_DEFAULT);
+        if (r == DTR_OK) r = dtr_linear_layer_init(&n->l3, m, "l3", 128, 10, 1, DTR_INIT_TORCH_DEFAULT);
+        return r;
+    }
+    if (b->kind == 1) {
+        r = dtr_conv2d_layer_init(&n->c1, m, "c1", 1, 16, 3, 1, 1, DTR_INIT_TORCH_DEFAULT);
+        if (r == DTR_OK) r = dtr_conv2d_layer_init(&n->c2, m, "c2", 16, 32, 3, 1, 1, DTR_INIT_TORCH_DEFAULT);
+        if (r == DTR_OK) r = dtr_linear_layer_init(&n->l1, m, "fc", 32 * 7 * 7, 10, 1, DTR_INIT_TORCH_DEFAULT);
+        return r;
+    }
+    r = dtr_embedding_layer_init(&n->wte, m, "wte", b->vocab, b->dim);
+    if (r == DTR_OK) r = dtr_embedding_layer_init(&n->wpe, m, "wpe", b->context, b->dim);
+    for (i = 0; r == DTR_OK && i < b->layers; i++) {
+        snprintf(name, sizeof name, "h.%d", i);
+        r = dtr_gpt_block_init(&n->h[i], m, name, b->dim, (int)b->heads);
+    }
+    if (r == DTR_OK) r = dtr_layernorm_layer_init(&n->ln_f, m, "ln_f", b->dim);
+    if (r == DTR_OK) r = dtr_linear_layer_init(&n->head, m, "head", b->dim, b->vocab, 0, DTR_INIT_TORCH_DEFAULT);
+    return r;
+}
+
+/* The loss of one batch of random data (x: floats for mlp/cnn, token ids for the GPTs). */
+static dtr_tensor *net_loss(dtr_context *ctx, const net *n, const bench_model *b, const float *x, const int32_t *ids,
+                            const int32_t *pos, const int32_t *y) {
+    int64_t B = b->batch, T = b->context, C = b->dim;
+    if (b->kind == 0) {
+        int64_t xs[2] = {B, 784}, ys[1] = {B};
+        dtr_tensor *h = dtr_tensor_from(ctx, DTR_F32, 2, xs, x);
+        h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->l1, h));
+        h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->l2, h));
+        return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l3, h), dtr_tensor_from(ctx, DTR_I32, 1, ys, y));
+    }
+    if (b->kind == 1) {
+        int64_t xs[4] = {B, 1, 28, 28}, fs[2] = {B, 32 * 7 * 7}, ys[1] = {B};
+        dtr_tensor *h = dtr_tensor_from(ctx, DTR_F32, 4, xs, x);
+        h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->c1, h)), 2, 2, 0);
+        h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->c2, h)), 2, 2, 0);
+        return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l1, dtr_reshape(ctx, h, 2, fs)),
+                                 dtr_tensor_from(ctx, DTR_I32, 1, ys, y));
+    }
+    {
+        int64_t is[2] = {B, T}, ls[2] = {B * T, b->vocab}, ts[1] = {B * T};
+        dtr_tensor *h = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &n->wte, dtr_tensor_from(ctx, DTR_I32, 2, is, ids)),
+                                dtr_embedding_layer_forward(ctx, &n->wpe, dtr_tensor_from(ctx, DTR_I32, 2, is, pos)));
+        int i;
+        (void)C;
+        for (i = 0; i < b->layers; i++) h = dtr_gpt_block_forward(ctx, &n->h[i], h);
+        h = dtr_linear_layer_forward(ctx, &n->head, dtr_layernorm_layer_forward(ctx, &n->ln_f, h));
+        return dtr_cross_entropy(ctx, dtr_reshape(ctx, h, 2, ls), dtr_tensor_from(ctx, DTR_I32, 1, ts, y));
+    }
+}
+
+static int run_model(const bench_model *b, const dtr_backend *backend, const char *bname, int steps, int warmup,
+                     double peak_tflops, int threads) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 1e-4f);
+    dtr_context *ctx = NULL;
+    dtr_optimizer *opt = NULL;
+    dtr_rng rng;
+    net n;
+    int64_t nx = b->kind == 2 ? 0 : b->batch * 784, nt = b->kind == 2 ? b->batch * b->context : b->batch, i;
+    float *x = (float *)calloc((size_t)(nx ? nx : 1), sizeof(float));
+    int32_t *ids = (int32_t *)calloc((size_t)nt, sizeof(int32_t)), *pos = (int32_t *)calloc((size_t)nt, sizeof(int32_t));
+    int32_t *y = (int32_t *)calloc((size_t)nt, sizeof(int32_t));
+    double t0 = 0, dt, best = 1e30, params, flops_per_item = 0;
+    int s, ok = 1;
+    memset(&n, 0, sizeof n);
+    cc.backend = backend;
+    cc.threads = threads;
+    cc.seed = 1;
+    dtr_rng_seed(&rng, 7, 1);
+    for (i = 0; i < nx; i++) x[i] = dtr_rng_uniform(&rng);
+    for (i = 0; i < nt; i++) {
+        ids[i] = (int32_t)(dtr_rng_u32(&rng) % (uint32_t)(b->kind == 2 ? b->vocab : 10));
+        y[i] = (int32_t)(dtr_rng_u32(&rng) % (uint32_t)b->vocab);
+        pos[i] = (int32_t)(b->kind == 2 ? i % b->context : 0);
+    }
+    if (dtr_context_create(&cc, &ctx) != DTR_OK || dtr_model_create(ctx, 1, &n.m) != DTR_OK || net_init(&n, b) != DTR_OK ||
+        dtr_model_build(n.m) != DTR_OK || dtr_optimizer_create(n.m, &oc, &opt) != DTR_OK) {
+        printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"error\":\"%s\"}\n", bname, b->name,
+               ctx ? dtr_context_last_error(ctx) : "context");
+        ok = 0;
+    }
+    for (s = 0; ok && s < warmup + steps; s++) {
+        dtr_tensor *loss;
+        float lv = 0.0f;
+        double ts = now_s();
+        if (s == warmup) t0 = ts;
+        loss = net_loss(ctx, &n, b, x, ids, pos, y);
+        if (!loss || dtr_backward(ctx, loss) != DTR_OK || dtr_optimizer_step(opt, NULL) != DTR_OK ||
+            dtr_tensor_read(loss, DTR_F32, &lv, 1) != DTR_OK) {
+            printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"error\":\"%s\"}\n", bname,
+                   b->name, dtr_context_last_error(ctx));
+            ok = 0;
+            break;
+        }
+        dtr_context_reset(ctx);
+        dt = now_s() - ts;
+        if (s >= warmup && dt < best) best = dt;
+    }
+    if (ok) {
+        double total = now_s() - t0, per = total / steps, items = (double)nt;
+        params = (double)dtr_model_numel(n.m);
+        if (b->kind == 2) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
+        printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
+               "\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f}\n",
+               bname, b->name, params, (long long)b->batch, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
+               items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0);
+    }
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(n.m);
+    dtr_context_destroy(ctx);
+    free(x);
+    free(ids);
+    free(pos);
+    free(y);
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    const char *backend = "cuda", *model = "all";
+    int steps = 20, warmup = 3, threads = 0, i, ok = 1;
+    double peak = 0.0;
+    const dtr_backend *be = NULL;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--model") && i + 1 < argc) model = argv[++i];
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] "
+                            "[--peak-tflops F] [--threads N]\n");
+            return 2;
+        }
+    }
+    if (!strcmp(backend, "cuda")) {
+        if (dtr_cuda_device_count() == 0) {
+            printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"cuda\",\"skipped\":\"no GPU visible\"}\n");
+            return 0;
+        }
+        be = dtr_cuda_backend();
+        if (peak <= 0) peak = 494.7;   /* H100 SXM, dense TF32 tensor cores (a ceiling for FP32 GEMMs) */
+    }
+    for (i = 0; i < (int)(sizeof MODELS / sizeof MODELS[0]); i++)
+        if (!strcmp(model, "all") || !strcmp(model, MODELS[i].name)) ok &= run_model(&MODELS[i], be, backend, steps, warmup, peak, threads);
+    return ok ? 0 : 1;
+}

@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""bench/gpu_torch.py: PyTorch's side of bench/gpu.c: the same four models (mlp, cnn, gpt,
+gpt2), the same batch shapes, AdamW, random data, timed the same way, printed as JSON lines
+with "impl":"torch" and "mode":"eager" or "compile" (torch.compile). FP32 with TF32 matmuls
+off unless --tf32, as dtrain's FP32 GEMMs. Needs torch with CUDA; prints a skipped line
+otherwise.
+Usage: gpu_torch.py [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] [--peak-tflops F]
+                    [--tf32] [--no-compile]"""
+import argparse
+import json
+import math
+import time
+
+MODELS = {
+    "mlp": dict(kind=0, batch=256),
+    "cnn": dict(kind=1, batch=256),
+    "gpt": dict(kind=2, batch=8, layers=6, dim=384, heads=6, context=256, vocab=50257),
+    "gpt2": dict(kind=2, batch=4, layers=12, dim=768, heads=12, context=1024, vocab=50257),
+}
+
+
+def build(torch, spec):
+    nn = torch.nn
+    if spec["kind"] == 0:
+        return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
+    if spec["kind"] == 1:
+        return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                             nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 7 * 7, 10))
+
+    class Block(nn.Module):
+        def __init__(self, C, H):
+            super().__init__()
+            self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+            self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+            self.fc, self.fc_proj = nn.Linear(C, 4 * C), nn.Linear(4 * C, C)
+            self.H = H
+
+        def forward(self, x):
+            B, T, C = x.shape
+            q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+            q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.H)
+            att = att.masked_fill(torch.ones(T, T, device=x.device, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
+            x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+            return x + self.fc_proj(torch.nn.functional.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    class GPT(nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            self.wte, self.wpe = nn.Embedding(s["vocab"], s["dim"]), nn.Embedding(s["context"], s["dim"])
+            self.h = nn.ModuleList([Block(s["dim"], s["heads"]) for _ in range(s["layers"])])
+            self.ln_f, self.head = nn.LayerNorm(s["dim"]), nn.Linear(s["dim"], s["vocab"], bias=False)
+
+        def forward(self, ids):
+            x = self.wte(ids) + self.wpe(torch.arange(ids.shape[1], device=ids.device))
+            for b in self.h:
+                x = b(x)
+            return self.head(self.ln_f(x))
+
+    return GPT(spec)
+
+
+def run(torch, name, spec, args, compile_):
+    dev = "cuda"
+    torch.manual_seed(1)
+    model = build(torch, spec).to(dev)
+    fwd = torch.compile(model) if compile_ else model
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    B = spec["batch"]
+    if spec["kind"] == 2:
+        x = torch.randint(0, spec["vocab"], (B, spec["context"]), device=dev)
+        y = torch.randint(0, spec["vocab"], (B * spec["context"],), device=dev)
+        items = B * spec["context"]
+    else:
+        x = torch.rand(B, 784, device=dev) if spec["kind"] == 0 else torch.rand(B, 1, 28, 28, device=dev)
+        y = torch.randint(0, 10, (B,), device=dev)
+        items = B
+    best, t0 = 1e30, None
+    for s in range(args.warmup + args.steps):
+        ts = time.perf_counter()
+        if s == args.warmup:
+            t0 = ts
+        out = fwd(x)
+        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        loss.item()
+        dt = time.perf_counter() - ts
+        if s >= args.warmup:
+            best = min(best, dt)
+    per = (time.perf_counter() - t0) / args.steps
+    params = sum(p.numel() for p in model.parameters())
+    flops = 6 * params + 12 * spec.get("layers", 0) * spec.get("context", 0) * spec.get("dim", 0) if spec["kind"] == 2 else 0
+    line = {"bench": "gpu", "impl": "torch", "mode": "compile" if compile_ else "eager", "torch": torch.__version__,
+            "model": name, "params": params, "batch": B, "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
+            ("tokens_per_s" if spec["kind"] == 2 else "samples_per_s"): round(items / per, 1),
+            "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
+            "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
+    print(json.dumps(line), flush=True)
+    del model, opt, fwd
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="all")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--peak-tflops", type=float, default=494.7)
+    p.add_argument("--tf32", action="store_true")
+    p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--backend", default="cuda")   # accepted for BENCH_ARGS shared with bench/gpu
+    p.add_argument("--threads", type=int, default=0)
+    args = p.parse_args()
+    try:
+        import torch
+    except ImportError:
+        print(json.dumps({"bench": "gpu", "impl": "torch", "skipped": "torch is not installed"}))
+        return
+    if not torch.cuda.is_available():
+        print(json.dumps({"bench": "gpu", "impl": "torch", "skipped": "no GPU visible to torch"}))
+        return
+    torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.tf32
+    for name, spec in MODELS.items():
+        if args.model in ("all", name):
+            for compile_ in ([False] if args.no_compile else [False, True]):
+                try:
+                    run(torch, name, spec, args, compile_)
+                except Exception as e:  # a model that does not fit or compile: say so, go on
+                    print(json.dumps({"bench": "gpu", "impl": "torch", "model": name,
+                                      "mode": "compile" if compile_ else "eager", "error": str(e)[:200]}))
+
+
+if __name__ == "__main__":
+    main()

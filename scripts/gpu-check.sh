@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# scripts/gpu-check.sh: everything this version asks of a GPU machine, in one call, for the
+# sessions that get one (the device tool runs it in the repository root):
+#   1. build the CUDA unit, the GPU test program and bench/gpu (make -j, nvcc sm_80 + sm_90)
+#   2. make test-gpu: every op case forward and backward on the GPU against the CPU
+#   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
+#   4. compute-sanitizer memcheck over the GPU test program (when it is installed)
+#   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled)
+# Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
+# exit status is that of step 2. Usage: scripts/gpu-check.sh [--quick] (--quick: 5 bench steps)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${OUT:-build/gpu-check}
+mkdir -p "$out"
+steps=20
+[ "${1:-}" = "--quick" ] && steps=5
+nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
+make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/bench/gpu build/tests/test_nccl > "$out/build.log" 2>&1
+echo "build: $?" | tee "$out/summary.txt"
+make test-gpu > "$out/test-gpu.log" 2>&1
+rc=$?
+echo "test-gpu: $rc" | tee -a "$out/summary.txt"
+tests/run.sh build/tests/test_nccl > "$out/test-nccl.log" 2>&1
+echo "test_nccl: $?" | tee -a "$out/summary.txt"
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  DTR_TEST_QUICK=1 timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/test_grad_gpu \
+    > "$out/memcheck.log" 2>&1
+  echo "memcheck: $?" | tee -a "$out/summary.txt"
+fi
+timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"
+echo "bench dtrain: $?" | tee -a "$out/summary.txt"
+timeout 300 python3 bench/gpu_torch.py --steps "$steps" > "$out/bench-torch.jsonl" 2> "$out/bench-torch.err"
+echo "bench torch: $?" | tee -a "$out/summary.txt"
+cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl"
+exit $rc
