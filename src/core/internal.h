@@ -350,6 +350,7 @@ struct dtr_context {
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
+    struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */

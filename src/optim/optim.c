@@ -5,6 +5,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../obs/obs_internal.h"
 #include <math.h>
 
 struct dtr_optimizer {
@@ -275,9 +276,10 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     return dtr_optimizer_step_range(o, o->base, o->base + o->len, updated);
 }
 
+static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated);
+
 dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx;
-    dtr__opt_args a;
     dtr_result r;
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
@@ -285,6 +287,18 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     if (ctx->status != DTR_OK) return ctx->status;
     if ((r = dtr__check_range(o, begin, end)) != DTR_OK) return r;
     if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
+    dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
+    r = dtr__optimizer_update(o, begin, end, updated);
+    dtr__obs_phase_end(ctx, DTR_PHASE_OPTIMIZER);
+    return r;
+}
+
+/* one update (the micro-batch count reached grad_accum_steps) */
+static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    dtr__opt_args a;
+    dtr_result r;
+    double norm = -1.0;
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
@@ -309,13 +323,13 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.seg_begin = o->seg_begin;
     a.seg_end = o->seg_end;
     a.work = o->work;
-    if (o->cfg.clip_norm > 0.0f) {
-        double norm;
+    if (o->cfg.clip_norm > 0.0f || (ctx->obs && dtr__obs_wants_grad_norm(ctx->obs))) {
         r = dtr__opt_grad_norm(o, &norm);
         if (r != DTR_OK) return r;
         norm *= a.grad_scale;
-        if (norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
+        if (o->cfg.clip_norm > 0.0f && norm > o->cfg.clip_norm) a.grad_scale *= (float)(o->cfg.clip_norm / (norm + 1e-6));
     }
+    if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
     r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;
