@@ -7,8 +7,8 @@
  * its time exactly. Marks come from the thread that drives the context; nothing is locked.
  *
  * FLOPs. Each op's forward and backward count by kind: matmul and linear 2*M*N*K (+ one per
- * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), their backward twice the forward
- * (the gradients of both operands); views and communication ops none; everything else
+ * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), their backward twice the products
+ * (the gradients of both operands) plus the bias's sum; views and communication ops none; everything else
  * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
  * Attention (dtr_attention) is two batched matmuls, a scale and a softmax, counted as such.
  * ==========================================================================*/
@@ -172,6 +172,11 @@ dtr_result dtr_metrics_watch_loader(dtr_metrics *m, dtr_loader *loader) {
 
 static double dtr__obs_numel(const dtr_tensor *t) { return t ? (double)dtr__numel(t->ndim, t->shape) : 0.0; }
 
+/* 1 when n adds a bias (one FLOP per output) to its products */
+static int dtr__obs_has_bias(const dtr__node *n) {
+    return (n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D) && n->n_in > 2 && n->in[2];
+}
+
 /* forward FLOPs of node n (see the header comment) */
 static double dtr__obs_flops(const dtr__node *n) {
     double out = dtr__obs_numel(n->out), big = out;
@@ -179,13 +184,11 @@ static double dtr__obs_flops(const dtr__node *n) {
     switch (n->op) {
     case DTR_OP_MATMUL: case DTR_OP_LINEAR: {
         const dtr_tensor *a = n->in[0];
-        double bias = n->op == DTR_OP_LINEAR && n->n_in > 2 && n->in[2] ? out : 0.0;
-        return 2.0 * out * (double)a->shape[a->ndim - 1] + bias;
+        return 2.0 * out * (double)a->shape[a->ndim - 1] + (dtr__obs_has_bias(n) ? out : 0.0);
     }
     case DTR_OP_CONV2D: {
         const dtr_tensor *w = n->in[1];   /* (Cout, Cin, kh, kw) */
-        double bias = n->n_in > 2 && n->in[2] ? out : 0.0;
-        return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + bias;
+        return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
     case DTR_OP_RESHAPE: case DTR_OP_PERMUTE: case DTR_OP_SLICE: case DTR_OP_CONCAT: case DTR_OP_CONTIGUOUS:
     case DTR_OP_CAST: case DTR_OP_TP_COPY: case DTR_OP_TP_REDUCE: case DTR_OP_TP_GATHER: case DTR_OP_CHECKPOINT:
@@ -199,7 +202,10 @@ static double dtr__obs_flops(const dtr__node *n) {
 
 void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double t1) {
     double f = dtr__obs_flops(n);
-    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D)) f *= 2.0;
+    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D)) {
+        double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
+        f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
+    }
     m->flops += f;
     if (m->ring)
         dtr__obs_span(m, dtr__op_name(n->op), bwd ? DTR__OBS_BACKWARD : DTR__OBS_FORWARD, 0, -1, t0, t1);
