@@ -16,7 +16,10 @@
  * Build by hand, with dtrain.h and common.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_mlp.c -o fmnist_mlp -lm -lpthread -lz
  * Options: [DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant]
- * [--seed S]. DATA_DIR defaults to $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
+ * [--seed S] [--metrics FILE] [--trace FILE]. --metrics appends one JSON line per step (loss,
+ * learning rate, gradient norm, samples/s, the step time split into data, forward, backward,
+ * optimizer; FLOPs); --trace writes a timeline of every op to open in https://ui.perfetto.dev
+ * (docs/observability.md). DATA_DIR defaults to $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
 #include "common.h"
 
 typedef struct mlp { dtr_model *model; dtr_linear_layer fc1, fc2, fc3; } mlp;
@@ -30,13 +33,14 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, NULL};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
     dtr_optimizer *opt = NULL;
     dtr_dataset *train_ds = NULL, *test_ds = NULL;
     dtr_loader *train = NULL, *test = NULL;
+    dtr_metrics *metrics = NULL;
     mlp net = {NULL, {0}, {0}, {0}};
     double test_acc = 0.0;
     dtr_result r;
@@ -69,6 +73,9 @@ int main(int argc, char **argv) {
         oc.schedule.total_steps = (int64_t)o.epochs * dtr_loader_batches(train);
     }
     if ((r = dtr_optimizer_create(net.model, &oc, &opt)) != DTR_OK) { fm_fail(ctx, "optimizer", r); goto done; }
+    /* metrics and timeline (--metrics, --trace): the loader marks its waits, the library the rest */
+    if ((r = fm_metrics_open(ctx, o.metrics, o.trace, 0, 1, &metrics)) != DTR_OK) { fm_fail(ctx, "metrics", r); goto done; }
+    if (metrics) dtr_metrics_watch_loader(metrics, train);
     printf("fmnist_mlp: %lld train / %lld test images from %s\n"
            "  784-256-128-10 MLP (%lld parameters), %d threads, batch %d, SGD lr %g momentum 0.9 %s\n",
            (long long)dtr_dataset_count(train_ds), (long long)dtr_dataset_count(test_ds), o.dir,
@@ -81,15 +88,25 @@ int main(int argc, char **argv) {
         for (b = 0; b < dtr_loader_batches(train); b++) {   /* one epoch: the loader reshuffles each */
             dtr_batch batch;
             dtr_tensor *x, *y, *loss;
+            double batch_loss;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
             if ((r = dtr_batch_tensors(ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
             loss = dtr_cross_entropy(ctx, mlp_forward(ctx, &net, x), y);
             if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
-            loss_sum += (double)dtr_tensor_get(loss, 0) * (double)batch.size;   /* read before the reset */
+            batch_loss = (double)dtr_tensor_get(loss, 0);   /* read before the reset */
+            loss_sum += batch_loss * (double)batch.size;
             seen += batch.size;
             if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) { fm_fail(ctx, "optimizer step", r); goto done; }
             dtr_context_reset(ctx);
+            if (metrics) {
+                dtr_step_info info = {0};
+                info.loss = batch_loss;
+                info.samples = batch.size;
+                info.epoch = e - 1;
+                if ((r = dtr_metrics_step_end(metrics, &info, NULL)) != DTR_OK) { fm_fail(ctx, "metrics", r); goto done; }
+            }
         }
+        if (metrics) dtr_metrics_step_begin(metrics);   /* evaluation is not a training step */
         if ((r = fm_evaluate_loader(ctx, mlp_forward, &net, test, &test_acc)) != DTR_OK) { fm_fail(ctx, "evaluation", r); goto done; }
         printf("epoch %2d  loss %.4f  test acc %.2f%%  %.1f s  %.0f samples/s\n", e, loss_sum / (double)seen,
                100.0 * test_acc, fm_now() - t0, (double)seen / (fm_now() - t0));
@@ -98,6 +115,7 @@ int main(int argc, char **argv) {
     printf("final test accuracy: %.2f%%\n", 100.0 * test_acc);
     rc = 0;
 done:
+    dtr_metrics_destroy(metrics);   /* writes the timeline */
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(net.model);
     dtr_context_destroy(ctx);
