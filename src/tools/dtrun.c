@@ -36,7 +36,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include "../../dtrain.h"   /* DTR_VERSION_STRING only */
+#include "../../dtrain.h"   /* DTR_VERSION_STRING, dtr_trace_merge */
 
 #define MAX_RANKS 1024
 #define LINE_MAX_BYTES 65536
@@ -171,8 +171,23 @@ static void usage(FILE *f) {
             "  --port P         rendezvous port (default: a free one)\n"
             "  --secret S       shared secret (default: $DTR_SECRET, else a random one)\n"
             "  --grace SECONDS  time between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
-            "  --version        print the version\n",
+            "  --version        print the version\n"
+            "or:    dtrun --merge-traces OUT IN...   merge the ranks' timelines (dtr_metrics) into OUT\n",
             MAX_RANKS);
+}
+
+/* dtrun --merge-traces OUT IN...: one Perfetto file with a process row per rank */
+static int merge_traces(int argc, char **argv) {
+    char err[512];
+    if (argc < 2) {
+        fprintf(stderr, "dtrun: --merge-traces needs OUT and at least one input file\n");
+        return 2;
+    }
+    if (dtr_trace_merge((const char *const *)(argv + 1), argc - 1, argv[0], err, sizeof err) != DTR_OK) {
+        fprintf(stderr, "dtrun: %s\n", err);
+        return 1;
+    }
+    return 0;
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -271,6 +286,7 @@ int main(int argc, char **argv) {
     struct pollfd *pfd;
     int *pfd_rank, *pfd_stream;
 
+    if (argc > 1 && strcmp(argv[1], "--merge-traces") == 0) return merge_traces(argc - 2, argv + 2);
     for (i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--") == 0) {
