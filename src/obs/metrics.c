@@ -274,7 +274,11 @@ static dtr_result dtr__obs_write_line(dtr_metrics *m, const dtr_step_metrics *s)
     if (w >= 0)
         w = fprintf(m->jsonl, "},\"flops\":%s,\"mfu\":%s,\"skipped\":%d,\"comm_wait\":%s}\n", v[6], v[7], s->skipped,
                     v[8]);
-    if (w < 0 || fflush(m->jsonl) != 0)
+    if (w >= 0 && dtr__obs_now() - m->flushed >= 1.0) {   /* at most one write(2) a second */
+        m->flushed = dtr__obs_now();
+        if (fflush(m->jsonl) != 0) w = -1;
+    }
+    if (w < 0)
         return dtr__fail(m->ctx, DTR_IO_ERROR, "dtr_metrics_step_end: cannot write '%s'", m->jsonl_path);
     return DTR_OK;
 }

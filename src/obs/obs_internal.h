@@ -22,6 +22,7 @@ struct dtr_metrics {
     dtr_context *ctx;
     dtr_metrics_config cfg;
     FILE *jsonl;
+    double flushed;       /* when the JSON lines were last flushed */
     char *jsonl_path, *trace_path;
     int64_t step;
     double t_begin, t_last;

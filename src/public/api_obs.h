@@ -50,7 +50,8 @@ typedef struct dtr_metrics_config {
     int32_t rank;                 /**< written into every record and the trace's process row */
     dtr_metrics_fn callback;      /**< each step's metrics (may be NULL) */
     void *user;
-    const char *jsonl_path;       /**< append one JSON object per step to this file (NULL: none) */
+    const char *jsonl_path;       /**< append one JSON object per step to this file (NULL: none);
+                                       flushed at most once a second and by dtr_metrics_destroy */
     const char *trace_path;       /**< Chrome trace-event JSON written by dtr_metrics_write_trace
                                        and dtr_metrics_destroy (NULL: no timeline, no cost) */
     size_t trace_events;          /**< ring capacity in events (0: 65536); the newest are kept */
