@@ -8,7 +8,8 @@
  *                         JSON-lines file get the same records with the fixed field names
  *   test_phase_errors     bad phases and unbalanced ends are refused with an error
  *   test_trace_dp         2 ranks (threads, local transport) of data-parallel steps with
- *                         small buckets: each rank's trace and their merge are valid JSON
+ *                         small buckets: the parts of each step (comm included) add up to
+ *                         its time; each rank's trace and their merge are valid JSON
  *                         (read by src/io/json.c through dtr_trace_merge), every span is
  *                         closed, every op of the model has forward and backward spans, and
  *                         bucket all-reduce spans overlap the backward span of their step
@@ -286,6 +287,8 @@ typedef struct obs_job {
     int64_t counts[8][8];
     int buckets;
     int fails;
+    int bad_sums;        /* steps whose parts did not add up to the step time (within 5%) */
+    double comm[8];      /* each rank's comm time over its steps */
 } obs_job;
 
 typedef struct obs_rank { obs_job *job; int rank; } obs_rank;
@@ -300,6 +303,7 @@ static void fail_rank(obs_job *j, const char *what, dtr_result r, const char *ms
 
 static dtr_result obs_steps(obs_job *j, int rank, mlp *n, dtr_dp *dp, dtr_metrics *m) {
     dtr_result r = DTR_OK;
+    dtr_step_metrics s;
     int t;
     for (t = 0; t < j->steps && r == DTR_OK; t++) {
         if ((r = dtr_metrics_step_begin(m)) != DTR_OK) break;
@@ -308,7 +312,13 @@ static dtr_result obs_steps(obs_job *j, int rank, mlp *n, dtr_dp *dp, dtr_metric
         if ((r = dtr_dp_finish(dp)) != DTR_OK) break;
         if ((r = dtr_optimizer_step(n->opt, NULL)) != DTR_OK) break;
         dtr_context_reset(n->ctx);
-        r = dtr_metrics_step_end(m, NULL, NULL);
+        if ((r = dtr_metrics_step_end(m, NULL, &s)) != DTR_OK) break;
+        j->comm[rank] += s.time[DTR_PHASE_COMM];
+        if (!(fabs(time_sum(&s) - s.time_step) <= 0.05 * s.time_step) || !(s.comm_wait <= s.time[DTR_PHASE_COMM])) {
+            pthread_mutex_lock(&g_mu);
+            j->bad_sums++;
+            pthread_mutex_unlock(&g_mu);
+        }
     }
     return r;
 }
@@ -444,6 +454,8 @@ static void test_trace_dp(void) {
     tmp_path("dtr_obs", "again.trace.json", again, sizeof again);
     obs_run(&j);
     CHECK_EQ_INT(j.fails, 0);
+    CHECK_EQ_INT(j.bad_sums, 0);
+    CHECK(j.comm[0] > 0 && j.comm[1] > 0);
     CHECK_EQ_INT(j.buckets, 4);
     in[0] = j.trace[0];
     in[1] = j.trace[1];
@@ -499,6 +511,7 @@ static void test_straggler(void) {
     j.slow_ms = 30;
     obs_run(&j);
     CHECK_EQ_INT(j.fails, 0);
+    CHECK_EQ_INT(j.bad_sums, 0);
     for (r = 0; r < 3; r++) {
         CHECK_EQ_INT(j.rep[r].steps, 6);
         CHECK_EQ_INT(j.rep[r].slowest_rank, 2);

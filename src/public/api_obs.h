@@ -94,7 +94,8 @@ DTR_API dtr_metrics_config dtr_metrics_config_init(void);
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_metrics_create(dtr_context *ctx, const dtr_metrics_config *cfg, dtr_metrics **out);
 
-/** Writes the trace (when configured), closes the file, detaches from the context.
+/** Writes the trace (when configured), closes the file, detaches from the context. Call it
+ *  before dtr_context_destroy of its context.
  *  Thread safety: the context's thread. */
 DTR_API void dtr_metrics_destroy(dtr_metrics *m);
 
