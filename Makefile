@@ -236,10 +236,25 @@ $(CUDA_OBJ): dtrain_cuda.cu dtrain.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -c $< -o $@
 
-# cuda-check: `make cuda` when nvcc exists, a loud notice when it does not (used by check).
+# The CUDA runtime and cuBLAS, for programs linked with dtrain_cuda.o.
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+
+# test-gpu: tests/test_grad.c linked with dtrain_cuda.o: every op case, forward and backward,
+# on the GPU against the CPU (cases whose op has no CUDA kernel yet are listed as SKIPPED).
+# Without a GPU it says loudly that it skipped. The program is built by cuda-check (so CI
+# compiles and links the CUDA unit) and run here.
+GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu
+test-gpu: $(GPU_TESTS)
+	tests/run.sh $(GPU_TESTS)
+$(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DDTR_TEST_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+
+# cuda-check: `make cuda` and the GPU test program linked when nvcc exists, a loud notice when
+# it does not (used by check).
 cuda-check:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory cuda
+	@$(MAKE) --no-print-directory cuda $(GPU_TESTS)
 else
 	@echo "*****************************************************************"
 	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"
@@ -272,7 +287,7 @@ $(COMM_LIBSO): $(COMM_OBJ) $(LIBSO)
 
 $(CUDA_LIBSO): $(CUDA_OBJ) $(LIBSO)
 	$(NVCC) -shared -cudart static -Xlinker -soname=libdtrain_cuda.so.$(SOVERSION) -Xlinker --no-undefined \
-	    -o $@ $< -L$(BUILD) -ldtrain $(LDLIBS)
+	    -o $@ $< -L$(BUILD) -ldtrain -lcublas $(LDLIBS)
 
 # deps: installs the Debian packages the tests need (nothing when all are there; see the script).
 deps:
@@ -422,7 +437,7 @@ INSTALL_UNITS := $(if $(filter 1,$(USE_FABRIC)),comm) $(if $(filter 1,$(USE_CUDA
 UNIT_DESC_comm := dtrain libfabric transport (dtrain_comm.c)
 UNIT_LIBS_comm := $(FABRIC_LIBS)
 UNIT_DESC_cuda := dtrain CUDA backend (dtrain_cuda.cu)
-UNIT_LIBS_cuda := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+UNIT_LIBS_cuda := -L$(CUDA_HOME)/lib64 -lcublas -lcudart_static -ldl -lrt -lstdc++
 # The .pc files are relocatable: prefix is found from the file's own folder.
 PC_SED = sed -e "s|@DTRAIN_PC_PREFIX@|\$${pcfiledir}/$$(realpath -m --relative-to=$(PKGCONFIGDIR) $(PREFIX))|g" \
     -e "s|@DTRAIN_PC_LIBDIR@|\$${prefix}/$$(realpath -m --relative-to=$(PREFIX) $(LIBDIR))|g" \

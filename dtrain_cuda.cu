@@ -3,35 +3,1525 @@
 #define DTRAIN_INTERNAL_API
 #include "dtrain.h"
 
-/* ---- src/cuda/cuda_backend.cu ---- */
-#line 1 "src/cuda/cuda_backend.cu"
+/* ---- src/cuda/cuda_internal.cuh ---- */
+#line 1 "src/cuda/cuda_internal.cuh"
 /* ============================================================================
- * CUDA backend (skeleton): device selection, device memory and host<->device copies
- * behind the backend vtable. The op kernels, cuBLAS matmul and mixed precision arrive with
- * the CUDA backend issue; until then forward/backward report DTR_UNSUPPORTED, so a program
- * that picks this backend gets a clear error instead of wrong results.
- * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
+ * CUDA backend internals: the per-context state (stream, cuBLAS handle, the device-side
+ * error word, the caching allocator, the event ring, reduction scratch) and the helpers
+ * every kernel file uses. The kernels keep the CPU kernels' signatures
+ * (dtr__cuda_<kernels>_fwd / _bwd (ctx, node)) and shapes, and call the same element
+ * formulas (src/core/formulas.h).
  * ==========================================================================*/
 
 
-#include <cuda_runtime.h>
 
-/* ---- helpers ---- */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#define DTR__CUDA_THREADS 256
+#define DTR__CUDA_MAX_BLOCKS 65535u
+#define DTR__CUDA_EVENTS 256        /* event ring: a handle stays valid for this many records */
+#define DTR__CUDA_CACHE 64          /* cached free blocks per context */
+
+/** A free block of the caching allocator. */
+typedef struct dtr__cuda_block { void *p; size_t bytes; } dtr__cuda_block;
 
 typedef struct dtr__cuda_state {
     int device;
     cudaStream_t stream;
+    cublasHandle_t blas;
+    /* the error word: kernels that check data (class targets, embedding ids) record the
+       first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
+       by the host after each synchronisation (dtr__cuda_take_error) */
+    int *err_host, *err_dev;
+    dtr__cuda_block cache[DTR__CUDA_CACHE];   /* freed blocks kept for reuse */
+    int n_cache;
+    size_t cached_bytes;
+    dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
+    int n_live, cap_live;
+    cudaEvent_t events[DTR__CUDA_EVENTS];
+    int n_events, next_event;
+    double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
+    double *sum_host;               /* pinned: a reduction's result for the host */
+    int64_t *segs;                  /* LAMB segment bounds on the device, and their capacity */
+    int seg_cap;
 } dtr__cuda_state;
 
-static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)ctx->backend_state; }
+#define DTR__CUDA_MAX_PARTIALS 1024
 
+static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)ctx->backend_state; }
+static cudaStream_t dtr__cuda_stream(dtr_context *ctx) { return dtr__cuda(ctx)->stream; }
+
+/** DTR_OK, or the CUDA error recorded on the context (DTR_DEVICE_OUT_OF_MEMORY for an
+ *  allocation failure, DTR_DEVICE_ERROR otherwise) naming `what`. */
 static dtr_result dtr__cuda_check(dtr_context *ctx, cudaError_t e, const char *what) {
     if (e == cudaSuccess) return DTR_OK;
     return dtr__fail(ctx, e == cudaErrorMemoryAllocation ? DTR_DEVICE_OUT_OF_MEMORY : DTR_DEVICE_ERROR, "cuda: %s: %s (%d)",
                      what, cudaGetErrorString(e), (int)e);
 }
 
+/** After a launch: the launch error, if any, naming the node's op. */
+static dtr_result dtr__cuda_launched(dtr_context *ctx, const dtr__node *n) {
+    return dtr__cuda_check(ctx, cudaGetLastError(), n ? dtr__op_name(n->op) : "kernel");
+}
+
+static dtr_result dtr__cuda_blas(dtr_context *ctx, cublasStatus_t st, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return DTR_OK;
+    return dtr__fail(ctx, st == CUBLAS_STATUS_ALLOC_FAILED ? DTR_DEVICE_OUT_OF_MEMORY : DTR_DEVICE_ERROR,
+                     "cuda: cuBLAS %s failed (status %d)", what, (int)st);
+}
+
+/** The first element of t's view in device memory (dtr_tensor_data is NULL on a device). */
+static void *dtr__cuda_data(const dtr_tensor *t) { return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype); }
+
+/** Grid for n elements, DTR__CUDA_THREADS each, grid-stride loops. */
+static unsigned dtr__cuda_grid(int64_t n) { return dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_BLOCKS); }
+
+/** The grid-stride loop over [0, n). */
+#define DTR__CUDA_FOR(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
+/** Kernels that find bad data (an index out of range) record it once: op id and element. */
+__device__ static void dtr__cuda_flag(int *err, int op, int64_t at) {
+    if (atomicCAS(err, 0, op) == 0) err[1] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
+}
+
+/* ---- shapes passed to kernels by value ---- */
+
+/** A tensor walk: shape and strides (in elements) over up to DTR_MAX_DIMS axes. */
+typedef struct dtr__cuda_walk {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], stride[DTR_MAX_DIMS];
+    int64_t base;
+} dtr__cuda_walk;
+
+static dtr__cuda_walk dtr__cuda_walk_make(int nd, const int64_t *shape, const int64_t *stride, int64_t base) {
+    dtr__cuda_walk w;
+    int d;
+    memset(&w, 0, sizeof w);
+    w.nd = nd;
+    for (d = 0; d < nd; d++) { w.shape[d] = shape[d]; w.stride[d] = stride[d]; }
+    w.base = base;
+    return w;
+}
+
+/** The offset of row-major element i of the walk's shape. */
+__device__ static int64_t dtr__cuda_walk_off(const dtr__cuda_walk *w, int64_t i) {
+    int64_t off = w->base;
+    for (int d = w->nd - 1; d >= 0; d--) {
+        int64_t k = i % w->shape[d];
+        i /= w->shape[d];
+        off += k * w->stride[d];
+    }
+    return off;
+}
+
+/* ---- block reductions in double (the CPU sums rows in double too) ---- */
+
+/** Sum of v over the block (blockDim.x a power of two <= 1024); every thread gets it. */
+__device__ static double dtr__cuda_block_sum(double v) {
+    __shared__ double sh[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+/** Maximum of v over the block; every thread gets it. */
+__device__ static float dtr__cuda_block_max(float v) {
+    __shared__ float sh[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+/* Declared here, defined with the reductions (src/cuda/cuda_optim.cu): the sum of f(i) over
+ * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
+enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
+#line 162 "dtrain_cuda.cu"
+
+/* ---- src/cuda/cuda_ops.cu ---- */
+#line 1 "src/cuda/cuda_ops.cu"
+/* ============================================================================
+ * CUDA kernels of the op list, each pair with the CPU pair's signature and meaning
+ * (src/ops/): element-wise (broadcast binary, unary through the shared formulas), reductions,
+ * MSE, casts, dropout (the CPU's random stream, jumped ahead per element), the softmax
+ * family, cross-entropy, embedding, layer norm, views and activation-checkpoint copies.
+ * Shapes: R rows of length C (leading axes flattened), as in the CPU files.
+ * Order: sums that the CPU takes in order (gradients of broadcast inputs, embedding and
+ * layer-norm weight gradients, bias columns) are taken in the same order by one thread per
+ * output element, so they match the CPU bit for bit; row reductions (softmax, layer norm
+ * statistics, loss sums) are trees in double and match to rounding.
+ * ==========================================================================*/
+
+/* ---- unary: y = f(x), gx += g f'(x) ---- */
+
+__device__ static float dtr__cuda_unary_f(int op, float x, float s) {
+    switch (op) {
+    case DTR_OP_SCALE: return s * x;
+    case DTR_OP_RELU: return dtr__f_relu(x);
+    case DTR_OP_GELU: return dtr__f_gelu(x);
+    case DTR_OP_TANH: return tanhf(x);
+    case DTR_OP_ABS: return fabsf(x);
+    case DTR_OP_GELU_ERF: return dtr__f_gelu_erf(x);
+    default: return dtr__f_sigmoid(x);
+    }
+}
+
+/* dy/dx from x and y (tanh and sigmoid use y, as the CPU does). */
+__device__ static float dtr__cuda_unary_df(int op, float x, float y, float s) {
+    switch (op) {
+    case DTR_OP_SCALE: return s;
+    case DTR_OP_RELU: return dtr__f_relu_grad(x);
+    case DTR_OP_GELU: return dtr__f_gelu_grad(x);
+    case DTR_OP_TANH: return dtr__f_tanh_grad(y);
+    case DTR_OP_ABS: return dtr__f_abs_grad(x);
+    case DTR_OP_GELU_ERF: return dtr__f_gelu_erf_grad(x);
+    default: return dtr__f_sigmoid_grad(y);
+    }
+}
+
+__global__ static void dtr__cuda_unary_fwd_k(int op, float s, const float *x, float *y, int64_t n) {
+    DTR__CUDA_FOR(i, n) y[i] = dtr__cuda_unary_f(op, x[i], s);
+}
+
+__global__ static void dtr__cuda_unary_bwd_k(int op, float s, const float *x, const float *y, const float *g, float *gx,
+                                             int64_t n) {
+    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x[i], y[i], s);
+}
+
+/* x, y, gx: (N) */
+static dtr_result dtr__cuda_unary_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_unary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_unary_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_unary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), nd->out->grad, gx, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- binary with broadcasting: y = a op b ---- */
+
+/* The output's shape and, over its axes, the strides of a and b (views; 0 where broadcast)
+ * and of their dense gradients. */
+typedef struct dtr__cuda_bcast {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], ga[DTR_MAX_DIMS], gb[DTR_MAX_DIMS];
+    int64_t oa, ob;   /* the views' offsets */
+} dtr__cuda_bcast;
+
+static dtr__cuda_bcast dtr__cuda_bcast_make(const dtr_tensor *a, const dtr_tensor *b) {
+    dtr__cuda_bcast bc;
+    int64_t gsa[DTR_MAX_DIMS], gsb[DTR_MAX_DIMS];
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim, d;
+    memset(&bc, 0, sizeof bc);
+    dtr__contig_strides(a->ndim, a->shape, gsa);
+    dtr__contig_strides(b->ndim, b->shape, gsb);
+    bc.nd = nd;
+    bc.oa = a->offset;
+    bc.ob = b->offset;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
+        int64_t na = da >= 0 ? a->shape[da] : 1, nb = db >= 0 ? b->shape[db] : 1;
+        bc.shape[d] = (na == 0 || nb == 0) ? 0 : na > nb ? na : nb;
+        bc.sa[d] = (da >= 0 && na != 1) ? a->stride[da] : 0;
+        bc.sb[d] = (db >= 0 && nb != 1) ? b->stride[db] : 0;
+        bc.ga[d] = (da >= 0 && na != 1) ? gsa[da] : 0;
+        bc.gb[d] = (db >= 0 && nb != 1) ? gsb[db] : 0;
+    }
+    return bc;
+}
+
+__device__ static float dtr__cuda_binary_f(int op, float a, float b) {
+    switch (op) {
+    case DTR_OP_ADD: return a + b;
+    case DTR_OP_SUB: return a - b;
+    case DTR_OP_MUL: return a * b;
+    default: return a / b;
+    }
+}
+
+__global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, const float *A, const float *B, float *Y, int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        int64_t r = i, oa = bc.oa, ob = bc.ob;
+        for (int d = bc.nd - 1; d >= 0; d--) {
+            int64_t k = r % bc.shape[d];
+            r /= bc.shape[d];
+            oa += k * bc.sa[d];
+            ob += k * bc.sb[d];
+        }
+        Y[i] = dtr__cuda_binary_f(op, A[oa], B[ob]);
+    }
+}
+
+/* The gradient of one input ("self": a when side is 0, b when 1) over its dense elements:
+ * one thread per element sums, in the output's row-major order (the CPU's), the
+ * contributions of every output position it was broadcast to. */
+__global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast bc, const float *A, const float *B,
+                                              const float *G, float *GS, int64_t n_self) {
+    const int64_t *gself = side ? bc.gb : bc.ga;
+    int64_t ostr[DTR_MAX_DIMS], acc_n = 1;
+    int d;
+    for (d = bc.nd - 1; d >= 0; d--) {
+        ostr[d] = acc_n;
+        acc_n *= bc.shape[d];
+    }
+    DTR__CUDA_FOR(j, n_self) {
+        int64_t fixed[DTR_MAX_DIMS], rem = j, reps = 1;
+        float acc = GS[j];
+        /* the element's index on its own axes (stride != 0), from the innermost */
+        for (d = bc.nd - 1; d >= 0; d--) {
+            fixed[d] = 0;
+            if (gself[d] != 0) { fixed[d] = rem % bc.shape[d]; rem /= bc.shape[d]; }
+            else reps *= bc.shape[d];
+        }
+        for (int64_t t = 0; t < reps; t++) {
+            int64_t q = t, o = 0, oa = bc.oa, ob = bc.ob;
+            for (d = bc.nd - 1; d >= 0; d--) {
+                int64_t k = fixed[d];
+                if (gself[d] == 0) { k = q % bc.shape[d]; q /= bc.shape[d]; }
+                o += k * ostr[d];
+                oa += k * bc.sa[d];
+                ob += k * bc.sb[d];
+            }
+            float g = G[o], a = A[oa], b = B[ob];
+            switch (op) {
+            case DTR_OP_ADD: acc += g; break;
+            case DTR_OP_SUB: acc += side ? -g : g; break;
+            case DTR_OP_MUL: acc += g * (side ? a : b); break;
+            default: acc += side ? -(g * a / (b * b)) : g / b; break;
+            }
+        }
+        GS[j] = acc;
+    }
+}
+
+/* a (...), b (...) broadcast to y (...) */
+static dtr_result dtr__cuda_binary_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_bcast bc = dtr__cuda_bcast_make(nd->in[0], nd->in[1]);
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_binary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, dtr__f32(nd->out), n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_bcast bc = dtr__cuda_bcast_make(nd->in[0], nd->in[1]);
+    int side;
+    if (dtr_tensor_numel(nd->out) == 0) return DTR_OK;
+    for (side = 0; side < 2; side++) {
+        float *gs = dtr__gradof(nd->in[side]);
+        int64_t n = dtr_tensor_numel(nd->in[side]);
+        if (!gs || n == 0) continue;
+        dtr__cuda_binary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            nd->op, side, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, nd->out->grad, gs, n);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    return DTR_OK;
+}
+
+/* ---- reductions: sum / mean over an axis or over everything ---- */
+
+/* x viewed as (outer, len, inner) around the axis; y (outer, inner), each summed in double
+ * in the CPU's order. */
+__global__ static void dtr__cuda_reduce_axis_k(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, int mean) {
+    DTR__CUDA_FOR(t, outer * inner) {
+        int64_t o = t / inner, i = t % inner;
+        double s = 0.0;
+        for (int64_t k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
+        if (mean) s /= (double)len;
+        y[t] = (float)s;
+    }
+}
+
+__global__ static void dtr__cuda_store_sum_k(const double *sum, float *y, double div) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) y[0] = (float)(div != 1.0 ? sum[0] / div : sum[0]);
+}
+
+static void dtr__cuda_axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    int d;
+    *outer = 1;
+    *inner = 1;
+    for (d = 0; d < axis; d++) *outer *= x->shape[d];
+    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *len = x->shape[axis];
+}
+
+/* A sum over everything (f: plain, squares of a, squares of a - b) into y[0], / div. */
+static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, const float *a, const float *b,
+                                   int64_t n, float *y, double div) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (dtr__cuda_sum(ctx, kind, a, b, n, s->partial) != DTR_OK) return ctx->status;
+    dtr__cuda_store_sum_k<<<1, 1, 0, s->stream>>>(s->partial, y, div);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
+    const float *x = dtr__f32(nd->in[0]);
+    float *y = dtr__f32(nd->out);
+    int64_t outer, len, inner;
+    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {
+        int64_t n = dtr_tensor_numel(nd->in[0]);
+        return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, NULL, n, y, nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
+    }
+    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    if (outer * inner == 0) return DTR_OK;
+    dtr__cuda_reduce_axis_k<<<dtr__cuda_grid(outer * inner), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        x, y, outer, len, inner, nd->op == DTR_OP_MEAN);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* gx (outer, len, inner) += g (outer, inner) * sc; all-reductions: g is one value (scaled
+ * by 1/n on the device for a mean). */
+__global__ static void dtr__cuda_reduce_bwd_k(const float *g, float *gx, int64_t outer, int64_t len, int64_t inner, int all,
+                                              float sc, int64_t n_all) {
+    DTR__CUDA_FOR(t, outer * len * inner) {
+        if (all) {
+            gx[t] += sc != 0.0f ? (n_all ? g[0] / (float)n_all : 0.0f) : g[0];
+        } else {
+            int64_t o = t / (len * inner), i = t % inner;
+            gx[t] += g[o * inner + i] * sc;
+        }
+    }
+}
+
+static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    int64_t outer = 1, len, inner = 1, n = dtr_tensor_numel(nd->in[0]);
+    int all = nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL;
+    float sc;
+    if (!gx || n == 0) return DTR_OK;
+    if (all) {
+        len = n;
+        sc = nd->op == DTR_OP_MEAN_ALL ? 1.0f : 0.0f;   /* 1: the mean's 1/n */
+    } else {
+        dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+        sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
+    }
+    dtr__cuda_reduce_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, gx, outer, len, inner, all, sc, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- mean squared error ---- */
+
+static dtr_result dtr__cuda_mse_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->in[0]);
+    return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_SQDIFF, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), n, dtr__f32(nd->out),
+                            (double)n);
+}
+
+__global__ static void dtr__cuda_mse_bwd_k(const float *p, const float *t, const float *g, float *gp, float *gt, int64_t n) {
+    float c = n ? 2.0f * g[0] / (float)n : 0.0f;
+    DTR__CUDA_FOR(i, n) {
+        float d = c * (p[i] - t[i]);
+        if (gp) gp[i] += d;
+        if (gt) gt[i] -= d;
+    }
+}
+
+static dtr_result dtr__cuda_mse_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->in[0]);
+    float *gp = dtr__gradof(nd->in[0]), *gt = dtr__gradof(nd->in[1]);
+    if ((!gp && !gt) || n == 0) return DTR_OK;
+    dtr__cuda_mse_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gp, gt, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- dtype cast ---- */
+
+__global__ static void dtr__cuda_cast_k(void *dst, int dt_dst, const void *src, int dt_src, int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        if (dt_src == DTR_I32 && dt_dst == DTR_U8) ((uint8_t *)dst)[i] = (uint8_t)((const int32_t *)src)[i];
+        else dtr__f_store(dst, dt_dst, i, dtr__f_load(src, dt_src, i));
+    }
+}
+
+__global__ static void dtr__cuda_add_k(float *dst, const float *src, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[i] += src[i];
+}
+
+static dtr_result dtr__cuda_cast_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_data(nd->out), nd->out->dtype, dtr__cuda_data(nd->in[0]), nd->in[0]->dtype, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* gx += g (casts, reshapes, contiguous copies). */
+static dtr_result dtr__cuda_pass_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gx, nd->out->grad, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+#define dtr__cuda_cast_bwd dtr__cuda_pass_bwd
+
+/* ---- dropout: the CPU's stream, draw i computed on its own by jumping ahead ---- */
+
+__global__ static void dtr__cuda_dropout_fwd_k(dtr_rng rng, float p, const float *x, float *y, float *mask, int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        uint64_t st = dtr__f_pcg_advance(rng.state, rng.inc, (uint64_t)i);
+        float m = dtr__f_dropout_mask(dtr__f_pcg_next(&st, rng.inc), p);
+        mask[i] = m;
+        y[i] = x[i] * m;
+    }
+}
+
+__global__ static void dtr__cuda_mul_add_k(float *gx, const float *g, const float *m, int64_t n) {
+    DTR__CUDA_FOR(i, n) gx[i] += g[i] * m[i];
+}
+
+static dtr_result dtr__cuda_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *m = (float *)dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(float)); /* the mask, for backward */
+    if (!m) return ctx->status;
+    nd->saved = m;
+    if (n == 0) return DTR_OK;
+    dtr__cuda_dropout_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->p.dropout.rng, nd->p.dropout.p, dtr__f32(nd->in[0]), dtr__f32(nd->out), m, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_mul_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        gx, nd->out->grad, (const float *)nd->saved, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- softmax, log-softmax, causal softmax: one block per row ---- */
+
+static int64_t dtr__cuda_rows(const dtr_tensor *x) {
+    int64_t c = x->ndim ? x->shape[x->ndim - 1] : 1;
+    return c ? dtr_tensor_numel(x) / c : 0;
+}
+
+/* x, y (R, C); causal: row r keeps its first (r % C) + 1 entries */
+__global__ static void dtr__cuda_softmax_fwd_k(int op, const float *x, float *y, int64_t C) {
+    int64_t r = blockIdx.x, valid = op == DTR_OP_SOFTMAX_CAUSAL ? (r % C) + 1 : C;
+    const float *xr = x + r * C;
+    float *yr = y + r * C, mx = -INFINITY;
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, xr[j]);
+    mx = dtr__cuda_block_max(mx);
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += exp((double)(xr[j] - mx));
+    s = dtr__cuda_block_sum(s);
+    if (op == DTR_OP_LOG_SOFTMAX) {
+        float lse = mx + (float)log(s);
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) yr[j] = j < valid ? xr[j] - lse : -INFINITY;
+    } else {
+        float inv = (float)(1.0 / s);
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) yr[j] = j < valid ? expf(xr[j] - mx) * inv : 0.0f;
+    }
+}
+
+__global__ static void dtr__cuda_softmax_bwd_k(int op, const float *y, const float *g, float *gx, int64_t C) {
+    int64_t r = blockIdx.x;
+    const float *yr = y + r * C, *gr = g + r * C;
+    float *gxr = gx + r * C;
+    double s = 0.0;
+    int logp = op == DTR_OP_LOG_SOFTMAX;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) s += logp ? (double)gr[k] : (double)gr[k] * yr[k];
+    s = dtr__cuda_block_sum(s);
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x)
+        gxr[k] += logp ? gr[k] - expf(yr[k]) * (float)s : yr[k] * (gr[k] - (float)s);
+}
+
+static dtr_result dtr__cuda_softmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t R = dtr__cuda_rows(nd->in[0]), C = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    if (R == 0) return DTR_OK;
+    dtr__cuda_softmax_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, dtr__f32(nd->in[0]), dtr__f32(nd->out), C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t R = dtr__cuda_rows(nd->in[0]), C = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || R == 0) return DTR_OK;
+    dtr__cuda_softmax_bwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, dtr__f32(nd->out), nd->out->grad, gx, C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- cross-entropy on class indices: one block per row, fused softmax ---- */
+
+/* logits x (R, K), targets t (R) -> probabilities P (R, K) and each row's loss (R, double) */
+__global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, float *P, double *loss, int64_t K, int *err) {
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * K;
+    float *pr = P + r * K, mx = -INFINITY;
+    double s = 0.0;
+    int32_t tr = t[r];
+    if (tr < 0 || tr >= K) {
+        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; }
+        return;   /* the whole block leaves: no barrier is left waiting */
+    }
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+    mx = dtr__cuda_block_max(mx);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)(pr[k] = expf(xr[k] - mx));
+    s = dtr__cuda_block_sum(s);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) pr[k] = (float)(pr[k] / s);
+    if (threadIdx.x == 0) loss[r] = (double)mx + log(s) - xr[tr];
+}
+
+__global__ static void dtr__cuda_xent_bwd_k(const float *P, const int32_t *t, const float *g, float *gx, int64_t R, int64_t K) {
+    float c = g[0] / (float)R;
+    DTR__CUDA_FOR(i, R * K) {
+        int64_t r = i / K, k = i % K;
+        float v = gx[i] + c * P[i];
+        if (k == t[r]) v -= c;
+        gx[i] = v;
+    }
+}
+
+/* The row losses' mean, summed in a fixed order (one thread: deterministic). */
+__global__ static void dtr__cuda_mean_rows_k(const double *loss, int64_t R, float *y) {
+    if (threadIdx.x || blockIdx.x) return;
+    double s = 0.0;
+    for (int64_t r = 0; r < R; r++) s += loss[r];
+    y[0] = R ? (float)(s / (double)R) : 0.0f;
+}
+
+static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    char *save = (char *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float) + (size_t)(R ? R : 1) * sizeof(double));
+    double *loss;
+    if (!save) return ctx->status;
+    nd->saved = save;   /* probabilities (R, K) for backward, then the row losses */
+    loss = (double *)(save + (((size_t)(R * K) * sizeof(float) + 7) & ~(size_t)7));
+    if (R > 0)
+        dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
+            dtr__f32(x), (const int32_t *)dtr__cuda_data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
+    dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    float *gx = dtr__gradof(x);
+    if (!gx || R == 0) return DTR_OK;
+    dtr__cuda_xent_bwd_k<<<dtr__cuda_grid(R * K), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        (const float *)nd->saved, (const int32_t *)dtr__cuda_data(nd->in[1]), nd->out->grad, gx, R, K);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
+
+__global__ static void dtr__cuda_embedding_fwd_k(const float *W, const int32_t *id, float *Y, int64_t N, int64_t C, int64_t V,
+                                                 int *err) {
+    DTR__CUDA_FOR(i, N * C) {
+        int64_t row = i / C, k = i % C;
+        int32_t v = id[row];
+        if (v < 0 || v >= V) {
+            if (k == 0) dtr__cuda_flag(err, DTR_OP_EMBEDDING, row);
+            Y[i] = 0.0f;
+        } else {
+            Y[i] = W[(int64_t)v * C + k];
+        }
+    }
+}
+
+/* One thread per column, rows in order: the CPU's order for repeated ids, no atomics. */
+__global__ static void dtr__cuda_embedding_bwd_k(const float *G, const int32_t *id, float *gw, int64_t N, int64_t C, int64_t V) {
+    DTR__CUDA_FOR(k, C) {
+        for (int64_t i = 0; i < N; i++) {
+            int32_t v = id[i];
+            if (v >= 0 && v < V) gw[(int64_t)v * C + k] += G[i * C + k];
+        }
+    }
+}
+
+static dtr_result dtr__cuda_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
+    if (N * C == 0) return DTR_OK;
+    dtr__cuda_embedding_fwd_k<<<dtr__cuda_grid(N * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(nd->in[0]), (const int32_t *)dtr__cuda_data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
+    float *gw = dtr__gradof(nd->in[0]);
+    if (!gw || N * C == 0) return DTR_OK;
+    dtr__cuda_embedding_bwd_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, (const int32_t *)dtr__cuda_data(nd->in[1]), gw, N, C, V);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
+
+/* x, y (R, C); stat (R, 2): mean, rstd */
+__global__ static void dtr__cuda_layernorm_fwd_k(const float *X, const float *W, const float *B, float *Y, float *stat,
+                                                 int64_t C, float eps) {
+    int64_t r = blockIdx.x;
+    const float *xr = X + r * C;
+    float *yr = Y + r * C;
+    double m = 0.0, v = 0.0;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += xr[k];
+    m = dtr__cuda_block_sum(m) / (double)C;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = xr[k] - m; v += d * d; }
+    v = dtr__cuda_block_sum(v) / (double)C;
+    float mean = (float)m, rstd = (float)(1.0 / sqrt(v + eps));
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+        float h = (xr[k] - mean) * rstd;
+        yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+    }
+    if (threadIdx.x == 0) { stat[2 * r] = mean; stat[2 * r + 1] = rstd; }
+}
+
+__global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *W, const float *G, const float *stat, float *gx,
+                                                   int64_t C) {
+    int64_t r = blockIdx.x;
+    const float *xr = X + r * C, *gr = G + r * C;
+    float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + r * C;
+    double sd = 0.0, sdh = 0.0;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        sd += dh;
+        sdh += (double)dh * h;
+    }
+    sd = dtr__cuda_block_sum(sd);
+    sdh = dtr__cuda_block_sum(sdh);
+    float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        gxr[k] += rstd * (dh - md - h * mdh);
+    }
+}
+
+__global__ static void dtr__cuda_layernorm_bwd_w_k(const float *X, const float *G, const float *stat, float *gw, float *gb,
+                                                   int64_t R, int64_t C) {
+    DTR__CUDA_FOR(k, C) {
+        float aw = gw ? gw[k] : 0.0f, ab = gb ? gb[k] : 0.0f;
+        for (int64_t r = 0; r < R; r++) {
+            float g = G[r * C + k], h = (X[r * C + k] - stat[2 * r]) * stat[2 * r + 1];
+            aw += g * h;
+            ab += g;
+        }
+        if (gw) gw[k] = aw;
+        if (gb) gb[k] = ab;
+    }
+}
+
+static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)(R ? R : 1) * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    if (R == 0) return DTR_OK;
+    dtr__cuda_layernorm_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(x), nd->in[1] ? dtr__f32(nd->in[1]) : NULL, nd->in[2] ? dtr__f32(nd->in[2]) : NULL, dtr__f32(nd->out), stat, C,
+        nd->p.eps);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    const float *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *stat = (const float *)nd->saved;
+    float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
+    if (R == 0) return DTR_OK;
+    if (gx) {
+        dtr__cuda_layernorm_bwd_x_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+            dtr__f32(x), W, nd->out->grad, stat, gx, C);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    if (!gw && !gb) return DTR_OK;
+    dtr__cuda_layernorm_bwd_w_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(x), nd->out->grad, stat, gw, gb, R, C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- views: strided copies and their gradients ---- */
+
+/* dst (dense, es-byte elements) = src walked by w */
+__global__ static void dtr__cuda_gather_k(char *dst, const char *src, dtr__cuda_walk w, int64_t n, int es) {
+    DTR__CUDA_FOR(i, n) {
+        int64_t off = dtr__cuda_walk_off(&w, i);
+        for (int b = 0; b < es; b++) dst[i * es + b] = src[off * es + b];
+    }
+}
+
+/* dst walked by wd = src walked by ws */
+__global__ static void dtr__cuda_copy_walk_k(float *dst, dtr__cuda_walk wd, const float *src, dtr__cuda_walk ws, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[dtr__cuda_walk_off(&wd, i)] = src[dtr__cuda_walk_off(&ws, i)];
+}
+
+/* dst walked by w += src (dense); every walked offset is distinct (no race) */
+__global__ static void dtr__cuda_scatter_add_k(float *dst, const float *src, dtr__cuda_walk w, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[dtr__cuda_walk_off(&w, i)] += src[i];
+}
+
+/* dst (dense) += src walked by w */
+__global__ static void dtr__cuda_gather_add_k(float *dst, const float *src, dtr__cuda_walk w, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[i] += src[dtr__cuda_walk_off(&w, i)];
+}
+
+static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    if (nd->op == DTR_OP_CONTIGUOUS) {
+        int64_t n = dtr_tensor_numel(x);
+        if (n == 0) return DTR_OK;
+        dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            (char *)dtr__cuda_data(nd->out), (const char *)x->storage, dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset),
+            n, (int)dtr_dtype_size(x->dtype));
+        return dtr__cuda_launched(ctx, nd);
+    }
+    if (nd->op == DTR_OP_CONCAT) {   /* each input into its block of the output */
+        int k, axis = nd->p.view.axis;
+        int64_t base = 0;
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
+            int64_t n = dtr_tensor_numel(p);
+            if (n > 0) {   /* the output's block (walked with its strides) = p (walked with its own) */
+                dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                    (float *)nd->out->storage, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base),
+                    (const float *)p->storage, dtr__cuda_walk_make(p->ndim, p->shape, p->stride, p->offset), n);
+                if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+            }
+            base += p->shape[axis] * nd->out->stride[axis];
+        }
+    }
+    return DTR_OK;   /* reshape, permute and slice are views: nothing to compute */
+}
+
+static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t cs[DTR_MAX_DIMS], gs[DTR_MAX_DIMS], n = dtr_tensor_numel(nd->out);
+    float *gx;
+    int d;
+    if (nd->op == DTR_OP_CONCAT) {
+        int k, axis = nd->p.view.axis;
+        int64_t base = 0;
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
+            float *gp = dtr__gradof(p);
+            int64_t np = dtr_tensor_numel(p);
+            if (gp && np > 0) {   /* gp (dense) += the block of g at `base` along axis */
+                dtr__cuda_gather_add_k<<<dtr__cuda_grid(np), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                    gp, nd->out->grad, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base), np);
+                if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+            }
+            base += p->shape[axis] * nd->out->stride[axis];
+        }
+        return DTR_OK;
+    }
+    gx = dtr__gradof(x);
+    if (!gx || n == 0) return DTR_OK;
+    if (nd->op == DTR_OP_RESHAPE || nd->op == DTR_OP_CONTIGUOUS) return dtr__cuda_pass_bwd(ctx, nd);
+    dtr__contig_strides(x->ndim, x->shape, cs);
+    if (nd->op == DTR_OP_PERMUTE) {
+        for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
+        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, gs, 0), n);
+    } else {   /* SLICE */
+        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis]), n);
+    }
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- activation checkpointing: the region's output copied into the node's ---- */
+
+static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
+    const dtr_tensor *y = n->p.checkpoint.region_out;
+    size_t es = dtr_dtype_size(y->dtype);
+    return dtr__cuda_check(ctx,
+                           cudaMemcpyAsync(n->out->storage, (const char *)y->storage + (size_t)y->offset * es,
+                                           (size_t)dtr_tensor_numel(y) * es, cudaMemcpyDeviceToDevice, dtr__cuda_stream(ctx)),
+                           "checkpoint copy");
+}
+
+static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
+#line 876 "dtrain_cuda.cu"
+
+/* ---- src/cuda/cuda_gemm.cu ---- */
+#line 1 "src/cuda/cuda_gemm.cu"
+/* ============================================================================
+ * Matrix products on the GPU through cuBLAS: batched matmul (broadcast batch axes, any
+ * view whose rows or columns are unit-stride) and linear (x w^T + b), forward and backward,
+ * with the CPU's shapes (src/ops/ops_matmul.c):
+ *   a (..., M, K), b (..., K, N) -> (..., M, N); x (R, in), w (out, in) -> (R, out).
+ * cuBLAS is column-major: a row-major C = A B is computed as the column-major C^T = B^T A^T,
+ * so every call passes B first. Full FP32 (cuBLAS's default math mode); TF32 comes with the
+ * mixed-precision settings.
+ * ==========================================================================*/
+
+/* A row-major matrix view (rows R, cols C, row stride rs, column stride cs) as cuBLAS sees
+ * it: the column-major matrix is its transpose with leading dimension rs when cs is 1 (op N),
+ * or the matrix itself with leading dimension cs when rs is 1 (op T). 0: neither (copy it). */
+static int dtr__cuda_blas_view(int64_t R, int64_t C, int64_t rs, int64_t cs, cublasOperation_t *op, int64_t *ld) {
+    if (C <= 1) cs = 1;                                   /* one column: its stride is moot */
+    if (R <= 1) rs = cs == 1 ? (C > 1 ? C : 1) : 1;       /* one row: so is the row stride */
+    if (cs == 1 && rs >= (C > 1 ? C : 1)) { *op = CUBLAS_OP_N; *ld = rs; return 1; }
+    if (rs == 1 && cs >= (R > 1 ? R : 1)) { *op = CUBLAS_OP_T; *ld = cs; return 1; }
+    return 0;
+}
+
+/* Y (M, N; row stride ldy) = alpha A (M, K) B (K, N) + beta Y, row-major views given by their
+ * strides, `count` times with batch strides sa, sb, sy (elements). */
+static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                                 int64_t csa, int64_t sa, const float *B, int64_t rsb, int64_t csb, int64_t sb, float beta,
+                                 float *Y, int64_t ldy, int64_t sy, int64_t count) {
+    cublasOperation_t opa, opb;
+    int64_t lda, ldb;
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (M == 0 || N == 0 || count == 0) return DTR_OK;
+    if (!dtr__cuda_blas_view(M, K, rsa, csa, &opa, &lda) || !dtr__cuda_blas_view(K, N, rsb, csb, &opb, &ldb))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: gemm operand with neither unit row nor unit column stride (make it contiguous)");
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldy > INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: gemm of %lld x %lld x %lld is beyond cuBLAS's 32-bit sizes",
+                         (long long)M, (long long)N, (long long)K);
+    if (count == 1)
+        return dtr__cuda_blas(ctx, cublasSgemm(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
+                                               (int)lda, &beta, Y, (int)ldy), "sgemm");
+    return dtr__cuda_blas(ctx, cublasSgemmStridedBatched(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
+                                                         sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
+                          "sgemm (batched)");
+}
+
+/* ---- matmul ---- */
+
+/* The batch axes of a and b broadcast together (as the CPU's dtr__batch): the output batch
+ * shape, each operand's stride over it (0 where broadcast), and, when every batch axis of
+ * each operand collapses to one stride, that stride (one strided-batched call does it). */
+typedef struct dtr__cuda_batch {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], count;
+    int64_t ua, ub;   /* the collapsed strides, when uniform */
+    int uniform;
+} dtr__cuda_batch;
+
+/* 1 when strides st over the batch shape are i * u for one stride u (set in *u). */
+static int dtr__cuda_collapse(const dtr__cuda_batch *bt, const int64_t *st, int64_t *u) {
+    int64_t expect = -1;
+    int d;
+    *u = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        if (bt->shape[d] == 1) continue;
+        if (expect < 0) *u = st[d];
+        else if (st[d] != expect) return 0;
+        expect = st[d] * bt->shape[d];
+    }
+    return 1;
+}
+
+static dtr__cuda_batch dtr__cuda_batch_make(const dtr_tensor *a, const dtr_tensor *b, int dense) {
+    dtr__cuda_batch bt;
+    int64_t ca[DTR_MAX_DIMS], cb[DTR_MAX_DIMS];
+    int na = a->ndim - 2, nb = b->ndim - 2, nd = na > nb ? na : nb, d;
+    const int64_t *sta = a->stride, *stb = b->stride;
+    if (dense) {   /* the gradients: dense strides of the same shapes */
+        dtr__contig_strides(a->ndim, a->shape, ca);
+        dtr__contig_strides(b->ndim, b->shape, cb);
+        sta = ca;
+        stb = cb;
+    }
+    memset(&bt, 0, sizeof bt);
+    bt.nd = nd;
+    bt.count = 1;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - na), db = d - (nd - nb);
+        int64_t xa = da >= 0 ? a->shape[da] : 1, xb = db >= 0 ? b->shape[db] : 1;
+        bt.shape[d] = xa > xb ? xa : xb;
+        bt.sa[d] = (da >= 0 && xa != 1) ? sta[da] : 0;
+        bt.sb[d] = (db >= 0 && xb != 1) ? stb[db] : 0;
+        bt.count *= bt.shape[d];
+    }
+    bt.uniform = dtr__cuda_collapse(&bt, bt.sa, &bt.ua) && dtr__cuda_collapse(&bt, bt.sb, &bt.ub);
+    return bt;
+}
+
+static void dtr__cuda_batch_offsets(const dtr__cuda_batch *bt, int64_t i, int64_t *oa, int64_t *ob) {
+    int d;
+    *oa = *ob = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        int64_t k = i % bt->shape[d];
+        i /= bt->shape[d];
+        *oa += k * bt->sa[d];
+        *ob += k * bt->sb[d];
+    }
+}
+
+/* One product of the batch per call, in batch order: for batches that do not collapse and
+ * for gradients of an operand broadcast over the batch (each call accumulates into it, so
+ * the sum is taken in the CPU's order). `which`: 0 forward, 1 dA, 2 dB. */
+static dtr_result dtr__cuda_matmul_loop(dtr_context *ctx, dtr__node *nd, int which) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], i, oa, ob, ga, gbo;
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    dtr_result r = DTR_OK;
+    for (i = 0; i < bt.count && r == DTR_OK; i++) {
+        dtr__cuda_batch_offsets(&bt, i, &oa, &ob);
+        dtr__cuda_batch_offsets(&gb, i, &ga, &gbo);
+        if (which == 0)
+            r = dtr__cuda_gemm(ctx, M, N, K, 1.0f, A + oa, rsa, csa, 0, B + ob, rsb, csb, 0, 0.0f, dtr__f32(nd->out) + i * M * N, N, 0, 1);
+        else if (which == 1)   /* dA (M, K) += G (M, N) B^T (N, K) */
+            r = dtr__cuda_gemm(ctx, M, K, N, 1.0f, G + i * M * N, N, 1, 0, B + ob, csb, rsb, 0, 1.0f, dtr__gradof(a) + ga, K, 0, 1);
+        else                   /* dB (K, N) += A^T (K, M) G (M, N) */
+            r = dtr__cuda_gemm(ctx, K, N, M, 1.0f, A + oa, csa, rsa, 0, G + i * M * N, N, 1, 0, 1.0f, dtr__gradof(b) + gbo, N, 0, 1);
+    }
+    return r;
+}
+
+/* a (..., M, K), b (..., K, N) -> y (..., M, N) */
+static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0);
+    if (!bt.uniform) return dtr__cuda_matmul_loop(ctx, nd, 0);
+    return dtr__cuda_gemm(ctx, M, N, K, 1.0f, (const float *)a->storage + a->offset, a->stride[a->ndim - 2],
+                          a->stride[a->ndim - 1], bt.ua, (const float *)b->storage + b->offset, b->stride[b->ndim - 2],
+                          b->stride[b->ndim - 1], bt.ub, 0.0f, dtr__f32(nd->out), N, M * N, bt.count);
+}
+
+static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
+    float *GA = dtr__gradof(a), *GB = dtr__gradof(b);
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    int batched = bt.uniform && gb.uniform;
+    if (GA) {   /* dA (M, K) += G (M, N) B^T (N, K); a broadcast over the batch: one call per item */
+        dtr_result r = batched && (gb.ua != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm(ctx, M, K, N, 1.0f, G, N, 1, M * N, B, csb, rsb, bt.ub, 1.0f, GA, K, gb.ua, bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, 1);
+        if (r != DTR_OK) return r;
+    }
+    if (GB) {   /* dB (K, N) += A^T (K, M) G (M, N) */
+        dtr_result r = batched && (gb.ub != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm(ctx, K, N, M, 1.0f, A, csa, rsa, bt.ua, G, N, 1, M * N, 1.0f, GB, N, gb.ub, bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, 2);
+        if (r != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+/* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
+
+__global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_t R, int64_t out) {
+    DTR__CUDA_FOR(i, R * out) Y[i] = bias[i % out];
+}
+
+/* gb[j] += sum over r of G[r, j], rows in order (the CPU's), one thread per column */
+__global__ static void dtr__cuda_col_sum_k(const float *G, float *gb, int64_t R, int64_t out) {
+    DTR__CUDA_FOR(j, out) {
+        float acc = gb[j];
+        for (int64_t r = 0; r < R; r++) acc += G[r * out + j];
+        gb[j] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
+    float *Y = dtr__f32(nd->out), beta = 0.0f;
+    if (R * out == 0) return DTR_OK;
+    if (bias) {
+        dtr__cuda_rows_fill_k<<<dtr__cuda_grid(R * out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+        beta = 1.0f;
+    } else if (in == 0) {
+        return dtr__cuda_check(ctx, cudaMemsetAsync(Y, 0, (size_t)(R * out) * sizeof(float), dtr__cuda_stream(ctx)), "linear");
+    }
+    /* Y (R, out) = X (R, in) W^T (in, out) */
+    return dtr__cuda_gemm(ctx, R, out, in, 1.0f, dtr__f32(x), in, 1, 0, dtr__f32(w), 1, in, 0, beta, Y, out, 0, 1);
+}
+
+static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
+    const float *G = nd->out->grad;
+    float *gx = dtr__gradof(x), *gw = dtr__gradof(w), *gb = dtr__gradof(bias);
+    /* dX (R, in) += G (R, out) W (out, in) */
+    if (gx && dtr__cuda_gemm(ctx, R, in, out, 1.0f, G, out, 1, 0, dtr__f32(w), in, 1, 0, 1.0f, gx, in, 0, 1) != DTR_OK)
+        return ctx->status;
+    /* dW (out, in) += G^T (out, R) X (R, in) */
+    if (gw && dtr__cuda_gemm(ctx, out, in, R, 1.0f, G, 1, out, 0, dtr__f32(x), in, 1, 0, 1.0f, gw, in, 0, 1) != DTR_OK)
+        return ctx->status;
+    if (gb && R * out > 0) {
+        dtr__cuda_col_sum_k<<<dtr__cuda_grid(out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(G, gb, R, out);
+        return dtr__cuda_launched(ctx, nd);
+    }
+    return DTR_OK;
+}
+#line 1091 "dtrain_cuda.cu"
+
+/* ---- src/cuda/cuda_optim.cu ---- */
+#line 1 "src/cuda/cuda_optim.cu"
+/* ============================================================================
+ * The backend's non-op slots on the GPU: the fused optimizer update over the model's
+ * contiguous buffers (SGD, Adam, AdamW, LAMB, with the element formulas the CPU uses),
+ * sum of squares (gradient clipping), scale, and the element-wise reduction the collectives
+ * apply to received buffers. Sums are two-pass trees in double with a fixed shape, so a run
+ * repeats bit for bit on one GPU.
+ * ==========================================================================*/
+
+/* ---- deterministic sums ---- */
+
+__device__ static double dtr__cuda_term(int kind, const float *a, const float *b, int64_t i) {
+    double v = a[i];
+    if (kind == DTR__CUDA_SUM_SQDIFF) v -= b[i];
+    return kind == DTR__CUDA_SUM_PLAIN ? v : v * v;
+}
+
+/* pass 1: block k sums its grid-stride share into partial[k] */
+__global__ static void dtr__cuda_sum_k(int kind, const float *a, const float *b, int64_t n, double *partial) {
+    double s = 0.0;
+    DTR__CUDA_FOR(i, n) s += dtr__cuda_term(kind, a, b, i);
+    s = dtr__cuda_block_sum(s);
+    if (threadIdx.x == 0) partial[blockIdx.x] = s;
+}
+
+/* pass 2: one block sums the partials into partial[0] */
+__global__ static void dtr__cuda_sum_partials_k(double *partial, int count) {
+    double s = 0.0;
+    for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+    s = dtr__cuda_block_sum(s);
+    if (threadIdx.x == 0) partial[0] = s;
+}
+
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out) {
+    unsigned blocks = dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_PARTIALS);
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    dtr__cuda_sum_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(kind, a, b, n, out);
+    dtr__cuda_sum_partials_k<<<1, 1024, 0, st>>>(out, (int)blocks);
+    return dtr__cuda_check(ctx, cudaGetLastError(), "sum kernel");
+}
+
+static dtr_result dtr__cuda_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (n <= 0) { *out = 0.0; return DTR_OK; }
+    if (dtr__cuda_sum(ctx, DTR__CUDA_SUM_SQ, x, NULL, n, s->partial) != DTR_OK) return ctx->status;
+    if (dtr__cuda_check(ctx, cudaMemcpyAsync(s->sum_host, s->partial, sizeof(double), cudaMemcpyDeviceToHost, s->stream),
+                        "sumsq result") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "sumsq") != DTR_OK)
+        return ctx->status;
+    *out = *s->sum_host;
+    return DTR_OK;
+}
+
+/* ---- scale ---- */
+
+__global__ static void dtr__cuda_scale_k(float *x, int64_t n, float s) {
+    DTR__CUDA_FOR(i, n) x[i] *= s;
+}
+
+static dtr_result dtr__cuda_scale(dtr_context *ctx, float *x, int64_t n, float s) {
+    if (n <= 0) return DTR_OK;
+    dtr__cuda_scale_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(x, n, s);
+    return dtr__cuda_check(ctx, cudaGetLastError(), "scale kernel");
+}
+
+/* ---- the collectives' reduction: out = (a op b) / div, f32 / bf16 / f16 ---- */
+
+__global__ static void dtr__cuda_reduce_k(void *out, const void *a, const void *b, int64_t n, int dt, int op, int div) {
+    DTR__CUDA_FOR(i, n) {
+        float x = dtr__f_load(a, dt, i), y = dtr__f_load(b, dt, i);
+        float r = op == DTR_REDUCE_MAX ? (x > y ? x : y) : x + y;
+        if (div > 1) r /= (float)div;
+        dtr__f_store(out, dt, i, r);
+    }
+}
+
+static dtr_result dtr__cuda_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
+                                   int div) {
+    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
+        return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "cuda: collectives reduce f32, bf16 or f16, not %s", dtr_dtype_name(dt));
+    if (n == 0) return DTR_OK;
+    dtr__cuda_reduce_k<<<dtr__cuda_grid((int64_t)n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(out, a, b, (int64_t)n, dt, op,
+                                                                                                   div);
+    return dtr__cuda_check(ctx, cudaGetLastError(), "reduce kernel");
+}
+
+/* ---- the fused optimizer update over [begin, n) ---- */
+
+__global__ static void dtr__cuda_sgd_k(float *p, const float *g, float *m, int64_t b, int64_t n, dtr__opt_k k) {
+    DTR__CUDA_FOR(t, n - b) {
+        int64_t i = b + t;
+        if (m) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, k.first, k.nesterov);
+        else dtr__f_sgd(&p[i], g[i], &k);
+    }
+}
+
+__global__ static void dtr__cuda_adam_k(float *p, const float *g, float *m, float *v, int64_t b, int64_t n, dtr__opt_k k) {
+    DTR__CUDA_FOR(t, n - b) {
+        int64_t i = b + t;
+        dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, k.adamw);
+    }
+}
+
+/* LAMB, one block per parameter segment: moments and direction, the two norms, the trust
+ * ratio, the step. segs: (nseg, 2) begin/end. */
+__global__ static void dtr__cuda_lamb_k(float *p, const float *g, float *m, float *v, float *work, const int64_t *segs, float lr,
+                                        dtr__opt_k k) {
+    int64_t s0 = segs[2 * blockIdx.x], s1 = segs[2 * blockIdx.x + 1];
+    double pn = 0.0, un = 0.0;
+    for (int64_t i = s0 + threadIdx.x; i < s1; i += blockDim.x) {
+        work[i] = dtr__f_lamb_dir(p[i], &m[i], &v[i], g[i], &k);
+        pn += (double)p[i] * p[i];
+        un += (double)work[i] * work[i];
+    }
+    pn = dtr__cuda_block_sum(pn);
+    un = dtr__cuda_block_sum(un);
+    float trust = dtr__f_lamb_trust(pn, un);
+    for (int64_t i = s0 + threadIdx.x; i < s1; i += blockDim.x) p[i] -= lr * trust * work[i];
+}
+
+/* The segments inside [begin, n), copied to the device. */
+static int dtr__cuda_lamb_segments(dtr_context *ctx, const dtr__opt_args *a, int64_t *host, int cap) {
+    int s, used = 0;
+    for (s = 0; s < a->nseg && used < cap; s++) {
+        if (a->seg_begin[s] < a->begin || a->seg_end[s] > a->n) continue;   /* outside the range */
+        host[2 * used] = a->seg_begin[s];
+        host[2 * used + 1] = a->seg_end[s];
+        used++;
+    }
+    (void)ctx;
+    return used;
+}
+
+static dtr_result dtr__cuda_lamb(dtr_context *ctx, const dtr__opt_args *a, const dtr__opt_k *k) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    int64_t *host;
+    int used;
+    if (a->nseg > s->seg_cap) {
+        if (s->segs) cudaFree(s->segs);
+        s->segs = NULL;
+        s->seg_cap = 0;
+        if (dtr__cuda_check(ctx, cudaMalloc((void **)&s->segs, (size_t)a->nseg * 2 * sizeof(int64_t)), "LAMB segments") != DTR_OK)
+            return ctx->status;
+        s->seg_cap = a->nseg;
+    }
+    host = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(a->nseg ? a->nseg : 1) * 2 * sizeof(int64_t));
+    if (!host) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "cuda: LAMB: out of memory");
+    used = dtr__cuda_lamb_segments(ctx, a, host, a->nseg);
+    if (used > 0 && dtr__cuda_check(ctx, cudaMemcpyAsync(s->segs, host, (size_t)used * 2 * sizeof(int64_t), cudaMemcpyHostToDevice,
+                                                         s->stream), "LAMB segments") == DTR_OK &&
+        dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "LAMB segments") == DTR_OK) {
+        dtr__cuda_lamb_k<<<(unsigned)used, DTR__CUDA_THREADS, 0, s->stream>>>(a->param, a->grad, a->m, a->v, a->work, s->segs,
+                                                                             a->lr, *k);
+        dtr__cuda_check(ctx, cudaGetLastError(), "LAMB kernel");
+    }
+    dtr__free(&ctx->alloc, host);
+    return ctx->status;
+}
+
+static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) {
+    dtr__opt_k k = dtr__opt_consts(a);
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    if (a->n <= a->begin) return DTR_OK;
+    switch (a->kind) {
+    case DTR_OPT_SGD:
+        dtr__cuda_sgd_k<<<dtr__cuda_grid(a->n - a->begin), DTR__CUDA_THREADS, 0, st>>>(a->param, a->grad, a->m, a->begin, a->n, k);
+        break;
+    case DTR_OPT_ADAM:
+    case DTR_OPT_ADAMW:
+        dtr__cuda_adam_k<<<dtr__cuda_grid(a->n - a->begin), DTR__CUDA_THREADS, 0, st>>>(a->param, a->grad, a->m, a->v, a->begin,
+                                                                                       a->n, k);
+        break;
+    case DTR_OPT_LAMB: return dtr__cuda_lamb(ctx, a, &k);
+    default: return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: unknown optimizer kind %d", a->kind);
+    }
+    return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
+}
+#line 1271 "dtrain_cuda.cu"
+
+/* ---- src/cuda/cuda_conv.cu ---- */
+#line 1 "src/cuda/cuda_conv.cu"
+/* ============================================================================
+ * Convolution and pooling on the GPU, with the CPU's shapes and rules (src/ops/ops_conv.c):
+ * x (N, C, H, W), w (O, C, KH, KW), y (N, O, Ho, Wo), Ho = (H + 2P - KH) / S + 1.
+ * Convolution is im2col + cuBLAS: the columns of every sample (C*KH*KW, Ho*Wo) are kept for
+ * backward, y_n = W col_n in one strided-batched GEMM. Backward gathers instead of scattering
+ * (one thread per input element sums the columns or windows that read it, in the CPU's order),
+ * so nothing needs atomics and a run repeats bit for bit.
+ * ==========================================================================*/
+
+typedef struct dtr__cuda_conv {
+    int64_t N, C, H, W, O, KH, KW, Ho, Wo, S, P;
+} dtr__cuda_conv;
+
+static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
+    const dtr_tensor *x = nd->in[0];
+    dtr__cuda_conv g;
+    g.N = x->shape[0]; g.C = x->shape[1]; g.H = x->shape[2]; g.W = x->shape[3];
+    g.Ho = nd->out->shape[2]; g.Wo = nd->out->shape[3];
+    if (k_pool) {
+        g.O = g.C; g.KH = g.KW = k_pool;
+        g.S = nd->p.pool2d.stride; g.P = nd->p.pool2d.padding;
+    } else {
+        g.O = nd->in[1]->shape[0]; g.KH = nd->in[1]->shape[2]; g.KW = nd->in[1]->shape[3];
+        g.S = nd->p.conv2d.stride; g.P = nd->p.conv2d.padding;
+    }
+    return g;
+}
+
+/* col (N, C*KH*KW, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
+__global__ static void dtr__cuda_im2col_k(const float *x, float *col, dtr__cuda_conv g) {
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    DTR__CUDA_FOR(t, g.N * ckk * P) {
+        int64_t n = t / (ckk * P), r = (t / P) % ckk, p = t % P;
+        int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
+        int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
+        col[t] = (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x[((n * g.C + c) * g.H + ii) * g.W + jj] : 0.0f;
+    }
+}
+
+/* The output positions (oi range) whose window row a covers input row i: i = oi S - P + a. */
+__device__ static int dtr__cuda_window(int64_t i, int64_t a, int64_t S, int64_t P, int64_t Ho, int64_t *oi) {
+    int64_t q = i + P - a;
+    if (q < 0 || q % S != 0) return 0;
+    *oi = q / S;
+    return *oi < Ho;
+}
+
+/* gx (N, C, H, W) += the column gradients gcol (N, C*KH*KW, Ho*Wo) that read each element */
+__global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cuda_conv g) {
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
+        int64_t n = t / (g.C * g.H * g.W), c = (t / (g.H * g.W)) % g.C, i = (t / g.W) % g.H, j = t % g.W, oi, oj;
+        float acc = gx[t];
+        for (int64_t ki = 0; ki < g.KH; ki++) {
+            if (!dtr__cuda_window(i, ki, g.S, g.P, g.Ho, &oi)) continue;
+            for (int64_t kj = 0; kj < g.KW; kj++) {
+                if (!dtr__cuda_window(j, kj, g.S, g.P, g.Wo, &oj)) continue;
+                acc += gcol[(n * ckk + (c * g.KH + ki) * g.KW + kj) * P + oi * g.Wo + oj];
+            }
+        }
+        gx[t] = acc;
+    }
+}
+
+/* y (N, O, P) = bias[o] */
+__global__ static void dtr__cuda_conv_bias_k(float *y, const float *bias, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(t, N * O * P) y[t] = bias[(t / P) % O];
+}
+
+/* gb[o] += sum over samples and positions of gy (N, O, P), in that order */
+__global__ static void dtr__cuda_conv_gb_k(const float *gy, float *gb, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(o, O) {
+        float acc = gb[o];
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t p = 0; p < P; p++) acc += gy[(n * O + o) * P + p];
+        gb[o] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    const float *bias = nd->n_in > 2 && nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    float *col = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float)); /* kept for backward */
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    if (!col) return ctx->status;
+    nd->saved = col;
+    if (g.N * g.O * P == 0) return DTR_OK;
+    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->in[0]), col, g);
+    if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->out), bias, g.N, g.O, P);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    /* y_n (O, P) = W (O, ckk) col_n (ckk, P) (+ the bias already there) */
+    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, P, 1, ckk * P, bias ? 1.0f : 0.0f,
+                          dtr__f32(nd->out), P, g.O * P, g.N);
+}
+
+static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, n;
+    const float *G = nd->out->grad, *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL;
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    if (g.N * g.O * P == 0) return DTR_OK;
+    for (n = 0; gw && n < g.N; n++)   /* dW (O, ckk) += gy_n (O, P) col_n^T (P, ckk), samples in order */
+        if (dtr__cuda_gemm(ctx, g.O, ckk, P, 1.0f, G + n * g.O * P, P, 1, 0, col + n * ckk * P, 1, P, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
+            return ctx->status;
+    if (gb) dtr__cuda_conv_gb_k<<<dtr__cuda_grid(g.O), DTR__CUDA_THREADS, 0, st>>>(G, gb, g.N, g.O, P);
+    if (gx) {   /* gcol_n (ckk, P) = W^T (ckk, O) gy_n (O, P), then gathered back into gx */
+        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float));
+        if (!gcol) return ctx->status;
+        if (dtr__cuda_gemm(ctx, ckk, P, g.O, 1.0f, Wt, 1, ckk, 0, G, P, 1, g.O * P, 0.0f, gcol, P, ckk * P, g.N) != DTR_OK)
+            return ctx->status;
+        dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
+    }
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- pooling: one thread per output (forward) or per input element (backward) ---- */
+
+/* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule) */
+__global__ static void dtr__cuda_pool_fwd_k(int maxp, const float *X, float *Y, int32_t *arg, dtr__cuda_conv g) {
+    int64_t k = g.KH;
+    DTR__CUDA_FOR(t, g.N * g.C * g.Ho * g.Wo) {
+        int64_t c = t / (g.Ho * g.Wo), oi = (t / g.Wo) % g.Ho, oj = t % g.Wo;
+        const float *xc = X + c * g.H * g.W;
+        float best = -INFINITY, s = 0.0f;
+        int32_t bi = -1;
+        for (int64_t a = 0; a < k; a++) {
+            int64_t ii = oi * g.S - g.P + a;
+            if (ii < 0 || ii >= g.H) continue;
+            for (int64_t b = 0; b < k; b++) {
+                int64_t jj = oj * g.S - g.P + b;
+                if (jj < 0 || jj >= g.W) continue;
+                float v = xc[ii * g.W + jj];
+                s += v;
+                if (dtr__f_max_takes(v, best) || bi < 0) { best = v; bi = (int32_t)(ii * g.W + jj); }
+            }
+        }
+        if (maxp) { Y[t] = best; arg[t] = bi; }
+        else Y[t] = s / (float)(k * k);
+    }
+}
+
+/* gx (N*C, H, W) += the gradients of the windows that took each element, in output order */
+__global__ static void dtr__cuda_pool_bwd_k(int maxp, const float *G, const int32_t *arg, float *gx, dtr__cuda_conv g) {
+    int64_t k = g.KH;
+    DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
+        int64_t c = t / (g.H * g.W), i = (t / g.W) % g.H, j = t % g.W, oi, oj;
+        float acc = gx[t];
+        for (int64_t a = k - 1; a >= 0; a--) {   /* a descending: oi ascending */
+            if (!dtr__cuda_window(i, a, g.S, g.P, g.Ho, &oi)) continue;
+            for (int64_t b = k - 1; b >= 0; b--) {
+                if (!dtr__cuda_window(j, b, g.S, g.P, g.Wo, &oj)) continue;
+                int64_t o = (c * g.Ho + oi) * g.Wo + oj;
+                if (!maxp) acc += G[o] / (float)(k * k);
+                else if (arg[o] == (int32_t)(i * g.W + j)) acc += G[o];
+            }
+        }
+        gx[t] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, nd->p.pool2d.k);
+    int64_t n = dtr_tensor_numel(nd->out);
+    int maxp = nd->op == DTR_OP_MAXPOOL2D;
+    if (maxp) {   /* argmax of each window, for backward */
+        nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t));
+        if (!nd->saved) return ctx->status;
+    }
+    if (n == 0) return DTR_OK;
+    dtr__cuda_pool_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        maxp, dtr__f32(nd->in[0]), dtr__f32(nd->out), (int32_t *)nd->saved, g);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, nd->p.pool2d.k);
+    int64_t n = dtr_tensor_numel(nd->in[0]);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_pool_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
+    return dtr__cuda_launched(ctx, nd);
+}
+#line 1460 "dtrain_cuda.cu"
+
+/* ---- src/cuda/cuda_backend.cu ---- */
+#line 1 "src/cuda/cuda_backend.cu"
+/* ============================================================================
+ * CUDA backend: device selection, the stream, cuBLAS, a caching allocator over cudaMalloc
+ * (never managed memory), host<->device copies, events, the device-side error word, and the
+ * backend vtable whose dispatch table comes from the op list like the CPU's.
+ * Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
+ * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling). Ops
+ * without a CUDA kernel yet (the tensor-parallel communication ops) report DTR_UNSUPPORTED
+ * naming the op, and supports_op says so.
+ * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
+ *        (link with -lcublas -lcudart).
+ * ==========================================================================*/
+
+/* ---- the device-side error word ---- */
+
+/* After a synchronisation: a data error a kernel recorded (an index out of range) becomes the
+ * context's error, naming the op and the element, and the word is cleared. */
+static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    int op = s->err_host[0], at = s->err_host[1];
+    if (op == 0) return DTR_OK;
+    s->err_host[0] = s->err_host[1] = 0;
+    return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
+                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : "the target", at);
+}
+
+static dtr_result dtr__cuda_sync(dtr_context *ctx) {
+    if (dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize") != DTR_OK) return ctx->status;
+    return dtr__cuda_take_error(ctx);
+}
+
 /* ---- lifetime ---- */
+
+static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
+    if (dtr__cuda_check(ctx, cudaSetDevice(s->device), "cudaSetDevice") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
+        return ctx->status;
+    if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
+        dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK)
+        return ctx->status;
+    if (dtr__cuda_check(ctx, cudaHostAlloc((void **)&s->err_host, 2 * sizeof(int), cudaHostAllocMapped), "error word") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaHostGetDevicePointer((void **)&s->err_dev, s->err_host, 0), "error word") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaMallocHost((void **)&s->sum_host, sizeof(double)), "pinned result") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaMalloc((void **)&s->partial, DTR__CUDA_MAX_PARTIALS * sizeof(double)), "reduction scratch") != DTR_OK)
+        return ctx->status;
+    s->err_host[0] = s->err_host[1] = 0;
+    return DTR_OK;
+}
+
+static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
+    int i;
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
+    for (i = 0; i < s->n_events; i++) cudaEventDestroy(s->events[i]);
+    if (s->partial) cudaFree(s->partial);
+    if (s->segs) cudaFree(s->segs);
+    if (s->sum_host) cudaFreeHost(s->sum_host);
+    if (s->err_host) cudaFreeHost(s->err_host);
+    if (s->blas) cublasDestroy(s->blas);
+    dtr__free(&ctx->alloc, s->live);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    dtr__free(&ctx->alloc, s);
+}
 
 static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     int n = 0;
@@ -44,61 +1534,165 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     s = (dtr__cuda_state *)dtr__calloc(&ctx->alloc, sizeof(*s));
     if (!s) return DTR_OUT_OF_MEMORY;
     s->device = ctx->cfg.device;
-    if (dtr__cuda_check(ctx, cudaSetDevice(s->device), "cudaSetDevice") != DTR_OK ||
-        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK) {
-        dtr__free(&ctx->alloc, s);
-        return ctx->status;
+    if (dtr__cuda_init_state(ctx, s) != DTR_OK) {
+        dtr_result r = ctx->status;
+        dtr__cuda_release(ctx, s);
+        return r;
     }
     *state = s;
     return DTR_OK;
 }
 
 static void dtr__cuda_shutdown(dtr_context *ctx, void *state) {
-    dtr__cuda_state *s = (dtr__cuda_state *)state;
-    if (!s) return;
-    cudaStreamSynchronize(s->stream);
-    cudaStreamDestroy(s->stream);
-    dtr__free(&ctx->alloc, s);
+    if (state) dtr__cuda_release(ctx, (dtr__cuda_state *)state);
 }
 
-/* ---- memory ---- */
+/* ---- memory: a caching allocator ----
+ * Freed blocks are kept (up to DTR__CUDA_CACHE) and handed out again for a request of at
+ * most their size and at least half of it, so the steady state of training (arena chunks,
+ * model buffers) never calls cudaMalloc / cudaFree, which synchronise the device. When
+ * cudaMalloc fails, the cache is emptied and the allocation tried once more. The sizes of
+ * live blocks are kept beside them (few: model buffers, optimizer state, arena chunks). */
 
-static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
-    void *p = NULL;
-    if (dtr__cuda_check(ctx, cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc") != DTR_OK) return NULL;
+static void dtr__cuda_cache_empty(dtr__cuda_state *s) {
+    int i;
+    for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
+    s->n_cache = 0;
+    s->cached_bytes = 0;
+}
+
+static void *dtr__cuda_cache_take(dtr__cuda_state *s, size_t bytes) {
+    int i, best = -1;
+    void *p;
+    for (i = 0; i < s->n_cache; i++)
+        if (s->cache[i].bytes >= bytes && s->cache[i].bytes / 2 <= bytes && (best < 0 || s->cache[i].bytes < s->cache[best].bytes))
+            best = i;
+    if (best < 0) return NULL;
+    p = s->cache[best].p;
+    s->cached_bytes -= s->cache[best].bytes;
+    s->cache[best] = s->cache[--s->n_cache];
     return p;
 }
 
-static void dtr__cuda_free(dtr_context *ctx, void *p) { (void)ctx; if (p) cudaFree(p); }
+static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, size_t bytes) {
+    if (s->n_live == s->cap_live) {
+        int cap = s->cap_live ? 2 * s->cap_live : 32;
+        dtr__cuda_block *q = (dtr__cuda_block *)dtr__malloc(&ctx->alloc, (size_t)cap * sizeof *s->live);
+        if (!q) return 0;
+        if (s->n_live) memcpy(q, s->live, (size_t)s->n_live * sizeof *s->live);
+        dtr__free(&ctx->alloc, s->live);
+        s->live = q;
+        s->cap_live = cap;
+    }
+    s->live[s->n_live].p = p;
+    s->live[s->n_live].bytes = bytes;
+    s->n_live++;
+    return 1;
+}
+
+static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    void *p;
+    cudaError_t e;
+    bytes = bytes ? (bytes + 511) & ~(size_t)511 : 512;
+    p = dtr__cuda_cache_take(s, bytes);
+    if (!p) {
+        e = cudaMalloc(&p, bytes);
+        if (e == cudaErrorMemoryAllocation && s->n_cache > 0) {
+            (void)cudaGetLastError();   /* clear it, then retry with the cache given back */
+            cudaStreamSynchronize(s->stream);
+            dtr__cuda_cache_empty(s);
+            e = cudaMalloc(&p, bytes);
+        }
+        if (dtr__cuda_check(ctx, e, "cudaMalloc") != DTR_OK) return NULL;
+    }
+    if (!dtr__cuda_live_add(ctx, s, p, bytes)) {
+        cudaFree(p);
+        dtr__fail(ctx, DTR_OUT_OF_MEMORY, "cuda: out of host memory tracking device blocks");
+        return NULL;
+    }
+    return p;
+}
+
+static void dtr__cuda_free(dtr_context *ctx, void *p) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    int i;
+    if (!p) return;
+    for (i = 0; i < s->n_live && s->live[i].p != p; i++) {}
+    if (i == s->n_live) { cudaFree(p); return; }   /* not ours: give it back to the driver */
+    if (s->n_cache < DTR__CUDA_CACHE) {
+        /* kernels queued before this free may still read it: the next owner's work is queued
+           behind them on the same stream, so reuse is safe without a synchronisation */
+        s->cache[s->n_cache++] = s->live[i];
+        s->cached_bytes += s->live[i].bytes;
+    } else {
+        cudaFree(p);
+    }
+    s->live[i] = s->live[--s->n_live];
+}
 
 static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes) {
     return dtr__cuda_check(ctx, cudaMemsetAsync(dst, 0, bytes, dtr__cuda(ctx)->stream), "cudaMemsetAsync");
 }
 
+/* ---- copies ---- */
+
 static dtr_result dtr__cuda_to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
-    dtr_result r = dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, dtr__cuda(ctx)->stream),
-                                   "cudaMemcpy to host");
-    if (r != DTR_OK) return r;
-    return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
+    if (dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, dtr__cuda(ctx)->stream),
+                        "cudaMemcpy to host") != DTR_OK)
+        return ctx->status;
+    return dtr__cuda_sync(ctx);
 }
 
 static dtr_result dtr__cuda_from_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
-    dtr_result r = dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dtr__cuda(ctx)->stream),
-                                   "cudaMemcpy to device");
-    if (r != DTR_OK) return r;
+    /* pageable host memory: the copy has read `src` when this returns */
+    if (dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dtr__cuda(ctx)->stream),
+                        "cudaMemcpy to device") != DTR_OK)
+        return ctx->status;
     return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
 }
 
-static dtr_result dtr__cuda_sync(dtr_context *ctx) {
-    return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
+/* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
+
+static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    cudaEvent_t *e;
+    if (s->n_events < DTR__CUDA_EVENTS && s->next_event == s->n_events) {
+        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&s->events[s->n_events], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
+            return ctx->status;
+        s->n_events++;
+    }
+    e = &s->events[s->next_event];
+    s->next_event = (s->next_event + 1) % DTR__CUDA_EVENTS;
+    if (dtr__cuda_check(ctx, cudaEventRecord(*e, s->stream), "cudaEventRecord") != DTR_OK) return ctx->status;
+    *ev = (dtr_event *)e;
+    return DTR_OK;
 }
 
-/* ---- kernels ---- */
+static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) {
+    if (!ev) return DTR_OK;
+    if (dtr__cuda_check(ctx, cudaEventSynchronize(*(cudaEvent_t *)ev), "cudaEventSynchronize") != DTR_OK) return ctx->status;
+    return dtr__cuda_take_error(ctx);
+}
 
-/* The dispatch table, from the op list like the CPU's: entry X(ID, name, k) will run
- * dtr__cuda_k_fwd / dtr__cuda_k_bwd. No op has a CUDA kernel in this version yet, so every
- * entry is empty and the backend reports DTR_UNSUPPORTED naming the op. */
-#define DTR__CUDA_ENTRY(id, name, k) {NULL, NULL},
+static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    cudaError_t e;
+    *done = 1;
+    if (!ev) return DTR_OK;
+    e = cudaEventQuery(*(cudaEvent_t *)ev);
+    if (e == cudaErrorNotReady) { (void)cudaGetLastError(); *done = 0; return DTR_OK; }
+    if (dtr__cuda_check(ctx, e, "cudaEventQuery") != DTR_OK) return ctx->status;
+    return dtr__cuda_take_error(ctx);
+}
+
+/* ---- the dispatch table, from the op list ---- */
+
+/* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd; the families
+ * without CUDA kernels yet are NULL here, so the table reports them unsupported. */
+#define dtr__cuda_comm_fwd NULL
+#define dtr__cuda_comm_bwd NULL
+
+#define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
     {NULL, NULL}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CUDA_ENTRY)
@@ -108,47 +1702,6 @@ static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
 static int dtr__cuda_supports_op(const dtr_context *ctx, int op) { (void)ctx; return dtr__table_has(dtr__cuda_kernels, op); }
 static dtr_result dtr__cuda_forward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 0); }
 static dtr_result dtr__cuda_backward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 1); }
-
-static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) {
-    (void)a;
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: fused optimizer kernels are not in this version");
-}
-
-__global__ void dtr__cuda_scale_kernel(float *x, int64_t n, float s) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
-}
-
-static dtr_result dtr__cuda_scale(dtr_context *ctx, float *x, int64_t n, float s) {
-    if (n <= 0) return DTR_OK;
-    dtr__cuda_scale_kernel<<<(unsigned)((n + 255) / 256), 256, 0, dtr__cuda(ctx)->stream>>>(x, n, s);
-    return dtr__cuda_check(ctx, cudaGetLastError(), "scale kernel");
-}
-
-static dtr_result dtr__cuda_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
-    (void)x; (void)n; (void)out;
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: sumsq is not in this version");
-}
-
-static dtr_result dtr__cuda_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt,
-                                   int op, int div) {
-    (void)out; (void)a; (void)b; (void)n; (void)dt; (void)op; (void)div;
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: the reduction kernel of collectives is not in this version");
-}
-
-/* Events. This version has no kernels that run behind the host's back yet, so recording
- * waits for the stream and hands out a completed (NULL) event; real cudaEvent_t handles come
- * with the kernels. */
-static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
-    *ev = NULL;
-    return dtr__cuda_sync(ctx);
-}
-static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) { (void)ctx; (void)ev; return DTR_OK; }
-static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
-    (void)ctx; (void)ev;
-    *done = 1;
-    return DTR_OK;
-}
 
 static const dtr_backend dtr__cuda_backend_vt = {
     DTR_VERSION_NUMBER,
@@ -186,5 +1739,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 190 "dtrain_cuda.cu"
+#line 1743 "dtrain_cuda.cu"
 

@@ -4,11 +4,16 @@
  * rule: each must give the specific dtr_result and a message that names the problem.
  * Also: allocation callbacks (every byte freed; a failing allocator gives
  * DTR_OUT_OF_MEMORY), writer argument checks and atomic replacement. */
+#define _POSIX_C_SOURCE 200809L
 #include "test.h"
 #include "test_util.h"
 #ifndef _WIN32
+#include <dirent.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+#include "posix_util.h"
 #endif
 
 /* ---- helpers ---- */
@@ -490,17 +495,255 @@ static void test_write_bad_arguments(void) {
     CHECK(dtr_st_write("/nonexistent/dir/m.safetensors", e, data, 2, err, sizeof err) == DTR_IO_ERROR);
     CHECK_MSG(strstr(err, "/nonexistent/dir/m.safetensors") != NULL, "%s", err);
 #ifndef _WIN32
-    {   /* the rename fails (the target is a directory): the temporary file is removed */
+    {   /* the target is a directory: refused before anything is written */
         char tmp[600];
         tmp_path("dtr_st", "isdir", path, sizeof path);
         CHECK(mkdir(path, 0700) == 0);
-        CHECK(dtr_st_write(path, e, data, 2, err, sizeof err) == DTR_IO_ERROR);
-        CHECK_MSG(strstr(err, "renaming") != NULL, "%s", err);
-        snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid());
+        CHECK(dtr_st_write(path, e, data, 2, err, sizeof err) == DTR_INVALID_ARGUMENT);
+        CHECK_MSG(strstr(err, "not a regular file (a folder)") != NULL, "%s", err);
+        snprintf(tmp, sizeof tmp, "%s.tmp.%ld.1", path, (long)getpid());
         CHECK(!file_exists(tmp));
         rmdir(path);
     }
 #endif
+}
+
+/* ---- checksums and hardening ---- */
+
+/* Three tensors written by dtr_st_write into `path`; returns the file's size. */
+static void write_three(const char *path, float *a, int16_t *b, float *c) {
+    dtr_st_entry e[3];
+    const void *data[3];
+    char err[512] = "";
+    int i;
+    memset(e, 0, sizeof e);
+    for (i = 0; i < 64; i++) a[i] = (float)i * 0.25f - 3.0f;
+    for (i = 0; i < 32; i++) b[i] = (int16_t)(i * 77);
+    for (i = 0; i < 16; i++) c[i] = 1.0f / (float)(i + 1);
+    strcpy(e[0].name, "layer.weight"); e[0].dtype = DTR_F32; e[0].ndim = 2; e[0].shape[0] = 8; e[0].shape[1] = 8;
+    strcpy(e[1].name, "layer.bias"); e[1].dtype = DTR_BF16; e[1].ndim = 1; e[1].shape[0] = 32;
+    strcpy(e[2].name, "head"); e[2].dtype = DTR_F32; e[2].ndim = 1; e[2].shape[0] = 16;
+    data[0] = a; data[1] = b; data[2] = c;
+    CHECK_MSG(dtr_st_write(path, e, data, 3, err, sizeof err) == DTR_OK, "%s", err);
+}
+
+static unsigned char *read_whole(const char *path, size_t *n) {
+    FILE *fp = fopen(path, "rb");
+    unsigned char *p = NULL;
+    long sz;
+    *n = 0;
+    if (!fp) return NULL;
+    if (fseek(fp, 0, SEEK_END) == 0 && (sz = ftell(fp)) > 0 && fseek(fp, 0, SEEK_SET) == 0) {
+        p = (unsigned char *)malloc((size_t)sz);
+        if (p && fread(p, 1, (size_t)sz, fp) == (size_t)sz) *n = (size_t)sz;
+    }
+    fclose(fp);
+    return p;
+}
+
+/* The writer stores a CRC-32C per tensor; every bit flipped in the data section, every
+ * truncation and every flip in the header is refused naming the problem. */
+static void test_checksums(void) {
+    static float a[64], c[16];
+    static int16_t b[32];
+    dtr_st_file f;
+    dtr_rng r;
+    char path[512], err[512] = "";
+    unsigned char *bytes, *copy;
+    size_t n = 0, k, data_start, missed = 0;
+    uint64_t hlen = 0;
+    int i;
+    CHECK_EQ_INT(dtr_crc32c(0, "123456789", 9), 0xE3069283u);   /* the standard check value */
+    CHECK_EQ_INT(dtr_crc32c(dtr_crc32c(0, "1234", 4), "56789", 5), 0xE3069283u);
+    tmp_path("dtr_st", "crc.safetensors", path, sizeof path);
+    write_three(path, a, b, c);
+    bytes = read_whole(path, &n);
+    CHECK(bytes != NULL && n > 8);
+    if (!bytes || n <= 8) return;
+    CHECK(strstr((const char *)bytes + 8, "\"crc32c.layer.weight\":\"") != NULL);
+    CHECK_MSG(dtr_st_parse(bytes, n, NULL, &f, err, sizeof err) == DTR_OK, "%s", err);
+    for (i = 0; i < f.count; i++) CHECK(f.entries[i].has_crc32c);
+    if (f.count == 3) CHECK_EQ_INT(f.entries[0].crc32c, dtr_crc32c(0, a, sizeof a));
+    dtr_st_destroy(&f);
+    for (i = 7; i >= 0; i--) hlen = (hlen << 8) | bytes[i];
+    data_start = 8 + (size_t)hlen;
+    copy = (unsigned char *)malloc(n);
+    dtr_rng_seed(&r, 77, 1);
+    for (i = 0; i < 2000 && copy; i++) {   /* the data section: each flip names the tensor */
+        size_t at = data_start + dtr_rng_u32(&r) % (n - data_start);
+        memcpy(copy, bytes, n);
+        copy[at] ^= (unsigned char)(1u << (dtr_rng_u32(&r) % 8));
+        if (dtr_st_parse(copy, n, NULL, &f, err, sizeof err) != DTR_CORRUPT_FILE || !strstr(err, "checksum mismatch")) missed++;
+        dtr_st_destroy(&f);
+    }
+    CHECK_EQ_INT(missed, 0);
+    for (k = 0; k < n * 8 && copy; k++) {   /* every bit of the length and the header */
+        if (k / 8 >= data_start) break;
+        memcpy(copy, bytes, n);
+        copy[k / 8] ^= (unsigned char)(1u << (k % 8));
+        if (dtr_st_parse(copy, n, NULL, &f, err, sizeof err) == DTR_OK) {
+            fprintf(stderr, "  header bit %zu (byte %zu '%c') flipped and not detected\n", k, k / 8, bytes[k / 8]);
+            missed++;
+        }
+        dtr_st_destroy(&f);
+    }
+    CHECK_EQ_INT(missed, 0);
+    for (k = 0; k < n; k++) {   /* every truncation */
+        if (dtr_st_parse(bytes, k, NULL, &f, err, sizeof err) != DTR_CORRUPT_FILE) missed++;
+        dtr_st_destroy(&f);
+    }
+    CHECK_EQ_INT(missed, 0);
+    free(copy);
+    free(bytes);
+    remove(path);
+}
+
+/* Hand-made headers: a checksum missing for one tensor, one for a tensor that is not there,
+ * one that is not 8 lowercase hex digits; the app's own metadata keys are left alone. */
+static void test_checksum_metadata(void) {
+    static const char body[] = "\"a\":{\"dtype\":\"U8\",\"shape\":[2],\"data_offsets\":[0,2]},"
+                               "\"b\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[2,3]}}";
+    char hdr[512], hex[9];
+    uint32_t ca = dtr_crc32c(0, "\x00\x01", 2);
+    snprintf(hex, sizeof hex, "%08x", (unsigned)ca);
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"format\":\"pt\",\"crc32c.a\":\"%s\"},%s", hex, body);
+    BAD(hdr, 3, DTR_CORRUPT_FILE, "tensor \"b\" has no checksum while the others have one");
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.zz\":\"%s\"},%s", hex, body);
+    BAD(hdr, 3, DTR_CORRUPT_FILE, "checksum for \"zz\", which is not a tensor");
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.a\":\"%.7sX\"},%s", hex, body);
+    BAD(hdr, 3, DTR_CORRUPT_FILE, "is not 8 lowercase hex digits");
+    snprintf(hdr, sizeof hdr, "{\"__metadata__\":{\"crc32c.a\":\"%s\",\"crc32c.b\":\"%08x\",\"mine\":\"x\"},%s", hex,
+             (unsigned)dtr_crc32c(0, "\x02", 1), body);
+    {
+        dtr_st_file f;
+        char err[512] = "";
+        size_t n = make_img(hdr, 3);
+        CHECK_MSG(dtr_st_parse(img, n, NULL, &f, err, sizeof err) == DTR_OK, "%s", err);
+        CHECK(f.count == 2 && f.entries[0].has_crc32c && f.entries[1].has_crc32c);
+        dtr_st_destroy(&f);
+    }
+}
+
+#ifndef _WIN32
+/* Saves killed midway leave "<path>.tmp.<pid>.<n>"; the next save removes those of dead
+ * processes (a real SIGKILL during writes, and a planted one) and keeps a live one's. */
+static void test_stale_temporaries(void) {
+    static float big[1 << 20];
+    char path[512], planted[600], live[600], err[512] = "";
+    dtr_st_entry e;
+    const void *data[1];
+    pid_t child;
+    int st, round;
+    memset(&e, 0, sizeof e);
+    strcpy(e.name, "w");
+    e.dtype = DTR_F32; e.ndim = 1; e.shape[0] = 1 << 20;
+    data[0] = big;
+    tmp_path("dtr_st", "stale.safetensors", path, sizeof path);
+    for (round = 0; round < 3; round++) {   /* a child that saves in a loop, killed midway */
+        child = fork();
+        if (child == 0) {
+            for (;;) dtr_st_write(path, &e, data, 1, err, sizeof err);
+        }
+        sleep_ms(20 + 15 * round);
+        kill(child, SIGKILL);
+        waitpid(child, &st, 0);
+    }
+    child = fork();
+    if (child == 0) _exit(0);
+    waitpid(child, &st, 0);
+    snprintf(planted, sizeof planted, "%s.tmp.%ld.7", path, (long)child);
+    snprintf(live, sizeof live, "%s.tmp.1.7", path);   /* pid 1 is alive */
+    CHECK(write_file(planted, "junk", 4) && write_file(live, "junk", 4));
+    CHECK_MSG(dtr_st_write(path, &e, data, 1, err, sizeof err) == DTR_OK, "%s", err);
+    CHECK(!file_exists(planted));
+    CHECK(file_exists(live));
+    {   /* nothing but the file and the live process's temporary is left */
+        char dir[512], *slash;
+        const char *base;
+        int others = 0;
+        DIR *dp;
+        struct dirent *d;
+        snprintf(dir, sizeof dir, "%s", path);
+        slash = strrchr(dir, '/');
+        *slash = '\0';
+        base = slash + 1;
+        dp = opendir(dir);
+        while (dp && (d = readdir(dp)) != NULL)
+            if (strncmp(d->d_name, base, strlen(base)) == 0 && strstr(d->d_name, ".tmp.") && strcmp(d->d_name, strrchr(live, '/') + 1) != 0) others++;
+        if (dp) closedir(dp);
+        CHECK_EQ_INT(others, 0);
+    }
+    remove(live);
+    remove(path);
+}
+
+/* A FIFO, a folder or a device at the target is refused and left as it was; reading a
+ * folder is an I/O error naming it, for dtr_st_open and dtr_model_load. */
+static void test_special_paths(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_st_entry e;
+    dtr_st_file f;
+    const void *data[1];
+    float w[2] = { 1, 2 };
+    int64_t two = 2;
+    char fifo[512], dir[512], err[512] = "";
+    struct stat st;
+    memset(&e, 0, sizeof e);
+    strcpy(e.name, "w");
+    e.dtype = DTR_F32; e.ndim = 1; e.shape[0] = 2;
+    data[0] = w;
+    tmp_path("dtr_st", "fifo", fifo, sizeof fifo);
+    tmp_path("dtr_st", "folder", dir, sizeof dir);
+    CHECK(mkfifo(fifo, 0600) == 0 && mkdir(dir, 0700) == 0);
+    CHECK(dtr_st_write(fifo, &e, data, 1, err, sizeof err) == DTR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(err, "(a FIFO): refusing to replace it") != NULL, "%s", err);
+    CHECK(stat(fifo, &st) == 0 && S_ISFIFO(st.st_mode));
+    CHECK(dtr_st_write("/dev/null", &e, data, 1, err, sizeof err) == DTR_INVALID_ARGUMENT);
+    CHECK(stat("/dev/null", &st) == 0 && S_ISCHR(st.st_mode));
+    CHECK(dtr_st_open(dir, NULL, &f, err, sizeof err) == DTR_IO_ERROR);
+    CHECK_MSG(strstr(err, dir) && strstr(err, "not a regular file"), "%s", err);
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    dtr_model_param(m, "w", 1, &two, DTR_INIT_ZEROS, 0.0f);
+    CHECK_EQ_INT(dtr_model_load(m, dir), DTR_IO_ERROR);
+    CHECK_MSG(strstr(dtr_context_last_error(ctx), dir) != NULL, "%s", dtr_context_last_error(ctx));
+    CHECK_EQ_INT(dtr_model_save(m, fifo, DTR_F32), DTR_INVALID_ARGUMENT);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    remove(fifo);
+    rmdir(dir);
+}
+#endif
+
+/* dtr_model_save's file carries the checksums: a flipped bit in the weights is refused and
+ * the model keeps its values. */
+static void test_model_checksum(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    int64_t shape[2] = { 4, 3 };
+    char path[512];
+    unsigned char *bytes;
+    size_t n = 0;
+    float before;
+    tmp_path("dtr_st", "model_crc.safetensors", path, sizeof path);
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    dtr_model_param(m, "w", 2, shape, DTR_INIT_NORMAL, 1.0f);
+    CHECK_OK(ctx, dtr_model_save(m, path, DTR_F32));
+    bytes = read_whole(path, &n);
+    CHECK(bytes != NULL && n > 8);
+    if (bytes && n > 8) {
+        bytes[n - 5] ^= 0x10;
+        CHECK(write_file(path, bytes, n));
+        before = dtr_model_params(m)[10];
+        CHECK_EQ_INT(dtr_model_load(m, path), DTR_CORRUPT_FILE);
+        CHECK_MSG(strstr(dtr_context_last_error(ctx), "tensor \"w\": checksum mismatch") != NULL, "%s",
+                  dtr_context_last_error(ctx));
+        CHECK(dtr_model_params(m)[10] == before);
+    }
+    free(bytes);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    remove(path);
 }
 
 int main(void) {
@@ -524,5 +767,12 @@ int main(void) {
     RUN(test_open_errors);
     RUN(test_allocation_callbacks);
     RUN(test_write_bad_arguments);
+    RUN(test_checksums);
+    RUN(test_checksum_metadata);
+    RUN(test_model_checksum);
+#ifndef _WIN32
+    RUN(test_stale_temporaries);
+    RUN(test_special_paths);
+#endif
     return test_summary();
 }

@@ -3,6 +3,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "internal.h"
+#include "formulas.h"
 #include <math.h>
 #ifndef _WIN32
 #include <unistd.h>
@@ -386,14 +387,7 @@ void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream) {
     dtr_rng_u32(rng);
 }
 
-uint32_t dtr_rng_u32(dtr_rng *rng) {
-    uint64_t old = rng->state;
-    uint32_t xorshifted, rot;
-    rng->state = old * 6364136223846793005ULL + rng->inc;
-    xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u);
-    rot = (uint32_t)(old >> 59u);
-    return (xorshifted >> rot) | (xorshifted << ((-rot) & 31));
-}
+uint32_t dtr_rng_u32(dtr_rng *rng) { return dtr__f_pcg_next(&rng->state, rng->inc); }
 
 /* ---- state ---- */
 
@@ -414,21 +408,9 @@ dtr_result dtr_context_state(dtr_context *ctx, int index, dtr_state_entry *out) 
 dtr_result dtr_context_state_loaded(dtr_context *ctx) { return ctx ? DTR_OK : DTR_NULL_HANDLE; }
 
 /* PCG's jump ahead (O'Neill, pcg_advance_lcg_64): the LCG state after delta steps. */
-void dtr__rng_advance(dtr_rng *rng, uint64_t delta) {
-    uint64_t mult = 6364136223846793005ULL, plus = rng->inc, acc_mult = 1u, acc_plus = 0u;
-    while (delta > 0) {
-        if (delta & 1u) {
-            acc_mult *= mult;
-            acc_plus = acc_plus * mult + plus;
-        }
-        plus = (mult + 1u) * plus;
-        mult *= mult;
-        delta >>= 1u;
-    }
-    rng->state = acc_mult * rng->state + acc_plus;
-}
+void dtr__rng_advance(dtr_rng *rng, uint64_t delta) { rng->state = dtr__f_pcg_advance(rng->state, rng->inc, delta); }
 
-float dtr_rng_uniform(dtr_rng *rng) { return (float)(dtr_rng_u32(rng) >> 8) * (1.0f / 16777216.0f); }
+float dtr_rng_uniform(dtr_rng *rng) { return dtr__f_uniform(dtr_rng_u32(rng)); }
 
 float dtr_rng_normal(dtr_rng *rng) {
     float u1 = dtr_rng_uniform(rng), u2 = dtr_rng_uniform(rng);

@@ -366,7 +366,7 @@ DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int repor
 DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
  *  saved random stream and replays it into the gradients of the node's inputs. */
-DTR__PRIVATE dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
+dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n);
 
 /* ---- the atomic file writer (src/io/atomic.c) ---- */
 
@@ -380,6 +380,11 @@ DTR__PRIVATE void dtr__afile_write(dtr__afile *f, const void *p, size_t n);
 DTR__PRIVATE dtr_result dtr__afile_commit(dtr__afile *f, char *err, size_t errlen);
 /** Gives up: closes and removes the temporary file; frees f. */
 DTR__PRIVATE void dtr__afile_abort(dtr__afile *f);
+/** 1 when `path` exists and is not a regular file (a folder, a FIFO, a device). */
+DTR__PRIVATE int dtr__not_regular_file(const char *path);
+/** 1 when process `pid` of this host is gone (or a zombie); 0 when alive or unknown
+ *  (src/comm/shm.c; the process transports' watchdog and the atomic writer use it). */
+int dtr__pid_dead(int64_t pid);
 
 /* ---- state entries ---- */
 
@@ -404,7 +409,7 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, co
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
 int64_t dtr__numel(int ndim, const int64_t *shape);
-DTR__PRIVATE void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
+void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
@@ -419,7 +424,7 @@ DTR__PRIVATE dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const ch
 DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in);
 /** Memory from the step arena for a kernel's saved state (backend memory on devices; the CPU
  *  backend's is host memory). NULL with the error set (naming the node's op) on failure. */
-DTR__PRIVATE void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
 /** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */

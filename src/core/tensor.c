@@ -173,6 +173,20 @@ void *dtr_tensor_data(dtr_tensor *t) {
 
 float *dtr_tensor_grad(dtr_tensor *t) { return t ? t->grad : NULL; }
 
+dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
+    if (!t || !dst) return DTR_NULL_HANDLE;
+    if (!t->grad) return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_read_grad: the tensor has no gradient");
+    if ((int64_t)n != dtr_tensor_numel(t))
+        return dtr__fail(t->ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read_grad: %zu elements asked, tensor has %lld", n,
+                         (long long)dtr_tensor_numel(t));
+    if (n == 0) return DTR_OK;
+    if (dtr__host_memory(t->ctx)) {
+        memcpy(dst, t->grad, n * sizeof(float));
+        return DTR_OK;
+    }
+    return t->ctx->backend->to_host(t->ctx, dst, t->grad, n * sizeof(float));
+}
+
 dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     if (!t) return NULL;
     if (t->dtype != DTR_F32)

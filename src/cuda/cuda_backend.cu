@@ -1,30 +1,65 @@
 /* ============================================================================
- * CUDA backend (skeleton): device selection, device memory and host<->device copies
- * behind the backend vtable. The op kernels, cuBLAS matmul and mixed precision arrive with
- * the CUDA backend issue; until then forward/backward report DTR_UNSUPPORTED, so a program
- * that picks this backend gets a clear error instead of wrong results.
+ * CUDA backend: device selection, the stream, cuBLAS, a caching allocator over cudaMalloc
+ * (never managed memory), host<->device copies, events, the device-side error word, and the
+ * backend vtable whose dispatch table comes from the op list like the CPU's.
+ * Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
+ * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling). Ops
+ * without a CUDA kernel yet (the tensor-parallel communication ops) report DTR_UNSUPPORTED
+ * naming the op, and supports_op says so.
  * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
+ *        (link with -lcublas -lcudart).
  * ==========================================================================*/
-#include "../public/api.h"
-#include "../core/internal.h"
-#include <cuda_runtime.h>
 
-/* ---- helpers ---- */
+/* ---- the device-side error word ---- */
 
-typedef struct dtr__cuda_state {
-    int device;
-    cudaStream_t stream;
-} dtr__cuda_state;
+/* After a synchronisation: a data error a kernel recorded (an index out of range) becomes the
+ * context's error, naming the op and the element, and the word is cleared. */
+static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    int op = s->err_host[0], at = s->err_host[1];
+    if (op == 0) return DTR_OK;
+    s->err_host[0] = s->err_host[1] = 0;
+    return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
+                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : "the target", at);
+}
 
-static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)ctx->backend_state; }
-
-static dtr_result dtr__cuda_check(dtr_context *ctx, cudaError_t e, const char *what) {
-    if (e == cudaSuccess) return DTR_OK;
-    return dtr__fail(ctx, e == cudaErrorMemoryAllocation ? DTR_DEVICE_OUT_OF_MEMORY : DTR_DEVICE_ERROR, "cuda: %s: %s (%d)",
-                     what, cudaGetErrorString(e), (int)e);
+static dtr_result dtr__cuda_sync(dtr_context *ctx) {
+    if (dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize") != DTR_OK) return ctx->status;
+    return dtr__cuda_take_error(ctx);
 }
 
 /* ---- lifetime ---- */
+
+static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
+    if (dtr__cuda_check(ctx, cudaSetDevice(s->device), "cudaSetDevice") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
+        return ctx->status;
+    if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
+        dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK)
+        return ctx->status;
+    if (dtr__cuda_check(ctx, cudaHostAlloc((void **)&s->err_host, 2 * sizeof(int), cudaHostAllocMapped), "error word") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaHostGetDevicePointer((void **)&s->err_dev, s->err_host, 0), "error word") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaMallocHost((void **)&s->sum_host, sizeof(double)), "pinned result") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaMalloc((void **)&s->partial, DTR__CUDA_MAX_PARTIALS * sizeof(double)), "reduction scratch") != DTR_OK)
+        return ctx->status;
+    s->err_host[0] = s->err_host[1] = 0;
+    return DTR_OK;
+}
+
+static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
+    int i;
+    if (s->stream) cudaStreamSynchronize(s->stream);
+    for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
+    for (i = 0; i < s->n_events; i++) cudaEventDestroy(s->events[i]);
+    if (s->partial) cudaFree(s->partial);
+    if (s->segs) cudaFree(s->segs);
+    if (s->sum_host) cudaFreeHost(s->sum_host);
+    if (s->err_host) cudaFreeHost(s->err_host);
+    if (s->blas) cublasDestroy(s->blas);
+    dtr__free(&ctx->alloc, s->live);
+    if (s->stream) cudaStreamDestroy(s->stream);
+    dtr__free(&ctx->alloc, s);
+}
 
 static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     int n = 0;
@@ -37,61 +72,165 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     s = (dtr__cuda_state *)dtr__calloc(&ctx->alloc, sizeof(*s));
     if (!s) return DTR_OUT_OF_MEMORY;
     s->device = ctx->cfg.device;
-    if (dtr__cuda_check(ctx, cudaSetDevice(s->device), "cudaSetDevice") != DTR_OK ||
-        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK) {
-        dtr__free(&ctx->alloc, s);
-        return ctx->status;
+    if (dtr__cuda_init_state(ctx, s) != DTR_OK) {
+        dtr_result r = ctx->status;
+        dtr__cuda_release(ctx, s);
+        return r;
     }
     *state = s;
     return DTR_OK;
 }
 
 static void dtr__cuda_shutdown(dtr_context *ctx, void *state) {
-    dtr__cuda_state *s = (dtr__cuda_state *)state;
-    if (!s) return;
-    cudaStreamSynchronize(s->stream);
-    cudaStreamDestroy(s->stream);
-    dtr__free(&ctx->alloc, s);
+    if (state) dtr__cuda_release(ctx, (dtr__cuda_state *)state);
 }
 
-/* ---- memory ---- */
+/* ---- memory: a caching allocator ----
+ * Freed blocks are kept (up to DTR__CUDA_CACHE) and handed out again for a request of at
+ * most their size and at least half of it, so the steady state of training (arena chunks,
+ * model buffers) never calls cudaMalloc / cudaFree, which synchronise the device. When
+ * cudaMalloc fails, the cache is emptied and the allocation tried once more. The sizes of
+ * live blocks are kept beside them (few: model buffers, optimizer state, arena chunks). */
 
-static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
-    void *p = NULL;
-    if (dtr__cuda_check(ctx, cudaMalloc(&p, bytes ? bytes : 1), "cudaMalloc") != DTR_OK) return NULL;
+static void dtr__cuda_cache_empty(dtr__cuda_state *s) {
+    int i;
+    for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
+    s->n_cache = 0;
+    s->cached_bytes = 0;
+}
+
+static void *dtr__cuda_cache_take(dtr__cuda_state *s, size_t bytes) {
+    int i, best = -1;
+    void *p;
+    for (i = 0; i < s->n_cache; i++)
+        if (s->cache[i].bytes >= bytes && s->cache[i].bytes / 2 <= bytes && (best < 0 || s->cache[i].bytes < s->cache[best].bytes))
+            best = i;
+    if (best < 0) return NULL;
+    p = s->cache[best].p;
+    s->cached_bytes -= s->cache[best].bytes;
+    s->cache[best] = s->cache[--s->n_cache];
     return p;
 }
 
-static void dtr__cuda_free(dtr_context *ctx, void *p) { (void)ctx; if (p) cudaFree(p); }
+static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, size_t bytes) {
+    if (s->n_live == s->cap_live) {
+        int cap = s->cap_live ? 2 * s->cap_live : 32;
+        dtr__cuda_block *q = (dtr__cuda_block *)dtr__malloc(&ctx->alloc, (size_t)cap * sizeof *s->live);
+        if (!q) return 0;
+        if (s->n_live) memcpy(q, s->live, (size_t)s->n_live * sizeof *s->live);
+        dtr__free(&ctx->alloc, s->live);
+        s->live = q;
+        s->cap_live = cap;
+    }
+    s->live[s->n_live].p = p;
+    s->live[s->n_live].bytes = bytes;
+    s->n_live++;
+    return 1;
+}
+
+static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    void *p;
+    cudaError_t e;
+    bytes = bytes ? (bytes + 511) & ~(size_t)511 : 512;
+    p = dtr__cuda_cache_take(s, bytes);
+    if (!p) {
+        e = cudaMalloc(&p, bytes);
+        if (e == cudaErrorMemoryAllocation && s->n_cache > 0) {
+            (void)cudaGetLastError();   /* clear it, then retry with the cache given back */
+            cudaStreamSynchronize(s->stream);
+            dtr__cuda_cache_empty(s);
+            e = cudaMalloc(&p, bytes);
+        }
+        if (dtr__cuda_check(ctx, e, "cudaMalloc") != DTR_OK) return NULL;
+    }
+    if (!dtr__cuda_live_add(ctx, s, p, bytes)) {
+        cudaFree(p);
+        dtr__fail(ctx, DTR_OUT_OF_MEMORY, "cuda: out of host memory tracking device blocks");
+        return NULL;
+    }
+    return p;
+}
+
+static void dtr__cuda_free(dtr_context *ctx, void *p) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    int i;
+    if (!p) return;
+    for (i = 0; i < s->n_live && s->live[i].p != p; i++) {}
+    if (i == s->n_live) { cudaFree(p); return; }   /* not ours: give it back to the driver */
+    if (s->n_cache < DTR__CUDA_CACHE) {
+        /* kernels queued before this free may still read it: the next owner's work is queued
+           behind them on the same stream, so reuse is safe without a synchronisation */
+        s->cache[s->n_cache++] = s->live[i];
+        s->cached_bytes += s->live[i].bytes;
+    } else {
+        cudaFree(p);
+    }
+    s->live[i] = s->live[--s->n_live];
+}
 
 static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes) {
     return dtr__cuda_check(ctx, cudaMemsetAsync(dst, 0, bytes, dtr__cuda(ctx)->stream), "cudaMemsetAsync");
 }
 
+/* ---- copies ---- */
+
 static dtr_result dtr__cuda_to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
-    dtr_result r = dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, dtr__cuda(ctx)->stream),
-                                   "cudaMemcpy to host");
-    if (r != DTR_OK) return r;
-    return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
+    if (dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, dtr__cuda(ctx)->stream),
+                        "cudaMemcpy to host") != DTR_OK)
+        return ctx->status;
+    return dtr__cuda_sync(ctx);
 }
 
 static dtr_result dtr__cuda_from_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
-    dtr_result r = dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dtr__cuda(ctx)->stream),
-                                   "cudaMemcpy to device");
-    if (r != DTR_OK) return r;
+    /* pageable host memory: the copy has read `src` when this returns */
+    if (dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, dtr__cuda(ctx)->stream),
+                        "cudaMemcpy to device") != DTR_OK)
+        return ctx->status;
     return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
 }
 
-static dtr_result dtr__cuda_sync(dtr_context *ctx) {
-    return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
+/* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
+
+static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    cudaEvent_t *e;
+    if (s->n_events < DTR__CUDA_EVENTS && s->next_event == s->n_events) {
+        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&s->events[s->n_events], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
+            return ctx->status;
+        s->n_events++;
+    }
+    e = &s->events[s->next_event];
+    s->next_event = (s->next_event + 1) % DTR__CUDA_EVENTS;
+    if (dtr__cuda_check(ctx, cudaEventRecord(*e, s->stream), "cudaEventRecord") != DTR_OK) return ctx->status;
+    *ev = (dtr_event *)e;
+    return DTR_OK;
 }
 
-/* ---- kernels ---- */
+static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) {
+    if (!ev) return DTR_OK;
+    if (dtr__cuda_check(ctx, cudaEventSynchronize(*(cudaEvent_t *)ev), "cudaEventSynchronize") != DTR_OK) return ctx->status;
+    return dtr__cuda_take_error(ctx);
+}
 
-/* The dispatch table, from the op list like the CPU's: entry X(ID, name, k) will run
- * dtr__cuda_k_fwd / dtr__cuda_k_bwd. No op has a CUDA kernel in this version yet, so every
- * entry is empty and the backend reports DTR_UNSUPPORTED naming the op. */
-#define DTR__CUDA_ENTRY(id, name, k) {NULL, NULL},
+static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    cudaError_t e;
+    *done = 1;
+    if (!ev) return DTR_OK;
+    e = cudaEventQuery(*(cudaEvent_t *)ev);
+    if (e == cudaErrorNotReady) { (void)cudaGetLastError(); *done = 0; return DTR_OK; }
+    if (dtr__cuda_check(ctx, e, "cudaEventQuery") != DTR_OK) return ctx->status;
+    return dtr__cuda_take_error(ctx);
+}
+
+/* ---- the dispatch table, from the op list ---- */
+
+/* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd; the families
+ * without CUDA kernels yet are NULL here, so the table reports them unsupported. */
+#define dtr__cuda_comm_fwd NULL
+#define dtr__cuda_comm_bwd NULL
+
+#define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
     {NULL, NULL}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CUDA_ENTRY)
@@ -101,47 +240,6 @@ static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
 static int dtr__cuda_supports_op(const dtr_context *ctx, int op) { (void)ctx; return dtr__table_has(dtr__cuda_kernels, op); }
 static dtr_result dtr__cuda_forward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 0); }
 static dtr_result dtr__cuda_backward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 1); }
-
-static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) {
-    (void)a;
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: fused optimizer kernels are not in this version");
-}
-
-__global__ void dtr__cuda_scale_kernel(float *x, int64_t n, float s) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) x[i] *= s;
-}
-
-static dtr_result dtr__cuda_scale(dtr_context *ctx, float *x, int64_t n, float s) {
-    if (n <= 0) return DTR_OK;
-    dtr__cuda_scale_kernel<<<(unsigned)((n + 255) / 256), 256, 0, dtr__cuda(ctx)->stream>>>(x, n, s);
-    return dtr__cuda_check(ctx, cudaGetLastError(), "scale kernel");
-}
-
-static dtr_result dtr__cuda_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
-    (void)x; (void)n; (void)out;
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: sumsq is not in this version");
-}
-
-static dtr_result dtr__cuda_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt,
-                                   int op, int div) {
-    (void)out; (void)a; (void)b; (void)n; (void)dt; (void)op; (void)div;
-    return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: the reduction kernel of collectives is not in this version");
-}
-
-/* Events. This version has no kernels that run behind the host's back yet, so recording
- * waits for the stream and hands out a completed (NULL) event; real cudaEvent_t handles come
- * with the kernels. */
-static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
-    *ev = NULL;
-    return dtr__cuda_sync(ctx);
-}
-static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) { (void)ctx; (void)ev; return DTR_OK; }
-static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
-    (void)ctx; (void)ev;
-    *done = 1;
-    return DTR_OK;
-}
 
 static const dtr_backend dtr__cuda_backend_vt = {
     DTR_VERSION_NUMBER,

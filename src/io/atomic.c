@@ -7,11 +7,13 @@
 #include "../public/api.h"
 #include "../core/internal.h"
 #include <errno.h>
+#include <sys/stat.h>
 #ifdef _WIN32
 #include <io.h>
 #include <process.h>
 #include <windows.h>
 #else
+#include <dirent.h>
 #include <fcntl.h>
 #include <unistd.h>
 #endif
@@ -29,6 +31,51 @@ struct dtr__afile {
 };
 
 static unsigned dtr__afile_serial;   /* distinguishes temporary files of one process */
+
+int dtr__not_regular_file(const char *path) {
+#ifdef _WIN32
+    struct _stat64 st;
+    return _stat64(path, &st) == 0 && (st.st_mode & _S_IFMT) != _S_IFREG;
+#else
+    struct stat st;
+    return stat(path, &st) == 0 && !S_ISREG(st.st_mode);
+#endif
+}
+
+#ifndef _WIN32
+/* A path that exists and is not a regular file (a folder, FIFO, device) is not replaced. */
+static dtr_result dtr__afile_check_target(const char *path, char *err, size_t errlen) {
+    struct stat st;
+    if (stat(path, &st) != 0 || S_ISREG(st.st_mode)) return DTR_OK;
+    return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "%s: exists and is not a regular file (%s): refusing to replace it",
+                     path, S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket");
+}
+
+/* Removes "<base>.tmp.<pid>.<n>" files beside `path` whose process is gone: saves killed
+ * midway leave them, and each would otherwise stay forever. */
+static void dtr__afile_sweep(const char *path) {
+    char dir[4096], victim[4096 + 256];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t bl = strlen(base), dl = slash ? (size_t)(slash - path) : 0;
+    struct dirent *d;
+    DIR *dp;
+    if (dl >= sizeof dir || bl == 0) return;
+    if (slash) { memcpy(dir, path, dl ? dl : 1); dir[dl ? dl : 1] = '\0'; }
+    else strcpy(dir, ".");
+    if (!(dp = opendir(dir))) return;
+    while ((d = readdir(dp)) != NULL) {
+        long long pid = 0;
+        unsigned n;
+        char tail;
+        if (strncmp(d->d_name, base, bl) != 0 || strncmp(d->d_name + bl, ".tmp.", 5) != 0) continue;
+        if (sscanf(d->d_name + bl + 5, "%lld.%u%c", &pid, &n, &tail) != 2 || pid == (long long)getpid()) continue;
+        if (!dtr__pid_dead((int64_t)pid)) continue;
+        snprintf(victim, sizeof victim, "%s/%s", dir, d->d_name);
+        (void)remove(victim);
+    }
+    closedir(dp);
+}
+#endif
 
 dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t errlen) {
     dtr__afile *f;
@@ -49,6 +96,11 @@ dtr_result dtr__afile_open(dtr__afile **out, const char *path, char *err, size_t
     f->fp = fopen(f->tmp, "wb");
     if (!f->fp) {
 #else
+    {
+        dtr_result r = dtr__afile_check_target(path, err, errlen);
+        if (r != DTR_OK) { dtr__free(NULL, f->tmp); dtr__free(NULL, f->path); dtr__free(NULL, f); return r; }
+    }
+    dtr__afile_sweep(path);
     pid = (long)getpid();
     sprintf(f->tmp, "%s.tmp.%ld.%u", path, pid, DTR__ATOMIC_INC(&dtr__afile_serial));
     do { f->fd = open(f->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0666); } while (f->fd < 0 && errno == EINTR);

@@ -292,6 +292,84 @@ done:
     return r;
 }
 
+/* ---- reading: checksums ---- */
+
+static int dtr__st_cmp_key(const void *key, const void *elt) {
+    return strcmp((const char *)key, (*(const dtr_st_entry *const *)elt)->name);
+}
+
+/* 8 lowercase hex digits, exactly. */
+static int dtr__st_hex32(const char *s, size_t len, uint32_t *out) {
+    uint32_t v = 0;
+    size_t i;
+    if (len != 8) return 0;
+    for (i = 0; i < 8; i++) {
+        char c = s[i];
+        if (c >= '0' && c <= '9') v = (v << 4) | (uint32_t)(c - '0');
+        else if (c >= 'a' && c <= 'f') v = (v << 4) | (uint32_t)(c - 'a' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* One "crc32c.<name>": "hex" pair of __metadata__ into the entry it names (`byname`: the
+ * entries sorted by name); other keys are the app's and left alone. */
+static dtr_result dtr__st_take_checksum(const dtr_st_entry **byname, int count, const char *key, size_t klen,
+                                        const char *val, size_t vlen, const char *src, char *err, size_t errlen) {
+    const dtr_st_entry **hit;
+    dtr_st_entry *e;
+    if (klen <= 7 || strncmp(key, "crc32c.", 7) != 0) return DTR_OK;
+    hit = (const dtr_st_entry **)bsearch(key + 7, byname, (size_t)count, sizeof *byname, dtr__st_cmp_key);
+    if (!hit) return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: __metadata__ has a checksum for \"%s\", which is not a tensor of the file", src, key + 7);
+    e = (dtr_st_entry *)*hit;
+    if (!dtr__st_hex32(val, vlen, &e->crc32c))
+        return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\": checksum \"%.16s\" is not 8 lowercase hex digits", src, e->name, val);
+    e->has_crc32c = 1;
+    return DTR_OK;
+}
+
+/* Reads the checksums of __metadata__ (the object at byte `at` of the validated header). */
+static dtr_result dtr__st_read_checksums(dtr_st_file *f, dtr__json *j, size_t at, const char *src, char *err, size_t errlen) {
+    char key[8 + sizeof f->entries->name], val[16];
+    size_t klen, vlen;
+    const dtr_st_entry **v = (const dtr_st_entry **)dtr__malloc(f->alloc, (size_t)(f->count ? f->count : 1) * sizeof *v);
+    dtr_result r = DTR_OK;
+    int i;
+    if (!v) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory checking checksums", src);
+    for (i = 0; i < f->count; i++) v[i] = &f->entries[i];
+    qsort(v, (size_t)f->count, sizeof *v, dtr__st_cmp_name);
+    j->pos = at + 1;
+    while (r == DTR_OK && !dtr__json_accept(j, '}')) {
+        dtr__json_accept(j, ',');
+        if (dtr__json_string(j, key, sizeof key, &klen) != DTR_OK || dtr__json_expect(j, ':') != DTR_OK ||
+            dtr__json_string(j, val, sizeof val, &vlen) != DTR_OK)
+            r = dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: __metadata__: %s", src, j->msg);
+        else if (klen < sizeof key)
+            r = dtr__st_take_checksum(v, f->count, key, klen, val, vlen < sizeof val ? vlen : sizeof val, src, err, errlen);
+    }
+    dtr__free(f->alloc, v);
+    return r;
+}
+
+/* Every tensor's bytes against its checksum; in a file that has checksums, every tensor has one. */
+static dtr_result dtr__st_verify_checksums(const dtr_st_file *f, const char *src, char *err, size_t errlen) {
+    int i, any = 0;
+    for (i = 0; i < f->count; i++) any |= f->entries[i].has_crc32c;
+    for (i = 0; any && i < f->count; i++) {
+        const dtr_st_entry *e = &f->entries[i];
+        uint32_t c;
+        if (!e->has_crc32c)
+            return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: tensor \"%s\" has no checksum while the others have one", src, e->name);
+        c = dtr_crc32c(0, e->data, (size_t)(e->end - e->begin));
+        if (c != e->crc32c)
+            return dtr__errf(err, errlen, DTR_CORRUPT_FILE,
+                             "%s: tensor \"%s\": checksum mismatch (crc32c %08x in the header, %08x of the data): the file is corrupt",
+                             src, e->name, (unsigned)e->crc32c, (unsigned)c);
+    }
+    return DTR_OK;
+}
+
 static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t size,
                                       const dtr_allocation_callbacks *alloc, dtr_st_file *out,
                                       char *err, size_t errlen) {
@@ -300,6 +378,7 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
     const char *data;
     dtr__json j;
     int cap = 0, seen_meta = 0, i;
+    size_t meta_at = 0;
     dtr_result r;
 
     if (size < 8)
@@ -341,6 +420,7 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
             if (strcmp(name, "__metadata__") == 0) {
                 if (seen_meta) return dtr__errf(err, errlen, DTR_CORRUPT_FILE, "%s: duplicate \"__metadata__\"", src);
                 seen_meta = 1;
+                meta_at = j.pos;
                 if ((r = dtr__st_parse_metadata(&j, src, err, errlen)) != DTR_OK) return r;
             } else {
                 dtr_st_entry *e;
@@ -368,7 +448,9 @@ static dtr_result dtr__st_parse_image(const char *src, const void *bytes, size_t
             break;
         }
     }
-    return dtr__st_check_layout(out, data_size, src, err, errlen);
+    if ((r = dtr__st_check_layout(out, data_size, src, err, errlen)) != DTR_OK) return r;
+    if (seen_meta && (r = dtr__st_read_checksums(out, &j, meta_at, src, err, errlen)) != DTR_OK) return r;
+    return dtr__st_verify_checksums(out, src, err, errlen);
 }
 
 /** Parses and validates a safetensors image in memory; see api.h. The entries point into
@@ -444,6 +526,8 @@ dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc, 
     memset(out, 0, sizeof *out);
     out->alloc = alloc;
     if (!path) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_st_open: path is NULL");
+    if (dtr__not_regular_file(path))
+        return dtr__errf(err, errlen, DTR_IO_ERROR, "%s: not a regular file (a folder, a FIFO or a device)", path);
     fp = fopen(path, "rb");
     if (!fp) return dtr__errf(err, errlen, DTR_IO_ERROR, "%s: cannot open: %s", path, strerror(errno));
     rc = dtr__st_read_all(fp, alloc, &buf, &size);
@@ -520,14 +604,35 @@ static void dtr__st_put_jstr(dtr__st_sink *s, const char *str) {
     dtr__st_put(s, "\"", 1);
 }
 
-/* The JSON header (without padding), entries in order with contiguous offsets. */
-static void dtr__st_put_header(dtr__st_sink *s, const dtr_st_entry *entries, const uint64_t *nbytes, int count) {
+/* "__metadata__": each tensor's CRC-32C under "crc32c.<name>", 8 lowercase hex digits. */
+static void dtr__st_put_checksums(dtr__st_sink *s, const dtr_st_entry *entries, const uint32_t *crc, int count) {
+    static const char hex[] = "0123456789abcdef";
+    char key[8 + sizeof entries->name], val[8];
+    int i, k;
+    dtr__st_puts(s, "\"__metadata__\":{");
+    for (i = 0; i < count; i++) {
+        if (i) dtr__st_puts(s, ",");
+        snprintf(key, sizeof key, "crc32c.%s", entries[i].name);
+        for (k = 0; k < 8; k++) val[k] = hex[(crc[i] >> (28 - 4 * k)) & 15u];
+        dtr__st_put_jstr(s, key);
+        dtr__st_puts(s, ":\"");
+        dtr__st_put(s, val, 8);
+        dtr__st_puts(s, "\"");
+    }
+    dtr__st_puts(s, "}");
+}
+
+/* The JSON header (without padding): the checksums, then the entries in order with
+ * contiguous offsets. */
+static void dtr__st_put_header(dtr__st_sink *s, const dtr_st_entry *entries, const uint64_t *nbytes,
+                               const uint32_t *crc, int count) {
     uint64_t off = 0;
     int i, k;
     dtr__st_puts(s, "{");
+    if (count) dtr__st_put_checksums(s, entries, crc, count);
     for (i = 0; i < count; i++) {
         const dtr_st_entry *e = &entries[i];
-        if (i) dtr__st_puts(s, ",");
+        dtr__st_puts(s, ",");
         dtr__st_put_jstr(s, e->name);
         dtr__st_puts(s, ":{\"dtype\":\"");
         dtr__st_puts(s, dtr__st_dtype_str(e->dtype));
@@ -593,6 +698,7 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
                         int count, char *err, size_t errlen) {
     dtr__st_sink s;
     uint64_t *nbytes = NULL, hlen, pad, total = 0;
+    uint32_t *crc;
     unsigned char len8[8];
     static const char spaces[8] = { ' ', ' ', ' ', ' ', ' ', ' ', ' ', ' ' };
     dtr_result r = DTR_OK;
@@ -604,8 +710,9 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
     if (count > 0 && (!entries || !data))
         return dtr__errf(err, errlen, DTR_NULL_HANDLE, "%s: entries or data is NULL", path);
 
-    nbytes = (uint64_t *)dtr__calloc(NULL, (size_t)(count ? count : 1) * sizeof *nbytes);
+    nbytes = (uint64_t *)dtr__calloc(NULL, (size_t)(count ? count : 1) * (sizeof *nbytes + sizeof *crc));
     if (!nbytes) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "%s: out of memory", path);
+    crc = (uint32_t *)(nbytes + (count ? count : 1));
     if ((r = dtr__st_check_write(path, entries, data, count, nbytes, err, errlen)) != DTR_OK) goto done;
     for (i = 0; i < count; i++) {
         if (total > (uint64_t)INT64_MAX - nbytes[i]) {
@@ -613,12 +720,13 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
             goto done;
         }
         total += nbytes[i];
+        crc[i] = dtr_crc32c(0, data[i], (size_t)nbytes[i]);
     }
 
     /* size the header, then pad it with spaces to a multiple of 8 */
     memset(&s, 0, sizeof s);
     s.counting = 1;
-    dtr__st_put_header(&s, entries, nbytes, count);
+    dtr__st_put_header(&s, entries, nbytes, crc, count);
     hlen = s.total;
     pad = (8 - hlen % 8) % 8;
     hlen += pad;
@@ -627,7 +735,7 @@ dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const voi
     if ((r = dtr__afile_open(&s.f, path, err, errlen)) != DTR_OK) goto done;
     s.counting = 0;
     dtr__st_put(&s, len8, 8);
-    dtr__st_put_header(&s, entries, nbytes, count);
+    dtr__st_put_header(&s, entries, nbytes, crc, count);
     dtr__st_put(&s, spaces, (size_t)pad);
     for (i = 0; i < count; i++) dtr__st_put(&s, data[i], (size_t)nbytes[i]);
     r = dtr__afile_commit(s.f, err, errlen);

@@ -6,6 +6,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../core/formulas.h"
 #include <math.h>
 
 /* ---- im2col / col2im ---- */
@@ -352,7 +353,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
                         if (jj < 0 || jj >= W) continue;
                         v = xc[ii * W + jj];
                         s += v;
-                        if (v > best || bi < 0 || v != v) { best = v; bi = (int32_t)(ii * W + jj); } /* NaN wins */
+                        if (dtr__f_max_takes(v, best) || bi < 0) { best = v; bi = (int32_t)(ii * W + jj); } /* NaN wins */
                     }
                 }
                 if (maxp) { Y[(c * Ho + oi) * Wo + oj] = best; arg[(c * Ho + oi) * Wo + oj] = bi; }
@@ -361,9 +362,7 @@ static void dtr__pool2d_fwd_ref(const dtr__pool2d_job *j, int64_t c0, int64_t c1
     }
 }
 
-/* v replaces the window's best so far when larger, or when it is NaN (NaN propagates, and
- * its index is the one backward uses, as in PyTorch). */
-#define DTR__MAX_TAKES(v, best) ((v) > (best) || (v) != (v))
+#define DTR__MAX_TAKES(v, best) dtr__f_max_takes(v, best)
 
 /* One 2x2 window per lane: a b / c d. with_nan 0: plain compares (no lane holds a NaN);
  * 1: the NaN-aware rule of the reference. Two loops, each branch-free, so both vectorise. */

@@ -4,6 +4,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../core/formulas.h"
 #include <math.h>
 
 /* ---- broadcasting ---- */
@@ -176,9 +177,6 @@ dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx
 dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
 dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
 
-#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
-#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
-#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
@@ -192,10 +190,10 @@ static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
     for (; i + 8 <= e; i += 8) {
         float t[8];
         for (k = 0; k < 8; k++) t[k] = x[i + k];
-        for (k = 0; k < 8; k++) t[k] = t[k] < 0.0f ? 0.0f : t[k];
+        for (k = 0; k < 8; k++) t[k] = dtr__f_relu(t[k]);
         for (k = 0; k < 8; k++) y[i + k] = t[k];
     }
-    for (; i < e; i++) y[i] = x[i] < 0.0f ? 0.0f : x[i];
+    for (; i < e; i++) y[i] = dtr__f_relu(x[i]);
 }
 
 static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
@@ -204,10 +202,10 @@ static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, 
     for (; i + 8 <= e; i += 8) {
         float tx[8], tg[8], tgx[8];
         for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
-        for (k = 0; k < 8; k++) tgx[k] += tx[k] <= 0.0f ? 0.0f : tg[k];
+        for (k = 0; k < 8; k++) tgx[k] += tg[k] * dtr__f_relu_grad(tx[k]);
         for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
     }
-    for (; i < e; i++) gx[i] += x[i] <= 0.0f ? 0.0f : g[i];
+    for (; i < e; i++) gx[i] += g[i] * dtr__f_relu_grad(x[i]);
 }
 
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
@@ -219,16 +217,11 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
     case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
-    case DTR_OP_GELU:
-        for (i = b; i < e; i++) {
-            float v = x[i];
-            y[i] = 0.5f * v * (1.0f + tanhf(DTR__GELU_K * (v + 0.044715f * v * v * v)));
-        }
-        break;
+    case DTR_OP_GELU: for (i = b; i < e; i++) y[i] = dtr__f_gelu(x[i]); break;
     case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
-    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * DTR__SQRT1_2)); break;
-    default: for (i = b; i < e; i++) y[i] = 1.0f / (1.0f + expf(-x[i])); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = dtr__f_gelu_erf(x[i]); break;
+    default: for (i = b; i < e; i++) y[i] = dtr__f_sigmoid(x[i]); break;
     }
 }
 
@@ -241,24 +234,11 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
     case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
-    case DTR_OP_GELU:
-        for (i = b; i < e; i++) {
-            float v = x[i], u = DTR__GELU_K * (v + 0.044715f * v * v * v), t = tanhf(u);
-            float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * v * v);
-            gx[i] += g[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-        }
-        break;
-    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * (1.0f - y[i] * y[i]); break;
-    case DTR_OP_ABS: /* sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0) */
-        for (i = b; i < e; i++) gx[i] += g[i] * (x[i] > 0.0f ? 1.0f : x[i] < 0.0f ? -1.0f : 0.0f);
-        break;
-    case DTR_OP_GELU_ERF:
-        for (i = b; i < e; i++) {
-            float v = x[i], cdf = 0.5f * (1.0f + erff(v * DTR__SQRT1_2));
-            gx[i] += g[i] * (cdf + v * DTR__INV_SQRT_2PI * expf(-0.5f * v * v));
-        }
-        break;
-    default: for (i = b; i < e; i++) gx[i] += g[i] * y[i] * (1.0f - y[i]); break;
+    case DTR_OP_GELU: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_grad(x[i]); break;
+    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_tanh_grad(y[i]); break;
+    case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
+    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_erf_grad(x[i]); break;
+    default: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_sigmoid_grad(y[i]); break;
     }
 }
 

@@ -5,6 +5,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../core/formulas.h"
 #include <math.h>
 
 static int64_t dtr__rows(const dtr_tensor *x) {
@@ -355,7 +356,7 @@ dtr_result dtr__cpu_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     m = (float *)dtr__node_save(ctx, nd, (size_t)N * sizeof(float)); /* the mask, for backward */
     if (!m) return ctx->status;
     nd->saved = m;
-    for (i = 0; i < N; i++) m[i] = dtr_rng_uniform(&rng) < p ? 0.0f : 1.0f / (1.0f - p);
+    for (i = 0; i < N; i++) m[i] = dtr__f_dropout_mask(dtr_rng_u32(&rng), p);
     for (i = 0; i < N; i++) y[i] = x[i] * m[i];
     return DTR_OK;
 }

@@ -5,6 +5,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../core/formulas.h"
 #include "../obs/obs_internal.h"
 #include <math.h>
 
@@ -341,74 +342,33 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
 dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     int64_t i, n = a->n, b = a->begin;
     float *p = a->param, *g = a->grad, *m = a->m, *v = a->v;
-    float lr = a->lr, wd = a->weight_decay, gs = a->grad_scale;
+    dtr__opt_k k = dtr__opt_consts(a);
+    int s;
     (void)ctx;
     switch (a->kind) {
-    case DTR_OPT_SGD: {
-        /* one simple loop per variant, fields in locals: the compiler vectorises each */
-        float mom = a->momentum, damp = 1.0f - a->dampening;
-        if (!m) {
-            for (i = b; i < n; i++) p[i] -= lr * (g[i] * gs + wd * p[i]);
-        } else if (a->first) {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i];
-                m[i] = d;
-                p[i] -= lr * (a->nesterov ? d + mom * d : d);
-            }
-        } else if (a->nesterov) {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
-                m[i] = b;
-                p[i] -= lr * (d + mom * b);
-            }
-        } else {
-            for (i = b; i < n; i++) {
-                float d = g[i] * gs + wd * p[i], b = mom * m[i] + damp * d;
-                m[i] = b;
-                p[i] -= lr * b;
-            }
-        }
+    case DTR_OPT_SGD:
+        /* one loop per variant, the flags constant in each: the compiler vectorises them */
+        if (!m) for (i = b; i < n; i++) dtr__f_sgd(&p[i], g[i], &k);
+        else if (k.first) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 1, k.nesterov);
+        else if (k.nesterov) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1);
+        else for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0);
         break;
-    }
-    case DTR_OPT_ADAM:
-    case DTR_OPT_ADAMW: {
-        float bc1 = (float)(1.0 - pow(a->beta1, (double)a->step)), bc2 = (float)(1.0 - pow(a->beta2, (double)a->step));
-        float step_size = lr / bc1, sbc2 = sqrtf(bc2);
-        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
-        int adamw = a->kind == DTR_OPT_ADAMW;
-        for (i = b; i < n; i++) {
-            float d = g[i] * gs;
-            if (adamw) p[i] *= 1.0f - lr * wd;
-            else d += wd * p[i];
-            m[i] = b1 * m[i] + c1 * d;
-            v[i] = b2 * v[i] + c2 * d * d;
-            p[i] -= step_size * m[i] / (sqrtf(v[i]) / sbc2 + a->eps);
-        }
-        break;
-    }
-    case DTR_OPT_LAMB: {
-        double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
-        float b1 = (float)a->beta1, b2 = (float)a->beta2, c1 = (float)(1.0 - a->beta1), c2 = (float)(1.0 - a->beta2);
-        int s;
+    case DTR_OPT_ADAM: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 0); break;
+    case DTR_OPT_ADAMW: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 1); break;
+    case DTR_OPT_LAMB:
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
             float trust;
             if (a->seg_begin[s] < b || a->seg_end[s] > n) continue;   /* outside the range */
             for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) {
-                float d = g[i] * gs, mh, vh;
-                m[i] = b1 * m[i] + c1 * d;
-                v[i] = b2 * v[i] + c2 * d * d;
-                mh = (float)(m[i] / bc1);
-                vh = (float)(v[i] / bc2);
-                a->work[i] = mh / (sqrtf(vh) + a->eps) + wd * p[i];
+                a->work[i] = dtr__f_lamb_dir(p[i], &m[i], &v[i], g[i], &k);
                 pn += (double)p[i] * p[i];
                 un += (double)a->work[i] * a->work[i];
             }
-            trust = (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
-            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= lr * trust * a->work[i];
+            trust = dtr__f_lamb_trust(pn, un);
+            for (i = a->seg_begin[s]; i < a->seg_end[s]; i++) p[i] -= a->lr * trust * a->work[i];
         }
         break;
-    }
     default: return DTR_INVALID_ARGUMENT;
     }
     return DTR_OK;

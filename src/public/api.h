@@ -242,8 +242,14 @@ DTR_API int dtr_tensor_is_contiguous(const dtr_tensor *t);
 /** Pointer to the first element in host memory (CPU backend), honouring the view offset.
  *  NULL for tensors on a device: use dtr_tensor_read/write. */
 DTR_API void *dtr_tensor_data(dtr_tensor *t);
-/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. */
+/** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. On a device
+ *  backend the pointer is device memory: read it with dtr_tensor_read_grad. */
 DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
+ *  (a device's copy completes before it returns).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
+ *  DTR_SHAPE_MISMATCH (n), DTR_DEVICE_ERROR. Thread safety: the tensor's context thread. */
+DTR_API dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n);
 /** The name given to a parameter, or "". */
 DTR_API const char *dtr_tensor_name(const dtr_tensor *t);
 /** Copies the elements in row-major order into host memory `dst` converted to `dt`
@@ -606,6 +612,9 @@ typedef struct dtr_st_entry {
     int64_t shape[DTR_MAX_DIMS];
     uint64_t begin, end;   /**< byte offsets inside the data section */
     const void *data;      /**< points into the loaded file (dtr_st_file) */
+    int has_crc32c;        /**< 1: the file's __metadata__ holds this tensor's checksum
+                                ("crc32c.<name>": 8 lowercase hex digits), verified on read */
+    uint32_t crc32c;       /**< that checksum (dtr_crc32c of the tensor's bytes) */
 } dtr_st_entry;
 
 /** A parsed, validated safetensors file held in memory. */
@@ -620,11 +629,14 @@ typedef struct dtr_st_file {
 /** Parses and validates a safetensors image in memory (no copy: entries point into `bytes`,
  *  which must outlive `out`). Checks the header length, the JSON syntax, each dtype, shape
  *  and data_offsets (inside the data section, matching dtype x numel, no overlap, covering
- *  the section). `err`/`errlen` receive a message naming the problem.
+ *  the section), and the tensors' checksums when `__metadata__` has them (dtrain's files):
+ *  a flipped bit or a checksum missing for one tensor of such a file gives DTR_CORRUPT_FILE
+ *  naming the tensor. `err`/`errlen` receive a message naming the problem.
  *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_st_parse(const void *bytes, size_t size, const dtr_allocation_callbacks *alloc,
                                 dtr_st_file *out, char *err, size_t errlen);
-/** Reads a whole file and parses it. */
+/** Reads a whole file and parses it. A path that is not a regular file (a folder, a FIFO)
+ *  gives DTR_IO_ERROR naming it. */
 DTR_API dtr_result dtr_st_open(const char *path, const dtr_allocation_callbacks *alloc,
                                dtr_st_file *out, char *err, size_t errlen);
 /** Frees what dtr_st_parse / dtr_st_open allocated. */
@@ -638,8 +650,19 @@ DTR_API void dtr_st_destroy(dtr_st_file *f);
  *  Thread safety: thread safe for distinct paths. */
 DTR_API dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t bytes, char *err, size_t errlen);
 
+/** CRC-32C (Castagnoli) of `n` bytes, continuing from `crc`: 0 starts a checksum, and a
+ *  previous result continues it over the next piece. The checksum of every tensor in the
+ *  safetensors files dtrain writes and of the files a checkpoint manifest lists.
+ *  @return the checksum (`crc` unchanged when `data` is NULL).
+ *  Thread safety: thread safe. */
+DTR_API uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n);
+
 /** Writes tensors (name, dtype, shape, data) as a safetensors file through a temporary file
- *  and rename. `data[i]` holds the elements of entry i in its dtype.
+ *  and rename. `data[i]` holds the elements of entry i in its dtype. The header's
+ *  `__metadata__` carries each tensor's CRC-32C ("crc32c.<name>": "1a2b3c4d"), which other
+ *  readers ignore and dtr_st_parse / dtr_st_open verify. Temporary files that dead processes
+ *  left beside `path` (a save killed midway) are removed first; a `path` that exists and is
+ *  not a regular file (a folder, a FIFO, a device) is refused with DTR_INVALID_ARGUMENT.
  *  Thread safety: thread safe for distinct files and objects. */
 DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, const void *const *data,
                                 int count, char *err, size_t errlen);

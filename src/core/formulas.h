@@ -1,0 +1,255 @@
+/* ============================================================================
+ * The element formulas, one home for each: the CPU kernels (dtrain.h) and the CUDA kernels
+ * (dtrain_cuda.cu) call these same functions, so the CPU tests (finite differences, the
+ * PyTorch references) check the arithmetic the GPU runs. Under nvcc they are
+ * __host__ __device__; elsewhere plain static inline C99.
+ *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
+ *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
+ *   - activations and their derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
+ *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
+ * ==========================================================================*/
+#ifndef DTR__FORMULAS_H
+#define DTR__FORMULAS_H
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__CUDACC__)
+#define DTR__HD static __host__ __device__ __forceinline__
+#else
+#define DTR__HD static inline
+#endif
+
+#define DTR__GELU_K 0.7978845608028654f       /* sqrt(2/pi) */
+#define DTR__SQRT1_2 0.7071067811865476f      /* 1/sqrt(2) */
+#define DTR__INV_SQRT_2PI 0.3989422804014327f /* 1/sqrt(2 pi) */
+
+/* ---- bits ---- */
+
+DTR__HD uint32_t dtr__f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+DTR__HD float dtr__f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- dtype conversions ---- */
+
+/** f32 -> bf16, round to nearest even; NaN stays a quiet NaN. */
+DTR__HD uint16_t dtr__f_to_bf16(float x) {
+    uint32_t u = dtr__f_bits(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+DTR__HD float dtr__f_from_bf16(uint16_t x) { return dtr__f_from_bits((uint32_t)x << 16); }
+
+/** f32 -> f16 (IEEE half), round to nearest even; overflow to inf; NaN kept. */
+DTR__HD uint16_t dtr__f_to_f16(float x) {
+    uint32_t u = dtr__f_bits(x);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t a = u & 0x7fffffffu;
+    if (a >= 0x7f800000u) /* inf or nan */
+        return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u | ((a >> 13) & 0x3ffu) : 0));
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds to inf */
+    if (a < 0x38800000u) {  /* subnormal or zero in f16: units of 2^-24, half to even */
+        float f = dtr__f_from_bits(a) * 16777216.0f;
+        uint32_t i = (uint32_t)f;
+        float rem = f - (float)i;
+        if (rem > 0.5f || (rem == 0.5f && (i & 1u))) i++;
+        return (uint16_t)(sign | i);
+    }
+    a += 0xc8000fffu + ((a >> 13) & 1u); /* rebias exponent (-112 << 23) and round */
+    return (uint16_t)(sign | (a >> 13));
+}
+
+DTR__HD float dtr__f_from_f16(uint16_t h) {
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t e = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (e == 0) {
+        float f = (float)mant * (1.0f / 16777216.0f);
+        return sign ? -f : f;
+    }
+    if (e == 31) return dtr__f_from_bits(sign | 0x7f800000u | (mant << 13));
+    return dtr__f_from_bits(sign | ((e + 112u) << 23) | (mant << 13));
+}
+
+/** Element i of an array of dtype `dt` (DTR_F32, BF16, F16, I32, U8) as a float. */
+DTR__HD float dtr__f_load(const void *src, int dt, int64_t i) {
+    switch (dt) {
+    case DTR_F32: return ((const float *)src)[i];
+    case DTR_BF16: return dtr__f_from_bf16(((const uint16_t *)src)[i]);
+    case DTR_F16: return dtr__f_from_f16(((const uint16_t *)src)[i]);
+    case DTR_I32: return (float)((const int32_t *)src)[i];
+    case DTR_U8: return (float)((const uint8_t *)src)[i];
+    default: return 0.0f;
+    }
+}
+
+/** Stores f as element i of an array of dtype `dt`: rounded to nearest even for bf16 / f16,
+ *  truncated for i32, clamped to [0, 255] for u8. */
+DTR__HD void dtr__f_store(void *dst, int dt, int64_t i, float f) {
+    switch (dt) {
+    case DTR_F32: ((float *)dst)[i] = f; break;
+    case DTR_BF16: ((uint16_t *)dst)[i] = dtr__f_to_bf16(f); break;
+    case DTR_F16: ((uint16_t *)dst)[i] = dtr__f_to_f16(f); break;
+    case DTR_I32: ((int32_t *)dst)[i] = (int32_t)f; break;
+    case DTR_U8: ((uint8_t *)dst)[i] = (uint8_t)(f < 0 ? 0 : f > 255 ? 255 : f); break;
+    default: break;
+    }
+}
+
+/* ---- launch shapes (CUDA kernels; plain arithmetic, tested on the CPU) ---- */
+
+/** Blocks of `threads` for n elements in a grid-stride loop: ceil(n / threads), at least 1,
+ *  at most max_blocks (each thread then takes several elements). */
+static inline unsigned dtr__launch_blocks(int64_t n, int threads, unsigned max_blocks) {
+    int64_t b = n > 0 ? (n + threads - 1) / threads : 1;
+    return b > (int64_t)max_blocks ? max_blocks : (unsigned)b;
+}
+
+/** Threads per block for a row of n elements reduced by one block: the smallest power of two
+ *  >= n, between 32 (a warp) and 1024 (the hardware's limit). */
+static inline int dtr__launch_row_threads(int64_t n) {
+    int t = 32;
+    while (t < 1024 && t < n) t *= 2;
+    return t;
+}
+
+/* ---- the random stream (PCG32, XSH RR) ---- */
+
+#define DTR__PCG_MULT 6364136223846793005ULL
+
+/** One draw: returns the output of `*state` and steps it. */
+DTR__HD uint32_t dtr__f_pcg_next(uint64_t *state, uint64_t inc) {
+    uint64_t old = *state;
+    uint32_t xorshifted = (uint32_t)(((old >> 18u) ^ old) >> 27u), rot = (uint32_t)(old >> 59u);
+    *state = old * DTR__PCG_MULT + inc;
+    return (xorshifted >> rot) | (xorshifted << ((0u - rot) & 31u));
+}
+
+/** The state `delta` draws later, in O(log delta) (Brown's jump ahead): draw i of a stream
+ *  is computed on its own, so a GPU thread per element reproduces the CPU's sequence. */
+DTR__HD uint64_t dtr__f_pcg_advance(uint64_t state, uint64_t inc, uint64_t delta) {
+    uint64_t mult = DTR__PCG_MULT, plus = inc, acc_mult = 1u, acc_plus = 0u;
+    while (delta > 0) {
+        if (delta & 1u) {
+            acc_mult *= mult;
+            acc_plus = acc_plus * mult + plus;
+        }
+        plus = (mult + 1u) * plus;
+        mult *= mult;
+        delta >>= 1u;
+    }
+    return acc_mult * state + acc_plus;
+}
+
+/** A draw as a float uniform in [0, 1), 24 bits. */
+DTR__HD float dtr__f_uniform(uint32_t u) { return (float)(u >> 8) * (1.0f / 16777216.0f); }
+
+/** Dropout's multiplier for a draw: 0 (dropped, draw < p) or 1 / (1 - p). */
+DTR__HD float dtr__f_dropout_mask(uint32_t u, float p) { return dtr__f_uniform(u) < p ? 0.0f : 1.0f / (1.0f - p); }
+
+/* ---- activations: y = f(x) and dy/dx ---- */
+
+DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + tanhf(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
+DTR__HD float dtr__f_gelu_grad(float x) {
+    float u = DTR__GELU_K * (x + 0.044715f * x * x * x), t = tanhf(u);
+    float du = DTR__GELU_K * (1.0f + 3.0f * 0.044715f * x * x);
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
+}
+DTR__HD float dtr__f_gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * DTR__SQRT1_2)); }
+DTR__HD float dtr__f_gelu_erf_grad(float x) {
+    return 0.5f * (1.0f + erff(x * DTR__SQRT1_2)) + x * DTR__INV_SQRT_2PI * expf(-0.5f * x * x);
+}
+DTR__HD float dtr__f_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+/** From the output y = sigmoid(x). */
+DTR__HD float dtr__f_sigmoid_grad(float y) { return y * (1.0f - y); }
+/** From the output y = tanh(x). */
+DTR__HD float dtr__f_tanh_grad(float y) { return 1.0f - y * y; }
+/** NaN and -0 pass through, as PyTorch. */
+DTR__HD float dtr__f_relu(float x) { return x < 0.0f ? 0.0f : x; }
+/** 0 at and below 0 (and at NaN), as PyTorch. */
+DTR__HD float dtr__f_relu_grad(float x) { return x <= 0.0f ? 0.0f : 1.0f; }
+/** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
+DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+
+/** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
+ *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
+DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
+
+/* ---- optimizer element updates ---- */
+
+/** The constants of one SGD / Adam / AdamW / LAMB update (dtr__opt_consts makes them on the
+ *  host from dtr__opt_args; a kernel takes them by value). */
+typedef struct dtr__opt_k {
+    float lr, wd, gs, eps;
+    float mom, damp;          /* SGD: momentum, 1 - dampening */
+    float step_size, sbc2;    /* Adam: lr / (1 - beta1^t), sqrt(1 - beta2^t) */
+    float b1, b2, c1, c2;     /* beta1, beta2, 1 - beta1, 1 - beta2 */
+    double bc1, bc2;          /* LAMB: 1 - beta1^t, 1 - beta2^t */
+    int adamw, nesterov, first;
+} dtr__opt_k;
+
+/** SGD without momentum buffers. */
+DTR__HD void dtr__f_sgd(float *p, float g, const dtr__opt_k *k) { *p -= k->lr * (g * k->gs + k->wd * *p); }
+
+/** SGD with a momentum buffer m: the first step stores the gradient, later ones
+ *  m = mom m + (1 - dampening) d; Nesterov steps along d + mom m. The flags are arguments
+ *  (k->first, k->nesterov) so that a CPU loop passing constants compiles to one branch-free,
+ *  vectorised loop per variant. */
+DTR__HD void dtr__f_sgd_momentum(float *p, float *m, float g, const dtr__opt_k *k, int first, int nesterov) {
+    float d = g * k->gs + k->wd * *p, b;
+    if (first) {
+        *m = d;
+        *p -= k->lr * (nesterov ? d + k->mom * d : d);
+        return;
+    }
+    b = k->mom * *m + k->damp * d;
+    *m = b;
+    *p -= k->lr * (nesterov ? d + k->mom * b : b);
+}
+
+/** Adam (L2 decay added to the gradient) or AdamW (decoupled decay, `adamw` = k->adamw),
+ *  bias-corrected. */
+DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
+    float d = g * k->gs;
+    if (adamw) *p *= 1.0f - k->lr * k->wd;
+    else d += k->wd * *p;
+    *m = k->b1 * *m + k->c1 * d;
+    *v = k->b2 * *v + k->c2 * d * d;
+    *p -= k->step_size * *m / (sqrtf(*v) / k->sbc2 + k->eps);
+}
+
+/** LAMB's first phase for one element: moments updated, returns the update direction
+ *  (before the per-parameter trust ratio scales it). */
+DTR__HD float dtr__f_lamb_dir(float p, float *m, float *v, float g, const dtr__opt_k *k) {
+    float d = g * k->gs, mh, vh;
+    *m = k->b1 * *m + k->c1 * d;
+    *v = k->b2 * *v + k->c2 * d * d;
+    mh = (float)(*m / k->bc1);
+    vh = (float)(*v / k->bc2);
+    return mh / (sqrtf(vh) + k->eps) + k->wd * p;
+}
+
+/** LAMB's trust ratio from the squared norms of the parameter and of its direction. */
+DTR__HD float dtr__f_lamb_trust(double pn, double un) {
+    return (pn > 0.0 && un > 0.0) ? (float)(sqrt(pn) / sqrt(un)) : 1.0f;
+}
+
+/** The constants of the update `a` describes (host side). */
+static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
+    dtr__opt_k k;
+    double bc1 = 1.0 - pow(a->beta1, (double)a->step), bc2 = 1.0 - pow(a->beta2, (double)a->step);
+    memset(&k, 0, sizeof k);
+    k.lr = a->lr; k.wd = a->weight_decay; k.gs = a->grad_scale; k.eps = a->eps;
+    k.mom = a->momentum; k.damp = 1.0f - a->dampening;
+    k.step_size = a->lr / (float)bc1;
+    k.sbc2 = sqrtf((float)bc2);
+    k.b1 = (float)a->beta1; k.b2 = (float)a->beta2;
+    k.c1 = (float)(1.0 - a->beta1); k.c2 = (float)(1.0 - a->beta2);
+    k.bc1 = bc1; k.bc2 = bc2;
+    k.adamw = a->kind == DTR_OPT_ADAMW;
+    k.nesterov = a->nesterov;
+    k.first = a->first;
+    return k;
+}
+
+#endif /* DTR__FORMULAS_H */

@@ -1,0 +1,185 @@
+/* ============================================================================
+ * Convolution and pooling on the GPU, with the CPU's shapes and rules (src/ops/ops_conv.c):
+ * x (N, C, H, W), w (O, C, KH, KW), y (N, O, Ho, Wo), Ho = (H + 2P - KH) / S + 1.
+ * Convolution is im2col + cuBLAS: the columns of every sample (C*KH*KW, Ho*Wo) are kept for
+ * backward, y_n = W col_n in one strided-batched GEMM. Backward gathers instead of scattering
+ * (one thread per input element sums the columns or windows that read it, in the CPU's order),
+ * so nothing needs atomics and a run repeats bit for bit.
+ * ==========================================================================*/
+
+typedef struct dtr__cuda_conv {
+    int64_t N, C, H, W, O, KH, KW, Ho, Wo, S, P;
+} dtr__cuda_conv;
+
+static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
+    const dtr_tensor *x = nd->in[0];
+    dtr__cuda_conv g;
+    g.N = x->shape[0]; g.C = x->shape[1]; g.H = x->shape[2]; g.W = x->shape[3];
+    g.Ho = nd->out->shape[2]; g.Wo = nd->out->shape[3];
+    if (k_pool) {
+        g.O = g.C; g.KH = g.KW = k_pool;
+        g.S = nd->p.pool2d.stride; g.P = nd->p.pool2d.padding;
+    } else {
+        g.O = nd->in[1]->shape[0]; g.KH = nd->in[1]->shape[2]; g.KW = nd->in[1]->shape[3];
+        g.S = nd->p.conv2d.stride; g.P = nd->p.conv2d.padding;
+    }
+    return g;
+}
+
+/* col (N, C*KH*KW, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
+__global__ static void dtr__cuda_im2col_k(const float *x, float *col, dtr__cuda_conv g) {
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    DTR__CUDA_FOR(t, g.N * ckk * P) {
+        int64_t n = t / (ckk * P), r = (t / P) % ckk, p = t % P;
+        int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
+        int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
+        col[t] = (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x[((n * g.C + c) * g.H + ii) * g.W + jj] : 0.0f;
+    }
+}
+
+/* The output positions (oi range) whose window row a covers input row i: i = oi S - P + a. */
+__device__ static int dtr__cuda_window(int64_t i, int64_t a, int64_t S, int64_t P, int64_t Ho, int64_t *oi) {
+    int64_t q = i + P - a;
+    if (q < 0 || q % S != 0) return 0;
+    *oi = q / S;
+    return *oi < Ho;
+}
+
+/* gx (N, C, H, W) += the column gradients gcol (N, C*KH*KW, Ho*Wo) that read each element */
+__global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cuda_conv g) {
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
+        int64_t n = t / (g.C * g.H * g.W), c = (t / (g.H * g.W)) % g.C, i = (t / g.W) % g.H, j = t % g.W, oi, oj;
+        float acc = gx[t];
+        for (int64_t ki = 0; ki < g.KH; ki++) {
+            if (!dtr__cuda_window(i, ki, g.S, g.P, g.Ho, &oi)) continue;
+            for (int64_t kj = 0; kj < g.KW; kj++) {
+                if (!dtr__cuda_window(j, kj, g.S, g.P, g.Wo, &oj)) continue;
+                acc += gcol[(n * ckk + (c * g.KH + ki) * g.KW + kj) * P + oi * g.Wo + oj];
+            }
+        }
+        gx[t] = acc;
+    }
+}
+
+/* y (N, O, P) = bias[o] */
+__global__ static void dtr__cuda_conv_bias_k(float *y, const float *bias, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(t, N * O * P) y[t] = bias[(t / P) % O];
+}
+
+/* gb[o] += sum over samples and positions of gy (N, O, P), in that order */
+__global__ static void dtr__cuda_conv_gb_k(const float *gy, float *gb, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(o, O) {
+        float acc = gb[o];
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t p = 0; p < P; p++) acc += gy[(n * O + o) * P + p];
+        gb[o] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    const float *bias = nd->n_in > 2 && nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    float *col = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float)); /* kept for backward */
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    if (!col) return ctx->status;
+    nd->saved = col;
+    if (g.N * g.O * P == 0) return DTR_OK;
+    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->in[0]), col, g);
+    if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->out), bias, g.N, g.O, P);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    /* y_n (O, P) = W (O, ckk) col_n (ckk, P) (+ the bias already there) */
+    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, P, 1, ckk * P, bias ? 1.0f : 0.0f,
+                          dtr__f32(nd->out), P, g.O * P, g.N);
+}
+
+static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, n;
+    const float *G = nd->out->grad, *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL;
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    if (g.N * g.O * P == 0) return DTR_OK;
+    for (n = 0; gw && n < g.N; n++)   /* dW (O, ckk) += gy_n (O, P) col_n^T (P, ckk), samples in order */
+        if (dtr__cuda_gemm(ctx, g.O, ckk, P, 1.0f, G + n * g.O * P, P, 1, 0, col + n * ckk * P, 1, P, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
+            return ctx->status;
+    if (gb) dtr__cuda_conv_gb_k<<<dtr__cuda_grid(g.O), DTR__CUDA_THREADS, 0, st>>>(G, gb, g.N, g.O, P);
+    if (gx) {   /* gcol_n (ckk, P) = W^T (ckk, O) gy_n (O, P), then gathered back into gx */
+        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float));
+        if (!gcol) return ctx->status;
+        if (dtr__cuda_gemm(ctx, ckk, P, g.O, 1.0f, Wt, 1, ckk, 0, G, P, 1, g.O * P, 0.0f, gcol, P, ckk * P, g.N) != DTR_OK)
+            return ctx->status;
+        dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
+    }
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- pooling: one thread per output (forward) or per input element (backward) ---- */
+
+/* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule) */
+__global__ static void dtr__cuda_pool_fwd_k(int maxp, const float *X, float *Y, int32_t *arg, dtr__cuda_conv g) {
+    int64_t k = g.KH;
+    DTR__CUDA_FOR(t, g.N * g.C * g.Ho * g.Wo) {
+        int64_t c = t / (g.Ho * g.Wo), oi = (t / g.Wo) % g.Ho, oj = t % g.Wo;
+        const float *xc = X + c * g.H * g.W;
+        float best = -INFINITY, s = 0.0f;
+        int32_t bi = -1;
+        for (int64_t a = 0; a < k; a++) {
+            int64_t ii = oi * g.S - g.P + a;
+            if (ii < 0 || ii >= g.H) continue;
+            for (int64_t b = 0; b < k; b++) {
+                int64_t jj = oj * g.S - g.P + b;
+                if (jj < 0 || jj >= g.W) continue;
+                float v = xc[ii * g.W + jj];
+                s += v;
+                if (dtr__f_max_takes(v, best) || bi < 0) { best = v; bi = (int32_t)(ii * g.W + jj); }
+            }
+        }
+        if (maxp) { Y[t] = best; arg[t] = bi; }
+        else Y[t] = s / (float)(k * k);
+    }
+}
+
+/* gx (N*C, H, W) += the gradients of the windows that took each element, in output order */
+__global__ static void dtr__cuda_pool_bwd_k(int maxp, const float *G, const int32_t *arg, float *gx, dtr__cuda_conv g) {
+    int64_t k = g.KH;
+    DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
+        int64_t c = t / (g.H * g.W), i = (t / g.W) % g.H, j = t % g.W, oi, oj;
+        float acc = gx[t];
+        for (int64_t a = k - 1; a >= 0; a--) {   /* a descending: oi ascending */
+            if (!dtr__cuda_window(i, a, g.S, g.P, g.Ho, &oi)) continue;
+            for (int64_t b = k - 1; b >= 0; b--) {
+                if (!dtr__cuda_window(j, b, g.S, g.P, g.Wo, &oj)) continue;
+                int64_t o = (c * g.Ho + oi) * g.Wo + oj;
+                if (!maxp) acc += G[o] / (float)(k * k);
+                else if (arg[o] == (int32_t)(i * g.W + j)) acc += G[o];
+            }
+        }
+        gx[t] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, nd->p.pool2d.k);
+    int64_t n = dtr_tensor_numel(nd->out);
+    int maxp = nd->op == DTR_OP_MAXPOOL2D;
+    if (maxp) {   /* argmax of each window, for backward */
+        nd->saved = dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(int32_t));
+        if (!nd->saved) return ctx->status;
+    }
+    if (n == 0) return DTR_OK;
+    dtr__cuda_pool_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        maxp, dtr__f32(nd->in[0]), dtr__f32(nd->out), (int32_t *)nd->saved, g);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_conv g = dtr__cuda_conv_of(nd, nd->p.pool2d.k);
+    int64_t n = dtr_tensor_numel(nd->in[0]);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_pool_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
+    return dtr__cuda_launched(ctx, nd);
+}

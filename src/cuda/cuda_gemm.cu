@@ -1,0 +1,211 @@
+/* ============================================================================
+ * Matrix products on the GPU through cuBLAS: batched matmul (broadcast batch axes, any
+ * view whose rows or columns are unit-stride) and linear (x w^T + b), forward and backward,
+ * with the CPU's shapes (src/ops/ops_matmul.c):
+ *   a (..., M, K), b (..., K, N) -> (..., M, N); x (R, in), w (out, in) -> (R, out).
+ * cuBLAS is column-major: a row-major C = A B is computed as the column-major C^T = B^T A^T,
+ * so every call passes B first. Full FP32 (cuBLAS's default math mode); TF32 comes with the
+ * mixed-precision settings.
+ * ==========================================================================*/
+
+/* A row-major matrix view (rows R, cols C, row stride rs, column stride cs) as cuBLAS sees
+ * it: the column-major matrix is its transpose with leading dimension rs when cs is 1 (op N),
+ * or the matrix itself with leading dimension cs when rs is 1 (op T). 0: neither (copy it). */
+static int dtr__cuda_blas_view(int64_t R, int64_t C, int64_t rs, int64_t cs, cublasOperation_t *op, int64_t *ld) {
+    if (C <= 1) cs = 1;                                   /* one column: its stride is moot */
+    if (R <= 1) rs = cs == 1 ? (C > 1 ? C : 1) : 1;       /* one row: so is the row stride */
+    if (cs == 1 && rs >= (C > 1 ? C : 1)) { *op = CUBLAS_OP_N; *ld = rs; return 1; }
+    if (rs == 1 && cs >= (R > 1 ? R : 1)) { *op = CUBLAS_OP_T; *ld = cs; return 1; }
+    return 0;
+}
+
+/* Y (M, N; row stride ldy) = alpha A (M, K) B (K, N) + beta Y, row-major views given by their
+ * strides, `count` times with batch strides sa, sb, sy (elements). */
+static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                                 int64_t csa, int64_t sa, const float *B, int64_t rsb, int64_t csb, int64_t sb, float beta,
+                                 float *Y, int64_t ldy, int64_t sy, int64_t count) {
+    cublasOperation_t opa, opb;
+    int64_t lda, ldb;
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (M == 0 || N == 0 || count == 0) return DTR_OK;
+    if (!dtr__cuda_blas_view(M, K, rsa, csa, &opa, &lda) || !dtr__cuda_blas_view(K, N, rsb, csb, &opb, &ldb))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: gemm operand with neither unit row nor unit column stride (make it contiguous)");
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldy > INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: gemm of %lld x %lld x %lld is beyond cuBLAS's 32-bit sizes",
+                         (long long)M, (long long)N, (long long)K);
+    if (count == 1)
+        return dtr__cuda_blas(ctx, cublasSgemm(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
+                                               (int)lda, &beta, Y, (int)ldy), "sgemm");
+    return dtr__cuda_blas(ctx, cublasSgemmStridedBatched(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
+                                                         sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
+                          "sgemm (batched)");
+}
+
+/* ---- matmul ---- */
+
+/* The batch axes of a and b broadcast together (as the CPU's dtr__batch): the output batch
+ * shape, each operand's stride over it (0 where broadcast), and, when every batch axis of
+ * each operand collapses to one stride, that stride (one strided-batched call does it). */
+typedef struct dtr__cuda_batch {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], count;
+    int64_t ua, ub;   /* the collapsed strides, when uniform */
+    int uniform;
+} dtr__cuda_batch;
+
+/* 1 when strides st over the batch shape are i * u for one stride u (set in *u). */
+static int dtr__cuda_collapse(const dtr__cuda_batch *bt, const int64_t *st, int64_t *u) {
+    int64_t expect = -1;
+    int d;
+    *u = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        if (bt->shape[d] == 1) continue;
+        if (expect < 0) *u = st[d];
+        else if (st[d] != expect) return 0;
+        expect = st[d] * bt->shape[d];
+    }
+    return 1;
+}
+
+static dtr__cuda_batch dtr__cuda_batch_make(const dtr_tensor *a, const dtr_tensor *b, int dense) {
+    dtr__cuda_batch bt;
+    int64_t ca[DTR_MAX_DIMS], cb[DTR_MAX_DIMS];
+    int na = a->ndim - 2, nb = b->ndim - 2, nd = na > nb ? na : nb, d;
+    const int64_t *sta = a->stride, *stb = b->stride;
+    if (dense) {   /* the gradients: dense strides of the same shapes */
+        dtr__contig_strides(a->ndim, a->shape, ca);
+        dtr__contig_strides(b->ndim, b->shape, cb);
+        sta = ca;
+        stb = cb;
+    }
+    memset(&bt, 0, sizeof bt);
+    bt.nd = nd;
+    bt.count = 1;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - na), db = d - (nd - nb);
+        int64_t xa = da >= 0 ? a->shape[da] : 1, xb = db >= 0 ? b->shape[db] : 1;
+        bt.shape[d] = xa > xb ? xa : xb;
+        bt.sa[d] = (da >= 0 && xa != 1) ? sta[da] : 0;
+        bt.sb[d] = (db >= 0 && xb != 1) ? stb[db] : 0;
+        bt.count *= bt.shape[d];
+    }
+    bt.uniform = dtr__cuda_collapse(&bt, bt.sa, &bt.ua) && dtr__cuda_collapse(&bt, bt.sb, &bt.ub);
+    return bt;
+}
+
+static void dtr__cuda_batch_offsets(const dtr__cuda_batch *bt, int64_t i, int64_t *oa, int64_t *ob) {
+    int d;
+    *oa = *ob = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        int64_t k = i % bt->shape[d];
+        i /= bt->shape[d];
+        *oa += k * bt->sa[d];
+        *ob += k * bt->sb[d];
+    }
+}
+
+/* One product of the batch per call, in batch order: for batches that do not collapse and
+ * for gradients of an operand broadcast over the batch (each call accumulates into it, so
+ * the sum is taken in the CPU's order). `which`: 0 forward, 1 dA, 2 dB. */
+static dtr_result dtr__cuda_matmul_loop(dtr_context *ctx, dtr__node *nd, int which) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], i, oa, ob, ga, gbo;
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    dtr_result r = DTR_OK;
+    for (i = 0; i < bt.count && r == DTR_OK; i++) {
+        dtr__cuda_batch_offsets(&bt, i, &oa, &ob);
+        dtr__cuda_batch_offsets(&gb, i, &ga, &gbo);
+        if (which == 0)
+            r = dtr__cuda_gemm(ctx, M, N, K, 1.0f, A + oa, rsa, csa, 0, B + ob, rsb, csb, 0, 0.0f, dtr__f32(nd->out) + i * M * N, N, 0, 1);
+        else if (which == 1)   /* dA (M, K) += G (M, N) B^T (N, K) */
+            r = dtr__cuda_gemm(ctx, M, K, N, 1.0f, G + i * M * N, N, 1, 0, B + ob, csb, rsb, 0, 1.0f, dtr__gradof(a) + ga, K, 0, 1);
+        else                   /* dB (K, N) += A^T (K, M) G (M, N) */
+            r = dtr__cuda_gemm(ctx, K, N, M, 1.0f, A + oa, csa, rsa, 0, G + i * M * N, N, 1, 0, 1.0f, dtr__gradof(b) + gbo, N, 0, 1);
+    }
+    return r;
+}
+
+/* a (..., M, K), b (..., K, N) -> y (..., M, N) */
+static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0);
+    if (!bt.uniform) return dtr__cuda_matmul_loop(ctx, nd, 0);
+    return dtr__cuda_gemm(ctx, M, N, K, 1.0f, (const float *)a->storage + a->offset, a->stride[a->ndim - 2],
+                          a->stride[a->ndim - 1], bt.ua, (const float *)b->storage + b->offset, b->stride[b->ndim - 2],
+                          b->stride[b->ndim - 1], bt.ub, 0.0f, dtr__f32(nd->out), N, M * N, bt.count);
+}
+
+static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
+    float *GA = dtr__gradof(a), *GB = dtr__gradof(b);
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    int batched = bt.uniform && gb.uniform;
+    if (GA) {   /* dA (M, K) += G (M, N) B^T (N, K); a broadcast over the batch: one call per item */
+        dtr_result r = batched && (gb.ua != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm(ctx, M, K, N, 1.0f, G, N, 1, M * N, B, csb, rsb, bt.ub, 1.0f, GA, K, gb.ua, bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, 1);
+        if (r != DTR_OK) return r;
+    }
+    if (GB) {   /* dB (K, N) += A^T (K, M) G (M, N) */
+        dtr_result r = batched && (gb.ub != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm(ctx, K, N, M, 1.0f, A, csa, rsa, bt.ua, G, N, 1, M * N, 1.0f, GB, N, gb.ub, bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, 2);
+        if (r != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+/* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
+
+__global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_t R, int64_t out) {
+    DTR__CUDA_FOR(i, R * out) Y[i] = bias[i % out];
+}
+
+/* gb[j] += sum over r of G[r, j], rows in order (the CPU's), one thread per column */
+__global__ static void dtr__cuda_col_sum_k(const float *G, float *gb, int64_t R, int64_t out) {
+    DTR__CUDA_FOR(j, out) {
+        float acc = gb[j];
+        for (int64_t r = 0; r < R; r++) acc += G[r * out + j];
+        gb[j] = acc;
+    }
+}
+
+static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
+    float *Y = dtr__f32(nd->out), beta = 0.0f;
+    if (R * out == 0) return DTR_OK;
+    if (bias) {
+        dtr__cuda_rows_fill_k<<<dtr__cuda_grid(R * out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+        beta = 1.0f;
+    } else if (in == 0) {
+        return dtr__cuda_check(ctx, cudaMemsetAsync(Y, 0, (size_t)(R * out) * sizeof(float), dtr__cuda_stream(ctx)), "linear");
+    }
+    /* Y (R, out) = X (R, in) W^T (in, out) */
+    return dtr__cuda_gemm(ctx, R, out, in, 1.0f, dtr__f32(x), in, 1, 0, dtr__f32(w), 1, in, 0, beta, Y, out, 0, 1);
+}
+
+static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
+    const float *G = nd->out->grad;
+    float *gx = dtr__gradof(x), *gw = dtr__gradof(w), *gb = dtr__gradof(bias);
+    /* dX (R, in) += G (R, out) W (out, in) */
+    if (gx && dtr__cuda_gemm(ctx, R, in, out, 1.0f, G, out, 1, 0, dtr__f32(w), in, 1, 0, 1.0f, gx, in, 0, 1) != DTR_OK)
+        return ctx->status;
+    /* dW (out, in) += G^T (out, R) X (R, in) */
+    if (gw && dtr__cuda_gemm(ctx, out, in, R, 1.0f, G, 1, out, 0, dtr__f32(x), in, 1, 0, 1.0f, gw, in, 0, 1) != DTR_OK)
+        return ctx->status;
+    if (gb && R * out > 0) {
+        dtr__cuda_col_sum_k<<<dtr__cuda_grid(out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(G, gb, R, out);
+        return dtr__cuda_launched(ctx, nd);
+    }
+    return DTR_OK;
+}

@@ -1,0 +1,153 @@
+/* ============================================================================
+ * CUDA backend internals: the per-context state (stream, cuBLAS handle, the device-side
+ * error word, the caching allocator, the event ring, reduction scratch) and the helpers
+ * every kernel file uses. The kernels keep the CPU kernels' signatures
+ * (dtr__cuda_<kernels>_fwd / _bwd (ctx, node)) and shapes, and call the same element
+ * formulas (src/core/formulas.h).
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include "../core/formulas.h"
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+
+#define DTR__CUDA_THREADS 256
+#define DTR__CUDA_MAX_BLOCKS 65535u
+#define DTR__CUDA_EVENTS 256        /* event ring: a handle stays valid for this many records */
+#define DTR__CUDA_CACHE 64          /* cached free blocks per context */
+
+/** A free block of the caching allocator. */
+typedef struct dtr__cuda_block { void *p; size_t bytes; } dtr__cuda_block;
+
+typedef struct dtr__cuda_state {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* the error word: kernels that check data (class targets, embedding ids) record the
+       first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
+       by the host after each synchronisation (dtr__cuda_take_error) */
+    int *err_host, *err_dev;
+    dtr__cuda_block cache[DTR__CUDA_CACHE];   /* freed blocks kept for reuse */
+    int n_cache;
+    size_t cached_bytes;
+    dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
+    int n_live, cap_live;
+    cudaEvent_t events[DTR__CUDA_EVENTS];
+    int n_events, next_event;
+    double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
+    double *sum_host;               /* pinned: a reduction's result for the host */
+    int64_t *segs;                  /* LAMB segment bounds on the device, and their capacity */
+    int seg_cap;
+} dtr__cuda_state;
+
+#define DTR__CUDA_MAX_PARTIALS 1024
+
+static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)ctx->backend_state; }
+static cudaStream_t dtr__cuda_stream(dtr_context *ctx) { return dtr__cuda(ctx)->stream; }
+
+/** DTR_OK, or the CUDA error recorded on the context (DTR_DEVICE_OUT_OF_MEMORY for an
+ *  allocation failure, DTR_DEVICE_ERROR otherwise) naming `what`. */
+static dtr_result dtr__cuda_check(dtr_context *ctx, cudaError_t e, const char *what) {
+    if (e == cudaSuccess) return DTR_OK;
+    return dtr__fail(ctx, e == cudaErrorMemoryAllocation ? DTR_DEVICE_OUT_OF_MEMORY : DTR_DEVICE_ERROR, "cuda: %s: %s (%d)",
+                     what, cudaGetErrorString(e), (int)e);
+}
+
+/** After a launch: the launch error, if any, naming the node's op. */
+static dtr_result dtr__cuda_launched(dtr_context *ctx, const dtr__node *n) {
+    return dtr__cuda_check(ctx, cudaGetLastError(), n ? dtr__op_name(n->op) : "kernel");
+}
+
+static dtr_result dtr__cuda_blas(dtr_context *ctx, cublasStatus_t st, const char *what) {
+    if (st == CUBLAS_STATUS_SUCCESS) return DTR_OK;
+    return dtr__fail(ctx, st == CUBLAS_STATUS_ALLOC_FAILED ? DTR_DEVICE_OUT_OF_MEMORY : DTR_DEVICE_ERROR,
+                     "cuda: cuBLAS %s failed (status %d)", what, (int)st);
+}
+
+/** The first element of t's view in device memory (dtr_tensor_data is NULL on a device). */
+static void *dtr__cuda_data(const dtr_tensor *t) { return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype); }
+
+/** Grid for n elements, DTR__CUDA_THREADS each, grid-stride loops. */
+static unsigned dtr__cuda_grid(int64_t n) { return dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_BLOCKS); }
+
+/** The grid-stride loop over [0, n). */
+#define DTR__CUDA_FOR(i, n) \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
+
+/** Kernels that find bad data (an index out of range) record it once: op id and element. */
+__device__ static void dtr__cuda_flag(int *err, int op, int64_t at) {
+    if (atomicCAS(err, 0, op) == 0) err[1] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
+}
+
+/* ---- shapes passed to kernels by value ---- */
+
+/** A tensor walk: shape and strides (in elements) over up to DTR_MAX_DIMS axes. */
+typedef struct dtr__cuda_walk {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], stride[DTR_MAX_DIMS];
+    int64_t base;
+} dtr__cuda_walk;
+
+static dtr__cuda_walk dtr__cuda_walk_make(int nd, const int64_t *shape, const int64_t *stride, int64_t base) {
+    dtr__cuda_walk w;
+    int d;
+    memset(&w, 0, sizeof w);
+    w.nd = nd;
+    for (d = 0; d < nd; d++) { w.shape[d] = shape[d]; w.stride[d] = stride[d]; }
+    w.base = base;
+    return w;
+}
+
+/** The offset of row-major element i of the walk's shape. */
+__device__ static int64_t dtr__cuda_walk_off(const dtr__cuda_walk *w, int64_t i) {
+    int64_t off = w->base;
+    for (int d = w->nd - 1; d >= 0; d--) {
+        int64_t k = i % w->shape[d];
+        i /= w->shape[d];
+        off += k * w->stride[d];
+    }
+    return off;
+}
+
+/* ---- block reductions in double (the CPU sums rows in double too) ---- */
+
+/** Sum of v over the block (blockDim.x a power of two <= 1024); every thread gets it. */
+__device__ static double dtr__cuda_block_sum(double v) {
+    __shared__ double sh[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+/** Maximum of v over the block; every thread gets it. */
+__device__ static float dtr__cuda_block_max(float v) {
+    __shared__ float sh[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    v = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+    if (warp == 0)
+        for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    if (threadIdx.x == 0) sh[0] = v;
+    __syncthreads();
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+/* Declared here, defined with the reductions (src/cuda/cuda_optim.cu): the sum of f(i) over
+ * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
+enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);

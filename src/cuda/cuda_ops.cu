@@ -1,0 +1,710 @@
+/* ============================================================================
+ * CUDA kernels of the op list, each pair with the CPU pair's signature and meaning
+ * (src/ops/): element-wise (broadcast binary, unary through the shared formulas), reductions,
+ * MSE, casts, dropout (the CPU's random stream, jumped ahead per element), the softmax
+ * family, cross-entropy, embedding, layer norm, views and activation-checkpoint copies.
+ * Shapes: R rows of length C (leading axes flattened), as in the CPU files.
+ * Order: sums that the CPU takes in order (gradients of broadcast inputs, embedding and
+ * layer-norm weight gradients, bias columns) are taken in the same order by one thread per
+ * output element, so they match the CPU bit for bit; row reductions (softmax, layer norm
+ * statistics, loss sums) are trees in double and match to rounding.
+ * ==========================================================================*/
+
+/* ---- unary: y = f(x), gx += g f'(x) ---- */
+
+__device__ static float dtr__cuda_unary_f(int op, float x, float s) {
+    switch (op) {
+    case DTR_OP_SCALE: return s * x;
+    case DTR_OP_RELU: return dtr__f_relu(x);
+    case DTR_OP_GELU: return dtr__f_gelu(x);
+    case DTR_OP_TANH: return tanhf(x);
+    case DTR_OP_ABS: return fabsf(x);
+    case DTR_OP_GELU_ERF: return dtr__f_gelu_erf(x);
+    default: return dtr__f_sigmoid(x);
+    }
+}
+
+/* dy/dx from x and y (tanh and sigmoid use y, as the CPU does). */
+__device__ static float dtr__cuda_unary_df(int op, float x, float y, float s) {
+    switch (op) {
+    case DTR_OP_SCALE: return s;
+    case DTR_OP_RELU: return dtr__f_relu_grad(x);
+    case DTR_OP_GELU: return dtr__f_gelu_grad(x);
+    case DTR_OP_TANH: return dtr__f_tanh_grad(y);
+    case DTR_OP_ABS: return dtr__f_abs_grad(x);
+    case DTR_OP_GELU_ERF: return dtr__f_gelu_erf_grad(x);
+    default: return dtr__f_sigmoid_grad(y);
+    }
+}
+
+__global__ static void dtr__cuda_unary_fwd_k(int op, float s, const float *x, float *y, int64_t n) {
+    DTR__CUDA_FOR(i, n) y[i] = dtr__cuda_unary_f(op, x[i], s);
+}
+
+__global__ static void dtr__cuda_unary_bwd_k(int op, float s, const float *x, const float *y, const float *g, float *gx,
+                                             int64_t n) {
+    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x[i], y[i], s);
+}
+
+/* x, y, gx: (N) */
+static dtr_result dtr__cuda_unary_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_unary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_unary_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_unary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), nd->out->grad, gx, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- binary with broadcasting: y = a op b ---- */
+
+/* The output's shape and, over its axes, the strides of a and b (views; 0 where broadcast)
+ * and of their dense gradients. */
+typedef struct dtr__cuda_bcast {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], ga[DTR_MAX_DIMS], gb[DTR_MAX_DIMS];
+    int64_t oa, ob;   /* the views' offsets */
+} dtr__cuda_bcast;
+
+static dtr__cuda_bcast dtr__cuda_bcast_make(const dtr_tensor *a, const dtr_tensor *b) {
+    dtr__cuda_bcast bc;
+    int64_t gsa[DTR_MAX_DIMS], gsb[DTR_MAX_DIMS];
+    int nd = a->ndim > b->ndim ? a->ndim : b->ndim, d;
+    memset(&bc, 0, sizeof bc);
+    dtr__contig_strides(a->ndim, a->shape, gsa);
+    dtr__contig_strides(b->ndim, b->shape, gsb);
+    bc.nd = nd;
+    bc.oa = a->offset;
+    bc.ob = b->offset;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - a->ndim), db = d - (nd - b->ndim);
+        int64_t na = da >= 0 ? a->shape[da] : 1, nb = db >= 0 ? b->shape[db] : 1;
+        bc.shape[d] = (na == 0 || nb == 0) ? 0 : na > nb ? na : nb;
+        bc.sa[d] = (da >= 0 && na != 1) ? a->stride[da] : 0;
+        bc.sb[d] = (db >= 0 && nb != 1) ? b->stride[db] : 0;
+        bc.ga[d] = (da >= 0 && na != 1) ? gsa[da] : 0;
+        bc.gb[d] = (db >= 0 && nb != 1) ? gsb[db] : 0;
+    }
+    return bc;
+}
+
+__device__ static float dtr__cuda_binary_f(int op, float a, float b) {
+    switch (op) {
+    case DTR_OP_ADD: return a + b;
+    case DTR_OP_SUB: return a - b;
+    case DTR_OP_MUL: return a * b;
+    default: return a / b;
+    }
+}
+
+__global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, const float *A, const float *B, float *Y, int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        int64_t r = i, oa = bc.oa, ob = bc.ob;
+        for (int d = bc.nd - 1; d >= 0; d--) {
+            int64_t k = r % bc.shape[d];
+            r /= bc.shape[d];
+            oa += k * bc.sa[d];
+            ob += k * bc.sb[d];
+        }
+        Y[i] = dtr__cuda_binary_f(op, A[oa], B[ob]);
+    }
+}
+
+/* The gradient of one input ("self": a when side is 0, b when 1) over its dense elements:
+ * one thread per element sums, in the output's row-major order (the CPU's), the
+ * contributions of every output position it was broadcast to. */
+__global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast bc, const float *A, const float *B,
+                                              const float *G, float *GS, int64_t n_self) {
+    const int64_t *gself = side ? bc.gb : bc.ga;
+    int64_t ostr[DTR_MAX_DIMS], acc_n = 1;
+    int d;
+    for (d = bc.nd - 1; d >= 0; d--) {
+        ostr[d] = acc_n;
+        acc_n *= bc.shape[d];
+    }
+    DTR__CUDA_FOR(j, n_self) {
+        int64_t fixed[DTR_MAX_DIMS], rem = j, reps = 1;
+        float acc = GS[j];
+        /* the element's index on its own axes (stride != 0), from the innermost */
+        for (d = bc.nd - 1; d >= 0; d--) {
+            fixed[d] = 0;
+            if (gself[d] != 0) { fixed[d] = rem % bc.shape[d]; rem /= bc.shape[d]; }
+            else reps *= bc.shape[d];
+        }
+        for (int64_t t = 0; t < reps; t++) {
+            int64_t q = t, o = 0, oa = bc.oa, ob = bc.ob;
+            for (d = bc.nd - 1; d >= 0; d--) {
+                int64_t k = fixed[d];
+                if (gself[d] == 0) { k = q % bc.shape[d]; q /= bc.shape[d]; }
+                o += k * ostr[d];
+                oa += k * bc.sa[d];
+                ob += k * bc.sb[d];
+            }
+            float g = G[o], a = A[oa], b = B[ob];
+            switch (op) {
+            case DTR_OP_ADD: acc += g; break;
+            case DTR_OP_SUB: acc += side ? -g : g; break;
+            case DTR_OP_MUL: acc += g * (side ? a : b); break;
+            default: acc += side ? -(g * a / (b * b)) : g / b; break;
+            }
+        }
+        GS[j] = acc;
+    }
+}
+
+/* a (...), b (...) broadcast to y (...) */
+static dtr_result dtr__cuda_binary_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_bcast bc = dtr__cuda_bcast_make(nd->in[0], nd->in[1]);
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_binary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, dtr__f32(nd->out), n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__cuda_bcast bc = dtr__cuda_bcast_make(nd->in[0], nd->in[1]);
+    int side;
+    if (dtr_tensor_numel(nd->out) == 0) return DTR_OK;
+    for (side = 0; side < 2; side++) {
+        float *gs = dtr__gradof(nd->in[side]);
+        int64_t n = dtr_tensor_numel(nd->in[side]);
+        if (!gs || n == 0) continue;
+        dtr__cuda_binary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            nd->op, side, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, nd->out->grad, gs, n);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    return DTR_OK;
+}
+
+/* ---- reductions: sum / mean over an axis or over everything ---- */
+
+/* x viewed as (outer, len, inner) around the axis; y (outer, inner), each summed in double
+ * in the CPU's order. */
+__global__ static void dtr__cuda_reduce_axis_k(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, int mean) {
+    DTR__CUDA_FOR(t, outer * inner) {
+        int64_t o = t / inner, i = t % inner;
+        double s = 0.0;
+        for (int64_t k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
+        if (mean) s /= (double)len;
+        y[t] = (float)s;
+    }
+}
+
+__global__ static void dtr__cuda_store_sum_k(const double *sum, float *y, double div) {
+    if (threadIdx.x == 0 && blockIdx.x == 0) y[0] = (float)(div != 1.0 ? sum[0] / div : sum[0]);
+}
+
+static void dtr__cuda_axis_split(const dtr_tensor *x, int axis, int64_t *outer, int64_t *len, int64_t *inner) {
+    int d;
+    *outer = 1;
+    *inner = 1;
+    for (d = 0; d < axis; d++) *outer *= x->shape[d];
+    for (d = axis + 1; d < x->ndim; d++) *inner *= x->shape[d];
+    *len = x->shape[axis];
+}
+
+/* A sum over everything (f: plain, squares of a, squares of a - b) into y[0], / div. */
+static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, const float *a, const float *b,
+                                   int64_t n, float *y, double div) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (dtr__cuda_sum(ctx, kind, a, b, n, s->partial) != DTR_OK) return ctx->status;
+    dtr__cuda_store_sum_k<<<1, 1, 0, s->stream>>>(s->partial, y, div);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
+    const float *x = dtr__f32(nd->in[0]);
+    float *y = dtr__f32(nd->out);
+    int64_t outer, len, inner;
+    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {
+        int64_t n = dtr_tensor_numel(nd->in[0]);
+        return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, NULL, n, y, nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
+    }
+    dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+    if (outer * inner == 0) return DTR_OK;
+    dtr__cuda_reduce_axis_k<<<dtr__cuda_grid(outer * inner), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        x, y, outer, len, inner, nd->op == DTR_OP_MEAN);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* gx (outer, len, inner) += g (outer, inner) * sc; all-reductions: g is one value (scaled
+ * by 1/n on the device for a mean). */
+__global__ static void dtr__cuda_reduce_bwd_k(const float *g, float *gx, int64_t outer, int64_t len, int64_t inner, int all,
+                                              float sc, int64_t n_all) {
+    DTR__CUDA_FOR(t, outer * len * inner) {
+        if (all) {
+            gx[t] += sc != 0.0f ? (n_all ? g[0] / (float)n_all : 0.0f) : g[0];
+        } else {
+            int64_t o = t / (len * inner), i = t % inner;
+            gx[t] += g[o * inner + i] * sc;
+        }
+    }
+}
+
+static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    int64_t outer = 1, len, inner = 1, n = dtr_tensor_numel(nd->in[0]);
+    int all = nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL;
+    float sc;
+    if (!gx || n == 0) return DTR_OK;
+    if (all) {
+        len = n;
+        sc = nd->op == DTR_OP_MEAN_ALL ? 1.0f : 0.0f;   /* 1: the mean's 1/n */
+    } else {
+        dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
+        sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
+    }
+    dtr__cuda_reduce_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, gx, outer, len, inner, all, sc, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- mean squared error ---- */
+
+static dtr_result dtr__cuda_mse_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->in[0]);
+    return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_SQDIFF, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), n, dtr__f32(nd->out),
+                            (double)n);
+}
+
+__global__ static void dtr__cuda_mse_bwd_k(const float *p, const float *t, const float *g, float *gp, float *gt, int64_t n) {
+    float c = n ? 2.0f * g[0] / (float)n : 0.0f;
+    DTR__CUDA_FOR(i, n) {
+        float d = c * (p[i] - t[i]);
+        if (gp) gp[i] += d;
+        if (gt) gt[i] -= d;
+    }
+}
+
+static dtr_result dtr__cuda_mse_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->in[0]);
+    float *gp = dtr__gradof(nd->in[0]), *gt = dtr__gradof(nd->in[1]);
+    if ((!gp && !gt) || n == 0) return DTR_OK;
+    dtr__cuda_mse_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gp, gt, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- dtype cast ---- */
+
+__global__ static void dtr__cuda_cast_k(void *dst, int dt_dst, const void *src, int dt_src, int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        if (dt_src == DTR_I32 && dt_dst == DTR_U8) ((uint8_t *)dst)[i] = (uint8_t)((const int32_t *)src)[i];
+        else dtr__f_store(dst, dt_dst, i, dtr__f_load(src, dt_src, i));
+    }
+}
+
+__global__ static void dtr__cuda_add_k(float *dst, const float *src, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[i] += src[i];
+}
+
+static dtr_result dtr__cuda_cast_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    if (n == 0) return DTR_OK;
+    dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_data(nd->out), nd->out->dtype, dtr__cuda_data(nd->in[0]), nd->in[0]->dtype, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* gx += g (casts, reshapes, contiguous copies). */
+static dtr_result dtr__cuda_pass_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gx, nd->out->grad, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+#define dtr__cuda_cast_bwd dtr__cuda_pass_bwd
+
+/* ---- dropout: the CPU's stream, draw i computed on its own by jumping ahead ---- */
+
+__global__ static void dtr__cuda_dropout_fwd_k(dtr_rng rng, float p, const float *x, float *y, float *mask, int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        uint64_t st = dtr__f_pcg_advance(rng.state, rng.inc, (uint64_t)i);
+        float m = dtr__f_dropout_mask(dtr__f_pcg_next(&st, rng.inc), p);
+        mask[i] = m;
+        y[i] = x[i] * m;
+    }
+}
+
+__global__ static void dtr__cuda_mul_add_k(float *gx, const float *g, const float *m, int64_t n) {
+    DTR__CUDA_FOR(i, n) gx[i] += g[i] * m[i];
+}
+
+static dtr_result dtr__cuda_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *m = (float *)dtr__node_save(ctx, nd, (size_t)(n ? n : 1) * sizeof(float)); /* the mask, for backward */
+    if (!m) return ctx->status;
+    nd->saved = m;
+    if (n == 0) return DTR_OK;
+    dtr__cuda_dropout_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->p.dropout.rng, nd->p.dropout.p, dtr__f32(nd->in[0]), dtr__f32(nd->out), m, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || n == 0) return DTR_OK;
+    dtr__cuda_mul_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        gx, nd->out->grad, (const float *)nd->saved, n);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- softmax, log-softmax, causal softmax: one block per row ---- */
+
+static int64_t dtr__cuda_rows(const dtr_tensor *x) {
+    int64_t c = x->ndim ? x->shape[x->ndim - 1] : 1;
+    return c ? dtr_tensor_numel(x) / c : 0;
+}
+
+/* x, y (R, C); causal: row r keeps its first (r % C) + 1 entries */
+__global__ static void dtr__cuda_softmax_fwd_k(int op, const float *x, float *y, int64_t C) {
+    int64_t r = blockIdx.x, valid = op == DTR_OP_SOFTMAX_CAUSAL ? (r % C) + 1 : C;
+    const float *xr = x + r * C;
+    float *yr = y + r * C, mx = -INFINITY;
+    double s = 0.0;
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, xr[j]);
+    mx = dtr__cuda_block_max(mx);
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += exp((double)(xr[j] - mx));
+    s = dtr__cuda_block_sum(s);
+    if (op == DTR_OP_LOG_SOFTMAX) {
+        float lse = mx + (float)log(s);
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) yr[j] = j < valid ? xr[j] - lse : -INFINITY;
+    } else {
+        float inv = (float)(1.0 / s);
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) yr[j] = j < valid ? expf(xr[j] - mx) * inv : 0.0f;
+    }
+}
+
+__global__ static void dtr__cuda_softmax_bwd_k(int op, const float *y, const float *g, float *gx, int64_t C) {
+    int64_t r = blockIdx.x;
+    const float *yr = y + r * C, *gr = g + r * C;
+    float *gxr = gx + r * C;
+    double s = 0.0;
+    int logp = op == DTR_OP_LOG_SOFTMAX;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) s += logp ? (double)gr[k] : (double)gr[k] * yr[k];
+    s = dtr__cuda_block_sum(s);
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x)
+        gxr[k] += logp ? gr[k] - expf(yr[k]) * (float)s : yr[k] * (gr[k] - (float)s);
+}
+
+static dtr_result dtr__cuda_softmax_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t R = dtr__cuda_rows(nd->in[0]), C = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    if (R == 0) return DTR_OK;
+    dtr__cuda_softmax_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, dtr__f32(nd->in[0]), dtr__f32(nd->out), C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t R = dtr__cuda_rows(nd->in[0]), C = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    float *gx = dtr__gradof(nd->in[0]);
+    if (!gx || R == 0) return DTR_OK;
+    dtr__cuda_softmax_bwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+        nd->op, dtr__f32(nd->out), nd->out->grad, gx, C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- cross-entropy on class indices: one block per row, fused softmax ---- */
+
+/* logits x (R, K), targets t (R) -> probabilities P (R, K) and each row's loss (R, double) */
+__global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, float *P, double *loss, int64_t K, int *err) {
+    int64_t r = blockIdx.x;
+    const float *xr = x + r * K;
+    float *pr = P + r * K, mx = -INFINITY;
+    double s = 0.0;
+    int32_t tr = t[r];
+    if (tr < 0 || tr >= K) {
+        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; }
+        return;   /* the whole block leaves: no barrier is left waiting */
+    }
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+    mx = dtr__cuda_block_max(mx);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)(pr[k] = expf(xr[k] - mx));
+    s = dtr__cuda_block_sum(s);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) pr[k] = (float)(pr[k] / s);
+    if (threadIdx.x == 0) loss[r] = (double)mx + log(s) - xr[tr];
+}
+
+__global__ static void dtr__cuda_xent_bwd_k(const float *P, const int32_t *t, const float *g, float *gx, int64_t R, int64_t K) {
+    float c = g[0] / (float)R;
+    DTR__CUDA_FOR(i, R * K) {
+        int64_t r = i / K, k = i % K;
+        float v = gx[i] + c * P[i];
+        if (k == t[r]) v -= c;
+        gx[i] = v;
+    }
+}
+
+/* The row losses' mean, summed in a fixed order (one thread: deterministic). */
+__global__ static void dtr__cuda_mean_rows_k(const double *loss, int64_t R, float *y) {
+    if (threadIdx.x || blockIdx.x) return;
+    double s = 0.0;
+    for (int64_t r = 0; r < R; r++) s += loss[r];
+    y[0] = R ? (float)(s / (double)R) : 0.0f;
+}
+
+static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    char *save = (char *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float) + (size_t)(R ? R : 1) * sizeof(double));
+    double *loss;
+    if (!save) return ctx->status;
+    nd->saved = save;   /* probabilities (R, K) for backward, then the row losses */
+    loss = (double *)(save + (((size_t)(R * K) * sizeof(float) + 7) & ~(size_t)7));
+    if (R > 0)
+        dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
+            dtr__f32(x), (const int32_t *)dtr__cuda_data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
+    dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    float *gx = dtr__gradof(x);
+    if (!gx || R == 0) return DTR_OK;
+    dtr__cuda_xent_bwd_k<<<dtr__cuda_grid(R * K), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        (const float *)nd->saved, (const int32_t *)dtr__cuda_data(nd->in[1]), nd->out->grad, gx, R, K);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
+
+__global__ static void dtr__cuda_embedding_fwd_k(const float *W, const int32_t *id, float *Y, int64_t N, int64_t C, int64_t V,
+                                                 int *err) {
+    DTR__CUDA_FOR(i, N * C) {
+        int64_t row = i / C, k = i % C;
+        int32_t v = id[row];
+        if (v < 0 || v >= V) {
+            if (k == 0) dtr__cuda_flag(err, DTR_OP_EMBEDDING, row);
+            Y[i] = 0.0f;
+        } else {
+            Y[i] = W[(int64_t)v * C + k];
+        }
+    }
+}
+
+/* One thread per column, rows in order: the CPU's order for repeated ids, no atomics. */
+__global__ static void dtr__cuda_embedding_bwd_k(const float *G, const int32_t *id, float *gw, int64_t N, int64_t C, int64_t V) {
+    DTR__CUDA_FOR(k, C) {
+        for (int64_t i = 0; i < N; i++) {
+            int32_t v = id[i];
+            if (v >= 0 && v < V) gw[(int64_t)v * C + k] += G[i * C + k];
+        }
+    }
+}
+
+static dtr_result dtr__cuda_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
+    if (N * C == 0) return DTR_OK;
+    dtr__cuda_embedding_fwd_k<<<dtr__cuda_grid(N * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(nd->in[0]), (const int32_t *)dtr__cuda_data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
+    float *gw = dtr__gradof(nd->in[0]);
+    if (!gw || N * C == 0) return DTR_OK;
+    dtr__cuda_embedding_bwd_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        nd->out->grad, (const int32_t *)dtr__cuda_data(nd->in[1]), gw, N, C, V);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
+
+/* x, y (R, C); stat (R, 2): mean, rstd */
+__global__ static void dtr__cuda_layernorm_fwd_k(const float *X, const float *W, const float *B, float *Y, float *stat,
+                                                 int64_t C, float eps) {
+    int64_t r = blockIdx.x;
+    const float *xr = X + r * C;
+    float *yr = Y + r * C;
+    double m = 0.0, v = 0.0;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += xr[k];
+    m = dtr__cuda_block_sum(m) / (double)C;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = xr[k] - m; v += d * d; }
+    v = dtr__cuda_block_sum(v) / (double)C;
+    float mean = (float)m, rstd = (float)(1.0 / sqrt(v + eps));
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+        float h = (xr[k] - mean) * rstd;
+        yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+    }
+    if (threadIdx.x == 0) { stat[2 * r] = mean; stat[2 * r + 1] = rstd; }
+}
+
+__global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *W, const float *G, const float *stat, float *gx,
+                                                   int64_t C) {
+    int64_t r = blockIdx.x;
+    const float *xr = X + r * C, *gr = G + r * C;
+    float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + r * C;
+    double sd = 0.0, sdh = 0.0;
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        sd += dh;
+        sdh += (double)dh * h;
+    }
+    sd = dtr__cuda_block_sum(sd);
+    sdh = dtr__cuda_block_sum(sdh);
+    float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        gxr[k] += rstd * (dh - md - h * mdh);
+    }
+}
+
+__global__ static void dtr__cuda_layernorm_bwd_w_k(const float *X, const float *G, const float *stat, float *gw, float *gb,
+                                                   int64_t R, int64_t C) {
+    DTR__CUDA_FOR(k, C) {
+        float aw = gw ? gw[k] : 0.0f, ab = gb ? gb[k] : 0.0f;
+        for (int64_t r = 0; r < R; r++) {
+            float g = G[r * C + k], h = (X[r * C + k] - stat[2 * r]) * stat[2 * r + 1];
+            aw += g * h;
+            ab += g;
+        }
+        if (gw) gw[k] = aw;
+        if (gb) gb[k] = ab;
+    }
+}
+
+static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)(R ? R : 1) * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    if (R == 0) return DTR_OK;
+    dtr__cuda_layernorm_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(x), nd->in[1] ? dtr__f32(nd->in[1]) : NULL, nd->in[2] ? dtr__f32(nd->in[2]) : NULL, dtr__f32(nd->out), stat, C,
+        nd->p.eps);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
+    const float *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *stat = (const float *)nd->saved;
+    float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
+    if (R == 0) return DTR_OK;
+    if (gx) {
+        dtr__cuda_layernorm_bwd_x_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
+            dtr__f32(x), W, nd->out->grad, stat, gx, C);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    if (!gw && !gb) return DTR_OK;
+    dtr__cuda_layernorm_bwd_w_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(x), nd->out->grad, stat, gw, gb, R, C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- views: strided copies and their gradients ---- */
+
+/* dst (dense, es-byte elements) = src walked by w */
+__global__ static void dtr__cuda_gather_k(char *dst, const char *src, dtr__cuda_walk w, int64_t n, int es) {
+    DTR__CUDA_FOR(i, n) {
+        int64_t off = dtr__cuda_walk_off(&w, i);
+        for (int b = 0; b < es; b++) dst[i * es + b] = src[off * es + b];
+    }
+}
+
+/* dst walked by wd = src walked by ws */
+__global__ static void dtr__cuda_copy_walk_k(float *dst, dtr__cuda_walk wd, const float *src, dtr__cuda_walk ws, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[dtr__cuda_walk_off(&wd, i)] = src[dtr__cuda_walk_off(&ws, i)];
+}
+
+/* dst walked by w += src (dense); every walked offset is distinct (no race) */
+__global__ static void dtr__cuda_scatter_add_k(float *dst, const float *src, dtr__cuda_walk w, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[dtr__cuda_walk_off(&w, i)] += src[i];
+}
+
+/* dst (dense) += src walked by w */
+__global__ static void dtr__cuda_gather_add_k(float *dst, const float *src, dtr__cuda_walk w, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst[i] += src[dtr__cuda_walk_off(&w, i)];
+}
+
+static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    if (nd->op == DTR_OP_CONTIGUOUS) {
+        int64_t n = dtr_tensor_numel(x);
+        if (n == 0) return DTR_OK;
+        dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            (char *)dtr__cuda_data(nd->out), (const char *)x->storage, dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset),
+            n, (int)dtr_dtype_size(x->dtype));
+        return dtr__cuda_launched(ctx, nd);
+    }
+    if (nd->op == DTR_OP_CONCAT) {   /* each input into its block of the output */
+        int k, axis = nd->p.view.axis;
+        int64_t base = 0;
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
+            int64_t n = dtr_tensor_numel(p);
+            if (n > 0) {   /* the output's block (walked with its strides) = p (walked with its own) */
+                dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                    (float *)nd->out->storage, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base),
+                    (const float *)p->storage, dtr__cuda_walk_make(p->ndim, p->shape, p->stride, p->offset), n);
+                if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+            }
+            base += p->shape[axis] * nd->out->stride[axis];
+        }
+    }
+    return DTR_OK;   /* reshape, permute and slice are views: nothing to compute */
+}
+
+static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t cs[DTR_MAX_DIMS], gs[DTR_MAX_DIMS], n = dtr_tensor_numel(nd->out);
+    float *gx;
+    int d;
+    if (nd->op == DTR_OP_CONCAT) {
+        int k, axis = nd->p.view.axis;
+        int64_t base = 0;
+        for (k = 0; k < nd->n_in; k++) {
+            const dtr_tensor *p = nd->in[k];
+            float *gp = dtr__gradof(p);
+            int64_t np = dtr_tensor_numel(p);
+            if (gp && np > 0) {   /* gp (dense) += the block of g at `base` along axis */
+                dtr__cuda_gather_add_k<<<dtr__cuda_grid(np), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                    gp, nd->out->grad, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base), np);
+                if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+            }
+            base += p->shape[axis] * nd->out->stride[axis];
+        }
+        return DTR_OK;
+    }
+    gx = dtr__gradof(x);
+    if (!gx || n == 0) return DTR_OK;
+    if (nd->op == DTR_OP_RESHAPE || nd->op == DTR_OP_CONTIGUOUS) return dtr__cuda_pass_bwd(ctx, nd);
+    dtr__contig_strides(x->ndim, x->shape, cs);
+    if (nd->op == DTR_OP_PERMUTE) {
+        for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
+        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, gs, 0), n);
+    } else {   /* SLICE */
+        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis]), n);
+    }
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- activation checkpointing: the region's output copied into the node's ---- */
+
+static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
+    const dtr_tensor *y = n->p.checkpoint.region_out;
+    size_t es = dtr_dtype_size(y->dtype);
+    return dtr__cuda_check(ctx,
+                           cudaMemcpyAsync(n->out->storage, (const char *)y->storage + (size_t)y->offset * es,
+                                           (size_t)dtr_tensor_numel(y) * es, cudaMemcpyDeviceToDevice, dtr__cuda_stream(ctx)),
+                           "checkpoint copy");
+}
+
+static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
