@@ -3856,7 +3856,7 @@ struct dtr_metrics {
 /** Trace categories of a span (its "cat" in the trace file). */
 enum { DTR__OBS_FORWARD = 0, DTR__OBS_BACKWARD, DTR__OBS_COMM, DTR__OBS_PHASE, DTR__OBS_CAT_COUNT };
 
-/** Monotonic seconds (CLOCK_MONOTONIC: one time base for every process on a host). */
+/** Monotonic seconds (dtr_time_ns: one time base for every process on a host). */
 DTR__PRIVATE double dtr__obs_now(void);
 /** Enters / leaves phase `phase` (dtr_phase) at time t: the time since the last mark goes
  *  to the phase that was innermost. Unbalanced or too deep marks are ignored. */
@@ -20969,16 +20969,11 @@ void dtr_grid_destroy(dtr_grid *g) {
 
 
 
-#include <time.h>
 
 static const char *const dtr__phase_names[DTR_PHASE_COUNT] = {"data", "forward", "backward", "comm", "optimizer",
                                                               "checkpoint"};
 
-double dtr__obs_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double dtr__obs_now(void) { return 1e-9 * (double)dtr_time_ns(); }
 
 /* ---- life cycle ---- */
 
@@ -21244,7 +21239,9 @@ dtr_result dtr_metrics_step_end(dtr_metrics *m, const dtr_step_info *info, dtr_s
     t = dtr__obs_now();
     dtr__obs_tick(m, t);
     dtr__obs_fill(m, info, t, &s);
-    m->waits[m->nwaits++ % DTR__OBS_WINDOW] = m->comm_wait;
+    /* the straggler window: the engine's waits on its buckets, or (ZeRO-2, local SGD, whose
+       exchanges have no bucket requests) the exposed communication */
+    m->waits[m->nwaits++ % DTR__OBS_WINDOW] = m->comm_wait > 0 ? m->comm_wait : m->phase[DTR_PHASE_COMM];
     m->step++;
     m->t_begin = t;
     memset(m->phase, 0, sizeof m->phase);
@@ -21326,14 +21323,14 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 21330 "dtrain.h"
+#line 21327 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
 /* ============================================================================
  * Timeline: a bounded ring of spans (no allocation per event: the ring is made with the
  * dtr_metrics), written as Chrome trace-event JSON ("X" complete events, microseconds of
- * CLOCK_MONOTONIC, pid = rank) that Perfetto and chrome://tracing open; and the merge of
+ * the monotonic clock of dtr_time_ns, pid = rank) that Perfetto and chrome://tracing open; and the merge of
  * the ranks' files into one (dtrun --merge-traces).
  *
  * Rows (tid) of a rank: 0 is the thread driving the context (op forward and backward spans,
@@ -21475,7 +21472,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 21479 "dtrain.h"
+#line 21476 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -508,7 +508,7 @@ static void test_straggler(void) {
     j.world = 3;
     j.steps = 6;
     j.slow_rank = 2;
-    j.slow_ms = 30;
+    j.slow_ms = 50;
     obs_run(&j);
     CHECK_EQ_INT(j.fails, 0);
     CHECK_EQ_INT(j.bad_sums, 0);

@@ -17,16 +17,11 @@
 #include "../public/api_comm.h"
 #include "../public/api_obs.h"
 #include "obs_internal.h"
-#include <time.h>
 
 static const char *const dtr__phase_names[DTR_PHASE_COUNT] = {"data", "forward", "backward", "comm", "optimizer",
                                                               "checkpoint"};
 
-double dtr__obs_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double dtr__obs_now(void) { return 1e-9 * (double)dtr_time_ns(); }
 
 /* ---- life cycle ---- */
 
@@ -292,7 +287,9 @@ dtr_result dtr_metrics_step_end(dtr_metrics *m, const dtr_step_info *info, dtr_s
     t = dtr__obs_now();
     dtr__obs_tick(m, t);
     dtr__obs_fill(m, info, t, &s);
-    m->waits[m->nwaits++ % DTR__OBS_WINDOW] = m->comm_wait;
+    /* the straggler window: the engine's waits on its buckets, or (ZeRO-2, local SGD, whose
+       exchanges have no bucket requests) the exposed communication */
+    m->waits[m->nwaits++ % DTR__OBS_WINDOW] = m->comm_wait > 0 ? m->comm_wait : m->phase[DTR_PHASE_COMM];
     m->step++;
     m->t_begin = t;
     memset(m->phase, 0, sizeof m->phase);

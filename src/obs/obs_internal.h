@@ -43,7 +43,7 @@ struct dtr_metrics {
 /** Trace categories of a span (its "cat" in the trace file). */
 enum { DTR__OBS_FORWARD = 0, DTR__OBS_BACKWARD, DTR__OBS_COMM, DTR__OBS_PHASE, DTR__OBS_CAT_COUNT };
 
-/** Monotonic seconds (CLOCK_MONOTONIC: one time base for every process on a host). */
+/** Monotonic seconds (dtr_time_ns: one time base for every process on a host). */
 DTR__PRIVATE double dtr__obs_now(void);
 /** Enters / leaves phase `phase` (dtr_phase) at time t: the time since the last mark goes
  *  to the phase that was innermost. Unbalanced or too deep marks are ignored. */

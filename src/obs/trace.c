@@ -1,7 +1,7 @@
 /* ============================================================================
  * Timeline: a bounded ring of spans (no allocation per event: the ring is made with the
  * dtr_metrics), written as Chrome trace-event JSON ("X" complete events, microseconds of
- * CLOCK_MONOTONIC, pid = rank) that Perfetto and chrome://tracing open; and the merge of
+ * the monotonic clock of dtr_time_ns, pid = rank) that Perfetto and chrome://tracing open; and the merge of
  * the ranks' files into one (dtrun --merge-traces).
  *
  * Rows (tid) of a rank: 0 is the thread driving the context (op forward and backward spans,
