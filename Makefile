@@ -565,13 +565,13 @@ help:
 	@echo "  DTR_FMNIST_DIR=$(DTR_FMNIST_DIR)"
 
 # ---- dtrun (rendezvous) ----
-# build/dtrun: the local launcher (src/tools/dtrun.c, a standalone program that takes only the
-# version from dtrain.h). tests/test_dtrun runs it, so `tests` builds it; `install` puts it in
+# build/dtrun: the local launcher (src/tools/dtrun.c, a standalone program: libdtrain.a is linked
+# in for `dtrun --merge-traces`). tests/test_dtrun runs it, so `tests` builds it; `install` puts it in
 # $(BINDIR). DTRUN is named with the other outputs at the top.
 BINDIR ?= $(PREFIX)/bin
-$(DTRUN): src/tools/dtrun.c dtrain.h $(FLAGS_STAMP)
+$(DTRUN): src/tools/dtrun.c dtrain.h $(LIBA) $(FLAGS_STAMP)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -o $@ $<
+	$(CC) $(CFLAGS) -o $@ $< $(LIBA) $(LDLIBS)
 tests: $(DTRUN)
 $(BUILD)/tests/test_dtrun: $(DTRUN)
 .PHONY: install-dtrun uninstall-dtrun

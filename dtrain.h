@@ -3354,6 +3354,158 @@ DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 }
 #endif
 
+/* ---- src/public/api_obs.h ---- */
+/* ============================================================================
+ * Observability: per-step metrics (loss, learning rate, gradient norm, throughput, the step
+ * time split into phases, FLOPs and model FLOP utilisation) delivered to a callback and,
+ * optionally, appended as JSON lines to a file; a per-rank timeline (Chrome trace-event
+ * JSON, opens in Perfetto) of every op's forward and backward, each data-parallel bucket's
+ * collective, data-loader waits and the optimizer; a straggler report over the ranks.
+ * docs/observability.md describes the formats.
+ * ==========================================================================*/
+
+/** The parts a step's time is split into. Every moment between dtr_metrics_step_begin (or
+ *  the previous step's end) and dtr_metrics_step_end belongs to exactly one phase, so the
+ *  parts add up to the step time. The library marks the phases it runs: dtr_loader_next
+ *  of a watched loader (DATA), dtr_backward (BACKWARD), the waits of dtr_dp_finish and
+ *  dtr_dp_step_done (COMM: exposed communication, not hidden behind backward), the
+ *  optimizer step (OPTIMIZER). Time outside every marked phase counts as FORWARD (the
+ *  forward pass, the loss, and whatever else the application does in the step).
+ *  CHECKPOINT is marked by the application (dtr_metrics_phase_begin) or the checkpoint code. */
+typedef enum dtr_phase {
+    DTR_PHASE_DATA = 0,
+    DTR_PHASE_FORWARD = 1,
+    DTR_PHASE_BACKWARD = 2,
+    DTR_PHASE_COMM = 3,
+    DTR_PHASE_OPTIMIZER = 4,
+    DTR_PHASE_CHECKPOINT = 5,
+    DTR_PHASE_COUNT = 6
+} dtr_phase;
+
+/** One step's metrics, as the callback receives them and the JSON line holds them. */
+typedef struct dtr_step_metrics {
+    int32_t rank;
+    int64_t step, epoch;
+    double loss;                      /**< as the application reported it */
+    double lr;                        /**< the optimizer's last learning rate (or the app's) */
+    double grad_norm;                 /**< the gradient norm before clipping; -1: not measured */
+    int64_t samples, tokens;          /**< in this step, on this rank */
+    double samples_per_s, tokens_per_s;
+    double time_step;                 /**< seconds */
+    double time[DTR_PHASE_COUNT];     /**< seconds per phase (dtr_phase); they sum to time_step */
+    double flops;                     /**< forward and backward FLOPs of the ops run in the step */
+    double mfu;                       /**< flops / time_step / peak_flops; 0 without a peak */
+    int skipped;                      /**< the app skipped the update (non-finite loss ...) */
+    double comm_wait;                 /**< seconds this rank waited at collectives (within COMM) */
+} dtr_step_metrics;
+
+/** Receives each step's metrics (from dtr_metrics_step_end, on its thread). */
+typedef void (*dtr_metrics_fn)(void *user, const dtr_step_metrics *s);
+
+/** Settings of a dtr_metrics. Zero means default; make it with dtr_metrics_config_init. */
+typedef struct dtr_metrics_config {
+    int32_t rank;                 /**< written into every record and the trace's process row */
+    dtr_metrics_fn callback;      /**< each step's metrics (may be NULL) */
+    void *user;
+    const char *jsonl_path;       /**< append one JSON object per step to this file (NULL: none);
+                                       flushed at most once a second and by dtr_metrics_destroy */
+    const char *trace_path;       /**< Chrome trace-event JSON written by dtr_metrics_write_trace
+                                       and dtr_metrics_destroy (NULL: no timeline, no cost) */
+    size_t trace_events;          /**< ring capacity in events (0: 65536); the newest are kept */
+    double peak_flops;            /**< FLOP/s the hardware can do, for mfu (0: mfu is 0) */
+    int grad_norm;                /**< 1: the optimizer measures the gradient norm every step
+                                       (one pass over the gradients; free with clip_norm) */
+    int64_t first_step;           /**< number of the first step (a resumed run's step) */
+} dtr_metrics_config;
+
+/** What the application tells dtr_metrics_step_end about the step; zero fields are unknown. */
+typedef struct dtr_step_info {
+    double loss;
+    int64_t samples, tokens, epoch;
+    int skipped;
+    double lr;                    /**< 0: the optimizer's */
+    double grad_norm;             /**< 0: the optimizer's (when measured) */
+} dtr_step_info;
+
+/** Straggler report (dtr_metrics_stragglers): who arrived last at the collectives. */
+typedef struct dtr_straggler_report {
+    int64_t steps;                /**< steps compared (the last ones every rank recorded) */
+    int32_t slowest_rank;         /**< the rank that arrived last most often (-1: no data) */
+    int64_t slowest_count;        /**< in how many of those steps */
+    double slowest_wait_s;        /**< its mean wait per step (small: the others waited for it) */
+    double others_wait_s;         /**< the other ranks' mean wait per step */
+} dtr_straggler_report;
+
+typedef struct dtr_metrics dtr_metrics;
+
+/** Defaults: no callback, no file, no trace, 65536 trace events.
+ *  Thread safety: thread safe. */
+DTR_API dtr_metrics_config dtr_metrics_config_init(void);
+
+/** Starts observing `ctx`: from now on its ops count FLOPs (and, with a trace path, record
+ *  spans), and the library marks the phases it runs. One dtr_metrics per context.
+ *  @param ctx the context to observe.  @param cfg settings (NULL: defaults).
+ *  @param out receives the handle.
+ *  @return DTR_OK; DTR_BAD_STATE when ctx is already observed; DTR_IO_ERROR when the JSON
+ *  lines file cannot be opened; DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_create(dtr_context *ctx, const dtr_metrics_config *cfg, dtr_metrics **out);
+
+/** Writes the trace (when configured), closes the file, detaches from the context. Call it
+ *  before dtr_context_destroy of its context.
+ *  Thread safety: the context's thread. */
+DTR_API void dtr_metrics_destroy(dtr_metrics *m);
+
+/** Starts a step now: time since the previous step's end is not counted. Optional (without
+ *  it a step starts where the previous one ended, or at dtr_metrics_create).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_step_begin(dtr_metrics *m);
+
+/** Ends the step: fills *out (may be NULL), calls the callback, appends the JSON line.
+ *  @param info what the app knows (loss, samples ...; NULL: nothing).
+ *  @return DTR_OK; DTR_IO_ERROR when the line cannot be written.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_step_end(dtr_metrics *m, const dtr_step_info *info, dtr_step_metrics *out);
+
+/** Marks a phase the library does not mark itself (a checkpoint, a data wait of the app's
+ *  own loader); phases nest (at most 8 deep) and the innermost one owns the time.
+ *  @return DTR_OK; DTR_INVALID_ARGUMENT for a phase outside dtr_phase; DTR_BAD_STATE when
+ *  nested too deep or when _end does not match the innermost _begin.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_phase_begin(dtr_metrics *m, dtr_phase phase);
+/** Ends the innermost phase, which must be `phase`. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_phase_end(dtr_metrics *m, dtr_phase phase);
+
+/** Lets `loader` mark its waits in dtr_loader_next as DATA on m's context (NULL m: stops).
+ *  The loader must be driven from the context's thread.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_watch_loader(dtr_metrics *m, dtr_loader *loader);
+
+/** Writes the timeline now (Chrome trace-event JSON, atomically) to cfg.trace_path.
+ *  @return DTR_OK (also without a trace path: nothing to do); DTR_IO_ERROR.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_metrics_write_trace(dtr_metrics *m);
+
+/** Events dropped because the ring was full (the oldest go first).
+ *  Thread safety: the context's thread. */
+DTR_API uint64_t dtr_metrics_trace_dropped(const dtr_metrics *m);
+
+/** Collective over `c` (every rank calls it with its own dtr_metrics): gathers the last
+ *  (up to 64) steps' collective wait times of every rank and names the rank that arrived
+ *  last (waited least) most often.
+ *  @param counts receives, per rank of c, in how many steps it was last (may be NULL; else
+ *  dtr_comm_size(c) entries).
+ *  @return DTR_OK or the all-gather's error.
+ *  Thread safety: the context's thread; collective over c. */
+DTR_API dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_report *out, int64_t *counts);
+
+/** Merges the per-rank trace files `inputs` (each written by dtr_metrics_write_trace, one
+ *  process row per rank) into one file `output` (written atomically). Each input is
+ *  checked to be valid JSON with a "traceEvents" array.
+ *  @return DTR_OK; DTR_IO_ERROR; DTR_CORRUPT_FILE naming the file; DTR_OUT_OF_MEMORY.
+ *  Thread safety: thread safe. */
+DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output, char *err, size_t errlen);
+
 #endif /* DTRAIN_H */
 
 #if defined(DTRAIN_IMPLEMENTATION) || defined(DTRAIN_INTERNAL_API)
@@ -3408,7 +3560,7 @@ DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3412 "dtrain.h"
+#line 3564 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3766,6 +3918,7 @@ struct dtr_context {
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
     int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
+    struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
@@ -3901,7 +4054,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3905 "dtrain.h"
+#line 4058 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4160,7 +4313,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4164 "dtrain.h"
+#line 4317 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4222,7 +4375,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4226 "dtrain.h"
+#line 4379 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4537,7 +4690,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4541 "dtrain.h"
+#line 4694 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4580,7 +4733,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4584 "dtrain.h"
+#line 4737 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4607,7 +4760,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4611 "dtrain.h"
+#line 4764 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4640,7 +4793,81 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4644 "dtrain.h"
+#line 4797 "dtrain.h"
+
+/* ---- src/obs/obs_internal.h ---- */
+#line 1 "src/obs/obs_internal.h"
+/* ============================================================================
+ * Observability hooks (src/obs/): what the core, the loader, the data-parallel engine, the
+ * optimizer and the checkpoint code call to mark phases, ops and collectives on the
+ * dtr_metrics of a context (ctx->obs). Every call site is guarded by `if (ctx->obs)` (or the
+ * loader's own pointer): with no dtr_metrics the cost is that one branch.
+ * ==========================================================================*/
+
+
+#define DTR__OBS_DEPTH 8
+#define DTR__OBS_WINDOW 64
+
+/** One trace event in the ring. */
+typedef struct dtr__obs_event {
+    double t0, t1;
+    const char *name;     /* static: an op name or a literal */
+    int32_t arg;
+    uint8_t cat, tid;
+} dtr__obs_event;
+
+/** A dtr_metrics (src/obs/metrics.c; the ring is written by src/obs/trace.c). */
+struct dtr_metrics {
+    dtr_context *ctx;
+    dtr_metrics_config cfg;
+    FILE *jsonl;
+    double flushed;       /* when the JSON lines were last flushed */
+    char *jsonl_path, *trace_path;
+    int64_t step;
+    double t_begin, t_last;
+    int stack[DTR__OBS_DEPTH];
+    double stack_t0[DTR__OBS_DEPTH];
+    int depth;
+    double phase[DTR_PHASE_COUNT];
+    double flops, comm_wait, lr, grad_norm;
+    /* straggler window: the last steps' collective waits */
+    double waits[DTR__OBS_WINDOW];
+    int64_t nwaits;
+    /* timeline ring (NULL without a trace path) */
+    dtr__obs_event *ring;
+    size_t cap, head, count;
+    uint64_t dropped;
+};
+
+/** Trace categories of a span (its "cat" in the trace file). */
+enum { DTR__OBS_FORWARD = 0, DTR__OBS_BACKWARD, DTR__OBS_COMM, DTR__OBS_PHASE, DTR__OBS_CAT_COUNT };
+
+/** Monotonic seconds (dtr_time_ns: one time base for every process on a host). */
+DTR__PRIVATE double dtr__obs_now(void);
+/** Enters / leaves phase `phase` (dtr_phase) at time t: the time since the last mark goes
+ *  to the phase that was innermost. Unbalanced or too deep marks are ignored. */
+DTR__PRIVATE void dtr__obs_enter(struct dtr_metrics *m, int phase, double t);
+DTR__PRIVATE void dtr__obs_leave(struct dtr_metrics *m, int phase, double t);
+/** An op's forward (bwd 0) or backward kernel ran from t0 to t1: counts its FLOPs and,
+ *  with a timeline, records its span. */
+DTR__PRIVATE void dtr__obs_op(struct dtr_metrics *m, const dtr__node *n, int bwd, double t0, double t1);
+/** A span on trace row `tid` (0: the context's thread; 1 + k: collective k's row) with a
+ *  static name, a category (DTR__OBS_*) and an integer argument (-1: none). */
+DTR__PRIVATE void dtr__obs_span(struct dtr_metrics *m, const char *name, int cat, int tid, int arg, double t0,
+                                double t1);
+/** This rank waited `secs` at a collective (the straggler report compares these). */
+DTR__PRIVATE void dtr__obs_comm_wait(struct dtr_metrics *m, double secs);
+/** The optimizer stepped with learning rate lr and gradient norm `norm` (< 0: unknown). */
+DTR__PRIVATE void dtr__obs_optimizer(struct dtr_metrics *m, double lr, double norm);
+/** 1 when the optimizer should measure the gradient norm for m. */
+DTR__PRIVATE int dtr__obs_wants_grad_norm(const struct dtr_metrics *m);
+/** For code that has a context but not the metrics (the checkpoint writer): enters /
+ *  leaves `phase` on ctx's dtr_metrics when there is one, now. */
+DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
+DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
+/** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
+DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
+#line 4871 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -4690,7 +4917,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 4694 "dtrain.h"
+#line 4921 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5042,7 +5269,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5046 "dtrain.h"
+#line 5273 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -5833,7 +6060,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 5837 "dtrain.h"
+#line 6064 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6257,7 +6484,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6261 "dtrain.h"
+#line 6488 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6328,7 +6555,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6332 "dtrain.h"
+#line 6559 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6336,6 +6563,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
  * Tensors: arena allocation, shape queries, host read/write, and the node recorder
  * every op builder goes through.
  * ==========================================================================*/
+
 
 
 
@@ -6674,9 +6902,12 @@ static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
 
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     dtr_result r;
+    double t0 = 0.0;
     if (ctx->status != DTR_OK) return NULL;
     node->taped = dtr__node_needs_grad(ctx, node);
+    if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->forward(ctx, node);
+    if (ctx->obs) dtr__obs_op(ctx->obs, node, 0, t0, dtr__obs_now());
     if (r != DTR_OK) {
         if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel of op '%s' failed", opname, dtr__op_name(node->op));
         return NULL;
@@ -6718,7 +6949,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 6722 "dtrain.h"
+#line 6953 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -6738,6 +6969,7 @@ dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
  * count reaches zero: its gradient is final for this pass. The report carries an event that
  * completes when the backend has finished writing it (NULL on the CPU: already done).
  * ==========================================================================*/
+
 
 
 
@@ -6829,12 +7061,15 @@ static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
 
 static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     dtr_result r;
+    double t0 = 0.0;
     int i;
     for (i = 0; i < n->n_in; i++) {
         dtr_tensor *x = n->in[i];
         if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
     }
+    if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->backward(ctx, n);
+    if (ctx->obs) dtr__obs_op(ctx->obs, n, 1, t0, dtr__obs_now());
     if (r != DTR_OK && ctx->status == DTR_OK)
         dtr__fail(ctx, r, "dtr_backward: backward kernel of op '%s' failed", dtr__op_name(n->op));
     if (r == DTR_OK && ctx->anomaly) r = dtr__anomaly_backward(ctx, n);
@@ -6889,8 +7124,10 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     was = ctx->cur;
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
+    dtr__obs_phase_begin(ctx, DTR_PHASE_BACKWARD);
     r = dtr__seed(ctx, out, grad);
     if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
+    dtr__obs_phase_end(ctx, DTR_PHASE_BACKWARD);
     ctx->cur = was;
     return r;
 }
@@ -6918,7 +7155,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 6922 "dtrain.h"
+#line 7159 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7149,7 +7386,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7153 "dtrain.h"
+#line 7390 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7264,7 +7501,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7268 "dtrain.h"
+#line 7505 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7320,7 +7557,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7324 "dtrain.h"
+#line 7561 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -7750,7 +7987,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 7754 "dtrain.h"
+#line 7991 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -7929,7 +8166,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7933 "dtrain.h"
+#line 8170 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8454,7 +8691,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8458 "dtrain.h"
+#line 8695 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -8953,7 +9190,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 8957 "dtrain.h"
+#line 9194 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9212,7 +9449,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9216 "dtrain.h"
+#line 9453 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9398,7 +9635,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9402 "dtrain.h"
+#line 9639 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9518,7 +9755,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9522 "dtrain.h"
+#line 9759 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -9992,7 +10229,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 9996 "dtrain.h"
+#line 10233 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10161,7 +10398,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10165 "dtrain.h"
+#line 10402 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10410,7 +10647,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10414 "dtrain.h"
+#line 10651 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -10419,6 +10656,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
  * buffers, learning-rate schedules, gradient clipping and accumulation.
  * The update formulas follow torch.optim (SGD, Adam, AdamW) and You et al. 2019 (LAMB).
  * ==========================================================================*/
+
 
 
 
@@ -10749,17 +10987,30 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     return dtr_optimizer_step_range(o, o->base, o->base + o->len, updated);
 }
 
+static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated);
+
 dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx;
-    dtr__opt_args a;
     dtr_result r;
-    int skip;
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
     if ((r = dtr__check_range(o, begin, end)) != DTR_OK) return r;
     if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
+    dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
+    r = dtr__optimizer_update(o, begin, end, updated);
+    dtr__obs_phase_end(ctx, DTR_PHASE_OPTIMIZER);
+    return r;
+}
+
+/* one update (the micro-batch count reached grad_accum_steps) */
+static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    dtr__opt_args a;
+    dtr_result r;
+    double norm = -1.0;
+    int skip;
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
@@ -10786,6 +11037,12 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.work = o->work;
     if ((r = dtr__check_grads(o, &a, begin, end, &skip)) != DTR_OK) return r;
     if (skip) return dtr_model_zero_grad(o->model);
+    if (o->cfg.clip_norm > 0.0f || o->cfg.nonfinite != DTR_NONFINITE_OFF) norm = o->last_norm;
+    else if (ctx->obs && dtr__obs_wants_grad_norm(ctx->obs)) {   /* no check measured it: the metrics ask */
+        if ((r = dtr__range_norm(o, begin, end, &norm)) != DTR_OK) return r;
+        norm *= a.grad_scale;
+    }
+    if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
     r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;
@@ -10858,7 +11115,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 10862 "dtrain.h"
+#line 11119 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -10987,7 +11244,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 10991 "dtrain.h"
+#line 11248 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11334,7 +11591,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11338 "dtrain.h"
+#line 11595 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11400,7 +11657,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11404 "dtrain.h"
+#line 11661 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -11637,7 +11894,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 11641 "dtrain.h"
+#line 11898 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12386,7 +12643,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12390 "dtrain.h"
+#line 12647 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -12839,7 +13096,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 12843 "dtrain.h"
+#line 13100 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -12895,7 +13152,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 12899 "dtrain.h"
+#line 13156 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -13672,7 +13929,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 13676 "dtrain.h"
+#line 13933 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14253,7 +14510,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14257 "dtrain.h"
+#line 14514 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -14884,7 +15141,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 14888 "dtrain.h"
+#line 15145 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14907,6 +15164,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
  * batch head. At most ceil(depth / B) + 1 epochs are in flight, so a ring of that many
  * per-epoch index lists suffices. Destroy sets `stop` (checked between samples) and joins.
  * ==========================================================================*/
+
 
 
 
@@ -14944,6 +15202,7 @@ typedef struct dtr__worker {
 
 struct dtr_loader {
     dtr_dataset *ds;
+    struct dtr_metrics *obs;  /* marks the waits of dtr_loader_next (dtr_metrics_watch_loader) */
     dtr_loader_cursor state_cursor;   /* dtr_loader_state's "cursor" entry */
     dtr_loader_config cfg;
     dtr_allocation_callbacks alloc;
@@ -15453,14 +15712,17 @@ const char *dtr_loader_last_error(const dtr_loader *l) { return l ? l->msg : "";
 
 /* ---- handing out batches ---- */
 
+void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m) { l->obs = m; }
+
 dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out) {
     dtr__slot *slot;
     const dtr_sample_layout *L;
-    double t0;
+    double t0, o0 = 0.0;
     int d;
     if (!l || !out) return DTR_NULL_HANDLE;
     memset(out, 0, sizeof *out);
     t0 = dtr__wall_seconds();
+    if (l->obs) o0 = dtr__obs_now();
     if (l->nthreads == 0) {
         if (l->held) l->head++;
         slot = &l->slots[0];
@@ -15483,6 +15745,10 @@ dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out) {
     {
         double dt = dtr__wall_seconds() - t0;
         if (dt > 0) l->stats.wait_s += dt;
+        if (l->obs) {
+            dtr__obs_enter(l->obs, DTR_PHASE_DATA, o0);
+            dtr__obs_leave(l->obs, DTR_PHASE_DATA, dtr__obs_now());
+        }
     }
     out->epoch = slot->seq / l->batches;
     out->position = slot->seq % l->batches;
@@ -15622,7 +15888,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 15626 "dtrain.h"
+#line 15892 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -15975,7 +16241,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 15979 "dtrain.h"
+#line 16245 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16165,7 +16431,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16169 "dtrain.h"
+#line 16435 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16346,7 +16612,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16350 "dtrain.h"
+#line 16616 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17121,7 +17387,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17125 "dtrain.h"
+#line 17391 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -17638,7 +17904,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 17642 "dtrain.h"
+#line 17908 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18406,7 +18672,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18410 "dtrain.h"
+#line 18676 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19503,7 +19769,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 19507 "dtrain.h"
+#line 19773 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20055,7 +20321,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20059 "dtrain.h"
+#line 20325 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -20544,7 +20810,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 20548 "dtrain.h"
+#line 20814 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -20997,7 +21263,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21001 "dtrain.h"
+#line 21267 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21233,7 +21499,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21237 "dtrain.h"
+#line 21503 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -21592,7 +21858,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 21596 "dtrain.h"
+#line 21862 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -21789,7 +22055,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 21793 "dtrain.h"
+#line 22059 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -21821,11 +22087,13 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
 
 
 
+
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
     int nparams, pending;   /* parameters, and those whose gradient is not final yet */
     dtr_request *req;
     int in_backward;        /* started by the hook */
+    double t_start;         /* when it started (with a dtr_metrics: the timeline's span) */
 } dtr__bucket;
 
 struct dtr_dp {
@@ -21853,6 +22121,7 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     b->in_backward = from_hook;
+    if (dp->ctx->obs) b->t_start = dtr__obs_now();
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
 }
@@ -21972,12 +22241,22 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     return DTR_OK;
 }
 
+/* with a dtr_metrics: the wait and the bucket's whole collective as spans, the wait counted */
+static void dtr__dp_observe(dtr_dp *dp, int i, double w0) {
+    double t = dtr__obs_now();
+    dtr__obs_span(dp->ctx->obs, "wait", DTR__OBS_COMM, 0, i, w0, t);
+    dtr__obs_span(dp->ctx->obs, "all_reduce", DTR__OBS_COMM, 1 + i % 16, i, dp->b[i].t_start, t);
+    dtr__obs_comm_wait(dp->ctx->obs, t - w0);
+}
+
 static dtr_result dtr__dp_wait_all(dtr_dp *dp) {
     dtr_result first = DTR_OK;
     int i;
     for (i = 0; i < dp->nb; i++) {
         if (dp->b[i].req) {
+            double w0 = dp->ctx->obs ? dtr__obs_now() : 0.0;
             dtr_result r = dtr_request_wait(dp->b[i].req);
+            if (dp->ctx->obs) dtr__dp_observe(dp, i, w0);
             if (r != DTR_OK && first == DTR_OK) first = r;
             dtr_request_destroy(dp->b[i].req);
             dp->b[i].req = NULL;
@@ -22018,6 +22297,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     int i;
     if (!dp) return DTR_NULL_HANDLE;
     if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
@@ -22031,6 +22311,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
     dtr__dp_reset(dp);
+    dtr__obs_phase_end(dp->ctx, DTR_PHASE_COMM);
     if (r == DTR_OK) r = w;
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "dtr_dp_finish: %s", dtr_comm_last_error(dp->c));
     return DTR_OK;
@@ -22051,12 +22332,10 @@ dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
     return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
 
-dtr_result dtr_dp_step_done(dtr_dp *dp) {
+static dtr_result dtr__dp_step_done(dtr_dp *dp) {
     dtr_dp_stats *st;
     int64_t n, w;
     dtr_result r;
-    if (!dp) return DTR_NULL_HANDLE;
-    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
     if (dp->z) {
         st->steps++;
@@ -22071,6 +22350,16 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     st->wire_bytes += (uint64_t)n * sizeof(float);
     st->raw_bytes += (uint64_t)n * sizeof(float);
     return DTR_OK;
+}
+
+dtr_result dtr_dp_step_done(dtr_dp *dp) {
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
+    dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);   /* ZeRO's gather, local SGD's average */
+    r = dtr__dp_step_done(dp);
+    dtr__obs_phase_end(dp->ctx, DTR_PHASE_COMM);
+    return r;
 }
 
 dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
@@ -22122,7 +22411,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22126 "dtrain.h"
+#line 22415 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -22555,7 +22844,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 22559 "dtrain.h"
+#line 22848 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -22609,7 +22898,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 22613 "dtrain.h"
+#line 22902 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -22628,6 +22917,7 @@ void dtr_grid_destroy(dtr_grid *g) {
  * World-size changes: a plan per entry says where its bytes come from (the same rank, old
  * rank r mod N, the ZeRO shards overlapping this rank's range, or zeros).
  * ==========================================================================*/
+
 
 
 
@@ -23455,7 +23745,7 @@ static dtr_result dtr__ck_snapshot(dtr_ckpt *ck) {
     return DTR_OK;
 }
 
-dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
+static dtr_result dtr__ck_save(dtr_ckpt *ck, int64_t step, int *started) {
     dtr_result r, prev = DTR_OK;
     double t0 = dtr__ck_now();
     if (started) *started = 0;
@@ -23482,6 +23772,14 @@ dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
         ck->done = 1;
     } else ck->running = 1;
     return prev;
+}
+
+dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
+    dtr_result r;
+    if (ck && ck->cfg.ctx) dtr__obs_phase_begin(ck->cfg.ctx, DTR_PHASE_CHECKPOINT);   /* the metrics' checkpoint time */
+    r = dtr__ck_save(ck, step, started);
+    if (ck && ck->cfg.ctx) dtr__obs_phase_end(ck->cfg.ctx, DTR_PHASE_CHECKPOINT);
+    return r;
 }
 
 dtr_result dtr_ckpt_wait(dtr_ckpt *ck) {
@@ -23758,7 +24056,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 23762 "dtrain.h"
+#line 24060 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -24656,7 +24954,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 24660 "dtrain.h"
+#line 24958 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -26124,7 +26422,540 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 26128 "dtrain.h"
+#line 26426 "dtrain.h"
+
+/* ---- src/obs/metrics.c ---- */
+#line 1 "src/obs/metrics.c"
+/* ============================================================================
+ * Metrics: the phase clock, FLOP counts, the per-step record (callback and JSON lines) and
+ * the straggler report.
+ *
+ * Phase clock. A stack of open phases; at each mark the time since the previous mark goes
+ * to the innermost open phase (FORWARD when none is open), so the parts of a step add up to
+ * its time exactly. Marks come from the thread that drives the context; nothing is locked.
+ *
+ * FLOPs. Each op's forward and backward count by kind: matmul and linear 2*M*N*K (+ one per
+ * output for a bias), conv2d 2*out*Cin*kh*kw (+ bias), their backward twice the products
+ * (the gradients of both operands) plus the bias's sum; views and communication ops none; everything else
+ * (element-wise, reductions, softmax, losses) one per element of its largest tensor.
+ * Attention (dtr_attention, one fused op) counts what its unfused form would: q k^T and P v,
+ * 2*B*T*T*C each, and a scale and a softmax, one per score (B*H*T*T each); backward twice that.
+ * ==========================================================================*/
+
+
+
+
+
+
+static const char *const dtr__phase_names[DTR_PHASE_COUNT] = {"data", "forward", "backward", "comm", "optimizer",
+                                                              "checkpoint"};
+
+double dtr__obs_now(void) { return 1e-9 * (double)dtr_time_ns(); }
+
+/* ---- life cycle ---- */
+
+dtr_metrics_config dtr_metrics_config_init(void) {
+    dtr_metrics_config c;
+    memset(&c, 0, sizeof c);
+    c.trace_events = 65536;
+    return c;
+}
+
+static char *dtr__obs_strdup(const dtr_allocation_callbacks *a, const char *s) {
+    size_t n = s ? strlen(s) + 1 : 0;
+    char *p = s ? (char *)dtr__malloc(a, n) : NULL;
+    if (p) memcpy(p, s, n);
+    return p;
+}
+
+static dtr_result dtr__obs_open(dtr_metrics *m) {
+    dtr_context *ctx = m->ctx;
+    const dtr_metrics_config *c = &m->cfg;
+    if ((c->jsonl_path && !(m->jsonl_path = dtr__obs_strdup(&ctx->alloc, c->jsonl_path))) ||
+        (c->trace_path && !(m->trace_path = dtr__obs_strdup(&ctx->alloc, c->trace_path))))
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_metrics_create: out of memory");
+    m->cfg.jsonl_path = m->jsonl_path;
+    m->cfg.trace_path = m->trace_path;
+    if (c->trace_path) {
+        m->cap = c->trace_events ? c->trace_events : 65536;
+        m->ring = (dtr__obs_event *)dtr__malloc(&ctx->alloc, m->cap * sizeof(dtr__obs_event));
+        if (!m->ring)
+            return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_metrics_create: no memory for %zu trace events", m->cap);
+    }
+    if (c->jsonl_path && !(m->jsonl = fopen(c->jsonl_path, "a")))
+        return dtr__fail(ctx, DTR_IO_ERROR, "dtr_metrics_create: cannot open '%s' for appending", c->jsonl_path);
+    return DTR_OK;
+}
+
+dtr_result dtr_metrics_create(dtr_context *ctx, const dtr_metrics_config *cfg, dtr_metrics **out) {
+    dtr_metrics_config def = dtr_metrics_config_init();
+    dtr_metrics *m;
+    dtr_result r;
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (ctx->obs) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_metrics_create: the context has a dtr_metrics already");
+    if (!cfg) cfg = &def;
+    if (cfg->peak_flops < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_metrics_create: peak_flops %g is negative", cfg->peak_flops);
+    m = (dtr_metrics *)dtr__calloc(&ctx->alloc, sizeof *m);
+    if (!m) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_metrics_create: out of memory");
+    m->ctx = ctx;
+    m->cfg = *cfg;
+    m->step = cfg->first_step;
+    m->grad_norm = -1.0;
+    if ((r = dtr__obs_open(m)) != DTR_OK) {
+        ctx->obs = m;
+        dtr_metrics_destroy(m);
+        return r;
+    }
+    m->t_begin = m->t_last = dtr__obs_now();
+    ctx->obs = m;
+    *out = m;
+    return DTR_OK;
+}
+
+void dtr_metrics_destroy(dtr_metrics *m) {
+    dtr_allocation_callbacks a;
+    if (!m) return;
+    a = m->ctx->alloc;
+    if (m->trace_path && m->ring) dtr_metrics_write_trace(m);
+    if (m->jsonl) fclose(m->jsonl);
+    if (m->ctx->obs == m) m->ctx->obs = NULL;
+    dtr__free(&a, m->ring);
+    dtr__free(&a, m->jsonl_path);
+    dtr__free(&a, m->trace_path);
+    dtr__free(&a, m);
+}
+
+/* ---- the phase clock ---- */
+
+static void dtr__obs_tick(dtr_metrics *m, double t) {
+    int cur = m->depth ? m->stack[m->depth - 1] : DTR_PHASE_FORWARD;
+    if (t > m->t_last) m->phase[cur] += t - m->t_last;
+    if (t > m->t_last) m->t_last = t;
+}
+
+void dtr__obs_enter(dtr_metrics *m, int phase, double t) {
+    if (m->depth >= DTR__OBS_DEPTH) return;
+    dtr__obs_tick(m, t);
+    m->stack[m->depth] = phase;
+    m->stack_t0[m->depth++] = t;
+}
+
+void dtr__obs_leave(dtr_metrics *m, int phase, double t) {
+    if (!m->depth || m->stack[m->depth - 1] != phase) return;
+    dtr__obs_tick(m, t);
+    m->depth--;
+    if (phase != DTR_PHASE_FORWARD)
+        dtr__obs_span(m, dtr__phase_names[phase], DTR__OBS_PHASE, 0, -1, m->stack_t0[m->depth], t);
+}
+
+void dtr__obs_phase_begin(dtr_context *ctx, int phase) {
+    if (ctx && ctx->obs) dtr__obs_enter(ctx->obs, phase, dtr__obs_now());
+}
+
+void dtr__obs_phase_end(dtr_context *ctx, int phase) {
+    if (ctx && ctx->obs) dtr__obs_leave(ctx->obs, phase, dtr__obs_now());
+}
+
+static dtr_result dtr__obs_check_phase(dtr_metrics *m, dtr_phase phase, const char *fn) {
+    if ((int)phase < 0 || phase >= DTR_PHASE_COUNT)
+        return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "%s: phase %d is not a dtr_phase", fn, (int)phase);
+    return DTR_OK;
+}
+
+dtr_result dtr_metrics_phase_begin(dtr_metrics *m, dtr_phase phase) {
+    dtr_result r;
+    if (!m) return DTR_NULL_HANDLE;
+    if ((r = dtr__obs_check_phase(m, phase, "dtr_metrics_phase_begin")) != DTR_OK) return r;
+    if (m->depth >= DTR__OBS_DEPTH)
+        return dtr__fail(m->ctx, DTR_BAD_STATE, "dtr_metrics_phase_begin: phases nested more than %d deep",
+                         DTR__OBS_DEPTH);
+    dtr__obs_enter(m, (int)phase, dtr__obs_now());
+    return DTR_OK;
+}
+
+dtr_result dtr_metrics_phase_end(dtr_metrics *m, dtr_phase phase) {
+    dtr_result r;
+    if (!m) return DTR_NULL_HANDLE;
+    if ((r = dtr__obs_check_phase(m, phase, "dtr_metrics_phase_end")) != DTR_OK) return r;
+    if (!m->depth || m->stack[m->depth - 1] != (int)phase)
+        return dtr__fail(m->ctx, DTR_BAD_STATE, "dtr_metrics_phase_end: '%s' is not the innermost open phase",
+                         dtr__phase_names[phase]);
+    dtr__obs_leave(m, (int)phase, dtr__obs_now());
+    return DTR_OK;
+}
+
+dtr_result dtr_metrics_watch_loader(dtr_metrics *m, dtr_loader *loader) {
+    if (!loader) return DTR_NULL_HANDLE;
+    dtr__loader_set_obs(loader, m);
+    return DTR_OK;
+}
+
+/* ---- what the library reports ---- */
+
+static double dtr__obs_numel(const dtr_tensor *t) { return t ? (double)dtr__numel(t->ndim, t->shape) : 0.0; }
+
+/* 1 when n adds a bias (one FLOP per output) to its products */
+static int dtr__obs_has_bias(const dtr__node *n) {
+    return (n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D) && n->n_in > 2 && n->in[2];
+}
+
+/* forward FLOPs of node n (see the header comment) */
+static double dtr__obs_flops(const dtr__node *n) {
+    double out = dtr__obs_numel(n->out), big = out;
+    int i;
+    switch (n->op) {
+    case DTR_OP_MATMUL: case DTR_OP_LINEAR: {
+        const dtr_tensor *a = n->in[0];
+        return 2.0 * out * (double)a->shape[a->ndim - 1] + (dtr__obs_has_bias(n) ? out : 0.0);
+    }
+    case DTR_OP_CONV2D: {
+        const dtr_tensor *w = n->in[1];   /* (Cout, Cin, kh, kw) */
+        return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
+    }
+    case DTR_OP_ATTENTION: {   /* q, k, v (B, T, C), H heads */
+        const dtr_tensor *q = n->in[0];
+        double B = (double)q->shape[0], T = (double)q->shape[1], C = (double)q->shape[2];
+        return 4.0 * B * T * T * C + 2.0 * B * (double)n->p.heads * T * T;
+    }
+    case DTR_OP_RESHAPE: case DTR_OP_PERMUTE: case DTR_OP_SLICE: case DTR_OP_CONCAT: case DTR_OP_CONTIGUOUS:
+    case DTR_OP_CAST: case DTR_OP_TP_COPY: case DTR_OP_TP_REDUCE: case DTR_OP_TP_GATHER: case DTR_OP_CHECKPOINT:
+        return 0.0;
+    default:
+        for (i = 0; i < n->n_in; i++)
+            if (dtr__obs_numel(n->in[i]) > big) big = dtr__obs_numel(n->in[i]);
+        return big;
+    }
+}
+
+void dtr__obs_op(dtr_metrics *m, const dtr__node *n, int bwd, double t0, double t1) {
+    double f = dtr__obs_flops(n);
+    if (bwd && (n->op == DTR_OP_MATMUL || n->op == DTR_OP_LINEAR || n->op == DTR_OP_CONV2D)) {
+        double bias = dtr__obs_has_bias(n) ? dtr__obs_numel(n->out) : 0.0;
+        f = 2.0 * (f - bias) + bias;   /* both operands' gradients; the bias's is a sum */
+    }
+    if (bwd && n->op == DTR_OP_ATTENTION) f *= 2.0;
+    m->flops += f;
+    if (m->ring)
+        dtr__obs_span(m, dtr__op_name(n->op), bwd ? DTR__OBS_BACKWARD : DTR__OBS_FORWARD, 0, -1, t0, t1);
+}
+
+void dtr__obs_comm_wait(dtr_metrics *m, double secs) { m->comm_wait += secs; }
+
+void dtr__obs_optimizer(dtr_metrics *m, double lr, double norm) {
+    m->lr = lr;
+    if (norm >= 0) m->grad_norm = norm;
+}
+
+int dtr__obs_wants_grad_norm(const dtr_metrics *m) { return m->cfg.grad_norm != 0; }
+
+/* ---- the step record ---- */
+
+dtr_result dtr_metrics_step_begin(dtr_metrics *m) {
+    if (!m) return DTR_NULL_HANDLE;
+    m->t_begin = m->t_last = dtr__obs_now();
+    memset(m->phase, 0, sizeof m->phase);
+    m->flops = m->comm_wait = 0.0;
+    return DTR_OK;
+}
+
+static void dtr__obs_fill(dtr_metrics *m, const dtr_step_info *in, double t, dtr_step_metrics *s) {
+    int p;
+    memset(s, 0, sizeof *s);
+    s->rank = m->cfg.rank;
+    s->step = m->step;
+    s->epoch = in->epoch;
+    s->loss = in->loss;
+    s->lr = in->lr != 0 ? in->lr : m->lr;
+    s->grad_norm = in->grad_norm != 0 ? in->grad_norm : m->grad_norm;
+    s->samples = in->samples;
+    s->tokens = in->tokens;
+    s->time_step = t - m->t_begin;
+    for (p = 0; p < DTR_PHASE_COUNT; p++) s->time[p] = m->phase[p];
+    s->samples_per_s = s->time_step > 0 ? (double)s->samples / s->time_step : 0.0;
+    s->tokens_per_s = s->time_step > 0 ? (double)s->tokens / s->time_step : 0.0;
+    s->flops = m->flops;
+    s->mfu = s->time_step > 0 && m->cfg.peak_flops > 0 ? s->flops / s->time_step / m->cfg.peak_flops : 0.0;
+    s->skipped = in->skipped;
+    s->comm_wait = m->comm_wait;
+}
+
+/* a JSON number, or null for NaN and infinities */
+static void dtr__obs_num(char *buf, size_t n, double v) {
+    if (v != v || v > 1e308 || v < -1e308) snprintf(buf, n, "null");
+    else snprintf(buf, n, "%.9g", v);
+}
+
+static dtr_result dtr__obs_write_line(dtr_metrics *m, const dtr_step_metrics *s) {
+    char v[12][40];
+    const double x[12] = {s->loss, s->lr, s->grad_norm, s->samples_per_s, s->tokens_per_s, s->time_step,
+                          s->flops, s->mfu, s->comm_wait, 0, 0, 0};
+    int i, w;
+    for (i = 0; i < 9; i++) dtr__obs_num(v[i], sizeof v[i], x[i]);
+    w = fprintf(m->jsonl, "{\"rank\":%d,\"step\":%lld,\"epoch\":%lld,\"loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
+                "\"samples\":%lld,\"tokens\":%lld,\"samples_per_s\":%s,\"tokens_per_s\":%s,\"time\":{\"step\":%s",
+                (int)s->rank, (long long)s->step, (long long)s->epoch, v[0], v[1], v[2], (long long)s->samples,
+                (long long)s->tokens, v[3], v[4], v[5]);
+    for (i = 0; i < DTR_PHASE_COUNT && w >= 0; i++) {
+        dtr__obs_num(v[9], sizeof v[9], s->time[i]);
+        w = fprintf(m->jsonl, ",\"%s\":%s", dtr__phase_names[i], v[9]);
+    }
+    if (w >= 0)
+        w = fprintf(m->jsonl, "},\"flops\":%s,\"mfu\":%s,\"skipped\":%d,\"comm_wait\":%s}\n", v[6], v[7], s->skipped,
+                    v[8]);
+    if (w >= 0 && dtr__obs_now() - m->flushed >= 1.0) {   /* at most one write(2) a second */
+        m->flushed = dtr__obs_now();
+        if (fflush(m->jsonl) != 0) w = -1;
+    }
+    if (w < 0)
+        return dtr__fail(m->ctx, DTR_IO_ERROR, "dtr_metrics_step_end: cannot write '%s'", m->jsonl_path);
+    return DTR_OK;
+}
+
+dtr_result dtr_metrics_step_end(dtr_metrics *m, const dtr_step_info *info, dtr_step_metrics *out) {
+    dtr_step_info none;
+    dtr_step_metrics s;
+    double t;
+    if (!m) return DTR_NULL_HANDLE;
+    if (!info) { memset(&none, 0, sizeof none); info = &none; }
+    t = dtr__obs_now();
+    dtr__obs_tick(m, t);
+    dtr__obs_fill(m, info, t, &s);
+    /* the straggler window: the engine's waits on its buckets, or (ZeRO-2, local SGD, whose
+       exchanges have no bucket requests) the exposed communication */
+    m->waits[m->nwaits++ % DTR__OBS_WINDOW] = m->comm_wait > 0 ? m->comm_wait : m->phase[DTR_PHASE_COMM];
+    m->step++;
+    m->t_begin = t;
+    memset(m->phase, 0, sizeof m->phase);
+    m->flops = m->comm_wait = 0.0;
+    if (out) *out = s;
+    if (m->cfg.callback) m->cfg.callback(m->cfg.user, &s);
+    return m->jsonl ? dtr__obs_write_line(m, &s) : DTR_OK;
+}
+
+/* ---- stragglers ---- */
+
+/* the rank that waited least in window slot k (rows of W+1: the count, then the window) */
+static int dtr__obs_last_arriver(const double *all, int size, int k) {
+    int r, best = 0;
+    for (r = 1; r < size; r++)
+        if (all[r * (DTR__OBS_WINDOW + 1) + 1 + k] < all[best * (DTR__OBS_WINDOW + 1) + 1 + k]) best = r;
+    return best;
+}
+
+static void dtr__obs_tally(const double *all, int size, dtr_straggler_report *out, int64_t *counts) {
+    int64_t n = DTR__OBS_WINDOW, k;
+    int r;
+    double sum_slow = 0.0, sum_all = 0.0;
+    for (r = 0; r < size; r++) {
+        counts[r] = 0;
+        if ((int64_t)all[r * (DTR__OBS_WINDOW + 1)] < n) n = (int64_t)all[r * (DTR__OBS_WINDOW + 1)];
+    }
+    for (k = DTR__OBS_WINDOW - n; k < DTR__OBS_WINDOW; k++) counts[dtr__obs_last_arriver(all, size, (int)k)]++;
+    out->steps = n;
+    for (r = 0; n > 0 && r < size; r++)
+        if (out->slowest_rank < 0 || counts[r] > out->slowest_count) {
+            out->slowest_rank = r;
+            out->slowest_count = counts[r];
+        }
+    for (r = 0; n > 0 && r < size; r++)
+        for (k = DTR__OBS_WINDOW - n; k < DTR__OBS_WINDOW; k++) {
+            double w = all[r * (DTR__OBS_WINDOW + 1) + 1 + k];
+            if (r == out->slowest_rank) sum_slow += w;
+            else sum_all += w;
+        }
+    if (n > 0) out->slowest_wait_s = sum_slow / (double)n;
+    if (n > 0 && size > 1) out->others_wait_s = sum_all / (double)(n * (size - 1));
+}
+
+dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_report *out, int64_t *counts) {
+    const dtr_allocation_callbacks *a;
+    int size, k, n;
+    float *mine, *all;
+    double *dall;
+    int64_t *cnt;
+    dtr_result r;
+    if (!m || !c || !out) return DTR_NULL_HANDLE;
+    memset(out, 0, sizeof *out);
+    out->slowest_rank = -1;
+    size = dtr_comm_size(c);
+    n = (int)(m->nwaits < DTR__OBS_WINDOW ? m->nwaits : DTR__OBS_WINDOW);
+    a = &m->ctx->alloc;
+    /* rows of W+1 values: the count, then the window with the last n waits at its end, oldest
+       first (f32: the collectives' type) */
+    mine = (float *)dtr__calloc(a, (size_t)(DTR__OBS_WINDOW + 1) * sizeof(float));
+    all = (float *)dtr__malloc(a, (size_t)size * (DTR__OBS_WINDOW + 1) * sizeof(float));
+    dall = (double *)dtr__malloc(a, (size_t)size * (DTR__OBS_WINDOW + 1) * sizeof(double));
+    cnt = (int64_t *)dtr__malloc(a, (size_t)size * sizeof(int64_t));
+    r = mine && all && dall && cnt ? DTR_OK : dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_metrics_stragglers: out of memory");
+    if (r == DTR_OK) {
+        mine[0] = (float)n;
+        for (k = 0; k < n; k++) mine[1 + DTR__OBS_WINDOW - n + k] = (float)m->waits[(m->nwaits - n + k) % DTR__OBS_WINDOW];
+        r = dtr_comm_all_gather(c, mine, all, DTR__OBS_WINDOW + 1, DTR_F32);
+        if (r != DTR_OK) dtr__fail(m->ctx, r, "dtr_metrics_stragglers: all-gather: %s", dtr_comm_last_error(c));
+    }
+    if (r == DTR_OK) {
+        for (k = 0; k < size * (DTR__OBS_WINDOW + 1); k++) dall[k] = all[k];
+        dtr__obs_tally(dall, size, out, cnt);
+        if (counts) memcpy(counts, cnt, (size_t)size * sizeof(int64_t));
+    }
+    dtr__free(a, mine);
+    dtr__free(a, all);
+    dtr__free(a, dall);
+    dtr__free(a, cnt);
+    return r;
+}
+#line 26810 "dtrain.h"
+
+/* ---- src/obs/trace.c ---- */
+#line 1 "src/obs/trace.c"
+/* ============================================================================
+ * Timeline: a bounded ring of spans (no allocation per event: the ring is made with the
+ * dtr_metrics), written as Chrome trace-event JSON ("X" complete events, microseconds of
+ * the monotonic clock of dtr_time_ns, pid = rank) that Perfetto and chrome://tracing open; and the merge of
+ * the ranks' files into one (dtrun --merge-traces).
+ *
+ * Rows (tid) of a rank: 0 is the thread driving the context (op forward and backward spans,
+ * the phases data, backward, comm, optimizer, checkpoint, and the waits on collectives
+ * inside comm); 1 + (k mod 16) holds data-parallel bucket k's collective from its start to
+ * the end of its wait, so buckets in flight together sit on rows of their own.
+ * ==========================================================================*/
+
+
+
+
+
+static const char *const dtr__obs_cat_names[DTR__OBS_CAT_COUNT] = {"forward", "backward", "comm", "phase"};
+
+void dtr__obs_span(dtr_metrics *m, const char *name, int cat, int tid, int arg, double t0, double t1) {
+    dtr__obs_event *e;
+    if (!m->ring) return;
+    e = &m->ring[(m->head + m->count) % m->cap];
+    if (m->count < m->cap) m->count++;
+    else { m->head = (m->head + 1) % m->cap; m->dropped++; }
+    e->t0 = t0;
+    e->t1 = t1 > t0 ? t1 : t0;
+    e->name = name;
+    e->arg = arg;
+    e->cat = (uint8_t)cat;
+    e->tid = (uint8_t)tid;
+}
+
+uint64_t dtr_metrics_trace_dropped(const dtr_metrics *m) { return m ? m->dropped : 0; }
+
+/* ---- writing ---- */
+
+static void dtr__obs_meta(dtr__afile *f, int rank, uint64_t dropped) {
+    char line[256];
+    int k, n = snprintf(line, sizeof line,
+                        "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d\","
+                        "\"dropped_events\":%llu}},\n", rank, rank, (unsigned long long)dropped);
+    dtr__afile_write(f, line, (size_t)n);
+    n = snprintf(line, sizeof line, "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":"
+                 "\"compute\"}}", rank);
+    dtr__afile_write(f, line, (size_t)n);
+    for (k = 0; k < 16; k++) {
+        n = snprintf(line, sizeof line, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":%d,\"args\":"
+                     "{\"name\":\"collectives %d\"}}", rank, 1 + k, k);
+        dtr__afile_write(f, line, (size_t)n);
+    }
+}
+
+static void dtr__obs_event_write(dtr__afile *f, int rank, const dtr__obs_event *e) {
+    char line[320], arg[48] = "";
+    int n;
+    if (e->arg >= 0) snprintf(arg, sizeof arg, ",\"args\":{\"bucket\":%d}", (int)e->arg);
+    n = snprintf(line, sizeof line, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":%d,\"tid\":%d,"
+                 "\"ts\":%.3f,\"dur\":%.3f%s}", e->name, dtr__obs_cat_names[e->cat], rank, (int)e->tid, e->t0 * 1e6,
+                 (e->t1 - e->t0) * 1e6, arg);
+    dtr__afile_write(f, line, (size_t)n);
+}
+
+dtr_result dtr_metrics_write_trace(dtr_metrics *m) {
+    static const char head[] = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+    dtr__afile *f;
+    char err[256];
+    size_t i;
+    dtr_result r;
+    if (!m) return DTR_NULL_HANDLE;
+    if (!m->trace_path || !m->ring) return DTR_OK;
+    if ((r = dtr__afile_open(&f, m->trace_path, err, sizeof err)) != DTR_OK)
+        return dtr__fail(m->ctx, r, "dtr_metrics_write_trace: %s", err);
+    dtr__afile_write(f, head, sizeof head - 1);
+    dtr__obs_meta(f, (int)m->cfg.rank, m->dropped);
+    for (i = 0; i < m->count; i++) dtr__obs_event_write(f, (int)m->cfg.rank, &m->ring[(m->head + i) % m->cap]);
+    dtr__afile_write(f, "\n]}\n", 4);
+    if ((r = dtr__afile_commit(f, err, sizeof err)) != DTR_OK)
+        return dtr__fail(m->ctx, r, "dtr_metrics_write_trace: %s", err);
+    return DTR_OK;
+}
+
+/* ---- merging ---- */
+
+/* Copies the elements of the "traceEvents" array of the JSON text s (already validated) to
+ * f, each preceded by a comma unless it is the very first (*first). */
+static dtr_result dtr__trace_copy(dtr__json *j, dtr__afile *f, int *first) {
+    char key[32];
+    size_t len;
+    dtr_result r;
+    if ((r = dtr__json_expect(j, '{')) != DTR_OK) return r;
+    if (dtr__json_accept(j, '}')) return dtr__json_fail(j, "no \"traceEvents\" array");
+    for (;;) {
+        if ((r = dtr__json_string(j, key, sizeof key, &len)) != DTR_OK) return r;
+        if ((r = dtr__json_expect(j, ':')) != DTR_OK) return r;
+        if (strcmp(key, "traceEvents") == 0 && dtr__json_accept(j, '[')) break;
+        if ((r = dtr__json_skip(j)) != DTR_OK) return r;
+        if (!dtr__json_accept(j, ',')) return dtr__json_fail(j, "no \"traceEvents\" array");
+    }
+    if (dtr__json_accept(j, ']')) return DTR_OK;
+    do {
+        size_t start;
+        dtr__json_ws(j);
+        start = j->pos;
+        if ((r = dtr__json_skip(j)) != DTR_OK) return r;
+        dtr__afile_write(f, *first ? "\n" : ",\n", *first ? 1 : 2);
+        dtr__afile_write(f, j->s + start, j->pos - start);
+        *first = 0;
+    } while (dtr__json_accept(j, ','));
+    return dtr__json_expect(j, ']');
+}
+
+static dtr_result dtr__trace_merge_one(const char *path, dtr__afile *f, int *first, char *err, size_t errlen) {
+    unsigned char *buf = NULL;
+    size_t size = 0;
+    dtr__json j;
+    dtr_result r = dtr__read_file(path, NULL, &buf, &size, err, errlen);
+    if (r != DTR_OK) return r;
+    dtr__json_init(&j, (const char *)buf, size);
+    r = dtr__json_validate(&j);
+    if (r == DTR_OK) r = dtr__trace_copy(&j, f, first);
+    if (r != DTR_OK) dtr__errf(err, errlen, r, "dtr_trace_merge: '%s': %s", path, j.msg);
+    dtr__free(NULL, buf);
+    return r;
+}
+
+dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output, char *err, size_t errlen) {
+    static const char head[] = "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[";
+    dtr__afile *f;
+    dtr_result r;
+    int i, first = 1;
+    if (err && errlen) err[0] = '\0';
+    if (!inputs || !output) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_trace_merge: NULL argument");
+    if (n < 1) return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_trace_merge: %d input files", n);
+    for (i = 0; i < n; i++)
+        if (!inputs[i]) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_trace_merge: input %d is NULL", i);
+    if ((r = dtr__afile_open(&f, output, err, errlen)) != DTR_OK) return r;
+    dtr__afile_write(f, head, sizeof head - 1);
+    for (i = 0; i < n && r == DTR_OK; i++) r = dtr__trace_merge_one(inputs[i], f, &first, err, errlen);
+    if (r != DTR_OK) {
+        dtr__afile_abort(f);
+        return r;
+    }
+    dtr__afile_write(f, "\n]}\n", 4);
+    return dtr__afile_commit(f, err, errlen);
+}
+#line 26959 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -449,10 +449,39 @@ typedef struct fm_options {
     unsigned long seed;
     const char *ckpt_dir; /* --ckpt-dir: full-state checkpoints there, resumed from (examples that take it) */
     int ckpt_every;       /* --ckpt-every: steps between checkpoints (0: 200) */
+    const char *metrics; /* --metrics FILE: JSON lines of per-step metrics (NULL: none) */
+    const char *trace;   /* --trace FILE: Chrome/Perfetto timeline (NULL: none) */
 } fm_options;
 
 #define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]" \
-                 " [--ckpt-dir DIR] [--ckpt-every N]"
+                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE]"
+
+/** path, or with ".rank<r>" before its extension when world > 1 (run.json -> run.rank1.json). */
+FM_FN const char *fm_rank_path(const char *path, int rank, int world, char *buf, size_t n) {
+    const char *dot = strrchr(path, '.'), *slash = strrchr(path, '/');
+    int stem = dot && (!slash || dot > slash) ? (int)(dot - path) : (int)strlen(path);
+    if (world <= 1) return path;
+    snprintf(buf, n, "%.*s.rank%d%s", stem, path, rank, path + stem);
+    return buf;
+}
+
+/** Observes ctx when --metrics or --trace was given (*out NULL otherwise): rank `rank` of
+ *  `world` writes FILE itself when world is 1, else FILE with ".rank<r>" before its
+ *  extension (dtrun --merge-traces joins the timelines). Returns DTR_OK or the error of
+ *  dtr_metrics_create. */
+FM_FN dtr_result fm_metrics_open(dtr_context *ctx, const char *metrics, const char *trace, int rank, int world,
+                                 dtr_metrics **out) {
+    dtr_metrics_config mc = dtr_metrics_config_init();
+    char mpath[1024], tpath[1024];
+    *out = NULL;
+    if (!metrics && !trace) return DTR_OK;
+    mc.rank = rank;
+    mc.jsonl_path = metrics ? fm_rank_path(metrics, rank, world, mpath, sizeof mpath) : NULL;
+    mc.trace_path = trace ? fm_rank_path(trace, rank, world, tpath, sizeof tpath) : NULL;
+    mc.trace_events = (size_t)1 << 20;   /* the last million spans */
+    mc.grad_norm = 1;                    /* one more pass over the gradients per step */
+    return dtr_metrics_create(ctx, &mc, out);
+}
 
 /** Parses the examples' arguments into `o` (which holds the defaults). Returns 0, 1 for
  *  --help, 2 after printing what is wrong. */
@@ -474,6 +503,10 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
             continue;
         }
         if (strcmp(a, "--ckpt-dir") == 0) { o->ckpt_dir = v; continue; }
+        if (strcmp(a, "--metrics") == 0 || strcmp(a, "--trace") == 0) {
+            *(strcmp(a, "--metrics") == 0 ? &o->metrics : &o->trace) = v;
+            continue;
+        }
         if (strcmp(a, "--epochs") == 0) o->epochs = (int)strtol(v, &end, 10);
         else if (strcmp(a, "--threads") == 0) o->threads = (int)strtol(v, &end, 10);
         else if (strcmp(a, "--batch") == 0) o->batch = (int)strtol(v, &end, 10);

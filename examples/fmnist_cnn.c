@@ -48,7 +48,7 @@ static dtr_tensor *cnn_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0};
+    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;

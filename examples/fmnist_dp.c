@@ -24,6 +24,7 @@
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
  *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]
+ *                  [--metrics FILE] [--trace FILE]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
  *   --batch      global batch, split evenly over the ranks (default 128)
@@ -38,6 +39,11 @@
  *                parameters; dtr_dp_step_done gathers the shards
  *   --zero 2     ZeRO-2: as 1, and each rank receives only its shard's gradients (sent to it
  *                during backward: half the bytes of an all-reduce)
+ *   --metrics    each rank appends a JSON line per step to FILE (with .rank<r> before its
+ *                extension: m.jsonl -> m.rank1.jsonl); the step time is split into data,
+ *                forward, backward, exposed communication, optimizer (docs/observability.md)
+ *   --trace      each rank writes a Perfetto timeline (t.json -> t.rank0.json ...); merge them
+ *                with `dtrun --merge-traces t.json t.rank0.json t.rank1.json`
  * Other options as examples/fmnist_mlp.c. Expect about 87% test accuracy after 2 epochs,
  * as the single-rank example with the same global batch. */
 #include "common.h"
@@ -57,6 +63,7 @@ typedef struct dp_opts {
     float topk_ratio;
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
+    const char *metrics, *trace;   /* --metrics FILE, --trace FILE: per rank (run.json -> run.rank1.json) */
 } dp_opts;
 
 typedef struct dp_result {
@@ -111,6 +118,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dtr_dp *dp = NULL;
     dtr_optimizer *opt = NULL;
     dtr_optimizer_config oc;
+    dtr_metrics *metrics = NULL;
     dtr_sampler smp;
     fm_net net;
     fm_batch batch, eval;
@@ -158,6 +166,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     oc = fm_sgd_config(o->lr, 0.9f, o->cosine ? o->epochs * steps : 0);
     dtr_dp_shard_optimizer(dp, &oc);   /* ZeRO: this rank's shard; else all */
     if ((r = dtr_optimizer_create(net.model, &oc, &opt)) != DTR_OK) { dp_err(rank, "optimizer", r, dtr_context_last_error(ctx)); goto done; }
+    if ((r = fm_metrics_open(ctx, o->metrics, o->trace, rank, world, &metrics)) != DTR_OK) { dp_err(rank, "metrics", r, dtr_context_last_error(ctx)); goto done; }
     if (rank == 0 && !o->quiet)
         printf("fmnist_dp: %d ranks over '%s', global batch %d (%d per rank), %lld steps per epoch, %d gradient "
                "buckets\n", world, dtr_comm_transport_name(c), o->batch, per, (long long)steps, dtr_dp_bucket_count(dp));
@@ -169,16 +178,20 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
         if ((r = dtr_sampler_epoch(&smp, e, idx, scratch, NULL)) != DTR_OK) { dp_err(rank, "sampler", r, NULL); goto done; }
         if ((r = dtr_comm_barrier(c)) != DTR_OK) { dp_err(rank, "barrier", r, dtr_comm_last_error(c)); goto done; }
         t0 = fm_now();
+        if (metrics) dtr_metrics_step_begin(metrics);   /* the epoch's barrier is not in a step */
         dtr_context_set_training(ctx, 1);
         for (s = 0; s < steps; s++) {
             int64_t B = count - s * per < per ? count - s * per : per, xs[2], ys[1];
             dtr_tensor *logits, *loss;
+            dtr_step_info info = {0};
+            if (metrics) dtr_metrics_phase_begin(metrics, DTR_PHASE_DATA);   /* this loop's own batching */
             for (i = 0; i < B; i++) {
                 int64_t k = idx[s * per + i];
                 memcpy(batch.x + i * FM_PIXELS, data->train_x + k * FM_PIXELS, FM_PIXELS * sizeof(float));
                 batch.y[i] = data->train_y[k];
             }
             xs[0] = B; xs[1] = FM_PIXELS; ys[0] = B;
+            if (metrics) dtr_metrics_phase_end(metrics, DTR_PHASE_DATA);
             logits = fm_net_forward(ctx, &net, dtr_tensor_from(ctx, DTR_F32, 2, xs, batch.x));
             loss = dtr_cross_entropy(ctx, logits, dtr_tensor_from(ctx, DTR_I32, 1, ys, batch.y));
             if (!loss) { r = dtr_context_status(ctx); dp_err(rank, "forward", r, dtr_context_last_error(ctx)); goto done; }
@@ -188,7 +201,8 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
                 goto done;
             }
             if ((r = dtr_tensor_read(logits, DTR_F32, batch.logits, (size_t)(B * FM_CLASSES))) != DTR_OK) goto done;
-            loss_sum += (double)dtr_tensor_get(loss, 0) * (double)B;
+            info.loss = (double)dtr_tensor_get(loss, 0);
+            loss_sum += info.loss * (double)B;
             correct += fm_count_correct(batch.logits, batch.y, B);
             seen += B;
             if (rank == 0 && !o->quiet)   /* rank 0's loss and rate, times the ranks */
@@ -198,6 +212,9 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
                 dp_err(rank, "optimizer", r, dtr_context_last_error(ctx));
                 goto done;
             }
+            info.samples = B;
+            info.epoch = e;
+            if (metrics && (r = dtr_metrics_step_end(metrics, &info, NULL)) != DTR_OK) { dp_err(rank, "metrics", r, dtr_context_last_error(ctx)); goto done; }
         }
         if (rank == 0 && !o->quiet) fm_progress_clear(&prog);
         if ((r = dtr_comm_barrier(c)) != DTR_OK) { dp_err(rank, "barrier", r, dtr_comm_last_error(c)); goto done; }
@@ -237,6 +254,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     ok = 1;
 done:
     if (!ok) dtr_comm_abort(c, "training stopped");   /* the other ranks stop at once */
+    dtr_metrics_destroy(metrics);   /* writes the timeline */
     dtr_dp_destroy(dp);
     dtr_optimizer_destroy(opt);
     fm_net_free(&net);
@@ -310,6 +328,8 @@ int main(int argc, char **argv) {
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--transport")) { o.transport = v; continue; }
+        if (!strcmp(a, "--metrics")) { o.metrics = v; continue; }
+        if (!strcmp(a, "--trace")) { o.trace = v; continue; }
         if (!strcmp(a, "--provider")) { o.provider = v; continue; }
         if (!strcmp(a, "--schedule")) { o.cosine = strcmp(v, "constant") != 0; continue; }
         if ((k = dp_parse_compress(&o, a, v)) != 0) { if (k < 0) return 2; continue; }

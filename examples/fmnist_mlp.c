@@ -20,7 +20,11 @@
  * Build by hand, with dtrain.h and common.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_mlp.c -o fmnist_mlp -lm -lpthread -lz
  * Options: [DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant]
- * [--seed S] [--ckpt-dir DIR] [--ckpt-every N]. DATA_DIR defaults to $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
+ * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE]. --ckpt-dir keeps
+ * full-state checkpoints there every N steps and resumes from the newest. --metrics appends one JSON line per step (loss,
+ * learning rate, gradient norm, samples/s, the step time split into data, forward, backward,
+ * optimizer; FLOPs); --trace writes a timeline of every op to open in https://ui.perfetto.dev
+ * (docs/observability.md). DATA_DIR defaults to $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
 #include "common.h"
 
 typedef struct mlp { dtr_model *model; dtr_linear_layer fc1, fc2, fc3; } mlp;
@@ -34,7 +38,7 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -43,6 +47,7 @@ int main(int argc, char **argv) {
     dtr_loader *train = NULL, *test = NULL;
     dtr_ckpt *ck = NULL;
     int64_t step = 0, per;
+    dtr_metrics *metrics = NULL;
     mlp net = {NULL, {0}, {0}, {0}};
     double test_acc = 0.0;
     fm_progress prog;
@@ -76,6 +81,9 @@ int main(int argc, char **argv) {
         oc.schedule.total_steps = (int64_t)o.epochs * dtr_loader_batches(train);
     }
     if ((r = dtr_optimizer_create(net.model, &oc, &opt)) != DTR_OK) { fm_fail(ctx, "optimizer", r); goto done; }
+    /* metrics and timeline (--metrics, --trace): the loader marks its waits, the library the rest */
+    if ((r = fm_metrics_open(ctx, o.metrics, o.trace, 0, 1, &metrics)) != DTR_OK) { fm_fail(ctx, "metrics", r); goto done; }
+    if (metrics) dtr_metrics_watch_loader(metrics, train);
     printf("fmnist_mlp: %lld train / %lld test images from %s\n"
            "  784-256-128-10 MLP (%lld parameters), %d threads, batch %d, SGD lr %g momentum 0.9 %s\n",
            (long long)dtr_dataset_count(train_ds), (long long)dtr_dataset_count(test_ds), o.dir,
@@ -100,21 +108,31 @@ int main(int argc, char **argv) {
         for (b = step % per; b < per; b++) {   /* one epoch: the loader reshuffles each */
             dtr_batch batch;
             dtr_tensor *x, *y, *loss;
+            double batch_loss;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
             if ((r = dtr_batch_tensors(ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
             loss = dtr_cross_entropy(ctx, mlp_forward(ctx, &net, x), y);
             if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
-            loss_sum += (double)dtr_tensor_get(loss, 0) * (double)batch.size;   /* read before the reset */
+            batch_loss = (double)dtr_tensor_get(loss, 0);   /* read before the reset */
+            loss_sum += batch_loss * (double)batch.size;
             seen += batch.size;
             if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) { fm_fail(ctx, "optimizer step", r); goto done; }
             fm_progress_step(&prog, e - 1, o.epochs, b + 1, dtr_loader_batches(train), batch.size, dtr_tensor_get(loss, 0));
             dtr_context_reset(ctx);
+            if (metrics) {
+                dtr_step_info info = {0};
+                info.loss = batch_loss;
+                info.samples = batch.size;
+                info.epoch = e - 1;
+                if ((r = dtr_metrics_step_end(metrics, &info, NULL)) != DTR_OK) { fm_fail(ctx, "metrics", r); goto done; }
+            }
             if (ck && ++step % (o.ckpt_every ? o.ckpt_every : 200) == 0 && (r = dtr_ckpt_save(ck, step, NULL)) != DTR_OK) {
                 fprintf(stderr, "error: checkpoint: %s\n", dtr_ckpt_last_error(ck));
                 goto done;
             }
         }
         fm_progress_clear(&prog);
+        if (metrics) dtr_metrics_step_begin(metrics);   /* evaluation is not a training step */
         if ((r = fm_evaluate_loader(ctx, mlp_forward, &net, test, &test_acc)) != DTR_OK) { fm_fail(ctx, "evaluation", r); goto done; }
         printf("epoch %2d  loss %.4f  test acc %.2f%%  %.1f s  %.0f samples/s\n", e, loss_sum / (double)seen,
                100.0 * test_acc, fm_now() - t0, (double)seen / (fm_now() - t0));
@@ -125,6 +143,7 @@ int main(int argc, char **argv) {
     if (ck && (r = dtr_ckpt_wait(ck)) != DTR_OK) { fprintf(stderr, "error: checkpoint: %s\n", dtr_ckpt_last_error(ck)); rc = 1; }
 done:
     dtr_ckpt_destroy(ck);
+    dtr_metrics_destroy(metrics);   /* writes the timeline */
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(net.model);
     dtr_context_destroy(ctx);

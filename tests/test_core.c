@@ -391,12 +391,18 @@ enum { PH_INPUT, PH_FORWARD, PH_LOSS, PH_BACKWARD, PH_STEP, PH_RESET, PH_COUNT }
 static const char *const ph_names[PH_COUNT] = {"dtr_tensor_from (inputs)", "forward", "dtr_cross_entropy",
                                                "dtr_backward", "dtr_optimizer_step", "dtr_context_reset"};
 
-/* Trains `warm` steps, then `steps` more counting allocation-callback calls per phase. */
-static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kind, int threads, int warm, int steps) {
+/* Trains `warm` steps, then `steps` more counting allocation-callback calls per phase.
+ * obs 1: with a dtr_metrics (timeline off), 2: with its timeline on too; each step ends
+ * with dtr_metrics_step_end (counted in the reset phase). */
+static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kind, int threads, int warm, int steps,
+                               int obs) {
     count_alloc cnt = {0, 0, 0, 0, 0, 0};
     dtr_context *ctx = counted_ctx(&cnt, threads, 11);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
+    dtr_metrics *mx = NULL;
+    dtr_metrics_config mc = dtr_metrics_config_init();
+    char trace[256];
     dtr_optimizer_config oc = dtr_optimizer_config_init(kind, kind == DTR_OPT_SGD ? 0.05f : 1e-3f);
     dataset d;
     net n;
@@ -409,6 +415,10 @@ static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kin
     CHECK_OK(ctx, net_init(&n, m, cnn, d.D, cnn ? 0.0f : 0.1f));
     CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &opt));
     if (!opt) goto done;
+    mc.trace_path = obs == 2 ? tmp_path("dtr_core", "steady.trace.json", trace, sizeof trace) : NULL;
+    mc.trace_events = 64;     /* the ring wraps during the counted steps */
+    mc.grad_norm = 1;
+    if (obs) CHECK_OK(ctx, dtr_metrics_create(ctx, &mc, &mx));
     for (s = 0; s < warm; s++) {
         float l = net_step(ctx, &n, opt, &d, s % d.nb);
         if (s == 0) first = l;
@@ -436,6 +446,7 @@ static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kin
         ph[PH_STEP] += count_alloc_total(&cnt) - before;
         before = count_alloc_total(&cnt);
         CHECK_OK(ctx, dtr_context_reset(ctx));
+        if (mx) CHECK_OK(ctx, dtr_metrics_step_end(mx, NULL, NULL));
         ph[PH_RESET] += count_alloc_total(&cnt) - before;
         ran++;
         if (test__case_failed && !failed_before) break;
@@ -448,7 +459,10 @@ static void count_steady_state(const char *name, int cnn, dtr_optimizer_kind kin
     /* it did train */
     CHECK_MSG(isfinite(first) && isfinite(last) && last < first, "%s: loss %g -> %g", name, first, last);
     CHECK(cnt.mallocs > 0); /* the callbacks are really used */
+    if (obs == 2) CHECK_MSG(dtr_metrics_trace_dropped(mx) > 0, "%s: the ring did not wrap", name);
 done:
+    dtr_metrics_destroy(mx);
+    if (obs == 2) remove(trace);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
@@ -459,9 +473,11 @@ done:
 
 static void test_no_allocation_in_steady_state(void) {
     int steps = g_quick ? 20 : 100;
-    count_steady_state("MLP 784-256-128-10 + dropout, SGD momentum, 2 threads", 0, DTR_OPT_SGD, 2, 3, steps);
-    count_steady_state("MLP, SGD momentum, 1 thread", 0, DTR_OPT_SGD, 1, 3, g_quick ? 5 : 20);
-    count_steady_state("CNN conv+maxpool+linear, Adam, 2 threads", 1, DTR_OPT_ADAM, 2, 3, steps);
+    count_steady_state("MLP 784-256-128-10 + dropout, SGD momentum, 2 threads", 0, DTR_OPT_SGD, 2, 3, steps, 0);
+    count_steady_state("MLP, SGD momentum, 1 thread", 0, DTR_OPT_SGD, 1, 3, g_quick ? 5 : 20, 0);
+    count_steady_state("CNN conv+maxpool+linear, Adam, 2 threads", 1, DTR_OPT_ADAM, 2, 3, steps, 0);
+    count_steady_state("MLP, metrics on, timeline off", 0, DTR_OPT_SGD, 2, 3, g_quick ? 5 : 20, 1);
+    count_steady_state("MLP, metrics and timeline on", 0, DTR_OPT_SGD, 2, 3, g_quick ? 5 : 20, 2);
 }
 
 /* ======================================================================== arena limit */

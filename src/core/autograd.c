@@ -18,6 +18,7 @@
 #include "../public/api_comm.h"
 #include "../public/api_engine.h"
 #include "internal.h"
+#include "../obs/obs_internal.h"
 
 /* ---- gradient hooks ---- */
 
@@ -105,12 +106,15 @@ static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
 
 static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
     dtr_result r;
+    double t0 = 0.0;
     int i;
     for (i = 0; i < n->n_in; i++) {
         dtr_tensor *x = n->in[i];
         if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
     }
+    if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->backward(ctx, n);
+    if (ctx->obs) dtr__obs_op(ctx->obs, n, 1, t0, dtr__obs_now());
     if (r != DTR_OK && ctx->status == DTR_OK)
         dtr__fail(ctx, r, "dtr_backward: backward kernel of op '%s' failed", dtr__op_name(n->op));
     if (r == DTR_OK && ctx->anomaly) r = dtr__anomaly_backward(ctx, n);
@@ -165,8 +169,10 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     was = ctx->cur;
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
+    dtr__obs_phase_begin(ctx, DTR_PHASE_BACKWARD);
     r = dtr__seed(ctx, out, grad);
     if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
+    dtr__obs_phase_end(ctx, DTR_PHASE_BACKWARD);
     ctx->cur = was;
     return r;
 }

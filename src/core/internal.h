@@ -352,6 +352,7 @@ struct dtr_context {
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
     int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
+    struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */

@@ -4,6 +4,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "internal.h"
+#include "../obs/obs_internal.h"
 
 /* ---- shapes ---- */
 
@@ -340,9 +341,12 @@ static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
 
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     dtr_result r;
+    double t0 = 0.0;
     if (ctx->status != DTR_OK) return NULL;
     node->taped = dtr__node_needs_grad(ctx, node);
+    if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->forward(ctx, node);
+    if (ctx->obs) dtr__obs_op(ctx->obs, node, 0, t0, dtr__obs_now());
     if (r != DTR_OK) {
         if (ctx->status == DTR_OK) dtr__fail(ctx, r, "%s: forward kernel of op '%s' failed", opname, dtr__op_name(node->op));
         return NULL;

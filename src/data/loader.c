@@ -21,6 +21,7 @@
 #include "../public/api_data.h"
 #include "../core/internal.h"
 #include "data_internal.h"
+#include "../obs/obs_internal.h"
 #include <pthread.h>
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -54,6 +55,7 @@ typedef struct dtr__worker {
 
 struct dtr_loader {
     dtr_dataset *ds;
+    struct dtr_metrics *obs;  /* marks the waits of dtr_loader_next (dtr_metrics_watch_loader) */
     dtr_loader_cursor state_cursor;   /* dtr_loader_state's "cursor" entry */
     dtr_loader_config cfg;
     dtr_allocation_callbacks alloc;
@@ -563,14 +565,17 @@ const char *dtr_loader_last_error(const dtr_loader *l) { return l ? l->msg : "";
 
 /* ---- handing out batches ---- */
 
+void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m) { l->obs = m; }
+
 dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out) {
     dtr__slot *slot;
     const dtr_sample_layout *L;
-    double t0;
+    double t0, o0 = 0.0;
     int d;
     if (!l || !out) return DTR_NULL_HANDLE;
     memset(out, 0, sizeof *out);
     t0 = dtr__wall_seconds();
+    if (l->obs) o0 = dtr__obs_now();
     if (l->nthreads == 0) {
         if (l->held) l->head++;
         slot = &l->slots[0];
@@ -593,6 +598,10 @@ dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out) {
     {
         double dt = dtr__wall_seconds() - t0;
         if (dt > 0) l->stats.wait_s += dt;
+        if (l->obs) {
+            dtr__obs_enter(l->obs, DTR_PHASE_DATA, o0);
+            dtr__obs_leave(l->obs, DTR_PHASE_DATA, dtr__obs_now());
+        }
     }
     out->epoch = slot->seq / l->batches;
     out->position = slot->seq % l->batches;

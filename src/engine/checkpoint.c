@@ -16,6 +16,7 @@
 #include "../public/api.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
+#include "../obs/obs_internal.h"
 #include <errno.h>
 #include <pthread.h>
 #include <dirent.h>
@@ -840,7 +841,7 @@ static dtr_result dtr__ck_snapshot(dtr_ckpt *ck) {
     return DTR_OK;
 }
 
-dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
+static dtr_result dtr__ck_save(dtr_ckpt *ck, int64_t step, int *started) {
     dtr_result r, prev = DTR_OK;
     double t0 = dtr__ck_now();
     if (started) *started = 0;
@@ -867,6 +868,14 @@ dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
         ck->done = 1;
     } else ck->running = 1;
     return prev;
+}
+
+dtr_result dtr_ckpt_save(dtr_ckpt *ck, int64_t step, int *started) {
+    dtr_result r;
+    if (ck && ck->cfg.ctx) dtr__obs_phase_begin(ck->cfg.ctx, DTR_PHASE_CHECKPOINT);   /* the metrics' checkpoint time */
+    r = dtr__ck_save(ck, step, started);
+    if (ck && ck->cfg.ctx) dtr__obs_phase_end(ck->cfg.ctx, DTR_PHASE_CHECKPOINT);
+    return r;
 }
 
 dtr_result dtr_ckpt_wait(dtr_ckpt *ck) {

@@ -25,12 +25,14 @@
 #include "../comm/comm_internal.h"
 #include "compress.h"
 #include "zero.h"
+#include "../obs/obs_internal.h"
 
 typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
     int nparams, pending;   /* parameters, and those whose gradient is not final yet */
     dtr_request *req;
     int in_backward;        /* started by the hook */
+    double t_start;         /* when it started (with a dtr_metrics: the timeline's span) */
 } dtr__bucket;
 
 struct dtr_dp {
@@ -58,6 +60,7 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     b->in_backward = from_hook;
+    if (dp->ctx->obs) b->t_start = dtr__obs_now();
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
 }
@@ -177,12 +180,22 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     return DTR_OK;
 }
 
+/* with a dtr_metrics: the wait and the bucket's whole collective as spans, the wait counted */
+static void dtr__dp_observe(dtr_dp *dp, int i, double w0) {
+    double t = dtr__obs_now();
+    dtr__obs_span(dp->ctx->obs, "wait", DTR__OBS_COMM, 0, i, w0, t);
+    dtr__obs_span(dp->ctx->obs, "all_reduce", DTR__OBS_COMM, 1 + i % 16, i, dp->b[i].t_start, t);
+    dtr__obs_comm_wait(dp->ctx->obs, t - w0);
+}
+
 static dtr_result dtr__dp_wait_all(dtr_dp *dp) {
     dtr_result first = DTR_OK;
     int i;
     for (i = 0; i < dp->nb; i++) {
         if (dp->b[i].req) {
+            double w0 = dp->ctx->obs ? dtr__obs_now() : 0.0;
             dtr_result r = dtr_request_wait(dp->b[i].req);
+            if (dp->ctx->obs) dtr__dp_observe(dp, i, w0);
             if (r != DTR_OK && first == DTR_OK) first = r;
             dtr_request_destroy(dp->b[i].req);
             dp->b[i].req = NULL;
@@ -223,6 +236,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     int i;
     if (!dp) return DTR_NULL_HANDLE;
     if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
+    dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
@@ -236,6 +250,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
     dtr__dp_reset(dp);
+    dtr__obs_phase_end(dp->ctx, DTR_PHASE_COMM);
     if (r == DTR_OK) r = w;
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "dtr_dp_finish: %s", dtr_comm_last_error(dp->c));
     return DTR_OK;
@@ -256,12 +271,10 @@ dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
     return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
 
-dtr_result dtr_dp_step_done(dtr_dp *dp) {
+static dtr_result dtr__dp_step_done(dtr_dp *dp) {
     dtr_dp_stats *st;
     int64_t n, w;
     dtr_result r;
-    if (!dp) return DTR_NULL_HANDLE;
-    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
     st = dtr__dpc_stats(dp->cz);
     if (dp->z) {
         st->steps++;
@@ -276,6 +289,16 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     st->wire_bytes += (uint64_t)n * sizeof(float);
     st->raw_bytes += (uint64_t)n * sizeof(float);
     return DTR_OK;
+}
+
+dtr_result dtr_dp_step_done(dtr_dp *dp) {
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (dp->nb && dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_step_done");
+    dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);   /* ZeRO's gather, local SGD's average */
+    r = dtr__dp_step_done(dp);
+    dtr__obs_phase_end(dp->ctx, DTR_PHASE_COMM);
+    return r;
 }
 
 dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {

@@ -6,6 +6,7 @@
 #include "../public/api.h"
 #include "../core/internal.h"
 #include "../core/formulas.h"
+#include "../obs/obs_internal.h"
 #include <math.h>
 
 struct dtr_optimizer {
@@ -333,17 +334,30 @@ dtr_result dtr_optimizer_step(dtr_optimizer *o, int *updated) {
     return dtr_optimizer_step_range(o, o->base, o->base + o->len, updated);
 }
 
+static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated);
+
 dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx;
-    dtr__opt_args a;
     dtr_result r;
-    int skip;
     if (updated) *updated = 0;
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
     if ((r = dtr__check_range(o, begin, end)) != DTR_OK) return r;
     if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
+    dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
+    r = dtr__optimizer_update(o, begin, end, updated);
+    dtr__obs_phase_end(ctx, DTR_PHASE_OPTIMIZER);
+    return r;
+}
+
+/* one update (the micro-batch count reached grad_accum_steps) */
+static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    dtr__opt_args a;
+    dtr_result r;
+    double norm = -1.0;
+    int skip;
     o->micro = 0;
     memset(&a, 0, sizeof(a));
     a.kind = o->cfg.kind;
@@ -370,6 +384,12 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     a.work = o->work;
     if ((r = dtr__check_grads(o, &a, begin, end, &skip)) != DTR_OK) return r;
     if (skip) return dtr_model_zero_grad(o->model);
+    if (o->cfg.clip_norm > 0.0f || o->cfg.nonfinite != DTR_NONFINITE_OFF) norm = o->last_norm;
+    else if (ctx->obs && dtr__obs_wants_grad_norm(ctx->obs)) {   /* no check measured it: the metrics ask */
+        if ((r = dtr__range_norm(o, begin, end, &norm)) != DTR_OK) return r;
+        norm *= a.grad_scale;
+    }
+    if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
     r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;

@@ -57,7 +57,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include "../../dtrain.h"   /* DTR_VERSION_STRING only */
+#include "../../dtrain.h"   /* DTR_VERSION_STRING, dtr_trace_merge */
 
 #define MAX_RANKS 1024
 #define LINE_MAX_BYTES 65536
@@ -211,8 +211,23 @@ static void usage(FILE *f) {
             "                     one rank fewer while at least M remain (default N: never fewer)\n"
             "  --version          print the version\n"
             "After a restart dtrun prints the time from the failure to the first step of the new\n"
-            "attempt (the first dtr_elastic_step() call of a rank).\n",
+            "attempt (the first dtr_elastic_step() call of a rank).\n"
+            "or:    dtrun --merge-traces OUT IN...   merge the ranks' timelines (dtr_metrics) into OUT\n",
             MAX_RANKS);
+}
+
+/* dtrun --merge-traces OUT IN...: one Perfetto file with a process row per rank */
+static int merge_traces(int argc, char **argv) {
+    char err[512];
+    if (argc < 2) {
+        fprintf(stderr, "dtrun: --merge-traces needs OUT and at least one input file\n");
+        return 2;
+    }
+    if (dtr_trace_merge((const char *const *)(argv + 1), argc - 1, argv[0], err, sizeof err) != DTR_OK) {
+        fprintf(stderr, "dtrun: %s\n", err);
+        return 1;
+    }
+    return 0;
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -686,6 +701,7 @@ int main(int argc, char **argv) {
     memset(&j, 0, sizeof j);
     j.grace_s = 5;
     j.notify[0] = j.notify[1] = -1;
+    if (argc > 1 && strcmp(argv[1], "--merge-traces") == 0) return merge_traces(argc - 2, argv + 2);
     if ((rc = parse_args(argc, argv, &j)) >= 0) return rc;
     ranks = (rank_proc *)calloc((size_t)j.n, sizeof *ranks);
     if (!ranks) {
