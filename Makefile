@@ -160,7 +160,8 @@ $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
 $(BUILD)/tests/test_fabric: $(COMM_OBJ)
 $(BUILD)/tests/test_fabric: EXTRA_LIBS += $(FABRIC_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
-COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt
+COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt \
+                 $(BUILD)/examples/fmnist_ps $(BUILD)/bench/ps
 $(COMM_PROGRAMS): $(COMM_OBJ)
 $(COMM_PROGRAMS): EXTRA_LIBS += $(FABRIC_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)

@@ -171,6 +171,7 @@ static void usage(FILE *f) {
             "  --port P         rendezvous port (default: a free one)\n"
             "  --secret S       shared secret (default: $DTR_SECRET, else a random one)\n"
             "  --grace SECONDS  time between SIGTERM and SIGKILL when stopping ranks (default 5)\n"
+            "  --servers S      parameter servers: exports DTR_PS_SERVERS=S (dtr_ps_create reads it)\n"
             "  --version        print the version\n",
             MAX_RANKS);
 }
@@ -301,6 +302,13 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "dtrun: --port %s: expected 1..65535\n", argv[i]);
                 return 2;
             }
+        } else if (strcmp(a, "--servers") == 0) {
+            long ns;
+            if (!parse_int(argv[++i], 1, MAX_RANKS - 1, &ns)) {
+                fprintf(stderr, "dtrun: --servers %s: expected 1..%d\n", argv[i], MAX_RANKS - 1);
+                return 2;
+            }
+            setenv("DTR_PS_SERVERS", argv[i], 1);   /* inherited by every rank */
         } else if (strcmp(a, "--secret") == 0) {
             secret_arg = argv[++i];
         } else if (strcmp(a, "--grace") == 0) {
