@@ -536,7 +536,10 @@ typedef struct dtr_ps dtr_ps;
 
 /** Makes this rank's part of the parameter-server engine over `c` (every rank of the group
  *  calls it, with the same cfg and a model built alike): a server makes its optimizer over
- *  its range, a worker its buffers. Not a collective (nothing is sent).
+ *  its range, a worker its buffers; then the engine's own group is split from `c` (a
+ *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
+ *  copy of that group waits a day for a worker's next message; the engine's worker deadline
+ *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
  *  staleness < 0, push_dtype, mode, policy; the context's message says which), DTR_UNSUPPORTED
  *  (LAMB, clip_norm), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
