@@ -35,6 +35,10 @@
  *                         after 50 steps (relative error <= 1e-5), the same bits on every
  *                         rank (shm: N = 2 and 4; tcp: N = 2); and with ZeRO-2 (shm: N = 3,
  *                         tcp: N = 2).
+ *   test_{shm,tcp}_ps     synchronous parameter servers (dtr_ps): the workers end with the
+ *                         weights that all-reduce data parallelism over the workers' own
+ *                         sub-group gives after 20 steps (relative error <= 1e-6); shm: 1
+ *                         server + 2 workers and 2 servers + 4 workers; tcp: 1 + 2.
  *   test_{shm,tcp}_pipe   pipeline-parallel training (dtr_pipe, 1F1B, 4 micro-batches) of
  *                         tests/pipe_model.h on 2 processes, and over shm the interleaved
  *                         schedule with 2 chunks per rank: 20 steps give the weights and the
@@ -983,6 +987,90 @@ static void dp_equivalence(int p) {
 static void test_shm_dp(void) { dp_equivalence(0); }
 static void test_tcp_dp(void) { dp_equivalence(1); }
 
+/* ---- cases: parameter servers ---- */
+
+#define PS_STEPS 20
+
+/* the MLP trained by the workers (ranks S..) with all-reduce data parallelism over their own
+   sub-group, for the reference */
+static float *ps_dp_reference(rank_ctx *rc, int S) {
+    dtr_comm *w = NULL;
+    dtr_dp *dp = NULL;
+    dtr_dp_config dc = dtr_dp_config_init();
+    float *out = NULL;
+    mlp n;
+    int t, ok;
+    RCHECK_OK(rc, rc->comm, dtr_comm_split(rc->comm, rc->rank < S ? DTR_COMM_UNDEFINED : 0, rc->rank, &w));
+    if (!w) return NULL;
+    ok = mlp_init(&n, 7, 1) && dtr_dp_create(n.m, w, &dc, &dp) == DTR_OK;
+    for (t = 0; t < PS_STEPS && ok; t++)
+        ok = mlp_backward(&n, t, (int64_t)dtr_comm_rank(w) * DP_B, DP_B) == DTR_OK && dtr_dp_finish(dp) == DTR_OK &&
+             dtr_optimizer_step(n.opt, NULL) == DTR_OK && dtr_context_reset(n.ctx) == DTR_OK;
+    RCHECK_MSG(rc, ok, "all-reduce reference: %s", dtr_comm_last_error(w));
+    if (ok) {
+        out = (float *)malloc((size_t)dtr_model_numel(n.m) * sizeof(float));
+        memcpy(out, dtr_model_params(n.m), (size_t)dtr_model_numel(n.m) * sizeof(float));
+    }
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(w);
+    mlp_free(&n);
+    return out;
+}
+
+/* synchronous parameter servers (ranks 0..S-1) and workers: the workers end with the weights
+   of all-reduce data parallelism */
+static void sc_ps(rank_ctx *rc) {
+    int S = *(const int *)rc->j->arg, t, wi;
+    float *ref = ps_dp_reference(rc, S);
+    dtr_ps_config pc = dtr_ps_config_init();
+    dtr_ps *ps = NULL;
+    dtr_result r;
+    mlp n;
+    if (!mlp_init(&n, 7, 1)) { rfail(rc, __LINE__, "mlp_init"); free(ref); return; }
+    pc.servers = S;
+    pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
+    pc.opt.momentum = 0.9f;
+    RCHECK_OK(rc, rc->comm, dtr_ps_create(n.m, rc->comm, &pc, &ps));
+    wi = dtr_ps_index(ps);
+    if (ps && dtr_ps_is_server(ps)) {
+        r = dtr_ps_serve(ps);
+        RCHECK_MSG(rc, r == DTR_OK, "server %d: %s", wi, dtr_context_last_error(n.ctx));
+    } else if (ps) {
+        r = dtr_ps_pull(ps);
+        for (t = 0; t < PS_STEPS && r == DTR_OK; t++) {
+            if ((r = mlp_backward(&n, t, (int64_t)wi * DP_B, DP_B)) == DTR_OK) r = dtr_ps_step(ps);
+            dtr_context_reset(n.ctx);
+        }
+        if (r == DTR_OK) r = dtr_ps_finish(ps);
+        RCHECK_MSG(rc, r == DTR_OK, "worker %d: %s", wi, dtr_context_last_error(n.ctx));
+        if (r == DTR_OK && ref) {
+            double e = rel_err(dtr_model_params(n.m), ref, dtr_model_numel(n.m));
+            RCHECK_MSG(rc, e <= 1e-6, "%d servers, %d workers: relative error %.3g vs all-reduce", S, rc->size - S, e);
+            if (wi == 0) printf("    %d server(s), %d workers over %s: relative error %.2e vs all-reduce\n", S,
+                                rc->size - S, dtr_comm_transport_detail(rc->comm), e);
+            fflush(stdout);
+        }
+    }
+    dtr_ps_destroy(ps);
+    mlp_free(&n);
+    free(ref);
+}
+
+static void ps_equivalence(int p) {
+    static const int one = 1, two = 2;
+    const char *prov = p ? PROV_TCP : PROV_SHM;
+    job j;
+    if (!prov_ok(p)) return;
+    j = job_init(prov, 3, sc_ps, &one, "parameter servers: 1 server, 2 workers");
+    CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
+    if (p) return;   /* tcp: the smallest world (time) */
+    j = job_init(prov, 6, sc_ps, &two, "parameter servers: 2 servers, 4 workers");
+    CHECK_MSG(run_job(&j, g_quick ? 120 : 60) == 0, "%s", j.what);
+}
+
+static void test_shm_ps(void) { ps_equivalence(0); }
+static void test_tcp_ps(void) { ps_equivalence(1); }
+
 /* ---- cases: pipeline-parallel training ---- */
 
 #include "pipe_model.h"
@@ -1632,6 +1720,8 @@ int main(void) {
         RUN_SEL(test_tcp_truncation);
         RUN_SEL(test_shm_dp);
         RUN_SEL(test_tcp_dp);
+        RUN_SEL(test_shm_ps);
+        RUN_SEL(test_tcp_ps);
         RUN_SEL(test_shm_pipe);
         RUN_SEL(test_shm_hierarchical);
         RUN_SEL(test_tcp_hierarchical);
