@@ -2541,6 +2541,7 @@ typedef struct dtr_ps_stats {
     int64_t staleness[DTR_PS_STALENESS_BINS]; /**< server: pushes by staleness (clocks); the last bin counts that many or more */
     int64_t max_staleness;       /**< server: the largest staleness seen */
     int64_t pushes, pulls;       /**< worker: pushes and pulls made (each to every server) */
+    int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
     int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
     uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
 } dtr_ps_stats;
@@ -2590,6 +2591,20 @@ DTR_API dtr_result dtr_ps_step(dtr_ps *ps);
  *  @return DTR_OK, DTR_BAD_STATE (on a server), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_finish(dtr_ps *ps);
+/** Worker, sparse: pushes the gradient rows `rows[0..n)` (distinct indices along the first
+ *  axis) of `param`, a parameter of the model (an embedding table), to the servers that hold
+ *  them (a row may span two), and zeroes those rows of the gradient buffer. Servers apply
+ *  rows on arrival in every mode, as plain SGD at their optimizer's current learning rate
+ *  (rows keep no moments), without a round. Only the rows' bytes travel.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (on a server), DTR_INVALID_ARGUMENT (not a
+ *  parameter of the model, a row outside the table or repeated, more rows than fit one
+ *  message to a server: the segments and values of a server's rows must fit its range's
+ *  size), or the group's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
+/** Worker, sparse: pulls the current values of rows `rows[0..n)` of `param` into the model
+ *  (answered at once in every mode). @return as dtr_ps_push_rows.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
 /** Copies the engine's counters into *out. @return DTR_OK or DTR_NULL_HANDLE.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out);
@@ -2652,7 +2667,7 @@ DTR_API dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out);
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 2656 "dtrain.h"
+#line 2671 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3125,7 +3140,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 3129 "dtrain.h"
+#line 3144 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -3180,7 +3195,7 @@ DTR__PRIVATE dtr_result dtr__memory_dataset(const dtr_allocation_callbacks *allo
 #ifdef __cplusplus
 }
 #endif
-#line 3184 "dtrain.h"
+#line 3199 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -3450,7 +3465,7 @@ void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
 #ifdef __cplusplus
 }
 #endif
-#line 3454 "dtrain.h"
+#line 3469 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -3477,7 +3492,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 3481 "dtrain.h"
+#line 3496 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -3510,7 +3525,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 3514 "dtrain.h"
+#line 3529 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -3523,8 +3538,11 @@ DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
 #define DTR__PS_MAGIC 0x53505444u   /* "DTPS" */
 #define DTR__PS_VERSION 1
 
-/** Message kinds (worker -> server: PUSH, PULL, DONE; server -> worker: REPLY). */
-enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4 };
+/** Message kinds (worker -> server: PUSH, PULL, DONE, PUSH_ROWS, PULL_ROWS; server -> worker:
+ *  REPLY). The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the
+ *  server's range) before their values; `count` is the sum of the lengths. */
+enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6 };
+#define DTR__PS_MAX_SEGMENTS (1 << 24)
 
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
  *  message is the header, `count` values of `dtype`, then the 8-byte trailer
@@ -3565,7 +3583,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 3569 "dtrain.h"
+#line 3587 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -3615,7 +3633,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 3619 "dtrain.h"
+#line 3637 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -3967,7 +3985,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 3971 "dtrain.h"
+#line 3989 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -4758,7 +4776,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 4762 "dtrain.h"
+#line 4780 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -5199,7 +5217,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 5203 "dtrain.h"
+#line 5221 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -5330,7 +5348,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     return DTR_OK;
 }
-#line 5334 "dtrain.h"
+#line 5352 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -5705,7 +5723,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 5709 "dtrain.h"
+#line 5727 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -5904,7 +5922,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 5908 "dtrain.h"
+#line 5926 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -6135,7 +6153,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 6139 "dtrain.h"
+#line 6157 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -6585,7 +6603,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 6589 "dtrain.h"
+#line 6607 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -6764,7 +6782,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 6768 "dtrain.h"
+#line 6786 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -7169,7 +7187,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     shape[2] = C;
     return dtr_reshape(ctx, y, 3, shape);
 }
-#line 7173 "dtrain.h"
+#line 7191 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -7669,7 +7687,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 7673 "dtrain.h"
+#line 7691 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -7928,7 +7946,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 7932 "dtrain.h"
+#line 7950 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -8114,7 +8132,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 8118 "dtrain.h"
+#line 8136 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -8227,7 +8245,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 8231 "dtrain.h"
+#line 8249 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -8701,7 +8719,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 8705 "dtrain.h"
+#line 8723 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -8870,7 +8888,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 8874 "dtrain.h"
+#line 8892 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -9119,7 +9137,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 9123 "dtrain.h"
+#line 9141 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -9549,7 +9567,7 @@ dtr_result dtr_optimizer_state_loaded(dtr_optimizer *o) {
                          o->micro);
     return DTR_OK;
 }
-#line 9553 "dtrain.h"
+#line 9571 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -9896,7 +9914,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 9900 "dtrain.h"
+#line 9918 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -9962,7 +9980,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 9966 "dtrain.h"
+#line 9984 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -10199,7 +10217,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 10203 "dtrain.h"
+#line 10221 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -10948,7 +10966,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 10952 "dtrain.h"
+#line 10970 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -11401,7 +11419,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 11405 "dtrain.h"
+#line 11423 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -11457,7 +11475,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 11461 "dtrain.h"
+#line 11479 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -12234,7 +12252,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 12238 "dtrain.h"
+#line 12256 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -12815,7 +12833,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 12819 "dtrain.h"
+#line 12837 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -13446,7 +13464,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 13450 "dtrain.h"
+#line 13468 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -14184,7 +14202,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 14188 "dtrain.h"
+#line 14206 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -14451,7 +14469,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 14455 "dtrain.h"
+#line 14473 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -14641,7 +14659,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 14645 "dtrain.h"
+#line 14663 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -14775,7 +14793,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 14779 "dtrain.h"
+#line 14797 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -15509,7 +15527,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 15513 "dtrain.h"
+#line 15531 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -16026,7 +16044,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 16030 "dtrain.h"
+#line 16048 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -16758,7 +16776,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 16762 "dtrain.h"
+#line 16780 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -17835,7 +17853,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 17839 "dtrain.h"
+#line 17857 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -18387,7 +18405,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 18391 "dtrain.h"
+#line 18409 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -18869,7 +18887,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *in) {
     }
     return r;
 }
-#line 18873 "dtrain.h"
+#line 18891 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -19322,7 +19340,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 19326 "dtrain.h"
+#line 19344 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -19681,7 +19699,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 19685 "dtrain.h"
+#line 19703 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -19878,7 +19896,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 19882 "dtrain.h"
+#line 19900 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -20211,7 +20229,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 20215 "dtrain.h"
+#line 20233 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -20644,7 +20662,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 20648 "dtrain.h"
+#line 20666 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -20693,6 +20711,7 @@ struct dtr_ps {
     dtr_optimizer *opt;
     dtr__ps_peer *peer;
     float *slots;              /* SYNC: W pushes of this round, in worker order */
+    float *scratch;            /* a range of floats: decoded rows */
     int64_t clock, last_any_ns;
     /* worker */
     uint8_t **msg, **rep;      /* S request and S reply buffers */
@@ -20744,10 +20763,34 @@ uint64_t dtr__ps_trailer(const dtr__ps_hdr *h) {
 }
 
 size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
-    size_t es = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY ? dtr_dtype_size((dtr_dtype)h->dtype) : 0;
-    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_REPLY || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
-    if (es == 0 && h->count != 0) return 0;
-    return sizeof *h + (size_t)h->count * es + 8;
+    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
+    int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
+    size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (values && es == 0) return 0;
+    if (!values && !rows && h->count != 0) return 0;
+    if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
+    if (rows) segs = (size_t)h->begin * 16;
+    return sizeof *h + segs + (size_t)h->count * es + 8;
+}
+
+/* the segments of a ROWS message: each inside the server's range, their lengths summing to count */
+static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why,
+                                         size_t whylen) {
+    int64_t i, sum = 0;
+    if (h->count > e->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld row values, the range holds %lld",
+                                              (long long)h->count, (long long)e->count);
+    for (i = 0; i < h->begin; i++) {
+        int64_t seg[2];
+        memcpy(seg, buf + sizeof *h + (size_t)i * 16, 16);
+        if (seg[1] < 1 || seg[0] < e->begin || seg[1] > e->count || seg[0] - e->begin > e->count - seg[1])
+            return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segment %lld [%lld, +%lld) outside the range", (long long)i,
+                             (long long)seg[0], (long long)seg[1]);
+        sum += seg[1];
+        if (sum > h->count) break;
+    }
+    if (sum != h->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segments do not sum to %lld values", (long long)h->count);
+    return DTR_OK;
 }
 
 static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
@@ -20770,14 +20813,18 @@ dtr_result dtr__ps_parse(const void *buf, size_t cap, int from, const dtr__ps_ex
     if (h->version != DTR__PS_VERSION) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "version %u", (unsigned)h->version);
     if (h->worker != from) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "claims to be worker %d", (int)h->worker);
     if (h->clock < 0) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "negative clock %lld", (long long)h->clock);
-    if (h->kind != DTR__PS_PUSH && h->kind != DTR__PS_PULL && h->kind != DTR__PS_DONE)
+    if (h->kind == DTR__PS_REPLY || h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "unknown kind %u", (unsigned)h->kind);
     if (h->kind == DTR__PS_PUSH && (r = dtr__ps_parse_push(h, e, why, whylen)) != DTR_OK) return r;
+    if (h->kind == DTR__PS_PUSH_ROWS && h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
     if ((n = dtr__ps_message_bytes(h)) == 0 || n > cap)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld values of dtype %d do not fit %zu bytes", (long long)h->count,
                          (int)h->dtype, cap);
     memcpy(&tr, (const uint8_t *)buf + n - 8, 8);
     if (tr != dtr__ps_trailer(h)) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "truncated (no trailer after %zu bytes)", n - 8);
+    if (h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS)
+        return dtr__ps_parse_segments((const uint8_t *)buf, h, e, why, whylen);
     return DTR_OK;
 }
 
@@ -20837,7 +20884,8 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
     ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
                                             : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
-    if (!ps->peer || !ps->slots) return DTR_OUT_OF_MEMORY;
+    ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
         ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
@@ -20931,6 +20979,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     if (ps->peer) dtr__ps_cancel(ps);
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->slots);
+    dtr__free(&a, ps->scratch);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -21064,6 +21113,53 @@ static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
                 ps->S + w, why);
 }
 
+/* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
+static void dtr__ps_segment(const uint8_t *buf, int64_t i, int64_t *seg) {
+    memcpy(seg, buf + dtr__ps_hdr_bytes + (size_t)i * 16, 16);
+}
+
+/* PUSH_ROWS, applied on arrival in every mode: plain SGD on the rows at the optimizer's
+   learning rate (no moments for rows) */
+static dtr_result dtr__ps_on_push_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    const uint8_t *in = ps->peer[w].in, *val = in + dtr__ps_hdr_bytes + (size_t)h->begin * 16;
+    size_t es = dtr_dtype_size((dtr_dtype)h->dtype);
+    float lr = ps->opt ? dtr_optimizer_lr(ps->opt) : 0.0f, *p = dtr_model_params(ps->m);
+    int64_t i, k, at = 0, seg[2];
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(in, i, seg);
+        dtr_convert(ps->scratch, DTR_F32, val + (size_t)at * es, (dtr_dtype)h->dtype, (size_t)seg[1]);
+        for (k = 0; k < seg[1]; k++) p[seg[0] + k] -= lr * ps->scratch[k];
+        at += seg[1];
+    }
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* PULL_ROWS, answered at once with the rows' current values */
+static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    const float *params = dtr_model_params(ps->m);
+    int64_t i, at = 0, seg[2];
+    dtr__ps_hdr rh;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it asked again */
+        dtr_result r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+        if (r != DTR_OK) return r;
+    }
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(p->in, i, seg);
+        memcpy(p->out + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), params + seg[0], (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    rh = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, h->begin, h->count, DTR_F32);
+    n = dtr__ps_seal(p->out, &rh);
+    ps->st.row_pulls++;
+    ps->st.bytes_sent += n;
+    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
 /* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
 static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     dtr__ps_peer *p = &ps->peer[w];
@@ -21085,6 +21181,8 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
     if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
     else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
+    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
+    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
     else return dtr__ps_on_push(ps, w, &h);
     return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
 }
@@ -21281,22 +21379,29 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     return dtr_model_zero_grad(ps->m);
 }
 
-/* checks server s's reply and copies its range into the model */
-static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
-    dtr__ps_hdr h;
+/* checks server s's reply: a REPLY of `count` f32 values with `begin`, whole */
+static dtr_result dtr__ps_check_reply(dtr_ps *ps, int s, int64_t begin, int64_t count, dtr__ps_hdr *h) {
     uint64_t tr;
     size_t n;
-    int64_t b = ps->range[s], len = ps->range[s + 1] - b;
-    memcpy(&h, ps->rep[s], sizeof h);
-    n = dtr__ps_message_bytes(&h);
-    if (h.magic != DTR__PS_MAGIC || h.kind != DTR__PS_REPLY || h.worker != s || h.begin != b || h.count != len ||
-        h.dtype != DTR_F32 || n == 0)
-        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "dtr_ps_pull: malformed reply from server %d", s);
+    memcpy(h, ps->rep[s], sizeof *h);
+    n = dtr__ps_message_bytes(h);
+    if (h->magic != DTR__PS_MAGIC || h->kind != DTR__PS_REPLY || h->worker != s || h->begin != begin || h->count != count ||
+        h->dtype != DTR_F32 || n == 0)
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed reply", s);
     memcpy(&tr, ps->rep[s] + n - 8, 8);
-    if (tr != dtr__ps_trailer(&h)) return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "dtr_ps_pull: truncated reply from server %d", s);
+    if (tr != dtr__ps_trailer(h)) return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d: truncated reply", s);
+    ps->st.bytes_received += n;
+    return DTR_OK;
+}
+
+/* checks server s's reply to a pull and copies its range into the model */
+static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
+    int64_t b = ps->range[s], len = ps->range[s + 1] - b;
+    dtr__ps_hdr h;
+    dtr_result r = dtr__ps_check_reply(ps, s, b, len, &h);
+    if (r != DTR_OK) return r;
     memcpy(dtr_model_params(ps->m) + b, ps->rep[s] + dtr__ps_hdr_bytes, (size_t)len * sizeof(float));
     ps->sclock[s] = h.clock;
-    ps->st.bytes_received += n;
     return DTR_OK;
 }
 
@@ -21339,7 +21444,124 @@ dtr_result dtr_ps_finish(dtr_ps *ps) {
     r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
     return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
 }
-#line 21343 "dtrain.h"
+
+/* ---- sparse rows ---- */
+
+/* param's offset in the buffer and row width; rows in range and distinct */
+static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tensor *param, const int64_t *rows, int n,
+                                     int64_t *off, int64_t *dim) {
+    int i, np = dtr_model_param_count(ps->m), k = -1;
+    int64_t nrows;
+    uint8_t *seen;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    for (i = 0; i < np && k < 0; i++)
+        if (dtr_model_param_at(ps->m, i) == param) k = i;
+    if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))
+        return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: not a parameter of the model, or %d rows", fn, n);
+    nrows = dtr_tensor_dim(param, 0);
+    *off = dtr_model_param_offset(ps->m, k);
+    *dim = nrows ? dtr_tensor_numel(param) / nrows : 0;
+    seen = (uint8_t *)dtr__calloc(&ps->ctx->alloc, (size_t)nrows + 1);
+    if (!seen) return dtr__fail(ps->ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = 0; i < n && rows[i] >= 0 && rows[i] < nrows && !seen[rows[i]]; i++) seen[rows[i]] = 1;
+    dtr__free(&ps->ctx->alloc, seen);
+    if (i < n) return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: row %lld is outside [0, %lld) or repeated", fn,
+                                (long long)rows[i], (long long)nrows);
+    return DTR_OK;
+}
+
+/* writes server s's pieces of the rows as segments after msg[s]'s header; returns how many,
+   *values their floats; DTR_INVALID_ARGUMENT when they would not fit one message */
+static dtr_result dtr__ps_rows_segments(dtr_ps *ps, int s, int64_t off, int64_t dim, const int64_t *rows, int n,
+                                        size_t es, int64_t *nseg, int64_t *values) {
+    int64_t lo = ps->range[s], hi = ps->range[s + 1];
+    int i;
+    *nseg = *values = 0;
+    for (i = 0; i < n; i++) {
+        int64_t a = off + rows[i] * dim, b = a + dim, seg[2];
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (a >= b) continue;
+        seg[0] = a, seg[1] = b - a;
+        *values += seg[1];
+        if ((size_t)(*nseg + 1) * 16 + (size_t)*values * es > (size_t)(hi - lo) * sizeof(float))
+            return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%d rows do not fit one message to server %d: send fewer at once", n, s);
+        memcpy(ps->msg[s] + dtr__ps_hdr_bytes + (size_t)*nseg * 16, seg, 16);
+        (*nseg)++;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[64];
+    int64_t off, dim, nseg, values, i, at, seg[2];
+    size_t es;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_push_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    es = dtr_dtype_size(ps->cfg.push_dtype);
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        uint8_t *val;
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, es, &nseg, &values)) != DTR_OK || nseg == 0) continue;
+        val = ps->msg[s] + dtr__ps_hdr_bytes + (size_t)nseg * 16;
+        for (i = 0, at = 0; i < nseg; at += seg[1], i++) {
+            dtr__ps_segment(ps->msg[s], i, seg);
+            dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr_model_grads(ps->m) + seg[0], DTR_F32, (size_t)seg[1]);
+        }
+        h = dtr__ps_header(DTR__PS_PUSH_ROWS, ps->index, ps->wclock, nseg, values, (int)ps->cfg.push_dtype);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k]);
+        if (r == DTR_OK) k++;
+    }
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push_rows", r);
+    for (i = 0; i < n; i++) memset(dtr_model_grads(ps->m) + off + rows[i] * dim, 0, (size_t)dim * sizeof(float));
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* scatters server s's reply to a PULL_ROWS of nseg segments (in msg[s]) into the parameters */
+static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t values) {
+    dtr__ps_hdr h;
+    int64_t i, at = 0, seg[2];
+    dtr_result r = dtr__ps_check_reply(ps, s, nseg, values, &h);
+    for (i = 0; i < nseg && r == DTR_OK; i++) {
+        dtr__ps_segment(ps->msg[s], i, seg);
+        memcpy(dtr_model_params(ps->m) + seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float),
+               (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    return r;
+}
+
+dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[128];
+    int64_t off, dim, nseg[64], values[64];
+    size_t cap = dtr__ps_hdr_bytes + (size_t)(ps ? ps->maxlen : 0) * sizeof(float) + 8;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_pull_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, 0, &nseg[s], &values[s])) != DTR_OK || nseg[s] == 0) continue;
+        h = dtr__ps_header(DTR__PS_PULL_ROWS, ps->index, ps->wclock, nseg[s], values[s], 0);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[k])) != DTR_OK) break;
+        k++;
+        if ((r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k])) == DTR_OK) k++;
+    }
+    if (r != DTR_OK && k > 0) dtr_comm_abort(ps->g, "dtr_ps_pull_rows failed");   /* the posted receives must end */
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull_rows", r);
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if (nseg[s] > 0) r = dtr__ps_take_rows(ps, s, nseg[s], values[s]);
+    ps->st.row_pulls++;
+    return r;
+}
+#line 21565 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -21393,7 +21615,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 21397 "dtrain.h"
+#line 21619 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -15,6 +15,11 @@
  *                         images (about 84%); DTR_PS_FULL=1 (make test-ps-full): all 60000,
  *                         >= 85%; DTR_TEST_QUICK: 4096 images, >= 70%. SSP's staleness never
  *                         exceeds 2, every push is applied
+ *   test_ps_rows          sparse rows of an embedding table (one row split between the two
+ *                         servers): pushed rows change by -lr * gradient on the servers and
+ *                         nothing else does, the workers pull them back, pushed gradient rows
+ *                         are zeroed, each server gets one message per worker that touches
+ *                         it, repeated or out-of-range rows are refused
  *   test_ps_worker_stall  SYNC, a worker silent past the deadline: policy CONTINUE drops it
  *                         (the others finish, its stale push is discarded, it rejoins); policy
  *                         FAIL fails every rank within the deadline plus a bound, naming it */
@@ -42,6 +47,7 @@ typedef struct ps_job {
     int step_ms;                               /* every worker's step takes at least this long */
     int crafted;                               /* worker 0 sends crafted messages first */
     int dp;                                    /* 1: all-reduce data parallelism over W ranks instead */
+    void *(*rank_fn)(void *);                  /* NULL: rank_main */
     dtr_local_world *w;
     /* results, by rank */
     float *params[MAXR];
@@ -219,7 +225,7 @@ static void job_run(ps_job *j) {
     dtr_local_world_create(N, NULL, &j->w);
     for (i = 0; i < N; i++) {
         pr[i].j = j, pr[i].rank = i;
-        pthread_create(&tid[i], NULL, rank_main, &pr[i]);
+        pthread_create(&tid[i], NULL, j->rank_fn ? j->rank_fn : rank_main, &pr[i]);
     }
     for (i = 0; i < N; i++) pthread_join(tid[i], NULL);
     dtr_local_world_destroy(j->w);
@@ -393,6 +399,103 @@ static void test_ps_malformed(void) {
     job_free(&j);
 }
 
+/* ---- sparse rows: an embedding table (40 x 6) and a vector (10), 2 servers ---- */
+
+static const int64_t g_rows[2][3] = {{0, 21, 39}, {5, 17, 19}};   /* row 21 spans both servers */
+
+static dtr_result rows_worker(dtr_ps *ps, dtr_model *m, dtr_tensor *emb, int wi) {
+    int64_t i, k;
+    float *g = dtr_model_grads(m);
+    dtr_result r = dtr_ps_pull(ps);
+    for (i = 0; i < 3; i++)
+        for (k = 0; k < 6; k++) g[g_rows[wi][i] * 6 + k] = (float)(wi + 1);
+    g[240] = 7.0f;   /* not a row: must not travel */
+    if (r == DTR_OK) r = dtr_ps_push_rows(ps, emb, g_rows[wi], 3);
+    if (r == DTR_OK) r = dtr_ps_pull_rows(ps, emb, g_rows[wi], 3);
+    if (r == DTR_OK) CHECK(dtr_ps_push_rows(ps, emb, (const int64_t[]){1, 1}, 2) == DTR_INVALID_ARGUMENT);
+    if (r == DTR_OK) CHECK(dtr_ps_pull_rows(ps, emb, (const int64_t[]){40}, 1) == DTR_INVALID_ARGUMENT);
+    for (i = 0; i < 3 && r == DTR_OK; i++) CHECK(g[g_rows[wi][i] * 6] == 0.0f);   /* pushed rows zeroed */
+    return r == DTR_OK ? dtr_ps_finish(ps) : r;
+}
+
+static void *rows_rank(void *arg) {
+    ps_rank *pr = (ps_rank *)arg;
+    ps_job *j = pr->j;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_context *ctx = test_ctx(1);
+    dtr_comm *c = NULL;
+    dtr_model *m = NULL;
+    dtr_ps *ps = NULL;
+    dtr_tensor *emb = NULL;
+    int64_t se[2] = {40, 6}, sv[1] = {10};
+    dtr_result r;
+    cc.local.world = j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
+    r = dtr_comm_create(&cc, &c, NULL, 0);
+    if (r == DTR_OK) r = dtr_model_create(ctx, 3, &m);
+    if (r == DTR_OK) {
+        emb = dtr_model_param(m, "emb", 2, se, DTR_INIT_NORMAL, 1.0f);
+        dtr_model_param(m, "v", 1, sv, DTR_INIT_NORMAL, 1.0f);
+        r = dtr_model_build(m);
+    }
+    if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
+    if (r == DTR_OK) r = dtr_ps_is_server(ps) ? dtr_ps_serve(ps) : rows_worker(ps, m, emb, dtr_ps_index(ps));
+    if (ps) dtr_ps_get_stats(ps, &j->st[pr->rank]);
+    j->res[pr->rank] = r;
+    snprintf(j->msg[pr->rank], sizeof j->msg[pr->rank], "%s", dtr_context_last_error(ctx));
+    if (m) {
+        j->numel = dtr_model_numel(m);
+        j->params[pr->rank] = (float *)malloc((size_t)j->numel * sizeof(float));
+        memcpy(j->params[pr->rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+    }
+    dtr_ps_destroy(ps);
+    dtr_comm_destroy(c);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return NULL;
+}
+
+static void test_ps_rows(void) {
+    ps_job j = job_init(2, 2, DTR_PS_SYNC), ref = j;
+    int64_t i, w, k;
+    j.pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.5f);
+    j.rank_fn = rows_rank;
+    job_run(&j);
+    ref.S = 1, ref.W = 0;   /* the initial values: a model nobody trained */
+    if (!job_ok(&j)) { job_free(&j); return; }
+    {
+        dtr_context *ctx = test_ctx(1);
+        dtr_model *m = NULL;
+        int64_t se[2] = {40, 6}, sv[1] = {10};
+        float *sp = server_params(&j), *init;
+        dtr_model_create(ctx, 3, &m);
+        dtr_model_param(m, "emb", 2, se, DTR_INIT_NORMAL, 1.0f);
+        dtr_model_param(m, "v", 1, sv, DTR_INIT_NORMAL, 1.0f);
+        dtr_model_build(m);
+        init = dtr_model_params(m);
+        for (i = 0; i < 250 && j.numel == 256; i++) {
+            float want = init[i];
+            for (w = 0; w < 2; w++)
+                for (k = 0; k < 3; k++)
+                    if (i / 6 == g_rows[w][k] && i < 240) want = init[i] - 0.5f * (float)(w + 1);
+            CHECK_MSG(sp[i] == want, "float %lld: %g, want %g", (long long)i, sp[i], want);
+        }
+        for (w = 0; w < 2; w++)   /* each worker pulled its rows back */
+            for (k = 0; k < 3; k++)
+                CHECK(j.params[2 + w][g_rows[w][k] * 6 + 5] == sp[g_rows[w][k] * 6 + 5]);
+        CHECK_EQ_INT(j.numel, 256);   /* the buffer's parameters start 16-float aligned: servers split at 128 */
+        CHECK_EQ_INT(j.st[0].row_pushes, 2);   /* worker 0: rows 0 and 21's head; worker 1: 5, 17, 19 */
+        CHECK_EQ_INT(j.st[1].row_pushes, 1);   /* worker 0: row 21's tail and 39 */
+        CHECK_EQ_INT(j.st[0].row_pulls, 2);
+        CHECK_EQ_INT(j.st[1].row_pulls, 1);
+        CHECK_EQ_INT(j.st[0].refused + j.st[1].refused, 0);
+        free(sp);
+        dtr_model_destroy(m);
+        dtr_context_destroy(ctx);
+    }
+    job_free(&j);
+    job_free(&ref);
+}
+
 static double fm_accuracy(ps_job *j) {
     dtr_context *ctx = test_ctx(1);
     fm_net net;
@@ -485,6 +588,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_sync_equals_dp);
     RUN_IF(test_ps_malformed);
     RUN_IF(test_ps_worker_stall);
+    RUN_IF(test_ps_rows);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);
     return test_summary();

@@ -43,6 +43,7 @@ struct dtr_ps {
     dtr_optimizer *opt;
     dtr__ps_peer *peer;
     float *slots;              /* SYNC: W pushes of this round, in worker order */
+    float *scratch;            /* a range of floats: decoded rows */
     int64_t clock, last_any_ns;
     /* worker */
     uint8_t **msg, **rep;      /* S request and S reply buffers */
@@ -94,10 +95,34 @@ uint64_t dtr__ps_trailer(const dtr__ps_hdr *h) {
 }
 
 size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
-    size_t es = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY ? dtr_dtype_size((dtr_dtype)h->dtype) : 0;
-    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_REPLY || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
-    if (es == 0 && h->count != 0) return 0;
-    return sizeof *h + (size_t)h->count * es + 8;
+    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
+    int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
+    size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (values && es == 0) return 0;
+    if (!values && !rows && h->count != 0) return 0;
+    if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
+    if (rows) segs = (size_t)h->begin * 16;
+    return sizeof *h + segs + (size_t)h->count * es + 8;
+}
+
+/* the segments of a ROWS message: each inside the server's range, their lengths summing to count */
+static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why,
+                                         size_t whylen) {
+    int64_t i, sum = 0;
+    if (h->count > e->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld row values, the range holds %lld",
+                                              (long long)h->count, (long long)e->count);
+    for (i = 0; i < h->begin; i++) {
+        int64_t seg[2];
+        memcpy(seg, buf + sizeof *h + (size_t)i * 16, 16);
+        if (seg[1] < 1 || seg[0] < e->begin || seg[1] > e->count || seg[0] - e->begin > e->count - seg[1])
+            return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segment %lld [%lld, +%lld) outside the range", (long long)i,
+                             (long long)seg[0], (long long)seg[1]);
+        sum += seg[1];
+        if (sum > h->count) break;
+    }
+    if (sum != h->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segments do not sum to %lld values", (long long)h->count);
+    return DTR_OK;
 }
 
 static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
@@ -120,14 +145,18 @@ dtr_result dtr__ps_parse(const void *buf, size_t cap, int from, const dtr__ps_ex
     if (h->version != DTR__PS_VERSION) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "version %u", (unsigned)h->version);
     if (h->worker != from) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "claims to be worker %d", (int)h->worker);
     if (h->clock < 0) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "negative clock %lld", (long long)h->clock);
-    if (h->kind != DTR__PS_PUSH && h->kind != DTR__PS_PULL && h->kind != DTR__PS_DONE)
+    if (h->kind == DTR__PS_REPLY || h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "unknown kind %u", (unsigned)h->kind);
     if (h->kind == DTR__PS_PUSH && (r = dtr__ps_parse_push(h, e, why, whylen)) != DTR_OK) return r;
+    if (h->kind == DTR__PS_PUSH_ROWS && h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
     if ((n = dtr__ps_message_bytes(h)) == 0 || n > cap)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld values of dtype %d do not fit %zu bytes", (long long)h->count,
                          (int)h->dtype, cap);
     memcpy(&tr, (const uint8_t *)buf + n - 8, 8);
     if (tr != dtr__ps_trailer(h)) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "truncated (no trailer after %zu bytes)", n - 8);
+    if (h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS)
+        return dtr__ps_parse_segments((const uint8_t *)buf, h, e, why, whylen);
     return DTR_OK;
 }
 
@@ -187,7 +216,8 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
     ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
                                             : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
-    if (!ps->peer || !ps->slots) return DTR_OUT_OF_MEMORY;
+    ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
         ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
@@ -281,6 +311,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     if (ps->peer) dtr__ps_cancel(ps);
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->slots);
+    dtr__free(&a, ps->scratch);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -414,6 +445,53 @@ static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
                 ps->S + w, why);
 }
 
+/* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
+static void dtr__ps_segment(const uint8_t *buf, int64_t i, int64_t *seg) {
+    memcpy(seg, buf + dtr__ps_hdr_bytes + (size_t)i * 16, 16);
+}
+
+/* PUSH_ROWS, applied on arrival in every mode: plain SGD on the rows at the optimizer's
+   learning rate (no moments for rows) */
+static dtr_result dtr__ps_on_push_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    const uint8_t *in = ps->peer[w].in, *val = in + dtr__ps_hdr_bytes + (size_t)h->begin * 16;
+    size_t es = dtr_dtype_size((dtr_dtype)h->dtype);
+    float lr = ps->opt ? dtr_optimizer_lr(ps->opt) : 0.0f, *p = dtr_model_params(ps->m);
+    int64_t i, k, at = 0, seg[2];
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(in, i, seg);
+        dtr_convert(ps->scratch, DTR_F32, val + (size_t)at * es, (dtr_dtype)h->dtype, (size_t)seg[1]);
+        for (k = 0; k < seg[1]; k++) p[seg[0] + k] -= lr * ps->scratch[k];
+        at += seg[1];
+    }
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* PULL_ROWS, answered at once with the rows' current values */
+static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    const float *params = dtr_model_params(ps->m);
+    int64_t i, at = 0, seg[2];
+    dtr__ps_hdr rh;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it asked again */
+        dtr_result r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+        if (r != DTR_OK) return r;
+    }
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(p->in, i, seg);
+        memcpy(p->out + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), params + seg[0], (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    rh = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, h->begin, h->count, DTR_F32);
+    n = dtr__ps_seal(p->out, &rh);
+    ps->st.row_pulls++;
+    ps->st.bytes_sent += n;
+    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
 /* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
 static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     dtr__ps_peer *p = &ps->peer[w];
@@ -435,6 +513,8 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
     if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
     else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
+    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
+    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
     else return dtr__ps_on_push(ps, w, &h);
     return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
 }
@@ -631,22 +711,29 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     return dtr_model_zero_grad(ps->m);
 }
 
-/* checks server s's reply and copies its range into the model */
-static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
-    dtr__ps_hdr h;
+/* checks server s's reply: a REPLY of `count` f32 values with `begin`, whole */
+static dtr_result dtr__ps_check_reply(dtr_ps *ps, int s, int64_t begin, int64_t count, dtr__ps_hdr *h) {
     uint64_t tr;
     size_t n;
-    int64_t b = ps->range[s], len = ps->range[s + 1] - b;
-    memcpy(&h, ps->rep[s], sizeof h);
-    n = dtr__ps_message_bytes(&h);
-    if (h.magic != DTR__PS_MAGIC || h.kind != DTR__PS_REPLY || h.worker != s || h.begin != b || h.count != len ||
-        h.dtype != DTR_F32 || n == 0)
-        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "dtr_ps_pull: malformed reply from server %d", s);
+    memcpy(h, ps->rep[s], sizeof *h);
+    n = dtr__ps_message_bytes(h);
+    if (h->magic != DTR__PS_MAGIC || h->kind != DTR__PS_REPLY || h->worker != s || h->begin != begin || h->count != count ||
+        h->dtype != DTR_F32 || n == 0)
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed reply", s);
     memcpy(&tr, ps->rep[s] + n - 8, 8);
-    if (tr != dtr__ps_trailer(&h)) return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "dtr_ps_pull: truncated reply from server %d", s);
+    if (tr != dtr__ps_trailer(h)) return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d: truncated reply", s);
+    ps->st.bytes_received += n;
+    return DTR_OK;
+}
+
+/* checks server s's reply to a pull and copies its range into the model */
+static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
+    int64_t b = ps->range[s], len = ps->range[s + 1] - b;
+    dtr__ps_hdr h;
+    dtr_result r = dtr__ps_check_reply(ps, s, b, len, &h);
+    if (r != DTR_OK) return r;
     memcpy(dtr_model_params(ps->m) + b, ps->rep[s] + dtr__ps_hdr_bytes, (size_t)len * sizeof(float));
     ps->sclock[s] = h.clock;
-    ps->st.bytes_received += n;
     return DTR_OK;
 }
 
@@ -688,4 +775,121 @@ dtr_result dtr_ps_finish(dtr_ps *ps) {
     for (s = 0; s < ps->S; s++) clock[s] = ps->wclock;
     r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
     return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
+}
+
+/* ---- sparse rows ---- */
+
+/* param's offset in the buffer and row width; rows in range and distinct */
+static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tensor *param, const int64_t *rows, int n,
+                                     int64_t *off, int64_t *dim) {
+    int i, np = dtr_model_param_count(ps->m), k = -1;
+    int64_t nrows;
+    uint8_t *seen;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    for (i = 0; i < np && k < 0; i++)
+        if (dtr_model_param_at(ps->m, i) == param) k = i;
+    if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))
+        return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: not a parameter of the model, or %d rows", fn, n);
+    nrows = dtr_tensor_dim(param, 0);
+    *off = dtr_model_param_offset(ps->m, k);
+    *dim = nrows ? dtr_tensor_numel(param) / nrows : 0;
+    seen = (uint8_t *)dtr__calloc(&ps->ctx->alloc, (size_t)nrows + 1);
+    if (!seen) return dtr__fail(ps->ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = 0; i < n && rows[i] >= 0 && rows[i] < nrows && !seen[rows[i]]; i++) seen[rows[i]] = 1;
+    dtr__free(&ps->ctx->alloc, seen);
+    if (i < n) return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: row %lld is outside [0, %lld) or repeated", fn,
+                                (long long)rows[i], (long long)nrows);
+    return DTR_OK;
+}
+
+/* writes server s's pieces of the rows as segments after msg[s]'s header; returns how many,
+   *values their floats; DTR_INVALID_ARGUMENT when they would not fit one message */
+static dtr_result dtr__ps_rows_segments(dtr_ps *ps, int s, int64_t off, int64_t dim, const int64_t *rows, int n,
+                                        size_t es, int64_t *nseg, int64_t *values) {
+    int64_t lo = ps->range[s], hi = ps->range[s + 1];
+    int i;
+    *nseg = *values = 0;
+    for (i = 0; i < n; i++) {
+        int64_t a = off + rows[i] * dim, b = a + dim, seg[2];
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (a >= b) continue;
+        seg[0] = a, seg[1] = b - a;
+        *values += seg[1];
+        if ((size_t)(*nseg + 1) * 16 + (size_t)*values * es > (size_t)(hi - lo) * sizeof(float))
+            return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%d rows do not fit one message to server %d: send fewer at once", n, s);
+        memcpy(ps->msg[s] + dtr__ps_hdr_bytes + (size_t)*nseg * 16, seg, 16);
+        (*nseg)++;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[64];
+    int64_t off, dim, nseg, values, i, at, seg[2];
+    size_t es;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_push_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    es = dtr_dtype_size(ps->cfg.push_dtype);
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        uint8_t *val;
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, es, &nseg, &values)) != DTR_OK || nseg == 0) continue;
+        val = ps->msg[s] + dtr__ps_hdr_bytes + (size_t)nseg * 16;
+        for (i = 0, at = 0; i < nseg; at += seg[1], i++) {
+            dtr__ps_segment(ps->msg[s], i, seg);
+            dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr_model_grads(ps->m) + seg[0], DTR_F32, (size_t)seg[1]);
+        }
+        h = dtr__ps_header(DTR__PS_PUSH_ROWS, ps->index, ps->wclock, nseg, values, (int)ps->cfg.push_dtype);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k]);
+        if (r == DTR_OK) k++;
+    }
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push_rows", r);
+    for (i = 0; i < n; i++) memset(dtr_model_grads(ps->m) + off + rows[i] * dim, 0, (size_t)dim * sizeof(float));
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* scatters server s's reply to a PULL_ROWS of nseg segments (in msg[s]) into the parameters */
+static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t values) {
+    dtr__ps_hdr h;
+    int64_t i, at = 0, seg[2];
+    dtr_result r = dtr__ps_check_reply(ps, s, nseg, values, &h);
+    for (i = 0; i < nseg && r == DTR_OK; i++) {
+        dtr__ps_segment(ps->msg[s], i, seg);
+        memcpy(dtr_model_params(ps->m) + seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float),
+               (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    return r;
+}
+
+dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[128];
+    int64_t off, dim, nseg[64], values[64];
+    size_t cap = dtr__ps_hdr_bytes + (size_t)(ps ? ps->maxlen : 0) * sizeof(float) + 8;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_pull_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, 0, &nseg[s], &values[s])) != DTR_OK || nseg[s] == 0) continue;
+        h = dtr__ps_header(DTR__PS_PULL_ROWS, ps->index, ps->wclock, nseg[s], values[s], 0);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[k])) != DTR_OK) break;
+        k++;
+        if ((r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k])) == DTR_OK) k++;
+    }
+    if (r != DTR_OK && k > 0) dtr_comm_abort(ps->g, "dtr_ps_pull_rows failed");   /* the posted receives must end */
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull_rows", r);
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if (nseg[s] > 0) r = dtr__ps_take_rows(ps, s, nseg[s], values[s]);
+    ps->st.row_pulls++;
+    return r;
 }

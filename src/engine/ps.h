@@ -7,8 +7,11 @@
 #define DTR__PS_MAGIC 0x53505444u   /* "DTPS" */
 #define DTR__PS_VERSION 1
 
-/** Message kinds (worker -> server: PUSH, PULL, DONE; server -> worker: REPLY). */
-enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4 };
+/** Message kinds (worker -> server: PUSH, PULL, DONE, PUSH_ROWS, PULL_ROWS; server -> worker:
+ *  REPLY). The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the
+ *  server's range) before their values; `count` is the sum of the lengths. */
+enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6 };
+#define DTR__PS_MAX_SEGMENTS (1 << 24)
 
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
  *  message is the header, `count` values of `dtype`, then the 8-byte trailer

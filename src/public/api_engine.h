@@ -528,6 +528,7 @@ typedef struct dtr_ps_stats {
     int64_t staleness[DTR_PS_STALENESS_BINS]; /**< server: pushes by staleness (clocks); the last bin counts that many or more */
     int64_t max_staleness;       /**< server: the largest staleness seen */
     int64_t pushes, pulls;       /**< worker: pushes and pulls made (each to every server) */
+    int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
     int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
     uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
 } dtr_ps_stats;
@@ -577,6 +578,20 @@ DTR_API dtr_result dtr_ps_step(dtr_ps *ps);
  *  @return DTR_OK, DTR_BAD_STATE (on a server), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_finish(dtr_ps *ps);
+/** Worker, sparse: pushes the gradient rows `rows[0..n)` (distinct indices along the first
+ *  axis) of `param`, a parameter of the model (an embedding table), to the servers that hold
+ *  them (a row may span two), and zeroes those rows of the gradient buffer. Servers apply
+ *  rows on arrival in every mode, as plain SGD at their optimizer's current learning rate
+ *  (rows keep no moments), without a round. Only the rows' bytes travel.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (on a server), DTR_INVALID_ARGUMENT (not a
+ *  parameter of the model, a row outside the table or repeated, more rows than fit one
+ *  message to a server: the segments and values of a server's rows must fit its range's
+ *  size), or the group's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
+/** Worker, sparse: pulls the current values of rows `rows[0..n)` of `param` into the model
+ *  (answered at once in every mode). @return as dtr_ps_push_rows.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
 /** Copies the engine's counters into *out. @return DTR_OK or DTR_NULL_HANDLE.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out);
