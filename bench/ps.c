@@ -9,7 +9,10 @@
  * it; ranks are threads of this process, one compute thread each) with S servers and W
  * workers, batch B per worker (default 64), Adam lr 1e-3 on the servers; "dp" is all-reduce
  * data parallelism (examples/fmnist_dp.c, also included) on W ranks with the same global
- * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step. --repeat R runs the
+ * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step. The PS workers take
+ * their batches from one counter (E epochs of the data, or W * K batches per epoch with
+ * --max-steps K), so a fast worker trains more batches when the mode lets it; dp's ranks
+ * take fixed shards (an all-reduce step needs every rank). --repeat R runs the
  * list R times and keeps each mode's best (the least disturbed by other processes).
  *
  * Output: one JSON line per mode:
@@ -17,7 +20,7 @@
  *    "step_ms":..,"test_acc":..,"staleness":[..16 bins..],"max_staleness":2,"bytes_per_step":..,
  *    "refused":0,"best_of":3}
  * samples_per_s: samples of all workers over the slowest worker's training time; step_ms:
- * that time over one worker's steps; bytes_per_step: what worker 0 put on and took off the
+ * that time over worker 0's steps (the straggler's, when there is one); bytes_per_step: what worker 0 put on and took off the
  * wire per step (push + pull, headers included); staleness: server 0's histogram of pushes
  * by clocks of staleness (last bin: 15 or more). For dp, bytes_per_step is rank 0's
  * all-reduce payload (dtr_dp_stats.wire_bytes / steps).
@@ -44,9 +47,13 @@ static int run_dp(const ps_opts *po, const dtr_mnist *data, bench_row *row) {
     return 1;
 }
 
-static int run_ps(const ps_opts *o, const dtr_mnist *data, bench_row *row) {
+static int run_ps(const ps_opts *po, const dtr_mnist *data, bench_row *row) {
+    static int64_t claim;
+    ps_opts o = *po;
     ps_result res;
-    if (!ps_train(o, data, &res) || !res.ok || res.train_s <= 0) return 0;
+    claim = 0;
+    o.claim = &claim;   /* fast workers take more batches (threads share one counter) */
+    if (!ps_train(&o, data, &res) || !res.ok || res.train_s <= 0) return 0;
     row->ok = 1;
     row->ps = res;
     row->sps = (double)res.samples / res.train_s;

@@ -24,6 +24,7 @@ typedef struct ps_opts {
     const char *dir, *transport, *provider;
     int world, servers, epochs, batch, staleness, straggler_ms, bf16, quiet;
     int64_t max_steps;     /* > 0: steps per epoch per worker at most */
+    int64_t *claim;        /* threads only: a counter the workers take batches from (NULL: fixed shards) */
     dtr_ps_mode mode;
     float lr;
 } ps_opts;
@@ -50,30 +51,59 @@ static int ps_err(dtr_comm *c, const char *what, dtr_result r, const char *msg) 
     return 0;
 }
 
+/* one step on the batch at order[start..start + batch) */
+static dtr_result ps_batch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *ps, const int32_t *order,
+                           int64_t start, fm_batch *b) {
+    dtr_context *ctx = dtr_model_context(net->model);
+    int64_t xs[2] = {o->batch, FM_PIXELS}, ys[1] = {o->batch}, i;
+    dtr_tensor *loss;
+    dtr_result r;
+    if (dtr_ps_index(ps) == 0 && o->straggler_ms > 0) {
+        struct timespec ts = {o->straggler_ms / 1000, (long)(o->straggler_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+    for (i = 0; i < o->batch; i++) {
+        memcpy(b->x + i * FM_PIXELS, d->train_x + (int64_t)order[start + i] * FM_PIXELS, FM_PIXELS * sizeof(float));
+        b->y[i] = d->train_y[order[start + i]];
+    }
+    loss = dtr_cross_entropy(ctx, fm_net_forward(ctx, net, dtr_tensor_from(ctx, DTR_F32, 2, xs, b->x)),
+                             dtr_tensor_from(ctx, DTR_I32, 1, ys, b->y));
+    r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
+    if (r == DTR_OK) r = dtr_ps_step(ps);
+    dtr_context_reset(ctx);
+    return r;
+}
+
 /* one epoch of worker wi of W: its slice of the epoch's shuffle (the same on every worker) */
 static dtr_result ps_epoch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *ps, const int32_t *order,
                            fm_batch *b, int64_t *samples) {
-    dtr_context *ctx = dtr_model_context(net->model);
     int W = dtr_ps_workers(ps), wi = dtr_ps_index(ps);
-    int64_t per = d->train_n / W, start, i, steps = 0;
+    int64_t per = d->train_n / W, start, steps = 0;
     dtr_result r = DTR_OK;
     for (start = wi * per; start + o->batch <= (wi + 1) * per && r == DTR_OK; start += o->batch) {
-        int64_t xs[2] = {o->batch, FM_PIXELS}, ys[1] = {o->batch};
-        dtr_tensor *loss;
         if (o->max_steps > 0 && steps++ >= o->max_steps) break;
-        if (wi == 0 && o->straggler_ms > 0) {
-            struct timespec ts = {o->straggler_ms / 1000, (long)(o->straggler_ms % 1000) * 1000000L};
-            nanosleep(&ts, NULL);
+        r = ps_batch(o, d, net, ps, order, start, b);
+        *samples += o->batch;
+    }
+    return r;
+}
+
+/* ranks as threads with o->claim: the workers take the batches of every epoch from one
+   counter, so a fast worker trains more batches than a slow one (what an asynchronous
+   server lets it do); epoch e's order is the shuffle of seed 42, stream 1 + e */
+static dtr_result ps_claimed(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *ps, int32_t *order,
+                             fm_batch *b, int64_t *samples) {
+    int64_t nb = d->train_n / o->batch, per_epoch = nb, g, epoch = -1;
+    dtr_result r = DTR_OK;
+    dtr_rng rng;
+    if (o->max_steps > 0 && per_epoch > o->max_steps * dtr_ps_workers(ps)) per_epoch = o->max_steps * dtr_ps_workers(ps);
+    while (r == DTR_OK && (g = __atomic_fetch_add(o->claim, 1, __ATOMIC_RELAXED)) < o->epochs * per_epoch) {
+        if (g / per_epoch != epoch) {
+            epoch = g / per_epoch;
+            dtr_rng_seed(&rng, 42, 1 + (uint64_t)epoch);
+            fm_shuffle(&rng, order, d->train_n);
         }
-        for (i = 0; i < o->batch; i++) {
-            memcpy(b->x + i * FM_PIXELS, d->train_x + (int64_t)order[start + i] * FM_PIXELS, FM_PIXELS * sizeof(float));
-            b->y[i] = d->train_y[order[start + i]];
-        }
-        loss = dtr_cross_entropy(ctx, fm_net_forward(ctx, net, dtr_tensor_from(ctx, DTR_F32, 2, xs, b->x)),
-                                 dtr_tensor_from(ctx, DTR_I32, 1, ys, b->y));
-        r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
-        if (r == DTR_OK) r = dtr_ps_step(ps);
-        dtr_context_reset(ctx);
+        r = ps_batch(o, d, net, ps, order, (g % per_epoch) * o->batch, b);
         *samples += o->batch;
     }
     return r;
@@ -90,7 +120,8 @@ static int ps_worker(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *
     int e;
     dtr_rng_seed(&rng, 42, 1);
     if (r == DTR_OK) r = dtr_ps_pull(ps);
-    for (e = 0; e < o->epochs && r == DTR_OK; e++) {
+    if (o->claim && r == DTR_OK) r = ps_claimed(o, d, net, ps, order, &b, &samples);
+    for (e = 0; e < o->epochs && r == DTR_OK && !o->claim; e++) {
         fm_shuffle(&rng, order, d->train_n);
         r = ps_epoch(o, d, net, ps, order, &b, &samples);
     }

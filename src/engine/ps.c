@@ -621,7 +621,7 @@ static int dtr__ps_all_gone(const dtr_ps *ps) {
 
 static void dtr__ps_nap(int *idle) {
     struct timespec ts;
-    long us = *idle < 50 ? 0 : *idle < 200 ? 20 : 200;
+    long us = *idle < 4 ? 0 : *idle < 50 ? 20 : 200;
     (*idle)++;
     if (us == 0) return;
     ts.tv_sec = 0;
