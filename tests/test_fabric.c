@@ -35,6 +35,10 @@
  *                         after 50 steps (relative error <= 1e-5), the same bits on every
  *                         rank (shm: N = 2 and 4; tcp: N = 2); and with ZeRO-2 (shm: N = 3,
  *                         tcp: N = 2).
+ *   test_{shm,tcp}_kill   (also) a worker of parameter servers SIGKILLed in sync, async and SSP
+ *                         mode: the server and the other worker fail with DTR_PEER_FAILED
+ *                         naming it, at once (docs/parameter-server.md: a dead process fails
+ *                         the job).
  *   test_{shm,tcp}_ps     synchronous parameter servers (dtr_ps): the workers end with the
  *                         weights that all-reduce data parallelism over the workers' own
  *                         sub-group gives after 20 steps (relative error <= 1e-6); shm: 1
@@ -1313,7 +1317,33 @@ static void test_create_errors(void) {
 enum { F_KILL = 0, F_STOP = 1, F_SLEEP = 2, F_ABORT = 3, F_ABORT_EXIT = 4, F_LEAVE = 5, F_KILL_IDLE = 6 };
 static const char *const fault_names[7] = {"SIGKILL", "SIGSTOP", "sleep", "abort", "abort, destroy and exit",
                                            "leave (destroy and exit)", "SIGKILL outside the collective"};
-typedef struct fault_arg { int mode, culprit, pipeline; size_t count; } fault_arg;
+typedef struct fault_arg { int mode, culprit, pipeline, ps; size_t count; } fault_arg;
+
+/* parameter servers (rank 0 serves, the others work) in consistency mode ps - 1 until a step
+   fails; then the application's group learns of the failure too (a barrier) */
+static dtr_result ps_fault_train(rank_ctx *rc, int ps_mode) {
+    dtr_ps_config pc = dtr_ps_config_init();
+    dtr_ps *ps = NULL;
+    dtr_result r;
+    double start = now_s();
+    int64_t t = 0;
+    mlp n;
+    if (!mlp_init(&n, 7, 1)) return DTR_OUT_OF_MEMORY;
+    pc.servers = 1;
+    pc.mode = (dtr_ps_mode)ps_mode;
+    pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.01f);
+    r = dtr_ps_create(n.m, rc->comm, &pc, &ps);
+    if (r == DTR_OK && dtr_ps_is_server(ps)) r = dtr_ps_serve(ps);
+    else if (r == DTR_OK) r = dtr_ps_pull(ps);
+    while (r == DTR_OK && !dtr_ps_is_server(ps) && now_s() - start < 40.0) {
+        if ((r = mlp_backward(&n, t++ % 50, (int64_t)dtr_ps_index(ps) * DP_B, DP_B)) == DTR_OK) r = dtr_ps_step(ps);
+        dtr_context_reset(n.ctx);
+    }
+    dtr_ps_destroy(ps);
+    mlp_free(&n);
+    if (r != DTR_OK) dtr_comm_barrier(rc->comm);
+    return r;
+}
 
 static void sc_fault(rank_ctx *rc) {
     const fault_arg *fa = (const fault_arg *)rc->j->arg;
@@ -1348,6 +1378,10 @@ static void sc_fault(rank_ctx *rc) {
         dtr_comm_destroy(c);
         rc->comm = c = NULL;
         r = DTR_PEER_FAILED;
+    } else if (fa->ps) {
+        /* parameter-server training until one step fails; the parent kills the culprit (a worker) */
+        t0 = now_s();
+        r = ps_fault_train(rc, fa->ps - 1);
     } else if (fa->pipeline) {
         /* pipeline steps until one fails; the parent kills the culprit (a middle stage) */
         float loss;
@@ -1379,7 +1413,7 @@ static void sc_fault(rank_ctx *rc) {
 /* Runs a fault scenario on n ranks; the parent injects SIGKILL / SIGSTOP, then checks every
    report and that every rank but a killed one exits 0. */
 /* flags of a fault case: what the ranks run when the fault comes */
-enum { FC_PIPELINE = 1, FC_SHM = 2 };
+enum { FC_PIPELINE = 1, FC_SHM = 2, FC_PS_SYNC = 4, FC_PS_ASYNC = 8, FC_PS_SSP = 16 };
 
 static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int drop_store, int flags) {
     const char *prov = p ? PROV_TCP : PROV_SHM;
@@ -1393,9 +1427,11 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
     fa.mode = mode;
     fa.culprit = culprit;
     fa.pipeline = flags & FC_PIPELINE;
+    fa.ps = flags & FC_PS_SYNC ? 1 + DTR_PS_SYNC : flags & FC_PS_ASYNC ? 1 + DTR_PS_ASYNC : flags & FC_PS_SSP ? 1 + DTR_PS_SSP : 0;
     fa.count = g_quick ? (size_t)1 << 18 : (size_t)1 << 20;   /* 1 or 4 MiB of f32 */
     if (flags & FC_SHM) fa.count = (size_t)1 << 15;   /* 128 KiB: through the segment */
-    snprintf(what, sizeof what, "%s%s of rank %d%s", flags & FC_PIPELINE ? "pipeline: " : flags & FC_SHM ? "shared memory: " : "",
+    snprintf(what, sizeof what, "%s%s of rank %d%s", flags & FC_PIPELINE ? "pipeline: " : flags & FC_SHM ? "shared memory: " :
+             fa.ps ? (fa.ps == 1 ? "sync PS: " : fa.ps == 2 ? "async PS: " : "SSP PS: ") : "",
              fault_names[mode], culprit,
              drop_store == 1 ? ", stores dropped" : drop_store == 2 ? ", stores of ranks > 0 dropped" : "");
     j = job_init(prov, n, sc_fault, &fa, what);
@@ -1478,6 +1514,11 @@ static void faults_kill(int p) {
     check_fault(p, 4, mode, 0, 5000, 0, 0);   /* rank 0 hosts the store */
     check_fault(p, 3, mode, 2, 5000, 2, 0);   /* the dead rank had dropped its store */
     check_fault(p, 3, mode, 1, 5000, 0, FC_PIPELINE);   /* the middle stage of a pipeline */
+    /* a worker of parameter servers (rank 0 serves), in each consistency mode: the documented
+       policy for a dead process is that the job fails (every rank, the server included) */
+    check_fault(p, 3, F_KILL, 2, 5000, 0, FC_PS_SYNC);
+    check_fault(p, 3, F_KILL, 2, 5000, 0, FC_PS_ASYNC);
+    check_fault(p, 3, F_KILL, 2, 5000, 0, FC_PS_SSP);
     /* the shared-memory collectives (one host; 128 KiB all-reduces): killed in the middle of
        one, outside the provider (the collective does not go through it) */
     if (p == 0) check_fault(p, 3, F_KILL, 1, 5000, 0, FC_SHM);
