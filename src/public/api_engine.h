@@ -501,7 +501,8 @@ typedef struct dtr_ps_config {
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
     dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes) */
-    int worker_deadline_ms;    /**< a waited-on worker silent this long is dropped or fails the job; 0: 60000 */
+    int worker_deadline_ms;    /**< a waited-on worker silent this long is dropped or fails the job; 0: 60000.
+                                    Keep it above the longest step a worker takes (a lone worker is waited on) */
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
     dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
     void *log_user;
