@@ -93,9 +93,9 @@ NVCCFLAGS  ?= -std=c++17 -O2 $(NVCC_ARCH) -I. -Xcompiler -Wall,-Wextra,-pthread,
 
 FABRIC_CFLAGS := $(if $(filter 1,$(USE_FABRIC)),-DDTR_USE_LIBFABRIC $(shell pkg-config --cflags libfabric 2>/dev/null))
 FABRIC_LIBS   := $(if $(filter 1,$(USE_FABRIC)),$(shell pkg-config --libs libfabric 2>/dev/null))
-# NCCL (and the CUDA runtime it needs) join the libraries of dtrain_comm.c when nccl.h was found.
+# NCCL and the CUDA runtime it needs: the libraries of build/dtrain_comm_nccl.o (below).
 NCCL_LIBS     := $(if $(filter 1,$(USE_NCCL)),-L$(CUDA_HOME)/lib64 -lnccl -lcudart)
-COMM_LIBS     := $(FABRIC_LIBS) $(NCCL_LIBS)
+COMM_LIBS     := $(FABRIC_LIBS)
 NCCL_CFLAGS   := $(if $(filter 1,$(USE_NCCL)),-DDTR_USE_NCCL -I$(CUDA_HOME)/include)
 
 # Fuzzing: clang with libFuzzer (libclang-rt-*-dev), built against dtrain.h.
@@ -132,6 +132,7 @@ LIBA     := $(BUILD)/libdtrain.a
 LIBSO    := $(BUILD)/libdtrain.so
 CUDA_OBJ := $(BUILD)/dtrain_cuda.o
 COMM_OBJ := $(BUILD)/dtrain_comm.o
+COMM_NCCL_OBJ := $(BUILD)/dtrain_comm_nccl.o
 # The optional units as libraries (installed beside libdtrain when their feature is built):
 # libdtrain_comm (dtrain_comm.c: the libfabric transport) and libdtrain_cuda (dtrain_cuda.cu).
 COMM_LIBA  := $(BUILD)/libdtrain_comm.a
@@ -163,8 +164,8 @@ $(BUILD)/bench/gemm: EXTRA_LIBS += -lopenblas
 $(BUILD)/tests/test_fabric: $(COMM_OBJ)
 $(BUILD)/tests/test_fabric: EXTRA_LIBS += $(COMM_LIBS)
 # tests/test_nccl: the NCCL transport's watchdog logic, and its open without a GPU.
-$(BUILD)/tests/test_nccl: $(COMM_OBJ)
-$(BUILD)/tests/test_nccl: EXTRA_LIBS += $(COMM_LIBS)
+$(BUILD)/tests/test_nccl: $(if $(filter 1,$(USE_NCCL)),$(COMM_NCCL_OBJ),$(COMM_OBJ))
+$(BUILD)/tests/test_nccl: EXTRA_LIBS += $(COMM_LIBS) $(NCCL_LIBS)
 # tests/test_ckpt: one case resumes ranks that are processes over libfabric.
 $(BUILD)/tests/test_ckpt: $(COMM_OBJ)
 $(BUILD)/tests/test_ckpt: EXTRA_LIBS += $(COMM_LIBS)
@@ -173,7 +174,7 @@ $(BUILD)/tests/test_elastic: $(COMM_OBJ)
 $(BUILD)/tests/test_elastic: EXTRA_LIBS += $(COMM_LIBS)
 # The programs that take --transport libfabric (under dtrun) link dtrain_comm.c's object.
 COMM_PROGRAMS := $(BUILD)/bench/fmnist_dp $(BUILD)/examples/fmnist_dp $(BUILD)/bench/pipeline $(BUILD)/examples/gpt \
-                 $(BUILD)/bench/restart
+                 $(BUILD)/bench/restart $(BUILD)/examples/fmnist_ps $(BUILD)/bench/ps
 $(COMM_PROGRAMS): $(COMM_OBJ)
 $(COMM_PROGRAMS): EXTRA_LIBS += $(COMM_LIBS)
 $(BUILD)/bench/allreduce: $(COMM_OBJ)
@@ -285,12 +286,19 @@ else
 	@echo "*****************************************************************"
 endif
 
-# comm: build/dtrain_comm.o (with libfabric when pkg-config finds it, NCCL when nccl.h is there).
-comm: $(COMM_OBJ)
+# comm: build/dtrain_comm.o (with libfabric when pkg-config finds it) and, when nccl.h is
+# there, build/dtrain_comm_nccl.o: the same unit with the NCCL transport (DTR_USE_NCCL), for
+# programs that link -lnccl -lcudart (tests/test_nccl; an app's GPU build). The default object
+# leaves NCCL out: with libnccl and libcudart loaded, 2 of 5 runs of test_fabric's SIGKILL of
+# rank 0 in a world of 4 over shm lost a barrier message at start-up (0 of 10 without them;
+# not understood yet), so processes that do not use NCCL do not load it.
+comm: $(COMM_OBJ) $(if $(filter 1,$(USE_NCCL)),$(COMM_NCCL_OBJ))
 $(COMM_OBJ): dtrain_comm.c dtrain.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
 	@test "$(USE_FABRIC)" = 1 || echo "*** libfabric not found (pkg-config libfabric): dtrain_comm.c built WITHOUT it ***"
-	@test "$(USE_NCCL)" = 1 || echo "*** nccl.h not found: dtrain_comm.c built without NCCL ***"
+	$(CC) $(CFLAGS) -fPIC $(FABRIC_CFLAGS) -c $< -o $@
+$(COMM_NCCL_OBJ): dtrain_comm.c dtrain.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -fPIC $(FABRIC_CFLAGS) $(NCCL_CFLAGS) -c $< -o $@
 
 # comm-lib, cuda-lib: the optional units as libraries, each linked against libdtrain.so
@@ -529,7 +537,7 @@ help:
 	@echo "  tests            $(BUILD)/tests/test_* and $(BUILD)/dtrun"
 	@echo "  examples         $(BUILD)/examples/* (fmnist_mlp, fmnist_cnn, fmnist_dp, gpt, csv_regression, image_folder_cnn)"
 	@echo "  bench            $(BUILD)/bench/* (JSON lines; peers: make bench-deps)"
-	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric, NCCL when found)"
+	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric), dtrain_comm_nccl.o (+ NCCL when found)"
 	@echo "  cuda-lib, comm-lib  the same as libraries: $(BUILD)/libdtrain_cuda.{a,so}, $(BUILD)/libdtrain_comm.{a,so}"
 	@echo "Run and check:"
 	@echo "  demo             deps, then data-parallel Fashion-MNIST (examples/fmnist_dp), 2 epochs, on DEMO_RANKS ranks:"

@@ -2257,7 +2257,8 @@ DTR_API void dtr_request_destroy(dtr_request *req);
  * peers: each attaches to a model and a process group through the same open seams
  * (gradient hooks, backward from any tensor, optimizer steps over a range of the parameter
  * buffer, state accessors), so several can work on one model at once. In this version:
- * data parallel, pipeline parallel, and tensor-parallel communication on the tape.
+ * data parallel, pipeline parallel, tensor-parallel communication on the tape, and
+ * parameter servers.
  * ==========================================================================*/
 #ifdef __cplusplus
 extern "C" {
@@ -3101,6 +3102,141 @@ DTR_API dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry
  *  under their version (checksum recomputed). @return DTR_OK, DTR_NULL_HANDLE,
  *  DTR_CORRUPT_FILE (a negative counter). Thread safety: as dtr_trainer_state. */
 DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
+/* ---- parameter servers ----
+ * A world splits into S servers (ranks 0..S-1) and W = size - S workers (ranks S..). The
+ * model's parameter buffer is cut into S balanced ranges (16-float aligned; a large tensor
+ * may span servers): server s holds and updates floats [range[s], range[s + 1]) with its own
+ * optimizer (dtr_optimizer_step_range over its range), workers compute gradients, push them to
+ * every server and pull the parameters back. Every rank builds the same model with the same
+ * seed; the servers' initial parameters are the ones the workers pull first.
+ * Consistency: SYNC (a server applies the average of step t once every live worker pushed
+ * it: the same weights as all-reduce data parallelism), ASYNC (each push applied on arrival),
+ * SSP (bounded staleness s: a worker at clock c waits in its pull until the slowest live
+ * worker has pushed c - s clocks). Staleness of a push = the pushing worker's clock minus the
+ * slowest live worker's clock when the server applies it (0 in SYNC, <= s in SSP), counted in
+ * a histogram. The server's messages are validated (magic, version, kind, sender, range,
+ * dtype, sizes); a bad one is refused, counted and logged, never applied. Waits are bounded:
+ * a worker that a server waits on (a synchronous round, an SSP pull, the end of serving)
+ * and that is silent for worker_deadline_ms is dropped (DTR_PS_CONTINUE) or fails the job
+ * (DTR_PS_FAIL: the server aborts the group, every rank gets DTR_PEER_FAILED). A dropped
+ * worker that speaks again rejoins (its stale push is discarded and counted). Tags 2^29 + 1
+ * and 2^29 + 2 of the group are the engine's. docs/parameter-server.md is the guide. */
+
+/** Consistency modes of the parameter servers. Append-only. */
+typedef enum dtr_ps_mode {
+    DTR_PS_SYNC = 0,   /**< rounds: the average of every live worker's push of step t, then one update */
+    DTR_PS_ASYNC = 1,  /**< each push applied on arrival; pulls answered at once */
+    DTR_PS_SSP = 2     /**< stale synchronous parallel: as ASYNC, pulls wait for the slowest worker within `staleness` clocks */
+} dtr_ps_mode;
+
+/** What a server does with a worker that it waits on and that stays silent past the deadline. */
+typedef enum dtr_ps_policy {
+    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT naming the worker, the group is aborted */
+    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again */
+} dtr_ps_policy;
+
+/** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
+typedef struct dtr_ps_config {
+    int servers;               /**< S servers (ranks 0..S-1), 1 to min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
+    dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
+    int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
+    dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
+    dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes) */
+    int worker_deadline_ms;    /**< a waited-on worker silent this long is dropped or fails the job; 0: 60000.
+                                    Keep it above the longest step a worker takes (a lone worker is waited on) */
+    dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
+    dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
+    void *log_user;
+} dtr_ps_config;
+
+/** Returns a configuration with every field at its default. Thread safety: thread safe. */
+DTR_API dtr_ps_config dtr_ps_config_init(void);
+
+/** Number of servers a launcher asked for: $DTR_PS_SERVERS (set by dtrun --servers S), or
+ *  `fallback` when unset or not a positive integer. Thread safety: thread safe. */
+DTR_API int dtr_ps_servers_from_env(int fallback);
+
+/** Counters of one rank's engine since dtr_ps_create. Servers fill the server fields,
+ *  workers the worker fields. */
+#define DTR_PS_STALENESS_BINS 16
+typedef struct dtr_ps_stats {
+    int64_t updates;             /**< server: optimizer updates applied to its range */
+    int64_t pushes_applied;      /**< server: pushes that went into an update */
+    int64_t pulls_answered;      /**< server: pulls answered */
+    int64_t refused;             /**< server: malformed, oversized or unexpected messages refused */
+    int64_t stale_discarded;     /**< server: pushes of a dropped worker for a finished round, discarded */
+    int64_t dropped;             /**< server: workers dropped at the deadline */
+    int64_t rejoined;            /**< server: dropped workers that came back */
+    int64_t staleness[DTR_PS_STALENESS_BINS]; /**< server: pushes by staleness (clocks); the last bin counts that many or more */
+    int64_t max_staleness;       /**< server: the largest staleness seen */
+    int64_t pushes, pulls;       /**< worker: pushes and pulls made (each to every server) */
+    int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
+    int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
+    uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
+} dtr_ps_stats;
+
+typedef struct dtr_ps dtr_ps;
+
+/** Makes this rank's part of the parameter-server engine over `c` (every rank of the group
+ *  calls it, with the same cfg and a model built alike): a server makes its optimizer over
+ *  its range, a worker its buffers; then the engine's own group is split from `c` (a
+ *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
+ *  copy of that group waits a day for a worker's next message; the engine's worker deadline
+ *  bounds what it waits for.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
+ *  staleness < 0, push_dtype, mode, policy; the context's message says which), DTR_UNSUPPORTED
+ *  (LAMB, clip_norm), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
+/** Frees the engine (not the model or group). NULL is ignored. A server still listening
+ *  (dtr_ps_serve returned an error) aborts the group first so that nothing waits on it.
+ *  Thread safety: the model's context thread. */
+DTR_API void dtr_ps_destroy(dtr_ps *ps);
+/** 1 on a server rank, 0 on a worker (0 for NULL). Thread safety: any thread. */
+DTR_API int dtr_ps_is_server(const dtr_ps *ps);
+/** This rank's index among the servers or among the workers (-1 for NULL). Thread safe. */
+DTR_API int dtr_ps_index(const dtr_ps *ps);
+/** Number of workers W (0 for NULL). Thread safety: any thread. */
+DTR_API int dtr_ps_workers(const dtr_ps *ps);
+/** Server s's range of the parameter buffer, [*begin, *end) in floats.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (s). Thread safety: any thread. */
+DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end);
+/** Server: answers the workers until every worker has said dtr_ps_finish (or was dropped
+ *  and never came back). Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
+ *  the deadline: the context's message names it), or the group's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
+/** Worker: pulls the parameters from every server into the model (SYNC: those of the step
+ *  after this worker's last push; SSP: waits within the staleness bound; ASYNC: the current
+ *  ones). @return DTR_OK, DTR_BAD_STATE (on a server), or the group's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_pull(dtr_ps *ps);
+/** Worker: pushes the model's gradient buffer (each server its range, in push_dtype) and
+ *  zeroes it; the worker's clock advances. @return DTR_OK, DTR_BAD_STATE (on a server), or
+ *  the group's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_push(dtr_ps *ps);
+/** Worker: dtr_ps_push, then dtr_ps_pull. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_step(dtr_ps *ps);
+/** Worker: tells every server that this worker is done (it leaves rounds and waits).
+ *  @return DTR_OK, DTR_BAD_STATE (on a server), or the group's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_finish(dtr_ps *ps);
+/** Worker, sparse: pushes the gradient rows `rows[0..n)` (distinct indices along the first
+ *  axis) of `param`, a parameter of the model (an embedding table), to the servers that hold
+ *  them (a row may span two), and zeroes those rows of the gradient buffer. Servers apply
+ *  rows on arrival in every mode, as plain SGD at their optimizer's current learning rate
+ *  (rows keep no moments), without a round. Only the rows' bytes travel.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (on a server), DTR_INVALID_ARGUMENT (not a
+ *  parameter of the model, a row outside the table or repeated, more rows than fit one
+ *  message to a server: the segments and values of a server's rows must fit its range's
+ *  size), or the group's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
+/** Worker, sparse: pulls the current values of rows `rows[0..n)` of `param` into the model
+ *  (answered at once in every mode). @return as dtr_ps_push_rows.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
+/** Copies the engine's counters into *out. @return DTR_OK or DTR_NULL_HANDLE.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out);
 
 #ifdef __cplusplus
 }
@@ -3560,7 +3696,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3564 "dtrain.h"
+#line 3700 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4054,7 +4190,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4058 "dtrain.h"
+#line 4194 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4313,7 +4449,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4317 "dtrain.h"
+#line 4453 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4375,7 +4511,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4379 "dtrain.h"
+#line 4515 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4690,7 +4826,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4694 "dtrain.h"
+#line 4830 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4733,7 +4869,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4737 "dtrain.h"
+#line 4873 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4760,7 +4896,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4764 "dtrain.h"
+#line 4900 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4793,7 +4929,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4797 "dtrain.h"
+#line 4933 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -4867,7 +5003,65 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 4871 "dtrain.h"
+#line 5007 "dtrain.h"
+
+/* ---- src/engine/ps.h ---- */
+#line 1 "src/engine/ps.h"
+/* ============================================================================
+ * The parameter servers' wire format (src/engine/ps.c), private: a fixed header, then the
+ * payload. dtr__ps_parse validates a message a server received; the fuzz target
+ * tests/fuzz/fuzz_ps.c feeds it arbitrary bytes.
+ * ==========================================================================*/
+
+#define DTR__PS_MAGIC 0x53505444u   /* "DTPS" */
+#define DTR__PS_VERSION 1
+
+/** Message kinds (worker -> server: PUSH, PULL, DONE, PUSH_ROWS, PULL_ROWS; server -> worker:
+ *  REPLY). The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the
+ *  server's range) before their values; `count` is the sum of the lengths. */
+enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6 };
+#define DTR__PS_MAX_SEGMENTS (1 << 24)
+
+/** The header of every message (host byte order: the ranks of a group share one ABI). A
+ *  message is the header, `count` values of `dtype`, then the 8-byte trailer
+ *  dtr__ps_trailer(header): receives do not report their length, so a server zeroes the
+ *  header and trailer of its buffer after each message and a shorter message than its header
+ *  claims is caught by the trailer missing. */
+typedef struct dtr__ps_hdr {
+    uint32_t magic;
+    uint16_t version, kind;
+    int32_t worker;     /**< the sender's worker index (REPLY: the server's index) */
+    int32_t dtype;      /**< PUSH: the payload's dtype (f32 or bf16); else 0 */
+    int64_t clock;      /**< PUSH: the worker's clock; PULL: the clock wanted; REPLY: the server's clock */
+    int64_t begin;      /**< the range's first float (the server's) */
+    int64_t count;      /**< floats of payload (PUSH, REPLY), 0 otherwise */
+} dtr__ps_hdr;
+
+/** What a server expects: its index, range and the number of workers. */
+typedef struct dtr__ps_expect {
+    int server, workers;
+    int64_t begin, count;
+} dtr__ps_expect;
+
+/** The trailer that ends a message with header h. */
+DTR__PRIVATE uint64_t dtr__ps_trailer(const dtr__ps_hdr *h);
+/** Bytes of the message header h announces (header, payload, trailer); 0 when h's kind,
+ *  dtype or count make no sense. */
+DTR__PRIVATE size_t dtr__ps_message_bytes(const dtr__ps_hdr *h);
+
+/** Validates the message from worker `from` in a receive buffer of `cap` bytes, for the
+ *  server `e` describes. On DTR_OK *h holds the header and the payload (h->count elements of
+ *  h->dtype) follows it in buf.
+ *  @return DTR_OK or DTR_CORRUPT_FILE with `why` (may be NULL) saying what is wrong. */
+DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, const dtr__ps_expect *e, dtr__ps_hdr *h,
+                                      char *why, size_t whylen);
+
+/** The engine's own group (a split of the application's): tests send crafted messages on it
+ *  (tag DTR__PS_TAG_REQ). */
+dtr_comm *dtr__ps_group(dtr_ps *ps);
+#define DTR__PS_TAG_REQ ((1 << 29) + 1)
+#define DTR__PS_TAG_REP ((1 << 29) + 2)
+#line 5065 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -4917,7 +5111,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 4921 "dtrain.h"
+#line 5115 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5269,7 +5463,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5273 "dtrain.h"
+#line 5467 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6060,7 +6254,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6064 "dtrain.h"
+#line 6258 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6484,7 +6678,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6488 "dtrain.h"
+#line 6682 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6555,7 +6749,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6559 "dtrain.h"
+#line 6753 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6949,7 +7143,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 6953 "dtrain.h"
+#line 7147 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7155,7 +7349,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7159 "dtrain.h"
+#line 7353 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7386,7 +7580,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7390 "dtrain.h"
+#line 7584 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7501,7 +7695,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7505 "dtrain.h"
+#line 7699 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7557,7 +7751,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7561 "dtrain.h"
+#line 7755 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -7987,7 +8181,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 7991 "dtrain.h"
+#line 8185 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8166,7 +8360,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8170 "dtrain.h"
+#line 8364 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8691,7 +8885,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8695 "dtrain.h"
+#line 8889 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9190,7 +9384,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9194 "dtrain.h"
+#line 9388 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9449,7 +9643,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9453 "dtrain.h"
+#line 9647 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9635,7 +9829,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9639 "dtrain.h"
+#line 9833 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9755,7 +9949,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9759 "dtrain.h"
+#line 9953 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10229,7 +10423,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10233 "dtrain.h"
+#line 10427 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10398,7 +10592,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10402 "dtrain.h"
+#line 10596 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10647,7 +10841,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10651 "dtrain.h"
+#line 10845 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11115,7 +11309,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11119 "dtrain.h"
+#line 11313 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11244,7 +11438,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11248 "dtrain.h"
+#line 11442 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11591,7 +11785,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11595 "dtrain.h"
+#line 11789 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11657,7 +11851,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11661 "dtrain.h"
+#line 11855 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -11894,7 +12088,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 11898 "dtrain.h"
+#line 12092 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12643,7 +12837,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12647 "dtrain.h"
+#line 12841 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13096,7 +13290,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13100 "dtrain.h"
+#line 13294 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13152,7 +13346,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13156 "dtrain.h"
+#line 13350 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -13929,7 +14123,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 13933 "dtrain.h"
+#line 14127 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14510,7 +14704,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14514 "dtrain.h"
+#line 14708 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15141,7 +15335,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15145 "dtrain.h"
+#line 15339 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -15888,7 +16082,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 15892 "dtrain.h"
+#line 16086 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16241,7 +16435,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16245 "dtrain.h"
+#line 16439 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16431,7 +16625,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16435 "dtrain.h"
+#line 16629 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16612,7 +16806,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16616 "dtrain.h"
+#line 16810 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17387,7 +17581,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17391 "dtrain.h"
+#line 17585 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -17904,7 +18098,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 17908 "dtrain.h"
+#line 18102 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18672,7 +18866,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18676 "dtrain.h"
+#line 18870 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19769,7 +19963,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 19773 "dtrain.h"
+#line 19967 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20321,7 +20515,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20325 "dtrain.h"
+#line 20519 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -20810,7 +21004,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 20814 "dtrain.h"
+#line 21008 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21263,7 +21457,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21267 "dtrain.h"
+#line 21461 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21499,7 +21693,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21503 "dtrain.h"
+#line 21697 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -21858,7 +22052,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 21862 "dtrain.h"
+#line 22056 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22055,7 +22249,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22059 "dtrain.h"
+#line 22253 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22411,7 +22605,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22415 "dtrain.h"
+#line 22609 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -22844,7 +23038,906 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 22848 "dtrain.h"
+#line 23042 "dtrain.h"
+
+/* ---- src/engine/ps.c ---- */
+#line 1 "src/engine/ps.c"
+/* ============================================================================
+ * Parameter servers (docs/parameter-server.md). Ranks 0..S-1 of the engine's group are
+ * servers, the others workers. Server s owns floats [range[s], range[s + 1]) of the model's
+ * parameter buffer and its optimizer state; workers push gradients and pull parameters.
+ *
+ * Wire: a worker sends requests (PUSH, PULL, DONE: src/engine/ps.h) on tag REQ, in order;
+ * a server listens with one receive per worker and answers a PULL on tag REP when the mode
+ * allows (SYNC: its clock reached the one wanted; SSP: the slowest live worker within s
+ * clocks; ASYNC: at once). A worker posts the receive of the reply before it asks, so the
+ * server's replies never wait on a worker's progress.
+ *
+ * The server's own group (a split of the application's) has a deadline far away: a listening
+ * receive may wait as long as a worker computes. The engine keeps its own deadline instead
+ * (worker_deadline_ms, on the workers a server waits on), so that no wait is unbounded.
+ * ==========================================================================*/
+
+
+
+
+
+
+#define DTR__PS_LISTEN_MS (24 * 3600 * 1000)   /* the server group's deadline: a day */
+
+enum { DTR__PS_LIVE = 0, DTR__PS_FINISHED = 1, DTR__PS_DROPPED = 2 };
+
+typedef struct dtr__ps_peer {  /* a server's view of one worker */
+    uint8_t *in, *out;         /* the listening receive's buffer, the reply's */
+    dtr_request *rreq, *sreq;
+    int state, pushed, waiting;
+    int64_t clock, want, last_ns;
+} dtr__ps_peer;
+
+struct dtr_ps {
+    dtr_model *m;
+    dtr_context *ctx;
+    dtr_comm *g;               /* the engine's group (a split of the application's) */
+    dtr_ps_config cfg;
+    int S, W, server, index;
+    int64_t *range;            /* S + 1 offsets */
+    int64_t maxlen;            /* the longest range */
+    dtr_ps_stats st;
+    /* server */
+    dtr_optimizer *opt;
+    dtr__ps_peer *peer;
+    float *slots;              /* SYNC: W pushes of this round, in worker order */
+    float *scratch;            /* a range of floats: decoded rows */
+    int64_t clock, last_any_ns;
+    /* worker */
+    uint8_t **msg, **rep;      /* S request and S reply buffers */
+    int64_t *sclock;           /* SYNC: each server's clock at the last pull */
+    int64_t wclock;            /* pushes made */
+    int pushed;                /* a push since the last pull */
+};
+
+static const size_t dtr__ps_hdr_bytes = sizeof(dtr__ps_hdr);
+
+/* ---- configuration ---- */
+
+dtr_ps_config dtr_ps_config_init(void) {
+    dtr_ps_config c;
+    memset(&c, 0, sizeof c);
+    c.mode = DTR_PS_SYNC;
+    c.staleness = 2;
+    c.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.01f);
+    c.push_dtype = DTR_F32;
+    c.worker_deadline_ms = 60000;
+    c.policy = DTR_PS_FAIL;
+    return c;
+}
+
+int dtr_ps_servers_from_env(int fallback) {
+    const char *s = getenv("DTR_PS_SERVERS");
+    char *end = NULL;
+    long v;
+    if (!s || !*s) return fallback;
+    v = strtol(s, &end, 10);
+    return (*end == 0 && v > 0 && v < 65536) ? (int)v : fallback;
+}
+
+static void dtr__ps_log(const dtr_ps *ps, dtr_log_level lv, const char *fmt, ...) DTR__PRINTF(3, 4);
+static void dtr__ps_log(const dtr_ps *ps, dtr_log_level lv, const char *fmt, ...) {
+    char msg[320];
+    va_list ap;
+    if (!ps->cfg.log) return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ps->cfg.log(ps->cfg.log_user, lv, msg);
+}
+
+/* ---- the wire ---- */
+
+uint64_t dtr__ps_trailer(const dtr__ps_hdr *h) {
+    return ((uint64_t)h->clock * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)h->magic << 16) ^ h->kind;
+}
+
+size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
+    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
+    int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
+    size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (values && es == 0) return 0;
+    if (!values && !rows && h->count != 0) return 0;
+    if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
+    if (rows) segs = (size_t)h->begin * 16;
+    return sizeof *h + segs + (size_t)h->count * es + 8;
+}
+
+/* the segments of a ROWS message: each inside the server's range, their lengths summing to count */
+static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why,
+                                         size_t whylen) {
+    int64_t i, sum = 0;
+    if (h->count > e->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld row values, the range holds %lld",
+                                              (long long)h->count, (long long)e->count);
+    for (i = 0; i < h->begin; i++) {
+        int64_t seg[2];
+        memcpy(seg, buf + sizeof *h + (size_t)i * 16, 16);
+        if (seg[1] < 1 || seg[0] < e->begin || seg[1] > e->count || seg[0] - e->begin > e->count - seg[1])
+            return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segment %lld [%lld, +%lld) outside the range", (long long)i,
+                             (long long)seg[0], (long long)seg[1]);
+        sum += seg[1];
+        if (sum > h->count) break;
+    }
+    if (sum != h->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segments do not sum to %lld values", (long long)h->count);
+    return DTR_OK;
+}
+
+static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
+    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
+    if (h->begin != e->begin || h->count != e->count)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of [%lld, +%lld), this server holds [%lld, +%lld)",
+                         (long long)h->begin, (long long)h->count, (long long)e->begin, (long long)e->count);
+    return DTR_OK;
+}
+
+dtr_result dtr__ps_parse(const void *buf, size_t cap, int from, const dtr__ps_expect *e, dtr__ps_hdr *h, char *why,
+                         size_t whylen) {
+    size_t n;
+    uint64_t tr;
+    dtr_result r;
+    if (!buf || cap < sizeof *h) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%zu bytes: shorter than a header", cap);
+    memcpy(h, buf, sizeof *h);
+    if (h->magic != DTR__PS_MAGIC) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "bad magic %08x", (unsigned)h->magic);
+    if (h->version != DTR__PS_VERSION) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "version %u", (unsigned)h->version);
+    if (h->worker != from) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "claims to be worker %d", (int)h->worker);
+    if (h->clock < 0) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "negative clock %lld", (long long)h->clock);
+    if (h->kind == DTR__PS_REPLY || h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "unknown kind %u", (unsigned)h->kind);
+    if (h->kind == DTR__PS_PUSH && (r = dtr__ps_parse_push(h, e, why, whylen)) != DTR_OK) return r;
+    if (h->kind == DTR__PS_PUSH_ROWS && h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
+    if ((n = dtr__ps_message_bytes(h)) == 0 || n > cap)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld values of dtype %d do not fit %zu bytes", (long long)h->count,
+                         (int)h->dtype, cap);
+    memcpy(&tr, (const uint8_t *)buf + n - 8, 8);
+    if (tr != dtr__ps_trailer(h)) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "truncated (no trailer after %zu bytes)", n - 8);
+    if (h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS)
+        return dtr__ps_parse_segments((const uint8_t *)buf, h, e, why, whylen);
+    return DTR_OK;
+}
+
+/* writes the trailer after the header and payload at buf; returns the message's bytes */
+static size_t dtr__ps_seal(uint8_t *buf, const dtr__ps_hdr *h) {
+    size_t n = dtr__ps_message_bytes(h);
+    uint64_t tr = dtr__ps_trailer(h);
+    memcpy(buf, h, sizeof *h);
+    memcpy(buf + n - 8, &tr, 8);
+    return n;
+}
+
+static dtr__ps_hdr dtr__ps_header(int kind, int who, int64_t clock, int64_t begin, int64_t count, int dtype) {
+    dtr__ps_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = DTR__PS_MAGIC;
+    h.version = DTR__PS_VERSION;
+    h.kind = (uint16_t)kind;
+    h.worker = who;
+    h.dtype = dtype;
+    h.clock = clock;
+    h.begin = begin;
+    h.count = count;
+    return h;
+}
+
+/* ---- creation ---- */
+
+/* server s's range starts at s / S of the buffer, rounded down to 16 floats */
+static void dtr__ps_layout(dtr_ps *ps) {
+    int64_t total = dtr_model_numel(ps->m);
+    int s;
+    for (s = 0; s <= ps->S; s++) ps->range[s] = s == ps->S ? total : total * s / ps->S / 16 * 16;
+    for (s = 0; s < ps->S; s++)
+        if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
+}
+
+static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+    if (S < 1 || S >= size || S > 64)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
+                         S, size);
+    if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
+                         (int)cfg->mode, cfg->staleness, (int)cfg->policy);
+    if (cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16");
+    if (cfg->opt.kind == DTR_OPT_LAMB || cfg->opt.clip_norm > 0 || cfg->opt.shard_sum)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: LAMB and clip_norm need the whole gradient, not a server's range");
+    return DTR_OK;
+}
+
+static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
+    dtr_allocation_callbacks *a = &ps->ctx->alloc;
+    int64_t len = ps->range[ps->index + 1] - ps->range[ps->index];
+    size_t cap = dtr__ps_hdr_bytes + (size_t)len * sizeof(float) + 8;
+    int w;
+    ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
+    ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
+                                            : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
+    for (w = 0; w < ps->W; w++) {
+        ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
+        ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
+        if (!ps->peer[w].in || !ps->peer[w].out) return DTR_OUT_OF_MEMORY;
+    }
+    if (len > 0) {
+        dtr_optimizer_config oc = ps->cfg.opt;
+        oc.shard_begin = ps->range[ps->index];
+        oc.shard_end = ps->range[ps->index + 1];
+        return dtr_optimizer_create(ps->m, &oc, &ps->opt);
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
+    dtr_allocation_callbacks *a = &ps->ctx->alloc;
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    int s;
+    ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
+    ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
+    ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
+    if (!ps->msg || !ps->rep || !ps->sclock) return DTR_OUT_OF_MEMORY;
+    for (s = 0; s < ps->S; s++) {
+        ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
+        ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
+        if (!ps->msg[s] || !ps->rep[s]) return DTR_OUT_OF_MEMORY;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out) {
+    dtr_ps_config def = dtr_ps_config_init();
+    dtr_context *ctx;
+    dtr_ps *ps;
+    dtr_result r;
+    int me;
+    if (out) *out = NULL;
+    if (!m || !c || !out) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    if (!cfg) cfg = &def;
+    def = *cfg;
+    if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
+    if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
+    if ((r = dtr__ps_check(ctx, &def, def.servers, dtr_comm_size(c))) != DTR_OK) return r;
+    ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
+    if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
+    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->W = dtr_comm_size(c) - def.servers;
+    me = dtr_comm_rank(c);
+    ps->server = me < ps->S;
+    ps->index = ps->server ? me : me - ps->S;
+    ps->range = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(ps->S + 1) * sizeof(int64_t));
+    r = ps->range ? DTR_OK : DTR_OUT_OF_MEMORY;
+    if (r == DTR_OK) dtr__ps_layout(ps);
+    if (r == DTR_OK) r = ps->server ? dtr__ps_alloc_server(ps) : dtr__ps_alloc_worker(ps);
+    if (r == DTR_OK) r = dtr_comm_split(c, 0, me, &ps->g);
+    if (r == DTR_OK && ps->server) r = dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
+    if (r != DTR_OK) {
+        dtr_ps_destroy(ps);
+        return r == DTR_OUT_OF_MEMORY ? dtr__fail(ctx, r, "dtr_ps_create: out of memory") : r;
+    }
+    *out = ps;
+    return DTR_OK;
+}
+
+static void dtr__ps_free_bufs(dtr_ps *ps, uint8_t **b, int n) {
+    int i;
+    if (!b) return;
+    for (i = 0; i < n; i++) dtr__free(&ps->ctx->alloc, b[i]);
+    dtr__free(&ps->ctx->alloc, b);
+}
+
+/* cancels what a server still has in flight: its listening receives would wait a day, so a
+   server leaving with some aborts the group first */
+static void dtr__ps_cancel(dtr_ps *ps) {
+    int w, pending = 0;
+    for (w = 0; w < ps->W; w++) pending += ps->peer[w].rreq != NULL || ps->peer[w].sreq != NULL;
+    if (pending && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    for (w = 0; w < ps->W; w++) {
+        dtr_request_destroy(ps->peer[w].rreq);
+        dtr_request_destroy(ps->peer[w].sreq);
+        ps->peer[w].rreq = ps->peer[w].sreq = NULL;
+        dtr__free(&ps->ctx->alloc, ps->peer[w].in);
+        dtr__free(&ps->ctx->alloc, ps->peer[w].out);
+    }
+}
+
+void dtr_ps_destroy(dtr_ps *ps) {
+    dtr_allocation_callbacks a;
+    if (!ps) return;
+    a = ps->ctx->alloc;
+    if (ps->peer) dtr__ps_cancel(ps);
+    dtr__free(&a, ps->peer);
+    dtr__free(&a, ps->slots);
+    dtr__free(&a, ps->scratch);
+    dtr_optimizer_destroy(ps->opt);
+    dtr__ps_free_bufs(ps, ps->msg, ps->S);
+    dtr__ps_free_bufs(ps, ps->rep, ps->S);
+    dtr__free(&a, ps->sclock);
+    dtr__free(&a, ps->range);
+    dtr_comm_destroy(ps->g);
+    dtr__free(&a, ps);
+}
+
+dtr_comm *dtr__ps_group(dtr_ps *ps) { return ps ? ps->g : NULL; }
+
+int dtr_ps_is_server(const dtr_ps *ps) { return ps ? ps->server : 0; }
+int dtr_ps_index(const dtr_ps *ps) { return ps ? ps->index : -1; }
+int dtr_ps_workers(const dtr_ps *ps) { return ps ? ps->W : 0; }
+
+dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end) {
+    if (!ps || !begin || !end) return DTR_NULL_HANDLE;
+    if (s < 0 || s >= ps->S) return DTR_INVALID_ARGUMENT;
+    *begin = ps->range[s];
+    *end = ps->range[s + 1];
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out) {
+    if (!ps || !out) return DTR_NULL_HANDLE;
+    *out = ps->st;
+    return DTR_OK;
+}
+
+/* ---- server ---- */
+
+static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
+
+/* a server's receive and reply buffers: the largest message it takes or sends */
+static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
+
+static dtr_result dtr__ps_listen(dtr_ps *ps, int w) {
+    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->S + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+}
+
+/* the smallest clock of the live workers (INT64_MAX when none is live) */
+static int64_t dtr__ps_min_clock(const dtr_ps *ps) {
+    int64_t lo = INT64_MAX;
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_LIVE && ps->peer[w].clock < lo) lo = ps->peer[w].clock;
+    return lo;
+}
+
+static void dtr__ps_count_staleness(dtr_ps *ps, int64_t st) {
+    if (st < 0) st = 0;
+    ps->st.staleness[st < DTR_PS_STALENESS_BINS - 1 ? st : DTR_PS_STALENESS_BINS - 1]++;
+    if (st > ps->st.max_staleness) ps->st.max_staleness = st;
+}
+
+/* one optimizer update of this server's range with the gradient g */
+static dtr_result dtr__ps_apply(dtr_ps *ps, const float *g) {
+    int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
+    dtr_result r = DTR_OK;
+    if (len > 0) {
+        memcpy(dtr_model_grads(ps->m) + b, g, (size_t)len * sizeof(float));
+        r = dtr_optimizer_step_range(ps->opt, b, b + len, NULL);
+    }
+    ps->clock++;
+    ps->st.updates++;
+    return r;
+}
+
+/* SYNC: once every live worker pushed this round: their average, summed in worker order */
+static dtr_result dtr__ps_round(dtr_ps *ps) {
+    int64_t len = dtr__ps_len(ps), i;
+    int w, n = 0, live = 0;
+    float *sum = ps->slots;   /* slot 0 doubles as the sum: worker 0's push is added first */
+    for (w = 0; w < ps->W; w++) {
+        if (ps->peer[w].state != DTR__PS_LIVE) continue;
+        live++;
+        if (!ps->peer[w].pushed) return DTR_OK;
+    }
+    for (w = 0; w < ps->W && live; w++) {
+        const float *s = ps->slots + w * len;
+        if (!ps->peer[w].pushed) continue;
+        if (n == 0 && w > 0) memcpy(sum, s, (size_t)len * sizeof(float));
+        else if (n > 0) for (i = 0; i < len; i++) sum[i] += s[i];
+        n++;
+    }
+    if (n == 0) return DTR_OK;
+    for (i = 0; i < len; i++) sum[i] /= (float)n;
+    for (w = 0; w < ps->W; w++) ps->peer[w].pushed = 0;
+    ps->st.pushes_applied += n;
+    return dtr__ps_apply(ps, sum);
+}
+
+static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    int64_t len = dtr__ps_len(ps);
+    const uint8_t *payload = p->in + dtr__ps_hdr_bytes;
+    if (ps->cfg.mode == DTR_PS_SYNC) {
+        if (h->clock != ps->clock || p->pushed) {
+            ps->st.stale_discarded++;
+            dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: push of worker %d for step %lld discarded (round %lld)",
+                        ps->index, w, (long long)h->clock, (long long)ps->clock);
+            return DTR_OK;
+        }
+        dtr_convert(ps->slots + w * len, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+        p->pushed = 1;
+        p->clock = h->clock + 1;
+        dtr__ps_count_staleness(ps, 0);
+        return dtr__ps_round(ps);
+    }
+    dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
+    if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
+    dtr_convert(ps->slots, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+    ps->st.pushes_applied++;
+    return dtr__ps_apply(ps, ps->slots);
+}
+
+/* a dropped worker that speaks again */
+static void dtr__ps_rejoin(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    int64_t lo = dtr__ps_min_clock(ps);
+    p->state = DTR__PS_LIVE;
+    p->pushed = 0;
+    p->clock = ps->cfg.mode == DTR_PS_SYNC ? ps->clock : (lo == INT64_MAX || h->clock > lo ? h->clock : lo);
+    ps->st.rejoined++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d rejoined", ps->index, w);
+}
+
+static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
+    ps->st.refused++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: message from worker %d (rank %d) refused: %s", ps->index, w,
+                ps->S + w, why);
+}
+
+/* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
+static void dtr__ps_segment(const uint8_t *buf, int64_t i, int64_t *seg) {
+    memcpy(seg, buf + dtr__ps_hdr_bytes + (size_t)i * 16, 16);
+}
+
+/* PUSH_ROWS, applied on arrival in every mode: plain SGD on the rows at the optimizer's
+   learning rate (no moments for rows) */
+static dtr_result dtr__ps_on_push_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    const uint8_t *in = ps->peer[w].in, *val = in + dtr__ps_hdr_bytes + (size_t)h->begin * 16;
+    size_t es = dtr_dtype_size((dtr_dtype)h->dtype);
+    float lr = ps->opt ? dtr_optimizer_lr(ps->opt) : 0.0f, *p = dtr_model_params(ps->m);
+    int64_t i, k, at = 0, seg[2];
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(in, i, seg);
+        dtr_convert(ps->scratch, DTR_F32, val + (size_t)at * es, (dtr_dtype)h->dtype, (size_t)seg[1]);
+        for (k = 0; k < seg[1]; k++) p[seg[0] + k] -= lr * ps->scratch[k];
+        at += seg[1];
+    }
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* PULL_ROWS, answered at once with the rows' current values */
+static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    const float *params = dtr_model_params(ps->m);
+    int64_t i, at = 0, seg[2];
+    dtr__ps_hdr rh;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it asked again */
+        dtr_result r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+        if (r != DTR_OK) return r;
+    }
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(p->in, i, seg);
+        memcpy(p->out + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), params + seg[0], (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    rh = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, h->begin, h->count, DTR_F32);
+    n = dtr__ps_seal(p->out, &rh);
+    ps->st.row_pulls++;
+    ps->st.bytes_sent += n;
+    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
+/* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
+static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr__ps_expect e;
+    dtr__ps_hdr h;
+    char why[200];
+    size_t n;
+    e.server = ps->index, e.workers = ps->W, e.begin = ps->range[ps->index], e.count = dtr__ps_len(ps);
+    if (dtr__ps_parse(p->in, dtr__ps_cap(ps), w, &e, &h, why, sizeof why) != DTR_OK) {
+        dtr__ps_refuse(ps, w, why);
+        memset(p->in, 0, sizeof h);
+        return DTR_OK;
+    }
+    n = dtr__ps_message_bytes(&h);
+    memset(p->in, 0, sizeof h);
+    memset(p->in + n - 8, 0, 8);
+    ps->st.bytes_received += n;
+    p->last_ns = ps->last_any_ns = dtr_time_ns();
+    if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
+    if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
+    else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
+    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
+    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
+    else return dtr__ps_on_push(ps, w, &h);
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* can worker w's waiting pull be answered now? */
+static int dtr__ps_ready(const dtr_ps *ps, int w) {
+    const dtr__ps_peer *p = &ps->peer[w];
+    if (!p->waiting) return 0;
+    if (ps->cfg.mode == DTR_PS_SYNC) return ps->clock >= p->want;
+    if (ps->cfg.mode == DTR_PS_SSP) return dtr__ps_min_clock(ps) >= p->want - ps->cfg.staleness;
+    return 1;
+}
+
+/* answers the pulls that may be answered (one reply in flight per worker) */
+static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
+    int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
+    int w;
+    for (w = 0; w < ps->W; w++) {
+        dtr__ps_peer *p = &ps->peer[w];
+        dtr__ps_hdr h;
+        size_t n;
+        dtr_result r;
+        if (p->sreq || p->state != DTR__PS_LIVE || !dtr__ps_ready(ps, w)) continue;
+        h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
+        memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
+        n = dtr__ps_seal(p->out, &h);
+        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK) return r;
+        p->waiting = 0;
+        ps->st.pulls_answered++;
+        ps->st.bytes_sent += n;
+        *progressed = 1;
+    }
+    return DTR_OK;
+}
+
+/* is live worker w holding up another worker or the end of serving? */
+static int dtr__ps_blocking(const dtr_ps *ps, int w) {
+    int v, others = 0;
+    for (v = 0; v < ps->W; v++) {
+        const dtr__ps_peer *q = &ps->peer[v];
+        if (v == w || q->state != DTR__PS_LIVE) continue;
+        others++;
+        if (!q->waiting || dtr__ps_ready(ps, v)) continue;
+        if (ps->cfg.mode == DTR_PS_SYNC && !ps->peer[w].pushed) return 1;
+        if (ps->cfg.mode == DTR_PS_SSP && ps->peer[w].clock < q->want - ps->cfg.staleness) return 1;
+    }
+    return others == 0;
+}
+
+/* drops (or fails the job for) the live workers that are waited on and silent too long */
+static dtr_result dtr__ps_deadlines(dtr_ps *ps) {
+    int64_t now = dtr_time_ns(), limit = (int64_t)ps->cfg.worker_deadline_ms * 1000000;
+    int w;
+    for (w = 0; w < ps->W; w++) {
+        dtr__ps_peer *p = &ps->peer[w];
+        if (p->state != DTR__PS_LIVE || now - p->last_ns < limit || !dtr__ps_blocking(ps, w)) continue;
+        if (ps->cfg.policy == DTR_PS_FAIL) {
+            dtr_result r = dtr__fail(ps->ctx, DTR_TIMEOUT, "parameter server %d: worker %d (rank %d) silent for %d ms",
+                                     ps->index, w, ps->S + w, ps->cfg.worker_deadline_ms);
+            dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
+            return r;
+        }
+        p->state = DTR__PS_DROPPED;
+        p->pushed = 0;
+        ps->st.dropped++;
+        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) silent for %d ms: dropped", ps->index, w,
+                    ps->S + w, ps->cfg.worker_deadline_ms);
+        if (ps->cfg.mode == DTR_PS_SYNC) {
+            dtr_result r = dtr__ps_round(ps);
+            if (r != DTR_OK) return r;
+        }
+    }
+    return DTR_OK;
+}
+
+/* polls worker w's reply and receive; handles a request that arrived */
+static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
+    dtr__ps_peer *p = &ps->peer[w];
+    int done = 0;
+    dtr_result r;
+    if (p->sreq) {
+        r = dtr_request_test(p->sreq, &done);
+        if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
+        if (r != DTR_OK) return r;
+    }
+    if (!p->rreq) return DTR_OK;
+    r = dtr_request_test(p->rreq, &done);
+    if (!done) return r;
+    dtr_request_destroy(p->rreq);
+    p->rreq = NULL;
+    *progressed = 1;
+    if (r == DTR_INVALID_ARGUMENT) dtr__ps_refuse(ps, w, "longer than any message this server takes");
+    else if (r != DTR_OK) return r;
+    else if ((r = dtr__ps_on_request(ps, w)) != DTR_OK) return r;
+    return p->state == DTR__PS_FINISHED ? DTR_OK : dtr__ps_listen(ps, w);
+}
+
+static int dtr__ps_all_gone(const dtr_ps *ps) {
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_LIVE || ps->peer[w].sreq) return 0;
+    return 1;
+}
+
+static void dtr__ps_nap(int *idle) {
+    struct timespec ts;
+    long us = *idle < 4 ? 0 : *idle < 50 ? 20 : 200;
+    (*idle)++;
+    if (us == 0) return;
+    ts.tv_sec = 0;
+    ts.tv_nsec = us * 1000;
+    nanosleep(&ts, NULL);
+}
+
+dtr_result dtr_ps_serve(dtr_ps *ps) {
+    dtr_result r = DTR_OK;
+    int w, idle = 0;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
+    ps->last_any_ns = dtr_time_ns();
+    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+        ps->peer[w].last_ns = ps->last_any_ns;
+        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
+    }
+    while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
+        int progressed = 0;
+        for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, &progressed);
+        if (r == DTR_OK) r = dtr__ps_answer(ps, &progressed);
+        if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+        if (progressed) idle = 0;
+        else dtr__ps_nap(&idle);
+    }
+    if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
+        dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
+    return r;
+}
+
+/* ---- worker ---- */
+
+static dtr_result dtr__ps_waitall(dtr_request **q, int n) {
+    dtr_result first = DTR_OK;
+    int i;
+    for (i = 0; i < n; i++) {
+        dtr_result r = q[i] ? dtr_request_wait(q[i]) : DTR_OK;
+        if (r != DTR_OK && first == DTR_OK) first = r;
+        dtr_request_destroy(q[i]);
+        q[i] = NULL;
+    }
+    return first;
+}
+
+static dtr_result dtr__ps_worker_fail(dtr_ps *ps, const char *what, dtr_result r) {
+    if (dtr_context_status(ps->ctx) != DTR_OK) return r;
+    return dtr__fail(ps->ctx, r, "%s: %s", what, dtr_comm_last_error(ps->g));
+}
+
+/* sends a request of kind `kind` with `clock` (and the gradient of server s's range for a
+   push) to every server */
+static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
+    dtr_request *q[64];
+    dtr_result r = DTR_OK;
+    int s, n = 0;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
+        dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
+        dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock[s], b, len, (int)dt);
+        size_t bytes;
+        if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+        bytes = dtr__ps_seal(ps->msg[s], &h);
+        ps->st.bytes_sent += bytes;
+        r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, s, DTR__PS_TAG_REQ, &q[n]);
+        if (r == DTR_OK) n++;
+        if (n == 64 || s == ps->S - 1 || r != DTR_OK) {
+            dtr_result w = dtr__ps_waitall(q, n);
+            if (r == DTR_OK) r = w;
+            n = 0;
+        }
+    }
+    return r;
+}
+
+dtr_result dtr_ps_push(dtr_ps *ps) {
+    int64_t clock[64];
+    dtr_result r;
+    int s;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
+    for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
+    r = dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
+    ps->wclock++;
+    ps->pushed = 1;
+    ps->st.pushes++;
+    return dtr_model_zero_grad(ps->m);
+}
+
+/* checks server s's reply: a REPLY of `count` f32 values with `begin`, whole */
+static dtr_result dtr__ps_check_reply(dtr_ps *ps, int s, int64_t begin, int64_t count, dtr__ps_hdr *h) {
+    uint64_t tr;
+    size_t n;
+    memcpy(h, ps->rep[s], sizeof *h);
+    n = dtr__ps_message_bytes(h);
+    if (h->magic != DTR__PS_MAGIC || h->kind != DTR__PS_REPLY || h->worker != s || h->begin != begin || h->count != count ||
+        h->dtype != DTR_F32 || n == 0)
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed reply", s);
+    memcpy(&tr, ps->rep[s] + n - 8, 8);
+    if (tr != dtr__ps_trailer(h)) return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d: truncated reply", s);
+    ps->st.bytes_received += n;
+    return DTR_OK;
+}
+
+/* checks server s's reply to a pull and copies its range into the model */
+static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
+    int64_t b = ps->range[s], len = ps->range[s + 1] - b;
+    dtr__ps_hdr h;
+    dtr_result r = dtr__ps_check_reply(ps, s, b, len, &h);
+    if (r != DTR_OK) return r;
+    memcpy(dtr_model_params(ps->m) + b, ps->rep[s] + dtr__ps_hdr_bytes, (size_t)len * sizeof(float));
+    ps->sclock[s] = h.clock;
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_pull(dtr_ps *ps) {
+    dtr_request *q[64];
+    int64_t want[64], t0;
+    size_t cap;
+    dtr_result r = DTR_OK, r2;
+    int s, n = 0;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_pull: rank is a server");
+    cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    t0 = dtr_time_ns();
+    for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[n])) == DTR_OK) n++;
+    if (r == DTR_OK) r = dtr__ps_send_all(ps, DTR__PS_PULL, want);
+    if (r != DTR_OK) dtr_comm_abort(ps->g, "dtr_ps_pull failed");   /* the posted receives must end */
+    if ((r2 = dtr__ps_waitall(q, n)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
+    for (s = 0; s < ps->S && r == DTR_OK; s++) r = dtr__ps_take_reply(ps, s);
+    ps->pushed = 0;
+    ps->st.pulls++;
+    ps->st.wait_ns += dtr_time_ns() - t0;
+    return r;
+}
+
+dtr_result dtr_ps_step(dtr_ps *ps) {
+    dtr_result r = dtr_ps_push(ps);
+    return r == DTR_OK ? dtr_ps_pull(ps) : r;
+}
+
+dtr_result dtr_ps_finish(dtr_ps *ps) {
+    int64_t clock[64];
+    dtr_result r;
+    int s;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_finish: rank is a server");
+    for (s = 0; s < ps->S; s++) clock[s] = ps->wclock;
+    r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
+}
+
+/* ---- sparse rows ---- */
+
+/* param's offset in the buffer and row width; rows in range and distinct */
+static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tensor *param, const int64_t *rows, int n,
+                                     int64_t *off, int64_t *dim) {
+    int i, np = dtr_model_param_count(ps->m), k = -1;
+    int64_t nrows;
+    uint8_t *seen;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    for (i = 0; i < np && k < 0; i++)
+        if (dtr_model_param_at(ps->m, i) == param) k = i;
+    if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))
+        return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: not a parameter of the model, or %d rows", fn, n);
+    nrows = dtr_tensor_dim(param, 0);
+    *off = dtr_model_param_offset(ps->m, k);
+    *dim = nrows ? dtr_tensor_numel(param) / nrows : 0;
+    seen = (uint8_t *)dtr__calloc(&ps->ctx->alloc, (size_t)nrows + 1);
+    if (!seen) return dtr__fail(ps->ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = 0; i < n && rows[i] >= 0 && rows[i] < nrows && !seen[rows[i]]; i++) seen[rows[i]] = 1;
+    dtr__free(&ps->ctx->alloc, seen);
+    if (i < n) return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: row %lld is outside [0, %lld) or repeated", fn,
+                                (long long)rows[i], (long long)nrows);
+    return DTR_OK;
+}
+
+/* writes server s's pieces of the rows as segments after msg[s]'s header; returns how many,
+   *values their floats; DTR_INVALID_ARGUMENT when they would not fit one message */
+static dtr_result dtr__ps_rows_segments(dtr_ps *ps, int s, int64_t off, int64_t dim, const int64_t *rows, int n,
+                                        size_t es, int64_t *nseg, int64_t *values) {
+    int64_t lo = ps->range[s], hi = ps->range[s + 1];
+    int i;
+    *nseg = *values = 0;
+    for (i = 0; i < n; i++) {
+        int64_t a = off + rows[i] * dim, b = a + dim, seg[2];
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (a >= b) continue;
+        seg[0] = a, seg[1] = b - a;
+        *values += seg[1];
+        if ((size_t)(*nseg + 1) * 16 + (size_t)*values * es > (size_t)(hi - lo) * sizeof(float))
+            return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%d rows do not fit one message to server %d: send fewer at once", n, s);
+        memcpy(ps->msg[s] + dtr__ps_hdr_bytes + (size_t)*nseg * 16, seg, 16);
+        (*nseg)++;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[64];
+    int64_t off, dim, nseg, values, i, at, seg[2];
+    size_t es;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_push_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    es = dtr_dtype_size(ps->cfg.push_dtype);
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        uint8_t *val;
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, es, &nseg, &values)) != DTR_OK || nseg == 0) continue;
+        val = ps->msg[s] + dtr__ps_hdr_bytes + (size_t)nseg * 16;
+        for (i = 0, at = 0; i < nseg; at += seg[1], i++) {
+            dtr__ps_segment(ps->msg[s], i, seg);
+            dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr_model_grads(ps->m) + seg[0], DTR_F32, (size_t)seg[1]);
+        }
+        h = dtr__ps_header(DTR__PS_PUSH_ROWS, ps->index, ps->wclock, nseg, values, (int)ps->cfg.push_dtype);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k]);
+        if (r == DTR_OK) k++;
+    }
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push_rows", r);
+    for (i = 0; i < n; i++) memset(dtr_model_grads(ps->m) + off + rows[i] * dim, 0, (size_t)dim * sizeof(float));
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* scatters server s's reply to a PULL_ROWS of nseg segments (in msg[s]) into the parameters */
+static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t values) {
+    dtr__ps_hdr h;
+    int64_t i, at = 0, seg[2];
+    dtr_result r = dtr__ps_check_reply(ps, s, nseg, values, &h);
+    for (i = 0; i < nseg && r == DTR_OK; i++) {
+        dtr__ps_segment(ps->msg[s], i, seg);
+        memcpy(dtr_model_params(ps->m) + seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float),
+               (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    return r;
+}
+
+dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[128];
+    int64_t off, dim, nseg[64], values[64];
+    size_t cap = dtr__ps_hdr_bytes + (size_t)(ps ? ps->maxlen : 0) * sizeof(float) + 8;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_pull_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, 0, &nseg[s], &values[s])) != DTR_OK || nseg[s] == 0) continue;
+        h = dtr__ps_header(DTR__PS_PULL_ROWS, ps->index, ps->wclock, nseg[s], values[s], 0);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[k])) != DTR_OK) break;
+        k++;
+        if ((r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k])) == DTR_OK) k++;
+    }
+    if (r != DTR_OK && k > 0) dtr_comm_abort(ps->g, "dtr_ps_pull_rows failed");   /* the posted receives must end */
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull_rows", r);
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if (nseg[s] > 0) r = dtr__ps_take_rows(ps, s, nseg[s], values[s]);
+    ps->st.row_pulls++;
+    return r;
+}
+#line 23941 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -22898,7 +23991,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 22902 "dtrain.h"
+#line 23995 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -24056,7 +25149,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 24060 "dtrain.h"
+#line 25153 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -24954,7 +26047,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 24958 "dtrain.h"
+#line 26051 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -26422,7 +27515,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 26426 "dtrain.h"
+#line 27519 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -26806,7 +27899,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 26810 "dtrain.h"
+#line 27903 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -26955,7 +28048,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 26959 "dtrain.h"
+#line 28052 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -3,7 +3,8 @@
  * peers: each attaches to a model and a process group through the same open seams
  * (gradient hooks, backward from any tensor, optimizer steps over a range of the parameter
  * buffer, state accessors), so several can work on one model at once. In this version:
- * data parallel, pipeline parallel, and tensor-parallel communication on the tape.
+ * data parallel, pipeline parallel, tensor-parallel communication on the tape, and
+ * parameter servers.
  * ==========================================================================*/
 #ifdef __cplusplus
 extern "C" {
@@ -847,6 +848,141 @@ DTR_API dtr_result dtr_trainer_state(dtr_trainer *tr, int index, dtr_state_entry
  *  under their version (checksum recomputed). @return DTR_OK, DTR_NULL_HANDLE,
  *  DTR_CORRUPT_FILE (a negative counter). Thread safety: as dtr_trainer_state. */
 DTR_API dtr_result dtr_trainer_state_loaded(dtr_trainer *tr);
+/* ---- parameter servers ----
+ * A world splits into S servers (ranks 0..S-1) and W = size - S workers (ranks S..). The
+ * model's parameter buffer is cut into S balanced ranges (16-float aligned; a large tensor
+ * may span servers): server s holds and updates floats [range[s], range[s + 1]) with its own
+ * optimizer (dtr_optimizer_step_range over its range), workers compute gradients, push them to
+ * every server and pull the parameters back. Every rank builds the same model with the same
+ * seed; the servers' initial parameters are the ones the workers pull first.
+ * Consistency: SYNC (a server applies the average of step t once every live worker pushed
+ * it: the same weights as all-reduce data parallelism), ASYNC (each push applied on arrival),
+ * SSP (bounded staleness s: a worker at clock c waits in its pull until the slowest live
+ * worker has pushed c - s clocks). Staleness of a push = the pushing worker's clock minus the
+ * slowest live worker's clock when the server applies it (0 in SYNC, <= s in SSP), counted in
+ * a histogram. The server's messages are validated (magic, version, kind, sender, range,
+ * dtype, sizes); a bad one is refused, counted and logged, never applied. Waits are bounded:
+ * a worker that a server waits on (a synchronous round, an SSP pull, the end of serving)
+ * and that is silent for worker_deadline_ms is dropped (DTR_PS_CONTINUE) or fails the job
+ * (DTR_PS_FAIL: the server aborts the group, every rank gets DTR_PEER_FAILED). A dropped
+ * worker that speaks again rejoins (its stale push is discarded and counted). Tags 2^29 + 1
+ * and 2^29 + 2 of the group are the engine's. docs/parameter-server.md is the guide. */
+
+/** Consistency modes of the parameter servers. Append-only. */
+typedef enum dtr_ps_mode {
+    DTR_PS_SYNC = 0,   /**< rounds: the average of every live worker's push of step t, then one update */
+    DTR_PS_ASYNC = 1,  /**< each push applied on arrival; pulls answered at once */
+    DTR_PS_SSP = 2     /**< stale synchronous parallel: as ASYNC, pulls wait for the slowest worker within `staleness` clocks */
+} dtr_ps_mode;
+
+/** What a server does with a worker that it waits on and that stays silent past the deadline. */
+typedef enum dtr_ps_policy {
+    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT naming the worker, the group is aborted */
+    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again */
+} dtr_ps_policy;
+
+/** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
+typedef struct dtr_ps_config {
+    int servers;               /**< S servers (ranks 0..S-1), 1 to min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
+    dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
+    int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
+    dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
+    dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes) */
+    int worker_deadline_ms;    /**< a waited-on worker silent this long is dropped or fails the job; 0: 60000.
+                                    Keep it above the longest step a worker takes (a lone worker is waited on) */
+    dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
+    dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
+    void *log_user;
+} dtr_ps_config;
+
+/** Returns a configuration with every field at its default. Thread safety: thread safe. */
+DTR_API dtr_ps_config dtr_ps_config_init(void);
+
+/** Number of servers a launcher asked for: $DTR_PS_SERVERS (set by dtrun --servers S), or
+ *  `fallback` when unset or not a positive integer. Thread safety: thread safe. */
+DTR_API int dtr_ps_servers_from_env(int fallback);
+
+/** Counters of one rank's engine since dtr_ps_create. Servers fill the server fields,
+ *  workers the worker fields. */
+#define DTR_PS_STALENESS_BINS 16
+typedef struct dtr_ps_stats {
+    int64_t updates;             /**< server: optimizer updates applied to its range */
+    int64_t pushes_applied;      /**< server: pushes that went into an update */
+    int64_t pulls_answered;      /**< server: pulls answered */
+    int64_t refused;             /**< server: malformed, oversized or unexpected messages refused */
+    int64_t stale_discarded;     /**< server: pushes of a dropped worker for a finished round, discarded */
+    int64_t dropped;             /**< server: workers dropped at the deadline */
+    int64_t rejoined;            /**< server: dropped workers that came back */
+    int64_t staleness[DTR_PS_STALENESS_BINS]; /**< server: pushes by staleness (clocks); the last bin counts that many or more */
+    int64_t max_staleness;       /**< server: the largest staleness seen */
+    int64_t pushes, pulls;       /**< worker: pushes and pulls made (each to every server) */
+    int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
+    int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
+    uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
+} dtr_ps_stats;
+
+typedef struct dtr_ps dtr_ps;
+
+/** Makes this rank's part of the parameter-server engine over `c` (every rank of the group
+ *  calls it, with the same cfg and a model built alike): a server makes its optimizer over
+ *  its range, a worker its buffers; then the engine's own group is split from `c` (a
+ *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
+ *  copy of that group waits a day for a worker's next message; the engine's worker deadline
+ *  bounds what it waits for.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
+ *  staleness < 0, push_dtype, mode, policy; the context's message says which), DTR_UNSUPPORTED
+ *  (LAMB, clip_norm), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
+/** Frees the engine (not the model or group). NULL is ignored. A server still listening
+ *  (dtr_ps_serve returned an error) aborts the group first so that nothing waits on it.
+ *  Thread safety: the model's context thread. */
+DTR_API void dtr_ps_destroy(dtr_ps *ps);
+/** 1 on a server rank, 0 on a worker (0 for NULL). Thread safety: any thread. */
+DTR_API int dtr_ps_is_server(const dtr_ps *ps);
+/** This rank's index among the servers or among the workers (-1 for NULL). Thread safe. */
+DTR_API int dtr_ps_index(const dtr_ps *ps);
+/** Number of workers W (0 for NULL). Thread safety: any thread. */
+DTR_API int dtr_ps_workers(const dtr_ps *ps);
+/** Server s's range of the parameter buffer, [*begin, *end) in floats.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (s). Thread safety: any thread. */
+DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end);
+/** Server: answers the workers until every worker has said dtr_ps_finish (or was dropped
+ *  and never came back). Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
+ *  the deadline: the context's message names it), or the group's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
+/** Worker: pulls the parameters from every server into the model (SYNC: those of the step
+ *  after this worker's last push; SSP: waits within the staleness bound; ASYNC: the current
+ *  ones). @return DTR_OK, DTR_BAD_STATE (on a server), or the group's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_pull(dtr_ps *ps);
+/** Worker: pushes the model's gradient buffer (each server its range, in push_dtype) and
+ *  zeroes it; the worker's clock advances. @return DTR_OK, DTR_BAD_STATE (on a server), or
+ *  the group's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_push(dtr_ps *ps);
+/** Worker: dtr_ps_push, then dtr_ps_pull. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_step(dtr_ps *ps);
+/** Worker: tells every server that this worker is done (it leaves rounds and waits).
+ *  @return DTR_OK, DTR_BAD_STATE (on a server), or the group's error.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_finish(dtr_ps *ps);
+/** Worker, sparse: pushes the gradient rows `rows[0..n)` (distinct indices along the first
+ *  axis) of `param`, a parameter of the model (an embedding table), to the servers that hold
+ *  them (a row may span two), and zeroes those rows of the gradient buffer. Servers apply
+ *  rows on arrival in every mode, as plain SGD at their optimizer's current learning rate
+ *  (rows keep no moments), without a round. Only the rows' bytes travel.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (on a server), DTR_INVALID_ARGUMENT (not a
+ *  parameter of the model, a row outside the table or repeated, more rows than fit one
+ *  message to a server: the segments and values of a server's rows must fit its range's
+ *  size), or the group's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
+/** Worker, sparse: pulls the current values of rows `rows[0..n)` of `param` into the model
+ *  (answered at once in every mode). @return as dtr_ps_push_rows.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n);
+/** Copies the engine's counters into *out. @return DTR_OK or DTR_NULL_HANDLE.
+ *  Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out);
 
 #ifdef __cplusplus
 }

@@ -209,6 +209,7 @@ static void usage(FILE *f) {
             "                     attempt gets DTR_RESTART=<attempt> and the store's generation\n"
             "  --min-ranks M      a rank blamed in two attempts in a row cannot come back: go on with\n"
             "                     one rank fewer while at least M remain (default N: never fewer)\n"
+            "  --servers S        parameter servers: exports DTR_PS_SERVERS=S (dtr_ps_create reads it)\n"
             "  --version          print the version\n"
             "After a restart dtrun prints the time from the failure to the first step of the new\n"
             "attempt (the first dtr_elastic_step() call of a rank).\n"
@@ -666,7 +667,15 @@ static int parse_args(int argc, char **argv, job *j) {
         else if (strcmp(a, "--timeout") == 0) dst = &j->timeout_ms, lo = 1, hi = 2147483647L;
         else if (strcmp(a, "--max-restarts") == 0) dst = &j->max_restarts, lo = 0, hi = 1000000;
         else if (strcmp(a, "--min-ranks") == 0) dst = &j->min_ranks, lo = 1, hi = MAX_RANKS;
-        else if (strcmp(a, "--secret") == 0) {
+        else if (strcmp(a, "--servers") == 0) {
+            long ns;
+            if (!parse_int(argv[++i], 1, MAX_RANKS - 1, &ns)) {
+                fprintf(stderr, "dtrun: --servers %s: expected 1..%d\n", argv[i], MAX_RANKS - 1);
+                return 2;
+            }
+            setenv("DTR_PS_SERVERS", argv[i], 1);   /* inherited by every rank */
+            continue;
+        } else if (strcmp(a, "--secret") == 0) {
             secret_arg = argv[++i];
             continue;
         } else {

@@ -1,0 +1,895 @@
+/* ============================================================================
+ * Parameter servers (docs/parameter-server.md). Ranks 0..S-1 of the engine's group are
+ * servers, the others workers. Server s owns floats [range[s], range[s + 1]) of the model's
+ * parameter buffer and its optimizer state; workers push gradients and pull parameters.
+ *
+ * Wire: a worker sends requests (PUSH, PULL, DONE: src/engine/ps.h) on tag REQ, in order;
+ * a server listens with one receive per worker and answers a PULL on tag REP when the mode
+ * allows (SYNC: its clock reached the one wanted; SSP: the slowest live worker within s
+ * clocks; ASYNC: at once). A worker posts the receive of the reply before it asks, so the
+ * server's replies never wait on a worker's progress.
+ *
+ * The server's own group (a split of the application's) has a deadline far away: a listening
+ * receive may wait as long as a worker computes. The engine keeps its own deadline instead
+ * (worker_deadline_ms, on the workers a server waits on), so that no wait is unbounded.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../public/api_comm.h"
+#include "../public/api_engine.h"
+#include "../core/internal.h"
+#include "ps.h"
+
+#define DTR__PS_LISTEN_MS (24 * 3600 * 1000)   /* the server group's deadline: a day */
+
+enum { DTR__PS_LIVE = 0, DTR__PS_FINISHED = 1, DTR__PS_DROPPED = 2 };
+
+typedef struct dtr__ps_peer {  /* a server's view of one worker */
+    uint8_t *in, *out;         /* the listening receive's buffer, the reply's */
+    dtr_request *rreq, *sreq;
+    int state, pushed, waiting;
+    int64_t clock, want, last_ns;
+} dtr__ps_peer;
+
+struct dtr_ps {
+    dtr_model *m;
+    dtr_context *ctx;
+    dtr_comm *g;               /* the engine's group (a split of the application's) */
+    dtr_ps_config cfg;
+    int S, W, server, index;
+    int64_t *range;            /* S + 1 offsets */
+    int64_t maxlen;            /* the longest range */
+    dtr_ps_stats st;
+    /* server */
+    dtr_optimizer *opt;
+    dtr__ps_peer *peer;
+    float *slots;              /* SYNC: W pushes of this round, in worker order */
+    float *scratch;            /* a range of floats: decoded rows */
+    int64_t clock, last_any_ns;
+    /* worker */
+    uint8_t **msg, **rep;      /* S request and S reply buffers */
+    int64_t *sclock;           /* SYNC: each server's clock at the last pull */
+    int64_t wclock;            /* pushes made */
+    int pushed;                /* a push since the last pull */
+};
+
+static const size_t dtr__ps_hdr_bytes = sizeof(dtr__ps_hdr);
+
+/* ---- configuration ---- */
+
+dtr_ps_config dtr_ps_config_init(void) {
+    dtr_ps_config c;
+    memset(&c, 0, sizeof c);
+    c.mode = DTR_PS_SYNC;
+    c.staleness = 2;
+    c.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.01f);
+    c.push_dtype = DTR_F32;
+    c.worker_deadline_ms = 60000;
+    c.policy = DTR_PS_FAIL;
+    return c;
+}
+
+int dtr_ps_servers_from_env(int fallback) {
+    const char *s = getenv("DTR_PS_SERVERS");
+    char *end = NULL;
+    long v;
+    if (!s || !*s) return fallback;
+    v = strtol(s, &end, 10);
+    return (*end == 0 && v > 0 && v < 65536) ? (int)v : fallback;
+}
+
+static void dtr__ps_log(const dtr_ps *ps, dtr_log_level lv, const char *fmt, ...) DTR__PRINTF(3, 4);
+static void dtr__ps_log(const dtr_ps *ps, dtr_log_level lv, const char *fmt, ...) {
+    char msg[320];
+    va_list ap;
+    if (!ps->cfg.log) return;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ps->cfg.log(ps->cfg.log_user, lv, msg);
+}
+
+/* ---- the wire ---- */
+
+uint64_t dtr__ps_trailer(const dtr__ps_hdr *h) {
+    return ((uint64_t)h->clock * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)h->magic << 16) ^ h->kind;
+}
+
+size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
+    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
+    int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
+    size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (values && es == 0) return 0;
+    if (!values && !rows && h->count != 0) return 0;
+    if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
+    if (rows) segs = (size_t)h->begin * 16;
+    return sizeof *h + segs + (size_t)h->count * es + 8;
+}
+
+/* the segments of a ROWS message: each inside the server's range, their lengths summing to count */
+static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why,
+                                         size_t whylen) {
+    int64_t i, sum = 0;
+    if (h->count > e->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld row values, the range holds %lld",
+                                              (long long)h->count, (long long)e->count);
+    for (i = 0; i < h->begin; i++) {
+        int64_t seg[2];
+        memcpy(seg, buf + sizeof *h + (size_t)i * 16, 16);
+        if (seg[1] < 1 || seg[0] < e->begin || seg[1] > e->count || seg[0] - e->begin > e->count - seg[1])
+            return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segment %lld [%lld, +%lld) outside the range", (long long)i,
+                             (long long)seg[0], (long long)seg[1]);
+        sum += seg[1];
+        if (sum > h->count) break;
+    }
+    if (sum != h->count) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "segments do not sum to %lld values", (long long)h->count);
+    return DTR_OK;
+}
+
+static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
+    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
+    if (h->begin != e->begin || h->count != e->count)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of [%lld, +%lld), this server holds [%lld, +%lld)",
+                         (long long)h->begin, (long long)h->count, (long long)e->begin, (long long)e->count);
+    return DTR_OK;
+}
+
+dtr_result dtr__ps_parse(const void *buf, size_t cap, int from, const dtr__ps_expect *e, dtr__ps_hdr *h, char *why,
+                         size_t whylen) {
+    size_t n;
+    uint64_t tr;
+    dtr_result r;
+    if (!buf || cap < sizeof *h) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%zu bytes: shorter than a header", cap);
+    memcpy(h, buf, sizeof *h);
+    if (h->magic != DTR__PS_MAGIC) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "bad magic %08x", (unsigned)h->magic);
+    if (h->version != DTR__PS_VERSION) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "version %u", (unsigned)h->version);
+    if (h->worker != from) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "claims to be worker %d", (int)h->worker);
+    if (h->clock < 0) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "negative clock %lld", (long long)h->clock);
+    if (h->kind == DTR__PS_REPLY || h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "unknown kind %u", (unsigned)h->kind);
+    if (h->kind == DTR__PS_PUSH && (r = dtr__ps_parse_push(h, e, why, whylen)) != DTR_OK) return r;
+    if (h->kind == DTR__PS_PUSH_ROWS && h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
+    if ((n = dtr__ps_message_bytes(h)) == 0 || n > cap)
+        return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "%lld values of dtype %d do not fit %zu bytes", (long long)h->count,
+                         (int)h->dtype, cap);
+    memcpy(&tr, (const uint8_t *)buf + n - 8, 8);
+    if (tr != dtr__ps_trailer(h)) return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "truncated (no trailer after %zu bytes)", n - 8);
+    if (h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS)
+        return dtr__ps_parse_segments((const uint8_t *)buf, h, e, why, whylen);
+    return DTR_OK;
+}
+
+/* writes the trailer after the header and payload at buf; returns the message's bytes */
+static size_t dtr__ps_seal(uint8_t *buf, const dtr__ps_hdr *h) {
+    size_t n = dtr__ps_message_bytes(h);
+    uint64_t tr = dtr__ps_trailer(h);
+    memcpy(buf, h, sizeof *h);
+    memcpy(buf + n - 8, &tr, 8);
+    return n;
+}
+
+static dtr__ps_hdr dtr__ps_header(int kind, int who, int64_t clock, int64_t begin, int64_t count, int dtype) {
+    dtr__ps_hdr h;
+    memset(&h, 0, sizeof h);
+    h.magic = DTR__PS_MAGIC;
+    h.version = DTR__PS_VERSION;
+    h.kind = (uint16_t)kind;
+    h.worker = who;
+    h.dtype = dtype;
+    h.clock = clock;
+    h.begin = begin;
+    h.count = count;
+    return h;
+}
+
+/* ---- creation ---- */
+
+/* server s's range starts at s / S of the buffer, rounded down to 16 floats */
+static void dtr__ps_layout(dtr_ps *ps) {
+    int64_t total = dtr_model_numel(ps->m);
+    int s;
+    for (s = 0; s <= ps->S; s++) ps->range[s] = s == ps->S ? total : total * s / ps->S / 16 * 16;
+    for (s = 0; s < ps->S; s++)
+        if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
+}
+
+static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+    if (S < 1 || S >= size || S > 64)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
+                         S, size);
+    if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
+                         (int)cfg->mode, cfg->staleness, (int)cfg->policy);
+    if (cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16");
+    if (cfg->opt.kind == DTR_OPT_LAMB || cfg->opt.clip_norm > 0 || cfg->opt.shard_sum)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: LAMB and clip_norm need the whole gradient, not a server's range");
+    return DTR_OK;
+}
+
+static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
+    dtr_allocation_callbacks *a = &ps->ctx->alloc;
+    int64_t len = ps->range[ps->index + 1] - ps->range[ps->index];
+    size_t cap = dtr__ps_hdr_bytes + (size_t)len * sizeof(float) + 8;
+    int w;
+    ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
+    ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
+                                            : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
+    for (w = 0; w < ps->W; w++) {
+        ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
+        ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
+        if (!ps->peer[w].in || !ps->peer[w].out) return DTR_OUT_OF_MEMORY;
+    }
+    if (len > 0) {
+        dtr_optimizer_config oc = ps->cfg.opt;
+        oc.shard_begin = ps->range[ps->index];
+        oc.shard_end = ps->range[ps->index + 1];
+        return dtr_optimizer_create(ps->m, &oc, &ps->opt);
+    }
+    return DTR_OK;
+}
+
+static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
+    dtr_allocation_callbacks *a = &ps->ctx->alloc;
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    int s;
+    ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
+    ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
+    ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
+    if (!ps->msg || !ps->rep || !ps->sclock) return DTR_OUT_OF_MEMORY;
+    for (s = 0; s < ps->S; s++) {
+        ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
+        ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
+        if (!ps->msg[s] || !ps->rep[s]) return DTR_OUT_OF_MEMORY;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out) {
+    dtr_ps_config def = dtr_ps_config_init();
+    dtr_context *ctx;
+    dtr_ps *ps;
+    dtr_result r;
+    int me;
+    if (out) *out = NULL;
+    if (!m || !c || !out) return DTR_NULL_HANDLE;
+    ctx = dtr_model_context(m);
+    if (!cfg) cfg = &def;
+    def = *cfg;
+    if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
+    if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
+    if ((r = dtr__ps_check(ctx, &def, def.servers, dtr_comm_size(c))) != DTR_OK) return r;
+    ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
+    if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
+    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->W = dtr_comm_size(c) - def.servers;
+    me = dtr_comm_rank(c);
+    ps->server = me < ps->S;
+    ps->index = ps->server ? me : me - ps->S;
+    ps->range = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(ps->S + 1) * sizeof(int64_t));
+    r = ps->range ? DTR_OK : DTR_OUT_OF_MEMORY;
+    if (r == DTR_OK) dtr__ps_layout(ps);
+    if (r == DTR_OK) r = ps->server ? dtr__ps_alloc_server(ps) : dtr__ps_alloc_worker(ps);
+    if (r == DTR_OK) r = dtr_comm_split(c, 0, me, &ps->g);
+    if (r == DTR_OK && ps->server) r = dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
+    if (r != DTR_OK) {
+        dtr_ps_destroy(ps);
+        return r == DTR_OUT_OF_MEMORY ? dtr__fail(ctx, r, "dtr_ps_create: out of memory") : r;
+    }
+    *out = ps;
+    return DTR_OK;
+}
+
+static void dtr__ps_free_bufs(dtr_ps *ps, uint8_t **b, int n) {
+    int i;
+    if (!b) return;
+    for (i = 0; i < n; i++) dtr__free(&ps->ctx->alloc, b[i]);
+    dtr__free(&ps->ctx->alloc, b);
+}
+
+/* cancels what a server still has in flight: its listening receives would wait a day, so a
+   server leaving with some aborts the group first */
+static void dtr__ps_cancel(dtr_ps *ps) {
+    int w, pending = 0;
+    for (w = 0; w < ps->W; w++) pending += ps->peer[w].rreq != NULL || ps->peer[w].sreq != NULL;
+    if (pending && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    for (w = 0; w < ps->W; w++) {
+        dtr_request_destroy(ps->peer[w].rreq);
+        dtr_request_destroy(ps->peer[w].sreq);
+        ps->peer[w].rreq = ps->peer[w].sreq = NULL;
+        dtr__free(&ps->ctx->alloc, ps->peer[w].in);
+        dtr__free(&ps->ctx->alloc, ps->peer[w].out);
+    }
+}
+
+void dtr_ps_destroy(dtr_ps *ps) {
+    dtr_allocation_callbacks a;
+    if (!ps) return;
+    a = ps->ctx->alloc;
+    if (ps->peer) dtr__ps_cancel(ps);
+    dtr__free(&a, ps->peer);
+    dtr__free(&a, ps->slots);
+    dtr__free(&a, ps->scratch);
+    dtr_optimizer_destroy(ps->opt);
+    dtr__ps_free_bufs(ps, ps->msg, ps->S);
+    dtr__ps_free_bufs(ps, ps->rep, ps->S);
+    dtr__free(&a, ps->sclock);
+    dtr__free(&a, ps->range);
+    dtr_comm_destroy(ps->g);
+    dtr__free(&a, ps);
+}
+
+dtr_comm *dtr__ps_group(dtr_ps *ps) { return ps ? ps->g : NULL; }
+
+int dtr_ps_is_server(const dtr_ps *ps) { return ps ? ps->server : 0; }
+int dtr_ps_index(const dtr_ps *ps) { return ps ? ps->index : -1; }
+int dtr_ps_workers(const dtr_ps *ps) { return ps ? ps->W : 0; }
+
+dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end) {
+    if (!ps || !begin || !end) return DTR_NULL_HANDLE;
+    if (s < 0 || s >= ps->S) return DTR_INVALID_ARGUMENT;
+    *begin = ps->range[s];
+    *end = ps->range[s + 1];
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out) {
+    if (!ps || !out) return DTR_NULL_HANDLE;
+    *out = ps->st;
+    return DTR_OK;
+}
+
+/* ---- server ---- */
+
+static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
+
+/* a server's receive and reply buffers: the largest message it takes or sends */
+static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
+
+static dtr_result dtr__ps_listen(dtr_ps *ps, int w) {
+    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->S + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+}
+
+/* the smallest clock of the live workers (INT64_MAX when none is live) */
+static int64_t dtr__ps_min_clock(const dtr_ps *ps) {
+    int64_t lo = INT64_MAX;
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_LIVE && ps->peer[w].clock < lo) lo = ps->peer[w].clock;
+    return lo;
+}
+
+static void dtr__ps_count_staleness(dtr_ps *ps, int64_t st) {
+    if (st < 0) st = 0;
+    ps->st.staleness[st < DTR_PS_STALENESS_BINS - 1 ? st : DTR_PS_STALENESS_BINS - 1]++;
+    if (st > ps->st.max_staleness) ps->st.max_staleness = st;
+}
+
+/* one optimizer update of this server's range with the gradient g */
+static dtr_result dtr__ps_apply(dtr_ps *ps, const float *g) {
+    int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
+    dtr_result r = DTR_OK;
+    if (len > 0) {
+        memcpy(dtr_model_grads(ps->m) + b, g, (size_t)len * sizeof(float));
+        r = dtr_optimizer_step_range(ps->opt, b, b + len, NULL);
+    }
+    ps->clock++;
+    ps->st.updates++;
+    return r;
+}
+
+/* SYNC: once every live worker pushed this round: their average, summed in worker order */
+static dtr_result dtr__ps_round(dtr_ps *ps) {
+    int64_t len = dtr__ps_len(ps), i;
+    int w, n = 0, live = 0;
+    float *sum = ps->slots;   /* slot 0 doubles as the sum: worker 0's push is added first */
+    for (w = 0; w < ps->W; w++) {
+        if (ps->peer[w].state != DTR__PS_LIVE) continue;
+        live++;
+        if (!ps->peer[w].pushed) return DTR_OK;
+    }
+    for (w = 0; w < ps->W && live; w++) {
+        const float *s = ps->slots + w * len;
+        if (!ps->peer[w].pushed) continue;
+        if (n == 0 && w > 0) memcpy(sum, s, (size_t)len * sizeof(float));
+        else if (n > 0) for (i = 0; i < len; i++) sum[i] += s[i];
+        n++;
+    }
+    if (n == 0) return DTR_OK;
+    for (i = 0; i < len; i++) sum[i] /= (float)n;
+    for (w = 0; w < ps->W; w++) ps->peer[w].pushed = 0;
+    ps->st.pushes_applied += n;
+    return dtr__ps_apply(ps, sum);
+}
+
+static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    int64_t len = dtr__ps_len(ps);
+    const uint8_t *payload = p->in + dtr__ps_hdr_bytes;
+    if (ps->cfg.mode == DTR_PS_SYNC) {
+        if (h->clock != ps->clock || p->pushed) {
+            ps->st.stale_discarded++;
+            dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: push of worker %d for step %lld discarded (round %lld)",
+                        ps->index, w, (long long)h->clock, (long long)ps->clock);
+            return DTR_OK;
+        }
+        dtr_convert(ps->slots + w * len, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+        p->pushed = 1;
+        p->clock = h->clock + 1;
+        dtr__ps_count_staleness(ps, 0);
+        return dtr__ps_round(ps);
+    }
+    dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
+    if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
+    dtr_convert(ps->slots, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+    ps->st.pushes_applied++;
+    return dtr__ps_apply(ps, ps->slots);
+}
+
+/* a dropped worker that speaks again */
+static void dtr__ps_rejoin(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    int64_t lo = dtr__ps_min_clock(ps);
+    p->state = DTR__PS_LIVE;
+    p->pushed = 0;
+    p->clock = ps->cfg.mode == DTR_PS_SYNC ? ps->clock : (lo == INT64_MAX || h->clock > lo ? h->clock : lo);
+    ps->st.rejoined++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d rejoined", ps->index, w);
+}
+
+static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
+    ps->st.refused++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: message from worker %d (rank %d) refused: %s", ps->index, w,
+                ps->S + w, why);
+}
+
+/* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
+static void dtr__ps_segment(const uint8_t *buf, int64_t i, int64_t *seg) {
+    memcpy(seg, buf + dtr__ps_hdr_bytes + (size_t)i * 16, 16);
+}
+
+/* PUSH_ROWS, applied on arrival in every mode: plain SGD on the rows at the optimizer's
+   learning rate (no moments for rows) */
+static dtr_result dtr__ps_on_push_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    const uint8_t *in = ps->peer[w].in, *val = in + dtr__ps_hdr_bytes + (size_t)h->begin * 16;
+    size_t es = dtr_dtype_size((dtr_dtype)h->dtype);
+    float lr = ps->opt ? dtr_optimizer_lr(ps->opt) : 0.0f, *p = dtr_model_params(ps->m);
+    int64_t i, k, at = 0, seg[2];
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(in, i, seg);
+        dtr_convert(ps->scratch, DTR_F32, val + (size_t)at * es, (dtr_dtype)h->dtype, (size_t)seg[1]);
+        for (k = 0; k < seg[1]; k++) p[seg[0] + k] -= lr * ps->scratch[k];
+        at += seg[1];
+    }
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* PULL_ROWS, answered at once with the rows' current values */
+static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    const float *params = dtr_model_params(ps->m);
+    int64_t i, at = 0, seg[2];
+    dtr__ps_hdr rh;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it asked again */
+        dtr_result r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+        if (r != DTR_OK) return r;
+    }
+    for (i = 0; i < h->begin; i++) {
+        dtr__ps_segment(p->in, i, seg);
+        memcpy(p->out + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), params + seg[0], (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    rh = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, h->begin, h->count, DTR_F32);
+    n = dtr__ps_seal(p->out, &rh);
+    ps->st.row_pulls++;
+    ps->st.bytes_sent += n;
+    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
+/* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
+static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr__ps_expect e;
+    dtr__ps_hdr h;
+    char why[200];
+    size_t n;
+    e.server = ps->index, e.workers = ps->W, e.begin = ps->range[ps->index], e.count = dtr__ps_len(ps);
+    if (dtr__ps_parse(p->in, dtr__ps_cap(ps), w, &e, &h, why, sizeof why) != DTR_OK) {
+        dtr__ps_refuse(ps, w, why);
+        memset(p->in, 0, sizeof h);
+        return DTR_OK;
+    }
+    n = dtr__ps_message_bytes(&h);
+    memset(p->in, 0, sizeof h);
+    memset(p->in + n - 8, 0, 8);
+    ps->st.bytes_received += n;
+    p->last_ns = ps->last_any_ns = dtr_time_ns();
+    if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
+    if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
+    else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
+    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
+    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
+    else return dtr__ps_on_push(ps, w, &h);
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* can worker w's waiting pull be answered now? */
+static int dtr__ps_ready(const dtr_ps *ps, int w) {
+    const dtr__ps_peer *p = &ps->peer[w];
+    if (!p->waiting) return 0;
+    if (ps->cfg.mode == DTR_PS_SYNC) return ps->clock >= p->want;
+    if (ps->cfg.mode == DTR_PS_SSP) return dtr__ps_min_clock(ps) >= p->want - ps->cfg.staleness;
+    return 1;
+}
+
+/* answers the pulls that may be answered (one reply in flight per worker) */
+static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
+    int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
+    int w;
+    for (w = 0; w < ps->W; w++) {
+        dtr__ps_peer *p = &ps->peer[w];
+        dtr__ps_hdr h;
+        size_t n;
+        dtr_result r;
+        if (p->sreq || p->state != DTR__PS_LIVE || !dtr__ps_ready(ps, w)) continue;
+        h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
+        memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
+        n = dtr__ps_seal(p->out, &h);
+        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK) return r;
+        p->waiting = 0;
+        ps->st.pulls_answered++;
+        ps->st.bytes_sent += n;
+        *progressed = 1;
+    }
+    return DTR_OK;
+}
+
+/* is live worker w holding up another worker or the end of serving? */
+static int dtr__ps_blocking(const dtr_ps *ps, int w) {
+    int v, others = 0;
+    for (v = 0; v < ps->W; v++) {
+        const dtr__ps_peer *q = &ps->peer[v];
+        if (v == w || q->state != DTR__PS_LIVE) continue;
+        others++;
+        if (!q->waiting || dtr__ps_ready(ps, v)) continue;
+        if (ps->cfg.mode == DTR_PS_SYNC && !ps->peer[w].pushed) return 1;
+        if (ps->cfg.mode == DTR_PS_SSP && ps->peer[w].clock < q->want - ps->cfg.staleness) return 1;
+    }
+    return others == 0;
+}
+
+/* drops (or fails the job for) the live workers that are waited on and silent too long */
+static dtr_result dtr__ps_deadlines(dtr_ps *ps) {
+    int64_t now = dtr_time_ns(), limit = (int64_t)ps->cfg.worker_deadline_ms * 1000000;
+    int w;
+    for (w = 0; w < ps->W; w++) {
+        dtr__ps_peer *p = &ps->peer[w];
+        if (p->state != DTR__PS_LIVE || now - p->last_ns < limit || !dtr__ps_blocking(ps, w)) continue;
+        if (ps->cfg.policy == DTR_PS_FAIL) {
+            dtr_result r = dtr__fail(ps->ctx, DTR_TIMEOUT, "parameter server %d: worker %d (rank %d) silent for %d ms",
+                                     ps->index, w, ps->S + w, ps->cfg.worker_deadline_ms);
+            dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
+            return r;
+        }
+        p->state = DTR__PS_DROPPED;
+        p->pushed = 0;
+        ps->st.dropped++;
+        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) silent for %d ms: dropped", ps->index, w,
+                    ps->S + w, ps->cfg.worker_deadline_ms);
+        if (ps->cfg.mode == DTR_PS_SYNC) {
+            dtr_result r = dtr__ps_round(ps);
+            if (r != DTR_OK) return r;
+        }
+    }
+    return DTR_OK;
+}
+
+/* polls worker w's reply and receive; handles a request that arrived */
+static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
+    dtr__ps_peer *p = &ps->peer[w];
+    int done = 0;
+    dtr_result r;
+    if (p->sreq) {
+        r = dtr_request_test(p->sreq, &done);
+        if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
+        if (r != DTR_OK) return r;
+    }
+    if (!p->rreq) return DTR_OK;
+    r = dtr_request_test(p->rreq, &done);
+    if (!done) return r;
+    dtr_request_destroy(p->rreq);
+    p->rreq = NULL;
+    *progressed = 1;
+    if (r == DTR_INVALID_ARGUMENT) dtr__ps_refuse(ps, w, "longer than any message this server takes");
+    else if (r != DTR_OK) return r;
+    else if ((r = dtr__ps_on_request(ps, w)) != DTR_OK) return r;
+    return p->state == DTR__PS_FINISHED ? DTR_OK : dtr__ps_listen(ps, w);
+}
+
+static int dtr__ps_all_gone(const dtr_ps *ps) {
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_LIVE || ps->peer[w].sreq) return 0;
+    return 1;
+}
+
+static void dtr__ps_nap(int *idle) {
+    struct timespec ts;
+    long us = *idle < 4 ? 0 : *idle < 50 ? 20 : 200;
+    (*idle)++;
+    if (us == 0) return;
+    ts.tv_sec = 0;
+    ts.tv_nsec = us * 1000;
+    nanosleep(&ts, NULL);
+}
+
+dtr_result dtr_ps_serve(dtr_ps *ps) {
+    dtr_result r = DTR_OK;
+    int w, idle = 0;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
+    ps->last_any_ns = dtr_time_ns();
+    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+        ps->peer[w].last_ns = ps->last_any_ns;
+        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
+    }
+    while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
+        int progressed = 0;
+        for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, &progressed);
+        if (r == DTR_OK) r = dtr__ps_answer(ps, &progressed);
+        if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+        if (progressed) idle = 0;
+        else dtr__ps_nap(&idle);
+    }
+    if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
+        dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
+    return r;
+}
+
+/* ---- worker ---- */
+
+static dtr_result dtr__ps_waitall(dtr_request **q, int n) {
+    dtr_result first = DTR_OK;
+    int i;
+    for (i = 0; i < n; i++) {
+        dtr_result r = q[i] ? dtr_request_wait(q[i]) : DTR_OK;
+        if (r != DTR_OK && first == DTR_OK) first = r;
+        dtr_request_destroy(q[i]);
+        q[i] = NULL;
+    }
+    return first;
+}
+
+static dtr_result dtr__ps_worker_fail(dtr_ps *ps, const char *what, dtr_result r) {
+    if (dtr_context_status(ps->ctx) != DTR_OK) return r;
+    return dtr__fail(ps->ctx, r, "%s: %s", what, dtr_comm_last_error(ps->g));
+}
+
+/* sends a request of kind `kind` with `clock` (and the gradient of server s's range for a
+   push) to every server */
+static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
+    dtr_request *q[64];
+    dtr_result r = DTR_OK;
+    int s, n = 0;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
+        dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
+        dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock[s], b, len, (int)dt);
+        size_t bytes;
+        if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+        bytes = dtr__ps_seal(ps->msg[s], &h);
+        ps->st.bytes_sent += bytes;
+        r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, s, DTR__PS_TAG_REQ, &q[n]);
+        if (r == DTR_OK) n++;
+        if (n == 64 || s == ps->S - 1 || r != DTR_OK) {
+            dtr_result w = dtr__ps_waitall(q, n);
+            if (r == DTR_OK) r = w;
+            n = 0;
+        }
+    }
+    return r;
+}
+
+dtr_result dtr_ps_push(dtr_ps *ps) {
+    int64_t clock[64];
+    dtr_result r;
+    int s;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
+    for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
+    r = dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
+    ps->wclock++;
+    ps->pushed = 1;
+    ps->st.pushes++;
+    return dtr_model_zero_grad(ps->m);
+}
+
+/* checks server s's reply: a REPLY of `count` f32 values with `begin`, whole */
+static dtr_result dtr__ps_check_reply(dtr_ps *ps, int s, int64_t begin, int64_t count, dtr__ps_hdr *h) {
+    uint64_t tr;
+    size_t n;
+    memcpy(h, ps->rep[s], sizeof *h);
+    n = dtr__ps_message_bytes(h);
+    if (h->magic != DTR__PS_MAGIC || h->kind != DTR__PS_REPLY || h->worker != s || h->begin != begin || h->count != count ||
+        h->dtype != DTR_F32 || n == 0)
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed reply", s);
+    memcpy(&tr, ps->rep[s] + n - 8, 8);
+    if (tr != dtr__ps_trailer(h)) return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d: truncated reply", s);
+    ps->st.bytes_received += n;
+    return DTR_OK;
+}
+
+/* checks server s's reply to a pull and copies its range into the model */
+static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
+    int64_t b = ps->range[s], len = ps->range[s + 1] - b;
+    dtr__ps_hdr h;
+    dtr_result r = dtr__ps_check_reply(ps, s, b, len, &h);
+    if (r != DTR_OK) return r;
+    memcpy(dtr_model_params(ps->m) + b, ps->rep[s] + dtr__ps_hdr_bytes, (size_t)len * sizeof(float));
+    ps->sclock[s] = h.clock;
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_pull(dtr_ps *ps) {
+    dtr_request *q[64];
+    int64_t want[64], t0;
+    size_t cap;
+    dtr_result r = DTR_OK, r2;
+    int s, n = 0;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_pull: rank is a server");
+    cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    t0 = dtr_time_ns();
+    for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[n])) == DTR_OK) n++;
+    if (r == DTR_OK) r = dtr__ps_send_all(ps, DTR__PS_PULL, want);
+    if (r != DTR_OK) dtr_comm_abort(ps->g, "dtr_ps_pull failed");   /* the posted receives must end */
+    if ((r2 = dtr__ps_waitall(q, n)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
+    for (s = 0; s < ps->S && r == DTR_OK; s++) r = dtr__ps_take_reply(ps, s);
+    ps->pushed = 0;
+    ps->st.pulls++;
+    ps->st.wait_ns += dtr_time_ns() - t0;
+    return r;
+}
+
+dtr_result dtr_ps_step(dtr_ps *ps) {
+    dtr_result r = dtr_ps_push(ps);
+    return r == DTR_OK ? dtr_ps_pull(ps) : r;
+}
+
+dtr_result dtr_ps_finish(dtr_ps *ps) {
+    int64_t clock[64];
+    dtr_result r;
+    int s;
+    if (!ps) return DTR_NULL_HANDLE;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_finish: rank is a server");
+    for (s = 0; s < ps->S; s++) clock[s] = ps->wclock;
+    r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
+}
+
+/* ---- sparse rows ---- */
+
+/* param's offset in the buffer and row width; rows in range and distinct */
+static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tensor *param, const int64_t *rows, int n,
+                                     int64_t *off, int64_t *dim) {
+    int i, np = dtr_model_param_count(ps->m), k = -1;
+    int64_t nrows;
+    uint8_t *seen;
+    if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    for (i = 0; i < np && k < 0; i++)
+        if (dtr_model_param_at(ps->m, i) == param) k = i;
+    if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))
+        return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: not a parameter of the model, or %d rows", fn, n);
+    nrows = dtr_tensor_dim(param, 0);
+    *off = dtr_model_param_offset(ps->m, k);
+    *dim = nrows ? dtr_tensor_numel(param) / nrows : 0;
+    seen = (uint8_t *)dtr__calloc(&ps->ctx->alloc, (size_t)nrows + 1);
+    if (!seen) return dtr__fail(ps->ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", fn);
+    for (i = 0; i < n && rows[i] >= 0 && rows[i] < nrows && !seen[rows[i]]; i++) seen[rows[i]] = 1;
+    dtr__free(&ps->ctx->alloc, seen);
+    if (i < n) return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%s: row %lld is outside [0, %lld) or repeated", fn,
+                                (long long)rows[i], (long long)nrows);
+    return DTR_OK;
+}
+
+/* writes server s's pieces of the rows as segments after msg[s]'s header; returns how many,
+   *values their floats; DTR_INVALID_ARGUMENT when they would not fit one message */
+static dtr_result dtr__ps_rows_segments(dtr_ps *ps, int s, int64_t off, int64_t dim, const int64_t *rows, int n,
+                                        size_t es, int64_t *nseg, int64_t *values) {
+    int64_t lo = ps->range[s], hi = ps->range[s + 1];
+    int i;
+    *nseg = *values = 0;
+    for (i = 0; i < n; i++) {
+        int64_t a = off + rows[i] * dim, b = a + dim, seg[2];
+        a = a > lo ? a : lo;
+        b = b < hi ? b : hi;
+        if (a >= b) continue;
+        seg[0] = a, seg[1] = b - a;
+        *values += seg[1];
+        if ((size_t)(*nseg + 1) * 16 + (size_t)*values * es > (size_t)(hi - lo) * sizeof(float))
+            return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "%d rows do not fit one message to server %d: send fewer at once", n, s);
+        memcpy(ps->msg[s] + dtr__ps_hdr_bytes + (size_t)*nseg * 16, seg, 16);
+        (*nseg)++;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[64];
+    int64_t off, dim, nseg, values, i, at, seg[2];
+    size_t es;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_push_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    es = dtr_dtype_size(ps->cfg.push_dtype);
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        uint8_t *val;
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, es, &nseg, &values)) != DTR_OK || nseg == 0) continue;
+        val = ps->msg[s] + dtr__ps_hdr_bytes + (size_t)nseg * 16;
+        for (i = 0, at = 0; i < nseg; at += seg[1], i++) {
+            dtr__ps_segment(ps->msg[s], i, seg);
+            dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr_model_grads(ps->m) + seg[0], DTR_F32, (size_t)seg[1]);
+        }
+        h = dtr__ps_header(DTR__PS_PUSH_ROWS, ps->index, ps->wclock, nseg, values, (int)ps->cfg.push_dtype);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k]);
+        if (r == DTR_OK) k++;
+    }
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push_rows", r);
+    for (i = 0; i < n; i++) memset(dtr_model_grads(ps->m) + off + rows[i] * dim, 0, (size_t)dim * sizeof(float));
+    ps->st.row_pushes++;
+    return DTR_OK;
+}
+
+/* scatters server s's reply to a PULL_ROWS of nseg segments (in msg[s]) into the parameters */
+static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t values) {
+    dtr__ps_hdr h;
+    int64_t i, at = 0, seg[2];
+    dtr_result r = dtr__ps_check_reply(ps, s, nseg, values, &h);
+    for (i = 0; i < nseg && r == DTR_OK; i++) {
+        dtr__ps_segment(ps->msg[s], i, seg);
+        memcpy(dtr_model_params(ps->m) + seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float),
+               (size_t)seg[1] * sizeof(float));
+        at += seg[1];
+    }
+    return r;
+}
+
+dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
+    dtr_request *q[128];
+    int64_t off, dim, nseg[64], values[64];
+    size_t cap = dtr__ps_hdr_bytes + (size_t)(ps ? ps->maxlen : 0) * sizeof(float) + 8;
+    dtr_result r, r2;
+    int s, k = 0;
+    if (!ps || !param) return DTR_NULL_HANDLE;
+    if ((r = dtr__ps_rows_check(ps, "dtr_ps_pull_rows", param, rows, n, &off, &dim)) != DTR_OK) return r;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        dtr__ps_hdr h;
+        if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, 0, &nseg[s], &values[s])) != DTR_OK || nseg[s] == 0) continue;
+        h = dtr__ps_header(DTR__PS_PULL_ROWS, ps->index, ps->wclock, nseg[s], values[s], 0);
+        ps->st.bytes_sent += dtr__ps_message_bytes(&h);
+        if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[k])) != DTR_OK) break;
+        k++;
+        if ((r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k])) == DTR_OK) k++;
+    }
+    if (r != DTR_OK && k > 0) dtr_comm_abort(ps->g, "dtr_ps_pull_rows failed");   /* the posted receives must end */
+    if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull_rows", r);
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if (nseg[s] > 0) r = dtr__ps_take_rows(ps, s, nseg[s], values[s]);
+    ps->st.row_pulls++;
+    return r;
+}

@@ -1,0 +1,596 @@
+/* Parameter servers (dtr_ps), ranks as threads over the local transport (tests/test_fabric.c
+ * runs the synchronous equivalence over libfabric processes).
+ *
+ *   test_ps_config        bad configurations are refused with a message (servers, mode,
+ *                         staleness, push dtype, LAMB), $DTR_PS_SERVERS is read
+ *   test_ps_sync_equals_dp synchronous PS with 1-2 servers and 2-4 workers gives the weights of
+ *                         all-reduce data parallelism (dtr_dp) after 20 steps (relative error
+ *                         <= 1e-6); every worker holds the servers' weights; staleness 0;
+ *                         bf16 pushes stay within 1e-2 and send half the gradient bytes
+ *   test_ps_malformed     crafted messages (garbage, bad magic, another server's range, a
+ *                         truncated push, an oversized one) are refused and counted; training
+ *                         goes on and still equals all-reduce
+ *   test_ps_fmnist        ASYNC and SSP (s = 2) with 4 workers and 2 servers (Adam) train the MLP
+ *                         of examples/common.h for 3 epochs: on 20480 images >= 82% on 5000 test
+ *                         images (about 84%); DTR_PS_FULL=1 (by hand: DTR_PS_FULL=1
+ *                         build/tests/test_ps test_ps_fmnist, about 70 s): all 60000 images,
+ *                         >= 85% (86.1% async, 85.6% SSP); DTR_TEST_QUICK: 4096 images,
+ *                         >= 70%. SSP's staleness never exceeds 2, every push is applied
+ *   test_ps_rows          sparse rows of an embedding table (one row split between the two
+ *                         servers): pushed rows change by -lr * gradient on the servers and
+ *                         nothing else does, the workers pull them back, pushed gradient rows
+ *                         are zeroed, each server gets one message per worker that touches
+ *                         it, repeated or out-of-range rows are refused
+ *   test_ps_worker_stall  SYNC, a worker silent past the deadline: policy CONTINUE drops it
+ *                         (the others finish, its stale push is discarded, it rejoins); policy
+ *                         FAIL fails every rank within the deadline plus a bound, naming it */
+#define _POSIX_C_SOURCE 200809L
+#define DTRAIN_INTERNAL_API
+#include "../examples/common.h"
+#include <pthread.h>
+#include <unistd.h>
+#include "test.h"
+#include "posix_util.h"
+
+#include "dp_mlp.h"
+
+#define MAXR 8
+
+static int g_quick, g_full;
+static dtr_mnist g_data;
+static int g_data_ok = -1;
+
+typedef struct ps_job {
+    int S, W, steps, b, fmnist, epochs;
+    int64_t n_train;
+    dtr_ps_config pc;
+    int stall_worker, stall_after, stall_ms;   /* that worker sleeps once (-1: none) */
+    int step_ms;                               /* every worker's step takes at least this long */
+    int crafted;                               /* worker 0 sends crafted messages first */
+    int dp;                                    /* 1: all-reduce data parallelism over W ranks instead */
+    void *(*rank_fn)(void *);                  /* NULL: rank_main */
+    dtr_local_world *w;
+    /* results, by rank */
+    float *params[MAXR];
+    int64_t numel;
+    dtr_result res[MAXR];
+    char msg[MAXR][400];
+    dtr_ps_stats st[MAXR];
+    double secs[MAXR];
+    int crafted_sent;
+} ps_job;
+
+typedef struct ps_rank { ps_job *j; int rank; } ps_rank;
+
+static dtr_ps_config mlp_ps_config(int S, dtr_ps_mode mode) {
+    dtr_ps_config pc = dtr_ps_config_init();
+    pc.servers = S;
+    pc.mode = mode;
+    pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
+    pc.opt.momentum = 0.9f;
+    pc.worker_deadline_ms = 20000;
+    return pc;
+}
+
+/* worker 0's crafted messages to server 0 (each must be refused) */
+static void send_crafted(ps_job *j, dtr_ps *ps) {
+    dtr_comm *g = dtr__ps_group(ps);
+    int64_t b = 0, e = 0;
+    size_t cap;
+    uint8_t *buf;
+    dtr__ps_hdr h;
+    dtr_ps_range(ps, 0, &b, &e);
+    cap = sizeof h + (size_t)(e - b) * 4 + 8;
+    buf = (uint8_t *)calloc(1, cap + 256);
+    memset(buf, 0xA5, 24);
+    dtr_comm_send(g, buf, 24, 0, DTR__PS_TAG_REQ);                         /* garbage */
+    memset(&h, 0, sizeof h);
+    h.magic = 0x12345678u, h.version = 1, h.kind = DTR__PS_PULL;
+    memcpy(buf, &h, sizeof h);
+    dtr_comm_send(g, buf, sizeof h + 8, 0, DTR__PS_TAG_REQ);               /* bad magic */
+    h.magic = DTR__PS_MAGIC, h.kind = DTR__PS_PUSH, h.dtype = DTR_F32, h.begin = b + 16, h.count = e - b - 16;
+    memcpy(buf, &h, sizeof h);
+    dtr_comm_send(g, buf, sizeof h + (size_t)h.count * 4 + 8, 0, DTR__PS_TAG_REQ);   /* another range */
+    h.begin = b, h.count = e - b;
+    memcpy(buf, &h, sizeof h);
+    dtr_comm_send(g, buf, sizeof h + 16, 0, DTR__PS_TAG_REQ);              /* truncated push */
+    dtr_comm_send(g, buf, cap + 200, 0, DTR__PS_TAG_REQ);                  /* oversized (refused by the receive) */
+    j->crafted_sent = 5;
+    free(buf);
+}
+
+static dtr_result mlp_worker(ps_job *j, mlp *n, dtr_ps *ps, int wi) {
+    dtr_result r = DTR_OK;
+    int t;
+    if (j->crafted && wi == 0) send_crafted(j, ps);
+    r = dtr_ps_pull(ps);
+    for (t = 0; t < j->steps && r == DTR_OK; t++) {
+        if (wi == j->stall_worker && t == j->stall_after) sleep_ms(j->stall_ms);
+        if (j->step_ms) sleep_ms(j->step_ms);
+        if ((r = mlp_backward(n, t, (int64_t)wi * j->b, j->b)) != DTR_OK) break;
+        r = dtr_ps_step(ps);
+        dtr_context_reset(n->ctx);
+    }
+    return r == DTR_OK ? dtr_ps_finish(ps) : r;
+}
+
+static dtr_result mlp_dp_rank(ps_job *j, mlp *n, dtr_comm *c, int rank) {
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_dp *dp = NULL;
+    dtr_result r = dtr_dp_create(n->m, c, &dc, &dp);
+    int t;
+    for (t = 0; t < j->steps && r == DTR_OK; t++) {
+        if ((r = mlp_backward(n, t, (int64_t)rank * j->b, j->b)) != DTR_OK) break;
+        if ((r = dtr_dp_finish(dp)) == DTR_OK) r = dtr_optimizer_step(n->opt, NULL);
+        dtr_context_reset(n->ctx);
+    }
+    dtr_dp_destroy(dp);
+    return r;
+}
+
+/* ---- Fashion-MNIST worker: its share of a seeded shuffle, batches of 64 ---- */
+
+static dtr_result fm_worker(ps_job *j, fm_net *net, dtr_ps *ps, int wi) {
+    dtr_context *ctx = dtr_model_context(net->model);
+    int64_t per = j->n_train / j->W, i, start;
+    int32_t *order = (int32_t *)malloc((size_t)per * sizeof(int32_t));
+    fm_batch b;
+    dtr_rng rng;
+    dtr_result r = fm_batch_alloc(&b, 64);
+    int e;
+    dtr_rng_seed(&rng, 11 + (uint64_t)wi, 1);
+    if (r == DTR_OK) r = dtr_ps_pull(ps);
+    for (e = 0; e < j->epochs && r == DTR_OK; e++) {
+        for (i = 0; i < per; i++) order[i] = (int32_t)(wi * per + i);
+        fm_shuffle(&rng, order, per);
+        for (start = 0; start + 64 <= per && r == DTR_OK; start += 64) {
+            int64_t xs[2] = {64, FM_PIXELS}, ys[1] = {64};
+            dtr_tensor *loss;
+            if (wi == j->stall_worker) sleep_ms(j->stall_ms);
+            for (i = 0; i < 64; i++) {
+                memcpy(b.x + i * FM_PIXELS, g_data.train_x + (int64_t)order[start + i] * FM_PIXELS, FM_PIXELS * 4);
+                b.y[i] = g_data.train_y[order[start + i]];
+            }
+            loss = dtr_cross_entropy(ctx, fm_net_forward(ctx, net, dtr_tensor_from(ctx, DTR_F32, 2, xs, b.x)),
+                                     dtr_tensor_from(ctx, DTR_I32, 1, ys, b.y));
+            r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
+            if (r == DTR_OK) r = dtr_ps_step(ps);
+            dtr_context_reset(ctx);
+        }
+    }
+    free(order);
+    fm_batch_free(&b);
+    return r == DTR_OK ? dtr_ps_finish(ps) : r;
+}
+
+static void *rank_main(void *arg) {
+    ps_rank *pr = (ps_rank *)arg;
+    ps_job *j = pr->j;
+    int rank = pr->rank;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_ps *ps = NULL;
+    dtr_model *m = NULL;
+    dtr_context *ctx = NULL;
+    dtr_result r;
+    char err[256];
+    mlp n;
+    fm_net net;
+    double t0 = now_s();
+    memset(&n, 0, sizeof n);
+    memset(&net, 0, sizeof net);
+    cc.local.world = j->w;
+    cc.local.rank = rank;
+    cc.timeout_ms = 30000;
+    r = dtr_comm_create(&cc, &c, err, sizeof err);
+    if (r == DTR_OK && j->fmnist) {
+        ctx = test_ctx(1);
+        r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 5);
+        m = net.model;
+    } else if (r == DTR_OK) {
+        r = mlp_init(&n, 7, 1) ? DTR_OK : DTR_BAD_STATE;
+        m = n.m, ctx = n.ctx;
+    }
+    if (r == DTR_OK && j->dp) r = mlp_dp_rank(j, &n, c, rank);
+    else if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
+    if (r == DTR_OK && !j->dp) {
+        int wi = dtr_ps_index(ps);
+        if (dtr_ps_is_server(ps)) r = dtr_ps_serve(ps);
+        else r = j->fmnist ? fm_worker(j, &net, ps, wi) : mlp_worker(j, &n, ps, wi);
+        dtr_ps_get_stats(ps, &j->st[rank]);
+    }
+    j->secs[rank] = now_s() - t0;
+    j->res[rank] = r;
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s | %s", c ? dtr_comm_last_error(c) : err,
+             ctx ? dtr_context_last_error(ctx) : "");
+    if (m) {
+        j->numel = dtr_model_numel(m);
+        j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
+        memcpy(j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+    }
+    dtr_ps_destroy(ps);
+    dtr_comm_destroy(c);
+    if (j->fmnist) {
+        fm_net_free(&net);
+        dtr_context_destroy(ctx);
+    } else if (n.m) {
+        mlp_free(&n);
+    }
+    return NULL;
+}
+
+static void job_run(ps_job *j) {
+    pthread_t tid[MAXR];
+    ps_rank pr[MAXR];
+    int i, N = j->dp ? j->W : j->S + j->W;
+    dtr_local_world_create(N, NULL, &j->w);
+    for (i = 0; i < N; i++) {
+        pr[i].j = j, pr[i].rank = i;
+        pthread_create(&tid[i], NULL, j->rank_fn ? j->rank_fn : rank_main, &pr[i]);
+    }
+    for (i = 0; i < N; i++) pthread_join(tid[i], NULL);
+    dtr_local_world_destroy(j->w);
+}
+
+static void job_free(ps_job *j) {
+    int i;
+    for (i = 0; i < MAXR; i++) free(j->params[i]);
+}
+
+static ps_job job_init(int S, int W, dtr_ps_mode mode) {
+    ps_job j;
+    memset(&j, 0, sizeof j);
+    j.S = S, j.W = W, j.steps = 20, j.b = 8;
+    j.pc = mlp_ps_config(S, mode);
+    j.stall_worker = -1;
+    return j;
+}
+
+/* the servers' weights: range s from server s */
+static float *server_params(ps_job *j) {
+    float *p = (float *)malloc((size_t)j->numel * sizeof(float));
+    int s;
+    for (s = 0; s < j->S; s++) {
+        int64_t b = j->numel * s / j->S / 16 * 16, e = s == j->S - 1 ? j->numel : j->numel * (s + 1) / j->S / 16 * 16;
+        if (j->params[s]) memcpy(p + b, j->params[s] + b, (size_t)(e - b) * sizeof(float));
+    }
+    return p;
+}
+
+static int job_ok(ps_job *j) {
+    int i, ok = 1;
+    for (i = 0; i < (j->dp ? j->W : j->S + j->W); i++) {
+        CHECK_MSG(j->res[i] == DTR_OK, "rank %d: %s: %s", i, dtr_result_string(j->res[i]), j->msg[i]);
+        ok = ok && j->res[i] == DTR_OK && j->params[i];
+    }
+    return ok;
+}
+
+/* ---- cases ---- */
+
+static void test_ps_config(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_local_world *w = NULL;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_model *m = NULL;
+    dtr_ps *ps = NULL;
+    dtr_ps_config pc = dtr_ps_config_init();
+    int64_t sh[1] = {40};
+    dtr_local_world_create(1, NULL, &w);
+    cc.local.world = w;
+    CHECK_OK(ctx, dtr_comm_create(&cc, &c, NULL, 0));
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f);
+    CHECK_OK(ctx, dtr_model_build(m));
+    pc.servers = 1;   /* a group of 1 has no worker */
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(ctx), "servers") != NULL);
+    CHECK(ps == NULL);
+    CHECK_EQ_INT(dtr_ps_create(NULL, c, &pc, &ps), DTR_NULL_HANDLE);
+    setenv("DTR_PS_SERVERS", "3", 1);
+    CHECK_EQ_INT(dtr_ps_servers_from_env(1), 3);
+    setenv("DTR_PS_SERVERS", "x", 1);
+    CHECK_EQ_INT(dtr_ps_servers_from_env(2), 2);
+    unsetenv("DTR_PS_SERVERS");
+    CHECK_EQ_INT(dtr_ps_servers_from_env(1), 1);
+    dtr_model_destroy(m);
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    dtr_context_destroy(ctx);
+}
+
+static void test_ps_config_fields(void) {
+    /* validated before anything is sent: a group of 3 (1 server, 2 workers) on one thread
+       is enough, since a refused create never reaches the split */
+    dtr_context *ctx = test_ctx(1);
+    dtr_local_world *w = NULL;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_model *m = NULL;
+    dtr_ps *ps = NULL;
+    dtr_ps_config pc;
+    int64_t sh[1] = {40};
+    dtr_local_world_create(3, NULL, &w);
+    cc.local.world = w;
+    CHECK_OK(ctx, dtr_comm_create(&cc, &c, NULL, 0));
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f);
+    CHECK_OK(ctx, dtr_model_build(m));
+    pc = dtr_ps_config_init(), pc.servers = 3;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.staleness = -1;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.mode = (dtr_ps_mode)7;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.push_dtype = DTR_I32;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.opt = dtr_optimizer_config_init(DTR_OPT_LAMB, 0.01f);
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_UNSUPPORTED);
+    pc = dtr_ps_config_init(), pc.opt.clip_norm = 1.0f;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_UNSUPPORTED);
+    CHECK(ps == NULL);
+    dtr_model_destroy(m);
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    dtr_context_destroy(ctx);
+}
+
+static double check_equals_dp(ps_job *j, const float *ref, double tol) {
+    float *sp = server_params(j);
+    double e = rel_err(sp, ref, j->numel), ew;
+    int i;
+    CHECK_MSG(e <= tol, "%d servers, %d workers: relative error %.3g vs all-reduce", j->S, j->W, e);
+    for (i = j->S; i < j->S + j->W; i++) {
+        ew = rel_err(j->params[i], sp, j->numel);
+        CHECK_MSG(ew == 0.0, "worker %d differs from the servers (%.3g)", i - j->S, ew);
+        CHECK_EQ_INT(j->st[i].pushes, j->steps);
+        CHECK_EQ_INT(j->st[i].pulls, j->steps + 1);
+    }
+    for (i = 0; i < j->S; i++) {
+        CHECK_EQ_INT(j->st[i].updates, j->steps);
+        CHECK_EQ_INT(j->st[i].pushes_applied, (int64_t)j->steps * j->W);
+        CHECK_EQ_INT(j->st[i].staleness[0], (int64_t)j->steps * j->W);
+        CHECK_EQ_INT(j->st[i].max_staleness, 0);
+    }
+    free(sp);
+    return e;
+}
+
+static void test_ps_sync_equals_dp(void) {
+    int cases[4][2] = {{1, 2}, {2, 2}, {1, 4}, {2, 4}}, k;
+    for (k = 0; k < 4; k++) {
+        ps_job ref = job_init(cases[k][0], cases[k][1], DTR_PS_SYNC), j = ref, h = ref;
+        double e, eh;
+        ref.dp = 1;
+        job_run(&ref);
+        job_run(&j);
+        if (!job_ok(&ref) || !job_ok(&j)) { job_free(&ref); job_free(&j); continue; }
+        e = check_equals_dp(&j, ref.params[0], 1e-6);
+        h.pc.push_dtype = DTR_BF16;   /* half the gradient bytes, within bf16's rounding */
+        job_run(&h);
+        if (job_ok(&h)) {
+            float *sp = server_params(&h);
+            eh = rel_err(sp, ref.params[0], h.numel);
+            CHECK_MSG(eh <= 1e-2, "bf16 pushes: relative error %.3g", eh);
+            CHECK_MSG(h.st[h.S].bytes_sent < j.st[j.S].bytes_sent * 0.6, "bf16 pushes sent %llu bytes, f32 %llu",
+                      (unsigned long long)h.st[h.S].bytes_sent, (unsigned long long)j.st[j.S].bytes_sent);
+            printf("     %d server(s), %d workers: relative error %.2e vs all-reduce (bf16 pushes %.2e)\n", j.S, j.W, e, eh);
+            free(sp);
+        }
+        job_free(&ref);
+        job_free(&j);
+        job_free(&h);
+    }
+}
+
+static void test_ps_malformed(void) {
+    ps_job ref = job_init(2, 2, DTR_PS_SYNC), j = ref;
+    ref.dp = 1;
+    j.crafted = 1;
+    job_run(&ref);
+    job_run(&j);
+    if (job_ok(&ref) && job_ok(&j)) {
+        check_equals_dp(&j, ref.params[0], 1e-6);
+        CHECK_EQ_INT(j.crafted_sent, 5);
+        CHECK_EQ_INT(j.st[0].refused, 5);
+        CHECK_EQ_INT(j.st[1].refused, 0);
+    }
+    job_free(&ref);
+    job_free(&j);
+}
+
+/* ---- sparse rows: an embedding table (40 x 6) and a vector (10), 2 servers ---- */
+
+static const int64_t g_rows[2][3] = {{0, 21, 39}, {5, 17, 19}};   /* row 21 spans both servers */
+
+static dtr_result rows_worker(dtr_ps *ps, dtr_model *m, dtr_tensor *emb, int wi) {
+    int64_t i, k;
+    float *g = dtr_model_grads(m);
+    dtr_result r = dtr_ps_pull(ps);
+    for (i = 0; i < 3; i++)
+        for (k = 0; k < 6; k++) g[g_rows[wi][i] * 6 + k] = (float)(wi + 1);
+    g[240] = 7.0f;   /* not a row: must not travel */
+    if (r == DTR_OK) r = dtr_ps_push_rows(ps, emb, g_rows[wi], 3);
+    if (r == DTR_OK) r = dtr_ps_pull_rows(ps, emb, g_rows[wi], 3);
+    if (r == DTR_OK) CHECK(dtr_ps_push_rows(ps, emb, (const int64_t[]){1, 1}, 2) == DTR_INVALID_ARGUMENT);
+    if (r == DTR_OK) CHECK(dtr_ps_pull_rows(ps, emb, (const int64_t[]){40}, 1) == DTR_INVALID_ARGUMENT);
+    for (i = 0; i < 3 && r == DTR_OK; i++) CHECK(g[g_rows[wi][i] * 6] == 0.0f);   /* pushed rows zeroed */
+    return r == DTR_OK ? dtr_ps_finish(ps) : r;
+}
+
+static void *rows_rank(void *arg) {
+    ps_rank *pr = (ps_rank *)arg;
+    ps_job *j = pr->j;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_context *ctx = test_ctx(1);
+    dtr_comm *c = NULL;
+    dtr_model *m = NULL;
+    dtr_ps *ps = NULL;
+    dtr_tensor *emb = NULL;
+    int64_t se[2] = {40, 6}, sv[1] = {10};
+    dtr_result r;
+    cc.local.world = j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
+    r = dtr_comm_create(&cc, &c, NULL, 0);
+    if (r == DTR_OK) r = dtr_model_create(ctx, 3, &m);
+    if (r == DTR_OK) {
+        emb = dtr_model_param(m, "emb", 2, se, DTR_INIT_NORMAL, 1.0f);
+        dtr_model_param(m, "v", 1, sv, DTR_INIT_NORMAL, 1.0f);
+        r = dtr_model_build(m);
+    }
+    if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
+    if (r == DTR_OK) r = dtr_ps_is_server(ps) ? dtr_ps_serve(ps) : rows_worker(ps, m, emb, dtr_ps_index(ps));
+    if (ps) dtr_ps_get_stats(ps, &j->st[pr->rank]);
+    j->res[pr->rank] = r;
+    snprintf(j->msg[pr->rank], sizeof j->msg[pr->rank], "%s", dtr_context_last_error(ctx));
+    if (m) {
+        j->numel = dtr_model_numel(m);
+        j->params[pr->rank] = (float *)malloc((size_t)j->numel * sizeof(float));
+        memcpy(j->params[pr->rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+    }
+    dtr_ps_destroy(ps);
+    dtr_comm_destroy(c);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return NULL;
+}
+
+static void test_ps_rows(void) {
+    ps_job j = job_init(2, 2, DTR_PS_SYNC), ref = j;
+    int64_t i, w, k;
+    j.pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.5f);
+    j.rank_fn = rows_rank;
+    job_run(&j);
+    ref.S = 1, ref.W = 0;   /* the initial values: a model nobody trained */
+    if (!job_ok(&j)) { job_free(&j); return; }
+    {
+        dtr_context *ctx = test_ctx(1);
+        dtr_model *m = NULL;
+        int64_t se[2] = {40, 6}, sv[1] = {10};
+        float *sp = server_params(&j), *init;
+        dtr_model_create(ctx, 3, &m);
+        dtr_model_param(m, "emb", 2, se, DTR_INIT_NORMAL, 1.0f);
+        dtr_model_param(m, "v", 1, sv, DTR_INIT_NORMAL, 1.0f);
+        dtr_model_build(m);
+        init = dtr_model_params(m);
+        for (i = 0; i < 250 && j.numel == 256; i++) {
+            float want = init[i];
+            for (w = 0; w < 2; w++)
+                for (k = 0; k < 3; k++)
+                    if (i / 6 == g_rows[w][k] && i < 240) want = init[i] - 0.5f * (float)(w + 1);
+            CHECK_MSG(sp[i] == want, "float %lld: %g, want %g", (long long)i, sp[i], want);
+        }
+        for (w = 0; w < 2; w++)   /* each worker pulled its rows back */
+            for (k = 0; k < 3; k++)
+                CHECK(j.params[2 + w][g_rows[w][k] * 6 + 5] == sp[g_rows[w][k] * 6 + 5]);
+        CHECK_EQ_INT(j.numel, 256);   /* the buffer's parameters start 16-float aligned: servers split at 128 */
+        CHECK_EQ_INT(j.st[0].row_pushes, 2);   /* worker 0: rows 0 and 21's head; worker 1: 5, 17, 19 */
+        CHECK_EQ_INT(j.st[1].row_pushes, 1);   /* worker 0: row 21's tail and 39 */
+        CHECK_EQ_INT(j.st[0].row_pulls, 2);
+        CHECK_EQ_INT(j.st[1].row_pulls, 1);
+        CHECK_EQ_INT(j.st[0].refused + j.st[1].refused, 0);
+        free(sp);
+        dtr_model_destroy(m);
+        dtr_context_destroy(ctx);
+    }
+    job_free(&j);
+    job_free(&ref);
+}
+
+static double fm_accuracy(ps_job *j) {
+    dtr_context *ctx = test_ctx(1);
+    fm_net net;
+    fm_batch b;
+    double acc = -1;
+    float *sp = server_params(j);
+    int64_t n_test = g_quick ? 2000 : 5000;
+    if (fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 5) == DTR_OK && fm_batch_alloc(&b, 500) == DTR_OK) {
+        memcpy(dtr_model_params(net.model), sp, (size_t)j->numel * sizeof(float));
+        fm_evaluate(ctx, &net, g_data.test_x, g_data.test_y, n_test, &b, &acc);
+        fm_batch_free(&b);
+    }
+    fm_net_free(&net);
+    dtr_context_destroy(ctx);
+    free(sp);
+    return acc;
+}
+
+static void test_ps_fmnist(void) {
+    dtr_ps_mode modes[2] = {DTR_PS_ASYNC, DTR_PS_SSP};
+    if (getenv("PSDBG")) modes[0] = DTR_PS_SYNC;
+    int k, s;
+    if (g_data_ok < 0) g_data_ok = fm_data_load(fm_data_dir(NULL), &g_data) == DTR_OK;
+    if (!g_data_ok) {
+        CHECK_MSG(getenv("DTR_ALLOW_SKIP") != NULL, "Fashion-MNIST not found at %s", fm_data_dir(NULL));
+        return;
+    }
+    for (k = 0; k < 2; k++) {
+        ps_job j = job_init(2, 4, modes[k]);
+        double acc, t0 = now_s();
+        j.fmnist = 1;
+        j.epochs = 3;
+        j.n_train = g_full ? 60000 : g_quick ? 4096 : 20480;
+        j.pc.staleness = 2;
+        j.pc.opt = dtr_optimizer_config_init(DTR_OPT_ADAM, 1e-3f);   /* the servers run Adam */
+        job_run(&j);
+        if (!job_ok(&j)) { job_free(&j); continue; }
+        acc = fm_accuracy(&j);
+        CHECK_MSG(acc >= (g_full ? 0.85 : g_quick ? 0.70 : 0.82), "%s: test accuracy %.4f", k ? "SSP" : "ASYNC", acc);
+        for (s = 0; s < 2; s++) {
+            CHECK_EQ_INT(j.st[s].pushes_applied, 3 * (j.n_train / 4 / 64) * (modes[k] == DTR_PS_SYNC ? 1 : 4));
+            if (modes[k] == DTR_PS_SSP) CHECK_MSG(j.st[s].max_staleness <= 2, "SSP staleness %lld", (long long)j.st[s].max_staleness);
+        }
+        printf("     %s: accuracy %.2f%%, max staleness %lld, staleness 0/1/2/3+: %lld/%lld/%lld/%lld (%.1f s)\n",
+               k ? "SSP s=2" : "ASYNC", 100 * acc, (long long)j.st[0].max_staleness, (long long)j.st[0].staleness[0],
+               (long long)j.st[0].staleness[1], (long long)j.st[0].staleness[2],
+               (long long)(j.st[0].pushes_applied - j.st[0].staleness[0] - j.st[0].staleness[1] - j.st[0].staleness[2]),
+               now_s() - t0);
+        job_free(&j);
+    }
+}
+
+static void test_ps_worker_stall(void) {
+    ps_job j = job_init(1, 3, DTR_PS_SYNC), f;
+    int i;
+    j.pc.policy = DTR_PS_CONTINUE;
+    j.pc.worker_deadline_ms = 200;
+    j.step_ms = 40;   /* the others run 800 ms: the stalled worker comes back in time to rejoin */
+    j.stall_worker = 2, j.stall_after = 3, j.stall_ms = 500;
+    f = j;
+    job_run(&j);
+    if (job_ok(&j)) {
+        CHECK_MSG(j.st[0].dropped >= 1, "dropped %lld", (long long)j.st[0].dropped);
+        CHECK_MSG(j.st[0].rejoined >= 1, "rejoined %lld", (long long)j.st[0].rejoined);
+        CHECK_MSG(j.st[0].stale_discarded >= 1, "discarded %lld", (long long)j.st[0].stale_discarded);
+        CHECK_EQ_INT(j.st[1].pushes, 20);
+        CHECK_MSG(j.st[0].updates >= 20, "%lld updates", (long long)j.st[0].updates);
+    }
+    job_free(&j);
+    f.pc.policy = DTR_PS_FAIL;
+    job_run(&f);
+    CHECK_EQ_INT(f.res[0], DTR_TIMEOUT);
+    CHECK_MSG(strstr(f.msg[0], "worker 2") != NULL, "%s", f.msg[0]);
+    for (i = 1; i < 4; i++) {
+        CHECK_MSG(f.res[i] != DTR_OK, "worker %d: %s", i - 1, dtr_result_string(f.res[i]));
+        if (i < 3) CHECK_MSG(f.secs[i] < 3.0, "worker %d took %.2f s", i - 1, f.secs[i]);
+    }
+    job_free(&f);
+}
+
+#define RUN_IF(fn) do { if (argc < 2 || strcmp(argv[1], #fn) == 0) RUN(fn); } while (0)
+
+int main(int argc, char **argv) {
+    const char *q = getenv("DTR_TEST_QUICK"), *f = getenv("DTR_PS_FULL");
+    g_quick = q && strcmp(q, "1") == 0;
+    g_full = f && strcmp(f, "1") == 0;
+    alarm(g_quick || g_full ? 900 : 300);
+    RUN_IF(test_ps_config);
+    RUN_IF(test_ps_config_fields);
+    RUN_IF(test_ps_sync_equals_dp);
+    RUN_IF(test_ps_malformed);
+    RUN_IF(test_ps_worker_stall);
+    RUN_IF(test_ps_rows);
+    RUN_IF(test_ps_fmnist);
+    if (g_data_ok > 0) dtr_mnist_destroy(&g_data);
+    return test_summary();
+}
