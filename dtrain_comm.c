@@ -142,8 +142,9 @@ dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *
 }
 
 void dtr__boot_close(dtr__boot *b) {
-    if (b->failed) {   /* a failed group: rank 0's store waits only the grace for the others to leave */
-        dtr_store_mark_failed(b->app);
+    if (b->failed) {   /* a failed group: rank 0's store waits only the grace for the others to leave
+                          (the stores this bootstrap owns; the application's may be gone already) */
+        dtr_store_mark_failed(b->app_store);
         dtr_store_mark_failed(b->st);
     }
     if (b->st) dtr_store_destroy(b->st);
@@ -154,7 +155,7 @@ void dtr__boot_close(dtr__boot *b) {
 }
 
 #endif /* !_WIN32 */
-#line 158 "dtrain_comm.c"
+#line 159 "dtrain_comm.c"
 
 /* ---- src/comm/watchdog.c ---- */
 #line 1 "src/comm/watchdog.c"
@@ -479,7 +480,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 483 "dtrain_comm.c"
+#line 484 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1585,7 +1586,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1589 "dtrain_comm.c"
+#line 1590 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2099,5 +2100,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2103 "dtrain_comm.c"
+#line 2104 "dtrain_comm.c"
 

@@ -132,8 +132,9 @@ dtr_result dtr__boot_open(dtr__boot *b, const dtr_comm_config *cfg, const char *
 }
 
 void dtr__boot_close(dtr__boot *b) {
-    if (b->failed) {   /* a failed group: rank 0's store waits only the grace for the others to leave */
-        dtr_store_mark_failed(b->app);
+    if (b->failed) {   /* a failed group: rank 0's store waits only the grace for the others to leave
+                          (the stores this bootstrap owns; the application's may be gone already) */
+        dtr_store_mark_failed(b->app_store);
         dtr_store_mark_failed(b->st);
     }
     if (b->st) dtr_store_destroy(b->st);
