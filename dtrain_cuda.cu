@@ -400,18 +400,12 @@ static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
-/* gx (outer, len, inner) += g (outer, inner) * sc; all-reductions: g is one value (scaled
- * by 1/n on the device for a mean). */
+/* gx (outer, len, inner) += g (outer, inner) * sc; an all-reduction's g is one value, divided
+ * by the len = n elements for a mean (the CPU's g / n). */
 __global__ static void dtr__cuda_reduce_bwd_k(const float *g, float *gx, int64_t outer, int64_t len, int64_t inner, int all,
-                                              float sc, int64_t n_all) {
-    DTR__CUDA_FOR(t, outer * len * inner) {
-        if (all) {
-            gx[t] += sc != 0.0f ? (n_all ? g[0] / (float)n_all : 0.0f) : g[0];
-        } else {
-            int64_t o = t / (len * inner), i = t % inner;
-            gx[t] += g[o * inner + i] * sc;
-        }
-    }
+                                              int mean_all, float sc) {
+    DTR__CUDA_FOR(t, outer * len * inner)
+        gx[t] += all ? (mean_all ? g[0] / (float)len : g[0]) : g[(t / (len * inner)) * inner + t % inner] * sc;
 }
 
 static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
@@ -422,13 +416,13 @@ static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gx || n == 0) return DTR_OK;
     if (all) {
         len = n;
-        sc = nd->op == DTR_OP_MEAN_ALL ? 1.0f : 0.0f;   /* 1: the mean's 1/n */
+        sc = 1.0f;
     } else {
         dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
     }
     dtr__cuda_reduce_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->out->grad, gx, outer, len, inner, all, sc, n);
+        nd->out->grad, gx, outer, len, inner, all, nd->op == DTR_OP_MEAN_ALL, sc);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -872,7 +866,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 876 "dtrain_cuda.cu"
+#line 870 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1087,7 +1081,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 1091 "dtrain_cuda.cu"
+#line 1085 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1211,7 +1205,7 @@ __global__ static void dtr__cuda_lamb_k(float *p, const float *g, float *m, floa
 }
 
 /* The segments inside [begin, n), copied to the device. */
-static int dtr__cuda_lamb_segments(dtr_context *ctx, const dtr__opt_args *a, int64_t *host, int cap) {
+static int dtr__cuda_lamb_segments(const dtr__opt_args *a, int64_t *host, int cap) {
     int s, used = 0;
     for (s = 0; s < a->nseg && used < cap; s++) {
         if (a->seg_begin[s] < a->begin || a->seg_end[s] > a->n) continue;   /* outside the range */
@@ -1219,7 +1213,6 @@ static int dtr__cuda_lamb_segments(dtr_context *ctx, const dtr__opt_args *a, int
         host[2 * used + 1] = a->seg_end[s];
         used++;
     }
-    (void)ctx;
     return used;
 }
 
@@ -1237,7 +1230,7 @@ static dtr_result dtr__cuda_lamb(dtr_context *ctx, const dtr__opt_args *a, const
     }
     host = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(a->nseg ? a->nseg : 1) * 2 * sizeof(int64_t));
     if (!host) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "cuda: LAMB: out of memory");
-    used = dtr__cuda_lamb_segments(ctx, a, host, a->nseg);
+    used = dtr__cuda_lamb_segments(a, host, a->nseg);
     if (used > 0 && dtr__cuda_check(ctx, cudaMemcpyAsync(s->segs, host, (size_t)used * 2 * sizeof(int64_t), cudaMemcpyHostToDevice,
                                                          s->stream), "LAMB segments") == DTR_OK &&
         dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "LAMB segments") == DTR_OK) {
@@ -1267,7 +1260,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1271 "dtrain_cuda.cu"
+#line 1264 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1456,7 +1449,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1460 "dtrain_cuda.cu"
+#line 1453 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1612,7 +1605,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
         dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), nd->out->grad, (const float *)nd->saved, Drow, GK, GV, a);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1616 "dtrain_cuda.cu"
+#line 1609 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1895,5 +1888,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 1899 "dtrain_cuda.cu"
+#line 1892 "dtrain_cuda.cu"
 

@@ -149,10 +149,7 @@ static inline int dtr__fake_ranks_per_host(void) {
     int k = v ? atoi(v) : 0;
     return k > 0 ? k : 0;
 }
-/** 1 when process `pid` on this host is gone or a zombie waiting to be reaped (Linux reads
- *  /proc; elsewhere only a gone pid counts). Used by the shared-memory collectives and the
- *  process transports' watchdog. */
-int dtr__pid_dead(int64_t pid);
+/* dtr__pid_dead (is a process of this host gone?) is declared in src/core/internal.h. */
 
 /* ---- the flight recorder (src/comm/flight.c) ---- */
 /** Makes c's ring of `cap` records (0: the default; < 0: off) and takes the dump folder

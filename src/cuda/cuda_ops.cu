@@ -236,18 +236,12 @@ static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
-/* gx (outer, len, inner) += g (outer, inner) * sc; all-reductions: g is one value (scaled
- * by 1/n on the device for a mean). */
+/* gx (outer, len, inner) += g (outer, inner) * sc; an all-reduction's g is one value, divided
+ * by the len = n elements for a mean (the CPU's g / n). */
 __global__ static void dtr__cuda_reduce_bwd_k(const float *g, float *gx, int64_t outer, int64_t len, int64_t inner, int all,
-                                              float sc, int64_t n_all) {
-    DTR__CUDA_FOR(t, outer * len * inner) {
-        if (all) {
-            gx[t] += sc != 0.0f ? (n_all ? g[0] / (float)n_all : 0.0f) : g[0];
-        } else {
-            int64_t o = t / (len * inner), i = t % inner;
-            gx[t] += g[o * inner + i] * sc;
-        }
-    }
+                                              int mean_all, float sc) {
+    DTR__CUDA_FOR(t, outer * len * inner)
+        gx[t] += all ? (mean_all ? g[0] / (float)len : g[0]) : g[(t / (len * inner)) * inner + t % inner] * sc;
 }
 
 static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
@@ -258,13 +252,13 @@ static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gx || n == 0) return DTR_OK;
     if (all) {
         len = n;
-        sc = nd->op == DTR_OP_MEAN_ALL ? 1.0f : 0.0f;   /* 1: the mean's 1/n */
+        sc = 1.0f;
     } else {
         dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
         sc = nd->op == DTR_OP_MEAN && len ? 1.0f / (float)len : 1.0f;
     }
     dtr__cuda_reduce_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->out->grad, gx, outer, len, inner, all, sc, n);
+        nd->out->grad, gx, outer, len, inner, all, nd->op == DTR_OP_MEAN_ALL, sc);
     return dtr__cuda_launched(ctx, nd);
 }
 

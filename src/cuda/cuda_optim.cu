@@ -118,7 +118,7 @@ __global__ static void dtr__cuda_lamb_k(float *p, const float *g, float *m, floa
 }
 
 /* The segments inside [begin, n), copied to the device. */
-static int dtr__cuda_lamb_segments(dtr_context *ctx, const dtr__opt_args *a, int64_t *host, int cap) {
+static int dtr__cuda_lamb_segments(const dtr__opt_args *a, int64_t *host, int cap) {
     int s, used = 0;
     for (s = 0; s < a->nseg && used < cap; s++) {
         if (a->seg_begin[s] < a->begin || a->seg_end[s] > a->n) continue;   /* outside the range */
@@ -126,7 +126,6 @@ static int dtr__cuda_lamb_segments(dtr_context *ctx, const dtr__opt_args *a, int
         host[2 * used + 1] = a->seg_end[s];
         used++;
     }
-    (void)ctx;
     return used;
 }
 
@@ -144,7 +143,7 @@ static dtr_result dtr__cuda_lamb(dtr_context *ctx, const dtr__opt_args *a, const
     }
     host = (int64_t *)dtr__malloc(&ctx->alloc, (size_t)(a->nseg ? a->nseg : 1) * 2 * sizeof(int64_t));
     if (!host) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "cuda: LAMB: out of memory");
-    used = dtr__cuda_lamb_segments(ctx, a, host, a->nseg);
+    used = dtr__cuda_lamb_segments(a, host, a->nseg);
     if (used > 0 && dtr__cuda_check(ctx, cudaMemcpyAsync(s->segs, host, (size_t)used * 2 * sizeof(int64_t), cudaMemcpyHostToDevice,
                                                          s->stream), "LAMB segments") == DTR_OK &&
         dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "LAMB segments") == DTR_OK) {
