@@ -146,6 +146,9 @@ typedef struct dtr_context_config {
     void *log_user;                  /**< passed to `log` */
     dtr_log_level log_level;         /**< most verbose level passed to `log` (default DTR_LOG_WARN) */
     uint64_t seed;                   /**< seed of the context RNG (dropout); 0 is a valid seed */
+    int allow_tf32;                  /**< 1: a GPU backend may run f32 matrix products on TF32 tensor
+                                          cores (10-bit mantissa products, f32 sums: several times
+                                          faster, relative error near 1e-3); 0 (default): full f32 */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
@@ -3696,7 +3699,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3700 "dtrain.h"
+#line 3703 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3766,7 +3769,7 @@ const char *dtr__gemm_kernel_name(void);
 typedef struct dtr__chunk {
     struct dtr__chunk *next;
     size_t size, used;
-    /* data follows, 64-byte aligned */
+    char *data;                /* 64-byte aligned: after this header (host), or the backend's memory */
 } dtr__chunk;
 
 typedef struct dtr__arena {
@@ -3774,6 +3777,7 @@ typedef struct dtr__arena {
     dtr__chunk *full;          /* chunks filled during this step */
     size_t reserved, used, max_bytes, chunk_bytes;
     const dtr_allocation_callbacks *alloc;
+    struct dtr_context *dev;   /* non-NULL: payloads from dev's backend chunk_alloc (device memory) */
 } dtr__arena;
 
 DTR__PRIVATE void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);
@@ -4190,7 +4194,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4194 "dtrain.h"
+#line 4198 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4449,7 +4453,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4453 "dtrain.h"
+#line 4457 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4511,7 +4515,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4515 "dtrain.h"
+#line 4519 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4823,7 +4827,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4827 "dtrain.h"
+#line 4831 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4866,7 +4870,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4870 "dtrain.h"
+#line 4874 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4893,7 +4897,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4897 "dtrain.h"
+#line 4901 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4926,7 +4930,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4930 "dtrain.h"
+#line 4934 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5000,7 +5004,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5004 "dtrain.h"
+#line 5008 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5058,7 +5062,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5062 "dtrain.h"
+#line 5066 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5108,7 +5112,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5112 "dtrain.h"
+#line 5116 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5460,7 +5464,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5464 "dtrain.h"
+#line 5468 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6251,7 +6255,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6255 "dtrain.h"
+#line 6259 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6307,22 +6311,32 @@ void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_
     a->max_bytes = max_bytes;
 }
 
+/* A chunk of `bytes`: the header and the payload in one host allocation, or, for a device
+   arena, the header on the host and the payload from the backend (device memory). */
 static dtr__chunk *dtr__chunk_new(dtr__arena *a, size_t bytes) {
-    /* over-allocate so the payload can be aligned whatever malloc returns */
-    char *raw = (char *)dtr__malloc(a->alloc, DTR__CHUNK_HDR + bytes + DTR__ALIGN);
+    size_t inline_bytes = a->dev ? 0 : bytes + DTR__ALIGN;
+    char *raw = (char *)dtr__malloc(a->alloc, DTR__CHUNK_HDR + inline_bytes);
     dtr__chunk *c;
     if (!raw) return NULL;
     c = (dtr__chunk *)raw;
     c->next = NULL;
     c->size = bytes;
     c->used = 0;
+    if (a->dev) {
+        c->data = (char *)a->dev->backend->chunk_alloc(a->dev, bytes);
+        if (!c->data) { dtr__free(a->alloc, raw); return NULL; }
+    } else {
+        /* over-allocated so the payload can be aligned whatever malloc returns */
+        uintptr_t p = (uintptr_t)(raw + DTR__CHUNK_HDR);
+        c->data = (char *)((p + DTR__ALIGN - 1) & ~(uintptr_t)(DTR__ALIGN - 1));
+    }
     a->reserved += bytes;
     return c;
 }
 
-static char *dtr__chunk_data(dtr__chunk *c) {
-    uintptr_t p = (uintptr_t)((char *)c + DTR__CHUNK_HDR);
-    return (char *)((p + DTR__ALIGN - 1) & ~(uintptr_t)(DTR__ALIGN - 1));
+static void dtr__chunk_free(dtr__arena *a, dtr__chunk *c) {
+    if (a->dev) a->dev->backend->chunk_free(a->dev, c->data);
+    dtr__free(a->alloc, c);
 }
 
 void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
@@ -6343,7 +6357,7 @@ void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
         a->head = c;
     }
     {
-        char *p = dtr__chunk_data(c) + c->used;
+        char *p = c->data + c->used;
         c->used += need;
         a->used += need;
         return p;
@@ -6355,9 +6369,9 @@ void dtr__arena_reset(dtr__arena *a) {
         /* the step needed several chunks: replace them all by one of the total size */
         size_t total = a->reserved;
         dtr__chunk *c = a->full, *n;
-        while (c) { n = c->next; dtr__free(a->alloc, c); c = n; }
+        while (c) { n = c->next; dtr__chunk_free(a, c); c = n; }
         a->full = NULL;
-        if (a->head) dtr__free(a->alloc, a->head);
+        if (a->head) dtr__chunk_free(a, a->head);
         a->head = NULL;
         a->reserved = 0;
         if (a->max_bytes && total > a->max_bytes) total = a->max_bytes;
@@ -6370,8 +6384,8 @@ void dtr__arena_reset(dtr__arena *a) {
 
 void dtr__arena_free(dtr__arena *a) {
     dtr__chunk *c = a->full, *n;
-    while (c) { n = c->next; dtr__free(a->alloc, c); c = n; }
-    if (a->head) dtr__free(a->alloc, a->head);
+    while (c) { n = c->next; dtr__chunk_free(a, c); c = n; }
+    if (a->head) dtr__chunk_free(a, a->head);
     a->head = a->full = NULL;
     a->reserved = a->used = 0;
 }
@@ -6502,6 +6516,7 @@ static void dtr__tape_init(dtr_context *ctx, dtr_tape *t) {
     dtr__arena_init(&t->meta, &ctx->alloc, 1u << 20, 0);
     dtr__arena_init(&t->data, &ctx->alloc, ctx->cfg.arena_bytes ? ctx->cfg.arena_bytes : (16u << 20),
                     ctx->cfg.arena_max_bytes);
+    if (!dtr__host_memory(ctx)) t->data.dev = ctx;   /* tensor data lives in the backend's memory */
 }
 
 static void dtr__tape_clear(dtr_tape *t) {
@@ -6542,7 +6557,7 @@ void dtr_tape_destroy(dtr_tape *t) {
 static int dtr__chunk_has(dtr__chunk *c, const void *p) {
     uintptr_t q = (uintptr_t)p, begin;
     if (!c) return 0;
-    begin = (uintptr_t)dtr__chunk_data(c);
+    begin = (uintptr_t)c->data;
     return q >= begin && q < begin + c->size;
 }
 
@@ -6675,7 +6690,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6679 "dtrain.h"
+#line 6694 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6746,7 +6761,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6750 "dtrain.h"
+#line 6765 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6948,19 +6963,36 @@ dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     return t;
 }
 
-/* Gathers a (possibly strided) host tensor into dense row-major `dst` of element size es. */
-static void dtr__gather(const dtr_tensor *t, void *dst, size_t es) {
+/* Gathers a (possibly strided) view into dense row-major `dst` of element size es, reading
+   element offset `off` of the view at base + (off - first) * es: the storage itself (first 0),
+   or a host copy of the elements the view spans starting at `first` (device views). */
+static void dtr__gather(const dtr_tensor *t, const void *base, int64_t first, void *dst, size_t es) {
     int64_t n = dtr__numel(t->ndim, t->shape), i;
     int64_t idx[DTR_MAX_DIMS] = {0};
-    const char *base = (const char *)t->storage;
     char *out = (char *)dst;
     int d;
     for (i = 0; i < n; i++) {
-        int64_t off = t->offset;
+        int64_t off = t->offset - first;
         for (d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
-        memcpy(out + (size_t)i * es, base + (size_t)off * es, es);
+        memcpy(out + (size_t)i * es, (const char *)base + (size_t)off * es, es);
         for (d = t->ndim - 1; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
     }
+}
+
+/* A device view read: the storage it spans copied to the host, then gathered there. */
+static dtr_result dtr__gather_device(const dtr_tensor *t, void *dst, size_t es) {
+    dtr_context *ctx = t->ctx;
+    int64_t span = 1;
+    void *tmp;
+    dtr_result r;
+    int d;
+    for (d = 0; d < t->ndim; d++) span += (t->shape[d] - 1) * t->stride[d];
+    tmp = dtr__malloc(&ctx->alloc, (size_t)span * es);
+    if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
+    r = ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, (size_t)span * es);
+    if (r == DTR_OK) dtr__gather(t, tmp, t->offset, dst, es);
+    dtr__free(&ctx->alloc, tmp);
+    return r;
 }
 
 dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t n) {
@@ -6976,6 +7008,7 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     if ((int64_t)n != dtr_tensor_numel(t))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read: %zu elements asked, tensor has %lld", n,
                          (long long)dtr_tensor_numel(t));
+    if (n == 0) return DTR_OK;
     es = dtr_dtype_size(t->dtype);
     bytes = n * es;
     if (dtr__host_memory(ctx) && dtr_tensor_is_contiguous(t)) {
@@ -6984,13 +7017,11 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
         tmp = dtr__malloc(&ctx->alloc, bytes);
         if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
         if (dtr__host_memory(ctx)) {
-            dtr__gather(t, tmp, es);
+            dtr__gather(t, t->storage, 0, tmp, es);
         } else {
-            if (!dtr_tensor_is_contiguous(t)) {
-                dtr__free(&ctx->alloc, tmp);
-                return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_read: make device views contiguous first");
-            }
-            r = ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, bytes);
+            r = dtr_tensor_is_contiguous(t)
+                    ? ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, bytes)
+                    : dtr__gather_device(t, tmp, es);
             if (r != DTR_OK) { dtr__free(&ctx->alloc, tmp); return dtr__fail(ctx, r, "dtr_tensor_read: copy failed"); }
         }
         src = tmp;
@@ -7140,7 +7171,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7144 "dtrain.h"
+#line 7175 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7346,7 +7377,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7350 "dtrain.h"
+#line 7381 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7577,7 +7608,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7581 "dtrain.h"
+#line 7612 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7692,7 +7723,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7696 "dtrain.h"
+#line 7727 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7748,7 +7779,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7752 "dtrain.h"
+#line 7783 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8178,7 +8209,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8182 "dtrain.h"
+#line 8213 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8357,7 +8388,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8361 "dtrain.h"
+#line 8392 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8882,7 +8913,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8886 "dtrain.h"
+#line 8917 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9381,7 +9412,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9385 "dtrain.h"
+#line 9416 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9640,7 +9671,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9644 "dtrain.h"
+#line 9675 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9826,7 +9857,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9830 "dtrain.h"
+#line 9861 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9946,7 +9977,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9950 "dtrain.h"
+#line 9981 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10420,7 +10451,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10424 "dtrain.h"
+#line 10455 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10589,7 +10620,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10593 "dtrain.h"
+#line 10624 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10838,7 +10869,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10842 "dtrain.h"
+#line 10873 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11306,7 +11337,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11310 "dtrain.h"
+#line 11341 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11435,7 +11466,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11439 "dtrain.h"
+#line 11470 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11782,7 +11813,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11786 "dtrain.h"
+#line 11817 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11848,7 +11879,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11852 "dtrain.h"
+#line 11883 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12085,7 +12116,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12089 "dtrain.h"
+#line 12120 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12834,7 +12865,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12838 "dtrain.h"
+#line 12869 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13287,7 +13318,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13291 "dtrain.h"
+#line 13322 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13343,7 +13374,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13347 "dtrain.h"
+#line 13378 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14120,7 +14151,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14124 "dtrain.h"
+#line 14155 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14701,7 +14732,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14705 "dtrain.h"
+#line 14736 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15332,7 +15363,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15336 "dtrain.h"
+#line 15367 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16079,7 +16110,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16083 "dtrain.h"
+#line 16114 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16432,7 +16463,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16436 "dtrain.h"
+#line 16467 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16622,7 +16653,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16626 "dtrain.h"
+#line 16657 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16803,7 +16834,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16807 "dtrain.h"
+#line 16838 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17578,7 +17609,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17582 "dtrain.h"
+#line 17613 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18095,7 +18126,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18099 "dtrain.h"
+#line 18130 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18863,7 +18894,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18867 "dtrain.h"
+#line 18898 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19960,7 +19991,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 19964 "dtrain.h"
+#line 19995 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20512,7 +20543,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20516 "dtrain.h"
+#line 20547 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21001,7 +21032,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21005 "dtrain.h"
+#line 21036 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21454,7 +21485,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21458 "dtrain.h"
+#line 21489 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21690,7 +21721,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21694 "dtrain.h"
+#line 21725 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22049,7 +22080,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22053 "dtrain.h"
+#line 22084 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22246,7 +22277,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22250 "dtrain.h"
+#line 22281 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22602,7 +22633,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22606 "dtrain.h"
+#line 22637 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23035,7 +23066,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23039 "dtrain.h"
+#line 23070 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23934,7 +23965,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 23938 "dtrain.h"
+#line 23969 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -23988,7 +24019,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 23992 "dtrain.h"
+#line 24023 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25146,7 +25177,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25150 "dtrain.h"
+#line 25181 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26044,7 +26075,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26048 "dtrain.h"
+#line 26079 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27512,7 +27543,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27516 "dtrain.h"
+#line 27547 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -27896,7 +27927,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 27900 "dtrain.h"
+#line 27931 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28045,7 +28076,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28049 "dtrain.h"
+#line 28080 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -168,10 +168,11 @@ static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, cons
  * MSE, casts, dropout (the CPU's random stream, jumped ahead per element), the softmax
  * family, cross-entropy, embedding, layer norm, views and activation-checkpoint copies.
  * Shapes: R rows of length C (leading axes flattened), as in the CPU files.
- * Order: sums that the CPU takes in order (gradients of broadcast inputs, embedding and
- * layer-norm weight gradients, bias columns) are taken in the same order by one thread per
- * output element, so they match the CPU bit for bit; row reductions (softmax, layer norm
- * statistics, loss sums) are trees in double and match to rounding.
+ * Order: sums that the CPU takes in order (gradients of broadcast inputs, embedding weight
+ * gradients) are taken in the same order by one thread per output element, so they match the
+ * CPU bit for bit; column sums over many rows (layer-norm weight and bias gradients, linear
+ * bias gradients) go in fixed chunks of rows, and row reductions (softmax, layer norm
+ * statistics, loss sums) are trees in double: equal to rounding, and repeatable.
  * ==========================================================================*/
 
 /* ---- unary: y = f(x), gx += g f'(x) ---- */
@@ -680,6 +681,45 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- column sums of (R, C) row-major data, deterministic: chunks of rows, then the chunks
+ * in order (a fixed tree, not the CPU's row order: equal to rounding) ---- */
+
+#define DTR__CUDA_COL_CHUNK 32   /* rows per partial sum */
+
+/* part[c][k] = sum over the rows of chunk c of G[r][k] (H[r] = (X[r] - stat mean) rstd when
+   weighted: the layer norm weight gradient's g h) */
+__global__ static void dtr__cuda_col_part_k(const float *G, const float *X, const float *stat, float *part, int64_t R, int64_t C) {
+    int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
+    DTR__CUDA_FOR(i, chunks * C) {
+        int64_t c = i / C, k = i % C, r1 = (c + 1) * DTR__CUDA_COL_CHUNK < R ? (c + 1) * DTR__CUDA_COL_CHUNK : R;
+        float acc = 0.0f;
+        for (int64_t r = c * DTR__CUDA_COL_CHUNK; r < r1; r++)
+            acc += X ? G[r * C + k] * ((X[r * C + k] - stat[2 * r]) * stat[2 * r + 1]) : G[r * C + k];
+        part[i] = acc;
+    }
+}
+
+/* out[k] += the chunks' partial sums of column k, in chunk order */
+__global__ static void dtr__cuda_col_finish_k(const float *part, float *out, int64_t chunks, int64_t C) {
+    DTR__CUDA_FOR(k, C) {
+        float acc = out[k];
+        for (int64_t c = 0; c < chunks; c++) acc += part[c * C + k];
+        out[k] = acc;
+    }
+}
+
+/* out[k] += sum over r of G[r][k] (times h[r][k] of a layer norm when X is given) */
+static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float *G, const float *X, const float *stat, int64_t R,
+                                    int64_t C, float *out) {
+    int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
+    float *part;
+    if (R * C == 0) return DTR_OK;
+    if (!(part = (float *)dtr__node_save(ctx, nd, (size_t)(chunks * C) * sizeof(float)))) return ctx->status;
+    dtr__cuda_col_part_k<<<dtr__cuda_grid(chunks * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(G, X, stat, part, R, C);
+    dtr__cuda_col_finish_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(part, out, chunks, C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
 
 /* x, y (R, C); stat (R, 2): mean, rstd */
@@ -721,20 +761,6 @@ __global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *
     }
 }
 
-__global__ static void dtr__cuda_layernorm_bwd_w_k(const float *X, const float *G, const float *stat, float *gw, float *gb,
-                                                   int64_t R, int64_t C) {
-    DTR__CUDA_FOR(k, C) {
-        float aw = gw ? gw[k] : 0.0f, ab = gb ? gb[k] : 0.0f;
-        for (int64_t r = 0; r < R; r++) {
-            float g = G[r * C + k], h = (X[r * C + k] - stat[2 * r]) * stat[2 * r + 1];
-            aw += g * h;
-            ab += g;
-        }
-        if (gw) gw[k] = aw;
-        if (gb) gb[k] = ab;
-    }
-}
-
 static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
@@ -759,10 +785,8 @@ static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
             dtr__f32(x), W, nd->out->grad, stat, gx, C);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
-    if (!gw && !gb) return DTR_OK;
-    dtr__cuda_layernorm_bwd_w_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(x), nd->out->grad, stat, gw, gb, R, C);
-    return dtr__cuda_launched(ctx, nd);
+    if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, dtr__f32(x), stat, R, C, gw) != DTR_OK) return ctx->status;
+    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, NULL, NULL, R, C, gb) : DTR_OK;
 }
 
 /* ---- views: strided copies and their gradients ---- */
@@ -866,7 +890,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 870 "dtrain_cuda.cu"
+#line 894 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1039,15 +1063,6 @@ __global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_
     DTR__CUDA_FOR(i, R * out) Y[i] = bias[i % out];
 }
 
-/* gb[j] += sum over r of G[r, j], rows in order (the CPU's), one thread per column */
-__global__ static void dtr__cuda_col_sum_k(const float *G, float *gb, int64_t R, int64_t out) {
-    DTR__CUDA_FOR(j, out) {
-        float acc = gb[j];
-        for (int64_t r = 0; r < R; r++) acc += G[r * out + j];
-        gb[j] = acc;
-    }
-}
-
 static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
     int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
@@ -1075,13 +1090,9 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw && dtr__cuda_gemm(ctx, out, in, R, 1.0f, G, 1, out, 0, dtr__f32(x), in, 1, 0, 1.0f, gw, in, 0, 1) != DTR_OK)
         return ctx->status;
-    if (gb && R * out > 0) {
-        dtr__cuda_col_sum_k<<<dtr__cuda_grid(out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(G, gb, R, out);
-        return dtr__cuda_launched(ctx, nd);
-    }
-    return DTR_OK;
+    return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1085 "dtrain_cuda.cu"
+#line 1096 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1260,17 +1271,19 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1264 "dtrain_cuda.cu"
+#line 1275 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
 /* ============================================================================
  * Convolution and pooling on the GPU, with the CPU's shapes and rules (src/ops/ops_conv.c):
  * x (N, C, H, W), w (O, C, KH, KW), y (N, O, Ho, Wo), Ho = (H + 2P - KH) / S + 1.
- * Convolution is im2col + cuBLAS: the columns of every sample (C*KH*KW, Ho*Wo) are kept for
- * backward, y_n = W col_n in one strided-batched GEMM. Backward gathers instead of scattering
- * (one thread per input element sums the columns or windows that read it, in the CPU's order),
- * so nothing needs atomics and a run repeats bit for bit.
+ * Convolution is im2col + cuBLAS: the columns of all samples, col (C*KH*KW, N*Ho*Wo), are kept
+ * for backward; y_n = W col_n is one strided-batched GEMM. Backward takes gy as (O, N*Ho*Wo)
+ * (one transposing copy): dW += gy col^T and gcol = W^T gy are one GEMM each, the bias
+ * gradient is a row sum per output channel, and col2im gathers instead of scattering (one
+ * thread per input element sums the columns that read it), so nothing needs atomics and a run
+ * repeats bit for bit.
  * ==========================================================================*/
 
 typedef struct dtr__cuda_conv {
@@ -1292,11 +1305,11 @@ static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
     return g;
 }
 
-/* col (N, C*KH*KW, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
+/* col (C*KH*KW, N, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
 __global__ static void dtr__cuda_im2col_k(const float *x, float *col, dtr__cuda_conv g) {
     int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
     DTR__CUDA_FOR(t, g.N * ckk * P) {
-        int64_t n = t / (ckk * P), r = (t / P) % ckk, p = t % P;
+        int64_t r = t / (g.N * P), n = (t / P) % g.N, p = t % P;
         int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
         int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
         col[t] = (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x[((n * g.C + c) * g.H + ii) * g.W + jj] : 0.0f;
@@ -1311,9 +1324,9 @@ __device__ static int dtr__cuda_window(int64_t i, int64_t a, int64_t S, int64_t 
     return *oi < Ho;
 }
 
-/* gx (N, C, H, W) += the column gradients gcol (N, C*KH*KW, Ho*Wo) that read each element */
+/* gx (N, C, H, W) += the column gradients gcol (C*KH*KW, N, Ho*Wo) that read each element */
 __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cuda_conv g) {
-    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    int64_t P = g.Ho * g.Wo;
     DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
         int64_t n = t / (g.C * g.H * g.W), c = (t / (g.H * g.W)) % g.C, i = (t / g.W) % g.H, j = t % g.W, oi, oj;
         float acc = gx[t];
@@ -1321,7 +1334,7 @@ __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cud
             if (!dtr__cuda_window(i, ki, g.S, g.P, g.Ho, &oi)) continue;
             for (int64_t kj = 0; kj < g.KW; kj++) {
                 if (!dtr__cuda_window(j, kj, g.S, g.P, g.Wo, &oj)) continue;
-                acc += gcol[(n * ckk + (c * g.KH + ki) * g.KW + kj) * P + oi * g.Wo + oj];
+                acc += gcol[(((c * g.KH + ki) * g.KW + kj) * g.N + n) * P + oi * g.Wo + oj];
             }
         }
         gx[t] = acc;
@@ -1333,14 +1346,21 @@ __global__ static void dtr__cuda_conv_bias_k(float *y, const float *bias, int64_
     DTR__CUDA_FOR(t, N * O * P) y[t] = bias[(t / P) % O];
 }
 
-/* gb[o] += sum over samples and positions of gy (N, O, P), in that order */
-__global__ static void dtr__cuda_conv_gb_k(const float *gy, float *gb, int64_t N, int64_t O, int64_t P) {
-    DTR__CUDA_FOR(o, O) {
-        float acc = gb[o];
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t p = 0; p < P; p++) acc += gy[(n * O + o) * P + p];
-        gb[o] = acc;
+/* gyt (O, N, P) from gy (N, O, P) */
+__global__ static void dtr__cuda_conv_gyt_k(const float *gy, float *gyt, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(t, N * O * P) {
+        int64_t o = t / (N * P), n = (t / P) % N, p = t % P;
+        gyt[t] = gy[(n * O + o) * P + p];
     }
+}
+
+/* gb[o] += the sum of row o of gyt (O, NP): one block per channel, a fixed tree in double */
+__global__ static void dtr__cuda_conv_gb_k(const float *gyt, float *gb, int64_t NP) {
+    const float *row = gyt + (int64_t)blockIdx.x * NP;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < NP; i += blockDim.x) acc += row[i];
+    acc = dtr__cuda_block_sum(acc);
+    if (threadIdx.x == 0) gb[blockIdx.x] += (float)acc;
 }
 
 static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -1355,27 +1375,28 @@ static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->in[0]), col, g);
     if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->out), bias, g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    /* y_n (O, P) = W (O, ckk) col_n (ckk, P) (+ the bias already there) */
-    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, P, 1, ckk * P, bias ? 1.0f : 0.0f,
+    /* y_n (O, P) = W (O, ckk) col_n (ckk, P; row stride N P) (+ the bias already there) */
+    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f,
                           dtr__f32(nd->out), P, g.O * P, g.N);
 }
 
 static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
-    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, n;
-    const float *G = nd->out->grad, *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
-    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL;
+    int64_t ckk = g.C * g.KH * g.KW, NP = g.N * g.Ho * g.Wo;
+    const float *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gyt;
     cudaStream_t st = dtr__cuda_stream(ctx);
-    if (g.N * g.O * P == 0) return DTR_OK;
-    for (n = 0; gw && n < g.N; n++)   /* dW (O, ckk) += gy_n (O, P) col_n^T (P, ckk), samples in order */
-        if (dtr__cuda_gemm(ctx, g.O, ckk, P, 1.0f, G + n * g.O * P, P, 1, 0, col + n * ckk * P, 1, P, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
-            return ctx->status;
-    if (gb) dtr__cuda_conv_gb_k<<<dtr__cuda_grid(g.O), DTR__CUDA_THREADS, 0, st>>>(G, gb, g.N, g.O, P);
-    if (gx) {   /* gcol_n (ckk, P) = W^T (ckk, O) gy_n (O, P), then gathered back into gx */
-        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float));
+    if (g.O * NP == 0) return DTR_OK;
+    if (!(gyt = (float *)dtr__node_save(ctx, nd, (size_t)(g.O * NP) * sizeof(float)))) return ctx->status;
+    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gyt, g.N, g.O, g.Ho * g.Wo);
+    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(gyt, gb, NP);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
+    if (gw && dtr__cuda_gemm(ctx, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, col, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK) return ctx->status;
+    if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
+        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(ckk * NP + 1) * sizeof(float));
         if (!gcol) return ctx->status;
-        if (dtr__cuda_gemm(ctx, ckk, P, g.O, 1.0f, Wt, 1, ckk, 0, G, P, 1, g.O * P, 0.0f, gcol, P, ckk * P, g.N) != DTR_OK)
-            return ctx->status;
+        if (dtr__cuda_gemm(ctx, ckk, NP, g.O, 1.0f, Wt, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK) return ctx->status;
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
     }
     return dtr__cuda_launched(ctx, nd);
@@ -1449,163 +1470,164 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1453 "dtrain_cuda.cu"
+#line 1474 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
 /* ============================================================================
  * Fused causal attention on the GPU, the CPU op's shapes and math (src/ops/ops_nn.c):
  * q, k, v, y (B, T, C), C = H * D, head h in columns h*D.., lse (B, H, T) kept for backward.
- * A first version for correctness, not speed: one block per query row (forward, dQ) or key
- * row (dK, dV); scores live in shared memory (T floats per row), never a T x T matrix in
- * global memory. Each gradient element has one owner, so nothing needs atomics. Heads up to
- * D = 2 * DTR__ATT_THREADS; tensor-core tiles (FlashAttention-2 style) are the next step.
+ * As the CPU does it: per batch item, query rows go in tiles; a tile's scores against the
+ * keys it may see, S = q k^T / sqrt(D) (n x L for every head at once), come from one
+ * strided-batched cuBLAS GEMM, a row kernel turns them into probabilities P (causal, with
+ * the row's log-sum-exp), and y = P v is a second GEMM. Backward recomputes P from lse:
+ * dP = dy v^T, dS = P (dP - rowsum(dy y)) / sqrt(D), dq += dS k, dk += dS^T q, dv += P^T dy,
+ * all GEMMs. Memory: two H x n x L tiles (n <= DTR__ATT_TILE rows), never T x T per head.
+ * Sums are cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
  * ==========================================================================*/
 
-#define DTR__ATT_THREADS 128
+#define DTR__ATT_TILE 256      /* query rows per tile */
+#define DTR__ATT_THREADS 128   /* threads of a row kernel */
 
 typedef struct dtr__cuda_att {
     int64_t B, T, C, H, D;
     float scale;
 } dtr__cuda_att;
 
-/* Block (bh, t): the row's probabilities p_j (j <= t) into shared p[], and its lse. */
-__device__ static void dtr__cuda_att_row(const float *Q, const float *K, dtr__cuda_att a, int64_t off, int64_t t, float *p,
-                                         float *mx_out, double *sum_out) {
-    const float *q = Q + off + t * a.C;
+/* One tile's row: query t0 + i of head h (block (i, h)) sees keys j <= t0 + i of the L in S. */
+typedef struct dtr__cuda_att_tile {
+    int64_t t0, n, L, b;
+} dtr__cuda_att_tile;
+
+/* S (H, n, L) scores -> P in place (0 past the causal edge); lse (B, H, T) of each row */
+__global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
+    int64_t i = blockIdx.x, h = blockIdx.y, t = w.t0 + i;
+    float *s = S + (h * w.n + i) * w.L;
     float mx = -INFINITY;
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
-        const float *kj = K + off + j * a.C;
-        float s = 0.0f;
-        for (int64_t d = 0; d < a.D; d++) s += q[d] * kj[d];
-        p[j] = s * a.scale;
-        mx = fmaxf(mx, p[j]);
-    }
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, s[j]);
     mx = dtr__cuda_block_max(mx);
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(p[j] - mx));
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(s[j] - mx));
     sum = dtr__cuda_block_sum(sum);
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) p[j] = (float)(exp((double)(p[j] - mx)) / sum);
-    __syncthreads();
-    *mx_out = mx;
-    *sum_out = sum;
+    for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) s[j] = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+    if (threadIdx.x == 0) lse[(w.b * a.H + h) * a.T + t] = mx + (float)log(sum);
 }
 
-__global__ static void dtr__cuda_att_fwd_k(const float *Q, const float *K, const float *V, float *Y, float *lse, dtr__cuda_att a) {
-    extern __shared__ float p[];
-    int64_t row = blockIdx.x, bh = row / a.T, t = row % a.T, off = (bh / a.H) * a.T * a.C + (bh % a.H) * a.D;
-    float mx;
-    double sum;
-    dtr__cuda_att_row(Q, K, a, off, t, p, &mx, &sum);
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j <= t; j++) acc += p[j] * V[off + j * a.C + d];
-        Y[off + t * a.C + d] = acc;
-    }
-    if (threadIdx.x == 0) lse[row] = mx + (float)log(sum);
-}
-
-/* dQ of query row t, and Drow[t] = dY_t . Y_t for the key kernel */
-__global__ static void dtr__cuda_att_bwd_q_k(const float *Q, const float *K, const float *V, const float *Y, const float *G,
-                                             float *GQ, float *Drow, dtr__cuda_att a) {
-    extern __shared__ float p[];
-    int64_t row = blockIdx.x, bh = row / a.T, t = row % a.T, off = (bh / a.H) * a.T * a.C + (bh % a.H) * a.D;
-    const float *g = G + off + t * a.C;
-    float mx;
-    double sum, dy = 0.0;
-    dtr__cuda_att_row(Q, K, a, off, t, p, &mx, &sum);
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) dy += (double)g[d] * Y[off + t * a.C + d];
-    dy = dtr__cuda_block_sum(dy);
-    if (threadIdx.x == 0) Drow[row] = (float)dy;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {   /* dS_j = p_j (dY . v_j - D) scale */
-        const float *vj = V + off + j * a.C;
-        float dp = 0.0f;
-        for (int64_t d = 0; d < a.D; d++) dp += g[d] * vj[d];
-        p[j] = p[j] * (dp - (float)dy) * a.scale;
-    }
-    __syncthreads();
-    if (!GQ) return;
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-        float acc = GQ[off + t * a.C + d];
-        for (int64_t j = 0; j <= t; j++) acc += p[j] * K[off + j * a.C + d];
-        GQ[off + t * a.C + d] = acc;
+/* Backward: P = exp(S - lse) in S, then dS = P (dP - Drow) scale in dP (0 past the edge) */
+__global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
+                                             dtr__cuda_att_tile w) {
+    int64_t i = blockIdx.x, h = blockIdx.y, t = w.t0 + i, row = (w.b * a.H + h) * a.T + t;
+    float *s = S + (h * w.n + i) * w.L, *dp = dP + (h * w.n + i) * w.L, l = lse[row], dr = Drow[row];
+    for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) {
+        float p = j <= t ? expf(s[j] - l) : 0.0f;
+        s[j] = p;
+        dp[j] = p * (dp[j] - dr) * a.scale;
     }
 }
 
-/* dK, dV of key row j: every query row t >= j that saw it, in order */
-__global__ static void dtr__cuda_att_bwd_kv_k(const float *Q, const float *K, const float *V, const float *G, const float *lse,
-                                              const float *Drow, float *GK, float *GV, dtr__cuda_att a) {
-    int64_t row = blockIdx.x, bh = row / a.T, j = row % a.T, off = (bh / a.H) * a.T * a.C + (bh % a.H) * a.D;
-    int64_t d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
-    const float *kj = K + off + j * a.C, *vj = V + off + j * a.C;
-    float ak0 = 0, ak1 = 0, av0 = 0, av1 = 0;
-    for (int64_t t = j; t < a.T; t++) {
-        const float *q = Q + off + t * a.C, *g = G + off + t * a.C;
-        double s = 0.0, dp = 0.0;
-        for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) { s += (double)q[d] * kj[d]; dp += (double)g[d] * vj[d]; }
-        s = dtr__cuda_block_sum(s);
-        dp = dtr__cuda_block_sum(dp);
-        float pt = expf((float)s * a.scale - lse[bh * a.T + t]), ds = pt * ((float)dp - Drow[bh * a.T + t]) * a.scale;
-        if (d0 < a.D) { ak0 += ds * q[d0]; av0 += pt * g[d0]; }
-        if (d1 < a.D) { ak1 += ds * q[d1]; av1 += pt * g[d1]; }
-    }
-    if (GK && d0 < a.D) GK[off + j * a.C + d0] += ak0;
-    if (GK && d1 < a.D) GK[off + j * a.C + d1] += ak1;
-    if (GV && d0 < a.D) GV[off + j * a.C + d0] += av0;
-    if (GV && d1 < a.D) GV[off + j * a.C + d1] += av1;
+/* Drow (B, H, T) = dy_t . y_t per head, one warp per row */
+__global__ static void dtr__cuda_att_drow_k(const float *Y, const float *G, float *Drow, dtr__cuda_att a) {
+    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= a.B * a.H * a.T) return;
+    int64_t b = row / (a.H * a.T), h = (row / a.T) % a.H, t = row % a.T, off = (b * a.T + t) * a.C + h * a.D;
+    float acc = 0.0f;
+    for (int64_t d = lane; d < a.D; d += 32) acc += G[off + d] * Y[off + d];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0) Drow[row] = acc;
 }
 
-static dtr_result dtr__cuda_att_make(dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *a, size_t *shmem) {
+static void dtr__cuda_att_make(const dtr__node *nd, dtr__cuda_att *a) {
     a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
     a->H = nd->p.heads; a->D = a->C / a->H;
     a->scale = 1.0f / sqrtf((float)a->D);
-    *shmem = (size_t)(a->T ? a->T : 1) * sizeof(float);
-    if (a->D > 2 * DTR__ATT_THREADS)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: attention with head size %lld > %d is not in this version", (long long)a->D,
-                         2 * DTR__ATT_THREADS);
-    if (*shmem > 48 * 1024) {   /* long contexts: ask for more shared memory (up to the device's opt-in limit) */
-        if (cudaFuncSetAttribute(dtr__cuda_att_fwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*shmem) != cudaSuccess ||
-            cudaFuncSetAttribute(dtr__cuda_att_bwd_q_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*shmem) != cudaSuccess)
-            return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: attention over %lld positions needs more shared memory than this GPU has",
-                             (long long)a->T);
-    }
-    return DTR_OK;
+}
+
+/* Two tiles of scores (H x n x L floats each) for the step's longest tile. */
+static float *dtr__cuda_att_scratch(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, int two) {
+    int64_t n = a->T < DTR__ATT_TILE ? a->T : DTR__ATT_TILE;
+    return (float *)dtr__node_save(ctx, nd, (size_t)((two ? 2 : 1) * a->H * n * a->T + 1) * sizeof(float));
+}
+
+/* S (H, n, L) = scale q[t0:t0+n] k[0:L]^T for batch item w.b, every head */
+static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const float *Q, const float *K, float *S, const dtr__cuda_att *a,
+                                       dtr__cuda_att_tile w) {
+    int64_t base = w.b * a->T * a->C;
+    return dtr__cuda_gemm(ctx, w.n, w.L, a->D, a->scale, Q + base + w.t0 * a->C, a->C, 1, a->D, K + base, 1, a->C, a->D, 0.0f,
+                          S, w.L, w.n * w.L, a->H);
 }
 
 static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
-    size_t shmem;
-    float *lse;
-    if (dtr__cuda_att_make(ctx, nd, &a, &shmem) != DTR_OK) return ctx->status;
+    const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]);
+    float *Y = dtr__f32(nd->out), *lse, *S;
+    dtr__cuda_att_make(nd, &a);
     lse = (float *)dtr__node_save(ctx, nd, (size_t)(a.B * a.H * a.T + 1) * sizeof(float)); /* row log-sum-exps */
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    dtr__cuda_att_fwd_k<<<(unsigned)(a.B * a.H * a.T), DTR__ATT_THREADS, shmem, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), dtr__f32(nd->out), lse, a);
-    return dtr__cuda_launched(ctx, nd);
+    if (!(S = dtr__cuda_att_scratch(ctx, nd, &a, 0))) return ctx->status;
+    for (int64_t b = 0; b < a.B; b++)
+        for (int64_t t0 = 0; t0 < a.T; t0 += DTR__ATT_TILE) {
+            dtr__cuda_att_tile w = {t0, a.T - t0 < DTR__ATT_TILE ? a.T - t0 : DTR__ATT_TILE, 0, b};
+            int64_t base = b * a.T * a.C;
+            w.L = t0 + w.n;
+            if (dtr__cuda_att_scores(ctx, Q, K, S, &a, w) != DTR_OK) return ctx->status;
+            dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, (unsigned)a.H), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(S, lse, a, w);
+            if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+            /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D), per head */
+            if (dtr__cuda_gemm(ctx, w.n, a.D, w.L, 1.0f, S, w.L, 1, w.n * w.L, V + base, a.C, 1, a.D, 0.0f, Y + base + t0 * a.C,
+                               a.C, a.D, a.H) != DTR_OK)
+                return ctx->status;
+        }
+    return DTR_OK;
+}
+
+/* One tile's backward: P and dS from the recomputed scores, then dq, dk, dv (accumulated). */
+static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w, float *S,
+                                         float *dS, const float *Drow) {
+    const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]), *G = nd->out->grad;
+    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    int64_t base = w.b * a->T * a->C, nL = w.n * w.L, D = a->D, C = a->C;
+    const float *Gt = G + base + w.t0 * C, *Qt = Q + base + w.t0 * C;
+    if (dtr__cuda_att_scores(ctx, Q, K, S, a, w) != DTR_OK) return ctx->status;
+    /* dP (n, L) = dy[t0:] (n, D) v[0:L]^T (D, L) */
+    if (dtr__cuda_gemm(ctx, w.n, w.L, D, 1.0f, Gt, C, 1, D, V + base, 1, C, D, 0.0f, dS, w.L, nL, a->H) != DTR_OK) return ctx->status;
+    dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, (unsigned)a->H), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        S, dS, (const float *)nd->saved, Drow, *a, w);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    if (GQ && dtr__cuda_gemm(ctx, w.n, D, w.L, 1.0f, dS, w.L, 1, nL, K + base, C, 1, D, 1.0f, GQ + base + w.t0 * C, C, D, a->H) != DTR_OK)
+        return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
+    if (GK && dtr__cuda_gemm(ctx, w.L, D, w.n, 1.0f, dS, 1, w.L, nL, Qt, C, 1, D, 1.0f, GK + base, C, D, a->H) != DTR_OK)
+        return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
+    if (GV && dtr__cuda_gemm(ctx, w.L, D, w.n, 1.0f, S, 1, w.L, nL, Gt, C, 1, D, 1.0f, GV + base, C, D, a->H) != DTR_OK)
+        return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */
+    return DTR_OK;
 }
 
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
-    size_t shmem;
-    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]), *Drow;
-    unsigned rows;
-    if (!GQ && !GK && !GV) return DTR_OK;
-    if (dtr__cuda_att_make(ctx, nd, &a, &shmem) != DTR_OK) return ctx->status;
-    rows = (unsigned)(a.B * a.H * a.T);
+    float *Drow, *S;
+    int64_t rows;
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
+    dtr__cuda_att_make(nd, &a);
+    rows = a.B * a.H * a.T;
     if (rows == 0) return DTR_OK;
     Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float));
-    if (!Drow) return ctx->status;
-    dtr__cuda_att_bwd_q_k<<<rows, DTR__ATT_THREADS, shmem, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), dtr__f32(nd->out), nd->out->grad, GQ, Drow, a);
+    S = dtr__cuda_att_scratch(ctx, nd, &a, 1);
+    if (!Drow || !S) return ctx->status;
+    dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(nd->out), nd->out->grad, Drow, a);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (!GK && !GV) return DTR_OK;
-    dtr__cuda_att_bwd_kv_k<<<rows, DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), nd->out->grad, (const float *)nd->saved, Drow, GK, GV, a);
-    return dtr__cuda_launched(ctx, nd);
+    for (int64_t b = 0; b < a.B; b++)
+        for (int64_t t0 = 0; t0 < a.T; t0 += DTR__ATT_TILE) {
+            dtr__cuda_att_tile w = {t0, a.T - t0 < DTR__ATT_TILE ? a.T - t0 : DTR__ATT_TILE, 0, b};
+            w.L = t0 + w.n;
+            if (dtr__cuda_att_bwd_tile(ctx, nd, &a, w, S, S + a.H * (a.T < DTR__ATT_TILE ? a.T : DTR__ATT_TILE) * a.T, Drow) != DTR_OK)
+                return ctx->status;
+        }
+    return DTR_OK;
 }
-#line 1609 "dtrain_cuda.cu"
+#line 1631 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1646,7 +1668,9 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
         dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
-        dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK)
+        dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK ||
+        dtr__cuda_blas(ctx, cublasSetMathMode(s->blas, ctx->cfg.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                       "set math mode") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_check(ctx, cudaHostAlloc((void **)&s->err_host, 2 * sizeof(int), cudaHostAllocMapped), "error word") != DTR_OK ||
         dtr__cuda_check(ctx, cudaHostGetDevicePointer((void **)&s->err_dev, s->err_host, 0), "error word") != DTR_OK ||
@@ -1888,5 +1912,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 1892 "dtrain_cuda.cu"
+#line 1916 "dtrain_cuda.cu"
 

@@ -8,7 +8,8 @@
  * the GPTs the model FLOP utilisation against --peak-tflops (6 N per token plus attention's
  * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
  * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
- *            [--peak-tflops F] [--threads N]
+ *            [--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32]
+ * --trace writes PREFIX.<model>.json (Perfetto); run with CUDA_LAUNCH_BLOCKING=1 for kernel times.
  * Build: make bench-gpu (links dtrain_cuda.o); --backend cpu works without a GPU. */
 #define _POSIX_C_SOURCE 200809L
 #include "../dtrain.h"
@@ -104,12 +105,16 @@ static dtr_tensor *net_loss(dtr_context *ctx, const net *n, const bench_model *b
     }
 }
 
+static const char *g_trace;   /* --trace PREFIX: a Perfetto timeline per model, PREFIX.<model>.json */
+static int g_tf32;            /* --tf32: dtr_context_config.allow_tf32 */
+
 static int run_model(const bench_model *b, const dtr_backend *backend, const char *bname, int steps, int warmup,
                      double peak_tflops, int threads) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 1e-4f);
     dtr_context *ctx = NULL;
     dtr_optimizer *opt = NULL;
+    dtr_metrics *met = NULL;
     dtr_rng rng;
     net n;
     int64_t nx = b->kind == 2 ? 0 : b->batch * 784, nt = b->kind == 2 ? b->batch * b->context : b->batch, i;
@@ -122,6 +127,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     cc.backend = backend;
     cc.threads = threads;
     cc.seed = 1;
+    cc.allow_tf32 = g_tf32;
     dtr_rng_seed(&rng, 7, 1);
     for (i = 0; i < nx; i++) x[i] = dtr_rng_uniform(&rng);
     for (i = 0; i < nt; i++) {
@@ -134,6 +140,13 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"error\":\"%s\"}\n", bname, b->name,
                ctx ? dtr_context_last_error(ctx) : "context");
         ok = 0;
+    }
+    if (ok && g_trace) {   /* op spans; with CUDA_LAUNCH_BLOCKING=1 they are the kernels' times */
+        dtr_metrics_config mc = dtr_metrics_config_init();
+        char path[512];
+        snprintf(path, sizeof path, "%s.%s.json", g_trace, b->name);
+        mc.trace_path = path;
+        ok = dtr_metrics_create(ctx, &mc, &met) == DTR_OK;
     }
     for (s = 0; ok && s < warmup + steps; s++) {
         dtr_tensor *loss;
@@ -157,10 +170,11 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         params = (double)dtr_model_numel(n.m);
         if (b->kind == 2) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
-               "\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f}\n",
-               bname, b->name, params, (long long)b->batch, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
+               "\"tf32\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f}\n",
+               bname, b->name, params, (long long)b->batch, g_tf32, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0);
     }
+    dtr_metrics_destroy(met);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(n.m);
     dtr_context_destroy(ctx);
@@ -183,9 +197,11 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) peak = atof(argv[++i]);
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--trace") && i + 1 < argc) g_trace = argv[++i];
+        else if (!strcmp(argv[i], "--tf32")) g_tf32 = 1;
         else {
             fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] "
-                            "[--peak-tflops F] [--threads N]\n");
+                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32]\n");
             return 2;
         }
     }

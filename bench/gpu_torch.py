@@ -93,7 +93,7 @@ def run(torch, name, spec, args, compile_):
     params = sum(p.numel() for p in model.parameters())
     flops = 6 * params + 12 * spec.get("layers", 0) * spec.get("context", 0) * spec.get("dim", 0) if spec["kind"] == 2 else 0
     line = {"bench": "gpu", "impl": "torch", "mode": "compile" if compile_ else "eager", "torch": torch.__version__,
-            "model": name, "params": params, "batch": B, "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
+            "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
             ("tokens_per_s" if spec["kind"] == 2 else "samples_per_s"): round(items / per, 1),
             "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
             "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}

@@ -50,22 +50,32 @@ void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_
     a->max_bytes = max_bytes;
 }
 
+/* A chunk of `bytes`: the header and the payload in one host allocation, or, for a device
+   arena, the header on the host and the payload from the backend (device memory). */
 static dtr__chunk *dtr__chunk_new(dtr__arena *a, size_t bytes) {
-    /* over-allocate so the payload can be aligned whatever malloc returns */
-    char *raw = (char *)dtr__malloc(a->alloc, DTR__CHUNK_HDR + bytes + DTR__ALIGN);
+    size_t inline_bytes = a->dev ? 0 : bytes + DTR__ALIGN;
+    char *raw = (char *)dtr__malloc(a->alloc, DTR__CHUNK_HDR + inline_bytes);
     dtr__chunk *c;
     if (!raw) return NULL;
     c = (dtr__chunk *)raw;
     c->next = NULL;
     c->size = bytes;
     c->used = 0;
+    if (a->dev) {
+        c->data = (char *)a->dev->backend->chunk_alloc(a->dev, bytes);
+        if (!c->data) { dtr__free(a->alloc, raw); return NULL; }
+    } else {
+        /* over-allocated so the payload can be aligned whatever malloc returns */
+        uintptr_t p = (uintptr_t)(raw + DTR__CHUNK_HDR);
+        c->data = (char *)((p + DTR__ALIGN - 1) & ~(uintptr_t)(DTR__ALIGN - 1));
+    }
     a->reserved += bytes;
     return c;
 }
 
-static char *dtr__chunk_data(dtr__chunk *c) {
-    uintptr_t p = (uintptr_t)((char *)c + DTR__CHUNK_HDR);
-    return (char *)((p + DTR__ALIGN - 1) & ~(uintptr_t)(DTR__ALIGN - 1));
+static void dtr__chunk_free(dtr__arena *a, dtr__chunk *c) {
+    if (a->dev) a->dev->backend->chunk_free(a->dev, c->data);
+    dtr__free(a->alloc, c);
 }
 
 void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
@@ -86,7 +96,7 @@ void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
         a->head = c;
     }
     {
-        char *p = dtr__chunk_data(c) + c->used;
+        char *p = c->data + c->used;
         c->used += need;
         a->used += need;
         return p;
@@ -98,9 +108,9 @@ void dtr__arena_reset(dtr__arena *a) {
         /* the step needed several chunks: replace them all by one of the total size */
         size_t total = a->reserved;
         dtr__chunk *c = a->full, *n;
-        while (c) { n = c->next; dtr__free(a->alloc, c); c = n; }
+        while (c) { n = c->next; dtr__chunk_free(a, c); c = n; }
         a->full = NULL;
-        if (a->head) dtr__free(a->alloc, a->head);
+        if (a->head) dtr__chunk_free(a, a->head);
         a->head = NULL;
         a->reserved = 0;
         if (a->max_bytes && total > a->max_bytes) total = a->max_bytes;
@@ -113,8 +123,8 @@ void dtr__arena_reset(dtr__arena *a) {
 
 void dtr__arena_free(dtr__arena *a) {
     dtr__chunk *c = a->full, *n;
-    while (c) { n = c->next; dtr__free(a->alloc, c); c = n; }
-    if (a->head) dtr__free(a->alloc, a->head);
+    while (c) { n = c->next; dtr__chunk_free(a, c); c = n; }
+    if (a->head) dtr__chunk_free(a, a->head);
     a->head = a->full = NULL;
     a->reserved = a->used = 0;
 }
@@ -245,6 +255,7 @@ static void dtr__tape_init(dtr_context *ctx, dtr_tape *t) {
     dtr__arena_init(&t->meta, &ctx->alloc, 1u << 20, 0);
     dtr__arena_init(&t->data, &ctx->alloc, ctx->cfg.arena_bytes ? ctx->cfg.arena_bytes : (16u << 20),
                     ctx->cfg.arena_max_bytes);
+    if (!dtr__host_memory(ctx)) t->data.dev = ctx;   /* tensor data lives in the backend's memory */
 }
 
 static void dtr__tape_clear(dtr_tape *t) {
@@ -285,7 +296,7 @@ void dtr_tape_destroy(dtr_tape *t) {
 static int dtr__chunk_has(dtr__chunk *c, const void *p) {
     uintptr_t q = (uintptr_t)p, begin;
     if (!c) return 0;
-    begin = (uintptr_t)dtr__chunk_data(c);
+    begin = (uintptr_t)c->data;
     return q >= begin && q < begin + c->size;
 }
 

@@ -64,7 +64,7 @@ const char *dtr__gemm_kernel_name(void);
 typedef struct dtr__chunk {
     struct dtr__chunk *next;
     size_t size, used;
-    /* data follows, 64-byte aligned */
+    char *data;                /* 64-byte aligned: after this header (host), or the backend's memory */
 } dtr__chunk;
 
 typedef struct dtr__arena {
@@ -72,6 +72,7 @@ typedef struct dtr__arena {
     dtr__chunk *full;          /* chunks filled during this step */
     size_t reserved, used, max_bytes, chunk_bytes;
     const dtr_allocation_callbacks *alloc;
+    struct dtr_context *dev;   /* non-NULL: payloads from dev's backend chunk_alloc (device memory) */
 } dtr__arena;
 
 DTR__PRIVATE void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes);

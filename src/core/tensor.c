@@ -196,19 +196,36 @@ dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     return t;
 }
 
-/* Gathers a (possibly strided) host tensor into dense row-major `dst` of element size es. */
-static void dtr__gather(const dtr_tensor *t, void *dst, size_t es) {
+/* Gathers a (possibly strided) view into dense row-major `dst` of element size es, reading
+   element offset `off` of the view at base + (off - first) * es: the storage itself (first 0),
+   or a host copy of the elements the view spans starting at `first` (device views). */
+static void dtr__gather(const dtr_tensor *t, const void *base, int64_t first, void *dst, size_t es) {
     int64_t n = dtr__numel(t->ndim, t->shape), i;
     int64_t idx[DTR_MAX_DIMS] = {0};
-    const char *base = (const char *)t->storage;
     char *out = (char *)dst;
     int d;
     for (i = 0; i < n; i++) {
-        int64_t off = t->offset;
+        int64_t off = t->offset - first;
         for (d = 0; d < t->ndim; d++) off += idx[d] * t->stride[d];
-        memcpy(out + (size_t)i * es, base + (size_t)off * es, es);
+        memcpy(out + (size_t)i * es, (const char *)base + (size_t)off * es, es);
         for (d = t->ndim - 1; d >= 0; d--) { if (++idx[d] < t->shape[d]) break; idx[d] = 0; }
     }
+}
+
+/* A device view read: the storage it spans copied to the host, then gathered there. */
+static dtr_result dtr__gather_device(const dtr_tensor *t, void *dst, size_t es) {
+    dtr_context *ctx = t->ctx;
+    int64_t span = 1;
+    void *tmp;
+    dtr_result r;
+    int d;
+    for (d = 0; d < t->ndim; d++) span += (t->shape[d] - 1) * t->stride[d];
+    tmp = dtr__malloc(&ctx->alloc, (size_t)span * es);
+    if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
+    r = ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, (size_t)span * es);
+    if (r == DTR_OK) dtr__gather(t, tmp, t->offset, dst, es);
+    dtr__free(&ctx->alloc, tmp);
+    return r;
 }
 
 dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t n) {
@@ -224,6 +241,7 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     if ((int64_t)n != dtr_tensor_numel(t))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read: %zu elements asked, tensor has %lld", n,
                          (long long)dtr_tensor_numel(t));
+    if (n == 0) return DTR_OK;
     es = dtr_dtype_size(t->dtype);
     bytes = n * es;
     if (dtr__host_memory(ctx) && dtr_tensor_is_contiguous(t)) {
@@ -232,13 +250,11 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
         tmp = dtr__malloc(&ctx->alloc, bytes);
         if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
         if (dtr__host_memory(ctx)) {
-            dtr__gather(t, tmp, es);
+            dtr__gather(t, t->storage, 0, tmp, es);
         } else {
-            if (!dtr_tensor_is_contiguous(t)) {
-                dtr__free(&ctx->alloc, tmp);
-                return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_read: make device views contiguous first");
-            }
-            r = ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, bytes);
+            r = dtr_tensor_is_contiguous(t)
+                    ? ctx->backend->to_host(ctx, tmp, (const char *)t->storage + (size_t)t->offset * es, bytes)
+                    : dtr__gather_device(t, tmp, es);
             if (r != DTR_OK) { dtr__free(&ctx->alloc, tmp); return dtr__fail(ctx, r, "dtr_tensor_read: copy failed"); }
         }
         src = tmp;

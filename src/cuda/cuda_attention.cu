@@ -1,152 +1,153 @@
 /* ============================================================================
  * Fused causal attention on the GPU, the CPU op's shapes and math (src/ops/ops_nn.c):
  * q, k, v, y (B, T, C), C = H * D, head h in columns h*D.., lse (B, H, T) kept for backward.
- * A first version for correctness, not speed: one block per query row (forward, dQ) or key
- * row (dK, dV); scores live in shared memory (T floats per row), never a T x T matrix in
- * global memory. Each gradient element has one owner, so nothing needs atomics. Heads up to
- * D = 2 * DTR__ATT_THREADS; tensor-core tiles (FlashAttention-2 style) are the next step.
+ * As the CPU does it: per batch item, query rows go in tiles; a tile's scores against the
+ * keys it may see, S = q k^T / sqrt(D) (n x L for every head at once), come from one
+ * strided-batched cuBLAS GEMM, a row kernel turns them into probabilities P (causal, with
+ * the row's log-sum-exp), and y = P v is a second GEMM. Backward recomputes P from lse:
+ * dP = dy v^T, dS = P (dP - rowsum(dy y)) / sqrt(D), dq += dS k, dk += dS^T q, dv += P^T dy,
+ * all GEMMs. Memory: two H x n x L tiles (n <= DTR__ATT_TILE rows), never T x T per head.
+ * Sums are cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
  * ==========================================================================*/
 
-#define DTR__ATT_THREADS 128
+#define DTR__ATT_TILE 256      /* query rows per tile */
+#define DTR__ATT_THREADS 128   /* threads of a row kernel */
 
 typedef struct dtr__cuda_att {
     int64_t B, T, C, H, D;
     float scale;
 } dtr__cuda_att;
 
-/* Block (bh, t): the row's probabilities p_j (j <= t) into shared p[], and its lse. */
-__device__ static void dtr__cuda_att_row(const float *Q, const float *K, dtr__cuda_att a, int64_t off, int64_t t, float *p,
-                                         float *mx_out, double *sum_out) {
-    const float *q = Q + off + t * a.C;
+/* One tile's row: query t0 + i of head h (block (i, h)) sees keys j <= t0 + i of the L in S. */
+typedef struct dtr__cuda_att_tile {
+    int64_t t0, n, L, b;
+} dtr__cuda_att_tile;
+
+/* S (H, n, L) scores -> P in place (0 past the causal edge); lse (B, H, T) of each row */
+__global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
+    int64_t i = blockIdx.x, h = blockIdx.y, t = w.t0 + i;
+    float *s = S + (h * w.n + i) * w.L;
     float mx = -INFINITY;
     double sum = 0.0;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {
-        const float *kj = K + off + j * a.C;
-        float s = 0.0f;
-        for (int64_t d = 0; d < a.D; d++) s += q[d] * kj[d];
-        p[j] = s * a.scale;
-        mx = fmaxf(mx, p[j]);
-    }
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, s[j]);
     mx = dtr__cuda_block_max(mx);
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(p[j] - mx));
+    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(s[j] - mx));
     sum = dtr__cuda_block_sum(sum);
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) p[j] = (float)(exp((double)(p[j] - mx)) / sum);
-    __syncthreads();
-    *mx_out = mx;
-    *sum_out = sum;
+    for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) s[j] = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+    if (threadIdx.x == 0) lse[(w.b * a.H + h) * a.T + t] = mx + (float)log(sum);
 }
 
-__global__ static void dtr__cuda_att_fwd_k(const float *Q, const float *K, const float *V, float *Y, float *lse, dtr__cuda_att a) {
-    extern __shared__ float p[];
-    int64_t row = blockIdx.x, bh = row / a.T, t = row % a.T, off = (bh / a.H) * a.T * a.C + (bh % a.H) * a.D;
-    float mx;
-    double sum;
-    dtr__cuda_att_row(Q, K, a, off, t, p, &mx, &sum);
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j <= t; j++) acc += p[j] * V[off + j * a.C + d];
-        Y[off + t * a.C + d] = acc;
-    }
-    if (threadIdx.x == 0) lse[row] = mx + (float)log(sum);
-}
-
-/* dQ of query row t, and Drow[t] = dY_t . Y_t for the key kernel */
-__global__ static void dtr__cuda_att_bwd_q_k(const float *Q, const float *K, const float *V, const float *Y, const float *G,
-                                             float *GQ, float *Drow, dtr__cuda_att a) {
-    extern __shared__ float p[];
-    int64_t row = blockIdx.x, bh = row / a.T, t = row % a.T, off = (bh / a.H) * a.T * a.C + (bh % a.H) * a.D;
-    const float *g = G + off + t * a.C;
-    float mx;
-    double sum, dy = 0.0;
-    dtr__cuda_att_row(Q, K, a, off, t, p, &mx, &sum);
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) dy += (double)g[d] * Y[off + t * a.C + d];
-    dy = dtr__cuda_block_sum(dy);
-    if (threadIdx.x == 0) Drow[row] = (float)dy;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) {   /* dS_j = p_j (dY . v_j - D) scale */
-        const float *vj = V + off + j * a.C;
-        float dp = 0.0f;
-        for (int64_t d = 0; d < a.D; d++) dp += g[d] * vj[d];
-        p[j] = p[j] * (dp - (float)dy) * a.scale;
-    }
-    __syncthreads();
-    if (!GQ) return;
-    for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) {
-        float acc = GQ[off + t * a.C + d];
-        for (int64_t j = 0; j <= t; j++) acc += p[j] * K[off + j * a.C + d];
-        GQ[off + t * a.C + d] = acc;
+/* Backward: P = exp(S - lse) in S, then dS = P (dP - Drow) scale in dP (0 past the edge) */
+__global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
+                                             dtr__cuda_att_tile w) {
+    int64_t i = blockIdx.x, h = blockIdx.y, t = w.t0 + i, row = (w.b * a.H + h) * a.T + t;
+    float *s = S + (h * w.n + i) * w.L, *dp = dP + (h * w.n + i) * w.L, l = lse[row], dr = Drow[row];
+    for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) {
+        float p = j <= t ? expf(s[j] - l) : 0.0f;
+        s[j] = p;
+        dp[j] = p * (dp[j] - dr) * a.scale;
     }
 }
 
-/* dK, dV of key row j: every query row t >= j that saw it, in order */
-__global__ static void dtr__cuda_att_bwd_kv_k(const float *Q, const float *K, const float *V, const float *G, const float *lse,
-                                              const float *Drow, float *GK, float *GV, dtr__cuda_att a) {
-    int64_t row = blockIdx.x, bh = row / a.T, j = row % a.T, off = (bh / a.H) * a.T * a.C + (bh % a.H) * a.D;
-    int64_t d0 = threadIdx.x, d1 = threadIdx.x + blockDim.x;
-    const float *kj = K + off + j * a.C, *vj = V + off + j * a.C;
-    float ak0 = 0, ak1 = 0, av0 = 0, av1 = 0;
-    for (int64_t t = j; t < a.T; t++) {
-        const float *q = Q + off + t * a.C, *g = G + off + t * a.C;
-        double s = 0.0, dp = 0.0;
-        for (int64_t d = threadIdx.x; d < a.D; d += blockDim.x) { s += (double)q[d] * kj[d]; dp += (double)g[d] * vj[d]; }
-        s = dtr__cuda_block_sum(s);
-        dp = dtr__cuda_block_sum(dp);
-        float pt = expf((float)s * a.scale - lse[bh * a.T + t]), ds = pt * ((float)dp - Drow[bh * a.T + t]) * a.scale;
-        if (d0 < a.D) { ak0 += ds * q[d0]; av0 += pt * g[d0]; }
-        if (d1 < a.D) { ak1 += ds * q[d1]; av1 += pt * g[d1]; }
-    }
-    if (GK && d0 < a.D) GK[off + j * a.C + d0] += ak0;
-    if (GK && d1 < a.D) GK[off + j * a.C + d1] += ak1;
-    if (GV && d0 < a.D) GV[off + j * a.C + d0] += av0;
-    if (GV && d1 < a.D) GV[off + j * a.C + d1] += av1;
+/* Drow (B, H, T) = dy_t . y_t per head, one warp per row */
+__global__ static void dtr__cuda_att_drow_k(const float *Y, const float *G, float *Drow, dtr__cuda_att a) {
+    int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
+    if (row >= a.B * a.H * a.T) return;
+    int64_t b = row / (a.H * a.T), h = (row / a.T) % a.H, t = row % a.T, off = (b * a.T + t) * a.C + h * a.D;
+    float acc = 0.0f;
+    for (int64_t d = lane; d < a.D; d += 32) acc += G[off + d] * Y[off + d];
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
+    if (lane == 0) Drow[row] = acc;
 }
 
-static dtr_result dtr__cuda_att_make(dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *a, size_t *shmem) {
+static void dtr__cuda_att_make(const dtr__node *nd, dtr__cuda_att *a) {
     a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
     a->H = nd->p.heads; a->D = a->C / a->H;
     a->scale = 1.0f / sqrtf((float)a->D);
-    *shmem = (size_t)(a->T ? a->T : 1) * sizeof(float);
-    if (a->D > 2 * DTR__ATT_THREADS)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: attention with head size %lld > %d is not in this version", (long long)a->D,
-                         2 * DTR__ATT_THREADS);
-    if (*shmem > 48 * 1024) {   /* long contexts: ask for more shared memory (up to the device's opt-in limit) */
-        if (cudaFuncSetAttribute(dtr__cuda_att_fwd_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*shmem) != cudaSuccess ||
-            cudaFuncSetAttribute(dtr__cuda_att_bwd_q_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*shmem) != cudaSuccess)
-            return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: attention over %lld positions needs more shared memory than this GPU has",
-                             (long long)a->T);
-    }
-    return DTR_OK;
+}
+
+/* Two tiles of scores (H x n x L floats each) for the step's longest tile. */
+static float *dtr__cuda_att_scratch(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, int two) {
+    int64_t n = a->T < DTR__ATT_TILE ? a->T : DTR__ATT_TILE;
+    return (float *)dtr__node_save(ctx, nd, (size_t)((two ? 2 : 1) * a->H * n * a->T + 1) * sizeof(float));
+}
+
+/* S (H, n, L) = scale q[t0:t0+n] k[0:L]^T for batch item w.b, every head */
+static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const float *Q, const float *K, float *S, const dtr__cuda_att *a,
+                                       dtr__cuda_att_tile w) {
+    int64_t base = w.b * a->T * a->C;
+    return dtr__cuda_gemm(ctx, w.n, w.L, a->D, a->scale, Q + base + w.t0 * a->C, a->C, 1, a->D, K + base, 1, a->C, a->D, 0.0f,
+                          S, w.L, w.n * w.L, a->H);
 }
 
 static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
-    size_t shmem;
-    float *lse;
-    if (dtr__cuda_att_make(ctx, nd, &a, &shmem) != DTR_OK) return ctx->status;
+    const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]);
+    float *Y = dtr__f32(nd->out), *lse, *S;
+    dtr__cuda_att_make(nd, &a);
     lse = (float *)dtr__node_save(ctx, nd, (size_t)(a.B * a.H * a.T + 1) * sizeof(float)); /* row log-sum-exps */
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    dtr__cuda_att_fwd_k<<<(unsigned)(a.B * a.H * a.T), DTR__ATT_THREADS, shmem, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), dtr__f32(nd->out), lse, a);
-    return dtr__cuda_launched(ctx, nd);
+    if (!(S = dtr__cuda_att_scratch(ctx, nd, &a, 0))) return ctx->status;
+    for (int64_t b = 0; b < a.B; b++)
+        for (int64_t t0 = 0; t0 < a.T; t0 += DTR__ATT_TILE) {
+            dtr__cuda_att_tile w = {t0, a.T - t0 < DTR__ATT_TILE ? a.T - t0 : DTR__ATT_TILE, 0, b};
+            int64_t base = b * a.T * a.C;
+            w.L = t0 + w.n;
+            if (dtr__cuda_att_scores(ctx, Q, K, S, &a, w) != DTR_OK) return ctx->status;
+            dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, (unsigned)a.H), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(S, lse, a, w);
+            if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+            /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D), per head */
+            if (dtr__cuda_gemm(ctx, w.n, a.D, w.L, 1.0f, S, w.L, 1, w.n * w.L, V + base, a.C, 1, a.D, 0.0f, Y + base + t0 * a.C,
+                               a.C, a.D, a.H) != DTR_OK)
+                return ctx->status;
+        }
+    return DTR_OK;
+}
+
+/* One tile's backward: P and dS from the recomputed scores, then dq, dk, dv (accumulated). */
+static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w, float *S,
+                                         float *dS, const float *Drow) {
+    const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]), *G = nd->out->grad;
+    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    int64_t base = w.b * a->T * a->C, nL = w.n * w.L, D = a->D, C = a->C;
+    const float *Gt = G + base + w.t0 * C, *Qt = Q + base + w.t0 * C;
+    if (dtr__cuda_att_scores(ctx, Q, K, S, a, w) != DTR_OK) return ctx->status;
+    /* dP (n, L) = dy[t0:] (n, D) v[0:L]^T (D, L) */
+    if (dtr__cuda_gemm(ctx, w.n, w.L, D, 1.0f, Gt, C, 1, D, V + base, 1, C, D, 0.0f, dS, w.L, nL, a->H) != DTR_OK) return ctx->status;
+    dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, (unsigned)a->H), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        S, dS, (const float *)nd->saved, Drow, *a, w);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    if (GQ && dtr__cuda_gemm(ctx, w.n, D, w.L, 1.0f, dS, w.L, 1, nL, K + base, C, 1, D, 1.0f, GQ + base + w.t0 * C, C, D, a->H) != DTR_OK)
+        return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
+    if (GK && dtr__cuda_gemm(ctx, w.L, D, w.n, 1.0f, dS, 1, w.L, nL, Qt, C, 1, D, 1.0f, GK + base, C, D, a->H) != DTR_OK)
+        return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
+    if (GV && dtr__cuda_gemm(ctx, w.L, D, w.n, 1.0f, S, 1, w.L, nL, Gt, C, 1, D, 1.0f, GV + base, C, D, a->H) != DTR_OK)
+        return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */
+    return DTR_OK;
 }
 
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
-    size_t shmem;
-    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]), *Drow;
-    unsigned rows;
-    if (!GQ && !GK && !GV) return DTR_OK;
-    if (dtr__cuda_att_make(ctx, nd, &a, &shmem) != DTR_OK) return ctx->status;
-    rows = (unsigned)(a.B * a.H * a.T);
+    float *Drow, *S;
+    int64_t rows;
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
+    dtr__cuda_att_make(nd, &a);
+    rows = a.B * a.H * a.T;
     if (rows == 0) return DTR_OK;
     Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float));
-    if (!Drow) return ctx->status;
-    dtr__cuda_att_bwd_q_k<<<rows, DTR__ATT_THREADS, shmem, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), dtr__f32(nd->out), nd->out->grad, GQ, Drow, a);
+    S = dtr__cuda_att_scratch(ctx, nd, &a, 1);
+    if (!Drow || !S) return ctx->status;
+    dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__f32(nd->out), nd->out->grad, Drow, a);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (!GK && !GV) return DTR_OK;
-    dtr__cuda_att_bwd_kv_k<<<rows, DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->in[2]), nd->out->grad, (const float *)nd->saved, Drow, GK, GV, a);
-    return dtr__cuda_launched(ctx, nd);
+    for (int64_t b = 0; b < a.B; b++)
+        for (int64_t t0 = 0; t0 < a.T; t0 += DTR__ATT_TILE) {
+            dtr__cuda_att_tile w = {t0, a.T - t0 < DTR__ATT_TILE ? a.T - t0 : DTR__ATT_TILE, 0, b};
+            w.L = t0 + w.n;
+            if (dtr__cuda_att_bwd_tile(ctx, nd, &a, w, S, S + a.H * (a.T < DTR__ATT_TILE ? a.T : DTR__ATT_TILE) * a.T, Drow) != DTR_OK)
+                return ctx->status;
+        }
+    return DTR_OK;
 }

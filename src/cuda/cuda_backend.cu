@@ -35,7 +35,9 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
         dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
-        dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK)
+        dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK ||
+        dtr__cuda_blas(ctx, cublasSetMathMode(s->blas, ctx->cfg.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+                       "set math mode") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_check(ctx, cudaHostAlloc((void **)&s->err_host, 2 * sizeof(int), cudaHostAllocMapped), "error word") != DTR_OK ||
         dtr__cuda_check(ctx, cudaHostGetDevicePointer((void **)&s->err_dev, s->err_host, 0), "error word") != DTR_OK ||

@@ -1,10 +1,12 @@
 /* ============================================================================
  * Convolution and pooling on the GPU, with the CPU's shapes and rules (src/ops/ops_conv.c):
  * x (N, C, H, W), w (O, C, KH, KW), y (N, O, Ho, Wo), Ho = (H + 2P - KH) / S + 1.
- * Convolution is im2col + cuBLAS: the columns of every sample (C*KH*KW, Ho*Wo) are kept for
- * backward, y_n = W col_n in one strided-batched GEMM. Backward gathers instead of scattering
- * (one thread per input element sums the columns or windows that read it, in the CPU's order),
- * so nothing needs atomics and a run repeats bit for bit.
+ * Convolution is im2col + cuBLAS: the columns of all samples, col (C*KH*KW, N*Ho*Wo), are kept
+ * for backward; y_n = W col_n is one strided-batched GEMM. Backward takes gy as (O, N*Ho*Wo)
+ * (one transposing copy): dW += gy col^T and gcol = W^T gy are one GEMM each, the bias
+ * gradient is a row sum per output channel, and col2im gathers instead of scattering (one
+ * thread per input element sums the columns that read it), so nothing needs atomics and a run
+ * repeats bit for bit.
  * ==========================================================================*/
 
 typedef struct dtr__cuda_conv {
@@ -26,11 +28,11 @@ static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
     return g;
 }
 
-/* col (N, C*KH*KW, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
+/* col (C*KH*KW, N, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
 __global__ static void dtr__cuda_im2col_k(const float *x, float *col, dtr__cuda_conv g) {
     int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
     DTR__CUDA_FOR(t, g.N * ckk * P) {
-        int64_t n = t / (ckk * P), r = (t / P) % ckk, p = t % P;
+        int64_t r = t / (g.N * P), n = (t / P) % g.N, p = t % P;
         int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
         int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
         col[t] = (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x[((n * g.C + c) * g.H + ii) * g.W + jj] : 0.0f;
@@ -45,9 +47,9 @@ __device__ static int dtr__cuda_window(int64_t i, int64_t a, int64_t S, int64_t 
     return *oi < Ho;
 }
 
-/* gx (N, C, H, W) += the column gradients gcol (N, C*KH*KW, Ho*Wo) that read each element */
+/* gx (N, C, H, W) += the column gradients gcol (C*KH*KW, N, Ho*Wo) that read each element */
 __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cuda_conv g) {
-    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    int64_t P = g.Ho * g.Wo;
     DTR__CUDA_FOR(t, g.N * g.C * g.H * g.W) {
         int64_t n = t / (g.C * g.H * g.W), c = (t / (g.H * g.W)) % g.C, i = (t / g.W) % g.H, j = t % g.W, oi, oj;
         float acc = gx[t];
@@ -55,7 +57,7 @@ __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cud
             if (!dtr__cuda_window(i, ki, g.S, g.P, g.Ho, &oi)) continue;
             for (int64_t kj = 0; kj < g.KW; kj++) {
                 if (!dtr__cuda_window(j, kj, g.S, g.P, g.Wo, &oj)) continue;
-                acc += gcol[(n * ckk + (c * g.KH + ki) * g.KW + kj) * P + oi * g.Wo + oj];
+                acc += gcol[(((c * g.KH + ki) * g.KW + kj) * g.N + n) * P + oi * g.Wo + oj];
             }
         }
         gx[t] = acc;
@@ -67,14 +69,21 @@ __global__ static void dtr__cuda_conv_bias_k(float *y, const float *bias, int64_
     DTR__CUDA_FOR(t, N * O * P) y[t] = bias[(t / P) % O];
 }
 
-/* gb[o] += sum over samples and positions of gy (N, O, P), in that order */
-__global__ static void dtr__cuda_conv_gb_k(const float *gy, float *gb, int64_t N, int64_t O, int64_t P) {
-    DTR__CUDA_FOR(o, O) {
-        float acc = gb[o];
-        for (int64_t n = 0; n < N; n++)
-            for (int64_t p = 0; p < P; p++) acc += gy[(n * O + o) * P + p];
-        gb[o] = acc;
+/* gyt (O, N, P) from gy (N, O, P) */
+__global__ static void dtr__cuda_conv_gyt_k(const float *gy, float *gyt, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(t, N * O * P) {
+        int64_t o = t / (N * P), n = (t / P) % N, p = t % P;
+        gyt[t] = gy[(n * O + o) * P + p];
     }
+}
+
+/* gb[o] += the sum of row o of gyt (O, NP): one block per channel, a fixed tree in double */
+__global__ static void dtr__cuda_conv_gb_k(const float *gyt, float *gb, int64_t NP) {
+    const float *row = gyt + (int64_t)blockIdx.x * NP;
+    double acc = 0.0;
+    for (int64_t i = threadIdx.x; i < NP; i += blockDim.x) acc += row[i];
+    acc = dtr__cuda_block_sum(acc);
+    if (threadIdx.x == 0) gb[blockIdx.x] += (float)acc;
 }
 
 static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -89,27 +98,28 @@ static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->in[0]), col, g);
     if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->out), bias, g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    /* y_n (O, P) = W (O, ckk) col_n (ckk, P) (+ the bias already there) */
-    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, P, 1, ckk * P, bias ? 1.0f : 0.0f,
+    /* y_n (O, P) = W (O, ckk) col_n (ckk, P; row stride N P) (+ the bias already there) */
+    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f,
                           dtr__f32(nd->out), P, g.O * P, g.N);
 }
 
 static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
-    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, n;
-    const float *G = nd->out->grad, *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
-    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL;
+    int64_t ckk = g.C * g.KH * g.KW, NP = g.N * g.Ho * g.Wo;
+    const float *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gyt;
     cudaStream_t st = dtr__cuda_stream(ctx);
-    if (g.N * g.O * P == 0) return DTR_OK;
-    for (n = 0; gw && n < g.N; n++)   /* dW (O, ckk) += gy_n (O, P) col_n^T (P, ckk), samples in order */
-        if (dtr__cuda_gemm(ctx, g.O, ckk, P, 1.0f, G + n * g.O * P, P, 1, 0, col + n * ckk * P, 1, P, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
-            return ctx->status;
-    if (gb) dtr__cuda_conv_gb_k<<<dtr__cuda_grid(g.O), DTR__CUDA_THREADS, 0, st>>>(G, gb, g.N, g.O, P);
-    if (gx) {   /* gcol_n (ckk, P) = W^T (ckk, O) gy_n (O, P), then gathered back into gx */
-        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float));
+    if (g.O * NP == 0) return DTR_OK;
+    if (!(gyt = (float *)dtr__node_save(ctx, nd, (size_t)(g.O * NP) * sizeof(float)))) return ctx->status;
+    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gyt, g.N, g.O, g.Ho * g.Wo);
+    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(gyt, gb, NP);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
+    if (gw && dtr__cuda_gemm(ctx, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, col, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK) return ctx->status;
+    if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
+        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(ckk * NP + 1) * sizeof(float));
         if (!gcol) return ctx->status;
-        if (dtr__cuda_gemm(ctx, ckk, P, g.O, 1.0f, Wt, 1, ckk, 0, G, P, 1, g.O * P, 0.0f, gcol, P, ckk * P, g.N) != DTR_OK)
-            return ctx->status;
+        if (dtr__cuda_gemm(ctx, ckk, NP, g.O, 1.0f, Wt, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK) return ctx->status;
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
     }
     return dtr__cuda_launched(ctx, nd);

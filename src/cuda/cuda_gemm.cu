@@ -167,15 +167,6 @@ __global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_
     DTR__CUDA_FOR(i, R * out) Y[i] = bias[i % out];
 }
 
-/* gb[j] += sum over r of G[r, j], rows in order (the CPU's), one thread per column */
-__global__ static void dtr__cuda_col_sum_k(const float *G, float *gb, int64_t R, int64_t out) {
-    DTR__CUDA_FOR(j, out) {
-        float acc = gb[j];
-        for (int64_t r = 0; r < R; r++) acc += G[r * out + j];
-        gb[j] = acc;
-    }
-}
-
 static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
     int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
@@ -203,9 +194,5 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw && dtr__cuda_gemm(ctx, out, in, R, 1.0f, G, 1, out, 0, dtr__f32(x), in, 1, 0, 1.0f, gw, in, 0, 1) != DTR_OK)
         return ctx->status;
-    if (gb && R * out > 0) {
-        dtr__cuda_col_sum_k<<<dtr__cuda_grid(out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(G, gb, R, out);
-        return dtr__cuda_launched(ctx, nd);
-    }
-    return DTR_OK;
+    return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }

@@ -4,10 +4,11 @@
  * MSE, casts, dropout (the CPU's random stream, jumped ahead per element), the softmax
  * family, cross-entropy, embedding, layer norm, views and activation-checkpoint copies.
  * Shapes: R rows of length C (leading axes flattened), as in the CPU files.
- * Order: sums that the CPU takes in order (gradients of broadcast inputs, embedding and
- * layer-norm weight gradients, bias columns) are taken in the same order by one thread per
- * output element, so they match the CPU bit for bit; row reductions (softmax, layer norm
- * statistics, loss sums) are trees in double and match to rounding.
+ * Order: sums that the CPU takes in order (gradients of broadcast inputs, embedding weight
+ * gradients) are taken in the same order by one thread per output element, so they match the
+ * CPU bit for bit; column sums over many rows (layer-norm weight and bias gradients, linear
+ * bias gradients) go in fixed chunks of rows, and row reductions (softmax, layer norm
+ * statistics, loss sums) are trees in double: equal to rounding, and repeatable.
  * ==========================================================================*/
 
 /* ---- unary: y = f(x), gx += g f'(x) ---- */
@@ -516,6 +517,45 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- column sums of (R, C) row-major data, deterministic: chunks of rows, then the chunks
+ * in order (a fixed tree, not the CPU's row order: equal to rounding) ---- */
+
+#define DTR__CUDA_COL_CHUNK 32   /* rows per partial sum */
+
+/* part[c][k] = sum over the rows of chunk c of G[r][k] (H[r] = (X[r] - stat mean) rstd when
+   weighted: the layer norm weight gradient's g h) */
+__global__ static void dtr__cuda_col_part_k(const float *G, const float *X, const float *stat, float *part, int64_t R, int64_t C) {
+    int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
+    DTR__CUDA_FOR(i, chunks * C) {
+        int64_t c = i / C, k = i % C, r1 = (c + 1) * DTR__CUDA_COL_CHUNK < R ? (c + 1) * DTR__CUDA_COL_CHUNK : R;
+        float acc = 0.0f;
+        for (int64_t r = c * DTR__CUDA_COL_CHUNK; r < r1; r++)
+            acc += X ? G[r * C + k] * ((X[r * C + k] - stat[2 * r]) * stat[2 * r + 1]) : G[r * C + k];
+        part[i] = acc;
+    }
+}
+
+/* out[k] += the chunks' partial sums of column k, in chunk order */
+__global__ static void dtr__cuda_col_finish_k(const float *part, float *out, int64_t chunks, int64_t C) {
+    DTR__CUDA_FOR(k, C) {
+        float acc = out[k];
+        for (int64_t c = 0; c < chunks; c++) acc += part[c * C + k];
+        out[k] = acc;
+    }
+}
+
+/* out[k] += sum over r of G[r][k] (times h[r][k] of a layer norm when X is given) */
+static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float *G, const float *X, const float *stat, int64_t R,
+                                    int64_t C, float *out) {
+    int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
+    float *part;
+    if (R * C == 0) return DTR_OK;
+    if (!(part = (float *)dtr__node_save(ctx, nd, (size_t)(chunks * C) * sizeof(float)))) return ctx->status;
+    dtr__cuda_col_part_k<<<dtr__cuda_grid(chunks * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(G, X, stat, part, R, C);
+    dtr__cuda_col_finish_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(part, out, chunks, C);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
 
 /* x, y (R, C); stat (R, 2): mean, rstd */
@@ -557,20 +597,6 @@ __global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *
     }
 }
 
-__global__ static void dtr__cuda_layernorm_bwd_w_k(const float *X, const float *G, const float *stat, float *gw, float *gb,
-                                                   int64_t R, int64_t C) {
-    DTR__CUDA_FOR(k, C) {
-        float aw = gw ? gw[k] : 0.0f, ab = gb ? gb[k] : 0.0f;
-        for (int64_t r = 0; r < R; r++) {
-            float g = G[r * C + k], h = (X[r * C + k] - stat[2 * r]) * stat[2 * r + 1];
-            aw += g * h;
-            ab += g;
-        }
-        if (gw) gw[k] = aw;
-        if (gb) gb[k] = ab;
-    }
-}
-
 static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
@@ -595,10 +621,8 @@ static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
             dtr__f32(x), W, nd->out->grad, stat, gx, C);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
-    if (!gw && !gb) return DTR_OK;
-    dtr__cuda_layernorm_bwd_w_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(x), nd->out->grad, stat, gw, gb, R, C);
-    return dtr__cuda_launched(ctx, nd);
+    if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, dtr__f32(x), stat, R, C, gw) != DTR_OK) return ctx->status;
+    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, NULL, NULL, R, C, gb) : DTR_OK;
 }
 
 /* ---- views: strided copies and their gradients ---- */

@@ -125,6 +125,9 @@ typedef struct dtr_context_config {
     void *log_user;                  /**< passed to `log` */
     dtr_log_level log_level;         /**< most verbose level passed to `log` (default DTR_LOG_WARN) */
     uint64_t seed;                   /**< seed of the context RNG (dropout); 0 is a valid seed */
+    int allow_tf32;                  /**< 1: a GPU backend may run f32 matrix products on TF32 tensor
+                                          cores (10-bit mantissa products, f32 sums: several times
+                                          faster, relative error near 1e-3); 0 (default): full f32 */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
