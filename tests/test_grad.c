@@ -228,6 +228,15 @@ static dtr_tensor *b_embedding(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_embedding(c, x[0], dtr_tensor_from(c, DTR_I32, 2, s, ids));
 }
 
+/* 1000 ids over 2 rows: the GPU kernel lists a row's 500 uses in several chunks */
+static dtr_tensor *b_embedding_many(dtr_context *c, dtr_tensor **x, void *u) {
+    static int32_t ids[1000];
+    int64_t n = 1000, i;
+    (void)u;
+    for (i = 0; i < n; i++) ids[i] = (int32_t)((i * 7 + i / 50) % 2);
+    return dtr_embedding(c, x[0], dtr_tensor_from(c, DTR_I32, 1, &n, ids));
+}
+
 static dtr_tensor *b_layernorm(dtr_context *c, dtr_tensor **x, void *u) {
     return *(int *)u ? dtr_layernorm(c, x[0], x[1], x[2], 1e-5f) : dtr_layernorm(c, x[0], NULL, NULL, 1e-5f);
 }
@@ -371,6 +380,7 @@ static const op_case CASES[] = {
     {"mean_all", 1, {IN3(3, 4, 5)}, b_reduce, KA(4), 0, NULL},
     {"mean over a transposed view", 1, {IN3(3, 4, 5)}, b_reduce, KA(5), 0, NULL},
     {"embedding", 1, {IN2(5, 4)}, b_embedding, K0, 0, NULL},
+    {"embedding, 1000 ids over 2 rows", 1, {IN2(2, 5)}, b_embedding_many, K0, 1, NULL},
     {"layernorm affine", 3, {IN3(2, 3, 8), IN1(8), IN1(8)}, b_layernorm, KA(1), 0, NULL},
     {"layernorm plain", 1, {IN3(2, 3, 8)}, b_layernorm, KA(0), 0, NULL},
     {"dropout", 1, {IN2(6, 7)}, b_dropout, K0, 0, NULL},

@@ -88,12 +88,24 @@ typedef struct dtr__cuda_walk {
     int64_t base;
 } dtr__cuda_walk;
 
+/** A walk over shape/stride from `base`, with axes of length 1 dropped and neighbouring axes
+ *  that step as one merged (a slice of rows becomes two axes, a dense block one): the same
+ *  offsets for the same row-major index, with fewer divisions per element. */
 static dtr__cuda_walk dtr__cuda_walk_make(int nd, const int64_t *shape, const int64_t *stride, int64_t base) {
     dtr__cuda_walk w;
     int d;
     memset(&w, 0, sizeof w);
-    w.nd = nd;
-    for (d = 0; d < nd; d++) { w.shape[d] = shape[d]; w.stride[d] = stride[d]; }
+    for (d = 0; d < nd; d++) {
+        if (shape[d] == 1) continue;
+        if (w.nd > 0 && w.stride[w.nd - 1] == stride[d] * shape[d]) {
+            w.shape[w.nd - 1] *= shape[d];
+            w.stride[w.nd - 1] = stride[d];
+        } else {
+            w.shape[w.nd] = shape[d];
+            w.stride[w.nd] = stride[d];
+            w.nd++;
+        }
+    }
     w.base = base;
     return w;
 }

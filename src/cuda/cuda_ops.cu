@@ -161,11 +161,41 @@ __global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast 
     }
 }
 
+/* Same-shape dense inputs (the common case: residual adds, products): index i everywhere */
+__global__ static void dtr__cuda_binary_dense_fwd_k(int op, const float *A, const float *B, float *Y, int64_t n) {
+    DTR__CUDA_FOR(i, n) Y[i] = dtr__cuda_binary_f(op, A[i], B[i]);
+}
+
+__global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, const float *A, const float *B, const float *G, float *GS,
+                                                    int64_t n) {
+    DTR__CUDA_FOR(i, n) {
+        float g = G[i], a = A[i], b = B[i];
+        switch (op) {
+        case DTR_OP_ADD: GS[i] += g; break;
+        case DTR_OP_SUB: GS[i] += side ? -g : g; break;
+        case DTR_OP_MUL: GS[i] += g * (side ? a : b); break;
+        default: GS[i] += side ? -(g * a / (b * b)) : g / b; break;
+        }
+    }
+}
+
+/* 1 when a and b are dense and of the output's shape (no broadcasting) */
+static int dtr__cuda_binary_dense(const dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    return dtr_tensor_is_contiguous(a) && dtr_tensor_is_contiguous(b) && dtr_tensor_numel(a) == dtr_tensor_numel(nd->out) &&
+           dtr_tensor_numel(b) == dtr_tensor_numel(nd->out);
+}
+
 /* a (...), b (...) broadcast to y (...) */
 static dtr_result dtr__cuda_binary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_bcast bc = dtr__cuda_bcast_make(nd->in[0], nd->in[1]);
     int64_t n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
+    if (dtr__cuda_binary_dense(nd)) {
+        dtr__cuda_binary_dense_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            nd->op, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->out), n);
+        return dtr__cuda_launched(ctx, nd);
+    }
     dtr__cuda_binary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         nd->op, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, dtr__f32(nd->out), n);
     return dtr__cuda_launched(ctx, nd);
@@ -179,7 +209,10 @@ static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
         float *gs = dtr__gradof(nd->in[side]);
         int64_t n = dtr_tensor_numel(nd->in[side]);
         if (!gs || n == 0) continue;
-        dtr__cuda_binary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        if (dtr__cuda_binary_dense(nd))
+            dtr__cuda_binary_dense_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                nd->op, side, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gs, n);
+        else dtr__cuda_binary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
             nd->op, side, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, nd->out->grad, gs, n);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
@@ -490,12 +523,43 @@ __global__ static void dtr__cuda_embedding_fwd_k(const float *W, const int32_t *
     }
 }
 
-/* One thread per column, rows in order: the CPU's order for repeated ids, no atomics. */
+/* Backward, one block per row i: only the first row holding id v works; it lists, in row
+ * order, the rows j >= i holding v (in shared memory, a chunk at a time) and adds their
+ * gradients into gw's row v, so each row of gw has one owner (no atomics) and the sum runs in
+ * the CPU's order: the same bits as the CPU. */
+#define DTR__CUDA_EMB_LIST (2 * DTR__CUDA_THREADS)
 __global__ static void dtr__cuda_embedding_bwd_k(const float *G, const int32_t *id, float *gw, int64_t N, int64_t C, int64_t V) {
-    DTR__CUDA_FOR(k, C) {
-        for (int64_t i = 0; i < N; i++) {
-            int32_t v = id[i];
-            if (v >= 0 && v < V) gw[(int64_t)v * C + k] += G[i * C + k];
+    __shared__ int64_t list[DTR__CUDA_EMB_LIST];
+    __shared__ int wcount[DTR__CUDA_THREADS / 32];
+    __shared__ int cnt;
+    int64_t i = blockIdx.x;
+    int32_t v = id[i];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (v < 0 || v >= V) return;
+    for (int64_t j0 = 0; j0 < i; j0 += blockDim.x)   /* an earlier row owns v: leave */
+        if (__syncthreads_or(j0 + threadIdx.x < i && id[j0 + threadIdx.x] == v)) return;
+    if (threadIdx.x == 0) cnt = 0;
+    __syncthreads();
+    for (int64_t j0 = i; j0 < N; j0 += blockDim.x) {
+        int64_t j = j0 + threadIdx.x;
+        int match = j < N && id[j] == v, off = 0;
+        unsigned b = __ballot_sync(0xffffffffu, match);
+        if (lane == 0) wcount[warp] = __popc(b);
+        __syncthreads();
+        for (int w = 0; w < warp; w++) off += wcount[w];
+        if (match) list[cnt + off + __popc(b & ((1u << lane) - 1u))] = j;
+        __syncthreads();
+        if (threadIdx.x == 0) for (int w = 0; w < nw; w++) cnt += wcount[w];
+        __syncthreads();
+        if (cnt > DTR__CUDA_EMB_LIST - (int)blockDim.x || j0 + blockDim.x >= N) {   /* add the listed rows, in order */
+            for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
+                float acc = gw[(int64_t)v * C + k];
+                for (int m = 0; m < cnt; m++) acc += G[list[m] * C + k];
+                gw[(int64_t)v * C + k] = acc;
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) cnt = 0;
+            __syncthreads();
         }
     }
 }
@@ -512,7 +576,7 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
     float *gw = dtr__gradof(nd->in[0]);
     if (!gw || N * C == 0) return DTR_OK;
-    dtr__cuda_embedding_bwd_k<<<dtr__cuda_grid(C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+    dtr__cuda_embedding_bwd_k<<<(unsigned)N, DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         nd->out->grad, (const int32_t *)dtr__cuda_data(nd->in[1]), gw, N, C, V);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -631,7 +695,9 @@ static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
 __global__ static void dtr__cuda_gather_k(char *dst, const char *src, dtr__cuda_walk w, int64_t n, int es) {
     DTR__CUDA_FOR(i, n) {
         int64_t off = dtr__cuda_walk_off(&w, i);
-        for (int b = 0; b < es; b++) dst[i * es + b] = src[off * es + b];
+        if (es == 4) ((float *)dst)[i] = ((const float *)src)[off];
+        else if (es == 2) ((uint16_t *)dst)[i] = ((const uint16_t *)src)[off];
+        else for (int b = 0; b < es; b++) dst[i * es + b] = src[off * es + b];
     }
 }
 
