@@ -187,6 +187,7 @@ ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
 $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
+.PHONY: examples-gpu
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full soak
@@ -257,12 +258,16 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 # on the GPU against the CPU (cases whose op has no CUDA kernel yet are listed as SKIPPED).
 # Without a GPU it says loudly that it skipped. The program is built by cuda-check (so CI
 # compiles and links the CUDA unit) and run here.
-GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu
+GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu $(BUILD)/tests/gpu/test_train_gpu
 test-gpu: $(GPU_TESTS)
 	tests/run.sh $(GPU_TESTS)
 $(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DDTR_TEST_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+# tests/gpu/test_train_gpu.c: optimizers, the loss scaler and weights files on the GPU against the CPU.
+$(BUILD)/tests/gpu/test_train_gpu: tests/gpu/test_train_gpu.c tests/test.h $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
 
 # bench-gpu: bench/gpu.c (MLP, CNN, a small GPT and GPT-2 small's shape; JSON lines) on the
 # GPU, then bench/gpu_torch.py, PyTorch's eager and compiled runs of the same models, when
@@ -274,11 +279,22 @@ bench-gpu: $(BUILD)/bench/gpu
 	$(BUILD)/bench/gpu $(BENCH_ARGS)
 	-python3 bench/gpu_torch.py $(BENCH_ARGS)
 
+# examples-gpu: the Fashion-MNIST MLP and CNN linked with dtrain_cuda.o; --gpu trains on the GPU.
+# fmnist_dp's ranks too (with dtrain_comm.o: --transport libfabric under dtrun).
+GPU_EXAMPLES := $(BUILD)/examples/gpu/fmnist_mlp $(BUILD)/examples/gpu/fmnist_cnn $(BUILD)/examples/gpu/fmnist_dp
+examples-gpu: $(GPU_EXAMPLES)
+$(BUILD)/examples/gpu/%: examples/%.c examples/common.h $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(FABRIC_CFLAGS) -DFM_CUDA -o $@ $< $(EXTRA_OBJ) $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(EXTRA_LIBS) $(LDLIBS)
+$(BUILD)/examples/gpu/fmnist_dp: $(COMM_OBJ)
+$(BUILD)/examples/gpu/fmnist_dp: EXTRA_OBJ = $(COMM_OBJ)
+$(BUILD)/examples/gpu/fmnist_dp: EXTRA_LIBS += $(COMM_LIBS)
+
 # cuda-check: `make cuda` and the GPU test program linked when nvcc exists, a loud notice when
 # it does not (used by check).
 cuda-check:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu
+	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu $(GPU_EXAMPLES)
 else
 	@echo "*****************************************************************"
 	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"

@@ -974,12 +974,19 @@ DTR_API size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info 
 
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 
-/** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu).
- *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED.
+/** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu): every
+ *  op of the core forward and backward (docs/gpu.md lists them; the tensor-parallel
+ *  communication ops report DTR_UNSUPPORTED), optimizers, a caching device allocator.
  *  Thread safety: thread safe. */
 DTR_API const dtr_backend *dtr_cuda_backend(void);
 /** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
 DTR_API int dtr_cuda_device_count(void);
+/** Device memory of a CUDA context: bytes handed out now (model buffers, optimizer state,
+ *  step arena), the most handed out at once since the context began (or since the last
+ *  reset_peak), and freed bytes the allocator keeps for reuse. Any pointer may be NULL.
+ *  @return DTR_OK; DTR_NULL_HANDLE; DTR_INVALID_ARGUMENT when ctx is not a CUDA context.
+ *  Thread safety: the context's thread. Defined in dtrain_cuda.cu. */
+DTR_API dtr_result dtr_cuda_memory(dtr_context *ctx, size_t *in_use, size_t *peak, size_t *cached, int reset_peak);
 /** Newline-separated names of the libfabric providers that offer reliable-datagram tagged
  *  endpoints here (defined in dtrain_comm.c). DTR_UNSUPPORTED when built without
  *  DTR_USE_LIBFABRIC, DTR_NOT_FOUND when no provider qualifies. */
@@ -3699,7 +3706,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3703 "dtrain.h"
+#line 3710 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4194,7 +4201,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4198 "dtrain.h"
+#line 4205 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4453,7 +4460,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4457 "dtrain.h"
+#line 4464 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4515,7 +4522,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4519 "dtrain.h"
+#line 4526 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4827,7 +4834,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4831 "dtrain.h"
+#line 4838 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4870,7 +4877,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4874 "dtrain.h"
+#line 4881 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4897,7 +4904,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4901 "dtrain.h"
+#line 4908 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4930,7 +4937,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4934 "dtrain.h"
+#line 4941 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5004,7 +5011,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5008 "dtrain.h"
+#line 5015 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5062,7 +5069,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5066 "dtrain.h"
+#line 5073 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5112,7 +5119,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5116 "dtrain.h"
+#line 5123 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5464,7 +5471,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5468 "dtrain.h"
+#line 5475 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6255,7 +6262,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6259 "dtrain.h"
+#line 6266 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6690,7 +6697,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6694 "dtrain.h"
+#line 6701 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6761,7 +6768,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6765 "dtrain.h"
+#line 6772 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7171,7 +7178,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7175 "dtrain.h"
+#line 7182 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7377,7 +7384,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7381 "dtrain.h"
+#line 7388 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7608,7 +7615,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7612 "dtrain.h"
+#line 7619 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7723,7 +7730,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7727 "dtrain.h"
+#line 7734 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7779,7 +7786,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7783 "dtrain.h"
+#line 7790 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8209,7 +8216,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8213 "dtrain.h"
+#line 8220 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8388,7 +8395,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8392 "dtrain.h"
+#line 8399 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8913,7 +8920,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8917 "dtrain.h"
+#line 8924 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9412,7 +9419,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9416 "dtrain.h"
+#line 9423 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9671,7 +9678,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9675 "dtrain.h"
+#line 9682 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9857,7 +9864,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9861 "dtrain.h"
+#line 9868 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9977,7 +9984,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9981 "dtrain.h"
+#line 9988 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10451,7 +10458,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10455 "dtrain.h"
+#line 10462 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10620,7 +10627,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10624 "dtrain.h"
+#line 10631 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10869,7 +10876,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10873 "dtrain.h"
+#line 10880 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11337,7 +11344,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11341 "dtrain.h"
+#line 11348 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11466,7 +11473,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11470 "dtrain.h"
+#line 11477 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11813,7 +11820,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11817 "dtrain.h"
+#line 11824 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11879,7 +11886,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11883 "dtrain.h"
+#line 11890 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12116,7 +12123,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12120 "dtrain.h"
+#line 12127 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12865,7 +12872,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12869 "dtrain.h"
+#line 12876 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13318,7 +13325,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13322 "dtrain.h"
+#line 13329 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13374,7 +13381,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13378 "dtrain.h"
+#line 13385 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14151,7 +14158,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14155 "dtrain.h"
+#line 14162 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14732,7 +14739,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14736 "dtrain.h"
+#line 14743 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15363,7 +15370,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15367 "dtrain.h"
+#line 15374 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16110,7 +16117,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16114 "dtrain.h"
+#line 16121 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16463,7 +16470,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16467 "dtrain.h"
+#line 16474 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16653,7 +16660,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16657 "dtrain.h"
+#line 16664 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16834,7 +16841,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16838 "dtrain.h"
+#line 16845 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17609,7 +17616,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17613 "dtrain.h"
+#line 17620 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18126,7 +18133,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18130 "dtrain.h"
+#line 18137 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18894,7 +18901,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18898 "dtrain.h"
+#line 18905 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19991,7 +19998,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 19995 "dtrain.h"
+#line 20002 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20543,7 +20550,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20547 "dtrain.h"
+#line 20554 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21032,7 +21039,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21036 "dtrain.h"
+#line 21043 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21485,7 +21492,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21489 "dtrain.h"
+#line 21496 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21721,7 +21728,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21725 "dtrain.h"
+#line 21732 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22080,7 +22087,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22084 "dtrain.h"
+#line 22091 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22277,7 +22284,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22281 "dtrain.h"
+#line 22288 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22300,6 +22307,11 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * ZeRO (zero.c): dtr_dp_step_done gathers the shards the ranks updated; with stage 2 a
  * bucket's start sends its slices to their owners instead of an all-reduce, and
  * dtr_dp_finish sums this rank's shard.
+ * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
+ * buckets are reduced where they are; with one of host memory (libfabric, local) each
+ * bucket is copied to a host staging buffer when it starts, reduced there, and dtr_dp_finish
+ * copies the averages back. Plain all-reduce only: compression, local SGD and ZeRO work on
+ * host gradients in this version.
  * ==========================================================================*/
 
 
@@ -22332,7 +22344,20 @@ struct dtr_dp {
     int overlapped;
     dtr__dpc *cz;           /* gradient codec and counters */
     dtr__zero *z;           /* ZeRO: the shards (NULL without) */
+    float *stage;           /* device gradients over a host-memory transport: the host copy */
 };
+
+/* The buffer the collectives reduce: the model's gradients, or their host staging copy. */
+static float *dtr__dp_grads(const dtr_dp *dp) { return dp->stage ? dp->stage : dtr_model_grads(dp->m); }
+
+/* Device gradients [begin, end) to the staging buffer (to_host waits for the stream), or back. */
+static dtr_result dtr__dp_stage(dtr_dp *dp, int64_t begin, int64_t end, int back) {
+    dtr_context *ctx = dp->ctx;
+    float *dev = dtr_model_grads(dp->m) + begin, *host = dp->stage + begin;
+    size_t bytes = (size_t)(end - begin) * sizeof(float);
+    if (!dp->stage || end <= begin) return DTR_OK;
+    return back ? ctx->backend->from_host(ctx, dev, host, bytes) : ctx->backend->to_host(ctx, host, dev, bytes);
+}
 
 dtr_dp_config dtr_dp_config_init(void) {
     dtr_dp_config c;
@@ -22342,10 +22367,12 @@ dtr_dp_config dtr_dp_config_init(void) {
 
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
+    dtr_result r;
     b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
-    return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
+    if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
+    return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
 }
 
 /* local SGD past its warm-up: gradients stay local */
@@ -22423,9 +22450,13 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
                                                "this version", cfg->zero);
-    if (!dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
-                         ctx->backend->name);
+    if (!dtr__host_memory(ctx) && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: with gradients in %s memory this version does plain "
+                         "all-reduce only (no ZeRO, compression or local SGD)", ctx->backend->name);
+    if (c->mem_ctx && c->mem_ctx != ctx)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
+    if (c->mem_ctx && dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: a device-memory group needs a device backend");
     return DTR_OK;
 }
 
@@ -22450,6 +22481,10 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
+    if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && !c->mem_ctx) {
+        dp->stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(dtr_model_numel(m) ? dtr_model_numel(m) : 1) * sizeof(float));
+        if (!dp->stage) { dtr_dp_destroy(dp); return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory"); }
+    }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
@@ -22497,6 +22532,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
     dtr__zero_destroy(dp->z);
+    dtr__free(&a, dp->stage);
     dtr__free(&a, dp);
 }
 
@@ -22528,7 +22564,8 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
         if (w == DTR_OK) w = zr;
     }
     for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && dp->cfg.zero != 2; i++)
-        w = dtr__dpc_finish(dp->cz, i, dtr_model_grads(dp->m), dp->b[i].begin);
+        w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
+    if (r == DTR_OK && w == DTR_OK) w = dtr__dp_stage(dp, 0, dtr_model_numel(dp->m), 1);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
@@ -22592,9 +22629,20 @@ dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
 
 dtr_result dtr_dp_broadcast_params(dtr_dp *dp) {
     dtr_result r;
+    size_t n, bytes;
+    float *params;
     if (!dp) return DTR_NULL_HANDLE;
     if (dtr_comm_size(dp->c) == 1) return DTR_OK;
-    r = dtr_comm_broadcast(dp->c, dtr_model_params(dp->m), (size_t)dtr_model_numel(dp->m), DTR_F32, dp->cfg.root);
+    n = (size_t)dtr_model_numel(dp->m);
+    bytes = n * sizeof(float);
+    params = dtr_model_params(dp->m);
+    if (dp->stage) {   /* device parameters through the staging buffer */
+        if ((r = dp->ctx->backend->to_host(dp->ctx, dp->stage, params, bytes)) != DTR_OK) return r;
+        r = dtr_comm_broadcast(dp->c, dp->stage, n, DTR_F32, dp->cfg.root);
+        if (r == DTR_OK) r = dp->ctx->backend->from_host(dp->ctx, params, dp->stage, bytes);
+    } else {
+        r = dtr_comm_broadcast(dp->c, params, n, DTR_F32, dp->cfg.root);
+    }
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: parameter broadcast: %s", dtr_comm_last_error(dp->c));
     return DTR_OK;
 }
@@ -22633,7 +22681,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22637 "dtrain.h"
+#line 22685 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23066,7 +23114,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23070 "dtrain.h"
+#line 23118 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23965,7 +24013,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 23969 "dtrain.h"
+#line 24017 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24019,7 +24067,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24023 "dtrain.h"
+#line 24071 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25177,7 +25225,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25181 "dtrain.h"
+#line 25229 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26075,7 +26123,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26079 "dtrain.h"
+#line 26127 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27543,7 +27591,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27547 "dtrain.h"
+#line 27595 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -27927,7 +27975,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 27931 "dtrain.h"
+#line 27979 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28076,7 +28124,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28080 "dtrain.h"
+#line 28128 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

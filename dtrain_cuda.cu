@@ -39,6 +39,7 @@ typedef struct dtr__cuda_state {
     size_t cached_bytes;
     dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
     int n_live, cap_live;
+    size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
     cudaEvent_t events[DTR__CUDA_EVENTS];
     int n_events, next_event;
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
@@ -170,7 +171,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 174 "dtrain_cuda.cu"
+#line 175 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -968,7 +969,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 972 "dtrain_cuda.cu"
+#line 973 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1170,7 +1171,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1174 "dtrain_cuda.cu"
+#line 1175 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1349,7 +1350,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1353 "dtrain_cuda.cu"
+#line 1354 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1548,7 +1549,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1552 "dtrain_cuda.cu"
+#line 1553 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1705,7 +1706,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
         }
     return DTR_OK;
 }
-#line 1709 "dtrain_cuda.cu"
+#line 1710 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1838,6 +1839,8 @@ static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, siz
     s->live[s->n_live].p = p;
     s->live[s->n_live].bytes = bytes;
     s->n_live++;
+    s->live_bytes += bytes;
+    if (s->live_bytes > s->peak_bytes) s->peak_bytes = s->live_bytes;
     return 1;
 }
 
@@ -1879,6 +1882,7 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     } else {
         cudaFree(p);
     }
+    s->live_bytes -= s->live[i].bytes;
     s->live[i] = s->live[--s->n_live];
 }
 
@@ -1985,10 +1989,22 @@ static const dtr_backend dtr__cuda_backend_vt = {
 
 extern "C" const dtr_backend *dtr_cuda_backend(void) { return &dtr__cuda_backend_vt; }
 
+extern "C" dtr_result dtr_cuda_memory(dtr_context *ctx, size_t *in_use, size_t *peak, size_t *cached, int reset_peak) {
+    dtr__cuda_state *s;
+    if (!ctx) return DTR_NULL_HANDLE;
+    if (ctx->backend != &dtr__cuda_backend_vt) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cuda_memory: not a CUDA context");
+    s = dtr__cuda(ctx);
+    if (in_use) *in_use = s->live_bytes;
+    if (peak) *peak = s->peak_bytes;
+    if (cached) *cached = s->cached_bytes;
+    if (reset_peak) s->peak_bytes = s->live_bytes;
+    return DTR_OK;
+}
+
 extern "C" int dtr_cuda_device_count(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 1994 "dtrain_cuda.cu"
+#line 2010 "dtrain_cuda.cu"
 

@@ -122,6 +122,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     int32_t *ids = (int32_t *)calloc((size_t)nt, sizeof(int32_t)), *pos = (int32_t *)calloc((size_t)nt, sizeof(int32_t));
     int32_t *y = (int32_t *)calloc((size_t)nt, sizeof(int32_t));
     double t0 = 0, dt, best = 1e30, params, flops_per_item = 0;
+    size_t peak_bytes = 0;   /* the CUDA allocator's high-water mark (params, grads, optimizer, arena) */
     int s, ok = 1;
     memset(&n, 0, sizeof n);
     cc.backend = backend;
@@ -165,14 +166,16 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         dt = now_s() - ts;
         if (s >= warmup && dt < best) best = dt;
     }
+    if (ok && backend) dtr_cuda_memory(ctx, NULL, &peak_bytes, NULL, 0);
     if (ok) {
         double total = now_s() - t0, per = total / steps, items = (double)nt;
         params = (double)dtr_model_numel(n.m);
         if (b->kind == 2) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
-               "\"tf32\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f}\n",
+               "\"tf32\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,\"peak_mem_mb\":%.1f}\n",
                bname, b->name, params, (long long)b->batch, g_tf32, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
-               items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0);
+               items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
+               (double)peak_bytes / 1048576.0);
     }
     dtr_metrics_destroy(met);
     dtr_optimizer_destroy(opt);

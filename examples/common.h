@@ -451,10 +451,11 @@ typedef struct fm_options {
     int ckpt_every;       /* --ckpt-every: steps between checkpoints (0: 200) */
     const char *metrics; /* --metrics FILE: JSON lines of per-step metrics (NULL: none) */
     const char *trace;   /* --trace FILE: Chrome/Perfetto timeline (NULL: none) */
+    int gpu;             /* --gpu: the CUDA backend (builds with FM_CUDA: make examples-gpu) */
 } fm_options;
 
 #define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]" \
-                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE]"
+                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu]"
 
 /** path, or with ".rank<r>" before its extension when world > 1 (run.json -> run.rank1.json). */
 FM_FN const char *fm_rank_path(const char *path, int rank, int world, char *buf, size_t n) {
@@ -492,6 +493,7 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
         char *end = NULL;
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
         if (a[0] != '-') { o->dir = a; continue; }
+        if (strcmp(a, "--gpu") == 0) { o->gpu = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (strcmp(a, "--schedule") == 0) {
@@ -521,6 +523,25 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
         return 2;
     }
     return 0;
+}
+
+/** The CUDA backend when this program was built with it (make examples-gpu defines FM_CUDA
+ *  and links dtrain_cuda.o), else NULL. */
+FM_FN const dtr_backend *fm_cuda_backend(void) {
+#ifdef FM_CUDA
+    return dtr_cuda_backend();
+#else
+    return NULL;
+#endif
+}
+
+/** Chooses the backend for --gpu (the CUDA one; the CPU without --gpu). Returns 0 after
+ *  printing why when --gpu was asked of a CPU-only build. */
+FM_FN int fm_backend(int gpu, dtr_context_config *cfg) {
+    if (!gpu) return 1;
+    cfg->backend = fm_cuda_backend();
+    if (!cfg->backend) fprintf(stderr, "error: --gpu needs this example built with the CUDA backend (make examples-gpu)\n");
+    return cfg->backend != NULL;
 }
 
 #endif /* DTRAIN_EXAMPLES_COMMON_H */

@@ -48,7 +48,7 @@ static dtr_tensor *cnn_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL};
+    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -77,6 +77,7 @@ int main(int argc, char **argv) {
 
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
+    if (!fm_backend(o.gpu, &cfg)) goto done;
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
     if ((r = dtr_model_create(ctx, o.seed, &net.model)) != DTR_OK ||

@@ -64,6 +64,7 @@ typedef struct dp_opts {
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
     const char *metrics, *trace;   /* --metrics FILE, --trace FILE: per rank (run.json -> run.rank1.json) */
+    int gpu;                /* --gpu: every rank trains on the GPU (make examples-gpu) */
 } dp_opts;
 
 typedef struct dp_result {
@@ -141,6 +142,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     }
     cc.threads = o->threads;
     cc.seed = o->seed + (uint64_t)rank;   /* dropout streams would differ per rank (unused by the MLP) */
+    if (!fm_backend(o->gpu, &cc)) { dtr_comm_abort(c, "no GPU backend"); return 0; }
     if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) { dtr_comm_abort(c, "no context"); return dp_err(rank, "context", r, NULL); }
     if ((r = dtr_sampler_init(&smp, data->train_n, rank, world, o->seed, 1, 0)) != DTR_OK) { dp_err(rank, "sampler", r, NULL); goto done; }
     count = dtr_sampler_count(&smp);
@@ -321,10 +323,11 @@ int main(int argc, char **argv) {
             printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
-                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]\n", argv[0]);
+                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2] [--gpu]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }
+        if (!strcmp(a, "--gpu")) { o.gpu = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--transport")) { o.transport = v; continue; }

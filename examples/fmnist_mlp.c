@@ -20,7 +20,7 @@
  * Build by hand, with dtrain.h and common.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_mlp.c -o fmnist_mlp -lm -lpthread -lz
  * Options: [DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant]
- * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE]. --ckpt-dir keeps
+ * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu]. --ckpt-dir keeps
  * full-state checkpoints there every N steps and resumes from the newest. --metrics appends one JSON line per step (loss,
  * learning rate, gradient norm, samples/s, the step time split into data, forward, backward,
  * optimizer; FLOPs); --trace writes a timeline of every op to open in https://ui.perfetto.dev
@@ -38,7 +38,7 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -65,6 +65,7 @@ int main(int argc, char **argv) {
 
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
+    if (!fm_backend(o.gpu, &cfg)) goto done;
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
     if ((r = dtr_model_create(ctx, o.seed, &net.model)) != DTR_OK ||

@@ -127,6 +127,8 @@ static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, siz
     s->live[s->n_live].p = p;
     s->live[s->n_live].bytes = bytes;
     s->n_live++;
+    s->live_bytes += bytes;
+    if (s->live_bytes > s->peak_bytes) s->peak_bytes = s->live_bytes;
     return 1;
 }
 
@@ -168,6 +170,7 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     } else {
         cudaFree(p);
     }
+    s->live_bytes -= s->live[i].bytes;
     s->live[i] = s->live[--s->n_live];
 }
 
@@ -273,6 +276,18 @@ static const dtr_backend dtr__cuda_backend_vt = {
 /* ---- public entry points ---- */
 
 extern "C" const dtr_backend *dtr_cuda_backend(void) { return &dtr__cuda_backend_vt; }
+
+extern "C" dtr_result dtr_cuda_memory(dtr_context *ctx, size_t *in_use, size_t *peak, size_t *cached, int reset_peak) {
+    dtr__cuda_state *s;
+    if (!ctx) return DTR_NULL_HANDLE;
+    if (ctx->backend != &dtr__cuda_backend_vt) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cuda_memory: not a CUDA context");
+    s = dtr__cuda(ctx);
+    if (in_use) *in_use = s->live_bytes;
+    if (peak) *peak = s->peak_bytes;
+    if (cached) *cached = s->cached_bytes;
+    if (reset_peak) s->peak_bytes = s->live_bytes;
+    return DTR_OK;
+}
 
 extern "C" int dtr_cuda_device_count(void) {
     int n = 0;

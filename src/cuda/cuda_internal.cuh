@@ -32,6 +32,7 @@ typedef struct dtr__cuda_state {
     size_t cached_bytes;
     dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
     int n_live, cap_live;
+    size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
     cudaEvent_t events[DTR__CUDA_EVENTS];
     int n_events, next_event;
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */

@@ -17,6 +17,11 @@
  * ZeRO (zero.c): dtr_dp_step_done gathers the shards the ranks updated; with stage 2 a
  * bucket's start sends its slices to their owners instead of an all-reduce, and
  * dtr_dp_finish sums this rank's shard.
+ * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
+ * buckets are reduced where they are; with one of host memory (libfabric, local) each
+ * bucket is copied to a host staging buffer when it starts, reduced there, and dtr_dp_finish
+ * copies the averages back. Plain all-reduce only: compression, local SGD and ZeRO work on
+ * host gradients in this version.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -49,7 +54,20 @@ struct dtr_dp {
     int overlapped;
     dtr__dpc *cz;           /* gradient codec and counters */
     dtr__zero *z;           /* ZeRO: the shards (NULL without) */
+    float *stage;           /* device gradients over a host-memory transport: the host copy */
 };
+
+/* The buffer the collectives reduce: the model's gradients, or their host staging copy. */
+static float *dtr__dp_grads(const dtr_dp *dp) { return dp->stage ? dp->stage : dtr_model_grads(dp->m); }
+
+/* Device gradients [begin, end) to the staging buffer (to_host waits for the stream), or back. */
+static dtr_result dtr__dp_stage(dtr_dp *dp, int64_t begin, int64_t end, int back) {
+    dtr_context *ctx = dp->ctx;
+    float *dev = dtr_model_grads(dp->m) + begin, *host = dp->stage + begin;
+    size_t bytes = (size_t)(end - begin) * sizeof(float);
+    if (!dp->stage || end <= begin) return DTR_OK;
+    return back ? ctx->backend->from_host(ctx, dev, host, bytes) : ctx->backend->to_host(ctx, host, dev, bytes);
+}
 
 dtr_dp_config dtr_dp_config_init(void) {
     dtr_dp_config c;
@@ -59,10 +77,12 @@ dtr_dp_config dtr_dp_config_init(void) {
 
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
+    dtr_result r;
     b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
-    return dtr__dpc_start(dp->cz, i, dtr_model_grads(dp->m), b->begin, b->end, &b->req);
+    if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
+    return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
 }
 
 /* local SGD past its warm-up: gradients stay local */
@@ -140,9 +160,13 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
                                                "this version", cfg->zero);
-    if (!dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: gradients must be in host memory (backend %s)",
-                         ctx->backend->name);
+    if (!dtr__host_memory(ctx) && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: with gradients in %s memory this version does plain "
+                         "all-reduce only (no ZeRO, compression or local SGD)", ctx->backend->name);
+    if (c->mem_ctx && c->mem_ctx != ctx)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
+    if (c->mem_ctx && dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: a device-memory group needs a device backend");
     return DTR_OK;
 }
 
@@ -167,6 +191,10 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
+    if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && !c->mem_ctx) {
+        dp->stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(dtr_model_numel(m) ? dtr_model_numel(m) : 1) * sizeof(float));
+        if (!dp->stage) { dtr_dp_destroy(dp); return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory"); }
+    }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
@@ -214,6 +242,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
     dtr__zero_destroy(dp->z);
+    dtr__free(&a, dp->stage);
     dtr__free(&a, dp);
 }
 
@@ -245,7 +274,8 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
         if (w == DTR_OK) w = zr;
     }
     for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && dp->cfg.zero != 2; i++)
-        w = dtr__dpc_finish(dp->cz, i, dtr_model_grads(dp->m), dp->b[i].begin);
+        w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
+    if (r == DTR_OK && w == DTR_OK) w = dtr__dp_stage(dp, 0, dtr_model_numel(dp->m), 1);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
@@ -309,9 +339,20 @@ dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
 
 dtr_result dtr_dp_broadcast_params(dtr_dp *dp) {
     dtr_result r;
+    size_t n, bytes;
+    float *params;
     if (!dp) return DTR_NULL_HANDLE;
     if (dtr_comm_size(dp->c) == 1) return DTR_OK;
-    r = dtr_comm_broadcast(dp->c, dtr_model_params(dp->m), (size_t)dtr_model_numel(dp->m), DTR_F32, dp->cfg.root);
+    n = (size_t)dtr_model_numel(dp->m);
+    bytes = n * sizeof(float);
+    params = dtr_model_params(dp->m);
+    if (dp->stage) {   /* device parameters through the staging buffer */
+        if ((r = dp->ctx->backend->to_host(dp->ctx, dp->stage, params, bytes)) != DTR_OK) return r;
+        r = dtr_comm_broadcast(dp->c, dp->stage, n, DTR_F32, dp->cfg.root);
+        if (r == DTR_OK) r = dp->ctx->backend->from_host(dp->ctx, params, dp->stage, bytes);
+    } else {
+        r = dtr_comm_broadcast(dp->c, params, n, DTR_F32, dp->cfg.root);
+    }
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: parameter broadcast: %s", dtr_comm_last_error(dp->c));
     return DTR_OK;
 }

@@ -953,12 +953,19 @@ DTR_API size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info 
 
 /* ---- optional units: dtrain_cuda.cu and dtrain_comm.c ---- */
 
-/** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu).
- *  In this version it manages devices and memory; its op kernels report DTR_UNSUPPORTED.
+/** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu): every
+ *  op of the core forward and backward (docs/gpu.md lists them; the tensor-parallel
+ *  communication ops report DTR_UNSUPPORTED), optimizers, a caching device allocator.
  *  Thread safety: thread safe. */
 DTR_API const dtr_backend *dtr_cuda_backend(void);
 /** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
 DTR_API int dtr_cuda_device_count(void);
+/** Device memory of a CUDA context: bytes handed out now (model buffers, optimizer state,
+ *  step arena), the most handed out at once since the context began (or since the last
+ *  reset_peak), and freed bytes the allocator keeps for reuse. Any pointer may be NULL.
+ *  @return DTR_OK; DTR_NULL_HANDLE; DTR_INVALID_ARGUMENT when ctx is not a CUDA context.
+ *  Thread safety: the context's thread. Defined in dtrain_cuda.cu. */
+DTR_API dtr_result dtr_cuda_memory(dtr_context *ctx, size_t *in_use, size_t *peak, size_t *cached, int reset_peak);
 /** Newline-separated names of the libfabric providers that offer reliable-datagram tagged
  *  endpoints here (defined in dtrain_comm.c). DTR_UNSUPPORTED when built without
  *  DTR_USE_LIBFABRIC, DTR_NOT_FOUND when no provider qualifies. */

@@ -1,0 +1,259 @@
+/* tests/gpu/test_train_gpu.c: training on the GPU against the CPU (make test-gpu). Every
+ * optimizer (SGD with momentum, Adam, AdamW, LAMB; with gradient clipping) takes the same
+ * steps on a small MLP on both backends and must leave the same parameters; the loss scaler
+ * must skip, and report, a step whose gradients overflowed on the GPU, leaving the weights
+ * alone; weights saved from the GPU must load into a CPU model unchanged; two ranks sharing
+ * the GPU, training data-parallel over the local transport (host memory: the gradients go
+ * through the engine's host staging buffer), must end where one rank with the whole batch
+ * does. Without a GPU it says loudly that it skipped. */
+#define _POSIX_C_SOURCE 200809L
+#include <pthread.h>
+#include <unistd.h>
+#include "../test.h"
+
+#define IN 12
+#define HID 16
+#define OUT 4
+#define ROWS 32
+#define STEPS 4
+
+typedef struct tnet { dtr_model *m; dtr_linear_layer l1, l2; } tnet;
+
+static dtr_context *make_ctx(int gpu) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cc.backend = gpu ? dtr_cuda_backend() : NULL;
+    cc.threads = 1;
+    cc.seed = 5;
+    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
+}
+
+static int net_make(dtr_context *ctx, tnet *n) {
+    return dtr_model_create(ctx, 3, &n->m) == DTR_OK &&
+           dtr_linear_layer_init(&n->l1, n->m, "l1", IN, HID, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+           dtr_linear_layer_init(&n->l2, n->m, "l2", HID, OUT, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK && dtr_model_build(n->m) == DTR_OK;
+}
+
+/* the mean cross-entropy of rows [r0, r0 + rows) of the batch, scaled by `scale` */
+static dtr_tensor *net_loss_rows(dtr_context *ctx, tnet *n, float scale, int64_t r0, int64_t rows) {
+    float x[ROWS * IN];
+    int32_t y[ROWS];
+    int64_t xs[2] = {rows, IN}, i;
+    dtr_rng rng;
+    dtr_tensor *h, *loss;
+    dtr_rng_seed(&rng, 17, 2);
+    for (i = 0; i < ROWS * IN; i++) x[i] = 2.0f * dtr_rng_uniform(&rng) - 1.0f;
+    for (i = 0; i < ROWS; i++) y[i] = (int32_t)(dtr_rng_u32(&rng) % OUT);
+    h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->l1, dtr_tensor_from(ctx, DTR_F32, 2, xs, x + r0 * IN)));
+    loss = dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l2, h), dtr_tensor_from(ctx, DTR_I32, 1, &rows, y + r0));
+    return scale == 1.0f ? loss : dtr_scale(ctx, loss, scale);
+}
+
+static dtr_tensor *net_loss(dtr_context *ctx, tnet *n, float scale) { return net_loss_rows(ctx, n, scale, 0, ROWS); }
+
+/* every parameter of the model, concatenated, into out (dtr_model_numel floats) */
+static int net_read(tnet *n, float *out) {
+    int i;
+    int64_t at = 0;
+    for (i = 0; i < dtr_model_param_count(n->m); i++) {
+        dtr_tensor *p = dtr_model_param_at(n->m, i);
+        int64_t k = dtr_tensor_numel(p);
+        if (dtr_tensor_read(p, DTR_F32, out + at, (size_t)k) != DTR_OK) return 0;
+        at += k;
+    }
+    return 1;
+}
+
+/* STEPS steps of cfg on a fresh model; the parameters after them into out */
+static int train(int gpu, const dtr_optimizer_config *oc, float *out, float *last_loss) {
+    dtr_context *ctx = make_ctx(gpu);
+    dtr_optimizer *opt = NULL;
+    tnet n;
+    int s, ok;
+    memset(&n, 0, sizeof n);
+    ok = ctx && net_make(ctx, &n) && dtr_optimizer_create(n.m, oc, &opt) == DTR_OK;
+    for (s = 0; ok && s < STEPS; s++) {
+        dtr_tensor *loss = net_loss(ctx, &n, 1.0f);
+        ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK;
+        if (ok) *last_loss = dtr_tensor_get(loss, 0);
+        dtr_context_reset(ctx);
+    }
+    ok = ok && net_read(&n, out);
+    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", gpu ? "cuda" : "cpu", dtr_context_last_error(ctx));
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(n.m);
+    dtr_context_destroy(ctx);
+    return ok;
+}
+
+static double max_rel(const float *a, const float *b, int64_t n) {
+    double worst = 0.0;
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (1.0 + fabs((double)a[i]));
+        if (d > worst || d != d) worst = d != d ? 1e30 : d;
+    }
+    return worst;
+}
+
+static void test_optimizers(void) {
+    static const dtr_optimizer_kind kinds[4] = {DTR_OPT_SGD, DTR_OPT_ADAM, DTR_OPT_ADAMW, DTR_OPT_LAMB};
+    static const char *names[4] = {"sgd", "adam", "adamw", "lamb"};
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
+    float *a = (float *)malloc((size_t)n * sizeof(float)), *b = (float *)malloc((size_t)n * sizeof(float)), la = 0, lb = 0;
+    int k, clip;
+    for (k = 0; k < 4; k++)
+        for (clip = 0; clip < 2; clip++) {
+            dtr_optimizer_config oc = dtr_optimizer_config_init(kinds[k], kinds[k] == DTR_OPT_SGD ? 0.1f : 0.01f);
+            oc.momentum = kinds[k] == DTR_OPT_SGD ? 0.9f : 0.0f;
+            oc.weight_decay = 0.01f;
+            oc.clip_norm = clip ? 0.05f : 0.0f;   /* small: the clip acts */
+            CHECK_MSG(train(0, &oc, a, &la) && train(1, &oc, b, &lb), "%s clip %d did not run", names[k], clip);
+            CHECK_MSG(max_rel(a, b, n) < 1e-5, "%s clip %d: GPU parameters differ from the CPU's by %.3g", names[k], clip,
+                      max_rel(a, b, n));
+            CHECK_MSG(fabsf(la - lb) < 1e-5f, "%s: last loss %g on the CPU, %g on the GPU", names[k], la, lb);
+        }
+    free(a);
+    free(b);
+}
+
+/* A loss scaled past f32's range: inf gradients on the GPU; the step is skipped, reported,
+   the weights untouched and the scale backed off; then a finite step goes through. */
+static void test_loss_scaler_overflow(void) {
+    dtr_context *ctx = make_ctx(1);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_loss_scaler_config lc = dtr_loss_scaler_config_init();
+    dtr_loss_scaler *ls = NULL;
+    dtr_optimizer *opt = NULL;
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
+    float *before = (float *)malloc((size_t)n * sizeof(float)), *after = (float *)malloc((size_t)n * sizeof(float));
+    tnet net;
+    int stepped = -1;
+    memset(&net, 0, sizeof net);
+    lc.init_scale = 1024.0f;
+    CHECK(ctx && net_make(ctx, &net) && dtr_optimizer_create(net.m, &oc, &opt) == DTR_OK);
+    CHECK(dtr_loss_scaler_create(&lc, &ls) == DTR_OK);
+    if (ctx && opt && ls && net_read(&net, before)) {
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_loss_scaler_scale(ls, ctx, net_loss(ctx, &net, 1e37f))));
+        CHECK_OK(ctx, dtr_loss_scaler_step(ls, net.m, opt, &stepped));
+        CHECK_EQ_INT(stepped, 0);
+        CHECK_EQ_INT((int)dtr_loss_scaler_skipped(ls), 1);
+        CHECK(dtr_loss_scaler_value(ls) == 512.0f);
+        CHECK(net_read(&net, after) && memcmp(before, after, (size_t)n * sizeof(float)) == 0);
+        dtr_context_reset(ctx);
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_loss_scaler_scale(ls, ctx, net_loss(ctx, &net, 1.0f))));
+        CHECK_OK(ctx, dtr_loss_scaler_step(ls, net.m, opt, &stepped));
+        CHECK_EQ_INT(stepped, 1);
+        CHECK(net_read(&net, after) && memcmp(before, after, (size_t)n * sizeof(float)) != 0);
+    }
+    dtr_loss_scaler_destroy(ls);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(net.m);
+    dtr_context_destroy(ctx);
+    free(before);
+    free(after);
+}
+
+/* weights saved from a GPU model load into a CPU model bit for bit */
+static void test_save_load(void) {
+    dtr_context *g = make_ctx(1), *c = make_ctx(0);
+    tnet a, b;
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
+    float *pa = (float *)malloc((size_t)n * sizeof(float)), *pb = (float *)malloc((size_t)n * sizeof(float));
+    char path[] = "/tmp/dtr_gpu_saveXXXXXX";
+    int fd = mkstemp(path);
+    memset(&a, 0, sizeof a);
+    memset(&b, 0, sizeof b);
+    CHECK(fd >= 0 && g && c && net_make(g, &a));
+    if (fd >= 0) close(fd);
+    CHECK(c && dtr_model_create(c, 99, &b.m) == DTR_OK);   /* another seed: other weights until loaded */
+    CHECK(dtr_linear_layer_init(&b.l1, b.m, "l1", IN, HID, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+          dtr_linear_layer_init(&b.l2, b.m, "l2", HID, OUT, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK && dtr_model_build(b.m) == DTR_OK);
+    CHECK_OK(g, dtr_model_save(a.m, path, DTR_F32));
+    CHECK_OK(c, dtr_model_load(b.m, path));
+    CHECK(net_read(&a, pa) && net_read(&b, pb) && memcmp(pa, pb, (size_t)n * sizeof(float)) == 0);
+    unlink(path);
+    dtr_model_destroy(a.m);
+    dtr_model_destroy(b.m);
+    dtr_context_destroy(g);
+    dtr_context_destroy(c);
+    free(pa);
+    free(pb);
+}
+
+/* ---- data parallel: two ranks on one GPU over the local transport ---- */
+
+typedef struct dp_rank { dtr_local_world *w; int rank, world, ok; float params[IN * HID + HID + HID * OUT + OUT]; char err[256]; } dp_rank;
+
+/* STEPS SGD steps on this rank's rows of the batch (all of them in a world of one) */
+static void *dp_main(void *arg) {
+    dp_rank *d = (dp_rank *)arg;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_context *ctx = make_ctx(1);
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    dtr_optimizer *opt = NULL;
+    tnet n;
+    int64_t rows = ROWS / d->world;
+    int s;
+    memset(&n, 0, sizeof n);
+    cc.local.world = d->w;
+    cc.local.rank = d->rank;
+    cc.timeout_ms = 20000;
+    oc.momentum = 0.9f;
+    d->ok = ctx && net_make(ctx, &n) && dtr_optimizer_create(n.m, &oc, &opt) == DTR_OK &&
+            dtr_comm_create(&cc, &c, d->err, sizeof d->err) == DTR_OK && dtr_dp_create(n.m, c, NULL, &dp) == DTR_OK;
+    for (s = 0; d->ok && s < STEPS; s++) {
+        dtr_tensor *loss = net_loss_rows(ctx, &n, 1.0f, d->rank * rows, rows);
+        d->ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_dp_finish(dp) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK;
+        dtr_context_reset(ctx);
+    }
+    d->ok = d->ok && net_read(&n, d->params);
+    if (!d->ok && ctx) snprintf(d->err, sizeof d->err, "%s | %s", dtr_context_last_error(ctx), c ? dtr_comm_last_error(c) : "");
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(c);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(n.m);
+    dtr_context_destroy(ctx);
+    return NULL;
+}
+
+static void dp_world(int world, dp_rank *d) {
+    dtr_local_world *w = NULL;
+    pthread_t tid[2];
+    int i;
+    CHECK(dtr_local_world_create(world, NULL, &w) == DTR_OK);
+    for (i = 0; i < world; i++) {
+        d[i].w = w;
+        d[i].rank = i;
+        d[i].world = world;
+        pthread_create(&tid[i], NULL, dp_main, &d[i]);
+    }
+    for (i = 0; i < world; i++) pthread_join(tid[i], NULL);
+    for (i = 0; i < world; i++) CHECK_MSG(d[i].ok, "rank %d of %d: %s", i, world, d[i].err);
+    dtr_local_world_destroy(w);
+}
+
+static void test_data_parallel(void) {
+    static dp_rank one[1], two[2];
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
+    dp_world(1, one);
+    dp_world(2, two);
+    CHECK_MSG(memcmp(two[0].params, two[1].params, (size_t)n * sizeof(float)) == 0, "the two ranks' weights differ");
+    CHECK_MSG(max_rel(one[0].params, two[0].params, n) < 1e-5, "2 ranks end %.3g away from 1 rank",
+              max_rel(one[0].params, two[0].params, n));
+}
+
+int main(void) {
+    (void)test_ctx;
+    if (dtr_cuda_device_count() <= 0) {
+        printf("*** test_train_gpu: no GPU visible: GPU training checks SKIPPED ***\n");
+        return test_summary();
+    }
+    RUN(test_optimizers);
+    RUN(test_loss_scaler_overflow);
+    RUN(test_save_load);
+    RUN(test_data_parallel);
+    return test_summary();
+}
