@@ -40,6 +40,8 @@ typedef struct dtr__cuda_state {
     dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
     int n_live, cap_live;
     size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
+    void *scratch;                            /* kernels' temporaries (dtr__cuda_scratch) */
+    size_t scratch_bytes;
     cudaEvent_t events[DTR__CUDA_EVENTS];
     int n_events, next_event;
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
@@ -51,6 +53,12 @@ typedef struct dtr__cuda_state {
 #define DTR__CUDA_MAX_PARTIALS 1024
 
 static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)ctx->backend_state; }
+
+/** A device buffer of at least `bytes` for an op's temporaries (attention's score tiles, a
+ *  convolution's column gradients), kept by the context and grown when asked for more. It
+ *  stays valid until the next call: work queued before that call has used it when work
+ *  queued after runs (stream order). NULL with the error recorded. (cuda_backend.cu) */
+static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes);
 static cudaStream_t dtr__cuda_stream(dtr_context *ctx) { return dtr__cuda(ctx)->stream; }
 
 /** DTR_OK, or the CUDA error recorded on the context (DTR_DEVICE_OUT_OF_MEMORY for an
@@ -92,6 +100,7 @@ __device__ static void dtr__cuda_flag(int *err, int op, int64_t at) {
 /** A tensor walk: shape and strides (in elements) over up to DTR_MAX_DIMS axes. */
 typedef struct dtr__cuda_walk {
     int nd;
+    int small;        /* every index fits 32 bits: 32-bit divisions (64-bit ones cost ~5x more) */
     int64_t shape[DTR_MAX_DIMS], stride[DTR_MAX_DIMS];
     int64_t base;
 } dtr__cuda_walk;
@@ -115,12 +124,22 @@ static dtr__cuda_walk dtr__cuda_walk_make(int nd, const int64_t *shape, const in
         }
     }
     w.base = base;
+    w.small = dtr__numel(w.nd, w.shape) <= INT32_MAX;
     return w;
 }
 
 /** The offset of row-major element i of the walk's shape. */
 __device__ static int64_t dtr__cuda_walk_off(const dtr__cuda_walk *w, int64_t i) {
     int64_t off = w->base;
+    if (w->small) {
+        uint32_t r = (uint32_t)i;
+        for (int d = w->nd - 1; d >= 0; d--) {
+            uint32_t n = (uint32_t)w->shape[d], k = r % n;
+            r /= n;
+            off += (int64_t)k * w->stride[d];
+        }
+        return off;
+    }
     for (int d = w->nd - 1; d >= 0; d--) {
         int64_t k = i % w->shape[d];
         i /= w->shape[d];
@@ -171,7 +190,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 175 "dtrain_cuda.cu"
+#line 194 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -641,13 +660,17 @@ __global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, fl
     if (threadIdx.x == 0) loss[r] = (double)mx + log(s) - xr[tr];
 }
 
+/* block (column chunk, row r): no division per element */
 __global__ static void dtr__cuda_xent_bwd_k(const float *P, const int32_t *t, const float *g, float *gx, int64_t R, int64_t K) {
     float c = g[0] / (float)R;
-    DTR__CUDA_FOR(i, R * K) {
-        int64_t r = i / K, k = i % K;
-        float v = gx[i] + c * P[i];
-        if (k == t[r]) v -= c;
-        gx[i] = v;
+    for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
+        int64_t tr = t[r];
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
+            int64_t i = r * K + k;
+            float v = gx[i] + c * P[i];
+            if (k == tr) v -= c;
+            gx[i] = v;
+        }
     }
 }
 
@@ -679,7 +702,7 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
     float *gx = dtr__gradof(x);
     if (!gx || R == 0) return DTR_OK;
-    dtr__cuda_xent_bwd_k<<<dtr__cuda_grid(R * K), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+    dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         (const float *)nd->saved, (const int32_t *)dtr__cuda_data(nd->in[1]), nd->out->grad, gx, R, K);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -893,14 +916,37 @@ __global__ static void dtr__cuda_gather_add_k(float *dst, const float *src, dtr_
     DTR__CUDA_FOR(i, n) dst[i] += src[dtr__cuda_walk_off(&w, i)];
 }
 
+/* Walks that are rows of unit-stride columns (slices along the last axis, dense blocks) take
+ * a 2-D grid with no division per element. mode 0: dense = view; 1: view += dense;
+ * 2: dense += view (f32). */
+__global__ static void dtr__cuda_rows_k(int mode, float *dense, float *view, int64_t rows, int64_t cols, int64_t rs) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
+            float *v = view + r * rs + c, *d = dense + r * cols + c;
+            if (mode == 0) *d = *v;
+            else if (mode == 1) *v += *d;
+            else *d += *v;
+        }
+}
+
+/* 1 after launching the rows kernel for walk w over `view` (0: w is not rows of unit stride) */
+static int dtr__cuda_rows(dtr_context *ctx, int mode, float *dense, float *view, const dtr__cuda_walk *w) {
+    int64_t rows = w->nd == 2 ? w->shape[0] : 1, cols = w->nd ? w->shape[w->nd - 1] : 1, rs = w->nd == 2 ? w->stride[0] : 0;
+    if (w->nd > 2 || (w->nd >= 1 && w->stride[w->nd - 1] != 1)) return 0;
+    dtr__cuda_rows_k<<<dim3(dtr__launch_blocks(cols, DTR__CUDA_THREADS, 64), (unsigned)(rows < 65535 ? rows : 65535)),
+                       DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(mode, dense, view + w->base, rows, cols, rs);
+    return 1;
+}
+
 static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     if (nd->op == DTR_OP_CONTIGUOUS) {
         int64_t n = dtr_tensor_numel(x);
         if (n == 0) return DTR_OK;
-        dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            (char *)dtr__cuda_data(nd->out), (const char *)x->storage, dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset),
-            n, (int)dtr_dtype_size(x->dtype));
+        dtr__cuda_walk w = dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset);
+        if (dtr_dtype_size(x->dtype) != 4 || !dtr__cuda_rows(ctx, 0, dtr__f32(nd->out), (float *)x->storage, &w))
+            dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                (char *)dtr__cuda_data(nd->out), (const char *)x->storage, w, n, (int)dtr_dtype_size(x->dtype));
         return dtr__cuda_launched(ctx, nd);
     }
     if (nd->op == DTR_OP_CONCAT) {   /* each input into its block of the output */
@@ -924,6 +970,7 @@ static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t cs[DTR_MAX_DIMS], gs[DTR_MAX_DIMS], n = dtr_tensor_numel(nd->out);
+    dtr__cuda_walk w;
     float *gx;
     int d;
     if (nd->op == DTR_OP_CONCAT) {
@@ -934,8 +981,9 @@ static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
             float *gp = dtr__gradof(p);
             int64_t np = dtr_tensor_numel(p);
             if (gp && np > 0) {   /* gp (dense) += the block of g at `base` along axis */
-                dtr__cuda_gather_add_k<<<dtr__cuda_grid(np), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                    gp, nd->out->grad, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base), np);
+                dtr__cuda_walk w = dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base);
+                if (!dtr__cuda_rows(ctx, 2, gp, nd->out->grad, &w))
+                    dtr__cuda_gather_add_k<<<dtr__cuda_grid(np), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gp, nd->out->grad, w, np);
                 if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
             }
             base += p->shape[axis] * nd->out->stride[axis];
@@ -948,12 +996,12 @@ static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__contig_strides(x->ndim, x->shape, cs);
     if (nd->op == DTR_OP_PERMUTE) {
         for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
-        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, gs, 0), n);
+        w = dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, gs, 0);
     } else {   /* SLICE */
-        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis]), n);
+        w = dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis]);
     }
+    if (!dtr__cuda_rows(ctx, 1, nd->out->grad, gx, &w))
+        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gx, nd->out->grad, w, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -969,7 +1017,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 973 "dtrain_cuda.cu"
+#line 1021 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -994,6 +1042,18 @@ static int dtr__cuda_blas_view(int64_t R, int64_t C, int64_t rs, int64_t cs, cub
     return 0;
 }
 
+/* cuBLAS's operations and leading dimensions for row-major A (M, K), B (K, N), Y (ldy). */
+static dtr_result dtr__cuda_gemm_ops(dtr_context *ctx, int64_t M, int64_t N, int64_t K, int64_t rsa, int64_t csa, int64_t rsb,
+                                     int64_t csb, int64_t ldy, cublasOperation_t *opa, int64_t *lda, cublasOperation_t *opb,
+                                     int64_t *ldb) {
+    if (!dtr__cuda_blas_view(M, K, rsa, csa, opa, lda) || !dtr__cuda_blas_view(K, N, rsb, csb, opb, ldb))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: gemm operand with neither unit row nor unit column stride (make it contiguous)");
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || *lda > INT32_MAX || *ldb > INT32_MAX || ldy > INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: gemm of %lld x %lld x %lld is beyond cuBLAS's 32-bit sizes",
+                         (long long)M, (long long)N, (long long)K);
+    return DTR_OK;
+}
+
 /* Y (M, N; row stride ldy) = alpha A (M, K) B (K, N) + beta Y, row-major views given by their
  * strides, `count` times with batch strides sa, sb, sy (elements). */
 static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
@@ -1003,17 +1063,49 @@ static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t
     int64_t lda, ldb;
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
-    if (!dtr__cuda_blas_view(M, K, rsa, csa, &opa, &lda) || !dtr__cuda_blas_view(K, N, rsb, csb, &opb, &ldb))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: gemm operand with neither unit row nor unit column stride (make it contiguous)");
-    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldy > INT32_MAX)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: gemm of %lld x %lld x %lld is beyond cuBLAS's 32-bit sizes",
-                         (long long)M, (long long)N, (long long)K);
+    if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     if (count == 1)
         return dtr__cuda_blas(ctx, cublasSgemm(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
                                                (int)lda, &beta, Y, (int)ldy), "sgemm");
     return dtr__cuda_blas(ctx, cublasSgemmStridedBatched(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
                                                          sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
                           "sgemm (batched)");
+}
+
+/* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride. */
+typedef struct dtr__cuda_bstride { int64_t outer, inner; } dtr__cuda_bstride;
+
+__global__ static void dtr__cuda_gemm_ptrs_k(const float **pa, const float *A, dtr__cuda_bstride sa, const float **pb, const float *B,
+                                             dtr__cuda_bstride sb, float **py, float *Y, dtr__cuda_bstride sy, int64_t inner,
+                                             int64_t count) {
+    DTR__CUDA_FOR(z, count) {
+        int64_t o = z / inner, i = z % inner;
+        pa[z] = A + o * sa.outer + i * sa.inner;
+        pb[z] = B + o * sb.outer + i * sb.inner;
+        py[z] = Y + o * sy.outer + i * sy.inner;
+    }
+}
+
+/* dtr__cuda_gemm over outer x inner items whose strides do not collapse to one (batch items
+ * times heads): strided-batched when outer is 1, else one pointer-array batch. Its arrays go
+ * to `ptrs` (3 * outer * inner device pointers), which the next call may reuse: the stream
+ * runs this product before the next call's arrays are written. */
+static dtr_result dtr__cuda_gemm2(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                                  int64_t csa, dtr__cuda_bstride sa, const float *B, int64_t rsb, int64_t csb, dtr__cuda_bstride sb,
+                                  float beta, float *Y, int64_t ldy, dtr__cuda_bstride sy, int64_t outer, int64_t inner, void **ptrs) {
+    cublasOperation_t opa, opb;
+    int64_t lda, ldb, count = outer * inner;
+    const float **pa = (const float **)ptrs, **pb = pa + count;
+    float **py = (float **)(pb + count);
+    if (outer == 1) return dtr__cuda_gemm(ctx, M, N, K, alpha, A, rsa, csa, sa.inner, B, rsb, csb, sb.inner, beta, Y, ldy, sy.inner, inner);
+    if (M == 0 || N == 0 || count == 0) return DTR_OK;
+    if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
+    dtr__cuda_gemm_ptrs_k<<<dtr__cuda_grid(count), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(pa, A, sa, pb, B, sb, py, Y, sy, inner,
+                                                                                              count);
+    if (dtr__cuda_check(ctx, cudaGetLastError(), "gemm pointers") != DTR_OK) return ctx->status;
+    return dtr__cuda_blas(ctx, cublasSgemmBatched(dtr__cuda(ctx)->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
+                                                  (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
+                          "sgemm (pointer batch)");
 }
 
 /* ---- matmul ---- */
@@ -1138,8 +1230,11 @@ static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
 
+/* Y (R, out) = bias in every row; block (column chunk, row): no division per element */
 __global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_t R, int64_t out) {
-    DTR__CUDA_FOR(i, R * out) Y[i] = bias[i % out];
+    for (int64_t r = blockIdx.y; r < R; r += gridDim.y)
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < out; k += (int64_t)gridDim.x * blockDim.x)
+            Y[r * out + k] = bias[k];
 }
 
 static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -1148,7 +1243,8 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
     float *Y = dtr__f32(nd->out), beta = 0.0f;
     if (R * out == 0) return DTR_OK;
     if (bias) {
-        dtr__cuda_rows_fill_k<<<dtr__cuda_grid(R * out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
+        dtr__cuda_rows_fill_k<<<dim3(dtr__launch_blocks(out, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)),
+                                DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
         beta = 1.0f;
     } else if (in == 0) {
@@ -1171,7 +1267,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1175 "dtrain_cuda.cu"
+#line 1271 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1350,7 +1446,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1354 "dtrain_cuda.cu"
+#line 1450 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1466,15 +1562,15 @@ static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gyt;
     cudaStream_t st = dtr__cuda_stream(ctx);
     if (g.O * NP == 0) return DTR_OK;
-    if (!(gyt = (float *)dtr__node_save(ctx, nd, (size_t)(g.O * NP) * sizeof(float)))) return ctx->status;
+    /* temporaries in the context's scratch: gy transposed, then the column gradients */
+    if (!(gyt = (float *)dtr__cuda_scratch(ctx, (size_t)((g.O + (gx ? ckk : 0)) * NP) * sizeof(float)))) return ctx->status;
     dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gyt, g.N, g.O, g.Ho * g.Wo);
     if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(gyt, gb, NP);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
     if (gw && dtr__cuda_gemm(ctx, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, col, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK) return ctx->status;
     if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
-        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(ckk * NP + 1) * sizeof(float));
-        if (!gcol) return ctx->status;
+        float *gcol = gyt + g.O * NP;
         if (dtr__cuda_gemm(ctx, ckk, NP, g.O, 1.0f, Wt, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK) return ctx->status;
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
     }
@@ -1549,58 +1645,65 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1553 "dtrain_cuda.cu"
+#line 1649 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
 /* ============================================================================
  * Fused causal attention on the GPU, the CPU op's shapes and math (src/ops/ops_nn.c):
  * q, k, v, y (B, T, C), C = H * D, head h in columns h*D.., lse (B, H, T) kept for backward.
- * As the CPU does it: per batch item, query rows go in tiles; a tile's scores against the
- * keys it may see, S = q k^T / sqrt(D) (n x L for every head at once), come from one
- * strided-batched cuBLAS GEMM, a row kernel turns them into probabilities P (causal, with
- * the row's log-sum-exp), and y = P v is a second GEMM. Backward recomputes P from lse:
- * dP = dy v^T, dS = P (dP - rowsum(dy y)) / sqrt(D), dq += dS k, dk += dS^T q, dv += P^T dy,
- * all GEMMs. Memory: two H x n x L tiles (n <= DTR__ATT_TILE rows), never T x T per head.
- * Sums are cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
+ * As the CPU does it, query rows go in tiles; a tile's scores against the keys it may see,
+ * S = q k^T / sqrt(D) (n x L for every batch item and head at once: one batched cuBLAS GEMM),
+ * a row kernel turns them into probabilities P (causal, with each row's log-sum-exp), and
+ * y = P v is a second GEMM. Backward recomputes P from lse: dP = dy v^T,
+ * dS = P (dP - rowsum(dy y)) / sqrt(D), dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs.
+ * Memory: two B x H x n x L tiles in the context's scratch, n <= DTR__ATT_TILE rows and at
+ * most DTR__ATT_SCRATCH floats each, never T x T per head; the step keeps only lse. Sums are cuBLAS's and fixed trees: runs repeat bit for
+ * bit; no atomics.
  * ==========================================================================*/
 
-#define DTR__ATT_TILE 256      /* query rows per tile */
-#define DTR__ATT_THREADS 128   /* threads of a row kernel */
+#define DTR__ATT_TILE 256              /* query rows per tile, at most */
+#define DTR__ATT_SCRATCH (1 << 24)     /* floats of one score tile, at most (64 MiB); 16 rows at least */
+#define DTR__ATT_THREADS 128           /* threads of a row kernel */
 
 typedef struct dtr__cuda_att {
-    int64_t B, T, C, H, D;
+    int64_t B, T, C, H, D, n;          /* n: rows per tile */
     float scale;
 } dtr__cuda_att;
 
-/* One tile's row: query t0 + i of head h (block (i, h)) sees keys j <= t0 + i of the L in S. */
+/* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n. Row i of item z = (b, h)
+   (block (i, z)) sees keys j <= t0 + i; its scores are S[(z n + i) L ..]. */
 typedef struct dtr__cuda_att_tile {
-    int64_t t0, n, L, b;
+    int64_t t0, n, L;
 } dtr__cuda_att_tile;
 
-/* S (H, n, L) scores -> P in place (0 past the causal edge); lse (B, H, T) of each row */
+/* S (B H, n, L) scores -> P in place (0 past the causal edge); lse (B, H, T) of each row */
 __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
-    int64_t i = blockIdx.x, h = blockIdx.y, t = w.t0 + i;
-    float *s = S + (h * w.n + i) * w.L;
-    float mx = -INFINITY;
-    double sum = 0.0;
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, s[j]);
-    mx = dtr__cuda_block_max(mx);
-    for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(s[j] - mx));
-    sum = dtr__cuda_block_sum(sum);
-    for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) s[j] = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
-    if (threadIdx.x == 0) lse[(w.b * a.H + h) * a.T + t] = mx + (float)log(sum);
+    int64_t i = blockIdx.x, t = w.t0 + i;
+    for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        float *s = S + (z * w.n + i) * w.L;
+        float mx = -INFINITY;
+        double sum = 0.0;
+        for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, s[j]);
+        mx = dtr__cuda_block_max(mx);
+        for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(s[j] - mx));
+        sum = dtr__cuda_block_sum(sum);
+        for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) s[j] = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+        if (threadIdx.x == 0) lse[z * a.T + t] = mx + (float)log(sum);
+    }
 }
 
 /* Backward: P = exp(S - lse) in S, then dS = P (dP - Drow) scale in dP (0 past the edge) */
 __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
                                              dtr__cuda_att_tile w) {
-    int64_t i = blockIdx.x, h = blockIdx.y, t = w.t0 + i, row = (w.b * a.H + h) * a.T + t;
-    float *s = S + (h * w.n + i) * w.L, *dp = dP + (h * w.n + i) * w.L, l = lse[row], dr = Drow[row];
-    for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) {
-        float p = j <= t ? expf(s[j] - l) : 0.0f;
-        s[j] = p;
-        dp[j] = p * (dp[j] - dr) * a.scale;
+    int64_t i = blockIdx.x, t = w.t0 + i;
+    for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        float *s = S + (z * w.n + i) * w.L, *dp = dP + (z * w.n + i) * w.L, l = lse[z * a.T + t], dr = Drow[z * a.T + t];
+        for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) {
+            float p = j <= t ? expf(s[j] - l) : 0.0f;
+            s[j] = p;
+            dp[j] = p * (dp[j] - dr) * a.scale;
+        }
     }
 }
 
@@ -1616,69 +1719,95 @@ __global__ static void dtr__cuda_att_drow_k(const float *Y, const float *G, floa
 }
 
 static void dtr__cuda_att_make(const dtr__node *nd, dtr__cuda_att *a) {
+    int64_t fit;
     a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
     a->H = nd->p.heads; a->D = a->C / a->H;
     a->scale = 1.0f / sqrtf((float)a->D);
+    fit = DTR__ATT_SCRATCH / (a->B * a->H * (a->T ? a->T : 1));
+    a->n = fit > DTR__ATT_TILE ? DTR__ATT_TILE : fit < 16 ? 16 : fit;
+    if (a->n > a->T) a->n = a->T;
 }
 
-/* Two tiles of scores (H x n x L floats each) for the step's longest tile. */
-static float *dtr__cuda_att_scratch(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, int two) {
-    int64_t n = a->T < DTR__ATT_TILE ? a->T : DTR__ATT_TILE;
-    return (float *)dtr__node_save(ctx, nd, (size_t)((two ? 2 : 1) * a->H * n * a->T + 1) * sizeof(float));
+/* the row kernels' grid height: one (b, h) item per block row, looping past 65535 */
+static unsigned dtr__cuda_att_ys(const dtr__cuda_att *a) { return (unsigned)(a->B * a->H < 65535 ? a->B * a->H : 65535); }
+
+static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t t0) {
+    dtr__cuda_att_tile w;
+    w.t0 = t0;
+    w.n = a->T - t0 < a->n ? a->T - t0 : a->n;
+    w.L = t0 + w.n;
+    return w;
 }
 
-/* S (H, n, L) = scale q[t0:t0+n] k[0:L]^T for batch item w.b, every head */
+/* `tiles` score tiles (B H n T floats each), then the GEMMs' pointer arrays: the context's
+   scratch, not the step arena (only the op's own launches use them) */
+static float *dtr__cuda_att_scratch(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, int tiles, void ***ptrs) {
+    size_t floats = (size_t)(tiles * a->B * a->H * a->n * a->T), np = (size_t)(3 * a->B * a->H);
+    char *p = (char *)dtr__cuda_scratch(ctx, (floats + 1) * sizeof(float) + np * sizeof(void *) + 16);
+    (void)nd;
+    if (!p) return NULL;
+    *ptrs = (void **)(p + (((floats + 1) * sizeof(float) + 15) & ~(size_t)15));
+    return (float *)p;
+}
+
+/* strides of (b, h) items: rows of x (B, T, C) head by head, and tiles of scores */
+static dtr__cuda_bstride dtr__cuda_att_x(const dtr__cuda_att *a) { dtr__cuda_bstride s = {a->T * a->C, a->D}; return s; }
+static dtr__cuda_bstride dtr__cuda_att_s(const dtr__cuda_att *a, dtr__cuda_att_tile w) {
+    dtr__cuda_bstride s = {a->H * w.n * w.L, w.n * w.L};
+    return s;
+}
+
+/* S (B H, n, L) = scale q[t0:t0+n] k[0:L]^T, every batch item and head */
 static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const float *Q, const float *K, float *S, const dtr__cuda_att *a,
-                                       dtr__cuda_att_tile w) {
-    int64_t base = w.b * a->T * a->C;
-    return dtr__cuda_gemm(ctx, w.n, w.L, a->D, a->scale, Q + base + w.t0 * a->C, a->C, 1, a->D, K + base, 1, a->C, a->D, 0.0f,
-                          S, w.L, w.n * w.L, a->H);
+                                       dtr__cuda_att_tile w, void **ptrs) {
+    return dtr__cuda_gemm2(ctx, w.n, w.L, a->D, a->scale, Q + w.t0 * a->C, a->C, 1, dtr__cuda_att_x(a), K, 1, a->C,
+                           dtr__cuda_att_x(a), 0.0f, S, w.L, dtr__cuda_att_s(a, w), a->B, a->H, ptrs);
 }
 
 static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
     const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]);
     float *Y = dtr__f32(nd->out), *lse, *S;
+    void **ptrs;
     dtr__cuda_att_make(nd, &a);
     lse = (float *)dtr__node_save(ctx, nd, (size_t)(a.B * a.H * a.T + 1) * sizeof(float)); /* row log-sum-exps */
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    if (!(S = dtr__cuda_att_scratch(ctx, nd, &a, 0))) return ctx->status;
-    for (int64_t b = 0; b < a.B; b++)
-        for (int64_t t0 = 0; t0 < a.T; t0 += DTR__ATT_TILE) {
-            dtr__cuda_att_tile w = {t0, a.T - t0 < DTR__ATT_TILE ? a.T - t0 : DTR__ATT_TILE, 0, b};
-            int64_t base = b * a.T * a.C;
-            w.L = t0 + w.n;
-            if (dtr__cuda_att_scores(ctx, Q, K, S, &a, w) != DTR_OK) return ctx->status;
-            dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, (unsigned)a.H), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(S, lse, a, w);
-            if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-            /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D), per head */
-            if (dtr__cuda_gemm(ctx, w.n, a.D, w.L, 1.0f, S, w.L, 1, w.n * w.L, V + base, a.C, 1, a.D, 0.0f, Y + base + t0 * a.C,
-                               a.C, a.D, a.H) != DTR_OK)
-                return ctx->status;
-        }
+    if (!(S = dtr__cuda_att_scratch(ctx, nd, &a, 1, &ptrs))) return ctx->status;
+    for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
+        dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
+        if (dtr__cuda_att_scores(ctx, Q, K, S, &a, w, ptrs) != DTR_OK) return ctx->status;
+        dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(&a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(S, lse, a, w);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+        /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D) */
+        if (dtr__cuda_gemm2(ctx, w.n, a.D, w.L, 1.0f, S, w.L, 1, dtr__cuda_att_s(&a, w), V, a.C, 1, dtr__cuda_att_x(&a), 0.0f,
+                            Y + t0 * a.C, a.C, dtr__cuda_att_x(&a), a.B, a.H, ptrs) != DTR_OK)
+            return ctx->status;
+    }
     return DTR_OK;
 }
 
 /* One tile's backward: P and dS from the recomputed scores, then dq, dk, dv (accumulated). */
 static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w, float *S,
-                                         float *dS, const float *Drow) {
+                                         float *dS, const float *Drow, void **ptrs) {
     const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]), *G = nd->out->grad;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
-    int64_t base = w.b * a->T * a->C, nL = w.n * w.L, D = a->D, C = a->C;
-    const float *Gt = G + base + w.t0 * C, *Qt = Q + base + w.t0 * C;
-    if (dtr__cuda_att_scores(ctx, Q, K, S, a, w) != DTR_OK) return ctx->status;
+    int64_t D = a->D, C = a->C;
+    const float *Gt = G + w.t0 * C, *Qt = Q + w.t0 * C;
+    dtr__cuda_bstride x = dtr__cuda_att_x(a), sc = dtr__cuda_att_s(a, w);
+    if (dtr__cuda_att_scores(ctx, Q, K, S, a, w, ptrs) != DTR_OK) return ctx->status;
     /* dP (n, L) = dy[t0:] (n, D) v[0:L]^T (D, L) */
-    if (dtr__cuda_gemm(ctx, w.n, w.L, D, 1.0f, Gt, C, 1, D, V + base, 1, C, D, 0.0f, dS, w.L, nL, a->H) != DTR_OK) return ctx->status;
-    dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, (unsigned)a->H), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+    if (dtr__cuda_gemm2(ctx, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, C, x, 0.0f, dS, w.L, sc, a->B, a->H, ptrs) != DTR_OK)
+        return ctx->status;
+    dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         S, dS, (const float *)nd->saved, Drow, *a, w);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (GQ && dtr__cuda_gemm(ctx, w.n, D, w.L, 1.0f, dS, w.L, 1, nL, K + base, C, 1, D, 1.0f, GQ + base + w.t0 * C, C, D, a->H) != DTR_OK)
+    if (GQ && dtr__cuda_gemm2(ctx, w.n, D, w.L, 1.0f, dS, w.L, 1, sc, K, C, 1, x, 1.0f, GQ + w.t0 * C, C, x, a->B, a->H, ptrs) != DTR_OK)
         return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
-    if (GK && dtr__cuda_gemm(ctx, w.L, D, w.n, 1.0f, dS, 1, w.L, nL, Qt, C, 1, D, 1.0f, GK + base, C, D, a->H) != DTR_OK)
+    if (GK && dtr__cuda_gemm2(ctx, w.L, D, w.n, 1.0f, dS, 1, w.L, sc, Qt, C, 1, x, 1.0f, GK, C, x, a->B, a->H, ptrs) != DTR_OK)
         return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
-    if (GV && dtr__cuda_gemm(ctx, w.L, D, w.n, 1.0f, S, 1, w.L, nL, Gt, C, 1, D, 1.0f, GV + base, C, D, a->H) != DTR_OK)
+    if (GV && dtr__cuda_gemm2(ctx, w.L, D, w.n, 1.0f, S, 1, w.L, sc, Gt, C, 1, x, 1.0f, GV, C, x, a->B, a->H, ptrs) != DTR_OK)
         return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */
     return DTR_OK;
 }
@@ -1686,27 +1815,24 @@ static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const 
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
     float *Drow, *S;
+    void **ptrs;
     int64_t rows;
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
     dtr__cuda_att_make(nd, &a);
     rows = a.B * a.H * a.T;
     if (rows == 0) return DTR_OK;
     Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float));
-    S = dtr__cuda_att_scratch(ctx, nd, &a, 1);
+    S = dtr__cuda_att_scratch(ctx, nd, &a, 2, &ptrs);
     if (!Drow || !S) return ctx->status;
     dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         dtr__f32(nd->out), nd->out->grad, Drow, a);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    for (int64_t b = 0; b < a.B; b++)
-        for (int64_t t0 = 0; t0 < a.T; t0 += DTR__ATT_TILE) {
-            dtr__cuda_att_tile w = {t0, a.T - t0 < DTR__ATT_TILE ? a.T - t0 : DTR__ATT_TILE, 0, b};
-            w.L = t0 + w.n;
-            if (dtr__cuda_att_bwd_tile(ctx, nd, &a, w, S, S + a.H * (a.T < DTR__ATT_TILE ? a.T : DTR__ATT_TILE) * a.T, Drow) != DTR_OK)
-                return ctx->status;
-        }
+    for (int64_t t0 = 0; t0 < a.T; t0 += a.n)
+        if (dtr__cuda_att_bwd_tile(ctx, nd, &a, dtr__cuda_att_tile_at(&a, t0), S, S + a.B * a.H * a.n * a.T, Drow, ptrs) != DTR_OK)
+            return ctx->status;
     return DTR_OK;
 }
-#line 1710 "dtrain_cuda.cu"
+#line 1836 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1765,6 +1891,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
     for (i = 0; i < s->n_events; i++) cudaEventDestroy(s->events[i]);
+    if (s->scratch) cudaFree(s->scratch);
     if (s->partial) cudaFree(s->partial);
     if (s->segs) cudaFree(s->segs);
     if (s->sum_host) cudaFreeHost(s->sum_host);
@@ -1884,6 +2011,15 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     }
     s->live_bytes -= s->live[i].bytes;
     s->live[i] = s->live[--s->n_live];
+}
+
+static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (bytes <= s->scratch_bytes) return s->scratch;
+    if (s->scratch) dtr__cuda_free(ctx, s->scratch);   /* work queued on it runs before the next owner's */
+    s->scratch = dtr__cuda_alloc(ctx, bytes);
+    s->scratch_bytes = s->scratch ? bytes : 0;
+    return s->scratch;
 }
 
 static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes) {
@@ -2006,5 +2142,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2010 "dtrain_cuda.cu"
+#line 2146 "dtrain_cuda.cu"
 

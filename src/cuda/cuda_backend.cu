@@ -53,6 +53,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     if (s->stream) cudaStreamSynchronize(s->stream);
     for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
     for (i = 0; i < s->n_events; i++) cudaEventDestroy(s->events[i]);
+    if (s->scratch) cudaFree(s->scratch);
     if (s->partial) cudaFree(s->partial);
     if (s->segs) cudaFree(s->segs);
     if (s->sum_host) cudaFreeHost(s->sum_host);
@@ -172,6 +173,15 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     }
     s->live_bytes -= s->live[i].bytes;
     s->live[i] = s->live[--s->n_live];
+}
+
+static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (bytes <= s->scratch_bytes) return s->scratch;
+    if (s->scratch) dtr__cuda_free(ctx, s->scratch);   /* work queued on it runs before the next owner's */
+    s->scratch = dtr__cuda_alloc(ctx, bytes);
+    s->scratch_bytes = s->scratch ? bytes : 0;
+    return s->scratch;
 }
 
 static dtr_result dtr__cuda_memset0(dtr_context *ctx, void *dst, size_t bytes) {

@@ -110,15 +110,15 @@ static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gyt;
     cudaStream_t st = dtr__cuda_stream(ctx);
     if (g.O * NP == 0) return DTR_OK;
-    if (!(gyt = (float *)dtr__node_save(ctx, nd, (size_t)(g.O * NP) * sizeof(float)))) return ctx->status;
+    /* temporaries in the context's scratch: gy transposed, then the column gradients */
+    if (!(gyt = (float *)dtr__cuda_scratch(ctx, (size_t)((g.O + (gx ? ckk : 0)) * NP) * sizeof(float)))) return ctx->status;
     dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gyt, g.N, g.O, g.Ho * g.Wo);
     if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(gyt, gb, NP);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
     if (gw && dtr__cuda_gemm(ctx, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, col, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK) return ctx->status;
     if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
-        float *gcol = (float *)dtr__node_save(ctx, nd, (size_t)(ckk * NP + 1) * sizeof(float));
-        if (!gcol) return ctx->status;
+        float *gcol = gyt + g.O * NP;
         if (dtr__cuda_gemm(ctx, ckk, NP, g.O, 1.0f, Wt, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK) return ctx->status;
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
     }

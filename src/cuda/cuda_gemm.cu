@@ -19,6 +19,18 @@ static int dtr__cuda_blas_view(int64_t R, int64_t C, int64_t rs, int64_t cs, cub
     return 0;
 }
 
+/* cuBLAS's operations and leading dimensions for row-major A (M, K), B (K, N), Y (ldy). */
+static dtr_result dtr__cuda_gemm_ops(dtr_context *ctx, int64_t M, int64_t N, int64_t K, int64_t rsa, int64_t csa, int64_t rsb,
+                                     int64_t csb, int64_t ldy, cublasOperation_t *opa, int64_t *lda, cublasOperation_t *opb,
+                                     int64_t *ldb) {
+    if (!dtr__cuda_blas_view(M, K, rsa, csa, opa, lda) || !dtr__cuda_blas_view(K, N, rsb, csb, opb, ldb))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: gemm operand with neither unit row nor unit column stride (make it contiguous)");
+    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || *lda > INT32_MAX || *ldb > INT32_MAX || ldy > INT32_MAX)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: gemm of %lld x %lld x %lld is beyond cuBLAS's 32-bit sizes",
+                         (long long)M, (long long)N, (long long)K);
+    return DTR_OK;
+}
+
 /* Y (M, N; row stride ldy) = alpha A (M, K) B (K, N) + beta Y, row-major views given by their
  * strides, `count` times with batch strides sa, sb, sy (elements). */
 static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
@@ -28,17 +40,49 @@ static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t
     int64_t lda, ldb;
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
-    if (!dtr__cuda_blas_view(M, K, rsa, csa, &opa, &lda) || !dtr__cuda_blas_view(K, N, rsb, csb, &opb, &ldb))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: gemm operand with neither unit row nor unit column stride (make it contiguous)");
-    if (M > INT32_MAX || N > INT32_MAX || K > INT32_MAX || lda > INT32_MAX || ldb > INT32_MAX || ldy > INT32_MAX)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: gemm of %lld x %lld x %lld is beyond cuBLAS's 32-bit sizes",
-                         (long long)M, (long long)N, (long long)K);
+    if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     if (count == 1)
         return dtr__cuda_blas(ctx, cublasSgemm(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
                                                (int)lda, &beta, Y, (int)ldy), "sgemm");
     return dtr__cuda_blas(ctx, cublasSgemmStridedBatched(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
                                                          sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
                           "sgemm (batched)");
+}
+
+/* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride. */
+typedef struct dtr__cuda_bstride { int64_t outer, inner; } dtr__cuda_bstride;
+
+__global__ static void dtr__cuda_gemm_ptrs_k(const float **pa, const float *A, dtr__cuda_bstride sa, const float **pb, const float *B,
+                                             dtr__cuda_bstride sb, float **py, float *Y, dtr__cuda_bstride sy, int64_t inner,
+                                             int64_t count) {
+    DTR__CUDA_FOR(z, count) {
+        int64_t o = z / inner, i = z % inner;
+        pa[z] = A + o * sa.outer + i * sa.inner;
+        pb[z] = B + o * sb.outer + i * sb.inner;
+        py[z] = Y + o * sy.outer + i * sy.inner;
+    }
+}
+
+/* dtr__cuda_gemm over outer x inner items whose strides do not collapse to one (batch items
+ * times heads): strided-batched when outer is 1, else one pointer-array batch. Its arrays go
+ * to `ptrs` (3 * outer * inner device pointers), which the next call may reuse: the stream
+ * runs this product before the next call's arrays are written. */
+static dtr_result dtr__cuda_gemm2(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                                  int64_t csa, dtr__cuda_bstride sa, const float *B, int64_t rsb, int64_t csb, dtr__cuda_bstride sb,
+                                  float beta, float *Y, int64_t ldy, dtr__cuda_bstride sy, int64_t outer, int64_t inner, void **ptrs) {
+    cublasOperation_t opa, opb;
+    int64_t lda, ldb, count = outer * inner;
+    const float **pa = (const float **)ptrs, **pb = pa + count;
+    float **py = (float **)(pb + count);
+    if (outer == 1) return dtr__cuda_gemm(ctx, M, N, K, alpha, A, rsa, csa, sa.inner, B, rsb, csb, sb.inner, beta, Y, ldy, sy.inner, inner);
+    if (M == 0 || N == 0 || count == 0) return DTR_OK;
+    if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
+    dtr__cuda_gemm_ptrs_k<<<dtr__cuda_grid(count), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(pa, A, sa, pb, B, sb, py, Y, sy, inner,
+                                                                                              count);
+    if (dtr__cuda_check(ctx, cudaGetLastError(), "gemm pointers") != DTR_OK) return ctx->status;
+    return dtr__cuda_blas(ctx, cublasSgemmBatched(dtr__cuda(ctx)->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
+                                                  (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
+                          "sgemm (pointer batch)");
 }
 
 /* ---- matmul ---- */
@@ -163,8 +207,11 @@ static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
 
+/* Y (R, out) = bias in every row; block (column chunk, row): no division per element */
 __global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_t R, int64_t out) {
-    DTR__CUDA_FOR(i, R * out) Y[i] = bias[i % out];
+    for (int64_t r = blockIdx.y; r < R; r += gridDim.y)
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < out; k += (int64_t)gridDim.x * blockDim.x)
+            Y[r * out + k] = bias[k];
 }
 
 static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -173,7 +220,8 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
     float *Y = dtr__f32(nd->out), beta = 0.0f;
     if (R * out == 0) return DTR_OK;
     if (bias) {
-        dtr__cuda_rows_fill_k<<<dtr__cuda_grid(R * out), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
+        dtr__cuda_rows_fill_k<<<dim3(dtr__launch_blocks(out, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)),
+                                DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
         beta = 1.0f;
     } else if (in == 0) {

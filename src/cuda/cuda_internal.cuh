@@ -33,6 +33,8 @@ typedef struct dtr__cuda_state {
     dtr__cuda_block *live;                    /* blocks handed out, with their sizes */
     int n_live, cap_live;
     size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
+    void *scratch;                            /* kernels' temporaries (dtr__cuda_scratch) */
+    size_t scratch_bytes;
     cudaEvent_t events[DTR__CUDA_EVENTS];
     int n_events, next_event;
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
@@ -44,6 +46,12 @@ typedef struct dtr__cuda_state {
 #define DTR__CUDA_MAX_PARTIALS 1024
 
 static dtr__cuda_state *dtr__cuda(dtr_context *ctx) { return (dtr__cuda_state *)ctx->backend_state; }
+
+/** A device buffer of at least `bytes` for an op's temporaries (attention's score tiles, a
+ *  convolution's column gradients), kept by the context and grown when asked for more. It
+ *  stays valid until the next call: work queued before that call has used it when work
+ *  queued after runs (stream order). NULL with the error recorded. (cuda_backend.cu) */
+static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes);
 static cudaStream_t dtr__cuda_stream(dtr_context *ctx) { return dtr__cuda(ctx)->stream; }
 
 /** DTR_OK, or the CUDA error recorded on the context (DTR_DEVICE_OUT_OF_MEMORY for an
@@ -85,6 +93,7 @@ __device__ static void dtr__cuda_flag(int *err, int op, int64_t at) {
 /** A tensor walk: shape and strides (in elements) over up to DTR_MAX_DIMS axes. */
 typedef struct dtr__cuda_walk {
     int nd;
+    int small;        /* every index fits 32 bits: 32-bit divisions (64-bit ones cost ~5x more) */
     int64_t shape[DTR_MAX_DIMS], stride[DTR_MAX_DIMS];
     int64_t base;
 } dtr__cuda_walk;
@@ -108,12 +117,22 @@ static dtr__cuda_walk dtr__cuda_walk_make(int nd, const int64_t *shape, const in
         }
     }
     w.base = base;
+    w.small = dtr__numel(w.nd, w.shape) <= INT32_MAX;
     return w;
 }
 
 /** The offset of row-major element i of the walk's shape. */
 __device__ static int64_t dtr__cuda_walk_off(const dtr__cuda_walk *w, int64_t i) {
     int64_t off = w->base;
+    if (w->small) {
+        uint32_t r = (uint32_t)i;
+        for (int d = w->nd - 1; d >= 0; d--) {
+            uint32_t n = (uint32_t)w->shape[d], k = r % n;
+            r /= n;
+            off += (int64_t)k * w->stride[d];
+        }
+        return off;
+    }
     for (int d = w->nd - 1; d >= 0; d--) {
         int64_t k = i % w->shape[d];
         i /= w->shape[d];

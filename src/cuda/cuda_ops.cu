@@ -464,13 +464,17 @@ __global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, fl
     if (threadIdx.x == 0) loss[r] = (double)mx + log(s) - xr[tr];
 }
 
+/* block (column chunk, row r): no division per element */
 __global__ static void dtr__cuda_xent_bwd_k(const float *P, const int32_t *t, const float *g, float *gx, int64_t R, int64_t K) {
     float c = g[0] / (float)R;
-    DTR__CUDA_FOR(i, R * K) {
-        int64_t r = i / K, k = i % K;
-        float v = gx[i] + c * P[i];
-        if (k == t[r]) v -= c;
-        gx[i] = v;
+    for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
+        int64_t tr = t[r];
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
+            int64_t i = r * K + k;
+            float v = gx[i] + c * P[i];
+            if (k == tr) v -= c;
+            gx[i] = v;
+        }
     }
 }
 
@@ -502,7 +506,7 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
     float *gx = dtr__gradof(x);
     if (!gx || R == 0) return DTR_OK;
-    dtr__cuda_xent_bwd_k<<<dtr__cuda_grid(R * K), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+    dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         (const float *)nd->saved, (const int32_t *)dtr__cuda_data(nd->in[1]), nd->out->grad, gx, R, K);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -716,14 +720,37 @@ __global__ static void dtr__cuda_gather_add_k(float *dst, const float *src, dtr_
     DTR__CUDA_FOR(i, n) dst[i] += src[dtr__cuda_walk_off(&w, i)];
 }
 
+/* Walks that are rows of unit-stride columns (slices along the last axis, dense blocks) take
+ * a 2-D grid with no division per element. mode 0: dense = view; 1: view += dense;
+ * 2: dense += view (f32). */
+__global__ static void dtr__cuda_rows_k(int mode, float *dense, float *view, int64_t rows, int64_t cols, int64_t rs) {
+    for (int64_t r = blockIdx.y; r < rows; r += gridDim.y)
+        for (int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; c < cols; c += (int64_t)gridDim.x * blockDim.x) {
+            float *v = view + r * rs + c, *d = dense + r * cols + c;
+            if (mode == 0) *d = *v;
+            else if (mode == 1) *v += *d;
+            else *d += *v;
+        }
+}
+
+/* 1 after launching the rows kernel for walk w over `view` (0: w is not rows of unit stride) */
+static int dtr__cuda_rows(dtr_context *ctx, int mode, float *dense, float *view, const dtr__cuda_walk *w) {
+    int64_t rows = w->nd == 2 ? w->shape[0] : 1, cols = w->nd ? w->shape[w->nd - 1] : 1, rs = w->nd == 2 ? w->stride[0] : 0;
+    if (w->nd > 2 || (w->nd >= 1 && w->stride[w->nd - 1] != 1)) return 0;
+    dtr__cuda_rows_k<<<dim3(dtr__launch_blocks(cols, DTR__CUDA_THREADS, 64), (unsigned)(rows < 65535 ? rows : 65535)),
+                       DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(mode, dense, view + w->base, rows, cols, rs);
+    return 1;
+}
+
 static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     if (nd->op == DTR_OP_CONTIGUOUS) {
         int64_t n = dtr_tensor_numel(x);
         if (n == 0) return DTR_OK;
-        dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            (char *)dtr__cuda_data(nd->out), (const char *)x->storage, dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset),
-            n, (int)dtr_dtype_size(x->dtype));
+        dtr__cuda_walk w = dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset);
+        if (dtr_dtype_size(x->dtype) != 4 || !dtr__cuda_rows(ctx, 0, dtr__f32(nd->out), (float *)x->storage, &w))
+            dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+                (char *)dtr__cuda_data(nd->out), (const char *)x->storage, w, n, (int)dtr_dtype_size(x->dtype));
         return dtr__cuda_launched(ctx, nd);
     }
     if (nd->op == DTR_OP_CONCAT) {   /* each input into its block of the output */
@@ -747,6 +774,7 @@ static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t cs[DTR_MAX_DIMS], gs[DTR_MAX_DIMS], n = dtr_tensor_numel(nd->out);
+    dtr__cuda_walk w;
     float *gx;
     int d;
     if (nd->op == DTR_OP_CONCAT) {
@@ -757,8 +785,9 @@ static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
             float *gp = dtr__gradof(p);
             int64_t np = dtr_tensor_numel(p);
             if (gp && np > 0) {   /* gp (dense) += the block of g at `base` along axis */
-                dtr__cuda_gather_add_k<<<dtr__cuda_grid(np), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                    gp, nd->out->grad, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base), np);
+                dtr__cuda_walk w = dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base);
+                if (!dtr__cuda_rows(ctx, 2, gp, nd->out->grad, &w))
+                    dtr__cuda_gather_add_k<<<dtr__cuda_grid(np), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gp, nd->out->grad, w, np);
                 if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
             }
             base += p->shape[axis] * nd->out->stride[axis];
@@ -771,12 +800,12 @@ static dtr_result dtr__cuda_view_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__contig_strides(x->ndim, x->shape, cs);
     if (nd->op == DTR_OP_PERMUTE) {
         for (d = 0; d < x->ndim; d++) gs[d] = cs[nd->p.view.perm[d]];
-        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, gs, 0), n);
+        w = dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, gs, 0);
     } else {   /* SLICE */
-        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            gx, nd->out->grad, dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis]), n);
+        w = dtr__cuda_walk_make(nd->out->ndim, nd->out->shape, cs, nd->p.view.start * cs[nd->p.view.axis]);
     }
+    if (!dtr__cuda_rows(ctx, 1, nd->out->grad, gx, &w))
+        dtr__cuda_scatter_add_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(gx, nd->out->grad, w, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
