@@ -912,6 +912,38 @@ static void truncation(int p) {
     }
 }
 
+/* The first messages right after dtr_comm_create, five starts of world 4: every rank sends at
+   once to a rank that may still be opening (rank 0 hosts the store and finishes last). The
+   start-up loss of docs/distributed.md's known issue did not show here (nor with rank 0 made
+   300 ms slower per address it inserts): this case guards the path, it does not reproduce it. */
+static void sc_first_message(rank_ctx *rc) {
+    dtr_comm *c = rc->comm;
+    float v = (float)(rc->rank + 1);
+    int to = (rc->rank + 1) % rc->size, from = (rc->rank + rc->size - 1) % rc->size, got = -1;
+    dtr_request *rq = NULL;
+    RCHECK_OK(rc, c, dtr_comm_recv_async(c, &got, sizeof got, from, 9, &rq));
+    RCHECK_OK(rc, c, dtr_comm_send(c, &rc->rank, sizeof rc->rank, to, 9));
+    if (rq) RCHECK_OK(rc, c, dtr_request_wait(rq));
+    dtr_request_destroy(rq);
+    RCHECK_MSG(rc, got == from, "rank %d got %d from rank %d", rc->rank, got, from);
+    RCHECK_OK(rc, c, dtr_comm_barrier(c));
+    RCHECK_OK(rc, c, dtr_comm_all_reduce(c, &v, &v, 1, DTR_F32, DTR_REDUCE_SUM));
+    RCHECK_MSG(rc, v == (float)(rc->size * (rc->size + 1) / 2), "all-reduce gave %g", (double)v);
+}
+
+static void first_message(int p) {
+    int k;
+    if (!prov_ok(p)) return;
+    for (k = 0; k < 5; k++) {
+        job j = job_init(p ? PROV_TCP : PROV_SHM, 4, sc_first_message, NULL, "first messages right after create");
+        j.timeout_ms = 5000;
+        CHECK_MSG(run_job(&j, g_quick ? 60 : 30) == 0, "%s (start %d)", j.what, k + 1);
+    }
+}
+
+static void test_shm_first_message(void) { first_message(0); }
+static void test_tcp_first_message(void) { first_message(1); }
+
 static void test_shm_truncation(void) { truncation(0); }
 static void test_tcp_truncation(void) { truncation(1); }
 
@@ -1866,6 +1898,8 @@ int main(void) {
     if (g_have[0] || g_have[1]) {
         RUN_SEL(test_shm_collectives);
         RUN_SEL(test_tcp_collectives);
+        RUN_SEL(test_shm_first_message);
+        RUN_SEL(test_tcp_first_message);
         RUN_SEL(test_shm_truncation);
         RUN_SEL(test_tcp_truncation);
         RUN_SEL(test_shm_dp);
