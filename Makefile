@@ -305,9 +305,9 @@ endif
 # comm: build/dtrain_comm.o (with libfabric when pkg-config finds it) and, when nccl.h is
 # there, build/dtrain_comm_nccl.o: the same unit with the NCCL transport (DTR_USE_NCCL), for
 # programs that link -lnccl -lcudart (tests/test_nccl; an app's GPU build). The default object
-# leaves NCCL out: with libnccl and libcudart loaded, 2 of 5 runs of test_fabric's SIGKILL of
-# rank 0 in a world of 4 over shm lost a barrier message at start-up (0 of 10 without them;
-# not understood yet), so processes that do not use NCCL do not load it.
+# leaves NCCL out, so processes that do not use NCCL do not load it (loading it made the
+# start-up message loss that the libfabric transport's first contact now prevents far more
+# frequent: docs/distributed.md).
 comm: $(COMM_OBJ) $(if $(filter 1,$(USE_NCCL)),$(COMM_NCCL_OBJ))
 $(COMM_OBJ): dtrain_comm.c dtrain.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
