@@ -6,10 +6,19 @@
  * the GPU, training data-parallel over the local transport (host memory: the gradients go
  * through the engine's host staging buffer), must end where one rank with the whole batch
  * does. Without a GPU it says loudly that it skipped. */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* mkstemp, MAP_ANONYMOUS (tests/devsim.h) */
+#define DTRAIN_INTERNAL_API
 #include <pthread.h>
 #include <unistd.h>
 #include "../test.h"
+#ifdef TRAIN_DEVSIM   /* tests/test_devsim.c: the same checks on the simulated device, in make test */
+#include "../devsim.h"
+#define DEVICE_BACKEND() devsim_backend()
+#define DEVICE_COUNT() 1
+#else
+#define DEVICE_BACKEND() dtr_cuda_backend()
+#define DEVICE_COUNT() dtr_cuda_device_count()
+#endif
 
 #define IN 12
 #define HID 16
@@ -22,7 +31,7 @@ typedef struct tnet { dtr_model *m; dtr_linear_layer l1, l2; } tnet;
 static dtr_context *make_ctx(int gpu) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_context *ctx = NULL;
-    cc.backend = gpu ? dtr_cuda_backend() : NULL;
+    cc.backend = gpu ? DEVICE_BACKEND() : NULL;
     cc.threads = 1;
     cc.seed = 5;
     return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
@@ -247,7 +256,7 @@ static void test_data_parallel(void) {
 
 int main(void) {
     (void)test_ctx;
-    if (dtr_cuda_device_count() <= 0) {
+    if (DEVICE_COUNT() <= 0) {
         printf("*** test_train_gpu: no GPU visible: GPU training checks SKIPPED ***\n");
         return test_summary();
     }
@@ -255,5 +264,8 @@ int main(void) {
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
     RUN(test_data_parallel);
+#ifdef TRAIN_DEVSIM
+    CHECK_EQ_INT(devsim__violations, 0);
+#endif
     return test_summary();
 }
