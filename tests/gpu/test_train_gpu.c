@@ -2,7 +2,8 @@
  * optimizer (SGD with momentum, Adam, AdamW, LAMB; with gradient clipping) takes the same
  * steps on a small MLP on both backends and must leave the same parameters; the loss scaler
  * must skip, and report, a step whose gradients overflowed on the GPU, leaving the weights
- * alone; weights saved from the GPU must load into a CPU model unchanged; two ranks sharing
+ * alone; weights saved from the GPU must load into a CPU model unchanged; a full-state
+ * checkpoint of a GPU run must restore it bit for bit; two ranks sharing
  * the GPU, training data-parallel over the local transport (host memory: the gradients go
  * through the engine's host staging buffer), must end where one rank with the whole batch
  * does. Without a GPU it says loudly that it skipped. */
@@ -190,6 +191,57 @@ static void test_save_load(void) {
     free(pb);
 }
 
+/* A full-state checkpoint of a device model: 3 AdamW steps, a checkpoint, 2 more steps, a
+   restore; the weights and the next step are those of the checkpoint's moment, bit for bit
+   (the checkpointer copies device entries through the backend). */
+static void test_checkpoint(void) {
+    dtr_context *ctx = make_ctx(1);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_ckpt_config kc = dtr_ckpt_config_init();
+    dtr_optimizer *opt = NULL;
+    dtr_ckpt *ck = NULL;
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT), step = -1;
+    float *at3 = (float *)malloc((size_t)n * sizeof(float)), *now = (float *)malloc((size_t)n * sizeof(float));
+    float first[2] = {0, 0}, again[2] = {-1, -1};   /* the losses of steps 4 and 5, first time and resumed */
+    char dir[] = "/tmp/dtr_gpu_ckptXXXXXX", path[512];
+    tnet net;
+    int s, ok;
+    memset(&net, 0, sizeof net);
+    ok = mkdtemp(dir) != NULL && ctx && net_make(ctx, &net) && dtr_optimizer_create(net.m, &oc, &opt) == DTR_OK;
+    kc.dir = dir, kc.ctx = ctx, kc.model = net.m, kc.optimizer = opt, kc.sync = 1;
+    ok = ok && dtr_ckpt_create(&kc, &ck) == DTR_OK;
+    for (s = 0; ok && s < 5; s++) {
+        dtr_tensor *loss = net_loss(ctx, &net, 1.0f);
+        ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK;
+        if (ok && s >= 3) first[s - 3] = dtr_tensor_get(loss, 0);
+        dtr_context_reset(ctx);
+        if (ok && s == 2) ok = net_read(&net, at3) && dtr_ckpt_save(ck, 3, NULL) == DTR_OK && dtr_ckpt_wait(ck) == DTR_OK;
+    }
+    CHECK_MSG(ok, "training or saving failed: %s | %s", ctx ? dtr_context_last_error(ctx) : "", ck ? dtr_ckpt_last_error(ck) : "");
+    CHECK(ok && dtr_ckpt_latest(dir, &step, path, sizeof path) == DTR_OK && step == 3);
+    CHECK_MSG(ok && dtr_ckpt_restore(ck, NULL, &step) == DTR_OK, "restore: %s", ck ? dtr_ckpt_last_error(ck) : "");
+    CHECK(net_read(&net, now) && memcmp(now, at3, (size_t)n * sizeof(float)) == 0);
+    for (s = 0; ok && s < 2; s++) {   /* steps 4 and 5 again: the same losses (the optimizer's moments came back too) */
+        dtr_tensor *loss = net_loss(ctx, &net, 1.0f);
+        CHECK(loss && dtr_backward(ctx, loss) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK);
+        if (loss) again[s] = dtr_tensor_get(loss, 0);
+        dtr_context_reset(ctx);
+    }
+    CHECK_MSG(first[0] == again[0] && first[1] == again[1], "resumed losses %g %g, first time %g %g", again[0], again[1],
+              first[0], first[1]);
+    dtr_ckpt_destroy(ck);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(net.m);
+    dtr_context_destroy(ctx);
+    free(at3);
+    free(now);
+    {   /* the checkpoint folder */
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "  (could not remove %s)\n", dir);
+    }
+}
+
 /* ---- data parallel: two ranks on one GPU over the local transport ---- */
 
 typedef struct dp_rank { dtr_local_world *w; int rank, world, ok; float params[IN * HID + HID + HID * OUT + OUT]; char err[256]; } dp_rank;
@@ -263,6 +315,7 @@ int main(void) {
     RUN(test_optimizers);
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
+    RUN(test_checkpoint);
     RUN(test_data_parallel);
 #ifdef TRAIN_DEVSIM
     CHECK_EQ_INT(devsim__violations, 0);
