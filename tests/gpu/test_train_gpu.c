@@ -242,6 +242,33 @@ static void test_checkpoint(void) {
     }
 }
 
+/* Engines that keep the model in host memory refuse a device model with DTR_UNSUPPORTED
+   (never touch its memory): parameter servers and FedProx. */
+static void test_host_only_engines(void) {
+    dtr_context *ctx = make_ctx(1);
+    dtr_local_world *w = NULL;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_ps *ps = NULL;
+    dtr_ps_config pc = dtr_ps_config_init();
+    float global[IN * HID + HID + HID * OUT + OUT];
+    char err[256];
+    tnet net;
+    memset(&net, 0, sizeof net);
+    memset(global, 0, sizeof global);
+    CHECK(ctx && net_make(ctx, &net));
+    CHECK(dtr_local_world_create(1, NULL, &w) == DTR_OK);
+    cc.local.world = w;
+    CHECK(dtr_comm_create(&cc, &c, err, sizeof err) == DTR_OK);
+    CHECK_EQ_INT(dtr_fed_prox(net.m, global, 0.1f), DTR_UNSUPPORTED);
+    CHECK_EQ_INT(dtr_ps_create(net.m, c, &pc, &ps), DTR_UNSUPPORTED);
+    CHECK(ps == NULL && strstr(dtr_context_last_error(ctx), "host memory") != NULL);
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    dtr_model_destroy(net.m);
+    dtr_context_destroy(ctx);
+}
+
 /* ---- data parallel: two ranks on one GPU over the local transport ---- */
 
 typedef struct dp_rank { dtr_local_world *w; int rank, world, ok; float params[IN * HID + HID + HID * OUT + OUT]; char err[256]; } dp_rank;
@@ -316,6 +343,7 @@ int main(void) {
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
     RUN(test_checkpoint);
+    RUN(test_host_only_engines);
     RUN(test_data_parallel);
 #ifdef TRAIN_DEVSIM
     CHECK_EQ_INT(devsim__violations, 0);
