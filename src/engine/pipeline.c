@@ -249,7 +249,10 @@ static void *dtr__pipe_host(dtr_pipe *p, dtr__pipe_slot *s, int k, size_t bytes)
     void *nb;
     if (s->host_cap[k] >= bytes && s->host[k]) return s->host[k];
     nb = dtr__realloc(&p->ctx->alloc, s->host[k], bytes ? bytes : 1);
-    if (!nb) return dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory"), NULL;
+    if (!nb) {
+        dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory");
+        return NULL;
+    }
     s->host[k] = nb;
     s->host_cap[k] = bytes;
     return nb;
