@@ -4825,6 +4825,11 @@ int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+/** Teardown after a failure: every call on st, the one in progress on another thread
+ *  included, ends within st's grace_ms from now (DTR_TIMEOUT), and st is marked failed. A
+ *  store host that is stopped or hung would otherwise make each call of the teardown wait
+ *  its whole deadline. Thread safety: any thread. */
+void dtr__store_cut(dtr_store *st);
 /** The default deadline of every blocking call: $DTR_TIMEOUT_MS when it is a positive decimal
  *  number, else 300000 (src/rendezvous/env.c). */
 int dtr__default_timeout_ms(void);
@@ -4834,7 +4839,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4838 "dtrain.h"
+#line 4843 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4877,7 +4882,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4881 "dtrain.h"
+#line 4886 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4904,7 +4909,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4908 "dtrain.h"
+#line 4913 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4937,7 +4942,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4941 "dtrain.h"
+#line 4946 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5011,7 +5016,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5015 "dtrain.h"
+#line 5020 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5069,7 +5074,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5073 "dtrain.h"
+#line 5078 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5119,7 +5124,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5123 "dtrain.h"
+#line 5128 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5471,7 +5476,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5475 "dtrain.h"
+#line 5480 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6262,7 +6267,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6266 "dtrain.h"
+#line 6271 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6697,7 +6702,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6701 "dtrain.h"
+#line 6706 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6768,7 +6773,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6772 "dtrain.h"
+#line 6777 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7178,7 +7183,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7182 "dtrain.h"
+#line 7187 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7384,7 +7389,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7388 "dtrain.h"
+#line 7393 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7615,7 +7620,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7619 "dtrain.h"
+#line 7624 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7730,7 +7735,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7734 "dtrain.h"
+#line 7739 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7786,7 +7791,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7790 "dtrain.h"
+#line 7795 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8216,7 +8221,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8220 "dtrain.h"
+#line 8225 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8395,7 +8400,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8399 "dtrain.h"
+#line 8404 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8920,7 +8925,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8924 "dtrain.h"
+#line 8929 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9419,7 +9424,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9423 "dtrain.h"
+#line 9428 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9678,7 +9683,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9682 "dtrain.h"
+#line 9687 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9864,7 +9869,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9868 "dtrain.h"
+#line 9873 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9984,7 +9989,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9988 "dtrain.h"
+#line 9993 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10458,7 +10463,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10462 "dtrain.h"
+#line 10467 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10627,7 +10632,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10631 "dtrain.h"
+#line 10636 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10876,7 +10881,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10880 "dtrain.h"
+#line 10885 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11344,7 +11349,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11348 "dtrain.h"
+#line 11353 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11473,7 +11478,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11477 "dtrain.h"
+#line 11482 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11820,7 +11825,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11824 "dtrain.h"
+#line 11829 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11886,7 +11891,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11890 "dtrain.h"
+#line 11895 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12123,7 +12128,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12127 "dtrain.h"
+#line 12132 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12872,7 +12877,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12876 "dtrain.h"
+#line 12881 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13325,7 +13330,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13329 "dtrain.h"
+#line 13334 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13381,7 +13386,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13385 "dtrain.h"
+#line 13390 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14158,7 +14163,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14162 "dtrain.h"
+#line 14167 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14739,7 +14744,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14743 "dtrain.h"
+#line 14748 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15370,7 +15375,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15374 "dtrain.h"
+#line 15379 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16117,7 +16122,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16121 "dtrain.h"
+#line 16126 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16470,7 +16475,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16474 "dtrain.h"
+#line 16479 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16660,7 +16665,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16664 "dtrain.h"
+#line 16669 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16841,7 +16846,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16845 "dtrain.h"
+#line 16850 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17616,7 +17621,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17620 "dtrain.h"
+#line 17625 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18133,7 +18138,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18137 "dtrain.h"
+#line 18142 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18195,6 +18200,7 @@ dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out
     return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
 }
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms) { (void)st; (void)timeout_ms; }
+void dtr__store_cut(dtr_store *st) { (void)st; }
 const char *dtr_store_last_error(const dtr_store *st) { (void)st; return "rendezvous: not supported on Windows"; }
 int32_t dtr_store_rank(const dtr_store *st) { (void)st; return -1; }
 int32_t dtr_store_world_size(const dtr_store *st) { (void)st; return 0; }
@@ -18228,11 +18234,21 @@ struct dtr_store {
     pthread_mutex_t lock;
     dtr__rdzv_host *host;        /* rank 0: the server */
     int failed;                  /* the job failed: destroy waits grace_ms at most (atomic) */
+    int64_t cut;                 /* dtr__store_cut: every call ends by this time (ms; 0: never; atomic) */
     char err[768];
 };
 
-/* Sends all n bytes before the deadline. DTR_TIMEOUT or DTR_PEER_FAILED (errno in *e). */
-static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t deadline, int *e) {
+/* The poll wait of a call with `deadline`, at most 100 ms at a time while a cut may come (cut
+ * non-NULL): 0 once the deadline or the cut has passed. */
+static int dtr__rdzv_wait_ms(int64_t deadline, const int64_t *cut) {
+    int64_t c = cut ? DTR__ATOMIC_LOAD(cut) : 0;
+    int left = dtr__rdzv_left_ms(c > 0 && c < deadline ? c : deadline);
+    return cut && left > 100 ? 100 : left;
+}
+
+/* Sends all n bytes before the deadline (and the store's cut, when given). DTR_TIMEOUT or
+ * DTR_PEER_FAILED (errno in *e). */
+static dtr_result dtr__rdzv_send_cut(int fd, const void *buf, size_t n, int64_t deadline, const int64_t *cut, int *e) {
     const uint8_t *p = (const uint8_t *)buf;
     *e = 0;
     while (n > 0) {
@@ -18245,7 +18261,7 @@ static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t 
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd pf;
-            int left = dtr__rdzv_left_ms(deadline), rc;
+            int left = dtr__rdzv_wait_ms(deadline, cut), rc;
             if (left == 0) return DTR_TIMEOUT;
             pf.fd = fd;
             pf.events = POLLOUT;
@@ -18265,7 +18281,8 @@ static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t 
 
 /* Receives exactly n bytes before the deadline; *got counts what arrived. DTR_PEER_FAILED
  * with *e == 0 means the peer closed the connection. */
-static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadline, size_t *got, int *e) {
+static dtr_result dtr__rdzv_recv_cut(int fd, void *buf, size_t n, int64_t deadline, const int64_t *cut, size_t *got,
+                                     int *e) {
     uint8_t *p = (uint8_t *)buf;
     *got = 0;
     *e = 0;
@@ -18279,7 +18296,7 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             struct pollfd pf;
-            int left = dtr__rdzv_left_ms(deadline), rc;
+            int left = dtr__rdzv_wait_ms(deadline, cut), rc;
             if (left == 0) return DTR_TIMEOUT;
             pf.fd = fd;
             pf.events = POLLIN;
@@ -18295,6 +18312,14 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
         return DTR_PEER_FAILED;
     }
     return DTR_OK;
+}
+
+/* Without a cut (the connection's handshake; the federated protocol). */
+static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t deadline, int *e) {
+    return dtr__rdzv_send_cut(fd, buf, n, deadline, NULL, e);
+}
+static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadline, size_t *got, int *e) {
+    return dtr__rdzv_recv_cut(fd, buf, n, deadline, NULL, got, e);
 }
 
 static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connection closed by the server"; }
@@ -18588,6 +18613,13 @@ void dtr_store_mark_failed(dtr_store *st) {
     if (st) DTR__ATOMIC_STORE(&st->failed, 1);
 }
 
+void dtr__store_cut(dtr_store *st) {
+    int64_t none = 0;
+    if (!st) return;
+    DTR__ATOMIC_STORE(&st->failed, 1);
+    DTR__ATOMIC_CAS(&st->cut, &none, dtr__rdzv_now_ms() + st->cfg.grace_ms);   /* the first cut holds */
+}
+
 void dtr_store_destroy(dtr_store *st) {
     dtr_allocation_callbacks a;
     int wait_ms;
@@ -18646,8 +18678,8 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
     dtr__rdzv_put32(hdr + 4, (uint32_t)len);
     dtr__rdzv_put32(hdr + 8, id);
     memcpy(hdr + DTR__RDZV_HDR, key, klen);
-    r = dtr__rdzv_send_all(st->fd, hdr, DTR__RDZV_HDR + klen, deadline, &e);
-    if (r == DTR_OK && len) r = dtr__rdzv_send_all(st->fd, value, len, deadline, &e);
+    r = dtr__rdzv_send_cut(st->fd, hdr, DTR__RDZV_HDR + klen, deadline, &st->cut, &e);
+    if (r == DTR_OK && len) r = dtr__rdzv_send_cut(st->fd, value, len, deadline, &st->cut, &e);
     if (r != DTR_OK) {
         /* part of a request may be on the wire: the stream cannot be trusted any more */
         st->broken = r == DTR_TIMEOUT ? DTR_TIMEOUT : DTR_PEER_FAILED;
@@ -18661,7 +18693,7 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
     for (;;) {
         uint32_t rlen, rid;
         size_t keep, off;
-        r = dtr__rdzv_recv_all(st->fd, rh, sizeof rh, deadline, &got, &e);
+        r = dtr__rdzv_recv_cut(st->fd, rh, sizeof rh, deadline, &st->cut, &got, &e);
         if (r == DTR_TIMEOUT && got == 0) {
             /* nothing of the reply yet: the connection stays usable; a late reply has an old id */
             if (op == DTR__RDZV_GET)
@@ -18683,10 +18715,10 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
         }
         if (r == DTR_OK) {
             keep = rid == id ? (cap < rlen ? cap : rlen) : 0;
-            if (keep) r = dtr__rdzv_recv_all(st->fd, buf, keep, deadline, &got, &e);
+            if (keep) r = dtr__rdzv_recv_cut(st->fd, buf, keep, deadline, &st->cut, &got, &e);
             for (off = keep; r == DTR_OK && off < rlen; off += got) {
                 size_t chunk = rlen - off < sizeof sink ? rlen - off : sizeof sink;
-                r = dtr__rdzv_recv_all(st->fd, sink, chunk, deadline, &got, &e);
+                r = dtr__rdzv_recv_cut(st->fd, sink, chunk, deadline, &st->cut, &got, &e);
             }
         }
         if (r != DTR_OK) {
@@ -18901,7 +18933,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18905 "dtrain.h"
+#line 18937 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19998,7 +20030,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20002 "dtrain.h"
+#line 20034 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20550,7 +20582,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20554 "dtrain.h"
+#line 20586 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21039,7 +21071,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21043 "dtrain.h"
+#line 21075 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21492,7 +21524,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21496 "dtrain.h"
+#line 21528 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21728,7 +21760,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21732 "dtrain.h"
+#line 21764 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22087,7 +22119,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22091 "dtrain.h"
+#line 22123 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22284,7 +22316,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22288 "dtrain.h"
+#line 22320 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22681,7 +22713,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22685 "dtrain.h"
+#line 22717 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23114,7 +23146,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23118 "dtrain.h"
+#line 23150 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24013,7 +24045,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24017 "dtrain.h"
+#line 24049 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24067,7 +24099,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24071 "dtrain.h"
+#line 24103 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25225,7 +25257,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25229 "dtrain.h"
+#line 25261 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26123,7 +26155,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26127 "dtrain.h"
+#line 26159 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27591,7 +27623,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27595 "dtrain.h"
+#line 27627 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -27975,7 +28007,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 27979 "dtrain.h"
+#line 28011 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28124,7 +28156,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28128 "dtrain.h"
+#line 28160 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
