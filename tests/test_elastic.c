@@ -17,16 +17,17 @@
  *                            store and used to wait a whole deadline for the stopped rank's
  *                            connection) takes at most the grace + 1 s; dtrun blames the
  *                            stopped rank.
- *   test_stop_restart        rank 0 (the store's host), a middle rank and the last rank
- *                            SIGSTOPped at step 5 under --max-restarts 1 (deadline 1500 ms,
- *                            DTR_GRACE_MS 300): the others fail within the deadline + 1 s and
+ *   test_stop_restart        rank 0 (the store's host), a middle rank (over tcp) and the last
+ *                            rank SIGSTOPped at step 5 under --max-restarts 1 (deadline 1500
+ *                            ms, 3000 with DTR_TEST_QUICK; DTR_GRACE_MS 300): the others fail within the deadline + 1 s and
  *                            tear down within the grace + 1 s (a stopped rank 0 used to cost
  *                            them three deadlines in store calls), dtrun blames the stopped
  *                            rank and restarts the job, whose final weights equal the
  *                            uninterrupted run's bit for bit.
- *   test_boot_restart        a rank SIGKILLed at start-up, before dtr_comm_create (rank 0: no
- *                            store yet) or right after it, over shm and tcp, under
- *                            --max-restarts 1: restarted at once, completes, bit-equal weights.
+ *   test_boot_restart        a rank SIGKILLed or SIGSTOPped at start-up, before dtr_comm_create
+ *                            (rank 0: no store yet) or right after it, over shm and tcp, under
+ *                            --max-restarts 1: restarted (a stopped rank blamed once the
+ *                            others reach their deadline), completes, bit-equal weights.
  *   test_ckpt_kill_restart   the ranks checkpoint with dtr_ckpt (asynchronous, every step); a
  *                            rank is SIGKILLed inside the write of checkpoint 7 (at the fsync
  *                            of its temporary file: rank 0's manifest, another rank's own
@@ -153,12 +154,16 @@ static int fault_hits(const char *fault, int rank, int world, int attempt, int64
     return !strcmp(kind, "die") && world == 3;
 }
 
-/* "boot:<rank>:<when>": SIGKILL of that rank at start-up in attempt 0, before dtr_comm_create
- * (when 0) or right after it (when 1). */
+/* "boot:<rank>:<when>" ("bstop:..."): SIGKILL (SIGSTOP) of that rank at start-up in attempt
+ * 0, before dtr_comm_create (when 0) or right after it (when 1). */
 static void boot_fault(const char *fault, int attempt, int when) {
     const char *env = getenv("DTR_RANK");
+    char kind[8] = "";
     int fr = -1, fw = -1;
-    if (attempt == 0 && env && sscanf(fault, "boot:%d:%d", &fr, &fw) == 2 && fr == atoi(env) && fw == when) raise(SIGKILL);
+    if (attempt == 0 && env && sscanf(fault, "%7[a-z]:%d:%d", kind, &fr, &fw) == 3 && fr == atoi(env) && fw == when) {
+        if (!strcmp(kind, "boot")) raise(SIGKILL);
+        if (!strcmp(kind, "bstop")) raise(SIGSTOP);
+    }
 }
 
 /* "ckill:<rank>:<step>": the ranks checkpoint with dtr_ckpt (<dir>/ck, asynchronous, after
@@ -575,54 +580,62 @@ static void test_stopped_rank(void) {
  * the deadline + 1 s and tear down within the grace + 1 s, dtrun blames the stopped rank,
  * stops it and restarts the job, which completes with the uninterrupted run's weights. */
 static void test_stop_restart(void) {
-    const char *opts[] = {"-n", "3", "--timeout", "1500", "--grace", "1", "--max-restarts", "1", NULL};
+    const long deadline = g_quick ? 3000 : 1500;   /* the restarted job starts within it (ASan: slower) */
+    const char *opts[] = {"-n", "3", "--timeout", g_quick ? "3000" : "1500", "--grace", "1", "--max-restarts", "1", NULL};
     static const char *const faults[3] = {"stop:0:5", "stop:1:5", "stop:2:5"};
     int i;
     if (!need_fabric()) return;
     for (i = 0; i < 3; i++) {
-        const char *dir = temp_dir();
+        const char *dir = temp_dir(), *prov = i == 1 ? PROV_TCP : PROV_SHM;
         char blame[64];
         run_result r;
         long long fail_ms, down_ms;
         setenv("DTR_GRACE_MS", "300", 1);
-        r = restarted(opts, PROV_SHM, faults[i], dir);
+        r = restarted(opts, prov, faults[i], dir);
         unsetenv("DTR_GRACE_MS");
         fail_ms = max_ms(r.out, "failed after", i);
         down_ms = max_ms(r.out, "rank teardown", i);
         snprintf(blame, sizeof blame, "rank %d is stopped: blaming it", i);
         CHECK_MSG(strstr(r.err, blame) != NULL, "%s: %s", faults[i], r.err);
-        CHECK_MSG(fail_ms >= 0 && fail_ms <= 1500 + 1000, "%s: the others failed after %lld ms; the deadline is 1500\n%s",
-                  faults[i], fail_ms, r.out);
+        CHECK_MSG(fail_ms >= 0 && fail_ms <= deadline + 1000, "%s: the others failed after %lld ms; the deadline is %ld\n%s",
+                  faults[i], fail_ms, deadline, r.out);
         CHECK_MSG(down_ms >= 0 && down_ms <= 300 + (g_quick ? 3000 : 1000), "%s: teardown took %lld ms; the grace is 300\n%s",
                   faults[i], down_ms, r.out);
-        printf("    %s: the others failed after %lld ms (deadline 1500), teardown %lld ms (grace 300)\n", faults[i], fail_ms,
-               down_ms);
-        print_restart(&r, faults[i], PROV_SHM);
+        printf("    %s over %s: the others failed after %lld ms (deadline %ld), teardown %lld ms (grace 300)\n", faults[i],
+               prov, fail_ms, deadline, down_ms);
+        print_restart(&r, faults[i], prov);
         run_free(&r);
         remove_dir(dir);
     }
 }
 
-/* SIGKILL at start-up, before dtr_comm_create (boot:<rank>:0: rank 0 has not made the store
- * yet) or right after it (boot:<rank>:1), under --max-restarts 1 over shm and tcp: dtrun
- * restarts the job at once and it completes with the uninterrupted run's weights. */
+/* SIGKILL (boot) or SIGSTOP (bstop) at start-up, before dtr_comm_create (<rank>:0; rank 0
+ * has not made the store yet) or right after it (<rank>:1), under --max-restarts 1 over shm
+ * and tcp (deadline 1500 ms, DTR_GRACE_MS 300): dtrun restarts the job (at once for a kill;
+ * for a stop once the others fail at their deadline, blaming the stopped rank) and it
+ * completes with the uninterrupted run's weights. */
 static void test_boot_restart(void) {
-    static const char *const faults[5] = {"boot:0:0", "boot:1:0", "boot:2:1", "boot:0:1", "boot:2:0"};
-    const char *opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    static const char *const faults[6] = {"boot:0:0", "boot:2:1", "boot:0:1", "bstop:0:0", "bstop:2:1", "bstop:1:0"};
+    const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    const char *stop_opts[] = {"-n", "3", "--timeout", g_quick ? "3000" : "1500", "--grace", "1", "--max-restarts", "1", NULL};
     int i;
     if (!need_fabric()) return;
-    for (i = 0; i < 5; i++) {
-        const char *dir = temp_dir(), *prov = i < 3 ? PROV_SHM : PROV_TCP;
-        char killed[64];
-        run_result r = restarted(opts, prov, faults[i], dir);
-        snprintf(killed, sizeof killed, "rank %c was killed by signal 9", faults[i][5]);
-        CHECK_MSG(strstr(r.err, killed) || (faults[i][7] == '1' && strstr(r.err, "exited with code")), "%s over %s: %s",
-                  faults[i], prov, r.err);
-        CHECK_MSG(count_lines(r.out, "[0] ", "done world 3 attempt 0") == 0, "%s: attempt 0 completed", faults[i]);
-        print_restart(&r, faults[i], prov);
+    setenv("DTR_GRACE_MS", "300", 1);
+    for (i = 0; i < 6; i++) {   /* over tcp: the third and the last */
+        const char *dir = temp_dir(), *prov = i == 2 || i == 5 ? PROV_TCP : PROV_SHM, *f = faults[i];
+        int stop = f[1] == 's', rank = f[stop ? 6 : 5] - '0', late = f[stop ? 8 : 7] == '1';
+        char what[64];
+        run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
+        if (stop) snprintf(what, sizeof what, "rank %d is stopped: blaming it", rank);
+        else snprintf(what, sizeof what, "rank %d was killed by signal 9", rank);
+        CHECK_MSG(strstr(r.err, what) || (!stop && late && strstr(r.err, "exited with code")), "%s over %s: %s", f, prov,
+                  r.err);
+        CHECK_MSG(count_lines(r.out, "[0] ", "done world 3 attempt 0") == 0, "%s: attempt 0 completed", f);
+        print_restart(&r, f, prov);
         run_free(&r);
         remove_dir(dir);
     }
+    unsetenv("DTR_GRACE_MS");
 }
 
 /* 1 when a file whose name holds ".tmp." or a step folder without manifest.json is under
