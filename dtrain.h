@@ -24212,11 +24212,13 @@ static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
     dst[n] = '\0';
 }
 
-/* The largest of every rank's small non-negative int (collectives reduce floats only). */
-static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v) {
+/* The largest of every rank's small non-negative int (collectives reduce floats only). A
+   failure of the group (a peer died or hung) is described in msg. */
+static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v, char *msg, size_t cap) {
     float f = (float)*v;
     dtr_result r = dtr_comm_all_reduce(c, &f, &f, 1, DTR_F32, DTR_REDUCE_MAX);
     *v = (int32_t)f;
+    if (r != DTR_OK) dtr__errf(msg, cap, r, "checkpoint: %s", dtr_comm_last_error(c));
     return r;
 }
 
@@ -24877,7 +24879,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->rank == 0) r = dtr__ck_prepare_dir(ck, sd);
     if (ck->world > 1) {   /* everyone waits for rank 0's folder */
         flag = r != DTR_OK;
-        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag, ck->wmsg, sizeof ck->wmsg)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint: rank 0 failed to make %s", sd);
     }
     if (r == DTR_OK) r = dtr__ck_write_file(ck, sd);
@@ -24895,7 +24897,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->world > 1) {   /* everyone learns whether rank 0 committed */
         dtr__free(NULL, recs);
         flag = r != DTR_OK;
-        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag, ck->wmsg, sizeof ck->wmsg)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint step %lld: another rank "
                                                "failed (rank 0's log says which)", (long long)ck->wstep);
     }
@@ -24928,7 +24930,7 @@ static dtr_result dtr__ck_join(dtr_ckpt *ck) {
 static int dtr__ck_busy(dtr_ckpt *ck, dtr_result *r) {
     int32_t busy = ck->running && !DTR__ATOMIC_LOAD(&ck->done);
     *r = DTR_OK;
-    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy);
+    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy, ck->msg, sizeof ck->msg);
     return busy != 0;
 }
 
@@ -25185,8 +25187,11 @@ static dtr_result dtr__ck_apply(dtr_ckpt *ck) {
 
 /* The step of candidate i (rank 0's list, broadcast), -1 past the last. */
 static dtr_result dtr__ck_candidate(dtr_ckpt *ck, const int64_t *steps, int n, int i, int64_t *step) {
+    dtr_result r = DTR_OK;
     *step = i < n ? steps[i] : -1;
-    return ck->world > 1 ? dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0) : DTR_OK;
+    if (ck->world > 1 && (r = dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0)) != DTR_OK)
+        dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: %s", dtr_comm_last_error(ck->group));
+    return r;
 }
 
 /* Every rank's verdict: the first failure's code on all (DTR_OK when all verified). */
@@ -25194,7 +25199,7 @@ static dtr_result dtr__ck_agree(dtr_ckpt *ck, dtr_result mine) {
     int32_t v = (int32_t)-mine;
     dtr_result r;
     if (ck->world == 1) return mine;
-    if ((r = dtr__ck_max(ck->group, &v)) != DTR_OK) return r;
+    if ((r = dtr__ck_max(ck->group, &v, ck->msg, sizeof ck->msg)) != DTR_OK) return r;
     if (v != 0 && mine == DTR_OK) snprintf(ck->msg, sizeof ck->msg, "checkpoint: another rank failed to verify it (%s)",
                                            dtr_result_string((dtr_result)-v));
     return (dtr_result)-v;
@@ -25257,7 +25262,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25261 "dtrain.h"
+#line 25266 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26155,7 +26160,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26159 "dtrain.h"
+#line 26164 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27623,7 +27628,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27627 "dtrain.h"
+#line 27632 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28007,7 +28012,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28011 "dtrain.h"
+#line 28016 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28156,7 +28161,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28160 "dtrain.h"
+#line 28165 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

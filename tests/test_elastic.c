@@ -18,8 +18,8 @@
  *                            connection) takes at most the grace + 1 s; dtrun blames the
  *                            stopped rank.
  *   test_stop_restart        rank 0 (the store's host), a middle rank (over tcp) and the last
- *                            rank SIGSTOPped at step 5 under --max-restarts 1 (deadline 1500
- *                            ms, 3000 with DTR_TEST_QUICK; DTR_GRACE_MS 300): the others fail within the deadline + 1 s and
+ *                            rank SIGSTOPped at step 5 under --max-restarts 1 (deadline 2500
+ *                            ms, 4000 with DTR_TEST_QUICK; DTR_GRACE_MS 300): the others fail within the deadline + 1 s and
  *                            tear down within the grace + 1 s (a stopped rank 0 used to cost
  *                            them three deadlines in store calls), dtrun blames the stopped
  *                            rank and restarts the job, whose final weights equal the
@@ -29,12 +29,13 @@
  *                            --max-restarts 1: restarted (a stopped rank blamed once the
  *                            others reach their deadline), completes, bit-equal weights.
  *   test_ckpt_kill_restart   the ranks checkpoint with dtr_ckpt (asynchronous, every step); a
- *                            rank is SIGKILLed inside the write of checkpoint 7 (at the fsync
- *                            of its temporary file: rank 0's manifest, another rank's own
- *                            file; this program's fsync replaces libc's), under
+ *                            rank is SIGKILLed or SIGSTOPped inside the write of checkpoint 7
+ *                            (at the fsync of its temporary file: rank 0's manifest, another
+ *                            rank's own file; this program's fsync replaces libc's), under
  *                            --max-restarts 1: the restarted job sees step 7 incomplete,
  *                            resumes from step 6, completes bit-equal, and leaves no
- *                            temporary file or incomplete folder behind.
+ *                            temporary file or incomplete folder behind; the failed saves of
+ *                            the survivors say why (one used to return an empty message).
  *   test_min_ranks           rank 2 of 3 fails at step 4 in every attempt with 3 ranks: after
  *                            the second time it cannot come back, and with --min-ranks 2 the
  *                            job goes on with 2 ranks from the checkpoint and completes;
@@ -73,6 +74,9 @@
 #define PROV_TCP "tcp;ofi_rxm"
 
 static int g_quick;
+/* The deadline of the restarts after a SIGSTOP: short, since a stop costs it, but the whole
+ * restarted job also runs under it (a loaded machine, ASan) */
+#define STOP_DEADLINE (g_quick ? "4000" : "2500")
 
 /* ---- the rank: train, checkpoint, restore ---- */
 
@@ -166,12 +170,13 @@ static void boot_fault(const char *fault, int attempt, int when) {
     }
 }
 
-/* "ckill:<rank>:<step>": the ranks checkpoint with dtr_ckpt (<dir>/ck, asynchronous, after
- * every step), and in attempt 0 that rank dies inside the write of checkpoint <step>: at the
- * fsync of its temporary file (rank 0: of the manifest's, once every rank's file is durable),
- * after the bytes and before the rename. The library is linked statically, so this fsync
+/* "ckill:<rank>:<step>" ("cstop:..."): the ranks checkpoint with dtr_ckpt (<dir>/ck,
+ * asynchronous, after every step), and in attempt 0 that rank gets SIGKILL (SIGSTOP) inside
+ * the write of checkpoint <step>: at the fsync of its temporary file (rank 0: of the
+ * manifest's, once every rank's file is durable), after the bytes and before the rename. The library is linked statically, so this fsync
  * replaces libc's for it; g_kill_in names the file ("" outside the fault). */
 static char g_kill_in[80];
+static int g_kill_sig;   /* SIGKILL (ckill) or SIGSTOP (cstop) */
 
 int fsync(int fd) {
     if (g_kill_in[0]) {
@@ -181,7 +186,7 @@ int fsync(int fd) {
         k = readlink(link, target, sizeof target - 1);
         if (k > 0) {
             target[k] = '\0';
-            if (strstr(target, g_kill_in) && strstr(target, ".tmp.")) raise(SIGKILL);
+            if (strstr(target, g_kill_in) && strstr(target, ".tmp.")) raise(g_kill_sig);
         }
     }
     return (int)syscall(SYS_fsync, fd);
@@ -189,9 +194,12 @@ int fsync(int fd) {
 
 static void ckill_arm(const char *fault, int rank, int attempt) {
     int fr = -1, fs = -1;
-    if (attempt == 0 && sscanf(fault, "ckill:%d:%d", &fr, &fs) == 2 && fr == rank)
-        snprintf(g_kill_in, sizeof g_kill_in, "step-%08d/%s", fs, rank == 0 ? "manifest.json" : "");
-    if (g_kill_in[0] && rank != 0) snprintf(g_kill_in + strlen(g_kill_in), 24, "rank-%05d.safetensors", rank);
+    char kind[8] = "";
+    if (attempt != 0 || sscanf(fault, "%7[a-z]:%d:%d", kind, &fr, &fs) != 3 || fr != rank) return;
+    if (strcmp(kind, "ckill") != 0 && strcmp(kind, "cstop") != 0) return;
+    g_kill_sig = kind[1] == 'k' ? SIGKILL : SIGSTOP;
+    if (rank == 0) snprintf(g_kill_in, sizeof g_kill_in, "step-%08d/manifest.json", fs);
+    else snprintf(g_kill_in, sizeof g_kill_in, "step-%08d/rank-%05d.safetensors", fs, rank);
 }
 
 /* ckill mode: the full-state checkpointer over the group (NULL on failure). */
@@ -264,7 +272,7 @@ static int train_main(char **argv) {
         printf("elastic: dp create failed: %s\n", dtr_comm_last_error(c));
         return 1;
     }
-    if (!strncmp(argv[3], "ckill", 5) && (ck = ck_open(&n, dp, c, argv[4])) == NULL) {
+    if ((!strncmp(argv[3], "ckill", 5) || !strncmp(argv[3], "cstop", 5)) && (ck = ck_open(&n, dp, c, argv[4])) == NULL) {
         printf("elastic: checkpointer: %s\n", dtr_context_last_error(n.ctx));
         return 1;
     }
@@ -576,12 +584,12 @@ static void test_stopped_rank(void) {
 }
 
 /* SIGSTOP of rank 0 (the store's host), a middle rank and the last rank at step 5 under
- * --max-restarts 1 (deadline 1500 ms, DTR_GRACE_MS 300, --grace 1): the others fail within
+ * --max-restarts 1 (deadline STOP_DEADLINE, DTR_GRACE_MS 300, --grace 1): the others fail within
  * the deadline + 1 s and tear down within the grace + 1 s, dtrun blames the stopped rank,
  * stops it and restarts the job, which completes with the uninterrupted run's weights. */
 static void test_stop_restart(void) {
-    const long deadline = g_quick ? 3000 : 1500;   /* the restarted job starts within it (ASan: slower) */
-    const char *opts[] = {"-n", "3", "--timeout", g_quick ? "3000" : "1500", "--grace", "1", "--max-restarts", "1", NULL};
+    const long deadline = atol(STOP_DEADLINE);
+    const char *opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
     static const char *const faults[3] = {"stop:0:5", "stop:1:5", "stop:2:5"};
     int i;
     if (!need_fabric()) return;
@@ -611,13 +619,13 @@ static void test_stop_restart(void) {
 
 /* SIGKILL (boot) or SIGSTOP (bstop) at start-up, before dtr_comm_create (<rank>:0; rank 0
  * has not made the store yet) or right after it (<rank>:1), under --max-restarts 1 over shm
- * and tcp (deadline 1500 ms, DTR_GRACE_MS 300): dtrun restarts the job (at once for a kill;
+ * and tcp (deadline STOP_DEADLINE, DTR_GRACE_MS 300): dtrun restarts the job (at once for a kill;
  * for a stop once the others fail at their deadline, blaming the stopped rank) and it
  * completes with the uninterrupted run's weights. */
 static void test_boot_restart(void) {
     static const char *const faults[6] = {"boot:0:0", "boot:2:1", "boot:0:1", "bstop:0:0", "bstop:2:1", "bstop:1:0"};
     const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
-    const char *stop_opts[] = {"-n", "3", "--timeout", g_quick ? "3000" : "1500", "--grace", "1", "--max-restarts", "1", NULL};
+    const char *stop_opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
     int i;
     if (!need_fabric()) return;
     setenv("DTR_GRACE_MS", "300", 1);
@@ -660,27 +668,36 @@ static int ck_leftovers(const char *dir) {
     return found;
 }
 
-/* A rank SIGKILLed inside the write of checkpoint 7 (dtr_ckpt, asynchronous, one per step):
- * rank 0 at its manifest (every rank's file is durable), a middle rank and the last rank at
- * their own file, under --max-restarts 1 (and rank 0's over tcp): the restarted job finds
- * step 7 incomplete, ignores it, resumes from step 6 and completes with the uninterrupted
- * run's weights; the saves after it leave no temporary file and no incomplete folder. */
+/* A rank SIGKILLed or SIGSTOPped inside the write of checkpoint 7 (dtr_ckpt, asynchronous,
+ * one per step): rank 0 at its manifest (every rank's file is durable), a middle rank and the
+ * last rank at their own file, under --max-restarts 1 (and rank 0's kill over tcp): the
+ * restarted job finds step 7 incomplete, ignores it, resumes from step 6 and completes with
+ * the uninterrupted run's weights; the saves after it leave no temporary file and no
+ * incomplete folder; a stopped rank is blamed, and every failed save says why. */
 static void test_ckpt_kill_restart(void) {
-    static const char *const faults[4] = {"ckill:0:7", "ckill:1:7", "ckill:2:7", "ckill:0:7"};
-    const char *opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    static const char *const faults[6] = {"ckill:0:7", "ckill:1:7", "ckill:2:7", "ckill:0:7", "cstop:0:7", "cstop:2:7"};
+    const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    const char *stop_opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
     int i;
     if (!need_fabric()) return;
-    for (i = 0; i < 4; i++) {
-        const char *dir = temp_dir(), *prov = i < 3 ? PROV_SHM : PROV_TCP;
-        run_result r = restarted(opts, prov, faults[i], dir);
+    setenv("DTR_GRACE_MS", "300", 1);
+    for (i = 0; i < 6; i++) {
+        const char *dir = temp_dir(), *prov = i == 3 ? PROV_TCP : PROV_SHM, *f = faults[i];
+        int stop = f[1] == 's';
+        char blame[64];
+        run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
         CHECK_MSG(count_lines(r.out, "[0] ", "incomplete checkpoint step-00000007") == 1 &&
                       count_lines(r.out, "[0] ", "resumed from checkpoint step 6") == 1,
-                  "%s over %s: not resumed from step 6 past the incomplete step 7:\n%s", faults[i], prov, r.out);
-        CHECK_MSG(!ck_leftovers(dir), "%s over %s: a temporary file or an incomplete checkpoint is left", faults[i], prov);
-        print_restart(&r, faults[i], prov);
+                  "%s over %s: not resumed from step 6 past the incomplete step 7:\n%s", f, prov, r.out);
+        CHECK_MSG(!ck_leftovers(dir), "%s over %s: a temporary file or an incomplete checkpoint is left", f, prov);
+        CHECK_MSG(!strstr(r.out, "failed: \n"), "%s over %s: an error without a message:\n%s", f, prov, r.out);
+        snprintf(blame, sizeof blame, "rank %c is stopped: blaming it", f[6]);
+        CHECK_MSG(!stop || strstr(r.err, blame), "%s: %s", f, r.err);
+        print_restart(&r, f, prov);
         run_free(&r);
         remove_dir(dir);
     }
+    unsetenv("DTR_GRACE_MS");
 }
 
 static void test_min_ranks(void) {
