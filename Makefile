@@ -305,9 +305,9 @@ endif
 # comm: build/dtrain_comm.o (with libfabric when pkg-config finds it) and, when nccl.h is
 # there, build/dtrain_comm_nccl.o: the same unit with the NCCL transport (DTR_USE_NCCL), for
 # programs that link -lnccl -lcudart (tests/test_nccl; an app's GPU build). The default object
-# leaves NCCL out: with libnccl and libcudart loaded, 2 of 5 runs of test_fabric's SIGKILL of
-# rank 0 in a world of 4 over shm lost a barrier message at start-up (0 of 10 without them;
-# not understood yet), so processes that do not use NCCL do not load it.
+# leaves NCCL out, so processes that do not use NCCL do not load it (loading it made the
+# start-up message loss that the libfabric transport's first contact now prevents far more
+# frequent: docs/distributed.md).
 comm: $(COMM_OBJ) $(if $(filter 1,$(USE_NCCL)),$(COMM_NCCL_OBJ))
 $(COMM_OBJ): dtrain_comm.c dtrain.h $(FLAGS_STAMP)
 	@mkdir -p $(@D)
@@ -555,6 +555,9 @@ help:
 	@echo "  bench            $(BUILD)/bench/* (JSON lines; peers: make bench-deps)"
 	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric), dtrain_comm_nccl.o (+ NCCL when found)"
 	@echo "  cuda-lib, comm-lib  the same as libraries: $(BUILD)/libdtrain_cuda.{a,so}, $(BUILD)/libdtrain_comm.{a,so}"
+	@echo "  test-gpu         on a GPU machine: every op and the training checks on the GPU against the CPU (skips loudly without one)"
+	@echo "  examples-gpu     $(BUILD)/examples/gpu/{fmnist_mlp,fmnist_cnn,fmnist_dp}: the examples with --gpu (CUDA backend)"
+	@echo "  bench-gpu        bench/gpu beside bench/gpu_torch.py (BENCH_ARGS, e.g. --tf32)"
 	@echo "Run and check:"
 	@echo "  demo             deps, then data-parallel Fashion-MNIST (examples/fmnist_dp), 2 epochs, on DEMO_RANKS ranks:"
 	@echo "                   TRANSPORT=local (threads; default) or libfabric [PROVIDER=shm|'tcp;ofi_rxm'] (processes, dtrun)"

@@ -3195,7 +3195,8 @@ typedef struct dtr_ps dtr_ps;
  *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
  *  staleness < 0, push_dtype, mode, policy; the context's message says which), DTR_UNSUPPORTED
- *  (LAMB, clip_norm), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+ *  (LAMB, clip_norm, a model in device memory), DTR_OUT_OF_MEMORY. Thread safety: the model's
+ *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
 /** Frees the engine (not the model or group). NULL is ignored. A server still listening
  *  (dtr_ps_serve returned an error) aborts the group first so that nothing waits on it.
@@ -3492,7 +3493,8 @@ DTR_API const char *dtr_fed_client_last_error(const dtr_fed_client *c);
 /** FedProx: adds mu * (w - global) to the model's gradients (the gradient of the proximal
  *  term mu/2 ||w - global||^2). Call after each backward, before the optimizer step.
  *  `global` holds dtr_model_numel floats (the weights of the task). Host memory only.
- *  @return DTR_OK; DTR_NULL_HANDLE; DTR_BAD_STATE (model not built or not on the host).
+ *  @return DTR_OK; DTR_NULL_HANDLE; DTR_UNSUPPORTED (a model in device memory); DTR_BAD_STATE
+ *  (model not built).
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 
@@ -3706,7 +3708,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3710 "dtrain.h"
+#line 3712 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4144,6 +4146,8 @@ DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *o
 int64_t dtr__numel(int ndim, const int64_t *shape);
 void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
+/** The first element of t's view, any dtype, whatever memory it is in (kernels' access). */
+static inline void *dtr__data(const dtr_tensor *t) { return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype); }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
 DTR__PRIVATE dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);
@@ -4201,7 +4205,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4205 "dtrain.h"
+#line 4209 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4460,7 +4464,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4464 "dtrain.h"
+#line 4468 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4522,7 +4526,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4526 "dtrain.h"
+#line 4530 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4839,7 +4843,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4843 "dtrain.h"
+#line 4847 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4882,7 +4886,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4886 "dtrain.h"
+#line 4890 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4909,7 +4913,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4913 "dtrain.h"
+#line 4917 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4942,7 +4946,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4946 "dtrain.h"
+#line 4950 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5016,7 +5020,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5020 "dtrain.h"
+#line 5024 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5074,7 +5078,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5078 "dtrain.h"
+#line 5082 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5124,7 +5128,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5128 "dtrain.h"
+#line 5132 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5476,7 +5480,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5480 "dtrain.h"
+#line 5484 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6267,7 +6271,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6271 "dtrain.h"
+#line 6275 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6702,7 +6706,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6706 "dtrain.h"
+#line 6710 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6773,7 +6777,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6777 "dtrain.h"
+#line 6781 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7183,7 +7187,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7187 "dtrain.h"
+#line 7191 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7389,7 +7393,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7393 "dtrain.h"
+#line 7397 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7620,7 +7624,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7624 "dtrain.h"
+#line 7628 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7735,7 +7739,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7739 "dtrain.h"
+#line 7743 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7791,7 +7795,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7795 "dtrain.h"
+#line 7799 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8209,7 +8213,7 @@ dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt) {
 
 dtr_result dtr__cpu_cast_fwd(dtr_context *ctx, dtr__node *nd) {
     (void)ctx;
-    return dtr_convert(dtr_tensor_data(nd->out), nd->out->dtype, dtr_tensor_data(nd->in[0]), nd->in[0]->dtype,
+    return dtr_convert(dtr__data(nd->out), nd->out->dtype, dtr__data(nd->in[0]), nd->in[0]->dtype,
                        (size_t)dtr_tensor_numel(nd->out));
 }
 
@@ -8221,7 +8225,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8225 "dtrain.h"
+#line 8229 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8400,7 +8404,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8404 "dtrain.h"
+#line 8408 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8925,7 +8929,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8929 "dtrain.h"
+#line 8933 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9424,7 +9428,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9428 "dtrain.h"
+#line 9432 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9613,7 +9617,7 @@ dtr_result dtr__cpu_view_fwd(dtr_context *ctx, dtr__node *nd) {
     (void)ctx;
     if (nd->op == DTR_OP_CONTIGUOUS) {
         size_t es = dtr_dtype_size(x->dtype);
-        char *dst = (char *)dtr_tensor_data(nd->out);
+        char *dst = (char *)dtr__data(nd->out);
         const char *src = (const char *)x->storage;
         DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, memcpy(dst + (size_t)i * es, src + (size_t)off * es, es));
     } else if (nd->op == DTR_OP_CONCAT) {
@@ -9683,7 +9687,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9687 "dtrain.h"
+#line 9691 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9869,7 +9873,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9873 "dtrain.h"
+#line 9877 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9989,7 +9993,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9993 "dtrain.h"
+#line 9997 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10463,7 +10467,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10467 "dtrain.h"
+#line 10471 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10632,7 +10636,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10636 "dtrain.h"
+#line 10640 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10881,7 +10885,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10885 "dtrain.h"
+#line 10889 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11349,7 +11353,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11353 "dtrain.h"
+#line 11357 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11478,7 +11482,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11482 "dtrain.h"
+#line 11486 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11825,7 +11829,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11829 "dtrain.h"
+#line 11833 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11891,7 +11895,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11895 "dtrain.h"
+#line 11899 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12128,7 +12132,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12132 "dtrain.h"
+#line 12136 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12877,7 +12881,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12881 "dtrain.h"
+#line 12885 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13330,7 +13334,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13334 "dtrain.h"
+#line 13338 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13386,7 +13390,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13390 "dtrain.h"
+#line 13394 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14163,7 +14167,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14167 "dtrain.h"
+#line 14171 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14744,7 +14748,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14748 "dtrain.h"
+#line 14752 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15375,7 +15379,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15379 "dtrain.h"
+#line 15383 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16122,7 +16126,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16126 "dtrain.h"
+#line 16130 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16475,7 +16479,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16479 "dtrain.h"
+#line 16483 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16665,7 +16669,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16669 "dtrain.h"
+#line 16673 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16846,7 +16850,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16850 "dtrain.h"
+#line 16854 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17621,7 +17625,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17625 "dtrain.h"
+#line 17629 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18138,7 +18142,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18142 "dtrain.h"
+#line 18146 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18933,7 +18937,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18937 "dtrain.h"
+#line 18941 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20030,7 +20034,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20034 "dtrain.h"
+#line 20038 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20582,7 +20586,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20586 "dtrain.h"
+#line 20590 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21071,7 +21075,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21075 "dtrain.h"
+#line 21079 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21524,7 +21528,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21528 "dtrain.h"
+#line 21532 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21760,7 +21764,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21764 "dtrain.h"
+#line 21768 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22119,7 +22123,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22123 "dtrain.h"
+#line 22127 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22316,7 +22320,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22320 "dtrain.h"
+#line 22324 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22713,7 +22717,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22717 "dtrain.h"
+#line 22721 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -22738,7 +22742,12 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
  * int64 (ndim, shape) on tag + 3c, its f32 data on tag + 3c + 1; a gradient (shape known to
  * both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
  * handles the micro-batches of a chunk in increasing order in both directions.
+ *
+ * A model in device memory (a GPU backend) over a host-memory group stages every message
+ * through host buffers of its micro-batch's slot (to_host before a send, from_host after a
+ * receive); device-memory groups (NCCL) are refused.
  * ==========================================================================*/
+
 
 
 
@@ -22751,6 +22760,9 @@ typedef struct dtr__pipe_slot {
     dtr_request *req[3];           /* header, activation, gradient sends */
     int64_t hdr[1 + DTR_MAX_DIMS]; /* header being sent */
     int busy;                      /* 1 from its forward until its backward is done */
+    void *host[3];                 /* device models: host copies of the input received, the
+                                      output sent and a gradient (received, then sent) */
+    size_t host_cap[3];
 } dtr__pipe_slot;
 
 typedef struct dtr__pipe_action { int fwd, chunk, mb; } dtr__pipe_action;
@@ -22767,6 +22779,7 @@ struct dtr_pipe {
     dtr__pipe_action *plan;         /* 2 * v * M actions */
     double loss;                    /* weighted sum of this step's micro-batch losses */
     dtr_pipe_stats stats;
+    int staged;                     /* device model over a host-memory group: messages go through host copies */
 };
 
 /* ---- configuration and plans ---- */
@@ -22858,9 +22871,13 @@ dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg
     if (!m || !c || !cfg) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(m);
     if ((r = dtr__pipe_check(ctx, cfg, dtr_comm_size(c))) != DTR_OK) return r;
+    if (c->mem_ctx)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_pipe_create: stages over a device-memory group (NCCL) are not in this "
+                         "version: give the pipeline a host-memory group (its messages are staged through the host)");
     p = (dtr_pipe *)dtr__calloc(&ctx->alloc, sizeof(*p));
     if (!p) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
     p->m = m, p->ctx = ctx, p->c = c, p->cfg = *cfg;
+    p->staged = !dtr__host_memory(ctx);
     p->rank = dtr_comm_rank(c), p->P = dtr_comm_size(c), p->v = cfg->chunks, p->M = cfg->microbatches;
     p->live = (dtr__pipe_slot **)dtr__calloc(&ctx->alloc, (size_t)(p->v * p->M) * sizeof(*p->live));
     p->plan = (dtr__pipe_action *)dtr__calloc(&ctx->alloc, (size_t)(2 * p->v * p->M) * sizeof(*p->plan));
@@ -22879,6 +22896,7 @@ void dtr_pipe_destroy(dtr_pipe *p) {
     if (!p) return;
     for (i = 0; i < p->n_slots; i++) {
         for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i]->req[k]);
+        for (k = 0; k < 3; k++) dtr__free(&p->ctx->alloc, p->slots[i]->host[k]);
         dtr_tape_destroy(p->slots[i]->tape);
         dtr__free(&p->ctx->alloc, p->slots[i]);
     }
@@ -22947,6 +22965,22 @@ static dtr__pipe_slot *dtr__pipe_acquire(dtr_pipe *p, dtr_result *r) {
     return s;
 }
 
+/* The slot's host buffer k (0: the input received, 1: the output sent, 2: a gradient), grown
+   to `bytes`; NULL with the error recorded. Its last send finished before the slot was
+   acquired, so it is free. */
+static void *dtr__pipe_host(dtr_pipe *p, dtr__pipe_slot *s, int k, size_t bytes) {
+    void *nb;
+    if (s->host_cap[k] >= bytes && s->host[k]) return s->host[k];
+    nb = dtr__realloc(&p->ctx->alloc, s->host[k], bytes ? bytes : 1);
+    if (!nb) {
+        dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory");
+        return NULL;
+    }
+    s->host[k] = nb;
+    s->host_cap[k] = bytes;
+    return nb;
+}
+
 /* ---- one forward and one backward ---- */
 
 static int dtr__pipe_first(const dtr_pipe *p, int chunk) { return chunk == 0 && p->rank == 0; }
@@ -22971,6 +23005,8 @@ static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, 
 static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
     int64_t hdr[1 + DTR_MAX_DIMS];
     int tag = p->cfg.tag + 3 * chunk, d;
+    size_t bytes;
+    void *dst;
     dtr_result r = dtr__pipe_recv(p, hdr, sizeof hdr, dtr__pipe_prev(p), tag);
     if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving an activation's shape", chunk, mb);
     if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
@@ -22978,8 +23014,12 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
         if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
     s->in = dtr_tensor_new(p->ctx, DTR_F32, (int)hdr[0], hdr + 1);
     if (!s->in) return p->ctx->status;
-    r = dtr__pipe_recv(p, dtr_tensor_data(s->in), (size_t)dtr_tensor_numel(s->in) * sizeof(float), dtr__pipe_prev(p), tag + 1);
+    bytes = (size_t)dtr_tensor_numel(s->in) * sizeof(float);
+    dst = p->staged ? dtr__pipe_host(p, s, 0, bytes) : dtr__data(s->in);
+    if (!dst) return p->ctx->status;
+    r = dtr__pipe_recv(p, dst, bytes, dtr__pipe_prev(p), tag + 1);
     if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving an activation", chunk, mb);
+    if (p->staged && (r = p->ctx->backend->from_host(p->ctx, dtr__data(s->in), dst, bytes)) != DTR_OK) return r;
     dtr_tensor_requires_grad(s->in);
     return DTR_OK;
 bad:
@@ -22996,13 +23036,19 @@ static dtr_result dtr__pipe_send(dtr_pipe *p, dtr__pipe_slot *s, int k, const vo
 static dtr_result dtr__pipe_send_output(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
     int next_chunk = chunk + (p->rank == p->P - 1), tag = p->cfg.tag + 3 * next_chunk, d;
     dtr_result r;
+    size_t bytes;
+    void *src;
     if (!dtr_tensor_is_contiguous(s->out) && !(s->out = dtr_contiguous(p->ctx, s->out))) return p->ctx->status;
+    bytes = (size_t)dtr_tensor_numel(s->out) * sizeof(float);
+    src = dtr__data(s->out);
     s->hdr[0] = dtr_tensor_ndim(s->out);
     for (d = 0; d < DTR_MAX_DIMS; d++) s->hdr[1 + d] = d < s->hdr[0] ? dtr_tensor_dim(s->out, d) : 0;
+    if (p->staged) {   /* the activation through the slot's host copy */
+        if (!(src = dtr__pipe_host(p, s, 1, bytes))) return p->ctx->status;
+        if ((r = p->ctx->backend->to_host(p->ctx, src, dtr__data(s->out), bytes)) != DTR_OK) return r;
+    }
     r = dtr__pipe_send(p, s, 0, s->hdr, sizeof s->hdr, dtr__pipe_next(p), tag);
-    if (r == DTR_OK)
-        r = dtr__pipe_send(p, s, 1, dtr_tensor_data(s->out), (size_t)dtr_tensor_numel(s->out) * sizeof(float),
-                           dtr__pipe_next(p), tag + 1);
+    if (r == DTR_OK) r = dtr__pipe_send(p, s, 1, src, bytes, dtr__pipe_next(p), tag + 1);
     return r == DTR_OK ? DTR_OK : dtr__pipe_comm_fail(p, r, "sending an activation", chunk, mb);
 }
 
@@ -23055,13 +23101,19 @@ static dtr_result dtr__pipe_forward(dtr_pipe *p, int chunk, int mb) {
 static dtr_result dtr__pipe_send_grad(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
     int64_t n = dtr_tensor_numel(s->in);
     const float *g = dtr_tensor_grad(s->in);
+    float *h;
     dtr_result r;
-    if (!g) {
+    if (p->staged) {   /* through the slot's host copy (zeros when the input got no gradient) */
+        if (!(h = (float *)dtr__pipe_host(p, s, 2, (size_t)n * sizeof(float)))) return p->ctx->status;
+        if (!g) memset(h, 0, (size_t)n * sizeof(float));
+        else if ((r = p->ctx->backend->to_host(p->ctx, h, g, (size_t)n * sizeof(float))) != DTR_OK) return r;
+        g = h;
+    } else if (!g) {
         dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
         dtr_tensor *z = dtr_tensor_zeros(p->ctx, DTR_F32, 1, &n);
         dtr_context_set_tape(p->ctx, was);
         if (!z) return p->ctx->status;
-        g = (const float *)dtr_tensor_data(z);
+        g = dtr__f32(z);
     }
     r = dtr__pipe_send(p, s, 2, g, (size_t)n * sizeof(float), dtr__pipe_prev(p), p->cfg.tag + 3 * chunk + 2);
     return r == DTR_OK ? DTR_OK : dtr__pipe_comm_fail(p, r, "sending a gradient", chunk, mb);
@@ -23072,13 +23124,13 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
     dtr_result r = DTR_OK;
     float seed = dtr__pipe_weight(p, mb), *g = &seed;
     if (p->cfg.dp && (r = dtr_dp_set_no_sync(p->cfg.dp, !last_backward)) != DTR_OK) return r;
-    if (!dtr__pipe_last(p, chunk)) {
+    if (!dtr__pipe_last(p, chunk)) {   /* the gradient of the output, into host memory (dtr_backward_from's) */
         dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
         int64_t n = dtr_tensor_numel(s->out);
-        dtr_tensor *gt = dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
+        dtr_tensor *gt = p->staged ? NULL : dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
         dtr_context_set_tape(p->ctx, was);
-        if (!gt) return p->ctx->status;
-        g = (float *)dtr_tensor_data(gt);
+        g = p->staged ? (float *)dtr__pipe_host(p, s, 2, (size_t)n * sizeof(float)) : gt ? dtr__f32(gt) : NULL;
+        if (!g) return p->ctx->status;
         r = dtr__pipe_recv(p, g, (size_t)n * sizeof(float), dtr__pipe_next(p), p->cfg.tag + 3 * (chunk + (p->rank == p->P - 1)) + 2);
         if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving a gradient", chunk, mb);
     }
@@ -23146,7 +23198,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23150 "dtrain.h"
+#line 23202 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23347,6 +23399,9 @@ static void dtr__ps_layout(dtr_ps *ps) {
 }
 
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+    if (!dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
+                         "version (backend %s: use the CPU backend)", ctx->backend->name);
     if (S < 1 || S >= size || S > 64)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
                          S, size);
@@ -24045,7 +24100,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24049 "dtrain.h"
+#line 24104 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24099,7 +24154,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24103 "dtrain.h"
+#line 24158 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25262,7 +25317,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25266 "dtrain.h"
+#line 25321 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26160,7 +26215,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26164 "dtrain.h"
+#line 26219 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27621,6 +27676,8 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     float *w, *g;
     int64_t i, n;
     if (!m || !global) return DTR_NULL_HANDLE;
+    if (!dtr__host_memory(dtr_model_context(m)))
+        return dtr__fail(dtr_model_context(m), DTR_UNSUPPORTED, "dtr_fed_prox: the model must be in host memory (CPU backend)");
     w = dtr_model_params(m);
     g = dtr_model_grads(m);
     n = dtr_model_numel(m);
@@ -27628,7 +27685,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27632 "dtrain.h"
+#line 27689 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28012,7 +28069,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28016 "dtrain.h"
+#line 28073 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28161,7 +28218,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28165 "dtrain.h"
+#line 28222 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

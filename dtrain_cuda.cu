@@ -80,8 +80,6 @@ static dtr_result dtr__cuda_blas(dtr_context *ctx, cublasStatus_t st, const char
                      "cuda: cuBLAS %s failed (status %d)", what, (int)st);
 }
 
-/** The first element of t's view in device memory (dtr_tensor_data is NULL on a device). */
-static void *dtr__cuda_data(const dtr_tensor *t) { return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype); }
 
 /** Grid for n elements, DTR__CUDA_THREADS each, grid-stride loops. */
 static unsigned dtr__cuda_grid(int64_t n) { return dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_BLOCKS); }
@@ -190,7 +188,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 194 "dtrain_cuda.cu"
+#line 192 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -535,7 +533,7 @@ static dtr_result dtr__cuda_cast_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
     dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__cuda_data(nd->out), nd->out->dtype, dtr__cuda_data(nd->in[0]), nd->in[0]->dtype, n);
+        dtr__data(nd->out), nd->out->dtype, dtr__data(nd->in[0]), nd->in[0]->dtype, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -692,7 +690,7 @@ static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     loss = (double *)(save + (((size_t)(R * K) * sizeof(float) + 7) & ~(size_t)7));
     if (R > 0)
         dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__f32(x), (const int32_t *)dtr__cuda_data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
+            dtr__f32(x), (const int32_t *)dtr__data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
     dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
     return dtr__cuda_launched(ctx, nd);
 }
@@ -703,7 +701,7 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(x);
     if (!gx || R == 0) return DTR_OK;
     dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        (const float *)nd->saved, (const int32_t *)dtr__cuda_data(nd->in[1]), nd->out->grad, gx, R, K);
+        (const float *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad, gx, R, K);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -768,7 +766,7 @@ static dtr_result dtr__cuda_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
     if (N * C == 0) return DTR_OK;
     dtr__cuda_embedding_fwd_k<<<dtr__cuda_grid(N * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), (const int32_t *)dtr__cuda_data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
+        dtr__f32(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -777,7 +775,7 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gw = dtr__gradof(nd->in[0]);
     if (!gw || N * C == 0) return DTR_OK;
     dtr__cuda_embedding_bwd_k<<<(unsigned)N, DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->out->grad, (const int32_t *)dtr__cuda_data(nd->in[1]), gw, N, C, V);
+        nd->out->grad, (const int32_t *)dtr__data(nd->in[1]), gw, N, C, V);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -946,7 +944,7 @@ static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__cuda_walk w = dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset);
         if (dtr_dtype_size(x->dtype) != 4 || !dtr__cuda_rows(ctx, 0, dtr__f32(nd->out), (float *)x->storage, &w))
             dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                (char *)dtr__cuda_data(nd->out), (const char *)x->storage, w, n, (int)dtr_dtype_size(x->dtype));
+                (char *)dtr__data(nd->out), (const char *)x->storage, w, n, (int)dtr_dtype_size(x->dtype));
         return dtr__cuda_launched(ctx, nd);
     }
     if (nd->op == DTR_OP_CONCAT) {   /* each input into its block of the output */
@@ -1017,7 +1015,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1021 "dtrain_cuda.cu"
+#line 1019 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1267,7 +1265,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1271 "dtrain_cuda.cu"
+#line 1269 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1446,7 +1444,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1450 "dtrain_cuda.cu"
+#line 1448 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1645,7 +1643,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1649 "dtrain_cuda.cu"
+#line 1647 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1832,7 +1830,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1836 "dtrain_cuda.cu"
+#line 1834 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2142,5 +2140,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2146 "dtrain_cuda.cu"
+#line 2144 "dtrain_cuda.cu"
 

@@ -8,8 +8,10 @@
  *                        give the same bits; a device backend agrees within 1e-5 (relative).
  *   test_op_coverage     every op of the op list (src/core/internal.h) appears on the tape of
  *                        at least one case: adding an op without a case fails here. */
+#define _DEFAULT_SOURCE   /* MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
 #include "test.h"
+#include "devsim.h"
 
 #define MAXIN 4
 #define EPS 1e-2f
@@ -515,9 +517,18 @@ static void parity_on(dtr_context *other, const char *backend, double tol) {
 }
 
 static void test_backend_parity(void) {
-    dtr_context *cpu3 = test_ctx(3);
+    dtr_context *cpu3 = test_ctx(3), *sim = NULL;
+    dtr_context_config sc = dtr_context_config_init();
     parity_on(cpu3, "cpu (3 threads)", 0.0);   /* the CPU gives the same bits for any thread count */
     dtr_context_destroy(cpu3);
+    /* the simulated device (tests/devsim.h): the CPU's kernels, so the same bits, over memory
+       the core may touch only through the backend */
+    sc.backend = devsim_backend();
+    sc.threads = 1;
+    CHECK(dtr_context_create(&sc, &sim) == DTR_OK);
+    if (sim) parity_on(sim, "devsim", 0.0);
+    dtr_context_destroy(sim);
+    CHECK_EQ_INT(devsim__violations, 0);
 #ifdef DTR_TEST_CUDA   /* make test-gpu: this program linked with dtrain_cuda.o */
     if (dtr_cuda_device_count() > 0) {
         dtr_context_config cc = dtr_context_config_init();

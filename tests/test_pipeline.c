@@ -20,10 +20,12 @@
  *                          fails there and gives DTR_PEER_FAILED on the others within the
  *                          deadline; an i32 activation and a malformed activation header
  *                          are refused */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* POSIX 2008, and MAP_ANONYMOUS for tests/devsim.h */
+#define DTRAIN_INTERNAL_API
 #include <pthread.h>
 #include "test.h"
 #include "pipe_model.h"
+#include "devsim.h"
 
 #define STEPS 20
 
@@ -34,6 +36,7 @@ typedef struct pipe_run {
     int dp;            /* > 1: a data x pipeline grid of dp * stages ranks */
     int tp;            /* > 1: and tensor-parallel blocks over groups of tp ranks */
     int zero;          /* with dp: the replicas' ZeRO stage */
+    int devsim;        /* the ranks' models on the simulated device (tests/devsim.h) */
 } pipe_run;
 
 typedef struct rank_out {
@@ -127,9 +130,13 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
 static void *rank_main(void *arg) {
     rank_out *o = (rank_out *)arg;
     dtr_comm_config cfg = dtr_comm_config_init();
-    dtr_context *ctx = test_ctx(1);
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
     dtr_comm *c = NULL;
     int64_t t0 = dtr_time_ns();
+    cc.threads = 1;
+    cc.backend = o->run->devsim ? devsim_backend() : NULL;
+    if (dtr_context_create(&cc, &ctx) != DTR_OK) { o->result = DTR_OUT_OF_MEMORY; return NULL; }
     cfg.local.world = o->w;
     cfg.local.rank = o->rank;
     cfg.timeout_ms = o->run->fail_rank >= 0 || o->run->bogus ? 2000 : 30000;
@@ -194,6 +201,23 @@ static void test_pipe_equivalence(void) {
         run.microbatches = k;
         check_equivalent(&run);
     }
+}
+
+/* the ranks' models in (simulated) device memory: activations and gradients go through the
+   slots' host copies, the data-parallel gradients through the engine's staging buffer, and
+   the weights are those of the CPU reference */
+static void test_pipe_devsim(void) {
+    pipe_run run;
+    make_reference();
+    memset(&run, 0, sizeof run);
+    run.steps = STEPS, run.fail_rank = -1, run.chunks = 1, run.devsim = 1, run.microbatches = 4;
+    run.schedule = DTR_PIPE_1F1B, run.stages = 2;
+    check_equivalent(&run);
+    run.schedule = DTR_PIPE_INTERLEAVED, run.stages = 4, run.chunks = 2;
+    check_equivalent(&run);
+    run.schedule = DTR_PIPE_1F1B, run.stages = 2, run.chunks = 1, run.dp = 2;
+    check_equivalent(&run);
+    CHECK_EQ_INT(devsim__violations, 0);
 }
 
 static void test_pipe_uneven(void) {
@@ -338,6 +362,7 @@ static void test_pipe_errors(void) {
 
 int main(void) {
     RUN(test_pipe_equivalence);
+    RUN(test_pipe_devsim);
     RUN(test_pipe_uneven);
     RUN(test_pipe_grid);
     RUN(test_pipe_memory);

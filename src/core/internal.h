@@ -432,6 +432,8 @@ DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *o
 int64_t dtr__numel(int ndim, const int64_t *shape);
 void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
+/** The first element of t's view, any dtype, whatever memory it is in (kernels' access). */
+static inline void *dtr__data(const dtr_tensor *t) { return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype); }
 static inline int32_t *dtr__i32(const dtr_tensor *t) { return (int32_t *)t->storage + t->offset; }
 /** Makes sure t->grad exists (zeroed; the model's buffer for parameters). */
 DTR__PRIVATE dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t);

@@ -73,8 +73,6 @@ static dtr_result dtr__cuda_blas(dtr_context *ctx, cublasStatus_t st, const char
                      "cuda: cuBLAS %s failed (status %d)", what, (int)st);
 }
 
-/** The first element of t's view in device memory (dtr_tensor_data is NULL on a device). */
-static void *dtr__cuda_data(const dtr_tensor *t) { return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype); }
 
 /** Grid for n elements, DTR__CUDA_THREADS each, grid-stride loops. */
 static unsigned dtr__cuda_grid(int64_t n) { return dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_BLOCKS); }

@@ -339,7 +339,7 @@ static dtr_result dtr__cuda_cast_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
     dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__cuda_data(nd->out), nd->out->dtype, dtr__cuda_data(nd->in[0]), nd->in[0]->dtype, n);
+        dtr__data(nd->out), nd->out->dtype, dtr__data(nd->in[0]), nd->in[0]->dtype, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -496,7 +496,7 @@ static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     loss = (double *)(save + (((size_t)(R * K) * sizeof(float) + 7) & ~(size_t)7));
     if (R > 0)
         dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__f32(x), (const int32_t *)dtr__cuda_data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
+            dtr__f32(x), (const int32_t *)dtr__data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
     dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
     return dtr__cuda_launched(ctx, nd);
 }
@@ -507,7 +507,7 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(x);
     if (!gx || R == 0) return DTR_OK;
     dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        (const float *)nd->saved, (const int32_t *)dtr__cuda_data(nd->in[1]), nd->out->grad, gx, R, K);
+        (const float *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad, gx, R, K);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -572,7 +572,7 @@ static dtr_result dtr__cuda_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
     if (N * C == 0) return DTR_OK;
     dtr__cuda_embedding_fwd_k<<<dtr__cuda_grid(N * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), (const int32_t *)dtr__cuda_data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
+        dtr__f32(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -581,7 +581,7 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gw = dtr__gradof(nd->in[0]);
     if (!gw || N * C == 0) return DTR_OK;
     dtr__cuda_embedding_bwd_k<<<(unsigned)N, DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->out->grad, (const int32_t *)dtr__cuda_data(nd->in[1]), gw, N, C, V);
+        nd->out->grad, (const int32_t *)dtr__data(nd->in[1]), gw, N, C, V);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -750,7 +750,7 @@ static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__cuda_walk w = dtr__cuda_walk_make(x->ndim, x->shape, x->stride, x->offset);
         if (dtr_dtype_size(x->dtype) != 4 || !dtr__cuda_rows(ctx, 0, dtr__f32(nd->out), (float *)x->storage, &w))
             dtr__cuda_gather_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                (char *)dtr__cuda_data(nd->out), (const char *)x->storage, w, n, (int)dtr_dtype_size(x->dtype));
+                (char *)dtr__data(nd->out), (const char *)x->storage, w, n, (int)dtr_dtype_size(x->dtype));
         return dtr__cuda_launched(ctx, nd);
     }
     if (nd->op == DTR_OP_CONCAT) {   /* each input into its block of the output */

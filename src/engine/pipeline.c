@@ -19,11 +19,16 @@
  * int64 (ndim, shape) on tag + 3c, its f32 data on tag + 3c + 1; a gradient (shape known to
  * both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
  * handles the micro-batches of a chunk in increasing order in both directions.
+ *
+ * A model in device memory (a GPU backend) over a host-memory group stages every message
+ * through host buffers of its micro-batch's slot (to_host before a send, from_host after a
+ * receive); device-memory groups (NCCL) are refused.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
+#include "../comm/comm_internal.h"
 
 /* one micro-batch in flight: its tape, input (received or NULL), output, sends */
 typedef struct dtr__pipe_slot {
@@ -32,6 +37,9 @@ typedef struct dtr__pipe_slot {
     dtr_request *req[3];           /* header, activation, gradient sends */
     int64_t hdr[1 + DTR_MAX_DIMS]; /* header being sent */
     int busy;                      /* 1 from its forward until its backward is done */
+    void *host[3];                 /* device models: host copies of the input received, the
+                                      output sent and a gradient (received, then sent) */
+    size_t host_cap[3];
 } dtr__pipe_slot;
 
 typedef struct dtr__pipe_action { int fwd, chunk, mb; } dtr__pipe_action;
@@ -48,6 +56,7 @@ struct dtr_pipe {
     dtr__pipe_action *plan;         /* 2 * v * M actions */
     double loss;                    /* weighted sum of this step's micro-batch losses */
     dtr_pipe_stats stats;
+    int staged;                     /* device model over a host-memory group: messages go through host copies */
 };
 
 /* ---- configuration and plans ---- */
@@ -139,9 +148,13 @@ dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg
     if (!m || !c || !cfg) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(m);
     if ((r = dtr__pipe_check(ctx, cfg, dtr_comm_size(c))) != DTR_OK) return r;
+    if (c->mem_ctx)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_pipe_create: stages over a device-memory group (NCCL) are not in this "
+                         "version: give the pipeline a host-memory group (its messages are staged through the host)");
     p = (dtr_pipe *)dtr__calloc(&ctx->alloc, sizeof(*p));
     if (!p) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
     p->m = m, p->ctx = ctx, p->c = c, p->cfg = *cfg;
+    p->staged = !dtr__host_memory(ctx);
     p->rank = dtr_comm_rank(c), p->P = dtr_comm_size(c), p->v = cfg->chunks, p->M = cfg->microbatches;
     p->live = (dtr__pipe_slot **)dtr__calloc(&ctx->alloc, (size_t)(p->v * p->M) * sizeof(*p->live));
     p->plan = (dtr__pipe_action *)dtr__calloc(&ctx->alloc, (size_t)(2 * p->v * p->M) * sizeof(*p->plan));
@@ -160,6 +173,7 @@ void dtr_pipe_destroy(dtr_pipe *p) {
     if (!p) return;
     for (i = 0; i < p->n_slots; i++) {
         for (k = 0; k < 3; k++) dtr_request_destroy(p->slots[i]->req[k]);
+        for (k = 0; k < 3; k++) dtr__free(&p->ctx->alloc, p->slots[i]->host[k]);
         dtr_tape_destroy(p->slots[i]->tape);
         dtr__free(&p->ctx->alloc, p->slots[i]);
     }
@@ -228,6 +242,22 @@ static dtr__pipe_slot *dtr__pipe_acquire(dtr_pipe *p, dtr_result *r) {
     return s;
 }
 
+/* The slot's host buffer k (0: the input received, 1: the output sent, 2: a gradient), grown
+   to `bytes`; NULL with the error recorded. Its last send finished before the slot was
+   acquired, so it is free. */
+static void *dtr__pipe_host(dtr_pipe *p, dtr__pipe_slot *s, int k, size_t bytes) {
+    void *nb;
+    if (s->host_cap[k] >= bytes && s->host[k]) return s->host[k];
+    nb = dtr__realloc(&p->ctx->alloc, s->host[k], bytes ? bytes : 1);
+    if (!nb) {
+        dtr__fail(p->ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_step: out of memory");
+        return NULL;
+    }
+    s->host[k] = nb;
+    s->host_cap[k] = bytes;
+    return nb;
+}
+
 /* ---- one forward and one backward ---- */
 
 static int dtr__pipe_first(const dtr_pipe *p, int chunk) { return chunk == 0 && p->rank == 0; }
@@ -252,6 +282,8 @@ static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, 
 static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
     int64_t hdr[1 + DTR_MAX_DIMS];
     int tag = p->cfg.tag + 3 * chunk, d;
+    size_t bytes;
+    void *dst;
     dtr_result r = dtr__pipe_recv(p, hdr, sizeof hdr, dtr__pipe_prev(p), tag);
     if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving an activation's shape", chunk, mb);
     if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
@@ -259,8 +291,12 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
         if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
     s->in = dtr_tensor_new(p->ctx, DTR_F32, (int)hdr[0], hdr + 1);
     if (!s->in) return p->ctx->status;
-    r = dtr__pipe_recv(p, dtr_tensor_data(s->in), (size_t)dtr_tensor_numel(s->in) * sizeof(float), dtr__pipe_prev(p), tag + 1);
+    bytes = (size_t)dtr_tensor_numel(s->in) * sizeof(float);
+    dst = p->staged ? dtr__pipe_host(p, s, 0, bytes) : dtr__data(s->in);
+    if (!dst) return p->ctx->status;
+    r = dtr__pipe_recv(p, dst, bytes, dtr__pipe_prev(p), tag + 1);
     if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving an activation", chunk, mb);
+    if (p->staged && (r = p->ctx->backend->from_host(p->ctx, dtr__data(s->in), dst, bytes)) != DTR_OK) return r;
     dtr_tensor_requires_grad(s->in);
     return DTR_OK;
 bad:
@@ -277,13 +313,19 @@ static dtr_result dtr__pipe_send(dtr_pipe *p, dtr__pipe_slot *s, int k, const vo
 static dtr_result dtr__pipe_send_output(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
     int next_chunk = chunk + (p->rank == p->P - 1), tag = p->cfg.tag + 3 * next_chunk, d;
     dtr_result r;
+    size_t bytes;
+    void *src;
     if (!dtr_tensor_is_contiguous(s->out) && !(s->out = dtr_contiguous(p->ctx, s->out))) return p->ctx->status;
+    bytes = (size_t)dtr_tensor_numel(s->out) * sizeof(float);
+    src = dtr__data(s->out);
     s->hdr[0] = dtr_tensor_ndim(s->out);
     for (d = 0; d < DTR_MAX_DIMS; d++) s->hdr[1 + d] = d < s->hdr[0] ? dtr_tensor_dim(s->out, d) : 0;
+    if (p->staged) {   /* the activation through the slot's host copy */
+        if (!(src = dtr__pipe_host(p, s, 1, bytes))) return p->ctx->status;
+        if ((r = p->ctx->backend->to_host(p->ctx, src, dtr__data(s->out), bytes)) != DTR_OK) return r;
+    }
     r = dtr__pipe_send(p, s, 0, s->hdr, sizeof s->hdr, dtr__pipe_next(p), tag);
-    if (r == DTR_OK)
-        r = dtr__pipe_send(p, s, 1, dtr_tensor_data(s->out), (size_t)dtr_tensor_numel(s->out) * sizeof(float),
-                           dtr__pipe_next(p), tag + 1);
+    if (r == DTR_OK) r = dtr__pipe_send(p, s, 1, src, bytes, dtr__pipe_next(p), tag + 1);
     return r == DTR_OK ? DTR_OK : dtr__pipe_comm_fail(p, r, "sending an activation", chunk, mb);
 }
 
@@ -336,13 +378,19 @@ static dtr_result dtr__pipe_forward(dtr_pipe *p, int chunk, int mb) {
 static dtr_result dtr__pipe_send_grad(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
     int64_t n = dtr_tensor_numel(s->in);
     const float *g = dtr_tensor_grad(s->in);
+    float *h;
     dtr_result r;
-    if (!g) {
+    if (p->staged) {   /* through the slot's host copy (zeros when the input got no gradient) */
+        if (!(h = (float *)dtr__pipe_host(p, s, 2, (size_t)n * sizeof(float)))) return p->ctx->status;
+        if (!g) memset(h, 0, (size_t)n * sizeof(float));
+        else if ((r = p->ctx->backend->to_host(p->ctx, h, g, (size_t)n * sizeof(float))) != DTR_OK) return r;
+        g = h;
+    } else if (!g) {
         dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
         dtr_tensor *z = dtr_tensor_zeros(p->ctx, DTR_F32, 1, &n);
         dtr_context_set_tape(p->ctx, was);
         if (!z) return p->ctx->status;
-        g = (const float *)dtr_tensor_data(z);
+        g = dtr__f32(z);
     }
     r = dtr__pipe_send(p, s, 2, g, (size_t)n * sizeof(float), dtr__pipe_prev(p), p->cfg.tag + 3 * chunk + 2);
     return r == DTR_OK ? DTR_OK : dtr__pipe_comm_fail(p, r, "sending a gradient", chunk, mb);
@@ -353,13 +401,13 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
     dtr_result r = DTR_OK;
     float seed = dtr__pipe_weight(p, mb), *g = &seed;
     if (p->cfg.dp && (r = dtr_dp_set_no_sync(p->cfg.dp, !last_backward)) != DTR_OK) return r;
-    if (!dtr__pipe_last(p, chunk)) {
+    if (!dtr__pipe_last(p, chunk)) {   /* the gradient of the output, into host memory (dtr_backward_from's) */
         dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
         int64_t n = dtr_tensor_numel(s->out);
-        dtr_tensor *gt = dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
+        dtr_tensor *gt = p->staged ? NULL : dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
         dtr_context_set_tape(p->ctx, was);
-        if (!gt) return p->ctx->status;
-        g = (float *)dtr_tensor_data(gt);
+        g = p->staged ? (float *)dtr__pipe_host(p, s, 2, (size_t)n * sizeof(float)) : gt ? dtr__f32(gt) : NULL;
+        if (!g) return p->ctx->status;
         r = dtr__pipe_recv(p, g, (size_t)n * sizeof(float), dtr__pipe_next(p), p->cfg.tag + 3 * (chunk + (p->rank == p->P - 1)) + 2);
         if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving a gradient", chunk, mb);
     }

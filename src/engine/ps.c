@@ -195,6 +195,9 @@ static void dtr__ps_layout(dtr_ps *ps) {
 }
 
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+    if (!dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
+                         "version (backend %s: use the CPU backend)", ctx->backend->name);
     if (S < 1 || S >= size || S > 64)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
                          S, size);

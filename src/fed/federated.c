@@ -1455,6 +1455,8 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     float *w, *g;
     int64_t i, n;
     if (!m || !global) return DTR_NULL_HANDLE;
+    if (!dtr__host_memory(dtr_model_context(m)))
+        return dtr__fail(dtr_model_context(m), DTR_UNSUPPORTED, "dtr_fed_prox: the model must be in host memory (CPU backend)");
     w = dtr_model_params(m);
     g = dtr_model_grads(m);
     n = dtr_model_numel(m);

@@ -412,7 +412,7 @@ dtr_tensor *dtr_cast(dtr_context *ctx, dtr_tensor *x, dtr_dtype dt) {
 
 dtr_result dtr__cpu_cast_fwd(dtr_context *ctx, dtr__node *nd) {
     (void)ctx;
-    return dtr_convert(dtr_tensor_data(nd->out), nd->out->dtype, dtr_tensor_data(nd->in[0]), nd->in[0]->dtype,
+    return dtr_convert(dtr__data(nd->out), nd->out->dtype, dtr__data(nd->in[0]), nd->in[0]->dtype,
                        (size_t)dtr_tensor_numel(nd->out));
 }
 

@@ -183,7 +183,7 @@ dtr_result dtr__cpu_view_fwd(dtr_context *ctx, dtr__node *nd) {
     (void)ctx;
     if (nd->op == DTR_OP_CONTIGUOUS) {
         size_t es = dtr_dtype_size(x->dtype);
-        char *dst = (char *)dtr_tensor_data(nd->out);
+        char *dst = (char *)dtr__data(nd->out);
         const char *src = (const char *)x->storage;
         DTR__FOR_EACH(x->ndim, x->shape, x->stride, x->offset, memcpy(dst + (size_t)i * es, src + (size_t)off * es, es));
     } else if (nd->op == DTR_OP_CONCAT) {

@@ -931,7 +931,8 @@ typedef struct dtr_ps dtr_ps;
  *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
  *  staleness < 0, push_dtype, mode, policy; the context's message says which), DTR_UNSUPPORTED
- *  (LAMB, clip_norm), DTR_OUT_OF_MEMORY. Thread safety: the model's context thread. */
+ *  (LAMB, clip_norm, a model in device memory), DTR_OUT_OF_MEMORY. Thread safety: the model's
+ *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
 /** Frees the engine (not the model or group). NULL is ignored. A server still listening
  *  (dtr_ps_serve returned an error) aborts the group first so that nothing waits on it.

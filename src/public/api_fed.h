@@ -237,7 +237,8 @@ DTR_API const char *dtr_fed_client_last_error(const dtr_fed_client *c);
 /** FedProx: adds mu * (w - global) to the model's gradients (the gradient of the proximal
  *  term mu/2 ||w - global||^2). Call after each backward, before the optimizer step.
  *  `global` holds dtr_model_numel floats (the weights of the task). Host memory only.
- *  @return DTR_OK; DTR_NULL_HANDLE; DTR_BAD_STATE (model not built or not on the host).
+ *  @return DTR_OK; DTR_NULL_HANDLE; DTR_UNSUPPORTED (a model in device memory); DTR_BAD_STATE
+ *  (model not built).
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 

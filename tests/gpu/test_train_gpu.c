@@ -2,14 +2,24 @@
  * optimizer (SGD with momentum, Adam, AdamW, LAMB; with gradient clipping) takes the same
  * steps on a small MLP on both backends and must leave the same parameters; the loss scaler
  * must skip, and report, a step whose gradients overflowed on the GPU, leaving the weights
- * alone; weights saved from the GPU must load into a CPU model unchanged; two ranks sharing
+ * alone; weights saved from the GPU must load into a CPU model unchanged; a full-state
+ * checkpoint of a GPU run must restore it bit for bit; two ranks sharing
  * the GPU, training data-parallel over the local transport (host memory: the gradients go
  * through the engine's host staging buffer), must end where one rank with the whole batch
  * does. Without a GPU it says loudly that it skipped. */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* mkstemp, MAP_ANONYMOUS (tests/devsim.h) */
+#define DTRAIN_INTERNAL_API
 #include <pthread.h>
 #include <unistd.h>
 #include "../test.h"
+#ifdef TRAIN_DEVSIM   /* tests/test_devsim.c: the same checks on the simulated device, in make test */
+#include "../devsim.h"
+#define DEVICE_BACKEND() devsim_backend()
+#define DEVICE_COUNT() 1
+#else
+#define DEVICE_BACKEND() dtr_cuda_backend()
+#define DEVICE_COUNT() dtr_cuda_device_count()
+#endif
 
 #define IN 12
 #define HID 16
@@ -22,7 +32,7 @@ typedef struct tnet { dtr_model *m; dtr_linear_layer l1, l2; } tnet;
 static dtr_context *make_ctx(int gpu) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_context *ctx = NULL;
-    cc.backend = gpu ? dtr_cuda_backend() : NULL;
+    cc.backend = gpu ? DEVICE_BACKEND() : NULL;
     cc.threads = 1;
     cc.seed = 5;
     return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
@@ -181,6 +191,84 @@ static void test_save_load(void) {
     free(pb);
 }
 
+/* A full-state checkpoint of a device model: 3 AdamW steps, a checkpoint, 2 more steps, a
+   restore; the weights and the next step are those of the checkpoint's moment, bit for bit
+   (the checkpointer copies device entries through the backend). */
+static void test_checkpoint(void) {
+    dtr_context *ctx = make_ctx(1);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_ckpt_config kc = dtr_ckpt_config_init();
+    dtr_optimizer *opt = NULL;
+    dtr_ckpt *ck = NULL;
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT), step = -1;
+    float *at3 = (float *)malloc((size_t)n * sizeof(float)), *now = (float *)malloc((size_t)n * sizeof(float));
+    float first[2] = {0, 0}, again[2] = {-1, -1};   /* the losses of steps 4 and 5, first time and resumed */
+    char dir[] = "/tmp/dtr_gpu_ckptXXXXXX", path[512];
+    tnet net;
+    int s, ok;
+    memset(&net, 0, sizeof net);
+    ok = mkdtemp(dir) != NULL && ctx && net_make(ctx, &net) && dtr_optimizer_create(net.m, &oc, &opt) == DTR_OK;
+    kc.dir = dir, kc.ctx = ctx, kc.model = net.m, kc.optimizer = opt, kc.sync = 1;
+    ok = ok && dtr_ckpt_create(&kc, &ck) == DTR_OK;
+    for (s = 0; ok && s < 5; s++) {
+        dtr_tensor *loss = net_loss(ctx, &net, 1.0f);
+        ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK;
+        if (ok && s >= 3) first[s - 3] = dtr_tensor_get(loss, 0);
+        dtr_context_reset(ctx);
+        if (ok && s == 2) ok = net_read(&net, at3) && dtr_ckpt_save(ck, 3, NULL) == DTR_OK && dtr_ckpt_wait(ck) == DTR_OK;
+    }
+    CHECK_MSG(ok, "training or saving failed: %s | %s", ctx ? dtr_context_last_error(ctx) : "", ck ? dtr_ckpt_last_error(ck) : "");
+    CHECK(ok && dtr_ckpt_latest(dir, &step, path, sizeof path) == DTR_OK && step == 3);
+    CHECK_MSG(ok && dtr_ckpt_restore(ck, NULL, &step) == DTR_OK, "restore: %s", ck ? dtr_ckpt_last_error(ck) : "");
+    CHECK(net_read(&net, now) && memcmp(now, at3, (size_t)n * sizeof(float)) == 0);
+    for (s = 0; ok && s < 2; s++) {   /* steps 4 and 5 again: the same losses (the optimizer's moments came back too) */
+        dtr_tensor *loss = net_loss(ctx, &net, 1.0f);
+        CHECK(loss && dtr_backward(ctx, loss) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK);
+        if (loss) again[s] = dtr_tensor_get(loss, 0);
+        dtr_context_reset(ctx);
+    }
+    CHECK_MSG(first[0] == again[0] && first[1] == again[1], "resumed losses %g %g, first time %g %g", again[0], again[1],
+              first[0], first[1]);
+    dtr_ckpt_destroy(ck);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(net.m);
+    dtr_context_destroy(ctx);
+    free(at3);
+    free(now);
+    {   /* the checkpoint folder */
+        char cmd[600];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+        if (system(cmd) != 0) fprintf(stderr, "  (could not remove %s)\n", dir);
+    }
+}
+
+/* Engines that keep the model in host memory refuse a device model with DTR_UNSUPPORTED
+   (never touch its memory): parameter servers and FedProx. */
+static void test_host_only_engines(void) {
+    dtr_context *ctx = make_ctx(1);
+    dtr_local_world *w = NULL;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_ps *ps = NULL;
+    dtr_ps_config pc = dtr_ps_config_init();
+    float global[IN * HID + HID + HID * OUT + OUT];
+    char err[256];
+    tnet net;
+    memset(&net, 0, sizeof net);
+    memset(global, 0, sizeof global);
+    CHECK(ctx && net_make(ctx, &net));
+    CHECK(dtr_local_world_create(1, NULL, &w) == DTR_OK);
+    cc.local.world = w;
+    CHECK(dtr_comm_create(&cc, &c, err, sizeof err) == DTR_OK);
+    CHECK_EQ_INT(dtr_fed_prox(net.m, global, 0.1f), DTR_UNSUPPORTED);
+    CHECK_EQ_INT(dtr_ps_create(net.m, c, &pc, &ps), DTR_UNSUPPORTED);
+    CHECK(ps == NULL && strstr(dtr_context_last_error(ctx), "host memory") != NULL);
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    dtr_model_destroy(net.m);
+    dtr_context_destroy(ctx);
+}
+
 /* ---- data parallel: two ranks on one GPU over the local transport ---- */
 
 typedef struct dp_rank { dtr_local_world *w; int rank, world, ok; float params[IN * HID + HID + HID * OUT + OUT]; char err[256]; } dp_rank;
@@ -247,13 +335,18 @@ static void test_data_parallel(void) {
 
 int main(void) {
     (void)test_ctx;
-    if (dtr_cuda_device_count() <= 0) {
+    if (DEVICE_COUNT() <= 0) {
         printf("*** test_train_gpu: no GPU visible: GPU training checks SKIPPED ***\n");
         return test_summary();
     }
     RUN(test_optimizers);
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
+    RUN(test_checkpoint);
+    RUN(test_host_only_engines);
     RUN(test_data_parallel);
+#ifdef TRAIN_DEVSIM
+    CHECK_EQ_INT(devsim__violations, 0);
+#endif
     return test_summary();
 }

@@ -1,0 +1,172 @@
+/* tests/devsim.h: a simulated device backend, for the machines without a GPU that run CI.
+ *
+ * It runs the CPU kernels, but over memory the core must treat as device memory: the backend
+ * lacks DTR__CAP_HOST_MEMORY, and every block it hands out (model buffers, optimizer state,
+ * step-arena chunks) is its own mapping, protected PROT_NONE whenever the backend is not
+ * running. Core code that touches tensor data directly on a device backend, instead of going
+ * through the backend's copies and kernels, dies with SIGSEGV here, in `make test`, rather
+ * than on the first GPU (the CUDA backend's first run found tensor data in a host arena).
+ * Copies check their direction: to_host must read a device block and write outside them,
+ * from_host the reverse; a wrong one is counted (devsim_violations) and named on stderr.
+ *
+ * Protection is per context (each has its own blocks), so several contexts on threads of one
+ * process (data-parallel ranks) do not unprotect each other's memory. Use:
+ *     cc.backend = devsim_backend();   (before dtr_context_create)
+ * Needs DTRAIN_INTERNAL_API before test.h (the CPU backend's vtable). */
+#ifndef DTRAIN_TEST_DEVSIM_H
+#define DTRAIN_TEST_DEVSIM_H
+#include <sys/mman.h>
+#include <unistd.h>
+
+typedef struct devsim_block { void *p; size_t bytes, mapped; } devsim_block;
+
+typedef struct devsim_state {
+    devsim_block *b;
+    int n, cap, depth;   /* depth > 0: inside a backend call (blocks open) */
+} devsim_state;
+
+static int devsim__violations;
+
+static devsim_state *devsim__st(dtr_context *ctx) { return (devsim_state *)ctx->backend_state; }
+
+static void devsim__protect(devsim_state *s, int open) {
+    int i;
+    for (i = 0; i < s->n; i++) mprotect(s->b[i].p, s->b[i].mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+}
+
+/* a backend call: the blocks open for its duration (calls may nest) */
+static void devsim__enter(dtr_context *ctx) {
+    devsim_state *s = devsim__st(ctx);
+    if (s->depth++ == 0) devsim__protect(s, 1);
+}
+static void devsim__leave(dtr_context *ctx) {
+    devsim_state *s = devsim__st(ctx);
+    if (--s->depth == 0) devsim__protect(s, 0);
+}
+
+/* 1 when [p, p + bytes) lies inside one of ctx's blocks */
+static int devsim__owns(dtr_context *ctx, const void *p, size_t bytes) {
+    devsim_state *s = devsim__st(ctx);
+    int i;
+    for (i = 0; i < s->n; i++) {
+        const char *a = (const char *)s->b[i].p;
+        if ((const char *)p >= a && (const char *)p + bytes <= a + s->b[i].bytes) return 1;
+    }
+    return 0;
+}
+
+static void devsim__violation(const char *what, const void *p, size_t bytes) {
+    devsim__violations++;
+    fprintf(stderr, "  devsim: %s (%p, %zu bytes)\n", what, p, bytes);
+}
+
+static dtr_result devsim__init(dtr_context *ctx, void **state) {
+    (void)ctx;
+    *state = calloc(1, sizeof(devsim_state));
+    return *state ? DTR_OK : DTR_OUT_OF_MEMORY;
+}
+
+static void devsim__shutdown(dtr_context *ctx, void *state) {
+    devsim_state *s = (devsim_state *)state;
+    int i;
+    (void)ctx;
+    for (i = 0; i < s->n; i++) munmap(s->b[i].p, s->b[i].mapped);
+    free(s->b);
+    free(s);
+}
+
+static void *devsim__alloc(dtr_context *ctx, size_t bytes) {
+    devsim_state *s = devsim__st(ctx);
+    size_t page = (size_t)sysconf(_SC_PAGESIZE), mapped = ((bytes ? bytes : 1) + page - 1) / page * page;
+    void *p;
+    if (s->n == s->cap) {
+        int cap = s->cap ? 2 * s->cap : 32;
+        devsim_block *nb = (devsim_block *)realloc(s->b, (size_t)cap * sizeof *nb);
+        if (!nb) return NULL;
+        s->b = nb;
+        s->cap = cap;
+    }
+    p = mmap(NULL, mapped, s->depth ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    s->b[s->n].p = p;
+    s->b[s->n].bytes = bytes;
+    s->b[s->n].mapped = mapped;
+    s->n++;
+    return p;
+}
+
+static void devsim__free(dtr_context *ctx, void *p) {
+    devsim_state *s = devsim__st(ctx);
+    int i;
+    if (!p) return;
+    for (i = 0; i < s->n && s->b[i].p != p; i++) {}
+    if (i == s->n) { devsim__violation("free of memory that is not a device block", p, 0); return; }
+    munmap(p, s->b[i].mapped);
+    s->b[i] = s->b[--s->n];
+}
+
+static dtr_result devsim__memset0(dtr_context *ctx, void *dst, size_t bytes) {
+    dtr_result r;
+    if (bytes && !devsim__owns(ctx, dst, bytes)) devsim__violation("memset0 outside the device blocks", dst, bytes);
+    devsim__enter(ctx);
+    r = dtr__cpu_backend.memset0(ctx, dst, bytes);
+    devsim__leave(ctx);
+    return r;
+}
+
+static dtr_result devsim__copy(dtr_context *ctx, void *dst, const void *src, size_t bytes, int to_host) {
+    dtr_result r;
+    if (bytes && !devsim__owns(ctx, to_host ? src : dst, bytes))
+        devsim__violation(to_host ? "to_host reads outside the device blocks" : "from_host writes outside the device blocks",
+                          to_host ? src : dst, bytes);
+    if (bytes && devsim__owns(ctx, to_host ? dst : src, bytes))
+        devsim__violation(to_host ? "to_host writes into a device block" : "from_host reads a device block",
+                          to_host ? dst : src, bytes);
+    devsim__enter(ctx);
+    r = to_host ? dtr__cpu_backend.to_host(ctx, dst, src, bytes) : dtr__cpu_backend.from_host(ctx, dst, src, bytes);
+    devsim__leave(ctx);
+    return r;
+}
+static dtr_result devsim__to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    return devsim__copy(ctx, dst, src, bytes, 1);
+}
+static dtr_result devsim__from_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    return devsim__copy(ctx, dst, src, bytes, 0);
+}
+
+static int devsim__supports_op(const dtr_context *ctx, int op) { return dtr__cpu_backend.supports_op(ctx, op); }
+
+#define DEVSIM_WRAP(name, params, args)             \
+    static dtr_result devsim__##name params {       \
+        dtr_result r;                               \
+        devsim__enter(ctx);                         \
+        r = dtr__cpu_backend.name args;             \
+        devsim__leave(ctx);                         \
+        return r;                                   \
+    }
+DEVSIM_WRAP(forward, (dtr_context *ctx, dtr__node *n), (ctx, n))
+DEVSIM_WRAP(backward, (dtr_context *ctx, dtr__node *n), (ctx, n))
+DEVSIM_WRAP(optimizer_update, (dtr_context *ctx, const dtr__opt_args *a), (ctx, a))
+DEVSIM_WRAP(sumsq, (dtr_context *ctx, const float *x, int64_t n, double *out), (ctx, x, n, out))
+DEVSIM_WRAP(scale, (dtr_context *ctx, float *x, int64_t n, float s), (ctx, x, n, s))
+DEVSIM_WRAP(reduce, (dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op, int div),
+            (ctx, out, a, b, n, dt, op, div))
+#undef DEVSIM_WRAP
+
+static dtr_result devsim__event_record(dtr_context *ctx, dtr_event **ev) { return dtr__cpu_backend.event_record(ctx, ev); }
+static dtr_result devsim__event_wait(dtr_context *ctx, dtr_event *ev) { return dtr__cpu_backend.event_wait(ctx, ev); }
+static dtr_result devsim__event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    return dtr__cpu_backend.event_query(ctx, ev, done);
+}
+static dtr_result devsim__sync(dtr_context *ctx) { return dtr__cpu_backend.synchronize(ctx); }
+
+static const dtr_backend devsim__vt = {
+    DTR_VERSION_NUMBER, sizeof(dtr_backend), "devsim", 0u, devsim__init, devsim__shutdown, devsim__alloc, devsim__free,
+    devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
+    devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
+    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync};
+
+/** The simulated device backend (see the top of this file). */
+static const dtr_backend *devsim_backend(void) { return &devsim__vt; }
+
+#endif /* DTRAIN_TEST_DEVSIM_H */
