@@ -4829,6 +4829,11 @@ int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+/** Teardown after a failure: every call on st, the one in progress on another thread
+ *  included, ends within st's grace_ms from now (DTR_TIMEOUT), and st is marked failed. A
+ *  store host that is stopped or hung would otherwise make each call of the teardown wait
+ *  its whole deadline. Thread safety: any thread. */
+void dtr__store_cut(dtr_store *st);
 /** The default deadline of every blocking call: $DTR_TIMEOUT_MS when it is a positive decimal
  *  number, else 300000 (src/rendezvous/env.c). */
 int dtr__default_timeout_ms(void);
@@ -4838,7 +4843,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4842 "dtrain.h"
+#line 4847 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4881,7 +4886,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4885 "dtrain.h"
+#line 4890 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4908,7 +4913,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4912 "dtrain.h"
+#line 4917 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4941,7 +4946,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4945 "dtrain.h"
+#line 4950 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5015,7 +5020,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5019 "dtrain.h"
+#line 5024 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5073,7 +5078,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5077 "dtrain.h"
+#line 5082 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5123,7 +5128,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5127 "dtrain.h"
+#line 5132 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5475,7 +5480,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5479 "dtrain.h"
+#line 5484 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6266,7 +6271,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6270 "dtrain.h"
+#line 6275 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6701,7 +6706,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6705 "dtrain.h"
+#line 6710 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6772,7 +6777,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6776 "dtrain.h"
+#line 6781 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7182,7 +7187,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7186 "dtrain.h"
+#line 7191 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7388,7 +7393,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7392 "dtrain.h"
+#line 7397 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7619,7 +7624,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7623 "dtrain.h"
+#line 7628 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7734,7 +7739,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7738 "dtrain.h"
+#line 7743 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7790,7 +7795,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7794 "dtrain.h"
+#line 7799 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8220,7 +8225,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8224 "dtrain.h"
+#line 8229 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8399,7 +8404,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8403 "dtrain.h"
+#line 8408 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8924,7 +8929,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8928 "dtrain.h"
+#line 8933 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9423,7 +9428,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9427 "dtrain.h"
+#line 9432 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9682,7 +9687,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9686 "dtrain.h"
+#line 9691 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9868,7 +9873,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9872 "dtrain.h"
+#line 9877 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9988,7 +9993,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9992 "dtrain.h"
+#line 9997 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10462,7 +10467,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10466 "dtrain.h"
+#line 10471 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10631,7 +10636,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10635 "dtrain.h"
+#line 10640 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10880,7 +10885,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10884 "dtrain.h"
+#line 10889 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11348,7 +11353,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11352 "dtrain.h"
+#line 11357 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11477,7 +11482,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11481 "dtrain.h"
+#line 11486 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11824,7 +11829,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11828 "dtrain.h"
+#line 11833 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11890,7 +11895,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11894 "dtrain.h"
+#line 11899 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12127,7 +12132,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12131 "dtrain.h"
+#line 12136 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12876,7 +12881,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12880 "dtrain.h"
+#line 12885 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13329,7 +13334,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13333 "dtrain.h"
+#line 13338 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13385,7 +13390,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13389 "dtrain.h"
+#line 13394 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14162,7 +14167,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14166 "dtrain.h"
+#line 14171 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14743,7 +14748,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14747 "dtrain.h"
+#line 14752 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15374,7 +15379,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15378 "dtrain.h"
+#line 15383 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16121,7 +16126,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16125 "dtrain.h"
+#line 16130 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16474,7 +16479,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16478 "dtrain.h"
+#line 16483 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16664,7 +16669,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16668 "dtrain.h"
+#line 16673 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16845,7 +16850,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16849 "dtrain.h"
+#line 16854 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17620,7 +17625,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17624 "dtrain.h"
+#line 17629 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18137,7 +18142,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18141 "dtrain.h"
+#line 18146 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18199,6 +18204,7 @@ dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out
     return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
 }
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms) { (void)st; (void)timeout_ms; }
+void dtr__store_cut(dtr_store *st) { (void)st; }
 const char *dtr_store_last_error(const dtr_store *st) { (void)st; return "rendezvous: not supported on Windows"; }
 int32_t dtr_store_rank(const dtr_store *st) { (void)st; return -1; }
 int32_t dtr_store_world_size(const dtr_store *st) { (void)st; return 0; }
@@ -18232,11 +18238,21 @@ struct dtr_store {
     pthread_mutex_t lock;
     dtr__rdzv_host *host;        /* rank 0: the server */
     int failed;                  /* the job failed: destroy waits grace_ms at most (atomic) */
+    int64_t cut;                 /* dtr__store_cut: every call ends by this time (ms; 0: never; atomic) */
     char err[768];
 };
 
-/* Sends all n bytes before the deadline. DTR_TIMEOUT or DTR_PEER_FAILED (errno in *e). */
-static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t deadline, int *e) {
+/* The poll wait of a call with `deadline`, at most 100 ms at a time while a cut may come (cut
+ * non-NULL): 0 once the deadline or the cut has passed. */
+static int dtr__rdzv_wait_ms(int64_t deadline, const int64_t *cut) {
+    int64_t c = cut ? DTR__ATOMIC_LOAD(cut) : 0;
+    int left = dtr__rdzv_left_ms(c > 0 && c < deadline ? c : deadline);
+    return cut && left > 100 ? 100 : left;
+}
+
+/* Sends all n bytes before the deadline (and the store's cut, when given). DTR_TIMEOUT or
+ * DTR_PEER_FAILED (errno in *e). */
+static dtr_result dtr__rdzv_send_cut(int fd, const void *buf, size_t n, int64_t deadline, const int64_t *cut, int *e) {
     const uint8_t *p = (const uint8_t *)buf;
     *e = 0;
     while (n > 0) {
@@ -18249,7 +18265,7 @@ static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t 
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd pf;
-            int left = dtr__rdzv_left_ms(deadline), rc;
+            int left = dtr__rdzv_wait_ms(deadline, cut), rc;
             if (left == 0) return DTR_TIMEOUT;
             pf.fd = fd;
             pf.events = POLLOUT;
@@ -18269,7 +18285,8 @@ static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t 
 
 /* Receives exactly n bytes before the deadline; *got counts what arrived. DTR_PEER_FAILED
  * with *e == 0 means the peer closed the connection. */
-static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadline, size_t *got, int *e) {
+static dtr_result dtr__rdzv_recv_cut(int fd, void *buf, size_t n, int64_t deadline, const int64_t *cut, size_t *got,
+                                     int *e) {
     uint8_t *p = (uint8_t *)buf;
     *got = 0;
     *e = 0;
@@ -18283,7 +18300,7 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             struct pollfd pf;
-            int left = dtr__rdzv_left_ms(deadline), rc;
+            int left = dtr__rdzv_wait_ms(deadline, cut), rc;
             if (left == 0) return DTR_TIMEOUT;
             pf.fd = fd;
             pf.events = POLLIN;
@@ -18299,6 +18316,14 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
         return DTR_PEER_FAILED;
     }
     return DTR_OK;
+}
+
+/* Without a cut (the connection's handshake; the federated protocol). */
+static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t deadline, int *e) {
+    return dtr__rdzv_send_cut(fd, buf, n, deadline, NULL, e);
+}
+static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadline, size_t *got, int *e) {
+    return dtr__rdzv_recv_cut(fd, buf, n, deadline, NULL, got, e);
 }
 
 static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connection closed by the server"; }
@@ -18592,6 +18617,13 @@ void dtr_store_mark_failed(dtr_store *st) {
     if (st) DTR__ATOMIC_STORE(&st->failed, 1);
 }
 
+void dtr__store_cut(dtr_store *st) {
+    int64_t none = 0;
+    if (!st) return;
+    DTR__ATOMIC_STORE(&st->failed, 1);
+    DTR__ATOMIC_CAS(&st->cut, &none, dtr__rdzv_now_ms() + st->cfg.grace_ms);   /* the first cut holds */
+}
+
 void dtr_store_destroy(dtr_store *st) {
     dtr_allocation_callbacks a;
     int wait_ms;
@@ -18650,8 +18682,8 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
     dtr__rdzv_put32(hdr + 4, (uint32_t)len);
     dtr__rdzv_put32(hdr + 8, id);
     memcpy(hdr + DTR__RDZV_HDR, key, klen);
-    r = dtr__rdzv_send_all(st->fd, hdr, DTR__RDZV_HDR + klen, deadline, &e);
-    if (r == DTR_OK && len) r = dtr__rdzv_send_all(st->fd, value, len, deadline, &e);
+    r = dtr__rdzv_send_cut(st->fd, hdr, DTR__RDZV_HDR + klen, deadline, &st->cut, &e);
+    if (r == DTR_OK && len) r = dtr__rdzv_send_cut(st->fd, value, len, deadline, &st->cut, &e);
     if (r != DTR_OK) {
         /* part of a request may be on the wire: the stream cannot be trusted any more */
         st->broken = r == DTR_TIMEOUT ? DTR_TIMEOUT : DTR_PEER_FAILED;
@@ -18665,7 +18697,7 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
     for (;;) {
         uint32_t rlen, rid;
         size_t keep, off;
-        r = dtr__rdzv_recv_all(st->fd, rh, sizeof rh, deadline, &got, &e);
+        r = dtr__rdzv_recv_cut(st->fd, rh, sizeof rh, deadline, &st->cut, &got, &e);
         if (r == DTR_TIMEOUT && got == 0) {
             /* nothing of the reply yet: the connection stays usable; a late reply has an old id */
             if (op == DTR__RDZV_GET)
@@ -18687,10 +18719,10 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
         }
         if (r == DTR_OK) {
             keep = rid == id ? (cap < rlen ? cap : rlen) : 0;
-            if (keep) r = dtr__rdzv_recv_all(st->fd, buf, keep, deadline, &got, &e);
+            if (keep) r = dtr__rdzv_recv_cut(st->fd, buf, keep, deadline, &st->cut, &got, &e);
             for (off = keep; r == DTR_OK && off < rlen; off += got) {
                 size_t chunk = rlen - off < sizeof sink ? rlen - off : sizeof sink;
-                r = dtr__rdzv_recv_all(st->fd, sink, chunk, deadline, &got, &e);
+                r = dtr__rdzv_recv_cut(st->fd, sink, chunk, deadline, &st->cut, &got, &e);
             }
         }
         if (r != DTR_OK) {
@@ -18905,7 +18937,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18909 "dtrain.h"
+#line 18941 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20002,7 +20034,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20006 "dtrain.h"
+#line 20038 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20554,7 +20586,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20558 "dtrain.h"
+#line 20590 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21043,7 +21075,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21047 "dtrain.h"
+#line 21079 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21496,7 +21528,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21500 "dtrain.h"
+#line 21532 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21732,7 +21764,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21736 "dtrain.h"
+#line 21768 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22091,7 +22123,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22095 "dtrain.h"
+#line 22127 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22288,7 +22320,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22292 "dtrain.h"
+#line 22324 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22685,7 +22717,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22689 "dtrain.h"
+#line 22721 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23166,7 +23198,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23170 "dtrain.h"
+#line 23202 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24068,7 +24100,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24072 "dtrain.h"
+#line 24104 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24122,7 +24154,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24126 "dtrain.h"
+#line 24158 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -24235,11 +24267,13 @@ static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
     dst[n] = '\0';
 }
 
-/* The largest of every rank's small non-negative int (collectives reduce floats only). */
-static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v) {
+/* The largest of every rank's small non-negative int (collectives reduce floats only). A
+   failure of the group (a peer died or hung) is described in msg. */
+static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v, char *msg, size_t cap) {
     float f = (float)*v;
     dtr_result r = dtr_comm_all_reduce(c, &f, &f, 1, DTR_F32, DTR_REDUCE_MAX);
     *v = (int32_t)f;
+    if (r != DTR_OK) dtr__errf(msg, cap, r, "checkpoint: %s", dtr_comm_last_error(c));
     return r;
 }
 
@@ -24900,7 +24934,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->rank == 0) r = dtr__ck_prepare_dir(ck, sd);
     if (ck->world > 1) {   /* everyone waits for rank 0's folder */
         flag = r != DTR_OK;
-        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag, ck->wmsg, sizeof ck->wmsg)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint: rank 0 failed to make %s", sd);
     }
     if (r == DTR_OK) r = dtr__ck_write_file(ck, sd);
@@ -24918,7 +24952,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->world > 1) {   /* everyone learns whether rank 0 committed */
         dtr__free(NULL, recs);
         flag = r != DTR_OK;
-        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag, ck->wmsg, sizeof ck->wmsg)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint step %lld: another rank "
                                                "failed (rank 0's log says which)", (long long)ck->wstep);
     }
@@ -24951,7 +24985,7 @@ static dtr_result dtr__ck_join(dtr_ckpt *ck) {
 static int dtr__ck_busy(dtr_ckpt *ck, dtr_result *r) {
     int32_t busy = ck->running && !DTR__ATOMIC_LOAD(&ck->done);
     *r = DTR_OK;
-    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy);
+    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy, ck->msg, sizeof ck->msg);
     return busy != 0;
 }
 
@@ -25208,8 +25242,11 @@ static dtr_result dtr__ck_apply(dtr_ckpt *ck) {
 
 /* The step of candidate i (rank 0's list, broadcast), -1 past the last. */
 static dtr_result dtr__ck_candidate(dtr_ckpt *ck, const int64_t *steps, int n, int i, int64_t *step) {
+    dtr_result r = DTR_OK;
     *step = i < n ? steps[i] : -1;
-    return ck->world > 1 ? dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0) : DTR_OK;
+    if (ck->world > 1 && (r = dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0)) != DTR_OK)
+        dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: %s", dtr_comm_last_error(ck->group));
+    return r;
 }
 
 /* Every rank's verdict: the first failure's code on all (DTR_OK when all verified). */
@@ -25217,7 +25254,7 @@ static dtr_result dtr__ck_agree(dtr_ckpt *ck, dtr_result mine) {
     int32_t v = (int32_t)-mine;
     dtr_result r;
     if (ck->world == 1) return mine;
-    if ((r = dtr__ck_max(ck->group, &v)) != DTR_OK) return r;
+    if ((r = dtr__ck_max(ck->group, &v, ck->msg, sizeof ck->msg)) != DTR_OK) return r;
     if (v != 0 && mine == DTR_OK) snprintf(ck->msg, sizeof ck->msg, "checkpoint: another rank failed to verify it (%s)",
                                            dtr_result_string((dtr_result)-v));
     return (dtr_result)-v;
@@ -25280,7 +25317,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25284 "dtrain.h"
+#line 25321 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26178,7 +26215,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26182 "dtrain.h"
+#line 26219 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27648,7 +27685,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27652 "dtrain.h"
+#line 27689 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28032,7 +28069,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28036 "dtrain.h"
+#line 28073 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28181,7 +28218,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28185 "dtrain.h"
+#line 28222 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

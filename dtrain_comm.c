@@ -450,6 +450,9 @@ void dtr__watchdog_wake(dtr__watchdog *w) {
 
 void dtr__watchdog_stop(dtr__watchdog *w) {
     if (!w->inited) return;
+    /* after a failure the teardown's store calls (the thread's call in flight, telling the
+       failure, "left") end within the grace: a stopped or hung rank 0 answers none of them */
+    if (w->boot->st && w->ops.failed(w->ops.t)) dtr__store_cut(w->boot->st);
     if (w->on) {
         pthread_mutex_lock(&w->mu);
         w->stop = 1;
@@ -480,7 +483,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 484 "dtrain_comm.c"
+#line 487 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1635,7 +1638,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1639 "dtrain_comm.c"
+#line 1642 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2149,5 +2152,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2153 "dtrain_comm.c"
+#line 2156 "dtrain_comm.c"
 

@@ -17,8 +17,9 @@
  *                        a missing file; another model's checkpoint (INVALID_ARGUMENT);
  *                        fallback to the previous complete checkpoint; keep-last-K; latest;
  *                        BUSY_SKIP; argument errors
- *   test_resume_fabric   the same with ZeRO-1 over 2 processes on libfabric (shm): the saving
- *                        processes are SIGKILLed; checksums of the outcomes match
+ *   test_resume_fabric   the same with ZeRO-1 and Adam over 1, 2 and 4 processes on libfabric
+ *                        (shm; 1: a group of one): the saving processes are SIGKILLed;
+ *                        checksums of the outcomes (parameters, moments, the next batch) match
  *   test_world_change    saved on 2 ranks (ZeRO-1, Adam) restores on 1: the moments are the
  *                        two shards joined; saved on 1 restores on 2 with ZeRO: each rank's
  *                        shard is its slice; both train on; a missing shard fails every rank */
@@ -116,14 +117,14 @@ static int rig_open(rig *g, const rig_opts *o) {
         dtr_linear_layer_init(&g->l2, g->m, "l2", o->hidden ? o->hidden : 16, 3, 1, DTR_INIT_TORCH_DEFAULT) != DTR_OK ||
         dtr_model_build(g->m) != DTR_OK)
         return 0;
-    if (o->comm && o->world > 1 && (dtr_dp_create(g->m, o->comm, &dc, &g->dp) != DTR_OK || dtr_dp_shard_optimizer(g->dp, &oc) != DTR_OK))
+    if (o->comm && (dtr_dp_create(g->m, o->comm, &dc, &g->dp) != DTR_OK || dtr_dp_shard_optimizer(g->dp, &oc) != DTR_OK))
         return 0;
     if (dtr_optimizer_create(g->m, &oc, &g->opt) != DTR_OK || dtr_dataset_from_memory(&mc, &g->ds, NULL, 0) != DTR_OK ||
         dtr_loader_create(g->ds, &lc, &g->ld, NULL, 0) != DTR_OK)
         return 0;
     kc.dir = o->dir;
     kc.ctx = g->ctx, kc.model = g->m, kc.optimizer = g->opt, kc.loader = g->ld, kc.dp = g->dp;
-    kc.comm = o->world > 1 ? o->comm : NULL;
+    kc.comm = o->comm;   /* NULL for one thread; a group of 1 for one process over libfabric */
     kc.keep = o->keep ? o->keep : 3;
     kc.fallback = o->fallback;
     kc.sync = o->sync;
@@ -283,7 +284,7 @@ static void *rank_main(void *arg) {
         }
         cfg.store = st;
     }
-    if (j->world > 1 && dtr_comm_create(&cfg, &c, j->msg[a->rank], sizeof j->msg[a->rank]) != DTR_OK) {
+    if ((j->world > 1 || j->fabric) && dtr_comm_create(&cfg, &c, j->msg[a->rank], sizeof j->msg[a->rank]) != DTR_OK) {
         j->result[a->rank] = DTR_PEER_FAILED;
         dtr_store_destroy(st);
         return NULL;
@@ -435,25 +436,16 @@ static void resume_case(int world, int zero, int adam) {
     rm_tree(dir);
 }
 
-/* The same over libfabric's shm provider, 2 processes: the saving ranks are SIGKILLed. */
-static void test_resume_fabric(void) {
+/* The same over libfabric's shm provider with ZeRO-1 and Adam, `w` processes (1: a group of
+   one): the saving processes are SIGKILLed. */
+static void fabric_case(int w, digest *dg) {
     char dir[256];
-    digest *dg = (digest *)mmap(NULL, 3 * MAXW * sizeof(digest), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     job base, child, resumed;
-    int pfd[2], n = 6, r, w = 2;
+    int pfd[2], n = 6, r;
     pid_t holder;
     char c;
-    if (!dtr_transport_find("libfabric")) {
-        const char *a = getenv("DTR_ALLOW_SKIP");
-        fprintf(stderr, "*** SKIPPED: libfabric not built (dtrain_comm.c without DTR_USE_LIBFABRIC)%s\n",
-                a && !strcmp(a, "1") ? "" : ": counted as a FAILURE (DTR_ALLOW_SKIP=1 allows it)");
-        CHECK(a && !strcmp(a, "1"));
-        return;
-    }
-    CHECK(dg != MAP_FAILED && pipe(pfd) == 0);
-    if (dg == MAP_FAILED) return;
     memset(dg, 0, 3 * MAXW * sizeof(digest));
-    make_data();
+    CHECK(pipe(pfd) == 0);
     CHECK(make_tmp_dir("dtr_ckpt_fabric", dir, sizeof dir));
     base = job_make(JOB_TRAIN, w, 1, 1, 2 * n, NULL);
     child = job_make(JOB_SAVE_THEN_RUN, w, 1, 1, 100000, dir);
@@ -469,7 +461,7 @@ static void test_resume_fabric(void) {
         _exit(0);
     }
     close(pfd[1]);
-    CHECK_MSG(read(pfd[0], &c, 1) == 1, "the saving ranks did not checkpoint");
+    CHECK_MSG(read(pfd[0], &c, 1) == 1, "world %d: the saving ranks did not checkpoint", w);
     sleep_ms(5);
     kill(-holder, SIGKILL);
     kill(holder, SIGKILL);
@@ -479,14 +471,37 @@ static void test_resume_fabric(void) {
     job_run_procs(&resumed, dg + 2 * MAXW);
     for (r = 0; r < w; r++) {
         digest *a = &dg[r], *b = &dg[2 * MAXW + r];
-        CHECK_MSG(a->result == DTR_OK && b->result == DTR_OK, "fabric rank %d: %s / %s", r, a->msg, b->msg);
+        CHECK_MSG(a->result == DTR_OK && b->result == DTR_OK, "fabric world %d rank %d: %s / %s", w, r, a->msg, b->msg);
         CHECK_EQ_INT(b->restored, n);
         CHECK_MSG(a->steps == b->steps && a->params == b->params && a->m == b->m && a->v == b->v && a->next == b->next &&
-                  a->next != 0, "fabric rank %d: the resumed run differs (params %08x/%08x m %08x/%08x next %08x/%08x)", r,
-                  a->params, b->params, a->m, b->m, a->next, b->next);
+                  a->next != 0, "fabric world %d rank %d: the resumed run differs (params %08x/%08x m %08x/%08x next "
+                  "%08x/%08x)", w, r, a->params, b->params, a->m, b->m, a->next, b->next);
+    }
+    if (w > 1) CHECK_MSG(dg[0].params == dg[w - 1].params, "fabric world %d: the ranks' parameters differ", w);
+    rm_tree(dir);
+}
+
+static void test_resume_fabric(void) {
+    static const int worlds[3] = {1, 2, 4};
+    digest *dg = (digest *)mmap(NULL, 3 * MAXW * sizeof(digest), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    int i;
+    if (!dtr_transport_find("libfabric")) {
+        const char *a = getenv("DTR_ALLOW_SKIP");
+        fprintf(stderr, "*** SKIPPED: libfabric not built (dtrain_comm.c without DTR_USE_LIBFABRIC)%s\n",
+                a && !strcmp(a, "1") ? "" : ": counted as a FAILURE (DTR_ALLOW_SKIP=1 allows it)");
+        CHECK(a && !strcmp(a, "1"));
+        return;
+    }
+    CHECK(dg != MAP_FAILED);
+    if (dg == MAP_FAILED) return;
+    make_data();
+    for (i = 0; i < 3; i++) {
+        int64_t t0 = now_ms();
+        fabric_case(worlds[i], dg);
+        printf("    libfabric (shm), %d process%s: resumed bit for bit (%lld ms)\n", worlds[i], worlds[i] > 1 ? "es" : "",
+               (long long)(now_ms() - t0));
     }
     munmap(dg, 3 * MAXW * sizeof(digest));
-    rm_tree(dir);
 }
 
 static void test_resume_killed(void) {

@@ -3,7 +3,8 @@
  * the helper mode `train`: data-parallel training of the MLP of tests/dp_mlp.h (dtr_dp), rank
  * 0 checkpointing the full state (model, optimizer, data-parallel engine: the state-entry
  * loop of tests/test_state.c, written with dtr_write_file_atomic) after every step, every rank
- * restoring the latest checkpoint at start, and a fault injected at one step.
+ * restoring the latest checkpoint at start, and a fault injected at one step (or at start-up,
+ * or inside a checkpoint write: then the full-state checkpointer dtr_ckpt saves the state).
  *
  *   test_{shm,tcp}_restart   rank 0, a middle rank and the last rank of 3 SIGKILLed at step
  *                            6 under `dtrun --max-restarts 1`: the job completes in attempt
@@ -16,6 +17,25 @@
  *                            store and used to wait a whole deadline for the stopped rank's
  *                            connection) takes at most the grace + 1 s; dtrun blames the
  *                            stopped rank.
+ *   test_stop_restart        rank 0 (the store's host), a middle rank (over tcp) and the last
+ *                            rank SIGSTOPped at step 5 under --max-restarts 1 (deadline 2500
+ *                            ms, 4000 with DTR_TEST_QUICK; DTR_GRACE_MS 300): the others fail within the deadline + 1 s and
+ *                            tear down within the grace + 1 s (a stopped rank 0 used to cost
+ *                            them three deadlines in store calls), dtrun blames the stopped
+ *                            rank and restarts the job, whose final weights equal the
+ *                            uninterrupted run's bit for bit.
+ *   test_boot_restart        a rank SIGKILLed or SIGSTOPped at start-up, before dtr_comm_create
+ *                            (rank 0: no store yet) or right after it, over shm and tcp, under
+ *                            --max-restarts 1: restarted (a stopped rank blamed once the
+ *                            others reach their deadline), completes, bit-equal weights.
+ *   test_ckpt_kill_restart   the ranks checkpoint with dtr_ckpt (asynchronous, every step); a
+ *                            rank is SIGKILLed or SIGSTOPped inside the write of checkpoint 7
+ *                            (at the fsync of its temporary file: rank 0's manifest, another
+ *                            rank's own file; this program's fsync replaces libc's), under
+ *                            --max-restarts 1: the restarted job sees step 7 incomplete,
+ *                            resumes from step 6, completes bit-equal, and leaves no
+ *                            temporary file or incomplete folder behind; the failed saves of
+ *                            the survivors say why (one used to return an empty message).
  *   test_min_ranks           rank 2 of 3 fails at step 4 in every attempt with 3 ranks: after
  *                            the second time it cannot come back, and with --min-ranks 2 the
  *                            job goes on with 2 ranks from the checkpoint and completes;
@@ -31,6 +51,8 @@
  * Without libfabric the cases skip loudly (a failure unless DTR_ALLOW_SKIP=1), as
  * tests/test_fabric.c does. Every dtrun run has a deadline and the program an alarm(). */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* syscall */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -40,6 +62,7 @@
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
+#include <sys/syscall.h>
 #include "test.h"
 #include "posix_util.h"
 #include "dtrun_util.h"
@@ -51,6 +74,9 @@
 #define PROV_TCP "tcp;ofi_rxm"
 
 static int g_quick;
+/* The deadline of the restarts after a SIGSTOP: short, since a stop costs it, but the whole
+ * restarted job also runs under it (a loaded machine, ASan) */
+#define STOP_DEADLINE (g_quick ? "4000" : "2500")
 
 /* ---- the rank: train, checkpoint, restore ---- */
 
@@ -119,8 +145,9 @@ static int64_t restore(mlp *n, dtr_dp *dp, const char *dir) {
     return next;
 }
 
-/* The fault "<kind>:<rank>:<step>" (kind: none, kill, stop, die) hits here? kill and stop hit
- * attempt 0 only; die hits every attempt with 3 ranks. */
+/* The fault "<kind>:<rank>:<step>" (kind: none, kill, stop, die, escape; boot and ckill are
+ * handled apart) hits here? kill and stop hit attempt 0 only; die hits every attempt with 3
+ * ranks. */
 static int fault_hits(const char *fault, int rank, int world, int attempt, int64_t t) {
     char kind[8] = "";
     int fr = -1, ft = -1;
@@ -131,7 +158,92 @@ static int fault_hits(const char *fault, int rank, int world, int attempt, int64
     return !strcmp(kind, "die") && world == 3;
 }
 
-static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, const char *fault, const char *dir, int attempt);
+/* "boot:<rank>:<when>" ("bstop:..."): SIGKILL (SIGSTOP) of that rank at start-up in attempt
+ * 0, before dtr_comm_create (when 0) or right after it (when 1). */
+static void boot_fault(const char *fault, int attempt, int when) {
+    const char *env = getenv("DTR_RANK");
+    char kind[8] = "";
+    int fr = -1, fw = -1;
+    if (attempt == 0 && env && sscanf(fault, "%7[a-z]:%d:%d", kind, &fr, &fw) == 3 && fr == atoi(env) && fw == when) {
+        if (!strcmp(kind, "boot")) raise(SIGKILL);
+        if (!strcmp(kind, "bstop")) raise(SIGSTOP);
+    }
+}
+
+/* "ckill:<rank>:<step>" ("cstop:..."): the ranks checkpoint with dtr_ckpt (<dir>/ck,
+ * asynchronous, after every step), and in attempt 0 that rank gets SIGKILL (SIGSTOP) inside
+ * the write of checkpoint <step>: at the fsync of its temporary file (rank 0: of the
+ * manifest's, once every rank's file is durable), after the bytes and before the rename. The library is linked statically, so this fsync
+ * replaces libc's for it; g_kill_in names the file ("" outside the fault). */
+static char g_kill_in[80];
+static int g_kill_sig;   /* SIGKILL (ckill) or SIGSTOP (cstop) */
+
+int fsync(int fd) {
+    if (g_kill_in[0]) {
+        char link[64], target[PATH_MAX];
+        ssize_t k;
+        snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+        k = readlink(link, target, sizeof target - 1);
+        if (k > 0) {
+            target[k] = '\0';
+            if (strstr(target, g_kill_in) && strstr(target, ".tmp.")) raise(g_kill_sig);
+        }
+    }
+    return (int)syscall(SYS_fsync, fd);
+}
+
+static void ckill_arm(const char *fault, int rank, int attempt) {
+    int fr = -1, fs = -1;
+    char kind[8] = "";
+    if (attempt != 0 || sscanf(fault, "%7[a-z]:%d:%d", kind, &fr, &fs) != 3 || fr != rank) return;
+    if (strcmp(kind, "ckill") != 0 && strcmp(kind, "cstop") != 0) return;
+    g_kill_sig = kind[1] == 'k' ? SIGKILL : SIGSTOP;
+    if (rank == 0) snprintf(g_kill_in, sizeof g_kill_in, "step-%08d/manifest.json", fs);
+    else snprintf(g_kill_in, sizeof g_kill_in, "step-%08d/rank-%05d.safetensors", fs, rank);
+}
+
+/* ckill mode: the full-state checkpointer over the group (NULL on failure). */
+static dtr_ckpt *ck_open(mlp *n, dtr_dp *dp, dtr_comm *c, const char *dir) {
+    dtr_ckpt_config kc = dtr_ckpt_config_init();
+    char path[PATH_MAX];
+    dtr_ckpt *ck = NULL;
+    ckpt_path(path, sizeof path, dir, "ck");
+    kc.dir = path;
+    kc.ctx = n->ctx, kc.model = n->m, kc.optimizer = n->opt, kc.dp = dp, kc.comm = c;
+    return dtr_ckpt_create(&kc, &ck) == DTR_OK ? ck : NULL;
+}
+
+/* Rank 0 names the checkpoint folders without a manifest (a write that died). */
+static void report_incomplete(const char *dir) {
+    char path[PATH_MAX], man[PATH_MAX + 300];
+    struct dirent *de;
+    DIR *d;
+    ckpt_path(path, sizeof path, dir, "ck");
+    if ((d = opendir(path)) == NULL) return;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "step-", 5) != 0) continue;
+        snprintf(man, sizeof man, "%s/%s/manifest.json", path, de->d_name);
+        if (access(man, F_OK) != 0) printf("elastic: incomplete checkpoint %s\n", de->d_name);
+    }
+    closedir(d);
+}
+
+/* The step to start from with dtr_ckpt: 0 without a complete checkpoint, -1 on an error. */
+static int64_t ck_restore(dtr_ckpt *ck, const char *dir, int rank) {
+    int64_t step = 0;
+    dtr_result r;
+    if (rank == 0) report_incomplete(dir);
+    r = dtr_ckpt_restore(ck, NULL, &step);
+    if (r == DTR_NOT_FOUND) return 0;
+    if (r != DTR_OK) {
+        printf("elastic: rank %d: restore failed: %s\n", rank, dtr_ckpt_last_error(ck));
+        return -1;
+    }
+    if (rank == 0) printf("elastic: resumed from checkpoint step %lld\n", (long long)step);
+    return step;
+}
+
+static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, dtr_ckpt *ck, const char *fault, const char *dir, int attempt);
 
 /* train <provider> <fault> <dir>: the rank of every case. */
 static int train_main(char **argv) {
@@ -142,25 +254,35 @@ static int train_main(char **argv) {
     mlp n;
     char err[768];
     const char *attempt_s = getenv("DTR_RESTART");
-    int rc;
+    int rc, attempt = attempt_s ? atoi(attempt_s) : 0;
+    dtr_ckpt *ck = NULL;
     alarm(60);
     if (!strncmp(argv[3], "stop", 4)) signal(SIGTERM, SIG_IGN);   /* measure the teardown: dtrun SIGTERMs */
     cfg.transport = "libfabric";
     cfg.fabric.provider = argv[2];   /* store and deadline: the environment (dtrun) */
     if (!mlp_init(&n, 7, 1)) return 2;
+    boot_fault(argv[3], attempt, 0);
     if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {
         printf("elastic: comm create failed: %s\n", err);
         return 1;
     }
+    boot_fault(argv[3], attempt, 1);
     dc.bucket_bytes = 512;
     if (dtr_dp_create(n.m, c, &dc, &dp) != DTR_OK) {
         printf("elastic: dp create failed: %s\n", dtr_comm_last_error(c));
         return 1;
     }
-    rc = train_loop(&n, dp, c, argv[3], argv[4], attempt_s ? atoi(attempt_s) : 0);
+    if ((!strncmp(argv[3], "ckill", 5) || !strncmp(argv[3], "cstop", 5)) && (ck = ck_open(&n, dp, c, argv[4])) == NULL) {
+        printf("elastic: checkpointer: %s\n", dtr_context_last_error(n.ctx));
+        return 1;
+    }
+    ckill_arm(argv[3], dtr_comm_rank(c), attempt);
+    rc = train_loop(&n, dp, c, ck, argv[3], argv[4], attempt);
     {
         int64_t t0 = now_ms();
         int rank = dtr_comm_rank(c);
+        if (ck && dtr_ckpt_wait(ck) != DTR_OK && !rc) rc = 1;
+        dtr_ckpt_destroy(ck);
         dtr_dp_destroy(dp);
         dtr_comm_destroy(c);
         if (rc) printf("elastic: rank teardown %lld ms\n", (long long)(now_ms() - t0));
@@ -208,9 +330,9 @@ static void escape(const char *dir) {
     _exit(127);
 }
 
-static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, const char *fault, const char *dir, int attempt) {
+static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, dtr_ckpt *ck, const char *fault, const char *dir, int attempt) {
     int rank = dtr_comm_rank(c), world = dtr_comm_size(c);
-    int64_t t = restore(n, dp, dir);
+    int64_t t = ck ? ck_restore(ck, dir, rank) : restore(n, dp, dir);
     char path[PATH_MAX];
     if (t < 0) {
         printf("elastic: rank %d: the checkpoint does not fit\n", rank);
@@ -240,7 +362,11 @@ static int train_loop(mlp *n, dtr_dp *dp, dtr_comm *c, const char *fault, const 
                    (long long)(now_ms() - t0), dtr_comm_last_error(c));
             return 1;
         }
-        if (rank == 0 && !save(n, dp, dir, t + 1)) return 1;
+        if (ck && dtr_ckpt_save(ck, t + 1, NULL) != DTR_OK) {
+            printf("elastic: rank %d: checkpoint %lld failed: %s\n", rank, (long long)t + 1, dtr_ckpt_last_error(ck));
+            return 1;
+        }
+        if (!ck && rank == 0 && !save(n, dp, dir, t + 1)) return 1;
         dtr_elastic_step(t);
     }
     if (rank == 0) {
@@ -295,16 +421,22 @@ static const char *temp_dir(void) {
     return d;
 }
 
-static void remove_dir(const char *d) {
-    static const char *files[] = {"ckpt.bin", "final.bin", "attempt1", "stale.txt"};
-    char p[PATH_MAX];
-    size_t i;
-    for (i = 0; i < sizeof files / sizeof files[0]; i++) {
-        ckpt_path(p, sizeof p, d, files[i]);
-        unlink(p);
+/* Removes a folder and everything in it. */
+static void rm_tree(const char *dir) {
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    char p[PATH_MAX + 300];
+    if (!d) return;
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+        if (remove(p) != 0) rm_tree(p);
     }
-    rmdir(d);
+    closedir(d);
+    rmdir(dir);
 }
+
+static void remove_dir(const char *d) { rm_tree(d); }
 
 static float *read_final(const char *dir, size_t *n) {
     char path[PATH_MAX];
@@ -334,39 +466,64 @@ static run_result train_run(const char *const *opts, const char *prov, const cha
     return run_dtrun(args, g_quick ? 120000 : 60000);
 }
 
-static void restart_cases(const char *prov) {
-    static const char *const faults[3] = {"kill:0:6", "kill:1:6", "kill:2:6"};
-    const char *opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
-    const char *ref_dir = temp_dir();
-    run_result r = train_run(opts, prov, "none", ref_dir);
-    size_t nref, nw;
-    float *ref = read_final(ref_dir, &nref), *w;
-    int i;
-    CHECK_MSG(r.code == 0 && nref > 0, "uninterrupted run over %s: exit %d\n%s%s", prov, r.code, r.out, r.err);
-    run_free(&r);
-    for (i = 0; i < 3; i++) {
-        const char *dir = temp_dir(), *p;
-        r = train_run(opts, prov, faults[i], dir);
-        w = read_final(dir, &nw);
-        CHECK_MSG(r.code == 0, "%s over %s: exit %d\n%s%s", faults[i], prov, r.code, r.out, r.err);
-        CHECK_MSG(count_lines(r.out, "[0] ", "done world 3 attempt 1") == 1, "%s: no completion in attempt 1:\n%s",
-                  faults[i], r.out);
-        /* dtrun reports the first exit it reaps: the killed rank, or a survivor that failed
-           within milliseconds of the kill (both are the failure that restarts the job) */
-        CHECK_MSG((strstr(r.err, "was killed by signal 9") || strstr(r.err, "exited with code")) &&
-                      strstr(r.err, "restarting the job (restart 1 of 1)"),
-                  "%s: %s", faults[i], r.err);
-        p = strstr(r.err, "restart 1: first step");
-        CHECK_MSG(p != NULL, "%s: no restart time: %s", faults[i], r.err);
-        CHECK_MSG(nw == nref && memcmp(w, ref, nref * sizeof(float)) == 0,
-                  "%s over %s: the final weights differ from the uninterrupted run's", faults[i], prov);
-        if (p) printf("    %s over %s: %.*s", faults[i], prov, (int)(strchr(p, '\n') ? strchr(p, '\n') - p + 1 : 0), p);
-        free(w);
+/* The final weights of an uninterrupted 3-rank run over prov (0: shm, 1: tcp), run once. */
+static float *g_ref[2];
+static size_t g_nref[2];
+
+static const float *reference(const char *prov, size_t *n) {
+    int k = strcmp(prov, PROV_SHM) != 0;
+    if (!g_ref[k]) {
+        const char *opts[] = {"-n", "3", "--timeout", "20000", NULL};
+        const char *dir = temp_dir();
+        run_result r = train_run(opts, prov, "none", dir);
+        g_ref[k] = read_final(dir, &g_nref[k]);
+        CHECK_MSG(r.code == 0 && g_nref[k] > 0, "uninterrupted run over %s: exit %d\n%s%s", prov, r.code, r.out, r.err);
         run_free(&r);
         remove_dir(dir);
     }
-    free(ref);
-    remove_dir(ref_dir);
+    *n = g_nref[k];
+    return g_ref[k];
+}
+
+/* Runs `fault` under dtrun `opts` over prov in dir: the job must complete in attempt 1 (one
+ * restart) with final weights equal to the uninterrupted run's bit for bit. Returns the run
+ * (run_free it) for the case's own checks. */
+static run_result restarted(const char *const *opts, const char *prov, const char *fault, const char *dir) {
+    size_t nref, nw;
+    const float *ref = reference(prov, &nref);
+    run_result r = train_run(opts, prov, fault, dir);
+    float *w = read_final(dir, &nw);
+    CHECK_MSG(r.code == 0, "%s over %s: exit %d\n%s%s", fault, prov, r.code, r.out, r.err);
+    CHECK_MSG(count_lines(r.out, "[0] ", "done world 3 attempt 1") == 1 &&
+                  strstr(r.err, "restarting the job (restart 1 of 1)") != NULL,
+              "%s over %s: no completion after one restart:\n%s%s", fault, prov, r.out, r.err);
+    CHECK_MSG(nref > 0 && nw == nref && memcmp(w, ref, nref * sizeof(float)) == 0,
+              "%s over %s: the final weights differ from the uninterrupted run's", fault, prov);
+    free(w);
+    return r;
+}
+
+/* Prints dtrun's "restart 1: first step ..." line of a case. */
+static void print_restart(const run_result *r, const char *fault, const char *prov) {
+    const char *p = strstr(r->err, "restart 1: first step");
+    CHECK_MSG(p != NULL, "%s: no restart time: %s", fault, r->err);
+    if (p) printf("    %s over %s: %.*s", fault, prov, (int)(strchr(p, '\n') ? strchr(p, '\n') - p + 1 : 0), p);
+}
+
+static void restart_cases(const char *prov) {
+    static const char *const faults[3] = {"kill:0:6", "kill:1:6", "kill:2:6"};
+    const char *opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    int i;
+    for (i = 0; i < 3; i++) {
+        const char *dir = temp_dir();
+        run_result r = restarted(opts, prov, faults[i], dir);
+        /* dtrun reports the first exit it reaps: the killed rank, or a survivor that failed
+           within milliseconds of the kill (both are the failure that restarts the job) */
+        CHECK_MSG(strstr(r.err, "was killed by signal 9") || strstr(r.err, "exited with code"), "%s: %s", faults[i], r.err);
+        print_restart(&r, faults[i], prov);
+        run_free(&r);
+        remove_dir(dir);
+    }
 }
 
 static int need_fabric(void) {
@@ -385,16 +542,17 @@ static void test_tcp_restart(void) {
     if (need_fabric()) restart_cases(PROV_TCP);
 }
 
-/* The largest "<what> <N> ms" of the lines of ranks 0 and 2 (the survivors), or -1. */
-static long long max_ms(const char *text, const char *what) {
+/* The largest "<what> <N> ms" of the lines of the ranks other than `skip` (the survivors), or -1. */
+static long long max_ms(const char *text, const char *what, int skip) {
     long long best = -1;
     const char *p = text;
     while ((p = strstr(p, what)) != NULL) {
         const char *q = p + strlen(what), *line = p;
         long long v = -1;
+        int rank = -1;
         while (line > text && line[-1] != '\n') line--;
         while (*q && (*q < '0' || *q > '9') && *q != '\n') q++;
-        if ((!strncmp(line, "[0] ", 4) || !strncmp(line, "[2] ", 4)) && sscanf(q, "%lld", &v) == 1 && v > best) best = v;
+        if (sscanf(line, "[%d] ", &rank) == 1 && rank != skip && sscanf(q, "%lld", &v) == 1 && v > best) best = v;
         p = q;
     }
     return best;
@@ -410,8 +568,8 @@ static void test_stopped_rank(void) {
     setenv("DTR_GRACE_MS", "300", 1);
     r = train_run(opts, PROV_SHM, "stop:1:5", dir);
     unsetenv("DTR_GRACE_MS");
-    fail_ms = max_ms(r.out, "failed after");
-    down_ms = max_ms(r.out, "rank teardown");   /* rank 0's is the one that waits */
+    fail_ms = max_ms(r.out, "failed after", 1);
+    down_ms = max_ms(r.out, "rank teardown", 1);   /* rank 0's is the one that waits */
     CHECK_MSG(r.code != 0 && count_lines(r.out, "[0] ", "failed after") == 1 &&
                   count_lines(r.out, "[2] ", "failed after") == 1,
               "exit %d\n%s%s", r.code, r.out, r.err);
@@ -423,6 +581,123 @@ static void test_stopped_rank(void) {
            down_ms);
     run_free(&r);
     remove_dir(dir);
+}
+
+/* SIGSTOP of rank 0 (the store's host), a middle rank and the last rank at step 5 under
+ * --max-restarts 1 (deadline STOP_DEADLINE, DTR_GRACE_MS 300, --grace 1): the others fail within
+ * the deadline + 1 s and tear down within the grace + 1 s, dtrun blames the stopped rank,
+ * stops it and restarts the job, which completes with the uninterrupted run's weights. */
+static void test_stop_restart(void) {
+    const long deadline = atol(STOP_DEADLINE);
+    const char *opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
+    static const char *const faults[3] = {"stop:0:5", "stop:1:5", "stop:2:5"};
+    int i;
+    if (!need_fabric()) return;
+    for (i = 0; i < 3; i++) {
+        const char *dir = temp_dir(), *prov = i == 1 ? PROV_TCP : PROV_SHM;
+        char blame[64];
+        run_result r;
+        long long fail_ms, down_ms;
+        setenv("DTR_GRACE_MS", "300", 1);
+        r = restarted(opts, prov, faults[i], dir);
+        unsetenv("DTR_GRACE_MS");
+        fail_ms = max_ms(r.out, "failed after", i);
+        down_ms = max_ms(r.out, "rank teardown", i);
+        snprintf(blame, sizeof blame, "rank %d is stopped: blaming it", i);
+        CHECK_MSG(strstr(r.err, blame) != NULL, "%s: %s", faults[i], r.err);
+        CHECK_MSG(fail_ms >= 0 && fail_ms <= deadline + 1000, "%s: the others failed after %lld ms; the deadline is %ld\n%s",
+                  faults[i], fail_ms, deadline, r.out);
+        CHECK_MSG(down_ms >= 0 && down_ms <= 300 + (g_quick ? 3000 : 1000), "%s: teardown took %lld ms; the grace is 300\n%s",
+                  faults[i], down_ms, r.out);
+        printf("    %s over %s: the others failed after %lld ms (deadline %ld), teardown %lld ms (grace 300)\n", faults[i],
+               prov, fail_ms, deadline, down_ms);
+        print_restart(&r, faults[i], prov);
+        run_free(&r);
+        remove_dir(dir);
+    }
+}
+
+/* SIGKILL (boot) or SIGSTOP (bstop) at start-up, before dtr_comm_create (<rank>:0; rank 0
+ * has not made the store yet) or right after it (<rank>:1), under --max-restarts 1 over shm
+ * and tcp (deadline STOP_DEADLINE, DTR_GRACE_MS 300): dtrun restarts the job (at once for a kill;
+ * for a stop once the others fail at their deadline, blaming the stopped rank) and it
+ * completes with the uninterrupted run's weights. */
+static void test_boot_restart(void) {
+    static const char *const faults[6] = {"boot:0:0", "boot:2:1", "boot:0:1", "bstop:0:0", "bstop:2:1", "bstop:1:0"};
+    const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    const char *stop_opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
+    int i;
+    if (!need_fabric()) return;
+    setenv("DTR_GRACE_MS", "300", 1);
+    for (i = 0; i < 6; i++) {   /* over tcp: the third and the last */
+        const char *dir = temp_dir(), *prov = i == 2 || i == 5 ? PROV_TCP : PROV_SHM, *f = faults[i];
+        int stop = f[1] == 's', rank = f[stop ? 6 : 5] - '0', late = f[stop ? 8 : 7] == '1';
+        char what[64];
+        run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
+        if (stop) snprintf(what, sizeof what, "rank %d is stopped: blaming it", rank);
+        else snprintf(what, sizeof what, "rank %d was killed by signal 9", rank);
+        CHECK_MSG(strstr(r.err, what) || (!stop && late && strstr(r.err, "exited with code")), "%s over %s: %s", f, prov,
+                  r.err);
+        CHECK_MSG(count_lines(r.out, "[0] ", "done world 3 attempt 0") == 0, "%s: attempt 0 completed", f);
+        print_restart(&r, f, prov);
+        run_free(&r);
+        remove_dir(dir);
+    }
+    unsetenv("DTR_GRACE_MS");
+}
+
+/* 1 when a file whose name holds ".tmp." or a step folder without manifest.json is under
+ * <dir>/ck (a leftover of the killed write). */
+static int ck_leftovers(const char *dir) {
+    char ck[PATH_MAX], sd[PATH_MAX + 300], man[PATH_MAX + 600];
+    struct dirent *de, *fe;
+    DIR *d, *s;
+    int found = 0;
+    ckpt_path(ck, sizeof ck, dir, "ck");
+    if ((d = opendir(ck)) == NULL) return 1;
+    while ((de = readdir(d)) != NULL) {
+        if (strncmp(de->d_name, "step-", 5) != 0) continue;
+        snprintf(sd, sizeof sd, "%s/%s", ck, de->d_name);
+        snprintf(man, sizeof man, "%s/manifest.json", sd);
+        found |= access(man, F_OK) != 0;
+        if ((s = opendir(sd)) == NULL) continue;
+        while ((fe = readdir(s)) != NULL) found |= strstr(fe->d_name, ".tmp.") != NULL;
+        closedir(s);
+    }
+    closedir(d);
+    return found;
+}
+
+/* A rank SIGKILLed or SIGSTOPped inside the write of checkpoint 7 (dtr_ckpt, asynchronous,
+ * one per step): rank 0 at its manifest (every rank's file is durable), a middle rank and the
+ * last rank at their own file, under --max-restarts 1 (and rank 0's kill over tcp): the
+ * restarted job finds step 7 incomplete, ignores it, resumes from step 6 and completes with
+ * the uninterrupted run's weights; the saves after it leave no temporary file and no
+ * incomplete folder; a stopped rank is blamed, and every failed save says why. */
+static void test_ckpt_kill_restart(void) {
+    static const char *const faults[6] = {"ckill:0:7", "ckill:1:7", "ckill:2:7", "ckill:0:7", "cstop:0:7", "cstop:2:7"};
+    const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
+    const char *stop_opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
+    int i;
+    if (!need_fabric()) return;
+    setenv("DTR_GRACE_MS", "300", 1);
+    for (i = 0; i < 6; i++) {
+        const char *dir = temp_dir(), *prov = i == 3 ? PROV_TCP : PROV_SHM, *f = faults[i];
+        int stop = f[1] == 's';
+        char blame[64];
+        run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
+        CHECK_MSG(count_lines(r.out, "[0] ", "incomplete checkpoint step-00000007") == 1 &&
+                      count_lines(r.out, "[0] ", "resumed from checkpoint step 6") == 1,
+                  "%s over %s: not resumed from step 6 past the incomplete step 7:\n%s", f, prov, r.out);
+        CHECK_MSG(!ck_leftovers(dir), "%s over %s: a temporary file or an incomplete checkpoint is left", f, prov);
+        CHECK_MSG(!strstr(r.out, "failed: \n"), "%s over %s: an error without a message:\n%s", f, prov, r.out);
+        snprintf(blame, sizeof blame, "rank %c is stopped: blaming it", f[6]);
+        CHECK_MSG(!stop || strstr(r.err, blame), "%s: %s", f, r.err);
+        print_restart(&r, f, prov);
+        run_free(&r);
+        remove_dir(dir);
+    }
+    unsetenv("DTR_GRACE_MS");
 }
 
 static void test_min_ranks(void) {
@@ -528,8 +803,13 @@ int main(int argc, char **argv) {
     RUN(test_shm_restart);
     RUN(test_tcp_restart);
     RUN(test_stopped_rank);
+    RUN(test_stop_restart);
+    RUN(test_boot_restart);
+    RUN(test_ckpt_kill_restart);
     RUN(test_min_ranks);
     RUN(test_two_jobs);
     RUN(test_stale_rank);
+    free(g_ref[0]);
+    free(g_ref[1]);
     return test_summary();
 }

@@ -19,7 +19,9 @@
  * reply to a request that timed out is not taken for the next one's; generations (a rank of
  * an older world is refused at once, a newer one retries) and jobs (a rank of another job on
  * the port is refused at once, naming the cause); rank 0's destroy waits timeout_ms for a
- * rank that keeps its connection, but only grace_ms once the store failed. */
+ * rank that keeps its connection, but only grace_ms once the store failed; after
+ * dtr__store_cut (the teardown of a failed group) a call waiting on another thread ends
+ * within grace_ms, and so does every later one. */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
 #include <pthread.h>
@@ -38,6 +40,8 @@
 /* Internal functions from src/rendezvous/sha256.c (in libdtrain.a). */
 void dtr__sha256_once(const void *data, size_t n, uint8_t out[32]);
 void dtr__hmac_sha256(const void *key, size_t keylen, const void *data, size_t n, uint8_t out[32]);
+/* src/rendezvous/client.c: the teardown's cut of every call (src/comm/comm_internal.h). */
+void dtr__store_cut(dtr_store *st);
 
 /* ---- helpers ---- */
 
@@ -1220,6 +1224,52 @@ static void test_teardown_grace(void) {
     CHECK_MSG(failed >= 150 && failed < 800, "destroy after a failure took %lld ms; the grace is 200", (long long)failed);
 }
 
+/* A get waiting on another thread for a key nobody sets (deadline 5 s) ends with DTR_TIMEOUT
+ * within the grace (300 ms) of dtr__store_cut, and a later call waits no more than what is
+ * left of it (nothing). */
+typedef struct cut_arg { dtr_store *st; dtr_result r; int64_t end; } cut_arg;
+
+static void *cut_waiter(void *p) {
+    cut_arg *a = (cut_arg *)p;
+    char v[8];
+    size_t len;
+    a->r = dtr_store_get(a->st, "never-set", v, sizeof v, &len);
+    a->end = now_ms();
+    return NULL;
+}
+
+static void test_teardown_cut(void) {
+    dtr_rendezvous_config c0, c1;
+    dtr_store *s0 = NULL, *s1 = NULL;
+    char err[512], v[8];
+    size_t len;
+    cut_arg a;
+    pthread_t t;
+    int64_t t0, t1;
+    int port = free_port();
+    c0 = cfg_for(0, 2, port, "cut", 5000);
+    c1 = cfg_for(1, 2, port, "cut", 5000);
+    c1.grace_ms = 300;
+    if (dtr_store_create(&c0, &s0, err, sizeof err) != DTR_OK || dtr_store_create(&c1, &s1, err, sizeof err) != DTR_OK) {
+        CHECK_MSG(0, "%s", err);
+        return;
+    }
+    a.st = s1;
+    pthread_create(&t, NULL, cut_waiter, &a);
+    sleep_ms(200);
+    t0 = now_ms();
+    dtr__store_cut(s1);
+    pthread_join(t, NULL);
+    CHECK_MSG(a.r == DTR_TIMEOUT && a.end - t0 >= 250 && a.end - t0 < 1000, "the waiting get: %s after %lld ms (grace 300)",
+              dtr_result_string(a.r), (long long)(a.end - t0));
+    t1 = now_ms();
+    CHECK_EQ_INT(dtr_store_get(s1, "never-set", v, sizeof v, &len), DTR_TIMEOUT);
+    CHECK_MSG(now_ms() - t1 < 300, "a get after the cut waited %lld ms", (long long)(now_ms() - t1));
+    dtr_store_mark_failed(s0);
+    dtr_store_destroy(s1);
+    dtr_store_destroy(s0);
+}
+
 int main(void) {
     (void)test_ctx;   /* tests/test.h's helper; no context here */
     signal(SIGPIPE, SIG_IGN);
@@ -1242,5 +1292,6 @@ int main(void) {
     RUN(test_stale_reply);
     RUN(test_generations);
     RUN(test_teardown_grace);
+    RUN(test_teardown_cut);
     return test_summary();
 }

@@ -297,6 +297,11 @@ int dtr__watchdog_culprit(dtr__watchdog *w, int suspect, char *why, size_t cap);
 dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out, char *err, size_t errlen);
 /** Changes the deadline of every later call on st (timeout_ms > 0). */
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms);
+/** Teardown after a failure: every call on st, the one in progress on another thread
+ *  included, ends within st's grace_ms from now (DTR_TIMEOUT), and st is marked failed. A
+ *  store host that is stopped or hung would otherwise make each call of the teardown wait
+ *  its whole deadline. Thread safety: any thread. */
+void dtr__store_cut(dtr_store *st);
 /** The default deadline of every blocking call: $DTR_TIMEOUT_MS when it is a positive decimal
  *  number, else 300000 (src/rendezvous/env.c). */
 int dtr__default_timeout_ms(void);

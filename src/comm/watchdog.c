@@ -289,6 +289,9 @@ void dtr__watchdog_wake(dtr__watchdog *w) {
 
 void dtr__watchdog_stop(dtr__watchdog *w) {
     if (!w->inited) return;
+    /* after a failure the teardown's store calls (the thread's call in flight, telling the
+       failure, "left") end within the grace: a stopped or hung rank 0 answers none of them */
+    if (w->boot->st && w->ops.failed(w->ops.t)) dtr__store_cut(w->boot->st);
     if (w->on) {
         pthread_mutex_lock(&w->mu);
         w->stop = 1;

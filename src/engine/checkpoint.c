@@ -107,11 +107,13 @@ static void dtr__ck_str(char *dst, size_t cap, const char *a, const char *b) {
     dst[n] = '\0';
 }
 
-/* The largest of every rank's small non-negative int (collectives reduce floats only). */
-static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v) {
+/* The largest of every rank's small non-negative int (collectives reduce floats only). A
+   failure of the group (a peer died or hung) is described in msg. */
+static dtr_result dtr__ck_max(dtr_comm *c, int32_t *v, char *msg, size_t cap) {
     float f = (float)*v;
     dtr_result r = dtr_comm_all_reduce(c, &f, &f, 1, DTR_F32, DTR_REDUCE_MAX);
     *v = (int32_t)f;
+    if (r != DTR_OK) dtr__errf(msg, cap, r, "checkpoint: %s", dtr_comm_last_error(c));
     return r;
 }
 
@@ -772,7 +774,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->rank == 0) r = dtr__ck_prepare_dir(ck, sd);
     if (ck->world > 1) {   /* everyone waits for rank 0's folder */
         flag = r != DTR_OK;
-        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag, ck->wmsg, sizeof ck->wmsg)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint: rank 0 failed to make %s", sd);
     }
     if (r == DTR_OK) r = dtr__ck_write_file(ck, sd);
@@ -790,7 +792,7 @@ static dtr_result dtr__ck_write(dtr_ckpt *ck) {
     if (ck->world > 1) {   /* everyone learns whether rank 0 committed */
         dtr__free(NULL, recs);
         flag = r != DTR_OK;
-        if ((r2 = dtr__ck_max(ck->group, &flag)) != DTR_OK) return r2;
+        if ((r2 = dtr__ck_max(ck->group, &flag, ck->wmsg, sizeof ck->wmsg)) != DTR_OK) return r2;
         if (flag && r == DTR_OK) r = dtr__errf(ck->wmsg, sizeof ck->wmsg, DTR_IO_ERROR, "checkpoint step %lld: another rank "
                                                "failed (rank 0's log says which)", (long long)ck->wstep);
     }
@@ -823,7 +825,7 @@ static dtr_result dtr__ck_join(dtr_ckpt *ck) {
 static int dtr__ck_busy(dtr_ckpt *ck, dtr_result *r) {
     int32_t busy = ck->running && !DTR__ATOMIC_LOAD(&ck->done);
     *r = DTR_OK;
-    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy);
+    if (ck->world > 1) *r = dtr__ck_max(ck->cfg.comm, &busy, ck->msg, sizeof ck->msg);
     return busy != 0;
 }
 
@@ -1080,8 +1082,11 @@ static dtr_result dtr__ck_apply(dtr_ckpt *ck) {
 
 /* The step of candidate i (rank 0's list, broadcast), -1 past the last. */
 static dtr_result dtr__ck_candidate(dtr_ckpt *ck, const int64_t *steps, int n, int i, int64_t *step) {
+    dtr_result r = DTR_OK;
     *step = i < n ? steps[i] : -1;
-    return ck->world > 1 ? dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0) : DTR_OK;
+    if (ck->world > 1 && (r = dtr_comm_broadcast(ck->group, step, sizeof *step, DTR_U8, 0)) != DTR_OK)
+        dtr__errf(ck->msg, sizeof ck->msg, r, "checkpoint: %s", dtr_comm_last_error(ck->group));
+    return r;
 }
 
 /* Every rank's verdict: the first failure's code on all (DTR_OK when all verified). */
@@ -1089,7 +1094,7 @@ static dtr_result dtr__ck_agree(dtr_ckpt *ck, dtr_result mine) {
     int32_t v = (int32_t)-mine;
     dtr_result r;
     if (ck->world == 1) return mine;
-    if ((r = dtr__ck_max(ck->group, &v)) != DTR_OK) return r;
+    if ((r = dtr__ck_max(ck->group, &v, ck->msg, sizeof ck->msg)) != DTR_OK) return r;
     if (v != 0 && mine == DTR_OK) snprintf(ck->msg, sizeof ck->msg, "checkpoint: another rank failed to verify it (%s)",
                                            dtr_result_string((dtr_result)-v));
     return (dtr_result)-v;

@@ -56,6 +56,7 @@ dtr_result dtr__store_clone(const dtr_store *st, int timeout_ms, dtr_store **out
     return dtr__errf(err, errlen, DTR_UNSUPPORTED, "rendezvous: the TCP store needs POSIX sockets (not on Windows yet)");
 }
 void dtr__store_set_timeout(dtr_store *st, int timeout_ms) { (void)st; (void)timeout_ms; }
+void dtr__store_cut(dtr_store *st) { (void)st; }
 const char *dtr_store_last_error(const dtr_store *st) { (void)st; return "rendezvous: not supported on Windows"; }
 int32_t dtr_store_rank(const dtr_store *st) { (void)st; return -1; }
 int32_t dtr_store_world_size(const dtr_store *st) { (void)st; return 0; }
@@ -89,11 +90,21 @@ struct dtr_store {
     pthread_mutex_t lock;
     dtr__rdzv_host *host;        /* rank 0: the server */
     int failed;                  /* the job failed: destroy waits grace_ms at most (atomic) */
+    int64_t cut;                 /* dtr__store_cut: every call ends by this time (ms; 0: never; atomic) */
     char err[768];
 };
 
-/* Sends all n bytes before the deadline. DTR_TIMEOUT or DTR_PEER_FAILED (errno in *e). */
-static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t deadline, int *e) {
+/* The poll wait of a call with `deadline`, at most 100 ms at a time while a cut may come (cut
+ * non-NULL): 0 once the deadline or the cut has passed. */
+static int dtr__rdzv_wait_ms(int64_t deadline, const int64_t *cut) {
+    int64_t c = cut ? DTR__ATOMIC_LOAD(cut) : 0;
+    int left = dtr__rdzv_left_ms(c > 0 && c < deadline ? c : deadline);
+    return cut && left > 100 ? 100 : left;
+}
+
+/* Sends all n bytes before the deadline (and the store's cut, when given). DTR_TIMEOUT or
+ * DTR_PEER_FAILED (errno in *e). */
+static dtr_result dtr__rdzv_send_cut(int fd, const void *buf, size_t n, int64_t deadline, const int64_t *cut, int *e) {
     const uint8_t *p = (const uint8_t *)buf;
     *e = 0;
     while (n > 0) {
@@ -106,7 +117,7 @@ static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t 
         if (k < 0 && errno == EINTR) continue;
         if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
             struct pollfd pf;
-            int left = dtr__rdzv_left_ms(deadline), rc;
+            int left = dtr__rdzv_wait_ms(deadline, cut), rc;
             if (left == 0) return DTR_TIMEOUT;
             pf.fd = fd;
             pf.events = POLLOUT;
@@ -126,7 +137,8 @@ static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t 
 
 /* Receives exactly n bytes before the deadline; *got counts what arrived. DTR_PEER_FAILED
  * with *e == 0 means the peer closed the connection. */
-static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadline, size_t *got, int *e) {
+static dtr_result dtr__rdzv_recv_cut(int fd, void *buf, size_t n, int64_t deadline, const int64_t *cut, size_t *got,
+                                     int *e) {
     uint8_t *p = (uint8_t *)buf;
     *got = 0;
     *e = 0;
@@ -140,7 +152,7 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
         if (errno == EINTR) continue;
         if (errno == EAGAIN || errno == EWOULDBLOCK) {
             struct pollfd pf;
-            int left = dtr__rdzv_left_ms(deadline), rc;
+            int left = dtr__rdzv_wait_ms(deadline, cut), rc;
             if (left == 0) return DTR_TIMEOUT;
             pf.fd = fd;
             pf.events = POLLIN;
@@ -156,6 +168,14 @@ static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadli
         return DTR_PEER_FAILED;
     }
     return DTR_OK;
+}
+
+/* Without a cut (the connection's handshake; the federated protocol). */
+static dtr_result dtr__rdzv_send_all(int fd, const void *buf, size_t n, int64_t deadline, int *e) {
+    return dtr__rdzv_send_cut(fd, buf, n, deadline, NULL, e);
+}
+static dtr_result dtr__rdzv_recv_all(int fd, void *buf, size_t n, int64_t deadline, size_t *got, int *e) {
+    return dtr__rdzv_recv_cut(fd, buf, n, deadline, NULL, got, e);
 }
 
 static const char *dtr__rdzv_errno_str(int e) { return e ? strerror(e) : "connection closed by the server"; }
@@ -449,6 +469,13 @@ void dtr_store_mark_failed(dtr_store *st) {
     if (st) DTR__ATOMIC_STORE(&st->failed, 1);
 }
 
+void dtr__store_cut(dtr_store *st) {
+    int64_t none = 0;
+    if (!st) return;
+    DTR__ATOMIC_STORE(&st->failed, 1);
+    DTR__ATOMIC_CAS(&st->cut, &none, dtr__rdzv_now_ms() + st->cfg.grace_ms);   /* the first cut holds */
+}
+
 void dtr_store_destroy(dtr_store *st) {
     dtr_allocation_callbacks a;
     int wait_ms;
@@ -507,8 +534,8 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
     dtr__rdzv_put32(hdr + 4, (uint32_t)len);
     dtr__rdzv_put32(hdr + 8, id);
     memcpy(hdr + DTR__RDZV_HDR, key, klen);
-    r = dtr__rdzv_send_all(st->fd, hdr, DTR__RDZV_HDR + klen, deadline, &e);
-    if (r == DTR_OK && len) r = dtr__rdzv_send_all(st->fd, value, len, deadline, &e);
+    r = dtr__rdzv_send_cut(st->fd, hdr, DTR__RDZV_HDR + klen, deadline, &st->cut, &e);
+    if (r == DTR_OK && len) r = dtr__rdzv_send_cut(st->fd, value, len, deadline, &st->cut, &e);
     if (r != DTR_OK) {
         /* part of a request may be on the wire: the stream cannot be trusted any more */
         st->broken = r == DTR_TIMEOUT ? DTR_TIMEOUT : DTR_PEER_FAILED;
@@ -522,7 +549,7 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
     for (;;) {
         uint32_t rlen, rid;
         size_t keep, off;
-        r = dtr__rdzv_recv_all(st->fd, rh, sizeof rh, deadline, &got, &e);
+        r = dtr__rdzv_recv_cut(st->fd, rh, sizeof rh, deadline, &st->cut, &got, &e);
         if (r == DTR_TIMEOUT && got == 0) {
             /* nothing of the reply yet: the connection stays usable; a late reply has an old id */
             if (op == DTR__RDZV_GET)
@@ -544,10 +571,10 @@ static dtr_result dtr__rdzv_call(dtr_store *st, int op, const char *key, size_t 
         }
         if (r == DTR_OK) {
             keep = rid == id ? (cap < rlen ? cap : rlen) : 0;
-            if (keep) r = dtr__rdzv_recv_all(st->fd, buf, keep, deadline, &got, &e);
+            if (keep) r = dtr__rdzv_recv_cut(st->fd, buf, keep, deadline, &st->cut, &got, &e);
             for (off = keep; r == DTR_OK && off < rlen; off += got) {
                 size_t chunk = rlen - off < sizeof sink ? rlen - off : sizeof sink;
-                r = dtr__rdzv_recv_all(st->fd, sink, chunk, deadline, &got, &e);
+                r = dtr__rdzv_recv_cut(st->fd, sink, chunk, deadline, &st->cut, &got, &e);
             }
         }
         if (r != DTR_OK) {
