@@ -21083,6 +21083,16 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
 #include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
+#if defined(__linux__)
+#include <sys/uio.h>
+#if defined(__GLIBC__) && !defined(__USE_GNU) && !defined(__cplusplus)
+extern ssize_t process_vm_readv(pid_t pid, const struct iovec *lvec, unsigned long liovcnt, const struct iovec *rvec,
+                                unsigned long riovcnt, unsigned long flags);
+#endif
+#define DTR__HAVE_CMA 1
+#else
+#define DTR__HAVE_CMA 0
+#endif
 /* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c) */
 #if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
 extern int nanosleep(const struct timespec *req, struct timespec *rem);
@@ -21123,11 +21133,13 @@ int dtr__pid_dead(int64_t pid) {
 #define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
 typedef struct dtr__shm_counter {
-    uint64_t in;            /* the epoch whose input is in this rank's slot */
-    char pad0[56];
+    uint64_t in;            /* the epoch whose input is in this rank's slot (or whose buffers are below) */
+    uint64_t src, dst;      /* single copy: the addresses of this rank's buffers in epoch `in` */
+    char pad0[40];
     uint64_t red;           /* the epoch whose share this rank computed */
     int64_t pid;            /* the rank's process, watched while others wait for it */
-    char pad1[48];
+    uint64_t done;          /* single copy: the epoch whose buffers this rank read to the end */
+    char pad1[40];
 } dtr__shm_counter;
 
 typedef struct dtr__shm_hdr {
@@ -21147,6 +21159,8 @@ struct dtr__shm {
     uint64_t epoch;
     void *sentinel;         /* the transport's never-matching receive */
     int on;                 /* every rank mapped it: the collectives use it */
+    int cma;                /* every rank can read the others' memory (process_vm_readv) */
+    uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
 };
 
@@ -21222,6 +21236,41 @@ static int dtr__shm_post_sentinel(dtr_comm *c) {
                             &e) == DTR_OK;
 }
 
+/* reads `bytes` at `from` in process `pid` into `to`: 0, or the errno that stopped it */
+static int dtr__shm_read(int64_t pid, void *to, uint64_t from, size_t bytes) {
+#if DTR__HAVE_CMA
+    while (bytes) {
+        struct iovec l, r;
+        ssize_t k;
+        l.iov_base = to, l.iov_len = bytes;
+        r.iov_base = (void *)(uintptr_t)from, r.iov_len = bytes;
+        k = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+        if (k <= 0) return k < 0 ? errno : EIO;
+        to = (char *)to + k, from += (uint64_t)k, bytes -= (size_t)k;
+    }
+    return 0;
+#else
+    (void)pid, (void)to, (void)from, (void)bytes;
+    return ENOSYS;
+#endif
+}
+
+/* Single copy is on when every rank read its next peer's probe (cross-memory attach allowed:
+ * same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
+static dtr_result dtr__shm_cma_setup(dtr_comm *c) {
+    const char *env = getenv("DTR_COMM_SHM_CMA");
+    int peer = (c->rank + 1) % c->size;
+    uint64_t got = 0;
+    float ok = 0.0f;
+    dtr_result r;
+    if (!(env && !strcmp(env, "0")) &&
+        dtr__shm_read(DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid), &got, c->shm->h->r[peer].src, sizeof got) == 0)
+        ok = got == DTR__SHM_MAGIC ? 1.0f : 0.0f;
+    r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);
+    c->shm->cma = r == DTR_OK && ok > (float)c->size - 0.5f;
+    return r;
+}
+
 dtr_result dtr__shm_setup(dtr_comm *c) {
     uint32_t msg[4] = {0, 0, 0, 0};   /* token, rank 0 mapped it, rank 0's pid */
     char name[64];
@@ -21242,12 +21291,16 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     /* threads of one process (a transport of the app's own) gain nothing: all decline */
     if (c->rank != 0 && msg[2] && msg[3] != (uint32_t)getpid()) c->shm = dtr__shm_map(c, name, 0);
     ok = dtr__shm_check(c->shm, c) && dtr__shm_post_sentinel(c) ? 1.0f : 0.0f;
-    if (ok > 0.5f) DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
+    if (ok > 0.5f) {
+        c->shm->probe = DTR__SHM_MAGIC;
+        c->shm->h->r[c->rank].src = (uint64_t)(uintptr_t)&c->shm->probe;
+        DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
+    }
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);   /* ranks that could map it */
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
     else c->shm->on = 1;
-    return r;
+    return r == DTR_OK && c->shm ? dtr__shm_cma_setup(c) : r;
 }
 
 /* ---- waiting ---- */
@@ -21335,46 +21388,56 @@ static size_t dtr__shm_ring_start(size_t count, int n, int k) {
     return (size_t)k * q + ((size_t)k < rem ? (size_t)k : rem);
 }
 
+/* out[0..n) = x[k + 1] + x[k + 2] + ... + x[k] (indices mod N): ring chunk k's order (an
+ * average divides in the last step). out may be x[k + 1] or x[k + 2] only when N = 2. */
+static void dtr__shm_fold_ring(char *out, const char *const *x, int N, int k, size_t n, const dtr__coll *a, int div) {
+    int j;
+    for (j = 2; j <= N; j++)
+        dtr__comm_reduce(out, j == 2 ? x[(k + 1) % N] : out, x[(k + j) % N], n, a->dtype, a->op, j == N ? div : 1);
+}
+
 /* out[0..len) = elements [g, g + len) of the slots (slot j's first element is global index
- * g0) in ring order: chunk k starts at rank k + 1 and ends at rank k (an average divides in
- * the last step) */
+ * g0) in ring order: chunk k starts at rank k + 1 and ends at rank k */
 static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0, size_t g, size_t len, int div) {
     size_t es = dtr_dtype_size(a->dtype);
-    int N = c->size, k;
+    const char *x[64];
+    int N = c->size, k, j;
     for (k = 0; k < N && len; k++) {
-        size_t lo = dtr__shm_ring_start(a->count, N, k), hi = dtr__shm_ring_start(a->count, N, k + 1), b, e, i;
-        int j;
+        size_t lo = dtr__shm_ring_start(a->count, N, k), hi = dtr__shm_ring_start(a->count, N, k + 1), b, e;
         b = g > lo ? g : lo, e = g + len < hi ? g + len : hi;
         if (b >= e) continue;
-        i = b - g0;
-        for (j = 2; j <= N; j++) {
-            const char *x = j == 2 ? c->shm->slots + (size_t)((k + 1) % N) * c->shm->slot + i * es : out + (b - g) * es;
-            const char *y = c->shm->slots + (size_t)((k + j) % N) * c->shm->slot + i * es;
-            dtr__comm_reduce(out + (b - g) * es, x, y, e - b, a->dtype, a->op, j == N ? div : 1);
-        }
+        for (j = 0; j < N; j++) x[j] = c->shm->slots + (size_t)j * c->shm->slot + (b - g0) * es;
+        dtr__shm_fold_ring(out + (b - g) * es, x, N, k, e - b, a, div);
     }
 }
 
-/* the same in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first, then the p
- * partial values combine at distances 1, 2, 4 ..., the lower first (the tree that leads to
- * partial 0); vector by vector over the slice, in the group's scratch (p slices) */
-static dtr_result dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
-    size_t es = dtr_dtype_size(a->dtype), sl = len * es;
-    int N = c->size, p = 1, m, nr, d;
-    char *v;
+/* out[0..len) from x[0..N) in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first,
+ * then the p partial values combine at distances 1, 2, 4 ..., the lower first (the tree that
+ * leads to partial 0); vector by vector, in v (p * len elements) */
+static void dtr__shm_fold_rd(char *out, const char *const *x, int N, size_t len, const dtr__coll *a, int div, char *v) {
+    size_t sl = len * dtr_dtype_size(a->dtype);
+    int p = 1, m, nr, d;
     while (p * 2 <= N) p *= 2;
     m = N - p;
-    v = (char *)dtr__comm_scratch(c, (size_t)p * sl + 1);
-    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)p * sl);
     for (nr = 0; nr < p; nr++) {
-        const char *x0 = c->shm->slots + (size_t)(nr < m ? 2 * nr : nr + m) * c->shm->slot + first * es;
-        if (nr < m) dtr__comm_reduce(v + nr * sl, x0, x0 + c->shm->slot, len, a->dtype, a->op, 1);
-        else memcpy(v + nr * sl, x0, sl);
+        if (nr < m) dtr__comm_reduce(v + nr * sl, x[2 * nr], x[2 * nr + 1], len, a->dtype, a->op, 1);
+        else memcpy(v + nr * sl, x[nr + m], sl);
     }
     for (d = 1; d < p; d *= 2)
         for (nr = 0; nr < p; nr += 2 * d)
             dtr__comm_reduce(v + nr * sl, v + nr * sl, v + (nr + d) * sl, len, a->dtype, a->op, d * 2 >= p ? div : 1);
     memcpy(out, v, sl);
+}
+
+/* the same from the slots' elements [first, first + len), in the group's scratch */
+static dtr_result dtr__shm_rd(dtr_comm *c, const dtr__coll *a, char *out, size_t first, size_t len, int div) {
+    size_t es = dtr_dtype_size(a->dtype);
+    const char *x[64];
+    char *v = (char *)dtr__comm_scratch(c, (size_t)c->size * len * es + 1);
+    int j;
+    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)c->size * len * es);
+    for (j = 0; j < c->size; j++) x[j] = c->shm->slots + (size_t)j * c->shm->slot + first * es;
+    dtr__shm_fold_rd(out, x, c->size, len, a, div, v);
     return DTR_OK;
 }
 
@@ -21410,6 +21473,83 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
         memcpy((char *)a->dst + g * es, out, n * es);
     }
     return DTR_OK;
+}
+
+/* ---- single copy: all-reduces larger than a slot ---- */
+
+/* The bytes of one step of the single-copy reduction, per peer: its copies stay in cache. */
+#define DTR__SHM_CMA_STEP ((size_t)128 << 10)
+#define DTR__SHM_DONE offsetof(dtr__shm_counter, done)
+
+/* a peer's memory could not be read: its failure when its process is gone, else this rank's */
+static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int err) {
+    int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid);
+    int who = dtr__pid_dead(pid) ? c->ranks[j] : c->ep->info.rank;
+    int32_t none = -1;
+    dtr_result r = dtr__comm_fail(c, a, DTR_PEER_FAILED, who, err, "reading rank %d's buffer (pid %lld): %s", c->ranks[j],
+                                  (long long)pid, strerror(err));
+    DTR__ATOMIC_CAS(&c->shm->h->abort_rank, &none, who);
+    return r;
+}
+
+/* Reduce-scatter phase: this rank's ring chunk [lo, hi), read from every peer's input in steps
+ * of DTR__SHM_CMA_STEP and folded in the algorithm's order into dst. */
+static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo, size_t hi, int div) {
+    dtr__shm_counter *rc = c->shm->h->r;
+    size_t es = dtr_dtype_size(a->dtype), step = DTR__SHM_CMA_STEP / es, sb = step * es, g, n;
+    int N = c->size, me = c->rank, j, err;
+    const char *x[64];
+    char *buf = (char *)dtr__comm_scratch(c, (size_t)2 * N * sb);   /* N inputs, rd's partials */
+    if (!buf) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)2 * N * sb);
+    for (g = lo; g < hi; g += n) {
+        n = hi - g < step ? hi - g : step;
+        for (j = 0; j < N; j++) {
+            x[j] = buf + (size_t)j * sb;
+            if (j != me && (err = dtr__shm_read(rc[j].pid, buf + (size_t)j * sb, rc[j].src + g * es, n * es)) != 0)
+                return dtr__shm_cma_fail(c, a, j, err);
+        }
+        /* in place, the ring would overwrite this rank's input before its turn (N > 2) */
+        if (a->src == a->dst && N > 2) memcpy(buf + (size_t)me * sb, (const char *)a->src + g * es, n * es);
+        else x[me] = (const char *)a->src + g * es;
+        if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_fold_ring((char *)a->dst + g * es, x, N, me, n, a, div);
+        else dtr__shm_fold_rd((char *)a->dst + g * es, x, N, n, a, div, buf + (size_t)N * sb);
+    }
+    return DTR_OK;
+}
+
+/* All-gather phase: every peer's chunk, straight from its output into this rank's. */
+static dtr_result dtr__shm_cma_gather(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm_counter *rc = c->shm->h->r;
+    size_t es = dtr_dtype_size(a->dtype), lo, hi;
+    int j, err;
+    for (j = 0; j < c->size; j++) {
+        if (j == c->rank) continue;
+        lo = dtr__shm_ring_start(a->count, c->size, j), hi = dtr__shm_ring_start(a->count, c->size, j + 1);
+        if (hi > lo && (err = dtr__shm_read(rc[j].pid, (char *)a->dst + lo * es, rc[j].dst + lo * es, (hi - lo) * es)) != 0)
+            return dtr__shm_cma_fail(c, a, j, err);
+    }
+    return DTR_OK;
+}
+
+/* Single copy: each rank publishes its buffers' addresses, reduces its ring chunk reading the
+ * peers' inputs (process_vm_readv), then reads the peers' reduced chunks from their outputs;
+ * it returns once every rank has read everything it needed from the others' buffers. */
+static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    dtr__shm_counter *me = &s->h->r[c->rank];
+    uint64_t e = ++s->epoch;
+    int div = a->op == DTR_REDUCE_AVG ? (a->avg_div ? a->avg_div : c->size) : 1;
+    dtr_result r;
+    me->src = (uint64_t)(uintptr_t)a->src, me->dst = (uint64_t)(uintptr_t)a->dst;
+    DTR__ATOMIC_STORE(&me->in, e);
+    if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+    r = dtr__shm_cma_reduce(c, a, dtr__shm_ring_start(a->count, c->size, c->rank),
+                            dtr__shm_ring_start(a->count, c->size, c->rank + 1), div);
+    if (r != DTR_OK) return r;
+    DTR__ATOMIC_STORE(&me->red, e);
+    if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK || (r = dtr__shm_cma_gather(c, a)) != DTR_OK) return r;
+    DTR__ATOMIC_STORE(&me->done, e);
+    return dtr__shm_wait(c, a, -1, DTR__SHM_DONE, e);
 }
 
 /* reduce-scatter: block b of the input is rank b's; each epoch carries the same range of
@@ -21472,7 +21612,11 @@ int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
     if (!c->shm || !c->shm->on) return 0;
     /* large payloads: the provider's single-copy path moves them faster (same bits) */
-    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) return 0;
+    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) {
+        if (a->kind != DTR__OP_ALL_REDUCE || !c->shm->cma) return 0;
+        *r = dtr__shm_all_reduce_cma(c, a);   /* single copy */
+        return 1;
+    }
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
     case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
@@ -21492,7 +21636,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21496 "dtrain.h"
+#line 21640 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21728,7 +21872,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21732 "dtrain.h"
+#line 21876 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22087,7 +22231,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22091 "dtrain.h"
+#line 22235 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22284,7 +22428,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22288 "dtrain.h"
+#line 22432 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22681,7 +22825,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22685 "dtrain.h"
+#line 22829 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23114,7 +23258,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23118 "dtrain.h"
+#line 23262 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24013,7 +24157,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24017 "dtrain.h"
+#line 24161 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24067,7 +24211,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24071 "dtrain.h"
+#line 24215 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25225,7 +25369,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25229 "dtrain.h"
+#line 25373 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26123,7 +26267,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26127 "dtrain.h"
+#line 26271 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27591,7 +27735,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27595 "dtrain.h"
+#line 27739 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -27975,7 +28119,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 27979 "dtrain.h"
+#line 28123 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28124,7 +28268,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28128 "dtrain.h"
+#line 28272 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
