@@ -21162,6 +21162,7 @@ struct dtr__shm {
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
+    int64_t next_deep;      /* and of the next look for zombies among them */
 };
 
 static size_t dtr__shm_hdr_bytes(int n) {
@@ -21322,11 +21323,14 @@ static void dtr__shm_nap(int64_t ns) {
     nanosleep(&ts, NULL);
 }
 
-/* the first peer whose process died, or -1 */
-static int dtr__shm_dead_peer(dtr_comm *c) {
+/* the first peer whose process is gone, or -1; deep: a zombie counts too (that look reads
+ * /proc/PID/stat, which costs the kernel tens of microseconds: every 100 ms only) */
+static int dtr__shm_dead_peer(dtr_comm *c, int deep) {
     int j;
-    for (j = 0; j < c->size; j++)
-        if (j != c->rank && dtr__pid_dead(DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid))) return j;
+    for (j = 0; j < c->size; j++) {
+        int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid);
+        if (j != c->rank && (deep ? dtr__pid_dead(pid) : pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) return j;
+    }
     return -1;
 }
 
@@ -21343,13 +21347,14 @@ static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiti
         return dtr__comm_fail(c, a, DTR_PEER_FAILED, who, 0, "rank %d failed (a shared-memory collective's peer said so)", who);
     if (now < s->next_check) return DTR_OK;   /* the slower looks: every 5 ms */
     s->next_check = now + 5000000;
-    if ((dead = dtr__shm_dead_peer(c)) >= 0)
+    if ((dead = dtr__shm_dead_peer(c, now >= s->next_deep)) >= 0)
         return dtr__comm_fail(c, a, DTR_PEER_FAILED, c->ranks[dead], 0, "rank %d (pid %lld on this host) died",
                               c->ranks[dead], (long long)DTR__ATOMIC_LOAD(&s->h->r[dead].pid));
     r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
     if (r != DTR_OK || done)
         return dtr__comm_fail(c, a, r != DTR_OK ? r : DTR_PEER_FAILED, e.rank, e.native_code, "%s",
                               e.msg[0] ? e.msg : "the transport reported a failure");
+    if (now >= s->next_deep) s->next_deep = now + 100000000;
     if (now > a->deadline)
         return dtr__comm_fail(c, a, DTR_TIMEOUT, c->ranks[waiting_for], 0,
                               "timed out after %d ms: rank %d did not reach the shared-memory step", a->timeout_ms,
@@ -21357,10 +21362,13 @@ static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiti
     return DTR_OK;
 }
 
-/* Waits until the counters at `off` of every rank (or of `only`) reached epoch e. */
+/* Waits until the counters at `off` of every rank (or of `only`) reached epoch e: spins, then
+ * yields the CPU for up to DTR__SHM_YIELD_NS (on a machine with more ranks than free cores the
+ * peer runs then; a nap would cost the timer's slack, about 50 us), then naps. */
+#define DTR__SHM_YIELD_NS 2000000
 static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_t off, uint64_t e) {
     dtr__shm *s = c->shm;
-    int64_t naps = 0;
+    int64_t naps = 0, t0 = 0;
     long spins = 0;
     int j;
     dtr_result r;
@@ -21371,7 +21379,8 @@ static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_
             DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
             return r;
         }
-        if (spins < 4000) sched_yield();
+        if (!t0) t0 = dtr_time_ns();
+        if (dtr_time_ns() - t0 < DTR__SHM_YIELD_NS) sched_yield();
         else dtr__shm_nap(naps++ < 100 ? 2000 : 50000);
     }
     return DTR_OK;
@@ -21636,7 +21645,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21640 "dtrain.h"
+#line 21649 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21872,7 +21881,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21876 "dtrain.h"
+#line 21885 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22231,7 +22240,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22235 "dtrain.h"
+#line 22244 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22428,7 +22437,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22432 "dtrain.h"
+#line 22441 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22825,7 +22834,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22829 "dtrain.h"
+#line 22838 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23258,7 +23267,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23262 "dtrain.h"
+#line 23271 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24157,7 +24166,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24161 "dtrain.h"
+#line 24170 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24211,7 +24220,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24215 "dtrain.h"
+#line 24224 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25369,7 +25378,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25373 "dtrain.h"
+#line 25382 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26267,7 +26276,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26271 "dtrain.h"
+#line 26280 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27735,7 +27744,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27739 "dtrain.h"
+#line 27748 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28119,7 +28128,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28123 "dtrain.h"
+#line 28132 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28268,7 +28277,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28272 "dtrain.h"
+#line 28281 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

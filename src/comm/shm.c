@@ -117,6 +117,7 @@ struct dtr__shm {
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
+    int64_t next_deep;      /* and of the next look for zombies among them */
 };
 
 static size_t dtr__shm_hdr_bytes(int n) {
@@ -277,11 +278,14 @@ static void dtr__shm_nap(int64_t ns) {
     nanosleep(&ts, NULL);
 }
 
-/* the first peer whose process died, or -1 */
-static int dtr__shm_dead_peer(dtr_comm *c) {
+/* the first peer whose process is gone, or -1; deep: a zombie counts too (that look reads
+ * /proc/PID/stat, which costs the kernel tens of microseconds: every 100 ms only) */
+static int dtr__shm_dead_peer(dtr_comm *c, int deep) {
     int j;
-    for (j = 0; j < c->size; j++)
-        if (j != c->rank && dtr__pid_dead(DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid))) return j;
+    for (j = 0; j < c->size; j++) {
+        int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid);
+        if (j != c->rank && (deep ? dtr__pid_dead(pid) : pid > 0 && kill((pid_t)pid, 0) != 0 && errno == ESRCH)) return j;
+    }
     return -1;
 }
 
@@ -298,13 +302,14 @@ static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiti
         return dtr__comm_fail(c, a, DTR_PEER_FAILED, who, 0, "rank %d failed (a shared-memory collective's peer said so)", who);
     if (now < s->next_check) return DTR_OK;   /* the slower looks: every 5 ms */
     s->next_check = now + 5000000;
-    if ((dead = dtr__shm_dead_peer(c)) >= 0)
+    if ((dead = dtr__shm_dead_peer(c, now >= s->next_deep)) >= 0)
         return dtr__comm_fail(c, a, DTR_PEER_FAILED, c->ranks[dead], 0, "rank %d (pid %lld on this host) died",
                               c->ranks[dead], (long long)DTR__ATOMIC_LOAD(&s->h->r[dead].pid));
     r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
     if (r != DTR_OK || done)
         return dtr__comm_fail(c, a, r != DTR_OK ? r : DTR_PEER_FAILED, e.rank, e.native_code, "%s",
                               e.msg[0] ? e.msg : "the transport reported a failure");
+    if (now >= s->next_deep) s->next_deep = now + 100000000;
     if (now > a->deadline)
         return dtr__comm_fail(c, a, DTR_TIMEOUT, c->ranks[waiting_for], 0,
                               "timed out after %d ms: rank %d did not reach the shared-memory step", a->timeout_ms,
@@ -312,10 +317,13 @@ static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiti
     return DTR_OK;
 }
 
-/* Waits until the counters at `off` of every rank (or of `only`) reached epoch e. */
+/* Waits until the counters at `off` of every rank (or of `only`) reached epoch e: spins, then
+ * yields the CPU for up to DTR__SHM_YIELD_NS (on a machine with more ranks than free cores the
+ * peer runs then; a nap would cost the timer's slack, about 50 us), then naps. */
+#define DTR__SHM_YIELD_NS 2000000
 static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_t off, uint64_t e) {
     dtr__shm *s = c->shm;
-    int64_t naps = 0;
+    int64_t naps = 0, t0 = 0;
     long spins = 0;
     int j;
     dtr_result r;
@@ -326,7 +334,8 @@ static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_
             DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
             return r;
         }
-        if (spins < 4000) sched_yield();
+        if (!t0) t0 = dtr_time_ns();
+        if (dtr_time_ns() - t0 < DTR__SHM_YIELD_NS) sched_yield();
         else dtr__shm_nap(naps++ < 100 ? 2000 : 50000);
     }
     return DTR_OK;
