@@ -21132,6 +21132,9 @@ int dtr__pid_dead(int64_t pid) {
  * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
 #define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
+/* All-reduces of at most this many bytes take one step: each rank reduces the whole vector. */
+#define DTR__SHM_SMALL ((size_t)16 << 10)
+
 typedef struct dtr__shm_counter {
     uint64_t in;            /* the epoch whose input is in this rank's slot (or whose buffers are below) */
     uint64_t src, dst;      /* single copy: the addresses of this rank's buffers in epoch `in` */
@@ -21156,6 +21159,7 @@ struct dtr__shm {
     size_t bytes, slot;
     dtr__shm_hdr *h;
     char *slots, *out[2];
+    char *small;            /* per rank two buffers of DTR__SHM_SMALL bytes (one-step all-reduces) */
     uint64_t epoch;
     void *sentinel;         /* the transport's never-matching receive */
     int on;                 /* every rank mapped it: the collectives use it */
@@ -21180,7 +21184,8 @@ static void dtr__shm_name(char *out, size_t cap, const uint32_t *token) {
 
 /* maps the segment `name` (creating it on rank 0); NULL on any failure */
 static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
-    size_t slot = dtr__shm_slot_bytes(c->size), bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot;
+    size_t slot = dtr__shm_slot_bytes(c->size),
+           bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot + (size_t)c->size * 2 * DTR__SHM_SMALL;
     int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
     struct stat st;
     dtr__shm *s;
@@ -21199,6 +21204,7 @@ static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
     s->slots = s->base + dtr__shm_hdr_bytes(c->size);
     s->out[0] = s->slots + (size_t)c->size * slot;
     s->out[1] = s->out[0] + slot;
+    s->small = s->out[1] + slot;
     if (create) {
         s->h->slot = slot, s->h->size = c->size, s->h->abort_rank = -1;
         DTR__ATOMIC_STORE(&s->h->magic, DTR__SHM_MAGIC);
@@ -21561,6 +21567,36 @@ static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
     return dtr__shm_wait(c, a, -1, DTR__SHM_DONE, e);
 }
 
+/* One step (all-reduces of at most DTR__SHM_SMALL bytes): each rank copies its input into its
+ * small buffer of the epoch's parity and waits for every rank's; then every rank folds the
+ * whole vector in the algorithm's order into its output. The buffers of parity e & 1 were last
+ * read in epoch e - 2 or before, which every rank left before it published epoch e - 1. */
+static dtr_result dtr__shm_all_reduce_small(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), lo, hi;
+    int div = a->op == DTR_REDUCE_AVG ? (a->avg_div ? a->avg_div : c->size) : 1, N = c->size, j, k;
+    uint64_t e = ++s->epoch;
+    const char *x[64];
+    char *v = (char *)dtr__comm_scratch(c, (size_t)N * a->count * es + 1);
+    dtr_result r;
+    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)N * a->count * es);
+    memcpy(s->small + ((size_t)c->rank * 2 + (e & 1)) * DTR__SHM_SMALL, a->src, a->count * es);
+    DTR__ATOMIC_STORE(&s->h->r[c->rank].in, e);
+    if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+    for (j = 0; j < N; j++) x[j] = s->small + ((size_t)j * 2 + (e & 1)) * DTR__SHM_SMALL;
+    if (a->algo != DTR_ALLREDUCE_RING) {
+        dtr__shm_fold_rd((char *)a->dst, x, N, a->count, a, div, v);
+        return DTR_OK;
+    }
+    for (k = 0; k < N; k++) {   /* ring chunk k, from rank k + 1 to rank k */
+        const char *y[64];
+        lo = dtr__shm_ring_start(a->count, N, k), hi = dtr__shm_ring_start(a->count, N, k + 1);
+        for (j = 0; j < N; j++) y[j] = x[j] + lo * es;
+        if (hi > lo) dtr__shm_fold_ring((char *)a->dst + lo * es, y, N, k, hi - lo, a, div);
+    }
+    return DTR_OK;
+}
+
 /* reduce-scatter: block b of the input is rank b's; each epoch carries the same range of
  * every block, and rank b reduces its block in ring order (chunk b starts at rank b + 1) */
 static dtr_result dtr__shm_reduce_scatter(dtr_comm *c, const dtr__coll *a) {
@@ -21627,7 +21663,9 @@ int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
         return 1;
     }
     switch (a->kind) {
-    case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
+    case DTR__OP_ALL_REDUCE:
+        *r = a->count * dtr_dtype_size(a->dtype) <= DTR__SHM_SMALL ? dtr__shm_all_reduce_small(c, a) : dtr__shm_all_reduce(c, a);
+        return 1;
     case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
     case DTR__OP_ALL_GATHER: *r = dtr__shm_gather(c, a, -1); return 1;
     case DTR__OP_BROADCAST: *r = dtr__shm_gather(c, a, a->root); return 1;
@@ -21645,7 +21683,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21649 "dtrain.h"
+#line 21687 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21881,7 +21919,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21885 "dtrain.h"
+#line 21923 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22240,7 +22278,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22244 "dtrain.h"
+#line 22282 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22437,7 +22475,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22441 "dtrain.h"
+#line 22479 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22834,7 +22872,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22838 "dtrain.h"
+#line 22876 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23267,7 +23305,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23271 "dtrain.h"
+#line 23309 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24166,7 +24204,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24170 "dtrain.h"
+#line 24208 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24220,7 +24258,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24224 "dtrain.h"
+#line 24262 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25378,7 +25416,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25382 "dtrain.h"
+#line 25420 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26276,7 +26314,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26280 "dtrain.h"
+#line 26318 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27744,7 +27782,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27748 "dtrain.h"
+#line 27786 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28128,7 +28166,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28132 "dtrain.h"
+#line 28170 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28277,7 +28315,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28281 "dtrain.h"
+#line 28319 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -87,6 +87,9 @@ int dtr__pid_dead(int64_t pid) {
  * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
 #define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
+/* All-reduces of at most this many bytes take one step: each rank reduces the whole vector. */
+#define DTR__SHM_SMALL ((size_t)16 << 10)
+
 typedef struct dtr__shm_counter {
     uint64_t in;            /* the epoch whose input is in this rank's slot (or whose buffers are below) */
     uint64_t src, dst;      /* single copy: the addresses of this rank's buffers in epoch `in` */
@@ -111,6 +114,7 @@ struct dtr__shm {
     size_t bytes, slot;
     dtr__shm_hdr *h;
     char *slots, *out[2];
+    char *small;            /* per rank two buffers of DTR__SHM_SMALL bytes (one-step all-reduces) */
     uint64_t epoch;
     void *sentinel;         /* the transport's never-matching receive */
     int on;                 /* every rank mapped it: the collectives use it */
@@ -135,7 +139,8 @@ static void dtr__shm_name(char *out, size_t cap, const uint32_t *token) {
 
 /* maps the segment `name` (creating it on rank 0); NULL on any failure */
 static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
-    size_t slot = dtr__shm_slot_bytes(c->size), bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot;
+    size_t slot = dtr__shm_slot_bytes(c->size),
+           bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot + (size_t)c->size * 2 * DTR__SHM_SMALL;
     int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
     struct stat st;
     dtr__shm *s;
@@ -154,6 +159,7 @@ static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
     s->slots = s->base + dtr__shm_hdr_bytes(c->size);
     s->out[0] = s->slots + (size_t)c->size * slot;
     s->out[1] = s->out[0] + slot;
+    s->small = s->out[1] + slot;
     if (create) {
         s->h->slot = slot, s->h->size = c->size, s->h->abort_rank = -1;
         DTR__ATOMIC_STORE(&s->h->magic, DTR__SHM_MAGIC);
@@ -516,6 +522,36 @@ static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
     return dtr__shm_wait(c, a, -1, DTR__SHM_DONE, e);
 }
 
+/* One step (all-reduces of at most DTR__SHM_SMALL bytes): each rank copies its input into its
+ * small buffer of the epoch's parity and waits for every rank's; then every rank folds the
+ * whole vector in the algorithm's order into its output. The buffers of parity e & 1 were last
+ * read in epoch e - 2 or before, which every rank left before it published epoch e - 1. */
+static dtr_result dtr__shm_all_reduce_small(dtr_comm *c, const dtr__coll *a) {
+    dtr__shm *s = c->shm;
+    size_t es = dtr_dtype_size(a->dtype), lo, hi;
+    int div = a->op == DTR_REDUCE_AVG ? (a->avg_div ? a->avg_div : c->size) : 1, N = c->size, j, k;
+    uint64_t e = ++s->epoch;
+    const char *x[64];
+    char *v = (char *)dtr__comm_scratch(c, (size_t)N * a->count * es + 1);
+    dtr_result r;
+    if (!v) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes", (size_t)N * a->count * es);
+    memcpy(s->small + ((size_t)c->rank * 2 + (e & 1)) * DTR__SHM_SMALL, a->src, a->count * es);
+    DTR__ATOMIC_STORE(&s->h->r[c->rank].in, e);
+    if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_IN, e)) != DTR_OK) return r;
+    for (j = 0; j < N; j++) x[j] = s->small + ((size_t)j * 2 + (e & 1)) * DTR__SHM_SMALL;
+    if (a->algo != DTR_ALLREDUCE_RING) {
+        dtr__shm_fold_rd((char *)a->dst, x, N, a->count, a, div, v);
+        return DTR_OK;
+    }
+    for (k = 0; k < N; k++) {   /* ring chunk k, from rank k + 1 to rank k */
+        const char *y[64];
+        lo = dtr__shm_ring_start(a->count, N, k), hi = dtr__shm_ring_start(a->count, N, k + 1);
+        for (j = 0; j < N; j++) y[j] = x[j] + lo * es;
+        if (hi > lo) dtr__shm_fold_ring((char *)a->dst + lo * es, y, N, k, hi - lo, a, div);
+    }
+    return DTR_OK;
+}
+
 /* reduce-scatter: block b of the input is rank b's; each epoch carries the same range of
  * every block, and rank b reduces its block in ring order (chunk b starts at rank b + 1) */
 static dtr_result dtr__shm_reduce_scatter(dtr_comm *c, const dtr__coll *a) {
@@ -582,7 +618,9 @@ int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
         return 1;
     }
     switch (a->kind) {
-    case DTR__OP_ALL_REDUCE: *r = dtr__shm_all_reduce(c, a); return 1;
+    case DTR__OP_ALL_REDUCE:
+        *r = a->count * dtr_dtype_size(a->dtype) <= DTR__SHM_SMALL ? dtr__shm_all_reduce_small(c, a) : dtr__shm_all_reduce(c, a);
+        return 1;
     case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
     case DTR__OP_ALL_GATHER: *r = dtr__shm_gather(c, a, -1); return 1;
     case DTR__OP_BROADCAST: *r = dtr__shm_gather(c, a, a->root); return 1;
