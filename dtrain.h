@@ -21426,22 +21426,26 @@ static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0,
     }
 }
 
-/* out[0..len) from x[0..N) in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first,
- * then the p partial values combine at distances 1, 2, 4 ..., the lower first (the tree that
- * leads to partial 0); vector by vector, in v (p * len elements) */
+/* out[0..len) from x[0..N) (N >= 2) in recursive doubling's order: pairs 2i, 2i+1 below 2m
+ * fold first, then the p partial values combine at distances 1, 2, 4 ..., the lower first
+ * (the tree that leads to partial 0); vector by vector, the partials in v (p * len elements).
+ * Only the last step writes out, so out may be one of the x. */
 static void dtr__shm_fold_rd(char *out, const char *const *x, int N, size_t len, const dtr__coll *a, int div, char *v) {
     size_t sl = len * dtr_dtype_size(a->dtype);
+    const char *part[64];
     int p = 1, m, nr, d;
     while (p * 2 <= N) p *= 2;
     m = N - p;
     for (nr = 0; nr < p; nr++) {
+        part[nr] = nr < m ? v + nr * sl : x[nr + m];
         if (nr < m) dtr__comm_reduce(v + nr * sl, x[2 * nr], x[2 * nr + 1], len, a->dtype, a->op, 1);
-        else memcpy(v + nr * sl, x[nr + m], sl);
     }
     for (d = 1; d < p; d *= 2)
-        for (nr = 0; nr < p; nr += 2 * d)
-            dtr__comm_reduce(v + nr * sl, v + nr * sl, v + (nr + d) * sl, len, a->dtype, a->op, d * 2 >= p ? div : 1);
-    memcpy(out, v, sl);
+        for (nr = 0; nr < p; nr += 2 * d) {
+            char *to = d * 2 >= p ? out : v + nr * sl;
+            dtr__comm_reduce(to, part[nr], part[nr + d], len, a->dtype, a->op, d * 2 >= p ? div : 1);
+            part[nr] = to;
+        }
 }
 
 /* the same from the slots' elements [first, first + len), in the group's scratch */
@@ -21683,7 +21687,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21687 "dtrain.h"
+#line 21691 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21919,7 +21923,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21923 "dtrain.h"
+#line 21927 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22278,7 +22282,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22282 "dtrain.h"
+#line 22286 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22475,7 +22479,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22479 "dtrain.h"
+#line 22483 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22872,7 +22876,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22876 "dtrain.h"
+#line 22880 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23305,7 +23309,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23309 "dtrain.h"
+#line 23313 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24204,7 +24208,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24208 "dtrain.h"
+#line 24212 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24258,7 +24262,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24262 "dtrain.h"
+#line 24266 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25416,7 +25420,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25420 "dtrain.h"
+#line 25424 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26314,7 +26318,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26318 "dtrain.h"
+#line 26322 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27782,7 +27786,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27786 "dtrain.h"
+#line 27790 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28166,7 +28170,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28170 "dtrain.h"
+#line 28174 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28315,7 +28319,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28319 "dtrain.h"
+#line 28323 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -381,22 +381,26 @@ static void dtr__shm_ring(dtr_comm *c, const dtr__coll *a, char *out, size_t g0,
     }
 }
 
-/* out[0..len) from x[0..N) in recursive doubling's order: pairs 2i, 2i+1 below 2m fold first,
- * then the p partial values combine at distances 1, 2, 4 ..., the lower first (the tree that
- * leads to partial 0); vector by vector, in v (p * len elements) */
+/* out[0..len) from x[0..N) (N >= 2) in recursive doubling's order: pairs 2i, 2i+1 below 2m
+ * fold first, then the p partial values combine at distances 1, 2, 4 ..., the lower first
+ * (the tree that leads to partial 0); vector by vector, the partials in v (p * len elements).
+ * Only the last step writes out, so out may be one of the x. */
 static void dtr__shm_fold_rd(char *out, const char *const *x, int N, size_t len, const dtr__coll *a, int div, char *v) {
     size_t sl = len * dtr_dtype_size(a->dtype);
+    const char *part[64];
     int p = 1, m, nr, d;
     while (p * 2 <= N) p *= 2;
     m = N - p;
     for (nr = 0; nr < p; nr++) {
+        part[nr] = nr < m ? v + nr * sl : x[nr + m];
         if (nr < m) dtr__comm_reduce(v + nr * sl, x[2 * nr], x[2 * nr + 1], len, a->dtype, a->op, 1);
-        else memcpy(v + nr * sl, x[nr + m], sl);
     }
     for (d = 1; d < p; d *= 2)
-        for (nr = 0; nr < p; nr += 2 * d)
-            dtr__comm_reduce(v + nr * sl, v + nr * sl, v + (nr + d) * sl, len, a->dtype, a->op, d * 2 >= p ? div : 1);
-    memcpy(out, v, sl);
+        for (nr = 0; nr < p; nr += 2 * d) {
+            char *to = d * 2 >= p ? out : v + nr * sl;
+            dtr__comm_reduce(to, part[nr], part[nr + d], len, a->dtype, a->op, d * 2 >= p ? div : 1);
+            part[nr] = to;
+        }
 }
 
 /* the same from the slots' elements [first, first + len), in the group's scratch */
