@@ -21161,7 +21161,8 @@ struct dtr__shm {
     char *slots, *out[2];
     char *small;            /* per rank two buffers of DTR__SHM_SMALL bytes (one-step all-reduces) */
     uint64_t epoch;
-    void *sentinel;         /* the transport's never-matching receive */
+    void *sentinel;         /* the transport's never-matching receive, posted while a wait is long */
+    int64_t op_start;       /* dtr_time_ns when the running collective began */
     int on;                 /* every rank mapped it: the collectives use it */
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
@@ -21235,12 +21236,13 @@ static int dtr__shm_check(const dtr__shm *s, const dtr_comm *c) {
     return s && DTR__ATOMIC_LOAD(&s->h->magic) == DTR__SHM_MAGIC && s->h->size == c->size && s->h->slot == s->slot;
 }
 
-/* posts the never-matching receive that reports the world's failures */
-static int dtr__shm_post_sentinel(dtr_comm *c) {
-    dtr_transport_error e;
+/* posts the never-matching receive that reports the world's failures (a world abort, a death
+ * the transport saw first). Only while a collective waits longer than DTR__SHM_SENTINEL_NS:
+ * a receive under way keeps the transport's provider thread polling. */
+#define DTR__SHM_SENTINEL_NS 20000000
+static dtr_result dtr__shm_post_sentinel(dtr_comm *c, dtr_transport_error *e) {
     int peer = c->ranks[(c->rank + 1) % c->size];
-    return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel,
-                            &e) == DTR_OK;
+    return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel, e);
 }
 
 /* reads `bytes` at `from` in process `pid` into `to`: 0, or the errno that stopped it */
@@ -21297,7 +21299,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     dtr__shm_name(name, sizeof name, msg);
     /* threads of one process (a transport of the app's own) gain nothing: all decline */
     if (c->rank != 0 && msg[2] && msg[3] != (uint32_t)getpid()) c->shm = dtr__shm_map(c, name, 0);
-    ok = dtr__shm_check(c->shm, c) && dtr__shm_post_sentinel(c) ? 1.0f : 0.0f;
+    ok = dtr__shm_check(c->shm, c) ? 1.0f : 0.0f;
     if (ok > 0.5f) {
         c->shm->probe = DTR__SHM_MAGIC;
         c->shm->h->r[c->rank].src = (uint64_t)(uintptr_t)&c->shm->probe;
@@ -21356,7 +21358,9 @@ static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiti
     if ((dead = dtr__shm_dead_peer(c, now >= s->next_deep)) >= 0)
         return dtr__comm_fail(c, a, DTR_PEER_FAILED, c->ranks[dead], 0, "rank %d (pid %lld on this host) died",
                               c->ranks[dead], (long long)DTR__ATOMIC_LOAD(&s->h->r[dead].pid));
-    r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
+    r = DTR_OK;
+    if (!s->sentinel && now - s->op_start > DTR__SHM_SENTINEL_NS) r = dtr__shm_post_sentinel(c, &e);
+    if (r == DTR_OK && s->sentinel) r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
     if (r != DTR_OK || done)
         return dtr__comm_fail(c, a, r != DTR_OK ? r : DTR_PEER_FAILED, e.rank, e.native_code, "%s",
                               e.msg[0] ? e.msg : "the transport reported a failure");
@@ -21658,24 +21662,33 @@ static dtr_result dtr__shm_barrier(dtr_comm *c, const dtr__coll *a) {
 
 int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on; }
 
-int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
-    if (!c->shm || !c->shm->on) return 0;
-    /* large payloads: the provider's single-copy path moves them faster (same bits) */
-    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) {
-        if (a->kind != DTR__OP_ALL_REDUCE || !c->shm->cma) return 0;
-        *r = dtr__shm_all_reduce_cma(c, a);   /* single copy */
-        return 1;
-    }
+/* the collective through the segment (dtr__shm_run chose it) */
+static dtr_result dtr__shm_op(dtr_comm *c, const dtr__coll *a) {
+    size_t bytes = a->count * dtr_dtype_size(a->dtype);
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
-        *r = a->count * dtr_dtype_size(a->dtype) <= DTR__SHM_SMALL ? dtr__shm_all_reduce_small(c, a) : dtr__shm_all_reduce(c, a);
-        return 1;
-    case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
-    case DTR__OP_ALL_GATHER: *r = dtr__shm_gather(c, a, -1); return 1;
-    case DTR__OP_BROADCAST: *r = dtr__shm_gather(c, a, a->root); return 1;
-    case DTR__OP_BARRIER: *r = dtr__shm_barrier(c, a); return 1;
+        return bytes <= DTR__SHM_SMALL ? dtr__shm_all_reduce_small(c, a)
+               : bytes <= DTR__SHM_MAX_BYTES ? dtr__shm_all_reduce(c, a) : dtr__shm_all_reduce_cma(c, a);
+    case DTR__OP_REDUCE_SCATTER: return dtr__shm_reduce_scatter(c, a);
+    case DTR__OP_ALL_GATHER: return dtr__shm_gather(c, a, -1);
+    case DTR__OP_BROADCAST: return dtr__shm_gather(c, a, a->root);
+    default: return dtr__shm_barrier(c, a);
     }
-    return 0;
+}
+
+int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
+    dtr__shm *s = c->shm;
+    if (!s || !s->on || a->kind > DTR__OP_BARRIER) return 0;   /* collectives only */
+    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES &&
+        (a->kind != DTR__OP_ALL_REDUCE || !s->cma))
+        return 0;   /* large payloads without single copy: the provider's own moves them faster */
+    s->op_start = dtr_time_ns();
+    *r = dtr__shm_op(c, a);
+    if (s->sentinel) {   /* the wait was long: the transport's provider thread may rest again */
+        c->ep->vt->release(c->ep->state, s->sentinel);
+        s->sentinel = NULL;
+    }
+    return 1;
 }
 
 #else /* no POSIX shared memory: the transport's path */
@@ -21687,7 +21700,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21691 "dtrain.h"
+#line 21704 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21923,7 +21936,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21927 "dtrain.h"
+#line 21940 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22282,7 +22295,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22286 "dtrain.h"
+#line 22299 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22479,7 +22492,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22483 "dtrain.h"
+#line 22496 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22876,7 +22889,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22880 "dtrain.h"
+#line 22893 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23309,7 +23322,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23313 "dtrain.h"
+#line 23326 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24208,7 +24221,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24212 "dtrain.h"
+#line 24225 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24262,7 +24275,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24266 "dtrain.h"
+#line 24279 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25420,7 +25433,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25424 "dtrain.h"
+#line 25437 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26318,7 +26331,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26322 "dtrain.h"
+#line 26335 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27786,7 +27799,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27790 "dtrain.h"
+#line 27803 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28170,7 +28183,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28174 "dtrain.h"
+#line 28187 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28319,7 +28332,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28323 "dtrain.h"
+#line 28336 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

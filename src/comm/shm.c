@@ -116,7 +116,8 @@ struct dtr__shm {
     char *slots, *out[2];
     char *small;            /* per rank two buffers of DTR__SHM_SMALL bytes (one-step all-reduces) */
     uint64_t epoch;
-    void *sentinel;         /* the transport's never-matching receive */
+    void *sentinel;         /* the transport's never-matching receive, posted while a wait is long */
+    int64_t op_start;       /* dtr_time_ns when the running collective began */
     int on;                 /* every rank mapped it: the collectives use it */
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
@@ -190,12 +191,13 @@ static int dtr__shm_check(const dtr__shm *s, const dtr_comm *c) {
     return s && DTR__ATOMIC_LOAD(&s->h->magic) == DTR__SHM_MAGIC && s->h->size == c->size && s->h->slot == s->slot;
 }
 
-/* posts the never-matching receive that reports the world's failures */
-static int dtr__shm_post_sentinel(dtr_comm *c) {
-    dtr_transport_error e;
+/* posts the never-matching receive that reports the world's failures (a world abort, a death
+ * the transport saw first). Only while a collective waits longer than DTR__SHM_SENTINEL_NS:
+ * a receive under way keeps the transport's provider thread polling. */
+#define DTR__SHM_SENTINEL_NS 20000000
+static dtr_result dtr__shm_post_sentinel(dtr_comm *c, dtr_transport_error *e) {
     int peer = c->ranks[(c->rank + 1) % c->size];
-    return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel,
-                            &e) == DTR_OK;
+    return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel, e);
 }
 
 /* reads `bytes` at `from` in process `pid` into `to`: 0, or the errno that stopped it */
@@ -252,7 +254,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     dtr__shm_name(name, sizeof name, msg);
     /* threads of one process (a transport of the app's own) gain nothing: all decline */
     if (c->rank != 0 && msg[2] && msg[3] != (uint32_t)getpid()) c->shm = dtr__shm_map(c, name, 0);
-    ok = dtr__shm_check(c->shm, c) && dtr__shm_post_sentinel(c) ? 1.0f : 0.0f;
+    ok = dtr__shm_check(c->shm, c) ? 1.0f : 0.0f;
     if (ok > 0.5f) {
         c->shm->probe = DTR__SHM_MAGIC;
         c->shm->h->r[c->rank].src = (uint64_t)(uintptr_t)&c->shm->probe;
@@ -311,7 +313,9 @@ static dtr_result dtr__shm_check_fail(dtr_comm *c, const dtr__coll *a, int waiti
     if ((dead = dtr__shm_dead_peer(c, now >= s->next_deep)) >= 0)
         return dtr__comm_fail(c, a, DTR_PEER_FAILED, c->ranks[dead], 0, "rank %d (pid %lld on this host) died",
                               c->ranks[dead], (long long)DTR__ATOMIC_LOAD(&s->h->r[dead].pid));
-    r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
+    r = DTR_OK;
+    if (!s->sentinel && now - s->op_start > DTR__SHM_SENTINEL_NS) r = dtr__shm_post_sentinel(c, &e);
+    if (r == DTR_OK && s->sentinel) r = c->ep->vt->test(c->ep->state, s->sentinel, &done, &e);
     if (r != DTR_OK || done)
         return dtr__comm_fail(c, a, r != DTR_OK ? r : DTR_PEER_FAILED, e.rank, e.native_code, "%s",
                               e.msg[0] ? e.msg : "the transport reported a failure");
@@ -613,24 +617,33 @@ static dtr_result dtr__shm_barrier(dtr_comm *c, const dtr__coll *a) {
 
 int dtr_comm_shared_memory(const dtr_comm *c) { return c && c->shm && c->shm->on; }
 
-int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
-    if (!c->shm || !c->shm->on) return 0;
-    /* large payloads: the provider's single-copy path moves them faster (same bits) */
-    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES) {
-        if (a->kind != DTR__OP_ALL_REDUCE || !c->shm->cma) return 0;
-        *r = dtr__shm_all_reduce_cma(c, a);   /* single copy */
-        return 1;
-    }
+/* the collective through the segment (dtr__shm_run chose it) */
+static dtr_result dtr__shm_op(dtr_comm *c, const dtr__coll *a) {
+    size_t bytes = a->count * dtr_dtype_size(a->dtype);
     switch (a->kind) {
     case DTR__OP_ALL_REDUCE:
-        *r = a->count * dtr_dtype_size(a->dtype) <= DTR__SHM_SMALL ? dtr__shm_all_reduce_small(c, a) : dtr__shm_all_reduce(c, a);
-        return 1;
-    case DTR__OP_REDUCE_SCATTER: *r = dtr__shm_reduce_scatter(c, a); return 1;
-    case DTR__OP_ALL_GATHER: *r = dtr__shm_gather(c, a, -1); return 1;
-    case DTR__OP_BROADCAST: *r = dtr__shm_gather(c, a, a->root); return 1;
-    case DTR__OP_BARRIER: *r = dtr__shm_barrier(c, a); return 1;
+        return bytes <= DTR__SHM_SMALL ? dtr__shm_all_reduce_small(c, a)
+               : bytes <= DTR__SHM_MAX_BYTES ? dtr__shm_all_reduce(c, a) : dtr__shm_all_reduce_cma(c, a);
+    case DTR__OP_REDUCE_SCATTER: return dtr__shm_reduce_scatter(c, a);
+    case DTR__OP_ALL_GATHER: return dtr__shm_gather(c, a, -1);
+    case DTR__OP_BROADCAST: return dtr__shm_gather(c, a, a->root);
+    default: return dtr__shm_barrier(c, a);
     }
-    return 0;
+}
+
+int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) {
+    dtr__shm *s = c->shm;
+    if (!s || !s->on || a->kind > DTR__OP_BARRIER) return 0;   /* collectives only */
+    if (a->kind != DTR__OP_BARRIER && a->count * dtr_dtype_size(a->dtype) > DTR__SHM_MAX_BYTES &&
+        (a->kind != DTR__OP_ALL_REDUCE || !s->cma))
+        return 0;   /* large payloads without single copy: the provider's own moves them faster */
+    s->op_start = dtr_time_ns();
+    *r = dtr__shm_op(c, a);
+    if (s->sentinel) {   /* the wait was long: the transport's provider thread may rest again */
+        c->ep->vt->release(c->ep->state, s->sentinel);
+        s->sentinel = NULL;
+    }
+    return 1;
 }
 
 #else /* no POSIX shared memory: the transport's path */
