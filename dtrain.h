@@ -2040,10 +2040,11 @@ struct dtr_comm_config {
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
     size_t segment_bytes;              /**< segment of the pipelined chain; 0: 256 KiB */
     int no_native;                     /**< 1: always build collectives over point-to-point, even when the transport has native ones */
-    int shared_memory;                 /**< 1: run collectives of up to 128 KiB per rank through a segment
-                                            shared by the processes of one host (docs/distributed.md;
-                                            $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
-                                            beat libfabric's shm provider reliably in this version's runs */
+    int shared_memory;                 /**< 1 (dtr_comm_config_init's default): when every rank of a group is
+                                            a process of this host, its collectives run through a segment they
+                                            all map (all-reduces above 128 KiB per rank by single copy, others
+                                            up to 128 KiB; docs/distributed.md); 0: through the transport.
+                                            $DTR_COMM_SHM=1 or 0 overrides */
     int flight_records;                /**< operations the flight recorder keeps per group; 0: 64; -1: off */
     const char *flight_dir;            /**< on the first failure write <dir>/flight-rank<N>.json; NULL:
                                             $DTR_FLIGHT_DIR, else no file */
@@ -3706,7 +3707,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3710 "dtrain.h"
+#line 3711 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4201,7 +4202,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4205 "dtrain.h"
+#line 4206 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4460,7 +4461,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4464 "dtrain.h"
+#line 4465 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4522,7 +4523,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4526 "dtrain.h"
+#line 4527 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4834,7 +4835,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4838 "dtrain.h"
+#line 4839 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4877,7 +4878,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4881 "dtrain.h"
+#line 4882 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4904,7 +4905,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4908 "dtrain.h"
+#line 4909 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4937,7 +4938,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4941 "dtrain.h"
+#line 4942 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5011,7 +5012,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5015 "dtrain.h"
+#line 5016 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5069,7 +5070,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5073 "dtrain.h"
+#line 5074 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5119,7 +5120,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5123 "dtrain.h"
+#line 5124 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5471,7 +5472,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5475 "dtrain.h"
+#line 5476 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6262,7 +6263,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6266 "dtrain.h"
+#line 6267 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6697,7 +6698,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6701 "dtrain.h"
+#line 6702 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6768,7 +6769,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6772 "dtrain.h"
+#line 6773 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7178,7 +7179,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7182 "dtrain.h"
+#line 7183 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7384,7 +7385,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7388 "dtrain.h"
+#line 7389 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7615,7 +7616,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7619 "dtrain.h"
+#line 7620 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7730,7 +7731,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7734 "dtrain.h"
+#line 7735 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7786,7 +7787,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7790 "dtrain.h"
+#line 7791 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8216,7 +8217,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8220 "dtrain.h"
+#line 8221 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8395,7 +8396,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8399 "dtrain.h"
+#line 8400 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8920,7 +8921,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8924 "dtrain.h"
+#line 8925 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9419,7 +9420,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9423 "dtrain.h"
+#line 9424 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9678,7 +9679,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9682 "dtrain.h"
+#line 9683 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9864,7 +9865,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9868 "dtrain.h"
+#line 9869 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9984,7 +9985,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9988 "dtrain.h"
+#line 9989 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10458,7 +10459,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10462 "dtrain.h"
+#line 10463 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10627,7 +10628,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10631 "dtrain.h"
+#line 10632 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10876,7 +10877,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10880 "dtrain.h"
+#line 10881 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11344,7 +11345,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11348 "dtrain.h"
+#line 11349 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11473,7 +11474,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11477 "dtrain.h"
+#line 11478 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11820,7 +11821,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11824 "dtrain.h"
+#line 11825 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11886,7 +11887,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11890 "dtrain.h"
+#line 11891 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12123,7 +12124,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12127 "dtrain.h"
+#line 12128 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12872,7 +12873,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12876 "dtrain.h"
+#line 12877 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13325,7 +13326,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13329 "dtrain.h"
+#line 13330 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13381,7 +13382,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13385 "dtrain.h"
+#line 13386 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14158,7 +14159,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14162 "dtrain.h"
+#line 14163 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14739,7 +14740,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14743 "dtrain.h"
+#line 14744 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15370,7 +15371,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15374 "dtrain.h"
+#line 15375 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16117,7 +16118,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16121 "dtrain.h"
+#line 16122 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16470,7 +16471,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16474 "dtrain.h"
+#line 16475 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16660,7 +16661,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16664 "dtrain.h"
+#line 16665 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16841,7 +16842,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16845 "dtrain.h"
+#line 16846 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17616,7 +17617,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17620 "dtrain.h"
+#line 17621 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18133,7 +18134,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18137 "dtrain.h"
+#line 18138 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18901,7 +18902,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18905 "dtrain.h"
+#line 18906 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19110,6 +19111,7 @@ dtr_comm_config dtr_comm_config_init(void) {
     c.log_level = DTR_LOG_WARN;
     c.memory = DTR_MEM_HOST;
     c.nccl.device = -1;
+    c.shared_memory = 1;
     return c;
 }
 
@@ -19998,7 +20000,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20002 "dtrain.h"
+#line 20004 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20550,7 +20552,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20554 "dtrain.h"
+#line 20556 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21039,7 +21041,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21043 "dtrain.h"
+#line 21045 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21088,6 +21090,8 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
 #if defined(__GLIBC__) && !defined(__USE_GNU) && !defined(__cplusplus)
 extern ssize_t process_vm_readv(pid_t pid, const struct iovec *lvec, unsigned long liovcnt, const struct iovec *rvec,
                                 unsigned long riovcnt, unsigned long flags);
+extern ssize_t process_vm_writev(pid_t pid, const struct iovec *lvec, unsigned long liovcnt, const struct iovec *rvec,
+                                 unsigned long riovcnt, unsigned long flags);
 #endif
 #define DTR__HAVE_CMA 1
 #else
@@ -21141,8 +21145,7 @@ typedef struct dtr__shm_counter {
     char pad0[40];
     uint64_t red;           /* the epoch whose share this rank computed */
     int64_t pid;            /* the rank's process, watched while others wait for it */
-    uint64_t done;          /* single copy: the epoch whose buffers this rank read to the end */
-    char pad1[40];
+    char pad1[48];
 } dtr__shm_counter;
 
 typedef struct dtr__shm_hdr {
@@ -21245,36 +21248,38 @@ static dtr_result dtr__shm_post_sentinel(dtr_comm *c, dtr_transport_error *e) {
     return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel, e);
 }
 
-/* reads `bytes` at `from` in process `pid` into `to`: 0, or the errno that stopped it */
-static int dtr__shm_read(int64_t pid, void *to, uint64_t from, size_t bytes) {
+/* copies `bytes` between `mine` and `theirs` in process `pid` (write: to theirs): 0, or the
+ * errno that stopped it */
+static int dtr__shm_xfer(int64_t pid, void *mine, uint64_t theirs, size_t bytes, int write) {
 #if DTR__HAVE_CMA
     while (bytes) {
         struct iovec l, r;
         ssize_t k;
-        l.iov_base = to, l.iov_len = bytes;
-        r.iov_base = (void *)(uintptr_t)from, r.iov_len = bytes;
-        k = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+        l.iov_base = mine, l.iov_len = bytes;
+        r.iov_base = (void *)(uintptr_t)theirs, r.iov_len = bytes;
+        k = write ? process_vm_writev((pid_t)pid, &l, 1, &r, 1, 0) : process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
         if (k <= 0) return k < 0 ? errno : EIO;
-        to = (char *)to + k, from += (uint64_t)k, bytes -= (size_t)k;
+        mine = (char *)mine + k, theirs += (uint64_t)k, bytes -= (size_t)k;
     }
     return 0;
 #else
-    (void)pid, (void)to, (void)from, (void)bytes;
+    (void)pid, (void)mine, (void)theirs, (void)bytes, (void)write;
     return ENOSYS;
 #endif
 }
 
-/* Single copy is on when every rank read its next peer's probe (cross-memory attach allowed:
- * same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
+/* Single copy is on when every rank read its next peer's probe and wrote it back (cross-memory
+ * attach allowed: same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
 static dtr_result dtr__shm_cma_setup(dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM_CMA");
     int peer = (c->rank + 1) % c->size;
     uint64_t got = 0;
     float ok = 0.0f;
     dtr_result r;
-    if (!(env && !strcmp(env, "0")) &&
-        dtr__shm_read(DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid), &got, c->shm->h->r[peer].src, sizeof got) == 0)
-        ok = got == DTR__SHM_MAGIC ? 1.0f : 0.0f;
+    int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid);
+    if (!(env && !strcmp(env, "0")) && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 0) == 0 &&
+        got == DTR__SHM_MAGIC && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 1) == 0)
+        ok = 1.0f;
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);
     c->shm->cma = r == DTR_OK && ok > (float)c->size - 0.5f;
     return r;
@@ -21502,7 +21507,6 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
 
 /* The bytes of one step of the single-copy reduction, per peer: its copies stay in cache. */
 #define DTR__SHM_CMA_STEP ((size_t)128 << 10)
-#define DTR__SHM_DONE offsetof(dtr__shm_counter, done)
 
 /* a peer's memory could not be read: its failure when its process is gone, else this rank's */
 static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int err) {
@@ -21515,8 +21519,10 @@ static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int 
     return r;
 }
 
-/* Reduce-scatter phase: this rank's ring chunk [lo, hi), read from every peer's input in steps
- * of DTR__SHM_CMA_STEP and folded in the algorithm's order into dst. */
+/* This rank's ring chunk [lo, hi): read from every peer's input in steps of DTR__SHM_CMA_STEP,
+ * folded in the algorithm's order into dst, and written from there (still in cache) into every
+ * peer's output. In place, the part of a peer's buffer written is the one just read: nobody
+ * else reads it. */
 static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo, size_t hi, int div) {
     dtr__shm_counter *rc = c->shm->h->r;
     size_t es = dtr_dtype_size(a->dtype), step = DTR__SHM_CMA_STEP / es, sb = step * es, g, n;
@@ -21528,7 +21534,7 @@ static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo
         n = hi - g < step ? hi - g : step;
         for (j = 0; j < N; j++) {
             x[j] = buf + (size_t)j * sb;
-            if (j != me && (err = dtr__shm_read(rc[j].pid, buf + (size_t)j * sb, rc[j].src + g * es, n * es)) != 0)
+            if (j != me && (err = dtr__shm_xfer(rc[j].pid, buf + (size_t)j * sb, rc[j].src + g * es, n * es, 0)) != 0)
                 return dtr__shm_cma_fail(c, a, j, err);
         }
         /* in place, the ring would overwrite this rank's input before its turn (N > 2) */
@@ -21536,27 +21542,16 @@ static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo
         else x[me] = (const char *)a->src + g * es;
         if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_fold_ring((char *)a->dst + g * es, x, N, me, n, a, div);
         else dtr__shm_fold_rd((char *)a->dst + g * es, x, N, n, a, div, buf + (size_t)N * sb);
-    }
-    return DTR_OK;
-}
-
-/* All-gather phase: every peer's chunk, straight from its output into this rank's. */
-static dtr_result dtr__shm_cma_gather(dtr_comm *c, const dtr__coll *a) {
-    dtr__shm_counter *rc = c->shm->h->r;
-    size_t es = dtr_dtype_size(a->dtype), lo, hi;
-    int j, err;
-    for (j = 0; j < c->size; j++) {
-        if (j == c->rank) continue;
-        lo = dtr__shm_ring_start(a->count, c->size, j), hi = dtr__shm_ring_start(a->count, c->size, j + 1);
-        if (hi > lo && (err = dtr__shm_read(rc[j].pid, (char *)a->dst + lo * es, rc[j].dst + lo * es, (hi - lo) * es)) != 0)
-            return dtr__shm_cma_fail(c, a, j, err);
+        for (j = 0; j < N; j++)
+            if (j != me && (err = dtr__shm_xfer(rc[j].pid, (char *)a->dst + g * es, rc[j].dst + g * es, n * es, 1)) != 0)
+                return dtr__shm_cma_fail(c, a, j, err);
     }
     return DTR_OK;
 }
 
 /* Single copy: each rank publishes its buffers' addresses, reduces its ring chunk reading the
- * peers' inputs (process_vm_readv), then reads the peers' reduced chunks from their outputs;
- * it returns once every rank has read everything it needed from the others' buffers. */
+ * peers' inputs (process_vm_readv) and writes the result into their outputs (process_vm_writev);
+ * it returns once every rank is done with the others' buffers (its output is then complete). */
 static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
     dtr__shm *s = c->shm;
     dtr__shm_counter *me = &s->h->r[c->rank];
@@ -21570,9 +21565,7 @@ static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
                             dtr__shm_ring_start(a->count, c->size, c->rank + 1), div);
     if (r != DTR_OK) return r;
     DTR__ATOMIC_STORE(&me->red, e);
-    if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK || (r = dtr__shm_cma_gather(c, a)) != DTR_OK) return r;
-    DTR__ATOMIC_STORE(&me->done, e);
-    return dtr__shm_wait(c, a, -1, DTR__SHM_DONE, e);
+    return dtr__shm_wait(c, a, -1, DTR__SHM_RED, e);
 }
 
 /* One step (all-reduces of at most DTR__SHM_SMALL bytes): each rank copies its input into its
@@ -21700,7 +21693,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21704 "dtrain.h"
+#line 21697 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21936,7 +21929,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21940 "dtrain.h"
+#line 21933 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22295,7 +22288,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22299 "dtrain.h"
+#line 22292 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22492,7 +22485,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22496 "dtrain.h"
+#line 22489 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22889,7 +22882,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22893 "dtrain.h"
+#line 22886 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23322,7 +23315,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23326 "dtrain.h"
+#line 23319 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24221,7 +24214,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24225 "dtrain.h"
+#line 24218 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24275,7 +24268,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24279 "dtrain.h"
+#line 24272 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25433,7 +25426,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25437 "dtrain.h"
+#line 25430 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26331,7 +26324,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26335 "dtrain.h"
+#line 26328 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27799,7 +27792,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27803 "dtrain.h"
+#line 27796 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28183,7 +28176,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28187 "dtrain.h"
+#line 28180 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28332,7 +28325,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28336 "dtrain.h"
+#line 28329 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -145,8 +145,9 @@ typedef struct job {
     int own_setup;             /* the scenario makes its store and group itself */
     int drop_store;            /* destroy the store right after dtr_comm_create: 1 on every rank,
                                   2 on every rank but rank 0 (which hosts the store's server) */
-    int shm;                   /* $DTR_COMM_SHM=1: collectives through shared memory (one host);
-                                  2: also $DTR_COMM_SHM_CMA=0 (no single copy) */
+    int shm;                   /* 1: collectives through shared memory (one host; the default, with
+                                  $DTR_COMM_SHM unset); 2: also $DTR_COMM_SHM_CMA=0 (no single copy);
+                                  0: $DTR_COMM_SHM=0, through the provider */
     int hosts;                 /* fake hosts of n / hosts consecutive ranks ($DTR_RANKS_PER_HOST; 1: none) */
     int alarm_s;               /* a child lives at most this long */
 } job;
@@ -269,7 +270,9 @@ static int rank_main(const job *j, int rank, int port, int fd) {
             rfail(&rc, __LINE__, "dtr_store_create: %s: %s", dtr_result_string(r), err);
             return 1;
         }
-        if (j->shm) setenv("DTR_COMM_SHM", "1", 1);   /* this child only */
+        /* this child only: the segment is the default (shm >= 1 tests that); 0 keeps the provider */
+        if (j->shm) unsetenv("DTR_COMM_SHM");
+        else setenv("DTR_COMM_SHM", "0", 1);
         if (j->shm == 2) setenv("DTR_COMM_SHM_CMA", "0", 1);
         cfg = comm_cfg(&rc, j->prov[rank]);
         r = dtr_comm_create(&cfg, &rc.comm, err, sizeof err);

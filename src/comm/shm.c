@@ -43,6 +43,8 @@
 #if defined(__GLIBC__) && !defined(__USE_GNU) && !defined(__cplusplus)
 extern ssize_t process_vm_readv(pid_t pid, const struct iovec *lvec, unsigned long liovcnt, const struct iovec *rvec,
                                 unsigned long riovcnt, unsigned long flags);
+extern ssize_t process_vm_writev(pid_t pid, const struct iovec *lvec, unsigned long liovcnt, const struct iovec *rvec,
+                                 unsigned long riovcnt, unsigned long flags);
 #endif
 #define DTR__HAVE_CMA 1
 #else
@@ -96,8 +98,7 @@ typedef struct dtr__shm_counter {
     char pad0[40];
     uint64_t red;           /* the epoch whose share this rank computed */
     int64_t pid;            /* the rank's process, watched while others wait for it */
-    uint64_t done;          /* single copy: the epoch whose buffers this rank read to the end */
-    char pad1[40];
+    char pad1[48];
 } dtr__shm_counter;
 
 typedef struct dtr__shm_hdr {
@@ -200,36 +201,38 @@ static dtr_result dtr__shm_post_sentinel(dtr_comm *c, dtr_transport_error *e) {
     return c->ep->vt->irecv(c->ep->state, NULL, 0, peer, dtr__tag_coll(c->ctx, 0xffffffffu, 0xffffffu), &c->shm->sentinel, e);
 }
 
-/* reads `bytes` at `from` in process `pid` into `to`: 0, or the errno that stopped it */
-static int dtr__shm_read(int64_t pid, void *to, uint64_t from, size_t bytes) {
+/* copies `bytes` between `mine` and `theirs` in process `pid` (write: to theirs): 0, or the
+ * errno that stopped it */
+static int dtr__shm_xfer(int64_t pid, void *mine, uint64_t theirs, size_t bytes, int write) {
 #if DTR__HAVE_CMA
     while (bytes) {
         struct iovec l, r;
         ssize_t k;
-        l.iov_base = to, l.iov_len = bytes;
-        r.iov_base = (void *)(uintptr_t)from, r.iov_len = bytes;
-        k = process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
+        l.iov_base = mine, l.iov_len = bytes;
+        r.iov_base = (void *)(uintptr_t)theirs, r.iov_len = bytes;
+        k = write ? process_vm_writev((pid_t)pid, &l, 1, &r, 1, 0) : process_vm_readv((pid_t)pid, &l, 1, &r, 1, 0);
         if (k <= 0) return k < 0 ? errno : EIO;
-        to = (char *)to + k, from += (uint64_t)k, bytes -= (size_t)k;
+        mine = (char *)mine + k, theirs += (uint64_t)k, bytes -= (size_t)k;
     }
     return 0;
 #else
-    (void)pid, (void)to, (void)from, (void)bytes;
+    (void)pid, (void)mine, (void)theirs, (void)bytes, (void)write;
     return ENOSYS;
 #endif
 }
 
-/* Single copy is on when every rank read its next peer's probe (cross-memory attach allowed:
- * same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
+/* Single copy is on when every rank read its next peer's probe and wrote it back (cross-memory
+ * attach allowed: same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
 static dtr_result dtr__shm_cma_setup(dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM_CMA");
     int peer = (c->rank + 1) % c->size;
     uint64_t got = 0;
     float ok = 0.0f;
     dtr_result r;
-    if (!(env && !strcmp(env, "0")) &&
-        dtr__shm_read(DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid), &got, c->shm->h->r[peer].src, sizeof got) == 0)
-        ok = got == DTR__SHM_MAGIC ? 1.0f : 0.0f;
+    int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid);
+    if (!(env && !strcmp(env, "0")) && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 0) == 0 &&
+        got == DTR__SHM_MAGIC && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 1) == 0)
+        ok = 1.0f;
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);
     c->shm->cma = r == DTR_OK && ok > (float)c->size - 0.5f;
     return r;
@@ -457,7 +460,6 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
 
 /* The bytes of one step of the single-copy reduction, per peer: its copies stay in cache. */
 #define DTR__SHM_CMA_STEP ((size_t)128 << 10)
-#define DTR__SHM_DONE offsetof(dtr__shm_counter, done)
 
 /* a peer's memory could not be read: its failure when its process is gone, else this rank's */
 static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int err) {
@@ -470,8 +472,10 @@ static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int 
     return r;
 }
 
-/* Reduce-scatter phase: this rank's ring chunk [lo, hi), read from every peer's input in steps
- * of DTR__SHM_CMA_STEP and folded in the algorithm's order into dst. */
+/* This rank's ring chunk [lo, hi): read from every peer's input in steps of DTR__SHM_CMA_STEP,
+ * folded in the algorithm's order into dst, and written from there (still in cache) into every
+ * peer's output. In place, the part of a peer's buffer written is the one just read: nobody
+ * else reads it. */
 static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo, size_t hi, int div) {
     dtr__shm_counter *rc = c->shm->h->r;
     size_t es = dtr_dtype_size(a->dtype), step = DTR__SHM_CMA_STEP / es, sb = step * es, g, n;
@@ -483,7 +487,7 @@ static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo
         n = hi - g < step ? hi - g : step;
         for (j = 0; j < N; j++) {
             x[j] = buf + (size_t)j * sb;
-            if (j != me && (err = dtr__shm_read(rc[j].pid, buf + (size_t)j * sb, rc[j].src + g * es, n * es)) != 0)
+            if (j != me && (err = dtr__shm_xfer(rc[j].pid, buf + (size_t)j * sb, rc[j].src + g * es, n * es, 0)) != 0)
                 return dtr__shm_cma_fail(c, a, j, err);
         }
         /* in place, the ring would overwrite this rank's input before its turn (N > 2) */
@@ -491,27 +495,16 @@ static dtr_result dtr__shm_cma_reduce(dtr_comm *c, const dtr__coll *a, size_t lo
         else x[me] = (const char *)a->src + g * es;
         if (a->algo == DTR_ALLREDUCE_RING) dtr__shm_fold_ring((char *)a->dst + g * es, x, N, me, n, a, div);
         else dtr__shm_fold_rd((char *)a->dst + g * es, x, N, n, a, div, buf + (size_t)N * sb);
-    }
-    return DTR_OK;
-}
-
-/* All-gather phase: every peer's chunk, straight from its output into this rank's. */
-static dtr_result dtr__shm_cma_gather(dtr_comm *c, const dtr__coll *a) {
-    dtr__shm_counter *rc = c->shm->h->r;
-    size_t es = dtr_dtype_size(a->dtype), lo, hi;
-    int j, err;
-    for (j = 0; j < c->size; j++) {
-        if (j == c->rank) continue;
-        lo = dtr__shm_ring_start(a->count, c->size, j), hi = dtr__shm_ring_start(a->count, c->size, j + 1);
-        if (hi > lo && (err = dtr__shm_read(rc[j].pid, (char *)a->dst + lo * es, rc[j].dst + lo * es, (hi - lo) * es)) != 0)
-            return dtr__shm_cma_fail(c, a, j, err);
+        for (j = 0; j < N; j++)
+            if (j != me && (err = dtr__shm_xfer(rc[j].pid, (char *)a->dst + g * es, rc[j].dst + g * es, n * es, 1)) != 0)
+                return dtr__shm_cma_fail(c, a, j, err);
     }
     return DTR_OK;
 }
 
 /* Single copy: each rank publishes its buffers' addresses, reduces its ring chunk reading the
- * peers' inputs (process_vm_readv), then reads the peers' reduced chunks from their outputs;
- * it returns once every rank has read everything it needed from the others' buffers. */
+ * peers' inputs (process_vm_readv) and writes the result into their outputs (process_vm_writev);
+ * it returns once every rank is done with the others' buffers (its output is then complete). */
 static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
     dtr__shm *s = c->shm;
     dtr__shm_counter *me = &s->h->r[c->rank];
@@ -525,9 +518,7 @@ static dtr_result dtr__shm_all_reduce_cma(dtr_comm *c, const dtr__coll *a) {
                             dtr__shm_ring_start(a->count, c->size, c->rank + 1), div);
     if (r != DTR_OK) return r;
     DTR__ATOMIC_STORE(&me->red, e);
-    if ((r = dtr__shm_wait(c, a, -1, DTR__SHM_RED, e)) != DTR_OK || (r = dtr__shm_cma_gather(c, a)) != DTR_OK) return r;
-    DTR__ATOMIC_STORE(&me->done, e);
-    return dtr__shm_wait(c, a, -1, DTR__SHM_DONE, e);
+    return dtr__shm_wait(c, a, -1, DTR__SHM_RED, e);
 }
 
 /* One step (all-reduces of at most DTR__SHM_SMALL bytes): each rank copies its input into its
