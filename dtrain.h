@@ -21063,12 +21063,18 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
  * A slot is written again only in epoch e + 1, after every rank passed B of epoch e; the
  * result buffers alternate, so a slow reader of epoch e never sees epoch e + 1's writes.
  *
+ * All-reduces of at most DTR__SHM_SMALL bytes take one step instead (A, then each rank folds
+ * the whole vector from small buffers that alternate by epoch), and those above a slot take
+ * the single copy (dtr__shm_all_reduce_cma: every rank reads its chunk from the peers' own
+ * buffers and writes the result into theirs with process_vm_readv / process_vm_writev).
+ *
  * Waits spin briefly, then yield, then nap, and check the deadline, an abort flag in the
- * header (a rank that fails sets it), and a zero-byte receive posted on the transport at
- * setup that never matches: the transport fails it when a peer dies or the world aborts, so
- * a killed rank turns into DTR_PEER_FAILED here too. Setup (dtr__shm_setup, collective at
- * group creation) uses the transport: rank 0 creates the segment and broadcasts its name,
- * the others map it, all agree (or all fall back), and the name is unlinked at once.
+ * header (a rank that fails sets it), the peers' processes, and, once a wait is long, a
+ * zero-byte receive posted on the transport that never matches: the transport fails it when
+ * a peer dies or the world aborts, so a killed rank turns into DTR_PEER_FAILED here too.
+ * Setup (dtr__shm_setup, collective at group creation) uses the transport: rank 0 creates the
+ * segment and broadcasts its name, the others map it, all agree (or all fall back), and the
+ * name is unlinked at once; then they try single copy on each other.
  * ==========================================================================*/
 
 
@@ -21131,9 +21137,10 @@ int dtr__pid_dead(int64_t pid) {
 #if DTR__HAVE_SHM
 
 #define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
-/* Collectives of at most this many bytes per rank go through the segment, larger ones through
- * the transport: measured at world 2 (docs/distributed.md) the segment matched or beat
- * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
+/* Collectives of at most this many bytes per rank go through the slots; larger all-reduces by
+ * single copy where the ranks may read each other's memory, everything else larger through
+ * the transport (whose shm provider has a single copy of its own: copying through the slots
+ * lost to it from 256 KiB on, docs/distributed.md). */
 #define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
 /* All-reduces of at most this many bytes take one step: each rank reduces the whole vector. */
@@ -21693,7 +21700,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21697 "dtrain.h"
+#line 21704 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21929,7 +21936,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21933 "dtrain.h"
+#line 21940 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22288,7 +22295,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22292 "dtrain.h"
+#line 22299 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22485,7 +22492,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22489 "dtrain.h"
+#line 22496 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22882,7 +22889,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22886 "dtrain.h"
+#line 22893 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23315,7 +23322,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23319 "dtrain.h"
+#line 23326 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24214,7 +24221,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24218 "dtrain.h"
+#line 24225 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24268,7 +24275,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24272 "dtrain.h"
+#line 24279 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25426,7 +25433,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25430 "dtrain.h"
+#line 25437 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26324,7 +26331,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26328 "dtrain.h"
+#line 26335 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27792,7 +27799,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27796 "dtrain.h"
+#line 27803 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28176,7 +28183,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28180 "dtrain.h"
+#line 28187 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28325,7 +28332,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28329 "dtrain.h"
+#line 28336 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

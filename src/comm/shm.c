@@ -16,12 +16,18 @@
  * A slot is written again only in epoch e + 1, after every rank passed B of epoch e; the
  * result buffers alternate, so a slow reader of epoch e never sees epoch e + 1's writes.
  *
+ * All-reduces of at most DTR__SHM_SMALL bytes take one step instead (A, then each rank folds
+ * the whole vector from small buffers that alternate by epoch), and those above a slot take
+ * the single copy (dtr__shm_all_reduce_cma: every rank reads its chunk from the peers' own
+ * buffers and writes the result into theirs with process_vm_readv / process_vm_writev).
+ *
  * Waits spin briefly, then yield, then nap, and check the deadline, an abort flag in the
- * header (a rank that fails sets it), and a zero-byte receive posted on the transport at
- * setup that never matches: the transport fails it when a peer dies or the world aborts, so
- * a killed rank turns into DTR_PEER_FAILED here too. Setup (dtr__shm_setup, collective at
- * group creation) uses the transport: rank 0 creates the segment and broadcasts its name,
- * the others map it, all agree (or all fall back), and the name is unlinked at once.
+ * header (a rank that fails sets it), the peers' processes, and, once a wait is long, a
+ * zero-byte receive posted on the transport that never matches: the transport fails it when
+ * a peer dies or the world aborts, so a killed rank turns into DTR_PEER_FAILED here too.
+ * Setup (dtr__shm_setup, collective at group creation) uses the transport: rank 0 creates the
+ * segment and broadcasts its name, the others map it, all agree (or all fall back), and the
+ * name is unlinked at once; then they try single copy on each other.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -84,9 +90,10 @@ int dtr__pid_dead(int64_t pid) {
 #if DTR__HAVE_SHM
 
 #define DTR__SHM_MAGIC 0x64747273686d3031ULL /* "dtrshm01" */
-/* Collectives of at most this many bytes per rank go through the segment, larger ones through
- * the transport: measured at world 2 (docs/distributed.md) the segment matched or beat
- * libfabric's shm provider from 8 to 128 KiB, and lost from 256 KiB on (single copy there). */
+/* Collectives of at most this many bytes per rank go through the slots; larger all-reduces by
+ * single copy where the ranks may read each other's memory, everything else larger through
+ * the transport (whose shm provider has a single copy of its own: copying through the slots
+ * lost to it from 256 KiB on, docs/distributed.md). */
 #define DTR__SHM_MAX_BYTES ((size_t)128 << 10)
 
 /* All-reduces of at most this many bytes take one step: each rank reduces the whole vector. */
