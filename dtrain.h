@@ -21175,6 +21175,7 @@ struct dtr__shm {
     int64_t op_start;       /* dtr_time_ns when the running collective began */
     int on;                 /* every rank mapped it: the collectives use it */
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
+    long spins;             /* polls of a wait before it yields: few when ranks outnumber cores */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
     int64_t next_deep;      /* and of the next look for zombies among them */
@@ -21320,7 +21321,14 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);   /* ranks that could map it */
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
-    else c->shm->on = 1;
+    else {
+        long cores = 0;
+#ifdef _SC_NPROCESSORS_ONLN
+        cores = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+        c->shm->on = 1;
+        c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;   /* a spinning rank holds a core a peer needs */
+    }
     return r == DTR_OK && c->shm ? dtr__shm_cma_setup(c) : r;
 }
 
@@ -21395,7 +21403,7 @@ static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_
     int j;
     dtr_result r;
     while ((j = dtr__shm_behind(s, c->size, only, off, e)) >= 0) {
-        if (++spins < 2000) continue;
+        if (++spins < s->spins) continue;
         if ((r = dtr__shm_check_fail(c, a, j)) != DTR_OK) {   /* tell the others whom to blame */
             int32_t none = -1, who = dtr_comm_failed_rank(c) >= 0 ? dtr_comm_failed_rank(c) : c->ep->info.rank;
             DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
@@ -21700,7 +21708,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21704 "dtrain.h"
+#line 21712 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21936,7 +21944,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21940 "dtrain.h"
+#line 21948 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22295,7 +22303,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22299 "dtrain.h"
+#line 22307 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22492,7 +22500,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22496 "dtrain.h"
+#line 22504 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22889,7 +22897,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22893 "dtrain.h"
+#line 22901 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23322,7 +23330,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23326 "dtrain.h"
+#line 23334 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24221,7 +24229,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24225 "dtrain.h"
+#line 24233 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24275,7 +24283,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24279 "dtrain.h"
+#line 24287 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25433,7 +25441,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25437 "dtrain.h"
+#line 25445 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26331,7 +26339,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26335 "dtrain.h"
+#line 26343 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27799,7 +27807,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27803 "dtrain.h"
+#line 27811 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28183,7 +28191,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28187 "dtrain.h"
+#line 28195 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28332,7 +28340,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28336 "dtrain.h"
+#line 28344 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -128,6 +128,7 @@ struct dtr__shm {
     int64_t op_start;       /* dtr_time_ns when the running collective began */
     int on;                 /* every rank mapped it: the collectives use it */
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
+    long spins;             /* polls of a wait before it yields: few when ranks outnumber cores */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
     int64_t next_deep;      /* and of the next look for zombies among them */
@@ -273,7 +274,14 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);   /* ranks that could map it */
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
-    else c->shm->on = 1;
+    else {
+        long cores = 0;
+#ifdef _SC_NPROCESSORS_ONLN
+        cores = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+        c->shm->on = 1;
+        c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;   /* a spinning rank holds a core a peer needs */
+    }
     return r == DTR_OK && c->shm ? dtr__shm_cma_setup(c) : r;
 }
 
@@ -348,7 +356,7 @@ static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_
     int j;
     dtr_result r;
     while ((j = dtr__shm_behind(s, c->size, only, off, e)) >= 0) {
-        if (++spins < 2000) continue;
+        if (++spins < s->spins) continue;
         if ((r = dtr__shm_check_fail(c, a, j)) != DTR_OK) {   /* tell the others whom to blame */
             int32_t none = -1, who = dtr_comm_failed_rank(c) >= 0 ? dtr_comm_failed_rank(c) : c->ep->info.rank;
             DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
