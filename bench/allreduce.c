@@ -7,7 +7,7 @@
  *   {"bench":"allreduce","impl":"dtrain","transport":"local","provider":"none","world":2,
  *    "algo":"auto","bytes":4096,"us":12.3,"algbw_gbps":0.33,"busbw_gbps":0.33}
  * us is the mean time of one in-place f32 sum all-reduce, measured on rank 0 over K calls
- * (default: about 256 MiB of traffic, between 5 and 200 calls) after 2 warm-up calls;
+ * (default: about 256 MiB of traffic, between 5 and 1000 calls) after 2 warm-up calls;
  * algbw = bytes / us, busbw = algbw * 2(N-1)/N (the bytes each rank's link carries in a
  * bandwidth-optimal all-reduce, as nccl-tests report it).
  *
@@ -49,7 +49,7 @@ static int run_rank(dtr_comm *c, const opts *o) {
     for (bytes = o->min_bytes; bytes <= o->max_bytes && r == DTR_OK; bytes *= 2) {
         size_t n = bytes / sizeof(float);
         size_t budget = ((size_t)256 << 20) / bytes;   /* about 256 MiB of traffic per size */
-        int iters = o->iters > 0 ? o->iters : budget < 5 ? 5 : budget > 200 ? 200 : (int)budget;
+        int iters = o->iters > 0 ? o->iters : budget < 5 ? 5 : budget > 1000 ? 1000 : (int)budget;
         double t0, us, algbw;
         for (i = 0; i < n; i++) buf[i] = 1.0f;
         for (k = 0; k < 2 && r == DTR_OK; k++) r = dtr_comm_all_reduce(c, buf, buf, n, DTR_F32, DTR_REDUCE_SUM);

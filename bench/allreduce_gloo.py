@@ -12,7 +12,7 @@ bench/allreduce.c:
    "algo":"auto","bytes":4096,"us":60.1,"algbw_gbps":0.07,"busbw_gbps":0.07}
 Measured the same way: sizes from --min (4 KiB) to --max (64 MiB), doubling; an in-place
 float32 SUM all_reduce of a tensor of ones; 2 warm-up calls, a barrier, then the mean time of
-K calls on rank 0 (default: about 256 MiB of traffic, between 5 and 200 calls);
+K calls on rank 0 (default: about 256 MiB of traffic, between 5 and 1000 calls);
 algbw = bytes / us, busbw = algbw * 2(N-1)/N. "algo":"auto" is gloo's own choice. Each rank
 runs with torch.set_num_threads(1). Needs PyTorch with gloo (python3-torch; make bench-deps).
 """
@@ -32,7 +32,7 @@ def iterations(nbytes, forced):
     if forced > 0:
         return forced
     budget = (256 << 20) // nbytes  # about 256 MiB of traffic per size
-    return min(max(budget, 5), 200)
+    return min(max(budget, 5), 1000)
 
 
 def run_rank(rank, args, init_file):

@@ -11,7 +11,7 @@
  * and measures the same way: sizes from --min (4 KiB) to --max (64 MiB), doubling; an
  * in-place MPI_FLOAT MPI_SUM all-reduce (MPI_IN_PLACE) over a buffer of ones; 2 warm-up
  * calls, a barrier, then the mean time of K calls on rank 0 (default: about 256 MiB of
- * traffic, between 5 and 200 calls); algbw = bytes / us, busbw = algbw * 2(N-1)/N.
+ * traffic, between 5 and 1000 calls); algbw = bytes / us, busbw = algbw * 2(N-1)/N.
  * "algo":"auto" is Open MPI's own choice (coll/tuned's decision rules). --provider only
  * labels the line: the transport is chosen by mpirun's --mca options, and "vader" (the
  * shared-memory BTL) is what Open MPI 4 uses between ranks of one machine.
@@ -74,7 +74,7 @@ int main(int argc, char **argv) {
     for (bytes = min_bytes; bytes <= max_bytes && rc == MPI_SUCCESS; bytes *= 2) {
         int n = (int)(bytes / sizeof(float));
         size_t budget = ((size_t)256 << 20) / bytes;   /* about 256 MiB of traffic per size */
-        int iters = opt_iters > 0 ? opt_iters : budget < 5 ? 5 : budget > 200 ? 200 : (int)budget;
+        int iters = opt_iters > 0 ? opt_iters : budget < 5 ? 5 : budget > 1000 ? 1000 : (int)budget;
         double t0, us, algbw;
         for (i = 0; i < (size_t)n; i++) buf[i] = 1.0f;
         for (k = 0; k < 2 && rc == MPI_SUCCESS; k++)

@@ -19,7 +19,8 @@
  *                         not found is always a failure.
  *   test_{shm,tcp}_collectives  worlds 1, 2, 3, 4: all-reduce (f32/bf16/f16 x sum/avg/max x
  *                         ring/recursive doubling/auto x 0 to 70000 elements, in place and
- *                         not) compared bit for bit with references that reduce in the
+ *                         not; over shm also with the shared-memory collectives, worlds 2-4,
+ *                         and at world 3 without their single copy) compared bit for bit with references that reduce in the
  *                         documented orders (the local transport's results, see
  *                         tests/test_comm.c); broadcast from every root (tree and pipelined
  *                         chain); reduce-scatter; all-gather; barrier; send/recv (FIFO per
@@ -64,6 +65,9 @@
  *                         on a lock the victim held: only the transport's provider thread is
  *                         caught, never a waiter). The same for the middle stage of a 3-stage
  *                         pipeline in training: both other stages get DTR_PEER_FAILED naming it.
+ *                         With the shared-memory collectives: rank 1 of 3 in 128 KiB
+ *                         all-reduces (the segment's two steps), rank 2 of 3 in 4 MiB ones
+ *                         (single copy), rank 1 of 4 in 4000-byte ones (one step).
  *   test_{shm,tcp}_matrix the kill matrix: SIGKILL and SIGSTOP of rank 0, a middle rank and
  *                         the last rank, at start-up (the others in their first collective)
  *                         and in the middle of the all-reduce loop, world 3 (and SIGSTOP of
@@ -141,7 +145,9 @@ typedef struct job {
     int own_setup;             /* the scenario makes its store and group itself */
     int drop_store;            /* destroy the store right after dtr_comm_create: 1 on every rank,
                                   2 on every rank but rank 0 (which hosts the store's server) */
-    int shm;                   /* $DTR_COMM_SHM=1: small collectives through shared memory (one host) */
+    int shm;                   /* 1: collectives through shared memory (one host; the default, with
+                                  $DTR_COMM_SHM unset); 2: also $DTR_COMM_SHM_CMA=0 (no single copy);
+                                  0: $DTR_COMM_SHM=0, through the provider */
     int hosts;                 /* fake hosts of n / hosts consecutive ranks ($DTR_RANKS_PER_HOST; 1: none) */
     int alarm_s;               /* a child lives at most this long */
 } job;
@@ -264,7 +270,10 @@ static int rank_main(const job *j, int rank, int port, int fd) {
             rfail(&rc, __LINE__, "dtr_store_create: %s: %s", dtr_result_string(r), err);
             return 1;
         }
-        if (j->shm) setenv("DTR_COMM_SHM", "1", 1);   /* this child only */
+        /* this child only: the segment is the default (shm >= 1 tests that); 0 keeps the provider */
+        if (j->shm) unsetenv("DTR_COMM_SHM");
+        else setenv("DTR_COMM_SHM", "0", 1);
+        if (j->shm == 2) setenv("DTR_COMM_SHM_CMA", "0", 1);
         cfg = comm_cfg(&rc, j->prov[rank]);
         r = dtr_comm_create(&cfg, &rc.comm, err, sizeof err);
         if (r != DTR_OK) {
@@ -443,13 +452,14 @@ static void sc_all_reduce(rank_ctx *rc) {
     static const dtr_dtype dts[3] = {DTR_F32, DTR_BF16, DTR_F16};
     static const dtr_reduce_op ops[3] = {DTR_REDUCE_SUM, DTR_REDUCE_AVG, DTR_REDUCE_MAX};
     static const dtr_allreduce_algo algos[3] = {DTR_ALLREDUCE_RING, DTR_ALLREDUCE_RECURSIVE_DOUBLING, DTR_ALLREDUCE_AUTO};
-    size_t counts[5] = {0, 1, 7, 1000, 70000}, maxc, i;
+    /* with the segment: up to 16 KiB in one step, up to 128 KiB in two, above that single copy */
+    size_t counts[6] = {0, 1, 7, 1000, 20000, 70000}, maxc, i;
     int N = rc->size, a, d, o, ci, r, shown = 0;
     float *x[3][MAXR], *ref, *got, *in;
     void *buf, *src;
     dtr_comm *c = rc->comm;
-    if (g_quick) counts[4] = 20000;
-    maxc = counts[4];
+    if (g_quick) counts[5] = 40000;
+    maxc = counts[5];
     for (d = 0; d < 3; d++)
         for (r = 0; r < N; r++) {
             x[d][r] = (float *)malloc(maxc * sizeof(float));
@@ -466,7 +476,7 @@ static void sc_all_reduce(rank_ctx *rc) {
             dtr_dtype dt = dts[d];
             size_t es = dtr_dtype_size(dt);
             for (o = 0; o < 3; o++)
-                for (ci = 0; ci < 5; ci++) {
+                for (ci = 0; ci < 6; ci++) {
                     size_t n = counts[ci];
                     int inplace = (ci + o + d) % 2;
                     dtr_allreduce_algo algo = algos[a];
@@ -855,6 +865,11 @@ static void collectives(int p) {
             j.shm = shm;
             CHECK_MSG(run_job(&j, g_quick ? 140 : 50) == 0, "%s", j.what);
         }
+    if (p == 0) {   /* the segment without single copy (large all-reduces through the provider) */
+        job j = job_init(prov, 3, sc_collectives, NULL, "collectives, shared memory without single copy");
+        j.shm = 2;
+        CHECK_MSG(run_job(&j, g_quick ? 140 : 50) == 0, "%s", j.what);
+    }
 }
 
 /* 2 fake hosts x 2 processes ($DTR_RANKS_PER_HOST=2): the hierarchical all-reduce in the
@@ -1509,7 +1524,8 @@ static void flight_dir_clear(const char *dir, int rm_dir) {
 /* Runs a fault scenario on n ranks; the parent injects SIGKILL / SIGSTOP, then checks every
    report and that every rank but a killed one exits 0. */
 /* flags of a fault case: what the ranks run when the fault comes */
-enum { FC_PIPELINE = 1, FC_SHM = 2, FC_STRICT = 4, FC_PS_SYNC = 8, FC_PS_ASYNC = 16, FC_PS_SSP = 32 };
+enum { FC_PIPELINE = 1, FC_SHM = 2, FC_STRICT = 4, FC_PS_SYNC = 8, FC_PS_ASYNC = 16, FC_PS_SSP = 32, FC_SHM_BIG = 64,
+       FC_SHM_SMALL = 128 };
 
 static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int drop_store, int flags) {
     const char *prov = p ? PROV_TCP : PROV_SHM;
@@ -1532,7 +1548,10 @@ static void check_fault(int p, int n, int mode, int culprit, int timeout_ms, int
     fa.ps = flags & FC_PS_SYNC ? 1 + DTR_PS_SYNC : flags & FC_PS_ASYNC ? 1 + DTR_PS_ASYNC : flags & FC_PS_SSP ? 1 + DTR_PS_SSP : 0;
     fa.count = g_quick ? (size_t)1 << 18 : (size_t)1 << 20;   /* 1 or 4 MiB of f32 */
     if (flags & FC_SHM) fa.count = (size_t)1 << 15;   /* 128 KiB: through the segment */
-    snprintf(what, sizeof what, "%s%s of rank %d%s", flags & FC_PIPELINE ? "pipeline: " : flags & FC_SHM ? "shared memory: " :
+    if (flags & FC_SHM_BIG) fa.count = (size_t)1 << 20;   /* 4 MiB: single copy (process_vm_readv) */
+    if (flags & FC_SHM_SMALL) fa.count = 1000;   /* 4000 bytes: the one-step all-reduce */
+    snprintf(what, sizeof what, "%s%s of rank %d%s", flags & FC_PIPELINE ? "pipeline: " : flags & FC_SHM_BIG ? "shared memory, single copy: " :
+             flags & FC_SHM_SMALL ? "shared memory, one step: " : flags & FC_SHM ? "shared memory: " :
              fa.ps ? (fa.ps == 1 ? "sync PS: " : fa.ps == 2 ? "async PS: " : "SSP PS: ") : "",
              fault_names[mode], culprit,
              drop_store == 1 ? ", stores dropped" : drop_store == 2 ? ", stores of ranks > 0 dropped" : "");
@@ -1632,6 +1651,8 @@ static void faults_kill(int p) {
     /* the shared-memory collectives (one host; 128 KiB all-reduces): killed in the middle of
        one, outside the provider (the collective does not go through it) */
     if (p == 0) check_fault(p, 3, F_KILL, 1, 5000, 0, FC_SHM);
+    if (p == 0) check_fault(p, 3, F_KILL, 2, 5000, 0, FC_SHM | FC_SHM_BIG);   /* single copy, 4 MiB */
+    if (p == 0) check_fault(p, 4, F_KILL, 1, 5000, 0, FC_SHM | FC_SHM_SMALL);   /* one step, 4000 bytes */
 }
 
 /* The kill matrix: SIGKILL and SIGSTOP of rank 0, a middle rank and the last rank, at

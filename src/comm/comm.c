@@ -203,6 +203,7 @@ dtr_comm_config dtr_comm_config_init(void) {
     c.log_level = DTR_LOG_WARN;
     c.memory = DTR_MEM_HOST;
     c.nccl.device = -1;
+    c.shared_memory = 1;
     return c;
 }
 

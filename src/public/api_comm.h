@@ -265,10 +265,11 @@ struct dtr_comm_config {
     size_t chain_threshold_bytes;      /**< broadcast: pipelined chain at or above this many bytes (binomial tree below); 0: 1 MiB */
     size_t segment_bytes;              /**< segment of the pipelined chain; 0: 256 KiB */
     int no_native;                     /**< 1: always build collectives over point-to-point, even when the transport has native ones */
-    int shared_memory;                 /**< 1: run collectives of up to 128 KiB per rank through a segment
-                                            shared by the processes of one host (docs/distributed.md;
-                                            $DTR_COMM_SHM=1 or 0 overrides). 0 (default): off, as it did not
-                                            beat libfabric's shm provider reliably in this version's runs */
+    int shared_memory;                 /**< 1 (dtr_comm_config_init's default): when every rank of a group is
+                                            a process of this host, its collectives run through a segment they
+                                            all map (all-reduces above 128 KiB per rank by single copy, others
+                                            up to 128 KiB; docs/distributed.md); 0: through the transport.
+                                            $DTR_COMM_SHM=1 or 0 overrides */
     int flight_records;                /**< operations the flight recorder keeps per group; 0: 64; -1: off */
     const char *flight_dir;            /**< on the first failure write <dir>/flight-rank<N>.json; NULL:
                                             $DTR_FLIGHT_DIR, else no file */
