@@ -686,9 +686,15 @@ static void test_ckpt_kill_restart(void) {
         int stop = f[1] == 's';
         char blame[64];
         run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
-        CHECK_MSG(count_lines(r.out, "[0] ", "incomplete checkpoint step-00000007") == 1 &&
-                      count_lines(r.out, "[0] ", "resumed from checkpoint step 6") == 1,
-                  "%s over %s: not resumed from step 6 past the incomplete step 7:\n%s", f, prov, r.out);
+        /* a stopped (not killed) writer may be continued by the teardown and finish step 7
+           first (seen under ASan, whose exit is slow): then step 7 is complete and the resume
+           starts there, which is as right; the weights below are checked either way */
+        CHECK_MSG((count_lines(r.out, "[0] ", "incomplete checkpoint step-00000007") == 1 &&
+                   count_lines(r.out, "[0] ", "resumed from checkpoint step 6") == 1) ||
+                      (stop && count_lines(r.out, "[0] ", "incomplete checkpoint step-00000007") == 0 &&
+                       count_lines(r.out, "[0] ", "resumed from checkpoint step 7") == 1),
+                  "%s over %s: not resumed from the newest complete checkpoint (6, past the incomplete 7):\n%s", f, prov,
+                  r.out);
         CHECK_MSG(!ck_leftovers(dir), "%s over %s: a temporary file or an incomplete checkpoint is left", f, prov);
         CHECK_MSG(!strstr(r.out, "failed: \n"), "%s over %s: an error without a message:\n%s", f, prov, r.out);
         snprintf(blame, sizeof blame, "rank %c is stopped: blaming it", f[6]);
