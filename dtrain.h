@@ -21559,13 +21559,20 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
 /* The bytes of one step of the single-copy reduction, per peer: its copies stay in cache. */
 #define DTR__SHM_CMA_STEP ((size_t)128 << 10)
 
-/* a peer's memory could not be read: its failure when its process is gone, else this rank's */
+/* a peer's memory could not be read: its failure when its process is gone (ESRCH says so even
+   while it is an unreaped zombie, which /proc may not show yet); else the culprit a rank has
+   already named (a live peer whose buffer went away had seen another rank fail, and named it),
+   or a dead peer; else this rank's */
 static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int err) {
     int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid);
-    int who = dtr__pid_dead(pid) ? c->ranks[j] : c->ep->info.rank;
-    int32_t none = -1;
-    dtr_result r = dtr__comm_fail(c, a, DTR_PEER_FAILED, who, err, "reading rank %d's buffer (pid %lld): %s", c->ranks[j],
-                                  (long long)pid, strerror(err));
+    int32_t none = -1, named = DTR__ATOMIC_LOAD(&c->shm->h->abort_rank);
+    int dead = err == ESRCH || dtr__pid_dead(pid) ? j : dtr__shm_dead_peer(c, 1);
+    int who = dead >= 0 ? c->ranks[dead] : named >= 0 ? named : c->ep->info.rank;
+    dtr_result r = who == c->ranks[j]
+                       ? dtr__comm_fail(c, a, DTR_PEER_FAILED, who, err, "reading rank %d's buffer (pid %lld): %s", c->ranks[j],
+                                        (long long)pid, strerror(err))
+                       : dtr__comm_fail(c, a, DTR_PEER_FAILED, who, err, "rank %d failed (then reading rank %d's buffer, "
+                                        "pid %lld: %s)", who, c->ranks[j], (long long)pid, strerror(err));
     DTR__ATOMIC_CAS(&c->shm->h->abort_rank, &none, who);
     return r;
 }
@@ -21744,7 +21751,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21748 "dtrain.h"
+#line 21755 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21980,7 +21987,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21984 "dtrain.h"
+#line 21991 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22339,7 +22346,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22343 "dtrain.h"
+#line 22350 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22536,7 +22543,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22540 "dtrain.h"
+#line 22547 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22933,7 +22940,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22937 "dtrain.h"
+#line 22944 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23414,7 +23421,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23418 "dtrain.h"
+#line 23425 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24316,7 +24323,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24320 "dtrain.h"
+#line 24327 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24370,7 +24377,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24374 "dtrain.h"
+#line 24381 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25533,7 +25540,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25537 "dtrain.h"
+#line 25544 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26431,7 +26438,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26435 "dtrain.h"
+#line 26442 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27901,7 +27908,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27905 "dtrain.h"
+#line 27912 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28285,7 +28292,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28289 "dtrain.h"
+#line 28296 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28434,7 +28441,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28438 "dtrain.h"
+#line 28445 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
