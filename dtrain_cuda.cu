@@ -1739,10 +1739,9 @@ static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t 
 
 /* `tiles` score tiles (B H n T floats each), then the GEMMs' pointer arrays: the context's
    scratch, not the step arena (only the op's own launches use them) */
-static float *dtr__cuda_att_scratch(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, int tiles, void ***ptrs) {
+static float *dtr__cuda_att_scratch(dtr_context *ctx, const dtr__cuda_att *a, int tiles, void ***ptrs) {
     size_t floats = (size_t)(tiles * a->B * a->H * a->n * a->T), np = (size_t)(3 * a->B * a->H);
     char *p = (char *)dtr__cuda_scratch(ctx, (floats + 1) * sizeof(float) + np * sizeof(void *) + 16);
-    (void)nd;
     if (!p) return NULL;
     *ptrs = (void **)(p + (((floats + 1) * sizeof(float) + 15) & ~(size_t)15));
     return (float *)p;
@@ -1772,7 +1771,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    if (!(S = dtr__cuda_att_scratch(ctx, nd, &a, 1, &ptrs))) return ctx->status;
+    if (!(S = dtr__cuda_att_scratch(ctx, &a, 1, &ptrs))) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
         dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
         if (dtr__cuda_att_scores(ctx, Q, K, S, &a, w, ptrs) != DTR_OK) return ctx->status;
@@ -1820,7 +1819,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     rows = a.B * a.H * a.T;
     if (rows == 0) return DTR_OK;
     Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float));
-    S = dtr__cuda_att_scratch(ctx, nd, &a, 2, &ptrs);
+    S = dtr__cuda_att_scratch(ctx, &a, 2, &ptrs);
     if (!Drow || !S) return ctx->status;
     dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         dtr__f32(nd->out), nd->out->grad, Drow, a);
@@ -1830,7 +1829,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1834 "dtrain_cuda.cu"
+#line 1833 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2140,5 +2139,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2144 "dtrain_cuda.cu"
+#line 2143 "dtrain_cuda.cu"
 
