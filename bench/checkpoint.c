@@ -1,7 +1,7 @@
 /* bench/checkpoint.c: what an asynchronous full-state checkpoint every K steps costs a
  * training loop (dtr_ckpt_save + its writer thread), against the same loop without one.
  *
- *   build/bench/checkpoint [--model mlp|gpt|all] [--every K] [--rounds R] [--dir DIR] [--threads T]
+ *   build/bench/checkpoint [--model mlp|gpt|all] [--every K] [--rounds R (6; even: ABBA)] [--dir DIR] [--threads T]
  *
  * Workloads (synthetic data, one process):
  *   mlp  the MLP of examples/common.h (784-256-128-10, 235k parameters), batch 64, SGD momentum
@@ -9,7 +9,11 @@
  *        4 heads, 4 blocks, 0.2M parameters), batch 8, Adam
  * Method: R rounds of 2K steps; each round times K steps without checkpointing and K steps
  * with one dtr_ckpt_save at its first step (asynchronous, BUSY_WAIT, keep 2, under --dir or
- * $TMPDIR), so both arms see the same machine load; the first round is a warm-up. The
+ * $TMPDIR), so both arms see the same machine load; the first round is a warm-up. The order
+ * alternates (ABBA: odd rounds checkpoint first): the step time drifts over a run (the MLP's
+ * grew by a few per cent from one block to the next on random data), and a fixed order
+ * charged that drift to the second arm (an A/A run, no checkpoint in either arm, showed
+ * 3-6% "overhead" with the fixed order). The
  * overhead is (time with - time without) / time without over all rounds, and the median of
  * the rounds' own ratios (robust to a noisy neighbour in one round). The stall is dtr_ckpt_stats
  * snapshot_s of each save (copying the state into the staging buffer), compared with the
@@ -162,9 +166,12 @@ static int bench_model(const char *model, int every, int rounds, const char *dir
     kc.dir = dir, kc.ctx = w.ctx, kc.model = w.m, kc.optimizer = w.opt, kc.keep = 2;
     if ((rr = dtr_ckpt_create(&kc, &ck)) != DTR_OK) return fm_fail(w.ctx, "dtr_ckpt_create", rr);
     for (r = 0; r <= rounds; r++) {
-        double a = run_block(&w, NULL, &step, every, times, &snap), b;
-        double dummy = 0.0;
-        b = run_block(&w, ck, &step, every, NULL, r == 0 ? &dummy : &snap);
+        double a, b, dummy = 0.0;
+        /* ABBA: odd rounds run the checkpointing block first, so that a drift of the step
+           time over the run (it grows as the weights move) favours neither arm */
+        if (r % 2) b = run_block(&w, ck, &step, every, NULL, &snap);
+        a = run_block(&w, NULL, &step, every, times, &snap);
+        if (r % 2 == 0) b = run_block(&w, ck, &step, every, NULL, r == 0 ? &dummy : &snap);
         if (a < 0 || b < 0) return fm_fail(w.ctx, "step", dtr_context_status(w.ctx));
         if (r > 0) none += a, with += b, ratio[r - 1] = (b - a) / a;
     }
@@ -188,7 +195,7 @@ static int bench_model(const char *model, int every, int rounds, const char *dir
 int main(int argc, char **argv) {
     const char *model = "all", *dir = NULL;
     char tmp[512];
-    int every = 100, rounds = 5, threads = 1, i, rc = 0;
+    int every = 100, rounds = 6, threads = 1, i, rc = 0;
     for (i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
         else if (!strcmp(argv[i], "--every")) every = atoi(argv[i + 1]);

@@ -26,15 +26,43 @@
  * train_s is the time of the training steps (slowest rank; no data loading or evaluation);
  * samples_per_s = samples trained over all ranks / train_s; bytes_per_step is the payload one
  * rank hands to the engine's collectives per step (dtr_dp_stats.wire_bytes / steps). Target: 2 ranks >= 1.6x 1 rank.
+ *
+ * --ceiling 1 (local transport) also runs, in every repeat, each world size above the first
+ * without any synchronisation (local SGD that never averages: the same threads, batches and
+ * compute, no communication), and prints what the machine allows beside what was reached:
+ *   {"bench":"fmnist_dp_ceiling","world":2,"vs_world":1,"speedup_no_sync":1.9,"speedup":1.7,
+ *    "efficiency":0.89}
+ * (efficiency = speedup / speedup_no_sync). On a machine whose cores share their vector
+ * units (virtual CPUs that are hyper-threads of one core), speedup_no_sync stays far below
+ * the world size and no engine can reach the target; this line says so in the same run.
  * Data: --data, else $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. */
 #define FMNIST_DP_NO_MAIN
 #include "../examples/fmnist_dp.c"
 
+/* keeps the faster of *best and *res (samples per second); 0 when a run failed */
+static int dp_keep_best(dp_result *best, const dp_result *res) {
+    if (res->ok && (!best->ok || res->samples / res->train_s > best->samples / best->train_s)) *best = *res;
+    return 1;
+}
+
+/* o's world trained without any synchronisation (local SGD that never averages), the best
+ * kept in *best: the compute the machine gives that many threads */
+static int dp_free_run(const dp_opts *o, const dtr_mnist *data, dp_result *best) {
+    dp_opts f = *o;
+    dp_result res;
+    f.zero = 0;
+    f.compress = DTR_COMPRESS_NONE;
+    f.local_sgd = 1 << 30;
+    f.local_sgd_warmup = 0;
+    if (!dp_train(&f, data, &res)) return 0;
+    return dp_keep_best(best, &res);
+}
+
 int main(int argc, char **argv) {
     dp_opts o = dp_opts_default();
     const char *worlds = "1,2", *p;
-    int nw = 0, wl[16], rep, repeat = 1, i, k;
-    dp_result best[16];
+    int nw = 0, wl[16], rep, repeat = 1, ceiling = 0, i, k;
+    dp_result best[16], free_run[16];
     dtr_mnist data;
     o.epochs = 1;
     o.cosine = 0;
@@ -54,6 +82,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--data")) o.dir = v;
         else if (!strcmp(a, "--seed")) o.seed = strtoul(v, NULL, 10);
         else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+        else if (!strcmp(a, "--ceiling")) ceiling = atoi(v);
         else { fprintf(stderr, "fmnist_dp: unknown option %s\n", a); return 2; }
     }
     if (o.epochs < 1 || o.batch < 1 || o.max_steps < 0 || repeat < 1) {
@@ -73,8 +102,10 @@ int main(int argc, char **argv) {
         if (dtr_rendezvous_config_from_env(&rc, err, sizeof err) == DTR_OK) wl[0] = (int)rc.world_size;
         nw = 1;
         repeat = 1;
+        ceiling = 0;
     }
     memset(best, 0, sizeof best);
+    memset(free_run, 0, sizeof free_run);
     o.dir = fm_data_dir(o.dir);
     if (fm_data_load(o.dir, &data) != DTR_OK) return 1;
     for (rep = 0; rep < repeat; rep++)
@@ -82,7 +113,8 @@ int main(int argc, char **argv) {
             dp_result res;
             o.world = wl[i];
             if (!dp_train(&o, &data, &res)) { dtr_mnist_destroy(&data); return 1; }
-            if (res.ok && (!best[i].ok || res.samples / res.train_s > best[i].samples / best[i].train_s)) best[i] = res;
+            if (!dp_keep_best(&best[i], &res)) { dtr_mnist_destroy(&data); return 1; }
+            if (ceiling && i > 0 && !dp_free_run(&o, &data, &free_run[i])) { dtr_mnist_destroy(&data); return 1; }
         }
     for (i = 0; i < nw; i++) {
         double sps;
@@ -99,6 +131,12 @@ int main(int argc, char **argv) {
         if (i > 0 && best[0].ok)
             printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
                    o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));
+        if (i > 0 && best[0].ok && free_run[i].ok) {
+            double base = (double)best[0].samples / best[0].train_s;
+            double top = (double)free_run[i].samples / free_run[i].train_s;
+            printf("{\"bench\":\"fmnist_dp_ceiling\",\"world\":%d,\"vs_world\":%d,\"speedup_no_sync\":%.3f,\"speedup\":%.3f,"
+                   "\"efficiency\":%.3f}\n", wl[i], wl[0], top / base, sps / base, sps / top);
+        }
     }
     fflush(stdout);
     dtr_mnist_destroy(&data);

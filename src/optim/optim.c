@@ -407,13 +407,13 @@ dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *a) {
     switch (a->kind) {
     case DTR_OPT_SGD:
         /* one loop per variant, the flags constant in each: the compiler vectorises them */
-        if (!m) for (i = b; i < n; i++) dtr__f_sgd(&p[i], g[i], &k);
-        else if (k.first) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 1, k.nesterov);
-        else if (k.nesterov) for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1);
-        else for (i = b; i < n; i++) dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0);
+        if (!m) DTR__ELEMENTWISE(b, n, dtr__f_sgd(&p[i], g[i], &k));
+        else if (k.first) DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 1, k.nesterov));
+        else if (k.nesterov) DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 1));
+        else DTR__ELEMENTWISE(b, n, dtr__f_sgd_momentum(&p[i], &m[i], g[i], &k, 0, 0));
         break;
-    case DTR_OPT_ADAM: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 0); break;
-    case DTR_OPT_ADAMW: for (i = b; i < n; i++) dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 1); break;
+    case DTR_OPT_ADAM: DTR__ELEMENTWISE(b, n, dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 0)); break;
+    case DTR_OPT_ADAMW: DTR__ELEMENTWISE(b, n, dtr__f_adam(&p[i], &m[i], &v[i], g[i], &k, 1)); break;
     case DTR_OPT_LAMB:
         for (s = 0; s < a->nseg; s++) {
             double pn = 0.0, un = 0.0;
