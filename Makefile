@@ -190,7 +190,7 @@ endif
 .PHONY: examples-gpu
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
-        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full soak
+        fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full test-elastic-full soak
 .DEFAULT_GOAL := all
 
 # all: the library, every test, example and benchmark.
@@ -401,6 +401,12 @@ SOAK_KILLS ?= 100
 soak: $(BUILD)/tests/test_fabric
 	DTR_SOAK=$(SOAK_KILLS) DTR_TEST_ONLY=shm_soak $<
 
+# test-elastic-full: tests/test_elastic.c's fault matrices (SIGKILL and SIGSTOP of every rank at
+# start-up, mid-training and inside a checkpoint write) over both providers, shm and tcp (make
+# test runs each fault over one of them, alternating). About 2.5 minutes.
+test-elastic-full: $(BUILD)/tests/test_elastic $(BUILD)/dtrun
+	DTR_ELASTIC_FULL=1 $<
+
 # test-compress-full: tests/test_compress.c with whole Fashion-MNIST epochs (3 per codec; make
 # test runs 100 batches per epoch).
 test-compress-full: $(BUILD)/tests/test_compress
@@ -571,6 +577,7 @@ help:
 	@echo "  readme-check     every C block of README.md compiles (those with main() also run)"
 	@echo "  test-sanitize    tests under ASan+UBSan in build-asan/ (DTR_TEST_QUICK=1)"
 	@echo "  test-compress-full  gradient compression accuracy over whole epochs (minutes)"
+	@echo "  test-elastic-full   every fault of the kill matrix over both providers (minutes)"
 	@echo "  soak                SIGKILL mid-collective over libfabric shm SOAK_KILLS times (default 100), JSON summary"
 	@echo "  fuzz             libFuzzer targets for FUZZ_SECONDS each (default 30); fuzz-smoke: corpus only"
 	@echo "  bench-allreduce  all-reduce: dtrain local/libfabric vs Open MPI and gloo, then a summary (BENCH_ARGS=)"

@@ -17,18 +17,18 @@
  *                            store and used to wait a whole deadline for the stopped rank's
  *                            connection) takes at most the grace + 1 s; dtrun blames the
  *                            stopped rank.
- *   test_stop_restart        rank 0 (the store's host), a middle rank (over tcp) and the last
- *                            rank SIGSTOPped at step 5 under --max-restarts 1 (deadline 2500
+ *   test_stop_restart        rank 0 (the store's host), a middle rank and the last rank
+ *                            SIGSTOPped at step 5 under --max-restarts 1 (deadline 2500
  *                            ms, 4000 with DTR_TEST_QUICK; DTR_GRACE_MS 300): the others fail within the deadline + 1 s and
  *                            tear down within the grace + 1 s (a stopped rank 0 used to cost
  *                            them three deadlines in store calls), dtrun blames the stopped
  *                            rank and restarts the job, whose final weights equal the
  *                            uninterrupted run's bit for bit.
- *   test_boot_restart        a rank SIGKILLed or SIGSTOPped at start-up, before dtr_comm_create
+ *   test_boot_restart        each rank SIGKILLed or SIGSTOPped at start-up, before dtr_comm_create
  *                            (rank 0: no store yet) or right after it, over shm and tcp, under
  *                            --max-restarts 1: restarted (a stopped rank blamed once the
  *                            others reach their deadline), completes, bit-equal weights.
- *   test_ckpt_kill_restart   the ranks checkpoint with dtr_ckpt (asynchronous, every step); a
+ *   test_ckpt_kill_restart   the ranks checkpoint with dtr_ckpt (asynchronous, every step); each
  *                            rank is SIGKILLed or SIGSTOPped inside the write of checkpoint 7
  *                            (at the fsync of its temporary file: rank 0's manifest, another
  *                            rank's own file; this program's fsync replaces libc's), under
@@ -47,6 +47,10 @@
  *   test_stale_rank          a rank of attempt 0 that escaped dtrun (its own session) tries to
  *                            join the store of attempt 1: refused at once as a rank of an old
  *                            world, while the restarted job completes.
+ *
+ * The matrix tests (stop, boot, ckpt) run every fault at every rank, each over one provider
+ * in `make test` (shm and tcp alternating down the list); DTR_ELASTIC_FULL=1 (make
+ * test-elastic-full, about 2.5 minutes) runs each over both providers.
  *
  * Without libfabric the cases skip loudly (a failure unless DTR_ALLOW_SKIP=1), as
  * tests/test_fabric.c does. Every dtrun run has a deadline and the program an alarm(). */
@@ -535,6 +539,21 @@ static int need_fabric(void) {
     return 0;
 }
 
+/* One row of a fault matrix: the fault and the provider it runs over. */
+typedef struct ecase { const char *fault, *prov; } ecase;
+
+/* The rows a matrix test runs: every fault of `all`, over shm and tcp alternately (make
+ * test), or with DTR_ELASTIC_FULL=1 (make test-elastic-full) over both providers. Returns
+ * the count written to out (at most 2 * nall). */
+static int matrix(const char *const *all, int nall, ecase *out) {
+    int i, n = 0, full = getenv("DTR_ELASTIC_FULL") != NULL;
+    for (i = 0; i < nall; i++) {
+        if (full || i % 2 == 0) out[n].fault = all[i], out[n++].prov = PROV_SHM;
+        if (full || i % 2 == 1) out[n].fault = all[i], out[n++].prov = PROV_TCP;
+    }
+    return n;
+}
+
 static void test_shm_restart(void) {
     if (need_fabric()) restart_cases(PROV_SHM);
 }
@@ -590,28 +609,30 @@ static void test_stopped_rank(void) {
 static void test_stop_restart(void) {
     const long deadline = atol(STOP_DEADLINE);
     const char *opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
-    static const char *const faults[3] = {"stop:0:5", "stop:1:5", "stop:2:5"};
-    int i;
+    static const char *const all[3] = {"stop:0:5", "stop:1:5", "stop:2:5"};
+    ecase run[6];
+    int i, n = matrix(all, 3, run);
     if (!need_fabric()) return;
-    for (i = 0; i < 3; i++) {
-        const char *dir = temp_dir(), *prov = i == 1 ? PROV_TCP : PROV_SHM;
+    for (i = 0; i < n; i++) {
+        const char *dir = temp_dir(), *prov = run[i].prov, *f = run[i].fault;
+        int rank = f[5] - '0';
         char blame[64];
         run_result r;
         long long fail_ms, down_ms;
         setenv("DTR_GRACE_MS", "300", 1);
-        r = restarted(opts, prov, faults[i], dir);
+        r = restarted(opts, prov, f, dir);
         unsetenv("DTR_GRACE_MS");
-        fail_ms = max_ms(r.out, "failed after", i);
-        down_ms = max_ms(r.out, "rank teardown", i);
-        snprintf(blame, sizeof blame, "rank %d is stopped: blaming it", i);
-        CHECK_MSG(strstr(r.err, blame) != NULL, "%s: %s", faults[i], r.err);
+        fail_ms = max_ms(r.out, "failed after", rank);
+        down_ms = max_ms(r.out, "rank teardown", rank);
+        snprintf(blame, sizeof blame, "rank %d is stopped: blaming it", rank);
+        CHECK_MSG(strstr(r.err, blame) != NULL, "%s: %s", f, r.err);
         CHECK_MSG(fail_ms >= 0 && fail_ms <= deadline + 1000, "%s: the others failed after %lld ms; the deadline is %ld\n%s",
-                  faults[i], fail_ms, deadline, r.out);
+                  f, fail_ms, deadline, r.out);
         CHECK_MSG(down_ms >= 0 && down_ms <= 300 + (g_quick ? 3000 : 1000), "%s: teardown took %lld ms; the grace is 300\n%s",
-                  faults[i], down_ms, r.out);
-        printf("    %s over %s: the others failed after %lld ms (deadline %ld), teardown %lld ms (grace 300)\n", faults[i],
+                  f, down_ms, r.out);
+        printf("    %s over %s: the others failed after %lld ms (deadline %ld), teardown %lld ms (grace 300)\n", f,
                prov, fail_ms, deadline, down_ms);
-        print_restart(&r, faults[i], prov);
+        print_restart(&r, f, prov);
         run_free(&r);
         remove_dir(dir);
     }
@@ -623,14 +644,17 @@ static void test_stop_restart(void) {
  * for a stop once the others fail at their deadline, blaming the stopped rank) and it
  * completes with the uninterrupted run's weights. */
 static void test_boot_restart(void) {
-    static const char *const faults[6] = {"boot:0:0", "boot:2:1", "boot:0:1", "bstop:0:0", "bstop:2:1", "bstop:1:0"};
+    static const char *const all[12] = {"boot:0:0",  "boot:0:1",  "boot:1:0",  "boot:1:1",  "boot:2:0",  "boot:2:1",
+                                        "bstop:0:0", "bstop:0:1", "bstop:1:0", "bstop:1:1", "bstop:2:0", "bstop:2:1"};
+    ecase run[24];
+    int n = matrix(all, 12, run);
     const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
     const char *stop_opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
     int i;
     if (!need_fabric()) return;
     setenv("DTR_GRACE_MS", "300", 1);
-    for (i = 0; i < 6; i++) {   /* over tcp: the third and the last */
-        const char *dir = temp_dir(), *prov = i == 2 || i == 5 ? PROV_TCP : PROV_SHM, *f = faults[i];
+    for (i = 0; i < n; i++) {
+        const char *dir = temp_dir(), *prov = run[i].prov, *f = run[i].fault;
         int stop = f[1] == 's', rank = f[stop ? 6 : 5] - '0', late = f[stop ? 8 : 7] == '1';
         char what[64];
         run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
@@ -670,19 +694,21 @@ static int ck_leftovers(const char *dir) {
 
 /* A rank SIGKILLed or SIGSTOPped inside the write of checkpoint 7 (dtr_ckpt, asynchronous,
  * one per step): rank 0 at its manifest (every rank's file is durable), a middle rank and the
- * last rank at their own file, under --max-restarts 1 (and rank 0's kill over tcp): the
+ * last rank at their own file, under --max-restarts 1 (see matrix() for the providers): the
  * restarted job finds step 7 incomplete, ignores it, resumes from step 6 and completes with
  * the uninterrupted run's weights; the saves after it leave no temporary file and no
  * incomplete folder; a stopped rank is blamed, and every failed save says why. */
 static void test_ckpt_kill_restart(void) {
-    static const char *const faults[6] = {"ckill:0:7", "ckill:1:7", "ckill:2:7", "ckill:0:7", "cstop:0:7", "cstop:2:7"};
+    static const char *const all[6] = {"ckill:0:7", "ckill:1:7", "ckill:2:7", "cstop:0:7", "cstop:1:7", "cstop:2:7"};
+    ecase run[12];
+    int n = matrix(all, 6, run);
     const char *kill_opts[] = {"-n", "3", "--timeout", "20000", "--max-restarts", "1", NULL};
     const char *stop_opts[] = {"-n", "3", "--timeout", STOP_DEADLINE, "--grace", "1", "--max-restarts", "1", NULL};
     int i;
     if (!need_fabric()) return;
     setenv("DTR_GRACE_MS", "300", 1);
-    for (i = 0; i < 6; i++) {
-        const char *dir = temp_dir(), *prov = i == 3 ? PROV_TCP : PROV_SHM, *f = faults[i];
+    for (i = 0; i < n; i++) {
+        const char *dir = temp_dir(), *prov = run[i].prov, *f = run[i].fault;
         int stop = f[1] == 's';
         char blame[64];
         run_result r = restarted(stop ? stop_opts : kill_opts, prov, f, dir);
