@@ -149,6 +149,13 @@ typedef struct dtr_context_config {
     int allow_tf32;                  /**< 1: a GPU backend may run f32 matrix products on TF32 tensor
                                           cores (10-bit mantissa products, f32 sums: several times
                                           faster, relative error near 1e-3); 0 (default): full f32 */
+    int retain_grads;                /**< 1: dtr_backward keeps the gradient of every intermediate
+                                          tensor (dtr_tensor_grad reads it afterwards); 0 (default):
+                                          an intermediate's gradient is released once the op that
+                                          made it has run its backward, and its memory serves later
+                                          gradients of the pass (a lower step-arena peak); keep single
+                                          ones with dtr_tensor_retain_grad. Leaves and parameters
+                                          always keep theirs */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
@@ -282,6 +289,13 @@ DTR_API void *dtr_tensor_data(dtr_tensor *t);
 /** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. On a device
  *  backend the pointer is device memory: read it with dtr_tensor_read_grad. */
 DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** Keeps the gradient of the intermediate tensor `t` (made by an op) after dtr_backward, as
+ *  PyTorch's retain_grad: by default an intermediate's gradient is released once the op that
+ *  made it has run its backward (dtr_context_config.retain_grads keeps all of them). Call it
+ *  before dtr_backward. No effect on leaves and parameters, which always keep theirs.
+ *  @return DTR_OK, DTR_NULL_HANDLE.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tensor_retain_grad(dtr_tensor *t);
 /** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
  *  (a device's copy completes before it returns).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
@@ -3731,7 +3745,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3735 "dtrain.h"
+#line 3749 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3825,7 +3839,10 @@ DTR__PRIVATE void dtr__arena_free(dtr__arena *a);
 enum {
     DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
     DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
-    DTR__LEAF = 4u
+    DTR__LEAF = 4u,
+    DTR__GRAD_SPARE = 8u,      /* grad from the own tape's data arena: back to its spares once the
+                                  producer's backward ran (dtr__grad_release) */
+    DTR__RETAIN_GRAD = 16u     /* dtr_tensor_retain_grad: never released */
 };
 
 struct dtr__node;
@@ -4050,11 +4067,20 @@ struct dtr_backend {
 
 /** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
  *  context's own is ctx->own). Resetting it frees all of them at once. */
+/** A released gradient block of a tape's data arena (descriptor in its meta arena). */
+typedef struct dtr__spare {
+    struct dtr__spare *next;
+    void *p;
+    size_t bytes;
+} dtr__spare;
+
 struct dtr_tape {
     dtr_context *ctx;
     dtr__arena meta;              /* tensor structs and nodes (host) */
     dtr__arena data;              /* tensor data (backend memory) */
     dtr__node *head;              /* last recorded node */
+    dtr__spare *spare;            /* released gradients, for the pass's next ones of that size */
+    dtr__spare *unused;           /* descriptors whose block was taken again */
 };
 
 /** One installed gradient hook (dtr_context_add_grad_hook). */
@@ -4166,6 +4192,13 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int n
 DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
+/** Memory for the gradient of intermediate t (made by an op, not retained) on the context's
+ *  own tape: a released block of exactly `bytes` if there is one, else new arena memory; t
+ *  is marked DTR__GRAD_SPARE. NULL (nothing marked) when t's gradient cannot be released. */
+DTR__PRIVATE void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes);
+/** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
+ *  and t is not retained; t->grad becomes NULL. */
+DTR__PRIVATE void dtr__grad_release(dtr_context *ctx, dtr_tensor *t);
 int64_t dtr__numel(int ndim, const int64_t *shape);
 void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
@@ -4228,7 +4261,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4232 "dtrain.h"
+#line 4265 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4487,7 +4520,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4491 "dtrain.h"
+#line 4524 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4549,7 +4582,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4553 "dtrain.h"
+#line 4586 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4866,7 +4899,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4870 "dtrain.h"
+#line 4903 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4909,7 +4942,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4913 "dtrain.h"
+#line 4946 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4936,7 +4969,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4940 "dtrain.h"
+#line 4973 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4969,7 +5002,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4973 "dtrain.h"
+#line 5006 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5043,7 +5076,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5047 "dtrain.h"
+#line 5080 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5101,7 +5134,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5105 "dtrain.h"
+#line 5138 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5151,7 +5184,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5155 "dtrain.h"
+#line 5188 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5503,7 +5536,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5507 "dtrain.h"
+#line 5540 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6294,7 +6327,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6298 "dtrain.h"
+#line 6331 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6563,6 +6596,7 @@ static void dtr__tape_clear(dtr_tape *t) {
     dtr__arena_reset(&t->meta);
     dtr__arena_reset(&t->data);
     t->head = NULL;
+    t->spare = t->unused = NULL;   /* they lived in the arenas */
 }
 
 dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out) {
@@ -6689,6 +6723,46 @@ void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
+/* ---- released gradients ----
+ * Backward releases an intermediate's gradient once the op that made it has run its
+ * backward (nothing reads it after that); the next gradient of the same size takes the block
+ * instead of new arena memory, so a pass holds the live gradients only, not all of them.
+ * Exact sizes: the shapes of a network repeat layer after layer. The blocks stay arena
+ * memory of the own tape (reset with it); on a device the order of the stream keeps a reuse
+ * behind the kernels that read the block before. */
+
+static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
+    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && ctx->cur == &ctx->own;
+}
+
+void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
+    dtr__spare **pp, *s;
+    if (!dtr__grad_spareable(ctx, t)) return NULL;
+    t->flags |= DTR__GRAD_SPARE;
+    for (pp = &ctx->own.spare; (s = *pp) != NULL; pp = &s->next)
+        if (s->bytes == bytes) {
+            *pp = s->next;
+            s->next = ctx->own.unused;
+            ctx->own.unused = s;
+            return s->p;
+        }
+    return dtr__arena_data(ctx, bytes, "backward");
+}
+
+void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
+    dtr__spare *s = ctx->own.unused;
+    int full = 0;
+    if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
+    if (s) ctx->own.unused = s->next;
+    else if (!(s = (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full))) return;   /* kept */
+    s->p = t->grad;
+    s->bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
+    s->next = ctx->own.spare;
+    ctx->own.spare = s;
+    t->grad = NULL;
+    t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
+}
+
 /* ---- random numbers (PCG32, O'Neill) ---- */
 
 void dtr_rng_seed(dtr_rng *rng, uint64_t seed, uint64_t stream) {
@@ -6729,7 +6803,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6733 "dtrain.h"
+#line 6807 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6800,7 +6874,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6804 "dtrain.h"
+#line 6878 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -6979,6 +7053,12 @@ void *dtr_tensor_data(dtr_tensor *t) {
 
 float *dtr_tensor_grad(dtr_tensor *t) { return t ? t->grad : NULL; }
 
+dtr_result dtr_tensor_retain_grad(dtr_tensor *t) {
+    if (!t) return DTR_NULL_HANDLE;
+    t->flags |= DTR__RETAIN_GRAD;
+    return DTR_OK;
+}
+
 dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
     if (!t || !dst) return DTR_NULL_HANDLE;
     if (!t->grad) return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_read_grad: the tensor has no gradient");
@@ -7122,7 +7202,8 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     size_t bytes;
     if (t->grad) return DTR_OK;
     bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
-    t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    t->grad = (float *)dtr__grad_spare_take(ctx, t, bytes);
+    if (!t->grad && !(t->flags & DTR__GRAD_SPARE)) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
     if (!t->grad) return ctx->status;
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
@@ -7210,7 +7291,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7214 "dtrain.h"
+#line 7295 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7343,7 +7424,10 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     int hooks = report && ctx->n_grad_hooks > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
-        if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
+        if (dtr__reached(ctx, n->out)) {
+            if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
+            dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
+        }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
     return DTR_OK;
@@ -7416,7 +7500,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7420 "dtrain.h"
+#line 7504 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7647,7 +7731,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7651 "dtrain.h"
+#line 7735 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7762,7 +7846,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7766 "dtrain.h"
+#line 7850 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7818,7 +7902,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7822 "dtrain.h"
+#line 7906 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8248,7 +8332,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8252 "dtrain.h"
+#line 8336 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8427,7 +8511,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8431 "dtrain.h"
+#line 8515 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8952,7 +9036,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8956 "dtrain.h"
+#line 9040 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9451,7 +9535,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9455 "dtrain.h"
+#line 9539 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9710,7 +9794,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9714 "dtrain.h"
+#line 9798 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9896,7 +9980,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9900 "dtrain.h"
+#line 9984 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10016,7 +10100,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10020 "dtrain.h"
+#line 10104 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10490,7 +10574,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10494 "dtrain.h"
+#line 10578 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10659,7 +10743,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10663 "dtrain.h"
+#line 10747 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10908,7 +10992,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10912 "dtrain.h"
+#line 10996 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11376,7 +11460,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11380 "dtrain.h"
+#line 11464 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11505,7 +11589,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11509 "dtrain.h"
+#line 11593 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11852,7 +11936,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11856 "dtrain.h"
+#line 11940 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11918,7 +12002,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11922 "dtrain.h"
+#line 12006 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12155,7 +12239,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12159 "dtrain.h"
+#line 12243 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12904,7 +12988,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12908 "dtrain.h"
+#line 12992 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13357,7 +13441,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13361 "dtrain.h"
+#line 13445 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13413,7 +13497,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13417 "dtrain.h"
+#line 13501 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14190,7 +14274,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14194 "dtrain.h"
+#line 14278 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14771,7 +14855,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14775 "dtrain.h"
+#line 14859 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15402,7 +15486,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15406 "dtrain.h"
+#line 15490 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16149,7 +16233,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16153 "dtrain.h"
+#line 16237 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16502,7 +16586,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16506 "dtrain.h"
+#line 16590 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16692,7 +16776,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16696 "dtrain.h"
+#line 16780 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16873,7 +16957,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16877 "dtrain.h"
+#line 16961 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17648,7 +17732,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17652 "dtrain.h"
+#line 17736 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18165,7 +18249,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18169 "dtrain.h"
+#line 18253 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18960,7 +19044,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18964 "dtrain.h"
+#line 19048 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20058,7 +20142,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20062 "dtrain.h"
+#line 20146 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20610,7 +20694,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20614 "dtrain.h"
+#line 20698 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21099,7 +21183,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21103 "dtrain.h"
+#line 21187 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21773,7 +21857,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21777 "dtrain.h"
+#line 21861 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22009,7 +22093,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22013 "dtrain.h"
+#line 22097 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22368,7 +22452,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22372 "dtrain.h"
+#line 22456 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22565,7 +22649,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22569 "dtrain.h"
+#line 22653 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22962,7 +23046,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22966 "dtrain.h"
+#line 23050 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23443,7 +23527,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23447 "dtrain.h"
+#line 23531 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24345,7 +24429,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24349 "dtrain.h"
+#line 24433 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24399,7 +24483,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24403 "dtrain.h"
+#line 24487 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25562,7 +25646,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25566 "dtrain.h"
+#line 25650 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26460,7 +26544,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26464 "dtrain.h"
+#line 26548 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27930,7 +28014,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27934 "dtrain.h"
+#line 28018 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28314,7 +28398,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28318 "dtrain.h"
+#line 28402 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28463,7 +28547,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28467 "dtrain.h"
+#line 28551 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

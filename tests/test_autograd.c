@@ -125,6 +125,63 @@ static void test_tapes(void) {
     dtr_context_destroy(ctx);
 }
 
+/* A chain of 8 tanh(linear) layers of one width: by default each intermediate's gradient is
+ * released once its producer ran its backward and the next one takes its block, so the
+ * step-arena peak is lower than with retain_grads = 1 by most of the chain's gradients; the
+ * leaf and parameter gradients are the same bits either way; an intermediate's gradient is
+ * NULL afterwards unless dtr_tensor_retain_grad kept it (then it equals the retained run's). */
+static size_t chain_run(int retain_all, float *gx, float *gw, float *gmid, int *mid_null) {
+    enum { L = 8, N = 16, D = 32 };
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    int64_t xs[2] = {N, D}, ws[2] = {D, D};
+    float *xv = (float *)malloc(N * D * sizeof(float)), *wv = (float *)malloc(D * D * sizeof(float));
+    dtr_tensor *x, *w, *h, *mid = NULL, *kept = NULL;
+    dtr_rng r;
+    size_t peak;
+    int i;
+    cfg.threads = 1;
+    cfg.retain_grads = retain_all;
+    if (dtr_context_create(&cfg, &ctx) != DTR_OK) { CHECK(0); exit(2); }
+    dtr_rng_seed(&r, 5, 1);
+    for (i = 0; i < N * D; i++) xv[i] = dtr_rng_uniform(&r) - 0.5f;
+    for (i = 0; i < D * D; i++) wv[i] = (dtr_rng_uniform(&r) - 0.5f) * 0.3f;
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, xs, xv));
+    w = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, wv));
+    dtr_context_arena_peak(ctx, 1);
+    for (h = x, i = 0; i < L; i++) {
+        h = dtr_tanh(ctx, dtr_linear(ctx, h, w, NULL));
+        if (i == 3) kept = h;
+        if (i == 5) mid = h;
+    }
+    CHECK_OK(ctx, dtr_tensor_retain_grad(kept));
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, h, h))));
+    peak = dtr_context_arena_peak(ctx, 0);
+    memcpy(gx, dtr_tensor_grad(x), N * D * sizeof(float));
+    memcpy(gw, dtr_tensor_grad(w), D * D * sizeof(float));
+    CHECK(dtr_tensor_grad(kept) != NULL);
+    if (dtr_tensor_grad(kept)) memcpy(gmid, dtr_tensor_grad(kept), N * D * sizeof(float));
+    *mid_null = dtr_tensor_grad(mid) == NULL;
+    free(xv);
+    free(wv);
+    dtr_context_destroy(ctx);
+    return peak;
+}
+
+static void test_released_grads(void) {
+    enum { N = 16, D = 32 };
+    float gx[2][N * D], gw[2][D * D], gm[2][N * D];
+    int null_kept = 0, null_default = 0;
+    size_t keep = chain_run(1, gx[0], gw[0], gm[0], &null_kept), lean = chain_run(0, gx[1], gw[1], gm[1], &null_default);
+    CHECK(!null_kept && null_default);
+    CHECK(memcmp(gx[0], gx[1], sizeof gx[0]) == 0 && memcmp(gw[0], gw[1], sizeof gw[0]) == 0);
+    CHECK(memcmp(gm[0], gm[1], sizeof gm[0]) == 0);
+    /* 8 layers x 2 intermediates of N x D floats: retained, all 16 gradients stay; released,
+       a handful are live at once */
+    CHECK_MSG(keep - lean >= (size_t)10 * N * D * sizeof(float), "peak %zu retained, %zu released", keep, lean);
+    printf("    arena peak of the chain: %zu bytes with every gradient kept, %zu released\n", keep, lean);
+}
+
 static void test_two_hooks(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m = NULL;
@@ -397,6 +454,7 @@ int main(void) {
     RUN(test_second_backward);
     RUN(test_backward_from);
     RUN(test_tapes);
+    RUN(test_released_grads);
     RUN(test_two_hooks);
     RUN(test_nan_propagates);
     RUN(test_nan_maxpool_windows);

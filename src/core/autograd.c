@@ -127,7 +127,10 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     int hooks = report && ctx->n_grad_hooks > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
-        if (dtr__reached(ctx, n->out) && (r = dtr__run_node(ctx, n)) != DTR_OK) return r;
+        if (dtr__reached(ctx, n->out)) {
+            if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
+            dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
+        }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
     return DTR_OK;

@@ -263,6 +263,7 @@ static void dtr__tape_clear(dtr_tape *t) {
     dtr__arena_reset(&t->meta);
     dtr__arena_reset(&t->data);
     t->head = NULL;
+    t->spare = t->unused = NULL;   /* they lived in the arenas */
 }
 
 dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out) {
@@ -387,6 +388,46 @@ void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
             dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for %zu bytes", op, bytes);
     }
     return p;
+}
+
+/* ---- released gradients ----
+ * Backward releases an intermediate's gradient once the op that made it has run its
+ * backward (nothing reads it after that); the next gradient of the same size takes the block
+ * instead of new arena memory, so a pass holds the live gradients only, not all of them.
+ * Exact sizes: the shapes of a network repeat layer after layer. The blocks stay arena
+ * memory of the own tape (reset with it); on a device the order of the stream keeps a reuse
+ * behind the kernels that read the block before. */
+
+static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
+    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && ctx->cur == &ctx->own;
+}
+
+void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
+    dtr__spare **pp, *s;
+    if (!dtr__grad_spareable(ctx, t)) return NULL;
+    t->flags |= DTR__GRAD_SPARE;
+    for (pp = &ctx->own.spare; (s = *pp) != NULL; pp = &s->next)
+        if (s->bytes == bytes) {
+            *pp = s->next;
+            s->next = ctx->own.unused;
+            ctx->own.unused = s;
+            return s->p;
+        }
+    return dtr__arena_data(ctx, bytes, "backward");
+}
+
+void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
+    dtr__spare *s = ctx->own.unused;
+    int full = 0;
+    if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
+    if (s) ctx->own.unused = s->next;
+    else if (!(s = (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full))) return;   /* kept */
+    s->p = t->grad;
+    s->bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
+    s->next = ctx->own.spare;
+    ctx->own.spare = s;
+    t->grad = NULL;
+    t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }
 
 /* ---- random numbers (PCG32, O'Neill) ---- */

@@ -88,7 +88,10 @@ DTR__PRIVATE void dtr__arena_free(dtr__arena *a);
 enum {
     DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
     DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
-    DTR__LEAF = 4u
+    DTR__LEAF = 4u,
+    DTR__GRAD_SPARE = 8u,      /* grad from the own tape's data arena: back to its spares once the
+                                  producer's backward ran (dtr__grad_release) */
+    DTR__RETAIN_GRAD = 16u     /* dtr_tensor_retain_grad: never released */
 };
 
 struct dtr__node;
@@ -313,11 +316,20 @@ struct dtr_backend {
 
 /** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
  *  context's own is ctx->own). Resetting it frees all of them at once. */
+/** A released gradient block of a tape's data arena (descriptor in its meta arena). */
+typedef struct dtr__spare {
+    struct dtr__spare *next;
+    void *p;
+    size_t bytes;
+} dtr__spare;
+
 struct dtr_tape {
     dtr_context *ctx;
     dtr__arena meta;              /* tensor structs and nodes (host) */
     dtr__arena data;              /* tensor data (backend memory) */
     dtr__node *head;              /* last recorded node */
+    dtr__spare *spare;            /* released gradients, for the pass's next ones of that size */
+    dtr__spare *unused;           /* descriptors whose block was taken again */
 };
 
 /** One installed gradient hook (dtr_context_add_grad_hook). */
@@ -429,6 +441,13 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int n
 DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
+/** Memory for the gradient of intermediate t (made by an op, not retained) on the context's
+ *  own tape: a released block of exactly `bytes` if there is one, else new arena memory; t
+ *  is marked DTR__GRAD_SPARE. NULL (nothing marked) when t's gradient cannot be released. */
+DTR__PRIVATE void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes);
+/** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
+ *  and t is not retained; t->grad becomes NULL. */
+DTR__PRIVATE void dtr__grad_release(dtr_context *ctx, dtr_tensor *t);
 int64_t dtr__numel(int ndim, const int64_t *shape);
 void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }

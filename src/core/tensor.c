@@ -173,6 +173,12 @@ void *dtr_tensor_data(dtr_tensor *t) {
 
 float *dtr_tensor_grad(dtr_tensor *t) { return t ? t->grad : NULL; }
 
+dtr_result dtr_tensor_retain_grad(dtr_tensor *t) {
+    if (!t) return DTR_NULL_HANDLE;
+    t->flags |= DTR__RETAIN_GRAD;
+    return DTR_OK;
+}
+
 dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
     if (!t || !dst) return DTR_NULL_HANDLE;
     if (!t->grad) return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_read_grad: the tensor has no gradient");
@@ -316,7 +322,8 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     size_t bytes;
     if (t->grad) return DTR_OK;
     bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
-    t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    t->grad = (float *)dtr__grad_spare_take(ctx, t, bytes);
+    if (!t->grad && !(t->flags & DTR__GRAD_SPARE)) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
     if (!t->grad) return ctx->status;
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }

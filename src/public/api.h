@@ -128,6 +128,13 @@ typedef struct dtr_context_config {
     int allow_tf32;                  /**< 1: a GPU backend may run f32 matrix products on TF32 tensor
                                           cores (10-bit mantissa products, f32 sums: several times
                                           faster, relative error near 1e-3); 0 (default): full f32 */
+    int retain_grads;                /**< 1: dtr_backward keeps the gradient of every intermediate
+                                          tensor (dtr_tensor_grad reads it afterwards); 0 (default):
+                                          an intermediate's gradient is released once the op that
+                                          made it has run its backward, and its memory serves later
+                                          gradients of the pass (a lower step-arena peak); keep single
+                                          ones with dtr_tensor_retain_grad. Leaves and parameters
+                                          always keep theirs */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
@@ -261,6 +268,13 @@ DTR_API void *dtr_tensor_data(dtr_tensor *t);
 /** Gradient of `t` after dtr_backward (contiguous f32, shape of `t`), or NULL. On a device
  *  backend the pointer is device memory: read it with dtr_tensor_read_grad. */
 DTR_API float *dtr_tensor_grad(dtr_tensor *t);
+/** Keeps the gradient of the intermediate tensor `t` (made by an op) after dtr_backward, as
+ *  PyTorch's retain_grad: by default an intermediate's gradient is released once the op that
+ *  made it has run its backward (dtr_context_config.retain_grads keeps all of them). Call it
+ *  before dtr_backward. No effect on leaves and parameters, which always keep theirs.
+ *  @return DTR_OK, DTR_NULL_HANDLE.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tensor_retain_grad(dtr_tensor *t);
 /** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
  *  (a device's copy completes before it returns).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
