@@ -2057,8 +2057,11 @@ struct dtr_comm_config {
     int shared_memory;                 /**< 1 (dtr_comm_config_init's default): when every rank of a group is
                                             a process of this host, its collectives run through a segment they
                                             all map (all-reduces above 128 KiB per rank by single copy, others
-                                            up to 128 KiB; docs/distributed.md); 0: through the transport.
-                                            $DTR_COMM_SHM=1 or 0 overrides */
+                                            up to 128 KiB; docs/distributed.md); 0: through the transport;
+                                            2: as 1, and also for the local transport's threads (a block of
+                                            their world; 1 MiB all-reduces about 3x faster; a rank that hangs
+                                            is then found at the deadline as with processes, not by the local
+                                            transport's waits-for analysis). $DTR_COMM_SHM=0, 1 or 2 overrides */
     int flight_records;                /**< operations the flight recorder keeps per group; 0: 64; -1: off */
     const char *flight_dir;            /**< on the first failure write <dir>/flight-rank<N>.json; NULL:
                                             $DTR_FLIGHT_DIR, else no file */
@@ -3745,7 +3748,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3749 "dtrain.h"
+#line 3752 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4261,7 +4264,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4265 "dtrain.h"
+#line 4268 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4520,7 +4523,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4524 "dtrain.h"
+#line 4527 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4582,7 +4585,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4586 "dtrain.h"
+#line 4589 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4702,7 +4705,7 @@ struct dtr_comm {
     int algo;                  /* dtr_allreduce_algo */
     size_t ring_threshold, chain_threshold, segment;
     int no_native;
-    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1 overrides (sub-groups inherit it) */
+    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1/2 overrides (sub-groups inherit it) */
     dtr_log_fn log;
     void *log_user;
     dtr_log_level log_level;
@@ -4757,6 +4760,13 @@ typedef struct dtr__shm dtr__shm;
 /** Collective over c at its creation: maps one segment shared by the group's ranks when
  *  they are processes of one host (else nothing). An error only when the group failed. */
 DTR__PRIVATE dtr_result dtr__shm_setup(dtr_comm *c);
+/** The local transport's shared blocks (src/transport/local.c): the block of `bytes` the ranks
+ *  of the endpoint's world share under `key`, made zeroed and passed to init by the first rank
+ *  that asks (under the world's lock); NULL for every rank when it could not be made.
+ *  Each get is matched by a put; the last put frees it. */
+DTR__PRIVATE void *dtr__local_shared_get(void *ep_state, uint64_t key, size_t bytes, void (*init)(void *p, void *arg),
+                                         void *arg);
+DTR__PRIVATE void dtr__local_shared_put(void *ep_state, uint64_t key);
 /** Unmaps the group's segment. */
 DTR__PRIVATE void dtr__shm_free(dtr_comm *c);
 /** Runs collective a through the segment when the group has one (1; result in *r), else 0. */
@@ -4899,7 +4909,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4903 "dtrain.h"
+#line 4913 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4942,7 +4952,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4946 "dtrain.h"
+#line 4956 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4969,7 +4979,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4973 "dtrain.h"
+#line 4983 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5002,7 +5012,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5006 "dtrain.h"
+#line 5016 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5076,7 +5086,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5080 "dtrain.h"
+#line 5090 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5134,7 +5144,7 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5138 "dtrain.h"
+#line 5148 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5184,7 +5194,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5188 "dtrain.h"
+#line 5198 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5536,7 +5546,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5540 "dtrain.h"
+#line 5550 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6327,7 +6337,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6331 "dtrain.h"
+#line 6341 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6803,7 +6813,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6807 "dtrain.h"
+#line 6817 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6874,7 +6884,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6878 "dtrain.h"
+#line 6888 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7291,7 +7301,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7295 "dtrain.h"
+#line 7305 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7500,7 +7510,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7504 "dtrain.h"
+#line 7514 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7731,7 +7741,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7735 "dtrain.h"
+#line 7745 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7846,7 +7856,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7850 "dtrain.h"
+#line 7860 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7902,7 +7912,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7906 "dtrain.h"
+#line 7916 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8332,7 +8342,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8336 "dtrain.h"
+#line 8346 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8511,7 +8521,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8515 "dtrain.h"
+#line 8525 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9036,7 +9046,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9040 "dtrain.h"
+#line 9050 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9535,7 +9545,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9539 "dtrain.h"
+#line 9549 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9794,7 +9804,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9798 "dtrain.h"
+#line 9808 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9980,7 +9990,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9984 "dtrain.h"
+#line 9994 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10100,7 +10110,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10104 "dtrain.h"
+#line 10114 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10574,7 +10584,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10578 "dtrain.h"
+#line 10588 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10743,7 +10753,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10747 "dtrain.h"
+#line 10757 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10992,7 +11002,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10996 "dtrain.h"
+#line 11006 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11460,7 +11470,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11464 "dtrain.h"
+#line 11474 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11589,7 +11599,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11593 "dtrain.h"
+#line 11603 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11936,7 +11946,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11940 "dtrain.h"
+#line 11950 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12002,7 +12012,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12006 "dtrain.h"
+#line 12016 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12239,7 +12249,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12243 "dtrain.h"
+#line 12253 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12988,7 +12998,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12992 "dtrain.h"
+#line 13002 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13441,7 +13451,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13445 "dtrain.h"
+#line 13455 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13497,7 +13507,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13501 "dtrain.h"
+#line 13511 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14274,7 +14284,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14278 "dtrain.h"
+#line 14288 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14855,7 +14865,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14859 "dtrain.h"
+#line 14869 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15486,7 +15496,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15490 "dtrain.h"
+#line 15500 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16233,7 +16243,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16237 "dtrain.h"
+#line 16247 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16586,7 +16596,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16590 "dtrain.h"
+#line 16600 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16776,7 +16786,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16780 "dtrain.h"
+#line 16790 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16957,7 +16967,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16961 "dtrain.h"
+#line 16971 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17732,7 +17742,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17736 "dtrain.h"
+#line 17746 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18249,7 +18259,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18253 "dtrain.h"
+#line 18263 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19044,7 +19054,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19048 "dtrain.h"
+#line 19058 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20142,7 +20152,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20146 "dtrain.h"
+#line 20156 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20209,8 +20219,19 @@ typedef struct dtr__lrank {
     int wait_peer;           /* the peer the latest of them waits for */
 } dtr__lrank;
 
+/* A block the ranks of a world share under a key (a group's shared-memory segment,
+ * src/comm/shm.c): made zeroed and initialised by the first rank that asks, freed by the
+ * last one that lets go. `failed` when it could not be made: every rank then goes without. */
+typedef struct dtr__lshared {
+    struct dtr__lshared *next;
+    uint64_t key;
+    int refs, failed;
+    void *p;
+} dtr__lshared;
+
 struct dtr_local_world {
     pthread_mutex_t mu;
+    dtr__lshared *shared;
     int size, refs;
     dtr_allocation_callbacks alloc;
     dtr__lrank *r;
@@ -20281,6 +20302,39 @@ void dtr_local_world_destroy(dtr_local_world *w) {
 }
 
 int dtr_local_world_size(const dtr_local_world *w) { return w ? w->size : 0; }
+
+void *dtr__local_shared_get(void *ep_state, uint64_t key, size_t bytes, void (*init)(void *p, void *arg), void *arg) {
+    dtr_local_world *w = ((dtr__lep *)ep_state)->w;
+    dtr__lshared *e;
+    void *p;
+    pthread_mutex_lock(&w->mu);
+    for (e = w->shared; e && e->key != key; e = e->next) {}
+    if (!e && (e = (dtr__lshared *)dtr__calloc(&w->alloc, sizeof(*e))) != NULL) {
+        e->key = key;
+        e->p = dtr__calloc(&w->alloc, bytes);
+        e->failed = e->p == NULL;
+        if (e->p) init(e->p, arg);
+        e->next = w->shared;
+        w->shared = e;
+    }
+    if (e) e->refs++;
+    p = e && !e->failed ? e->p : NULL;
+    pthread_mutex_unlock(&w->mu);
+    return p;
+}
+
+void dtr__local_shared_put(void *ep_state, uint64_t key) {
+    dtr_local_world *w = ((dtr__lep *)ep_state)->w;
+    dtr__lshared **pp, *e;
+    pthread_mutex_lock(&w->mu);
+    for (pp = &w->shared; (e = *pp) != NULL && e->key != key; pp = &e->next) {}
+    if (e && --e->refs == 0) {
+        *pp = e->next;
+        dtr__free(&w->alloc, e->p);
+        dtr__free(&w->alloc, e);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
 
 /* ---- queues (world lock held) ---- */
 
@@ -20694,7 +20748,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20698 "dtrain.h"
+#line 20752 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21183,7 +21237,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21187 "dtrain.h"
+#line 21241 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21317,6 +21371,7 @@ struct dtr__shm {
     int64_t op_start;       /* dtr_time_ns when the running collective began */
     int on;                 /* every rank mapped it: the collectives use it */
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
+    int local;              /* the local transport's threads: the segment is a block of its world */
     long spins;             /* polls of a wait before it yields: few when ranks outnumber cores */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
@@ -21336,10 +21391,37 @@ static void dtr__shm_name(char *out, size_t cap, const uint32_t *token) {
     snprintf(out, cap, "/dtr-%ld-%08x%08x", (long)getuid(), token[0], token[1]);
 }
 
+/* the local transport's key of a group's block: its context id and its first member (the
+ * groups of one split share the context id; their members differ) */
+static uint64_t dtr__shm_key(const dtr_comm *c) { return (uint64_t)c->ctx << 32 | (uint32_t)c->ranks[0]; }
+
+static size_t dtr__shm_bytes(int n) {
+    return dtr__shm_hdr_bytes(n) + (size_t)(n + 2) * dtr__shm_slot_bytes(n) + (size_t)n * 2 * DTR__SHM_SMALL;
+}
+
+/* a new segment's header (rank 0's, or the first thread's of the local transport) */
+static void dtr__shm_init(void *p, void *group) {
+    dtr__shm_hdr *h = (dtr__shm_hdr *)p;
+    h->slot = dtr__shm_slot_bytes(((dtr_comm *)group)->size), h->size = ((dtr_comm *)group)->size, h->abort_rank = -1;
+    DTR__ATOMIC_STORE(&h->magic, DTR__SHM_MAGIC);
+}
+
+/* this rank's view of the segment at p; NULL when out of memory */
+static dtr__shm *dtr__shm_layout(dtr_comm *c, void *p, int local) {
+    dtr__shm *s = (dtr__shm *)dtr__calloc(&c->ep->alloc, sizeof(*s));
+    if (!s) return NULL;
+    s->base = (char *)p, s->bytes = dtr__shm_bytes(c->size), s->slot = dtr__shm_slot_bytes(c->size), s->h = (dtr__shm_hdr *)p;
+    s->local = local;
+    s->slots = s->base + dtr__shm_hdr_bytes(c->size);
+    s->out[0] = s->slots + (size_t)c->size * s->slot;
+    s->out[1] = s->out[0] + s->slot;
+    s->small = s->out[1] + s->slot;
+    return s;
+}
+
 /* maps the segment `name` (creating it on rank 0); NULL on any failure */
 static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
-    size_t slot = dtr__shm_slot_bytes(c->size),
-           bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot + (size_t)c->size * 2 * DTR__SHM_SMALL;
+    size_t bytes = dtr__shm_bytes(c->size);
     int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
     struct stat st;
     dtr__shm *s;
@@ -21352,17 +21434,8 @@ static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
     p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return NULL;
-    s = (dtr__shm *)dtr__calloc(&c->ep->alloc, sizeof(*s));
-    if (!s) { munmap(p, bytes); return NULL; }
-    s->base = (char *)p, s->bytes = bytes, s->slot = slot, s->h = (dtr__shm_hdr *)p;
-    s->slots = s->base + dtr__shm_hdr_bytes(c->size);
-    s->out[0] = s->slots + (size_t)c->size * slot;
-    s->out[1] = s->out[0] + slot;
-    s->small = s->out[1] + slot;
-    if (create) {
-        s->h->slot = slot, s->h->size = c->size, s->h->abort_rank = -1;
-        DTR__ATOMIC_STORE(&s->h->magic, DTR__SHM_MAGIC);
-    }
+    if (!(s = dtr__shm_layout(c, p, 0))) { munmap(p, bytes); return NULL; }
+    if (create) dtr__shm_init(p, c);
     return s;
 }
 
@@ -21370,19 +21443,49 @@ void dtr__shm_free(dtr_comm *c) {
     dtr__shm *s = c->shm;
     if (!s) return;
     if (s->sentinel) c->ep->vt->release(c->ep->state, s->sentinel);
-    munmap(s->base, s->bytes);
+    if (s->local) dtr__local_shared_put(c->ep->state, dtr__shm_key(c));
+    else munmap(s->base, s->bytes);
     dtr__free(&c->ep->alloc, s);
     c->shm = NULL;
 }
 
-/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0 or 1 overrides)
- * and may use one: processes of one host (not the local transport's threads; other
+/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0, 1 or 2 overrides)
+ * and may use one: processes of one host, or with 2 the local transport's threads too (other
  * transports' threads decline at setup), host buffers, 2 to 64 ranks */
 static int dtr__shm_eligible(const dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM");
-    int wanted = env && *env ? strcmp(env, "0") != 0 : c->shm_wanted;
-    return wanted && c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
-           c->local_size == c->size;
+    int wanted = env && *env ? atoi(env) : c->shm_wanted;
+    if (c->ep->vt == dtr_local_transport() && wanted < 2) return 0;
+    return wanted > 0 && !c->mem_ctx && c->size > 1 && c->size <= 64 && c->local_size == c->size;
+}
+
+/* How many polls a wait makes before it yields: few when ranks outnumber the cores (a
+ * spinning rank holds a core a peer needs). */
+static long dtr__shm_cores(void) {
+    long cores = 0;
+#ifdef _SC_NPROCESSORS_ONLN
+    cores = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    return cores;
+}
+
+/* The local transport's threads: the segment is a block of their world under the group's
+ * context id, made by whichever rank comes first; no collective (a rank may make its group
+ * before the others start), and single copy is a memcpy. */
+static dtr_result dtr__shm_setup_local(dtr_comm *c) {
+    const char *env = getenv("DTR_COMM_SHM_CMA");
+    void *p = dtr__local_shared_get(c->ep->state, dtr__shm_key(c), dtr__shm_bytes(c->size), dtr__shm_init, c);
+    long cores = dtr__shm_cores();
+    if (!p) return DTR_OK;   /* every rank goes without */
+    if (!(c->shm = dtr__shm_layout(c, p, 1))) {
+        dtr__local_shared_put(c->ep->state, dtr__shm_key(c));
+        return DTR_OUT_OF_MEMORY;
+    }
+    DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
+    c->shm->on = 1;
+    c->shm->cma = !(env && !strcmp(env, "0"));
+    c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;
+    return DTR_OK;
 }
 
 static int dtr__shm_check(const dtr__shm *s, const dtr_comm *c) {
@@ -21401,6 +21504,11 @@ static dtr_result dtr__shm_post_sentinel(dtr_comm *c, dtr_transport_error *e) {
 /* copies `bytes` between `mine` and `theirs` in process `pid` (write: to theirs): 0, or the
  * errno that stopped it */
 static int dtr__shm_xfer(int64_t pid, void *mine, uint64_t theirs, size_t bytes, int write) {
+    if (pid == (int64_t)getpid()) {   /* a thread of this process (the local transport) */
+        if (write) memcpy((void *)(uintptr_t)theirs, mine, bytes);
+        else memcpy(mine, (const void *)(uintptr_t)theirs, bytes);
+        return 0;
+    }
 #if DTR__HAVE_CMA
     while (bytes) {
         struct iovec l, r;
@@ -21441,6 +21549,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     float ok;
     dtr_result r;
     if (!dtr__shm_eligible(c)) return DTR_OK;
+    if (c->ep->vt == dtr_local_transport()) return dtr__shm_setup_local(c);
     if (c->rank == 0) {
         int64_t t = dtr_time_ns();
         msg[0] = (uint32_t)t ^ (uint32_t)getpid();
@@ -21464,10 +21573,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
     else {
-        long cores = 0;
-#ifdef _SC_NPROCESSORS_ONLN
-        cores = sysconf(_SC_NPROCESSORS_ONLN);
-#endif
+        long cores = dtr__shm_cores();
         c->shm->on = 1;
         c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;   /* a spinning rank holds a core a peer needs */
     }
@@ -21549,6 +21655,9 @@ static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_
         if ((r = dtr__shm_check_fail(c, a, j)) != DTR_OK) {   /* tell the others whom to blame */
             int32_t none = -1, who = dtr_comm_failed_rank(c) >= 0 ? dtr_comm_failed_rank(c) : c->ep->info.rank;
             DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
+            /* threads: break the world as the local transport's own deadline does, so that the
+               culprit too fails its next call, whatever the path */
+            if (s->local) c->ep->vt->abort(c->ep->state, who, dtr_comm_last_error(c));
             return r;
         }
         if (!t0) t0 = dtr_time_ns();
@@ -21857,7 +21966,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21861 "dtrain.h"
+#line 21970 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22093,7 +22202,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22097 "dtrain.h"
+#line 22206 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22452,7 +22561,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22456 "dtrain.h"
+#line 22565 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22649,7 +22758,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22653 "dtrain.h"
+#line 22762 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23046,7 +23155,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23050 "dtrain.h"
+#line 23159 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23527,7 +23636,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23531 "dtrain.h"
+#line 23640 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24429,7 +24538,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24433 "dtrain.h"
+#line 24542 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24483,7 +24592,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24487 "dtrain.h"
+#line 24596 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25646,7 +25755,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25650 "dtrain.h"
+#line 25759 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26544,7 +26653,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26548 "dtrain.h"
+#line 26657 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28014,7 +28123,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28018 "dtrain.h"
+#line 28127 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28398,7 +28507,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28402 "dtrain.h"
+#line 28511 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28547,7 +28656,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28551 "dtrain.h"
+#line 28660 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

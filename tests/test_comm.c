@@ -1152,6 +1152,34 @@ static void t_flight(void) {
     CHECK_EQ_INT(run_ranks(2, &cfg, rk_flight_off, NULL, NULL), 0);
 }
 
+/* The shared-memory collectives over the local transport's threads (shared_memory = 2,
+ * here through $DTR_COMM_SHM): a group opens its block without waiting for the other ranks,
+ * and every collective test above, splits and the hierarchical all-reduce included, gives
+ * the same bits as through the transport. */
+static void t_local_shm(void) {
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_local_world *w = NULL;
+    dtr_comm *c = NULL;
+    char err[256];
+    setenv("DTR_COMM_SHM", "2", 1);
+    CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
+    cfg.local.world = w;
+    cfg.local.rank = 0;
+    CHECK_OK(NULL, dtr_comm_create(&cfg, &c, err, sizeof err));   /* alone: no collective at creation */
+    CHECK(dtr_comm_shared_memory(c) == 1);
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    t_all_reduce();
+    t_determinism();
+    t_broadcast();
+    t_reduce_scatter();
+    t_all_gather();
+    t_barrier();
+    t_split_grid();
+    t_hierarchical();
+    unsetenv("DTR_COMM_SHM");
+}
+
 int main(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     g_quick = q && strcmp(q, "1") == 0;
@@ -1176,5 +1204,6 @@ int main(void) {
     RUN(t_fault_async);
     RUN(t_fault_deadlock);
     RUN(t_flight);
+    RUN(t_local_shm);
     return test_summary();
 }

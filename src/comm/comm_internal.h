@@ -114,7 +114,7 @@ struct dtr_comm {
     int algo;                  /* dtr_allreduce_algo */
     size_t ring_threshold, chain_threshold, segment;
     int no_native;
-    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1 overrides (sub-groups inherit it) */
+    int shm_wanted;            /* cfg.shared_memory; $DTR_COMM_SHM=0/1/2 overrides (sub-groups inherit it) */
     dtr_log_fn log;
     void *log_user;
     dtr_log_level log_level;
@@ -169,6 +169,13 @@ typedef struct dtr__shm dtr__shm;
 /** Collective over c at its creation: maps one segment shared by the group's ranks when
  *  they are processes of one host (else nothing). An error only when the group failed. */
 DTR__PRIVATE dtr_result dtr__shm_setup(dtr_comm *c);
+/** The local transport's shared blocks (src/transport/local.c): the block of `bytes` the ranks
+ *  of the endpoint's world share under `key`, made zeroed and passed to init by the first rank
+ *  that asks (under the world's lock); NULL for every rank when it could not be made.
+ *  Each get is matched by a put; the last put frees it. */
+DTR__PRIVATE void *dtr__local_shared_get(void *ep_state, uint64_t key, size_t bytes, void (*init)(void *p, void *arg),
+                                         void *arg);
+DTR__PRIVATE void dtr__local_shared_put(void *ep_state, uint64_t key);
 /** Unmaps the group's segment. */
 DTR__PRIVATE void dtr__shm_free(dtr_comm *c);
 /** Runs collective a through the segment when the group has one (1; result in *r), else 0. */

@@ -128,6 +128,7 @@ struct dtr__shm {
     int64_t op_start;       /* dtr_time_ns when the running collective began */
     int on;                 /* every rank mapped it: the collectives use it */
     int cma;                /* every rank can read the others' memory (process_vm_readv) */
+    int local;              /* the local transport's threads: the segment is a block of its world */
     long spins;             /* polls of a wait before it yields: few when ranks outnumber cores */
     uint64_t probe;         /* DTR__SHM_MAGIC: what the peers read at setup to test that */
     int64_t next_check;     /* dtr_time_ns of the next look at the peers' processes */
@@ -147,10 +148,37 @@ static void dtr__shm_name(char *out, size_t cap, const uint32_t *token) {
     snprintf(out, cap, "/dtr-%ld-%08x%08x", (long)getuid(), token[0], token[1]);
 }
 
+/* the local transport's key of a group's block: its context id and its first member (the
+ * groups of one split share the context id; their members differ) */
+static uint64_t dtr__shm_key(const dtr_comm *c) { return (uint64_t)c->ctx << 32 | (uint32_t)c->ranks[0]; }
+
+static size_t dtr__shm_bytes(int n) {
+    return dtr__shm_hdr_bytes(n) + (size_t)(n + 2) * dtr__shm_slot_bytes(n) + (size_t)n * 2 * DTR__SHM_SMALL;
+}
+
+/* a new segment's header (rank 0's, or the first thread's of the local transport) */
+static void dtr__shm_init(void *p, void *group) {
+    dtr__shm_hdr *h = (dtr__shm_hdr *)p;
+    h->slot = dtr__shm_slot_bytes(((dtr_comm *)group)->size), h->size = ((dtr_comm *)group)->size, h->abort_rank = -1;
+    DTR__ATOMIC_STORE(&h->magic, DTR__SHM_MAGIC);
+}
+
+/* this rank's view of the segment at p; NULL when out of memory */
+static dtr__shm *dtr__shm_layout(dtr_comm *c, void *p, int local) {
+    dtr__shm *s = (dtr__shm *)dtr__calloc(&c->ep->alloc, sizeof(*s));
+    if (!s) return NULL;
+    s->base = (char *)p, s->bytes = dtr__shm_bytes(c->size), s->slot = dtr__shm_slot_bytes(c->size), s->h = (dtr__shm_hdr *)p;
+    s->local = local;
+    s->slots = s->base + dtr__shm_hdr_bytes(c->size);
+    s->out[0] = s->slots + (size_t)c->size * s->slot;
+    s->out[1] = s->out[0] + s->slot;
+    s->small = s->out[1] + s->slot;
+    return s;
+}
+
 /* maps the segment `name` (creating it on rank 0); NULL on any failure */
 static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
-    size_t slot = dtr__shm_slot_bytes(c->size),
-           bytes = dtr__shm_hdr_bytes(c->size) + (size_t)(c->size + 2) * slot + (size_t)c->size * 2 * DTR__SHM_SMALL;
+    size_t bytes = dtr__shm_bytes(c->size);
     int fd = shm_open(name, create ? O_CREAT | O_EXCL | O_RDWR : O_RDWR, 0600);
     struct stat st;
     dtr__shm *s;
@@ -163,17 +191,8 @@ static dtr__shm *dtr__shm_map(dtr_comm *c, const char *name, int create) {
     p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (p == MAP_FAILED) return NULL;
-    s = (dtr__shm *)dtr__calloc(&c->ep->alloc, sizeof(*s));
-    if (!s) { munmap(p, bytes); return NULL; }
-    s->base = (char *)p, s->bytes = bytes, s->slot = slot, s->h = (dtr__shm_hdr *)p;
-    s->slots = s->base + dtr__shm_hdr_bytes(c->size);
-    s->out[0] = s->slots + (size_t)c->size * slot;
-    s->out[1] = s->out[0] + slot;
-    s->small = s->out[1] + slot;
-    if (create) {
-        s->h->slot = slot, s->h->size = c->size, s->h->abort_rank = -1;
-        DTR__ATOMIC_STORE(&s->h->magic, DTR__SHM_MAGIC);
-    }
+    if (!(s = dtr__shm_layout(c, p, 0))) { munmap(p, bytes); return NULL; }
+    if (create) dtr__shm_init(p, c);
     return s;
 }
 
@@ -181,19 +200,49 @@ void dtr__shm_free(dtr_comm *c) {
     dtr__shm *s = c->shm;
     if (!s) return;
     if (s->sentinel) c->ep->vt->release(c->ep->state, s->sentinel);
-    munmap(s->base, s->bytes);
+    if (s->local) dtr__local_shared_put(c->ep->state, dtr__shm_key(c));
+    else munmap(s->base, s->bytes);
     dtr__free(&c->ep->alloc, s);
     c->shm = NULL;
 }
 
-/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0 or 1 overrides)
- * and may use one: processes of one host (not the local transport's threads; other
+/* 1 when this group wants a segment (cfg.shared_memory; $DTR_COMM_SHM=0, 1 or 2 overrides)
+ * and may use one: processes of one host, or with 2 the local transport's threads too (other
  * transports' threads decline at setup), host buffers, 2 to 64 ranks */
 static int dtr__shm_eligible(const dtr_comm *c) {
     const char *env = getenv("DTR_COMM_SHM");
-    int wanted = env && *env ? strcmp(env, "0") != 0 : c->shm_wanted;
-    return wanted && c->ep->vt != dtr_local_transport() && !c->mem_ctx && c->size > 1 && c->size <= 64 &&
-           c->local_size == c->size;
+    int wanted = env && *env ? atoi(env) : c->shm_wanted;
+    if (c->ep->vt == dtr_local_transport() && wanted < 2) return 0;
+    return wanted > 0 && !c->mem_ctx && c->size > 1 && c->size <= 64 && c->local_size == c->size;
+}
+
+/* How many polls a wait makes before it yields: few when ranks outnumber the cores (a
+ * spinning rank holds a core a peer needs). */
+static long dtr__shm_cores(void) {
+    long cores = 0;
+#ifdef _SC_NPROCESSORS_ONLN
+    cores = sysconf(_SC_NPROCESSORS_ONLN);
+#endif
+    return cores;
+}
+
+/* The local transport's threads: the segment is a block of their world under the group's
+ * context id, made by whichever rank comes first; no collective (a rank may make its group
+ * before the others start), and single copy is a memcpy. */
+static dtr_result dtr__shm_setup_local(dtr_comm *c) {
+    const char *env = getenv("DTR_COMM_SHM_CMA");
+    void *p = dtr__local_shared_get(c->ep->state, dtr__shm_key(c), dtr__shm_bytes(c->size), dtr__shm_init, c);
+    long cores = dtr__shm_cores();
+    if (!p) return DTR_OK;   /* every rank goes without */
+    if (!(c->shm = dtr__shm_layout(c, p, 1))) {
+        dtr__local_shared_put(c->ep->state, dtr__shm_key(c));
+        return DTR_OUT_OF_MEMORY;
+    }
+    DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
+    c->shm->on = 1;
+    c->shm->cma = !(env && !strcmp(env, "0"));
+    c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;
+    return DTR_OK;
 }
 
 static int dtr__shm_check(const dtr__shm *s, const dtr_comm *c) {
@@ -212,6 +261,11 @@ static dtr_result dtr__shm_post_sentinel(dtr_comm *c, dtr_transport_error *e) {
 /* copies `bytes` between `mine` and `theirs` in process `pid` (write: to theirs): 0, or the
  * errno that stopped it */
 static int dtr__shm_xfer(int64_t pid, void *mine, uint64_t theirs, size_t bytes, int write) {
+    if (pid == (int64_t)getpid()) {   /* a thread of this process (the local transport) */
+        if (write) memcpy((void *)(uintptr_t)theirs, mine, bytes);
+        else memcpy(mine, (const void *)(uintptr_t)theirs, bytes);
+        return 0;
+    }
 #if DTR__HAVE_CMA
     while (bytes) {
         struct iovec l, r;
@@ -252,6 +306,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     float ok;
     dtr_result r;
     if (!dtr__shm_eligible(c)) return DTR_OK;
+    if (c->ep->vt == dtr_local_transport()) return dtr__shm_setup_local(c);
     if (c->rank == 0) {
         int64_t t = dtr_time_ns();
         msg[0] = (uint32_t)t ^ (uint32_t)getpid();
@@ -275,10 +330,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
     else {
-        long cores = 0;
-#ifdef _SC_NPROCESSORS_ONLN
-        cores = sysconf(_SC_NPROCESSORS_ONLN);
-#endif
+        long cores = dtr__shm_cores();
         c->shm->on = 1;
         c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;   /* a spinning rank holds a core a peer needs */
     }
@@ -360,6 +412,9 @@ static dtr_result dtr__shm_wait(dtr_comm *c, const dtr__coll *a, int only, size_
         if ((r = dtr__shm_check_fail(c, a, j)) != DTR_OK) {   /* tell the others whom to blame */
             int32_t none = -1, who = dtr_comm_failed_rank(c) >= 0 ? dtr_comm_failed_rank(c) : c->ep->info.rank;
             DTR__ATOMIC_CAS(&s->h->abort_rank, &none, who);
+            /* threads: break the world as the local transport's own deadline does, so that the
+               culprit too fails its next call, whatever the path */
+            if (s->local) c->ep->vt->abort(c->ep->state, who, dtr_comm_last_error(c));
             return r;
         }
         if (!t0) t0 = dtr_time_ns();

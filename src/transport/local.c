@@ -61,8 +61,19 @@ typedef struct dtr__lrank {
     int wait_peer;           /* the peer the latest of them waits for */
 } dtr__lrank;
 
+/* A block the ranks of a world share under a key (a group's shared-memory segment,
+ * src/comm/shm.c): made zeroed and initialised by the first rank that asks, freed by the
+ * last one that lets go. `failed` when it could not be made: every rank then goes without. */
+typedef struct dtr__lshared {
+    struct dtr__lshared *next;
+    uint64_t key;
+    int refs, failed;
+    void *p;
+} dtr__lshared;
+
 struct dtr_local_world {
     pthread_mutex_t mu;
+    dtr__lshared *shared;
     int size, refs;
     dtr_allocation_callbacks alloc;
     dtr__lrank *r;
@@ -133,6 +144,39 @@ void dtr_local_world_destroy(dtr_local_world *w) {
 }
 
 int dtr_local_world_size(const dtr_local_world *w) { return w ? w->size : 0; }
+
+void *dtr__local_shared_get(void *ep_state, uint64_t key, size_t bytes, void (*init)(void *p, void *arg), void *arg) {
+    dtr_local_world *w = ((dtr__lep *)ep_state)->w;
+    dtr__lshared *e;
+    void *p;
+    pthread_mutex_lock(&w->mu);
+    for (e = w->shared; e && e->key != key; e = e->next) {}
+    if (!e && (e = (dtr__lshared *)dtr__calloc(&w->alloc, sizeof(*e))) != NULL) {
+        e->key = key;
+        e->p = dtr__calloc(&w->alloc, bytes);
+        e->failed = e->p == NULL;
+        if (e->p) init(e->p, arg);
+        e->next = w->shared;
+        w->shared = e;
+    }
+    if (e) e->refs++;
+    p = e && !e->failed ? e->p : NULL;
+    pthread_mutex_unlock(&w->mu);
+    return p;
+}
+
+void dtr__local_shared_put(void *ep_state, uint64_t key) {
+    dtr_local_world *w = ((dtr__lep *)ep_state)->w;
+    dtr__lshared **pp, *e;
+    pthread_mutex_lock(&w->mu);
+    for (pp = &w->shared; (e = *pp) != NULL && e->key != key; pp = &e->next) {}
+    if (e && --e->refs == 0) {
+        *pp = e->next;
+        dtr__free(&w->alloc, e->p);
+        dtr__free(&w->alloc, e);
+    }
+    pthread_mutex_unlock(&w->mu);
+}
 
 /* ---- queues (world lock held) ---- */
 
