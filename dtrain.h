@@ -1946,6 +1946,10 @@ typedef struct dtr_transport_vtable {
        work queued on cfg->context's stream (the backend's event_record) and completes them
        before reporting a request complete. */
     unsigned mem_kinds;
+    /** Optional (cfg->isolate_peer_failures): 0 once the transport knows `rank` died or left,
+     *  1 otherwise. A transport that has it fails only the requests with a dead peer when the
+     *  config asks for isolation, and dtr_comm keeps the group working. */
+    int (*peer_alive)(void *state, int rank);
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -2052,6 +2056,13 @@ struct dtr_comm_config {
     dtr_log_fn log;                    /**< log callback (errors of the group, the flight record on failure); NULL: silent */
     void *log_user;
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
+    int isolate_peer_failures;         /**< 1: a peer that dies or leaves fails only the send/recv operations
+                                            with it (DTR_PEER_FAILED naming it; dtr_comm_peer_alive turns 0)
+                                            and the group goes on with the others; collectives still fail
+                                            as a whole. Read by the transport when it opens (every group on
+                                            it; every rank must pass the same value); 0 (default): any
+                                            failure breaks the world. Rank 0 hosts the rendezvous store and
+                                            must not die. docs/distributed.md, "Failures" */
 };
 
 /** Returns a configuration with every field at its default (nccl.device -1, memory host).
@@ -2106,6 +2117,17 @@ DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
  *          DTR_UNSUPPORTED (65535 context ids used), or a communication error.
  *  Thread safety: as a collective. */
 DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
+
+/** Whether group rank `rank` can still be reached: 0 once the transport knows it died or
+ *  left (groups made with cfg.isolate_peer_failures, on a transport that reports it: local,
+ *  libfabric), 1 otherwise (also on transports that cannot tell), -1 for a NULL group or a
+ *  rank outside it. On such groups a send or receive that fails with DTR_PEER_FAILED because
+ *  its peer is gone leaves the group working (dtr_comm_status stays DTR_OK; the message is in
+ *  dtr_comm_last_error). Thread safety: thread safe. */
+DTR_API int dtr_comm_peer_alive(const dtr_comm *c, int rank);
+/** 1 when the group's transport isolates peer failures (cfg.isolate_peer_failures on a
+ *  transport with peer_alive), 0 otherwise (0 for NULL). Thread safety: thread safe. */
+DTR_API int dtr_comm_isolates_peer_failures(const dtr_comm *c);
 
 /** DTR_OK, or the error that broke the group (sticky).
  *  Thread safety: the group's thread (one at a time per group). */
@@ -3148,7 +3170,8 @@ typedef enum dtr_ps_policy {
 
 /** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
 typedef struct dtr_ps_config {
-    int servers;               /**< S servers (ranks 0..S-1), 1 to min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
+    int servers;               /**< S servers (ranks 0..S-1; with replicas, S ranges and 2S server ranks), 1 to
+                                    min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
     dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
@@ -3158,6 +3181,10 @@ typedef struct dtr_ps_config {
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
     dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
     void *log_user;
+    int replicas;              /**< 0 (default) or 1: each range has a backup (ranks S..2S-1; workers from 2S) that
+                                    holds every push before the worker's push returns, and takes over when its
+                                    primary dies. Needs a group made with isolate_peer_failures
+                                    (docs/parameter-server.md, "Replication"); refuses dtr_ps_push_rows / pull_rows */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -3184,6 +3211,10 @@ typedef struct dtr_ps_stats {
     int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
     int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
     uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
+    int64_t pushes_acked;        /**< worker (replicas): pushes every server (and its backup) acknowledged */
+    int64_t failovers;           /**< worker: ranges moved to their backup; backup: 1 once it took over */
+    int64_t forwarded;           /**< primary (replicas): messages its backup acknowledged */
+    int64_t workers_lost;        /**< server (isolated group, DTR_PS_CONTINUE): workers dropped because they died */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
@@ -3709,7 +3740,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3713 "dtrain.h"
+#line 3744 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4206,7 +4237,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4210 "dtrain.h"
+#line 4241 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4465,7 +4496,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4469 "dtrain.h"
+#line 4500 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4527,7 +4558,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4531 "dtrain.h"
+#line 4562 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4578,6 +4609,7 @@ typedef struct dtr__endpoint {
     pthread_mutex_t mu;      /* refs, next_ctx */
     int refs;
     uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
+    int isolate;             /* cfg.isolate_peer_failures on a transport with peer_alive */
 } dtr__endpoint;
 
 /** The flight recorder of a group (src/comm/flight.c). */
@@ -4781,6 +4813,8 @@ typedef struct dtr__watch_ops {
     void (*fail)(void *t, int rank, const char *why, int publish);
     /** `rank` closed its end cleanly: requests still waiting for it fail. */
     void (*left)(void *t, int rank);
+    /** NULL, or (peer failures isolated): `rank` died; only its requests fail, the world goes on. */
+    void (*died)(void *t, int rank, const char *how);
 } dtr__watch_ops;
 
 /** A watchdog thread over a bootstrap (see the file's comment for what it watches). */
@@ -4844,7 +4878,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4848 "dtrain.h"
+#line 4882 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4887,7 +4921,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4891 "dtrain.h"
+#line 4925 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4914,7 +4948,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4918 "dtrain.h"
+#line 4952 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -4947,7 +4981,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 4951 "dtrain.h"
+#line 4985 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5021,7 +5055,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5025 "dtrain.h"
+#line 5059 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5035,9 +5069,12 @@ DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
 #define DTR__PS_VERSION 1
 
 /** Message kinds (worker -> server: PUSH, PULL, DONE, PUSH_ROWS, PULL_ROWS; server -> worker:
- *  REPLY). The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the
- *  server's range) before their values; `count` is the sum of the lengths. */
-enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6 };
+ *  REPLY, ACK (replicas: a PUSH or DONE is held by the server and its backup); primary ->
+ *  backup: the workers' messages as they came, and DROP (worker `worker` left the rounds)).
+ *  The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the server's
+ *  range) before their values; `count` is the sum of the lengths. */
+enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6,
+       DTR__PS_ACK = 7, DTR__PS_DROP = 8 };
 #define DTR__PS_MAX_SEGMENTS (1 << 24)
 
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
@@ -5079,7 +5116,9 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5083 "dtrain.h"
+#define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
+#define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
+#line 5122 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5129,7 +5168,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5133 "dtrain.h"
+#line 5172 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5481,7 +5520,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5485 "dtrain.h"
+#line 5524 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6272,7 +6311,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6276 "dtrain.h"
+#line 6315 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6707,7 +6746,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6711 "dtrain.h"
+#line 6750 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6778,7 +6817,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6782 "dtrain.h"
+#line 6821 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7188,7 +7227,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7192 "dtrain.h"
+#line 7231 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7394,7 +7433,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7398 "dtrain.h"
+#line 7437 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7625,7 +7664,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7629 "dtrain.h"
+#line 7668 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7740,7 +7779,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7744 "dtrain.h"
+#line 7783 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7796,7 +7835,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7800 "dtrain.h"
+#line 7839 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8226,7 +8265,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8230 "dtrain.h"
+#line 8269 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8405,7 +8444,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8409 "dtrain.h"
+#line 8448 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8930,7 +8969,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 8934 "dtrain.h"
+#line 8973 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9429,7 +9468,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9433 "dtrain.h"
+#line 9472 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9688,7 +9727,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9692 "dtrain.h"
+#line 9731 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9874,7 +9913,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9878 "dtrain.h"
+#line 9917 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -9994,7 +10033,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 9998 "dtrain.h"
+#line 10037 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10468,7 +10507,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10472 "dtrain.h"
+#line 10511 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10637,7 +10676,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10641 "dtrain.h"
+#line 10680 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -10886,7 +10925,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 10890 "dtrain.h"
+#line 10929 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11354,7 +11393,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11358 "dtrain.h"
+#line 11397 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11483,7 +11522,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11487 "dtrain.h"
+#line 11526 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11830,7 +11869,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11834 "dtrain.h"
+#line 11873 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -11896,7 +11935,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 11900 "dtrain.h"
+#line 11939 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12133,7 +12172,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12137 "dtrain.h"
+#line 12176 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12882,7 +12921,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 12886 "dtrain.h"
+#line 12925 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13335,7 +13374,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13339 "dtrain.h"
+#line 13378 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13391,7 +13430,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13395 "dtrain.h"
+#line 13434 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14168,7 +14207,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14172 "dtrain.h"
+#line 14211 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14749,7 +14788,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14753 "dtrain.h"
+#line 14792 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15380,7 +15419,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15384 "dtrain.h"
+#line 15423 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16127,7 +16166,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16131 "dtrain.h"
+#line 16170 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16480,7 +16519,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16484 "dtrain.h"
+#line 16523 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16670,7 +16709,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16674 "dtrain.h"
+#line 16713 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16851,7 +16890,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16855 "dtrain.h"
+#line 16894 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17626,7 +17665,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17630 "dtrain.h"
+#line 17669 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18143,7 +18182,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18147 "dtrain.h"
+#line 18186 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -18938,7 +18977,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 18942 "dtrain.h"
+#line 18981 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19266,6 +19305,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         return r;
     }
     ep->next_ctx = 1;   /* 0 is the world group */
+    ep->isolate = cfg->isolate_peer_failures && vt->peer_alive;
     r = dtr__comm_new(ep, ep->info.size, &c);   /* the group holds the only reference */
     if (r != DTR_OK) {
         vt->close(ep->state);
@@ -19363,6 +19403,14 @@ dtr_result dtr_comm_status(const dtr_comm *c) {
     pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
     return r;
 }
+
+int dtr_comm_peer_alive(const dtr_comm *c, int rank) {
+    if (!c || rank < 0 || rank >= c->size) return -1;
+    if (!c->ep->vt->peer_alive || rank == c->rank) return 1;
+    return c->ep->vt->peer_alive(c->ep->state, c->ranks[rank]) ? 1 : 0;
+}
+
+int dtr_comm_isolates_peer_failures(const dtr_comm *c) { return c ? c->ep->isolate : 0; }
 
 const char *dtr_comm_last_error(const dtr_comm *c) { return c ? c->msg : "null group"; }
 int dtr_comm_failed_rank(const dtr_comm *c) { return c ? c->failed_rank : -1; }
@@ -19723,13 +19771,27 @@ static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) 
 
 /* ---- requests ---- */
 
+/* Isolated groups: a send/recv that failed because its peer is gone. Its message is kept
+   (dtr_comm_last_error) and logged; the group is neither broken nor aborted. */
+static int dtr__p2p_isolated(dtr_comm *c, const dtr__coll *a, dtr_result r, const dtr_transport_error *e) {
+    char msg[sizeof c->msg];
+    if (r != DTR_PEER_FAILED || !c->ep->isolate || c->ep->vt->peer_alive(c->ep->state, c->ranks[a->root])) return 0;
+    snprintf(msg, sizeof msg, "rank %d/%d %s (%zu bytes, %s rank %d, tag %d): %s", c->rank, c->size, dtr__coll_name(a->kind),
+             a->count, a->kind == DTR__OP_SEND ? "to" : "from", a->root, a->tag, e->msg[0] ? e->msg : "the peer is gone");
+    pthread_mutex_lock(&c->mu);
+    if (c->status == DTR_OK) memcpy(c->msg, msg, sizeof msg);
+    pthread_mutex_unlock(&c->mu);
+    if (c->log && c->log_level >= DTR_LOG_WARN) c->log(c->log_user, DTR_LOG_WARN, msg);
+    return 1;
+}
+
 static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transport_error *e, int timed_out) {
     dtr_comm *c = q->comm;
     c->ep->vt->release(c->ep->state, q->treq);
     q->treq = NULL;
     q->state = DTR__REQ_DONE;
     dtr__flight_end(c, q->flight_id, r);
-    if (r == DTR_OK) q->result = DTR_OK;
+    if (r == DTR_OK || dtr__p2p_isolated(c, &q->a, r, e)) q->result = r;
     else if (timed_out)
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
     else
@@ -19909,6 +19971,7 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
         q->next = c->free_reqs;
         c->free_reqs = q;
         pthread_mutex_unlock(&c->mu);
+        if (dtr__p2p_isolated(c, &a, r, &e)) return r;
         return dtr__comm_fail(c, &a, r, e.rank, e.native_code, "%s", e.msg);
     }
     pthread_mutex_lock(&c->mu);
@@ -20036,7 +20099,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20040 "dtrain.h"
+#line 20103 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20578,17 +20641,29 @@ static void dtr__local_abort(void *state, int failed_rank, const char *why) {
     pthread_mutex_unlock(&w->mu);
 }
 
+/* a rank that closed its endpoint is gone (its requests fail, per peer, until an abort) */
+static int dtr__local_peer_alive(void *state, int rank) {
+    dtr_local_world *w = ((dtr__lep *)state)->w;
+    int alive;
+    if (rank < 0 || rank >= w->size) return 0;
+    pthread_mutex_lock(&w->mu);
+    alive = !w->r[rank].closed;
+    pthread_mutex_unlock(&w->mu);
+    return alive;
+}
+
 static const dtr_transport_vtable dtr__local_vtable = {
     DTR_VERSION_NUMBER, "local",
     dtr__local_open, dtr__local_close,
     dtr__local_isend, dtr__local_irecv, dtr__local_test, dtr__local_wait_any, dtr__local_release,
     dtr__local_abort,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    DTR_MEM_HOST
+    DTR_MEM_HOST,
+    dtr__local_peer_alive
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20592 "dtrain.h"
+#line 20667 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21077,7 +21152,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21081 "dtrain.h"
+#line 21156 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21751,7 +21826,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21755 "dtrain.h"
+#line 21830 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -21987,7 +22062,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 21991 "dtrain.h"
+#line 22066 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22346,7 +22421,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22350 "dtrain.h"
+#line 22425 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22543,7 +22618,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22547 "dtrain.h"
+#line 22622 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -22940,7 +23015,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 22944 "dtrain.h"
+#line 23019 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23421,7 +23496,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23425 "dtrain.h"
+#line 23500 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23453,8 +23528,9 @@ enum { DTR__PS_LIVE = 0, DTR__PS_FINISHED = 1, DTR__PS_DROPPED = 2 };
 typedef struct dtr__ps_peer {  /* a server's view of one worker */
     uint8_t *in, *out;         /* the listening receive's buffer, the reply's */
     dtr_request *rreq, *sreq;
-    int state, pushed, waiting;
+    int state, pushed, waiting, dead;
     int64_t clock, want, last_ns;
+    int64_t seen;              /* replicas, ASYNC / SSP: the clock after its last push (resent pushes are duplicates) */
 } dtr__ps_peer;
 
 struct dtr_ps {
@@ -23463,6 +23539,7 @@ struct dtr_ps {
     dtr_comm *g;               /* the engine's group (a split of the application's) */
     dtr_ps_config cfg;
     int S, W, server, index;
+    int NS;                    /* server ranks: S (1 + replicas); workers are ranks NS.. */
     int64_t *range;            /* S + 1 offsets */
     int64_t maxlen;            /* the longest range */
     dtr_ps_stats st;
@@ -23472,7 +23549,12 @@ struct dtr_ps {
     float *slots;              /* SYNC: W pushes of this round, in worker order */
     float *scratch;            /* a range of floats: decoded rows */
     int64_t clock, last_any_ns;
+    int backup_role;           /* replicas: a backup that has not taken over (it follows its primary) */
+    int has_backup;            /* replicas: a primary whose backup is alive */
+    uint8_t *repl_in;          /* backup: the forwarded message */
+    dtr_request *repl_req;     /* backup: its receive */
     /* worker */
+    int *target;               /* S: the rank serving each range (its primary, after a failover its backup) */
     uint8_t **msg, **rep;      /* S request and S reply buffers */
     int64_t *sclock;           /* SYNC: each server's clock at the last pull */
     int64_t wclock;            /* pushes made */
@@ -23525,7 +23607,7 @@ size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
     int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
     int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
     size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
-    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_DROP || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
     if (values && es == 0) return 0;
     if (!values && !rows && h->count != 0) return 0;
     if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
@@ -23621,13 +23703,19 @@ static void dtr__ps_layout(dtr_ps *ps) {
         if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
 }
 
-static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
+    int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
                          "version (backend %s: use the CPU backend)", ctx->backend->name);
-    if (S < 1 || S >= size || S > 64)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
-                         S, size);
+    if (cfg->replicas < 0 || cfg->replicas > 1)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas %d (0 or 1)", cfg->replicas);
+    if (S < 1 || S * (1 + cfg->replicas) >= size || S > 64)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers (x%d with replicas) in a group of %d (1 to "
+                         "size - 1 server ranks, at most 64 ranges)", S, 1 + cfg->replicas, size);
+    if (cfg->replicas && !dtr_comm_isolates_peer_failures(c))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas need a group whose transport isolates peer "
+                         "failures (dtr_comm_config.isolate_peer_failures)");
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
@@ -23647,7 +23735,8 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
                                             : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
-    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
+    if (ps->backup_role) ps->repl_in = (uint8_t *)dtr__calloc(a, cap);
+    if (!ps->peer || !ps->slots || !ps->scratch || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
         ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
@@ -23669,7 +23758,9 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
-    if (!ps->msg || !ps->rep || !ps->sclock) return DTR_OUT_OF_MEMORY;
+    ps->target = (int *)dtr__calloc(a, (size_t)ps->S * sizeof(int));
+    if (!ps->msg || !ps->rep || !ps->sclock || !ps->target) return DTR_OUT_OF_MEMORY;
+    for (s = 0; s < ps->S; s++) ps->target[s] = s;
     for (s = 0; s < ps->S; s++) {
         ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
         ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
@@ -23691,13 +23782,16 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     def = *cfg;
     if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
     if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
-    if ((r = dtr__ps_check(ctx, &def, def.servers, dtr_comm_size(c))) != DTR_OK) return r;
+    if ((r = dtr__ps_check(ctx, &def, def.servers, c)) != DTR_OK) return r;
     ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
-    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->W = dtr_comm_size(c) - def.servers;
+    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->NS = def.servers * (1 + def.replicas);
+    ps->W = dtr_comm_size(c) - ps->NS;
     me = dtr_comm_rank(c);
-    ps->server = me < ps->S;
-    ps->index = ps->server ? me : me - ps->S;
+    ps->server = me < ps->NS;
+    ps->index = ps->server ? me % ps->S : me - ps->NS;
+    ps->backup_role = ps->server && me >= ps->S;
+    ps->has_backup = ps->server && !ps->backup_role && def.replicas > 0;
     ps->range = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(ps->S + 1) * sizeof(int64_t));
     r = ps->range ? DTR_OK : DTR_OUT_OF_MEMORY;
     if (r == DTR_OK) dtr__ps_layout(ps);
@@ -23724,7 +23818,9 @@ static void dtr__ps_free_bufs(dtr_ps *ps, uint8_t **b, int n) {
 static void dtr__ps_cancel(dtr_ps *ps) {
     int w, pending = 0;
     for (w = 0; w < ps->W; w++) pending += ps->peer[w].rreq != NULL || ps->peer[w].sreq != NULL;
-    if (pending && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    if ((pending || ps->repl_req) && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    dtr_request_destroy(ps->repl_req);
+    ps->repl_req = NULL;
     for (w = 0; w < ps->W; w++) {
         dtr_request_destroy(ps->peer[w].rreq);
         dtr_request_destroy(ps->peer[w].sreq);
@@ -23742,6 +23838,8 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->slots);
     dtr__free(&a, ps->scratch);
+    dtr__free(&a, ps->repl_in);
+    dtr__free(&a, ps->target);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -23779,7 +23877,7 @@ static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] -
 static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
 
 static dtr_result dtr__ps_listen(dtr_ps *ps, int w) {
-    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->S + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->NS + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
 }
 
 /* the smallest clock of the live workers (INT64_MAX when none is live) */
@@ -23851,6 +23949,11 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
         dtr__ps_count_staleness(ps, 0);
         return dtr__ps_round(ps);
     }
+    if (ps->cfg.replicas && h->clock < p->seen) {   /* a push resent after a failover: held already */
+        ps->st.stale_discarded++;
+        return DTR_OK;
+    }
+    p->seen = h->clock + 1;
     dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
     if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
     dtr_convert(ps->slots, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
@@ -23872,7 +23975,7 @@ static void dtr__ps_rejoin(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
 static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
     ps->st.refused++;
     dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: message from worker %d (rank %d) refused: %s", ps->index, w,
-                ps->S + w, why);
+                ps->NS + w, why);
 }
 
 /* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
@@ -23919,7 +24022,104 @@ static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) 
     n = dtr__ps_seal(p->out, &rh);
     ps->st.row_pulls++;
     ps->st.bytes_sent += n;
-    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+    return dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
+/* applies request h of worker w (its payload in the worker's buffer) */
+static dtr_result dtr__ps_handle(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    if (p->state == DTR__PS_DROPPED && h->kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, h);
+    if (h->kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
+    else if (h->kind == DTR__PS_PULL) p->waiting = 1, p->want = h->clock;
+    else if (h->kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, h);
+    else if (h->kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, h);
+    else return dtr__ps_on_push(ps, w, h);
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* ---- replication (docs/parameter-server.md, "Replication") ---- */
+
+/* is group rank `rank` gone (an isolated group says so)? */
+static int dtr__ps_gone(const dtr_ps *ps, dtr_result r, int rank) {
+    return r == DTR_PEER_FAILED && dtr_comm_isolates_peer_failures(ps->g) && dtr_comm_peer_alive(ps->g, rank) == 0;
+}
+
+/* primary: hands the n bytes of msg to the backup and waits until it holds them (the worker
+   deadline bounds the wait); a backup that died leaves this range unreplicated */
+static dtr_result dtr__ps_forward(dtr_ps *ps, const void *msg, size_t n) {
+    uint64_t ack = 0;
+    int b = ps->S + ps->index;
+    dtr_result r;
+    if (!ps->has_backup) return DTR_OK;
+    dtr_comm_set_timeout(ps->g, ps->cfg.worker_deadline_ms);
+    r = dtr_comm_send(ps->g, msg, n, b, DTR__PS_TAG_REPL);
+    if (r == DTR_OK) r = dtr_comm_recv(ps->g, &ack, sizeof ack, b, DTR__PS_TAG_REPL_ACK);
+    dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
+    if (r == DTR_OK) ps->st.forwarded++;
+    if (r == DTR_OK || !dtr__ps_gone(ps, r, b)) return r;
+    ps->has_backup = 0;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: its backup (rank %d) died: the range goes on unreplicated",
+                ps->index, b);
+    return DTR_OK;
+}
+
+/* primary: tells the backup that worker w left the rounds */
+static dtr_result dtr__ps_forward_drop(dtr_ps *ps, int w) {
+    uint8_t buf[sizeof(dtr__ps_hdr) + 8];
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_DROP, w, ps->clock, ps->range[ps->index], 0, 0);
+    return dtr__ps_forward(ps, buf, dtr__ps_seal(buf, &h));
+}
+
+/* takes worker w out of the rounds (why: for the log) */
+static dtr_result dtr__ps_drop(dtr_ps *ps, int w, const char *why) {
+    dtr_result r;
+    ps->peer[w].state = DTR__PS_DROPPED;
+    ps->peer[w].pushed = 0;
+    ps->st.dropped++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) %s: dropped", ps->index, w, ps->NS + w, why);
+    if ((r = dtr__ps_forward_drop(ps, w)) != DTR_OK) return r;
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* worker w's process is gone (an isolated group): policy FAIL fails the job naming it on
+   every rank (the group is aborted), CONTINUE drops it for good */
+static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr_request_destroy(p->rreq);
+    dtr_request_destroy(p->sreq);
+    p->rreq = p->sreq = NULL;
+    p->dead = 1;
+    p->waiting = 0;
+    if (ps->cfg.policy == DTR_PS_FAIL) {
+        dtr_result r = dtr__fail(ps->ctx, DTR_PEER_FAILED, "parameter server %d: worker %d (rank %d) died", ps->index, w,
+                                 ps->NS + w);
+        dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
+        return r;
+    }
+    ps->st.workers_lost++;
+    return p->state == DTR__PS_LIVE ? dtr__ps_drop(ps, w, "died") : DTR_OK;
+}
+
+/* a send to worker w that failed: its death is handled, anything else is the group's error */
+static dtr_result dtr__ps_send_failed(dtr_ps *ps, int w, dtr_result r) {
+    return dtr__ps_gone(ps, r, ps->NS + w) ? dtr__ps_worker_died(ps, w) : r;
+}
+
+/* replicas: tells worker w that its PUSH or DONE is held (after the backup acknowledged it) */
+static dtr_result dtr__ps_ack(dtr_ps *ps, int w, int64_t clock) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_ACK, ps->index, clock, ps->range[ps->index], 0, 0);
+    dtr_result r = DTR_OK;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it sent this */
+        r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+    }
+    n = dtr__ps_seal(p->out, &h);
+    if (r == DTR_OK) r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
+    if (r == DTR_OK) ps->st.bytes_sent += n;
+    return r == DTR_OK ? DTR_OK : dtr__ps_send_failed(ps, w, r);
 }
 
 /* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
@@ -23929,6 +24129,7 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     dtr__ps_hdr h;
     char why[200];
     size_t n;
+    dtr_result r;
     e.server = ps->index, e.workers = ps->W, e.begin = ps->range[ps->index], e.count = dtr__ps_len(ps);
     if (dtr__ps_parse(p->in, dtr__ps_cap(ps), w, &e, &h, why, sizeof why) != DTR_OK) {
         dtr__ps_refuse(ps, w, why);
@@ -23936,17 +24137,15 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
         return DTR_OK;
     }
     n = dtr__ps_message_bytes(&h);
+    if (h.kind != DTR__PS_PULL_ROWS && (r = dtr__ps_forward(ps, p->in, n)) != DTR_OK) return r;
     memset(p->in, 0, sizeof h);
     memset(p->in + n - 8, 0, 8);
     ps->st.bytes_received += n;
     p->last_ns = ps->last_any_ns = dtr_time_ns();
-    if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
-    if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
-    else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
-    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
-    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
-    else return dtr__ps_on_push(ps, w, &h);
-    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+    r = dtr__ps_handle(ps, w, &h);
+    if (r == DTR_OK && ps->cfg.replicas && !ps->backup_role && (h.kind == DTR__PS_PUSH || h.kind == DTR__PS_DONE))
+        r = dtr__ps_ack(ps, w, h.clock);
+    return r;
 }
 
 /* can worker w's waiting pull be answered now? */
@@ -23971,7 +24170,8 @@ static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
         h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
         memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
         n = dtr__ps_seal(p->out, &h);
-        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK) return r;
+        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK)
+            return dtr__ps_send_failed(ps, w, r);
         p->waiting = 0;
         ps->st.pulls_answered++;
         ps->st.bytes_sent += n;
@@ -24003,18 +24203,15 @@ static dtr_result dtr__ps_deadlines(dtr_ps *ps) {
         if (p->state != DTR__PS_LIVE || now - p->last_ns < limit || !dtr__ps_blocking(ps, w)) continue;
         if (ps->cfg.policy == DTR_PS_FAIL) {
             dtr_result r = dtr__fail(ps->ctx, DTR_TIMEOUT, "parameter server %d: worker %d (rank %d) silent for %d ms",
-                                     ps->index, w, ps->S + w, ps->cfg.worker_deadline_ms);
+                                     ps->index, w, ps->NS + w, ps->cfg.worker_deadline_ms);
             dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
             return r;
         }
-        p->state = DTR__PS_DROPPED;
-        p->pushed = 0;
-        ps->st.dropped++;
-        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) silent for %d ms: dropped", ps->index, w,
-                    ps->S + w, ps->cfg.worker_deadline_ms);
-        if (ps->cfg.mode == DTR_PS_SYNC) {
-            dtr_result r = dtr__ps_round(ps);
-            if (r != DTR_OK) return r;
+        {
+            char why[64];
+            dtr_result r;
+            snprintf(why, sizeof why, "silent for %d ms", ps->cfg.worker_deadline_ms);
+            if ((r = dtr__ps_drop(ps, w, why)) != DTR_OK) return r;
         }
     }
     return DTR_OK;
@@ -24028,7 +24225,7 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     if (p->sreq) {
         r = dtr_request_test(p->sreq, &done);
         if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
-        if (r != DTR_OK) return r;
+        if (r != DTR_OK) return dtr__ps_send_failed(ps, w, r);
     }
     if (!p->rreq) return DTR_OK;
     r = dtr_request_test(p->rreq, &done);
@@ -24037,9 +24234,9 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     p->rreq = NULL;
     *progressed = 1;
     if (r == DTR_INVALID_ARGUMENT) dtr__ps_refuse(ps, w, "longer than any message this server takes");
-    else if (r != DTR_OK) return r;
+    else if (r != DTR_OK) return dtr__ps_gone(ps, r, ps->NS + w) ? dtr__ps_worker_died(ps, w) : r;
     else if ((r = dtr__ps_on_request(ps, w)) != DTR_OK) return r;
-    return p->state == DTR__PS_FINISHED ? DTR_OK : dtr__ps_listen(ps, w);
+    return p->state == DTR__PS_FINISHED || p->dead ? DTR_OK : dtr__ps_listen(ps, w);
 }
 
 static int dtr__ps_all_gone(const dtr_ps *ps) {
@@ -24059,21 +24256,93 @@ static void dtr__ps_nap(int *idle) {
     nanosleep(&ts, NULL);
 }
 
+/* backup: the next message its primary forwards */
+static dtr_result dtr__ps_repl_listen(dtr_ps *ps) {
+    return dtr_comm_recv_async(ps->g, ps->repl_in, dtr__ps_cap(ps), ps->index, DTR__PS_TAG_REPL, &ps->repl_req);
+}
+
+/* backup: the primary died; this rank serves the range from now on (the workers' pulls that
+   the primary had not answered come again, so none is answered twice) */
+static dtr_result dtr__ps_promote(dtr_ps *ps, dtr_result why) {
+    int64_t now = dtr_time_ns();
+    dtr_result r = DTR_OK;
+    int w;
+    if (!dtr__ps_gone(ps, why, ps->index)) return why;
+    ps->backup_role = 0;
+    ps->st.failovers++;
+    ps->last_any_ns = now;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: primary (rank %d) died: its backup (rank %d) takes over at clock %lld",
+                ps->index, ps->index, ps->S + ps->index, (long long)ps->clock);
+    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+        ps->peer[w].waiting = 0;
+        ps->peer[w].last_ns = now;
+        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].dead) r = dtr__ps_listen(ps, w);
+    }
+    return r;
+}
+
+/* backup: applies a message its primary forwarded (a worker's request or a DROP) */
+static dtr_result dtr__ps_replay(dtr_ps *ps) {
+    dtr__ps_hdr h;
+    size_t n;
+    memcpy(&h, ps->repl_in, sizeof h);
+    n = dtr__ps_message_bytes(&h);
+    if (h.magic != DTR__PS_MAGIC || h.worker < 0 || h.worker >= ps->W || n == 0 || n > dtr__ps_cap(ps)) {
+        ps->st.refused++;
+        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d (backup): malformed message from its primary", ps->index);
+        return DTR_OK;
+    }
+    memset(ps->repl_in, 0, sizeof h);
+    if (h.kind == DTR__PS_DROP) {
+        if (ps->peer[h.worker].state != DTR__PS_LIVE) return DTR_OK;
+        return dtr__ps_drop(ps, h.worker, "dropped by the primary");
+    }
+    memcpy(ps->peer[h.worker].in, &h, sizeof h);
+    memcpy(ps->peer[h.worker].in + sizeof h, ps->repl_in + sizeof h, n - sizeof h);
+    return dtr__ps_on_request(ps, h.worker);
+}
+
+/* backup: polls the forwarded stream; acknowledges each message once applied */
+static dtr_result dtr__ps_repl_poll(dtr_ps *ps, int *progressed) {
+    uint64_t ack = 1;
+    int done = 0;
+    dtr_result r = dtr_request_test(ps->repl_req, &done);
+    if (!done) return r;
+    dtr_request_destroy(ps->repl_req);
+    ps->repl_req = NULL;
+    *progressed = 1;
+    if (r != DTR_OK) return dtr__ps_promote(ps, r);
+    if ((r = dtr__ps_replay(ps)) != DTR_OK) return r;
+    r = dtr_comm_send(ps->g, &ack, sizeof ack, ps->index, DTR__PS_TAG_REPL_ACK);
+    if (r != DTR_OK) return dtr__ps_promote(ps, r);
+    return dtr__ps_all_gone(ps) ? DTR_OK : dtr__ps_repl_listen(ps);
+}
+
+/* one round of a serving rank's loop */
+static dtr_result dtr__ps_serve_round(dtr_ps *ps, int *progressed) {
+    dtr_result r = DTR_OK;
+    int w;
+    if (ps->backup_role) return dtr__ps_repl_poll(ps, progressed);
+    for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, progressed);
+    if (r == DTR_OK) r = dtr__ps_answer(ps, progressed);
+    if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+    return r;
+}
+
 dtr_result dtr_ps_serve(dtr_ps *ps) {
     dtr_result r = DTR_OK;
     int w, idle = 0;
     if (!ps) return DTR_NULL_HANDLE;
     if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
     ps->last_any_ns = dtr_time_ns();
-    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+    for (w = 0; w < ps->W && r == DTR_OK && !ps->backup_role; w++) {
         ps->peer[w].last_ns = ps->last_any_ns;
-        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
+        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].dead && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
     }
+    if (ps->backup_role && !ps->repl_req) r = dtr__ps_repl_listen(ps);
     while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
         int progressed = 0;
-        for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, &progressed);
-        if (r == DTR_OK) r = dtr__ps_answer(ps, &progressed);
-        if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+        r = dtr__ps_serve_round(ps, &progressed);
         if (progressed) idle = 0;
         else dtr__ps_nap(&idle);
     }
@@ -24126,6 +24395,63 @@ static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
     return r;
 }
 
+/* replicas: range s's primary died (an isolated group says so): its backup serves it now */
+static int dtr__ps_failover(dtr_ps *ps, int s, dtr_result r) {
+    if (!ps->cfg.replicas || ps->target[s] != s || !dtr__ps_gone(ps, r, s)) return 0;
+    ps->target[s] = ps->S + s;
+    ps->st.failovers++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "worker %d: parameter server %d (rank %d) died: its backup (rank %d) serves the range now",
+                ps->index, s, s, ps->S + s);
+    return 1;
+}
+
+/* replicas: writes the request of `kind` for range s into msg[s] (a push: the gradient) */
+static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
+    int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
+    dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
+    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, (int)dt);
+    if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+    return dtr__ps_seal(ps->msg[s], &h);
+}
+
+/* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
+   rep[s]; when the primary died, the same request goes to the backup */
+static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    for (;;) {
+        dtr_request *q[2] = {NULL, NULL};
+        dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
+        if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
+        if ((r2 = dtr__ps_waitall(q, 2)) != DTR_OK && r == DTR_OK) r = r2;
+        if (r == DTR_OK) {
+            ps->st.bytes_sent += bytes;
+            return DTR_OK;
+        }
+        if (!dtr__ps_failover(ps, s, r)) return r;
+    }
+}
+
+/* replicas: checks the acknowledgment of range s's server */
+static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
+    dtr__ps_hdr h;
+    uint64_t tr;
+    memcpy(&h, ps->rep[s], sizeof h);
+    memcpy(&tr, ps->rep[s] + sizeof h, 8);
+    if (h.magic != DTR__PS_MAGIC || h.kind != DTR__PS_ACK || h.worker != s || h.count != 0 || tr != dtr__ps_trailer(&h))
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed acknowledgment", s);
+    ps->st.bytes_received += sizeof h + 8;
+    return DTR_OK;
+}
+
+/* replicas: a PUSH or DONE to every range, each acknowledged */
+static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
+    dtr_result r = DTR_OK;
+    int s;
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+    return r;
+}
+
 dtr_result dtr_ps_push(dtr_ps *ps) {
     int64_t clock[64];
     dtr_result r;
@@ -24133,8 +24459,9 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
-    r = dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
+    r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_PUSH, clock) : dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
+    if (ps->cfg.replicas) ps->st.pushes_acked++;
     ps->wclock++;
     ps->pushed = 1;
     ps->st.pushes++;
@@ -24167,6 +24494,19 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
     return DTR_OK;
 }
 
+/* replicas: one range after the other, each from the server that holds it now */
+static dtr_result dtr__ps_pull_replicated(dtr_ps *ps, const int64_t *want, int64_t t0) {
+    dtr_result r = DTR_OK;
+    int s;
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, DTR__PS_PULL, want[s]))) == DTR_OK) r = dtr__ps_take_reply(ps, s);
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
+    ps->pushed = 0;
+    ps->st.pulls++;
+    ps->st.wait_ns += dtr_time_ns() - t0;
+    return DTR_OK;
+}
+
 dtr_result dtr_ps_pull(dtr_ps *ps) {
     dtr_request *q[64];
     int64_t want[64], t0;
@@ -24178,6 +24518,7 @@ dtr_result dtr_ps_pull(dtr_ps *ps) {
     cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
     t0 = dtr_time_ns();
     for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
+    if (ps->cfg.replicas) return dtr__ps_pull_replicated(ps, want, t0);
     for (s = 0; s < ps->S && r == DTR_OK; s++)
         if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[n])) == DTR_OK) n++;
     if (r == DTR_OK) r = dtr__ps_send_all(ps, DTR__PS_PULL, want);
@@ -24203,7 +24544,7 @@ dtr_result dtr_ps_finish(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_finish: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->wclock;
-    r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
+    r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_DONE, clock) : dtr__ps_send_all(ps, DTR__PS_DONE, clock);
     return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
 }
 
@@ -24216,6 +24557,7 @@ static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tenso
     int64_t nrows;
     uint8_t *seen;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    if (ps->cfg.replicas) return dtr__fail(ps->ctx, DTR_UNSUPPORTED, "%s: sparse rows are not replicated in this version", fn);
     for (i = 0; i < np && k < 0; i++)
         if (dtr_model_param_at(ps->m, i) == param) k = i;
     if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))
@@ -24323,7 +24665,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24327 "dtrain.h"
+#line 24669 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24377,7 +24719,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24381 "dtrain.h"
+#line 24723 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25540,7 +25882,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25544 "dtrain.h"
+#line 25886 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26438,7 +26780,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26442 "dtrain.h"
+#line 26784 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -27908,7 +28250,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 27912 "dtrain.h"
+#line 28254 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28292,7 +28634,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28296 "dtrain.h"
+#line 28638 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28441,7 +28783,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28445 "dtrain.h"
+#line 28787 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

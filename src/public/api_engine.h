@@ -883,7 +883,8 @@ typedef enum dtr_ps_policy {
 
 /** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
 typedef struct dtr_ps_config {
-    int servers;               /**< S servers (ranks 0..S-1), 1 to min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
+    int servers;               /**< S servers (ranks 0..S-1; with replicas, S ranges and 2S server ranks), 1 to
+                                    min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
     dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
@@ -893,6 +894,10 @@ typedef struct dtr_ps_config {
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
     dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
     void *log_user;
+    int replicas;              /**< 0 (default) or 1: each range has a backup (ranks S..2S-1; workers from 2S) that
+                                    holds every push before the worker's push returns, and takes over when its
+                                    primary dies. Needs a group made with isolate_peer_failures
+                                    (docs/parameter-server.md, "Replication"); refuses dtr_ps_push_rows / pull_rows */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -919,6 +924,10 @@ typedef struct dtr_ps_stats {
     int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
     int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
     uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
+    int64_t pushes_acked;        /**< worker (replicas): pushes every server (and its backup) acknowledged */
+    int64_t failovers;           /**< worker: ranges moved to their backup; backup: 1 once it took over */
+    int64_t forwarded;           /**< primary (replicas): messages its backup acknowledged */
+    int64_t workers_lost;        /**< server (isolated group, DTR_PS_CONTINUE): workers dropped because they died */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
