@@ -813,7 +813,8 @@ static dtr_result dtr__ps_repl_poll(dtr_ps *ps, int *progressed) {
     if ((r = dtr__ps_replay(ps)) != DTR_OK) return r;
     r = dtr_comm_send(ps->g, &ack, sizeof ack, ps->index, DTR__PS_TAG_REPL_ACK);
     if (r != DTR_OK) return dtr__ps_promote(ps, r);
-    return dtr__ps_all_gone(ps) ? DTR_OK : dtr__ps_repl_listen(ps);
+    if (dtr__ps_all_gone(ps) || (r = dtr__ps_repl_listen(ps)) == DTR_OK) return DTR_OK;
+    return dtr__ps_promote(ps, r);
 }
 
 /* one round of a serving rank's loop */
@@ -837,7 +838,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
         ps->peer[w].last_ns = ps->last_any_ns;
         if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].dead && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
     }
-    if (ps->backup_role && !ps->repl_req) r = dtr__ps_repl_listen(ps);
+    if (ps->backup_role && !ps->repl_req && (r = dtr__ps_repl_listen(ps)) != DTR_OK) r = dtr__ps_promote(ps, r);
     while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
         int progressed = 0;
         r = dtr__ps_serve_round(ps, &progressed);

@@ -171,9 +171,10 @@ typedef struct dtr_transport_vtable {
        work queued on cfg->context's stream (the backend's event_record) and completes them
        before reporting a request complete. */
     unsigned mem_kinds;
-    /** Optional (cfg->isolate_peer_failures): 0 once the transport knows `rank` died or left,
-     *  1 otherwise. A transport that has it fails only the requests with a dead peer when the
-     *  config asks for isolation, and dtr_comm keeps the group working. */
+    /** Optional (cfg->isolate_peer_failures): 0 once the transport knows `rank` died or left
+     *  while the world goes on, 1 otherwise (also after abort: the world failed). A transport
+     *  that has it fails only the requests with a dead peer when the config asks for
+     *  isolation, and dtr_comm keeps the group working. */
     int (*peer_alive)(void *state, int rank);
 } dtr_transport_vtable;
 
@@ -344,9 +345,10 @@ DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
 DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
 
 /** Whether group rank `rank` can still be reached: 0 once the transport knows it died or
- *  left (groups made with cfg.isolate_peer_failures, on a transport that reports it: local,
- *  libfabric), 1 otherwise (also on transports that cannot tell), -1 for a NULL group or a
- *  rank outside it. On such groups a send or receive that fails with DTR_PEER_FAILED because
+ *  left while the others go on (local: it closed its endpoint; libfabric: it closed, or died
+ *  with cfg.isolate_peer_failures), 1 otherwise (also on transports that cannot tell, and
+ *  after the whole world failed: dtr_comm_status says so), -1 for a NULL group or a rank
+ *  outside it. On such groups a send or receive that fails with DTR_PEER_FAILED because
  *  its peer is gone leaves the group working (dtr_comm_status stays DTR_OK; the message is in
  *  dtr_comm_last_error). Thread safety: thread safe. */
 DTR_API int dtr_comm_peer_alive(const dtr_comm *c, int rank);

@@ -764,7 +764,7 @@ static int dtr__fab_peer_alive(void *state, int p) {
     int alive;
     if (p < 0 || p >= f->size) return 0;
     pthread_mutex_lock(&f->mu);
-    alive = !f->left[p] && !f->leaving[p];
+    alive = (!f->left[p] && !f->leaving[p]) || f->aborted;   /* a world failure is no peer's alone */
     pthread_mutex_unlock(&f->mu);
     return alive;
 }

@@ -536,13 +536,14 @@ static void dtr__local_abort(void *state, int failed_rank, const char *why) {
     pthread_mutex_unlock(&w->mu);
 }
 
-/* a rank that closed its endpoint is gone (its requests fail, per peer, until an abort) */
+/* a rank that closed its endpoint is gone (its requests fail, per peer) while the world goes
+   on; after an abort every request fails for the world's reason: 1 */
 static int dtr__local_peer_alive(void *state, int rank) {
     dtr_local_world *w = ((dtr__lep *)state)->w;
     int alive;
     if (rank < 0 || rank >= w->size) return 0;
     pthread_mutex_lock(&w->mu);
-    alive = !w->r[rank].closed;
+    alive = !w->r[rank].closed || w->failed_rank >= 0;
     pthread_mutex_unlock(&w->mu);
     return alive;
 }
