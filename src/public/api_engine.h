@@ -877,8 +877,10 @@ typedef enum dtr_ps_mode {
 
 /** What a server does with a worker that it waits on and that stays silent past the deadline. */
 typedef enum dtr_ps_policy {
-    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT naming the worker, the group is aborted */
-    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again */
+    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT (silent) or DTR_PEER_FAILED (died, on a
+                               group with isolate_peer_failures) naming the worker, the group is aborted */
+    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again (a dead one
+                               never: dropped for good) */
 } dtr_ps_policy;
 
 /** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
@@ -949,7 +951,8 @@ DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config 
 DTR_API void dtr_ps_destroy(dtr_ps *ps);
 /** 1 on a server rank, 0 on a worker (0 for NULL). Thread safety: any thread. */
 DTR_API int dtr_ps_is_server(const dtr_ps *ps);
-/** This rank's index among the servers or among the workers (-1 for NULL). Thread safe. */
+/** This rank's index among the servers (a backup: its range's) or among the workers (-1 for
+ *  NULL). Thread safe. */
 DTR_API int dtr_ps_index(const dtr_ps *ps);
 /** Number of workers W (0 for NULL). Thread safety: any thread. */
 DTR_API int dtr_ps_workers(const dtr_ps *ps);
@@ -957,8 +960,10 @@ DTR_API int dtr_ps_workers(const dtr_ps *ps);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (s). Thread safety: any thread. */
 DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end);
 /** Server: answers the workers until every worker has said dtr_ps_finish (or was dropped
- *  and never came back). Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
- *  the deadline: the context's message names it), or the group's error.
+ *  and never came back). A backup (replicas) follows its primary until that one dies, then
+ *  serves the range. Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
+ *  the deadline: the context's message names it), DTR_PEER_FAILED (policy FAIL, a worker
+ *  died on a group with isolate_peer_failures: named too), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
 /** Worker: pulls the parameters from every server into the model (SYNC: those of the step
@@ -967,8 +972,10 @@ DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_pull(dtr_ps *ps);
 /** Worker: pushes the model's gradient buffer (each server its range, in push_dtype) and
- *  zeroes it; the worker's clock advances. @return DTR_OK, DTR_BAD_STATE (on a server), or
- *  the group's error. Thread safety: the model's context thread. */
+ *  zeroes it; the worker's clock advances. With replicas it returns once every range's
+ *  server and its backup hold the push (stats.pushes_acked), sending it again to the backup
+ *  of a primary that died. @return DTR_OK, DTR_BAD_STATE (on a server), or the group's
+ *  error. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_push(dtr_ps *ps);
 /** Worker: dtr_ps_push, then dtr_ps_pull. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_step(dtr_ps *ps);
