@@ -374,8 +374,11 @@ static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] -
 /* a server's receive and reply buffers: the largest message it takes or sends */
 static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
 
+static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r);
+
 static dtr_result dtr__ps_listen(dtr_ps *ps, int w) {
-    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->NS + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    dtr_result r = dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->NS + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
 }
 
 /* the smallest clock of the live workers (INT64_MAX when none is live) */
@@ -580,7 +583,8 @@ static dtr_result dtr__ps_drop(dtr_ps *ps, int w, const char *why) {
 }
 
 /* worker w's process is gone (an isolated group): policy FAIL fails the job naming it on
-   every rank (the group is aborted), CONTINUE drops it for good */
+   every rank (the group is aborted), CONTINUE drops it for good; one that had finished (a
+   backup that took over listens to those too) just closed */
 static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
     dtr__ps_peer *p = &ps->peer[w];
     dtr_request_destroy(p->rreq);
@@ -588,6 +592,7 @@ static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
     p->rreq = p->sreq = NULL;
     p->dead = 1;
     p->waiting = 0;
+    if (p->state == DTR__PS_FINISHED) return DTR_OK;
     if (ps->cfg.policy == DTR_PS_FAIL) {
         dtr_result r = dtr__fail(ps->ctx, DTR_PEER_FAILED, "parameter server %d: worker %d (rank %d) died", ps->index, w,
                                  ps->NS + w);
@@ -598,8 +603,8 @@ static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
     return p->state == DTR__PS_LIVE ? dtr__ps_drop(ps, w, "died") : DTR_OK;
 }
 
-/* a send to worker w that failed: its death is handled, anything else is the group's error */
-static dtr_result dtr__ps_send_failed(dtr_ps *ps, int w, dtr_result r) {
+/* an operation with worker w that failed: its death is handled, anything else is the group's error */
+static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r) {
     return dtr__ps_gone(ps, r, ps->NS + w) ? dtr__ps_worker_died(ps, w) : r;
 }
 
@@ -617,7 +622,7 @@ static dtr_result dtr__ps_ack(dtr_ps *ps, int w, int64_t clock) {
     n = dtr__ps_seal(p->out, &h);
     if (r == DTR_OK) r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
     if (r == DTR_OK) ps->st.bytes_sent += n;
-    return r == DTR_OK ? DTR_OK : dtr__ps_send_failed(ps, w, r);
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
 }
 
 /* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
@@ -669,7 +674,7 @@ static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
         memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
         n = dtr__ps_seal(p->out, &h);
         if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK)
-            return dtr__ps_send_failed(ps, w, r);
+            return dtr__ps_worker_gone(ps, w, r);
         p->waiting = 0;
         ps->st.pulls_answered++;
         ps->st.bytes_sent += n;
@@ -723,7 +728,7 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     if (p->sreq) {
         r = dtr_request_test(p->sreq, &done);
         if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
-        if (r != DTR_OK) return dtr__ps_send_failed(ps, w, r);
+        if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     }
     if (!p->rreq) return DTR_OK;
     r = dtr_request_test(p->rreq, &done);
@@ -732,7 +737,7 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     p->rreq = NULL;
     *progressed = 1;
     if (r == DTR_INVALID_ARGUMENT) dtr__ps_refuse(ps, w, "longer than any message this server takes");
-    else if (r != DTR_OK) return dtr__ps_gone(ps, r, ps->NS + w) ? dtr__ps_worker_died(ps, w) : r;
+    else if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     else if ((r = dtr__ps_on_request(ps, w)) != DTR_OK) return r;
     return p->state == DTR__PS_FINISHED || p->dead ? DTR_OK : dtr__ps_listen(ps, w);
 }
@@ -760,7 +765,9 @@ static dtr_result dtr__ps_repl_listen(dtr_ps *ps) {
 }
 
 /* backup: the primary died; this rank serves the range from now on (the workers' pulls that
-   the primary had not answered come again, so none is answered twice) */
+   the primary had not answered come again, so none is answered twice). It listens to the
+   workers that finished too: one whose DONE the primary held but did not acknowledge sends
+   it again. */
 static dtr_result dtr__ps_promote(dtr_ps *ps, dtr_result why) {
     int64_t now = dtr_time_ns();
     dtr_result r = DTR_OK;
@@ -774,9 +781,20 @@ static dtr_result dtr__ps_promote(dtr_ps *ps, dtr_result why) {
     for (w = 0; w < ps->W && r == DTR_OK; w++) {
         ps->peer[w].waiting = 0;
         ps->peer[w].last_ns = now;
-        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].dead) r = dtr__ps_listen(ps, w);
+        if (!ps->peer[w].dead) r = dtr__ps_listen(ps, w);
     }
     return r;
+}
+
+/* serving is over: the listens of a backup that took over for workers that had finished are
+   cancelled */
+static void dtr__ps_end_listens(dtr_ps *ps) {
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_FINISHED && ps->peer[w].rreq) {
+            dtr_request_destroy(ps->peer[w].rreq);
+            ps->peer[w].rreq = NULL;
+        }
 }
 
 /* backup: applies a message its primary forwarded (a worker's request or a DROP) */
@@ -845,6 +863,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
         if (progressed) idle = 0;
         else dtr__ps_nap(&idle);
     }
+    if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
         dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
     return r;
@@ -942,12 +961,15 @@ static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
     return DTR_OK;
 }
 
-/* replicas: a PUSH or DONE to every range, each acknowledged */
+/* replicas: a PUSH or DONE to every range, each acknowledged. A DONE that a backup which
+   took over no longer takes (it finished serving and left) is done. */
 static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
     dtr_result r = DTR_OK;
     int s;
-    for (s = 0; s < ps->S && r == DTR_OK; s++)
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
         if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+        else if (kind == DTR__PS_DONE && ps->target[s] != s && dtr__ps_gone(ps, r, ps->target[s])) r = DTR_OK;
+    }
     return r;
 }
 
