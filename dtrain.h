@@ -1960,6 +1960,11 @@ typedef struct dtr_transport_vtable {
        work queued on cfg->context's stream (the backend's event_record) and completes them
        before reporting a request complete. */
     unsigned mem_kinds;
+    /** Optional (cfg->isolate_peer_failures): 0 once the transport knows `rank` died or left
+     *  while the world goes on, 1 otherwise (also after abort: the world failed). A transport
+     *  that has it fails only the requests with a dead peer when the config asks for
+     *  isolation, and dtr_comm keeps the group working. */
+    int (*peer_alive)(void *state, int rank);
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -2069,6 +2074,13 @@ struct dtr_comm_config {
     dtr_log_fn log;                    /**< log callback (errors of the group, the flight record on failure); NULL: silent */
     void *log_user;
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
+    int isolate_peer_failures;         /**< 1: a peer that dies or leaves fails only the send/recv operations
+                                            with it (DTR_PEER_FAILED naming it; dtr_comm_peer_alive turns 0)
+                                            and the group goes on with the others; collectives still fail
+                                            as a whole. Read by the transport when it opens (every group on
+                                            it; every rank must pass the same value); 0 (default): any
+                                            failure breaks the world. Rank 0 hosts the rendezvous store and
+                                            must not die. docs/distributed.md, "Failures" */
 };
 
 /** Returns a configuration with every field at its default (nccl.device -1, memory host).
@@ -2123,6 +2135,18 @@ DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
  *          DTR_UNSUPPORTED (65535 context ids used), or a communication error.
  *  Thread safety: as a collective. */
 DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
+
+/** Whether group rank `rank` can still be reached: 0 once the transport knows it died or
+ *  left while the others go on (local: it closed its endpoint; libfabric: it closed, or died
+ *  with cfg.isolate_peer_failures), 1 otherwise (also on transports that cannot tell, and
+ *  after the whole world failed: dtr_comm_status says so), -1 for a NULL group or a rank
+ *  outside it. On such groups a send or receive that fails with DTR_PEER_FAILED because
+ *  its peer is gone leaves the group working (dtr_comm_status stays DTR_OK; the message is in
+ *  dtr_comm_last_error). Thread safety: thread safe. */
+DTR_API int dtr_comm_peer_alive(const dtr_comm *c, int rank);
+/** 1 when the group's transport isolates peer failures (cfg.isolate_peer_failures on a
+ *  transport with peer_alive), 0 otherwise (0 for NULL). Thread safety: thread safe. */
+DTR_API int dtr_comm_isolates_peer_failures(const dtr_comm *c);
 
 /** DTR_OK, or the error that broke the group (sticky).
  *  Thread safety: the group's thread (one at a time per group). */
@@ -3159,13 +3183,16 @@ typedef enum dtr_ps_mode {
 
 /** What a server does with a worker that it waits on and that stays silent past the deadline. */
 typedef enum dtr_ps_policy {
-    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT naming the worker, the group is aborted */
-    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again */
+    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT (silent) or DTR_PEER_FAILED (died, on a
+                               group with isolate_peer_failures) naming the worker, the group is aborted */
+    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again (a dead one
+                               never: dropped for good) */
 } dtr_ps_policy;
 
 /** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
 typedef struct dtr_ps_config {
-    int servers;               /**< S servers (ranks 0..S-1), 1 to min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
+    int servers;               /**< S servers (ranks 0..S-1; with replicas, S ranges and 2S server ranks), 1 to
+                                    min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
     dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
@@ -3175,6 +3202,10 @@ typedef struct dtr_ps_config {
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
     dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
     void *log_user;
+    int replicas;              /**< 0 (default) or 1: each range has a backup (ranks S..2S-1; workers from 2S) that
+                                    holds every push before the worker's push returns, and takes over when its
+                                    primary dies. Needs a group made with isolate_peer_failures
+                                    (docs/parameter-server.md, "Replication"); refuses dtr_ps_push_rows / pull_rows */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -3201,6 +3232,10 @@ typedef struct dtr_ps_stats {
     int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
     int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
     uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
+    int64_t pushes_acked;        /**< worker (replicas): pushes every server (and its backup) acknowledged */
+    int64_t failovers;           /**< worker: ranges moved to their backup; backup: 1 once it took over */
+    int64_t forwarded;           /**< primary (replicas): messages its backup acknowledged */
+    int64_t workers_lost;        /**< server (isolated group, DTR_PS_CONTINUE): workers dropped because they died */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
@@ -3222,7 +3257,8 @@ DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config 
 DTR_API void dtr_ps_destroy(dtr_ps *ps);
 /** 1 on a server rank, 0 on a worker (0 for NULL). Thread safety: any thread. */
 DTR_API int dtr_ps_is_server(const dtr_ps *ps);
-/** This rank's index among the servers or among the workers (-1 for NULL). Thread safe. */
+/** This rank's index among the servers (a backup: its range's) or among the workers (-1 for
+ *  NULL). Thread safe. */
 DTR_API int dtr_ps_index(const dtr_ps *ps);
 /** Number of workers W (0 for NULL). Thread safety: any thread. */
 DTR_API int dtr_ps_workers(const dtr_ps *ps);
@@ -3230,8 +3266,10 @@ DTR_API int dtr_ps_workers(const dtr_ps *ps);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (s). Thread safety: any thread. */
 DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end);
 /** Server: answers the workers until every worker has said dtr_ps_finish (or was dropped
- *  and never came back). Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
- *  the deadline: the context's message names it), or the group's error.
+ *  and never came back). A backup (replicas) follows its primary until that one dies, then
+ *  serves the range. Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
+ *  the deadline: the context's message names it), DTR_PEER_FAILED (policy FAIL, a worker
+ *  died on a group with isolate_peer_failures: named too), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
 /** Worker: pulls the parameters from every server into the model (SYNC: those of the step
@@ -3240,8 +3278,10 @@ DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_pull(dtr_ps *ps);
 /** Worker: pushes the model's gradient buffer (each server its range, in push_dtype) and
- *  zeroes it; the worker's clock advances. @return DTR_OK, DTR_BAD_STATE (on a server), or
- *  the group's error. Thread safety: the model's context thread. */
+ *  zeroes it; the worker's clock advances. With replicas it returns once every range's
+ *  server and its backup hold the push (stats.pushes_acked), sending it again to the backup
+ *  of a primary that died. @return DTR_OK, DTR_BAD_STATE (on a server), or the group's
+ *  error. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_push(dtr_ps *ps);
 /** Worker: dtr_ps_push, then dtr_ps_pull. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_step(dtr_ps *ps);
@@ -3748,7 +3788,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3752 "dtrain.h"
+#line 3792 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4264,7 +4304,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4268 "dtrain.h"
+#line 4308 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4523,7 +4563,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4527 "dtrain.h"
+#line 4567 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4585,7 +4625,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4589 "dtrain.h"
+#line 4629 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4636,6 +4676,7 @@ typedef struct dtr__endpoint {
     pthread_mutex_t mu;      /* refs, next_ctx */
     int refs;
     uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
+    int isolate;             /* cfg.isolate_peer_failures on a transport with peer_alive */
 } dtr__endpoint;
 
 /** The flight recorder of a group (src/comm/flight.c). */
@@ -4846,6 +4887,8 @@ typedef struct dtr__watch_ops {
     void (*fail)(void *t, int rank, const char *why, int publish);
     /** `rank` closed its end cleanly: requests still waiting for it fail. */
     void (*left)(void *t, int rank);
+    /** NULL, or (peer failures isolated): `rank` died; only its requests fail, the world goes on. */
+    void (*died)(void *t, int rank, const char *how);
 } dtr__watch_ops;
 
 /** A watchdog thread over a bootstrap (see the file's comment for what it watches). */
@@ -4909,7 +4952,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4913 "dtrain.h"
+#line 4956 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -4952,7 +4995,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 4956 "dtrain.h"
+#line 4999 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -4979,7 +5022,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 4983 "dtrain.h"
+#line 5026 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5012,7 +5055,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5016 "dtrain.h"
+#line 5059 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5086,7 +5129,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5090 "dtrain.h"
+#line 5133 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5100,9 +5143,12 @@ DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
 #define DTR__PS_VERSION 1
 
 /** Message kinds (worker -> server: PUSH, PULL, DONE, PUSH_ROWS, PULL_ROWS; server -> worker:
- *  REPLY). The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the
- *  server's range) before their values; `count` is the sum of the lengths. */
-enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6 };
+ *  REPLY, ACK (replicas: a PUSH or DONE is held by the server and its backup); primary ->
+ *  backup: the workers' messages as they came, and DROP (worker `worker` left the rounds)).
+ *  The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the server's
+ *  range) before their values; `count` is the sum of the lengths. */
+enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6,
+       DTR__PS_ACK = 7, DTR__PS_DROP = 8 };
 #define DTR__PS_MAX_SEGMENTS (1 << 24)
 
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
@@ -5144,7 +5190,9 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
-#line 5148 "dtrain.h"
+#define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
+#define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
+#line 5196 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5194,7 +5242,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5198 "dtrain.h"
+#line 5246 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5546,7 +5594,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5550 "dtrain.h"
+#line 5598 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6337,7 +6385,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6341 "dtrain.h"
+#line 6389 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6813,7 +6861,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6817 "dtrain.h"
+#line 6865 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6884,7 +6932,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6888 "dtrain.h"
+#line 6936 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7301,7 +7349,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7305 "dtrain.h"
+#line 7353 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7510,7 +7558,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7514 "dtrain.h"
+#line 7562 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7741,7 +7789,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7745 "dtrain.h"
+#line 7793 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7856,7 +7904,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7860 "dtrain.h"
+#line 7908 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7912,7 +7960,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7916 "dtrain.h"
+#line 7964 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8342,7 +8390,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8346 "dtrain.h"
+#line 8394 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8521,7 +8569,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8525 "dtrain.h"
+#line 8573 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9046,7 +9094,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9050 "dtrain.h"
+#line 9098 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9545,7 +9593,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9549 "dtrain.h"
+#line 9597 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9804,7 +9852,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9808 "dtrain.h"
+#line 9856 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -9990,7 +10038,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 9994 "dtrain.h"
+#line 10042 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10110,7 +10158,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10114 "dtrain.h"
+#line 10162 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10584,7 +10632,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10588 "dtrain.h"
+#line 10636 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10753,7 +10801,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10757 "dtrain.h"
+#line 10805 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11002,7 +11050,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11006 "dtrain.h"
+#line 11054 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11470,7 +11518,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
-#line 11474 "dtrain.h"
+#line 11522 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11599,7 +11647,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11603 "dtrain.h"
+#line 11651 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -11946,7 +11994,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 11950 "dtrain.h"
+#line 11998 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12012,7 +12060,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12016 "dtrain.h"
+#line 12064 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12249,7 +12297,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12253 "dtrain.h"
+#line 12301 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -12998,7 +13046,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13002 "dtrain.h"
+#line 13050 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13451,7 +13499,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13455 "dtrain.h"
+#line 13503 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13507,7 +13555,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13511 "dtrain.h"
+#line 13559 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14284,7 +14332,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14288 "dtrain.h"
+#line 14336 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14865,7 +14913,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14869 "dtrain.h"
+#line 14917 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15496,7 +15544,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15500 "dtrain.h"
+#line 15548 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16243,7 +16291,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16247 "dtrain.h"
+#line 16295 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16596,7 +16644,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16600 "dtrain.h"
+#line 16648 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16786,7 +16834,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16790 "dtrain.h"
+#line 16838 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -16967,7 +17015,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 16971 "dtrain.h"
+#line 17019 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17742,7 +17790,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17746 "dtrain.h"
+#line 17794 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18259,7 +18307,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18263 "dtrain.h"
+#line 18311 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19054,7 +19102,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19058 "dtrain.h"
+#line 19106 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19382,6 +19430,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         return r;
     }
     ep->next_ctx = 1;   /* 0 is the world group */
+    ep->isolate = cfg->isolate_peer_failures && vt->peer_alive;
     r = dtr__comm_new(ep, ep->info.size, &c);   /* the group holds the only reference */
     if (r != DTR_OK) {
         vt->close(ep->state);
@@ -19479,6 +19528,14 @@ dtr_result dtr_comm_status(const dtr_comm *c) {
     pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
     return r;
 }
+
+int dtr_comm_peer_alive(const dtr_comm *c, int rank) {
+    if (!c || rank < 0 || rank >= c->size) return -1;
+    if (!c->ep->vt->peer_alive || rank == c->rank) return 1;
+    return c->ep->vt->peer_alive(c->ep->state, c->ranks[rank]) ? 1 : 0;
+}
+
+int dtr_comm_isolates_peer_failures(const dtr_comm *c) { return c ? c->ep->isolate : 0; }
 
 const char *dtr_comm_last_error(const dtr_comm *c) { return c ? c->msg : "null group"; }
 int dtr_comm_failed_rank(const dtr_comm *c) { return c ? c->failed_rank : -1; }
@@ -19839,13 +19896,27 @@ static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) 
 
 /* ---- requests ---- */
 
+/* Isolated groups: a send/recv that failed because its peer is gone. Its message is kept
+   (dtr_comm_last_error) and logged; the group is neither broken nor aborted. */
+static int dtr__p2p_isolated(dtr_comm *c, const dtr__coll *a, dtr_result r, const dtr_transport_error *e) {
+    char msg[sizeof c->msg];
+    if (r != DTR_PEER_FAILED || !c->ep->isolate || c->ep->vt->peer_alive(c->ep->state, c->ranks[a->root])) return 0;
+    snprintf(msg, sizeof msg, "rank %d/%d %s (%zu bytes, %s rank %d, tag %d): %s", c->rank, c->size, dtr__coll_name(a->kind),
+             a->count, a->kind == DTR__OP_SEND ? "to" : "from", a->root, a->tag, e->msg[0] ? e->msg : "the peer is gone");
+    pthread_mutex_lock(&c->mu);
+    if (c->status == DTR_OK) memcpy(c->msg, msg, sizeof msg);
+    pthread_mutex_unlock(&c->mu);
+    if (c->log && c->log_level >= DTR_LOG_WARN) c->log(c->log_user, DTR_LOG_WARN, msg);
+    return 1;
+}
+
 static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transport_error *e, int timed_out) {
     dtr_comm *c = q->comm;
     c->ep->vt->release(c->ep->state, q->treq);
     q->treq = NULL;
     q->state = DTR__REQ_DONE;
     dtr__flight_end(c, q->flight_id, r);
-    if (r == DTR_OK) q->result = DTR_OK;
+    if (r == DTR_OK || dtr__p2p_isolated(c, &q->a, r, e)) q->result = r;
     else if (timed_out)
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
     else
@@ -20025,6 +20096,7 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
         q->next = c->free_reqs;
         c->free_reqs = q;
         pthread_mutex_unlock(&c->mu);
+        if (dtr__p2p_isolated(c, &a, r, &e)) return r;
         return dtr__comm_fail(c, &a, r, e.rank, e.native_code, "%s", e.msg);
     }
     pthread_mutex_lock(&c->mu);
@@ -20152,7 +20224,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20156 "dtrain.h"
+#line 20228 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20738,17 +20810,30 @@ static void dtr__local_abort(void *state, int failed_rank, const char *why) {
     pthread_mutex_unlock(&w->mu);
 }
 
+/* a rank that closed its endpoint is gone (its requests fail, per peer) while the world goes
+   on; after an abort every request fails for the world's reason: 1 */
+static int dtr__local_peer_alive(void *state, int rank) {
+    dtr_local_world *w = ((dtr__lep *)state)->w;
+    int alive;
+    if (rank < 0 || rank >= w->size) return 0;
+    pthread_mutex_lock(&w->mu);
+    alive = !w->r[rank].closed || w->failed_rank >= 0;
+    pthread_mutex_unlock(&w->mu);
+    return alive;
+}
+
 static const dtr_transport_vtable dtr__local_vtable = {
     DTR_VERSION_NUMBER, "local",
     dtr__local_open, dtr__local_close,
     dtr__local_isend, dtr__local_irecv, dtr__local_test, dtr__local_wait_any, dtr__local_release,
     dtr__local_abort,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    DTR_MEM_HOST
+    DTR_MEM_HOST,
+    dtr__local_peer_alive
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20752 "dtrain.h"
+#line 20837 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21237,7 +21322,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21241 "dtrain.h"
+#line 21326 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21966,7 +22051,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 21970 "dtrain.h"
+#line 22055 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22202,7 +22287,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22206 "dtrain.h"
+#line 22291 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22561,7 +22646,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22565 "dtrain.h"
+#line 22650 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22758,7 +22843,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22762 "dtrain.h"
+#line 22847 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23155,7 +23240,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23159 "dtrain.h"
+#line 23244 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23636,7 +23721,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23640 "dtrain.h"
+#line 23725 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23668,8 +23753,9 @@ enum { DTR__PS_LIVE = 0, DTR__PS_FINISHED = 1, DTR__PS_DROPPED = 2 };
 typedef struct dtr__ps_peer {  /* a server's view of one worker */
     uint8_t *in, *out;         /* the listening receive's buffer, the reply's */
     dtr_request *rreq, *sreq;
-    int state, pushed, waiting;
+    int state, pushed, waiting, dead;
     int64_t clock, want, last_ns;
+    int64_t seen;              /* replicas, ASYNC / SSP: the clock after its last push (resent pushes are duplicates) */
 } dtr__ps_peer;
 
 struct dtr_ps {
@@ -23678,6 +23764,7 @@ struct dtr_ps {
     dtr_comm *g;               /* the engine's group (a split of the application's) */
     dtr_ps_config cfg;
     int S, W, server, index;
+    int NS;                    /* server ranks: S (1 + replicas); workers are ranks NS.. */
     int64_t *range;            /* S + 1 offsets */
     int64_t maxlen;            /* the longest range */
     dtr_ps_stats st;
@@ -23687,7 +23774,12 @@ struct dtr_ps {
     float *slots;              /* SYNC: W pushes of this round, in worker order */
     float *scratch;            /* a range of floats: decoded rows */
     int64_t clock, last_any_ns;
+    int backup_role;           /* replicas: a backup that has not taken over (it follows its primary) */
+    int has_backup;            /* replicas: a primary whose backup is alive */
+    uint8_t *repl_in;          /* backup: the forwarded message */
+    dtr_request *repl_req;     /* backup: its receive */
     /* worker */
+    int *target;               /* S: the rank serving each range (its primary, after a failover its backup) */
     uint8_t **msg, **rep;      /* S request and S reply buffers */
     int64_t *sclock;           /* SYNC: each server's clock at the last pull */
     int64_t wclock;            /* pushes made */
@@ -23740,7 +23832,7 @@ size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
     int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
     int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
     size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
-    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_DROP || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
     if (values && es == 0) return 0;
     if (!values && !rows && h->count != 0) return 0;
     if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
@@ -23836,13 +23928,19 @@ static void dtr__ps_layout(dtr_ps *ps) {
         if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
 }
 
-static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
+    int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
                          "version (backend %s: use the CPU backend)", ctx->backend->name);
-    if (S < 1 || S >= size || S > 64)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
-                         S, size);
+    if (cfg->replicas < 0 || cfg->replicas > 1)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas %d (0 or 1)", cfg->replicas);
+    if (S < 1 || S * (1 + cfg->replicas) >= size || S > 64)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers (x%d with replicas) in a group of %d (1 to "
+                         "size - 1 server ranks, at most 64 ranges)", S, 1 + cfg->replicas, size);
+    if (cfg->replicas && !dtr_comm_isolates_peer_failures(c))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas need a group whose transport isolates peer "
+                         "failures (dtr_comm_config.isolate_peer_failures)");
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
@@ -23862,7 +23960,8 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
                                             : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
-    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
+    if (ps->backup_role) ps->repl_in = (uint8_t *)dtr__calloc(a, cap);
+    if (!ps->peer || !ps->slots || !ps->scratch || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
         ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
@@ -23884,7 +23983,9 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
-    if (!ps->msg || !ps->rep || !ps->sclock) return DTR_OUT_OF_MEMORY;
+    ps->target = (int *)dtr__calloc(a, (size_t)ps->S * sizeof(int));
+    if (!ps->msg || !ps->rep || !ps->sclock || !ps->target) return DTR_OUT_OF_MEMORY;
+    for (s = 0; s < ps->S; s++) ps->target[s] = s;
     for (s = 0; s < ps->S; s++) {
         ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
         ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
@@ -23906,13 +24007,16 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     def = *cfg;
     if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
     if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
-    if ((r = dtr__ps_check(ctx, &def, def.servers, dtr_comm_size(c))) != DTR_OK) return r;
+    if ((r = dtr__ps_check(ctx, &def, def.servers, c)) != DTR_OK) return r;
     ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
-    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->W = dtr_comm_size(c) - def.servers;
+    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->NS = def.servers * (1 + def.replicas);
+    ps->W = dtr_comm_size(c) - ps->NS;
     me = dtr_comm_rank(c);
-    ps->server = me < ps->S;
-    ps->index = ps->server ? me : me - ps->S;
+    ps->server = me < ps->NS;
+    ps->index = ps->server ? me % ps->S : me - ps->NS;
+    ps->backup_role = ps->server && me >= ps->S;
+    ps->has_backup = ps->server && !ps->backup_role && def.replicas > 0;
     ps->range = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(ps->S + 1) * sizeof(int64_t));
     r = ps->range ? DTR_OK : DTR_OUT_OF_MEMORY;
     if (r == DTR_OK) dtr__ps_layout(ps);
@@ -23939,7 +24043,9 @@ static void dtr__ps_free_bufs(dtr_ps *ps, uint8_t **b, int n) {
 static void dtr__ps_cancel(dtr_ps *ps) {
     int w, pending = 0;
     for (w = 0; w < ps->W; w++) pending += ps->peer[w].rreq != NULL || ps->peer[w].sreq != NULL;
-    if (pending && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    if ((pending || ps->repl_req) && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    dtr_request_destroy(ps->repl_req);
+    ps->repl_req = NULL;
     for (w = 0; w < ps->W; w++) {
         dtr_request_destroy(ps->peer[w].rreq);
         dtr_request_destroy(ps->peer[w].sreq);
@@ -23957,6 +24063,8 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->slots);
     dtr__free(&a, ps->scratch);
+    dtr__free(&a, ps->repl_in);
+    dtr__free(&a, ps->target);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -23993,8 +24101,11 @@ static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] -
 /* a server's receive and reply buffers: the largest message it takes or sends */
 static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
 
+static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r);
+
 static dtr_result dtr__ps_listen(dtr_ps *ps, int w) {
-    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->S + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    dtr_result r = dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->NS + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
 }
 
 /* the smallest clock of the live workers (INT64_MAX when none is live) */
@@ -24066,6 +24177,11 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
         dtr__ps_count_staleness(ps, 0);
         return dtr__ps_round(ps);
     }
+    if (ps->cfg.replicas && h->clock < p->seen) {   /* a push resent after a failover: held already */
+        ps->st.stale_discarded++;
+        return DTR_OK;
+    }
+    p->seen = h->clock + 1;
     dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
     if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
     dtr_convert(ps->slots, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
@@ -24087,7 +24203,7 @@ static void dtr__ps_rejoin(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
 static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
     ps->st.refused++;
     dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: message from worker %d (rank %d) refused: %s", ps->index, w,
-                ps->S + w, why);
+                ps->NS + w, why);
 }
 
 /* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
@@ -24134,7 +24250,106 @@ static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) 
     n = dtr__ps_seal(p->out, &rh);
     ps->st.row_pulls++;
     ps->st.bytes_sent += n;
-    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+    return dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
+/* applies request h of worker w (its payload in the worker's buffer) */
+static dtr_result dtr__ps_handle(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    if (p->state == DTR__PS_DROPPED && h->kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, h);
+    if (h->kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
+    else if (h->kind == DTR__PS_PULL) p->waiting = 1, p->want = h->clock;
+    else if (h->kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, h);
+    else if (h->kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, h);
+    else return dtr__ps_on_push(ps, w, h);
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* ---- replication (docs/parameter-server.md, "Replication") ---- */
+
+/* is group rank `rank` gone (an isolated group says so)? */
+static int dtr__ps_gone(const dtr_ps *ps, dtr_result r, int rank) {
+    return r == DTR_PEER_FAILED && dtr_comm_isolates_peer_failures(ps->g) && dtr_comm_peer_alive(ps->g, rank) == 0;
+}
+
+/* primary: hands the n bytes of msg to the backup and waits until it holds them (the worker
+   deadline bounds the wait); a backup that died leaves this range unreplicated */
+static dtr_result dtr__ps_forward(dtr_ps *ps, const void *msg, size_t n) {
+    uint64_t ack = 0;
+    int b = ps->S + ps->index;
+    dtr_result r;
+    if (!ps->has_backup) return DTR_OK;
+    dtr_comm_set_timeout(ps->g, ps->cfg.worker_deadline_ms);
+    r = dtr_comm_send(ps->g, msg, n, b, DTR__PS_TAG_REPL);
+    if (r == DTR_OK) r = dtr_comm_recv(ps->g, &ack, sizeof ack, b, DTR__PS_TAG_REPL_ACK);
+    dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
+    if (r == DTR_OK) ps->st.forwarded++;
+    if (r == DTR_OK || !dtr__ps_gone(ps, r, b)) return r;
+    ps->has_backup = 0;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: its backup (rank %d) died: the range goes on unreplicated",
+                ps->index, b);
+    return DTR_OK;
+}
+
+/* primary: tells the backup that worker w left the rounds */
+static dtr_result dtr__ps_forward_drop(dtr_ps *ps, int w) {
+    uint8_t buf[sizeof(dtr__ps_hdr) + 8];
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_DROP, w, ps->clock, ps->range[ps->index], 0, 0);
+    return dtr__ps_forward(ps, buf, dtr__ps_seal(buf, &h));
+}
+
+/* takes worker w out of the rounds (why: for the log) */
+static dtr_result dtr__ps_drop(dtr_ps *ps, int w, const char *why) {
+    dtr_result r;
+    ps->peer[w].state = DTR__PS_DROPPED;
+    ps->peer[w].pushed = 0;
+    ps->st.dropped++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) %s: dropped", ps->index, w, ps->NS + w, why);
+    if ((r = dtr__ps_forward_drop(ps, w)) != DTR_OK) return r;
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* worker w's process is gone (an isolated group): policy FAIL fails the job naming it on
+   every rank (the group is aborted), CONTINUE drops it for good; one that had finished (a
+   backup that took over listens to those too) just closed */
+static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr_request_destroy(p->rreq);
+    dtr_request_destroy(p->sreq);
+    p->rreq = p->sreq = NULL;
+    p->dead = 1;
+    p->waiting = 0;
+    if (p->state == DTR__PS_FINISHED) return DTR_OK;
+    if (ps->cfg.policy == DTR_PS_FAIL) {
+        dtr_result r = dtr__fail(ps->ctx, DTR_PEER_FAILED, "parameter server %d: worker %d (rank %d) died", ps->index, w,
+                                 ps->NS + w);
+        dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
+        return r;
+    }
+    ps->st.workers_lost++;
+    return p->state == DTR__PS_LIVE ? dtr__ps_drop(ps, w, "died") : DTR_OK;
+}
+
+/* an operation with worker w that failed: its death is handled, anything else is the group's error */
+static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r) {
+    return dtr__ps_gone(ps, r, ps->NS + w) ? dtr__ps_worker_died(ps, w) : r;
+}
+
+/* replicas: tells worker w that its PUSH or DONE is held (after the backup acknowledged it) */
+static dtr_result dtr__ps_ack(dtr_ps *ps, int w, int64_t clock) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_ACK, ps->index, clock, ps->range[ps->index], 0, 0);
+    dtr_result r = DTR_OK;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it sent this */
+        r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+    }
+    n = dtr__ps_seal(p->out, &h);
+    if (r == DTR_OK) r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
+    if (r == DTR_OK) ps->st.bytes_sent += n;
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
 }
 
 /* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
@@ -24144,6 +24359,7 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     dtr__ps_hdr h;
     char why[200];
     size_t n;
+    dtr_result r;
     e.server = ps->index, e.workers = ps->W, e.begin = ps->range[ps->index], e.count = dtr__ps_len(ps);
     if (dtr__ps_parse(p->in, dtr__ps_cap(ps), w, &e, &h, why, sizeof why) != DTR_OK) {
         dtr__ps_refuse(ps, w, why);
@@ -24151,17 +24367,15 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
         return DTR_OK;
     }
     n = dtr__ps_message_bytes(&h);
+    if (h.kind != DTR__PS_PULL_ROWS && (r = dtr__ps_forward(ps, p->in, n)) != DTR_OK) return r;
     memset(p->in, 0, sizeof h);
     memset(p->in + n - 8, 0, 8);
     ps->st.bytes_received += n;
     p->last_ns = ps->last_any_ns = dtr_time_ns();
-    if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
-    if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
-    else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
-    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
-    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
-    else return dtr__ps_on_push(ps, w, &h);
-    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+    r = dtr__ps_handle(ps, w, &h);
+    if (r == DTR_OK && ps->cfg.replicas && !ps->backup_role && (h.kind == DTR__PS_PUSH || h.kind == DTR__PS_DONE))
+        r = dtr__ps_ack(ps, w, h.clock);
+    return r;
 }
 
 /* can worker w's waiting pull be answered now? */
@@ -24186,7 +24400,8 @@ static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
         h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
         memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
         n = dtr__ps_seal(p->out, &h);
-        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK) return r;
+        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK)
+            return dtr__ps_worker_gone(ps, w, r);
         p->waiting = 0;
         ps->st.pulls_answered++;
         ps->st.bytes_sent += n;
@@ -24218,18 +24433,15 @@ static dtr_result dtr__ps_deadlines(dtr_ps *ps) {
         if (p->state != DTR__PS_LIVE || now - p->last_ns < limit || !dtr__ps_blocking(ps, w)) continue;
         if (ps->cfg.policy == DTR_PS_FAIL) {
             dtr_result r = dtr__fail(ps->ctx, DTR_TIMEOUT, "parameter server %d: worker %d (rank %d) silent for %d ms",
-                                     ps->index, w, ps->S + w, ps->cfg.worker_deadline_ms);
+                                     ps->index, w, ps->NS + w, ps->cfg.worker_deadline_ms);
             dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
             return r;
         }
-        p->state = DTR__PS_DROPPED;
-        p->pushed = 0;
-        ps->st.dropped++;
-        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) silent for %d ms: dropped", ps->index, w,
-                    ps->S + w, ps->cfg.worker_deadline_ms);
-        if (ps->cfg.mode == DTR_PS_SYNC) {
-            dtr_result r = dtr__ps_round(ps);
-            if (r != DTR_OK) return r;
+        {
+            char why[64];
+            dtr_result r;
+            snprintf(why, sizeof why, "silent for %d ms", ps->cfg.worker_deadline_ms);
+            if ((r = dtr__ps_drop(ps, w, why)) != DTR_OK) return r;
         }
     }
     return DTR_OK;
@@ -24243,7 +24455,7 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     if (p->sreq) {
         r = dtr_request_test(p->sreq, &done);
         if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
-        if (r != DTR_OK) return r;
+        if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     }
     if (!p->rreq) return DTR_OK;
     r = dtr_request_test(p->rreq, &done);
@@ -24252,9 +24464,9 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     p->rreq = NULL;
     *progressed = 1;
     if (r == DTR_INVALID_ARGUMENT) dtr__ps_refuse(ps, w, "longer than any message this server takes");
-    else if (r != DTR_OK) return r;
+    else if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     else if ((r = dtr__ps_on_request(ps, w)) != DTR_OK) return r;
-    return p->state == DTR__PS_FINISHED ? DTR_OK : dtr__ps_listen(ps, w);
+    return p->state == DTR__PS_FINISHED || p->dead ? DTR_OK : dtr__ps_listen(ps, w);
 }
 
 static int dtr__ps_all_gone(const dtr_ps *ps) {
@@ -24274,24 +24486,111 @@ static void dtr__ps_nap(int *idle) {
     nanosleep(&ts, NULL);
 }
 
+/* backup: the next message its primary forwards */
+static dtr_result dtr__ps_repl_listen(dtr_ps *ps) {
+    return dtr_comm_recv_async(ps->g, ps->repl_in, dtr__ps_cap(ps), ps->index, DTR__PS_TAG_REPL, &ps->repl_req);
+}
+
+/* backup: the primary died; this rank serves the range from now on (the workers' pulls that
+   the primary had not answered come again, so none is answered twice). It listens to the
+   workers that finished too: one whose DONE the primary held but did not acknowledge sends
+   it again. */
+static dtr_result dtr__ps_promote(dtr_ps *ps, dtr_result why) {
+    int64_t now = dtr_time_ns();
+    dtr_result r = DTR_OK;
+    int w;
+    if (!dtr__ps_gone(ps, why, ps->index)) return why;
+    ps->backup_role = 0;
+    ps->st.failovers++;
+    ps->last_any_ns = now;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: primary (rank %d) died: its backup (rank %d) takes over at clock %lld",
+                ps->index, ps->index, ps->S + ps->index, (long long)ps->clock);
+    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+        ps->peer[w].waiting = 0;
+        ps->peer[w].last_ns = now;
+        if (!ps->peer[w].dead) r = dtr__ps_listen(ps, w);
+    }
+    return r;
+}
+
+/* serving is over: the listens of a backup that took over for workers that had finished are
+   cancelled */
+static void dtr__ps_end_listens(dtr_ps *ps) {
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_FINISHED && ps->peer[w].rreq) {
+            dtr_request_destroy(ps->peer[w].rreq);
+            ps->peer[w].rreq = NULL;
+        }
+}
+
+/* backup: applies a message its primary forwarded (a worker's request or a DROP) */
+static dtr_result dtr__ps_replay(dtr_ps *ps) {
+    dtr__ps_hdr h;
+    size_t n;
+    memcpy(&h, ps->repl_in, sizeof h);
+    n = dtr__ps_message_bytes(&h);
+    if (h.magic != DTR__PS_MAGIC || h.worker < 0 || h.worker >= ps->W || n == 0 || n > dtr__ps_cap(ps)) {
+        ps->st.refused++;
+        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d (backup): malformed message from its primary", ps->index);
+        return DTR_OK;
+    }
+    memset(ps->repl_in, 0, sizeof h);
+    if (h.kind == DTR__PS_DROP) {
+        if (ps->peer[h.worker].state != DTR__PS_LIVE) return DTR_OK;
+        return dtr__ps_drop(ps, h.worker, "dropped by the primary");
+    }
+    memcpy(ps->peer[h.worker].in, &h, sizeof h);
+    memcpy(ps->peer[h.worker].in + sizeof h, ps->repl_in + sizeof h, n - sizeof h);
+    return dtr__ps_on_request(ps, h.worker);
+}
+
+/* backup: polls the forwarded stream; acknowledges each message once applied */
+static dtr_result dtr__ps_repl_poll(dtr_ps *ps, int *progressed) {
+    uint64_t ack = 1;
+    int done = 0;
+    dtr_result r = dtr_request_test(ps->repl_req, &done);
+    if (!done) return r;
+    dtr_request_destroy(ps->repl_req);
+    ps->repl_req = NULL;
+    *progressed = 1;
+    if (r != DTR_OK) return dtr__ps_promote(ps, r);
+    if ((r = dtr__ps_replay(ps)) != DTR_OK) return r;
+    r = dtr_comm_send(ps->g, &ack, sizeof ack, ps->index, DTR__PS_TAG_REPL_ACK);
+    if (r != DTR_OK) return dtr__ps_promote(ps, r);
+    if (dtr__ps_all_gone(ps) || (r = dtr__ps_repl_listen(ps)) == DTR_OK) return DTR_OK;
+    return dtr__ps_promote(ps, r);
+}
+
+/* one round of a serving rank's loop */
+static dtr_result dtr__ps_serve_round(dtr_ps *ps, int *progressed) {
+    dtr_result r = DTR_OK;
+    int w;
+    if (ps->backup_role) return dtr__ps_repl_poll(ps, progressed);
+    for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, progressed);
+    if (r == DTR_OK) r = dtr__ps_answer(ps, progressed);
+    if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+    return r;
+}
+
 dtr_result dtr_ps_serve(dtr_ps *ps) {
     dtr_result r = DTR_OK;
     int w, idle = 0;
     if (!ps) return DTR_NULL_HANDLE;
     if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
     ps->last_any_ns = dtr_time_ns();
-    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+    for (w = 0; w < ps->W && r == DTR_OK && !ps->backup_role; w++) {
         ps->peer[w].last_ns = ps->last_any_ns;
-        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
+        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].dead && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
     }
+    if (ps->backup_role && !ps->repl_req && (r = dtr__ps_repl_listen(ps)) != DTR_OK) r = dtr__ps_promote(ps, r);
     while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
         int progressed = 0;
-        for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, &progressed);
-        if (r == DTR_OK) r = dtr__ps_answer(ps, &progressed);
-        if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+        r = dtr__ps_serve_round(ps, &progressed);
         if (progressed) idle = 0;
         else dtr__ps_nap(&idle);
     }
+    if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
         dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
     return r;
@@ -24341,6 +24640,66 @@ static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
     return r;
 }
 
+/* replicas: range s's primary died (an isolated group says so): its backup serves it now */
+static int dtr__ps_failover(dtr_ps *ps, int s, dtr_result r) {
+    if (!ps->cfg.replicas || ps->target[s] != s || !dtr__ps_gone(ps, r, s)) return 0;
+    ps->target[s] = ps->S + s;
+    ps->st.failovers++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "worker %d: parameter server %d (rank %d) died: its backup (rank %d) serves the range now",
+                ps->index, s, s, ps->S + s);
+    return 1;
+}
+
+/* replicas: writes the request of `kind` for range s into msg[s] (a push: the gradient) */
+static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
+    int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
+    dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
+    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, (int)dt);
+    if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+    return dtr__ps_seal(ps->msg[s], &h);
+}
+
+/* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
+   rep[s]; when the primary died, the same request goes to the backup */
+static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    for (;;) {
+        dtr_request *q[2] = {NULL, NULL};
+        dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
+        if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
+        if ((r2 = dtr__ps_waitall(q, 2)) != DTR_OK && r == DTR_OK) r = r2;
+        if (r == DTR_OK) {
+            ps->st.bytes_sent += bytes;
+            return DTR_OK;
+        }
+        if (!dtr__ps_failover(ps, s, r)) return r;
+    }
+}
+
+/* replicas: checks the acknowledgment of range s's server */
+static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
+    dtr__ps_hdr h;
+    uint64_t tr;
+    memcpy(&h, ps->rep[s], sizeof h);
+    memcpy(&tr, ps->rep[s] + sizeof h, 8);
+    if (h.magic != DTR__PS_MAGIC || h.kind != DTR__PS_ACK || h.worker != s || h.count != 0 || tr != dtr__ps_trailer(&h))
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed acknowledgment", s);
+    ps->st.bytes_received += sizeof h + 8;
+    return DTR_OK;
+}
+
+/* replicas: a PUSH or DONE to every range, each acknowledged. A DONE that a backup which
+   took over no longer takes (it finished serving and left) is done. */
+static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
+    dtr_result r = DTR_OK;
+    int s;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+        else if (kind == DTR__PS_DONE && ps->target[s] != s && dtr__ps_gone(ps, r, ps->target[s])) r = DTR_OK;
+    }
+    return r;
+}
+
 dtr_result dtr_ps_push(dtr_ps *ps) {
     int64_t clock[64];
     dtr_result r;
@@ -24348,8 +24707,9 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
-    r = dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
+    r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_PUSH, clock) : dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
+    if (ps->cfg.replicas) ps->st.pushes_acked++;
     ps->wclock++;
     ps->pushed = 1;
     ps->st.pushes++;
@@ -24382,6 +24742,19 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
     return DTR_OK;
 }
 
+/* replicas: one range after the other, each from the server that holds it now */
+static dtr_result dtr__ps_pull_replicated(dtr_ps *ps, const int64_t *want, int64_t t0) {
+    dtr_result r = DTR_OK;
+    int s;
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, DTR__PS_PULL, want[s]))) == DTR_OK) r = dtr__ps_take_reply(ps, s);
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
+    ps->pushed = 0;
+    ps->st.pulls++;
+    ps->st.wait_ns += dtr_time_ns() - t0;
+    return DTR_OK;
+}
+
 dtr_result dtr_ps_pull(dtr_ps *ps) {
     dtr_request *q[64];
     int64_t want[64], t0;
@@ -24393,6 +24766,7 @@ dtr_result dtr_ps_pull(dtr_ps *ps) {
     cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
     t0 = dtr_time_ns();
     for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
+    if (ps->cfg.replicas) return dtr__ps_pull_replicated(ps, want, t0);
     for (s = 0; s < ps->S && r == DTR_OK; s++)
         if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[n])) == DTR_OK) n++;
     if (r == DTR_OK) r = dtr__ps_send_all(ps, DTR__PS_PULL, want);
@@ -24418,7 +24792,7 @@ dtr_result dtr_ps_finish(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_finish: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->wclock;
-    r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
+    r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_DONE, clock) : dtr__ps_send_all(ps, DTR__PS_DONE, clock);
     return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
 }
 
@@ -24431,6 +24805,7 @@ static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tenso
     int64_t nrows;
     uint8_t *seen;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    if (ps->cfg.replicas) return dtr__fail(ps->ctx, DTR_UNSUPPORTED, "%s: sparse rows are not replicated in this version", fn);
     for (i = 0; i < np && k < 0; i++)
         if (dtr_model_param_at(ps->m, i) == param) k = i;
     if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))
@@ -24538,7 +24913,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24542 "dtrain.h"
+#line 24917 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24592,7 +24967,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24596 "dtrain.h"
+#line 24971 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -25755,7 +26130,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 25759 "dtrain.h"
+#line 26134 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -26653,7 +27028,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 26657 "dtrain.h"
+#line 27032 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28123,7 +28498,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28127 "dtrain.h"
+#line 28502 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28507,7 +28882,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28511 "dtrain.h"
+#line 28886 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -28656,7 +29031,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 28660 "dtrain.h"
+#line 29035 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -21,6 +21,12 @@
  *                          DTR_PEER_FAILED naming it within the deadline
  *   test_fault_leave       a rank leaves (destroys its group) before a collective
  *   test_fault_abort       dtr_comm_abort stops the others at once
+ *   test_isolate           isolate_peer_failures: rank 2 leaves; a receive from it and a send
+ *                          to it fail with DTR_PEER_FAILED naming it, dtr_comm_peer_alive says
+ *                          0 for it and 1 for rank 1, the group stays DTR_OK and ranks 0 and 1
+ *                          still exchange messages; a collective then fails as a whole.
+ *                          Without the option the same receive breaks the group (and
+ *                          dtr_comm_peer_alive says 1: the world failed, not rank 2 alone)
  *   test_fault_async       a failure seen through a request
  *   test_fault_deadlock    mismatched calls: both time out and say so
  *   test_flight            the flight recorder: the last operations with their op, bytes,
@@ -1016,6 +1022,45 @@ static void t_fault_leave(void) {
     check_fault(4, 30000, &fa, 5.0, "leave, world 4");
 }
 
+/* rank 2 leaves at once; ranks 0 and 1 go on with each other (arg: isolation on) */
+static void sc_isolate(rank_ctx *rc) {
+    int iso = *(const int *)rc->arg, x = 7, y = 0;
+    dtr_comm *c = rc->comm;
+    RCHECK(rc, dtr_comm_isolates_peer_failures(c) == iso);
+    RCHECK(rc, dtr_comm_peer_alive(c, 3) == -1 && dtr_comm_peer_alive(NULL, 0) == -1);
+    if (rc->rank == 2) return;
+    if (rc->rank == 0) {
+        RCHECK(rc, dtr_comm_recv(c, &y, sizeof y, 2, 5) == DTR_PEER_FAILED);
+        RCHECK(rc, strstr(dtr_comm_last_error(c), "rank 2") != NULL);
+        /* without isolation the world failed: that is no peer's alone */
+        RCHECK(rc, dtr_comm_peer_alive(c, 2) == !iso && dtr_comm_peer_alive(c, 1) == 1);
+        RCHECK(rc, dtr_comm_status(c) == (iso ? DTR_OK : DTR_PEER_FAILED));
+        if (!iso) return;
+        RCHECK(rc, dtr_comm_send(c, &x, sizeof x, 2, 5) == DTR_PEER_FAILED);
+        RCHECK_OK(rc, dtr_comm_send(c, &x, sizeof x, 1, 6));
+        RCHECK_OK(rc, dtr_comm_recv(c, &y, sizeof y, 1, 6));
+        RCHECK(rc, y == 8);
+    } else {
+        dtr_result r = dtr_comm_recv(c, &y, sizeof y, 0, 6);
+        RCHECK(rc, r == (iso ? DTR_OK : DTR_PEER_FAILED));
+        if (!iso) return;
+        y++;
+        RCHECK_OK(rc, dtr_comm_send(c, &y, sizeof y, 0, 6));
+    }
+    RCHECK(rc, dtr_comm_status(c) == DTR_OK);
+    RCHECK(rc, dtr_comm_barrier(c) == DTR_PEER_FAILED);   /* collectives still fail as a whole */
+}
+
+static void t_isolate(void) {
+    dtr_comm_config cfg = dtr_comm_config_init();
+    int iso;
+    cfg.timeout_ms = 20000;
+    for (iso = 1; iso >= 0; iso--) {
+        cfg.isolate_peer_failures = iso;
+        CHECK_MSG(run_ranks(3, &cfg, sc_isolate, &iso, NULL) == 0, "isolate_peer_failures %d", iso);
+    }
+}
+
 static void t_fault_abort(void) {
     fault_arg fa;
     memset(&fa, 0, sizeof fa);
@@ -1201,6 +1246,7 @@ int main(void) {
     RUN(t_fault_hang);
     RUN(t_fault_leave);
     RUN(t_fault_abort);
+    RUN(t_isolate);
     RUN(t_fault_async);
     RUN(t_fault_deadlock);
     RUN(t_flight);

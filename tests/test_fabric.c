@@ -38,8 +38,19 @@
  *                         tcp: N = 2).
  *   test_{shm,tcp}_kill   (also) a worker of parameter servers SIGKILLed in sync, async and SSP
  *                         mode: the server and the other worker fail with DTR_PEER_FAILED
- *                         naming it, at once (docs/parameter-server.md: a dead process fails
- *                         the job).
+ *                         naming it, at once (without isolate_peer_failures a dead process
+ *                         fails the job).
+ *   test_{shm,tcp}_ps_faults  parameter servers on a group with isolate_peer_failures; the
+ *                         rank is SIGKILLed while worker 0 waits at step 8 of 20:
+ *                         primary 1 of 2 ranges with replicas (sync; shm also async): the
+ *                         workers fail over once, every push is acknowledged, the backup
+ *                         applied every push of every worker (>= the acknowledged ones), sync
+ *                         ends with all-reduce's weights (relative error <= 1e-6; measured 0);
+ *                         shm: backup 1 killed (the primary goes on alone, same checks); a
+ *                         worker killed with replicas and CONTINUE (every server drops it, the
+ *                         backups apply what their primaries apply); a worker killed without
+ *                         replicas: CONTINUE drops it and the others finish, FAIL (shm) fails
+ *                         every rank with an error naming it. Every survivor exits 0.
  *   test_{shm,tcp}_ps     synchronous parameter servers (dtr_ps): the workers end with the
  *                         weights that all-reduce data parallelism over the workers' own
  *                         sub-group gives after 20 steps (relative error <= 1e-6); shm: 1
@@ -128,6 +139,7 @@ static double slack_s(void) { return g_quick ? 6.0 : 3.0; }
 typedef struct shared_area {
     int counter;   /* barrier test */
     int done;      /* survivors that finished a fault scenario */
+    long long acked[MAXR], applied[MAXR];   /* parameter servers with faults: each rank's counters */
 } shared_area;
 static shared_area *g_sh;
 
@@ -150,6 +162,7 @@ typedef struct job {
                                   0: $DTR_COMM_SHM=0, through the provider */
     int hosts;                 /* fake hosts of n / hosts consecutive ranks ($DTR_RANKS_PER_HOST; 1: none) */
     int alarm_s;               /* a child lives at most this long */
+    int isolate;               /* cfg.isolate_peer_failures */
 } job;
 
 struct rank_ctx {
@@ -250,6 +263,7 @@ static dtr_comm_config comm_cfg(const rank_ctx *rc, const char *provider) {
     cfg.timeout_ms = rc->j->timeout_ms;
     cfg.chain_threshold_bytes = 64 << 10;   /* broadcasts of 64 KiB and more: the pipelined chain */
     cfg.segment_bytes = 16 << 10;
+    cfg.isolate_peer_failures = rc->j->isolate;
     return cfg;
 }
 
@@ -1132,6 +1146,160 @@ static void ps_equivalence(int p) {
 static void test_shm_ps(void) { ps_equivalence(0); }
 static void test_tcp_ps(void) { ps_equivalence(1); }
 
+/* ---- cases: parameter servers and dead processes (isolated peer failures) ---- */
+
+/* S ranges (x2 ranks with replicas), the mode and policy, the rank SIGKILLed when the rank
+   `pacer` reached step `at` (it waits there until the kill) */
+typedef struct ps_fault {
+    int S, replicas, mode, policy, victim, pacer, at;
+} ps_fault;
+
+/* a server of the fault cases: serves and checks its counters */
+static void ps_fault_server(rank_ctx *rc, const ps_fault *f, dtr_ps *ps, dtr_context *ctx) {
+    dtr_ps_stats st;
+    dtr_result r = dtr_ps_serve(ps);
+    int NS = f->S * (1 + f->replicas), W = rc->size - NS, worker_died = f->victim >= NS;
+    memset(&st, 0, sizeof st);
+    dtr_ps_get_stats(ps, &st);
+    g_sh->applied[rc->rank] = st.pushes_applied;
+    if (f->policy == DTR_PS_FAIL && worker_died) {   /* the job fails, naming the worker */
+        RCHECK_MSG(rc, r == DTR_PEER_FAILED && strstr(dtr_context_last_error(ctx), "died"), "server: %s (%s)",
+                   dtr_result_string(r), dtr_context_last_error(ctx));
+        return;
+    }
+    RCHECK_MSG(rc, r == DTR_OK, "server rank %d: %s (%s)", rc->rank, dtr_result_string(r), dtr_context_last_error(ctx));
+    if (worker_died) {   /* dropped by every server (a backup: told by its primary) */
+        RCHECK_MSG(rc, st.dropped == 1 && st.workers_lost == (rc->rank < f->S), "rank %d: dropped %lld, lost %lld", rc->rank,
+                   (long long)st.dropped, (long long)st.workers_lost);
+        return;
+    }
+    /* a server died: every surviving holder of a range applied every push of every worker, once */
+    RCHECK_MSG(rc, st.pushes_applied == (int64_t)W * PS_STEPS, "rank %d applied %lld pushes", rc->rank,
+               (long long)st.pushes_applied);
+    RCHECK_MSG(rc, st.failovers == (rc->rank == f->S + f->victim), "rank %d: %lld failovers", rc->rank, (long long)st.failovers);
+    if (rc->rank < f->S) RCHECK(rc, st.forwarded > 0);
+}
+
+/* a worker of the fault cases: PS_STEPS steps (the pacer stops at step `at` until the kill) */
+static void ps_fault_worker(rank_ctx *rc, const ps_fault *f, dtr_ps *ps, mlp *n, const float *ref) {
+    dtr_ps_stats st;
+    int t, wi = dtr_ps_index(ps), NS = f->S * (1 + f->replicas);
+    dtr_result r = dtr_ps_pull(ps);
+    for (t = 0; t < PS_STEPS && r == DTR_OK; t++) {
+        if (rc->rank == f->pacer && t == f->at) {
+            double until = now_s() + 20.0;
+            __atomic_store_n(&g_sh->counter, 1, __ATOMIC_SEQ_CST);
+            while (!__atomic_load_n(&g_sh->done, __ATOMIC_SEQ_CST) && now_s() < until) sleep_ms(1);
+        }
+        if ((r = mlp_backward(n, t, (int64_t)wi * DP_B, DP_B)) == DTR_OK) r = dtr_ps_step(ps);
+        dtr_context_reset(n->ctx);
+    }
+    if (r == DTR_OK) r = dtr_ps_finish(ps);
+    memset(&st, 0, sizeof st);
+    dtr_ps_get_stats(ps, &st);
+    g_sh->acked[rc->rank] = st.pushes_acked;
+    if (f->policy == DTR_PS_FAIL && f->victim >= NS) {   /* every rank fails, naming the dead worker */
+        char want[64];
+        snprintf(want, sizeof want, "worker %d (rank %d) died", f->victim - NS, f->victim);
+        RCHECK_MSG(rc, r == DTR_PEER_FAILED && strstr(dtr_context_last_error(n->ctx), want), "worker %d: %s (%s)", wi,
+                   dtr_result_string(r), dtr_context_last_error(n->ctx));
+        return;
+    }
+    RCHECK_MSG(rc, r == DTR_OK, "worker %d: %s", wi, dtr_context_last_error(n->ctx));
+    if (f->replicas)   /* a range whose primary died moved to its backup once */
+        RCHECK_MSG(rc, st.pushes_acked == PS_STEPS && st.failovers == (f->victim < f->S), "worker %d: %lld pushes "
+                   "acknowledged, %lld failovers", wi, (long long)st.pushes_acked, (long long)st.failovers);
+    if (r == DTR_OK && ref) {   /* synchronous: the weights of an uninterrupted run */
+        double e = rel_err(dtr_model_params(n->m), ref, dtr_model_numel(n->m));
+        RCHECK_MSG(rc, e <= 1e-6, "worker %d after the kill: relative error %.3g vs all-reduce", wi, e);
+        if (wi == 0) rinfo("    after the kill: relative error %.2e vs all-reduce", e);
+    }
+}
+
+static void sc_ps_fault(rank_ctx *rc) {
+    const ps_fault *f = (const ps_fault *)rc->j->arg;
+    int NS = f->S * (1 + f->replicas);
+    float *ref = f->replicas && f->mode == DTR_PS_SYNC && f->victim < NS ? ps_dp_reference(rc, NS) : NULL;
+    dtr_ps_config pc = dtr_ps_config_init();
+    dtr_ps *ps = NULL;
+    mlp n;
+    if (!mlp_init(&n, 7, 1)) { rfail(rc, __LINE__, "mlp_init"); free(ref); return; }
+    pc.servers = f->S;
+    pc.replicas = f->replicas;
+    pc.mode = (dtr_ps_mode)f->mode;
+    pc.policy = (dtr_ps_policy)f->policy;
+    pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
+    pc.opt.momentum = 0.9f;
+    RCHECK_OK(rc, rc->comm, dtr_ps_create(n.m, rc->comm, &pc, &ps));
+    if (ps && dtr_ps_is_server(ps)) ps_fault_server(rc, f, ps, n.ctx);
+    else if (ps) ps_fault_worker(rc, f, ps, &n, ref);
+    dtr_ps_destroy(ps);
+    mlp_free(&n);
+    free(ref);
+}
+
+/* runs a fault case: SIGKILLs the victim once the pacer reached its step; every other rank
+   must exit 0 (its own checks), and no push that a worker saw acknowledged is missing */
+static void ps_fault_case(int p, const ps_fault *f, int n, const char *what) {
+    const char *prov = p ? PROV_TCP : PROV_SHM;
+    pid_t pids[MAXR];
+    int status[MAXR], fd, i;
+    double t0, end;
+    long long acked = 0;
+    job j;
+    if (!prov_ok(p)) return;
+    j = job_init(prov, n, sc_ps_fault, f, what);
+    j.isolate = 1;
+    memset(g_sh->acked, 0, sizeof g_sh->acked);
+    memset(g_sh->applied, 0, sizeof g_sh->applied);
+    fd = start_job(&j, pids);
+    end = now_s() + (g_quick ? 90 : 30);
+    while (!__atomic_load_n(&g_sh->counter, __ATOMIC_SEQ_CST) && now_s() < end) sleep_ms(1);
+    CHECK_MSG(__atomic_load_n(&g_sh->counter, __ATOMIC_SEQ_CST), "%s: the pacer never reached its step", j.what);
+    kill(pids[f->victim], SIGKILL);
+    t0 = now_s();
+    __atomic_store_n(&g_sh->done, 1, __ATOMIC_SEQ_CST);
+    reap_all(pids, n, g_quick ? 120 : 40, status);
+    printf("    %s: the survivors ended %.2f s after the kill\n", j.what, now_s() - t0);
+    for (i = 0; i < n; i++) {
+        char d[160];
+        describe_status(status[i], d, sizeof d);
+        if (i == f->victim) CHECK_MSG(status[i] == -SIGKILL, "%s: the killed rank: %s", j.what, d);
+        else CHECK_MSG(status[i] == 0, "%s: rank %d: %s", j.what, i, d);
+        acked += g_sh->acked[i];
+    }
+    if (f->replicas && f->victim < 2 * f->S) {   /* the other holder of the range has every acknowledged push */
+        int h = f->victim < f->S ? f->S + f->victim : f->victim - f->S;
+        CHECK_MSG(g_sh->applied[h] >= acked, "%s: rank %d applied %lld pushes, workers saw %lld acknowledged", j.what, h,
+                  g_sh->applied[h], acked);
+        printf("    rank %d applied %lld pushes, workers saw %lld acknowledged\n", h, g_sh->applied[h], acked);
+    }
+    for (i = 0; f->replicas && i < f->S; i++)   /* a dead worker: each backup followed its primary */
+        CHECK_MSG(f->victim < 2 * f->S || g_sh->applied[i] == g_sh->applied[f->S + i], "%s: primary %d applied %lld, its "
+                  "backup %lld", j.what, i, g_sh->applied[i], g_sh->applied[f->S + i]);
+    close(fd);
+}
+
+/* a primary server SIGKILLed mid-training (sync: the weights of an uninterrupted run; async:
+   the counters), and a worker SIGKILLed under each policy */
+static void ps_faults(int p) {
+    static const ps_fault primary_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 1, 4, 8};
+    static const ps_fault primary_async = {2, 1, DTR_PS_ASYNC, DTR_PS_FAIL, 1, 4, 8};
+    static const ps_fault worker_continue = {1, 0, DTR_PS_SYNC, DTR_PS_CONTINUE, 3, 3, 8};
+    static const ps_fault worker_fail = {1, 0, DTR_PS_SYNC, DTR_PS_FAIL, 3, 3, 8};
+    static const ps_fault backup_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 3, 4, 8};
+    static const ps_fault worker_replicas = {2, 1, DTR_PS_SYNC, DTR_PS_CONTINUE, 5, 5, 8};
+    ps_fault_case(p, &primary_sync, 6, "parameter servers, replicas, sync: SIGKILL of primary 1");
+    if (!p) ps_fault_case(p, &primary_async, 6, "parameter servers, replicas, async: SIGKILL of primary 1");
+    if (!p) ps_fault_case(p, &backup_sync, 6, "parameter servers, replicas, sync: SIGKILL of backup 1");
+    if (!p) ps_fault_case(p, &worker_replicas, 6, "parameter servers, replicas, CONTINUE: SIGKILL of worker 1");
+    ps_fault_case(p, &worker_continue, 4, "parameter servers, CONTINUE: SIGKILL of worker 2");
+    if (!p) ps_fault_case(p, &worker_fail, 4, "parameter servers, FAIL: SIGKILL of worker 2");
+}
+
+static void test_shm_ps_faults(void) { ps_faults(0); }
+static void test_tcp_ps_faults(void) { ps_faults(1); }
+
 /* ---- cases: pipeline-parallel training ---- */
 
 #include "pipe_model.h"
@@ -1930,6 +2098,8 @@ int main(void) {
         RUN_SEL(test_tcp_dp);
         RUN_SEL(test_shm_ps);
         RUN_SEL(test_tcp_ps);
+        RUN_SEL(test_shm_ps_faults);
+        RUN_SEL(test_tcp_ps_faults);
         RUN_SEL(test_shm_pipe);
         RUN_SEL(test_shm_hierarchical);
         RUN_SEL(test_tcp_hierarchical);

@@ -2,7 +2,8 @@
  * runs the synchronous equivalence over libfabric processes).
  *
  *   test_ps_config        bad configurations are refused with a message (servers, mode,
- *                         staleness, push dtype, LAMB), $DTR_PS_SERVERS is read
+ *                         staleness, push dtype, LAMB, replicas: more than 1, too few ranks, a
+ *                         group that does not isolate peer failures), $DTR_PS_SERVERS is read
  *   test_ps_sync_equals_dp synchronous PS with 1-2 servers and 2-4 workers gives the weights of
  *                         all-reduce data parallelism (dtr_dp) after 20 steps (relative error
  *                         <= 1e-6); every worker holds the servers' weights; staleness 0;
@@ -23,7 +24,17 @@
  *                         it, repeated or out-of-range rows are refused
  *   test_ps_worker_stall  SYNC, a worker silent past the deadline: policy CONTINUE drops it
  *                         (the others finish, its stale push is discarded, it rejoins); policy
- *                         FAIL fails every rank within the deadline plus a bound, naming it */
+ *                         FAIL fails every rank within the deadline plus a bound, naming it
+ *   test_ps_replicas      replicas = 1 on an isolated group (2 ranges, 4 server ranks, 2
+ *                         workers): the workers end with all-reduce's weights, each backup's
+ *                         range is its primary's bit for bit with as many pushes applied, every
+ *                         push was acknowledged, rows are refused; primary 1 leaving before
+ *                         it serves: the workers fail over to its backup once and still end
+ *                         with all-reduce's weights, the backup counts every push
+ *   test_ps_worker_gone   an isolated group, worker 2 leaves after 5 steps without finishing:
+ *                         CONTINUE drops it (workers_lost 1) and the others finish their 20
+ *                         steps; FAIL fails every rank naming it
+ * (tests/test_fabric.c SIGKILLs primaries and workers of real processes.) */
 #define _POSIX_C_SOURCE 200809L
 #define DTRAIN_INTERNAL_API
 #include "../examples/common.h"
@@ -47,6 +58,11 @@ typedef struct ps_job {
     int stall_worker, stall_after, stall_ms;   /* that worker sleeps once (-1: none) */
     int step_ms;                               /* every worker's step takes at least this long */
     int crafted;                               /* worker 0 sends crafted messages first */
+    int isolate;                               /* cfg.isolate_peer_failures */
+    int quit_server;                           /* that server rank leaves without serving (-1: none) */
+    int quit_worker, quit_after;               /* that worker leaves after that many steps (-1: none) */
+    int try_rows;                              /* worker 0 tries dtr_ps_push_rows first (rows_result) */
+    dtr_result rows_result;
     int dp;                                    /* 1: all-reduce data parallelism over W ranks instead */
     void *(*rank_fn)(void *);                  /* NULL: rank_main */
     dtr_local_world *w;
@@ -105,13 +121,19 @@ static dtr_result mlp_worker(ps_job *j, mlp *n, dtr_ps *ps, int wi) {
     if (j->crafted && wi == 0) send_crafted(j, ps);
     r = dtr_ps_pull(ps);
     for (t = 0; t < j->steps && r == DTR_OK; t++) {
+        if (wi == j->quit_worker && t == j->quit_after) return DTR_OK;   /* leaves without dtr_ps_finish */
         if (wi == j->stall_worker && t == j->stall_after) sleep_ms(j->stall_ms);
         if (j->step_ms) sleep_ms(j->step_ms);
         if ((r = mlp_backward(n, t, (int64_t)wi * j->b, j->b)) != DTR_OK) break;
         r = dtr_ps_step(ps);
         dtr_context_reset(n->ctx);
     }
-    return r == DTR_OK ? dtr_ps_finish(ps) : r;
+    if (r == DTR_OK) r = dtr_ps_finish(ps);
+    if (r == DTR_OK && j->try_rows && wi == 0) {   /* the error stays in the context: last */
+        int64_t row = 0;
+        j->rows_result = dtr_ps_push_rows(ps, dtr_model_param_at(n->m, 0), &row, 1);
+    }
+    return r;
 }
 
 static dtr_result mlp_dp_rank(ps_job *j, mlp *n, dtr_comm *c, int rank) {
@@ -182,6 +204,7 @@ static void *rank_main(void *arg) {
     cc.local.world = j->w;
     cc.local.rank = rank;
     cc.timeout_ms = 30000;
+    cc.isolate_peer_failures = j->isolate;
     r = dtr_comm_create(&cc, &c, err, sizeof err);
     if (r == DTR_OK && j->fmnist) {
         ctx = test_ctx(1);
@@ -195,7 +218,8 @@ static void *rank_main(void *arg) {
     else if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
     if (r == DTR_OK && !j->dp) {
         int wi = dtr_ps_index(ps);
-        if (dtr_ps_is_server(ps)) r = dtr_ps_serve(ps);
+        if (rank == j->quit_server) r = DTR_OK;   /* leaves without serving */
+        else if (dtr_ps_is_server(ps)) r = dtr_ps_serve(ps);
         else r = j->fmnist ? fm_worker(j, &net, ps, wi) : mlp_worker(j, &n, ps, wi);
         dtr_ps_get_stats(ps, &j->st[rank]);
     }
@@ -222,7 +246,7 @@ static void *rank_main(void *arg) {
 static void job_run(ps_job *j) {
     pthread_t tid[MAXR];
     ps_rank pr[MAXR];
-    int i, N = j->dp ? j->W : j->S + j->W;
+    int i, N = j->dp ? j->W : j->S * (1 + j->pc.replicas) + j->W;
     dtr_local_world_create(N, NULL, &j->w);
     for (i = 0; i < N; i++) {
         pr[i].j = j, pr[i].rank = i;
@@ -243,6 +267,7 @@ static ps_job job_init(int S, int W, dtr_ps_mode mode) {
     j.S = S, j.W = W, j.steps = 20, j.b = 8;
     j.pc = mlp_ps_config(S, mode);
     j.stall_worker = -1;
+    j.quit_server = j.quit_worker = -1;
     return j;
 }
 
@@ -259,7 +284,7 @@ static float *server_params(ps_job *j) {
 
 static int job_ok(ps_job *j) {
     int i, ok = 1;
-    for (i = 0; i < (j->dp ? j->W : j->S + j->W); i++) {
+    for (i = 0; i < (j->dp ? j->W : j->S * (1 + j->pc.replicas) + j->W); i++) {
         CHECK_MSG(j->res[i] == DTR_OK, "rank %d: %s: %s", i, dtr_result_string(j->res[i]), j->msg[i]);
         ok = ok && j->res[i] == DTR_OK && j->params[i];
     }
@@ -321,6 +346,14 @@ static void test_ps_config_fields(void) {
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
     pc = dtr_ps_config_init(), pc.staleness = -1;
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.replicas = 2;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.replicas = 1, pc.servers = 2;   /* 4 server ranks in a group of 3 */
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    pc = dtr_ps_config_init(), pc.replicas = 1;   /* the group does not isolate peer failures */
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(dtr_context_last_error(ctx), "isolate_peer_failures") != NULL, "%s", dtr_context_last_error(ctx));
     pc = dtr_ps_config_init(), pc.mode = (dtr_ps_mode)7;
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
     pc = dtr_ps_config_init(), pc.push_dtype = DTR_I32;
@@ -580,6 +613,76 @@ static void test_ps_worker_stall(void) {
     job_free(&f);
 }
 
+/* the workers of a replicated job (ranks 4 and 5) against all-reduce: weights, acknowledged
+   pushes, failovers */
+static void check_replicated_workers(ps_job *j, const float *ref, int failovers) {
+    int i;
+    for (i = 4; i < 6; i++) {
+        double e = rel_err(j->params[i], ref, j->numel);
+        CHECK_MSG(e <= 1e-6, "worker %d: relative error %.3g vs all-reduce", i - 4, e);
+        CHECK_EQ_INT(j->st[i].pushes_acked, j->steps);
+        CHECK_EQ_INT(j->st[i].failovers, failovers);
+    }
+}
+
+static void test_ps_replicas(void) {
+    ps_job ref = job_init(2, 2, DTR_PS_SYNC), j = ref, q;
+    int s;
+    ref.dp = 1;
+    j.isolate = 1, j.pc.replicas = 1, j.try_rows = 1;
+    q = j;
+    q.quit_server = 1, q.try_rows = 0;
+    job_run(&ref);
+    job_run(&j);
+    job_run(&q);
+    if (job_ok(&ref) && job_ok(&j)) {
+        check_replicated_workers(&j, ref.params[0], 0);
+        CHECK_EQ_INT(j.rows_result, DTR_UNSUPPORTED);
+        for (s = 0; s < 2; s++) {   /* the backup follows its primary bit for bit */
+            int64_t b = 0, e = 0;
+            b = j.numel * s / 2 / 16 * 16, e = s ? j.numel : j.numel / 2 / 16 * 16;
+            CHECK(memcmp(j.params[2 + s] + b, j.params[s] + b, (size_t)(e - b) * sizeof(float)) == 0);
+            CHECK_EQ_INT(j.st[2 + s].pushes_applied, j.st[s].pushes_applied);
+            CHECK_EQ_INT(j.st[2 + s].updates, j.steps);
+            CHECK_MSG(j.st[s].forwarded > 2 * j.steps, "primary %d forwarded %lld", s, (long long)j.st[s].forwarded);
+        }
+    }
+    if (job_ok(&ref) && job_ok(&q)) {   /* primary 1 gone: its backup (rank 3) serves range 1 */
+        check_replicated_workers(&q, ref.params[0], 1);
+        CHECK_EQ_INT(q.st[3].failovers, 1);
+        CHECK_EQ_INT(q.st[3].pushes_applied, (int64_t)q.steps * q.W);
+        CHECK_EQ_INT(q.st[2].failovers, 0);
+    }
+    job_free(&ref);
+    job_free(&j);
+    job_free(&q);
+}
+
+static void test_ps_worker_gone(void) {
+    ps_job j = job_init(1, 3, DTR_PS_SYNC), f;
+    int i;
+    j.isolate = 1, j.quit_worker = 2, j.quit_after = 5;
+    j.pc.policy = DTR_PS_CONTINUE;
+    f = j;
+    f.pc.policy = DTR_PS_FAIL;
+    job_run(&j);
+    if (job_ok(&j)) {
+        CHECK_EQ_INT(j.st[0].workers_lost, 1);
+        CHECK_EQ_INT(j.st[0].dropped, 1);
+        CHECK_EQ_INT(j.st[0].updates, j.steps);
+        CHECK_EQ_INT(j.st[1].pushes, j.steps);
+        CHECK_EQ_INT(j.st[2].pushes, j.steps);
+    }
+    job_free(&j);
+    job_run(&f);
+    CHECK_EQ_INT(f.res[0], DTR_PEER_FAILED);
+    for (i = 0; i < 3; i++) {
+        CHECK_MSG(strstr(f.msg[i], "worker 2 (rank 3) died") != NULL, "rank %d: %s", i, f.msg[i]);
+        if (i > 0) CHECK_MSG(f.res[i] != DTR_OK, "worker %d: %s", i - 1, dtr_result_string(f.res[i]));
+    }
+    job_free(&f);
+}
+
 #define RUN_IF(fn) do { if (argc < 2 || strcmp(argv[1], #fn) == 0) RUN(fn); } while (0)
 
 int main(int argc, char **argv) {
@@ -592,6 +695,8 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_sync_equals_dp);
     RUN_IF(test_ps_malformed);
     RUN_IF(test_ps_worker_stall);
+    RUN_IF(test_ps_replicas);
+    RUN_IF(test_ps_worker_gone);
     RUN_IF(test_ps_rows);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);

@@ -322,6 +322,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
         return r;
     }
     ep->next_ctx = 1;   /* 0 is the world group */
+    ep->isolate = cfg->isolate_peer_failures && vt->peer_alive;
     r = dtr__comm_new(ep, ep->info.size, &c);   /* the group holds the only reference */
     if (r != DTR_OK) {
         vt->close(ep->state);
@@ -419,6 +420,14 @@ dtr_result dtr_comm_status(const dtr_comm *c) {
     pthread_mutex_unlock((pthread_mutex_t *)&c->mu);
     return r;
 }
+
+int dtr_comm_peer_alive(const dtr_comm *c, int rank) {
+    if (!c || rank < 0 || rank >= c->size) return -1;
+    if (!c->ep->vt->peer_alive || rank == c->rank) return 1;
+    return c->ep->vt->peer_alive(c->ep->state, c->ranks[rank]) ? 1 : 0;
+}
+
+int dtr_comm_isolates_peer_failures(const dtr_comm *c) { return c ? c->ep->isolate : 0; }
 
 const char *dtr_comm_last_error(const dtr_comm *c) { return c ? c->msg : "null group"; }
 int dtr_comm_failed_rank(const dtr_comm *c) { return c ? c->failed_rank : -1; }
@@ -779,13 +788,27 @@ static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) 
 
 /* ---- requests ---- */
 
+/* Isolated groups: a send/recv that failed because its peer is gone. Its message is kept
+   (dtr_comm_last_error) and logged; the group is neither broken nor aborted. */
+static int dtr__p2p_isolated(dtr_comm *c, const dtr__coll *a, dtr_result r, const dtr_transport_error *e) {
+    char msg[sizeof c->msg];
+    if (r != DTR_PEER_FAILED || !c->ep->isolate || c->ep->vt->peer_alive(c->ep->state, c->ranks[a->root])) return 0;
+    snprintf(msg, sizeof msg, "rank %d/%d %s (%zu bytes, %s rank %d, tag %d): %s", c->rank, c->size, dtr__coll_name(a->kind),
+             a->count, a->kind == DTR__OP_SEND ? "to" : "from", a->root, a->tag, e->msg[0] ? e->msg : "the peer is gone");
+    pthread_mutex_lock(&c->mu);
+    if (c->status == DTR_OK) memcpy(c->msg, msg, sizeof msg);
+    pthread_mutex_unlock(&c->mu);
+    if (c->log && c->log_level >= DTR_LOG_WARN) c->log(c->log_user, DTR_LOG_WARN, msg);
+    return 1;
+}
+
 static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transport_error *e, int timed_out) {
     dtr_comm *c = q->comm;
     c->ep->vt->release(c->ep->state, q->treq);
     q->treq = NULL;
     q->state = DTR__REQ_DONE;
     dtr__flight_end(c, q->flight_id, r);
-    if (r == DTR_OK) q->result = DTR_OK;
+    if (r == DTR_OK || dtr__p2p_isolated(c, &q->a, r, e)) q->result = r;
     else if (timed_out)
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
     else
@@ -965,6 +988,7 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
         q->next = c->free_reqs;
         c->free_reqs = q;
         pthread_mutex_unlock(&c->mu);
+        if (dtr__p2p_isolated(c, &a, r, &e)) return r;
         return dtr__comm_fail(c, &a, r, e.rank, e.native_code, "%s", e.msg);
     }
     pthread_mutex_lock(&c->mu);

@@ -45,6 +45,7 @@ typedef struct dtr__endpoint {
     pthread_mutex_t mu;      /* refs, next_ctx */
     int refs;
     uint32_t next_ctx;       /* lowest context id no group of this rank uses (see dtr_comm_split) */
+    int isolate;             /* cfg.isolate_peer_failures on a transport with peer_alive */
 } dtr__endpoint;
 
 /** The flight recorder of a group (src/comm/flight.c). */
@@ -255,6 +256,8 @@ typedef struct dtr__watch_ops {
     void (*fail)(void *t, int rank, const char *why, int publish);
     /** `rank` closed its end cleanly: requests still waiting for it fail. */
     void (*left)(void *t, int rank);
+    /** NULL, or (peer failures isolated): `rank` died; only its requests fail, the world goes on. */
+    void (*died)(void *t, int rank, const char *how);
 } dtr__watch_ops;
 
 /** A watchdog thread over a bootstrap (see the file's comment for what it watches). */

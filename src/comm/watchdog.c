@@ -54,6 +54,11 @@ static void dtr__watch_peer_gone(dtr__watchdog *w, int p, const char *how) {
         w->ops.left(w->ops.t, p);
         return;
     }
+    if (w->ops.died) {   /* isolated: this peer only */
+        w->gone[p] = 1;
+        w->ops.died(w->ops.t, p, how);
+        return;
+    }
     /* tell the world first, without the transport's lock: a thread of ours may be stuck
        inside the transport holding it, and the other ranks must learn of the death */
     if (!w->published) dtr__watchdog_publish(w, p, how);

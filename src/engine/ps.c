@@ -26,8 +26,9 @@ enum { DTR__PS_LIVE = 0, DTR__PS_FINISHED = 1, DTR__PS_DROPPED = 2 };
 typedef struct dtr__ps_peer {  /* a server's view of one worker */
     uint8_t *in, *out;         /* the listening receive's buffer, the reply's */
     dtr_request *rreq, *sreq;
-    int state, pushed, waiting;
+    int state, pushed, waiting, dead;
     int64_t clock, want, last_ns;
+    int64_t seen;              /* replicas, ASYNC / SSP: the clock after its last push (resent pushes are duplicates) */
 } dtr__ps_peer;
 
 struct dtr_ps {
@@ -36,6 +37,7 @@ struct dtr_ps {
     dtr_comm *g;               /* the engine's group (a split of the application's) */
     dtr_ps_config cfg;
     int S, W, server, index;
+    int NS;                    /* server ranks: S (1 + replicas); workers are ranks NS.. */
     int64_t *range;            /* S + 1 offsets */
     int64_t maxlen;            /* the longest range */
     dtr_ps_stats st;
@@ -45,7 +47,12 @@ struct dtr_ps {
     float *slots;              /* SYNC: W pushes of this round, in worker order */
     float *scratch;            /* a range of floats: decoded rows */
     int64_t clock, last_any_ns;
+    int backup_role;           /* replicas: a backup that has not taken over (it follows its primary) */
+    int has_backup;            /* replicas: a primary whose backup is alive */
+    uint8_t *repl_in;          /* backup: the forwarded message */
+    dtr_request *repl_req;     /* backup: its receive */
     /* worker */
+    int *target;               /* S: the rank serving each range (its primary, after a failover its backup) */
     uint8_t **msg, **rep;      /* S request and S reply buffers */
     int64_t *sclock;           /* SYNC: each server's clock at the last pull */
     int64_t wclock;            /* pushes made */
@@ -98,7 +105,7 @@ size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
     int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
     int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
     size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
-    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_PULL_ROWS || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
+    if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_DROP || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
     if (values && es == 0) return 0;
     if (!values && !rows && h->count != 0) return 0;
     if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
@@ -194,13 +201,19 @@ static void dtr__ps_layout(dtr_ps *ps) {
         if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
 }
 
-static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, int size) {
+static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
+    int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
                          "version (backend %s: use the CPU backend)", ctx->backend->name);
-    if (S < 1 || S >= size || S > 64)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers in a group of %d (1 to size - 1, at most 64)",
-                         S, size);
+    if (cfg->replicas < 0 || cfg->replicas > 1)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas %d (0 or 1)", cfg->replicas);
+    if (S < 1 || S * (1 + cfg->replicas) >= size || S > 64)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: %d servers (x%d with replicas) in a group of %d (1 to "
+                         "size - 1 server ranks, at most 64 ranges)", S, 1 + cfg->replicas, size);
+    if (cfg->replicas && !dtr_comm_isolates_peer_failures(c))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas need a group whose transport isolates peer "
+                         "failures (dtr_comm_config.isolate_peer_failures)");
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
@@ -220,7 +233,8 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
                                             : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
-    if (!ps->peer || !ps->slots || !ps->scratch) return DTR_OUT_OF_MEMORY;
+    if (ps->backup_role) ps->repl_in = (uint8_t *)dtr__calloc(a, cap);
+    if (!ps->peer || !ps->slots || !ps->scratch || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
         ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
@@ -242,7 +256,9 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
-    if (!ps->msg || !ps->rep || !ps->sclock) return DTR_OUT_OF_MEMORY;
+    ps->target = (int *)dtr__calloc(a, (size_t)ps->S * sizeof(int));
+    if (!ps->msg || !ps->rep || !ps->sclock || !ps->target) return DTR_OUT_OF_MEMORY;
+    for (s = 0; s < ps->S; s++) ps->target[s] = s;
     for (s = 0; s < ps->S; s++) {
         ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
         ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
@@ -264,13 +280,16 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     def = *cfg;
     if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
     if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
-    if ((r = dtr__ps_check(ctx, &def, def.servers, dtr_comm_size(c))) != DTR_OK) return r;
+    if ((r = dtr__ps_check(ctx, &def, def.servers, c)) != DTR_OK) return r;
     ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
-    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->W = dtr_comm_size(c) - def.servers;
+    ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->NS = def.servers * (1 + def.replicas);
+    ps->W = dtr_comm_size(c) - ps->NS;
     me = dtr_comm_rank(c);
-    ps->server = me < ps->S;
-    ps->index = ps->server ? me : me - ps->S;
+    ps->server = me < ps->NS;
+    ps->index = ps->server ? me % ps->S : me - ps->NS;
+    ps->backup_role = ps->server && me >= ps->S;
+    ps->has_backup = ps->server && !ps->backup_role && def.replicas > 0;
     ps->range = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(ps->S + 1) * sizeof(int64_t));
     r = ps->range ? DTR_OK : DTR_OUT_OF_MEMORY;
     if (r == DTR_OK) dtr__ps_layout(ps);
@@ -297,7 +316,9 @@ static void dtr__ps_free_bufs(dtr_ps *ps, uint8_t **b, int n) {
 static void dtr__ps_cancel(dtr_ps *ps) {
     int w, pending = 0;
     for (w = 0; w < ps->W; w++) pending += ps->peer[w].rreq != NULL || ps->peer[w].sreq != NULL;
-    if (pending && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    if ((pending || ps->repl_req) && ps->g) dtr_comm_abort(ps->g, "parameter server leaving");
+    dtr_request_destroy(ps->repl_req);
+    ps->repl_req = NULL;
     for (w = 0; w < ps->W; w++) {
         dtr_request_destroy(ps->peer[w].rreq);
         dtr_request_destroy(ps->peer[w].sreq);
@@ -315,6 +336,8 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->slots);
     dtr__free(&a, ps->scratch);
+    dtr__free(&a, ps->repl_in);
+    dtr__free(&a, ps->target);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -351,8 +374,11 @@ static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] -
 /* a server's receive and reply buffers: the largest message it takes or sends */
 static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
 
+static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r);
+
 static dtr_result dtr__ps_listen(dtr_ps *ps, int w) {
-    return dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->S + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    dtr_result r = dtr_comm_recv_async(ps->g, ps->peer[w].in, dtr__ps_cap(ps), ps->NS + w, DTR__PS_TAG_REQ, &ps->peer[w].rreq);
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
 }
 
 /* the smallest clock of the live workers (INT64_MAX when none is live) */
@@ -424,6 +450,11 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
         dtr__ps_count_staleness(ps, 0);
         return dtr__ps_round(ps);
     }
+    if (ps->cfg.replicas && h->clock < p->seen) {   /* a push resent after a failover: held already */
+        ps->st.stale_discarded++;
+        return DTR_OK;
+    }
+    p->seen = h->clock + 1;
     dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
     if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
     dtr_convert(ps->slots, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
@@ -445,7 +476,7 @@ static void dtr__ps_rejoin(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
 static void dtr__ps_refuse(dtr_ps *ps, int w, const char *why) {
     ps->st.refused++;
     dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: message from worker %d (rank %d) refused: %s", ps->index, w,
-                ps->S + w, why);
+                ps->NS + w, why);
 }
 
 /* segment i of the ROWS message in buf: [seg[0], seg[0] + seg[1]) */
@@ -492,7 +523,106 @@ static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) 
     n = dtr__ps_seal(p->out, &rh);
     ps->st.row_pulls++;
     ps->st.bytes_sent += n;
-    return dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq);
+    return dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
+}
+
+/* applies request h of worker w (its payload in the worker's buffer) */
+static dtr_result dtr__ps_handle(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
+    dtr__ps_peer *p = &ps->peer[w];
+    if (p->state == DTR__PS_DROPPED && h->kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, h);
+    if (h->kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
+    else if (h->kind == DTR__PS_PULL) p->waiting = 1, p->want = h->clock;
+    else if (h->kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, h);
+    else if (h->kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, h);
+    else return dtr__ps_on_push(ps, w, h);
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* ---- replication (docs/parameter-server.md, "Replication") ---- */
+
+/* is group rank `rank` gone (an isolated group says so)? */
+static int dtr__ps_gone(const dtr_ps *ps, dtr_result r, int rank) {
+    return r == DTR_PEER_FAILED && dtr_comm_isolates_peer_failures(ps->g) && dtr_comm_peer_alive(ps->g, rank) == 0;
+}
+
+/* primary: hands the n bytes of msg to the backup and waits until it holds them (the worker
+   deadline bounds the wait); a backup that died leaves this range unreplicated */
+static dtr_result dtr__ps_forward(dtr_ps *ps, const void *msg, size_t n) {
+    uint64_t ack = 0;
+    int b = ps->S + ps->index;
+    dtr_result r;
+    if (!ps->has_backup) return DTR_OK;
+    dtr_comm_set_timeout(ps->g, ps->cfg.worker_deadline_ms);
+    r = dtr_comm_send(ps->g, msg, n, b, DTR__PS_TAG_REPL);
+    if (r == DTR_OK) r = dtr_comm_recv(ps->g, &ack, sizeof ack, b, DTR__PS_TAG_REPL_ACK);
+    dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
+    if (r == DTR_OK) ps->st.forwarded++;
+    if (r == DTR_OK || !dtr__ps_gone(ps, r, b)) return r;
+    ps->has_backup = 0;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: its backup (rank %d) died: the range goes on unreplicated",
+                ps->index, b);
+    return DTR_OK;
+}
+
+/* primary: tells the backup that worker w left the rounds */
+static dtr_result dtr__ps_forward_drop(dtr_ps *ps, int w) {
+    uint8_t buf[sizeof(dtr__ps_hdr) + 8];
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_DROP, w, ps->clock, ps->range[ps->index], 0, 0);
+    return dtr__ps_forward(ps, buf, dtr__ps_seal(buf, &h));
+}
+
+/* takes worker w out of the rounds (why: for the log) */
+static dtr_result dtr__ps_drop(dtr_ps *ps, int w, const char *why) {
+    dtr_result r;
+    ps->peer[w].state = DTR__PS_DROPPED;
+    ps->peer[w].pushed = 0;
+    ps->st.dropped++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) %s: dropped", ps->index, w, ps->NS + w, why);
+    if ((r = dtr__ps_forward_drop(ps, w)) != DTR_OK) return r;
+    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+}
+
+/* worker w's process is gone (an isolated group): policy FAIL fails the job naming it on
+   every rank (the group is aborted), CONTINUE drops it for good; one that had finished (a
+   backup that took over listens to those too) just closed */
+static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr_request_destroy(p->rreq);
+    dtr_request_destroy(p->sreq);
+    p->rreq = p->sreq = NULL;
+    p->dead = 1;
+    p->waiting = 0;
+    if (p->state == DTR__PS_FINISHED) return DTR_OK;
+    if (ps->cfg.policy == DTR_PS_FAIL) {
+        dtr_result r = dtr__fail(ps->ctx, DTR_PEER_FAILED, "parameter server %d: worker %d (rank %d) died", ps->index, w,
+                                 ps->NS + w);
+        dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
+        return r;
+    }
+    ps->st.workers_lost++;
+    return p->state == DTR__PS_LIVE ? dtr__ps_drop(ps, w, "died") : DTR_OK;
+}
+
+/* an operation with worker w that failed: its death is handled, anything else is the group's error */
+static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r) {
+    return dtr__ps_gone(ps, r, ps->NS + w) ? dtr__ps_worker_died(ps, w) : r;
+}
+
+/* replicas: tells worker w that its PUSH or DONE is held (after the backup acknowledged it) */
+static dtr_result dtr__ps_ack(dtr_ps *ps, int w, int64_t clock) {
+    dtr__ps_peer *p = &ps->peer[w];
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_ACK, ps->index, clock, ps->range[ps->index], 0, 0);
+    dtr_result r = DTR_OK;
+    size_t n;
+    if (p->sreq) {   /* the previous reply: the worker received it before it sent this */
+        r = dtr_request_wait(p->sreq);
+        dtr_request_destroy(p->sreq);
+        p->sreq = NULL;
+    }
+    n = dtr__ps_seal(p->out, &h);
+    if (r == DTR_OK) r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
+    if (r == DTR_OK) ps->st.bytes_sent += n;
+    return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
 }
 
 /* a request arrived from worker w: validated, then its header and trailer wiped from the buffer */
@@ -502,6 +632,7 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
     dtr__ps_hdr h;
     char why[200];
     size_t n;
+    dtr_result r;
     e.server = ps->index, e.workers = ps->W, e.begin = ps->range[ps->index], e.count = dtr__ps_len(ps);
     if (dtr__ps_parse(p->in, dtr__ps_cap(ps), w, &e, &h, why, sizeof why) != DTR_OK) {
         dtr__ps_refuse(ps, w, why);
@@ -509,17 +640,15 @@ static dtr_result dtr__ps_on_request(dtr_ps *ps, int w) {
         return DTR_OK;
     }
     n = dtr__ps_message_bytes(&h);
+    if (h.kind != DTR__PS_PULL_ROWS && (r = dtr__ps_forward(ps, p->in, n)) != DTR_OK) return r;
     memset(p->in, 0, sizeof h);
     memset(p->in + n - 8, 0, 8);
     ps->st.bytes_received += n;
     p->last_ns = ps->last_any_ns = dtr_time_ns();
-    if (p->state == DTR__PS_DROPPED && h.kind != DTR__PS_DONE) dtr__ps_rejoin(ps, w, &h);
-    if (h.kind == DTR__PS_DONE) p->state = DTR__PS_FINISHED, p->pushed = 0, p->waiting = 0;
-    else if (h.kind == DTR__PS_PULL) p->waiting = 1, p->want = h.clock;
-    else if (h.kind == DTR__PS_PUSH_ROWS) return dtr__ps_on_push_rows(ps, w, &h);
-    else if (h.kind == DTR__PS_PULL_ROWS) return dtr__ps_on_pull_rows(ps, w, &h);
-    else return dtr__ps_on_push(ps, w, &h);
-    return ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_round(ps) : DTR_OK;
+    r = dtr__ps_handle(ps, w, &h);
+    if (r == DTR_OK && ps->cfg.replicas && !ps->backup_role && (h.kind == DTR__PS_PUSH || h.kind == DTR__PS_DONE))
+        r = dtr__ps_ack(ps, w, h.clock);
+    return r;
 }
 
 /* can worker w's waiting pull be answered now? */
@@ -544,7 +673,8 @@ static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
         h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
         memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
         n = dtr__ps_seal(p->out, &h);
-        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->S + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK) return r;
+        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK)
+            return dtr__ps_worker_gone(ps, w, r);
         p->waiting = 0;
         ps->st.pulls_answered++;
         ps->st.bytes_sent += n;
@@ -576,18 +706,15 @@ static dtr_result dtr__ps_deadlines(dtr_ps *ps) {
         if (p->state != DTR__PS_LIVE || now - p->last_ns < limit || !dtr__ps_blocking(ps, w)) continue;
         if (ps->cfg.policy == DTR_PS_FAIL) {
             dtr_result r = dtr__fail(ps->ctx, DTR_TIMEOUT, "parameter server %d: worker %d (rank %d) silent for %d ms",
-                                     ps->index, w, ps->S + w, ps->cfg.worker_deadline_ms);
+                                     ps->index, w, ps->NS + w, ps->cfg.worker_deadline_ms);
             dtr_comm_abort(ps->g, dtr_context_last_error(ps->ctx));
             return r;
         }
-        p->state = DTR__PS_DROPPED;
-        p->pushed = 0;
-        ps->st.dropped++;
-        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: worker %d (rank %d) silent for %d ms: dropped", ps->index, w,
-                    ps->S + w, ps->cfg.worker_deadline_ms);
-        if (ps->cfg.mode == DTR_PS_SYNC) {
-            dtr_result r = dtr__ps_round(ps);
-            if (r != DTR_OK) return r;
+        {
+            char why[64];
+            dtr_result r;
+            snprintf(why, sizeof why, "silent for %d ms", ps->cfg.worker_deadline_ms);
+            if ((r = dtr__ps_drop(ps, w, why)) != DTR_OK) return r;
         }
     }
     return DTR_OK;
@@ -601,7 +728,7 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     if (p->sreq) {
         r = dtr_request_test(p->sreq, &done);
         if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
-        if (r != DTR_OK) return r;
+        if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     }
     if (!p->rreq) return DTR_OK;
     r = dtr_request_test(p->rreq, &done);
@@ -610,9 +737,9 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     p->rreq = NULL;
     *progressed = 1;
     if (r == DTR_INVALID_ARGUMENT) dtr__ps_refuse(ps, w, "longer than any message this server takes");
-    else if (r != DTR_OK) return r;
+    else if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     else if ((r = dtr__ps_on_request(ps, w)) != DTR_OK) return r;
-    return p->state == DTR__PS_FINISHED ? DTR_OK : dtr__ps_listen(ps, w);
+    return p->state == DTR__PS_FINISHED || p->dead ? DTR_OK : dtr__ps_listen(ps, w);
 }
 
 static int dtr__ps_all_gone(const dtr_ps *ps) {
@@ -632,24 +759,111 @@ static void dtr__ps_nap(int *idle) {
     nanosleep(&ts, NULL);
 }
 
+/* backup: the next message its primary forwards */
+static dtr_result dtr__ps_repl_listen(dtr_ps *ps) {
+    return dtr_comm_recv_async(ps->g, ps->repl_in, dtr__ps_cap(ps), ps->index, DTR__PS_TAG_REPL, &ps->repl_req);
+}
+
+/* backup: the primary died; this rank serves the range from now on (the workers' pulls that
+   the primary had not answered come again, so none is answered twice). It listens to the
+   workers that finished too: one whose DONE the primary held but did not acknowledge sends
+   it again. */
+static dtr_result dtr__ps_promote(dtr_ps *ps, dtr_result why) {
+    int64_t now = dtr_time_ns();
+    dtr_result r = DTR_OK;
+    int w;
+    if (!dtr__ps_gone(ps, why, ps->index)) return why;
+    ps->backup_role = 0;
+    ps->st.failovers++;
+    ps->last_any_ns = now;
+    dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: primary (rank %d) died: its backup (rank %d) takes over at clock %lld",
+                ps->index, ps->index, ps->S + ps->index, (long long)ps->clock);
+    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+        ps->peer[w].waiting = 0;
+        ps->peer[w].last_ns = now;
+        if (!ps->peer[w].dead) r = dtr__ps_listen(ps, w);
+    }
+    return r;
+}
+
+/* serving is over: the listens of a backup that took over for workers that had finished are
+   cancelled */
+static void dtr__ps_end_listens(dtr_ps *ps) {
+    int w;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_FINISHED && ps->peer[w].rreq) {
+            dtr_request_destroy(ps->peer[w].rreq);
+            ps->peer[w].rreq = NULL;
+        }
+}
+
+/* backup: applies a message its primary forwarded (a worker's request or a DROP) */
+static dtr_result dtr__ps_replay(dtr_ps *ps) {
+    dtr__ps_hdr h;
+    size_t n;
+    memcpy(&h, ps->repl_in, sizeof h);
+    n = dtr__ps_message_bytes(&h);
+    if (h.magic != DTR__PS_MAGIC || h.worker < 0 || h.worker >= ps->W || n == 0 || n > dtr__ps_cap(ps)) {
+        ps->st.refused++;
+        dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d (backup): malformed message from its primary", ps->index);
+        return DTR_OK;
+    }
+    memset(ps->repl_in, 0, sizeof h);
+    if (h.kind == DTR__PS_DROP) {
+        if (ps->peer[h.worker].state != DTR__PS_LIVE) return DTR_OK;
+        return dtr__ps_drop(ps, h.worker, "dropped by the primary");
+    }
+    memcpy(ps->peer[h.worker].in, &h, sizeof h);
+    memcpy(ps->peer[h.worker].in + sizeof h, ps->repl_in + sizeof h, n - sizeof h);
+    return dtr__ps_on_request(ps, h.worker);
+}
+
+/* backup: polls the forwarded stream; acknowledges each message once applied */
+static dtr_result dtr__ps_repl_poll(dtr_ps *ps, int *progressed) {
+    uint64_t ack = 1;
+    int done = 0;
+    dtr_result r = dtr_request_test(ps->repl_req, &done);
+    if (!done) return r;
+    dtr_request_destroy(ps->repl_req);
+    ps->repl_req = NULL;
+    *progressed = 1;
+    if (r != DTR_OK) return dtr__ps_promote(ps, r);
+    if ((r = dtr__ps_replay(ps)) != DTR_OK) return r;
+    r = dtr_comm_send(ps->g, &ack, sizeof ack, ps->index, DTR__PS_TAG_REPL_ACK);
+    if (r != DTR_OK) return dtr__ps_promote(ps, r);
+    if (dtr__ps_all_gone(ps) || (r = dtr__ps_repl_listen(ps)) == DTR_OK) return DTR_OK;
+    return dtr__ps_promote(ps, r);
+}
+
+/* one round of a serving rank's loop */
+static dtr_result dtr__ps_serve_round(dtr_ps *ps, int *progressed) {
+    dtr_result r = DTR_OK;
+    int w;
+    if (ps->backup_role) return dtr__ps_repl_poll(ps, progressed);
+    for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, progressed);
+    if (r == DTR_OK) r = dtr__ps_answer(ps, progressed);
+    if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+    return r;
+}
+
 dtr_result dtr_ps_serve(dtr_ps *ps) {
     dtr_result r = DTR_OK;
     int w, idle = 0;
     if (!ps) return DTR_NULL_HANDLE;
     if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
     ps->last_any_ns = dtr_time_ns();
-    for (w = 0; w < ps->W && r == DTR_OK; w++) {
+    for (w = 0; w < ps->W && r == DTR_OK && !ps->backup_role; w++) {
         ps->peer[w].last_ns = ps->last_any_ns;
-        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
+        if (ps->peer[w].state != DTR__PS_FINISHED && !ps->peer[w].dead && !ps->peer[w].rreq) r = dtr__ps_listen(ps, w);
     }
+    if (ps->backup_role && !ps->repl_req && (r = dtr__ps_repl_listen(ps)) != DTR_OK) r = dtr__ps_promote(ps, r);
     while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
         int progressed = 0;
-        for (w = 0; w < ps->W && r == DTR_OK; w++) r = dtr__ps_poll(ps, w, &progressed);
-        if (r == DTR_OK) r = dtr__ps_answer(ps, &progressed);
-        if (r == DTR_OK) r = dtr__ps_deadlines(ps);
+        r = dtr__ps_serve_round(ps, &progressed);
         if (progressed) idle = 0;
         else dtr__ps_nap(&idle);
     }
+    if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
         dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
     return r;
@@ -699,6 +913,66 @@ static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
     return r;
 }
 
+/* replicas: range s's primary died (an isolated group says so): its backup serves it now */
+static int dtr__ps_failover(dtr_ps *ps, int s, dtr_result r) {
+    if (!ps->cfg.replicas || ps->target[s] != s || !dtr__ps_gone(ps, r, s)) return 0;
+    ps->target[s] = ps->S + s;
+    ps->st.failovers++;
+    dtr__ps_log(ps, DTR_LOG_WARN, "worker %d: parameter server %d (rank %d) died: its backup (rank %d) serves the range now",
+                ps->index, s, s, ps->S + s);
+    return 1;
+}
+
+/* replicas: writes the request of `kind` for range s into msg[s] (a push: the gradient) */
+static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
+    int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
+    dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
+    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, (int)dt);
+    if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+    return dtr__ps_seal(ps->msg[s], &h);
+}
+
+/* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
+   rep[s]; when the primary died, the same request goes to the backup */
+static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    for (;;) {
+        dtr_request *q[2] = {NULL, NULL};
+        dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
+        if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
+        if ((r2 = dtr__ps_waitall(q, 2)) != DTR_OK && r == DTR_OK) r = r2;
+        if (r == DTR_OK) {
+            ps->st.bytes_sent += bytes;
+            return DTR_OK;
+        }
+        if (!dtr__ps_failover(ps, s, r)) return r;
+    }
+}
+
+/* replicas: checks the acknowledgment of range s's server */
+static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
+    dtr__ps_hdr h;
+    uint64_t tr;
+    memcpy(&h, ps->rep[s], sizeof h);
+    memcpy(&tr, ps->rep[s] + sizeof h, 8);
+    if (h.magic != DTR__PS_MAGIC || h.kind != DTR__PS_ACK || h.worker != s || h.count != 0 || tr != dtr__ps_trailer(&h))
+        return dtr__fail(ps->ctx, DTR_CORRUPT_FILE, "parameter server %d sent a malformed acknowledgment", s);
+    ps->st.bytes_received += sizeof h + 8;
+    return DTR_OK;
+}
+
+/* replicas: a PUSH or DONE to every range, each acknowledged. A DONE that a backup which
+   took over no longer takes (it finished serving and left) is done. */
+static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
+    dtr_result r = DTR_OK;
+    int s;
+    for (s = 0; s < ps->S && r == DTR_OK; s++) {
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+        else if (kind == DTR__PS_DONE && ps->target[s] != s && dtr__ps_gone(ps, r, ps->target[s])) r = DTR_OK;
+    }
+    return r;
+}
+
 dtr_result dtr_ps_push(dtr_ps *ps) {
     int64_t clock[64];
     dtr_result r;
@@ -706,8 +980,9 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
-    r = dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
+    r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_PUSH, clock) : dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
+    if (ps->cfg.replicas) ps->st.pushes_acked++;
     ps->wclock++;
     ps->pushed = 1;
     ps->st.pushes++;
@@ -740,6 +1015,19 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
     return DTR_OK;
 }
 
+/* replicas: one range after the other, each from the server that holds it now */
+static dtr_result dtr__ps_pull_replicated(dtr_ps *ps, const int64_t *want, int64_t t0) {
+    dtr_result r = DTR_OK;
+    int s;
+    for (s = 0; s < ps->S && r == DTR_OK; s++)
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, DTR__PS_PULL, want[s]))) == DTR_OK) r = dtr__ps_take_reply(ps, s);
+    if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
+    ps->pushed = 0;
+    ps->st.pulls++;
+    ps->st.wait_ns += dtr_time_ns() - t0;
+    return DTR_OK;
+}
+
 dtr_result dtr_ps_pull(dtr_ps *ps) {
     dtr_request *q[64];
     int64_t want[64], t0;
@@ -751,6 +1039,7 @@ dtr_result dtr_ps_pull(dtr_ps *ps) {
     cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
     t0 = dtr_time_ns();
     for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
+    if (ps->cfg.replicas) return dtr__ps_pull_replicated(ps, want, t0);
     for (s = 0; s < ps->S && r == DTR_OK; s++)
         if ((r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, s, DTR__PS_TAG_REP, &q[n])) == DTR_OK) n++;
     if (r == DTR_OK) r = dtr__ps_send_all(ps, DTR__PS_PULL, want);
@@ -776,7 +1065,7 @@ dtr_result dtr_ps_finish(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_finish: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->wclock;
-    r = dtr__ps_send_all(ps, DTR__PS_DONE, clock);
+    r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_DONE, clock) : dtr__ps_send_all(ps, DTR__PS_DONE, clock);
     return r == DTR_OK ? DTR_OK : dtr__ps_worker_fail(ps, "dtr_ps_finish", r);
 }
 
@@ -789,6 +1078,7 @@ static dtr_result dtr__ps_rows_check(dtr_ps *ps, const char *fn, const dtr_tenso
     int64_t nrows;
     uint8_t *seen;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "%s: rank is a server", fn);
+    if (ps->cfg.replicas) return dtr__fail(ps->ctx, DTR_UNSUPPORTED, "%s: sparse rows are not replicated in this version", fn);
     for (i = 0; i < np && k < 0; i++)
         if (dtr_model_param_at(ps->m, i) == param) k = i;
     if (k < 0 || dtr_tensor_ndim(param) < 1 || n < 0 || (n > 0 && !rows))

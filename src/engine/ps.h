@@ -8,9 +8,12 @@
 #define DTR__PS_VERSION 1
 
 /** Message kinds (worker -> server: PUSH, PULL, DONE, PUSH_ROWS, PULL_ROWS; server -> worker:
- *  REPLY). The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the
- *  server's range) before their values; `count` is the sum of the lengths. */
-enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6 };
+ *  REPLY, ACK (replicas: a PUSH or DONE is held by the server and its backup); primary ->
+ *  backup: the workers' messages as they came, and DROP (worker `worker` left the rounds)).
+ *  The ROWS kinds carry `begin` segments (int64 offset, int64 length: floats of the server's
+ *  range) before their values; `count` is the sum of the lengths. */
+enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, DTR__PS_PUSH_ROWS = 5, DTR__PS_PULL_ROWS = 6,
+       DTR__PS_ACK = 7, DTR__PS_DROP = 8 };
 #define DTR__PS_MAX_SEGMENTS (1 << 24)
 
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
@@ -52,3 +55,5 @@ DTR__PRIVATE dtr_result dtr__ps_parse(const void *buf, size_t len, int from, con
 dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REQ ((1 << 29) + 1)
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
+#define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
+#define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */

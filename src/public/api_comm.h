@@ -171,6 +171,11 @@ typedef struct dtr_transport_vtable {
        work queued on cfg->context's stream (the backend's event_record) and completes them
        before reporting a request complete. */
     unsigned mem_kinds;
+    /** Optional (cfg->isolate_peer_failures): 0 once the transport knows `rank` died or left
+     *  while the world goes on, 1 otherwise (also after abort: the world failed). A transport
+     *  that has it fails only the requests with a dead peer when the config asks for
+     *  isolation, and dtr_comm keeps the group working. */
+    int (*peer_alive)(void *state, int rank);
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -280,6 +285,13 @@ struct dtr_comm_config {
     dtr_log_fn log;                    /**< log callback (errors of the group, the flight record on failure); NULL: silent */
     void *log_user;
     dtr_log_level log_level;           /**< default DTR_LOG_WARN */
+    int isolate_peer_failures;         /**< 1: a peer that dies or leaves fails only the send/recv operations
+                                            with it (DTR_PEER_FAILED naming it; dtr_comm_peer_alive turns 0)
+                                            and the group goes on with the others; collectives still fail
+                                            as a whole. Read by the transport when it opens (every group on
+                                            it; every rank must pass the same value); 0 (default): any
+                                            failure breaks the world. Rank 0 hosts the rendezvous store and
+                                            must not die. docs/distributed.md, "Failures" */
 };
 
 /** Returns a configuration with every field at its default (nccl.device -1, memory host).
@@ -334,6 +346,18 @@ DTR_API int dtr_comm_shared_memory(const dtr_comm *c);
  *          DTR_UNSUPPORTED (65535 context ids used), or a communication error.
  *  Thread safety: as a collective. */
 DTR_API dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out);
+
+/** Whether group rank `rank` can still be reached: 0 once the transport knows it died or
+ *  left while the others go on (local: it closed its endpoint; libfabric: it closed, or died
+ *  with cfg.isolate_peer_failures), 1 otherwise (also on transports that cannot tell, and
+ *  after the whole world failed: dtr_comm_status says so), -1 for a NULL group or a rank
+ *  outside it. On such groups a send or receive that fails with DTR_PEER_FAILED because
+ *  its peer is gone leaves the group working (dtr_comm_status stays DTR_OK; the message is in
+ *  dtr_comm_last_error). Thread safety: thread safe. */
+DTR_API int dtr_comm_peer_alive(const dtr_comm *c, int rank);
+/** 1 when the group's transport isolates peer failures (cfg.isolate_peer_failures on a
+ *  transport with peer_alive), 0 otherwise (0 for NULL). Thread safety: thread safe. */
+DTR_API int dtr_comm_isolates_peer_failures(const dtr_comm *c);
 
 /** DTR_OK, or the error that broke the group (sticky).
  *  Thread safety: the group's thread (one at a time per group). */

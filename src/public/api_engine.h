@@ -877,13 +877,16 @@ typedef enum dtr_ps_mode {
 
 /** What a server does with a worker that it waits on and that stays silent past the deadline. */
 typedef enum dtr_ps_policy {
-    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT naming the worker, the group is aborted */
-    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again */
+    DTR_PS_FAIL = 0,      /**< fail the job: dtr_ps_serve returns DTR_TIMEOUT (silent) or DTR_PEER_FAILED (died, on a
+                               group with isolate_peer_failures) naming the worker, the group is aborted */
+    DTR_PS_CONTINUE = 1   /**< drop the worker from rounds and waits; it rejoins when it speaks again (a dead one
+                               never: dropped for good) */
 } dtr_ps_policy;
 
 /** Parameter-server configuration. Make one with dtr_ps_config_init(); zero means default. */
 typedef struct dtr_ps_config {
-    int servers;               /**< S servers (ranks 0..S-1), 1 to min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
+    int servers;               /**< S servers (ranks 0..S-1; with replicas, S ranges and 2S server ranks), 1 to
+                                    min(64, size - 1); 0: $DTR_PS_SERVERS (dtrun --servers), else 1 */
     dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
@@ -893,6 +896,10 @@ typedef struct dtr_ps_config {
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
     dtr_log_fn log;            /**< refused messages and dropped workers are logged here; NULL: silent */
     void *log_user;
+    int replicas;              /**< 0 (default) or 1: each range has a backup (ranks S..2S-1; workers from 2S) that
+                                    holds every push before the worker's push returns, and takes over when its
+                                    primary dies. Needs a group made with isolate_peer_failures
+                                    (docs/parameter-server.md, "Replication"); refuses dtr_ps_push_rows / pull_rows */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -919,6 +926,10 @@ typedef struct dtr_ps_stats {
     int64_t row_pushes, row_pulls; /**< sparse: worker: calls made; server: row messages applied / answered */
     int64_t wait_ns;             /**< worker: time spent in pulls waiting for the servers */
     uint64_t bytes_sent, bytes_received; /**< both: payload and headers put on / taken off the wire */
+    int64_t pushes_acked;        /**< worker (replicas): pushes every server (and its backup) acknowledged */
+    int64_t failovers;           /**< worker: ranges moved to their backup; backup: 1 once it took over */
+    int64_t forwarded;           /**< primary (replicas): messages its backup acknowledged */
+    int64_t workers_lost;        /**< server (isolated group, DTR_PS_CONTINUE): workers dropped because they died */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
@@ -940,7 +951,8 @@ DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config 
 DTR_API void dtr_ps_destroy(dtr_ps *ps);
 /** 1 on a server rank, 0 on a worker (0 for NULL). Thread safety: any thread. */
 DTR_API int dtr_ps_is_server(const dtr_ps *ps);
-/** This rank's index among the servers or among the workers (-1 for NULL). Thread safe. */
+/** This rank's index among the servers (a backup: its range's) or among the workers (-1 for
+ *  NULL). Thread safe. */
 DTR_API int dtr_ps_index(const dtr_ps *ps);
 /** Number of workers W (0 for NULL). Thread safety: any thread. */
 DTR_API int dtr_ps_workers(const dtr_ps *ps);
@@ -948,8 +960,10 @@ DTR_API int dtr_ps_workers(const dtr_ps *ps);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (s). Thread safety: any thread. */
 DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t *end);
 /** Server: answers the workers until every worker has said dtr_ps_finish (or was dropped
- *  and never came back). Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
- *  the deadline: the context's message names it), or the group's error.
+ *  and never came back). A backup (replicas) follows its primary until that one dies, then
+ *  serves the range. Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
+ *  the deadline: the context's message names it), DTR_PEER_FAILED (policy FAIL, a worker
+ *  died on a group with isolate_peer_failures: named too), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
 /** Worker: pulls the parameters from every server into the model (SYNC: those of the step
@@ -958,8 +972,10 @@ DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_pull(dtr_ps *ps);
 /** Worker: pushes the model's gradient buffer (each server its range, in push_dtype) and
- *  zeroes it; the worker's clock advances. @return DTR_OK, DTR_BAD_STATE (on a server), or
- *  the group's error. Thread safety: the model's context thread. */
+ *  zeroes it; the worker's clock advances. With replicas it returns once every range's
+ *  server and its backup hold the push (stats.pushes_acked), sending it again to the backup
+ *  of a primary that died. @return DTR_OK, DTR_BAD_STATE (on a server), or the group's
+ *  error. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_push(dtr_ps *ps);
 /** Worker: dtr_ps_push, then dtr_ps_pull. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_step(dtr_ps *ps);

@@ -154,8 +154,11 @@ typedef struct dtr__fab {
     int64_t max_nap_ns;          /* the longest nap */
     int64_t timeout_ns;          /* the group's deadline setting: bounds retries of full queues */
     dtr__boot boot;              /* the store connection, namespace, hosts and pids (src/comm/bootstrap.c) */
-    int *left;                   /* per peer: closed cleanly (its requests fail, "rank N left") */
-    int *leaving;                /* per peer: the watchdog read its "left" key; the thread applies it after a poll */
+    int *left;                   /* per peer: 1 closed cleanly (its requests fail, "rank N left"), 2 died
+                                    (cfg.isolate_peer_failures: its requests fail, the world goes on) */
+    int *leaving;                /* per peer: the watchdog read its "left" key (1) or saw it die (2); the
+                                    thread applies it after a poll */
+    int isolate;                 /* cfg.isolate_peer_failures */
     /* requests, the provider thread's work and the world's failure, under mu */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;      /* the provider thread waits for work */
@@ -269,6 +272,11 @@ static int dtr__freq_finished(const dtr__fab *f, const dtr__freq *q) {
     return q->done || f->left[q->peer] || f->aborted;
 }
 
+/* How peer p is gone (left[p] or leaving[p] set). */
+static const char *dtr__fab_gone(const dtr__fab *f, int p) {
+    return f->left[p] == 2 || f->leaving[p] == 2 ? "died" : "left (closed its group)";
+}
+
 /* The result of a finished request (lock held). */
 static dtr_result dtr__freq_result(dtr__fab *f, dtr__freq *q, dtr_transport_error *err) {
     if (q->done) {
@@ -276,7 +284,7 @@ static dtr_result dtr__freq_result(dtr__fab *f, dtr__freq *q, dtr_transport_erro
         return q->result;
     }
     if (f->left[q->peer] && !f->aborted) {
-        dtr__ferr(err, q->peer, 0, "rank %d left (closed its group) while this rank %s it", q->peer,
+        dtr__ferr(err, q->peer, 0, "rank %d %s while this rank %s it", q->peer, dtr__fab_gone(f, q->peer),
                   q->is_recv ? "waited for a message from" : "sent to");
         return DTR_PEER_FAILED;
     }
@@ -314,7 +322,14 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
 
 /* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
 static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
-    ssize_t rc = dtr__fab_post_one(f, q);
+    ssize_t rc;
+    if (f->left[q->peer] == 2) {   /* died (isolated): nothing more goes to it */
+        pthread_mutex_lock(&f->mu);
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "rank %d died", q->peer);
+        pthread_mutex_unlock(&f->mu);
+        return 0;
+    }
+    rc = dtr__fab_post_one(f, q);
     if (rc == -FI_ENOMEM) rc = -FI_EAGAIN;   /* shm: its receive entries ran out for now */
     int64_t now = rc == -FI_EAGAIN ? dtr_time_ns() : 0;
     /* retried until the world fails or well past any deadline of the waiter (whose timeout
@@ -383,7 +398,7 @@ static int dtr__fab_event(dtr__fab *f, dtr__freq *q, int code, const char *detai
         dtr__freq_fail(f, q, DTR_INVALID_ARGUMENT, -code, "a message from rank %d is longer than the receive buffer of %zu "
                        "bytes", q->peer, q->bytes);
     else if (code == FI_ECANCELED && f->left[q->peer])
-        dtr__freq_fail(f, q, DTR_PEER_FAILED, -code, "rank %d left (closed its group) while this rank %s it", q->peer,
+        dtr__freq_fail(f, q, DTR_PEER_FAILED, -code, "rank %d %s while this rank %s it", q->peer, dtr__fab_gone(f, q->peer),
                        q->is_recv ? "waited for a message from" : "sent to");
     else if (code == FI_ECANCELED)
         dtr__freq_fail(f, q, DTR_PEER_FAILED, -code, "the %s rank %d was cancelled", q->is_recv ? "receive from" : "send to",
@@ -443,9 +458,9 @@ static int dtr__fab_take_cancels(dtr__fab *f, dtr__freq **list, int cap) {
     int n = 0, p;
     for (p = 0; f->nleaving && p < f->size; p++)
         if (f->leaving[p]) {
+            f->left[p] = f->leaving[p];
             f->leaving[p] = 0;
             f->nleaving--;
-            f->left[p] = 1;
             pthread_cond_broadcast(&f->done_cv);
             for (q = f->all_reqs; q; q = q->next_all)
                 if (q->peer == p && q->is_recv && q->where == DTR__FW_POSTED && !q->cancel) { q->cancel = 1; f->ncancel++; }
@@ -659,6 +674,12 @@ static void dtr__fab_release(void *state, void *req) {
         if (*pp) { *pp = q->next_post; if (f->post_tail == q) f->post_tail = prev; }
         q->done = 1;
     }
+    if (!q->done && !q->is_recv && f->left[q->peer] == 2) {
+        /* a send to a dead peer (isolated): abandoned, recycled if it ever completes */
+        q->released = 2;
+        pthread_mutex_unlock(&f->mu);
+        return;
+    }
     if (!q->done) {
         /* pending: the provider thread cancels it; wait a moment for the cancellation so the
            buffer is not touched after release returns */
@@ -670,6 +691,7 @@ static void dtr__fab_release(void *state, void *req) {
         f->sleepers--;
     }
     if (q->done) dtr__freq_put(f, q);
+    else if (f->left[q->peer] == 2) q->released = 2;   /* its peer died (isolated): abandoned */
     else {
         /* the provider would not give it back (or is stuck): break the world and close the
            endpoint, after which the provider touches no buffer; recycled if it ever completes */
@@ -725,6 +747,26 @@ static void dtr__fab_wd_left(void *t, int p) {
     if (!f->leaving[p] && !f->left[p]) { f->leaving[p] = 1; f->nleaving++; }
     pthread_cond_signal(&f->work_cv);
     pthread_mutex_unlock(&f->mu);
+}
+/* Isolated peer failures: peer p died; the provider thread reads what it sent before (one
+   more poll), then the requests with it fail, its receives cancelled. */
+static void dtr__fab_wd_died(void *t, int p, const char *how) {
+    dtr__fab *f = (dtr__fab *)t;
+    (void)how;
+    pthread_mutex_lock(&f->mu);
+    if (!f->leaving[p] && !f->left[p]) { f->leaving[p] = 2; f->nleaving++; }
+    pthread_cond_signal(&f->work_cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
+static int dtr__fab_peer_alive(void *state, int p) {
+    dtr__fab *f = (dtr__fab *)state;
+    int alive;
+    if (p < 0 || p >= f->size) return 0;
+    pthread_mutex_lock(&f->mu);
+    alive = (!f->left[p] && !f->leaving[p]) || f->aborted;   /* a world failure is no peer's alone */
+    pthread_mutex_unlock(&f->mu);
+    return alive;
 }
 /* ---- open and close ---- */
 
@@ -904,6 +946,7 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->want_domain = cfg->fabric.domain && *cfg->fabric.domain ? cfg->fabric.domain : getenv("DTR_FABRIC_DOMAIN");
     if (f->max_nap_ns < 1000) f->max_nap_ns = 1000;
     f->timeout_ns = (int64_t)timeout * 1000000;
+    f->isolate = cfg->isolate_peer_failures != 0;
     if (f->spin_ns < 0) f->spin_ns = 0;
 
     /* 1-2. the store, this open's namespace, hosts and pids */
@@ -1048,7 +1091,8 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     }
     f->thread_on = 1;
     {
-        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left};
+        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left, NULL};
+        if (f->isolate) ops.died = dtr__fab_wd_died;
         ops.t = f;
         if (dtr__watchdog_start(&f->wd, &f->boot, &ops) != DTR_OK) {
             dtr__fab_free(f);
@@ -1134,7 +1178,8 @@ static const dtr_transport_vtable dtr__fab_vtable = {
     dtr__fab_abort,
     NULL,   /* progress: the provider thread makes it */
     NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    DTR_MEM_HOST   /* host buffers (device memory would need FI_HMEM registration) */
+    DTR_MEM_HOST,   /* host buffers (device memory would need FI_HMEM registration) */
+    dtr__fab_peer_alive
 };
 
 const dtr_transport_vtable *dtr_fabric_transport(void) { return &dtr__fab_vtable; }

@@ -580,13 +580,26 @@ static void dtr__local_abort(void *state, int failed_rank, const char *why) {
     pthread_mutex_unlock(&w->mu);
 }
 
+/* a rank that closed its endpoint is gone (its requests fail, per peer) while the world goes
+   on; after an abort every request fails for the world's reason: 1 */
+static int dtr__local_peer_alive(void *state, int rank) {
+    dtr_local_world *w = ((dtr__lep *)state)->w;
+    int alive;
+    if (rank < 0 || rank >= w->size) return 0;
+    pthread_mutex_lock(&w->mu);
+    alive = !w->r[rank].closed || w->failed_rank >= 0;
+    pthread_mutex_unlock(&w->mu);
+    return alive;
+}
+
 static const dtr_transport_vtable dtr__local_vtable = {
     DTR_VERSION_NUMBER, "local",
     dtr__local_open, dtr__local_close,
     dtr__local_isend, dtr__local_irecv, dtr__local_test, dtr__local_wait_any, dtr__local_release,
     dtr__local_abort,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    DTR_MEM_HOST
+    DTR_MEM_HOST,
+    dtr__local_peer_alive
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }

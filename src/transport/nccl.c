@@ -498,7 +498,8 @@ static const dtr_transport_vtable dtr__nccl_vtable = {
     dtr__nccl_reduce_scatter,
     dtr__nccl_all_gather,
     NULL,   /* barrier: dtr_comm's, over point-to-point */
-    DTR_MEM_DEVICE
+    DTR_MEM_DEVICE,
+    NULL    /* peer_alive: a dead peer aborts the communicator (no isolation) */
 };
 
 const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable; }
