@@ -4108,8 +4108,6 @@ struct dtr_backend {
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
 #define DTR__MAX_RECOMPUTE_DEPTH 4
 
-/** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
- *  context's own is ctx->own). Resetting it frees all of them at once. */
 /** A released gradient block of a tape's data arena (descriptor in its meta arena). */
 typedef struct dtr__spare {
     struct dtr__spare *next;
@@ -4117,6 +4115,8 @@ typedef struct dtr__spare {
     size_t bytes;
 } dtr__spare;
 
+/** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
+ *  context's own is ctx->own). Resetting it frees all of them at once. */
 struct dtr_tape {
     dtr_context *ctx;
     dtr__arena meta;              /* tensor structs and nodes (host) */
@@ -4235,9 +4235,9 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int n
 DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
-/** Memory for the gradient of intermediate t (made by an op, not retained) on the context's
- *  own tape: a released block of exactly `bytes` if there is one, else new arena memory; t
- *  is marked DTR__GRAD_SPARE. NULL (nothing marked) when t's gradient cannot be released. */
+/** A released block of exactly `bytes` for the gradient of t, or NULL (then the caller takes
+ *  new arena memory). When t's gradient can be released later (an intermediate, not retained,
+ *  on the context's own tape) t is marked DTR__GRAD_SPARE, whichever block it gets. */
 DTR__PRIVATE void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes);
 /** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
  *  and t is not retained; t->grad becomes NULL. */
@@ -6796,7 +6796,7 @@ static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
 void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
     dtr__spare **pp, *s;
     if (!dtr__grad_spareable(ctx, t)) return NULL;
-    t->flags |= DTR__GRAD_SPARE;
+    t->flags |= DTR__GRAD_SPARE;   /* the block it gets, reused or new, goes back after its producer */
     for (pp = &ctx->own.spare; (s = *pp) != NULL; pp = &s->next)
         if (s->bytes == bytes) {
             *pp = s->next;
@@ -6804,7 +6804,7 @@ void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
             ctx->own.unused = s;
             return s->p;
         }
-    return dtr__arena_data(ctx, bytes, "backward");
+    return NULL;
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
@@ -7261,7 +7261,7 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     if (t->grad) return DTR_OK;
     bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
     t->grad = (float *)dtr__grad_spare_take(ctx, t, bytes);
-    if (!t->grad && !(t->flags & DTR__GRAD_SPARE)) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    if (!t->grad) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
     if (!t->grad) return ctx->status;
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
@@ -21546,21 +21546,25 @@ static int dtr__shm_eligible(const dtr_comm *c) {
 
 /* How many polls a wait makes before it yields: few when ranks outnumber the cores (a
  * spinning rank holds a core a peer needs). */
-static long dtr__shm_cores(void) {
+static long dtr__shm_spins(const dtr_comm *c) {
     long cores = 0;
 #ifdef _SC_NPROCESSORS_ONLN
     cores = sysconf(_SC_NPROCESSORS_ONLN);
 #endif
-    return cores;
+    return cores > 0 && cores < c->size ? 50 : 2000;
+}
+
+/* single copy unless $DTR_COMM_SHM_CMA is 0 */
+static int dtr__shm_cma_wanted(void) {
+    const char *env = getenv("DTR_COMM_SHM_CMA");
+    return !(env && !strcmp(env, "0"));
 }
 
 /* The local transport's threads: the segment is a block of their world under the group's
  * context id, made by whichever rank comes first; no collective (a rank may make its group
  * before the others start), and single copy is a memcpy. */
 static dtr_result dtr__shm_setup_local(dtr_comm *c) {
-    const char *env = getenv("DTR_COMM_SHM_CMA");
     void *p = dtr__local_shared_get(c->ep->state, dtr__shm_key(c), dtr__shm_bytes(c->size), dtr__shm_init, c);
-    long cores = dtr__shm_cores();
     if (!p) return DTR_OK;   /* every rank goes without */
     if (!(c->shm = dtr__shm_layout(c, p, 1))) {
         dtr__local_shared_put(c->ep->state, dtr__shm_key(c));
@@ -21568,8 +21572,8 @@ static dtr_result dtr__shm_setup_local(dtr_comm *c) {
     }
     DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
     c->shm->on = 1;
-    c->shm->cma = !(env && !strcmp(env, "0"));
-    c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;
+    c->shm->cma = dtr__shm_cma_wanted();
+    c->shm->spins = dtr__shm_spins(c);
     return DTR_OK;
 }
 
@@ -21614,13 +21618,12 @@ static int dtr__shm_xfer(int64_t pid, void *mine, uint64_t theirs, size_t bytes,
 /* Single copy is on when every rank read its next peer's probe and wrote it back (cross-memory
  * attach allowed: same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
 static dtr_result dtr__shm_cma_setup(dtr_comm *c) {
-    const char *env = getenv("DTR_COMM_SHM_CMA");
     int peer = (c->rank + 1) % c->size;
     uint64_t got = 0;
     float ok = 0.0f;
     dtr_result r;
     int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid);
-    if (!(env && !strcmp(env, "0")) && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 0) == 0 &&
+    if (dtr__shm_cma_wanted() && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 0) == 0 &&
         got == DTR__SHM_MAGIC && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 1) == 0)
         ok = 1.0f;
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);
@@ -21658,9 +21661,8 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
     else {
-        long cores = dtr__shm_cores();
         c->shm->on = 1;
-        c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;   /* a spinning rank holds a core a peer needs */
+        c->shm->spins = dtr__shm_spins(c);
     }
     return r == DTR_OK && c->shm ? dtr__shm_cma_setup(c) : r;
 }
@@ -22051,7 +22053,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22055 "dtrain.h"
+#line 22057 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22287,7 +22289,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22291 "dtrain.h"
+#line 22293 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22646,7 +22648,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22650 "dtrain.h"
+#line 22652 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22843,7 +22845,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22847 "dtrain.h"
+#line 22849 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23240,7 +23242,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23244 "dtrain.h"
+#line 23246 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23721,7 +23723,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23725 "dtrain.h"
+#line 23727 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24913,7 +24915,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24917 "dtrain.h"
+#line 24919 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -24967,7 +24969,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 24971 "dtrain.h"
+#line 24973 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26130,7 +26132,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26134 "dtrain.h"
+#line 26136 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27028,7 +27030,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27032 "dtrain.h"
+#line 27034 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28498,7 +28500,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28502 "dtrain.h"
+#line 28504 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28882,7 +28884,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28886 "dtrain.h"
+#line 28888 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29031,7 +29033,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29035 "dtrain.h"
+#line 29037 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

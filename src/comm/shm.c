@@ -218,21 +218,25 @@ static int dtr__shm_eligible(const dtr_comm *c) {
 
 /* How many polls a wait makes before it yields: few when ranks outnumber the cores (a
  * spinning rank holds a core a peer needs). */
-static long dtr__shm_cores(void) {
+static long dtr__shm_spins(const dtr_comm *c) {
     long cores = 0;
 #ifdef _SC_NPROCESSORS_ONLN
     cores = sysconf(_SC_NPROCESSORS_ONLN);
 #endif
-    return cores;
+    return cores > 0 && cores < c->size ? 50 : 2000;
+}
+
+/* single copy unless $DTR_COMM_SHM_CMA is 0 */
+static int dtr__shm_cma_wanted(void) {
+    const char *env = getenv("DTR_COMM_SHM_CMA");
+    return !(env && !strcmp(env, "0"));
 }
 
 /* The local transport's threads: the segment is a block of their world under the group's
  * context id, made by whichever rank comes first; no collective (a rank may make its group
  * before the others start), and single copy is a memcpy. */
 static dtr_result dtr__shm_setup_local(dtr_comm *c) {
-    const char *env = getenv("DTR_COMM_SHM_CMA");
     void *p = dtr__local_shared_get(c->ep->state, dtr__shm_key(c), dtr__shm_bytes(c->size), dtr__shm_init, c);
-    long cores = dtr__shm_cores();
     if (!p) return DTR_OK;   /* every rank goes without */
     if (!(c->shm = dtr__shm_layout(c, p, 1))) {
         dtr__local_shared_put(c->ep->state, dtr__shm_key(c));
@@ -240,8 +244,8 @@ static dtr_result dtr__shm_setup_local(dtr_comm *c) {
     }
     DTR__ATOMIC_STORE(&c->shm->h->r[c->rank].pid, (int64_t)getpid());
     c->shm->on = 1;
-    c->shm->cma = !(env && !strcmp(env, "0"));
-    c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;
+    c->shm->cma = dtr__shm_cma_wanted();
+    c->shm->spins = dtr__shm_spins(c);
     return DTR_OK;
 }
 
@@ -286,13 +290,12 @@ static int dtr__shm_xfer(int64_t pid, void *mine, uint64_t theirs, size_t bytes,
 /* Single copy is on when every rank read its next peer's probe and wrote it back (cross-memory
  * attach allowed: same user, no ptrace restriction in the way) and $DTR_COMM_SHM_CMA is not 0. */
 static dtr_result dtr__shm_cma_setup(dtr_comm *c) {
-    const char *env = getenv("DTR_COMM_SHM_CMA");
     int peer = (c->rank + 1) % c->size;
     uint64_t got = 0;
     float ok = 0.0f;
     dtr_result r;
     int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[peer].pid);
-    if (!(env && !strcmp(env, "0")) && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 0) == 0 &&
+    if (dtr__shm_cma_wanted() && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 0) == 0 &&
         got == DTR__SHM_MAGIC && dtr__shm_xfer(pid, &got, c->shm->h->r[peer].src, sizeof got, 1) == 0)
         ok = 1.0f;
     r = dtr_comm_all_reduce(c, &ok, &ok, 1, DTR_F32, DTR_REDUCE_SUM);
@@ -330,9 +333,8 @@ dtr_result dtr__shm_setup(dtr_comm *c) {
     if (c->rank == 0 && msg[2]) shm_unlink(name);   /* mapped by all who could: no file is left behind */
     if (r != DTR_OK || ok < (float)c->size - 0.5f) dtr__shm_free(c);
     else {
-        long cores = dtr__shm_cores();
         c->shm->on = 1;
-        c->shm->spins = cores > 0 && cores < c->size ? 50 : 2000;   /* a spinning rank holds a core a peer needs */
+        c->shm->spins = dtr__shm_spins(c);
     }
     return r == DTR_OK && c->shm ? dtr__shm_cma_setup(c) : r;
 }

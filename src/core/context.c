@@ -405,7 +405,7 @@ static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
 void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
     dtr__spare **pp, *s;
     if (!dtr__grad_spareable(ctx, t)) return NULL;
-    t->flags |= DTR__GRAD_SPARE;
+    t->flags |= DTR__GRAD_SPARE;   /* the block it gets, reused or new, goes back after its producer */
     for (pp = &ctx->own.spare; (s = *pp) != NULL; pp = &s->next)
         if (s->bytes == bytes) {
             *pp = s->next;
@@ -413,7 +413,7 @@ void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
             ctx->own.unused = s;
             return s->p;
         }
-    return dtr__arena_data(ctx, bytes, "backward");
+    return NULL;
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {

@@ -314,8 +314,6 @@ struct dtr_backend {
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
 #define DTR__MAX_RECOMPUTE_DEPTH 4
 
-/** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
- *  context's own is ctx->own). Resetting it frees all of them at once. */
 /** A released gradient block of a tape's data arena (descriptor in its meta arena). */
 typedef struct dtr__spare {
     struct dtr__spare *next;
@@ -323,6 +321,8 @@ typedef struct dtr__spare {
     size_t bytes;
 } dtr__spare;
 
+/** A tape and the arenas of what was recorded while it was current (dtr_tape_create; the
+ *  context's own is ctx->own). Resetting it frees all of them at once. */
 struct dtr_tape {
     dtr_context *ctx;
     dtr__arena meta;              /* tensor structs and nodes (host) */
@@ -441,9 +441,9 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int n
 DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
-/** Memory for the gradient of intermediate t (made by an op, not retained) on the context's
- *  own tape: a released block of exactly `bytes` if there is one, else new arena memory; t
- *  is marked DTR__GRAD_SPARE. NULL (nothing marked) when t's gradient cannot be released. */
+/** A released block of exactly `bytes` for the gradient of t, or NULL (then the caller takes
+ *  new arena memory). When t's gradient can be released later (an intermediate, not retained,
+ *  on the context's own tape) t is marked DTR__GRAD_SPARE, whichever block it gets. */
 DTR__PRIVATE void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes);
 /** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
  *  and t is not retained; t->grad becomes NULL. */

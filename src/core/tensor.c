@@ -323,7 +323,7 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     if (t->grad) return DTR_OK;
     bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
     t->grad = (float *)dtr__grad_spare_take(ctx, t, bytes);
-    if (!t->grad && !(t->flags & DTR__GRAD_SPARE)) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    if (!t->grad) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
     if (!t->grad) return ctx->status;
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
