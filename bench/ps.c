@@ -2,6 +2,7 @@
  * parallelism, on the Fashion-MNIST MLP of examples/common.h.
  *
  *   build/bench/ps [--mode sync,async,ssp,dp] [--servers S] [--workers W] [--straggler-ms X]
+ *                  [--straggler worker0|random] [--replicas 0|1]
  *                  [--epochs E] [--max-steps K] [--batch B] [--staleness s] [--bf16] [--repeat R]
  *                  [--data DIR]
  *
@@ -9,14 +10,18 @@
  * it; ranks are threads of this process, one compute thread each) with S servers and W
  * workers, batch B per worker (default 64), Adam lr 1e-3 on the servers; "dp" is all-reduce
  * data parallelism (examples/fmnist_dp.c, also included) on W ranks with the same global
- * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step. The PS workers take
+ * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step (--straggler random:
+ * a random 1 / W of all batches, whichever worker takes them, by X ms each; dp runs without
+ * stragglers). --replicas 1 gives each server a backup (2S server
+ * ranks; the cost of replication). The PS workers take
  * their batches from one counter (E epochs of the data, or W * K batches per epoch with
  * --max-steps K), so a fast worker trains more batches when the mode lets it; dp's ranks
  * take fixed shards (an all-reduce step needs every rank). --repeat R runs the
  * list R times and keeps each mode's best (the least disturbed by other processes).
  *
  * Output: one JSON line per mode:
- *   {"bench":"ps","mode":"ssp","servers":2,"workers":4,"straggler_ms":20,"samples_per_s":..,
+ *   {"bench":"ps","mode":"ssp","servers":2,"replicas":0,"workers":4,"straggler_ms":20,
+ *    "straggler":"worker0","samples_per_s":..,
  *    "step_ms":..,"test_acc":..,"staleness":[..16 bins..],"max_staleness":2,"bytes_per_step":..,
  *    "refused":0,"best_of":3}
  * samples_per_s: samples of all workers over the slowest worker's training time; step_ms:
@@ -36,7 +41,7 @@ typedef struct bench_row { int ok; double sps, step_ms, acc, bytes; ps_result ps
 static int run_dp(const ps_opts *po, const dtr_mnist *data, bench_row *row) {
     dp_opts o = dp_opts_default();
     dp_result res;
-    o.world = po->world - po->servers, o.epochs = po->epochs, o.batch = po->batch * o.world;
+    o.world = po->world - po->servers * (1 + po->replicas), o.epochs = po->epochs, o.batch = po->batch * o.world;
     o.max_steps = po->max_steps, o.quiet = 1, o.cosine = 0;
     if (!dp_train(&o, data, &res) || !res.ok) return 0;
     row->ok = 1;
@@ -65,9 +70,11 @@ static int run_ps(const ps_opts *po, const dtr_mnist *data, bench_row *row) {
 
 static void print_row(const ps_opts *o, const char *mode, const bench_row *r, int repeat) {
     int i;
-    printf("{\"bench\":\"ps\",\"mode\":\"%s\",\"servers\":%d,\"workers\":%d,\"straggler_ms\":%d,\"batch_per_worker\":%d,"
+    printf("{\"bench\":\"ps\",\"mode\":\"%s\",\"servers\":%d,\"replicas\":%d,\"workers\":%d,\"straggler_ms\":%d,"
+           "\"straggler\":\"%s\",\"batch_per_worker\":%d,"
            "\"samples_per_s\":%.0f,\"step_ms\":%.2f,\"test_acc\":%.4f,\"bytes_per_step\":%.0f,\"staleness\":[", mode,
-           strcmp(mode, "dp") ? o->servers : 0, o->world - o->servers, o->straggler_ms, o->batch, r->sps, r->step_ms,
+           strcmp(mode, "dp") ? o->servers : 0, strcmp(mode, "dp") ? o->replicas : 0, o->world - o->servers * (1 + o->replicas),
+           strcmp(mode, "dp") ? o->straggler_ms : 0, o->straggler_random ? "random" : "worker0", o->batch, r->sps, r->step_ms,
            r->acc, r->bytes);
     for (i = 0; i < DTR_PS_STALENESS_BINS; i++) printf("%s%lld", i ? "," : "", (long long)r->ps.server.staleness[i]);
     printf("],\"max_staleness\":%lld,\"refused\":%lld,\"best_of\":%d}\n", (long long)r->ps.server.max_staleness,

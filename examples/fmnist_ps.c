@@ -7,13 +7,16 @@
  * parameters), and says dtr_ps_finish at the end. --mode picks the consistency: sync (the
  * average of every worker's step, as all-reduce data parallelism), async (each push applied
  * on arrival) or ssp (bounded staleness). --straggler-ms slows worker 0 by that many
- * milliseconds per step, to see what each mode does with a slow machine.
+ * milliseconds per step, to see what each mode does with a slow machine (--straggler random:
+ * each batch, whichever worker takes it, is slowed with probability 1 / workers instead: slow
+ * moments that move around). --replicas 1 gives each server a backup (ranks S..2S-1, the
+ * workers after them; the group isolates peer failures).
  * With the local transport the ranks are threads of this process; under the launcher each
  * process is one rank: `dtrun -n 6 --servers 2 build/examples/fmnist_ps --transport libfabric`.
  *
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
  *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16] [--transport NAME]
- *                  [--provider P] [--max-steps K]
+ *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|random]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
  *   --lr: the servers' Adam learning rate (1e-3). Expect about 86% after 2 epochs in every
  *   mode. */
@@ -23,6 +26,9 @@
 typedef struct ps_opts {
     const char *dir, *transport, *provider;
     int world, servers, epochs, batch, staleness, straggler_ms, bf16, quiet;
+    int workers;           /* > 0: the world is the server ranks and these */
+    int replicas;          /* dtr_ps_config.replicas */
+    int straggler_random;  /* the straggler delay hits a random 1 / workers of the batches, not worker 0's */
     int64_t max_steps;     /* > 0: steps per epoch per worker at most */
     int64_t *claim;        /* threads only: a counter the workers take batches from (NULL: fixed shards) */
     dtr_ps_mode mode;
@@ -58,7 +64,9 @@ static dtr_result ps_batch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dt
     int64_t xs[2] = {o->batch, FM_PIXELS}, ys[1] = {o->batch}, i;
     dtr_tensor *loss;
     dtr_result r;
-    if (dtr_ps_index(ps) == 0 && o->straggler_ms > 0) {
+    int slowed = o->straggler_random ? (uint32_t)(start * 2654435761u + 12345u) % (uint32_t)dtr_ps_workers(ps) == 0
+                                     : dtr_ps_index(ps) == 0;
+    if (slowed && o->straggler_ms > 0) {
         struct timespec ts = {o->straggler_ms / 1000, (long)(o->straggler_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
     }
@@ -154,7 +162,7 @@ static int ps_rank(dtr_comm *c, void *user) {
     memset(&mine, 0, sizeof mine);
     cc.threads = 1;
     if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) return ps_err(c, "dtr_context_create", r, "");
-    pc.servers = o->servers, pc.mode = o->mode, pc.staleness = o->staleness;
+    pc.servers = o->servers, pc.mode = o->mode, pc.staleness = o->staleness, pc.replicas = o->replicas;
     pc.opt = dtr_optimizer_config_init(DTR_OPT_ADAM, o->lr);
     pc.push_dtype = o->bf16 ? DTR_BF16 : DTR_F32;
     r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 1);
@@ -184,6 +192,7 @@ static int ps_train(const ps_opts *o, const dtr_mnist *data, ps_result *res) {
     int ok;
     memset(res, 0, sizeof *res);
     j.o = o, j.data = data, j.res = res;
+    ex_isolate_peer_failures = o->replicas > 0;
     ok = ex_run_ranks("fmnist_ps", o->transport, o->provider, o->world, !o->quiet, ps_rank, &j);
     res->ok = ok;
     return ok;
@@ -201,7 +210,9 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         i++;
         if (!strcmp(a, "--world")) o->world = atoi(v);
         else if (!strcmp(a, "--servers")) o->servers = atoi(v);
-        else if (!strcmp(a, "--workers")) o->world = o->servers + atoi(v);
+        else if (!strcmp(a, "--workers")) o->workers = atoi(v);
+        else if (!strcmp(a, "--replicas")) o->replicas = atoi(v);
+        else if (!strcmp(a, "--straggler")) o->straggler_random = !strcmp(v, "random");
         else if (!strcmp(a, "--mode")) o->mode = !strcmp(v, "async") ? DTR_PS_ASYNC : !strcmp(v, "ssp") ? DTR_PS_SSP : DTR_PS_SYNC;
         else if (!strcmp(a, "--staleness")) o->staleness = atoi(v);
         else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);
@@ -214,8 +225,11 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--data")) o->dir = v;
         else { fprintf(stderr, "unknown option %s\n", a); return 0; }
     }
-    if (o->epochs < 1 || o->batch < 1 || o->world < 2 || o->servers < 1 || o->servers >= o->world) {
-        fprintf(stderr, "need --epochs >= 1, --batch >= 1, 1 <= --servers < --world\n");
+    if (o->workers > 0) o->world = o->servers * (1 + o->replicas) + o->workers;
+    if (o->epochs < 1 || o->batch < 1 || o->world < 2 || o->servers < 1 || o->servers * (1 + o->replicas) >= o->world ||
+        o->replicas < 0 || o->replicas > 1) {
+        fprintf(stderr, "need --epochs >= 1, --batch >= 1, 1 <= --servers, --replicas 0 or 1, and a worker after the "
+                "server ranks (--world or --workers)\n");
         return 0;
     }
     return 1;

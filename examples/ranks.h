@@ -15,6 +15,10 @@
 
 typedef int (*ex_rank_fn)(dtr_comm *c, void *user);
 
+/* set before ex_run_ranks: the groups it makes isolate peer failures (a dead rank fails only
+   the operations with it: dtr_comm_config.isolate_peer_failures) */
+static int ex_isolate_peer_failures;
+
 typedef struct ex_thread {
     ex_rank_fn fn;
     void *user;
@@ -30,6 +34,7 @@ static void *ex_thread_main(void *p) {
     dtr_result r;
     cfg.local.world = t->w;
     cfg.local.rank = t->rank;
+    cfg.isolate_peer_failures = ex_isolate_peer_failures;
     if ((r = dtr_comm_create(&cfg, &c, err, sizeof err)) != DTR_OK) {
         fprintf(stderr, "rank %d: error: dtr_comm_create: %s (%s)\n", t->rank, dtr_result_string(r), err);
         return NULL;
@@ -84,6 +89,7 @@ static int ex_run_process(const char *prog, const char *transport, const char *p
     cfg.transport = transport;
     cfg.fabric.provider = provider;
     cfg.store = st;
+    cfg.isolate_peer_failures = ex_isolate_peer_failures;
     if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK) {
         fprintf(stderr, "error: %s\n", err);
     } else {

@@ -25,8 +25,10 @@ enum { DTR__PS_LIVE = 0, DTR__PS_FINISHED = 1, DTR__PS_DROPPED = 2 };
 
 typedef struct dtr__ps_peer {  /* a server's view of one worker */
     uint8_t *in, *out;         /* the listening receive's buffer, the reply's */
+    uint8_t *held;             /* SYNC: a buffer like `in` holding this round's push (f32 after the header) */
     dtr_request *rreq, *sreq;
     int state, pushed, waiting, dead;
+    int snap_out;              /* sreq sends the shared reply (ps->snap) */
     int64_t clock, want, last_ns;
     int64_t seen;              /* replicas, ASYNC / SSP: the clock after its last push (resent pushes are duplicates) */
 } dtr__ps_peer;
@@ -44,8 +46,10 @@ struct dtr_ps {
     /* server */
     dtr_optimizer *opt;
     dtr__ps_peer *peer;
-    float *slots;              /* SYNC: W pushes of this round, in worker order */
     float *scratch;            /* a range of floats: decoded rows */
+    uint8_t *snap;             /* the sealed reply at clock snap_clock, sent to every worker it suits */
+    int64_t snap_clock;        /* -1: none */
+    int snap_users;            /* replies in flight from snap */
     int64_t clock, last_any_ns;
     int backup_role;           /* replicas: a backup that has not taken over (it follows its primary) */
     int has_backup;            /* replicas: a primary whose backup is alive */
@@ -230,15 +234,17 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     size_t cap = dtr__ps_hdr_bytes + (size_t)len * sizeof(float) + 8;
     int w;
     ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
-    ps->slots = ps->cfg.mode == DTR_PS_SYNC ? (float *)dtr__calloc(a, (size_t)(ps->W * len + 1) * sizeof(float))
-                                            : (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
+    ps->snap = (uint8_t *)dtr__calloc(a, cap);
+    ps->snap_clock = -1;
     if (ps->backup_role) ps->repl_in = (uint8_t *)dtr__calloc(a, cap);
-    if (!ps->peer || !ps->slots || !ps->scratch || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
+    if (!ps->peer || !ps->scratch || !ps->snap || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
-        ps->peer[w].in = (uint8_t *)dtr__calloc(a, cap);
-        ps->peer[w].out = (uint8_t *)dtr__calloc(a, cap);
-        if (!ps->peer[w].in || !ps->peer[w].out) return DTR_OUT_OF_MEMORY;
+        dtr__ps_peer *p = &ps->peer[w];
+        p->in = (uint8_t *)dtr__calloc(a, cap);
+        p->out = (uint8_t *)dtr__calloc(a, cap);
+        if (ps->cfg.mode == DTR_PS_SYNC) p->held = (uint8_t *)dtr__calloc(a, cap);
+        if (!p->in || !p->out || (ps->cfg.mode == DTR_PS_SYNC && !p->held)) return DTR_OUT_OF_MEMORY;
     }
     if (len > 0) {
         dtr_optimizer_config oc = ps->cfg.opt;
@@ -311,6 +317,21 @@ static void dtr__ps_free_bufs(dtr_ps *ps, uint8_t **b, int n) {
     dtr__free(&ps->ctx->alloc, b);
 }
 
+/* ends worker p's reply in flight (none: nothing) */
+static void dtr__ps_reply_done(dtr_ps *ps, dtr__ps_peer *p) {
+    dtr_request_destroy(p->sreq);
+    p->sreq = NULL;
+    if (p->snap_out) ps->snap_users--;
+    p->snap_out = 0;
+}
+
+/* waits for worker p's previous reply (the worker received it before it sent what came now) */
+static dtr_result dtr__ps_reply_wait(dtr_ps *ps, dtr__ps_peer *p) {
+    dtr_result r = p->sreq ? dtr_request_wait(p->sreq) : DTR_OK;
+    dtr__ps_reply_done(ps, p);
+    return r;
+}
+
 /* cancels what a server still has in flight: its listening receives would wait a day, so a
    server leaving with some aborts the group first */
 static void dtr__ps_cancel(dtr_ps *ps) {
@@ -321,10 +342,11 @@ static void dtr__ps_cancel(dtr_ps *ps) {
     ps->repl_req = NULL;
     for (w = 0; w < ps->W; w++) {
         dtr_request_destroy(ps->peer[w].rreq);
-        dtr_request_destroy(ps->peer[w].sreq);
-        ps->peer[w].rreq = ps->peer[w].sreq = NULL;
+        ps->peer[w].rreq = NULL;
+        dtr__ps_reply_done(ps, &ps->peer[w]);
         dtr__free(&ps->ctx->alloc, ps->peer[w].in);
         dtr__free(&ps->ctx->alloc, ps->peer[w].out);
+        dtr__free(&ps->ctx->alloc, ps->peer[w].held);
     }
 }
 
@@ -334,7 +356,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     a = ps->ctx->alloc;
     if (ps->peer) dtr__ps_cancel(ps);
     dtr__free(&a, ps->peer);
-    dtr__free(&a, ps->slots);
+    dtr__free(&a, ps->snap);
     dtr__free(&a, ps->scratch);
     dtr__free(&a, ps->repl_in);
     dtr__free(&a, ps->target);
@@ -396,41 +418,43 @@ static void dtr__ps_count_staleness(dtr_ps *ps, int64_t st) {
     if (st > ps->st.max_staleness) ps->st.max_staleness = st;
 }
 
-/* one optimizer update of this server's range with the gradient g */
-static dtr_result dtr__ps_apply(dtr_ps *ps, const float *g) {
+/* one optimizer update of this server's range with the gradient in the model's buffer */
+static dtr_result dtr__ps_apply(dtr_ps *ps) {
     int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
-    dtr_result r = DTR_OK;
-    if (len > 0) {
-        memcpy(dtr_model_grads(ps->m) + b, g, (size_t)len * sizeof(float));
-        r = dtr_optimizer_step_range(ps->opt, b, b + len, NULL);
-    }
+    dtr_result r = len > 0 ? dtr_optimizer_step_range(ps->opt, b, b + len, NULL) : DTR_OK;
     ps->clock++;
     ps->st.updates++;
     return r;
 }
 
+/* SYNC: the round's n pushes into g (len floats), summed in worker order and divided by n, a
+   cache-sized chunk at a time */
+static void dtr__ps_average(dtr_ps *ps, float *g, int64_t len, int n) {
+    int64_t c, e;
+    int w, k;
+    for (c = 0; c < len; c = e) {
+        e = c + 4096 < len ? c + 4096 : len;
+        for (w = 0, k = 0; w < ps->W; w++) {
+            const float *x = (const float *)(ps->peer[w].held + dtr__ps_hdr_bytes);
+            if (!ps->peer[w].pushed) continue;
+            if (k++ == 0) memcpy(g + c, x + c, (size_t)(e - c) * sizeof(float));
+            else DTR__ELEMENTWISE(c, e, g[i] += x[i]);
+        }
+        DTR__ELEMENTWISE(c, e, g[i] /= (float)n);
+    }
+}
+
 /* SYNC: once every live worker pushed this round: their average, summed in worker order */
 static dtr_result dtr__ps_round(dtr_ps *ps) {
-    int64_t len = dtr__ps_len(ps), i;
-    int w, n = 0, live = 0;
-    float *sum = ps->slots;   /* slot 0 doubles as the sum: worker 0's push is added first */
-    for (w = 0; w < ps->W; w++) {
-        if (ps->peer[w].state != DTR__PS_LIVE) continue;
-        live++;
-        if (!ps->peer[w].pushed) return DTR_OK;
-    }
-    for (w = 0; w < ps->W && live; w++) {
-        const float *s = ps->slots + w * len;
-        if (!ps->peer[w].pushed) continue;
-        if (n == 0 && w > 0) memcpy(sum, s, (size_t)len * sizeof(float));
-        else if (n > 0) for (i = 0; i < len; i++) sum[i] += s[i];
-        n++;
-    }
+    int w, n = 0;
+    for (w = 0; w < ps->W; w++)
+        if (ps->peer[w].state == DTR__PS_LIVE && !ps->peer[w].pushed) return DTR_OK;
+    for (w = 0; w < ps->W; w++) n += ps->peer[w].pushed;
     if (n == 0) return DTR_OK;
-    for (i = 0; i < len; i++) sum[i] /= (float)n;
+    dtr__ps_average(ps, dtr_model_grads(ps->m) + ps->range[ps->index], dtr__ps_len(ps), n);
     for (w = 0; w < ps->W; w++) ps->peer[w].pushed = 0;
     ps->st.pushes_applied += n;
-    return dtr__ps_apply(ps, sum);
+    return dtr__ps_apply(ps);
 }
 
 static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
@@ -444,7 +468,11 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
                         ps->index, w, (long long)h->clock, (long long)ps->clock);
             return DTR_OK;
         }
-        dtr_convert(ps->slots + w * len, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+        if (h->dtype == DTR_F32) {   /* the message is the slot: the next one goes to the other buffer */
+            uint8_t *t = p->held;
+            p->held = p->in, p->in = t;
+        } else
+            dtr_convert(p->held + dtr__ps_hdr_bytes, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
         p->pushed = 1;
         p->clock = h->clock + 1;
         dtr__ps_count_staleness(ps, 0);
@@ -457,9 +485,9 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
     p->seen = h->clock + 1;
     dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
     if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
-    dtr_convert(ps->slots, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+    dtr_convert(dtr_model_grads(ps->m) + ps->range[ps->index], DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
     ps->st.pushes_applied++;
-    return dtr__ps_apply(ps, ps->slots);
+    return dtr__ps_apply(ps);
 }
 
 /* a dropped worker that speaks again */
@@ -498,6 +526,7 @@ static dtr_result dtr__ps_on_push_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) 
         at += seg[1];
     }
     ps->st.row_pushes++;
+    ps->snap_clock = -1;   /* the parameters changed at the same clock */
     return DTR_OK;
 }
 
@@ -508,12 +537,8 @@ static dtr_result dtr__ps_on_pull_rows(dtr_ps *ps, int w, const dtr__ps_hdr *h) 
     int64_t i, at = 0, seg[2];
     dtr__ps_hdr rh;
     size_t n;
-    if (p->sreq) {   /* the previous reply: the worker received it before it asked again */
-        dtr_result r = dtr_request_wait(p->sreq);
-        dtr_request_destroy(p->sreq);
-        p->sreq = NULL;
-        if (r != DTR_OK) return r;
-    }
+    dtr_result r = dtr__ps_reply_wait(ps, p);
+    if (r != DTR_OK) return r;
     for (i = 0; i < h->begin; i++) {
         dtr__ps_segment(p->in, i, seg);
         memcpy(p->out + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), params + seg[0], (size_t)seg[1] * sizeof(float));
@@ -588,8 +613,8 @@ static dtr_result dtr__ps_drop(dtr_ps *ps, int w, const char *why) {
 static dtr_result dtr__ps_worker_died(dtr_ps *ps, int w) {
     dtr__ps_peer *p = &ps->peer[w];
     dtr_request_destroy(p->rreq);
-    dtr_request_destroy(p->sreq);
-    p->rreq = p->sreq = NULL;
+    p->rreq = NULL;
+    dtr__ps_reply_done(ps, p);
     p->dead = 1;
     p->waiting = 0;
     if (p->state == DTR__PS_FINISHED) return DTR_OK;
@@ -612,14 +637,8 @@ static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r) {
 static dtr_result dtr__ps_ack(dtr_ps *ps, int w, int64_t clock) {
     dtr__ps_peer *p = &ps->peer[w];
     dtr__ps_hdr h = dtr__ps_header(DTR__PS_ACK, ps->index, clock, ps->range[ps->index], 0, 0);
-    dtr_result r = DTR_OK;
-    size_t n;
-    if (p->sreq) {   /* the previous reply: the worker received it before it sent this */
-        r = dtr_request_wait(p->sreq);
-        dtr_request_destroy(p->sreq);
-        p->sreq = NULL;
-    }
-    n = dtr__ps_seal(p->out, &h);
+    dtr_result r = dtr__ps_reply_wait(ps, p);
+    size_t n = dtr__ps_seal(p->out, &h);
     if (r == DTR_OK) r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq);
     if (r == DTR_OK) ps->st.bytes_sent += n;
     return r == DTR_OK ? DTR_OK : dtr__ps_worker_gone(ps, w, r);
@@ -660,21 +679,33 @@ static int dtr__ps_ready(const dtr_ps *ps, int w) {
     return 1;
 }
 
+/* the reply to worker p's pull (sealed; *n bytes): the shared copy of the range at this clock
+   (made when none is in flight at an older one), or p's own */
+static const uint8_t *dtr__ps_reply(dtr_ps *ps, dtr__ps_peer *p, size_t *n) {
+    int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
+    dtr__ps_hdr h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
+    uint8_t *buf = ps->snap_clock == ps->clock || ps->snap_users == 0 ? ps->snap : p->out;
+    if (buf != ps->snap || ps->snap_clock != ps->clock)
+        memcpy(buf + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
+    *n = dtr__ps_seal(buf, &h);
+    if (buf == ps->snap) ps->snap_clock = ps->clock, ps->snap_users++, p->snap_out = 1;
+    return buf;
+}
+
 /* answers the pulls that may be answered (one reply in flight per worker) */
 static dtr_result dtr__ps_answer(dtr_ps *ps, int *progressed) {
-    int64_t b = ps->range[ps->index], len = dtr__ps_len(ps);
     int w;
     for (w = 0; w < ps->W; w++) {
         dtr__ps_peer *p = &ps->peer[w];
-        dtr__ps_hdr h;
+        const uint8_t *buf;
         size_t n;
         dtr_result r;
         if (p->sreq || p->state != DTR__PS_LIVE || !dtr__ps_ready(ps, w)) continue;
-        h = dtr__ps_header(DTR__PS_REPLY, ps->index, ps->clock, b, len, DTR_F32);
-        memcpy(p->out + dtr__ps_hdr_bytes, dtr_model_params(ps->m) + b, (size_t)len * sizeof(float));
-        n = dtr__ps_seal(p->out, &h);
-        if ((r = dtr_comm_send_async(ps->g, p->out, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK)
+        buf = dtr__ps_reply(ps, p, &n);
+        if ((r = dtr_comm_send_async(ps->g, buf, n, ps->NS + w, DTR__PS_TAG_REP, &p->sreq)) != DTR_OK) {
+            dtr__ps_reply_done(ps, p);
             return dtr__ps_worker_gone(ps, w, r);
+        }
         p->waiting = 0;
         ps->st.pulls_answered++;
         ps->st.bytes_sent += n;
@@ -727,7 +758,7 @@ static dtr_result dtr__ps_poll(dtr_ps *ps, int w, int *progressed) {
     dtr_result r;
     if (p->sreq) {
         r = dtr_request_test(p->sreq, &done);
-        if (done) dtr_request_destroy(p->sreq), p->sreq = NULL, *progressed = 1;
+        if (done) dtr__ps_reply_done(ps, p), *progressed = 1;
         if (r != DTR_OK) return dtr__ps_worker_gone(ps, w, r);
     }
     if (!p->rreq) return DTR_OK;
