@@ -2,7 +2,7 @@
  * parallelism, on the Fashion-MNIST MLP of examples/common.h.
  *
  *   build/bench/ps [--mode sync,async,ssp,dp] [--servers S] [--workers W] [--straggler-ms X]
- *                  [--straggler worker0|random] [--replicas 0|1]
+ *                  [--straggler worker0|rotate] [--replicas 0|1]
  *                  [--epochs E] [--max-steps K] [--batch B] [--staleness s] [--bf16] [--repeat R]
  *                  [--data DIR]
  *
@@ -10,9 +10,9 @@
  * it; ranks are threads of this process, one compute thread each) with S servers and W
  * workers, batch B per worker (default 64), Adam lr 1e-3 on the servers; "dp" is all-reduce
  * data parallelism (examples/fmnist_dp.c, also included) on W ranks with the same global
- * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step (--straggler random:
- * a random 1 / W of all batches, whichever worker takes them, by X ms each; dp runs without
- * stragglers). --replicas 1 gives each server a backup (2S server
+ * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step (--straggler rotate:
+ * worker i's steps k with k mod W = i instead: about one slow worker at a time, a different
+ * one each step; dp runs without stragglers). --replicas 1 gives each server a backup (2S server
  * ranks; the cost of replication). The PS workers take
  * their batches from one counter (E epochs of the data, or W * K batches per epoch with
  * --max-steps K), so a fast worker trains more batches when the mode lets it; dp's ranks
@@ -74,7 +74,7 @@ static void print_row(const ps_opts *o, const char *mode, const bench_row *r, in
            "\"straggler\":\"%s\",\"batch_per_worker\":%d,"
            "\"samples_per_s\":%.0f,\"step_ms\":%.2f,\"test_acc\":%.4f,\"bytes_per_step\":%.0f,\"staleness\":[", mode,
            strcmp(mode, "dp") ? o->servers : 0, strcmp(mode, "dp") ? o->replicas : 0, o->world - o->servers * (1 + o->replicas),
-           strcmp(mode, "dp") ? o->straggler_ms : 0, o->straggler_random ? "random" : "worker0", o->batch, r->sps, r->step_ms,
+           strcmp(mode, "dp") ? o->straggler_ms : 0, o->straggler_rotate ? "rotate" : "worker0", o->batch, r->sps, r->step_ms,
            r->acc, r->bytes);
     for (i = 0; i < DTR_PS_STALENESS_BINS; i++) printf("%s%lld", i ? "," : "", (long long)r->ps.server.staleness[i]);
     printf("],\"max_staleness\":%lld,\"refused\":%lld,\"best_of\":%d}\n", (long long)r->ps.server.max_staleness,

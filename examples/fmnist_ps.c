@@ -7,16 +7,16 @@
  * parameters), and says dtr_ps_finish at the end. --mode picks the consistency: sync (the
  * average of every worker's step, as all-reduce data parallelism), async (each push applied
  * on arrival) or ssp (bounded staleness). --straggler-ms slows worker 0 by that many
- * milliseconds per step, to see what each mode does with a slow machine (--straggler random:
- * each batch, whichever worker takes it, is slowed with probability 1 / workers instead: slow
- * moments that move around). --replicas 1 gives each server a backup (ranks S..2S-1, the
+ * milliseconds per step, to see what each mode does with a slow machine (--straggler rotate:
+ * worker i is slowed on its steps k with k mod W = i instead, so that about one worker is slow
+ * at any moment but which one moves). --replicas 1 gives each server a backup (ranks S..2S-1, the
  * workers after them; the group isolates peer failures).
  * With the local transport the ranks are threads of this process; under the launcher each
  * process is one rank: `dtrun -n 6 --servers 2 build/examples/fmnist_ps --transport libfabric`.
  *
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
  *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16] [--transport NAME]
- *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|random]
+ *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|rotate]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
  *   --lr: the servers' Adam learning rate (1e-3). Expect about 86% after 2 epochs in every
  *   mode. */
@@ -28,7 +28,7 @@ typedef struct ps_opts {
     int world, servers, epochs, batch, staleness, straggler_ms, bf16, quiet;
     int workers;           /* > 0: the world is the server ranks and these */
     int replicas;          /* dtr_ps_config.replicas */
-    int straggler_random;  /* the straggler delay hits a random 1 / workers of the batches, not worker 0's */
+    int straggler_rotate;  /* the straggler delay hits worker i's steps k = i mod W, not worker 0's */
     int64_t max_steps;     /* > 0: steps per epoch per worker at most */
     int64_t *claim;        /* threads only: a counter the workers take batches from (NULL: fixed shards) */
     dtr_ps_mode mode;
@@ -57,15 +57,14 @@ static int ps_err(dtr_comm *c, const char *what, dtr_result r, const char *msg) 
     return 0;
 }
 
-/* one step on the batch at order[start..start + batch) */
+/* step k of this worker, on the batch at order[start..start + batch) */
 static dtr_result ps_batch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *ps, const int32_t *order,
-                           int64_t start, fm_batch *b) {
+                           int64_t start, int64_t k, fm_batch *b) {
     dtr_context *ctx = dtr_model_context(net->model);
     int64_t xs[2] = {o->batch, FM_PIXELS}, ys[1] = {o->batch}, i;
     dtr_tensor *loss;
     dtr_result r;
-    int slowed = o->straggler_random ? (uint32_t)(start * 2654435761u + 12345u) % (uint32_t)dtr_ps_workers(ps) == 0
-                                     : dtr_ps_index(ps) == 0;
+    int slowed = o->straggler_rotate ? k % dtr_ps_workers(ps) == dtr_ps_index(ps) : dtr_ps_index(ps) == 0;
     if (slowed && o->straggler_ms > 0) {
         struct timespec ts = {o->straggler_ms / 1000, (long)(o->straggler_ms % 1000) * 1000000L};
         nanosleep(&ts, NULL);
@@ -90,7 +89,7 @@ static dtr_result ps_epoch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dt
     dtr_result r = DTR_OK;
     for (start = wi * per; start + o->batch <= (wi + 1) * per && r == DTR_OK; start += o->batch) {
         if (o->max_steps > 0 && steps++ >= o->max_steps) break;
-        r = ps_batch(o, d, net, ps, order, start, b);
+        r = ps_batch(o, d, net, ps, order, start, *samples / o->batch, b);
         *samples += o->batch;
     }
     return r;
@@ -111,7 +110,7 @@ static dtr_result ps_claimed(const ps_opts *o, const dtr_mnist *d, fm_net *net, 
             dtr_rng_seed(&rng, 42, 1 + (uint64_t)epoch);
             fm_shuffle(&rng, order, d->train_n);
         }
-        r = ps_batch(o, d, net, ps, order, (g % per_epoch) * o->batch, b);
+        r = ps_batch(o, d, net, ps, order, (g % per_epoch) * o->batch, *samples / o->batch, b);
         *samples += o->batch;
     }
     return r;
@@ -212,7 +211,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--servers")) o->servers = atoi(v);
         else if (!strcmp(a, "--workers")) o->workers = atoi(v);
         else if (!strcmp(a, "--replicas")) o->replicas = atoi(v);
-        else if (!strcmp(a, "--straggler")) o->straggler_random = !strcmp(v, "random");
+        else if (!strcmp(a, "--straggler")) o->straggler_rotate = !strcmp(v, "rotate");
         else if (!strcmp(a, "--mode")) o->mode = !strcmp(v, "async") ? DTR_PS_ASYNC : !strcmp(v, "ssp") ? DTR_PS_SSP : DTR_PS_SYNC;
         else if (!strcmp(a, "--staleness")) o->staleness = atoi(v);
         else if (!strcmp(a, "--epochs")) o->epochs = atoi(v);

@@ -42,7 +42,7 @@
  *                         fails the job).
  *   test_{shm,tcp}_ps_faults  parameter servers on a group with isolate_peer_failures; the
  *                         rank is SIGKILLed while worker 0 waits at step 8 of 20:
- *                         primary 1 of 2 ranges with replicas (sync; shm also async): the
+ *                         primary 1 of 2 ranges with replicas (sync; shm also async, tcp also SSP, whose bound holds across it): the
  *                         workers fail over once, every push is acknowledged, the backup
  *                         applied every push of every worker (>= the acknowledged ones), sync
  *                         ends with all-reduce's weights (relative error <= 1e-6; measured 0);
@@ -1177,6 +1177,8 @@ static void ps_fault_server(rank_ctx *rc, const ps_fault *f, dtr_ps *ps, dtr_con
     RCHECK_MSG(rc, st.pushes_applied == (int64_t)W * PS_STEPS, "rank %d applied %lld pushes", rc->rank,
                (long long)st.pushes_applied);
     RCHECK_MSG(rc, st.failovers == (rc->rank == f->S + f->victim), "rank %d: %lld failovers", rc->rank, (long long)st.failovers);
+    if (f->mode == DTR_PS_SSP)   /* the bound held across the failover (the backup counts its own pushes) */
+        RCHECK_MSG(rc, st.max_staleness <= 2, "rank %d: staleness %lld > 2", rc->rank, (long long)st.max_staleness);
     if (rc->rank < f->S) RCHECK(rc, st.forwarded > 0);
 }
 
@@ -1285,12 +1287,14 @@ static void ps_fault_case(int p, const ps_fault *f, int n, const char *what) {
 static void ps_faults(int p) {
     static const ps_fault primary_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 1, 4, 8};
     static const ps_fault primary_async = {2, 1, DTR_PS_ASYNC, DTR_PS_FAIL, 1, 4, 8};
+    static const ps_fault primary_ssp = {2, 1, DTR_PS_SSP, DTR_PS_FAIL, 1, 4, 8};
     static const ps_fault worker_continue = {1, 0, DTR_PS_SYNC, DTR_PS_CONTINUE, 3, 3, 8};
     static const ps_fault worker_fail = {1, 0, DTR_PS_SYNC, DTR_PS_FAIL, 3, 3, 8};
     static const ps_fault backup_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 3, 4, 8};
     static const ps_fault worker_replicas = {2, 1, DTR_PS_SYNC, DTR_PS_CONTINUE, 5, 5, 8};
     ps_fault_case(p, &primary_sync, 6, "parameter servers, replicas, sync: SIGKILL of primary 1");
     if (!p) ps_fault_case(p, &primary_async, 6, "parameter servers, replicas, async: SIGKILL of primary 1");
+    if (p) ps_fault_case(p, &primary_ssp, 6, "parameter servers, replicas, SSP: SIGKILL of primary 1");
     if (!p) ps_fault_case(p, &backup_sync, 6, "parameter servers, replicas, sync: SIGKILL of backup 1");
     if (!p) ps_fault_case(p, &worker_replicas, 6, "parameter servers, replicas, CONTINUE: SIGKILL of worker 1");
     ps_fault_case(p, &worker_continue, 4, "parameter servers, CONTINUE: SIGKILL of worker 2");
