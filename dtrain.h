@@ -24737,20 +24737,46 @@ static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
     return dtr__ps_seal(ps->msg[s], &h);
 }
 
+/* replicas: posts the receive of range s's answer (into rep[s]) and the send of msg[s] */
+static dtr_result dtr__ps_post(dtr_ps *ps, int s, size_t bytes, dtr_request **q) {
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]);
+    if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
+    return r;
+}
+
 /* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
    rep[s]; when the primary died, the same request goes to the backup */
 static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
     for (;;) {
         dtr_request *q[2] = {NULL, NULL};
-        dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
-        if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
+        dtr_result r = dtr__ps_post(ps, s, bytes, q), r2;
         if ((r2 = dtr__ps_waitall(q, 2)) != DTR_OK && r == DTR_OK) r = r2;
         if (r == DTR_OK) {
             ps->st.bytes_sent += bytes;
             return DTR_OK;
         }
         if (!dtr__ps_failover(ps, s, r)) return r;
+    }
+}
+
+/* replicas: the request of `kind` to every range at once (the ranges' servers work in
+   parallel), each answered in rep[s]; rs[s] is range s's outcome after a failover if its
+   primary died */
+static void dtr__ps_exchange_all(dtr_ps *ps, int kind, const int64_t *clock, dtr_result *rs) {
+    dtr_request *q[128];
+    size_t bytes[64];
+    int s;
+    memset(q, 0, sizeof q);
+    for (s = 0; s < ps->S; s++) {
+        bytes[s] = dtr__ps_request(ps, s, kind, clock[s]);
+        rs[s] = dtr__ps_post(ps, s, bytes[s], q + 2 * s);
+    }
+    for (s = 0; s < ps->S; s++) {
+        dtr_result r = dtr__ps_waitall(q + 2 * s, 2);
+        if (rs[s] == DTR_OK) rs[s] = r;
+        if (rs[s] == DTR_OK) ps->st.bytes_sent += bytes[s];
+        else if (dtr__ps_failover(ps, s, rs[s])) rs[s] = dtr__ps_exchange(ps, s, bytes[s]);
     }
 }
 
@@ -24769,10 +24795,11 @@ static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
 /* replicas: a PUSH or DONE to every range, each acknowledged. A DONE that a backup which
    took over no longer takes (it finished serving and left) is done. */
 static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
-    dtr_result r = DTR_OK;
+    dtr_result rs[64], r = DTR_OK;
     int s;
+    dtr__ps_exchange_all(ps, kind, clock, rs);
     for (s = 0; s < ps->S && r == DTR_OK; s++) {
-        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+        if ((r = rs[s]) == DTR_OK) r = dtr__ps_check_ack(ps, s);
         else if (kind == DTR__PS_DONE && ps->target[s] != s && dtr__ps_gone(ps, r, ps->target[s])) r = DTR_OK;
     }
     return r;
@@ -24822,10 +24849,11 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
 
 /* replicas: one range after the other, each from the server that holds it now */
 static dtr_result dtr__ps_pull_replicated(dtr_ps *ps, const int64_t *want, int64_t t0) {
-    dtr_result r = DTR_OK;
+    dtr_result rs[64], r = DTR_OK;
     int s;
+    dtr__ps_exchange_all(ps, DTR__PS_PULL, want, rs);
     for (s = 0; s < ps->S && r == DTR_OK; s++)
-        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, DTR__PS_PULL, want[s]))) == DTR_OK) r = dtr__ps_take_reply(ps, s);
+        if ((r = rs[s]) == DTR_OK) r = dtr__ps_take_reply(ps, s);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
     ps->pushed = 0;
     ps->st.pulls++;
@@ -24991,7 +25019,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 24995 "dtrain.h"
+#line 25023 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25045,7 +25073,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25049 "dtrain.h"
+#line 25077 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26208,7 +26236,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26212 "dtrain.h"
+#line 26240 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27106,7 +27134,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27110 "dtrain.h"
+#line 27138 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28576,7 +28604,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28580 "dtrain.h"
+#line 28608 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28960,7 +28988,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 28964 "dtrain.h"
+#line 28992 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29109,7 +29137,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29113 "dtrain.h"
+#line 29141 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */
