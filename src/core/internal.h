@@ -425,6 +425,11 @@ DTR__PRIVATE dtr_result dtr__state_put(dtr_state_entry *out, const char *name, v
  *  model's buffers (the whole buffer, or its ZeRO shard); 0, 0 for NULL. */
 DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len);
 
+/** Makes the optimizer leave the gradient buffer as it is after an update (a parameter
+ *  server writes its range's gradient whole before each one; zeroing the model's whole
+ *  buffer would be wasted). */
+DTR__PRIVATE void dtr__optimizer_keep_grads(dtr_optimizer *o);
+
 /* ---- errors and logging ---- */
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at

@@ -233,6 +233,7 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     int64_t len = ps->range[ps->index + 1] - ps->range[ps->index];
     size_t cap = dtr__ps_hdr_bytes + (size_t)len * sizeof(float) + 8;
     int w;
+    dtr_result r;
     ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->snap = (uint8_t *)dtr__calloc(a, cap);
@@ -250,7 +251,8 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
         dtr_optimizer_config oc = ps->cfg.opt;
         oc.shard_begin = ps->range[ps->index];
         oc.shard_end = ps->range[ps->index + 1];
-        return dtr_optimizer_create(ps->m, &oc, &ps->opt);
+        if ((r = dtr_optimizer_create(ps->m, &oc, &ps->opt)) == DTR_OK) dtr__optimizer_keep_grads(ps->opt);
+        return r;
     }
     return DTR_OK;
 }

@@ -25,6 +25,7 @@ struct dtr_optimizer {
     int micro;                /* micro-batches since the last update */
     int64_t skipped;          /* updates skipped for a non-finite gradient (DTR_NONFINITE_SKIP) */
     double last_norm;         /* the last update's gradient norm (-1: none measured) */
+    int keep_grads;           /* an update does not zero the gradients (dtr__optimizer_keep_grads) */
 };
 
 /* ---- schedules ---- */
@@ -386,7 +387,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     a.seg_end = o->seg_end;
     a.work = o->work;
     if ((r = dtr__check_grads(o, &a, begin, end, &skip)) != DTR_OK) return r;
-    if (skip) return dtr_model_zero_grad(o->model);
+    if (skip) return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);
     if (o->cfg.clip_norm > 0.0f || o->cfg.nonfinite != DTR_NONFINITE_OFF) norm = o->last_norm;
     else if (ctx->obs && dtr__obs_wants_grad_norm(ctx->obs)) {   /* no check measured it: the metrics ask */
         if ((r = dtr__range_norm(o, begin, end, &norm)) != DTR_OK) return r;
@@ -397,7 +398,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
     o->steps++;
     if (updated) *updated = 1;
-    return dtr_model_zero_grad(o->model);
+    return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);
 }
 
 #if defined(__SSE2__)
@@ -492,3 +493,5 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
     *base = o ? o->base : 0;
     *len = o ? o->len : 0;
 }
+
+void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
