@@ -1965,6 +1965,11 @@ typedef struct dtr_transport_vtable {
      *  that has it fails only the requests with a dead peer when the config asks for
      *  isolation, and dtr_comm keeps the group working. */
     int (*peer_alive)(void *state, int rank);
+    /** Optional: wait_any without the deadline's failure. Blocks until at least one of
+     *  reqs[0..n) is complete, until_ns passes or the world failed; returns DTR_OK in the
+     *  first two cases (it may also return early) and DTR_PEER_FAILED in the last. Must not
+     *  spin a core while nothing happens. dtr_request_wait_any uses it (without it: naps). */
+    dtr_result (*wait_some)(void *state, void *const *reqs, int n, int64_t until_ns);
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -2295,6 +2300,17 @@ DTR_API dtr_result dtr_request_test(dtr_request *req, int *done);
 /** Blocks until the request is complete (at the latest shortly after its deadline) and
  *  returns its result. Thread safety: the group's thread. */
 DTR_API dtr_result dtr_request_wait(dtr_request *req);
+/** Waits up to timeout_ms for one of the point-to-point requests reqs[0..n) of one group
+ *  (send_async / recv_async; NULL entries are skipped) to complete, without spinning a core:
+ *  the transport's wait where it has one (local, libfabric), short naps otherwise. *index is
+ *  the first complete request (dtr_request_test then gives its result), or -1 when none
+ *  completed in time, which is not an error: a server loop waits this way for whichever
+ *  peer speaks first and still wakes for its own timers. A request's own deadline still
+ *  ends it (with DTR_TIMEOUT) as in dtr_request_test.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a collective's request, requests of
+ *  different groups, n outside 1..1024, timeout_ms < 0), DTR_PEER_FAILED (the world failed).
+ *  Thread safety: the group's thread. */
+DTR_API dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms, int *index);
 /** Waits for the request if it still runs, then frees it. NULL is ignored. Every request
  *  must be freed (before its group is destroyed). */
 DTR_API void dtr_request_destroy(dtr_request *req);
@@ -3788,7 +3804,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3792 "dtrain.h"
+#line 3808 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4309,7 +4325,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4313 "dtrain.h"
+#line 4329 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4583,7 +4599,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4587 "dtrain.h"
+#line 4603 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4645,7 +4661,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4649 "dtrain.h"
+#line 4665 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4972,7 +4988,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4976 "dtrain.h"
+#line 4992 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5015,7 +5031,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5019 "dtrain.h"
+#line 5035 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5042,7 +5058,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 5046 "dtrain.h"
+#line 5062 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5075,7 +5091,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5079 "dtrain.h"
+#line 5095 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5149,7 +5165,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5153 "dtrain.h"
+#line 5169 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5212,7 +5228,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5216 "dtrain.h"
+#line 5232 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5262,7 +5278,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5266 "dtrain.h"
+#line 5282 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5614,7 +5630,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5618 "dtrain.h"
+#line 5634 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6405,7 +6421,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6409 "dtrain.h"
+#line 6425 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6881,7 +6897,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6885 "dtrain.h"
+#line 6901 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6952,7 +6968,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6956 "dtrain.h"
+#line 6972 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7369,7 +7385,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7373 "dtrain.h"
+#line 7389 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7578,7 +7594,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7582 "dtrain.h"
+#line 7598 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7809,7 +7825,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7813 "dtrain.h"
+#line 7829 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7924,7 +7940,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7928 "dtrain.h"
+#line 7944 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7980,7 +7996,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 7984 "dtrain.h"
+#line 8000 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8410,7 +8426,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8414 "dtrain.h"
+#line 8430 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8589,7 +8605,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8593 "dtrain.h"
+#line 8609 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9114,7 +9130,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9118 "dtrain.h"
+#line 9134 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9613,7 +9629,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9617 "dtrain.h"
+#line 9633 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9872,7 +9888,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9876 "dtrain.h"
+#line 9892 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10058,7 +10074,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10062 "dtrain.h"
+#line 10078 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10178,7 +10194,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10182 "dtrain.h"
+#line 10198 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10652,7 +10668,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10656 "dtrain.h"
+#line 10672 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10821,7 +10837,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10825 "dtrain.h"
+#line 10841 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11070,7 +11086,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11074 "dtrain.h"
+#line 11090 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11571,7 +11587,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
 }
 
 void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
-#line 11575 "dtrain.h"
+#line 11591 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11700,7 +11716,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11704 "dtrain.h"
+#line 11720 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12047,7 +12063,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12051 "dtrain.h"
+#line 12067 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12113,7 +12129,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12117 "dtrain.h"
+#line 12133 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12350,7 +12366,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12354 "dtrain.h"
+#line 12370 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13099,7 +13115,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13103 "dtrain.h"
+#line 13119 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13552,7 +13568,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13556 "dtrain.h"
+#line 13572 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13608,7 +13624,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13612 "dtrain.h"
+#line 13628 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14385,7 +14401,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14389 "dtrain.h"
+#line 14405 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14966,7 +14982,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14970 "dtrain.h"
+#line 14986 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15597,7 +15613,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15601 "dtrain.h"
+#line 15617 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16344,7 +16360,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16348 "dtrain.h"
+#line 16364 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16697,7 +16713,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16701 "dtrain.h"
+#line 16717 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16887,7 +16903,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16891 "dtrain.h"
+#line 16907 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17068,7 +17084,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17072 "dtrain.h"
+#line 17088 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17843,7 +17859,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17847 "dtrain.h"
+#line 17863 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18360,7 +18376,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18364 "dtrain.h"
+#line 18380 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19155,7 +19171,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19159 "dtrain.h"
+#line 19175 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -19186,12 +19202,13 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 /* ---- clock and timed waits ----
  * The implementation is compiled after the application's own headers, so it cannot ask
  * for POSIX with a feature-test macro. Under strict ISO C (-std=c99) glibc hides
- * clock_gettime and pthread_condattr_setclock although libc has them: they are declared
+ * clock_gettime, nanosleep and pthread_condattr_setclock although libc has them: they are declared
  * here with the Linux clock ids. Elsewhere CLOCK_MONOTONIC is used when the headers show it,
  * and gettimeofday otherwise; condition variables wait on the monotonic clock on glibc and
  * in slices of at most 100 ms of the real-time clock elsewhere. */
 #if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
 extern int clock_gettime(__clockid_t clock_id, struct timespec *tp);
+extern int nanosleep(const struct timespec *req, struct timespec *rem);
 #define DTR__CLK_MONO 1
 #define DTR__CLK_REAL 0
 #define DTR__HAVE_CLOCK 1
@@ -20042,6 +20059,49 @@ dtr_result dtr_request_wait(dtr_request *q) {
     return r;
 }
 
+/* dtr_request_wait_any: checks the requests; *index = the first complete one (-1: none), the
+   transport's handles of the pending ones in tr[0..*k), and the earliest of their deadlines */
+static dtr_result dtr__wait_any_scan(dtr_request *const *reqs, int n, int *index, void **tr, int *k, int64_t *dl) {
+    int i, done;
+    *index = -1, *k = 0;
+    for (i = 0; i < n; i++) {
+        dtr_request *q = reqs[i];
+        if (!q) continue;
+        if (dtr_request_test(q, &done), done) { *index = i; return DTR_OK; }
+        tr[(*k)++] = q->treq;
+        if (q->a.deadline < *dl) *dl = q->a.deadline;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms, int *index) {
+    void *tr[1024];
+    dtr_comm *c = NULL;
+    int64_t until;
+    int i, k;
+    if (!reqs || !index) return DTR_NULL_HANDLE;
+    *index = -1;
+    if (n < 1 || n > 1024 || timeout_ms < 0) return DTR_INVALID_ARGUMENT;
+    for (i = 0; i < n; i++) {
+        if (!reqs[i]) continue;
+        if (c && reqs[i]->comm != c) return DTR_INVALID_ARGUMENT;
+        c = reqs[i]->comm;
+        if (!reqs[i]->treq && reqs[i]->state != DTR__REQ_DONE) return DTR_INVALID_ARGUMENT;   /* a collective's */
+    }
+    until = dtr_time_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        int64_t dl = until;
+        dtr_result r = dtr__wait_any_scan(reqs, n, index, tr, &k, &dl);
+        if (r != DTR_OK || *index >= 0 || k == 0 || dtr_time_ns() >= until) return r;
+        if (c->ep->vt->wait_some) {   /* a request's own deadline wakes it too: its test ends it */
+            if ((r = c->ep->vt->wait_some(c->ep->state, tr, k, dl)) != DTR_OK) return r;
+        } else {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
 void dtr_request_destroy(dtr_request *q) {
     dtr_comm *c;
     if (!q) return;
@@ -20277,7 +20337,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20281 "dtrain.h"
+#line 20341 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20742,9 +20802,10 @@ static int dtr__local_culprit(dtr_local_world *w, int me, int peer, int *cycle) 
     return peer;
 }
 
-static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
-                                      dtr_transport_error *err) {
-    dtr__lep *ep = (dtr__lep *)state;
+/* wait_any (soft = 0) and wait_some (soft = 1: the deadline is no failure, and the rank does
+   not count as blocked on a peer for the waits-for analysis: a server loop waits on many) */
+static dtr_result dtr__local_wait(dtr__lep *ep, void *const *reqs, int n, int64_t deadline_ns, int soft,
+                                  dtr_transport_error *err) {
     dtr_local_world *w = ep->w;
     dtr__lrank *me = &w->r[ep->rank];
     dtr_result r = DTR_OK;
@@ -20761,7 +20822,8 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
             if (pending_peer < 0) pending_peer = q->peer;
         }
         if (pending_peer < 0) goto out; /* nothing to wait for */
-        if (dtr_time_ns() >= deadline_ns) {
+        if (soft && dtr_time_ns() >= deadline_ns) goto out;
+        if (!soft && dtr_time_ns() >= deadline_ns) {
             int cycle, who = dtr__local_culprit(w, ep->rank, pending_peer, &cycle);
             if (cycle)
                 dtr__lerr(err, who, "no message from rank %d, and the ranks it waits for wait in turn "
@@ -20782,8 +20844,8 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
             r = DTR_TIMEOUT;
             goto out;
         }
-        me->blocked++;
-        me->wait_peer = pending_peer;
+        me->blocked += !soft;
+        if (!soft) me->wait_peer = pending_peer;
         if (dtr_time_ns() < spin_until) {
             /* the first microseconds: poll with the lock released (the peer is usually a
                moment away), then sleep on the condition variable */
@@ -20793,12 +20855,21 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
             pthread_mutex_lock(&w->mu);
         } else
             timed_out = dtr__cond_wait_until(&me->cv, &w->mu, deadline_ns);
-        me->blocked--;
+        me->blocked -= !soft;
         (void)timed_out; /* the loop re-checks everything, the deadline included */
     }
 out:
     pthread_mutex_unlock(&w->mu);
     return r;
+}
+
+static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
+                                      dtr_transport_error *err) {
+    return dtr__local_wait((dtr__lep *)state, reqs, n, deadline_ns, 0, err);
+}
+
+static dtr_result dtr__local_wait_some(void *state, void *const *reqs, int n, int64_t until_ns) {
+    return dtr__local_wait((dtr__lep *)state, reqs, n, until_ns, 1, NULL);
 }
 
 static void dtr__local_release(void *state, void *req) {
@@ -20882,11 +20953,12 @@ static const dtr_transport_vtable dtr__local_vtable = {
     dtr__local_abort,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     DTR_MEM_HOST,
-    dtr__local_peer_alive
+    dtr__local_peer_alive,
+    dtr__local_wait_some
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20890 "dtrain.h"
+#line 20962 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21375,7 +21447,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21379 "dtrain.h"
+#line 21451 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -21437,10 +21509,8 @@ extern ssize_t process_vm_writev(pid_t pid, const struct iovec *lvec, unsigned l
 #else
 #define DTR__HAVE_CMA 0
 #endif
-/* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c) */
-#if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
-extern int nanosleep(const struct timespec *req, struct timespec *rem);
-#endif
+/* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c, which
+   declares nanosleep) */
 #if defined(__GLIBC__) && !defined(__USE_POSIX) && !defined(__cplusplus)
 extern int kill(__pid_t pid, int sig);
 #endif
@@ -22106,7 +22176,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22110 "dtrain.h"
+#line 22180 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22342,7 +22412,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22346 "dtrain.h"
+#line 22416 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22701,7 +22771,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22705 "dtrain.h"
+#line 22775 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22898,7 +22968,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22902 "dtrain.h"
+#line 22972 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23295,7 +23365,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23299 "dtrain.h"
+#line 23369 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23776,7 +23846,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23780 "dtrain.h"
+#line 23850 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23829,6 +23899,7 @@ struct dtr_ps {
     dtr_optimizer *opt;
     dtr__ps_peer *peer;
     float *scratch;            /* a range of floats: decoded rows */
+    dtr_request **waitq;       /* 2W + 1: what an idle server waits on */
     uint8_t *snap;             /* the sealed reply at clock snap_clock, sent to every worker it suits */
     int64_t snap_clock;        /* -1: none */
     int snap_users;            /* replies in flight from snap */
@@ -24020,8 +24091,9 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->snap = (uint8_t *)dtr__calloc(a, cap);
     ps->snap_clock = -1;
+    ps->waitq = (dtr_request **)dtr__calloc(a, (size_t)(2 * ps->W + 1) * sizeof(dtr_request *));
     if (ps->backup_role) ps->repl_in = (uint8_t *)dtr__calloc(a, cap);
-    if (!ps->peer || !ps->scratch || !ps->snap || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
+    if (!ps->peer || !ps->scratch || !ps->snap || !ps->waitq || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         dtr__ps_peer *p = &ps->peer[w];
         p->in = (uint8_t *)dtr__calloc(a, cap);
@@ -24141,6 +24213,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     if (ps->peer) dtr__ps_cancel(ps);
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->snap);
+    dtr__free(&a, ps->waitq);
     dtr__free(&a, ps->scratch);
     dtr__free(&a, ps->repl_in);
     dtr__free(&a, ps->target);
@@ -24564,14 +24637,24 @@ static int dtr__ps_all_gone(const dtr_ps *ps) {
     return 1;
 }
 
-static void dtr__ps_nap(int *idle) {
-    struct timespec ts;
-    long us = *idle < 4 ? 0 : *idle < 50 ? 20 : 200;
-    (*idle)++;
-    if (us == 0) return;
-    ts.tv_sec = 0;
-    ts.tv_nsec = us * 1000;
-    nanosleep(&ts, NULL);
+/* nothing happened: sleeps in the transport until one of the server's requests completes (a
+   worker's message, a reply taken, the primary's forward) or, at the latest, the next look at
+   the workers' deadlines. What woke it is handled by the next round (its failures too). */
+static void dtr__ps_idle(dtr_ps *ps) {
+    dtr_request **q = ps->waitq;
+    int w, n = 0, idx, ms = ps->cfg.worker_deadline_ms / 8;
+    if (ps->repl_req) q[n++] = ps->repl_req;
+    for (w = 0; w < ps->W; w++) {
+        if (ps->peer[w].rreq) q[n++] = ps->peer[w].rreq;
+        if (ps->peer[w].sreq) q[n++] = ps->peer[w].sreq;
+    }
+    if (n > 1024) n = 1024, ms = 1;   /* the rest are polled each round */
+    if (n > 0) {
+        (void)dtr_request_wait_any(q, n, ms < 1 ? 1 : ms > 100 ? 100 : ms, &idx);
+    } else {   /* nothing posted (not expected while a worker is live): no busy loop either */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* backup: the next message its primary forwards */
@@ -24663,7 +24746,7 @@ static dtr_result dtr__ps_serve_round(dtr_ps *ps, int *progressed) {
 
 dtr_result dtr_ps_serve(dtr_ps *ps) {
     dtr_result r = DTR_OK;
-    int w, idle = 0;
+    int w;
     if (!ps) return DTR_NULL_HANDLE;
     if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
     ps->last_any_ns = dtr_time_ns();
@@ -24675,8 +24758,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
     while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
         int progressed = 0;
         r = dtr__ps_serve_round(ps, &progressed);
-        if (progressed) idle = 0;
-        else dtr__ps_nap(&idle);
+        if (r == DTR_OK && !progressed) dtr__ps_idle(ps);
     }
     if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
@@ -25029,7 +25111,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25033 "dtrain.h"
+#line 25115 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25083,7 +25165,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25087 "dtrain.h"
+#line 25169 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26246,7 +26328,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26250 "dtrain.h"
+#line 26332 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27144,7 +27226,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27148 "dtrain.h"
+#line 27230 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28614,7 +28696,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28618 "dtrain.h"
+#line 28700 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -28998,7 +29080,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29002 "dtrain.h"
+#line 29084 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29147,7 +29229,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29151 "dtrain.h"
+#line 29233 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

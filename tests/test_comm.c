@@ -587,6 +587,11 @@ static void rk_send_recv(rank_ctx *rc) {
     RCHECK(rc, dtr_comm_recv(c, small, 1, left, -1) == DTR_INVALID_ARGUMENT);
     RCHECK_OK(rc, dtr_comm_barrier(c));
     RCHECK(rc, dtr_comm_status(c) == DTR_OK);
+    if (N >= 3) {   /* dtr_request_wait_any through the local transport's wait_some */
+        char why[300] = "";
+        if (wait_any_case(c, why, sizeof why) != 0 && rc->fails++ < 5) fprintf(stderr, "  rank %d: FAIL wait_any: %s\n", me, why);
+        RCHECK_OK(rc, dtr_comm_barrier(c));
+    }
     free(sb);
     free(rb);
 }

@@ -702,6 +702,11 @@ static void sc_send_recv(rank_ctx *rc) {
     RCHECK(rc, dtr_comm_send(c, small, 1, N, 0) == DTR_INVALID_ARGUMENT);
     RCHECK(rc, dtr_comm_recv(c, small, 1, left, -1) == DTR_INVALID_ARGUMENT);
     RCHECK_OK(rc, c, dtr_comm_barrier(c));
+    if (N >= 3) {   /* dtr_request_wait_any through the transport's wait_some */
+        char why[300] = "";
+        RCHECK_MSG(rc, wait_any_case(c, why, sizeof why) == 0, "dtr_request_wait_any: %s", why);
+        RCHECK_OK(rc, c, dtr_comm_barrier(c));
+    }
     free(sb);
     free(rb);
 }

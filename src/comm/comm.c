@@ -25,12 +25,13 @@
 /* ---- clock and timed waits ----
  * The implementation is compiled after the application's own headers, so it cannot ask
  * for POSIX with a feature-test macro. Under strict ISO C (-std=c99) glibc hides
- * clock_gettime and pthread_condattr_setclock although libc has them: they are declared
+ * clock_gettime, nanosleep and pthread_condattr_setclock although libc has them: they are declared
  * here with the Linux clock ids. Elsewhere CLOCK_MONOTONIC is used when the headers show it,
  * and gettimeofday otherwise; condition variables wait on the monotonic clock on glibc and
  * in slices of at most 100 ms of the real-time clock elsewhere. */
 #if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
 extern int clock_gettime(__clockid_t clock_id, struct timespec *tp);
+extern int nanosleep(const struct timespec *req, struct timespec *rem);
 #define DTR__CLK_MONO 1
 #define DTR__CLK_REAL 0
 #define DTR__HAVE_CLOCK 1
@@ -879,6 +880,49 @@ dtr_result dtr_request_wait(dtr_request *q) {
     r = q->result;
     pthread_mutex_unlock(&c->mu);
     return r;
+}
+
+/* dtr_request_wait_any: checks the requests; *index = the first complete one (-1: none), the
+   transport's handles of the pending ones in tr[0..*k), and the earliest of their deadlines */
+static dtr_result dtr__wait_any_scan(dtr_request *const *reqs, int n, int *index, void **tr, int *k, int64_t *dl) {
+    int i, done;
+    *index = -1, *k = 0;
+    for (i = 0; i < n; i++) {
+        dtr_request *q = reqs[i];
+        if (!q) continue;
+        if (dtr_request_test(q, &done), done) { *index = i; return DTR_OK; }
+        tr[(*k)++] = q->treq;
+        if (q->a.deadline < *dl) *dl = q->a.deadline;
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms, int *index) {
+    void *tr[1024];
+    dtr_comm *c = NULL;
+    int64_t until;
+    int i, k;
+    if (!reqs || !index) return DTR_NULL_HANDLE;
+    *index = -1;
+    if (n < 1 || n > 1024 || timeout_ms < 0) return DTR_INVALID_ARGUMENT;
+    for (i = 0; i < n; i++) {
+        if (!reqs[i]) continue;
+        if (c && reqs[i]->comm != c) return DTR_INVALID_ARGUMENT;
+        c = reqs[i]->comm;
+        if (!reqs[i]->treq && reqs[i]->state != DTR__REQ_DONE) return DTR_INVALID_ARGUMENT;   /* a collective's */
+    }
+    until = dtr_time_ns() + (int64_t)timeout_ms * 1000000;
+    for (;;) {
+        int64_t dl = until;
+        dtr_result r = dtr__wait_any_scan(reqs, n, index, tr, &k, &dl);
+        if (r != DTR_OK || *index >= 0 || k == 0 || dtr_time_ns() >= until) return r;
+        if (c->ep->vt->wait_some) {   /* a request's own deadline wakes it too: its test ends it */
+            if ((r = c->ep->vt->wait_some(c->ep->state, tr, k, dl)) != DTR_OK) return r;
+        } else {
+            struct timespec ts = {0, 200000};
+            nanosleep(&ts, NULL);
+        }
+    }
 }
 
 void dtr_request_destroy(dtr_request *q) {

@@ -56,10 +56,8 @@ extern ssize_t process_vm_writev(pid_t pid, const struct iovec *lvec, unsigned l
 #else
 #define DTR__HAVE_CMA 0
 #endif
-/* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c) */
-#if defined(__GLIBC__) && !defined(__USE_POSIX199309) && !defined(__cplusplus)
-extern int nanosleep(const struct timespec *req, struct timespec *rem);
-#endif
+/* compiled after the app's headers: under strict ISO C glibc hides these (see comm.c, which
+   declares nanosleep) */
 #if defined(__GLIBC__) && !defined(__USE_POSIX) && !defined(__cplusplus)
 extern int kill(__pid_t pid, int sig);
 #endif

@@ -47,6 +47,7 @@ struct dtr_ps {
     dtr_optimizer *opt;
     dtr__ps_peer *peer;
     float *scratch;            /* a range of floats: decoded rows */
+    dtr_request **waitq;       /* 2W + 1: what an idle server waits on */
     uint8_t *snap;             /* the sealed reply at clock snap_clock, sent to every worker it suits */
     int64_t snap_clock;        /* -1: none */
     int snap_users;            /* replies in flight from snap */
@@ -238,8 +239,9 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     ps->scratch = (float *)dtr__calloc(a, (size_t)(len + 1) * sizeof(float));
     ps->snap = (uint8_t *)dtr__calloc(a, cap);
     ps->snap_clock = -1;
+    ps->waitq = (dtr_request **)dtr__calloc(a, (size_t)(2 * ps->W + 1) * sizeof(dtr_request *));
     if (ps->backup_role) ps->repl_in = (uint8_t *)dtr__calloc(a, cap);
-    if (!ps->peer || !ps->scratch || !ps->snap || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
+    if (!ps->peer || !ps->scratch || !ps->snap || !ps->waitq || (ps->backup_role && !ps->repl_in)) return DTR_OUT_OF_MEMORY;
     for (w = 0; w < ps->W; w++) {
         dtr__ps_peer *p = &ps->peer[w];
         p->in = (uint8_t *)dtr__calloc(a, cap);
@@ -359,6 +361,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     if (ps->peer) dtr__ps_cancel(ps);
     dtr__free(&a, ps->peer);
     dtr__free(&a, ps->snap);
+    dtr__free(&a, ps->waitq);
     dtr__free(&a, ps->scratch);
     dtr__free(&a, ps->repl_in);
     dtr__free(&a, ps->target);
@@ -782,14 +785,24 @@ static int dtr__ps_all_gone(const dtr_ps *ps) {
     return 1;
 }
 
-static void dtr__ps_nap(int *idle) {
-    struct timespec ts;
-    long us = *idle < 4 ? 0 : *idle < 50 ? 20 : 200;
-    (*idle)++;
-    if (us == 0) return;
-    ts.tv_sec = 0;
-    ts.tv_nsec = us * 1000;
-    nanosleep(&ts, NULL);
+/* nothing happened: sleeps in the transport until one of the server's requests completes (a
+   worker's message, a reply taken, the primary's forward) or, at the latest, the next look at
+   the workers' deadlines. What woke it is handled by the next round (its failures too). */
+static void dtr__ps_idle(dtr_ps *ps) {
+    dtr_request **q = ps->waitq;
+    int w, n = 0, idx, ms = ps->cfg.worker_deadline_ms / 8;
+    if (ps->repl_req) q[n++] = ps->repl_req;
+    for (w = 0; w < ps->W; w++) {
+        if (ps->peer[w].rreq) q[n++] = ps->peer[w].rreq;
+        if (ps->peer[w].sreq) q[n++] = ps->peer[w].sreq;
+    }
+    if (n > 1024) n = 1024, ms = 1;   /* the rest are polled each round */
+    if (n > 0) {
+        (void)dtr_request_wait_any(q, n, ms < 1 ? 1 : ms > 100 ? 100 : ms, &idx);
+    } else {   /* nothing posted (not expected while a worker is live): no busy loop either */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 
 /* backup: the next message its primary forwards */
@@ -881,7 +894,7 @@ static dtr_result dtr__ps_serve_round(dtr_ps *ps, int *progressed) {
 
 dtr_result dtr_ps_serve(dtr_ps *ps) {
     dtr_result r = DTR_OK;
-    int w, idle = 0;
+    int w;
     if (!ps) return DTR_NULL_HANDLE;
     if (!ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_serve: rank is a worker");
     ps->last_any_ns = dtr_time_ns();
@@ -893,8 +906,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
     while (r == DTR_OK && !dtr__ps_all_gone(ps)) {
         int progressed = 0;
         r = dtr__ps_serve_round(ps, &progressed);
-        if (progressed) idle = 0;
-        else dtr__ps_nap(&idle);
+        if (r == DTR_OK && !progressed) dtr__ps_idle(ps);
     }
     if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)

@@ -176,6 +176,11 @@ typedef struct dtr_transport_vtable {
      *  that has it fails only the requests with a dead peer when the config asks for
      *  isolation, and dtr_comm keeps the group working. */
     int (*peer_alive)(void *state, int rank);
+    /** Optional: wait_any without the deadline's failure. Blocks until at least one of
+     *  reqs[0..n) is complete, until_ns passes or the world failed; returns DTR_OK in the
+     *  first two cases (it may also return early) and DTR_PEER_FAILED in the last. Must not
+     *  spin a core while nothing happens. dtr_request_wait_any uses it (without it: naps). */
+    dtr_result (*wait_some)(void *state, void *const *reqs, int n, int64_t until_ns);
 } dtr_transport_vtable;
 
 /** The built-in `local` transport (ranks are threads; see dtr_local_world). Thread safe. */
@@ -506,6 +511,17 @@ DTR_API dtr_result dtr_request_test(dtr_request *req, int *done);
 /** Blocks until the request is complete (at the latest shortly after its deadline) and
  *  returns its result. Thread safety: the group's thread. */
 DTR_API dtr_result dtr_request_wait(dtr_request *req);
+/** Waits up to timeout_ms for one of the point-to-point requests reqs[0..n) of one group
+ *  (send_async / recv_async; NULL entries are skipped) to complete, without spinning a core:
+ *  the transport's wait where it has one (local, libfabric), short naps otherwise. *index is
+ *  the first complete request (dtr_request_test then gives its result), or -1 when none
+ *  completed in time, which is not an error: a server loop waits this way for whichever
+ *  peer speaks first and still wakes for its own timers. A request's own deadline still
+ *  ends it (with DTR_TIMEOUT) as in dtr_request_test.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a collective's request, requests of
+ *  different groups, n outside 1..1024, timeout_ms < 0), DTR_PEER_FAILED (the world failed).
+ *  Thread safety: the group's thread. */
+DTR_API dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms, int *index);
 /** Waits for the request if it still runs, then frees it. NULL is ignored. Every request
  *  must be freed (before its group is destroyed). */
 DTR_API void dtr_request_destroy(dtr_request *req);

@@ -630,9 +630,9 @@ static dtr_result dtr__fab_timed_out(dtr__fab *f, const dtr__freq *q, dtr_transp
     return DTR_TIMEOUT;
 }
 
-static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
-                                    dtr_transport_error *err) {
-    dtr__fab *f = (dtr__fab *)state;
+/* wait_any (soft = 0) and wait_some (soft = 1: the deadline is no failure) */
+static dtr_result dtr__fab_wait(dtr__fab *f, void *const *reqs, int n, int64_t deadline_ns, int soft,
+                                dtr_transport_error *err) {
     int64_t spin_until = dtr_time_ns() + f->spin_ns;
     dtr_result r = DTR_OK;
     int pending;
@@ -642,6 +642,7 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
         int64_t now;
         if (dtr__fab_any_finished(f, reqs, n, &pending, &r, err)) break;
         now = dtr_time_ns();
+        if (now >= deadline_ns && soft) break;
         if (now >= deadline_ns) {
             dtr__freq *q = (dtr__freq *)reqs[pending];
             pthread_mutex_unlock(&f->mu);
@@ -660,6 +661,16 @@ static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64
     }
     pthread_mutex_unlock(&f->mu);
     return r;
+}
+
+static dtr_result dtr__fab_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
+                                    dtr_transport_error *err) {
+    return dtr__fab_wait((dtr__fab *)state, reqs, n, deadline_ns, 0, err);
+}
+
+static dtr_result dtr__fab_wait_some(void *state, void *const *reqs, int n, int64_t until_ns) {
+    dtr_transport_error e;
+    return dtr__fab_wait((dtr__fab *)state, reqs, n, until_ns, 1, &e);
 }
 
 static void dtr__fab_release(void *state, void *req) {
@@ -1179,7 +1190,8 @@ static const dtr_transport_vtable dtr__fab_vtable = {
     NULL,   /* progress: the provider thread makes it */
     NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     DTR_MEM_HOST,   /* host buffers (device memory would need FI_HMEM registration) */
-    dtr__fab_peer_alive
+    dtr__fab_peer_alive,
+    dtr__fab_wait_some
 };
 
 const dtr_transport_vtable *dtr_fabric_transport(void) { return &dtr__fab_vtable; }

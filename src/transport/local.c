@@ -459,9 +459,10 @@ static int dtr__local_culprit(dtr_local_world *w, int me, int peer, int *cycle) 
     return peer;
 }
 
-static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
-                                      dtr_transport_error *err) {
-    dtr__lep *ep = (dtr__lep *)state;
+/* wait_any (soft = 0) and wait_some (soft = 1: the deadline is no failure, and the rank does
+   not count as blocked on a peer for the waits-for analysis: a server loop waits on many) */
+static dtr_result dtr__local_wait(dtr__lep *ep, void *const *reqs, int n, int64_t deadline_ns, int soft,
+                                  dtr_transport_error *err) {
     dtr_local_world *w = ep->w;
     dtr__lrank *me = &w->r[ep->rank];
     dtr_result r = DTR_OK;
@@ -478,7 +479,8 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
             if (pending_peer < 0) pending_peer = q->peer;
         }
         if (pending_peer < 0) goto out; /* nothing to wait for */
-        if (dtr_time_ns() >= deadline_ns) {
+        if (soft && dtr_time_ns() >= deadline_ns) goto out;
+        if (!soft && dtr_time_ns() >= deadline_ns) {
             int cycle, who = dtr__local_culprit(w, ep->rank, pending_peer, &cycle);
             if (cycle)
                 dtr__lerr(err, who, "no message from rank %d, and the ranks it waits for wait in turn "
@@ -499,8 +501,8 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
             r = DTR_TIMEOUT;
             goto out;
         }
-        me->blocked++;
-        me->wait_peer = pending_peer;
+        me->blocked += !soft;
+        if (!soft) me->wait_peer = pending_peer;
         if (dtr_time_ns() < spin_until) {
             /* the first microseconds: poll with the lock released (the peer is usually a
                moment away), then sleep on the condition variable */
@@ -510,12 +512,21 @@ static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int
             pthread_mutex_lock(&w->mu);
         } else
             timed_out = dtr__cond_wait_until(&me->cv, &w->mu, deadline_ns);
-        me->blocked--;
+        me->blocked -= !soft;
         (void)timed_out; /* the loop re-checks everything, the deadline included */
     }
 out:
     pthread_mutex_unlock(&w->mu);
     return r;
+}
+
+static dtr_result dtr__local_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns,
+                                      dtr_transport_error *err) {
+    return dtr__local_wait((dtr__lep *)state, reqs, n, deadline_ns, 0, err);
+}
+
+static dtr_result dtr__local_wait_some(void *state, void *const *reqs, int n, int64_t until_ns) {
+    return dtr__local_wait((dtr__lep *)state, reqs, n, until_ns, 1, NULL);
 }
 
 static void dtr__local_release(void *state, void *req) {
@@ -599,7 +610,8 @@ static const dtr_transport_vtable dtr__local_vtable = {
     dtr__local_abort,
     NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
     DTR_MEM_HOST,
-    dtr__local_peer_alive
+    dtr__local_peer_alive,
+    dtr__local_wait_some
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }

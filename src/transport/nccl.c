@@ -499,7 +499,8 @@ static const dtr_transport_vtable dtr__nccl_vtable = {
     dtr__nccl_all_gather,
     NULL,   /* barrier: dtr_comm's, over point-to-point */
     DTR_MEM_DEVICE,
-    NULL    /* peer_alive: a dead peer aborts the communicator (no isolation) */
+    NULL,   /* peer_alive: a dead peer aborts the communicator (no isolation) */
+    NULL    /* wait_some: dtr_request_wait_any naps */
 };
 
 const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable; }
