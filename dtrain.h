@@ -893,12 +893,17 @@ DTR_API void dtr_loss_scaler_destroy(dtr_loss_scaler *ls);
 /** The loss times the current scale (an op: backward from it gives scaled gradients).
  *  NULL with the context's error when ls is NULL. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_loss_scaler_scale(dtr_loss_scaler *ls, dtr_context *ctx, dtr_tensor *loss);
-/** Divides the model's gradients by the scale and checks them: finite, the optimizer steps
- *  (*stepped as dtr_optimizer_step's `updated`) and after growth_interval such steps the
- *  scale grows; an inf or NaN anywhere skips the step (*stepped 0, counted, a warning through
- *  the log callback), shrinks the scale and zeroes the gradients. With data parallelism every
- *  rank holds the same averaged gradients, so all take the same decision; a sharded optimizer
- *  (ZeRO) is not supported yet. @return DTR_OK (stepped or skipped), DTR_NULL_HANDLE,
+/** Call it where dtr_optimizer_step would be called (every micro-batch with
+ *  grad_accum_steps > 1: until the last one it only counts, the scaled gradients adding up).
+ *  At an update it divides the model's gradients by the scale and checks them: finite, the
+ *  optimizer steps (*stepped as dtr_optimizer_step's `updated`) and after growth_interval such
+ *  steps the scale grows; an inf or NaN anywhere skips the step (*stepped 0, counted, a
+ *  warning through the log callback), shrinks the scale, zeroes the gradients and starts the
+ *  accumulation over. Every rank of a
+ *  data-parallel group takes the same decision: without ZeRO each holds the same averaged
+ *  gradients; with a sharded optimizer (dtr_dp_shard_optimizer, ZeRO-1/2) the check is the
+ *  norm of the shards' averages summed over the group (a collective: every rank calls this
+ *  the same number of times). @return DTR_OK (stepped or skipped), DTR_NULL_HANDLE,
  *  DTR_BAD_STATE (no gradients), or the optimizer's error. Thread safety: the model's context
  *  thread. */
 DTR_API dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer *opt, int *stepped);
@@ -3804,7 +3809,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3808 "dtrain.h"
+#line 3813 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4240,6 +4245,18 @@ DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, in
  *  buffer would be wasted). */
 DTR__PRIVATE void dtr__optimizer_keep_grads(dtr_optimizer *o);
 
+/** The gradient's global norm as the optimizer measures it for clipping: with shard_sum
+ *  (ZeRO) its own floats' sum of squares summed over the group's shards (a collective: every
+ *  rank calls it), else the whole buffer's. Every rank of a group gets the same value. */
+DTR__PRIVATE dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm);
+
+/** Forgets the micro-batches counted toward the next update (grad_accum_steps): a step the
+ *  loss scaler skipped starts the accumulation over. */
+DTR__PRIVATE void dtr__optimizer_restart_accum(dtr_optimizer *o);
+/** 1 when the next dtr_optimizer_step call updates (its micro-batch completes the
+ *  accumulation), 0 when it only counts one. */
+DTR__PRIVATE int dtr__optimizer_updates_next(const dtr_optimizer *o);
+
 /* ---- errors and logging ---- */
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at
@@ -4325,7 +4342,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4329 "dtrain.h"
+#line 4346 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4599,7 +4616,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4603 "dtrain.h"
+#line 4620 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4661,7 +4678,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4665 "dtrain.h"
+#line 4682 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4988,7 +5005,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 4992 "dtrain.h"
+#line 5009 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5031,7 +5048,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5035 "dtrain.h"
+#line 5052 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5058,7 +5075,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 5062 "dtrain.h"
+#line 5079 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5091,7 +5108,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5095 "dtrain.h"
+#line 5112 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5165,7 +5182,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5169 "dtrain.h"
+#line 5186 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5228,7 +5245,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5232 "dtrain.h"
+#line 5249 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5278,7 +5295,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5282 "dtrain.h"
+#line 5299 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5630,7 +5647,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5634 "dtrain.h"
+#line 5651 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6421,7 +6438,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6425 "dtrain.h"
+#line 6442 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6897,7 +6914,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6901 "dtrain.h"
+#line 6918 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6968,7 +6985,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6972 "dtrain.h"
+#line 6989 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7385,7 +7402,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7389 "dtrain.h"
+#line 7406 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7594,7 +7611,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7598 "dtrain.h"
+#line 7615 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7825,7 +7842,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7829 "dtrain.h"
+#line 7846 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7940,7 +7957,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7944 "dtrain.h"
+#line 7961 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -7996,7 +8013,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8000 "dtrain.h"
+#line 8017 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8426,7 +8443,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8430 "dtrain.h"
+#line 8447 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8605,7 +8622,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8609 "dtrain.h"
+#line 8626 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9130,7 +9147,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9134 "dtrain.h"
+#line 9151 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9629,7 +9646,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9633 "dtrain.h"
+#line 9650 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9888,7 +9905,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9892 "dtrain.h"
+#line 9909 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10074,7 +10091,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10078 "dtrain.h"
+#line 10095 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10194,7 +10211,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10198 "dtrain.h"
+#line 10215 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10668,7 +10685,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10672 "dtrain.h"
+#line 10689 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10837,7 +10854,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10841 "dtrain.h"
+#line 10858 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11086,7 +11103,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11090 "dtrain.h"
+#line 11107 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11317,7 +11334,7 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 /* ---- the update ---- */
 
 /* the norm clip_norm takes: the whole buffer's, or with shard_sum the group's over the shards */
-static dtr_result dtr__opt_grad_norm(dtr_optimizer *o, double *norm) {
+dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
@@ -11334,7 +11351,7 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
-    if (begin == o->base && end == o->base + o->len) return dtr__opt_grad_norm(o, norm);
+    if (begin == o->base && end == o->base + o->len) return dtr__optimizer_grad_norm(o, norm);
     r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
     *norm = sqrt(s);
     return r;
@@ -11587,7 +11604,11 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
 }
 
 void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
-#line 11591 "dtrain.h"
+
+void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
+
+int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
+#line 11612 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11671,7 +11692,7 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
     dtr_context *ctx;
     float *g;
     int64_t n;
-    double ss = 0.0;
+    double norm = 0.0;
     dtr_result r;
     if (stepped) *stepped = 0;
     if (!ls || !m || !opt) return DTR_NULL_HANDLE;
@@ -11679,15 +11700,20 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
     g = dtr_model_grads(m);
     n = dtr_model_numel(m);
     if (!g && n > 0) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_loss_scaler_step: the model has no gradients (run backward first)");
+    if (!dtr__optimizer_updates_next(opt))   /* accumulating: the scaled micro-batches add up first */
+        return dtr_optimizer_step(opt, stepped);
+    /* the norm every rank agrees on: with ZeRO each rank holds the average of its shard only
+       (elsewhere its own gradients), so the check sums the shards over the group */
     if (n > 0 && ((r = ctx->backend->scale(ctx, g, n, 1.0f / ls->scale)) != DTR_OK ||
-                  (r = ctx->backend->sumsq(ctx, g, n, &ss)) != DTR_OK))
+                  (r = dtr__optimizer_grad_norm(opt, &norm)) != DTR_OK))
         return r;
-    if (!isfinite(ss)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */
+    if (!isfinite(norm)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */
         ls->skipped++;
         ls->good = 0;
         ls->scale = ls->scale * ls->cfg.backoff_factor < ls->cfg.min_scale ? ls->cfg.min_scale : ls->scale * ls->cfg.backoff_factor;
         dtr__ls_warn(ctx, "loss scaler: non-finite gradients, step skipped (%lld so far); scale now %g",
                  (long long)ls->skipped, (double)ls->scale);
+        dtr__optimizer_restart_accum(opt);
         return dtr_model_zero_grad(m);
     }
     {
@@ -11716,7 +11742,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11720 "dtrain.h"
+#line 11746 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12063,7 +12089,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12067 "dtrain.h"
+#line 12093 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12129,7 +12155,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12133 "dtrain.h"
+#line 12159 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12366,7 +12392,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12370 "dtrain.h"
+#line 12396 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13115,7 +13141,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13119 "dtrain.h"
+#line 13145 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13568,7 +13594,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13572 "dtrain.h"
+#line 13598 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13624,7 +13650,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13628 "dtrain.h"
+#line 13654 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14401,7 +14427,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14405 "dtrain.h"
+#line 14431 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -14982,7 +15008,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 14986 "dtrain.h"
+#line 15012 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15613,7 +15639,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15617 "dtrain.h"
+#line 15643 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16360,7 +16386,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16364 "dtrain.h"
+#line 16390 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16713,7 +16739,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16717 "dtrain.h"
+#line 16743 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16903,7 +16929,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16907 "dtrain.h"
+#line 16933 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17084,7 +17110,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17088 "dtrain.h"
+#line 17114 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17859,7 +17885,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17863 "dtrain.h"
+#line 17889 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18376,7 +18402,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18380 "dtrain.h"
+#line 18406 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19171,7 +19197,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19175 "dtrain.h"
+#line 19201 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20337,7 +20363,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20341 "dtrain.h"
+#line 20367 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20958,7 +20984,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20962 "dtrain.h"
+#line 20988 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21447,7 +21473,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21451 "dtrain.h"
+#line 21477 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22176,7 +22202,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22180 "dtrain.h"
+#line 22206 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22412,7 +22438,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22416 "dtrain.h"
+#line 22442 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22771,7 +22797,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22775 "dtrain.h"
+#line 22801 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22968,7 +22994,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22972 "dtrain.h"
+#line 22998 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23365,7 +23391,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23369 "dtrain.h"
+#line 23395 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23846,7 +23872,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23850 "dtrain.h"
+#line 23876 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25111,7 +25137,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25115 "dtrain.h"
+#line 25141 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25165,7 +25191,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25169 "dtrain.h"
+#line 25195 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26328,7 +26354,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26332 "dtrain.h"
+#line 26358 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27226,7 +27252,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27230 "dtrain.h"
+#line 27256 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28696,7 +28722,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28700 "dtrain.h"
+#line 28726 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29080,7 +29106,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29084 "dtrain.h"
+#line 29110 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29229,7 +29255,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29233 "dtrain.h"
+#line 29259 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

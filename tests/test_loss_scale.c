@@ -3,6 +3,10 @@
  *                              without one, bit for bit (the scale and its inverse are exact)
  *   test_overflow_skips        gradients that overflow (a huge scale) skip the step: weights and
  *                              optimizer unchanged, scale halved, the skip counted and logged
+ *   test_accumulation          with grad_accum_steps 2 the scaled micro-batches add up and are
+ *                              divided once: the weights of unscaled training, bit for bit; an
+ *                              overflow at an update skips it and the next update comes two
+ *                              micro-batches later (the accumulation starts over)
  *   test_growth                growth_interval finite steps double the scale, up to max_scale
  *   test_state_and_errors      the state entries round-trip; bad settings and NULLs refused */
 #include "test.h"
@@ -15,9 +19,10 @@ static void count_log(void *u, dtr_log_level lvl, const char *msg) {
     if (lvl == DTR_LOG_WARN && strstr(msg, "step skipped")) g_warnings++;
 }
 
-static void rig_open(rig *r) {
+static void rig_open_opt(rig *r, dtr_optimizer_kind kind, int accum) {
     dtr_context_config cc = dtr_context_config_init();
-    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(kind, kind == DTR_OPT_SGD ? 0.1f : 0.01f);
+    oc.grad_accum_steps = accum;
     cc.threads = 1;
     cc.seed = 3;
     cc.log = count_log;
@@ -27,6 +32,8 @@ static void rig_open(rig *r) {
     CHECK(dtr_linear_layer_init(&r->l, r->m, "l", 4, 3, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK);
     CHECK(dtr_optimizer_create(r->m, &oc, &r->opt) == DTR_OK);
 }
+
+static void rig_open(rig *r) { rig_open_opt(r, DTR_OPT_ADAMW, 1); }
 
 static void rig_close(rig *r) {
     dtr_optimizer_destroy(r->opt);
@@ -94,6 +101,42 @@ static void test_overflow_skips(void) {
     rig_close(&a);
 }
 
+static void test_accumulation(void) {
+    rig a, b;
+    dtr_loss_scaler *ls = NULL;
+    dtr_loss_scaler_config c = dtr_loss_scaler_config_init();
+    int s, stepped = 0, pattern = 0;
+    c.init_scale = 1024.0f;
+    rig_open_opt(&a, DTR_OPT_SGD, 2);   /* SGD: Adam's first steps hardly see a gradient's scale */
+    rig_open_opt(&b, DTR_OPT_SGD, 2);
+    CHECK(dtr_loss_scaler_create(&c, &ls) == DTR_OK);
+    for (s = 0; s < 6; s++) {
+        CHECK_OK(a.ctx, dtr_backward(a.ctx, rig_loss(&a, s)));
+        CHECK_OK(a.ctx, dtr_optimizer_step(a.opt, NULL));
+        dtr_context_reset(a.ctx);
+        CHECK_OK(b.ctx, dtr_backward(b.ctx, dtr_loss_scaler_scale(ls, b.ctx, rig_loss(&b, s))));
+        CHECK_OK(b.ctx, dtr_loss_scaler_step(ls, b.m, b.opt, &stepped));
+        pattern = pattern * 2 + stepped;
+        dtr_context_reset(b.ctx);
+    }
+    CHECK_EQ_INT(pattern, 21);   /* 010101: an update every second micro-batch */
+    CHECK(memcmp(dtr_model_params(a.m), dtr_model_params(b.m), (size_t)dtr_model_numel(a.m) * sizeof(float)) == 0);
+    /* an overflow in the second micro-batch: skipped, and the two after it make the update */
+    pattern = 0;
+    for (s = 0; s < 4; s++) {
+        dtr_tensor *loss = dtr_loss_scaler_scale(ls, b.ctx, rig_loss(&b, s));
+        CHECK_OK(b.ctx, dtr_backward(b.ctx, s == 1 ? dtr_scale(b.ctx, loss, 1e38f) : loss));
+        CHECK_OK(b.ctx, dtr_loss_scaler_step(ls, b.m, b.opt, &stepped));
+        pattern = pattern * 2 + stepped;
+        dtr_context_reset(b.ctx);
+    }
+    CHECK_EQ_INT(pattern, 1);   /* 0001 */
+    CHECK(dtr_loss_scaler_skipped(ls) == 1 && dtr_loss_scaler_value(ls) == 512.0f);
+    dtr_loss_scaler_destroy(ls);
+    rig_close(&a);
+    rig_close(&b);
+}
+
 static void test_growth(void) {
     rig a;
     dtr_loss_scaler *ls = NULL;
@@ -147,6 +190,7 @@ int main(void) {
     (void)test_ctx;
     RUN(test_scaled_equals_plain);
     RUN(test_overflow_skips);
+    RUN(test_accumulation);
     RUN(test_growth);
     RUN(test_state_and_errors);
     return test_summary();

@@ -7,6 +7,12 @@
  *                        the gradients are the same average, and each float is updated by the
  *                        same formula; ZeRO-2 sums its shard in rank order and clips by the
  *                        norm summed over the shards)
+ *   test_zero_loss_scaler  world 3, a dynamic loss scaler and 2 micro-batches of accumulation:
+ *                        in step 3 every rank adds 3e38 to the last gradient float (in rank
+ *                        2's shard) before the synchronised micro-batch, so that the average
+ *                        overflows there only; plain DP, ZeRO-1 and ZeRO-2 all skip that step
+ *                        on every rank (the check sums the shards' norms over the group) and
+ *                        end with plain DP's weights
  *   test_zero_memory     8 equal parameters on 4 ranks: each rank's optimizer state is a
  *                        quarter of the unsharded one, and the shards tile the buffer
  *   test_zero2_grads     ZeRO-2's shard of the gradients after dtr_dp_finish is plain DP's
@@ -29,6 +35,7 @@
 typedef struct zrun {
     int world, zero;
     int grads_only;         /* 1: one synchronised backward, its gradients kept */
+    int scaler;             /* 1: dtr_loss_scaler_step with an overflow in step 3 (test_zero_loss_scaler) */
     int whole;              /* zero_whole_params */
     dtr_optimizer_kind kind;
 } zrun;
@@ -42,6 +49,7 @@ typedef struct zrank {
     int64_t numel, shard_begin, shard_end;
     dtr_dp_stats stats;
     size_t state_bytes;
+    int64_t skipped;        /* the loss scaler's skipped steps */
     char msg[512];
 } zrank;
 
@@ -53,15 +61,17 @@ static size_t state_bytes(dtr_optimizer *o) {
     return b;
 }
 
-/* one step: ACCUM micro-batches (rows of this rank), then the (sharded) update and gather */
-static dtr_result zstep(mlp *n, dtr_dp *dp, int t, int rank) {
+/* one step: ACCUM micro-batches (rows of this rank), then the (sharded) update and gather;
+   with a loss scaler (scale 1) step 3 overflows in the last float's average */
+static dtr_result zstep(mlp *n, dtr_dp *dp, int t, int rank, dtr_loss_scaler *ls) {
     dtr_result r = DTR_OK;
     int k;
     for (k = 0; k < ACCUM && r == DTR_OK; k++) {
         r = dtr_dp_set_no_sync(dp, k < ACCUM - 1);
         if (r == DTR_OK) r = mlp_backward(n, t * ACCUM + k, (int64_t)rank * B, B);
+        if (r == DTR_OK && ls && t == 3 && k == 0) dtr_model_grads(n->m)[dtr_model_numel(n->m) - 1] += 3e38f;
         if (r == DTR_OK) r = dtr_dp_finish(dp);
-        if (r == DTR_OK) r = dtr_optimizer_step(n->opt, NULL);
+        if (r == DTR_OK) r = ls ? dtr_loss_scaler_step(ls, n->m, n->opt, NULL) : dtr_optimizer_step(n->opt, NULL);
         if (r == DTR_OK) r = dtr_dp_step_done(dp);
         dtr_context_reset(n->ctx);
     }
@@ -71,11 +81,15 @@ static dtr_result zstep(mlp *n, dtr_dp *dp, int t, int rank) {
 static dtr_result ztrain(zrank *z, dtr_comm *c) {
     dtr_optimizer_config oc = dtr_optimizer_config_init(z->run->kind, z->run->kind == DTR_OPT_SGD ? 0.05f : 0.01f);
     dtr_dp_config dc = dtr_dp_config_init();
+    dtr_loss_scaler_config lc = dtr_loss_scaler_config_init();
+    dtr_loss_scaler *ls = NULL;
     dtr_dp *dp = NULL;
     mlp n;
     dtr_result r = DTR_OK;
     int t;
-    if (!mlp_init(&n, 7, 1)) return DTR_OUT_OF_MEMORY;
+    lc.init_scale = lc.min_scale = 1.0f;   /* the loss needs no scaling: the skip decision is tested */
+    if (z->run->scaler && dtr_loss_scaler_create(&lc, &ls) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    if (!mlp_init(&n, 7, 1)) { dtr_loss_scaler_destroy(ls); return DTR_OUT_OF_MEMORY; }
     dtr_optimizer_destroy(n.opt);
     n.opt = NULL;
     oc.momentum = z->run->kind == DTR_OPT_SGD ? 0.9f : 0.0f;
@@ -89,7 +103,7 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     if (r == DTR_OK) r = dtr_optimizer_create(n.m, &oc, &n.opt);
     if (r == DTR_OK && z->run->grads_only) r = mlp_backward(&n, 0, (int64_t)z->rank * B, B);
     if (r == DTR_OK && z->run->grads_only) r = dtr_dp_finish(dp);
-    for (t = 0; t < STEPS && r == DTR_OK && !z->run->grads_only; t++) r = zstep(&n, dp, t, z->rank);
+    for (t = 0; t < STEPS && r == DTR_OK && !z->run->grads_only; t++) r = zstep(&n, dp, t, z->rank, ls);
     if (r != DTR_OK) snprintf(z->msg, sizeof z->msg, "%s | %s", dtr_context_last_error(n.ctx), dtr_comm_last_error(c));
     z->numel = dtr_model_numel(n.m);
     memcpy(z->params, dtr_model_params(n.m), (size_t)z->numel * sizeof(float));
@@ -97,6 +111,8 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     z->shard_begin = oc.shard_begin, z->shard_end = oc.shard_end;
     dtr_dp_get_stats(dp, &z->stats);
     z->state_bytes = n.opt ? state_bytes(n.opt) : 0;
+    z->skipped = dtr_loss_scaler_skipped(ls);
+    dtr_loss_scaler_destroy(ls);
     dtr_dp_destroy(dp);
     mlp_free(&n);
     return r;
@@ -169,6 +185,29 @@ static void test_zero_equals_dp(void) {
 
 /* world 3: after dtr_dp_finish each rank's shard of the gradients is plain DP's average, and
    the rank sent the gradients outside its shard */
+static void test_zero_loss_scaler(void) {
+    static zrank plain[3], z[3];
+    zrun a, b;
+    int zero, r;
+    memset(&a, 0, sizeof a);
+    a.world = 3, a.kind = DTR_OPT_SGD, a.scaler = 1;
+    zrun_world(&a, plain);
+    for (r = 0; r < 3; r++) CHECK_MSG(plain[r].ok && plain[r].skipped == 1, "plain DP rank %d: %s, skipped %lld", r,
+                                      plain[r].msg, (long long)plain[r].skipped);
+    for (zero = 1; zero <= 2; zero++) {
+        b = a;
+        b.zero = zero;
+        zrun_world(&b, z);
+        CHECK(z[2].shard_end == plain[0].numel && z[2].shard_begin < plain[0].numel - 1);
+        for (r = 0; r < 3; r++) {
+            double e = rel_err(z[r].params, plain[0].params, plain[0].numel);
+            CHECK_MSG(z[r].ok && z[r].skipped == 1, "ZeRO-%d rank %d: %s, skipped %lld (plain DP: 1)", zero, r, z[r].msg,
+                      (long long)z[r].skipped);
+            CHECK_MSG(e <= 1e-6, "ZeRO-%d rank %d: relative error %.3g against plain DP", zero, r, e);
+        }
+    }
+}
+
 static void test_zero2_grads(void) {
     static zrank plain[3], z[3];
     zrun a, b;
@@ -279,6 +318,7 @@ static void test_zero_errors(void) {
 int main(void) {
     RUN(test_zero_equals_dp);
     RUN(test_zero2_grads);
+    RUN(test_zero_loss_scaler);
     RUN(test_zero_memory);
     RUN(test_zero_errors);
     return test_summary();

@@ -430,6 +430,18 @@ DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, in
  *  buffer would be wasted). */
 DTR__PRIVATE void dtr__optimizer_keep_grads(dtr_optimizer *o);
 
+/** The gradient's global norm as the optimizer measures it for clipping: with shard_sum
+ *  (ZeRO) its own floats' sum of squares summed over the group's shards (a collective: every
+ *  rank calls it), else the whole buffer's. Every rank of a group gets the same value. */
+DTR__PRIVATE dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm);
+
+/** Forgets the micro-batches counted toward the next update (grad_accum_steps): a step the
+ *  loss scaler skipped starts the accumulation over. */
+DTR__PRIVATE void dtr__optimizer_restart_accum(dtr_optimizer *o);
+/** 1 when the next dtr_optimizer_step call updates (its micro-batch completes the
+ *  accumulation), 0 when it only counts one. */
+DTR__PRIVATE int dtr__optimizer_updates_next(const dtr_optimizer *o);
+
 /* ---- errors and logging ---- */
 
 /** Records `code` and a formatted message on ctx (the first error is sticky), logs it at

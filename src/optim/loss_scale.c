@@ -78,7 +78,7 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
     dtr_context *ctx;
     float *g;
     int64_t n;
-    double ss = 0.0;
+    double norm = 0.0;
     dtr_result r;
     if (stepped) *stepped = 0;
     if (!ls || !m || !opt) return DTR_NULL_HANDLE;
@@ -86,15 +86,20 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
     g = dtr_model_grads(m);
     n = dtr_model_numel(m);
     if (!g && n > 0) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_loss_scaler_step: the model has no gradients (run backward first)");
+    if (!dtr__optimizer_updates_next(opt))   /* accumulating: the scaled micro-batches add up first */
+        return dtr_optimizer_step(opt, stepped);
+    /* the norm every rank agrees on: with ZeRO each rank holds the average of its shard only
+       (elsewhere its own gradients), so the check sums the shards over the group */
     if (n > 0 && ((r = ctx->backend->scale(ctx, g, n, 1.0f / ls->scale)) != DTR_OK ||
-                  (r = ctx->backend->sumsq(ctx, g, n, &ss)) != DTR_OK))
+                  (r = dtr__optimizer_grad_norm(opt, &norm)) != DTR_OK))
         return r;
-    if (!isfinite(ss)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */
+    if (!isfinite(norm)) {   /* an inf or NaN somewhere: skip, back off, start the accumulation over */
         ls->skipped++;
         ls->good = 0;
         ls->scale = ls->scale * ls->cfg.backoff_factor < ls->cfg.min_scale ? ls->cfg.min_scale : ls->scale * ls->cfg.backoff_factor;
         dtr__ls_warn(ctx, "loss scaler: non-finite gradients, step skipped (%lld so far); scale now %g",
                  (long long)ls->skipped, (double)ls->scale);
+        dtr__optimizer_restart_accum(opt);
         return dtr_model_zero_grad(m);
     }
     {

@@ -225,7 +225,7 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 /* ---- the update ---- */
 
 /* the norm clip_norm takes: the whole buffer's, or with shard_sum the group's over the shards */
-static dtr_result dtr__opt_grad_norm(dtr_optimizer *o, double *norm) {
+dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
@@ -242,7 +242,7 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
-    if (begin == o->base && end == o->base + o->len) return dtr__opt_grad_norm(o, norm);
+    if (begin == o->base && end == o->base + o->len) return dtr__optimizer_grad_norm(o, norm);
     r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
     *norm = sqrt(s);
     return r;
@@ -495,3 +495,7 @@ void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, int64_t *len) {
 }
 
 void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
+
+void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
+
+int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }

@@ -872,12 +872,17 @@ DTR_API void dtr_loss_scaler_destroy(dtr_loss_scaler *ls);
 /** The loss times the current scale (an op: backward from it gives scaled gradients).
  *  NULL with the context's error when ls is NULL. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_loss_scaler_scale(dtr_loss_scaler *ls, dtr_context *ctx, dtr_tensor *loss);
-/** Divides the model's gradients by the scale and checks them: finite, the optimizer steps
- *  (*stepped as dtr_optimizer_step's `updated`) and after growth_interval such steps the
- *  scale grows; an inf or NaN anywhere skips the step (*stepped 0, counted, a warning through
- *  the log callback), shrinks the scale and zeroes the gradients. With data parallelism every
- *  rank holds the same averaged gradients, so all take the same decision; a sharded optimizer
- *  (ZeRO) is not supported yet. @return DTR_OK (stepped or skipped), DTR_NULL_HANDLE,
+/** Call it where dtr_optimizer_step would be called (every micro-batch with
+ *  grad_accum_steps > 1: until the last one it only counts, the scaled gradients adding up).
+ *  At an update it divides the model's gradients by the scale and checks them: finite, the
+ *  optimizer steps (*stepped as dtr_optimizer_step's `updated`) and after growth_interval such
+ *  steps the scale grows; an inf or NaN anywhere skips the step (*stepped 0, counted, a
+ *  warning through the log callback), shrinks the scale, zeroes the gradients and starts the
+ *  accumulation over. Every rank of a
+ *  data-parallel group takes the same decision: without ZeRO each holds the same averaged
+ *  gradients; with a sharded optimizer (dtr_dp_shard_optimizer, ZeRO-1/2) the check is the
+ *  norm of the shards' averages summed over the group (a collective: every rank calls this
+ *  the same number of times). @return DTR_OK (stepped or skipped), DTR_NULL_HANDLE,
  *  DTR_BAD_STATE (no gradients), or the optimizer's error. Thread safety: the model's context
  *  thread. */
 DTR_API dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer *opt, int *stepped);
