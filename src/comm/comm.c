@@ -909,7 +909,7 @@ dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms,
         if (!reqs[i]) continue;
         if (c && reqs[i]->comm != c) return DTR_INVALID_ARGUMENT;
         c = reqs[i]->comm;
-        if (!reqs[i]->treq && reqs[i]->state != DTR__REQ_DONE) return DTR_INVALID_ARGUMENT;   /* a collective's */
+        if (reqs[i]->a.kind != DTR__OP_SEND && reqs[i]->a.kind != DTR__OP_RECV) return DTR_INVALID_ARGUMENT;   /* a collective's */
     }
     until = dtr_time_ns() + (int64_t)timeout_ms * 1000000;
     for (;;) {
