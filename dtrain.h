@@ -24878,26 +24878,6 @@ static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
     }
 }
 
-/* replicas: the request of `kind` to every range at once (the ranges' servers work in
-   parallel), each answered in rep[s]; rs[s] is range s's outcome after a failover if its
-   primary died */
-static void dtr__ps_exchange_all(dtr_ps *ps, int kind, const int64_t *clock, dtr_result *rs) {
-    dtr_request *q[128];
-    size_t bytes[64];
-    int s;
-    memset(q, 0, sizeof q);
-    for (s = 0; s < ps->S; s++) {
-        bytes[s] = dtr__ps_request(ps, s, kind, clock[s]);
-        rs[s] = dtr__ps_post(ps, s, bytes[s], q + 2 * s);
-    }
-    for (s = 0; s < ps->S; s++) {
-        dtr_result r = dtr__ps_waitall(q + 2 * s, 2);
-        if (rs[s] == DTR_OK) rs[s] = r;
-        if (rs[s] == DTR_OK) ps->st.bytes_sent += bytes[s];
-        else if (dtr__ps_failover(ps, s, rs[s])) rs[s] = dtr__ps_exchange(ps, s, bytes[s]);
-    }
-}
-
 /* replicas: checks the acknowledgment of range s's server */
 static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
     dtr__ps_hdr h;
@@ -24913,11 +24893,10 @@ static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
 /* replicas: a PUSH or DONE to every range, each acknowledged. A DONE that a backup which
    took over no longer takes (it finished serving and left) is done. */
 static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
-    dtr_result rs[64], r = DTR_OK;
+    dtr_result r = DTR_OK;
     int s;
-    dtr__ps_exchange_all(ps, kind, clock, rs);
     for (s = 0; s < ps->S && r == DTR_OK; s++) {
-        if ((r = rs[s]) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
         else if (kind == DTR__PS_DONE && ps->target[s] != s && dtr__ps_gone(ps, r, ps->target[s])) r = DTR_OK;
     }
     return r;
@@ -24967,11 +24946,10 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
 
 /* replicas: one range after the other, each from the server that holds it now */
 static dtr_result dtr__ps_pull_replicated(dtr_ps *ps, const int64_t *want, int64_t t0) {
-    dtr_result rs[64], r = DTR_OK;
+    dtr_result r = DTR_OK;
     int s;
-    dtr__ps_exchange_all(ps, DTR__PS_PULL, want, rs);
     for (s = 0; s < ps->S && r == DTR_OK; s++)
-        if ((r = rs[s]) == DTR_OK) r = dtr__ps_take_reply(ps, s);
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, DTR__PS_PULL, want[s]))) == DTR_OK) r = dtr__ps_take_reply(ps, s);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
     ps->pushed = 0;
     ps->st.pulls++;
@@ -25137,7 +25115,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25141 "dtrain.h"
+#line 25119 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25191,7 +25169,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25195 "dtrain.h"
+#line 25173 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26354,7 +26332,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26358 "dtrain.h"
+#line 26336 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27252,7 +27230,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27256 "dtrain.h"
+#line 27234 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28722,7 +28700,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28726 "dtrain.h"
+#line 28704 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29106,7 +29084,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29110 "dtrain.h"
+#line 29088 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29255,7 +29233,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29259 "dtrain.h"
+#line 29237 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

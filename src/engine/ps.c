@@ -1000,26 +1000,6 @@ static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
     }
 }
 
-/* replicas: the request of `kind` to every range at once (the ranges' servers work in
-   parallel), each answered in rep[s]; rs[s] is range s's outcome after a failover if its
-   primary died */
-static void dtr__ps_exchange_all(dtr_ps *ps, int kind, const int64_t *clock, dtr_result *rs) {
-    dtr_request *q[128];
-    size_t bytes[64];
-    int s;
-    memset(q, 0, sizeof q);
-    for (s = 0; s < ps->S; s++) {
-        bytes[s] = dtr__ps_request(ps, s, kind, clock[s]);
-        rs[s] = dtr__ps_post(ps, s, bytes[s], q + 2 * s);
-    }
-    for (s = 0; s < ps->S; s++) {
-        dtr_result r = dtr__ps_waitall(q + 2 * s, 2);
-        if (rs[s] == DTR_OK) rs[s] = r;
-        if (rs[s] == DTR_OK) ps->st.bytes_sent += bytes[s];
-        else if (dtr__ps_failover(ps, s, rs[s])) rs[s] = dtr__ps_exchange(ps, s, bytes[s]);
-    }
-}
-
 /* replicas: checks the acknowledgment of range s's server */
 static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
     dtr__ps_hdr h;
@@ -1035,11 +1015,10 @@ static dtr_result dtr__ps_check_ack(dtr_ps *ps, int s) {
 /* replicas: a PUSH or DONE to every range, each acknowledged. A DONE that a backup which
    took over no longer takes (it finished serving and left) is done. */
 static dtr_result dtr__ps_send_acked(dtr_ps *ps, int kind, const int64_t *clock) {
-    dtr_result rs[64], r = DTR_OK;
+    dtr_result r = DTR_OK;
     int s;
-    dtr__ps_exchange_all(ps, kind, clock, rs);
     for (s = 0; s < ps->S && r == DTR_OK; s++) {
-        if ((r = rs[s]) == DTR_OK) r = dtr__ps_check_ack(ps, s);
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, kind, clock[s]))) == DTR_OK) r = dtr__ps_check_ack(ps, s);
         else if (kind == DTR__PS_DONE && ps->target[s] != s && dtr__ps_gone(ps, r, ps->target[s])) r = DTR_OK;
     }
     return r;
@@ -1089,11 +1068,10 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
 
 /* replicas: one range after the other, each from the server that holds it now */
 static dtr_result dtr__ps_pull_replicated(dtr_ps *ps, const int64_t *want, int64_t t0) {
-    dtr_result rs[64], r = DTR_OK;
+    dtr_result r = DTR_OK;
     int s;
-    dtr__ps_exchange_all(ps, DTR__PS_PULL, want, rs);
     for (s = 0; s < ps->S && r == DTR_OK; s++)
-        if ((r = rs[s]) == DTR_OK) r = dtr__ps_take_reply(ps, s);
+        if ((r = dtr__ps_exchange(ps, s, dtr__ps_request(ps, s, DTR__PS_PULL, want[s]))) == DTR_OK) r = dtr__ps_take_reply(ps, s);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_pull", r);
     ps->pushed = 0;
     ps->st.pulls++;
