@@ -4557,18 +4557,9 @@ DTR__HD void dtr__f_sgd_momentum(float *p, float *m, float g, const dtr__opt_k *
 
 /** Adam (L2 decay added to the gradient) or AdamW (decoupled decay, `adamw` = k->adamw),
  *  bias-corrected. */
-DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
-    float d = g * k->gs;
-    if (adamw) *p *= 1.0f - k->lr * k->wd;
-    else d += k->wd * *p;
-    *m = k->b1 * *m + k->c1 * d;
-    *v = k->b2 * *v + k->c2 * d * d;
-    *p -= k->step_size * *m / (sqrtf(*v) / k->sbc2 + k->eps);
-}
-
-/** dtr__f_adam in two halves around the square root, for a CPU loop that takes the roots of
- *  a block at once (sqrtf's errno keeps the compiler from vectorising it): the moments (and
- *  AdamW's decay), returning v; then the step with sv = sqrtf(v). The same bits. */
+/** Adam's two halves around the square root (a CPU loop takes the roots of a block at once:
+ *  sqrtf's errno keeps the compiler from vectorising them): the moments (and AdamW's decay),
+ *  returning v; then the step with sv = sqrtf(v). */
 DTR__HD float dtr__f_adam_moments(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
     float d = g * k->gs;
     if (adamw) *p *= 1.0f - k->lr * k->wd;
@@ -4579,6 +4570,9 @@ DTR__HD float dtr__f_adam_moments(float *p, float *m, float *v, float g, const d
 }
 DTR__HD void dtr__f_adam_apply(float *p, float m, float sv, const dtr__opt_k *k) {
     *p -= k->step_size * m / (sv / k->sbc2 + k->eps);
+}
+DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
+    dtr__f_adam_apply(p, *m, sqrtf(dtr__f_adam_moments(p, m, v, g, k, adamw)), k);
 }
 
 /** LAMB's first phase for one element: moments updated, returns the update direction
@@ -4616,7 +4610,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4620 "dtrain.h"
+#line 4614 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4678,7 +4672,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4682 "dtrain.h"
+#line 4676 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5005,7 +4999,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5009 "dtrain.h"
+#line 5003 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5048,7 +5042,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5052 "dtrain.h"
+#line 5046 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5075,7 +5069,7 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 5079 "dtrain.h"
+#line 5073 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5108,7 +5102,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5112 "dtrain.h"
+#line 5106 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5182,7 +5176,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5186 "dtrain.h"
+#line 5180 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5245,7 +5239,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5249 "dtrain.h"
+#line 5243 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5295,7 +5289,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5299 "dtrain.h"
+#line 5293 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5647,7 +5641,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5651 "dtrain.h"
+#line 5645 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6438,7 +6432,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6442 "dtrain.h"
+#line 6436 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6914,7 +6908,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6918 "dtrain.h"
+#line 6912 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6985,7 +6979,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6989 "dtrain.h"
+#line 6983 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7402,7 +7396,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7406 "dtrain.h"
+#line 7400 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7611,7 +7605,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7615 "dtrain.h"
+#line 7609 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7842,7 +7836,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7846 "dtrain.h"
+#line 7840 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7957,7 +7951,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7961 "dtrain.h"
+#line 7955 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8013,7 +8007,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8017 "dtrain.h"
+#line 8011 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8443,7 +8437,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8447 "dtrain.h"
+#line 8441 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8622,7 +8616,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8626 "dtrain.h"
+#line 8620 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9147,7 +9141,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9151 "dtrain.h"
+#line 9145 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9646,7 +9640,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9650 "dtrain.h"
+#line 9644 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9905,7 +9899,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9909 "dtrain.h"
+#line 9903 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10091,7 +10085,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10095 "dtrain.h"
+#line 10089 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10211,7 +10205,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10215 "dtrain.h"
+#line 10209 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10685,7 +10679,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10689 "dtrain.h"
+#line 10683 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10854,7 +10848,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10858 "dtrain.h"
+#line 10852 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11103,7 +11097,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11107 "dtrain.h"
+#line 11101 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11608,7 +11602,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11612 "dtrain.h"
+#line 11606 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11742,7 +11736,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11746 "dtrain.h"
+#line 11740 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12089,7 +12083,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12093 "dtrain.h"
+#line 12087 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12155,7 +12149,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12159 "dtrain.h"
+#line 12153 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12392,7 +12386,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12396 "dtrain.h"
+#line 12390 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13141,7 +13135,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13145 "dtrain.h"
+#line 13139 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13594,7 +13588,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13598 "dtrain.h"
+#line 13592 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13650,7 +13644,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13654 "dtrain.h"
+#line 13648 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14427,7 +14421,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14431 "dtrain.h"
+#line 14425 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15008,7 +15002,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15012 "dtrain.h"
+#line 15006 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15639,7 +15633,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15643 "dtrain.h"
+#line 15637 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16386,7 +16380,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16390 "dtrain.h"
+#line 16384 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16739,7 +16733,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16743 "dtrain.h"
+#line 16737 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16929,7 +16923,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16933 "dtrain.h"
+#line 16927 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17110,7 +17104,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17114 "dtrain.h"
+#line 17108 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17885,7 +17879,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17889 "dtrain.h"
+#line 17883 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18402,7 +18396,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18406 "dtrain.h"
+#line 18400 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19197,7 +19191,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19201 "dtrain.h"
+#line 19195 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20087,17 +20081,16 @@ dtr_result dtr_request_wait(dtr_request *q) {
 
 /* dtr_request_wait_any: checks the requests; *index = the first complete one (-1: none), the
    transport's handles of the pending ones in tr[0..*k), and the earliest of their deadlines */
-static dtr_result dtr__wait_any_scan(dtr_request *const *reqs, int n, int *index, void **tr, int *k, int64_t *dl) {
+static void dtr__wait_any_scan(dtr_request *const *reqs, int n, int *index, void **tr, int *k, int64_t *dl) {
     int i, done;
     *index = -1, *k = 0;
     for (i = 0; i < n; i++) {
         dtr_request *q = reqs[i];
         if (!q) continue;
-        if (dtr_request_test(q, &done), done) { *index = i; return DTR_OK; }
+        if (dtr_request_test(q, &done), done) { *index = i; return; }
         tr[(*k)++] = q->treq;
         if (q->a.deadline < *dl) *dl = q->a.deadline;
     }
-    return DTR_OK;
 }
 
 dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms, int *index) {
@@ -20117,10 +20110,11 @@ dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms,
     until = dtr_time_ns() + (int64_t)timeout_ms * 1000000;
     for (;;) {
         int64_t dl = until;
-        dtr_result r = dtr__wait_any_scan(reqs, n, index, tr, &k, &dl);
-        if (r != DTR_OK || *index >= 0 || k == 0 || dtr_time_ns() >= until) return r;
+        dtr__wait_any_scan(reqs, n, index, tr, &k, &dl);
+        if (*index >= 0 || k == 0 || dtr_time_ns() >= until) return DTR_OK;
         if (c->ep->vt->wait_some) {   /* a request's own deadline wakes it too: its test ends it */
-            if ((r = c->ep->vt->wait_some(c->ep->state, tr, k, dl)) != DTR_OK) return r;
+            dtr_result r = c->ep->vt->wait_some(c->ep->state, tr, k, dl);
+            if (r != DTR_OK) return r;
         } else {
             struct timespec ts = {0, 200000};
             nanosleep(&ts, NULL);
@@ -20363,7 +20357,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20367 "dtrain.h"
+#line 20361 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20848,9 +20842,10 @@ static dtr_result dtr__local_wait(dtr__lep *ep, void *const *reqs, int n, int64_
             if (pending_peer < 0) pending_peer = q->peer;
         }
         if (pending_peer < 0) goto out; /* nothing to wait for */
-        if (soft && dtr_time_ns() >= deadline_ns) goto out;
-        if (!soft && dtr_time_ns() >= deadline_ns) {
-            int cycle, who = dtr__local_culprit(w, ep->rank, pending_peer, &cycle);
+        if (dtr_time_ns() >= deadline_ns) {
+            int cycle, who;
+            if (soft) goto out;   /* wait_some: no failure, nobody to blame */
+            who = dtr__local_culprit(w, ep->rank, pending_peer, &cycle);
             if (cycle)
                 dtr__lerr(err, who, "no message from rank %d, and the ranks it waits for wait in turn "
                                     "(mismatched collective calls?)", pending_peer);
@@ -20984,7 +20979,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20988 "dtrain.h"
+#line 20983 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21473,7 +21468,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21477 "dtrain.h"
+#line 21472 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22202,7 +22197,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22206 "dtrain.h"
+#line 22201 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22438,7 +22433,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22442 "dtrain.h"
+#line 22437 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22797,7 +22792,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22801 "dtrain.h"
+#line 22796 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22994,7 +22989,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22998 "dtrain.h"
+#line 22993 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23391,7 +23386,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23395 "dtrain.h"
+#line 23390 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23872,7 +23867,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23876 "dtrain.h"
+#line 23871 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24855,20 +24850,14 @@ static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
     return dtr__ps_seal(ps->msg[s], &h);
 }
 
-/* replicas: posts the receive of range s's answer (into rep[s]) and the send of msg[s] */
-static dtr_result dtr__ps_post(dtr_ps *ps, int s, size_t bytes, dtr_request **q) {
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
-    dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]);
-    if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
-    return r;
-}
-
 /* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
    rep[s]; when the primary died, the same request goes to the backup */
 static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
     for (;;) {
         dtr_request *q[2] = {NULL, NULL};
-        dtr_result r = dtr__ps_post(ps, s, bytes, q), r2;
+        dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
+        if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
         if ((r2 = dtr__ps_waitall(q, 2)) != DTR_OK && r == DTR_OK) r = r2;
         if (r == DTR_OK) {
             ps->st.bytes_sent += bytes;
@@ -25115,7 +25104,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25119 "dtrain.h"
+#line 25108 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25169,7 +25158,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25173 "dtrain.h"
+#line 25162 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26332,7 +26321,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26336 "dtrain.h"
+#line 26325 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27230,7 +27219,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27234 "dtrain.h"
+#line 27223 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28700,7 +28689,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28704 "dtrain.h"
+#line 28693 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29084,7 +29073,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29088 "dtrain.h"
+#line 29077 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29233,7 +29222,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29237 "dtrain.h"
+#line 29226 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -52,24 +52,31 @@ static dtr_tensor *rig_loss(rig *r, int s) {
                    dtr_tensor_from(r->ctx, DTR_F32, 2, ts, t));
 }
 
+/* steps s0..s0+n-1 on both rigs: a with the plain optimizer, b through the loss scaler; the
+   scaler's `stepped` flags, first step in the highest bit */
+static int rig_pair_steps(rig *a, rig *b, dtr_loss_scaler *ls, int s0, int n) {
+    int s, stepped = 0, pattern = 0;
+    for (s = s0; s < s0 + n; s++) {
+        CHECK_OK(a->ctx, dtr_backward(a->ctx, rig_loss(a, s)));
+        CHECK_OK(a->ctx, dtr_optimizer_step(a->opt, NULL));
+        dtr_context_reset(a->ctx);
+        CHECK_OK(b->ctx, dtr_backward(b->ctx, dtr_loss_scaler_scale(ls, b->ctx, rig_loss(b, s))));
+        CHECK_OK(b->ctx, dtr_loss_scaler_step(ls, b->m, b->opt, &stepped));
+        pattern = pattern * 2 + stepped;
+        dtr_context_reset(b->ctx);
+    }
+    return pattern;
+}
+
 static void test_scaled_equals_plain(void) {
     rig a, b;
     dtr_loss_scaler *ls = NULL;
     dtr_loss_scaler_config c = dtr_loss_scaler_config_init();
-    int s, stepped = 0;
     c.init_scale = 1024.0f;
     rig_open(&a);
     rig_open(&b);
     CHECK(dtr_loss_scaler_create(&c, &ls) == DTR_OK);
-    for (s = 0; s < 5; s++) {
-        CHECK_OK(a.ctx, dtr_backward(a.ctx, rig_loss(&a, s)));
-        CHECK_OK(a.ctx, dtr_optimizer_step(a.opt, NULL));
-        dtr_context_reset(a.ctx);
-        CHECK_OK(b.ctx, dtr_backward(b.ctx, dtr_loss_scaler_scale(ls, b.ctx, rig_loss(&b, s))));
-        CHECK_OK(b.ctx, dtr_loss_scaler_step(ls, b.m, b.opt, &stepped));
-        CHECK(stepped == 1);
-        dtr_context_reset(b.ctx);
-    }
+    CHECK_EQ_INT(rig_pair_steps(&a, &b, ls, 0, 5), 31);   /* 11111: every step applied */
     CHECK(memcmp(dtr_model_params(a.m), dtr_model_params(b.m), (size_t)dtr_model_numel(a.m) * sizeof(float)) == 0);
     CHECK(dtr_loss_scaler_value(ls) == 1024.0f && dtr_loss_scaler_skipped(ls) == 0);
     dtr_loss_scaler_destroy(ls);
@@ -105,20 +112,12 @@ static void test_accumulation(void) {
     rig a, b;
     dtr_loss_scaler *ls = NULL;
     dtr_loss_scaler_config c = dtr_loss_scaler_config_init();
-    int s, stepped = 0, pattern = 0;
+    int s, stepped = 0, pattern;
     c.init_scale = 1024.0f;
     rig_open_opt(&a, DTR_OPT_SGD, 2);   /* SGD: Adam's first steps hardly see a gradient's scale */
     rig_open_opt(&b, DTR_OPT_SGD, 2);
     CHECK(dtr_loss_scaler_create(&c, &ls) == DTR_OK);
-    for (s = 0; s < 6; s++) {
-        CHECK_OK(a.ctx, dtr_backward(a.ctx, rig_loss(&a, s)));
-        CHECK_OK(a.ctx, dtr_optimizer_step(a.opt, NULL));
-        dtr_context_reset(a.ctx);
-        CHECK_OK(b.ctx, dtr_backward(b.ctx, dtr_loss_scaler_scale(ls, b.ctx, rig_loss(&b, s))));
-        CHECK_OK(b.ctx, dtr_loss_scaler_step(ls, b.m, b.opt, &stepped));
-        pattern = pattern * 2 + stepped;
-        dtr_context_reset(b.ctx);
-    }
+    pattern = rig_pair_steps(&a, &b, ls, 0, 6);
     CHECK_EQ_INT(pattern, 21);   /* 010101: an update every second micro-batch */
     CHECK(memcmp(dtr_model_params(a.m), dtr_model_params(b.m), (size_t)dtr_model_numel(a.m) * sizeof(float)) == 0);
     /* an overflow in the second micro-batch: skipped, and the two after it make the update */

@@ -884,17 +884,16 @@ dtr_result dtr_request_wait(dtr_request *q) {
 
 /* dtr_request_wait_any: checks the requests; *index = the first complete one (-1: none), the
    transport's handles of the pending ones in tr[0..*k), and the earliest of their deadlines */
-static dtr_result dtr__wait_any_scan(dtr_request *const *reqs, int n, int *index, void **tr, int *k, int64_t *dl) {
+static void dtr__wait_any_scan(dtr_request *const *reqs, int n, int *index, void **tr, int *k, int64_t *dl) {
     int i, done;
     *index = -1, *k = 0;
     for (i = 0; i < n; i++) {
         dtr_request *q = reqs[i];
         if (!q) continue;
-        if (dtr_request_test(q, &done), done) { *index = i; return DTR_OK; }
+        if (dtr_request_test(q, &done), done) { *index = i; return; }
         tr[(*k)++] = q->treq;
         if (q->a.deadline < *dl) *dl = q->a.deadline;
     }
-    return DTR_OK;
 }
 
 dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms, int *index) {
@@ -914,10 +913,11 @@ dtr_result dtr_request_wait_any(dtr_request *const *reqs, int n, int timeout_ms,
     until = dtr_time_ns() + (int64_t)timeout_ms * 1000000;
     for (;;) {
         int64_t dl = until;
-        dtr_result r = dtr__wait_any_scan(reqs, n, index, tr, &k, &dl);
-        if (r != DTR_OK || *index >= 0 || k == 0 || dtr_time_ns() >= until) return r;
+        dtr__wait_any_scan(reqs, n, index, tr, &k, &dl);
+        if (*index >= 0 || k == 0 || dtr_time_ns() >= until) return DTR_OK;
         if (c->ep->vt->wait_some) {   /* a request's own deadline wakes it too: its test ends it */
-            if ((r = c->ep->vt->wait_some(c->ep->state, tr, k, dl)) != DTR_OK) return r;
+            dtr_result r = c->ep->vt->wait_some(c->ep->state, tr, k, dl);
+            if (r != DTR_OK) return r;
         } else {
             struct timespec ts = {0, 200000};
             nanosleep(&ts, NULL);

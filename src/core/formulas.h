@@ -209,18 +209,9 @@ DTR__HD void dtr__f_sgd_momentum(float *p, float *m, float g, const dtr__opt_k *
 
 /** Adam (L2 decay added to the gradient) or AdamW (decoupled decay, `adamw` = k->adamw),
  *  bias-corrected. */
-DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
-    float d = g * k->gs;
-    if (adamw) *p *= 1.0f - k->lr * k->wd;
-    else d += k->wd * *p;
-    *m = k->b1 * *m + k->c1 * d;
-    *v = k->b2 * *v + k->c2 * d * d;
-    *p -= k->step_size * *m / (sqrtf(*v) / k->sbc2 + k->eps);
-}
-
-/** dtr__f_adam in two halves around the square root, for a CPU loop that takes the roots of
- *  a block at once (sqrtf's errno keeps the compiler from vectorising it): the moments (and
- *  AdamW's decay), returning v; then the step with sv = sqrtf(v). The same bits. */
+/** Adam's two halves around the square root (a CPU loop takes the roots of a block at once:
+ *  sqrtf's errno keeps the compiler from vectorising them): the moments (and AdamW's decay),
+ *  returning v; then the step with sv = sqrtf(v). */
 DTR__HD float dtr__f_adam_moments(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
     float d = g * k->gs;
     if (adamw) *p *= 1.0f - k->lr * k->wd;
@@ -231,6 +222,9 @@ DTR__HD float dtr__f_adam_moments(float *p, float *m, float *v, float g, const d
 }
 DTR__HD void dtr__f_adam_apply(float *p, float m, float sv, const dtr__opt_k *k) {
     *p -= k->step_size * m / (sv / k->sbc2 + k->eps);
+}
+DTR__HD void dtr__f_adam(float *p, float *m, float *v, float g, const dtr__opt_k *k, int adamw) {
+    dtr__f_adam_apply(p, *m, sqrtf(dtr__f_adam_moments(p, m, v, g, k, adamw)), k);
 }
 
 /** LAMB's first phase for one element: moments updated, returns the update direction

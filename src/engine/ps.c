@@ -977,20 +977,14 @@ static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
     return dtr__ps_seal(ps->msg[s], &h);
 }
 
-/* replicas: posts the receive of range s's answer (into rep[s]) and the send of msg[s] */
-static dtr_result dtr__ps_post(dtr_ps *ps, int s, size_t bytes, dtr_request **q) {
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
-    dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]);
-    if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
-    return r;
-}
-
 /* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
    rep[s]; when the primary died, the same request goes to the backup */
 static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
+    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
     for (;;) {
         dtr_request *q[2] = {NULL, NULL};
-        dtr_result r = dtr__ps_post(ps, s, bytes, q), r2;
+        dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
+        if (r == DTR_OK) r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, ps->target[s], DTR__PS_TAG_REQ, &q[1]);
         if ((r2 = dtr__ps_waitall(q, 2)) != DTR_OK && r == DTR_OK) r = r2;
         if (r == DTR_OK) {
             ps->st.bytes_sent += bytes;

@@ -479,9 +479,10 @@ static dtr_result dtr__local_wait(dtr__lep *ep, void *const *reqs, int n, int64_
             if (pending_peer < 0) pending_peer = q->peer;
         }
         if (pending_peer < 0) goto out; /* nothing to wait for */
-        if (soft && dtr_time_ns() >= deadline_ns) goto out;
-        if (!soft && dtr_time_ns() >= deadline_ns) {
-            int cycle, who = dtr__local_culprit(w, ep->rank, pending_peer, &cycle);
+        if (dtr_time_ns() >= deadline_ns) {
+            int cycle, who;
+            if (soft) goto out;   /* wait_some: no failure, nobody to blame */
+            who = dtr__local_culprit(w, ep->rank, pending_peer, &cycle);
             if (cycle)
                 dtr__lerr(err, who, "no message from rank %d, and the ranks it waits for wait in turn "
                                     "(mismatched collective calls?)", pending_peer);
