@@ -2,7 +2,7 @@
  * parallelism, on the Fashion-MNIST MLP of examples/common.h.
  *
  *   build/bench/ps [--mode sync,async,ssp,dp] [--servers S] [--workers W] [--straggler-ms X]
- *                  [--straggler worker0|rotate] [--replicas 0|1]
+ *                  [--straggler worker0|rotate] [--replicas 0|1] [--aggregate K] [--seed K]
  *                  [--epochs E] [--max-steps K] [--batch B] [--staleness s] [--bf16] [--repeat R]
  *                  [--data DIR]
  *
@@ -13,7 +13,8 @@
  * batch (W * B, SGD). --straggler-ms X slows worker 0 by X ms per step (--straggler rotate:
  * worker i's steps k with k mod W = i instead: about one slow worker at a time, a different
  * one each step; dp runs without stragglers). --replicas 1 gives each server a backup (2S server
- * ranks; the cost of replication). The PS workers take
+ * ranks; the cost of replication). --aggregate K: async and SSP servers average K pushes per
+ * update (sync ignores it). The PS workers take
  * their batches from one counter (E epochs of the data, or W * K batches per epoch with
  * --max-steps K), so a fast worker trains more batches when the mode lets it; dp's ranks
  * take fixed shards (an all-reduce step needs every rank). --repeat R runs the
@@ -21,7 +22,7 @@
  *
  * Output: one JSON line per mode:
  *   {"bench":"ps","mode":"ssp","servers":2,"replicas":0,"workers":4,"straggler_ms":20,
- *    "straggler":"worker0","samples_per_s":..,
+ *    "straggler":"worker0","aggregate":0,"batch_per_worker":64,"samples_per_s":..,
  *    "step_ms":..,"test_acc":..,"staleness":[..16 bins..],"max_staleness":2,"bytes_per_step":..,
  *    "refused":0,"best_of":3}
  * samples_per_s: samples of all workers over the slowest worker's training time; step_ms:
@@ -71,10 +72,11 @@ static int run_ps(const ps_opts *po, const dtr_mnist *data, bench_row *row) {
 static void print_row(const ps_opts *o, const char *mode, const bench_row *r, int repeat) {
     int i;
     printf("{\"bench\":\"ps\",\"mode\":\"%s\",\"servers\":%d,\"replicas\":%d,\"workers\":%d,\"straggler_ms\":%d,"
-           "\"straggler\":\"%s\",\"batch_per_worker\":%d,"
+           "\"straggler\":\"%s\",\"aggregate\":%d,\"batch_per_worker\":%d,"
            "\"samples_per_s\":%.0f,\"step_ms\":%.2f,\"test_acc\":%.4f,\"bytes_per_step\":%.0f,\"staleness\":[", mode,
            strcmp(mode, "dp") ? o->servers : 0, strcmp(mode, "dp") ? o->replicas : 0, o->world - o->servers * (1 + o->replicas),
-           strcmp(mode, "dp") ? o->straggler_ms : 0, o->straggler_rotate ? "rotate" : "worker0", o->batch, r->sps, r->step_ms,
+           strcmp(mode, "dp") ? o->straggler_ms : 0, o->straggler_rotate ? "rotate" : "worker0",
+           strcmp(mode, "sync") && strcmp(mode, "dp") ? o->aggregate : 0, o->batch, r->sps, r->step_ms,
            r->acc, r->bytes);
     for (i = 0; i < DTR_PS_STALENESS_BINS; i++) printf("%s%lld", i ? "," : "", (long long)r->ps.server.staleness[i]);
     printf("],\"max_staleness\":%lld,\"refused\":%lld,\"best_of\":%d}\n", (long long)r->ps.server.max_staleness,

@@ -9,7 +9,9 @@
  * on arrival) or ssp (bounded staleness). --straggler-ms slows worker 0 by that many
  * milliseconds per step, to see what each mode does with a slow machine (--straggler rotate:
  * worker i is slowed on its steps k with k mod W = i instead, so that about one worker is slow
- * at any moment but which one moves). --replicas 1 gives each server a backup (ranks S..2S-1, the
+ * at any moment but which one moves). --aggregate K (async, ssp): each server averages K pushes
+ * into one update (K = workers: sync's update count and batch, without its wait). --seed K picks another initialisation and shuffle (accuracy varies
+ * with them: compare modes over a few seeds). --replicas 1 gives each server a backup (ranks S..2S-1, the
  * workers after them; the group isolates peer failures).
  * With the local transport the ranks are threads of this process; under the launcher each
  * process is one rank: `dtrun -n 6 --servers 2 build/examples/fmnist_ps --transport libfabric`.
@@ -17,6 +19,7 @@
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
  *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16] [--transport NAME]
  *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|rotate]
+ *                  [--aggregate K] [--seed K]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
  *   --lr: the servers' Adam learning rate (1e-3). Expect about 86% after 2 epochs in every
  *   mode. */
@@ -28,6 +31,8 @@ typedef struct ps_opts {
     int world, servers, epochs, batch, staleness, straggler_ms, bf16, quiet;
     int workers;           /* > 0: the world is the server ranks and these */
     int replicas;          /* dtr_ps_config.replicas */
+    int aggregate;         /* dtr_ps_config.aggregate */
+    int seed;              /* > 0: another initialisation and shuffle than the default ones (0) */
     int straggler_rotate;  /* the straggler delay hits worker i's steps k = i mod W, not worker 0's */
     int64_t max_steps;     /* > 0: steps per epoch per worker at most */
     int64_t *claim;        /* threads only: a counter the workers take batches from (NULL: fixed shards) */
@@ -107,7 +112,7 @@ static dtr_result ps_claimed(const ps_opts *o, const dtr_mnist *d, fm_net *net, 
     while (r == DTR_OK && (g = __atomic_fetch_add(o->claim, 1, __ATOMIC_RELAXED)) < o->epochs * per_epoch) {
         if (g / per_epoch != epoch) {
             epoch = g / per_epoch;
-            dtr_rng_seed(&rng, 42, 1 + (uint64_t)epoch);
+            dtr_rng_seed(&rng, 42 + (uint64_t)o->seed, 1 + (uint64_t)epoch);
             fm_shuffle(&rng, order, d->train_n);
         }
         r = ps_batch(o, d, net, ps, order, (g % per_epoch) * o->batch, *samples / o->batch, b);
@@ -125,7 +130,7 @@ static int ps_worker(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *
     double t0 = fm_now();
     int64_t samples = 0;
     int e;
-    dtr_rng_seed(&rng, 42, 1);
+    dtr_rng_seed(&rng, 42 + (uint64_t)o->seed, 1);
     if (r == DTR_OK) r = dtr_ps_pull(ps);
     if (o->claim && r == DTR_OK) r = ps_claimed(o, d, net, ps, order, &b, &samples);
     for (e = 0; e < o->epochs && r == DTR_OK && !o->claim; e++) {
@@ -162,9 +167,10 @@ static int ps_rank(dtr_comm *c, void *user) {
     cc.threads = 1;
     if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) return ps_err(c, "dtr_context_create", r, "");
     pc.servers = o->servers, pc.mode = o->mode, pc.staleness = o->staleness, pc.replicas = o->replicas;
+    pc.aggregate = o->mode == DTR_PS_SYNC ? 0 : o->aggregate;   /* a sync round averages every worker already */
     pc.opt = dtr_optimizer_config_init(DTR_OPT_ADAM, o->lr);
     pc.push_dtype = o->bf16 ? DTR_BF16 : DTR_F32;
-    r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 1);
+    r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 1 + (uint64_t)o->seed);
     if (r == DTR_OK) r = dtr_ps_create(net.model, c, &pc, &ps);
     if (r != DTR_OK) ps_err(c, "dtr_ps_create", r, dtr_context_last_error(ctx));
     else if (dtr_ps_is_server(ps)) {
@@ -211,6 +217,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--servers")) o->servers = atoi(v);
         else if (!strcmp(a, "--workers")) o->workers = atoi(v);
         else if (!strcmp(a, "--replicas")) o->replicas = atoi(v);
+        else if (!strcmp(a, "--aggregate")) o->aggregate = atoi(v);
         else if (!strcmp(a, "--straggler")) o->straggler_rotate = !strcmp(v, "rotate");
         else if (!strcmp(a, "--mode")) o->mode = !strcmp(v, "async") ? DTR_PS_ASYNC : !strcmp(v, "ssp") ? DTR_PS_SSP : DTR_PS_SYNC;
         else if (!strcmp(a, "--staleness")) o->staleness = atoi(v);
@@ -222,6 +229,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--transport")) o->transport = v;
         else if (!strcmp(a, "--provider")) o->provider = v;
         else if (!strcmp(a, "--data")) o->dir = v;
+        else if (!strcmp(a, "--seed")) o->seed = atoi(v);
         else { fprintf(stderr, "unknown option %s\n", a); return 0; }
     }
     if (o->workers > 0) o->world = o->servers * (1 + o->replicas) + o->workers;

@@ -6,13 +6,14 @@
 #      transport's shared-memory collectives (DTR_COMM_SHM=2) and through the transport
 #      (communication-efficiency target: 2 ranks >= 1.6x one rank with ZeRO-1)
 #   2. bench/ps: sync PS against all-reduce DP at 4 workers (target: sync <= 1.3x DP's step),
-#      then one worker slowed about 2x, fixed and rotating (target: async and SSP >= 1.5x sync)
+#      then one worker slowed about 2x, fixed and rotating (target: async and SSP >= 1.5x sync),
+#      each also with aggregate 4 (async and SSP servers average 4 pushes per update)
 #   3. bench/allreduce through the local transport at world 2 and 4 (the segment; Open MPI's
 #      peer runs only where mpirun is installed: bench/run-allreduce.sh)
 # Every line is JSON, kept in $OUT (default build/cpu-scaling/) and printed at the end, with
 # nproc and the load average before and after. Builds what is missing (make). The data:
 # $DTR_FMNIST_DIR (or the first argument), else /usr/share/datasets/fashion-mnist.
-# Usage: scripts/cpu-scaling.sh [DATA_DIR]     (about 4 minutes on 16 cores)
+# Usage: scripts/cpu-scaling.sh [DATA_DIR]     (about 5 minutes on 16 cores)
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 out=${OUT:-build/cpu-scaling}
@@ -34,6 +35,10 @@ run ps-sync-dp build/bench/ps --data "$data" --mode sync,dp --servers 2 --worker
 run ps-straggler build/bench/ps --data "$data" --mode sync,async,ssp --servers 2 --workers 4 --straggler-ms 8 --repeat 2
 run ps-rotate build/bench/ps --data "$data" --mode sync,async,ssp --servers 2 --workers 4 --straggler-ms 8 \
     --straggler rotate --repeat 2
+run ps-straggler-agg build/bench/ps --data "$data" --mode sync,async,ssp --servers 2 --workers 4 --straggler-ms 8 \
+    --aggregate 4 --repeat 2
+run ps-rotate-agg build/bench/ps --data "$data" --mode sync,async,ssp --servers 2 --workers 4 --straggler-ms 8 \
+    --straggler rotate --aggregate 4 --repeat 2
 for w in 2 4; do
   DTR_COMM_SHM=2 run "allreduce-w$w" build/bench/allreduce --world "$w"
 done

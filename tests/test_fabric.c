@@ -42,7 +42,7 @@
  *                         fails the job).
  *   test_{shm,tcp}_ps_faults  parameter servers on a group with isolate_peer_failures; the
  *                         rank is SIGKILLed while worker 0 waits at step 8 of 20:
- *                         primary 1 of 2 ranges with replicas (sync; shm also async, tcp also SSP, whose bound holds across it): the
+ *                         primary 1 of 2 ranges with replicas (sync; shm also async with aggregate 2, tcp also SSP, whose bound holds across it): the
  *                         workers fail over once, every push is acknowledged, the backup
  *                         applied every push of every worker (>= the acknowledged ones), sync
  *                         ends with all-reduce's weights (relative error <= 1e-6; measured 0);
@@ -1154,9 +1154,9 @@ static void test_tcp_ps(void) { ps_equivalence(1); }
 /* ---- cases: parameter servers and dead processes (isolated peer failures) ---- */
 
 /* S ranges (x2 ranks with replicas), the mode and policy, the rank SIGKILLed when the rank
-   `pacer` reached step `at` (it waits there until the kill) */
+   `pacer` reached step `at` (it waits there until the kill), dtr_ps_config.aggregate */
 typedef struct ps_fault {
-    int S, replicas, mode, policy, victim, pacer, at;
+    int S, replicas, mode, policy, victim, pacer, at, aggregate;
 } ps_fault;
 
 /* a server of the fault cases: serves and checks its counters */
@@ -1182,6 +1182,9 @@ static void ps_fault_server(rank_ctx *rc, const ps_fault *f, dtr_ps *ps, dtr_con
     RCHECK_MSG(rc, st.pushes_applied == (int64_t)W * PS_STEPS, "rank %d applied %lld pushes", rc->rank,
                (long long)st.pushes_applied);
     RCHECK_MSG(rc, st.failovers == (rc->rank == f->S + f->victim), "rank %d: %lld failovers", rc->rank, (long long)st.failovers);
+    if (f->aggregate > 1)   /* W * PS_STEPS pushes, aggregate at a time (the backup carries its primary's partial sum) */
+        RCHECK_MSG(rc, st.updates == (W * PS_STEPS + f->aggregate - 1) / f->aggregate, "rank %d: %lld updates", rc->rank,
+                   (long long)st.updates);
     if (f->mode == DTR_PS_SSP)   /* the bound held across the failover (the backup counts its own pushes) */
         RCHECK_MSG(rc, st.max_staleness <= 2, "rank %d: staleness %lld > 2", rc->rank, (long long)st.max_staleness);
     if (rc->rank < f->S) RCHECK(rc, st.forwarded > 0);
@@ -1235,6 +1238,7 @@ static void sc_ps_fault(rank_ctx *rc) {
     pc.replicas = f->replicas;
     pc.mode = (dtr_ps_mode)f->mode;
     pc.policy = (dtr_ps_policy)f->policy;
+    pc.aggregate = f->aggregate;
     pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
     pc.opt.momentum = 0.9f;
     RCHECK_OK(rc, rc->comm, dtr_ps_create(n.m, rc->comm, &pc, &ps));
@@ -1290,13 +1294,13 @@ static void ps_fault_case(int p, const ps_fault *f, int n, const char *what) {
 /* a primary server SIGKILLed mid-training (sync: the weights of an uninterrupted run; async:
    the counters), and a worker SIGKILLed under each policy */
 static void ps_faults(int p) {
-    static const ps_fault primary_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 1, 4, 8};
-    static const ps_fault primary_async = {2, 1, DTR_PS_ASYNC, DTR_PS_FAIL, 1, 4, 8};
-    static const ps_fault primary_ssp = {2, 1, DTR_PS_SSP, DTR_PS_FAIL, 1, 4, 8};
-    static const ps_fault worker_continue = {1, 0, DTR_PS_SYNC, DTR_PS_CONTINUE, 3, 3, 8};
-    static const ps_fault worker_fail = {1, 0, DTR_PS_SYNC, DTR_PS_FAIL, 3, 3, 8};
-    static const ps_fault backup_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 3, 4, 8};
-    static const ps_fault worker_replicas = {2, 1, DTR_PS_SYNC, DTR_PS_CONTINUE, 5, 5, 8};
+    static const ps_fault primary_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 1, 4, 8, 0};
+    static const ps_fault primary_async = {2, 1, DTR_PS_ASYNC, DTR_PS_FAIL, 1, 4, 8, 2};   /* the backup's partial sum */
+    static const ps_fault primary_ssp = {2, 1, DTR_PS_SSP, DTR_PS_FAIL, 1, 4, 8, 0};
+    static const ps_fault worker_continue = {1, 0, DTR_PS_SYNC, DTR_PS_CONTINUE, 3, 3, 8, 0};
+    static const ps_fault worker_fail = {1, 0, DTR_PS_SYNC, DTR_PS_FAIL, 3, 3, 8, 0};
+    static const ps_fault backup_sync = {2, 1, DTR_PS_SYNC, DTR_PS_FAIL, 3, 4, 8, 0};
+    static const ps_fault worker_replicas = {2, 1, DTR_PS_SYNC, DTR_PS_CONTINUE, 5, 5, 8, 0};
     ps_fault_case(p, &primary_sync, 6, "parameter servers, replicas, sync: SIGKILL of primary 1");
     if (!p) ps_fault_case(p, &primary_async, 6, "parameter servers, replicas, async: SIGKILL of primary 1");
     if (p) ps_fault_case(p, &primary_ssp, 6, "parameter servers, replicas, SSP: SIGKILL of primary 1");

@@ -8,6 +8,11 @@
  *                         all-reduce data parallelism (dtr_dp) after 20 steps (relative error
  *                         <= 1e-6); every worker holds the servers' weights; staleness 0;
  *                         bf16 pushes stay within 1e-2 and send half the gradient bytes
+ *   test_ps_aggregate     SSP with s = 0 and aggregate = W (each server averages W pushes per
+ *                         update, in arrival order) gives all-reduce's weights (relative error
+ *                         <= 1e-6; 1-2 servers, 2-4 workers); ASYNC with aggregate 3 and 40
+ *                         pushes makes 14 updates (the last push applied when serving ends);
+ *                         aggregate above 1 in SYNC, or below 0, is refused
  *   test_ps_malformed     crafted messages (garbage, bad magic, another server's range, a
  *                         truncated push, an oversized one) are refused and counted; training
  *                         goes on and still equals all-reduce
@@ -358,6 +363,12 @@ static void test_ps_config_fields(void) {
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
     pc = dtr_ps_config_init(), pc.push_dtype = DTR_I32;
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    pc = dtr_ps_config_init(), pc.aggregate = 2;   /* SYNC averages every worker already */
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    CHECK_MSG(strstr(dtr_context_last_error(ctx), "aggregate") != NULL, "%s", dtr_context_last_error(ctx));
+    pc = dtr_ps_config_init(), pc.mode = DTR_PS_ASYNC, pc.aggregate = -1;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
     pc = dtr_ps_config_init(), pc.opt = dtr_optimizer_config_init(DTR_OPT_LAMB, 0.01f);
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_UNSUPPORTED);
     pc = dtr_ps_config_init(), pc.opt.clip_norm = 1.0f;
@@ -415,6 +426,30 @@ static void test_ps_sync_equals_dp(void) {
         job_free(&j);
         job_free(&h);
     }
+}
+
+static void test_ps_aggregate(void) {
+    int cases[3][2] = {{1, 2}, {2, 2}, {2, 4}}, k, s;
+    ps_job a = job_init(2, 2, DTR_PS_ASYNC);
+    for (k = 0; k < 3; k++) {   /* SSP s = 0 with aggregate W: the rounds of sync, in arrival order */
+        ps_job ref = job_init(cases[k][0], cases[k][1], DTR_PS_SYNC), j = job_init(cases[k][0], cases[k][1], DTR_PS_SSP);
+        ref.dp = 1;
+        j.pc.staleness = 0, j.pc.aggregate = j.W;
+        job_run(&ref);
+        job_run(&j);
+        if (job_ok(&ref) && job_ok(&j))
+            printf("     SSP s=0, aggregate %d, %d server(s): relative error %.2e vs all-reduce\n", j.W, j.S,
+                   check_equals_dp(&j, ref.params[0], 1e-6));
+        job_free(&ref);
+        job_free(&j);
+    }
+    a.pc.aggregate = 3;   /* 40 pushes: 13 updates of 3, the last one left at the end applied alone */
+    job_run(&a);
+    for (s = 0; s < 2 && job_ok(&a); s++) {
+        CHECK_EQ_INT(a.st[s].updates, 14);
+        CHECK_EQ_INT(a.st[s].pushes_applied, 40);
+    }
+    job_free(&a);
 }
 
 static void test_ps_malformed(void) {
@@ -693,6 +728,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_config);
     RUN_IF(test_ps_config_fields);
     RUN_IF(test_ps_sync_equals_dp);
+    RUN_IF(test_ps_aggregate);
     RUN_IF(test_ps_malformed);
     RUN_IF(test_ps_worker_stall);
     RUN_IF(test_ps_replicas);

@@ -52,6 +52,7 @@ struct dtr_ps {
     int64_t snap_clock;        /* -1: none */
     int snap_users;            /* replies in flight from snap */
     int64_t clock, last_any_ns;
+    int summed;                /* ASYNC / SSP: pushes summed into the gradient range since the last update */
     int backup_role;           /* replicas: a backup that has not taken over (it follows its primary) */
     int has_backup;            /* replicas: a primary whose backup is alive */
     uint8_t *repl_in;          /* backup: the forwarded message */
@@ -224,6 +225,9 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
     if (cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16");
+    if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
+                         "SSP: a SYNC round averages every worker already)", cfg->aggregate);
     if (cfg->opt.kind == DTR_OPT_LAMB || cfg->opt.clip_norm > 0 || cfg->opt.shard_sum)
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: LAMB and clip_norm need the whole gradient, not a server's range");
     return DTR_OK;
@@ -462,6 +466,32 @@ static dtr_result dtr__ps_round(dtr_ps *ps) {
     return dtr__ps_apply(ps);
 }
 
+/* ASYNC / SSP: the summed pushes' average is one update (their sum is in the gradient range) */
+static dtr_result dtr__ps_apply_summed(dtr_ps *ps) {
+    float *g = dtr_model_grads(ps->m) + ps->range[ps->index];
+    int k = ps->summed;
+    if (k == 0) return DTR_OK;
+    if (k > 1) DTR__ELEMENTWISE(0, dtr__ps_len(ps), g[i] /= (float)k);
+    ps->st.pushes_applied += k;
+    ps->summed = 0;
+    return dtr__ps_apply(ps);
+}
+
+/* ASYNC / SSP: a push's payload into the gradient range (the first of an update written, the
+   others added in arrival order); every cfg.aggregate pushes make one update */
+static dtr_result dtr__ps_accumulate(dtr_ps *ps, const uint8_t *payload, int dtype) {
+    float *g = dtr_model_grads(ps->m) + ps->range[ps->index];
+    const float *x = (const float *)payload;
+    int64_t len = dtr__ps_len(ps);
+    if (ps->summed == 0) {
+        dtr_convert(g, DTR_F32, payload, (dtr_dtype)dtype, (size_t)len);
+    } else {
+        if (dtype != DTR_F32) dtr_convert(ps->scratch, DTR_F32, payload, (dtr_dtype)dtype, (size_t)len), x = ps->scratch;
+        DTR__ELEMENTWISE(0, len, g[i] += x[i]);
+    }
+    return ++ps->summed >= ps->cfg.aggregate ? dtr__ps_apply_summed(ps) : DTR_OK;
+}
+
 static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
     dtr__ps_peer *p = &ps->peer[w];
     int64_t len = dtr__ps_len(ps);
@@ -490,9 +520,7 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
     p->seen = h->clock + 1;
     dtr__ps_count_staleness(ps, h->clock - dtr__ps_min_clock(ps));
     if (h->clock + 1 > p->clock) p->clock = h->clock + 1;
-    dtr_convert(dtr_model_grads(ps->m) + ps->range[ps->index], DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
-    ps->st.pushes_applied++;
-    return dtr__ps_apply(ps);
+    return dtr__ps_accumulate(ps, payload, h->dtype);
 }
 
 /* a dropped worker that speaks again */
@@ -909,6 +937,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
         if (r == DTR_OK && !progressed) dtr__ps_idle(ps);
     }
     if (r == DTR_OK) dtr__ps_end_listens(ps);
+    if (r == DTR_OK) r = dtr__ps_apply_summed(ps);   /* fewer than cfg.aggregate pushes left at the end */
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
         dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
     return r;

@@ -900,6 +900,11 @@ typedef struct dtr_ps_config {
                                     holds every push before the worker's push returns, and takes over when its
                                     primary dies. Needs a group made with isolate_peer_failures
                                     (docs/parameter-server.md, "Replication"); refuses dtr_ps_push_rows / pull_rows */
+    int aggregate;             /**< ASYNC and SSP: a server sums this many pushes (whichever workers send them, in
+                                    arrival order) and applies their average as one update; 0 or 1 (default):
+                                    every push is an update. W gives sync's update count and batch without its
+                                    wait (docs/parameter-server.md, "Aggregation"); pushes left at the end are
+                                    applied when serving ends. Above 1 in SYNC: DTR_INVALID_ARGUMENT */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -941,7 +946,7 @@ typedef struct dtr_ps dtr_ps;
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
  *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
- *  staleness < 0, push_dtype, mode, policy; the context's message says which), DTR_UNSUPPORTED
+ *  staleness < 0, push_dtype, mode, policy, aggregate; the context's message says which), DTR_UNSUPPORTED
  *  (LAMB, clip_norm, a model in device memory), DTR_OUT_OF_MEMORY. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
