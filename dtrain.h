@@ -3217,7 +3217,8 @@ typedef struct dtr_ps_config {
     dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
-    dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes) */
+    dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes; the
+                                    same as push_compress BF16); sparse rows go in this dtype */
     int worker_deadline_ms;    /**< a waited-on worker silent this long is dropped or fails the job; 0: 60000.
                                     Keep it above the longest step a worker takes (a lone worker is waited on) */
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
@@ -3232,6 +3233,11 @@ typedef struct dtr_ps_config {
                                     every push is an update. W gives sync's update count and batch without its
                                     wait (docs/parameter-server.md, "Aggregation"); pushes left at the end are
                                     applied when serving ends. Above 1 in SYNC: DTR_INVALID_ARGUMENT */
+    dtr_dp_compress push_compress; /**< a push's codec (the data-parallel engine's, docs/parameter-server.md,
+                                    "Compressed pushes"): NONE (default: push_dtype), BF16, FP16, or INT8
+                                    (a quarter of the bytes: an f32 scale per 4096 floats, the loss kept in a
+                                    residual on the worker and added to the next push); TOPK and POWERSGD:
+                                    DTR_UNSUPPORTED */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -3273,8 +3279,9 @@ typedef struct dtr_ps dtr_ps;
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
  *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
- *  staleness < 0, push_dtype, mode, policy, aggregate; the context's message says which), DTR_UNSUPPORTED
- *  (LAMB, clip_norm, a model in device memory), DTR_OUT_OF_MEMORY. Thread safety: the model's
+ *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate; the context's message says which),
+ *  DTR_UNSUPPORTED (LAMB, clip_norm, a model in device memory, push_compress TOPK or POWERSGD),
+ *  DTR_OUT_OF_MEMORY. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
 /** Frees the engine (not the model or group). NULL is ignored. A server still listening
@@ -3814,7 +3821,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3818 "dtrain.h"
+#line 3825 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4347,7 +4354,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4351 "dtrain.h"
+#line 4358 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4615,7 +4622,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4619 "dtrain.h"
+#line 4626 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4677,7 +4684,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4681 "dtrain.h"
+#line 4688 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5004,7 +5011,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5008 "dtrain.h"
+#line 5015 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5047,7 +5054,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5051 "dtrain.h"
+#line 5058 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5074,7 +5081,10 @@ DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t be
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
 /** The residual of error feedback (numel floats) or NULL when the codec has none. */
 DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
-#line 5078 "dtrain.h"
+/** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
+ *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
+DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
+#line 5088 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5107,7 +5117,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5111 "dtrain.h"
+#line 5121 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5181,7 +5191,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5185 "dtrain.h"
+#line 5195 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5203,6 +5213,11 @@ enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, 
        DTR__PS_ACK = 7, DTR__PS_DROP = 8 };
 #define DTR__PS_MAX_SEGMENTS (1 << 24)
 
+/** PUSH's dtype for push_compress INT8 (not a dtr_dtype): the range in blocks of
+ *  DTR__PS_INT8_BLOCK floats, each [f32 scale][block int8] (the last block shorter). */
+#define DTR__PS_INT8 100
+#define DTR__PS_INT8_BLOCK 4096
+
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
  *  message is the header, `count` values of `dtype`, then the 8-byte trailer
  *  dtr__ps_trailer(header): receives do not report their length, so a server zeroes the
@@ -5212,7 +5227,7 @@ typedef struct dtr__ps_hdr {
     uint32_t magic;
     uint16_t version, kind;
     int32_t worker;     /**< the sender's worker index (REPLY: the server's index) */
-    int32_t dtype;      /**< PUSH: the payload's dtype (f32 or bf16); else 0 */
+    int32_t dtype;      /**< PUSH: the payload's dtype (f32, bf16, f16 or DTR__PS_INT8); PUSH_ROWS: f32 or bf16; else 0 */
     int64_t clock;      /**< PUSH: the worker's clock; PULL: the clock wanted; REPLY: the server's clock */
     int64_t begin;      /**< the range's first float (the server's) */
     int64_t count;      /**< floats of payload (PUSH, REPLY), 0 otherwise */
@@ -5244,7 +5259,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5248 "dtrain.h"
+#line 5263 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5294,7 +5309,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5298 "dtrain.h"
+#line 5313 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5646,7 +5661,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5650 "dtrain.h"
+#line 5665 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6437,7 +6452,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6441 "dtrain.h"
+#line 6456 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6913,7 +6928,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6917 "dtrain.h"
+#line 6932 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6984,7 +6999,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 6988 "dtrain.h"
+#line 7003 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7401,7 +7416,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7405 "dtrain.h"
+#line 7420 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7610,7 +7625,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7614 "dtrain.h"
+#line 7629 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7841,7 +7856,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7845 "dtrain.h"
+#line 7860 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7956,7 +7971,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7960 "dtrain.h"
+#line 7975 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8012,7 +8027,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8016 "dtrain.h"
+#line 8031 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8442,7 +8457,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8446 "dtrain.h"
+#line 8461 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8621,7 +8636,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8625 "dtrain.h"
+#line 8640 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9146,7 +9161,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9150 "dtrain.h"
+#line 9165 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9645,7 +9660,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9649 "dtrain.h"
+#line 9664 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9904,7 +9919,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9908 "dtrain.h"
+#line 9923 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10090,7 +10105,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10094 "dtrain.h"
+#line 10109 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10210,7 +10225,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10214 "dtrain.h"
+#line 10229 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10684,7 +10699,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10688 "dtrain.h"
+#line 10703 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10853,7 +10868,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10857 "dtrain.h"
+#line 10872 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11102,7 +11117,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11106 "dtrain.h"
+#line 11121 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11607,7 +11622,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11611 "dtrain.h"
+#line 11626 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11741,7 +11756,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11745 "dtrain.h"
+#line 11760 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12088,7 +12103,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12092 "dtrain.h"
+#line 12107 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12154,7 +12169,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12158 "dtrain.h"
+#line 12173 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12391,7 +12406,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12395 "dtrain.h"
+#line 12410 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13140,7 +13155,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13144 "dtrain.h"
+#line 13159 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13593,7 +13608,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13597 "dtrain.h"
+#line 13612 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13649,7 +13664,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13653 "dtrain.h"
+#line 13668 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14426,7 +14441,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14430 "dtrain.h"
+#line 14445 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15007,7 +15022,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15011 "dtrain.h"
+#line 15026 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15638,7 +15653,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15642 "dtrain.h"
+#line 15657 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16385,7 +16400,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16389 "dtrain.h"
+#line 16404 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16738,7 +16753,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16742 "dtrain.h"
+#line 16757 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16928,7 +16943,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16932 "dtrain.h"
+#line 16947 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17109,7 +17124,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17113 "dtrain.h"
+#line 17128 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17884,7 +17899,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17888 "dtrain.h"
+#line 17903 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18401,7 +18416,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18405 "dtrain.h"
+#line 18420 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19196,7 +19211,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19200 "dtrain.h"
+#line 19215 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20362,7 +20377,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20366 "dtrain.h"
+#line 20381 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20984,7 +20999,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 20988 "dtrain.h"
+#line 21003 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21473,7 +21488,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21477 "dtrain.h"
+#line 21492 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22202,7 +22217,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22206 "dtrain.h"
+#line 22221 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22438,7 +22453,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22442 "dtrain.h"
+#line 22457 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22662,19 +22677,39 @@ static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float
 
 /* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
 
-/* payload [f32 scale][n int8]; resid (may be NULL) = g - decoded */
-static void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid) {
-    float mx = 0.0f, scale;
+/* the largest |g[i]| (NaN skipped), 8 running maxima (vectorised: `a > m ? a : m` is maxps) */
+static float dtr__max_abs(const float *g, int64_t n) {
+    float m8[8] = {0}, mx = 0.0f;
+    int64_t i = 0;
+    int j;
+    for (; i + 8 <= n; i += 8)
+        for (j = 0; j < 8; j++) {
+            float a = fabsf(g[i + j]);
+            m8[j] = a > m8[j] ? a : m8[j];
+        }
+    for (; i < n; i++) mx = fabsf(g[i]) > mx ? fabsf(g[i]) : mx;
+    for (j = 0; j < 8; j++) mx = m8[j] > mx ? m8[j] : mx;
+    return mx;
+}
+
+/* q = g / scale rounded to nearest even (adding and taking 1.5 * 2^23 rounds |v| < 2^22 as
+   nearbyintf does, without a call), clamped to +-127, NaN as 0; resid = g - q * scale. The
+   same bits as the scalar formula, element by element, so resid may be g itself. */
+void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid) {
+    float scale = dtr__max_abs(g, n) / 127.0f;
     int8_t *q = (int8_t *)(out + sizeof(float));
-    int64_t i;
-    for (i = 0; i < n; i++) mx = fabsf(g[i]) > mx ? fabsf(g[i]) : mx;
-    scale = mx / 127.0f;
     memcpy(out, &scale, sizeof scale);
-    for (i = 0; i < n; i++) {
-        float v = scale > 0.0f ? nearbyintf(g[i] / scale) : 0.0f;
-        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);   /* NaN: 0 */
-        if (resid) resid[i] = g[i] - (float)q[i] * scale;
+    if (!(scale > 0.0f)) {   /* all zero (or NaN): nothing to send */
+        memset(q, 0, (size_t)n);
+        if (resid && resid != g) memcpy(resid, g, (size_t)n * sizeof(float));
+        return;
     }
+    DTR__ELEMENTWISE(0, n, {
+        float v = g[i] / scale;
+        v = (v + 12582912.0f) - 12582912.0f;
+        q[i] = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);
+    });
+    if (resid) DTR__ELEMENTWISE(0, n, resid[i] = g[i] - (float)q[i] * scale);
 }
 
 /* the k-th largest of |g[0..n)| (1 <= k <= n): a radix select on the magnitudes' bit
@@ -22797,7 +22832,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22801 "dtrain.h"
+#line 22836 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22994,7 +23029,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
     return DTR_OK;
 }
-#line 22998 "dtrain.h"
+#line 23033 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23391,7 +23426,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23395 "dtrain.h"
+#line 23430 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23872,7 +23907,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23876 "dtrain.h"
+#line 23911 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -23891,6 +23926,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
  * receive may wait as long as a worker computes. The engine keeps its own deadline instead
  * (worker_deadline_ms, on the workers a server waits on), so that no wait is unbounded.
  * ==========================================================================*/
+
 
 
 
@@ -23940,6 +23976,8 @@ struct dtr_ps {
     uint8_t **msg, **rep;      /* S request and S reply buffers */
     int64_t *sclock;           /* SYNC: each server's clock at the last pull */
     int64_t wclock;            /* pushes made */
+    int wire;                  /* a push's payload dtype: push_dtype, or push_compress's (DTR__PS_INT8: blocks) */
+    float *resid;              /* INT8: error feedback, what the blocks lost (numel floats) */
     int pushed;                /* a push since the last pull */
 };
 
@@ -23985,16 +24023,60 @@ uint64_t dtr__ps_trailer(const dtr__ps_hdr *h) {
     return ((uint64_t)h->clock * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)h->magic << 16) ^ h->kind;
 }
 
+/* bytes of n values of wire dtype dt (0 <= n <= 2^40); 0 and *ok = 0 for an unknown dtype */
+static size_t dtr__ps_payload_bytes(int dt, int64_t n, int *ok) {
+    size_t es = dt == DTR__PS_INT8 ? 1 : dtr_dtype_size((dtr_dtype)dt);
+    *ok = es > 0;
+    if (dt == DTR__PS_INT8) return (size_t)n + (size_t)((n + DTR__PS_INT8_BLOCK - 1) / DTR__PS_INT8_BLOCK) * sizeof(float);
+    return (size_t)n * es;
+}
+
 size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
-    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
+    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS, ok = 1;
     int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
-    size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
+    size_t pay, segs = 0;
     if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_DROP || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
-    if (values && es == 0) return 0;
+    pay = values ? dtr__ps_payload_bytes(h->dtype, h->count, &ok) : 0;
+    if (!ok) return 0;
     if (!values && !rows && h->count != 0) return 0;
     if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
     if (rows) segs = (size_t)h->begin * 16;
-    return sizeof *h + segs + (size_t)h->count * es + 8;
+    return sizeof *h + segs + pay + 8;
+}
+
+/* worker: range s's gradient into msg[s]'s payload in wire dtype dt; INT8 adds the residual
+   of error feedback first and keeps what the blocks lost in it */
+static void dtr__ps_encode(dtr_ps *ps, int s, int dt) {
+    int64_t b = ps->range[s], len = ps->range[s + 1] - b, c;
+    const float *g = dtr_model_grads(ps->m) + b;
+    uint8_t *out = ps->msg[s] + dtr__ps_hdr_bytes;
+    float *acc = ps->resid ? ps->resid + b : NULL;
+    if (dt != DTR__PS_INT8 || !acc) {
+        dtr_convert(out, (dtr_dtype)dt, g, DTR_F32, (size_t)len);
+        return;
+    }
+    DTR__ELEMENTWISE(0, len, acc[i] += g[i]);
+    for (c = 0; c < len; c += DTR__PS_INT8_BLOCK) {
+        int64_t n = len - c < DTR__PS_INT8_BLOCK ? len - c : DTR__PS_INT8_BLOCK;
+        dtr__int8_encode(acc + c, n, out + c / DTR__PS_INT8_BLOCK * (DTR__PS_INT8_BLOCK + sizeof(float)), acc + c);
+    }
+}
+
+/* server: a push's len values of wire dtype dt into f32 at dst */
+static void dtr__ps_decode(float *dst, const uint8_t *payload, int dt, int64_t len) {
+    int64_t c;
+    if (dt != DTR__PS_INT8) {
+        dtr_convert(dst, DTR_F32, payload, (dtr_dtype)dt, (size_t)len);
+        return;
+    }
+    for (c = 0; c < len; c += DTR__PS_INT8_BLOCK) {
+        const uint8_t *blk = payload + c / DTR__PS_INT8_BLOCK * (DTR__PS_INT8_BLOCK + sizeof(float));
+        const int8_t *q = (const int8_t *)(blk + sizeof(float));
+        int64_t n = len - c < DTR__PS_INT8_BLOCK ? len - c : DTR__PS_INT8_BLOCK;
+        float scale, *d = dst + c;
+        memcpy(&scale, blk, sizeof scale);
+        DTR__ELEMENTWISE(0, n, d[i] = scale * (float)q[i]);
+    }
 }
 
 /* the segments of a ROWS message: each inside the server's range, their lengths summing to count */
@@ -24017,7 +24099,7 @@ static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *
 }
 
 static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
-    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16 && h->dtype != DTR_F16 && h->dtype != DTR__PS_INT8)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
     if (h->begin != e->begin || h->count != e->count)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of [%lld, +%lld), this server holds [%lld, +%lld)",
@@ -24085,6 +24167,16 @@ static void dtr__ps_layout(dtr_ps *ps) {
         if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
 }
 
+/* a push's payload dtype on the wire */
+static int dtr__ps_wire(const dtr_ps_config *cfg) {
+    switch (cfg->push_compress) {
+    case DTR_COMPRESS_INT8: return DTR__PS_INT8;
+    case DTR_COMPRESS_BF16: return DTR_BF16;
+    case DTR_COMPRESS_FP16: return DTR_F16;
+    default: return cfg->push_dtype;
+    }
+}
+
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
     int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
@@ -24101,8 +24193,14 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
-    if (cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16");
+    if ((cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16) ||
+        (cfg->push_dtype != DTR_F32 && cfg->push_compress != DTR_COMPRESS_NONE))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16 (f32 with push_compress)");
+    if ((unsigned)cfg->push_compress > DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_compress %d", (int)cfg->push_compress);
+    if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
+                         "(bf16, fp16 and int8 are)");
     if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
                          "SSP: a SYNC round averages every worker already)", cfg->aggregate);
@@ -24111,10 +24209,14 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     return DTR_OK;
 }
 
+/* a buffer for the messages of a range of len floats: header, f32 values (an INT8 push of a
+   range under 4 floats needs its scale more), trailer */
+static size_t dtr__ps_buf_bytes(int64_t len) { return dtr__ps_hdr_bytes + (size_t)(len + 1) * sizeof(float) + 8; }
+
 static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     dtr_allocation_callbacks *a = &ps->ctx->alloc;
     int64_t len = ps->range[ps->index + 1] - ps->range[ps->index];
-    size_t cap = dtr__ps_hdr_bytes + (size_t)len * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(len);
     int w;
     dtr_result r;
     ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
@@ -24143,8 +24245,12 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
 
 static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     dtr_allocation_callbacks *a = &ps->ctx->alloc;
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(ps->maxlen);
     int s;
+    if (ps->wire == DTR__PS_INT8) {
+        ps->resid = (float *)dtr__calloc(a, (size_t)dtr_model_numel(ps->m) * sizeof(float) + 1);
+        if (!ps->resid) return DTR_OUT_OF_MEMORY;
+    }
     ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
@@ -24177,6 +24283,7 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
     ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->NS = def.servers * (1 + def.replicas);
     ps->W = dtr_comm_size(c) - ps->NS;
+    ps->wire = dtr__ps_wire(&def);
     me = dtr_comm_rank(c);
     ps->server = me < ps->NS;
     ps->index = ps->server ? me % ps->S : me - ps->NS;
@@ -24251,6 +24358,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
     dtr__free(&a, ps->sclock);
+    dtr__free(&a, ps->resid);
     dtr__free(&a, ps->range);
     dtr_comm_destroy(ps->g);
     dtr__free(&a, ps);
@@ -24281,7 +24389,7 @@ dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out) {
 static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
 
 /* a server's receive and reply buffers: the largest message it takes or sends */
-static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
+static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_buf_bytes(dtr__ps_len(ps)); }
 
 static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r);
 
@@ -24362,9 +24470,9 @@ static dtr_result dtr__ps_accumulate(dtr_ps *ps, const uint8_t *payload, int dty
     const float *x = (const float *)payload;
     int64_t len = dtr__ps_len(ps);
     if (ps->summed == 0) {
-        dtr_convert(g, DTR_F32, payload, (dtr_dtype)dtype, (size_t)len);
+        dtr__ps_decode(g, payload, dtype, len);
     } else {
-        if (dtype != DTR_F32) dtr_convert(ps->scratch, DTR_F32, payload, (dtr_dtype)dtype, (size_t)len), x = ps->scratch;
+        if (dtype != DTR_F32) dtr__ps_decode(ps->scratch, payload, dtype, len), x = ps->scratch;
         DTR__ELEMENTWISE(0, len, g[i] += x[i]);
     }
     return ++ps->summed >= ps->cfg.aggregate ? dtr__ps_apply_summed(ps) : DTR_OK;
@@ -24385,7 +24493,7 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
             uint8_t *t = p->held;
             p->held = p->in, p->in = t;
         } else
-            dtr_convert(p->held + dtr__ps_hdr_bytes, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+            dtr__ps_decode((float *)(p->held + dtr__ps_hdr_bytes), payload, h->dtype, len);
         p->pushed = 1;
         p->clock = h->clock + 1;
         dtr__ps_count_staleness(ps, 0);
@@ -24848,10 +24956,10 @@ static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
     int s, n = 0;
     for (s = 0; s < ps->S && r == DTR_OK; s++) {
         int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
-        dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
-        dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock[s], b, len, (int)dt);
+        int dt = kind == DTR__PS_PUSH ? ps->wire : 0;
+        dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock[s], b, len, dt);
         size_t bytes;
-        if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+        if (len) dtr__ps_encode(ps, s, dt);
         bytes = dtr__ps_seal(ps->msg[s], &h);
         ps->st.bytes_sent += bytes;
         r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, s, DTR__PS_TAG_REQ, &q[n]);
@@ -24878,9 +24986,9 @@ static int dtr__ps_failover(dtr_ps *ps, int s, dtr_result r) {
 /* replicas: writes the request of `kind` for range s into msg[s] (a push: the gradient) */
 static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
     int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
-    dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
-    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, (int)dt);
-    if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+    int dt = kind == DTR__PS_PUSH ? ps->wire : 0;
+    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, dt);
+    if (len) dtr__ps_encode(ps, s, dt);
     return dtr__ps_seal(ps->msg[s], &h);
 }
 
@@ -25138,7 +25246,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25142 "dtrain.h"
+#line 25250 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25192,7 +25300,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25196 "dtrain.h"
+#line 25304 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26355,7 +26463,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26359 "dtrain.h"
+#line 26467 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27253,7 +27361,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27257 "dtrain.h"
+#line 27365 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28723,7 +28831,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28727 "dtrain.h"
+#line 28835 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29107,7 +29215,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29111 "dtrain.h"
+#line 29219 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29256,7 +29364,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29260 "dtrain.h"
+#line 29368 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

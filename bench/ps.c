@@ -3,7 +3,7 @@
  *
  *   build/bench/ps [--mode sync,async,ssp,dp] [--servers S] [--workers W] [--straggler-ms X]
  *                  [--straggler worker0|rotate] [--replicas 0|1] [--aggregate K] [--seed K]
- *                  [--epochs E] [--max-steps K] [--batch B] [--staleness s] [--bf16] [--repeat R]
+ *                  [--epochs E] [--max-steps K] [--batch B] [--staleness s] [--bf16|--int8] [--repeat R]
  *                  [--data DIR]
  *
  * Each mode of the comma-separated list trains with examples/fmnist_ps.c (this file includes
@@ -22,7 +22,7 @@
  *
  * Output: one JSON line per mode:
  *   {"bench":"ps","mode":"ssp","servers":2,"replicas":0,"workers":4,"straggler_ms":20,
- *    "straggler":"worker0","aggregate":0,"batch_per_worker":64,"samples_per_s":..,
+ *    "straggler":"worker0","aggregate":0,"push":"f32","batch_per_worker":64,"samples_per_s":..,
  *    "step_ms":..,"test_acc":..,"staleness":[..16 bins..],"max_staleness":2,"bytes_per_step":..,
  *    "refused":0,"best_of":3}
  * samples_per_s: samples of all workers over the slowest worker's training time; step_ms:
@@ -72,11 +72,12 @@ static int run_ps(const ps_opts *po, const dtr_mnist *data, bench_row *row) {
 static void print_row(const ps_opts *o, const char *mode, const bench_row *r, int repeat) {
     int i;
     printf("{\"bench\":\"ps\",\"mode\":\"%s\",\"servers\":%d,\"replicas\":%d,\"workers\":%d,\"straggler_ms\":%d,"
-           "\"straggler\":\"%s\",\"aggregate\":%d,\"batch_per_worker\":%d,"
+           "\"straggler\":\"%s\",\"aggregate\":%d,\"push\":\"%s\",\"batch_per_worker\":%d,"
            "\"samples_per_s\":%.0f,\"step_ms\":%.2f,\"test_acc\":%.4f,\"bytes_per_step\":%.0f,\"staleness\":[", mode,
            strcmp(mode, "dp") ? o->servers : 0, strcmp(mode, "dp") ? o->replicas : 0, o->world - o->servers * (1 + o->replicas),
            strcmp(mode, "dp") ? o->straggler_ms : 0, o->straggler_rotate ? "rotate" : "worker0",
-           strcmp(mode, "sync") && strcmp(mode, "dp") ? o->aggregate : 0, o->batch, r->sps, r->step_ms,
+           strcmp(mode, "sync") && strcmp(mode, "dp") ? o->aggregate : 0,
+           !strcmp(mode, "dp") ? "f32" : o->int8 ? "int8" : o->bf16 ? "bf16" : "f32", o->batch, r->sps, r->step_ms,
            r->acc, r->bytes);
     for (i = 0; i < DTR_PS_STALENESS_BINS; i++) printf("%s%lld", i ? "," : "", (long long)r->ps.server.staleness[i]);
     printf("],\"max_staleness\":%lld,\"refused\":%lld,\"best_of\":%d}\n", (long long)r->ps.server.max_staleness,

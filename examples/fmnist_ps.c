@@ -17,7 +17,7 @@
  * process is one rank: `dtrun -n 6 --servers 2 build/examples/fmnist_ps --transport libfabric`.
  *
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
- *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16] [--transport NAME]
+ *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16|--int8] [--transport NAME]
  *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|rotate]
  *                  [--aggregate K] [--seed K]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
@@ -29,6 +29,7 @@
 typedef struct ps_opts {
     const char *dir, *transport, *provider;
     int world, servers, epochs, batch, staleness, straggler_ms, bf16, quiet;
+    int int8;              /* push_compress INT8 (error feedback on the workers) */
     int workers;           /* > 0: the world is the server ranks and these */
     int replicas;          /* dtr_ps_config.replicas */
     int aggregate;         /* dtr_ps_config.aggregate */
@@ -170,6 +171,7 @@ static int ps_rank(dtr_comm *c, void *user) {
     pc.aggregate = o->mode == DTR_PS_SYNC ? 0 : o->aggregate;   /* a sync round averages every worker already */
     pc.opt = dtr_optimizer_config_init(DTR_OPT_ADAM, o->lr);
     pc.push_dtype = o->bf16 ? DTR_BF16 : DTR_F32;
+    pc.push_compress = o->int8 ? DTR_COMPRESS_INT8 : DTR_COMPRESS_NONE;
     r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 1 + (uint64_t)o->seed);
     if (r == DTR_OK) r = dtr_ps_create(net.model, c, &pc, &ps);
     if (r != DTR_OK) ps_err(c, "dtr_ps_create", r, dtr_context_last_error(ctx));
@@ -210,6 +212,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
+        if (!strcmp(a, "--int8")) { o->int8 = 1; continue; }
         if (a[0] != '-') { o->dir = a; continue; }
         if (!v) { fprintf(stderr, "%s needs a value\n", a); return 0; }
         i++;

@@ -13,6 +13,11 @@
  *                         <= 1e-6; 1-2 servers, 2-4 workers); ASYNC with aggregate 3 and 40
  *                         pushes makes 14 updates (the last push applied when serving ends);
  *                         aggregate above 1 in SYNC, or below 0, is refused
+ *   test_ps_int8          push_compress INT8, a constant gradient whose small floats round to 0
+ *                         in every push: error feedback delivers them (20 pushes apply 20
+ *                         gradients within the last residual, 1/254; without the residual
+ *                         they never move) in about a quarter of f32's bytes; the sync
+ *                         equivalence above also runs int8 pushes (within 1e-3 of all-reduce)
  *   test_ps_malformed     crafted messages (garbage, bad magic, another server's range, a
  *                         truncated push, an oversized one) are refused and counted; training
  *                         goes on and still equals all-reduce
@@ -369,6 +374,12 @@ static void test_ps_config_fields(void) {
     CHECK_MSG(strstr(dtr_context_last_error(ctx), "aggregate") != NULL, "%s", dtr_context_last_error(ctx));
     pc = dtr_ps_config_init(), pc.mode = DTR_PS_ASYNC, pc.aggregate = -1;
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.push_dtype = DTR_BF16, pc.push_compress = DTR_COMPRESS_INT8;   /* one codec */
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.push_compress = (dtr_dp_compress)99;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.push_compress = DTR_COMPRESS_TOPK;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_UNSUPPORTED);
     pc = dtr_ps_config_init(), pc.opt = dtr_optimizer_config_init(DTR_OPT_LAMB, 0.01f);
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_UNSUPPORTED);
     pc = dtr_ps_config_init(), pc.opt.clip_norm = 1.0f;
@@ -401,6 +412,25 @@ static double check_equals_dp(ps_job *j, const float *ref, double tol) {
     return e;
 }
 
+/* int8 pushes (error feedback) against all-reduce: within 1e-3 after 20 steps (about 1e-4), about a quarter of the bytes */
+static void check_int8(ps_job *ref, ps_job *f32) {
+    ps_job q = *ref;
+    q.dp = 0;
+    memset(q.params, 0, sizeof q.params);
+    q.pc.push_compress = DTR_COMPRESS_INT8;
+    job_run(&q);
+    if (job_ok(&q)) {
+        float *sp = server_params(&q);
+        double e = rel_err(sp, ref->params[0], q.numel);
+        CHECK_MSG(e <= 1e-3, "int8 pushes: relative error %.3g", e);
+        CHECK_MSG(q.st[q.S].bytes_sent < f32->st[f32->S].bytes_sent * 0.3, "int8 pushes sent %llu bytes, f32 %llu",
+                  (unsigned long long)q.st[q.S].bytes_sent, (unsigned long long)f32->st[f32->S].bytes_sent);
+        printf("     %d server(s), %d workers, int8 pushes: relative error %.2e vs all-reduce\n", q.S, q.W, e);
+        free(sp);
+    }
+    job_free(&q);
+}
+
 static void test_ps_sync_equals_dp(void) {
     int cases[4][2] = {{1, 2}, {2, 2}, {1, 4}, {2, 4}}, k;
     for (k = 0; k < 4; k++) {
@@ -413,6 +443,7 @@ static void test_ps_sync_equals_dp(void) {
         e = check_equals_dp(&j, ref.params[0], 1e-6);
         h.pc.push_dtype = DTR_BF16;   /* half the gradient bytes, within bf16's rounding */
         job_run(&h);
+        check_int8(&ref, &j);
         if (job_ok(&h)) {
             float *sp = server_params(&h);
             eh = rel_err(sp, ref.params[0], h.numel);
@@ -521,6 +552,71 @@ static void *rows_rank(void *arg) {
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
     return NULL;
+}
+
+/* test_ps_int8: a constant gradient of 8000 floats, 1 in the first float of each int8 block
+   and 1e-3 elsewhere (under half a step of the block's scale, 1 / 127) */
+static dtr_result ef_worker(dtr_ps *ps, dtr_model *m, int steps) {
+    float *g = dtr_model_grads(m);
+    dtr_result r = dtr_ps_pull(ps);
+    int t, i;
+    for (t = 0; t < steps && r == DTR_OK; t++) {
+        for (i = 0; i < 8000; i++) g[i] = i % 4096 == 0 ? 1.0f : 1e-3f;
+        r = dtr_ps_step(ps);
+    }
+    return r == DTR_OK ? dtr_ps_finish(ps) : r;
+}
+
+static void *ef_rank(void *arg) {
+    ps_rank *pr = (ps_rank *)arg;
+    ps_job *j = pr->j;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_context *ctx = test_ctx(1);
+    dtr_comm *c = NULL;
+    dtr_model *m = NULL;
+    dtr_ps *ps = NULL;
+    int64_t sh[1] = {8000};
+    dtr_result r;
+    cc.local.world = j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
+    r = dtr_comm_create(&cc, &c, NULL, 0);
+    if (r == DTR_OK) r = dtr_model_create(ctx, 1, &m);
+    if (r == DTR_OK) dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f), r = dtr_model_build(m);
+    if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
+    if (r == DTR_OK) r = dtr_ps_is_server(ps) ? dtr_ps_serve(ps) : ef_worker(ps, m, j->steps);
+    if (ps) dtr_ps_get_stats(ps, &j->st[pr->rank]);
+    j->res[pr->rank] = r;
+    snprintf(j->msg[pr->rank], sizeof j->msg[pr->rank], "%s", dtr_context_last_error(ctx));
+    if (m) {
+        j->numel = dtr_model_numel(m);
+        j->params[pr->rank] = (float *)malloc((size_t)j->numel * sizeof(float));
+        memcpy(j->params[pr->rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+    }
+    dtr_ps_destroy(ps);
+    dtr_comm_destroy(c);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return NULL;
+}
+
+static void test_ps_int8(void) {
+    ps_job j = job_init(1, 1, DTR_PS_SYNC);
+    int i, bad = 0;
+    j.rank_fn = ef_rank;
+    j.pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 1.0f);   /* w = -(sum of the decoded pushes) */
+    j.pc.push_compress = DTR_COMPRESS_INT8;
+    job_run(&j);
+    if (!job_ok(&j)) { job_free(&j); return; }
+    /* the 1e-3 floats round to 0 in every push, but their residual grows until it is sent:
+       20 pushes deliver 20 * 1e-3 minus the last residual (at most half a step, 1 / 254) */
+    for (i = 0; i < 8000; i++) {
+        float want = i % 4096 == 0 ? -20.0f : -0.02f, tol = i % 4096 == 0 ? 1e-4f : 1.0f / 254.0f + 1e-6f;
+        bad += fabsf(j.params[1][i] - want) > tol;
+    }
+    CHECK_MSG(bad == 0, "%d floats off the pushed sum by more than the residual bound (w[1] %g, want -0.02)", bad,
+              (double)j.params[1][1]);
+    CHECK_MSG(j.st[1].bytes_sent < (uint64_t)j.steps * (8000 + 2 * 4 + 200) + 1000, "int8 pushes sent %llu bytes",
+              (unsigned long long)j.st[1].bytes_sent);
+    job_free(&j);
 }
 
 static void test_ps_rows(void) {
@@ -734,6 +830,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_replicas);
     RUN_IF(test_ps_worker_gone);
     RUN_IF(test_ps_rows);
+    RUN_IF(test_ps_int8);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);
     return test_summary();

@@ -17,6 +17,7 @@
 #include "../public/api_comm.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
+#include "compress.h"
 #include "ps.h"
 
 #define DTR__PS_LISTEN_MS (24 * 3600 * 1000)   /* the server group's deadline: a day */
@@ -62,6 +63,8 @@ struct dtr_ps {
     uint8_t **msg, **rep;      /* S request and S reply buffers */
     int64_t *sclock;           /* SYNC: each server's clock at the last pull */
     int64_t wclock;            /* pushes made */
+    int wire;                  /* a push's payload dtype: push_dtype, or push_compress's (DTR__PS_INT8: blocks) */
+    float *resid;              /* INT8: error feedback, what the blocks lost (numel floats) */
     int pushed;                /* a push since the last pull */
 };
 
@@ -107,16 +110,60 @@ uint64_t dtr__ps_trailer(const dtr__ps_hdr *h) {
     return ((uint64_t)h->clock * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)h->magic << 16) ^ h->kind;
 }
 
+/* bytes of n values of wire dtype dt (0 <= n <= 2^40); 0 and *ok = 0 for an unknown dtype */
+static size_t dtr__ps_payload_bytes(int dt, int64_t n, int *ok) {
+    size_t es = dt == DTR__PS_INT8 ? 1 : dtr_dtype_size((dtr_dtype)dt);
+    *ok = es > 0;
+    if (dt == DTR__PS_INT8) return (size_t)n + (size_t)((n + DTR__PS_INT8_BLOCK - 1) / DTR__PS_INT8_BLOCK) * sizeof(float);
+    return (size_t)n * es;
+}
+
 size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
-    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS;
+    int rows = h->kind == DTR__PS_PUSH_ROWS || h->kind == DTR__PS_PULL_ROWS, ok = 1;
     int values = h->kind == DTR__PS_PUSH || h->kind == DTR__PS_REPLY || h->kind == DTR__PS_PUSH_ROWS;
-    size_t es = values ? dtr_dtype_size((dtr_dtype)h->dtype) : 0, segs = 0;
+    size_t pay, segs = 0;
     if (h->kind < DTR__PS_PUSH || h->kind > DTR__PS_DROP || h->count < 0 || h->count > ((int64_t)1 << 40)) return 0;
-    if (values && es == 0) return 0;
+    pay = values ? dtr__ps_payload_bytes(h->dtype, h->count, &ok) : 0;
+    if (!ok) return 0;
     if (!values && !rows && h->count != 0) return 0;
     if (rows && (h->begin < 1 || h->begin > DTR__PS_MAX_SEGMENTS)) return 0;
     if (rows) segs = (size_t)h->begin * 16;
-    return sizeof *h + segs + (size_t)h->count * es + 8;
+    return sizeof *h + segs + pay + 8;
+}
+
+/* worker: range s's gradient into msg[s]'s payload in wire dtype dt; INT8 adds the residual
+   of error feedback first and keeps what the blocks lost in it */
+static void dtr__ps_encode(dtr_ps *ps, int s, int dt) {
+    int64_t b = ps->range[s], len = ps->range[s + 1] - b, c;
+    const float *g = dtr_model_grads(ps->m) + b;
+    uint8_t *out = ps->msg[s] + dtr__ps_hdr_bytes;
+    float *acc = ps->resid ? ps->resid + b : NULL;
+    if (dt != DTR__PS_INT8 || !acc) {
+        dtr_convert(out, (dtr_dtype)dt, g, DTR_F32, (size_t)len);
+        return;
+    }
+    DTR__ELEMENTWISE(0, len, acc[i] += g[i]);
+    for (c = 0; c < len; c += DTR__PS_INT8_BLOCK) {
+        int64_t n = len - c < DTR__PS_INT8_BLOCK ? len - c : DTR__PS_INT8_BLOCK;
+        dtr__int8_encode(acc + c, n, out + c / DTR__PS_INT8_BLOCK * (DTR__PS_INT8_BLOCK + sizeof(float)), acc + c);
+    }
+}
+
+/* server: a push's len values of wire dtype dt into f32 at dst */
+static void dtr__ps_decode(float *dst, const uint8_t *payload, int dt, int64_t len) {
+    int64_t c;
+    if (dt != DTR__PS_INT8) {
+        dtr_convert(dst, DTR_F32, payload, (dtr_dtype)dt, (size_t)len);
+        return;
+    }
+    for (c = 0; c < len; c += DTR__PS_INT8_BLOCK) {
+        const uint8_t *blk = payload + c / DTR__PS_INT8_BLOCK * (DTR__PS_INT8_BLOCK + sizeof(float));
+        const int8_t *q = (const int8_t *)(blk + sizeof(float));
+        int64_t n = len - c < DTR__PS_INT8_BLOCK ? len - c : DTR__PS_INT8_BLOCK;
+        float scale, *d = dst + c;
+        memcpy(&scale, blk, sizeof scale);
+        DTR__ELEMENTWISE(0, n, d[i] = scale * (float)q[i]);
+    }
 }
 
 /* the segments of a ROWS message: each inside the server's range, their lengths summing to count */
@@ -139,7 +186,7 @@ static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *
 }
 
 static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
-    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16)
+    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16 && h->dtype != DTR_F16 && h->dtype != DTR__PS_INT8)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
     if (h->begin != e->begin || h->count != e->count)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of [%lld, +%lld), this server holds [%lld, +%lld)",
@@ -207,6 +254,16 @@ static void dtr__ps_layout(dtr_ps *ps) {
         if (ps->range[s + 1] - ps->range[s] > ps->maxlen) ps->maxlen = ps->range[s + 1] - ps->range[s];
 }
 
+/* a push's payload dtype on the wire */
+static int dtr__ps_wire(const dtr_ps_config *cfg) {
+    switch (cfg->push_compress) {
+    case DTR_COMPRESS_INT8: return DTR__PS_INT8;
+    case DTR_COMPRESS_BF16: return DTR_BF16;
+    case DTR_COMPRESS_FP16: return DTR_F16;
+    default: return cfg->push_dtype;
+    }
+}
+
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
     int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
@@ -223,8 +280,14 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
-    if (cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16");
+    if ((cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16) ||
+        (cfg->push_dtype != DTR_F32 && cfg->push_compress != DTR_COMPRESS_NONE))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16 (f32 with push_compress)");
+    if ((unsigned)cfg->push_compress > DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_compress %d", (int)cfg->push_compress);
+    if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
+                         "(bf16, fp16 and int8 are)");
     if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
                          "SSP: a SYNC round averages every worker already)", cfg->aggregate);
@@ -233,10 +296,14 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     return DTR_OK;
 }
 
+/* a buffer for the messages of a range of len floats: header, f32 values (an INT8 push of a
+   range under 4 floats needs its scale more), trailer */
+static size_t dtr__ps_buf_bytes(int64_t len) { return dtr__ps_hdr_bytes + (size_t)(len + 1) * sizeof(float) + 8; }
+
 static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
     dtr_allocation_callbacks *a = &ps->ctx->alloc;
     int64_t len = ps->range[ps->index + 1] - ps->range[ps->index];
-    size_t cap = dtr__ps_hdr_bytes + (size_t)len * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(len);
     int w;
     dtr_result r;
     ps->peer = (dtr__ps_peer *)dtr__calloc(a, (size_t)ps->W * sizeof(dtr__ps_peer));
@@ -265,8 +332,12 @@ static dtr_result dtr__ps_alloc_server(dtr_ps *ps) {
 
 static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     dtr_allocation_callbacks *a = &ps->ctx->alloc;
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(ps->maxlen);
     int s;
+    if (ps->wire == DTR__PS_INT8) {
+        ps->resid = (float *)dtr__calloc(a, (size_t)dtr_model_numel(ps->m) * sizeof(float) + 1);
+        if (!ps->resid) return DTR_OUT_OF_MEMORY;
+    }
     ps->msg = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->rep = (uint8_t **)dtr__calloc(a, (size_t)ps->S * sizeof(uint8_t *));
     ps->sclock = (int64_t *)dtr__calloc(a, (size_t)ps->S * sizeof(int64_t));
@@ -299,6 +370,7 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
     ps->m = m, ps->ctx = ctx, ps->cfg = def, ps->S = def.servers, ps->NS = def.servers * (1 + def.replicas);
     ps->W = dtr_comm_size(c) - ps->NS;
+    ps->wire = dtr__ps_wire(&def);
     me = dtr_comm_rank(c);
     ps->server = me < ps->NS;
     ps->index = ps->server ? me % ps->S : me - ps->NS;
@@ -373,6 +445,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
     dtr__free(&a, ps->sclock);
+    dtr__free(&a, ps->resid);
     dtr__free(&a, ps->range);
     dtr_comm_destroy(ps->g);
     dtr__free(&a, ps);
@@ -403,7 +476,7 @@ dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out) {
 static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
 
 /* a server's receive and reply buffers: the largest message it takes or sends */
-static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_hdr_bytes + (size_t)dtr__ps_len(ps) * sizeof(float) + 8; }
+static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_buf_bytes(dtr__ps_len(ps)); }
 
 static dtr_result dtr__ps_worker_gone(dtr_ps *ps, int w, dtr_result r);
 
@@ -484,9 +557,9 @@ static dtr_result dtr__ps_accumulate(dtr_ps *ps, const uint8_t *payload, int dty
     const float *x = (const float *)payload;
     int64_t len = dtr__ps_len(ps);
     if (ps->summed == 0) {
-        dtr_convert(g, DTR_F32, payload, (dtr_dtype)dtype, (size_t)len);
+        dtr__ps_decode(g, payload, dtype, len);
     } else {
-        if (dtype != DTR_F32) dtr_convert(ps->scratch, DTR_F32, payload, (dtr_dtype)dtype, (size_t)len), x = ps->scratch;
+        if (dtype != DTR_F32) dtr__ps_decode(ps->scratch, payload, dtype, len), x = ps->scratch;
         DTR__ELEMENTWISE(0, len, g[i] += x[i]);
     }
     return ++ps->summed >= ps->cfg.aggregate ? dtr__ps_apply_summed(ps) : DTR_OK;
@@ -507,7 +580,7 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
             uint8_t *t = p->held;
             p->held = p->in, p->in = t;
         } else
-            dtr_convert(p->held + dtr__ps_hdr_bytes, DTR_F32, payload, (dtr_dtype)h->dtype, (size_t)len);
+            dtr__ps_decode((float *)(p->held + dtr__ps_hdr_bytes), payload, h->dtype, len);
         p->pushed = 1;
         p->clock = h->clock + 1;
         dtr__ps_count_staleness(ps, 0);
@@ -970,10 +1043,10 @@ static dtr_result dtr__ps_send_all(dtr_ps *ps, int kind, const int64_t *clock) {
     int s, n = 0;
     for (s = 0; s < ps->S && r == DTR_OK; s++) {
         int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
-        dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
-        dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock[s], b, len, (int)dt);
+        int dt = kind == DTR__PS_PUSH ? ps->wire : 0;
+        dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock[s], b, len, dt);
         size_t bytes;
-        if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+        if (len) dtr__ps_encode(ps, s, dt);
         bytes = dtr__ps_seal(ps->msg[s], &h);
         ps->st.bytes_sent += bytes;
         r = dtr_comm_send_async(ps->g, ps->msg[s], bytes, s, DTR__PS_TAG_REQ, &q[n]);
@@ -1000,9 +1073,9 @@ static int dtr__ps_failover(dtr_ps *ps, int s, dtr_result r) {
 /* replicas: writes the request of `kind` for range s into msg[s] (a push: the gradient) */
 static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
     int64_t b = ps->range[s], len = kind == DTR__PS_PUSH ? ps->range[s + 1] - b : 0;
-    dtr_dtype dt = kind == DTR__PS_PUSH ? ps->cfg.push_dtype : (dtr_dtype)0;
-    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, (int)dt);
-    if (len) dtr_convert(ps->msg[s] + dtr__ps_hdr_bytes, dt, dtr_model_grads(ps->m) + b, DTR_F32, (size_t)len);
+    int dt = kind == DTR__PS_PUSH ? ps->wire : 0;
+    dtr__ps_hdr h = dtr__ps_header(kind, ps->index, clock, b, len, dt);
+    if (len) dtr__ps_encode(ps, s, dt);
     return dtr__ps_seal(ps->msg[s], &h);
 }
 

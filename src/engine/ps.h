@@ -16,6 +16,11 @@ enum { DTR__PS_PUSH = 1, DTR__PS_PULL = 2, DTR__PS_DONE = 3, DTR__PS_REPLY = 4, 
        DTR__PS_ACK = 7, DTR__PS_DROP = 8 };
 #define DTR__PS_MAX_SEGMENTS (1 << 24)
 
+/** PUSH's dtype for push_compress INT8 (not a dtr_dtype): the range in blocks of
+ *  DTR__PS_INT8_BLOCK floats, each [f32 scale][block int8] (the last block shorter). */
+#define DTR__PS_INT8 100
+#define DTR__PS_INT8_BLOCK 4096
+
 /** The header of every message (host byte order: the ranks of a group share one ABI). A
  *  message is the header, `count` values of `dtype`, then the 8-byte trailer
  *  dtr__ps_trailer(header): receives do not report their length, so a server zeroes the
@@ -25,7 +30,7 @@ typedef struct dtr__ps_hdr {
     uint32_t magic;
     uint16_t version, kind;
     int32_t worker;     /**< the sender's worker index (REPLY: the server's index) */
-    int32_t dtype;      /**< PUSH: the payload's dtype (f32 or bf16); else 0 */
+    int32_t dtype;      /**< PUSH: the payload's dtype (f32, bf16, f16 or DTR__PS_INT8); PUSH_ROWS: f32 or bf16; else 0 */
     int64_t clock;      /**< PUSH: the worker's clock; PULL: the clock wanted; REPLY: the server's clock */
     int64_t begin;      /**< the range's first float (the server's) */
     int64_t count;      /**< floats of payload (PUSH, REPLY), 0 otherwise */

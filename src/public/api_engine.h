@@ -890,7 +890,8 @@ typedef struct dtr_ps_config {
     dtr_ps_mode mode;          /**< DTR_PS_SYNC (default) */
     int staleness;             /**< SSP bound s >= 0 (default 2; 0 is lock-step) */
     dtr_optimizer_config opt;  /**< the servers' optimizer (default SGD lr 0.01); LAMB and clip_norm are refused */
-    dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes) */
+    dtr_dtype push_dtype;      /**< gradients on the wire: DTR_F32 (default) or DTR_BF16 (half the bytes; the
+                                    same as push_compress BF16); sparse rows go in this dtype */
     int worker_deadline_ms;    /**< a waited-on worker silent this long is dropped or fails the job; 0: 60000.
                                     Keep it above the longest step a worker takes (a lone worker is waited on) */
     dtr_ps_policy policy;      /**< DTR_PS_FAIL (default) or DTR_PS_CONTINUE */
@@ -905,6 +906,11 @@ typedef struct dtr_ps_config {
                                     every push is an update. W gives sync's update count and batch without its
                                     wait (docs/parameter-server.md, "Aggregation"); pushes left at the end are
                                     applied when serving ends. Above 1 in SYNC: DTR_INVALID_ARGUMENT */
+    dtr_dp_compress push_compress; /**< a push's codec (the data-parallel engine's, docs/parameter-server.md,
+                                    "Compressed pushes"): NONE (default: push_dtype), BF16, FP16, or INT8
+                                    (a quarter of the bytes: an f32 scale per 4096 floats, the loss kept in a
+                                    residual on the worker and added to the next push); TOPK and POWERSGD:
+                                    DTR_UNSUPPORTED */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -946,8 +952,9 @@ typedef struct dtr_ps dtr_ps;
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
  *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
- *  staleness < 0, push_dtype, mode, policy, aggregate; the context's message says which), DTR_UNSUPPORTED
- *  (LAMB, clip_norm, a model in device memory), DTR_OUT_OF_MEMORY. Thread safety: the model's
+ *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate; the context's message says which),
+ *  DTR_UNSUPPORTED (LAMB, clip_norm, a model in device memory, push_compress TOPK or POWERSGD),
+ *  DTR_OUT_OF_MEMORY. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
 /** Frees the engine (not the model or group). NULL is ignored. A server still listening

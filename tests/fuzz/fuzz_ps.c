@@ -7,7 +7,8 @@
  * Checked: no crash or out-of-bounds read; a refusal says why; an accepted message is a
  * request of a known kind from the right worker whose announced size (header, payload,
  * trailer) fits the buffer, a push matches the server's range and has a gradient dtype
- * (its payload is then decoded, so every byte of it is read), and the segments of a ROWS
+ * (f32, bf16, f16 or int8 blocks; its payload is then decoded as the server does, so every
+ * byte of it is read), and the segments of a ROWS
  * message lie inside the range and sum to its value count.
  *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_ps.c -lm -lpthread
  *     ./a.out -max_total_time=60 tests/fuzz/corpus/ps */
@@ -38,8 +39,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (n == 0 || n > size - 2 || h.worker != from) __builtin_trap();
     if (h.kind == DTR__PS_REPLY || h.kind < DTR__PS_PUSH || h.kind > DTR__PS_PULL_ROWS) __builtin_trap();
     if (h.kind == DTR__PS_PUSH) {
-        if (h.begin != e.begin || h.count != e.count || (h.dtype != DTR_F32 && h.dtype != DTR_BF16)) __builtin_trap();
-        if (dtr_convert(out, DTR_F32, data + 2 + sizeof h, (dtr_dtype)h.dtype, (size_t)h.count) != DTR_OK) __builtin_trap();
+        if (h.begin != e.begin || h.count != e.count ||
+            (h.dtype != DTR_F32 && h.dtype != DTR_BF16 && h.dtype != DTR_F16 && h.dtype != DTR__PS_INT8))
+            __builtin_trap();
+        dtr__ps_decode(out, data + 2 + sizeof h, h.dtype, h.count);   /* as the server does (int8: blocks) */
     } else if (h.kind == DTR__PS_PUSH_ROWS || h.kind == DTR__PS_PULL_ROWS) {
         int64_t i, sum = 0, seg[2];
         for (i = 0; i < h.begin; i++) {   /* every segment inside the range, as the server will write them */
