@@ -802,6 +802,15 @@ typedef struct dtr_optimizer_config {
     /** What an update does when the gradient's global norm is not finite (a NaN or an infinity
      *  anywhere in the gradient): see dtr_nonfinite_policy. Default DTR_NONFINITE_SKIP. */
     dtr_nonfinite_policy nonfinite;
+    /** Sums n values over the ranks that hold the model's other parts (pipeline stages), in
+     *  place, the same result on every rank (a collective every rank's optimizer step calls
+     *  alike). Given, the gradient's global norm (clip_norm, the nonfinite check, the loss
+     *  scaler's overflow check) is the root of the sum over those ranks of their sums of
+     *  squares (after shard_sum's, with ZeRO in a hybrid grid); LAMB's per-parameter norms
+     *  stay local. dtr_pipe_optimizer_config sets it. NULL (default): this rank's gradients
+     *  are the whole model's. */
+    dtr_result (*norm_sum)(void *user, double *vals, int n);
+    void *norm_sum_user;    /**< handed to norm_sum */
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
@@ -2763,6 +2772,15 @@ DTR_API dtr_result dtr_pipe_microbatch_range(const dtr_pipe *p, int mb, int64_t 
  *  number of stages. Thread safety: any thread. */
 DTR_API int dtr_pipe_stage(const dtr_pipe *p, int chunk);
 DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
+/** Sets oc's norm_sum so that the stage's optimizer takes the whole model's gradient norm,
+ *  summed over the pipeline's ranks (clip_norm, the nonfinite check and the loss scaler then
+ *  agree on every stage, as one rank training the whole model would); keeps its other fields.
+ *  Call it before dtr_optimizer_create (after dtr_dp_shard_optimizer in a hybrid grid). The
+ *  norm is then a collective over the pipeline's group in every optimizer step. Tensor-
+ *  parallel layers are not summed over their group (a replicated parameter would count once
+ *  per rank): under tensor parallelism the norm stays the rank's own.
+ *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc);
 /** The measurements of the last step. @return DTR_OK, DTR_NULL_HANDLE.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_pipe_get_stats(const dtr_pipe *p, dtr_pipe_stats *out);
@@ -3821,7 +3839,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3825 "dtrain.h"
+#line 3843 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4354,7 +4372,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4358 "dtrain.h"
+#line 4376 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4622,7 +4640,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4626 "dtrain.h"
+#line 4644 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4684,7 +4702,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4688 "dtrain.h"
+#line 4706 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4888,6 +4906,9 @@ DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
 /** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
  *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
+/** Sums n doubles over group c in place: an all-gather of the bytes, added in rank order (the
+ *  same bits on every rank). Errors go to ctx's message, prefixed with `who`. */
+DTR__PRIVATE dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who);
 DTR__PRIVATE void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
 /** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
  *  for device memory. Records a failure on the group. */
@@ -5011,7 +5032,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5015 "dtrain.h"
+#line 5036 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5054,7 +5075,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5058 "dtrain.h"
+#line 5079 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5084,7 +5105,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5088 "dtrain.h"
+#line 5109 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5117,7 +5138,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5121 "dtrain.h"
+#line 5142 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5191,7 +5212,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5195 "dtrain.h"
+#line 5216 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5259,7 +5280,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5263 "dtrain.h"
+#line 5284 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5309,7 +5330,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5313 "dtrain.h"
+#line 5334 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5661,7 +5682,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5665 "dtrain.h"
+#line 5686 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6452,7 +6473,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6456 "dtrain.h"
+#line 6477 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6928,7 +6949,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6932 "dtrain.h"
+#line 6953 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -6999,7 +7020,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7003 "dtrain.h"
+#line 7024 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7416,7 +7437,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7420 "dtrain.h"
+#line 7441 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7625,7 +7646,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7629 "dtrain.h"
+#line 7650 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7856,7 +7877,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7860 "dtrain.h"
+#line 7881 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7971,7 +7992,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7975 "dtrain.h"
+#line 7996 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8027,7 +8048,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8031 "dtrain.h"
+#line 8052 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8457,7 +8478,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8461 "dtrain.h"
+#line 8482 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8636,7 +8657,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8640 "dtrain.h"
+#line 8661 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9161,7 +9182,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9165 "dtrain.h"
+#line 9186 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9660,7 +9681,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9664 "dtrain.h"
+#line 9685 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9919,7 +9940,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9923 "dtrain.h"
+#line 9944 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10105,7 +10126,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10109 "dtrain.h"
+#line 10130 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10225,7 +10246,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10229 "dtrain.h"
+#line 10250 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10699,7 +10720,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10703 "dtrain.h"
+#line 10724 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10868,7 +10889,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10872 "dtrain.h"
+#line 10893 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11117,7 +11138,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11121 "dtrain.h"
+#line 11142 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11347,14 +11368,16 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
-/* the norm clip_norm takes: the whole buffer's, or with shard_sum the group's over the shards */
+/* the norm clip_norm takes: the whole buffer's, with shard_sum the group's over the shards,
+   and with norm_sum over the model's other parts too */
 dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
-    if (!o->cfg.shard_sum) return dtr__grad_norm(o->model, norm);
+    if (!o->cfg.shard_sum && !o->cfg.norm_sum) return dtr__grad_norm(o->model, norm);
     r = o->len ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + o->base, o->len, &s) : DTR_OK;
-    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
+    if (r == DTR_OK && o->cfg.shard_sum) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
+    if (r == DTR_OK && o->cfg.norm_sum) r = o->cfg.norm_sum(o->cfg.norm_sum_user, &s, 1);
     *norm = sqrt(s);
     return r;
 }
@@ -11622,7 +11645,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11626 "dtrain.h"
+#line 11649 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11756,7 +11779,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11760 "dtrain.h"
+#line 11783 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12103,7 +12126,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12107 "dtrain.h"
+#line 12130 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12169,7 +12192,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12173 "dtrain.h"
+#line 12196 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12406,7 +12429,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12410 "dtrain.h"
+#line 12433 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13155,7 +13178,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13159 "dtrain.h"
+#line 13182 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13608,7 +13631,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13612 "dtrain.h"
+#line 13635 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13664,7 +13687,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13668 "dtrain.h"
+#line 13691 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14441,7 +14464,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14445 "dtrain.h"
+#line 14468 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15022,7 +15045,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15026 "dtrain.h"
+#line 15049 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15653,7 +15676,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15657 "dtrain.h"
+#line 15680 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16400,7 +16423,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16404 "dtrain.h"
+#line 16427 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16753,7 +16776,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16757 "dtrain.h"
+#line 16780 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16943,7 +16966,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16947 "dtrain.h"
+#line 16970 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17124,7 +17147,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17128 "dtrain.h"
+#line 17151 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17899,7 +17922,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17903 "dtrain.h"
+#line 17926 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18416,7 +18439,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18420 "dtrain.h"
+#line 18443 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19211,7 +19234,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19215 "dtrain.h"
+#line 19238 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20189,6 +20212,21 @@ dtr_result dtr_comm_reduce_scatter(dtr_comm *c, const void *src, void *dst, size
     dtr__coll a = dtr__coll_make(DTR__OP_REDUCE_SCATTER, src, dst, count, dt, op, 0);
     return dtr__coll_blocking(c, &a);
 }
+dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who) {
+    int W = dtr_comm_size(c), i, r;
+    double *all = (double *)dtr__malloc(&ctx->alloc, (size_t)(W * (n > 0 ? n : 1)) * sizeof(double));
+    dtr_result res;
+    if (!all) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", who);
+    res = dtr_comm_all_gather(c, vals, all, (size_t)n * sizeof(double), DTR_U8);
+    for (i = 0; i < n && res == DTR_OK; i++) {
+        vals[i] = 0.0;
+        for (r = 0; r < W; r++) vals[i] += all[r * n + i];
+    }
+    dtr__free(&ctx->alloc, all);
+    if (res != DTR_OK) return dtr__fail(ctx, res, "%s: summing over the group: %s", who, dtr_comm_last_error(c));
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_all_gather(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt) {
     dtr__coll a = dtr__coll_make(DTR__OP_ALL_GATHER, src, dst, count, dt, DTR_REDUCE_SUM, 0);
     return dtr__coll_blocking(c, &a);
@@ -20377,7 +20415,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20381 "dtrain.h"
+#line 20419 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -20999,7 +21037,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21003 "dtrain.h"
+#line 21041 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21488,7 +21526,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21492 "dtrain.h"
+#line 21530 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22217,7 +22255,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22221 "dtrain.h"
+#line 22259 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22453,7 +22491,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22457 "dtrain.h"
+#line 22495 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22832,7 +22870,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22836 "dtrain.h"
+#line 22874 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23016,20 +23054,9 @@ void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
 
 dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
-    double *all = (double *)dtr__malloc(&z->ctx->alloc, (size_t)(z->W * (n > 0 ? n : 1)) * sizeof(double));
-    int i, r;
-    dtr_result res;
-    if (!all) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "ZeRO: out of memory");
-    res = dtr_comm_all_gather(z->c, vals, all, (size_t)n * sizeof(double), DTR_U8);
-    for (i = 0; i < n && res == DTR_OK; i++) {
-        vals[i] = 0.0;
-        for (r = 0; r < z->W; r++) vals[i] += all[r * n + i];
-    }
-    dtr__free(&z->ctx->alloc, all);
-    if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
-    return DTR_OK;
+    return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23033 "dtrain.h"
+#line 23060 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23426,7 +23453,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23430 "dtrain.h"
+#line 23457 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23619,6 +23646,19 @@ void dtr_pipe_destroy(dtr_pipe *p) {
 
 int dtr_pipe_stage(const dtr_pipe *p, int chunk) { return p && chunk >= 0 && chunk < p->v ? chunk * p->P + p->rank : -1; }
 int dtr_pipe_stage_count(const dtr_pipe *p) { return p ? p->P * p->v : 0; }
+
+/* dtr_optimizer_config.norm_sum: over the pipeline's group (every stage's rank) */
+static dtr_result dtr__pipe_norm_sum(void *user, double *vals, int n) {
+    dtr_pipe *p = (dtr_pipe *)user;
+    return dtr__comm_sum_doubles(p->c, p->ctx, vals, n, "pipeline: the gradient norm over the stages");
+}
+
+dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc) {
+    if (!p || !oc) return DTR_NULL_HANDLE;
+    oc->norm_sum = p->P > 1 ? dtr__pipe_norm_sum : NULL;
+    oc->norm_sum_user = oc->norm_sum ? p : NULL;
+    return DTR_OK;
+}
 
 dtr_result dtr_pipe_microbatch_range(const dtr_pipe *p, int mb, int64_t *begin, int64_t *end) {
     if (!p || !begin || !end) return DTR_NULL_HANDLE;
@@ -23907,7 +23947,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23911 "dtrain.h"
+#line 23951 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25246,7 +25286,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25250 "dtrain.h"
+#line 25290 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25300,7 +25340,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25304 "dtrain.h"
+#line 25344 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26463,7 +26503,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26467 "dtrain.h"
+#line 26507 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27361,7 +27401,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27365 "dtrain.h"
+#line 27405 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28831,7 +28871,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28835 "dtrain.h"
+#line 28875 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29215,7 +29255,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29219 "dtrain.h"
+#line 29259 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29364,7 +29404,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29368 "dtrain.h"
+#line 29408 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

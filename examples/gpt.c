@@ -230,10 +230,11 @@ static dtr_result gpt_setup(gpt_model *g, dtr_context *ctx, const dtr_grid *grid
     if (r == DTR_OK) r = gpt_declare(g, m);
     if (r == DTR_OK) r = gpt_keep(g);
     if (r == DTR_OK && o->dp > 1) r = dtr_dp_create(m, grid->dp, NULL, dp);
-    if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, opt);
     pc.schedule = o->schedule, pc.chunks = o->chunks, pc.microbatches = o->microbatches;
     pc.batch = o->batch / o->dp, pc.forward = gpt_forward, pc.user = g, pc.dp = *dp;
     if (r == DTR_OK) r = dtr_pipe_create(m, grid->pp, &pc, &g->pipe);
+    if (r == DTR_OK) r = dtr_pipe_optimizer_config(g->pipe, &oc);   /* one gradient norm for all stages */
+    if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, opt);
     return r;
 }
 

@@ -94,9 +94,9 @@ static dtr_tensor *pm_forward(void *user, dtr_context *ctx, int chunk, int mb, d
     return pm_blocks(st->pm, ctx, pm_first_block(s, st->pm->stages), pm_first_block(s + 1, st->pm->stages), input, lo, hi);
 }
 
-/* the whole model on one rank, `steps` steps of SGD with momentum (lr 0.1, momentum 0.9);
- * *loss: the last step's */
-static dtr_result pm_reference(int steps, dtr_context **ctx_out, dtr_model **m_out, float *loss) {
+/* the whole model on one rank, `steps` steps of SGD with momentum (lr 0.1, momentum 0.9),
+ * clipping the gradient's norm to `clip` (0: no clipping); *loss: the last step's */
+static dtr_result pm_reference(int steps, float clip, dtr_context **ctx_out, dtr_model **m_out, float *loss) {
     dtr_context *ctx = NULL;
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
@@ -105,6 +105,7 @@ static dtr_result pm_reference(int steps, dtr_context **ctx_out, dtr_model **m_o
     dtr_result r = dtr_context_create(NULL, &ctx);
     memset(&pm, 0, sizeof pm);
     oc.momentum = 0.9f;
+    oc.clip_norm = clip;
     if (r == DTR_OK) r = dtr_model_create(ctx, 7, &m);
     if (r == DTR_OK) r = pm_declare(&pm, m);
     if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &opt);

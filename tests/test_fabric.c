@@ -1354,7 +1354,7 @@ static dtr_result pipe_train(rank_ctx *rc, int chunks, int steps, float *loss, c
     if (r != DTR_OK) snprintf(msg, msglen, "%s", dtr_context_last_error(ctx));
     if (r == DTR_OK && steps > 0) {
         double e;
-        RCHECK(rc, pm_reference(steps, &wctx, &whole, &ref_loss) == DTR_OK);
+        RCHECK(rc, pm_reference(steps, 0.0f, &wctx, &whole, &ref_loss) == DTR_OK);
         e = whole ? pm_max_rel_error(m, whole) : 1e30;
         RCHECK_MSG(rc, e <= 1e-5, "pipeline of %d stages: relative error %.3g", pm.stages, e);
         RCHECK_MSG(rc, fabsf(*loss - ref_loss) <= 1e-5f * (1.0f + fabsf(ref_loss)), "loss %g vs %g", (double)*loss,

@@ -12,6 +12,10 @@
  *                          tensor 2 (column- then row-parallel blocks) laid out by
  *                          dtr_grid_create: the reference's weights (shards against their
  *                          slices)
+ *   test_pipe_clip         clip_norm 0.05 (every step clips) with dtr_pipe_optimizer_config: 2
+ *                          and 4 stages, interleaved, and data 2 x pipeline 2 with ZeRO-2 give
+ *                          the clipped reference's weights (each stage clipping by its own
+ *                          norm does not: the case fails without it)
  *   test_pipe_memory       4 stages, 8 micro-batches: 1F1B keeps at most 4 micro-batches of
  *                          activations alive on stage 0 and GPipe 8; the arena peaks follow
  *   test_pipe_keep         dtr_model_keep: kept parameters start from the whole model's
@@ -28,6 +32,7 @@
 #include "devsim.h"
 
 #define STEPS 20
+#define PM_CLIP 0.05f   /* below the reference's gradient norms: every step clips */
 
 typedef struct pipe_run {
     dtr_pipe_schedule schedule;
@@ -37,6 +42,7 @@ typedef struct pipe_run {
     int tp;            /* > 1: and tensor-parallel blocks over groups of tp ranks */
     int zero;          /* with dp: the replicas' ZeRO stage */
     int devsim;        /* the ranks' models on the simulated device (tests/devsim.h) */
+    float clip;        /* the optimizer's clip_norm (0: none) */
 } pipe_run;
 
 typedef struct rank_out {
@@ -94,6 +100,7 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
     pm.offset = g.dp_rank * (PM_BATCH / dps);
     pm.tp = tps > 1 ? g.tp : NULL;
     oc.momentum = 0.9f;
+    oc.clip_norm = run->clip;
     pc.schedule = run->schedule, pc.chunks = run->chunks, pc.microbatches = run->microbatches;
     pc.batch = PM_BATCH / dps, pc.forward = o->rank == run->fail_rank ? failing_forward : pm_forward;
     pc.user = o->rank == run->fail_rank ? (void *)run : (void *)&st;
@@ -107,8 +114,9 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
         if (r == DTR_OK) r = dtr_dp_shard_optimizer(dp, &oc);   /* this replica's shard (ZeRO) */
     }
     pc.dp = dp;
-    if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &opt);
     if (r == DTR_OK) r = dtr_pipe_create(m, c, &pc, &st.pipe);
+    if (r == DTR_OK) r = dtr_pipe_optimizer_config(st.pipe, &oc);   /* the norm over the stages */
+    if (r == DTR_OK) r = dtr_optimizer_create(m, &oc, &opt);
     st.pm = &pm;
     for (pm.step = 0; r == DTR_OK && pm.step < run->steps; pm.step++) {
         r = dtr_pipe_step(st.pipe, &o->loss);
@@ -180,7 +188,34 @@ static void check_equivalent(const pipe_run *run) {
 /* the reference's weights after STEPS steps, and its loss at the last step */
 static void make_reference(void) {
     static dtr_context *ctx;
-    if (!g_ref_model) CHECK(pm_reference(STEPS, &ctx, &g_ref_model, &g_ref_loss) == DTR_OK);
+    if (!g_ref_model) CHECK(pm_reference(STEPS, 0.0f, &ctx, &g_ref_model, &g_ref_loss) == DTR_OK);
+}
+
+/* clip_norm on every stage (dtr_pipe_optimizer_config): the norm is the whole model's, so the
+   stages clip as one rank training the whole model does (each stage's own norm would not) */
+static void test_pipe_clip(void) {
+    dtr_context *ctx = NULL;
+    dtr_model *whole = NULL, *plain = g_ref_model;
+    float loss = 0.0f, plain_loss = g_ref_loss;
+    pipe_run run;
+    make_reference();
+    plain = g_ref_model, plain_loss = g_ref_loss;
+    if (pm_reference(STEPS, PM_CLIP, &ctx, &whole, &loss) != DTR_OK) { CHECK(0); return; }
+    CHECK_MSG(pm_max_rel_error(whole, plain) > 1e-2, "clip_norm %g does not clip the reference", (double)PM_CLIP);
+    g_ref_model = whole, g_ref_loss = loss;
+    memset(&run, 0, sizeof run);
+    run.steps = STEPS, run.fail_rank = -1, run.chunks = 1, run.microbatches = 4, run.clip = PM_CLIP;
+    run.schedule = DTR_PIPE_1F1B, run.stages = 2;
+    check_equivalent(&run);
+    run.stages = 4;
+    check_equivalent(&run);
+    run.schedule = DTR_PIPE_INTERLEAVED, run.chunks = 2;
+    check_equivalent(&run);
+    run.schedule = DTR_PIPE_1F1B, run.chunks = 1, run.stages = 2, run.dp = 2, run.zero = 2;   /* and ZeRO's shard_sum */
+    check_equivalent(&run);
+    g_ref_model = plain, g_ref_loss = plain_loss;
+    dtr_model_destroy(whole);
+    dtr_context_destroy(ctx);
 }
 
 static void test_pipe_equivalence(void) {
@@ -365,6 +400,7 @@ int main(void) {
     RUN(test_pipe_devsim);
     RUN(test_pipe_uneven);
     RUN(test_pipe_grid);
+    RUN(test_pipe_clip);
     RUN(test_pipe_memory);
     RUN(test_pipe_keep);
     RUN(test_pipe_errors);

@@ -972,6 +972,21 @@ dtr_result dtr_comm_reduce_scatter(dtr_comm *c, const void *src, void *dst, size
     dtr__coll a = dtr__coll_make(DTR__OP_REDUCE_SCATTER, src, dst, count, dt, op, 0);
     return dtr__coll_blocking(c, &a);
 }
+dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who) {
+    int W = dtr_comm_size(c), i, r;
+    double *all = (double *)dtr__malloc(&ctx->alloc, (size_t)(W * (n > 0 ? n : 1)) * sizeof(double));
+    dtr_result res;
+    if (!all) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory", who);
+    res = dtr_comm_all_gather(c, vals, all, (size_t)n * sizeof(double), DTR_U8);
+    for (i = 0; i < n && res == DTR_OK; i++) {
+        vals[i] = 0.0;
+        for (r = 0; r < W; r++) vals[i] += all[r * n + i];
+    }
+    dtr__free(&ctx->alloc, all);
+    if (res != DTR_OK) return dtr__fail(ctx, res, "%s: summing over the group: %s", who, dtr_comm_last_error(c));
+    return DTR_OK;
+}
+
 dtr_result dtr_comm_all_gather(dtr_comm *c, const void *src, void *dst, size_t count, dtr_dtype dt) {
     dtr__coll a = dtr__coll_make(DTR__OP_ALL_GATHER, src, dst, count, dt, DTR_REDUCE_SUM, 0);
     return dtr__coll_blocking(c, &a);

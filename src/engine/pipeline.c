@@ -188,6 +188,19 @@ void dtr_pipe_destroy(dtr_pipe *p) {
 int dtr_pipe_stage(const dtr_pipe *p, int chunk) { return p && chunk >= 0 && chunk < p->v ? chunk * p->P + p->rank : -1; }
 int dtr_pipe_stage_count(const dtr_pipe *p) { return p ? p->P * p->v : 0; }
 
+/* dtr_optimizer_config.norm_sum: over the pipeline's group (every stage's rank) */
+static dtr_result dtr__pipe_norm_sum(void *user, double *vals, int n) {
+    dtr_pipe *p = (dtr_pipe *)user;
+    return dtr__comm_sum_doubles(p->c, p->ctx, vals, n, "pipeline: the gradient norm over the stages");
+}
+
+dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc) {
+    if (!p || !oc) return DTR_NULL_HANDLE;
+    oc->norm_sum = p->P > 1 ? dtr__pipe_norm_sum : NULL;
+    oc->norm_sum_user = oc->norm_sum ? p : NULL;
+    return DTR_OK;
+}
+
 dtr_result dtr_pipe_microbatch_range(const dtr_pipe *p, int mb, int64_t *begin, int64_t *end) {
     if (!p || !begin || !end) return DTR_NULL_HANDLE;
     if (mb < 0 || mb >= p->M || p->cfg.batch <= 0)

@@ -178,16 +178,5 @@ void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
 
 dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
-    double *all = (double *)dtr__malloc(&z->ctx->alloc, (size_t)(z->W * (n > 0 ? n : 1)) * sizeof(double));
-    int i, r;
-    dtr_result res;
-    if (!all) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "ZeRO: out of memory");
-    res = dtr_comm_all_gather(z->c, vals, all, (size_t)n * sizeof(double), DTR_U8);
-    for (i = 0; i < n && res == DTR_OK; i++) {
-        vals[i] = 0.0;
-        for (r = 0; r < z->W; r++) vals[i] += all[r * n + i];
-    }
-    dtr__free(&z->ctx->alloc, all);
-    if (res != DTR_OK) return dtr__fail(z->ctx, res, "ZeRO: summing over the group: %s", dtr_comm_last_error(z->c));
-    return DTR_OK;
+    return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }

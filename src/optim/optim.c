@@ -224,14 +224,16 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 
 /* ---- the update ---- */
 
-/* the norm clip_norm takes: the whole buffer's, or with shard_sum the group's over the shards */
+/* the norm clip_norm takes: the whole buffer's, with shard_sum the group's over the shards,
+   and with norm_sum over the model's other parts too */
 dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
-    if (!o->cfg.shard_sum) return dtr__grad_norm(o->model, norm);
+    if (!o->cfg.shard_sum && !o->cfg.norm_sum) return dtr__grad_norm(o->model, norm);
     r = o->len ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + o->base, o->len, &s) : DTR_OK;
-    if (r == DTR_OK) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
+    if (r == DTR_OK && o->cfg.shard_sum) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
+    if (r == DTR_OK && o->cfg.norm_sum) r = o->cfg.norm_sum(o->cfg.norm_sum_user, &s, 1);
     *norm = sqrt(s);
     return r;
 }

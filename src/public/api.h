@@ -781,6 +781,15 @@ typedef struct dtr_optimizer_config {
     /** What an update does when the gradient's global norm is not finite (a NaN or an infinity
      *  anywhere in the gradient): see dtr_nonfinite_policy. Default DTR_NONFINITE_SKIP. */
     dtr_nonfinite_policy nonfinite;
+    /** Sums n values over the ranks that hold the model's other parts (pipeline stages), in
+     *  place, the same result on every rank (a collective every rank's optimizer step calls
+     *  alike). Given, the gradient's global norm (clip_norm, the nonfinite check, the loss
+     *  scaler's overflow check) is the root of the sum over those ranks of their sums of
+     *  squares (after shard_sum's, with ZeRO in a hybrid grid); LAMB's per-parameter norms
+     *  stay local. dtr_pipe_optimizer_config sets it. NULL (default): this rank's gradients
+     *  are the whole model's. */
+    dtr_result (*norm_sum)(void *user, double *vals, int n);
+    void *norm_sum_user;    /**< handed to norm_sum */
 } dtr_optimizer_config;
 
 /** Defaults for `kind` with learning rate `lr` (constant schedule).
