@@ -806,8 +806,8 @@ typedef struct dtr_optimizer_config {
      *  place, the same result on every rank (a collective every rank's optimizer step calls
      *  alike). Given, the gradient's global norm (clip_norm, the nonfinite check, the loss
      *  scaler's overflow check) is the root of the sum over those ranks of their sums of
-     *  squares (after shard_sum's, with ZeRO in a hybrid grid); LAMB's per-parameter norms
-     *  stay local. dtr_pipe_optimizer_config sets it. NULL (default): this rank's gradients
+     *  squares (after shard_sum's, with ZeRO in a hybrid grid; tensor-parallel shards are
+     *  summed over their own group without it); LAMB's per-parameter norms stay local. dtr_pipe_optimizer_config sets it. NULL (default): this rank's gradients
      *  are the whole model's. */
     dtr_result (*norm_sum)(void *user, double *vals, int n);
     void *norm_sum_user;    /**< handed to norm_sum */
@@ -929,7 +929,11 @@ DTR_API dtr_result dtr_loss_scaler_state(dtr_loss_scaler *ls, int index, dtr_sta
  *  dtr_loss_scaler_step. */
 DTR_API dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls);
 
-/** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
+/** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger. With
+ *  tensor-parallel layers (dtr_tp_*) the shards' squares are summed over their group and the
+ *  replicated parameters count once (a collective over that group: every rank calls it).
+ *  Pipeline stages are not summed here: clip through the optimizer's clip_norm with
+ *  dtr_pipe_optimizer_config.
  *  @param norm_out receives the norm before clipping (may be NULL; NaN or infinity when the
  *  gradient holds one).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_NONFINITE (the norm is not
@@ -2776,9 +2780,8 @@ DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
  *  summed over the pipeline's ranks (clip_norm, the nonfinite check and the loss scaler then
  *  agree on every stage, as one rank training the whole model would); keeps its other fields.
  *  Call it before dtr_optimizer_create (after dtr_dp_shard_optimizer in a hybrid grid). The
- *  norm is then a collective over the pipeline's group in every optimizer step. Tensor-
- *  parallel layers are not summed over their group (a replicated parameter would count once
- *  per rank): under tensor parallelism the norm stays the rank's own.
+ *  norm is then a collective over the pipeline's group in every optimizer step (tensor-
+ *  parallel shards are summed over their own group by the optimizer itself, in every case).
  *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc);
 /** The measurements of the last step. @return DTR_OK, DTR_NULL_HANDLE.
@@ -3839,7 +3842,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3843 "dtrain.h"
+#line 3846 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4361,6 +4364,10 @@ DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, cons
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
  *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
 DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
+/** The sum of squares of gradient floats [b, e) of m: with tensor-parallel shards, their parts
+ *  summed over the shards' group (collective over it: every rank of the group calls it alike;
+ *  one group per model) and the replicated parameters' once. */
+DTR__PRIVATE dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out);
 /** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
 DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);
 /** Gathers the shard `t` of every rank into `full` (f32, the full shape). Collective. */
@@ -4372,7 +4379,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4376 "dtrain.h"
+#line 4383 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4640,7 +4647,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4644 "dtrain.h"
+#line 4651 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4702,7 +4709,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4706 "dtrain.h"
+#line 4713 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5032,7 +5039,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5036 "dtrain.h"
+#line 5043 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5075,7 +5082,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5079 "dtrain.h"
+#line 5086 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5105,7 +5112,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5109 "dtrain.h"
+#line 5116 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5138,7 +5145,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5142 "dtrain.h"
+#line 5149 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5212,7 +5219,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5216 "dtrain.h"
+#line 5223 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5280,7 +5287,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5284 "dtrain.h"
+#line 5291 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5330,7 +5337,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5334 "dtrain.h"
+#line 5341 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5682,7 +5689,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5686 "dtrain.h"
+#line 5693 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6473,7 +6480,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6477 "dtrain.h"
+#line 6484 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6949,7 +6956,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6953 "dtrain.h"
+#line 6960 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7020,7 +7027,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7024 "dtrain.h"
+#line 7031 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7437,7 +7444,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7441 "dtrain.h"
+#line 7448 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7646,7 +7653,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7650 "dtrain.h"
+#line 7657 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7877,7 +7884,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7881 "dtrain.h"
+#line 7888 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -7992,7 +7999,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 7996 "dtrain.h"
+#line 8003 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8048,7 +8055,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8052 "dtrain.h"
+#line 8059 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8478,7 +8485,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8482 "dtrain.h"
+#line 8489 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8657,7 +8664,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8661 "dtrain.h"
+#line 8668 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9182,7 +9189,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9186 "dtrain.h"
+#line 9193 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9681,7 +9688,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9685 "dtrain.h"
+#line 9692 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9940,7 +9947,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9944 "dtrain.h"
+#line 9951 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10126,7 +10133,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10130 "dtrain.h"
+#line 10137 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10246,7 +10253,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10250 "dtrain.h"
+#line 10257 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10254,6 +10261,7 @@ const dtr_backend dtr__cpu_backend = {
  * Models: named parameters in one contiguous buffer (gradients in another), seeded
  * initialisers, and save/load in the safetensors layout.
  * ==========================================================================*/
+
 
 
 #include <math.h>
@@ -10432,6 +10440,29 @@ static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
     dtr__shard_copy(s, s->rank, buf, x, 0);
     dtr__free(&m->ctx->alloc, buf);
     return DTR_OK;
+}
+
+dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out) {
+    dtr_context *ctx = m->ctx;
+    dtr_comm *tp = NULL;
+    double rep = 0.0, split = 0.0;
+    dtr_result r = DTR_OK;
+    int i;
+    for (i = 0; i < m->count && !tp; i++) tp = m->shards[i].comm;
+    *out = 0.0;
+    if (!tp) return e > b ? ctx->backend->sumsq(ctx, m->grad + b, e - b, out) : DTR_OK;
+    for (i = 0; i < m->count && r == DTR_OK; i++) {   /* each parameter's part of [b, e) */
+        int64_t lo = m->offsets[i] > b ? m->offsets[i] : b, hi = m->offsets[i] + dtr_tensor_numel(m->params[i]);
+        double x = 0.0;
+        if (hi > e) hi = e;
+        if (lo >= hi) continue;
+        r = ctx->backend->sumsq(ctx, m->grad + lo, hi - lo, &x);
+        if (m->shards[i].comm) split += x;
+        else rep += x;
+    }
+    if (r == DTR_OK) r = dtr__comm_sum_doubles(tp, ctx, &split, 1, "tensor parallel: the gradient norm");
+    *out = rep + split;
+    return r;
 }
 
 dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s) {
@@ -10720,7 +10751,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10724 "dtrain.h"
+#line 10755 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10889,7 +10920,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10893 "dtrain.h"
+#line 10924 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11138,7 +11169,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11142 "dtrain.h"
+#line 11173 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11339,10 +11370,10 @@ float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
 
 /* ---- clipping ---- */
 
+/* the whole model's gradient norm (tensor-parallel shards summed over their group) */
 static dtr_result dtr__grad_norm(dtr_model *m, double *norm) {
-    dtr_context *ctx = dtr_model_context(m);
     double s = 0.0;
-    dtr_result r = ctx->backend->sumsq(ctx, dtr_model_grads(m), dtr_model_numel(m), &s);
+    dtr_result r = dtr__model_grad_sumsq(m, 0, dtr_model_numel(m), &s);
     *norm = sqrt(s);
     return r;
 }
@@ -11369,13 +11400,13 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 /* ---- the update ---- */
 
 /* the norm clip_norm takes: the whole buffer's, with shard_sum the group's over the shards,
-   and with norm_sum over the model's other parts too */
+   and with norm_sum over the model's other parts too (tensor-parallel shards are summed over
+   their group in every case) */
 dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
-    dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
     if (!o->cfg.shard_sum && !o->cfg.norm_sum) return dtr__grad_norm(o->model, norm);
-    r = o->len ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + o->base, o->len, &s) : DTR_OK;
+    r = dtr__model_grad_sumsq(o->model, o->base, o->base + o->len, &s);
     if (r == DTR_OK && o->cfg.shard_sum) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
     if (r == DTR_OK && o->cfg.norm_sum) r = o->cfg.norm_sum(o->cfg.norm_sum_user, &s, 1);
     *norm = sqrt(s);
@@ -11645,7 +11676,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11649 "dtrain.h"
+#line 11680 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11779,7 +11810,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11783 "dtrain.h"
+#line 11814 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12126,7 +12157,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12130 "dtrain.h"
+#line 12161 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12192,7 +12223,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12196 "dtrain.h"
+#line 12227 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12429,7 +12460,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12433 "dtrain.h"
+#line 12464 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13178,7 +13209,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13182 "dtrain.h"
+#line 13213 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13631,7 +13662,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13635 "dtrain.h"
+#line 13666 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13687,7 +13718,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13691 "dtrain.h"
+#line 13722 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14464,7 +14495,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14468 "dtrain.h"
+#line 14499 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15045,7 +15076,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15049 "dtrain.h"
+#line 15080 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15676,7 +15707,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15680 "dtrain.h"
+#line 15711 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16423,7 +16454,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16427 "dtrain.h"
+#line 16458 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16776,7 +16807,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16780 "dtrain.h"
+#line 16811 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -16966,7 +16997,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 16970 "dtrain.h"
+#line 17001 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17147,7 +17178,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17151 "dtrain.h"
+#line 17182 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17922,7 +17953,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17926 "dtrain.h"
+#line 17957 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18439,7 +18470,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18443 "dtrain.h"
+#line 18474 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19234,7 +19265,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19238 "dtrain.h"
+#line 19269 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20415,7 +20446,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20419 "dtrain.h"
+#line 20450 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21037,7 +21068,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21041 "dtrain.h"
+#line 21072 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21526,7 +21557,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21530 "dtrain.h"
+#line 21561 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22255,7 +22286,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22259 "dtrain.h"
+#line 22290 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22491,7 +22522,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22495 "dtrain.h"
+#line 22526 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22870,7 +22901,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22874 "dtrain.h"
+#line 22905 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23056,7 +23087,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23060 "dtrain.h"
+#line 23091 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23453,7 +23484,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23457 "dtrain.h"
+#line 23488 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23947,7 +23978,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23951 "dtrain.h"
+#line 23982 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25286,7 +25317,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25290 "dtrain.h"
+#line 25321 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25340,7 +25371,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25344 "dtrain.h"
+#line 25375 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26503,7 +26534,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26507 "dtrain.h"
+#line 26538 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27401,7 +27432,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27405 "dtrain.h"
+#line 27436 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28871,7 +28902,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28875 "dtrain.h"
+#line 28906 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29255,7 +29286,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29259 "dtrain.h"
+#line 29290 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29404,7 +29435,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29408 "dtrain.h"
+#line 29439 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

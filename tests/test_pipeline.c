@@ -13,9 +13,10 @@
  *                          dtr_grid_create: the reference's weights (shards against their
  *                          slices)
  *   test_pipe_clip         clip_norm 0.05 (every step clips) with dtr_pipe_optimizer_config: 2
- *                          and 4 stages, interleaved, and data 2 x pipeline 2 with ZeRO-2 give
- *                          the clipped reference's weights (each stage clipping by its own
- *                          norm does not: the case fails without it)
+ *                          and 4 stages, interleaved, data 2 x pipeline 2 with ZeRO-2, data 2
+ *                          x pipeline 2 x tensor 2 and pipeline 2 x tensor 2 give the clipped
+ *                          reference's weights (each stage, or tensor-parallel rank, clipping
+ *                          by its own norm does not: the case fails without the sums)
  *   test_pipe_memory       4 stages, 8 micro-batches: 1F1B keeps at most 4 micro-batches of
  *                          activations alive on stage 0 and GPipe 8; the arena peaks follow
  *   test_pipe_keep         dtr_model_keep: kept parameters start from the whole model's
@@ -212,6 +213,10 @@ static void test_pipe_clip(void) {
     run.schedule = DTR_PIPE_INTERLEAVED, run.chunks = 2;
     check_equivalent(&run);
     run.schedule = DTR_PIPE_1F1B, run.chunks = 1, run.stages = 2, run.dp = 2, run.zero = 2;   /* and ZeRO's shard_sum */
+    check_equivalent(&run);
+    run.zero = 0, run.tp = 2;   /* data 2 x pipeline 2 x tensor 2: the shards summed over the tensor group */
+    check_equivalent(&run);
+    run.dp = 1;
     check_equivalent(&run);
     g_ref_model = plain, g_ref_loss = plain_loss;
     dtr_model_destroy(whole);

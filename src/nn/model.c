@@ -4,6 +4,7 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
+#include "../comm/comm_internal.h"
 #include <math.h>
 
 #define DTR__PARAM_ALIGN 16 /* floats: each parameter starts on a 64-byte boundary */
@@ -180,6 +181,29 @@ static dtr_result dtr__model_init_param(dtr_model *m, int i, float *x) {
     dtr__shard_copy(s, s->rank, buf, x, 0);
     dtr__free(&m->ctx->alloc, buf);
     return DTR_OK;
+}
+
+dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out) {
+    dtr_context *ctx = m->ctx;
+    dtr_comm *tp = NULL;
+    double rep = 0.0, split = 0.0;
+    dtr_result r = DTR_OK;
+    int i;
+    for (i = 0; i < m->count && !tp; i++) tp = m->shards[i].comm;
+    *out = 0.0;
+    if (!tp) return e > b ? ctx->backend->sumsq(ctx, m->grad + b, e - b, out) : DTR_OK;
+    for (i = 0; i < m->count && r == DTR_OK; i++) {   /* each parameter's part of [b, e) */
+        int64_t lo = m->offsets[i] > b ? m->offsets[i] : b, hi = m->offsets[i] + dtr_tensor_numel(m->params[i]);
+        double x = 0.0;
+        if (hi > e) hi = e;
+        if (lo >= hi) continue;
+        r = ctx->backend->sumsq(ctx, m->grad + lo, hi - lo, &x);
+        if (m->shards[i].comm) split += x;
+        else rep += x;
+    }
+    if (r == DTR_OK) r = dtr__comm_sum_doubles(tp, ctx, &split, 1, "tensor parallel: the gradient norm");
+    *out = rep + split;
+    return r;
 }
 
 dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s) {

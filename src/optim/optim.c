@@ -195,10 +195,10 @@ float *dtr_optimizer_moments(dtr_optimizer *o, int index, int *count) {
 
 /* ---- clipping ---- */
 
+/* the whole model's gradient norm (tensor-parallel shards summed over their group) */
 static dtr_result dtr__grad_norm(dtr_model *m, double *norm) {
-    dtr_context *ctx = dtr_model_context(m);
     double s = 0.0;
-    dtr_result r = ctx->backend->sumsq(ctx, dtr_model_grads(m), dtr_model_numel(m), &s);
+    dtr_result r = dtr__model_grad_sumsq(m, 0, dtr_model_numel(m), &s);
     *norm = sqrt(s);
     return r;
 }
@@ -225,13 +225,13 @@ dtr_result dtr_clip_grad_norm(dtr_model *m, float max_norm, float *norm_out) {
 /* ---- the update ---- */
 
 /* the norm clip_norm takes: the whole buffer's, with shard_sum the group's over the shards,
-   and with norm_sum over the model's other parts too */
+   and with norm_sum over the model's other parts too (tensor-parallel shards are summed over
+   their group in every case) */
 dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm) {
-    dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
     if (!o->cfg.shard_sum && !o->cfg.norm_sum) return dtr__grad_norm(o->model, norm);
-    r = o->len ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + o->base, o->len, &s) : DTR_OK;
+    r = dtr__model_grad_sumsq(o->model, o->base, o->base + o->len, &s);
     if (r == DTR_OK && o->cfg.shard_sum) r = o->cfg.shard_sum(o->cfg.shard_sum_user, &s, 1);
     if (r == DTR_OK && o->cfg.norm_sum) r = o->cfg.norm_sum(o->cfg.norm_sum_user, &s, 1);
     *norm = sqrt(s);

@@ -785,8 +785,8 @@ typedef struct dtr_optimizer_config {
      *  place, the same result on every rank (a collective every rank's optimizer step calls
      *  alike). Given, the gradient's global norm (clip_norm, the nonfinite check, the loss
      *  scaler's overflow check) is the root of the sum over those ranks of their sums of
-     *  squares (after shard_sum's, with ZeRO in a hybrid grid); LAMB's per-parameter norms
-     *  stay local. dtr_pipe_optimizer_config sets it. NULL (default): this rank's gradients
+     *  squares (after shard_sum's, with ZeRO in a hybrid grid; tensor-parallel shards are
+     *  summed over their own group without it); LAMB's per-parameter norms stay local. dtr_pipe_optimizer_config sets it. NULL (default): this rank's gradients
      *  are the whole model's. */
     dtr_result (*norm_sum)(void *user, double *vals, int n);
     void *norm_sum_user;    /**< handed to norm_sum */
@@ -908,7 +908,11 @@ DTR_API dtr_result dtr_loss_scaler_state(dtr_loss_scaler *ls, int index, dtr_sta
  *  dtr_loss_scaler_step. */
 DTR_API dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls);
 
-/** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger.
+/** Global L2 norm of the model's gradients; scales them by max_norm / norm when larger. With
+ *  tensor-parallel layers (dtr_tp_*) the shards' squares are summed over their group and the
+ *  replicated parameters count once (a collective over that group: every rank calls it).
+ *  Pipeline stages are not summed here: clip through the optimizer's clip_norm with
+ *  dtr_pipe_optimizer_config.
  *  @param norm_out receives the norm before clipping (may be NULL; NaN or infinity when the
  *  gradient holds one).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_NONFINITE (the norm is not

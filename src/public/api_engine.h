@@ -440,9 +440,8 @@ DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
  *  summed over the pipeline's ranks (clip_norm, the nonfinite check and the loss scaler then
  *  agree on every stage, as one rank training the whole model would); keeps its other fields.
  *  Call it before dtr_optimizer_create (after dtr_dp_shard_optimizer in a hybrid grid). The
- *  norm is then a collective over the pipeline's group in every optimizer step. Tensor-
- *  parallel layers are not summed over their group (a replicated parameter would count once
- *  per rank): under tensor parallelism the norm stays the rank's own.
+ *  norm is then a collective over the pipeline's group in every optimizer step (tensor-
+ *  parallel shards are summed over their own group by the optimizer itself, in every case).
  *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc);
 /** The measurements of the last step. @return DTR_OK, DTR_NULL_HANDLE.
