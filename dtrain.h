@@ -789,7 +789,7 @@ typedef struct dtr_optimizer_config {
     int64_t shard_end;      /**< floats [shard_begin, shard_end) of the parameter buffer (on parameter
                                  boundaries for LAMB; may be empty): one rank's shard of a sharded optimizer
                                  (ZeRO, dtr_dp_shard_optimizer). Without shard_sum clip_norm takes the whole
-                                 gradient buffer's norm (ZeRO-1: every rank holds the whole average). 0: all */
+                                 gradient buffer's norm (right when every rank holds the whole gradient). 0: all */
     /** With a shard: sums n values over the ranks that share the optimizer, in place (the same
      *  result on every rank; a collective every rank's optimizer step calls alike). Given, the
      *  optimizer takes clip_norm's norm as the root of the sum of its shard's sums of squares
@@ -2583,11 +2583,11 @@ typedef struct dtr_dp_config {
     int zero;              /**< ZeRO (docs/distributed.md, "ZeRO"), a sharded optimizer: each rank
                                 updates only its shard of the parameters and keeps optimizer state
                                 for it only (create the optimizer from dtr_dp_shard_optimizer);
-                                dtr_dp_step_done gathers the shards. 1: ZeRO-1, gradients averaged
-                                whole. 2: ZeRO-2, each bucket's slices are sent to the ranks that
-                                own them during backward (a reduce-scatter's volume, half an
-                                all-reduce's) and a rank ends with the average of its shard's
-                                gradients only. 0: off. Stage 3 is not in this version
+                                dtr_dp_step_done gathers the shards. The gradients are reduce-
+                                scattered (a reduce-scatter's volume, half an all-reduce's): a rank
+                                ends with the average of its shard's gradients only. 1: ZeRO-1, the
+                                whole buffer's slices sent in dtr_dp_finish. 2: ZeRO-2, each
+                                bucket's slices sent during backward (overlapped). 0: off. Stage 3 is not in this version
                                 (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD.
                                 ZeRO's point-to-point messages on the group use tags 2^30 - 1
                                 to 2^30 + the bucket count: keep the application's apart */
@@ -5118,23 +5118,23 @@ DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out
 #line 1 "src/engine/zero.h"
 /* ============================================================================
  * ZeRO of the data-parallel engine (src/engine/zero.c), private to
- * src/engine/data_parallel.c: the shards of the parameter buffer, stage 2's exchange of
+ * src/engine/data_parallel.c: the shards of the parameter buffer, the reduce-scatter of
  * gradient slices to their owners, and the gather of the updated shards.
  * ==========================================================================*/
 
 typedef struct dtr__zero dtr__zero;
 
-/** The shards of model m over group c for cfg.zero (1 or 2), with stage 2's receive buffer
- *  for the peers' slices of this rank's shard. nb: the engine's bucket count.
+/** The shards of model m over group c for cfg.zero (1 or 2), with the receive buffer for the
+ *  peers' slices of this rank's shard. nb: the engine's bucket count.
  *  @return DTR_OK or DTR_OUT_OF_MEMORY (the context's message says so). */
 DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out);
 /** Waits for requests still in flight and frees. NULL is ignored. */
 DTR__PRIVATE void dtr__zero_destroy(dtr__zero *z);
-/** Stage 2: bucket i ([begin, end) of the gradient buffer) is final: sends each of its
+/** Bucket i ([begin, end) of the gradient buffer; stage 1: 0 and the whole buffer) is final: sends each of its
  *  slices that another rank owns to that rank and posts the receives of the peers' slices
  *  of this rank's shard (point-to-point, tag per bucket). */
 DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end);
-/** Stage 2, after every bucket started: waits for the exchange and writes the average over
+/** After every bucket started: waits for the exchange and writes the average over
  *  the ranks (summed in rank order, divided by the group's size) into this rank's shard of
  *  the gradient buffer; adds the bytes sent to st. */
 DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
@@ -5142,7 +5142,7 @@ DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
 DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st);
 /** This rank's shard, [*begin, *end) floats. */
 DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end);
-/** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
+/** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
 #line 5149 "dtrain.h"
@@ -22910,13 +22910,14 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * parameter buffer: it updates them (its optimizer keeps state for them only) and after
  * the step sends them to the others (one broadcast per shard).
  *
- * Stage 1: gradients are averaged whole (the engine's bucketed all-reduce).
- * Stage 2: a bucket's gradients are final during backward -> each rank sends the bucket's
- * slice of rank o's shard to rank o (point-to-point, asynchronous) and receives the peers'
- * slices of its own shard into a buffer, one slot per peer. dtr_dp_finish waits and sums
- * the slices in rank order into the shard. Each rank sends (W - 1) / W of the gradients and
- * receives as much: the volume of a reduce-scatter, half an all-reduce's. Outside its
- * shard a rank's gradient buffer keeps its own local gradients (not the average).
+ * Gradients are reduce-scattered: each rank sends the slice of rank o's shard to rank o
+ * (point-to-point, asynchronous) and receives the peers' slices of its own shard into a
+ * buffer, one slot per peer; dtr_dp_finish waits and sums the slices in rank order into the
+ * shard. Stage 2 does it bucket by bucket as each bucket's gradients are final during
+ * backward (overlapped); stage 1 once, over the whole buffer, in dtr_dp_finish. Each rank
+ * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
+ * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
+ * gradients (not the average).
  * ==========================================================================*/
 
 
@@ -22925,7 +22926,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
 
 
 
-#define DTR__ZERO_TAG (1 << 30)   /* + bucket index: stage 2's point-to-point tags */
+#define DTR__ZERO_TAG (1 << 30)   /* + bucket index (stage 1: 0): the reduce-scatter's point-to-point tags */
 
 struct dtr__zero {
     dtr_model *m;
@@ -22933,8 +22934,8 @@ struct dtr__zero {
     dtr_context *ctx;
     int W, me, stage;
     int64_t *shard;          /* W + 1 offsets */
-    float *recv;             /* stage 2: W - 1 slots of this rank's shard, peers in rank order */
-    dtr_request **req;       /* stage 2: this step's sends and receives */
+    float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
+    dtr_request **req;       /* this step's sends and receives */
     int nreq, cap;
 };
 
@@ -22965,7 +22966,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     z->cap = 2 * z->W * (nb > 0 ? nb : 1);   /* a bucket's or the gather's sends and receives: 2 (W - 1) */
     z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
     ok = ok && z->req;
-    if (ok && z->stage == 2) {
+    if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
         ok = z->recv != NULL;
@@ -23087,7 +23088,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23091 "dtrain.h"
+#line 23092 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23107,9 +23108,10 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * a bucket's exchange is the codec's; dtr_dp_finish decodes the buckets in bucket order.
  * Local SGD: after the warm-up the hook and dtr_dp_finish do nothing, and dtr_dp_step_done
  * averages the parameters every local_sgd_every steps.
- * ZeRO (zero.c): dtr_dp_step_done gathers the shards the ranks updated; with stage 2 a
- * bucket's start sends its slices to their owners instead of an all-reduce, and
- * dtr_dp_finish sums this rank's shard.
+ * ZeRO (zero.c): gradients are reduce-scattered instead of all-reduced (stage 2: a
+ * bucket's start sends its slices to their owners; stage 1: dtr_dp_finish sends the whole
+ * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
+ * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are; with one of host memory (libfabric, local) each
  * bucket is copied to a host staging buffer when it starts, reduced there, and dtr_dp_finish
@@ -23171,8 +23173,9 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     dtr_result r;
-    b->in_backward = from_hook;
+    b->in_backward = from_hook && dp->cfg.zero != 1;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
+    if (dp->cfg.zero == 1) return DTR_OK;   /* reduce-scattered whole in dtr_dp_finish */
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
@@ -23361,12 +23364,13 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
+    if (r == DTR_OK && dp->cfg.zero == 1) r = dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m));
     w = dtr__dp_wait_all(dp);
-    if (dp->cfg.zero == 2) {   /* waits for the exchange even after an error */
+    if (dp->z) {   /* waits for the exchange even after an error */
         dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
         if (w == DTR_OK) w = zr;
     }
-    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && dp->cfg.zero != 2; i++)
+    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && !dp->z; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
     if (r == DTR_OK && w == DTR_OK) w = dtr__dp_stage(dp, 0, dtr_model_numel(dp->m), 1);
     dtr__dpc_stats(dp->cz)->syncs++;
@@ -23484,7 +23488,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23488 "dtrain.h"
+#line 23492 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23978,7 +23982,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23982 "dtrain.h"
+#line 23986 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25317,7 +25321,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25321 "dtrain.h"
+#line 25325 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25371,7 +25375,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25375 "dtrain.h"
+#line 25379 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26534,7 +26538,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26538 "dtrain.h"
+#line 26542 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27432,7 +27436,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27436 "dtrain.h"
+#line 27440 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28902,7 +28906,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28906 "dtrain.h"
+#line 28910 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29286,7 +29290,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29290 "dtrain.h"
+#line 29294 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29435,7 +29439,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29439 "dtrain.h"
+#line 29443 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

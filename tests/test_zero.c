@@ -3,10 +3,9 @@
  *   test_zero_equals_dp  worlds 2, 3, 4 x SGD (momentum), AdamW, LAMB, each with clipping by
  *                        global norm and 2 micro-batches of accumulation (no_sync): 12 steps
  *                        of ZeRO-1 and of ZeRO-2 give every rank the weights of plain data
- *                        parallelism (relative error <= 1e-6; ZeRO-1 in fact the same bits:
- *                        the gradients are the same average, and each float is updated by the
- *                        same formula; ZeRO-2 sums its shard in rank order and clips by the
- *                        norm summed over the shards)
+ *                        parallelism (relative error <= 1e-6: both sum their shard in rank
+ *                        order, not in the all-reduce's order, and clip by the norm summed
+ *                        over the shards)
  *   test_zero_loss_scaler  world 3, a dynamic loss scaler and 2 micro-batches of accumulation:
  *                        in step 3 every rank adds 3e38 to the last gradient float (in rank
  *                        2's shard) before the synchronised micro-batch, so that the average
@@ -15,8 +14,10 @@
  *                        end with plain DP's weights
  *   test_zero_memory     8 equal parameters on 4 ranks: each rank's optimizer state is a
  *                        quarter of the unsharded one, and the shards tile the buffer
- *   test_zero2_grads     ZeRO-2's shard of the gradients after dtr_dp_finish is plain DP's
- *                        average; the bytes sent per sync are the non-shard gradients
+ *   test_zero_grads      ZeRO-1's and ZeRO-2's shard of the gradients after dtr_dp_finish is
+ *                        plain DP's average; the bytes sent per sync are the non-shard
+ *                        gradients (a reduce-scatter's), and outside its shard a rank keeps
+ *                        its own gradients
  *   test_zero_errors     a group of 1 (whole buffer, no shard_sum), stage 3, ZeRO with
  *                        compression or local SGD, an optimizer shard past the buffer, a LAMB
  *                        shard splitting a parameter without shard_sum, a step range outside
@@ -208,14 +209,14 @@ static void test_zero_loss_scaler(void) {
     }
 }
 
-static void test_zero2_grads(void) {
+static void check_zero_grads(int zero) {
     static zrank plain[3], z[3];
     zrun a, b;
     int r;
     memset(&a, 0, sizeof a);
     a.world = 3, a.kind = DTR_OPT_ADAMW, a.grads_only = 1;
     b = a;
-    b.zero = 2;
+    b.zero = zero;
     zrun_world(&a, plain);
     zrun_world(&b, z);
     CHECK_EQ_INT(z[0].shard_begin, 0);
@@ -224,13 +225,19 @@ static void test_zero2_grads(void) {
         int64_t sb = z[r].shard_begin, n = z[r].shard_end - sb;
         CHECK_MSG(plain[r].ok && z[r].ok, "rank %d: %s %s", r, plain[r].msg, z[r].msg);
         CHECK(n > 0 && (r == 0 || sb == z[r - 1].shard_end));
-        CHECK_MSG(rel_err(z[r].grads + sb, plain[0].grads + sb, n) <= 1e-6, "rank %d: shard gradients differ", r);
+        CHECK_MSG(rel_err(z[r].grads + sb, plain[0].grads + sb, n) <= 1e-6, "ZeRO-%d rank %d: shard gradients differ", zero, r);
         CHECK_EQ_INT((int64_t)z[r].stats.wire_bytes, (plain[0].numel - n) * (int64_t)sizeof(float));
         CHECK_EQ_INT((int64_t)z[r].stats.raw_bytes, plain[0].numel * (int64_t)sizeof(float));
     }
     /* outside its shard a rank keeps its own gradients, not the average */
     CHECK(rel_err(z[0].grads + z[1].shard_begin, plain[0].grads + z[1].shard_begin,
                   z[1].shard_end - z[1].shard_begin) > 1e-3);
+}
+
+/* stages 1 and 2 reduce-scatter (stage 1 once after backward, stage 2 by bucket during it) */
+static void test_zero_grads(void) {
+    int zero;
+    for (zero = 1; zero <= 2; zero++) check_zero_grads(zero);
 }
 
 /* 8 parameters of 256 floats over 4 ranks: shards of 2 parameters each */
@@ -317,7 +324,7 @@ static void test_zero_errors(void) {
 
 int main(void) {
     RUN(test_zero_equals_dp);
-    RUN(test_zero2_grads);
+    RUN(test_zero_grads);
     RUN(test_zero_loss_scaler);
     RUN(test_zero_memory);
     RUN(test_zero_errors);

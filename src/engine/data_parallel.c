@@ -14,9 +14,10 @@
  * a bucket's exchange is the codec's; dtr_dp_finish decodes the buckets in bucket order.
  * Local SGD: after the warm-up the hook and dtr_dp_finish do nothing, and dtr_dp_step_done
  * averages the parameters every local_sgd_every steps.
- * ZeRO (zero.c): dtr_dp_step_done gathers the shards the ranks updated; with stage 2 a
- * bucket's start sends its slices to their owners instead of an all-reduce, and
- * dtr_dp_finish sums this rank's shard.
+ * ZeRO (zero.c): gradients are reduce-scattered instead of all-reduced (stage 2: a
+ * bucket's start sends its slices to their owners; stage 1: dtr_dp_finish sends the whole
+ * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
+ * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are; with one of host memory (libfabric, local) each
  * bucket is copied to a host staging buffer when it starts, reduced there, and dtr_dp_finish
@@ -78,8 +79,9 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     dtr_result r;
-    b->in_backward = from_hook;
+    b->in_backward = from_hook && dp->cfg.zero != 1;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
+    if (dp->cfg.zero == 1) return DTR_OK;   /* reduce-scattered whole in dtr_dp_finish */
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
@@ -268,12 +270,13 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     r = dtr__dp_launch_ready(dp, 0);
+    if (r == DTR_OK && dp->cfg.zero == 1) r = dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m));
     w = dtr__dp_wait_all(dp);
-    if (dp->cfg.zero == 2) {   /* waits for the exchange even after an error */
+    if (dp->z) {   /* waits for the exchange even after an error */
         dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
         if (w == DTR_OK) w = zr;
     }
-    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && dp->cfg.zero != 2; i++)
+    for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && !dp->z; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
     if (r == DTR_OK && w == DTR_OK) w = dtr__dp_stage(dp, 0, dtr_model_numel(dp->m), 1);
     dtr__dpc_stats(dp->cz)->syncs++;

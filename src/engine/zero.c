@@ -3,13 +3,14 @@
  * parameter buffer: it updates them (its optimizer keeps state for them only) and after
  * the step sends them to the others (one broadcast per shard).
  *
- * Stage 1: gradients are averaged whole (the engine's bucketed all-reduce).
- * Stage 2: a bucket's gradients are final during backward -> each rank sends the bucket's
- * slice of rank o's shard to rank o (point-to-point, asynchronous) and receives the peers'
- * slices of its own shard into a buffer, one slot per peer. dtr_dp_finish waits and sums
- * the slices in rank order into the shard. Each rank sends (W - 1) / W of the gradients and
- * receives as much: the volume of a reduce-scatter, half an all-reduce's. Outside its
- * shard a rank's gradient buffer keeps its own local gradients (not the average).
+ * Gradients are reduce-scattered: each rank sends the slice of rank o's shard to rank o
+ * (point-to-point, asynchronous) and receives the peers' slices of its own shard into a
+ * buffer, one slot per peer; dtr_dp_finish waits and sums the slices in rank order into the
+ * shard. Stage 2 does it bucket by bucket as each bucket's gradients are final during
+ * backward (overlapped); stage 1 once, over the whole buffer, in dtr_dp_finish. Each rank
+ * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
+ * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
+ * gradients (not the average).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -18,7 +19,7 @@
 #include "../comm/comm_internal.h"
 #include "zero.h"
 
-#define DTR__ZERO_TAG (1 << 30)   /* + bucket index: stage 2's point-to-point tags */
+#define DTR__ZERO_TAG (1 << 30)   /* + bucket index (stage 1: 0): the reduce-scatter's point-to-point tags */
 
 struct dtr__zero {
     dtr_model *m;
@@ -26,8 +27,8 @@ struct dtr__zero {
     dtr_context *ctx;
     int W, me, stage;
     int64_t *shard;          /* W + 1 offsets */
-    float *recv;             /* stage 2: W - 1 slots of this rank's shard, peers in rank order */
-    dtr_request **req;       /* stage 2: this step's sends and receives */
+    float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
+    dtr_request **req;       /* this step's sends and receives */
     int nreq, cap;
 };
 
@@ -58,7 +59,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     z->cap = 2 * z->W * (nb > 0 ? nb : 1);   /* a bucket's or the gather's sends and receives: 2 (W - 1) */
     z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
     ok = ok && z->req;
-    if (ok && z->stage == 2) {
+    if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
         ok = z->recv != NULL;

@@ -1,22 +1,22 @@
 /* ============================================================================
  * ZeRO of the data-parallel engine (src/engine/zero.c), private to
- * src/engine/data_parallel.c: the shards of the parameter buffer, stage 2's exchange of
+ * src/engine/data_parallel.c: the shards of the parameter buffer, the reduce-scatter of
  * gradient slices to their owners, and the gather of the updated shards.
  * ==========================================================================*/
 
 typedef struct dtr__zero dtr__zero;
 
-/** The shards of model m over group c for cfg.zero (1 or 2), with stage 2's receive buffer
- *  for the peers' slices of this rank's shard. nb: the engine's bucket count.
+/** The shards of model m over group c for cfg.zero (1 or 2), with the receive buffer for the
+ *  peers' slices of this rank's shard. nb: the engine's bucket count.
  *  @return DTR_OK or DTR_OUT_OF_MEMORY (the context's message says so). */
 DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out);
 /** Waits for requests still in flight and frees. NULL is ignored. */
 DTR__PRIVATE void dtr__zero_destroy(dtr__zero *z);
-/** Stage 2: bucket i ([begin, end) of the gradient buffer) is final: sends each of its
+/** Bucket i ([begin, end) of the gradient buffer; stage 1: 0 and the whole buffer) is final: sends each of its
  *  slices that another rank owns to that rank and posts the receives of the peers' slices
  *  of this rank's shard (point-to-point, tag per bucket). */
 DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end);
-/** Stage 2, after every bucket started: waits for the exchange and writes the average over
+/** After every bucket started: waits for the exchange and writes the average over
  *  the ranks (summed in rank order, divided by the group's size) into this rank's shard of
  *  the gradient buffer; adds the bytes sent to st. */
 DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
@@ -24,6 +24,6 @@ DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
 DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st);
 /** This rank's shard, [*begin, *end) floats. */
 DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end);
-/** dtr_optimizer_config.shard_sum of stage 2: sums n doubles over the group (an all-gather
+/** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);

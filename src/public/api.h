@@ -768,7 +768,7 @@ typedef struct dtr_optimizer_config {
     int64_t shard_end;      /**< floats [shard_begin, shard_end) of the parameter buffer (on parameter
                                  boundaries for LAMB; may be empty): one rank's shard of a sharded optimizer
                                  (ZeRO, dtr_dp_shard_optimizer). Without shard_sum clip_norm takes the whole
-                                 gradient buffer's norm (ZeRO-1: every rank holds the whole average). 0: all */
+                                 gradient buffer's norm (right when every rank holds the whole gradient). 0: all */
     /** With a shard: sums n values over the ranks that share the optimizer, in place (the same
      *  result on every rank; a collective every rank's optimizer step calls alike). Given, the
      *  optimizer takes clip_norm's norm as the root of the sum of its shard's sums of squares

@@ -243,11 +243,11 @@ typedef struct dtr_dp_config {
     int zero;              /**< ZeRO (docs/distributed.md, "ZeRO"), a sharded optimizer: each rank
                                 updates only its shard of the parameters and keeps optimizer state
                                 for it only (create the optimizer from dtr_dp_shard_optimizer);
-                                dtr_dp_step_done gathers the shards. 1: ZeRO-1, gradients averaged
-                                whole. 2: ZeRO-2, each bucket's slices are sent to the ranks that
-                                own them during backward (a reduce-scatter's volume, half an
-                                all-reduce's) and a rank ends with the average of its shard's
-                                gradients only. 0: off. Stage 3 is not in this version
+                                dtr_dp_step_done gathers the shards. The gradients are reduce-
+                                scattered (a reduce-scatter's volume, half an all-reduce's): a rank
+                                ends with the average of its shard's gradients only. 1: ZeRO-1, the
+                                whole buffer's slices sent in dtr_dp_finish. 2: ZeRO-2, each
+                                bucket's slices sent during backward (overlapped). 0: off. Stage 3 is not in this version
                                 (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD.
                                 ZeRO's point-to-point messages on the group use tags 2^30 - 1
                                 to 2^30 + the bucket count: keep the application's apart */
