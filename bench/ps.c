@@ -3,6 +3,7 @@
  *
  *   build/bench/ps [--mode sync,async,ssp,dp] [--servers S] [--workers W] [--straggler-ms X]
  *                  [--straggler worker0|rotate] [--replicas 0|1] [--aggregate K] [--seed K]
+ *                  [--backup-workers B]
  *                  [--epochs E] [--max-steps K] [--batch B] [--staleness s] [--bf16|--int8] [--repeat R]
  *                  [--data DIR]
  *
@@ -14,7 +15,8 @@
  * worker i's steps k with k mod W = i instead: about one slow worker at a time, a different
  * one each step; dp runs without stragglers). --replicas 1 gives each server a backup (2S server
  * ranks; the cost of replication). --aggregate K: async and SSP servers average K pushes per
- * update (sync ignores it). The PS workers take
+ * update (sync ignores it); --backup-workers B: sync rounds go without the last B pushes
+ * ("backup_workers" and "discarded", server 0's late pushes, in the output). The PS workers take
  * their batches from one counter (E epochs of the data, or W * K batches per epoch with
  * --max-steps K), so a fast worker trains more batches when the mode lets it; dp's ranks
  * take fixed shards (an all-reduce step needs every rank). --repeat R runs the
@@ -24,7 +26,7 @@
  *   {"bench":"ps","mode":"ssp","servers":2,"replicas":0,"workers":4,"straggler_ms":20,
  *    "straggler":"worker0","aggregate":0,"push":"f32","batch_per_worker":64,"samples_per_s":..,
  *    "step_ms":..,"test_acc":..,"staleness":[..16 bins..],"max_staleness":2,"bytes_per_step":..,
- *    "refused":0,"best_of":3}
+ *    "refused":0,"backup_workers":0,"discarded":0,"best_of":3}
  * samples_per_s: samples of all workers over the slowest worker's training time; step_ms:
  * that time over worker 0's steps (the straggler's, when there is one); bytes_per_step: what worker 0 put on and took off the
  * wire per step (push + pull, headers included); staleness: server 0's histogram of pushes
@@ -80,8 +82,9 @@ static void print_row(const ps_opts *o, const char *mode, const bench_row *r, in
            !strcmp(mode, "dp") ? "f32" : o->int8 ? "int8" : o->bf16 ? "bf16" : "f32", o->batch, r->sps, r->step_ms,
            r->acc, r->bytes);
     for (i = 0; i < DTR_PS_STALENESS_BINS; i++) printf("%s%lld", i ? "," : "", (long long)r->ps.server.staleness[i]);
-    printf("],\"max_staleness\":%lld,\"refused\":%lld,\"best_of\":%d}\n", (long long)r->ps.server.max_staleness,
-           (long long)r->ps.server.refused, repeat);
+    printf("],\"max_staleness\":%lld,\"refused\":%lld,\"backup_workers\":%d,\"discarded\":%lld,\"best_of\":%d}\n",
+           (long long)r->ps.server.max_staleness, (long long)r->ps.server.refused, strcmp(mode, "sync") ? 0 : o->backup,
+           (long long)r->ps.server.stale_discarded, repeat);
     fflush(stdout);
 }
 

@@ -10,7 +10,8 @@
  * milliseconds per step, to see what each mode does with a slow machine (--straggler rotate:
  * worker i is slowed on its steps k with k mod W = i instead, so that about one worker is slow
  * at any moment but which one moves). --aggregate K (async, ssp): each server averages K pushes
- * into one update (K = workers: sync's update count and batch, without its wait). --seed K picks another initialisation and shuffle (accuracy varies
+ * into one update (K = workers: sync's update count and batch, without its wait). --backup-workers B (sync): a round goes once all workers but B pushed
+ * (a late push is dropped). --seed K picks another initialisation and shuffle (accuracy varies
  * with them: compare modes over a few seeds). --replicas 1 gives each server a backup (ranks S..2S-1, the
  * workers after them; the group isolates peer failures).
  * With the local transport the ranks are threads of this process; under the launcher each
@@ -19,7 +20,7 @@
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
  *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16|--int8] [--transport NAME]
  *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|rotate]
- *                  [--aggregate K] [--seed K]
+ *                  [--aggregate K] [--seed K] [--backup-workers B]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
  *   --lr: the servers' Adam learning rate (1e-3). Expect about 86% after 2 epochs in every
  *   mode. */
@@ -33,6 +34,7 @@ typedef struct ps_opts {
     int workers;           /* > 0: the world is the server ranks and these */
     int replicas;          /* dtr_ps_config.replicas */
     int aggregate;         /* dtr_ps_config.aggregate */
+    int backup;            /* dtr_ps_config.backup_workers (sync) */
     int seed;              /* > 0: another initialisation and shuffle than the default ones (0) */
     int straggler_rotate;  /* the straggler delay hits worker i's steps k = i mod W, not worker 0's */
     int64_t max_steps;     /* > 0: steps per epoch per worker at most */
@@ -169,6 +171,7 @@ static int ps_rank(dtr_comm *c, void *user) {
     if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) return ps_err(c, "dtr_context_create", r, "");
     pc.servers = o->servers, pc.mode = o->mode, pc.staleness = o->staleness, pc.replicas = o->replicas;
     pc.aggregate = o->mode == DTR_PS_SYNC ? 0 : o->aggregate;   /* a sync round averages every worker already */
+    pc.backup_workers = o->mode == DTR_PS_SYNC ? o->backup : 0;
     pc.opt = dtr_optimizer_config_init(DTR_OPT_ADAM, o->lr);
     pc.push_dtype = o->bf16 ? DTR_BF16 : DTR_F32;
     pc.push_compress = o->int8 ? DTR_COMPRESS_INT8 : DTR_COMPRESS_NONE;
@@ -221,6 +224,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--workers")) o->workers = atoi(v);
         else if (!strcmp(a, "--replicas")) o->replicas = atoi(v);
         else if (!strcmp(a, "--aggregate")) o->aggregate = atoi(v);
+        else if (!strcmp(a, "--backup-workers")) o->backup = atoi(v);
         else if (!strcmp(a, "--straggler")) o->straggler_rotate = !strcmp(v, "rotate");
         else if (!strcmp(a, "--mode")) o->mode = !strcmp(v, "async") ? DTR_PS_ASYNC : !strcmp(v, "ssp") ? DTR_PS_SSP : DTR_PS_SYNC;
         else if (!strcmp(a, "--staleness")) o->staleness = atoi(v);

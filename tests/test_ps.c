@@ -18,6 +18,11 @@
  *                         gradients within the last residual, 1/254; without the residual
  *                         they never move) in about a quarter of f32's bytes; the sync
  *                         equivalence above also runs int8 pushes (within 1e-3 of all-reduce)
+ *   test_ps_backup        SYNC with backup_workers 1, worker 2 of 3 slowed 30 ms a step: the
+ *                         rounds go with the two others (at least 2 pushes each, 20-40
+ *                         rounds), worker 2's late pushes are discarded, and every push is
+ *                         applied or discarded; more backups than workers - 1, or backups
+ *                         outside SYNC, are refused
  *   test_ps_malformed     crafted messages (garbage, bad magic, another server's range, a
  *                         truncated push, an oversized one) are refused and counted; training
  *                         goes on and still equals all-reduce
@@ -67,6 +72,7 @@ typedef struct ps_job {
     dtr_ps_config pc;
     int stall_worker, stall_after, stall_ms;   /* that worker sleeps once (-1: none) */
     int step_ms;                               /* every worker's step takes at least this long */
+    int slow_worker, slow_ms;                  /* that worker's every step takes this long more (-1: none) */
     int crafted;                               /* worker 0 sends crafted messages first */
     int isolate;                               /* cfg.isolate_peer_failures */
     int quit_server;                           /* that server rank leaves without serving (-1: none) */
@@ -134,6 +140,7 @@ static dtr_result mlp_worker(ps_job *j, mlp *n, dtr_ps *ps, int wi) {
         if (wi == j->quit_worker && t == j->quit_after) return DTR_OK;   /* leaves without dtr_ps_finish */
         if (wi == j->stall_worker && t == j->stall_after) sleep_ms(j->stall_ms);
         if (j->step_ms) sleep_ms(j->step_ms);
+        if (wi == j->slow_worker) sleep_ms(j->slow_ms);
         if ((r = mlp_backward(n, t, (int64_t)wi * j->b, j->b)) != DTR_OK) break;
         r = dtr_ps_step(ps);
         dtr_context_reset(n->ctx);
@@ -276,7 +283,7 @@ static ps_job job_init(int S, int W, dtr_ps_mode mode) {
     memset(&j, 0, sizeof j);
     j.S = S, j.W = W, j.steps = 20, j.b = 8;
     j.pc = mlp_ps_config(S, mode);
-    j.stall_worker = -1;
+    j.stall_worker = j.slow_worker = -1;
     j.quit_server = j.quit_worker = -1;
     return j;
 }
@@ -373,6 +380,10 @@ static void test_ps_config_fields(void) {
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
     CHECK_MSG(strstr(dtr_context_last_error(ctx), "aggregate") != NULL, "%s", dtr_context_last_error(ctx));
     pc = dtr_ps_config_init(), pc.mode = DTR_PS_ASYNC, pc.aggregate = -1;
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.backup_workers = 2;   /* 2 workers: at most 1 */
+    CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
+    pc = dtr_ps_config_init(), pc.mode = DTR_PS_SSP, pc.backup_workers = 1;   /* SYNC only */
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
     pc = dtr_ps_config_init(), pc.push_dtype = DTR_BF16, pc.push_compress = DTR_COMPRESS_INT8;   /* one codec */
     CHECK_EQ_INT(dtr_ps_create(m, c, &pc, &ps), DTR_INVALID_ARGUMENT);
@@ -483,6 +494,28 @@ static void test_ps_aggregate(void) {
     job_free(&a);
 }
 
+/* SYNC with a backup worker: worker 2 takes 30 ms more per step; the rounds go with the two
+   others, its late pushes are discarded, and every push is either applied or discarded */
+static void test_ps_backup(void) {
+    ps_job j = job_init(2, 3, DTR_PS_SYNC);
+    int s;
+    j.pc.backup_workers = 1;
+    j.slow_worker = 2, j.slow_ms = 30, j.step_ms = 2;
+    job_run(&j);
+    for (s = 0; s < j.S && job_ok(&j); s++) {
+        CHECK_MSG(j.st[s].stale_discarded > 0, "server %d discarded no late push", s);
+        CHECK_EQ_INT(j.st[s].pushes_applied + j.st[s].stale_discarded, 3 * j.steps);
+        CHECK_MSG(j.st[s].updates >= j.steps && j.st[s].updates <= 2 * j.steps, "server %d: %lld updates", s,
+                  (long long)j.st[s].updates);
+        /* the fast workers' 20 pushes went into 20 rounds at least (2 pushes each), not waited on worker 2 */
+        CHECK_MSG(j.st[s].pushes_applied >= 2 * j.steps, "server %d applied %lld", s, (long long)j.st[s].pushes_applied);
+    }
+    printf("     backup worker: server 0 applied %lld pushes in %lld rounds, discarded %lld; worker 0 %.2f s, worker 2 "
+           "%.2f s\n", (long long)j.st[0].pushes_applied, (long long)j.st[0].updates, (long long)j.st[0].stale_discarded,
+           j.secs[j.S], j.secs[j.S + 2]);
+    job_free(&j);
+}
+
 static void test_ps_malformed(void) {
     ps_job ref = job_init(2, 2, DTR_PS_SYNC), j = ref;
     ref.dp = 1;
@@ -518,6 +551,23 @@ static dtr_result rows_worker(dtr_ps *ps, dtr_model *m, dtr_tensor *emb, int wi)
     return r == DTR_OK ? dtr_ps_finish(ps) : r;
 }
 
+/* the end of a rank of a job with its own model (rows, int8): its counters, result, message
+   and weights kept, everything freed */
+static void custom_rank_end(ps_job *j, int rank, dtr_result r, dtr_ps *ps, dtr_comm *c, dtr_model *m, dtr_context *ctx) {
+    if (ps) dtr_ps_get_stats(ps, &j->st[rank]);
+    j->res[rank] = r;
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", dtr_context_last_error(ctx));
+    if (m) {
+        j->numel = dtr_model_numel(m);
+        j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
+        memcpy(j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+    }
+    dtr_ps_destroy(ps);
+    dtr_comm_destroy(c);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
 static void *rows_rank(void *arg) {
     ps_rank *pr = (ps_rank *)arg;
     ps_job *j = pr->j;
@@ -539,18 +589,7 @@ static void *rows_rank(void *arg) {
     }
     if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
     if (r == DTR_OK) r = dtr_ps_is_server(ps) ? dtr_ps_serve(ps) : rows_worker(ps, m, emb, dtr_ps_index(ps));
-    if (ps) dtr_ps_get_stats(ps, &j->st[pr->rank]);
-    j->res[pr->rank] = r;
-    snprintf(j->msg[pr->rank], sizeof j->msg[pr->rank], "%s", dtr_context_last_error(ctx));
-    if (m) {
-        j->numel = dtr_model_numel(m);
-        j->params[pr->rank] = (float *)malloc((size_t)j->numel * sizeof(float));
-        memcpy(j->params[pr->rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
-    }
-    dtr_ps_destroy(ps);
-    dtr_comm_destroy(c);
-    dtr_model_destroy(m);
-    dtr_context_destroy(ctx);
+    custom_rank_end(j, pr->rank, r, ps, c, m, ctx);
     return NULL;
 }
 
@@ -583,18 +622,7 @@ static void *ef_rank(void *arg) {
     if (r == DTR_OK) dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f), r = dtr_model_build(m);
     if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
     if (r == DTR_OK) r = dtr_ps_is_server(ps) ? dtr_ps_serve(ps) : ef_worker(ps, m, j->steps);
-    if (ps) dtr_ps_get_stats(ps, &j->st[pr->rank]);
-    j->res[pr->rank] = r;
-    snprintf(j->msg[pr->rank], sizeof j->msg[pr->rank], "%s", dtr_context_last_error(ctx));
-    if (m) {
-        j->numel = dtr_model_numel(m);
-        j->params[pr->rank] = (float *)malloc((size_t)j->numel * sizeof(float));
-        memcpy(j->params[pr->rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
-    }
-    dtr_ps_destroy(ps);
-    dtr_comm_destroy(c);
-    dtr_model_destroy(m);
-    dtr_context_destroy(ctx);
+    custom_rank_end(j, pr->rank, r, ps, c, m, ctx);
     return NULL;
 }
 
@@ -825,6 +853,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_config_fields);
     RUN_IF(test_ps_sync_equals_dp);
     RUN_IF(test_ps_aggregate);
+    RUN_IF(test_ps_backup);
     RUN_IF(test_ps_malformed);
     RUN_IF(test_ps_worker_stall);
     RUN_IF(test_ps_replicas);

@@ -288,6 +288,10 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
                          "(bf16, fp16 and int8 are)");
+    if (cfg->backup_workers < 0 || cfg->backup_workers >= size - S * (1 + cfg->replicas) ||
+        (cfg->backup_workers > 0 && cfg->mode != DTR_PS_SYNC))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: backup_workers %d (0 to workers - 1, SYNC only)",
+                         cfg->backup_workers);
     if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
                          "SSP: a SYNC round averages every worker already)", cfg->aggregate);
@@ -526,13 +530,15 @@ static void dtr__ps_average(dtr_ps *ps, float *g, int64_t len, int n) {
     }
 }
 
-/* SYNC: once every live worker pushed this round: their average, summed in worker order */
+/* SYNC: once every live worker but cfg.backup_workers pushed this round: their average,
+   summed in worker order */
 static dtr_result dtr__ps_round(dtr_ps *ps) {
-    int w, n = 0;
-    for (w = 0; w < ps->W; w++)
-        if (ps->peer[w].state == DTR__PS_LIVE && !ps->peer[w].pushed) return DTR_OK;
-    for (w = 0; w < ps->W; w++) n += ps->peer[w].pushed;
-    if (n == 0) return DTR_OK;
+    int w, n = 0, missing = 0;
+    for (w = 0; w < ps->W; w++) {
+        missing += ps->peer[w].state == DTR__PS_LIVE && !ps->peer[w].pushed;
+        n += ps->peer[w].pushed;
+    }
+    if (n == 0 || missing > ps->cfg.backup_workers) return DTR_OK;
     dtr__ps_average(ps, dtr_model_grads(ps->m) + ps->range[ps->index], dtr__ps_len(ps), n);
     for (w = 0; w < ps->W; w++) ps->peer[w].pushed = 0;
     ps->st.pushes_applied += n;
@@ -570,10 +576,10 @@ static dtr_result dtr__ps_on_push(dtr_ps *ps, int w, const dtr__ps_hdr *h) {
     int64_t len = dtr__ps_len(ps);
     const uint8_t *payload = p->in + dtr__ps_hdr_bytes;
     if (ps->cfg.mode == DTR_PS_SYNC) {
-        if (h->clock != ps->clock || p->pushed) {
+        if (h->clock != ps->clock || p->pushed) {   /* with backup workers, expected: the round went without it */
             ps->st.stale_discarded++;
-            dtr__ps_log(ps, DTR_LOG_WARN, "parameter server %d: push of worker %d for step %lld discarded (round %lld)",
-                        ps->index, w, (long long)h->clock, (long long)ps->clock);
+            dtr__ps_log(ps, ps->cfg.backup_workers ? DTR_LOG_DEBUG : DTR_LOG_WARN, "parameter server %d: push of worker "
+                        "%d for step %lld discarded (round %lld)", ps->index, w, (long long)h->clock, (long long)ps->clock);
             return DTR_OK;
         }
         if (h->dtype == DTR_F32) {   /* the message is the slot: the next one goes to the other buffer */

@@ -919,6 +919,12 @@ typedef struct dtr_ps_config {
                                     (a quarter of the bytes: an f32 scale per 4096 floats, the loss kept in a
                                     residual on the worker and added to the next push); TOPK and POWERSGD:
                                     DTR_UNSUPPORTED */
+    int backup_workers;        /**< SYNC: a round is applied once every live worker but this many pushed
+                                    (backup workers, as TensorFlow's SyncReplicasOptimizer): a persistent
+                                    straggler no longer sets the pace; a push that comes after its round
+                                    is discarded (stats.stale_discarded) and its worker goes on from the
+                                    next round. Each server completes its rounds with the pushes that
+                                    reach it first. 0 (default) to workers - 1 */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -936,7 +942,8 @@ typedef struct dtr_ps_stats {
     int64_t pushes_applied;      /**< server: pushes that went into an update */
     int64_t pulls_answered;      /**< server: pulls answered */
     int64_t refused;             /**< server: malformed, oversized or unexpected messages refused */
-    int64_t stale_discarded;     /**< server: pushes of a dropped worker for a finished round, discarded */
+    int64_t stale_discarded;     /**< server: pushes for a finished round, discarded (a dropped worker's, or
+                                      with backup_workers a late one's) */
     int64_t dropped;             /**< server: workers dropped at the deadline */
     int64_t rejoined;            /**< server: dropped workers that came back */
     int64_t staleness[DTR_PS_STALENESS_BINS]; /**< server: pushes by staleness (clocks); the last bin counts that many or more */
@@ -960,7 +967,8 @@ typedef struct dtr_ps dtr_ps;
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
  *  bounds what it waits for.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
- *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate; the context's message says which),
+ *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate, backup_workers; the context's message
+ *  says which),
  *  DTR_UNSUPPORTED (LAMB, clip_norm, a model in device memory, push_compress TOPK or POWERSGD),
  *  DTR_OUT_OF_MEMORY. Thread safety: the model's
  *  context thread. */
