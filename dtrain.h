@@ -24260,6 +24260,25 @@ static int dtr__ps_wire(const dtr_ps_config *cfg) {
     }
 }
 
+/* what goes on the wire, and how rounds form (W workers) */
+static dtr_result dtr__ps_check_rounds(dtr_context *ctx, const dtr_ps_config *cfg, int W) {
+    if ((cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16) ||
+        (cfg->push_dtype != DTR_F32 && cfg->push_compress != DTR_COMPRESS_NONE))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16 (f32 with push_compress)");
+    if ((unsigned)cfg->push_compress > DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_compress %d", (int)cfg->push_compress);
+    if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
+                         "(bf16, fp16 and int8 are)");
+    if (cfg->backup_workers < 0 || cfg->backup_workers >= W || (cfg->backup_workers > 0 && cfg->mode != DTR_PS_SYNC))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: backup_workers %d (0 to workers - 1, SYNC only)",
+                         cfg->backup_workers);
+    if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
+                         "SSP: a SYNC round averages every worker already)", cfg->aggregate);
+    return DTR_OK;
+}
+
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
     int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
@@ -24276,24 +24295,9 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
-    if ((cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16) ||
-        (cfg->push_dtype != DTR_F32 && cfg->push_compress != DTR_COMPRESS_NONE))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16 (f32 with push_compress)");
-    if ((unsigned)cfg->push_compress > DTR_COMPRESS_POWERSGD)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_compress %d", (int)cfg->push_compress);
-    if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
-                         "(bf16, fp16 and int8 are)");
-    if (cfg->backup_workers < 0 || cfg->backup_workers >= size - S * (1 + cfg->replicas) ||
-        (cfg->backup_workers > 0 && cfg->mode != DTR_PS_SYNC))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: backup_workers %d (0 to workers - 1, SYNC only)",
-                         cfg->backup_workers);
-    if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
-                         "SSP: a SYNC round averages every worker already)", cfg->aggregate);
     if (cfg->opt.kind == DTR_OPT_LAMB || cfg->opt.clip_norm > 0 || cfg->opt.shard_sum)
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: LAMB and clip_norm need the whole gradient, not a server's range");
-    return DTR_OK;
+    return dtr__ps_check_rounds(ctx, cfg, size - S * (1 + cfg->replicas));
 }
 
 /* a buffer for the messages of a range of len floats: header, f32 values (an INT8 push of a
@@ -25335,7 +25339,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25339 "dtrain.h"
+#line 25343 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25389,7 +25393,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25393 "dtrain.h"
+#line 25397 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26552,7 +26556,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26556 "dtrain.h"
+#line 26560 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27450,7 +27454,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27454 "dtrain.h"
+#line 27458 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28920,7 +28924,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28924 "dtrain.h"
+#line 28928 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29304,7 +29308,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29308 "dtrain.h"
+#line 29312 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29453,7 +29457,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29457 "dtrain.h"
+#line 29461 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -264,6 +264,25 @@ static int dtr__ps_wire(const dtr_ps_config *cfg) {
     }
 }
 
+/* what goes on the wire, and how rounds form (W workers) */
+static dtr_result dtr__ps_check_rounds(dtr_context *ctx, const dtr_ps_config *cfg, int W) {
+    if ((cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16) ||
+        (cfg->push_dtype != DTR_F32 && cfg->push_compress != DTR_COMPRESS_NONE))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16 (f32 with push_compress)");
+    if ((unsigned)cfg->push_compress > DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_compress %d", (int)cfg->push_compress);
+    if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
+                         "(bf16, fp16 and int8 are)");
+    if (cfg->backup_workers < 0 || cfg->backup_workers >= W || (cfg->backup_workers > 0 && cfg->mode != DTR_PS_SYNC))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: backup_workers %d (0 to workers - 1, SYNC only)",
+                         cfg->backup_workers);
+    if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
+                         "SSP: a SYNC round averages every worker already)", cfg->aggregate);
+    return DTR_OK;
+}
+
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
     int size = dtr_comm_size(c);
     if (!dtr__host_memory(ctx))
@@ -280,24 +299,9 @@ static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int 
     if ((unsigned)cfg->mode > DTR_PS_SSP || cfg->staleness < 0 || (unsigned)cfg->policy > DTR_PS_CONTINUE)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: mode %d, staleness %d or policy %d out of range",
                          (int)cfg->mode, cfg->staleness, (int)cfg->policy);
-    if ((cfg->push_dtype != DTR_F32 && cfg->push_dtype != DTR_BF16) ||
-        (cfg->push_dtype != DTR_F32 && cfg->push_compress != DTR_COMPRESS_NONE))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_dtype must be f32 or bf16 (f32 with push_compress)");
-    if ((unsigned)cfg->push_compress > DTR_COMPRESS_POWERSGD)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: push_compress %d", (int)cfg->push_compress);
-    if (cfg->push_compress == DTR_COMPRESS_TOPK || cfg->push_compress == DTR_COMPRESS_POWERSGD)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: push_compress top-k and PowerSGD are not in this version "
-                         "(bf16, fp16 and int8 are)");
-    if (cfg->backup_workers < 0 || cfg->backup_workers >= size - S * (1 + cfg->replicas) ||
-        (cfg->backup_workers > 0 && cfg->mode != DTR_PS_SYNC))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: backup_workers %d (0 to workers - 1, SYNC only)",
-                         cfg->backup_workers);
-    if (cfg->aggregate < 0 || cfg->aggregate > 1024 || (cfg->aggregate > 1 && cfg->mode == DTR_PS_SYNC))
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: aggregate %d (0 to 1024; above 1 only in ASYNC and "
-                         "SSP: a SYNC round averages every worker already)", cfg->aggregate);
     if (cfg->opt.kind == DTR_OPT_LAMB || cfg->opt.clip_norm > 0 || cfg->opt.shard_sum)
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: LAMB and clip_norm need the whole gradient, not a server's range");
-    return DTR_OK;
+    return dtr__ps_check_rounds(ctx, cfg, size - S * (1 + cfg->replicas));
 }
 
 /* a buffer for the messages of a range of len floats: header, f32 values (an INT8 push of a
