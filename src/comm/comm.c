@@ -972,6 +972,7 @@ dtr_result dtr_comm_reduce_scatter(dtr_comm *c, const void *src, void *dst, size
     dtr__coll a = dtr__coll_make(DTR__OP_REDUCE_SCATTER, src, dst, count, dt, op, 0);
     return dtr__coll_blocking(c, &a);
 }
+
 dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who) {
     int W = dtr_comm_size(c), i, r;
     double *all = (double *)dtr__malloc(&ctx->alloc, (size_t)(W * (n > 0 ? n : 1)) * sizeof(double));

@@ -518,7 +518,8 @@ DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, cons
 DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
 /** The sum of squares of gradient floats [b, e) of m: with tensor-parallel shards, their parts
  *  summed over the shards' group (collective over it: every rank of the group calls it alike;
- *  one group per model) and the replicated parameters' once. */
+ *  one group per model; a group of device memory is not summed) and the replicated
+ *  parameters' once. */
 DTR__PRIVATE dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out);
 /** Copies rank `rank`'s slice between the full tensor and a shard (to_full 0: full -> part). */
 DTR__PRIVATE void dtr__shard_copy(const dtr__shard *s, int rank, float *full, float *part, int to_full);

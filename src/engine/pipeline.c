@@ -196,7 +196,7 @@ static dtr_result dtr__pipe_norm_sum(void *user, double *vals, int n) {
 
 dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc) {
     if (!p || !oc) return DTR_NULL_HANDLE;
-    oc->norm_sum = p->P > 1 ? dtr__pipe_norm_sum : NULL;
+    oc->norm_sum = p->P > 1 && !p->c->mem_ctx ? dtr__pipe_norm_sum : NULL;   /* host-memory groups */
     oc->norm_sum_user = oc->norm_sum ? p : NULL;
     return DTR_OK;
 }

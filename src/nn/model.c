@@ -191,7 +191,8 @@ dtr_result dtr__model_grad_sumsq(dtr_model *m, int64_t b, int64_t e, double *out
     int i;
     for (i = 0; i < m->count && !tp; i++) tp = m->shards[i].comm;
     *out = 0.0;
-    if (!tp) return e > b ? ctx->backend->sumsq(ctx, m->grad + b, e - b, out) : DTR_OK;
+    if (!tp || tp->mem_ctx)   /* a group of device memory (NCCL): this rank's own, in this version */
+        return e > b ? ctx->backend->sumsq(ctx, m->grad + b, e - b, out) : DTR_OK;
     for (i = 0; i < m->count && r == DTR_OK; i++) {   /* each parameter's part of [b, e) */
         int64_t lo = m->offsets[i] > b ? m->offsets[i] : b, hi = m->offsets[i] + dtr_tensor_numel(m->params[i]);
         double x = 0.0;
