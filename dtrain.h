@@ -4289,8 +4289,10 @@ DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, in
 DTR__PRIVATE void dtr__optimizer_keep_grads(dtr_optimizer *o);
 
 /** The gradient's global norm as the optimizer measures it for clipping: with shard_sum
- *  (ZeRO) its own floats' sum of squares summed over the group's shards (a collective: every
- *  rank calls it), else the whole buffer's. Every rank of a group gets the same value. */
+ *  (ZeRO) its own floats' sum of squares summed over the group's shards, with norm_sum
+ *  (pipeline stages) over the model's other parts too, tensor-parallel shards over their
+ *  group (collectives: every rank calls it), else the whole buffer's. Every rank of a group
+ *  gets the same value. */
 DTR__PRIVATE dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm);
 
 /** Forgets the micro-batches counted toward the next update (grad_accum_steps): a step the
@@ -4390,7 +4392,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4394 "dtrain.h"
+#line 4396 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4658,7 +4660,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4662 "dtrain.h"
+#line 4664 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4720,7 +4722,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4724 "dtrain.h"
+#line 4726 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4922,11 +4924,11 @@ DTR__PRIVATE const char *dtr__coll_name(int kind);
 DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
-/** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
- *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
 /** Sums n doubles over group c in place: an all-gather of the bytes, added in rank order (the
  *  same bits on every rank). Errors go to ctx's message, prefixed with `who`. */
 DTR__PRIVATE dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who);
+/** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
+ *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
 DTR__PRIVATE void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
 /** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
  *  for device memory. Records a failure on the group. */
@@ -5050,7 +5052,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5054 "dtrain.h"
+#line 5056 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5093,7 +5095,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5097 "dtrain.h"
+#line 5099 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5123,7 +5125,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5127 "dtrain.h"
+#line 5129 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5156,7 +5158,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5160 "dtrain.h"
+#line 5162 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5230,7 +5232,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5234 "dtrain.h"
+#line 5236 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5298,7 +5300,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5302 "dtrain.h"
+#line 5304 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5348,7 +5350,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5352 "dtrain.h"
+#line 5354 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5700,7 +5702,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5704 "dtrain.h"
+#line 5706 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6491,7 +6493,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6495 "dtrain.h"
+#line 6497 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6967,7 +6969,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6971 "dtrain.h"
+#line 6973 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7038,7 +7040,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7042 "dtrain.h"
+#line 7044 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7455,7 +7457,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7459 "dtrain.h"
+#line 7461 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7664,7 +7666,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7668 "dtrain.h"
+#line 7670 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7895,7 +7897,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7899 "dtrain.h"
+#line 7901 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8010,7 +8012,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8014 "dtrain.h"
+#line 8016 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8066,7 +8068,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8070 "dtrain.h"
+#line 8072 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8496,7 +8498,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8500 "dtrain.h"
+#line 8502 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8675,7 +8677,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8679 "dtrain.h"
+#line 8681 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9200,7 +9202,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9204 "dtrain.h"
+#line 9206 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9699,7 +9701,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9703 "dtrain.h"
+#line 9705 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9958,7 +9960,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9962 "dtrain.h"
+#line 9964 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10144,7 +10146,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10148 "dtrain.h"
+#line 10150 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10264,7 +10266,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10268 "dtrain.h"
+#line 10270 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10763,7 +10765,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10767 "dtrain.h"
+#line 10769 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10932,7 +10934,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10936 "dtrain.h"
+#line 10938 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11181,7 +11183,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11185 "dtrain.h"
+#line 11187 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11688,7 +11690,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11692 "dtrain.h"
+#line 11694 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11822,7 +11824,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11826 "dtrain.h"
+#line 11828 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12169,7 +12171,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12173 "dtrain.h"
+#line 12175 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12235,7 +12237,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12239 "dtrain.h"
+#line 12241 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12472,7 +12474,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12476 "dtrain.h"
+#line 12478 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13221,7 +13223,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13225 "dtrain.h"
+#line 13227 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13674,7 +13676,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13678 "dtrain.h"
+#line 13680 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13730,7 +13732,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13734 "dtrain.h"
+#line 13736 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14507,7 +14509,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14511 "dtrain.h"
+#line 14513 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15088,7 +15090,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15092 "dtrain.h"
+#line 15094 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15719,7 +15721,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15723 "dtrain.h"
+#line 15725 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16466,7 +16468,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16470 "dtrain.h"
+#line 16472 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16819,7 +16821,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16823 "dtrain.h"
+#line 16825 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17009,7 +17011,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17013 "dtrain.h"
+#line 17015 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17190,7 +17192,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17194 "dtrain.h"
+#line 17196 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17965,7 +17967,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17969 "dtrain.h"
+#line 17971 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18482,7 +18484,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18486 "dtrain.h"
+#line 18488 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19277,7 +19279,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19281 "dtrain.h"
+#line 19283 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20459,7 +20461,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20463 "dtrain.h"
+#line 20465 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21081,7 +21083,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21085 "dtrain.h"
+#line 21087 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21570,7 +21572,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21574 "dtrain.h"
+#line 21576 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22299,7 +22301,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22303 "dtrain.h"
+#line 22305 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22535,7 +22537,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22539 "dtrain.h"
+#line 22541 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22914,7 +22916,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22918 "dtrain.h"
+#line 22920 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23101,7 +23103,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23105 "dtrain.h"
+#line 23107 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23186,9 +23188,8 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     dtr_result r;
-    b->in_backward = from_hook && dp->cfg.zero != 1;
+    b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
-    if (dp->cfg.zero == 1) return DTR_OK;   /* reduce-scattered whole in dtr_dp_finish */
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
@@ -23212,7 +23213,8 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr__bucket *b;
-    if (dp->no_sync || dtr__dp_local(dp) || param->model != dp->m || param->param_index < 0) return DTR_OK;
+    if (dp->no_sync || dtr__dp_local(dp) || dp->cfg.zero == 1 || param->model != dp->m || param->param_index < 0)
+        return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (--b->pending == 0) {
@@ -23376,8 +23378,8 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
-    r = dtr__dp_launch_ready(dp, 0);
-    if (r == DTR_OK && dp->cfg.zero == 1) r = dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m));
+    /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
+    r = dp->cfg.zero == 1 ? dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m)) : dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
     if (dp->z) {   /* waits for the exchange even after an error */
         dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
@@ -23501,7 +23503,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23505 "dtrain.h"
+#line 23507 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23995,7 +23997,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 23999 "dtrain.h"
+#line 24001 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24138,8 +24140,8 @@ static void dtr__ps_encode(dtr_ps *ps, int s, int dt) {
     int64_t b = ps->range[s], len = ps->range[s + 1] - b, c;
     const float *g = dtr_model_grads(ps->m) + b;
     uint8_t *out = ps->msg[s] + dtr__ps_hdr_bytes;
-    float *acc = ps->resid ? ps->resid + b : NULL;
-    if (dt != DTR__PS_INT8 || !acc) {
+    float *acc = ps->resid + b;   /* allocated with the INT8 wire */
+    if (dt != DTR__PS_INT8) {
         dtr_convert(out, (dtr_dtype)dt, g, DTR_F32, (size_t)len);
         return;
     }
@@ -25093,7 +25095,7 @@ static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
 /* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
    rep[s]; when the primary died, the same request goes to the backup */
 static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(ps->maxlen);
     for (;;) {
         dtr_request *q[2] = {NULL, NULL};
         dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
@@ -25194,7 +25196,7 @@ dtr_result dtr_ps_pull(dtr_ps *ps) {
     int s, n = 0;
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_pull: rank is a server");
-    cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    cap = dtr__ps_buf_bytes(ps->maxlen);
     t0 = dtr_time_ns();
     for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
     if (ps->cfg.replicas) return dtr__ps_pull_replicated(ps, want, t0);
@@ -25322,7 +25324,7 @@ static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t val
 dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
     dtr_request *q[128];
     int64_t off, dim, nseg[64], values[64];
-    size_t cap = dtr__ps_hdr_bytes + (size_t)(ps ? ps->maxlen : 0) * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(ps ? ps->maxlen : 0);
     dtr_result r, r2;
     int s, k = 0;
     if (!ps || !param) return DTR_NULL_HANDLE;
@@ -25344,7 +25346,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25348 "dtrain.h"
+#line 25350 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25398,7 +25400,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25402 "dtrain.h"
+#line 25404 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26561,7 +26563,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26565 "dtrain.h"
+#line 26567 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27459,7 +27461,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27463 "dtrain.h"
+#line 27465 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28929,7 +28931,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28933 "dtrain.h"
+#line 28935 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29313,7 +29315,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29317 "dtrain.h"
+#line 29319 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29462,7 +29464,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29466 "dtrain.h"
+#line 29468 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

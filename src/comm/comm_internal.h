@@ -196,11 +196,11 @@ DTR__PRIVATE const char *dtr__coll_name(int kind);
 DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
-/** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
- *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
 /** Sums n doubles over group c in place: an all-gather of the bytes, added in rank order (the
  *  same bits on every rank). Errors go to ctx's message, prefixed with `who`. */
 DTR__PRIVATE dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who);
+/** out[i] = a[i] op b[i] for n elements of dt (f32 math; bf16/f16 rounded once), then
+ *  divided by `div` when div > 1 (DTR_REDUCE_AVG's last step). out may alias a or b. */
 DTR__PRIVATE void dtr__comm_reduce(void *out, const void *a, const void *b, size_t n, dtr_dtype dt, dtr_reduce_op op, int div);
 /** dtr__comm_reduce on the memory of the group's buffers: host, or the backend of cfg.context
  *  for device memory. Records a failure on the group. */

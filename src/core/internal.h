@@ -431,8 +431,10 @@ DTR__PRIVATE void dtr__optimizer_range(const dtr_optimizer *o, int64_t *base, in
 DTR__PRIVATE void dtr__optimizer_keep_grads(dtr_optimizer *o);
 
 /** The gradient's global norm as the optimizer measures it for clipping: with shard_sum
- *  (ZeRO) its own floats' sum of squares summed over the group's shards (a collective: every
- *  rank calls it), else the whole buffer's. Every rank of a group gets the same value. */
+ *  (ZeRO) its own floats' sum of squares summed over the group's shards, with norm_sum
+ *  (pipeline stages) over the model's other parts too, tensor-parallel shards over their
+ *  group (collectives: every rank calls it), else the whole buffer's. Every rank of a group
+ *  gets the same value. */
 DTR__PRIVATE dtr_result dtr__optimizer_grad_norm(dtr_optimizer *o, double *norm);
 
 /** Forgets the micro-batches counted toward the next update (grad_accum_steps): a step the

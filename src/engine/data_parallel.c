@@ -79,9 +79,8 @@ dtr_dp_config dtr_dp_config_init(void) {
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
     dtr_result r;
-    b->in_backward = from_hook && dp->cfg.zero != 1;
+    b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
-    if (dp->cfg.zero == 1) return DTR_OK;   /* reduce-scattered whole in dtr_dp_finish */
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
     if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
@@ -105,7 +104,8 @@ static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
     dtr__bucket *b;
-    if (dp->no_sync || dtr__dp_local(dp) || param->model != dp->m || param->param_index < 0) return DTR_OK;
+    if (dp->no_sync || dtr__dp_local(dp) || dp->cfg.zero == 1 || param->model != dp->m || param->param_index < 0)
+        return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
     if (--b->pending == 0) {
@@ -269,8 +269,8 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     if (!dp->nb || dp->no_sync || dtr__dp_local(dp)) return DTR_OK;
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
-    r = dtr__dp_launch_ready(dp, 0);
-    if (r == DTR_OK && dp->cfg.zero == 1) r = dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m));
+    /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
+    r = dp->cfg.zero == 1 ? dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m)) : dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
     if (dp->z) {   /* waits for the exchange even after an error */
         dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));

@@ -137,8 +137,8 @@ static void dtr__ps_encode(dtr_ps *ps, int s, int dt) {
     int64_t b = ps->range[s], len = ps->range[s + 1] - b, c;
     const float *g = dtr_model_grads(ps->m) + b;
     uint8_t *out = ps->msg[s] + dtr__ps_hdr_bytes;
-    float *acc = ps->resid ? ps->resid + b : NULL;
-    if (dt != DTR__PS_INT8 || !acc) {
+    float *acc = ps->resid + b;   /* allocated with the INT8 wire */
+    if (dt != DTR__PS_INT8) {
         dtr_convert(out, (dtr_dtype)dt, g, DTR_F32, (size_t)len);
         return;
     }
@@ -1092,7 +1092,7 @@ static size_t dtr__ps_request(dtr_ps *ps, int s, int kind, int64_t clock) {
 /* replicas: sends msg[s] (`bytes`) to the server of range s and waits for its answer in
    rep[s]; when the primary died, the same request goes to the backup */
 static dtr_result dtr__ps_exchange(dtr_ps *ps, int s, size_t bytes) {
-    size_t cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(ps->maxlen);
     for (;;) {
         dtr_request *q[2] = {NULL, NULL};
         dtr_result r = dtr_comm_recv_async(ps->g, ps->rep[s], cap, ps->target[s], DTR__PS_TAG_REP, &q[0]), r2;
@@ -1193,7 +1193,7 @@ dtr_result dtr_ps_pull(dtr_ps *ps) {
     int s, n = 0;
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_pull: rank is a server");
-    cap = dtr__ps_hdr_bytes + (size_t)ps->maxlen * sizeof(float) + 8;
+    cap = dtr__ps_buf_bytes(ps->maxlen);
     t0 = dtr_time_ns();
     for (s = 0; s < ps->S; s++) want[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] + ps->pushed : ps->wclock;
     if (ps->cfg.replicas) return dtr__ps_pull_replicated(ps, want, t0);
@@ -1321,7 +1321,7 @@ static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t val
 dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *rows, int n) {
     dtr_request *q[128];
     int64_t off, dim, nseg[64], values[64];
-    size_t cap = dtr__ps_hdr_bytes + (size_t)(ps ? ps->maxlen : 0) * sizeof(float) + 8;
+    size_t cap = dtr__ps_buf_bytes(ps ? ps->maxlen : 0);
     dtr_result r, r2;
     int s, k = 0;
     if (!ps || !param) return DTR_NULL_HANDLE;
