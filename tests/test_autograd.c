@@ -13,6 +13,14 @@
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops; its arena
  *                            peak at T = 512 is a fraction of the composite's (no T x T per head)
+ *   test_release_activations a small GPT, 2 micro-batches accumulated: release_activations gives
+ *                            the same gradient bits and loss with a lower arena peak (the second
+ *                            micro-batch lives in the first one's blocks)
+ *   test_released_errors     what release_activations released gives DTR_BAD_STATE (read, write,
+ *                            get, data, an op, a second backward), retained tensors and the loss
+ *                            keep their values
+ *   test_grad_handoff        reshape's backward hands its gradient block to its input (one
+ *                            buffer less at the peak) unless the view's gradient is retained
  * Reference numbers: PyTorch 1.13 (python3-torch), the script is quoted at each case. */
 #define DTRAIN_INTERNAL_API
 #include "test.h"
@@ -450,6 +458,178 @@ static void test_fused_attention(void) {
     free(o1);
 }
 
+/* ---- release_activations ---- */
+
+typedef struct tiny_gpt {
+    dtr_model *m;
+    dtr_embedding_layer wte;
+    dtr_gpt_block h[2];
+    dtr_layernorm_layer ln;
+    dtr_linear_layer head;
+} tiny_gpt;
+
+enum { TG_B = 2, TG_T = 16, TG_C = 32, TG_V = 97 };
+
+static void tiny_gpt_init(dtr_context *ctx, tiny_gpt *g) {
+    CHECK_OK(ctx, dtr_model_create(ctx, 3, &g->m));
+    CHECK_OK(ctx, dtr_embedding_layer_init(&g->wte, g->m, "wte", TG_V, TG_C));
+    CHECK_OK(ctx, dtr_gpt_block_init(&g->h[0], g->m, "h.0", TG_C, 4));
+    CHECK_OK(ctx, dtr_gpt_block_init(&g->h[1], g->m, "h.1", TG_C, 4));
+    CHECK_OK(ctx, dtr_layernorm_layer_init(&g->ln, g->m, "ln", TG_C));
+    CHECK_OK(ctx, dtr_linear_layer_init(&g->head, g->m, "head", TG_C, TG_V, 0, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_model_build(g->m));
+}
+
+/* micro-batch k's logits, (B T, V) */
+static dtr_tensor *tiny_gpt_logits(dtr_context *ctx, tiny_gpt *g, int k) {
+    int32_t ids[TG_B * TG_T];
+    int64_t is[2] = {TG_B, TG_T}, ls[2] = {TG_B * TG_T, TG_V};
+    dtr_tensor *h;
+    int i;
+    for (i = 0; i < TG_B * TG_T; i++) ids[i] = (int32_t)((i * 7 + k * 13) % TG_V);
+    h = dtr_embedding_layer_forward(ctx, &g->wte, dtr_tensor_from(ctx, DTR_I32, 2, is, ids));
+    for (i = 0; i < 2; i++) h = dtr_gpt_block_forward(ctx, &g->h[i], h);
+    return dtr_reshape(ctx, dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln, h)), 2, ls);
+}
+
+static dtr_tensor *tiny_gpt_loss(dtr_context *ctx, dtr_tensor *logits, int k) {
+    int32_t y[TG_B * TG_T];
+    int64_t n = TG_B * TG_T;
+    int i;
+    for (i = 0; i < TG_B * TG_T; i++) y[i] = (int32_t)((i * 5 + k) % TG_V);
+    return dtr_cross_entropy(ctx, logits, dtr_tensor_from(ctx, DTR_I32, 1, &n, y));
+}
+
+static dtr_context *release_ctx(int release) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cfg.threads = 1;
+    cfg.release_activations = release;
+    if (dtr_context_create(&cfg, &ctx) != DTR_OK) { CHECK(0); exit(2); }
+    return ctx;
+}
+
+/* two micro-batches, each backward right after its forward, on one tape; grads, losses, peak */
+static size_t tiny_gpt_run(int release, float *grads, float *losses) {
+    dtr_context *ctx = release_ctx(release);
+    tiny_gpt g;
+    size_t peak;
+    int k;
+    tiny_gpt_init(ctx, &g);
+    dtr_context_arena_peak(ctx, 1);
+    for (k = 0; k < 2; k++) {
+        dtr_tensor *loss = tiny_gpt_loss(ctx, tiny_gpt_logits(ctx, &g, k), k);
+        CHECK_OK(ctx, dtr_backward(ctx, loss));
+        CHECK_OK(ctx, dtr_tensor_read(loss, DTR_F32, &losses[k], 1));   /* the root stays */
+    }
+    peak = dtr_context_arena_peak(ctx, 0);
+    memcpy(grads, dtr_model_grads(g.m), (size_t)dtr_model_numel(g.m) * sizeof(float));
+    dtr_model_destroy(g.m);
+    dtr_context_destroy(ctx);
+    return peak;
+}
+
+static void test_release_activations(void) {
+    float *g0 = (float *)malloc(200000 * sizeof(float)), *g1 = g0 + 100000, l0[2], l1[2];
+    size_t keep = tiny_gpt_run(0, g0, l0), lean = tiny_gpt_run(1, g1, l1);
+    dtr_context *ctx = release_ctx(0);
+    tiny_gpt g;
+    int64_t n;
+    tiny_gpt_init(ctx, &g);
+    n = dtr_model_numel(g.m);
+    CHECK(n <= 100000);
+    CHECK(memcmp(g0, g1, (size_t)n * sizeof(float)) == 0);
+    CHECK(memcmp(l0, l1, sizeof l0) == 0);
+    /* the second micro-batch's forward takes the first one's released blocks */
+    CHECK_MSG(lean * 10 < keep * 7, "arena peak %zu kept, %zu released", keep, lean);
+    printf("    arena peak of 2 micro-batches: %zu bytes kept, %zu with release_activations\n", keep, lean);
+    dtr_model_destroy(g.m);
+    dtr_context_destroy(ctx);
+    free(g0);
+}
+
+static void test_released_errors(void) {
+    dtr_context *ctx = release_ctx(1);
+    tiny_gpt g;
+    dtr_tensor *logits, *loss, *probe, *view;
+    float before[TG_V], after[TG_V], lv = 0.0f, f = 1.0f;
+    int64_t four = 4;
+    tiny_gpt_init(ctx, &g);
+    logits = tiny_gpt_logits(ctx, &g, 0);
+    probe = dtr_relu(ctx, logits);                      /* not retained: released */
+    view = dtr_reshape(ctx, probe, 1, (int64_t[]){TG_B * TG_T * TG_V});
+    loss = dtr_add(ctx, tiny_gpt_loss(ctx, logits, 0), dtr_mean_all(ctx, view));
+    CHECK_OK(ctx, dtr_tensor_retain(dtr_slice(ctx, logits, 0, 0, 1)));   /* a view keeps its base */
+    CHECK_OK(ctx, dtr_tensor_read(dtr_slice(ctx, logits, 0, 1, 2), DTR_F32, before, TG_V));
+    CHECK_OK(ctx, dtr_backward(ctx, loss));
+    CHECK_OK(ctx, dtr_tensor_read(loss, DTR_F32, &lv, 1));
+    CHECK(lv > 0.0f);
+    CHECK_OK(ctx, dtr_tensor_read(dtr_slice(ctx, logits, 0, 1, 2), DTR_F32, after, TG_V));
+    CHECK(memcmp(before, after, sizeof before) == 0);
+    CHECK(dtr_tensor_data(probe) == NULL && dtr_tensor_data(view) == NULL && dtr_tensor_data(logits) != NULL);
+    {
+        float *all = (float *)malloc(TG_B * TG_T * TG_V * sizeof(float));
+        CHECK_EQ_INT(dtr_tensor_read(probe, DTR_F32, all, TG_B * TG_T * TG_V), DTR_BAD_STATE);
+        CHECK(strstr(dtr_context_last_error(ctx), "released") != NULL);
+        dtr_context_clear_error(ctx);
+        CHECK_EQ_INT(dtr_tensor_read(view, DTR_F32, all, TG_B * TG_T * TG_V), DTR_BAD_STATE);
+        dtr_context_clear_error(ctx);
+        CHECK_EQ_INT(dtr_tensor_write(probe, DTR_F32, all, TG_B * TG_T * TG_V), DTR_BAD_STATE);
+        dtr_context_clear_error(ctx);
+        free(all);
+    }
+    CHECK(isnan(dtr_tensor_get(view, 0)));
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_relu(ctx, probe) == NULL && dtr_context_status(ctx) == DTR_BAD_STATE);
+    CHECK(strstr(dtr_context_last_error(ctx), "relu") != NULL);
+    dtr_context_clear_error(ctx);
+    CHECK_EQ_INT(dtr_tensor_retain(probe), DTR_BAD_STATE);
+    dtr_context_clear_error(ctx);
+    /* a second pass through the graph needs what the first released */
+    CHECK_EQ_INT(dtr_backward(ctx, loss), DTR_BAD_STATE);
+    CHECK(strstr(dtr_context_last_error(ctx), "released") != NULL);
+    dtr_context_clear_error(ctx);
+    /* after a reset the context works as before */
+    CHECK_OK(ctx, dtr_context_reset(ctx));
+    CHECK_OK(ctx, dtr_backward(ctx, tiny_gpt_loss(ctx, tiny_gpt_logits(ctx, &g, 1), 1)));
+    CHECK_OK(ctx, dtr_tensor_read(dtr_tensor_from(ctx, DTR_F32, 1, &four, (float[]){f, f, f, f}), DTR_F32, after, 4));
+    dtr_model_destroy(g.m);
+    dtr_context_destroy(ctx);
+}
+
+/* x (leaf, N) -> h = 2 x -> v = reshape(h) -> sum(v): with the handoff v's gradient becomes h's
+ * (4 N floats at the peak: x, h, v's gradient, x's); kept apart, 5 N. */
+static size_t handoff_run(int retain_view, float *gx) {
+    enum { N = 1 << 16 };
+    dtr_context *ctx = release_ctx(0);
+    int64_t n = N, s2[2] = {256, 256};
+    float *xv = (float *)calloc(N, sizeof(float));
+    dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n, xv)), *v;
+    size_t peak;
+    dtr_context_arena_peak(ctx, 1);
+    v = dtr_reshape(ctx, dtr_scale(ctx, x, 2.0f), 2, s2);
+    if (retain_view) CHECK_OK(ctx, dtr_tensor_retain_grad(v));
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, v)));
+    peak = dtr_context_arena_peak(ctx, 0);
+    memcpy(gx, dtr_tensor_grad(x), N * sizeof(float));
+    CHECK((dtr_tensor_grad(v) != NULL) == retain_view);
+    if (retain_view) CHECK(dtr_tensor_grad(v)[N - 1] == 1.0f);
+    free(xv);
+    dtr_context_destroy(ctx);
+    return peak / sizeof(float);
+}
+
+static void test_grad_handoff(void) {
+    enum { N = 1 << 16 };
+    float *g = (float *)malloc(2 * N * sizeof(float));
+    size_t moved = handoff_run(0, g), kept = handoff_run(1, g + N);
+    int i, ok = 1;
+    for (i = 0; i < 2 * N; i++) ok &= g[i] == 2.0f;
+    CHECK(ok);
+    CHECK_MSG(moved < 4 * N + 1024 && kept >= 5 * N, "peak %zu floats moved, %zu kept", moved, kept);
+    free(g);
+}
+
 int main(void) {
     RUN(test_second_backward);
     RUN(test_backward_from);
@@ -463,5 +643,8 @@ int main(void) {
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);
+    RUN(test_release_activations);
+    RUN(test_released_errors);
+    RUN(test_grad_handoff);
     return test_summary();
 }

@@ -13,6 +13,12 @@
  * node (run or skipped) counts down its parameter inputs and reports a parameter when its
  * count reaches zero: its gradient is final for this pass. The report carries an event that
  * completes when the backend has finished writing it (NULL on the CPU: already done).
+ *
+ * Releases. Every reader of a tensor comes after its producer on the tape, so once a node has
+ * run its backward nothing of this pass reads its output's gradient again: that block goes
+ * back to the own tape's spares. With release_activations the node's saved state and its
+ * output go back too (unless retained or the pass's root); a later pass or op that would
+ * read them fails with DTR_BAD_STATE instead (dtr__check_alive, dtr__node_new).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -104,10 +110,27 @@ static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
     return x->grad && x->grad_pass == ctx->backward_pass;
 }
 
+/* DTR_BAD_STATE when n's backward would read what an earlier pass released */
+static dtr_result dtr__check_alive(dtr_context *ctx, const dtr__node *n) {
+    int i, dead = n->released || dtr__released(n->out);
+    for (i = 0; !dead && i < n->n_in; i++) dead = n->in[i] && dtr__released(n->in[i]);
+    if (!dead) return DTR_OK;
+    return dtr__fail(ctx, DTR_BAD_STATE, "dtr_backward: op '%s' needs activations that an earlier dtr_backward "
+                     "released (release_activations): back-propagate through a graph once, or keep its tensors "
+                     "with dtr_tensor_retain", dtr__op_name(n->op));
+}
+
+/* 1 when n's input gradient is its output gradient, element for element (same dense layout) */
+static int dtr__grad_identity(const dtr__node *n) {
+    return n->op == DTR_OP_RESHAPE || n->op == DTR_OP_CONTIGUOUS;
+}
+
 static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
-    dtr_result r;
+    dtr_result r = dtr__check_alive(ctx, n);
     double t0 = 0.0;
     int i;
+    if (r != DTR_OK) return r;
+    if (dtr__grad_identity(n) && dtr__grad_handoff(ctx, n->out, n->in[0])) return DTR_OK;
     for (i = 0; i < n->n_in; i++) {
         dtr_tensor *x = n->in[i];
         if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
@@ -130,6 +153,7 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
         if (dtr__reached(ctx, n->out)) {
             if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
             dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
+            if (ctx->cfg.release_activations && n->tape == &ctx->own) dtr__node_release(ctx, n);
         }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
@@ -172,6 +196,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     was = ctx->cur;
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
+    ctx->pass_root = dtr__owner(out);
     dtr__obs_phase_begin(ctx, DTR_PHASE_BACKWARD);
     r = dtr__seed(ctx, out, grad);
     if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);

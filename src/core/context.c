@@ -43,6 +43,12 @@ const char *dtr_result_string(dtr_result r) {
 #define DTR__ALIGN 64
 #define DTR__CHUNK_HDR ((sizeof(dtr__chunk) + DTR__ALIGN - 1) / DTR__ALIGN * DTR__ALIGN)
 
+/* bytes rounded up to the arena's alignment (at least one unit) */
+static size_t dtr__aligned(size_t bytes) {
+    size_t need = (bytes + DTR__ALIGN - 1) & ~(size_t)(DTR__ALIGN - 1);
+    return need ? need : DTR__ALIGN;
+}
+
 void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes) {
     memset(a, 0, sizeof(*a));
     a->alloc = alloc;
@@ -79,10 +85,9 @@ static void dtr__chunk_free(dtr__arena *a, dtr__chunk *c) {
 }
 
 void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
-    size_t need = (bytes + DTR__ALIGN - 1) & ~(size_t)(DTR__ALIGN - 1);
+    size_t need = dtr__aligned(bytes);
     dtr__chunk *c = a->head;
     if (full) *full = 0;
-    if (need == 0) need = DTR__ALIGN;
     if (!c || c->used + need > c->size) {
         size_t sz = need > a->chunk_bytes ? need : a->chunk_bytes;
         if (a->max_bytes && a->reserved + sz > a->max_bytes) {
@@ -376,9 +381,11 @@ void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
+static void *dtr__spare_take(dtr_context *ctx, size_t need);
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     int full = 0;
-    void *p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
+    void *p = ctx->cur == &ctx->own && ctx->own.spare ? dtr__spare_take(ctx, dtr__aligned(bytes)) : NULL;
+    if (!p) p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
             dtr__fail(ctx, DTR_ARENA_FULL, "%s: step arena full (%zu bytes asked, %zu of %zu reserved); "
@@ -390,44 +397,110 @@ void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
-/* ---- released gradients ----
- * Backward releases an intermediate's gradient once the op that made it has run its
- * backward (nothing reads it after that); the next gradient of the same size takes the block
- * instead of new arena memory, so a pass holds the live gradients only, not all of them.
- * Exact sizes: the shapes of a network repeat layer after layer. The blocks stay arena
- * memory of the own tape (reset with it); on a device the order of the stream keeps a reuse
- * behind the kernels that read the block before. */
+/* ---- spares ----
+ * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
+ * gradient once the op that made it has run its backward, and with release_activations an
+ * op's output and saved state once it has (every reader of them comes later on the tape, so
+ * it ran first). Every later allocation from the own tape's data arena takes the smallest
+ * spare that fits (a rest of DTR__SPLIT_MIN bytes or more stays a spare), so a pass holds
+ * the live blocks only. The blocks stay arena memory of the own tape (reset with it); on a
+ * device the order of the stream keeps a reuse behind the kernels that read the block before. */
+
+#define DTR__SPLIT_MIN 4096
+
+/* a spare descriptor: one whose block was taken again, or a new one (NULL: out of memory) */
+static dtr__spare *dtr__spare_desc(dtr_context *ctx) {
+    dtr__spare *s = ctx->own.unused;
+    int full = 0;
+    if (s) {
+        ctx->own.unused = s->next;
+        return s;
+    }
+    return (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full);
+}
+
+static void dtr__spare_put(dtr_context *ctx, dtr__spare *s, void *p, size_t bytes) {
+    s->p = p;
+    s->bytes = bytes;
+    s->next = ctx->own.spare;
+    ctx->own.spare = s;
+}
+
+/* The smallest spare of at least `need` (aligned) bytes, or NULL. */
+static void *dtr__spare_take(dtr_context *ctx, size_t need) {
+    dtr__spare **pp, **best = NULL, *s;
+    char *p;
+    for (pp = &ctx->own.spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
+        if ((*pp)->bytes >= need && (!best || (*pp)->bytes < (*best)->bytes)) best = pp;
+    if (!best) return NULL;
+    s = *best;
+    *best = s->next;
+    p = (char *)s->p;
+    if (s->bytes - need >= DTR__SPLIT_MIN) {
+        dtr__spare_put(ctx, s, p + need, s->bytes - need);
+    } else {
+        s->next = ctx->own.unused;
+        ctx->own.unused = s;
+    }
+    return p;
+}
 
 static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
     return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && ctx->cur == &ctx->own;
 }
 
-void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
-    dtr__spare **pp, *s;
-    if (!dtr__grad_spareable(ctx, t)) return NULL;
-    t->flags |= DTR__GRAD_SPARE;   /* the block it gets, reused or new, goes back after its producer */
-    for (pp = &ctx->own.spare; (s = *pp) != NULL; pp = &s->next)
-        if (s->bytes == bytes) {
-            *pp = s->next;
-            s->next = ctx->own.unused;
-            ctx->own.unused = s;
-            return s->p;
-        }
-    return NULL;
+void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t) {
+    if (dtr__grad_spareable(ctx, t)) t->flags |= DTR__GRAD_SPARE;
+}
+
+int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
+    if (!from->grad || (from->flags & (DTR__RETAIN_GRAD | DTR__GRAD_SPARE)) != DTR__GRAD_SPARE) return 0;
+    if (!(to->flags & DTR__REQUIRES_GRAD) || !dtr__grad_spareable(ctx, to)) return 0;
+    if (to->grad && to->grad_pass == ctx->backward_pass) return 0;   /* this pass wrote it already */
+    dtr__grad_release(ctx, to);                                       /* an earlier pass's, if any */
+    if (to->grad) return 0;
+    to->grad = from->grad;
+    to->grad_pass = ctx->backward_pass;
+    to->flags |= DTR__GRAD_SPARE;
+    from->grad = NULL;
+    from->flags &= ~(uint32_t)DTR__GRAD_SPARE;
+    return 1;
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
-    dtr__spare *s = ctx->own.unused;
-    int full = 0;
+    dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (s) ctx->own.unused = s->next;
-    else if (!(s = (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full))) return;   /* kept */
-    s->p = t->grad;
-    s->bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
-    s->next = ctx->own.spare;
-    ctx->own.spare = s;
+    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
+    dtr__spare_put(ctx, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
+}
+
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
+    void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+    dtr__spare *s;
+    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL) {
+        s->p = p;   /* on the node's list until it has run its backward */
+        s->bytes = dtr__aligned(bytes);
+        s->next = n->saves;
+        n->saves = s;
+    }
+    return p;
+}
+
+void dtr__node_release(dtr_context *ctx, dtr__node *n) {
+    dtr__spare *s, *next;
+    dtr_tensor *t = n->out;
+    for (s = n->saves; s; s = next) {
+        next = s->next;
+        dtr__spare_put(ctx, s, s->p, s->bytes);
+    }
+    n->saves = NULL;
+    n->released = 1;
+    if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
+    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
+    dtr__spare_put(ctx, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    t->flags |= DTR__RELEASED;
 }
 
 /* ---- random numbers (PCG32, O'Neill) ---- */

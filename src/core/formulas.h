@@ -7,6 +7,7 @@
  *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
  *   - activations and their derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
  *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
+ *   - cross-entropy's row statistics and the probabilities its backward recomputes from them
  * ==========================================================================*/
 #ifndef DTR__FORMULAS_H
 #define DTR__FORMULAS_H
@@ -28,6 +29,18 @@
 
 DTR__HD uint32_t dtr__f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 DTR__HD float dtr__f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- cross-entropy ---- */
+
+/** What cross-entropy keeps of a row of logits for its backward: the maximum and the sum of
+ *  exp(x - max) (f32 terms summed in double). 16 bytes a row instead of the row's probabilities. */
+typedef struct dtr__xent_row {
+    double sum;
+    float max;
+} dtr__xent_row;
+
+/** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
+DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)expf(x - st.max) / st.sum); }
 
 /* ---- dtype conversions ---- */
 

@@ -91,7 +91,11 @@ enum {
     DTR__LEAF = 4u,
     DTR__GRAD_SPARE = 8u,      /* grad from the own tape's data arena: back to its spares once the
                                   producer's backward ran (dtr__grad_release) */
-    DTR__RETAIN_GRAD = 16u     /* dtr_tensor_retain_grad: never released */
+    DTR__RETAIN_GRAD = 16u,    /* dtr_tensor_retain_grad: never released */
+    DTR__OWNS_DATA = 32u,      /* storage is a block of the own tape's data arena made for it
+                                  (dtr__tensor_alloc): released with release_activations */
+    DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
+    DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
 };
 
 struct dtr__node;
@@ -113,7 +117,13 @@ struct dtr_tensor {
     int grad_pending;               /* parameter, during a backward pass with gradient hooks:
                                        tape nodes still to write its gradient */
     uint32_t grad_pass;             /* the backward pass `grad` belongs to (intermediates) */
+    struct dtr_tensor *base;        /* views: the tensor that owns the storage (NULL: itself) */
 };
+
+/** The tensor that owns t's storage (t itself unless t is a view). */
+static inline const dtr_tensor *dtr__owner(const dtr_tensor *t) { return t->base ? t->base : t; }
+/** 1 when t's storage went back to the arena's spares (release_activations). */
+static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->flags & DTR__RELEASED) != 0; }
 
 /* ---- the op list ----
  * One entry per op, in id order: X(ID, "name", kernels).
@@ -219,6 +229,8 @@ typedef struct dtr__node {
     int taped;                        /* recorded for backward (set before the forward kernel runs) */
     void *saved;                      /* backend-private: what its forward keeps for its backward
                                          (masks, argmax indices, statistics, im2col columns) */
+    struct dtr__spare *saves;         /* release_activations: the blocks dtr__node_save gave it */
+    int released;                     /* release_activations: its saved state went back */
     struct dtr__node *prev;           /* previous node on the tape */
     struct dtr_tape *tape;            /* the tape that recorded it */
 } dtr__node;
@@ -360,6 +372,7 @@ struct dtr_context {
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
     int n_grad_hooks, grad_hook_ids;
     uint32_t backward_pass;       /* number of the current (last) backward pass */
+    const dtr_tensor *pass_root;  /* the storage owner of the current pass's root (never released) */
     /* activation checkpointing (src/core/recompute.c): one tape per nesting level, made on
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
@@ -460,13 +473,20 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int n
 DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
-/** A released block of exactly `bytes` for the gradient of t, or NULL (then the caller takes
- *  new arena memory). When t's gradient can be released later (an intermediate, not retained,
- *  on the context's own tape) t is marked DTR__GRAD_SPARE, whichever block it gets. */
-DTR__PRIVATE void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes);
+/** Marks t DTR__GRAD_SPARE when its gradient can be released later (an intermediate, not
+ *  retained, on the context's own tape). */
+DTR__PRIVATE void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t);
 /** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
  *  and t is not retained; t->grad becomes NULL. */
 DTR__PRIVATE void dtr__grad_release(dtr_context *ctx, dtr_tensor *t);
+/** Moves from's gradient block to `to` when from's would be released after this node and
+ *  to's is still to be made in this pass (both intermediates of the own tape): the backward
+ *  of an op whose input gradient is its output gradient (reshape, contiguous) becomes a
+ *  pointer move, without a second buffer of that size. 1 when moved. */
+DTR__PRIVATE int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to);
+/** release_activations: after node n (own tape) ran its backward, gives its saved state and
+ *  its output's storage (owned, not retained, not the pass's root) back to the spares. */
+DTR__PRIVATE void dtr__node_release(dtr_context *ctx, dtr__node *n);
 int64_t dtr__numel(int ndim, const int64_t *shape);
 void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }

@@ -38,6 +38,7 @@ dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op)
     dtr_tensor *t = (dtr_tensor *)dtr__arena_meta(ctx, sizeof(dtr_tensor), op);
     if (!t) return NULL;
     *t = *base;
+    if (!t->base) t->base = base;
     t->grad = NULL;
     t->node = NULL;
     t->flags = 0;
@@ -71,6 +72,7 @@ dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const in
     t->ctx = ctx;
     t->param_index = -1;
     t->name = "";
+    if (ctx->cur == &ctx->own) t->flags = DTR__OWNS_DATA;
     t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
     if (!t->storage) return NULL;
     return t;
@@ -166,7 +168,7 @@ int dtr_tensor_is_contiguous(const dtr_tensor *t) {
 }
 
 void *dtr_tensor_data(dtr_tensor *t) {
-    if (!t || !t->storage) return NULL;
+    if (!t || !t->storage || dtr__released(t)) return NULL;
     if (t->ctx && !dtr__host_memory(t->ctx)) return NULL;
     return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype);
 }
@@ -177,6 +179,21 @@ dtr_result dtr_tensor_retain_grad(dtr_tensor *t) {
     if (!t) return DTR_NULL_HANDLE;
     t->flags |= DTR__RETAIN_GRAD;
     return DTR_OK;
+}
+
+dtr_result dtr_tensor_retain(dtr_tensor *t) {
+    if (!t) return DTR_NULL_HANDLE;
+    if (dtr__released(t))
+        return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_retain: the tensor was released by dtr_backward already");
+    ((dtr_tensor *)dtr__owner(t))->flags |= DTR__RETAIN;
+    return DTR_OK;
+}
+
+/* DTR_BAD_STATE naming fn when t's storage was released (release_activations), else DTR_OK */
+static dtr_result dtr__check_live(const dtr_tensor *t, const char *fn) {
+    if (!dtr__released(t)) return DTR_OK;
+    return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: the tensor was released by dtr_backward (release_activations); "
+                     "keep it with dtr_tensor_retain before the backward pass", fn);
 }
 
 dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
@@ -242,6 +259,7 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     dtr_result r;
     if (!t || !dst) return DTR_NULL_HANDLE;
     ctx = t->ctx;
+    if ((r = dtr__check_live(t, "dtr_tensor_read")) != DTR_OK) return r;
     /* a parameter of a model not built yet: build it, as the ops do */
     if (!t->storage && t->model && (r = dtr_model_build(t->model)) != DTR_OK) return r;
     if ((int64_t)n != dtr_tensor_numel(t))
@@ -277,6 +295,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     dtr_result r;
     if (!t || !src) return DTR_NULL_HANDLE;
     ctx = t->ctx;
+    if ((r = dtr__check_live(t, "dtr_tensor_write")) != DTR_OK) return r;
     if (!t->storage && t->model && (r = dtr_model_build(t->model)) != DTR_OK) return r;
     if ((int64_t)n != dtr_tensor_numel(t))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_write: %zu elements given, tensor has %lld", n,
@@ -299,6 +318,7 @@ float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
     int d;
     float f = 0.0f;
     if (!t || index < 0 || index >= dtr_tensor_numel(t)) return 0.0f;
+    if (dtr__check_live(t, "dtr_tensor_get") != DTR_OK) return NAN;
     off = t->offset;
     rem = index;
     for (d = t->ndim - 1; d >= 0; d--) {
@@ -322,8 +342,8 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     size_t bytes;
     if (t->grad) return DTR_OK;
     bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
-    t->grad = (float *)dtr__grad_spare_take(ctx, t, bytes);
-    if (!t->grad) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    dtr__grad_spare_mark(ctx, t);
+    t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
     if (!t->grad) return ctx->status;
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
@@ -335,6 +355,7 @@ static const char *const dtr__op_names[DTR_OP_COUNT] = {"none", DTR__OP_LIST(DTR
 const char *dtr__op_name(int op) { return op >= 0 && op < DTR_OP_COUNT ? dtr__op_names[op] : "?"; }
 
 dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in) {
+    int i;
     dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), dtr__op_name(op));
     if (!n) return NULL;
     memset(n, 0, sizeof(*n));
@@ -346,11 +367,13 @@ dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *
         if (!n->in) return NULL;
     }
     if (n_in > 0) memcpy(n->in, in, (size_t)n_in * sizeof(dtr_tensor *));
+    for (i = 0; i < n_in; i++)
+        if (in[i] && dtr__released(in[i])) {
+            dtr__fail(ctx, DTR_BAD_STATE, "%s: input %d was released by dtr_backward (release_activations); "
+                      "keep it with dtr_tensor_retain", dtr__op_name(op), i);
+            return NULL;
+        }
     return n;
-}
-
-void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
-    return dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
 }
 
 static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {

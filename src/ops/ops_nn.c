@@ -138,28 +138,31 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
     return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
 }
 
+/* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
+ * backward recomputes them from the logits, which stay anyway, so the op holds R x 16 bytes
+ * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary). */
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x);
     const int32_t *t = dtr__i32(nd->in[1]);
-    float *P;
+    dtr__xent_row *st;
     double loss = 0.0;
     for (r = 0; r < R; r++)
         if (t[r] < 0 || t[r] >= K)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)t[r], (long long)K);
-    P = (float *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float)); /* probabilities, for backward */
-    if (!P) return ctx->status;
-    nd->saved = P;
+    st = (dtr__xent_row *)dtr__node_save(ctx, nd, (size_t)(R ? R : 1) * sizeof(dtr__xent_row));
+    if (!st) return ctx->status;
+    nd->saved = st;
     for (r = 0; r < R; r++) {
         const float *xr = X + r * K;
-        float *pr = P + r * K;
         float mx = -INFINITY;
         double s = 0.0;
         for (k = 0; k < K; k++) if (xr[k] > mx) mx = xr[k];
-        for (k = 0; k < K; k++) { pr[k] = expf(xr[k] - mx); s += pr[k]; }
-        for (k = 0; k < K; k++) pr[k] = (float)(pr[k] / s);
+        for (k = 0; k < K; k++) s += expf(xr[k] - mx);
+        st[r].max = mx;
+        st[r].sum = s;
         loss += (double)mx + log(s) - xr[t[r]];
     }
     dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
@@ -169,14 +172,15 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
 dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
+    const float *X = dtr__f32(x);
     const int32_t *t = dtr__i32(nd->in[1]);
-    const float *P = (const float *)nd->saved;
+    const dtr__xent_row *st = (const dtr__xent_row *)nd->saved;
     float *gx = dtr__gradof(x), c;
     (void)ctx;
     if (!gx || !R) return DTR_OK;
     c = nd->out->grad[0] / (float)R;
     for (r = 0; r < R; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += c * P[r * K + k];
+        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(X[r * K + k], st[r]);
         gx[r * K + t[r]] -= c;
     }
     return DTR_OK;

@@ -135,6 +135,17 @@ typedef struct dtr_context_config {
                                           gradients of the pass (a lower step-arena peak); keep single
                                           ones with dtr_tensor_retain_grad. Leaves and parameters
                                           always keep theirs */
+    int release_activations;         /**< 1: dtr_backward also releases what an op computed (its
+                                          output, its saved state) once the op has run its backward,
+                                          as PyTorch frees saved tensors: the memory serves the pass's
+                                          gradients and the next forward (micro-batches), a lower
+                                          step-arena peak. Afterwards the tape's intermediate tensors
+                                          are gone: reading one, using one in an op or back-propagating
+                                          through them again gives DTR_BAD_STATE (never stale data);
+                                          the root of the pass (the loss), leaves, inputs and
+                                          parameters stay, and dtr_tensor_retain keeps others (logits
+                                          read for accuracy). 0 (default): everything stays until
+                                          dtr_context_reset */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
@@ -275,6 +286,13 @@ DTR_API float *dtr_tensor_grad(dtr_tensor *t);
  *  @return DTR_OK, DTR_NULL_HANDLE.
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_tensor_retain_grad(dtr_tensor *t);
+/** Keeps the data of the intermediate tensor `t` (and of the tensor it views) through
+ *  dtr_backward when dtr_context_config.release_activations is on, for reading it afterwards
+ *  (logits for accuracy, an activation a later micro-batch reuses). Call it before dtr_backward.
+ *  No effect without release_activations, or on leaves, inputs and parameters, which always stay.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (released already).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tensor_retain(dtr_tensor *t);
 /** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
  *  (a device's copy completes before it returns).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
