@@ -156,6 +156,17 @@ typedef struct dtr_context_config {
                                           gradients of the pass (a lower step-arena peak); keep single
                                           ones with dtr_tensor_retain_grad. Leaves and parameters
                                           always keep theirs */
+    int release_activations;         /**< 1: dtr_backward also releases what an op computed (its
+                                          output, its saved state) once the op has run its backward,
+                                          as PyTorch frees saved tensors: the memory serves the pass's
+                                          gradients and the next forward (micro-batches), a lower
+                                          step-arena peak. Afterwards the tape's intermediate tensors
+                                          are gone: reading one, using one in an op or back-propagating
+                                          through them again gives DTR_BAD_STATE (never stale data);
+                                          the root of the pass (the loss), leaves, inputs and
+                                          parameters stay, and dtr_tensor_retain keeps others (logits
+                                          read for accuracy). 0 (default): everything stays until
+                                          dtr_context_reset */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
@@ -296,6 +307,13 @@ DTR_API float *dtr_tensor_grad(dtr_tensor *t);
  *  @return DTR_OK, DTR_NULL_HANDLE.
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_tensor_retain_grad(dtr_tensor *t);
+/** Keeps the data of the intermediate tensor `t` (and of the tensor it views) through
+ *  dtr_backward when dtr_context_config.release_activations is on, for reading it afterwards
+ *  (logits for accuracy, an activation a later micro-batch reuses). Call it before dtr_backward.
+ *  No effect without release_activations, or on leaves, inputs and parameters, which always stay.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (released already).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tensor_retain(dtr_tensor *t);
 /** Copies the gradient of `t` (n = numel(t) floats) into host memory `dst`, from any backend
  *  (a device's copy completes before it returns).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (no gradient: not part of a backward pass),
@@ -2624,8 +2642,11 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  by local SGD only), dtr_context_reset.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
- *          has no free hook slot), DTR_UNSUPPORTED (parameters not in host
- *          memory), DTR_OUT_OF_MEMORY, or the broadcast's error.
+ *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress
+ *          or local SGD; zero, compress or local SGD over a group of device memory, NCCL),
+ *          DTR_OUT_OF_MEMORY, or the broadcast's error. A model in device memory over a
+ *          host-memory group (libfabric, local) goes through a host staging buffer of the
+ *          model's size: every mode works there, the optimizer's state stays on the device.
  *  Thread safety: the model's context thread; collective over c. */
 DTR_API dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out);
 /** Removes the hook and frees the engine (waiting for buckets still in flight). NULL is ignored. */
@@ -3852,7 +3873,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3856 "dtrain.h"
+#line 3877 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -3949,7 +3970,11 @@ enum {
     DTR__LEAF = 4u,
     DTR__GRAD_SPARE = 8u,      /* grad from the own tape's data arena: back to its spares once the
                                   producer's backward ran (dtr__grad_release) */
-    DTR__RETAIN_GRAD = 16u     /* dtr_tensor_retain_grad: never released */
+    DTR__RETAIN_GRAD = 16u,    /* dtr_tensor_retain_grad: never released */
+    DTR__OWNS_DATA = 32u,      /* storage is a block of the own tape's data arena made for it
+                                  (dtr__tensor_alloc): released with release_activations */
+    DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
+    DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
 };
 
 struct dtr__node;
@@ -3971,7 +3996,13 @@ struct dtr_tensor {
     int grad_pending;               /* parameter, during a backward pass with gradient hooks:
                                        tape nodes still to write its gradient */
     uint32_t grad_pass;             /* the backward pass `grad` belongs to (intermediates) */
+    struct dtr_tensor *base;        /* views: the tensor that owns the storage (NULL: itself) */
 };
+
+/** The tensor that owns t's storage (t itself unless t is a view). */
+static inline const dtr_tensor *dtr__owner(const dtr_tensor *t) { return t->base ? t->base : t; }
+/** 1 when t's storage went back to the arena's spares (release_activations). */
+static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->flags & DTR__RELEASED) != 0; }
 
 /* ---- the op list ----
  * One entry per op, in id order: X(ID, "name", kernels).
@@ -4077,6 +4108,8 @@ typedef struct dtr__node {
     int taped;                        /* recorded for backward (set before the forward kernel runs) */
     void *saved;                      /* backend-private: what its forward keeps for its backward
                                          (masks, argmax indices, statistics, im2col columns) */
+    struct dtr__spare *saves;         /* release_activations: the blocks dtr__node_save gave it */
+    int released;                     /* release_activations: its saved state went back */
     struct dtr__node *prev;           /* previous node on the tape */
     struct dtr_tape *tape;            /* the tape that recorded it */
 } dtr__node;
@@ -4218,6 +4251,7 @@ struct dtr_context {
     dtr__grad_hook grad_hooks[DTR__MAX_GRAD_HOOKS];
     int n_grad_hooks, grad_hook_ids;
     uint32_t backward_pass;       /* number of the current (last) backward pass */
+    const dtr_tensor *pass_root;  /* the storage owner of the current pass's root (never released) */
     /* activation checkpointing (src/core/recompute.c): one tape per nesting level, made on
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
@@ -4318,13 +4352,20 @@ DTR__PRIVATE dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int n
 DTR__PRIVATE dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op);
 DTR__PRIVATE void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op);
 DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op);
-/** A released block of exactly `bytes` for the gradient of t, or NULL (then the caller takes
- *  new arena memory). When t's gradient can be released later (an intermediate, not retained,
- *  on the context's own tape) t is marked DTR__GRAD_SPARE, whichever block it gets. */
-DTR__PRIVATE void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes);
+/** Marks t DTR__GRAD_SPARE when its gradient can be released later (an intermediate, not
+ *  retained, on the context's own tape). */
+DTR__PRIVATE void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t);
 /** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
  *  and t is not retained; t->grad becomes NULL. */
 DTR__PRIVATE void dtr__grad_release(dtr_context *ctx, dtr_tensor *t);
+/** Moves from's gradient block to `to` when from's would be released after this node and
+ *  to's is still to be made in this pass (both intermediates of the own tape): the backward
+ *  of an op whose input gradient is its output gradient (reshape, contiguous) becomes a
+ *  pointer move, without a second buffer of that size. 1 when moved. */
+DTR__PRIVATE int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to);
+/** release_activations: after node n (own tape) ran its backward, gives its saved state and
+ *  its output's storage (owned, not retained, not the pass's root) back to the spares. */
+DTR__PRIVATE void dtr__node_release(dtr_context *ctx, dtr__node *n);
 int64_t dtr__numel(int ndim, const int64_t *shape);
 void dtr__contig_strides(int ndim, const int64_t *shape, int64_t *stride);
 static inline float *dtr__f32(const dtr_tensor *t) { return (float *)t->storage + t->offset; }
@@ -4392,7 +4433,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4396 "dtrain.h"
+#line 4437 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4405,6 +4446,7 @@ extern const dtr_backend dtr__cpu_backend;
  *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
  *   - activations and their derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
  *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
+ *   - cross-entropy's row statistics and the probabilities its backward recomputes from them
  * ==========================================================================*/
 #ifndef DTR__FORMULAS_H
 #define DTR__FORMULAS_H
@@ -4426,6 +4468,18 @@ extern const dtr_backend dtr__cpu_backend;
 
 DTR__HD uint32_t dtr__f_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 DTR__HD float dtr__f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+
+/* ---- cross-entropy ---- */
+
+/** What cross-entropy keeps of a row of logits for its backward: the maximum and the sum of
+ *  exp(x - max) (f32 terms summed in double). 16 bytes a row instead of the row's probabilities. */
+typedef struct dtr__xent_row {
+    double sum;
+    float max;
+} dtr__xent_row;
+
+/** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
+DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)expf(x - st.max) / st.sum); }
 
 /* ---- dtype conversions ---- */
 
@@ -4660,7 +4714,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4664 "dtrain.h"
+#line 4718 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4722,7 +4776,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4726 "dtrain.h"
+#line 4780 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5052,7 +5106,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5056 "dtrain.h"
+#line 5110 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5095,7 +5149,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5099 "dtrain.h"
+#line 5153 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5125,7 +5179,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5129 "dtrain.h"
+#line 5183 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5143,22 +5197,23 @@ typedef struct dtr__zero dtr__zero;
 DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out);
 /** Waits for requests still in flight and frees. NULL is ignored. */
 DTR__PRIVATE void dtr__zero_destroy(dtr__zero *z);
-/** Bucket i ([begin, end) of the gradient buffer; stage 1: 0 and the whole buffer) is final: sends each of its
- *  slices that another rank owns to that rank and posts the receives of the peers' slices
- *  of this rank's shard (point-to-point, tag per bucket). */
-DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end);
+/** Bucket i ([begin, end) of the gradient buffer g, host memory; stage 1: 0 and the whole
+ *  buffer) is final: sends each of its slices that another rank owns to that rank and posts
+ *  the receives of the peers' slices of this rank's shard (point-to-point, tag per bucket). */
+DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end);
 /** After every bucket started: waits for the exchange and writes the average over
  *  the ranks (summed in rank order, divided by the group's size) into this rank's shard of
- *  the gradient buffer; adds the bytes sent to st. */
-DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
-/** Every rank's shard of the parameters from the rank that updated it (collective). */
-DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st);
+ *  the gradient buffer g (the one the buckets started from); adds the bytes sent to st. */
+DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, float *g, dtr_dp_stats *st);
+/** Every rank's shard of the parameter buffer prm (host memory, the model's parameters or a
+ *  copy holding this rank's shard) from the rank that updated it (collective). */
+DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st);
 /** This rank's shard, [*begin, *end) floats. */
 DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end);
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5162 "dtrain.h"
+#line 5217 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5232,7 +5287,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5236 "dtrain.h"
+#line 5291 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5300,7 +5355,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5304 "dtrain.h"
+#line 5359 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5350,7 +5405,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5354 "dtrain.h"
+#line 5409 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5702,7 +5757,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5706 "dtrain.h"
+#line 5761 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6493,7 +6548,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6497 "dtrain.h"
+#line 6552 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6542,6 +6597,12 @@ const char *dtr_result_string(dtr_result r) {
 #define DTR__ALIGN 64
 #define DTR__CHUNK_HDR ((sizeof(dtr__chunk) + DTR__ALIGN - 1) / DTR__ALIGN * DTR__ALIGN)
 
+/* bytes rounded up to the arena's alignment (at least one unit) */
+static size_t dtr__aligned(size_t bytes) {
+    size_t need = (bytes + DTR__ALIGN - 1) & ~(size_t)(DTR__ALIGN - 1);
+    return need ? need : DTR__ALIGN;
+}
+
 void dtr__arena_init(dtr__arena *a, const dtr_allocation_callbacks *alloc, size_t chunk_bytes, size_t max_bytes) {
     memset(a, 0, sizeof(*a));
     a->alloc = alloc;
@@ -6578,10 +6639,9 @@ static void dtr__chunk_free(dtr__arena *a, dtr__chunk *c) {
 }
 
 void *dtr__arena_alloc(dtr__arena *a, size_t bytes, int *full) {
-    size_t need = (bytes + DTR__ALIGN - 1) & ~(size_t)(DTR__ALIGN - 1);
+    size_t need = dtr__aligned(bytes);
     dtr__chunk *c = a->head;
     if (full) *full = 0;
-    if (need == 0) need = DTR__ALIGN;
     if (!c || c->used + need > c->size) {
         size_t sz = need > a->chunk_bytes ? need : a->chunk_bytes;
         if (a->max_bytes && a->reserved + sz > a->max_bytes) {
@@ -6875,9 +6935,11 @@ void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
+static void *dtr__spare_take(dtr_context *ctx, size_t need);
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     int full = 0;
-    void *p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
+    void *p = ctx->cur == &ctx->own && ctx->own.spare ? dtr__spare_take(ctx, dtr__aligned(bytes)) : NULL;
+    if (!p) p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
             dtr__fail(ctx, DTR_ARENA_FULL, "%s: step arena full (%zu bytes asked, %zu of %zu reserved); "
@@ -6889,44 +6951,110 @@ void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
-/* ---- released gradients ----
- * Backward releases an intermediate's gradient once the op that made it has run its
- * backward (nothing reads it after that); the next gradient of the same size takes the block
- * instead of new arena memory, so a pass holds the live gradients only, not all of them.
- * Exact sizes: the shapes of a network repeat layer after layer. The blocks stay arena
- * memory of the own tape (reset with it); on a device the order of the stream keeps a reuse
- * behind the kernels that read the block before. */
+/* ---- spares ----
+ * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
+ * gradient once the op that made it has run its backward, and with release_activations an
+ * op's output and saved state once it has (every reader of them comes later on the tape, so
+ * it ran first). Every later allocation from the own tape's data arena takes the smallest
+ * spare that fits (a rest of DTR__SPLIT_MIN bytes or more stays a spare), so a pass holds
+ * the live blocks only. The blocks stay arena memory of the own tape (reset with it); on a
+ * device the order of the stream keeps a reuse behind the kernels that read the block before. */
+
+#define DTR__SPLIT_MIN 4096
+
+/* a spare descriptor: one whose block was taken again, or a new one (NULL: out of memory) */
+static dtr__spare *dtr__spare_desc(dtr_context *ctx) {
+    dtr__spare *s = ctx->own.unused;
+    int full = 0;
+    if (s) {
+        ctx->own.unused = s->next;
+        return s;
+    }
+    return (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full);
+}
+
+static void dtr__spare_put(dtr_context *ctx, dtr__spare *s, void *p, size_t bytes) {
+    s->p = p;
+    s->bytes = bytes;
+    s->next = ctx->own.spare;
+    ctx->own.spare = s;
+}
+
+/* The smallest spare of at least `need` (aligned) bytes, or NULL. */
+static void *dtr__spare_take(dtr_context *ctx, size_t need) {
+    dtr__spare **pp, **best = NULL, *s;
+    char *p;
+    for (pp = &ctx->own.spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
+        if ((*pp)->bytes >= need && (!best || (*pp)->bytes < (*best)->bytes)) best = pp;
+    if (!best) return NULL;
+    s = *best;
+    *best = s->next;
+    p = (char *)s->p;
+    if (s->bytes - need >= DTR__SPLIT_MIN) {
+        dtr__spare_put(ctx, s, p + need, s->bytes - need);
+    } else {
+        s->next = ctx->own.unused;
+        ctx->own.unused = s;
+    }
+    return p;
+}
 
 static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
     return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && ctx->cur == &ctx->own;
 }
 
-void *dtr__grad_spare_take(dtr_context *ctx, dtr_tensor *t, size_t bytes) {
-    dtr__spare **pp, *s;
-    if (!dtr__grad_spareable(ctx, t)) return NULL;
-    t->flags |= DTR__GRAD_SPARE;   /* the block it gets, reused or new, goes back after its producer */
-    for (pp = &ctx->own.spare; (s = *pp) != NULL; pp = &s->next)
-        if (s->bytes == bytes) {
-            *pp = s->next;
-            s->next = ctx->own.unused;
-            ctx->own.unused = s;
-            return s->p;
-        }
-    return NULL;
+void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t) {
+    if (dtr__grad_spareable(ctx, t)) t->flags |= DTR__GRAD_SPARE;
+}
+
+int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
+    if (!from->grad || (from->flags & (DTR__RETAIN_GRAD | DTR__GRAD_SPARE)) != DTR__GRAD_SPARE) return 0;
+    if (!(to->flags & DTR__REQUIRES_GRAD) || !dtr__grad_spareable(ctx, to)) return 0;
+    if (to->grad && to->grad_pass == ctx->backward_pass) return 0;   /* this pass wrote it already */
+    dtr__grad_release(ctx, to);                                       /* an earlier pass's, if any */
+    if (to->grad) return 0;
+    to->grad = from->grad;
+    to->grad_pass = ctx->backward_pass;
+    to->flags |= DTR__GRAD_SPARE;
+    from->grad = NULL;
+    from->flags &= ~(uint32_t)DTR__GRAD_SPARE;
+    return 1;
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
-    dtr__spare *s = ctx->own.unused;
-    int full = 0;
+    dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (s) ctx->own.unused = s->next;
-    else if (!(s = (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full))) return;   /* kept */
-    s->p = t->grad;
-    s->bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
-    s->next = ctx->own.spare;
-    ctx->own.spare = s;
+    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
+    dtr__spare_put(ctx, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
+}
+
+void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
+    void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+    dtr__spare *s;
+    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL) {
+        s->p = p;   /* on the node's list until it has run its backward */
+        s->bytes = dtr__aligned(bytes);
+        s->next = n->saves;
+        n->saves = s;
+    }
+    return p;
+}
+
+void dtr__node_release(dtr_context *ctx, dtr__node *n) {
+    dtr__spare *s, *next;
+    dtr_tensor *t = n->out;
+    for (s = n->saves; s; s = next) {
+        next = s->next;
+        dtr__spare_put(ctx, s, s->p, s->bytes);
+    }
+    n->saves = NULL;
+    n->released = 1;
+    if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
+    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
+    dtr__spare_put(ctx, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    t->flags |= DTR__RELEASED;
 }
 
 /* ---- random numbers (PCG32, O'Neill) ---- */
@@ -6969,7 +7097,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 6973 "dtrain.h"
+#line 7101 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7040,7 +7168,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7044 "dtrain.h"
+#line 7172 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7084,6 +7212,7 @@ dtr_tensor *dtr__tensor_view(dtr_context *ctx, dtr_tensor *base, const char *op)
     dtr_tensor *t = (dtr_tensor *)dtr__arena_meta(ctx, sizeof(dtr_tensor), op);
     if (!t) return NULL;
     *t = *base;
+    if (!t->base) t->base = base;
     t->grad = NULL;
     t->node = NULL;
     t->flags = 0;
@@ -7117,6 +7246,7 @@ dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const in
     t->ctx = ctx;
     t->param_index = -1;
     t->name = "";
+    if (ctx->cur == &ctx->own) t->flags = DTR__OWNS_DATA;
     t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
     if (!t->storage) return NULL;
     return t;
@@ -7212,7 +7342,7 @@ int dtr_tensor_is_contiguous(const dtr_tensor *t) {
 }
 
 void *dtr_tensor_data(dtr_tensor *t) {
-    if (!t || !t->storage) return NULL;
+    if (!t || !t->storage || dtr__released(t)) return NULL;
     if (t->ctx && !dtr__host_memory(t->ctx)) return NULL;
     return (char *)t->storage + (size_t)t->offset * dtr_dtype_size(t->dtype);
 }
@@ -7223,6 +7353,21 @@ dtr_result dtr_tensor_retain_grad(dtr_tensor *t) {
     if (!t) return DTR_NULL_HANDLE;
     t->flags |= DTR__RETAIN_GRAD;
     return DTR_OK;
+}
+
+dtr_result dtr_tensor_retain(dtr_tensor *t) {
+    if (!t) return DTR_NULL_HANDLE;
+    if (dtr__released(t))
+        return dtr__fail(t->ctx, DTR_BAD_STATE, "dtr_tensor_retain: the tensor was released by dtr_backward already");
+    ((dtr_tensor *)dtr__owner(t))->flags |= DTR__RETAIN;
+    return DTR_OK;
+}
+
+/* DTR_BAD_STATE naming fn when t's storage was released (release_activations), else DTR_OK */
+static dtr_result dtr__check_live(const dtr_tensor *t, const char *fn) {
+    if (!dtr__released(t)) return DTR_OK;
+    return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: the tensor was released by dtr_backward (release_activations); "
+                     "keep it with dtr_tensor_retain before the backward pass", fn);
 }
 
 dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
@@ -7288,6 +7433,7 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     dtr_result r;
     if (!t || !dst) return DTR_NULL_HANDLE;
     ctx = t->ctx;
+    if ((r = dtr__check_live(t, "dtr_tensor_read")) != DTR_OK) return r;
     /* a parameter of a model not built yet: build it, as the ops do */
     if (!t->storage && t->model && (r = dtr_model_build(t->model)) != DTR_OK) return r;
     if ((int64_t)n != dtr_tensor_numel(t))
@@ -7323,6 +7469,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     dtr_result r;
     if (!t || !src) return DTR_NULL_HANDLE;
     ctx = t->ctx;
+    if ((r = dtr__check_live(t, "dtr_tensor_write")) != DTR_OK) return r;
     if (!t->storage && t->model && (r = dtr_model_build(t->model)) != DTR_OK) return r;
     if ((int64_t)n != dtr_tensor_numel(t))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_write: %zu elements given, tensor has %lld", n,
@@ -7345,6 +7492,7 @@ float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
     int d;
     float f = 0.0f;
     if (!t || index < 0 || index >= dtr_tensor_numel(t)) return 0.0f;
+    if (dtr__check_live(t, "dtr_tensor_get") != DTR_OK) return NAN;
     off = t->offset;
     rem = index;
     for (d = t->ndim - 1; d >= 0; d--) {
@@ -7368,8 +7516,8 @@ dtr_result dtr__grad_ensure(dtr_context *ctx, dtr_tensor *t) {
     size_t bytes;
     if (t->grad) return DTR_OK;
     bytes = (size_t)dtr_tensor_numel(t) * sizeof(float);
-    t->grad = (float *)dtr__grad_spare_take(ctx, t, bytes);
-    if (!t->grad) t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
+    dtr__grad_spare_mark(ctx, t);
+    t->grad = (float *)dtr__arena_data(ctx, bytes, "backward");
     if (!t->grad) return ctx->status;
     return ctx->backend->memset0(ctx, t->grad, bytes);
 }
@@ -7381,6 +7529,7 @@ static const char *const dtr__op_names[DTR_OP_COUNT] = {"none", DTR__OP_LIST(DTR
 const char *dtr__op_name(int op) { return op >= 0 && op < DTR_OP_COUNT ? dtr__op_names[op] : "?"; }
 
 dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *in) {
+    int i;
     dtr__node *n = (dtr__node *)dtr__arena_meta(ctx, sizeof(dtr__node), dtr__op_name(op));
     if (!n) return NULL;
     memset(n, 0, sizeof(*n));
@@ -7392,11 +7541,13 @@ dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *
         if (!n->in) return NULL;
     }
     if (n_in > 0) memcpy(n->in, in, (size_t)n_in * sizeof(dtr_tensor *));
+    for (i = 0; i < n_in; i++)
+        if (in[i] && dtr__released(in[i])) {
+            dtr__fail(ctx, DTR_BAD_STATE, "%s: input %d was released by dtr_backward (release_activations); "
+                      "keep it with dtr_tensor_retain", dtr__op_name(op), i);
+            return NULL;
+        }
     return n;
-}
-
-void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
-    return dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
 }
 
 static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
@@ -7457,7 +7608,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7461 "dtrain.h"
+#line 7612 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7476,6 +7627,12 @@ dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
  * node (run or skipped) counts down its parameter inputs and reports a parameter when its
  * count reaches zero: its gradient is final for this pass. The report carries an event that
  * completes when the backend has finished writing it (NULL on the CPU: already done).
+ *
+ * Releases. Every reader of a tensor comes after its producer on the tape, so once a node has
+ * run its backward nothing of this pass reads its output's gradient again: that block goes
+ * back to the own tape's spares. With release_activations the node's saved state and its
+ * output go back too (unless retained or the pass's root); a later pass or op that would
+ * read them fails with DTR_BAD_STATE instead (dtr__check_alive, dtr__node_new).
  * ==========================================================================*/
 
 
@@ -7567,10 +7724,27 @@ static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
     return x->grad && x->grad_pass == ctx->backward_pass;
 }
 
+/* DTR_BAD_STATE when n's backward would read what an earlier pass released */
+static dtr_result dtr__check_alive(dtr_context *ctx, const dtr__node *n) {
+    int i, dead = n->released || dtr__released(n->out);
+    for (i = 0; !dead && i < n->n_in; i++) dead = n->in[i] && dtr__released(n->in[i]);
+    if (!dead) return DTR_OK;
+    return dtr__fail(ctx, DTR_BAD_STATE, "dtr_backward: op '%s' needs activations that an earlier dtr_backward "
+                     "released (release_activations): back-propagate through a graph once, or keep its tensors "
+                     "with dtr_tensor_retain", dtr__op_name(n->op));
+}
+
+/* 1 when n's input gradient is its output gradient, element for element (same dense layout) */
+static int dtr__grad_identity(const dtr__node *n) {
+    return n->op == DTR_OP_RESHAPE || n->op == DTR_OP_CONTIGUOUS;
+}
+
 static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
-    dtr_result r;
+    dtr_result r = dtr__check_alive(ctx, n);
     double t0 = 0.0;
     int i;
+    if (r != DTR_OK) return r;
+    if (dtr__grad_identity(n) && dtr__grad_handoff(ctx, n->out, n->in[0])) return DTR_OK;
     for (i = 0; i < n->n_in; i++) {
         dtr_tensor *x = n->in[i];
         if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
@@ -7593,6 +7767,7 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
         if (dtr__reached(ctx, n->out)) {
             if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
             dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
+            if (ctx->cfg.release_activations && n->tape == &ctx->own) dtr__node_release(ctx, n);
         }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
@@ -7635,6 +7810,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     was = ctx->cur;
     if (out->node) ctx->cur = out->node->tape;
     ctx->backward_pass++;
+    ctx->pass_root = dtr__owner(out);
     dtr__obs_phase_begin(ctx, DTR_PHASE_BACKWARD);
     r = dtr__seed(ctx, out, grad);
     if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
@@ -7666,7 +7842,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7670 "dtrain.h"
+#line 7846 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -7897,7 +8073,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 7901 "dtrain.h"
+#line 8077 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8012,7 +8188,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8016 "dtrain.h"
+#line 8192 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8068,7 +8244,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8072 "dtrain.h"
+#line 8248 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8498,7 +8674,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8502 "dtrain.h"
+#line 8678 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8677,7 +8853,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8681 "dtrain.h"
+#line 8857 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -8821,28 +8997,31 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
     return n ? dtr__record(ctx, n, "dtr_cross_entropy") : NULL;
 }
 
+/* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
+ * backward recomputes them from the logits, which stay anyway, so the op holds R x 16 bytes
+ * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary). */
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
     const float *X = dtr__f32(x);
     const int32_t *t = dtr__i32(nd->in[1]);
-    float *P;
+    dtr__xent_row *st;
     double loss = 0.0;
     for (r = 0; r < R; r++)
         if (t[r] < 0 || t[r] >= K)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)t[r], (long long)K);
-    P = (float *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float)); /* probabilities, for backward */
-    if (!P) return ctx->status;
-    nd->saved = P;
+    st = (dtr__xent_row *)dtr__node_save(ctx, nd, (size_t)(R ? R : 1) * sizeof(dtr__xent_row));
+    if (!st) return ctx->status;
+    nd->saved = st;
     for (r = 0; r < R; r++) {
         const float *xr = X + r * K;
-        float *pr = P + r * K;
         float mx = -INFINITY;
         double s = 0.0;
         for (k = 0; k < K; k++) if (xr[k] > mx) mx = xr[k];
-        for (k = 0; k < K; k++) { pr[k] = expf(xr[k] - mx); s += pr[k]; }
-        for (k = 0; k < K; k++) pr[k] = (float)(pr[k] / s);
+        for (k = 0; k < K; k++) s += expf(xr[k] - mx);
+        st[r].max = mx;
+        st[r].sum = s;
         loss += (double)mx + log(s) - xr[t[r]];
     }
     dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
@@ -8852,14 +9031,15 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
 dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
+    const float *X = dtr__f32(x);
     const int32_t *t = dtr__i32(nd->in[1]);
-    const float *P = (const float *)nd->saved;
+    const dtr__xent_row *st = (const dtr__xent_row *)nd->saved;
     float *gx = dtr__gradof(x), c;
     (void)ctx;
     if (!gx || !R) return DTR_OK;
     c = nd->out->grad[0] / (float)R;
     for (r = 0; r < R; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += c * P[r * K + k];
+        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(X[r * K + k], st[r]);
         gx[r * K + t[r]] -= c;
     }
     return DTR_OK;
@@ -9202,7 +9382,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9206 "dtrain.h"
+#line 9386 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9701,7 +9881,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9705 "dtrain.h"
+#line 9885 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -9960,7 +10140,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9964 "dtrain.h"
+#line 10144 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10146,7 +10326,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10150 "dtrain.h"
+#line 10330 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10266,7 +10446,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync
 };
-#line 10270 "dtrain.h"
+#line 10450 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10765,7 +10945,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10769 "dtrain.h"
+#line 10949 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -10934,7 +11114,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 10938 "dtrain.h"
+#line 11118 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11183,7 +11363,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11187 "dtrain.h"
+#line 11367 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11690,7 +11870,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11694 "dtrain.h"
+#line 11874 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -11824,7 +12004,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 11828 "dtrain.h"
+#line 12008 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12171,7 +12351,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12175 "dtrain.h"
+#line 12355 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12237,7 +12417,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12241 "dtrain.h"
+#line 12421 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12474,7 +12654,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12478 "dtrain.h"
+#line 12658 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13223,7 +13403,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13227 "dtrain.h"
+#line 13407 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13676,7 +13856,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13680 "dtrain.h"
+#line 13860 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13732,7 +13912,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13736 "dtrain.h"
+#line 13916 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14509,7 +14689,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14513 "dtrain.h"
+#line 14693 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15090,7 +15270,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15094 "dtrain.h"
+#line 15274 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15721,7 +15901,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15725 "dtrain.h"
+#line 15905 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16468,7 +16648,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16472 "dtrain.h"
+#line 16652 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -16821,7 +17001,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 16825 "dtrain.h"
+#line 17005 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17011,7 +17191,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17015 "dtrain.h"
+#line 17195 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17192,7 +17372,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17196 "dtrain.h"
+#line 17376 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -17967,7 +18147,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 17971 "dtrain.h"
+#line 18151 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18484,7 +18664,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18488 "dtrain.h"
+#line 18668 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19279,7 +19459,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19283 "dtrain.h"
+#line 19463 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20461,7 +20641,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20465 "dtrain.h"
+#line 20645 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21083,7 +21263,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21087 "dtrain.h"
+#line 21267 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21572,7 +21752,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21576 "dtrain.h"
+#line 21756 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22301,7 +22481,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22305 "dtrain.h"
+#line 22485 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22537,7 +22717,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22541 "dtrain.h"
+#line 22721 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -22916,7 +23096,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 22920 "dtrain.h"
+#line 23100 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -22932,7 +23112,8 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * backward (overlapped); stage 1 once, over the whole buffer, in dtr_dp_finish. Each rank
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
- * gradients (not the average).
+ * gradients (not the average). The buffers are host memory: the model's, or for a model on a
+ * device the engine's staging copies.
  * ==========================================================================*/
 
 
@@ -23036,8 +23217,7 @@ static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, 
     return r;
 }
 
-dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
-    float *g = dtr_model_grads(z->m);
+dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end) {
     int o, p;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
@@ -23051,15 +23231,15 @@ dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
     return DTR_OK;
 }
 
-/* rank p's slice of the shard: the local gradients for this rank, else its slot */
-static const float *dtr__zero_part(dtr__zero *z, int p) {
+/* rank p's slice of the shard: the local gradients (of buffer g) for this rank, else its slot */
+static const float *dtr__zero_part(dtr__zero *z, const float *g, int p) {
     int64_t b = z->shard[z->me];
-    return p == z->me ? dtr_model_grads(z->m) + b : dtr__zero_slot(z, p, b);
+    return p == z->me ? g + b : dtr__zero_slot(z, p, b);
 }
 
-dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
+dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
-    float *g = dtr_model_grads(z->m) + b, *acc;
+    float *g = grads + b, *acc;
     dtr_result r = dtr__zero_wait(z);
     int p;
     if (r != DTR_OK) return r;
@@ -23067,15 +23247,14 @@ dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
     for (p = 1; p < z->W; p++)
-        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, 0) : acc, dtr__zero_part(z, p), (size_t)n,
+        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), (size_t)n,
                          DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
     st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * sizeof(float);
     st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
     return DTR_OK;
 }
 
-dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st) {
-    float *prm = dtr_model_params(z->m);
+dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
     int64_t n = z->shard[z->me + 1] - z->shard[z->me];
     dtr_result r = DTR_OK;
     int p;
@@ -23103,7 +23282,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23107 "dtrain.h"
+#line 23286 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23128,10 +23307,12 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
- * buckets are reduced where they are; with one of host memory (libfabric, local) each
- * bucket is copied to a host staging buffer when it starts, reduced there, and dtr_dp_finish
- * copies the averages back. Plain all-reduce only: compression, local SGD and ZeRO work on
- * host gradients in this version.
+ * buckets are reduced where they are (plain all-reduce only); with one of host memory
+ * (libfabric, local) each bucket is copied to a host staging buffer when it starts, and
+ * everything above runs on that copy: the all-reduce or the codec's exchange, ZeRO's
+ * reduce-scatter; dtr_dp_finish copies the result back (ZeRO: this rank's shard). The
+ * parameter collectives (ZeRO's gather, local SGD's average, the broadcast) go through the
+ * same buffer. The optimizer keeps its state, and ZeRO's shard of it, on the device.
  * ==========================================================================*/
 
 
@@ -23170,14 +23351,18 @@ struct dtr_dp {
 /* The buffer the collectives reduce: the model's gradients, or their host staging copy. */
 static float *dtr__dp_grads(const dtr_dp *dp) { return dp->stage ? dp->stage : dtr_model_grads(dp->m); }
 
-/* Device gradients [begin, end) to the staging buffer (to_host waits for the stream), or back. */
-static dtr_result dtr__dp_stage(dtr_dp *dp, int64_t begin, int64_t end, int back) {
+/* Floats [begin, end) of a device buffer of the model (its gradients or its parameters) to
+ * the staging buffer (to_host waits for the stream), or back; nothing without staging. */
+static dtr_result dtr__dp_stage(dtr_dp *dp, float *dev, int64_t begin, int64_t end, int back) {
     dtr_context *ctx = dp->ctx;
-    float *dev = dtr_model_grads(dp->m) + begin, *host = dp->stage + begin;
+    float *host = dp->stage + begin;
     size_t bytes = (size_t)(end - begin) * sizeof(float);
     if (!dp->stage || end <= begin) return DTR_OK;
-    return back ? ctx->backend->from_host(ctx, dev, host, bytes) : ctx->backend->to_host(ctx, host, dev, bytes);
+    return back ? ctx->backend->from_host(ctx, dev + begin, host, bytes) : ctx->backend->to_host(ctx, host, dev + begin, bytes);
 }
+
+/* The parameters the parameter collectives work on: the model's, or the staging buffer. */
+static float *dtr__dp_params(const dtr_dp *dp) { return dp->stage ? dp->stage : dtr_model_params(dp->m); }
 
 dtr_dp_config dtr_dp_config_init(void) {
     dtr_dp_config c;
@@ -23190,8 +23375,8 @@ static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr_result r;
     b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
-    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
-    if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
+    if ((r = dtr__dp_stage(dp, dtr_model_grads(dp->m), b->begin, b->end, 0)) != DTR_OK) return r;
+    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
 }
 
@@ -23271,9 +23456,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
                                                "this version", cfg->zero);
-    if (!dtr__host_memory(ctx) && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: with gradients in %s memory this version does plain "
-                         "all-reduce only (no ZeRO, compression or local SGD)", ctx->backend->name);
+    if (c->mem_ctx && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) this version does plain "
+                         "all-reduce only; ZeRO, compression and local SGD take a host-memory transport (libfabric, "
+                         "local), through host staging", dtr_comm_transport_name(c));
     if (c->mem_ctx && c->mem_ctx != ctx)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
     if (c->mem_ctx && dtr__host_memory(ctx))
@@ -23371,6 +23557,19 @@ dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync) {
     return DTR_OK;
 }
 
+static dtr_result dtr__dp_zero1_start(dtr_dp *dp) {
+    int64_t n = dtr_model_numel(dp->m);
+    dtr_result r = dtr__dp_stage(dp, dtr_model_grads(dp->m), 0, n, 0);
+    return r == DTR_OK ? dtr__zero_start(dp->z, dtr__dp_grads(dp), 0, 0, n) : r;
+}
+
+/* the reduced gradients back to the device: the whole buffer, or with ZeRO this rank's shard */
+static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
+    int64_t b = 0, e = dtr_model_numel(dp->m);
+    if (dp->z) dtr__zero_shard(dp->z, &b, &e);
+    return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+}
+
 dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
@@ -23379,15 +23578,15 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
-    r = dp->cfg.zero == 1 ? dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m)) : dtr__dp_launch_ready(dp, 0);
+    r = dp->cfg.zero == 1 ? dtr__dp_zero1_start(dp) : dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
     if (dp->z) {   /* waits for the exchange even after an error */
-        dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
+        dtr_result zr = dtr__zero_reduce(dp->z, dtr__dp_grads(dp), dtr__dpc_stats(dp->cz));
         if (w == DTR_OK) w = zr;
     }
     for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && !dp->z; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
-    if (r == DTR_OK && w == DTR_OK) w = dtr__dp_stage(dp, 0, dtr_model_numel(dp->m), 1);
+    if (r == DTR_OK && w == DTR_OK) w = dtr__dp_unstage_grads(dp);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
@@ -23413,24 +23612,42 @@ dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
     return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
 
-static dtr_result dtr__dp_step_done(dtr_dp *dp) {
-    dtr_dp_stats *st;
-    int64_t n, w;
+/* ZeRO: every rank's updated shard to all; a device model's through the staging buffer */
+static dtr_result dtr__dp_zero_gather(dtr_dp *dp, dtr_dp_stats *st) {
+    float *prm = dtr_model_params(dp->m);
+    int64_t b, e;
     dtr_result r;
-    st = dtr__dpc_stats(dp->cz);
-    if (dp->z) {
-        st->steps++;
-        return dtr__zero_gather(dp->z, st);
-    }
-    w = ++st->steps - dp->cfg.local_sgd_warmup;
-    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
-    n = dtr_model_numel(dp->m);
-    r = dtr_comm_all_reduce(dp->c, dtr_model_params(dp->m), dtr_model_params(dp->m), (size_t)n, DTR_F32, DTR_REDUCE_AVG);
+    dtr__zero_shard(dp->z, &b, &e);
+    r = dtr__dp_stage(dp, prm, b, e, 0);
+    if (r == DTR_OK) r = dtr__zero_gather(dp->z, dtr__dp_params(dp), st);
+    if (r == DTR_OK) r = dtr__dp_stage(dp, prm, 0, dtr_model_numel(dp->m), 1);
+    return r;
+}
+
+/* local SGD: the parameters' average over the group */
+static dtr_result dtr__dp_param_average(dtr_dp *dp, dtr_dp_stats *st) {
+    float *prm = dtr_model_params(dp->m);
+    int64_t n = dtr_model_numel(dp->m);
+    dtr_result r = dtr__dp_stage(dp, prm, 0, n, 0);
+    if (r == DTR_OK) r = dtr_comm_all_reduce(dp->c, dtr__dp_params(dp), dtr__dp_params(dp), (size_t)n, DTR_F32, DTR_REDUCE_AVG);
+    if (r == DTR_OK) r = dtr__dp_stage(dp, prm, 0, n, 1);
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "local SGD: parameter average: %s", dtr_comm_last_error(dp->c));
     st->param_averages++;
     st->wire_bytes += (uint64_t)n * sizeof(float);
     st->raw_bytes += (uint64_t)n * sizeof(float);
     return DTR_OK;
+}
+
+static dtr_result dtr__dp_step_done(dtr_dp *dp) {
+    dtr_dp_stats *st = dtr__dpc_stats(dp->cz);
+    int64_t w;
+    if (dp->z) {
+        st->steps++;
+        return dtr__dp_zero_gather(dp, st);
+    }
+    w = ++st->steps - dp->cfg.local_sgd_warmup;
+    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
+    return dtr__dp_param_average(dp, st);
 }
 
 dtr_result dtr_dp_step_done(dtr_dp *dp) {
@@ -23450,21 +23667,16 @@ dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
 }
 
 dtr_result dtr_dp_broadcast_params(dtr_dp *dp) {
+    float *prm;
+    int64_t n;
     dtr_result r;
-    size_t n, bytes;
-    float *params;
     if (!dp) return DTR_NULL_HANDLE;
     if (dtr_comm_size(dp->c) == 1) return DTR_OK;
-    n = (size_t)dtr_model_numel(dp->m);
-    bytes = n * sizeof(float);
-    params = dtr_model_params(dp->m);
-    if (dp->stage) {   /* device parameters through the staging buffer */
-        if ((r = dp->ctx->backend->to_host(dp->ctx, dp->stage, params, bytes)) != DTR_OK) return r;
-        r = dtr_comm_broadcast(dp->c, dp->stage, n, DTR_F32, dp->cfg.root);
-        if (r == DTR_OK) r = dp->ctx->backend->from_host(dp->ctx, params, dp->stage, bytes);
-    } else {
-        r = dtr_comm_broadcast(dp->c, params, n, DTR_F32, dp->cfg.root);
-    }
+    n = dtr_model_numel(dp->m);
+    prm = dtr_model_params(dp->m);
+    r = dtr__dp_stage(dp, prm, 0, n, 0);   /* device parameters through the staging buffer */
+    if (r == DTR_OK) r = dtr_comm_broadcast(dp->c, dtr__dp_params(dp), (size_t)n, DTR_F32, dp->cfg.root);
+    if (r == DTR_OK) r = dtr__dp_stage(dp, prm, 0, n, 1);
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: parameter broadcast: %s", dtr_comm_last_error(dp->c));
     return DTR_OK;
 }
@@ -23503,7 +23715,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23507 "dtrain.h"
+#line 23719 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -23997,7 +24209,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24001 "dtrain.h"
+#line 24213 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25346,7 +25558,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25350 "dtrain.h"
+#line 25562 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25400,7 +25612,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25404 "dtrain.h"
+#line 25616 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26563,7 +26775,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26567 "dtrain.h"
+#line 26779 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27461,7 +27673,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27465 "dtrain.h"
+#line 27677 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -28931,7 +29143,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 28935 "dtrain.h"
+#line 29147 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29315,7 +29527,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29319 "dtrain.h"
+#line 29531 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29464,7 +29676,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29468 "dtrain.h"
+#line 29680 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -639,33 +639,38 @@ static dtr_result dtr__cuda_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- cross-entropy on class indices: one block per row, fused softmax ---- */
 
-/* logits x (R, K), targets t (R) -> probabilities P (R, K) and each row's loss (R, double) */
-__global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, float *P, double *loss, int64_t K, int *err) {
+/* logits x (R, K), targets t (R) -> each row's statistics st (R) and loss (R, double) */
+__global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, dtr__xent_row *st, double *loss, int64_t K, int *err) {
     int64_t r = blockIdx.x;
     const float *xr = x + r * K;
-    float *pr = P + r * K, mx = -INFINITY;
+    float mx = -INFINITY;
     double s = 0.0;
     int32_t tr = t[r];
     if (tr < 0 || tr >= K) {
-        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; }
+        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; st[r].max = 0.0f; st[r].sum = 1.0; }
         return;   /* the whole block leaves: no barrier is left waiting */
     }
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, xr[k]);
     mx = dtr__cuda_block_max(mx);
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)(pr[k] = expf(xr[k] - mx));
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)expf(xr[k] - mx);
     s = dtr__cuda_block_sum(s);
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) pr[k] = (float)(pr[k] / s);
-    if (threadIdx.x == 0) loss[r] = (double)mx + log(s) - xr[tr];
+    if (threadIdx.x == 0) {
+        st[r].max = mx;
+        st[r].sum = s;
+        loss[r] = (double)mx + log(s) - xr[tr];
+    }
 }
 
-/* block (column chunk, row r): no division per element */
-__global__ static void dtr__cuda_xent_bwd_k(const float *P, const int32_t *t, const float *g, float *gx, int64_t R, int64_t K) {
+/* block (column chunk, row r): the probabilities again from the logits and the row's statistics */
+__global__ static void dtr__cuda_xent_bwd_k(const float *x, const dtr__xent_row *st, const int32_t *t, const float *g, float *gx,
+                                            int64_t R, int64_t K) {
     float c = g[0] / (float)R;
     for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
         int64_t tr = t[r];
+        dtr__xent_row sr = st[r];
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
             int64_t i = r * K + k;
-            float v = gx[i] + c * P[i];
+            float v = gx[i] + c * dtr__f_xent_prob(x[i], sr);
             if (k == tr) v -= c;
             gx[i] = v;
         }
@@ -680,17 +685,19 @@ __global__ static void dtr__cuda_mean_rows_k(const double *loss, int64_t R, floa
     y[0] = R ? (float)(s / (double)R) : 0.0f;
 }
 
+/* Keeps each row's statistics (dtr__xent_row) and loss, not the probabilities (the CPU's op). */
 static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
-    char *save = (char *)dtr__node_save(ctx, nd, (size_t)(R * K) * sizeof(float) + (size_t)(R ? R : 1) * sizeof(double));
+    size_t rows = (size_t)(R ? R : 1);
+    dtr__xent_row *st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)));
     double *loss;
-    if (!save) return ctx->status;
-    nd->saved = save;   /* probabilities (R, K) for backward, then the row losses */
-    loss = (double *)(save + (((size_t)(R * K) * sizeof(float) + 7) & ~(size_t)7));
+    if (!st) return ctx->status;
+    nd->saved = st;   /* the row statistics for backward, then the row losses */
+    loss = (double *)(st + rows);
     if (R > 0)
         dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__f32(x), (const int32_t *)dtr__data(nd->in[1]), (float *)save, loss, K, dtr__cuda(ctx)->err_dev);
+            dtr__f32(x), (const int32_t *)dtr__data(nd->in[1]), st, loss, K, dtr__cuda(ctx)->err_dev);
     dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
     return dtr__cuda_launched(ctx, nd);
 }
@@ -701,7 +708,7 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(x);
     if (!gx || R == 0) return DTR_OK;
     dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        (const float *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad, gx, R, K);
+        dtr__f32(x), (const dtr__xent_row *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad, gx, R, K);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -1015,7 +1022,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1019 "dtrain_cuda.cu"
+#line 1026 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1265,7 +1272,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1269 "dtrain_cuda.cu"
+#line 1276 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1444,7 +1451,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1448 "dtrain_cuda.cu"
+#line 1455 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1643,7 +1650,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1647 "dtrain_cuda.cu"
+#line 1654 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1829,7 +1836,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1833 "dtrain_cuda.cu"
+#line 1840 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2139,5 +2146,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2143 "dtrain_cuda.cu"
+#line 2150 "dtrain_cuda.cu"
 

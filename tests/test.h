@@ -42,6 +42,15 @@ static int test__summary(const char *file) {
 #define test_summary() test__summary(__FILE__)
 
 /* A context with defaults and `threads` threads; aborts the test program if it cannot be made. */
+/* the bytes of an optimizer's moment buffers (its state entries 3 and on) */
+static inline size_t test_moment_bytes(dtr_optimizer *o) {
+    dtr_state_entry e;
+    size_t b = 0;
+    int i;
+    for (i = 3; dtr_optimizer_state(o, i, &e) == DTR_OK; i++) b += e.bytes;
+    return b;
+}
+
 static dtr_context *test_ctx(int threads) {
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;

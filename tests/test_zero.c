@@ -54,13 +54,6 @@ typedef struct zrank {
     char msg[512];
 } zrank;
 
-static size_t state_bytes(dtr_optimizer *o) {
-    dtr_state_entry e;
-    size_t b = 0;
-    int i;
-    for (i = 3; dtr_optimizer_state(o, i, &e) == DTR_OK; i++) b += e.bytes;
-    return b;
-}
 
 /* one step: ACCUM micro-batches (rows of this rank), then the (sharded) update and gather;
    with a loss scaler (scale 1) step 3 overflows in the last float's average */
@@ -111,7 +104,7 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     memcpy(z->grads, dtr_model_grads(n.m), (size_t)z->numel * sizeof(float));
     z->shard_begin = oc.shard_begin, z->shard_end = oc.shard_end;
     dtr_dp_get_stats(dp, &z->stats);
-    z->state_bytes = n.opt ? state_bytes(n.opt) : 0;
+    z->state_bytes = n.opt ? test_moment_bytes(n.opt) : 0;
     z->skipped = dtr_loss_scaler_skipped(ls);
     dtr_loss_scaler_destroy(ls);
     dtr_dp_destroy(dp);
@@ -259,7 +252,7 @@ static void test_zero_memory(void) {
         CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &whole));
         oc.shard_begin = r * per, oc.shard_end = (r + 1) * per;   /* as dtr_dp_shard lays 8 x 256 over 4 */
         CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &part));
-        CHECK_EQ_INT(state_bytes(part) * 4, state_bytes(whole));
+        CHECK_EQ_INT(test_moment_bytes(part) * 4, test_moment_bytes(whole));
         dtr_optimizer_destroy(part);
         dtr_optimizer_destroy(whole);
         dtr_model_destroy(m);

@@ -19,10 +19,12 @@
  * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
- * buckets are reduced where they are; with one of host memory (libfabric, local) each
- * bucket is copied to a host staging buffer when it starts, reduced there, and dtr_dp_finish
- * copies the averages back. Plain all-reduce only: compression, local SGD and ZeRO work on
- * host gradients in this version.
+ * buckets are reduced where they are (plain all-reduce only); with one of host memory
+ * (libfabric, local) each bucket is copied to a host staging buffer when it starts, and
+ * everything above runs on that copy: the all-reduce or the codec's exchange, ZeRO's
+ * reduce-scatter; dtr_dp_finish copies the result back (ZeRO: this rank's shard). The
+ * parameter collectives (ZeRO's gather, local SGD's average, the broadcast) go through the
+ * same buffer. The optimizer keeps its state, and ZeRO's shard of it, on the device.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -61,14 +63,18 @@ struct dtr_dp {
 /* The buffer the collectives reduce: the model's gradients, or their host staging copy. */
 static float *dtr__dp_grads(const dtr_dp *dp) { return dp->stage ? dp->stage : dtr_model_grads(dp->m); }
 
-/* Device gradients [begin, end) to the staging buffer (to_host waits for the stream), or back. */
-static dtr_result dtr__dp_stage(dtr_dp *dp, int64_t begin, int64_t end, int back) {
+/* Floats [begin, end) of a device buffer of the model (its gradients or its parameters) to
+ * the staging buffer (to_host waits for the stream), or back; nothing without staging. */
+static dtr_result dtr__dp_stage(dtr_dp *dp, float *dev, int64_t begin, int64_t end, int back) {
     dtr_context *ctx = dp->ctx;
-    float *dev = dtr_model_grads(dp->m) + begin, *host = dp->stage + begin;
+    float *host = dp->stage + begin;
     size_t bytes = (size_t)(end - begin) * sizeof(float);
     if (!dp->stage || end <= begin) return DTR_OK;
-    return back ? ctx->backend->from_host(ctx, dev, host, bytes) : ctx->backend->to_host(ctx, host, dev, bytes);
+    return back ? ctx->backend->from_host(ctx, dev + begin, host, bytes) : ctx->backend->to_host(ctx, host, dev + begin, bytes);
 }
+
+/* The parameters the parameter collectives work on: the model's, or the staging buffer. */
+static float *dtr__dp_params(const dtr_dp *dp) { return dp->stage ? dp->stage : dtr_model_params(dp->m); }
 
 dtr_dp_config dtr_dp_config_init(void) {
     dtr_dp_config c;
@@ -81,8 +87,8 @@ static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr_result r;
     b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
-    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, i, b->begin, b->end);
-    if ((r = dtr__dp_stage(dp, b->begin, b->end, 0)) != DTR_OK) return r;
+    if ((r = dtr__dp_stage(dp, dtr_model_grads(dp->m), b->begin, b->end, 0)) != DTR_OK) return r;
+    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
 }
 
@@ -162,9 +168,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
                                                "this version", cfg->zero);
-    if (!dtr__host_memory(ctx) && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: with gradients in %s memory this version does plain "
-                         "all-reduce only (no ZeRO, compression or local SGD)", ctx->backend->name);
+    if (c->mem_ctx && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) this version does plain "
+                         "all-reduce only; ZeRO, compression and local SGD take a host-memory transport (libfabric, "
+                         "local), through host staging", dtr_comm_transport_name(c));
     if (c->mem_ctx && c->mem_ctx != ctx)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
     if (c->mem_ctx && dtr__host_memory(ctx))
@@ -262,6 +269,19 @@ dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync) {
     return DTR_OK;
 }
 
+static dtr_result dtr__dp_zero1_start(dtr_dp *dp) {
+    int64_t n = dtr_model_numel(dp->m);
+    dtr_result r = dtr__dp_stage(dp, dtr_model_grads(dp->m), 0, n, 0);
+    return r == DTR_OK ? dtr__zero_start(dp->z, dtr__dp_grads(dp), 0, 0, n) : r;
+}
+
+/* the reduced gradients back to the device: the whole buffer, or with ZeRO this rank's shard */
+static dtr_result dtr__dp_unstage_grads(dtr_dp *dp) {
+    int64_t b = 0, e = dtr_model_numel(dp->m);
+    if (dp->z) dtr__zero_shard(dp->z, &b, &e);
+    return dtr__dp_stage(dp, dtr_model_grads(dp->m), b, e, 1);
+}
+
 dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr_result r, w;
     int i;
@@ -270,15 +290,15 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     dtr__obs_phase_begin(dp->ctx, DTR_PHASE_COMM);
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
-    r = dp->cfg.zero == 1 ? dtr__zero_start(dp->z, 0, 0, dtr_model_numel(dp->m)) : dtr__dp_launch_ready(dp, 0);
+    r = dp->cfg.zero == 1 ? dtr__dp_zero1_start(dp) : dtr__dp_launch_ready(dp, 0);
     w = dtr__dp_wait_all(dp);
     if (dp->z) {   /* waits for the exchange even after an error */
-        dtr_result zr = dtr__zero_reduce(dp->z, dtr__dpc_stats(dp->cz));
+        dtr_result zr = dtr__zero_reduce(dp->z, dtr__dp_grads(dp), dtr__dpc_stats(dp->cz));
         if (w == DTR_OK) w = zr;
     }
     for (i = 0; i < dp->nb && r == DTR_OK && w == DTR_OK && !dp->z; i++)
         w = dtr__dpc_finish(dp->cz, i, dtr__dp_grads(dp), dp->b[i].begin);
-    if (r == DTR_OK && w == DTR_OK) w = dtr__dp_stage(dp, 0, dtr_model_numel(dp->m), 1);
+    if (r == DTR_OK && w == DTR_OK) w = dtr__dp_unstage_grads(dp);
     dtr__dpc_stats(dp->cz)->syncs++;
     dp->overlapped = 0;
     for (i = 0; i < dp->nb; i++) dp->overlapped += dp->b[i].in_backward;
@@ -304,24 +324,42 @@ dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config *oc) {
     return dtr_dp_shard(dp, &oc->shard_begin, &oc->shard_end);
 }
 
-static dtr_result dtr__dp_step_done(dtr_dp *dp) {
-    dtr_dp_stats *st;
-    int64_t n, w;
+/* ZeRO: every rank's updated shard to all; a device model's through the staging buffer */
+static dtr_result dtr__dp_zero_gather(dtr_dp *dp, dtr_dp_stats *st) {
+    float *prm = dtr_model_params(dp->m);
+    int64_t b, e;
     dtr_result r;
-    st = dtr__dpc_stats(dp->cz);
-    if (dp->z) {
-        st->steps++;
-        return dtr__zero_gather(dp->z, st);
-    }
-    w = ++st->steps - dp->cfg.local_sgd_warmup;
-    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
-    n = dtr_model_numel(dp->m);
-    r = dtr_comm_all_reduce(dp->c, dtr_model_params(dp->m), dtr_model_params(dp->m), (size_t)n, DTR_F32, DTR_REDUCE_AVG);
+    dtr__zero_shard(dp->z, &b, &e);
+    r = dtr__dp_stage(dp, prm, b, e, 0);
+    if (r == DTR_OK) r = dtr__zero_gather(dp->z, dtr__dp_params(dp), st);
+    if (r == DTR_OK) r = dtr__dp_stage(dp, prm, 0, dtr_model_numel(dp->m), 1);
+    return r;
+}
+
+/* local SGD: the parameters' average over the group */
+static dtr_result dtr__dp_param_average(dtr_dp *dp, dtr_dp_stats *st) {
+    float *prm = dtr_model_params(dp->m);
+    int64_t n = dtr_model_numel(dp->m);
+    dtr_result r = dtr__dp_stage(dp, prm, 0, n, 0);
+    if (r == DTR_OK) r = dtr_comm_all_reduce(dp->c, dtr__dp_params(dp), dtr__dp_params(dp), (size_t)n, DTR_F32, DTR_REDUCE_AVG);
+    if (r == DTR_OK) r = dtr__dp_stage(dp, prm, 0, n, 1);
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "local SGD: parameter average: %s", dtr_comm_last_error(dp->c));
     st->param_averages++;
     st->wire_bytes += (uint64_t)n * sizeof(float);
     st->raw_bytes += (uint64_t)n * sizeof(float);
     return DTR_OK;
+}
+
+static dtr_result dtr__dp_step_done(dtr_dp *dp) {
+    dtr_dp_stats *st = dtr__dpc_stats(dp->cz);
+    int64_t w;
+    if (dp->z) {
+        st->steps++;
+        return dtr__dp_zero_gather(dp, st);
+    }
+    w = ++st->steps - dp->cfg.local_sgd_warmup;
+    if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
+    return dtr__dp_param_average(dp, st);
 }
 
 dtr_result dtr_dp_step_done(dtr_dp *dp) {
@@ -341,21 +379,16 @@ dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
 }
 
 dtr_result dtr_dp_broadcast_params(dtr_dp *dp) {
+    float *prm;
+    int64_t n;
     dtr_result r;
-    size_t n, bytes;
-    float *params;
     if (!dp) return DTR_NULL_HANDLE;
     if (dtr_comm_size(dp->c) == 1) return DTR_OK;
-    n = (size_t)dtr_model_numel(dp->m);
-    bytes = n * sizeof(float);
-    params = dtr_model_params(dp->m);
-    if (dp->stage) {   /* device parameters through the staging buffer */
-        if ((r = dp->ctx->backend->to_host(dp->ctx, dp->stage, params, bytes)) != DTR_OK) return r;
-        r = dtr_comm_broadcast(dp->c, dp->stage, n, DTR_F32, dp->cfg.root);
-        if (r == DTR_OK) r = dp->ctx->backend->from_host(dp->ctx, params, dp->stage, bytes);
-    } else {
-        r = dtr_comm_broadcast(dp->c, params, n, DTR_F32, dp->cfg.root);
-    }
+    n = dtr_model_numel(dp->m);
+    prm = dtr_model_params(dp->m);
+    r = dtr__dp_stage(dp, prm, 0, n, 0);   /* device parameters through the staging buffer */
+    if (r == DTR_OK) r = dtr_comm_broadcast(dp->c, dtr__dp_params(dp), (size_t)n, DTR_F32, dp->cfg.root);
+    if (r == DTR_OK) r = dtr__dp_stage(dp, prm, 0, n, 1);
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: parameter broadcast: %s", dtr_comm_last_error(dp->c));
     return DTR_OK;
 }

@@ -10,7 +10,8 @@
  * backward (overlapped); stage 1 once, over the whole buffer, in dtr_dp_finish. Each rank
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
- * gradients (not the average).
+ * gradients (not the average). The buffers are host memory: the model's, or for a model on a
+ * device the engine's staging copies.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -114,8 +115,7 @@ static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, 
     return r;
 }
 
-dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
-    float *g = dtr_model_grads(z->m);
+dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end) {
     int o, p;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
@@ -129,15 +129,15 @@ dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end) {
     return DTR_OK;
 }
 
-/* rank p's slice of the shard: the local gradients for this rank, else its slot */
-static const float *dtr__zero_part(dtr__zero *z, int p) {
+/* rank p's slice of the shard: the local gradients (of buffer g) for this rank, else its slot */
+static const float *dtr__zero_part(dtr__zero *z, const float *g, int p) {
     int64_t b = z->shard[z->me];
-    return p == z->me ? dtr_model_grads(z->m) + b : dtr__zero_slot(z, p, b);
+    return p == z->me ? g + b : dtr__zero_slot(z, p, b);
 }
 
-dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
+dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
-    float *g = dtr_model_grads(z->m) + b, *acc;
+    float *g = grads + b, *acc;
     dtr_result r = dtr__zero_wait(z);
     int p;
     if (r != DTR_OK) return r;
@@ -145,15 +145,14 @@ dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st) {
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
     for (p = 1; p < z->W; p++)
-        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, 0) : acc, dtr__zero_part(z, p), (size_t)n,
+        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), (size_t)n,
                          DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
     st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * sizeof(float);
     st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
     return DTR_OK;
 }
 
-dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st) {
-    float *prm = dtr_model_params(z->m);
+dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
     int64_t n = z->shard[z->me + 1] - z->shard[z->me];
     dtr_result r = DTR_OK;
     int p;

@@ -12,16 +12,17 @@ typedef struct dtr__zero dtr__zero;
 DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out);
 /** Waits for requests still in flight and frees. NULL is ignored. */
 DTR__PRIVATE void dtr__zero_destroy(dtr__zero *z);
-/** Bucket i ([begin, end) of the gradient buffer; stage 1: 0 and the whole buffer) is final: sends each of its
- *  slices that another rank owns to that rank and posts the receives of the peers' slices
- *  of this rank's shard (point-to-point, tag per bucket). */
-DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, int i, int64_t begin, int64_t end);
+/** Bucket i ([begin, end) of the gradient buffer g, host memory; stage 1: 0 and the whole
+ *  buffer) is final: sends each of its slices that another rank owns to that rank and posts
+ *  the receives of the peers' slices of this rank's shard (point-to-point, tag per bucket). */
+DTR__PRIVATE dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end);
 /** After every bucket started: waits for the exchange and writes the average over
  *  the ranks (summed in rank order, divided by the group's size) into this rank's shard of
- *  the gradient buffer; adds the bytes sent to st. */
-DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, dtr_dp_stats *st);
-/** Every rank's shard of the parameters from the rank that updated it (collective). */
-DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, dtr_dp_stats *st);
+ *  the gradient buffer g (the one the buckets started from); adds the bytes sent to st. */
+DTR__PRIVATE dtr_result dtr__zero_reduce(dtr__zero *z, float *g, dtr_dp_stats *st);
+/** Every rank's shard of the parameter buffer prm (host memory, the model's parameters or a
+ *  copy holding this rank's shard) from the rank that updated it (collective). */
+DTR__PRIVATE dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st);
 /** This rank's shard, [*begin, *end) floats. */
 DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end);
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather

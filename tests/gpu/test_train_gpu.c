@@ -6,7 +6,9 @@
  * checkpoint of a GPU run must restore it bit for bit; two ranks sharing
  * the GPU, training data-parallel over the local transport (host memory: the gradients go
  * through the engine's host staging buffer), must end where one rank with the whole batch
- * does. Without a GPU it says loudly that it skipped. */
+ * does. The device runs release activations during backward (release_activations), the CPU
+ * reference keeps them: the same parameters either way. Without a GPU it says loudly that it
+ * skipped. */
 #define _DEFAULT_SOURCE   /* mkstemp, MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
 #include <pthread.h>
@@ -33,6 +35,7 @@ static dtr_context *make_ctx(int gpu) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_context *ctx = NULL;
     cc.backend = gpu ? DEVICE_BACKEND() : NULL;
+    cc.release_activations = gpu;   /* blocks reused within the step, in stream order */
     cc.threads = 1;
     cc.seed = 5;
     return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
@@ -271,13 +274,32 @@ static void test_host_only_engines(void) {
 
 /* ---- data parallel: two ranks on one GPU over the local transport ---- */
 
-typedef struct dp_rank { dtr_local_world *w; int rank, world, ok; float params[IN * HID + HID + HID * OUT + OUT]; char err[256]; } dp_rank;
+typedef struct dp_rank {
+    dtr_local_world *w;
+    int rank, world, ok;
+    dtr_dp_config dc;          /* ZeRO, compression, local SGD: through the host staging buffer */
+    dtr_optimizer_kind kind;   /* SGD with momentum 0.9 by default (0) */
+    int plain;                 /* SGD without momentum */
+    float params[IN * HID + HID + HID * OUT + OUT];
+    dtr_dp_stats stats;
+    size_t opt_bytes;          /* the optimizer's moments, on the device */
+    char err[256];
+} dp_rank;
 
-/* STEPS SGD steps on this rank's rows of the batch (all of them in a world of one) */
+
+
+static dtr_optimizer_config dp_optimizer(const dp_rank *d) {
+    dtr_optimizer_config oc = dtr_optimizer_config_init(d->kind, d->kind == DTR_OPT_SGD ? 0.1f : 0.01f);
+    oc.momentum = d->kind == DTR_OPT_SGD && !d->plain ? 0.9f : 0.0f;
+    oc.weight_decay = d->kind == DTR_OPT_ADAMW ? 0.01f : 0.0f;
+    return oc;
+}
+
+/* STEPS steps on this rank's rows of the batch (all of them in a world of one) */
 static void *dp_main(void *arg) {
     dp_rank *d = (dp_rank *)arg;
     dtr_comm_config cc = dtr_comm_config_init();
-    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_optimizer_config oc = dp_optimizer(d);
     dtr_context *ctx = make_ctx(1);
     dtr_comm *c = NULL;
     dtr_dp *dp = NULL;
@@ -289,15 +311,17 @@ static void *dp_main(void *arg) {
     cc.local.world = d->w;
     cc.local.rank = d->rank;
     cc.timeout_ms = 20000;
-    oc.momentum = 0.9f;
-    d->ok = ctx && net_make(ctx, &n) && dtr_optimizer_create(n.m, &oc, &opt) == DTR_OK &&
-            dtr_comm_create(&cc, &c, d->err, sizeof d->err) == DTR_OK && dtr_dp_create(n.m, c, NULL, &dp) == DTR_OK;
+    d->ok = ctx && net_make(ctx, &n) && dtr_comm_create(&cc, &c, d->err, sizeof d->err) == DTR_OK &&
+            dtr_dp_create(n.m, c, &d->dc, &dp) == DTR_OK && dtr_dp_shard_optimizer(dp, &oc) == DTR_OK &&
+            dtr_optimizer_create(n.m, &oc, &opt) == DTR_OK;
     for (s = 0; d->ok && s < STEPS; s++) {
         dtr_tensor *loss = net_loss_rows(ctx, &n, 1.0f, d->rank * rows, rows);
-        d->ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_dp_finish(dp) == DTR_OK && dtr_optimizer_step(opt, NULL) == DTR_OK;
+        d->ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_dp_finish(dp) == DTR_OK &&
+                dtr_optimizer_step(opt, NULL) == DTR_OK && dtr_dp_step_done(dp) == DTR_OK;
         dtr_context_reset(ctx);
     }
-    d->ok = d->ok && net_read(&n, d->params);
+    d->ok = d->ok && net_read(&n, d->params) && dtr_dp_get_stats(dp, &d->stats) == DTR_OK;
+    if (d->ok) d->opt_bytes = test_moment_bytes(opt);
     if (!d->ok && ctx) snprintf(d->err, sizeof d->err, "%s | %s", dtr_context_last_error(ctx), c ? dtr_comm_last_error(c) : "");
     dtr_dp_destroy(dp);
     dtr_comm_destroy(c);
@@ -307,12 +331,14 @@ static void *dp_main(void *arg) {
     return NULL;
 }
 
+/* `world` ranks of d[0]'s configuration */
 static void dp_world(int world, dp_rank *d) {
     dtr_local_world *w = NULL;
     pthread_t tid[2];
     int i;
     CHECK(dtr_local_world_create(world, NULL, &w) == DTR_OK);
     for (i = 0; i < world; i++) {
+        if (i) d[i].dc = d[0].dc, d[i].kind = d[0].kind, d[i].plain = d[0].plain;
         d[i].w = w;
         d[i].rank = i;
         d[i].world = world;
@@ -323,14 +349,47 @@ static void dp_world(int world, dp_rank *d) {
     dtr_local_world_destroy(w);
 }
 
-static void test_data_parallel(void) {
-    static dp_rank one[1], two[2];
+/* two ranks of two[0]'s configuration end within tol of `ref`'s parameters, with the same weights on both */
+static void dp_check(const dp_rank *ref, dp_rank *two, double tol, const char *what) {
     int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
-    dp_world(1, one);
     dp_world(2, two);
-    CHECK_MSG(memcmp(two[0].params, two[1].params, (size_t)n * sizeof(float)) == 0, "the two ranks' weights differ");
-    CHECK_MSG(max_rel(one[0].params, two[0].params, n) < 1e-5, "2 ranks end %.3g away from 1 rank",
-              max_rel(one[0].params, two[0].params, n));
+    CHECK_MSG(memcmp(two[0].params, two[1].params, (size_t)n * sizeof(float)) == 0, "%s: the two ranks' weights differ", what);
+    CHECK_MSG(max_rel(ref->params, two[0].params, n) < tol, "%s: %.3g away from the reference", what,
+              max_rel(ref->params, two[0].params, n));
+}
+
+static void test_data_parallel(void) {
+    static dp_rank one[1], two[2], adam[2], z[2], sgd[2], loc[2], bf[2];
+    int stage;
+    dp_world(1, one);
+    dp_check(one, two, 1e-5, "2 ranks against 1");
+    /* ZeRO over host staging, AdamW (the moments of this rank's shard on the device) */
+    memset(adam, 0, sizeof adam);
+    adam[0].kind = DTR_OPT_ADAMW;
+    dp_world(2, adam);
+    for (stage = 1; stage <= 2; stage++) {
+        memset(z, 0, sizeof z);
+        z[0].kind = DTR_OPT_ADAMW;
+        z[0].dc.zero = stage;
+        dp_check(adam, z, 1e-6, stage == 1 ? "ZeRO-1" : "ZeRO-2");
+        CHECK_MSG(z[0].opt_bytes + z[1].opt_bytes == adam[0].opt_bytes && z[0].opt_bytes < adam[0].opt_bytes,
+                  "ZeRO-%d: moments %zu + %zu bytes, "
+                  "unsharded %zu", stage, z[0].opt_bytes, z[1].opt_bytes, adam[0].opt_bytes);
+    }
+    /* local SGD averaging plain SGD's parameters every step is data parallelism */
+    memset(sgd, 0, sizeof sgd);
+    sgd[0].plain = 1;
+    dp_world(2, sgd);
+    memset(loc, 0, sizeof loc);
+    loc[0].plain = 1;
+    loc[0].dc.local_sgd_every = 1;
+    dp_check(sgd, loc, 1e-5, "local SGD every step");
+    CHECK_EQ_INT(loc[0].stats.param_averages, STEPS);
+    /* bf16 gradients: half the bytes, close to f32's result */
+    memset(bf, 0, sizeof bf);
+    bf[0].dc.compress = DTR_COMPRESS_BF16;
+    dp_check(two, bf, 1e-2, "bf16 compression");
+    CHECK(bf[0].stats.wire_bytes * 2 <= bf[0].stats.raw_bytes + 64);
 }
 
 int main(void) {
