@@ -11,7 +11,8 @@
  *                        2's shard) before the synchronised micro-batch, so that the average
  *                        overflows there only; plain DP, ZeRO-1 and ZeRO-2 all skip that step
  *                        on every rank (the check sums the shards' norms over the group) and
- *                        end with plain DP's weights
+ *                        end with plain DP's weights, with one sum over the group a step
+ *                        (the optimizer clips by the scaler's norm)
  *   test_zero_memory     8 equal parameters on 4 ranks: each rank's optimizer state is a
  *                        quarter of the unsharded one, and the shards tile the buffer
  *   test_zero_grads      ZeRO-1's and ZeRO-2's shard of the gradients after dtr_dp_finish is
@@ -51,8 +52,18 @@ typedef struct zrank {
     dtr_dp_stats stats;
     size_t state_bytes;
     int64_t skipped;        /* the loss scaler's skipped steps */
+    int sums;               /* the optimizer's shard_sum calls (the engine's, counted) */
+    dtr_result (*shard_sum)(void *user, double *vals, int n);
+    void *shard_sum_user;
     char msg[512];
 } zrank;
+
+/* the engine's shard_sum, counted */
+static dtr_result counted_sum(void *user, double *vals, int n) {
+    zrank *z = (zrank *)user;
+    z->sums++;
+    return z->shard_sum(z->shard_sum_user, vals, n);
+}
 
 
 /* one step: ACCUM micro-batches (rows of this rank), then the (sharded) update and gather;
@@ -94,6 +105,10 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     dc.zero_whole_params = z->run->whole;
     r = dtr_dp_create(n.m, c, &dc, &dp);
     if (r == DTR_OK) r = dtr_dp_shard_optimizer(dp, &oc);
+    if (oc.shard_sum) {
+        z->shard_sum = oc.shard_sum, z->shard_sum_user = oc.shard_sum_user;
+        oc.shard_sum = counted_sum, oc.shard_sum_user = z;
+    }
     if (r == DTR_OK) r = dtr_optimizer_create(n.m, &oc, &n.opt);
     if (r == DTR_OK && z->run->grads_only) r = mlp_backward(&n, 0, (int64_t)z->rank * B, B);
     if (r == DTR_OK && z->run->grads_only) r = dtr_dp_finish(dp);
@@ -198,6 +213,8 @@ static void test_zero_loss_scaler(void) {
             CHECK_MSG(z[r].ok && z[r].skipped == 1, "ZeRO-%d rank %d: %s, skipped %lld (plain DP: 1)", zero, r, z[r].msg,
                       (long long)z[r].skipped);
             CHECK_MSG(e <= 1e-6, "ZeRO-%d rank %d: relative error %.3g against plain DP", zero, r, e);
+            /* one group sum per step: the scaler's check hands its norm to the clipping */
+            CHECK_MSG(z[r].sums == STEPS, "ZeRO-%d rank %d: %d shard sums in %d steps", zero, r, z[r].sums, STEPS);
         }
     }
 }

@@ -104,6 +104,7 @@ dtr_result dtr_loss_scaler_step(dtr_loss_scaler *ls, dtr_model *m, dtr_optimizer
     }
     {
         int updated = 0;
+        dtr__optimizer_give_norm(opt, norm);   /* the step clips by it without a second sum */
         if ((r = dtr_optimizer_step(opt, &updated)) != DTR_OK) return r;
         if (stepped) *stepped = updated;
         if (updated) dtr__ls_good(ls);

@@ -25,6 +25,8 @@ struct dtr_optimizer {
     int micro;                /* micro-batches since the last update */
     int64_t skipped;          /* updates skipped for a non-finite gradient (DTR_NONFINITE_SKIP) */
     double last_norm;         /* the last update's gradient norm (-1: none measured) */
+    double given_norm;        /* dtr__optimizer_give_norm: the next step's norm, when norm_given */
+    int norm_given;
     int keep_grads;           /* an update does not zero the gradients (dtr__optimizer_keep_grads) */
 };
 
@@ -244,6 +246,10 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
+    if (begin == o->base && end == o->base + o->len && o->norm_given) {
+        *norm = o->given_norm;
+        return DTR_OK;
+    }
     if (begin == o->base && end == o->base + o->len) return dtr__optimizer_grad_norm(o, norm);
     r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
     *norm = sqrt(s);
@@ -349,12 +355,18 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
-    if ((r = dtr__check_range(o, begin, end)) != DTR_OK) return r;
-    if (++o->micro < o->cfg.grad_accum_steps) return DTR_OK;
-    dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
-    r = dtr__optimizer_update(o, begin, end, updated);
-    dtr__obs_phase_end(ctx, DTR_PHASE_OPTIMIZER);
+    if ((r = dtr__check_range(o, begin, end)) == DTR_OK && ++o->micro >= o->cfg.grad_accum_steps) {
+        dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
+        r = dtr__optimizer_update(o, begin, end, updated);
+        dtr__obs_phase_end(ctx, DTR_PHASE_OPTIMIZER);
+    }
+    o->norm_given = 0;   /* for this call only */
     return r;
+}
+
+void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
+    o->given_norm = norm;
+    o->norm_given = 1;
 }
 
 /* one update (the micro-batch count reached grad_accum_steps) */
