@@ -2,6 +2,8 @@
  *   test_gpt_bitwise      a small GPT (embedding, 2 blocks with dropout p = 0.1, layer norm,
  *                         head) trained 2 steps with each block checkpointed gives the same
  *                         loss and gradient bits as without, and a lower arena peak
+ *   test_release          the same with release_activations on the checkpointed model (one and
+ *                         nested levels): the plain model's bits
  *   test_memory_per_layer 6 blocks instead of 2: with checkpoints the peak grows by under 1/8
  *                         of what it grows without, under 3 block inputs per block
  *   test_steady_state     after two steps a checkpointed step makes no heap allocation
@@ -49,6 +51,8 @@ static void *count_malloc(size_t n, void *u) { (void)u; g_allocs++; return mallo
 static void *count_realloc(void *p, size_t n, void *u) { (void)u; g_allocs++; return realloc(p, n); }
 static void count_free(void *p, void *u) { (void)u; free(p); }
 
+static int g_release;   /* test_release: release_activations on checkpointed models */
+
 static void gpt_make(gpt *g, int ckpt, int nblock) {
     dtr_context_config cfg = dtr_context_config_init();
     char name[16];
@@ -56,6 +60,7 @@ static void gpt_make(gpt *g, int ckpt, int nblock) {
     memset(g, 0, sizeof *g);
     cfg.threads = 1;
     cfg.seed = 42;
+    cfg.release_activations = ckpt ? g_release : 0;
     cfg.alloc.malloc_fn = count_malloc, cfg.alloc.realloc_fn = count_realloc, cfg.alloc.free_fn = count_free;
     if (dtr_context_create(&cfg, &g->ctx) != DTR_OK || dtr_model_create(g->ctx, 3, &g->m) != DTR_OK) exit(2);
     g->ckpt = ckpt;
@@ -156,6 +161,13 @@ static void compare_with_plain(int ckpt) {
 }
 
 static void test_gpt_bitwise(void) { compare_with_plain(1); }
+
+static void test_release(void) {
+    g_release = 1;
+    compare_with_plain(1);
+    compare_with_plain(2);
+    g_release = 0;
+}
 
 /* after two steps, a step with checkpoints (nested too) makes no heap allocation */
 static void test_steady_state(void) {
@@ -607,6 +619,7 @@ static void test_parallel(void) {
 
 int main(void) {
     RUN(test_gpt_bitwise);
+    RUN(test_release);
     RUN(test_dropout_active);
     RUN(test_steady_state);
     RUN(test_memory_per_layer);
