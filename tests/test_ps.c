@@ -551,6 +551,17 @@ static dtr_result rows_worker(dtr_ps *ps, dtr_model *m, dtr_tensor *emb, int wi)
     return r == DTR_OK ? dtr_ps_finish(ps) : r;
 }
 
+/* the start of a rank of a job with its own model (rows, int8): its context, its group over
+   the job's world and an empty model */
+static dtr_result custom_rank_begin(ps_rank *pr, uint64_t seed, dtr_context **ctx, dtr_comm **c, dtr_model **m) {
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_result r;
+    *ctx = test_ctx(1), *c = NULL, *m = NULL;
+    cc.local.world = pr->j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
+    r = dtr_comm_create(&cc, c, NULL, 0);
+    return r == DTR_OK ? dtr_model_create(*ctx, seed, m) : r;
+}
+
 /* the end of a rank of a job with its own model (rows, int8): its counters, result, message
    and weights kept, everything freed */
 static void custom_rank_end(ps_job *j, int rank, dtr_result r, dtr_ps *ps, dtr_comm *c, dtr_model *m, dtr_context *ctx) {
@@ -571,17 +582,13 @@ static void custom_rank_end(ps_job *j, int rank, dtr_result r, dtr_ps *ps, dtr_c
 static void *rows_rank(void *arg) {
     ps_rank *pr = (ps_rank *)arg;
     ps_job *j = pr->j;
-    dtr_comm_config cc = dtr_comm_config_init();
-    dtr_context *ctx = test_ctx(1);
-    dtr_comm *c = NULL;
-    dtr_model *m = NULL;
+    dtr_context *ctx;
+    dtr_comm *c;
+    dtr_model *m;
     dtr_ps *ps = NULL;
     dtr_tensor *emb = NULL;
     int64_t se[2] = {40, 6}, sv[1] = {10};
-    dtr_result r;
-    cc.local.world = j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
-    r = dtr_comm_create(&cc, &c, NULL, 0);
-    if (r == DTR_OK) r = dtr_model_create(ctx, 3, &m);
+    dtr_result r = custom_rank_begin(pr, 3, &ctx, &c, &m);
     if (r == DTR_OK) {
         emb = dtr_model_param(m, "emb", 2, se, DTR_INIT_NORMAL, 1.0f);
         dtr_model_param(m, "v", 1, sv, DTR_INIT_NORMAL, 1.0f);
@@ -609,16 +616,12 @@ static dtr_result ef_worker(dtr_ps *ps, dtr_model *m, int steps) {
 static void *ef_rank(void *arg) {
     ps_rank *pr = (ps_rank *)arg;
     ps_job *j = pr->j;
-    dtr_comm_config cc = dtr_comm_config_init();
-    dtr_context *ctx = test_ctx(1);
-    dtr_comm *c = NULL;
-    dtr_model *m = NULL;
+    dtr_context *ctx;
+    dtr_comm *c;
+    dtr_model *m;
     dtr_ps *ps = NULL;
     int64_t sh[1] = {8000};
-    dtr_result r;
-    cc.local.world = j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
-    r = dtr_comm_create(&cc, &c, NULL, 0);
-    if (r == DTR_OK) r = dtr_model_create(ctx, 1, &m);
+    dtr_result r = custom_rank_begin(pr, 1, &ctx, &c, &m);
     if (r == DTR_OK) dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f), r = dtr_model_build(m);
     if (r == DTR_OK) r = dtr_ps_create(m, c, &j->pc, &ps);
     if (r == DTR_OK) r = dtr_ps_is_server(ps) ? dtr_ps_serve(ps) : ef_worker(ps, m, j->steps);
