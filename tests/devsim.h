@@ -160,11 +160,24 @@ static dtr_result devsim__event_query(dtr_context *ctx, dtr_event *ev, int *done
 }
 static dtr_result devsim__sync(dtr_context *ctx) { return dtr__cpu_backend.synchronize(ctx); }
 
+/* staging memory: plain host memory, counted (a device's staging buffers come from here) */
+static int devsim_host_blocks;
+static void *devsim__host_alloc(dtr_context *ctx, size_t bytes) {
+    (void)ctx;
+    __atomic_add_fetch(&devsim_host_blocks, 1, __ATOMIC_RELAXED);
+    return malloc(bytes ? bytes : 1);
+}
+static void devsim__host_free(dtr_context *ctx, void *p) {
+    (void)ctx;
+    if (p) __atomic_sub_fetch(&devsim_host_blocks, 1, __ATOMIC_RELAXED);
+    free(p);
+}
+
 static const dtr_backend devsim__vt = {
     DTR_VERSION_NUMBER, sizeof(dtr_backend), "devsim", 0u, devsim__init, devsim__shutdown, devsim__alloc, devsim__free,
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
-    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync};
+    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

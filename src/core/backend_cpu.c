@@ -112,5 +112,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_record,
     dtr__cpu_event_wait,
     dtr__cpu_event_query,
-    dtr__cpu_sync
+    dtr__cpu_sync,
+    NULL,
+    NULL
 };

@@ -397,6 +397,18 @@ void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
+/* ---- staging memory ---- */
+
+void *dtr__host_alloc(dtr_context *ctx, size_t bytes) {
+    if (ctx->backend->host_alloc) return ctx->backend->host_alloc(ctx, bytes);
+    return dtr__malloc(&ctx->alloc, bytes ? bytes : 1);
+}
+
+void dtr__host_free(dtr_context *ctx, void *p) {
+    if (ctx->backend->host_alloc) ctx->backend->host_free(ctx, p);
+    else dtr__free(&ctx->alloc, p);
+}
+
 /* ---- spares ----
  * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
  * gradient once the op that made it has run its backward, and with release_activations an

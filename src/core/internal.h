@@ -320,7 +320,16 @@ struct dtr_backend {
     dtr_result (*event_wait)(dtr_context *ctx, dtr_event *ev);
     dtr_result (*event_query)(dtr_context *ctx, dtr_event *ev, int *done);
     dtr_result (*synchronize)(dtr_context *ctx);
+    /* host memory the backend copies fastest from and to (page-locked on CUDA), for staging
+       buffers; NULL: the context's allocation callbacks (dtr__host_alloc) */
+    void *(*host_alloc)(dtr_context *ctx, size_t bytes);
+    void (*host_free)(dtr_context *ctx, void *p);
 };
+
+/** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
+ *  allocator. NULL when out of memory. Free with dtr__host_free. */
+DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
+DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */

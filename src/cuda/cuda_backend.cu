@@ -256,6 +256,19 @@ static int dtr__cuda_supports_op(const dtr_context *ctx, int op) { (void)ctx; re
 static dtr_result dtr__cuda_forward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 0); }
 static dtr_result dtr__cuda_backward(dtr_context *ctx, dtr__node *n) { return dtr__table_run(dtr__cuda_kernels, "cuda", ctx, n, 1); }
 
+/* page-locked host memory: copies to and from it run at the link's speed, without the
+   driver's bounce through its own pinned buffer */
+static void *dtr__cuda_host_alloc(dtr_context *ctx, size_t bytes) {
+    void *p = NULL;
+    if (dtr__cuda_check(ctx, cudaMallocHost(&p, bytes ? bytes : 1), "cudaMallocHost") != DTR_OK) return NULL;
+    return p;
+}
+
+static void dtr__cuda_host_free(dtr_context *ctx, void *p) {
+    (void)ctx;
+    if (p) cudaFreeHost(p);
+}
+
 static const dtr_backend dtr__cuda_backend_vt = {
     DTR_VERSION_NUMBER,
     sizeof(dtr_backend),
@@ -280,7 +293,9 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_event_record,
     dtr__cuda_event_wait,
     dtr__cuda_event_query,
-    dtr__cuda_sync
+    dtr__cuda_sync,
+    dtr__cuda_host_alloc,
+    dtr__cuda_host_free
 };
 
 /* ---- public entry points ---- */

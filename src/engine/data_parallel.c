@@ -201,7 +201,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && !c->mem_ctx) {
-        dp->stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(dtr_model_numel(m) ? dtr_model_numel(m) : 1) * sizeof(float));
+        dp->stage = (float *)dtr__host_alloc(ctx, (size_t)dtr_model_numel(m) * sizeof(float));   /* pinned on CUDA */
         if (!dp->stage) { dtr_dp_destroy(dp); return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory"); }
     }
     if (dtr_comm_size(c) > 1) {
@@ -251,7 +251,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr__free(&a, dp->param_bucket);
     dtr__dpc_destroy(dp->cz);
     dtr__zero_destroy(dp->z);
-    dtr__free(&a, dp->stage);
+    if (dp->stage) dtr__host_free(dp->ctx, dp->stage);
     dtr__free(&a, dp);
 }
 

@@ -283,6 +283,7 @@ typedef struct dp_rank {
     float params[IN * HID + HID + HID * OUT + OUT];
     dtr_dp_stats stats;
     size_t opt_bytes;          /* the optimizer's moments, on the device */
+    int staged;                /* devsim: the engine's staging buffer came from the backend's host_alloc */
     char err[256];
 } dp_rank;
 
@@ -314,6 +315,9 @@ static void *dp_main(void *arg) {
     d->ok = ctx && net_make(ctx, &n) && dtr_comm_create(&cc, &c, d->err, sizeof d->err) == DTR_OK &&
             dtr_dp_create(n.m, c, &d->dc, &dp) == DTR_OK && dtr_dp_shard_optimizer(dp, &oc) == DTR_OK &&
             dtr_optimizer_create(n.m, &oc, &opt) == DTR_OK;
+#ifdef TRAIN_DEVSIM
+    d->staged = __atomic_load_n(&devsim_host_blocks, __ATOMIC_RELAXED) > 0;
+#endif
     for (s = 0; d->ok && s < STEPS; s++) {
         dtr_tensor *loss = net_loss_rows(ctx, &n, 1.0f, d->rank * rows, rows);
         d->ok = loss && dtr_backward(ctx, loss) == DTR_OK && dtr_dp_finish(dp) == DTR_OK &&
@@ -363,6 +367,10 @@ static void test_data_parallel(void) {
     int stage;
     dp_world(1, one);
     dp_check(one, two, 1e-5, "2 ranks against 1");
+#ifdef TRAIN_DEVSIM   /* the staging buffers are the backend's host memory (pinned on CUDA), all freed */
+    CHECK(two[0].staged && two[1].staged);
+    CHECK_EQ_INT(devsim_host_blocks, 0);
+#endif
     /* ZeRO over host staging, AdamW (the moments of this rank's shard on the device) */
     memset(adam, 0, sizeof adam);
     adam[0].kind = DTR_OPT_ADAMW;
