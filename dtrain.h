@@ -4114,6 +4114,14 @@ typedef struct dtr__node {
     struct dtr_tape *tape;            /* the tape that recorded it */
 } dtr__node;
 
+/** The first input of n whose storage was released (release_activations), or -1. */
+static inline int dtr__released_input(const dtr__node *n) {
+    int i;
+    for (i = 0; i < n->n_in; i++)
+        if (n->in[i] && dtr__released(n->in[i])) return i;
+    return -1;
+}
+
 /** Arguments of one fused optimizer update over a contiguous range. */
 typedef struct dtr__opt_args {
     int kind;                     /* dtr_optimizer_kind */
@@ -4446,7 +4454,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4450 "dtrain.h"
+#line 4458 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4727,7 +4735,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4731 "dtrain.h"
+#line 4739 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4789,7 +4797,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4793 "dtrain.h"
+#line 4801 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5119,7 +5127,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5123 "dtrain.h"
+#line 5131 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5162,7 +5170,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5166 "dtrain.h"
+#line 5174 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5192,7 +5200,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5196 "dtrain.h"
+#line 5204 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5226,7 +5234,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5230 "dtrain.h"
+#line 5238 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5300,7 +5308,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5304 "dtrain.h"
+#line 5312 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5368,7 +5376,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5372 "dtrain.h"
+#line 5380 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5418,7 +5426,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5422 "dtrain.h"
+#line 5430 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5770,7 +5778,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5774 "dtrain.h"
+#line 5782 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6561,7 +6569,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6565 "dtrain.h"
+#line 6573 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6998,11 +7006,12 @@ static dtr__spare *dtr__spare_desc(dtr_context *ctx) {
     return (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full);
 }
 
-static void dtr__spare_put(dtr_context *ctx, dtr__spare *s, void *p, size_t bytes) {
+/* s, describing the block [p, p + bytes), onto the front of *list */
+static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t bytes) {
     s->p = p;
     s->bytes = bytes;
-    s->next = ctx->own.spare;
-    ctx->own.spare = s;
+    s->next = *list;
+    *list = s;
 }
 
 /* The smallest spare of at least `need` (aligned) bytes, or NULL. */
@@ -7015,12 +7024,8 @@ static void *dtr__spare_take(dtr_context *ctx, size_t need) {
     s = *best;
     *best = s->next;
     p = (char *)s->p;
-    if (s->bytes - need >= DTR__SPLIT_MIN) {
-        dtr__spare_put(ctx, s, p + need, s->bytes - need);
-    } else {
-        s->next = ctx->own.unused;
-        ctx->own.unused = s;
-    }
+    if (s->bytes - need >= DTR__SPLIT_MIN) dtr__spare_push(&ctx->own.spare, s, p + need, s->bytes - need);
+    else dtr__spare_push(&ctx->own.unused, s, NULL, 0);
     return p;
 }
 
@@ -7050,7 +7055,7 @@ void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
     dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
     if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_put(ctx, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
+    dtr__spare_push(&ctx->own.spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }
@@ -7058,12 +7063,8 @@ void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
     void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
     dtr__spare *s;
-    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL) {
-        s->p = p;   /* on the node's list until it has run its backward */
-        s->bytes = dtr__aligned(bytes);
-        s->next = n->saves;
-        n->saves = s;
-    }
+    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL)
+        dtr__spare_push(&n->saves, s, p, dtr__aligned(bytes));   /* the node's until it has run its backward */
     return p;
 }
 
@@ -7072,13 +7073,13 @@ void dtr__node_release(dtr_context *ctx, dtr__node *n) {
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {
         next = s->next;
-        dtr__spare_put(ctx, s, s->p, s->bytes);
+        dtr__spare_push(&ctx->own.spare, s, s->p, s->bytes);
     }
     n->saves = NULL;
     n->released = 1;
     if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
     if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_put(ctx, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    dtr__spare_push(&ctx->own.spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
     t->flags |= DTR__RELEASED;
 }
 
@@ -7122,7 +7123,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7126 "dtrain.h"
+#line 7127 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7193,7 +7194,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7197 "dtrain.h"
+#line 7198 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7566,12 +7567,11 @@ dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *
         if (!n->in) return NULL;
     }
     if (n_in > 0) memcpy(n->in, in, (size_t)n_in * sizeof(dtr_tensor *));
-    for (i = 0; i < n_in; i++)
-        if (in[i] && dtr__released(in[i])) {
-            dtr__fail(ctx, DTR_BAD_STATE, "%s: input %d was released by dtr_backward (release_activations); "
-                      "keep it with dtr_tensor_retain", dtr__op_name(op), i);
-            return NULL;
-        }
+    if ((i = dtr__released_input(n)) >= 0) {
+        dtr__fail(ctx, DTR_BAD_STATE, "%s: input %d was released by dtr_backward (release_activations); "
+                  "keep it with dtr_tensor_retain", dtr__op_name(op), i);
+        return NULL;
+    }
     return n;
 }
 
@@ -7751,9 +7751,7 @@ static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
 
 /* DTR_BAD_STATE when n's backward would read what an earlier pass released */
 static dtr_result dtr__check_alive(dtr_context *ctx, const dtr__node *n) {
-    int i, dead = n->released || dtr__released(n->out);
-    for (i = 0; !dead && i < n->n_in; i++) dead = n->in[i] && dtr__released(n->in[i]);
-    if (!dead) return DTR_OK;
+    if (!n->released && !dtr__released(n->out) && dtr__released_input(n) < 0) return DTR_OK;
     return dtr__fail(ctx, DTR_BAD_STATE, "dtr_backward: op '%s' needs activations that an earlier dtr_backward "
                      "released (release_activations): back-propagate through a graph once, or keep its tensors "
                      "with dtr_tensor_retain", dtr__op_name(n->op));
@@ -7867,7 +7865,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7871 "dtrain.h"
+#line 7869 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8098,7 +8096,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8102 "dtrain.h"
+#line 8100 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8213,7 +8211,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8217 "dtrain.h"
+#line 8215 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8269,7 +8267,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8273 "dtrain.h"
+#line 8271 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8699,7 +8697,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8703 "dtrain.h"
+#line 8701 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8878,7 +8876,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8882 "dtrain.h"
+#line 8880 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9407,7 +9405,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9411 "dtrain.h"
+#line 9409 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9906,7 +9904,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9910 "dtrain.h"
+#line 9908 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10165,7 +10163,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10169 "dtrain.h"
+#line 10167 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10351,7 +10349,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10355 "dtrain.h"
+#line 10353 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10473,7 +10471,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10477 "dtrain.h"
+#line 10475 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10972,7 +10970,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10976 "dtrain.h"
+#line 10974 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11141,7 +11139,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11145 "dtrain.h"
+#line 11143 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11390,7 +11388,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11394 "dtrain.h"
+#line 11392 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11642,11 +11640,11 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
-    if (begin == o->base && end == o->base + o->len && o->norm_given) {
-        *norm = o->given_norm;
+    if (begin == o->base && end == o->base + o->len) {
+        if (!o->norm_given) return dtr__optimizer_grad_norm(o, norm);
+        *norm = o->given_norm;   /* the loss scaler's, measured on these gradients */
         return DTR_OK;
     }
-    if (begin == o->base && end == o->base + o->len) return dtr__optimizer_grad_norm(o, norm);
     r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
     *norm = sqrt(s);
     return r;
@@ -11909,7 +11907,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11913 "dtrain.h"
+#line 11911 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12044,7 +12042,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12048 "dtrain.h"
+#line 12046 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12391,7 +12389,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12395 "dtrain.h"
+#line 12393 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12457,7 +12455,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12461 "dtrain.h"
+#line 12459 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12694,7 +12692,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12698 "dtrain.h"
+#line 12696 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13443,7 +13441,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13447 "dtrain.h"
+#line 13445 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13896,7 +13894,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13900 "dtrain.h"
+#line 13898 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13952,7 +13950,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13956 "dtrain.h"
+#line 13954 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14729,7 +14727,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14733 "dtrain.h"
+#line 14731 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15310,7 +15308,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15314 "dtrain.h"
+#line 15312 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15941,7 +15939,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15945 "dtrain.h"
+#line 15943 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16688,7 +16686,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16692 "dtrain.h"
+#line 16690 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17041,7 +17039,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17045 "dtrain.h"
+#line 17043 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17231,7 +17229,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17235 "dtrain.h"
+#line 17233 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17412,7 +17410,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17416 "dtrain.h"
+#line 17414 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18187,7 +18185,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18191 "dtrain.h"
+#line 18189 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18704,7 +18702,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18708 "dtrain.h"
+#line 18706 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19499,7 +19497,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19503 "dtrain.h"
+#line 19501 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20681,7 +20679,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20685 "dtrain.h"
+#line 20683 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21303,7 +21301,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21307 "dtrain.h"
+#line 21305 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21792,7 +21790,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21796 "dtrain.h"
+#line 21794 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22521,7 +22519,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22525 "dtrain.h"
+#line 22523 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22757,7 +22755,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22761 "dtrain.h"
+#line 22759 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23136,7 +23134,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23140 "dtrain.h"
+#line 23138 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23322,7 +23320,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23326 "dtrain.h"
+#line 23324 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23755,7 +23753,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23759 "dtrain.h"
+#line 23757 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24249,7 +24247,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24253 "dtrain.h"
+#line 24251 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25598,7 +25596,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25602 "dtrain.h"
+#line 25600 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25652,7 +25650,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25656 "dtrain.h"
+#line 25654 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26815,7 +26813,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26819 "dtrain.h"
+#line 26817 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27713,7 +27711,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27717 "dtrain.h"
+#line 27715 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29183,7 +29181,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29187 "dtrain.h"
+#line 29185 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29567,7 +29565,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29571 "dtrain.h"
+#line 29569 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29716,7 +29714,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29720 "dtrain.h"
+#line 29718 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

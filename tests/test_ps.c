@@ -202,6 +202,13 @@ static dtr_result fm_worker(ps_job *j, fm_net *net, dtr_ps *ps, int wi) {
     return r == DTR_OK ? dtr_ps_finish(ps) : r;
 }
 
+/* a copy of rank's parameters for the checks after the job */
+static void keep_params(ps_job *j, int rank, dtr_model *m) {
+    j->numel = dtr_model_numel(m);
+    j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
+    memcpy(j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+}
+
 static void *rank_main(void *arg) {
     ps_rank *pr = (ps_rank *)arg;
     ps_job *j = pr->j;
@@ -244,11 +251,7 @@ static void *rank_main(void *arg) {
     j->res[rank] = r;
     snprintf(j->msg[rank], sizeof j->msg[rank], "%s | %s", c ? dtr_comm_last_error(c) : err,
              ctx ? dtr_context_last_error(ctx) : "");
-    if (m) {
-        j->numel = dtr_model_numel(m);
-        j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
-        memcpy(j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
-    }
+    if (m) keep_params(j, rank, m);
     dtr_ps_destroy(ps);
     dtr_comm_destroy(c);
     if (j->fmnist) {
@@ -568,11 +571,7 @@ static void custom_rank_end(ps_job *j, int rank, dtr_result r, dtr_ps *ps, dtr_c
     if (ps) dtr_ps_get_stats(ps, &j->st[rank]);
     j->res[rank] = r;
     snprintf(j->msg[rank], sizeof j->msg[rank], "%s", dtr_context_last_error(ctx));
-    if (m) {
-        j->numel = dtr_model_numel(m);
-        j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
-        memcpy(j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
-    }
+    if (m) keep_params(j, rank, m);
     dtr_ps_destroy(ps);
     dtr_comm_destroy(c);
     dtr_model_destroy(m);

@@ -112,9 +112,7 @@ static int dtr__reached(const dtr_context *ctx, const dtr_tensor *x) {
 
 /* DTR_BAD_STATE when n's backward would read what an earlier pass released */
 static dtr_result dtr__check_alive(dtr_context *ctx, const dtr__node *n) {
-    int i, dead = n->released || dtr__released(n->out);
-    for (i = 0; !dead && i < n->n_in; i++) dead = n->in[i] && dtr__released(n->in[i]);
-    if (!dead) return DTR_OK;
+    if (!n->released && !dtr__released(n->out) && dtr__released_input(n) < 0) return DTR_OK;
     return dtr__fail(ctx, DTR_BAD_STATE, "dtr_backward: op '%s' needs activations that an earlier dtr_backward "
                      "released (release_activations): back-propagate through a graph once, or keep its tensors "
                      "with dtr_tensor_retain", dtr__op_name(n->op));

@@ -431,11 +431,12 @@ static dtr__spare *dtr__spare_desc(dtr_context *ctx) {
     return (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full);
 }
 
-static void dtr__spare_put(dtr_context *ctx, dtr__spare *s, void *p, size_t bytes) {
+/* s, describing the block [p, p + bytes), onto the front of *list */
+static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t bytes) {
     s->p = p;
     s->bytes = bytes;
-    s->next = ctx->own.spare;
-    ctx->own.spare = s;
+    s->next = *list;
+    *list = s;
 }
 
 /* The smallest spare of at least `need` (aligned) bytes, or NULL. */
@@ -448,12 +449,8 @@ static void *dtr__spare_take(dtr_context *ctx, size_t need) {
     s = *best;
     *best = s->next;
     p = (char *)s->p;
-    if (s->bytes - need >= DTR__SPLIT_MIN) {
-        dtr__spare_put(ctx, s, p + need, s->bytes - need);
-    } else {
-        s->next = ctx->own.unused;
-        ctx->own.unused = s;
-    }
+    if (s->bytes - need >= DTR__SPLIT_MIN) dtr__spare_push(&ctx->own.spare, s, p + need, s->bytes - need);
+    else dtr__spare_push(&ctx->own.unused, s, NULL, 0);
     return p;
 }
 
@@ -483,7 +480,7 @@ void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
     dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
     if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_put(ctx, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
+    dtr__spare_push(&ctx->own.spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }
@@ -491,12 +488,8 @@ void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
     void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
     dtr__spare *s;
-    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL) {
-        s->p = p;   /* on the node's list until it has run its backward */
-        s->bytes = dtr__aligned(bytes);
-        s->next = n->saves;
-        n->saves = s;
-    }
+    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL)
+        dtr__spare_push(&n->saves, s, p, dtr__aligned(bytes));   /* the node's until it has run its backward */
     return p;
 }
 
@@ -505,13 +498,13 @@ void dtr__node_release(dtr_context *ctx, dtr__node *n) {
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {
         next = s->next;
-        dtr__spare_put(ctx, s, s->p, s->bytes);
+        dtr__spare_push(&ctx->own.spare, s, s->p, s->bytes);
     }
     n->saves = NULL;
     n->released = 1;
     if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
     if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_put(ctx, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    dtr__spare_push(&ctx->own.spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
     t->flags |= DTR__RELEASED;
 }
 

@@ -235,6 +235,14 @@ typedef struct dtr__node {
     struct dtr_tape *tape;            /* the tape that recorded it */
 } dtr__node;
 
+/** The first input of n whose storage was released (release_activations), or -1. */
+static inline int dtr__released_input(const dtr__node *n) {
+    int i;
+    for (i = 0; i < n->n_in; i++)
+        if (n->in[i] && dtr__released(n->in[i])) return i;
+    return -1;
+}
+
 /** Arguments of one fused optimizer update over a contiguous range. */
 typedef struct dtr__opt_args {
     int kind;                     /* dtr_optimizer_kind */

@@ -367,12 +367,11 @@ dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *
         if (!n->in) return NULL;
     }
     if (n_in > 0) memcpy(n->in, in, (size_t)n_in * sizeof(dtr_tensor *));
-    for (i = 0; i < n_in; i++)
-        if (in[i] && dtr__released(in[i])) {
-            dtr__fail(ctx, DTR_BAD_STATE, "%s: input %d was released by dtr_backward (release_activations); "
-                      "keep it with dtr_tensor_retain", dtr__op_name(op), i);
-            return NULL;
-        }
+    if ((i = dtr__released_input(n)) >= 0) {
+        dtr__fail(ctx, DTR_BAD_STATE, "%s: input %d was released by dtr_backward (release_activations); "
+                  "keep it with dtr_tensor_retain", dtr__op_name(op), i);
+        return NULL;
+    }
     return n;
 }
 

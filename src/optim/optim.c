@@ -246,11 +246,11 @@ static dtr_result dtr__range_norm(dtr_optimizer *o, int64_t begin, int64_t end, 
     dtr_context *ctx = dtr_model_context(o->model);
     double s = 0.0;
     dtr_result r;
-    if (begin == o->base && end == o->base + o->len && o->norm_given) {
-        *norm = o->given_norm;
+    if (begin == o->base && end == o->base + o->len) {
+        if (!o->norm_given) return dtr__optimizer_grad_norm(o, norm);
+        *norm = o->given_norm;   /* the loss scaler's, measured on these gradients */
         return DTR_OK;
     }
-    if (begin == o->base && end == o->base + o->len) return dtr__optimizer_grad_norm(o, norm);
     r = end > begin ? ctx->backend->sumsq(ctx, dtr_model_grads(o->model) + begin, end - begin, &s) : DTR_OK;
     *norm = sqrt(s);
     return r;
