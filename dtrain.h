@@ -22327,15 +22327,16 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
 /* The bytes of one step of the single-copy reduction, per peer: its copies stay in cache. */
 #define DTR__SHM_CMA_STEP ((size_t)128 << 10)
 
-/* a peer's memory could not be read: its failure when its process is gone (ESRCH says so even
-   while it is an unreaped zombie, which /proc may not show yet); else the culprit a rank has
-   already named (a live peer whose buffer went away had seen another rank fail, and named it),
-   or a dead peer; else this rank's */
+/* a peer's memory could not be read: the culprit a rank has already named comes first (a peer
+   that saw another rank fail names it before it returns, and its process may be gone by now:
+   the app may exit on the error); else the peer's failure when its process is gone (ESRCH says
+   so even while it is an unreaped zombie, which /proc may not show yet), or a dead peer; else
+   this rank's */
 static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int err) {
     int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid);
     int32_t none = -1, named = DTR__ATOMIC_LOAD(&c->shm->h->abort_rank);
     int dead = err == ESRCH || dtr__pid_dead(pid) ? j : dtr__shm_dead_peer(c, 1);
-    int who = dead >= 0 ? c->ranks[dead] : named >= 0 ? named : c->ep->info.rank;
+    int who = named >= 0 ? named : dead >= 0 ? c->ranks[dead] : c->ep->info.rank;
     dtr_result r = who == c->ranks[j]
                        ? dtr__comm_fail(c, a, DTR_PEER_FAILED, who, err, "reading rank %d's buffer (pid %lld): %s", c->ranks[j],
                                         (long long)pid, strerror(err))
@@ -22519,7 +22520,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22523 "dtrain.h"
+#line 22524 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22755,7 +22756,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22759 "dtrain.h"
+#line 22760 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23134,7 +23135,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23138 "dtrain.h"
+#line 23139 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23320,7 +23321,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23324 "dtrain.h"
+#line 23325 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23753,7 +23754,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23757 "dtrain.h"
+#line 23758 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24247,7 +24248,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24251 "dtrain.h"
+#line 24252 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25596,7 +25597,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25600 "dtrain.h"
+#line 25601 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25650,7 +25651,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25654 "dtrain.h"
+#line 25655 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26813,7 +26814,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26817 "dtrain.h"
+#line 26818 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27711,7 +27712,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27715 "dtrain.h"
+#line 27716 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29181,7 +29182,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29185 "dtrain.h"
+#line 29186 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29565,7 +29566,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29569 "dtrain.h"
+#line 29570 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29714,7 +29715,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29718 "dtrain.h"
+#line 29719 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -531,15 +531,16 @@ static dtr_result dtr__shm_all_reduce(dtr_comm *c, const dtr__coll *a) {
 /* The bytes of one step of the single-copy reduction, per peer: its copies stay in cache. */
 #define DTR__SHM_CMA_STEP ((size_t)128 << 10)
 
-/* a peer's memory could not be read: its failure when its process is gone (ESRCH says so even
-   while it is an unreaped zombie, which /proc may not show yet); else the culprit a rank has
-   already named (a live peer whose buffer went away had seen another rank fail, and named it),
-   or a dead peer; else this rank's */
+/* a peer's memory could not be read: the culprit a rank has already named comes first (a peer
+   that saw another rank fail names it before it returns, and its process may be gone by now:
+   the app may exit on the error); else the peer's failure when its process is gone (ESRCH says
+   so even while it is an unreaped zombie, which /proc may not show yet), or a dead peer; else
+   this rank's */
 static dtr_result dtr__shm_cma_fail(dtr_comm *c, const dtr__coll *a, int j, int err) {
     int64_t pid = DTR__ATOMIC_LOAD(&c->shm->h->r[j].pid);
     int32_t none = -1, named = DTR__ATOMIC_LOAD(&c->shm->h->abort_rank);
     int dead = err == ESRCH || dtr__pid_dead(pid) ? j : dtr__shm_dead_peer(c, 1);
-    int who = dead >= 0 ? c->ranks[dead] : named >= 0 ? named : c->ep->info.rank;
+    int who = named >= 0 ? named : dead >= 0 ? c->ranks[dead] : c->ep->info.rank;
     dtr_result r = who == c->ranks[j]
                        ? dtr__comm_fail(c, a, DTR_PEER_FAILED, who, err, "reading rank %d's buffer (pid %lld): %s", c->ranks[j],
                                         (long long)pid, strerror(err))
