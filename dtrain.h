@@ -4161,6 +4161,9 @@ enum {
                                    events (or synchronize) before the host reads results */
 };
 
+/** How many to_host_async copies a backend keeps track of at once (their events stay valid). */
+#define DTR__ASYNC_COPIES 64
+
 /** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only: a new
  *  slot goes at the end, and struct_size tells which slots a backend has.
  *  Asynchronous contract: every slot that computes may only queue work on the context's
@@ -4211,12 +4214,22 @@ struct dtr_backend {
        buffers; NULL: the context's allocation callbacks (dtr__host_alloc) */
     void *(*host_alloc)(dtr_context *ctx, size_t bytes);
     void (*host_free)(dtr_context *ctx, void *p);
+    /* copies bytes of backend memory src to host memory dst (from host_alloc) beside the
+       context's stream: the copy starts once the work queued on the stream so far has
+       completed, the stream goes on meanwhile, and *done completes with the copy (valid
+       until dtr_context_reset and for the next DTR__ASYNC_COPIES calls); the caller leaves
+       src unchanged and dst unread until then. NULL: the core calls to_host (synchronous)
+       instead (dtr__to_host_async) */
+    dtr_result (*to_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
  *  allocator. NULL when out of memory. Free with dtr__host_free. */
 DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
 DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
+/** The backend's to_host_async, or on a backend without one its synchronous to_host with
+ *  *done NULL (complete). */
+DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
@@ -4454,7 +4467,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4458 "dtrain.h"
+#line 4471 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4735,7 +4748,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4739 "dtrain.h"
+#line 4752 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4797,7 +4810,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4801 "dtrain.h"
+#line 4814 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5127,7 +5140,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5131 "dtrain.h"
+#line 5144 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5170,7 +5183,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5174 "dtrain.h"
+#line 5187 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5200,7 +5213,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5204 "dtrain.h"
+#line 5217 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5234,7 +5247,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5238 "dtrain.h"
+#line 5251 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5308,7 +5321,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5312 "dtrain.h"
+#line 5325 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5376,7 +5389,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5380 "dtrain.h"
+#line 5393 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5426,7 +5439,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5430 "dtrain.h"
+#line 5443 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5778,7 +5791,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5782 "dtrain.h"
+#line 5795 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6569,7 +6582,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6573 "dtrain.h"
+#line 6586 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6984,6 +6997,12 @@ void dtr__host_free(dtr_context *ctx, void *p) {
     else dtr__free(&ctx->alloc, p);
 }
 
+dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    *done = NULL;
+    if (ctx->backend->to_host_async) return ctx->backend->to_host_async(ctx, dst, src, bytes, done);
+    return ctx->backend->to_host(ctx, dst, src, bytes);
+}
+
 /* ---- spares ----
  * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
  * gradient once the op that made it has run its backward, and with release_activations an
@@ -7123,7 +7142,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7127 "dtrain.h"
+#line 7146 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7194,7 +7213,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7198 "dtrain.h"
+#line 7217 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7633,7 +7652,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7637 "dtrain.h"
+#line 7656 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7865,7 +7884,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7869 "dtrain.h"
+#line 7888 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8096,7 +8115,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8100 "dtrain.h"
+#line 8119 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8211,7 +8230,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8215 "dtrain.h"
+#line 8234 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8267,7 +8286,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8271 "dtrain.h"
+#line 8290 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8697,7 +8716,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8701 "dtrain.h"
+#line 8720 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8876,7 +8895,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8880 "dtrain.h"
+#line 8899 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9405,7 +9424,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9409 "dtrain.h"
+#line 9428 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9904,7 +9923,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9908 "dtrain.h"
+#line 9927 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10163,7 +10182,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10167 "dtrain.h"
+#line 10186 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10349,7 +10368,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
     return DTR_OK;
 }
-#line 10353 "dtrain.h"
+#line 10372 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10469,9 +10488,10 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync,
     NULL,
+    NULL,
     NULL
 };
-#line 10475 "dtrain.h"
+#line 10495 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10970,7 +10990,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10974 "dtrain.h"
+#line 10994 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11139,7 +11159,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11143 "dtrain.h"
+#line 11163 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11388,7 +11408,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11392 "dtrain.h"
+#line 11412 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11907,7 +11927,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11911 "dtrain.h"
+#line 11931 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12042,7 +12062,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12046 "dtrain.h"
+#line 12066 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12389,7 +12409,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12393 "dtrain.h"
+#line 12413 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12455,7 +12475,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12459 "dtrain.h"
+#line 12479 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12692,7 +12712,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12696 "dtrain.h"
+#line 12716 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13441,7 +13461,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13445 "dtrain.h"
+#line 13465 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13894,7 +13914,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13898 "dtrain.h"
+#line 13918 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13950,7 +13970,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13954 "dtrain.h"
+#line 13974 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14727,7 +14747,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14731 "dtrain.h"
+#line 14751 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15308,7 +15328,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15312 "dtrain.h"
+#line 15332 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15939,7 +15959,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15943 "dtrain.h"
+#line 15963 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16686,7 +16706,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16690 "dtrain.h"
+#line 16710 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17039,7 +17059,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17043 "dtrain.h"
+#line 17063 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17229,7 +17249,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17233 "dtrain.h"
+#line 17253 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17410,7 +17430,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17414 "dtrain.h"
+#line 17434 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18185,7 +18205,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18189 "dtrain.h"
+#line 18209 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18702,7 +18722,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18706 "dtrain.h"
+#line 18726 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19497,7 +19517,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19501 "dtrain.h"
+#line 19521 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20679,7 +20699,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20683 "dtrain.h"
+#line 20703 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21301,7 +21321,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21305 "dtrain.h"
+#line 21325 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21790,7 +21810,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21794 "dtrain.h"
+#line 21814 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22520,7 +22540,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22524 "dtrain.h"
+#line 22544 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22756,7 +22776,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22760 "dtrain.h"
+#line 22780 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23135,7 +23155,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23139 "dtrain.h"
+#line 23159 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23321,7 +23341,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23325 "dtrain.h"
+#line 23345 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23347,9 +23367,12 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are (plain all-reduce only); with one of host memory
- * (libfabric, local) each bucket is copied to a host staging buffer when it starts, and
- * everything above runs on that copy: the all-reduce or the codec's exchange, ZeRO's
- * reduce-scatter; dtr_dp_finish copies the result back (ZeRO: this rank's shard). The
+ * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
+ * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
+ * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
+ * reduce-scatter, started in bucket order as the copies land (looked at in each gradient
+ * hook, waited for in dtr_dp_finish); dtr_dp_finish copies the result back (ZeRO: this
+ * rank's shard). The
  * parameter collectives (ZeRO's gather, local SGD's average, the broadcast) go through the
  * same buffer. The optimizer keeps its state, and ZeRO's shard of it, on the device.
  * ==========================================================================*/
@@ -23366,6 +23389,7 @@ typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
     int nparams, pending;   /* parameters, and those whose gradient is not final yet */
     dtr_request *req;
+    dtr_event *copied;      /* staging: its copy to the host buffer, queued (NULL: landed, or none) */
     int in_backward;        /* started by the hook */
     double t_start;         /* when it started (with a dtr_metrics: the timeline's span) */
 } dtr__bucket;
@@ -23378,7 +23402,8 @@ struct dtr_dp {
     dtr__bucket *b;
     int nb;
     int *param_bucket;      /* parameter index -> bucket */
-    int next;               /* next bucket to start */
+    int next;               /* next bucket to start (its gradients final; staged: copy queued) */
+    int next_comm;          /* next bucket whose exchange starts (staged: once its copy landed) */
     int no_sync;
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
@@ -23409,14 +23434,38 @@ dtr_dp_config dtr_dp_config_init(void) {
     return c;
 }
 
+/* bucket i's gradients are final: a device model's are copied to the staging buffer beside
+   the stream (backward's kernels go on; the copy waits for those queued so far) */
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
-    dtr_result r;
+    float *g = dtr_model_grads(dp->m);
     b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
-    if ((r = dtr__dp_stage(dp, dtr_model_grads(dp->m), b->begin, b->end, 0)) != DTR_OK) return r;
+    if (!dp->stage || b->end <= b->begin) return DTR_OK;
+    return dtr__to_host_async(dp->ctx, dp->stage + b->begin, g + b->begin, (size_t)(b->end - b->begin) * sizeof(float),
+                              &b->copied);
+}
+
+/* bucket i's exchange: the all-reduce or the codec's, or ZeRO-2's slices to their owners */
+static dtr_result dtr__dp_exchange(dtr_dp *dp, int i) {
+    dtr__bucket *b = &dp->b[i];
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
+}
+
+/* Starts the exchanges of the started buckets in bucket order (the same on every rank): those
+   before `upto` once their copy has landed (waiting for it), the later ones only if it has. */
+static dtr_result dtr__dp_exchange_ready(dtr_dp *dp, int upto) {
+    while (dp->next_comm < dp->next) {
+        dtr__bucket *b = &dp->b[dp->next_comm];
+        int done = 1;
+        dtr_result r = dp->next_comm < upto ? dtr_event_wait(dp->ctx, b->copied) : dtr_event_query(dp->ctx, b->copied, &done);
+        if (r != DTR_OK) return r;
+        if (!done) return DTR_OK;
+        b->copied = NULL;
+        if ((r = dtr__dp_exchange(dp, dp->next_comm++)) != DTR_OK) return r;
+    }
+    return DTR_OK;
 }
 
 /* local SGD past its warm-up: gradients stay local */
@@ -23424,38 +23473,46 @@ static int dtr__dp_local(const dtr_dp *dp) {
     return dp->cfg.local_sgd_every > 0 && dtr__dpc_stats(dp->cz)->steps >= dp->cfg.local_sgd_warmup;
 }
 
-/* starts every ready bucket that is next in order */
+/* starts every ready bucket that is next in order, then the exchanges whose copies landed;
+   at most DTR__ASYNC_COPIES / 2 copies in flight (their events stay valid) */
 static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
+    dtr_result r;
     while (dp->next < dp->nb && dp->b[dp->next].pending == 0) {
-        dtr_result r = dtr__dp_start(dp, dp->next, from_hook);
+        if (dp->next - dp->next_comm >= DTR__ASYNC_COPIES / 2 && (r = dtr__dp_exchange_ready(dp, dp->next_comm + 1)) != DTR_OK)
+            return r;
+        r = dtr__dp_start(dp, dp->next, from_hook);
         dp->next++;
         if (r != DTR_OK) return r;
     }
-    return DTR_OK;
+    return dtr__dp_exchange_ready(dp, 0);
 }
 
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
+    dtr_result r = DTR_OK;
     dtr__bucket *b;
     if (dp->no_sync || dtr__dp_local(dp) || dp->cfg.zero == 1 || param->model != dp->m || param->param_index < 0)
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
-    if (--b->pending == 0) {
-        /* the bucket's last gradient is written once `ready` completes (the transport reads
-           host memory on its progress thread) */
-        dtr_result r = dtr_event_wait(dp->ctx, ready);
-        if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);
-        if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
-                                          dtr_comm_last_error(dp->c));
-    }
+    /* the bucket's last gradient is written once `ready` completes (the transport reads host
+       memory on its progress thread); a staged copy waits for it on the device instead */
+    if (--b->pending == 0 && !dp->stage) r = dtr_event_wait(dp->ctx, ready);
+    if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
+    if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
+                                      dtr_comm_last_error(dp->c));
     return DTR_OK;
 }
 
+/* the next step's counts; a copy still queued (after an error) is waited for */
 static void dtr__dp_reset(dtr_dp *dp) {
     int i;
-    for (i = 0; i < dp->nb; i++) dp->b[i].pending = dp->b[i].nparams;
-    dp->next = 0;
+    for (i = 0; i < dp->nb; i++) {
+        if (dp->b[i].copied) (void)dtr_event_wait(dp->ctx, dp->b[i].copied);
+        dp->b[i].copied = NULL;
+        dp->b[i].pending = dp->b[i].nparams;
+    }
+    dp->next = dp->next_comm = 0;
 }
 
 static dtr_result dtr__dp_buckets(dtr_dp *dp) {
@@ -23572,7 +23629,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr_allocation_callbacks a;
     if (!dp) return;
     a = dp->ctx->alloc;
-    if (dp->b) dtr__dp_wait_all(dp);
+    if (dp->b) dtr__dp_wait_all(dp), dtr__dp_reset(dp);
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
@@ -23618,6 +23675,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
     r = dp->cfg.zero == 1 ? dtr__dp_zero1_start(dp) : dtr__dp_launch_ready(dp, 0);
+    if (r == DTR_OK) r = dtr__dp_exchange_ready(dp, dp->nb);
     w = dtr__dp_wait_all(dp);
     if (dp->z) {   /* waits for the exchange even after an error */
         dtr_result zr = dtr__zero_reduce(dp->z, dtr__dp_grads(dp), dtr__dpc_stats(dp->cz));
@@ -23754,7 +23812,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23758 "dtrain.h"
+#line 23816 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24248,7 +24306,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24252 "dtrain.h"
+#line 24310 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25597,7 +25655,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25601 "dtrain.h"
+#line 25659 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25651,7 +25709,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25655 "dtrain.h"
+#line 25713 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26814,7 +26872,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26818 "dtrain.h"
+#line 26876 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27712,7 +27770,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27716 "dtrain.h"
+#line 27774 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29182,7 +29240,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29186 "dtrain.h"
+#line 29244 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29566,7 +29624,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29570 "dtrain.h"
+#line 29628 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29715,7 +29773,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29719 "dtrain.h"
+#line 29777 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -21,14 +21,19 @@
 #define DTR__CUDA_THREADS 256
 #define DTR__CUDA_MAX_BLOCKS 65535u
 #define DTR__CUDA_EVENTS 256        /* event ring: a handle stays valid for this many records */
+#define DTR__CUDA_COPY_EVENTS DTR__ASYNC_COPIES   /* the copies' own ring (to_host_async) */
 #define DTR__CUDA_CACHE 64          /* cached free blocks per context */
 
 /** A free block of the caching allocator. */
 typedef struct dtr__cuda_block { void *p; size_t bytes; } dtr__cuda_block;
 
+/** A ring of events: a handle stays valid for `cap` records. */
+typedef struct dtr__cuda_ring { cudaEvent_t ev[DTR__CUDA_EVENTS]; int cap, n, next; } dtr__cuda_ring;
+
 typedef struct dtr__cuda_state {
     int device;
     cudaStream_t stream;
+    cudaStream_t copies;            /* device-to-host copies beside the stream (to_host_async) */
     cublasHandle_t blas;
     /* the error word: kernels that check data (class targets, embedding ids) record the
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
@@ -42,8 +47,8 @@ typedef struct dtr__cuda_state {
     size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
     void *scratch;                            /* kernels' temporaries (dtr__cuda_scratch) */
     size_t scratch_bytes;
-    cudaEvent_t events[DTR__CUDA_EVENTS];
-    int n_events, next_event;
+    dtr__cuda_ring events;                    /* event_record's */
+    dtr__cuda_ring copy_events;               /* to_host_async's */
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
     double *sum_host;               /* pinned: a reduction's result for the host */
     int64_t *segs;                  /* LAMB segment bounds on the device, and their capacity */
@@ -188,7 +193,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 192 "dtrain_cuda.cu"
+#line 197 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1022,7 +1027,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1026 "dtrain_cuda.cu"
+#line 1031 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1272,7 +1277,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1276 "dtrain_cuda.cu"
+#line 1281 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1451,7 +1456,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1455 "dtrain_cuda.cu"
+#line 1460 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1650,7 +1655,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1654 "dtrain_cuda.cu"
+#line 1659 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1836,7 +1841,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1840 "dtrain_cuda.cu"
+#line 1845 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1874,7 +1879,8 @@ static dtr_result dtr__cuda_sync(dtr_context *ctx) {
 
 static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
     if (dtr__cuda_check(ctx, cudaSetDevice(s->device), "cudaSetDevice") != DTR_OK ||
-        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
+        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->copies, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
         dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK ||
@@ -1893,8 +1899,10 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
 static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     int i;
     if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->copies) cudaStreamSynchronize(s->copies);
     for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
-    for (i = 0; i < s->n_events; i++) cudaEventDestroy(s->events[i]);
+    for (i = 0; i < s->events.n; i++) cudaEventDestroy(s->events.ev[i]);
+    for (i = 0; i < s->copy_events.n; i++) cudaEventDestroy(s->copy_events.ev[i]);
     if (s->scratch) cudaFree(s->scratch);
     if (s->partial) cudaFree(s->partial);
     if (s->segs) cudaFree(s->segs);
@@ -1902,6 +1910,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     if (s->err_host) cudaFreeHost(s->err_host);
     if (s->blas) cublasDestroy(s->blas);
     dtr__free(&ctx->alloc, s->live);
+    if (s->copies) cudaStreamDestroy(s->copies);
     if (s->stream) cudaStreamDestroy(s->stream);
     dtr__free(&ctx->alloc, s);
 }
@@ -1917,6 +1926,7 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     s = (dtr__cuda_state *)dtr__calloc(&ctx->alloc, sizeof(*s));
     if (!s) return DTR_OUT_OF_MEMORY;
     s->device = ctx->cfg.device;
+    s->events.cap = DTR__CUDA_EVENTS, s->copy_events.cap = DTR__CUDA_COPY_EVENTS;
     if (dtr__cuda_init_state(ctx, s) != DTR_OK) {
         dtr_result r = ctx->status;
         dtr__cuda_release(ctx, s);
@@ -2049,19 +2059,35 @@ static dtr_result dtr__cuda_from_host(dtr_context *ctx, void *dst, const void *s
 
 /* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
 
-static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
-    dtr__cuda_state *s = dtr__cuda(ctx);
+/* the next event of ring rg recorded on stream `on` */
+static dtr_result dtr__cuda_event_on(dtr_context *ctx, dtr__cuda_ring *rg, cudaStream_t on, dtr_event **ev) {
     cudaEvent_t *e;
-    if (s->n_events < DTR__CUDA_EVENTS && s->next_event == s->n_events) {
-        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&s->events[s->n_events], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
+    if (rg->n < rg->cap && rg->next == rg->n) {
+        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&rg->ev[rg->n], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
             return ctx->status;
-        s->n_events++;
+        rg->n++;
     }
-    e = &s->events[s->next_event];
-    s->next_event = (s->next_event + 1) % DTR__CUDA_EVENTS;
-    if (dtr__cuda_check(ctx, cudaEventRecord(*e, s->stream), "cudaEventRecord") != DTR_OK) return ctx->status;
+    e = &rg->ev[rg->next];
+    rg->next = (rg->next + 1) % rg->cap;
+    if (dtr__cuda_check(ctx, cudaEventRecord(*e, on), "cudaEventRecord") != DTR_OK) return ctx->status;
     *ev = (dtr_event *)e;
     return DTR_OK;
+}
+
+static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
+    return dtr__cuda_event_on(ctx, &dtr__cuda(ctx)->events, dtr__cuda(ctx)->stream, ev);
+}
+
+/* the copy stream waits for the work queued so far, copies, and records *done: the compute
+   stream is not held up (the data-parallel engine's staging of gradient buckets) */
+static dtr_result dtr__cuda_to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    dtr_event *queued;
+    if (dtr__cuda_event_on(ctx, &s->events, s->stream, &queued) != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamWaitEvent(s->copies, *(cudaEvent_t *)queued, 0), "cudaStreamWaitEvent") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->copies), "cudaMemcpyAsync to host") != DTR_OK)
+        return ctx->status;
+    return dtr__cuda_event_on(ctx, &s->copy_events, s->copies, done);
 }
 
 static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) {
@@ -2137,7 +2163,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_event_query,
     dtr__cuda_sync,
     dtr__cuda_host_alloc,
-    dtr__cuda_host_free
+    dtr__cuda_host_free,
+    dtr__cuda_to_host_async
 };
 
 /* ---- public entry points ---- */
@@ -2161,5 +2188,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2165 "dtrain_cuda.cu"
+#line 2192 "dtrain_cuda.cu"
 

@@ -8,6 +8,8 @@
  * than on the first GPU (the CUDA backend's first run found tensor data in a host arena).
  * Copies check their direction: to_host must read a device block and write outside them,
  * from_host the reverse; a wrong one is counted (devsim_violations) and named on stderr.
+ * to_host_async copies land late (devsim_copy): reading their destination before their event
+ * completed gives the old bytes.
  *
  * Protection is per context (each has its own blocks), so several contexts on threads of one
  * process (data-parallel ranks) do not unprotect each other's memory. Use:
@@ -20,12 +22,20 @@
 
 typedef struct devsim_block { void *p; size_t bytes, mapped; } devsim_block;
 
+/* a copy to_host_async queued: it lands when its event is waited for, or queried a second
+   time (the first query says "not yet"), or at a synchronisation: code that reads the
+   destination before its event completed reads what was there before */
+typedef struct devsim_copy { void *dst; const void *src; size_t bytes; int pending, queries; } devsim_copy;
+
 typedef struct devsim_state {
     devsim_block *b;
     int n, cap, depth;   /* depth > 0: inside a backend call (blocks open) */
+    devsim_copy copies[DTR__ASYNC_COPIES];
+    int next_copy;
 } devsim_state;
 
 static int devsim__violations;
+static int devsim_async_copies, devsim_async_early;   /* copies queued; queries answered "not yet" */
 
 static devsim_state *devsim__st(dtr_context *ctx) { return (devsim_state *)ctx->backend_state; }
 
@@ -134,6 +144,26 @@ static dtr_result devsim__from_host(dtr_context *ctx, void *dst, const void *src
     return devsim__copy(ctx, dst, src, bytes, 0);
 }
 
+static void devsim__land(dtr_context *ctx, devsim_copy *c) {
+    if (c->pending) (void)devsim__copy(ctx, c->dst, c->src, c->bytes, 1);
+    c->pending = 0;
+}
+static devsim_copy *devsim__as_copy(dtr_context *ctx, dtr_event *ev) {
+    devsim_state *s = devsim__st(ctx);
+    devsim_copy *c = (devsim_copy *)(void *)ev;
+    return c >= s->copies && c < s->copies + DTR__ASYNC_COPIES ? c : NULL;
+}
+static dtr_result devsim__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    devsim_state *s = devsim__st(ctx);
+    devsim_copy *c = &s->copies[s->next_copy];
+    s->next_copy = (s->next_copy + 1) % DTR__ASYNC_COPIES;
+    devsim__land(ctx, c);   /* the slot's earlier copy (its event is no longer valid) */
+    c->dst = dst, c->src = src, c->bytes = bytes, c->pending = 1, c->queries = 0;
+    __atomic_add_fetch(&devsim_async_copies, 1, __ATOMIC_RELAXED);
+    *done = (dtr_event *)(void *)c;
+    return DTR_OK;
+}
+
 static int devsim__supports_op(const dtr_context *ctx, int op) { return dtr__cpu_backend.supports_op(ctx, op); }
 
 #define DEVSIM_WRAP(name, params, args)             \
@@ -154,11 +184,24 @@ DEVSIM_WRAP(reduce, (dtr_context *ctx, void *out, const void *a, const void *b, 
 #undef DEVSIM_WRAP
 
 static dtr_result devsim__event_record(dtr_context *ctx, dtr_event **ev) { return dtr__cpu_backend.event_record(ctx, ev); }
-static dtr_result devsim__event_wait(dtr_context *ctx, dtr_event *ev) { return dtr__cpu_backend.event_wait(ctx, ev); }
-static dtr_result devsim__event_query(dtr_context *ctx, dtr_event *ev, int *done) {
-    return dtr__cpu_backend.event_query(ctx, ev, done);
+static dtr_result devsim__event_wait(dtr_context *ctx, dtr_event *ev) {
+    devsim_copy *c = devsim__as_copy(ctx, ev);
+    if (c) devsim__land(ctx, c);
+    return c ? DTR_OK : dtr__cpu_backend.event_wait(ctx, ev);
 }
-static dtr_result devsim__sync(dtr_context *ctx) { return dtr__cpu_backend.synchronize(ctx); }
+static dtr_result devsim__event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    devsim_copy *c = devsim__as_copy(ctx, ev);
+    if (!c) return dtr__cpu_backend.event_query(ctx, ev, done);
+    *done = !c->pending || c->queries++ > 0;
+    if (*done) devsim__land(ctx, c);
+    else __atomic_add_fetch(&devsim_async_early, 1, __ATOMIC_RELAXED);
+    return DTR_OK;
+}
+static dtr_result devsim__sync(dtr_context *ctx) {
+    int i;
+    for (i = 0; i < DTR__ASYNC_COPIES; i++) devsim__land(ctx, &devsim__st(ctx)->copies[i]);
+    return dtr__cpu_backend.synchronize(ctx);
+}
 
 /* staging memory: plain host memory, counted (a device's staging buffers come from here) */
 static int devsim_host_blocks;
@@ -177,7 +220,7 @@ static const dtr_backend devsim__vt = {
     DTR_VERSION_NUMBER, sizeof(dtr_backend), "devsim", 0u, devsim__init, devsim__shutdown, devsim__alloc, devsim__free,
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
-    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free};
+    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

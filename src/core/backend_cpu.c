@@ -114,5 +114,6 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_event_query,
     dtr__cpu_sync,
     NULL,
+    NULL,
     NULL
 };

@@ -282,6 +282,9 @@ enum {
                                    events (or synchronize) before the host reads results */
 };
 
+/** How many to_host_async copies a backend keeps track of at once (their events stay valid). */
+#define DTR__ASYNC_COPIES 64
+
 /** The backend vtable. CPU lives in dtrain.h; CUDA in dtrain_cuda.cu. Append-only: a new
  *  slot goes at the end, and struct_size tells which slots a backend has.
  *  Asynchronous contract: every slot that computes may only queue work on the context's
@@ -332,12 +335,22 @@ struct dtr_backend {
        buffers; NULL: the context's allocation callbacks (dtr__host_alloc) */
     void *(*host_alloc)(dtr_context *ctx, size_t bytes);
     void (*host_free)(dtr_context *ctx, void *p);
+    /* copies bytes of backend memory src to host memory dst (from host_alloc) beside the
+       context's stream: the copy starts once the work queued on the stream so far has
+       completed, the stream goes on meanwhile, and *done completes with the copy (valid
+       until dtr_context_reset and for the next DTR__ASYNC_COPIES calls); the caller leaves
+       src unchanged and dst unread until then. NULL: the core calls to_host (synchronous)
+       instead (dtr__to_host_async) */
+    dtr_result (*to_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
  *  allocator. NULL when out of memory. Free with dtr__host_free. */
 DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
 DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
+/** The backend's to_host_async, or on a backend without one its synchronous to_host with
+ *  *done NULL (complete). */
+DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */

@@ -32,7 +32,8 @@ static dtr_result dtr__cuda_sync(dtr_context *ctx) {
 
 static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
     if (dtr__cuda_check(ctx, cudaSetDevice(s->device), "cudaSetDevice") != DTR_OK ||
-        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
+        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamCreateWithFlags(&s->copies, cudaStreamNonBlocking), "cudaStreamCreate") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
         dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK ||
@@ -51,8 +52,10 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
 static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     int i;
     if (s->stream) cudaStreamSynchronize(s->stream);
+    if (s->copies) cudaStreamSynchronize(s->copies);
     for (i = 0; i < s->n_cache; i++) cudaFree(s->cache[i].p);
-    for (i = 0; i < s->n_events; i++) cudaEventDestroy(s->events[i]);
+    for (i = 0; i < s->events.n; i++) cudaEventDestroy(s->events.ev[i]);
+    for (i = 0; i < s->copy_events.n; i++) cudaEventDestroy(s->copy_events.ev[i]);
     if (s->scratch) cudaFree(s->scratch);
     if (s->partial) cudaFree(s->partial);
     if (s->segs) cudaFree(s->segs);
@@ -60,6 +63,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     if (s->err_host) cudaFreeHost(s->err_host);
     if (s->blas) cublasDestroy(s->blas);
     dtr__free(&ctx->alloc, s->live);
+    if (s->copies) cudaStreamDestroy(s->copies);
     if (s->stream) cudaStreamDestroy(s->stream);
     dtr__free(&ctx->alloc, s);
 }
@@ -75,6 +79,7 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     s = (dtr__cuda_state *)dtr__calloc(&ctx->alloc, sizeof(*s));
     if (!s) return DTR_OUT_OF_MEMORY;
     s->device = ctx->cfg.device;
+    s->events.cap = DTR__CUDA_EVENTS, s->copy_events.cap = DTR__CUDA_COPY_EVENTS;
     if (dtr__cuda_init_state(ctx, s) != DTR_OK) {
         dtr_result r = ctx->status;
         dtr__cuda_release(ctx, s);
@@ -207,19 +212,35 @@ static dtr_result dtr__cuda_from_host(dtr_context *ctx, void *dst, const void *s
 
 /* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
 
-static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
-    dtr__cuda_state *s = dtr__cuda(ctx);
+/* the next event of ring rg recorded on stream `on` */
+static dtr_result dtr__cuda_event_on(dtr_context *ctx, dtr__cuda_ring *rg, cudaStream_t on, dtr_event **ev) {
     cudaEvent_t *e;
-    if (s->n_events < DTR__CUDA_EVENTS && s->next_event == s->n_events) {
-        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&s->events[s->n_events], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
+    if (rg->n < rg->cap && rg->next == rg->n) {
+        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&rg->ev[rg->n], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
             return ctx->status;
-        s->n_events++;
+        rg->n++;
     }
-    e = &s->events[s->next_event];
-    s->next_event = (s->next_event + 1) % DTR__CUDA_EVENTS;
-    if (dtr__cuda_check(ctx, cudaEventRecord(*e, s->stream), "cudaEventRecord") != DTR_OK) return ctx->status;
+    e = &rg->ev[rg->next];
+    rg->next = (rg->next + 1) % rg->cap;
+    if (dtr__cuda_check(ctx, cudaEventRecord(*e, on), "cudaEventRecord") != DTR_OK) return ctx->status;
     *ev = (dtr_event *)e;
     return DTR_OK;
+}
+
+static dtr_result dtr__cuda_event_record(dtr_context *ctx, dtr_event **ev) {
+    return dtr__cuda_event_on(ctx, &dtr__cuda(ctx)->events, dtr__cuda(ctx)->stream, ev);
+}
+
+/* the copy stream waits for the work queued so far, copies, and records *done: the compute
+   stream is not held up (the data-parallel engine's staging of gradient buckets) */
+static dtr_result dtr__cuda_to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    dtr_event *queued;
+    if (dtr__cuda_event_on(ctx, &s->events, s->stream, &queued) != DTR_OK ||
+        dtr__cuda_check(ctx, cudaStreamWaitEvent(s->copies, *(cudaEvent_t *)queued, 0), "cudaStreamWaitEvent") != DTR_OK ||
+        dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->copies), "cudaMemcpyAsync to host") != DTR_OK)
+        return ctx->status;
+    return dtr__cuda_event_on(ctx, &s->copy_events, s->copies, done);
 }
 
 static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) {
@@ -295,7 +316,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_event_query,
     dtr__cuda_sync,
     dtr__cuda_host_alloc,
-    dtr__cuda_host_free
+    dtr__cuda_host_free,
+    dtr__cuda_to_host_async
 };
 
 /* ---- public entry points ---- */

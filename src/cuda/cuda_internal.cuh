@@ -14,14 +14,19 @@
 #define DTR__CUDA_THREADS 256
 #define DTR__CUDA_MAX_BLOCKS 65535u
 #define DTR__CUDA_EVENTS 256        /* event ring: a handle stays valid for this many records */
+#define DTR__CUDA_COPY_EVENTS DTR__ASYNC_COPIES   /* the copies' own ring (to_host_async) */
 #define DTR__CUDA_CACHE 64          /* cached free blocks per context */
 
 /** A free block of the caching allocator. */
 typedef struct dtr__cuda_block { void *p; size_t bytes; } dtr__cuda_block;
 
+/** A ring of events: a handle stays valid for `cap` records. */
+typedef struct dtr__cuda_ring { cudaEvent_t ev[DTR__CUDA_EVENTS]; int cap, n, next; } dtr__cuda_ring;
+
 typedef struct dtr__cuda_state {
     int device;
     cudaStream_t stream;
+    cudaStream_t copies;            /* device-to-host copies beside the stream (to_host_async) */
     cublasHandle_t blas;
     /* the error word: kernels that check data (class targets, embedding ids) record the
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
@@ -35,8 +40,8 @@ typedef struct dtr__cuda_state {
     size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
     void *scratch;                            /* kernels' temporaries (dtr__cuda_scratch) */
     size_t scratch_bytes;
-    cudaEvent_t events[DTR__CUDA_EVENTS];
-    int n_events, next_event;
+    dtr__cuda_ring events;                    /* event_record's */
+    dtr__cuda_ring copy_events;               /* to_host_async's */
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */
     double *sum_host;               /* pinned: a reduction's result for the host */
     int64_t *segs;                  /* LAMB segment bounds on the device, and their capacity */

@@ -20,9 +20,12 @@
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are (plain all-reduce only); with one of host memory
- * (libfabric, local) each bucket is copied to a host staging buffer when it starts, and
- * everything above runs on that copy: the all-reduce or the codec's exchange, ZeRO's
- * reduce-scatter; dtr_dp_finish copies the result back (ZeRO: this rank's shard). The
+ * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
+ * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
+ * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
+ * reduce-scatter, started in bucket order as the copies land (looked at in each gradient
+ * hook, waited for in dtr_dp_finish); dtr_dp_finish copies the result back (ZeRO: this
+ * rank's shard). The
  * parameter collectives (ZeRO's gather, local SGD's average, the broadcast) go through the
  * same buffer. The optimizer keeps its state, and ZeRO's shard of it, on the device.
  * ==========================================================================*/
@@ -39,6 +42,7 @@ typedef struct dtr__bucket {
     int64_t begin, end;     /* float range in the gradient buffer */
     int nparams, pending;   /* parameters, and those whose gradient is not final yet */
     dtr_request *req;
+    dtr_event *copied;      /* staging: its copy to the host buffer, queued (NULL: landed, or none) */
     int in_backward;        /* started by the hook */
     double t_start;         /* when it started (with a dtr_metrics: the timeline's span) */
 } dtr__bucket;
@@ -51,7 +55,8 @@ struct dtr_dp {
     dtr__bucket *b;
     int nb;
     int *param_bucket;      /* parameter index -> bucket */
-    int next;               /* next bucket to start */
+    int next;               /* next bucket to start (its gradients final; staged: copy queued) */
+    int next_comm;          /* next bucket whose exchange starts (staged: once its copy landed) */
     int no_sync;
     int hook_id;           /* our gradient hook (0: none) */
     int overlapped;
@@ -82,14 +87,38 @@ dtr_dp_config dtr_dp_config_init(void) {
     return c;
 }
 
+/* bucket i's gradients are final: a device model's are copied to the staging buffer beside
+   the stream (backward's kernels go on; the copy waits for those queued so far) */
 static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
     dtr__bucket *b = &dp->b[i];
-    dtr_result r;
+    float *g = dtr_model_grads(dp->m);
     b->in_backward = from_hook;
     if (dp->ctx->obs) b->t_start = dtr__obs_now();
-    if ((r = dtr__dp_stage(dp, dtr_model_grads(dp->m), b->begin, b->end, 0)) != DTR_OK) return r;
+    if (!dp->stage || b->end <= b->begin) return DTR_OK;
+    return dtr__to_host_async(dp->ctx, dp->stage + b->begin, g + b->begin, (size_t)(b->end - b->begin) * sizeof(float),
+                              &b->copied);
+}
+
+/* bucket i's exchange: the all-reduce or the codec's, or ZeRO-2's slices to their owners */
+static dtr_result dtr__dp_exchange(dtr_dp *dp, int i) {
+    dtr__bucket *b = &dp->b[i];
     if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
+}
+
+/* Starts the exchanges of the started buckets in bucket order (the same on every rank): those
+   before `upto` once their copy has landed (waiting for it), the later ones only if it has. */
+static dtr_result dtr__dp_exchange_ready(dtr_dp *dp, int upto) {
+    while (dp->next_comm < dp->next) {
+        dtr__bucket *b = &dp->b[dp->next_comm];
+        int done = 1;
+        dtr_result r = dp->next_comm < upto ? dtr_event_wait(dp->ctx, b->copied) : dtr_event_query(dp->ctx, b->copied, &done);
+        if (r != DTR_OK) return r;
+        if (!done) return DTR_OK;
+        b->copied = NULL;
+        if ((r = dtr__dp_exchange(dp, dp->next_comm++)) != DTR_OK) return r;
+    }
+    return DTR_OK;
 }
 
 /* local SGD past its warm-up: gradients stay local */
@@ -97,38 +126,46 @@ static int dtr__dp_local(const dtr_dp *dp) {
     return dp->cfg.local_sgd_every > 0 && dtr__dpc_stats(dp->cz)->steps >= dp->cfg.local_sgd_warmup;
 }
 
-/* starts every ready bucket that is next in order */
+/* starts every ready bucket that is next in order, then the exchanges whose copies landed;
+   at most DTR__ASYNC_COPIES / 2 copies in flight (their events stay valid) */
 static dtr_result dtr__dp_launch_ready(dtr_dp *dp, int from_hook) {
+    dtr_result r;
     while (dp->next < dp->nb && dp->b[dp->next].pending == 0) {
-        dtr_result r = dtr__dp_start(dp, dp->next, from_hook);
+        if (dp->next - dp->next_comm >= DTR__ASYNC_COPIES / 2 && (r = dtr__dp_exchange_ready(dp, dp->next_comm + 1)) != DTR_OK)
+            return r;
+        r = dtr__dp_start(dp, dp->next, from_hook);
         dp->next++;
         if (r != DTR_OK) return r;
     }
-    return DTR_OK;
+    return dtr__dp_exchange_ready(dp, 0);
 }
 
 static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *ready) {
     dtr_dp *dp = (dtr_dp *)user;
+    dtr_result r = DTR_OK;
     dtr__bucket *b;
     if (dp->no_sync || dtr__dp_local(dp) || dp->cfg.zero == 1 || param->model != dp->m || param->param_index < 0)
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
-    if (--b->pending == 0) {
-        /* the bucket's last gradient is written once `ready` completes (the transport reads
-           host memory on its progress thread) */
-        dtr_result r = dtr_event_wait(dp->ctx, ready);
-        if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);
-        if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
-                                          dtr_comm_last_error(dp->c));
-    }
+    /* the bucket's last gradient is written once `ready` completes (the transport reads host
+       memory on its progress thread); a staged copy waits for it on the device instead */
+    if (--b->pending == 0 && !dp->stage) r = dtr_event_wait(dp->ctx, ready);
+    if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
+    if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
+                                      dtr_comm_last_error(dp->c));
     return DTR_OK;
 }
 
+/* the next step's counts; a copy still queued (after an error) is waited for */
 static void dtr__dp_reset(dtr_dp *dp) {
     int i;
-    for (i = 0; i < dp->nb; i++) dp->b[i].pending = dp->b[i].nparams;
-    dp->next = 0;
+    for (i = 0; i < dp->nb; i++) {
+        if (dp->b[i].copied) (void)dtr_event_wait(dp->ctx, dp->b[i].copied);
+        dp->b[i].copied = NULL;
+        dp->b[i].pending = dp->b[i].nparams;
+    }
+    dp->next = dp->next_comm = 0;
 }
 
 static dtr_result dtr__dp_buckets(dtr_dp *dp) {
@@ -245,7 +282,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr_allocation_callbacks a;
     if (!dp) return;
     a = dp->ctx->alloc;
-    if (dp->b) dtr__dp_wait_all(dp);
+    if (dp->b) dtr__dp_wait_all(dp), dtr__dp_reset(dp);
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
     dtr__free(&a, dp->param_bucket);
@@ -291,6 +328,7 @@ dtr_result dtr_dp_finish(dtr_dp *dp) {
     for (i = dp->next; i < dp->nb; i++) dp->b[i].pending = 0;   /* parameters backward did not reach */
     /* ZeRO-1 reduce-scatters the whole buffer at once, in place of the buckets */
     r = dp->cfg.zero == 1 ? dtr__dp_zero1_start(dp) : dtr__dp_launch_ready(dp, 0);
+    if (r == DTR_OK) r = dtr__dp_exchange_ready(dp, dp->nb);
     w = dtr__dp_wait_all(dp);
     if (dp->z) {   /* waits for the exchange even after an error */
         dtr_result zr = dtr__zero_reduce(dp->z, dtr__dp_grads(dp), dtr__dpc_stats(dp->cz));

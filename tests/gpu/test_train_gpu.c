@@ -366,10 +366,15 @@ static void test_data_parallel(void) {
     static dp_rank one[1], two[2], adam[2], z[2], sgd[2], loc[2], bf[2];
     int stage;
     dp_world(1, one);
+    two[0].dc.bucket_bytes = 4;   /* a bucket per parameter: copies overlap backward and each other */
     dp_check(one, two, 1e-5, "2 ranks against 1");
 #ifdef TRAIN_DEVSIM   /* the staging buffers are the backend's host memory (pinned on CUDA), all freed */
     CHECK(two[0].staged && two[1].staged);
     CHECK_EQ_INT(devsim_host_blocks, 0);
+    /* each bucket's copy was queued beside the stream (2 ranks x 4 buckets a step), and some
+       were still in flight when the engine first looked (it waited, or looked again) */
+    CHECK_MSG(devsim_async_copies == 2 * 4 * STEPS && devsim_async_early > 0, "%d copies queued, %d seen early",
+              devsim_async_copies, devsim_async_early);
 #endif
     /* ZeRO over host staging, AdamW (the moments of this rank's shard on the device) */
     memset(adam, 0, sizeof adam);
@@ -379,6 +384,7 @@ static void test_data_parallel(void) {
         memset(z, 0, sizeof z);
         z[0].kind = DTR_OPT_ADAMW;
         z[0].dc.zero = stage;
+        z[0].dc.bucket_bytes = 4;
         dp_check(adam, z, 1e-6, stage == 1 ? "ZeRO-1" : "ZeRO-2");
         CHECK_MSG(z[0].opt_bytes + z[1].opt_bytes == adam[0].opt_bytes && z[0].opt_bytes < adam[0].opt_bytes,
                   "ZeRO-%d: moments %zu + %zu bytes, "
