@@ -258,12 +258,16 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 # on the GPU against the CPU (cases whose op has no CUDA kernel yet are listed as SKIPPED).
 # Without a GPU it says loudly that it skipped. The program is built by cuda-check (so CI
 # compiles and links the CUDA unit) and run here.
-GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu $(BUILD)/tests/gpu/test_train_gpu
+GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu $(BUILD)/tests/gpu/test_train_gpu $(BUILD)/tests/gpu/test_tp_gpu
 test-gpu: $(GPU_TESTS)
 	tests/run.sh $(GPU_TESTS)
 $(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -DDTR_TEST_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+# tests/test_tensor_parallel.c with the tensor-parallel ranks on the GPU (threads sharing it).
+$(BUILD)/tests/gpu/test_tp_gpu: tests/test_tensor_parallel.c tests/test.h $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -D_DEFAULT_SOURCE -DDTRAIN_INTERNAL_API -DTP_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
 # tests/gpu/test_train_gpu.c: optimizers, the loss scaler and weights files on the GPU against the CPU.
 $(BUILD)/tests/gpu/test_train_gpu: tests/gpu/test_train_gpu.c tests/test.h $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)

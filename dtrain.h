@@ -1026,7 +1026,8 @@ DTR_API size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info 
 
 /** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu): every
  *  op of the core forward and backward (docs/gpu.md lists them; the tensor-parallel
- *  communication ops report DTR_UNSUPPORTED), optimizers, a caching device allocator.
+ *  communication ops run on host copies, over a host-memory group), optimizers, a caching
+ *  device allocator.
  *  Thread safety: thread safe. */
 DTR_API const dtr_backend *dtr_cuda_backend(void);
 /** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
@@ -3873,7 +3874,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3877 "dtrain.h"
+#line 3878 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4141,7 +4142,13 @@ typedef struct dtr__opt_args {
 } dtr__opt_args;
 
 DTR__OP_LIST(DTR__CPU_DECLARE)
-DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
+
+/** The tensor-parallel communication ops (the `comm` family) on a backend without host
+ *  memory: the CPU kernels run on host images of the tensors they touch, then what they
+ *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
+ *  `comm` entry here. The group must take host memory (else DTR_UNSUPPORTED, said). */
+dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
+dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
@@ -4467,7 +4474,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4471 "dtrain.h"
+#line 4478 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4748,7 +4755,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4752 "dtrain.h"
+#line 4759 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4810,7 +4817,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4814 "dtrain.h"
+#line 4821 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5140,7 +5147,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5144 "dtrain.h"
+#line 5151 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5183,7 +5190,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5187 "dtrain.h"
+#line 5194 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5213,7 +5220,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5217 "dtrain.h"
+#line 5224 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5247,7 +5254,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5251 "dtrain.h"
+#line 5258 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5321,7 +5328,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5325 "dtrain.h"
+#line 5332 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5389,7 +5396,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5393 "dtrain.h"
+#line 5400 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5439,7 +5446,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5443 "dtrain.h"
+#line 5450 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5791,7 +5798,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5795 "dtrain.h"
+#line 5802 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6582,7 +6589,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6586 "dtrain.h"
+#line 6593 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7142,7 +7149,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7146 "dtrain.h"
+#line 7153 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7213,7 +7220,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7217 "dtrain.h"
+#line 7224 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7652,7 +7659,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7656 "dtrain.h"
+#line 7663 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7884,7 +7891,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7888 "dtrain.h"
+#line 7895 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8115,7 +8122,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8119 "dtrain.h"
+#line 8126 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8230,7 +8237,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8234 "dtrain.h"
+#line 8241 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8286,7 +8293,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8290 "dtrain.h"
+#line 8297 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8716,7 +8723,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8720 "dtrain.h"
+#line 8727 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8895,7 +8902,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8899 "dtrain.h"
+#line 8906 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9424,7 +9431,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9428 "dtrain.h"
+#line 9435 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9923,7 +9930,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9927 "dtrain.h"
+#line 9934 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10182,7 +10189,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10186 "dtrain.h"
+#line 10193 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10200,8 +10207,11 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
  *              (all-gather); backward: gx += this rank's slice of gy
  * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
- * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
+ * order (they are collectives). The kernels work on host memory (their scratch too: the
+ * context's allocator); on a backend without host memory (CUDA) they run on host images of
+ * the tensors (dtr__comm_staged_fwd / _bwd), over a group of host memory (libfabric, local).
  * ==========================================================================*/
+
 
 
 
@@ -10268,7 +10278,13 @@ static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
     return v;
 }
 
-/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each */
+/* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family) */
+static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
+    return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(3 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
+   block given in nd->saved, or the node's) */
 static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__vxent v = dtr__vxent_of(nd);
     int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
@@ -10279,7 +10295,7 @@ static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
         if (v.t[r] < 0 || v.t[r] >= V)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)v.t[r], (long long)V);
-    M = (float *)dtr__node_save(ctx, nd, (size_t)(3 * v.R + 1) * sizeof(float));
+    M = nd->saved ? (float *)nd->saved : (float *)dtr__node_save(ctx, nd, dtr__comm_saved_bytes(nd));
     if (!M) return ctx->status;
     nd->saved = M, Z = M + v.R, T = Z + v.R;
     for (r = 0; r < v.R; r++)
@@ -10319,14 +10335,15 @@ static dtr_result dtr__vxent_bwd(dtr__node *nd) {
 static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
-    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    float *buf = (float *)dtr__malloc(&ctx->alloc, (size_t)(n * N + 1) * sizeof(float)), *y = dtr__f32(nd->out);
     dtr_result res;
-    if (!buf) return ctx->status;
+    if (!buf) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_gather: out of memory");
     res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    for (k = 0; res == DTR_OK && w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    dtr__free(&ctx->alloc, buf);
     if (res != DTR_OK)
         return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
-    for (k = 0; w && k < N; k++)
-        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
     return DTR_OK;
 }
 
@@ -10361,14 +10378,89 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
         return DTR_OK;
     }
     /* every rank takes part in the all-reduce, whether or not its x needs a gradient */
-    sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
-    if (!sum) return ctx->status;
+    sum = (float *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(float));
+    if (!sum) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_copy backward: out of memory");
     memcpy(sum, g, (size_t)n * sizeof(float));
-    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM)) != DTR_OK) return r;
-    if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
-    return DTR_OK;
+    r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM);
+    if (r == DTR_OK && gx) for (i = 0; i < n; i++) gx[i] += sum[i];
+    dtr__free(&ctx->alloc, sum);
+    return r;
 }
-#line 10372 "dtrain.h"
+
+/* ---- on a backend without host memory: the kernels above on host images ---- */
+
+/* A node's copy whose tensors have host storage: x (and the targets), the output, their
+   gradients and the saved block, each an image of the real one in `block`. */
+typedef struct dtr__comm_images {
+    dtr__node n;
+    dtr_tensor in[2], out;
+    char *block;
+} dtr__comm_images;
+
+/* host image of `bytes` at *at, filled from device memory `dev` unless dev is NULL */
+static void *dtr__comm_image(dtr_context *ctx, char **at, const void *dev, size_t bytes, dtr_result *r) {
+    void *p = *at;
+    *at += (bytes + 15) / 16 * 16;
+    if (dev && bytes && *r == DTR_OK) *r = ctx->backend->to_host(ctx, p, dev, bytes);
+    return p;
+}
+
+static size_t dtr__comm_images_bytes(const dtr__node *nd) {
+    size_t b = dtr__comm_saved_bytes(nd) + 64;
+    int i;
+    for (i = 0; i < nd->n_in; i++) b += 2 * ((size_t)dtr_tensor_numel(nd->in[i]) * sizeof(float) + 16);
+    return b + 2 * ((size_t)dtr_tensor_numel(nd->out) * sizeof(float) + 16);
+}
+
+/* fills im: every tensor the kernel reads, downloaded; what it writes, room for */
+static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, int bwd, dtr__comm_images *im) {
+    dtr_result r = DTR_OK;
+    char *at;
+    int i;
+    im->block = NULL;
+    if (nd->p.comm && nd->p.comm->mem_ctx)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: over a group of device memory (%s) this version has no kernel; a "
+                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op), dtr_comm_transport_name(nd->p.comm));
+    im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
+    if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));
+    im->n = *nd;
+    im->n.in = im->n.in_inline;
+    for (i = 0; i < nd->n_in && i < 2; i++) {
+        const dtr_tensor *x = nd->in[i];
+        size_t bytes = (size_t)dtr_tensor_numel(x) * dtr_dtype_size(x->dtype);
+        im->in[i] = *x, im->in[i].offset = 0, im->n.in[i] = &im->in[i];
+        im->in[i].storage = dtr__comm_image(ctx, &at, !bwd || nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? dtr__data(x) : NULL, bytes, &r);
+        im->in[i].grad = bwd && dtr__gradof(x) ? (float *)dtr__comm_image(ctx, &at, x->grad, bytes, &r) : NULL;
+    }
+    im->out = *nd->out, im->n.out = &im->out;
+    im->out.storage = dtr__comm_image(ctx, &at, NULL, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r);
+    im->out.grad = bwd ? (float *)dtr__comm_image(ctx, &at, nd->out->grad, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r) : NULL;
+    im->n.saved = dtr__comm_saved_bytes(nd) ? dtr__comm_image(ctx, &at, bwd ? nd->saved : NULL, dtr__comm_saved_bytes(nd), &r) : NULL;
+    return r;
+}
+
+dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__comm_images im;
+    size_t sb = dtr__comm_saved_bytes(nd);
+    dtr_result r = dtr__comm_images_make(ctx, nd, 0, &im);
+    if (r == DTR_OK) r = dtr__cpu_comm_fwd(ctx, &im.n);
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, (size_t)dtr_tensor_numel(nd->out) * sizeof(float));
+    if (r == DTR_OK && sb && !(nd->saved = dtr__node_save(ctx, nd, sb))) r = ctx->status;
+    if (r == DTR_OK && sb) r = ctx->backend->from_host(ctx, nd->saved, im.n.saved, sb);
+    dtr__free(&ctx->alloc, im.block);
+    return r;
+}
+
+dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__comm_images im;
+    dtr_result r = dtr__comm_images_make(ctx, nd, 1, &im);
+    if (r == DTR_OK) r = dtr__cpu_comm_bwd(ctx, &im.n);
+    if (r == DTR_OK && im.in[0].grad)
+        r = ctx->backend->from_host(ctx, nd->in[0]->grad, im.in[0].grad, (size_t)dtr_tensor_numel(nd->in[0]) * sizeof(float));
+    dtr__free(&ctx->alloc, im.block);
+    return r;
+}
+#line 10464 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10491,7 +10583,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10495 "dtrain.h"
+#line 10587 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10990,7 +11082,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 10994 "dtrain.h"
+#line 11086 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11159,7 +11251,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11163 "dtrain.h"
+#line 11255 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11408,7 +11500,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11412 "dtrain.h"
+#line 11504 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -11927,7 +12019,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 11931 "dtrain.h"
+#line 12023 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12062,7 +12154,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12066 "dtrain.h"
+#line 12158 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12409,7 +12501,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12413 "dtrain.h"
+#line 12505 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12475,7 +12567,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12479 "dtrain.h"
+#line 12571 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12712,7 +12804,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12716 "dtrain.h"
+#line 12808 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13461,7 +13553,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13465 "dtrain.h"
+#line 13557 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -13914,7 +14006,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 13918 "dtrain.h"
+#line 14010 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -13970,7 +14062,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 13974 "dtrain.h"
+#line 14066 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14747,7 +14839,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14751 "dtrain.h"
+#line 14843 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15328,7 +15420,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15332 "dtrain.h"
+#line 15424 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -15959,7 +16051,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 15963 "dtrain.h"
+#line 16055 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16706,7 +16798,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16710 "dtrain.h"
+#line 16802 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17059,7 +17151,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17063 "dtrain.h"
+#line 17155 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17249,7 +17341,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17253 "dtrain.h"
+#line 17345 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17430,7 +17522,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17434 "dtrain.h"
+#line 17526 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18205,7 +18297,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18209 "dtrain.h"
+#line 18301 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18722,7 +18814,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18726 "dtrain.h"
+#line 18818 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19517,7 +19609,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19521 "dtrain.h"
+#line 19613 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20699,7 +20791,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20703 "dtrain.h"
+#line 20795 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21321,7 +21413,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21325 "dtrain.h"
+#line 21417 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21810,7 +21902,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21814 "dtrain.h"
+#line 21906 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22540,7 +22632,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22544 "dtrain.h"
+#line 22636 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22776,7 +22868,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22780 "dtrain.h"
+#line 22872 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23155,7 +23247,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23159 "dtrain.h"
+#line 23251 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23341,7 +23433,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23345 "dtrain.h"
+#line 23437 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23812,7 +23904,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23816 "dtrain.h"
+#line 23908 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24306,7 +24398,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24310 "dtrain.h"
+#line 24402 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25655,7 +25747,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25659 "dtrain.h"
+#line 25751 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25709,7 +25801,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25713 "dtrain.h"
+#line 25805 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26872,7 +26964,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26876 "dtrain.h"
+#line 26968 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27770,7 +27862,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27774 "dtrain.h"
+#line 27866 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29240,7 +29332,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29244 "dtrain.h"
+#line 29336 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29624,7 +29716,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29628 "dtrain.h"
+#line 29720 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29773,7 +29865,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29777 "dtrain.h"
+#line 29869 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -2108,10 +2108,11 @@ static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *do
 
 /* ---- the dispatch table, from the op list ---- */
 
-/* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd; the families
- * without CUDA kernels yet are NULL here, so the table reports them unsupported. */
-#define dtr__cuda_comm_fwd NULL
-#define dtr__cuda_comm_bwd NULL
+/* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd (a family without
+ * one would be NULL here, reported unsupported). The tensor-parallel communication ops run
+ * the core's kernels on host images (over a host-memory group). */
+#define dtr__cuda_comm_fwd dtr__comm_staged_fwd
+#define dtr__cuda_comm_bwd dtr__comm_staged_bwd
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
@@ -2188,5 +2189,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2192 "dtrain_cuda.cu"
+#line 2193 "dtrain_cuda.cu"
 

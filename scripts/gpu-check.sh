@@ -4,7 +4,7 @@
 #   1. build the CUDA unit, the GPU test program and bench/gpu (make -j, nvcc sm_80 + sm_90)
 #   2. make test-gpu: every op case forward and backward on the GPU against the CPU
 #   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
-#   4. compute-sanitizer memcheck over the GPU test program (when it is installed)
+#   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
 #   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled)
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
 # exit status is that of step 2. Usage: scripts/gpu-check.sh [--quick] (--quick: 5 bench steps)
@@ -15,7 +15,7 @@ mkdir -p "$out"
 steps=20
 [ "${1:-}" = "--quick" ] && steps=5
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
+make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
 echo "build: $?" | tee "$out/summary.txt"
 make test-gpu > "$out/test-gpu.log" 2>&1
 rc=$?
@@ -25,7 +25,8 @@ echo "test_nccl: $?" | tee -a "$out/summary.txt"
 if command -v compute-sanitizer >/dev/null 2>&1; then
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/test_grad_gpu \
     > "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    build/tests/gpu/test_train_gpu >> "$out/memcheck.log" 2>&1
+    build/tests/gpu/test_train_gpu >> "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer --tool memcheck \
+    --error-exitcode 9 build/tests/gpu/test_tp_gpu >> "$out/memcheck.log" 2>&1
   echo "memcheck: $?" | tee -a "$out/summary.txt"
 fi
 timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"

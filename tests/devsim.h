@@ -174,14 +174,28 @@ static int devsim__supports_op(const dtr_context *ctx, int op) { return dtr__cpu
         devsim__leave(ctx);                         \
         return r;                                   \
     }
-DEVSIM_WRAP(forward, (dtr_context *ctx, dtr__node *n), (ctx, n))
-DEVSIM_WRAP(backward, (dtr_context *ctx, dtr__node *n), (ctx, n))
 DEVSIM_WRAP(optimizer_update, (dtr_context *ctx, const dtr__opt_args *a), (ctx, a))
 DEVSIM_WRAP(sumsq, (dtr_context *ctx, const float *x, int64_t n, double *out), (ctx, x, n, out))
 DEVSIM_WRAP(scale, (dtr_context *ctx, float *x, int64_t n, float s), (ctx, x, n, s))
 DEVSIM_WRAP(reduce, (dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op, int div),
             (ctx, out, a, b, n, dt, op, div))
 #undef DEVSIM_WRAP
+
+/* as the CUDA backend's table: the tensor-parallel communication ops on host images, run with
+   the blocks closed (a direct access of device memory there dies) */
+static int devsim__staged(const dtr__node *n) {
+    return n->op == DTR_OP_TP_COPY || n->op == DTR_OP_TP_REDUCE || n->op == DTR_OP_TP_GATHER || n->op == DTR_OP_VOCAB_CROSS_ENTROPY;
+}
+static dtr_result devsim__run(dtr_context *ctx, dtr__node *n, int bwd) {
+    dtr_result r;
+    if (devsim__staged(n)) return bwd ? dtr__comm_staged_bwd(ctx, n) : dtr__comm_staged_fwd(ctx, n);
+    devsim__enter(ctx);
+    r = bwd ? dtr__cpu_backend.backward(ctx, n) : dtr__cpu_backend.forward(ctx, n);
+    devsim__leave(ctx);
+    return r;
+}
+static dtr_result devsim__forward(dtr_context *ctx, dtr__node *n) { return devsim__run(ctx, n, 0); }
+static dtr_result devsim__backward(dtr_context *ctx, dtr__node *n) { return devsim__run(ctx, n, 1); }
 
 static dtr_result devsim__event_record(dtr_context *ctx, dtr_event **ev) { return dtr__cpu_backend.event_record(ctx, ev); }
 static dtr_result devsim__event_wait(dtr_context *ctx, dtr_event *ev) {

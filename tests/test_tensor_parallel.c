@@ -17,11 +17,35 @@
  *   test_tp_load      a single-device file loaded into TP 2 ranks is sliced: saving it again
  *                     gives the same tensors, and the TP forward equals the single-device one.
  *   test_tp_errors    heads or vocabulary not divisible by tp, a NULL comm, a bad id or
- *                     target: the error code and a message that says so. */
+ *                     target: the error code and a message that says so.
+ * tests/test_tp_devsim.c runs all of it with the tensor-parallel ranks' contexts on the
+ * simulated device (tests/devsim.h; the single-device reference stays on the CPU): the
+ * communication ops then run on host images as on a GPU; build/tests/gpu/test_tp_gpu (make
+ * test-gpu, TP_CUDA) on the GPU, ranks on threads sharing it. */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
 #include "test.h"
 #include "test_util.h"
+
+#if defined(TP_DEVSIM) || defined(TP_CUDA)
+#ifdef TP_DEVSIM
+#include "devsim.h"
+#define TP_BACKEND() devsim_backend()
+#else
+#define TP_BACKEND() dtr_cuda_backend()
+#endif
+/* a rank's context: on the device, or the CPU for the single-device reference */
+static dtr_context *rank_ctx(const dtr_comm *c) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    if (!c) return test_ctx(1);
+    cc.backend = TP_BACKEND();
+    cc.threads = 1;
+    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
+}
+#else
+static dtr_context *rank_ctx(const dtr_comm *c) { (void)c; return test_ctx(1); }
+#endif
 
 #define STEPS 20
 #define B 2
@@ -114,7 +138,7 @@ typedef struct run_out {
    after training (collective for TP) and, before it, loads `load` when given. With `dp`
    (group of D replicas, this one `dp_rank`): each replica trains on its 1/D of the batch. */
 static void train_dp(enum net kind, dtr_comm *c, dtr_comm *dpc, int steps, const char *load, const char *path, run_out *o) {
-    dtr_context *ctx = test_ctx(1);
+    dtr_context *ctx = rank_ctx(c);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
     int adamw = kind == NET_LINEAR || kind == NET_EMBED;
@@ -351,7 +375,7 @@ static void *err_main(void *arg) {
     cfg.local.world = j->w;
     cfg.local.rank = j->rank;
     if (dtr_comm_create(&cfg, &c, NULL, 0) != DTR_OK) return NULL;
-    ctx = test_ctx(1);
+    ctx = rank_ctx(c);
     dtr_model_create(ctx, 1, &m);
     note(j, 0, ctx, dtr_tp_attention_init(&a, m, c, "attn", 12, 3));
     dtr_context_clear_error(ctx);
@@ -412,6 +436,12 @@ static void test_tp_errors(void) {
 }
 
 int main(void) {
+#ifdef TP_CUDA
+    if (dtr_cuda_device_count() <= 0) {
+        printf("*** test_tp_gpu: no GPU visible: tensor-parallel GPU checks SKIPPED ***\n");
+        return test_summary();
+    }
+#endif
     RUN(test_tp_train_linear);
     RUN(test_tp_train_attention);
     RUN(test_tp_train_embedding);
@@ -420,5 +450,8 @@ int main(void) {
     RUN(test_tp_load);
     RUN(test_tp_grid);
     RUN(test_tp_errors);
+#ifdef TP_DEVSIM
+    CHECK_EQ_INT(devsim__violations, 0);
+#endif
     return test_summary();
 }

@@ -12,12 +12,15 @@
  *   TP_GATHER  forward: y = every rank's x joined along the last axis, in rank order
  *              (all-gather); backward: gx += this rank's slice of gy
  * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
- * order (they are collectives). The group's buffers are the backend's tensors (cfg.memory).
+ * order (they are collectives). The kernels work on host memory (their scratch too: the
+ * context's allocator); on a backend without host memory (CUDA) they run on host images of
+ * the tensors (dtr__comm_staged_fwd / _bwd), over a group of host memory (libfabric, local).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
 #include "../public/api_engine.h"
 #include "../core/internal.h"
+#include "../comm/comm_internal.h"
 #include <math.h>
 
 static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_comm *comm) {
@@ -80,7 +83,13 @@ static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
     return v;
 }
 
-/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each */
+/* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family) */
+static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
+    return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(3 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
+   block given in nd->saved, or the node's) */
 static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__vxent v = dtr__vxent_of(nd);
     int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
@@ -91,7 +100,7 @@ static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
         if (v.t[r] < 0 || v.t[r] >= V)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)v.t[r], (long long)V);
-    M = (float *)dtr__node_save(ctx, nd, (size_t)(3 * v.R + 1) * sizeof(float));
+    M = nd->saved ? (float *)nd->saved : (float *)dtr__node_save(ctx, nd, dtr__comm_saved_bytes(nd));
     if (!M) return ctx->status;
     nd->saved = M, Z = M + v.R, T = Z + v.R;
     for (r = 0; r < v.R; r++)
@@ -131,14 +140,15 @@ static dtr_result dtr__vxent_bwd(dtr__node *nd) {
 static dtr_result dtr__gather_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], r, N = dtr_comm_size(nd->p.comm), k;
-    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    float *buf = (float *)dtr__malloc(&ctx->alloc, (size_t)(n * N + 1) * sizeof(float)), *y = dtr__f32(nd->out);
     dtr_result res;
-    if (!buf) return ctx->status;
+    if (!buf) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_gather: out of memory");
     res = dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32);
+    for (k = 0; res == DTR_OK && w && k < N; k++)
+        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
+    dtr__free(&ctx->alloc, buf);
     if (res != DTR_OK)
         return dtr__fail(ctx, res, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
-    for (k = 0; w && k < N; k++)
-        for (r = 0; r < n / w; r++) memcpy(y + (r * N + k) * w, buf + k * n + r * w, (size_t)w * sizeof(float));
     return DTR_OK;
 }
 
@@ -173,10 +183,85 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
         return DTR_OK;
     }
     /* every rank takes part in the all-reduce, whether or not its x needs a gradient */
-    sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
-    if (!sum) return ctx->status;
+    sum = (float *)dtr__malloc(&ctx->alloc, (size_t)(n ? n : 1) * sizeof(float));
+    if (!sum) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tp_copy backward: out of memory");
     memcpy(sum, g, (size_t)n * sizeof(float));
-    if ((r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM)) != DTR_OK) return r;
-    if (gx) for (i = 0; i < n; i++) gx[i] += sum[i];
-    return DTR_OK;
+    r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM);
+    if (r == DTR_OK && gx) for (i = 0; i < n; i++) gx[i] += sum[i];
+    dtr__free(&ctx->alloc, sum);
+    return r;
+}
+
+/* ---- on a backend without host memory: the kernels above on host images ---- */
+
+/* A node's copy whose tensors have host storage: x (and the targets), the output, their
+   gradients and the saved block, each an image of the real one in `block`. */
+typedef struct dtr__comm_images {
+    dtr__node n;
+    dtr_tensor in[2], out;
+    char *block;
+} dtr__comm_images;
+
+/* host image of `bytes` at *at, filled from device memory `dev` unless dev is NULL */
+static void *dtr__comm_image(dtr_context *ctx, char **at, const void *dev, size_t bytes, dtr_result *r) {
+    void *p = *at;
+    *at += (bytes + 15) / 16 * 16;
+    if (dev && bytes && *r == DTR_OK) *r = ctx->backend->to_host(ctx, p, dev, bytes);
+    return p;
+}
+
+static size_t dtr__comm_images_bytes(const dtr__node *nd) {
+    size_t b = dtr__comm_saved_bytes(nd) + 64;
+    int i;
+    for (i = 0; i < nd->n_in; i++) b += 2 * ((size_t)dtr_tensor_numel(nd->in[i]) * sizeof(float) + 16);
+    return b + 2 * ((size_t)dtr_tensor_numel(nd->out) * sizeof(float) + 16);
+}
+
+/* fills im: every tensor the kernel reads, downloaded; what it writes, room for */
+static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, int bwd, dtr__comm_images *im) {
+    dtr_result r = DTR_OK;
+    char *at;
+    int i;
+    im->block = NULL;
+    if (nd->p.comm && nd->p.comm->mem_ctx)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: over a group of device memory (%s) this version has no kernel; a "
+                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op), dtr_comm_transport_name(nd->p.comm));
+    im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
+    if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));
+    im->n = *nd;
+    im->n.in = im->n.in_inline;
+    for (i = 0; i < nd->n_in && i < 2; i++) {
+        const dtr_tensor *x = nd->in[i];
+        size_t bytes = (size_t)dtr_tensor_numel(x) * dtr_dtype_size(x->dtype);
+        im->in[i] = *x, im->in[i].offset = 0, im->n.in[i] = &im->in[i];
+        im->in[i].storage = dtr__comm_image(ctx, &at, !bwd || nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? dtr__data(x) : NULL, bytes, &r);
+        im->in[i].grad = bwd && dtr__gradof(x) ? (float *)dtr__comm_image(ctx, &at, x->grad, bytes, &r) : NULL;
+    }
+    im->out = *nd->out, im->n.out = &im->out;
+    im->out.storage = dtr__comm_image(ctx, &at, NULL, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r);
+    im->out.grad = bwd ? (float *)dtr__comm_image(ctx, &at, nd->out->grad, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r) : NULL;
+    im->n.saved = dtr__comm_saved_bytes(nd) ? dtr__comm_image(ctx, &at, bwd ? nd->saved : NULL, dtr__comm_saved_bytes(nd), &r) : NULL;
+    return r;
+}
+
+dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__comm_images im;
+    size_t sb = dtr__comm_saved_bytes(nd);
+    dtr_result r = dtr__comm_images_make(ctx, nd, 0, &im);
+    if (r == DTR_OK) r = dtr__cpu_comm_fwd(ctx, &im.n);
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, (size_t)dtr_tensor_numel(nd->out) * sizeof(float));
+    if (r == DTR_OK && sb && !(nd->saved = dtr__node_save(ctx, nd, sb))) r = ctx->status;
+    if (r == DTR_OK && sb) r = ctx->backend->from_host(ctx, nd->saved, im.n.saved, sb);
+    dtr__free(&ctx->alloc, im.block);
+    return r;
+}
+
+dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__comm_images im;
+    dtr_result r = dtr__comm_images_make(ctx, nd, 1, &im);
+    if (r == DTR_OK) r = dtr__cpu_comm_bwd(ctx, &im.n);
+    if (r == DTR_OK && im.in[0].grad)
+        r = ctx->backend->from_host(ctx, nd->in[0]->grad, im.in[0].grad, (size_t)dtr_tensor_numel(nd->in[0]) * sizeof(float));
+    dtr__free(&ctx->alloc, im.block);
+    return r;
 }

@@ -1005,7 +1005,8 @@ DTR_API size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info 
 
 /** The CUDA backend vtable, for dtr_context_config.backend (defined in dtrain_cuda.cu): every
  *  op of the core forward and backward (docs/gpu.md lists them; the tensor-parallel
- *  communication ops report DTR_UNSUPPORTED), optimizers, a caching device allocator.
+ *  communication ops run on host copies, over a host-memory group), optimizers, a caching
+ *  device allocator.
  *  Thread safety: thread safe. */
 DTR_API const dtr_backend *dtr_cuda_backend(void);
 /** Number of CUDA devices visible (0 without a GPU or driver). Defined in dtrain_cuda.cu. */
