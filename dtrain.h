@@ -1390,6 +1390,7 @@ typedef struct dtr_batch {
 
 /** Copies a batch into arena tensors of `ctx` (dtr_tensor_from): *x gets the batch's x
  *  shape and dtype, *y its labels (NULL when unlabeled; `y` may be NULL to skip them).
+ *  For a loader's batch on a GPU, dtr_loader_tensors does not wait for the copies.
  *  @return DTR_OK, DTR_NULL_HANDLE, or the context's error (arena full ...).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y);
@@ -1428,6 +1429,11 @@ typedef struct dtr_loader_config {
     int skip_bad;                     /**< 1: a sample that fails to load is replaced by the next
                                            dataset index that loads, and counted (dtr_loader_get_stats);
                                            0: dtr_loader_next returns the error naming the sample */
+    dtr_context *device;              /**< the context the batches go to (a GPU's): the batch buffers
+                                           are the host memory its backend copies fastest from
+                                           (page-locked on CUDA) and dtr_loader_tensors queues
+                                           their copies without waiting; it must outlive the
+                                           loader. NULL: plain host memory (the allocator) */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_loader_config;
 
@@ -1465,6 +1471,16 @@ DTR_API int64_t dtr_loader_batches(const dtr_loader *l);
  *          loader has moved past that batch and can go on.
  *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out);
+
+/** dtr_batch_tensors for `b`, the batch dtr_loader_next handed out last. With cfg.device ==
+ *  ctx (a GPU's context) the copies from the page-locked batch buffers are queued on the
+ *  context's stream and the call returns at once: the host goes on queueing the step while
+ *  the batch travels, and the loader keeps the buffer until the copies are done (the next
+ *  dtr_loader_next waits for them before the buffer is refilled). Otherwise (CPU, another
+ *  batch, no cfg.device) it is dtr_batch_tensors.
+ *  @return as dtr_batch_tensors. Thread safety: the thread that calls dtr_loader_next, which
+ *  is the context's. */
+DTR_API dtr_result dtr_loader_tensors(dtr_loader *l, dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y);
 
 /** The message of the last error of dtr_loader_next, or "".
  *  Thread safety: the thread that calls dtr_loader_next. */
@@ -3874,7 +3890,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3878 "dtrain.h"
+#line 3894 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4223,20 +4239,27 @@ struct dtr_backend {
     void (*host_free)(dtr_context *ctx, void *p);
     /* copies bytes of backend memory src to host memory dst (from host_alloc) beside the
        context's stream: the copy starts once the work queued on the stream so far has
-       completed, the stream goes on meanwhile, and *done completes with the copy (valid
-       until dtr_context_reset and for the next DTR__ASYNC_COPIES calls); the caller leaves
-       src unchanged and dst unread until then. NULL: the core calls to_host (synchronous)
-       instead (dtr__to_host_async) */
+       completed, the stream goes on meanwhile, and *done completes with the copy; the caller
+       leaves src unchanged and dst unread until then. NULL: the core calls to_host
+       (synchronous) instead (dtr__to_host_async). The events of async copies (either way)
+       outlive dtr_context_reset; after DTR__ASYNC_COPIES later ones an event may stand for a
+       later point of the streams (waiting on it then waits longer, never less) */
     dtr_result (*to_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+    /* copies bytes of host memory src (from host_alloc) to backend memory dst, queued on the
+       context's stream (work queued later sees it) without waiting; *done completes with
+       the copy, and src stays unchanged until then. NULL: the core calls from_host
+       (synchronous) instead (dtr__from_host_async) */
+    dtr_result (*from_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
  *  allocator. NULL when out of memory. Free with dtr__host_free. */
 DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
 DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
-/** The backend's to_host_async, or on a backend without one its synchronous to_host with
- *  *done NULL (complete). */
+/** The backend's to_host_async / from_host_async, or on a backend without them its
+ *  synchronous to_host / from_host with *done NULL (complete). */
 DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+DTR__PRIVATE dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
@@ -4474,7 +4497,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4478 "dtrain.h"
+#line 4501 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4755,7 +4778,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4759 "dtrain.h"
+#line 4782 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4817,7 +4840,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4821 "dtrain.h"
+#line 4844 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5147,7 +5170,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5151 "dtrain.h"
+#line 5174 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5190,7 +5213,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5194 "dtrain.h"
+#line 5217 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5220,7 +5243,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5224 "dtrain.h"
+#line 5247 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5254,7 +5277,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5258 "dtrain.h"
+#line 5281 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5328,7 +5351,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5332 "dtrain.h"
+#line 5355 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5396,7 +5419,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5400 "dtrain.h"
+#line 5423 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5446,7 +5469,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5450 "dtrain.h"
+#line 5473 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5798,7 +5821,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5802 "dtrain.h"
+#line 5825 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6589,7 +6612,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6593 "dtrain.h"
+#line 6616 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7010,6 +7033,12 @@ dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size
     return ctx->backend->to_host(ctx, dst, src, bytes);
 }
 
+dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    *done = NULL;
+    if (ctx->backend->from_host_async) return ctx->backend->from_host_async(ctx, dst, src, bytes, done);
+    return ctx->backend->from_host(ctx, dst, src, bytes);
+}
+
 /* ---- spares ----
  * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
  * gradient once the op that made it has run its backward, and with release_activations an
@@ -7149,7 +7178,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7153 "dtrain.h"
+#line 7182 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7220,7 +7249,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7224 "dtrain.h"
+#line 7253 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7659,7 +7688,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7663 "dtrain.h"
+#line 7692 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7891,7 +7920,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7895 "dtrain.h"
+#line 7924 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8122,7 +8151,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8126 "dtrain.h"
+#line 8155 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8237,7 +8266,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8241 "dtrain.h"
+#line 8270 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8293,7 +8322,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8297 "dtrain.h"
+#line 8326 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8723,7 +8752,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8727 "dtrain.h"
+#line 8756 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8902,7 +8931,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8906 "dtrain.h"
+#line 8935 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9431,7 +9460,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9435 "dtrain.h"
+#line 9464 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9930,7 +9959,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9934 "dtrain.h"
+#line 9963 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10189,7 +10218,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10193 "dtrain.h"
+#line 10222 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10460,7 +10489,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10464 "dtrain.h"
+#line 10493 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10581,9 +10610,10 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_sync,
     NULL,
     NULL,
+    NULL,
     NULL
 };
-#line 10587 "dtrain.h"
+#line 10617 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11082,7 +11112,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11086 "dtrain.h"
+#line 11116 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11251,7 +11281,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11255 "dtrain.h"
+#line 11285 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11500,7 +11530,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11504 "dtrain.h"
+#line 11534 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12019,7 +12049,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12023 "dtrain.h"
+#line 12053 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12154,7 +12184,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12158 "dtrain.h"
+#line 12188 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12501,7 +12531,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12505 "dtrain.h"
+#line 12535 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12567,7 +12597,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12571 "dtrain.h"
+#line 12601 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12804,7 +12834,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12808 "dtrain.h"
+#line 12838 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13553,7 +13583,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13557 "dtrain.h"
+#line 13587 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14006,7 +14036,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14010 "dtrain.h"
+#line 14040 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14062,7 +14092,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14066 "dtrain.h"
+#line 14096 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14839,7 +14869,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14843 "dtrain.h"
+#line 14873 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15420,7 +15450,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15424 "dtrain.h"
+#line 15454 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16051,7 +16081,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16055 "dtrain.h"
+#line 16085 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16095,7 +16125,8 @@ typedef struct dtr__slot {
     int ready;
     dtr_result result;
     char msg[512];
-    void *x, *y;              /* batch_size samples */
+    void *x, *y;              /* batch_size samples (cfg.device: its backend's host memory) */
+    dtr_event *uploaded;      /* dtr_loader_tensors' copies to cfg.device (NULL: none pending) */
     int64_t *indices;
     int64_t size;
     int64_t skipped, cache_hits;
@@ -16403,6 +16434,21 @@ static void dtr__loader_stop(dtr_loader *l) {
         if (l->workers[i].started) pthread_join(l->workers[i].th, NULL);
 }
 
+/* a batch buffer: the device context's staging memory (page-locked on CUDA), or the allocator's */
+static void *dtr__loader_buf(dtr_loader *l, size_t bytes) {
+    return l->cfg.device ? dtr__host_alloc(l->cfg.device, bytes) : dtr__malloc(&l->alloc, bytes);
+}
+static void dtr__loader_buf_free(dtr_loader *l, void *p) {
+    if (p && l->cfg.device) dtr__host_free(l->cfg.device, p);
+    else dtr__free(&l->alloc, p);
+}
+
+/* waits for the copies dtr_loader_tensors queued from the slot (before it is refilled or freed) */
+static void dtr__loader_settle(dtr_loader *l, dtr__slot *s) {
+    if (s->uploaded) (void)dtr_event_wait(l->cfg.device, s->uploaded);
+    s->uploaded = NULL;
+}
+
 void dtr_loader_destroy(dtr_loader *l) {
     dtr_allocation_callbacks a;
     int i;
@@ -16417,8 +16463,9 @@ void dtr_loader_destroy(dtr_loader *l) {
     if (l->cache_mu_ok) pthread_mutex_destroy(&l->cache_mu);
     if (l->slots) {
         for (i = 0; i < l->depth; i++) {
-            dtr__free(&a, l->slots[i].x);
-            dtr__free(&a, l->slots[i].y);
+            dtr__loader_settle(l, &l->slots[i]);
+            dtr__loader_buf_free(l, l->slots[i].x);
+            dtr__loader_buf_free(l, l->slots[i].y);
             dtr__free(&a, l->slots[i].indices);
         }
         dtr__free(&a, l->slots);
@@ -16583,8 +16630,8 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     for (i = 0; i < l->depth; i++) {
         dtr__slot *s = &l->slots[i];
         s->seq = -1;
-        s->x = dtr__malloc(a, (size_t)l->B * l->x_bytes);
-        s->y = l->y_bytes ? dtr__malloc(a, (size_t)l->B * l->y_bytes) : NULL;
+        s->x = dtr__loader_buf(l, (size_t)l->B * l->x_bytes);
+        s->y = l->y_bytes ? dtr__loader_buf(l, (size_t)l->B * l->y_bytes) : NULL;
         s->indices = (int64_t *)dtr__malloc(a, (size_t)l->B * sizeof(int64_t));
         if (!s->x || (l->y_bytes && !s->y) || !s->indices) {
             r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %d batches of %lld samples", l->depth,
@@ -16636,10 +16683,12 @@ dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out) {
     if (l->nthreads == 0) {
         if (l->held) l->head++;
         slot = &l->slots[0];
+        dtr__loader_settle(l, slot);
         dtr__fill(l, &l->workers[0], l->head, slot);
         slot->seq = l->head;
         l->held = 1;
     } else {
+        if (l->held) dtr__loader_settle(l, &l->slots[l->head % l->depth]);
         pthread_mutex_lock(&l->mu);
         if (l->held) {
             l->slots[l->head % l->depth].ready = 0;
@@ -16756,6 +16805,7 @@ dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c) {
     l->sampler.seed = c->seed;
     for (i = 0; i < l->n_ep; i++) l->ep_epoch[i] = -1;
     for (i = 0; i < l->depth; i++) {
+        dtr__loader_settle(l, &l->slots[i]);
         l->slots[i].ready = 0;
         l->slots[i].seq = -1;
     }
@@ -16785,6 +16835,29 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
     return DTR_OK;
 }
 
+/* x or y of the held slot into an arena tensor of the device context, queued */
+static dtr_tensor *dtr__loader_upload(dtr_loader *l, dtr__slot *s, dtr_dtype dt, int ndim, const int64_t *shape, const void *src) {
+    dtr_context *ctx = l->cfg.device;
+    dtr_tensor *t = dtr__tensor_alloc(ctx, dt, ndim, shape, "dtr_loader_tensors");
+    dtr_result r;
+    if (!t) return NULL;
+    r = dtr__from_host_async(ctx, dtr__data(t), src, (size_t)dtr_tensor_numel(t) * dtr_dtype_size(dt), &s->uploaded);
+    return r == DTR_OK ? t : dtr__failt(ctx, r, "dtr_loader_tensors: copy to the device failed");
+}
+
+dtr_result dtr_loader_tensors(dtr_loader *l, dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y) {
+    dtr__slot *s;
+    if (x) *x = NULL;
+    if (y) *y = NULL;
+    if (!l || !ctx || !b || !x || !b->x) return DTR_NULL_HANDLE;
+    s = l->held ? &l->slots[l->nthreads ? l->head % l->depth : 0] : NULL;
+    if (ctx != l->cfg.device || !s || b->x != s->x || dtr__host_memory(ctx)) return dtr_batch_tensors(ctx, b, x, y);
+    dtr__loader_settle(l, s);   /* a second call for the same batch */
+    *x = dtr__loader_upload(l, s, b->x_dtype, b->x_ndim, b->x_shape, b->x);
+    if (*x && y && b->y) *y = dtr__loader_upload(l, s, b->y_dtype, b->y_ndim, b->y_shape, b->y);
+    return dtr_context_status(ctx);
+}
+
 /* ---- state ---- */
 
 dtr_result dtr_loader_state(dtr_loader *l, int index, dtr_state_entry *out) {
@@ -16798,7 +16871,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16802 "dtrain.h"
+#line 16875 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17151,7 +17224,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17155 "dtrain.h"
+#line 17228 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17341,7 +17414,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17345 "dtrain.h"
+#line 17418 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17522,7 +17595,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17526 "dtrain.h"
+#line 17599 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18297,7 +18370,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18301 "dtrain.h"
+#line 18374 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18814,7 +18887,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18818 "dtrain.h"
+#line 18891 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19609,7 +19682,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19613 "dtrain.h"
+#line 19686 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20791,7 +20864,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20795 "dtrain.h"
+#line 20868 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21413,7 +21486,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21417 "dtrain.h"
+#line 21490 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21902,7 +21975,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21906 "dtrain.h"
+#line 21979 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22632,7 +22705,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22636 "dtrain.h"
+#line 22709 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22868,7 +22941,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22872 "dtrain.h"
+#line 22945 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23247,7 +23320,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23251 "dtrain.h"
+#line 23324 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23433,7 +23506,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23437 "dtrain.h"
+#line 23510 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23904,7 +23977,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23908 "dtrain.h"
+#line 23981 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24398,7 +24471,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24402 "dtrain.h"
+#line 24475 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25747,7 +25820,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25751 "dtrain.h"
+#line 25824 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25801,7 +25874,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25805 "dtrain.h"
+#line 25878 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -26964,7 +27037,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 26968 "dtrain.h"
+#line 27041 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27862,7 +27935,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27866 "dtrain.h"
+#line 27939 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29332,7 +29405,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29336 "dtrain.h"
+#line 29409 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29716,7 +29789,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29720 "dtrain.h"
+#line 29793 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29865,7 +29938,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29869 "dtrain.h"
+#line 29942 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

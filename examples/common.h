@@ -389,10 +389,11 @@ FM_FN dtr_result fm_sgd(const fm_net *net, float lr, float momentum, int64_t cos
 /* ---- loaders and evaluation (the examples that use the data loader) ---- */
 
 /** A loader over one split of Fashion-MNIST ("train" or "t10k") in `dir` (.gz or unpacked
- *  files): flattened (B, 784) pixels, normalised with FM_MEAN and FM_STD. On failure prints
- *  what is wrong and how to get the data. */
+ *  files): flattened (B, 784) pixels, normalised with FM_MEAN and FM_STD. `device`: the
+ *  GPU context the batches go to (their buffers then pinned; NULL on the CPU). On failure
+ *  prints what is wrong and how to get the data. */
 FM_FN dtr_result fm_open_split(const char *dir, const char *split, int64_t batch, int shuffle, uint64_t seed,
-                             dtr_dataset **ds, dtr_loader **ld) {
+                             dtr_context *device, dtr_dataset **ds, dtr_loader **ld) {
     static const float mean = FM_MEAN, std = FM_STD;
     dtr_loader_config lc = dtr_loader_config_init();
     char img[600], lab[600], err[512];
@@ -408,6 +409,7 @@ FM_FN dtr_result fm_open_split(const char *dir, const char *split, int64_t batch
     lc.shuffle = shuffle;
     lc.seed = seed;
     lc.flatten = 1;
+    lc.device = device;
     lc.augment.norm_count = 1;
     lc.augment.mean = &mean;
     lc.augment.std = &std;
@@ -427,7 +429,7 @@ FM_FN dtr_result fm_evaluate_loader(dtr_context *ctx, fm_forward_fn forward, con
         dtr_batch batch;
         dtr_tensor *x, *y, *logits;
         dtr_result r = dtr_loader_next(test, &batch);
-        if (r == DTR_OK) r = dtr_batch_tensors(ctx, &batch, &x, &y);
+        if (r == DTR_OK) r = dtr_loader_tensors(test, ctx, &batch, &x, &y);
         if (r != DTR_OK || !(logits = forward(ctx, n, x))) return r != DTR_OK ? r : dtr_context_status(ctx);
         correct += fm_count_correct_t(logits, (const int32_t *)batch.y, batch.size);
         seen += batch.size;

@@ -71,15 +71,16 @@ int main(int argc, char **argv) {
     }
     o.dir = fm_data_dir(o.dir);
     memset(&net, 0, sizeof net);
-    if (fm_open_split(o.dir, "train", o.batch, 1, o.seed, &train_ds, &train) != DTR_OK ||
-        fm_open_split(o.dir, "t10k", 1000, 0, 0, &test_ds, &test) != DTR_OK)
-        goto done;
 
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
     if (!fm_backend(o.gpu, &cfg)) goto done;
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
+    /* the data: on the GPU the batch buffers are pinned and their copies queued (dtr_loader_tensors) */
+    if (fm_open_split(o.dir, "train", o.batch, 1, o.seed, o.gpu ? ctx : NULL, &train_ds, &train) != DTR_OK ||
+        fm_open_split(o.dir, "t10k", 1000, 0, 0, o.gpu ? ctx : NULL, &test_ds, &test) != DTR_OK)
+        goto done;
     if ((r = dtr_model_create(ctx, o.seed, &net.model)) != DTR_OK ||
         (r = dtr_conv2d_layer_init(&net.conv1, net.model, "conv1", 1, 32, 3, 1, 0, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
         (r = dtr_conv2d_layer_init(&net.conv2, net.model, "conv2", 32, 64, 3, 1, 0, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
@@ -109,7 +110,7 @@ int main(int argc, char **argv) {
             dtr_batch batch;
             dtr_tensor *x, *y, *loss;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
-            if ((r = dtr_batch_tensors(ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
+            if ((r = dtr_loader_tensors(train, ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
             loss = dtr_cross_entropy(ctx, cnn_forward(ctx, &net, x), y);
             if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
             loss_sum += (double)dtr_tensor_get(loss, 0) * (double)batch.size;   /* read before the reset */
@@ -129,9 +130,9 @@ int main(int argc, char **argv) {
 done:
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(net.model);
-    dtr_context_destroy(ctx);
-    dtr_loader_destroy(train);
+    dtr_loader_destroy(train);   /* before the context its buffers may come from */
     dtr_loader_destroy(test);
+    dtr_context_destroy(ctx);
     dtr_dataset_destroy(train_ds);
     dtr_dataset_destroy(test_ds);
     return rc;

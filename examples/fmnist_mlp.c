@@ -59,15 +59,16 @@ int main(int argc, char **argv) {
         return pa == 1 ? 0 : 2;
     }
     o.dir = fm_data_dir(o.dir);
-    if (fm_open_split(o.dir, "train", o.batch, 1, o.seed, &train_ds, &train) != DTR_OK ||
-        fm_open_split(o.dir, "t10k", 1000, 0, 0, &test_ds, &test) != DTR_OK)
-        goto done;
 
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
     if (!fm_backend(o.gpu, &cfg)) goto done;
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
+    /* the data: on the GPU the batch buffers are pinned and their copies queued (dtr_loader_tensors) */
+    if (fm_open_split(o.dir, "train", o.batch, 1, o.seed, o.gpu ? ctx : NULL, &train_ds, &train) != DTR_OK ||
+        fm_open_split(o.dir, "t10k", 1000, 0, 0, o.gpu ? ctx : NULL, &test_ds, &test) != DTR_OK)
+        goto done;
     if ((r = dtr_model_create(ctx, o.seed, &net.model)) != DTR_OK ||
         (r = dtr_linear_layer_init(&net.fc1, net.model, "fc1", FM_PIXELS, 256, 1, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
         (r = dtr_linear_layer_init(&net.fc2, net.model, "fc2", 256, 128, 1, DTR_INIT_KAIMING_UNIFORM)) != DTR_OK ||
@@ -111,7 +112,7 @@ int main(int argc, char **argv) {
             dtr_tensor *x, *y, *loss;
             double batch_loss;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
-            if ((r = dtr_batch_tensors(ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
+            if ((r = dtr_loader_tensors(train, ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
             loss = dtr_cross_entropy(ctx, mlp_forward(ctx, &net, x), y);
             if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
             batch_loss = (double)dtr_tensor_get(loss, 0);   /* read before the reset */
@@ -147,9 +148,9 @@ done:
     dtr_metrics_destroy(metrics);   /* writes the timeline */
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(net.model);
-    dtr_context_destroy(ctx);
-    dtr_loader_destroy(train);
+    dtr_loader_destroy(train);   /* before the context its buffers may come from */
     dtr_loader_destroy(test);
+    dtr_context_destroy(ctx);
     dtr_dataset_destroy(train_ds);
     dtr_dataset_destroy(test_ds);
     return rc;

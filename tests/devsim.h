@@ -22,16 +22,20 @@
 
 typedef struct devsim_block { void *p; size_t bytes, mapped; } devsim_block;
 
-/* a copy to_host_async queued: it lands when its event is waited for, or queried a second
-   time (the first query says "not yet"), or at a synchronisation: code that reads the
-   destination before its event completed reads what was there before */
-typedef struct devsim_copy { void *dst; const void *src; size_t bytes; int pending, queries; } devsim_copy;
+/* an async copy queued. to_host_async's lands when its event is waited for, or queried a
+   second time (the first query says "not yet"), or at a synchronisation: code that reads the
+   destination before its event completed reads what was there before. from_host_async's are
+   on the stream: they land, in order, before the next backend call that runs there (or at
+   their event, or a synchronisation), reading the source then: code that changes the source
+   before the event completed sends the new bytes */
+typedef struct devsim_copy { void *dst; const void *src; size_t bytes; int pending, queries, to_dev; long seq; } devsim_copy;
 
 typedef struct devsim_state {
     devsim_block *b;
     int n, cap, depth;   /* depth > 0: inside a backend call (blocks open) */
     devsim_copy copies[DTR__ASYNC_COPIES];
-    int next_copy;
+    int next_copy, landing;
+    long seq;            /* copies queued so far (their order) */
 } devsim_state;
 
 static int devsim__violations;
@@ -44,9 +48,13 @@ static void devsim__protect(devsim_state *s, int open) {
     for (i = 0; i < s->n; i++) mprotect(s->b[i].p, s->b[i].mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
 }
 
-/* a backend call: the blocks open for its duration (calls may nest) */
+static void devsim__land_to_dev(dtr_context *ctx, long upto);
+
+/* a backend call: the blocks open for its duration (calls may nest); the stream's queued
+   copies land first */
 static void devsim__enter(dtr_context *ctx) {
     devsim_state *s = devsim__st(ctx);
+    if (s->depth == 0 && !s->landing) devsim__land_to_dev(ctx, s->seq);
     if (s->depth++ == 0) devsim__protect(s, 1);
 }
 static void devsim__leave(dtr_context *ctx) {
@@ -145,23 +153,49 @@ static dtr_result devsim__from_host(dtr_context *ctx, void *dst, const void *src
 }
 
 static void devsim__land(dtr_context *ctx, devsim_copy *c) {
-    if (c->pending) (void)devsim__copy(ctx, c->dst, c->src, c->bytes, 1);
+    devsim_state *s = devsim__st(ctx);
+    if (c->pending && c->to_dev) { devsim__land_to_dev(ctx, c->seq); return; }
+    if (c->pending) s->landing++, (void)devsim__copy(ctx, c->dst, c->src, c->bytes, 1), s->landing--;
     c->pending = 0;
+}
+/* the stream's copies to the device queued up to number `upto`, in order */
+static void devsim__land_to_dev(dtr_context *ctx, long upto) {
+    devsim_state *s = devsim__st(ctx);
+    for (;;) {
+        devsim_copy *first = NULL;
+        int i;
+        for (i = 0; i < DTR__ASYNC_COPIES; i++) {
+            devsim_copy *c = &s->copies[i];
+            if (c->pending && c->to_dev && c->seq <= upto && (!first || c->seq < first->seq)) first = c;
+        }
+        if (!first) return;
+        s->landing++;
+        (void)devsim__copy(ctx, first->dst, first->src, first->bytes, 0);
+        s->landing--;
+        first->pending = 0;
+    }
 }
 static devsim_copy *devsim__as_copy(dtr_context *ctx, dtr_event *ev) {
     devsim_state *s = devsim__st(ctx);
     devsim_copy *c = (devsim_copy *)(void *)ev;
     return c >= s->copies && c < s->copies + DTR__ASYNC_COPIES ? c : NULL;
 }
-static dtr_result devsim__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+static dtr_result devsim__queue(dtr_context *ctx, void *dst, const void *src, size_t bytes, int to_dev, dtr_event **done) {
     devsim_state *s = devsim__st(ctx);
     devsim_copy *c = &s->copies[s->next_copy];
     s->next_copy = (s->next_copy + 1) % DTR__ASYNC_COPIES;
-    devsim__land(ctx, c);   /* the slot's earlier copy (its event is no longer valid) */
-    c->dst = dst, c->src = src, c->bytes = bytes, c->pending = 1, c->queries = 0;
+    if (!to_dev) devsim__land_to_dev(ctx, s->seq);   /* a copy to the host starts after the stream's work */
+    devsim__land(ctx, c);   /* the slot's earlier copy (its event now stands for this one) */
+    c->dst = dst, c->src = src, c->bytes = bytes, c->pending = 1, c->queries = 0, c->to_dev = to_dev, c->seq = ++s->seq;
     __atomic_add_fetch(&devsim_async_copies, 1, __ATOMIC_RELAXED);
     *done = (dtr_event *)(void *)c;
     return DTR_OK;
+}
+static dtr_result devsim__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    return devsim__queue(ctx, dst, src, bytes, 0, done);
+}
+static dtr_result devsim__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    return devsim__queue(ctx, dst, src, bytes, 1, done);
 }
 
 static int devsim__supports_op(const dtr_context *ctx, int op) { return dtr__cpu_backend.supports_op(ctx, op); }
@@ -234,7 +268,8 @@ static const dtr_backend devsim__vt = {
     DTR_VERSION_NUMBER, sizeof(dtr_backend), "devsim", 0u, devsim__init, devsim__shutdown, devsim__alloc, devsim__free,
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
-    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async};
+    devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
+    devsim__from_host_async};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

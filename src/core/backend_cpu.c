@@ -115,5 +115,6 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_sync,
     NULL,
     NULL,
+    NULL,
     NULL
 };

@@ -415,6 +415,12 @@ dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size
     return ctx->backend->to_host(ctx, dst, src, bytes);
 }
 
+dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    *done = NULL;
+    if (ctx->backend->from_host_async) return ctx->backend->from_host_async(ctx, dst, src, bytes, done);
+    return ctx->backend->from_host(ctx, dst, src, bytes);
+}
+
 /* ---- spares ----
  * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
  * gradient once the op that made it has run its backward, and with release_activations an

@@ -343,20 +343,27 @@ struct dtr_backend {
     void (*host_free)(dtr_context *ctx, void *p);
     /* copies bytes of backend memory src to host memory dst (from host_alloc) beside the
        context's stream: the copy starts once the work queued on the stream so far has
-       completed, the stream goes on meanwhile, and *done completes with the copy (valid
-       until dtr_context_reset and for the next DTR__ASYNC_COPIES calls); the caller leaves
-       src unchanged and dst unread until then. NULL: the core calls to_host (synchronous)
-       instead (dtr__to_host_async) */
+       completed, the stream goes on meanwhile, and *done completes with the copy; the caller
+       leaves src unchanged and dst unread until then. NULL: the core calls to_host
+       (synchronous) instead (dtr__to_host_async). The events of async copies (either way)
+       outlive dtr_context_reset; after DTR__ASYNC_COPIES later ones an event may stand for a
+       later point of the streams (waiting on it then waits longer, never less) */
     dtr_result (*to_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+    /* copies bytes of host memory src (from host_alloc) to backend memory dst, queued on the
+       context's stream (work queued later sees it) without waiting; *done completes with
+       the copy, and src stays unchanged until then. NULL: the core calls from_host
+       (synchronous) instead (dtr__from_host_async) */
+    dtr_result (*from_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
  *  allocator. NULL when out of memory. Free with dtr__host_free. */
 DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
 DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
-/** The backend's to_host_async, or on a backend without one its synchronous to_host with
- *  *done NULL (complete). */
+/** The backend's to_host_async / from_host_async, or on a backend without them its
+ *  synchronous to_host / from_host with *done NULL (complete). */
 DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+DTR__PRIVATE dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */

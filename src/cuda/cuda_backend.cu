@@ -243,6 +243,15 @@ static dtr_result dtr__cuda_to_host_async(dtr_context *ctx, void *dst, const voi
     return dtr__cuda_event_on(ctx, &s->copy_events, s->copies, done);
 }
 
+/* page-locked src: the copy is queued on the stream (kernels queued later see it) and the host
+   goes on; the copies' ring marks its end (the loader keeps src until then) */
+static dtr_result dtr__cuda_from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    if (dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream), "cudaMemcpyAsync to device") != DTR_OK)
+        return ctx->status;
+    return dtr__cuda_event_on(ctx, &s->copy_events, s->stream, done);
+}
+
 static dtr_result dtr__cuda_event_wait(dtr_context *ctx, dtr_event *ev) {
     if (!ev) return DTR_OK;
     if (dtr__cuda_check(ctx, cudaEventSynchronize(*(cudaEvent_t *)ev), "cudaEventSynchronize") != DTR_OK) return ctx->status;
@@ -318,7 +327,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_sync,
     dtr__cuda_host_alloc,
     dtr__cuda_host_free,
-    dtr__cuda_to_host_async
+    dtr__cuda_to_host_async,
+    dtr__cuda_from_host_async
 };
 
 /* ---- public entry points ---- */

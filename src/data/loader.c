@@ -38,7 +38,8 @@ typedef struct dtr__slot {
     int ready;
     dtr_result result;
     char msg[512];
-    void *x, *y;              /* batch_size samples */
+    void *x, *y;              /* batch_size samples (cfg.device: its backend's host memory) */
+    dtr_event *uploaded;      /* dtr_loader_tensors' copies to cfg.device (NULL: none pending) */
     int64_t *indices;
     int64_t size;
     int64_t skipped, cache_hits;
@@ -346,6 +347,21 @@ static void dtr__loader_stop(dtr_loader *l) {
         if (l->workers[i].started) pthread_join(l->workers[i].th, NULL);
 }
 
+/* a batch buffer: the device context's staging memory (page-locked on CUDA), or the allocator's */
+static void *dtr__loader_buf(dtr_loader *l, size_t bytes) {
+    return l->cfg.device ? dtr__host_alloc(l->cfg.device, bytes) : dtr__malloc(&l->alloc, bytes);
+}
+static void dtr__loader_buf_free(dtr_loader *l, void *p) {
+    if (p && l->cfg.device) dtr__host_free(l->cfg.device, p);
+    else dtr__free(&l->alloc, p);
+}
+
+/* waits for the copies dtr_loader_tensors queued from the slot (before it is refilled or freed) */
+static void dtr__loader_settle(dtr_loader *l, dtr__slot *s) {
+    if (s->uploaded) (void)dtr_event_wait(l->cfg.device, s->uploaded);
+    s->uploaded = NULL;
+}
+
 void dtr_loader_destroy(dtr_loader *l) {
     dtr_allocation_callbacks a;
     int i;
@@ -360,8 +376,9 @@ void dtr_loader_destroy(dtr_loader *l) {
     if (l->cache_mu_ok) pthread_mutex_destroy(&l->cache_mu);
     if (l->slots) {
         for (i = 0; i < l->depth; i++) {
-            dtr__free(&a, l->slots[i].x);
-            dtr__free(&a, l->slots[i].y);
+            dtr__loader_settle(l, &l->slots[i]);
+            dtr__loader_buf_free(l, l->slots[i].x);
+            dtr__loader_buf_free(l, l->slots[i].y);
             dtr__free(&a, l->slots[i].indices);
         }
         dtr__free(&a, l->slots);
@@ -526,8 +543,8 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     for (i = 0; i < l->depth; i++) {
         dtr__slot *s = &l->slots[i];
         s->seq = -1;
-        s->x = dtr__malloc(a, (size_t)l->B * l->x_bytes);
-        s->y = l->y_bytes ? dtr__malloc(a, (size_t)l->B * l->y_bytes) : NULL;
+        s->x = dtr__loader_buf(l, (size_t)l->B * l->x_bytes);
+        s->y = l->y_bytes ? dtr__loader_buf(l, (size_t)l->B * l->y_bytes) : NULL;
         s->indices = (int64_t *)dtr__malloc(a, (size_t)l->B * sizeof(int64_t));
         if (!s->x || (l->y_bytes && !s->y) || !s->indices) {
             r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %d batches of %lld samples", l->depth,
@@ -579,10 +596,12 @@ dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out) {
     if (l->nthreads == 0) {
         if (l->held) l->head++;
         slot = &l->slots[0];
+        dtr__loader_settle(l, slot);
         dtr__fill(l, &l->workers[0], l->head, slot);
         slot->seq = l->head;
         l->held = 1;
     } else {
+        if (l->held) dtr__loader_settle(l, &l->slots[l->head % l->depth]);
         pthread_mutex_lock(&l->mu);
         if (l->held) {
             l->slots[l->head % l->depth].ready = 0;
@@ -699,6 +718,7 @@ dtr_result dtr_loader_set_cursor(dtr_loader *l, const dtr_loader_cursor *c) {
     l->sampler.seed = c->seed;
     for (i = 0; i < l->n_ep; i++) l->ep_epoch[i] = -1;
     for (i = 0; i < l->depth; i++) {
+        dtr__loader_settle(l, &l->slots[i]);
         l->slots[i].ready = 0;
         l->slots[i].seq = -1;
     }
@@ -726,6 +746,29 @@ dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **
         if (!*y) return dtr_context_status(ctx);
     }
     return DTR_OK;
+}
+
+/* x or y of the held slot into an arena tensor of the device context, queued */
+static dtr_tensor *dtr__loader_upload(dtr_loader *l, dtr__slot *s, dtr_dtype dt, int ndim, const int64_t *shape, const void *src) {
+    dtr_context *ctx = l->cfg.device;
+    dtr_tensor *t = dtr__tensor_alloc(ctx, dt, ndim, shape, "dtr_loader_tensors");
+    dtr_result r;
+    if (!t) return NULL;
+    r = dtr__from_host_async(ctx, dtr__data(t), src, (size_t)dtr_tensor_numel(t) * dtr_dtype_size(dt), &s->uploaded);
+    return r == DTR_OK ? t : dtr__failt(ctx, r, "dtr_loader_tensors: copy to the device failed");
+}
+
+dtr_result dtr_loader_tensors(dtr_loader *l, dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y) {
+    dtr__slot *s;
+    if (x) *x = NULL;
+    if (y) *y = NULL;
+    if (!l || !ctx || !b || !x || !b->x) return DTR_NULL_HANDLE;
+    s = l->held ? &l->slots[l->nthreads ? l->head % l->depth : 0] : NULL;
+    if (ctx != l->cfg.device || !s || b->x != s->x || dtr__host_memory(ctx)) return dtr_batch_tensors(ctx, b, x, y);
+    dtr__loader_settle(l, s);   /* a second call for the same batch */
+    *x = dtr__loader_upload(l, s, b->x_dtype, b->x_ndim, b->x_shape, b->x);
+    if (*x && y && b->y) *y = dtr__loader_upload(l, s, b->y_dtype, b->y_ndim, b->y_shape, b->y);
+    return dtr_context_status(ctx);
 }
 
 /* ---- state ---- */

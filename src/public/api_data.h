@@ -340,6 +340,7 @@ typedef struct dtr_batch {
 
 /** Copies a batch into arena tensors of `ctx` (dtr_tensor_from): *x gets the batch's x
  *  shape and dtype, *y its labels (NULL when unlabeled; `y` may be NULL to skip them).
+ *  For a loader's batch on a GPU, dtr_loader_tensors does not wait for the copies.
  *  @return DTR_OK, DTR_NULL_HANDLE, or the context's error (arena full ...).
  *  Thread safety: the context's thread. */
 DTR_API dtr_result dtr_batch_tensors(dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y);
@@ -378,6 +379,11 @@ typedef struct dtr_loader_config {
     int skip_bad;                     /**< 1: a sample that fails to load is replaced by the next
                                            dataset index that loads, and counted (dtr_loader_get_stats);
                                            0: dtr_loader_next returns the error naming the sample */
+    dtr_context *device;              /**< the context the batches go to (a GPU's): the batch buffers
+                                           are the host memory its backend copies fastest from
+                                           (page-locked on CUDA) and dtr_loader_tensors queues
+                                           their copies without waiting; it must outlive the
+                                           loader. NULL: plain host memory (the allocator) */
     dtr_allocation_callbacks alloc;   /**< zero: libc */
 } dtr_loader_config;
 
@@ -415,6 +421,16 @@ DTR_API int64_t dtr_loader_batches(const dtr_loader *l);
  *          loader has moved past that batch and can go on.
  *  Thread safety: the thread that calls dtr_loader_next. */
 DTR_API dtr_result dtr_loader_next(dtr_loader *l, dtr_batch *out);
+
+/** dtr_batch_tensors for `b`, the batch dtr_loader_next handed out last. With cfg.device ==
+ *  ctx (a GPU's context) the copies from the page-locked batch buffers are queued on the
+ *  context's stream and the call returns at once: the host goes on queueing the step while
+ *  the batch travels, and the loader keeps the buffer until the copies are done (the next
+ *  dtr_loader_next waits for them before the buffer is refilled). Otherwise (CPU, another
+ *  batch, no cfg.device) it is dtr_batch_tensors.
+ *  @return as dtr_batch_tensors. Thread safety: the thread that calls dtr_loader_next, which
+ *  is the context's. */
+DTR_API dtr_result dtr_loader_tensors(dtr_loader *l, dtr_context *ctx, const dtr_batch *b, dtr_tensor **x, dtr_tensor **y);
 
 /** The message of the last error of dtr_loader_next, or "".
  *  Thread safety: the thread that calls dtr_loader_next. */

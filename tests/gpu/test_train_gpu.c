@@ -406,6 +406,59 @@ static void test_data_parallel(void) {
     CHECK(bf[0].stats.wire_bytes * 2 <= bf[0].stats.raw_bytes + 64);
 }
 
+/* The loader's batches go to the device without a wait (dtr_loader_tensors, cfg.device):
+   its buffers are the backend's host memory (pinned on CUDA), and every batch's tensors hold
+   what a plain loader hands out, also when they are read only after later batches came (the
+   loader kept each buffer until its copies were done; the simulated device lands a copy late,
+   reading its source then). 0 and 2 prefetch threads. */
+static void test_loader_upload(void) {
+    enum { N = 40, D = 6, BATCH = 8, NB = 5 };
+    static float xs[N * D], want_x[NB][BATCH * D], got_x[BATCH * D];
+    static int32_t ys[N], want_y[NB][BATCH], got_y[BATCH];
+    dtr_memory_dataset_config mc = dtr_memory_dataset_config_init();
+    dtr_dataset *ds = NULL;
+    char err[256];
+    int i, k, threads;
+    for (i = 0; i < N * D; i++) xs[i] = (float)i * 0.25f - 7.0f;
+    for (i = 0; i < N; i++) ys[i] = i % 7;
+    mc.count = N, mc.x = xs, mc.y = ys;
+    mc.layout.x_dtype = DTR_F32, mc.layout.x_ndim = 1, mc.layout.x_shape[0] = D, mc.layout.y_dtype = DTR_I32;
+    CHECK(dtr_dataset_from_memory(&mc, &ds, err, sizeof err) == DTR_OK);
+    for (threads = 0; ds && threads <= 2; threads += 2) {
+        dtr_context *dev = make_ctx(1);
+        dtr_loader_config lc = dtr_loader_config_init();
+        dtr_loader *ref = NULL, *l = NULL;
+        dtr_tensor *tx[NB], *ty[NB];
+        lc.batch_size = BATCH, lc.shuffle = 1, lc.seed = 5, lc.threads = threads;
+        CHECK(dev && dtr_loader_create(ds, &lc, &ref, err, sizeof err) == DTR_OK);
+        lc.device = dev;
+        CHECK(dtr_loader_create(ds, &lc, &l, err, sizeof err) == DTR_OK);
+        for (k = 0; l && ref && k < NB; k++) {
+            dtr_batch a, b;
+            CHECK(dtr_loader_next(ref, &a) == DTR_OK && dtr_loader_next(l, &b) == DTR_OK);
+            memcpy(want_x[k], a.x, sizeof want_x[k]);
+            memcpy(want_y[k], a.y, sizeof want_y[k]);
+            CHECK_OK(dev, dtr_loader_tensors(l, dev, &b, &tx[k], &ty[k]));
+        }
+#ifdef TRAIN_DEVSIM
+        CHECK_MSG(devsim_host_blocks >= 2, "the device loader's buffers: %d staging blocks", devsim_host_blocks);
+#endif
+        for (k = 0; l && ref && k < NB; k++) {
+            CHECK_OK(dev, dtr_tensor_read(tx[k], DTR_F32, got_x, BATCH * D));
+            CHECK_OK(dev, dtr_tensor_read(ty[k], DTR_I32, got_y, BATCH));
+            CHECK_MSG(memcmp(got_x, want_x[k], sizeof got_x) == 0 && memcmp(got_y, want_y[k], sizeof got_y) == 0,
+                      "%d threads: batch %d on the device differs from the host batch", threads, k);
+        }
+        dtr_loader_destroy(l);
+        dtr_loader_destroy(ref);
+        dtr_context_destroy(dev);
+#ifdef TRAIN_DEVSIM
+        CHECK_EQ_INT(devsim_host_blocks, 0);
+#endif
+    }
+    dtr_dataset_destroy(ds);
+}
+
 int main(void) {
     (void)test_ctx;
     if (DEVICE_COUNT() <= 0) {
@@ -418,6 +471,7 @@ int main(void) {
     RUN(test_checkpoint);
     RUN(test_host_only_engines);
     RUN(test_data_parallel);
+    RUN(test_loader_upload);
 #ifdef TRAIN_DEVSIM
     CHECK_EQ_INT(devsim__violations, 0);
 #endif
