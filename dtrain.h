@@ -3345,11 +3345,13 @@ typedef struct dtr_ps dtr_ps;
  *  its range, a worker its buffers; then the engine's own group is split from `c` (a
  *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
- *  bounds what it waits for.
+ *  bounds what it waits for. A worker's model may live on a device (a GPU context): its
+ *  pushes and pulls go through a host copy of the gradients (page-locked on CUDA) and the
+ *  backend's copies; a server's model lives in host memory (a CPU context).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
  *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate, backup_workers; the context's message
  *  says which),
- *  DTR_UNSUPPORTED (LAMB, clip_norm, a model in device memory, push_compress TOPK or POWERSGD),
+ *  DTR_UNSUPPORTED (LAMB, clip_norm, a server's model in device memory, push_compress TOPK or POWERSGD),
  *  DTR_OUT_OF_MEMORY. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
@@ -3890,7 +3892,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3894 "dtrain.h"
+#line 3896 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4497,7 +4499,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4501 "dtrain.h"
+#line 4503 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4778,7 +4780,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4782 "dtrain.h"
+#line 4784 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4840,7 +4842,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4844 "dtrain.h"
+#line 4846 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5170,7 +5172,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5174 "dtrain.h"
+#line 5176 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5213,7 +5215,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5217 "dtrain.h"
+#line 5219 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5243,7 +5245,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5247 "dtrain.h"
+#line 5249 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5277,7 +5279,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5281 "dtrain.h"
+#line 5283 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5351,7 +5353,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5355 "dtrain.h"
+#line 5357 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5419,7 +5421,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5423 "dtrain.h"
+#line 5425 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5469,7 +5471,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5473 "dtrain.h"
+#line 5475 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5821,7 +5823,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5825 "dtrain.h"
+#line 5827 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6612,7 +6614,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6616 "dtrain.h"
+#line 6618 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7178,7 +7180,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7182 "dtrain.h"
+#line 7184 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7249,7 +7251,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7253 "dtrain.h"
+#line 7255 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7688,7 +7690,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7692 "dtrain.h"
+#line 7694 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7920,7 +7922,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7924 "dtrain.h"
+#line 7926 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8151,7 +8153,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8155 "dtrain.h"
+#line 8157 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8266,7 +8268,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8270 "dtrain.h"
+#line 8272 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8322,7 +8324,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8326 "dtrain.h"
+#line 8328 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8752,7 +8754,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8756 "dtrain.h"
+#line 8758 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8931,7 +8933,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8935 "dtrain.h"
+#line 8937 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9460,7 +9462,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9464 "dtrain.h"
+#line 9466 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9959,7 +9961,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9963 "dtrain.h"
+#line 9965 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10218,7 +10220,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10222 "dtrain.h"
+#line 10224 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10489,7 +10491,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10493 "dtrain.h"
+#line 10495 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10613,7 +10615,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10617 "dtrain.h"
+#line 10619 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11112,7 +11114,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11116 "dtrain.h"
+#line 11118 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11281,7 +11283,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11285 "dtrain.h"
+#line 11287 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11530,7 +11532,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11534 "dtrain.h"
+#line 11536 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12049,7 +12051,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12053 "dtrain.h"
+#line 12055 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12184,7 +12186,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12188 "dtrain.h"
+#line 12190 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12531,7 +12533,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12535 "dtrain.h"
+#line 12537 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12597,7 +12599,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12601 "dtrain.h"
+#line 12603 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12834,7 +12836,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12838 "dtrain.h"
+#line 12840 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13583,7 +13585,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13587 "dtrain.h"
+#line 13589 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14036,7 +14038,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14040 "dtrain.h"
+#line 14042 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14092,7 +14094,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14096 "dtrain.h"
+#line 14098 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14869,7 +14871,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14873 "dtrain.h"
+#line 14875 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15450,7 +15452,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15454 "dtrain.h"
+#line 15456 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16081,7 +16083,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16085 "dtrain.h"
+#line 16087 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16871,7 +16873,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16875 "dtrain.h"
+#line 16877 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17224,7 +17226,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17228 "dtrain.h"
+#line 17230 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17414,7 +17416,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17418 "dtrain.h"
+#line 17420 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17595,7 +17597,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17599 "dtrain.h"
+#line 17601 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18370,7 +18372,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18374 "dtrain.h"
+#line 18376 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18887,7 +18889,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18891 "dtrain.h"
+#line 18893 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19682,7 +19684,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19686 "dtrain.h"
+#line 19688 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20864,7 +20866,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20868 "dtrain.h"
+#line 20870 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21486,7 +21488,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21490 "dtrain.h"
+#line 21492 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21975,7 +21977,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21979 "dtrain.h"
+#line 21981 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22705,7 +22707,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22709 "dtrain.h"
+#line 22711 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22941,7 +22943,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22945 "dtrain.h"
+#line 22947 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23320,7 +23322,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23324 "dtrain.h"
+#line 23326 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23506,7 +23508,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23510 "dtrain.h"
+#line 23512 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23977,7 +23979,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23981 "dtrain.h"
+#line 23983 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24471,7 +24473,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24475 "dtrain.h"
+#line 24477 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -24543,6 +24545,7 @@ struct dtr_ps {
     int wire;                  /* a push's payload dtype: push_dtype, or push_compress's (DTR__PS_INT8: blocks) */
     float *resid;              /* INT8: error feedback, what the blocks lost (numel floats) */
     int pushed;                /* a push since the last pull */
+    float *stage;              /* a model in device memory: the host copy of its gradients (numel floats) */
 };
 
 static const size_t dtr__ps_hdr_bytes = sizeof(dtr__ps_hdr);
@@ -24608,11 +24611,28 @@ size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
     return sizeof *h + segs + pay + 8;
 }
 
+/* worker: the gradients the pushes read: the model's, or a device model's host copy */
+static const float *dtr__ps_grads(const dtr_ps *ps) { return ps->stage ? ps->stage : dtr_model_grads(ps->m); }
+
+/* worker: floats [b, b + n) of the gradients into the host copy (a device model's; else nothing) */
+static dtr_result dtr__ps_stage(dtr_ps *ps, int64_t b, int64_t n) {
+    if (!ps->stage || n <= 0) return DTR_OK;
+    return ps->ctx->backend->to_host(ps->ctx, ps->stage + b, dtr_model_grads(ps->m) + b, (size_t)n * sizeof(float));
+}
+
+/* worker: n pulled floats into the model's parameters at b (a device model's through the backend) */
+static dtr_result dtr__ps_put_params(dtr_ps *ps, int64_t b, const void *src, int64_t n) {
+    float *p = dtr_model_params(ps->m) + b;
+    if (ps->stage) return ps->ctx->backend->from_host(ps->ctx, p, src, (size_t)n * sizeof(float));
+    memcpy(p, src, (size_t)n * sizeof(float));
+    return DTR_OK;
+}
+
 /* worker: range s's gradient into msg[s]'s payload in wire dtype dt; INT8 adds the residual
    of error feedback first and keeps what the blocks lost in it */
 static void dtr__ps_encode(dtr_ps *ps, int s, int dt) {
     int64_t b = ps->range[s], len = ps->range[s + 1] - b, c;
-    const float *g = dtr_model_grads(ps->m) + b;
+    const float *g = dtr__ps_grads(ps) + b;
     uint8_t *out = ps->msg[s] + dtr__ps_hdr_bytes;
     float *acc = ps->resid + b;   /* allocated with the INT8 wire */
     if (dt != DTR__PS_INT8) {
@@ -24762,9 +24782,10 @@ static dtr_result dtr__ps_check_rounds(dtr_context *ctx, const dtr_ps_config *cf
 
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
     int size = dtr_comm_size(c);
-    if (!dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
-                         "version (backend %s: use the CPU backend)", ctx->backend->name);
+    if (!dtr__host_memory(ctx) && dtr_comm_rank(c) < S * (1 + (cfg->replicas > 0)))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: a server keeps its range in host memory in this version "
+                         "(backend %s: give the server ranks CPU contexts; workers may train on a device)",
+                         ctx->backend->name);
     if (cfg->replicas < 0 || cfg->replicas > 1)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas %d (0 or 1)", cfg->replicas);
     if (S < 1 || S * (1 + cfg->replicas) >= size || S > 64)
@@ -24829,6 +24850,10 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     ps->target = (int *)dtr__calloc(a, (size_t)ps->S * sizeof(int));
     if (!ps->msg || !ps->rep || !ps->sclock || !ps->target) return DTR_OUT_OF_MEMORY;
     for (s = 0; s < ps->S; s++) ps->target[s] = s;
+    if (!dtr__host_memory(ps->ctx)) {   /* pinned on CUDA */
+        ps->stage = (float *)dtr__host_alloc(ps->ctx, (size_t)dtr_model_numel(ps->m) * sizeof(float));
+        if (!ps->stage) return DTR_OUT_OF_MEMORY;
+    }
     for (s = 0; s < ps->S; s++) {
         ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
         ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
@@ -24931,6 +24956,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
     dtr__free(&a, ps->sclock);
     dtr__free(&a, ps->resid);
+    if (ps->stage) dtr__host_free(ps->ctx, ps->stage);
     dtr__free(&a, ps->range);
     dtr_comm_destroy(ps->g);
     dtr__free(&a, ps);
@@ -25614,6 +25640,7 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
+    if ((r = dtr__ps_stage(ps, 0, dtr_model_numel(ps->m))) != DTR_OK) return r;
     r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_PUSH, clock) : dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
     if (ps->cfg.replicas) ps->st.pushes_acked++;
@@ -25643,10 +25670,9 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
     int64_t b = ps->range[s], len = ps->range[s + 1] - b;
     dtr__ps_hdr h;
     dtr_result r = dtr__ps_check_reply(ps, s, b, len, &h);
-    if (r != DTR_OK) return r;
-    memcpy(dtr_model_params(ps->m) + b, ps->rep[s] + dtr__ps_hdr_bytes, (size_t)len * sizeof(float));
-    ps->sclock[s] = h.clock;
-    return DTR_OK;
+    if (r == DTR_OK) r = dtr__ps_put_params(ps, b, ps->rep[s] + dtr__ps_hdr_bytes, len);
+    if (r == DTR_OK) ps->sclock[s] = h.clock;
+    return r;
 }
 
 /* replicas: one range after the other, each from the server that holds it now */
@@ -25765,10 +25791,12 @@ dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
         dtr__ps_hdr h;
         if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, es, &nseg, &values)) != DTR_OK || nseg == 0) continue;
         val = ps->msg[s] + dtr__ps_hdr_bytes + (size_t)nseg * 16;
-        for (i = 0, at = 0; i < nseg; at += seg[1], i++) {
+        for (i = 0, at = 0; i < nseg && r == DTR_OK; at += seg[1], i++) {
             dtr__ps_segment(ps->msg[s], i, seg);
-            dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr_model_grads(ps->m) + seg[0], DTR_F32, (size_t)seg[1]);
+            if ((r = dtr__ps_stage(ps, seg[0], seg[1])) == DTR_OK)
+                dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr__ps_grads(ps) + seg[0], DTR_F32, (size_t)seg[1]);
         }
+        if (r != DTR_OK) break;
         h = dtr__ps_header(DTR__PS_PUSH_ROWS, ps->index, ps->wclock, nseg, values, (int)ps->cfg.push_dtype);
         ps->st.bytes_sent += dtr__ps_message_bytes(&h);
         r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k]);
@@ -25776,9 +25804,10 @@ dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     }
     if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push_rows", r);
-    for (i = 0; i < n; i++) memset(dtr_model_grads(ps->m) + off + rows[i] * dim, 0, (size_t)dim * sizeof(float));
+    for (i = 0; i < n && r == DTR_OK; i++) r = ps->ctx->backend->memset0(ps->ctx, dtr_model_grads(ps->m) + off + rows[i] * dim,
+                                                                   (size_t)dim * sizeof(float));
     ps->st.row_pushes++;
-    return DTR_OK;
+    return r;
 }
 
 /* scatters server s's reply to a PULL_ROWS of nseg segments (in msg[s]) into the parameters */
@@ -25788,8 +25817,7 @@ static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t val
     dtr_result r = dtr__ps_check_reply(ps, s, nseg, values, &h);
     for (i = 0; i < nseg && r == DTR_OK; i++) {
         dtr__ps_segment(ps->msg[s], i, seg);
-        memcpy(dtr_model_params(ps->m) + seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float),
-               (size_t)seg[1] * sizeof(float));
+        r = dtr__ps_put_params(ps, seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), seg[1]);
         at += seg[1];
     }
     return r;
@@ -25820,7 +25848,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25824 "dtrain.h"
+#line 25852 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25874,7 +25902,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25878 "dtrain.h"
+#line 25906 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27037,7 +27065,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27041 "dtrain.h"
+#line 27069 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27935,7 +27963,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27939 "dtrain.h"
+#line 27967 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29405,7 +29433,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29409 "dtrain.h"
+#line 29437 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29789,7 +29817,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29793 "dtrain.h"
+#line 29821 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29938,7 +29966,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29942 "dtrain.h"
+#line 29970 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

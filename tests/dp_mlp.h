@@ -16,10 +16,12 @@ typedef struct mlp {
     dtr_optimizer *opt;
 } mlp;
 
-static int mlp_init(mlp *n, uint64_t seed, int accum) {
+/* the MLP on `ctx` (the net owns it from here) */
+static int mlp_init_on(mlp *n, dtr_context *ctx, uint64_t seed, int accum) {
     dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.05f);
     memset(n, 0, sizeof *n);
-    n->ctx = test_ctx(1);
+    n->ctx = ctx;
+    if (!ctx) return 0;
     oc.momentum = 0.9f;
     oc.grad_accum_steps = accum;
     if (dtr_model_create(n->ctx, seed, &n->m) != DTR_OK) return 0;
@@ -28,6 +30,9 @@ static int mlp_init(mlp *n, uint64_t seed, int accum) {
     if (dtr_model_build(n->m) != DTR_OK) return 0;
     return dtr_optimizer_create(n->m, &oc, &n->opt) == DTR_OK;
 }
+
+/* the MLP on a CPU context of one thread */
+#define mlp_init(n, seed, accum) mlp_init_on((n), test_ctx(1), (seed), (accum))
 
 static void mlp_free(mlp *n) {
     dtr_optimizer_destroy(n->opt);

@@ -49,8 +49,14 @@
  *   test_ps_worker_gone   an isolated group, worker 2 leaves after 5 steps without finishing:
  *                         CONTINUE drops it (workers_lost 1) and the others finish their 20
  *                         steps; FAIL fails every rank naming it
+ *   test_ps_device_workers the workers' models on the simulated device (tests/devsim.h): SYNC
+ *                         with f32, int8 and bf16 pushes and with replicas end on the CPU
+ *                         workers' bits on every rank; sparse rows too (test_ps_rows' checks);
+ *                         the host copies came from the backend and were freed; a server on
+ *                         the device is refused, saying so
  * (tests/test_fabric.c SIGKILLs primaries and workers of real processes.) */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
 #include "../examples/common.h"
 #include <pthread.h>
@@ -59,6 +65,7 @@
 #include "posix_util.h"
 
 #include "dp_mlp.h"
+#include "devsim.h"
 
 #define MAXR 8
 
@@ -80,6 +87,7 @@ typedef struct ps_job {
     int try_rows;                              /* worker 0 tries dtr_ps_push_rows first (rows_result) */
     dtr_result rows_result;
     int dp;                                    /* 1: all-reduce data parallelism over W ranks instead */
+    int devsim_workers;                        /* 1: the workers' models on the simulated device */
     void *(*rank_fn)(void *);                  /* NULL: rank_main */
     dtr_local_world *w;
     /* results, by rank */
@@ -204,9 +212,21 @@ static dtr_result fm_worker(ps_job *j, fm_net *net, dtr_ps *ps, int wi) {
 
 /* a copy of rank's parameters for the checks after the job */
 static void keep_params(ps_job *j, int rank, dtr_model *m) {
+    dtr_context *ctx = dtr_model_context(m);
     j->numel = dtr_model_numel(m);
     j->params[rank] = (float *)malloc((size_t)j->numel * sizeof(float));
-    memcpy(j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float));
+    if (ctx->backend->to_host(ctx, j->params[rank], dtr_model_params(m), (size_t)j->numel * sizeof(float)) != DTR_OK)
+        memset(j->params[rank], 0xff, (size_t)j->numel * sizeof(float));   /* NaN: compares unequal */
+}
+
+/* a rank's context: the simulated device for a worker of a job with devsim_workers */
+static dtr_context *rank_ctx(const ps_job *j, int rank) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    if (!j->devsim_workers || rank < j->S * (1 + j->pc.replicas)) return test_ctx(1);
+    cc.backend = devsim_backend();
+    cc.threads = 1;
+    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
 }
 
 static void *rank_main(void *arg) {
@@ -235,7 +255,7 @@ static void *rank_main(void *arg) {
         r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 5);
         m = net.model;
     } else if (r == DTR_OK) {
-        r = mlp_init(&n, 7, 1) ? DTR_OK : DTR_BAD_STATE;
+        r = mlp_init_on(&n, rank_ctx(j, rank), 7, 1) ? DTR_OK : DTR_BAD_STATE;
         m = n.m, ctx = n.ctx;
     }
     if (r == DTR_OK && j->dp) r = mlp_dp_rank(j, &n, c, rank);
@@ -539,18 +559,24 @@ static void test_ps_malformed(void) {
 
 static const int64_t g_rows[2][3] = {{0, 21, 39}, {5, 17, 19}};   /* row 21 spans both servers */
 
+/* the gradients are written and read through the backend (the model may be on a device) */
 static dtr_result rows_worker(dtr_ps *ps, dtr_model *m, dtr_tensor *emb, int wi) {
+    dtr_context *ctx = dtr_model_context(m);
     int64_t i, k;
-    float *g = dtr_model_grads(m);
+    float g[256];
     dtr_result r = dtr_ps_pull(ps);
+    memset(g, 0, sizeof g);
     for (i = 0; i < 3; i++)
         for (k = 0; k < 6; k++) g[g_rows[wi][i] * 6 + k] = (float)(wi + 1);
     g[240] = 7.0f;   /* not a row: must not travel */
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr_model_grads(m), g, sizeof g);
     if (r == DTR_OK) r = dtr_ps_push_rows(ps, emb, g_rows[wi], 3);
     if (r == DTR_OK) r = dtr_ps_pull_rows(ps, emb, g_rows[wi], 3);
     if (r == DTR_OK) CHECK(dtr_ps_push_rows(ps, emb, (const int64_t[]){1, 1}, 2) == DTR_INVALID_ARGUMENT);
     if (r == DTR_OK) CHECK(dtr_ps_pull_rows(ps, emb, (const int64_t[]){40}, 1) == DTR_INVALID_ARGUMENT);
+    if (r == DTR_OK) r = ctx->backend->to_host(ctx, g, dtr_model_grads(m), sizeof g);
     for (i = 0; i < 3 && r == DTR_OK; i++) CHECK(g[g_rows[wi][i] * 6] == 0.0f);   /* pushed rows zeroed */
+    CHECK(r != DTR_OK || g[240] == 7.0f);
     return r == DTR_OK ? dtr_ps_finish(ps) : r;
 }
 
@@ -559,7 +585,7 @@ static dtr_result rows_worker(dtr_ps *ps, dtr_model *m, dtr_tensor *emb, int wi)
 static dtr_result custom_rank_begin(ps_rank *pr, uint64_t seed, dtr_context **ctx, dtr_comm **c, dtr_model **m) {
     dtr_comm_config cc = dtr_comm_config_init();
     dtr_result r;
-    *ctx = test_ctx(1), *c = NULL, *m = NULL;
+    *ctx = rank_ctx(pr->j, pr->rank), *c = NULL, *m = NULL;
     cc.local.world = pr->j->w, cc.local.rank = pr->rank, cc.timeout_ms = 20000;
     r = dtr_comm_create(&cc, c, NULL, 0);
     return r == DTR_OK ? dtr_model_create(*ctx, seed, m) : r;
@@ -649,11 +675,12 @@ static void test_ps_int8(void) {
     job_free(&j);
 }
 
-static void test_ps_rows(void) {
+static void check_rows(int devsim_workers) {
     ps_job j = job_init(2, 2, DTR_PS_SYNC), ref = j;
     int64_t i, w, k;
     j.pc.opt = dtr_optimizer_config_init(DTR_OPT_SGD, 0.5f);
     j.rank_fn = rows_rank;
+    j.devsim_workers = devsim_workers;
     job_run(&j);
     ref.S = 1, ref.W = 0;   /* the initial values: a model nobody trained */
     if (!job_ok(&j)) { job_free(&j); return; }
@@ -690,6 +717,8 @@ static void test_ps_rows(void) {
     job_free(&j);
     job_free(&ref);
 }
+
+static void test_ps_rows(void) { check_rows(0); }
 
 static double fm_accuracy(ps_job *j) {
     dtr_context *ctx = test_ctx(1);
@@ -844,6 +873,54 @@ static void test_ps_worker_gone(void) {
     job_free(&f);
 }
 
+/* a worker's model on a device: the same bits as on the CPU (devsim runs the CPU kernels) */
+static void test_ps_device_workers(void) {
+    int k, i;
+    for (k = 0; k < 4; k++) {
+        ps_job cpu = job_init(2, 2, DTR_PS_SYNC), dev;
+        if (k == 1) cpu.pc.push_compress = DTR_COMPRESS_INT8;
+        if (k == 2) cpu.pc.push_dtype = DTR_BF16;
+        if (k == 3) cpu.pc.replicas = 1, cpu.isolate = 1;
+        cpu.steps = 8;
+        dev = cpu;
+        dev.devsim_workers = 1;
+        job_run(&cpu);
+        job_run(&dev);
+        if (job_ok(&cpu) && job_ok(&dev))
+            for (i = 0; i < cpu.S * (1 + cpu.pc.replicas) + cpu.W; i++)
+                CHECK_MSG(memcmp(cpu.params[i], dev.params[i], (size_t)cpu.numel * sizeof(float)) == 0,
+                          "case %d: rank %d's weights differ with the workers on the device", k, i);
+        CHECK_EQ_INT(dev.st[dev.S * (1 + dev.pc.replicas)].pushes, 8);
+        job_free(&cpu);
+        job_free(&dev);
+    }
+    check_rows(1);
+    CHECK_EQ_INT(devsim_host_blocks, 0);   /* the workers' host copies were the backend's, and freed */
+    CHECK_EQ_INT(devsim__violations, 0);
+    {   /* a server on the device is refused before anything is sent */
+        dtr_context_config cc = dtr_context_config_init();
+        dtr_context *ctx = NULL;
+        dtr_model *m = NULL;
+        dtr_comm_config gc = dtr_comm_config_init();
+        dtr_comm *c = NULL;
+        dtr_ps *ps = NULL;
+        dtr_local_world *w = NULL;
+        int64_t sh[1] = {8};
+        cc.backend = devsim_backend();
+        CHECK(dtr_local_world_create(2, NULL, &w) == DTR_OK && dtr_context_create(&cc, &ctx) == DTR_OK);
+        gc.local.world = w, gc.local.rank = 0;
+        CHECK(dtr_comm_create(&gc, &c, NULL, 0) == DTR_OK && dtr_model_create(ctx, 1, &m) == DTR_OK);
+        dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f);
+        CHECK_EQ_INT(dtr_ps_create(m, c, NULL, &ps), DTR_UNSUPPORTED);
+        CHECK_MSG(strstr(dtr_context_last_error(ctx), "a server keeps its range in host memory") != NULL, "%s",
+                  dtr_context_last_error(ctx));
+        dtr_model_destroy(m);
+        dtr_comm_destroy(c);
+        dtr_context_destroy(ctx);
+        dtr_local_world_destroy(w);
+    }
+}
+
 #define RUN_IF(fn) do { if (argc < 2 || strcmp(argv[1], #fn) == 0) RUN(fn); } while (0)
 
 int main(int argc, char **argv) {
@@ -861,6 +938,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_replicas);
     RUN_IF(test_ps_worker_gone);
     RUN_IF(test_ps_rows);
+    RUN_IF(test_ps_device_workers);
     RUN_IF(test_ps_int8);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);

@@ -66,6 +66,7 @@ struct dtr_ps {
     int wire;                  /* a push's payload dtype: push_dtype, or push_compress's (DTR__PS_INT8: blocks) */
     float *resid;              /* INT8: error feedback, what the blocks lost (numel floats) */
     int pushed;                /* a push since the last pull */
+    float *stage;              /* a model in device memory: the host copy of its gradients (numel floats) */
 };
 
 static const size_t dtr__ps_hdr_bytes = sizeof(dtr__ps_hdr);
@@ -131,11 +132,28 @@ size_t dtr__ps_message_bytes(const dtr__ps_hdr *h) {
     return sizeof *h + segs + pay + 8;
 }
 
+/* worker: the gradients the pushes read: the model's, or a device model's host copy */
+static const float *dtr__ps_grads(const dtr_ps *ps) { return ps->stage ? ps->stage : dtr_model_grads(ps->m); }
+
+/* worker: floats [b, b + n) of the gradients into the host copy (a device model's; else nothing) */
+static dtr_result dtr__ps_stage(dtr_ps *ps, int64_t b, int64_t n) {
+    if (!ps->stage || n <= 0) return DTR_OK;
+    return ps->ctx->backend->to_host(ps->ctx, ps->stage + b, dtr_model_grads(ps->m) + b, (size_t)n * sizeof(float));
+}
+
+/* worker: n pulled floats into the model's parameters at b (a device model's through the backend) */
+static dtr_result dtr__ps_put_params(dtr_ps *ps, int64_t b, const void *src, int64_t n) {
+    float *p = dtr_model_params(ps->m) + b;
+    if (ps->stage) return ps->ctx->backend->from_host(ps->ctx, p, src, (size_t)n * sizeof(float));
+    memcpy(p, src, (size_t)n * sizeof(float));
+    return DTR_OK;
+}
+
 /* worker: range s's gradient into msg[s]'s payload in wire dtype dt; INT8 adds the residual
    of error feedback first and keeps what the blocks lost in it */
 static void dtr__ps_encode(dtr_ps *ps, int s, int dt) {
     int64_t b = ps->range[s], len = ps->range[s + 1] - b, c;
-    const float *g = dtr_model_grads(ps->m) + b;
+    const float *g = dtr__ps_grads(ps) + b;
     uint8_t *out = ps->msg[s] + dtr__ps_hdr_bytes;
     float *acc = ps->resid + b;   /* allocated with the INT8 wire */
     if (dt != DTR__PS_INT8) {
@@ -285,9 +303,10 @@ static dtr_result dtr__ps_check_rounds(dtr_context *ctx, const dtr_ps_config *cf
 
 static dtr_result dtr__ps_check(dtr_context *ctx, const dtr_ps_config *cfg, int S, dtr_comm *c) {
     int size = dtr_comm_size(c);
-    if (!dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: parameter servers keep the model in host memory in this "
-                         "version (backend %s: use the CPU backend)", ctx->backend->name);
+    if (!dtr__host_memory(ctx) && dtr_comm_rank(c) < S * (1 + (cfg->replicas > 0)))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_ps_create: a server keeps its range in host memory in this version "
+                         "(backend %s: give the server ranks CPU contexts; workers may train on a device)",
+                         ctx->backend->name);
     if (cfg->replicas < 0 || cfg->replicas > 1)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_ps_create: replicas %d (0 or 1)", cfg->replicas);
     if (S < 1 || S * (1 + cfg->replicas) >= size || S > 64)
@@ -352,6 +371,10 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     ps->target = (int *)dtr__calloc(a, (size_t)ps->S * sizeof(int));
     if (!ps->msg || !ps->rep || !ps->sclock || !ps->target) return DTR_OUT_OF_MEMORY;
     for (s = 0; s < ps->S; s++) ps->target[s] = s;
+    if (!dtr__host_memory(ps->ctx)) {   /* pinned on CUDA */
+        ps->stage = (float *)dtr__host_alloc(ps->ctx, (size_t)dtr_model_numel(ps->m) * sizeof(float));
+        if (!ps->stage) return DTR_OUT_OF_MEMORY;
+    }
     for (s = 0; s < ps->S; s++) {
         ps->msg[s] = (uint8_t *)dtr__calloc(a, cap);
         ps->rep[s] = (uint8_t *)dtr__calloc(a, cap);
@@ -454,6 +477,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
     dtr__free(&a, ps->sclock);
     dtr__free(&a, ps->resid);
+    if (ps->stage) dtr__host_free(ps->ctx, ps->stage);
     dtr__free(&a, ps->range);
     dtr_comm_destroy(ps->g);
     dtr__free(&a, ps);
@@ -1137,6 +1161,7 @@ dtr_result dtr_ps_push(dtr_ps *ps) {
     if (!ps) return DTR_NULL_HANDLE;
     if (ps->server) return dtr__fail(ps->ctx, DTR_BAD_STATE, "dtr_ps_push: rank is a server");
     for (s = 0; s < ps->S; s++) clock[s] = ps->cfg.mode == DTR_PS_SYNC ? ps->sclock[s] : ps->wclock;
+    if ((r = dtr__ps_stage(ps, 0, dtr_model_numel(ps->m))) != DTR_OK) return r;
     r = ps->cfg.replicas ? dtr__ps_send_acked(ps, DTR__PS_PUSH, clock) : dtr__ps_send_all(ps, DTR__PS_PUSH, clock);
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push", r);
     if (ps->cfg.replicas) ps->st.pushes_acked++;
@@ -1166,10 +1191,9 @@ static dtr_result dtr__ps_take_reply(dtr_ps *ps, int s) {
     int64_t b = ps->range[s], len = ps->range[s + 1] - b;
     dtr__ps_hdr h;
     dtr_result r = dtr__ps_check_reply(ps, s, b, len, &h);
-    if (r != DTR_OK) return r;
-    memcpy(dtr_model_params(ps->m) + b, ps->rep[s] + dtr__ps_hdr_bytes, (size_t)len * sizeof(float));
-    ps->sclock[s] = h.clock;
-    return DTR_OK;
+    if (r == DTR_OK) r = dtr__ps_put_params(ps, b, ps->rep[s] + dtr__ps_hdr_bytes, len);
+    if (r == DTR_OK) ps->sclock[s] = h.clock;
+    return r;
 }
 
 /* replicas: one range after the other, each from the server that holds it now */
@@ -1288,10 +1312,12 @@ dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
         dtr__ps_hdr h;
         if ((r = dtr__ps_rows_segments(ps, s, off, dim, rows, n, es, &nseg, &values)) != DTR_OK || nseg == 0) continue;
         val = ps->msg[s] + dtr__ps_hdr_bytes + (size_t)nseg * 16;
-        for (i = 0, at = 0; i < nseg; at += seg[1], i++) {
+        for (i = 0, at = 0; i < nseg && r == DTR_OK; at += seg[1], i++) {
             dtr__ps_segment(ps->msg[s], i, seg);
-            dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr_model_grads(ps->m) + seg[0], DTR_F32, (size_t)seg[1]);
+            if ((r = dtr__ps_stage(ps, seg[0], seg[1])) == DTR_OK)
+                dtr_convert(val + (size_t)at * es, ps->cfg.push_dtype, dtr__ps_grads(ps) + seg[0], DTR_F32, (size_t)seg[1]);
         }
+        if (r != DTR_OK) break;
         h = dtr__ps_header(DTR__PS_PUSH_ROWS, ps->index, ps->wclock, nseg, values, (int)ps->cfg.push_dtype);
         ps->st.bytes_sent += dtr__ps_message_bytes(&h);
         r = dtr_comm_send_async(ps->g, ps->msg[s], dtr__ps_seal(ps->msg[s], &h), s, DTR__PS_TAG_REQ, &q[k]);
@@ -1299,9 +1325,10 @@ dtr_result dtr_ps_push_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     }
     if ((r2 = dtr__ps_waitall(q, k)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return dtr__ps_worker_fail(ps, "dtr_ps_push_rows", r);
-    for (i = 0; i < n; i++) memset(dtr_model_grads(ps->m) + off + rows[i] * dim, 0, (size_t)dim * sizeof(float));
+    for (i = 0; i < n && r == DTR_OK; i++) r = ps->ctx->backend->memset0(ps->ctx, dtr_model_grads(ps->m) + off + rows[i] * dim,
+                                                                   (size_t)dim * sizeof(float));
     ps->st.row_pushes++;
-    return DTR_OK;
+    return r;
 }
 
 /* scatters server s's reply to a PULL_ROWS of nseg segments (in msg[s]) into the parameters */
@@ -1311,8 +1338,7 @@ static dtr_result dtr__ps_take_rows(dtr_ps *ps, int s, int64_t nseg, int64_t val
     dtr_result r = dtr__ps_check_reply(ps, s, nseg, values, &h);
     for (i = 0; i < nseg && r == DTR_OK; i++) {
         dtr__ps_segment(ps->msg[s], i, seg);
-        memcpy(dtr_model_params(ps->m) + seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float),
-               (size_t)seg[1] * sizeof(float));
+        r = dtr__ps_put_params(ps, seg[0], ps->rep[s] + dtr__ps_hdr_bytes + (size_t)at * sizeof(float), seg[1]);
         at += seg[1];
     }
     return r;

@@ -970,11 +970,13 @@ typedef struct dtr_ps dtr_ps;
  *  its range, a worker its buffers; then the engine's own group is split from `c` (a
  *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
- *  bounds what it waits for.
+ *  bounds what it waits for. A worker's model may live on a device (a GPU context): its
+ *  pushes and pulls go through a host copy of the gradients (page-locked on CUDA) and the
+ *  backend's copies; a server's model lives in host memory (a CPU context).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (servers not below the group size,
  *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate, backup_workers; the context's message
  *  says which),
- *  DTR_UNSUPPORTED (LAMB, clip_norm, a model in device memory, push_compress TOPK or POWERSGD),
+ *  DTR_UNSUPPORTED (LAMB, clip_norm, a server's model in device memory, push_compress TOPK or POWERSGD),
  *  DTR_OUT_OF_MEMORY. Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
