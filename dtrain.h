@@ -3091,10 +3091,12 @@ typedef struct dtr_trainer dtr_trainer;
 /** Creates a trainer over cfg->model (built here if it was not), its optimizer, its feed
  *  and its snapshot buffers, and publishes the model's current weights as version 1. All
  *  memory is allocated here.
+ *  The model may live on a device (a GPU context): the snapshots stay in host memory and
+ *  the weights travel through the backend's copies (a serving model of dtr_trainer_pull may
+ *  be on a device too).
  *  @return DTR_OK, DTR_NULL_HANDLE (cfg, model or loss), DTR_INVALID_ARGUMENT (a field out
- *          of range: the message says which), DTR_UNSUPPORTED (a model whose parameters are
- *          not host memory), DTR_OUT_OF_MEMORY (also: over memory_cap, the message gives
- *          the bytes), or the optimizer's or feed's error.
+ *          of range: the message says which), DTR_OUT_OF_MEMORY (also: over memory_cap, the
+ *          message gives the bytes), or the optimizer's or feed's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_trainer_create(const dtr_trainer_config *cfg, dtr_trainer **out, char *err, size_t errlen);
 
@@ -3892,7 +3894,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3896 "dtrain.h"
+#line 3898 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4499,7 +4501,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4503 "dtrain.h"
+#line 4505 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4780,7 +4782,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4784 "dtrain.h"
+#line 4786 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4842,7 +4844,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4846 "dtrain.h"
+#line 4848 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5172,7 +5174,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5176 "dtrain.h"
+#line 5178 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5215,7 +5217,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5219 "dtrain.h"
+#line 5221 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5245,7 +5247,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5249 "dtrain.h"
+#line 5251 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5279,7 +5281,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5283 "dtrain.h"
+#line 5285 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5353,7 +5355,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5357 "dtrain.h"
+#line 5359 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5421,7 +5423,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5425 "dtrain.h"
+#line 5427 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5471,7 +5473,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5475 "dtrain.h"
+#line 5477 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5823,7 +5825,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5827 "dtrain.h"
+#line 5829 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6614,7 +6616,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6618 "dtrain.h"
+#line 6620 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7180,7 +7182,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7184 "dtrain.h"
+#line 7186 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7251,7 +7253,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7255 "dtrain.h"
+#line 7257 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7690,7 +7692,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7694 "dtrain.h"
+#line 7696 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7922,7 +7924,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7926 "dtrain.h"
+#line 7928 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8153,7 +8155,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8157 "dtrain.h"
+#line 8159 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8268,7 +8270,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8272 "dtrain.h"
+#line 8274 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8324,7 +8326,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8328 "dtrain.h"
+#line 8330 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8754,7 +8756,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8758 "dtrain.h"
+#line 8760 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8933,7 +8935,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8937 "dtrain.h"
+#line 8939 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9462,7 +9464,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9466 "dtrain.h"
+#line 9468 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9961,7 +9963,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9965 "dtrain.h"
+#line 9967 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10220,7 +10222,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10224 "dtrain.h"
+#line 10226 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10491,7 +10493,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10495 "dtrain.h"
+#line 10497 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10615,7 +10617,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10619 "dtrain.h"
+#line 10621 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11114,7 +11116,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11118 "dtrain.h"
+#line 11120 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11283,7 +11285,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11287 "dtrain.h"
+#line 11289 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11532,7 +11534,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11536 "dtrain.h"
+#line 11538 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12051,7 +12053,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12055 "dtrain.h"
+#line 12057 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12186,7 +12188,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12190 "dtrain.h"
+#line 12192 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12533,7 +12535,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12537 "dtrain.h"
+#line 12539 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12599,7 +12601,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12603 "dtrain.h"
+#line 12605 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12836,7 +12838,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12840 "dtrain.h"
+#line 12842 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13585,7 +13587,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13589 "dtrain.h"
+#line 13591 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14038,7 +14040,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14042 "dtrain.h"
+#line 14044 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14094,7 +14096,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14098 "dtrain.h"
+#line 14100 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14871,7 +14873,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14875 "dtrain.h"
+#line 14877 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15452,7 +15454,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15456 "dtrain.h"
+#line 15458 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16083,7 +16085,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16087 "dtrain.h"
+#line 16089 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16873,7 +16875,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16877 "dtrain.h"
+#line 16879 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17226,7 +17228,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17230 "dtrain.h"
+#line 17232 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17416,7 +17418,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17420 "dtrain.h"
+#line 17422 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17597,7 +17599,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17601 "dtrain.h"
+#line 17603 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18372,7 +18374,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18376 "dtrain.h"
+#line 18378 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18889,7 +18891,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18893 "dtrain.h"
+#line 18895 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19684,7 +19686,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19688 "dtrain.h"
+#line 19690 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20866,7 +20868,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20870 "dtrain.h"
+#line 20872 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21488,7 +21490,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21492 "dtrain.h"
+#line 21494 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21977,7 +21979,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21981 "dtrain.h"
+#line 21983 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22707,7 +22709,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22711 "dtrain.h"
+#line 22713 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22943,7 +22945,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22947 "dtrain.h"
+#line 22949 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23322,7 +23324,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23326 "dtrain.h"
+#line 23328 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23508,7 +23510,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23512 "dtrain.h"
+#line 23514 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23979,7 +23981,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23983 "dtrain.h"
+#line 23985 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24473,7 +24475,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24477 "dtrain.h"
+#line 24479 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25848,7 +25850,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25852 "dtrain.h"
+#line 25854 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25902,7 +25904,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25906 "dtrain.h"
+#line 25908 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27065,7 +27067,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27069 "dtrain.h"
+#line 27071 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27296,14 +27298,10 @@ static dtr_result dtr__tr_micro(dtr_trainer *tr, int64_t m, int wait_ms, int64_t
 /* The optimizer step over the accumulated gradient (rescaled to the mean when the batch
  * came out larger than batch_size). */
 static dtr_result dtr__tr_update(dtr_trainer *tr) {
-    float *g = dtr_model_grads(tr->cfg.model);
-    dtr_result r;
-    int64_t i;
-    if (tr->acc != tr->batch) {
-        float k = (float)tr->batch / (float)tr->acc;
-        for (i = 0; i < tr->numel; i++) g[i] *= k;
-    }
-    if ((r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
+    dtr_result r = DTR_OK;
+    if (tr->acc != tr->batch)
+        r = tr->ctx->backend->scale(tr->ctx, dtr_model_grads(tr->cfg.model), tr->numel, (float)tr->batch / (float)tr->acc);
+    if (r != DTR_OK || (r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
     tr->acc = 0;
     pthread_mutex_lock(&tr->smu);
     tr->st.updates++;
@@ -27311,6 +27309,14 @@ static dtr_result dtr__tr_update(dtr_trainer *tr) {
         DTR__ATOMIC_STORE_SC(&tr->publish_req, 1);
     pthread_mutex_unlock(&tr->smu);
     return DTR_OK;
+}
+
+/* The model's weights from / into host floats (a snapshot; through the backend on a device). */
+static dtr_result dtr__tr_params_in(dtr_trainer *tr, const float *src) {
+    return tr->ctx->backend->from_host(tr->ctx, dtr_model_params(tr->cfg.model), src, (size_t)tr->numel * 4);
+}
+static dtr_result dtr__tr_params_out(dtr_trainer *tr, float *dst) {
+    return tr->ctx->backend->to_host(tr->ctx, dst, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
 }
 
 /* A slot nobody reads and that is not current, or -1. */
@@ -27325,16 +27331,14 @@ static int dtr__tr_free_slot(dtr_trainer *tr) {
  * snapshot on the same held-out samples. 1: publish; 0: refused. */
 static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
     float ln, lo;
-    float *p = dtr_model_params(tr->cfg.model);
     int64_t n = dtr__tr_hold_copy(tr);
-    dtr_result r;
+    dtr_result r, r2;
     *ok = 1;
     s->loss = NAN;
     if (n == 0 || cur < 0) return DTR_OK;
     if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
-    memcpy(p, tr->slots[cur].params, (size_t)tr->numel * 4);
-    r = dtr__tr_eval(tr, n, &lo);
-    memcpy(p, s->params, (size_t)tr->numel * 4);
+    if ((r = dtr__tr_params_in(tr, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
+    if ((r2 = dtr__tr_params_in(tr, s->params)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
@@ -27367,7 +27371,7 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     }
     s = &tr->slots[i];
     DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
-    memcpy(s->params, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
+    if ((r = dtr__tr_params_out(tr, s->params)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
     s->loss = NAN;
     if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
     if (!ok) {
@@ -27493,8 +27497,6 @@ static dtr_result dtr__tr_setup(dtr_trainer *tr, char *err, size_t errlen) {
     dtr_result r;
     int pub;
     if ((r = dtr_model_build(c->model)) != DTR_OK) return dtr__errf(err, errlen, r, "trainer: building the model failed");
-    if (!dtr__host_memory(tr->ctx))
-        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "trainer: the model's parameters must be host memory (CPU backend)");
     tr->numel = dtr_model_numel(c->model);
     tr->x_numel = dtr_sample_layout_x_numel(&c->feed.layout);
     tr->y_numel = dtr_sample_layout_y_numel(&c->feed.layout);
@@ -27878,12 +27880,13 @@ dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *versio
     if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
         return DTR_SHAPE_MISMATCH;
     if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
-    if (s.version != *version) {
-        memcpy(dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
-        *version = s.version;
+    if (s.version != *version) {   /* the serving model may be on a device too */
+        dtr_context *sc = dtr_model_context(serving);
+        r = sc->backend->from_host(sc, dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
+        if (r == DTR_OK) *version = s.version;
     }
     dtr_trainer_release(tr, &s);
-    return DTR_OK;
+    return r;
 }
 
 /* ---- stats, state ---- */
@@ -27963,7 +27966,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27967 "dtrain.h"
+#line 27970 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29433,7 +29436,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
     return DTR_OK;
 }
-#line 29437 "dtrain.h"
+#line 29440 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29817,7 +29820,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29821 "dtrain.h"
+#line 29824 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29966,7 +29969,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29970 "dtrain.h"
+#line 29973 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -22,9 +22,16 @@
  *                           weights' accuracy rises from chance and follows the drift
  *   test_pause_state        pause holds the background thread; the state entries restore the
  *                           published weights and counters into a fresh trainer; memory_cap
+ *   test_device_model       the model on the simulated device (tests/devsim.h), the serving
+ *                           model too: on the deterministic fake clock the same updates,
+ *                           publications and guard verdicts as on the CPU, and the same bits
+ *                           in every snapshot and in the served weights
  * DTR_TEST_QUICK=1 shrinks the workloads. */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* MAP_ANONYMOUS (tests/devsim.h) */
+#define DTRAIN_INTERNAL_API
 #include "test.h"
+#include "devsim.h"
 #include "posix_util.h"
 #include <pthread.h>
 #include <time.h>
@@ -52,9 +59,19 @@ static dtr_tensor *tnet_loss(void *user, dtr_context *ctx, dtr_tensor *x, dtr_te
     return dtr_cross_entropy(ctx, tnet_forward((tnet *)user, ctx, x), y);
 }
 
-static void tnet_make(tnet *n, uint64_t seed) {
+/* the net on a context: the simulated device's (devsim 1) or the CPU's */
+static dtr_context *tnet_ctx(int devsim) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    if (!devsim) return test_ctx(1);
+    cc.backend = devsim_backend();
+    cc.threads = 1;
+    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
+}
+
+static void tnet_make_on(tnet *n, int devsim, uint64_t seed) {
     memset(n, 0, sizeof *n);
-    n->ctx = test_ctx(1);
+    n->ctx = tnet_ctx(devsim);
     if (dtr_model_create(n->ctx, seed, &n->m) != DTR_OK ||
         dtr_linear_layer_init(&n->l1, n->m, "l1", 2, 16, 1, DTR_INIT_TORCH_DEFAULT) != DTR_OK ||
         dtr_linear_layer_init(&n->l2, n->m, "l2", 16, 2, 1, DTR_INIT_TORCH_DEFAULT) != DTR_OK ||
@@ -63,6 +80,8 @@ static void tnet_make(tnet *n, uint64_t seed) {
         exit(2);
     }
 }
+
+static void tnet_make(tnet *n, uint64_t seed) { tnet_make_on(n, 0, seed); }
 
 static void tnet_free(tnet *n) {
     dtr_model_destroy(n->m);
@@ -637,6 +656,67 @@ done:
     tnet_free(&n2);
 }
 
+/* One deterministic run (the fake clock, the timed loss): 40 ticks with the guard and a
+   publication every 4 updates; the stats, the last snapshot and the served weights out. */
+typedef struct dev_run { dtr_trainer_stats st; float snap[128], served[32]; int64_t numel; } dev_run;
+
+static void device_run(int devsim, dev_run *o) {
+    tnet n, srv;
+    dtr_trainer_config c;
+    dtr_trainer *tr;
+    dtr_snapshot snap;
+    float x[64];
+    int32_t y[32];
+    uint32_t s = 11;
+    int64_t version = 0;
+    int i;
+    memset(o, 0, sizeof *o);
+    g_vt = 0, g_vt_rng = 1, g_vt_spike = 0;
+    tnet_make_on(&n, devsim, 4);
+    tnet_make_on(&srv, devsim, 99);
+    c = tcfg(&n);
+    c.loss = tnet_loss_timed;
+    c.clock = fake_clock;
+    c.batch_size = 24;   /* micro-batches of the ticks' samples: the gradient rescaled to the mean */
+    c.publish_every = 4;
+    c.guard.enabled = 1;
+    if (!(tr = tmake(&c))) return tnet_free(&n), tnet_free(&srv);
+    for (i = 0; i < 40; i++) {
+        tdata(&s, 0.7f, x, y, 32);
+        CHECK_OK(NULL, dtr_trainer_push(tr, x, y, 32, 0, NULL));
+        CHECK_OK(NULL, dtr_trainer_tick(tr, 1500, NULL));
+    }
+    dtr_trainer_get_stats(tr, &o->st);
+    o->numel = dtr_model_numel(n.m);
+    CHECK(o->numel <= 128);
+    CHECK_OK(NULL, dtr_trainer_acquire(tr, &snap));
+    memcpy(o->snap, snap.params, (size_t)(o->numel <= 128 ? o->numel : 128) * sizeof(float));
+    CHECK(snap.crc32c == dtr_crc32c(0, snap.params, (size_t)o->numel * 4));
+    dtr_trainer_release(tr, &snap);
+    CHECK_OK(srv.ctx, dtr_trainer_pull(tr, srv.m, &version));
+    CHECK_OK(srv.ctx, dtr_tensor_read(dtr_model_param_at(srv.m, 0), DTR_F32, o->served, 32));
+    dtr_trainer_destroy(tr);
+    tnet_free(&n);
+    tnet_free(&srv);
+}
+
+static void test_device_model(void) {
+    dev_run cpu, dev;
+    device_run(0, &cpu);
+    device_run(1, &dev);
+    CHECK_MSG(cpu.st.updates > 5 && cpu.st.published > 1, "%lld updates, %lld published", (long long)cpu.st.updates,
+              (long long)cpu.st.published);
+    CHECK_MSG(dev.st.updates == cpu.st.updates && dev.st.published == cpu.st.published &&
+                  dev.st.guard_refused == cpu.st.guard_refused && dev.st.samples_trained == cpu.st.samples_trained,
+              "device: %lld updates %lld published %lld refused; CPU: %lld %lld %lld", (long long)dev.st.updates,
+              (long long)dev.st.published, (long long)dev.st.guard_refused, (long long)cpu.st.updates,
+              (long long)cpu.st.published, (long long)cpu.st.guard_refused);
+    CHECK(memcmp(dev.snap, cpu.snap, sizeof cpu.snap) == 0);
+    CHECK(memcmp(dev.served, cpu.served, sizeof cpu.served) == 0);
+    CHECK(memcmp(cpu.served, cpu.snap, sizeof cpu.served) == 0);   /* l1.weight: the buffer's first 32 floats */
+    CHECK_EQ_INT(devsim__violations, 0);
+}
+
 int main(void) {
     RUN(test_feed_checks);
     RUN(test_feed_policies);
@@ -647,5 +727,6 @@ int main(void) {
     RUN(test_behind);
     RUN(test_learning_drift);
     RUN(test_pause_state);
+    RUN(test_device_model);
     return test_summary();
 }

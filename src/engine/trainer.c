@@ -225,14 +225,10 @@ static dtr_result dtr__tr_micro(dtr_trainer *tr, int64_t m, int wait_ms, int64_t
 /* The optimizer step over the accumulated gradient (rescaled to the mean when the batch
  * came out larger than batch_size). */
 static dtr_result dtr__tr_update(dtr_trainer *tr) {
-    float *g = dtr_model_grads(tr->cfg.model);
-    dtr_result r;
-    int64_t i;
-    if (tr->acc != tr->batch) {
-        float k = (float)tr->batch / (float)tr->acc;
-        for (i = 0; i < tr->numel; i++) g[i] *= k;
-    }
-    if ((r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
+    dtr_result r = DTR_OK;
+    if (tr->acc != tr->batch)
+        r = tr->ctx->backend->scale(tr->ctx, dtr_model_grads(tr->cfg.model), tr->numel, (float)tr->batch / (float)tr->acc);
+    if (r != DTR_OK || (r = dtr_optimizer_step(tr->opt, NULL)) != DTR_OK) return dtr__tr_fail(tr, r, "the optimizer step");
     tr->acc = 0;
     pthread_mutex_lock(&tr->smu);
     tr->st.updates++;
@@ -240,6 +236,14 @@ static dtr_result dtr__tr_update(dtr_trainer *tr) {
         DTR__ATOMIC_STORE_SC(&tr->publish_req, 1);
     pthread_mutex_unlock(&tr->smu);
     return DTR_OK;
+}
+
+/* The model's weights from / into host floats (a snapshot; through the backend on a device). */
+static dtr_result dtr__tr_params_in(dtr_trainer *tr, const float *src) {
+    return tr->ctx->backend->from_host(tr->ctx, dtr_model_params(tr->cfg.model), src, (size_t)tr->numel * 4);
+}
+static dtr_result dtr__tr_params_out(dtr_trainer *tr, float *dst) {
+    return tr->ctx->backend->to_host(tr->ctx, dst, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
 }
 
 /* A slot nobody reads and that is not current, or -1. */
@@ -254,16 +258,14 @@ static int dtr__tr_free_slot(dtr_trainer *tr) {
  * snapshot on the same held-out samples. 1: publish; 0: refused. */
 static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
     float ln, lo;
-    float *p = dtr_model_params(tr->cfg.model);
     int64_t n = dtr__tr_hold_copy(tr);
-    dtr_result r;
+    dtr_result r, r2;
     *ok = 1;
     s->loss = NAN;
     if (n == 0 || cur < 0) return DTR_OK;
     if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
-    memcpy(p, tr->slots[cur].params, (size_t)tr->numel * 4);
-    r = dtr__tr_eval(tr, n, &lo);
-    memcpy(p, s->params, (size_t)tr->numel * 4);
+    if ((r = dtr__tr_params_in(tr, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
+    if ((r2 = dtr__tr_params_in(tr, s->params)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
@@ -296,7 +298,7 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     }
     s = &tr->slots[i];
     DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
-    memcpy(s->params, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
+    if ((r = dtr__tr_params_out(tr, s->params)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
     s->loss = NAN;
     if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
     if (!ok) {
@@ -422,8 +424,6 @@ static dtr_result dtr__tr_setup(dtr_trainer *tr, char *err, size_t errlen) {
     dtr_result r;
     int pub;
     if ((r = dtr_model_build(c->model)) != DTR_OK) return dtr__errf(err, errlen, r, "trainer: building the model failed");
-    if (!dtr__host_memory(tr->ctx))
-        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "trainer: the model's parameters must be host memory (CPU backend)");
     tr->numel = dtr_model_numel(c->model);
     tr->x_numel = dtr_sample_layout_x_numel(&c->feed.layout);
     tr->y_numel = dtr_sample_layout_y_numel(&c->feed.layout);
@@ -807,12 +807,13 @@ dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *versio
     if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
         return DTR_SHAPE_MISMATCH;
     if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
-    if (s.version != *version) {
-        memcpy(dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
-        *version = s.version;
+    if (s.version != *version) {   /* the serving model may be on a device too */
+        dtr_context *sc = dtr_model_context(serving);
+        r = sc->backend->from_host(sc, dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
+        if (r == DTR_OK) *version = s.version;
     }
     dtr_trainer_release(tr, &s);
-    return DTR_OK;
+    return r;
 }
 
 /* ---- stats, state ---- */

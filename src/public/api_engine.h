@@ -716,10 +716,12 @@ typedef struct dtr_trainer dtr_trainer;
 /** Creates a trainer over cfg->model (built here if it was not), its optimizer, its feed
  *  and its snapshot buffers, and publishes the model's current weights as version 1. All
  *  memory is allocated here.
+ *  The model may live on a device (a GPU context): the snapshots stay in host memory and
+ *  the weights travel through the backend's copies (a serving model of dtr_trainer_pull may
+ *  be on a device too).
  *  @return DTR_OK, DTR_NULL_HANDLE (cfg, model or loss), DTR_INVALID_ARGUMENT (a field out
- *          of range: the message says which), DTR_UNSUPPORTED (a model whose parameters are
- *          not host memory), DTR_OUT_OF_MEMORY (also: over memory_cap, the message gives
- *          the bytes), or the optimizer's or feed's error.
+ *          of range: the message says which), DTR_OUT_OF_MEMORY (also: over memory_cap, the
+ *          message gives the bytes), or the optimizer's or feed's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_trainer_create(const dtr_trainer_config *cfg, dtr_trainer **out, char *err, size_t errlen);
 
