@@ -584,9 +584,18 @@ DTR_API dtr_tensor *dtr_model_find(const dtr_model *m, const char *name);
 /** Offset in elements of parameter i in the contiguous buffers. */
 DTR_API int64_t dtr_model_param_offset(const dtr_model *m, int i);
 /** The contiguous f32 parameter and gradient buffers (host pointers on the CPU backend;
- *  NULL before build). Layout: parameters in declaration order, each 16-float aligned. */
+ *  NULL before build). Layout: parameters in declaration order, each 16-float aligned.
+ *  On a device they are device pointers: copy with dtr_model_read / dtr_model_write. */
 DTR_API float *dtr_model_params(dtr_model *m);
 DTR_API float *dtr_model_grads(dtr_model *m);
+/** Copies the whole parameter buffer (dtr_model_read, dtr_model_write) or gradient buffer
+ *  (dtr_model_read_grads) to or from n host floats, n = dtr_model_numel, on any backend
+ *  (the model is built first if it was not).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (n is not the model's size), or the
+ *  build's or the device's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n);
+DTR_API dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n);
+DTR_API dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n);
 /** Zeroes the gradient buffer. */
 DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
 /** The context the model lives on. */
@@ -3445,6 +3454,8 @@ DTR_API dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out);
  *         ... train task.local_epochs epochs (dtr_fed_prox after each backward when task.mu > 0) ...
  *         dtr_fed_client_send_weights(cl, dtr_model_params(m), samples);
  *     }
+ *     // a model on a GPU: receive into a host array w, dtr_model_write(m, w, n) to train,
+ *     // dtr_model_read(m, w, n) before sending w
  *
  * Transport security: joining needs the shared secret (an HMAC-SHA256 challenge in both
  * directions, as the rendezvous store's join); every message after the join carries an
@@ -3656,9 +3667,10 @@ DTR_API const char *dtr_fed_client_last_error(const dtr_fed_client *c);
 
 /** FedProx: adds mu * (w - global) to the model's gradients (the gradient of the proximal
  *  term mu/2 ||w - global||^2). Call after each backward, before the optimizer step.
- *  `global` holds dtr_model_numel floats (the weights of the task). Host memory only.
- *  @return DTR_OK; DTR_NULL_HANDLE; DTR_UNSUPPORTED (a model in device memory); DTR_BAD_STATE
- *  (model not built).
+ *  `global` holds dtr_model_numel host floats (the weights of the task). A model on a device
+ *  works through host copies of its weights and gradients (three copies a call).
+ *  @return DTR_OK; DTR_NULL_HANDLE; DTR_BAD_STATE (model not built); DTR_OUT_OF_MEMORY; a
+ *  device error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 
@@ -3894,7 +3906,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3898 "dtrain.h"
+#line 3910 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4501,7 +4513,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4505 "dtrain.h"
+#line 4517 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4782,7 +4794,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4786 "dtrain.h"
+#line 4798 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4844,7 +4856,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4848 "dtrain.h"
+#line 4860 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5174,7 +5186,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5178 "dtrain.h"
+#line 5190 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5217,7 +5229,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5221 "dtrain.h"
+#line 5233 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5247,7 +5259,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5251 "dtrain.h"
+#line 5263 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5281,7 +5293,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5285 "dtrain.h"
+#line 5297 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5355,7 +5367,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5359 "dtrain.h"
+#line 5371 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5423,7 +5435,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5427 "dtrain.h"
+#line 5439 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5473,7 +5485,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5477 "dtrain.h"
+#line 5489 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5825,7 +5837,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5829 "dtrain.h"
+#line 5841 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6616,7 +6628,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6620 "dtrain.h"
+#line 6632 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7182,7 +7194,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7186 "dtrain.h"
+#line 7198 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7253,7 +7265,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7257 "dtrain.h"
+#line 7269 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7692,7 +7704,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7696 "dtrain.h"
+#line 7708 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7924,7 +7936,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7928 "dtrain.h"
+#line 7940 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8155,7 +8167,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8159 "dtrain.h"
+#line 8171 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8270,7 +8282,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8274 "dtrain.h"
+#line 8286 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8326,7 +8338,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8330 "dtrain.h"
+#line 8342 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8756,7 +8768,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8760 "dtrain.h"
+#line 8772 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8935,7 +8947,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8939 "dtrain.h"
+#line 8951 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9464,7 +9476,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9468 "dtrain.h"
+#line 9480 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9963,7 +9975,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9967 "dtrain.h"
+#line 9979 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10222,7 +10234,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10226 "dtrain.h"
+#line 10238 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10493,7 +10505,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10497 "dtrain.h"
+#line 10509 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10617,7 +10629,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10621 "dtrain.h"
+#line 10633 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -10946,6 +10958,28 @@ float *dtr_model_params(dtr_model *m) { return m ? m->data : NULL; }
 float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
 dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
 
+/* the buffer `buf` (params or grads) to or from n host floats */
+static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
+    dtr_result r;
+    size_t bytes;
+    if (!m || !host) return DTR_NULL_HANDLE;
+    if ((r = dtr_model_build(m)) != DTR_OK) return r;
+    if (n != m->total)
+        return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n,
+                         (long long)m->total);
+    bytes = (size_t)n * sizeof(float);
+    if (write) return m->ctx->backend->from_host(m->ctx, m->data, host, bytes);
+    return m->ctx->backend->to_host(m->ctx, host, grads ? m->grad : m->data, bytes);
+}
+
+dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n) { return dtr__model_copy(m, 0, dst, n, 0, "dtr_model_read"); }
+dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n) {
+    return dtr__model_copy(m, 0, (float *)(uintptr_t)src, n, 1, "dtr_model_write");
+}
+dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n) {
+    return dtr__model_copy(m, 1, dst, n, 0, "dtr_model_read_grads");
+}
+
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
@@ -11116,7 +11150,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11120 "dtrain.h"
+#line 11154 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11285,7 +11319,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11289 "dtrain.h"
+#line 11323 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11534,7 +11568,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11538 "dtrain.h"
+#line 11572 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12053,7 +12087,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12057 "dtrain.h"
+#line 12091 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12188,7 +12222,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12192 "dtrain.h"
+#line 12226 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12535,7 +12569,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12539 "dtrain.h"
+#line 12573 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12601,7 +12635,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12605 "dtrain.h"
+#line 12639 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12838,7 +12872,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12842 "dtrain.h"
+#line 12876 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13587,7 +13621,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13591 "dtrain.h"
+#line 13625 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14040,7 +14074,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14044 "dtrain.h"
+#line 14078 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14096,7 +14130,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14100 "dtrain.h"
+#line 14134 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14873,7 +14907,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14877 "dtrain.h"
+#line 14911 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15454,7 +15488,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15458 "dtrain.h"
+#line 15492 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16085,7 +16119,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16089 "dtrain.h"
+#line 16123 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16875,7 +16909,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16879 "dtrain.h"
+#line 16913 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17228,7 +17262,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17232 "dtrain.h"
+#line 17266 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17418,7 +17452,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17422 "dtrain.h"
+#line 17456 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17599,7 +17633,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17603 "dtrain.h"
+#line 17637 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18374,7 +18408,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18378 "dtrain.h"
+#line 18412 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18891,7 +18925,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18895 "dtrain.h"
+#line 18929 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19686,7 +19720,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19690 "dtrain.h"
+#line 19724 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20868,7 +20902,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20872 "dtrain.h"
+#line 20906 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21490,7 +21524,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21494 "dtrain.h"
+#line 21528 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21979,7 +22013,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 21983 "dtrain.h"
+#line 22017 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22709,7 +22743,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22713 "dtrain.h"
+#line 22747 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22945,7 +22979,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22949 "dtrain.h"
+#line 22983 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23324,7 +23358,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23328 "dtrain.h"
+#line 23362 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23510,7 +23544,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23514 "dtrain.h"
+#line 23548 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23981,7 +24015,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 23985 "dtrain.h"
+#line 24019 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24475,7 +24509,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24479 "dtrain.h"
+#line 24513 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25850,7 +25884,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25854 "dtrain.h"
+#line 25888 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25904,7 +25938,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25908 "dtrain.h"
+#line 25942 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27067,7 +27101,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27071 "dtrain.h"
+#line 27105 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27966,7 +28000,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 27970 "dtrain.h"
+#line 28004 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29422,21 +29456,29 @@ dtr_result dtr__fed_client_send_raw(dtr_fed_client *c, int type, int codec, uint
 
 #endif /* !_WIN32 */
 
-/* FedProx: the gradient of mu/2 ||w - global||^2 (portable). */
+/* FedProx: the gradient of mu/2 ||w - global||^2 (portable); a device model's through host
+   copies of its weights and gradients */
 dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
+    dtr_context *ctx;
     float *w, *g;
     int64_t i, n;
+    dtr_result r = DTR_OK;
     if (!m || !global) return DTR_NULL_HANDLE;
-    if (!dtr__host_memory(dtr_model_context(m)))
-        return dtr__fail(dtr_model_context(m), DTR_UNSUPPORTED, "dtr_fed_prox: the model must be in host memory (CPU backend)");
-    w = dtr_model_params(m);
-    g = dtr_model_grads(m);
-    n = dtr_model_numel(m);
+    ctx = dtr_model_context(m), w = dtr_model_params(m), g = dtr_model_grads(m), n = dtr_model_numel(m);
     if (!w || !g) return DTR_BAD_STATE;
-    for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
-    return DTR_OK;
+    if (!dtr__host_memory(ctx)) {
+        w = (float *)dtr__malloc(&ctx->alloc, (size_t)(2 * n + 1) * sizeof(float)), g = w ? w + n : NULL;
+        if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_fed_prox: out of memory");
+        if ((r = dtr_model_read(m, w, n)) == DTR_OK) r = dtr_model_read_grads(m, g, n);
+    }
+    for (i = 0; i < n && r == DTR_OK; i++) g[i] += mu * (w[i] - global[i]);
+    if (w != dtr_model_params(m)) {
+        if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr_model_grads(m), g, (size_t)n * sizeof(float));
+        dtr__free(&ctx->alloc, w);
+    }
+    return r;
 }
-#line 29440 "dtrain.h"
+#line 29482 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29820,7 +29862,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29824 "dtrain.h"
+#line 29866 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -29969,7 +30011,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 29973 "dtrain.h"
+#line 30015 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

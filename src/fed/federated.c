@@ -1450,17 +1450,25 @@ dtr_result dtr__fed_client_send_raw(dtr_fed_client *c, int type, int codec, uint
 
 #endif /* !_WIN32 */
 
-/* FedProx: the gradient of mu/2 ||w - global||^2 (portable). */
+/* FedProx: the gradient of mu/2 ||w - global||^2 (portable); a device model's through host
+   copies of its weights and gradients */
 dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
+    dtr_context *ctx;
     float *w, *g;
     int64_t i, n;
+    dtr_result r = DTR_OK;
     if (!m || !global) return DTR_NULL_HANDLE;
-    if (!dtr__host_memory(dtr_model_context(m)))
-        return dtr__fail(dtr_model_context(m), DTR_UNSUPPORTED, "dtr_fed_prox: the model must be in host memory (CPU backend)");
-    w = dtr_model_params(m);
-    g = dtr_model_grads(m);
-    n = dtr_model_numel(m);
+    ctx = dtr_model_context(m), w = dtr_model_params(m), g = dtr_model_grads(m), n = dtr_model_numel(m);
     if (!w || !g) return DTR_BAD_STATE;
-    for (i = 0; i < n; i++) g[i] += mu * (w[i] - global[i]);
-    return DTR_OK;
+    if (!dtr__host_memory(ctx)) {
+        w = (float *)dtr__malloc(&ctx->alloc, (size_t)(2 * n + 1) * sizeof(float)), g = w ? w + n : NULL;
+        if (!w) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_fed_prox: out of memory");
+        if ((r = dtr_model_read(m, w, n)) == DTR_OK) r = dtr_model_read_grads(m, g, n);
+    }
+    for (i = 0; i < n && r == DTR_OK; i++) g[i] += mu * (w[i] - global[i]);
+    if (w != dtr_model_params(m)) {
+        if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr_model_grads(m), g, (size_t)n * sizeof(float));
+        dtr__free(&ctx->alloc, w);
+    }
+    return r;
 }

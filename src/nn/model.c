@@ -323,6 +323,28 @@ float *dtr_model_params(dtr_model *m) { return m ? m->data : NULL; }
 float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
 dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
 
+/* the buffer `buf` (params or grads) to or from n host floats */
+static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
+    dtr_result r;
+    size_t bytes;
+    if (!m || !host) return DTR_NULL_HANDLE;
+    if ((r = dtr_model_build(m)) != DTR_OK) return r;
+    if (n != m->total)
+        return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n,
+                         (long long)m->total);
+    bytes = (size_t)n * sizeof(float);
+    if (write) return m->ctx->backend->from_host(m->ctx, m->data, host, bytes);
+    return m->ctx->backend->to_host(m->ctx, host, grads ? m->grad : m->data, bytes);
+}
+
+dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n) { return dtr__model_copy(m, 0, dst, n, 0, "dtr_model_read"); }
+dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n) {
+    return dtr__model_copy(m, 0, (float *)(uintptr_t)src, n, 1, "dtr_model_write");
+}
+dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n) {
+    return dtr__model_copy(m, 1, dst, n, 0, "dtr_model_read_grads");
+}
+
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;

@@ -563,9 +563,18 @@ DTR_API dtr_tensor *dtr_model_find(const dtr_model *m, const char *name);
 /** Offset in elements of parameter i in the contiguous buffers. */
 DTR_API int64_t dtr_model_param_offset(const dtr_model *m, int i);
 /** The contiguous f32 parameter and gradient buffers (host pointers on the CPU backend;
- *  NULL before build). Layout: parameters in declaration order, each 16-float aligned. */
+ *  NULL before build). Layout: parameters in declaration order, each 16-float aligned.
+ *  On a device they are device pointers: copy with dtr_model_read / dtr_model_write. */
 DTR_API float *dtr_model_params(dtr_model *m);
 DTR_API float *dtr_model_grads(dtr_model *m);
+/** Copies the whole parameter buffer (dtr_model_read, dtr_model_write) or gradient buffer
+ *  (dtr_model_read_grads) to or from n host floats, n = dtr_model_numel, on any backend
+ *  (the model is built first if it was not).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (n is not the model's size), or the
+ *  build's or the device's error. Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n);
+DTR_API dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n);
+DTR_API dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n);
 /** Zeroes the gradient buffer. */
 DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
 /** The context the model lives on. */

@@ -25,6 +25,8 @@
  *         ... train task.local_epochs epochs (dtr_fed_prox after each backward when task.mu > 0) ...
  *         dtr_fed_client_send_weights(cl, dtr_model_params(m), samples);
  *     }
+ *     // a model on a GPU: receive into a host array w, dtr_model_write(m, w, n) to train,
+ *     // dtr_model_read(m, w, n) before sending w
  *
  * Transport security: joining needs the shared secret (an HMAC-SHA256 challenge in both
  * directions, as the rendezvous store's join); every message after the join carries an
@@ -236,9 +238,10 @@ DTR_API const char *dtr_fed_client_last_error(const dtr_fed_client *c);
 
 /** FedProx: adds mu * (w - global) to the model's gradients (the gradient of the proximal
  *  term mu/2 ||w - global||^2). Call after each backward, before the optimizer step.
- *  `global` holds dtr_model_numel floats (the weights of the task). Host memory only.
- *  @return DTR_OK; DTR_NULL_HANDLE; DTR_UNSUPPORTED (a model in device memory); DTR_BAD_STATE
- *  (model not built).
+ *  `global` holds dtr_model_numel host floats (the weights of the task). A model on a device
+ *  works through host copies of its weights and gradients (three copies a call).
+ *  @return DTR_OK; DTR_NULL_HANDLE; DTR_BAD_STATE (model not built); DTR_OUT_OF_MEMORY; a
+ *  device error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu);
 

@@ -6,9 +6,12 @@
  * checkpoint of a GPU run must restore it bit for bit; two ranks sharing
  * the GPU, training data-parallel over the local transport (host memory: the gradients go
  * through the engine's host staging buffer), must end where one rank with the whole batch
- * does. The device runs release activations during backward (release_activations), the CPU
- * reference keeps them: the same parameters either way. Without a GPU it says loudly that it
- * skipped. */
+ * does, with each bucket's copy to the host beside the stream; the model's buffers copy to and
+ * from the host, FedProx on the device gives the CPU's gradients and a parameter server on the
+ * device is refused; the loader's batches reach the device without a host wait and hold what
+ * a plain loader hands out. The device runs release activations during backward
+ * (release_activations), the CPU reference keeps them: the same parameters either way.
+ * Without a GPU it says loudly that it skipped. */
 #define _DEFAULT_SOURCE   /* mkstemp, MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
 #include <pthread.h>
@@ -245,31 +248,55 @@ static void test_checkpoint(void) {
     }
 }
 
-/* Engines that keep the model in host memory refuse a device model with DTR_UNSUPPORTED
-   (never touch its memory): parameter servers and FedProx. */
-static void test_host_only_engines(void) {
-    dtr_context *ctx = make_ctx(1);
+/* The model's buffers to and from the host (dtr_model_read / _write / _read_grads), FedProx
+   on a device model (the CPU's gradients within 1e-5; through host copies), and a parameter
+   server on the device refused (never touching its memory). */
+static void test_device_engines(void) {
+    enum { NP = IN * HID + HID + HID * OUT + OUT };
+    dtr_context *ctx = make_ctx(1), *cpu = make_ctx(0);
     dtr_local_world *w = NULL;
     dtr_comm_config cc = dtr_comm_config_init();
     dtr_comm *c = NULL;
     dtr_ps *ps = NULL;
     dtr_ps_config pc = dtr_ps_config_init();
-    float global[IN * HID + HID + HID * OUT + OUT];
+    static float global[4096], a[4096], b[4096], back[4096];
     char err[256];
-    tnet net;
+    tnet net, ref;
+    int64_t n = 0, i;
     memset(&net, 0, sizeof net);
-    memset(global, 0, sizeof global);
-    CHECK(ctx && net_make(ctx, &net));
+    memset(&ref, 0, sizeof ref);
+    CHECK(ctx && cpu && net_make(ctx, &net) && net_make(cpu, &ref));
+    if (net.m) n = dtr_model_numel(net.m);
+    CHECK(n >= NP && n <= 4096);
+    for (i = 0; i < n; i++) global[i] = 0.01f * (float)(i % 13) - 0.05f;
+    if (n >= NP && n <= 4096 && ref.m) {
+        dtr_tensor *l1 = net_loss(ctx, &net, 1.0f), *l2 = net_loss(cpu, &ref, 1.0f);
+        CHECK(l1 && l2 && dtr_backward(ctx, l1) == DTR_OK && dtr_backward(cpu, l2) == DTR_OK);
+        CHECK_OK(ctx, dtr_fed_prox(net.m, global, 0.1f));
+        CHECK_OK(cpu, dtr_fed_prox(ref.m, global, 0.1f));
+        CHECK_OK(ctx, dtr_model_read_grads(net.m, a, n));
+        CHECK_OK(cpu, dtr_model_read_grads(ref.m, b, n));
+        CHECK_MSG(max_rel(b, a, n) < 1e-5, "FedProx on the device: gradients %.3g from the CPU's", max_rel(b, a, n));
+        CHECK_OK(ctx, dtr_model_write(net.m, global, n));   /* and back out, bit for bit */
+        CHECK_OK(ctx, dtr_model_read(net.m, back, n));
+        CHECK(memcmp(back, global, (size_t)n * sizeof(float)) == 0);
+        CHECK_EQ_INT(dtr_model_write(net.m, global, n - 1), DTR_SHAPE_MISMATCH);
+        CHECK(strstr(dtr_context_last_error(ctx), "dtr_model_write") != NULL);
+        dtr_context_clear_error(ctx);
+        dtr_context_reset(ctx);
+        dtr_context_reset(cpu);
+    }
     CHECK(dtr_local_world_create(1, NULL, &w) == DTR_OK);
     cc.local.world = w;
     CHECK(dtr_comm_create(&cc, &c, err, sizeof err) == DTR_OK);
-    CHECK_EQ_INT(dtr_fed_prox(net.m, global, 0.1f), DTR_UNSUPPORTED);
     CHECK_EQ_INT(dtr_ps_create(net.m, c, &pc, &ps), DTR_UNSUPPORTED);
-    CHECK(ps == NULL && strstr(dtr_context_last_error(ctx), "host memory") != NULL);
+    CHECK(ps == NULL && strstr(dtr_context_last_error(ctx), "a server keeps its range in host memory") != NULL);
     dtr_comm_destroy(c);
     dtr_local_world_destroy(w);
     dtr_model_destroy(net.m);
+    dtr_model_destroy(ref.m);
     dtr_context_destroy(ctx);
+    dtr_context_destroy(cpu);
 }
 
 /* ---- data parallel: two ranks on one GPU over the local transport ---- */
@@ -469,7 +496,7 @@ int main(void) {
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
     RUN(test_checkpoint);
-    RUN(test_host_only_engines);
+    RUN(test_device_engines);
     RUN(test_data_parallel);
     RUN(test_loader_upload);
 #ifdef TRAIN_DEVSIM
