@@ -274,4 +274,13 @@ static const dtr_backend devsim__vt = {
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }
 
+/** A context of one thread on the simulated device, or NULL. */
+static inline dtr_context *devsim_context(void) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cc.backend = devsim_backend();
+    cc.threads = 1;
+    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
+}
+
 #endif /* DTRAIN_TEST_DEVSIM_H */

@@ -60,14 +60,7 @@ static dtr_tensor *tnet_loss(void *user, dtr_context *ctx, dtr_tensor *x, dtr_te
 }
 
 /* the net on a context: the simulated device's (devsim 1) or the CPU's */
-static dtr_context *tnet_ctx(int devsim) {
-    dtr_context_config cc = dtr_context_config_init();
-    dtr_context *ctx = NULL;
-    if (!devsim) return test_ctx(1);
-    cc.backend = devsim_backend();
-    cc.threads = 1;
-    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
-}
+static dtr_context *tnet_ctx(int devsim) { return devsim ? devsim_context() : test_ctx(1); }
 
 static void tnet_make_on(tnet *n, int devsim, uint64_t seed) {
     memset(n, 0, sizeof *n);

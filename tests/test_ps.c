@@ -221,12 +221,7 @@ static void keep_params(ps_job *j, int rank, dtr_model *m) {
 
 /* a rank's context: the simulated device for a worker of a job with devsim_workers */
 static dtr_context *rank_ctx(const ps_job *j, int rank) {
-    dtr_context_config cc = dtr_context_config_init();
-    dtr_context *ctx = NULL;
-    if (!j->devsim_workers || rank < j->S * (1 + j->pc.replicas)) return test_ctx(1);
-    cc.backend = devsim_backend();
-    cc.threads = 1;
-    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
+    return j->devsim_workers && rank >= j->S * (1 + j->pc.replicas) ? devsim_context() : test_ctx(1);
 }
 
 static void *rank_main(void *arg) {
@@ -898,16 +893,14 @@ static void test_ps_device_workers(void) {
     CHECK_EQ_INT(devsim_host_blocks, 0);   /* the workers' host copies were the backend's, and freed */
     CHECK_EQ_INT(devsim__violations, 0);
     {   /* a server on the device is refused before anything is sent */
-        dtr_context_config cc = dtr_context_config_init();
-        dtr_context *ctx = NULL;
+        dtr_context *ctx = devsim_context();
         dtr_model *m = NULL;
         dtr_comm_config gc = dtr_comm_config_init();
         dtr_comm *c = NULL;
         dtr_ps *ps = NULL;
         dtr_local_world *w = NULL;
         int64_t sh[1] = {8};
-        cc.backend = devsim_backend();
-        CHECK(dtr_local_world_create(2, NULL, &w) == DTR_OK && dtr_context_create(&cc, &ctx) == DTR_OK);
+        CHECK(dtr_local_world_create(2, NULL, &w) == DTR_OK && ctx);
         gc.local.world = w, gc.local.rank = 0;
         CHECK(dtr_comm_create(&gc, &c, NULL, 0) == DTR_OK && dtr_model_create(ctx, 1, &m) == DTR_OK);
         dtr_model_param(m, "w", 1, sh, DTR_INIT_ZEROS, 0.0f);
