@@ -35,6 +35,8 @@ typedef struct dtr__cuda_state {
     cudaStream_t stream;
     cudaStream_t copies;            /* device-to-host copies beside the stream (to_host_async) */
     cublasHandle_t blas;
+    int fast16;                     /* 1: f32 products through cublasGemmEx with `compute` (bf16 / fp16) */
+    cublasComputeType_t compute;
     /* the error word: kernels that check data (class targets, embedding ids) record the
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
        by the host after each synchronisation (dtr__cuda_take_error) */
@@ -193,7 +195,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 197 "dtrain_cuda.cu"
+#line 199 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1027,7 +1029,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1031 "dtrain_cuda.cu"
+#line 1033 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1037,9 +1039,36 @@ static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { ret
  * with the CPU's shapes (src/ops/ops_matmul.c):
  *   a (..., M, K), b (..., K, N) -> (..., M, N); x (R, in), w (out, in) -> (R, out).
  * cuBLAS is column-major: a row-major C = A B is computed as the column-major C^T = B^T A^T,
- * so every call passes B first. Full FP32 (cuBLAS's default math mode); TF32 comes with the
- * mixed-precision settings.
+ * so every call passes B first. Full FP32 (cuBLAS's default math mode); TF32 with allow_tf32
+ * (the math mode); bf16 / fp16 tensor cores with matmul_precision (cublasGemmEx on the f32
+ * operands with a fast 16-bit compute type: cuBLAS rounds them, sums in f32).
  * ==========================================================================*/
+
+/* the three cuBLAS products with f32 operands and results: Sgemm*, or with s->fast16 their
+   GemmEx forms and s->compute */
+static cublasStatus_t dtr__cuda_sgemm(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
+                                      const float *alpha, const float *B, int ldb, const float *A, int lda, const float *beta,
+                                      float *Y, int ldy) {
+    if (!s->fast16) return cublasSgemm(s->blas, opb, opa, n, m, k, alpha, B, ldb, A, lda, beta, Y, ldy);
+    return cublasGemmEx(s->blas, opb, opa, n, m, k, alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, beta, Y, CUDA_R_32F, ldy,
+                        s->compute, CUBLAS_GEMM_DEFAULT);
+}
+static cublasStatus_t dtr__cuda_sgemm_strided(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
+                                              const float *alpha, const float *B, int ldb, int64_t sb, const float *A, int lda,
+                                              int64_t sa, const float *beta, float *Y, int ldy, int64_t sy, int count) {
+    if (!s->fast16)
+        return cublasSgemmStridedBatched(s->blas, opb, opa, n, m, k, alpha, B, ldb, sb, A, lda, sa, beta, Y, ldy, sy, count);
+    return cublasGemmStridedBatchedEx(s->blas, opb, opa, n, m, k, alpha, B, CUDA_R_32F, ldb, sb, A, CUDA_R_32F, lda, sa, beta, Y,
+                                      CUDA_R_32F, ldy, sy, count, s->compute, CUBLAS_GEMM_DEFAULT);
+}
+static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
+                                           const float *alpha, const float *const *pb, int ldb, const float *const *pa, int lda,
+                                           const float *beta, float *const *py, int ldy, int count) {
+    if (!s->fast16) return cublasSgemmBatched(s->blas, opb, opa, n, m, k, alpha, pb, ldb, pa, lda, beta, py, ldy, count);
+    return cublasGemmBatchedEx(s->blas, opb, opa, n, m, k, alpha, (const void *const *)pb, CUDA_R_32F, ldb,
+                               (const void *const *)pa, CUDA_R_32F, lda, beta, (void *const *)py, CUDA_R_32F, ldy, count,
+                               s->compute, CUBLAS_GEMM_DEFAULT);
+}
 
 /* A row-major matrix view (rows R, cols C, row stride rs, column stride cs) as cuBLAS sees
  * it: the column-major matrix is its transpose with leading dimension rs when cs is 1 (op N),
@@ -1075,10 +1104,10 @@ static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
     if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     if (count == 1)
-        return dtr__cuda_blas(ctx, cublasSgemm(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
-                                               (int)lda, &beta, Y, (int)ldy), "sgemm");
-    return dtr__cuda_blas(ctx, cublasSgemmStridedBatched(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
-                                                         sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
+        return dtr__cuda_blas(ctx, dtr__cuda_sgemm(s, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
+                                                   (int)lda, &beta, Y, (int)ldy), "sgemm");
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_strided(s, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
+                                                       sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
                           "sgemm (batched)");
 }
 
@@ -1113,8 +1142,8 @@ static dtr_result dtr__cuda_gemm2(dtr_context *ctx, int64_t M, int64_t N, int64_
     dtr__cuda_gemm_ptrs_k<<<dtr__cuda_grid(count), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(pa, A, sa, pb, B, sb, py, Y, sy, inner,
                                                                                               count);
     if (dtr__cuda_check(ctx, cudaGetLastError(), "gemm pointers") != DTR_OK) return ctx->status;
-    return dtr__cuda_blas(ctx, cublasSgemmBatched(dtr__cuda(ctx)->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
-                                                  (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
+                                                    (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
                           "sgemm (pointer batch)");
 }
 
@@ -1277,7 +1306,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1281 "dtrain_cuda.cu"
+#line 1310 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1456,7 +1485,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1460 "dtrain_cuda.cu"
+#line 1489 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1655,7 +1684,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1659 "dtrain_cuda.cu"
+#line 1688 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1841,7 +1870,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1845 "dtrain_cuda.cu"
+#line 1874 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1884,7 +1913,8 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
         return ctx->status;
     if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
         dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK ||
-        dtr__cuda_blas(ctx, cublasSetMathMode(s->blas, ctx->cfg.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+        dtr__cuda_blas(ctx, cublasSetMathMode(s->blas, ctx->cfg.allow_tf32 || ctx->cfg.matmul_precision == DTR_MATMUL_TF32
+                                                           ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                        "set math mode") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_check(ctx, cudaHostAlloc((void **)&s->err_host, 2 * sizeof(int), cudaHostAllocMapped), "error word") != DTR_OK ||
@@ -1927,6 +1957,8 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     if (!s) return DTR_OUT_OF_MEMORY;
     s->device = ctx->cfg.device;
     s->events.cap = DTR__CUDA_EVENTS, s->copy_events.cap = DTR__CUDA_COPY_EVENTS;
+    s->fast16 = ctx->cfg.matmul_precision == DTR_MATMUL_BF16 || ctx->cfg.matmul_precision == DTR_MATMUL_F16;
+    s->compute = ctx->cfg.matmul_precision == DTR_MATMUL_F16 ? CUBLAS_COMPUTE_32F_FAST_16F : CUBLAS_COMPUTE_32F_FAST_16BF;
     if (dtr__cuda_init_state(ctx, s) != DTR_OK) {
         dtr_result r = ctx->status;
         dtr__cuda_release(ctx, s);
@@ -2199,5 +2231,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2203 "dtrain_cuda.cu"
+#line 2235 "dtrain_cuda.cu"
 

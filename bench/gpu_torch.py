@@ -2,10 +2,11 @@
 """bench/gpu_torch.py: PyTorch's side of bench/gpu.c: the same four models (mlp, cnn, gpt,
 gpt2), the same batch shapes, AdamW, random data, timed the same way, printed as JSON lines
 with "impl":"torch" and "mode":"eager" or "compile" (torch.compile). FP32 with TF32 matmuls
-off unless --tf32, as dtrain's FP32 GEMMs. Needs torch with CUDA; prints a skipped line
-otherwise.
+off unless --tf32, as dtrain's FP32 GEMMs; --bf16 runs forward and loss under
+torch.autocast(bfloat16) (dtrain's --bf16 rounds only the matrix products' operands). Needs
+torch with CUDA; prints a skipped line otherwise.
 Usage: gpu_torch.py [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] [--peak-tflops F]
-                    [--tf32] [--no-compile]"""
+                    [--tf32] [--bf16] [--no-compile]"""
 import argparse
 import json
 import math
@@ -80,8 +81,9 @@ def run(torch, name, spec, args, compile_):
         ts = time.perf_counter()
         if s == args.warmup:
             t0 = ts
-        out = fwd(x)
-        loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16):
+            out = fwd(x)
+            loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -93,7 +95,7 @@ def run(torch, name, spec, args, compile_):
     params = sum(p.numel() for p in model.parameters())
     flops = 6 * params + 12 * spec.get("layers", 0) * spec.get("context", 0) * spec.get("dim", 0) if spec["kind"] == 2 else 0
     line = {"bench": "gpu", "impl": "torch", "mode": "compile" if compile_ else "eager", "torch": torch.__version__,
-            "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
+            "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "bf16": int(args.bf16), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
             ("tokens_per_s" if spec["kind"] == 2 else "samples_per_s"): round(items / per, 1),
             "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
             "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
@@ -110,6 +112,7 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=494.7)
     p.add_argument("--tf32", action="store_true")
+    p.add_argument("--bf16", action="store_true")   # torch.autocast(bfloat16); dtrain: matmul_precision BF16
     p.add_argument("--no-compile", action="store_true")
     p.add_argument("--backend", default="cuda")   # accepted for BENCH_ARGS shared with bench/gpu
     p.add_argument("--threads", type=int, default=0)

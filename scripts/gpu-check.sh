@@ -33,5 +33,10 @@ timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$ou
 echo "bench dtrain: $?" | tee -a "$out/summary.txt"
 timeout 300 python3 bench/gpu_torch.py --steps "$steps" > "$out/bench-torch.jsonl" 2> "$out/bench-torch.err"
 echo "bench torch: $?" | tee -a "$out/summary.txt"
+# the GPTs with bf16 products (dtrain) beside torch.autocast(bfloat16) eager
+for m in gpt gpt2; do
+  timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  timeout 120 python3 bench/gpu_torch.py --steps "$steps" --model $m --bf16 --no-compile >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
+done
 cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl"
 exit $rc

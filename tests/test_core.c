@@ -121,6 +121,9 @@ static void test_context_invalid_config(void) {
     c.threads = 100000;
     expect_create_fails(&c, DTR_INVALID_ARGUMENT, "threads 100000");
     c = dtr_context_config_init();
+    c.matmul_precision = (dtr_matmul_precision)4;
+    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "matmul_precision 4");
+    c = dtr_context_config_init();
     c.alloc.malloc_fn = plain_malloc;
     expect_create_fails(&c, DTR_INVALID_ARGUMENT, "malloc_fn only");
     c.alloc.free_fn = plain_free;

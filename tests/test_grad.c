@@ -538,6 +538,16 @@ static void test_backend_parity(void) {
         CHECK_MSG(dtr_context_create(&cc, &gpu) == DTR_OK, "cuda context: %s", gpu ? dtr_context_last_error(gpu) : "?");
         if (gpu) parity_on(gpu, "cuda", 2e-4);
         dtr_context_destroy(gpu);
+        /* the products on 16-bit tensor cores (f32 sums): every case within the rounding of
+           operands to 8 (bf16) or 11 (fp16) significant bits, against the CPU's f32 */
+        cc.matmul_precision = DTR_MATMUL_BF16;
+        CHECK(dtr_context_create(&cc, &gpu) == DTR_OK);
+        if (gpu) parity_on(gpu, "cuda (bf16 products)", 5e-2);
+        dtr_context_destroy(gpu);
+        cc.matmul_precision = DTR_MATMUL_F16;
+        CHECK(dtr_context_create(&cc, &gpu) == DTR_OK);
+        if (gpu) parity_on(gpu, "cuda (fp16 products)", 1e-2);
+        dtr_context_destroy(gpu);
         return;
     }
     printf("*** backend parity: built with CUDA but no GPU is visible: CUDA parity SKIPPED ***\n");

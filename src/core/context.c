@@ -205,7 +205,7 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     a = &cfg->alloc;
     if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
         return DTR_INVALID_ARGUMENT;
-    if (cfg->threads < 0 || cfg->threads > 1024) return DTR_INVALID_ARGUMENT;
+    if (cfg->threads < 0 || cfg->threads > 1024 || (unsigned)cfg->matmul_precision > DTR_MATMUL_F16) return DTR_INVALID_ARGUMENT;
     if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
         return DTR_VERSION_MISMATCH;
     ctx = (dtr_context *)dtr__calloc(a, sizeof(*ctx));

@@ -37,7 +37,8 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
         return ctx->status;
     if (dtr__cuda_blas(ctx, cublasCreate(&s->blas), "create") != DTR_OK ||
         dtr__cuda_blas(ctx, cublasSetStream(s->blas, s->stream), "set stream") != DTR_OK ||
-        dtr__cuda_blas(ctx, cublasSetMathMode(s->blas, ctx->cfg.allow_tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
+        dtr__cuda_blas(ctx, cublasSetMathMode(s->blas, ctx->cfg.allow_tf32 || ctx->cfg.matmul_precision == DTR_MATMUL_TF32
+                                                           ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH),
                        "set math mode") != DTR_OK)
         return ctx->status;
     if (dtr__cuda_check(ctx, cudaHostAlloc((void **)&s->err_host, 2 * sizeof(int), cudaHostAllocMapped), "error word") != DTR_OK ||
@@ -80,6 +81,8 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
     if (!s) return DTR_OUT_OF_MEMORY;
     s->device = ctx->cfg.device;
     s->events.cap = DTR__CUDA_EVENTS, s->copy_events.cap = DTR__CUDA_COPY_EVENTS;
+    s->fast16 = ctx->cfg.matmul_precision == DTR_MATMUL_BF16 || ctx->cfg.matmul_precision == DTR_MATMUL_F16;
+    s->compute = ctx->cfg.matmul_precision == DTR_MATMUL_F16 ? CUBLAS_COMPUTE_32F_FAST_16F : CUBLAS_COMPUTE_32F_FAST_16BF;
     if (dtr__cuda_init_state(ctx, s) != DTR_OK) {
         dtr_result r = ctx->status;
         dtr__cuda_release(ctx, s);

@@ -4,9 +4,36 @@
  * with the CPU's shapes (src/ops/ops_matmul.c):
  *   a (..., M, K), b (..., K, N) -> (..., M, N); x (R, in), w (out, in) -> (R, out).
  * cuBLAS is column-major: a row-major C = A B is computed as the column-major C^T = B^T A^T,
- * so every call passes B first. Full FP32 (cuBLAS's default math mode); TF32 comes with the
- * mixed-precision settings.
+ * so every call passes B first. Full FP32 (cuBLAS's default math mode); TF32 with allow_tf32
+ * (the math mode); bf16 / fp16 tensor cores with matmul_precision (cublasGemmEx on the f32
+ * operands with a fast 16-bit compute type: cuBLAS rounds them, sums in f32).
  * ==========================================================================*/
+
+/* the three cuBLAS products with f32 operands and results: Sgemm*, or with s->fast16 their
+   GemmEx forms and s->compute */
+static cublasStatus_t dtr__cuda_sgemm(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
+                                      const float *alpha, const float *B, int ldb, const float *A, int lda, const float *beta,
+                                      float *Y, int ldy) {
+    if (!s->fast16) return cublasSgemm(s->blas, opb, opa, n, m, k, alpha, B, ldb, A, lda, beta, Y, ldy);
+    return cublasGemmEx(s->blas, opb, opa, n, m, k, alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, beta, Y, CUDA_R_32F, ldy,
+                        s->compute, CUBLAS_GEMM_DEFAULT);
+}
+static cublasStatus_t dtr__cuda_sgemm_strided(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
+                                              const float *alpha, const float *B, int ldb, int64_t sb, const float *A, int lda,
+                                              int64_t sa, const float *beta, float *Y, int ldy, int64_t sy, int count) {
+    if (!s->fast16)
+        return cublasSgemmStridedBatched(s->blas, opb, opa, n, m, k, alpha, B, ldb, sb, A, lda, sa, beta, Y, ldy, sy, count);
+    return cublasGemmStridedBatchedEx(s->blas, opb, opa, n, m, k, alpha, B, CUDA_R_32F, ldb, sb, A, CUDA_R_32F, lda, sa, beta, Y,
+                                      CUDA_R_32F, ldy, sy, count, s->compute, CUBLAS_GEMM_DEFAULT);
+}
+static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
+                                           const float *alpha, const float *const *pb, int ldb, const float *const *pa, int lda,
+                                           const float *beta, float *const *py, int ldy, int count) {
+    if (!s->fast16) return cublasSgemmBatched(s->blas, opb, opa, n, m, k, alpha, pb, ldb, pa, lda, beta, py, ldy, count);
+    return cublasGemmBatchedEx(s->blas, opb, opa, n, m, k, alpha, (const void *const *)pb, CUDA_R_32F, ldb,
+                               (const void *const *)pa, CUDA_R_32F, lda, beta, (void *const *)py, CUDA_R_32F, ldy, count,
+                               s->compute, CUBLAS_GEMM_DEFAULT);
+}
 
 /* A row-major matrix view (rows R, cols C, row stride rs, column stride cs) as cuBLAS sees
  * it: the column-major matrix is its transpose with leading dimension rs when cs is 1 (op N),
@@ -42,10 +69,10 @@ static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
     if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     if (count == 1)
-        return dtr__cuda_blas(ctx, cublasSgemm(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
-                                               (int)lda, &beta, Y, (int)ldy), "sgemm");
-    return dtr__cuda_blas(ctx, cublasSgemmStridedBatched(s->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
-                                                         sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
+        return dtr__cuda_blas(ctx, dtr__cuda_sgemm(s, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
+                                                   (int)lda, &beta, Y, (int)ldy), "sgemm");
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_strided(s, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
+                                                       sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
                           "sgemm (batched)");
 }
 
@@ -80,8 +107,8 @@ static dtr_result dtr__cuda_gemm2(dtr_context *ctx, int64_t M, int64_t N, int64_
     dtr__cuda_gemm_ptrs_k<<<dtr__cuda_grid(count), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(pa, A, sa, pb, B, sb, py, Y, sy, inner,
                                                                                               count);
     if (dtr__cuda_check(ctx, cudaGetLastError(), "gemm pointers") != DTR_OK) return ctx->status;
-    return dtr__cuda_blas(ctx, cublasSgemmBatched(dtr__cuda(ctx)->blas, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
-                                                  (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
+                                                    (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
                           "sgemm (pointer batch)");
 }
 

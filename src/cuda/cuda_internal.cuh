@@ -28,6 +28,8 @@ typedef struct dtr__cuda_state {
     cudaStream_t stream;
     cudaStream_t copies;            /* device-to-host copies beside the stream (to_host_async) */
     cublasHandle_t blas;
+    int fast16;                     /* 1: f32 products through cublasGemmEx with `compute` (bf16 / fp16) */
+    cublasComputeType_t compute;
     /* the error word: kernels that check data (class targets, embedding ids) record the
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
        by the host after each synchronisation (dtr__cuda_take_error) */

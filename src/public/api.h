@@ -113,6 +113,19 @@ typedef enum dtr_log_level {
 /** Log callback. `msg` is valid only during the call. May be called from worker threads. */
 typedef void (*dtr_log_fn)(void *user, dtr_log_level level, const char *msg);
 
+/** What a GPU backend may round the operands of f32 matrix products (linear, matmul,
+ *  convolution, attention) to; the products are summed in f32 and tensors stay f32 in memory
+ *  (parameters, activations, gradients, optimizer state: master weights in f32). The CPU
+ *  backend computes in f32 whatever the setting. Append-only. */
+typedef enum dtr_matmul_precision {
+    DTR_MATMUL_F32 = 0,    /**< full f32 (TF32 when allow_tf32 is 1) */
+    DTR_MATMUL_TF32 = 1,   /**< TF32 tensor cores: 10-bit mantissas, relative error near 1e-3 */
+    DTR_MATMUL_BF16 = 2,   /**< bf16 tensor cores: 7-bit mantissas, f32's range; about twice TF32's
+                                speed on GPT shapes, relative error near 1e-2; no loss scaling needed */
+    DTR_MATMUL_F16 = 3     /**< fp16 tensor cores: 10-bit mantissas, range 6e-5 to 65504: small
+                                gradients flush to zero without dtr_loss_scaler (scale the loss) */
+} dtr_matmul_precision;
+
 /** Context configuration. Make one with dtr_context_config_init(); zero means default everywhere. */
 typedef struct dtr_context_config {
     const dtr_backend *backend;      /**< NULL: the CPU backend in dtrain.h */
@@ -128,6 +141,8 @@ typedef struct dtr_context_config {
     int allow_tf32;                  /**< 1: a GPU backend may run f32 matrix products on TF32 tensor
                                           cores (10-bit mantissa products, f32 sums: several times
                                           faster, relative error near 1e-3); 0 (default): full f32 */
+    dtr_matmul_precision matmul_precision; /**< the f32 matrix products' operands on a GPU backend
+                                          (dtr_matmul_precision); F32 (default) keeps allow_tf32's say */
     int retain_grads;                /**< 1: dtr_backward keeps the gradient of every intermediate
                                           tensor (dtr_tensor_grad reads it afterwards); 0 (default):
                                           an intermediate's gradient is released once the op that
