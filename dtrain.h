@@ -2647,7 +2647,8 @@ typedef struct dtr_dp_config {
                                 ends with the average of its shard's gradients only. 1: ZeRO-1, the
                                 whole buffer's slices sent in dtr_dp_finish. 2: ZeRO-2, each
                                 bucket's slices sent during backward (overlapped). 0: off. Stage 3 is not in this version
-                                (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD.
+                                (DTR_UNSUPPORTED); compress BF16 / FP16 send the gradient slices in 16 bits
+                                (the parameters' gather stays f32), the other codecs and local SGD are refused.
                                 ZeRO's point-to-point messages on the group use tags 2^30 - 1
                                 to 2^30 + the bucket count: keep the application's apart */
     int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
@@ -2683,8 +2684,8 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  by local SGD only), dtr_context_reset.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
- *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress
- *          or local SGD; zero, compress or local SGD over a group of device memory, NCCL),
+ *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress INT8, TOPK
+ *          or POWERSGD, or with local SGD; zero, compress or local SGD over a group of device memory, NCCL),
  *          DTR_OUT_OF_MEMORY, or the broadcast's error. A model in device memory over a
  *          host-memory group (libfabric, local) goes through a host staging buffer of the
  *          model's size: every mode works there, the optimizer's state stays on the device.
@@ -3921,7 +3922,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3925 "dtrain.h"
+#line 3926 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4528,7 +4529,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4532 "dtrain.h"
+#line 4533 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4809,7 +4810,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4813 "dtrain.h"
+#line 4814 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4871,7 +4872,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4875 "dtrain.h"
+#line 4876 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5201,7 +5202,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5205 "dtrain.h"
+#line 5206 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5244,7 +5245,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5248 "dtrain.h"
+#line 5249 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5274,7 +5275,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5278 "dtrain.h"
+#line 5279 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5308,7 +5309,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5312 "dtrain.h"
+#line 5313 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5382,7 +5383,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5386 "dtrain.h"
+#line 5387 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5450,7 +5451,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5454 "dtrain.h"
+#line 5455 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5500,7 +5501,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5504 "dtrain.h"
+#line 5505 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5852,7 +5853,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5856 "dtrain.h"
+#line 5857 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6643,7 +6644,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6647 "dtrain.h"
+#line 6648 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7209,7 +7210,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7213 "dtrain.h"
+#line 7214 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7280,7 +7281,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7284 "dtrain.h"
+#line 7285 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7719,7 +7720,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7723 "dtrain.h"
+#line 7724 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7951,7 +7952,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7955 "dtrain.h"
+#line 7956 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8182,7 +8183,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8186 "dtrain.h"
+#line 8187 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8297,7 +8298,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8301 "dtrain.h"
+#line 8302 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8353,7 +8354,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8357 "dtrain.h"
+#line 8358 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8783,7 +8784,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8787 "dtrain.h"
+#line 8788 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8962,7 +8963,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8966 "dtrain.h"
+#line 8967 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9491,7 +9492,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9495 "dtrain.h"
+#line 9496 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9990,7 +9991,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9994 "dtrain.h"
+#line 9995 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10249,7 +10250,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10253 "dtrain.h"
+#line 10254 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10520,7 +10521,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10524 "dtrain.h"
+#line 10525 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10644,7 +10645,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10648 "dtrain.h"
+#line 10649 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11165,7 +11166,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11169 "dtrain.h"
+#line 11170 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11334,7 +11335,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11338 "dtrain.h"
+#line 11339 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11583,7 +11584,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11587 "dtrain.h"
+#line 11588 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12102,7 +12103,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12106 "dtrain.h"
+#line 12107 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12237,7 +12238,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12241 "dtrain.h"
+#line 12242 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12584,7 +12585,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12588 "dtrain.h"
+#line 12589 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12650,7 +12651,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12654 "dtrain.h"
+#line 12655 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12887,7 +12888,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12891 "dtrain.h"
+#line 12892 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13636,7 +13637,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13640 "dtrain.h"
+#line 13641 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14089,7 +14090,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14093 "dtrain.h"
+#line 14094 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14145,7 +14146,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14149 "dtrain.h"
+#line 14150 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14922,7 +14923,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14926 "dtrain.h"
+#line 14927 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15503,7 +15504,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15507 "dtrain.h"
+#line 15508 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16134,7 +16135,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16138 "dtrain.h"
+#line 16139 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16924,7 +16925,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16928 "dtrain.h"
+#line 16929 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17277,7 +17278,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17281 "dtrain.h"
+#line 17282 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17467,7 +17468,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17471 "dtrain.h"
+#line 17472 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17648,7 +17649,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17652 "dtrain.h"
+#line 17653 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18423,7 +18424,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18427 "dtrain.h"
+#line 18428 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18940,7 +18941,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18944 "dtrain.h"
+#line 18945 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19735,7 +19736,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19739 "dtrain.h"
+#line 19740 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20917,7 +20918,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20921 "dtrain.h"
+#line 20922 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21539,7 +21540,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21543 "dtrain.h"
+#line 21544 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22028,7 +22029,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22032 "dtrain.h"
+#line 22033 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22758,7 +22759,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22762 "dtrain.h"
+#line 22763 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22994,7 +22995,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22998 "dtrain.h"
+#line 22999 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23373,7 +23374,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23377 "dtrain.h"
+#line 23378 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23390,7 +23391,9 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
  * gradients (not the average). The buffers are host memory: the model's, or for a model on a
- * device the engine's staging copies.
+ * device the engine's staging copies. With compress BF16 / FP16 the slices travel in 16 bits
+ * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
+ * sum; the parameters' gather stays f32, so every rank holds the same weights.
  * ==========================================================================*/
 
 
@@ -23408,6 +23411,8 @@ struct dtr__zero {
     int W, me, stage;
     int64_t *shard;          /* W + 1 offsets */
     float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
+    dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
+    uint16_t *out16, *in16;  /* 16-bit wire: the slices sent (by buffer offset) and the slots received */
     dtr_request **req;       /* this step's sends and receives */
     int nreq, cap;
 };
@@ -23432,6 +23437,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     *out = NULL;
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
+    z->wire = cfg->compress == DTR_COMPRESS_BF16 ? DTR_BF16 : cfg->compress == DTR_COMPRESS_FP16 ? DTR_F16 : DTR_F32;
     z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
     z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
     ok = z->shard != NULL;
@@ -23443,6 +23449,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
         ok = z->recv != NULL;
+        if (ok && z->wire != DTR_F32) {
+            z->out16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
+            z->in16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
+            ok = z->out16 && z->in16;
+        }
     }
     if (!ok) {
         dtr__zero_destroy(z);
@@ -23473,19 +23484,21 @@ void dtr__zero_destroy(dtr__zero *z) {
     if (z->req) dtr__zero_wait(z);
     dtr__free(&a, z->req);
     dtr__free(&a, z->recv);
+    dtr__free(&a, z->out16);
+    dtr__free(&a, z->in16);
     dtr__free(&a, z->shard);
     dtr__free(&a, z);
 }
 
-/* peer p's slot for float x of this rank's shard */
-static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) {
+/* where peer p's value of float x of this rank's shard is: its index in the slots */
+static int64_t dtr__zero_at(const dtr__zero *z, int p, int64_t x) {
     int64_t len = z->shard[z->me + 1] - z->shard[z->me];
-    return z->recv + (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
+    return (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
 }
+static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + dtr__zero_at(z, p, x); }
 
-/* posts a send or receive of n floats at buf to/from rank p */
-static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, int p, int tag) {
-    size_t bytes = (size_t)n * sizeof(float);
+/* posts a send or receive of `bytes` at buf to/from rank p */
+static dtr_result dtr__zero_post(dtr__zero *z, int send, void *buf, size_t bytes, int p, int tag) {
     dtr_result r;
     if (z->nreq >= z->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
     r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &z->req[z->nreq])
@@ -23494,15 +23507,20 @@ static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, 
     return r;
 }
 
+/* the slices of bucket [lo, hi) of owner o: sent (16-bit: encoded first), or the peers' received */
 dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end) {
     int o, p;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
+        size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
-        if (o != z->me) r = dtr__zero_post(z, 1, g + lo, hi - lo, o, DTR__ZERO_TAG + i);
+        if (o != z->me && z->out16) dtr_convert(z->out16 + lo, z->wire, g + lo, DTR_F32, (size_t)(hi - lo));
+        if (o != z->me) r = dtr__zero_post(z, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
-            if (p != z->me) r = dtr__zero_post(z, 0, dtr__zero_slot(z, p, lo), hi - lo, p, DTR__ZERO_TAG + i);
+            if (p != z->me)
+                r = dtr__zero_post(z, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
+                                   bytes, p, DTR__ZERO_TAG + i);
         if (r != DTR_OK) return r;
     }
     return DTR_OK;
@@ -23520,13 +23538,14 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     dtr_result r = dtr__zero_wait(z);
     int p;
     if (r != DTR_OK) return r;
+    if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
     for (p = 1; p < z->W; p++)
         dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), (size_t)n,
                          DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
-    st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * sizeof(float);
+    st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * dtr_dtype_size(z->wire);
     st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
     return DTR_OK;
 }
@@ -23538,9 +23557,10 @@ dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
     /* an all-gather of unequal shards: this rank's to every peer, every peer's from it */
     for (p = 0; p < z->W && r == DTR_OK; p++) {
         if (p == z->me) continue;
-        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], n, p, DTR__ZERO_TAG - 1);
+        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], (size_t)n * sizeof(float), p, DTR__ZERO_TAG - 1);
         if (r == DTR_OK && z->shard[p + 1] > z->shard[p])
-            r = dtr__zero_post(z, 0, prm + z->shard[p], z->shard[p + 1] - z->shard[p], p, DTR__ZERO_TAG - 1);
+            r = dtr__zero_post(z, 0, prm + z->shard[p], (size_t)(z->shard[p + 1] - z->shard[p]) * sizeof(float), p,
+                               DTR__ZERO_TAG - 1);
     }
     if (r == DTR_OK) r = dtr__zero_wait(z);
     else dtr__zero_wait(z);
@@ -23559,7 +23579,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23563 "dtrain.h"
+#line 23583 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23767,9 +23787,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero < 0 || cfg->zero > 2)
         return dtr__fail(ctx, cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
                          "dtr_dp_create: zero %d (this version has stages 1 and 2)", cfg->zero);
-    if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
-                                               "this version", cfg->zero);
+    if (cfg->zero && ((cfg->compress != DTR_COMPRESS_NONE && cfg->compress != DTR_COMPRESS_BF16 &&
+                       cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
+                         "in 16 bits), and no local SGD (the shards' optimizer needs every step's gradients)", cfg->zero);
     if (c->mem_ctx && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) this version does plain "
                          "all-reduce only; ZeRO, compression and local SGD take a host-memory transport (libfabric, "
@@ -24030,7 +24051,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24034 "dtrain.h"
+#line 24055 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24524,7 +24545,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24528 "dtrain.h"
+#line 24549 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25899,7 +25920,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25903 "dtrain.h"
+#line 25924 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25953,7 +25974,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25957 "dtrain.h"
+#line 25978 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27116,7 +27137,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27120 "dtrain.h"
+#line 27141 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28015,7 +28036,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28019 "dtrain.h"
+#line 28040 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29493,7 +29514,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29497 "dtrain.h"
+#line 29518 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29877,7 +29898,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29881 "dtrain.h"
+#line 29902 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30026,7 +30047,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30030 "dtrain.h"
+#line 30051 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -202,9 +202,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero < 0 || cfg->zero > 2)
         return dtr__fail(ctx, cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
                          "dtr_dp_create: zero %d (this version has stages 1 and 2)", cfg->zero);
-    if (cfg->zero && (cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d with gradient compression or local SGD is not in "
-                                               "this version", cfg->zero);
+    if (cfg->zero && ((cfg->compress != DTR_COMPRESS_NONE && cfg->compress != DTR_COMPRESS_BF16 &&
+                       cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
+                         "in 16 bits), and no local SGD (the shards' optimizer needs every step's gradients)", cfg->zero);
     if (c->mem_ctx && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) this version does plain "
                          "all-reduce only; ZeRO, compression and local SGD take a host-memory transport (libfabric, "

@@ -11,7 +11,9 @@
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
  * gradients (not the average). The buffers are host memory: the model's, or for a model on a
- * device the engine's staging copies.
+ * device the engine's staging copies. With compress BF16 / FP16 the slices travel in 16 bits
+ * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
+ * sum; the parameters' gather stays f32, so every rank holds the same weights.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -29,6 +31,8 @@ struct dtr__zero {
     int W, me, stage;
     int64_t *shard;          /* W + 1 offsets */
     float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
+    dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
+    uint16_t *out16, *in16;  /* 16-bit wire: the slices sent (by buffer offset) and the slots received */
     dtr_request **req;       /* this step's sends and receives */
     int nreq, cap;
 };
@@ -53,6 +57,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     *out = NULL;
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
+    z->wire = cfg->compress == DTR_COMPRESS_BF16 ? DTR_BF16 : cfg->compress == DTR_COMPRESS_FP16 ? DTR_F16 : DTR_F32;
     z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
     z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
     ok = z->shard != NULL;
@@ -64,6 +69,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
         ok = z->recv != NULL;
+        if (ok && z->wire != DTR_F32) {
+            z->out16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
+            z->in16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
+            ok = z->out16 && z->in16;
+        }
     }
     if (!ok) {
         dtr__zero_destroy(z);
@@ -94,19 +104,21 @@ void dtr__zero_destroy(dtr__zero *z) {
     if (z->req) dtr__zero_wait(z);
     dtr__free(&a, z->req);
     dtr__free(&a, z->recv);
+    dtr__free(&a, z->out16);
+    dtr__free(&a, z->in16);
     dtr__free(&a, z->shard);
     dtr__free(&a, z);
 }
 
-/* peer p's slot for float x of this rank's shard */
-static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) {
+/* where peer p's value of float x of this rank's shard is: its index in the slots */
+static int64_t dtr__zero_at(const dtr__zero *z, int p, int64_t x) {
     int64_t len = z->shard[z->me + 1] - z->shard[z->me];
-    return z->recv + (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
+    return (int64_t)(p < z->me ? p : p - 1) * len + (x - z->shard[z->me]);
 }
+static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + dtr__zero_at(z, p, x); }
 
-/* posts a send or receive of n floats at buf to/from rank p */
-static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, int p, int tag) {
-    size_t bytes = (size_t)n * sizeof(float);
+/* posts a send or receive of `bytes` at buf to/from rank p */
+static dtr_result dtr__zero_post(dtr__zero *z, int send, void *buf, size_t bytes, int p, int tag) {
     dtr_result r;
     if (z->nreq >= z->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
     r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &z->req[z->nreq])
@@ -115,15 +127,20 @@ static dtr_result dtr__zero_post(dtr__zero *z, int send, float *buf, int64_t n, 
     return r;
 }
 
+/* the slices of bucket [lo, hi) of owner o: sent (16-bit: encoded first), or the peers' received */
 dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end) {
     int o, p;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
+        size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
-        if (o != z->me) r = dtr__zero_post(z, 1, g + lo, hi - lo, o, DTR__ZERO_TAG + i);
+        if (o != z->me && z->out16) dtr_convert(z->out16 + lo, z->wire, g + lo, DTR_F32, (size_t)(hi - lo));
+        if (o != z->me) r = dtr__zero_post(z, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
-            if (p != z->me) r = dtr__zero_post(z, 0, dtr__zero_slot(z, p, lo), hi - lo, p, DTR__ZERO_TAG + i);
+            if (p != z->me)
+                r = dtr__zero_post(z, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
+                                   bytes, p, DTR__ZERO_TAG + i);
         if (r != DTR_OK) return r;
     }
     return DTR_OK;
@@ -141,13 +158,14 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     dtr_result r = dtr__zero_wait(z);
     int p;
     if (r != DTR_OK) return r;
+    if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
     for (p = 1; p < z->W; p++)
         dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), (size_t)n,
                          DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
-    st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * sizeof(float);
+    st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * dtr_dtype_size(z->wire);
     st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
     return DTR_OK;
 }
@@ -159,9 +177,10 @@ dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
     /* an all-gather of unequal shards: this rank's to every peer, every peer's from it */
     for (p = 0; p < z->W && r == DTR_OK; p++) {
         if (p == z->me) continue;
-        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], n, p, DTR__ZERO_TAG - 1);
+        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], (size_t)n * sizeof(float), p, DTR__ZERO_TAG - 1);
         if (r == DTR_OK && z->shard[p + 1] > z->shard[p])
-            r = dtr__zero_post(z, 0, prm + z->shard[p], z->shard[p + 1] - z->shard[p], p, DTR__ZERO_TAG - 1);
+            r = dtr__zero_post(z, 0, prm + z->shard[p], (size_t)(z->shard[p + 1] - z->shard[p]) * sizeof(float), p,
+                               DTR__ZERO_TAG - 1);
     }
     if (r == DTR_OK) r = dtr__zero_wait(z);
     else dtr__zero_wait(z);

@@ -248,7 +248,8 @@ typedef struct dtr_dp_config {
                                 ends with the average of its shard's gradients only. 1: ZeRO-1, the
                                 whole buffer's slices sent in dtr_dp_finish. 2: ZeRO-2, each
                                 bucket's slices sent during backward (overlapped). 0: off. Stage 3 is not in this version
-                                (DTR_UNSUPPORTED); neither is ZeRO with compress or local SGD.
+                                (DTR_UNSUPPORTED); compress BF16 / FP16 send the gradient slices in 16 bits
+                                (the parameters' gather stays f32), the other codecs and local SGD are refused.
                                 ZeRO's point-to-point messages on the group use tags 2^30 - 1
                                 to 2^30 + the bucket count: keep the application's apart */
     int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
@@ -284,8 +285,8 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  by local SGD only), dtr_context_reset.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
- *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress
- *          or local SGD; zero, compress or local SGD over a group of device memory, NCCL),
+ *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress INT8, TOPK
+ *          or POWERSGD, or with local SGD; zero, compress or local SGD over a group of device memory, NCCL),
  *          DTR_OUT_OF_MEMORY, or the broadcast's error. A model in device memory over a
  *          host-memory group (libfabric, local) goes through a host staging buffer of the
  *          model's size: every mode works there, the optimizer's state stays on the device.
