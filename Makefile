@@ -285,7 +285,8 @@ bench-gpu: $(BUILD)/bench/gpu
 
 # examples-gpu: the Fashion-MNIST MLP and CNN linked with dtrain_cuda.o; --gpu trains on the GPU.
 # fmnist_dp's ranks too (with dtrain_comm.o: --transport libfabric under dtrun).
-GPU_EXAMPLES := $(BUILD)/examples/gpu/fmnist_mlp $(BUILD)/examples/gpu/fmnist_cnn $(BUILD)/examples/gpu/fmnist_dp
+GPU_EXAMPLES := $(BUILD)/examples/gpu/fmnist_mlp $(BUILD)/examples/gpu/fmnist_cnn $(BUILD)/examples/gpu/fmnist_dp \
+                $(BUILD)/examples/gpu/fmnist_ps
 examples-gpu: $(GPU_EXAMPLES)
 $(BUILD)/examples/gpu/%: examples/%.c examples/common.h $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
@@ -293,6 +294,9 @@ $(BUILD)/examples/gpu/%: examples/%.c examples/common.h $(CUDA_OBJ) $(LIBA)
 $(BUILD)/examples/gpu/fmnist_dp: $(COMM_OBJ)
 $(BUILD)/examples/gpu/fmnist_dp: EXTRA_OBJ = $(COMM_OBJ)
 $(BUILD)/examples/gpu/fmnist_dp: EXTRA_LIBS += $(COMM_LIBS)
+$(BUILD)/examples/gpu/fmnist_ps: $(COMM_OBJ)
+$(BUILD)/examples/gpu/fmnist_ps: EXTRA_OBJ = $(COMM_OBJ)
+$(BUILD)/examples/gpu/fmnist_ps: EXTRA_LIBS += $(COMM_LIBS)
 
 # cuda-check: `make cuda` and the GPU test program linked when nvcc exists, a loud notice when
 # it does not (used by check).

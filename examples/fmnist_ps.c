@@ -16,11 +16,13 @@
  * workers after them; the group isolates peer failures).
  * With the local transport the ranks are threads of this process; under the launcher each
  * process is one rank: `dtrun -n 6 --servers 2 build/examples/fmnist_ps --transport libfabric`.
+ * --gpu (built by make examples-gpu): the workers train on the GPU, the servers stay on the
+ * CPU (the classic layout).
  *
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
  *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16|--int8] [--transport NAME]
  *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|rotate]
- *                  [--aggregate K] [--seed K] [--backup-workers B]
+ *                  [--aggregate K] [--seed K] [--backup-workers B] [--gpu]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
  *   --lr: the servers' Adam learning rate (1e-3). Expect about 86% after 2 epochs in every
  *   mode. */
@@ -37,6 +39,7 @@ typedef struct ps_opts {
     int backup;            /* dtr_ps_config.backup_workers (sync) */
     int seed;              /* > 0: another initialisation and shuffle than the default ones (0) */
     int straggler_rotate;  /* the straggler delay hits worker i's steps k = i mod W, not worker 0's */
+    int gpu;               /* the workers' contexts on the GPU (make examples-gpu) */
     int64_t max_steps;     /* > 0: steps per epoch per worker at most */
     int64_t *claim;        /* threads only: a counter the workers take batches from (NULL: fixed shards) */
     dtr_ps_mode mode;
@@ -168,6 +171,8 @@ static int ps_rank(dtr_comm *c, void *user) {
     int ok = 0;
     memset(&mine, 0, sizeof mine);
     cc.threads = 1;
+    if (o->gpu && dtr_comm_rank(c) >= o->servers * (1 + o->replicas) && !fm_backend(1, &cc))   /* a worker */
+        return ps_err(c, "--gpu", DTR_UNSUPPORTED, "no CUDA backend in this build");
     if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) return ps_err(c, "dtr_context_create", r, "");
     pc.servers = o->servers, pc.mode = o->mode, pc.staleness = o->staleness, pc.replicas = o->replicas;
     pc.aggregate = o->mode == DTR_PS_SYNC ? 0 : o->aggregate;   /* a sync round averages every worker already */
@@ -216,6 +221,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--bf16")) { o->bf16 = 1; continue; }
         if (!strcmp(a, "--int8")) { o->int8 = 1; continue; }
+        if (!strcmp(a, "--gpu")) { o->gpu = 1; continue; }
         if (a[0] != '-') { o->dir = a; continue; }
         if (!v) { fprintf(stderr, "%s needs a value\n", a); return 0; }
         i++;

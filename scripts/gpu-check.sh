@@ -5,7 +5,10 @@
 #   2. make test-gpu: every op case forward and backward on the GPU against the CPU
 #   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
 #   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
-#   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled)
+#   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), and the GPTs
+#      with bf16 products beside torch.autocast
+#   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers) and
+#      examples/fmnist_mlp --gpu (the loader's pinned batches), a few hundred steps each
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
 # exit status is that of step 2. Usage: scripts/gpu-check.sh [--quick] (--quick: 5 bench steps)
 set -uo pipefail
@@ -38,5 +41,12 @@ for m in gpt gpt2; do
   timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_torch.py --steps "$steps" --model $m --bf16 --no-compile >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
+fm=${DTR_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
+if [ -d "$fm" ]; then
+  timeout 120 build/examples/gpu/fmnist_ps "$fm" --gpu --epochs 1 --max-steps 100 > "$out/fmnist-ps-gpu.log" 2>&1
+  echo "fmnist_ps --gpu: $?" | tee -a "$out/summary.txt"
+  timeout 120 build/examples/gpu/fmnist_mlp "$fm" --gpu --epochs 1 > "$out/fmnist-mlp-gpu.log" 2>&1
+  echo "fmnist_mlp --gpu: $?" | tee -a "$out/summary.txt"
+fi
 cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl"
 exit $rc
