@@ -192,9 +192,14 @@ DTR_API dtr_context_config dtr_context_config_init(void);
  *  @param cfg  configuration, or NULL for defaults.
  *  @param out  receives the context (NULL on failure).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_OUT_OF_MEMORY, DTR_VERSION_MISMATCH
- *          (a backend built against another header) or the backend's init error.
+ *          (a backend built against another header) or the backend's init error (no usable
+ *          GPU: DTR_UNSUPPORTED); dtr_context_create_error says why.
  *  Thread safety: contexts are independent; one context is used by one thread at a time. */
 DTR_API dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out);
+/** The message of this thread's last dtr_context_create: why it failed ("cuda: no usable GPU
+ *  (...)", "dtr_context_create: threads 2000 outside 0..1024", ...), "" after a success.
+ *  Thread safety: thread safe (a copy per thread where the compiler has thread-local storage). */
+DTR_API const char *dtr_context_create_error(void);
 
 /** Destroys a context and everything allocated from its arena. NULL is ignored.
  *  Thread safety: the context's thread. */
@@ -3922,7 +3927,16 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
-#line 3926 "dtrain.h"
+
+/* thread-local storage where the compiler has it; elsewhere one shared copy (last writer wins) */
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__THREAD_LOCAL __thread
+#elif defined(_MSC_VER)
+#define DTR__THREAD_LOCAL __declspec(thread)
+#else
+#define DTR__THREAD_LOCAL
+#endif
+#line 3940 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4529,7 +4543,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4533 "dtrain.h"
+#line 4547 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4810,7 +4824,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4814 "dtrain.h"
+#line 4828 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4872,7 +4886,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4876 "dtrain.h"
+#line 4890 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5202,7 +5216,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5206 "dtrain.h"
+#line 5220 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5245,7 +5259,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5249 "dtrain.h"
+#line 5263 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5275,7 +5289,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5279 "dtrain.h"
+#line 5293 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5309,7 +5323,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5313 "dtrain.h"
+#line 5327 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5383,7 +5397,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5387 "dtrain.h"
+#line 5401 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5451,7 +5465,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5455 "dtrain.h"
+#line 5469 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5501,7 +5515,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5505 "dtrain.h"
+#line 5519 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5853,7 +5867,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5857 "dtrain.h"
+#line 5871 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6644,7 +6658,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6648 "dtrain.h"
+#line 6662 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -6844,22 +6858,43 @@ static int dtr__online_cores(void) {
 #endif
 }
 
+static DTR__THREAD_LOCAL char dtr__create_err[512];
+
+const char *dtr_context_create_error(void) { return dtr__create_err; }
+
+/* dtr_context_create's answer, its message kept for dtr_context_create_error */
+#define DTR__CREATE_FAIL(...) dtr__errf(dtr__create_err, sizeof dtr__create_err, __VA_ARGS__)
+
+/* the configuration's fields in range, the backend built against this header */
+static dtr_result dtr__create_check(const dtr_context_config *cfg) {
+    const dtr_allocation_callbacks *a = &cfg->alloc;
+    if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: allocation callbacks need malloc_fn, realloc_fn "
+                                "and free_fn together");
+    if (cfg->threads < 0 || cfg->threads > 1024)
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: threads %d outside 0..1024", cfg->threads);
+    if ((unsigned)cfg->matmul_precision > DTR_MATMUL_F16)
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: matmul_precision %d is not a "
+                                "dtr_matmul_precision", (int)cfg->matmul_precision);
+    if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
+        return DTR__CREATE_FAIL(DTR_VERSION_MISMATCH, "dtr_context_create: backend '%s' was built against another "
+                                "dtrain.h (version %d, vtable of %zu bytes; this one: %d, %zu)",
+                                cfg->backend->name ? cfg->backend->name : "?", cfg->backend->abi_version,
+                                cfg->backend->struct_size, DTR_VERSION_NUMBER, sizeof(dtr_backend));
+    return DTR_OK;
+}
+
 dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) {
     dtr_context_config def = dtr_context_config_init();
     dtr_context *ctx;
     dtr_result r;
-    const dtr_allocation_callbacks *a;
-    if (!out) return DTR_NULL_HANDLE;
+    dtr__create_err[0] = 0;
+    if (!out) return DTR__CREATE_FAIL(DTR_NULL_HANDLE, "dtr_context_create: out is NULL");
     *out = NULL;
     if (!cfg) cfg = &def;
-    a = &cfg->alloc;
-    if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
-        return DTR_INVALID_ARGUMENT;
-    if (cfg->threads < 0 || cfg->threads > 1024 || (unsigned)cfg->matmul_precision > DTR_MATMUL_F16) return DTR_INVALID_ARGUMENT;
-    if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
-        return DTR_VERSION_MISMATCH;
-    ctx = (dtr_context *)dtr__calloc(a, sizeof(*ctx));
-    if (!ctx) return DTR_OUT_OF_MEMORY;
+    if ((r = dtr__create_check(cfg)) != DTR_OK) return r;
+    ctx = (dtr_context *)dtr__calloc(&cfg->alloc, sizeof(*ctx));
+    if (!ctx) return DTR__CREATE_FAIL(DTR_OUT_OF_MEMORY, "dtr_context_create: out of memory");
     ctx->cfg = *cfg;
     ctx->alloc = cfg->alloc;
     ctx->backend = cfg->backend ? cfg->backend : &dtr__cpu_backend;
@@ -6870,10 +6905,15 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     dtr__tape_init(ctx, &ctx->own);
     ctx->cur = &ctx->own;
     r = dtr__pool_create(&ctx->alloc, ctx->threads, &ctx->pool);
-    if (r != DTR_OK) { dtr__free(&ctx->alloc, ctx); return r; }
+    if (r != DTR_OK) {
+        DTR__CREATE_FAIL(r, "dtr_context_create: cannot start %d threads", ctx->threads);
+        dtr__free(&ctx->alloc, ctx);
+        return r;
+    }
     if (ctx->backend->init) {
         r = ctx->backend->init(ctx, &ctx->backend_state);
-        if (r != DTR_OK) {
+        if (r != DTR_OK) {   /* the backend said why on the context */
+            DTR__CREATE_FAIL(r, "%s", dtr_context_last_error(ctx)[0] ? dtr_context_last_error(ctx) : dtr_result_string(r));
             dtr__pool_destroy(ctx->pool);
             dtr__free(&ctx->alloc, ctx);
             return r;
@@ -7210,7 +7250,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7214 "dtrain.h"
+#line 7254 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7281,7 +7321,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7285 "dtrain.h"
+#line 7325 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7720,7 +7760,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7724 "dtrain.h"
+#line 7764 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7952,7 +7992,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7956 "dtrain.h"
+#line 7996 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8183,7 +8223,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8187 "dtrain.h"
+#line 8227 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8298,7 +8338,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8302 "dtrain.h"
+#line 8342 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8354,7 +8394,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8358 "dtrain.h"
+#line 8398 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8784,7 +8824,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8788 "dtrain.h"
+#line 8828 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -8963,7 +9003,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 8967 "dtrain.h"
+#line 9007 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9492,7 +9532,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9496 "dtrain.h"
+#line 9536 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -9991,7 +10031,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 9995 "dtrain.h"
+#line 10035 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10250,7 +10290,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10254 "dtrain.h"
+#line 10294 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10521,7 +10561,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10525 "dtrain.h"
+#line 10565 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10645,7 +10685,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10649 "dtrain.h"
+#line 10689 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11166,7 +11206,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11170 "dtrain.h"
+#line 11210 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11335,7 +11375,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11339 "dtrain.h"
+#line 11379 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11584,7 +11624,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11588 "dtrain.h"
+#line 11628 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12103,7 +12143,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12107 "dtrain.h"
+#line 12147 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12238,7 +12278,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12242 "dtrain.h"
+#line 12282 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12585,7 +12625,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12589 "dtrain.h"
+#line 12629 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12651,7 +12691,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12655 "dtrain.h"
+#line 12695 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12888,7 +12928,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12892 "dtrain.h"
+#line 12932 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13637,7 +13677,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13641 "dtrain.h"
+#line 13681 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14090,7 +14130,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14094 "dtrain.h"
+#line 14134 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14146,7 +14186,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14150 "dtrain.h"
+#line 14190 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14923,7 +14963,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14927 "dtrain.h"
+#line 14967 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15504,7 +15544,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15508 "dtrain.h"
+#line 15548 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16135,7 +16175,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16139 "dtrain.h"
+#line 16179 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16925,7 +16965,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16929 "dtrain.h"
+#line 16969 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17278,7 +17318,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17282 "dtrain.h"
+#line 17322 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17468,7 +17508,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17472 "dtrain.h"
+#line 17512 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17649,7 +17689,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17653 "dtrain.h"
+#line 17693 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18424,7 +18464,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18428 "dtrain.h"
+#line 18468 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18941,7 +18981,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18945 "dtrain.h"
+#line 18985 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19736,7 +19776,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19740 "dtrain.h"
+#line 19780 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20918,7 +20958,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20922 "dtrain.h"
+#line 20962 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21540,7 +21580,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21544 "dtrain.h"
+#line 21584 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22029,7 +22069,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22033 "dtrain.h"
+#line 22073 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22759,7 +22799,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22763 "dtrain.h"
+#line 22803 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -22995,7 +23035,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 22999 "dtrain.h"
+#line 23039 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23374,7 +23414,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23378 "dtrain.h"
+#line 23418 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23579,7 +23619,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23583 "dtrain.h"
+#line 23623 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24051,7 +24091,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24055 "dtrain.h"
+#line 24095 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24545,7 +24585,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24549 "dtrain.h"
+#line 24589 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25920,7 +25960,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25924 "dtrain.h"
+#line 25964 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -25974,7 +26014,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 25978 "dtrain.h"
+#line 26018 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27137,7 +27177,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27141 "dtrain.h"
+#line 27181 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28036,7 +28076,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28040 "dtrain.h"
+#line 28080 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29514,7 +29554,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29518 "dtrain.h"
+#line 29558 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29898,7 +29938,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29902 "dtrain.h"
+#line 29942 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30047,7 +30087,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30051 "dtrain.h"
+#line 30091 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

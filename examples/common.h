@@ -120,7 +120,7 @@ FM_FN void fm_shuffle(dtr_rng *rng, int32_t *order, int64_t n) {
 
 /** Prints "error: <what>: <result> (<context message>)" and returns 1 (for main). */
 FM_FN int fm_fail(dtr_context *ctx, const char *what, dtr_result r) {
-    const char *msg = ctx ? dtr_context_last_error(ctx) : "";
+    const char *msg = ctx ? dtr_context_last_error(ctx) : dtr_context_create_error();   /* no context: its creation's */
     fprintf(stderr, "error: %s: %s%s%s%s\n", what, dtr_result_string(r), *msg ? " (" : "", msg, *msg ? ")" : "");
     return 1;
 }

@@ -173,7 +173,7 @@ static int ps_rank(dtr_comm *c, void *user) {
     cc.threads = 1;
     if (o->gpu && dtr_comm_rank(c) >= o->servers * (1 + o->replicas) && !fm_backend(1, &cc))   /* a worker */
         return ps_err(c, "--gpu", DTR_UNSUPPORTED, "no CUDA backend in this build");
-    if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) return ps_err(c, "dtr_context_create", r, "");
+    if ((r = dtr_context_create(&cc, &ctx)) != DTR_OK) return ps_err(c, "dtr_context_create", r, dtr_context_create_error());
     pc.servers = o->servers, pc.mode = o->mode, pc.staleness = o->staleness, pc.replicas = o->replicas;
     pc.aggregate = o->mode == DTR_PS_SYNC ? 0 : o->aggregate;   /* a sync round averages every worker already */
     pc.backup_workers = o->mode == DTR_PS_SYNC ? o->backup : 0;

@@ -104,10 +104,13 @@ static void *plain_realloc(void *p, size_t n, void *u) { (void)u; return realloc
 static void plain_free(void *p, void *u) { (void)u; free(p); }
 
 /* No context exists to hold a message here: only the result code and *out = NULL. */
-static void expect_create_fails(const dtr_context_config *c, dtr_result code, const char *what) {
+/* what: the case; words: what dtr_context_create_error must hold when it fails */
+static void expect_create(const dtr_context_config *c, dtr_result code, const char *what, const char *words) {
     dtr_context *ctx = (dtr_context *)&ctx; /* must be overwritten */
     dtr_result r = dtr_context_create(c, &ctx);
     CHECK_MSG(r == code, "%s: got %s, want %s", what, dtr_result_string(r), dtr_result_string(code));
+    CHECK_MSG(code == DTR_OK ? dtr_context_create_error()[0] == 0 : strstr(dtr_context_create_error(), words) != NULL,
+              "%s: dtr_context_create_error says \"%s\"", what, dtr_context_create_error());
     if (code == DTR_OK) CHECK_MSG(ctx != NULL && ctx != (dtr_context *)&ctx, "%s: no context", what);
     else CHECK_MSG(ctx == NULL, "%s: *out was not set to NULL", what);
     if (r == DTR_OK && ctx != (dtr_context *)&ctx) dtr_context_destroy(ctx);
@@ -117,29 +120,29 @@ static void test_context_invalid_config(void) {
     dtr_context_config c = dtr_context_config_init();
     dtr_backend bad;
     c.threads = -1;
-    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "threads -1");
+    expect_create(&c, DTR_INVALID_ARGUMENT, "threads -1", "threads -1 outside 0..1024");
     c.threads = 100000;
-    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "threads 100000");
+    expect_create(&c, DTR_INVALID_ARGUMENT, "threads 100000", "threads 100000 outside");
     c = dtr_context_config_init();
     c.matmul_precision = (dtr_matmul_precision)4;
-    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "matmul_precision 4");
+    expect_create(&c, DTR_INVALID_ARGUMENT, "matmul_precision 4", "matmul_precision 4 is not");
     c = dtr_context_config_init();
     c.alloc.malloc_fn = plain_malloc;
-    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "malloc_fn only");
+    expect_create(&c, DTR_INVALID_ARGUMENT, "malloc_fn only", "callbacks need malloc_fn, realloc_fn and free_fn");
     c.alloc.free_fn = plain_free;
-    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "malloc_fn and free_fn without realloc_fn");
+    expect_create(&c, DTR_INVALID_ARGUMENT, "malloc_fn and free_fn without realloc_fn", "together");
     c.alloc.malloc_fn = NULL;
     c.alloc.realloc_fn = plain_realloc;
-    expect_create_fails(&c, DTR_INVALID_ARGUMENT, "no malloc_fn");
+    expect_create(&c, DTR_INVALID_ARGUMENT, "no malloc_fn", "together");
     c = dtr_context_config_init();
     bad = dtr__cpu_backend;
     bad.abi_version = DTR_VERSION_NUMBER + 1;
     c.backend = &bad;
-    expect_create_fails(&c, DTR_VERSION_MISMATCH, "backend of another version");
+    expect_create(&c, DTR_VERSION_MISMATCH, "backend of another version", "backend 'cpu' was built against another");
     bad = dtr__cpu_backend;
     bad.struct_size = sizeof(dtr_backend) - sizeof(void *);   /* a vtable of another layout */
     c.backend = &bad;
-    expect_create_fails(&c, DTR_VERSION_MISMATCH, "backend vtable of another size");
+    expect_create(&c, DTR_VERSION_MISMATCH, "backend vtable of another size", "vtable of");
     CHECK_EQ_INT(dtr_context_create(NULL, NULL), DTR_NULL_HANDLE);
     /* all three callbacks: fine */
     c = dtr_context_config_init();
@@ -147,7 +150,7 @@ static void test_context_invalid_config(void) {
     c.alloc.realloc_fn = plain_realloc;
     c.alloc.free_fn = plain_free;
     c.threads = 1;
-    expect_create_fails(&c, DTR_OK, "all three callbacks");
+    expect_create(&c, DTR_OK, "all three callbacks", "");
 }
 
 /* ---- logging ---- */

@@ -194,22 +194,43 @@ static int dtr__online_cores(void) {
 #endif
 }
 
+static DTR__THREAD_LOCAL char dtr__create_err[512];
+
+const char *dtr_context_create_error(void) { return dtr__create_err; }
+
+/* dtr_context_create's answer, its message kept for dtr_context_create_error */
+#define DTR__CREATE_FAIL(...) dtr__errf(dtr__create_err, sizeof dtr__create_err, __VA_ARGS__)
+
+/* the configuration's fields in range, the backend built against this header */
+static dtr_result dtr__create_check(const dtr_context_config *cfg) {
+    const dtr_allocation_callbacks *a = &cfg->alloc;
+    if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: allocation callbacks need malloc_fn, realloc_fn "
+                                "and free_fn together");
+    if (cfg->threads < 0 || cfg->threads > 1024)
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: threads %d outside 0..1024", cfg->threads);
+    if ((unsigned)cfg->matmul_precision > DTR_MATMUL_F16)
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: matmul_precision %d is not a "
+                                "dtr_matmul_precision", (int)cfg->matmul_precision);
+    if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
+        return DTR__CREATE_FAIL(DTR_VERSION_MISMATCH, "dtr_context_create: backend '%s' was built against another "
+                                "dtrain.h (version %d, vtable of %zu bytes; this one: %d, %zu)",
+                                cfg->backend->name ? cfg->backend->name : "?", cfg->backend->abi_version,
+                                cfg->backend->struct_size, DTR_VERSION_NUMBER, sizeof(dtr_backend));
+    return DTR_OK;
+}
+
 dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) {
     dtr_context_config def = dtr_context_config_init();
     dtr_context *ctx;
     dtr_result r;
-    const dtr_allocation_callbacks *a;
-    if (!out) return DTR_NULL_HANDLE;
+    dtr__create_err[0] = 0;
+    if (!out) return DTR__CREATE_FAIL(DTR_NULL_HANDLE, "dtr_context_create: out is NULL");
     *out = NULL;
     if (!cfg) cfg = &def;
-    a = &cfg->alloc;
-    if ((a->malloc_fn || a->realloc_fn || a->free_fn) && !(a->malloc_fn && a->realloc_fn && a->free_fn))
-        return DTR_INVALID_ARGUMENT;
-    if (cfg->threads < 0 || cfg->threads > 1024 || (unsigned)cfg->matmul_precision > DTR_MATMUL_F16) return DTR_INVALID_ARGUMENT;
-    if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
-        return DTR_VERSION_MISMATCH;
-    ctx = (dtr_context *)dtr__calloc(a, sizeof(*ctx));
-    if (!ctx) return DTR_OUT_OF_MEMORY;
+    if ((r = dtr__create_check(cfg)) != DTR_OK) return r;
+    ctx = (dtr_context *)dtr__calloc(&cfg->alloc, sizeof(*ctx));
+    if (!ctx) return DTR__CREATE_FAIL(DTR_OUT_OF_MEMORY, "dtr_context_create: out of memory");
     ctx->cfg = *cfg;
     ctx->alloc = cfg->alloc;
     ctx->backend = cfg->backend ? cfg->backend : &dtr__cpu_backend;
@@ -220,10 +241,15 @@ dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out) 
     dtr__tape_init(ctx, &ctx->own);
     ctx->cur = &ctx->own;
     r = dtr__pool_create(&ctx->alloc, ctx->threads, &ctx->pool);
-    if (r != DTR_OK) { dtr__free(&ctx->alloc, ctx); return r; }
+    if (r != DTR_OK) {
+        DTR__CREATE_FAIL(r, "dtr_context_create: cannot start %d threads", ctx->threads);
+        dtr__free(&ctx->alloc, ctx);
+        return r;
+    }
     if (ctx->backend->init) {
         r = ctx->backend->init(ctx, &ctx->backend_state);
-        if (r != DTR_OK) {
+        if (r != DTR_OK) {   /* the backend said why on the context */
+            DTR__CREATE_FAIL(r, "%s", dtr_context_last_error(ctx)[0] ? dtr_context_last_error(ctx) : dtr_result_string(r));
             dtr__pool_destroy(ctx->pool);
             dtr__free(&ctx->alloc, ctx);
             return r;

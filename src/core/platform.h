@@ -66,3 +66,12 @@
 #else
 #define DTR__HAVE_ATOMICS 0   /* callers fall back to their mutexes (the thread pool), or need shims here */
 #endif
+
+/* thread-local storage where the compiler has it; elsewhere one shared copy (last writer wins) */
+#if defined(__GNUC__) || defined(__clang__)
+#define DTR__THREAD_LOCAL __thread
+#elif defined(_MSC_VER)
+#define DTR__THREAD_LOCAL __declspec(thread)
+#else
+#define DTR__THREAD_LOCAL
+#endif

@@ -171,9 +171,14 @@ DTR_API dtr_context_config dtr_context_config_init(void);
  *  @param cfg  configuration, or NULL for defaults.
  *  @param out  receives the context (NULL on failure).
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT, DTR_OUT_OF_MEMORY, DTR_VERSION_MISMATCH
- *          (a backend built against another header) or the backend's init error.
+ *          (a backend built against another header) or the backend's init error (no usable
+ *          GPU: DTR_UNSUPPORTED); dtr_context_create_error says why.
  *  Thread safety: contexts are independent; one context is used by one thread at a time. */
 DTR_API dtr_result dtr_context_create(const dtr_context_config *cfg, dtr_context **out);
+/** The message of this thread's last dtr_context_create: why it failed ("cuda: no usable GPU
+ *  (...)", "dtr_context_create: threads 2000 outside 0..1024", ...), "" after a success.
+ *  Thread safety: thread safe (a copy per thread where the compiler has thread-local storage). */
+DTR_API const char *dtr_context_create_error(void);
 
 /** Destroys a context and everything allocated from its arena. NULL is ignored.
  *  Thread safety: the context's thread. */
