@@ -4210,7 +4210,8 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
  *  `comm` entry here. The group must take host memory (else DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
-dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
+dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
+DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
@@ -4543,7 +4544,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4547 "dtrain.h"
+#line 4548 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4824,7 +4825,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4828 "dtrain.h"
+#line 4829 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4886,7 +4887,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4890 "dtrain.h"
+#line 4891 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5216,7 +5217,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5220 "dtrain.h"
+#line 5221 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5259,7 +5260,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5263 "dtrain.h"
+#line 5264 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5289,7 +5290,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5293 "dtrain.h"
+#line 5294 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5323,7 +5324,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5327 "dtrain.h"
+#line 5328 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5397,7 +5398,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5401 "dtrain.h"
+#line 5402 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5465,7 +5466,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5469 "dtrain.h"
+#line 5470 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5515,7 +5516,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5519 "dtrain.h"
+#line 5520 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5867,7 +5868,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5871 "dtrain.h"
+#line 5872 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6658,7 +6659,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6662 "dtrain.h"
+#line 6663 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7250,7 +7251,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7254 "dtrain.h"
+#line 7255 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7321,7 +7322,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7325 "dtrain.h"
+#line 7326 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7760,7 +7761,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7764 "dtrain.h"
+#line 7765 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7992,7 +7993,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7996 "dtrain.h"
+#line 7997 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8223,7 +8224,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8227 "dtrain.h"
+#line 8228 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8338,7 +8339,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8342 "dtrain.h"
+#line 8343 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8394,7 +8395,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8398 "dtrain.h"
+#line 8399 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8824,7 +8825,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8828 "dtrain.h"
+#line 8829 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9003,7 +9004,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9007 "dtrain.h"
+#line 9008 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9532,7 +9533,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9536 "dtrain.h"
+#line 9537 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10031,7 +10032,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10035 "dtrain.h"
+#line 10036 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10290,7 +10291,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10294 "dtrain.h"
+#line 10295 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10515,13 +10516,16 @@ static size_t dtr__comm_images_bytes(const dtr__node *nd) {
 
 /* fills im: every tensor the kernel reads, downloaded; what it writes, room for */
 static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, int bwd, dtr__comm_images *im) {
+    size_t ob = (size_t)dtr_tensor_numel(nd->out) * sizeof(float), sb = dtr__comm_saved_bytes(nd);
+    int reads_x = !bwd || nd->op == DTR_OP_VOCAB_CROSS_ENTROPY;   /* the backward of the others needs x's shape only */
     dtr_result r = DTR_OK;
     char *at;
     int i;
     im->block = NULL;
     if (nd->p.comm && nd->p.comm->mem_ctx)
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: over a group of device memory (%s) this version has no kernel; a "
-                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op), dtr_comm_transport_name(nd->p.comm));
+                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op),
+                         dtr_comm_transport_name(nd->p.comm));
     im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
     if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));
     im->n = *nd;
@@ -10530,22 +10534,22 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
         const dtr_tensor *x = nd->in[i];
         size_t bytes = (size_t)dtr_tensor_numel(x) * dtr_dtype_size(x->dtype);
         im->in[i] = *x, im->in[i].offset = 0, im->n.in[i] = &im->in[i];
-        im->in[i].storage = dtr__comm_image(ctx, &at, !bwd || nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? dtr__data(x) : NULL, bytes, &r);
+        im->in[i].storage = dtr__comm_image(ctx, &at, reads_x ? dtr__data(x) : NULL, bytes, &r);
         im->in[i].grad = bwd && dtr__gradof(x) ? (float *)dtr__comm_image(ctx, &at, x->grad, bytes, &r) : NULL;
     }
     im->out = *nd->out, im->n.out = &im->out;
-    im->out.storage = dtr__comm_image(ctx, &at, NULL, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r);
-    im->out.grad = bwd ? (float *)dtr__comm_image(ctx, &at, nd->out->grad, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r) : NULL;
-    im->n.saved = dtr__comm_saved_bytes(nd) ? dtr__comm_image(ctx, &at, bwd ? nd->saved : NULL, dtr__comm_saved_bytes(nd), &r) : NULL;
+    im->out.storage = dtr__comm_image(ctx, &at, NULL, ob, &r);
+    im->out.grad = bwd ? (float *)dtr__comm_image(ctx, &at, nd->out->grad, ob, &r) : NULL;
+    im->n.saved = sb ? dtr__comm_image(ctx, &at, bwd ? nd->saved : NULL, sb, &r) : NULL;
     return r;
 }
 
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__comm_images im;
-    size_t sb = dtr__comm_saved_bytes(nd);
+    size_t sb = dtr__comm_saved_bytes(nd), ob = (size_t)dtr_tensor_numel(nd->out) * sizeof(float);
     dtr_result r = dtr__comm_images_make(ctx, nd, 0, &im);
     if (r == DTR_OK) r = dtr__cpu_comm_fwd(ctx, &im.n);
-    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, (size_t)dtr_tensor_numel(nd->out) * sizeof(float));
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, ob);
     if (r == DTR_OK && sb && !(nd->saved = dtr__node_save(ctx, nd, sb))) r = ctx->status;
     if (r == DTR_OK && sb) r = ctx->backend->from_host(ctx, nd->saved, im.n.saved, sb);
     dtr__free(&ctx->alloc, im.block);
@@ -10561,7 +10565,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10565 "dtrain.h"
+#line 10569 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10685,7 +10689,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10689 "dtrain.h"
+#line 10693 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11206,7 +11210,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11210 "dtrain.h"
+#line 11214 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11375,7 +11379,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11379 "dtrain.h"
+#line 11383 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11624,7 +11628,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11628 "dtrain.h"
+#line 11632 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12143,7 +12147,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12147 "dtrain.h"
+#line 12151 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12278,7 +12282,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12282 "dtrain.h"
+#line 12286 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12625,7 +12629,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12629 "dtrain.h"
+#line 12633 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12691,7 +12695,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12695 "dtrain.h"
+#line 12699 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12928,7 +12932,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12932 "dtrain.h"
+#line 12936 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13677,7 +13681,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13681 "dtrain.h"
+#line 13685 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14130,7 +14134,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14134 "dtrain.h"
+#line 14138 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14186,7 +14190,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14190 "dtrain.h"
+#line 14194 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14963,7 +14967,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14967 "dtrain.h"
+#line 14971 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15544,7 +15548,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15548 "dtrain.h"
+#line 15552 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16175,7 +16179,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16179 "dtrain.h"
+#line 16183 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16965,7 +16969,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16969 "dtrain.h"
+#line 16973 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17318,7 +17322,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17322 "dtrain.h"
+#line 17326 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17508,7 +17512,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17512 "dtrain.h"
+#line 17516 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17689,7 +17693,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17693 "dtrain.h"
+#line 17697 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18464,7 +18468,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18468 "dtrain.h"
+#line 18472 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18981,7 +18985,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18985 "dtrain.h"
+#line 18989 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19776,7 +19780,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19780 "dtrain.h"
+#line 19784 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20958,7 +20962,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20962 "dtrain.h"
+#line 20966 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21580,7 +21584,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21584 "dtrain.h"
+#line 21588 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22069,7 +22073,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22073 "dtrain.h"
+#line 22077 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22799,7 +22803,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22803 "dtrain.h"
+#line 22807 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23035,7 +23039,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23039 "dtrain.h"
+#line 23043 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23414,7 +23418,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23418 "dtrain.h"
+#line 23422 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23619,7 +23623,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23623 "dtrain.h"
+#line 23627 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23650,9 +23654,9 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
  * reduce-scatter, started in bucket order as the copies land (looked at in each gradient
  * hook, waited for in dtr_dp_finish); dtr_dp_finish copies the result back (ZeRO: this
- * rank's shard). The
- * parameter collectives (ZeRO's gather, local SGD's average, the broadcast) go through the
- * same buffer. The optimizer keeps its state, and ZeRO's shard of it, on the device.
+ * rank's shard). The parameter collectives (ZeRO's gather, local SGD's average, the
+ * broadcast) go through the same buffer. The optimizer keeps its state, and ZeRO's shard of
+ * it, on the device.
  * ==========================================================================*/
 
 
@@ -24091,7 +24095,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24095 "dtrain.h"
+#line 24099 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24585,7 +24589,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24589 "dtrain.h"
+#line 24593 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25960,7 +25964,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25964 "dtrain.h"
+#line 25968 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26014,7 +26018,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26018 "dtrain.h"
+#line 26022 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27177,7 +27181,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27181 "dtrain.h"
+#line 27185 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -27421,14 +27425,6 @@ static dtr_result dtr__tr_update(dtr_trainer *tr) {
     return DTR_OK;
 }
 
-/* The model's weights from / into host floats (a snapshot; through the backend on a device). */
-static dtr_result dtr__tr_params_in(dtr_trainer *tr, const float *src) {
-    return tr->ctx->backend->from_host(tr->ctx, dtr_model_params(tr->cfg.model), src, (size_t)tr->numel * 4);
-}
-static dtr_result dtr__tr_params_out(dtr_trainer *tr, float *dst) {
-    return tr->ctx->backend->to_host(tr->ctx, dst, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
-}
-
 /* A slot nobody reads and that is not current, or -1. */
 static int dtr__tr_free_slot(dtr_trainer *tr) {
     int cur = DTR__ATOMIC_LOAD_SC(&tr->current), i;
@@ -27447,8 +27443,10 @@ static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *
     s->loss = NAN;
     if (n == 0 || cur < 0) return DTR_OK;
     if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
-    if ((r = dtr__tr_params_in(tr, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
-    if ((r2 = dtr__tr_params_in(tr, s->params)) != DTR_OK && r == DTR_OK) r = r2;
+    /* the current snapshot's weights into the model, evaluated, then the candidate's back
+       (dtr_model_write: through the backend on a device) */
+    if ((r = dtr_model_write(tr->cfg.model, tr->slots[cur].params, tr->numel)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
+    if ((r2 = dtr_model_write(tr->cfg.model, s->params, tr->numel)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
@@ -27481,7 +27479,7 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     }
     s = &tr->slots[i];
     DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
-    if ((r = dtr__tr_params_out(tr, s->params)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
+    if ((r = dtr_model_read(tr->cfg.model, s->params, tr->numel)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
     s->loss = NAN;
     if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
     if (!ok) {
@@ -27990,11 +27988,8 @@ dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *versio
     if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
         return DTR_SHAPE_MISMATCH;
     if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
-    if (s.version != *version) {   /* the serving model may be on a device too */
-        dtr_context *sc = dtr_model_context(serving);
-        r = sc->backend->from_host(sc, dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
-        if (r == DTR_OK) *version = s.version;
-    }
+    if (s.version != *version && (r = dtr_model_write(serving, s.params, tr->numel)) == DTR_OK)   /* on a device too */
+        *version = s.version;
     dtr_trainer_release(tr, &s);
     return r;
 }
@@ -28076,7 +28071,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28080 "dtrain.h"
+#line 28075 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29554,7 +29549,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29558 "dtrain.h"
+#line 29553 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29938,7 +29933,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29942 "dtrain.h"
+#line 29937 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30087,7 +30082,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30091 "dtrain.h"
+#line 30086 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -268,7 +268,8 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
  *  `comm` entry here. The group must take host memory (else DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
-dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
+dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
+DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
 
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);

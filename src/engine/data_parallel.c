@@ -25,9 +25,9 @@
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
  * reduce-scatter, started in bucket order as the copies land (looked at in each gradient
  * hook, waited for in dtr_dp_finish); dtr_dp_finish copies the result back (ZeRO: this
- * rank's shard). The
- * parameter collectives (ZeRO's gather, local SGD's average, the broadcast) go through the
- * same buffer. The optimizer keeps its state, and ZeRO's shard of it, on the device.
+ * rank's shard). The parameter collectives (ZeRO's gather, local SGD's average, the
+ * broadcast) go through the same buffer. The optimizer keeps its state, and ZeRO's shard of
+ * it, on the device.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"

@@ -238,14 +238,6 @@ static dtr_result dtr__tr_update(dtr_trainer *tr) {
     return DTR_OK;
 }
 
-/* The model's weights from / into host floats (a snapshot; through the backend on a device). */
-static dtr_result dtr__tr_params_in(dtr_trainer *tr, const float *src) {
-    return tr->ctx->backend->from_host(tr->ctx, dtr_model_params(tr->cfg.model), src, (size_t)tr->numel * 4);
-}
-static dtr_result dtr__tr_params_out(dtr_trainer *tr, float *dst) {
-    return tr->ctx->backend->to_host(tr->ctx, dst, dtr_model_params(tr->cfg.model), (size_t)tr->numel * 4);
-}
-
 /* A slot nobody reads and that is not current, or -1. */
 static int dtr__tr_free_slot(dtr_trainer *tr) {
     int cur = DTR__ATOMIC_LOAD_SC(&tr->current), i;
@@ -264,8 +256,10 @@ static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *
     s->loss = NAN;
     if (n == 0 || cur < 0) return DTR_OK;
     if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
-    if ((r = dtr__tr_params_in(tr, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
-    if ((r2 = dtr__tr_params_in(tr, s->params)) != DTR_OK && r == DTR_OK) r = r2;
+    /* the current snapshot's weights into the model, evaluated, then the candidate's back
+       (dtr_model_write: through the backend on a device) */
+    if ((r = dtr_model_write(tr->cfg.model, tr->slots[cur].params, tr->numel)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
+    if ((r2 = dtr_model_write(tr->cfg.model, s->params, tr->numel)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
@@ -298,7 +292,7 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     }
     s = &tr->slots[i];
     DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
-    if ((r = dtr__tr_params_out(tr, s->params)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
+    if ((r = dtr_model_read(tr->cfg.model, s->params, tr->numel)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
     s->loss = NAN;
     if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
     if (!ok) {
@@ -807,11 +801,8 @@ dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *versio
     if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
         return DTR_SHAPE_MISMATCH;
     if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
-    if (s.version != *version) {   /* the serving model may be on a device too */
-        dtr_context *sc = dtr_model_context(serving);
-        r = sc->backend->from_host(sc, dtr_model_params(serving), s.params, (size_t)tr->numel * 4);
-        if (r == DTR_OK) *version = s.version;
-    }
+    if (s.version != *version && (r = dtr_model_write(serving, s.params, tr->numel)) == DTR_OK)   /* on a device too */
+        *version = s.version;
     dtr_trainer_release(tr, &s);
     return r;
 }

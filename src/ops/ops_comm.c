@@ -219,13 +219,16 @@ static size_t dtr__comm_images_bytes(const dtr__node *nd) {
 
 /* fills im: every tensor the kernel reads, downloaded; what it writes, room for */
 static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, int bwd, dtr__comm_images *im) {
+    size_t ob = (size_t)dtr_tensor_numel(nd->out) * sizeof(float), sb = dtr__comm_saved_bytes(nd);
+    int reads_x = !bwd || nd->op == DTR_OP_VOCAB_CROSS_ENTROPY;   /* the backward of the others needs x's shape only */
     dtr_result r = DTR_OK;
     char *at;
     int i;
     im->block = NULL;
     if (nd->p.comm && nd->p.comm->mem_ctx)
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: over a group of device memory (%s) this version has no kernel; a "
-                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op), dtr_comm_transport_name(nd->p.comm));
+                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op),
+                         dtr_comm_transport_name(nd->p.comm));
     im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
     if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));
     im->n = *nd;
@@ -234,22 +237,22 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
         const dtr_tensor *x = nd->in[i];
         size_t bytes = (size_t)dtr_tensor_numel(x) * dtr_dtype_size(x->dtype);
         im->in[i] = *x, im->in[i].offset = 0, im->n.in[i] = &im->in[i];
-        im->in[i].storage = dtr__comm_image(ctx, &at, !bwd || nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? dtr__data(x) : NULL, bytes, &r);
+        im->in[i].storage = dtr__comm_image(ctx, &at, reads_x ? dtr__data(x) : NULL, bytes, &r);
         im->in[i].grad = bwd && dtr__gradof(x) ? (float *)dtr__comm_image(ctx, &at, x->grad, bytes, &r) : NULL;
     }
     im->out = *nd->out, im->n.out = &im->out;
-    im->out.storage = dtr__comm_image(ctx, &at, NULL, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r);
-    im->out.grad = bwd ? (float *)dtr__comm_image(ctx, &at, nd->out->grad, (size_t)dtr_tensor_numel(nd->out) * sizeof(float), &r) : NULL;
-    im->n.saved = dtr__comm_saved_bytes(nd) ? dtr__comm_image(ctx, &at, bwd ? nd->saved : NULL, dtr__comm_saved_bytes(nd), &r) : NULL;
+    im->out.storage = dtr__comm_image(ctx, &at, NULL, ob, &r);
+    im->out.grad = bwd ? (float *)dtr__comm_image(ctx, &at, nd->out->grad, ob, &r) : NULL;
+    im->n.saved = sb ? dtr__comm_image(ctx, &at, bwd ? nd->saved : NULL, sb, &r) : NULL;
     return r;
 }
 
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__comm_images im;
-    size_t sb = dtr__comm_saved_bytes(nd);
+    size_t sb = dtr__comm_saved_bytes(nd), ob = (size_t)dtr_tensor_numel(nd->out) * sizeof(float);
     dtr_result r = dtr__comm_images_make(ctx, nd, 0, &im);
     if (r == DTR_OK) r = dtr__cpu_comm_fwd(ctx, &im.n);
-    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, (size_t)dtr_tensor_numel(nd->out) * sizeof(float));
+    if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, ob);
     if (r == DTR_OK && sb && !(nd->saved = dtr__node_save(ctx, nd, sb))) r = ctx->status;
     if (r == DTR_OK && sb) r = ctx->backend->from_host(ctx, nd->saved, im.n.saved, sb);
     dtr__free(&ctx->alloc, im.block);
