@@ -1889,8 +1889,10 @@ DTR_API int dtr_store_port(const dtr_store *st);
  *   - Results are deterministic: for a given world size, count, dtype and algorithm a
  *     reduction adds in a fixed order, so two runs give the same bits, and every rank gets
  *     the same bits (docs/distributed.md gives the exact order of each algorithm).
- *   - Buffers are host memory (cfg.memory opens the way to device memory on transports that
- *     take it). A group is used by one thread at a time; different groups
+ *   - Buffers are host memory, or with cfg.memory DTR_MEM_DEVICE device memory of
+ *     cfg.context: NCCL takes it natively; libfabric and local stage it through page-locked
+ *     host memory (the input copied before the call, the result back when the caller learns
+ *     that it completed), and still take host buffers. A group is used by one thread at a time; different groups
  *     (and the ranks of a local world) may be used from different threads at once.
  * ==========================================================================*/
 #ifdef __cplusplus
@@ -2122,7 +2124,9 @@ typedef struct dtr_nccl_config {
 /** Where the buffers handed to a group's collectives live. */
 typedef enum dtr_mem_kind {
     DTR_MEM_HOST = 1,                  /**< host memory (default) */
-    DTR_MEM_DEVICE = 2                 /**< memory of the context's backend (a GPU): needs a transport that takes it */
+    DTR_MEM_DEVICE = 2                 /**< memory of the context's backend (a GPU): taken by a transport that takes
+                                            it (NCCL), else staged through host memory (libfabric, local; a
+                                            CPU context's is host memory) */
 } dtr_mem_kind;
 
 /** Group configuration. Make one with dtr_comm_config_init(); zero means default. Settings of
@@ -2138,7 +2142,8 @@ struct dtr_comm_config {
     dtr_nccl_config nccl;              /**< the NCCL transport's settings */
     dtr_mem_kind memory;               /**< where collective buffers live; 0: DTR_MEM_HOST */
     dtr_context *context;              /**< DTR_MEM_DEVICE: the context whose backend owns the buffers (its
-                                            stream orders the transfers, its backend reduces); NULL for host */
+                                            stream orders the transfers, its backend reduces or copies them);
+                                            outlives the group; NULL for host */
     int timeout_ms;                    /**< deadline of every blocking call (the store it makes from the
                                             environment too); 0: $DTR_TIMEOUT_MS, else 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
@@ -3936,7 +3941,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 3940 "dtrain.h"
+#line 3945 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4297,6 +4302,11 @@ struct dtr_backend {
        the copy, and src stays unchanged until then. NULL: the core calls from_host
        (synchronous) instead (dtr__from_host_async) */
     dtr_result (*from_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+    /* 1 when p points into memory of this backend that the host cannot read (device memory),
+       0 for host memory (page-locked included). NULL: a backend of host memory. A process
+       group of device memory over a host transport stages the buffers it says 1 of
+       (src/comm/stage.c) and passes the others as they are */
+    int (*owns)(dtr_context *ctx, const void *p);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4544,7 +4554,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4548 "dtrain.h"
+#line 4558 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4825,7 +4835,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4829 "dtrain.h"
+#line 4839 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4887,7 +4897,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4891 "dtrain.h"
+#line 4901 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4977,6 +4987,22 @@ typedef struct dtr__coll {
 
 enum { DTR__REQ_QUEUED = 0, DTR__REQ_RUNNING = 1, DTR__REQ_DONE = 2 };
 
+/** A page-locked host block of a group that stages device buffers (src/comm/stage.c). */
+typedef struct dtr__stage_blk {
+    struct dtr__stage_blk *next;
+    void *p;
+    size_t bytes;
+} dtr__stage_blk;
+
+/** What one operation staged: the block its host images live in, and the device
+ *  destination filled from it once the operation completed (NULL: none). */
+typedef struct dtr__staged {
+    dtr__stage_blk *blk;
+    void *dev_dst;
+    const void *host_dst;
+    size_t dst_bytes;
+} dtr__staged;
+
 struct dtr_request {
     dtr_comm *comm;
     dtr__coll a;
@@ -4984,6 +5010,7 @@ struct dtr_request {
     dtr_result result;
     void *treq;            /* send/recv: the transport's request */
     uint64_t flight_id;    /* send/recv: its flight record */
+    dtr__staged st;        /* device buffers staged through host memory (stage.c) */
     struct dtr_request *next;
 };
 
@@ -5003,6 +5030,9 @@ struct dtr_comm {
     int hier_on;               /* and hierarchical differs from flat (several hosts, one of
                                   several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
+    dtr_context *stage_ctx;    /* cfg.memory device over a host-memory transport: buffers in this
+                                  context's device memory are staged (stage.c); NULL: none */
+    dtr__stage_blk *stage_free;  /* its page-locked blocks not in use (under mu) */
     /* configuration */
     int timeout_ms;
     int algo;                  /* dtr_allreduce_algo */
@@ -5089,6 +5119,10 @@ DTR__PRIVATE const char *dtr__coll_name(int kind);
 DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
+/** This rank cannot do its part of collective a (error r, not a communication failure): the
+ *  others would wait for it until their deadline, so the group breaks now (status
+ *  DTR_PEER_FAILED naming this rank, the transport aborted). Returns r. */
+DTR__PRIVATE dtr_result dtr__coll_cannot(dtr_comm *c, const dtr__coll *a, dtr_result r);
 /** Sums n doubles over group c in place: an all-gather of the bytes, added in rank order (the
  *  same bits on every rank). Errors go to ctx's message, prefixed with `who`. */
 DTR__PRIVATE dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who);
@@ -5105,6 +5139,20 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
  *  `step` of collective `a`, and waits for both. Either side may be skipped with -1. */
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
+
+/* ---- device buffers over a host-memory transport (src/comm/stage.c) ---- */
+/** Operation a of group c is prepared: when c stages device memory, its buffers that lie
+ *  there are copied to a page-locked host block (the input part; ordered after the work
+ *  queued on the context's stream) and a's pointers moved onto the block; s says what to
+ *  copy back. Nothing to do: s empty, DTR_OK. A failed copy or allocation is recorded on the
+ *  group; the caller has not started the operation. */
+DTR__PRIVATE dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s);
+/** The operation of s ended with r: when r is DTR_OK its result goes back to the device
+ *  destination; the block returns to the group. Returns r, or the copy's failure. Empty s:
+ *  returns r. */
+DTR__PRIVATE dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_result r);
+/** Frees the group's cached blocks (dtr_comm_destroy). */
+DTR__PRIVATE void dtr__stage_free_all(dtr_comm *c);
 
 /* ---- the bootstrap of process transports (src/comm/bootstrap.c, in dtrain_comm.c) ---- */
 
@@ -5217,7 +5265,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5221 "dtrain.h"
+#line 5269 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5260,7 +5308,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5264 "dtrain.h"
+#line 5312 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5290,7 +5338,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5294 "dtrain.h"
+#line 5342 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5324,7 +5372,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5328 "dtrain.h"
+#line 5376 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5398,7 +5446,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5402 "dtrain.h"
+#line 5450 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5466,7 +5514,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5470 "dtrain.h"
+#line 5518 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5516,7 +5564,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5520 "dtrain.h"
+#line 5568 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5868,7 +5916,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5872 "dtrain.h"
+#line 5920 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6659,7 +6707,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6663 "dtrain.h"
+#line 6711 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7251,7 +7299,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7255 "dtrain.h"
+#line 7303 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7322,7 +7370,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7326 "dtrain.h"
+#line 7374 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7761,7 +7809,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7765 "dtrain.h"
+#line 7813 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7993,7 +8041,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 7997 "dtrain.h"
+#line 8045 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8224,7 +8272,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8228 "dtrain.h"
+#line 8276 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8339,7 +8387,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8343 "dtrain.h"
+#line 8391 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8395,7 +8443,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8399 "dtrain.h"
+#line 8447 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8825,7 +8873,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8829 "dtrain.h"
+#line 8877 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9004,7 +9052,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9008 "dtrain.h"
+#line 9056 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9533,7 +9581,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9537 "dtrain.h"
+#line 9585 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10032,7 +10080,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10036 "dtrain.h"
+#line 10084 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10291,7 +10339,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10295 "dtrain.h"
+#line 10343 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10565,7 +10613,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10569 "dtrain.h"
+#line 10617 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10687,9 +10735,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
+    NULL,
     NULL
 };
-#line 10693 "dtrain.h"
+#line 10742 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11210,7 +11259,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11214 "dtrain.h"
+#line 11263 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11379,7 +11428,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11383 "dtrain.h"
+#line 11432 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11628,7 +11677,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11632 "dtrain.h"
+#line 11681 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12147,7 +12196,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12151 "dtrain.h"
+#line 12200 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12282,7 +12331,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12286 "dtrain.h"
+#line 12335 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12629,7 +12678,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12633 "dtrain.h"
+#line 12682 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12695,7 +12744,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12699 "dtrain.h"
+#line 12748 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12932,7 +12981,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12936 "dtrain.h"
+#line 12985 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13681,7 +13730,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13685 "dtrain.h"
+#line 13734 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14134,7 +14183,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14138 "dtrain.h"
+#line 14187 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14190,7 +14239,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14194 "dtrain.h"
+#line 14243 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -14967,7 +15016,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 14971 "dtrain.h"
+#line 15020 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15548,7 +15597,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15552 "dtrain.h"
+#line 15601 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16179,7 +16228,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16183 "dtrain.h"
+#line 16232 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -16969,7 +17018,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 16973 "dtrain.h"
+#line 17022 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17322,7 +17371,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17326 "dtrain.h"
+#line 17375 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17512,7 +17561,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17516 "dtrain.h"
+#line 17565 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17693,7 +17742,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17697 "dtrain.h"
+#line 17746 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18468,7 +18517,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18472 "dtrain.h"
+#line 18521 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -18985,7 +19034,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 18989 "dtrain.h"
+#line 19038 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19780,7 +19829,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19784 "dtrain.h"
+#line 19833 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20056,10 +20105,23 @@ static dtr_result dtr__comm_check_memory(const dtr_comm_config *cfg, const dtr_t
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: memory %d is not a dtr_mem_kind", (int)mem);
     if (mem == DTR_MEM_DEVICE && !cfg->context)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: device memory needs cfg.context (the owner)");
-    if (!(kinds & (unsigned)mem))
-        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "dtr_comm_create: transport '%s' does not take %s memory", vt->name,
-                         mem == DTR_MEM_DEVICE ? "device" : "host");
-    return DTR_OK;
+    if (kinds & (unsigned)mem) return DTR_OK;
+    /* device memory over a host transport: staged when the backend tells its memory apart */
+    if (mem == DTR_MEM_DEVICE && (kinds & (unsigned)DTR_MEM_HOST) &&
+        (dtr__host_memory(cfg->context) || cfg->context->backend->owns))
+        return DTR_OK;
+    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "dtr_comm_create: transport '%s' does not take %s memory%s", vt->name,
+                     mem == DTR_MEM_DEVICE ? "device" : "host",
+                     mem == DTR_MEM_DEVICE && (kinds & (unsigned)DTR_MEM_HOST) ? " and the backend cannot tell its memory "
+                     "from the host's (no `owns` slot) for staging" : "");
+}
+
+/* the group's memory: the transport's own (mem_ctx), or staged device memory (stage_ctx) */
+static void dtr__comm_set_memory(dtr_comm *c, const dtr_comm_config *cfg) {
+    unsigned kinds = c->ep->vt->mem_kinds ? c->ep->vt->mem_kinds : (unsigned)DTR_MEM_HOST;
+    if (cfg->memory != DTR_MEM_DEVICE) return;
+    if (kinds & (unsigned)DTR_MEM_DEVICE) c->mem_ctx = cfg->context;
+    else if (!dtr__host_memory(cfg->context)) c->stage_ctx = cfg->context;   /* a CPU's "device" is the host */
 }
 
 dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen) {
@@ -20122,7 +20184,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     c->local_size = ep->info.local_size > 0 ? ep->info.local_size : 1;
     for (i = 0; i < c->size; i++) c->ranks[i] = i;
     c->ctx = 0;
-    c->mem_ctx = cfg->memory == DTR_MEM_DEVICE ? cfg->context : NULL;
+    dtr__comm_set_memory(c, cfg);
     dtr__comm_config_apply(c, cfg);
     if ((r = dtr__flight_init(c, cfg->flight_records, cfg->flight_dir)) != DTR_OK) {
         dtr_comm_destroy(c);
@@ -20175,8 +20237,9 @@ void dtr_comm_destroy(dtr_comm *c) {
     dtr__flight_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
-    for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
+    for (q = c->head; q; q = n) { n = q->next; dtr__stage_out(c, &q->a, &q->st, DTR_BAD_STATE); dtr__free(&a, q); }
     for (q = c->free_reqs; q; q = n) { n = q->next; dtr__free(&a, q); }
+    dtr__stage_free_all(c);
     if (c->native_group && ep->vt->group_destroy) ep->vt->group_destroy(ep->state, c->native_group);
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);
@@ -20423,6 +20486,24 @@ static void *dtr__comm_thread(void *arg) {
     return NULL;
 }
 
+/* back to the free list, never handed out */
+static void dtr__req_put(dtr_comm *c, dtr_request *q) {
+    pthread_mutex_lock(&c->mu);
+    q->next = c->free_reqs;
+    c->free_reqs = q;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* a completed collective's device destination gets its result (once; stage.c) */
+static void dtr__req_settle(dtr_request *q) {
+    dtr_result r;
+    if (!q->st.blk) return;
+    r = dtr__stage_out(q->comm, &q->a, &q->st, q->result);
+    pthread_mutex_lock(&q->comm->mu);
+    q->result = r;
+    pthread_mutex_unlock(&q->comm->mu);
+}
+
 static dtr_request *dtr__req_get(dtr_comm *c) {
     dtr_request *q;
     pthread_mutex_lock(&c->mu);
@@ -20520,10 +20601,9 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
 }
 
 /* Runs a prepared collective: inline when the queue is idle, else behind the queue. */
-static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
-    dtr_result r = dtr__coll_prepare(c, a);
+static dtr_result dtr__coll_queue_wait(dtr_comm *c, dtr__coll *a) {
+    dtr_result r;
     int idle;
-    if (r != DTR_OK) return r;
     pthread_mutex_lock(&c->mu);
     idle = !c->head && !c->running;
     if (idle) c->inline_running = 1;
@@ -20549,6 +20629,15 @@ static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
     }
 }
 
+/* A collective called blocking: prepared, device buffers through host images (stage.c), run. */
+static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
+    dtr__staged st;
+    dtr_result r = dtr__coll_prepare(c, a);
+    if (r == DTR_OK && (r = dtr__stage_in(c, a, &st)) != DTR_OK) dtr__coll_cannot(c, a, r);
+    if (r != DTR_OK) return r;
+    return dtr__stage_out(c, a, &st, dtr__coll_queue_wait(c, a));
+}
+
 static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) {
     dtr_request *q;
     dtr_result r;
@@ -20558,6 +20647,10 @@ static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) 
     if (r != DTR_OK) return r;
     q = dtr__req_get(c);
     if (!q) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory");
+    if ((r = dtr__stage_in(c, a, &q->st)) != DTR_OK) {
+        dtr__req_put(c, q);
+        return dtr__coll_cannot(c, a, r);
+    }
     q->a = *a;
     pthread_mutex_lock(&c->mu);
     c->live_reqs++;
@@ -20600,6 +20693,7 @@ static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transp
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
     else
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "%s", e->msg[0] ? e->msg : dtr_result_string(r));
+    q->result = dtr__stage_out(c, &q->a, &q->st, q->result);   /* a staged receive lands on the device */
     return q->result;
 }
 
@@ -20626,9 +20720,10 @@ dtr_result dtr_request_test(dtr_request *q, int *done) {
     }
     pthread_mutex_lock(&c->mu);
     *done = q->state == DTR__REQ_DONE;
-    r = *done ? q->result : DTR_OK;
     pthread_mutex_unlock(&c->mu);
-    return r;
+    if (!*done) return DTR_OK;
+    dtr__req_settle(q);
+    return q->result;
 }
 
 dtr_result dtr_request_wait(dtr_request *q) {
@@ -20663,9 +20758,9 @@ dtr_result dtr_request_wait(dtr_request *q) {
             while (q->state != DTR__REQ_DONE) dtr__cond_wait_until(&c->done_cv, &c->mu, -1);
         }
     }
-    r = q->result;
     pthread_mutex_unlock(&c->mu);
-    return r;
+    dtr__req_settle(q);
+    return q->result;
 }
 
 /* dtr_request_wait_any: checks the requests; *index = the first complete one (-1: none), the
@@ -20719,8 +20814,9 @@ void dtr_request_destroy(dtr_request *q) {
         dtr__flight_end(c, q->flight_id, DTR_BAD_STATE);   /* destroyed before it finished */
         c->ep->vt->release(c->ep->state, q->treq);
         q->treq = NULL;
-    } else if (q->state != DTR__REQ_DONE) {
-        dtr_request_wait(q);
+        dtr__stage_out(c, &q->a, &q->st, DTR_BAD_STATE);   /* its block back, nothing copied */
+    } else {
+        dtr_request_wait(q);   /* also a completed one's result to the device */
     }
     pthread_mutex_lock(&c->mu);
     q->next = c->free_reqs;
@@ -20820,20 +20916,22 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
     if (r != DTR_OK) return r;
     q = dtr__req_get(c);
     if (!q) return dtr__comm_fail(c, &a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory");
+    if ((r = dtr__stage_in(c, &a, &q->st)) != DTR_OK) {   /* a device buffer's host image */
+        dtr__req_put(c, q);
+        return r;
+    }
     q->a = a;
     q->state = DTR__REQ_RUNNING;
     q->flight_id = dtr__flight_begin(c, &a);
     dtr__terr_clear(&e);
     if (kind == DTR__OP_SEND)
-        r = c->ep->vt->isend(c->ep->state, sbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
+        r = c->ep->vt->isend(c->ep->state, a.src, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     else
-        r = c->ep->vt->irecv(c->ep->state, rbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
+        r = c->ep->vt->irecv(c->ep->state, a.dst, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     if (r != DTR_OK) {
         dtr__flight_end(c, q->flight_id, r);
-        pthread_mutex_lock(&c->mu);
-        q->next = c->free_reqs;
-        c->free_reqs = q;
-        pthread_mutex_unlock(&c->mu);
+        dtr__stage_out(c, &a, &q->st, r);
+        dtr__req_put(c, q);
         if (dtr__p2p_isolated(c, &a, r, &e)) return r;
         return dtr__comm_fail(c, &a, r, e.rank, e.native_code, "%s", e.msg);
     }
@@ -20923,6 +21021,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->rank = me;
     nc->ctx = ctx;
     nc->mem_ctx = c->mem_ctx;
+    nc->stage_ctx = c->stage_ctx;
     nc->timeout_ms = c->timeout_ms;
     nc->algo = c->algo;
     nc->ring_threshold = c->ring_threshold;
@@ -20962,7 +21061,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 20966 "dtrain.h"
+#line 21065 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21584,7 +21683,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21588 "dtrain.h"
+#line 21687 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22050,20 +22149,21 @@ static dtr_result dtr__coll_exec(dtr_comm *c, const dtr__coll *in) {
     case DTR__OP_BARRIER: r = dtr__barrier_dissemination(c, a); break;
     default: r = dtr__comm_fail(c, a, DTR_INVALID_ARGUMENT, -1, 0, "not a collective");
     }
-    if (r != DTR_OK && r != DTR_TIMEOUT && r != DTR_PEER_FAILED) {
-        /* this rank cannot finish its part: the others would wait for it until their
-           deadline, so break the group now */
-        char why[160];
-        snprintf(why, sizeof why, "rank %d could not take part in %s #%u: %s", c->ep->info.rank, dtr__coll_name(a->kind),
-                 a->seq, dtr_result_string(r));
-        pthread_mutex_lock(&c->mu);
-        if (c->status != DTR_TIMEOUT && c->status != DTR_PEER_FAILED) {
-            c->status = DTR_PEER_FAILED;
-            c->failed_rank = c->ep->info.rank;
-        }
-        pthread_mutex_unlock(&c->mu);
-        c->ep->vt->abort(c->ep->state, c->ep->info.rank, why);
+    if (r != DTR_OK && r != DTR_TIMEOUT && r != DTR_PEER_FAILED) dtr__coll_cannot(c, a, r);
+    return r;
+}
+
+dtr_result dtr__coll_cannot(dtr_comm *c, const dtr__coll *a, dtr_result r) {
+    char why[160];
+    snprintf(why, sizeof why, "rank %d could not take part in %s #%u: %s", c->ep->info.rank, dtr__coll_name(a->kind),
+             a->seq, dtr_result_string(r));
+    pthread_mutex_lock(&c->mu);
+    if (c->status != DTR_TIMEOUT && c->status != DTR_PEER_FAILED) {
+        c->status = DTR_PEER_FAILED;
+        c->failed_rank = c->ep->info.rank;
     }
+    pthread_mutex_unlock(&c->mu);
+    c->ep->vt->abort(c->ep->state, c->ep->info.rank, why);
     return r;
 }
 
@@ -22073,7 +22173,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22077 "dtrain.h"
+#line 22177 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22803,7 +22903,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22807 "dtrain.h"
+#line 22907 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23039,7 +23139,123 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23043 "dtrain.h"
+#line 23143 "dtrain.h"
+
+/* ---- src/comm/stage.c ---- */
+#line 1 "src/comm/stage.c"
+/* ============================================================================
+ * Device buffers over a host-memory transport: a group made with cfg.memory DTR_MEM_DEVICE
+ * on a transport that takes host memory only (libfabric, local) stages them. Each call's
+ * buffers that lie in the device memory of cfg.context (the backend's `owns`) get a host
+ * image in a page-locked block of the group: the input is copied there before the operation
+ * starts (the copy waits for the work queued on the context's stream, so the operation sees
+ * it), the operation runs on the images with the host code, and the output goes back to the
+ * device when the caller learns that it completed (the blocking call's return,
+ * dtr_request_test / _wait / _wait_any, or dtr_request_destroy). Buffers in host memory pass
+ * as they are, so the engines' own host staging and the group's internal traffic (split,
+ * sums of doubles) go through unchanged. A buffer inside the destination (in place, the
+ * all-gather's own slot, the broadcast) shares the destination's image.
+ * Blocks are kept for reuse until the group is destroyed (one per operation in flight).
+ * ==========================================================================*/
+
+
+
+
+
+/* the input and output extents of a, in bytes */
+static void dtr__stage_extents(const dtr_comm *c, const dtr__coll *a, size_t *in, size_t *out) {
+    size_t b = a->count * dtr_dtype_size(a->dtype), n = (size_t)c->size;
+    *in = *out = 0;
+    switch (a->kind) {
+    case DTR__OP_ALL_REDUCE: *in = *out = b; break;
+    case DTR__OP_BROADCAST: *in = c->rank == a->root ? b : 0, *out = b; break;
+    case DTR__OP_REDUCE_SCATTER: *in = b * n, *out = b; break;
+    case DTR__OP_ALL_GATHER: *in = b, *out = b * n; break;
+    case DTR__OP_SEND: *in = a->count; break;
+    case DTR__OP_RECV: *out = a->count; break;
+    default: break;
+    }
+}
+
+static int dtr__stage_owned(const dtr_comm *c, const void *p) {
+    return p && c->stage_ctx->backend->owns(c->stage_ctx, p);
+}
+
+/* a free block of at least `bytes` (first fit), or a new one rounded up to 64 KiB */
+static dtr__stage_blk *dtr__stage_get(dtr_comm *c, size_t bytes) {
+    dtr__stage_blk **pp, *b;
+    pthread_mutex_lock(&c->mu);
+    for (pp = &c->stage_free; *pp && (*pp)->bytes < bytes; pp = &(*pp)->next) {}
+    b = *pp;
+    if (b) *pp = b->next;
+    pthread_mutex_unlock(&c->mu);
+    if (b) return b;
+    if (!(b = (dtr__stage_blk *)dtr__malloc(&c->ep->alloc, sizeof(*b)))) return NULL;
+    b->bytes = (bytes + 65535) / 65536 * 65536;
+    if (!(b->p = dtr__host_alloc(c->stage_ctx, b->bytes))) {
+        dtr__free(&c->ep->alloc, b);
+        return NULL;
+    }
+    return b;
+}
+
+static void dtr__stage_put(dtr_comm *c, dtr__stage_blk *b) {
+    pthread_mutex_lock(&c->mu);
+    b->next = c->stage_free;
+    c->stage_free = b;
+    pthread_mutex_unlock(&c->mu);
+}
+
+void dtr__stage_free_all(dtr_comm *c) {
+    dtr__stage_blk *b, *n;
+    for (b = c->stage_free; b; b = n) {
+        n = b->next;
+        dtr__host_free(c->stage_ctx, b->p);
+        dtr__free(&c->ep->alloc, b);
+    }
+    c->stage_free = NULL;
+}
+
+dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s) {
+    size_t in, out, at;
+    const char *src = (const char *)a->src;
+    char *dst = (char *)a->dst, *host;
+    int sdev, ddev, inside;
+    dtr_result r;
+    memset(s, 0, sizeof(*s));
+    if (!c->stage_ctx) return DTR_OK;
+    dtr__stage_extents(c, a, &in, &out);
+    ddev = out && dtr__stage_owned(c, dst);
+    inside = ddev && src >= dst && src < dst + out;
+    sdev = !inside && in && dtr__stage_owned(c, src);
+    if (!ddev && !sdev) return DTR_OK;
+    at = ddev ? (out + 63) / 64 * 64 : 0;   /* the input's image after the output's */
+    if (!(s->blk = dtr__stage_get(c, at + (sdev ? in : 0))))
+        return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes of host staging", at + in);
+    host = (char *)s->blk->p;
+    if (ddev) s->dev_dst = dst, s->host_dst = host, s->dst_bytes = out, a->dst = host;
+    if (inside || sdev) a->src = inside ? host + (src - dst) : host + at;
+    r = in && (inside || sdev) ? c->stage_ctx->backend->to_host(c->stage_ctx, (void *)a->src, src, in) : DTR_OK;
+    if (r != DTR_OK) {
+        dtr__stage_put(c, s->blk);
+        s->blk = NULL;
+        return dtr__comm_fail(c, a, r, -1, 0, "copying a device buffer to the host: %s", dtr_context_last_error(c->stage_ctx));
+    }
+    return DTR_OK;
+}
+
+dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_result r) {
+    dtr_result cr = DTR_OK;
+    if (!s->blk) return r;
+    if (r == DTR_OK && s->dev_dst)
+        cr = c->stage_ctx->backend->from_host(c->stage_ctx, s->dev_dst, s->host_dst, s->dst_bytes);
+    dtr__stage_put(c, s->blk);
+    memset(s, 0, sizeof(*s));
+    if (cr != DTR_OK)
+        return dtr__comm_fail(c, a, cr, -1, 0, "copying the result to the device: %s", dtr_context_last_error(c->stage_ctx));
+    return r;
+}
+#line 23259 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23418,7 +23634,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23422 "dtrain.h"
+#line 23638 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23623,7 +23839,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23627 "dtrain.h"
+#line 23843 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24095,7 +24311,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24099 "dtrain.h"
+#line 24315 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24589,7 +24805,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24593 "dtrain.h"
+#line 24809 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -25964,7 +26180,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 25968 "dtrain.h"
+#line 26184 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26018,7 +26234,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26022 "dtrain.h"
+#line 26238 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27181,7 +27397,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27185 "dtrain.h"
+#line 27401 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28071,7 +28287,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28075 "dtrain.h"
+#line 28291 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29549,7 +29765,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29553 "dtrain.h"
+#line 29769 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -29933,7 +30149,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 29937 "dtrain.h"
+#line 30153 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30082,7 +30298,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30086 "dtrain.h"
+#line 30302 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

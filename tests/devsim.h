@@ -78,6 +78,9 @@ static void devsim__violation(const char *what, const void *p, size_t bytes) {
     fprintf(stderr, "  devsim: %s (%p, %zu bytes)\n", what, p, bytes);
 }
 
+/* backend slot owns: p inside one of ctx's blocks */
+static int devsim__owns_ptr(dtr_context *ctx, const void *p) { return devsim__owns(ctx, p, 1); }
+
 static dtr_result devsim__init(dtr_context *ctx, void **state) {
     (void)ctx;
     *state = calloc(1, sizeof(devsim_state));
@@ -269,7 +272,7 @@ static const dtr_backend devsim__vt = {
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
     devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
-    devsim__from_host_async};
+    devsim__from_host_async, devsim__owns_ptr};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

@@ -65,6 +65,13 @@
  *   test_auto_provider    provider NULL picks shm on one host (rank 1 asks for shm by name:
  *                         a different pick by rank 0 would fail it).
  *   test_two_groups       two groups from the same store at once (shm and tcp), then a third.
+ *   test_{shm,tcp}_device_buffers  a second group of device memory (cfg.memory DTR_MEM_DEVICE)
+ *                         on the same store, each rank's buffers on the simulated device of
+ *                         tests/devsim.h: every collective, in place and not, f32 and bf16,
+ *                         counts 1 to 70000, host and device buffers mixed, two requests in
+ *                         flight, a ring of device-to-device messages, a sub-group: the bits
+ *                         of the same calls on host buffers (tests/staged_coll.h); shm with
+ *                         and without the shared-memory collectives (world 3), tcp (world 2).
  *   test_create_errors    an unknown provider, ranks naming different providers, no store:
  *                         clear errors, no hang.
  *   test_{shm,tcp}_kill   a rank SIGKILLed while the others are in a 4 MiB ring all-reduce
@@ -106,6 +113,7 @@
  * Ranks are processes on two cores: the whole program takes about 40 s. */
 #define _DEFAULT_SOURCE
 #define _POSIX_C_SOURCE 200809L
+#define DTRAIN_INTERNAL_API   /* the simulated device (tests/devsim.h) */
 #include <errno.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -121,6 +129,8 @@
 #include "test.h"
 #include "test_util.h"
 #include "posix_util.h"
+#include "devsim.h"
+#include "staged_coll.h"
 
 #define PROV_SHM "shm"
 #define PROV_TCP "tcp;ofi_rxm"
@@ -1479,6 +1489,44 @@ static void test_two_groups(void) {
     CHECK_MSG(run_job(&j, 40) == 0, "%s", j.what);
 }
 
+/* A second group, of device memory, beside the host group of the case: the staged
+   collectives of tests/staged_coll.h on buffers of the simulated device. */
+static void sc_device_buffers(rank_ctx *rc) {
+    dtr_comm_config cfg = comm_cfg(rc, rc->j->prov[rc->rank]);
+    char err[512];
+    rk r;
+    dtr_result res;
+    memset(&r, 0, sizeof r);
+    r.rank = rc->rank, r.size = rc->size;
+    RCHECK_MSG(rc, rk_open(&r, devsim_backend()), "the simulated device");
+    cfg.memory = DTR_MEM_DEVICE;
+    cfg.context = r.ctx;
+    res = dtr_comm_create(&cfg, &r.c, err, sizeof err);
+    RCHECK_MSG(rc, res == DTR_OK, "group of device memory: %s: %s", dtr_result_string(res), err);
+    if (res == DTR_OK) {
+        rk_collectives(&r);
+        rk_async(&r);
+        dtr_comm_destroy(r.c);
+    }
+    rk_close(&r);
+    RCHECK_MSG(rc, r.fails == 0 && devsim__violations == 0, "%d failed checks, %d device-memory violations", r.fails,
+               devsim__violations);
+    RCHECK_MSG(rc, devsim_host_blocks == 0, "%d staging blocks not freed", devsim_host_blocks);
+}
+
+static void device_buffers(int tcp) {
+    job j = job_init(tcp ? PROV_TCP : PROV_SHM, tcp ? 2 : 3, sc_device_buffers, NULL, "device buffers");
+    if (!prov_ok(tcp)) return;
+    j.shm = 1;
+    CHECK_MSG(run_job(&j, 90) == 0, "%s", j.what);
+    if (tcp) return;
+    j.shm = 0;
+    snprintf(j.what, sizeof j.what, "shm world 3 device buffers, no segment");
+    CHECK_MSG(run_job(&j, 90) == 0, "%s", j.what);
+}
+static void test_shm_device_buffers(void) { device_buffers(0); }
+static void test_tcp_device_buffers(void) { device_buffers(1); }
+
 /* ---- cases: errors at creation ---- */
 
 typedef struct create_arg {
@@ -2124,6 +2172,8 @@ int main(void) {
         RUN_SEL(test_store_dropped);
         RUN_SEL(test_auto_provider);
         RUN_SEL(test_two_groups);
+        RUN_SEL(test_shm_device_buffers);
+        RUN_SEL(test_tcp_device_buffers);
         RUN_SEL(test_create_errors);
         RUN_SEL(test_shm_kill);
         RUN_SEL(test_tcp_kill);

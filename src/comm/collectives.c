@@ -460,20 +460,21 @@ static dtr_result dtr__coll_exec(dtr_comm *c, const dtr__coll *in) {
     case DTR__OP_BARRIER: r = dtr__barrier_dissemination(c, a); break;
     default: r = dtr__comm_fail(c, a, DTR_INVALID_ARGUMENT, -1, 0, "not a collective");
     }
-    if (r != DTR_OK && r != DTR_TIMEOUT && r != DTR_PEER_FAILED) {
-        /* this rank cannot finish its part: the others would wait for it until their
-           deadline, so break the group now */
-        char why[160];
-        snprintf(why, sizeof why, "rank %d could not take part in %s #%u: %s", c->ep->info.rank, dtr__coll_name(a->kind),
-                 a->seq, dtr_result_string(r));
-        pthread_mutex_lock(&c->mu);
-        if (c->status != DTR_TIMEOUT && c->status != DTR_PEER_FAILED) {
-            c->status = DTR_PEER_FAILED;
-            c->failed_rank = c->ep->info.rank;
-        }
-        pthread_mutex_unlock(&c->mu);
-        c->ep->vt->abort(c->ep->state, c->ep->info.rank, why);
+    if (r != DTR_OK && r != DTR_TIMEOUT && r != DTR_PEER_FAILED) dtr__coll_cannot(c, a, r);
+    return r;
+}
+
+dtr_result dtr__coll_cannot(dtr_comm *c, const dtr__coll *a, dtr_result r) {
+    char why[160];
+    snprintf(why, sizeof why, "rank %d could not take part in %s #%u: %s", c->ep->info.rank, dtr__coll_name(a->kind),
+             a->seq, dtr_result_string(r));
+    pthread_mutex_lock(&c->mu);
+    if (c->status != DTR_TIMEOUT && c->status != DTR_PEER_FAILED) {
+        c->status = DTR_PEER_FAILED;
+        c->failed_rank = c->ep->info.rank;
     }
+    pthread_mutex_unlock(&c->mu);
+    c->ep->vt->abort(c->ep->state, c->ep->info.rank, why);
     return r;
 }
 

@@ -270,10 +270,23 @@ static dtr_result dtr__comm_check_memory(const dtr_comm_config *cfg, const dtr_t
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: memory %d is not a dtr_mem_kind", (int)mem);
     if (mem == DTR_MEM_DEVICE && !cfg->context)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "dtr_comm_create: device memory needs cfg.context (the owner)");
-    if (!(kinds & (unsigned)mem))
-        return dtr__errf(err, errlen, DTR_UNSUPPORTED, "dtr_comm_create: transport '%s' does not take %s memory", vt->name,
-                         mem == DTR_MEM_DEVICE ? "device" : "host");
-    return DTR_OK;
+    if (kinds & (unsigned)mem) return DTR_OK;
+    /* device memory over a host transport: staged when the backend tells its memory apart */
+    if (mem == DTR_MEM_DEVICE && (kinds & (unsigned)DTR_MEM_HOST) &&
+        (dtr__host_memory(cfg->context) || cfg->context->backend->owns))
+        return DTR_OK;
+    return dtr__errf(err, errlen, DTR_UNSUPPORTED, "dtr_comm_create: transport '%s' does not take %s memory%s", vt->name,
+                     mem == DTR_MEM_DEVICE ? "device" : "host",
+                     mem == DTR_MEM_DEVICE && (kinds & (unsigned)DTR_MEM_HOST) ? " and the backend cannot tell its memory "
+                     "from the host's (no `owns` slot) for staging" : "");
+}
+
+/* the group's memory: the transport's own (mem_ctx), or staged device memory (stage_ctx) */
+static void dtr__comm_set_memory(dtr_comm *c, const dtr_comm_config *cfg) {
+    unsigned kinds = c->ep->vt->mem_kinds ? c->ep->vt->mem_kinds : (unsigned)DTR_MEM_HOST;
+    if (cfg->memory != DTR_MEM_DEVICE) return;
+    if (kinds & (unsigned)DTR_MEM_DEVICE) c->mem_ctx = cfg->context;
+    else if (!dtr__host_memory(cfg->context)) c->stage_ctx = cfg->context;   /* a CPU's "device" is the host */
 }
 
 dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen) {
@@ -336,7 +349,7 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     c->local_size = ep->info.local_size > 0 ? ep->info.local_size : 1;
     for (i = 0; i < c->size; i++) c->ranks[i] = i;
     c->ctx = 0;
-    c->mem_ctx = cfg->memory == DTR_MEM_DEVICE ? cfg->context : NULL;
+    dtr__comm_set_memory(c, cfg);
     dtr__comm_config_apply(c, cfg);
     if ((r = dtr__flight_init(c, cfg->flight_records, cfg->flight_dir)) != DTR_OK) {
         dtr_comm_destroy(c);
@@ -389,8 +402,9 @@ void dtr_comm_destroy(dtr_comm *c) {
     dtr__flight_free(c);
     /* requests never run (stopped queue) complete with an error; their memory is freed below,
        so the caller must not use them any more (documented: free requests before destroy) */
-    for (q = c->head; q; q = n) { n = q->next; dtr__free(&a, q); }
+    for (q = c->head; q; q = n) { n = q->next; dtr__stage_out(c, &q->a, &q->st, DTR_BAD_STATE); dtr__free(&a, q); }
     for (q = c->free_reqs; q; q = n) { n = q->next; dtr__free(&a, q); }
+    dtr__stage_free_all(c);
     if (c->native_group && ep->vt->group_destroy) ep->vt->group_destroy(ep->state, c->native_group);
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);
@@ -637,6 +651,24 @@ static void *dtr__comm_thread(void *arg) {
     return NULL;
 }
 
+/* back to the free list, never handed out */
+static void dtr__req_put(dtr_comm *c, dtr_request *q) {
+    pthread_mutex_lock(&c->mu);
+    q->next = c->free_reqs;
+    c->free_reqs = q;
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* a completed collective's device destination gets its result (once; stage.c) */
+static void dtr__req_settle(dtr_request *q) {
+    dtr_result r;
+    if (!q->st.blk) return;
+    r = dtr__stage_out(q->comm, &q->a, &q->st, q->result);
+    pthread_mutex_lock(&q->comm->mu);
+    q->result = r;
+    pthread_mutex_unlock(&q->comm->mu);
+}
+
 static dtr_request *dtr__req_get(dtr_comm *c) {
     dtr_request *q;
     pthread_mutex_lock(&c->mu);
@@ -734,10 +766,9 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
 }
 
 /* Runs a prepared collective: inline when the queue is idle, else behind the queue. */
-static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
-    dtr_result r = dtr__coll_prepare(c, a);
+static dtr_result dtr__coll_queue_wait(dtr_comm *c, dtr__coll *a) {
+    dtr_result r;
     int idle;
-    if (r != DTR_OK) return r;
     pthread_mutex_lock(&c->mu);
     idle = !c->head && !c->running;
     if (idle) c->inline_running = 1;
@@ -763,6 +794,15 @@ static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
     }
 }
 
+/* A collective called blocking: prepared, device buffers through host images (stage.c), run. */
+static dtr_result dtr__coll_blocking(dtr_comm *c, dtr__coll *a) {
+    dtr__staged st;
+    dtr_result r = dtr__coll_prepare(c, a);
+    if (r == DTR_OK && (r = dtr__stage_in(c, a, &st)) != DTR_OK) dtr__coll_cannot(c, a, r);
+    if (r != DTR_OK) return r;
+    return dtr__stage_out(c, a, &st, dtr__coll_queue_wait(c, a));
+}
+
 static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) {
     dtr_request *q;
     dtr_result r;
@@ -772,6 +812,10 @@ static dtr_result dtr__coll_async(dtr_comm *c, dtr__coll *a, dtr_request **out) 
     if (r != DTR_OK) return r;
     q = dtr__req_get(c);
     if (!q) return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory");
+    if ((r = dtr__stage_in(c, a, &q->st)) != DTR_OK) {
+        dtr__req_put(c, q);
+        return dtr__coll_cannot(c, a, r);
+    }
     q->a = *a;
     pthread_mutex_lock(&c->mu);
     c->live_reqs++;
@@ -814,6 +858,7 @@ static dtr_result dtr__p2p_finish(dtr_request *q, dtr_result r, const dtr_transp
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "timed out after %d ms: %s", q->a.timeout_ms, e->msg);
     else
         q->result = dtr__comm_fail(c, &q->a, r, e->rank, e->native_code, "%s", e->msg[0] ? e->msg : dtr_result_string(r));
+    q->result = dtr__stage_out(c, &q->a, &q->st, q->result);   /* a staged receive lands on the device */
     return q->result;
 }
 
@@ -840,9 +885,10 @@ dtr_result dtr_request_test(dtr_request *q, int *done) {
     }
     pthread_mutex_lock(&c->mu);
     *done = q->state == DTR__REQ_DONE;
-    r = *done ? q->result : DTR_OK;
     pthread_mutex_unlock(&c->mu);
-    return r;
+    if (!*done) return DTR_OK;
+    dtr__req_settle(q);
+    return q->result;
 }
 
 dtr_result dtr_request_wait(dtr_request *q) {
@@ -877,9 +923,9 @@ dtr_result dtr_request_wait(dtr_request *q) {
             while (q->state != DTR__REQ_DONE) dtr__cond_wait_until(&c->done_cv, &c->mu, -1);
         }
     }
-    r = q->result;
     pthread_mutex_unlock(&c->mu);
-    return r;
+    dtr__req_settle(q);
+    return q->result;
 }
 
 /* dtr_request_wait_any: checks the requests; *index = the first complete one (-1: none), the
@@ -933,8 +979,9 @@ void dtr_request_destroy(dtr_request *q) {
         dtr__flight_end(c, q->flight_id, DTR_BAD_STATE);   /* destroyed before it finished */
         c->ep->vt->release(c->ep->state, q->treq);
         q->treq = NULL;
-    } else if (q->state != DTR__REQ_DONE) {
-        dtr_request_wait(q);
+        dtr__stage_out(c, &q->a, &q->st, DTR_BAD_STATE);   /* its block back, nothing copied */
+    } else {
+        dtr_request_wait(q);   /* also a completed one's result to the device */
     }
     pthread_mutex_lock(&c->mu);
     q->next = c->free_reqs;
@@ -1034,20 +1081,22 @@ static dtr_result dtr__p2p_start(dtr_comm *c, int kind, const void *sbuf, void *
     if (r != DTR_OK) return r;
     q = dtr__req_get(c);
     if (!q) return dtr__comm_fail(c, &a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory");
+    if ((r = dtr__stage_in(c, &a, &q->st)) != DTR_OK) {   /* a device buffer's host image */
+        dtr__req_put(c, q);
+        return r;
+    }
     q->a = a;
     q->state = DTR__REQ_RUNNING;
     q->flight_id = dtr__flight_begin(c, &a);
     dtr__terr_clear(&e);
     if (kind == DTR__OP_SEND)
-        r = c->ep->vt->isend(c->ep->state, sbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
+        r = c->ep->vt->isend(c->ep->state, a.src, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     else
-        r = c->ep->vt->irecv(c->ep->state, rbuf, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
+        r = c->ep->vt->irecv(c->ep->state, a.dst, bytes, c->ranks[peer], dtr__tag_p2p(c->ctx, tag), &q->treq, &e);
     if (r != DTR_OK) {
         dtr__flight_end(c, q->flight_id, r);
-        pthread_mutex_lock(&c->mu);
-        q->next = c->free_reqs;
-        c->free_reqs = q;
-        pthread_mutex_unlock(&c->mu);
+        dtr__stage_out(c, &a, &q->st, r);
+        dtr__req_put(c, q);
         if (dtr__p2p_isolated(c, &a, r, &e)) return r;
         return dtr__comm_fail(c, &a, r, e.rank, e.native_code, "%s", e.msg);
     }
@@ -1137,6 +1186,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->rank = me;
     nc->ctx = ctx;
     nc->mem_ctx = c->mem_ctx;
+    nc->stage_ctx = c->stage_ctx;
     nc->timeout_ms = c->timeout_ms;
     nc->algo = c->algo;
     nc->ring_threshold = c->ring_threshold;

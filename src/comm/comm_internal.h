@@ -84,6 +84,22 @@ typedef struct dtr__coll {
 
 enum { DTR__REQ_QUEUED = 0, DTR__REQ_RUNNING = 1, DTR__REQ_DONE = 2 };
 
+/** A page-locked host block of a group that stages device buffers (src/comm/stage.c). */
+typedef struct dtr__stage_blk {
+    struct dtr__stage_blk *next;
+    void *p;
+    size_t bytes;
+} dtr__stage_blk;
+
+/** What one operation staged: the block its host images live in, and the device
+ *  destination filled from it once the operation completed (NULL: none). */
+typedef struct dtr__staged {
+    dtr__stage_blk *blk;
+    void *dev_dst;
+    const void *host_dst;
+    size_t dst_bytes;
+} dtr__staged;
+
 struct dtr_request {
     dtr_comm *comm;
     dtr__coll a;
@@ -91,6 +107,7 @@ struct dtr_request {
     dtr_result result;
     void *treq;            /* send/recv: the transport's request */
     uint64_t flight_id;    /* send/recv: its flight record */
+    dtr__staged st;        /* device buffers staged through host memory (stage.c) */
     struct dtr_request *next;
 };
 
@@ -110,6 +127,9 @@ struct dtr_comm {
     int hier_on;               /* and hierarchical differs from flat (several hosts, one of
                                   several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
+    dtr_context *stage_ctx;    /* cfg.memory device over a host-memory transport: buffers in this
+                                  context's device memory are staged (stage.c); NULL: none */
+    dtr__stage_blk *stage_free;  /* its page-locked blocks not in use (under mu) */
     /* configuration */
     int timeout_ms;
     int algo;                  /* dtr_allreduce_algo */
@@ -196,6 +216,10 @@ DTR__PRIVATE const char *dtr__coll_name(int kind);
 DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
+/** This rank cannot do its part of collective a (error r, not a communication failure): the
+ *  others would wait for it until their deadline, so the group breaks now (status
+ *  DTR_PEER_FAILED naming this rank, the transport aborted). Returns r. */
+DTR__PRIVATE dtr_result dtr__coll_cannot(dtr_comm *c, const dtr__coll *a, dtr_result r);
 /** Sums n doubles over group c in place: an all-gather of the bytes, added in rank order (the
  *  same bits on every rank). Errors go to ctx's message, prefixed with `who`. */
 DTR__PRIVATE dtr_result dtr__comm_sum_doubles(dtr_comm *c, dtr_context *ctx, double *vals, int n, const char *who);
@@ -212,6 +236,20 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
  *  `step` of collective `a`, and waits for both. Either side may be skipped with -1. */
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
+
+/* ---- device buffers over a host-memory transport (src/comm/stage.c) ---- */
+/** Operation a of group c is prepared: when c stages device memory, its buffers that lie
+ *  there are copied to a page-locked host block (the input part; ordered after the work
+ *  queued on the context's stream) and a's pointers moved onto the block; s says what to
+ *  copy back. Nothing to do: s empty, DTR_OK. A failed copy or allocation is recorded on the
+ *  group; the caller has not started the operation. */
+DTR__PRIVATE dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s);
+/** The operation of s ended with r: when r is DTR_OK its result goes back to the device
+ *  destination; the block returns to the group. Returns r, or the copy's failure. Empty s:
+ *  returns r. */
+DTR__PRIVATE dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_result r);
+/** Frees the group's cached blocks (dtr_comm_destroy). */
+DTR__PRIVATE void dtr__stage_free_all(dtr_comm *c);
 
 /* ---- the bootstrap of process transports (src/comm/bootstrap.c, in dtrain_comm.c) ---- */
 

@@ -116,5 +116,6 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
+    NULL,
     NULL
 };

@@ -355,6 +355,11 @@ struct dtr_backend {
        the copy, and src stays unchanged until then. NULL: the core calls from_host
        (synchronous) instead (dtr__from_host_async) */
     dtr_result (*from_host_async)(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+    /* 1 when p points into memory of this backend that the host cannot read (device memory),
+       0 for host memory (page-locked included). NULL: a backend of host memory. A process
+       group of device memory over a host transport stages the buffers it says 1 of
+       (src/comm/stage.c) and passes the others as they are */
+    int (*owns)(dtr_context *ctx, const void *p);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's

@@ -303,6 +303,18 @@ static void dtr__cuda_host_free(dtr_context *ctx, void *p) {
     if (p) cudaFreeHost(p);
 }
 
+/* device memory (cudaMalloc): a pageable or page-locked host pointer, or managed memory, is
+   the host's to read */
+static int dtr__cuda_owns(dtr_context *ctx, const void *p) {
+    cudaPointerAttributes at;
+    (void)ctx;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError();   /* not a pointer CUDA knows of: the host's */
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice;
+}
+
 static const dtr_backend dtr__cuda_backend_vt = {
     DTR_VERSION_NUMBER,
     sizeof(dtr_backend),
@@ -331,7 +343,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_host_alloc,
     dtr__cuda_host_free,
     dtr__cuda_to_host_async,
-    dtr__cuda_from_host_async
+    dtr__cuda_from_host_async,
+    dtr__cuda_owns
 };
 
 /* ---- public entry points ---- */

@@ -18,8 +18,10 @@
  *   - Results are deterministic: for a given world size, count, dtype and algorithm a
  *     reduction adds in a fixed order, so two runs give the same bits, and every rank gets
  *     the same bits (docs/distributed.md gives the exact order of each algorithm).
- *   - Buffers are host memory (cfg.memory opens the way to device memory on transports that
- *     take it). A group is used by one thread at a time; different groups
+ *   - Buffers are host memory, or with cfg.memory DTR_MEM_DEVICE device memory of
+ *     cfg.context: NCCL takes it natively; libfabric and local stage it through page-locked
+ *     host memory (the input copied before the call, the result back when the caller learns
+ *     that it completed), and still take host buffers. A group is used by one thread at a time; different groups
  *     (and the ranks of a local world) may be used from different threads at once.
  * ==========================================================================*/
 #ifdef __cplusplus
@@ -251,7 +253,9 @@ typedef struct dtr_nccl_config {
 /** Where the buffers handed to a group's collectives live. */
 typedef enum dtr_mem_kind {
     DTR_MEM_HOST = 1,                  /**< host memory (default) */
-    DTR_MEM_DEVICE = 2                 /**< memory of the context's backend (a GPU): needs a transport that takes it */
+    DTR_MEM_DEVICE = 2                 /**< memory of the context's backend (a GPU): taken by a transport that takes
+                                            it (NCCL), else staged through host memory (libfabric, local; a
+                                            CPU context's is host memory) */
 } dtr_mem_kind;
 
 /** Group configuration. Make one with dtr_comm_config_init(); zero means default. Settings of
@@ -267,7 +271,8 @@ struct dtr_comm_config {
     dtr_nccl_config nccl;              /**< the NCCL transport's settings */
     dtr_mem_kind memory;               /**< where collective buffers live; 0: DTR_MEM_HOST */
     dtr_context *context;              /**< DTR_MEM_DEVICE: the context whose backend owns the buffers (its
-                                            stream orders the transfers, its backend reduces); NULL for host */
+                                            stream orders the transfers, its backend reduces or copies them);
+                                            outlives the group; NULL for host */
     int timeout_ms;                    /**< deadline of every blocking call (the store it makes from the
                                             environment too); 0: $DTR_TIMEOUT_MS, else 300000 (five minutes) */
     dtr_allreduce_algo allreduce_algo; /**< DTR_ALLREDUCE_AUTO (default): by size */
