@@ -2695,10 +2695,12 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
  *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress INT8, TOPK
- *          or POWERSGD, or with local SGD; zero, compress or local SGD over a group of device memory, NCCL),
- *          DTR_OUT_OF_MEMORY, or the broadcast's error. A model in device memory over a
- *          host-memory group (libfabric, local) goes through a host staging buffer of the
- *          model's size: every mode works there, the optimizer's state stays on the device.
+ *          or POWERSGD, or with local SGD; compress over a group of device memory, NCCL:
+ *          the codecs run on the host), DTR_OUT_OF_MEMORY, or the broadcast's error. A model
+ *          in device memory over a host-memory group (libfabric, local) goes through a host
+ *          staging buffer of the model's size: every mode works there, the optimizer's state
+ *          stays on the device. Over a device-memory group (NCCL) the buckets, ZeRO-1/2's
+ *          slices and sums and local SGD's average stay on the device (32-bit slices).
  *  Thread safety: the model's context thread; collective over c. */
 DTR_API dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out);
 /** Removes the hook and frees the engine (waiting for buckets still in flight). NULL is ignored. */
@@ -3941,7 +3943,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 3945 "dtrain.h"
+#line 3947 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4307,6 +4309,10 @@ struct dtr_backend {
        group of device memory over a host transport stages the buffers it says 1 of
        (src/comm/stage.c) and passes the others as they are */
     int (*owns)(dtr_context *ctx, const void *p);
+    /* copies bytes of backend memory src to backend memory dst, queued on the context's
+       stream (the collectives of a group of device memory move data with it). NULL: a
+       backend of host memory (dtr__mem_copy does memcpy) */
+    dtr_result (*copy)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4317,6 +4323,9 @@ DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
  *  synchronous to_host / from_host with *done NULL (complete). */
 DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 DTR__PRIVATE dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+/** bytes of ctx's backend memory from src to dst: the backend's copy, or memcpy on a backend
+ *  of host memory (DTR_UNSUPPORTED on a device backend without the slot). */
+DTR__PRIVATE dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
@@ -4554,7 +4563,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4558 "dtrain.h"
+#line 4567 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4835,7 +4844,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4839 "dtrain.h"
+#line 4848 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4897,7 +4906,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4901 "dtrain.h"
+#line 4910 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -4987,19 +4996,20 @@ typedef struct dtr__coll {
 
 enum { DTR__REQ_QUEUED = 0, DTR__REQ_RUNNING = 1, DTR__REQ_DONE = 2 };
 
-/** A page-locked host block of a group that stages device buffers (src/comm/stage.c). */
+/** A block of a group that stages buffers (src/comm/stage.c): page-locked host memory for
+ *  device buffers over a host transport, device memory for host buffers over a device one. */
 typedef struct dtr__stage_blk {
     struct dtr__stage_blk *next;
     void *p;
     size_t bytes;
 } dtr__stage_blk;
 
-/** What one operation staged: the block its host images live in, and the device
- *  destination filled from it once the operation completed (NULL: none). */
+/** What one operation staged: the block its images live in, and the caller's destination
+ *  filled from it once the operation completed (NULL: none). */
 typedef struct dtr__staged {
     dtr__stage_blk *blk;
-    void *dev_dst;
-    const void *host_dst;
+    void *user_dst;        /* the caller's destination, of the kind the transport does not take */
+    const void *img_dst;   /* its image in blk */
     size_t dst_bytes;
 } dtr__staged;
 
@@ -5030,9 +5040,11 @@ struct dtr_comm {
     int hier_on;               /* and hierarchical differs from flat (several hosts, one of
                                   several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
-    dtr_context *stage_ctx;    /* cfg.memory device over a host-memory transport: buffers in this
-                                  context's device memory are staged (stage.c); NULL: none */
-    dtr__stage_blk *stage_free;  /* its page-locked blocks not in use (under mu) */
+    dtr_context *stage_ctx;    /* buffers of the kind the transport does not take are staged through
+                                  this context's backend (stage.c); NULL: none */
+    int stage_to_dev;          /* 1: host buffers to device images (a device transport); 0: device
+                                  buffers to host images (cfg.memory device over a host transport) */
+    dtr__stage_blk *stage_free;  /* its blocks not in use (under mu) */
     /* configuration */
     int timeout_ms;
     int algo;                  /* dtr_allreduce_algo */
@@ -5059,7 +5071,7 @@ struct dtr_comm {
     dtr_request *free_reqs;
     int live_reqs;             /* requests handed out and not yet freed */
     dtr__flight flight;        /* the last operations (src/comm/flight.c) */
-    /* scratch of the algorithms: used by one operation at a time (queue rule) */
+    /* scratch of the algorithms, in the buffers' memory: used by one operation at a time (queue rule) */
     void *scratch;
     size_t scratch_cap;
 };
@@ -5115,7 +5127,8 @@ DTR__PRIVATE dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_resu
                           const char *fmt, ...) DTR__PRINTF(6, 7);
 /** "all_reduce", "broadcast", ... */
 DTR__PRIVATE const char *dtr__coll_name(int kind);
-/** Scratch of at least `bytes` (grows, kept); NULL on OOM. */
+/** Scratch of at least `bytes` (grows, kept) in the memory of the group's buffers (the
+ *  backend's for a group of device memory); NULL on OOM. */
 DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
@@ -5140,11 +5153,11 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
-/* ---- device buffers over a host-memory transport (src/comm/stage.c) ---- */
-/** Operation a of group c is prepared: when c stages device memory, its buffers that lie
- *  there are copied to a page-locked host block (the input part; ordered after the work
- *  queued on the context's stream) and a's pointers moved onto the block; s says what to
- *  copy back. Nothing to do: s empty, DTR_OK. A failed copy or allocation is recorded on the
+/* ---- buffers of the other memory kind (src/comm/stage.c) ---- */
+/** Operation a of group c is prepared: when c stages, its buffers of the kind the transport
+ *  does not take get images in a block of the other kind (the input copied there, ordered
+ *  after the work queued on the context's stream) and a's pointers move onto the block; s
+ *  says what to copy back. Nothing to do: s empty, DTR_OK. A failed copy or allocation is recorded on the
  *  group; the caller has not started the operation. */
 DTR__PRIVATE dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s);
 /** The operation of s ended with r: when r is DTR_OK its result goes back to the device
@@ -5265,7 +5278,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5269 "dtrain.h"
+#line 5282 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5308,7 +5321,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5312 "dtrain.h"
+#line 5325 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5338,7 +5351,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5342 "dtrain.h"
+#line 5355 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5372,7 +5385,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5376 "dtrain.h"
+#line 5389 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5446,7 +5459,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5450 "dtrain.h"
+#line 5463 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5514,7 +5527,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5518 "dtrain.h"
+#line 5531 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5564,7 +5577,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5568 "dtrain.h"
+#line 5581 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5916,7 +5929,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5920 "dtrain.h"
+#line 5933 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6707,7 +6720,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6711 "dtrain.h"
+#line 6724 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7154,6 +7167,15 @@ dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size
     return ctx->backend->to_host(ctx, dst, src, bytes);
 }
 
+dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return DTR_OK;
+    if (ctx->backend->copy) return ctx->backend->copy(ctx, dst, src, bytes);
+    if (!dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "backend '%s' has no device-to-device copy", ctx->backend->name);
+    memmove(dst, src, bytes);
+    return DTR_OK;
+}
+
 dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
     *done = NULL;
     if (ctx->backend->from_host_async) return ctx->backend->from_host_async(ctx, dst, src, bytes, done);
@@ -7299,7 +7321,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7303 "dtrain.h"
+#line 7325 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7370,7 +7392,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7374 "dtrain.h"
+#line 7396 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7809,7 +7831,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7813 "dtrain.h"
+#line 7835 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8041,7 +8063,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8045 "dtrain.h"
+#line 8067 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8272,7 +8294,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8276 "dtrain.h"
+#line 8298 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8387,7 +8409,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8391 "dtrain.h"
+#line 8413 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8443,7 +8465,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8447 "dtrain.h"
+#line 8469 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8873,7 +8895,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8877 "dtrain.h"
+#line 8899 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9052,7 +9074,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9056 "dtrain.h"
+#line 9078 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9581,7 +9603,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9585 "dtrain.h"
+#line 9607 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10080,7 +10102,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10084 "dtrain.h"
+#line 10106 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10339,7 +10361,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10343 "dtrain.h"
+#line 10365 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10613,7 +10635,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10617 "dtrain.h"
+#line 10639 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10736,9 +10758,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
+    NULL,
     NULL
 };
-#line 10742 "dtrain.h"
+#line 10765 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11259,7 +11282,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11263 "dtrain.h"
+#line 11286 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11428,7 +11451,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11432 "dtrain.h"
+#line 11455 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11677,7 +11700,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11681 "dtrain.h"
+#line 11704 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12196,7 +12219,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12200 "dtrain.h"
+#line 12223 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12331,7 +12354,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12335 "dtrain.h"
+#line 12358 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12678,7 +12701,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12682 "dtrain.h"
+#line 12705 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12744,7 +12767,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12748 "dtrain.h"
+#line 12771 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -12981,7 +13004,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 12985 "dtrain.h"
+#line 13008 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13730,7 +13753,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13734 "dtrain.h"
+#line 13757 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14183,7 +14206,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14187 "dtrain.h"
+#line 14210 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14239,7 +14262,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14243 "dtrain.h"
+#line 14266 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15016,7 +15039,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15020 "dtrain.h"
+#line 15043 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15597,7 +15620,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15601 "dtrain.h"
+#line 15624 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16228,7 +16251,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16232 "dtrain.h"
+#line 16255 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17018,7 +17041,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17022 "dtrain.h"
+#line 17045 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17371,7 +17394,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17375 "dtrain.h"
+#line 17398 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17561,7 +17584,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17565 "dtrain.h"
+#line 17588 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17742,7 +17765,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17746 "dtrain.h"
+#line 17769 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18517,7 +18540,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18521 "dtrain.h"
+#line 18544 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19034,7 +19057,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19038 "dtrain.h"
+#line 19061 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19829,7 +19852,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19833 "dtrain.h"
+#line 19856 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -20116,12 +20139,18 @@ static dtr_result dtr__comm_check_memory(const dtr_comm_config *cfg, const dtr_t
                      "from the host's (no `owns` slot) for staging" : "");
 }
 
-/* the group's memory: the transport's own (mem_ctx), or staged device memory (stage_ctx) */
+/* the group's memory: device memory the transport takes (mem_ctx; host buffers staged to
+   the device when it takes no host memory), or device memory staged to the host (stage_ctx) */
 static void dtr__comm_set_memory(dtr_comm *c, const dtr_comm_config *cfg) {
     unsigned kinds = c->ep->vt->mem_kinds ? c->ep->vt->mem_kinds : (unsigned)DTR_MEM_HOST;
+    dtr_context *ctx = cfg->context;
     if (cfg->memory != DTR_MEM_DEVICE) return;
-    if (kinds & (unsigned)DTR_MEM_DEVICE) c->mem_ctx = cfg->context;
-    else if (!dtr__host_memory(cfg->context)) c->stage_ctx = cfg->context;   /* a CPU's "device" is the host */
+    if (kinds & (unsigned)DTR_MEM_DEVICE) {
+        c->mem_ctx = ctx;
+        if (!(kinds & (unsigned)DTR_MEM_HOST) && ctx->backend->owns) c->stage_ctx = ctx, c->stage_to_dev = 1;
+    } else if (!dtr__host_memory(ctx)) {
+        c->stage_ctx = ctx;   /* (a CPU's "device" memory is the host's) */
+    }
 }
 
 dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen) {
@@ -20203,6 +20232,14 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     return DTR_OK;
 }
 
+/* the scratch's memory: the host's, or a device group's backend's */
+static void dtr__scratch_free(dtr_comm *c) {
+    if (c->scratch && c->mem_ctx) c->mem_ctx->backend->mem_free(c->mem_ctx, c->scratch);
+    else dtr__free(&c->ep->alloc, c->scratch);
+    c->scratch = NULL;
+    c->scratch_cap = 0;
+}
+
 static void dtr__comm_stop_thread(dtr_comm *c) {
     int on;
     pthread_mutex_lock(&c->mu);
@@ -20244,7 +20281,7 @@ void dtr_comm_destroy(dtr_comm *c) {
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);
     pthread_mutex_destroy(&c->mu);
-    dtr__free(&a, c->scratch);
+    dtr__scratch_free(c);
     dtr__free(&a, c->ranks);
     dtr__free(&a, c);
     dtr__endpoint_unref(ep);
@@ -20440,9 +20477,9 @@ dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf,
 
 void *dtr__comm_scratch(dtr_comm *c, size_t bytes) {
     if (bytes > c->scratch_cap) {
-        void *p = dtr__malloc(&c->ep->alloc, bytes);
+        void *p = c->mem_ctx ? c->mem_ctx->backend->mem_alloc(c->mem_ctx, bytes) : dtr__malloc(&c->ep->alloc, bytes);
         if (!p) return NULL;
-        dtr__free(&c->ep->alloc, c->scratch);
+        dtr__scratch_free(c);
         c->scratch = p;
         c->scratch_cap = bytes;
     }
@@ -21022,6 +21059,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->ctx = ctx;
     nc->mem_ctx = c->mem_ctx;
     nc->stage_ctx = c->stage_ctx;
+    nc->stage_to_dev = c->stage_to_dev;
     nc->timeout_ms = c->timeout_ms;
     nc->algo = c->algo;
     nc->ring_threshold = c->ring_threshold;
@@ -21061,7 +21099,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21065 "dtrain.h"
+#line 21103 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21683,7 +21721,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21687 "dtrain.h"
+#line 21725 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -21785,6 +21823,20 @@ dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y
     return DTR_OK;
 }
 
+/* bytes from src to dst in the memory of the group's buffers (memcpy, or the backend's copy) */
+static dtr_result dtr__coll_copy(dtr_comm *c, const dtr__coll *a, void *dst, const void *src, size_t bytes) {
+    dtr_result r;
+    if (!bytes || dst == src) return DTR_OK;
+    if (!c->mem_ctx) {
+        memcpy(dst, src, bytes);
+        return DTR_OK;
+    }
+    if ((r = dtr__mem_copy(c->mem_ctx, dst, src, bytes)) != DTR_OK)
+        return dtr__comm_fail(c, a, r, -1, 0, "the %s backend's copy failed: %s", c->mem_ctx->backend->name,
+                              dtr_context_last_error(c->mem_ctx));
+    return DTR_OK;
+}
+
 /* ---- helpers ---- */
 
 /* what the step that completes an average divides by (1 for other reductions) */
@@ -21869,7 +21921,7 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     m = N - p;
     tmp = (char *)dtr__comm_scratch(c, bytes);
     if (!tmp) return dtr__oom(c, a, bytes);
-    if (a->src != a->dst) memcpy(dst, a->src, bytes);
+    if ((res = dtr__coll_copy(c, a, dst, a->src, bytes)) != DTR_OK) return res;
     /* fold: ranks 2i hand their data to 2i+1 (i < m) */
     if (r < 2 * m) {
         if (r % 2 == 0) {
@@ -22031,10 +22083,7 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
     const char *src = (const char *)a->src;
     char *buf[2];
     dtr_result res;
-    if (N == 1) {
-        memcpy(a->dst, a->src, bytes);
-        return DTR_OK;
-    }
+    if (N == 1) return dtr__coll_copy(c, a, a->dst, a->src, bytes);
     buf[0] = (char *)dtr__comm_scratch(c, 2 * bytes);
     if (!buf[0]) return dtr__oom(c, a, 2 * bytes);
     buf[1] = buf[0] + bytes;
@@ -22060,7 +22109,7 @@ static dtr_result dtr__all_gather_ring(dtr_comm *c, const dtr__coll *a) {
     size_t es = dtr_dtype_size(a->dtype), bytes = a->count * es;
     char *dst = (char *)a->dst;
     dtr_result res;
-    if (a->src != dst + (size_t)r * bytes) memcpy(dst + (size_t)r * bytes, a->src, bytes);
+    if ((res = dtr__coll_copy(c, a, dst + (size_t)r * bytes, a->src, bytes)) != DTR_OK) return res;
     for (s = 0; s < N - 1; s++) {
         int ks = dtr__mod(r - s, N), kr = dtr__mod(r - s - 1, N);
         res = dtr__comm_sendrecv(c, a, dst + (size_t)ks * bytes, bytes, right, dst + (size_t)kr * bytes, bytes, left,
@@ -22124,7 +22173,7 @@ static dtr_result dtr__coll_exec(dtr_comm *c, const dtr__coll *in) {
     int used = 0;
     if (c->size == 1) { /* no communication: copy (and an average over one rank is the value) */
         if (a->kind == DTR__OP_ALL_REDUCE || a->kind == DTR__OP_REDUCE_SCATTER || a->kind == DTR__OP_ALL_GATHER)
-            if (a->src != a->dst && a->count) memcpy(a->dst, a->src, a->count * es);
+            return dtr__coll_copy(c, a, a->dst, a->src, a->count * es);
         return DTR_OK;
     }
     if (a->count == 0 && a->kind != DTR__OP_BARRIER) return DTR_OK;   /* the same on every rank */
@@ -22173,7 +22222,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22177 "dtrain.h"
+#line 22226 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22903,7 +22952,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22907 "dtrain.h"
+#line 22956 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23139,23 +23188,24 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23143 "dtrain.h"
+#line 23192 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
 /* ============================================================================
- * Device buffers over a host-memory transport: a group made with cfg.memory DTR_MEM_DEVICE
- * on a transport that takes host memory only (libfabric, local) stages them. Each call's
- * buffers that lie in the device memory of cfg.context (the backend's `owns`) get a host
- * image in a page-locked block of the group: the input is copied there before the operation
- * starts (the copy waits for the work queued on the context's stream, so the operation sees
- * it), the operation runs on the images with the host code, and the output goes back to the
- * device when the caller learns that it completed (the blocking call's return,
- * dtr_request_test / _wait / _wait_any, or dtr_request_destroy). Buffers in host memory pass
- * as they are, so the engines' own host staging and the group's internal traffic (split,
- * sums of doubles) go through unchanged. A buffer inside the destination (in place, the
- * all-gather's own slot, the broadcast) shares the destination's image.
- * Blocks are kept for reuse until the group is destroyed (one per operation in flight).
+ * Buffers of the memory kind a group's transport does not take, staged through the other:
+ *  - device memory over a host transport (cfg.memory DTR_MEM_DEVICE on libfabric or local):
+ *    a buffer in the device memory of cfg.context gets a host image in a page-locked block;
+ *  - host memory over a device transport (NCCL): a host buffer gets an image in a block of
+ *    the context's device memory (the engines' and the group's own small host buffers:
+ *    split's table, sums of doubles, an app's host array).
+ * The backend's `owns` tells the kinds apart. The input is copied to its image before the
+ * operation starts (ordered after the work queued on the context's stream), the operation
+ * runs on the images, and the output goes back when the caller learns that it completed (the
+ * blocking call's return, dtr_request_test / _wait / _wait_any, or dtr_request_destroy).
+ * Buffers of the transport's own kind pass as they are. A buffer inside the destination (in
+ * place, the all-gather's own slot, the broadcast) shares the destination's image. Blocks
+ * are kept for reuse until the group is destroyed (one per operation in flight).
  * ==========================================================================*/
 
 
@@ -23177,12 +23227,15 @@ static void dtr__stage_extents(const dtr_comm *c, const dtr__coll *a, size_t *in
     }
 }
 
-static int dtr__stage_owned(const dtr_comm *c, const void *p) {
-    return p && c->stage_ctx->backend->owns(c->stage_ctx, p);
+/* a buffer of the other memory kind, that the group stages */
+static int dtr__stage_foreign(const dtr_comm *c, const void *p) {
+    return p && c->stage_ctx->backend->owns(c->stage_ctx, p) != c->stage_to_dev;
 }
 
-/* a free block of at least `bytes` (first fit), or a new one rounded up to 64 KiB */
+/* a free block of at least `bytes` (first fit), or a new one rounded up to 64 KiB: page-locked
+   host memory, or device memory for a device transport */
 static dtr__stage_blk *dtr__stage_get(dtr_comm *c, size_t bytes) {
+    dtr_context *ctx = c->stage_ctx;
     dtr__stage_blk **pp, *b;
     pthread_mutex_lock(&c->mu);
     for (pp = &c->stage_free; *pp && (*pp)->bytes < bytes; pp = &(*pp)->next) {}
@@ -23192,7 +23245,8 @@ static dtr__stage_blk *dtr__stage_get(dtr_comm *c, size_t bytes) {
     if (b) return b;
     if (!(b = (dtr__stage_blk *)dtr__malloc(&c->ep->alloc, sizeof(*b)))) return NULL;
     b->bytes = (bytes + 65535) / 65536 * 65536;
-    if (!(b->p = dtr__host_alloc(c->stage_ctx, b->bytes))) {
+    b->p = c->stage_to_dev ? ctx->backend->mem_alloc(ctx, b->bytes) : dtr__host_alloc(ctx, b->bytes);
+    if (!b->p) {
         dtr__free(&c->ep->alloc, b);
         return NULL;
     }
@@ -23210,36 +23264,44 @@ void dtr__stage_free_all(dtr_comm *c) {
     dtr__stage_blk *b, *n;
     for (b = c->stage_free; b; b = n) {
         n = b->next;
-        dtr__host_free(c->stage_ctx, b->p);
+        if (c->stage_to_dev) c->stage_ctx->backend->mem_free(c->stage_ctx, b->p);
+        else dtr__host_free(c->stage_ctx, b->p);
         dtr__free(&c->ep->alloc, b);
     }
     c->stage_free = NULL;
 }
 
+/* bytes from a user buffer to its image (in) or back (out): across the host-device line */
+static dtr_result dtr__stage_copy(dtr_comm *c, void *dst, const void *src, size_t bytes, int in) {
+    dtr_context *ctx = c->stage_ctx;
+    return in == c->stage_to_dev ? ctx->backend->from_host(ctx, dst, src, bytes) : ctx->backend->to_host(ctx, dst, src, bytes);
+}
+
 dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s) {
     size_t in, out, at;
     const char *src = (const char *)a->src;
-    char *dst = (char *)a->dst, *host;
-    int sdev, ddev, inside;
+    char *dst = (char *)a->dst, *img;
+    int sfor, dfor, inside;
     dtr_result r;
     memset(s, 0, sizeof(*s));
     if (!c->stage_ctx) return DTR_OK;
     dtr__stage_extents(c, a, &in, &out);
-    ddev = out && dtr__stage_owned(c, dst);
-    inside = ddev && src >= dst && src < dst + out;
-    sdev = !inside && in && dtr__stage_owned(c, src);
-    if (!ddev && !sdev) return DTR_OK;
-    at = ddev ? (out + 63) / 64 * 64 : 0;   /* the input's image after the output's */
-    if (!(s->blk = dtr__stage_get(c, at + (sdev ? in : 0))))
-        return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes of host staging", at + in);
-    host = (char *)s->blk->p;
-    if (ddev) s->dev_dst = dst, s->host_dst = host, s->dst_bytes = out, a->dst = host;
-    if (inside || sdev) a->src = inside ? host + (src - dst) : host + at;
-    r = in && (inside || sdev) ? c->stage_ctx->backend->to_host(c->stage_ctx, (void *)a->src, src, in) : DTR_OK;
+    dfor = out && dtr__stage_foreign(c, dst);
+    inside = dfor && src >= dst && src < dst + out;
+    sfor = !inside && in && dtr__stage_foreign(c, src);
+    if (!dfor && !sfor) return DTR_OK;
+    at = dfor ? (out + 255) / 256 * 256 : 0;   /* the input's image after the output's */
+    if (!(s->blk = dtr__stage_get(c, at + (sfor ? in : 0))))
+        return dtr__comm_fail(c, a, DTR_OUT_OF_MEMORY, -1, 0, "out of memory for %zu bytes of staging", at + in);
+    img = (char *)s->blk->p;
+    if (dfor) s->user_dst = dst, s->img_dst = img, s->dst_bytes = out, a->dst = img;
+    if (inside || sfor) a->src = inside ? img + (src - dst) : img + at;
+    r = in && (inside || sfor) ? dtr__stage_copy(c, (void *)a->src, src, in, 1) : DTR_OK;
     if (r != DTR_OK) {
         dtr__stage_put(c, s->blk);
         s->blk = NULL;
-        return dtr__comm_fail(c, a, r, -1, 0, "copying a device buffer to the host: %s", dtr_context_last_error(c->stage_ctx));
+        return dtr__comm_fail(c, a, r, -1, 0, "staging a buffer (%s): %s", c->stage_to_dev ? "host to device" : "device to host",
+                              dtr_context_last_error(c->stage_ctx));
     }
     return DTR_OK;
 }
@@ -23247,15 +23309,15 @@ dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s) {
 dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_result r) {
     dtr_result cr = DTR_OK;
     if (!s->blk) return r;
-    if (r == DTR_OK && s->dev_dst)
-        cr = c->stage_ctx->backend->from_host(c->stage_ctx, s->dev_dst, s->host_dst, s->dst_bytes);
+    if (r == DTR_OK && s->user_dst) cr = dtr__stage_copy(c, s->user_dst, s->img_dst, s->dst_bytes, 0);
     dtr__stage_put(c, s->blk);
     memset(s, 0, sizeof(*s));
     if (cr != DTR_OK)
-        return dtr__comm_fail(c, a, cr, -1, 0, "copying the result to the device: %s", dtr_context_last_error(c->stage_ctx));
+        return dtr__comm_fail(c, a, cr, -1, 0, "copying the result back (%s): %s",
+                              c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23259 "dtrain.h"
+#line 23321 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23634,7 +23696,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23638 "dtrain.h"
+#line 23700 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23650,8 +23712,10 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * backward (overlapped); stage 1 once, over the whole buffer, in dtr_dp_finish. Each rank
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
- * gradients (not the average). The buffers are host memory: the model's, or for a model on a
- * device the engine's staging copies. With compress BF16 / FP16 the slices travel in 16 bits
+ * gradients (not the average). The buffers are the group's memory: the model's on the host;
+ * for a model on a device the engine's host staging copies over a host transport, or the
+ * device buffers themselves over a device transport (NCCL: the slots in device memory, the
+ * sums by the backend's reduce, 32-bit slices only). With compress BF16 / FP16 the slices travel in 16 bits
  * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
  * sum; the parameters' gather stays f32, so every rank holds the same weights.
  * ==========================================================================*/
@@ -23669,6 +23733,7 @@ struct dtr__zero {
     dtr_comm *c;
     dtr_context *ctx;
     int W, me, stage;
+    int dev;                 /* the group's buffers are device memory (NCCL): recv too, summed by the backend */
     int64_t *shard;          /* W + 1 offsets */
     float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
     dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
@@ -23707,7 +23772,9 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     ok = ok && z->req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
-        z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
+        size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
+        z->dev = c->mem_ctx != NULL;   /* a group of device memory: the slots on the device */
+        z->recv = (float *)(z->dev ? ctx->backend->mem_alloc(ctx, bytes) : dtr__calloc(&ctx->alloc, bytes));
         ok = z->recv != NULL;
         if (ok && z->wire != DTR_F32) {
             z->out16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
@@ -23743,7 +23810,8 @@ void dtr__zero_destroy(dtr__zero *z) {
     a = z->ctx->alloc;
     if (z->req) dtr__zero_wait(z);
     dtr__free(&a, z->req);
-    dtr__free(&a, z->recv);
+    if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
+    else dtr__free(&a, z->recv);
     dtr__free(&a, z->out16);
     dtr__free(&a, z->in16);
     dtr__free(&a, z->shard);
@@ -23792,6 +23860,14 @@ static const float *dtr__zero_part(dtr__zero *z, const float *g, int p) {
     return p == z->me ? g + b : dtr__zero_slot(z, p, b);
 }
 
+/* out = x + y over n floats (then / div when div > 1): on the host, or the backend's for slots
+   on the device */
+static dtr_result dtr__zero_add(dtr__zero *z, float *out, const float *x, const float *y, int64_t n, int div) {
+    if (z->dev) return z->ctx->backend->reduce(z->ctx, out, x, y, (size_t)n, DTR_F32, (int)DTR_REDUCE_AVG, div);
+    dtr__comm_reduce(out, x, y, (size_t)n, DTR_F32, DTR_REDUCE_AVG, div);
+    return DTR_OK;
+}
+
 dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
     float *g = grads + b, *acc;
@@ -23802,9 +23878,10 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
-    for (p = 1; p < z->W; p++)
-        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), (size_t)n,
-                         DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
+    for (p = 1; p < z->W && r == DTR_OK && n > 0; p++)
+        r = dtr__zero_add(z, p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), n,
+                          p == z->W - 1 ? z->W : 1);
+    if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: summing the shard on the device", z->stage);   /* (the backend's first) */
     st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * dtr_dtype_size(z->wire);
     st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
     return DTR_OK;
@@ -23839,7 +23916,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23843 "dtrain.h"
+#line 23920 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -23864,7 +23941,8 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
- * buckets are reduced where they are (plain all-reduce only); with one of host memory
+ * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
+ * averages the device parameters (no compression: the codecs run on the host); with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -24051,10 +24129,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
                          "in 16 bits), and no local SGD (the shards' optimizer needs every step's gradients)", cfg->zero);
-    if (c->mem_ctx && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) this version does plain "
-                         "all-reduce only; ZeRO, compression and local SGD take a host-memory transport (libfabric, "
-                         "local), through host staging", dtr_comm_transport_name(c));
+    if (c->mem_ctx && cfg->compress != DTR_COMPRESS_NONE)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) gradients travel in "
+                         "f32 (the codecs run on the host: take a host-memory transport, libfabric or local, through "
+                         "host staging)", dtr_comm_transport_name(c));
     if (c->mem_ctx && c->mem_ctx != ctx)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
     if (c->mem_ctx && dtr__host_memory(ctx))
@@ -24311,7 +24389,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24315 "dtrain.h"
+#line 24393 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24805,7 +24883,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24809 "dtrain.h"
+#line 24887 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26180,7 +26258,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26184 "dtrain.h"
+#line 26262 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26234,7 +26312,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26238 "dtrain.h"
+#line 26316 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27397,7 +27475,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27401 "dtrain.h"
+#line 27479 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28287,7 +28365,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28291 "dtrain.h"
+#line 28369 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29765,7 +29843,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29769 "dtrain.h"
+#line 29847 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30149,7 +30227,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30153 "dtrain.h"
+#line 30231 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30298,7 +30376,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30302 "dtrain.h"
+#line 30380 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -17,6 +17,7 @@
  * Needs DTRAIN_INTERNAL_API before test.h (the CPU backend's vtable). */
 #ifndef DTRAIN_TEST_DEVSIM_H
 #define DTRAIN_TEST_DEVSIM_H
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -40,12 +41,21 @@ typedef struct devsim_state {
 
 static int devsim__violations;
 static int devsim_async_copies, devsim_async_early;   /* copies queued; queries answered "not yet" */
+/* 1 (set before any context is made): the blocks stay readable and writable, for a test
+   transport that stands in for a device transport (NCCL) and so reads device buffers itself;
+   the copies' checks and the backend's `owns` still tell device memory from host memory */
+static int devsim_open;
+/* the block lists: a group's progress thread may call the backend (reduce) beside the rank */
+static pthread_mutex_t devsim__mu = PTHREAD_MUTEX_INITIALIZER;
 
 static devsim_state *devsim__st(dtr_context *ctx) { return (devsim_state *)ctx->backend_state; }
 
 static void devsim__protect(devsim_state *s, int open) {
     int i;
+    if (devsim_open) return;
+    pthread_mutex_lock(&devsim__mu);
     for (i = 0; i < s->n; i++) mprotect(s->b[i].p, s->b[i].mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
+    pthread_mutex_unlock(&devsim__mu);
 }
 
 static void devsim__land_to_dev(dtr_context *ctx, long upto);
@@ -65,12 +75,14 @@ static void devsim__leave(dtr_context *ctx) {
 /* 1 when [p, p + bytes) lies inside one of ctx's blocks */
 static int devsim__owns(dtr_context *ctx, const void *p, size_t bytes) {
     devsim_state *s = devsim__st(ctx);
-    int i;
-    for (i = 0; i < s->n; i++) {
+    int i, in = 0;
+    pthread_mutex_lock(&devsim__mu);
+    for (i = 0; i < s->n && !in; i++) {
         const char *a = (const char *)s->b[i].p;
-        if ((const char *)p >= a && (const char *)p + bytes <= a + s->b[i].bytes) return 1;
+        in = (const char *)p >= a && (const char *)p + bytes <= a + s->b[i].bytes;
     }
-    return 0;
+    pthread_mutex_unlock(&devsim__mu);
+    return in;
 }
 
 static void devsim__violation(const char *what, const void *p, size_t bytes) {
@@ -99,31 +111,44 @@ static void devsim__shutdown(dtr_context *ctx, void *state) {
 static void *devsim__alloc(dtr_context *ctx, size_t bytes) {
     devsim_state *s = devsim__st(ctx);
     size_t page = (size_t)sysconf(_SC_PAGESIZE), mapped = ((bytes ? bytes : 1) + page - 1) / page * page;
-    void *p;
+    void *p = mmap(NULL, mapped, s->depth || devsim_open ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    pthread_mutex_lock(&devsim__mu);
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 32;
         devsim_block *nb = (devsim_block *)realloc(s->b, (size_t)cap * sizeof *nb);
-        if (!nb) return NULL;
+        if (!nb) {
+            pthread_mutex_unlock(&devsim__mu);
+            munmap(p, mapped);
+            return NULL;
+        }
         s->b = nb;
         s->cap = cap;
     }
-    p = mmap(NULL, mapped, s->depth ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
     s->b[s->n].p = p;
     s->b[s->n].bytes = bytes;
     s->b[s->n].mapped = mapped;
     s->n++;
+    pthread_mutex_unlock(&devsim__mu);
     return p;
 }
 
 static void devsim__free(dtr_context *ctx, void *p) {
     devsim_state *s = devsim__st(ctx);
     int i;
+    size_t mapped;
     if (!p) return;
+    pthread_mutex_lock(&devsim__mu);
     for (i = 0; i < s->n && s->b[i].p != p; i++) {}
-    if (i == s->n) { devsim__violation("free of memory that is not a device block", p, 0); return; }
-    munmap(p, s->b[i].mapped);
+    if (i == s->n) {
+        pthread_mutex_unlock(&devsim__mu);
+        devsim__violation("free of memory that is not a device block", p, 0);
+        return;
+    }
+    mapped = s->b[i].mapped;
     s->b[i] = s->b[--s->n];
+    pthread_mutex_unlock(&devsim__mu);
+    munmap(p, mapped);
 }
 
 static dtr_result devsim__memset0(dtr_context *ctx, void *dst, size_t bytes) {
@@ -148,6 +173,16 @@ static dtr_result devsim__copy(dtr_context *ctx, void *dst, const void *src, siz
     devsim__leave(ctx);
     return r;
 }
+/* backend slot copy: device to device, both inside ctx's blocks */
+static dtr_result devsim__dcopy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    if (bytes && (!devsim__owns(ctx, dst, bytes) || !devsim__owns(ctx, src, bytes)))
+        devsim__violation("copy outside the device blocks", !devsim__owns(ctx, dst, bytes) ? dst : src, bytes);
+    devsim__enter(ctx);
+    memmove(dst, src, bytes);
+    devsim__leave(ctx);
+    return DTR_OK;
+}
+
 static dtr_result devsim__to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
     return devsim__copy(ctx, dst, src, bytes, 1);
 }
@@ -272,7 +307,7 @@ static const dtr_backend devsim__vt = {
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
     devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
-    devsim__from_host_async, devsim__owns_ptr};
+    devsim__from_host_async, devsim__owns_ptr, devsim__dcopy};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

@@ -23,6 +23,7 @@ typedef struct rk_thread {
     rk_fn fn;
     dtr_local_world *w;
     const dtr_backend *be;
+    const dtr_transport_vtable *vt;   /* NULL: the local transport */
     dtr_mem_kind mem;
     pthread_t tid;
 } rk_thread;
@@ -37,6 +38,7 @@ static void *rk_main(void *p) {
         rk_close(r);
         return NULL;
     }
+    cfg.transport_vtable = t->vt;
     cfg.local.world = t->w;
     cfg.local.rank = r->rank;
     cfg.memory = t->mem;
@@ -53,9 +55,9 @@ static void *rk_main(void *p) {
     return NULL;
 }
 
-/* fn on n rank threads, each with a context of backend `be` and a group of memory `mem`;
-   the total of failed checks */
-static int run_rk(int n, const dtr_backend *be, dtr_mem_kind mem, rk_fn fn, void *arg) {
+/* fn on n rank threads, each with a context of backend `be` and a group of memory `mem` over
+   transport vt (NULL: local); the total of failed checks */
+static int run_rk_on(int n, const dtr_backend *be, const dtr_transport_vtable *vt, dtr_mem_kind mem, rk_fn fn, void *arg) {
     rk_thread t[4];
     dtr_local_world *w = NULL;
     int i, fails = 0;
@@ -63,7 +65,7 @@ static int run_rk(int n, const dtr_backend *be, dtr_mem_kind mem, rk_fn fn, void
     memset(t, 0, sizeof t);
     for (i = 0; i < n; i++) {
         t[i].r.rank = i, t[i].r.size = n, t[i].r.arg = arg;
-        t[i].fn = fn, t[i].w = w, t[i].be = be, t[i].mem = mem;
+        t[i].fn = fn, t[i].w = w, t[i].be = be, t[i].vt = vt, t[i].mem = mem;
     }
     for (i = 0; i < n; i++) pthread_create(&t[i].tid, NULL, rk_main, &t[i]);
     for (i = 0; i < n; i++) pthread_join(t[i].tid, NULL);
@@ -71,6 +73,8 @@ static int run_rk(int n, const dtr_backend *be, dtr_mem_kind mem, rk_fn fn, void
     dtr_local_world_destroy(w);
     return fails;
 }
+
+#define run_rk(n, be, mem, fn, arg) run_rk_on((n), (be), NULL, (mem), (fn), (arg))
 
 static void test_collectives(void) {
     int w;
@@ -109,39 +113,183 @@ static void test_async_p2p(void) {
     CHECK_EQ_INT(devsim__violations, 0);
 }
 
-/* ---- the data-parallel engine over a staged group ----
- * ranks on the simulated device over a staged group against ranks on the CPU over a host
- * group (devsim runs the CPU's kernels: the same bits) */
+/* ---- a device transport (NCCL's stand-in) ----
+ * The local transport declared to take device memory only, as NCCL does, with every buffer
+ * it is handed checked to lie in its rank's device blocks (NCCL takes no host pointer); the
+ * blocks stay open (devsim_open) because this transport copies them itself. Collectives
+ * through the group's algorithms (scratch and copies on the device, sums by the backend),
+ * host buffers staged to the device, ZeRO and local SGD over it. */
 
-static float g_dp_params[2][2][IN * HID + HID + HID * OUT + OUT + 64];   /* [staged?][rank] */
+#define MAX_EP 16
+static struct { void *state; dtr_context *ctx; } g_ep[MAX_EP];
+static int g_nep, g_host_bufs, g_reduces, g_copies;
+static pthread_mutex_t g_ep_mu = PTHREAD_MUTEX_INITIALIZER;
+static dtr_transport_vtable g_devt;
+static dtr_backend g_counting;
+
+static dtr_result devt_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err, size_t errlen) {
+    dtr_result r = dtr_local_transport()->open(cfg, state, info, err, errlen);
+    pthread_mutex_lock(&g_ep_mu);
+    if (r == DTR_OK && g_nep < MAX_EP) g_ep[g_nep].state = *state, g_ep[g_nep++].ctx = cfg->context;
+    pthread_mutex_unlock(&g_ep_mu);
+    return r;
+}
+
+static void devt_close(void *state) {
+    int i;
+    pthread_mutex_lock(&g_ep_mu);
+    for (i = 0; i < g_nep; i++)
+        if (g_ep[i].state == state) g_ep[i] = g_ep[--g_nep];
+    pthread_mutex_unlock(&g_ep_mu);
+    dtr_local_transport()->close(state);
+}
+
+/* a buffer handed to the transport: device memory of the rank's context, or counted */
+static void devt_check(void *state, const void *buf, size_t bytes) {
+    dtr_context *ctx = NULL;
+    int i;
+    pthread_mutex_lock(&g_ep_mu);
+    for (i = 0; i < g_nep; i++)
+        if (g_ep[i].state == state) ctx = g_ep[i].ctx;
+    pthread_mutex_unlock(&g_ep_mu);
+    if (bytes && (!ctx || !devsim__owns(ctx, buf, bytes))) __atomic_add_fetch(&g_host_bufs, 1, __ATOMIC_RELAXED);
+}
+
+static dtr_result devt_isend(void *state, const void *buf, size_t bytes, int dst, uint64_t tag, void **req,
+                             dtr_transport_error *err) {
+    devt_check(state, buf, bytes);
+    return dtr_local_transport()->isend(state, buf, bytes, dst, tag, req, err);
+}
+static dtr_result devt_irecv(void *state, void *buf, size_t bytes, int src, uint64_t tag, void **req,
+                             dtr_transport_error *err) {
+    devt_check(state, buf, bytes);
+    return dtr_local_transport()->irecv(state, buf, bytes, src, tag, req, err);
+}
+
+static dtr_result counting_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
+                                  int div) {
+    __atomic_add_fetch(&g_reduces, 1, __ATOMIC_RELAXED);
+    return devsim_backend()->reduce(ctx, out, a, b, n, dt, op, div);
+}
+
+static dtr_result counting_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    __atomic_add_fetch(&g_copies, 1, __ATOMIC_RELAXED);
+    return devsim_backend()->copy(ctx, dst, src, bytes);
+}
+
+static void devt_setup(void) {
+    devsim_open = 1;
+    g_devt = *dtr_local_transport();
+    g_devt.name = "local-device";
+    g_devt.mem_kinds = DTR_MEM_DEVICE;
+    g_devt.open = devt_open;
+    g_devt.close = devt_close;
+    g_devt.isend = devt_isend;
+    g_devt.irecv = devt_irecv;
+    g_counting = *devsim_backend();
+    g_counting.reduce = counting_reduce;
+    g_counting.copy = counting_copy;
+    g_nep = g_host_bufs = g_reduces = g_copies = 0;
+}
+
+static void test_device_transport(void) {
+    int w;
+    devt_setup();
+    CHECK_EQ_INT(run_rk_on(1, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_collectives, NULL), 0);
+    CHECK(g_copies > 0);    /* a group of one copies on the device */
+    for (w = 2; w <= 4; w++) CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_collectives, NULL), 0);
+    CHECK(g_reduces > 0);   /* the algorithms' sums ran on the backend */
+    CHECK_EQ_INT(run_rk_on(3, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_async, NULL), 0);
+    CHECK_EQ_INT(g_host_bufs, 0);   /* host buffers (the reference calls, split's table) went through device images */
+    CHECK_EQ_INT(devsim__violations, 0);
+}
+
+/* ---- the data-parallel engine over such groups ---- */
+
+#define NPAR (IN * HID + HID + HID * OUT + OUT + 64)
+
+/* a data-parallel run: the MLP on the rank's context (dev) or a CPU one, SGD with momentum or
+   AdamW, clipping by global norm, ZeRO stage `zero` or local SGD every `local_sgd` steps */
+typedef struct dp_case {
+    int dev, zero, local_sgd;
+    dtr_optimizer_kind kind;
+    float out[4][NPAR];   /* each rank's parameters after the run */
+} dp_case;
 
 static void rk_dp(rk *r) {
-    int staged = *(int *)r->arg, t;
-    mlp n;
+    dp_case *dc = (dp_case *)r->arg;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(dc->kind, dc->kind == DTR_OPT_SGD ? 0.05f : 0.01f);
+    dtr_dp_config pc = dtr_dp_config_init();
     dtr_dp *dp = NULL;
-    RK_CHECK(r, staged ? mlp_init_on(&n, devsim_context(), 5, 1) : mlp_init(&n, 5, 1));
-    RK_OK(r, dtr_dp_create(n.m, r->c, NULL, &dp));
-    for (t = 0; t < 6 && dp; t++) {
+    mlp n;
+    int t;
+    RK_CHECK(r, dc->dev ? mlp_init_on(&n, r->ctx, 5, 1) : mlp_init(&n, 5, 1));
+    dtr_optimizer_destroy(n.opt);
+    n.opt = NULL;
+    oc.momentum = dc->kind == DTR_OPT_SGD ? 0.9f : 0.0f;
+    oc.clip_norm = 0.5f;
+    pc.bucket_bytes = 512;
+    pc.zero = dc->zero;
+    pc.local_sgd_every = dc->local_sgd;
+    RK_OK(r, dtr_dp_create(n.m, r->c, &pc, &dp));
+    if (dp) RK_OK(r, dtr_dp_shard_optimizer(dp, &oc));
+    RK_OK(r, dtr_optimizer_create(n.m, &oc, &n.opt));
+    for (t = 0; t < 8 && dp && n.opt; t++) {
         RK_OK(r, mlp_backward(&n, t, r->rank * 8, 8));
         RK_OK(r, dtr_dp_finish(dp));
         RK_OK(r, dtr_optimizer_step(n.opt, NULL));
         RK_OK(r, dtr_dp_step_done(dp));
-        dtr_model_zero_grad(n.m);
         dtr_context_reset(n.ctx);
     }
-    RK_CHECK(r, dtr_model_numel(n.m) <= (int64_t)(sizeof g_dp_params[0][0] / sizeof(float)));
-    RK_OK(r, dtr_model_read(n.m, g_dp_params[staged][r->rank], dtr_model_numel(n.m)));
+    RK_CHECK(r, dtr_model_numel(n.m) <= NPAR);
+    RK_OK(r, dtr_model_read(n.m, dc->out[r->rank], dtr_model_numel(n.m)));
     dtr_dp_destroy(dp);
-    mlp_free(&n);
+    if (!dc->dev) {
+        mlp_free(&n);
+        return;
+    }
+    dtr_optimizer_destroy(n.opt);   /* the context is the rank's */
+    dtr_model_destroy(n.m);
 }
 
+/* ranks on the simulated device over a staged group against ranks on the CPU over a host
+ * group (devsim runs the CPU's kernels: the same bits) */
 static void test_dp_over_staged_group(void) {
-    int staged = 1, host = 0;
-    CHECK_EQ_INT(run_rk(2, devsim_backend(), DTR_MEM_DEVICE, rk_dp, &staged), 0);
-    CHECK_EQ_INT(run_rk(2, devsim_backend(), DTR_MEM_HOST, rk_dp, &host), 0);
-    CHECK(memcmp(g_dp_params[1], g_dp_params[0], sizeof g_dp_params[0]) == 0);
-    CHECK(rel_err(g_dp_params[1][0], g_dp_params[0][0], IN * HID) == 0.0);
-    CHECK(memcmp(g_dp_params[1][0], g_dp_params[1][1], sizeof g_dp_params[0][0]) == 0);
+    static dp_case dev, cpu;
+    memset(&dev, 0, sizeof dev);
+    dev.dev = 1, dev.kind = DTR_OPT_SGD;
+    cpu = dev;
+    cpu.dev = 0;
+    CHECK_EQ_INT(run_rk(2, devsim_backend(), DTR_MEM_DEVICE, rk_dp, &dev), 0);
+    CHECK_EQ_INT(run_rk(2, devsim_backend(), DTR_MEM_HOST, rk_dp, &cpu), 0);
+    CHECK(memcmp(dev.out, cpu.out, sizeof dev.out) == 0);
+    CHECK(rel_err(dev.out[0], cpu.out[0], IN * HID) == 0.0 && memcmp(dev.out[0], dev.out[1], sizeof dev.out[0]) == 0);
+    CHECK_EQ_INT(devsim__violations, 0);
+}
+
+/* ZeRO-1 and ZeRO-2 (SGD with momentum, AdamW; clipping by the norm summed over the shards)
+ * and local SGD over the device transport, against the same on CPU ranks over a host group:
+ * the same bits; the shards' sums on the backend, every buffer on the device */
+static void test_device_dp(void) {
+    static dp_case dev, cpu;
+    static const dtr_optimizer_kind kinds[2] = {DTR_OPT_SGD, DTR_OPT_ADAMW};
+    int w, k, z;
+    devt_setup();
+    for (w = 2; w <= 3; w++)
+        for (k = 0; k < 2; k++)
+            for (z = 0; z <= 3; z++) {   /* 0: plain, 1 and 2: ZeRO, 3: local SGD every 2 steps */
+                memset(&dev, 0, sizeof dev);
+                dev.dev = 1, dev.kind = kinds[k], dev.zero = z < 3 ? z : 0, dev.local_sgd = z == 3 ? 2 : 0;
+                cpu = dev;
+                cpu.dev = 0;
+                g_reduces = 0;
+                CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
+                CHECK_MSG(z == 0 || z == 3 || g_reduces >= 8 * (w - 1), "ZeRO-%d: %d sums on the backend", z, g_reduces);
+                CHECK_EQ_INT(run_rk(w, devsim_backend(), DTR_MEM_HOST, rk_dp, &cpu), 0);
+                CHECK_MSG(memcmp(dev.out, cpu.out, sizeof dev.out) == 0, "world %d optimizer %d mode %d: %g off the CPU", w,
+                          (int)kinds[k], z, rel_err(dev.out[0], cpu.out[0], NPAR));
+            }
+    CHECK_EQ_INT(g_host_bufs, 0);
     CHECK_EQ_INT(devsim__violations, 0);
 }
 
@@ -168,7 +316,7 @@ static void rk_copy_fails(rk *r) {
     tl_fail_copy = 0;
     if (r->rank == 1) {
         RK_CHECK(r, res == DTR_DEVICE_ERROR);
-        RK_CHECK(r, strstr(dtr_comm_last_error(r->c), "copying a device buffer to the host") != NULL);
+        RK_CHECK(r, strstr(dtr_comm_last_error(r->c), "staging a buffer (device to host)") != NULL);
     } else {
         RK_CHECK(r, res == DTR_PEER_FAILED);
         RK_CHECK(r, dtr_comm_failed_rank(r->c) == 1);
@@ -209,5 +357,7 @@ int main(void) {
     RUN(test_async_p2p);
     RUN(test_dp_over_staged_group);
     RUN(test_errors);
+    RUN(test_device_transport);   /* (these leave the blocks open: devsim_open) */
+    RUN(test_device_dp);
     return test_summary();
 }

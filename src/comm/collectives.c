@@ -96,6 +96,20 @@ dtr_result dtr__coll_reduce(dtr_comm *c, void *out, const void *x, const void *y
     return DTR_OK;
 }
 
+/* bytes from src to dst in the memory of the group's buffers (memcpy, or the backend's copy) */
+static dtr_result dtr__coll_copy(dtr_comm *c, const dtr__coll *a, void *dst, const void *src, size_t bytes) {
+    dtr_result r;
+    if (!bytes || dst == src) return DTR_OK;
+    if (!c->mem_ctx) {
+        memcpy(dst, src, bytes);
+        return DTR_OK;
+    }
+    if ((r = dtr__mem_copy(c->mem_ctx, dst, src, bytes)) != DTR_OK)
+        return dtr__comm_fail(c, a, r, -1, 0, "the %s backend's copy failed: %s", c->mem_ctx->backend->name,
+                              dtr_context_last_error(c->mem_ctx));
+    return DTR_OK;
+}
+
 /* ---- helpers ---- */
 
 /* what the step that completes an average divides by (1 for other reductions) */
@@ -180,7 +194,7 @@ static dtr_result dtr__all_reduce_rd(dtr_comm *c, const dtr__coll *a) {
     m = N - p;
     tmp = (char *)dtr__comm_scratch(c, bytes);
     if (!tmp) return dtr__oom(c, a, bytes);
-    if (a->src != a->dst) memcpy(dst, a->src, bytes);
+    if ((res = dtr__coll_copy(c, a, dst, a->src, bytes)) != DTR_OK) return res;
     /* fold: ranks 2i hand their data to 2i+1 (i < m) */
     if (r < 2 * m) {
         if (r % 2 == 0) {
@@ -342,10 +356,7 @@ static dtr_result dtr__reduce_scatter_ring(dtr_comm *c, const dtr__coll *a) {
     const char *src = (const char *)a->src;
     char *buf[2];
     dtr_result res;
-    if (N == 1) {
-        memcpy(a->dst, a->src, bytes);
-        return DTR_OK;
-    }
+    if (N == 1) return dtr__coll_copy(c, a, a->dst, a->src, bytes);
     buf[0] = (char *)dtr__comm_scratch(c, 2 * bytes);
     if (!buf[0]) return dtr__oom(c, a, 2 * bytes);
     buf[1] = buf[0] + bytes;
@@ -371,7 +382,7 @@ static dtr_result dtr__all_gather_ring(dtr_comm *c, const dtr__coll *a) {
     size_t es = dtr_dtype_size(a->dtype), bytes = a->count * es;
     char *dst = (char *)a->dst;
     dtr_result res;
-    if (a->src != dst + (size_t)r * bytes) memcpy(dst + (size_t)r * bytes, a->src, bytes);
+    if ((res = dtr__coll_copy(c, a, dst + (size_t)r * bytes, a->src, bytes)) != DTR_OK) return res;
     for (s = 0; s < N - 1; s++) {
         int ks = dtr__mod(r - s, N), kr = dtr__mod(r - s - 1, N);
         res = dtr__comm_sendrecv(c, a, dst + (size_t)ks * bytes, bytes, right, dst + (size_t)kr * bytes, bytes, left,
@@ -435,7 +446,7 @@ static dtr_result dtr__coll_exec(dtr_comm *c, const dtr__coll *in) {
     int used = 0;
     if (c->size == 1) { /* no communication: copy (and an average over one rank is the value) */
         if (a->kind == DTR__OP_ALL_REDUCE || a->kind == DTR__OP_REDUCE_SCATTER || a->kind == DTR__OP_ALL_GATHER)
-            if (a->src != a->dst && a->count) memcpy(a->dst, a->src, a->count * es);
+            return dtr__coll_copy(c, a, a->dst, a->src, a->count * es);
         return DTR_OK;
     }
     if (a->count == 0 && a->kind != DTR__OP_BARRIER) return DTR_OK;   /* the same on every rank */

@@ -281,12 +281,18 @@ static dtr_result dtr__comm_check_memory(const dtr_comm_config *cfg, const dtr_t
                      "from the host's (no `owns` slot) for staging" : "");
 }
 
-/* the group's memory: the transport's own (mem_ctx), or staged device memory (stage_ctx) */
+/* the group's memory: device memory the transport takes (mem_ctx; host buffers staged to
+   the device when it takes no host memory), or device memory staged to the host (stage_ctx) */
 static void dtr__comm_set_memory(dtr_comm *c, const dtr_comm_config *cfg) {
     unsigned kinds = c->ep->vt->mem_kinds ? c->ep->vt->mem_kinds : (unsigned)DTR_MEM_HOST;
+    dtr_context *ctx = cfg->context;
     if (cfg->memory != DTR_MEM_DEVICE) return;
-    if (kinds & (unsigned)DTR_MEM_DEVICE) c->mem_ctx = cfg->context;
-    else if (!dtr__host_memory(cfg->context)) c->stage_ctx = cfg->context;   /* a CPU's "device" is the host */
+    if (kinds & (unsigned)DTR_MEM_DEVICE) {
+        c->mem_ctx = ctx;
+        if (!(kinds & (unsigned)DTR_MEM_HOST) && ctx->backend->owns) c->stage_ctx = ctx, c->stage_to_dev = 1;
+    } else if (!dtr__host_memory(ctx)) {
+        c->stage_ctx = ctx;   /* (a CPU's "device" memory is the host's) */
+    }
 }
 
 dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err, size_t errlen) {
@@ -368,6 +374,14 @@ dtr_result dtr_comm_create(const dtr_comm_config *cfg, dtr_comm **out, char *err
     return DTR_OK;
 }
 
+/* the scratch's memory: the host's, or a device group's backend's */
+static void dtr__scratch_free(dtr_comm *c) {
+    if (c->scratch && c->mem_ctx) c->mem_ctx->backend->mem_free(c->mem_ctx, c->scratch);
+    else dtr__free(&c->ep->alloc, c->scratch);
+    c->scratch = NULL;
+    c->scratch_cap = 0;
+}
+
 static void dtr__comm_stop_thread(dtr_comm *c) {
     int on;
     pthread_mutex_lock(&c->mu);
@@ -409,7 +423,7 @@ void dtr_comm_destroy(dtr_comm *c) {
     pthread_cond_destroy(&c->work_cv);
     pthread_cond_destroy(&c->done_cv);
     pthread_mutex_destroy(&c->mu);
-    dtr__free(&a, c->scratch);
+    dtr__scratch_free(c);
     dtr__free(&a, c->ranks);
     dtr__free(&a, c);
     dtr__endpoint_unref(ep);
@@ -605,9 +619,9 @@ dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf,
 
 void *dtr__comm_scratch(dtr_comm *c, size_t bytes) {
     if (bytes > c->scratch_cap) {
-        void *p = dtr__malloc(&c->ep->alloc, bytes);
+        void *p = c->mem_ctx ? c->mem_ctx->backend->mem_alloc(c->mem_ctx, bytes) : dtr__malloc(&c->ep->alloc, bytes);
         if (!p) return NULL;
-        dtr__free(&c->ep->alloc, c->scratch);
+        dtr__scratch_free(c);
         c->scratch = p;
         c->scratch_cap = bytes;
     }
@@ -1187,6 +1201,7 @@ dtr_result dtr_comm_split(dtr_comm *c, int color, int key, dtr_comm **out) {
     nc->ctx = ctx;
     nc->mem_ctx = c->mem_ctx;
     nc->stage_ctx = c->stage_ctx;
+    nc->stage_to_dev = c->stage_to_dev;
     nc->timeout_ms = c->timeout_ms;
     nc->algo = c->algo;
     nc->ring_threshold = c->ring_threshold;

@@ -84,19 +84,20 @@ typedef struct dtr__coll {
 
 enum { DTR__REQ_QUEUED = 0, DTR__REQ_RUNNING = 1, DTR__REQ_DONE = 2 };
 
-/** A page-locked host block of a group that stages device buffers (src/comm/stage.c). */
+/** A block of a group that stages buffers (src/comm/stage.c): page-locked host memory for
+ *  device buffers over a host transport, device memory for host buffers over a device one. */
 typedef struct dtr__stage_blk {
     struct dtr__stage_blk *next;
     void *p;
     size_t bytes;
 } dtr__stage_blk;
 
-/** What one operation staged: the block its host images live in, and the device
- *  destination filled from it once the operation completed (NULL: none). */
+/** What one operation staged: the block its images live in, and the caller's destination
+ *  filled from it once the operation completed (NULL: none). */
 typedef struct dtr__staged {
     dtr__stage_blk *blk;
-    void *dev_dst;
-    const void *host_dst;
+    void *user_dst;        /* the caller's destination, of the kind the transport does not take */
+    const void *img_dst;   /* its image in blk */
     size_t dst_bytes;
 } dtr__staged;
 
@@ -127,9 +128,11 @@ struct dtr_comm {
     int hier_on;               /* and hierarchical differs from flat (several hosts, one of
                                   several ranks, host memory): the same on every rank */
     dtr_context *mem_ctx;      /* buffers in this context's backend memory (cfg.memory device); NULL: host */
-    dtr_context *stage_ctx;    /* cfg.memory device over a host-memory transport: buffers in this
-                                  context's device memory are staged (stage.c); NULL: none */
-    dtr__stage_blk *stage_free;  /* its page-locked blocks not in use (under mu) */
+    dtr_context *stage_ctx;    /* buffers of the kind the transport does not take are staged through
+                                  this context's backend (stage.c); NULL: none */
+    int stage_to_dev;          /* 1: host buffers to device images (a device transport); 0: device
+                                  buffers to host images (cfg.memory device over a host transport) */
+    dtr__stage_blk *stage_free;  /* its blocks not in use (under mu) */
     /* configuration */
     int timeout_ms;
     int algo;                  /* dtr_allreduce_algo */
@@ -156,7 +159,7 @@ struct dtr_comm {
     dtr_request *free_reqs;
     int live_reqs;             /* requests handed out and not yet freed */
     dtr__flight flight;        /* the last operations (src/comm/flight.c) */
-    /* scratch of the algorithms: used by one operation at a time (queue rule) */
+    /* scratch of the algorithms, in the buffers' memory: used by one operation at a time (queue rule) */
     void *scratch;
     size_t scratch_cap;
 };
@@ -212,7 +215,8 @@ DTR__PRIVATE dtr_result dtr__comm_fail(dtr_comm *c, const dtr__coll *a, dtr_resu
                           const char *fmt, ...) DTR__PRINTF(6, 7);
 /** "all_reduce", "broadcast", ... */
 DTR__PRIVATE const char *dtr__coll_name(int kind);
-/** Scratch of at least `bytes` (grows, kept); NULL on OOM. */
+/** Scratch of at least `bytes` (grows, kept) in the memory of the group's buffers (the
+ *  backend's for a group of device memory); NULL on OOM. */
 DTR__PRIVATE void *dtr__comm_scratch(dtr_comm *c, size_t bytes);
 /** Runs one collective on the calling thread, blocking until done or its deadline. */
 DTR__PRIVATE dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a);
@@ -237,11 +241,11 @@ DTR__PRIVATE dtr_result dtr__comm_waitall(dtr_comm *c, const dtr__coll *a, void 
 DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, const void *sbuf, size_t sbytes, int to, void *rbuf,
                               size_t rbytes, int from, uint32_t step);
 
-/* ---- device buffers over a host-memory transport (src/comm/stage.c) ---- */
-/** Operation a of group c is prepared: when c stages device memory, its buffers that lie
- *  there are copied to a page-locked host block (the input part; ordered after the work
- *  queued on the context's stream) and a's pointers moved onto the block; s says what to
- *  copy back. Nothing to do: s empty, DTR_OK. A failed copy or allocation is recorded on the
+/* ---- buffers of the other memory kind (src/comm/stage.c) ---- */
+/** Operation a of group c is prepared: when c stages, its buffers of the kind the transport
+ *  does not take get images in a block of the other kind (the input copied there, ordered
+ *  after the work queued on the context's stream) and a's pointers move onto the block; s
+ *  says what to copy back. Nothing to do: s empty, DTR_OK. A failed copy or allocation is recorded on the
  *  group; the caller has not started the operation. */
 DTR__PRIVATE dtr_result dtr__stage_in(dtr_comm *c, dtr__coll *a, dtr__staged *s);
 /** The operation of s ended with r: when r is DTR_OK its result goes back to the device

@@ -117,5 +117,6 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
+    NULL,
     NULL
 };

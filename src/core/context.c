@@ -441,6 +441,15 @@ dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size
     return ctx->backend->to_host(ctx, dst, src, bytes);
 }
 
+dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    if (!bytes || dst == src) return DTR_OK;
+    if (ctx->backend->copy) return ctx->backend->copy(ctx, dst, src, bytes);
+    if (!dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "backend '%s' has no device-to-device copy", ctx->backend->name);
+    memmove(dst, src, bytes);
+    return DTR_OK;
+}
+
 dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
     *done = NULL;
     if (ctx->backend->from_host_async) return ctx->backend->from_host_async(ctx, dst, src, bytes, done);

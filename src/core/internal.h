@@ -360,6 +360,10 @@ struct dtr_backend {
        group of device memory over a host transport stages the buffers it says 1 of
        (src/comm/stage.c) and passes the others as they are */
     int (*owns)(dtr_context *ctx, const void *p);
+    /* copies bytes of backend memory src to backend memory dst, queued on the context's
+       stream (the collectives of a group of device memory move data with it). NULL: a
+       backend of host memory (dtr__mem_copy does memcpy) */
+    dtr_result (*copy)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -370,6 +374,9 @@ DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
  *  synchronous to_host / from_host with *done NULL (complete). */
 DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
 DTR__PRIVATE dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
+/** bytes of ctx's backend memory from src to dst: the backend's copy, or memcpy on a backend
+ *  of host memory (DTR_UNSUPPORTED on a device backend without the slot). */
+DTR__PRIVATE dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */

@@ -213,6 +213,11 @@ static dtr_result dtr__cuda_from_host(dtr_context *ctx, void *dst, const void *s
     return dtr__cuda_check(ctx, cudaStreamSynchronize(dtr__cuda(ctx)->stream), "cudaStreamSynchronize");
 }
 
+static dtr_result dtr__cuda_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    return dtr__cuda_check(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, dtr__cuda(ctx)->stream),
+                           "cudaMemcpy on the device");
+}
+
 /* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
 
 /* the next event of ring rg recorded on stream `on` */
@@ -344,7 +349,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_host_free,
     dtr__cuda_to_host_async,
     dtr__cuda_from_host_async,
-    dtr__cuda_owns
+    dtr__cuda_owns,
+    dtr__cuda_copy
 };
 
 /* ---- public entry points ---- */

@@ -19,7 +19,8 @@
  * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
- * buckets are reduced where they are (plain all-reduce only); with one of host memory
+ * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
+ * averages the device parameters (no compression: the codecs run on the host); with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -206,10 +207,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
                          "in 16 bits), and no local SGD (the shards' optimizer needs every step's gradients)", cfg->zero);
-    if (c->mem_ctx && (cfg->zero || cfg->compress != DTR_COMPRESS_NONE || cfg->local_sgd_every > 0))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) this version does plain "
-                         "all-reduce only; ZeRO, compression and local SGD take a host-memory transport (libfabric, "
-                         "local), through host staging", dtr_comm_transport_name(c));
+    if (c->mem_ctx && cfg->compress != DTR_COMPRESS_NONE)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) gradients travel in "
+                         "f32 (the codecs run on the host: take a host-memory transport, libfabric or local, through "
+                         "host staging)", dtr_comm_transport_name(c));
     if (c->mem_ctx && c->mem_ctx != ctx)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
     if (c->mem_ctx && dtr__host_memory(ctx))

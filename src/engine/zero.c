@@ -10,8 +10,10 @@
  * backward (overlapped); stage 1 once, over the whole buffer, in dtr_dp_finish. Each rank
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
- * gradients (not the average). The buffers are host memory: the model's, or for a model on a
- * device the engine's staging copies. With compress BF16 / FP16 the slices travel in 16 bits
+ * gradients (not the average). The buffers are the group's memory: the model's on the host;
+ * for a model on a device the engine's host staging copies over a host transport, or the
+ * device buffers themselves over a device transport (NCCL: the slots in device memory, the
+ * sums by the backend's reduce, 32-bit slices only). With compress BF16 / FP16 the slices travel in 16 bits
  * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
  * sum; the parameters' gather stays f32, so every rank holds the same weights.
  * ==========================================================================*/
@@ -29,6 +31,7 @@ struct dtr__zero {
     dtr_comm *c;
     dtr_context *ctx;
     int W, me, stage;
+    int dev;                 /* the group's buffers are device memory (NCCL): recv too, summed by the backend */
     int64_t *shard;          /* W + 1 offsets */
     float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
     dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
@@ -67,7 +70,9 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     ok = ok && z->req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
-        z->recv = (float *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(float));
+        size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
+        z->dev = c->mem_ctx != NULL;   /* a group of device memory: the slots on the device */
+        z->recv = (float *)(z->dev ? ctx->backend->mem_alloc(ctx, bytes) : dtr__calloc(&ctx->alloc, bytes));
         ok = z->recv != NULL;
         if (ok && z->wire != DTR_F32) {
             z->out16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
@@ -103,7 +108,8 @@ void dtr__zero_destroy(dtr__zero *z) {
     a = z->ctx->alloc;
     if (z->req) dtr__zero_wait(z);
     dtr__free(&a, z->req);
-    dtr__free(&a, z->recv);
+    if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
+    else dtr__free(&a, z->recv);
     dtr__free(&a, z->out16);
     dtr__free(&a, z->in16);
     dtr__free(&a, z->shard);
@@ -152,6 +158,14 @@ static const float *dtr__zero_part(dtr__zero *z, const float *g, int p) {
     return p == z->me ? g + b : dtr__zero_slot(z, p, b);
 }
 
+/* out = x + y over n floats (then / div when div > 1): on the host, or the backend's for slots
+   on the device */
+static dtr_result dtr__zero_add(dtr__zero *z, float *out, const float *x, const float *y, int64_t n, int div) {
+    if (z->dev) return z->ctx->backend->reduce(z->ctx, out, x, y, (size_t)n, DTR_F32, (int)DTR_REDUCE_AVG, div);
+    dtr__comm_reduce(out, x, y, (size_t)n, DTR_F32, DTR_REDUCE_AVG, div);
+    return DTR_OK;
+}
+
 dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
     float *g = grads + b, *acc;
@@ -162,9 +176,10 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
-    for (p = 1; p < z->W; p++)
-        dtr__comm_reduce(p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), (size_t)n,
-                         DTR_F32, DTR_REDUCE_AVG, p == z->W - 1 ? z->W : 1);
+    for (p = 1; p < z->W && r == DTR_OK && n > 0; p++)
+        r = dtr__zero_add(z, p == z->W - 1 ? g : acc, p == 1 ? dtr__zero_part(z, grads, 0) : acc, dtr__zero_part(z, grads, p), n,
+                          p == z->W - 1 ? z->W : 1);
+    if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: summing the shard on the device", z->stage);   /* (the backend's first) */
     st->wire_bytes += (uint64_t)(dtr_model_numel(z->m) - n) * dtr_dtype_size(z->wire);
     st->raw_bytes += (uint64_t)dtr_model_numel(z->m) * sizeof(float);
     return DTR_OK;
