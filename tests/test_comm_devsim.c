@@ -15,6 +15,7 @@
 #include "devsim.h"
 #include "dp_mlp.h"
 #include "staged_coll.h"
+#include "pipe_model.h"
 
 typedef void (*rk_fn)(rk *r);
 
@@ -293,6 +294,168 @@ static void test_device_dp(void) {
     CHECK_EQ_INT(devsim__violations, 0);
 }
 
+/* ---- tensor parallelism over the device transport ----
+ * the four communication ops (copy, reduce, gather, vocabulary-parallel cross-entropy) run on
+ * host images of device tensors, which the group stages to the device in turn: 6 SGD steps
+ * of column -> gelu -> row -> (column gathered: MSE) + (column head: vocabulary-parallel
+ * cross-entropy) on ranks of the simulated device end with the bits of CPU ranks over a host
+ * group */
+
+#define TPC 8
+#define TPV 16
+typedef struct tp_case { int dev; float out[4][1024]; int64_t numel; } tp_case;
+
+static void rk_tp(rk *r) {
+    tp_case *tc = (tp_case *)r->arg;
+    dtr_context *ctx = tc->dev ? r->ctx : test_ctx(1);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_optimizer *opt = NULL;
+    dtr_model *m = NULL;
+    dtr_tp_linear t1, t2, t3, head;
+    const int64_t xs[2] = {4, TPC}, ts[1] = {4};
+    float x[4 * TPC], y[4 * TPC];
+    int32_t tgt[4];
+    int s, i;
+    RK_OK(r, dtr_model_create(ctx, 3, &m));
+    RK_OK(r, dtr_tp_column_linear_init(&t1, m, r->c, "t1", TPC, 2 * TPC, 1, DTR_INIT_TORCH_DEFAULT, 0));
+    RK_OK(r, dtr_tp_row_linear_init(&t2, m, r->c, "t2", 2 * TPC, TPC, 1, DTR_INIT_TORCH_DEFAULT));
+    RK_OK(r, dtr_tp_column_linear_init(&t3, m, r->c, "t3", TPC, TPC, 1, DTR_INIT_TORCH_DEFAULT, 1));
+    RK_OK(r, dtr_tp_column_linear_init(&head, m, r->c, "head", TPC, TPV, 0, DTR_INIT_TORCH_DEFAULT, 0));
+    RK_OK(r, dtr_optimizer_create(m, &oc, &opt));
+    for (s = 0; s < 6 && opt; s++) {
+        dtr_tensor *h, *loss;
+        for (i = 0; i < 4 * TPC; i++) x[i] = val(7, (size_t)(s * 100 + i), 1), y[i] = val(8, (size_t)(s * 100 + i), 2) * 0.1f;
+        for (i = 0; i < 4; i++) tgt[i] = (int32_t)((s * 5 + i * 3) % TPV);
+        h = dtr_tp_linear_forward(ctx, &t2, dtr_gelu(ctx, dtr_tp_linear_forward(ctx, &t1, dtr_tensor_from(ctx, DTR_F32, 2, xs, x))));
+        loss = dtr_add(ctx, dtr_mse(ctx, dtr_tp_linear_forward(ctx, &t3, h), dtr_tensor_from(ctx, DTR_F32, 2, xs, y)),
+                       dtr_vocab_parallel_cross_entropy(ctx, dtr_tp_linear_forward(ctx, &head, h),
+                                                        dtr_tensor_from(ctx, DTR_I32, 1, ts, tgt), r->c));
+        RK_CHECK(r, loss != NULL);
+        if (!loss) break;
+        RK_OK(r, dtr_backward(ctx, loss));
+        RK_OK(r, dtr_optimizer_step(opt, NULL));
+        dtr_context_reset(ctx);
+    }
+    if (r->fails) fprintf(stderr, "  rank %d: %s\n", r->rank, dtr_context_last_error(ctx));
+    tc->numel = dtr_model_numel(m);
+    RK_CHECK(r, tc->numel <= 1024);
+    RK_OK(r, dtr_model_read(m, tc->out[r->rank], tc->numel));
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    if (!tc->dev) dtr_context_destroy(ctx);
+}
+
+static void test_device_tp(void) {
+    static tp_case dev, cpu;
+    int w;
+    devt_setup();
+    for (w = 2; w <= 4; w += 2) {
+        memset(&dev, 0, sizeof dev);
+        memset(&cpu, 0, sizeof cpu);
+        dev.dev = 1;
+        CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_tp, &dev), 0);
+        CHECK_EQ_INT(run_rk(w, devsim_backend(), DTR_MEM_HOST, rk_tp, &cpu), 0);
+        CHECK(dev.numel > 0 && dev.numel == cpu.numel);
+        CHECK_MSG(memcmp(dev.out, cpu.out, sizeof dev.out) == 0, "world %d: %g off the CPU", w,
+                  rel_err(dev.out[0], cpu.out[0], dev.numel));
+    }
+    CHECK_EQ_INT(g_host_bufs, 0);
+    CHECK_EQ_INT(devsim__violations, 0);
+}
+
+/* ---- pipeline stages over the device transport ----
+ * the pipeline's activations and gradients go through host slots, which the group stages to
+ * the device; clipping by the norm summed over the stages (sums of doubles staged too). 2 and
+ * 4 stages, and a 2 x 2 data x pipeline grid with ZeRO-1 on the replicas, on the simulated
+ * device over the stand-in, against the same on CPU ranks over a host group: the same bits */
+
+typedef struct pp_case { int dev, dp; float out[4][512]; int64_t numel[4]; double err[4]; } pp_case;
+static dtr_model *g_pp_ref;   /* the whole model trained on one CPU rank (pm_reference) */
+
+static void rk_pipe(rk *r) {
+    pp_case *pc = (pp_case *)r->arg;
+    dtr_context *ctx = pc->dev ? r->ctx : test_ctx(1);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    dtr_pipe_config cfg = dtr_pipe_config_init();
+    dtr_optimizer *opt = NULL;
+    dtr_model *m = NULL;
+    dtr_dp *dp = NULL;
+    dtr_grid g;
+    pm_model pm;
+    pm_stage st;
+    float loss;
+    char msg[256];
+    int dps = pc->dp;
+    memset(&pm, 0, sizeof pm);
+    memset(&st, 0, sizeof st);
+    RK_OK(r, dtr_grid_create(r->c, dps, r->size / dps, 1, &g, msg, sizeof msg));
+    pm.stages = r->size / dps, pm.P = pm.stages, pm.rank = dtr_comm_rank(g.pp);
+    pm.offset = g.dp_rank * (PM_BATCH / dps);
+    oc.momentum = 0.9f;
+    oc.clip_norm = 0.5f;
+    cfg.microbatches = 4, cfg.batch = PM_BATCH / dps, cfg.forward = pm_forward, cfg.user = &st;
+    RK_OK(r, dtr_model_create(ctx, 7, &m));
+    RK_OK(r, pm_declare(&pm, m));
+    RK_OK(r, pm_keep(&pm, 1));
+    if (dps > 1) {
+        dtr_dp_config dc = dtr_dp_config_init();
+        dc.zero = 1;
+        RK_OK(r, dtr_dp_create(m, g.dp, &dc, &dp));
+        if (dp) RK_OK(r, dtr_dp_shard_optimizer(dp, &oc));
+    }
+    cfg.dp = dp;
+    RK_OK(r, dtr_pipe_create(m, g.pp, &cfg, &st.pipe));
+    if (st.pipe) RK_OK(r, dtr_pipe_optimizer_config(st.pipe, &oc));
+    RK_CHECK(r, oc.norm_sum != NULL);   /* the norm over the stages */
+    RK_OK(r, dtr_optimizer_create(m, &oc, &opt));
+    st.pm = &pm;
+    for (pm.step = 0; pm.step < 6 && st.pipe && opt && !r->fails; pm.step++) {
+        RK_OK(r, dtr_pipe_step(st.pipe, &loss));
+        RK_OK(r, dtr_optimizer_step(opt, NULL));
+        if (dp) RK_OK(r, dtr_dp_step_done(dp));
+        dtr_context_reset(ctx);
+    }
+    if (r->fails) fprintf(stderr, "  rank %d: %s\n", r->rank, dtr_context_last_error(ctx));
+    pc->err[r->rank] = pm_max_rel_error(m, g_pp_ref);
+    pc->numel[r->rank] = dtr_model_numel(m);
+    RK_CHECK(r, pc->numel[r->rank] <= 512);
+    RK_OK(r, dtr_model_read(m, pc->out[r->rank], pc->numel[r->rank]));
+    dtr_pipe_destroy(st.pipe);
+    dtr_dp_destroy(dp);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    dtr_grid_destroy(&g);
+    if (!pc->dev) dtr_context_destroy(ctx);
+}
+
+static void test_device_pipeline(void) {
+    static pp_case dev, cpu;
+    static const int worlds[3] = {2, 4, 4}, dps[3] = {1, 1, 2};
+    dtr_context *ref_ctx = NULL;
+    float ref_loss = 0.0f;
+    int i, k;
+    devt_setup();
+    CHECK_OK(NULL, pm_reference(6, 0.5f, &ref_ctx, &g_pp_ref, &ref_loss));
+    for (i = 0; i < 3; i++) {
+        memset(&dev, 0, sizeof dev);
+        dev.dp = dps[i];
+        cpu = dev;
+        dev.dev = 1;
+        CHECK_EQ_INT(run_rk_on(worlds[i], &g_counting, &g_devt, DTR_MEM_DEVICE, rk_pipe, &dev), 0);
+        CHECK_EQ_INT(run_rk(worlds[i], devsim_backend(), DTR_MEM_HOST, rk_pipe, &cpu), 0);
+        CHECK(dev.numel[0] > 0 && memcmp(dev.numel, cpu.numel, sizeof dev.numel) == 0);
+        CHECK_MSG(memcmp(dev.out, cpu.out, sizeof dev.out) == 0, "world %d, %d replicas: %g off the CPU", worlds[i], dps[i],
+                  rel_err(dev.out[0], cpu.out[0], dev.numel[0]));
+        for (k = 0; k < worlds[i]; k++)   /* and the stages hold the weights of one rank training the whole model */
+            CHECK_MSG(dev.err[k] <= 1e-5, "world %d, %d replicas, rank %d: %g off the whole model", worlds[i], dps[i], k,
+                      dev.err[k]);
+    }
+    dtr_model_destroy(g_pp_ref);
+    dtr_context_destroy(ref_ctx);
+    CHECK_EQ_INT(g_host_bufs, 0);
+    CHECK_EQ_INT(devsim__violations, 0);
+}
+
 /* ---- a failed copy, a backend that cannot tell ---- */
 
 static __thread int tl_fail_copy;   /* this rank's copies to the host fail */
@@ -359,5 +522,7 @@ int main(void) {
     RUN(test_errors);
     RUN(test_device_transport);   /* (these leave the blocks open: devsim_open) */
     RUN(test_device_dp);
+    RUN(test_device_tp);
+    RUN(test_device_pipeline);
     return test_summary();
 }

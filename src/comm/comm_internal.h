@@ -242,6 +242,9 @@ DTR__PRIVATE dtr_result dtr__comm_sendrecv(dtr_comm *c, const dtr__coll *a, cons
                               size_t rbytes, int from, uint32_t step);
 
 /* ---- buffers of the other memory kind (src/comm/stage.c) ---- */
+/** 1 when c's operations take host buffers: a host transport, or a device transport whose
+ *  group stages them to its device (0: a device transport without staging). */
+static inline int dtr__comm_takes_host(const dtr_comm *c) { return !c->mem_ctx || c->stage_to_dev; }
 /** Operation a of group c is prepared: when c stages, its buffers of the kind the transport
  *  does not take get images in a block of the other kind (the input copied there, ordered
  *  after the work queued on the context's stream) and a's pointers move onto the block; s

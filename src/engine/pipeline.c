@@ -148,9 +148,10 @@ dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg
     if (!m || !c || !cfg) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(m);
     if ((r = dtr__pipe_check(ctx, cfg, dtr_comm_size(c))) != DTR_OK) return r;
-    if (c->mem_ctx)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_pipe_create: stages over a device-memory group (NCCL) are not in this "
-                         "version: give the pipeline a host-memory group (its messages are staged through the host)");
+    if (!dtr__comm_takes_host(c))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_pipe_create: the group's transport (%s) takes device memory only and "
+                         "its context's backend cannot stage the host buffers of the messages (no `owns` slot)",
+                         dtr_comm_transport_name(c));
     p = (dtr_pipe *)dtr__calloc(&ctx->alloc, sizeof(*p));
     if (!p) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
     p->m = m, p->ctx = ctx, p->c = c, p->cfg = *cfg;
@@ -196,7 +197,7 @@ static dtr_result dtr__pipe_norm_sum(void *user, double *vals, int n) {
 
 dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc) {
     if (!p || !oc) return DTR_NULL_HANDLE;
-    oc->norm_sum = p->P > 1 && !p->c->mem_ctx ? dtr__pipe_norm_sum : NULL;   /* host-memory groups */
+    oc->norm_sum = p->P > 1 ? dtr__pipe_norm_sum : NULL;
     oc->norm_sum_user = oc->norm_sum ? p : NULL;
     return DTR_OK;
 }

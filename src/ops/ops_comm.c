@@ -14,7 +14,8 @@
  * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
- * the tensors (dtr__comm_staged_fwd / _bwd), over a group of host memory (libfabric, local).
+ * the tensors (dtr__comm_staged_fwd / _bwd); over a device transport (NCCL) the group stages
+ * those host images to its device in turn (src/comm/stage.c): correct, not fast.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -225,9 +226,9 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     char *at;
     int i;
     im->block = NULL;
-    if (nd->p.comm && nd->p.comm->mem_ctx)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: over a group of device memory (%s) this version has no kernel; a "
-                         "host-memory transport (libfabric, local) works", dtr__op_name(nd->op),
+    if (nd->p.comm && !dtr__comm_takes_host(nd->p.comm))   /* a device transport that takes no host image */
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "%s: the group's transport (%s) takes device memory only and its "
+                         "context's backend cannot stage host buffers (no `owns` slot)", dtr__op_name(nd->op),
                          dtr_comm_transport_name(nd->p.comm));
     im->block = at = (char *)dtr__malloc(&ctx->alloc, dtr__comm_images_bytes(nd));
     if (!at) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "%s: out of memory for host images", dtr__op_name(nd->op));

@@ -448,8 +448,6 @@ DTR_API int dtr_pipe_stage_count(const dtr_pipe *p);
  *  Call it before dtr_optimizer_create (after dtr_dp_shard_optimizer in a hybrid grid). The
  *  norm is then a collective over the pipeline's group in every optimizer step (tensor-
  *  parallel shards are summed over their own group by the optimizer itself, in every case).
- *  Over a group of device memory (NCCL) neither sum is made in this version: each rank's
- *  norm stays its own (oc is left without norm_sum).
  *  @return DTR_OK, DTR_NULL_HANDLE. Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_pipe_optimizer_config(dtr_pipe *p, dtr_optimizer_config *oc);
 /** The measurements of the last step. @return DTR_OK, DTR_NULL_HANDLE.
