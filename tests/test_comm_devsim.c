@@ -1,12 +1,27 @@
-/* tests/test_comm_devsim.c: process groups of device memory over a host-memory transport
- * (cfg.memory = DTR_MEM_DEVICE on the local transport), the ranks' buffers on the simulated
- * device of tests/devsim.h: every collective, asynchronous requests and point-to-point
- * messages on device buffers (src/comm/stage.c copies them through host memory) give the
- * bits the same group gives on host buffers, which it passes as they are; a sub-group
- * stages too; the data-parallel engine over such a group ends where it ends over a host
- * group; a rank whose copy to the host fails breaks the group (DTR_PEER_FAILED naming it on
- * the others, no hang); a backend that cannot tell its memory from the host's is refused.
- * Code that hands a device pointer to the host code dies here (the blocks are PROT_NONE). */
+/* tests/test_comm_devsim.c: process groups whose buffers and transport differ in memory
+ * kind, the ranks' contexts on the simulated device of tests/devsim.h (src/comm/stage.c).
+ *   test_collectives, test_async_p2p   cfg.memory DTR_MEM_DEVICE over the local transport
+ *                 (host memory): every collective (worlds 2-4, counts 1 to 70000, in place
+ *                 and not, f32 and bf16, host and device buffers mixed), two async requests
+ *                 in flight (their results on the device once test / wait say so), a ring of
+ *                 device-to-device messages through wait_any, blocking and waited receives,
+ *                 a sub-group: the bits of the same calls on host buffers
+ *   test_dp_over_staged_group  the data-parallel engine over such a group ends on the bits
+ *                 of CPU ranks over a host group
+ *   test_errors   a rank whose copy to the host fails breaks the group at once
+ *                 (DTR_PEER_FAILED naming it on the others); a backend without `owns` is
+ *                 refused; every staging block freed
+ *   test_device_transport ... test_device_pipeline  a stand-in for NCCL: the local transport
+ *                 declared to take device memory only, counting every buffer handed to it
+ *                 that is not its rank's device memory (NCCL takes no host pointer); the
+ *                 collectives (worlds 1-4, scratch, copies and sums on the backend, counted),
+ *                 host buffers through device images (none may reach the transport); ZeRO-1/2
+ *                 (SGD, AdamW, clipping) and local SGD; the four tensor-parallel ops; 2 and 4
+ *                 pipeline stages and a 2 x 2 data x pipeline grid with ZeRO-1: the bits of
+ *                 CPU ranks over a host group (the pipeline also within 1e-5 of one rank
+ *                 training the whole model)
+ * Before the stand-in (devsim_open) the device blocks are PROT_NONE outside backend calls:
+ * code that hands a device pointer to host code dies there. */
 #define _DEFAULT_SOURCE   /* MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
 #include <pthread.h>
