@@ -41,18 +41,14 @@ typedef struct devsim_state {
 
 static int devsim__violations;
 static int devsim_async_copies, devsim_async_early;   /* copies queued; queries answered "not yet" */
-/* 1 (set before any context is made): the blocks stay readable and writable, for a test
-   transport that stands in for a device transport (NCCL) and so reads device buffers itself;
-   the copies' checks and the backend's `owns` still tell device memory from host memory */
-static int devsim_open;
-/* the block lists: a group's progress thread may call the backend (reduce) beside the rank */
-static pthread_mutex_t devsim__mu = PTHREAD_MUTEX_INITIALIZER;
+/* the block lists, and the depth of backend calls: a group's progress thread may call the
+   backend (reduce, copies) beside the rank's thread */
+static pthread_mutex_t devsim__mu = PTHREAD_MUTEX_INITIALIZER, devsim__depth_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static devsim_state *devsim__st(dtr_context *ctx) { return (devsim_state *)ctx->backend_state; }
 
 static void devsim__protect(devsim_state *s, int open) {
     int i;
-    if (devsim_open) return;
     pthread_mutex_lock(&devsim__mu);
     for (i = 0; i < s->n; i++) mprotect(s->b[i].p, s->b[i].mapped, open ? PROT_READ | PROT_WRITE : PROT_NONE);
     pthread_mutex_unlock(&devsim__mu);
@@ -65,11 +61,15 @@ static void devsim__land_to_dev(dtr_context *ctx, long upto);
 static void devsim__enter(dtr_context *ctx) {
     devsim_state *s = devsim__st(ctx);
     if (s->depth == 0 && !s->landing) devsim__land_to_dev(ctx, s->seq);
+    pthread_mutex_lock(&devsim__depth_mu);
     if (s->depth++ == 0) devsim__protect(s, 1);
+    pthread_mutex_unlock(&devsim__depth_mu);
 }
 static void devsim__leave(dtr_context *ctx) {
     devsim_state *s = devsim__st(ctx);
+    pthread_mutex_lock(&devsim__depth_mu);
     if (--s->depth == 0) devsim__protect(s, 0);
+    pthread_mutex_unlock(&devsim__depth_mu);
 }
 
 /* 1 when [p, p + bytes) lies inside one of ctx's blocks */
@@ -111,25 +111,25 @@ static void devsim__shutdown(dtr_context *ctx, void *state) {
 static void *devsim__alloc(dtr_context *ctx, size_t bytes) {
     devsim_state *s = devsim__st(ctx);
     size_t page = (size_t)sysconf(_SC_PAGESIZE), mapped = ((bytes ? bytes : 1) + page - 1) / page * page;
-    void *p = mmap(NULL, mapped, s->depth || devsim_open ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
+    void *p = NULL;
+    /* mapped open or closed as the other blocks are now, and listed before they change */
+    pthread_mutex_lock(&devsim__depth_mu);
     pthread_mutex_lock(&devsim__mu);
     if (s->n == s->cap) {
         int cap = s->cap ? 2 * s->cap : 32;
         devsim_block *nb = (devsim_block *)realloc(s->b, (size_t)cap * sizeof *nb);
-        if (!nb) {
-            pthread_mutex_unlock(&devsim__mu);
-            munmap(p, mapped);
-            return NULL;
-        }
-        s->b = nb;
-        s->cap = cap;
+        if (nb) s->b = nb, s->cap = cap;
     }
-    s->b[s->n].p = p;
-    s->b[s->n].bytes = bytes;
-    s->b[s->n].mapped = mapped;
-    s->n++;
+    if (s->n < s->cap) p = mmap(NULL, mapped, s->depth ? PROT_READ | PROT_WRITE : PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = NULL;
+    if (p) {
+        s->b[s->n].p = p;
+        s->b[s->n].bytes = bytes;
+        s->b[s->n].mapped = mapped;
+        s->n++;
+    }
     pthread_mutex_unlock(&devsim__mu);
+    pthread_mutex_unlock(&devsim__depth_mu);
     return p;
 }
 

@@ -16,12 +16,13 @@
  *                 that is not its rank's device memory (NCCL takes no host pointer); the
  *                 collectives (worlds 1-4, scratch, copies and sums on the backend, counted),
  *                 host buffers through device images (none may reach the transport); ZeRO-1/2
- *                 (SGD, AdamW, clipping) and local SGD; the four tensor-parallel ops; 2 and 4
+ *                 (SGD, AdamW, clipping) and local SGD; every codec and ZeRO-2 with 16-bit
+ *                 slices (encoded on a host copy); the four tensor-parallel ops; 2 and 4
  *                 pipeline stages and a 2 x 2 data x pipeline grid with ZeRO-1: the bits of
  *                 CPU ranks over a host group (the pipeline also within 1e-5 of one rank
  *                 training the whole model)
- * Before the stand-in (devsim_open) the device blocks are PROT_NONE outside backend calls:
- * code that hands a device pointer to host code dies there. */
+ * The device blocks are PROT_NONE outside backend calls: code that hands a device pointer to
+ * host code dies here. */
 #define _DEFAULT_SOURCE   /* MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
 #include <pthread.h>
@@ -130,11 +131,15 @@ static void test_async_p2p(void) {
 }
 
 /* ---- a device transport (NCCL's stand-in) ----
- * The local transport declared to take device memory only, as NCCL does, with every buffer
- * it is handed checked to lie in its rank's device blocks (NCCL takes no host pointer); the
- * blocks stay open (devsim_open) because this transport copies them itself. Collectives
- * through the group's algorithms (scratch and copies on the device, sums by the backend),
- * host buffers staged to the device, ZeRO and local SGD over it. */
+ * The local transport declared to take device memory only, as NCCL does, and moving device
+ * buffers by device means: a send copies its buffer to the host through the rank's backend
+ * (to_host) and sends that, a receive lands in a host bounce buffer and goes to the device
+ * (from_host) when its completion is seen. Any buffer handed to it that is not its rank's
+ * device memory is counted (NCCL takes no host pointer). The device blocks stay PROT_NONE
+ * outside backend calls, so host code of the engines touching device memory dies here.
+ * Collectives through the group's algorithms (scratch and copies on the device, sums by the
+ * backend), host buffers staged to the device, ZeRO and local SGD, codecs, tensor-parallel
+ * ops and pipeline stages over it. */
 
 #define MAX_EP 16
 static struct { void *state; dtr_context *ctx; } g_ep[MAX_EP];
@@ -142,6 +147,13 @@ static int g_nep, g_host_bufs, g_reduces, g_copies;
 static pthread_mutex_t g_ep_mu = PTHREAD_MUTEX_INITIALIZER;
 static dtr_transport_vtable g_devt;
 static dtr_backend g_counting;
+
+/* a request of the stand-in: the local transport's, and a bounce buffer for device memory */
+typedef struct devt_req {
+    void *inner, *bounce, *dev_dst;   /* dev_dst: a receive's device buffer, filled once */
+    size_t bytes;
+    dtr_context *ctx;
+} devt_req;
 
 static dtr_result devt_open(const dtr_comm_config *cfg, void **state, dtr_transport_info *info, char *err, size_t errlen) {
     dtr_result r = dtr_local_transport()->open(cfg, state, info, err, errlen);
@@ -160,26 +172,78 @@ static void devt_close(void *state) {
     dtr_local_transport()->close(state);
 }
 
-/* a buffer handed to the transport: device memory of the rank's context, or counted */
-static void devt_check(void *state, const void *buf, size_t bytes) {
+/* the rank's context when buf is its device memory; NULL (counted) otherwise */
+static dtr_context *devt_device(void *state, const void *buf, size_t bytes) {
     dtr_context *ctx = NULL;
     int i;
     pthread_mutex_lock(&g_ep_mu);
     for (i = 0; i < g_nep; i++)
         if (g_ep[i].state == state) ctx = g_ep[i].ctx;
     pthread_mutex_unlock(&g_ep_mu);
-    if (bytes && (!ctx || !devsim__owns(ctx, buf, bytes))) __atomic_add_fetch(&g_host_bufs, 1, __ATOMIC_RELAXED);
+    if (!bytes) return NULL;
+    if (ctx && devsim__owns(ctx, buf, bytes)) return ctx;
+    __atomic_add_fetch(&g_host_bufs, 1, __ATOMIC_RELAXED);
+    return NULL;
 }
 
+static dtr_result devt_post(void *state, void *buf, size_t bytes, int peer, uint64_t tag, void **req, dtr_transport_error *err,
+                            int send) {
+    devt_req *q = (devt_req *)calloc(1, sizeof *q);
+    dtr_result r;
+    q->ctx = devt_device(state, buf, bytes);
+    q->bytes = bytes;
+    if (q->ctx) q->bounce = malloc(bytes);
+    if (q->ctx && send) q->ctx->backend->to_host(q->ctx, q->bounce, buf, bytes);
+    if (q->ctx && !send) q->dev_dst = buf;
+    r = send ? dtr_local_transport()->isend(state, q->ctx ? q->bounce : buf, bytes, peer, tag, &q->inner, err)
+             : dtr_local_transport()->irecv(state, q->ctx ? q->bounce : buf, bytes, peer, tag, &q->inner, err);
+    if (r != DTR_OK) {
+        free(q->bounce);
+        free(q);
+        return r;
+    }
+    *req = q;
+    return DTR_OK;
+}
 static dtr_result devt_isend(void *state, const void *buf, size_t bytes, int dst, uint64_t tag, void **req,
                              dtr_transport_error *err) {
-    devt_check(state, buf, bytes);
-    return dtr_local_transport()->isend(state, buf, bytes, dst, tag, req, err);
+    return devt_post(state, (void *)buf, bytes, dst, tag, req, err, 1);
 }
 static dtr_result devt_irecv(void *state, void *buf, size_t bytes, int src, uint64_t tag, void **req,
                              dtr_transport_error *err) {
-    devt_check(state, buf, bytes);
-    return dtr_local_transport()->irecv(state, buf, bytes, src, tag, req, err);
+    return devt_post(state, buf, bytes, src, tag, req, err, 0);
+}
+
+static dtr_result devt_test(void *state, void *req, int *done, dtr_transport_error *err) {
+    devt_req *q = (devt_req *)req;
+    dtr_result r = dtr_local_transport()->test(state, q->inner, done, err);
+    if (*done && r == DTR_OK && q->dev_dst) {   /* a receive lands on the device */
+        q->ctx->backend->from_host(q->ctx, q->dev_dst, q->bounce, q->bytes);
+        q->dev_dst = NULL;
+    }
+    return r;
+}
+
+/* the local transport's handles of reqs[0..n) */
+static void devt_inner(void *const *reqs, int n, void **inner) {
+    int i;
+    for (i = 0; i < n; i++) inner[i] = reqs[i] ? ((devt_req *)reqs[i])->inner : NULL;
+}
+static dtr_result devt_wait_any(void *state, void *const *reqs, int n, int64_t deadline_ns, dtr_transport_error *err) {
+    void *inner[1024];
+    devt_inner(reqs, n, inner);
+    return dtr_local_transport()->wait_any(state, inner, n, deadline_ns, err);
+}
+static dtr_result devt_wait_some(void *state, void *const *reqs, int n, int64_t until_ns) {
+    void *inner[1024];
+    devt_inner(reqs, n, inner);
+    return dtr_local_transport()->wait_some(state, inner, n, until_ns);
+}
+static void devt_release(void *state, void *req) {
+    devt_req *q = (devt_req *)req;
+    dtr_local_transport()->release(state, q->inner);
+    free(q->bounce);
+    free(q);
 }
 
 static dtr_result counting_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
@@ -194,7 +258,6 @@ static dtr_result counting_copy(dtr_context *ctx, void *dst, const void *src, si
 }
 
 static void devt_setup(void) {
-    devsim_open = 1;
     g_devt = *dtr_local_transport();
     g_devt.name = "local-device";
     g_devt.mem_kinds = DTR_MEM_DEVICE;
@@ -202,6 +265,10 @@ static void devt_setup(void) {
     g_devt.close = devt_close;
     g_devt.isend = devt_isend;
     g_devt.irecv = devt_irecv;
+    g_devt.test = devt_test;
+    g_devt.wait_any = devt_wait_any;
+    g_devt.wait_some = devt_wait_some;
+    g_devt.release = devt_release;
     g_counting = *devsim_backend();
     g_counting.reduce = counting_reduce;
     g_counting.copy = counting_copy;
@@ -228,6 +295,7 @@ static void test_device_transport(void) {
    AdamW, clipping by global norm, ZeRO stage `zero` or local SGD every `local_sgd` steps */
 typedef struct dp_case {
     int dev, zero, local_sgd;
+    dtr_dp_compress compress;
     dtr_optimizer_kind kind;
     float out[4][NPAR];   /* each rank's parameters after the run */
 } dp_case;
@@ -247,6 +315,7 @@ static void rk_dp(rk *r) {
     pc.bucket_bytes = 512;
     pc.zero = dc->zero;
     pc.local_sgd_every = dc->local_sgd;
+    pc.compress = dc->compress;
     RK_OK(r, dtr_dp_create(n.m, r->c, &pc, &dp));
     if (dp) RK_OK(r, dtr_dp_shard_optimizer(dp, &oc));
     RK_OK(r, dtr_optimizer_create(n.m, &oc, &n.opt));
@@ -305,6 +374,29 @@ static void test_device_dp(void) {
                 CHECK_MSG(memcmp(dev.out, cpu.out, sizeof dev.out) == 0, "world %d optimizer %d mode %d: %g off the CPU", w,
                           (int)kinds[k], z, rel_err(dev.out[0], cpu.out[0], NPAR));
             }
+    CHECK_EQ_INT(g_host_bufs, 0);
+    CHECK_EQ_INT(devsim__violations, 0);
+}
+
+/* every codec (bf16, int8 per bucket, top-k and PowerSGD with error feedback) and ZeRO-2 with
+ * 16-bit slices over the device transport: the engine encodes on a host copy, the group
+ * stages the encoded buffers to the device; the bits of CPU ranks over a host group */
+static void test_device_compress(void) {
+    static dp_case dev, cpu;
+    static const dtr_dp_compress codecs[5] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8, DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD,
+                                              DTR_COMPRESS_FP16};
+    int i;
+    devt_setup();
+    for (i = 0; i < 5; i++) {
+        memset(&dev, 0, sizeof dev);
+        dev.dev = 1, dev.kind = DTR_OPT_ADAMW, dev.compress = codecs[i], dev.zero = i == 4 ? 2 : 0;
+        cpu = dev;
+        cpu.dev = 0;
+        CHECK_EQ_INT(run_rk_on(3, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
+        CHECK_EQ_INT(run_rk(3, devsim_backend(), DTR_MEM_HOST, rk_dp, &cpu), 0);
+        CHECK_MSG(memcmp(dev.out, cpu.out, sizeof dev.out) == 0, "codec %d: %g off the CPU", (int)codecs[i],
+                  rel_err(dev.out[0], cpu.out[0], NPAR));
+    }
     CHECK_EQ_INT(g_host_bufs, 0);
     CHECK_EQ_INT(devsim__violations, 0);
 }
@@ -535,8 +627,9 @@ int main(void) {
     RUN(test_async_p2p);
     RUN(test_dp_over_staged_group);
     RUN(test_errors);
-    RUN(test_device_transport);   /* (these leave the blocks open: devsim_open) */
+    RUN(test_device_transport);
     RUN(test_device_dp);
+    RUN(test_device_compress);
     RUN(test_device_tp);
     RUN(test_device_pipeline);
     return test_summary();

@@ -20,7 +20,8 @@
  * the ranks updated.
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters (no compression: the codecs run on the host); with one of host memory
+ * averages the device parameters; with a codec (it runs on the host) the engine works on a
+ * host copy as below and the group stages its host buffers to the device; with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -207,10 +208,10 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
                          "in 16 bits), and no local SGD (the shards' optimizer needs every step's gradients)", cfg->zero);
-    if (c->mem_ctx && cfg->compress != DTR_COMPRESS_NONE)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: over a group of device memory (%s) gradients travel in "
-                         "f32 (the codecs run on the host: take a host-memory transport, libfabric or local, through "
-                         "host staging)", dtr_comm_transport_name(c));
+    if (c->mem_ctx && cfg->compress != DTR_COMPRESS_NONE && !dtr__comm_takes_host(c))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: compression runs on the host, and the group's transport "
+                         "(%s) takes device memory only with no staging of host buffers (the backend has no `owns`)",
+                         dtr_comm_transport_name(c));
     if (c->mem_ctx && c->mem_ctx != ctx)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: the group's device memory belongs to another context");
     if (c->mem_ctx && dtr__host_memory(ctx))
@@ -239,14 +240,19 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
-    if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && !c->mem_ctx) {
+    /* a device model through a host copy: over a host transport, or with a codec (it runs on
+       the host; a device transport then stages its host buffers in turn) */
+    if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && (!c->mem_ctx || cfg->compress != DTR_COMPRESS_NONE)) {
         dp->stage = (float *)dtr__host_alloc(ctx, (size_t)dtr_model_numel(m) * sizeof(float));   /* pinned on CUDA */
         if (!dp->stage) { dtr_dp_destroy(dp); return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory"); }
     }
     if (dtr_comm_size(c) > 1) {
         r = dtr__dp_buckets(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return dtr__fail(ctx, r, "dtr_dp_create: out of memory"); }
-        if (cfg->zero && (r = dtr__zero_create(m, c, cfg, dp->nb, &dp->z)) != DTR_OK) { dtr_dp_destroy(dp); return r; }
+        if (cfg->zero && (r = dtr__zero_create(m, c, cfg, dp->nb, !dp->stage && c->mem_ctx, &dp->z)) != DTR_OK) {
+            dtr_dp_destroy(dp);
+            return r;
+        }
         r = dtr_dp_broadcast_params(dp);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);

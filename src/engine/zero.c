@@ -11,9 +11,10 @@
  * sends (W - 1) / W of the gradients and receives as much: the volume of a reduce-scatter,
  * half an all-reduce's. Outside its shard a rank's gradient buffer keeps its own local
  * gradients (not the average). The buffers are the group's memory: the model's on the host;
- * for a model on a device the engine's host staging copies over a host transport, or the
+ * for a model on a device the engine's host staging copies over a host transport (and with
+ * 16-bit slices over a device transport, whose group stages them to the device), or the
  * device buffers themselves over a device transport (NCCL: the slots in device memory, the
- * sums by the backend's reduce, 32-bit slices only). With compress BF16 / FP16 the slices travel in 16 bits
+ * sums by the backend's reduce). With compress BF16 / FP16 the slices travel in 16 bits
  * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
  * sum; the parameters' gather stays f32, so every rank holds the same weights.
  * ==========================================================================*/
@@ -53,7 +54,7 @@ static void dtr__zero_layout(dtr__zero *z, int whole) {
     z->shard[z->W] = total;
 }
 
-dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out) {
+dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, int dev, dtr__zero **out) {
     dtr_context *ctx = dtr_model_context(m);
     dtr__zero *z = (dtr__zero *)dtr__calloc(&ctx->alloc, sizeof(*z));
     int ok;
@@ -71,7 +72,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
-        z->dev = c->mem_ctx != NULL;   /* a group of device memory: the slots on the device */
+        z->dev = dev;   /* the gradients on the device (a device transport): the slots there too */
         z->recv = (float *)(z->dev ? ctx->backend->mem_alloc(ctx, bytes) : dtr__calloc(&ctx->alloc, bytes));
         ok = z->recv != NULL;
         if (ok && z->wire != DTR_F32) {

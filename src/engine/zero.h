@@ -7,9 +7,10 @@
 typedef struct dtr__zero dtr__zero;
 
 /** The shards of model m over group c for cfg.zero (1 or 2), with the receive buffer for the
- *  peers' slices of this rank's shard. nb: the engine's bucket count.
+ *  peers' slices of this rank's shard. nb: the engine's bucket count. dev: the gradient
+ *  buffers handed to it are device memory (a device transport), the slots then too.
  *  @return DTR_OK or DTR_OUT_OF_MEMORY (the context's message says so). */
-DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, dtr__zero **out);
+DTR__PRIVATE dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, int dev, dtr__zero **out);
 /** Waits for requests still in flight and frees. NULL is ignored. */
 DTR__PRIVATE void dtr__zero_destroy(dtr__zero *z);
 /** Bucket i ([begin, end) of the gradient buffer g, host memory; stage 1: 0 and the whole

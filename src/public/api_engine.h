@@ -286,12 +286,13 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
  *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress INT8, TOPK
- *          or POWERSGD, or with local SGD; compress over a group of device memory, NCCL:
- *          the codecs run on the host), DTR_OUT_OF_MEMORY, or the broadcast's error. A model
+ *          or POWERSGD, or with local SGD; compress over a device transport whose backend
+ *          cannot stage host buffers), DTR_OUT_OF_MEMORY, or the broadcast's error. A model
  *          in device memory over a host-memory group (libfabric, local) goes through a host
  *          staging buffer of the model's size: every mode works there, the optimizer's state
  *          stays on the device. Over a device-memory group (NCCL) the buckets, ZeRO-1/2's
- *          slices and sums and local SGD's average stay on the device (32-bit slices).
+ *          slices and sums and local SGD's average stay on the device; a codec (it runs on
+ *          the host) takes the host staging copy, and the group stages its messages.
  *  Thread safety: the model's context thread; collective over c. */
 DTR_API dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out);
 /** Removes the hook and frees the engine (waiting for buckets still in flight). NULL is ignored. */
