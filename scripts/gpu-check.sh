@@ -18,7 +18,7 @@ mkdir -p "$out"
 steps=20
 [ "${1:-}" = "--quick" ] && steps=5
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
+make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
 echo "build: $?" | tee "$out/summary.txt"
 make test-gpu > "$out/test-gpu.log" 2>&1
 rc=$?
@@ -29,7 +29,8 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/test_grad_gpu \
     > "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
     build/tests/gpu/test_train_gpu >> "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer --tool memcheck \
-    --error-exitcode 9 build/tests/gpu/test_tp_gpu >> "$out/memcheck.log" 2>&1
+    --error-exitcode 9 build/tests/gpu/test_tp_gpu >> "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer \
+    --tool memcheck --error-exitcode 9 build/tests/gpu/test_comm_gpu >> "$out/memcheck.log" 2>&1
   echo "memcheck: $?" | tee -a "$out/summary.txt"
 fi
 timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"

@@ -1,9 +1,10 @@
-/* tests/staged_coll.h: device buffers in process groups of device memory over a host
- * transport (src/comm/stage.c), shared by tests/test_comm_devsim.c (threads, the local
- * transport) and tests/test_fabric.c (processes, libfabric). A rank's device buffer is the
- * parameter buffer of a one-parameter model on the simulated device (tests/devsim.h); each
- * check runs a collective on device buffers and the same on host buffers (which the group
- * passes as they are), and compares the bits. Include after devsim.h. */
+/* tests/staged_coll.h: device buffers in process groups of device memory
+ * (src/comm/stage.c), shared by tests/test_comm_devsim.c (threads; tests/gpu/test_comm_gpu.c
+ * runs it on the GPU) and tests/test_fabric.c (processes, libfabric). A rank's device buffer
+ * is the parameter buffer of a one-parameter model on the device (the simulated one of
+ * tests/devsim.h, or a GPU); each check runs a collective on device buffers and the same on
+ * host buffers (which the group passes as they are, or stages to the device when its
+ * transport takes device memory only), and compares the bits. */
 #ifndef DTRAIN_TEST_STAGED_COLL_H
 #define DTRAIN_TEST_STAGED_COLL_H
 
