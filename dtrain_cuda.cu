@@ -17,6 +17,7 @@
 
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <pthread.h>
 
 #define DTR__CUDA_THREADS 256
 #define DTR__CUDA_MAX_BLOCKS 65535u
@@ -55,6 +56,9 @@ typedef struct dtr__cuda_state {
     double *sum_host;               /* pinned: a reduction's result for the host */
     int64_t *segs;                  /* LAMB segment bounds on the device, and their capacity */
     int seg_cap;
+    /* the allocator's lists and the event rings: a process group's progress thread calls the
+       backend beside the context's thread (NCCL's event_record, a device group's scratch) */
+    pthread_mutex_t mu;
 } dtr__cuda_state;
 
 #define DTR__CUDA_MAX_PARTIALS 1024
@@ -195,7 +199,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 199 "dtrain_cuda.cu"
+#line 203 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1029,7 +1033,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1033 "dtrain_cuda.cu"
+#line 1037 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1306,7 +1310,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1310 "dtrain_cuda.cu"
+#line 1314 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1485,7 +1489,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1489 "dtrain_cuda.cu"
+#line 1493 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1684,7 +1688,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1688 "dtrain_cuda.cu"
+#line 1692 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1870,7 +1874,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1874 "dtrain_cuda.cu"
+#line 1878 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -1942,6 +1946,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     dtr__free(&ctx->alloc, s->live);
     if (s->copies) cudaStreamDestroy(s->copies);
     if (s->stream) cudaStreamDestroy(s->stream);
+    pthread_mutex_destroy(&s->mu);
     dtr__free(&ctx->alloc, s);
 }
 
@@ -1955,6 +1960,10 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: device %d outside 0..%d", ctx->cfg.device, n - 1);
     s = (dtr__cuda_state *)dtr__calloc(&ctx->alloc, sizeof(*s));
     if (!s) return DTR_OUT_OF_MEMORY;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        dtr__free(&ctx->alloc, s);
+        return DTR_OUT_OF_MEMORY;
+    }
     s->device = ctx->cfg.device;
     s->events.cap = DTR__CUDA_EVENTS, s->copy_events.cap = DTR__CUDA_COPY_EVENTS;
     s->fast16 = ctx->cfg.matmul_precision == DTR_MATMUL_BF16 || ctx->cfg.matmul_precision == DTR_MATMUL_F16;
@@ -2017,7 +2026,7 @@ static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, siz
     return 1;
 }
 
-static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
+static void *dtr__cuda_alloc_locked(dtr_context *ctx, size_t bytes) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     void *p;
     cudaError_t e;
@@ -2041,7 +2050,7 @@ static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
     return p;
 }
 
-static void dtr__cuda_free(dtr_context *ctx, void *p) {
+static void dtr__cuda_free_locked(dtr_context *ctx, void *p) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     int i;
     if (!p) return;
@@ -2057,6 +2066,20 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     }
     s->live_bytes -= s->live[i].bytes;
     s->live[i] = s->live[--s->n_live];
+}
+
+static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
+    void *p;
+    pthread_mutex_lock(&dtr__cuda(ctx)->mu);
+    p = dtr__cuda_alloc_locked(ctx, bytes);
+    pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
+    return p;
+}
+
+static void dtr__cuda_free(dtr_context *ctx, void *p) {
+    pthread_mutex_lock(&dtr__cuda(ctx)->mu);
+    dtr__cuda_free_locked(ctx, p);
+    pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
 }
 
 static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes) {
@@ -2098,15 +2121,19 @@ static dtr_result dtr__cuda_copy(dtr_context *ctx, void *dst, const void *src, s
 
 /* the next event of ring rg recorded on stream `on` */
 static dtr_result dtr__cuda_event_on(dtr_context *ctx, dtr__cuda_ring *rg, cudaStream_t on, dtr_event **ev) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    dtr_result r = DTR_OK;
     cudaEvent_t *e;
+    pthread_mutex_lock(&s->mu);
     if (rg->n < rg->cap && rg->next == rg->n) {
-        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&rg->ev[rg->n], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
-            return ctx->status;
-        rg->n++;
+        r = dtr__cuda_check(ctx, cudaEventCreateWithFlags(&rg->ev[rg->n], cudaEventDisableTiming), "cudaEventCreate");
+        if (r == DTR_OK) rg->n++;
     }
     e = &rg->ev[rg->next];
-    rg->next = (rg->next + 1) % rg->cap;
-    if (dtr__cuda_check(ctx, cudaEventRecord(*e, on), "cudaEventRecord") != DTR_OK) return ctx->status;
+    if (r == DTR_OK) rg->next = (rg->next + 1) % rg->cap;
+    if (r == DTR_OK) r = dtr__cuda_check(ctx, cudaEventRecord(*e, on), "cudaEventRecord");
+    pthread_mutex_unlock(&s->mu);
+    if (r != DTR_OK) return ctx->status;
     *ev = (dtr_event *)e;
     return DTR_OK;
 }
@@ -2250,5 +2277,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2254 "dtrain_cuda.cu"
+#line 2281 "dtrain_cuda.cu"
 

@@ -66,6 +66,7 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     dtr__free(&ctx->alloc, s->live);
     if (s->copies) cudaStreamDestroy(s->copies);
     if (s->stream) cudaStreamDestroy(s->stream);
+    pthread_mutex_destroy(&s->mu);
     dtr__free(&ctx->alloc, s);
 }
 
@@ -79,6 +80,10 @@ static dtr_result dtr__cuda_init(dtr_context *ctx, void **state) {
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: device %d outside 0..%d", ctx->cfg.device, n - 1);
     s = (dtr__cuda_state *)dtr__calloc(&ctx->alloc, sizeof(*s));
     if (!s) return DTR_OUT_OF_MEMORY;
+    if (pthread_mutex_init(&s->mu, NULL) != 0) {
+        dtr__free(&ctx->alloc, s);
+        return DTR_OUT_OF_MEMORY;
+    }
     s->device = ctx->cfg.device;
     s->events.cap = DTR__CUDA_EVENTS, s->copy_events.cap = DTR__CUDA_COPY_EVENTS;
     s->fast16 = ctx->cfg.matmul_precision == DTR_MATMUL_BF16 || ctx->cfg.matmul_precision == DTR_MATMUL_F16;
@@ -141,7 +146,7 @@ static int dtr__cuda_live_add(dtr_context *ctx, dtr__cuda_state *s, void *p, siz
     return 1;
 }
 
-static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
+static void *dtr__cuda_alloc_locked(dtr_context *ctx, size_t bytes) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     void *p;
     cudaError_t e;
@@ -165,7 +170,7 @@ static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
     return p;
 }
 
-static void dtr__cuda_free(dtr_context *ctx, void *p) {
+static void dtr__cuda_free_locked(dtr_context *ctx, void *p) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     int i;
     if (!p) return;
@@ -181,6 +186,20 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     }
     s->live_bytes -= s->live[i].bytes;
     s->live[i] = s->live[--s->n_live];
+}
+
+static void *dtr__cuda_alloc(dtr_context *ctx, size_t bytes) {
+    void *p;
+    pthread_mutex_lock(&dtr__cuda(ctx)->mu);
+    p = dtr__cuda_alloc_locked(ctx, bytes);
+    pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
+    return p;
+}
+
+static void dtr__cuda_free(dtr_context *ctx, void *p) {
+    pthread_mutex_lock(&dtr__cuda(ctx)->mu);
+    dtr__cuda_free_locked(ctx, p);
+    pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
 }
 
 static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes) {
@@ -222,15 +241,19 @@ static dtr_result dtr__cuda_copy(dtr_context *ctx, void *dst, const void *src, s
 
 /* the next event of ring rg recorded on stream `on` */
 static dtr_result dtr__cuda_event_on(dtr_context *ctx, dtr__cuda_ring *rg, cudaStream_t on, dtr_event **ev) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    dtr_result r = DTR_OK;
     cudaEvent_t *e;
+    pthread_mutex_lock(&s->mu);
     if (rg->n < rg->cap && rg->next == rg->n) {
-        if (dtr__cuda_check(ctx, cudaEventCreateWithFlags(&rg->ev[rg->n], cudaEventDisableTiming), "cudaEventCreate") != DTR_OK)
-            return ctx->status;
-        rg->n++;
+        r = dtr__cuda_check(ctx, cudaEventCreateWithFlags(&rg->ev[rg->n], cudaEventDisableTiming), "cudaEventCreate");
+        if (r == DTR_OK) rg->n++;
     }
     e = &rg->ev[rg->next];
-    rg->next = (rg->next + 1) % rg->cap;
-    if (dtr__cuda_check(ctx, cudaEventRecord(*e, on), "cudaEventRecord") != DTR_OK) return ctx->status;
+    if (r == DTR_OK) rg->next = (rg->next + 1) % rg->cap;
+    if (r == DTR_OK) r = dtr__cuda_check(ctx, cudaEventRecord(*e, on), "cudaEventRecord");
+    pthread_mutex_unlock(&s->mu);
+    if (r != DTR_OK) return ctx->status;
     *ev = (dtr_event *)e;
     return DTR_OK;
 }

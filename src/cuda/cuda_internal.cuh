@@ -10,6 +10,7 @@
 #include "../core/formulas.h"
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <pthread.h>
 
 #define DTR__CUDA_THREADS 256
 #define DTR__CUDA_MAX_BLOCKS 65535u
@@ -48,6 +49,9 @@ typedef struct dtr__cuda_state {
     double *sum_host;               /* pinned: a reduction's result for the host */
     int64_t *segs;                  /* LAMB segment bounds on the device, and their capacity */
     int seg_cap;
+    /* the allocator's lists and the event rings: a process group's progress thread calls the
+       backend beside the context's thread (NCCL's event_record, a device group's scratch) */
+    pthread_mutex_t mu;
 } dtr__cuda_state;
 
 #define DTR__CUDA_MAX_PARTIALS 1024
