@@ -4394,6 +4394,9 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
  *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
  *  recomputed region inside the pass that reports its parameters). */
 DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** dtr_backward_from with `grad` in host memory (in_backend 0), or in the context's backend
+ *  memory (1: a tensor's data, copied on the device; the pipeline over a device transport). */
+DTR__PRIVATE dtr_result dtr__backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend);
 /** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
 DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its
@@ -4562,7 +4565,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4566 "dtrain.h"
+#line 4569 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4843,7 +4846,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4847 "dtrain.h"
+#line 4850 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4905,7 +4908,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4909 "dtrain.h"
+#line 4912 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5280,7 +5283,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5284 "dtrain.h"
+#line 5287 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5323,7 +5326,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5327 "dtrain.h"
+#line 5330 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5353,7 +5356,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5357 "dtrain.h"
+#line 5360 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5388,7 +5391,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5392 "dtrain.h"
+#line 5395 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5462,7 +5465,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5466 "dtrain.h"
+#line 5469 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5530,7 +5533,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5534 "dtrain.h"
+#line 5537 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5580,7 +5583,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5584 "dtrain.h"
+#line 5587 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5932,7 +5935,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5936 "dtrain.h"
+#line 5939 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6723,7 +6726,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6727 "dtrain.h"
+#line 6730 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7324,7 +7327,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7328 "dtrain.h"
+#line 7331 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7395,7 +7398,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7399 "dtrain.h"
+#line 7402 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7834,7 +7837,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7838 "dtrain.h"
+#line 7841 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8010,14 +8013,15 @@ static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_te
 }
 
 /* Seeds out's gradient for this pass with `grad` (host memory). */
-static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend) {
     size_t bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
     dtr_result r = dtr__grad_of_pass(ctx, out);
     if (r == DTR_OK && out->node) {
-        r = ctx->backend->from_host(ctx, out->grad, grad, bytes);
+        r = in_backend ? dtr__mem_copy(ctx, out->grad, grad, bytes) : ctx->backend->from_host(ctx, out->grad, grad, bytes);
     } else if (r == DTR_OK) { /* a leaf: its gradient accumulates */
-        float *tmp = (float *)dtr__arena_data(ctx, bytes, "dtr_backward_from");
-        r = tmp ? ctx->backend->from_host(ctx, tmp, grad, bytes) : ctx->status;
+        float *tmp = in_backend ? (float *)grad : (float *)dtr__arena_data(ctx, bytes, "dtr_backward_from");
+        r = tmp ? DTR_OK : ctx->status;
+        if (r == DTR_OK && !in_backend) r = ctx->backend->from_host(ctx, tmp, grad, bytes);
         if (r == DTR_OK) r = ctx->backend->reduce(ctx, out->grad, out->grad, tmp, (size_t)dtr_tensor_numel(out), DTR_F32, DTR_REDUCE_SUM, 1);
     }
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward_from: cannot seed the gradient");
@@ -8027,6 +8031,10 @@ static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad
 /* One pass over the tape that recorded `out` (the current one for a leaf), with that tape
  * current so the gradients of its tensors live in its arenas. */
 dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    return dtr__backward_from(ctx, out, grad, 0);
+}
+
+dtr_result dtr__backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend) {
     dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
     dtr_tape *was;
     if (r != DTR_OK) return r;
@@ -8036,7 +8044,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     ctx->backward_pass++;
     ctx->pass_root = dtr__owner(out);
     dtr__obs_phase_begin(ctx, DTR_PHASE_BACKWARD);
-    r = dtr__seed(ctx, out, grad);
+    r = dtr__seed(ctx, out, grad, in_backend);
     if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
     dtr__obs_phase_end(ctx, DTR_PHASE_BACKWARD);
     ctx->cur = was;
@@ -8066,7 +8074,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8070 "dtrain.h"
+#line 8078 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8297,7 +8305,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8301 "dtrain.h"
+#line 8309 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8412,7 +8420,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8416 "dtrain.h"
+#line 8424 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8468,7 +8476,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8472 "dtrain.h"
+#line 8480 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8898,7 +8906,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8902 "dtrain.h"
+#line 8910 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9077,7 +9085,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9081 "dtrain.h"
+#line 9089 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9606,7 +9614,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9610 "dtrain.h"
+#line 9618 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10105,7 +10113,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10109 "dtrain.h"
+#line 10117 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10364,7 +10372,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10368 "dtrain.h"
+#line 10376 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10639,7 +10647,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10643 "dtrain.h"
+#line 10651 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10765,7 +10773,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10769 "dtrain.h"
+#line 10777 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11286,7 +11294,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11290 "dtrain.h"
+#line 11298 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11455,7 +11463,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11459 "dtrain.h"
+#line 11467 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11704,7 +11712,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11708 "dtrain.h"
+#line 11716 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12223,7 +12231,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12227 "dtrain.h"
+#line 12235 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12358,7 +12366,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12362 "dtrain.h"
+#line 12370 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12705,7 +12713,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12709 "dtrain.h"
+#line 12717 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12771,7 +12779,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12775 "dtrain.h"
+#line 12783 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13008,7 +13016,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13012 "dtrain.h"
+#line 13020 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13757,7 +13765,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13761 "dtrain.h"
+#line 13769 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14210,7 +14218,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14214 "dtrain.h"
+#line 14222 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14266,7 +14274,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14270 "dtrain.h"
+#line 14278 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15043,7 +15051,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15047 "dtrain.h"
+#line 15055 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15624,7 +15632,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15628 "dtrain.h"
+#line 15636 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16255,7 +16263,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16259 "dtrain.h"
+#line 16267 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17045,7 +17053,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17049 "dtrain.h"
+#line 17057 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17398,7 +17406,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17402 "dtrain.h"
+#line 17410 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17588,7 +17596,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17592 "dtrain.h"
+#line 17600 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17769,7 +17777,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17773 "dtrain.h"
+#line 17781 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18544,7 +18552,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18548 "dtrain.h"
+#line 18556 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19061,7 +19069,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19065 "dtrain.h"
+#line 19073 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19856,7 +19864,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19860 "dtrain.h"
+#line 19868 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21103,7 +21111,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21107 "dtrain.h"
+#line 21115 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21725,7 +21733,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21729 "dtrain.h"
+#line 21737 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22226,7 +22234,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22230 "dtrain.h"
+#line 22238 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22956,7 +22964,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22960 "dtrain.h"
+#line 22968 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23192,7 +23200,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23196 "dtrain.h"
+#line 23204 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -23321,7 +23329,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23325 "dtrain.h"
+#line 23333 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23700,7 +23708,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23704 "dtrain.h"
+#line 23712 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23921,7 +23929,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23925 "dtrain.h"
+#line 23933 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24400,7 +24408,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24404 "dtrain.h"
+#line 24412 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24428,7 +24436,8 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
  *
  * A model in device memory (a GPU backend) over a host-memory group stages every message
  * through host buffers of its micro-batch's slot (to_host before a send, from_host after a
- * receive); device-memory groups (NCCL) are refused.
+ * receive); over a device-memory group (NCCL) the messages go from and into the tensors on
+ * the device, the received gradient seeding backward there (dtr__backward_from).
  * ==========================================================================*/
 
 
@@ -24561,7 +24570,7 @@ dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg
     p = (dtr_pipe *)dtr__calloc(&ctx->alloc, sizeof(*p));
     if (!p) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
     p->m = m, p->ctx = ctx, p->c = c, p->cfg = *cfg;
-    p->staged = !dtr__host_memory(ctx);
+    p->staged = !dtr__host_memory(ctx) && !c->mem_ctx;   /* device messages through the host, unless the group takes them */
     p->rank = dtr_comm_rank(c), p->P = dtr_comm_size(c), p->v = cfg->chunks, p->M = cfg->microbatches;
     p->live = (dtr__pipe_slot **)dtr__calloc(&ctx->alloc, (size_t)(p->v * p->M) * sizeof(*p->live));
     p->plan = (dtr__pipe_action *)dtr__calloc(&ctx->alloc, (size_t)(2 * p->v * p->M) * sizeof(*p->plan));
@@ -24821,7 +24830,7 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
     dtr_result r = DTR_OK;
     float seed = dtr__pipe_weight(p, mb), *g = &seed;
     if (p->cfg.dp && (r = dtr_dp_set_no_sync(p->cfg.dp, !last_backward)) != DTR_OK) return r;
-    if (!dtr__pipe_last(p, chunk)) {   /* the gradient of the output, into host memory (dtr_backward_from's) */
+    if (!dtr__pipe_last(p, chunk)) {   /* the gradient of the output: into host memory, or a tensor's */
         dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
         int64_t n = dtr_tensor_numel(s->out);
         dtr_tensor *gt = p->staged ? NULL : dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
@@ -24831,7 +24840,8 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
         r = dtr__pipe_recv(p, g, (size_t)n * sizeof(float), dtr__pipe_next(p), p->cfg.tag + 3 * (chunk + (p->rank == p->P - 1)) + 2);
         if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving a gradient", chunk, mb);
     }
-    if ((r = dtr_backward_from(p->ctx, s->out, g)) != DTR_OK) return r;
+    /* a gradient received into a tensor (not staged) is the backend's memory */
+    if ((r = dtr__backward_from(p->ctx, s->out, g, !p->staged && g != &seed)) != DTR_OK) return r;
     if (s->in && (r = dtr__pipe_send_grad(p, s, chunk, mb)) != DTR_OK) return r;
     s->busy = 0;
     p->live[chunk * p->M + mb] = NULL;
@@ -24895,7 +24905,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24899 "dtrain.h"
+#line 24909 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26270,7 +26280,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26274 "dtrain.h"
+#line 26284 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26324,7 +26334,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26328 "dtrain.h"
+#line 26338 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27487,7 +27497,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27491 "dtrain.h"
+#line 27501 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28377,7 +28387,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28381 "dtrain.h"
+#line 28391 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29855,7 +29865,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29859 "dtrain.h"
+#line 29869 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30239,7 +30249,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30243 "dtrain.h"
+#line 30253 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30388,7 +30398,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30392 "dtrain.h"
+#line 30402 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

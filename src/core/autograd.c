@@ -170,14 +170,15 @@ static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_te
 }
 
 /* Seeds out's gradient for this pass with `grad` (host memory). */
-static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend) {
     size_t bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
     dtr_result r = dtr__grad_of_pass(ctx, out);
     if (r == DTR_OK && out->node) {
-        r = ctx->backend->from_host(ctx, out->grad, grad, bytes);
+        r = in_backend ? dtr__mem_copy(ctx, out->grad, grad, bytes) : ctx->backend->from_host(ctx, out->grad, grad, bytes);
     } else if (r == DTR_OK) { /* a leaf: its gradient accumulates */
-        float *tmp = (float *)dtr__arena_data(ctx, bytes, "dtr_backward_from");
-        r = tmp ? ctx->backend->from_host(ctx, tmp, grad, bytes) : ctx->status;
+        float *tmp = in_backend ? (float *)grad : (float *)dtr__arena_data(ctx, bytes, "dtr_backward_from");
+        r = tmp ? DTR_OK : ctx->status;
+        if (r == DTR_OK && !in_backend) r = ctx->backend->from_host(ctx, tmp, grad, bytes);
         if (r == DTR_OK) r = ctx->backend->reduce(ctx, out->grad, out->grad, tmp, (size_t)dtr_tensor_numel(out), DTR_F32, DTR_REDUCE_SUM, 1);
     }
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_backward_from: cannot seed the gradient");
@@ -187,6 +188,10 @@ static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad
 /* One pass over the tape that recorded `out` (the current one for a leaf), with that tape
  * current so the gradients of its tensors live in its arenas. */
 dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
+    return dtr__backward_from(ctx, out, grad, 0);
+}
+
+dtr_result dtr__backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend) {
     dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
     dtr_tape *was;
     if (r != DTR_OK) return r;
@@ -196,7 +201,7 @@ dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *gra
     ctx->backward_pass++;
     ctx->pass_root = dtr__owner(out);
     dtr__obs_phase_begin(ctx, DTR_PHASE_BACKWARD);
-    r = dtr__seed(ctx, out, grad);
+    r = dtr__seed(ctx, out, grad, in_backend);
     if (r == DTR_OK) r = dtr__replay(ctx, ctx->cur->head, 1);
     dtr__obs_phase_end(ctx, DTR_PHASE_BACKWARD);
     ctx->cur = was;

@@ -446,6 +446,9 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
  *  already holds its gradient. report 0: gradient hooks are neither counted nor called (a
  *  recomputed region inside the pass that reports its parameters). */
 DTR__PRIVATE dtr_result dtr__replay(dtr_context *ctx, dtr__node *head, int report);
+/** dtr_backward_from with `grad` in host memory (in_backend 0), or in the context's backend
+ *  memory (1: a tensor's data, copied on the device; the pipeline over a device transport). */
+DTR__PRIVATE dtr_result dtr__backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend);
 /** 1 when p (a tensor struct, a node) lies in the metadata arena of tape t. */
 DTR__PRIVATE int dtr__tape_owns(const dtr_tape *t, const void *p);
 /** The backward of a CHECKPOINT node, for every backend: recomputes the region with its

@@ -22,7 +22,8 @@
  *
  * A model in device memory (a GPU backend) over a host-memory group stages every message
  * through host buffers of its micro-batch's slot (to_host before a send, from_host after a
- * receive); device-memory groups (NCCL) are refused.
+ * receive); over a device-memory group (NCCL) the messages go from and into the tensors on
+ * the device, the received gradient seeding backward there (dtr__backward_from).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -155,7 +156,7 @@ dtr_result dtr_pipe_create(dtr_model *m, dtr_comm *c, const dtr_pipe_config *cfg
     p = (dtr_pipe *)dtr__calloc(&ctx->alloc, sizeof(*p));
     if (!p) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_pipe_create: out of memory");
     p->m = m, p->ctx = ctx, p->c = c, p->cfg = *cfg;
-    p->staged = !dtr__host_memory(ctx);
+    p->staged = !dtr__host_memory(ctx) && !c->mem_ctx;   /* device messages through the host, unless the group takes them */
     p->rank = dtr_comm_rank(c), p->P = dtr_comm_size(c), p->v = cfg->chunks, p->M = cfg->microbatches;
     p->live = (dtr__pipe_slot **)dtr__calloc(&ctx->alloc, (size_t)(p->v * p->M) * sizeof(*p->live));
     p->plan = (dtr__pipe_action *)dtr__calloc(&ctx->alloc, (size_t)(2 * p->v * p->M) * sizeof(*p->plan));
@@ -415,7 +416,7 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
     dtr_result r = DTR_OK;
     float seed = dtr__pipe_weight(p, mb), *g = &seed;
     if (p->cfg.dp && (r = dtr_dp_set_no_sync(p->cfg.dp, !last_backward)) != DTR_OK) return r;
-    if (!dtr__pipe_last(p, chunk)) {   /* the gradient of the output, into host memory (dtr_backward_from's) */
+    if (!dtr__pipe_last(p, chunk)) {   /* the gradient of the output: into host memory, or a tensor's */
         dtr_tape *was = dtr_context_set_tape(p->ctx, s->tape);
         int64_t n = dtr_tensor_numel(s->out);
         dtr_tensor *gt = p->staged ? NULL : dtr_tensor_new(p->ctx, DTR_F32, 1, &n);
@@ -425,7 +426,8 @@ static dtr_result dtr__pipe_backward(dtr_pipe *p, int chunk, int mb, int last_ba
         r = dtr__pipe_recv(p, g, (size_t)n * sizeof(float), dtr__pipe_next(p), p->cfg.tag + 3 * (chunk + (p->rank == p->P - 1)) + 2);
         if (r != DTR_OK) return dtr__pipe_comm_fail(p, r, "receiving a gradient", chunk, mb);
     }
-    if ((r = dtr_backward_from(p->ctx, s->out, g)) != DTR_OK) return r;
+    /* a gradient received into a tensor (not staged) is the backend's memory */
+    if ((r = dtr__backward_from(p->ctx, s->out, g, !p->staged && g != &seed)) != DTR_OK) return r;
     if (s->in && (r = dtr__pipe_send_grad(p, s, chunk, mb)) != DTR_OK) return r;
     s->busy = 0;
     p->live[chunk * p->M + mb] = NULL;
