@@ -10392,8 +10392,10 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
- * the tensors (dtr__comm_staged_fwd / _bwd); over a device transport (NCCL) the group stages
- * those host images to its device in turn (src/comm/stage.c): correct, not fast.
+ * the tensors (dtr__comm_staged_fwd / _bwd). Over a group of the context's device memory
+ * (NCCL) TP_COPY and TP_REDUCE run on the device (a device copy, the group's all-reduce,
+ * the backend's sum); TP_GATHER and the cross-entropy keep the host images, which the group
+ * stages to its device in turn (src/comm/stage.c): correct, not fast.
  * ==========================================================================*/
 
 
@@ -10626,10 +10628,42 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     return r;
 }
 
+/* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device ---- */
+
+static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
+    return nd->p.comm && nd->p.comm->mem_ctx == ctx && (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE);
+}
+
+/* out = in, then (TP_REDUCE) the group's sum in place */
+static dtr_result dtr__comm_direct_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    dtr_result r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
+    if (r == DTR_OK && nd->op == DTR_OP_TP_REDUCE) r = dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM);
+    return r;
+}
+
+/* gx += g (TP_REDUCE), or gx += the group's sum of g (TP_COPY: every rank takes part) */
+static dtr_result dtr__comm_direct_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad;
+    dtr_result r = DTR_OK;
+    if (nd->op == DTR_OP_TP_COPY) {
+        float *sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
+        if (!sum) return ctx->status;
+        r = dtr__mem_copy(ctx, sum, g, (size_t)n * sizeof(float));
+        if (r == DTR_OK) r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM);
+        g = sum;
+    }
+    if (r == DTR_OK && gx && n) r = ctx->backend->reduce(ctx, gx, gx, g, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1);
+    return r;
+}
+
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__comm_images im;
     size_t sb = dtr__comm_saved_bytes(nd), ob = (size_t)dtr_tensor_numel(nd->out) * sizeof(float);
-    dtr_result r = dtr__comm_images_make(ctx, nd, 0, &im);
+    dtr_result r;
+    if (dtr__comm_direct(ctx, nd)) return dtr__comm_direct_fwd(ctx, nd);
+    r = dtr__comm_images_make(ctx, nd, 0, &im);
     if (r == DTR_OK) r = dtr__cpu_comm_fwd(ctx, &im.n);
     if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, ob);
     if (r == DTR_OK && sb && !(nd->saved = dtr__node_save(ctx, nd, sb))) r = ctx->status;
@@ -10640,14 +10674,16 @@ dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__comm_images im;
-    dtr_result r = dtr__comm_images_make(ctx, nd, 1, &im);
+    dtr_result r;
+    if (dtr__comm_direct(ctx, nd)) return dtr__comm_direct_bwd(ctx, nd);
+    r = dtr__comm_images_make(ctx, nd, 1, &im);
     if (r == DTR_OK) r = dtr__cpu_comm_bwd(ctx, &im.n);
     if (r == DTR_OK && im.in[0].grad)
         r = ctx->backend->from_host(ctx, nd->in[0]->grad, im.in[0].grad, (size_t)dtr_tensor_numel(nd->in[0]) * sizeof(float));
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10651 "dtrain.h"
+#line 10687 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10773,7 +10809,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL
 };
-#line 10777 "dtrain.h"
+#line 10813 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11294,7 +11330,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11298 "dtrain.h"
+#line 11334 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11463,7 +11499,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11467 "dtrain.h"
+#line 11503 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11712,7 +11748,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11716 "dtrain.h"
+#line 11752 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12231,7 +12267,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12235 "dtrain.h"
+#line 12271 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12366,7 +12402,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12370 "dtrain.h"
+#line 12406 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12713,7 +12749,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12717 "dtrain.h"
+#line 12753 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12779,7 +12815,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12783 "dtrain.h"
+#line 12819 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13016,7 +13052,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13020 "dtrain.h"
+#line 13056 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13765,7 +13801,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13769 "dtrain.h"
+#line 13805 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14218,7 +14254,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14222 "dtrain.h"
+#line 14258 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14274,7 +14310,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14278 "dtrain.h"
+#line 14314 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15051,7 +15087,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15055 "dtrain.h"
+#line 15091 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15632,7 +15668,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15636 "dtrain.h"
+#line 15672 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16263,7 +16299,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16267 "dtrain.h"
+#line 16303 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17053,7 +17089,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17057 "dtrain.h"
+#line 17093 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17406,7 +17442,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17410 "dtrain.h"
+#line 17446 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17596,7 +17632,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17600 "dtrain.h"
+#line 17636 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17777,7 +17813,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17781 "dtrain.h"
+#line 17817 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18552,7 +18588,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18556 "dtrain.h"
+#line 18592 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19069,7 +19105,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19073 "dtrain.h"
+#line 19109 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19864,7 +19900,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19868 "dtrain.h"
+#line 19904 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21111,7 +21147,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21115 "dtrain.h"
+#line 21151 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21733,7 +21769,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21737 "dtrain.h"
+#line 21773 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22234,7 +22270,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22238 "dtrain.h"
+#line 22274 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -22964,7 +23000,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 22968 "dtrain.h"
+#line 23004 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23200,7 +23236,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23204 "dtrain.h"
+#line 23240 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -23329,7 +23365,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23333 "dtrain.h"
+#line 23369 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23708,7 +23744,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23712 "dtrain.h"
+#line 23748 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23929,7 +23965,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23933 "dtrain.h"
+#line 23969 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24408,7 +24444,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24412 "dtrain.h"
+#line 24448 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24905,7 +24941,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24909 "dtrain.h"
+#line 24945 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26280,7 +26316,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26284 "dtrain.h"
+#line 26320 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26334,7 +26370,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26338 "dtrain.h"
+#line 26374 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27497,7 +27533,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27501 "dtrain.h"
+#line 27537 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28387,7 +28423,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28391 "dtrain.h"
+#line 28427 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29865,7 +29901,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29869 "dtrain.h"
+#line 29905 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30249,7 +30285,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30253 "dtrain.h"
+#line 30289 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30398,7 +30434,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30402 "dtrain.h"
+#line 30438 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -417,8 +417,9 @@ static void test_device_compress(void) {
 }
 
 /* ---- tensor parallelism over the device transport ----
- * the four communication ops (copy, reduce, gather, vocabulary-parallel cross-entropy) run on
- * host images of device tensors, which the group stages to the device in turn: 6 SGD steps
+ * copy and reduce run on the device (a device copy, the group's all-reduce, the backend's
+ * sum), gather and the vocabulary-parallel cross-entropy on host images of device tensors,
+ * which the group stages to the device in turn: 6 SGD steps
  * of column -> gelu -> row -> (column gathered: MSE) + (column head: vocabulary-parallel
  * cross-entropy) on ranks of the simulated device end with the bits of CPU ranks over a host
  * group */

@@ -14,8 +14,10 @@
  * Shapes: any; y has x's shape (TP_GATHER: the last axis times the group size). Every rank of the group must build the same ops in the same
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
- * the tensors (dtr__comm_staged_fwd / _bwd); over a device transport (NCCL) the group stages
- * those host images to its device in turn (src/comm/stage.c): correct, not fast.
+ * the tensors (dtr__comm_staged_fwd / _bwd). Over a group of the context's device memory
+ * (NCCL) TP_COPY and TP_REDUCE run on the device (a device copy, the group's all-reduce,
+ * the backend's sum); TP_GATHER and the cross-entropy keep the host images, which the group
+ * stages to its device in turn (src/comm/stage.c): correct, not fast.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -248,10 +250,42 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     return r;
 }
 
+/* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device ---- */
+
+static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
+    return nd->p.comm && nd->p.comm->mem_ctx == ctx && (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE);
+}
+
+/* out = in, then (TP_REDUCE) the group's sum in place */
+static dtr_result dtr__comm_direct_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    dtr_result r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
+    if (r == DTR_OK && nd->op == DTR_OP_TP_REDUCE) r = dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM);
+    return r;
+}
+
+/* gx += g (TP_REDUCE), or gx += the group's sum of g (TP_COPY: every rank takes part) */
+static dtr_result dtr__comm_direct_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t n = dtr_tensor_numel(nd->out);
+    float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad;
+    dtr_result r = DTR_OK;
+    if (nd->op == DTR_OP_TP_COPY) {
+        float *sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
+        if (!sum) return ctx->status;
+        r = dtr__mem_copy(ctx, sum, g, (size_t)n * sizeof(float));
+        if (r == DTR_OK) r = dtr__tp_all_reduce(ctx, nd, sum, n, DTR_REDUCE_SUM);
+        g = sum;
+    }
+    if (r == DTR_OK && gx && n) r = ctx->backend->reduce(ctx, gx, gx, g, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1);
+    return r;
+}
+
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__comm_images im;
     size_t sb = dtr__comm_saved_bytes(nd), ob = (size_t)dtr_tensor_numel(nd->out) * sizeof(float);
-    dtr_result r = dtr__comm_images_make(ctx, nd, 0, &im);
+    dtr_result r;
+    if (dtr__comm_direct(ctx, nd)) return dtr__comm_direct_fwd(ctx, nd);
+    r = dtr__comm_images_make(ctx, nd, 0, &im);
     if (r == DTR_OK) r = dtr__cpu_comm_fwd(ctx, &im.n);
     if (r == DTR_OK) r = ctx->backend->from_host(ctx, dtr__data(nd->out), im.out.storage, ob);
     if (r == DTR_OK && sb && !(nd->saved = dtr__node_save(ctx, nd, sb))) r = ctx->status;
@@ -262,7 +296,9 @@ dtr_result dtr__comm_staged_fwd(dtr_context *ctx, dtr__node *nd) {
 
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__comm_images im;
-    dtr_result r = dtr__comm_images_make(ctx, nd, 1, &im);
+    dtr_result r;
+    if (dtr__comm_direct(ctx, nd)) return dtr__comm_direct_bwd(ctx, nd);
+    r = dtr__comm_images_make(ctx, nd, 1, &im);
     if (r == DTR_OK) r = dtr__cpu_comm_bwd(ctx, &im.n);
     if (r == DTR_OK && im.in[0].grad)
         r = ctx->backend->from_host(ctx, nd->in[0]->grad, im.in[0].grad, (size_t)dtr_tensor_numel(nd->in[0]) * sizeof(float));
