@@ -204,14 +204,23 @@ dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why) {
     return dtr_store_set(w->boot->st, key, val, strlen(val));
 }
 
-/* A peer looks dead: unless it left cleanly, break the world naming it. */
+static int dtr__watch_abort_key(dtr__watchdog *w, int wait, int *who, char *why, size_t cap);
+
+/* A peer looks dead: unless it left cleanly, break the world naming it. A peer that left
+ * after the world failed (it wrote the abort key first: it timed out on a stopped rank, say)
+ * brings that failure, not its leaving: every rank then blames the same culprit. */
 static void dtr__watch_peer_gone(dtr__watchdog *w, int p, const char *how) {
-    char key[96], v[8];
+    char key[96], v[8], why[256];
     size_t len;
-    int found = 0;
+    int found = 0, who = -1;
     dtr__boot_key(w->boot, key, sizeof key, "left", p);
     if (dtr_store_check(w->boot->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
         w->gone[p] = 1;
+        if (!w->ops.died && !w->heard && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
+            w->ops.fail(w->ops.t, who, why, 0);
+            w->published = w->heard = 1;
+            return;
+        }
         w->ops.left(w->ops.t, p);
         return;
     }
@@ -488,7 +497,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 492 "dtrain_comm.c"
+#line 501 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1700,7 +1709,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1704 "dtrain_comm.c"
+#line 1713 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2216,5 +2225,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2220 "dtrain_comm.c"
+#line 2229 "dtrain_comm.c"
 

@@ -43,14 +43,23 @@ dtr_result dtr__watchdog_publish(dtr__watchdog *w, int who, const char *why) {
     return dtr_store_set(w->boot->st, key, val, strlen(val));
 }
 
-/* A peer looks dead: unless it left cleanly, break the world naming it. */
+static int dtr__watch_abort_key(dtr__watchdog *w, int wait, int *who, char *why, size_t cap);
+
+/* A peer looks dead: unless it left cleanly, break the world naming it. A peer that left
+ * after the world failed (it wrote the abort key first: it timed out on a stopped rank, say)
+ * brings that failure, not its leaving: every rank then blames the same culprit. */
 static void dtr__watch_peer_gone(dtr__watchdog *w, int p, const char *how) {
-    char key[96], v[8];
+    char key[96], v[8], why[256];
     size_t len;
-    int found = 0;
+    int found = 0, who = -1;
     dtr__boot_key(w->boot, key, sizeof key, "left", p);
     if (dtr_store_check(w->boot->st, key, v, sizeof v, &len, &found) == DTR_OK && found) {
         w->gone[p] = 1;
+        if (!w->ops.died && !w->heard && dtr__watch_abort_key(w, 0, &who, why, sizeof why)) {
+            w->ops.fail(w->ops.t, who, why, 0);
+            w->published = w->heard = 1;
+            return;
+        }
         w->ops.left(w->ops.t, p);
         return;
     }
