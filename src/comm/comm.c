@@ -995,7 +995,8 @@ void dtr_request_destroy(dtr_request *q) {
         q->treq = NULL;
         dtr__stage_out(c, &q->a, &q->st, DTR_BAD_STATE);   /* its block back, nothing copied */
     } else {
-        dtr_request_wait(q);   /* also a completed one's result to the device */
+        if (q->state != DTR__REQ_DONE) dtr_request_wait(q);
+        dtr__req_settle(q);   /* a completed one's staged result to its destination */
     }
     pthread_mutex_lock(&c->mu);
     q->next = c->free_reqs;

@@ -169,7 +169,8 @@ static dtr_result dtr__check_root(dtr_context *ctx, const char *fn, const dtr_te
     return DTR_OK;
 }
 
-/* Seeds out's gradient for this pass with `grad` (host memory). */
+/* Seeds out's gradient for this pass with `grad` (host memory, or with in_backend the
+   backend's). */
 static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend) {
     size_t bytes = (size_t)dtr_tensor_numel(out) * sizeof(float);
     dtr_result r = dtr__grad_of_pass(ctx, out);
@@ -185,12 +186,12 @@ static dtr_result dtr__seed(dtr_context *ctx, dtr_tensor *out, const float *grad
     return DTR_OK;
 }
 
-/* One pass over the tape that recorded `out` (the current one for a leaf), with that tape
- * current so the gradients of its tensors live in its arenas. */
 dtr_result dtr_backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad) {
     return dtr__backward_from(ctx, out, grad, 0);
 }
 
+/* One pass over the tape that recorded `out` (the current one for a leaf), with that tape
+ * current so the gradients of its tensors live in its arenas. */
 dtr_result dtr__backward_from(dtr_context *ctx, dtr_tensor *out, const float *grad, int in_backend) {
     dtr_result r = dtr__check_root(ctx, "dtr_backward_from", out);
     dtr_tape *was;

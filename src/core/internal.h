@@ -266,7 +266,9 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
 /** The tensor-parallel communication ops (the `comm` family) on a backend without host
  *  memory: the CPU kernels run on host images of the tensors they touch, then what they
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
- *  `comm` entry here. The group must take host memory (else DTR_UNSUPPORTED, said). */
+ *  `comm` entry here. Over a group of the context's device memory TP_COPY and TP_REDUCE run
+ *  on the device instead; the others need a group that takes host buffers (else
+ *  DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
