@@ -259,7 +259,7 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 # Without a GPU it says loudly that it skipped. The program is built by cuda-check (so CI
 # compiles and links the CUDA unit) and run here.
 GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu $(BUILD)/tests/gpu/test_train_gpu $(BUILD)/tests/gpu/test_tp_gpu \
-             $(BUILD)/tests/gpu/test_comm_gpu
+             $(BUILD)/tests/gpu/test_comm_gpu $(BUILD)/tests/gpu/test_graph_gpu
 test-gpu: $(GPU_TESTS)
 	tests/run.sh $(GPU_TESTS)
 $(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
@@ -271,6 +271,10 @@ $(BUILD)/tests/gpu/test_tp_gpu: tests/test_tensor_parallel.c tests/test.h $(CUDA
 	$(CC) $(CFLAGS) -D_DEFAULT_SOURCE -DDTRAIN_INTERNAL_API -DTP_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
 # tests/gpu/test_comm_gpu.c: tests/test_comm_devsim.c (device-memory groups) on the GPU.
 $(BUILD)/tests/gpu/test_comm_gpu: tests/gpu/test_comm_gpu.c tests/test_comm_devsim.c tests/staged_coll.h tests/test.h $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+# tests/gpu/test_graph_gpu.c: tests/test_graph.c (captured steps) replaying CUDA graphs.
+$(BUILD)/tests/gpu/test_graph_gpu: tests/gpu/test_graph_gpu.c tests/test_graph.c tests/test.h $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
 # tests/gpu/test_train_gpu.c: optimizers, the loss scaler and weights files on the GPU against the CPU.

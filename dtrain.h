@@ -283,6 +283,66 @@ DTR_API dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t);
 /** The current tape, NULL when it is the context's own. Thread safety: the context's thread. */
 DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
 
+/* ---- captured steps (CUDA graphs) ----
+ * A training step of fixed shapes launches the same kernels every time; on a GPU the launches
+ * themselves can cost more than the work (a small MLP). dtr_graph_capture runs a step function
+ * once and keeps it; dtr_graph_launch runs it again: on CUDA one cudaGraphLaunch replays every
+ * kernel the capture queued, on the same memory; on a backend without graphs (the CPU) the
+ * function is called again on the graph's own tape, and the work is checked to be the capture's.
+ * Loop: write the batch into input tensors made before the capture, dtr_graph_launch,
+ * dtr_optimizer_step, read the loss (docs/gpu.md, "Captured steps").
+ *
+ * The step function's rules (each broken one is refused with DTR_BAD_STATE or
+ * DTR_UNSUPPORTED and a message naming the call, on every backend, so a program that captures
+ * on the CPU captures on the GPU):
+ * - It does the same work each time: the same ops on tensors of the same shapes, and host
+ *   values it copies in (dtr_tensor_from, dtr_backward's seed, a scale factor) are the
+ *   capture's on every launch: a launch whose work differs from the capture's fails
+ *   ("the step differs from its capture"). Changing data goes in through tensors made before
+ *   the capture (dtr_tensor_write before each launch).
+ * - Nothing in it waits on the host: no reads of tensors (dtr_tensor_read, dtr_tensor_grad),
+ *   no events, no dtr_context_reset, no optimizer step (its step count and learning rate change
+ *   every step: call dtr_optimizer_step after the launch), no gradient clipping or loss-scaler
+ *   check (host sums).
+ * - No dropout (fresh masks every step), no activation checkpointing (dtr_checkpoint runs on
+ *   other tapes), no tensor-parallel communication ops; the context may hold no gradient hook
+ *   (a data-parallel engine): capture a single-device step.
+ * Its tensors live on the graph's tape until the next launch (CPU) or the graph's end (CUDA):
+ * keep the ones to read (the loss) in `user`; intermediate gradients are not released early in a
+ * captured step (a higher arena peak than eager). A launch after dtr_context_reset of a context
+ * whose own tape held an input of the capture is refused (the input is gone): capture again. */
+
+/** A captured step (dtr_graph_capture). */
+typedef struct dtr_graph dtr_graph;
+/** A step function: records ops on ctx (forward, loss, dtr_backward) and returns DTR_OK or an
+ *  error, which ends the capture or the launch with it. */
+typedef dtr_result (*dtr_graph_fn)(dtr_context *ctx, void *user);
+
+/** Captures the step `fn(ctx, user)` on a tape of its own and runs it once. On CUDA it runs it
+ *  twice: eagerly (queueing the work, and settling the allocator's and cuBLAS's first-use
+ *  allocations), then under stream capture (recorded, not run) into a CUDA graph; elsewhere
+ *  once, recording what it did. Either way the step's work has run once when this returns.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (a capture is
+ *          under way on ctx, a refused call inside fn, or fn's second run differing from its
+ *          first), DTR_UNSUPPORTED (a refused op, or gradient hooks on ctx), DTR_OUT_OF_MEMORY,
+ *          a device error of the capture, or fn's error. The context's message says which.
+ *  Thread safety: the context's thread; nothing else may use the context during the capture. */
+DTR_API dtr_result dtr_graph_capture(dtr_context *ctx, dtr_graph_fn fn, void *user, dtr_graph **out);
+/** Runs the captured step again: queues the graph on the context's stream (CUDA; returns
+ *  before the work is done, like any op), or calls fn again on the graph's tape after resetting
+ *  it, checking that it does the capture's work.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (the step
+ *          differs from its capture, a refused call, or an input of the capture freed by
+ *          dtr_context_reset), a device error, or fn's error.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_graph_launch(dtr_graph *g);
+/** 1 when launches replay a backend graph (CUDA), 0 when they call the step function again.
+ *  Thread safety: any thread. */
+DTR_API int dtr_graph_native(const dtr_graph *g);
+/** Frees the graph and its tape, after the work of its launches has completed. NULL is ignored.
+ *  Thread safety: the context's thread. */
+DTR_API void dtr_graph_destroy(dtr_graph *g);
+
 /** The backend's name ("cpu", "cuda").
  *  Thread safety: the context's thread. */
 DTR_API const char *dtr_context_backend_name(const dtr_context *ctx);
@@ -3942,7 +4002,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 3946 "dtrain.h"
+#line 4006 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4037,11 +4097,11 @@ enum {
     DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
     DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
     DTR__LEAF = 4u,
-    DTR__GRAD_SPARE = 8u,      /* grad from the own tape's data arena: back to its spares once the
-                                  producer's backward ran (dtr__grad_release) */
+    DTR__GRAD_SPARE = 8u,      /* grad from the data arena of a tape that recycles (dtr__spare_tape):
+                                  back to its spares once the producer's backward ran (dtr__grad_release) */
     DTR__RETAIN_GRAD = 16u,    /* dtr_tensor_retain_grad: never released */
-    DTR__OWNS_DATA = 32u,      /* storage is a block of the own tape's data arena made for it
-                                  (dtr__tensor_alloc): released with release_activations */
+    DTR__OWNS_DATA = 32u,      /* storage is a block made for it from the data arena of a tape that
+                                  recycles (dtr__tensor_alloc): released with release_activations */
     DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
     DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
 };
@@ -4314,6 +4374,15 @@ struct dtr_backend {
        stream (the collectives of a group of device memory move data with it). NULL: a
        backend of host memory (dtr__mem_copy does memcpy) */
     dtr_result (*copy)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
+    /* captured steps (src/core/graph.c): graph_begin starts capturing the context's stream
+       (work queued until graph_end is recorded into a graph, not run); graph_end ends the
+       capture (always, also after an error) and makes *exec an executable graph, NULL on
+       error; graph_launch queues one on the stream; graph_free releases one. NULL: a backend
+       without graphs (dtr_graph_launch calls the step function again) */
+    dtr_result (*graph_begin)(dtr_context *ctx);
+    dtr_result (*graph_end)(dtr_context *ctx, void **exec);
+    dtr_result (*graph_launch)(dtr_context *ctx, void *exec);
+    void (*graph_free)(dtr_context *ctx, void *exec);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4385,10 +4454,24 @@ struct dtr_context {
     int recompute_depth;          /* levels in use now */
     int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
     struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
+    struct dtr_graph *capturing;  /* the graph whose step runs now (src/core/graph.c; its guard is
+                                     `backend` meanwhile), NULL otherwise */
+    dtr_tape *capture_tape;       /* its tape, which recycles blocks as the own tape does */
+    uint64_t resets;              /* dtr_context_reset calls: a graph that read the own tape's
+                                     tensors is stale after one */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+/** Host memory the core may read and write directly: host memory, and no captured step running
+ *  (its copies in and reads go through the backend's slots, which the graph's guard sees:
+ *  src/core/graph.c). */
+static inline int dtr__host_direct(const dtr_context *ctx) { return dtr__host_memory(ctx) && !ctx->capturing; }
+/** The tape whose data blocks are recycled now (spares: src/core/context.c): the own tape, or a
+ *  captured step's, when it is the current one; NULL otherwise. */
+static inline dtr_tape *dtr__spare_tape(const dtr_context *ctx) {
+    return ctx->cur == &ctx->own || (ctx->capturing && ctx->cur == ctx->capture_tape) ? ctx->cur : NULL;
+}
 
 /* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
 
@@ -4567,7 +4650,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4571 "dtrain.h"
+#line 4654 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4848,7 +4931,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4852 "dtrain.h"
+#line 4935 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -4910,7 +4993,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 4914 "dtrain.h"
+#line 4997 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5285,7 +5368,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5289 "dtrain.h"
+#line 5372 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5328,7 +5411,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5332 "dtrain.h"
+#line 5415 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5358,7 +5441,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5362 "dtrain.h"
+#line 5445 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5393,7 +5476,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5397 "dtrain.h"
+#line 5480 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5467,7 +5550,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5471 "dtrain.h"
+#line 5554 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5535,7 +5618,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5539 "dtrain.h"
+#line 5622 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5585,7 +5668,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5589 "dtrain.h"
+#line 5672 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -5937,7 +6020,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 5941 "dtrain.h"
+#line 6024 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6728,7 +6811,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6732 "dtrain.h"
+#line 6815 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7008,7 +7091,10 @@ void dtr_context_destroy(dtr_context *ctx) {
 
 dtr_result dtr_context_reset(dtr_context *ctx) {
     if (!ctx) return DTR_NULL_HANDLE;
+    if (ctx->capturing)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_context_reset: not inside a captured step (dtr_graph_capture's fn)");
     dtr__tape_clear(&ctx->own);
+    ctx->resets++;
     return DTR_OK;
 }
 
@@ -7141,10 +7227,11 @@ void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
-static void *dtr__spare_take(dtr_context *ctx, size_t need);
+static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need);
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
+    dtr_tape *st = dtr__spare_tape(ctx);
     int full = 0;
-    void *p = ctx->cur == &ctx->own && ctx->own.spare ? dtr__spare_take(ctx, dtr__aligned(bytes)) : NULL;
+    void *p = st && st->spare ? dtr__spare_take(ctx, st, dtr__aligned(bytes)) : NULL;
     if (!p) p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
@@ -7191,7 +7278,8 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
 }
 
 /* ---- spares ----
- * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
+ * Blocks of the own tape's data arena (or a captured step's tape's: dtr__spare_tape) that
+ * nothing reads any more: an intermediate's
  * gradient once the op that made it has run its backward, and with release_activations an
  * op's output and saved state once it has (every reader of them comes later on the tape, so
  * it ran first). Every later allocation from the own tape's data arena takes the smallest
@@ -7201,15 +7289,24 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
 
 #define DTR__SPLIT_MIN 4096
 
-/* a spare descriptor: one whose block was taken again, or a new one (NULL: out of memory) */
-static dtr__spare *dtr__spare_desc(dtr_context *ctx) {
-    dtr__spare *s = ctx->own.unused;
+/* a spare descriptor of tape t: one whose block was taken again, or a new one (NULL: out of memory) */
+static dtr__spare *dtr__spare_desc(dtr_context *ctx, dtr_tape *t) {
+    dtr__spare *s = t->unused;
     int full = 0;
     if (s) {
-        ctx->own.unused = s->next;
+        t->unused = s->next;
         return s;
     }
-    return (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full);
+    return (dtr__spare *)dtr__tape_alloc(ctx, &t->meta, sizeof(*s), &full);
+}
+
+/* 1 when p lies in tape t's data arena */
+static int dtr__tape_owns_data(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->data.head, p)) return 1;
+    for (c = t->data.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
 }
 
 /* s, describing the block [p, p + bytes), onto the front of *list */
@@ -7220,23 +7317,24 @@ static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t by
     *list = s;
 }
 
-/* The smallest spare of at least `need` (aligned) bytes, or NULL. */
-static void *dtr__spare_take(dtr_context *ctx, size_t need) {
+/* The smallest spare of tape t of at least `need` (aligned) bytes, or NULL. */
+static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need) {
     dtr__spare **pp, **best = NULL, *s;
     char *p;
-    for (pp = &ctx->own.spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
+    (void)ctx;
+    for (pp = &t->spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
         if ((*pp)->bytes >= need && (!best || (*pp)->bytes < (*best)->bytes)) best = pp;
     if (!best) return NULL;
     s = *best;
     *best = s->next;
     p = (char *)s->p;
-    if (s->bytes - need >= DTR__SPLIT_MIN) dtr__spare_push(&ctx->own.spare, s, p + need, s->bytes - need);
-    else dtr__spare_push(&ctx->own.unused, s, NULL, 0);
+    if (s->bytes - need >= DTR__SPLIT_MIN) dtr__spare_push(&t->spare, s, p + need, s->bytes - need);
+    else dtr__spare_push(&t->unused, s, NULL, 0);
     return p;
 }
 
 static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
-    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && ctx->cur == &ctx->own;
+    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && dtr__spare_tape(ctx);
 }
 
 void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t) {
@@ -7258,34 +7356,38 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
+    dtr_tape *st = dtr__spare_tape(ctx);
     dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_push(&ctx->own.spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
+    if (!st || !dtr__tape_owns_data(st, t->grad)) return;   /* another tape's block: kept */
+    if (!(s = dtr__spare_desc(ctx, st))) return;           /* kept */
+    dtr__spare_push(&st->spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }
 
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
     void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+    dtr_tape *st = dtr__spare_tape(ctx);
     dtr__spare *s;
-    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL)
+    if (p && ctx->cfg.release_activations && st && (s = dtr__spare_desc(ctx, st)) != NULL)
         dtr__spare_push(&n->saves, s, p, dtr__aligned(bytes));   /* the node's until it has run its backward */
     return p;
 }
 
 void dtr__node_release(dtr_context *ctx, dtr__node *n) {
+    dtr_tape *st = n->tape;   /* the caller's dtr__spare_tape */
     dtr__spare *s, *next;
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {
         next = s->next;
-        dtr__spare_push(&ctx->own.spare, s, s->p, s->bytes);
+        dtr__spare_push(&st->spare, s, s->p, s->bytes);
     }
     n->saves = NULL;
     n->released = 1;
     if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
-    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_push(&ctx->own.spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    if (!(s = dtr__spare_desc(ctx, st))) return;   /* kept */
+    dtr__spare_push(&st->spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
     t->flags |= DTR__RELEASED;
 }
 
@@ -7329,7 +7431,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7333 "dtrain.h"
+#line 7435 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7400,7 +7502,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7404 "dtrain.h"
+#line 7506 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7478,7 +7580,7 @@ dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const in
     t->ctx = ctx;
     t->param_index = -1;
     t->name = "";
-    if (ctx->cur == &ctx->own) t->flags = DTR__OWNS_DATA;
+    if (dtr__spare_tape(ctx)) t->flags = DTR__OWNS_DATA;
     t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
     if (!t->storage) return NULL;
     return t;
@@ -7517,7 +7619,7 @@ dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *shape, fl
     float *tmp;
     if (!t) return NULL;
     n = dtr_tensor_numel(t);
-    if (dtr__host_memory(ctx)) {
+    if (dtr__host_direct(ctx)) {
         for (i = 0; i < n; i++) dtr__f32(t)[i] = value;
         return t;
     }
@@ -7609,7 +7711,7 @@ dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
         return dtr__fail(t->ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read_grad: %zu elements asked, tensor has %lld", n,
                          (long long)dtr_tensor_numel(t));
     if (n == 0) return DTR_OK;
-    if (dtr__host_memory(t->ctx)) {
+    if (dtr__host_direct(t->ctx)) {
         memcpy(dst, t->grad, n * sizeof(float));
         return DTR_OK;
     }
@@ -7674,12 +7776,12 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     if (n == 0) return DTR_OK;
     es = dtr_dtype_size(t->dtype);
     bytes = n * es;
-    if (dtr__host_memory(ctx) && dtr_tensor_is_contiguous(t)) {
+    if (dtr__host_direct(ctx) && dtr_tensor_is_contiguous(t)) {
         src = (const char *)t->storage + (size_t)t->offset * es;
     } else {
         tmp = dtr__malloc(&ctx->alloc, bytes);
         if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
-        if (dtr__host_memory(ctx)) {
+        if (dtr__host_direct(ctx)) {
             dtr__gather(t, t->storage, 0, tmp, es);
         } else {
             r = dtr_tensor_is_contiguous(t)
@@ -7709,7 +7811,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     if (!dtr_tensor_is_contiguous(t))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_write: the tensor is a non-contiguous view");
     es = dtr_dtype_size(t->dtype);
-    if (dtr__host_memory(ctx))
+    if (dtr__host_direct(ctx))
         return dtr_convert((char *)t->storage + (size_t)t->offset * es, t->dtype, src, dt, n);
     tmp = dtr__malloc(&ctx->alloc, n * es);
     if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_write: out of memory");
@@ -7731,7 +7833,7 @@ float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
         off += (rem % t->shape[d]) * t->stride[d];
         rem /= t->shape[d];
     }
-    if (dtr__host_memory(t->ctx)) {
+    if (dtr__host_direct(t->ctx)) {
         dtr_convert(&f, DTR_F32, (const char *)t->storage + (size_t)off * dtr_dtype_size(t->dtype), t->dtype, 1);
     } else {
         unsigned char buf[8];
@@ -7839,7 +7941,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7843 "dtrain.h"
+#line 7945 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -7996,7 +8098,7 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
         if (dtr__reached(ctx, n->out)) {
             if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
             dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
-            if (ctx->cfg.release_activations && n->tape == &ctx->own) dtr__node_release(ctx, n);
+            if (ctx->cfg.release_activations && n->tape == dtr__spare_tape(ctx)) dtr__node_release(ctx, n);
         }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
@@ -8077,7 +8179,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8081 "dtrain.h"
+#line 8183 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8308,7 +8410,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8312 "dtrain.h"
+#line 8414 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8423,7 +8525,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8427 "dtrain.h"
+#line 8529 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8479,7 +8581,366 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8483 "dtrain.h"
+#line 8585 "dtrain.h"
+
+/* ---- src/core/graph.c ---- */
+#line 1 "src/core/graph.c"
+/* ============================================================================
+ * Captured steps (dtr_graph): a step function captured once and launched again each step.
+ * While the function runs, the context's backend is the graph's guard: a copy of the real
+ * vtable whose host-synchronising slots refuse (a CUDA graph cannot hold a host wait), whose
+ * forward and backward refuse the op families a replay cannot repeat, and which writes down
+ * every call that queues work (its slot, op and shapes: the trace) and keeps every host value
+ * copied in, in backend memory. A later run of the function must make the same trace, and
+ * takes its host values from those copies, so a CPU launch does what a CUDA replay does.
+ * CUDA: run 1 eager (the allocator's and cuBLAS's first-use work), tape reset, run 2 under
+ * stream capture into the graph; a launch is the backend's graph_launch.
+ * Elsewhere: run 1 is the capture; a launch resets the tape and runs the function again.
+ * ==========================================================================*/
+
+
+
+typedef struct dtr__graph_call {
+    int slot;                   /* DTR__GS_* */
+    int op;                     /* forward and backward: the node's op */
+    uint64_t key;               /* FNV-1a of what the call depends on (shapes, sizes, a scale) */
+} dtr__graph_call;
+
+typedef struct dtr__graph_copy {
+    size_t bytes;
+    void *dev;                  /* the capture's host value, in backend memory */
+} dtr__graph_copy;
+
+enum { DTR__GS_FORWARD = 1, DTR__GS_BACKWARD, DTR__GS_MEMSET, DTR__GS_SCALE, DTR__GS_REDUCE, DTR__GS_COPY,
+       DTR__GS_FROM_HOST };
+
+struct dtr_graph {
+    dtr_context *ctx;
+    dtr_graph_fn fn;
+    void *user;
+    dtr_tape *tape;
+    const dtr_backend *real;    /* the context's backend */
+    dtr_backend guard;          /* the backend while fn runs */
+    void *exec;                 /* the backend's graph (NULL: launches call fn again) */
+    int reads_own;              /* the capture read tensors of the context's own tape */
+    uint64_t resets;            /* ctx->resets at the capture */
+    dtr__graph_call *trace;     /* the capture's calls */
+    int n_trace, cap_trace;
+    dtr__graph_copy *copies;    /* the capture's host values */
+    int n_copies, cap_copies;
+    int checking;               /* a later run: compare with the trace, take the copies */
+    int at_trace, at_copy;      /* that run's position in them */
+};
+
+/* ---- the trace ---- */
+
+static uint64_t dtr__fnv(uint64_t h, const void *p, size_t n) {
+    const unsigned char *b = (const unsigned char *)p;
+    size_t i;
+    for (i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t dtr__fnv_tensor(uint64_t h, const dtr_tensor *t) {
+    int none = -1;
+    if (!t) return dtr__fnv(h, &none, sizeof none);
+    h = dtr__fnv(h, &t->dtype, sizeof t->dtype);
+    h = dtr__fnv(h, &t->ndim, sizeof t->ndim);
+    return dtr__fnv(h, t->shape, (size_t)t->ndim * sizeof(int64_t));
+}
+
+static dtr_result dtr__graph_mismatch(dtr_graph *g, int at, int op) {
+    return dtr__fail(g->ctx, DTR_BAD_STATE, "dtr_graph: the step differs from its capture at call %d (%s): its "
+                     "function must do the same work each time, on inputs of the same shapes and the same host values",
+                     at, op ? dtr__op_name(op) : "a copy or fill");
+}
+
+/* writes the call down (capture) or compares it with the capture's (later runs) */
+static dtr_result dtr__graph_note(dtr_graph *g, int slot, int op, uint64_t key) {
+    dtr__graph_call c;
+    c.slot = slot;
+    c.op = op;
+    c.key = key;
+    if (g->checking) {
+        const dtr__graph_call *w = g->at_trace < g->n_trace ? &g->trace[g->at_trace] : NULL;
+        if (!w || w->slot != slot || w->op != op || w->key != key) return dtr__graph_mismatch(g, g->at_trace, op);
+        g->at_trace++;
+        return DTR_OK;
+    }
+    if (g->n_trace == g->cap_trace) {
+        int cap = g->cap_trace ? 2 * g->cap_trace : 256;
+        dtr__graph_call *t = (dtr__graph_call *)dtr__realloc(&g->ctx->alloc, g->trace, (size_t)cap * sizeof(*t));
+        if (!t) return dtr__fail(g->ctx, DTR_OUT_OF_MEMORY, "dtr_graph_capture: out of memory");
+        g->trace = t;
+        g->cap_trace = cap;
+    }
+    g->trace[g->n_trace++] = c;
+    return DTR_OK;
+}
+
+/* ---- the guard's slots ---- */
+
+static dtr_graph *dtr__graph_of(dtr_context *ctx) { return ctx->capturing; }
+
+static dtr_result dtr__graph_refuse(dtr_context *ctx, const char *what) {
+    return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph: %s inside a captured step (a replay cannot wait on the host "
+                     "or change its arguments): do it outside the step function", what);
+}
+
+static dtr_result dtr__gs_to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    (void)dst; (void)src; (void)bytes;
+    return dtr__graph_refuse(ctx, "reading backend memory on the host (dtr_tensor_read and the like)");
+}
+static dtr_result dtr__gs_to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **d) {
+    (void)dst; (void)src; (void)bytes; (void)d;
+    return dtr__graph_refuse(ctx, "a copy to the host");
+}
+static dtr_result dtr__gs_from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **d) {
+    (void)dst; (void)src; (void)bytes; (void)d;
+    return dtr__graph_refuse(ctx, "an asynchronous copy from the host (a loader's batch)");
+}
+static dtr_result dtr__gs_optimizer(dtr_context *ctx, const dtr__opt_args *a) {
+    (void)a;
+    return dtr__graph_refuse(ctx, "an optimizer step");
+}
+static dtr_result dtr__gs_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
+    (void)x; (void)n; (void)out;
+    return dtr__graph_refuse(ctx, "a sum read on the host (gradient clipping, a loss-scaler check)");
+}
+static dtr_result dtr__gs_event_record(dtr_context *ctx, dtr_event **ev) {
+    (void)ev;
+    return dtr__graph_refuse(ctx, "an event (a gradient hook, an asynchronous copy)");
+}
+static dtr_result dtr__gs_event_wait(dtr_context *ctx, dtr_event *ev) {
+    (void)ev;
+    return dtr__graph_refuse(ctx, "waiting for an event");
+}
+static dtr_result dtr__gs_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    (void)ev; (void)done;
+    return dtr__graph_refuse(ctx, "querying an event");
+}
+static dtr_result dtr__gs_sync(dtr_context *ctx) { return dtr__graph_refuse(ctx, "synchronizing with the backend"); }
+
+/* each op's kernel family, from the op list: the families a replay cannot repeat are refused */
+#define DTR__GRAPH_FAMILY(id, name, k) #k,
+static const char *const dtr__graph_families[DTR_OP_COUNT] = {"", DTR__OP_LIST(DTR__GRAPH_FAMILY)};
+#undef DTR__GRAPH_FAMILY
+
+static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
+    const char *f = op > 0 && op < DTR_OP_COUNT ? dtr__graph_families[op] : "";
+    if (!strcmp(f, "dropout"))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph: dropout inside a captured step (a replay would repeat the "
+                         "capture's mask): leave it out of the step or switch training mode off");
+    if (!strcmp(f, "checkpoint"))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph: dtr_checkpoint inside a captured step (its region runs "
+                         "on tapes outside the graph's)");
+    if (!strcmp(f, "comm"))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph: the tensor-parallel op '%s' inside a captured step (a "
+                         "collective)", dtr__op_name(op));
+    return DTR_OK;
+}
+
+/* the node's op, its tensors' shapes and a SCALE's factor; notes a read of the own tape */
+static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
+    dtr_graph *g = dtr__graph_of(ctx);
+    uint64_t h = 14695981039346656037ull;
+    dtr_result r = dtr__graph_op_allowed(ctx, n->op);
+    int i;
+    if (r != DTR_OK) return r;
+    for (i = 0; i < n->n_in; i++) {
+        h = dtr__fnv_tensor(h, n->in[i]);
+        if (n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;
+    }
+    h = dtr__fnv_tensor(h, n->out);
+    if (n->op == DTR_OP_SCALE) h = dtr__fnv(h, &n->p.scale, sizeof n->p.scale);
+    return dtr__graph_note(g, slot, n->op, h);
+}
+
+static dtr_result dtr__gs_forward(dtr_context *ctx, dtr__node *n) {
+    dtr_result r = dtr__graph_node(ctx, n, DTR__GS_FORWARD);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->forward(ctx, n);
+}
+static dtr_result dtr__gs_backward(dtr_context *ctx, dtr__node *n) {
+    dtr_result r = dtr__graph_node(ctx, n, DTR__GS_BACKWARD);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->backward(ctx, n);
+}
+
+static dtr_result dtr__graph_note_size(dtr_context *ctx, int slot, size_t n, const void *extra, size_t extra_bytes) {
+    uint64_t h = dtr__fnv(14695981039346656037ull, &n, sizeof n);
+    if (extra) h = dtr__fnv(h, extra, extra_bytes);
+    return dtr__graph_note(dtr__graph_of(ctx), slot, 0, h);
+}
+
+static dtr_result dtr__gs_memset0(dtr_context *ctx, void *dst, size_t bytes) {
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_MEMSET, bytes, NULL, 0);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->memset0(ctx, dst, bytes);
+}
+static dtr_result dtr__gs_scale(dtr_context *ctx, float *x, int64_t n, float s) {
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_SCALE, (size_t)n, &s, sizeof s);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->scale(ctx, x, n, s);
+}
+static dtr_result dtr__gs_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt,
+                                 int op, int div) {
+    int k[3] = {(int)dt, op, div};
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_REDUCE, n, k, sizeof k);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->reduce(ctx, out, a, b, n, dt, op, div);
+}
+static dtr_result dtr__gs_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_COPY, bytes, NULL, 0);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->copy(ctx, dst, src, bytes);
+}
+
+/* bytes of backend memory from src to dst through the real backend (memmove on host memory) */
+static dtr_result dtr__graph_dcopy(dtr_graph *g, void *dst, const void *src, size_t bytes) {
+    if (g->real->copy) return g->real->copy(g->ctx, dst, src, bytes);
+    memmove(dst, src, bytes);
+    return DTR_OK;
+}
+
+/* A host value copied in: the capture keeps it in backend memory; later runs copy from there
+ * (a replay reads the capture's value, not what src holds now). */
+static dtr_result dtr__gs_from_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    dtr_graph *g = dtr__graph_of(ctx);
+    dtr__graph_copy *c;
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_FROM_HOST, bytes, NULL, 0);
+    if (r != DTR_OK) return r;
+    if (g->checking) return dtr__graph_dcopy(g, dst, g->copies[g->at_copy++].dev, bytes);
+    if (g->n_copies == g->cap_copies) {
+        int cap = g->cap_copies ? 2 * g->cap_copies : 16;
+        c = (dtr__graph_copy *)dtr__realloc(&ctx->alloc, g->copies, (size_t)cap * sizeof(*c));
+        if (!c) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_graph_capture: out of memory");
+        g->copies = c;
+        g->cap_copies = cap;
+    }
+    c = &g->copies[g->n_copies];
+    if (!(c->dev = g->real->mem_alloc(ctx, bytes ? bytes : 1))) return ctx->status != DTR_OK ? ctx->status : DTR_OUT_OF_MEMORY;
+    c->bytes = bytes;
+    g->n_copies++;
+    if ((r = g->real->from_host(ctx, c->dev, src, bytes)) != DTR_OK) return r;
+    return g->real->from_host(ctx, dst, src, bytes);
+}
+
+/* the real vtable with the slots above */
+static void dtr__graph_guard_init(dtr_graph *g) {
+    dtr_backend *v = &g->guard;
+    *v = *g->real;
+    v->memset0 = dtr__gs_memset0;
+    v->to_host = dtr__gs_to_host;
+    v->from_host = dtr__gs_from_host;
+    v->forward = dtr__gs_forward;
+    v->backward = dtr__gs_backward;
+    v->optimizer_update = dtr__gs_optimizer;
+    v->sumsq = dtr__gs_sumsq;
+    v->scale = dtr__gs_scale;
+    v->reduce = dtr__gs_reduce;
+    v->event_record = dtr__gs_event_record;
+    v->event_wait = dtr__gs_event_wait;
+    v->event_query = dtr__gs_event_query;
+    v->synchronize = dtr__gs_sync;
+    v->to_host_async = dtr__gs_to_host_async;
+    v->from_host_async = dtr__gs_from_host_async;
+    if (v->copy) v->copy = dtr__gs_copy;   /* NULL stays NULL: dtr__mem_copy memmoves host memory */
+}
+
+/* ---- runs ---- */
+
+/* One run of fn on the graph's tape behind the guard: checking 0 writes the trace, 1 compares. */
+static dtr_result dtr__graph_run(dtr_graph *g, int checking) {
+    dtr_context *ctx = g->ctx;
+    dtr_tape *was = ctx->cur;
+    dtr_result r;
+    g->checking = checking;
+    g->at_trace = g->at_copy = 0;
+    ctx->capturing = g;
+    ctx->capture_tape = g->tape;
+    ctx->backend = &g->guard;
+    ctx->cur = g->tape;
+    r = g->fn(ctx, g->user);
+    ctx->cur = was;
+    ctx->backend = g->real;
+    ctx->capturing = NULL;
+    ctx->capture_tape = NULL;
+    if (r == DTR_OK && ctx->status != DTR_OK) r = ctx->status;   /* an op builder's error */
+    if (r == DTR_OK && checking && g->at_trace != g->n_trace) r = dtr__graph_mismatch(g, g->at_trace, 0);
+    if (r != DTR_OK && ctx->status == DTR_OK) dtr__fail(ctx, r, "dtr_graph: the step function returned %s", dtr_result_string(r));
+    return r;
+}
+
+/* CUDA: the second run, under stream capture, into the backend's graph */
+static dtr_result dtr__graph_capture_native(dtr_graph *g) {
+    dtr_context *ctx = g->ctx;
+    dtr_result r, e;
+    dtr_tape_reset(g->tape);
+    if ((r = g->real->graph_begin(ctx)) != DTR_OK) return r;
+    r = dtr__graph_run(g, 1);
+    e = g->real->graph_end(ctx, &g->exec);   /* ends the capture also after an error */
+    return r != DTR_OK ? r : e;
+}
+
+static dtr_result dtr__graph_check_args(dtr_context *ctx, dtr_graph_fn fn, dtr_graph **out) {
+    if (!ctx || !fn || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (ctx->status != DTR_OK) return ctx->status;
+    if (ctx->capturing) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_capture: a capture is under way on this context");
+    if (ctx->n_grad_hooks > 0)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: the context has %d gradient hook(s) (a data-parallel "
+                         "engine): a captured step cannot hold their communication", ctx->n_grad_hooks);
+    return DTR_OK;
+}
+
+dtr_result dtr_graph_capture(dtr_context *ctx, dtr_graph_fn fn, void *user, dtr_graph **out) {
+    dtr_result r = dtr__graph_check_args(ctx, fn, out);
+    dtr_graph *g;
+    if (r != DTR_OK) return r;
+    if (!(g = (dtr_graph *)dtr__calloc(&ctx->alloc, sizeof(*g))))
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_graph_capture: out of memory");
+    g->ctx = ctx;
+    g->fn = fn;
+    g->user = user;
+    g->real = ctx->backend;
+    g->resets = ctx->resets;
+    dtr__graph_guard_init(g);
+    r = dtr_tape_create(ctx, &g->tape);
+    if (r == DTR_OK) r = dtr__graph_run(g, 0);
+    if (r == DTR_OK && g->real->graph_begin) r = dtr__graph_capture_native(g);
+    if (r != DTR_OK) {
+        dtr_graph_destroy(g);
+        return r;
+    }
+    *out = g;
+    return DTR_OK;
+}
+
+dtr_result dtr_graph_launch(dtr_graph *g) {
+    dtr_context *ctx;
+    if (!g) return DTR_NULL_HANDLE;
+    ctx = g->ctx;
+    if (ctx->status != DTR_OK) return ctx->status;
+    if (ctx->capturing) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_launch: inside a captured step");
+    if (g->reads_own && ctx->resets != g->resets)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_launch: dtr_context_reset freed tensors the captured step reads "
+                         "(made on the context's own tape before the capture): capture it again");
+    if (g->exec) return g->real->graph_launch(ctx, g->exec);
+    dtr_tape_reset(g->tape);
+    return dtr__graph_run(g, 1);
+}
+
+int dtr_graph_native(const dtr_graph *g) { return g && g->exec ? 1 : 0; }
+
+void dtr_graph_destroy(dtr_graph *g) {
+    dtr_context *ctx;
+    int i;
+    if (!g) return;
+    ctx = g->ctx;
+    if (g->exec) g->real->graph_free(ctx, g->exec);
+    else if (g->n_copies) (void)g->real->synchronize(ctx);   /* queued copies may still read the values */
+    for (i = 0; i < g->n_copies; i++) g->real->mem_free(ctx, g->copies[i].dev);
+    dtr_tape_destroy(g->tape);
+    dtr__free(&ctx->alloc, g->copies);
+    dtr__free(&ctx->alloc, g->trace);
+    dtr__free(&ctx->alloc, g);
+}
+#line 8944 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -8909,7 +9370,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 8913 "dtrain.h"
+#line 9374 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9088,7 +9549,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9092 "dtrain.h"
+#line 9553 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9617,7 +10078,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 9621 "dtrain.h"
+#line 10082 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10116,7 +10577,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10120 "dtrain.h"
+#line 10581 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10375,7 +10836,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10379 "dtrain.h"
+#line 10840 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10686,7 +11147,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 10690 "dtrain.h"
+#line 11151 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -10810,9 +11271,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
-    NULL
+    NULL,
+    NULL, NULL, NULL, NULL   /* graphs: dtr_graph_launch calls the step function again */
 };
-#line 10816 "dtrain.h"
+#line 11278 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11333,7 +11795,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11337 "dtrain.h"
+#line 11799 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11502,7 +11964,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 11506 "dtrain.h"
+#line 11968 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -11751,7 +12213,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 11755 "dtrain.h"
+#line 12217 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12112,6 +12574,9 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
+    if (ctx->capturing)   /* its step count, learning rate and checks change every step */
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_optimizer_step: inside a captured step (dtr_graph_capture's fn): "
+                         "an optimizer step changes its arguments every step; call it after dtr_graph_launch");
     if ((r = dtr__check_range(o, begin, end)) == DTR_OK && ++o->micro >= o->cfg.grad_accum_steps) {
         dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
         r = dtr__optimizer_update(o, begin, end, updated);
@@ -12270,7 +12735,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12274 "dtrain.h"
+#line 12739 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12405,7 +12870,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12409 "dtrain.h"
+#line 12874 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -12752,7 +13217,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 12756 "dtrain.h"
+#line 13221 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -12818,7 +13283,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 12822 "dtrain.h"
+#line 13287 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13055,7 +13520,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13059 "dtrain.h"
+#line 13524 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -13804,7 +14269,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 13808 "dtrain.h"
+#line 14273 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14257,7 +14722,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14261 "dtrain.h"
+#line 14726 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14313,7 +14778,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14317 "dtrain.h"
+#line 14782 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15090,7 +15555,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15094 "dtrain.h"
+#line 15559 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -15671,7 +16136,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 15675 "dtrain.h"
+#line 16140 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16302,7 +16767,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16306 "dtrain.h"
+#line 16771 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17092,7 +17557,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17096 "dtrain.h"
+#line 17561 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17445,7 +17910,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17449 "dtrain.h"
+#line 17914 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -17635,7 +18100,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 17639 "dtrain.h"
+#line 18104 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -17816,7 +18281,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 17820 "dtrain.h"
+#line 18285 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -18591,7 +19056,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 18595 "dtrain.h"
+#line 19060 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19108,7 +19573,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19112 "dtrain.h"
+#line 19577 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -19903,7 +20368,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 19907 "dtrain.h"
+#line 20372 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21151,7 +21616,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21155 "dtrain.h"
+#line 21620 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -21773,7 +22238,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 21777 "dtrain.h"
+#line 22242 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22274,7 +22739,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22278 "dtrain.h"
+#line 22743 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23004,7 +23469,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23008 "dtrain.h"
+#line 23473 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23240,7 +23705,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23244 "dtrain.h"
+#line 23709 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -23369,7 +23834,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23373 "dtrain.h"
+#line 23838 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -23748,7 +24213,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 23752 "dtrain.h"
+#line 24217 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -23969,7 +24434,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 23973 "dtrain.h"
+#line 24438 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24448,7 +24913,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24452 "dtrain.h"
+#line 24917 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -24945,7 +25410,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 24949 "dtrain.h"
+#line 25414 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26320,7 +26785,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26324 "dtrain.h"
+#line 26789 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26374,7 +26839,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26378 "dtrain.h"
+#line 26843 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27537,7 +28002,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 27541 "dtrain.h"
+#line 28006 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28427,7 +28892,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28431 "dtrain.h"
+#line 28896 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -29905,7 +30370,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 29909 "dtrain.h"
+#line 30374 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30289,7 +30754,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30293 "dtrain.h"
+#line 30758 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30438,7 +30903,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30442 "dtrain.h"
+#line 30907 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -9,7 +9,7 @@
  * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
  * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
  *            [--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads]
- *            [--release-activations]
+ *            [--release-activations] [--graph]
  * --bf16: the matrix products on bf16 tensor cores (matmul_precision DTR_MATMUL_BF16; tensors
  * stay f32), beside PyTorch's torch.autocast(bfloat16) in gpu_torch.py --bf16.
  * peak_mem_mb: the device's peak (dtr_cuda_memory; 0 on the CPU); arena_peak_mb: the step
@@ -17,6 +17,8 @@
  * --retain-grads keeps every intermediate's gradient to the end of the step (the behaviour
  * before intermediates' gradients were released during backward); --release-activations
  * releases each op's output and saved state once its backward ran (dtr_context_config).
+ * --graph captures forward and backward once (dtr_graph_capture: a CUDA graph) and launches it
+ * each step, the inputs made once (the optimizer step stays eager; the first step is the capture).
  * --trace writes PREFIX.<model>.json (Perfetto); run with CUDA_LAUNCH_BLOCKING=1 for kernel times.
  * Build: make bench-gpu (links dtrain_cuda.o); --backend cpu works without a GPU. */
 #define _POSIX_C_SOURCE 200809L
@@ -82,35 +84,61 @@ static dtr_result net_init(net *n, const bench_model *b) {
     return r;
 }
 
-/* The loss of one batch of random data (x: floats for mlp/cnn, token ids for the GPTs). */
-static dtr_tensor *net_loss(dtr_context *ctx, const net *n, const bench_model *b, const float *x, const int32_t *ids,
-                            const int32_t *pos, const int32_t *y) {
-    int64_t B = b->batch, T = b->context, C = b->dim;
+/* One batch of random data on the device: x (floats for mlp/cnn) or ids and pos (token ids
+ * for the GPTs), and the targets y. */
+typedef struct batch {
+    dtr_tensor *x, *ids, *pos, *y;
+} batch;
+
+static batch batch_from(dtr_context *ctx, const bench_model *b, const float *x, const int32_t *ids, const int32_t *pos,
+                        const int32_t *y) {
+    int64_t B = b->batch, T = b->context;
+    int64_t xs[4] = {B, 784, 0, 0}, cs[4] = {B, 1, 28, 28}, is[2] = {B, T}, ys[1] = {b->kind == 2 ? B * T : B};
+    batch t = {NULL, NULL, NULL, NULL};
+    if (b->kind != 2) t.x = b->kind == 0 ? dtr_tensor_from(ctx, DTR_F32, 2, xs, x) : dtr_tensor_from(ctx, DTR_F32, 4, cs, x);
+    if (b->kind == 2) t.ids = dtr_tensor_from(ctx, DTR_I32, 2, is, ids);
+    if (b->kind == 2) t.pos = dtr_tensor_from(ctx, DTR_I32, 2, is, pos);
+    t.y = dtr_tensor_from(ctx, DTR_I32, 1, ys, y);
+    return t;
+}
+
+/* The loss of one batch. */
+static dtr_tensor *net_loss(dtr_context *ctx, const net *n, const bench_model *b, const batch *t) {
+    int64_t B = b->batch, T = b->context;
     if (b->kind == 0) {
-        int64_t xs[2] = {B, 784}, ys[1] = {B};
-        dtr_tensor *h = dtr_tensor_from(ctx, DTR_F32, 2, xs, x);
-        h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->l1, h));
+        dtr_tensor *h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->l1, t->x));
         h = dtr_relu(ctx, dtr_linear_layer_forward(ctx, &n->l2, h));
-        return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l3, h), dtr_tensor_from(ctx, DTR_I32, 1, ys, y));
+        return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l3, h), t->y);
     }
     if (b->kind == 1) {
-        int64_t xs[4] = {B, 1, 28, 28}, fs[2] = {B, 32 * 7 * 7}, ys[1] = {B};
-        dtr_tensor *h = dtr_tensor_from(ctx, DTR_F32, 4, xs, x);
-        h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->c1, h)), 2, 2, 0);
+        int64_t fs[2] = {B, 32 * 7 * 7};
+        dtr_tensor *h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->c1, t->x)), 2, 2, 0);
         h = dtr_maxpool2d(ctx, dtr_relu(ctx, dtr_conv2d_layer_forward(ctx, &n->c2, h)), 2, 2, 0);
-        return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l1, dtr_reshape(ctx, h, 2, fs)),
-                                 dtr_tensor_from(ctx, DTR_I32, 1, ys, y));
+        return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l1, dtr_reshape(ctx, h, 2, fs)), t->y);
     }
     {
-        int64_t is[2] = {B, T}, ls[2] = {B * T, b->vocab}, ts[1] = {B * T};
-        dtr_tensor *h = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &n->wte, dtr_tensor_from(ctx, DTR_I32, 2, is, ids)),
-                                dtr_embedding_layer_forward(ctx, &n->wpe, dtr_tensor_from(ctx, DTR_I32, 2, is, pos)));
+        int64_t ls[2] = {B * T, b->vocab};
+        dtr_tensor *h = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &n->wte, t->ids),
+                                dtr_embedding_layer_forward(ctx, &n->wpe, t->pos));
         int i;
-        (void)C;
         for (i = 0; i < b->layers; i++) h = dtr_gpt_block_forward(ctx, &n->h[i], h);
         h = dtr_linear_layer_forward(ctx, &n->head, dtr_layernorm_layer_forward(ctx, &n->ln_f, h));
-        return dtr_cross_entropy(ctx, dtr_reshape(ctx, h, 2, ls), dtr_tensor_from(ctx, DTR_I32, 1, ts, y));
+        return dtr_cross_entropy(ctx, dtr_reshape(ctx, h, 2, ls), t->y);
     }
+}
+
+/* --graph: the captured step (forward, backward) on inputs made once */
+typedef struct captured {
+    const net *n;
+    const bench_model *b;
+    batch in;
+    dtr_tensor *loss;
+} captured;
+
+static dtr_result captured_step(dtr_context *ctx, void *user) {
+    captured *c = (captured *)user;
+    c->loss = net_loss(ctx, c->n, c->b, &c->in);
+    return c->loss ? dtr_backward(ctx, c->loss) : dtr_context_status(ctx);
 }
 
 static const char *g_trace;   /* --trace PREFIX: a Perfetto timeline per model, PREFIX.<model>.json */
@@ -118,6 +146,7 @@ static int g_tf32;            /* --tf32: dtr_context_config.allow_tf32 */
 static int g_bf16;            /* --bf16: dtr_context_config.matmul_precision DTR_MATMUL_BF16 */
 static int g_retain;          /* --retain-grads: dtr_context_config.retain_grads (every intermediate's gradient kept) */
 static int g_release;         /* --release-activations: dtr_context_config.release_activations */
+static int g_graph;           /* --graph: forward and backward captured once (dtr_graph), then launched */
 
 static int run_model(const bench_model *b, const dtr_backend *backend, const char *bname, int steps, int warmup,
                      double peak_tflops, int threads) {
@@ -126,6 +155,8 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     dtr_context *ctx = NULL;
     dtr_optimizer *opt = NULL;
     dtr_metrics *met = NULL;
+    dtr_graph *graph = NULL;
+    captured cap;
     dtr_rng rng;
     net n;
     int64_t nx = b->kind == 2 ? 0 : b->batch * 784, nt = b->kind == 2 ? b->batch * b->context : b->batch, i;
@@ -136,6 +167,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     size_t peak_bytes = 0;   /* the CUDA allocator's high-water mark (params, grads, optimizer, arena) */
     int s, ok = 1;
     memset(&n, 0, sizeof n);
+    memset(&cap, 0, sizeof cap);
     cc.backend = backend;
     cc.threads = threads;
     cc.seed = 1;
@@ -163,20 +195,32 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         mc.trace_path = path;
         ok = dtr_metrics_create(ctx, &mc, &met) == DTR_OK;
     }
+    if (ok && g_graph) {   /* the inputs stay (written before each launch in a real loop) */
+        cap.n = &n;
+        cap.b = b;
+        cap.in = batch_from(ctx, b, x, ids, pos, y);
+    }
     for (s = 0; ok && s < warmup + steps; s++) {
-        dtr_tensor *loss;
+        dtr_tensor *loss = NULL;
+        dtr_result r;
         float lv = 0.0f;
         double ts = now_s();
         if (s == warmup) t0 = ts;
-        loss = net_loss(ctx, &n, b, x, ids, pos, y);
-        if (!loss || dtr_backward(ctx, loss) != DTR_OK || dtr_optimizer_step(opt, NULL) != DTR_OK ||
-            dtr_tensor_read(loss, DTR_F32, &lv, 1) != DTR_OK) {
+        if (g_graph) {
+            r = graph ? dtr_graph_launch(graph) : dtr_graph_capture(ctx, captured_step, &cap, &graph);
+            loss = cap.loss;
+        } else {
+            batch in = batch_from(ctx, b, x, ids, pos, y);
+            loss = net_loss(ctx, &n, b, &in);
+            r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
+        }
+        if (r != DTR_OK || dtr_optimizer_step(opt, NULL) != DTR_OK || dtr_tensor_read(loss, DTR_F32, &lv, 1) != DTR_OK) {
             printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"error\":\"%s\"}\n", bname,
                    b->name, dtr_context_last_error(ctx));
             ok = 0;
             break;
         }
-        dtr_context_reset(ctx);
+        if (!g_graph) dtr_context_reset(ctx);
         dt = now_s() - ts;
         if (s >= warmup && dt < best) best = dt;
     }
@@ -186,13 +230,14 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         params = (double)dtr_model_numel(n.m);
         if (b->kind == 2) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
-               "\"tf32\":%d,\"bf16\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
+               "\"tf32\":%d,\"bf16\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
                "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f}\n",
-               bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_retain, g_release, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
+               bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_graph, g_retain, g_release, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
                (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0);
     }
     dtr_metrics_destroy(met);
+    dtr_graph_destroy(graph);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(n.m);
     dtr_context_destroy(ctx);
@@ -220,9 +265,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bf16")) g_bf16 = 1;
         else if (!strcmp(argv[i], "--retain-grads")) g_retain = 1;
         else if (!strcmp(argv[i], "--release-activations")) g_release = 1;
+        else if (!strcmp(argv[i], "--graph")) g_graph = 1;
         else {
             fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] "
-                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations]\n");
+                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph]\n");
             return 2;
         }
     }

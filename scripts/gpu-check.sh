@@ -5,8 +5,8 @@
 #   2. make test-gpu: every op case forward and backward on the GPU against the CPU
 #   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
 #   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
-#   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), and the GPTs
-#      with bf16 products beside torch.autocast
+#   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), the GPTs
+#      with bf16 products beside torch.autocast, and captured steps (--graph: CUDA graphs)
 #   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers) and
 #      examples/fmnist_mlp --gpu (the loader's pinned batches), a few hundred steps each
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
@@ -18,7 +18,7 @@ mkdir -p "$out"
 steps=20
 [ "${1:-}" = "--quick" ] && steps=5
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
+make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/tests/gpu/test_graph_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
 echo "build: $?" | tee "$out/summary.txt"
 make test-gpu > "$out/test-gpu.log" 2>&1
 rc=$?
@@ -26,12 +26,12 @@ echo "test-gpu: $rc" | tee -a "$out/summary.txt"
 tests/run.sh build/tests/test_nccl > "$out/test-nccl.log" 2>&1
 echo "test_nccl: $?" | tee -a "$out/summary.txt"
 if command -v compute-sanitizer >/dev/null 2>&1; then
-  timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/test_grad_gpu \
-    > "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-    build/tests/gpu/test_train_gpu >> "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer --tool memcheck \
-    --error-exitcode 9 build/tests/gpu/test_tp_gpu >> "$out/memcheck.log" 2>&1 && timeout 300 compute-sanitizer \
-    --tool memcheck --error-exitcode 9 build/tests/gpu/test_comm_gpu >> "$out/memcheck.log" 2>&1
-  echo "memcheck: $?" | tee -a "$out/summary.txt"
+  mc=0
+  : > "$out/memcheck.log"
+  for t in test_grad_gpu test_train_gpu test_tp_gpu test_comm_gpu test_graph_gpu; do
+    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/$t >> "$out/memcheck.log" 2>&1 || mc=$?
+  done
+  echo "memcheck: $mc" | tee -a "$out/summary.txt"
 fi
 timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"
 echo "bench dtrain: $?" | tee -a "$out/summary.txt"
@@ -41,6 +41,11 @@ echo "bench torch: $?" | tee -a "$out/summary.txt"
 for m in gpt gpt2; do
   timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_torch.py --steps "$steps" --model $m --bf16 --no-compile >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
+done
+# captured steps (CUDA graphs) beside the eager lines above, f32 and TF32
+for m in mlp cnn gpt; do
+  timeout 120 build/bench/gpu --steps "$steps" --model $m --graph >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  timeout 120 build/bench/gpu --steps "$steps" --model $m --graph --tf32 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
 done
 fm=${DTR_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -d "$fm" ]; then

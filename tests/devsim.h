@@ -307,7 +307,7 @@ static const dtr_backend devsim__vt = {
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
     devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
-    devsim__from_host_async, devsim__owns_ptr, devsim__dcopy};
+    devsim__from_host_async, devsim__owns_ptr, devsim__dcopy, NULL, NULL, NULL, NULL};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

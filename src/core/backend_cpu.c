@@ -118,5 +118,6 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
-    NULL
+    NULL,
+    NULL, NULL, NULL, NULL   /* graphs: dtr_graph_launch calls the step function again */
 };

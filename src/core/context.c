@@ -274,7 +274,10 @@ void dtr_context_destroy(dtr_context *ctx) {
 
 dtr_result dtr_context_reset(dtr_context *ctx) {
     if (!ctx) return DTR_NULL_HANDLE;
+    if (ctx->capturing)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_context_reset: not inside a captured step (dtr_graph_capture's fn)");
     dtr__tape_clear(&ctx->own);
+    ctx->resets++;
     return DTR_OK;
 }
 
@@ -407,10 +410,11 @@ void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
-static void *dtr__spare_take(dtr_context *ctx, size_t need);
+static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need);
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
+    dtr_tape *st = dtr__spare_tape(ctx);
     int full = 0;
-    void *p = ctx->cur == &ctx->own && ctx->own.spare ? dtr__spare_take(ctx, dtr__aligned(bytes)) : NULL;
+    void *p = st && st->spare ? dtr__spare_take(ctx, st, dtr__aligned(bytes)) : NULL;
     if (!p) p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
@@ -457,7 +461,8 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
 }
 
 /* ---- spares ----
- * Blocks of the own tape's data arena that nothing reads any more: an intermediate's
+ * Blocks of the own tape's data arena (or a captured step's tape's: dtr__spare_tape) that
+ * nothing reads any more: an intermediate's
  * gradient once the op that made it has run its backward, and with release_activations an
  * op's output and saved state once it has (every reader of them comes later on the tape, so
  * it ran first). Every later allocation from the own tape's data arena takes the smallest
@@ -467,15 +472,24 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
 
 #define DTR__SPLIT_MIN 4096
 
-/* a spare descriptor: one whose block was taken again, or a new one (NULL: out of memory) */
-static dtr__spare *dtr__spare_desc(dtr_context *ctx) {
-    dtr__spare *s = ctx->own.unused;
+/* a spare descriptor of tape t: one whose block was taken again, or a new one (NULL: out of memory) */
+static dtr__spare *dtr__spare_desc(dtr_context *ctx, dtr_tape *t) {
+    dtr__spare *s = t->unused;
     int full = 0;
     if (s) {
-        ctx->own.unused = s->next;
+        t->unused = s->next;
         return s;
     }
-    return (dtr__spare *)dtr__tape_alloc(ctx, &ctx->own.meta, sizeof(*s), &full);
+    return (dtr__spare *)dtr__tape_alloc(ctx, &t->meta, sizeof(*s), &full);
+}
+
+/* 1 when p lies in tape t's data arena */
+static int dtr__tape_owns_data(const dtr_tape *t, const void *p) {
+    dtr__chunk *c;
+    if (dtr__chunk_has(t->data.head, p)) return 1;
+    for (c = t->data.full; c; c = c->next)
+        if (dtr__chunk_has(c, p)) return 1;
+    return 0;
 }
 
 /* s, describing the block [p, p + bytes), onto the front of *list */
@@ -486,23 +500,24 @@ static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t by
     *list = s;
 }
 
-/* The smallest spare of at least `need` (aligned) bytes, or NULL. */
-static void *dtr__spare_take(dtr_context *ctx, size_t need) {
+/* The smallest spare of tape t of at least `need` (aligned) bytes, or NULL. */
+static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need) {
     dtr__spare **pp, **best = NULL, *s;
     char *p;
-    for (pp = &ctx->own.spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
+    (void)ctx;
+    for (pp = &t->spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
         if ((*pp)->bytes >= need && (!best || (*pp)->bytes < (*best)->bytes)) best = pp;
     if (!best) return NULL;
     s = *best;
     *best = s->next;
     p = (char *)s->p;
-    if (s->bytes - need >= DTR__SPLIT_MIN) dtr__spare_push(&ctx->own.spare, s, p + need, s->bytes - need);
-    else dtr__spare_push(&ctx->own.unused, s, NULL, 0);
+    if (s->bytes - need >= DTR__SPLIT_MIN) dtr__spare_push(&t->spare, s, p + need, s->bytes - need);
+    else dtr__spare_push(&t->unused, s, NULL, 0);
     return p;
 }
 
 static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
-    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && ctx->cur == &ctx->own;
+    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && dtr__spare_tape(ctx);
 }
 
 void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t) {
@@ -524,34 +539,38 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
+    dtr_tape *st = dtr__spare_tape(ctx);
     dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_push(&ctx->own.spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
+    if (!st || !dtr__tape_owns_data(st, t->grad)) return;   /* another tape's block: kept */
+    if (!(s = dtr__spare_desc(ctx, st))) return;           /* kept */
+    dtr__spare_push(&st->spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }
 
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
     void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+    dtr_tape *st = dtr__spare_tape(ctx);
     dtr__spare *s;
-    if (p && ctx->cfg.release_activations && ctx->cur == &ctx->own && (s = dtr__spare_desc(ctx)) != NULL)
+    if (p && ctx->cfg.release_activations && st && (s = dtr__spare_desc(ctx, st)) != NULL)
         dtr__spare_push(&n->saves, s, p, dtr__aligned(bytes));   /* the node's until it has run its backward */
     return p;
 }
 
 void dtr__node_release(dtr_context *ctx, dtr__node *n) {
+    dtr_tape *st = n->tape;   /* the caller's dtr__spare_tape */
     dtr__spare *s, *next;
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {
         next = s->next;
-        dtr__spare_push(&ctx->own.spare, s, s->p, s->bytes);
+        dtr__spare_push(&st->spare, s, s->p, s->bytes);
     }
     n->saves = NULL;
     n->released = 1;
     if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
-    if (!(s = dtr__spare_desc(ctx))) return;   /* kept */
-    dtr__spare_push(&ctx->own.spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    if (!(s = dtr__spare_desc(ctx, st))) return;   /* kept */
+    dtr__spare_push(&st->spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
     t->flags |= DTR__RELEASED;
 }
 

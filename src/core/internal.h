@@ -89,11 +89,11 @@ enum {
     DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
     DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
     DTR__LEAF = 4u,
-    DTR__GRAD_SPARE = 8u,      /* grad from the own tape's data arena: back to its spares once the
-                                  producer's backward ran (dtr__grad_release) */
+    DTR__GRAD_SPARE = 8u,      /* grad from the data arena of a tape that recycles (dtr__spare_tape):
+                                  back to its spares once the producer's backward ran (dtr__grad_release) */
     DTR__RETAIN_GRAD = 16u,    /* dtr_tensor_retain_grad: never released */
-    DTR__OWNS_DATA = 32u,      /* storage is a block of the own tape's data arena made for it
-                                  (dtr__tensor_alloc): released with release_activations */
+    DTR__OWNS_DATA = 32u,      /* storage is a block made for it from the data arena of a tape that
+                                  recycles (dtr__tensor_alloc): released with release_activations */
     DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
     DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
 };
@@ -366,6 +366,15 @@ struct dtr_backend {
        stream (the collectives of a group of device memory move data with it). NULL: a
        backend of host memory (dtr__mem_copy does memcpy) */
     dtr_result (*copy)(dtr_context *ctx, void *dst, const void *src, size_t bytes);
+    /* captured steps (src/core/graph.c): graph_begin starts capturing the context's stream
+       (work queued until graph_end is recorded into a graph, not run); graph_end ends the
+       capture (always, also after an error) and makes *exec an executable graph, NULL on
+       error; graph_launch queues one on the stream; graph_free releases one. NULL: a backend
+       without graphs (dtr_graph_launch calls the step function again) */
+    dtr_result (*graph_begin)(dtr_context *ctx);
+    dtr_result (*graph_end)(dtr_context *ctx, void **exec);
+    dtr_result (*graph_launch)(dtr_context *ctx, void *exec);
+    void (*graph_free)(dtr_context *ctx, void *exec);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -437,10 +446,24 @@ struct dtr_context {
     int recompute_depth;          /* levels in use now */
     int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
     struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
+    struct dtr_graph *capturing;  /* the graph whose step runs now (src/core/graph.c; its guard is
+                                     `backend` meanwhile), NULL otherwise */
+    dtr_tape *capture_tape;       /* its tape, which recycles blocks as the own tape does */
+    uint64_t resets;              /* dtr_context_reset calls: a graph that read the own tape's
+                                     tensors is stale after one */
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
 static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backend->caps & DTR__CAP_HOST_MEMORY) != 0; }
+/** Host memory the core may read and write directly: host memory, and no captured step running
+ *  (its copies in and reads go through the backend's slots, which the graph's guard sees:
+ *  src/core/graph.c). */
+static inline int dtr__host_direct(const dtr_context *ctx) { return dtr__host_memory(ctx) && !ctx->capturing; }
+/** The tape whose data blocks are recycled now (spares: src/core/context.c): the own tape, or a
+ *  captured step's, when it is the current one; NULL otherwise. */
+static inline dtr_tape *dtr__spare_tape(const dtr_context *ctx) {
+    return ctx->cur == &ctx->own || (ctx->capturing && ctx->cur == ctx->capture_tape) ? ctx->cur : NULL;
+}
 
 /* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
 

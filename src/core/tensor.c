@@ -72,7 +72,7 @@ dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const in
     t->ctx = ctx;
     t->param_index = -1;
     t->name = "";
-    if (ctx->cur == &ctx->own) t->flags = DTR__OWNS_DATA;
+    if (dtr__spare_tape(ctx)) t->flags = DTR__OWNS_DATA;
     t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
     if (!t->storage) return NULL;
     return t;
@@ -111,7 +111,7 @@ dtr_tensor *dtr_tensor_full(dtr_context *ctx, int ndim, const int64_t *shape, fl
     float *tmp;
     if (!t) return NULL;
     n = dtr_tensor_numel(t);
-    if (dtr__host_memory(ctx)) {
+    if (dtr__host_direct(ctx)) {
         for (i = 0; i < n; i++) dtr__f32(t)[i] = value;
         return t;
     }
@@ -203,7 +203,7 @@ dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
         return dtr__fail(t->ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_read_grad: %zu elements asked, tensor has %lld", n,
                          (long long)dtr_tensor_numel(t));
     if (n == 0) return DTR_OK;
-    if (dtr__host_memory(t->ctx)) {
+    if (dtr__host_direct(t->ctx)) {
         memcpy(dst, t->grad, n * sizeof(float));
         return DTR_OK;
     }
@@ -268,12 +268,12 @@ dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t 
     if (n == 0) return DTR_OK;
     es = dtr_dtype_size(t->dtype);
     bytes = n * es;
-    if (dtr__host_memory(ctx) && dtr_tensor_is_contiguous(t)) {
+    if (dtr__host_direct(ctx) && dtr_tensor_is_contiguous(t)) {
         src = (const char *)t->storage + (size_t)t->offset * es;
     } else {
         tmp = dtr__malloc(&ctx->alloc, bytes);
         if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_read: out of memory");
-        if (dtr__host_memory(ctx)) {
+        if (dtr__host_direct(ctx)) {
             dtr__gather(t, t->storage, 0, tmp, es);
         } else {
             r = dtr_tensor_is_contiguous(t)
@@ -303,7 +303,7 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     if (!dtr_tensor_is_contiguous(t))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_write: the tensor is a non-contiguous view");
     es = dtr_dtype_size(t->dtype);
-    if (dtr__host_memory(ctx))
+    if (dtr__host_direct(ctx))
         return dtr_convert((char *)t->storage + (size_t)t->offset * es, t->dtype, src, dt, n);
     tmp = dtr__malloc(&ctx->alloc, n * es);
     if (!tmp) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_tensor_write: out of memory");
@@ -325,7 +325,7 @@ float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
         off += (rem % t->shape[d]) * t->stride[d];
         rem /= t->shape[d];
     }
-    if (dtr__host_memory(t->ctx)) {
+    if (dtr__host_direct(t->ctx)) {
         dtr_convert(&f, DTR_F32, (const char *)t->storage + (size_t)off * dtr_dtype_size(t->dtype), t->dtype, 1);
     } else {
         unsigned char buf[8];

@@ -58,6 +58,8 @@ static void dtr__cuda_release(dtr_context *ctx, dtr__cuda_state *s) {
     for (i = 0; i < s->events.n; i++) cudaEventDestroy(s->events.ev[i]);
     for (i = 0; i < s->copy_events.n; i++) cudaEventDestroy(s->copy_events.ev[i]);
     if (s->scratch) cudaFree(s->scratch);
+    for (i = 0; i < s->n_retired; i++) cudaFree(s->retired[i]);
+    dtr__free(&ctx->alloc, s->retired);
     if (s->partial) cudaFree(s->partial);
     if (s->segs) cudaFree(s->segs);
     if (s->sum_host) cudaFreeHost(s->sum_host);
@@ -202,10 +204,24 @@ static void dtr__cuda_free(dtr_context *ctx, void *p) {
     pthread_mutex_unlock(&dtr__cuda(ctx)->mu);
 }
 
+/* an outgrown scratch block: freed (work queued on it runs before the next owner's), or kept
+   while a graph may replay kernels that use it */
+static void dtr__cuda_scratch_drop(dtr_context *ctx, dtr__cuda_state *s) {
+    void **r;
+    if (!s->scratch) return;
+    if (s->graphs == 0) { dtr__cuda_free(ctx, s->scratch); return; }
+    r = (void **)dtr__malloc(&ctx->alloc, (size_t)(s->n_retired + 1) * sizeof(void *));
+    if (!r) return;   /* out of host memory: the block is leaked, never reused under a graph */
+    if (s->n_retired) memcpy(r, s->retired, (size_t)s->n_retired * sizeof(void *));
+    dtr__free(&ctx->alloc, s->retired);
+    s->retired = r;
+    s->retired[s->n_retired++] = s->scratch;
+}
+
 static void *dtr__cuda_scratch(dtr_context *ctx, size_t bytes) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (bytes <= s->scratch_bytes) return s->scratch;
-    if (s->scratch) dtr__cuda_free(ctx, s->scratch);   /* work queued on it runs before the next owner's */
+    dtr__cuda_scratch_drop(ctx, s);
     s->scratch = dtr__cuda_alloc(ctx, bytes);
     s->scratch_bytes = s->scratch ? bytes : 0;
     return s->scratch;
@@ -299,6 +315,48 @@ static dtr_result dtr__cuda_event_query(dtr_context *ctx, dtr_event *ev, int *do
     return dtr__cuda_take_error(ctx);
 }
 
+/* ---- graphs (dtr_graph, src/core/graph.c) ---- */
+
+/* relaxed: the step's first-use allocations (cudaMalloc of the tape's arena) may happen inside
+   the capture; the memory stays the graph's tape's for the graph's life */
+static dtr_result dtr__cuda_graph_begin(dtr_context *ctx) {
+    return dtr__cuda_check(ctx, cudaStreamBeginCapture(dtr__cuda(ctx)->stream, cudaStreamCaptureModeRelaxed),
+                           "cudaStreamBeginCapture");
+}
+
+static dtr_result dtr__cuda_graph_end(dtr_context *ctx, void **exec) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    cudaGraph_t g = NULL;
+    cudaGraphExec_t x = NULL;
+    cudaError_t e = cudaStreamEndCapture(s->stream, &g);
+    *exec = NULL;
+    if (e == cudaSuccess) e = cudaGraphInstantiate(&x, g, 0);
+    if (g) cudaGraphDestroy(g);
+    if (dtr__cuda_check(ctx, e, "CUDA graph capture") != DTR_OK) return ctx->status;
+    pthread_mutex_lock(&s->mu);
+    s->graphs++;
+    pthread_mutex_unlock(&s->mu);
+    *exec = (void *)x;
+    return DTR_OK;
+}
+
+static dtr_result dtr__cuda_graph_launch(dtr_context *ctx, void *exec) {
+    return dtr__cuda_check(ctx, cudaGraphLaunch((cudaGraphExec_t)exec, dtr__cuda(ctx)->stream), "cudaGraphLaunch");
+}
+
+static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    int i;
+    cudaStreamSynchronize(s->stream);   /* launches queued before run to their end */
+    cudaGraphExecDestroy((cudaGraphExec_t)exec);
+    pthread_mutex_lock(&s->mu);
+    if (--s->graphs == 0) {
+        for (i = 0; i < s->n_retired; i++) dtr__cuda_free_locked(ctx, s->retired[i]);
+        s->n_retired = 0;
+    }
+    pthread_mutex_unlock(&s->mu);
+}
+
 /* ---- the dispatch table, from the op list ---- */
 
 /* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd (a family without
@@ -373,7 +431,11 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_to_host_async,
     dtr__cuda_from_host_async,
     dtr__cuda_owns,
-    dtr__cuda_copy
+    dtr__cuda_copy,
+    dtr__cuda_graph_begin,
+    dtr__cuda_graph_end,
+    dtr__cuda_graph_launch,
+    dtr__cuda_graph_free
 };
 
 /* ---- public entry points ---- */

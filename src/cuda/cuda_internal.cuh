@@ -43,6 +43,10 @@ typedef struct dtr__cuda_state {
     size_t live_bytes, peak_bytes;            /* handed out now, and the most at once */
     void *scratch;                            /* kernels' temporaries (dtr__cuda_scratch) */
     size_t scratch_bytes;
+    int graphs;                               /* executable graphs alive (dtr_graph): they hold the
+                                                 scratch's address, so one outgrown is kept */
+    void **retired;                           /* outgrown scratch blocks kept for them */
+    int n_retired;
     dtr__cuda_ring events;                    /* event_record's */
     dtr__cuda_ring copy_events;               /* to_host_async's */
     double *partial;                /* reduction scratch: DTR__CUDA_MAX_PARTIALS doubles */

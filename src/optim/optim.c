@@ -355,6 +355,9 @@ dtr_result dtr_optimizer_step_range(dtr_optimizer *o, int64_t begin, int64_t end
     if (!o) return DTR_NULL_HANDLE;
     ctx = dtr_model_context(o->model);
     if (ctx->status != DTR_OK) return ctx->status;
+    if (ctx->capturing)   /* its step count, learning rate and checks change every step */
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_optimizer_step: inside a captured step (dtr_graph_capture's fn): "
+                         "an optimizer step changes its arguments every step; call it after dtr_graph_launch");
     if ((r = dtr__check_range(o, begin, end)) == DTR_OK && ++o->micro >= o->cfg.grad_accum_steps) {
         dtr__obs_phase_begin(ctx, DTR_PHASE_OPTIMIZER);
         r = dtr__optimizer_update(o, begin, end, updated);

@@ -262,6 +262,66 @@ DTR_API dtr_tape *dtr_context_set_tape(dtr_context *ctx, dtr_tape *t);
 /** The current tape, NULL when it is the context's own. Thread safety: the context's thread. */
 DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
 
+/* ---- captured steps (CUDA graphs) ----
+ * A training step of fixed shapes launches the same kernels every time; on a GPU the launches
+ * themselves can cost more than the work (a small MLP). dtr_graph_capture runs a step function
+ * once and keeps it; dtr_graph_launch runs it again: on CUDA one cudaGraphLaunch replays every
+ * kernel the capture queued, on the same memory; on a backend without graphs (the CPU) the
+ * function is called again on the graph's own tape, and the work is checked to be the capture's.
+ * Loop: write the batch into input tensors made before the capture, dtr_graph_launch,
+ * dtr_optimizer_step, read the loss (docs/gpu.md, "Captured steps").
+ *
+ * The step function's rules (each broken one is refused with DTR_BAD_STATE or
+ * DTR_UNSUPPORTED and a message naming the call, on every backend, so a program that captures
+ * on the CPU captures on the GPU):
+ * - It does the same work each time: the same ops on tensors of the same shapes, and host
+ *   values it copies in (dtr_tensor_from, dtr_backward's seed, a scale factor) are the
+ *   capture's on every launch: a launch whose work differs from the capture's fails
+ *   ("the step differs from its capture"). Changing data goes in through tensors made before
+ *   the capture (dtr_tensor_write before each launch).
+ * - Nothing in it waits on the host: no reads of tensors (dtr_tensor_read, dtr_tensor_grad),
+ *   no events, no dtr_context_reset, no optimizer step (its step count and learning rate change
+ *   every step: call dtr_optimizer_step after the launch), no gradient clipping or loss-scaler
+ *   check (host sums).
+ * - No dropout (fresh masks every step), no activation checkpointing (dtr_checkpoint runs on
+ *   other tapes), no tensor-parallel communication ops; the context may hold no gradient hook
+ *   (a data-parallel engine): capture a single-device step.
+ * Its tensors live on the graph's tape until the next launch (CPU) or the graph's end (CUDA):
+ * keep the ones to read (the loss) in `user`; intermediate gradients are not released early in a
+ * captured step (a higher arena peak than eager). A launch after dtr_context_reset of a context
+ * whose own tape held an input of the capture is refused (the input is gone): capture again. */
+
+/** A captured step (dtr_graph_capture). */
+typedef struct dtr_graph dtr_graph;
+/** A step function: records ops on ctx (forward, loss, dtr_backward) and returns DTR_OK or an
+ *  error, which ends the capture or the launch with it. */
+typedef dtr_result (*dtr_graph_fn)(dtr_context *ctx, void *user);
+
+/** Captures the step `fn(ctx, user)` on a tape of its own and runs it once. On CUDA it runs it
+ *  twice: eagerly (queueing the work, and settling the allocator's and cuBLAS's first-use
+ *  allocations), then under stream capture (recorded, not run) into a CUDA graph; elsewhere
+ *  once, recording what it did. Either way the step's work has run once when this returns.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (a capture is
+ *          under way on ctx, a refused call inside fn, or fn's second run differing from its
+ *          first), DTR_UNSUPPORTED (a refused op, or gradient hooks on ctx), DTR_OUT_OF_MEMORY,
+ *          a device error of the capture, or fn's error. The context's message says which.
+ *  Thread safety: the context's thread; nothing else may use the context during the capture. */
+DTR_API dtr_result dtr_graph_capture(dtr_context *ctx, dtr_graph_fn fn, void *user, dtr_graph **out);
+/** Runs the captured step again: queues the graph on the context's stream (CUDA; returns
+ *  before the work is done, like any op), or calls fn again on the graph's tape after resetting
+ *  it, checking that it does the capture's work.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (the step
+ *          differs from its capture, a refused call, or an input of the capture freed by
+ *          dtr_context_reset), a device error, or fn's error.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_graph_launch(dtr_graph *g);
+/** 1 when launches replay a backend graph (CUDA), 0 when they call the step function again.
+ *  Thread safety: any thread. */
+DTR_API int dtr_graph_native(const dtr_graph *g);
+/** Frees the graph and its tape, after the work of its launches has completed. NULL is ignored.
+ *  Thread safety: the context's thread. */
+DTR_API void dtr_graph_destroy(dtr_graph *g);
+
 /** The backend's name ("cpu", "cuda").
  *  Thread safety: the context's thread. */
 DTR_API const char *dtr_context_backend_name(const dtr_context *ctx);
