@@ -24590,9 +24590,10 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
-    /* the bucket's last gradient is written once `ready` completes (the transport reads host
-       memory on its progress thread); a staged copy waits for it on the device instead */
-    if (--b->pending == 0 && !dp->stage) r = dtr_event_wait(dp->ctx, ready);
+    /* the bucket's last gradient is written once `ready` completes: a host transport reads
+       host memory on its progress thread, so the host waits; a staged copy waits for it on the
+       device instead, and a group of device memory orders its work after the stream's */
+    if (--b->pending == 0 && !dp->stage && !dp->c->mem_ctx) r = dtr_event_wait(dp->ctx, ready);
     if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                       dtr_comm_last_error(dp->c));
@@ -24913,7 +24914,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24917 "dtrain.h"
+#line 24918 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25410,7 +25411,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25414 "dtrain.h"
+#line 25415 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26785,7 +26786,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26789 "dtrain.h"
+#line 26790 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26839,7 +26840,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26843 "dtrain.h"
+#line 26844 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28002,7 +28003,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28006 "dtrain.h"
+#line 28007 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28892,7 +28893,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28896 "dtrain.h"
+#line 28897 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30370,7 +30371,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30374 "dtrain.h"
+#line 30375 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30754,7 +30755,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30758 "dtrain.h"
+#line 30759 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30903,7 +30904,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30907 "dtrain.h"
+#line 30908 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

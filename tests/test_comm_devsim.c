@@ -151,7 +151,7 @@ static void test_async_p2p(void) {
 
 #define MAX_EP 16
 static struct { void *state; dtr_context *ctx; } g_ep[MAX_EP];
-static int g_nep, g_host_bufs, g_reduces, g_copies;
+static int g_nep, g_host_bufs, g_reduces, g_copies, g_event_waits;
 static pthread_mutex_t g_ep_mu = PTHREAD_MUTEX_INITIALIZER;
 static dtr_transport_vtable g_devt;
 static dtr_backend g_counting;
@@ -265,6 +265,25 @@ static dtr_result counting_copy(dtr_context *ctx, void *dst, const void *src, si
     return DEV_BACKEND()->copy(ctx, dst, src, bytes);
 }
 
+/* events of the compute stream: a marker (the simulated device completes everything at once,
+   its own are NULL), so that host waits on them are counted; the async copies' go through */
+static char g_stream_event;
+static dtr_result counting_event_record(dtr_context *ctx, dtr_event **ev) {
+    dtr_result r = DEV_BACKEND()->event_record(ctx, ev);
+    if (r == DTR_OK && !*ev) *ev = (dtr_event *)&g_stream_event;
+    return r;
+}
+static dtr_result counting_event_wait(dtr_context *ctx, dtr_event *ev) {
+    if (ev != (dtr_event *)&g_stream_event) return DEV_BACKEND()->event_wait(ctx, ev);
+    __atomic_add_fetch(&g_event_waits, 1, __ATOMIC_RELAXED);
+    return DTR_OK;
+}
+static dtr_result counting_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
+    if (ev != (dtr_event *)&g_stream_event) return DEV_BACKEND()->event_query(ctx, ev, done);
+    *done = 1;
+    return DTR_OK;
+}
+
 static void devt_setup(void) {
     g_devt = *dtr_local_transport();
     g_devt.name = "local-device";
@@ -280,7 +299,10 @@ static void devt_setup(void) {
     g_counting = *DEV_BACKEND();
     g_counting.reduce = counting_reduce;
     g_counting.copy = counting_copy;
-    g_nep = g_host_bufs = g_reduces = g_copies = 0;
+    g_counting.event_record = counting_event_record;
+    g_counting.event_wait = counting_event_wait;
+    g_counting.event_query = counting_event_query;
+    g_nep = g_host_bufs = g_reduces = g_copies = g_event_waits = 0;
 }
 
 static void test_device_transport(void) {
@@ -368,7 +390,8 @@ static void test_dp_over_staged_group(void) {
 
 /* ZeRO-1 and ZeRO-2 (SGD with momentum, AdamW; clipping by the norm summed over the shards)
  * and local SGD over the device transport, against the same on CPU ranks over a host group:
- * the same bits; the shards' sums on the backend, every buffer on the device */
+ * the same bits; the shards' sums on the backend, every buffer on the device, and the host
+ * never waits for the stream's events (the group orders its work after the stream's) */
 static void test_device_dp(void) {
     static dp_case dev, cpu;
     static const dtr_optimizer_kind kinds[2] = {DTR_OPT_SGD, DTR_OPT_ADAMW};
@@ -381,8 +404,9 @@ static void test_device_dp(void) {
                 dev.dev = 1, dev.kind = kinds[k], dev.zero = z < 3 ? z : 0, dev.local_sgd = z == 3 ? 2 : 0;
                 cpu = dev;
                 cpu.dev = 0;
-                g_reduces = 0;
+                g_reduces = g_event_waits = 0;
                 CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
+                CHECK_MSG(g_event_waits == 0, "mode %d: the host waited %d times for the stream", z, g_event_waits);
                 CHECK_MSG(z == 0 || z == 3 || g_reduces >= 8 * (w - 1), "ZeRO-%d: %d sums on the backend", z, g_reduces);
                 CHECK_EQ_INT(run_rk(w, NULL, DTR_MEM_HOST, rk_dp, &cpu), 0);
                 CHECK_MSG(close_runs(dev.out[0], cpu.out[0], OUT_FLOATS(dev)), "world %d optimizer %d mode %d: %g off the CPU",

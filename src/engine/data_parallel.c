@@ -150,9 +150,10 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
-    /* the bucket's last gradient is written once `ready` completes (the transport reads host
-       memory on its progress thread); a staged copy waits for it on the device instead */
-    if (--b->pending == 0 && !dp->stage) r = dtr_event_wait(dp->ctx, ready);
+    /* the bucket's last gradient is written once `ready` completes: a host transport reads
+       host memory on its progress thread, so the host waits; a staged copy waits for it on the
+       device instead, and a group of device memory orders its work after the stream's */
+    if (--b->pending == 0 && !dp->stage && !dp->c->mem_ctx) r = dtr_event_wait(dp->ctx, ready);
     if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                       dtr_comm_last_error(dp->c));
