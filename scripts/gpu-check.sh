@@ -6,7 +6,8 @@
 #   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
 #   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
 #   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), the GPTs
-#      with bf16 products beside torch.autocast, and captured steps (--graph: CUDA graphs)
+#      with bf16 products beside torch.autocast, captured steps (--graph: CUDA graphs), and
+#      bench/gpu_gemm beside bench/gpu_gemm_torch.py (the GPTs' linear layers)
 #   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers) and
 #      examples/fmnist_mlp --gpu (the loader's pinned batches), a few hundred steps each
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
@@ -18,7 +19,7 @@ mkdir -p "$out"
 steps=20
 [ "${1:-}" = "--quick" ] && steps=5
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/tests/gpu/test_graph_gpu build/bench/gpu build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
+make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/tests/gpu/test_graph_gpu build/bench/gpu build/bench/gpu_gemm build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
 echo "build: $?" | tee "$out/summary.txt"
 make test-gpu > "$out/test-gpu.log" 2>&1
 rc=$?
@@ -46,6 +47,11 @@ done
 for m in mlp cnn gpt; do
   timeout 120 build/bench/gpu --steps "$steps" --model $m --graph >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 build/bench/gpu --steps "$steps" --model $m --graph --tf32 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+done
+# the GPTs' matrix products beside F.linear: f32, TF32, bf16 (issue: within 10% of PyTorch)
+for mode in "" --tf32 --bf16; do
+  timeout 120 build/bench/gpu_gemm --iters 10 --rounds 3 $mode >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  timeout 120 python3 bench/gpu_gemm_torch.py --iters 10 --rounds 3 $mode >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
 fm=${DTR_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -d "$fm" ]; then
