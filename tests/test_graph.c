@@ -5,7 +5,8 @@
  *   - an MLP and a small GPT (embeddings, a GPT block with attention, layer norm) trained for
  *     5 steps by capture + launches equal an eager twin step for step (losses and weights: bit
  *     for bit here, within 1e-5 on the GPU); the batch of each step written into input tensors
- *     made before the capture;
+ *     made before the capture, or copied in from tensors (dtr_tensor_copy) as a loader hands
+ *     them over, the context reset after every step;
  *   - the captured step's arena peak equals the eager step's (its tape recycles gradients);
  *   - host values copied in inside the step are the capture's on every launch;
  *   - a launch whose step differs from the capture (a changed scale factor, a changed shape)
@@ -180,22 +181,44 @@ static void read_params(tnet *n, float **out, int64_t *count) {
     if (dtr_model_read(n->m, *out, *count) != DTR_OK) memset(*out, 0, (size_t)*count * sizeof(float));
 }
 
-static void graph_vs_eager(int bi, int gpt) {
+/* the batch of step t into the inputs as a loader hands it over: tensors of the own tape
+   (dtr_tensor_from, as dtr_loader_tensors makes them) copied in on the backend */
+static dtr_result copy_inputs(tnet *n, int t) {
+    int64_t xs[2] = {B, IN}, is[2] = {B, T}, ys[1];
+    batch b;
+    dtr_result r = DTR_OK;
+    batch_of(&b, t, n->gpt);
+    ys[0] = rows(n);
+    if (!n->gpt) r = dtr_tensor_copy(n->x, dtr_tensor_from(n->ctx, DTR_F32, 2, xs, b.x));
+    if (n->gpt && r == DTR_OK) r = dtr_tensor_copy(n->ids, dtr_tensor_from(n->ctx, DTR_I32, 2, is, b.ids));
+    if (n->gpt && r == DTR_OK) r = dtr_tensor_copy(n->pos, dtr_tensor_from(n->ctx, DTR_I32, 2, is, b.pos));
+    if (r == DTR_OK) r = dtr_tensor_copy(n->y, dtr_tensor_from(n->ctx, DTR_I32, 1, ys, b.y));
+    return r;
+}
+
+/* feed 0: inputs on the own tape written from the host; 1: inputs on a tape of the test's,
+   copied from own-tape tensors, the context reset after every step */
+static void graph_vs_eager(int bi, int gpt, int feed) {
     tnet e, g;
     dtr_graph *gr = NULL;
+    dtr_tape *mine = NULL, *was;
     float le, lg, *pe, *pg;
     int64_t ne, ng, i;
     double worst = 0.0;
     int t;
     CHECK(net_init(&e, bi, gpt) && net_init(&g, bi, gpt));
+    if (feed) CHECK_OK(g.ctx, dtr_tape_create(g.ctx, &mine));
+    was = dtr_context_set_tape(g.ctx, mine);
     CHECK(make_inputs(&g));
+    dtr_context_set_tape(g.ctx, was);
     for (t = 0; t < 5; t++) {
         CHECK_OK(e.ctx, eager_step(&e, t, &le));
-        CHECK_OK(g.ctx, write_inputs(&g, t));
+        CHECK_OK(g.ctx, feed ? copy_inputs(&g, t) : write_inputs(&g, t));
         if (t == 0) CHECK_OK(g.ctx, dtr_graph_capture(g.ctx, train_step, &g, &gr));   /* runs step 0 */
         else CHECK_OK(g.ctx, dtr_graph_launch(gr));
         CHECK_OK(g.ctx, dtr_tensor_read(g.loss, DTR_F32, &lg, 1));
         CHECK_OK(g.ctx, dtr_optimizer_step(g.opt, NULL));
+        if (feed) CHECK_OK(g.ctx, dtr_context_reset(g.ctx));
         CHECK_MSG(fabs((double)le - lg) <= MODEL_TOL * (1.0 + fabs(le)), "%s %s step %d: loss %.9g eager, %.9g graph",
                   backend_name(bi), gpt ? "gpt" : "mlp", t, le, lg);
     }
@@ -208,18 +231,25 @@ static void graph_vs_eager(int bi, int gpt) {
     free(pe);
     free(pg);
     dtr_graph_destroy(gr);
+    dtr_tape_destroy(mine);
     net_free(&e);
     net_free(&g);
 }
 
 static void test_graph_mlp_equals_eager(void) {
     int bi;
-    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 0);
+    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 0, 0);
+}
+
+/* batches copied in from tensors the way a loader hands them over, the context reset every step */
+static void test_graph_mlp_fed_by_tensor_copies(void) {
+    int bi;
+    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 0, 1);
 }
 
 static void test_graph_gpt_equals_eager(void) {
     int bi;
-    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 1);
+    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 1, 0);
 }
 
 /* The captured step's tape recycles released gradients as the own tape does: its arena peak
@@ -401,6 +431,32 @@ static void test_graph_refusals(void) {
     dtr_graph_destroy(NULL);
 }
 
+/* dtr_tensor_copy's checks */
+static void test_tensor_copy(void) {
+    int bi;
+    for (bi = 0; bi < BACKENDS; bi++) {
+        dtr_context *ctx = new_ctx(bi), *other = new_ctx(bi);
+        const float v[6] = {1, 2, 3, 4, 5, 6};
+        int64_t s23[2] = {2, 3}, s32[2] = {3, 2}, s4[1] = {4};
+        int perm[2] = {1, 0};
+        float out[6] = {0};
+        dtr_tensor *a = dtr_tensor_from(ctx, DTR_F32, 2, s23, v), *b = dtr_tensor_new(ctx, DTR_F32, 2, s32);
+        CHECK_OK(ctx, dtr_tensor_copy(b, a));   /* the elements in order, any shape of that count */
+        CHECK_OK(ctx, dtr_tensor_read(b, DTR_F32, out, 6));
+        CHECK(memcmp(out, v, sizeof v) == 0);
+        CHECK_EQ_INT(dtr_tensor_copy(dtr_tensor_new(ctx, DTR_I32, 2, s23), a), DTR_INVALID_ARGUMENT);
+        dtr_context_clear_error(ctx);
+        CHECK_EQ_INT(dtr_tensor_copy(dtr_tensor_new(ctx, DTR_F32, 1, s4), a), DTR_SHAPE_MISMATCH);
+        dtr_context_clear_error(ctx);
+        CHECK_EQ_INT(dtr_tensor_copy(b, dtr_permute(ctx, a, perm)), DTR_UNSUPPORTED);
+        dtr_context_clear_error(ctx);
+        CHECK_EQ_INT(dtr_tensor_copy(dtr_tensor_new(other, DTR_F32, 2, s23), a), DTR_INVALID_ARGUMENT);
+        CHECK_EQ_INT(dtr_tensor_copy(NULL, a), DTR_NULL_HANDLE);
+        dtr_context_destroy(other);
+        dtr_context_destroy(ctx);
+    }
+}
+
 /* ---- inputs and dtr_context_reset ---- */
 
 static void test_graph_inputs_and_reset(void) {
@@ -444,11 +500,13 @@ int main(void) {
     }
 #endif
     RUN(test_graph_mlp_equals_eager);
+    RUN(test_graph_mlp_fed_by_tensor_copies);
     RUN(test_graph_gpt_equals_eager);
     RUN(test_graph_arena_peak_equals_eager);
     RUN(test_graph_host_values_are_the_captures);
     RUN(test_graph_launch_detects_a_changed_step);
     RUN(test_graph_refusals);
     RUN(test_graph_inputs_and_reset);
+    RUN(test_tensor_copy);
     return test_summary();
 }

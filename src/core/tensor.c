@@ -313,6 +313,31 @@ dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t
     return r;
 }
 
+dtr_result dtr_tensor_copy(dtr_tensor *dst, const dtr_tensor *src) {
+    dtr_context *ctx;
+    size_t es;
+    dtr_result r;
+    if (!dst || !src) return DTR_NULL_HANDLE;
+    ctx = dst->ctx;
+    if (src->ctx != ctx) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_tensor_copy: the tensors belong to two contexts");
+    if ((r = dtr__check_live(dst, "dtr_tensor_copy")) != DTR_OK || (r = dtr__check_live(src, "dtr_tensor_copy")) != DTR_OK)
+        return r;
+    if (!dst->storage && dst->model && (r = dtr_model_build(dst->model)) != DTR_OK) return r;
+    if (!src->storage && src->model && (r = dtr_model_build(src->model)) != DTR_OK) return r;
+    if (dst->dtype != src->dtype)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_tensor_copy: dtype %s into %s", dtr_dtype_name(src->dtype),
+                         dtr_dtype_name(dst->dtype));
+    if (dtr_tensor_numel(dst) != dtr_tensor_numel(src))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_tensor_copy: %lld elements into %lld", (long long)dtr_tensor_numel(src),
+                         (long long)dtr_tensor_numel(dst));
+    if (!dtr_tensor_is_contiguous(dst) || !dtr_tensor_is_contiguous(src))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_tensor_copy: a non-contiguous view (dtr_contiguous first)");
+    es = dtr_dtype_size(dst->dtype);
+    r = dtr__mem_copy(ctx, (char *)dst->storage + (size_t)dst->offset * es, (const char *)src->storage + (size_t)src->offset * es,
+                      (size_t)dtr_tensor_numel(dst) * es);
+    return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_tensor_copy: the copy failed");
+}
+
 float dtr_tensor_get(const dtr_tensor *t, int64_t index) {
     int64_t off, rem;
     int d;

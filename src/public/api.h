@@ -385,6 +385,14 @@ DTR_API const char *dtr_tensor_name(const dtr_tensor *t);
 DTR_API dtr_result dtr_tensor_read(const dtr_tensor *t, dtr_dtype dt, void *dst, size_t n);
 /** Copies `n` = numel elements of type `dt` from host memory into `t` (converted). */
 DTR_API dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src, size_t n);
+/** Copies src's elements into dst, both of one context, the same dtype and element count, and
+ *  contiguous, in the backend's memory (on a GPU a device copy queued on the stream: no host
+ *  wait). Not recorded for autograd. What feeds a captured step's inputs (dtr_graph_capture)
+ *  from tensors the loader made (dtr_loader_tensors).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (another context, another dtype),
+ *          DTR_SHAPE_MISMATCH (element counts), DTR_UNSUPPORTED (a non-contiguous view),
+ *          DTR_BAD_STATE (a released tensor). Thread safety: the context's thread. */
+DTR_API dtr_result dtr_tensor_copy(dtr_tensor *dst, const dtr_tensor *src);
 /** f32 element at a flat row-major index of the logical shape; 0 on error. Handy in tests. */
 DTR_API float dtr_tensor_get(const dtr_tensor *t, int64_t index);
 /** Marks an arena tensor as requiring a gradient (a leaf the app wants dL/dt of). */
