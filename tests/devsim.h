@@ -37,6 +37,9 @@ typedef struct devsim_state {
     devsim_copy copies[DTR__ASYNC_COPIES];
     int next_copy, landing;
     long seq;            /* copies queued so far (their order) */
+    pthread_mutex_t copy_mu;   /* the queue of copies: a group's progress thread enters the
+                                  backend beside the rank's thread (recursive: landing a copy
+                                  enters the backend) */
 } devsim_state;
 
 static int devsim__violations;
@@ -94,9 +97,16 @@ static void devsim__violation(const char *what, const void *p, size_t bytes) {
 static int devsim__owns_ptr(dtr_context *ctx, const void *p) { return devsim__owns(ctx, p, 1); }
 
 static dtr_result devsim__init(dtr_context *ctx, void **state) {
+    devsim_state *s = (devsim_state *)calloc(1, sizeof(devsim_state));
+    pthread_mutexattr_t a;
     (void)ctx;
-    *state = calloc(1, sizeof(devsim_state));
-    return *state ? DTR_OK : DTR_OUT_OF_MEMORY;
+    *state = s;
+    if (!s) return DTR_OUT_OF_MEMORY;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&s->copy_mu, &a);
+    pthread_mutexattr_destroy(&a);
+    return DTR_OK;
 }
 
 static void devsim__shutdown(dtr_context *ctx, void *state) {
@@ -104,6 +114,7 @@ static void devsim__shutdown(dtr_context *ctx, void *state) {
     int i;
     (void)ctx;
     for (i = 0; i < s->n; i++) munmap(s->b[i].p, s->b[i].mapped);
+    pthread_mutex_destroy(&s->copy_mu);
     free(s->b);
     free(s);
 }
@@ -193,12 +204,15 @@ static dtr_result devsim__from_host(dtr_context *ctx, void *dst, const void *src
 static void devsim__land(dtr_context *ctx, devsim_copy *c) {
     devsim_state *s = devsim__st(ctx);
     if (c->pending && c->to_dev) { devsim__land_to_dev(ctx, c->seq); return; }
+    pthread_mutex_lock(&s->copy_mu);
     if (c->pending) s->landing++, (void)devsim__copy(ctx, c->dst, c->src, c->bytes, 1), s->landing--;
     c->pending = 0;
+    pthread_mutex_unlock(&s->copy_mu);
 }
 /* the stream's copies to the device queued up to number `upto`, in order */
 static void devsim__land_to_dev(dtr_context *ctx, long upto) {
     devsim_state *s = devsim__st(ctx);
+    pthread_mutex_lock(&s->copy_mu);
     for (;;) {
         devsim_copy *first = NULL;
         int i;
@@ -206,12 +220,13 @@ static void devsim__land_to_dev(dtr_context *ctx, long upto) {
             devsim_copy *c = &s->copies[i];
             if (c->pending && c->to_dev && c->seq <= upto && (!first || c->seq < first->seq)) first = c;
         }
-        if (!first) return;
+        if (!first) break;
         s->landing++;
         (void)devsim__copy(ctx, first->dst, first->src, first->bytes, 0);
         s->landing--;
         first->pending = 0;
     }
+    pthread_mutex_unlock(&s->copy_mu);
 }
 static devsim_copy *devsim__as_copy(dtr_context *ctx, dtr_event *ev) {
     devsim_state *s = devsim__st(ctx);
@@ -220,13 +235,16 @@ static devsim_copy *devsim__as_copy(dtr_context *ctx, dtr_event *ev) {
 }
 static dtr_result devsim__queue(dtr_context *ctx, void *dst, const void *src, size_t bytes, int to_dev, dtr_event **done) {
     devsim_state *s = devsim__st(ctx);
-    devsim_copy *c = &s->copies[s->next_copy];
+    devsim_copy *c;
+    pthread_mutex_lock(&s->copy_mu);
+    c = &s->copies[s->next_copy];
     s->next_copy = (s->next_copy + 1) % DTR__ASYNC_COPIES;
     if (!to_dev) devsim__land_to_dev(ctx, s->seq);   /* a copy to the host starts after the stream's work */
     devsim__land(ctx, c);   /* the slot's earlier copy (its event now stands for this one) */
     c->dst = dst, c->src = src, c->bytes = bytes, c->pending = 1, c->queries = 0, c->to_dev = to_dev, c->seq = ++s->seq;
     __atomic_add_fetch(&devsim_async_copies, 1, __ATOMIC_RELAXED);
     *done = (dtr_event *)(void *)c;
+    pthread_mutex_unlock(&s->copy_mu);
     return DTR_OK;
 }
 static dtr_result devsim__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
