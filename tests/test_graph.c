@@ -12,7 +12,7 @@
  *   - a launch whose step differs from the capture (a changed scale factor, a changed shape)
  *     fails with DTR_BAD_STATE, and the context works afterwards;
  *   - refused inside the step: reading a tensor, an optimizer step, clipping (a host sum),
- *     dtr_context_reset, dropout, a nested capture; a context with a gradient hook; each with
+ *     dtr_context_reset, dropout, the loss scaler's scaling, a nested capture; a context with a gradient hook; each with
  *     its code and message, the context usable again after clearing the error;
  *   - dtr_context_reset frees inputs made on the own tape: a launch then refuses; inputs on a
  *     tape of the app's survive it. */
@@ -358,12 +358,13 @@ static void test_graph_launch_detects_a_changed_step(void) {
 
 /* ---- refusals ---- */
 
-enum { R_READ, R_OPT, R_CLIP, R_RESET, R_DROPOUT, R_NESTED, R_COUNT };
+enum { R_READ, R_OPT, R_CLIP, R_RESET, R_DROPOUT, R_SCALER, R_NESTED, R_COUNT };
 
 typedef struct refuse {
     tnet *n;
     int what;
     dtr_graph *inner;
+    dtr_loss_scaler *ls;
 } refuse;
 
 static dtr_result refuse_step(dtr_context *ctx, void *user) {
@@ -377,6 +378,7 @@ static dtr_result refuse_step(dtr_context *ctx, void *user) {
     case R_CLIP: return dtr_clip_grad_norm(f->n->m, 1.0f, &v);
     case R_RESET: return dtr_context_reset(ctx);
     case R_DROPOUT: return dtr_dropout(ctx, f->n->loss, 0.5f) ? DTR_OK : dtr_context_status(ctx);
+    case R_SCALER: return dtr_loss_scaler_scale(f->ls, ctx, f->n->loss) ? DTR_OK : dtr_context_status(ctx);
     default: return dtr_graph_capture(ctx, train_step, f->n, &f->inner);
     }
 }
@@ -388,9 +390,12 @@ static dtr_result no_hook(void *user, dtr_tensor *param, dtr_event *ready) {
 
 static void test_graph_refusals(void) {
     static const dtr_result want[R_COUNT] = {DTR_BAD_STATE, DTR_BAD_STATE, DTR_BAD_STATE, DTR_BAD_STATE,
-                                             DTR_UNSUPPORTED, DTR_BAD_STATE};
+                                             DTR_UNSUPPORTED, DTR_UNSUPPORTED, DTR_BAD_STATE};
     static const char *const says[R_COUNT] = {"reading backend memory", "dtr_optimizer_step: inside a captured step", "a sum read",
-                                              "dtr_context_reset", "dropout", "a capture is under way"};
+                                              "dtr_context_reset", "dropout", "the scale changes",
+                                              "a capture is under way"};
+    dtr_loss_scaler_config lc = dtr_loss_scaler_config_init();
+    dtr_loss_scaler *ls = NULL;
     int bi, w, id;
     for (bi = 0; bi < BACKENDS; bi++) {
         tnet n;
@@ -399,8 +404,9 @@ static void test_graph_refusals(void) {
         CHECK(net_init(&n, bi, 0));
         CHECK(make_inputs(&n));
         CHECK_OK(n.ctx, write_inputs(&n, 0));
+        CHECK_OK(n.ctx, dtr_loss_scaler_create(&lc, &ls));
         for (w = 0; w < R_COUNT; w++) {
-            refuse f = {&n, w, NULL};
+            refuse f = {&n, w, NULL, ls};
             dtr_result r = dtr_graph_capture(n.ctx, refuse_step, &f, &g);
             CHECK_MSG(r == want[w] && g == NULL, "%s case %d: %s", backend_name(bi), w, dtr_result_string(r));
             CHECK_MSG(strstr(dtr_context_last_error(n.ctx), says[w]) != NULL, "%s case %d: '%s'", backend_name(bi), w,
@@ -423,6 +429,7 @@ static void test_graph_refusals(void) {
         CHECK(strstr(dtr_context_last_error(n.ctx), "gradient hook") != NULL);
         dtr_context_clear_error(n.ctx);
         CHECK_OK(n.ctx, dtr_context_remove_grad_hook(n.ctx, id));
+        dtr_loss_scaler_destroy(ls);
         net_free(&n);
     }
     CHECK_EQ_INT(dtr_graph_capture(NULL, train_step, NULL, NULL), DTR_NULL_HANDLE);

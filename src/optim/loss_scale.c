@@ -52,6 +52,9 @@ void dtr_loss_scaler_destroy(dtr_loss_scaler *ls) { dtr__free(NULL, ls); }
 dtr_tensor *dtr_loss_scaler_scale(dtr_loss_scaler *ls, dtr_context *ctx, dtr_tensor *loss) {
     if (!ctx) return NULL;
     if (!ls) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_loss_scaler_scale: scaler is NULL");
+    if (ctx->capturing)   /* a replay would keep the capture's scale after dtr_loss_scaler_step changed it */
+        return dtr__failt(ctx, DTR_UNSUPPORTED, "dtr_loss_scaler_scale: inside a captured step (dtr_graph_capture's fn): "
+                          "the scale changes between steps and a replay would keep the capture's");
     return dtr_scale(ctx, loss, ls->scale);
 }
 

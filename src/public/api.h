@@ -282,7 +282,8 @@ DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
  * - Nothing in it waits on the host: no reads of tensors (dtr_tensor_read, dtr_tensor_grad),
  *   no events, no dtr_context_reset, no optimizer step (its step count and learning rate change
  *   every step: call dtr_optimizer_step after the launch), no gradient clipping or loss-scaler
- *   check (host sums).
+ *   check (host sums), no dtr_loss_scaler_scale (its scale changes between steps: fp16 with
+ *   dynamic loss scaling runs eagerly; bf16 needs no scaling).
  * - No dropout (fresh masks every step), no activation checkpointing (dtr_checkpoint runs on
  *   other tapes), no tensor-parallel communication ops; the context may hold no gradient hook
  *   (a data-parallel engine): capture a single-device step.
