@@ -441,6 +441,56 @@ FM_FN dtr_result fm_evaluate_loader(dtr_context *ctx, fm_forward_fn forward, con
     return DTR_OK;
 }
 
+/* ---- captured steps (--graph) ----
+ * The training step (forward, cross-entropy, backward) captured once with dtr_graph_capture
+ * (a CUDA graph on the GPU) and launched for every full batch; its inputs live on a tape of
+ * their own (they outlive dtr_context_reset) and are fed from the loader's tensors with
+ * dtr_tensor_copy (a device copy on the GPU). A last, smaller batch runs eagerly. */
+typedef struct fm_graph_step {
+    fm_forward_fn forward;
+    const void *net;
+    dtr_tape *inputs;
+    dtr_tensor *x, *y, *loss;
+    dtr_graph *g;
+} fm_graph_step;
+
+static dtr_result fm_graph_fn(dtr_context *ctx, void *user) {
+    fm_graph_step *s = (fm_graph_step *)user;
+    s->loss = dtr_cross_entropy(ctx, s->forward(ctx, s->net, s->x), s->y);
+    return s->loss ? dtr_backward(ctx, s->loss) : dtr_context_status(ctx);
+}
+
+/** The step on batch (x, y) through the captured graph (captured on the first call, which runs
+ *  it too); *loss is the step's loss tensor. */
+FM_FN dtr_result fm_graph_run(dtr_context *ctx, fm_graph_step *s, dtr_tensor *x, dtr_tensor *y, dtr_tensor **loss) {
+    dtr_result r = DTR_OK;
+    if (!s->inputs) {
+        int64_t xs[DTR_MAX_DIMS], ys[DTR_MAX_DIMS];
+        dtr_tape *was;
+        int d;
+        for (d = 0; d < dtr_tensor_ndim(x); d++) xs[d] = dtr_tensor_dim(x, d);
+        for (d = 0; d < dtr_tensor_ndim(y); d++) ys[d] = dtr_tensor_dim(y, d);
+        if ((r = dtr_tape_create(ctx, &s->inputs)) != DTR_OK) return r;
+        was = dtr_context_set_tape(ctx, s->inputs);
+        s->x = dtr_tensor_new(ctx, dtr_tensor_dtype(x), dtr_tensor_ndim(x), xs);
+        s->y = dtr_tensor_new(ctx, dtr_tensor_dtype(y), dtr_tensor_ndim(y), ys);
+        dtr_context_set_tape(ctx, was);
+        if (!s->x || !s->y) return dtr_context_status(ctx);
+    }
+    if ((r = dtr_tensor_copy(s->x, x)) != DTR_OK || (r = dtr_tensor_copy(s->y, y)) != DTR_OK) return r;
+    r = s->g ? dtr_graph_launch(s->g) : dtr_graph_capture(ctx, fm_graph_fn, s, &s->g);
+    *loss = s->loss;
+    return r;
+}
+
+/** Frees the graph and its inputs. */
+FM_FN void fm_graph_free(fm_graph_step *s) {
+    dtr_graph_destroy(s->g);
+    dtr_tape_destroy(s->inputs);
+    s->g = NULL;
+    s->inputs = NULL;
+}
+
 /* ---- command line of the examples ---- */
 
 typedef struct fm_options {
@@ -454,10 +504,11 @@ typedef struct fm_options {
     const char *metrics; /* --metrics FILE: JSON lines of per-step metrics (NULL: none) */
     const char *trace;   /* --trace FILE: Chrome/Perfetto timeline (NULL: none) */
     int gpu;             /* --gpu: the CUDA backend (builds with FM_CUDA: make examples-gpu) */
+    int graph;           /* --graph: the step captured once and launched (fm_graph_run; fmnist_mlp, fmnist_cnn) */
 } fm_options;
 
 #define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]" \
-                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu]"
+                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph]"
 
 /** path, or with ".rank<r>" before its extension when world > 1 (run.json -> run.rank1.json). */
 FM_FN const char *fm_rank_path(const char *path, int rank, int world, char *buf, size_t n) {
@@ -496,6 +547,7 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) return 1;
         if (a[0] != '-') { o->dir = a; continue; }
         if (strcmp(a, "--gpu") == 0) { o->gpu = 1; continue; }
+        if (strcmp(a, "--graph") == 0) { o->graph = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (strcmp(a, "--schedule") == 0) {

@@ -48,7 +48,7 @@ static dtr_tensor *cnn_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0};
+    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -58,6 +58,7 @@ int main(int argc, char **argv) {
     cnn net;
     double test_acc = 0.0;
     fm_progress prog;
+    fm_graph_step gs = {cnn_forward, &net, NULL, NULL, NULL, NULL, NULL};
     dtr_result r;
     int e, rc = 1, pa = fm_parse_args(argc, argv, &o);
 
@@ -108,11 +109,15 @@ int main(int argc, char **argv) {
         int64_t b, seen = 0;
         for (b = 0; b < dtr_loader_batches(train); b++) {   /* one epoch: the loader reshuffles each */
             dtr_batch batch;
-            dtr_tensor *x, *y, *loss;
+            dtr_tensor *x, *y, *loss = NULL;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
             if ((r = dtr_loader_tensors(train, ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
-            loss = dtr_cross_entropy(ctx, cnn_forward(ctx, &net, x), y);
-            if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
+            if (o.graph && batch.size == o.batch) {   /* --graph: the captured step */
+                if ((r = fm_graph_run(ctx, &gs, x, y, &loss)) != DTR_OK) { fm_fail(ctx, "captured step", r); goto done; }
+            } else {
+                loss = dtr_cross_entropy(ctx, cnn_forward(ctx, &net, x), y);
+                if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
+            }
             loss_sum += (double)dtr_tensor_get(loss, 0) * (double)batch.size;   /* read before the reset */
             seen += batch.size;
             if ((r = dtr_optimizer_step(opt, NULL)) != DTR_OK) { fm_fail(ctx, "optimizer step", r); goto done; }
@@ -128,6 +133,7 @@ int main(int argc, char **argv) {
     printf("final test accuracy: %.2f%%\n", 100.0 * test_acc);
     rc = 0;
 done:
+    fm_graph_free(&gs);
     dtr_optimizer_destroy(opt);
     dtr_model_destroy(net.model);
     dtr_loader_destroy(train);   /* before the context its buffers may come from */

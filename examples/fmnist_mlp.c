@@ -20,7 +20,10 @@
  * Build by hand, with dtrain.h and common.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_mlp.c -o fmnist_mlp -lm -lpthread -lz
  * Options: [DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant]
- * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu]. --ckpt-dir keeps
+ * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph]. --graph
+ * captures the training step once (dtr_graph_capture: a CUDA graph with --gpu) and launches it for
+ * every full batch, the loader's tensors copied into its inputs (examples/common.h, fm_graph_run);
+ * the weights come out as without it. --ckpt-dir keeps
  * full-state checkpoints there every N steps and resumes from the newest. --metrics appends one JSON line per step (loss,
  * learning rate, gradient norm, samples/s, the step time split into data, forward, backward,
  * optimizer; FLOPs); --trace writes a timeline of every op to open in https://ui.perfetto.dev
@@ -38,7 +41,7 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -51,6 +54,7 @@ int main(int argc, char **argv) {
     mlp net = {NULL, {0}, {0}, {0}};
     double test_acc = 0.0;
     fm_progress prog;
+    fm_graph_step gs = {mlp_forward, &net, NULL, NULL, NULL, NULL, NULL};
     dtr_result r;
     int e, rc = 1, pa = fm_parse_args(argc, argv, &o);
 
@@ -109,12 +113,16 @@ int main(int argc, char **argv) {
         int64_t b, seen = 0;
         for (b = step % per; b < per; b++) {   /* one epoch: the loader reshuffles each */
             dtr_batch batch;
-            dtr_tensor *x, *y, *loss;
+            dtr_tensor *x, *y, *loss = NULL;
             double batch_loss;
             if ((r = dtr_loader_next(train, &batch)) != DTR_OK) { fprintf(stderr, "error: %s\n", dtr_loader_last_error(train)); goto done; }
             if ((r = dtr_loader_tensors(train, ctx, &batch, &x, &y)) != DTR_OK) { fm_fail(ctx, "batch", r); goto done; }
-            loss = dtr_cross_entropy(ctx, mlp_forward(ctx, &net, x), y);
-            if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
+            if (o.graph && batch.size == o.batch) {   /* --graph: the captured step */
+                if ((r = fm_graph_run(ctx, &gs, x, y, &loss)) != DTR_OK) { fm_fail(ctx, "captured step", r); goto done; }
+            } else {
+                loss = dtr_cross_entropy(ctx, mlp_forward(ctx, &net, x), y);
+                if ((r = dtr_backward(ctx, loss)) != DTR_OK) { fm_fail(ctx, "backward", r); goto done; }
+            }
             batch_loss = (double)dtr_tensor_get(loss, 0);   /* read before the reset */
             loss_sum += batch_loss * (double)batch.size;
             seen += batch.size;
@@ -144,6 +152,7 @@ int main(int argc, char **argv) {
     rc = 0;
     if (ck && (r = dtr_ckpt_wait(ck)) != DTR_OK) { fprintf(stderr, "error: checkpoint: %s\n", dtr_ckpt_last_error(ck)); rc = 1; }
 done:
+    fm_graph_free(&gs);
     dtr_ckpt_destroy(ck);
     dtr_metrics_destroy(metrics);   /* writes the timeline */
     dtr_optimizer_destroy(opt);

@@ -59,6 +59,8 @@ if [ -d "$fm" ]; then
   echo "fmnist_ps --gpu: $?" | tee -a "$out/summary.txt"
   timeout 120 build/examples/gpu/fmnist_mlp "$fm" --gpu --epochs 1 > "$out/fmnist-mlp-gpu.log" 2>&1
   echo "fmnist_mlp --gpu: $?" | tee -a "$out/summary.txt"
+  timeout 120 build/examples/gpu/fmnist_mlp "$fm" --gpu --graph --epochs 1 > "$out/fmnist-mlp-gpu-graph.log" 2>&1
+  echo "fmnist_mlp --gpu --graph: $?" | tee -a "$out/summary.txt"
 fi
 cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl"
 exit $rc
