@@ -319,8 +319,8 @@ DTR_API dtr_result dtr_graph_launch(dtr_graph *g);
 /** 1 when launches replay a backend graph (CUDA), 0 when they call the step function again.
  *  Thread safety: any thread. */
 DTR_API int dtr_graph_native(const dtr_graph *g);
-/** Frees the graph and its tape, after the work of its launches has completed. NULL is ignored.
- *  Thread safety: the context's thread. */
+/** Frees the graph and its tape, after the work of its launches has completed. Destroy every
+ *  graph before its context. NULL is ignored. Thread safety: the context's thread. */
 DTR_API void dtr_graph_destroy(dtr_graph *g);
 
 /** The backend's name ("cpu", "cuda").
