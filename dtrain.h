@@ -4392,6 +4392,11 @@ struct dtr_backend {
     dtr_result (*graph_end)(dtr_context *ctx, void **exec);
     dtr_result (*graph_launch)(dtr_context *ctx, void *exec);
     void (*graph_free)(dtr_context *ctx, void *exec);
+    /* copies `rows` rows of `width` bytes of backend memory, row i from src + i * spitch to
+       dst + i * dpitch, queued on the context's stream (the tensor-parallel gather over a
+       group of device memory). NULL: dtr__mem_copy2d copies row by row */
+    dtr_result (*copy2d)(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t rows);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4405,6 +4410,10 @@ DTR__PRIVATE dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const 
 /** bytes of ctx's backend memory from src to dst: the backend's copy, or memcpy on a backend
  *  of host memory (DTR_UNSUPPORTED on a device backend without the slot). */
 DTR__PRIVATE dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes);
+/** `rows` rows of `width` bytes of ctx's backend memory, row i from src + i * spitch to
+ *  dst + i * dpitch: the backend's copy2d, or dtr__mem_copy row by row. */
+DTR__PRIVATE dtr_result dtr__mem_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                                        size_t width, size_t rows);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */
@@ -4659,7 +4668,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4663 "dtrain.h"
+#line 4672 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4940,7 +4949,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4944 "dtrain.h"
+#line 4953 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5002,7 +5011,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5006 "dtrain.h"
+#line 5015 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5377,7 +5386,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5381 "dtrain.h"
+#line 5390 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5420,7 +5429,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5424 "dtrain.h"
+#line 5433 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5450,7 +5459,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5454 "dtrain.h"
+#line 5463 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5485,7 +5494,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5489 "dtrain.h"
+#line 5498 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5559,7 +5568,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5563 "dtrain.h"
+#line 5572 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5627,7 +5636,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5631 "dtrain.h"
+#line 5640 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5677,7 +5686,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5681 "dtrain.h"
+#line 5690 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6029,7 +6038,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6033 "dtrain.h"
+#line 6042 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6820,7 +6829,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6824 "dtrain.h"
+#line 6833 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7280,6 +7289,17 @@ dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t by
     return DTR_OK;
 }
 
+dtr_result dtr__mem_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                           size_t rows) {
+    dtr_result r = DTR_OK;
+    size_t i;
+    if (!width || !rows) return DTR_OK;
+    if (ctx->backend->copy2d) return ctx->backend->copy2d(ctx, dst, dpitch, src, spitch, width, rows);
+    for (i = 0; r == DTR_OK && i < rows; i++)
+        r = dtr__mem_copy(ctx, (char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+    return r;
+}
+
 dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
     *done = NULL;
     if (ctx->backend->from_host_async) return ctx->backend->from_host_async(ctx, dst, src, bytes, done);
@@ -7440,7 +7460,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7444 "dtrain.h"
+#line 7464 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7511,7 +7531,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7515 "dtrain.h"
+#line 7535 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7975,7 +7995,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7979 "dtrain.h"
+#line 7999 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8213,7 +8233,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8217 "dtrain.h"
+#line 8237 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8444,7 +8464,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8448 "dtrain.h"
+#line 8468 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8559,7 +8579,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8563 "dtrain.h"
+#line 8583 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8615,7 +8635,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8619 "dtrain.h"
+#line 8639 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -8646,7 +8666,7 @@ typedef struct dtr__graph_copy {
 } dtr__graph_copy;
 
 enum { DTR__GS_FORWARD = 1, DTR__GS_BACKWARD, DTR__GS_MEMSET, DTR__GS_SCALE, DTR__GS_REDUCE, DTR__GS_COPY,
-       DTR__GS_FROM_HOST };
+       DTR__GS_FROM_HOST, DTR__GS_COPY2D };
 
 struct dtr_graph {
     dtr_context *ctx;
@@ -8824,6 +8844,13 @@ static dtr_result dtr__gs_copy(dtr_context *ctx, void *dst, const void *src, siz
     return r != DTR_OK ? r : dtr__graph_of(ctx)->real->copy(ctx, dst, src, bytes);
 }
 
+static dtr_result dtr__gs_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                 size_t rows) {
+    size_t k[3] = {dpitch, spitch, rows};
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_COPY2D, width, k, sizeof k);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->copy2d(ctx, dst, dpitch, src, spitch, width, rows);
+}
+
 /* bytes of backend memory from src to dst through the real backend (memmove on host memory) */
 static dtr_result dtr__graph_dcopy(dtr_graph *g, void *dst, const void *src, size_t bytes) {
     if (g->real->copy) return g->real->copy(g->ctx, dst, src, bytes);
@@ -8874,6 +8901,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     v->to_host_async = dtr__gs_to_host_async;
     v->from_host_async = dtr__gs_from_host_async;
     if (v->copy) v->copy = dtr__gs_copy;   /* NULL stays NULL: dtr__mem_copy memmoves host memory */
+    if (v->copy2d) v->copy2d = dtr__gs_copy2d;
 }
 
 /* ---- runs ---- */
@@ -8974,7 +9002,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 8978 "dtrain.h"
+#line 9006 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9404,7 +9432,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9408 "dtrain.h"
+#line 9436 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9583,7 +9611,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9587 "dtrain.h"
+#line 9615 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10112,7 +10140,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10116 "dtrain.h"
+#line 10144 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10611,7 +10639,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10615 "dtrain.h"
+#line 10643 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10870,7 +10898,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10874 "dtrain.h"
+#line 10902 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -10891,9 +10919,10 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
  * the tensors (dtr__comm_staged_fwd / _bwd). Over a group of the context's device memory
- * (NCCL) TP_COPY and TP_REDUCE run on the device (a device copy, the group's all-reduce,
- * the backend's sum); TP_GATHER and the cross-entropy keep the host images, which the group
- * stages to its device in turn (src/comm/stage.c): correct, not fast.
+ * (NCCL) TP_COPY, TP_REDUCE and TP_GATHER run on the device (a device copy, the group's
+ * all-reduce or all-gather, strided copies, the backend's sum); the cross-entropy keeps the
+ * host images, which the group stages to its device in turn (src/comm/stage.c): correct, not
+ * fast.
  * ==========================================================================*/
 
 
@@ -11129,13 +11158,43 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
 /* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device ---- */
 
 static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
-    return nd->p.comm && nd->p.comm->mem_ctx == ctx && (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE);
+    return nd->p.comm && nd->p.comm->mem_ctx == ctx &&
+           (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE || nd->op == DTR_OP_TP_GATHER);
 }
 
-/* out = in, then (TP_REDUCE) the group's sum in place */
+/* TP_GATHER: the group's all-gather of x into a scratch block (rank k's x at k * n), then rank
+   k's rows of width w to columns k * w .. of y's rows (one strided copy per rank) */
+static dtr_result dtr__gather_direct_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    size_t ws = (size_t)w * sizeof(float);
+    dtr_result r = buf ? dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32) : ctx->status;
+    if (buf && r != DTR_OK)
+        return dtr__fail(ctx, r, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; r == DTR_OK && w && k < N; k++) r = dtr__mem_copy2d(ctx, y + k * w, (size_t)N * ws, buf + k * n, ws, ws, (size_t)(n / w));
+    return r;
+}
+
+/* TP_GATHER: gx += this rank's columns of gy, gathered into a dense block first */
+static dtr_result dtr__gather_direct_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm);
+    float *gx = dtr__gradof(x), *slice;
+    size_t ws = (size_t)w * sizeof(float);
+    dtr_result r;
+    if (!gx || !w || !n) return DTR_OK;
+    if (!(slice = (float *)dtr__arena_data(ctx, (size_t)n * sizeof(float), "dtr_tp_gather backward"))) return ctx->status;
+    r = dtr__mem_copy2d(ctx, slice, ws, nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w, (size_t)N * ws, ws, (size_t)(n / w));
+    return r == DTR_OK ? ctx->backend->reduce(ctx, gx, gx, slice, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1) : r;
+}
+
+/* out = in, then (TP_REDUCE) the group's sum in place; TP_GATHER above */
 static dtr_result dtr__comm_direct_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
-    dtr_result r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
+    dtr_result r;
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_fwd(ctx, nd);
+    r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
     if (r == DTR_OK && nd->op == DTR_OP_TP_REDUCE) r = dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM);
     return r;
 }
@@ -11145,6 +11204,7 @@ static dtr_result dtr__comm_direct_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad;
     dtr_result r = DTR_OK;
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_bwd(ctx, nd);
     if (nd->op == DTR_OP_TP_COPY) {
         float *sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
         if (!sum) return ctx->status;
@@ -11181,7 +11241,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11185 "dtrain.h"
+#line 11245 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11306,9 +11366,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL,
-    NULL, NULL, NULL, NULL   /* graphs: dtr_graph_launch calls the step function again */
+    NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
+    NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11312 "dtrain.h"
+#line 11373 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11829,7 +11890,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11833 "dtrain.h"
+#line 11894 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -11998,7 +12059,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12002 "dtrain.h"
+#line 12063 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12247,7 +12308,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12251 "dtrain.h"
+#line 12312 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12769,7 +12830,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12773 "dtrain.h"
+#line 12834 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12907,7 +12968,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12911 "dtrain.h"
+#line 12972 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13254,7 +13315,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13258 "dtrain.h"
+#line 13319 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13320,7 +13381,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13324 "dtrain.h"
+#line 13385 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13557,7 +13618,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13561 "dtrain.h"
+#line 13622 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14306,7 +14367,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14310 "dtrain.h"
+#line 14371 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14759,7 +14820,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14763 "dtrain.h"
+#line 14824 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14815,7 +14876,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14819 "dtrain.h"
+#line 14880 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15592,7 +15653,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15596 "dtrain.h"
+#line 15657 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16173,7 +16234,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16177 "dtrain.h"
+#line 16238 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16804,7 +16865,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16808 "dtrain.h"
+#line 16869 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17594,7 +17655,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17598 "dtrain.h"
+#line 17659 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17947,7 +18008,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 17951 "dtrain.h"
+#line 18012 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18137,7 +18198,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18141 "dtrain.h"
+#line 18202 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18318,7 +18379,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18322 "dtrain.h"
+#line 18383 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19093,7 +19154,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19097 "dtrain.h"
+#line 19158 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19610,7 +19671,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19614 "dtrain.h"
+#line 19675 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20405,7 +20466,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20409 "dtrain.h"
+#line 20470 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21653,7 +21714,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21657 "dtrain.h"
+#line 21718 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22275,7 +22336,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22279 "dtrain.h"
+#line 22340 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22776,7 +22837,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22780 "dtrain.h"
+#line 22841 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23506,7 +23567,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23510 "dtrain.h"
+#line 23571 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23742,7 +23803,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23746 "dtrain.h"
+#line 23807 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -23871,7 +23932,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23875 "dtrain.h"
+#line 23936 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24250,7 +24311,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24254 "dtrain.h"
+#line 24315 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -24471,7 +24532,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 24475 "dtrain.h"
+#line 24536 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24951,7 +25012,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 24955 "dtrain.h"
+#line 25016 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25448,7 +25509,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25452 "dtrain.h"
+#line 25513 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26823,7 +26884,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26827 "dtrain.h"
+#line 26888 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26877,7 +26938,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26881 "dtrain.h"
+#line 26942 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28040,7 +28101,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28044 "dtrain.h"
+#line 28105 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28930,7 +28991,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28934 "dtrain.h"
+#line 28995 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30408,7 +30469,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30412 "dtrain.h"
+#line 30473 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30792,7 +30853,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30796 "dtrain.h"
+#line 30857 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30941,7 +31002,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30945 "dtrain.h"
+#line 31006 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -2137,6 +2137,13 @@ static dtr_result dtr__cuda_copy(dtr_context *ctx, void *dst, const void *src, s
                            "cudaMemcpy on the device");
 }
 
+/* `rows` rows of `width` bytes, device to device, on the stream (the tensor-parallel gather) */
+static dtr_result dtr__cuda_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                   size_t rows) {
+    return dtr__cuda_check(ctx, cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
+                                                  dtr__cuda(ctx)->stream), "cudaMemcpy2D on the device");
+}
+
 /* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
 
 /* the next event of ring rg recorded on stream `on` */
@@ -2319,7 +2326,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_graph_begin,
     dtr__cuda_graph_end,
     dtr__cuda_graph_launch,
-    dtr__cuda_graph_free
+    dtr__cuda_graph_free,
+    dtr__cuda_copy2d
 };
 
 /* ---- public entry points ---- */
@@ -2343,5 +2351,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2347 "dtrain_cuda.cu"
+#line 2355 "dtrain_cuda.cu"
 

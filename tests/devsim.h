@@ -44,6 +44,7 @@ typedef struct devsim_state {
 
 static int devsim__violations;
 static int devsim_async_copies, devsim_async_early;   /* copies queued; queries answered "not yet" */
+static int devsim_copies2d;                           /* strided copies (copy2d) */
 /* the block lists, and the depth of backend calls: a group's progress thread may call the
    backend (reduce, copies) beside the rank's thread */
 static pthread_mutex_t devsim__mu = PTHREAD_MUTEX_INITIALIZER, devsim__depth_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -194,6 +195,15 @@ static dtr_result devsim__dcopy(dtr_context *ctx, void *dst, const void *src, si
     return DTR_OK;
 }
 
+/* rows of a strided copy, each inside the device blocks */
+static dtr_result devsim__dcopy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                  size_t rows) {
+    size_t i;
+    for (i = 0; i < rows; i++) devsim__dcopy(ctx, (char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+    __atomic_add_fetch(&devsim_copies2d, 1, __ATOMIC_RELAXED);
+    return DTR_OK;
+}
+
 static dtr_result devsim__to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
     return devsim__copy(ctx, dst, src, bytes, 1);
 }
@@ -325,7 +335,7 @@ static const dtr_backend devsim__vt = {
     devsim__alloc, devsim__free, devsim__memset0, devsim__to_host, devsim__from_host, devsim__supports_op,
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
     devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
-    devsim__from_host_async, devsim__owns_ptr, devsim__dcopy, NULL, NULL, NULL, NULL};
+    devsim__from_host_async, devsim__owns_ptr, devsim__dcopy, NULL, NULL, NULL, NULL, devsim__dcopy2d};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

@@ -441,9 +441,9 @@ static void test_device_compress(void) {
 }
 
 /* ---- tensor parallelism over the device transport ----
- * copy and reduce run on the device (a device copy, the group's all-reduce, the backend's
- * sum), gather and the vocabulary-parallel cross-entropy on host images of device tensors,
- * which the group stages to the device in turn: 6 SGD steps
+ * copy, reduce and gather run on the device (a device copy, the group's all-reduce or
+ * all-gather, strided copies, the backend's sum), the vocabulary-parallel cross-entropy on host
+ * images of device tensors, which the group stages to the device in turn: 6 SGD steps
  * of column -> gelu -> row -> (column gathered: MSE) + (column head: vocabulary-parallel
  * cross-entropy) on ranks of the simulated device end with the bits of CPU ranks over a host
  * group */
@@ -501,7 +501,14 @@ static void test_device_tp(void) {
         memset(&dev, 0, sizeof dev);
         memset(&cpu, 0, sizeof cpu);
         dev.dev = 1;
+#ifndef COMM_CUDA
+        devsim_copies2d = 0;
+#endif
         CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_tp, &dev), 0);
+#ifndef COMM_CUDA
+        CHECK_MSG(devsim_copies2d >= 6 * w * (w + 1), "world %d: %d strided copies (the gather on the device)", w,
+                  devsim_copies2d);   /* per step and rank: w forward, 1 backward */
+#endif
         CHECK_EQ_INT(run_rk(w, NULL, DTR_MEM_HOST, rk_tp, &cpu), 0);
         CHECK(dev.numel > 0 && dev.numel == cpu.numel);
         CHECK_MSG(close_runs(dev.out[0], cpu.out[0], OUT_FLOATS(dev)), "world %d: %g off the CPU", w,

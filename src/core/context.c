@@ -454,6 +454,17 @@ dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t by
     return DTR_OK;
 }
 
+dtr_result dtr__mem_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                           size_t rows) {
+    dtr_result r = DTR_OK;
+    size_t i;
+    if (!width || !rows) return DTR_OK;
+    if (ctx->backend->copy2d) return ctx->backend->copy2d(ctx, dst, dpitch, src, spitch, width, rows);
+    for (i = 0; r == DTR_OK && i < rows; i++)
+        r = dtr__mem_copy(ctx, (char *)dst + i * dpitch, (const char *)src + i * spitch, width);
+    return r;
+}
+
 dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
     *done = NULL;
     if (ctx->backend->from_host_async) return ctx->backend->from_host_async(ctx, dst, src, bytes, done);

@@ -25,7 +25,7 @@ typedef struct dtr__graph_copy {
 } dtr__graph_copy;
 
 enum { DTR__GS_FORWARD = 1, DTR__GS_BACKWARD, DTR__GS_MEMSET, DTR__GS_SCALE, DTR__GS_REDUCE, DTR__GS_COPY,
-       DTR__GS_FROM_HOST };
+       DTR__GS_FROM_HOST, DTR__GS_COPY2D };
 
 struct dtr_graph {
     dtr_context *ctx;
@@ -203,6 +203,13 @@ static dtr_result dtr__gs_copy(dtr_context *ctx, void *dst, const void *src, siz
     return r != DTR_OK ? r : dtr__graph_of(ctx)->real->copy(ctx, dst, src, bytes);
 }
 
+static dtr_result dtr__gs_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                 size_t rows) {
+    size_t k[3] = {dpitch, spitch, rows};
+    dtr_result r = dtr__graph_note_size(ctx, DTR__GS_COPY2D, width, k, sizeof k);
+    return r != DTR_OK ? r : dtr__graph_of(ctx)->real->copy2d(ctx, dst, dpitch, src, spitch, width, rows);
+}
+
 /* bytes of backend memory from src to dst through the real backend (memmove on host memory) */
 static dtr_result dtr__graph_dcopy(dtr_graph *g, void *dst, const void *src, size_t bytes) {
     if (g->real->copy) return g->real->copy(g->ctx, dst, src, bytes);
@@ -253,6 +260,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     v->to_host_async = dtr__gs_to_host_async;
     v->from_host_async = dtr__gs_from_host_async;
     if (v->copy) v->copy = dtr__gs_copy;   /* NULL stays NULL: dtr__mem_copy memmoves host memory */
+    if (v->copy2d) v->copy2d = dtr__gs_copy2d;
 }
 
 /* ---- runs ---- */

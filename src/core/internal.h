@@ -375,6 +375,11 @@ struct dtr_backend {
     dtr_result (*graph_end)(dtr_context *ctx, void **exec);
     dtr_result (*graph_launch)(dtr_context *ctx, void *exec);
     void (*graph_free)(dtr_context *ctx, void *exec);
+    /* copies `rows` rows of `width` bytes of backend memory, row i from src + i * spitch to
+       dst + i * dpitch, queued on the context's stream (the tensor-parallel gather over a
+       group of device memory). NULL: dtr__mem_copy2d copies row by row */
+    dtr_result (*copy2d)(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                         size_t rows);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -388,6 +393,10 @@ DTR__PRIVATE dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const 
 /** bytes of ctx's backend memory from src to dst: the backend's copy, or memcpy on a backend
  *  of host memory (DTR_UNSUPPORTED on a device backend without the slot). */
 DTR__PRIVATE dtr_result dtr__mem_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes);
+/** `rows` rows of `width` bytes of ctx's backend memory, row i from src + i * spitch to
+ *  dst + i * dpitch: the backend's copy2d, or dtr__mem_copy row by row. */
+DTR__PRIVATE dtr_result dtr__mem_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch,
+                                        size_t width, size_t rows);
 
 #define DTR__MAX_GRAD_HOOKS 8
 /** How deep dtr_checkpoint regions may nest (each level has its own recompute tape). */

@@ -253,6 +253,13 @@ static dtr_result dtr__cuda_copy(dtr_context *ctx, void *dst, const void *src, s
                            "cudaMemcpy on the device");
 }
 
+/* `rows` rows of `width` bytes, device to device, on the stream (the tensor-parallel gather) */
+static dtr_result dtr__cuda_copy2d(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                                   size_t rows) {
+    return dtr__cuda_check(ctx, cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDeviceToDevice,
+                                                  dtr__cuda(ctx)->stream), "cudaMemcpy2D on the device");
+}
+
 /* ---- events: a ring of cudaEvent_t; a handle is valid for DTR__CUDA_EVENTS records ---- */
 
 /* the next event of ring rg recorded on stream `on` */
@@ -435,7 +442,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_graph_begin,
     dtr__cuda_graph_end,
     dtr__cuda_graph_launch,
-    dtr__cuda_graph_free
+    dtr__cuda_graph_free,
+    dtr__cuda_copy2d
 };
 
 /* ---- public entry points ---- */

@@ -15,9 +15,10 @@
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
  * the tensors (dtr__comm_staged_fwd / _bwd). Over a group of the context's device memory
- * (NCCL) TP_COPY and TP_REDUCE run on the device (a device copy, the group's all-reduce,
- * the backend's sum); TP_GATHER and the cross-entropy keep the host images, which the group
- * stages to its device in turn (src/comm/stage.c): correct, not fast.
+ * (NCCL) TP_COPY, TP_REDUCE and TP_GATHER run on the device (a device copy, the group's
+ * all-reduce or all-gather, strided copies, the backend's sum); the cross-entropy keeps the
+ * host images, which the group stages to its device in turn (src/comm/stage.c): correct, not
+ * fast.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -253,13 +254,43 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
 /* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device ---- */
 
 static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
-    return nd->p.comm && nd->p.comm->mem_ctx == ctx && (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE);
+    return nd->p.comm && nd->p.comm->mem_ctx == ctx &&
+           (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE || nd->op == DTR_OP_TP_GATHER);
 }
 
-/* out = in, then (TP_REDUCE) the group's sum in place */
+/* TP_GATHER: the group's all-gather of x into a scratch block (rank k's x at k * n), then rank
+   k's rows of width w to columns k * w .. of y's rows (one strided copy per rank) */
+static dtr_result dtr__gather_direct_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm), k;
+    float *buf = (float *)dtr__arena_data(ctx, (size_t)(n * N + 1) * sizeof(float), "dtr_tp_gather"), *y = dtr__f32(nd->out);
+    size_t ws = (size_t)w * sizeof(float);
+    dtr_result r = buf ? dtr_comm_all_gather(nd->p.comm, dtr__f32(x), buf, (size_t)n, DTR_F32) : ctx->status;
+    if (buf && r != DTR_OK)
+        return dtr__fail(ctx, r, "dtr_tp_gather: all-gather over the group failed: %s", dtr_comm_last_error(nd->p.comm));
+    for (k = 0; r == DTR_OK && w && k < N; k++) r = dtr__mem_copy2d(ctx, y + k * w, (size_t)N * ws, buf + k * n, ws, ws, (size_t)(n / w));
+    return r;
+}
+
+/* TP_GATHER: gx += this rank's columns of gy, gathered into a dense block first */
+static dtr_result dtr__gather_direct_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t n = dtr_tensor_numel(x), w = x->shape[x->ndim - 1], N = dtr_comm_size(nd->p.comm);
+    float *gx = dtr__gradof(x), *slice;
+    size_t ws = (size_t)w * sizeof(float);
+    dtr_result r;
+    if (!gx || !w || !n) return DTR_OK;
+    if (!(slice = (float *)dtr__arena_data(ctx, (size_t)n * sizeof(float), "dtr_tp_gather backward"))) return ctx->status;
+    r = dtr__mem_copy2d(ctx, slice, ws, nd->out->grad + (int64_t)dtr_comm_rank(nd->p.comm) * w, (size_t)N * ws, ws, (size_t)(n / w));
+    return r == DTR_OK ? ctx->backend->reduce(ctx, gx, gx, slice, (size_t)n, DTR_F32, DTR_REDUCE_SUM, 1) : r;
+}
+
+/* out = in, then (TP_REDUCE) the group's sum in place; TP_GATHER above */
 static dtr_result dtr__comm_direct_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
-    dtr_result r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
+    dtr_result r;
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_fwd(ctx, nd);
+    r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
     if (r == DTR_OK && nd->op == DTR_OP_TP_REDUCE) r = dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM);
     return r;
 }
@@ -269,6 +300,7 @@ static dtr_result dtr__comm_direct_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad;
     dtr_result r = DTR_OK;
+    if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_bwd(ctx, nd);
     if (nd->op == DTR_OP_TP_COPY) {
         float *sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
         if (!sum) return ctx->status;
