@@ -453,7 +453,8 @@ extern "C" const dtr_backend *dtr_cuda_backend(void) { return &dtr__cuda_backend
 extern "C" dtr_result dtr_cuda_memory(dtr_context *ctx, size_t *in_use, size_t *peak, size_t *cached, int reset_peak) {
     dtr__cuda_state *s;
     if (!ctx) return DTR_NULL_HANDLE;
-    if (ctx->backend != &dtr__cuda_backend_vt) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cuda_memory: not a CUDA context");
+    /* by a slot, not the vtable's address: inside a captured step the backend is the graph's guard */
+    if (ctx->backend->init != dtr__cuda_backend_vt.init) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cuda_memory: not a CUDA context");
     s = dtr__cuda(ctx);
     if (in_use) *in_use = s->live_bytes;
     if (peak) *peak = s->peak_bytes;
