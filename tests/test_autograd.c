@@ -137,14 +137,16 @@ static void test_tapes(void) {
  * released once its producer ran its backward and the next one takes its block, so the
  * step-arena peak is lower than with retain_grads = 1 by most of the chain's gradients; the
  * leaf and parameter gradients are the same bits either way; an intermediate's gradient is
- * NULL afterwards unless dtr_tensor_retain_grad kept it (then it equals the retained run's). */
-static size_t chain_run(int retain_all, float *gx, float *gw, float *gmid, int *mid_null) {
+ * NULL afterwards unless dtr_tensor_retain_grad kept it (then it equals the retained run's).
+ * on_tape 1 runs the chain on a tape of the app's, which recycles the same way. */
+static size_t chain_run(int retain_all, int on_tape, float *gx, float *gw, float *gmid, int *mid_null) {
     enum { L = 8, N = 16, D = 32 };
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;
     int64_t xs[2] = {N, D}, ws[2] = {D, D};
     float *xv = (float *)malloc(N * D * sizeof(float)), *wv = (float *)malloc(D * D * sizeof(float));
     dtr_tensor *x, *w, *h, *mid = NULL, *kept = NULL;
+    dtr_tape *tape = NULL;
     dtr_rng r;
     size_t peak;
     int i;
@@ -157,6 +159,8 @@ static size_t chain_run(int retain_all, float *gx, float *gw, float *gmid, int *
     x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, xs, xv));
     w = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, ws, wv));
     dtr_context_arena_peak(ctx, 1);
+    if (on_tape) CHECK_OK(ctx, dtr_tape_create(ctx, &tape));
+    dtr_context_set_tape(ctx, tape);
     for (h = x, i = 0; i < L; i++) {
         h = dtr_tanh(ctx, dtr_linear(ctx, h, w, NULL));
         if (i == 3) kept = h;
@@ -170,6 +174,7 @@ static size_t chain_run(int retain_all, float *gx, float *gw, float *gmid, int *
     CHECK(dtr_tensor_grad(kept) != NULL);
     if (dtr_tensor_grad(kept)) memcpy(gmid, dtr_tensor_grad(kept), N * D * sizeof(float));
     *mid_null = dtr_tensor_grad(mid) == NULL;
+    dtr_tape_destroy(tape);
     free(xv);
     free(wv);
     dtr_context_destroy(ctx);
@@ -180,13 +185,17 @@ static void test_released_grads(void) {
     enum { N = 16, D = 32 };
     float gx[2][N * D], gw[2][D * D], gm[2][N * D];
     int null_kept = 0, null_default = 0;
-    size_t keep = chain_run(1, gx[0], gw[0], gm[0], &null_kept), lean = chain_run(0, gx[1], gw[1], gm[1], &null_default);
+    size_t keep = chain_run(1, 0, gx[0], gw[0], gm[0], &null_kept), lean = chain_run(0, 0, gx[1], gw[1], gm[1], &null_default);
+    size_t taped = chain_run(0, 1, gx[1], gw[1], gm[1], &null_default);
     CHECK(!null_kept && null_default);
     CHECK(memcmp(gx[0], gx[1], sizeof gx[0]) == 0 && memcmp(gw[0], gw[1], sizeof gw[0]) == 0);
     CHECK(memcmp(gm[0], gm[1], sizeof gm[0]) == 0);
     /* 8 layers x 2 intermediates of N x D floats: retained, all 16 gradients stay; released,
        a handful are live at once */
     CHECK_MSG(keep - lean >= (size_t)10 * N * D * sizeof(float), "peak %zu retained, %zu released", keep, lean);
+    /* on a tape of the app's (a pipeline's micro-batch, a recomputed region) the same */
+    CHECK_MSG(taped == lean, "peak %zu on an app tape, %zu on the own tape", taped, lean);
+    CHECK(null_default && memcmp(gx[0], gx[1], sizeof gx[0]) == 0 && memcmp(gw[0], gw[1], sizeof gw[0]) == 0);
     printf("    arena peak of the chain: %zu bytes with every gradient kept, %zu released\n", keep, lean);
 }
 

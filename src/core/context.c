@@ -472,14 +472,14 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
 }
 
 /* ---- spares ----
- * Blocks of the own tape's data arena (or a captured step's tape's: dtr__spare_tape) that
- * nothing reads any more: an intermediate's
- * gradient once the op that made it has run its backward, and with release_activations an
- * op's output and saved state once it has (every reader of them comes later on the tape, so
- * it ran first). Every later allocation from the own tape's data arena takes the smallest
- * spare that fits (a rest of DTR__SPLIT_MIN bytes or more stays a spare), so a pass holds
- * the live blocks only. The blocks stay arena memory of the own tape (reset with it); on a
- * device the order of the stream keeps a reuse behind the kernels that read the block before. */
+ * Blocks of a tape's data arena that nothing reads any more: an intermediate's gradient once
+ * the op that made it has run its backward, and with release_activations an op's output and
+ * saved state once it has (every reader of them comes later on the tape, so it ran first).
+ * Each tape keeps its own lists; while it is current (dtr__spare_tape) every later allocation
+ * from its data arena takes the smallest spare that fits (a rest of DTR__SPLIT_MIN bytes or
+ * more stays a spare), so a pass holds the live blocks only. A block goes back only to the
+ * tape whose arena holds it, and stays that arena's memory (reset with it); on a device the
+ * order of the stream keeps a reuse behind the kernels that read the block before. */
 
 #define DTR__SPLIT_MIN 4096
 

@@ -273,14 +273,12 @@ static dtr_result dtr__graph_run(dtr_graph *g, int checking) {
     g->checking = checking;
     g->at_trace = g->at_copy = 0;
     ctx->capturing = g;
-    ctx->capture_tape = g->tape;
     ctx->backend = &g->guard;
     ctx->cur = g->tape;
     r = g->fn(ctx, g->user);
     ctx->cur = was;
     ctx->backend = g->real;
     ctx->capturing = NULL;
-    ctx->capture_tape = NULL;
     if (r == DTR_OK && ctx->status != DTR_OK) r = ctx->status;   /* an op builder's error */
     if (r == DTR_OK && checking && g->at_trace != g->n_trace) r = dtr__graph_mismatch(g, g->at_trace, 0);
     if (r != DTR_OK && ctx->status == DTR_OK) dtr__fail(ctx, r, "dtr_graph: the step function returned %s", dtr_result_string(r));

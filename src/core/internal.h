@@ -457,7 +457,6 @@ struct dtr_context {
     struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
     struct dtr_graph *capturing;  /* the graph whose step runs now (src/core/graph.c; its guard is
                                      `backend` meanwhile), NULL otherwise */
-    dtr_tape *capture_tape;       /* its tape, which recycles blocks as the own tape does */
     uint64_t resets;              /* dtr_context_reset calls: a graph that read the own tape's
                                      tensors is stale after one */
 };
@@ -468,11 +467,8 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
  *  (its copies in and reads go through the backend's slots, which the graph's guard sees:
  *  src/core/graph.c). */
 static inline int dtr__host_direct(const dtr_context *ctx) { return dtr__host_memory(ctx) && !ctx->capturing; }
-/** The tape whose data blocks are recycled now (spares: src/core/context.c): the own tape, or a
- *  captured step's, when it is the current one; NULL otherwise. */
-static inline dtr_tape *dtr__spare_tape(const dtr_context *ctx) {
-    return ctx->cur == &ctx->own || (ctx->capturing && ctx->cur == ctx->capture_tape) ? ctx->cur : NULL;
-}
+/** The tape whose data blocks are recycled now (spares: src/core/context.c): the current one. */
+static inline dtr_tape *dtr__spare_tape(const dtr_context *ctx) { return ctx->cur; }
 
 /* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
 
