@@ -4106,11 +4106,11 @@ enum {
     DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
     DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
     DTR__LEAF = 4u,
-    DTR__GRAD_SPARE = 8u,      /* grad from the data arena of a tape that recycles (dtr__spare_tape):
-                                  back to its spares once the producer's backward ran (dtr__grad_release) */
+    DTR__GRAD_SPARE = 8u,      /* grad from the current tape's data arena: back to its spares once
+                                  the producer's backward ran (dtr__grad_release) */
     DTR__RETAIN_GRAD = 16u,    /* dtr_tensor_retain_grad: never released */
-    DTR__OWNS_DATA = 32u,      /* storage is a block made for it from the data arena of a tape that
-                                  recycles (dtr__tensor_alloc): released with release_activations */
+    DTR__OWNS_DATA = 32u,      /* storage is a block of its tape's data arena made for it
+                                  (dtr__tensor_alloc): released with release_activations */
     DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
     DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
 };
@@ -4283,9 +4283,9 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
 /** The tensor-parallel communication ops (the `comm` family) on a backend without host
  *  memory: the CPU kernels run on host images of the tensors they touch, then what they
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
- *  `comm` entry here. Over a group of the context's device memory TP_COPY and TP_REDUCE run
- *  on the device instead; the others need a group that takes host buffers (else
- *  DTR_UNSUPPORTED, said). */
+ *  `comm` entry here. Over a group of the context's device memory TP_COPY, TP_REDUCE and
+ *  TP_GATHER run on the device instead; the cross-entropy needs a group that takes host
+ *  buffers or stages them (else DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
@@ -4484,8 +4484,6 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
  *  (its copies in and reads go through the backend's slots, which the graph's guard sees:
  *  src/core/graph.c). */
 static inline int dtr__host_direct(const dtr_context *ctx) { return dtr__host_memory(ctx) && !ctx->capturing; }
-/** The tape whose data blocks are recycled now (spares: src/core/context.c): the current one. */
-static inline dtr_tape *dtr__spare_tape(const dtr_context *ctx) { return ctx->cur; }
 
 /* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
 
@@ -4664,7 +4662,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4668 "dtrain.h"
+#line 4666 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4945,7 +4943,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4949 "dtrain.h"
+#line 4947 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5007,7 +5005,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5011 "dtrain.h"
+#line 5009 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5382,7 +5380,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5386 "dtrain.h"
+#line 5384 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5425,7 +5423,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5429 "dtrain.h"
+#line 5427 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5455,7 +5453,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5459 "dtrain.h"
+#line 5457 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5490,7 +5488,7 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5494 "dtrain.h"
+#line 5492 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5564,7 +5562,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5568 "dtrain.h"
+#line 5566 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5632,7 +5630,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5636 "dtrain.h"
+#line 5634 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5682,7 +5680,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5686 "dtrain.h"
+#line 5684 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6034,7 +6032,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6038 "dtrain.h"
+#line 6036 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6825,7 +6823,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6829 "dtrain.h"
+#line 6827 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7241,11 +7239,10 @@ void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
-static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need);
+static void *dtr__spare_take(dtr_tape *t, size_t need);
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
-    dtr_tape *st = dtr__spare_tape(ctx);
     int full = 0;
-    void *p = st && st->spare ? dtr__spare_take(ctx, st, dtr__aligned(bytes)) : NULL;
+    void *p = ctx->cur->spare ? dtr__spare_take(ctx->cur, dtr__aligned(bytes)) : NULL;
     if (!p) p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
@@ -7306,8 +7303,8 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
  * Blocks of a tape's data arena that nothing reads any more: an intermediate's gradient once
  * the op that made it has run its backward, and with release_activations an op's output and
  * saved state once it has (every reader of them comes later on the tape, so it ran first).
- * Each tape keeps its own lists; while it is current (dtr__spare_tape) every later allocation
- * from its data arena takes the smallest spare that fits (a rest of DTR__SPLIT_MIN bytes or
+ * Each tape keeps its own lists; while it is current every later allocation from its data
+ * arena takes the smallest spare that fits (a rest of DTR__SPLIT_MIN bytes or
  * more stays a spare), so a pass holds the live blocks only. A block goes back only to the
  * tape whose arena holds it, and stays that arena's memory (reset with it); on a device the
  * order of the stream keeps a reuse behind the kernels that read the block before. */
@@ -7343,10 +7340,9 @@ static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t by
 }
 
 /* The smallest spare of tape t of at least `need` (aligned) bytes, or NULL. */
-static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need) {
+static void *dtr__spare_take(dtr_tape *t, size_t need) {
     dtr__spare **pp, **best = NULL, *s;
     char *p;
-    (void)ctx;
     for (pp = &t->spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
         if ((*pp)->bytes >= need && (!best || (*pp)->bytes < (*best)->bytes)) best = pp;
     if (!best) return NULL;
@@ -7359,7 +7355,7 @@ static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need) {
 }
 
 static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
-    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && dtr__spare_tape(ctx);
+    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads;
 }
 
 void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t) {
@@ -7381,10 +7377,10 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
-    dtr_tape *st = dtr__spare_tape(ctx);
+    dtr_tape *st = ctx->cur;
     dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (!st || !dtr__tape_owns_data(st, t->grad)) return;   /* another tape's block: kept */
+    if (!dtr__tape_owns_data(st, t->grad)) return;          /* another tape's block: kept */
     if (!(s = dtr__spare_desc(ctx, st))) return;           /* kept */
     dtr__spare_push(&st->spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
@@ -7393,15 +7389,14 @@ void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
 
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
     void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
-    dtr_tape *st = dtr__spare_tape(ctx);
     dtr__spare *s;
-    if (p && ctx->cfg.release_activations && st && (s = dtr__spare_desc(ctx, st)) != NULL)
+    if (p && ctx->cfg.release_activations && (s = dtr__spare_desc(ctx, ctx->cur)) != NULL)
         dtr__spare_push(&n->saves, s, p, dtr__aligned(bytes));   /* the node's until it has run its backward */
     return p;
 }
 
 void dtr__node_release(dtr_context *ctx, dtr__node *n) {
-    dtr_tape *st = n->tape;   /* the caller's dtr__spare_tape */
+    dtr_tape *st = n->tape;   /* the current one (dtr__replay) */
     dtr__spare *s, *next;
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {
@@ -7456,7 +7451,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7460 "dtrain.h"
+#line 7455 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7527,7 +7522,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7531 "dtrain.h"
+#line 7526 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7605,7 +7600,7 @@ dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const in
     t->ctx = ctx;
     t->param_index = -1;
     t->name = "";
-    if (dtr__spare_tape(ctx)) t->flags = DTR__OWNS_DATA;
+    t->flags = DTR__OWNS_DATA;
     t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
     if (!t->storage) return NULL;
     return t;
@@ -7991,7 +7986,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7995 "dtrain.h"
+#line 7990 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8148,7 +8143,7 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
         if (dtr__reached(ctx, n->out)) {
             if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
             dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
-            if (ctx->cfg.release_activations && n->tape == dtr__spare_tape(ctx)) dtr__node_release(ctx, n);
+            if (ctx->cfg.release_activations) dtr__node_release(ctx, n);   /* n is on the current tape */
         }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }
@@ -8229,7 +8224,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8233 "dtrain.h"
+#line 8228 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8460,7 +8455,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8464 "dtrain.h"
+#line 8459 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8575,7 +8570,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8579 "dtrain.h"
+#line 8574 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8631,7 +8626,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8635 "dtrain.h"
+#line 8630 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -8799,7 +8794,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     if (r != DTR_OK) return r;
     for (i = 0; i < n->n_in; i++) {
         h = dtr__fnv_tensor(h, n->in[i]);
-        if (n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;
+        if (!g->checking && n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;   /* the capture's */
     }
     h = dtr__fnv_tensor(h, n->out);
     if (n->op == DTR_OP_SCALE) h = dtr__fnv(h, &n->p.scale, sizeof n->p.scale);
@@ -8996,7 +8991,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9000 "dtrain.h"
+#line 8995 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9426,7 +9421,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9430 "dtrain.h"
+#line 9425 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9605,7 +9600,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9609 "dtrain.h"
+#line 9604 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10134,7 +10129,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10138 "dtrain.h"
+#line 10133 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10633,7 +10628,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10637 "dtrain.h"
+#line 10632 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10892,7 +10887,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10896 "dtrain.h"
+#line 10891 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11235,7 +11230,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11239 "dtrain.h"
+#line 11234 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11363,7 +11358,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11367 "dtrain.h"
+#line 11362 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11884,7 +11879,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11888 "dtrain.h"
+#line 11883 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12053,7 +12048,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12057 "dtrain.h"
+#line 12052 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12302,7 +12297,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12306 "dtrain.h"
+#line 12301 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12824,7 +12819,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12828 "dtrain.h"
+#line 12823 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12962,7 +12957,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12966 "dtrain.h"
+#line 12961 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13309,7 +13304,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13313 "dtrain.h"
+#line 13308 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13375,7 +13370,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13379 "dtrain.h"
+#line 13374 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13612,7 +13607,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13616 "dtrain.h"
+#line 13611 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14361,7 +14356,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14365 "dtrain.h"
+#line 14360 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14814,7 +14809,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14818 "dtrain.h"
+#line 14813 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14870,7 +14865,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14874 "dtrain.h"
+#line 14869 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15647,7 +15642,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15651 "dtrain.h"
+#line 15646 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16228,7 +16223,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16232 "dtrain.h"
+#line 16227 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16859,7 +16854,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16863 "dtrain.h"
+#line 16858 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17649,7 +17644,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17653 "dtrain.h"
+#line 17648 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18002,7 +17997,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18006 "dtrain.h"
+#line 18001 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18192,7 +18187,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18196 "dtrain.h"
+#line 18191 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18373,7 +18368,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18377 "dtrain.h"
+#line 18372 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19148,7 +19143,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19152 "dtrain.h"
+#line 19147 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19665,7 +19660,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19669 "dtrain.h"
+#line 19664 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20460,7 +20455,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20464 "dtrain.h"
+#line 20459 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21708,7 +21703,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21712 "dtrain.h"
+#line 21707 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22330,7 +22325,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22334 "dtrain.h"
+#line 22329 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22831,7 +22826,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22835 "dtrain.h"
+#line 22830 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23561,7 +23556,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23565 "dtrain.h"
+#line 23560 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23797,7 +23792,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23801 "dtrain.h"
+#line 23796 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -23926,7 +23921,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23930 "dtrain.h"
+#line 23925 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24305,7 +24300,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24309 "dtrain.h"
+#line 24304 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -24526,7 +24521,7 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 24530 "dtrain.h"
+#line 24525 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25006,7 +25001,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
                          (long long)dtr__dpc_stats(dp->cz)->steps);
     return DTR_OK;
 }
-#line 25010 "dtrain.h"
+#line 25005 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25503,7 +25498,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25507 "dtrain.h"
+#line 25502 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26878,7 +26873,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26882 "dtrain.h"
+#line 26877 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26932,7 +26927,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26936 "dtrain.h"
+#line 26931 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28095,7 +28090,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28099 "dtrain.h"
+#line 28094 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28985,7 +28980,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28989 "dtrain.h"
+#line 28984 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30463,7 +30458,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30467 "dtrain.h"
+#line 30462 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30847,7 +30842,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30851 "dtrain.h"
+#line 30846 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30996,7 +30991,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31000 "dtrain.h"
+#line 30995 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -151,7 +151,7 @@ dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
         if (dtr__reached(ctx, n->out)) {
             if ((r = dtr__run_node(ctx, n)) != DTR_OK) return r;
             dtr__grad_release(ctx, n->out);   /* nothing reads it after its producer */
-            if (ctx->cfg.release_activations && n->tape == dtr__spare_tape(ctx)) dtr__node_release(ctx, n);
+            if (ctx->cfg.release_activations) dtr__node_release(ctx, n);   /* n is on the current tape */
         }
         if (hooks && (r = dtr__writers_done(ctx, n)) != DTR_OK) return r;
     }

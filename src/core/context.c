@@ -410,11 +410,10 @@ void *dtr__arena_meta(dtr_context *ctx, size_t bytes, const char *op) {
     return p;
 }
 
-static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need);
+static void *dtr__spare_take(dtr_tape *t, size_t need);
 void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *op) {
-    dtr_tape *st = dtr__spare_tape(ctx);
     int full = 0;
-    void *p = st && st->spare ? dtr__spare_take(ctx, st, dtr__aligned(bytes)) : NULL;
+    void *p = ctx->cur->spare ? dtr__spare_take(ctx->cur, dtr__aligned(bytes)) : NULL;
     if (!p) p = dtr__tape_alloc(ctx, &ctx->cur->data, bytes, &full);
     if (!p) {
         if (full)
@@ -475,8 +474,8 @@ dtr_result dtr__from_host_async(dtr_context *ctx, void *dst, const void *src, si
  * Blocks of a tape's data arena that nothing reads any more: an intermediate's gradient once
  * the op that made it has run its backward, and with release_activations an op's output and
  * saved state once it has (every reader of them comes later on the tape, so it ran first).
- * Each tape keeps its own lists; while it is current (dtr__spare_tape) every later allocation
- * from its data arena takes the smallest spare that fits (a rest of DTR__SPLIT_MIN bytes or
+ * Each tape keeps its own lists; while it is current every later allocation from its data
+ * arena takes the smallest spare that fits (a rest of DTR__SPLIT_MIN bytes or
  * more stays a spare), so a pass holds the live blocks only. A block goes back only to the
  * tape whose arena holds it, and stays that arena's memory (reset with it); on a device the
  * order of the stream keeps a reuse behind the kernels that read the block before. */
@@ -512,10 +511,9 @@ static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t by
 }
 
 /* The smallest spare of tape t of at least `need` (aligned) bytes, or NULL. */
-static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need) {
+static void *dtr__spare_take(dtr_tape *t, size_t need) {
     dtr__spare **pp, **best = NULL, *s;
     char *p;
-    (void)ctx;
     for (pp = &t->spare; *pp && !(best && (*best)->bytes == need); pp = &(*pp)->next)
         if ((*pp)->bytes >= need && (!best || (*pp)->bytes < (*best)->bytes)) best = pp;
     if (!best) return NULL;
@@ -528,7 +526,7 @@ static void *dtr__spare_take(dtr_context *ctx, dtr_tape *t, size_t need) {
 }
 
 static int dtr__grad_spareable(const dtr_context *ctx, const dtr_tensor *t) {
-    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads && dtr__spare_tape(ctx);
+    return t->node && !(t->flags & (DTR__PARAM | DTR__RETAIN_GRAD)) && !ctx->cfg.retain_grads;
 }
 
 void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t) {
@@ -550,10 +548,10 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
 }
 
 void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
-    dtr_tape *st = dtr__spare_tape(ctx);
+    dtr_tape *st = ctx->cur;
     dtr__spare *s;
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (!st || !dtr__tape_owns_data(st, t->grad)) return;   /* another tape's block: kept */
+    if (!dtr__tape_owns_data(st, t->grad)) return;          /* another tape's block: kept */
     if (!(s = dtr__spare_desc(ctx, st))) return;           /* kept */
     dtr__spare_push(&st->spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
     t->grad = NULL;
@@ -562,15 +560,14 @@ void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
 
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes) {
     void *p = dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
-    dtr_tape *st = dtr__spare_tape(ctx);
     dtr__spare *s;
-    if (p && ctx->cfg.release_activations && st && (s = dtr__spare_desc(ctx, st)) != NULL)
+    if (p && ctx->cfg.release_activations && (s = dtr__spare_desc(ctx, ctx->cur)) != NULL)
         dtr__spare_push(&n->saves, s, p, dtr__aligned(bytes));   /* the node's until it has run its backward */
     return p;
 }
 
 void dtr__node_release(dtr_context *ctx, dtr__node *n) {
-    dtr_tape *st = n->tape;   /* the caller's dtr__spare_tape */
+    dtr_tape *st = n->tape;   /* the current one (dtr__replay) */
     dtr__spare *s, *next;
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {

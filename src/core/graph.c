@@ -162,7 +162,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     if (r != DTR_OK) return r;
     for (i = 0; i < n->n_in; i++) {
         h = dtr__fnv_tensor(h, n->in[i]);
-        if (n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;
+        if (!g->checking && n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;   /* the capture's */
     }
     h = dtr__fnv_tensor(h, n->out);
     if (n->op == DTR_OP_SCALE) h = dtr__fnv(h, &n->p.scale, sizeof n->p.scale);

@@ -89,11 +89,11 @@ enum {
     DTR__REQUIRES_GRAD = 1u,   /* gradient wanted (leaf or computed from one) */
     DTR__PARAM = 2u,           /* model parameter: storage and grad in the model buffers */
     DTR__LEAF = 4u,
-    DTR__GRAD_SPARE = 8u,      /* grad from the data arena of a tape that recycles (dtr__spare_tape):
-                                  back to its spares once the producer's backward ran (dtr__grad_release) */
+    DTR__GRAD_SPARE = 8u,      /* grad from the current tape's data arena: back to its spares once
+                                  the producer's backward ran (dtr__grad_release) */
     DTR__RETAIN_GRAD = 16u,    /* dtr_tensor_retain_grad: never released */
-    DTR__OWNS_DATA = 32u,      /* storage is a block made for it from the data arena of a tape that
-                                  recycles (dtr__tensor_alloc): released with release_activations */
+    DTR__OWNS_DATA = 32u,      /* storage is a block of its tape's data arena made for it
+                                  (dtr__tensor_alloc): released with release_activations */
     DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
     DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
 };
@@ -266,9 +266,9 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
 /** The tensor-parallel communication ops (the `comm` family) on a backend without host
  *  memory: the CPU kernels run on host images of the tensors they touch, then what they
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
- *  `comm` entry here. Over a group of the context's device memory TP_COPY and TP_REDUCE run
- *  on the device instead; the others need a group that takes host buffers (else
- *  DTR_UNSUPPORTED, said). */
+ *  `comm` entry here. Over a group of the context's device memory TP_COPY, TP_REDUCE and
+ *  TP_GATHER run on the device instead; the cross-entropy needs a group that takes host
+ *  buffers or stages them (else DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
@@ -467,8 +467,6 @@ static inline int dtr__host_memory(const dtr_context *ctx) { return (ctx->backen
  *  (its copies in and reads go through the backend's slots, which the graph's guard sees:
  *  src/core/graph.c). */
 static inline int dtr__host_direct(const dtr_context *ctx) { return dtr__host_memory(ctx) && !ctx->capturing; }
-/** The tape whose data blocks are recycled now (spares: src/core/context.c): the current one. */
-static inline dtr_tape *dtr__spare_tape(const dtr_context *ctx) { return ctx->cur; }
 
 /* ---- autograd internals (src/core/autograd.c, src/core/recompute.c) ---- */
 

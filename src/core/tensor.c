@@ -72,7 +72,7 @@ dtr_tensor *dtr__tensor_alloc(dtr_context *ctx, dtr_dtype dt, int ndim, const in
     t->ctx = ctx;
     t->param_index = -1;
     t->name = "";
-    if (dtr__spare_tape(ctx)) t->flags = DTR__OWNS_DATA;
+    t->flags = DTR__OWNS_DATA;
     t->storage = dtr__arena_data(ctx, (size_t)n * es, op);
     if (!t->storage) return NULL;
     return t;
