@@ -2725,14 +2725,21 @@ typedef struct dtr_dp_config {
                                 scattered (a reduce-scatter's volume, half an all-reduce's): a rank
                                 ends with the average of its shard's gradients only. 1: ZeRO-1, the
                                 whole buffer's slices sent in dtr_dp_finish. 2: ZeRO-2, each
-                                bucket's slices sent during backward (overlapped). 0: off. Stage 3 is not in this version
-                                (DTR_UNSUPPORTED); compress BF16 / FP16 send the gradient slices in 16 bits
+                                bucket's slices sent during backward (overlapped). 3: ZeRO-3, as 2
+                                and the parameters sharded too: after the step a rank keeps only its
+                                shard; each bucket is a unit gathered from its owners when an op first
+                                reads one of its parameters (forward or backward) and released when
+                                its gradients are final or when zero3_units others are newer (the
+                                memory of a released unit goes back to the system: Linux, host
+                                models; docs/distributed.md, "ZeRO-3"). 0: off. Compress BF16 / FP16 send the gradient slices in 16 bits
                                 (the parameters' gather stays f32), the other codecs and local SGD are refused.
                                 ZeRO's point-to-point messages on the group use tags 2^30 - 1
                                 to 2^30 + the bucket count: keep the application's apart */
     int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
                                 follow the parameter sizes; LAMB needs no sum over the shards
                                 for its trust ratios); 0: equal shards (16-float aligned) */
+    int zero3_units;       /**< ZeRO-3: gathered units kept besides those the running op reads
+                                (the least recently used is released first); 0: 2 */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -2745,6 +2752,10 @@ typedef struct dtr_dp_stats {
     int64_t syncs;             /**< gradient synchronisations (dtr_dp_finish that communicated) */
     int64_t steps;             /**< dtr_dp_step_done calls */
     int64_t param_averages;    /**< local SGD parameter averages */
+    int64_t param_gathers;     /**< ZeRO-3: units gathered (forward, backward, dtr_dp_gather_params) */
+    uint64_t param_bytes_peak; /**< the most parameter bytes this rank held at once: the whole
+                                    model's without ZeRO-3; with it the shard and the gathered
+                                    units (set from the first gather on) */
 } dtr_dp_stats;
 
 /** Returns a configuration with every field at its default.
@@ -2763,8 +2774,9 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  by local SGD only), dtr_context_reset.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
- *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress INT8, TOPK
- *          or POWERSGD, or with local SGD; compress over a device transport whose backend
+ *          has no free hook slot, or another engine shards its parameters), DTR_UNSUPPORTED
+ *          (ZeRO with compress INT8, TOPK or POWERSGD, or with local SGD; ZeRO-3 of a model
+ *          in device memory; compress over a device transport whose backend
  *          cannot stage host buffers), DTR_OUT_OF_MEMORY, or the broadcast's error. A model
  *          in device memory over a host-memory group (libfabric, local) goes through a host
  *          staging buffer of the model's size: every mode works there, the optimizer's state
@@ -2791,9 +2803,10 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO
+/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO-1/2
  *  it gathers every rank's updated shard of the parameters (one broadcast per rank, from the
- *  rank that owns it), so every rank holds the whole model again; without ZeRO or local
+ *  rank that owns it), so every rank holds the whole model again; with ZeRO-3 it releases the
+ *  gathered units instead (the next forward gathers them); without ZeRO or local
  *  SGD it only counts. Local SGD: During the warm-up (local_sgd_warmup steps) the engine
  *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
@@ -2804,6 +2817,15 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
+/** ZeRO-3: gathers every parameter on every rank (collective) and keeps them until the next
+ *  dtr_dp_step_done: then the model may be read, saved or evaluated on one rank alone (ops on
+ *  sharded parameters gather them, which every rank must do in the same order; reading or
+ *  saving a sharded parameter is DTR_BAD_STATE). dtr_ckpt_save calls it when given the
+ *  engine. Other stages: DTR_OK at once (every rank holds the whole model).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (gradient buckets in flight), or the
+ *          transport's error (the context's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
+DTR_API dtr_result dtr_dp_gather_params(dtr_dp *dp);
 /** ZeRO: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
  *  or whole parameters with cfg.zero_whole_params; may be empty), to give the optimizer as
  *  shard_begin / shard_end. Without
@@ -4011,7 +4033,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4015 "dtrain.h"
+#line 4037 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4036,6 +4058,10 @@ void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes);
 void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
 DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
+/** Host floats [p, p + n) whose values are no longer needed: the whole pages inside go back to
+ *  the system (Linux: madvise DONTNEED; they read as zeros until written), the rest is set to
+ *  NaN, so a read of discarded values shows. */
+DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
@@ -4112,7 +4138,9 @@ enum {
     DTR__OWNS_DATA = 32u,      /* storage is a block of its tape's data arena made for it
                                   (dtr__tensor_alloc): released with release_activations */
     DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
-    DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
+    DTR__RETAIN = 128u,        /* dtr_tensor_retain: its storage is never released */
+    DTR__ABSENT = 256u         /* parameter whose values live on other ranks (ZeRO-3): gathered
+                                  by ctx->param_fetch before an op reads it (dtr__fetch_params) */
 };
 
 struct dtr__node;
@@ -4476,6 +4504,11 @@ struct dtr_context {
                                      `backend` meanwhile), NULL otherwise */
     uint64_t resets;              /* dtr_context_reset calls: a graph that read the own tape's
                                      tensors is stale after one */
+    /* parameters sharded over a group (ZeRO-3, src/engine/zero.c): gathers the DTR__ABSENT
+       parameters among n's inputs before n's forward or backward kernel reads them; NULL: no
+       engine shards this context's parameters */
+    dtr_result (*param_fetch)(void *user, struct dtr__node *n);
+    void *param_fetch_user;
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
@@ -4623,6 +4656,15 @@ DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_te
 DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
+/** Before n's kernel reads its inputs: parameters among them that are DTR__ABSENT (sharded by
+ *  ZeRO-3) are gathered through ctx->param_fetch. DTR_OK, the fetch's error, or DTR_BAD_STATE
+ *  when no engine shards them any more (recorded on ctx). */
+DTR__PRIVATE dtr_result dtr__fetch_params(dtr_context *ctx, struct dtr__node *n);
+/** DTR_BAD_STATE (recorded on t's context, naming `fn`) when parameter t's values are on other
+ *  ranks (ZeRO-3), else DTR_OK. */
+DTR__PRIVATE dtr_result dtr__param_present(const dtr_tensor *t, const char *fn);
+/** dtr__param_present over every parameter of m (src/nn/model.c). */
+DTR__PRIVATE dtr_result dtr__model_present(const dtr_model *m, const char *fn);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -4662,7 +4704,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4666 "dtrain.h"
+#line 4708 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4943,7 +4985,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4947 "dtrain.h"
+#line 4989 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5005,7 +5047,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5009 "dtrain.h"
+#line 5051 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5380,7 +5422,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5384 "dtrain.h"
+#line 5426 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5423,7 +5465,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5427 "dtrain.h"
+#line 5469 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5453,14 +5495,15 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5457 "dtrain.h"
+#line 5499 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
 /* ============================================================================
  * ZeRO of the data-parallel engine (src/engine/zero.c), private to
  * src/engine/data_parallel.c: the shards of the parameter buffer, the reduce-scatter of
- * gradient slices to their owners, and the gather of the updated shards.
+ * gradient slices to their owners, and the gather of the updated shards; stage 3's units of
+ * parameters gathered on demand.
  * ==========================================================================*/
 
 typedef struct dtr__zero dtr__zero;
@@ -5488,7 +5531,20 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
-#line 5492 "dtrain.h"
+/** Stage 3: the units of parameters gathered together (unit of parameter p: param_unit[p],
+ *  kept by the caller; each unit a run of consecutive parameters), every one released now but
+ *  this rank's shard; installs the context's param_fetch. keep: gathered units kept besides
+ *  the running op's. st: the engine's counters (param_gathers, param_bytes_peak, bytes).
+ *  @return DTR_OK, DTR_OUT_OF_MEMORY, DTR_BAD_STATE (another engine's param_fetch). */
+DTR__PRIVATE dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int keep, dtr_dp_stats *st);
+/** Stage 3: releases unit i (its gradients are final) unless pinned. */
+DTR__PRIVATE void dtr__zero3_release(dtr__zero *z, int i);
+/** Stage 3: unpins and releases every unit (after the step: the other shards changed).
+ *  written 1: the whole buffer was just written (a restore): every unit's memory is released. */
+DTR__PRIVATE void dtr__zero3_release_all(dtr__zero *z, int written);
+/** Stage 3: gathers every unit not held and pins them all until release_all (collective). */
+DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
+#line 5548 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5562,7 +5618,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5566 "dtrain.h"
+#line 5622 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5630,7 +5686,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5634 "dtrain.h"
+#line 5690 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5646,6 +5702,17 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
  * ==========================================================================*/
 
 
+#include <math.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#if !defined(MADV_DONTNEED) && !defined(__alpha__)
+/* glibc declares madvise only for _DEFAULT_SOURCE; the value is Linux's on every architecture
+   but alpha */
+int madvise(void *addr, size_t len, int advice);
+#define MADV_DONTNEED 4
+#endif
+#endif
 
 void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes) {
     if (bytes == 0) bytes = 1;
@@ -5671,6 +5738,20 @@ void dtr__free(const dtr_allocation_callbacks *a, void *p) {
     free(p);
 }
 
+void dtr__mem_discard(float *p, int64_t n) {
+    char *b = (char *)p, *e = (char *)(p + (n > 0 ? n : 0)), *lo = b, *hi = b;
+#if defined(__linux__) && defined(MADV_DONTNEED)
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0) {
+        lo = (char *)(((uintptr_t)b + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page);
+        hi = (char *)((uintptr_t)e / (uintptr_t)page * (uintptr_t)page);
+        if (hi <= lo || madvise(lo, (size_t)(hi - lo), MADV_DONTNEED) != 0) lo = hi = b;
+    }
+#endif
+    for (; b < lo && b < e; b += sizeof(float)) *(float *)b = NAN;
+    for (b = hi > lo ? hi : b; b < e; b += sizeof(float)) *(float *)b = NAN;
+}
+
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) {
     if (err && errlen) {
         va_list ap;
@@ -5680,7 +5761,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5684 "dtrain.h"
+#line 5765 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6032,7 +6113,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6036 "dtrain.h"
+#line 6117 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6823,7 +6904,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6827 "dtrain.h"
+#line 6908 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7451,7 +7532,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7455 "dtrain.h"
+#line 7536 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7522,7 +7603,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7526 "dtrain.h"
+#line 7607 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7718,8 +7799,9 @@ dtr_result dtr_tensor_retain(dtr_tensor *t) {
 }
 
 /* DTR_BAD_STATE naming fn when t's storage was released (release_activations), else DTR_OK */
+/* DTR_BAD_STATE when t's values are gone: released by backward, or on other ranks (ZeRO-3) */
 static dtr_result dtr__check_live(const dtr_tensor *t, const char *fn) {
-    if (!dtr__released(t)) return DTR_OK;
+    if (!dtr__released(t)) return dtr__param_present(t, fn);
     return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: the tensor was released by dtr_backward (release_activations); "
                      "keep it with dtr_tensor_retain before the backward pass", fn);
 }
@@ -7937,10 +8019,27 @@ static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
     return 0;
 }
 
+dtr_result dtr__param_present(const dtr_tensor *t, const char *fn) {
+    t = dtr__owner(t);
+    if (!(t->flags & DTR__ABSENT)) return DTR_OK;
+    return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: parameter '%s' is sharded over the data-parallel group (ZeRO-3): "
+                     "call dtr_dp_gather_params on every rank first", fn, t->name ? t->name : "?");
+}
+
+dtr_result dtr__fetch_params(dtr_context *ctx, dtr__node *n) {
+    int i;
+    for (i = 0; i < n->n_in; i++)
+        if (n->in[i] && (dtr__owner(n->in[i])->flags & DTR__ABSENT)) break;
+    if (i == n->n_in) return DTR_OK;
+    if (!ctx->param_fetch) return dtr__param_present(n->in[i], dtr__op_name(n->op));
+    return ctx->param_fetch(ctx->param_fetch_user, n);
+}
+
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     dtr_result r;
     double t0 = 0.0;
     if (ctx->status != DTR_OK) return NULL;
+    if (dtr__fetch_params(ctx, node) != DTR_OK) return NULL;   /* ZeRO-3: parameters on other ranks */
     node->taped = dtr__node_needs_grad(ctx, node);
     if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->forward(ctx, node);
@@ -7986,7 +8085,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 7990 "dtrain.h"
+#line 8089 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8125,6 +8224,7 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
         dtr_tensor *x = n->in[i];
         if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
     }
+    if ((r = dtr__fetch_params(ctx, n)) != DTR_OK) return r;   /* ZeRO-3: parameters on other ranks */
     if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->backward(ctx, n);
     if (ctx->obs) dtr__obs_op(ctx->obs, n, 1, t0, dtr__obs_now());
@@ -8224,7 +8324,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8228 "dtrain.h"
+#line 8328 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8455,7 +8555,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8459 "dtrain.h"
+#line 8559 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8570,7 +8670,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8574 "dtrain.h"
+#line 8674 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8626,7 +8726,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8630 "dtrain.h"
+#line 8730 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -8991,7 +9091,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 8995 "dtrain.h"
+#line 9095 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9421,7 +9521,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9425 "dtrain.h"
+#line 9525 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9600,7 +9700,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9604 "dtrain.h"
+#line 9704 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10129,7 +10229,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10133 "dtrain.h"
+#line 10233 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10628,7 +10728,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10632 "dtrain.h"
+#line 10732 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10887,7 +10987,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10891 "dtrain.h"
+#line 10991 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11230,7 +11330,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11234 "dtrain.h"
+#line 11334 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11358,7 +11458,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11362 "dtrain.h"
+#line 11462 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11688,11 +11788,19 @@ float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
 dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
 
 /* the buffer `buf` (params or grads) to or from n host floats */
+dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
+    dtr_result r = DTR_OK;
+    int i;
+    for (i = 0; i < m->count && r == DTR_OK; i++) r = dtr__param_present(m->params[i], fn);
+    return r;
+}
+
 static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
     size_t bytes;
     if (!m || !host) return DTR_NULL_HANDLE;
     if ((r = dtr_model_build(m)) != DTR_OK) return r;
+    if (!grads && (r = dtr__model_present(m, fn)) != DTR_OK) return r;
     if (n != m->total)
         return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n,
                          (long long)m->total);
@@ -11761,6 +11869,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_save: %s: weights are saved as f32, bf16 or f16, not %s", path,
                          dtr_dtype_name(dt));
     r = dtr_model_build(m);
+    if (r == DTR_OK) r = dtr__model_present(m, "dtr_model_save");
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
     for (i = 0; i < m->count; i++) {
@@ -11820,6 +11929,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     r = dtr_model_build(m);
+    if (r == DTR_OK) r = dtr__model_present(m, "dtr_model_load");
     if (r != DTR_OK) return r;
     r = dtr_st_open(path, &ctx->alloc, &f, err, sizeof(err));
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_model_load: %s", err);
@@ -11879,7 +11989,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11883 "dtrain.h"
+#line 11993 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12048,7 +12158,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12052 "dtrain.h"
+#line 12162 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12297,7 +12407,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12301 "dtrain.h"
+#line 12411 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12819,7 +12929,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12823 "dtrain.h"
+#line 12933 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -12957,7 +13067,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 12961 "dtrain.h"
+#line 13071 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13304,7 +13414,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13308 "dtrain.h"
+#line 13418 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13370,7 +13480,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13374 "dtrain.h"
+#line 13484 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13607,7 +13717,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13611 "dtrain.h"
+#line 13721 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14356,7 +14466,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14360 "dtrain.h"
+#line 14470 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14809,7 +14919,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14813 "dtrain.h"
+#line 14923 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14865,7 +14975,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14869 "dtrain.h"
+#line 14979 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15642,7 +15752,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15646 "dtrain.h"
+#line 15756 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16223,7 +16333,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16227 "dtrain.h"
+#line 16337 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16854,7 +16964,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16858 "dtrain.h"
+#line 16968 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17644,7 +17754,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17648 "dtrain.h"
+#line 17758 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -17997,7 +18107,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18001 "dtrain.h"
+#line 18111 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18187,7 +18297,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18191 "dtrain.h"
+#line 18301 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18368,7 +18478,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18372 "dtrain.h"
+#line 18482 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19143,7 +19253,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19147 "dtrain.h"
+#line 19257 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19660,7 +19770,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19664 "dtrain.h"
+#line 19774 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20455,7 +20565,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20459 "dtrain.h"
+#line 20569 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21703,7 +21813,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21707 "dtrain.h"
+#line 21817 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22325,7 +22435,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22329 "dtrain.h"
+#line 22439 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22826,7 +22936,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22830 "dtrain.h"
+#line 22940 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23556,7 +23666,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23560 "dtrain.h"
+#line 23670 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23792,7 +23902,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23796 "dtrain.h"
+#line 23906 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -23921,7 +24031,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 23925 "dtrain.h"
+#line 24035 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24300,7 +24410,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24304 "dtrain.h"
+#line 24414 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -24323,6 +24433,14 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * sums by the backend's reduce). With compress BF16 / FP16 the slices travel in 16 bits
  * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
  * sum; the parameters' gather stays f32, so every rank holds the same weights.
+ * Stage 3 also shards the parameters: after the step a rank keeps its shard only, and the
+ * engine's buckets become units that are gathered (an all-gather of the unit's pieces from
+ * their owners, point-to-point) when an op reads one of their parameters: the core calls
+ * ctx->param_fetch before a kernel whose inputs include a DTR__ABSENT parameter, in forward
+ * and in backward (every rank runs the same ops, so the gathers match). A unit is released
+ * (its parameters outside the shard flagged absent, their memory discarded) when its
+ * gradients are final in backward, when `keep` units gathered after it are held besides the
+ * running op's, and at the step.
  * ==========================================================================*/
 
 
@@ -24332,6 +24450,20 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
 
 
 #define DTR__ZERO_TAG (1 << 30)   /* + bucket index (stage 1: 0): the reduce-scatter's point-to-point tags */
+
+/* point-to-point requests in flight, waited for together */
+typedef struct dtr__zreqs {
+    dtr_request **req;
+    int n, cap;
+} dtr__zreqs;
+
+/* stage 3: a unit of parameters gathered together (one of the engine's buckets) */
+typedef struct dtr__unit {
+    int64_t begin, end;    /* floats of the parameter buffer */
+    int p_lo, p_hi;        /* its parameters, [p_lo, p_hi] */
+    int resident;          /* gathered: every float valid */
+    uint64_t used;         /* when last gathered or read by a gathering op */
+} dtr__unit;
 
 struct dtr__zero {
     dtr_model *m;
@@ -24343,8 +24475,16 @@ struct dtr__zero {
     float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
     dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
     uint16_t *out16, *in16;  /* 16-bit wire: the slices sent (by buffer offset) and the slots received */
-    dtr_request **req;       /* this step's sends and receives */
-    int nreq, cap;
+    dtr__zreqs rs;           /* this step's reduce-scatter: sends and receives */
+    dtr__zreqs g;            /* a gather's: 2 (W - 1) */
+    /* stage 3 */
+    dtr__unit *u;
+    int nu, keep;            /* units; gathered units kept besides the running op's */
+    const int *param_unit;   /* parameter -> unit (the engine's parameter -> bucket) */
+    int pinned;              /* dtr_dp_gather_params: nothing released until the step */
+    uint64_t clock;
+    int64_t held;            /* floats of other ranks' shards held now */
+    dtr_dp_stats *st;        /* the engine's counters */
 };
 
 /* Shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
@@ -24372,9 +24512,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
     ok = z->shard != NULL;
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
-    z->cap = 2 * z->W * (nb > 0 ? nb : 1);   /* a bucket's or the gather's sends and receives: 2 (W - 1) */
-    z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
-    ok = ok && z->req;
+    z->rs.cap = 2 * z->W * (nb > 0 ? nb : 1);   /* each bucket's sends and receives: 2 (W - 1) */
+    z->rs.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap * sizeof(dtr_request *));
+    z->g.cap = 2 * z->W;
+    z->g.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->g.cap * sizeof(dtr_request *));
+    ok = ok && z->rs.req && z->g.req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
@@ -24395,17 +24537,17 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     return DTR_OK;
 }
 
-/* waits for and frees this step's requests; the first error */
-static dtr_result dtr__zero_wait(dtr__zero *z) {
+/* waits for and frees the requests of q; the first error */
+static dtr_result dtr__zero_wait(dtr__zreqs *q) {
     dtr_result first = DTR_OK;
     int i;
-    for (i = 0; i < z->nreq; i++) {
-        dtr_result r = dtr_request_wait(z->req[i]);
+    for (i = 0; i < q->n; i++) {
+        dtr_result r = dtr_request_wait(q->req[i]);
         if (r != DTR_OK && first == DTR_OK) first = r;
-        dtr_request_destroy(z->req[i]);
-        z->req[i] = NULL;
+        dtr_request_destroy(q->req[i]);
+        q->req[i] = NULL;
     }
-    z->nreq = 0;
+    q->n = 0;
     return first;
 }
 
@@ -24413,8 +24555,12 @@ void dtr__zero_destroy(dtr__zero *z) {
     dtr_allocation_callbacks a;
     if (!z) return;
     a = z->ctx->alloc;
-    if (z->req) dtr__zero_wait(z);
-    dtr__free(&a, z->req);
+    if (z->rs.req) dtr__zero_wait(&z->rs);
+    if (z->g.req) dtr__zero_wait(&z->g);
+    if (z->u && z->ctx->param_fetch_user == z) z->ctx->param_fetch = NULL, z->ctx->param_fetch_user = NULL;
+    dtr__free(&a, z->rs.req);
+    dtr__free(&a, z->g.req);
+    dtr__free(&a, z->u);
     if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
     else dtr__free(&a, z->recv);
     dtr__free(&a, z->out16);
@@ -24430,13 +24576,13 @@ static int64_t dtr__zero_at(const dtr__zero *z, int p, int64_t x) {
 }
 static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + dtr__zero_at(z, p, x); }
 
-/* posts a send or receive of `bytes` at buf to/from rank p */
-static dtr_result dtr__zero_post(dtr__zero *z, int send, void *buf, size_t bytes, int p, int tag) {
+/* posts a send or receive of `bytes` at buf to/from rank p into q */
+static dtr_result dtr__zero_post(dtr__zero *z, dtr__zreqs *q, int send, void *buf, size_t bytes, int p, int tag) {
     dtr_result r;
-    if (z->nreq >= z->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
-    r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &z->req[z->nreq])
-             : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &z->req[z->nreq]);
-    if (r == DTR_OK) z->nreq++;
+    if (q->n >= q->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
+    r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &q->req[q->n])
+             : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &q->req[q->n]);
+    if (r == DTR_OK) q->n++;
     return r;
 }
 
@@ -24449,10 +24595,10 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
         if (o != z->me && z->out16) dtr_convert(z->out16 + lo, z->wire, g + lo, DTR_F32, (size_t)(hi - lo));
-        if (o != z->me) r = dtr__zero_post(z, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
+        if (o != z->me) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
             if (p != z->me)
-                r = dtr__zero_post(z, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
+                r = dtr__zero_post(z, &z->rs, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
                                    bytes, p, DTR__ZERO_TAG + i);
         if (r != DTR_OK) return r;
     }
@@ -24476,7 +24622,7 @@ static dtr_result dtr__zero_add(dtr__zero *z, float *out, const float *x, const 
 dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
     float *g = grads + b, *acc;
-    dtr_result r = dtr__zero_wait(z);
+    dtr_result r = dtr__zero_wait(&z->rs);
     int p;
     if (r != DTR_OK) return r;
     if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
@@ -24492,24 +24638,30 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     return DTR_OK;
 }
 
-dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
-    int64_t n = z->shard[z->me + 1] - z->shard[z->me];
+/* floats [begin, end) of the parameter buffer prm from their owners: each rank sends its
+   part to every peer and receives the peers' (an all-gather of unequal pieces) */
+static dtr_result dtr__zero_gather_range(dtr__zero *z, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
+    int64_t mine = 0;
     dtr_result r = DTR_OK;
-    int p;
-    /* an all-gather of unequal shards: this rank's to every peer, every peer's from it */
-    for (p = 0; p < z->W && r == DTR_OK; p++) {
-        if (p == z->me) continue;
-        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], (size_t)n * sizeof(float), p, DTR__ZERO_TAG - 1);
-        if (r == DTR_OK && z->shard[p + 1] > z->shard[p])
-            r = dtr__zero_post(z, 0, prm + z->shard[p], (size_t)(z->shard[p + 1] - z->shard[p]) * sizeof(float), p,
-                               DTR__ZERO_TAG - 1);
+    int o, p;
+    for (o = 0; o < z->W && r == DTR_OK; o++) {
+        int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
+        if (lo >= hi) continue;
+        if (o == z->me) mine = hi - lo;
+        for (p = 0; p < z->W && r == DTR_OK; p++)
+            if (p != z->me && (o == z->me || p == o))
+                r = dtr__zero_post(z, &z->g, o == z->me, prm + lo, (size_t)(hi - lo) * sizeof(float), p, DTR__ZERO_TAG - 1);
     }
-    if (r == DTR_OK) r = dtr__zero_wait(z);
-    else dtr__zero_wait(z);
+    if (r == DTR_OK) r = dtr__zero_wait(&z->g);
+    else dtr__zero_wait(&z->g);
     if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
-    st->wire_bytes += (uint64_t)n * sizeof(float);
-    st->raw_bytes += (uint64_t)n * sizeof(float);
+    st->wire_bytes += (uint64_t)mine * sizeof(float);
+    st->raw_bytes += (uint64_t)mine * sizeof(float);
     return DTR_OK;
+}
+
+dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
+    return dtr__zero_gather_range(z, prm, 0, dtr_model_numel(z->m), st);
 }
 
 void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
@@ -24521,7 +24673,134 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
 }
-#line 24525 "dtrain.h"
+
+/* ---- stage 3: units of parameters gathered when an op reads them ---- */
+
+/* floats of unit u outside this rank's shard */
+static int64_t dtr__zero3_foreign(const dtr__zero *z, const dtr__unit *u) {
+    int64_t lo = u->begin > z->shard[z->me] ? u->begin : z->shard[z->me];
+    int64_t hi = u->end < z->shard[z->me + 1] ? u->end : z->shard[z->me + 1];
+    return (u->end - u->begin) - (hi > lo ? hi - lo : 0);
+}
+
+/* flags the parameters of u absent (or present again); those inside this rank's shard too:
+   the gathers are collective, so every rank must ask for the same units at the same op */
+static void dtr__zero3_mark(dtr__zero *z, const dtr__unit *u, int absent) {
+    int p;
+    for (p = u->p_lo; p <= u->p_hi; p++) {
+        dtr_tensor *t = dtr_model_param_at(z->m, p);
+        if (absent) t->flags |= DTR__ABSENT;
+        else t->flags &= ~(uint32_t)DTR__ABSENT;
+    }
+}
+
+void dtr__zero3_release(dtr__zero *z, int i) {
+    dtr__unit *u = &z->u[i];
+    float *prm = dtr_model_params(z->m);
+    int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
+    if (!u->resident || z->pinned) return;
+    u->resident = 0;
+    z->held -= dtr__zero3_foreign(z, u);
+    dtr__zero3_mark(z, u, 1);
+    if (u->begin < sb) dtr__mem_discard(prm + u->begin, (u->end < sb ? u->end : sb) - u->begin);
+    if (u->end > se) dtr__mem_discard(prm + (u->begin > se ? u->begin : se), u->end - (u->begin > se ? u->begin : se));
+}
+
+/* gathers unit i from the owners of its pieces */
+static dtr_result dtr__zero3_gather(dtr__zero *z, int i) {
+    dtr__unit *u = &z->u[i];
+    dtr_result r = dtr__zero_gather_range(z, dtr_model_params(z->m), u->begin, u->end, z->st);
+    uint64_t bytes;
+    if (r != DTR_OK) return r;
+    u->resident = 1;
+    z->held += dtr__zero3_foreign(z, u);
+    dtr__zero3_mark(z, u, 0);
+    z->st->param_gathers++;
+    bytes = (uint64_t)(z->held + z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    if (bytes > z->st->param_bytes_peak) z->st->param_bytes_peak = bytes;
+    return DTR_OK;
+}
+
+/* releases the units gathered longest ago until `keep` are held besides those used since `now` */
+static void dtr__zero3_trim(dtr__zero *z, uint64_t now) {
+    for (;;) {
+        int i, old = -1, n = 0;
+        for (i = 0; i < z->nu; i++) {
+            const dtr__unit *u = &z->u[i];
+            if (!u->resident || u->used >= now) continue;
+            n++;
+            if (old < 0 || u->used < z->u[old].used) old = i;
+        }
+        if (n <= z->keep || old < 0 || z->pinned) return;
+        dtr__zero3_release(z, old);
+    }
+}
+
+/* ctx->param_fetch: the units of n's parameter inputs stamped, older ones released down to
+   `keep` (before gathering: the peak is keep + n's units), the missing ones gathered */
+static dtr_result dtr__zero3_fetch(void *user, dtr__node *n) {
+    dtr__zero *z = (dtr__zero *)user;
+    uint64_t now = z->clock + 1;
+    dtr_result r = DTR_OK;
+    int i, pass;
+    for (pass = 0; pass < 2; pass++) {
+        if (pass) dtr__zero3_trim(z, now);
+        for (i = 0; i < n->n_in && r == DTR_OK; i++) {
+            const dtr_tensor *t = n->in[i] ? dtr__owner(n->in[i]) : NULL;
+            int k;
+            if (!t || t->param_index < 0 || !t->model) continue;
+            if (t->model != z->m) { r = dtr__param_present(t, dtr__op_name(n->op)); continue; }   /* another engine's, gone */
+            k = z->param_unit[t->param_index];
+            if (!pass) z->u[k].used = ++z->clock;
+            else if (!z->u[k].resident) r = dtr__zero3_gather(z, k);
+        }
+    }
+    return r;
+}
+
+void dtr__zero3_release_all(dtr__zero *z, int written) {
+    int i;
+    z->pinned = 0;
+    for (i = 0; i < z->nu; i++) {
+        if (written && !z->u[i].resident) z->u[i].resident = 1, z->held += dtr__zero3_foreign(z, &z->u[i]);
+        dtr__zero3_release(z, i);
+    }
+}
+
+dtr_result dtr__zero3_gather_all(dtr__zero *z) {
+    dtr_result r = DTR_OK;
+    int i;
+    for (i = 0; i < z->nu && r == DTR_OK; i++)
+        if (!z->u[i].resident) r = dtr__zero3_gather(z, i);
+    z->pinned = r == DTR_OK;
+    return r;
+}
+
+dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int keep, dtr_dp_stats *st) {
+    int np = dtr_model_param_count(z->m), p;
+    int64_t total = dtr_model_numel(z->m);
+    if (z->ctx->param_fetch)
+        return dtr__fail(z->ctx, DTR_BAD_STATE, "dtr_dp_create: another engine shards this context's parameters (ZeRO-3)");
+    z->u = (dtr__unit *)dtr__calloc(&z->ctx->alloc, (size_t)(nu > 0 ? nu : 1) * sizeof(dtr__unit));
+    if (!z->u) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->nu = nu, z->param_unit = param_unit, z->keep = keep, z->st = st;
+    for (p = 0; p < nu; p++) z->u[p].p_lo = np, z->u[p].p_hi = -1;
+    for (p = 0; p < np; p++) {   /* a unit: its parameters' run of the buffer (the first from 0, the last to the end) */
+        dtr__unit *u = &z->u[param_unit[p]];
+        if (p < u->p_lo) u->p_lo = p, u->begin = p == 0 ? 0 : dtr_model_param_offset(z->m, p);
+        if (p > u->p_hi) u->p_hi = p, u->end = p == np - 1 ? total : dtr_model_param_offset(z->m, p + 1);
+    }
+    for (p = 0; p < nu; p++) {   /* every unit holds whole values now (the broadcast) */
+        z->u[p].resident = 1;
+        z->held += dtr__zero3_foreign(z, &z->u[p]);
+    }
+    z->ctx->param_fetch = dtr__zero3_fetch;
+    z->ctx->param_fetch_user = z;
+    dtr__zero3_release_all(z, 0);
+    st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
+    return DTR_OK;
+}
+#line 24804 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -24544,7 +24823,9 @@ dtr_result dtr__zero_sum(void *user, double *vals, int n) {
  * ZeRO (zero.c): gradients are reduce-scattered instead of all-reduced (stage 2: a
  * bucket's start sends its slices to their owners; stage 1: dtr_dp_finish sends the whole
  * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
- * the ranks updated.
+ * the ranks updated. ZeRO-3 keeps the parameters sharded as well: the buckets are the units
+ * that zero.c gathers when an op reads them, released by the gradient hook once a bucket's
+ * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
  * averages the device parameters; with a codec (it runs on the host) the engine works on a
@@ -24631,7 +24912,7 @@ static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
 /* bucket i's exchange: the all-reduce or the codec's, or ZeRO-2's slices to their owners */
 static dtr_result dtr__dp_exchange(dtr_dp *dp, int i) {
     dtr__bucket *b = &dp->b[i];
-    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
+    if (dp->cfg.zero >= 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
 }
 
@@ -24677,6 +24958,7 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
+    if (b->pending == 1 && dp->cfg.zero == 3) dtr__zero3_release(dp->z, dp->param_bucket[param->param_index]);
     /* the bucket's last gradient is written once `ready` completes: a host transport reads
        host memory on its progress thread, so the host waits; a staged copy waits for it on the
        device instead, and a group of device memory orders its work after the stream's */
@@ -24729,9 +25011,12 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
                          "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
-    if (cfg->zero < 0 || cfg->zero > 2)
-        return dtr__fail(ctx, cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
-                         "dtr_dp_create: zero %d (this version has stages 1 and 2)", cfg->zero);
+    if (cfg->zero < 0 || cfg->zero > 3 || cfg->zero3_units < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: zero %d (stages 1, 2, 3) or zero3_units %d (>= 0) out "
+                         "of range", cfg->zero, cfg->zero3_units);
+    if (cfg->zero == 3 && !dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-3 takes a model in host memory in this version "
+                         "(ZeRO-1/2 work on devices)");
     if (cfg->zero && ((cfg->compress != DTR_COMPRESS_NONE && cfg->compress != DTR_COMPRESS_BF16 &&
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
@@ -24768,6 +25053,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
+    dtr__dpc_stats(dp->cz)->param_bytes_peak = (uint64_t)dtr_model_numel(m) * sizeof(float);   /* ZeRO-3: its own */
     /* a device model through a host copy: over a host transport, or with a codec (it runs on
        the host; a device transport then stages its host buffers in turn) */
     if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && (!c->mem_ctx || cfg->compress != DTR_COMPRESS_NONE)) {
@@ -24782,6 +25068,8 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
             return r;
         }
         r = dtr_dp_broadcast_params(dp);
+        if (r == DTR_OK && cfg->zero == 3)
+            r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
@@ -24929,7 +25217,8 @@ static dtr_result dtr__dp_step_done(dtr_dp *dp) {
     int64_t w;
     if (dp->z) {
         st->steps++;
-        return dtr__dp_zero_gather(dp, st);
+        if (dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 0);   /* the next forward gathers */
+        return dp->cfg.zero == 3 ? DTR_OK : dtr__dp_zero_gather(dp, st);
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
@@ -24944,6 +25233,15 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     r = dtr__dp_step_done(dp);
     dtr__obs_phase_end(dp->ctx, DTR_PHASE_COMM);
     return r;
+}
+
+dtr_result dtr_dp_gather_params(dtr_dp *dp) {
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (!dp->z || dp->cfg.zero != 3) return DTR_OK;
+    if (dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_gather_params");
+    r = dtr__zero3_gather_all(dp->z);
+    return r == DTR_OK ? DTR_OK : dtr__fail(dp->ctx, r, "dtr_dp_gather_params: %s", dtr_comm_last_error(dp->c));
 }
 
 dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
@@ -24999,9 +25297,10 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dtr__dpc_stats(dp->cz)->steps < 0)
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: steps is %lld",
                          (long long)dtr__dpc_stats(dp->cz)->steps);
+    if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25005 "dtrain.h"
+#line 25304 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25498,7 +25797,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25502 "dtrain.h"
+#line 25801 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26873,7 +27172,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 26877 "dtrain.h"
+#line 27176 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -26927,7 +27226,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 26931 "dtrain.h"
+#line 27230 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -27776,6 +28075,18 @@ static dtr_result dtr__ck_snapshot(dtr_ckpt *ck) {
     return DTR_OK;
 }
 
+/* ZeRO-3: the engine gathers the parameters first (every rank saves: a collective), so the
+   model's entry holds the whole model; sharded parameters without the engine are refused */
+static dtr_result dtr__ck_whole_params(dtr_ckpt *ck) {
+    dtr_model *m = ck->cfg.model;
+    dtr_result r;
+    if (!m) return DTR_OK;
+    r = ck->cfg.dp ? dtr_dp_gather_params(ck->cfg.dp) : DTR_OK;
+    if (r == DTR_OK) r = dtr__model_present(m, "dtr_ckpt_save");
+    if (r == DTR_OK) return DTR_OK;
+    return dtr__errf(ck->msg, sizeof ck->msg, r, "%s", dtr_context_last_error(dtr_model_context(m)));
+}
+
 static dtr_result dtr__ck_save(dtr_ckpt *ck, int64_t step, int *started) {
     dtr_result r, prev = DTR_OK;
     double t0 = dtr__ck_now();
@@ -27784,6 +28095,7 @@ static dtr_result dtr__ck_save(dtr_ckpt *ck, int64_t step, int *started) {
     if (step < 0 || step > 99999999)
         return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "dtr_ckpt_save: step %lld is outside [0, 99999999]",
                          (long long)step);
+    if ((r = dtr__ck_whole_params(ck)) != DTR_OK) return r;
     if (dtr__ck_busy(ck, &r) && ck->cfg.busy == DTR_CKPT_BUSY_SKIP && r == DTR_OK) { ck->stats.skipped++; return DTR_OK; }
     if (r != DTR_OK) return r;
     prev = dtr__ck_join(ck);
@@ -28090,7 +28402,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28094 "dtrain.h"
+#line 28406 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -28980,7 +29292,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 28984 "dtrain.h"
+#line 29296 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30458,7 +30770,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30462 "dtrain.h"
+#line 30774 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -30842,7 +31154,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 30846 "dtrain.h"
+#line 31158 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -30991,7 +31303,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 30995 "dtrain.h"
+#line 31307 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

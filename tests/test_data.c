@@ -54,6 +54,7 @@ static void rm_rf(const char *path) {
     }
 }
 
+#if TU_HAVE_STBIW   /* the helpers of the image tests */
 /* The whole file (malloc'd) or NULL. */
 static unsigned char *read_all(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
@@ -78,6 +79,7 @@ static int quick(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     return q && q[0] && q[0] != '0';
 }
+#endif
 
 /* ---- in-memory arrays, subsets, statistics, callbacks ---- */
 
@@ -713,7 +715,6 @@ static void td_mem_write(void *ctx, void *data, int size) {
     memcpy(m->p + m->n, data, (size_t)size);
     m->n += (size_t)size;
 }
-#endif
 
 /* A w x h image with c channels: pixel (x, y, ch) = (x * 7 + y * 13 + ch * 50) & 255. */
 static void td_pattern(unsigned char *px, int w, int h, int c) {
@@ -722,6 +723,7 @@ static void td_pattern(unsigned char *px, int w, int h, int c) {
         for (x = 0; x < w; x++)
             for (k = 0; k < c; k++) px[(y * w + x) * c + k] = (unsigned char)((x * 7 + y * 13 + k * 50) & 255);
 }
+#endif
 
 static void test_image_decode(void) {
 #if TU_HAVE_STBIW

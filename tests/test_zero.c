@@ -44,6 +44,8 @@ typedef struct zrun {
     int whole;              /* zero_whole_params */
     dtr_dp_compress compress;   /* BF16 / FP16: ZeRO's slices in 16 bits */
     dtr_optimizer_kind kind;
+    size_t bucket;          /* bucket_bytes (ZeRO-3: the units); 0: 512 */
+    int units;              /* zero3_units */
 } zrun;
 
 typedef struct zrank {
@@ -57,6 +59,7 @@ typedef struct zrank {
     size_t state_bytes;
     int64_t skipped;        /* the loss scaler's skipped steps */
     int sums;               /* the optimizer's shard_sum calls (the engine's, counted) */
+    int sharded_refused;    /* ZeRO-3: reading the model before dtr_dp_gather_params was refused */
     dtr_result (*shard_sum)(void *user, double *vals, int n);
     void *shard_sum_user;
     char msg[512];
@@ -87,6 +90,17 @@ static dtr_result zstep(mlp *n, dtr_dp *dp, int t, int rank, dtr_loss_scaler *ls
     return r;
 }
 
+/* ZeRO-3 after training: reading the sharded model is refused (parameter and model), then
+   dtr_dp_gather_params gives every rank the whole model */
+static dtr_result zgather(zrank *z, mlp *n, dtr_dp *dp) {
+    dtr_result a = dtr_model_read(n->m, z->params, dtr_model_numel(n->m)), b;
+    dtr_context_clear_error(n->ctx);
+    b = dtr_tensor_read(n->l1.weight, DTR_F32, z->params, HID * IN);   /* more than any rank's shard */
+    z->sharded_refused = a == DTR_BAD_STATE && b == DTR_BAD_STATE && strstr(dtr_context_last_error(n->ctx), "ZeRO-3");
+    dtr_context_clear_error(n->ctx);
+    return dtr_dp_gather_params(dp);
+}
+
 static dtr_result ztrain(zrank *z, dtr_comm *c) {
     dtr_optimizer_config oc = dtr_optimizer_config_init(z->run->kind, z->run->kind == DTR_OPT_SGD ? 0.05f : 0.01f);
     dtr_dp_config dc = dtr_dp_config_init();
@@ -104,7 +118,8 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     oc.momentum = z->run->kind == DTR_OPT_SGD ? 0.9f : 0.0f;
     oc.clip_norm = 0.5f;
     oc.grad_accum_steps = ACCUM;
-    dc.bucket_bytes = 512;
+    dc.bucket_bytes = z->run->bucket ? z->run->bucket : 512;
+    dc.zero3_units = z->run->units;
     dc.zero = z->run->zero;
     dc.zero_whole_params = z->run->whole;
     dc.compress = z->run->compress;
@@ -118,12 +133,13 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     if (r == DTR_OK && z->run->grads_only) r = mlp_backward(&n, 0, (int64_t)z->rank * B, B);
     if (r == DTR_OK && z->run->grads_only) r = dtr_dp_finish(dp);
     for (t = 0; t < STEPS && r == DTR_OK && !z->run->grads_only; t++) r = zstep(&n, dp, t, z->rank, ls);
+    dtr_dp_get_stats(dp, &z->stats);   /* (ZeRO-3: the training's, before the gather below) */
+    if (r == DTR_OK && z->run->zero == 3) r = zgather(z, &n, dp);
     if (r != DTR_OK) snprintf(z->msg, sizeof z->msg, "%s | %s", dtr_context_last_error(n.ctx), dtr_comm_last_error(c));
     z->numel = dtr_model_numel(n.m);
     memcpy(z->params, dtr_model_params(n.m), (size_t)z->numel * sizeof(float));
     memcpy(z->grads, dtr_model_grads(n.m), (size_t)z->numel * sizeof(float));
     z->shard_begin = oc.shard_begin, z->shard_end = oc.shard_end;
-    dtr_dp_get_stats(dp, &z->stats);
     z->state_bytes = n.opt ? test_moment_bytes(n.opt) : 0;
     z->skipped = dtr_loss_scaler_skipped(ls);
     dtr_loss_scaler_destroy(ls);
@@ -175,6 +191,10 @@ static void zcompare(int world, dtr_optimizer_kind kind, int zero, int whole, co
         CHECK_MSG(e <= 1e-6, "world %d optimizer %d ZeRO-%d rank %d: relative error %g against plain DP", world, (int)kind,
                   zero, r, e);
         sum += z[r].state_bytes;
+        if (zero == 3)   /* 2 units (the buckets), both gathered in each forward */
+            CHECK_MSG(z[r].sharded_refused && z[r].stats.param_gathers >= 2 * STEPS * ACCUM,
+                      "world %d ZeRO-3 rank %d: read refused %d, %lld gathers", world, r, z[r].sharded_refused,
+                      (long long)z[r].stats.param_gathers);
     }
     /* the shards' state adds up to one unsharded optimizer's */
     CHECK_MSG(sum == plain[0].state_bytes, "world %d optimizer %d ZeRO-%d: %zu state bytes over the ranks, %zu unsharded",
@@ -193,8 +213,40 @@ static void test_zero_equals_dp(void) {
             zrun_world(&a, plain);
             zcompare(world, kinds[k], 1, 0, plain);
             zcompare(world, kinds[k], 2, 0, plain);
+            zcompare(world, kinds[k], 3, 0, plain);
             if (kinds[k] == DTR_OPT_LAMB) zcompare(world, kinds[k], 2, 1, plain);   /* shards of whole parameters */
+            if (kinds[k] == DTR_OPT_LAMB) zcompare(world, kinds[k], 3, 1, plain);
         }
+}
+
+/* ZeRO-3 with a unit per parameter (16-float buckets) and one unit kept besides the running
+   op's: forward releases one of l1's units while l2 runs, backward gathers it again; the
+   weights are still plain DP's, and the ranks whose shard is in l1 never held the whole model */
+static void test_zero3_units(void) {
+    static zrank plain[4], z[4];
+    zrun a;
+    int world, r;
+    memset(&a, 0, sizeof a);
+    for (world = 2; world <= 4; world++) {
+        a.world = world, a.kind = DTR_OPT_ADAMW, a.zero = 0, a.bucket = 0, a.units = 0;
+        zrun_world(&a, plain);
+        a.zero = 3, a.bucket = 64, a.units = 1;
+        zrun_world(&a, z);
+        for (r = 0; r < world; r++) {
+            double e = rel_err(z[r].params, plain[0].params, plain[0].numel);
+            CHECK_MSG(plain[r].ok && z[r].ok, "world %d rank %d: %s %s", world, r, plain[r].msg, z[r].msg);
+            CHECK_MSG(e <= 1e-6, "world %d rank %d: relative error %g against plain DP", world, r, e);
+            /* 4 units a forward, and at least one gathered again in each backward */
+            CHECK_MSG(z[r].stats.param_gathers >= 5 * STEPS * ACCUM, "world %d rank %d: %lld gathers", world, r,
+                      (long long)z[r].stats.param_gathers);
+            /* (the last rank's shard is l2: with l1's one op it has held everything) */
+            CHECK_MSG(r == world - 1 || z[r].stats.param_bytes_peak < (uint64_t)z[r].numel * sizeof(float), "world %d rank %d: held %llu of "
+                      "%lld parameter bytes", world, r, (unsigned long long)z[r].stats.param_bytes_peak, (long long)z[r].numel * 4);
+        }
+        if (world == 4) printf("    world 4, a unit a parameter: %lld gathers, at most %llu of %lld parameter bytes held\n",
+                               (long long)z[0].stats.param_gathers, (unsigned long long)z[0].stats.param_bytes_peak,
+                               (long long)z[0].numel * 4);
+    }
 }
 
 /* world 3: after dtr_dp_finish each rank's shard of the gradients is plain DP's average, and
@@ -340,13 +392,21 @@ static void test_zero_errors(void) {
     dtr_dp_destroy(dp);
     dp = NULL;
     oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
-    dc.zero = 3;
-    CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
-    CHECK(strstr(dtr_context_last_error(n.ctx), "stages 1 and 2") != NULL);
-    dtr_context_clear_error(n.ctx);
+    dc.zero = 3;   /* a group of 1: nothing sharded, nothing gathered */
+    CHECK_OK(n.ctx, dtr_dp_create(n.m, c, &dc, &dp));
+    CHECK_OK(n.ctx, dtr_dp_gather_params(dp));
+    CHECK_OK(n.ctx, mlp_backward(&n, 0, 0, B));
+    dtr_dp_destroy(dp);
+    dp = NULL;
+    CHECK_EQ_INT(dtr_dp_gather_params(NULL), DTR_NULL_HANDLE);
     dc.zero = 4;
     CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_INVALID_ARGUMENT);
     dtr_context_clear_error(n.ctx);
+    dc.zero = 3, dc.zero3_units = -1;
+    CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(n.ctx), "zero3_units") != NULL);
+    dtr_context_clear_error(n.ctx);
+    dc.zero3_units = 0;
     dc.zero = 1, dc.compress = DTR_COMPRESS_INT8;
     CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
     dtr_context_clear_error(n.ctx);
@@ -374,6 +434,7 @@ static void test_zero_errors(void) {
 
 int main(void) {
     RUN(test_zero_equals_dp);
+    RUN(test_zero3_units);
     RUN(test_zero_grads);
     RUN(test_zero_loss_scaler);
     RUN(test_zero_memory);

@@ -3,6 +3,17 @@
  * ==========================================================================*/
 #include "../public/api.h"
 #include "internal.h"
+#include <math.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#include <unistd.h>
+#if !defined(MADV_DONTNEED) && !defined(__alpha__)
+/* glibc declares madvise only for _DEFAULT_SOURCE; the value is Linux's on every architecture
+   but alpha */
+int madvise(void *addr, size_t len, int advice);
+#define MADV_DONTNEED 4
+#endif
+#endif
 
 void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes) {
     if (bytes == 0) bytes = 1;
@@ -26,6 +37,20 @@ void dtr__free(const dtr_allocation_callbacks *a, void *p) {
     if (!p) return;
     if (a && a->free_fn) { a->free_fn(p, a->user); return; }
     free(p);
+}
+
+void dtr__mem_discard(float *p, int64_t n) {
+    char *b = (char *)p, *e = (char *)(p + (n > 0 ? n : 0)), *lo = b, *hi = b;
+#if defined(__linux__) && defined(MADV_DONTNEED)
+    long page = sysconf(_SC_PAGESIZE);
+    if (page > 0) {
+        lo = (char *)(((uintptr_t)b + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page);
+        hi = (char *)((uintptr_t)e / (uintptr_t)page * (uintptr_t)page);
+        if (hi <= lo || madvise(lo, (size_t)(hi - lo), MADV_DONTNEED) != 0) lo = hi = b;
+    }
+#endif
+    for (; b < lo && b < e; b += sizeof(float)) *(float *)b = NAN;
+    for (b = hi > lo ? hi : b; b < e; b += sizeof(float)) *(float *)b = NAN;
 }
 
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) {

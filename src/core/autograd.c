@@ -133,6 +133,7 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
         dtr_tensor *x = n->in[i];
         if (x && (x->flags & DTR__REQUIRES_GRAD) && (r = dtr__grad_of_pass(ctx, x)) != DTR_OK) return r;
     }
+    if ((r = dtr__fetch_params(ctx, n)) != DTR_OK) return r;   /* ZeRO-3: parameters on other ranks */
     if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->backward(ctx, n);
     if (ctx->obs) dtr__obs_op(ctx->obs, n, 1, t0, dtr__obs_now());

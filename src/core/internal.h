@@ -19,6 +19,10 @@ void *dtr__malloc(const dtr_allocation_callbacks *a, size_t bytes);
 void *dtr__calloc(const dtr_allocation_callbacks *a, size_t bytes);
 DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size_t bytes);
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
+/** Host floats [p, p + n) whose values are no longer needed: the whole pages inside go back to
+ *  the system (Linux: madvise DONTNEED; they read as zeros until written), the rest is set to
+ *  NaN, so a read of discarded values shows. */
+DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
@@ -95,7 +99,9 @@ enum {
     DTR__OWNS_DATA = 32u,      /* storage is a block of its tape's data arena made for it
                                   (dtr__tensor_alloc): released with release_activations */
     DTR__RELEASED = 64u,       /* its storage went back to the spares (release_activations) */
-    DTR__RETAIN = 128u         /* dtr_tensor_retain: its storage is never released */
+    DTR__RETAIN = 128u,        /* dtr_tensor_retain: its storage is never released */
+    DTR__ABSENT = 256u         /* parameter whose values live on other ranks (ZeRO-3): gathered
+                                  by ctx->param_fetch before an op reads it (dtr__fetch_params) */
 };
 
 struct dtr__node;
@@ -459,6 +465,11 @@ struct dtr_context {
                                      `backend` meanwhile), NULL otherwise */
     uint64_t resets;              /* dtr_context_reset calls: a graph that read the own tape's
                                      tensors is stale after one */
+    /* parameters sharded over a group (ZeRO-3, src/engine/zero.c): gathers the DTR__ABSENT
+       parameters among n's inputs before n's forward or backward kernel reads them; NULL: no
+       engine shards this context's parameters */
+    dtr_result (*param_fetch)(void *user, struct dtr__node *n);
+    void *param_fetch_user;
 };
 
 /** Host memory for the backend's tensors (may the host read and write it?). */
@@ -606,6 +617,15 @@ DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_te
 DTR__PRIVATE dtr__node *dtr__xent_node(dtr_context *ctx, int op, const char *name, dtr_tensor *logits, dtr_tensor *targets);
 /** x, or a recorded contiguous copy of it. */
 DTR__PRIVATE dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x);
+/** Before n's kernel reads its inputs: parameters among them that are DTR__ABSENT (sharded by
+ *  ZeRO-3) are gathered through ctx->param_fetch. DTR_OK, the fetch's error, or DTR_BAD_STATE
+ *  when no engine shards them any more (recorded on ctx). */
+DTR__PRIVATE dtr_result dtr__fetch_params(dtr_context *ctx, struct dtr__node *n);
+/** DTR_BAD_STATE (recorded on t's context, naming `fn`) when parameter t's values are on other
+ *  ranks (ZeRO-3), else DTR_OK. */
+DTR__PRIVATE dtr_result dtr__param_present(const dtr_tensor *t, const char *fn);
+/** dtr__param_present over every parameter of m (src/nn/model.c). */
+DTR__PRIVATE dtr_result dtr__model_present(const dtr_model *m, const char *fn);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

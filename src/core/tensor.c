@@ -190,8 +190,9 @@ dtr_result dtr_tensor_retain(dtr_tensor *t) {
 }
 
 /* DTR_BAD_STATE naming fn when t's storage was released (release_activations), else DTR_OK */
+/* DTR_BAD_STATE when t's values are gone: released by backward, or on other ranks (ZeRO-3) */
 static dtr_result dtr__check_live(const dtr_tensor *t, const char *fn) {
-    if (!dtr__released(t)) return DTR_OK;
+    if (!dtr__released(t)) return dtr__param_present(t, fn);
     return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: the tensor was released by dtr_backward (release_activations); "
                      "keep it with dtr_tensor_retain before the backward pass", fn);
 }
@@ -409,10 +410,27 @@ static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
     return 0;
 }
 
+dtr_result dtr__param_present(const dtr_tensor *t, const char *fn) {
+    t = dtr__owner(t);
+    if (!(t->flags & DTR__ABSENT)) return DTR_OK;
+    return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: parameter '%s' is sharded over the data-parallel group (ZeRO-3): "
+                     "call dtr_dp_gather_params on every rank first", fn, t->name ? t->name : "?");
+}
+
+dtr_result dtr__fetch_params(dtr_context *ctx, dtr__node *n) {
+    int i;
+    for (i = 0; i < n->n_in; i++)
+        if (n->in[i] && (dtr__owner(n->in[i])->flags & DTR__ABSENT)) break;
+    if (i == n->n_in) return DTR_OK;
+    if (!ctx->param_fetch) return dtr__param_present(n->in[i], dtr__op_name(n->op));
+    return ctx->param_fetch(ctx->param_fetch_user, n);
+}
+
 dtr_tensor *dtr__record(dtr_context *ctx, dtr__node *node, const char *opname) {
     dtr_result r;
     double t0 = 0.0;
     if (ctx->status != DTR_OK) return NULL;
+    if (dtr__fetch_params(ctx, node) != DTR_OK) return NULL;   /* ZeRO-3: parameters on other ranks */
     node->taped = dtr__node_needs_grad(ctx, node);
     if (ctx->obs) t0 = dtr__obs_now();
     r = ctx->backend->forward(ctx, node);

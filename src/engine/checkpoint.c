@@ -843,6 +843,18 @@ static dtr_result dtr__ck_snapshot(dtr_ckpt *ck) {
     return DTR_OK;
 }
 
+/* ZeRO-3: the engine gathers the parameters first (every rank saves: a collective), so the
+   model's entry holds the whole model; sharded parameters without the engine are refused */
+static dtr_result dtr__ck_whole_params(dtr_ckpt *ck) {
+    dtr_model *m = ck->cfg.model;
+    dtr_result r;
+    if (!m) return DTR_OK;
+    r = ck->cfg.dp ? dtr_dp_gather_params(ck->cfg.dp) : DTR_OK;
+    if (r == DTR_OK) r = dtr__model_present(m, "dtr_ckpt_save");
+    if (r == DTR_OK) return DTR_OK;
+    return dtr__errf(ck->msg, sizeof ck->msg, r, "%s", dtr_context_last_error(dtr_model_context(m)));
+}
+
 static dtr_result dtr__ck_save(dtr_ckpt *ck, int64_t step, int *started) {
     dtr_result r, prev = DTR_OK;
     double t0 = dtr__ck_now();
@@ -851,6 +863,7 @@ static dtr_result dtr__ck_save(dtr_ckpt *ck, int64_t step, int *started) {
     if (step < 0 || step > 99999999)
         return dtr__errf(ck->msg, sizeof ck->msg, DTR_INVALID_ARGUMENT, "dtr_ckpt_save: step %lld is outside [0, 99999999]",
                          (long long)step);
+    if ((r = dtr__ck_whole_params(ck)) != DTR_OK) return r;
     if (dtr__ck_busy(ck, &r) && ck->cfg.busy == DTR_CKPT_BUSY_SKIP && r == DTR_OK) { ck->stats.skipped++; return DTR_OK; }
     if (r != DTR_OK) return r;
     prev = dtr__ck_join(ck);

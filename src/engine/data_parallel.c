@@ -17,7 +17,9 @@
  * ZeRO (zero.c): gradients are reduce-scattered instead of all-reduced (stage 2: a
  * bucket's start sends its slices to their owners; stage 1: dtr_dp_finish sends the whole
  * buffer's), dtr_dp_finish sums this rank's shard, and dtr_dp_step_done gathers the shards
- * the ranks updated.
+ * the ranks updated. ZeRO-3 keeps the parameters sharded as well: the buckets are the units
+ * that zero.c gathers when an op reads them, released by the gradient hook once a bucket's
+ * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
  * averages the device parameters; with a codec (it runs on the host) the engine works on a
@@ -104,7 +106,7 @@ static dtr_result dtr__dp_start(dtr_dp *dp, int i, int from_hook) {
 /* bucket i's exchange: the all-reduce or the codec's, or ZeRO-2's slices to their owners */
 static dtr_result dtr__dp_exchange(dtr_dp *dp, int i) {
     dtr__bucket *b = &dp->b[i];
-    if (dp->cfg.zero == 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
+    if (dp->cfg.zero >= 2) return dtr__zero_start(dp->z, dtr__dp_grads(dp), i, b->begin, b->end);
     return dtr__dpc_start(dp->cz, i, dtr__dp_grads(dp), b->begin, b->end, &b->req);
 }
 
@@ -150,6 +152,7 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
         return DTR_OK;   /* ZeRO-1: nothing starts during backward */
     b = &dp->b[dp->param_bucket[param->param_index]];
     if (b->pending == 0) return DTR_OK;   /* a second backward without dtr_dp_finish */
+    if (b->pending == 1 && dp->cfg.zero == 3) dtr__zero3_release(dp->z, dp->param_bucket[param->param_index]);
     /* the bucket's last gradient is written once `ready` completes: a host transport reads
        host memory on its progress thread, so the host waits; a staged copy waits for it on the
        device instead, and a group of device memory orders its work after the stream's */
@@ -202,9 +205,12 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->local_sgd_every < 0 || cfg->local_sgd_warmup < 0)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: local_sgd_every %d and local_sgd_warmup %lld "
                          "must be >= 0", cfg->local_sgd_every, (long long)cfg->local_sgd_warmup);
-    if (cfg->zero < 0 || cfg->zero > 2)
-        return dtr__fail(ctx, cfg->zero == 3 ? DTR_UNSUPPORTED : DTR_INVALID_ARGUMENT,
-                         "dtr_dp_create: zero %d (this version has stages 1 and 2)", cfg->zero);
+    if (cfg->zero < 0 || cfg->zero > 3 || cfg->zero3_units < 0)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: zero %d (stages 1, 2, 3) or zero3_units %d (>= 0) out "
+                         "of range", cfg->zero, cfg->zero3_units);
+    if (cfg->zero == 3 && !dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-3 takes a model in host memory in this version "
+                         "(ZeRO-1/2 work on devices)");
     if (cfg->zero && ((cfg->compress != DTR_COMPRESS_NONE && cfg->compress != DTR_COMPRESS_BF16 &&
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
@@ -241,6 +247,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
     r = dtr__dpc_create(m, c, cfg, &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
+    dtr__dpc_stats(dp->cz)->param_bytes_peak = (uint64_t)dtr_model_numel(m) * sizeof(float);   /* ZeRO-3: its own */
     /* a device model through a host copy: over a host transport, or with a codec (it runs on
        the host; a device transport then stages its host buffers in turn) */
     if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && (!c->mem_ctx || cfg->compress != DTR_COMPRESS_NONE)) {
@@ -255,6 +262,8 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
             return r;
         }
         r = dtr_dp_broadcast_params(dp);
+        if (r == DTR_OK && cfg->zero == 3)
+            r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
         r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
@@ -402,7 +411,8 @@ static dtr_result dtr__dp_step_done(dtr_dp *dp) {
     int64_t w;
     if (dp->z) {
         st->steps++;
-        return dtr__dp_zero_gather(dp, st);
+        if (dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 0);   /* the next forward gathers */
+        return dp->cfg.zero == 3 ? DTR_OK : dtr__dp_zero_gather(dp, st);
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;
@@ -417,6 +427,15 @@ dtr_result dtr_dp_step_done(dtr_dp *dp) {
     r = dtr__dp_step_done(dp);
     dtr__obs_phase_end(dp->ctx, DTR_PHASE_COMM);
     return r;
+}
+
+dtr_result dtr_dp_gather_params(dtr_dp *dp) {
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    if (!dp->z || dp->cfg.zero != 3) return DTR_OK;
+    if (dp->next > 0) return dtr__dp_busy(dp, "dtr_dp_gather_params");
+    r = dtr__zero3_gather_all(dp->z);
+    return r == DTR_OK ? DTR_OK : dtr__fail(dp->ctx, r, "dtr_dp_gather_params: %s", dtr_comm_last_error(dp->c));
 }
 
 dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out) {
@@ -472,5 +491,6 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dtr__dpc_stats(dp->cz)->steps < 0)
         return dtr__fail(dp->ctx, DTR_CORRUPT_FILE, "dtr_dp_state_loaded: steps is %lld",
                          (long long)dtr__dpc_stats(dp->cz)->steps);
+    if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }

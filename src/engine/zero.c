@@ -17,6 +17,14 @@
  * sums by the backend's reduce). With compress BF16 / FP16 the slices travel in 16 bits
  * (rounded to nearest even; a rank's own slice is not rounded) and are widened before the
  * sum; the parameters' gather stays f32, so every rank holds the same weights.
+ * Stage 3 also shards the parameters: after the step a rank keeps its shard only, and the
+ * engine's buckets become units that are gathered (an all-gather of the unit's pieces from
+ * their owners, point-to-point) when an op reads one of their parameters: the core calls
+ * ctx->param_fetch before a kernel whose inputs include a DTR__ABSENT parameter, in forward
+ * and in backward (every rank runs the same ops, so the gathers match). A unit is released
+ * (its parameters outside the shard flagged absent, their memory discarded) when its
+ * gradients are final in backward, when `keep` units gathered after it are held besides the
+ * running op's, and at the step.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -26,6 +34,20 @@
 #include "zero.h"
 
 #define DTR__ZERO_TAG (1 << 30)   /* + bucket index (stage 1: 0): the reduce-scatter's point-to-point tags */
+
+/* point-to-point requests in flight, waited for together */
+typedef struct dtr__zreqs {
+    dtr_request **req;
+    int n, cap;
+} dtr__zreqs;
+
+/* stage 3: a unit of parameters gathered together (one of the engine's buckets) */
+typedef struct dtr__unit {
+    int64_t begin, end;    /* floats of the parameter buffer */
+    int p_lo, p_hi;        /* its parameters, [p_lo, p_hi] */
+    int resident;          /* gathered: every float valid */
+    uint64_t used;         /* when last gathered or read by a gathering op */
+} dtr__unit;
 
 struct dtr__zero {
     dtr_model *m;
@@ -37,8 +59,16 @@ struct dtr__zero {
     float *recv;             /* W - 1 slots of this rank's shard, peers in rank order */
     dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
     uint16_t *out16, *in16;  /* 16-bit wire: the slices sent (by buffer offset) and the slots received */
-    dtr_request **req;       /* this step's sends and receives */
-    int nreq, cap;
+    dtr__zreqs rs;           /* this step's reduce-scatter: sends and receives */
+    dtr__zreqs g;            /* a gather's: 2 (W - 1) */
+    /* stage 3 */
+    dtr__unit *u;
+    int nu, keep;            /* units; gathered units kept besides the running op's */
+    const int *param_unit;   /* parameter -> unit (the engine's parameter -> bucket) */
+    int pinned;              /* dtr_dp_gather_params: nothing released until the step */
+    uint64_t clock;
+    int64_t held;            /* floats of other ranks' shards held now */
+    dtr_dp_stats *st;        /* the engine's counters */
 };
 
 /* Shards: rank r's starts at r / W of the buffer, rounded down to 16 floats, or with
@@ -66,9 +96,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
     ok = z->shard != NULL;
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
-    z->cap = 2 * z->W * (nb > 0 ? nb : 1);   /* a bucket's or the gather's sends and receives: 2 (W - 1) */
-    z->req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->cap * sizeof(dtr_request *));
-    ok = ok && z->req;
+    z->rs.cap = 2 * z->W * (nb > 0 ? nb : 1);   /* each bucket's sends and receives: 2 (W - 1) */
+    z->rs.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap * sizeof(dtr_request *));
+    z->g.cap = 2 * z->W;
+    z->g.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->g.cap * sizeof(dtr_request *));
+    ok = ok && z->rs.req && z->g.req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
@@ -89,17 +121,17 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     return DTR_OK;
 }
 
-/* waits for and frees this step's requests; the first error */
-static dtr_result dtr__zero_wait(dtr__zero *z) {
+/* waits for and frees the requests of q; the first error */
+static dtr_result dtr__zero_wait(dtr__zreqs *q) {
     dtr_result first = DTR_OK;
     int i;
-    for (i = 0; i < z->nreq; i++) {
-        dtr_result r = dtr_request_wait(z->req[i]);
+    for (i = 0; i < q->n; i++) {
+        dtr_result r = dtr_request_wait(q->req[i]);
         if (r != DTR_OK && first == DTR_OK) first = r;
-        dtr_request_destroy(z->req[i]);
-        z->req[i] = NULL;
+        dtr_request_destroy(q->req[i]);
+        q->req[i] = NULL;
     }
-    z->nreq = 0;
+    q->n = 0;
     return first;
 }
 
@@ -107,8 +139,12 @@ void dtr__zero_destroy(dtr__zero *z) {
     dtr_allocation_callbacks a;
     if (!z) return;
     a = z->ctx->alloc;
-    if (z->req) dtr__zero_wait(z);
-    dtr__free(&a, z->req);
+    if (z->rs.req) dtr__zero_wait(&z->rs);
+    if (z->g.req) dtr__zero_wait(&z->g);
+    if (z->u && z->ctx->param_fetch_user == z) z->ctx->param_fetch = NULL, z->ctx->param_fetch_user = NULL;
+    dtr__free(&a, z->rs.req);
+    dtr__free(&a, z->g.req);
+    dtr__free(&a, z->u);
     if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
     else dtr__free(&a, z->recv);
     dtr__free(&a, z->out16);
@@ -124,13 +160,13 @@ static int64_t dtr__zero_at(const dtr__zero *z, int p, int64_t x) {
 }
 static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + dtr__zero_at(z, p, x); }
 
-/* posts a send or receive of `bytes` at buf to/from rank p */
-static dtr_result dtr__zero_post(dtr__zero *z, int send, void *buf, size_t bytes, int p, int tag) {
+/* posts a send or receive of `bytes` at buf to/from rank p into q */
+static dtr_result dtr__zero_post(dtr__zero *z, dtr__zreqs *q, int send, void *buf, size_t bytes, int p, int tag) {
     dtr_result r;
-    if (z->nreq >= z->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
-    r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &z->req[z->nreq])
-             : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &z->req[z->nreq]);
-    if (r == DTR_OK) z->nreq++;
+    if (q->n >= q->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
+    r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &q->req[q->n])
+             : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &q->req[q->n]);
+    if (r == DTR_OK) q->n++;
     return r;
 }
 
@@ -143,10 +179,10 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
         if (o != z->me && z->out16) dtr_convert(z->out16 + lo, z->wire, g + lo, DTR_F32, (size_t)(hi - lo));
-        if (o != z->me) r = dtr__zero_post(z, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
+        if (o != z->me) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
             if (p != z->me)
-                r = dtr__zero_post(z, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
+                r = dtr__zero_post(z, &z->rs, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
                                    bytes, p, DTR__ZERO_TAG + i);
         if (r != DTR_OK) return r;
     }
@@ -170,7 +206,7 @@ static dtr_result dtr__zero_add(dtr__zero *z, float *out, const float *x, const 
 dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     int64_t b = z->shard[z->me], n = z->shard[z->me + 1] - b;
     float *g = grads + b, *acc;
-    dtr_result r = dtr__zero_wait(z);
+    dtr_result r = dtr__zero_wait(&z->rs);
     int p;
     if (r != DTR_OK) return r;
     if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
@@ -186,24 +222,30 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     return DTR_OK;
 }
 
-dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
-    int64_t n = z->shard[z->me + 1] - z->shard[z->me];
+/* floats [begin, end) of the parameter buffer prm from their owners: each rank sends its
+   part to every peer and receives the peers' (an all-gather of unequal pieces) */
+static dtr_result dtr__zero_gather_range(dtr__zero *z, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
+    int64_t mine = 0;
     dtr_result r = DTR_OK;
-    int p;
-    /* an all-gather of unequal shards: this rank's to every peer, every peer's from it */
-    for (p = 0; p < z->W && r == DTR_OK; p++) {
-        if (p == z->me) continue;
-        if (n > 0) r = dtr__zero_post(z, 1, prm + z->shard[z->me], (size_t)n * sizeof(float), p, DTR__ZERO_TAG - 1);
-        if (r == DTR_OK && z->shard[p + 1] > z->shard[p])
-            r = dtr__zero_post(z, 0, prm + z->shard[p], (size_t)(z->shard[p + 1] - z->shard[p]) * sizeof(float), p,
-                               DTR__ZERO_TAG - 1);
+    int o, p;
+    for (o = 0; o < z->W && r == DTR_OK; o++) {
+        int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
+        if (lo >= hi) continue;
+        if (o == z->me) mine = hi - lo;
+        for (p = 0; p < z->W && r == DTR_OK; p++)
+            if (p != z->me && (o == z->me || p == o))
+                r = dtr__zero_post(z, &z->g, o == z->me, prm + lo, (size_t)(hi - lo) * sizeof(float), p, DTR__ZERO_TAG - 1);
     }
-    if (r == DTR_OK) r = dtr__zero_wait(z);
-    else dtr__zero_wait(z);
+    if (r == DTR_OK) r = dtr__zero_wait(&z->g);
+    else dtr__zero_wait(&z->g);
     if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
-    st->wire_bytes += (uint64_t)n * sizeof(float);
-    st->raw_bytes += (uint64_t)n * sizeof(float);
+    st->wire_bytes += (uint64_t)mine * sizeof(float);
+    st->raw_bytes += (uint64_t)mine * sizeof(float);
     return DTR_OK;
+}
+
+dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
+    return dtr__zero_gather_range(z, prm, 0, dtr_model_numel(z->m), st);
 }
 
 void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
@@ -214,4 +256,131 @@ void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *end) {
 dtr_result dtr__zero_sum(void *user, double *vals, int n) {
     dtr__zero *z = (dtr__zero *)user;
     return dtr__comm_sum_doubles(z->c, z->ctx, vals, n, "ZeRO");
+}
+
+/* ---- stage 3: units of parameters gathered when an op reads them ---- */
+
+/* floats of unit u outside this rank's shard */
+static int64_t dtr__zero3_foreign(const dtr__zero *z, const dtr__unit *u) {
+    int64_t lo = u->begin > z->shard[z->me] ? u->begin : z->shard[z->me];
+    int64_t hi = u->end < z->shard[z->me + 1] ? u->end : z->shard[z->me + 1];
+    return (u->end - u->begin) - (hi > lo ? hi - lo : 0);
+}
+
+/* flags the parameters of u absent (or present again); those inside this rank's shard too:
+   the gathers are collective, so every rank must ask for the same units at the same op */
+static void dtr__zero3_mark(dtr__zero *z, const dtr__unit *u, int absent) {
+    int p;
+    for (p = u->p_lo; p <= u->p_hi; p++) {
+        dtr_tensor *t = dtr_model_param_at(z->m, p);
+        if (absent) t->flags |= DTR__ABSENT;
+        else t->flags &= ~(uint32_t)DTR__ABSENT;
+    }
+}
+
+void dtr__zero3_release(dtr__zero *z, int i) {
+    dtr__unit *u = &z->u[i];
+    float *prm = dtr_model_params(z->m);
+    int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
+    if (!u->resident || z->pinned) return;
+    u->resident = 0;
+    z->held -= dtr__zero3_foreign(z, u);
+    dtr__zero3_mark(z, u, 1);
+    if (u->begin < sb) dtr__mem_discard(prm + u->begin, (u->end < sb ? u->end : sb) - u->begin);
+    if (u->end > se) dtr__mem_discard(prm + (u->begin > se ? u->begin : se), u->end - (u->begin > se ? u->begin : se));
+}
+
+/* gathers unit i from the owners of its pieces */
+static dtr_result dtr__zero3_gather(dtr__zero *z, int i) {
+    dtr__unit *u = &z->u[i];
+    dtr_result r = dtr__zero_gather_range(z, dtr_model_params(z->m), u->begin, u->end, z->st);
+    uint64_t bytes;
+    if (r != DTR_OK) return r;
+    u->resident = 1;
+    z->held += dtr__zero3_foreign(z, u);
+    dtr__zero3_mark(z, u, 0);
+    z->st->param_gathers++;
+    bytes = (uint64_t)(z->held + z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
+    if (bytes > z->st->param_bytes_peak) z->st->param_bytes_peak = bytes;
+    return DTR_OK;
+}
+
+/* releases the units gathered longest ago until `keep` are held besides those used since `now` */
+static void dtr__zero3_trim(dtr__zero *z, uint64_t now) {
+    for (;;) {
+        int i, old = -1, n = 0;
+        for (i = 0; i < z->nu; i++) {
+            const dtr__unit *u = &z->u[i];
+            if (!u->resident || u->used >= now) continue;
+            n++;
+            if (old < 0 || u->used < z->u[old].used) old = i;
+        }
+        if (n <= z->keep || old < 0 || z->pinned) return;
+        dtr__zero3_release(z, old);
+    }
+}
+
+/* ctx->param_fetch: the units of n's parameter inputs stamped, older ones released down to
+   `keep` (before gathering: the peak is keep + n's units), the missing ones gathered */
+static dtr_result dtr__zero3_fetch(void *user, dtr__node *n) {
+    dtr__zero *z = (dtr__zero *)user;
+    uint64_t now = z->clock + 1;
+    dtr_result r = DTR_OK;
+    int i, pass;
+    for (pass = 0; pass < 2; pass++) {
+        if (pass) dtr__zero3_trim(z, now);
+        for (i = 0; i < n->n_in && r == DTR_OK; i++) {
+            const dtr_tensor *t = n->in[i] ? dtr__owner(n->in[i]) : NULL;
+            int k;
+            if (!t || t->param_index < 0 || !t->model) continue;
+            if (t->model != z->m) { r = dtr__param_present(t, dtr__op_name(n->op)); continue; }   /* another engine's, gone */
+            k = z->param_unit[t->param_index];
+            if (!pass) z->u[k].used = ++z->clock;
+            else if (!z->u[k].resident) r = dtr__zero3_gather(z, k);
+        }
+    }
+    return r;
+}
+
+void dtr__zero3_release_all(dtr__zero *z, int written) {
+    int i;
+    z->pinned = 0;
+    for (i = 0; i < z->nu; i++) {
+        if (written && !z->u[i].resident) z->u[i].resident = 1, z->held += dtr__zero3_foreign(z, &z->u[i]);
+        dtr__zero3_release(z, i);
+    }
+}
+
+dtr_result dtr__zero3_gather_all(dtr__zero *z) {
+    dtr_result r = DTR_OK;
+    int i;
+    for (i = 0; i < z->nu && r == DTR_OK; i++)
+        if (!z->u[i].resident) r = dtr__zero3_gather(z, i);
+    z->pinned = r == DTR_OK;
+    return r;
+}
+
+dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int keep, dtr_dp_stats *st) {
+    int np = dtr_model_param_count(z->m), p;
+    int64_t total = dtr_model_numel(z->m);
+    if (z->ctx->param_fetch)
+        return dtr__fail(z->ctx, DTR_BAD_STATE, "dtr_dp_create: another engine shards this context's parameters (ZeRO-3)");
+    z->u = (dtr__unit *)dtr__calloc(&z->ctx->alloc, (size_t)(nu > 0 ? nu : 1) * sizeof(dtr__unit));
+    if (!z->u) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->nu = nu, z->param_unit = param_unit, z->keep = keep, z->st = st;
+    for (p = 0; p < nu; p++) z->u[p].p_lo = np, z->u[p].p_hi = -1;
+    for (p = 0; p < np; p++) {   /* a unit: its parameters' run of the buffer (the first from 0, the last to the end) */
+        dtr__unit *u = &z->u[param_unit[p]];
+        if (p < u->p_lo) u->p_lo = p, u->begin = p == 0 ? 0 : dtr_model_param_offset(z->m, p);
+        if (p > u->p_hi) u->p_hi = p, u->end = p == np - 1 ? total : dtr_model_param_offset(z->m, p + 1);
+    }
+    for (p = 0; p < nu; p++) {   /* every unit holds whole values now (the broadcast) */
+        z->u[p].resident = 1;
+        z->held += dtr__zero3_foreign(z, &z->u[p]);
+    }
+    z->ctx->param_fetch = dtr__zero3_fetch;
+    z->ctx->param_fetch_user = z;
+    dtr__zero3_release_all(z, 0);
+    st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
+    return DTR_OK;
 }

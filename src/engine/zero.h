@@ -1,7 +1,8 @@
 /* ============================================================================
  * ZeRO of the data-parallel engine (src/engine/zero.c), private to
  * src/engine/data_parallel.c: the shards of the parameter buffer, the reduce-scatter of
- * gradient slices to their owners, and the gather of the updated shards.
+ * gradient slices to their owners, and the gather of the updated shards; stage 3's units of
+ * parameters gathered on demand.
  * ==========================================================================*/
 
 typedef struct dtr__zero dtr__zero;
@@ -29,3 +30,16 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
 /** dtr_optimizer_config.shard_sum: sums n doubles over the group (an all-gather
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
+/** Stage 3: the units of parameters gathered together (unit of parameter p: param_unit[p],
+ *  kept by the caller; each unit a run of consecutive parameters), every one released now but
+ *  this rank's shard; installs the context's param_fetch. keep: gathered units kept besides
+ *  the running op's. st: the engine's counters (param_gathers, param_bytes_peak, bytes).
+ *  @return DTR_OK, DTR_OUT_OF_MEMORY, DTR_BAD_STATE (another engine's param_fetch). */
+DTR__PRIVATE dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int keep, dtr_dp_stats *st);
+/** Stage 3: releases unit i (its gradients are final) unless pinned. */
+DTR__PRIVATE void dtr__zero3_release(dtr__zero *z, int i);
+/** Stage 3: unpins and releases every unit (after the step: the other shards changed).
+ *  written 1: the whole buffer was just written (a restore): every unit's memory is released. */
+DTR__PRIVATE void dtr__zero3_release_all(dtr__zero *z, int written);
+/** Stage 3: gathers every unit not held and pins them all until release_all (collective). */
+DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);

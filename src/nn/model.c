@@ -324,11 +324,19 @@ float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
 dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
 
 /* the buffer `buf` (params or grads) to or from n host floats */
+dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
+    dtr_result r = DTR_OK;
+    int i;
+    for (i = 0; i < m->count && r == DTR_OK; i++) r = dtr__param_present(m->params[i], fn);
+    return r;
+}
+
 static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
     size_t bytes;
     if (!m || !host) return DTR_NULL_HANDLE;
     if ((r = dtr_model_build(m)) != DTR_OK) return r;
+    if (!grads && (r = dtr__model_present(m, fn)) != DTR_OK) return r;
     if (n != m->total)
         return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n,
                          (long long)m->total);
@@ -397,6 +405,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_save: %s: weights are saved as f32, bf16 or f16, not %s", path,
                          dtr_dtype_name(dt));
     r = dtr_model_build(m);
+    if (r == DTR_OK) r = dtr__model_present(m, "dtr_model_save");
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
     for (i = 0; i < m->count; i++) {
@@ -456,6 +465,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     r = dtr_model_build(m);
+    if (r == DTR_OK) r = dtr__model_present(m, "dtr_model_load");
     if (r != DTR_OK) return r;
     r = dtr_st_open(path, &ctx->alloc, &f, err, sizeof(err));
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_model_load: %s", err);

@@ -247,14 +247,21 @@ typedef struct dtr_dp_config {
                                 scattered (a reduce-scatter's volume, half an all-reduce's): a rank
                                 ends with the average of its shard's gradients only. 1: ZeRO-1, the
                                 whole buffer's slices sent in dtr_dp_finish. 2: ZeRO-2, each
-                                bucket's slices sent during backward (overlapped). 0: off. Stage 3 is not in this version
-                                (DTR_UNSUPPORTED); compress BF16 / FP16 send the gradient slices in 16 bits
+                                bucket's slices sent during backward (overlapped). 3: ZeRO-3, as 2
+                                and the parameters sharded too: after the step a rank keeps only its
+                                shard; each bucket is a unit gathered from its owners when an op first
+                                reads one of its parameters (forward or backward) and released when
+                                its gradients are final or when zero3_units others are newer (the
+                                memory of a released unit goes back to the system: Linux, host
+                                models; docs/distributed.md, "ZeRO-3"). 0: off. Compress BF16 / FP16 send the gradient slices in 16 bits
                                 (the parameters' gather stays f32), the other codecs and local SGD are refused.
                                 ZeRO's point-to-point messages on the group use tags 2^30 - 1
                                 to 2^30 + the bucket count: keep the application's apart */
     int zero_whole_params; /**< ZeRO: 1 makes each shard a run of whole parameters (shards then
                                 follow the parameter sizes; LAMB needs no sum over the shards
                                 for its trust ratios); 0: equal shards (16-float aligned) */
+    int zero3_units;       /**< ZeRO-3: gathered units kept besides those the running op reads
+                                (the least recently used is released first); 0: 2 */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -267,6 +274,10 @@ typedef struct dtr_dp_stats {
     int64_t syncs;             /**< gradient synchronisations (dtr_dp_finish that communicated) */
     int64_t steps;             /**< dtr_dp_step_done calls */
     int64_t param_averages;    /**< local SGD parameter averages */
+    int64_t param_gathers;     /**< ZeRO-3: units gathered (forward, backward, dtr_dp_gather_params) */
+    uint64_t param_bytes_peak; /**< the most parameter bytes this rank held at once: the whole
+                                    model's without ZeRO-3; with it the shard and the gathered
+                                    units (set from the first gather on) */
 } dtr_dp_stats;
 
 /** Returns a configuration with every field at its default.
@@ -285,8 +296,9 @@ DTR_API dtr_dp_config dtr_dp_config_init(void);
  *  by local SGD only), dtr_context_reset.
  *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (root, compress, topk_ratio,
  *          powersgd_rank, local_sgd_every or local_sgd_warmup out of range), DTR_BAD_STATE (the context
- *          has no free hook slot), DTR_UNSUPPORTED (ZeRO 3; ZeRO with compress INT8, TOPK
- *          or POWERSGD, or with local SGD; compress over a device transport whose backend
+ *          has no free hook slot, or another engine shards its parameters), DTR_UNSUPPORTED
+ *          (ZeRO with compress INT8, TOPK or POWERSGD, or with local SGD; ZeRO-3 of a model
+ *          in device memory; compress over a device transport whose backend
  *          cannot stage host buffers), DTR_OUT_OF_MEMORY, or the broadcast's error. A model
  *          in device memory over a host-memory group (libfabric, local) goes through a host
  *          staging buffer of the model's size: every mode works there, the optimizer's state
@@ -313,9 +325,10 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
-/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO
+/** Tells the engine an optimizer step is done (call it after dtr_optimizer_step). With ZeRO-1/2
  *  it gathers every rank's updated shard of the parameters (one broadcast per rank, from the
- *  rank that owns it), so every rank holds the whole model again; without ZeRO or local
+ *  rank that owns it), so every rank holds the whole model again; with ZeRO-3 it releases the
+ *  gathered units instead (the next forward gathers them); without ZeRO or local
  *  SGD it only counts. Local SGD: During the warm-up (local_sgd_warmup steps) the engine
  *  is ordinary DP; afterwards backward does not synchronise gradients (dtr_dp_finish returns
  *  at once) and every local_sgd_every-th step here averages the parameters over the group
@@ -326,6 +339,15 @@ DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
  *          error (the context's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_step_done(dtr_dp *dp);
+/** ZeRO-3: gathers every parameter on every rank (collective) and keeps them until the next
+ *  dtr_dp_step_done: then the model may be read, saved or evaluated on one rank alone (ops on
+ *  sharded parameters gather them, which every rank must do in the same order; reading or
+ *  saving a sharded parameter is DTR_BAD_STATE). dtr_ckpt_save calls it when given the
+ *  engine. Other stages: DTR_OK at once (every rank holds the whole model).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_BAD_STATE (gradient buckets in flight), or the
+ *          transport's error (the context's message names it).
+ *  Thread safety: the model's context thread; collective over the group. */
+DTR_API dtr_result dtr_dp_gather_params(dtr_dp *dp);
 /** ZeRO: this rank's shard of the parameter buffer, [*begin, *end) in floats (equal shards,
  *  or whole parameters with cfg.zero_whole_params; may be empty), to give the optimizer as
  *  shard_begin / shard_end. Without
