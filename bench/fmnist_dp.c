@@ -4,7 +4,7 @@
  *                         [--epochs E] [--batches K] [--batch B] [--bucket BYTES]
  *                         [--data DIR] [--seed S] [--repeat R]
  *                         [--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F]
- *                         [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]
+ *                         [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
  *
  * Trains the MLP of examples/common.h (784-256-128-10) data-parallel exactly as
  * examples/fmnist_dp.c does (this file includes it): global batch B (default 128) split
@@ -15,7 +15,8 @@
  * world size's best run (the least disturbed by other processes). --batches K stops each
  * epoch after K steps. --compress and --local-sgd set the engine's gradient compression and
  * local SGD (dtr_dp_config; see examples/fmnist_dp.c), --zero the ZeRO stage
- * (optimizer_state_bytes: rank 0's optimizer state, its shard with ZeRO).
+ * (optimizer_state_bytes: rank 0's optimizer state, its shard with ZeRO; param_bytes_peak: the
+ * most parameter bytes rank 0 held at once, its shard and the gathered units with ZeRO-3).
  *
  * Output: one JSON line per world size, then the speed-up of each against the first:
  *   {"bench":"fmnist_dp","impl":"dtrain","transport":"local","world":2,"global_batch":128,
@@ -123,11 +124,12 @@ int main(int argc, char **argv) {
         printf("{\"bench\":\"fmnist_dp\",\"impl\":\"dtrain\",\"transport\":\"%s\",\"provider\":\"%s\",\"world\":%d,\"global_batch\":%d,"
                "\"epochs\":%d,\"steps\":%lld,\"train_s\":%.3f,\"samples_per_s\":%.0f,\"test_acc\":%.4f,\"buckets\":%d,"
                "\"overlapped_buckets\":%d,\"best_of\":%d,\"compress\":\"%s\",\"local_sgd\":%d,\"bytes_per_step\":%.0f,"
-               "\"f32_bytes_per_step\":%.0f,\"zero\":%d,\"optimizer_state_bytes\":%zu}\n", o.transport,
+               "\"f32_bytes_per_step\":%.0f,\"zero\":%d,\"optimizer_state_bytes\":%zu,\"param_bytes_peak\":%llu}\n", o.transport,
                o.provider ? o.provider : strcmp(o.transport, "local") ? "auto" : "none", wl[i], o.batch, o.epochs, (long long)best[i].steps,
                best[i].train_s, sps, best[i].test_acc, best[i].buckets, best[i].overlapped, repeat,
                dp_compress_names[o.compress], o.local_sgd, (double)best[i].stats.wire_bytes / (double)best[i].steps,
-               (double)best[i].stats.raw_bytes / (double)best[i].steps, o.zero, best[i].opt_state_bytes);
+               (double)best[i].stats.raw_bytes / (double)best[i].steps, o.zero, best[i].opt_state_bytes,
+               (unsigned long long)best[i].stats.param_bytes_peak);
         if (i > 0 && best[0].ok)
             printf("{\"bench\":\"fmnist_dp_speedup\",\"transport\":\"%s\",\"world\":%d,\"vs_world\":%d,\"speedup\":%.3f}\n",
                    o.transport, wl[i], wl[0], sps / ((double)best[0].samples / best[0].train_s));

@@ -23,7 +23,7 @@
  * Usage: fmnist_dp [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E]
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
- *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2]
+ *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
  *                  [--metrics FILE] [--trace FILE]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
@@ -39,6 +39,8 @@
  *                parameters; dtr_dp_step_done gathers the shards
  *   --zero 2     ZeRO-2: as 1, and each rank receives only its shard's gradients (sent to it
  *                during backward: half the bytes of an all-reduce)
+ *   --zero 3     ZeRO-3: as 2, and the parameters stay sharded: each bucket is gathered when
+ *                forward or backward reads it (dtr_dp_gather_params before the evaluation)
  *   --metrics    each rank appends a JSON line per step to FILE (with .rank<r> before its
  *                extension: m.jsonl -> m.rank1.jsonl); the step time is split into data,
  *                forward, backward, exposed communication, optimizer (docs/observability.md)
@@ -59,7 +61,7 @@ typedef struct dp_opts {
     size_t bucket;
     int64_t max_steps;      /* > 0: steps per epoch at most (benchmarks) */
     dtr_dp_compress compress;
-    int zero;               /* 1: ZeRO-1, 2: ZeRO-2 */
+    int zero;               /* 1: ZeRO-1, 2: ZeRO-2, 3: ZeRO-3 */
     float topk_ratio;
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
@@ -240,6 +242,8 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
             }
         }
     }
+    /* ZeRO-3: every rank gathers the whole model, so rank 0 may evaluate alone */
+    if ((r = dtr_dp_gather_params(dp)) != DTR_OK) { dp_err(rank, "gather", r, dtr_context_last_error(ctx)); goto done; }
     if (rank == 0) {
         res->train_s = train_s;
         res->steps = steps * o->epochs;
@@ -323,7 +327,7 @@ int main(int argc, char **argv) {
             printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
-                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2] [--gpu]\n", argv[0]);
+                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3] [--gpu]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }

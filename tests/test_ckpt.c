@@ -7,7 +7,8 @@
  *                        (asynchronously), trains on and is SIGKILLed; the parent restores
  *                        and trains N more: parameters, optimizer state and the next batch
  *                        equal those of 2N uninterrupted steps bit for bit, for 1, 2 and 4
- *                        ranks (4: ZeRO-1 with Adam); the metadata comes back
+ *                        ranks (4: ZeRO-1 with Adam; 2 more: ZeRO-3 with Adam); the metadata
+ *                        comes back
  *   test_crash_while_saving  a child checkpointing every step (keep 2) is SIGKILLed at 50
  *                        random instants (every 5th over 2 ranks): each time the newest
  *                        complete checkpoint restores and verifies
@@ -22,7 +23,8 @@
  *                        checksums of the outcomes (parameters, moments, the next batch) match
  *   test_world_change    saved on 2 ranks (ZeRO-1, Adam) restores on 1: the moments are the
  *                        two shards joined; saved on 1 restores on 2 with ZeRO: each rank's
- *                        shard is its slice; both train on; a missing shard fails every rank */
+ *                        shard is its slice; both train on; a missing shard fails every rank;
+ *                        saved on 2 with ZeRO-3 restores on 1 with the whole model */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE   /* MAP_ANONYMOUS */
 #include "test.h"
@@ -180,6 +182,7 @@ static void record(rig *g, outcome *out) {
     dtr_batch b;
     int i;
     out->np = (size_t)dtr_model_numel(g->m);
+    if (g->dp && dtr_dp_gather_params(g->dp) != DTR_OK) return;   /* ZeRO-3: the whole model (every rank records) */
     out->params = (float *)dup_bytes(dtr_model_params(g->m), out->np * sizeof(float));
     out->steps = dtr_optimizer_steps(g->opt);
     for (i = 3; dtr_optimizer_state(g->opt, i, &e) == DTR_OK; i++) {
@@ -509,6 +512,7 @@ static void test_resume_killed(void) {
     resume_case(1, 0, 0);
     resume_case(2, 0, 0);
     resume_case(4, 1, 1);
+    resume_case(2, 3, 1);   /* ZeRO-3: the save gathers the parameters, the restore shards them again */
 }
 
 /* ---- crash while saving ---- */
@@ -782,6 +786,18 @@ static void test_world_change(void) {
     CHECK_MSG(load2.result[0] == DTR_OK && load2.result[1] == DTR_OK && isfinite(load2.loss[0]), "%s", load2.msg[0]);
     CHECK(memcmp(load2.out[0].params, load2.out[1].params, load2.out[0].np * 4) == 0);
     job_free(&save1); job_free(&load2);
+    rm_tree(dir);
+    /* 2 -> 1 with ZeRO-3: the save gathered the parameters, so rank 0's file holds them all */
+    CHECK(make_tmp_dir("dtr_ckpt_world", dir, sizeof dir));
+    save2 = job_make(JOB_SAVE_THEN_RUN, 2, 3, 1, 4, dir);
+    save2.save_at = 4;
+    job_run(&save2);
+    load1 = job_make(JOB_RESTORE_ONLY, 1, 0, 1, 0, dir);
+    job_run(&load1);
+    CHECK_MSG(save2.result[0] == DTR_OK && load1.result[0] == DTR_OK, "ZeRO-3 2 -> 1: %s / %s", save2.msg[0], load1.msg[0]);
+    CHECK(load1.out[0].params && save2.out[0].params &&
+          memcmp(load1.out[0].params, save2.out[0].params, load1.out[0].np * 4) == 0);
+    job_free(&save2); job_free(&load1);
     rm_tree(dir);
 }
 

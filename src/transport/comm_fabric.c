@@ -159,6 +159,8 @@ typedef struct dtr__fab {
     int *leaving;                /* per peer: the watchdog read its "left" key (1) or saw it die (2); the
                                     thread applies it after a poll */
     int isolate;                 /* cfg.isolate_peer_failures */
+    int64_t *pid_seen;           /* isolate: per peer of this host, when the thread last looked at its pid */
+    volatile int64_t round_ns;   /* when the provider thread's current round began (0: between rounds) */
     /* requests, the provider thread's work and the world's failure, under mu */
     pthread_mutex_t mu;
     pthread_cond_t work_cv;      /* the provider thread waits for work */
@@ -320,10 +322,27 @@ static ssize_t dtr__fab_post_one(dtr__fab *f, dtr__freq *q) {
     return fi_tsend(f->ep, q->buf, q->bytes, NULL, a, q->tag, &q->ctx);
 }
 
+static void dtr__fab_wd_died(void *t, int p, const char *how);
+
+/* Isolated failures, a send to peer p of this host: 1 when p's process is gone, which the
+ * watchdog (a tick of 50 ms) may not have seen yet. shm: a peer killed while it held its own
+ * queue's lock makes a send to it spin inside the provider for ever, and this thread with it,
+ * so the pid is looked at before the send (at most once a millisecond a peer). */
+static int dtr__fab_died_now(dtr__fab *f, int p) {
+    int64_t now;
+    if (!f->isolate || !f->boot.on_host || !f->boot.on_host[p]) return 0;
+    now = dtr_time_ns();
+    if (now - f->pid_seen[p] < 1000000) return 0;
+    f->pid_seen[p] = now;
+    if (!dtr__pid_dead(f->boot.pids[p])) return 0;
+    dtr__fab_wd_died(f, p, "");   /* as the watchdog would: its requests fail after a poll */
+    return 1;
+}
+
 /* Tries to post q (no lock held): 1 when the provider refused it for now (queues full). */
 static int dtr__fab_try_post(dtr__fab *f, dtr__freq *q) {
     ssize_t rc;
-    if (f->left[q->peer] == 2) {   /* died (isolated): nothing more goes to it */
+    if (f->left[q->peer] == 2 || (!q->is_recv && dtr__fab_died_now(f, q->peer))) {   /* died (isolated): nothing more goes to it */
         pthread_mutex_lock(&f->mu);
         dtr__freq_fail(f, q, DTR_PEER_FAILED, 0, "rank %d died", q->peer);
         pthread_mutex_unlock(&f->mu);
@@ -523,7 +542,9 @@ static void *dtr__fab_thread(void *arg) {
         f->post_head = f->post_tail = NULL;
         for (q = batch; q; q = q->next_post) q->where = DTR__FW_POSTING;
         pthread_mutex_unlock(&f->mu);
+        f->round_ns = dtr_time_ns();
         got = dtr__fab_round(f, batch);
+        f->round_ns = 0;
         pthread_mutex_lock(&f->mu);
         if (got) { nap = 4000; spin_until = dtr_time_ns() + f->spin_ns; continue; }
         if (dtr_time_ns() < spin_until || f->post_head) continue;
@@ -619,8 +640,12 @@ static int dtr__fab_any_finished(dtr__fab *f, void *const *reqs, int n, int *pen
 
 /* The deadline passed while q pends: the rank every rank blames (src/comm/watchdog.c). */
 static dtr_result dtr__fab_timed_out(dtr__fab *f, const dtr__freq *q, dtr_transport_error *err) {
-    char why[200];
-    int who = dtr__watchdog_culprit(&f->wd, q->peer, why, sizeof why);
+    char why[300];
+    int64_t in = f->round_ns ? (dtr_time_ns() - f->round_ns) / 1000000 : 0;
+    int who = dtr__watchdog_culprit(&f->wd, q->peer, why, 200);
+    if (in > 1000)   /* the provider never came back (shm: a peer killed while it held a queue's lock) */
+        snprintf(why + strlen(why), sizeof why - strlen(why), " (this rank's provider thread has been inside libfabric "
+                 "for %lld ms%s)", (long long)in, f->leaving[q->peer] == 2 ? ", after its death was seen" : "");
     if (who == q->peer)
         dtr__ferr(err, who, 0, "rank %d did not %s (%zu bytes) in time%s%s", q->peer,
                   q->is_recv ? "send the message this rank waits for" : "take the message this rank sends", q->bytes,
@@ -927,6 +952,7 @@ static void dtr__fab_free(dtr__fab *f) {
     dtr__free(&f->alloc, f->addrs);
     dtr__free(&f->alloc, f->left);
     dtr__free(&f->alloc, f->leaving);
+    dtr__free(&f->alloc, f->pid_seen);
     dtr__watchdog_free(&f->wd);
     pthread_mutex_destroy(&f->mu);
     pthread_cond_destroy(&f->work_cv);
@@ -972,7 +998,8 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     f->addrs = (fi_addr_t *)dtr__calloc(&f->alloc, sizeof(fi_addr_t) * (size_t)f->size);
     f->left = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
     f->leaving = (int *)dtr__calloc(&f->alloc, sizeof(int) * (size_t)f->size);
-    if (!f->addrs || !f->left || !f->leaving) {
+    f->pid_seen = (int64_t *)dtr__calloc(&f->alloc, sizeof(int64_t) * (size_t)f->size);
+    if (!f->addrs || !f->left || !f->leaving || !f->pid_seen) {
         dtr__fab_free(f);
         return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "libfabric: out of memory");
     }
