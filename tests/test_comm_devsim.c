@@ -10,7 +10,7 @@
  *                 of CPU ranks over a host group
  *   test_errors   a rank whose copy to the host fails breaks the group at once
  *                 (DTR_PEER_FAILED naming it on the others); a backend without `owns` is
- *                 refused; every staging block freed
+ *                 refused; every staging block freed; ZeRO-3 of a device model is refused
  *   test_device_transport ... test_device_pipeline  a stand-in for NCCL: the local transport
  *                 declared to take device memory only, counting every buffer handed to it
  *                 that is not its rank's device memory (NCCL takes no host pointer); the
@@ -644,6 +644,35 @@ static void rk_copy_fails(rk *r) {
     RK_CHECK(r, now_s() - t0 < 10.0);   /* the group broke at once, not at the 20 s deadline */
 }
 
+/* ZeRO-3 takes models in host memory only (a device's memory cannot be released at fixed
+   addresses without the driver's virtual memory calls) */
+static void zero3_refused(void) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_local_world *w = NULL;
+    dtr_context *ctx = NULL;
+    dtr_model *m = NULL;
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    int64_t shape[1] = {8};
+    cc.backend = DEV_BACKEND();
+    cc.threads = 1;
+    CHECK_OK(NULL, dtr_context_create(&cc, &ctx));
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    CHECK(dtr_model_param(m, "p", 1, shape, DTR_INIT_ZEROS, 0.0f) != NULL);
+    CHECK_OK(NULL, dtr_local_world_create(1, NULL, &w));
+    cfg.local.world = w;
+    CHECK_OK(NULL, dtr_comm_create(&cfg, &c, NULL, 0));
+    dc.zero = 3;
+    CHECK_EQ_INT(dtr_dp_create(m, c, &dc, &dp), DTR_UNSUPPORTED);
+    CHECK_MSG(strstr(dtr_context_last_error(ctx), "host memory") != NULL, "%s", dtr_context_last_error(ctx));
+    dtr_comm_destroy(c);
+    dtr_local_world_destroy(w);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
 static void test_errors(void) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_comm_config cfg = dtr_comm_config_init();
@@ -668,6 +697,7 @@ static void test_errors(void) {
     CHECK_MSG(strstr(err, "cannot tell its memory from the host's") != NULL, "%s", err);
     dtr_local_world_destroy(w);
     dtr_context_destroy(ctx);
+    zero3_refused();
     CHECK_EQ_INT(devsim__violations, 0);
     CHECK_EQ_INT(devsim_host_blocks, 0);   /* every staging block was freed with its group */
 }
