@@ -653,7 +653,9 @@ DTR_API dtr_tensor *dtr_model_find(const dtr_model *m, const char *name);
 DTR_API int64_t dtr_model_param_offset(const dtr_model *m, int i);
 /** The contiguous f32 parameter and gradient buffers (host pointers on the CPU backend;
  *  NULL before build). Layout: parameters in declaration order, each 16-float aligned.
- *  On a device they are device pointers: copy with dtr_model_read / dtr_model_write. */
+ *  On a device they are device pointers: copy with dtr_model_read / dtr_model_write.
+ *  Under ZeRO-3 (dtr_dp_config.zero) only this rank's shard and the units gathered now hold
+ *  parameter values; the rest reads as NaN or zero until dtr_dp_gather_params. */
 DTR_API float *dtr_model_params(dtr_model *m);
 DTR_API float *dtr_model_grads(dtr_model *m);
 /** Copies the whole parameter buffer (dtr_model_read, dtr_model_write) or gradient buffer
