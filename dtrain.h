@@ -2755,6 +2755,8 @@ typedef struct dtr_dp_stats {
     int64_t steps;             /**< dtr_dp_step_done calls */
     int64_t param_averages;    /**< local SGD parameter averages */
     int64_t param_gathers;     /**< ZeRO-3: units gathered (forward, backward, dtr_dp_gather_params) */
+    int64_t param_prefetches;  /**< ZeRO-3: of those, gathers posted ahead of the op that reads the
+                                    unit (the units came in the last step's order) */
     uint64_t param_bytes_peak; /**< the most parameter bytes this rank held at once: the whole
                                     model's without ZeRO-3; with it the shard and the gathered
                                     units (set from the first gather on) */
@@ -4035,7 +4037,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4039 "dtrain.h"
+#line 4041 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4706,7 +4708,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4710 "dtrain.h"
+#line 4712 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4987,7 +4989,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4991 "dtrain.h"
+#line 4993 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5049,7 +5051,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5053 "dtrain.h"
+#line 5055 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5361,6 +5363,10 @@ typedef struct dtr__watch_ops {
     void (*left)(void *t, int rank);
     /** NULL, or (peer failures isolated): `rank` died; only its requests fail, the world goes on. */
     void (*died)(void *t, int rank, const char *how);
+    /** NULL, or called every tick while the world is whole: the transport's own health (a
+     *  worker thread that has not come back from its library for stale_ns fails the
+     *  transport; to_publish then tells the world). */
+    void (*check)(void *t, int64_t stale_ns);
 } dtr__watch_ops;
 
 /** A watchdog thread over a bootstrap (see the file's comment for what it watches). */
@@ -5424,7 +5430,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5428 "dtrain.h"
+#line 5434 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5467,7 +5473,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5471 "dtrain.h"
+#line 5477 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5497,7 +5503,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5501 "dtrain.h"
+#line 5507 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5546,7 +5552,7 @@ DTR__PRIVATE void dtr__zero3_release(dtr__zero *z, int i);
 DTR__PRIVATE void dtr__zero3_release_all(dtr__zero *z, int written);
 /** Stage 3: gathers every unit not held and pins them all until release_all (collective). */
 DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
-#line 5550 "dtrain.h"
+#line 5556 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5620,7 +5626,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5624 "dtrain.h"
+#line 5630 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5688,7 +5694,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5692 "dtrain.h"
+#line 5698 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5763,7 +5769,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5767 "dtrain.h"
+#line 5773 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6115,7 +6121,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6119 "dtrain.h"
+#line 6125 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6906,7 +6912,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6910 "dtrain.h"
+#line 6916 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7534,7 +7540,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7538 "dtrain.h"
+#line 7544 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7605,7 +7611,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7609 "dtrain.h"
+#line 7615 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8087,7 +8093,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8091 "dtrain.h"
+#line 8097 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8326,7 +8332,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8330 "dtrain.h"
+#line 8336 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8557,7 +8563,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8561 "dtrain.h"
+#line 8567 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8672,7 +8678,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8676 "dtrain.h"
+#line 8682 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8728,7 +8734,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8732 "dtrain.h"
+#line 8738 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9093,7 +9099,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9097 "dtrain.h"
+#line 9103 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9523,7 +9529,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9527 "dtrain.h"
+#line 9533 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9702,7 +9708,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9706 "dtrain.h"
+#line 9712 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10231,7 +10237,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10235 "dtrain.h"
+#line 10241 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10730,7 +10736,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10734 "dtrain.h"
+#line 10740 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10989,7 +10995,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10993 "dtrain.h"
+#line 10999 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11332,7 +11338,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11336 "dtrain.h"
+#line 11342 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11460,7 +11466,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11464 "dtrain.h"
+#line 11470 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11991,7 +11997,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 11995 "dtrain.h"
+#line 12001 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12160,7 +12166,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12164 "dtrain.h"
+#line 12170 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12409,7 +12415,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12413 "dtrain.h"
+#line 12419 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12931,7 +12937,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12935 "dtrain.h"
+#line 12941 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13069,7 +13075,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13073 "dtrain.h"
+#line 13079 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13416,7 +13422,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13420 "dtrain.h"
+#line 13426 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13482,7 +13488,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13486 "dtrain.h"
+#line 13492 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13719,7 +13725,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13723 "dtrain.h"
+#line 13729 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14468,7 +14474,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14472 "dtrain.h"
+#line 14478 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14921,7 +14927,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14925 "dtrain.h"
+#line 14931 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14977,7 +14983,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14981 "dtrain.h"
+#line 14987 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15754,7 +15760,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15758 "dtrain.h"
+#line 15764 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16335,7 +16341,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16339 "dtrain.h"
+#line 16345 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16966,7 +16972,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16970 "dtrain.h"
+#line 16976 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17756,7 +17762,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17760 "dtrain.h"
+#line 17766 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18109,7 +18115,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18113 "dtrain.h"
+#line 18119 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18299,7 +18305,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18303 "dtrain.h"
+#line 18309 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18480,7 +18486,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18484 "dtrain.h"
+#line 18490 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19255,7 +19261,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19259 "dtrain.h"
+#line 19265 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19772,7 +19778,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19776 "dtrain.h"
+#line 19782 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20567,7 +20573,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20571 "dtrain.h"
+#line 20577 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21815,7 +21821,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21819 "dtrain.h"
+#line 21825 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22437,7 +22443,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22441 "dtrain.h"
+#line 22447 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22938,7 +22944,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22942 "dtrain.h"
+#line 22948 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23668,7 +23674,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23672 "dtrain.h"
+#line 23678 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23904,7 +23910,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23908 "dtrain.h"
+#line 23914 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24033,7 +24039,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24037 "dtrain.h"
+#line 24043 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24412,7 +24418,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24416 "dtrain.h"
+#line 24422 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -24442,7 +24448,8 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * and in backward (every rank runs the same ops, so the gathers match). A unit is released
  * (its parameters outside the shard flagged absent, their memory discarded) when its
  * gradients are final in backward, when `keep` units gathered after it are held besides the
- * running op's, and at the step.
+ * running op's, and at the step. The order of the on-demand gathers is recorded each step;
+ * while it repeats the last step's, the next unit's gather is posted ahead (one in flight).
  * ==========================================================================*/
 
 
@@ -24484,6 +24491,10 @@ struct dtr__zero {
     int nu, keep;            /* units; gathered units kept besides the running op's */
     const int *param_unit;   /* parameter -> unit (the engine's parameter -> bucket) */
     int pinned;              /* dtr_dp_gather_params: nothing released until the step */
+    int *seq, *prev;         /* the units gathered on demand this step and the last, in order */
+    int nseq, nprev, cap_seq;
+    int pf;                  /* the unit whose gather is in flight (prefetched), or -1 */
+    dtr__zreqs pfq;          /* its sends and receives */
     uint64_t clock;
     int64_t held;            /* floats of other ranks' shards held now */
     dtr_dp_stats *st;        /* the engine's counters */
@@ -24516,9 +24527,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
     z->rs.cap = 2 * z->W * (nb > 0 ? nb : 1);   /* each bucket's sends and receives: 2 (W - 1) */
     z->rs.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap * sizeof(dtr_request *));
-    z->g.cap = 2 * z->W;
+    z->g.cap = z->pfq.cap = 2 * z->W;
     z->g.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->g.cap * sizeof(dtr_request *));
-    ok = ok && z->rs.req && z->g.req;
+    z->pfq.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->pfq.cap * sizeof(dtr_request *));
+    z->pf = -1;
+    ok = ok && z->rs.req && z->g.req && z->pfq.req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
@@ -24559,10 +24572,14 @@ void dtr__zero_destroy(dtr__zero *z) {
     a = z->ctx->alloc;
     if (z->rs.req) dtr__zero_wait(&z->rs);
     if (z->g.req) dtr__zero_wait(&z->g);
+    if (z->pfq.req) dtr__zero_wait(&z->pfq);
     if (z->u && z->ctx->param_fetch_user == z) z->ctx->param_fetch = NULL, z->ctx->param_fetch_user = NULL;
     dtr__free(&a, z->rs.req);
     dtr__free(&a, z->g.req);
+    dtr__free(&a, z->pfq.req);
     dtr__free(&a, z->u);
+    dtr__free(&a, z->seq);
+    dtr__free(&a, z->prev);
     if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
     else dtr__free(&a, z->recv);
     dtr__free(&a, z->out16);
@@ -24640,26 +24657,33 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     return DTR_OK;
 }
 
-/* floats [begin, end) of the parameter buffer prm from their owners: each rank sends its
-   part to every peer and receives the peers' (an all-gather of unequal pieces) */
-static dtr_result dtr__zero_gather_range(dtr__zero *z, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
-    int64_t mine = 0;
+/* posts into q the gather of floats [begin, end) of the parameter buffer prm from their
+   owners: each rank sends its part to every peer and receives the peers' (an all-gather of
+   unequal pieces); counts this rank's part in st */
+static dtr_result dtr__zero_gather_post(dtr__zero *z, dtr__zreqs *q, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
     dtr_result r = DTR_OK;
     int o, p;
     for (o = 0; o < z->W && r == DTR_OK; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
         if (lo >= hi) continue;
-        if (o == z->me) mine = hi - lo;
+        if (o == z->me) st->wire_bytes += (uint64_t)(hi - lo) * sizeof(float), st->raw_bytes += (uint64_t)(hi - lo) * sizeof(float);
         for (p = 0; p < z->W && r == DTR_OK; p++)
             if (p != z->me && (o == z->me || p == o))
-                r = dtr__zero_post(z, &z->g, o == z->me, prm + lo, (size_t)(hi - lo) * sizeof(float), p, DTR__ZERO_TAG - 1);
+                r = dtr__zero_post(z, q, o == z->me, prm + lo, (size_t)(hi - lo) * sizeof(float), p, DTR__ZERO_TAG - 1);
     }
-    if (r == DTR_OK) r = dtr__zero_wait(&z->g);
-    else dtr__zero_wait(&z->g);
+    return r;
+}
+
+/* waits for the gather posted into q (all of it, also after an error) */
+static dtr_result dtr__zero_gather_wait(dtr__zero *z, dtr__zreqs *q, dtr_result r) {
+    dtr_result w = dtr__zero_wait(q);
+    if (r == DTR_OK) r = w;
     if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
-    st->wire_bytes += (uint64_t)mine * sizeof(float);
-    st->raw_bytes += (uint64_t)mine * sizeof(float);
     return DTR_OK;
+}
+
+static dtr_result dtr__zero_gather_range(dtr__zero *z, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
+    return dtr__zero_gather_wait(z, &z->g, dtr__zero_gather_post(z, &z->g, prm, begin, end, st));
 }
 
 dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
@@ -24708,19 +24732,59 @@ void dtr__zero3_release(dtr__zero *z, int i) {
     if (u->end > se) dtr__mem_discard(prm + (u->begin > se ? u->begin : se), u->end - (u->begin > se ? u->begin : se));
 }
 
-/* gathers unit i from the owners of its pieces */
-static dtr_result dtr__zero3_gather(dtr__zero *z, int i) {
+/* unit i's values are all here: flags cleared, counted (held: its foreign floats unless the
+   prefetch counted them when it was posted) */
+static void dtr__zero3_present(dtr__zero *z, int i, int counted) {
     dtr__unit *u = &z->u[i];
-    dtr_result r = dtr__zero_gather_range(z, dtr_model_params(z->m), u->begin, u->end, z->st);
     uint64_t bytes;
-    if (r != DTR_OK) return r;
     u->resident = 1;
-    z->held += dtr__zero3_foreign(z, u);
+    if (!counted) z->held += dtr__zero3_foreign(z, u);
     dtr__zero3_mark(z, u, 0);
     z->st->param_gathers++;
     bytes = (uint64_t)(z->held + z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
     if (bytes > z->st->param_bytes_peak) z->st->param_bytes_peak = bytes;
-    return DTR_OK;
+}
+
+/* the prefetched unit's gather, waited for */
+static dtr_result dtr__zero3_land(dtr__zero *z) {
+    int i = z->pf;
+    dtr_result r;
+    if (i < 0) return DTR_OK;
+    z->pf = -1;
+    r = dtr__zero_gather_wait(z, &z->pfq, DTR_OK);
+    if (r == DTR_OK) dtr__zero3_present(z, i, 1);
+    return r;
+}
+
+/* Prefetch: the units come in the same order every step (every rank runs the same ops), so
+   when this step's gathers so far match the last step's, the unit that came next then is
+   posted now (one at a time), to arrive while the ops of this one run. */
+static dtr_result dtr__zero3_prefetch(dtr__zero *z, int k) {
+    int i = z->nseq, next;
+    dtr__unit *u;
+    dtr_result r;
+    if (i < z->cap_seq) z->seq[z->nseq++] = k;
+    if (i + 1 >= z->nprev || z->prev[i] != k || z->pf >= 0) return DTR_OK;
+    next = z->prev[i + 1], u = &z->u[next];
+    if (u->resident) return DTR_OK;
+    r = dtr__zero_gather_post(z, &z->pfq, dtr_model_params(z->m), u->begin, u->end, z->st);
+    z->pf = next;
+    z->st->param_prefetches++;
+    z->held += dtr__zero3_foreign(z, u);   /* its memory is being written from now on */
+    u->used = ++z->clock;
+    return r == DTR_OK ? DTR_OK : dtr__zero3_land(z);   /* a failed post: its error (after the posted part) */
+}
+
+/* gathers unit i from the owners of its pieces (the prefetch in flight lands first: it is
+   usually this unit), then prefetches the next */
+static dtr_result dtr__zero3_gather(dtr__zero *z, int i) {
+    dtr__unit *u = &z->u[i];
+    dtr_result r = dtr__zero3_land(z);
+    if (r == DTR_OK && !u->resident) {
+        r = dtr__zero_gather_range(z, dtr_model_params(z->m), u->begin, u->end, z->st);
+        if (r == DTR_OK) dtr__zero3_present(z, i, 0);
+    }
+    return r == DTR_OK && !z->pinned ? dtr__zero3_prefetch(z, i) : r;
 }
 
 /* releases the units gathered longest ago until `keep` are held besides those used since `now` */
@@ -24761,7 +24825,10 @@ static dtr_result dtr__zero3_fetch(void *user, dtr__node *n) {
 }
 
 void dtr__zero3_release_all(dtr__zero *z, int written) {
+    int *t = z->prev;
     int i;
+    (void)dtr__zero3_land(z);   /* (a failed prefetch: the next gather fails the same way) */
+    z->prev = z->seq, z->seq = t, z->nprev = z->nseq, z->nseq = 0;   /* this step's order, for the next */
     z->pinned = 0;
     for (i = 0; i < z->nu; i++) {
         if (written && !z->u[i].resident) z->u[i].resident = 1, z->held += dtr__zero3_foreign(z, &z->u[i]);
@@ -24770,8 +24837,9 @@ void dtr__zero3_release_all(dtr__zero *z, int written) {
 }
 
 dtr_result dtr__zero3_gather_all(dtr__zero *z) {
-    dtr_result r = DTR_OK;
+    dtr_result r = dtr__zero3_land(z);
     int i;
+    z->pinned = 1;   /* (no prefetch, no order recorded) */
     for (i = 0; i < z->nu && r == DTR_OK; i++)
         if (!z->u[i].resident) r = dtr__zero3_gather(z, i);
     z->pinned = r == DTR_OK;
@@ -24783,8 +24851,11 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     int64_t total = dtr_model_numel(z->m);
     if (z->ctx->param_fetch)
         return dtr__fail(z->ctx, DTR_BAD_STATE, "dtr_dp_create: another engine shards this context's parameters (ZeRO-3)");
+    z->cap_seq = 4 * nu + 4;   /* a step's gathers: each unit in forward and again in backward, and then some */
     z->u = (dtr__unit *)dtr__calloc(&z->ctx->alloc, (size_t)(nu > 0 ? nu : 1) * sizeof(dtr__unit));
-    if (!z->u) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->seq = (int *)dtr__calloc(&z->ctx->alloc, (size_t)z->cap_seq * sizeof(int));
+    z->prev = (int *)dtr__calloc(&z->ctx->alloc, (size_t)z->cap_seq * sizeof(int));
+    if (!z->u || !z->seq || !z->prev) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->nu = nu, z->param_unit = param_unit, z->keep = keep, z->st = st;
     for (p = 0; p < nu; p++) z->u[p].p_lo = np, z->u[p].p_hi = -1;
     for (p = 0; p < np; p++) {   /* a unit: its parameters' run of the buffer (the first from 0, the last to the end) */
@@ -24802,7 +24873,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 24806 "dtrain.h"
+#line 24877 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25302,7 +25373,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25306 "dtrain.h"
+#line 25377 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25799,7 +25870,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25803 "dtrain.h"
+#line 25874 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27174,7 +27245,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27178 "dtrain.h"
+#line 27249 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27228,7 +27299,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27232 "dtrain.h"
+#line 27303 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28404,7 +28475,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28408 "dtrain.h"
+#line 28479 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29294,7 +29365,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29298 "dtrain.h"
+#line 29369 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30772,7 +30843,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30776 "dtrain.h"
+#line 30847 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31156,7 +31227,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31160 "dtrain.h"
+#line 31231 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31305,7 +31376,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31309 "dtrain.h"
+#line 31380 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

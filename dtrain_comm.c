@@ -164,7 +164,8 @@ void dtr__boot_close(dtr__boot *b) {
  * dead or silent peer into a failure of the whole world, and spreads failures through the
  * rendezvous store, using the bootstrap's store connection, namespace, hosts and pids.
  *   every tick (50 ms)   peers on this host: dead when their pid is gone or a zombie;
- *                        our own failure: written to the world's abort key (first told wins)
+ *                        our own failure: written to the world's abort key (first told wins);
+ *                        the transport's own health (ops.check)
  *   every 2 ticks        the abort key (another rank's failure), our heartbeat, and the
  *                        peers' heartbeats (all of them up to 64 ranks, else one per round);
  *                        a remote peer is dead after stale_ns without a change
@@ -353,6 +354,7 @@ static void *dtr__watch_main(void *arg) {
         if (store_dead) continue;
         if (w->ops.failed(w->ops.t)) store_dead = dtr__watch_own_failure(w);
         else dtr__watch_local_peers(w);
+        if (!w->ops.failed(w->ops.t) && w->ops.check) w->ops.check(w->ops.t, w->stale_ns);
         /* the heartbeats go on after a failure: a rank that failed first is not a culprit */
         if (tick++ % 2) continue;
         w->in_store = 1;
@@ -497,7 +499,7 @@ void dtr__watchdog_free(dtr__watchdog *w) {
 }
 
 #endif /* !_WIN32 */
-#line 501 "dtrain_comm.c"
+#line 503 "dtrain_comm.c"
 
 /* ---- src/transport/comm_fabric.c ---- */
 #line 1 "src/transport/comm_fabric.c"
@@ -1298,6 +1300,26 @@ static void dtr__fab_wd_died(void *t, int p, const char *how) {
     pthread_mutex_unlock(&f->mu);
 }
 
+/* The watchdog's tick: a provider thread that has not come back from libfabric for stale_ns
+   is stuck for good (shm: a peer killed while it held its queue's lock makes every send to it
+   spin): this rank cannot communicate any more, and the world hears of it. */
+static void dtr__fab_wd_check(void *t, int64_t stale_ns) {
+    dtr__fab *f = (dtr__fab *)t;
+    int64_t since = f->round_ns, ms;
+    char dead[160] = "";
+    int p;
+    if (!since || dtr_time_ns() - since < stale_ns) return;
+    ms = (dtr_time_ns() - since) / 1000000;
+    pthread_mutex_lock(&f->mu);
+    for (p = 0; p < f->size && !dead[0]; p++)
+        if (f->left[p] == 2 || f->leaving[p] == 2)
+            snprintf(dead, sizeof dead, " (wedged: rank %d died, and %s spins for ever on a queue lock a killed process "
+                     "held)", p, f->prov);
+    dtr__fab_fail_locked(f, f->rank, 1, "rank %d's libfabric provider thread has not come back from the provider for "
+                         "%lld ms%s: this rank cannot communicate any more", f->rank, (long long)ms, dead);
+    pthread_mutex_unlock(&f->mu);
+}
+
 static int dtr__fab_peer_alive(void *state, int p) {
     dtr__fab *f = (dtr__fab *)state;
     int alive;
@@ -1632,8 +1654,9 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     }
     f->thread_on = 1;
     {
-        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left, NULL};
+        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left, NULL, NULL};
         if (f->isolate) ops.died = dtr__fab_wd_died;
+        ops.check = dtr__fab_wd_check;
         ops.t = f;
         if (dtr__watchdog_start(&f->wd, &f->boot, &ops) != DTR_OK) {
             dtr__fab_free(f);
@@ -1736,7 +1759,7 @@ dtr_result dtr_fabric_providers(char *buf, size_t len) {
 const dtr_transport_vtable *dtr_fabric_transport(void) { return NULL; }
 
 #endif
-#line 1740 "dtrain_comm.c"
+#line 1763 "dtrain_comm.c"
 
 /* ---- src/transport/nccl.c ---- */
 #line 1 "src/transport/nccl.c"
@@ -2252,5 +2275,5 @@ const dtr_transport_vtable *dtr_nccl_transport(void) { return &dtr__nccl_vtable;
 const dtr_transport_vtable *dtr_nccl_transport(void) { return NULL; }
 
 #endif
-#line 2256 "dtrain_comm.c"
+#line 2279 "dtrain_comm.c"
 

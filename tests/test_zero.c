@@ -239,12 +239,16 @@ static void test_zero3_units(void) {
             /* 4 units a forward, and at least one gathered again in each backward */
             CHECK_MSG(z[r].stats.param_gathers >= 5 * STEPS * ACCUM, "world %d rank %d: %lld gathers", world, r,
                       (long long)z[r].stats.param_gathers);
+            /* from the second micro-batch on each gather but the first of a step was posted ahead */
+            CHECK_MSG(z[r].stats.param_prefetches >= 4 * (STEPS * ACCUM - 1), "world %d rank %d: %lld of %lld gathers "
+                      "prefetched", world, r, (long long)z[r].stats.param_prefetches, (long long)z[r].stats.param_gathers);
             /* (the last rank's shard is l2: with l1's one op it has held everything) */
             CHECK_MSG(r == world - 1 || z[r].stats.param_bytes_peak < (uint64_t)z[r].numel * sizeof(float), "world %d rank %d: held %llu of "
                       "%lld parameter bytes", world, r, (unsigned long long)z[r].stats.param_bytes_peak, (long long)z[r].numel * 4);
         }
-        if (world == 4) printf("    world 4, a unit a parameter: %lld gathers, at most %llu of %lld parameter bytes held\n",
-                               (long long)z[0].stats.param_gathers, (unsigned long long)z[0].stats.param_bytes_peak,
+        if (world == 4) printf("    world 4, a unit a parameter: %lld gathers (%lld prefetched), at most %llu of %lld "
+                               "parameter bytes held\n", (long long)z[0].stats.param_gathers,
+                               (long long)z[0].stats.param_prefetches, (unsigned long long)z[0].stats.param_bytes_peak,
                                (long long)z[0].numel * 4);
     }
 }

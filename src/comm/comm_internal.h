@@ -306,6 +306,10 @@ typedef struct dtr__watch_ops {
     void (*left)(void *t, int rank);
     /** NULL, or (peer failures isolated): `rank` died; only its requests fail, the world goes on. */
     void (*died)(void *t, int rank, const char *how);
+    /** NULL, or called every tick while the world is whole: the transport's own health (a
+     *  worker thread that has not come back from its library for stale_ns fails the
+     *  transport; to_publish then tells the world). */
+    void (*check)(void *t, int64_t stale_ns);
 } dtr__watch_ops;
 
 /** A watchdog thread over a bootstrap (see the file's comment for what it watches). */

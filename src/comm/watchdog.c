@@ -3,7 +3,8 @@
  * dead or silent peer into a failure of the whole world, and spreads failures through the
  * rendezvous store, using the bootstrap's store connection, namespace, hosts and pids.
  *   every tick (50 ms)   peers on this host: dead when their pid is gone or a zombie;
- *                        our own failure: written to the world's abort key (first told wins)
+ *                        our own failure: written to the world's abort key (first told wins);
+ *                        the transport's own health (ops.check)
  *   every 2 ticks        the abort key (another rank's failure), our heartbeat, and the
  *                        peers' heartbeats (all of them up to 64 ranks, else one per round);
  *                        a remote peer is dead after stale_ns without a change
@@ -192,6 +193,7 @@ static void *dtr__watch_main(void *arg) {
         if (store_dead) continue;
         if (w->ops.failed(w->ops.t)) store_dead = dtr__watch_own_failure(w);
         else dtr__watch_local_peers(w);
+        if (!w->ops.failed(w->ops.t) && w->ops.check) w->ops.check(w->ops.t, w->stale_ns);
         /* the heartbeats go on after a failure: a rank that failed first is not a culprit */
         if (tick++ % 2) continue;
         w->in_store = 1;

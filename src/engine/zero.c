@@ -24,7 +24,8 @@
  * and in backward (every rank runs the same ops, so the gathers match). A unit is released
  * (its parameters outside the shard flagged absent, their memory discarded) when its
  * gradients are final in backward, when `keep` units gathered after it are held besides the
- * running op's, and at the step.
+ * running op's, and at the step. The order of the on-demand gathers is recorded each step;
+ * while it repeats the last step's, the next unit's gather is posted ahead (one in flight).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -66,6 +67,10 @@ struct dtr__zero {
     int nu, keep;            /* units; gathered units kept besides the running op's */
     const int *param_unit;   /* parameter -> unit (the engine's parameter -> bucket) */
     int pinned;              /* dtr_dp_gather_params: nothing released until the step */
+    int *seq, *prev;         /* the units gathered on demand this step and the last, in order */
+    int nseq, nprev, cap_seq;
+    int pf;                  /* the unit whose gather is in flight (prefetched), or -1 */
+    dtr__zreqs pfq;          /* its sends and receives */
     uint64_t clock;
     int64_t held;            /* floats of other ranks' shards held now */
     dtr_dp_stats *st;        /* the engine's counters */
@@ -98,9 +103,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
     z->rs.cap = 2 * z->W * (nb > 0 ? nb : 1);   /* each bucket's sends and receives: 2 (W - 1) */
     z->rs.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap * sizeof(dtr_request *));
-    z->g.cap = 2 * z->W;
+    z->g.cap = z->pfq.cap = 2 * z->W;
     z->g.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->g.cap * sizeof(dtr_request *));
-    ok = ok && z->rs.req && z->g.req;
+    z->pfq.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->pfq.cap * sizeof(dtr_request *));
+    z->pf = -1;
+    ok = ok && z->rs.req && z->g.req && z->pfq.req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
@@ -141,10 +148,14 @@ void dtr__zero_destroy(dtr__zero *z) {
     a = z->ctx->alloc;
     if (z->rs.req) dtr__zero_wait(&z->rs);
     if (z->g.req) dtr__zero_wait(&z->g);
+    if (z->pfq.req) dtr__zero_wait(&z->pfq);
     if (z->u && z->ctx->param_fetch_user == z) z->ctx->param_fetch = NULL, z->ctx->param_fetch_user = NULL;
     dtr__free(&a, z->rs.req);
     dtr__free(&a, z->g.req);
+    dtr__free(&a, z->pfq.req);
     dtr__free(&a, z->u);
+    dtr__free(&a, z->seq);
+    dtr__free(&a, z->prev);
     if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
     else dtr__free(&a, z->recv);
     dtr__free(&a, z->out16);
@@ -222,26 +233,33 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     return DTR_OK;
 }
 
-/* floats [begin, end) of the parameter buffer prm from their owners: each rank sends its
-   part to every peer and receives the peers' (an all-gather of unequal pieces) */
-static dtr_result dtr__zero_gather_range(dtr__zero *z, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
-    int64_t mine = 0;
+/* posts into q the gather of floats [begin, end) of the parameter buffer prm from their
+   owners: each rank sends its part to every peer and receives the peers' (an all-gather of
+   unequal pieces); counts this rank's part in st */
+static dtr_result dtr__zero_gather_post(dtr__zero *z, dtr__zreqs *q, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
     dtr_result r = DTR_OK;
     int o, p;
     for (o = 0; o < z->W && r == DTR_OK; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
         if (lo >= hi) continue;
-        if (o == z->me) mine = hi - lo;
+        if (o == z->me) st->wire_bytes += (uint64_t)(hi - lo) * sizeof(float), st->raw_bytes += (uint64_t)(hi - lo) * sizeof(float);
         for (p = 0; p < z->W && r == DTR_OK; p++)
             if (p != z->me && (o == z->me || p == o))
-                r = dtr__zero_post(z, &z->g, o == z->me, prm + lo, (size_t)(hi - lo) * sizeof(float), p, DTR__ZERO_TAG - 1);
+                r = dtr__zero_post(z, q, o == z->me, prm + lo, (size_t)(hi - lo) * sizeof(float), p, DTR__ZERO_TAG - 1);
     }
-    if (r == DTR_OK) r = dtr__zero_wait(&z->g);
-    else dtr__zero_wait(&z->g);
+    return r;
+}
+
+/* waits for the gather posted into q (all of it, also after an error) */
+static dtr_result dtr__zero_gather_wait(dtr__zero *z, dtr__zreqs *q, dtr_result r) {
+    dtr_result w = dtr__zero_wait(q);
+    if (r == DTR_OK) r = w;
     if (r != DTR_OK) return dtr__fail(z->ctx, r, "ZeRO-%d: gathering the parameters: %s", z->stage, dtr_comm_last_error(z->c));
-    st->wire_bytes += (uint64_t)mine * sizeof(float);
-    st->raw_bytes += (uint64_t)mine * sizeof(float);
     return DTR_OK;
+}
+
+static dtr_result dtr__zero_gather_range(dtr__zero *z, float *prm, int64_t begin, int64_t end, dtr_dp_stats *st) {
+    return dtr__zero_gather_wait(z, &z->g, dtr__zero_gather_post(z, &z->g, prm, begin, end, st));
 }
 
 dtr_result dtr__zero_gather(dtr__zero *z, float *prm, dtr_dp_stats *st) {
@@ -290,19 +308,59 @@ void dtr__zero3_release(dtr__zero *z, int i) {
     if (u->end > se) dtr__mem_discard(prm + (u->begin > se ? u->begin : se), u->end - (u->begin > se ? u->begin : se));
 }
 
-/* gathers unit i from the owners of its pieces */
-static dtr_result dtr__zero3_gather(dtr__zero *z, int i) {
+/* unit i's values are all here: flags cleared, counted (held: its foreign floats unless the
+   prefetch counted them when it was posted) */
+static void dtr__zero3_present(dtr__zero *z, int i, int counted) {
     dtr__unit *u = &z->u[i];
-    dtr_result r = dtr__zero_gather_range(z, dtr_model_params(z->m), u->begin, u->end, z->st);
     uint64_t bytes;
-    if (r != DTR_OK) return r;
     u->resident = 1;
-    z->held += dtr__zero3_foreign(z, u);
+    if (!counted) z->held += dtr__zero3_foreign(z, u);
     dtr__zero3_mark(z, u, 0);
     z->st->param_gathers++;
     bytes = (uint64_t)(z->held + z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);
     if (bytes > z->st->param_bytes_peak) z->st->param_bytes_peak = bytes;
-    return DTR_OK;
+}
+
+/* the prefetched unit's gather, waited for */
+static dtr_result dtr__zero3_land(dtr__zero *z) {
+    int i = z->pf;
+    dtr_result r;
+    if (i < 0) return DTR_OK;
+    z->pf = -1;
+    r = dtr__zero_gather_wait(z, &z->pfq, DTR_OK);
+    if (r == DTR_OK) dtr__zero3_present(z, i, 1);
+    return r;
+}
+
+/* Prefetch: the units come in the same order every step (every rank runs the same ops), so
+   when this step's gathers so far match the last step's, the unit that came next then is
+   posted now (one at a time), to arrive while the ops of this one run. */
+static dtr_result dtr__zero3_prefetch(dtr__zero *z, int k) {
+    int i = z->nseq, next;
+    dtr__unit *u;
+    dtr_result r;
+    if (i < z->cap_seq) z->seq[z->nseq++] = k;
+    if (i + 1 >= z->nprev || z->prev[i] != k || z->pf >= 0) return DTR_OK;
+    next = z->prev[i + 1], u = &z->u[next];
+    if (u->resident) return DTR_OK;
+    r = dtr__zero_gather_post(z, &z->pfq, dtr_model_params(z->m), u->begin, u->end, z->st);
+    z->pf = next;
+    z->st->param_prefetches++;
+    z->held += dtr__zero3_foreign(z, u);   /* its memory is being written from now on */
+    u->used = ++z->clock;
+    return r == DTR_OK ? DTR_OK : dtr__zero3_land(z);   /* a failed post: its error (after the posted part) */
+}
+
+/* gathers unit i from the owners of its pieces (the prefetch in flight lands first: it is
+   usually this unit), then prefetches the next */
+static dtr_result dtr__zero3_gather(dtr__zero *z, int i) {
+    dtr__unit *u = &z->u[i];
+    dtr_result r = dtr__zero3_land(z);
+    if (r == DTR_OK && !u->resident) {
+        r = dtr__zero_gather_range(z, dtr_model_params(z->m), u->begin, u->end, z->st);
+        if (r == DTR_OK) dtr__zero3_present(z, i, 0);
+    }
+    return r == DTR_OK && !z->pinned ? dtr__zero3_prefetch(z, i) : r;
 }
 
 /* releases the units gathered longest ago until `keep` are held besides those used since `now` */
@@ -343,7 +401,10 @@ static dtr_result dtr__zero3_fetch(void *user, dtr__node *n) {
 }
 
 void dtr__zero3_release_all(dtr__zero *z, int written) {
+    int *t = z->prev;
     int i;
+    (void)dtr__zero3_land(z);   /* (a failed prefetch: the next gather fails the same way) */
+    z->prev = z->seq, z->seq = t, z->nprev = z->nseq, z->nseq = 0;   /* this step's order, for the next */
     z->pinned = 0;
     for (i = 0; i < z->nu; i++) {
         if (written && !z->u[i].resident) z->u[i].resident = 1, z->held += dtr__zero3_foreign(z, &z->u[i]);
@@ -352,8 +413,9 @@ void dtr__zero3_release_all(dtr__zero *z, int written) {
 }
 
 dtr_result dtr__zero3_gather_all(dtr__zero *z) {
-    dtr_result r = DTR_OK;
+    dtr_result r = dtr__zero3_land(z);
     int i;
+    z->pinned = 1;   /* (no prefetch, no order recorded) */
     for (i = 0; i < z->nu && r == DTR_OK; i++)
         if (!z->u[i].resident) r = dtr__zero3_gather(z, i);
     z->pinned = r == DTR_OK;
@@ -365,8 +427,11 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     int64_t total = dtr_model_numel(z->m);
     if (z->ctx->param_fetch)
         return dtr__fail(z->ctx, DTR_BAD_STATE, "dtr_dp_create: another engine shards this context's parameters (ZeRO-3)");
+    z->cap_seq = 4 * nu + 4;   /* a step's gathers: each unit in forward and again in backward, and then some */
     z->u = (dtr__unit *)dtr__calloc(&z->ctx->alloc, (size_t)(nu > 0 ? nu : 1) * sizeof(dtr__unit));
-    if (!z->u) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
+    z->seq = (int *)dtr__calloc(&z->ctx->alloc, (size_t)z->cap_seq * sizeof(int));
+    z->prev = (int *)dtr__calloc(&z->ctx->alloc, (size_t)z->cap_seq * sizeof(int));
+    if (!z->u || !z->seq || !z->prev) return dtr__fail(z->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->nu = nu, z->param_unit = param_unit, z->keep = keep, z->st = st;
     for (p = 0; p < nu; p++) z->u[p].p_lo = np, z->u[p].p_hi = -1;
     for (p = 0; p < np; p++) {   /* a unit: its parameters' run of the buffer (the first from 0, the last to the end) */

@@ -275,6 +275,8 @@ typedef struct dtr_dp_stats {
     int64_t steps;             /**< dtr_dp_step_done calls */
     int64_t param_averages;    /**< local SGD parameter averages */
     int64_t param_gathers;     /**< ZeRO-3: units gathered (forward, backward, dtr_dp_gather_params) */
+    int64_t param_prefetches;  /**< ZeRO-3: of those, gathers posted ahead of the op that reads the
+                                    unit (the units came in the last step's order) */
     uint64_t param_bytes_peak; /**< the most parameter bytes this rank held at once: the whole
                                     model's without ZeRO-3; with it the shard and the gathered
                                     units (set from the first gather on) */

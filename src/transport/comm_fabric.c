@@ -795,6 +795,26 @@ static void dtr__fab_wd_died(void *t, int p, const char *how) {
     pthread_mutex_unlock(&f->mu);
 }
 
+/* The watchdog's tick: a provider thread that has not come back from libfabric for stale_ns
+   is stuck for good (shm: a peer killed while it held its queue's lock makes every send to it
+   spin): this rank cannot communicate any more, and the world hears of it. */
+static void dtr__fab_wd_check(void *t, int64_t stale_ns) {
+    dtr__fab *f = (dtr__fab *)t;
+    int64_t since = f->round_ns, ms;
+    char dead[160] = "";
+    int p;
+    if (!since || dtr_time_ns() - since < stale_ns) return;
+    ms = (dtr_time_ns() - since) / 1000000;
+    pthread_mutex_lock(&f->mu);
+    for (p = 0; p < f->size && !dead[0]; p++)
+        if (f->left[p] == 2 || f->leaving[p] == 2)
+            snprintf(dead, sizeof dead, " (wedged: rank %d died, and %s spins for ever on a queue lock a killed process "
+                     "held)", p, f->prov);
+    dtr__fab_fail_locked(f, f->rank, 1, "rank %d's libfabric provider thread has not come back from the provider for "
+                         "%lld ms%s: this rank cannot communicate any more", f->rank, (long long)ms, dead);
+    pthread_mutex_unlock(&f->mu);
+}
+
 static int dtr__fab_peer_alive(void *state, int p) {
     dtr__fab *f = (dtr__fab *)state;
     int alive;
@@ -1129,8 +1149,9 @@ static dtr_result dtr__fab_open_ep(const dtr_comm_config *cfg, void **state, dtr
     }
     f->thread_on = 1;
     {
-        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left, NULL};
+        dtr__watch_ops ops = {NULL, dtr__fab_wd_failed, dtr__fab_wd_to_publish, dtr__fab_wd_fail, dtr__fab_wd_left, NULL, NULL};
         if (f->isolate) ops.died = dtr__fab_wd_died;
+        ops.check = dtr__fab_wd_check;
         ops.t = f;
         if (dtr__watchdog_start(&f->wd, &f->boot, &ops) != DTR_OK) {
             dtr__fab_free(f);
