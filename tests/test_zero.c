@@ -1,8 +1,8 @@
-/* tests/test_zero.c: ZeRO-1 and ZeRO-2 (a sharded optimizer) in the data-parallel engine,
- * thread ranks.
+/* tests/test_zero.c: ZeRO-1 and ZeRO-2 (a sharded optimizer) and ZeRO-3 (sharded parameters)
+ * in the data-parallel engine, thread ranks.
  *   test_zero_equals_dp  worlds 2, 3, 4 x SGD (momentum), AdamW, LAMB, each with clipping by
  *                        global norm and 2 micro-batches of accumulation (no_sync): 12 steps
- *                        of ZeRO-1 and of ZeRO-2 give every rank the weights of plain data
+ *                        of ZeRO-1, ZeRO-2 and ZeRO-3 give every rank the weights of plain data
  *                        parallelism (relative error <= 1e-6: both sum their shard in rank
  *                        order, not in the all-reduce's order, and clip by the norm summed
  *                        over the shards)
@@ -13,6 +13,11 @@
  *                        on every rank (the check sums the shards' norms over the group) and
  *                        end with plain DP's weights, with one sum over the group a step
  *                        (the optimizer clips by the scaler's norm)
+ *   test_zero3_units     ZeRO-3 with a unit per parameter and one unit kept: refetches in
+ *                        backward, prefetches, plain DP's weights, less than the model held
+ *   test_zero3_memory    2 ranks of 2 x 16 MiB parameters: ZeRO-3 gives the other shard's
+ *                        memory back to the system (resident size), dtr_dp_gather_params
+ *                        takes it again
  *   test_zero_memory     8 equal parameters on 4 ranks: each rank's optimizer state is a
  *                        quarter of the unsharded one, and the shards tile the buffer
  *   test_zero_grads      ZeRO-1's and ZeRO-2's shard of the gradients after dtr_dp_finish is
@@ -30,6 +35,7 @@
  * over the shards), and for LAMB also runs of whole parameters (zero_whole_params). */
 #define _POSIX_C_SOURCE 200809L
 #include <pthread.h>
+#include <unistd.h>
 #include "test.h"
 #include "dp_mlp.h"
 
@@ -253,6 +259,96 @@ static void test_zero3_units(void) {
     }
 }
 
+/* ---- ZeRO-3 gives released memory back (Linux) ---- */
+
+#define BIG (4 << 20)   /* floats of each of the two parameters: 16 MiB */
+
+typedef struct zbig {
+    pthread_t tid;
+    dtr_local_world *w;
+    int rank;
+    dtr_model *m;
+    dtr_dp *dp;
+    dtr_comm *c;
+    int gather;             /* 0: dtr_dp_create (ZeRO-3), 1: dtr_dp_gather_params, 2: dtr_dp_step_done */
+    dtr_result r;
+} zbig;
+
+static void *zbig_main(void *arg) {
+    zbig *b = (zbig *)arg;
+    dtr_dp_config dc = dtr_dp_config_init();
+    if (b->gather) { b->r = b->gather == 1 ? dtr_dp_gather_params(b->dp) : dtr_dp_step_done(b->dp); return NULL; }
+    dc.zero = 3;
+    dc.bucket_bytes = 1 << 20;   /* a unit per parameter */
+    b->r = dtr_dp_create(b->m, b->c, &dc, &b->dp);
+    return NULL;
+}
+
+/* resident bytes of this process */
+static long long rss_bytes(void) {
+    long long size = 0, res = 0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (!f) return -1;
+    if (fscanf(f, "%lld %lld", &size, &res) != 2) res = -1;
+    fclose(f);
+    return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
+}
+
+static void zbig_run(zbig *b, int gather) {
+    int r;
+    for (r = 0; r < 2; r++) b[r].gather = gather, pthread_create(&b[r].tid, NULL, zbig_main, &b[r]);
+    for (r = 0; r < 2; r++) pthread_join(b[r].tid, NULL);
+}
+
+/* two ranks (threads of this process), each a model of 2 x 16 MiB under ZeRO-3:
+   dtr_dp_gather_params makes the process's resident memory grow by the other shards (2 x 16
+   MiB), and the step's release gives them back to the system */
+static void test_zero3_memory(void) {
+#if defined(__linux__)
+    static zbig b[2];
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_local_world *w = NULL;
+    int64_t shape[1] = {BIG};
+    long long before, after, again, half = 2LL * BIG * (long long)sizeof(float);
+    int r;
+    CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
+    for (r = 0; r < 2; r++) {
+        dtr_context *ctx = test_ctx(1);
+        memset(&b[r], 0, sizeof b[r]);
+        b[r].rank = r;
+        CHECK_OK(ctx, dtr_model_create(ctx, 3, &b[r].m));
+        CHECK(dtr_model_param(b[r].m, "a", 1, shape, DTR_INIT_NORMAL, 0.02f) != NULL);
+        CHECK(dtr_model_param(b[r].m, "b", 1, shape, DTR_INIT_NORMAL, 0.02f) != NULL);
+        CHECK_OK(ctx, dtr_model_build(b[r].m));
+        cc.local.world = w, cc.local.rank = r;
+        CHECK_OK(NULL, dtr_comm_create(&cc, &b[r].c, NULL, 0));
+    }
+    zbig_run(b, 0);   /* the engines (their buffers are resident too), the other shards released */
+    for (r = 0; r < 2; r++) CHECK_MSG(b[r].r == DTR_OK, "rank %d: %s", r, dtr_context_last_error(dtr_model_context(b[r].m)));
+    before = rss_bytes();
+    zbig_run(b, 1);
+    again = rss_bytes();
+    for (r = 0; r < 2; r++) CHECK(b[r].r == DTR_OK);
+    zbig_run(b, 2);
+    after = rss_bytes();
+    for (r = 0; r < 2; r++) CHECK(b[r].r == DTR_OK);
+    printf("    resident: %.1f MiB sharded, %.1f with the whole models gathered, %.1f after the step released the "
+           "other shards\n", before / 1048576.0, again / 1048576.0, after / 1048576.0);
+    CHECK_MSG(again - before >= half * 9 / 10, "gathered %lld bytes, want about %lld", again - before, half);
+    CHECK_MSG(again - after >= half * 9 / 10, "released %lld bytes, want about %lld", again - after, half);
+    for (r = 0; r < 2; r++) {
+        dtr_context *ctx = dtr_model_context(b[r].m);
+        dtr_dp_destroy(b[r].dp);
+        dtr_comm_destroy(b[r].c);
+        dtr_model_destroy(b[r].m);
+        dtr_context_destroy(ctx);
+    }
+    dtr_local_world_destroy(w);
+#else
+    printf("  SKIPPED (loudly): resident memory is read from /proc (Linux)\n");
+#endif
+}
+
 /* world 3: after dtr_dp_finish each rank's shard of the gradients is plain DP's average, and
    the rank sent the gradients outside its shard */
 static void test_zero_loss_scaler(void) {
@@ -439,6 +535,7 @@ static void test_zero_errors(void) {
 int main(void) {
     RUN(test_zero_equals_dp);
     RUN(test_zero3_units);
+    RUN(test_zero3_memory);
     RUN(test_zero_grads);
     RUN(test_zero_loss_scaler);
     RUN(test_zero_memory);
