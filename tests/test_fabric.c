@@ -35,7 +35,7 @@
  *                         on N ranks with batch b gives the weights of 1 rank with batch N*b
  *                         after 50 steps (relative error <= 1e-5), the same bits on every
  *                         rank (shm: N = 2 and 4; tcp: N = 2); and with ZeRO-2 (shm: N = 3,
- *                         tcp: N = 2) and ZeRO-1 (shm: N = 3).
+ *                         tcp: N = 2), ZeRO-1 and ZeRO-3 (shm: N = 3, processes).
  *   test_{shm,tcp}_kill   (also) a worker of parameter servers SIGKILLed in sync, async and SSP
  *                         mode: the server and the other worker fail with DTR_PEER_FAILED
  *                         naming it, at once (without isolate_peer_failures a dead process
@@ -1037,6 +1037,7 @@ static void sc_dp(rank_ctx *rc) {
     if (rc->size > 1 && dp && dc.zero != 1)   /* ZeRO-1 reduce-scatters after backward */
         RCHECK_MSG(rc, dtr_dp_overlapped_buckets(dp) > 0, "no bucket started during backward (%d buckets)",
                    dtr_dp_bucket_count(dp));
+    if (dc.zero == 3 && dp) RCHECK_OK(rc, c, dtr_dp_gather_params(dp));   /* the whole model on every rank */
     numel = dtr_model_numel(n.m);
     mine = dtr_model_params(n.m);
     theirs = (float *)malloc((size_t)numel * sizeof(float));
@@ -1065,7 +1066,7 @@ static void sc_dp(rank_ctx *rc) {
 }
 
 static void dp_equivalence(int p) {
-    static const int zero1 = 1, zero2 = 2;
+    static const int zero1 = 1, zero2 = 2, zero3 = 3;
     const char *prov = p ? PROV_TCP : PROV_SHM;
     job j;
     int n;
@@ -1081,6 +1082,9 @@ static void dp_equivalence(int p) {
     if (p) return;
     /* ZeRO-1: the whole buffer reduce-scattered after backward */
     j = job_init(prov, 3, sc_dp, &zero1, "data-parallel equivalence, ZeRO-1");
+    CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
+    /* ZeRO-3: the parameters sharded, each bucket gathered from the other processes when read */
+    j = job_init(prov, 3, sc_dp, &zero3, "data-parallel equivalence, ZeRO-3");
     CHECK_MSG(run_job(&j, g_quick ? 120 : 40) == 0, "%s", j.what);
 }
 
