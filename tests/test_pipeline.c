@@ -7,7 +7,7 @@
  *   test_pipe_uneven       16 samples in 3 micro-batches (5, 5, 6): weighted by their size,
  *                          still the reference's weights
  *   test_pipe_grid         data 2 x pipeline 2 (1F1B, and interleaved 2 chunks, and 1F1B with
- *                          ZeRO-2 over the replicas) on 4 ranks,
+ *                          ZeRO-2, and with ZeRO-3, over the replicas) on 4 ranks,
  *                          data 2 x pipeline 2 x tensor 2 on 8 ranks and pipeline 2 x
  *                          tensor 2 (column- then row-parallel blocks) laid out by
  *                          dtr_grid_create: the reference's weights (shards against their
@@ -125,6 +125,7 @@ static dtr_result train(rank_out *o, dtr_context *ctx, dtr_comm *world) {
         if (r == DTR_OK && dp) r = dtr_dp_step_done(dp);
         dtr_context_reset(ctx);
     }
+    if (r == DTR_OK && dp) r = dtr_dp_gather_params(dp);   /* ZeRO-3: the whole stage on every replica */
     dtr_pipe_get_stats(st.pipe, &o->stats);
     o->peak = dtr_context_arena_peak(ctx, 0);
     if (r == DTR_OK && g_ref_model) o->rel_error = pm_max_rel_error_tp(m, g_ref_model, g.tp_rank);
@@ -282,6 +283,8 @@ static void test_pipe_grid(void) {
     check_equivalent(&run);
     /* ZeRO-2 over the replicas of each stage */
     run.schedule = DTR_PIPE_1F1B, run.chunks = 1, run.stages = 2, run.zero = 2;
+    check_equivalent(&run);
+    run.zero = 3;   /* ZeRO-3: each micro-batch's forward and backward gather the stage's units */
     check_equivalent(&run);
     run.zero = 0;
     /* data 2 x pipeline 2 x tensor 2 on 8 ranks, then pipeline 2 x tensor 2 */
