@@ -2803,7 +2803,8 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  the average over the ranks of their gradients, identical bits on every rank (with a
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
  *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
- *  rest of the buffer keeps this rank's own gradients). During local SGD past its warm-up it returns at once.
+ *  rest of the buffer keeps this rank's own gradients; with ZeRO-3 the rest reads as zeros:
+ *  each bucket's memory outside the shard went back to the system once its slices were sent). During local SGD past its warm-up it returns at once.
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
@@ -4037,7 +4038,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4041 "dtrain.h"
+#line 4042 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4064,8 +4065,8 @@ DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** Host floats [p, p + n) whose values are no longer needed: the whole pages inside go back to
  *  the system (Linux: madvise DONTNEED; they read as zeros until written), the rest is set to
- *  NaN, so a read of discarded values shows. */
-DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n);
+ *  `fill` (NaN: a read of discarded values shows; 0: the range reads as zeros throughout). */
+DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n, float fill);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
@@ -4669,6 +4670,9 @@ DTR__PRIVATE dtr_result dtr__fetch_params(dtr_context *ctx, struct dtr__node *n)
 DTR__PRIVATE dtr_result dtr__param_present(const dtr_tensor *t, const char *fn);
 /** dtr__param_present over every parameter of m (src/nn/model.c). */
 DTR__PRIVATE dtr_result dtr__model_present(const dtr_model *m, const char *fn);
+/** ZeRO-3 (on 1): dtr_model_zero_grad zeroes gradient floats [lo, hi) and discards the rest
+ *  (it reads as zeros, its memory back to the system) on a host model; on 0: the whole buffer. */
+DTR__PRIVATE void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -4708,7 +4712,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4712 "dtrain.h"
+#line 4716 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4989,7 +4993,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 4993 "dtrain.h"
+#line 4997 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5051,7 +5055,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5055 "dtrain.h"
+#line 5059 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5430,7 +5434,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5434 "dtrain.h"
+#line 5438 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5473,7 +5477,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5477 "dtrain.h"
+#line 5481 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5503,7 +5507,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5507 "dtrain.h"
+#line 5511 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5552,7 +5556,11 @@ DTR__PRIVATE void dtr__zero3_release(dtr__zero *z, int i);
 DTR__PRIVATE void dtr__zero3_release_all(dtr__zero *z, int written);
 /** Stage 3: gathers every unit not held and pins them all until release_all (collective). */
 DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
-#line 5556 "dtrain.h"
+/** Stage 3: the buckets whose slices have all been sent (in start order; all: every started
+ *  one, after the wait) have their gradients outside the shard discarded from g (they read
+ *  as zeros, their memory back to the system). Other stages: nothing. */
+DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);
+#line 5564 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5626,7 +5634,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5630 "dtrain.h"
+#line 5638 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5694,7 +5702,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5698 "dtrain.h"
+#line 5706 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5746,7 +5754,7 @@ void dtr__free(const dtr_allocation_callbacks *a, void *p) {
     free(p);
 }
 
-void dtr__mem_discard(float *p, int64_t n) {
+void dtr__mem_discard(float *p, int64_t n, float fill) {
     char *b = (char *)p, *e = (char *)(p + (n > 0 ? n : 0)), *lo = b, *hi = b;
 #if defined(__linux__) && defined(MADV_DONTNEED)
     long page = sysconf(_SC_PAGESIZE);
@@ -5756,8 +5764,8 @@ void dtr__mem_discard(float *p, int64_t n) {
         if (hi <= lo || madvise(lo, (size_t)(hi - lo), MADV_DONTNEED) != 0) lo = hi = b;
     }
 #endif
-    for (; b < lo && b < e; b += sizeof(float)) *(float *)b = NAN;
-    for (b = hi > lo ? hi : b; b < e; b += sizeof(float)) *(float *)b = NAN;
+    for (; b < lo && b < e; b += sizeof(float)) *(float *)b = fill;
+    for (b = hi > lo ? hi : b; b < e; b += sizeof(float)) *(float *)b = fill;
 }
 
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) {
@@ -5769,7 +5777,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5773 "dtrain.h"
+#line 5781 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6121,7 +6129,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6125 "dtrain.h"
+#line 6133 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6912,7 +6920,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6916 "dtrain.h"
+#line 6924 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7540,7 +7548,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7544 "dtrain.h"
+#line 7552 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7611,7 +7619,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7615 "dtrain.h"
+#line 7623 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8093,7 +8101,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8097 "dtrain.h"
+#line 8105 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8332,7 +8340,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8336 "dtrain.h"
+#line 8344 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8563,7 +8571,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8567 "dtrain.h"
+#line 8575 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8678,7 +8686,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8682 "dtrain.h"
+#line 8690 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8734,7 +8742,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8738 "dtrain.h"
+#line 8746 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9099,7 +9107,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9103 "dtrain.h"
+#line 9111 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9529,7 +9537,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9533 "dtrain.h"
+#line 9541 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9708,7 +9716,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9712 "dtrain.h"
+#line 9720 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10237,7 +10245,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10241 "dtrain.h"
+#line 10249 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10736,7 +10744,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10740 "dtrain.h"
+#line 10748 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10995,7 +11003,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10999 "dtrain.h"
+#line 11007 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11338,7 +11346,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11342 "dtrain.h"
+#line 11350 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11466,7 +11474,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11470 "dtrain.h"
+#line 11478 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -11497,6 +11505,8 @@ struct dtr_model {
     int64_t total;        /* floats in each buffer, padding included */
     float *data, *grad;   /* backend memory */
     int built;
+    int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
+    int64_t grad_lo, grad_hi;
 };
 
 dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out) {
@@ -11825,9 +11835,18 @@ dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n) {
     return dtr__model_copy(m, 1, dst, n, 0, "dtr_model_read_grads");
 }
 
+void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
+    m->grad_sharded = on, m->grad_lo = lo, m->grad_hi = hi;
+}
+
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
+    if (m->grad_sharded && dtr__host_memory(m->ctx)) {   /* ZeRO-3: outside the shard, memory back to the system */
+        dtr__mem_discard(m->grad, m->grad_lo, 0.0f);
+        dtr__mem_discard(m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
+        return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
+    }
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
 
@@ -11997,7 +12016,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12001 "dtrain.h"
+#line 12020 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12166,7 +12185,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12170 "dtrain.h"
+#line 12189 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12415,7 +12434,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12419 "dtrain.h"
+#line 12438 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12937,7 +12956,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12941 "dtrain.h"
+#line 12960 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13075,7 +13094,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13079 "dtrain.h"
+#line 13098 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13422,7 +13441,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13426 "dtrain.h"
+#line 13445 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13488,7 +13507,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13492 "dtrain.h"
+#line 13511 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13725,7 +13744,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13729 "dtrain.h"
+#line 13748 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14474,7 +14493,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14478 "dtrain.h"
+#line 14497 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14927,7 +14946,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14931 "dtrain.h"
+#line 14950 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -14983,7 +15002,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 14987 "dtrain.h"
+#line 15006 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15760,7 +15779,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15764 "dtrain.h"
+#line 15783 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16341,7 +16360,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16345 "dtrain.h"
+#line 16364 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16972,7 +16991,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 16976 "dtrain.h"
+#line 16995 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17762,7 +17781,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17766 "dtrain.h"
+#line 17785 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18115,7 +18134,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18119 "dtrain.h"
+#line 18138 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18305,7 +18324,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18309 "dtrain.h"
+#line 18328 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18486,7 +18505,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18490 "dtrain.h"
+#line 18509 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19261,7 +19280,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19265 "dtrain.h"
+#line 19284 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19778,7 +19797,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19782 "dtrain.h"
+#line 19801 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20573,7 +20592,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20577 "dtrain.h"
+#line 20596 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21821,7 +21840,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21825 "dtrain.h"
+#line 21844 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22443,7 +22462,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22447 "dtrain.h"
+#line 22466 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22944,7 +22963,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22948 "dtrain.h"
+#line 22967 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23674,7 +23693,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23678 "dtrain.h"
+#line 23697 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23910,7 +23929,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23914 "dtrain.h"
+#line 23933 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24039,7 +24058,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24043 "dtrain.h"
+#line 24062 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24418,7 +24437,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24422 "dtrain.h"
+#line 24441 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -24485,6 +24504,10 @@ struct dtr__zero {
     dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
     uint16_t *out16, *in16;  /* 16-bit wire: the slices sent (by buffer offset) and the slots received */
     dtr__zreqs rs;           /* this step's reduce-scatter: sends and receives */
+    unsigned char *rs_send;  /* per request of rs: 1 a send */
+    int64_t *bk;             /* stage 3, per bucket started this step, in start order: its range
+                                [bk[4i], bk[4i+1]) and its requests [bk[4i+2], bk[4i+3]) in rs */
+    int nb, nbk, sent;       /* buckets; started; those whose sends completed (gradients discarded) */
     dtr__zreqs g;            /* a gather's: 2 (W - 1) */
     /* stage 3 */
     dtr__unit *u;
@@ -24527,11 +24550,14 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
     z->rs.cap = 2 * z->W * (nb > 0 ? nb : 1);   /* each bucket's sends and receives: 2 (W - 1) */
     z->rs.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap * sizeof(dtr_request *));
+    z->rs_send = (unsigned char *)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap);
+    z->nb = nb > 0 ? nb : 1;
+    z->bk = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)z->nb * 4 * sizeof(int64_t));
     z->g.cap = z->pfq.cap = 2 * z->W;
     z->g.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->g.cap * sizeof(dtr_request *));
     z->pfq.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->pfq.cap * sizeof(dtr_request *));
     z->pf = -1;
-    ok = ok && z->rs.req && z->g.req && z->pfq.req;
+    ok = ok && z->rs.req && z->rs_send && z->bk && z->g.req && z->pfq.req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
@@ -24575,6 +24601,8 @@ void dtr__zero_destroy(dtr__zero *z) {
     if (z->pfq.req) dtr__zero_wait(&z->pfq);
     if (z->u && z->ctx->param_fetch_user == z) z->ctx->param_fetch = NULL, z->ctx->param_fetch_user = NULL;
     dtr__free(&a, z->rs.req);
+    dtr__free(&a, z->rs_send);
+    dtr__free(&a, z->bk);
     dtr__free(&a, z->g.req);
     dtr__free(&a, z->pfq.req);
     dtr__free(&a, z->u);
@@ -24595,10 +24623,18 @@ static int64_t dtr__zero_at(const dtr__zero *z, int p, int64_t x) {
 }
 static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + dtr__zero_at(z, p, x); }
 
+/* discards floats [begin, end) of buffer x outside this rank's shard (fill: see dtr__mem_discard) */
+static void dtr__zero3_discard(const dtr__zero *z, float *x, int64_t begin, int64_t end, float fill) {
+    int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
+    if (begin < sb) dtr__mem_discard(x + begin, (end < sb ? end : sb) - begin, fill);
+    if (end > se) dtr__mem_discard(x + (begin > se ? begin : se), end - (begin > se ? begin : se), fill);
+}
+
 /* posts a send or receive of `bytes` at buf to/from rank p into q */
 static dtr_result dtr__zero_post(dtr__zero *z, dtr__zreqs *q, int send, void *buf, size_t bytes, int p, int tag) {
     dtr_result r;
     if (q->n >= q->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
+    if (q == &z->rs) z->rs_send[q->n] = (unsigned char)send;
     r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &q->req[q->n])
              : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &q->req[q->n]);
     if (r == DTR_OK) q->n++;
@@ -24607,7 +24643,11 @@ static dtr_result dtr__zero_post(dtr__zero *z, dtr__zreqs *q, int send, void *bu
 
 /* the slices of bucket [lo, hi) of owner o: sent (16-bit: encoded first), or the peers' received */
 dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end) {
+    int64_t *bk = z->bk + 4 * z->nbk;
     int o, p;
+    if (z->nbk >= z->nb) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more buckets than planned");
+    z->nbk++;
+    bk[0] = begin, bk[1] = end, bk[2] = z->rs.n;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
         size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
@@ -24621,7 +24661,20 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
                                    bytes, p, DTR__ZERO_TAG + i);
         if (r != DTR_OK) return r;
     }
+    bk[3] = z->rs.n;
     return DTR_OK;
+}
+
+void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all) {
+    for (; z->u && z->sent < z->nbk; z->sent++) {
+        const int64_t *bk = z->bk + 4 * z->sent;
+        int64_t q;
+        for (q = bk[2]; q < bk[3] && !all; q++) {
+            int done = 0;
+            if (z->rs_send[q] && (dtr_request_test(z->rs.req[q], &done) != DTR_OK || !done)) return;
+        }
+        dtr__zero3_discard(z, g, bk[0], bk[1], 0.0f);   /* read no more: zeros, as the next step wants them */
+    }
 }
 
 /* rank p's slice of the shard: the local gradients (of buffer g) for this rank, else its slot */
@@ -24643,6 +24696,8 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     float *g = grads + b, *acc;
     dtr_result r = dtr__zero_wait(&z->rs);
     int p;
+    if (r == DTR_OK) dtr__zero3_grads_sent(z, grads, 1);   /* stage 3: every slice sent */
+    z->nbk = z->sent = 0;
     if (r != DTR_OK) return r;
     if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
@@ -24723,13 +24778,11 @@ static void dtr__zero3_mark(dtr__zero *z, const dtr__unit *u, int absent) {
 void dtr__zero3_release(dtr__zero *z, int i) {
     dtr__unit *u = &z->u[i];
     float *prm = dtr_model_params(z->m);
-    int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
     if (!u->resident || z->pinned) return;
     u->resident = 0;
     z->held -= dtr__zero3_foreign(z, u);
     dtr__zero3_mark(z, u, 1);
-    if (u->begin < sb) dtr__mem_discard(prm + u->begin, (u->end < sb ? u->end : sb) - u->begin);
-    if (u->end > se) dtr__mem_discard(prm + (u->begin > se ? u->begin : se), u->end - (u->begin > se ? u->begin : se));
+    dtr__zero3_discard(z, prm, u->begin, u->end, NAN);
 }
 
 /* unit i's values are all here: flags cleared, counted (held: its foreign floats unless the
@@ -24873,7 +24926,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 24877 "dtrain.h"
+#line 24930 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25037,6 +25090,8 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
        device instead, and a group of device memory orders its work after the stream's */
     if (--b->pending == 0 && !dp->stage && !dp->c->mem_ctx) r = dtr_event_wait(dp->ctx, ready);
     if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
+    if (r == DTR_OK && dp->cfg.zero == 3) dtr__zero3_grads_sent(dp->z, dtr__dp_grads(dp), 0);   /* sent: memory back */
+
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                       dtr_comm_last_error(dp->c));
     return DTR_OK;
@@ -25105,6 +25160,13 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     return DTR_OK;
 }
 
+/* ZeRO-3: the optimizer's zero_grad discards the gradients outside this rank's shard (on 1) */
+static void dtr__zero3_shard_grads(dtr_dp *dp, int on) {
+    int64_t b = 0, e = 0;
+    if (dp->z) dtr__zero_shard(dp->z, &b, &e);
+    dtr__model_shard_grads(dp->m, on, b, e);
+}
+
 dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr_dp **out) {
     dtr_dp_config def = dtr_dp_config_init();
     dtr_context *ctx;
@@ -25145,6 +25207,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         /* ZeRO-3 last: it releases the other shards, which a failure after it would lose */
         if (r == DTR_OK && cfg->zero == 3)
             r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));
+        if (r == DTR_OK && cfg->zero == 3) dtr__zero3_shard_grads(dp, 1);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     }
     *out = dp;
@@ -25179,6 +25242,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr_allocation_callbacks a;
     if (!dp) return;
     a = dp->ctx->alloc;
+    if (dp->cfg.zero == 3) dtr__zero3_shard_grads(dp, 0);
     if (dp->b) dtr__dp_wait_all(dp), dtr__dp_reset(dp);
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
@@ -25373,7 +25437,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25377 "dtrain.h"
+#line 25441 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25870,7 +25934,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25874 "dtrain.h"
+#line 25938 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27245,7 +27309,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27249 "dtrain.h"
+#line 27313 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27299,7 +27363,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27303 "dtrain.h"
+#line 27367 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28475,7 +28539,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28479 "dtrain.h"
+#line 28543 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29365,7 +29429,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29369 "dtrain.h"
+#line 29433 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30843,7 +30907,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30847 "dtrain.h"
+#line 30911 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31227,7 +31291,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31231 "dtrain.h"
+#line 31295 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31376,7 +31440,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31380 "dtrain.h"
+#line 31444 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

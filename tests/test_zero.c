@@ -34,8 +34,10 @@
  * Shards are equal (splitting parameters; LAMB's split parameters take their norms summed
  * over the shards), and for LAMB also runs of whole parameters (zero_whole_params). */
 #define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE   /* mincore */
 #include <pthread.h>
 #include <unistd.h>
+#include <sys/mman.h>
 #include "test.h"
 #include "dp_mlp.h"
 
@@ -270,13 +272,43 @@ typedef struct zbig {
     dtr_model *m;
     dtr_dp *dp;
     dtr_comm *c;
-    int gather;             /* 0: dtr_dp_create (ZeRO-3), 1: dtr_dp_gather_params, 2: dtr_dp_step_done */
+    int gather;             /* 0: dtr_dp_create (ZeRO-3), 1: dtr_dp_gather_params, 2: dtr_dp_step_done,
+                               3: a training step (sum(a * b), the optimizer's zero_grad emulated) */
     dtr_result r;
+    double grads_after_finish;   /* mode 3: resident share of the other shard's gradients then */
 } zbig;
+
+/* the fraction of the pages wholly inside floats [lo, hi) of x that are resident */
+static double resident_share(const float *x, int64_t lo, int64_t hi) {
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t b = ((uintptr_t)(x + lo) + (uintptr_t)page - 1) / (uintptr_t)page * (uintptr_t)page;
+    uintptr_t e = (uintptr_t)(x + hi) / (uintptr_t)page * (uintptr_t)page;
+    size_t n = e > b ? (e - b) / (size_t)page : 0, i, in = 0;
+    unsigned char *v = (unsigned char *)malloc(n ? n : 1);
+    if (!v || !n || mincore((void *)b, e - b, v) != 0) { free(v); return -1.0; }
+    for (i = 0; i < n; i++) in += v[i] & 1;
+    free(v);
+    return (double)in / (double)n;
+}
 
 static void *zbig_main(void *arg) {
     zbig *b = (zbig *)arg;
     dtr_dp_config dc = dtr_dp_config_init();
+    if (b->gather == 3) {
+        dtr_context *ctx = dtr_model_context(b->m);
+        dtr_tensor *loss = dtr_sum_all(ctx, dtr_mul(ctx, dtr_model_find(b->m, "a"), dtr_model_find(b->m, "b")));
+        b->r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
+        if (b->r == DTR_OK) b->r = dtr_dp_finish(b->dp);
+        if (b->r == DTR_OK) {
+            int64_t lo, hi, n = dtr_model_numel(b->m);
+            dtr_dp_shard(b->dp, &lo, &hi);
+            b->grads_after_finish = resident_share(dtr_model_grads(b->m), b->rank ? 0 : hi, b->rank ? lo : n);
+        }
+        if (b->r == DTR_OK) b->r = dtr_model_zero_grad(b->m);   /* as the optimizer's step does */
+        if (b->r == DTR_OK) b->r = dtr_dp_step_done(b->dp);
+        dtr_context_reset(ctx);
+        return NULL;
+    }
     if (b->gather) { b->r = b->gather == 1 ? dtr_dp_gather_params(b->dp) : dtr_dp_step_done(b->dp); return NULL; }
     dc.zero = 3;
     dc.bucket_bytes = 1 << 20;   /* a unit per parameter */
@@ -292,6 +324,15 @@ static long long rss_bytes(void) {
     if (fscanf(f, "%lld %lld", &size, &res) != 2) res = -1;
     fclose(f);
     return res < 0 ? -1 : res * sysconf(_SC_PAGESIZE);
+}
+
+/* resident shares of rank 0's parameters and gradients outside its shard, and of its shard's gradients */
+static void zbig_shares(zbig *b, double *prm, double *grad, double *own) {
+    int64_t lo, hi, n = dtr_model_numel(b->m);
+    dtr_dp_shard(b->dp, &lo, &hi);   /* rank 0: the first half */
+    *prm = resident_share(dtr_model_params(b->m), hi, n);
+    *grad = resident_share(dtr_model_grads(b->m), hi, n);
+    *own = resident_share(dtr_model_grads(b->m), lo, hi);
 }
 
 static void zbig_run(zbig *b, int gather) {
@@ -310,7 +351,7 @@ static void test_zero3_memory(void) {
     dtr_local_world *w = NULL;
     int64_t shape[1] = {BIG};
     long long before, after, again, half = 2LL * BIG * (long long)sizeof(float);
-    int r;
+    int r, k;
     CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
     for (r = 0; r < 2; r++) {
         dtr_context *ctx = test_ctx(1);
@@ -336,6 +377,22 @@ static void test_zero3_memory(void) {
            "other shards\n", before / 1048576.0, again / 1048576.0, after / 1048576.0);
     CHECK_MSG(again - before >= half * 9 / 10, "gathered %lld bytes, want about %lld", again - before, half);
     CHECK_MSG(again - after >= half * 9 / 10, "released %lld bytes, want about %lld", again - after, half);
+    /* a training step: forward and backward gather the other shard and write every gradient;
+       the sent gradients and the released parameters go back, the shard's gradients stay */
+    for (k = 0; k < 2; k++) {
+        double prm, grad, own;
+        zbig_run(b, 3);
+        for (r = 0; r < 2; r++) CHECK_MSG(b[r].r == DTR_OK, "step %d rank %d: %s", k, r, dtr_context_last_error(dtr_model_context(b[r].m)));
+        zbig_shares(&b[0], &prm, &grad, &own);
+        printf("    after step %d, rank 0's pages resident: %.0f%% of the other shard's parameters, %.0f%% of its "
+               "gradients (%.0f%% after dtr_dp_finish), %.0f%% of its own shard's gradients\n", k + 1, 100 * prm,
+               100 * grad, 100 * b[0].grads_after_finish, 100 * own);
+        CHECK_MSG(prm >= 0 && prm <= 0.02 && grad >= 0 && grad <= 0.02 && own >= 0.98, "step %d: resident %.3f %.3f %.3f",
+                  k + 1, prm, grad, own);
+        for (r = 0; r < 2; r++)   /* each bucket's were given back once its slices were sent */
+            CHECK_MSG(b[r].grads_after_finish >= 0 && b[r].grads_after_finish <= 0.02, "step %d rank %d: %.3f of the "
+                      "sent gradients resident after dtr_dp_finish", k + 1, r, b[r].grads_after_finish);
+    }
     for (r = 0; r < 2; r++) {
         dtr_context *ctx = dtr_model_context(b[r].m);
         dtr_dp_destroy(b[r].dp);

@@ -39,7 +39,7 @@ void dtr__free(const dtr_allocation_callbacks *a, void *p) {
     free(p);
 }
 
-void dtr__mem_discard(float *p, int64_t n) {
+void dtr__mem_discard(float *p, int64_t n, float fill) {
     char *b = (char *)p, *e = (char *)(p + (n > 0 ? n : 0)), *lo = b, *hi = b;
 #if defined(__linux__) && defined(MADV_DONTNEED)
     long page = sysconf(_SC_PAGESIZE);
@@ -49,8 +49,8 @@ void dtr__mem_discard(float *p, int64_t n) {
         if (hi <= lo || madvise(lo, (size_t)(hi - lo), MADV_DONTNEED) != 0) lo = hi = b;
     }
 #endif
-    for (; b < lo && b < e; b += sizeof(float)) *(float *)b = NAN;
-    for (b = hi > lo ? hi : b; b < e; b += sizeof(float)) *(float *)b = NAN;
+    for (; b < lo && b < e; b += sizeof(float)) *(float *)b = fill;
+    for (b = hi > lo ? hi : b; b < e; b += sizeof(float)) *(float *)b = fill;
 }
 
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) {

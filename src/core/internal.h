@@ -21,8 +21,8 @@ DTR__PRIVATE void *dtr__realloc(const dtr_allocation_callbacks *a, void *p, size
 void dtr__free(const dtr_allocation_callbacks *a, void *p);
 /** Host floats [p, p + n) whose values are no longer needed: the whole pages inside go back to
  *  the system (Linux: madvise DONTNEED; they read as zeros until written), the rest is set to
- *  NaN, so a read of discarded values shows. */
-DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n);
+ *  `fill` (NaN: a read of discarded values shows; 0: the range reads as zeros throughout). */
+DTR__PRIVATE void dtr__mem_discard(float *p, int64_t n, float fill);
 /** snprintf into `err` (may be NULL) and return `code`: the error path of readers without a context. */
 dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt, ...) DTR__PRINTF(4, 5);
 
@@ -626,6 +626,9 @@ DTR__PRIVATE dtr_result dtr__fetch_params(dtr_context *ctx, struct dtr__node *n)
 DTR__PRIVATE dtr_result dtr__param_present(const dtr_tensor *t, const char *fn);
 /** dtr__param_present over every parameter of m (src/nn/model.c). */
 DTR__PRIVATE dtr_result dtr__model_present(const dtr_model *m, const char *fn);
+/** ZeRO-3 (on 1): dtr_model_zero_grad zeroes gradient floats [lo, hi) and discards the rest
+ *  (it reads as zeros, its memory back to the system) on a host model; on 0: the whole buffer. */
+DTR__PRIVATE void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

@@ -61,6 +61,10 @@ struct dtr__zero {
     dtr_dtype wire;          /* the gradient slices' dtype on the wire: F32, or BF16 / F16 */
     uint16_t *out16, *in16;  /* 16-bit wire: the slices sent (by buffer offset) and the slots received */
     dtr__zreqs rs;           /* this step's reduce-scatter: sends and receives */
+    unsigned char *rs_send;  /* per request of rs: 1 a send */
+    int64_t *bk;             /* stage 3, per bucket started this step, in start order: its range
+                                [bk[4i], bk[4i+1]) and its requests [bk[4i+2], bk[4i+3]) in rs */
+    int nb, nbk, sent;       /* buckets; started; those whose sends completed (gradients discarded) */
     dtr__zreqs g;            /* a gather's: 2 (W - 1) */
     /* stage 3 */
     dtr__unit *u;
@@ -103,11 +107,14 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) dtr__zero_layout(z, cfg->zero_whole_params);
     z->rs.cap = 2 * z->W * (nb > 0 ? nb : 1);   /* each bucket's sends and receives: 2 (W - 1) */
     z->rs.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap * sizeof(dtr_request *));
+    z->rs_send = (unsigned char *)dtr__calloc(&ctx->alloc, (size_t)z->rs.cap);
+    z->nb = nb > 0 ? nb : 1;
+    z->bk = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)z->nb * 4 * sizeof(int64_t));
     z->g.cap = z->pfq.cap = 2 * z->W;
     z->g.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->g.cap * sizeof(dtr_request *));
     z->pfq.req = (dtr_request **)dtr__calloc(&ctx->alloc, (size_t)z->pfq.cap * sizeof(dtr_request *));
     z->pf = -1;
-    ok = ok && z->rs.req && z->g.req && z->pfq.req;
+    ok = ok && z->rs.req && z->rs_send && z->bk && z->g.req && z->pfq.req;
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
@@ -151,6 +158,8 @@ void dtr__zero_destroy(dtr__zero *z) {
     if (z->pfq.req) dtr__zero_wait(&z->pfq);
     if (z->u && z->ctx->param_fetch_user == z) z->ctx->param_fetch = NULL, z->ctx->param_fetch_user = NULL;
     dtr__free(&a, z->rs.req);
+    dtr__free(&a, z->rs_send);
+    dtr__free(&a, z->bk);
     dtr__free(&a, z->g.req);
     dtr__free(&a, z->pfq.req);
     dtr__free(&a, z->u);
@@ -171,10 +180,18 @@ static int64_t dtr__zero_at(const dtr__zero *z, int p, int64_t x) {
 }
 static float *dtr__zero_slot(dtr__zero *z, int p, int64_t x) { return z->recv + dtr__zero_at(z, p, x); }
 
+/* discards floats [begin, end) of buffer x outside this rank's shard (fill: see dtr__mem_discard) */
+static void dtr__zero3_discard(const dtr__zero *z, float *x, int64_t begin, int64_t end, float fill) {
+    int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
+    if (begin < sb) dtr__mem_discard(x + begin, (end < sb ? end : sb) - begin, fill);
+    if (end > se) dtr__mem_discard(x + (begin > se ? begin : se), end - (begin > se ? begin : se), fill);
+}
+
 /* posts a send or receive of `bytes` at buf to/from rank p into q */
 static dtr_result dtr__zero_post(dtr__zero *z, dtr__zreqs *q, int send, void *buf, size_t bytes, int p, int tag) {
     dtr_result r;
     if (q->n >= q->cap) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more requests than planned");
+    if (q == &z->rs) z->rs_send[q->n] = (unsigned char)send;
     r = send ? dtr_comm_send_async(z->c, buf, bytes, p, tag, &q->req[q->n])
              : dtr_comm_recv_async(z->c, buf, bytes, p, tag, &q->req[q->n]);
     if (r == DTR_OK) q->n++;
@@ -183,7 +200,11 @@ static dtr_result dtr__zero_post(dtr__zero *z, dtr__zreqs *q, int send, void *bu
 
 /* the slices of bucket [lo, hi) of owner o: sent (16-bit: encoded first), or the peers' received */
 dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t end) {
+    int64_t *bk = z->bk + 4 * z->nbk;
     int o, p;
+    if (z->nbk >= z->nb) return dtr__fail(z->ctx, DTR_BAD_STATE, "ZeRO: more buckets than planned");
+    z->nbk++;
+    bk[0] = begin, bk[1] = end, bk[2] = z->rs.n;
     for (o = 0; o < z->W; o++) {
         int64_t lo = begin > z->shard[o] ? begin : z->shard[o], hi = end < z->shard[o + 1] ? end : z->shard[o + 1];
         size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
@@ -197,7 +218,20 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
                                    bytes, p, DTR__ZERO_TAG + i);
         if (r != DTR_OK) return r;
     }
+    bk[3] = z->rs.n;
     return DTR_OK;
+}
+
+void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all) {
+    for (; z->u && z->sent < z->nbk; z->sent++) {
+        const int64_t *bk = z->bk + 4 * z->sent;
+        int64_t q;
+        for (q = bk[2]; q < bk[3] && !all; q++) {
+            int done = 0;
+            if (z->rs_send[q] && (dtr_request_test(z->rs.req[q], &done) != DTR_OK || !done)) return;
+        }
+        dtr__zero3_discard(z, g, bk[0], bk[1], 0.0f);   /* read no more: zeros, as the next step wants them */
+    }
 }
 
 /* rank p's slice of the shard: the local gradients (of buffer g) for this rank, else its slot */
@@ -219,6 +253,8 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     float *g = grads + b, *acc;
     dtr_result r = dtr__zero_wait(&z->rs);
     int p;
+    if (r == DTR_OK) dtr__zero3_grads_sent(z, grads, 1);   /* stage 3: every slice sent */
+    z->nbk = z->sent = 0;
     if (r != DTR_OK) return r;
     if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
@@ -299,13 +335,11 @@ static void dtr__zero3_mark(dtr__zero *z, const dtr__unit *u, int absent) {
 void dtr__zero3_release(dtr__zero *z, int i) {
     dtr__unit *u = &z->u[i];
     float *prm = dtr_model_params(z->m);
-    int64_t sb = z->shard[z->me], se = z->shard[z->me + 1];
     if (!u->resident || z->pinned) return;
     u->resident = 0;
     z->held -= dtr__zero3_foreign(z, u);
     dtr__zero3_mark(z, u, 1);
-    if (u->begin < sb) dtr__mem_discard(prm + u->begin, (u->end < sb ? u->end : sb) - u->begin);
-    if (u->end > se) dtr__mem_discard(prm + (u->begin > se ? u->begin : se), u->end - (u->begin > se ? u->begin : se));
+    dtr__zero3_discard(z, prm, u->begin, u->end, NAN);
 }
 
 /* unit i's values are all here: flags cleared, counted (held: its foreign floats unless the

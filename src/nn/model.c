@@ -25,6 +25,8 @@ struct dtr_model {
     int64_t total;        /* floats in each buffer, padding included */
     float *data, *grad;   /* backend memory */
     int built;
+    int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
+    int64_t grad_lo, grad_hi;
 };
 
 dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out) {
@@ -353,9 +355,18 @@ dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n) {
     return dtr__model_copy(m, 1, dst, n, 0, "dtr_model_read_grads");
 }
 
+void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
+    m->grad_sharded = on, m->grad_lo = lo, m->grad_hi = hi;
+}
+
 dtr_result dtr_model_zero_grad(dtr_model *m) {
     if (!m) return DTR_NULL_HANDLE;
     if (!m->built) return DTR_OK;
+    if (m->grad_sharded && dtr__host_memory(m->ctx)) {   /* ZeRO-3: outside the shard, memory back to the system */
+        dtr__mem_discard(m->grad, m->grad_lo, 0.0f);
+        dtr__mem_discard(m->grad + m->grad_hi, m->total - m->grad_hi, 0.0f);
+        return m->ctx->backend->memset0(m->ctx, m->grad + m->grad_lo, (size_t)(m->grad_hi - m->grad_lo) * sizeof(float));
+    }
     return m->ctx->backend->memset0(m->ctx, m->grad, (size_t)m->total * sizeof(float));
 }
 

@@ -323,7 +323,8 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  the average over the ranks of their gradients, identical bits on every rank (with a
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
  *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
- *  rest of the buffer keeps this rank's own gradients). During local SGD past its warm-up it returns at once.
+ *  rest of the buffer keeps this rank's own gradients; with ZeRO-3 the rest reads as zeros:
+ *  each bucket's memory outside the shard went back to the system once its slices were sent). During local SGD past its warm-up it returns at once.
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
