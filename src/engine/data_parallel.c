@@ -275,7 +275,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         /* ZeRO-3 last: it releases the other shards, which a failure after it would lose */
         if (r == DTR_OK && cfg->zero == 3)
             r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));
-        if (r == DTR_OK && cfg->zero == 3) dtr__zero3_shard_grads(dp, 1);
+        if (r == DTR_OK && cfg->zero == 3 && !cfg->zero3_keep_grads) dtr__zero3_shard_grads(dp, 1);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     }
     *out = dp;

@@ -45,5 +45,5 @@ DTR__PRIVATE void dtr__zero3_release_all(dtr__zero *z, int written);
 DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
 /** Stage 3: the buckets whose slices have all been sent (in start order; all: every started
  *  one, after the wait) have their gradients outside the shard discarded from g (they read
- *  as zeros, their memory back to the system). Other stages: nothing. */
+ *  as zeros, their memory back to the system). Other stages, and zero3_keep_grads: nothing. */
 DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);

@@ -262,6 +262,10 @@ typedef struct dtr_dp_config {
                                 for its trust ratios); 0: equal shards (16-float aligned) */
     int zero3_units;       /**< ZeRO-3: gathered units kept besides those the running op reads
                                 (the least recently used is released first); 0: 2 */
+    int zero3_keep_grads;  /**< ZeRO-3: 1 keeps the whole gradient buffer's memory, as ZeRO-2 (no
+                                page faults when backward writes it again: faster, more memory);
+                                0 (default): the gradients outside the shard go back to the system
+                                once sent (docs/distributed.md, "ZeRO-3") */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
@@ -324,7 +328,8 @@ DTR_API dtr_result dtr_dp_set_no_sync(dtr_dp *dp, int no_sync);
  *  codec: the decoded average, within the codec's bound; PowerSGD's second all-reduce runs
  *  here; with ZeRO-2: only this rank's shard holds the average, summed in rank order, the
  *  rest of the buffer keeps this rank's own gradients; with ZeRO-3 the rest reads as zeros:
- *  each bucket's memory outside the shard went back to the system once its slices were sent). During local SGD past its warm-up it returns at once.
+ *  each bucket's memory outside the shard went back to the system once its slices were sent,
+ *  unless cfg.zero3_keep_grads). During local SGD past its warm-up it returns at once.
  *  @return DTR_OK or the first error of a bucket (the group's message names it).
  *  Thread safety: the model's context thread; collective over the group. */
 DTR_API dtr_result dtr_dp_finish(dtr_dp *dp);
