@@ -24,7 +24,7 @@
  *                        plain DP's average; the bytes sent per sync are the non-shard
  *                        gradients (a reduce-scatter's), and outside its shard a rank keeps
  *                        its own gradients
- *   test_zero_half       ZeRO-1 and ZeRO-2 with the slices in bf16 or fp16 (compress BF16 /
+ *   test_zero_half       ZeRO-1, 2 and 3 with the slices in bf16 or fp16 (compress BF16 /
  *                        FP16), worlds 2 and 3, SGD and AdamW: every rank the same weights,
  *                        within 1e-2 (bf16) or 2e-3 (fp16) of plain f32 DP, half the bytes
  *   test_zero_errors     a group of 1 (whole buffer, no shard_sum), stage 3, ZeRO with
@@ -504,7 +504,7 @@ static void test_zero_half(void) {
         for (k = 0; k < 2; k++) {
             a.world = world, a.kind = kinds[k], a.zero = 0, a.compress = DTR_COMPRESS_NONE;
             zrun_world(&a, plain);
-            for (zero = 1; zero <= 2; zero++) {
+            for (zero = 1; zero <= 3; zero++) {
                 a.zero = zero, a.compress = DTR_COMPRESS_NONE;
                 zrun_world(&a, full);
                 for (h = 0; h < 2; h++) {
