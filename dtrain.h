@@ -5549,8 +5549,8 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
 /** Stage 3: the units of parameters gathered together (unit of parameter p: param_unit[p],
- *  kept by the caller; each unit a run of consecutive parameters), every one released now but
- *  this rank's shard; installs the context's param_fetch. keep: gathered units kept besides
+ *  kept by the caller; each unit a run of consecutive parameters), every one released now
+ *  (a rank keeps the values of its shard); installs the context's param_fetch. keep: gathered units kept besides
  *  the running op's. st: the engine's counters (param_gathers, param_bytes_peak, bytes).
  *  @return DTR_OK, DTR_OUT_OF_MEMORY, DTR_BAD_STATE (another engine's param_fetch). */
 DTR__PRIVATE dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int keep, dtr_dp_stats *st);
@@ -7819,8 +7819,8 @@ dtr_result dtr_tensor_retain(dtr_tensor *t) {
     return DTR_OK;
 }
 
-/* DTR_BAD_STATE naming fn when t's storage was released (release_activations), else DTR_OK */
-/* DTR_BAD_STATE when t's values are gone: released by backward, or on other ranks (ZeRO-3) */
+/* DTR_BAD_STATE naming fn when t's values are gone: its storage released by backward
+   (release_activations), or a parameter on other ranks (ZeRO-3); else DTR_OK */
 static dtr_result dtr__check_live(const dtr_tensor *t, const char *fn) {
     if (!dtr__released(t)) return dtr__param_present(t, fn);
     return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: the tensor was released by dtr_backward (release_activations); "
@@ -11810,7 +11810,6 @@ float *dtr_model_params(dtr_model *m) { return m ? m->data : NULL; }
 float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
 dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
 
-/* the buffer `buf` (params or grads) to or from n host floats */
 dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
     dtr_result r = DTR_OK;
     int i;
@@ -11818,6 +11817,7 @@ dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
     return r;
 }
 
+/* the buffer `buf` (params or grads) to or from n host floats */
 static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
     size_t bytes;
@@ -24470,7 +24470,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
  * their owners, point-to-point) when an op reads one of their parameters: the core calls
  * ctx->param_fetch before a kernel whose inputs include a DTR__ABSENT parameter, in forward
  * and in backward (every rank runs the same ops, so the gathers match). A unit is released
- * (its parameters outside the shard flagged absent, their memory discarded) when its
+ * (its parameters flagged absent, its memory outside the shard discarded) when its
  * gradients are final in backward, when `keep` units gathered after it are held besides the
  * running op's, and at the step. The order of the on-demand gathers is recorded each step;
  * while it repeats the last step's, the next unit's gather is posted ahead (one in flight).
@@ -25098,7 +25098,6 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
     if (--b->pending == 0 && !dp->stage && !dp->c->mem_ctx) r = dtr_event_wait(dp->ctx, ready);
     if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
     if (r == DTR_OK && dp->cfg.zero == 3) dtr__zero3_grads_sent(dp->z, dtr__dp_grads(dp), 0);   /* sent: memory back */
-
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                       dtr_comm_last_error(dp->c));
     return DTR_OK;
@@ -25361,8 +25360,9 @@ static dtr_result dtr__dp_step_done(dtr_dp *dp) {
     int64_t w;
     if (dp->z) {
         st->steps++;
-        if (dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 0);   /* the next forward gathers */
-        return dp->cfg.zero == 3 ? DTR_OK : dtr__dp_zero_gather(dp, st);
+        if (dp->cfg.zero != 3) return dtr__dp_zero_gather(dp, st);
+        dtr__zero3_release_all(dp->z, 0);   /* the next forward gathers */
+        return DTR_OK;
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;

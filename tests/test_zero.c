@@ -274,7 +274,7 @@ typedef struct zbig {
     dtr_model *m;
     dtr_dp *dp;
     dtr_comm *c;
-    int gather;             /* 0: dtr_dp_create (ZeRO-3), 1: dtr_dp_gather_params, 2: dtr_dp_step_done,
+    int mode;               /* 0: dtr_dp_create (ZeRO-3), 1: dtr_dp_gather_params, 2: dtr_dp_step_done,
                                3: a training step (sum(a * b), the optimizer's zero_grad emulated) */
     dtr_result r;
     double grads_after_finish;   /* mode 3: resident share of the other shard's gradients then */
@@ -296,7 +296,7 @@ static double resident_share(const float *x, int64_t lo, int64_t hi) {
 static void *zbig_main(void *arg) {
     zbig *b = (zbig *)arg;
     dtr_dp_config dc = dtr_dp_config_init();
-    if (b->gather == 3) {
+    if (b->mode == 3) {
         dtr_context *ctx = dtr_model_context(b->m);
         dtr_tensor *loss = dtr_sum_all(ctx, dtr_mul(ctx, dtr_model_find(b->m, "a"), dtr_model_find(b->m, "b")));
         b->r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
@@ -311,7 +311,7 @@ static void *zbig_main(void *arg) {
         dtr_context_reset(ctx);
         return NULL;
     }
-    if (b->gather) { b->r = b->gather == 1 ? dtr_dp_gather_params(b->dp) : dtr_dp_step_done(b->dp); return NULL; }
+    if (b->mode) { b->r = b->mode == 1 ? dtr_dp_gather_params(b->dp) : dtr_dp_step_done(b->dp); return NULL; }
     dc.zero = 3;
     dc.bucket_bytes = 1 << 20;   /* a unit per parameter */
     b->r = dtr_dp_create(b->m, b->c, &dc, &b->dp);
@@ -337,9 +337,9 @@ static void zbig_shares(zbig *b, double *prm, double *grad, double *own) {
     *own = resident_share(dtr_model_grads(b->m), lo, hi);
 }
 
-static void zbig_run(zbig *b, int gather) {
+static void zbig_run(zbig *b, int mode) {
     int r;
-    for (r = 0; r < 2; r++) b[r].gather = gather, pthread_create(&b[r].tid, NULL, zbig_main, &b[r]);
+    for (r = 0; r < 2; r++) b[r].mode = mode, pthread_create(&b[r].tid, NULL, zbig_main, &b[r]);
     for (r = 0; r < 2; r++) pthread_join(b[r].tid, NULL);
 }
 

@@ -189,8 +189,8 @@ dtr_result dtr_tensor_retain(dtr_tensor *t) {
     return DTR_OK;
 }
 
-/* DTR_BAD_STATE naming fn when t's storage was released (release_activations), else DTR_OK */
-/* DTR_BAD_STATE when t's values are gone: released by backward, or on other ranks (ZeRO-3) */
+/* DTR_BAD_STATE naming fn when t's values are gone: its storage released by backward
+   (release_activations), or a parameter on other ranks (ZeRO-3); else DTR_OK */
 static dtr_result dtr__check_live(const dtr_tensor *t, const char *fn) {
     if (!dtr__released(t)) return dtr__param_present(t, fn);
     return dtr__fail(t->ctx, DTR_BAD_STATE, "%s: the tensor was released by dtr_backward (release_activations); "

@@ -159,7 +159,6 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
     if (--b->pending == 0 && !dp->stage && !dp->c->mem_ctx) r = dtr_event_wait(dp->ctx, ready);
     if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
     if (r == DTR_OK && dp->cfg.zero == 3) dtr__zero3_grads_sent(dp->z, dtr__dp_grads(dp), 0);   /* sent: memory back */
-
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                       dtr_comm_last_error(dp->c));
     return DTR_OK;
@@ -422,8 +421,9 @@ static dtr_result dtr__dp_step_done(dtr_dp *dp) {
     int64_t w;
     if (dp->z) {
         st->steps++;
-        if (dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 0);   /* the next forward gathers */
-        return dp->cfg.zero == 3 ? DTR_OK : dtr__dp_zero_gather(dp, st);
+        if (dp->cfg.zero != 3) return dtr__dp_zero_gather(dp, st);
+        dtr__zero3_release_all(dp->z, 0);   /* the next forward gathers */
+        return DTR_OK;
     }
     w = ++st->steps - dp->cfg.local_sgd_warmup;
     if (!dp->nb || dp->cfg.local_sgd_every <= 0 || w <= 0 || w % dp->cfg.local_sgd_every) return DTR_OK;

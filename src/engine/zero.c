@@ -22,7 +22,7 @@
  * their owners, point-to-point) when an op reads one of their parameters: the core calls
  * ctx->param_fetch before a kernel whose inputs include a DTR__ABSENT parameter, in forward
  * and in backward (every rank runs the same ops, so the gathers match). A unit is released
- * (its parameters outside the shard flagged absent, their memory discarded) when its
+ * (its parameters flagged absent, its memory outside the shard discarded) when its
  * gradients are final in backward, when `keep` units gathered after it are held besides the
  * running op's, and at the step. The order of the on-demand gathers is recorded each step;
  * while it repeats the last step's, the next unit's gather is posted ahead (one in flight).

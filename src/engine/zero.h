@@ -31,8 +31,8 @@ DTR__PRIVATE void dtr__zero_shard(const dtr__zero *z, int64_t *begin, int64_t *e
  *  of the bytes, added in rank order: the same bits on every rank). user: the dtr__zero. */
 DTR__PRIVATE dtr_result dtr__zero_sum(void *user, double *vals, int n);
 /** Stage 3: the units of parameters gathered together (unit of parameter p: param_unit[p],
- *  kept by the caller; each unit a run of consecutive parameters), every one released now but
- *  this rank's shard; installs the context's param_fetch. keep: gathered units kept besides
+ *  kept by the caller; each unit a run of consecutive parameters), every one released now
+ *  (a rank keeps the values of its shard); installs the context's param_fetch. keep: gathered units kept besides
  *  the running op's. st: the engine's counters (param_gathers, param_bytes_peak, bytes).
  *  @return DTR_OK, DTR_OUT_OF_MEMORY, DTR_BAD_STATE (another engine's param_fetch). */
 DTR__PRIVATE dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int keep, dtr_dp_stats *st);

@@ -325,7 +325,6 @@ float *dtr_model_params(dtr_model *m) { return m ? m->data : NULL; }
 float *dtr_model_grads(dtr_model *m) { return m ? m->grad : NULL; }
 dtr_context *dtr_model_context(const dtr_model *m) { return m ? m->ctx : NULL; }
 
-/* the buffer `buf` (params or grads) to or from n host floats */
 dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
     dtr_result r = DTR_OK;
     int i;
@@ -333,6 +332,7 @@ dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
     return r;
 }
 
+/* the buffer `buf` (params or grads) to or from n host floats */
 static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
     size_t bytes;
