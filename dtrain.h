@@ -182,6 +182,15 @@ typedef struct dtr_context_config {
                                           parameters stay, and dtr_tensor_retain keeps others (logits
                                           read for accuracy). 0 (default): everything stays until
                                           dtr_context_reset */
+    dtr_dtype activation_dtype;      /**< the dtype of what ops compute: DTR_F32 (default), DTR_BF16
+                                          or DTR_F16. With a 16-bit one every op's output (the
+                                          losses and sum_all/mean_all excepted: f32) is stored in it,
+                                          half the memory of the activations a step keeps for
+                                          backward; each kernel reads its inputs as f32, computes in
+                                          f32 and rounds its output once. Parameters, gradients and
+                                          optimizer state stay f32 (master weights), so nothing else
+                                          changes. Inputs of any of the three dtypes are taken in
+                                          either mode. fp16 wants dtr_loss_scaler; bf16 does not */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.
@@ -4043,7 +4052,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4047 "dtrain.h"
+#line 4056 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4473,6 +4482,9 @@ struct dtr_tape {
     dtr__node *head;              /* last recorded node */
     dtr__spare *spare;            /* released gradients, for the pass's next ones of that size */
     dtr__spare *unused;           /* descriptors whose block was taken again */
+    float *wide;                  /* 16-bit activations: f32 scratch of the kernels that widen
+                                     their inputs (src/core/widen.c), kept for the next one */
+    size_t wide_bytes;
 };
 
 /** One installed gradient hook (dtr_context_add_grad_hook). */
@@ -4627,6 +4639,9 @@ DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *o
 /** Marks t DTR__GRAD_SPARE when its gradient can be released later (an intermediate, not
  *  retained, on the context's own tape). */
 DTR__PRIVATE void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t);
+/** Gives block p of `bytes` (from dtr__arena_data) back to the current tape's spares, for its
+ *  next allocations: 1, or 0 when p is not that tape's (then it stays until the reset). */
+DTR__PRIVATE int dtr__arena_give_back(dtr_context *ctx, void *p, size_t bytes);
 /** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
  *  and t is not retained; t->grad becomes NULL. */
 DTR__PRIVATE void dtr__grad_release(dtr_context *ctx, dtr_tensor *t);
@@ -4659,7 +4674,7 @@ DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_te
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
-/** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
+/** 1 when x is a usable float (f32, bf16, f16) input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
  *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
@@ -4678,6 +4693,20 @@ DTR__PRIVATE dtr_result dtr__model_present(const dtr_model *m, const char *fn);
 /** ZeRO-3 (on 1): dtr_model_zero_grad zeroes gradient floats [lo, hi) and discards the rest
  *  (it reads as zeros, its memory back to the system) on a host model; on 0: the whole buffer. */
 DTR__PRIVATE void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi);
+/** 1 for the dtypes ops compute with: f32, bf16, f16. */
+static inline int dtr__is_float(dtr_dtype dt) { return dt == DTR_F32 || dt == DTR_BF16 || dt == DTR_F16; }
+/** The dtype ops store what they compute in (dtr_context_config.activation_dtype). */
+static inline dtr_dtype dtr__act_dtype(const dtr_context *ctx) { return ctx->cfg.activation_dtype; }
+/** 1 when node n has a bf16/fp16 input or output that its kernel reads or writes as f32
+ *  (every op but the cast, the checkpoint copy and the views, whose kernels take any dtype). */
+DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n);
+/** Runs kernel (forward: bwd 0) of node n from `table` over f32 copies of its 16-bit inputs
+ *  (and output), rounding the output back after a forward (src/core/widen.c). */
+DTR__PRIVATE dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, struct dtr__node *n, int bwd);
+/** The values of dense float tensor t as f32 in backend memory: its own for f32, else an f32
+ *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
+ *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */
+DTR__PRIVATE const float *dtr__f32_view(dtr_context *ctx, const struct dtr__node *n, const dtr_tensor *t);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -4717,7 +4746,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4721 "dtrain.h"
+#line 4750 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4998,7 +5027,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5002 "dtrain.h"
+#line 5031 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5060,7 +5089,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5064 "dtrain.h"
+#line 5093 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5439,7 +5468,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5443 "dtrain.h"
+#line 5472 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5482,7 +5511,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5486 "dtrain.h"
+#line 5515 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5512,7 +5541,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5516 "dtrain.h"
+#line 5545 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5565,7 +5594,7 @@ DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
  *  one, after the wait) have their gradients outside the shard discarded from g (they read
  *  as zeros, their memory back to the system). Other stages, and zero3_keep_grads: nothing. */
 DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);
-#line 5569 "dtrain.h"
+#line 5598 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5639,7 +5668,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5643 "dtrain.h"
+#line 5672 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5707,7 +5736,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5711 "dtrain.h"
+#line 5740 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5782,7 +5811,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5786 "dtrain.h"
+#line 5815 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6134,7 +6163,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6138 "dtrain.h"
+#line 6167 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6925,7 +6954,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6929 "dtrain.h"
+#line 6958 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7143,6 +7172,9 @@ static dtr_result dtr__create_check(const dtr_context_config *cfg) {
     if ((unsigned)cfg->matmul_precision > DTR_MATMUL_F16)
         return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: matmul_precision %d is not a "
                                 "dtr_matmul_precision", (int)cfg->matmul_precision);
+    if (cfg->activation_dtype != DTR_F32 && cfg->activation_dtype != DTR_BF16 && cfg->activation_dtype != DTR_F16)
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: activation_dtype %d is not f32, bf16 or f16",
+                                (int)cfg->activation_dtype);
     if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
         return DTR__CREATE_FAIL(DTR_VERSION_MISMATCH, "dtr_context_create: backend '%s' was built against another "
                                 "dtrain.h (version %d, vtable of %zu bytes; this one: %d, %zu)",
@@ -7229,6 +7261,8 @@ static void dtr__tape_clear(dtr_tape *t) {
     dtr__arena_reset(&t->data);
     t->head = NULL;
     t->spare = t->unused = NULL;   /* they lived in the arenas */
+    t->wide = NULL;
+    t->wide_bytes = 0;
 }
 
 dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out) {
@@ -7478,13 +7512,18 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
     return 1;
 }
 
-void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
+int dtr__arena_give_back(dtr_context *ctx, void *p, size_t bytes) {
     dtr_tape *st = ctx->cur;
     dtr__spare *s;
+    if (!p || !dtr__tape_owns_data(st, p)) return 0;       /* another tape's block: kept */
+    if (!(s = dtr__spare_desc(ctx, st))) return 0;         /* kept */
+    dtr__spare_push(&st->spare, s, p, dtr__aligned(bytes));
+    return 1;
+}
+
+void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (!dtr__tape_owns_data(st, t->grad)) return;          /* another tape's block: kept */
-    if (!(s = dtr__spare_desc(ctx, st))) return;           /* kept */
-    dtr__spare_push(&st->spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
+    if (!dtr__arena_give_back(ctx, t->grad, (size_t)dtr_tensor_numel(t) * sizeof(float))) return;
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }
@@ -7553,7 +7592,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7557 "dtrain.h"
+#line 7596 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7624,7 +7663,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7628 "dtrain.h"
+#line 7667 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8087,8 +8126,8 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
         if (ctx->status == DTR_OK) dtr__fail(ctx, DTR_NULL_HANDLE, "%s: %s is NULL", op, what);
         return 0;
     }
-    if (x->dtype != DTR_F32) {
-        dtr__fail(ctx, DTR_DTYPE_MISMATCH, "%s: %s must be f32, is %s", op, what, dtr_dtype_name(x->dtype));
+    if (!dtr__is_float(x->dtype)) {
+        dtr__fail(ctx, DTR_DTYPE_MISMATCH, "%s: %s must be f32, bf16 or f16, is %s", op, what, dtr_dtype_name(x->dtype));
         return 0;
     }
     if (x->ctx != ctx) {
@@ -8106,7 +8145,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8110 "dtrain.h"
+#line 8149 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8345,7 +8384,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8349 "dtrain.h"
+#line 8388 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8576,7 +8615,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8580 "dtrain.h"
+#line 8619 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8630,9 +8669,15 @@ static const char *dtr__nonfinite_kind(dtr_context *ctx, const float *x, int64_t
     return isinf(s) ? "Inf" : NULL;
 }
 
-/* the output of a node whose values the check can read: f32, dense */
+/* a tensor whose values the check can read: f32, bf16 or f16 (through an f32 copy), dense */
 static int dtr__checkable(const dtr_tensor *t) {
-    return t && t->storage && t->dtype == DTR_F32 && dtr_tensor_is_contiguous(t);
+    return t && t->storage && dtr__is_float(t->dtype) && dtr_tensor_is_contiguous(t);
+}
+
+/* the kind of t's non-finite values (NULL: finite, or not checkable), n the node checking */
+static const char *dtr__tensor_nonfinite(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
+    if (!dtr__checkable(t)) return NULL;
+    return dtr__nonfinite_kind(ctx, dtr__f32_view(ctx, n, t), dtr_tensor_numel(t));
 }
 
 /* nodes recorded before n on its tape (its 0-based position) */
@@ -8657,7 +8702,7 @@ static void dtr__bad_input(dtr_context *ctx, const dtr__node *n, char *buf, size
     buf[0] = 0;
     for (i = 0; i < n->n_in; i++) {
         const dtr_tensor *x = n->in[i];
-        const char *k = dtr__checkable(x) ? dtr__nonfinite_kind(ctx, dtr__f32(x), dtr_tensor_numel(x)) : NULL;
+        const char *k = dtr__tensor_nonfinite(ctx, n, x);
         if (!k) continue;
         snprintf(buf, len, "; its input %d %s%s already held %s", i, dtr__shape_str(x, shape, sizeof shape),
                  dtr__origin(x, origin, sizeof origin), k);
@@ -8668,9 +8713,7 @@ static void dtr__bad_input(dtr_context *ctx, const dtr__node *n, char *buf, size
 dtr_result dtr__anomaly_forward(dtr_context *ctx, const dtr__node *n) {
     char shape[96], pos[48], inputs[320];
     const char *k;
-    if (!dtr__checkable(n->out)) return DTR_OK;
-    k = dtr__nonfinite_kind(ctx, dtr__f32(n->out), dtr_tensor_numel(n->out));
-    if (!k) return DTR_OK;
+    if (!(k = dtr__tensor_nonfinite(ctx, n, n->out))) return DTR_OK;
     if (n->taped) snprintf(pos, sizeof pos, "tape position %d", dtr__tape_pos(n));
     else snprintf(pos, sizeof pos, "not on the tape");
     dtr__bad_input(ctx, n, inputs, sizeof inputs);
@@ -8691,7 +8734,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8695 "dtrain.h"
+#line 8738 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8747,7 +8790,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8751 "dtrain.h"
+#line 8794 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9112,7 +9155,194 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9116 "dtrain.h"
+#line 9159 "dtrain.h"
+
+/* ---- src/core/widen.c ---- */
+#line 1 "src/core/widen.c"
+/* ============================================================================
+ * 16-bit activations (dtr_context_config.activation_dtype): the kernels of the op list read
+ * and write f32. For a node with a bf16 or fp16 input or output the dispatch
+ * (dtr__table_run) widens each such input into f32 scratch from the step arena, points the
+ * tensor at that scratch while the kernel runs, and after a forward rounds the kernel's f32
+ * output into the tensor's own storage: one conversion each way, in the backend's memory,
+ * through the backend's own CAST kernel, so every backend with a cast kernel takes 16-bit
+ * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
+ * rounded once at the output. Gradients are f32 always; a backward converts the data its
+ * kernel reads (inputs, and the output: tanh's, softmax's backward read it). The scratch is
+ * one block of the current tape's data arena, kept for the next widened kernel and grown when
+ * one needs more (on a device the stream's order keeps a reuse behind the kernels that read
+ * it; a captured graph's addresses stay its tape's). Kernels do not nest (none runs another
+ * through the dispatch), so one block serves them all.
+ * ==========================================================================*/
+
+
+
+/* One tensor pointed at f32 scratch while a kernel runs, and what it was. */
+typedef struct dtr__wide {
+    dtr_tensor *t;
+    void *storage;
+    int64_t offset;
+    dtr_dtype dtype;
+    float *scratch;
+    int64_t n;                  /* elements of scratch: the span of t's view */
+} dtr__wide;
+
+#define DTR__WIDE_INLINE 8
+
+static int dtr__narrow(const dtr_tensor *t) { return t && (t->dtype == DTR_BF16 || t->dtype == DTR_F16); }
+
+/* ops whose kernels take any dtype: the cast, the checkpoint's copy of its region's output,
+   the views (no kernel) and contiguous (a byte copy) */
+static int dtr__any_dtype_op(int op) {
+    return op == DTR_OP_CAST || op == DTR_OP_CHECKPOINT || op == DTR_OP_RESHAPE || op == DTR_OP_PERMUTE ||
+           op == DTR_OP_SLICE || op == DTR_OP_CONTIGUOUS;
+}
+
+int dtr__needs_widening(const dtr__node *n) {
+    int i;
+    if (dtr__any_dtype_op(n->op)) return 0;
+    if (dtr__narrow(n->out)) return 1;
+    for (i = 0; i < n->n_in; i++)
+        if (dtr__narrow(n->in[i])) return 1;
+    return 0;
+}
+
+/* dst (dd) = src (sd), n dense elements, by the table's CAST kernel (the backend's memory) */
+static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd,
+                                void *src, dtr_dtype sd, int64_t n) {
+    dtr_tensor a, b;
+    dtr__node c;
+    memset(&a, 0, sizeof a);
+    a.dtype = sd;
+    a.ndim = 1;
+    a.shape[0] = n;
+    a.stride[0] = 1;
+    a.storage = src;
+    a.ctx = ctx;
+    a.param_index = -1;
+    a.name = "";
+    b = a;
+    b.dtype = dd;
+    b.storage = dst;
+    memset(&c, 0, sizeof c);
+    c.op = DTR_OP_CAST;
+    c.n_in = 1;
+    c.in = c.in_inline;
+    c.in_inline[0] = &a;
+    c.out = &b;
+    return n ? table[DTR_OP_CAST].fwd(ctx, &c) : DTR_OK;
+}
+
+/* Elements from t's first to its last (strides are never negative). */
+static int64_t dtr__view_span(const dtr_tensor *t) {
+    int64_t span = 1;
+    int d;
+    if (dtr_tensor_numel(t) == 0) return 0;
+    for (d = 0; d < t->ndim; d++) span += (t->shape[d] - 1) * t->stride[d];
+    return span;
+}
+
+/* Floats of scratch for t's span, rounded up to 64 (256-byte aligned pieces: vector loads). */
+static int64_t dtr__wide_floats(const dtr_tensor *t) { return (dtr__view_span(t) + 63) / 64 * 64; }
+
+/* The current tape's scratch of at least `floats`: kept for the next widened kernel, grown
+ * (the old block back to the spares) when too small. NULL with the error set. */
+static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t floats) {
+    dtr_tape *t = ctx->cur;
+    size_t bytes = (size_t)(floats ? floats : 64) * sizeof(float);
+    if (t->wide_bytes >= bytes) return t->wide;
+    if (t->wide) dtr__arena_give_back(ctx, t->wide, t->wide_bytes);
+    t->wide_bytes = 0;
+    if (!(t->wide = (float *)dtr__arena_data(ctx, bytes, dtr__op_name(n->op)))) return NULL;
+    t->wide_bytes = bytes;
+    return t->wide;
+}
+
+/* Points t at f32 scratch holding its view's span (converted when `load`), recorded in w. */
+static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx, dtr_tensor *t, float *scratch, int load,
+                                 dtr__wide *w) {
+    dtr_result r;
+    w->t = t;
+    w->storage = t->storage;
+    w->offset = t->offset;
+    w->dtype = t->dtype;
+    w->n = dtr__view_span(t);
+    w->scratch = scratch;
+    if (load && (r = dtr__cast_run(table, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK) return r;
+    t->storage = scratch;
+    t->offset = 0;
+    t->dtype = DTR_F32;
+    return DTR_OK;
+}
+
+/* t as it was (its f32 result rounded into its storage first when `store`) */
+static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, dtr__wide *w, int store) {
+    dtr_tensor *t = w->t;
+    t->storage = w->storage;
+    t->offset = w->offset;
+    t->dtype = w->dtype;
+    return store ? dtr__cast_run(table, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n) : DTR_OK;
+}
+
+/* 1 when in[i] is a 16-bit input not listed before i (an input twice is widened once) */
+static int dtr__widens_input(const dtr__node *n, int i) {
+    int j;
+    if (!dtr__narrow(n->in[i])) return 0;
+    for (j = 0; j < i; j++)
+        if (n->in[j] == n->in[i]) return 0;
+    return 1;
+}
+
+dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr__node *n, int bwd) {
+    dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
+    dtr_result r = DTR_OK, r2;
+    int64_t floats = dtr__narrow(n->out) ? dtr__wide_floats(n->out) : 0;
+    float *scratch;
+    int i, k = 0, out_k = -1;
+    for (i = 0; i < n->n_in; i++)
+        if (dtr__widens_input(n, i)) floats += dtr__wide_floats(n->in[i]);
+    if (!(scratch = dtr__wide_scratch(ctx, n, floats))) return ctx->status;
+    if (n->n_in + 1 > DTR__WIDE_INLINE &&
+        !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
+        return ctx->status;
+    for (i = 0; r == DTR_OK && i < n->n_in; i++) {
+        int64_t f = dtr__wide_floats(n->in[i]);
+        if (dtr__widens_input(n, i) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
+            scratch += f;
+            k++;
+        }
+    }
+    if (r == DTR_OK && dtr__narrow(n->out) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+        out_k = k++;
+    if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
+    while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */
+        r2 = dtr__unwiden(table, ctx, &w[k], k == out_k && !bwd && r == DTR_OK);
+        if (r == DTR_OK) r = r2;
+    }
+    return r;
+}
+
+const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
+    dtr_tensor a, b;
+    dtr__node c;
+    int64_t count = dtr_tensor_numel(t);
+    float *scratch;
+    if (t->dtype == DTR_F32) return dtr__f32(t);
+    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64))) return NULL;
+    memset(&c, 0, sizeof c);
+    a = *t;
+    b = *t;
+    b.dtype = DTR_F32;
+    b.storage = scratch;
+    b.offset = 0;
+    c.op = DTR_OP_CAST;
+    c.n_in = 1;
+    c.in = c.in_inline;
+    c.in_inline[0] = &a;
+    c.out = &b;
+    return ctx->backend->forward(ctx, &c) == DTR_OK ? scratch : NULL;
+}
+#line 9346 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9194,7 +9424,7 @@ static dtr_tensor *dtr__binary(dtr_context *ctx, int op, const char *name, dtr_t
         n = dtr__node_new(ctx, op, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, bc.nd, bc.shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), bc.nd, bc.shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -9282,7 +9512,7 @@ static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_te
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     if (op == DTR_OP_SCALE) n->p.scale = arg;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -9397,7 +9627,7 @@ static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_t
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.axis = axis;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, nd, shape, name);
+    n->out = dtr__tensor_alloc(ctx, op == DTR_OP_SUM || op == DTR_OP_MEAN ? dtr__act_dtype(ctx) : DTR_F32, nd, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -9542,7 +9772,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9546 "dtrain.h"
+#line 9776 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9607,7 +9837,7 @@ dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
         n = dtr__node_new(ctx, DTR_OP_MATMUL, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, bt.nd + 2, shape, "dtr_matmul");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), bt.nd + 2, shape, "dtr_matmul");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_matmul");
 }
@@ -9683,7 +9913,7 @@ dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
         n = dtr__node_new(ctx, DTR_OP_LINEAR, bias ? 3 : 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, "dtr_linear");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, shape, "dtr_linear");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_linear");
 }
@@ -9721,7 +9951,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9725 "dtrain.h"
+#line 9955 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -9754,7 +9984,7 @@ static dtr_tensor *dtr__softmax_like(dtr_context *ctx, int op, const char *name,
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -9936,7 +10166,7 @@ dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) 
         n = dtr__node_new(ctx, DTR_OP_EMBEDDING, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, ids->ndim + 1, shape, "dtr_embedding");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), ids->ndim + 1, shape, "dtr_embedding");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_embedding");
 }
@@ -9993,7 +10223,7 @@ dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_te
     }
     if (!n) return NULL;
     n->p.eps = eps;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_layernorm");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_layernorm");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_layernorm");
 }
@@ -10074,7 +10304,7 @@ dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
     n->p.dropout.p = p;
     n->p.dropout.rng = ctx->rng;
     dtr__rng_advance(&ctx->rng, (uint64_t)dtr_tensor_numel(x));
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_dropout");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_dropout");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_dropout");
 }
@@ -10134,7 +10364,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     }
     if (!n) return NULL;
     n->p.heads = heads;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 3, q->shape, "dtr_attention");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
 }
@@ -10250,7 +10480,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10254 "dtrain.h"
+#line 10484 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10422,7 +10652,7 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     if (!n) return NULL;
     n->p.conv2d.stride = stride;
     n->p.conv2d.padding = padding;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, "dtr_conv2d");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
 }
@@ -10567,7 +10797,7 @@ static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_t
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.pool2d.k = k; n->p.pool2d.stride = stride; n->p.pool2d.padding = padding;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -10749,7 +10979,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10753 "dtrain.h"
+#line 10983 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -10923,7 +11153,7 @@ dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int count, int a
     n = dtr__node_new(ctx, DTR_OP_CONCAT, count, xs);
     if (!n) return NULL;
     n->p.view.axis = axis;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, ndim, shape, "dtr_concat");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), ndim, shape, "dtr_concat");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_concat");
 mismatch:
@@ -11008,7 +11238,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11012 "dtrain.h"
+#line 11242 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11055,7 +11285,7 @@ static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tenso
     n->p.comm = comm;
     memcpy(shape, x->shape, sizeof shape);
     if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -11351,7 +11581,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11355 "dtrain.h"
+#line 11585 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11373,6 +11603,7 @@ dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dt
     if (!dtr__table_has(table, n->op))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s backend: op %d (%s) has no %s kernel in this version", backend, n->op,
                          dtr__op_name(n->op), bwd ? "backward" : "forward");
+    if (dtr__needs_widening(n)) return dtr__run_widened(table, ctx, n, bwd);
     return bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
 }
 
@@ -11479,7 +11710,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11483 "dtrain.h"
+#line 11714 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12021,7 +12252,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12025 "dtrain.h"
+#line 12256 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12190,7 +12421,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12194 "dtrain.h"
+#line 12425 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12439,7 +12670,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12443 "dtrain.h"
+#line 12674 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -12961,7 +13192,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 12965 "dtrain.h"
+#line 13196 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13099,7 +13330,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13103 "dtrain.h"
+#line 13334 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13446,7 +13677,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13450 "dtrain.h"
+#line 13681 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13512,7 +13743,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13516 "dtrain.h"
+#line 13747 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13749,7 +13980,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13753 "dtrain.h"
+#line 13984 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14498,7 +14729,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14502 "dtrain.h"
+#line 14733 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -14951,7 +15182,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 14955 "dtrain.h"
+#line 15186 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15007,7 +15238,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15011 "dtrain.h"
+#line 15242 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -15784,7 +16015,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 15788 "dtrain.h"
+#line 16019 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16365,7 +16596,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16369 "dtrain.h"
+#line 16600 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -16996,7 +17227,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17000 "dtrain.h"
+#line 17231 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -17786,7 +18017,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 17790 "dtrain.h"
+#line 18021 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18139,7 +18370,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18143 "dtrain.h"
+#line 18374 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18329,7 +18560,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18333 "dtrain.h"
+#line 18564 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18510,7 +18741,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18514 "dtrain.h"
+#line 18745 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19285,7 +19516,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19289 "dtrain.h"
+#line 19520 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -19802,7 +20033,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 19806 "dtrain.h"
+#line 20037 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20597,7 +20828,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20601 "dtrain.h"
+#line 20832 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21845,7 +22076,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 21849 "dtrain.h"
+#line 22080 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22467,7 +22698,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22471 "dtrain.h"
+#line 22702 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -22968,7 +23199,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 22972 "dtrain.h"
+#line 23203 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23698,7 +23929,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23702 "dtrain.h"
+#line 23933 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -23934,7 +24165,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 23938 "dtrain.h"
+#line 24169 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24063,7 +24294,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24067 "dtrain.h"
+#line 24298 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24442,7 +24673,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24446 "dtrain.h"
+#line 24677 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -24933,7 +25164,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 24937 "dtrain.h"
+#line 25168 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25444,7 +25675,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25448 "dtrain.h"
+#line 25679 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25941,7 +26172,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 25945 "dtrain.h"
+#line 26176 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27316,7 +27547,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27320 "dtrain.h"
+#line 27551 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27370,7 +27601,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27374 "dtrain.h"
+#line 27605 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28546,7 +28777,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28550 "dtrain.h"
+#line 28781 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29436,7 +29667,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29440 "dtrain.h"
+#line 29671 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -30914,7 +31145,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 30918 "dtrain.h"
+#line 31149 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31298,7 +31529,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31302 "dtrain.h"
+#line 31533 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31447,7 +31678,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31451 "dtrain.h"
+#line 31682 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -286,9 +286,25 @@ DEVSIM_WRAP(reduce, (dtr_context *ctx, void *out, const void *a, const void *b, 
 static int devsim__staged(const dtr__node *n) {
     return n->op == DTR_OP_TP_COPY || n->op == DTR_OP_TP_REDUCE || n->op == DTR_OP_TP_GATHER || n->op == DTR_OP_VOCAB_CROSS_ENTROPY;
 }
+static dtr_result devsim__cast(dtr_context *ctx, dtr__node *n) {
+    dtr_result r;
+    devsim__enter(ctx);
+    r = dtr__cpu_backend.forward(ctx, n);
+    devsim__leave(ctx);
+    return r;
+}
+/* dispatched as the CUDA backend's table is (16-bit tensors widened around the staged kernels
+   by the cast kernel) */
+static const dtr__kernel_pair devsim__staged_table[DTR_OP_COUNT] = {
+    [DTR_OP_TP_COPY] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
+    [DTR_OP_TP_REDUCE] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
+    [DTR_OP_TP_GATHER] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
+    [DTR_OP_VOCAB_CROSS_ENTROPY] = {dtr__comm_staged_fwd, dtr__comm_staged_bwd},
+    [DTR_OP_CAST] = {devsim__cast, NULL},
+};
 static dtr_result devsim__run(dtr_context *ctx, dtr__node *n, int bwd) {
     dtr_result r;
-    if (devsim__staged(n)) return bwd ? dtr__comm_staged_bwd(ctx, n) : dtr__comm_staged_fwd(ctx, n);
+    if (devsim__staged(n)) return dtr__table_run(devsim__staged_table, "devsim", ctx, n, bwd);
     devsim__enter(ctx);
     r = bwd ? dtr__cpu_backend.backward(ctx, n) : dtr__cpu_backend.forward(ctx, n);
     devsim__leave(ctx);

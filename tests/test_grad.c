@@ -27,6 +27,7 @@ typedef struct gc_hooks { void (*setup)(dtr_context *ctx); void (*teardown)(void
 
 static int g_threads = 1;
 static int g_covered[DTR_OP_COUNT];   /* ops seen on the tape of some case */
+static dtr_dtype g_leaf_dtype = DTR_F32;   /* bf16/f16: a case's ops get its leaves cast to it */
 
 static void mark_covered(const dtr_context *ctx) {
     const dtr__node *n;
@@ -58,6 +59,11 @@ static dtr_tensor *gc_forward(dtr_context *ctx, int nin, const gc_input *spec, f
     for (i = 0; i < nin; i++) {
         leaves[i] = dtr_tensor_from(ctx, DTR_F32, spec[i].ndim, spec[i].shape, data[i]);
         if (track) dtr_tensor_requires_grad(leaves[i]);
+    }
+    if (g_leaf_dtype != DTR_F32) {   /* the ops read 16-bit inputs; the leaves keep the gradients */
+        dtr_tensor *narrow[MAXIN];
+        for (i = 0; i < nin; i++) narrow[i] = dtr_cast(ctx, leaves[i], g_leaf_dtype);
+        return fn(ctx, narrow, user);
     }
     return fn(ctx, leaves, user);
 }
@@ -429,13 +435,15 @@ static void test_gradients(void) {
 
 typedef struct run_result {
     int ok;
+    dtr_dtype out_dtype;
+    int out_op;          /* the op that made the output */
     int64_t n_out, n_grad;
     float *out, *grad;   /* the output, then every input's gradient, concatenated */
 } run_result;
 
 /* One forward and backward of a case on ctx, with the loss sum(out * R), R = 0.5 + out index / n. */
 static run_result run_case(dtr_context *ctx, const op_case *c) {
-    run_result r = {0, 0, 0, NULL, NULL};
+    run_result r = {0, DTR_F32, 0, 0, 0, NULL, NULL};
     dtr_tensor *leaves[MAXIN], *out, *loss, *Rt;
     float *data[MAXIN], *R;
     dtr_rng rng;
@@ -452,6 +460,8 @@ static run_result run_case(dtr_context *ctx, const op_case *c) {
     out = gc_forward(ctx, c->nin, c->in, data, c->fn, (void *)c->arg, 1, leaves);
     mark_covered(ctx);
     if (out) {
+        r.out_dtype = dtr_tensor_dtype(out);
+        r.out_op = out->node ? out->node->op : 0;
         r.n_out = dtr_tensor_numel(out);
         R = malloc((size_t)(r.n_out ? r.n_out : 1) * sizeof(float));
         for (k = 0; k < r.n_out; k++) R[k] = 0.5f + (float)k / (float)r.n_out;
@@ -559,6 +569,206 @@ static void test_backend_parity(void) {
 #endif
 }
 
+/* ---- 16-bit activations (dtr_context_config.activation_dtype) ---- */
+
+static dtr_context *narrow_ctx(const dtr_backend *be, dtr_dtype dt) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cfg.backend = be;
+    cfg.threads = 1;
+    cfg.activation_dtype = dt;
+    cfg.seed = 11;
+    CHECK_MSG(dtr_context_create(&cfg, &ctx) == DTR_OK, "context with activation_dtype %s", dtr_dtype_name(dt));
+    return ctx;
+}
+
+/* 1 when every value is one a tensor of dtype dt holds (stored in 16 bits, read back) */
+static int representable(const float *x, int64_t n, dtr_dtype dt) {
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        float v = dt == DTR_BF16 ? dtr_bf16_to_f32(dtr_f32_to_bf16(x[i])) : dtr_f16_to_f32(dtr_f32_to_f16(x[i]));
+        if (v != x[i] && !(v != v && x[i] != x[i])) return 0;
+    }
+    return 1;
+}
+
+/* the ops whose output is f32 whatever the activations' dtype: losses, whole sums */
+static int f32_out(int op) {
+    return op == DTR_OP_CROSS_ENTROPY || op == DTR_OP_MSE || op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL ||
+           op == DTR_OP_VOCAB_CROSS_ENTROPY;
+}
+
+/* Every case with its leaves cast to dt on a context computing in dt, against the f32 CPU:
+   within tol; outputs stored in dt (their values dt's) but for losses and whole sums (f32)
+   and the cast case's (f32, its last cast's). Returns the largest
+   difference seen (0 only if nothing was rounded). */
+static double narrow_against_f32(dtr_context *nar, const char *backend, dtr_dtype dt, double tol) {
+    double worst = 0.0;
+    int i, narrow_outs = 0;
+    for (i = 0; i < N_CASES; i++) {
+        dtr_context *ref = test_ctx(1);
+        run_result a, b;
+        nar->rng = ref->rng;
+        a = run_case(ref, &CASES[i]);
+        g_leaf_dtype = dt;
+        b = run_case(nar, &CASES[i]);
+        g_leaf_dtype = DTR_F32;
+        CHECK_MSG(a.ok && b.ok, "%s on %s (%s activations): the case did not run: %s", CASES[i].name, backend,
+                  dtr_dtype_name(dt), dtr_context_last_error(nar));
+        if (a.ok && b.ok) {
+            double d = max_rel_diff(&a, &b);
+            dtr_dtype want = b.out_op == DTR_OP_CAST ? b.out_dtype : f32_out(b.out_op) ? DTR_F32 : dt;
+            CHECK_MSG(d <= tol, "%s on %s (%s activations): differs from f32 by %.3g (tolerance %.3g)", CASES[i].name,
+                      backend, dtr_dtype_name(dt), d, tol);
+            CHECK_MSG(b.out_dtype == want, "%s: output %s, expected %s", CASES[i].name, dtr_dtype_name(b.out_dtype),
+                      dtr_dtype_name(want));
+            if (b.out_dtype == dt) {
+                CHECK_MSG(representable(b.out, b.n_out, dt), "%s: output not rounded to %s", CASES[i].name, dtr_dtype_name(dt));
+                narrow_outs++;
+            }
+            if (d > worst) worst = d;
+        }
+        free(a.out);
+        free(b.out);
+        dtr_context_destroy(ref);
+        dtr_context_reset(nar);
+    }
+    printf("  %s, %s activations: %d of %d outputs in %s, largest difference from f32 %.3g\n", backend,
+           dtr_dtype_name(dt), narrow_outs, N_CASES, dtr_dtype_name(dt), worst);
+    CHECK(narrow_outs >= N_CASES / 2);
+    return worst;
+}
+
+/* The same cases, 16-bit on another backend against 16-bit on the CPU (leaves cast too). */
+static void narrow_parity(dtr_context *other, const char *backend, dtr_dtype dt, double tol) {
+    int i;
+    for (i = 0; i < N_CASES; i++) {
+        dtr_context *ref = narrow_ctx(NULL, dt);
+        run_result a, b;
+        other->rng = ref->rng;
+        g_leaf_dtype = dt;
+        a = run_case(ref, &CASES[i]);
+        b = run_case(other, &CASES[i]);
+        g_leaf_dtype = DTR_F32;
+        CHECK_MSG(a.ok && b.ok, "%s on %s (%s activations): %s", CASES[i].name, backend, dtr_dtype_name(dt),
+                  dtr_context_last_error(other));
+        if (a.ok && b.ok)
+            CHECK_MSG(a.n_out == b.n_out && max_rel_diff(&a, &b) <= tol, "%s on %s (%s activations): differs from the CPU by %.3g",
+                      CASES[i].name, backend, dtr_dtype_name(dt), max_rel_diff(&a, &b));
+        free(a.out);
+        free(b.out);
+        dtr_context_destroy(ref);
+        dtr_context_reset(other);
+    }
+}
+
+static void test_narrow_activations(void) {
+    dtr_context *bf = narrow_ctx(NULL, DTR_BF16), *hf = narrow_ctx(NULL, DTR_F16), *sim;
+    /* 8 (bf16) and 11 (fp16) significant bits at each op's output, through up to a dozen ops */
+    CHECK(narrow_against_f32(bf, "cpu", DTR_BF16, 4e-2) > 1e-3);
+    CHECK(narrow_against_f32(hf, "cpu", DTR_F16, 6e-3) > 1e-4);
+    dtr_context_destroy(bf);
+    dtr_context_destroy(hf);
+    /* the simulated device: the same kernels and conversions, through the backend's memory only */
+    sim = narrow_ctx(devsim_backend(), DTR_BF16);
+    if (sim) narrow_parity(sim, "devsim", DTR_BF16, 0.0);
+    dtr_context_destroy(sim);
+    CHECK_EQ_INT(devsim__violations, 0);
+#ifdef DTR_TEST_CUDA
+    if (dtr_cuda_device_count() > 0) {
+        dtr_context *gpu = narrow_ctx(dtr_cuda_backend(), DTR_BF16);
+        if (gpu) narrow_parity(gpu, "cuda", DTR_BF16, 2e-2);   /* a rounding flipped by f32 kernels' order */
+        dtr_context_destroy(gpu);
+        gpu = narrow_ctx(dtr_cuda_backend(), DTR_F16);
+        if (gpu) narrow_parity(gpu, "cuda", DTR_F16, 3e-3);
+        dtr_context_destroy(gpu);
+        return;
+    }
+#endif
+    printf("*** 16-bit activations: no GPU in this build or machine: CUDA parity SKIPPED ***\n");
+}
+
+/* The arithmetic: f32 on the inputs as stored, one rounding at the output; gradients f32. */
+static void test_narrow_rounding(void) {
+    dtr_context *f = test_ctx(1), *b = narrow_ctx(NULL, DTR_BF16);
+    float xv[64], yv[64], out[64], gf[64], gb[64];
+    int64_t n = 64;
+    dtr_rng rng;
+    int i, exact = 1, rounded = 0;
+    dtr_tensor *x, *y, *h, *s;
+    dtr_rng_seed(&rng, 5, 1);
+    for (i = 0; i < 64; i++) { xv[i] = dtr_rng_normal(&rng); yv[i] = dtr_rng_normal(&rng); }
+    x = dtr_tensor_requires_grad(dtr_tensor_from(b, DTR_F32, 1, &n, xv));
+    y = dtr_tensor_from(b, DTR_F32, 1, &n, yv);
+    h = dtr_gelu(b, x);                                  /* f32 in, bf16 out */
+    s = dtr_add(b, h, dtr_cast(b, y, DTR_BF16));         /* bf16 + bf16 */
+    CHECK(dtr_tensor_dtype(h) == DTR_BF16 && dtr_tensor_dtype(s) == DTR_BF16);
+    CHECK_OK(b, dtr_tensor_read(s, DTR_F32, out, 64));
+    for (i = 0; i < 64; i++) {
+        float hg = dtr_bf16_to_f32(dtr_f32_to_bf16(dtr__f_gelu(xv[i])));
+        float want = dtr_bf16_to_f32(dtr_f32_to_bf16(hg + dtr_bf16_to_f32(dtr_f32_to_bf16(yv[i]))));
+        exact &= out[i] == want;
+        rounded += out[i] != dtr__f_gelu(xv[i]) + yv[i];
+    }
+    CHECK_MSG(exact, "bf16 gelu + add: not f32 arithmetic rounded once per op");
+    CHECK(rounded > 32);
+    /* the gradient of gelu's f32 input: f32, the f32 context's bits */
+    CHECK_OK(b, dtr_backward(b, dtr_sum_all(b, h)));
+    memcpy(gb, dtr_tensor_grad(x), sizeof gb);
+    x = dtr_tensor_requires_grad(dtr_tensor_from(f, DTR_F32, 1, &n, xv));
+    CHECK_OK(f, dtr_backward(f, dtr_sum_all(f, dtr_gelu(f, x))));
+    memcpy(gf, dtr_tensor_grad(x), sizeof gf);
+    CHECK(memcmp(gf, gb, sizeof gf) == 0);
+    dtr_context_destroy(f);
+    dtr_context_destroy(b);
+}
+
+/* Six GPT blocks' forward and backward: the activations kept for backward take half the
+   bytes in bf16 (the gradients of a pass are f32 either way, released as it goes). */
+static void test_narrow_memory(void) {
+    size_t peak[2], fwd[2];
+    int k, b;
+    for (k = 0; k < 2; k++) {
+        dtr_context *ctx = narrow_ctx(NULL, k ? DTR_BF16 : DTR_F32);
+        dtr_model *m = NULL;
+        dtr_gpt_block blk[6];
+        int64_t shape[3] = {4, 64, 64};
+        char name[8];
+        float loss[2];
+        dtr_tensor *y;
+        CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
+        for (b = 0; b < 6; b++) {
+            snprintf(name, sizeof name, "h%d", b);
+            dtr_gpt_block_init(&blk[b], m, name, 64, 4);
+        }
+        CHECK_OK(ctx, dtr_model_build(m));
+        y = dtr_tensor_zeros(ctx, DTR_F32, 3, shape);
+        dtr_context_arena_peak(ctx, 1);
+        for (b = 0; b < 6; b++) y = dtr_gpt_block_forward(ctx, &blk[b], y);
+        fwd[k] = dtr_context_arena_peak(ctx, 0);
+        y = dtr_mean_all(ctx, dtr_mul(ctx, y, y));
+        CHECK_OK(ctx, dtr_backward(ctx, y));
+        peak[k] = dtr_context_arena_peak(ctx, 0);
+        CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, &loss[k], 1));
+        dtr_model_destroy(m);
+        dtr_context_destroy(ctx);
+    }
+    printf("  6 GPT blocks (4 x 64 x 64): step-arena peak after forward %zu / %zu bytes (f32 / bf16, %.2fx), "
+           "after backward %zu / %zu (%.2fx)\n", fwd[0], fwd[1], (double)fwd[1] / (double)fwd[0], peak[0], peak[1],
+           (double)peak[1] / (double)peak[0]);
+    CHECK(fwd[1] < fwd[0] * 6 / 10);
+    CHECK(peak[1] < peak[0] * 3 / 4);
+}
+
+static void test_narrow_errors(void) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cfg.activation_dtype = DTR_I32;
+    CHECK_EQ_INT(dtr_context_create(&cfg, &ctx), DTR_INVALID_ARGUMENT);
+    CHECK(ctx == NULL);
+    CHECK(strstr(dtr_context_create_error(), "activation_dtype") != NULL);
+}
+
 /* ---- coverage ---- */
 
 static void test_op_coverage(void) {
@@ -601,6 +811,10 @@ int main(void) {
     }
     RUN(test_cast_straight_through);
     RUN(test_backend_parity);
+    RUN(test_narrow_activations);
+    RUN(test_narrow_rounding);
+    RUN(test_narrow_memory);
+    RUN(test_narrow_errors);
     RUN(test_op_coverage);   /* after the cases above have run */
     dtr_comm_destroy(g_comm1);
     dtr_local_world_destroy(w1);

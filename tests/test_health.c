@@ -62,6 +62,34 @@ static void t_anomaly_forward_div(void) {
     dtr_context_destroy(ctx);
 }
 
+/* 16-bit activations are checked too: fp16 overflows past 65504 (the f32 result of the
+ * kernel is finite; the stored output is not), and a bf16 input already held the NaN */
+static void t_anomaly_narrow(void) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    int64_t s[1] = {4};
+    float x[4] = {1, 2, 40000, 4};
+    dtr_tensor *h;
+    const char *msg;
+    cfg.threads = 1;
+    cfg.activation_dtype = DTR_F16;
+    CHECK(dtr_context_create(&cfg, &ctx) == DTR_OK);
+    dtr_context_set_anomaly(ctx, 1);
+    h = dtr_tensor_from(ctx, DTR_F32, 1, s, x);
+    CHECK(dtr_scale(ctx, h, 1.5f) != NULL);          /* 60000: fp16 holds it */
+    CHECK(dtr_scale(ctx, h, 2.0f) == NULL);          /* 80000: Inf in fp16 */
+    msg = dtr_context_last_error(ctx);
+    CHECK_MSG(strstr(msg, "forward of op 'scale'") && strstr(msg, "produced Inf"), "%s", msg);
+    dtr_context_clear_error(ctx);
+    dtr_context_set_anomaly(ctx, 0);
+    h = dtr_scale(ctx, h, 2.0f);                      /* off: stored as Inf */
+    dtr_context_set_anomaly(ctx, 1);
+    CHECK(h && dtr_relu(ctx, h) == NULL);
+    msg = dtr_context_last_error(ctx);
+    CHECK_MSG(strstr(msg, "forward of op 'relu'") && strstr(msg, "input 0 (4)") && strstr(msg, "already held Inf"), "%s", msg);
+    dtr_context_destroy(ctx);
+}
+
 /* NaN in the data: the first op that reads it (the linear layer, tape position 0) is named,
  * and so is its input that held the NaN already */
 static void t_anomaly_forward_data(void) {
@@ -351,6 +379,7 @@ int main(void) {
     RUN(t_anomaly_off_by_default);
     RUN(t_anomaly_forward_div);
     RUN(t_anomaly_forward_data);
+    RUN(t_anomaly_narrow);
     RUN(t_anomaly_backward);
     RUN(t_nan_input_skipped_by_default);
     RUN(t_nan_input_stop_warn_off);

@@ -13,7 +13,10 @@
  *                        the forward without gradient recording against the recorded one.
  *   test_gpt_tiny        a 2-block GPT (width 32, 2 heads, context 16) with token and position
  *                        embeddings learns a repetitive text: cross-entropy from about
- *                        ln(vocab) to below 0.5 within 200 AdamW steps.
+ *                        ln(vocab) to below 0.5 within 200 AdamW steps; test_gpt_tiny_bf16
+ *                        the same with bf16 activations.
+ *   test_mlp_fmnist_bf16 the MLP, 1 epoch on 30000 images (10000 quick), with f32 and with bf16
+ *                        activations: bf16 within a point of f32's test accuracy.
  *
  * The networks, the data loading and the training loop are those of examples/common.h.
  * Data: $DTR_FMNIST_DIR, else /usr/share/datasets/fashion-mnist. When the data set is missing
@@ -60,8 +63,18 @@ static int need_data(void) {
 /* Trains `arch` on the first n_train images of a seeded shuffle for `epochs` epochs (SGD
  * lr 0.05, momentum 0.9, cosine decay to 0, batch 64) and returns the accuracy on the first
  * n_test test images, or -1. */
-static double train_fmnist(fm_arch arch, int64_t n_train, int epochs, int64_t n_test, uint64_t seed) {
-    dtr_context *ctx = test_ctx(THREADS);
+/* A context of THREADS threads whose ops compute in `act` (dtr_context_config.activation_dtype). */
+static dtr_context *train_ctx(dtr_dtype act) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cfg.threads = THREADS;
+    cfg.activation_dtype = act;
+    if (dtr_context_create(&cfg, &ctx) != DTR_OK) { fprintf(stderr, "cannot create context\n"); exit(2); }
+    return ctx;
+}
+
+static double train_fmnist(fm_arch arch, int64_t n_train, int epochs, int64_t n_test, uint64_t seed, dtr_dtype act) {
+    dtr_context *ctx = train_ctx(act);
     dtr_optimizer *opt = NULL;
     fm_net net;
     fm_batch b;
@@ -86,8 +99,9 @@ static double train_fmnist(fm_arch arch, int64_t n_train, int epochs, int64_t n_
     }
     if (n_test > g_data.test_n) n_test = g_data.test_n;
     CHECK_OK(ctx, fm_evaluate(ctx, &net, g_data.test_x, g_data.test_y, n_test, &b, &acc));
-    printf("     %s, %lld images x %d epoch(s): last-epoch loss %.4f, train acc %.2f%%, "
-           "test acc %.2f%% on %lld images (%.1f s)\n", arch == FM_MLP ? "MLP" : "CNN", (long long)n_train, epochs,
+    printf("     %s (%s activations), %lld images x %d epoch(s): last-epoch loss %.4f, train acc %.2f%%, "
+           "test acc %.2f%% on %lld images (%.1f s)\n", arch == FM_MLP ? "MLP" : "CNN", dtr_dtype_name(act),
+           (long long)n_train, epochs,
            st.loss, 100.0 * st.acc, 100.0 * acc, (long long)n_test, fm_now() - t0);
 done:
     free(order);
@@ -104,19 +118,29 @@ static void test_mlp_fmnist(void) {
     double acc;
     if (!need_data()) return;
     if (g_quick) {
-        acc = train_fmnist(FM_MLP, 10000, 1, g_data.test_n, 1);
+        acc = train_fmnist(FM_MLP, 10000, 1, g_data.test_n, 1, DTR_F32);
         CHECK_MSG(acc >= 0.75, "MLP, 10000 images, 1 epoch: test accuracy %.4f < 0.75", acc);
     } else {
-        acc = train_fmnist(FM_MLP, g_data.train_n, 2, g_data.test_n, 1);
+        acc = train_fmnist(FM_MLP, g_data.train_n, 2, g_data.test_n, 1, DTR_F32);
         CHECK_MSG(acc >= 0.85, "MLP, 2 epochs: test accuracy %.4f < 0.85", acc);
     }
+}
+
+/* The MLP with bf16 activations: within a point of f32's accuracy on the same images */
+static void test_mlp_fmnist_bf16(void) {
+    int64_t n = g_quick ? 10000 : 30000;
+    double a32, a16;
+    if (!need_data()) return;
+    a32 = train_fmnist(FM_MLP, n, 1, g_data.test_n, 1, DTR_F32);
+    a16 = train_fmnist(FM_MLP, n, 1, g_data.test_n, 1, DTR_BF16);
+    CHECK_MSG(a16 >= a32 - 0.01 && a16 >= 0.75, "MLP, bf16 activations: test accuracy %.4f (f32 %.4f)", a16, a32);
 }
 
 static void test_cnn_fmnist(void) {
     double acc;
     if (!need_data()) return;
     /* quick (sanitizer) runs score the first 2000 test images only */
-    acc = train_fmnist(FM_CNN, 6000, 1, g_quick ? 2000 : g_data.test_n, 1);
+    acc = train_fmnist(FM_CNN, 6000, 1, g_quick ? 2000 : g_data.test_n, 1, DTR_F32);
     CHECK_MSG(acc >= 0.70, "CNN, 6000 images, 1 epoch: test accuracy %.4f < 0.70", acc);
 }
 
@@ -331,10 +355,10 @@ static dtr_tensor *tiny_gpt_forward(dtr_context *ctx, const tiny_gpt *g, dtr_ten
     return dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln_f, x));
 }
 
-static void test_gpt_tiny(void) {
+static void gpt_tiny(dtr_dtype act) {
     static const char sentence[] = "the quick brown fox jumps over the lazy dog. ";
     enum { TEXT = 1024, STEPS = 200 };
-    dtr_context *ctx = test_ctx(THREADS);
+    dtr_context *ctx = train_ctx(act);
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
     dtr_optimizer_config oc;
@@ -387,8 +411,8 @@ static void test_gpt_tiny(void) {
         CHECK_OK(ctx, dtr_context_reset(ctx));
         if (test__case_failed) goto done;
     }
-    printf("     GPT: vocab %d, loss %.3f (ln V = %.3f) -> %.3f (mean of the last 10 steps)\n", vocab, first,
-           log((double)vocab), tail);
+    printf("     GPT (%s activations): vocab %d, loss %.3f (ln V = %.3f) -> %.3f (mean of the last 10 steps)\n",
+           dtr_dtype_name(act), vocab, first, log((double)vocab), tail);
     CHECK_MSG(fabs(first - log((double)vocab)) < 0.5, "initial loss %.3f is not near ln(%d) = %.3f", first, vocab,
               log((double)vocab));
     CHECK_MSG(tail < 0.5f, "loss after %d AdamW steps is %.3f (mean of the last 10), want < 0.5", STEPS, tail);
@@ -398,13 +422,19 @@ done:
     dtr_context_destroy(ctx);
 }
 
+static void test_gpt_tiny(void) { gpt_tiny(DTR_F32); }
+/* the same with bf16 activations (f32 parameters, gradients and AdamW moments) */
+static void test_gpt_tiny_bf16(void) { gpt_tiny(DTR_BF16); }
+
 int main(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     g_quick = q && *q && strcmp(q, "0") != 0;
     RUN(test_conv_pool_kernels);
     RUN(test_threads_bitwise);
     RUN(test_gpt_tiny);
+    RUN(test_gpt_tiny_bf16);
     RUN(test_mlp_fmnist);
+    RUN(test_mlp_fmnist_bf16);
     RUN(test_cnn_fmnist);
     dtr_mnist_destroy(&g_data);
     return test_summary();

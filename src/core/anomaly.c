@@ -48,9 +48,15 @@ static const char *dtr__nonfinite_kind(dtr_context *ctx, const float *x, int64_t
     return isinf(s) ? "Inf" : NULL;
 }
 
-/* the output of a node whose values the check can read: f32, dense */
+/* a tensor whose values the check can read: f32, bf16 or f16 (through an f32 copy), dense */
 static int dtr__checkable(const dtr_tensor *t) {
-    return t && t->storage && t->dtype == DTR_F32 && dtr_tensor_is_contiguous(t);
+    return t && t->storage && dtr__is_float(t->dtype) && dtr_tensor_is_contiguous(t);
+}
+
+/* the kind of t's non-finite values (NULL: finite, or not checkable), n the node checking */
+static const char *dtr__tensor_nonfinite(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
+    if (!dtr__checkable(t)) return NULL;
+    return dtr__nonfinite_kind(ctx, dtr__f32_view(ctx, n, t), dtr_tensor_numel(t));
 }
 
 /* nodes recorded before n on its tape (its 0-based position) */
@@ -75,7 +81,7 @@ static void dtr__bad_input(dtr_context *ctx, const dtr__node *n, char *buf, size
     buf[0] = 0;
     for (i = 0; i < n->n_in; i++) {
         const dtr_tensor *x = n->in[i];
-        const char *k = dtr__checkable(x) ? dtr__nonfinite_kind(ctx, dtr__f32(x), dtr_tensor_numel(x)) : NULL;
+        const char *k = dtr__tensor_nonfinite(ctx, n, x);
         if (!k) continue;
         snprintf(buf, len, "; its input %d %s%s already held %s", i, dtr__shape_str(x, shape, sizeof shape),
                  dtr__origin(x, origin, sizeof origin), k);
@@ -86,9 +92,7 @@ static void dtr__bad_input(dtr_context *ctx, const dtr__node *n, char *buf, size
 dtr_result dtr__anomaly_forward(dtr_context *ctx, const dtr__node *n) {
     char shape[96], pos[48], inputs[320];
     const char *k;
-    if (!dtr__checkable(n->out)) return DTR_OK;
-    k = dtr__nonfinite_kind(ctx, dtr__f32(n->out), dtr_tensor_numel(n->out));
-    if (!k) return DTR_OK;
+    if (!(k = dtr__tensor_nonfinite(ctx, n, n->out))) return DTR_OK;
     if (n->taped) snprintf(pos, sizeof pos, "tape position %d", dtr__tape_pos(n));
     else snprintf(pos, sizeof pos, "not on the tape");
     dtr__bad_input(ctx, n, inputs, sizeof inputs);

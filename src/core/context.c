@@ -212,6 +212,9 @@ static dtr_result dtr__create_check(const dtr_context_config *cfg) {
     if ((unsigned)cfg->matmul_precision > DTR_MATMUL_F16)
         return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: matmul_precision %d is not a "
                                 "dtr_matmul_precision", (int)cfg->matmul_precision);
+    if (cfg->activation_dtype != DTR_F32 && cfg->activation_dtype != DTR_BF16 && cfg->activation_dtype != DTR_F16)
+        return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: activation_dtype %d is not f32, bf16 or f16",
+                                (int)cfg->activation_dtype);
     if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
         return DTR__CREATE_FAIL(DTR_VERSION_MISMATCH, "dtr_context_create: backend '%s' was built against another "
                                 "dtrain.h (version %d, vtable of %zu bytes; this one: %d, %zu)",
@@ -298,6 +301,8 @@ static void dtr__tape_clear(dtr_tape *t) {
     dtr__arena_reset(&t->data);
     t->head = NULL;
     t->spare = t->unused = NULL;   /* they lived in the arenas */
+    t->wide = NULL;
+    t->wide_bytes = 0;
 }
 
 dtr_result dtr_tape_create(dtr_context *ctx, dtr_tape **out) {
@@ -547,13 +552,18 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
     return 1;
 }
 
-void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
+int dtr__arena_give_back(dtr_context *ctx, void *p, size_t bytes) {
     dtr_tape *st = ctx->cur;
     dtr__spare *s;
+    if (!p || !dtr__tape_owns_data(st, p)) return 0;       /* another tape's block: kept */
+    if (!(s = dtr__spare_desc(ctx, st))) return 0;         /* kept */
+    dtr__spare_push(&st->spare, s, p, dtr__aligned(bytes));
+    return 1;
+}
+
+void dtr__grad_release(dtr_context *ctx, dtr_tensor *t) {
     if (!t->grad || !(t->flags & DTR__GRAD_SPARE) || (t->flags & DTR__RETAIN_GRAD)) return;
-    if (!dtr__tape_owns_data(st, t->grad)) return;          /* another tape's block: kept */
-    if (!(s = dtr__spare_desc(ctx, st))) return;           /* kept */
-    dtr__spare_push(&st->spare, s, t->grad, dtr__aligned((size_t)dtr_tensor_numel(t) * sizeof(float)));
+    if (!dtr__arena_give_back(ctx, t->grad, (size_t)dtr_tensor_numel(t) * sizeof(float))) return;
     t->grad = NULL;
     t->flags &= ~(uint32_t)DTR__GRAD_SPARE;
 }

@@ -424,6 +424,9 @@ struct dtr_tape {
     dtr__node *head;              /* last recorded node */
     dtr__spare *spare;            /* released gradients, for the pass's next ones of that size */
     dtr__spare *unused;           /* descriptors whose block was taken again */
+    float *wide;                  /* 16-bit activations: f32 scratch of the kernels that widen
+                                     their inputs (src/core/widen.c), kept for the next one */
+    size_t wide_bytes;
 };
 
 /** One installed gradient hook (dtr_context_add_grad_hook). */
@@ -578,6 +581,9 @@ DTR__PRIVATE void *dtr__arena_data(dtr_context *ctx, size_t bytes, const char *o
 /** Marks t DTR__GRAD_SPARE when its gradient can be released later (an intermediate, not
  *  retained, on the context's own tape). */
 DTR__PRIVATE void dtr__grad_spare_mark(dtr_context *ctx, dtr_tensor *t);
+/** Gives block p of `bytes` (from dtr__arena_data) back to the current tape's spares, for its
+ *  next allocations: 1, or 0 when p is not that tape's (then it stays until the reset). */
+DTR__PRIVATE int dtr__arena_give_back(dtr_context *ctx, void *p, size_t bytes);
 /** Gives t's gradient back to the own tape's spares if it came from there (DTR__GRAD_SPARE)
  *  and t is not retained; t->grad becomes NULL. */
 DTR__PRIVATE void dtr__grad_release(dtr_context *ctx, dtr_tensor *t);
@@ -610,7 +616,7 @@ DTR__PRIVATE dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_te
 void *dtr__node_save(dtr_context *ctx, dtr__node *n, size_t bytes);
 /** Advances a generator by `delta` draws in O(log delta) (PCG's jump ahead). */
 DTR__PRIVATE void dtr__rng_advance(dtr_rng *rng, uint64_t delta);
-/** 1 when x is a usable f32 input of `op` on ctx; else records an error naming op and `what`. */
+/** 1 when x is a usable float (f32, bf16, f16) input of `op` on ctx; else records an error naming op and `what`. */
 DTR__PRIVATE int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, const char *what);
 /** The node of a cross-entropy op `op` (logits (..., K) f32, targets i32 of the row count)
  *  with its scalar output, checked and not yet recorded; NULL with the error (naming `name`). */
@@ -629,6 +635,20 @@ DTR__PRIVATE dtr_result dtr__model_present(const dtr_model *m, const char *fn);
 /** ZeRO-3 (on 1): dtr_model_zero_grad zeroes gradient floats [lo, hi) and discards the rest
  *  (it reads as zeros, its memory back to the system) on a host model; on 0: the whole buffer. */
 DTR__PRIVATE void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi);
+/** 1 for the dtypes ops compute with: f32, bf16, f16. */
+static inline int dtr__is_float(dtr_dtype dt) { return dt == DTR_F32 || dt == DTR_BF16 || dt == DTR_F16; }
+/** The dtype ops store what they compute in (dtr_context_config.activation_dtype). */
+static inline dtr_dtype dtr__act_dtype(const dtr_context *ctx) { return ctx->cfg.activation_dtype; }
+/** 1 when node n has a bf16/fp16 input or output that its kernel reads or writes as f32
+ *  (every op but the cast, the checkpoint copy and the views, whose kernels take any dtype). */
+DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n);
+/** Runs kernel (forward: bwd 0) of node n from `table` over f32 copies of its 16-bit inputs
+ *  (and output), rounding the output back after a forward (src/core/widen.c). */
+DTR__PRIVATE dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, struct dtr__node *n, int bwd);
+/** The values of dense float tensor t as f32 in backend memory: its own for f32, else an f32
+ *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
+ *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */
+DTR__PRIVATE const float *dtr__f32_view(dtr_context *ctx, const struct dtr__node *n, const dtr_tensor *t);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

@@ -457,8 +457,8 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
         if (ctx->status == DTR_OK) dtr__fail(ctx, DTR_NULL_HANDLE, "%s: %s is NULL", op, what);
         return 0;
     }
-    if (x->dtype != DTR_F32) {
-        dtr__fail(ctx, DTR_DTYPE_MISMATCH, "%s: %s must be f32, is %s", op, what, dtr_dtype_name(x->dtype));
+    if (!dtr__is_float(x->dtype)) {
+        dtr__fail(ctx, DTR_DTYPE_MISMATCH, "%s: %s must be f32, bf16 or f16, is %s", op, what, dtr_dtype_name(x->dtype));
         return 0;
     }
     if (x->ctx != ctx) {

@@ -41,7 +41,7 @@ static dtr_tensor *dtr__tp(dtr_context *ctx, int op, const char *name, dtr_tenso
     n->p.comm = comm;
     memcpy(shape, x->shape, sizeof shape);
     if (op == DTR_OP_TP_GATHER) shape[x->ndim - 1] *= dtr_comm_size(comm);
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }

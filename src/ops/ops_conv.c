@@ -166,7 +166,7 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
     if (!n) return NULL;
     n->p.conv2d.stride = stride;
     n->p.conv2d.padding = padding;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, "dtr_conv2d");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
 }
@@ -311,7 +311,7 @@ static dtr_tensor *dtr__pool2d(dtr_context *ctx, int op, const char *name, dtr_t
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.pool2d.k = k; n->p.pool2d.stride = stride; n->p.pool2d.padding = padding;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 4, shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }

@@ -76,7 +76,7 @@ static dtr_tensor *dtr__binary(dtr_context *ctx, int op, const char *name, dtr_t
         n = dtr__node_new(ctx, op, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, bc.nd, bc.shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), bc.nd, bc.shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -164,7 +164,7 @@ static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_te
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     if (op == DTR_OP_SCALE) n->p.scale = arg;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -279,7 +279,7 @@ static dtr_tensor *dtr__reduce(dtr_context *ctx, int op, const char *name, dtr_t
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
     n->p.axis = axis;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, nd, shape, name);
+    n->out = dtr__tensor_alloc(ctx, op == DTR_OP_SUM || op == DTR_OP_MEAN ? dtr__act_dtype(ctx) : DTR_F32, nd, shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }

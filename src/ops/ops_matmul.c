@@ -59,7 +59,7 @@ dtr_tensor *dtr_matmul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
         n = dtr__node_new(ctx, DTR_OP_MATMUL, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, bt.nd + 2, shape, "dtr_matmul");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), bt.nd + 2, shape, "dtr_matmul");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_matmul");
 }
@@ -135,7 +135,7 @@ dtr_tensor *dtr_linear(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
         n = dtr__node_new(ctx, DTR_OP_LINEAR, bias ? 3 : 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, shape, "dtr_linear");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, shape, "dtr_linear");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_linear");
 }

@@ -27,7 +27,7 @@ static dtr_tensor *dtr__softmax_like(dtr_context *ctx, int op, const char *name,
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, name);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
@@ -209,7 +209,7 @@ dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids) 
         n = dtr__node_new(ctx, DTR_OP_EMBEDDING, 2, in);
     }
     if (!n) return NULL;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, ids->ndim + 1, shape, "dtr_embedding");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), ids->ndim + 1, shape, "dtr_embedding");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_embedding");
 }
@@ -266,7 +266,7 @@ dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_te
     }
     if (!n) return NULL;
     n->p.eps = eps;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_layernorm");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_layernorm");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_layernorm");
 }
@@ -347,7 +347,7 @@ dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
     n->p.dropout.p = p;
     n->p.dropout.rng = ctx->rng;
     dtr__rng_advance(&ctx->rng, (uint64_t)dtr_tensor_numel(x));
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, x->ndim, x->shape, "dtr_dropout");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_dropout");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_dropout");
 }
@@ -407,7 +407,7 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
     }
     if (!n) return NULL;
     n->p.heads = heads;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, 3, q->shape, "dtr_attention");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
 }

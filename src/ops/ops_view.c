@@ -168,7 +168,7 @@ dtr_tensor *dtr_concat(dtr_context *ctx, dtr_tensor *const *xs, int count, int a
     n = dtr__node_new(ctx, DTR_OP_CONCAT, count, xs);
     if (!n) return NULL;
     n->p.view.axis = axis;
-    n->out = dtr__tensor_alloc(ctx, DTR_F32, ndim, shape, "dtr_concat");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), ndim, shape, "dtr_concat");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_concat");
 mismatch:

@@ -161,6 +161,15 @@ typedef struct dtr_context_config {
                                           parameters stay, and dtr_tensor_retain keeps others (logits
                                           read for accuracy). 0 (default): everything stays until
                                           dtr_context_reset */
+    dtr_dtype activation_dtype;      /**< the dtype of what ops compute: DTR_F32 (default), DTR_BF16
+                                          or DTR_F16. With a 16-bit one every op's output (the
+                                          losses and sum_all/mean_all excepted: f32) is stored in it,
+                                          half the memory of the activations a step keeps for
+                                          backward; each kernel reads its inputs as f32, computes in
+                                          f32 and rounds its output once. Parameters, gradients and
+                                          optimizer state stay f32 (master weights), so nothing else
+                                          changes. Inputs of any of the three dtypes are taken in
+                                          either mode. fp16 wants dtr_loss_scaler; bf16 does not */
 } dtr_context_config;
 
 /** Returns a configuration with every field at its default.

@@ -1,0 +1,183 @@
+/* ============================================================================
+ * 16-bit activations (dtr_context_config.activation_dtype): the kernels of the op list read
+ * and write f32. For a node with a bf16 or fp16 input or output the dispatch
+ * (dtr__table_run) widens each such input into f32 scratch from the step arena, points the
+ * tensor at that scratch while the kernel runs, and after a forward rounds the kernel's f32
+ * output into the tensor's own storage: one conversion each way, in the backend's memory,
+ * through the backend's own CAST kernel, so every backend with a cast kernel takes 16-bit
+ * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
+ * rounded once at the output. Gradients are f32 always; a backward converts the data its
+ * kernel reads (inputs, and the output: tanh's, softmax's backward read it). The scratch is
+ * one block of the current tape's data arena, kept for the next widened kernel and grown when
+ * one needs more (on a device the stream's order keeps a reuse behind the kernels that read
+ * it; a captured graph's addresses stay its tape's). Kernels do not nest (none runs another
+ * through the dispatch), so one block serves them all.
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "internal.h"
+
+/* One tensor pointed at f32 scratch while a kernel runs, and what it was. */
+typedef struct dtr__wide {
+    dtr_tensor *t;
+    void *storage;
+    int64_t offset;
+    dtr_dtype dtype;
+    float *scratch;
+    int64_t n;                  /* elements of scratch: the span of t's view */
+} dtr__wide;
+
+#define DTR__WIDE_INLINE 8
+
+static int dtr__narrow(const dtr_tensor *t) { return t && (t->dtype == DTR_BF16 || t->dtype == DTR_F16); }
+
+/* ops whose kernels take any dtype: the cast, the checkpoint's copy of its region's output,
+   the views (no kernel) and contiguous (a byte copy) */
+static int dtr__any_dtype_op(int op) {
+    return op == DTR_OP_CAST || op == DTR_OP_CHECKPOINT || op == DTR_OP_RESHAPE || op == DTR_OP_PERMUTE ||
+           op == DTR_OP_SLICE || op == DTR_OP_CONTIGUOUS;
+}
+
+int dtr__needs_widening(const dtr__node *n) {
+    int i;
+    if (dtr__any_dtype_op(n->op)) return 0;
+    if (dtr__narrow(n->out)) return 1;
+    for (i = 0; i < n->n_in; i++)
+        if (dtr__narrow(n->in[i])) return 1;
+    return 0;
+}
+
+/* dst (dd) = src (sd), n dense elements, by the table's CAST kernel (the backend's memory) */
+static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd,
+                                void *src, dtr_dtype sd, int64_t n) {
+    dtr_tensor a, b;
+    dtr__node c;
+    memset(&a, 0, sizeof a);
+    a.dtype = sd;
+    a.ndim = 1;
+    a.shape[0] = n;
+    a.stride[0] = 1;
+    a.storage = src;
+    a.ctx = ctx;
+    a.param_index = -1;
+    a.name = "";
+    b = a;
+    b.dtype = dd;
+    b.storage = dst;
+    memset(&c, 0, sizeof c);
+    c.op = DTR_OP_CAST;
+    c.n_in = 1;
+    c.in = c.in_inline;
+    c.in_inline[0] = &a;
+    c.out = &b;
+    return n ? table[DTR_OP_CAST].fwd(ctx, &c) : DTR_OK;
+}
+
+/* Elements from t's first to its last (strides are never negative). */
+static int64_t dtr__view_span(const dtr_tensor *t) {
+    int64_t span = 1;
+    int d;
+    if (dtr_tensor_numel(t) == 0) return 0;
+    for (d = 0; d < t->ndim; d++) span += (t->shape[d] - 1) * t->stride[d];
+    return span;
+}
+
+/* Floats of scratch for t's span, rounded up to 64 (256-byte aligned pieces: vector loads). */
+static int64_t dtr__wide_floats(const dtr_tensor *t) { return (dtr__view_span(t) + 63) / 64 * 64; }
+
+/* The current tape's scratch of at least `floats`: kept for the next widened kernel, grown
+ * (the old block back to the spares) when too small. NULL with the error set. */
+static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t floats) {
+    dtr_tape *t = ctx->cur;
+    size_t bytes = (size_t)(floats ? floats : 64) * sizeof(float);
+    if (t->wide_bytes >= bytes) return t->wide;
+    if (t->wide) dtr__arena_give_back(ctx, t->wide, t->wide_bytes);
+    t->wide_bytes = 0;
+    if (!(t->wide = (float *)dtr__arena_data(ctx, bytes, dtr__op_name(n->op)))) return NULL;
+    t->wide_bytes = bytes;
+    return t->wide;
+}
+
+/* Points t at f32 scratch holding its view's span (converted when `load`), recorded in w. */
+static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx, dtr_tensor *t, float *scratch, int load,
+                                 dtr__wide *w) {
+    dtr_result r;
+    w->t = t;
+    w->storage = t->storage;
+    w->offset = t->offset;
+    w->dtype = t->dtype;
+    w->n = dtr__view_span(t);
+    w->scratch = scratch;
+    if (load && (r = dtr__cast_run(table, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK) return r;
+    t->storage = scratch;
+    t->offset = 0;
+    t->dtype = DTR_F32;
+    return DTR_OK;
+}
+
+/* t as it was (its f32 result rounded into its storage first when `store`) */
+static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, dtr__wide *w, int store) {
+    dtr_tensor *t = w->t;
+    t->storage = w->storage;
+    t->offset = w->offset;
+    t->dtype = w->dtype;
+    return store ? dtr__cast_run(table, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n) : DTR_OK;
+}
+
+/* 1 when in[i] is a 16-bit input not listed before i (an input twice is widened once) */
+static int dtr__widens_input(const dtr__node *n, int i) {
+    int j;
+    if (!dtr__narrow(n->in[i])) return 0;
+    for (j = 0; j < i; j++)
+        if (n->in[j] == n->in[i]) return 0;
+    return 1;
+}
+
+dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr__node *n, int bwd) {
+    dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
+    dtr_result r = DTR_OK, r2;
+    int64_t floats = dtr__narrow(n->out) ? dtr__wide_floats(n->out) : 0;
+    float *scratch;
+    int i, k = 0, out_k = -1;
+    for (i = 0; i < n->n_in; i++)
+        if (dtr__widens_input(n, i)) floats += dtr__wide_floats(n->in[i]);
+    if (!(scratch = dtr__wide_scratch(ctx, n, floats))) return ctx->status;
+    if (n->n_in + 1 > DTR__WIDE_INLINE &&
+        !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
+        return ctx->status;
+    for (i = 0; r == DTR_OK && i < n->n_in; i++) {
+        int64_t f = dtr__wide_floats(n->in[i]);
+        if (dtr__widens_input(n, i) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
+            scratch += f;
+            k++;
+        }
+    }
+    if (r == DTR_OK && dtr__narrow(n->out) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+        out_k = k++;
+    if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
+    while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */
+        r2 = dtr__unwiden(table, ctx, &w[k], k == out_k && !bwd && r == DTR_OK);
+        if (r == DTR_OK) r = r2;
+    }
+    return r;
+}
+
+const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
+    dtr_tensor a, b;
+    dtr__node c;
+    int64_t count = dtr_tensor_numel(t);
+    float *scratch;
+    if (t->dtype == DTR_F32) return dtr__f32(t);
+    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64))) return NULL;
+    memset(&c, 0, sizeof c);
+    a = *t;
+    b = *t;
+    b.dtype = DTR_F32;
+    b.storage = scratch;
+    b.offset = 0;
+    c.op = DTR_OP_CAST;
+    c.n_in = 1;
+    c.in = c.in_inline;
+    c.in_inline[0] = &a;
+    c.out = &b;
+    return ctx->backend->forward(ctx, &c) == DTR_OK ? scratch : NULL;
+}
