@@ -4697,9 +4697,10 @@ DTR__PRIVATE void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64
 static inline int dtr__is_float(dtr_dtype dt) { return dt == DTR_F32 || dt == DTR_BF16 || dt == DTR_F16; }
 /** The dtype ops store what they compute in (dtr_context_config.activation_dtype). */
 static inline dtr_dtype dtr__act_dtype(const dtr_context *ctx) { return ctx->cfg.activation_dtype; }
-/** 1 when node n has a bf16/fp16 input or output that its kernel reads or writes as f32
- *  (every op but the cast, the checkpoint copy and the views, whose kernels take any dtype). */
-DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n);
+/** 1 when node n has a bf16/fp16 input or output whose values its forward (bwd 0) or
+ *  backward kernel reads or writes as f32 (every op but those whose kernels take any dtype:
+ *  the cast, the checkpoint copy, the views, cross-entropy). */
+DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n, int bwd);
 /** Runs kernel (forward: bwd 0) of node n from `table` over f32 copies of its 16-bit inputs
  *  (and output), rounding the output back after a forward (src/core/widen.c). */
 DTR__PRIVATE dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, struct dtr__node *n, int bwd);
@@ -4746,7 +4747,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4750 "dtrain.h"
+#line 4751 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5027,7 +5028,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5031 "dtrain.h"
+#line 5032 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5089,7 +5090,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5093 "dtrain.h"
+#line 5094 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5468,7 +5469,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5472 "dtrain.h"
+#line 5473 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5511,7 +5512,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5515 "dtrain.h"
+#line 5516 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5541,7 +5542,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5545 "dtrain.h"
+#line 5546 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5594,7 +5595,7 @@ DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
  *  one, after the wait) have their gradients outside the shard discarded from g (they read
  *  as zeros, their memory back to the system). Other stages, and zero3_keep_grads: nothing. */
 DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);
-#line 5598 "dtrain.h"
+#line 5599 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5668,7 +5669,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5672 "dtrain.h"
+#line 5673 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5736,7 +5737,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5740 "dtrain.h"
+#line 5741 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5811,7 +5812,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5815 "dtrain.h"
+#line 5816 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6163,7 +6164,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6167 "dtrain.h"
+#line 6168 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6954,7 +6955,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6958 "dtrain.h"
+#line 6959 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7592,7 +7593,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7596 "dtrain.h"
+#line 7597 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7663,7 +7664,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7667 "dtrain.h"
+#line 7668 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8145,7 +8146,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8149 "dtrain.h"
+#line 8150 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8384,7 +8385,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8388 "dtrain.h"
+#line 8389 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8615,7 +8616,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8619 "dtrain.h"
+#line 8620 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8734,7 +8735,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8738 "dtrain.h"
+#line 8739 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8790,7 +8791,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8794 "dtrain.h"
+#line 8795 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9155,7 +9156,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9159 "dtrain.h"
+#line 9160 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9167,8 +9168,9 @@ void dtr_graph_destroy(dtr_graph *g) {
  * output into the tensor's own storage: one conversion each way, in the backend's memory,
  * through the backend's own CAST kernel, so every backend with a cast kernel takes 16-bit
  * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
- * rounded once at the output. Gradients are f32 always; a backward converts the data its
- * kernel reads (inputs, and the output: tanh's, softmax's backward read it). The scratch is
+ * rounded once at the output. Gradients are f32 always; a backward converts only the data its
+ * kernel reads (the inputs unless it reads gradients only; the output where it reads it:
+ * tanh', softmax's and attention's backward). The scratch is
  * one block of the current tape's data arena, kept for the next widened kernel and grown when
  * one needs more (on a device the stream's order keeps a reuse behind the kernels that read
  * it; a captured graph's addresses stay its tape's). Kernels do not nest (none runs another
@@ -9191,19 +9193,39 @@ typedef struct dtr__wide {
 
 static int dtr__narrow(const dtr_tensor *t) { return t && (t->dtype == DTR_BF16 || t->dtype == DTR_F16); }
 
-/* ops whose kernels take any dtype: the cast, the checkpoint's copy of its region's output,
-   the views (no kernel) and contiguous (a byte copy) */
+/* ops whose kernels take any float dtype, on every backend: the cast, the checkpoint's copy of
+   its region's output, the views (no kernel), contiguous (a byte copy) and cross-entropy (its
+   logits, the largest tensor of a language model, read as they are; its output is f32) */
 static int dtr__any_dtype_op(int op) {
     return op == DTR_OP_CAST || op == DTR_OP_CHECKPOINT || op == DTR_OP_RESHAPE || op == DTR_OP_PERMUTE ||
-           op == DTR_OP_SLICE || op == DTR_OP_CONTIGUOUS;
+           op == DTR_OP_SLICE || op == DTR_OP_CONTIGUOUS || op == DTR_OP_CROSS_ENTROPY;
 }
 
-int dtr__needs_widening(const dtr__node *n) {
+/* ops whose backward kernel reads no tensor data, only gradients, shapes and saved state */
+static int dtr__bwd_reads_no_data(int op) {
+    return op == DTR_OP_ADD || op == DTR_OP_SUB || op == DTR_OP_SCALE || op == DTR_OP_SUM || op == DTR_OP_MEAN ||
+           op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT;
+}
+
+/* ops whose backward kernel reads its output's values (tanh' and sigmoid' from y, softmax's and
+   attention's backward; the tensor-parallel ops copy every tensor of the node) */
+static int dtr__bwd_reads_out(int op) {
+    return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_SOFTMAX || op == DTR_OP_LOG_SOFTMAX ||
+           op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY || op == DTR_OP_TP_REDUCE ||
+           op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
+}
+
+/* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */
+static int dtr__widens(const dtr__node *n, int i, int bwd) {
+    if (i < 0) return dtr__narrow(n->out) && (!bwd || dtr__bwd_reads_out(n->op));
+    return dtr__narrow(n->in[i]) && !(bwd && dtr__bwd_reads_no_data(n->op));
+}
+
+int dtr__needs_widening(const dtr__node *n, int bwd) {
     int i;
     if (dtr__any_dtype_op(n->op)) return 0;
-    if (dtr__narrow(n->out)) return 1;
-    for (i = 0; i < n->n_in; i++)
-        if (dtr__narrow(n->in[i])) return 1;
+    for (i = -1; i < n->n_in; i++)
+        if (dtr__widens(n, i, bwd)) return 1;
     return 0;
 }
 
@@ -9245,12 +9267,23 @@ static int64_t dtr__view_span(const dtr_tensor *t) {
 /* Floats of scratch for t's span, rounded up to 64 (256-byte aligned pieces: vector loads). */
 static int64_t dtr__wide_floats(const dtr_tensor *t) { return (dtr__view_span(t) + 63) / 64 * 64; }
 
+/* The most scratch a tape keeps between kernels. A larger need (a language model's logits) gets
+ * a block of its own, back to the spares after the kernel: the next allocation of that size
+ * (the logits' gradient) takes it, instead of the scratch holding it for the whole step. */
+#define DTR__WIDE_KEEP ((size_t)64 << 20)
+
 /* The current tape's scratch of at least `floats`: kept for the next widened kernel, grown
- * (the old block back to the spares) when too small. NULL with the error set. */
-static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t floats) {
+ * (the old block back to the spares) when too small, up to DTR__WIDE_KEEP; beyond that a block
+ * of its own (*own 1: give it back after the kernel). NULL with the error set. */
+static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t floats, int *own) {
     dtr_tape *t = ctx->cur;
     size_t bytes = (size_t)(floats ? floats : 64) * sizeof(float);
+    *own = 0;
     if (t->wide_bytes >= bytes) return t->wide;
+    if (bytes > DTR__WIDE_KEEP) {
+        *own = 1;
+        return (float *)dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+    }
     if (t->wide) dtr__arena_give_back(ctx, t->wide, t->wide_bytes);
     t->wide_bytes = 0;
     if (!(t->wide = (float *)dtr__arena_data(ctx, bytes, dtr__op_name(n->op)))) return NULL;
@@ -9284,10 +9317,10 @@ static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, 
     return store ? dtr__cast_run(table, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n) : DTR_OK;
 }
 
-/* 1 when in[i] is a 16-bit input not listed before i (an input twice is widened once) */
-static int dtr__widens_input(const dtr__node *n, int i) {
+/* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
+static int dtr__widens_input(const dtr__node *n, int i, int bwd) {
     int j;
-    if (!dtr__narrow(n->in[i])) return 0;
+    if (!dtr__widens(n, i, bwd)) return 0;
     for (j = 0; j < i; j++)
         if (n->in[j] == n->in[i]) return 0;
     return 1;
@@ -9296,29 +9329,30 @@ static int dtr__widens_input(const dtr__node *n, int i) {
 dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr__node *n, int bwd) {
     dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
     dtr_result r = DTR_OK, r2;
-    int64_t floats = dtr__narrow(n->out) ? dtr__wide_floats(n->out) : 0;
-    float *scratch;
-    int i, k = 0, out_k = -1;
+    int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0;
+    float *scratch, *block;
+    int i, k = 0, out_k = -1, own;
     for (i = 0; i < n->n_in; i++)
-        if (dtr__widens_input(n, i)) floats += dtr__wide_floats(n->in[i]);
-    if (!(scratch = dtr__wide_scratch(ctx, n, floats))) return ctx->status;
+        if (dtr__widens_input(n, i, bwd)) floats += dtr__wide_floats(n->in[i]);
+    if (!(block = scratch = dtr__wide_scratch(ctx, n, floats, &own))) return ctx->status;
     if (n->n_in + 1 > DTR__WIDE_INLINE &&
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
     for (i = 0; r == DTR_OK && i < n->n_in; i++) {
         int64_t f = dtr__wide_floats(n->in[i]);
-        if (dtr__widens_input(n, i) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
             scratch += f;
             k++;
         }
     }
-    if (r == DTR_OK && dtr__narrow(n->out) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+    if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
         out_k = k++;
     if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
     while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */
         r2 = dtr__unwiden(table, ctx, &w[k], k == out_k && !bwd && r == DTR_OK);
         if (r == DTR_OK) r = r2;
     }
+    if (own) dtr__arena_give_back(ctx, block, (size_t)floats * sizeof(float));
     return r;
 }
 
@@ -9327,8 +9361,11 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     dtr__node c;
     int64_t count = dtr_tensor_numel(t);
     float *scratch;
+    int own;
     if (t->dtype == DTR_F32) return dtr__f32(t);
-    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64))) return NULL;
+    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64, &own))) return NULL;
+    /* a block of its own goes back at once: the caller reads it before anything is allocated */
+    if (own) dtr__arena_give_back(ctx, scratch, (size_t)((count + 63) / 64 * 64) * sizeof(float));
     memset(&c, 0, sizeof c);
     a = *t;
     b = *t;
@@ -9342,7 +9379,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     c.out = &b;
     return ctx->backend->forward(ctx, &c) == DTR_OK ? scratch : NULL;
 }
-#line 9346 "dtrain.h"
+#line 9383 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9772,7 +9809,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9776 "dtrain.h"
+#line 9813 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9951,7 +9988,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 9955 "dtrain.h"
+#line 9992 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10097,11 +10134,14 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
 
 /* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
  * backward recomputes them from the logits, which stay anyway, so the op holds R x 16 bytes
- * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary). */
+ * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary).
+ * The logits are read in their own dtype (f32, bf16, f16: never widened, src/core/widen.c):
+ * a GPT's 16-bit logits take no f32 copy of their size. */
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x);
+    const void *X = dtr__data(x);
+    int dt = x->dtype;
     const int32_t *t = dtr__i32(nd->in[1]);
     dtr__xent_row *st;
     double loss = 0.0;
@@ -10113,14 +10153,13 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!st) return ctx->status;
     nd->saved = st;
     for (r = 0; r < R; r++) {
-        const float *xr = X + r * K;
         float mx = -INFINITY;
         double s = 0.0;
-        for (k = 0; k < K; k++) if (xr[k] > mx) mx = xr[k];
-        for (k = 0; k < K; k++) s += expf(xr[k] - mx);
+        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(X, dt, r * K + k));
+        for (k = 0; k < K; k++) s += expf(dtr__f_load(X, dt, r * K + k) - mx);
         st[r].max = mx;
         st[r].sum = s;
-        loss += (double)mx + log(s) - xr[t[r]];
+        loss += (double)mx + log(s) - dtr__f_load(X, dt, r * K + t[r]);
     }
     dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
     return DTR_OK;
@@ -10129,7 +10168,8 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
 dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x);
+    const void *X = dtr__data(x);
+    int dt = x->dtype;
     const int32_t *t = dtr__i32(nd->in[1]);
     const dtr__xent_row *st = (const dtr__xent_row *)nd->saved;
     float *gx = dtr__gradof(x), c;
@@ -10137,7 +10177,7 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gx || !R) return DTR_OK;
     c = nd->out->grad[0] / (float)R;
     for (r = 0; r < R; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(X[r * K + k], st[r]);
+        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(dtr__f_load(X, dt, r * K + k), st[r]);
         gx[r * K + t[r]] -= c;
     }
     return DTR_OK;
@@ -10480,7 +10520,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10484 "dtrain.h"
+#line 10524 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -10979,7 +11019,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 10983 "dtrain.h"
+#line 11023 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11238,7 +11278,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11242 "dtrain.h"
+#line 11282 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11581,7 +11621,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11585 "dtrain.h"
+#line 11625 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11603,7 +11643,7 @@ dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dt
     if (!dtr__table_has(table, n->op))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s backend: op %d (%s) has no %s kernel in this version", backend, n->op,
                          dtr__op_name(n->op), bwd ? "backward" : "forward");
-    if (dtr__needs_widening(n)) return dtr__run_widened(table, ctx, n, bwd);
+    if (dtr__needs_widening(n, bwd)) return dtr__run_widened(table, ctx, n, bwd);
     return bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
 }
 
@@ -11710,7 +11750,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11714 "dtrain.h"
+#line 11754 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12252,7 +12292,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12256 "dtrain.h"
+#line 12296 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12421,7 +12461,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12425 "dtrain.h"
+#line 12465 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12670,7 +12710,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12674 "dtrain.h"
+#line 12714 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13192,7 +13232,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13196 "dtrain.h"
+#line 13236 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13330,7 +13370,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13334 "dtrain.h"
+#line 13374 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13677,7 +13717,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13681 "dtrain.h"
+#line 13721 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13743,7 +13783,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13747 "dtrain.h"
+#line 13787 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -13980,7 +14020,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 13984 "dtrain.h"
+#line 14024 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14729,7 +14769,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14733 "dtrain.h"
+#line 14773 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15182,7 +15222,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15186 "dtrain.h"
+#line 15226 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15238,7 +15278,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15242 "dtrain.h"
+#line 15282 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16015,7 +16055,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16019 "dtrain.h"
+#line 16059 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16596,7 +16636,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16600 "dtrain.h"
+#line 16640 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17227,7 +17267,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17231 "dtrain.h"
+#line 17271 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18017,7 +18057,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18021 "dtrain.h"
+#line 18061 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18370,7 +18410,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18374 "dtrain.h"
+#line 18414 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18560,7 +18600,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18564 "dtrain.h"
+#line 18604 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18741,7 +18781,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18745 "dtrain.h"
+#line 18785 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19516,7 +19556,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19520 "dtrain.h"
+#line 19560 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20033,7 +20073,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20037 "dtrain.h"
+#line 20077 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20828,7 +20868,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20832 "dtrain.h"
+#line 20872 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22076,7 +22116,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22080 "dtrain.h"
+#line 22120 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22698,7 +22738,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22702 "dtrain.h"
+#line 22742 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23199,7 +23239,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23203 "dtrain.h"
+#line 23243 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23929,7 +23969,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23933 "dtrain.h"
+#line 23973 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24165,7 +24205,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24169 "dtrain.h"
+#line 24209 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24294,7 +24334,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24298 "dtrain.h"
+#line 24338 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24673,7 +24713,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24677 "dtrain.h"
+#line 24717 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25164,7 +25204,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25168 "dtrain.h"
+#line 25208 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25675,7 +25715,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25679 "dtrain.h"
+#line 25719 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26172,7 +26212,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26176 "dtrain.h"
+#line 26216 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27547,7 +27587,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27551 "dtrain.h"
+#line 27591 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27601,7 +27641,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27605 "dtrain.h"
+#line 27645 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28777,7 +28817,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28781 "dtrain.h"
+#line 28821 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29667,7 +29707,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29671 "dtrain.h"
+#line 29711 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31145,7 +31185,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31149 "dtrain.h"
+#line 31189 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31529,7 +31569,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31533 "dtrain.h"
+#line 31573 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31678,7 +31718,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31682 "dtrain.h"
+#line 31722 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

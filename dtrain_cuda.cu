@@ -654,10 +654,11 @@ static dtr_result dtr__cuda_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- cross-entropy on class indices: one block per row, fused softmax ---- */
 
-/* logits x (R, K), targets t (R) -> each row's statistics st (R) and loss (R, double) */
-__global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, dtr__xent_row *st, double *loss, int64_t K, int *err) {
+/* logits x (R, K) of dtype dt (f32, bf16, f16: read as they are, never widened), targets t (R)
+   -> each row's statistics st (R) and loss (R, double) */
+__global__ static void dtr__cuda_xent_fwd_k(const void *x, int dt, const int32_t *t, dtr__xent_row *st, double *loss, int64_t K,
+                                            int *err) {
     int64_t r = blockIdx.x;
-    const float *xr = x + r * K;
     float mx = -INFINITY;
     double s = 0.0;
     int32_t tr = t[r];
@@ -665,27 +666,27 @@ __global__ static void dtr__cuda_xent_fwd_k(const float *x, const int32_t *t, dt
         if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; st[r].max = 0.0f; st[r].sum = 1.0; }
         return;   /* the whole block leaves: no barrier is left waiting */
     }
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, xr[k]);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, dtr__f_load(x, dt, r * K + k));
     mx = dtr__cuda_block_max(mx);
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)expf(xr[k] - mx);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)expf(dtr__f_load(x, dt, r * K + k) - mx);
     s = dtr__cuda_block_sum(s);
     if (threadIdx.x == 0) {
         st[r].max = mx;
         st[r].sum = s;
-        loss[r] = (double)mx + log(s) - xr[tr];
+        loss[r] = (double)mx + log(s) - dtr__f_load(x, dt, r * K + tr);
     }
 }
 
 /* block (column chunk, row r): the probabilities again from the logits and the row's statistics */
-__global__ static void dtr__cuda_xent_bwd_k(const float *x, const dtr__xent_row *st, const int32_t *t, const float *g, float *gx,
-                                            int64_t R, int64_t K) {
+__global__ static void dtr__cuda_xent_bwd_k(const void *x, int dt, const dtr__xent_row *st, const int32_t *t, const float *g,
+                                            float *gx, int64_t R, int64_t K) {
     float c = g[0] / (float)R;
     for (int64_t r = blockIdx.y; r < R; r += gridDim.y) {
         int64_t tr = t[r];
         dtr__xent_row sr = st[r];
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < K; k += (int64_t)gridDim.x * blockDim.x) {
             int64_t i = r * K + k;
-            float v = gx[i] + c * dtr__f_xent_prob(x[i], sr);
+            float v = gx[i] + c * dtr__f_xent_prob(dtr__f_load(x, dt, i), sr);
             if (k == tr) v -= c;
             gx[i] = v;
         }
@@ -712,7 +713,7 @@ static dtr_result dtr__cuda_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     loss = (double *)(st + rows);
     if (R > 0)
         dtr__cuda_xent_fwd_k<<<(unsigned)R, dtr__launch_row_threads(K), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__f32(x), (const int32_t *)dtr__data(nd->in[1]), st, loss, K, dtr__cuda(ctx)->err_dev);
+            dtr__data(x), (int)x->dtype, (const int32_t *)dtr__data(nd->in[1]), st, loss, K, dtr__cuda(ctx)->err_dev);
     dtr__cuda_mean_rows_k<<<1, 1, 0, dtr__cuda_stream(ctx)>>>(loss, R, dtr__f32(nd->out));
     return dtr__cuda_launched(ctx, nd);
 }
@@ -723,7 +724,8 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(x);
     if (!gx || R == 0) return DTR_OK;
     dtr__cuda_xent_bwd_k<<<dim3(dtr__launch_blocks(K, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(x), (const dtr__xent_row *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad, gx, R, K);
+        dtr__data(x), (int)x->dtype, (const dtr__xent_row *)nd->saved, (const int32_t *)dtr__data(nd->in[1]), nd->out->grad,
+        gx, R, K);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -1037,7 +1039,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1041 "dtrain_cuda.cu"
+#line 1043 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1314,7 +1316,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
 }
-#line 1318 "dtrain_cuda.cu"
+#line 1320 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1493,7 +1495,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1497 "dtrain_cuda.cu"
+#line 1499 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1692,7 +1694,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1696 "dtrain_cuda.cu"
+#line 1698 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1878,7 +1880,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1882 "dtrain_cuda.cu"
+#line 1884 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2352,5 +2354,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2356 "dtrain_cuda.cu"
+#line 2358 "dtrain_cuda.cu"
 

@@ -9,9 +9,12 @@
  * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
  * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
  *            [--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads]
- *            [--release-activations] [--graph]
+ *            [--release-activations] [--graph] [--bf16-act]
  * --bf16: the matrix products on bf16 tensor cores (matmul_precision DTR_MATMUL_BF16; tensors
  * stay f32), beside PyTorch's torch.autocast(bfloat16) in gpu_torch.py --bf16.
+ * --bf16-act: the ops' outputs stored in bf16 (activation_dtype DTR_BF16: half the activation
+ * memory; parameters, gradients and optimizer state f32); with --bf16 the closest match of
+ * autocast (whose products' outputs are bf16).
  * peak_mem_mb: the device's peak (dtr_cuda_memory; 0 on the CPU); arena_peak_mb: the step
  * arena's (activations, saved state, gradients of intermediates: every backend).
  * --retain-grads keeps every intermediate's gradient to the end of the step (the behaviour
@@ -147,6 +150,7 @@ static int g_bf16;            /* --bf16: dtr_context_config.matmul_precision DTR
 static int g_retain;          /* --retain-grads: dtr_context_config.retain_grads (every intermediate's gradient kept) */
 static int g_release;         /* --release-activations: dtr_context_config.release_activations */
 static int g_graph;           /* --graph: forward and backward captured once (dtr_graph), then launched */
+static int g_bf16_act;        /* --bf16-act: dtr_context_config.activation_dtype DTR_BF16 */
 
 static int run_model(const bench_model *b, const dtr_backend *backend, const char *bname, int steps, int warmup,
                      double peak_tflops, int threads) {
@@ -173,6 +177,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     cc.seed = 1;
     cc.allow_tf32 = g_tf32;
     cc.matmul_precision = g_bf16 ? DTR_MATMUL_BF16 : DTR_MATMUL_F32;
+    cc.activation_dtype = g_bf16_act ? DTR_BF16 : DTR_F32;
     cc.retain_grads = g_retain;
     cc.release_activations = g_release;
     dtr_rng_seed(&rng, 7, 1);
@@ -230,9 +235,9 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
         params = (double)dtr_model_numel(n.m);
         if (b->kind == 2) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
-               "\"tf32\":%d,\"bf16\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
+               "\"tf32\":%d,\"bf16\":%d,\"bf16_act\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
                "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f}\n",
-               bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_graph, g_retain, g_release, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
+               bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
                (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0);
     }
@@ -266,9 +271,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--retain-grads")) g_retain = 1;
         else if (!strcmp(argv[i], "--release-activations")) g_release = 1;
         else if (!strcmp(argv[i], "--graph")) g_graph = 1;
+        else if (!strcmp(argv[i], "--bf16-act")) g_bf16_act = 1;
         else {
             fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] "
-                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph]\n");
+                            "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph] [--bf16-act]\n");
             return 2;
         }
     }

@@ -6,8 +6,8 @@
 #   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
 #   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
 #   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), the GPTs
-#      with bf16 products beside torch.autocast, captured steps (--graph: CUDA graphs), and
-#      bench/gpu_gemm beside bench/gpu_gemm_torch.py (the GPTs' linear layers)
+#      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, captured
+#      steps (--graph: CUDA graphs), and bench/gpu_gemm beside bench/gpu_gemm_torch.py (the GPTs' linear layers)
 #   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers) and
 #      examples/fmnist_mlp --gpu (the loader's pinned batches), a few hundred steps each
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
@@ -41,6 +41,7 @@ echo "bench torch: $?" | tee -a "$out/summary.txt"
 # the GPTs with bf16 products (dtrain) beside torch.autocast(bfloat16) eager
 for m in gpt gpt2; do
   timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  timeout 120 build/bench/gpu --steps "$steps" --model $m --bf16 --bf16-act >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_torch.py --steps "$steps" --model $m --bf16 --no-compile >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
 # captured steps (CUDA graphs) beside the eager lines above, f32 and TF32

@@ -639,9 +639,10 @@ DTR__PRIVATE void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64
 static inline int dtr__is_float(dtr_dtype dt) { return dt == DTR_F32 || dt == DTR_BF16 || dt == DTR_F16; }
 /** The dtype ops store what they compute in (dtr_context_config.activation_dtype). */
 static inline dtr_dtype dtr__act_dtype(const dtr_context *ctx) { return ctx->cfg.activation_dtype; }
-/** 1 when node n has a bf16/fp16 input or output that its kernel reads or writes as f32
- *  (every op but the cast, the checkpoint copy and the views, whose kernels take any dtype). */
-DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n);
+/** 1 when node n has a bf16/fp16 input or output whose values its forward (bwd 0) or
+ *  backward kernel reads or writes as f32 (every op but those whose kernels take any dtype:
+ *  the cast, the checkpoint copy, the views, cross-entropy). */
+DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n, int bwd);
 /** Runs kernel (forward: bwd 0) of node n from `table` over f32 copies of its 16-bit inputs
  *  (and output), rounding the output back after a forward (src/core/widen.c). */
 DTR__PRIVATE dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, struct dtr__node *n, int bwd);

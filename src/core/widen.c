@@ -6,8 +6,9 @@
  * output into the tensor's own storage: one conversion each way, in the backend's memory,
  * through the backend's own CAST kernel, so every backend with a cast kernel takes 16-bit
  * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
- * rounded once at the output. Gradients are f32 always; a backward converts the data its
- * kernel reads (inputs, and the output: tanh's, softmax's backward read it). The scratch is
+ * rounded once at the output. Gradients are f32 always; a backward converts only the data its
+ * kernel reads (the inputs unless it reads gradients only; the output where it reads it:
+ * tanh', softmax's and attention's backward). The scratch is
  * one block of the current tape's data arena, kept for the next widened kernel and grown when
  * one needs more (on a device the stream's order keeps a reuse behind the kernels that read
  * it; a captured graph's addresses stay its tape's). Kernels do not nest (none runs another
@@ -30,19 +31,39 @@ typedef struct dtr__wide {
 
 static int dtr__narrow(const dtr_tensor *t) { return t && (t->dtype == DTR_BF16 || t->dtype == DTR_F16); }
 
-/* ops whose kernels take any dtype: the cast, the checkpoint's copy of its region's output,
-   the views (no kernel) and contiguous (a byte copy) */
+/* ops whose kernels take any float dtype, on every backend: the cast, the checkpoint's copy of
+   its region's output, the views (no kernel), contiguous (a byte copy) and cross-entropy (its
+   logits, the largest tensor of a language model, read as they are; its output is f32) */
 static int dtr__any_dtype_op(int op) {
     return op == DTR_OP_CAST || op == DTR_OP_CHECKPOINT || op == DTR_OP_RESHAPE || op == DTR_OP_PERMUTE ||
-           op == DTR_OP_SLICE || op == DTR_OP_CONTIGUOUS;
+           op == DTR_OP_SLICE || op == DTR_OP_CONTIGUOUS || op == DTR_OP_CROSS_ENTROPY;
 }
 
-int dtr__needs_widening(const dtr__node *n) {
+/* ops whose backward kernel reads no tensor data, only gradients, shapes and saved state */
+static int dtr__bwd_reads_no_data(int op) {
+    return op == DTR_OP_ADD || op == DTR_OP_SUB || op == DTR_OP_SCALE || op == DTR_OP_SUM || op == DTR_OP_MEAN ||
+           op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT;
+}
+
+/* ops whose backward kernel reads its output's values (tanh' and sigmoid' from y, softmax's and
+   attention's backward; the tensor-parallel ops copy every tensor of the node) */
+static int dtr__bwd_reads_out(int op) {
+    return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_SOFTMAX || op == DTR_OP_LOG_SOFTMAX ||
+           op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY || op == DTR_OP_TP_REDUCE ||
+           op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
+}
+
+/* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */
+static int dtr__widens(const dtr__node *n, int i, int bwd) {
+    if (i < 0) return dtr__narrow(n->out) && (!bwd || dtr__bwd_reads_out(n->op));
+    return dtr__narrow(n->in[i]) && !(bwd && dtr__bwd_reads_no_data(n->op));
+}
+
+int dtr__needs_widening(const dtr__node *n, int bwd) {
     int i;
     if (dtr__any_dtype_op(n->op)) return 0;
-    if (dtr__narrow(n->out)) return 1;
-    for (i = 0; i < n->n_in; i++)
-        if (dtr__narrow(n->in[i])) return 1;
+    for (i = -1; i < n->n_in; i++)
+        if (dtr__widens(n, i, bwd)) return 1;
     return 0;
 }
 
@@ -84,12 +105,23 @@ static int64_t dtr__view_span(const dtr_tensor *t) {
 /* Floats of scratch for t's span, rounded up to 64 (256-byte aligned pieces: vector loads). */
 static int64_t dtr__wide_floats(const dtr_tensor *t) { return (dtr__view_span(t) + 63) / 64 * 64; }
 
+/* The most scratch a tape keeps between kernels. A larger need (a language model's logits) gets
+ * a block of its own, back to the spares after the kernel: the next allocation of that size
+ * (the logits' gradient) takes it, instead of the scratch holding it for the whole step. */
+#define DTR__WIDE_KEEP ((size_t)64 << 20)
+
 /* The current tape's scratch of at least `floats`: kept for the next widened kernel, grown
- * (the old block back to the spares) when too small. NULL with the error set. */
-static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t floats) {
+ * (the old block back to the spares) when too small, up to DTR__WIDE_KEEP; beyond that a block
+ * of its own (*own 1: give it back after the kernel). NULL with the error set. */
+static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t floats, int *own) {
     dtr_tape *t = ctx->cur;
     size_t bytes = (size_t)(floats ? floats : 64) * sizeof(float);
+    *own = 0;
     if (t->wide_bytes >= bytes) return t->wide;
+    if (bytes > DTR__WIDE_KEEP) {
+        *own = 1;
+        return (float *)dtr__arena_data(ctx, bytes, dtr__op_name(n->op));
+    }
     if (t->wide) dtr__arena_give_back(ctx, t->wide, t->wide_bytes);
     t->wide_bytes = 0;
     if (!(t->wide = (float *)dtr__arena_data(ctx, bytes, dtr__op_name(n->op)))) return NULL;
@@ -123,10 +155,10 @@ static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, 
     return store ? dtr__cast_run(table, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n) : DTR_OK;
 }
 
-/* 1 when in[i] is a 16-bit input not listed before i (an input twice is widened once) */
-static int dtr__widens_input(const dtr__node *n, int i) {
+/* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
+static int dtr__widens_input(const dtr__node *n, int i, int bwd) {
     int j;
-    if (!dtr__narrow(n->in[i])) return 0;
+    if (!dtr__widens(n, i, bwd)) return 0;
     for (j = 0; j < i; j++)
         if (n->in[j] == n->in[i]) return 0;
     return 1;
@@ -135,29 +167,30 @@ static int dtr__widens_input(const dtr__node *n, int i) {
 dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr__node *n, int bwd) {
     dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
     dtr_result r = DTR_OK, r2;
-    int64_t floats = dtr__narrow(n->out) ? dtr__wide_floats(n->out) : 0;
-    float *scratch;
-    int i, k = 0, out_k = -1;
+    int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0;
+    float *scratch, *block;
+    int i, k = 0, out_k = -1, own;
     for (i = 0; i < n->n_in; i++)
-        if (dtr__widens_input(n, i)) floats += dtr__wide_floats(n->in[i]);
-    if (!(scratch = dtr__wide_scratch(ctx, n, floats))) return ctx->status;
+        if (dtr__widens_input(n, i, bwd)) floats += dtr__wide_floats(n->in[i]);
+    if (!(block = scratch = dtr__wide_scratch(ctx, n, floats, &own))) return ctx->status;
     if (n->n_in + 1 > DTR__WIDE_INLINE &&
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
     for (i = 0; r == DTR_OK && i < n->n_in; i++) {
         int64_t f = dtr__wide_floats(n->in[i]);
-        if (dtr__widens_input(n, i) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
             scratch += f;
             k++;
         }
     }
-    if (r == DTR_OK && dtr__narrow(n->out) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+    if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
         out_k = k++;
     if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
     while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */
         r2 = dtr__unwiden(table, ctx, &w[k], k == out_k && !bwd && r == DTR_OK);
         if (r == DTR_OK) r = r2;
     }
+    if (own) dtr__arena_give_back(ctx, block, (size_t)floats * sizeof(float));
     return r;
 }
 
@@ -166,8 +199,11 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     dtr__node c;
     int64_t count = dtr_tensor_numel(t);
     float *scratch;
+    int own;
     if (t->dtype == DTR_F32) return dtr__f32(t);
-    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64))) return NULL;
+    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64, &own))) return NULL;
+    /* a block of its own goes back at once: the caller reads it before anything is allocated */
+    if (own) dtr__arena_give_back(ctx, scratch, (size_t)((count + 63) / 64 * 64) * sizeof(float));
     memset(&c, 0, sizeof c);
     a = *t;
     b = *t;

@@ -140,11 +140,14 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
 
 /* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
  * backward recomputes them from the logits, which stay anyway, so the op holds R x 16 bytes
- * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary). */
+ * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary).
+ * The logits are read in their own dtype (f32, bf16, f16: never widened, src/core/widen.c):
+ * a GPT's 16-bit logits take no f32 copy of their size. */
 dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x);
+    const void *X = dtr__data(x);
+    int dt = x->dtype;
     const int32_t *t = dtr__i32(nd->in[1]);
     dtr__xent_row *st;
     double loss = 0.0;
@@ -156,14 +159,13 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!st) return ctx->status;
     nd->saved = st;
     for (r = 0; r < R; r++) {
-        const float *xr = X + r * K;
         float mx = -INFINITY;
         double s = 0.0;
-        for (k = 0; k < K; k++) if (xr[k] > mx) mx = xr[k];
-        for (k = 0; k < K; k++) s += expf(xr[k] - mx);
+        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(X, dt, r * K + k));
+        for (k = 0; k < K; k++) s += expf(dtr__f_load(X, dt, r * K + k) - mx);
         st[r].max = mx;
         st[r].sum = s;
-        loss += (double)mx + log(s) - xr[t[r]];
+        loss += (double)mx + log(s) - dtr__f_load(X, dt, r * K + t[r]);
     }
     dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
     return DTR_OK;
@@ -172,7 +174,8 @@ dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
 dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x);
+    const void *X = dtr__data(x);
+    int dt = x->dtype;
     const int32_t *t = dtr__i32(nd->in[1]);
     const dtr__xent_row *st = (const dtr__xent_row *)nd->saved;
     float *gx = dtr__gradof(x), c;
@@ -180,7 +183,7 @@ dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gx || !R) return DTR_OK;
     c = nd->out->grad[0] / (float)R;
     for (r = 0; r < R; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(X[r * K + k], st[r]);
+        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(dtr__f_load(X, dt, r * K + k), st[r]);
         gx[r * K + t[r]] -= c;
     }
     return DTR_OK;

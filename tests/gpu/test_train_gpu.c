@@ -1,7 +1,9 @@
 /* tests/gpu/test_train_gpu.c: training on the GPU against the CPU (make test-gpu). Every
  * optimizer (SGD with momentum, Adam, AdamW, LAMB; with gradient clipping) takes the same
- * steps on a small MLP on both backends and must leave the same parameters; the loss scaler
+ * steps on a small MLP on both backends and must leave the same parameters (with bf16
+ * activations: the CPU's bf16 run's, within 1e-2 on a GPU); the loss scaler
  * must skip, and report, a step whose gradients overflowed on the GPU, leaving the weights
+ * alone
  * alone; weights saved from the GPU must load into a CPU model unchanged; a full-state
  * checkpoint of a GPU run must restore it bit for bit; two ranks sharing
  * the GPU, training data-parallel over the local transport (host memory: the gradients go
@@ -34,10 +36,13 @@
 
 typedef struct tnet { dtr_model *m; dtr_linear_layer l1, l2; } tnet;
 
+static dtr_dtype g_act = DTR_F32;   /* the contexts' activation_dtype */
+
 static dtr_context *make_ctx(int gpu) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_context *ctx = NULL;
     cc.backend = gpu ? DEVICE_BACKEND() : NULL;
+    cc.activation_dtype = g_act;
     cc.release_activations = gpu;   /* blocks reused within the step, in stream order */
     cc.threads = 1;
     cc.seed = 5;
@@ -131,6 +136,32 @@ static void test_optimizers(void) {
         }
     free(a);
     free(b);
+}
+
+/* bf16 activations: AdamW steps on the device end where the CPU's bf16 run does (the same
+   arithmetic, rounded at the same places; a rounding may flip on the GPU, whose f32 kernels sum
+   in another order), and not where f32 ends (the rounding happened). */
+static void test_narrow_activations(void) {
+    int64_t n = (int64_t)(IN * HID + HID + HID * OUT + OUT);
+    float *a = (float *)malloc((size_t)n * sizeof(float)), *b = (float *)malloc((size_t)n * sizeof(float));
+    float *f = (float *)malloc((size_t)n * sizeof(float)), la = 0, lb = 0, lf = 0;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.01f);
+#ifdef TRAIN_DEVSIM
+    const double tol = 1e-6;
+#else
+    const double tol = 1e-2;
+#endif
+    CHECK(train(0, &oc, f, &lf));
+    g_act = DTR_BF16;
+    CHECK_MSG(train(0, &oc, a, &la) && train(1, &oc, b, &lb), "bf16 activations did not run");
+    g_act = DTR_F32;
+    CHECK_MSG(max_rel(a, b, n) <= tol, "bf16 activations: device parameters differ from the CPU's by %.3g", max_rel(a, b, n));
+    CHECK_MSG(fabsf(la - lb) <= 1e-2f * fabsf(la), "bf16 activations: last loss %g on the CPU, %g on the device", la, lb);
+    CHECK_MSG(max_rel(a, f, n) > 0.0 && fabsf(la - lf) < 2e-2f * fabsf(lf), "bf16 against f32: parameters %.3g apart, loss %g / %g",
+              max_rel(a, f, n), la, lf);
+    free(a);
+    free(b);
+    free(f);
 }
 
 /* A loss scaled past f32's range: inf gradients on the GPU; the step is skipped, reported,
@@ -493,6 +524,7 @@ int main(void) {
         return test_summary();
     }
     RUN(test_optimizers);
+    RUN(test_narrow_activations);
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
     RUN(test_checkpoint);
