@@ -505,10 +505,11 @@ typedef struct fm_options {
     const char *trace;   /* --trace FILE: Chrome/Perfetto timeline (NULL: none) */
     int gpu;             /* --gpu: the CUDA backend (builds with FM_CUDA: make examples-gpu) */
     int graph;           /* --graph: the step captured once and launched (fm_graph_run; fmnist_mlp, fmnist_cnn) */
+    int bf16;            /* --bf16: bf16 activations, bf16 products on a GPU (fm_bf16; fmnist_mlp, fmnist_cnn) */
 } fm_options;
 
 #define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]" \
-                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph]"
+                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph] [--bf16]"
 
 /** path, or with ".rank<r>" before its extension when world > 1 (run.json -> run.rank1.json). */
 FM_FN const char *fm_rank_path(const char *path, int rank, int world, char *buf, size_t n) {
@@ -548,6 +549,7 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
         if (a[0] != '-') { o->dir = a; continue; }
         if (strcmp(a, "--gpu") == 0) { o->gpu = 1; continue; }
         if (strcmp(a, "--graph") == 0) { o->graph = 1; continue; }
+        if (strcmp(a, "--bf16") == 0) { o->bf16 = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (strcmp(a, "--schedule") == 0) {
@@ -587,6 +589,14 @@ FM_FN const dtr_backend *fm_cuda_backend(void) {
 #else
     return NULL;
 #endif
+}
+
+/** --bf16: every op's output stored in bf16 (activation_dtype; parameters, gradients and the
+ *  optimizer's state stay f32) and, on a GPU, the matrix products on bf16 tensor cores
+ *  (matmul_precision): torch.autocast(bfloat16)'s arrangement. */
+FM_FN void fm_bf16(int on, dtr_context_config *cfg) {
+    cfg->activation_dtype = on ? DTR_BF16 : DTR_F32;
+    cfg->matmul_precision = on ? DTR_MATMUL_BF16 : DTR_MATMUL_F32;
 }
 
 /** Chooses the backend for --gpu (the CUDA one; the CPU without --gpu). Returns 0 after

@@ -29,6 +29,9 @@
  *   --lr        learning rate of SGD with momentum 0.9 (default 0.05)
  *   --schedule  cosine (default): the learning rate decays to 0 over the run; or constant
  *   --seed      initialisation and shuffle seed (default 1)
+ *   --bf16      activations stored in bf16 (parameters, gradients, optimizer state f32; on a
+ *               GPU the products on bf16 tensor cores); --gpu, --graph, --metrics, --trace,
+ *               --ckpt-dir as in fmnist_mlp.c
  * Weights are Kaiming-uniform, biases PyTorch's default. Expect about 87% test accuracy
  * after the default epoch (about 30 s on one core of a recent x86) and about 91% with
  * --epochs 10. */
@@ -48,7 +51,7 @@ static dtr_tensor *cnn_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0};
+    fm_options o = {NULL, 1, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -76,6 +79,7 @@ int main(int argc, char **argv) {
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
     if (!fm_backend(o.gpu, &cfg)) goto done;
+    fm_bf16(o.bf16, &cfg);
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
     /* the data: on the GPU the batch buffers are pinned and their copies queued (dtr_loader_tensors) */

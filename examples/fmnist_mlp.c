@@ -20,7 +20,9 @@
  * Build by hand, with dtrain.h and common.h beside this file:
  *     cc -O2 -I. -DDTRAIN_IMPLEMENTATION -DDTR_USE_ZLIB fmnist_mlp.c -o fmnist_mlp -lm -lpthread -lz
  * Options: [DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant]
- * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph]. --graph
+ * [--seed S] [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph] [--bf16]. --bf16
+ * stores the activations in bf16 (parameters, gradients and the optimizer's state stay f32; on a
+ * GPU the products run on bf16 tensor cores). --graph
  * captures the training step once (dtr_graph_capture: a CUDA graph with --gpu) and launches it for
  * every full batch, the loader's tensors copied into its inputs (examples/common.h, fm_graph_run);
  * the weights come out as without it. --ckpt-dir keeps
@@ -41,7 +43,7 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
@@ -67,6 +69,7 @@ int main(int argc, char **argv) {
     /* the context (thread pool, step arena), the model and the optimizer */
     cfg.threads = o.threads;
     if (!fm_backend(o.gpu, &cfg)) goto done;
+    fm_bf16(o.bf16, &cfg);
     cfg.seed = o.seed;
     if ((r = dtr_context_create(&cfg, &ctx)) != DTR_OK) { fm_fail(NULL, "dtr_context_create", r); goto done; }
     /* the data: on the GPU the batch buffers are pinned and their copies queued (dtr_loader_tensors) */

@@ -62,7 +62,8 @@ DTR_API const char *dtr_version_string(void);
 
 /* ---- dtypes ---- */
 
-/** Element types. Compute is f32; bf16 and f16 are storage types. Append-only. */
+/** Element types. Compute is f32; bf16 and f16 are storage types (of tensors, and of every op's
+ *  output with dtr_context_config.activation_dtype). Append-only. */
 typedef enum dtr_dtype {
     DTR_F32 = 0,
     DTR_BF16 = 1,
@@ -114,9 +115,10 @@ typedef enum dtr_log_level {
 typedef void (*dtr_log_fn)(void *user, dtr_log_level level, const char *msg);
 
 /** What a GPU backend may round the operands of f32 matrix products (linear, matmul,
- *  convolution, attention) to; the products are summed in f32 and tensors stay f32 in memory
- *  (parameters, activations, gradients, optimizer state: master weights in f32). The CPU
- *  backend computes in f32 whatever the setting. Append-only. */
+ *  convolution, attention) to; the products are summed in f32 and tensors keep their dtype
+ *  (parameters, gradients, optimizer state f32: master weights; activations f32 unless
+ *  activation_dtype says otherwise). The CPU backend computes in f32 whatever the setting.
+ *  Append-only. */
 typedef enum dtr_matmul_precision {
     DTR_MATMUL_F32 = 0,    /**< full f32 (TF32 when allow_tf32 is 1) */
     DTR_MATMUL_TF32 = 1,   /**< TF32 tensor cores: 10-bit mantissas, relative error near 1e-3 */
@@ -411,7 +413,9 @@ DTR_API dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t);
 /* ---- ops (autograd) ----
  * Each op checks its inputs, records a tape node when grad is enabled and any input needs a
  * gradient, runs the forward kernel of the context's backend and returns the result.
- * Inputs are f32 unless stated (indices are i32). On a bad shape, dtype or NULL input the
+ * Inputs are float tensors (f32, bf16 or f16, computed in f32) unless stated (indices are
+ * i32); outputs are dtr_context_config.activation_dtype (f32 by default; losses and whole
+ * sums f32, views their input's dtype). On a bad shape, dtype or NULL input the
  * op records a message naming itself on the context and returns NULL; an op given NULL
  * passes the NULL on, so a whole graph can be built and the status checked once.
  * Binary element-wise ops broadcast as NumPy does. Shapes: B batch, T time, C channels. */
