@@ -103,6 +103,29 @@ static unsigned dtr__cuda_grid(int64_t n) { return dtr__launch_blocks(n, DTR__CU
 #define DTR__CUDA_FOR(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
 
+/** A tensor's memory in its own dtype (f32, bf16, f16). The kernel families marked `narrow` in
+ *  the dispatch table (cuda_backend.cu) load and store their tensors' values through it, so
+ *  16-bit activations are read and written as they are, in f32 arithmetic, rounded once at
+ *  the store (the semantics of the widened path, src/core/widen.c, without its copies). */
+typedef struct dtr__cuda_mem {
+    void *p;
+    int dt;
+    __device__ float ld(int64_t i) const { return dtr__f_load(p, dt, i); }
+    __device__ void st(int64_t i, float v) const { dtr__f_store(p, dt, i, v); }
+} dtr__cuda_mem;
+
+/** t's values from its view's first element (dtr__data); NULL p for a NULL (absent) tensor. */
+static dtr__cuda_mem dtr__cuda_mem_of(const dtr_tensor *t) {
+    dtr__cuda_mem m = {t ? dtr__data(t) : NULL, t ? (int)t->dtype : (int)DTR_F32};
+    return m;
+}
+
+/** t's storage from its start (kernels that add the view's offset themselves). */
+static dtr__cuda_mem dtr__cuda_storage_of(const dtr_tensor *t) {
+    dtr__cuda_mem m = {t->storage, (int)t->dtype};
+    return m;
+}
+
 /** Kernels that find bad data (an index out of range) record it once: op id and element. */
 __device__ static void dtr__cuda_flag(int *err, int op, int64_t at) {
     if (atomicCAS(err, 0, op) == 0) err[1] = (int)(at < 0x7fffffff ? at : 0x7fffffff);
@@ -203,7 +226,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 207 "dtrain_cuda.cu"
+#line 230 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -247,13 +270,13 @@ __device__ static float dtr__cuda_unary_df(int op, float x, float y, float s) {
     }
 }
 
-__global__ static void dtr__cuda_unary_fwd_k(int op, float s, const float *x, float *y, int64_t n) {
-    DTR__CUDA_FOR(i, n) y[i] = dtr__cuda_unary_f(op, x[i], s);
+__global__ static void dtr__cuda_unary_fwd_k(int op, float s, dtr__cuda_mem x, dtr__cuda_mem y, int64_t n) {
+    DTR__CUDA_FOR(i, n) y.st(i, dtr__cuda_unary_f(op, x.ld(i), s));
 }
 
-__global__ static void dtr__cuda_unary_bwd_k(int op, float s, const float *x, const float *y, const float *g, float *gx,
+__global__ static void dtr__cuda_unary_bwd_k(int op, float s, dtr__cuda_mem x, dtr__cuda_mem y, const float *g, float *gx,
                                              int64_t n) {
-    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x[i], y[i], s);
+    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x.ld(i), y.ld(i), s);
 }
 
 /* x, y, gx: (N) */
@@ -261,7 +284,7 @@ static dtr_result dtr__cuda_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
     dtr__cuda_unary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), n);
+        nd->op, nd->p.scale, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -270,7 +293,7 @@ static dtr_result dtr__cuda_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]);
     if (!gx || n == 0) return DTR_OK;
     dtr__cuda_unary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), nd->out->grad, gx, n);
+        nd->op, nd->p.scale, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), nd->out->grad, gx, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -315,7 +338,8 @@ __device__ static float dtr__cuda_binary_f(int op, float a, float b) {
     }
 }
 
-__global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, const float *A, const float *B, float *Y, int64_t n) {
+__global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, dtr__cuda_mem A, dtr__cuda_mem B, dtr__cuda_mem Y,
+                                              int64_t n) {
     DTR__CUDA_FOR(i, n) {
         int64_t r = i, oa = bc.oa, ob = bc.ob;
         for (int d = bc.nd - 1; d >= 0; d--) {
@@ -324,14 +348,14 @@ __global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, const 
             oa += k * bc.sa[d];
             ob += k * bc.sb[d];
         }
-        Y[i] = dtr__cuda_binary_f(op, A[oa], B[ob]);
+        Y.st(i, dtr__cuda_binary_f(op, A.ld(oa), B.ld(ob)));
     }
 }
 
 /* The gradient of one input ("self": a when side is 0, b when 1) over its dense elements:
  * one thread per element sums, in the output's row-major order (the CPU's), the
  * contributions of every output position it was broadcast to. */
-__global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast bc, const float *A, const float *B,
+__global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast bc, dtr__cuda_mem A, dtr__cuda_mem B,
                                               const float *G, float *GS, int64_t n_self) {
     const int64_t *gself = side ? bc.gb : bc.ga;
     int64_t ostr[DTR_MAX_DIMS], acc_n = 1;
@@ -358,7 +382,7 @@ __global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast 
                 oa += k * bc.sa[d];
                 ob += k * bc.sb[d];
             }
-            float g = G[o], a = A[oa], b = B[ob];
+            float g = G[o], a = A.ld(oa), b = B.ld(ob);
             switch (op) {
             case DTR_OP_ADD: acc += g; break;
             case DTR_OP_SUB: acc += side ? -g : g; break;
@@ -371,14 +395,15 @@ __global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast 
 }
 
 /* Same-shape dense inputs (the common case: residual adds, products): index i everywhere */
-__global__ static void dtr__cuda_binary_dense_fwd_k(int op, const float *A, const float *B, float *Y, int64_t n) {
-    DTR__CUDA_FOR(i, n) Y[i] = dtr__cuda_binary_f(op, A[i], B[i]);
+__global__ static void dtr__cuda_binary_dense_fwd_k(int op, dtr__cuda_mem A, dtr__cuda_mem B, dtr__cuda_mem Y, int64_t n) {
+    DTR__CUDA_FOR(i, n) Y.st(i, dtr__cuda_binary_f(op, A.ld(i), B.ld(i)));
 }
 
-__global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, const float *A, const float *B, const float *G, float *GS,
-                                                    int64_t n) {
+__global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, dtr__cuda_mem A, dtr__cuda_mem B, const float *G,
+                                                    float *GS, int64_t n) {
     DTR__CUDA_FOR(i, n) {
-        float g = G[i], a = A[i], b = B[i];
+        float g = G[i], a = 0.0f, b = 0.0f;
+        if (op == DTR_OP_MUL || op == DTR_OP_DIV) { a = A.ld(i); b = B.ld(i); }   /* add, sub: gradients only */
         switch (op) {
         case DTR_OP_ADD: GS[i] += g; break;
         case DTR_OP_SUB: GS[i] += side ? -g : g; break;
@@ -402,11 +427,11 @@ static dtr_result dtr__cuda_binary_fwd(dtr_context *ctx, dtr__node *nd) {
     if (n == 0) return DTR_OK;
     if (dtr__cuda_binary_dense(nd)) {
         dtr__cuda_binary_dense_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            nd->op, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->out), n);
+            nd->op, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->out), n);
         return dtr__cuda_launched(ctx, nd);
     }
     dtr__cuda_binary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, dtr__f32(nd->out), n);
+        nd->op, bc, dtr__cuda_storage_of(nd->in[0]), dtr__cuda_storage_of(nd->in[1]), dtr__cuda_mem_of(nd->out), n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -420,9 +445,9 @@ static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
         if (!gs || n == 0) continue;
         if (dtr__cuda_binary_dense(nd))
             dtr__cuda_binary_dense_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                nd->op, side, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gs, n);
+                nd->op, side, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, gs, n);
         else dtr__cuda_binary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            nd->op, side, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, nd->out->grad, gs, n);
+            nd->op, side, bc, dtr__cuda_storage_of(nd->in[0]), dtr__cuda_storage_of(nd->in[1]), nd->out->grad, gs, n);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
     return DTR_OK;
@@ -731,16 +756,16 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
 
-__global__ static void dtr__cuda_embedding_fwd_k(const float *W, const int32_t *id, float *Y, int64_t N, int64_t C, int64_t V,
-                                                 int *err) {
+__global__ static void dtr__cuda_embedding_fwd_k(dtr__cuda_mem W, const int32_t *id, dtr__cuda_mem Y, int64_t N, int64_t C,
+                                                 int64_t V, int *err) {
     DTR__CUDA_FOR(i, N * C) {
         int64_t row = i / C, k = i % C;
         int32_t v = id[row];
         if (v < 0 || v >= V) {
             if (k == 0) dtr__cuda_flag(err, DTR_OP_EMBEDDING, row);
-            Y[i] = 0.0f;
+            Y.st(i, 0.0f);
         } else {
-            Y[i] = W[(int64_t)v * C + k];
+            Y.st(i, W.ld((int64_t)v * C + k));
         }
     }
 }
@@ -790,7 +815,8 @@ static dtr_result dtr__cuda_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
     if (N * C == 0) return DTR_OK;
     dtr__cuda_embedding_fwd_k<<<dtr__cuda_grid(N * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
+        dtr__cuda_mem_of(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__cuda_mem_of(nd->out), N, C, V,
+        dtr__cuda(ctx)->err_dev);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -809,14 +835,15 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
 #define DTR__CUDA_COL_CHUNK 32   /* rows per partial sum */
 
 /* part[c][k] = sum over the rows of chunk c of G[r][k] (H[r] = (X[r] - stat mean) rstd when
-   weighted: the layer norm weight gradient's g h) */
-__global__ static void dtr__cuda_col_part_k(const float *G, const float *X, const float *stat, float *part, int64_t R, int64_t C) {
+   weighted, X.p not NULL: the layer norm weight gradient's g h) */
+__global__ static void dtr__cuda_col_part_k(const float *G, dtr__cuda_mem X, const float *stat, float *part, int64_t R,
+                                            int64_t C) {
     int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
     DTR__CUDA_FOR(i, chunks * C) {
         int64_t c = i / C, k = i % C, r1 = (c + 1) * DTR__CUDA_COL_CHUNK < R ? (c + 1) * DTR__CUDA_COL_CHUNK : R;
         float acc = 0.0f;
         for (int64_t r = c * DTR__CUDA_COL_CHUNK; r < r1; r++)
-            acc += X ? G[r * C + k] * ((X[r * C + k] - stat[2 * r]) * stat[2 * r + 1]) : G[r * C + k];
+            acc += X.p ? G[r * C + k] * ((X.ld(r * C + k) - stat[2 * r]) * stat[2 * r + 1]) : G[r * C + k];
         part[i] = acc;
     }
 }
@@ -830,9 +857,9 @@ __global__ static void dtr__cuda_col_finish_k(const float *part, float *out, int
     }
 }
 
-/* out[k] += sum over r of G[r][k] (times h[r][k] of a layer norm when X is given) */
-static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float *G, const float *X, const float *stat, int64_t R,
-                                    int64_t C, float *out) {
+/* out[k] += sum over r of G[r][k] (times h[r][k] of a layer norm when X.p is given) */
+static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float *G, dtr__cuda_mem X, const float *stat,
+                                    int64_t R, int64_t C, float *out) {
     int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
     float *part;
     if (R * C == 0) return DTR_OK;
@@ -845,32 +872,30 @@ static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float
 /* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
 
 /* x, y (R, C); stat (R, 2): mean, rstd */
-__global__ static void dtr__cuda_layernorm_fwd_k(const float *X, const float *W, const float *B, float *Y, float *stat,
+__global__ static void dtr__cuda_layernorm_fwd_k(dtr__cuda_mem X, dtr__cuda_mem W, dtr__cuda_mem B, dtr__cuda_mem Y, float *stat,
                                                  int64_t C, float eps) {
-    int64_t r = blockIdx.x;
-    const float *xr = X + r * C;
-    float *yr = Y + r * C;
+    int64_t r = blockIdx.x, o = r * C;
     double m = 0.0, v = 0.0;
-    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += xr[k];
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += X.ld(o + k);
     m = dtr__cuda_block_sum(m) / (double)C;
-    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = xr[k] - m; v += d * d; }
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = X.ld(o + k) - m; v += d * d; }
     v = dtr__cuda_block_sum(v) / (double)C;
     float mean = (float)m, rstd = (float)(1.0 / sqrt(v + eps));
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-        float h = (xr[k] - mean) * rstd;
-        yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+        float h = (X.ld(o + k) - mean) * rstd;
+        Y.st(o + k, (W.p ? W.ld(k) : 1.0f) * h + (B.p ? B.ld(k) : 0.0f));
     }
     if (threadIdx.x == 0) { stat[2 * r] = mean; stat[2 * r + 1] = rstd; }
 }
 
-__global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *W, const float *G, const float *stat, float *gx,
-                                                   int64_t C) {
-    int64_t r = blockIdx.x;
-    const float *xr = X + r * C, *gr = G + r * C;
-    float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + r * C;
+__global__ static void dtr__cuda_layernorm_bwd_x_k(dtr__cuda_mem X, dtr__cuda_mem W, const float *G, const float *stat,
+                                                   float *gx, int64_t C) {
+    int64_t r = blockIdx.x, o = r * C;
+    const float *gr = G + o;
+    float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + o;
     double sd = 0.0, sdh = 0.0;
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        float h = (X.ld(o + k) - mean) * rstd, dh = gr[k] * (W.p ? W.ld(k) : 1.0f);
         sd += dh;
         sdh += (double)dh * h;
     }
@@ -878,7 +903,7 @@ __global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *
     sdh = dtr__cuda_block_sum(sdh);
     float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        float h = (X.ld(o + k) - mean) * rstd, dh = gr[k] * (W.p ? W.ld(k) : 1.0f);
         gxr[k] += rstd * (dh - md - h * mdh);
     }
 }
@@ -891,7 +916,7 @@ static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     nd->saved = stat;
     if (R == 0) return DTR_OK;
     dtr__cuda_layernorm_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(x), nd->in[1] ? dtr__f32(nd->in[1]) : NULL, nd->in[2] ? dtr__f32(nd->in[2]) : NULL, dtr__f32(nd->out), stat, C,
+        dtr__cuda_mem_of(x), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->in[2]), dtr__cuda_mem_of(nd->out), stat, C,
         nd->p.eps);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -899,16 +924,17 @@ static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
-    const float *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *stat = (const float *)nd->saved;
+    const float *stat = (const float *)nd->saved;
+    dtr__cuda_mem X = dtr__cuda_mem_of(x), W = dtr__cuda_mem_of(nd->in[1]), none = dtr__cuda_mem_of(NULL);
     float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
     if (R == 0) return DTR_OK;
     if (gx) {
         dtr__cuda_layernorm_bwd_x_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__f32(x), W, nd->out->grad, stat, gx, C);
+            X, W, nd->out->grad, stat, gx, C);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
-    if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, dtr__f32(x), stat, R, C, gw) != DTR_OK) return ctx->status;
-    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, NULL, NULL, R, C, gb) : DTR_OK;
+    if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, X, stat, R, C, gw) != DTR_OK) return ctx->status;
+    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, none, NULL, R, C, gb) : DTR_OK;
 }
 
 /* ---- views: strided copies and their gradients ---- */
@@ -1039,7 +1065,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1043 "dtrain_cuda.cu"
+#line 1069 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1314,9 +1340,9 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw && dtr__cuda_gemm(ctx, out, in, R, 1.0f, G, 1, out, 0, dtr__f32(x), in, 1, 0, 1.0f, gw, in, 0, 1) != DTR_OK)
         return ctx->status;
-    return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
+    return gb ? dtr__cuda_col_sum(ctx, nd, G, dtr__cuda_mem_of(NULL), NULL, R, out, gb) : DTR_OK;
 }
-#line 1320 "dtrain_cuda.cu"
+#line 1346 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1495,7 +1521,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1499 "dtrain_cuda.cu"
+#line 1525 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1694,7 +1720,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1698 "dtrain_cuda.cu"
+#line 1724 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1880,7 +1906,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1884 "dtrain_cuda.cu"
+#line 1910 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2258,9 +2284,20 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
 #define dtr__cuda_comm_fwd dtr__comm_staged_fwd
 #define dtr__cuda_comm_bwd dtr__comm_staged_bwd
 
-#define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd},
+/* The families whose kernels load and store 16-bit tensors themselves (dtr__cuda_mem:
+ * element-wise, layer norm, embedding; cross-entropy reads its logits as they are on every
+ * backend); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
+ * Setting one to 0 falls back to the widened path, the same arithmetic. */
+static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
+                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 0,
+                     dtr__cuda_softmax_narrow = 0, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
+                     dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 0, dtr__cuda_conv2d_narrow = 0,
+                     dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,
+                     dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 0;
+
+#define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
-    {NULL, NULL}, /* DTR_OP_NONE */
+    {NULL, NULL, 0}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CUDA_ENTRY)
 };
 #undef DTR__CUDA_ENTRY
@@ -2354,5 +2391,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2358 "dtrain_cuda.cu"
+#line 2395 "dtrain_cuda.cu"
 

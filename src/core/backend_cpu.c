@@ -16,15 +16,16 @@ dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dt
     if (!dtr__table_has(table, n->op))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s backend: op %d (%s) has no %s kernel in this version", backend, n->op,
                          dtr__op_name(n->op), bwd ? "backward" : "forward");
-    if (dtr__needs_widening(n, bwd)) return dtr__run_widened(table, ctx, n, bwd);
+    if (!table[n->op].narrow && dtr__needs_widening(n, bwd)) return dtr__run_widened(table, ctx, n, bwd);
     return bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
 }
 
 /* The CPU kernels (src/ops/, declared in internal.h), tabled from the op list: entry
- * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. */
-#define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd},
+ * X(ID, name, k) runs dtr__cpu_k_fwd / dtr__cpu_k_bwd. They read and write f32: 16-bit
+ * tensors are widened around them (none is `narrow`). */
+#define DTR__CPU_ENTRY(id, name, k) {dtr__cpu_##k##_fwd, dtr__cpu_##k##_bwd, 0},
 static const dtr__kernel_pair dtr__cpu_kernels[DTR_OP_COUNT] = {
-    {NULL, NULL}, /* DTR_OP_NONE */
+    {NULL, NULL, 0}, /* DTR_OP_NONE */
     DTR__OP_LIST(DTR__CPU_ENTRY)
 };
 #undef DTR__CPU_ENTRY

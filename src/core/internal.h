@@ -281,11 +281,16 @@ DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__o
 
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
-typedef struct dtr__kernel_pair { dtr__kernel fwd, bwd; } dtr__kernel_pair;
+typedef struct dtr__kernel_pair {
+    dtr__kernel fwd, bwd;
+    int narrow;   /* 1: the kernels load and store bf16/fp16 tensors themselves (the dispatch
+                     does not widen them, src/core/widen.c) */
+} dtr__kernel_pair;
 /** 1 when table[op] has a forward kernel. */
 int dtr__table_has(const dtr__kernel_pair *table, int op);
-/** Runs the forward (bwd 0) or backward kernel of node->op from `table`, or records
- *  DTR_UNSUPPORTED naming the backend and the op. Shared by every backend's vtable. */
+/** Runs the forward (bwd 0) or backward kernel of node->op from `table` (over f32 copies of
+ *  its 16-bit tensors unless the entry is `narrow`), or records DTR_UNSUPPORTED naming the
+ *  backend and the op. Shared by every backend's vtable. */
 dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dtr_context *ctx, struct dtr__node *n,
                           int bwd);
 

@@ -269,5 +269,5 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     /* dW (out, in) += G^T (out, R) X (R, in) */
     if (gw && dtr__cuda_gemm(ctx, out, in, R, 1.0f, G, 1, out, 0, dtr__f32(x), in, 1, 0, 1.0f, gw, in, 0, 1) != DTR_OK)
         return ctx->status;
-    return gb ? dtr__cuda_col_sum(ctx, nd, G, NULL, NULL, R, out, gb) : DTR_OK;
+    return gb ? dtr__cuda_col_sum(ctx, nd, G, dtr__cuda_mem_of(NULL), NULL, R, out, gb) : DTR_OK;
 }

@@ -96,6 +96,29 @@ static unsigned dtr__cuda_grid(int64_t n) { return dtr__launch_blocks(n, DTR__CU
 #define DTR__CUDA_FOR(i, n) \
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (int64_t)blockDim.x * gridDim.x)
 
+/** A tensor's memory in its own dtype (f32, bf16, f16). The kernel families marked `narrow` in
+ *  the dispatch table (cuda_backend.cu) load and store their tensors' values through it, so
+ *  16-bit activations are read and written as they are, in f32 arithmetic, rounded once at
+ *  the store (the semantics of the widened path, src/core/widen.c, without its copies). */
+typedef struct dtr__cuda_mem {
+    void *p;
+    int dt;
+    __device__ float ld(int64_t i) const { return dtr__f_load(p, dt, i); }
+    __device__ void st(int64_t i, float v) const { dtr__f_store(p, dt, i, v); }
+} dtr__cuda_mem;
+
+/** t's values from its view's first element (dtr__data); NULL p for a NULL (absent) tensor. */
+static dtr__cuda_mem dtr__cuda_mem_of(const dtr_tensor *t) {
+    dtr__cuda_mem m = {t ? dtr__data(t) : NULL, t ? (int)t->dtype : (int)DTR_F32};
+    return m;
+}
+
+/** t's storage from its start (kernels that add the view's offset themselves). */
+static dtr__cuda_mem dtr__cuda_storage_of(const dtr_tensor *t) {
+    dtr__cuda_mem m = {t->storage, (int)t->dtype};
+    return m;
+}
+
 /** Kernels that find bad data (an index out of range) record it once: op id and element. */
 __device__ static void dtr__cuda_flag(int *err, int op, int64_t at) {
     if (atomicCAS(err, 0, op) == 0) err[1] = (int)(at < 0x7fffffff ? at : 0x7fffffff);

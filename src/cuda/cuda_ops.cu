@@ -38,13 +38,13 @@ __device__ static float dtr__cuda_unary_df(int op, float x, float y, float s) {
     }
 }
 
-__global__ static void dtr__cuda_unary_fwd_k(int op, float s, const float *x, float *y, int64_t n) {
-    DTR__CUDA_FOR(i, n) y[i] = dtr__cuda_unary_f(op, x[i], s);
+__global__ static void dtr__cuda_unary_fwd_k(int op, float s, dtr__cuda_mem x, dtr__cuda_mem y, int64_t n) {
+    DTR__CUDA_FOR(i, n) y.st(i, dtr__cuda_unary_f(op, x.ld(i), s));
 }
 
-__global__ static void dtr__cuda_unary_bwd_k(int op, float s, const float *x, const float *y, const float *g, float *gx,
+__global__ static void dtr__cuda_unary_bwd_k(int op, float s, dtr__cuda_mem x, dtr__cuda_mem y, const float *g, float *gx,
                                              int64_t n) {
-    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x[i], y[i], s);
+    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x.ld(i), y.ld(i), s);
 }
 
 /* x, y, gx: (N) */
@@ -52,7 +52,7 @@ static dtr_result dtr__cuda_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
     dtr__cuda_unary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), n);
+        nd->op, nd->p.scale, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -61,7 +61,7 @@ static dtr_result dtr__cuda_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]);
     if (!gx || n == 0) return DTR_OK;
     dtr__cuda_unary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, nd->p.scale, dtr__f32(nd->in[0]), dtr__f32(nd->out), nd->out->grad, gx, n);
+        nd->op, nd->p.scale, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), nd->out->grad, gx, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -106,7 +106,8 @@ __device__ static float dtr__cuda_binary_f(int op, float a, float b) {
     }
 }
 
-__global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, const float *A, const float *B, float *Y, int64_t n) {
+__global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, dtr__cuda_mem A, dtr__cuda_mem B, dtr__cuda_mem Y,
+                                              int64_t n) {
     DTR__CUDA_FOR(i, n) {
         int64_t r = i, oa = bc.oa, ob = bc.ob;
         for (int d = bc.nd - 1; d >= 0; d--) {
@@ -115,14 +116,14 @@ __global__ static void dtr__cuda_binary_fwd_k(int op, dtr__cuda_bcast bc, const 
             oa += k * bc.sa[d];
             ob += k * bc.sb[d];
         }
-        Y[i] = dtr__cuda_binary_f(op, A[oa], B[ob]);
+        Y.st(i, dtr__cuda_binary_f(op, A.ld(oa), B.ld(ob)));
     }
 }
 
 /* The gradient of one input ("self": a when side is 0, b when 1) over its dense elements:
  * one thread per element sums, in the output's row-major order (the CPU's), the
  * contributions of every output position it was broadcast to. */
-__global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast bc, const float *A, const float *B,
+__global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast bc, dtr__cuda_mem A, dtr__cuda_mem B,
                                               const float *G, float *GS, int64_t n_self) {
     const int64_t *gself = side ? bc.gb : bc.ga;
     int64_t ostr[DTR_MAX_DIMS], acc_n = 1;
@@ -149,7 +150,7 @@ __global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast 
                 oa += k * bc.sa[d];
                 ob += k * bc.sb[d];
             }
-            float g = G[o], a = A[oa], b = B[ob];
+            float g = G[o], a = A.ld(oa), b = B.ld(ob);
             switch (op) {
             case DTR_OP_ADD: acc += g; break;
             case DTR_OP_SUB: acc += side ? -g : g; break;
@@ -162,14 +163,15 @@ __global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast 
 }
 
 /* Same-shape dense inputs (the common case: residual adds, products): index i everywhere */
-__global__ static void dtr__cuda_binary_dense_fwd_k(int op, const float *A, const float *B, float *Y, int64_t n) {
-    DTR__CUDA_FOR(i, n) Y[i] = dtr__cuda_binary_f(op, A[i], B[i]);
+__global__ static void dtr__cuda_binary_dense_fwd_k(int op, dtr__cuda_mem A, dtr__cuda_mem B, dtr__cuda_mem Y, int64_t n) {
+    DTR__CUDA_FOR(i, n) Y.st(i, dtr__cuda_binary_f(op, A.ld(i), B.ld(i)));
 }
 
-__global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, const float *A, const float *B, const float *G, float *GS,
-                                                    int64_t n) {
+__global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, dtr__cuda_mem A, dtr__cuda_mem B, const float *G,
+                                                    float *GS, int64_t n) {
     DTR__CUDA_FOR(i, n) {
-        float g = G[i], a = A[i], b = B[i];
+        float g = G[i], a = 0.0f, b = 0.0f;
+        if (op == DTR_OP_MUL || op == DTR_OP_DIV) { a = A.ld(i); b = B.ld(i); }   /* add, sub: gradients only */
         switch (op) {
         case DTR_OP_ADD: GS[i] += g; break;
         case DTR_OP_SUB: GS[i] += side ? -g : g; break;
@@ -193,11 +195,11 @@ static dtr_result dtr__cuda_binary_fwd(dtr_context *ctx, dtr__node *nd) {
     if (n == 0) return DTR_OK;
     if (dtr__cuda_binary_dense(nd)) {
         dtr__cuda_binary_dense_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            nd->op, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), dtr__f32(nd->out), n);
+            nd->op, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->out), n);
         return dtr__cuda_launched(ctx, nd);
     }
     dtr__cuda_binary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, dtr__f32(nd->out), n);
+        nd->op, bc, dtr__cuda_storage_of(nd->in[0]), dtr__cuda_storage_of(nd->in[1]), dtr__cuda_mem_of(nd->out), n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -211,9 +213,9 @@ static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
         if (!gs || n == 0) continue;
         if (dtr__cuda_binary_dense(nd))
             dtr__cuda_binary_dense_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                nd->op, side, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gs, n);
+                nd->op, side, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, gs, n);
         else dtr__cuda_binary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-            nd->op, side, bc, (const float *)nd->in[0]->storage, (const float *)nd->in[1]->storage, nd->out->grad, gs, n);
+            nd->op, side, bc, dtr__cuda_storage_of(nd->in[0]), dtr__cuda_storage_of(nd->in[1]), nd->out->grad, gs, n);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
     return DTR_OK;
@@ -522,16 +524,16 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
 
-__global__ static void dtr__cuda_embedding_fwd_k(const float *W, const int32_t *id, float *Y, int64_t N, int64_t C, int64_t V,
-                                                 int *err) {
+__global__ static void dtr__cuda_embedding_fwd_k(dtr__cuda_mem W, const int32_t *id, dtr__cuda_mem Y, int64_t N, int64_t C,
+                                                 int64_t V, int *err) {
     DTR__CUDA_FOR(i, N * C) {
         int64_t row = i / C, k = i % C;
         int32_t v = id[row];
         if (v < 0 || v >= V) {
             if (k == 0) dtr__cuda_flag(err, DTR_OP_EMBEDDING, row);
-            Y[i] = 0.0f;
+            Y.st(i, 0.0f);
         } else {
-            Y[i] = W[(int64_t)v * C + k];
+            Y.st(i, W.ld((int64_t)v * C + k));
         }
     }
 }
@@ -581,7 +583,8 @@ static dtr_result dtr__cuda_embedding_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t C = nd->in[0]->shape[1], V = nd->in[0]->shape[0], N = dtr_tensor_numel(nd->in[1]);
     if (N * C == 0) return DTR_OK;
     dtr__cuda_embedding_fwd_k<<<dtr__cuda_grid(N * C), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__f32(nd->out), N, C, V, dtr__cuda(ctx)->err_dev);
+        dtr__cuda_mem_of(nd->in[0]), (const int32_t *)dtr__data(nd->in[1]), dtr__cuda_mem_of(nd->out), N, C, V,
+        dtr__cuda(ctx)->err_dev);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -600,14 +603,15 @@ static dtr_result dtr__cuda_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
 #define DTR__CUDA_COL_CHUNK 32   /* rows per partial sum */
 
 /* part[c][k] = sum over the rows of chunk c of G[r][k] (H[r] = (X[r] - stat mean) rstd when
-   weighted: the layer norm weight gradient's g h) */
-__global__ static void dtr__cuda_col_part_k(const float *G, const float *X, const float *stat, float *part, int64_t R, int64_t C) {
+   weighted, X.p not NULL: the layer norm weight gradient's g h) */
+__global__ static void dtr__cuda_col_part_k(const float *G, dtr__cuda_mem X, const float *stat, float *part, int64_t R,
+                                            int64_t C) {
     int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
     DTR__CUDA_FOR(i, chunks * C) {
         int64_t c = i / C, k = i % C, r1 = (c + 1) * DTR__CUDA_COL_CHUNK < R ? (c + 1) * DTR__CUDA_COL_CHUNK : R;
         float acc = 0.0f;
         for (int64_t r = c * DTR__CUDA_COL_CHUNK; r < r1; r++)
-            acc += X ? G[r * C + k] * ((X[r * C + k] - stat[2 * r]) * stat[2 * r + 1]) : G[r * C + k];
+            acc += X.p ? G[r * C + k] * ((X.ld(r * C + k) - stat[2 * r]) * stat[2 * r + 1]) : G[r * C + k];
         part[i] = acc;
     }
 }
@@ -621,9 +625,9 @@ __global__ static void dtr__cuda_col_finish_k(const float *part, float *out, int
     }
 }
 
-/* out[k] += sum over r of G[r][k] (times h[r][k] of a layer norm when X is given) */
-static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float *G, const float *X, const float *stat, int64_t R,
-                                    int64_t C, float *out) {
+/* out[k] += sum over r of G[r][k] (times h[r][k] of a layer norm when X.p is given) */
+static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float *G, dtr__cuda_mem X, const float *stat,
+                                    int64_t R, int64_t C, float *out) {
     int64_t chunks = (R + DTR__CUDA_COL_CHUNK - 1) / DTR__CUDA_COL_CHUNK;
     float *part;
     if (R * C == 0) return DTR_OK;
@@ -636,32 +640,30 @@ static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float
 /* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
 
 /* x, y (R, C); stat (R, 2): mean, rstd */
-__global__ static void dtr__cuda_layernorm_fwd_k(const float *X, const float *W, const float *B, float *Y, float *stat,
+__global__ static void dtr__cuda_layernorm_fwd_k(dtr__cuda_mem X, dtr__cuda_mem W, dtr__cuda_mem B, dtr__cuda_mem Y, float *stat,
                                                  int64_t C, float eps) {
-    int64_t r = blockIdx.x;
-    const float *xr = X + r * C;
-    float *yr = Y + r * C;
+    int64_t r = blockIdx.x, o = r * C;
     double m = 0.0, v = 0.0;
-    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += xr[k];
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += X.ld(o + k);
     m = dtr__cuda_block_sum(m) / (double)C;
-    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = xr[k] - m; v += d * d; }
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = X.ld(o + k) - m; v += d * d; }
     v = dtr__cuda_block_sum(v) / (double)C;
     float mean = (float)m, rstd = (float)(1.0 / sqrt(v + eps));
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-        float h = (xr[k] - mean) * rstd;
-        yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+        float h = (X.ld(o + k) - mean) * rstd;
+        Y.st(o + k, (W.p ? W.ld(k) : 1.0f) * h + (B.p ? B.ld(k) : 0.0f));
     }
     if (threadIdx.x == 0) { stat[2 * r] = mean; stat[2 * r + 1] = rstd; }
 }
 
-__global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *W, const float *G, const float *stat, float *gx,
-                                                   int64_t C) {
-    int64_t r = blockIdx.x;
-    const float *xr = X + r * C, *gr = G + r * C;
-    float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + r * C;
+__global__ static void dtr__cuda_layernorm_bwd_x_k(dtr__cuda_mem X, dtr__cuda_mem W, const float *G, const float *stat,
+                                                   float *gx, int64_t C) {
+    int64_t r = blockIdx.x, o = r * C;
+    const float *gr = G + o;
+    float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + o;
     double sd = 0.0, sdh = 0.0;
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        float h = (X.ld(o + k) - mean) * rstd, dh = gr[k] * (W.p ? W.ld(k) : 1.0f);
         sd += dh;
         sdh += (double)dh * h;
     }
@@ -669,7 +671,7 @@ __global__ static void dtr__cuda_layernorm_bwd_x_k(const float *X, const float *
     sdh = dtr__cuda_block_sum(sdh);
     float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
-        float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+        float h = (X.ld(o + k) - mean) * rstd, dh = gr[k] * (W.p ? W.ld(k) : 1.0f);
         gxr[k] += rstd * (dh - md - h * mdh);
     }
 }
@@ -682,7 +684,7 @@ static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     nd->saved = stat;
     if (R == 0) return DTR_OK;
     dtr__cuda_layernorm_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(x), nd->in[1] ? dtr__f32(nd->in[1]) : NULL, nd->in[2] ? dtr__f32(nd->in[2]) : NULL, dtr__f32(nd->out), stat, C,
+        dtr__cuda_mem_of(x), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->in[2]), dtr__cuda_mem_of(nd->out), stat, C,
         nd->p.eps);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -690,16 +692,17 @@ static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0];
     int64_t C = x->shape[x->ndim - 1], R = dtr__cuda_rows(x);
-    const float *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *stat = (const float *)nd->saved;
+    const float *stat = (const float *)nd->saved;
+    dtr__cuda_mem X = dtr__cuda_mem_of(x), W = dtr__cuda_mem_of(nd->in[1]), none = dtr__cuda_mem_of(NULL);
     float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
     if (R == 0) return DTR_OK;
     if (gx) {
         dtr__cuda_layernorm_bwd_x_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-            dtr__f32(x), W, nd->out->grad, stat, gx, C);
+            X, W, nd->out->grad, stat, gx, C);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
-    if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, dtr__f32(x), stat, R, C, gw) != DTR_OK) return ctx->status;
-    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, NULL, NULL, R, C, gb) : DTR_OK;
+    if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, X, stat, R, C, gw) != DTR_OK) return ctx->status;
+    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, none, NULL, R, C, gb) : DTR_OK;
 }
 
 /* ---- views: strided copies and their gradients ---- */
