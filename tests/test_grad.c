@@ -733,7 +733,7 @@ static void test_narrow_memory(void) {
         dtr_model *m = NULL;
         dtr_gpt_block blk[6];
         int64_t shape[3] = {4, 64, 64};
-        char name[8];
+        char name[16];
         float loss[2];
         dtr_tensor *y;
         CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
