@@ -428,7 +428,8 @@ DTR_API dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src
 DTR_API dtr_result dtr_tensor_copy(dtr_tensor *dst, const dtr_tensor *src);
 /** f32 element at a flat row-major index of the logical shape; 0 on error. Handy in tests. */
 DTR_API float dtr_tensor_get(const dtr_tensor *t, int64_t index);
-/** Marks an arena tensor as requiring a gradient (a leaf the app wants dL/dt of). */
+/** Marks an arena tensor as requiring a gradient (a leaf the app wants dL/dt of). f32, bf16
+ *  and f16 tensors (the gradient is f32 either way); others are DTR_DTYPE_MISMATCH. */
 DTR_API dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t);
 
 /* ---- ops (autograd) ----
@@ -2908,7 +2909,8 @@ typedef enum dtr_pipe_schedule {
  *  tape current. `input` is the previous stage's output (it requires grad: its gradient goes
  *  back), NULL on stage 0, which reads micro-batch `microbatch` of its data itself. The last
  *  stage returns the micro-batch's loss (a scalar, the mean over its samples); the others
- *  return the activation for the next stage (any shape, f32). NULL (with the context's
+ *  return the activation for the next stage (any shape; f32, bf16 or f16:
+ *  it crosses as stored, and the next stage's input has its dtype). NULL (with the context's
  *  error) stops the step. `chunk` is the model chunk of this rank (0 without interleaving). */
 typedef dtr_tensor *(*dtr_pipe_forward_fn)(void *user, dtr_context *ctx, int chunk, int microbatch,
                                            dtr_tensor *input);
@@ -4056,7 +4058,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4060 "dtrain.h"
+#line 4062 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4756,7 +4758,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4760 "dtrain.h"
+#line 4762 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5037,7 +5039,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5041 "dtrain.h"
+#line 5043 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5099,7 +5101,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5103 "dtrain.h"
+#line 5105 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5478,7 +5480,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5482 "dtrain.h"
+#line 5484 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5521,7 +5523,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5525 "dtrain.h"
+#line 5527 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5551,7 +5553,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5555 "dtrain.h"
+#line 5557 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5604,7 +5606,7 @@ DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
  *  one, after the wait) have their gradients outside the shard discarded from g (they read
  *  as zeros, their memory back to the system). Other stages, and zero3_keep_grads: nothing. */
 DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);
-#line 5608 "dtrain.h"
+#line 5610 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5678,7 +5680,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5682 "dtrain.h"
+#line 5684 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5746,7 +5748,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5750 "dtrain.h"
+#line 5752 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5821,7 +5823,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5825 "dtrain.h"
+#line 5827 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6173,7 +6175,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6177 "dtrain.h"
+#line 6179 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6964,7 +6966,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6968 "dtrain.h"
+#line 6970 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7602,7 +7604,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7606 "dtrain.h"
+#line 7608 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7673,7 +7675,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7677 "dtrain.h"
+#line 7679 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -7892,9 +7894,9 @@ dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
 
 dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     if (!t) return NULL;
-    if (t->dtype != DTR_F32)
-        return dtr__failt(t->ctx, DTR_DTYPE_MISMATCH, "dtr_tensor_requires_grad: only f32 tensors have gradients (got %s)",
-                          dtr_dtype_name(t->dtype));
+    if (!dtr__is_float(t->dtype))
+        return dtr__failt(t->ctx, DTR_DTYPE_MISMATCH, "dtr_tensor_requires_grad: only f32, bf16 and f16 tensors have "
+                          "gradients (got %s)", dtr_dtype_name(t->dtype));
     t->flags |= DTR__REQUIRES_GRAD | DTR__LEAF;
     return t;
 }
@@ -8155,7 +8157,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8159 "dtrain.h"
+#line 8161 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8394,7 +8396,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8398 "dtrain.h"
+#line 8400 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8625,7 +8627,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8629 "dtrain.h"
+#line 8631 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8744,7 +8746,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8748 "dtrain.h"
+#line 8750 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8800,7 +8802,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8804 "dtrain.h"
+#line 8806 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9165,7 +9167,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9169 "dtrain.h"
+#line 9171 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9388,7 +9390,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     c.out = &b;
     return ctx->backend->forward(ctx, &c) == DTR_OK ? scratch : NULL;
 }
-#line 9392 "dtrain.h"
+#line 9394 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9818,7 +9820,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9822 "dtrain.h"
+#line 9824 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9997,7 +9999,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10001 "dtrain.h"
+#line 10003 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10529,7 +10531,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10533 "dtrain.h"
+#line 10535 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11028,7 +11030,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11032 "dtrain.h"
+#line 11034 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11287,7 +11289,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11291 "dtrain.h"
+#line 11293 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11630,7 +11632,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11634 "dtrain.h"
+#line 11636 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11760,7 +11762,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11764 "dtrain.h"
+#line 11766 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12302,7 +12304,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12306 "dtrain.h"
+#line 12308 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12471,7 +12473,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12475 "dtrain.h"
+#line 12477 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12720,7 +12722,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12724 "dtrain.h"
+#line 12726 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13242,7 +13244,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13246 "dtrain.h"
+#line 13248 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13380,7 +13382,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13384 "dtrain.h"
+#line 13386 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13727,7 +13729,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13731 "dtrain.h"
+#line 13733 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13793,7 +13795,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13797 "dtrain.h"
+#line 13799 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14030,7 +14032,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14034 "dtrain.h"
+#line 14036 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14779,7 +14781,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14783 "dtrain.h"
+#line 14785 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15232,7 +15234,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15236 "dtrain.h"
+#line 15238 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15288,7 +15290,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15292 "dtrain.h"
+#line 15294 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16065,7 +16067,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16069 "dtrain.h"
+#line 16071 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16646,7 +16648,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16650 "dtrain.h"
+#line 16652 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17277,7 +17279,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17281 "dtrain.h"
+#line 17283 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18067,7 +18069,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18071 "dtrain.h"
+#line 18073 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18420,7 +18422,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18424 "dtrain.h"
+#line 18426 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18610,7 +18612,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18614 "dtrain.h"
+#line 18616 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18791,7 +18793,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18795 "dtrain.h"
+#line 18797 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19566,7 +19568,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19570 "dtrain.h"
+#line 19572 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20083,7 +20085,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20087 "dtrain.h"
+#line 20089 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20878,7 +20880,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20882 "dtrain.h"
+#line 20884 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22126,7 +22128,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22130 "dtrain.h"
+#line 22132 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22748,7 +22750,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22752 "dtrain.h"
+#line 22754 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23249,7 +23251,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23253 "dtrain.h"
+#line 23255 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23979,7 +23981,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23983 "dtrain.h"
+#line 23985 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24215,7 +24217,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24219 "dtrain.h"
+#line 24221 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24344,7 +24346,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24348 "dtrain.h"
+#line 24350 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24723,7 +24725,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24727 "dtrain.h"
+#line 24729 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25214,7 +25216,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25218 "dtrain.h"
+#line 25220 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25725,7 +25727,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25729 "dtrain.h"
+#line 25731 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25746,9 +25748,9 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
  * backward is done and its gradient sent; 1F1B keeps at most P micro-batches of activations
  * alive on the first stage, GPipe keeps M.
  *
- * Wire format, per (sender, receiving chunk): an activation is a header of 1 + DTR_MAX_DIMS
- * int64 (ndim, shape) on tag + 3c, its f32 data on tag + 3c + 1; a gradient (shape known to
- * both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
+ * Wire format, per (sender, receiving chunk): an activation is a header of 2 + DTR_MAX_DIMS
+ * int64 (ndim, shape, dtype) on tag + 3c, its data (f32, or bf16/f16 as stored with 16-bit
+ * activations) on tag + 3c + 1; a gradient (shape known to both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
  * handles the micro-batches of a chunk in increasing order in both directions.
  *
  * A model in device memory (a GPU backend) over a host-memory group stages every message
@@ -25762,12 +25764,16 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
 
 
 
+/* An activation's header: ndim, the dims (DTR_MAX_DIMS, 0 past ndim), the dtype (f32, or bf16
+   and f16 with 16-bit activations: the data goes as it is stored) */
+#define DTR__PIPE_HDR (2 + DTR_MAX_DIMS)
+
 /* one micro-batch in flight: its tape, input (received or NULL), output, sends */
 typedef struct dtr__pipe_slot {
     dtr_tape *tape;
     dtr_tensor *in, *out;
     dtr_request *req[3];           /* header, activation, gradient sends */
-    int64_t hdr[1 + DTR_MAX_DIMS]; /* header being sent */
+    int64_t hdr[DTR__PIPE_HDR];    /* header being sent */
     int busy;                      /* 1 from its forward until its backward is done */
     void *host[3];                 /* device models: host copies of the input received, the
                                       output sent and a gradient (received, then sent) */
@@ -26026,7 +26032,7 @@ static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, 
 
 /* receives the activation header for (chunk, mb) and makes the input tensor on the slot's tape */
 static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
-    int64_t hdr[1 + DTR_MAX_DIMS];
+    int64_t hdr[DTR__PIPE_HDR];
     int tag = p->cfg.tag + 3 * chunk, d;
     size_t bytes;
     void *dst;
@@ -26035,9 +26041,10 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
     if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
     for (d = 1; d <= hdr[0]; d++)
         if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
-    s->in = dtr_tensor_new(p->ctx, DTR_F32, (int)hdr[0], hdr + 1);
+    if (hdr[DTR__PIPE_HDR - 1] != DTR_F32 && hdr[DTR__PIPE_HDR - 1] != DTR_BF16 && hdr[DTR__PIPE_HDR - 1] != DTR_F16) goto bad;
+    s->in = dtr_tensor_new(p->ctx, (dtr_dtype)hdr[DTR__PIPE_HDR - 1], (int)hdr[0], hdr + 1);
     if (!s->in) return p->ctx->status;
-    bytes = (size_t)dtr_tensor_numel(s->in) * sizeof(float);
+    bytes = (size_t)dtr_tensor_numel(s->in) * dtr_dtype_size(s->in->dtype);
     dst = p->staged ? dtr__pipe_host(p, s, 0, bytes) : dtr__data(s->in);
     if (!dst) return p->ctx->status;
     r = dtr__pipe_recv(p, dst, bytes, dtr__pipe_prev(p), tag + 1);
@@ -26047,7 +26054,8 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
     return DTR_OK;
 bad:
     return dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: stage %d, micro-batch %d: malformed activation "
-                     "header from rank %d (ndim %lld)", dtr_pipe_stage(p, chunk), mb, dtr__pipe_prev(p), (long long)hdr[0]);
+                     "header from rank %d (ndim %lld, dtype %lld)", dtr_pipe_stage(p, chunk), mb, dtr__pipe_prev(p),
+                     (long long)hdr[0], (long long)hdr[DTR__PIPE_HDR - 1]);
 }
 
 static dtr_result dtr__pipe_send(dtr_pipe *p, dtr__pipe_slot *s, int k, const void *buf, size_t bytes, int dst, int tag) {
@@ -26062,10 +26070,11 @@ static dtr_result dtr__pipe_send_output(dtr_pipe *p, dtr__pipe_slot *s, int chun
     size_t bytes;
     void *src;
     if (!dtr_tensor_is_contiguous(s->out) && !(s->out = dtr_contiguous(p->ctx, s->out))) return p->ctx->status;
-    bytes = (size_t)dtr_tensor_numel(s->out) * sizeof(float);
+    bytes = (size_t)dtr_tensor_numel(s->out) * dtr_dtype_size(s->out->dtype);
     src = dtr__data(s->out);
     s->hdr[0] = dtr_tensor_ndim(s->out);
     for (d = 0; d < DTR_MAX_DIMS; d++) s->hdr[1 + d] = d < s->hdr[0] ? dtr_tensor_dim(s->out, d) : 0;
+    s->hdr[DTR__PIPE_HDR - 1] = s->out->dtype;   /* 16-bit activations travel as they are */
     if (p->staged) {   /* the activation through the slot's host copy */
         if (!(src = dtr__pipe_host(p, s, 1, bytes))) return p->ctx->status;
         if ((r = p->ctx->backend->to_host(p->ctx, src, dtr__data(s->out), bytes)) != DTR_OK) return r;
@@ -26090,9 +26099,9 @@ static dtr_result dtr__pipe_take_output(dtr_pipe *p, dtr__pipe_slot *s, int chun
         return p->ctx->status != DTR_OK ? p->ctx->status
                                         : dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: the forward of stage %d "
                                                     "returned NULL for micro-batch %d", stage, mb);
-    if (dtr_tensor_dtype(s->out) != DTR_F32)
+    if (!dtr__is_float(dtr_tensor_dtype(s->out)))
         return dtr__fail(p->ctx, DTR_DTYPE_MISMATCH, "dtr_pipe_step: the forward of stage %d returned %s for micro-batch %d "
-                         "(stages exchange f32)", stage, dtr_dtype_name(dtr_tensor_dtype(s->out)), mb);
+                         "(stages exchange f32, bf16 or f16)", stage, dtr_dtype_name(dtr_tensor_dtype(s->out)), mb);
     if (!dtr__pipe_last(p, chunk)) return dtr__pipe_send_output(p, s, chunk, mb);
     if (dtr_tensor_numel(s->out) != 1)
         return dtr__fail(p->ctx, DTR_SHAPE_MISMATCH, "dtr_pipe_step: the last stage must return a scalar loss, not %lld "
@@ -26222,7 +26231,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26226 "dtrain.h"
+#line 26235 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27597,7 +27606,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27601 "dtrain.h"
+#line 27610 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27651,7 +27660,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27655 "dtrain.h"
+#line 27664 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28827,7 +28836,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28831 "dtrain.h"
+#line 28840 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29717,7 +29726,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29721 "dtrain.h"
+#line 29730 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31195,7 +31204,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31199 "dtrain.h"
+#line 31208 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31579,7 +31588,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31583 "dtrain.h"
+#line 31592 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31728,7 +31737,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31732 "dtrain.h"
+#line 31741 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -96,13 +96,19 @@ static dtr_tensor *pm_forward(void *user, dtr_context *ctx, int chunk, int mb, d
 
 /* the whole model on one rank, `steps` steps of SGD with momentum (lr 0.1, momentum 0.9),
  * clipping the gradient's norm to `clip` (0: no clipping); *loss: the last step's */
+/* the activation_dtype of the reference's context and the test's ranks' (16-bit runs) */
+static dtr_dtype pm_act = DTR_F32;
+
 static dtr_result pm_reference(int steps, float clip, dtr_context **ctx_out, dtr_model **m_out, float *loss) {
     dtr_context *ctx = NULL;
+    dtr_context_config cc = dtr_context_config_init();
     dtr_model *m = NULL;
     dtr_optimizer *opt = NULL;
     dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
     pm_model pm;
-    dtr_result r = dtr_context_create(NULL, &ctx);
+    dtr_result r;
+    cc.activation_dtype = pm_act;
+    r = dtr_context_create(&cc, &ctx);
     memset(&pm, 0, sizeof pm);
     oc.momentum = 0.9f;
     oc.clip_norm = clip;

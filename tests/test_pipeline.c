@@ -17,6 +17,8 @@
  *                          x pipeline 2 x tensor 2 and pipeline 2 x tensor 2 give the clipped
  *                          reference's weights (each stage, or tensor-parallel rank, clipping
  *                          by its own norm does not: the case fails without the sums)
+ *   test_pipe_bf16         bf16 activations: the stages exchange bf16 (fewer bytes; gradients
+ *                          f32) and end with the weights of one rank training in bf16
  *   test_pipe_memory       4 stages, 8 micro-batches: 1F1B keeps at most 4 micro-batches of
  *                          activations alive on stage 0 and GPipe 8; the arena peaks follow
  *   test_pipe_keep         dtr_model_keep: kept parameters start from the whole model's
@@ -146,6 +148,7 @@ static void *rank_main(void *arg) {
     int64_t t0 = dtr_time_ns();
     cc.threads = 1;
     cc.backend = o->run->devsim ? devsim_backend() : NULL;
+    cc.activation_dtype = pm_act;
     if (dtr_context_create(&cc, &ctx) != DTR_OK) { o->result = DTR_OUT_OF_MEMORY; return NULL; }
     cfg.local.world = o->w;
     cfg.local.rank = o->rank;
@@ -259,6 +262,45 @@ static void test_pipe_devsim(void) {
     run.schedule = DTR_PIPE_1F1B, run.stages = 2, run.chunks = 1, run.dp = 2;
     check_equivalent(&run);
     CHECK_EQ_INT(devsim__violations, 0);
+}
+
+/* bf16 activations: the stages' outputs cross as stored (bf16: half the activation bytes; the
+   gradients stay f32) and the weights are those of one rank training the whole model with bf16
+   activations, nowhere near f32's */
+static void test_pipe_bf16(void) {
+    dtr_context *ctx = NULL;
+    dtr_model *ref = NULL, *plain;
+    float loss = 0.0f, plain_loss;
+    int64_t bytes[2] = {0, 0};
+    rank_out o[2];
+    pipe_run run;
+    int k, r;
+    make_reference();
+    plain = g_ref_model, plain_loss = g_ref_loss;
+    memset(&run, 0, sizeof run);
+    run.steps = STEPS, run.fail_rank = -1, run.chunks = 1, run.microbatches = 4, run.schedule = DTR_PIPE_1F1B;
+    run.stages = 2;
+    for (k = 0; k < 2; k++) {
+        pm_act = k ? DTR_BF16 : DTR_F32;
+        if (k && pm_reference(STEPS, 0.0f, &ctx, &ref, &loss) == DTR_OK) {
+            printf("  bf16 reference: %.3g from f32's weights\n", pm_max_rel_error(ref, plain));
+            CHECK(pm_max_rel_error(ref, plain) > 1e-4);
+            g_ref_model = ref, g_ref_loss = loss;
+        }
+        run_pipeline(&run, o);
+        for (r = 0; r < 2; r++) {
+            CHECK_MSG(o[r].result == DTR_OK, "%s activations, rank %d: %s", k ? "bf16" : "f32", r, o[r].msg);
+            CHECK_MSG(o[r].rel_error <= (k ? 1e-4 : 1e-5), "%s activations, rank %d: relative error %g", k ? "bf16" : "f32",
+                      r, o[r].rel_error);
+        }
+        bytes[k] = o[0].stats.bytes_sent;
+    }
+    pm_act = DTR_F32;
+    printf("  stage 0 sent %lld bytes with f32 activations, %lld with bf16\n", (long long)bytes[0], (long long)bytes[1]);
+    CHECK(bytes[1] > 0 && bytes[1] < bytes[0]);
+    g_ref_model = plain, g_ref_loss = plain_loss;
+    dtr_model_destroy(ref);
+    dtr_context_destroy(ctx);
 }
 
 static void test_pipe_uneven(void) {
@@ -406,6 +448,7 @@ static void test_pipe_errors(void) {
 int main(void) {
     RUN(test_pipe_equivalence);
     RUN(test_pipe_devsim);
+    RUN(test_pipe_bf16);
     RUN(test_pipe_uneven);
     RUN(test_pipe_grid);
     RUN(test_pipe_clip);

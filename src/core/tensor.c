@@ -213,9 +213,9 @@ dtr_result dtr_tensor_read_grad(const dtr_tensor *t, float *dst, size_t n) {
 
 dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t) {
     if (!t) return NULL;
-    if (t->dtype != DTR_F32)
-        return dtr__failt(t->ctx, DTR_DTYPE_MISMATCH, "dtr_tensor_requires_grad: only f32 tensors have gradients (got %s)",
-                          dtr_dtype_name(t->dtype));
+    if (!dtr__is_float(t->dtype))
+        return dtr__failt(t->ctx, DTR_DTYPE_MISMATCH, "dtr_tensor_requires_grad: only f32, bf16 and f16 tensors have "
+                          "gradients (got %s)", dtr_dtype_name(t->dtype));
     t->flags |= DTR__REQUIRES_GRAD | DTR__LEAF;
     return t;
 }

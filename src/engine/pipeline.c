@@ -15,9 +15,9 @@
  * backward is done and its gradient sent; 1F1B keeps at most P micro-batches of activations
  * alive on the first stage, GPipe keeps M.
  *
- * Wire format, per (sender, receiving chunk): an activation is a header of 1 + DTR_MAX_DIMS
- * int64 (ndim, shape) on tag + 3c, its f32 data on tag + 3c + 1; a gradient (shape known to
- * both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
+ * Wire format, per (sender, receiving chunk): an activation is a header of 2 + DTR_MAX_DIMS
+ * int64 (ndim, shape, dtype) on tag + 3c, its data (f32, or bf16/f16 as stored with 16-bit
+ * activations) on tag + 3c + 1; a gradient (shape known to both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
  * handles the micro-batches of a chunk in increasing order in both directions.
  *
  * A model in device memory (a GPU backend) over a host-memory group stages every message
@@ -31,12 +31,16 @@
 #include "../core/internal.h"
 #include "../comm/comm_internal.h"
 
+/* An activation's header: ndim, the dims (DTR_MAX_DIMS, 0 past ndim), the dtype (f32, or bf16
+   and f16 with 16-bit activations: the data goes as it is stored) */
+#define DTR__PIPE_HDR (2 + DTR_MAX_DIMS)
+
 /* one micro-batch in flight: its tape, input (received or NULL), output, sends */
 typedef struct dtr__pipe_slot {
     dtr_tape *tape;
     dtr_tensor *in, *out;
     dtr_request *req[3];           /* header, activation, gradient sends */
-    int64_t hdr[1 + DTR_MAX_DIMS]; /* header being sent */
+    int64_t hdr[DTR__PIPE_HDR];    /* header being sent */
     int busy;                      /* 1 from its forward until its backward is done */
     void *host[3];                 /* device models: host copies of the input received, the
                                       output sent and a gradient (received, then sent) */
@@ -295,7 +299,7 @@ static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, 
 
 /* receives the activation header for (chunk, mb) and makes the input tensor on the slot's tape */
 static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
-    int64_t hdr[1 + DTR_MAX_DIMS];
+    int64_t hdr[DTR__PIPE_HDR];
     int tag = p->cfg.tag + 3 * chunk, d;
     size_t bytes;
     void *dst;
@@ -304,9 +308,10 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
     if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
     for (d = 1; d <= hdr[0]; d++)
         if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
-    s->in = dtr_tensor_new(p->ctx, DTR_F32, (int)hdr[0], hdr + 1);
+    if (hdr[DTR__PIPE_HDR - 1] != DTR_F32 && hdr[DTR__PIPE_HDR - 1] != DTR_BF16 && hdr[DTR__PIPE_HDR - 1] != DTR_F16) goto bad;
+    s->in = dtr_tensor_new(p->ctx, (dtr_dtype)hdr[DTR__PIPE_HDR - 1], (int)hdr[0], hdr + 1);
     if (!s->in) return p->ctx->status;
-    bytes = (size_t)dtr_tensor_numel(s->in) * sizeof(float);
+    bytes = (size_t)dtr_tensor_numel(s->in) * dtr_dtype_size(s->in->dtype);
     dst = p->staged ? dtr__pipe_host(p, s, 0, bytes) : dtr__data(s->in);
     if (!dst) return p->ctx->status;
     r = dtr__pipe_recv(p, dst, bytes, dtr__pipe_prev(p), tag + 1);
@@ -316,7 +321,8 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
     return DTR_OK;
 bad:
     return dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: stage %d, micro-batch %d: malformed activation "
-                     "header from rank %d (ndim %lld)", dtr_pipe_stage(p, chunk), mb, dtr__pipe_prev(p), (long long)hdr[0]);
+                     "header from rank %d (ndim %lld, dtype %lld)", dtr_pipe_stage(p, chunk), mb, dtr__pipe_prev(p),
+                     (long long)hdr[0], (long long)hdr[DTR__PIPE_HDR - 1]);
 }
 
 static dtr_result dtr__pipe_send(dtr_pipe *p, dtr__pipe_slot *s, int k, const void *buf, size_t bytes, int dst, int tag) {
@@ -331,10 +337,11 @@ static dtr_result dtr__pipe_send_output(dtr_pipe *p, dtr__pipe_slot *s, int chun
     size_t bytes;
     void *src;
     if (!dtr_tensor_is_contiguous(s->out) && !(s->out = dtr_contiguous(p->ctx, s->out))) return p->ctx->status;
-    bytes = (size_t)dtr_tensor_numel(s->out) * sizeof(float);
+    bytes = (size_t)dtr_tensor_numel(s->out) * dtr_dtype_size(s->out->dtype);
     src = dtr__data(s->out);
     s->hdr[0] = dtr_tensor_ndim(s->out);
     for (d = 0; d < DTR_MAX_DIMS; d++) s->hdr[1 + d] = d < s->hdr[0] ? dtr_tensor_dim(s->out, d) : 0;
+    s->hdr[DTR__PIPE_HDR - 1] = s->out->dtype;   /* 16-bit activations travel as they are */
     if (p->staged) {   /* the activation through the slot's host copy */
         if (!(src = dtr__pipe_host(p, s, 1, bytes))) return p->ctx->status;
         if ((r = p->ctx->backend->to_host(p->ctx, src, dtr__data(s->out), bytes)) != DTR_OK) return r;
@@ -359,9 +366,9 @@ static dtr_result dtr__pipe_take_output(dtr_pipe *p, dtr__pipe_slot *s, int chun
         return p->ctx->status != DTR_OK ? p->ctx->status
                                         : dtr__fail(p->ctx, DTR_INVALID_ARGUMENT, "dtr_pipe_step: the forward of stage %d "
                                                     "returned NULL for micro-batch %d", stage, mb);
-    if (dtr_tensor_dtype(s->out) != DTR_F32)
+    if (!dtr__is_float(dtr_tensor_dtype(s->out)))
         return dtr__fail(p->ctx, DTR_DTYPE_MISMATCH, "dtr_pipe_step: the forward of stage %d returned %s for micro-batch %d "
-                         "(stages exchange f32)", stage, dtr_dtype_name(dtr_tensor_dtype(s->out)), mb);
+                         "(stages exchange f32, bf16 or f16)", stage, dtr_dtype_name(dtr_tensor_dtype(s->out)), mb);
     if (!dtr__pipe_last(p, chunk)) return dtr__pipe_send_output(p, s, chunk, mb);
     if (dtr_tensor_numel(s->out) != 1)
         return dtr__fail(p->ctx, DTR_SHAPE_MISMATCH, "dtr_pipe_step: the last stage must return a scalar loss, not %lld "

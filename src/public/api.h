@@ -407,7 +407,8 @@ DTR_API dtr_result dtr_tensor_write(dtr_tensor *t, dtr_dtype dt, const void *src
 DTR_API dtr_result dtr_tensor_copy(dtr_tensor *dst, const dtr_tensor *src);
 /** f32 element at a flat row-major index of the logical shape; 0 on error. Handy in tests. */
 DTR_API float dtr_tensor_get(const dtr_tensor *t, int64_t index);
-/** Marks an arena tensor as requiring a gradient (a leaf the app wants dL/dt of). */
+/** Marks an arena tensor as requiring a gradient (a leaf the app wants dL/dt of). f32, bf16
+ *  and f16 tensors (the gradient is f32 either way); others are DTR_DTYPE_MISMATCH. */
 DTR_API dtr_tensor *dtr_tensor_requires_grad(dtr_tensor *t);
 
 /* ---- ops (autograd) ----

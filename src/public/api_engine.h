@@ -415,7 +415,8 @@ typedef enum dtr_pipe_schedule {
  *  tape current. `input` is the previous stage's output (it requires grad: its gradient goes
  *  back), NULL on stage 0, which reads micro-batch `microbatch` of its data itself. The last
  *  stage returns the micro-batch's loss (a scalar, the mean over its samples); the others
- *  return the activation for the next stage (any shape, f32). NULL (with the context's
+ *  return the activation for the next stage (any shape; f32, bf16 or f16:
+ *  it crosses as stored, and the next stage's input has its dtype). NULL (with the context's
  *  error) stops the step. `chunk` is the model chunk of this rank (0 without interleaving). */
 typedef dtr_tensor *(*dtr_pipe_forward_fn)(void *user, dtr_context *ctx, int chunk, int microbatch,
                                            dtr_tensor *input);
