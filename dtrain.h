@@ -9240,9 +9240,10 @@ int dtr__needs_widening(const dtr__node *n, int bwd) {
     return 0;
 }
 
-/* dst (dd) = src (sd), n dense elements, by the table's CAST kernel (the backend's memory) */
-static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd,
-                                void *src, dtr_dtype sd, int64_t n) {
+/* dst (dd) = src (sd), n dense elements of the backend's memory, by `run` on a CAST node (the
+   table's cast kernel, or the backend's forward) */
+static dtr_result dtr__cast_by(dtr__kernel run, dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd,
+                               int64_t n) {
     dtr_tensor a, b;
     dtr__node c;
     memset(&a, 0, sizeof a);
@@ -9250,7 +9251,7 @@ static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx,
     a.ndim = 1;
     a.shape[0] = n;
     a.stride[0] = 1;
-    a.storage = src;
+    a.storage = (void *)src;
     a.ctx = ctx;
     a.param_index = -1;
     a.name = "";
@@ -9263,7 +9264,12 @@ static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx,
     c.in = c.in_inline;
     c.in_inline[0] = &a;
     c.out = &b;
-    return n ? table[DTR_OP_CAST].fwd(ctx, &c) : DTR_OK;
+    return n ? run(ctx, &c) : DTR_OK;
+}
+
+static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd, void *src,
+                                dtr_dtype sd, int64_t n) {
+    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dst, dd, src, sd, n);
 }
 
 /* Elements from t's first to its last (strides are never negative). */
@@ -9368,29 +9374,16 @@ dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr
 }
 
 const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
-    dtr_tensor a, b;
-    dtr__node c;
-    int64_t count = dtr_tensor_numel(t);
+    int64_t count = dtr_tensor_numel(t), floats = (count + 63) / 64 * 64;
     float *scratch;
     int own;
     if (t->dtype == DTR_F32) return dtr__f32(t);
-    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64, &own))) return NULL;
+    if (!(scratch = dtr__wide_scratch(ctx, n, floats, &own))) return NULL;
     /* a block of its own goes back at once: the caller reads it before anything is allocated */
-    if (own) dtr__arena_give_back(ctx, scratch, (size_t)((count + 63) / 64 * 64) * sizeof(float));
-    memset(&c, 0, sizeof c);
-    a = *t;
-    b = *t;
-    b.dtype = DTR_F32;
-    b.storage = scratch;
-    b.offset = 0;
-    c.op = DTR_OP_CAST;
-    c.n_in = 1;
-    c.in = c.in_inline;
-    c.in_inline[0] = &a;
-    c.out = &b;
-    return ctx->backend->forward(ctx, &c) == DTR_OK ? scratch : NULL;
+    if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
+    return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9394 "dtrain.h"
+#line 9387 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9820,7 +9813,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9824 "dtrain.h"
+#line 9817 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -9999,7 +9992,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10003 "dtrain.h"
+#line 9996 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10531,7 +10524,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10535 "dtrain.h"
+#line 10528 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11030,7 +11023,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11034 "dtrain.h"
+#line 11027 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11289,7 +11282,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11293 "dtrain.h"
+#line 11286 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11632,7 +11625,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11636 "dtrain.h"
+#line 11629 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11762,7 +11755,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11766 "dtrain.h"
+#line 11759 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12304,7 +12297,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12308 "dtrain.h"
+#line 12301 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12473,7 +12466,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12477 "dtrain.h"
+#line 12470 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12722,7 +12715,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12726 "dtrain.h"
+#line 12719 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13244,7 +13237,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13248 "dtrain.h"
+#line 13241 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13382,7 +13375,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13386 "dtrain.h"
+#line 13379 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13729,7 +13722,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13733 "dtrain.h"
+#line 13726 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13795,7 +13788,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13799 "dtrain.h"
+#line 13792 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14032,7 +14025,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14036 "dtrain.h"
+#line 14029 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14781,7 +14774,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14785 "dtrain.h"
+#line 14778 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15234,7 +15227,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15238 "dtrain.h"
+#line 15231 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15290,7 +15283,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15294 "dtrain.h"
+#line 15287 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16067,7 +16060,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16071 "dtrain.h"
+#line 16064 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16648,7 +16641,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16652 "dtrain.h"
+#line 16645 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17279,7 +17272,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17283 "dtrain.h"
+#line 17276 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18069,7 +18062,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18073 "dtrain.h"
+#line 18066 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18422,7 +18415,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18426 "dtrain.h"
+#line 18419 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18612,7 +18605,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18616 "dtrain.h"
+#line 18609 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18793,7 +18786,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18797 "dtrain.h"
+#line 18790 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19568,7 +19561,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19572 "dtrain.h"
+#line 19565 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20085,7 +20078,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20089 "dtrain.h"
+#line 20082 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20880,7 +20873,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20884 "dtrain.h"
+#line 20877 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22128,7 +22121,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22132 "dtrain.h"
+#line 22125 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22750,7 +22743,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22754 "dtrain.h"
+#line 22747 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23251,7 +23244,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23255 "dtrain.h"
+#line 23248 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23981,7 +23974,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23985 "dtrain.h"
+#line 23978 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24217,7 +24210,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24221 "dtrain.h"
+#line 24214 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24346,7 +24339,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24350 "dtrain.h"
+#line 24343 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24725,7 +24718,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24729 "dtrain.h"
+#line 24722 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25216,7 +25209,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25220 "dtrain.h"
+#line 25213 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25727,7 +25720,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25731 "dtrain.h"
+#line 25724 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26231,7 +26224,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26235 "dtrain.h"
+#line 26228 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27606,7 +27599,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27610 "dtrain.h"
+#line 27603 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27660,7 +27653,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27664 "dtrain.h"
+#line 27657 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28836,7 +28829,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28840 "dtrain.h"
+#line 28833 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29726,7 +29719,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29730 "dtrain.h"
+#line 29723 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31204,7 +31197,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31208 "dtrain.h"
+#line 31201 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31588,7 +31581,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31592 "dtrain.h"
+#line 31585 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31737,7 +31730,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31741 "dtrain.h"
+#line 31734 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -67,9 +67,10 @@ int dtr__needs_widening(const dtr__node *n, int bwd) {
     return 0;
 }
 
-/* dst (dd) = src (sd), n dense elements, by the table's CAST kernel (the backend's memory) */
-static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd,
-                                void *src, dtr_dtype sd, int64_t n) {
+/* dst (dd) = src (sd), n dense elements of the backend's memory, by `run` on a CAST node (the
+   table's cast kernel, or the backend's forward) */
+static dtr_result dtr__cast_by(dtr__kernel run, dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd,
+                               int64_t n) {
     dtr_tensor a, b;
     dtr__node c;
     memset(&a, 0, sizeof a);
@@ -77,7 +78,7 @@ static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx,
     a.ndim = 1;
     a.shape[0] = n;
     a.stride[0] = 1;
-    a.storage = src;
+    a.storage = (void *)src;
     a.ctx = ctx;
     a.param_index = -1;
     a.name = "";
@@ -90,7 +91,12 @@ static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx,
     c.in = c.in_inline;
     c.in_inline[0] = &a;
     c.out = &b;
-    return n ? table[DTR_OP_CAST].fwd(ctx, &c) : DTR_OK;
+    return n ? run(ctx, &c) : DTR_OK;
+}
+
+static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd, void *src,
+                                dtr_dtype sd, int64_t n) {
+    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dst, dd, src, sd, n);
 }
 
 /* Elements from t's first to its last (strides are never negative). */
@@ -195,25 +201,12 @@ dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr
 }
 
 const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
-    dtr_tensor a, b;
-    dtr__node c;
-    int64_t count = dtr_tensor_numel(t);
+    int64_t count = dtr_tensor_numel(t), floats = (count + 63) / 64 * 64;
     float *scratch;
     int own;
     if (t->dtype == DTR_F32) return dtr__f32(t);
-    if (!(scratch = dtr__wide_scratch(ctx, n, (count + 63) / 64 * 64, &own))) return NULL;
+    if (!(scratch = dtr__wide_scratch(ctx, n, floats, &own))) return NULL;
     /* a block of its own goes back at once: the caller reads it before anything is allocated */
-    if (own) dtr__arena_give_back(ctx, scratch, (size_t)((count + 63) / 64 * 64) * sizeof(float));
-    memset(&c, 0, sizeof c);
-    a = *t;
-    b = *t;
-    b.dtype = DTR_F32;
-    b.storage = scratch;
-    b.offset = 0;
-    c.op = DTR_OP_CAST;
-    c.n_in = 1;
-    c.in = c.in_inline;
-    c.in_inline[0] = &a;
-    c.out = &b;
-    return ctx->backend->forward(ctx, &c) == DTR_OK ? scratch : NULL;
+    if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
+    return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
