@@ -571,11 +571,11 @@ static void test_backend_parity(void) {
 
 /* ---- 16-bit activations (dtr_context_config.activation_dtype) ---- */
 
-static dtr_context *narrow_ctx(const dtr_backend *be, dtr_dtype dt) {
+static dtr_context *narrow_ctx(const dtr_backend *be, dtr_dtype dt, int threads) {
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;
     cfg.backend = be;
-    cfg.threads = 1;
+    cfg.threads = threads;
     cfg.activation_dtype = dt;
     cfg.seed = 11;
     CHECK_MSG(dtr_context_create(&cfg, &ctx) == DTR_OK, "context with activation_dtype %s", dtr_dtype_name(dt));
@@ -643,7 +643,7 @@ static double narrow_against_f32(dtr_context *nar, const char *backend, dtr_dtyp
 static void narrow_parity(dtr_context *other, const char *backend, dtr_dtype dt, double tol) {
     int i;
     for (i = 0; i < N_CASES; i++) {
-        dtr_context *ref = narrow_ctx(NULL, dt);
+        dtr_context *ref = narrow_ctx(NULL, dt, 1);
         run_result a, b;
         other->rng = ref->rng;
         g_leaf_dtype = dt;
@@ -663,23 +663,27 @@ static void narrow_parity(dtr_context *other, const char *backend, dtr_dtype dt,
 }
 
 static void test_narrow_activations(void) {
-    dtr_context *bf = narrow_ctx(NULL, DTR_BF16), *hf = narrow_ctx(NULL, DTR_F16), *sim;
+    dtr_context *bf = narrow_ctx(NULL, DTR_BF16, 1), *hf = narrow_ctx(NULL, DTR_F16, 1), *sim;
     /* 8 (bf16) and 11 (fp16) significant bits at each op's output, through up to a dozen ops */
     CHECK(narrow_against_f32(bf, "cpu", DTR_BF16, 3e-2) > 1e-3);
     CHECK(narrow_against_f32(hf, "cpu", DTR_F16, 6e-3) > 1e-4);
     dtr_context_destroy(bf);
     dtr_context_destroy(hf);
+    /* 3 threads: the same bits as 1 (the widened kernels are the f32 ones) */
+    bf = narrow_ctx(NULL, DTR_BF16, 3);
+    if (bf) narrow_parity(bf, "cpu (3 threads)", DTR_BF16, 0.0);
+    dtr_context_destroy(bf);
     /* the simulated device: the same kernels and conversions, through the backend's memory only */
-    sim = narrow_ctx(devsim_backend(), DTR_BF16);
+    sim = narrow_ctx(devsim_backend(), DTR_BF16, 1);
     if (sim) narrow_parity(sim, "devsim", DTR_BF16, 0.0);
     dtr_context_destroy(sim);
     CHECK_EQ_INT(devsim__violations, 0);
 #ifdef DTR_TEST_CUDA
     if (dtr_cuda_device_count() > 0) {
-        dtr_context *gpu = narrow_ctx(dtr_cuda_backend(), DTR_BF16);
+        dtr_context *gpu = narrow_ctx(dtr_cuda_backend(), DTR_BF16, 1);
         if (gpu) narrow_parity(gpu, "cuda", DTR_BF16, 2e-2);   /* a rounding flipped by f32 kernels' order */
         dtr_context_destroy(gpu);
-        gpu = narrow_ctx(dtr_cuda_backend(), DTR_F16);
+        gpu = narrow_ctx(dtr_cuda_backend(), DTR_F16, 1);
         if (gpu) narrow_parity(gpu, "cuda", DTR_F16, 3e-3);
         dtr_context_destroy(gpu);
         return;
@@ -690,7 +694,7 @@ static void test_narrow_activations(void) {
 
 /* The arithmetic: f32 on the inputs as stored, one rounding at the output; gradients f32. */
 static void test_narrow_rounding(void) {
-    dtr_context *f = test_ctx(1), *b = narrow_ctx(NULL, DTR_BF16);
+    dtr_context *f = test_ctx(1), *b = narrow_ctx(NULL, DTR_BF16, 1);
     float xv[64], yv[64], out[64], gf[64], gb[64];
     int64_t n = 64;
     dtr_rng rng;
@@ -729,7 +733,7 @@ static void test_narrow_memory(void) {
     size_t peak[2], fwd[2];
     int k, b;
     for (k = 0; k < 2; k++) {
-        dtr_context *ctx = narrow_ctx(NULL, k ? DTR_BF16 : DTR_F32);
+        dtr_context *ctx = narrow_ctx(NULL, k ? DTR_BF16 : DTR_F32, 1);
         dtr_model *m = NULL;
         dtr_gpt_block blk[6];
         int64_t shape[3] = {4, 64, 64};

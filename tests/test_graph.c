@@ -55,11 +55,14 @@ typedef struct tnet {
     dtr_tensor *loss;                /* the step's, set by the step function */
 } tnet;
 
+static dtr_dtype g_act = DTR_F32;   /* the contexts' activation_dtype */
+
 static dtr_context *new_ctx(int bi) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_context *ctx = NULL;
     cc.backend = backend_at(bi);
     cc.threads = 1;
+    cc.activation_dtype = g_act;
     if (dtr_context_create(&cc, &ctx) != DTR_OK) {
         fprintf(stderr, "cannot create a %s context: %s\n", backend_name(bi), dtr_context_create_error());
         exit(2);
@@ -250,6 +253,14 @@ static void test_graph_mlp_fed_by_tensor_copies(void) {
 static void test_graph_gpt_equals_eager(void) {
     int bi;
     for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 1, 0);
+}
+
+/* bf16 activations: the widened kernels' conversions and scratch are captured with the step */
+static void test_graph_gpt_bf16_equals_eager(void) {
+    int bi;
+    g_act = DTR_BF16;
+    for (bi = 0; bi < BACKENDS; bi++) graph_vs_eager(bi, 1, 0);
+    g_act = DTR_F32;
 }
 
 /* The captured step's tape recycles released gradients as the own tape does: its arena peak
@@ -509,6 +520,7 @@ int main(void) {
     RUN(test_graph_mlp_equals_eager);
     RUN(test_graph_mlp_fed_by_tensor_copies);
     RUN(test_graph_gpt_equals_eager);
+    RUN(test_graph_gpt_bf16_equals_eager);
     RUN(test_graph_arena_peak_equals_eager);
     RUN(test_graph_host_values_are_the_captures);
     RUN(test_graph_launch_detects_a_changed_step);
