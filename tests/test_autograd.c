@@ -16,6 +16,7 @@
  *   test_release_activations a small GPT, 2 micro-batches accumulated: release_activations gives
  *                            the same gradient bits and loss with a lower arena peak (the second
  *                            micro-batch lives in the first one's blocks)
+ *   test_spares_merge        two released neighbouring blocks serve one allocation of their size
  *   test_released_errors     what release_activations released gives DTR_BAD_STATE (read, write,
  *                            get, data, an op, a second backward), retained tensors and the loss
  *                            keep their values
@@ -541,6 +542,30 @@ static size_t tiny_gpt_run(int release, float *grads, float *losses, int64_t *n)
     return peak;
 }
 
+/* Released blocks that touch merge: after a backward with release_activations gave back two
+   adjacent outputs of n floats, one allocation of 2n floats takes them (no new arena memory
+   but its tensor struct's; without merging the arena grows by the block). */
+static void test_spares_merge(void) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    int64_t n = 4096, two = 2 * n;
+    dtr_tensor *x, *a, *b;
+    size_t peak;
+    cfg.threads = 1;
+    cfg.release_activations = 1;
+    CHECK(dtr_context_create(&cfg, &ctx) == DTR_OK);
+    if (!ctx) return;
+    x = dtr_tensor_requires_grad(dtr_tensor_zeros(ctx, DTR_F32, 1, &n));
+    a = dtr_scale(ctx, x, 2.0f);
+    b = dtr_scale(ctx, a, 3.0f);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, b)));
+    peak = dtr_context_arena_peak(ctx, 0);
+    CHECK(dtr_tensor_zeros(ctx, DTR_F32, 1, &two) != NULL);
+    CHECK_MSG(dtr_context_arena_peak(ctx, 0) < peak + 1024, "a block of %lld floats grew the arena from %zu to %zu bytes",
+              (long long)two, peak, dtr_context_arena_peak(ctx, 0));
+    dtr_context_destroy(ctx);
+}
+
 static void test_release_activations(void) {
     float *g0 = (float *)malloc(200000 * sizeof(float)), *g1 = g0 + 100000, l0[2], l1[2];
     int64_t n = 0;
@@ -649,6 +674,7 @@ int main(void) {
     RUN(test_backend_caps);
     RUN(test_fused_attention);
     RUN(test_release_activations);
+    RUN(test_spares_merge);
     RUN(test_released_errors);
     RUN(test_grad_handoff);
     return test_summary();

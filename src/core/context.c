@@ -498,13 +498,13 @@ static dtr__spare *dtr__spare_desc(dtr_context *ctx, dtr_tape *t) {
     return (dtr__spare *)dtr__tape_alloc(ctx, &t->meta, sizeof(*s), &full);
 }
 
-/* 1 when p lies in tape t's data arena */
-static int dtr__tape_owns_data(const dtr_tape *t, const void *p) {
+/* the chunk of tape t's data arena that holds p, or NULL */
+static dtr__chunk *dtr__data_chunk(const dtr_tape *t, const void *p) {
     dtr__chunk *c;
-    if (dtr__chunk_has(t->data.head, p)) return 1;
+    if (dtr__chunk_has(t->data.head, p)) return t->data.head;
     for (c = t->data.full; c; c = c->next)
-        if (dtr__chunk_has(c, p)) return 1;
-    return 0;
+        if (dtr__chunk_has(c, p)) return c;
+    return NULL;
 }
 
 /* s, describing the block [p, p + bytes), onto the front of *list */
@@ -513,6 +513,25 @@ static void dtr__spare_push(dtr__spare **list, dtr__spare *s, void *p, size_t by
     s->bytes = bytes;
     s->next = *list;
     *list = s;
+}
+
+/* Block [p, p + bytes) of tape t's chunk c back to t's spares (described by s), merged with
+ * the spares that touch it in the same chunk: released neighbours serve a larger block. */
+static void dtr__spare_free(dtr_tape *t, dtr__chunk *c, dtr__spare *s, void *p, size_t bytes) {
+    dtr__spare **pp = &t->spare, *q;
+    while ((q = *pp) != NULL) {
+        char *a = (char *)q->p;
+        if (dtr__chunk_has(c, a) && (a + q->bytes == (char *)p || (char *)p + bytes == a)) {
+            if (a < (char *)p) p = a;
+            bytes += q->bytes;
+            *pp = q->next;
+            dtr__spare_push(&t->unused, q, NULL, 0);
+            pp = &t->spare;   /* the larger block may touch another */
+            continue;
+        }
+        pp = &q->next;
+    }
+    dtr__spare_push(&t->spare, s, p, bytes);
 }
 
 /* The smallest spare of tape t of at least `need` (aligned) bytes, or NULL. */
@@ -554,10 +573,11 @@ int dtr__grad_handoff(dtr_context *ctx, dtr_tensor *from, dtr_tensor *to) {
 
 int dtr__arena_give_back(dtr_context *ctx, void *p, size_t bytes) {
     dtr_tape *st = ctx->cur;
+    dtr__chunk *c = p ? dtr__data_chunk(st, p) : NULL;
     dtr__spare *s;
-    if (!p || !dtr__tape_owns_data(st, p)) return 0;       /* another tape's block: kept */
+    if (!c) return 0;                                      /* another tape's block: kept */
     if (!(s = dtr__spare_desc(ctx, st))) return 0;         /* kept */
-    dtr__spare_push(&st->spare, s, p, dtr__aligned(bytes));
+    dtr__spare_free(st, c, s, p, dtr__aligned(bytes));
     return 1;
 }
 
@@ -582,13 +602,14 @@ void dtr__node_release(dtr_context *ctx, dtr__node *n) {
     dtr_tensor *t = n->out;
     for (s = n->saves; s; s = next) {
         next = s->next;
-        dtr__spare_push(&st->spare, s, s->p, s->bytes);
+        dtr__spare_free(st, dtr__data_chunk(st, s->p), s, s->p, s->bytes);
     }
     n->saves = NULL;
     n->released = 1;
     if (!(t->flags & DTR__OWNS_DATA) || (t->flags & (DTR__RETAIN | DTR__RELEASED)) || t == ctx->pass_root) return;
     if (!(s = dtr__spare_desc(ctx, st))) return;   /* kept */
-    dtr__spare_push(&st->spare, s, t->storage, dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
+    dtr__spare_free(st, dtr__data_chunk(st, t->storage), s, t->storage,
+                    dtr__aligned((size_t)dtr_tensor_numel(t) * dtr_dtype_size(t->dtype)));
     t->flags |= DTR__RELEASED;
 }
 
