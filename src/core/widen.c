@@ -8,11 +8,15 @@
  * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
  * rounded once at the output. Gradients are f32 always; a backward converts only the data its
  * kernel reads (the inputs unless it reads gradients only; the output where it reads it:
- * tanh', softmax's and attention's backward). The scratch is
- * one block of the current tape's data arena, kept for the next widened kernel and grown when
- * one needs more (on a device the stream's order keeps a reuse behind the kernels that read
- * it; a captured graph's addresses stay its tape's). Kernels do not nest (none runs another
- * through the dispatch), so one block serves them all.
+ * tanh', softmax's and attention's backward). A backend whose kernels of a family load and
+ * store 16-bit values themselves marks that family `narrow` in its table (CUDA's element-wise
+ * ops): no widening there.
+ *
+ * The scratch is one block of the current tape's data arena, kept for the next widened kernel
+ * and grown when one needs more, up to 64 MiB a tape; a larger need gets a block of its own,
+ * given back to the tape's spares after the kernel. On a device the stream's order keeps a
+ * reuse behind the kernels that read the block; a captured graph's addresses stay its tape's.
+ * Kernels do not nest (none runs another through the dispatch), so one block serves them all.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "internal.h"
