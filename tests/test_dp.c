@@ -11,6 +11,8 @@
  *                          1 rank with batch N*b after 50 SGD steps (relative error <= 1e-5),
  *                          with many small buckets (started during backward) and with one;
  *                          all ranks hold the same bits
+ *   test_dp_bf16           bf16 activations: 2 ranks end where 1 rank with the whole batch and
+ *                          bf16 activations does (the engine reduces f32 gradients as ever)
  *   test_dp_no_sync        gradient accumulation: no communication in no_sync steps (the
  *                          ranks' gradients differ), same weights as 1 rank with the whole
  *                          batch; dtr_dp_set_no_sync with buckets in flight is refused
@@ -137,12 +139,22 @@ static void t_grad_ready_hook(void) {
 
 /* ---- data parallel over rank threads ---- */
 
+/* a context of one thread computing in `act` */
+static dtr_context *act_ctx(dtr_dtype act) {
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    cc.threads = 1;
+    cc.activation_dtype = act;
+    return dtr_context_create(&cc, &ctx) == DTR_OK ? ctx : NULL;
+}
+
 typedef struct dp_job {
     int world, b, steps, accum;
     size_t bucket_bytes;
     int timeout_ms;
     int stop_rank, stop_after;   /* fault test: this rank sleeps after that many steps */
     int seed_by_rank;            /* different initial weights per rank */
+    dtr_dtype act;               /* the ranks' activation_dtype */
     dtr_local_world *w;
     /* results */
     float *params[8];
@@ -177,7 +189,8 @@ static void *dp_rank_main(void *arg) {
     cfg.local.world = j->w;
     cfg.local.rank = rank;
     cfg.timeout_ms = j->timeout_ms;
-    if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK || !mlp_init(&n, j->seed_by_rank ? 100 + (uint64_t)rank : 7, j->accum)) {
+    if (dtr_comm_create(&cfg, &c, err, sizeof err) != DTR_OK ||
+        !mlp_init_on(&n, act_ctx(j->act), j->seed_by_rank ? 100 + (uint64_t)rank : 7, j->accum)) {
         pthread_mutex_lock(&g_mu); j->fails++; pthread_mutex_unlock(&g_mu);
         return NULL;
     }
@@ -297,6 +310,30 @@ static void t_dp_equivalence(void) {
     }
 }
 
+/* bf16 activations: the engine reduces f32 gradients as ever, so 2 ranks end where 1 rank with
+   the whole batch and bf16 activations does, far closer than to f32's weights */
+static void t_dp_bf16(void) {
+    dp_job ref = dp_job_init(1, 16, 30), f32 = dp_job_init(1, 16, 30), j = dp_job_init(2, 8, 30);
+    double e, ef;
+    int i;
+    ref.act = j.act = DTR_BF16;
+    dp_run(&ref);
+    dp_run(&f32);
+    dp_run(&j);
+    CHECK(ref.fails == 0 && f32.fails == 0 && j.fails == 0);
+    for (i = 0; i < 2; i++) CHECK_MSG(j.result[i] == DTR_OK, "rank %d: %s", i, j.msg[i]);
+    if (j.params[0] && ref.params[0] && f32.params[0]) {
+        e = rel_err(j.params[0], ref.params[0], j.numel);
+        ef = rel_err(ref.params[0], f32.params[0], j.numel);
+        printf("     world 2, bf16 activations: relative error %.2e vs 1 rank (bf16 against f32: %.2e)\n", e, ef);
+        CHECK_MSG(e <= 1e-5 && ef > 1e-4, "bf16: %.3g vs 1 rank, %.3g between bf16 and f32", e, ef);
+        CHECK(memcmp(j.params[1], j.params[0], (size_t)j.numel * sizeof(float)) == 0);
+    }
+    dp_free(&ref);
+    dp_free(&f32);
+    dp_free(&j);
+}
+
 static void t_dp_no_sync(void) {
     dp_job ref = dp_job_init(1, 2 * 2 * 6, 10), j = dp_job_init(2, 6, 10);
     double e;
@@ -385,6 +422,7 @@ int main(void) {
     alarm(q && strcmp(q, "1") == 0 ? 600 : 180);
     RUN(t_grad_ready_hook);
     RUN(t_dp_equivalence);
+    RUN(t_dp_bf16);
     RUN(t_dp_no_sync);
     RUN(t_dp_broadcast);
     RUN(t_dp_single);
