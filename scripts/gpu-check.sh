@@ -7,7 +7,8 @@
 #   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
 #   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), the GPTs
 #      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, captured
-#      steps (--graph: CUDA graphs), and bench/gpu_gemm beside bench/gpu_gemm_torch.py (the GPTs' linear layers)
+#      steps (--graph: CUDA graphs), and bench/gpu_gemm beside bench/gpu_gemm_torch.py (the
+#      GPTs' linear layers)
 #   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers) and
 #      examples/fmnist_mlp --gpu (the loader's pinned batches; --graph, --bf16), a few hundred
 #      steps each
