@@ -266,7 +266,7 @@ static void test_pipe_devsim(void) {
 
 /* bf16 activations: the stages' outputs cross as stored (bf16: half the activation bytes; the
    gradients stay f32) and the weights are those of one rank training the whole model with bf16
-   activations, nowhere near f32's */
+   activations, nowhere near f32's; also with the models on the simulated device */
 static void test_pipe_bf16(void) {
     dtr_context *ctx = NULL;
     dtr_model *ref = NULL, *plain;
@@ -295,6 +295,12 @@ static void test_pipe_bf16(void) {
         }
         bytes[k] = o[0].stats.bytes_sent;
     }
+    run.devsim = 1;   /* and through the slots' host copies of a device model */
+    run_pipeline(&run, o);
+    for (r = 0; r < 2; r++)
+        CHECK_MSG(o[r].result == DTR_OK && o[r].rel_error <= 1e-4, "bf16 activations on the simulated device, rank %d: %s "
+                  "(relative error %g)", r, o[r].msg, o[r].rel_error);
+    CHECK_EQ_INT(devsim__violations, 0);
     pm_act = DTR_F32;
     printf("  stage 0 sent %lld bytes with f32 activations, %lld with bf16\n", (long long)bytes[0], (long long)bytes[1]);
     CHECK(bytes[1] > 0 && bytes[1] < bytes[0]);
