@@ -7184,7 +7184,7 @@ static dtr_result dtr__create_check(const dtr_context_config *cfg) {
     if ((unsigned)cfg->matmul_precision > DTR_MATMUL_F16)
         return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: matmul_precision %d is not a "
                                 "dtr_matmul_precision", (int)cfg->matmul_precision);
-    if (cfg->activation_dtype != DTR_F32 && cfg->activation_dtype != DTR_BF16 && cfg->activation_dtype != DTR_F16)
+    if (!dtr__is_float(cfg->activation_dtype))
         return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: activation_dtype %d is not f32, bf16 or f16",
                                 (int)cfg->activation_dtype);
     if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))
@@ -8106,7 +8106,7 @@ dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *
 static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
     int i;
     if (!ctx->grad_enabled) return 0;
-    if (node->out->dtype != DTR_F32 && node->out->dtype != DTR_BF16 && node->out->dtype != DTR_F16) return 0;
+    if (!dtr__is_float(node->out->dtype)) return 0;
     for (i = 0; i < node->n_in; i++)
         if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) return 1;
     return 0;
@@ -9292,11 +9292,6 @@ static dtr_result dtr__cast_by(dtr__kernel run, dtr_context *ctx, void *dst, dtr
     return n ? run(ctx, &c) : DTR_OK;
 }
 
-static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd, void *src,
-                                dtr_dtype sd, int64_t n) {
-    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dst, dd, src, sd, n);
-}
-
 /* Elements from t's first to its last (strides are never negative). */
 static int64_t dtr__view_span(const dtr_tensor *t) {
     int64_t span = 1;
@@ -9343,7 +9338,8 @@ static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx
     w->dtype = t->dtype;
     w->n = dtr__view_span(t);
     w->scratch = scratch;
-    if (load && (r = dtr__cast_run(table, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK) return r;
+    if (load && (r = dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK)
+        return r;
     t->storage = scratch;
     t->offset = 0;
     t->dtype = DTR_F32;
@@ -9356,7 +9352,8 @@ static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, 
     t->storage = w->storage;
     t->offset = w->offset;
     t->dtype = w->dtype;
-    return store ? dtr__cast_run(table, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n) : DTR_OK;
+    if (!store) return DTR_OK;
+    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n);
 }
 
 /* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
@@ -9380,13 +9377,9 @@ dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr
     if (n->n_in + 1 > DTR__WIDE_INLINE &&
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
-    for (i = 0; r == DTR_OK && i < n->n_in; i++) {
-        int64_t f = dtr__wide_floats(n->in[i]);
-        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
-            scratch += f;
-            k++;
-        }
-    }
+    for (i = 0; r == DTR_OK && i < n->n_in; i++)
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK)
+            scratch += dtr__wide_floats(w[k++].t);   /* (its shape and strides are the view's still) */
     if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
         out_k = k++;
     if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
@@ -9408,7 +9401,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9412 "dtrain.h"
+#line 9405 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9838,7 +9831,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9842 "dtrain.h"
+#line 9835 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10017,7 +10010,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10021 "dtrain.h"
+#line 10014 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10549,7 +10542,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10553 "dtrain.h"
+#line 10546 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11048,7 +11041,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11052 "dtrain.h"
+#line 11045 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11307,7 +11300,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11311 "dtrain.h"
+#line 11304 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11650,7 +11643,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11654 "dtrain.h"
+#line 11647 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11780,7 +11773,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11784 "dtrain.h"
+#line 11777 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12198,7 +12191,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     int i, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
-    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
+    if (!dtr__is_float(dt))
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_save: %s: weights are saved as f32, bf16 or f16, not %s", path,
                          dtr_dtype_name(dt));
     r = dtr_model_build(m);
@@ -12279,7 +12272,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
             if (e->shape[d] != t->shape[d]) goto shape;
-        if (e->foreign || (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16)) {
+        if (e->foreign || !dtr__is_float(e->dtype)) {
             r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
                           path, m->names[i], e->dtype_name);
             goto done;
@@ -12322,7 +12315,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12326 "dtrain.h"
+#line 12319 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12491,7 +12484,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12495 "dtrain.h"
+#line 12488 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12740,7 +12733,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12744 "dtrain.h"
+#line 12737 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13262,7 +13255,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13266 "dtrain.h"
+#line 13259 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13400,7 +13393,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13404 "dtrain.h"
+#line 13397 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13747,7 +13740,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13751 "dtrain.h"
+#line 13744 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13813,7 +13806,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13817 "dtrain.h"
+#line 13810 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14050,7 +14043,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14054 "dtrain.h"
+#line 14047 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14799,7 +14792,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14803 "dtrain.h"
+#line 14796 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15252,7 +15245,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15256 "dtrain.h"
+#line 15249 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15308,7 +15301,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15312 "dtrain.h"
+#line 15305 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16085,7 +16078,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16089 "dtrain.h"
+#line 16082 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16666,7 +16659,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16670 "dtrain.h"
+#line 16663 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17297,7 +17290,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17301 "dtrain.h"
+#line 17294 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18087,7 +18080,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18091 "dtrain.h"
+#line 18084 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18440,7 +18433,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18444 "dtrain.h"
+#line 18437 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18630,7 +18623,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18634 "dtrain.h"
+#line 18627 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18811,7 +18804,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18815 "dtrain.h"
+#line 18808 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19586,7 +19579,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19590 "dtrain.h"
+#line 19583 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20103,7 +20096,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20107 "dtrain.h"
+#line 20100 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20898,7 +20891,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20902 "dtrain.h"
+#line 20895 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -21641,7 +21634,7 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
             return dtr__comm_fail(c, a, DTR_INVALID_ARGUMENT, -1, 0, "count too large");
     }
     if (a->kind == DTR__OP_ALL_REDUCE || a->kind == DTR__OP_REDUCE_SCATTER) {
-        if (a->dtype != DTR_F32 && a->dtype != DTR_BF16 && a->dtype != DTR_F16)
+        if (!dtr__is_float(a->dtype))
             return dtr__comm_fail(c, a, DTR_DTYPE_MISMATCH, -1, 0, "reductions take f32, bf16 or f16, not %s",
                                   dtr_dtype_name(a->dtype));
         if ((int)a->op < 0 || a->op > DTR_REDUCE_MAX)
@@ -22146,7 +22139,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22150 "dtrain.h"
+#line 22143 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22768,7 +22761,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22772 "dtrain.h"
+#line 22765 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23269,7 +23262,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23273 "dtrain.h"
+#line 23266 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23999,7 +23992,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24003 "dtrain.h"
+#line 23996 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24235,7 +24228,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24239 "dtrain.h"
+#line 24232 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24364,7 +24357,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24368 "dtrain.h"
+#line 24361 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24743,7 +24736,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24747 "dtrain.h"
+#line 24740 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25234,7 +25227,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25238 "dtrain.h"
+#line 25231 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25745,7 +25738,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25749 "dtrain.h"
+#line 25742 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -25768,8 +25761,9 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
  *
  * Wire format, per (sender, receiving chunk): an activation is a header of 2 + DTR_MAX_DIMS
  * int64 (ndim, shape, dtype) on tag + 3c, its data (f32, or bf16/f16 as stored with 16-bit
- * activations) on tag + 3c + 1; a gradient (shape known to both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
- * handles the micro-batches of a chunk in increasing order in both directions.
+ * activations) on tag + 3c + 1; a gradient (shape known to both) is f32 data on tag + 3c + 2.
+ * Messages of one tag arrive in order, and every stage handles the micro-batches of a chunk
+ * in increasing order in both directions.
  *
  * A model in device memory (a GPU backend) over a host-memory group stages every message
  * through host buffers of its micro-batch's slot (to_host before a send, from_host after a
@@ -26050,7 +26044,7 @@ static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, 
 
 /* receives the activation header for (chunk, mb) and makes the input tensor on the slot's tape */
 static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
-    int64_t hdr[DTR__PIPE_HDR];
+    int64_t hdr[DTR__PIPE_HDR], dt;
     int tag = p->cfg.tag + 3 * chunk, d;
     size_t bytes;
     void *dst;
@@ -26059,8 +26053,9 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
     if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
     for (d = 1; d <= hdr[0]; d++)
         if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
-    if (hdr[DTR__PIPE_HDR - 1] != DTR_F32 && hdr[DTR__PIPE_HDR - 1] != DTR_BF16 && hdr[DTR__PIPE_HDR - 1] != DTR_F16) goto bad;
-    s->in = dtr_tensor_new(p->ctx, (dtr_dtype)hdr[DTR__PIPE_HDR - 1], (int)hdr[0], hdr + 1);
+    dt = hdr[DTR__PIPE_HDR - 1];   /* compared whole: an int64 off the wire */
+    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16) goto bad;
+    s->in = dtr_tensor_new(p->ctx, (dtr_dtype)dt, (int)hdr[0], hdr + 1);
     if (!s->in) return p->ctx->status;
     bytes = (size_t)dtr_tensor_numel(s->in) * dtr_dtype_size(s->in->dtype);
     dst = p->staged ? dtr__pipe_host(p, s, 0, bytes) : dtr__data(s->in);
@@ -26249,7 +26244,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26253 "dtrain.h"
+#line 26248 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26459,7 +26454,7 @@ static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *
 }
 
 static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
-    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16 && h->dtype != DTR_F16 && h->dtype != DTR__PS_INT8)
+    if (!dtr__is_float((dtr_dtype)h->dtype) && h->dtype != DTR__PS_INT8)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
     if (h->begin != e->begin || h->count != e->count)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of [%lld, +%lld), this server holds [%lld, +%lld)",
@@ -27624,7 +27619,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27628 "dtrain.h"
+#line 27623 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27678,7 +27673,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27682 "dtrain.h"
+#line 27677 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28854,7 +28849,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28858 "dtrain.h"
+#line 28853 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29744,7 +29739,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29748 "dtrain.h"
+#line 29743 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31222,7 +31217,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31226 "dtrain.h"
+#line 31221 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31606,7 +31601,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31610 "dtrain.h"
+#line 31605 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31755,7 +31750,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31759 "dtrain.h"
+#line 31754 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -1423,7 +1423,7 @@ __global__ static void dtr__cuda_reduce_k(void *out, const void *a, const void *
 
 static dtr_result dtr__cuda_reduce(dtr_context *ctx, void *out, const void *a, const void *b, size_t n, dtr_dtype dt, int op,
                                    int div) {
-    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
+    if (!dtr__is_float(dt))
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "cuda: collectives reduce f32, bf16 or f16, not %s", dtr_dtype_name(dt));
     if (n == 0) return DTR_OK;
     dtr__cuda_reduce_k<<<dtr__cuda_grid((int64_t)n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(out, a, b, (int64_t)n, dt, op,

@@ -737,7 +737,7 @@ static dtr_result dtr__coll_prepare(dtr_comm *c, dtr__coll *a) {
             return dtr__comm_fail(c, a, DTR_INVALID_ARGUMENT, -1, 0, "count too large");
     }
     if (a->kind == DTR__OP_ALL_REDUCE || a->kind == DTR__OP_REDUCE_SCATTER) {
-        if (a->dtype != DTR_F32 && a->dtype != DTR_BF16 && a->dtype != DTR_F16)
+        if (!dtr__is_float(a->dtype))
             return dtr__comm_fail(c, a, DTR_DTYPE_MISMATCH, -1, 0, "reductions take f32, bf16 or f16, not %s",
                                   dtr_dtype_name(a->dtype));
         if ((int)a->op < 0 || a->op > DTR_REDUCE_MAX)

@@ -212,7 +212,7 @@ static dtr_result dtr__create_check(const dtr_context_config *cfg) {
     if ((unsigned)cfg->matmul_precision > DTR_MATMUL_F16)
         return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: matmul_precision %d is not a "
                                 "dtr_matmul_precision", (int)cfg->matmul_precision);
-    if (cfg->activation_dtype != DTR_F32 && cfg->activation_dtype != DTR_BF16 && cfg->activation_dtype != DTR_F16)
+    if (!dtr__is_float(cfg->activation_dtype))
         return DTR__CREATE_FAIL(DTR_INVALID_ARGUMENT, "dtr_context_create: activation_dtype %d is not f32, bf16 or f16",
                                 (int)cfg->activation_dtype);
     if (cfg->backend && (cfg->backend->abi_version != DTR_VERSION_NUMBER || cfg->backend->struct_size != sizeof(dtr_backend)))

@@ -404,7 +404,7 @@ dtr__node *dtr__node_new(dtr_context *ctx, int op, int n_in, dtr_tensor *const *
 static int dtr__node_needs_grad(const dtr_context *ctx, const dtr__node *node) {
     int i;
     if (!ctx->grad_enabled) return 0;
-    if (node->out->dtype != DTR_F32 && node->out->dtype != DTR_BF16 && node->out->dtype != DTR_F16) return 0;
+    if (!dtr__is_float(node->out->dtype)) return 0;
     for (i = 0; i < node->n_in; i++)
         if (node->in[i] && (node->in[i]->flags & DTR__REQUIRES_GRAD)) return 1;
     return 0;

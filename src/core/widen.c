@@ -98,11 +98,6 @@ static dtr_result dtr__cast_by(dtr__kernel run, dtr_context *ctx, void *dst, dtr
     return n ? run(ctx, &c) : DTR_OK;
 }
 
-static dtr_result dtr__cast_run(const dtr__kernel_pair *table, dtr_context *ctx, void *dst, dtr_dtype dd, void *src,
-                                dtr_dtype sd, int64_t n) {
-    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dst, dd, src, sd, n);
-}
-
 /* Elements from t's first to its last (strides are never negative). */
 static int64_t dtr__view_span(const dtr_tensor *t) {
     int64_t span = 1;
@@ -149,7 +144,8 @@ static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx
     w->dtype = t->dtype;
     w->n = dtr__view_span(t);
     w->scratch = scratch;
-    if (load && (r = dtr__cast_run(table, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK) return r;
+    if (load && (r = dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK)
+        return r;
     t->storage = scratch;
     t->offset = 0;
     t->dtype = DTR_F32;
@@ -162,7 +158,8 @@ static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, 
     t->storage = w->storage;
     t->offset = w->offset;
     t->dtype = w->dtype;
-    return store ? dtr__cast_run(table, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n) : DTR_OK;
+    if (!store) return DTR_OK;
+    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n);
 }
 
 /* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
@@ -186,13 +183,9 @@ dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr
     if (n->n_in + 1 > DTR__WIDE_INLINE &&
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
-    for (i = 0; r == DTR_OK && i < n->n_in; i++) {
-        int64_t f = dtr__wide_floats(n->in[i]);
-        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK) {
-            scratch += f;
-            k++;
-        }
-    }
+    for (i = 0; r == DTR_OK && i < n->n_in; i++)
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK)
+            scratch += dtr__wide_floats(w[k++].t);   /* (its shape and strides are the view's still) */
     if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
         out_k = k++;
     if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);

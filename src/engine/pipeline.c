@@ -17,8 +17,9 @@
  *
  * Wire format, per (sender, receiving chunk): an activation is a header of 2 + DTR_MAX_DIMS
  * int64 (ndim, shape, dtype) on tag + 3c, its data (f32, or bf16/f16 as stored with 16-bit
- * activations) on tag + 3c + 1; a gradient (shape known to both) is f32 data on tag + 3c + 2. Messages of one tag arrive in order, and every stage
- * handles the micro-batches of a chunk in increasing order in both directions.
+ * activations) on tag + 3c + 1; a gradient (shape known to both) is f32 data on tag + 3c + 2.
+ * Messages of one tag arrive in order, and every stage handles the micro-batches of a chunk
+ * in increasing order in both directions.
  *
  * A model in device memory (a GPU backend) over a host-memory group stages every message
  * through host buffers of its micro-batch's slot (to_host before a send, from_host after a
@@ -299,7 +300,7 @@ static dtr_result dtr__pipe_recv(dtr_pipe *p, void *buf, size_t bytes, int src, 
 
 /* receives the activation header for (chunk, mb) and makes the input tensor on the slot's tape */
 static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk, int mb) {
-    int64_t hdr[DTR__PIPE_HDR];
+    int64_t hdr[DTR__PIPE_HDR], dt;
     int tag = p->cfg.tag + 3 * chunk, d;
     size_t bytes;
     void *dst;
@@ -308,8 +309,9 @@ static dtr_result dtr__pipe_recv_input(dtr_pipe *p, dtr__pipe_slot *s, int chunk
     if (hdr[0] < 1 || hdr[0] > DTR_MAX_DIMS) goto bad;
     for (d = 1; d <= hdr[0]; d++)
         if (hdr[d] < 1 || hdr[d] > ((int64_t)1 << 31)) goto bad;
-    if (hdr[DTR__PIPE_HDR - 1] != DTR_F32 && hdr[DTR__PIPE_HDR - 1] != DTR_BF16 && hdr[DTR__PIPE_HDR - 1] != DTR_F16) goto bad;
-    s->in = dtr_tensor_new(p->ctx, (dtr_dtype)hdr[DTR__PIPE_HDR - 1], (int)hdr[0], hdr + 1);
+    dt = hdr[DTR__PIPE_HDR - 1];   /* compared whole: an int64 off the wire */
+    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16) goto bad;
+    s->in = dtr_tensor_new(p->ctx, (dtr_dtype)dt, (int)hdr[0], hdr + 1);
     if (!s->in) return p->ctx->status;
     bytes = (size_t)dtr_tensor_numel(s->in) * dtr_dtype_size(s->in->dtype);
     dst = p->staged ? dtr__pipe_host(p, s, 0, bytes) : dtr__data(s->in);

@@ -204,7 +204,7 @@ static dtr_result dtr__ps_parse_segments(const uint8_t *buf, const dtr__ps_hdr *
 }
 
 static dtr_result dtr__ps_parse_push(const dtr__ps_hdr *h, const dtr__ps_expect *e, char *why, size_t whylen) {
-    if (h->dtype != DTR_F32 && h->dtype != DTR_BF16 && h->dtype != DTR_F16 && h->dtype != DTR__PS_INT8)
+    if (!dtr__is_float((dtr_dtype)h->dtype) && h->dtype != DTR__PS_INT8)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of dtype %d", (int)h->dtype);
     if (h->begin != e->begin || h->count != e->count)
         return dtr__errf(why, whylen, DTR_CORRUPT_FILE, "push of [%lld, +%lld), this server holds [%lld, +%lld)",

@@ -412,7 +412,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     int i, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
-    if (dt != DTR_F32 && dt != DTR_BF16 && dt != DTR_F16)
+    if (!dtr__is_float(dt))
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_save: %s: weights are saved as f32, bf16 or f16, not %s", path,
                          dtr_dtype_name(dt));
     r = dtr_model_build(m);
@@ -493,7 +493,7 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
             if (e->shape[d] != t->shape[d]) goto shape;
-        if (e->foreign || (e->dtype != DTR_F32 && e->dtype != DTR_BF16 && e->dtype != DTR_F16)) {
+        if (e->foreign || !dtr__is_float(e->dtype)) {
             r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
                           path, m->names[i], e->dtype_name);
             goto done;
