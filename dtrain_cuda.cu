@@ -402,8 +402,7 @@ __global__ static void dtr__cuda_binary_dense_fwd_k(int op, dtr__cuda_mem A, dtr
 __global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, dtr__cuda_mem A, dtr__cuda_mem B, const float *G,
                                                     float *GS, int64_t n) {
     DTR__CUDA_FOR(i, n) {
-        float g = G[i], a = 0.0f, b = 0.0f;
-        if (op == DTR_OP_MUL || op == DTR_OP_DIV) { a = A.ld(i); b = B.ld(i); }   /* add, sub: gradients only */
+        float g = G[i], a = A.ld(i), b = B.ld(i);
         switch (op) {
         case DTR_OP_ADD: GS[i] += g; break;
         case DTR_OP_SUB: GS[i] += side ? -g : g; break;
@@ -1065,7 +1064,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1069 "dtrain_cuda.cu"
+#line 1068 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1342,7 +1341,7 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, dtr__cuda_mem_of(NULL), NULL, R, out, gb) : DTR_OK;
 }
-#line 1346 "dtrain_cuda.cu"
+#line 1345 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1521,7 +1520,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1525 "dtrain_cuda.cu"
+#line 1524 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1720,7 +1719,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1724 "dtrain_cuda.cu"
+#line 1723 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1906,7 +1905,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1910 "dtrain_cuda.cu"
+#line 1909 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2391,5 +2390,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2395 "dtrain_cuda.cu"
+#line 2394 "dtrain_cuda.cu"
 

@@ -170,8 +170,7 @@ __global__ static void dtr__cuda_binary_dense_fwd_k(int op, dtr__cuda_mem A, dtr
 __global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, dtr__cuda_mem A, dtr__cuda_mem B, const float *G,
                                                     float *GS, int64_t n) {
     DTR__CUDA_FOR(i, n) {
-        float g = G[i], a = 0.0f, b = 0.0f;
-        if (op == DTR_OP_MUL || op == DTR_OP_DIV) { a = A.ld(i); b = B.ld(i); }   /* add, sub: gradients only */
+        float g = G[i], a = A.ld(i), b = B.ld(i);
         switch (op) {
         case DTR_OP_ADD: GS[i] += g; break;
         case DTR_OP_SUB: GS[i] += side ? -g : g; break;
