@@ -1079,22 +1079,34 @@ static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { ret
  * operands with a fast 16-bit compute type: cuBLAS rounds them, sums in f32).
  * ==========================================================================*/
 
-/* the three cuBLAS products with f32 operands and results: Sgemm*, or with s->fast16 their
-   GemmEx forms and s->compute */
-static cublasStatus_t dtr__cuda_sgemm(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
-                                      const float *alpha, const float *B, int ldb, const float *A, int lda, const float *beta,
-                                      float *Y, int ldy) {
-    if (!s->fast16) return cublasSgemm(s->blas, opb, opa, n, m, k, alpha, B, ldb, A, lda, beta, Y, ldy);
-    return cublasGemmEx(s->blas, opb, opa, n, m, k, alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, beta, Y, CUDA_R_32F, ldy,
-                        s->compute, CUBLAS_GEMM_DEFAULT);
+/* The operands' and the result's types of a product: f32 (DTR__CUDA_F32: Sgemm, or with
+   s->fast16 cublasGemmEx rounding them to 16 bits by s->compute), or bf16 / fp16 operands
+   (16-bit tensors as stored) summed in f32 into a 16-bit or f32 result (CUBLAS_COMPUTE_32F). */
+typedef struct dtr__cuda_gemm_t { cudaDataType_t ab, y; } dtr__cuda_gemm_t;
+static const dtr__cuda_gemm_t DTR__CUDA_F32 = {CUDA_R_32F, CUDA_R_32F};
+
+static cublasComputeType_t dtr__cuda_compute(const dtr__cuda_state *s, dtr__cuda_gemm_t t) {
+    return t.ab != CUDA_R_32F ? CUBLAS_COMPUTE_32F : s->compute;
 }
-static cublasStatus_t dtr__cuda_sgemm_strided(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
-                                              const float *alpha, const float *B, int ldb, int64_t sb, const float *A, int lda,
-                                              int64_t sa, const float *beta, float *Y, int ldy, int64_t sy, int count) {
-    if (!s->fast16)
-        return cublasSgemmStridedBatched(s->blas, opb, opa, n, m, k, alpha, B, ldb, sb, A, lda, sa, beta, Y, ldy, sy, count);
-    return cublasGemmStridedBatchedEx(s->blas, opb, opa, n, m, k, alpha, B, CUDA_R_32F, ldb, sb, A, CUDA_R_32F, lda, sa, beta, Y,
-                                      CUDA_R_32F, ldy, sy, count, s->compute, CUBLAS_GEMM_DEFAULT);
+
+/* the three cuBLAS products: Sgemm* for f32 without fast16, else their GemmEx forms */
+static cublasStatus_t dtr__cuda_sgemm(dtr__cuda_state *s, dtr__cuda_gemm_t t, cublasOperation_t opb, cublasOperation_t opa, int n,
+                                      int m, int k, const float *alpha, const void *B, int ldb, const void *A, int lda,
+                                      const float *beta, void *Y, int ldy) {
+    if (t.ab == CUDA_R_32F && !s->fast16)
+        return cublasSgemm(s->blas, opb, opa, n, m, k, alpha, (const float *)B, ldb, (const float *)A, lda, beta, (float *)Y, ldy);
+    return cublasGemmEx(s->blas, opb, opa, n, m, k, alpha, B, t.ab, ldb, A, t.ab, lda, beta, Y, t.y, ldy, dtr__cuda_compute(s, t),
+                        CUBLAS_GEMM_DEFAULT);
+}
+static cublasStatus_t dtr__cuda_sgemm_strided(dtr__cuda_state *s, dtr__cuda_gemm_t t, cublasOperation_t opb, cublasOperation_t opa,
+                                              int n, int m, int k, const float *alpha, const void *B, int ldb, int64_t sb,
+                                              const void *A, int lda, int64_t sa, const float *beta, void *Y, int ldy, int64_t sy,
+                                              int count) {
+    if (t.ab == CUDA_R_32F && !s->fast16)
+        return cublasSgemmStridedBatched(s->blas, opb, opa, n, m, k, alpha, (const float *)B, ldb, sb, (const float *)A, lda, sa,
+                                         beta, (float *)Y, ldy, sy, count);
+    return cublasGemmStridedBatchedEx(s->blas, opb, opa, n, m, k, alpha, B, t.ab, ldb, sb, A, t.ab, lda, sa, beta, Y, t.y, ldy, sy,
+                                      count, dtr__cuda_compute(s, t), CUBLAS_GEMM_DEFAULT);
 }
 static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
                                            const float *alpha, const float *const *pb, int ldb, const float *const *pa, int lda,
@@ -1129,21 +1141,28 @@ static dtr_result dtr__cuda_gemm_ops(dtr_context *ctx, int64_t M, int64_t N, int
 }
 
 /* Y (M, N; row stride ldy) = alpha A (M, K) B (K, N) + beta Y, row-major views given by their
- * strides, `count` times with batch strides sa, sb, sy (elements). */
-static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
-                                 int64_t csa, int64_t sa, const float *B, int64_t rsb, int64_t csb, int64_t sb, float beta,
-                                 float *Y, int64_t ldy, int64_t sy, int64_t count) {
+ * strides, `count` times with batch strides sa, sb, sy (elements), of types t. */
+static dtr_result dtr__cuda_gemm_as(dtr_context *ctx, dtr__cuda_gemm_t t, int64_t M, int64_t N, int64_t K, float alpha,
+                                    const void *A, int64_t rsa, int64_t csa, int64_t sa, const void *B, int64_t rsb, int64_t csb,
+                                    int64_t sb, float beta, void *Y, int64_t ldy, int64_t sy, int64_t count) {
     cublasOperation_t opa, opb;
     int64_t lda, ldb;
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
     if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     if (count == 1)
-        return dtr__cuda_blas(ctx, dtr__cuda_sgemm(s, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
-                                                   (int)lda, &beta, Y, (int)ldy), "sgemm");
-    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_strided(s, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
+        return dtr__cuda_blas(ctx, dtr__cuda_sgemm(s, t, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb, A,
+                                                   (int)lda, &beta, Y, (int)ldy), "gemm");
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_strided(s, t, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, B, (int)ldb,
                                                        sb, A, (int)lda, sa, &beta, Y, (int)ldy, sy, (int)count),
-                          "sgemm (batched)");
+                          "gemm (batched)");
+}
+
+/* dtr__cuda_gemm_as with f32 operands and result */
+static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
+                                 int64_t csa, int64_t sa, const float *B, int64_t rsb, int64_t csb, int64_t sb, float beta,
+                                 float *Y, int64_t ldy, int64_t sy, int64_t count) {
+    return dtr__cuda_gemm_as(ctx, DTR__CUDA_F32, M, N, K, alpha, A, rsa, csa, sa, B, rsb, csb, sb, beta, Y, ldy, sy, count);
 }
 
 /* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride. */
@@ -1304,31 +1323,35 @@ static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
 
-/* Y (R, out) = bias in every row; block (column chunk, row): no division per element */
-__global__ static void dtr__cuda_rows_fill_k(float *Y, const float *bias, int64_t R, int64_t out) {
+/* Y (R, out) = bias in every row (rounded to Y's dtype); block (column chunk, row): no division
+   per element */
+__global__ static void dtr__cuda_rows_fill_k(dtr__cuda_mem Y, dtr__cuda_mem bias, int64_t R, int64_t out) {
     for (int64_t r = blockIdx.y; r < R; r += gridDim.y)
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < out; k += (int64_t)gridDim.x * blockDim.x)
-            Y[r * out + k] = bias[k];
+            Y.st(r * out + k, bias.ld(k));
 }
 
-static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
+static dtr_result dtr__cuda_rows_fill(dtr_context *ctx, const dtr__node *nd, const dtr_tensor *bias, int64_t R, int64_t out) {
+    dtr__cuda_rows_fill_k<<<dim3(dtr__launch_blocks(out, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)),
+                            DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(dtr__cuda_mem_of(nd->out), dtr__cuda_mem_of(bias), R, out);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_linear32_fwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
     int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
-    float *Y = dtr__f32(nd->out), beta = 0.0f;
+    float *Y = dtr__f32(nd->out);
     if (R * out == 0) return DTR_OK;
     if (bias) {
-        dtr__cuda_rows_fill_k<<<dim3(dtr__launch_blocks(out, DTR__CUDA_THREADS, 64), (unsigned)(R < 65535 ? R : 65535)),
-                                DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Y, dtr__f32(bias), R, out);
-        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-        beta = 1.0f;
+        if (dtr__cuda_rows_fill(ctx, nd, bias, R, out) != DTR_OK) return ctx->status;
     } else if (in == 0) {
         return dtr__cuda_check(ctx, cudaMemsetAsync(Y, 0, (size_t)(R * out) * sizeof(float), dtr__cuda_stream(ctx)), "linear");
     }
     /* Y (R, out) = X (R, in) W^T (in, out) */
-    return dtr__cuda_gemm(ctx, R, out, in, 1.0f, dtr__f32(x), in, 1, 0, dtr__f32(w), 1, in, 0, beta, Y, out, 0, 1);
+    return dtr__cuda_gemm(ctx, R, out, in, 1.0f, dtr__f32(x), in, 1, 0, dtr__f32(w), 1, in, 0, bias ? 1.0f : 0.0f, Y, out, 0, 1);
 }
 
-static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
+static dtr_result dtr__cuda_linear32_bwd(dtr_context *ctx, dtr__node *nd) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
     int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / (out ? out : 1);
     const float *G = nd->out->grad;
@@ -1341,7 +1364,106 @@ static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
         return ctx->status;
     return gb ? dtr__cuda_col_sum(ctx, nd, G, dtr__cuda_mem_of(NULL), NULL, R, out, gb) : DTR_OK;
 }
-#line 1345 "dtrain_cuda.cu"
+
+/* ---- linear on 16-bit activations with 16-bit products ----
+ * With matmul_precision BF16 (F16) and activations of that type, linear's products take
+ * 16-bit operands as stored (cublasGemmEx, sums in f32, CUBLAS_COMPUTE_32F): x as it is, the
+ * f32 weight rounded into scratch on each call (out x in elements: a 1 / R share of the
+ * product's operand traffic), y written in 16 bits, the bias rounded to 16 bits first (as
+ * torch.autocast does). Backward: the f32 output gradient rounded to 16 bits in chunks of
+ * rows (DTR__CUDA_G16_BYTES of scratch), the input's and the weight's gradients summed in f32
+ * into their f32 buffers, chunk after chunk. The operands are rounded as the f32 path rounds
+ * them with matmul_precision (cuBLAS's fast 16-bit compute does it inside), without the f32
+ * copies of x and y that widening makes. Other cases (f32 activations, f32 or TF32 products,
+ * an empty product) take the f32 kernels, over widened copies where tensors are 16-bit. */
+
+#define DTR__CUDA_G16_BYTES ((int64_t)64 << 20)
+static int64_t dtr__cuda_align256(int64_t bytes) { return (bytes + 255) / 256 * 256; }
+
+/* the 16-bit type the context's products take (matmul_precision), else f32 */
+static dtr_dtype dtr__cuda_product_dtype(const dtr_context *ctx) {
+    if (ctx->cfg.matmul_precision == DTR_MATMUL_BF16) return DTR_BF16;
+    return ctx->cfg.matmul_precision == DTR_MATMUL_F16 ? DTR_F16 : DTR_F32;
+}
+static cudaDataType_t dtr__cuda_blas_type(dtr_dtype dt) {
+    return dt == DTR_BF16 ? CUDA_R_16BF : dt == DTR_F16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+/* 1 when linear node nd runs on 16-bit data as stored: its output is of the products'
+   16-bit type, and the product is not empty */
+static int dtr__cuda_linear16(const dtr_context *ctx, const dtr__node *nd) {
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    return p != DTR_F32 && nd->out->dtype == p && nd->in[1]->shape[1] > 0 && dtr_tensor_numel(nd->out) > 0;
+}
+
+/* n dense elements at src (dtype sd) in 16-bit dtype p: src itself when sd is p, else a copy
+   at *at (advanced by its 256-byte aligned size). NULL with the error set. */
+static const void *dtr__cuda_as16(dtr_context *ctx, const void *src, dtr_dtype sd, dtr_dtype p, int64_t n, char **at) {
+    char *dst = *at;
+    if (sd == p) return src;
+    dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(dst, p, src, sd, n);
+    if (dtr__cuda_check(ctx, cudaGetLastError(), "linear: 16-bit operand") != DTR_OK) return NULL;
+    *at += dtr__cuda_align256(n * 2);
+    return dst;
+}
+
+/* y (R, out) = x (R, in) w^T + b, in 16 bits */
+static dtr_result dtr__cuda_linear16_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    dtr_dtype p = nd->out->dtype;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / out;
+    dtr__cuda_gemm_t t = {dtr__cuda_blas_type(p), dtr__cuda_blas_type(p)};
+    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(out * in * 2) + (x->dtype == p ? 0 : dtr__cuda_align256(R * in * 2))));
+    const void *W, *X;
+    if (!at || !(W = dtr__cuda_as16(ctx, dtr__data(w), w->dtype, p, out * in, &at)) ||
+        !(X = dtr__cuda_as16(ctx, dtr__data(x), x->dtype, p, R * in, &at)))
+        return ctx->status;
+    if (bias && dtr__cuda_rows_fill(ctx, nd, bias, R, out) != DTR_OK) return ctx->status;
+    return dtr__cuda_gemm_as(ctx, t, R, out, in, 1.0f, X, in, 1, 0, W, 1, in, 0, bias ? 1.0f : 0.0f, dtr__data(nd->out), out, 0, 1);
+}
+
+/* dX (R, in) += G W and dW (out, in) += G^T X over chunks of G's rows rounded to 16 bits */
+static dtr_result dtr__cuda_linear16_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0], *w = nd->in[1], *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    dtr_dtype p = nd->out->dtype;
+    int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / out, rows = DTR__CUDA_G16_BYTES / (2 * out), r0;
+    float *gx = dtr__gradof(x), *gw = dtr__gradof(w), *gb = dtr__gradof(bias);
+    dtr__cuda_gemm_t t = {dtr__cuda_blas_type(p), CUDA_R_32F};
+    const void *W = NULL, *X = NULL, *G;
+    char *at, *g16;
+    rows = rows < 1 ? 1 : rows > R ? R : rows;
+    if (gx || gw) {
+        at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(out * in * 2) + dtr__cuda_align256(rows * out * 2) +
+                                                      (gw && x->dtype != p ? dtr__cuda_align256(R * in * 2) : 0)));
+        if (!at || (gx && !(W = dtr__cuda_as16(ctx, dtr__data(w), w->dtype, p, out * in, &at))) ||
+            (gw && !(X = dtr__cuda_as16(ctx, dtr__data(x), x->dtype, p, R * in, &at))))
+            return ctx->status;
+        for (g16 = at, r0 = 0; r0 < R; r0 += rows, at = g16) {
+            int64_t n = R - r0 < rows ? R - r0 : rows;
+            if (!(G = dtr__cuda_as16(ctx, nd->out->grad + r0 * out, DTR_F32, p, n * out, &at))) return ctx->status;
+            if (gx && dtr__cuda_gemm_as(ctx, t, n, in, out, 1.0f, G, out, 1, 0, W, in, 1, 0, 1.0f, gx + r0 * in, in, 0, 1) != DTR_OK)
+                return ctx->status;
+            if (gw && dtr__cuda_gemm_as(ctx, t, out, in, n, 1.0f, G, 1, out, 0, (const char *)X + r0 * in * 2, in, 1, 0, 1.0f, gw, in,
+                                        0, 1) != DTR_OK)
+                return ctx->status;
+        }
+    }
+    return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, dtr__cuda_mem_of(NULL), NULL, R, out, gb) : DTR_OK;
+}
+
+/* The f32 kernel k, over widened copies of the node's 16-bit tensors where it has any. */
+static dtr_result dtr__cuda_wide(dtr_context *ctx, dtr__node *nd, int bwd, dtr__kernel k) {
+    return dtr__needs_widening(nd, bwd) ? dtr__run_widened(dtr__cuda_cast_fwd, k, ctx, nd, bwd) : k(ctx, nd);
+}
+
+/* linear's table entry (narrow: the choice between 16-bit and widened f32 products is here) */
+static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_fwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 0, dtr__cuda_linear32_fwd);
+}
+static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
+}
+#line 1467 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1520,7 +1642,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1524 "dtrain_cuda.cu"
+#line 1646 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1719,7 +1841,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1723 "dtrain_cuda.cu"
+#line 1845 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -1905,7 +2027,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 1909 "dtrain_cuda.cu"
+#line 2031 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2285,10 +2407,11 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
 
 /* The families whose kernels load and store 16-bit tensors themselves (dtr__cuda_mem:
  * element-wise, layer norm, embedding; cross-entropy reads its logits as they are on every
- * backend); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
+ * backend; linear takes 16-bit operands in 16-bit products and widens otherwise itself,
+ * cuda_gemm.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
  * Setting one to 0 falls back to the widened path, the same arithmetic. */
 static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
-                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 0,
+                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 1,
                      dtr__cuda_softmax_narrow = 0, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
                      dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 0, dtr__cuda_conv2d_narrow = 0,
                      dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,
@@ -2390,5 +2513,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2394 "dtrain_cuda.cu"
+#line 2517 "dtrain_cuda.cu"
 

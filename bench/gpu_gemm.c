@@ -8,8 +8,10 @@
  * (forward, sum, backward: the input and the weight gradients, 6 M K N flops, plus the sum's
  * element-wise pass that PyTorch's side does too). Each figure is the best of --rounds rounds of
  * --iters products after a warm-up, the device synchronised by a read at the end of a round.
+ * --bf16 rounds the f32 operands to bf16 inside cuBLAS; --bf16 --bf16-act casts x to bf16 first
+ * (bf16 activations: the product reads it as stored, writes y in bf16), as torch.autocast does.
  * Usage: gpu_gemm [--backend cuda|cpu] [--shape NAME|all] [--iters N] [--rounds N] [--tf32] [--bf16]
- *                 [--threads N]   (--backend cpu runs the small shapes only: a CPU check)
+ *                 [--bf16-act] [--threads N]   (--backend cpu runs the small shapes only: a CPU check)
  * Build: make build/bench/gpu_gemm (links dtrain_cuda.o). */
 #define _POSIX_C_SOURCE 200809L
 #include "../dtrain.h"
@@ -33,9 +35,11 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static int g_act16;   /* --bf16-act */
+
 /* one product (fwd) or product, sum and backward (bwd); the own tape reset after */
 static dtr_result one(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, int bwd) {
-    dtr_tensor *y = dtr_linear(ctx, x, w, NULL);
+    dtr_tensor *y = dtr_linear(ctx, g_act16 ? dtr_cast(ctx, x, DTR_BF16) : x, w, NULL);
     dtr_result r = y ? DTR_OK : dtr_context_status(ctx);
     if (r == DTR_OK && bwd) r = dtr_backward(ctx, dtr_sum_all(ctx, y));
     dtr_context_reset(ctx);
@@ -77,8 +81,8 @@ static int run_shape(dtr_context *ctx, const gemm_shape *s, const char *bname, i
     }
     for (pass = 0; pass < 2; pass++)
         printf("{\"bench\":\"gpu_gemm\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"shape\":\"%s\",\"m\":%lld,\"k\":%lld,"
-               "\"n\":%lld,\"pass\":\"%s\",\"tf32\":%d,\"bf16\":%d,\"ms\":%.4f,\"tflops\":%.2f}\n",
-               bname, s->name, (long long)s->m, (long long)s->k, (long long)s->n, pass ? "fwd_bwd" : "fwd", tf32, bf16,
+               "\"n\":%lld,\"pass\":\"%s\",\"tf32\":%d,\"bf16\":%d,\"bf16_act\":%d,\"ms\":%.4f,\"tflops\":%.2f}\n",
+               bname, s->name, (long long)s->m, (long long)s->k, (long long)s->n, pass ? "fwd_bwd" : "fwd", tf32, bf16, g_act16,
                t[pass] * 1e3, (pass ? 6.0 : 2.0) * (double)s->m * (double)s->k * (double)s->n / t[pass] / 1e12);
     fflush(stdout);
     dtr_model_destroy(m);
@@ -98,9 +102,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--tf32")) tf32 = 1;
         else if (!strcmp(argv[i], "--bf16")) bf16 = 1;
+        else if (!strcmp(argv[i], "--bf16-act")) g_act16 = 1;
         else {
             fprintf(stderr, "usage: %s [--backend cuda|cpu] [--shape NAME|all] [--iters N] [--rounds N] [--tf32] "
-                            "[--bf16] [--threads N]\n", argv[0]);
+                            "[--bf16] [--bf16-act] [--threads N]\n", argv[0]);
             return 2;
         }
     }
@@ -109,6 +114,7 @@ int main(int argc, char **argv) {
     cc.threads = threads;
     cc.allow_tf32 = tf32;
     cc.matmul_precision = bf16 ? DTR_MATMUL_BF16 : DTR_MATMUL_F32;
+    cc.activation_dtype = g_act16 ? DTR_BF16 : DTR_F32;
     if (dtr_context_create(&cc, &ctx) != DTR_OK) {
         printf("{\"bench\":\"gpu_gemm\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"skipped\":\"%s\"}\n", backend,
                dtr_context_create_error());

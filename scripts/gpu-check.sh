@@ -56,6 +56,8 @@ for mode in "" --tf32 --bf16; do
   timeout 120 build/bench/gpu_gemm --iters 10 --rounds 3 $mode >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_gemm_torch.py --iters 10 --rounds 3 $mode >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
+# the same with bf16 activations: 16-bit operands as stored (cuda_gemm.cu, linear16); torch: the --bf16 lines
+timeout 120 build/bench/gpu_gemm --iters 10 --rounds 3 --bf16 --bf16-act >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
 fm=${DTR_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if [ -d "$fm" ]; then
   timeout 120 build/examples/gpu/fmnist_ps "$fm" --gpu --epochs 1 --max-steps 100 > "$out/fmnist-ps-gpu.log" 2>&1

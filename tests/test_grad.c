@@ -571,15 +571,20 @@ static void test_backend_parity(void) {
 
 /* ---- 16-bit activations (dtr_context_config.activation_dtype) ---- */
 
-static dtr_context *narrow_ctx(const dtr_backend *be, dtr_dtype dt, int threads) {
+/* activations in dt; products in f32 (DTR_MATMUL_F32) or mp */
+static dtr_context *narrow_ctx_mp(const dtr_backend *be, dtr_dtype dt, int threads, dtr_matmul_precision mp) {
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;
     cfg.backend = be;
     cfg.threads = threads;
     cfg.activation_dtype = dt;
+    cfg.matmul_precision = mp;
     cfg.seed = 11;
     CHECK_MSG(dtr_context_create(&cfg, &ctx) == DTR_OK, "context with activation_dtype %s", dtr_dtype_name(dt));
     return ctx;
+}
+static dtr_context *narrow_ctx(const dtr_backend *be, dtr_dtype dt, int threads) {
+    return narrow_ctx_mp(be, dt, threads, DTR_MATMUL_F32);
 }
 
 /* 1 when every value is one a tensor of dtype dt holds (stored in 16 bits, read back) */
@@ -685,6 +690,14 @@ static void test_narrow_activations(void) {
         dtr_context_destroy(gpu);
         gpu = narrow_ctx(dtr_cuda_backend(), DTR_F16, 1);
         if (gpu) narrow_parity(gpu, "cuda", DTR_F16, 3e-3);
+        dtr_context_destroy(gpu);
+        /* 16-bit products on 16-bit activations (linear reads its operands as stored and rounds
+           the f32 weight and output gradient to 16 bits): within the products' tolerances */
+        gpu = narrow_ctx_mp(dtr_cuda_backend(), DTR_BF16, 1, DTR_MATMUL_BF16);
+        if (gpu) narrow_parity(gpu, "cuda (bf16 products)", DTR_BF16, 5e-2);
+        dtr_context_destroy(gpu);
+        gpu = narrow_ctx_mp(dtr_cuda_backend(), DTR_F16, 1, DTR_MATMUL_F16);
+        if (gpu) narrow_parity(gpu, "cuda (fp16 products)", DTR_F16, 1e-2);
         dtr_context_destroy(gpu);
         return;
     }

@@ -16,7 +16,8 @@ dtr_result dtr__table_run(const dtr__kernel_pair *table, const char *backend, dt
     if (!dtr__table_has(table, n->op))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "%s backend: op %d (%s) has no %s kernel in this version", backend, n->op,
                          dtr__op_name(n->op), bwd ? "backward" : "forward");
-    if (!table[n->op].narrow && dtr__needs_widening(n, bwd)) return dtr__run_widened(table, ctx, n, bwd);
+    if (!table[n->op].narrow && dtr__needs_widening(n, bwd))
+        return dtr__run_widened(table[DTR_OP_CAST].fwd, bwd ? table[n->op].bwd : table[n->op].fwd, ctx, n, bwd);
     return bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
 }
 

@@ -647,10 +647,12 @@ static inline dtr_dtype dtr__act_dtype(const dtr_context *ctx) { return ctx->cfg
 /** 1 when node n has a bf16/fp16 input or output whose values its forward (bwd 0) or
  *  backward kernel reads or writes as f32 (every op but those whose kernels take any dtype:
  *  the cast, the checkpoint copy, the views, cross-entropy). */
-DTR__PRIVATE int dtr__needs_widening(const struct dtr__node *n, int bwd);
-/** Runs kernel (forward: bwd 0) of node n from `table` over f32 copies of its 16-bit inputs
- *  (and output), rounding the output back after a forward (src/core/widen.c). */
-DTR__PRIVATE dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, struct dtr__node *n, int bwd);
+int dtr__needs_widening(const struct dtr__node *n, int bwd);
+/** Runs `kernel`, node n's forward (bwd 0) or backward kernel, over f32 copies of n's 16-bit
+ *  inputs (and output) made by `cast` (the backend's CAST kernel), rounding the output back
+ *  after a forward (src/core/widen.c). The dispatch calls it for entries not `narrow`; a
+ *  narrow kernel calls it for the cases it leaves to its f32 form. */
+dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, struct dtr__node *n, int bwd);
 /** The values of dense float tensor t as f32 in backend memory: its own for f32, else an f32
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */

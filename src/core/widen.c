@@ -10,7 +10,8 @@
  * kernel reads (the inputs unless it reads gradients only; the output where it reads it:
  * tanh', softmax's and attention's backward). A backend whose kernels of a family load and
  * store 16-bit values themselves marks that family `narrow` in its table (CUDA's element-wise
- * ops): no widening there.
+ * ops): no widening there; a narrow kernel that leaves some cases to its f32 form (CUDA's
+ * linear without 16-bit products) calls dtr__run_widened with that form itself.
  *
  * The scratch is one block of the current tape's data arena, kept for the next widened kernel
  * and grown when one needs more, up to 64 MiB a tape; a larger need gets a block of its own,
@@ -135,8 +136,7 @@ static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t fl
 }
 
 /* Points t at f32 scratch holding its view's span (converted when `load`), recorded in w. */
-static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx, dtr_tensor *t, float *scratch, int load,
-                                 dtr__wide *w) {
+static dtr_result dtr__widen_one(dtr__kernel cast, dtr_context *ctx, dtr_tensor *t, float *scratch, int load, dtr__wide *w) {
     dtr_result r;
     w->t = t;
     w->storage = t->storage;
@@ -144,7 +144,7 @@ static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx
     w->dtype = t->dtype;
     w->n = dtr__view_span(t);
     w->scratch = scratch;
-    if (load && (r = dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK)
+    if (load && (r = dtr__cast_by(cast, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK)
         return r;
     t->storage = scratch;
     t->offset = 0;
@@ -153,13 +153,13 @@ static dtr_result dtr__widen_one(const dtr__kernel_pair *table, dtr_context *ctx
 }
 
 /* t as it was (its f32 result rounded into its storage first when `store`) */
-static dtr_result dtr__unwiden(const dtr__kernel_pair *table, dtr_context *ctx, dtr__wide *w, int store) {
+static dtr_result dtr__unwiden(dtr__kernel cast, dtr_context *ctx, dtr__wide *w, int store) {
     dtr_tensor *t = w->t;
     t->storage = w->storage;
     t->offset = w->offset;
     t->dtype = w->dtype;
     if (!store) return DTR_OK;
-    return dtr__cast_by(table[DTR_OP_CAST].fwd, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n);
+    return dtr__cast_by(cast, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n);
 }
 
 /* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
@@ -171,7 +171,7 @@ static int dtr__widens_input(const dtr__node *n, int i, int bwd) {
     return 1;
 }
 
-dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr__node *n, int bwd) {
+dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, dtr__node *n, int bwd) {
     dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
     dtr_result r = DTR_OK, r2;
     int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0;
@@ -184,13 +184,13 @@ dtr_result dtr__run_widened(const dtr__kernel_pair *table, dtr_context *ctx, dtr
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
     for (i = 0; r == DTR_OK && i < n->n_in; i++)
-        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(table, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK)
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(cast, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK)
             scratch += dtr__wide_floats(w[k++].t);   /* (its shape and strides are the view's still) */
-    if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(table, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+    if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(cast, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
         out_k = k++;
-    if (r == DTR_OK) r = bwd ? table[n->op].bwd(ctx, n) : table[n->op].fwd(ctx, n);
+    if (r == DTR_OK) r = kernel(ctx, n);
     while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */
-        r2 = dtr__unwiden(table, ctx, &w[k], k == out_k && !bwd && r == DTR_OK);
+        r2 = dtr__unwiden(cast, ctx, &w[k], k == out_k && !bwd && r == DTR_OK);
         if (r == DTR_OK) r = r2;
     }
     if (own) dtr__arena_give_back(ctx, block, (size_t)floats * sizeof(float));

@@ -37,12 +37,14 @@
 typedef struct tnet { dtr_model *m; dtr_linear_layer l1, l2; } tnet;
 
 static dtr_dtype g_act = DTR_F32;   /* the contexts' activation_dtype */
+static dtr_matmul_precision g_products = DTR_MATMUL_F32;   /* the device context's matmul_precision */
 
 static dtr_context *make_ctx(int gpu) {
     dtr_context_config cc = dtr_context_config_init();
     dtr_context *ctx = NULL;
     cc.backend = gpu ? DEVICE_BACKEND() : NULL;
     cc.activation_dtype = g_act;
+    cc.matmul_precision = gpu ? g_products : DTR_MATMUL_F32;
     cc.release_activations = gpu;   /* blocks reused within the step, in stream order */
     cc.threads = 1;
     cc.seed = 5;
@@ -159,6 +161,17 @@ static void test_narrow_activations(void) {
     CHECK_MSG(fabsf(la - lb) <= 1e-2f * fabsf(la), "bf16 activations: last loss %g on the CPU, %g on the device", la, lb);
     CHECK_MSG(max_rel(a, f, n) > 0.0 && fabsf(la - lf) < 2e-2f * fabsf(lf), "bf16 against f32: parameters %.3g apart, loss %g / %g",
               max_rel(a, f, n), la, lf);
+#ifndef TRAIN_DEVSIM
+    /* bf16 products on the bf16 activations (the linear layers' operands as stored, their
+       weights and output gradients rounded to bf16, f32 sums): near the CPU's bf16 run */
+    g_act = DTR_BF16;
+    g_products = DTR_MATMUL_BF16;
+    CHECK_MSG(train(1, &oc, b, &lb), "bf16 products on bf16 activations did not run");
+    g_act = DTR_F32;
+    g_products = DTR_MATMUL_F32;
+    CHECK_MSG(max_rel(a, b, n) <= 3e-2, "bf16 products: device parameters differ from the CPU's bf16 run by %.3g", max_rel(a, b, n));
+    CHECK_MSG(fabsf(la - lb) <= 2e-2f * fabsf(la), "bf16 products: last loss %g on the CPU, %g on the device", la, lb);
+#endif
     free(a);
     free(b);
     free(f);
