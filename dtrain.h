@@ -3459,6 +3459,15 @@ typedef struct dtr_ps_config {
                                     is discarded (stats.stale_discarded) and its worker goes on from the
                                     next round. Each server completes its rounds with the pushes that
                                     reach it first. 0 (default) to workers - 1 */
+    const char *checkpoint_dir; /**< servers: checkpoint their range (its parameters, its optimizer's state and the
+                                    update count) in dtr_ckpt's layout under <dir>/server-<s>/ every
+                                    checkpoint_every updates, written beside serving, and when serving ends; at
+                                    dtr_ps_create they resume from the newest (SYNC: the newest update count every
+                                    server has), and each worker's first dtr_ps_pull brings it
+                                    (docs/parameter-server.md, "Checkpoints"). Every rank gives the same value
+                                    (dtr_ps_create compares the servers' folders, a collective). NULL (default): none */
+    int checkpoint_every;      /**< updates between a server's checkpoints; 0: 1000 */
+    int checkpoint_keep;       /**< complete checkpoints a server keeps, newest first; 0: 3 */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -3472,7 +3481,7 @@ DTR_API int dtr_ps_servers_from_env(int fallback);
  *  workers the worker fields. */
 #define DTR_PS_STALENESS_BINS 16
 typedef struct dtr_ps_stats {
-    int64_t updates;             /**< server: optimizer updates applied to its range */
+    int64_t updates;             /**< server: optimizer updates applied to its range (resumed: since the first run) */
     int64_t pushes_applied;      /**< server: pushes that went into an update */
     int64_t pulls_answered;      /**< server: pulls answered */
     int64_t refused;             /**< server: malformed, oversized or unexpected messages refused */
@@ -3490,6 +3499,11 @@ typedef struct dtr_ps_stats {
     int64_t failovers;           /**< worker: ranges moved to their backup; backup: 1 once it took over */
     int64_t forwarded;           /**< primary (replicas): messages its backup acknowledged */
     int64_t workers_lost;        /**< server (isolated group, DTR_PS_CONTINUE): workers dropped because they died */
+    int64_t checkpoints;         /**< server: checkpoints started (checkpoint_dir) */
+    int64_t checkpoint_failures; /**< server: checkpoints that failed (logged; serving goes on; the last one at the
+                                      end of serving is dtr_ps_serve's error instead) */
+    int64_t resumed_updates;     /**< server: the update count of the checkpoint it resumed from (0: a fresh start);
+                                      `updates` counts on from it */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
@@ -3497,7 +3511,9 @@ typedef struct dtr_ps dtr_ps;
 /** Makes this rank's part of the parameter-server engine over `c` (every rank of the group
  *  calls it, with the same cfg and a model built alike): a server makes its optimizer over
  *  its range, a worker its buffers; then the engine's own group is split from `c` (a
- *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
+ *  collective over `c`, after the checks: a refused configuration sends nothing). With
+ *  cfg->checkpoint_dir the servers then resume from their checkpoints (every rank takes part;
+ *  a server that cannot fails dtr_ps_create on every rank, naming it). A server's
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
  *  bounds what it waits for. A worker's model may live on a device (a GPU context): its
  *  pushes and pulls go through a host copy of the gradients (page-locked on CUDA) and the
@@ -3506,7 +3522,8 @@ typedef struct dtr_ps dtr_ps;
  *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate, backup_workers; the context's message
  *  says which),
  *  DTR_UNSUPPORTED (LAMB, clip_norm, a server's model in device memory, push_compress TOPK or POWERSGD),
- *  DTR_OUT_OF_MEMORY. Thread safety: the model's
+ *  DTR_OUT_OF_MEMORY, a resume's error (DTR_CORRUPT_FILE, DTR_IO_ERROR, DTR_INVALID_ARGUMENT: another
+ *  model's or layout's checkpoint; dtr_ckpt_restore's). Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
 /** Frees the engine (not the model or group). NULL is ignored. A server still listening
@@ -3527,7 +3544,8 @@ DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t
  *  and never came back). A backup (replicas) follows its primary until that one dies, then
  *  serves the range. Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
  *  the deadline: the context's message names it), DTR_PEER_FAILED (policy FAIL, a worker
- *  died on a group with isolate_peer_failures: named too), or the group's error.
+ *  died on a group with isolate_peer_failures: named too), the last checkpoint's error
+ *  (checkpoint_dir: the state as serving ended could not be written), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
 /** Worker: pulls the parameters from every server into the model (SYNC: those of the step
@@ -4058,7 +4076,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4062 "dtrain.h"
+#line 4080 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4721,6 +4739,9 @@ dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *c
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */
 DTR__PRIVATE const float *dtr__f32_view(dtr_context *ctx, const struct dtr__node *n, const dtr_tensor *t);
+/** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
+ *  -1 when dir cannot be read (src/engine/checkpoint.c). */
+DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -4760,7 +4781,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4764 "dtrain.h"
+#line 4785 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5041,7 +5062,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5045 "dtrain.h"
+#line 5066 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5103,7 +5124,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5107 "dtrain.h"
+#line 5128 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5482,7 +5503,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5486 "dtrain.h"
+#line 5507 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5525,7 +5546,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5529 "dtrain.h"
+#line 5550 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5555,7 +5576,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5559 "dtrain.h"
+#line 5580 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5608,7 +5629,7 @@ DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
  *  one, after the wait) have their gradients outside the shard discarded from g (they read
  *  as zeros, their memory back to the system). Other stages, and zero3_keep_grads: nothing. */
 DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);
-#line 5612 "dtrain.h"
+#line 5633 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5682,7 +5703,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5686 "dtrain.h"
+#line 5707 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5750,7 +5771,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5754 "dtrain.h"
+#line 5775 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5825,7 +5846,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5829 "dtrain.h"
+#line 5850 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6177,7 +6198,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6181 "dtrain.h"
+#line 6202 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -6968,7 +6989,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 6972 "dtrain.h"
+#line 6993 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7627,7 +7648,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7631 "dtrain.h"
+#line 7652 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7698,7 +7719,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7702 "dtrain.h"
+#line 7723 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8180,7 +8201,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8184 "dtrain.h"
+#line 8205 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8419,7 +8440,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8423 "dtrain.h"
+#line 8444 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8650,7 +8671,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8654 "dtrain.h"
+#line 8675 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8769,7 +8790,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8773 "dtrain.h"
+#line 8794 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8825,7 +8846,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8829 "dtrain.h"
+#line 8850 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9190,7 +9211,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9194 "dtrain.h"
+#line 9215 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9403,7 +9424,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9407 "dtrain.h"
+#line 9428 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9833,7 +9854,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9837 "dtrain.h"
+#line 9858 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10012,7 +10033,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10016 "dtrain.h"
+#line 10037 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10544,7 +10565,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10548 "dtrain.h"
+#line 10569 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11043,7 +11064,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11047 "dtrain.h"
+#line 11068 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11302,7 +11323,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11306 "dtrain.h"
+#line 11327 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11645,7 +11666,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11649 "dtrain.h"
+#line 11670 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11776,7 +11797,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11780 "dtrain.h"
+#line 11801 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12318,7 +12339,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12322 "dtrain.h"
+#line 12343 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12487,7 +12508,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12491 "dtrain.h"
+#line 12512 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12736,7 +12757,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12740 "dtrain.h"
+#line 12761 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13258,7 +13279,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13262 "dtrain.h"
+#line 13283 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13396,7 +13417,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13400 "dtrain.h"
+#line 13421 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13743,7 +13764,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13747 "dtrain.h"
+#line 13768 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13809,7 +13830,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13813 "dtrain.h"
+#line 13834 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14046,7 +14067,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14050 "dtrain.h"
+#line 14071 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14795,7 +14816,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14799 "dtrain.h"
+#line 14820 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15248,7 +15269,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15252 "dtrain.h"
+#line 15273 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15304,7 +15325,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15308 "dtrain.h"
+#line 15329 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16081,7 +16102,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16085 "dtrain.h"
+#line 16106 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16662,7 +16683,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16666 "dtrain.h"
+#line 16687 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17293,7 +17314,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17297 "dtrain.h"
+#line 17318 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18083,7 +18104,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18087 "dtrain.h"
+#line 18108 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18436,7 +18457,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18440 "dtrain.h"
+#line 18461 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18626,7 +18647,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18630 "dtrain.h"
+#line 18651 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18807,7 +18828,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18811 "dtrain.h"
+#line 18832 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19582,7 +19603,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19586 "dtrain.h"
+#line 19607 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20099,7 +20120,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20103 "dtrain.h"
+#line 20124 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20894,7 +20915,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20898 "dtrain.h"
+#line 20919 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22142,7 +22163,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22146 "dtrain.h"
+#line 22167 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22764,7 +22785,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22768 "dtrain.h"
+#line 22789 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23265,7 +23286,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23269 "dtrain.h"
+#line 23290 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -23995,7 +24016,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 23999 "dtrain.h"
+#line 24020 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24231,7 +24252,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24235 "dtrain.h"
+#line 24256 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24360,7 +24381,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24364 "dtrain.h"
+#line 24385 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24739,7 +24760,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24743 "dtrain.h"
+#line 24764 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25230,7 +25251,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25234 "dtrain.h"
+#line 25255 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25741,7 +25762,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25745 "dtrain.h"
+#line 25766 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26247,7 +26268,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26251 "dtrain.h"
+#line 26272 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26272,6 +26293,8 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
 
 
 
+#include <errno.h>
+#include <sys/stat.h>
 
 #define DTR__PS_LISTEN_MS (24 * 3600 * 1000)   /* the server group's deadline: a day */
 
@@ -26320,6 +26343,10 @@ struct dtr_ps {
     float *resid;              /* INT8: error feedback, what the blocks lost (numel floats) */
     int pushed;                /* a push since the last pull */
     float *stage;              /* a model in device memory: the host copy of its gradients (numel floats) */
+    /* server checkpoints (cfg.checkpoint_dir) */
+    dtr_ckpt *ck;
+    int64_t ck_range[3];       /* the "range" entry: begin, end, the model's floats */
+    int64_t ck_saved;          /* the update count of the last checkpoint started (or resumed) */
 };
 
 static const size_t dtr__ps_hdr_bytes = sizeof(dtr__ps_hdr);
@@ -26636,6 +26663,150 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     return DTR_OK;
 }
 
+static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
+
+/* ---- checkpoints of a server's range (cfg.checkpoint_dir) ----
+ * Each server (and its backup) has a checkpointer of its own over <dir>/server-<s>/
+ * (dtr_ckpt, no group: servers save independently, beside serving): the server's optimizer
+ * (its range's state) and the "ps" object below, every checkpoint_every updates and when
+ * serving ends. At dtr_ps_create every rank gathers the servers' lists of complete
+ * checkpoints; a server resumes from the newest one (SYNC: the newest update count on every
+ * server rank, so the ranges come from the same round), then every rank learns that every
+ * server resumed. The protocol's clocks start again at 0 (workers start again too); the
+ * update count goes on. */
+
+#define DTR__PS_CK_LIST 16   /* per rank: a status, then up to 15 complete checkpoints, newest first */
+
+/* the "ps" object: the range of the parameters, the update count, the range's bounds */
+static dtr_result dtr__ps_state(void *obj, int i, dtr_state_entry *e) {
+    dtr_ps *ps = (dtr_ps *)obj;
+    memset(e, 0, sizeof *e);
+    if (i == 0) e->name = "params", e->data = dtr_model_params(ps->m) + ps->range[ps->index];
+    if (i == 0) e->bytes = (size_t)dtr__ps_len(ps) * sizeof(float);
+    if (i == 1) e->name = "updates", e->data = &ps->st.updates, e->bytes = sizeof ps->st.updates;
+    if (i == 2) e->name = "range", e->data = ps->ck_range, e->bytes = sizeof ps->ck_range;
+    return i <= 2 ? DTR_OK : DTR_NOT_FOUND;
+}
+
+static void dtr__ps_live_range(dtr_ps *ps) {
+    ps->ck_range[0] = ps->range[ps->index];
+    ps->ck_range[1] = ps->range[ps->index + 1];
+    ps->ck_range[2] = dtr_model_numel(ps->m);
+}
+
+/* after a restore: the checkpoint's range must be this server's */
+static dtr_result dtr__ps_state_loaded(void *obj) {
+    dtr_ps *ps = (dtr_ps *)obj;
+    int64_t b = ps->ck_range[0], e = ps->ck_range[1], n = ps->ck_range[2];
+    dtr__ps_live_range(ps);
+    if (b == ps->ck_range[0] && e == ps->ck_range[1] && n == ps->ck_range[2]) return DTR_OK;
+    return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "parameter server %d: the checkpoint holds floats [%lld, %lld) of %lld, "
+                     "this server [%lld, %lld) of %lld (another model or number of servers)", ps->index, (long long)b,
+                     (long long)e, (long long)n, (long long)ps->ck_range[0], (long long)ps->ck_range[1], (long long)n);
+}
+
+/* a server's checkpointer over dir, <checkpoint_dir>/server-<s>/ */
+static dtr_result dtr__ps_ck_open(dtr_ps *ps, const char *dir) {
+    dtr_ckpt_config cc = dtr_ckpt_config_init();
+    dtr_result r;
+    if (mkdir(ps->cfg.checkpoint_dir, 0777) != 0 && errno != EEXIST)
+        return dtr__fail(ps->ctx, DTR_IO_ERROR, "dtr_ps_create: cannot make %s: %s", ps->cfg.checkpoint_dir, strerror(errno));
+    cc.dir = dir;
+    cc.ctx = ps->ctx;
+    cc.optimizer = ps->opt;
+    cc.keep = ps->cfg.checkpoint_keep;
+    cc.busy = DTR_CKPT_BUSY_SKIP;   /* serving never waits for the disk */
+    dtr__ps_live_range(ps);
+    if ((r = dtr_ckpt_create(&cc, &ps->ck)) != DTR_OK) return dtr__fail(ps->ctx, r, "dtr_ps_create: cannot open %s", dir);
+    return dtr_ckpt_add_object(ps->ck, "ps", ps, dtr__ps_state, dtr__ps_state_loaded);
+}
+
+/* every rank's DTR__PS_CK_LIST int64 of `mine`, gathered into *all (freed by the caller) */
+static dtr_result dtr__ps_ck_gather(dtr_ps *ps, const int64_t *mine, int64_t **all) {
+    size_t bytes = (size_t)DTR__PS_CK_LIST * sizeof(int64_t);
+    *all = (int64_t *)dtr__calloc(&ps->ctx->alloc, (size_t)dtr_comm_size(ps->g) * bytes);
+    if (!*all) return DTR_OUT_OF_MEMORY;
+    return dtr_comm_all_gather(ps->g, mine, *all, bytes, DTR_U8);
+}
+
+/* the first server rank whose status (the first int64 of its list) is not DTR_OK, or -1 */
+static int dtr__ps_ck_failed(const dtr_ps *ps, const int64_t *all) {
+    int i;
+    for (i = 0; i < ps->NS; i++)
+        if (all[(size_t)i * DTR__PS_CK_LIST] != DTR_OK) return i;
+    return -1;
+}
+
+/* SYNC: the newest update count in every server rank's list (-1: none) */
+static int64_t dtr__ps_ck_common(const dtr_ps *ps, const int64_t *all) {
+    int k, i, j, in_all;
+    for (k = 1; k < DTR__PS_CK_LIST && all[k] >= 0; k++) {
+        for (i = 1, in_all = 1; i < ps->NS && in_all; i++) {
+            for (j = 1; j < DTR__PS_CK_LIST && all[(size_t)i * DTR__PS_CK_LIST + j] != all[k]; j++) {}
+            in_all = j < DTR__PS_CK_LIST;
+        }
+        if (in_all) return all[k];
+    }
+    return -1;
+}
+
+/* a server: restores update count `step` from dir (none: a fresh start) */
+static dtr_result dtr__ps_ck_restore(dtr_ps *ps, const char *dir, int64_t step) {
+    char path[4200];
+    dtr_result r;
+    if (step < 0) return DTR_OK;
+    snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
+    if ((r = dtr_ckpt_restore(ps->ck, path, NULL)) != DTR_OK)
+        return dtr__fail(ps->ctx, r, "dtr_ps_create: server %d cannot resume from %s: %s", ps->index, path,
+                         dtr_ckpt_last_error(ps->ck));
+    ps->st.resumed_updates = ps->ck_saved = ps->st.updates;
+    return DTR_OK;
+}
+
+/* every rank, twice: the servers' lists, then whether each server resumed. A server's failure
+   fails dtr_ps_create on every rank: its own message there, naming its rank elsewhere. */
+static dtr_result dtr__ps_resume(dtr_ps *ps) {
+    int64_t mine[DTR__PS_CK_LIST], *all = NULL, newest = -1;
+    char dir[4096];
+    dtr_result r, own = DTR_OK;
+    int i, bad = -1, pass;
+    snprintf(dir, sizeof dir, "%s/server-%d", ps->cfg.checkpoint_dir, ps->index);
+    for (pass = 0; pass < 2 && bad < 0; pass++) {
+        for (i = 0; i < DTR__PS_CK_LIST; i++) mine[i] = -1;
+        if (pass == 0 && ps->server && (own = dtr__ps_ck_open(ps, dir)) == DTR_OK &&
+            dtr__ckpt_steps(dir, mine + 1, DTR__PS_CK_LIST - 1) > 0)
+            newest = mine[1];
+        if (pass == 1 && ps->server) own = dtr__ps_ck_restore(ps, dir, ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_ck_common(ps, all) : newest);
+        mine[0] = own;
+        dtr__free(&ps->ctx->alloc, all);
+        if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) return r;
+        bad = dtr__ps_ck_failed(ps, all);
+    }
+    r = bad < 0 ? DTR_OK : (dtr_result)all[(size_t)bad * DTR__PS_CK_LIST];
+    dtr__free(&ps->ctx->alloc, all);
+    if (r == DTR_OK || own != DTR_OK) return own != DTR_OK ? own : DTR_OK;
+    return dtr__fail(ps->ctx, r, "dtr_ps_create: parameter server rank %d could not resume from its checkpoints under %s (%s)",
+                     bad, ps->cfg.checkpoint_dir, dtr_result_string(r));
+}
+
+/* the range's checkpoint as of the update count. `final` (serving ended): after the write in
+   flight, waits for this one and returns its error; otherwise a failure is logged and counted
+   and serving goes on. */
+static dtr_result dtr__ps_checkpoint(dtr_ps *ps, int final) {
+    dtr_result r = DTR_OK;
+    int started = 0;
+    if (!ps->ck || ps->backup_role || ps->st.updates == ps->ck_saved) return DTR_OK;
+    if (final) r = dtr_ckpt_wait(ps->ck);
+    if (r == DTR_OK) r = dtr_ckpt_save(ps->ck, ps->st.updates, &started);
+    if (r == DTR_OK && final) r = dtr_ckpt_wait(ps->ck);
+    if (started) ps->st.checkpoints++, ps->ck_saved = ps->st.updates;
+    if (r == DTR_OK) return DTR_OK;
+    ps->st.checkpoint_failures++;
+    dtr__ps_log(ps, DTR_LOG_ERROR, "parameter server %d: checkpoint at update %lld failed: %s", ps->index,
+                (long long)ps->st.updates, dtr_ckpt_last_error(ps->ck));
+    return final ? dtr__fail(ps->ctx, r, "dtr_ps_serve: checkpoint: %s", dtr_ckpt_last_error(ps->ck)) : DTR_OK;
+}
+
 dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out) {
     dtr_ps_config def = dtr_ps_config_init();
     dtr_context *ctx;
@@ -26649,6 +26820,8 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     def = *cfg;
     if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
     if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
+    if (def.checkpoint_every <= 0) def.checkpoint_every = 1000;
+    if (def.checkpoint_keep <= 0) def.checkpoint_keep = 3;
     if ((r = dtr__ps_check(ctx, &def, def.servers, c)) != DTR_OK) return r;
     ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
@@ -26665,6 +26838,7 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     if (r == DTR_OK) dtr__ps_layout(ps);
     if (r == DTR_OK) r = ps->server ? dtr__ps_alloc_server(ps) : dtr__ps_alloc_worker(ps);
     if (r == DTR_OK) r = dtr_comm_split(c, 0, me, &ps->g);
+    if (r == DTR_OK && def.checkpoint_dir) r = dtr__ps_resume(ps);
     if (r == DTR_OK && ps->server) r = dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
     if (r != DTR_OK) {
         dtr_ps_destroy(ps);
@@ -26725,6 +26899,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__free(&a, ps->scratch);
     dtr__free(&a, ps->repl_in);
     dtr__free(&a, ps->target);
+    dtr_ckpt_destroy(ps->ck);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -26758,8 +26933,6 @@ dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out) {
 
 /* ---- server ---- */
 
-static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
-
 /* a server's receive and reply buffers: the largest message it takes or sends */
 static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_buf_bytes(dtr__ps_len(ps)); }
 
@@ -26791,6 +26964,7 @@ static dtr_result dtr__ps_apply(dtr_ps *ps) {
     dtr_result r = len > 0 ? dtr_optimizer_step_range(ps->opt, b, b + len, NULL) : DTR_OK;
     ps->clock++;
     ps->st.updates++;
+    if (r == DTR_OK && ps->ck && ps->st.updates % ps->cfg.checkpoint_every == 0) r = dtr__ps_checkpoint(ps, 0);
     return r;
 }
 
@@ -27298,6 +27472,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
     }
     if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r == DTR_OK) r = dtr__ps_apply_summed(ps);   /* fewer than cfg.aggregate pushes left at the end */
+    if (r == DTR_OK) r = dtr__ps_checkpoint(ps, 1);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
         dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
     return r;
@@ -27622,7 +27797,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27626 "dtrain.h"
+#line 27801 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27676,7 +27851,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27680 "dtrain.h"
+#line 27855 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -28066,6 +28241,8 @@ static int dtr__ck_scan(const char *dir, int complete, int64_t *steps, int cap) 
         for (j = i; j > 0 && steps[j] > steps[j - 1]; j--) { int64_t t = steps[j]; steps[j] = steps[j - 1]; steps[j - 1] = t; }
     return n;
 }
+
+int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap) { return dtr__ck_scan(dir, 1, steps, cap); }
 
 dtr_result dtr_ckpt_latest(const char *dir, int64_t *step, char *path, size_t pathlen) {
     int64_t steps[1024];
@@ -28852,7 +29029,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 28856 "dtrain.h"
+#line 29033 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29742,7 +29919,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29746 "dtrain.h"
+#line 29923 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31220,7 +31397,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31224 "dtrain.h"
+#line 31401 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31604,7 +31781,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31608 "dtrain.h"
+#line 31785 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31753,7 +31930,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31757 "dtrain.h"
+#line 31934 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -1,6 +1,7 @@
 /* tests/posix_util.h: time, sleep and a free TCP port for the tests that run threads or
  * processes against deadlines. Include after test.h, in a file that defines
  * _POSIX_C_SOURCE 200809L before any header. */
+#include <dirent.h>
 #include <errno.h>
 #include <time.h>
 #include <unistd.h>
@@ -100,4 +101,22 @@ static inline int wait_any_case(dtr_comm *c, char *why, size_t wl) {
         return 1;
     }
     return 0;
+}
+
+/* Removes a file, or a folder and everything in it. */
+static inline void rm_tree(const char *path) {
+    DIR *d = opendir(path);
+    struct dirent *de;
+    char p[4400];
+    if (!d) {
+        remove(path);
+        return;
+    }
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if (snprintf(p, sizeof p, "%s/%s", path, de->d_name) >= (int)sizeof p) continue;
+        if (remove(p) != 0) rm_tree(p);
+    }
+    closedir(d);
+    rmdir(path);
 }

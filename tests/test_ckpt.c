@@ -398,19 +398,6 @@ static int run_and_kill(job *j, int kill_after_ms, unsigned *seed) {
     return signalled;
 }
 
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    char p[1024];
-    if (!d) return;
-    while ((de = readdir(d)) != NULL) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        if (remove(p) != 0) rm_tree(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 /* ---- bit-exact resume across a SIGKILL ---- */
 

@@ -425,20 +425,6 @@ static const char *temp_dir(void) {
     return d;
 }
 
-/* Removes a folder and everything in it. */
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    char p[PATH_MAX + 300];
-    if (!d) return;
-    while ((de = readdir(d)) != NULL) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-        if (remove(p) != 0) rm_tree(p);
-    }
-    closedir(d);
-    rmdir(dir);
-}
 
 static void remove_dir(const char *d) { rm_tree(d); }
 

@@ -49,6 +49,11 @@
  *   test_ps_worker_gone   an isolated group, worker 2 leaves after 5 steps without finishing:
  *                         CONTINUE drops it (workers_lost 1) and the others finish their 20
  *                         steps; FAIL fails every rank naming it
+ *   test_ps_checkpoint    checkpoint_dir (SYNC, 2 x 2, every 5 updates): a 12-step job and one
+ *                         that resumes for 8 more end on one 20-step job's weights bit for
+ *                         bit; a corrupt newest checkpoint fails dtr_ps_create on every rank,
+ *                         naming the server; without it both servers resume from the newest
+ *                         they share and again end on the 20-step job's weights
  *   test_ps_device_workers the workers' models on the simulated device (tests/devsim.h): SYNC
  *                         with f32, int8 and bf16 pushes and with replicas end on the CPU
  *                         workers' bits on every rank; sparse rows too (test_ps_rows' checks);
@@ -75,6 +80,7 @@ static int g_data_ok = -1;
 
 typedef struct ps_job {
     int S, W, steps, b, fmnist, epochs;
+    int t0;                                    /* the workers' first batch (a resumed job goes on) */
     int64_t n_train;
     dtr_ps_config pc;
     int stall_worker, stall_after, stall_ms;   /* that worker sleeps once (-1: none) */
@@ -149,7 +155,7 @@ static dtr_result mlp_worker(ps_job *j, mlp *n, dtr_ps *ps, int wi) {
         if (wi == j->stall_worker && t == j->stall_after) sleep_ms(j->stall_ms);
         if (j->step_ms) sleep_ms(j->step_ms);
         if (wi == j->slow_worker) sleep_ms(j->slow_ms);
-        if ((r = mlp_backward(n, t, (int64_t)wi * j->b, j->b)) != DTR_OK) break;
+        if ((r = mlp_backward(n, j->t0 + t, (int64_t)wi * j->b, j->b)) != DTR_OK) break;
         r = dtr_ps_step(ps);
         dtr_context_reset(n->ctx);
     }
@@ -914,6 +920,91 @@ static void test_ps_device_workers(void) {
     }
 }
 
+/* checkpoint_dir, SYNC, 2 servers x 2 workers, a checkpoint every 5 updates */
+static void ps_ckpt_job(ps_job *j, const char *dir, int t0, int steps) {
+    *j = job_init(2, 2, DTR_PS_SYNC);
+    j->pc.checkpoint_dir = dir;
+    j->pc.checkpoint_every = 5;
+    j->t0 = t0;
+    j->steps = steps;
+    job_run(j);
+}
+
+/* b's servers and workers end on full's weights bit for bit */
+static void check_same_weights(ps_job *b, ps_job *full, const char *what) {
+    float *pb = server_params(b), *pf = server_params(full);
+    int i;
+    CHECK_MSG(memcmp(pb, pf, (size_t)full->numel * sizeof(float)) == 0, "%s: servers' weights %.3g from one job's", what,
+              rel_err(pb, pf, full->numel));
+    for (i = full->S; i < full->S + full->W; i++)
+        CHECK_MSG(memcmp(b->params[i], full->params[i], (size_t)full->numel * sizeof(float)) == 0, "%s: worker rank %d differs",
+                  what, i);
+    free(pb);
+    free(pf);
+}
+
+static void flip_byte(const char *path) {
+    FILE *f = fopen(path, "r+b");
+    int c;
+    CHECK_MSG(f != NULL, "cannot open %s", path);
+    if (!f) return;
+    fseek(f, 200, SEEK_SET);
+    c = fgetc(f);
+    fseek(f, 200, SEEK_SET);
+    fputc(c ^ 0x40, f);
+    fclose(f);
+}
+
+/* A job of 12 steps (checkpoints at updates 5, 10 unless 5 is still being written, and 12,
+   the end) and one that resumes and makes 8 more end on one 20-step job's weights bit for
+   bit, the servers counting on from 12. A flipped byte in server 1's newest checkpoint fails
+   dtr_ps_create on every rank (naming it, no hang); with that checkpoint incomplete both
+   servers resume from the newest they share (15) and 5 more steps again end on the 20-step
+   job's weights. */
+static void test_ps_checkpoint(void) {
+    char dir[] = "/tmp/dtr_ps_ckpt_XXXXXX", path[512];
+    ps_job full = job_init(2, 2, DTR_PS_SYNC), a, b, c, d;
+    int s, i;
+    CHECK(mkdtemp(dir) != NULL);
+    job_run(&full);
+    ps_ckpt_job(&a, dir, 0, 12);
+    ps_ckpt_job(&b, dir, 12, 8);
+    if (job_ok(&full) && job_ok(&a) && job_ok(&b)) {
+        check_same_weights(&b, &full, "resumed at update 12");
+        for (s = 0; s < 2; s++) {
+            /* 5 and 12 (the end) at least; 10 is skipped while 5 is still being written */
+            CHECK_MSG(a.st[s].checkpoints >= 2 && a.st[s].resumed_updates == 0 && a.st[s].checkpoint_failures == 0,
+                      "server %d of the first job: %lld checkpoints, resumed at %lld", s, (long long)a.st[s].checkpoints,
+                      (long long)a.st[s].resumed_updates);
+            CHECK_MSG(b.st[s].resumed_updates == 12 && b.st[s].updates == 20 && b.st[s].checkpoints == 2,
+                      "server %d resumed at %lld, %lld updates, %lld checkpoints", s, (long long)b.st[s].resumed_updates,
+                      (long long)b.st[s].updates, (long long)b.st[s].checkpoints);
+        }
+        printf("     resumed at update 12: the servers' and workers' weights equal one 20-step job's\n");
+    }
+    snprintf(path, sizeof path, "%s/server-1/step-00000020/rank-00000.safetensors", dir);
+    flip_byte(path);
+    ps_ckpt_job(&c, dir, 20, 1);
+    for (i = 0; i < 4; i++) {
+        CHECK_MSG(c.res[i] != DTR_OK, "rank %d resumed from a corrupt checkpoint", i);
+        CHECK_MSG(strstr(c.msg[i], i == 1 ? "cannot resume" : "parameter server rank 1") != NULL, "rank %d: %s", i, c.msg[i]);
+    }
+    snprintf(path, sizeof path, "%s/server-1/step-00000020/manifest.json", dir);
+    CHECK(remove(path) == 0);
+    ps_ckpt_job(&d, dir, 15, 5);
+    if (job_ok(&d)) {
+        check_same_weights(&d, &full, "resumed at update 15");
+        CHECK_MSG(d.st[0].resumed_updates == 15 && d.st[1].resumed_updates == 15, "resumed at %lld and %lld",
+                  (long long)d.st[0].resumed_updates, (long long)d.st[1].resumed_updates);
+    }
+    job_free(&full);
+    job_free(&a);
+    job_free(&b);
+    job_free(&c);
+    job_free(&d);
+    rm_tree(dir);
+}
+
 #define RUN_IF(fn) do { if (argc < 2 || strcmp(argv[1], #fn) == 0) RUN(fn); } while (0)
 
 int main(int argc, char **argv) {
@@ -933,6 +1024,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_rows);
     RUN_IF(test_ps_device_workers);
     RUN_IF(test_ps_int8);
+    RUN_IF(test_ps_checkpoint);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);
     return test_summary();

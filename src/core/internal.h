@@ -657,6 +657,9 @@ dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *c
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */
 DTR__PRIVATE const float *dtr__f32_view(dtr_context *ctx, const struct dtr__node *n, const dtr_tensor *t);
+/** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
+ *  -1 when dir cannot be read (src/engine/checkpoint.c). */
+DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;

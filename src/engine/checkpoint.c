@@ -385,6 +385,8 @@ static int dtr__ck_scan(const char *dir, int complete, int64_t *steps, int cap) 
     return n;
 }
 
+int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap) { return dtr__ck_scan(dir, 1, steps, cap); }
+
 dtr_result dtr_ckpt_latest(const char *dir, int64_t *step, char *path, size_t pathlen) {
     int64_t steps[1024];
     int n;

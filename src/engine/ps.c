@@ -19,6 +19,8 @@
 #include "../core/internal.h"
 #include "compress.h"
 #include "ps.h"
+#include <errno.h>
+#include <sys/stat.h>
 
 #define DTR__PS_LISTEN_MS (24 * 3600 * 1000)   /* the server group's deadline: a day */
 
@@ -67,6 +69,10 @@ struct dtr_ps {
     float *resid;              /* INT8: error feedback, what the blocks lost (numel floats) */
     int pushed;                /* a push since the last pull */
     float *stage;              /* a model in device memory: the host copy of its gradients (numel floats) */
+    /* server checkpoints (cfg.checkpoint_dir) */
+    dtr_ckpt *ck;
+    int64_t ck_range[3];       /* the "range" entry: begin, end, the model's floats */
+    int64_t ck_saved;          /* the update count of the last checkpoint started (or resumed) */
 };
 
 static const size_t dtr__ps_hdr_bytes = sizeof(dtr__ps_hdr);
@@ -383,6 +389,150 @@ static dtr_result dtr__ps_alloc_worker(dtr_ps *ps) {
     return DTR_OK;
 }
 
+static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
+
+/* ---- checkpoints of a server's range (cfg.checkpoint_dir) ----
+ * Each server (and its backup) has a checkpointer of its own over <dir>/server-<s>/
+ * (dtr_ckpt, no group: servers save independently, beside serving): the server's optimizer
+ * (its range's state) and the "ps" object below, every checkpoint_every updates and when
+ * serving ends. At dtr_ps_create every rank gathers the servers' lists of complete
+ * checkpoints; a server resumes from the newest one (SYNC: the newest update count on every
+ * server rank, so the ranges come from the same round), then every rank learns that every
+ * server resumed. The protocol's clocks start again at 0 (workers start again too); the
+ * update count goes on. */
+
+#define DTR__PS_CK_LIST 16   /* per rank: a status, then up to 15 complete checkpoints, newest first */
+
+/* the "ps" object: the range of the parameters, the update count, the range's bounds */
+static dtr_result dtr__ps_state(void *obj, int i, dtr_state_entry *e) {
+    dtr_ps *ps = (dtr_ps *)obj;
+    memset(e, 0, sizeof *e);
+    if (i == 0) e->name = "params", e->data = dtr_model_params(ps->m) + ps->range[ps->index];
+    if (i == 0) e->bytes = (size_t)dtr__ps_len(ps) * sizeof(float);
+    if (i == 1) e->name = "updates", e->data = &ps->st.updates, e->bytes = sizeof ps->st.updates;
+    if (i == 2) e->name = "range", e->data = ps->ck_range, e->bytes = sizeof ps->ck_range;
+    return i <= 2 ? DTR_OK : DTR_NOT_FOUND;
+}
+
+static void dtr__ps_live_range(dtr_ps *ps) {
+    ps->ck_range[0] = ps->range[ps->index];
+    ps->ck_range[1] = ps->range[ps->index + 1];
+    ps->ck_range[2] = dtr_model_numel(ps->m);
+}
+
+/* after a restore: the checkpoint's range must be this server's */
+static dtr_result dtr__ps_state_loaded(void *obj) {
+    dtr_ps *ps = (dtr_ps *)obj;
+    int64_t b = ps->ck_range[0], e = ps->ck_range[1], n = ps->ck_range[2];
+    dtr__ps_live_range(ps);
+    if (b == ps->ck_range[0] && e == ps->ck_range[1] && n == ps->ck_range[2]) return DTR_OK;
+    return dtr__fail(ps->ctx, DTR_INVALID_ARGUMENT, "parameter server %d: the checkpoint holds floats [%lld, %lld) of %lld, "
+                     "this server [%lld, %lld) of %lld (another model or number of servers)", ps->index, (long long)b,
+                     (long long)e, (long long)n, (long long)ps->ck_range[0], (long long)ps->ck_range[1], (long long)n);
+}
+
+/* a server's checkpointer over dir, <checkpoint_dir>/server-<s>/ */
+static dtr_result dtr__ps_ck_open(dtr_ps *ps, const char *dir) {
+    dtr_ckpt_config cc = dtr_ckpt_config_init();
+    dtr_result r;
+    if (mkdir(ps->cfg.checkpoint_dir, 0777) != 0 && errno != EEXIST)
+        return dtr__fail(ps->ctx, DTR_IO_ERROR, "dtr_ps_create: cannot make %s: %s", ps->cfg.checkpoint_dir, strerror(errno));
+    cc.dir = dir;
+    cc.ctx = ps->ctx;
+    cc.optimizer = ps->opt;
+    cc.keep = ps->cfg.checkpoint_keep;
+    cc.busy = DTR_CKPT_BUSY_SKIP;   /* serving never waits for the disk */
+    dtr__ps_live_range(ps);
+    if ((r = dtr_ckpt_create(&cc, &ps->ck)) != DTR_OK) return dtr__fail(ps->ctx, r, "dtr_ps_create: cannot open %s", dir);
+    return dtr_ckpt_add_object(ps->ck, "ps", ps, dtr__ps_state, dtr__ps_state_loaded);
+}
+
+/* every rank's DTR__PS_CK_LIST int64 of `mine`, gathered into *all (freed by the caller) */
+static dtr_result dtr__ps_ck_gather(dtr_ps *ps, const int64_t *mine, int64_t **all) {
+    size_t bytes = (size_t)DTR__PS_CK_LIST * sizeof(int64_t);
+    *all = (int64_t *)dtr__calloc(&ps->ctx->alloc, (size_t)dtr_comm_size(ps->g) * bytes);
+    if (!*all) return DTR_OUT_OF_MEMORY;
+    return dtr_comm_all_gather(ps->g, mine, *all, bytes, DTR_U8);
+}
+
+/* the first server rank whose status (the first int64 of its list) is not DTR_OK, or -1 */
+static int dtr__ps_ck_failed(const dtr_ps *ps, const int64_t *all) {
+    int i;
+    for (i = 0; i < ps->NS; i++)
+        if (all[(size_t)i * DTR__PS_CK_LIST] != DTR_OK) return i;
+    return -1;
+}
+
+/* SYNC: the newest update count in every server rank's list (-1: none) */
+static int64_t dtr__ps_ck_common(const dtr_ps *ps, const int64_t *all) {
+    int k, i, j, in_all;
+    for (k = 1; k < DTR__PS_CK_LIST && all[k] >= 0; k++) {
+        for (i = 1, in_all = 1; i < ps->NS && in_all; i++) {
+            for (j = 1; j < DTR__PS_CK_LIST && all[(size_t)i * DTR__PS_CK_LIST + j] != all[k]; j++) {}
+            in_all = j < DTR__PS_CK_LIST;
+        }
+        if (in_all) return all[k];
+    }
+    return -1;
+}
+
+/* a server: restores update count `step` from dir (none: a fresh start) */
+static dtr_result dtr__ps_ck_restore(dtr_ps *ps, const char *dir, int64_t step) {
+    char path[4200];
+    dtr_result r;
+    if (step < 0) return DTR_OK;
+    snprintf(path, sizeof path, "%s/step-%08lld", dir, (long long)step);
+    if ((r = dtr_ckpt_restore(ps->ck, path, NULL)) != DTR_OK)
+        return dtr__fail(ps->ctx, r, "dtr_ps_create: server %d cannot resume from %s: %s", ps->index, path,
+                         dtr_ckpt_last_error(ps->ck));
+    ps->st.resumed_updates = ps->ck_saved = ps->st.updates;
+    return DTR_OK;
+}
+
+/* every rank, twice: the servers' lists, then whether each server resumed. A server's failure
+   fails dtr_ps_create on every rank: its own message there, naming its rank elsewhere. */
+static dtr_result dtr__ps_resume(dtr_ps *ps) {
+    int64_t mine[DTR__PS_CK_LIST], *all = NULL, newest = -1;
+    char dir[4096];
+    dtr_result r, own = DTR_OK;
+    int i, bad = -1, pass;
+    snprintf(dir, sizeof dir, "%s/server-%d", ps->cfg.checkpoint_dir, ps->index);
+    for (pass = 0; pass < 2 && bad < 0; pass++) {
+        for (i = 0; i < DTR__PS_CK_LIST; i++) mine[i] = -1;
+        if (pass == 0 && ps->server && (own = dtr__ps_ck_open(ps, dir)) == DTR_OK &&
+            dtr__ckpt_steps(dir, mine + 1, DTR__PS_CK_LIST - 1) > 0)
+            newest = mine[1];
+        if (pass == 1 && ps->server) own = dtr__ps_ck_restore(ps, dir, ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_ck_common(ps, all) : newest);
+        mine[0] = own;
+        dtr__free(&ps->ctx->alloc, all);
+        if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) return r;
+        bad = dtr__ps_ck_failed(ps, all);
+    }
+    r = bad < 0 ? DTR_OK : (dtr_result)all[(size_t)bad * DTR__PS_CK_LIST];
+    dtr__free(&ps->ctx->alloc, all);
+    if (r == DTR_OK || own != DTR_OK) return own != DTR_OK ? own : DTR_OK;
+    return dtr__fail(ps->ctx, r, "dtr_ps_create: parameter server rank %d could not resume from its checkpoints under %s (%s)",
+                     bad, ps->cfg.checkpoint_dir, dtr_result_string(r));
+}
+
+/* the range's checkpoint as of the update count. `final` (serving ended): after the write in
+   flight, waits for this one and returns its error; otherwise a failure is logged and counted
+   and serving goes on. */
+static dtr_result dtr__ps_checkpoint(dtr_ps *ps, int final) {
+    dtr_result r = DTR_OK;
+    int started = 0;
+    if (!ps->ck || ps->backup_role || ps->st.updates == ps->ck_saved) return DTR_OK;
+    if (final) r = dtr_ckpt_wait(ps->ck);
+    if (r == DTR_OK) r = dtr_ckpt_save(ps->ck, ps->st.updates, &started);
+    if (r == DTR_OK && final) r = dtr_ckpt_wait(ps->ck);
+    if (started) ps->st.checkpoints++, ps->ck_saved = ps->st.updates;
+    if (r == DTR_OK) return DTR_OK;
+    ps->st.checkpoint_failures++;
+    dtr__ps_log(ps, DTR_LOG_ERROR, "parameter server %d: checkpoint at update %lld failed: %s", ps->index,
+                (long long)ps->st.updates, dtr_ckpt_last_error(ps->ck));
+    return final ? dtr__fail(ps->ctx, r, "dtr_ps_serve: checkpoint: %s", dtr_ckpt_last_error(ps->ck)) : DTR_OK;
+}
+
 dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out) {
     dtr_ps_config def = dtr_ps_config_init();
     dtr_context *ctx;
@@ -396,6 +546,8 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     def = *cfg;
     if (def.servers <= 0) def.servers = dtr_ps_servers_from_env(1);
     if (def.worker_deadline_ms <= 0) def.worker_deadline_ms = 60000;
+    if (def.checkpoint_every <= 0) def.checkpoint_every = 1000;
+    if (def.checkpoint_keep <= 0) def.checkpoint_keep = 3;
     if ((r = dtr__ps_check(ctx, &def, def.servers, c)) != DTR_OK) return r;
     ps = (dtr_ps *)dtr__calloc(&ctx->alloc, sizeof *ps);
     if (!ps) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_ps_create: out of memory");
@@ -412,6 +564,7 @@ dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dt
     if (r == DTR_OK) dtr__ps_layout(ps);
     if (r == DTR_OK) r = ps->server ? dtr__ps_alloc_server(ps) : dtr__ps_alloc_worker(ps);
     if (r == DTR_OK) r = dtr_comm_split(c, 0, me, &ps->g);
+    if (r == DTR_OK && def.checkpoint_dir) r = dtr__ps_resume(ps);
     if (r == DTR_OK && ps->server) r = dtr_comm_set_timeout(ps->g, DTR__PS_LISTEN_MS);
     if (r != DTR_OK) {
         dtr_ps_destroy(ps);
@@ -472,6 +625,7 @@ void dtr_ps_destroy(dtr_ps *ps) {
     dtr__free(&a, ps->scratch);
     dtr__free(&a, ps->repl_in);
     dtr__free(&a, ps->target);
+    dtr_ckpt_destroy(ps->ck);
     dtr_optimizer_destroy(ps->opt);
     dtr__ps_free_bufs(ps, ps->msg, ps->S);
     dtr__ps_free_bufs(ps, ps->rep, ps->S);
@@ -505,8 +659,6 @@ dtr_result dtr_ps_get_stats(const dtr_ps *ps, dtr_ps_stats *out) {
 
 /* ---- server ---- */
 
-static int64_t dtr__ps_len(const dtr_ps *ps) { return ps->range[ps->index + 1] - ps->range[ps->index]; }
-
 /* a server's receive and reply buffers: the largest message it takes or sends */
 static size_t dtr__ps_cap(const dtr_ps *ps) { return dtr__ps_buf_bytes(dtr__ps_len(ps)); }
 
@@ -538,6 +690,7 @@ static dtr_result dtr__ps_apply(dtr_ps *ps) {
     dtr_result r = len > 0 ? dtr_optimizer_step_range(ps->opt, b, b + len, NULL) : DTR_OK;
     ps->clock++;
     ps->st.updates++;
+    if (r == DTR_OK && ps->ck && ps->st.updates % ps->cfg.checkpoint_every == 0) r = dtr__ps_checkpoint(ps, 0);
     return r;
 }
 
@@ -1045,6 +1198,7 @@ dtr_result dtr_ps_serve(dtr_ps *ps) {
     }
     if (r == DTR_OK) dtr__ps_end_listens(ps);
     if (r == DTR_OK) r = dtr__ps_apply_summed(ps);   /* fewer than cfg.aggregate pushes left at the end */
+    if (r == DTR_OK) r = dtr__ps_checkpoint(ps, 1);
     if (r != DTR_OK && dtr_context_status(ps->ctx) == DTR_OK)
         dtr__fail(ps->ctx, r, "dtr_ps_serve: %s", dtr_comm_last_error(ps->g));
     return r;

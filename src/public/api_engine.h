@@ -965,6 +965,15 @@ typedef struct dtr_ps_config {
                                     is discarded (stats.stale_discarded) and its worker goes on from the
                                     next round. Each server completes its rounds with the pushes that
                                     reach it first. 0 (default) to workers - 1 */
+    const char *checkpoint_dir; /**< servers: checkpoint their range (its parameters, its optimizer's state and the
+                                    update count) in dtr_ckpt's layout under <dir>/server-<s>/ every
+                                    checkpoint_every updates, written beside serving, and when serving ends; at
+                                    dtr_ps_create they resume from the newest (SYNC: the newest update count every
+                                    server has), and each worker's first dtr_ps_pull brings it
+                                    (docs/parameter-server.md, "Checkpoints"). Every rank gives the same value
+                                    (dtr_ps_create compares the servers' folders, a collective). NULL (default): none */
+    int checkpoint_every;      /**< updates between a server's checkpoints; 0: 1000 */
+    int checkpoint_keep;       /**< complete checkpoints a server keeps, newest first; 0: 3 */
 } dtr_ps_config;
 
 /** Returns a configuration with every field at its default. Thread safety: thread safe. */
@@ -978,7 +987,7 @@ DTR_API int dtr_ps_servers_from_env(int fallback);
  *  workers the worker fields. */
 #define DTR_PS_STALENESS_BINS 16
 typedef struct dtr_ps_stats {
-    int64_t updates;             /**< server: optimizer updates applied to its range */
+    int64_t updates;             /**< server: optimizer updates applied to its range (resumed: since the first run) */
     int64_t pushes_applied;      /**< server: pushes that went into an update */
     int64_t pulls_answered;      /**< server: pulls answered */
     int64_t refused;             /**< server: malformed, oversized or unexpected messages refused */
@@ -996,6 +1005,11 @@ typedef struct dtr_ps_stats {
     int64_t failovers;           /**< worker: ranges moved to their backup; backup: 1 once it took over */
     int64_t forwarded;           /**< primary (replicas): messages its backup acknowledged */
     int64_t workers_lost;        /**< server (isolated group, DTR_PS_CONTINUE): workers dropped because they died */
+    int64_t checkpoints;         /**< server: checkpoints started (checkpoint_dir) */
+    int64_t checkpoint_failures; /**< server: checkpoints that failed (logged; serving goes on; the last one at the
+                                      end of serving is dtr_ps_serve's error instead) */
+    int64_t resumed_updates;     /**< server: the update count of the checkpoint it resumed from (0: a fresh start);
+                                      `updates` counts on from it */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
@@ -1003,7 +1017,9 @@ typedef struct dtr_ps dtr_ps;
 /** Makes this rank's part of the parameter-server engine over `c` (every rank of the group
  *  calls it, with the same cfg and a model built alike): a server makes its optimizer over
  *  its range, a worker its buffers; then the engine's own group is split from `c` (a
- *  collective over `c`, after the checks: a refused configuration sends nothing). A server's
+ *  collective over `c`, after the checks: a refused configuration sends nothing). With
+ *  cfg->checkpoint_dir the servers then resume from their checkpoints (every rank takes part;
+ *  a server that cannot fails dtr_ps_create on every rank, naming it). A server's
  *  copy of that group waits a day for a worker's next message; the engine's worker deadline
  *  bounds what it waits for. A worker's model may live on a device (a GPU context): its
  *  pushes and pulls go through a host copy of the gradients (page-locked on CUDA) and the
@@ -1012,7 +1028,8 @@ typedef struct dtr_ps dtr_ps;
  *  staleness < 0, push_dtype, push_compress, mode, policy, aggregate, backup_workers; the context's message
  *  says which),
  *  DTR_UNSUPPORTED (LAMB, clip_norm, a server's model in device memory, push_compress TOPK or POWERSGD),
- *  DTR_OUT_OF_MEMORY. Thread safety: the model's
+ *  DTR_OUT_OF_MEMORY, a resume's error (DTR_CORRUPT_FILE, DTR_IO_ERROR, DTR_INVALID_ARGUMENT: another
+ *  model's or layout's checkpoint; dtr_ckpt_restore's). Thread safety: the model's
  *  context thread. */
 DTR_API dtr_result dtr_ps_create(dtr_model *m, dtr_comm *c, const dtr_ps_config *cfg, dtr_ps **out);
 /** Frees the engine (not the model or group). NULL is ignored. A server still listening
@@ -1033,7 +1050,8 @@ DTR_API dtr_result dtr_ps_range(const dtr_ps *ps, int s, int64_t *begin, int64_t
  *  and never came back). A backup (replicas) follows its primary until that one dies, then
  *  serves the range. Returns DTR_OK then; DTR_TIMEOUT (policy FAIL, a worker silent past
  *  the deadline: the context's message names it), DTR_PEER_FAILED (policy FAIL, a worker
- *  died on a group with isolate_peer_failures: named too), or the group's error.
+ *  died on a group with isolate_peer_failures: named too), the last checkpoint's error
+ *  (checkpoint_dir: the state as serving ended could not be written), or the group's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_ps_serve(dtr_ps *ps);
 /** Worker: pulls the parameters from every server into the model (SYNC: those of the step
