@@ -13,7 +13,9 @@
  * into one update (K = workers: sync's update count and batch, without its wait). --backup-workers B (sync): a round goes once all workers but B pushed
  * (a late push is dropped). --seed K picks another initialisation and shuffle (accuracy varies
  * with them: compare modes over a few seeds). --replicas 1 gives each server a backup (ranks S..2S-1, the
- * workers after them; the group isolates peer failures).
+ * workers after them; the group isolates peer failures). --checkpoint DIR: the servers checkpoint
+ * their ranges there every 100 updates and at the end, and a later run with the same DIR
+ * resumes from them (the workers skip the batches the servers' update count covers: sync).
  * With the local transport the ranks are threads of this process; under the launcher each
  * process is one rank: `dtrun -n 6 --servers 2 build/examples/fmnist_ps --transport libfabric`.
  * --gpu (built by make examples-gpu): the workers train on the GPU, the servers stay on the
@@ -22,7 +24,7 @@
  * Usage: fmnist_ps [DATA_DIR] [--world N] [--servers S] [--mode sync|async|ssp] [--staleness s]
  *                  [--epochs E] [--batch B] [--lr LR] [--straggler-ms X] [--bf16|--int8] [--transport NAME]
  *                  [--provider P] [--max-steps K] [--workers W] [--replicas 0|1] [--straggler worker0|rotate]
- *                  [--aggregate K] [--seed K] [--backup-workers B] [--gpu]
+ *                  [--aggregate K] [--seed K] [--backup-workers B] [--gpu] [--checkpoint DIR]
  *   --world 6 --servers 2 (defaults): 2 servers and 4 workers; --batch is per worker (64);
  *   --lr: the servers' Adam learning rate (1e-3). Expect about 86% after 2 epochs in every
  *   mode. */
@@ -31,6 +33,7 @@
 
 typedef struct ps_opts {
     const char *dir, *transport, *provider;
+    const char *ckpt;      /* dtr_ps_config.checkpoint_dir */
     int world, servers, epochs, batch, staleness, straggler_ms, bf16, quiet;
     int int8;              /* push_compress INT8 (error feedback on the workers) */
     int workers;           /* > 0: the world is the server ranks and these */
@@ -94,12 +97,13 @@ static dtr_result ps_batch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dt
 
 /* one epoch of worker wi of W: its slice of the epoch's shuffle (the same on every worker) */
 static dtr_result ps_epoch(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *ps, const int32_t *order,
-                           fm_batch *b, int64_t *samples) {
+                           fm_batch *b, int64_t *samples, int64_t *skip) {
     int W = dtr_ps_workers(ps), wi = dtr_ps_index(ps);
     int64_t per = d->train_n / W, start, steps = 0;
     dtr_result r = DTR_OK;
     for (start = wi * per; start + o->batch <= (wi + 1) * per && r == DTR_OK; start += o->batch) {
         if (o->max_steps > 0 && steps++ >= o->max_steps) break;
+        if (*skip > 0 && (*skip)-- > 0) continue;   /* done before the servers' checkpoint */
         r = ps_batch(o, d, net, ps, order, start, *samples / o->batch, b);
         *samples += o->batch;
     }
@@ -134,14 +138,17 @@ static int ps_worker(const ps_opts *o, const dtr_mnist *d, fm_net *net, dtr_ps *
     dtr_rng rng;
     dtr_result r = order ? fm_batch_alloc(&b, o->batch > 500 ? o->batch : 500) : DTR_OUT_OF_MEMORY;
     double t0 = fm_now();
-    int64_t samples = 0;
+    int64_t samples = 0, skip;
+    dtr_ps_stats st;
     int e;
     dtr_rng_seed(&rng, 42 + (uint64_t)o->seed, 1);
+    dtr_ps_get_stats(ps, &st);
+    skip = o->mode == DTR_PS_SYNC ? st.resumed_updates : 0;   /* a resumed job: a sync step is an update */
     if (r == DTR_OK) r = dtr_ps_pull(ps);
     if (o->claim && r == DTR_OK) r = ps_claimed(o, d, net, ps, order, &b, &samples);
     for (e = 0; e < o->epochs && r == DTR_OK && !o->claim; e++) {
         fm_shuffle(&rng, order, d->train_n);
-        r = ps_epoch(o, d, net, ps, order, &b, &samples);
+        r = ps_epoch(o, d, net, ps, order, &b, &samples, &skip);
     }
     if (r == DTR_OK) r = dtr_ps_pull(ps);   /* the latest parameters, to evaluate */
     if (r == DTR_OK) r = dtr_ps_finish(ps);
@@ -180,6 +187,8 @@ static int ps_rank(dtr_comm *c, void *user) {
     pc.opt = dtr_optimizer_config_init(DTR_OPT_ADAM, o->lr);
     pc.push_dtype = o->bf16 ? DTR_BF16 : DTR_F32;
     pc.push_compress = o->int8 ? DTR_COMPRESS_INT8 : DTR_COMPRESS_NONE;
+    pc.checkpoint_dir = o->ckpt;
+    pc.checkpoint_every = 100;
     r = fm_net_init(&net, ctx, FM_MLP, DTR_INIT_KAIMING_UNIFORM, 1 + (uint64_t)o->seed);
     if (r == DTR_OK) r = dtr_ps_create(net.model, c, &pc, &ps);
     if (r != DTR_OK) ps_err(c, "dtr_ps_create", r, dtr_context_last_error(ctx));
@@ -243,6 +252,7 @@ static int ps_parse(ps_opts *o, int argc, char **argv) {
         else if (!strcmp(a, "--provider")) o->provider = v;
         else if (!strcmp(a, "--data")) o->dir = v;
         else if (!strcmp(a, "--seed")) o->seed = atoi(v);
+        else if (!strcmp(a, "--checkpoint")) o->ckpt = v;
         else { fprintf(stderr, "unknown option %s\n", a); return 0; }
     }
     if (o->workers > 0) o->world = o->servers * (1 + o->replicas) + o->workers;

@@ -489,6 +489,15 @@ static dtr_result dtr__ps_ck_restore(dtr_ps *ps, const char *dir, int64_t step) 
     return DTR_OK;
 }
 
+/* a worker: the least update count the server ranks resumed from (their lists' second int64) */
+static int64_t dtr__ps_ck_least(const dtr_ps *ps, const int64_t *all) {
+    int64_t least = all[1];
+    int i;
+    for (i = 1; i < ps->NS; i++)
+        if (all[(size_t)i * DTR__PS_CK_LIST + 1] < least) least = all[(size_t)i * DTR__PS_CK_LIST + 1];
+    return least;
+}
+
 /* every rank, twice: the servers' lists, then whether each server resumed. A server's failure
    fails dtr_ps_create on every rank: its own message there, naming its rank elsewhere. */
 static dtr_result dtr__ps_resume(dtr_ps *ps) {
@@ -502,13 +511,16 @@ static dtr_result dtr__ps_resume(dtr_ps *ps) {
         if (pass == 0 && ps->server && (own = dtr__ps_ck_open(ps, dir)) == DTR_OK &&
             dtr__ckpt_steps(dir, mine + 1, DTR__PS_CK_LIST - 1) > 0)
             newest = mine[1];
-        if (pass == 1 && ps->server) own = dtr__ps_ck_restore(ps, dir, ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_ck_common(ps, all) : newest);
+        if (pass == 1 && ps->server)
+            own = dtr__ps_ck_restore(ps, dir, ps->cfg.mode == DTR_PS_SYNC ? dtr__ps_ck_common(ps, all) : newest);
         mine[0] = own;
+        if (pass == 1) mine[1] = ps->st.resumed_updates;
         dtr__free(&ps->ctx->alloc, all);
         if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) return r;
         bad = dtr__ps_ck_failed(ps, all);
     }
     r = bad < 0 ? DTR_OK : (dtr_result)all[(size_t)bad * DTR__PS_CK_LIST];
+    if (r == DTR_OK && !ps->server) ps->st.resumed_updates = dtr__ps_ck_least(ps, all);
     dtr__free(&ps->ctx->alloc, all);
     if (r == DTR_OK || own != DTR_OK) return own != DTR_OK ? own : DTR_OK;
     return dtr__fail(ps->ctx, r, "dtr_ps_create: parameter server rank %d could not resume from its checkpoints under %s (%s)",

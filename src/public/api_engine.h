@@ -1009,7 +1009,8 @@ typedef struct dtr_ps_stats {
     int64_t checkpoint_failures; /**< server: checkpoints that failed (logged; serving goes on; the last one at the
                                       end of serving is dtr_ps_serve's error instead) */
     int64_t resumed_updates;     /**< server: the update count of the checkpoint it resumed from (0: a fresh start);
-                                      `updates` counts on from it */
+                                      `updates` counts on from it. Worker: the least of the servers' (SYNC: the
+                                      step to go on from) */
 } dtr_ps_stats;
 
 typedef struct dtr_ps dtr_ps;
