@@ -26802,21 +26802,26 @@ static dtr_result dtr__ps_resume(dtr_ps *ps) {
                      bad, ps->cfg.checkpoint_dir, dtr_result_string(r));
 }
 
+/* a checkpoint that failed: counted and logged */
+static void dtr__ps_ck_report(dtr_ps *ps) {
+    ps->st.checkpoint_failures++;
+    dtr__ps_log(ps, DTR_LOG_ERROR, "parameter server %d: checkpoint failed (update %lld): %s", ps->index,
+                (long long)ps->st.updates, dtr_ckpt_last_error(ps->ck));
+}
+
 /* the range's checkpoint as of the update count. `final` (serving ended): after the write in
-   flight, waits for this one and returns its error; otherwise a failure is logged and counted
-   and serving goes on. */
+   flight (its failure reported), waits for this one and returns its error; otherwise a
+   failure is reported and serving goes on. */
 static dtr_result dtr__ps_checkpoint(dtr_ps *ps, int final) {
-    dtr_result r = DTR_OK;
+    dtr_result r;
     int started = 0;
     if (!ps->ck || ps->backup_role || ps->st.updates == ps->ck_saved) return DTR_OK;
-    if (final) r = dtr_ckpt_wait(ps->ck);
-    if (r == DTR_OK) r = dtr_ckpt_save(ps->ck, ps->st.updates, &started);
+    if (final && dtr_ckpt_wait(ps->ck) != DTR_OK) dtr__ps_ck_report(ps);
+    r = dtr_ckpt_save(ps->ck, ps->st.updates, &started);
     if (r == DTR_OK && final) r = dtr_ckpt_wait(ps->ck);
     if (started) ps->st.checkpoints++, ps->ck_saved = ps->st.updates;
     if (r == DTR_OK) return DTR_OK;
-    ps->st.checkpoint_failures++;
-    dtr__ps_log(ps, DTR_LOG_ERROR, "parameter server %d: checkpoint at update %lld failed: %s", ps->index,
-                (long long)ps->st.updates, dtr_ckpt_last_error(ps->ck));
+    dtr__ps_ck_report(ps);
     return final ? dtr__fail(ps->ctx, r, "dtr_ps_serve: checkpoint: %s", dtr_ckpt_last_error(ps->ck)) : DTR_OK;
 }
 
@@ -27810,7 +27815,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27814 "dtrain.h"
+#line 27819 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27864,7 +27869,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27868 "dtrain.h"
+#line 27873 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29042,7 +29047,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29046 "dtrain.h"
+#line 29051 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29932,7 +29937,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29936 "dtrain.h"
+#line 29941 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31410,7 +31415,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31414 "dtrain.h"
+#line 31419 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31794,7 +31799,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31798 "dtrain.h"
+#line 31803 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31943,7 +31948,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31947 "dtrain.h"
+#line 31952 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -527,21 +527,26 @@ static dtr_result dtr__ps_resume(dtr_ps *ps) {
                      bad, ps->cfg.checkpoint_dir, dtr_result_string(r));
 }
 
+/* a checkpoint that failed: counted and logged */
+static void dtr__ps_ck_report(dtr_ps *ps) {
+    ps->st.checkpoint_failures++;
+    dtr__ps_log(ps, DTR_LOG_ERROR, "parameter server %d: checkpoint failed (update %lld): %s", ps->index,
+                (long long)ps->st.updates, dtr_ckpt_last_error(ps->ck));
+}
+
 /* the range's checkpoint as of the update count. `final` (serving ended): after the write in
-   flight, waits for this one and returns its error; otherwise a failure is logged and counted
-   and serving goes on. */
+   flight (its failure reported), waits for this one and returns its error; otherwise a
+   failure is reported and serving goes on. */
 static dtr_result dtr__ps_checkpoint(dtr_ps *ps, int final) {
-    dtr_result r = DTR_OK;
+    dtr_result r;
     int started = 0;
     if (!ps->ck || ps->backup_role || ps->st.updates == ps->ck_saved) return DTR_OK;
-    if (final) r = dtr_ckpt_wait(ps->ck);
-    if (r == DTR_OK) r = dtr_ckpt_save(ps->ck, ps->st.updates, &started);
+    if (final && dtr_ckpt_wait(ps->ck) != DTR_OK) dtr__ps_ck_report(ps);
+    r = dtr_ckpt_save(ps->ck, ps->st.updates, &started);
     if (r == DTR_OK && final) r = dtr_ckpt_wait(ps->ck);
     if (started) ps->st.checkpoints++, ps->ck_saved = ps->st.updates;
     if (r == DTR_OK) return DTR_OK;
-    ps->st.checkpoint_failures++;
-    dtr__ps_log(ps, DTR_LOG_ERROR, "parameter server %d: checkpoint at update %lld failed: %s", ps->index,
-                (long long)ps->st.updates, dtr_ckpt_last_error(ps->ck));
+    dtr__ps_ck_report(ps);
     return final ? dtr__fail(ps->ctx, r, "dtr_ps_serve: checkpoint: %s", dtr_ckpt_last_error(ps->ck)) : DTR_OK;
 }
 
