@@ -24,7 +24,7 @@
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
  *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
- *                  [--zero3-keep-grads 0|1]
+ *                  [--zero3-keep-grads 0|1] [--zero2-release-grads 0|1]
  *                  [--metrics FILE] [--trace FILE]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
@@ -43,6 +43,8 @@
  *   --zero 3     ZeRO-3: as 2, and the parameters stay sharded: each bucket is gathered when
  *                forward or backward reads it (dtr_dp_gather_params before the evaluation)
  *   --zero3-keep-grads 1  ZeRO-3: keep the whole gradient buffer resident (faster, more memory)
+ *   --zero2-release-grads 1  ZeRO-2: give the gradients outside the shard back once sent (less
+ *                memory between steps, page faults each backward)
  *   --metrics    each rank appends a JSON line per step to FILE (with .rank<r> before its
  *                extension: m.jsonl -> m.rank1.jsonl); the step time is split into data,
  *                forward, backward, exposed communication, optimizer (docs/observability.md)
@@ -65,6 +67,7 @@ typedef struct dp_opts {
     dtr_dp_compress compress;
     int zero;               /* 1: ZeRO-1, 2: ZeRO-2, 3: ZeRO-3 */
     int zero3_keep_grads;   /* ZeRO-3: the whole gradient buffer stays resident */
+    int zero2_release_grads; /* ZeRO-2: the gradients outside the shard given back once sent */
     float topk_ratio;
     int powersgd_rank, local_sgd;
     int64_t local_sgd_warmup;
@@ -170,6 +173,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dc.local_sgd_warmup = o->local_sgd_warmup;
     dc.zero = o->zero;
     dc.zero3_keep_grads = o->zero3_keep_grads;
+    dc.zero2_release_grads = o->zero2_release_grads;
     if ((r = dtr_dp_create(net.model, c, &dc, &dp)) != DTR_OK) { dp_err(rank, "dtr_dp_create", r, dtr_context_last_error(ctx)); goto done; }
     oc = fm_sgd_config(o->lr, 0.9f, o->cosine ? o->epochs * steps : 0);
     dtr_dp_shard_optimizer(dp, &oc);   /* ZeRO: this rank's shard; else all */
@@ -314,6 +318,7 @@ static int dp_parse_compress(dp_opts *o, const char *a, const char *v) {
     else if (!strcmp(a, "--local-sgd-warmup")) o->local_sgd_warmup = strtol(v, &end, 10);
     else if (!strcmp(a, "--zero")) o->zero = (int)strtol(v, &end, 10);
     else if (!strcmp(a, "--zero3-keep-grads")) o->zero3_keep_grads = (int)strtol(v, &end, 10);
+    else if (!strcmp(a, "--zero2-release-grads")) o->zero2_release_grads = (int)strtol(v, &end, 10);
     else return 0;
     if (!end || *end || end == v) { fprintf(stderr, "error: %s: '%s' is not a number\n", a, v); return -1; }
     return 1;
@@ -332,7 +337,8 @@ int main(int argc, char **argv) {
             printf("usage: %s [DATA_DIR] [--world N] [--transport NAME] [--provider P] [--epochs E] [--batch B] "
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
-                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3] [--zero3-keep-grads 0|1] [--gpu]\n", argv[0]);
+                   "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3] [--zero3-keep-grads 0|1] "
+                   "[--zero2-release-grads 0|1] [--gpu]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }

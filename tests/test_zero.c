@@ -18,6 +18,9 @@
  *   test_zero3_memory    2 ranks of 2 x 16 MiB parameters: ZeRO-3 gives the other shard's
  *                        memory back to the system (resident size), dtr_dp_gather_params
  *                        takes it again
+ *   test_zero2_release   ZeRO-2 with zero2_release_grads: the other shard's gradients go back
+ *                        to the system once sent (resident size), the parameters stay; plain
+ *                        DP's weights at worlds 2 to 4
  *   test_zero_memory     8 equal parameters on 4 ranks: each rank's optimizer state is a
  *                        quarter of the unsharded one, and the shards tile the buffer
  *   test_zero_grads      ZeRO-1's and ZeRO-2's shard of the gradients after dtr_dp_finish is
@@ -27,10 +30,10 @@
  *   test_zero_half       ZeRO-1, 2 and 3 with the slices in bf16 or fp16 (compress BF16 /
  *                        FP16), worlds 2 and 3, SGD and AdamW: every rank the same weights,
  *                        within 1e-2 (bf16) or 2e-3 (fp16) of plain f32 DP, half the bytes
- *   test_zero_errors     a group of 1 (whole buffer, no shard_sum), stage 3, ZeRO with
- *                        int8 compression or local SGD, an optimizer shard past the buffer, a LAMB
- *                        shard splitting a parameter without shard_sum, a step range outside
- *                        the shard
+ *   test_zero_errors     a group of 1 (whole buffer, no shard_sum), stage 3, zero2_release_grads
+ *                        on stage 1, ZeRO with int8 compression or local SGD, an optimizer
+ *                        shard past the buffer, a LAMB shard splitting a parameter without
+ *                        shard_sum, a step range outside the shard
  * Shards are equal (splitting parameters; LAMB's split parameters take their norms summed
  * over the shards), and for LAMB also runs of whole parameters (zero_whole_params). */
 #define _POSIX_C_SOURCE 200809L
@@ -55,6 +58,7 @@ typedef struct zrun {
     size_t bucket;          /* bucket_bytes (ZeRO-3: the units); 0: 512 */
     int units;              /* zero3_units */
     int keep_grads;         /* zero3_keep_grads */
+    int release;            /* zero2_release_grads */
 } zrun;
 
 typedef struct zrank {
@@ -130,6 +134,7 @@ static dtr_result ztrain(zrank *z, dtr_comm *c) {
     dc.bucket_bytes = z->run->bucket ? z->run->bucket : 512;
     dc.zero3_units = z->run->units;
     dc.zero3_keep_grads = z->run->keep_grads;
+    dc.zero2_release_grads = z->run->release;
     dc.zero = z->run->zero;
     dc.zero_whole_params = z->run->whole;
     dc.compress = z->run->compress;
@@ -274,7 +279,8 @@ typedef struct zbig {
     dtr_model *m;
     dtr_dp *dp;
     dtr_comm *c;
-    int mode;               /* 0: dtr_dp_create (ZeRO-3), 1: dtr_dp_gather_params, 2: dtr_dp_step_done,
+    int stage;              /* 3, or 2 with zero2_release_grads */
+    int mode;               /* 0: dtr_dp_create, 1: dtr_dp_gather_params, 2: dtr_dp_step_done,
                                3: a training step (sum(a * b), the optimizer's zero_grad emulated) */
     dtr_result r;
     double grads_after_finish;   /* mode 3: resident share of the other shard's gradients then */
@@ -312,8 +318,9 @@ static void *zbig_main(void *arg) {
         return NULL;
     }
     if (b->mode) { b->r = b->mode == 1 ? dtr_dp_gather_params(b->dp) : dtr_dp_step_done(b->dp); return NULL; }
-    dc.zero = 3;
-    dc.bucket_bytes = 1 << 20;   /* a unit per parameter */
+    dc.zero = b->stage;
+    dc.zero2_release_grads = b->stage == 2;
+    dc.bucket_bytes = 1 << 20;   /* a unit (bucket) per parameter */
     b->r = dtr_dp_create(b->m, b->c, &dc, &b->dp);
     return NULL;
 }
@@ -343,22 +350,16 @@ static void zbig_run(zbig *b, int mode) {
     for (r = 0; r < 2; r++) pthread_join(b[r].tid, NULL);
 }
 
-/* two ranks (threads of this process), each a model of 2 x 16 MiB under ZeRO-3:
-   dtr_dp_gather_params makes the process's resident memory grow by the other shards (2 x 16
-   MiB), and the step's release gives them back to the system */
-static void test_zero3_memory(void) {
-#if defined(__linux__)
-    static zbig b[2];
+/* two ranks (threads of this process), each a model of 2 x 16 MiB, their engines made
+   (ZeRO `stage`) */
+static void zbig_make(zbig *b, dtr_local_world *w, int stage) {
     dtr_comm_config cc = dtr_comm_config_init();
-    dtr_local_world *w = NULL;
     int64_t shape[1] = {BIG};
-    long long before, after, again, half = 2LL * BIG * (long long)sizeof(float);
-    int r, k;
-    CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
+    int r;
     for (r = 0; r < 2; r++) {
         dtr_context *ctx = test_ctx(1);
         memset(&b[r], 0, sizeof b[r]);
-        b[r].rank = r;
+        b[r].rank = r, b[r].stage = stage;
         CHECK_OK(ctx, dtr_model_create(ctx, 3, &b[r].m));
         CHECK(dtr_model_param(b[r].m, "a", 1, shape, DTR_INIT_NORMAL, 0.02f) != NULL);
         CHECK(dtr_model_param(b[r].m, "b", 1, shape, DTR_INIT_NORMAL, 0.02f) != NULL);
@@ -366,8 +367,53 @@ static void test_zero3_memory(void) {
         cc.local.world = w, cc.local.rank = r;
         CHECK_OK(NULL, dtr_comm_create(&cc, &b[r].c, NULL, 0));
     }
-    zbig_run(b, 0);   /* the engines (their buffers are resident too), the other shards released */
+    zbig_run(b, 0);   /* the engines (their buffers are resident too); ZeRO-3: the other shards released */
     for (r = 0; r < 2; r++) CHECK_MSG(b[r].r == DTR_OK, "rank %d: %s", r, dtr_context_last_error(dtr_model_context(b[r].m)));
+}
+
+static void zbig_free(zbig *b) {
+    int r;
+    for (r = 0; r < 2; r++) {
+        dtr_context *ctx = dtr_model_context(b[r].m);
+        dtr_dp_destroy(b[r].dp);
+        dtr_comm_destroy(b[r].c);
+        dtr_model_destroy(b[r].m);
+        dtr_context_destroy(ctx);
+    }
+}
+
+/* Two training steps: every gradient written, the other shard's given back once its slices
+   were sent (already after dtr_dp_finish) and after the step, the shard's kept; the other
+   shard's parameters resident within [prm_lo, prm_hi] after the step. */
+static void zbig_steps(zbig *b, double prm_lo, double prm_hi) {
+    int r, k;
+    for (k = 0; k < 2; k++) {
+        double prm, grad, own;
+        zbig_run(b, 3);
+        for (r = 0; r < 2; r++) CHECK_MSG(b[r].r == DTR_OK, "step %d rank %d: %s", k, r, dtr_context_last_error(dtr_model_context(b[r].m)));
+        zbig_shares(&b[0], &prm, &grad, &own);
+        printf("    ZeRO-%d, after step %d, rank 0's pages resident: %.0f%% of the other shard's parameters, %.0f%% of its "
+               "gradients (%.0f%% after dtr_dp_finish), %.0f%% of its own shard's gradients\n", b[0].stage, k + 1, 100 * prm,
+               100 * grad, 100 * b[0].grads_after_finish, 100 * own);
+        CHECK_MSG(prm >= prm_lo && prm <= prm_hi && grad >= 0 && grad <= 0.02 && own >= 0.98, "step %d: resident %.3f %.3f %.3f",
+                  k + 1, prm, grad, own);
+        for (r = 0; r < 2; r++)   /* each bucket's were given back once its slices were sent */
+            CHECK_MSG(b[r].grads_after_finish >= 0 && b[r].grads_after_finish <= 0.02, "step %d rank %d: %.3f of the "
+                      "sent gradients resident after dtr_dp_finish", k + 1, r, b[r].grads_after_finish);
+    }
+}
+
+/* ZeRO-3: dtr_dp_gather_params makes the process's resident memory grow by the other shards
+   (2 x 16 MiB), and the step's release gives them back to the system; a training step gives
+   back the other shard's parameters and gradients */
+static void test_zero3_memory(void) {
+#if defined(__linux__)
+    static zbig b[2];
+    dtr_local_world *w = NULL;
+    long long before, after, again, half = 2LL * BIG * (long long)sizeof(float);
+    int r;
+    CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
+    zbig_make(b, w, 3);
     before = rss_bytes();
     zbig_run(b, 1);
     again = rss_bytes();
@@ -379,33 +425,44 @@ static void test_zero3_memory(void) {
            "other shards\n", before / 1048576.0, again / 1048576.0, after / 1048576.0);
     CHECK_MSG(again - before >= half * 9 / 10, "gathered %lld bytes, want about %lld", again - before, half);
     CHECK_MSG(again - after >= half * 9 / 10, "released %lld bytes, want about %lld", again - after, half);
-    /* a training step: forward and backward gather the other shard and write every gradient;
-       the sent gradients and the released parameters go back, the shard's gradients stay */
-    for (k = 0; k < 2; k++) {
-        double prm, grad, own;
-        zbig_run(b, 3);
-        for (r = 0; r < 2; r++) CHECK_MSG(b[r].r == DTR_OK, "step %d rank %d: %s", k, r, dtr_context_last_error(dtr_model_context(b[r].m)));
-        zbig_shares(&b[0], &prm, &grad, &own);
-        printf("    after step %d, rank 0's pages resident: %.0f%% of the other shard's parameters, %.0f%% of its "
-               "gradients (%.0f%% after dtr_dp_finish), %.0f%% of its own shard's gradients\n", k + 1, 100 * prm,
-               100 * grad, 100 * b[0].grads_after_finish, 100 * own);
-        CHECK_MSG(prm >= 0 && prm <= 0.02 && grad >= 0 && grad <= 0.02 && own >= 0.98, "step %d: resident %.3f %.3f %.3f",
-                  k + 1, prm, grad, own);
-        for (r = 0; r < 2; r++)   /* each bucket's were given back once its slices were sent */
-            CHECK_MSG(b[r].grads_after_finish >= 0 && b[r].grads_after_finish <= 0.02, "step %d rank %d: %.3f of the "
-                      "sent gradients resident after dtr_dp_finish", k + 1, r, b[r].grads_after_finish);
-    }
-    for (r = 0; r < 2; r++) {
-        dtr_context *ctx = dtr_model_context(b[r].m);
-        dtr_dp_destroy(b[r].dp);
-        dtr_comm_destroy(b[r].c);
-        dtr_model_destroy(b[r].m);
-        dtr_context_destroy(ctx);
-    }
+    zbig_steps(b, 0.0, 0.02);   /* forward and backward gather the other shard; released after */
+    zbig_free(b);
     dtr_local_world_destroy(w);
 #else
     printf("  SKIPPED (loudly): resident memory is read from /proc (Linux)\n");
 #endif
+}
+
+/* ZeRO-2 with zero2_release_grads: the other shard's gradients go back to the system once
+   sent, the parameters stay whole; and 12 steps (clipping, accumulation) still give every
+   rank plain DP's weights, worlds 2 to 4 */
+static void test_zero2_release(void) {
+    static zrank plain[4], z[4];
+    zrun a;
+    int world, r;
+#if defined(__linux__)
+    static zbig b[2];
+    dtr_local_world *w = NULL;
+    CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
+    zbig_make(b, w, 2);
+    zbig_steps(b, 0.98, 1.0);
+    zbig_free(b);
+    dtr_local_world_destroy(w);
+#else
+    printf("  SKIPPED (loudly): residency is read with mincore (Linux); the weights are checked\n");
+#endif
+    memset(&a, 0, sizeof a);
+    for (world = 2; world <= 4; world++) {
+        a.world = world, a.kind = DTR_OPT_ADAMW, a.zero = 0, a.release = 0;
+        zrun_world(&a, plain);
+        a.zero = 2, a.release = 1;
+        zrun_world(&a, z);
+        for (r = 0; r < world; r++) {
+            double e = rel_err(z[r].params, plain[0].params, plain[0].numel);
+            CHECK_MSG(plain[r].ok && z[r].ok, "world %d rank %d: %s %s", world, r, plain[r].msg, z[r].msg);
+            CHECK_MSG(e <= 1e-6, "world %d rank %d: relative error %g against plain DP", world, r, e);
+        }
+    }
 }
 
 /* world 3: after dtr_dp_finish each rank's shard of the gradients is plain DP's average, and
@@ -566,6 +623,11 @@ static void test_zero_errors(void) {
     CHECK(strstr(dtr_context_last_error(n.ctx), "zero3_units") != NULL);
     dtr_context_clear_error(n.ctx);
     dc.zero3_units = 0;
+    dc.zero = 1, dc.zero2_release_grads = 1;   /* ZeRO-2's option on another stage */
+    CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(n.ctx), "zero2_release_grads") != NULL);
+    dtr_context_clear_error(n.ctx);
+    dc.zero2_release_grads = 0;
     dc.zero = 1, dc.compress = DTR_COMPRESS_INT8;
     CHECK_EQ_INT(dtr_dp_create(n.m, c, &dc, &dp), DTR_UNSUPPORTED);
     dtr_context_clear_error(n.ctx);
@@ -595,6 +657,7 @@ int main(void) {
     RUN(test_zero_equals_dp);
     RUN(test_zero3_units);
     RUN(test_zero3_memory);
+    RUN(test_zero2_release);
     RUN(test_zero_grads);
     RUN(test_zero_loss_scaler);
     RUN(test_zero_memory);

@@ -158,7 +158,7 @@ static dtr_result dtr__dp_grad_ready(void *user, dtr_tensor *param, dtr_event *r
        device instead, and a group of device memory orders its work after the stream's */
     if (--b->pending == 0 && !dp->stage && !dp->c->mem_ctx) r = dtr_event_wait(dp->ctx, ready);
     if (r == DTR_OK) r = dtr__dp_launch_ready(dp, 1);   /* also the exchanges whose copies landed */
-    if (r == DTR_OK && dp->cfg.zero == 3) dtr__zero3_grads_sent(dp->z, dtr__dp_grads(dp), 0);   /* sent: memory back */
+    if (r == DTR_OK && dp->z) dtr__zero_grads_sent(dp->z, dtr__dp_grads(dp), 0);   /* sent: memory back */
     if (r != DTR_OK) return dtr__fail(dp->ctx, r, "data parallel: cannot start a gradient all-reduce: %s",
                                       dtr_comm_last_error(dp->c));
     return DTR_OK;
@@ -209,9 +209,12 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     if (cfg->zero < 0 || cfg->zero > 3 || cfg->zero3_units < 0)
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: zero %d (stages 1, 2, 3) or zero3_units %d (>= 0) out "
                          "of range", cfg->zero, cfg->zero3_units);
-    if (cfg->zero == 3 && !dtr__host_memory(ctx))
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-3 takes a model in host memory in this version "
-                         "(ZeRO-1/2 work on devices)");
+    if (cfg->zero2_release_grads && cfg->zero != 2)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: zero2_release_grads is for zero = 2 (ZeRO-3 releases "
+                         "gradients unless zero3_keep_grads), not %d", cfg->zero);
+    if ((cfg->zero == 3 || cfg->zero2_release_grads) && !dtr__host_memory(ctx))
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: %s takes a model in host memory in this version "
+                         "(ZeRO-1/2 work on devices)", cfg->zero == 3 ? "ZeRO-3" : "zero2_release_grads");
     if (cfg->zero && ((cfg->compress != DTR_COMPRESS_NONE && cfg->compress != DTR_COMPRESS_BF16 &&
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
@@ -227,8 +230,9 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
     return DTR_OK;
 }
 
-/* ZeRO-3: the optimizer's zero_grad discards the gradients outside this rank's shard (on 1) */
-static void dtr__zero3_shard_grads(dtr_dp *dp, int on) {
+/* ZeRO releasing gradients: the optimizer's zero_grad discards those outside this rank's
+   shard (on 1) */
+static void dtr__zero_shard_grads(dtr_dp *dp, int on) {
     int64_t b = 0, e = 0;
     if (dp->z) dtr__zero_shard(dp->z, &b, &e);
     dtr__model_shard_grads(dp->m, on, b, e);
@@ -274,7 +278,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         /* ZeRO-3 last: it releases the other shards, which a failure after it would lose */
         if (r == DTR_OK && cfg->zero == 3)
             r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));
-        if (r == DTR_OK && cfg->zero == 3 && !cfg->zero3_keep_grads) dtr__zero3_shard_grads(dp, 1);
+        if (r == DTR_OK && dtr__zero_releases_grads(cfg)) dtr__zero_shard_grads(dp, 1);
         if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     }
     *out = dp;
@@ -309,7 +313,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr_allocation_callbacks a;
     if (!dp) return;
     a = dp->ctx->alloc;
-    if (dp->cfg.zero == 3) dtr__zero3_shard_grads(dp, 0);
+    if (dp->cfg.zero >= 2) dtr__zero_shard_grads(dp, 0);
     if (dp->b) dtr__dp_wait_all(dp), dtr__dp_reset(dp);
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);

@@ -65,7 +65,7 @@ struct dtr__zero {
     int64_t *bk;             /* stage 3, per bucket started this step, in start order: its range
                                 [bk[4i], bk[4i+1]) and its requests [bk[4i+2], bk[4i+3]) in rs */
     int nb, nbk, sent;       /* buckets; started; those whose sends completed (gradients discarded) */
-    int discard_grads;       /* stage 3 without zero3_keep_grads */
+    int discard_grads;       /* dtr__zero_releases_grads */
     dtr__zreqs g;            /* a gather's: 2 (W - 1) */
     /* stage 3 */
     dtr__unit *u;
@@ -101,7 +101,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     *out = NULL;
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
-    z->discard_grads = cfg->zero == 3 && !cfg->zero3_keep_grads;
+    z->discard_grads = dtr__zero_releases_grads(cfg);
     z->wire = cfg->compress == DTR_COMPRESS_BF16 ? DTR_BF16 : cfg->compress == DTR_COMPRESS_FP16 ? DTR_F16 : DTR_F32;
     z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
     z->shard = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)(z->W + 1) * sizeof(int64_t));
@@ -224,7 +224,7 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
     return DTR_OK;
 }
 
-void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all) {
+void dtr__zero_grads_sent(dtr__zero *z, float *g, int all) {
     for (; z->discard_grads && z->sent < z->nbk; z->sent++) {
         const int64_t *bk = z->bk + 4 * z->sent;
         int64_t q;
@@ -255,7 +255,7 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     float *g = grads + b, *acc;
     dtr_result r = dtr__zero_wait(&z->rs);
     int p;
-    if (r == DTR_OK) dtr__zero3_grads_sent(z, grads, 1);   /* stage 3: every slice sent */
+    if (r == DTR_OK) dtr__zero_grads_sent(z, grads, 1);   /* every slice sent */
     z->nbk = z->sent = 0;
     if (r != DTR_OK) return r;
     if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */

@@ -43,7 +43,13 @@ DTR__PRIVATE void dtr__zero3_release(dtr__zero *z, int i);
 DTR__PRIVATE void dtr__zero3_release_all(dtr__zero *z, int written);
 /** Stage 3: gathers every unit not held and pins them all until release_all (collective). */
 DTR__PRIVATE dtr_result dtr__zero3_gather_all(dtr__zero *z);
-/** Stage 3: the buckets whose slices have all been sent (in start order; all: every started
- *  one, after the wait) have their gradients outside the shard discarded from g (they read
- *  as zeros, their memory back to the system). Other stages, and zero3_keep_grads: nothing. */
-DTR__PRIVATE void dtr__zero3_grads_sent(dtr__zero *z, float *g, int all);
+/** Stages 2 and 3 releasing gradients (dtr__zero_releases_grads): the buckets whose slices
+ *  have all been sent (in start order; all: every started one, after the wait) have their
+ *  gradients outside the shard discarded from g (they read as zeros, their memory back to the
+ *  system). Otherwise nothing. */
+DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
+/** 1 when cfg's ZeRO gives the gradients outside the shard back once sent: stage 3 unless
+ *  zero3_keep_grads, stage 2 with zero2_release_grads. */
+static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
+    return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
+}

@@ -266,6 +266,11 @@ typedef struct dtr_dp_config {
                                 page faults when backward writes it again: faster, more memory);
                                 0 (default): the gradients outside the shard go back to the system
                                 once sent (docs/distributed.md, "ZeRO-3") */
+    int zero2_release_grads; /**< ZeRO-2: 1 gives the gradients outside this rank's shard back to the system once
+                                their slices are sent, as ZeRO-3 does: a rank holds its shard's gradients
+                                between steps and, during backward, those of the buckets not yet sent (host
+                                models, Linux; page faults when backward writes them again). 0 (default): the
+                                whole gradient buffer stays resident. Other stages: DTR_INVALID_ARGUMENT */
 } dtr_dp_config;
 
 /** Counters of an engine since dtr_dp_create (this rank). wire_bytes counts the payload this
