@@ -16,8 +16,8 @@
  *                 that is not its rank's device memory (NCCL takes no host pointer); the
  *                 collectives (worlds 1-4, scratch, copies and sums on the backend, counted),
  *                 host buffers through device images (none may reach the transport); ZeRO-1/2
- *                 (SGD, AdamW, clipping) and local SGD; every codec and ZeRO-2 with 16-bit
- *                 slices (encoded on a host copy); the four tensor-parallel ops; 2 and 4
+ *                 (SGD, AdamW, clipping) and local SGD; every codec (bf16 and fp16 encoded on
+ *                 the device, the others on a host copy) and ZeRO-2 with 16-bit slices; the four tensor-parallel ops; 2 and 4
  *                 pipeline stages and a 2 x 2 data x pipeline grid with ZeRO-1: the bits of
  *                 CPU ranks over a host group (the pipeline also within 1e-5 of one rank
  *                 training the whole model)
@@ -152,6 +152,7 @@ static void test_async_p2p(void) {
 #define MAX_EP 16
 static struct { void *state; dtr_context *ctx; } g_ep[MAX_EP];
 static int g_nep, g_host_bufs, g_reduces, g_copies, g_event_waits;
+static long long g_to_host_bytes;   /* the ranks' copies from the device to the host */
 static pthread_mutex_t g_ep_mu = PTHREAD_MUTEX_INITIALIZER;
 static dtr_transport_vtable g_devt;
 static dtr_backend g_counting;
@@ -201,7 +202,7 @@ static dtr_result devt_post(void *state, void *buf, size_t bytes, int peer, uint
     q->ctx = devt_device(state, buf, bytes);
     q->bytes = bytes;
     if (q->ctx) q->bounce = malloc(bytes);
-    if (q->ctx && send) q->ctx->backend->to_host(q->ctx, q->bounce, buf, bytes);
+    if (q->ctx && send) DEV_BACKEND()->to_host(q->ctx, q->bounce, buf, bytes);   /* the wire's own: not counted */
     if (q->ctx && !send) q->dev_dst = buf;
     r = send ? dtr_local_transport()->isend(state, q->ctx ? q->bounce : buf, bytes, peer, tag, &q->inner, err)
              : dtr_local_transport()->irecv(state, q->ctx ? q->bounce : buf, bytes, peer, tag, &q->inner, err);
@@ -226,7 +227,7 @@ static dtr_result devt_test(void *state, void *req, int *done, dtr_transport_err
     devt_req *q = (devt_req *)req;
     dtr_result r = dtr_local_transport()->test(state, q->inner, done, err);
     if (*done && r == DTR_OK && q->dev_dst) {   /* a receive lands on the device */
-        q->ctx->backend->from_host(q->ctx, q->dev_dst, q->bounce, q->bytes);
+        DEV_BACKEND()->from_host(q->ctx, q->dev_dst, q->bounce, q->bytes);
         q->dev_dst = NULL;
     }
     return r;
@@ -258,6 +259,15 @@ static dtr_result counting_reduce(dtr_context *ctx, void *out, const void *a, co
                                   int div) {
     __atomic_add_fetch(&g_reduces, 1, __ATOMIC_RELAXED);
     return DEV_BACKEND()->reduce(ctx, out, a, b, n, dt, op, div);
+}
+
+static dtr_result counting_to_host(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
+    __atomic_add_fetch(&g_to_host_bytes, (long long)bytes, __ATOMIC_RELAXED);
+    return DEV_BACKEND()->to_host(ctx, dst, src, bytes);
+}
+static dtr_result counting_to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
+    __atomic_add_fetch(&g_to_host_bytes, (long long)bytes, __ATOMIC_RELAXED);
+    return DEV_BACKEND()->to_host_async(ctx, dst, src, bytes, done);
 }
 
 static dtr_result counting_copy(dtr_context *ctx, void *dst, const void *src, size_t bytes) {
@@ -299,6 +309,8 @@ static void devt_setup(void) {
     g_counting = *DEV_BACKEND();
     g_counting.reduce = counting_reduce;
     g_counting.copy = counting_copy;
+    g_counting.to_host = counting_to_host;
+    if (DEV_BACKEND()->to_host_async) g_counting.to_host_async = counting_to_host_async;
     g_counting.event_record = counting_event_record;
     g_counting.event_wait = counting_event_wait;
     g_counting.event_query = counting_event_query;
@@ -418,20 +430,29 @@ static void test_device_dp(void) {
 }
 
 /* every codec (bf16, int8 per bucket, top-k and PowerSGD with error feedback) and ZeRO-2 with
- * 16-bit slices over the device transport: the engine encodes on a host copy, the group
- * stages the encoded buffers to the device; the bits of CPU ranks over a host group */
+ * 16-bit slices over the device transport: bf16 and fp16 (without ZeRO) encode and decode on
+ * the device (no gradient reaches the host: the ranks copy to the host their final parameters
+ * and a few scalars a step), the others on a host copy whose encoded buffers the group stages to the
+ * device; the bits of CPU ranks over a host group */
 static void test_device_compress(void) {
     static dp_case dev, cpu;
-    static const dtr_dp_compress codecs[5] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8, DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD,
-                                              DTR_COMPRESS_FP16};
+    static const dtr_dp_compress codecs[6] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8, DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD,
+                                              DTR_COMPRESS_FP16, DTR_COMPRESS_FP16};
     int i;
     devt_setup();
-    for (i = 0; i < 5; i++) {
+    for (i = 0; i < 6; i++) {
+        long long params = 3LL * (IN * HID + HID + HID * OUT + OUT) * (long long)sizeof(float);   /* the final reads */
         memset(&dev, 0, sizeof dev);
         dev.dev = 1, dev.kind = DTR_OPT_ADAMW, dev.compress = codecs[i], dev.zero = i == 4 ? 2 : 0;
         cpu = dev;
         cpu.dev = 0;
+        g_to_host_bytes = 0;
         CHECK_EQ_INT(run_rk_on(3, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
+        if (i == 0 || i == 5)   /* the parameters at the end, and a few scalars a step (loss, norms) */
+            CHECK_MSG(g_to_host_bytes <= params + 3 * 8 * 64, "codec %d on the device: %lld bytes to the host (the "
+                      "parameters: %lld)", (int)codecs[i], g_to_host_bytes, params);
+        else   /* a host copy of the gradients every step */
+            CHECK_MSG(g_to_host_bytes >= 8 * params, "codec %d: %lld bytes to the host", (int)codecs[i], g_to_host_bytes);
         CHECK_EQ_INT(run_rk(3, NULL, DTR_MEM_HOST, rk_dp, &cpu), 0);
         CHECK_MSG(close_runs(dev.out[0], cpu.out[0], OUT_FLOATS(dev)), "codec %d: %g off the CPU", (int)codecs[i],
                   rel_err(dev.out[0], cpu.out[0], NPAR));

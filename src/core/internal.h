@@ -653,6 +653,9 @@ int dtr__needs_widening(const struct dtr__node *n, int bwd);
  *  after a forward (src/core/widen.c). The dispatch calls it for entries not `narrow`; a
  *  narrow kernel calls it for the cases it leaves to its f32 form. */
 dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, struct dtr__node *n, int bwd);
+/** dst (dd) = src (sd), n dense elements of the context's backend memory, converted by the
+ *  backend's CAST kernel on its stream (f32, bf16, f16). */
+DTR__PRIVATE dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n);
 /** The values of dense float tensor t as f32 in backend memory: its own for f32, else an f32
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */

@@ -197,6 +197,10 @@ dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *c
     return r;
 }
 
+dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
+    return dtr__cast_by(ctx->backend->forward, ctx, dst, dd, src, sd, n);
+}
+
 const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
     int64_t count = dtr_tensor_numel(t), floats = (count + 63) / 64 * 64;
     float *scratch;

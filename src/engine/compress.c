@@ -11,6 +11,9 @@
  *                dtr_dp_finish P is orthonormalised, Q = M^T P (cols, r) all-reduced, and
  *                M ~ P Q^T. Q starts random (the same seed on every rank) and is reused by
  *                the next step (warm start), as PowerSGD (Vogels et al., 2019).
+ * bf16 and fp16 of a device model over a group of device memory (NCCL) stay on the device:
+ * the backend's cast kernel encodes into and decodes from a device buffer, the group
+ * all-reduces it there. The others run on a host copy of the gradients (the engine's).
  * The residual (one float per gradient float) keeps what the codec lost: int8 and top-k the
  * local difference acc - decoded(acc); PowerSGD acc - (averaged approximation), whose
  * average over the ranks is what the average lost (the approximation is linear in M).
@@ -41,6 +44,7 @@ struct dtr__dpc {
     dtr_dp_compress kind;
     float ratio;
     int rank_r, ef, world;
+    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create) */
     float *resid;           /* error feedback (numel floats) */
     dtr__cbucket *b;        /* one per parameter at most, made at the first start */
     int nb;
@@ -51,7 +55,7 @@ static int dtr__dpc_has_ef(const dtr__dpc *z) {
     return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
 }
 
-dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr__dpc **out) {
+dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out) {
     dtr_context *ctx = dtr_model_context(m);
     size_t numel = (size_t)dtr_model_numel(m);
     dtr__dpc *z;
@@ -70,6 +74,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
+    z->dev = dev && (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16);
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
     if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
@@ -85,7 +90,8 @@ void dtr__dpc_destroy(dtr__dpc *z) {
     int i;
     if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
-        dtr__free(&z->ctx->alloc, z->b[i].send);
+        if (z->dev && z->b[i].send) z->ctx->backend->mem_free(z->ctx, z->b[i].send);
+        else dtr__free(&z->ctx->alloc, z->b[i].send);
         dtr__free(&z->ctx->alloc, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
         dtr__free(&z->ctx->alloc, z->b[i].q);
@@ -327,7 +333,8 @@ static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
     if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
     if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
-    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + 1);
+    b->send = (unsigned char *)(z->dev ? z->ctx->backend->mem_alloc(z->ctx, b->bytes + 1)
+                                       : dtr__calloc(&z->ctx->alloc, b->bytes + 1));
     if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
         b->recv = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes * (size_t)z->world + 1);
     return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
@@ -352,7 +359,8 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
     case DTR_COMPRESS_FP16:
-        dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        if (z->dev && dtr__convert_on(z->ctx, b->send, half, gb, DTR_F32, b->n) != DTR_OK) return dtr_context_status(z->ctx);
+        if (!z->dev) dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
     case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
     case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
@@ -368,6 +376,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
     if (z->kind == DTR_COMPRESS_NONE || !b->send) return DTR_OK;
     if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_finish(z, b, g + begin, z->resid ? z->resid + begin : NULL);
+    if (z->dev) return dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n);
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
         return dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
     dtr__gather_decode(z, b, g + begin);

@@ -7,9 +7,12 @@
 typedef struct dtr__dpc dtr__dpc;
 
 /** Makes the compressor of config `cfg` for model m over group c (defaults filled in).
+ *  dev: the gradients handed to it are in the backend's memory and the group takes them
+ *  there (bf16 / fp16 only: encoded and decoded by the backend's cast kernel, its buffers
+ *  in the backend's memory).
  *  @return DTR_OK, DTR_INVALID_ARGUMENT (compress, topk_ratio, powersgd_rank; the context's
  *          message says which) or DTR_OUT_OF_MEMORY. */
-DTR__PRIVATE dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dtr__dpc **out);
+DTR__PRIVATE dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out);
 DTR__PRIVATE void dtr__dpc_destroy(dtr__dpc *z);
 /** Bucket i ([begin, end) of the gradient buffer g) is final: encodes it (adding the
  *  residual) and starts its exchange in *req. */

@@ -22,8 +22,9 @@
  * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters; with a codec (it runs on the host) the engine works on a
- * host copy as below and the group stages its host buffers to the device; with one of host memory
+ * averages the device parameters, bf16 and fp16 compression (without ZeRO) encode and decode
+ * on the device; with another codec (it runs on the host) the engine works on a host copy as
+ * below and the group stages its host buffers to the device; with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -199,6 +200,13 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     return DTR_OK;
 }
 
+/* bf16 / fp16 compression of a device model over a group of its device memory stays on the
+   device (no host copy); ZeRO's 16-bit slices and the other codecs run on a host copy */
+static int dtr__dp_codec_on_device(dtr_context *ctx, const dtr_comm *c, const dtr_dp_config *cfg) {
+    return c->mem_ctx && !dtr__host_memory(ctx) && !cfg->zero &&
+           (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16);
+}
+
 static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
     if (cfg->root < 0 || cfg->root >= dtr_comm_size(c))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_dp_create: root %d outside the group of %d", cfg->root,
@@ -219,7 +227,8 @@ static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_conf
                        cfg->compress != DTR_COMPRESS_FP16) || cfg->local_sgd_every > 0))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: ZeRO-%d takes compress BF16 or FP16 only (its slices "
                          "in 16 bits), and no local SGD (the shards' optimizer needs every step's gradients)", cfg->zero);
-    if (c->mem_ctx && cfg->compress != DTR_COMPRESS_NONE && !dtr__comm_takes_host(c))
+    if (c->mem_ctx && cfg->compress != DTR_COMPRESS_NONE && !dtr__comm_takes_host(c) &&
+        !dtr__dp_codec_on_device(ctx, c, cfg))
         return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_dp_create: compression runs on the host, and the group's transport "
                          "(%s) takes device memory only with no staging of host buffers (the backend has no `owns`)",
                          dtr_comm_transport_name(c));
@@ -257,12 +266,13 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
     dp->ctx = ctx;
     dp->cfg = *cfg;
     if (!dp->cfg.bucket_bytes) dp->cfg.bucket_bytes = (size_t)25 << 20;
-    r = dtr__dpc_create(m, c, cfg, &dp->cz);
+    r = dtr__dpc_create(m, c, cfg, dtr__dp_codec_on_device(ctx, c, cfg), &dp->cz);
     if (r != DTR_OK) { dtr_dp_destroy(dp); return r; }
     dtr__dpc_stats(dp->cz)->param_bytes_peak = (uint64_t)dtr_model_numel(m) * sizeof(float);   /* ZeRO-3: its own */
-    /* a device model through a host copy: over a host transport, or with a codec (it runs on
-       the host; a device transport then stages its host buffers in turn) */
-    if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) && (!c->mem_ctx || cfg->compress != DTR_COMPRESS_NONE)) {
+    /* a device model through a host copy: over a host transport, or with a codec on the host
+       (a device transport then stages its host buffers in turn) */
+    if (dtr_comm_size(c) > 1 && !dtr__host_memory(ctx) &&
+        (!c->mem_ctx || (cfg->compress != DTR_COMPRESS_NONE && !dtr__dp_codec_on_device(ctx, c, cfg)))) {
         dp->stage = (float *)dtr__host_alloc(ctx, (size_t)dtr_model_numel(m) * sizeof(float));   /* pinned on CUDA */
         if (!dp->stage) { dtr_dp_destroy(dp); return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory"); }
     }
