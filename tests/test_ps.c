@@ -54,6 +54,9 @@
  *                         bit; a corrupt newest checkpoint fails dtr_ps_create on every rank,
  *                         naming the server; without it both servers resume from the newest
  *                         they share and again end on the 20-step job's weights
+ *   test_ps_checkpoint_async ASYNC: a checkpoint that cannot be written is logged and counted
+ *                         while serving goes on; the next job resumes each server from its
+ *                         own newest (12, and below 12 for the one whose 12 was made incomplete)
  *   test_ps_device_workers the workers' models on the simulated device (tests/devsim.h): SYNC
  *                         with f32, int8 and bf16 pushes and with replicas end on the CPU
  *                         workers' bits on every rank; sparse rows too (test_ps_rows' checks);
@@ -66,6 +69,7 @@
 #include "../examples/common.h"
 #include <pthread.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include "test.h"
 #include "posix_util.h"
 
@@ -955,6 +959,54 @@ static void flip_byte(const char *path) {
     fclose(f);
 }
 
+/* the servers' logged errors (checkpoint failures) */
+static int g_ck_errors;
+static void count_errors(void *user, dtr_log_level level, const char *msg) {
+    (void)user;
+    if (level == DTR_LOG_ERROR && strstr(msg, "checkpoint failed")) __atomic_add_fetch(&g_ck_errors, 1, __ATOMIC_RELAXED);
+}
+
+/* ASYNC, each server its own newest: a file where server 0's checkpoint of update 5 would go
+   makes that write fail (logged, counted, serving goes on); the one at the end (12) is
+   written; with server 1's made incomplete, a second job resumes server 0 from 12 and server
+   1 from its newest left (10, or 5 when 10 was skipped; SYNC would take one count for both) */
+static void test_ps_checkpoint_async(void) {
+    char dir[] = "/tmp/dtr_ps_ckpt_XXXXXX", path[512];
+    ps_job a = job_init(2, 2, DTR_PS_ASYNC), b;
+    int64_t newest1 = -1;
+    FILE *f;
+    int s;
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(path, sizeof path, "%s/server-0", dir);
+    CHECK(mkdir(path, 0777) == 0);
+    snprintf(path, sizeof path, "%s/server-0/step-00000005", dir);
+    CHECK((f = fopen(path, "w")) != NULL);
+    if (f) fclose(f);
+    a.pc.checkpoint_dir = dir, a.pc.checkpoint_every = 5, a.pc.log = count_errors;
+    a.steps = 6;   /* 12 pushes a server: updates 5, 10 and 12 */
+    b = a;
+    g_ck_errors = 0;
+    job_run(&a);
+    if (job_ok(&a)) {
+        CHECK_MSG(a.st[0].checkpoint_failures >= 1 && g_ck_errors >= 1, "server 0: %lld failures, %d logged",
+                  (long long)a.st[0].checkpoint_failures, g_ck_errors);
+        CHECK_MSG(a.st[1].checkpoint_failures == 0, "server 1: %lld failures", (long long)a.st[1].checkpoint_failures);
+    }
+    snprintf(path, sizeof path, "%s/server-1/step-00000012/manifest.json", dir);
+    CHECK(remove(path) == 0);
+    snprintf(path, sizeof path, "%s/server-1", dir);
+    CHECK(dtr_ckpt_latest(path, &newest1, NULL, 0) == DTR_OK && newest1 < 12);   /* 10, or 5 when 10 was skipped */
+    job_run(&b);
+    if (job_ok(&b))
+        for (s = 0; s < 2; s++)
+            CHECK_MSG(b.st[s].resumed_updates == (s ? newest1 : 12) && b.st[s].updates == b.st[s].resumed_updates + 12,
+                      "server %d: resumed at %lld, then %lld updates", s, (long long)b.st[s].resumed_updates,
+                      (long long)b.st[s].updates);
+    job_free(&a);
+    job_free(&b);
+    rm_tree(dir);
+}
+
 /* A job of 12 steps (checkpoints at updates 5, 10 unless 5 is still being written, and 12,
    the end) and one that resumes and makes 8 more end on one 20-step job's weights bit for
    bit, the servers counting on from 12. A flipped byte in server 1's newest checkpoint fails
@@ -1026,6 +1078,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_device_workers);
     RUN_IF(test_ps_int8);
     RUN_IF(test_ps_checkpoint);
+    RUN_IF(test_ps_checkpoint_async);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);
     return test_summary();
