@@ -318,7 +318,9 @@ DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
  *   dynamic loss scaling runs eagerly; bf16 needs no scaling).
  * - No dropout (fresh masks every step), no activation checkpointing (dtr_checkpoint runs on
  *   other tapes), no tensor-parallel communication ops; the context may hold no gradient hook
- *   (a data-parallel engine): capture a single-device step.
+ *   of the app's. A data-parallel engine's may: its hook does not run in a captured step, and
+ *   dtr_dp_finish after the launch exchanges every bucket (no overlap with backward; ZeRO-3,
+ *   which gathers parameters during the step, is refused).
  * Its tensors live on the graph's tape until the next launch (CPU) or the graph's end (CUDA):
  * keep the ones to read (the loss) in `user`; intermediate gradients are not released early in a
  * captured step (a higher arena peak than eager). A launch after dtr_context_reset of a context
@@ -336,7 +338,7 @@ typedef dtr_result (*dtr_graph_fn)(dtr_context *ctx, void *user);
  *  once, recording what it did. Either way the step's work has run once when this returns.
  *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (a capture is
  *          under way on ctx, a refused call inside fn, or fn's second run differing from its
- *          first), DTR_UNSUPPORTED (a refused op, or gradient hooks on ctx), DTR_OUT_OF_MEMORY,
+ *          first), DTR_UNSUPPORTED (a refused op, a gradient hook of the app's on ctx, ZeRO-3), DTR_OUT_OF_MEMORY,
  *          a device error of the capture, or fn's error. The context's message says which.
  *  Thread safety: the context's thread; nothing else may use the context during the capture. */
 DTR_API dtr_result dtr_graph_capture(dtr_context *ctx, dtr_graph_fn fn, void *user, dtr_graph **out);
@@ -4082,7 +4084,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4086 "dtrain.h"
+#line 4088 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4527,6 +4529,7 @@ typedef struct dtr__grad_hook {
     dtr_grad_hook_fn fn;
     void *user;
     int id;
+    int deferred;   /* its work may wait for the step's end (dtr__grad_hook_defer): not run in a captured step */
 } dtr__grad_hook;
 
 struct dtr_context {
@@ -4748,6 +4751,10 @@ DTR__PRIVATE dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype d
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */
 DTR__PRIVATE const float *dtr__f32_view(dtr_context *ctx, const struct dtr__node *n, const dtr_tensor *t);
+/** Marks hook `id` deferrable: what it starts can wait for the end of the step (the
+ *  data-parallel engine: dtr_dp_finish exchanges every bucket its hook did not start), so a
+ *  captured step (dtr_graph) runs without it instead of refusing the context. */
+DTR__PRIVATE void dtr__grad_hook_defer(dtr_context *ctx, int id);
 /** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
  *  -1 when dir cannot be read (src/engine/checkpoint.c). */
 DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
@@ -4790,7 +4797,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4794 "dtrain.h"
+#line 4801 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5071,7 +5078,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5075 "dtrain.h"
+#line 5082 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5133,7 +5140,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5137 "dtrain.h"
+#line 5144 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5512,7 +5519,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5516 "dtrain.h"
+#line 5523 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5555,7 +5562,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5559 "dtrain.h"
+#line 5566 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5588,7 +5595,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5592 "dtrain.h"
+#line 5599 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5647,7 +5654,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5651 "dtrain.h"
+#line 5658 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5721,7 +5728,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5725 "dtrain.h"
+#line 5732 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5789,7 +5796,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5793 "dtrain.h"
+#line 5800 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5864,7 +5871,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5868 "dtrain.h"
+#line 5875 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6216,7 +6223,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6220 "dtrain.h"
+#line 6227 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7007,7 +7014,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7011 "dtrain.h"
+#line 7018 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7666,7 +7673,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7670 "dtrain.h"
+#line 7677 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7737,7 +7744,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7741 "dtrain.h"
+#line 7748 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8219,7 +8226,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8223 "dtrain.h"
+#line 8230 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8268,6 +8275,21 @@ dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn fn, void
     return DTR_OK;
 }
 
+void dtr__grad_hook_defer(dtr_context *ctx, int id) {
+    int i;
+    for (i = 0; i < ctx->n_grad_hooks; i++)
+        if (ctx->grad_hooks[i].id == id) ctx->grad_hooks[i].deferred = 1;
+}
+
+/* 1 when hook k runs now: every hook, but a deferred one not in a captured step */
+static int dtr__hook_runs(const dtr_context *ctx, int k) { return !ctx->capturing || !ctx->grad_hooks[k].deferred; }
+
+static int dtr__hooks_running(const dtr_context *ctx) {
+    int k, n = 0;
+    for (k = 0; k < ctx->n_grad_hooks; k++) n += dtr__hook_runs(ctx, k);
+    return n;
+}
+
 dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id) {
     int i;
     if (!ctx) return DTR_NULL_HANDLE;
@@ -8300,6 +8322,7 @@ static dtr_result dtr__report_param(dtr_context *ctx, dtr_tensor *x) {
     dtr_result r = ctx->backend->event_record(ctx, &ready);
     int k;
     for (k = 0; r == DTR_OK && k < ctx->n_grad_hooks; k++) {
+        if (!dtr__hook_runs(ctx, k)) continue;
         r = ctx->grad_hooks[k].fn(ctx->grad_hooks[k].user, x, ready);
         if (r != DTR_OK && ctx->status == DTR_OK)
             dtr__fail(ctx, r, "dtr_backward: gradient hook %d failed on '%s'", ctx->grad_hooks[k].id, x->name);
@@ -8371,7 +8394,7 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
 dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     dtr__node *n;
     dtr_result r;
-    int hooks = report && ctx->n_grad_hooks > 0;
+    int hooks = report && dtr__hooks_running(ctx) > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out)) {
@@ -8458,7 +8481,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8462 "dtrain.h"
+#line 8485 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8689,7 +8712,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8693 "dtrain.h"
+#line 8716 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8808,7 +8831,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8812 "dtrain.h"
+#line 8835 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8864,7 +8887,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8868 "dtrain.h"
+#line 8891 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9167,13 +9190,18 @@ static dtr_result dtr__graph_capture_native(dtr_graph *g) {
 }
 
 static dtr_result dtr__graph_check_args(dtr_context *ctx, dtr_graph_fn fn, dtr_graph **out) {
+    int i;
     if (!ctx || !fn || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     if (ctx->status != DTR_OK) return ctx->status;
     if (ctx->capturing) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_capture: a capture is under way on this context");
-    if (ctx->n_grad_hooks > 0)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: the context has %d gradient hook(s) (a data-parallel "
-                         "engine): a captured step cannot hold their communication", ctx->n_grad_hooks);
+    for (i = 0; i < ctx->n_grad_hooks; i++)
+        if (!ctx->grad_hooks[i].deferred)
+            return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: the context has a gradient hook (id %d) that must "
+                             "run during backward: a captured step cannot hold its work", ctx->grad_hooks[i].id);
+    if (ctx->param_fetch)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: ZeRO-3 gathers parameters during the step: a captured "
+                         "step cannot hold that communication (ZeRO-1 and 2 can be captured)");
     return DTR_OK;
 }
 
@@ -9229,7 +9257,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9233 "dtrain.h"
+#line 9261 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9446,7 +9474,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9450 "dtrain.h"
+#line 9478 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9876,7 +9904,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9880 "dtrain.h"
+#line 9908 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10055,7 +10083,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10059 "dtrain.h"
+#line 10087 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10587,7 +10615,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10591 "dtrain.h"
+#line 10619 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11086,7 +11114,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11090 "dtrain.h"
+#line 11118 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11345,7 +11373,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11349 "dtrain.h"
+#line 11377 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11688,7 +11716,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11692 "dtrain.h"
+#line 11720 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11819,7 +11847,7 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
 };
-#line 11823 "dtrain.h"
+#line 11851 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12361,7 +12389,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12365 "dtrain.h"
+#line 12393 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12530,7 +12558,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12534 "dtrain.h"
+#line 12562 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12779,7 +12807,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12783 "dtrain.h"
+#line 12811 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13301,7 +13329,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13305 "dtrain.h"
+#line 13333 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13439,7 +13467,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13443 "dtrain.h"
+#line 13471 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13786,7 +13814,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13790 "dtrain.h"
+#line 13818 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13852,7 +13880,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13856 "dtrain.h"
+#line 13884 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14089,7 +14117,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14093 "dtrain.h"
+#line 14121 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14838,7 +14866,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14842 "dtrain.h"
+#line 14870 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15291,7 +15319,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15295 "dtrain.h"
+#line 15323 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15347,7 +15375,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15351 "dtrain.h"
+#line 15379 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16124,7 +16152,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16128 "dtrain.h"
+#line 16156 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16705,7 +16733,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16709 "dtrain.h"
+#line 16737 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17336,7 +17364,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17340 "dtrain.h"
+#line 17368 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18126,7 +18154,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18130 "dtrain.h"
+#line 18158 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18479,7 +18507,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18483 "dtrain.h"
+#line 18511 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18669,7 +18697,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18673 "dtrain.h"
+#line 18701 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18850,7 +18878,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18854 "dtrain.h"
+#line 18882 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19625,7 +19653,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19629 "dtrain.h"
+#line 19657 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20142,7 +20170,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20146 "dtrain.h"
+#line 20174 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20937,7 +20965,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20941 "dtrain.h"
+#line 20969 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22185,7 +22213,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22189 "dtrain.h"
+#line 22217 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22807,7 +22835,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22811 "dtrain.h"
+#line 22839 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23308,7 +23336,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23312 "dtrain.h"
+#line 23340 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24038,7 +24066,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24042 "dtrain.h"
+#line 24070 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24274,7 +24302,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24278 "dtrain.h"
+#line 24306 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24403,7 +24431,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24407 "dtrain.h"
+#line 24435 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24791,7 +24819,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24795 "dtrain.h"
+#line 24823 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25282,7 +25310,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25286 "dtrain.h"
+#line 25314 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25573,6 +25601,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         }
         r = dtr_dp_broadcast_params(dp);
         if (r == DTR_OK) r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
+        if (r == DTR_OK) dtr__grad_hook_defer(ctx, dp->hook_id);   /* dtr_dp_finish starts what it did not */
         /* ZeRO-3 last: it releases the other shards, which a failure after it would lose */
         if (r == DTR_OK && cfg->zero == 3)
             r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));
@@ -25807,7 +25836,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25811 "dtrain.h"
+#line 25840 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26313,7 +26342,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26317 "dtrain.h"
+#line 26346 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27859,7 +27888,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27863 "dtrain.h"
+#line 27892 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27913,7 +27942,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27917 "dtrain.h"
+#line 27946 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29091,7 +29120,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29095 "dtrain.h"
+#line 29124 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -29981,7 +30010,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 29985 "dtrain.h"
+#line 30014 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31459,7 +31488,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31463 "dtrain.h"
+#line 31492 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31843,7 +31872,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31847 "dtrain.h"
+#line 31876 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -31992,7 +32021,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 31996 "dtrain.h"
+#line 32025 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

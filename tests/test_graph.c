@@ -12,12 +12,16 @@
  *   - a launch whose step differs from the capture (a changed scale factor, a changed shape)
  *     fails with DTR_BAD_STATE, and the context works afterwards;
  *   - refused inside the step: reading a tensor, an optimizer step, clipping (a host sum),
- *     dtr_context_reset, dropout, the loss scaler's scaling, a nested capture; a context with a gradient hook; each with
+ *     dtr_context_reset, dropout, the loss scaler's scaling, a nested capture; a context with a gradient hook of the app's; each with
  *     its code and message, the context usable again after clearing the error;
  *   - dtr_context_reset frees inputs made on the own tape: a launch then refuses; inputs on a
- *     tape of the app's survive it. */
+ *     tape of the app's survive it;
+ *   - two ranks of a data-parallel engine train the MLP by captured steps (the engine's hook
+ *     does not run in them; dtr_dp_finish exchanges every bucket after the launch) and end on
+ *     the weights of eager steps; ZeRO-3 (gathers during the step) is refused. */
 #define _DEFAULT_SOURCE   /* MAP_ANONYMOUS (tests/devsim.h) */
 #define DTRAIN_INTERNAL_API
+#include <pthread.h>
 #include "test.h"
 #ifdef GRAPH_CUDA
 #define BACKENDS 1
@@ -131,8 +135,8 @@ static dtr_tensor *net_loss(dtr_context *ctx, const tnet *n, dtr_tensor *x, dtr_
     }
 }
 
-/* the eager step t on a fresh copy of the batch */
-static dtr_result eager_step(tnet *n, int t, float *loss) {
+/* the eager step t on a fresh copy of the batch (dp: a data-parallel engine's, or NULL) */
+static dtr_result eager_step(tnet *n, int t, float *loss, dtr_dp *dp) {
     int64_t xs[2] = {B, IN}, is[2] = {B, T}, ys[1];
     batch b;
     dtr_tensor *l;
@@ -145,6 +149,7 @@ static dtr_result eager_step(tnet *n, int t, float *loss) {
                  dtr_tensor_from(n->ctx, DTR_I32, 1, ys, b.y));
     r = l ? dtr_backward(n->ctx, l) : dtr_context_status(n->ctx);
     if (r == DTR_OK) r = dtr_tensor_read(l, DTR_F32, loss, 1);
+    if (r == DTR_OK && dp) r = dtr_dp_finish(dp);
     if (r == DTR_OK) r = dtr_optimizer_step(n->opt, NULL);
     dtr_context_reset(n->ctx);
     return r;
@@ -215,7 +220,7 @@ static void graph_vs_eager(int bi, int gpt, int feed) {
     CHECK(make_inputs(&g));
     dtr_context_set_tape(g.ctx, was);
     for (t = 0; t < 5; t++) {
-        CHECK_OK(e.ctx, eager_step(&e, t, &le));
+        CHECK_OK(e.ctx, eager_step(&e, t, &le, NULL));
         CHECK_OK(g.ctx, feed ? copy_inputs(&g, t) : write_inputs(&g, t));
         if (t == 0) CHECK_OK(g.ctx, dtr_graph_capture(g.ctx, train_step, &g, &gr));   /* runs step 0 */
         else CHECK_OK(g.ctx, dtr_graph_launch(gr));
@@ -237,6 +242,110 @@ static void graph_vs_eager(int bi, int gpt, int feed) {
     dtr_tape_destroy(mine);
     net_free(&e);
     net_free(&g);
+}
+
+/* ---- a data-parallel engine's step, captured ---- */
+
+typedef struct dprank {
+    dtr_local_world *w;
+    int rank, bi, graph;   /* graph 2: ZeRO-3, whose capture is refused (into r) */
+    dtr_result r;
+    float *params;
+    int64_t numel;
+    int overlapped;        /* buckets the last step started during backward */
+    char msg[300];
+} dprank;
+
+/* 4 steps of a rank of 2: eager, or by capture and launches (dtr_dp_finish after each) */
+static dtr_result dp_steps(dprank *d, tnet *n, dtr_dp *dp) {
+    dtr_graph *gr = NULL;
+    dtr_result r = d->graph && !make_inputs(n) ? DTR_OUT_OF_MEMORY : DTR_OK;
+    float loss;
+    int t;
+    if (d->graph == 2) {
+        if (r == DTR_OK) r = write_inputs(n, d->rank);
+        return r == DTR_OK ? dtr_graph_capture(n->ctx, train_step, n, &gr) : r;
+    }
+    for (t = 0; t < 4 && r == DTR_OK; t++) {
+        int s = 2 * t + d->rank;   /* each rank its own batches */
+        if (!d->graph) {
+            r = eager_step(n, s, &loss, dp);
+            continue;
+        }
+        r = write_inputs(n, s);
+        if (r == DTR_OK) r = t == 0 ? dtr_graph_capture(n->ctx, train_step, n, &gr) : dtr_graph_launch(gr);
+        if (r == DTR_OK) r = dtr_dp_finish(dp);   /* every bucket: the captured step started none */
+        if (r == DTR_OK) r = dtr_optimizer_step(n->opt, NULL);
+    }
+    d->overlapped = dtr_dp_overlapped_buckets(dp);
+    dtr_graph_destroy(gr);
+    return r;
+}
+
+static void *dp_rank_main(void *arg) {
+    dprank *d = (dprank *)arg;
+    dtr_comm_config cc = dtr_comm_config_init();
+    dtr_dp_config dc = dtr_dp_config_init();
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    tnet n;
+    cc.local.world = d->w, cc.local.rank = d->rank;
+    dc.bucket_bytes = 256;   /* several buckets */
+    dc.zero = d->graph == 2 ? 3 : 0;
+    d->r = net_init(&n, d->bi, 0) ? DTR_OK : DTR_BAD_STATE;
+    if (d->r == DTR_OK) d->r = dtr_comm_create(&cc, &c, d->msg, sizeof d->msg);
+    if (d->r == DTR_OK) d->r = dtr_dp_create(n.m, c, &dc, &dp);
+    if (d->r == DTR_OK) d->r = dp_steps(d, &n, dp);
+    if (d->r != DTR_OK) snprintf(d->msg, sizeof d->msg, "%s", dtr_context_last_error(n.ctx));
+    read_params(&n, &d->params, &d->numel);
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(c);
+    net_free(&n);
+    return NULL;
+}
+
+static void dp_world(dprank *d, int bi, int graph) {
+    pthread_t tid[2];
+    dtr_local_world *w = NULL;
+    int r;
+    CHECK_OK(NULL, dtr_local_world_create(2, NULL, &w));
+    for (r = 0; r < 2; r++) {
+        memset(&d[r], 0, sizeof d[r]);
+        d[r].w = w, d[r].rank = r, d[r].bi = bi, d[r].graph = graph;
+        pthread_create(&tid[r], NULL, dp_rank_main, &d[r]);
+    }
+    for (r = 0; r < 2; r++) pthread_join(tid[r], NULL);
+    dtr_local_world_destroy(w);
+}
+
+/* Two ranks training the MLP data-parallel: captured steps (the engine's hook does not run in
+   them; dtr_dp_finish exchanges every bucket after the launch) end on the weights of eager
+   steps, whose buckets start during backward; ZeRO-3's on-demand gathers are refused */
+static void test_graph_data_parallel(void) {
+    dprank e[2], g[2];
+    int bi, r;
+    for (bi = 0; bi < BACKENDS; bi++) {
+        dp_world(e, bi, 0);
+        dp_world(g, bi, 1);
+        for (r = 0; r < 2; r++) {
+            double worst = 0.0;
+            int64_t i;
+            CHECK_MSG(e[r].r == DTR_OK && g[r].r == DTR_OK, "%s rank %d: %s / %s", backend_name(bi), r, e[r].msg, g[r].msg);
+            CHECK_EQ_INT(e[r].numel, g[r].numel);
+            for (i = 0; i < e[r].numel && i < g[r].numel; i++) worst = fmax(worst, fabs((double)e[r].params[i] - g[r].params[i]));
+            CHECK_MSG(worst <= MODEL_TOL, "%s rank %d: weights differ by %g", backend_name(bi), r, worst);
+            CHECK_MSG(e[r].overlapped > 0 && g[r].overlapped == 0, "%s rank %d: %d buckets overlapped eager, %d captured",
+                      backend_name(bi), r, e[r].overlapped, g[r].overlapped);
+            free(e[r].params);
+            free(g[r].params);
+        }
+        if (bi > 0) continue;   /* ZeRO-3 takes host models */
+        dp_world(g, bi, 2);
+        for (r = 0; r < 2; r++) {
+            CHECK_MSG(g[r].r == DTR_UNSUPPORTED && strstr(g[r].msg, "ZeRO-3"), "ZeRO-3 rank %d: %s", r, g[r].msg);
+            free(g[r].params);
+        }
+    }
 }
 
 static void test_graph_mlp_equals_eager(void) {
@@ -525,6 +634,7 @@ int main(void) {
     RUN(test_graph_host_values_are_the_captures);
     RUN(test_graph_launch_detects_a_changed_step);
     RUN(test_graph_refusals);
+    RUN(test_graph_data_parallel);
     RUN(test_graph_inputs_and_reset);
     RUN(test_tensor_copy);
     return test_summary();

@@ -43,6 +43,21 @@ dtr_result dtr_context_add_grad_hook(dtr_context *ctx, dtr_grad_hook_fn fn, void
     return DTR_OK;
 }
 
+void dtr__grad_hook_defer(dtr_context *ctx, int id) {
+    int i;
+    for (i = 0; i < ctx->n_grad_hooks; i++)
+        if (ctx->grad_hooks[i].id == id) ctx->grad_hooks[i].deferred = 1;
+}
+
+/* 1 when hook k runs now: every hook, but a deferred one not in a captured step */
+static int dtr__hook_runs(const dtr_context *ctx, int k) { return !ctx->capturing || !ctx->grad_hooks[k].deferred; }
+
+static int dtr__hooks_running(const dtr_context *ctx) {
+    int k, n = 0;
+    for (k = 0; k < ctx->n_grad_hooks; k++) n += dtr__hook_runs(ctx, k);
+    return n;
+}
+
 dtr_result dtr_context_remove_grad_hook(dtr_context *ctx, int id) {
     int i;
     if (!ctx) return DTR_NULL_HANDLE;
@@ -75,6 +90,7 @@ static dtr_result dtr__report_param(dtr_context *ctx, dtr_tensor *x) {
     dtr_result r = ctx->backend->event_record(ctx, &ready);
     int k;
     for (k = 0; r == DTR_OK && k < ctx->n_grad_hooks; k++) {
+        if (!dtr__hook_runs(ctx, k)) continue;
         r = ctx->grad_hooks[k].fn(ctx->grad_hooks[k].user, x, ready);
         if (r != DTR_OK && ctx->status == DTR_OK)
             dtr__fail(ctx, r, "dtr_backward: gradient hook %d failed on '%s'", ctx->grad_hooks[k].id, x->name);
@@ -146,7 +162,7 @@ static dtr_result dtr__run_node(dtr_context *ctx, dtr__node *n) {
 dtr_result dtr__replay(dtr_context *ctx, dtr__node *tape, int report) {
     dtr__node *n;
     dtr_result r;
-    int hooks = report && ctx->n_grad_hooks > 0;
+    int hooks = report && dtr__hooks_running(ctx) > 0;
     if (hooks) dtr__count_writers(tape);
     for (n = tape; n; n = n->prev) {
         if (dtr__reached(ctx, n->out)) {

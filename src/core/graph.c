@@ -297,13 +297,18 @@ static dtr_result dtr__graph_capture_native(dtr_graph *g) {
 }
 
 static dtr_result dtr__graph_check_args(dtr_context *ctx, dtr_graph_fn fn, dtr_graph **out) {
+    int i;
     if (!ctx || !fn || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     if (ctx->status != DTR_OK) return ctx->status;
     if (ctx->capturing) return dtr__fail(ctx, DTR_BAD_STATE, "dtr_graph_capture: a capture is under way on this context");
-    if (ctx->n_grad_hooks > 0)
-        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: the context has %d gradient hook(s) (a data-parallel "
-                         "engine): a captured step cannot hold their communication", ctx->n_grad_hooks);
+    for (i = 0; i < ctx->n_grad_hooks; i++)
+        if (!ctx->grad_hooks[i].deferred)
+            return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: the context has a gradient hook (id %d) that must "
+                             "run during backward: a captured step cannot hold its work", ctx->grad_hooks[i].id);
+    if (ctx->param_fetch)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_graph_capture: ZeRO-3 gathers parameters during the step: a captured "
+                         "step cannot hold that communication (ZeRO-1 and 2 can be captured)");
     return DTR_OK;
 }
 

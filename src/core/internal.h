@@ -439,6 +439,7 @@ typedef struct dtr__grad_hook {
     dtr_grad_hook_fn fn;
     void *user;
     int id;
+    int deferred;   /* its work may wait for the step's end (dtr__grad_hook_defer): not run in a captured step */
 } dtr__grad_hook;
 
 struct dtr_context {
@@ -660,6 +661,10 @@ DTR__PRIVATE dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype d
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */
 DTR__PRIVATE const float *dtr__f32_view(dtr_context *ctx, const struct dtr__node *n, const dtr_tensor *t);
+/** Marks hook `id` deferrable: what it starts can wait for the end of the step (the
+ *  data-parallel engine: dtr_dp_finish exchanges every bucket its hook did not start), so a
+ *  captured step (dtr_graph) runs without it instead of refusing the context. */
+DTR__PRIVATE void dtr__grad_hook_defer(dtr_context *ctx, int id);
 /** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
  *  -1 when dir cannot be read (src/engine/checkpoint.c). */
 DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);

@@ -285,6 +285,7 @@ dtr_result dtr_dp_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, dt
         }
         r = dtr_dp_broadcast_params(dp);
         if (r == DTR_OK) r = dtr_context_add_grad_hook(ctx, dtr__dp_grad_ready, dp, &dp->hook_id);
+        if (r == DTR_OK) dtr__grad_hook_defer(ctx, dp->hook_id);   /* dtr_dp_finish starts what it did not */
         /* ZeRO-3 last: it releases the other shards, which a failure after it would lose */
         if (r == DTR_OK && cfg->zero == 3)
             r = dtr__zero3_start(dp->z, dp->nb, dp->param_bucket, cfg->zero3_units ? cfg->zero3_units : 2, dtr__dpc_stats(dp->cz));

@@ -297,7 +297,9 @@ DTR_API dtr_tape *dtr_context_tape(const dtr_context *ctx);
  *   dynamic loss scaling runs eagerly; bf16 needs no scaling).
  * - No dropout (fresh masks every step), no activation checkpointing (dtr_checkpoint runs on
  *   other tapes), no tensor-parallel communication ops; the context may hold no gradient hook
- *   (a data-parallel engine): capture a single-device step.
+ *   of the app's. A data-parallel engine's may: its hook does not run in a captured step, and
+ *   dtr_dp_finish after the launch exchanges every bucket (no overlap with backward; ZeRO-3,
+ *   which gathers parameters during the step, is refused).
  * Its tensors live on the graph's tape until the next launch (CPU) or the graph's end (CUDA):
  * keep the ones to read (the loss) in `user`; intermediate gradients are not released early in a
  * captured step (a higher arena peak than eager). A launch after dtr_context_reset of a context
@@ -315,7 +317,7 @@ typedef dtr_result (*dtr_graph_fn)(dtr_context *ctx, void *user);
  *  once, recording what it did. Either way the step's work has run once when this returns.
  *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (a capture is
  *          under way on ctx, a refused call inside fn, or fn's second run differing from its
- *          first), DTR_UNSUPPORTED (a refused op, or gradient hooks on ctx), DTR_OUT_OF_MEMORY,
+ *          first), DTR_UNSUPPORTED (a refused op, a gradient hook of the app's on ctx, ZeRO-3), DTR_OUT_OF_MEMORY,
  *          a device error of the capture, or fn's error. The context's message says which.
  *  Thread safety: the context's thread; nothing else may use the context during the capture. */
 DTR_API dtr_result dtr_graph_capture(dtr_context *ctx, dtr_graph_fn fn, void *user, dtr_graph **out);
