@@ -24781,6 +24781,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     dtr__cbucket *b = &z->b[i];
     float *gb = g + begin, *rb = z->resid ? z->resid + begin : NULL;
     dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
+    dtr_result r;
     int64_t k;
     z->st.raw_bytes += (uint64_t)(end - begin) * sizeof(float);
     if (z->kind == DTR_COMPRESS_NONE) {
@@ -24796,8 +24797,9 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
     case DTR_COMPRESS_FP16:
-        if (z->dev && dtr__convert_on(z->ctx, b->send, half, gb, DTR_F32, b->n) != DTR_OK) return dtr_context_status(z->ctx);
-        if (!z->dev) dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        r = z->dev ? dtr__convert_on(z->ctx, b->send, half, gb, DTR_F32, b->n)
+                   : dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        if (r != DTR_OK) return r;
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
     case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
     case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
@@ -24813,13 +24815,13 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
     if (z->kind == DTR_COMPRESS_NONE || !b->send) return DTR_OK;
     if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_finish(z, b, g + begin, z->resid ? z->resid + begin : NULL);
-    if (z->dev) return dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n);
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
-        return dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
+        return z->dev ? dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n)
+                      : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24823 "dtrain.h"
+#line 24825 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25310,7 +25312,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25314 "dtrain.h"
+#line 25316 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25836,7 +25838,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25840 "dtrain.h"
+#line 25842 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26342,7 +26344,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26346 "dtrain.h"
+#line 26348 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -26864,7 +26866,10 @@ static dtr_result dtr__ps_resume(dtr_ps *ps) {
         mine[0] = own;
         if (pass == 1) mine[1] = ps->st.resumed_updates;
         dtr__free(&ps->ctx->alloc, all);
-        if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) return r;
+        if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) {
+            dtr__free(&ps->ctx->alloc, all);
+            return r;
+        }
         bad = dtr__ps_ck_failed(ps, all);
     }
     r = bad < 0 ? DTR_OK : (dtr_result)all[(size_t)bad * DTR__PS_CK_LIST];
@@ -27888,7 +27893,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27892 "dtrain.h"
+#line 27897 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27942,7 +27947,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27946 "dtrain.h"
+#line 27951 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29120,7 +29125,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29124 "dtrain.h"
+#line 29129 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30010,7 +30015,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30014 "dtrain.h"
+#line 30019 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31488,7 +31493,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31492 "dtrain.h"
+#line 31497 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31872,7 +31877,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31876 "dtrain.h"
+#line 31881 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32021,7 +32026,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32025 "dtrain.h"
+#line 32030 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

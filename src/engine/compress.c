@@ -344,6 +344,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     dtr__cbucket *b = &z->b[i];
     float *gb = g + begin, *rb = z->resid ? z->resid + begin : NULL;
     dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
+    dtr_result r;
     int64_t k;
     z->st.raw_bytes += (uint64_t)(end - begin) * sizeof(float);
     if (z->kind == DTR_COMPRESS_NONE) {
@@ -359,8 +360,9 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
     case DTR_COMPRESS_FP16:
-        if (z->dev && dtr__convert_on(z->ctx, b->send, half, gb, DTR_F32, b->n) != DTR_OK) return dtr_context_status(z->ctx);
-        if (!z->dev) dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        r = z->dev ? dtr__convert_on(z->ctx, b->send, half, gb, DTR_F32, b->n)
+                   : dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
+        if (r != DTR_OK) return r;
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
     case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
     case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
@@ -376,9 +378,9 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
     if (z->kind == DTR_COMPRESS_NONE || !b->send) return DTR_OK;
     if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_finish(z, b, g + begin, z->resid ? z->resid + begin : NULL);
-    if (z->dev) return dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n);
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
-        return dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
+        return z->dev ? dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n)
+                      : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }

@@ -516,7 +516,10 @@ static dtr_result dtr__ps_resume(dtr_ps *ps) {
         mine[0] = own;
         if (pass == 1) mine[1] = ps->st.resumed_updates;
         dtr__free(&ps->ctx->alloc, all);
-        if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) return r;
+        if ((r = dtr__ps_ck_gather(ps, mine, &all)) != DTR_OK) {
+            dtr__free(&ps->ctx->alloc, all);
+            return r;
+        }
         bad = dtr__ps_ck_failed(ps, all);
     }
     r = bad < 0 ? DTR_OK : (dtr_result)all[(size_t)bad * DTR__PS_CK_LIST];
