@@ -450,18 +450,19 @@ typedef struct fm_graph_step {
     fm_forward_fn forward;
     const void *net;
     dtr_tape *inputs;
-    dtr_tensor *x, *y, *loss;
+    dtr_tensor *x, *y, *loss, *logits;
     dtr_graph *g;
 } fm_graph_step;
 
 static dtr_result fm_graph_fn(dtr_context *ctx, void *user) {
     fm_graph_step *s = (fm_graph_step *)user;
-    s->loss = dtr_cross_entropy(ctx, s->forward(ctx, s->net, s->x), s->y);
+    s->logits = s->forward(ctx, s->net, s->x);
+    s->loss = dtr_cross_entropy(ctx, s->logits, s->y);
     return s->loss ? dtr_backward(ctx, s->loss) : dtr_context_status(ctx);
 }
 
 /** The step on batch (x, y) through the captured graph (captured on the first call, which runs
- *  it too); *loss is the step's loss tensor. */
+ *  it too); *loss is the step's loss tensor (s->logits its logits). */
 FM_FN dtr_result fm_graph_run(dtr_context *ctx, fm_graph_step *s, dtr_tensor *x, dtr_tensor *y, dtr_tensor **loss) {
     dtr_result r = DTR_OK;
     if (!s->inputs) {

@@ -24,7 +24,7 @@
  *                  [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]
  *                  [--bucket BYTES] [--threads T] [--compress none|bf16|fp16|int8|topk|powersgd]
  *                  [--topk-ratio F] [--powersgd-rank R] [--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3]
- *                  [--zero3-keep-grads 0|1] [--zero2-release-grads 0|1]
+ *                  [--zero3-keep-grads 0|1] [--zero2-release-grads 0|1] [--graph]
  *                  [--metrics FILE] [--trace FILE]
  *   --world      ranks (local transport; default 2)
  *   --transport  local (default) or a registered transport such as libfabric
@@ -45,6 +45,9 @@
  *   --zero3-keep-grads 1  ZeRO-3: keep the whole gradient buffer resident (faster, more memory)
  *   --zero2-release-grads 1  ZeRO-2: give the gradients outside the shard back once sent (less
  *                memory between steps, page faults each backward)
+ *   --graph      the forward and backward of each full batch captured once (dtr_graph_capture; a
+ *                CUDA graph with --gpu) and launched; dtr_dp_finish then exchanges every bucket
+ *                (no overlap with backward). Not with ZeRO-3 (refused)
  *   --metrics    each rank appends a JSON line per step to FILE (with .rank<r> before its
  *                extension: m.jsonl -> m.rank1.jsonl); the step time is split into data,
  *                forward, backward, exposed communication, optimizer (docs/observability.md)
@@ -73,6 +76,7 @@ typedef struct dp_opts {
     int64_t local_sgd_warmup;
     const char *metrics, *trace;   /* --metrics FILE, --trace FILE: per rank (run.json -> run.rank1.json) */
     int gpu;                /* --gpu: every rank trains on the GPU (make examples-gpu) */
+    int graph;              /* --graph: the forward and backward of full batches captured once and launched */
 } dp_opts;
 
 typedef struct dp_result {
@@ -117,6 +121,10 @@ static size_t dp_state_bytes(dtr_optimizer *opt) {
     return b;
 }
 
+static dtr_tensor *dp_forward(dtr_context *ctx, const void *net, dtr_tensor *x) {
+    return fm_net_forward(ctx, (const fm_net *)net, x);
+}
+
 /* Trains on `data` as rank dtr_comm_rank(c) of the group. Rank 0 fills `res` (and prints
    progress unless o->quiet). Returns 1 on success. */
 static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, dp_result *res) {
@@ -130,6 +138,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
     dtr_metrics *metrics = NULL;
     dtr_sampler smp;
     fm_net net;
+    fm_graph_step gs = {dp_forward, &net, NULL, NULL, NULL, NULL, NULL, NULL};
     fm_batch batch, eval;
     int64_t *idx = NULL, *scratch = NULL, count, steps;
     double train_s = 0.0;
@@ -194,7 +203,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
         dtr_context_set_training(ctx, 1);
         for (s = 0; s < steps; s++) {
             int64_t B = count - s * per < per ? count - s * per : per, xs[2], ys[1];
-            dtr_tensor *logits, *loss;
+            dtr_tensor *x, *y, *logits, *loss = NULL;
             dtr_step_info info = {0};
             if (metrics) dtr_metrics_phase_begin(metrics, DTR_PHASE_DATA);   /* this loop's own batching */
             for (i = 0; i < B; i++) {
@@ -204,12 +213,19 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
             }
             xs[0] = B; xs[1] = FM_PIXELS; ys[0] = B;
             if (metrics) dtr_metrics_phase_end(metrics, DTR_PHASE_DATA);
-            logits = fm_net_forward(ctx, &net, dtr_tensor_from(ctx, DTR_F32, 2, xs, batch.x));
-            loss = dtr_cross_entropy(ctx, logits, dtr_tensor_from(ctx, DTR_I32, 1, ys, batch.y));
-            if (!loss) { r = dtr_context_status(ctx); dp_err(rank, "forward", r, dtr_context_last_error(ctx)); goto done; }
-            /* backward starts the buckets' all-reduces; finish waits for the averages */
-            if ((r = dtr_backward(ctx, loss)) != DTR_OK || (r = dtr_dp_finish(dp)) != DTR_OK) {
-                dp_err(rank, "backward", r, dtr_comm_last_error(c));
+            x = dtr_tensor_from(ctx, DTR_F32, 2, xs, batch.x);
+            y = dtr_tensor_from(ctx, DTR_I32, 1, ys, batch.y);
+            if (o->graph && B == per) {   /* --graph: the captured step; finish exchanges every bucket */
+                r = fm_graph_run(ctx, &gs, x, y, &loss);
+                logits = gs.logits;
+            } else {   /* backward starts the buckets' all-reduces; finish waits for the averages */
+                logits = fm_net_forward(ctx, &net, x);
+                loss = dtr_cross_entropy(ctx, logits, y);
+                r = loss ? dtr_backward(ctx, loss) : dtr_context_status(ctx);
+            }
+            if (r == DTR_OK) r = dtr_dp_finish(dp);
+            if (r != DTR_OK) {
+                dp_err(rank, "step", r, dtr_context_last_error(ctx));
                 goto done;
             }
             if ((r = dtr_tensor_read(logits, DTR_F32, batch.logits, (size_t)(B * FM_CLASSES))) != DTR_OK) goto done;
@@ -269,6 +285,7 @@ static int dp_rank_train(dtr_comm *c, const dp_opts *o, const dtr_mnist *data, d
 done:
     if (!ok) dtr_comm_abort(c, "training stopped");   /* the other ranks stop at once */
     dtr_metrics_destroy(metrics);   /* writes the timeline */
+    fm_graph_free(&gs);
     dtr_dp_destroy(dp);
     dtr_optimizer_destroy(opt);
     fm_net_free(&net);
@@ -338,11 +355,12 @@ int main(int argc, char **argv) {
                    "[--lr LR] [--schedule cosine|constant] [--seed S] [--bucket BYTES] [--threads T] "
                    "[--compress none|bf16|fp16|int8|topk|powersgd] [--topk-ratio F] [--powersgd-rank R] "
                    "[--local-sgd H] [--local-sgd-warmup W] [--zero 0|1|2|3] [--zero3-keep-grads 0|1] "
-                   "[--zero2-release-grads 0|1] [--gpu]\n", argv[0]);
+                   "[--zero2-release-grads 0|1] [--gpu] [--graph]\n", argv[0]);
             return 0;
         }
         if (a[0] != '-') { o.dir = a; continue; }
         if (!strcmp(a, "--gpu")) { o.gpu = 1; continue; }
+        if (!strcmp(a, "--graph")) { o.graph = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (!strcmp(a, "--transport")) { o.transport = v; continue; }

@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
     mlp net = {NULL, {0}, {0}, {0}};
     double test_acc = 0.0;
     fm_progress prog;
-    fm_graph_step gs = {mlp_forward, &net, NULL, NULL, NULL, NULL, NULL};
+    fm_graph_step gs = {mlp_forward, &net, NULL, NULL, NULL, NULL, NULL, NULL};
     dtr_result r;
     int e, rc = 1, pa = fm_parse_args(argc, argv, &o);
 

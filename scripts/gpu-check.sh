@@ -9,8 +9,9 @@
 #      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, captured
 #      steps (--graph: CUDA graphs), and bench/gpu_gemm beside bench/gpu_gemm_torch.py (the
 #      GPTs' linear layers)
-#   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers) and
-#      examples/fmnist_mlp --gpu (the loader's pinned batches; --graph, --bf16), a few hundred
+#   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers),
+#      examples/fmnist_mlp --gpu (the loader's pinned batches; --graph, --bf16) and
+#      examples/fmnist_dp --gpu --graph (2 ranks, captured data-parallel steps), a few hundred
 #      steps each
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
 # exit status is that of step 2. Usage: scripts/gpu-check.sh [--quick] (--quick: 5 bench steps)
@@ -68,6 +69,8 @@ if [ -d "$fm" ]; then
   echo "fmnist_mlp --gpu --graph: $?" | tee -a "$out/summary.txt"
   timeout 120 build/examples/gpu/fmnist_mlp "$fm" --gpu --bf16 --epochs 1 > "$out/fmnist-mlp-gpu-bf16.log" 2>&1
   echo "fmnist_mlp --gpu --bf16: $?" | tee -a "$out/summary.txt"
+  timeout 120 build/examples/gpu/fmnist_dp "$fm" --gpu --graph --world 2 --epochs 1 > "$out/fmnist-dp-gpu-graph.log" 2>&1
+  echo "fmnist_dp --gpu --graph: $?" | tee -a "$out/summary.txt"
 fi
 cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl"
 exit $rc
