@@ -1413,7 +1413,8 @@ static dtr_result dtr__cuda_linear16_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr_dtype p = nd->out->dtype;
     int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / out;
     dtr__cuda_gemm_t t = {dtr__cuda_blas_type(p), dtr__cuda_blas_type(p)};
-    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(out * in * 2) + (x->dtype == p ? 0 : dtr__cuda_align256(R * in * 2))));
+    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(out * in * 2) +
+                                                  (x->dtype == p ? 0 : dtr__cuda_align256(R * in * 2))));
     const void *W, *X;
     if (!at || !(W = dtr__cuda_as16(ctx, dtr__data(w), w->dtype, p, out * in, &at)) ||
         !(X = dtr__cuda_as16(ctx, dtr__data(x), x->dtype, p, R * in, &at)))
@@ -1463,7 +1464,7 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1467 "dtrain_cuda.cu"
+#line 1468 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1642,7 +1643,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1646 "dtrain_cuda.cu"
+#line 1647 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1841,7 +1842,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1845 "dtrain_cuda.cu"
+#line 1846 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2027,7 +2028,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 2031 "dtrain_cuda.cu"
+#line 2032 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2513,5 +2514,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2517 "dtrain_cuda.cu"
+#line 2518 "dtrain_cuda.cu"
 

@@ -343,7 +343,8 @@ static dtr_result dtr__cuda_linear16_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr_dtype p = nd->out->dtype;
     int64_t in = w->shape[1], out = w->shape[0], R = dtr_tensor_numel(nd->out) / out;
     dtr__cuda_gemm_t t = {dtr__cuda_blas_type(p), dtr__cuda_blas_type(p)};
-    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(out * in * 2) + (x->dtype == p ? 0 : dtr__cuda_align256(R * in * 2))));
+    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(out * in * 2) +
+                                                  (x->dtype == p ? 0 : dtr__cuda_align256(R * in * 2))));
     const void *W, *X;
     if (!at || !(W = dtr__cuda_as16(ctx, dtr__data(w), w->dtype, p, out * in, &at)) ||
         !(X = dtr__cuda_as16(ctx, dtr__data(x), x->dtype, p, R * in, &at)))
