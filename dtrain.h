@@ -9472,7 +9472,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (!(scratch = dtr__wide_scratch(ctx, n, floats, &own))) return NULL;
     /* a block of its own goes back at once: the caller reads it before anything is allocated */
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
-    return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
+    return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
 #line 9478 "dtrain.h"
 
@@ -24481,7 +24481,7 @@ struct dtr__dpc {
     dtr_dp_compress kind;
     float ratio;
     int rank_r, ef, world;
-    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create) */
+    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create's dev) */
     float *resid;           /* error feedback (numel floats) */
     dtr__cbucket *b;        /* one per parameter at most, made at the first start */
     int nb;
@@ -24511,7 +24511,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
-    z->dev = dev && (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16);
+    z->dev = dev;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
     if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
@@ -25642,7 +25642,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr_allocation_callbacks a;
     if (!dp) return;
     a = dp->ctx->alloc;
-    if (dp->cfg.zero >= 2) dtr__zero_shard_grads(dp, 0);
+    if (dtr__zero_releases_grads(&dp->cfg)) dtr__zero_shard_grads(dp, 0);
     if (dp->b) dtr__dp_wait_all(dp), dtr__dp_reset(dp);
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);

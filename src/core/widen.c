@@ -209,5 +209,5 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (!(scratch = dtr__wide_scratch(ctx, n, floats, &own))) return NULL;
     /* a block of its own goes back at once: the caller reads it before anything is allocated */
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
-    return dtr__cast_by(ctx->backend->forward, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
+    return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }

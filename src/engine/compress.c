@@ -44,7 +44,7 @@ struct dtr__dpc {
     dtr_dp_compress kind;
     float ratio;
     int rank_r, ef, world;
-    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create) */
+    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create's dev) */
     float *resid;           /* error feedback (numel floats) */
     dtr__cbucket *b;        /* one per parameter at most, made at the first start */
     int nb;
@@ -74,7 +74,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
-    z->dev = dev && (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16);
+    z->dev = dev;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
     if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {

@@ -324,7 +324,7 @@ void dtr_dp_destroy(dtr_dp *dp) {
     dtr_allocation_callbacks a;
     if (!dp) return;
     a = dp->ctx->alloc;
-    if (dp->cfg.zero >= 2) dtr__zero_shard_grads(dp, 0);
+    if (dtr__zero_releases_grads(&dp->cfg)) dtr__zero_shard_grads(dp, 0);
     if (dp->b) dtr__dp_wait_all(dp), dtr__dp_reset(dp);
     if (dp->hook_id) dtr_context_remove_grad_hook(dp->ctx, dp->hook_id);
     dtr__free(&a, dp->b);
