@@ -4363,11 +4363,36 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
  *  memory: the CPU kernels run on host images of the tensors they touch, then what they
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
  *  `comm` entry here. Over a group of the context's device memory TP_COPY, TP_REDUCE and
- *  TP_GATHER run on the device instead; the cross-entropy needs a group that takes host
- *  buffers or stages them (else DTR_UNSUPPORTED, said). */
+ *  TP_GATHER run on the device instead, and the cross-entropy too where the backend has
+ *  vocab_xent; without it the cross-entropy needs a group that takes host buffers or stages
+ *  them (else DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
+
+/** The vocabulary-parallel cross-entropy's local work (dtr_backend.vocab_xent; the collectives
+ *  between the phases: src/ops/ops_comm.c). Shapes: x (R, K) f32, this rank's classes
+ *  [start, start + K) of V; t (R) int32; s: the rows' M, Z, T, R floats each; all of it in
+ *  the backend's memory.
+ *    DTR__VXENT_MAX   M[r] = max_k x[r, k]                 (then all-reduce MAX of M)
+ *    DTR__VXENT_SUMS  Z[r] = sum_k exp(x[r, k] - M[r]) (summed in double), T[r] = x[r, t[r] -
+ *                     start] where this rank holds t[r], else 0   (then all-reduce SUM of Z, T)
+ *    DTR__VXENT_LOSS  y[0] = mean_r (M[r] + log Z[r] - T[r])   (rows summed in order, double)
+ *    DTR__VXENT_GRAD  gx[r, k] += g[0] / R * (exp(x[r, k] - M[r]) / Z[r] - [k == t[r] - start])
+ *  A target outside [0, V) is DTR_INVALID_ARGUMENT (the CPU at MAX; a device when it reports
+ *  its kernels' data errors, at the next synchronisation). */
+typedef struct dtr__vxent_args {
+    int64_t R, K, V, start;
+    const float *x;
+    const int32_t *t;
+    float *s;
+    float *y;               /* LOSS: 1 float */
+    const float *g;         /* GRAD: 1 float, dL/dy */
+    float *gx;              /* GRAD: (R, K) */
+} dtr__vxent_args;
+enum { DTR__VXENT_MAX, DTR__VXENT_SUMS, DTR__VXENT_LOSS, DTR__VXENT_GRAD };
+/** The CPU's vocab_xent (host memory). */
+DTR__PRIVATE dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
@@ -4481,6 +4506,10 @@ struct dtr_backend {
        group of device memory). NULL: dtr__mem_copy2d copies row by row */
     dtr_result (*copy2d)(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t rows);
+    /* the vocabulary-parallel cross-entropy's local work, one phase (dtr__vxent_args), queued
+       on the context's stream: over a group of the context's device memory the op runs on the
+       device with it. NULL: a device backend runs the op on host images */
+    dtr_result (*vocab_xent)(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4797,7 +4826,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4801 "dtrain.h"
+#line 4830 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5078,7 +5107,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5082 "dtrain.h"
+#line 5111 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5140,7 +5169,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5144 "dtrain.h"
+#line 5173 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5519,7 +5548,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5523 "dtrain.h"
+#line 5552 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5562,7 +5591,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5566 "dtrain.h"
+#line 5595 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5595,7 +5624,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5599 "dtrain.h"
+#line 5628 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5654,7 +5683,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5658 "dtrain.h"
+#line 5687 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5728,7 +5757,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5732 "dtrain.h"
+#line 5761 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5796,7 +5825,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5800 "dtrain.h"
+#line 5829 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5871,7 +5900,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5875 "dtrain.h"
+#line 5904 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6223,7 +6252,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6227 "dtrain.h"
+#line 6256 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7014,7 +7043,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7018 "dtrain.h"
+#line 7047 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7673,7 +7702,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7677 "dtrain.h"
+#line 7706 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7744,7 +7773,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7748 "dtrain.h"
+#line 7777 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8226,7 +8255,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8230 "dtrain.h"
+#line 8259 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8481,7 +8510,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8485 "dtrain.h"
+#line 8514 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8712,7 +8741,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8716 "dtrain.h"
+#line 8745 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8831,7 +8860,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8835 "dtrain.h"
+#line 8864 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8887,7 +8916,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8891 "dtrain.h"
+#line 8920 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9026,6 +9055,10 @@ static dtr_result dtr__gs_event_query(dtr_context *ctx, dtr_event *ev, int *done
     return dtr__graph_refuse(ctx, "querying an event");
 }
 static dtr_result dtr__gs_sync(dtr_context *ctx) { return dtr__graph_refuse(ctx, "synchronizing with the backend"); }
+static dtr_result dtr__gs_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
+    (void)a; (void)phase;
+    return dtr__graph_refuse(ctx, "the vocabulary-parallel cross-entropy (a collective)");
+}
 
 /* each op's kernel family, from the op list: the families a replay cannot repeat are refused */
 #define DTR__GRAPH_FAMILY(id, name, k) #k,
@@ -9154,6 +9187,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     v->from_host_async = dtr__gs_from_host_async;
     if (v->copy) v->copy = dtr__gs_copy;   /* NULL stays NULL: dtr__mem_copy memmoves host memory */
     if (v->copy2d) v->copy2d = dtr__gs_copy2d;
+    if (v->vocab_xent) v->vocab_xent = dtr__gs_vocab_xent;   /* (its op is refused before it runs) */
 }
 
 /* ---- runs ---- */
@@ -9257,7 +9291,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9261 "dtrain.h"
+#line 9295 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9474,7 +9508,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9478 "dtrain.h"
+#line 9512 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9904,7 +9938,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9908 "dtrain.h"
+#line 9942 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10083,7 +10117,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10087 "dtrain.h"
+#line 10121 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10615,7 +10649,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10619 "dtrain.h"
+#line 10653 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11114,7 +11148,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11118 "dtrain.h"
+#line 11152 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11373,7 +11407,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11377 "dtrain.h"
+#line 11411 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11394,10 +11428,11 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
  * the tensors (dtr__comm_staged_fwd / _bwd). Over a group of the context's device memory
- * (NCCL) TP_COPY, TP_REDUCE and TP_GATHER run on the device (a device copy, the group's
- * all-reduce or all-gather, strided copies, the backend's sum); the cross-entropy keeps the
- * host images, which the group stages to its device in turn (src/comm/stage.c): correct, not
- * fast.
+ * (NCCL) they run on the device: TP_COPY, TP_REDUCE and TP_GATHER by a device copy, the
+ * group's all-reduce or all-gather, strided copies and the backend's sum; the cross-entropy's
+ * local work (row maxima, sums, the loss, the gradient) by the backend's vocab_xent, the
+ * group's all-reduces of 3 floats a row between, so the logits never leave the device (a
+ * backend without vocab_xent: host images, which the group stages to its device in turn).
  * ==========================================================================*/
 
 
@@ -11450,20 +11485,19 @@ static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, floa
 
 /* ---- vocabulary-parallel cross-entropy ---- */
 
-typedef struct dtr__vxent {
-    int64_t K, R, start;       /* classes here, rows, first class here */
-    const float *x;
-    const int32_t *t;
-} dtr__vxent;
+typedef dtr_result (*dtr__vxent_fn)(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 
-static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
-    dtr__vxent v;
-    v.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
-    v.R = v.K ? dtr_tensor_numel(nd->in[0]) / v.K : 0;
-    v.start = (int64_t)dtr_comm_rank(nd->p.comm) * v.K;
-    v.x = dtr__f32(nd->in[0]);
-    v.t = dtr__i32(nd->in[1]);
-    return v;
+/* the node's shapes and tensors (s, y, g, gx unset) */
+static dtr__vxent_args dtr__vxent_of(const dtr__node *nd) {
+    dtr__vxent_args a;
+    memset(&a, 0, sizeof a);
+    a.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    a.R = a.K ? dtr_tensor_numel(nd->in[0]) / a.K : 0;
+    a.V = a.K * dtr_comm_size(nd->p.comm);
+    a.start = (int64_t)dtr_comm_rank(nd->p.comm) * a.K;
+    a.x = dtr__f32(nd->in[0]);
+    a.t = dtr__i32(nd->in[1]);
+    return a;
 }
 
 /* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family) */
@@ -11471,50 +11505,74 @@ static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
     return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(3 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
 }
 
-/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
-   block given in nd->saved, or the node's) */
-static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__vxent v = dtr__vxent_of(nd);
-    int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
-    float *M, *Z, *T;
-    double loss = 0.0;
-    dtr_result res;
-    for (r = 0; r < v.R; r++)
-        if (v.t[r] < 0 || v.t[r] >= V)
+static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
+    float *M = a->s;
+    int64_t r, k;
+    for (r = 0; r < a->R; r++)
+        if (a->t[r] < 0 || a->t[r] >= a->V)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
-                             (long long)r, (int)v.t[r], (long long)V);
-    M = nd->saved ? (float *)nd->saved : (float *)dtr__node_save(ctx, nd, dtr__comm_saved_bytes(nd));
-    if (!M) return ctx->status;
-    nd->saved = M, Z = M + v.R, T = Z + v.R;
-    for (r = 0; r < v.R; r++)
-        for (M[r] = -INFINITY, k = 0; k < v.K; k++) M[r] = v.x[r * v.K + k] > M[r] ? v.x[r * v.K + k] : M[r];
-    if ((res = dtr__tp_all_reduce(ctx, nd, M, v.R, DTR_REDUCE_MAX)) != DTR_OK) return res;
-    for (r = 0; r < v.R; r++) {
-        double s = 0.0;
-        int64_t own = v.t[r] - v.start;
-        for (k = 0; k < v.K; k++) s += expf(v.x[r * v.K + k] - M[r]);
-        Z[r] = (float)s;
-        T[r] = own >= 0 && own < v.K ? v.x[r * v.K + own] : 0.0f;
-    }
-    if ((res = dtr__tp_all_reduce(ctx, nd, Z, 2 * v.R, DTR_REDUCE_SUM)) != DTR_OK) return res;
-    for (r = 0; r < v.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
-    dtr__f32(nd->out)[0] = v.R ? (float)(loss / (double)v.R) : 0.0f;
+                             (long long)r, (int)a->t[r], (long long)a->V);
+    for (r = 0; r < a->R; r++)
+        for (M[r] = -INFINITY, k = 0; k < a->K; k++) M[r] = a->x[r * a->K + k] > M[r] ? a->x[r * a->K + k] : M[r];
     return DTR_OK;
 }
 
-static dtr_result dtr__vxent_bwd(dtr__node *nd) {
-    dtr__vxent v = dtr__vxent_of(nd);
-    const float *M = (const float *)nd->saved, *Z = M + v.R;
-    float *gx = dtr__gradof(nd->in[0]), c;
+static void dtr__vxent_sums(const dtr__vxent_args *a) {
+    const float *M = a->s;
+    float *Z = a->s + a->R, *T = Z + a->R;
     int64_t r, k;
-    if (!gx || !v.R) return DTR_OK;
-    c = nd->out->grad[0] / (float)v.R;
-    for (r = 0; r < v.R; r++) {
-        int64_t own = v.t[r] - v.start;
-        for (k = 0; k < v.K; k++) gx[r * v.K + k] += c * (expf(v.x[r * v.K + k] - M[r]) / Z[r]);
-        if (own >= 0 && own < v.K) gx[r * v.K + own] -= c;
+    for (r = 0; r < a->R; r++) {
+        double s = 0.0;
+        int64_t own = a->t[r] - a->start;
+        for (k = 0; k < a->K; k++) s += expf(a->x[r * a->K + k] - M[r]);
+        Z[r] = (float)s;
+        T[r] = own >= 0 && own < a->K ? a->x[r * a->K + own] : 0.0f;
     }
+}
+
+static void dtr__vxent_grad(const dtr__vxent_args *a) {
+    const float *M = a->s, *Z = M + a->R;
+    float c = a->g[0] / (float)a->R;
+    int64_t r, k;
+    for (r = 0; r < a->R; r++) {
+        int64_t own = a->t[r] - a->start;
+        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (expf(a->x[r * a->K + k] - M[r]) / Z[r]);
+        if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c;
+    }
+}
+
+dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
+    const float *M = a->s, *Z = M + a->R, *T = Z + a->R;
+    double loss = 0.0;
+    int64_t r;
+    if (phase == DTR__VXENT_MAX) return dtr__vxent_max(ctx, a);
+    if (phase == DTR__VXENT_SUMS) dtr__vxent_sums(a);
+    if (phase == DTR__VXENT_GRAD && a->gx && a->R) dtr__vxent_grad(a);
+    if (phase != DTR__VXENT_LOSS) return DTR_OK;
+    for (r = 0; r < a->R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    a->y[0] = a->R ? (float)(loss / (double)a->R) : 0.0f;
     return DTR_OK;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
+   block given in nd->saved, or the node's); the local work by kernel k (the CPU's on host
+   memory, the backend's vocab_xent on its own), the group's all-reduces between */
+static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn k) {
+    dtr__vxent_args a = dtr__vxent_of(nd);
+    dtr_result r;
+    a.s = nd->saved ? (float *)nd->saved : (float *)dtr__node_save(ctx, nd, dtr__comm_saved_bytes(nd));
+    if (!a.s) return ctx->status;
+    nd->saved = a.s, a.y = dtr__f32(nd->out);
+    if ((r = k(ctx, &a, DTR__VXENT_MAX)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s, a.R, DTR_REDUCE_MAX)) != DTR_OK ||
+        (r = k(ctx, &a, DTR__VXENT_SUMS)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s + a.R, 2 * a.R, DTR_REDUCE_SUM)) != DTR_OK)
+        return r;
+    return k(ctx, &a, DTR__VXENT_LOSS);
+}
+
+static dtr_result dtr__vxent_bwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn k) {
+    dtr__vxent_args a = dtr__vxent_of(nd);
+    a.s = (float *)nd->saved, a.g = nd->out->grad, a.gx = dtr__gradof(nd->in[0]);
+    return a.gx && a.R ? k(ctx, &a, DTR__VXENT_GRAD) : DTR_OK;
 }
 
 /* ---- all-gather along the last axis ---- */
@@ -11549,7 +11607,7 @@ static dtr_result dtr__gather_bwd(dtr__node *nd) {
 
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
-    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd, dtr__cpu_vocab_xent);
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
     return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
@@ -11559,7 +11617,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
-    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(ctx, nd, dtr__cpu_vocab_xent);
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
@@ -11630,11 +11688,12 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     return r;
 }
 
-/* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device ---- */
+/* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device,
+   the cross-entropy's local work by the backend's vocab_xent ---- */
 
 static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
     return nd->p.comm && nd->p.comm->mem_ctx == ctx &&
-           (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE || nd->op == DTR_OP_TP_GATHER);
+           (nd->op != DTR_OP_VOCAB_CROSS_ENTROPY || ctx->backend->vocab_xent);
 }
 
 /* TP_GATHER: the group's all-gather of x into a scratch block (rank k's x at k * n), then rank
@@ -11669,6 +11728,7 @@ static dtr_result dtr__comm_direct_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     dtr_result r;
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_fwd(ctx, nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd, ctx->backend->vocab_xent);
     r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
     if (r == DTR_OK && nd->op == DTR_OP_TP_REDUCE) r = dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM);
     return r;
@@ -11680,6 +11740,7 @@ static dtr_result dtr__comm_direct_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad;
     dtr_result r = DTR_OK;
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_bwd(ctx, nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(ctx, nd, ctx->backend->vocab_xent);
     if (nd->op == DTR_OP_TP_COPY) {
         float *sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
         if (!sum) return ctx->status;
@@ -11716,7 +11777,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11720 "dtrain.h"
+#line 11781 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11845,9 +11906,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL,
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
-    NULL                     /* copy2d: dtr__mem_copy2d copies row by row */
+    NULL,                    /* copy2d: dtr__mem_copy2d copies row by row */
+    dtr__cpu_vocab_xent
 };
-#line 11851 "dtrain.h"
+#line 11913 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12389,7 +12451,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12393 "dtrain.h"
+#line 12455 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12558,7 +12620,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12562 "dtrain.h"
+#line 12624 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12807,7 +12869,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12811 "dtrain.h"
+#line 12873 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13329,7 +13391,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13333 "dtrain.h"
+#line 13395 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13467,7 +13529,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13471 "dtrain.h"
+#line 13533 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13814,7 +13876,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13818 "dtrain.h"
+#line 13880 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13880,7 +13942,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13884 "dtrain.h"
+#line 13946 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14117,7 +14179,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14121 "dtrain.h"
+#line 14183 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14866,7 +14928,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14870 "dtrain.h"
+#line 14932 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15319,7 +15381,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15323 "dtrain.h"
+#line 15385 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15375,7 +15437,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15379 "dtrain.h"
+#line 15441 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16152,7 +16214,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16156 "dtrain.h"
+#line 16218 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16733,7 +16795,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16737 "dtrain.h"
+#line 16799 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17364,7 +17426,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17368 "dtrain.h"
+#line 17430 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18154,7 +18216,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18158 "dtrain.h"
+#line 18220 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18507,7 +18569,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18511 "dtrain.h"
+#line 18573 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18697,7 +18759,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18701 "dtrain.h"
+#line 18763 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18878,7 +18940,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18882 "dtrain.h"
+#line 18944 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19653,7 +19715,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19657 "dtrain.h"
+#line 19719 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20170,7 +20232,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20174 "dtrain.h"
+#line 20236 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -20965,7 +21027,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 20969 "dtrain.h"
+#line 21031 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22213,7 +22275,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22217 "dtrain.h"
+#line 22279 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22835,7 +22897,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22839 "dtrain.h"
+#line 22901 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23336,7 +23398,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23340 "dtrain.h"
+#line 23402 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24066,7 +24128,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24070 "dtrain.h"
+#line 24132 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24302,7 +24364,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24306 "dtrain.h"
+#line 24368 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24431,7 +24493,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24435 "dtrain.h"
+#line 24497 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24821,7 +24883,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     dtr__gather_decode(z, b, g + begin);
     return DTR_OK;
 }
-#line 24825 "dtrain.h"
+#line 24887 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25312,7 +25374,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25316 "dtrain.h"
+#line 25378 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25838,7 +25900,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25842 "dtrain.h"
+#line 25904 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26344,7 +26406,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26348 "dtrain.h"
+#line 26410 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27893,7 +27955,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27897 "dtrain.h"
+#line 27959 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -27947,7 +28009,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 27951 "dtrain.h"
+#line 28013 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29125,7 +29187,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29129 "dtrain.h"
+#line 29191 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30015,7 +30077,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30019 "dtrain.h"
+#line 30081 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31493,7 +31555,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31497 "dtrain.h"
+#line 31559 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31877,7 +31939,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31881 "dtrain.h"
+#line 31943 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32026,7 +32088,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32030 "dtrain.h"
+#line 32092 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -753,6 +753,66 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- vocabulary-parallel cross-entropy's local work (dtr__vxent_args; the phases and the
+   collectives between them: src/ops/ops_comm.c): one block per row ---- */
+
+/* MAX: M[r]; SUMS: Z[r] (double), T[r]. A target outside [0, V) is flagged at MAX. */
+__global__ static void dtr__cuda_vxent_rows_k(dtr__vxent_args a, int phase, int *err) {
+    float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
+    for (int64_t r = blockIdx.x; r < a.R; r += gridDim.x) {
+        const float *x = a.x + r * a.K;
+        int64_t own = (int64_t)a.t[r] - a.start;
+        if (phase == DTR__VXENT_MAX) {
+            float mx = -INFINITY;
+            if (threadIdx.x == 0 && (a.t[r] < 0 || a.t[r] >= a.V)) dtr__cuda_flag(err, DTR_OP_VOCAB_CROSS_ENTROPY, r);
+            for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) mx = fmaxf(mx, x[k]);
+            mx = dtr__cuda_block_max(mx);
+            if (threadIdx.x == 0) M[r] = mx;
+            continue;
+        }
+        double sum = 0.0;
+        for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sum += (double)expf(x[k] - M[r]);
+        sum = dtr__cuda_block_sum(sum);
+        if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f;
+    }
+}
+
+/* LOSS: the rows' mean, summed in order (one thread: the CPU's sum) */
+__global__ static void dtr__cuda_vxent_loss_k(dtr__vxent_args a) {
+    const float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
+    double loss = 0.0;
+    if (threadIdx.x || blockIdx.x) return;
+    for (int64_t r = 0; r < a.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    a.y[0] = a.R ? (float)(loss / (double)a.R) : 0.0f;
+}
+
+/* GRAD: block (column chunk, row) */
+__global__ static void dtr__cuda_vxent_grad_k(dtr__vxent_args a) {
+    const float *M = a.s, *Z = a.s + a.R;
+    float c = a.g[0] / (float)a.R;
+    for (int64_t r = blockIdx.y; r < a.R; r += gridDim.y) {
+        int64_t own = (int64_t)a.t[r] - a.start;
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < a.K; k += (int64_t)gridDim.x * blockDim.x) {
+            int64_t i = r * a.K + k;
+            float v = a.gx[i] + c * (expf(a.x[i] - M[r]) / Z[r]);
+            if (k == own) v -= c;
+            a.gx[i] = v;
+        }
+    }
+}
+
+/* dtr_backend.vocab_xent: one phase, queued on the stream */
+static dtr_result dtr__cuda_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    unsigned rows = (unsigned)(a->R < 65535 ? a->R : 65535);
+    if (phase == DTR__VXENT_LOSS) dtr__cuda_vxent_loss_k<<<1, 1, 0, st>>>(*a);
+    else if (a->R == 0 || (phase == DTR__VXENT_GRAD && !a->gx)) return DTR_OK;
+    else if (phase == DTR__VXENT_GRAD)
+        dtr__cuda_vxent_grad_k<<<dim3(dtr__launch_blocks(a->K, DTR__CUDA_THREADS, 64), rows), DTR__CUDA_THREADS, 0, st>>>(*a);
+    else dtr__cuda_vxent_rows_k<<<rows, dtr__launch_row_threads(a->K), 0, st>>>(*a, phase, dtr__cuda(ctx)->err_dev);
+    return dtr__cuda_check(ctx, cudaGetLastError(), "dtr_vocab_parallel_cross_entropy");
+}
+
 /* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
 
 __global__ static void dtr__cuda_embedding_fwd_k(dtr__cuda_mem W, const int32_t *id, dtr__cuda_mem Y, int64_t N, int64_t C,
@@ -1064,7 +1124,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1068 "dtrain_cuda.cu"
+#line 1128 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1464,7 +1524,7 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1468 "dtrain_cuda.cu"
+#line 1528 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1643,7 +1703,7 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
 }
-#line 1647 "dtrain_cuda.cu"
+#line 1707 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -1842,7 +1902,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 1846 "dtrain_cuda.cu"
+#line 1906 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2028,7 +2088,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 2032 "dtrain_cuda.cu"
+#line 2092 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2037,9 +2097,8 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
  * (never managed memory), host<->device copies, events, the device-side error word, and the
  * backend vtable whose dispatch table comes from the op list like the CPU's.
  * Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
- * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling), cuda_attention.cu (fused causal attention). Ops
- * without a CUDA kernel yet (the tensor-parallel communication ops) report DTR_UNSUPPORTED
- * naming the op, and supports_op says so.
+ * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling), cuda_attention.cu (fused causal attention). An op
+ * without a CUDA kernel would report DTR_UNSUPPORTED naming it, and supports_op says so.
  * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
  *        (link with -lcublas -lcudart).
  * ==========================================================================*/
@@ -2402,7 +2461,8 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
 
 /* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd (a family without
  * one would be NULL here, reported unsupported). The tensor-parallel communication ops run
- * the core's kernels on host images (over a host-memory group). */
+ * the core's kernels on host images over a host-memory group, and on the device over a
+ * group of the context's memory (the cross-entropy's local work: dtr__cuda_vocab_xent). */
 #define dtr__cuda_comm_fwd dtr__comm_staged_fwd
 #define dtr__cuda_comm_bwd dtr__comm_staged_bwd
 
@@ -2489,7 +2549,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_graph_end,
     dtr__cuda_graph_launch,
     dtr__cuda_graph_free,
-    dtr__cuda_copy2d
+    dtr__cuda_copy2d,
+    dtr__cuda_vocab_xent
 };
 
 /* ---- public entry points ---- */
@@ -2514,5 +2575,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2518 "dtrain_cuda.cu"
+#line 2579 "dtrain_cuda.cu"
 

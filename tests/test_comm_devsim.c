@@ -463,11 +463,11 @@ static void test_device_compress(void) {
 
 /* ---- tensor parallelism over the device transport ----
  * copy, reduce and gather run on the device (a device copy, the group's all-reduce or
- * all-gather, strided copies, the backend's sum), the vocabulary-parallel cross-entropy on host
- * images of device tensors, which the group stages to the device in turn: 6 SGD steps
+ * all-gather, strided copies, the backend's sum), the vocabulary-parallel cross-entropy too
+ * (the backend's vocab_xent, the group's all-reduces of the rows' statistics): 6 SGD steps
  * of column -> gelu -> row -> (column gathered: MSE) + (column head: vocabulary-parallel
  * cross-entropy) on ranks of the simulated device end with the bits of CPU ranks over a host
- * group */
+ * group, and copy nothing to the host but the parameters read at the end */
 
 #define TPC 8
 #define TPV 16
@@ -525,7 +525,11 @@ static void test_device_tp(void) {
 #ifndef COMM_CUDA
         devsim_copies2d = 0;
 #endif
+        g_to_host_bytes = 0;
         CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_tp, &dev), 0);
+        CHECK_MSG(g_to_host_bytes == (long long)w * dev.numel * (long long)sizeof(float),
+                  "world %d: %lld bytes to the host (the parameters read at the end: %lld)", w, g_to_host_bytes,
+                  (long long)w * dev.numel * (long long)sizeof(float));   /* the cross-entropy's logits stay */
 #ifndef COMM_CUDA
         CHECK_MSG(devsim_copies2d >= 6 * w * (w + 1), "world %d: %d strided copies (the gather on the device)", w,
                   devsim_copies2d);   /* per step and rank: w forward, 1 backward */

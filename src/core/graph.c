@@ -133,6 +133,10 @@ static dtr_result dtr__gs_event_query(dtr_context *ctx, dtr_event *ev, int *done
     return dtr__graph_refuse(ctx, "querying an event");
 }
 static dtr_result dtr__gs_sync(dtr_context *ctx) { return dtr__graph_refuse(ctx, "synchronizing with the backend"); }
+static dtr_result dtr__gs_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
+    (void)a; (void)phase;
+    return dtr__graph_refuse(ctx, "the vocabulary-parallel cross-entropy (a collective)");
+}
 
 /* each op's kernel family, from the op list: the families a replay cannot repeat are refused */
 #define DTR__GRAPH_FAMILY(id, name, k) #k,
@@ -261,6 +265,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     v->from_host_async = dtr__gs_from_host_async;
     if (v->copy) v->copy = dtr__gs_copy;   /* NULL stays NULL: dtr__mem_copy memmoves host memory */
     if (v->copy2d) v->copy2d = dtr__gs_copy2d;
+    if (v->vocab_xent) v->vocab_xent = dtr__gs_vocab_xent;   /* (its op is refused before it runs) */
 }
 
 /* ---- runs ---- */

@@ -273,11 +273,36 @@ DTR__OP_LIST(DTR__CPU_DECLARE)
  *  memory: the CPU kernels run on host images of the tensors they touch, then what they
  *  wrote is copied back (src/ops/ops_comm.c). A device backend's dispatch table points its
  *  `comm` entry here. Over a group of the context's device memory TP_COPY, TP_REDUCE and
- *  TP_GATHER run on the device instead; the cross-entropy needs a group that takes host
- *  buffers or stages them (else DTR_UNSUPPORTED, said). */
+ *  TP_GATHER run on the device instead, and the cross-entropy too where the backend has
+ *  vocab_xent; without it the cross-entropy needs a group that takes host buffers or stages
+ *  them (else DTR_UNSUPPORTED, said). */
 dtr_result dtr__comm_staged_fwd(dtr_context *ctx, struct dtr__node *nd);
 dtr_result dtr__comm_staged_bwd(dtr_context *ctx, struct dtr__node *nd);
 DTR__PRIVATE dtr_result dtr__cpu_optimizer_update(dtr_context *ctx, const dtr__opt_args *args);
+
+/** The vocabulary-parallel cross-entropy's local work (dtr_backend.vocab_xent; the collectives
+ *  between the phases: src/ops/ops_comm.c). Shapes: x (R, K) f32, this rank's classes
+ *  [start, start + K) of V; t (R) int32; s: the rows' M, Z, T, R floats each; all of it in
+ *  the backend's memory.
+ *    DTR__VXENT_MAX   M[r] = max_k x[r, k]                 (then all-reduce MAX of M)
+ *    DTR__VXENT_SUMS  Z[r] = sum_k exp(x[r, k] - M[r]) (summed in double), T[r] = x[r, t[r] -
+ *                     start] where this rank holds t[r], else 0   (then all-reduce SUM of Z, T)
+ *    DTR__VXENT_LOSS  y[0] = mean_r (M[r] + log Z[r] - T[r])   (rows summed in order, double)
+ *    DTR__VXENT_GRAD  gx[r, k] += g[0] / R * (exp(x[r, k] - M[r]) / Z[r] - [k == t[r] - start])
+ *  A target outside [0, V) is DTR_INVALID_ARGUMENT (the CPU at MAX; a device when it reports
+ *  its kernels' data errors, at the next synchronisation). */
+typedef struct dtr__vxent_args {
+    int64_t R, K, V, start;
+    const float *x;
+    const int32_t *t;
+    float *s;
+    float *y;               /* LOSS: 1 float */
+    const float *g;         /* GRAD: 1 float, dL/dy */
+    float *gx;              /* GRAD: (R, K) */
+} dtr__vxent_args;
+enum { DTR__VXENT_MAX, DTR__VXENT_SUMS, DTR__VXENT_LOSS, DTR__VXENT_GRAD };
+/** The CPU's vocab_xent (host memory). */
+DTR__PRIVATE dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
@@ -391,6 +416,10 @@ struct dtr_backend {
        group of device memory). NULL: dtr__mem_copy2d copies row by row */
     dtr_result (*copy2d)(dtr_context *ctx, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                          size_t rows);
+    /* the vocabulary-parallel cross-entropy's local work, one phase (dtr__vxent_args), queued
+       on the context's stream: over a group of the context's device memory the op runs on the
+       device with it. NULL: a device backend runs the op on host images */
+    dtr_result (*vocab_xent)(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's

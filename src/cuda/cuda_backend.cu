@@ -3,9 +3,8 @@
  * (never managed memory), host<->device copies, events, the device-side error word, and the
  * backend vtable whose dispatch table comes from the op list like the CPU's.
  * Kernels: src/cuda/cuda_ops.cu (ops), cuda_gemm.cu (matmul, linear), cuda_optim.cu
- * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling), cuda_attention.cu (fused causal attention). Ops
- * without a CUDA kernel yet (the tensor-parallel communication ops) report DTR_UNSUPPORTED
- * naming the op, and supports_op says so.
+ * (optimizer, sums, the collectives' reduction), cuda_conv.cu (convolution, pooling), cuda_attention.cu (fused causal attention). An op
+ * without a CUDA kernel would report DTR_UNSUPPORTED naming it, and supports_op says so.
  * Build: nvcc -O2 -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 -c dtrain_cuda.cu
  *        (link with -lcublas -lcudart).
  * ==========================================================================*/
@@ -368,7 +367,8 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
 
 /* Every kernel family of the op list has its pair dtr__cuda_<k>_fwd / _bwd (a family without
  * one would be NULL here, reported unsupported). The tensor-parallel communication ops run
- * the core's kernels on host images (over a host-memory group). */
+ * the core's kernels on host images over a host-memory group, and on the device over a
+ * group of the context's memory (the cross-entropy's local work: dtr__cuda_vocab_xent). */
 #define dtr__cuda_comm_fwd dtr__comm_staged_fwd
 #define dtr__cuda_comm_bwd dtr__comm_staged_bwd
 
@@ -455,7 +455,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_graph_end,
     dtr__cuda_graph_launch,
     dtr__cuda_graph_free,
-    dtr__cuda_copy2d
+    dtr__cuda_copy2d,
+    dtr__cuda_vocab_xent
 };
 
 /* ---- public entry points ---- */

@@ -521,6 +521,66 @@ static dtr_result dtr__cuda_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- vocabulary-parallel cross-entropy's local work (dtr__vxent_args; the phases and the
+   collectives between them: src/ops/ops_comm.c): one block per row ---- */
+
+/* MAX: M[r]; SUMS: Z[r] (double), T[r]. A target outside [0, V) is flagged at MAX. */
+__global__ static void dtr__cuda_vxent_rows_k(dtr__vxent_args a, int phase, int *err) {
+    float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
+    for (int64_t r = blockIdx.x; r < a.R; r += gridDim.x) {
+        const float *x = a.x + r * a.K;
+        int64_t own = (int64_t)a.t[r] - a.start;
+        if (phase == DTR__VXENT_MAX) {
+            float mx = -INFINITY;
+            if (threadIdx.x == 0 && (a.t[r] < 0 || a.t[r] >= a.V)) dtr__cuda_flag(err, DTR_OP_VOCAB_CROSS_ENTROPY, r);
+            for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) mx = fmaxf(mx, x[k]);
+            mx = dtr__cuda_block_max(mx);
+            if (threadIdx.x == 0) M[r] = mx;
+            continue;
+        }
+        double sum = 0.0;
+        for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sum += (double)expf(x[k] - M[r]);
+        sum = dtr__cuda_block_sum(sum);
+        if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f;
+    }
+}
+
+/* LOSS: the rows' mean, summed in order (one thread: the CPU's sum) */
+__global__ static void dtr__cuda_vxent_loss_k(dtr__vxent_args a) {
+    const float *M = a.s, *Z = a.s + a.R, *T = Z + a.R;
+    double loss = 0.0;
+    if (threadIdx.x || blockIdx.x) return;
+    for (int64_t r = 0; r < a.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    a.y[0] = a.R ? (float)(loss / (double)a.R) : 0.0f;
+}
+
+/* GRAD: block (column chunk, row) */
+__global__ static void dtr__cuda_vxent_grad_k(dtr__vxent_args a) {
+    const float *M = a.s, *Z = a.s + a.R;
+    float c = a.g[0] / (float)a.R;
+    for (int64_t r = blockIdx.y; r < a.R; r += gridDim.y) {
+        int64_t own = (int64_t)a.t[r] - a.start;
+        for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < a.K; k += (int64_t)gridDim.x * blockDim.x) {
+            int64_t i = r * a.K + k;
+            float v = a.gx[i] + c * (expf(a.x[i] - M[r]) / Z[r]);
+            if (k == own) v -= c;
+            a.gx[i] = v;
+        }
+    }
+}
+
+/* dtr_backend.vocab_xent: one phase, queued on the stream */
+static dtr_result dtr__cuda_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    unsigned rows = (unsigned)(a->R < 65535 ? a->R : 65535);
+    if (phase == DTR__VXENT_LOSS) dtr__cuda_vxent_loss_k<<<1, 1, 0, st>>>(*a);
+    else if (a->R == 0 || (phase == DTR__VXENT_GRAD && !a->gx)) return DTR_OK;
+    else if (phase == DTR__VXENT_GRAD)
+        dtr__cuda_vxent_grad_k<<<dim3(dtr__launch_blocks(a->K, DTR__CUDA_THREADS, 64), rows), DTR__CUDA_THREADS, 0, st>>>(*a);
+    else dtr__cuda_vxent_rows_k<<<rows, dtr__launch_row_threads(a->K), 0, st>>>(*a, phase, dtr__cuda(ctx)->err_dev);
+    return dtr__cuda_check(ctx, cudaGetLastError(), "dtr_vocab_parallel_cross_entropy");
+}
+
 /* ---- embedding: table W (V, C), ids (N) -> Y (N, C) ---- */
 
 __global__ static void dtr__cuda_embedding_fwd_k(dtr__cuda_mem W, const int32_t *id, dtr__cuda_mem Y, int64_t N, int64_t C,

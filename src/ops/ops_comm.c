@@ -15,10 +15,11 @@
  * order (they are collectives). The kernels work on host memory (their scratch too: the
  * context's allocator); on a backend without host memory (CUDA) they run on host images of
  * the tensors (dtr__comm_staged_fwd / _bwd). Over a group of the context's device memory
- * (NCCL) TP_COPY, TP_REDUCE and TP_GATHER run on the device (a device copy, the group's
- * all-reduce or all-gather, strided copies, the backend's sum); the cross-entropy keeps the
- * host images, which the group stages to its device in turn (src/comm/stage.c): correct, not
- * fast.
+ * (NCCL) they run on the device: TP_COPY, TP_REDUCE and TP_GATHER by a device copy, the
+ * group's all-reduce or all-gather, strided copies and the backend's sum; the cross-entropy's
+ * local work (row maxima, sums, the loss, the gradient) by the backend's vocab_xent, the
+ * group's all-reduces of 3 floats a row between, so the logits never leave the device (a
+ * backend without vocab_xent: host images, which the group stages to its device in turn).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../public/api_comm.h"
@@ -71,20 +72,19 @@ static dtr_result dtr__tp_all_reduce(dtr_context *ctx, const dtr__node *nd, floa
 
 /* ---- vocabulary-parallel cross-entropy ---- */
 
-typedef struct dtr__vxent {
-    int64_t K, R, start;       /* classes here, rows, first class here */
-    const float *x;
-    const int32_t *t;
-} dtr__vxent;
+typedef dtr_result (*dtr__vxent_fn)(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 
-static dtr__vxent dtr__vxent_of(const dtr__node *nd) {
-    dtr__vxent v;
-    v.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
-    v.R = v.K ? dtr_tensor_numel(nd->in[0]) / v.K : 0;
-    v.start = (int64_t)dtr_comm_rank(nd->p.comm) * v.K;
-    v.x = dtr__f32(nd->in[0]);
-    v.t = dtr__i32(nd->in[1]);
-    return v;
+/* the node's shapes and tensors (s, y, g, gx unset) */
+static dtr__vxent_args dtr__vxent_of(const dtr__node *nd) {
+    dtr__vxent_args a;
+    memset(&a, 0, sizeof a);
+    a.K = nd->in[0]->shape[nd->in[0]->ndim - 1];
+    a.R = a.K ? dtr_tensor_numel(nd->in[0]) / a.K : 0;
+    a.V = a.K * dtr_comm_size(nd->p.comm);
+    a.start = (int64_t)dtr_comm_rank(nd->p.comm) * a.K;
+    a.x = dtr__f32(nd->in[0]);
+    a.t = dtr__i32(nd->in[1]);
+    return a;
 }
 
 /* the bytes VOCAB_CROSS_ENTROPY saves (0 for the rest of the family) */
@@ -92,50 +92,74 @@ static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
     return nd->op == DTR_OP_VOCAB_CROSS_ENTROPY ? (size_t)(3 * dtr__vxent_of(nd).R + 1) * sizeof(float) : 0;
 }
 
-/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
-   block given in nd->saved, or the node's) */
-static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd) {
-    dtr__vxent v = dtr__vxent_of(nd);
-    int64_t V = v.K * dtr_comm_size(nd->p.comm), r, k;
-    float *M, *Z, *T;
-    double loss = 0.0;
-    dtr_result res;
-    for (r = 0; r < v.R; r++)
-        if (v.t[r] < 0 || v.t[r] >= V)
+static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
+    float *M = a->s;
+    int64_t r, k;
+    for (r = 0; r < a->R; r++)
+        if (a->t[r] < 0 || a->t[r] >= a->V)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
-                             (long long)r, (int)v.t[r], (long long)V);
-    M = nd->saved ? (float *)nd->saved : (float *)dtr__node_save(ctx, nd, dtr__comm_saved_bytes(nd));
-    if (!M) return ctx->status;
-    nd->saved = M, Z = M + v.R, T = Z + v.R;
-    for (r = 0; r < v.R; r++)
-        for (M[r] = -INFINITY, k = 0; k < v.K; k++) M[r] = v.x[r * v.K + k] > M[r] ? v.x[r * v.K + k] : M[r];
-    if ((res = dtr__tp_all_reduce(ctx, nd, M, v.R, DTR_REDUCE_MAX)) != DTR_OK) return res;
-    for (r = 0; r < v.R; r++) {
-        double s = 0.0;
-        int64_t own = v.t[r] - v.start;
-        for (k = 0; k < v.K; k++) s += expf(v.x[r * v.K + k] - M[r]);
-        Z[r] = (float)s;
-        T[r] = own >= 0 && own < v.K ? v.x[r * v.K + own] : 0.0f;
-    }
-    if ((res = dtr__tp_all_reduce(ctx, nd, Z, 2 * v.R, DTR_REDUCE_SUM)) != DTR_OK) return res;
-    for (r = 0; r < v.R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
-    dtr__f32(nd->out)[0] = v.R ? (float)(loss / (double)v.R) : 0.0f;
+                             (long long)r, (int)a->t[r], (long long)a->V);
+    for (r = 0; r < a->R; r++)
+        for (M[r] = -INFINITY, k = 0; k < a->K; k++) M[r] = a->x[r * a->K + k] > M[r] ? a->x[r * a->K + k] : M[r];
     return DTR_OK;
 }
 
-static dtr_result dtr__vxent_bwd(dtr__node *nd) {
-    dtr__vxent v = dtr__vxent_of(nd);
-    const float *M = (const float *)nd->saved, *Z = M + v.R;
-    float *gx = dtr__gradof(nd->in[0]), c;
+static void dtr__vxent_sums(const dtr__vxent_args *a) {
+    const float *M = a->s;
+    float *Z = a->s + a->R, *T = Z + a->R;
     int64_t r, k;
-    if (!gx || !v.R) return DTR_OK;
-    c = nd->out->grad[0] / (float)v.R;
-    for (r = 0; r < v.R; r++) {
-        int64_t own = v.t[r] - v.start;
-        for (k = 0; k < v.K; k++) gx[r * v.K + k] += c * (expf(v.x[r * v.K + k] - M[r]) / Z[r]);
-        if (own >= 0 && own < v.K) gx[r * v.K + own] -= c;
+    for (r = 0; r < a->R; r++) {
+        double s = 0.0;
+        int64_t own = a->t[r] - a->start;
+        for (k = 0; k < a->K; k++) s += expf(a->x[r * a->K + k] - M[r]);
+        Z[r] = (float)s;
+        T[r] = own >= 0 && own < a->K ? a->x[r * a->K + own] : 0.0f;
     }
+}
+
+static void dtr__vxent_grad(const dtr__vxent_args *a) {
+    const float *M = a->s, *Z = M + a->R;
+    float c = a->g[0] / (float)a->R;
+    int64_t r, k;
+    for (r = 0; r < a->R; r++) {
+        int64_t own = a->t[r] - a->start;
+        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (expf(a->x[r * a->K + k] - M[r]) / Z[r]);
+        if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c;
+    }
+}
+
+dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase) {
+    const float *M = a->s, *Z = M + a->R, *T = Z + a->R;
+    double loss = 0.0;
+    int64_t r;
+    if (phase == DTR__VXENT_MAX) return dtr__vxent_max(ctx, a);
+    if (phase == DTR__VXENT_SUMS) dtr__vxent_sums(a);
+    if (phase == DTR__VXENT_GRAD && a->gx && a->R) dtr__vxent_grad(a);
+    if (phase != DTR__VXENT_LOSS) return DTR_OK;
+    for (r = 0; r < a->R; r++) loss += (double)M[r] + log((double)Z[r]) - T[r];
+    a->y[0] = a->R ? (float)(loss / (double)a->R) : 0.0f;
     return DTR_OK;
+}
+
+/* saved: the rows' global max M, sum of exp(x - M) Z and target logit T, R floats each (a
+   block given in nd->saved, or the node's); the local work by kernel k (the CPU's on host
+   memory, the backend's vocab_xent on its own), the group's all-reduces between */
+static dtr_result dtr__vxent_fwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn k) {
+    dtr__vxent_args a = dtr__vxent_of(nd);
+    dtr_result r;
+    a.s = nd->saved ? (float *)nd->saved : (float *)dtr__node_save(ctx, nd, dtr__comm_saved_bytes(nd));
+    if (!a.s) return ctx->status;
+    nd->saved = a.s, a.y = dtr__f32(nd->out);
+    if ((r = k(ctx, &a, DTR__VXENT_MAX)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s, a.R, DTR_REDUCE_MAX)) != DTR_OK ||
+        (r = k(ctx, &a, DTR__VXENT_SUMS)) != DTR_OK || (r = dtr__tp_all_reduce(ctx, nd, a.s + a.R, 2 * a.R, DTR_REDUCE_SUM)) != DTR_OK)
+        return r;
+    return k(ctx, &a, DTR__VXENT_LOSS);
+}
+
+static dtr_result dtr__vxent_bwd(dtr_context *ctx, dtr__node *nd, dtr__vxent_fn k) {
+    dtr__vxent_args a = dtr__vxent_of(nd);
+    a.s = (float *)nd->saved, a.g = nd->out->grad, a.gx = dtr__gradof(nd->in[0]);
+    return a.gx && a.R ? k(ctx, &a, DTR__VXENT_GRAD) : DTR_OK;
 }
 
 /* ---- all-gather along the last axis ---- */
@@ -170,7 +194,7 @@ static dtr_result dtr__gather_bwd(dtr__node *nd) {
 
 dtr_result dtr__cpu_comm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
-    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd, dtr__cpu_vocab_xent);
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_fwd(ctx, nd);
     memcpy(dtr__f32(nd->out), dtr__f32(nd->in[0]), (size_t)n * sizeof(float));
     return nd->op == DTR_OP_TP_REDUCE ? dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM) : DTR_OK;
@@ -180,7 +204,7 @@ dtr_result dtr__cpu_comm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t i, n = dtr_tensor_numel(nd->out);
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad, *sum;
     dtr_result r;
-    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(ctx, nd, dtr__cpu_vocab_xent);
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_bwd(nd);
     if (nd->op == DTR_OP_TP_REDUCE) {
         if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
@@ -251,11 +275,12 @@ static dtr_result dtr__comm_images_make(dtr_context *ctx, const dtr__node *nd, i
     return r;
 }
 
-/* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device ---- */
+/* ---- over a group of the context's own device memory (NCCL): copy and reduce on the device,
+   the cross-entropy's local work by the backend's vocab_xent ---- */
 
 static int dtr__comm_direct(const dtr_context *ctx, const dtr__node *nd) {
     return nd->p.comm && nd->p.comm->mem_ctx == ctx &&
-           (nd->op == DTR_OP_TP_COPY || nd->op == DTR_OP_TP_REDUCE || nd->op == DTR_OP_TP_GATHER);
+           (nd->op != DTR_OP_VOCAB_CROSS_ENTROPY || ctx->backend->vocab_xent);
 }
 
 /* TP_GATHER: the group's all-gather of x into a scratch block (rank k's x at k * n), then rank
@@ -290,6 +315,7 @@ static dtr_result dtr__comm_direct_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     dtr_result r;
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_fwd(ctx, nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_fwd(ctx, nd, ctx->backend->vocab_xent);
     r = dtr__mem_copy(ctx, dtr__data(nd->out), dtr__data(nd->in[0]), (size_t)n * sizeof(float));
     if (r == DTR_OK && nd->op == DTR_OP_TP_REDUCE) r = dtr__tp_all_reduce(ctx, nd, dtr__f32(nd->out), n, DTR_REDUCE_SUM);
     return r;
@@ -301,6 +327,7 @@ static dtr_result dtr__comm_direct_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]), *g = nd->out->grad;
     dtr_result r = DTR_OK;
     if (nd->op == DTR_OP_TP_GATHER) return dtr__gather_direct_bwd(ctx, nd);
+    if (nd->op == DTR_OP_VOCAB_CROSS_ENTROPY) return dtr__vxent_bwd(ctx, nd, ctx->backend->vocab_xent);
     if (nd->op == DTR_OP_TP_COPY) {
         float *sum = (float *)dtr__arena_data(ctx, (size_t)(n ? n : 1) * sizeof(float), "dtr_tp_copy backward");
         if (!sum) return ctx->status;
