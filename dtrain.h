@@ -4394,6 +4394,25 @@ enum { DTR__VXENT_MAX, DTR__VXENT_SUMS, DTR__VXENT_LOSS, DTR__VXENT_GRAD };
 /** The CPU's vocab_xent (host memory). */
 DTR__PRIVATE dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 
+/** Gradient compression's int8 and top-k codecs on one bucket (dtr_backend.codec; the engine
+ *  around them: src/engine/compress.c), everything in the backend's memory.
+ *    encode (decode 0): payload = the code of g, `bytes` long (int8: [f32 scale = max |g| /
+ *      127][n int8, g / scale rounded to nearest even, NaN as 0]; top-k: [k int32 indices,
+ *      ascending][k f32 values], the k entries largest in magnitude, ties the first ones);
+ *      resid (may be NULL) = g - decoded(payload)
+ *    decode (1): g = (sum over the `world` payloads at payload + r * bytes, in rank order) /
+ *      world, in f32 (the same bits on every rank and every backend) */
+typedef struct dtr__codec_args {
+    int kind;               /* DTR_COMPRESS_INT8 or DTR_COMPRESS_TOPK */
+    int world;
+    int64_t n, k;           /* floats of the bucket; top-k: entries kept, 1 <= k <= n */
+    float *g, *resid;
+    unsigned char *payload;
+    size_t bytes;           /* one payload */
+} dtr__codec_args;
+/** The CPU's codec (host memory). */
+DTR__PRIVATE dtr_result dtr__cpu_codec(dtr_context *ctx, const dtr__codec_args *a, int decode);
+
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
 typedef struct dtr__kernel_pair {
@@ -4510,6 +4529,10 @@ struct dtr_backend {
        on the context's stream: over a group of the context's device memory the op runs on the
        device with it. NULL: a device backend runs the op on host images */
     dtr_result (*vocab_xent)(dtr_context *ctx, const dtr__vxent_args *a, int phase);
+    /* gradient compression's int8 and top-k codecs on a bucket (dtr__codec_args), queued on
+       the context's stream: with it the data-parallel engine compresses a device model's
+       gradients on the device over a group of its memory. NULL: through a host copy */
+    dtr_result (*codec)(dtr_context *ctx, const dtr__codec_args *a, int decode);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4826,7 +4849,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4830 "dtrain.h"
+#line 4853 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5107,7 +5130,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5111 "dtrain.h"
+#line 5134 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5169,7 +5192,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5173 "dtrain.h"
+#line 5196 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5548,7 +5571,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5552 "dtrain.h"
+#line 5575 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5591,7 +5614,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5595 "dtrain.h"
+#line 5618 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5605,8 +5628,8 @@ typedef struct dtr__dpc dtr__dpc;
 
 /** Makes the compressor of config `cfg` for model m over group c (defaults filled in).
  *  dev: the gradients handed to it are in the backend's memory and the group takes them
- *  there (bf16 / fp16 only: encoded and decoded by the backend's cast kernel, its buffers
- *  in the backend's memory).
+ *  there (bf16 / fp16 encoded and decoded by the backend's cast kernel, int8 and top-k by
+ *  its codec slot; its buffers and residual in the backend's memory; not PowerSGD).
  *  @return DTR_OK, DTR_INVALID_ARGUMENT (compress, topk_ratio, powersgd_rank; the context's
  *          message says which) or DTR_OUT_OF_MEMORY. */
 DTR__PRIVATE dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out);
@@ -5619,12 +5642,13 @@ DTR__PRIVATE dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t beg
 DTR__PRIVATE dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin);
 /** The engine's counters (updated by the engine too). */
 DTR__PRIVATE dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z);
-/** The residual of error feedback (numel floats) or NULL when the codec has none. */
-DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes);
+/** The residual of error feedback (numel floats) or NULL when the codec has none; *dev 1
+ *  when it is in the backend's memory. */
+DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5628 "dtrain.h"
+#line 5652 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5683,7 +5707,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5687 "dtrain.h"
+#line 5711 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5757,7 +5781,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5761 "dtrain.h"
+#line 5785 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5825,7 +5849,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5829 "dtrain.h"
+#line 5853 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5900,7 +5924,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5904 "dtrain.h"
+#line 5928 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6252,7 +6276,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6256 "dtrain.h"
+#line 6280 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7043,7 +7067,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7047 "dtrain.h"
+#line 7071 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7702,7 +7726,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7706 "dtrain.h"
+#line 7730 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7773,7 +7797,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7777 "dtrain.h"
+#line 7801 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8255,7 +8279,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8259 "dtrain.h"
+#line 8283 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8510,7 +8534,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8514 "dtrain.h"
+#line 8538 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8741,7 +8765,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8745 "dtrain.h"
+#line 8769 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8860,7 +8884,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8864 "dtrain.h"
+#line 8888 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8916,7 +8940,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8920 "dtrain.h"
+#line 8944 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9059,6 +9083,10 @@ static dtr_result dtr__gs_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a,
     (void)a; (void)phase;
     return dtr__graph_refuse(ctx, "the vocabulary-parallel cross-entropy (a collective)");
 }
+static dtr_result dtr__gs_codec(dtr_context *ctx, const dtr__codec_args *a, int decode) {
+    (void)a; (void)decode;
+    return dtr__graph_refuse(ctx, "gradient compression (dtr_dp_finish)");
+}
 
 /* each op's kernel family, from the op list: the families a replay cannot repeat are refused */
 #define DTR__GRAPH_FAMILY(id, name, k) #k,
@@ -9188,6 +9216,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     if (v->copy) v->copy = dtr__gs_copy;   /* NULL stays NULL: dtr__mem_copy memmoves host memory */
     if (v->copy2d) v->copy2d = dtr__gs_copy2d;
     if (v->vocab_xent) v->vocab_xent = dtr__gs_vocab_xent;   /* (its op is refused before it runs) */
+    if (v->codec) v->codec = dtr__gs_codec;
 }
 
 /* ---- runs ---- */
@@ -9291,7 +9320,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9295 "dtrain.h"
+#line 9324 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9508,7 +9537,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9512 "dtrain.h"
+#line 9541 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9938,7 +9967,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9942 "dtrain.h"
+#line 9971 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10117,7 +10146,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10121 "dtrain.h"
+#line 10150 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10649,7 +10678,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10653 "dtrain.h"
+#line 10682 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11148,7 +11177,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11152 "dtrain.h"
+#line 11181 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11407,7 +11436,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11411 "dtrain.h"
+#line 11440 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11777,7 +11806,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11781 "dtrain.h"
+#line 11810 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11907,9 +11936,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL,
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL,                    /* copy2d: dtr__mem_copy2d copies row by row */
-    dtr__cpu_vocab_xent
+    dtr__cpu_vocab_xent,
+    dtr__cpu_codec
 };
-#line 11913 "dtrain.h"
+#line 11943 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12451,7 +12481,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12455 "dtrain.h"
+#line 12485 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12620,7 +12650,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12624 "dtrain.h"
+#line 12654 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12869,7 +12899,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12873 "dtrain.h"
+#line 12903 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13391,7 +13421,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13395 "dtrain.h"
+#line 13425 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13529,7 +13559,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13533 "dtrain.h"
+#line 13563 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13876,7 +13906,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13880 "dtrain.h"
+#line 13910 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13942,7 +13972,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13946 "dtrain.h"
+#line 13976 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14179,7 +14209,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14183 "dtrain.h"
+#line 14213 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14928,7 +14958,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14932 "dtrain.h"
+#line 14962 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15381,7 +15411,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15385 "dtrain.h"
+#line 15415 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15437,7 +15467,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15441 "dtrain.h"
+#line 15471 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16214,7 +16244,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16218 "dtrain.h"
+#line 16248 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16795,7 +16825,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16799 "dtrain.h"
+#line 16829 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17426,7 +17456,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17430 "dtrain.h"
+#line 17460 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18216,7 +18246,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18220 "dtrain.h"
+#line 18250 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18569,7 +18599,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18573 "dtrain.h"
+#line 18603 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18759,7 +18789,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18763 "dtrain.h"
+#line 18793 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18940,7 +18970,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18944 "dtrain.h"
+#line 18974 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19715,7 +19745,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19719 "dtrain.h"
+#line 19749 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20232,7 +20262,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20236 "dtrain.h"
+#line 20266 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21027,7 +21057,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21031 "dtrain.h"
+#line 21061 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22275,7 +22305,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22279 "dtrain.h"
+#line 22309 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22897,7 +22927,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22901 "dtrain.h"
+#line 22931 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23398,7 +23428,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23402 "dtrain.h"
+#line 23432 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24128,7 +24158,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24132 "dtrain.h"
+#line 24162 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24364,7 +24394,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24368 "dtrain.h"
+#line 24398 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24493,7 +24523,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24497 "dtrain.h"
+#line 24527 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24510,9 +24540,10 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
  *                dtr_dp_finish P is orthonormalised, Q = M^T P (cols, r) all-reduced, and
  *                M ~ P Q^T. Q starts random (the same seed on every rank) and is reused by
  *                the next step (warm start), as PowerSGD (Vogels et al., 2019).
- * bf16 and fp16 of a device model over a group of device memory (NCCL) stay on the device:
- * the backend's cast kernel encodes into and decodes from a device buffer, the group
- * all-reduces it there. The others run on a host copy of the gradients (the engine's).
+ * A device model's bf16, fp16, int8 and top-k over a group of device memory (NCCL) stay on
+ * the device: the backend's cast kernel (16-bit) or codec slot (int8, top-k) encodes into and
+ * decodes from device buffers, the group reduces or gathers them there, the residual is
+ * device memory too. PowerSGD runs on a host copy of the gradients (the engine's).
  * The residual (one float per gradient float) keeps what the codec lost: int8 and top-k the
  * local difference acc - decoded(acc); PowerSGD acc - (averaged approximation), whose
  * average over the ranks is what the average lost (the approximation is linear in M).
@@ -24543,7 +24574,7 @@ struct dtr__dpc {
     dtr_dp_compress kind;
     float ratio;
     int rank_r, ef, world;
-    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create's dev) */
+    int dev;                /* in the backend's memory (dtr__dpc_create's dev): buffers, residual */
     float *resid;           /* error feedback (numel floats) */
     dtr__cbucket *b;        /* one per parameter at most, made at the first start */
     int nb;
@@ -24552,6 +24583,23 @@ struct dtr__dpc {
 
 static int dtr__dpc_has_ef(const dtr__dpc *z) {
     return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
+}
+
+/* bytes of the codec's memory: the backend's (dev), else the context's allocator; zero: zeroed */
+static void *dtr__dpc_alloc(dtr__dpc *z, size_t bytes, int zero) {
+    void *p;
+    if (!z->dev) return zero ? dtr__calloc(&z->ctx->alloc, bytes) : dtr__malloc(&z->ctx->alloc, bytes);
+    p = z->ctx->backend->mem_alloc(z->ctx, bytes);
+    if (p && zero && z->ctx->backend->memset0(z->ctx, p, bytes) != DTR_OK) {
+        z->ctx->backend->mem_free(z->ctx, p);
+        return NULL;
+    }
+    return p;
+}
+
+static void dtr__dpc_free(dtr__dpc *z, void *p) {
+    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
+    else dtr__free(&z->ctx->alloc, p);
 }
 
 dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out) {
@@ -24573,9 +24621,9 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
-    z->dev = dev;
+    z->dev = dev && cfg->compress != DTR_COMPRESS_POWERSGD;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
-    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
+    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__dpc_alloc(z, (numel + 1) * sizeof(float), 1);
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
         dtr__dpc_destroy(z);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
@@ -24589,21 +24637,21 @@ void dtr__dpc_destroy(dtr__dpc *z) {
     int i;
     if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
-        if (z->dev && z->b[i].send) z->ctx->backend->mem_free(z->ctx, z->b[i].send);
-        else dtr__free(&z->ctx->alloc, z->b[i].send);
-        dtr__free(&z->ctx->alloc, z->b[i].recv);
+        dtr__dpc_free(z, z->b[i].send);
+        dtr__dpc_free(z, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
         dtr__free(&z->ctx->alloc, z->b[i].q);
     }
     dtr__free(&z->ctx->alloc, z->b);
-    dtr__free(&z->ctx->alloc, z->resid);
+    dtr__dpc_free(z, z->resid);
     dtr__free(&z->ctx->alloc, z);
 }
 
 dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z) { return &z->st; }
 
-float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes) {
+float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev) {
     *bytes = z->resid ? (size_t)dtr_model_numel(z->m) * sizeof(float) : 0;
+    *dev = z->dev;
     return z->resid;
 }
 
@@ -24805,23 +24853,41 @@ static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char
 }
 
 /* g = (sum over ranks, in rank order, of the gathered payloads) / N */
-static void dtr__gather_decode(const dtr__dpc *z, const dtr__cbucket *b, float *g) {
+static void dtr__gather_decode(const dtr__codec_args *a) {
+    float *g = a->g;
     int r;
-    int64_t i, k = z->kind == DTR_COMPRESS_TOPK ? dtr__topk_count(z, b->n) : 0;
-    memset(g, 0, (size_t)b->n * sizeof(float));
-    for (r = 0; r < z->world; r++) {
-        const unsigned char *p = b->recv + (size_t)r * b->bytes;
+    int64_t i;
+    memset(g, 0, (size_t)a->n * sizeof(float));
+    for (r = 0; r < a->world; r++) {
+        const unsigned char *p = a->payload + (size_t)r * a->bytes;
         float scale;
-        if (z->kind == DTR_COMPRESS_TOPK) {
+        if (a->kind == DTR_COMPRESS_TOPK) {
             const int32_t *idx = (const int32_t *)p;
-            const float *val = (const float *)(p + (size_t)k * sizeof(int32_t));
-            for (i = 0; i < k; i++) g[idx[i]] += val[i];
+            const float *val = (const float *)(p + (size_t)a->k * sizeof(int32_t));
+            for (i = 0; i < a->k; i++) g[idx[i]] += val[i];
             continue;
         }
         memcpy(&scale, p, sizeof scale);
-        for (i = 0; i < b->n; i++) g[i] += scale * (float)((const int8_t *)(p + sizeof(float)))[i];
+        for (i = 0; i < a->n; i++) g[i] += scale * (float)((const int8_t *)(p + sizeof(float)))[i];
     }
-    for (i = 0; i < b->n; i++) g[i] /= (float)z->world;
+    for (i = 0; i < a->n; i++) g[i] /= (float)a->world;
+}
+
+dtr_result dtr__cpu_codec(dtr_context *ctx, const dtr__codec_args *a, int decode) {
+    (void)ctx;
+    if (decode) dtr__gather_decode(a);
+    else if (a->kind == DTR_COMPRESS_INT8) dtr__int8_encode(a->g, a->n, a->payload, a->resid);
+    else dtr__topk_encode(a->g, a->n, a->k, a->payload, a->resid);
+    return DTR_OK;
+}
+
+/* bucket b's codec arguments over g (its floats): encode from send, decode from recv */
+static dtr_result dtr__dpc_code(dtr__dpc *z, const dtr__cbucket *b, float *g, float *resid, int decode) {
+    dtr__codec_args a;
+    a.kind = (int)z->kind, a.world = z->world, a.n = b->n;
+    a.k = z->kind == DTR_COMPRESS_TOPK ? dtr__topk_count(z, b->n) : 0;
+    a.g = g, a.resid = resid, a.payload = decode ? b->recv : b->send, a.bytes = b->bytes;
+    return z->dev ? z->ctx->backend->codec(z->ctx, &a, decode) : dtr__cpu_codec(z->ctx, &a, decode);
 }
 
 /* ---- per bucket ---- */
@@ -24832,10 +24898,9 @@ static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
     if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
     if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
-    b->send = (unsigned char *)(z->dev ? z->ctx->backend->mem_alloc(z->ctx, b->bytes + 1)
-                                       : dtr__calloc(&z->ctx->alloc, b->bytes + 1));
+    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + 1, 0);
     if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
-        b->recv = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes * (size_t)z->world + 1);
+        b->recv = (unsigned char *)dtr__dpc_alloc(z, b->bytes * (size_t)z->world + 1, 0);
     return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
 }
 
@@ -24854,7 +24919,9 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
         b->n = end - begin;
         if (dtr__cbucket_alloc(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
     }
-    for (k = 0; rb && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
+    if (rb && z->dev && (r = z->ctx->backend->reduce(z->ctx, gb, gb, rb, (size_t)b->n, DTR_F32, DTR_REDUCE_SUM, 1)) != DTR_OK)
+        return r;
+    for (k = 0; rb && !z->dev && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
     z->st.wire_bytes += b->bytes;
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
@@ -24863,8 +24930,10 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
                    : dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
         if (r != DTR_OK) return r;
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
-    case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
-    case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
+    case DTR_COMPRESS_INT8:
+    case DTR_COMPRESS_TOPK:
+        if ((r = dtr__dpc_code(z, b, gb, rb, 0)) != DTR_OK) return r;
+        break;
     default:
         if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
         return dtr__psgd_start(z, b, gb, req);
@@ -24880,10 +24949,9 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
         return z->dev ? dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n)
                       : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
-    dtr__gather_decode(z, b, g + begin);
-    return DTR_OK;
+    return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 24887 "dtrain.h"
+#line 24955 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25374,7 +25442,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25378 "dtrain.h"
+#line 25446 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25402,9 +25470,10 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
  * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters, bf16 and fp16 compression (without ZeRO) encode and decode
- * on the device; with another codec (it runs on the host) the engine works on a host copy as
- * below and the group stages its host buffers to the device; with one of host memory
+ * averages the device parameters, bf16, fp16, int8 and top-k compression (without ZeRO)
+ * encode and decode on the device (int8 and top-k where the backend has the codec slot);
+ * with PowerSGD (it runs on the host) the engine works on a host copy as below and the group
+ * stages its host buffers to the device; with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -25580,11 +25649,13 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     return DTR_OK;
 }
 
-/* bf16 / fp16 compression of a device model over a group of its device memory stays on the
-   device (no host copy); ZeRO's 16-bit slices and the other codecs run on a host copy */
+/* compression of a device model over a group of its device memory stays on the device (no
+   host copy): bf16 / fp16, and int8 / top-k where the backend has the codec slot; ZeRO's
+   16-bit slices and PowerSGD run on a host copy */
 static int dtr__dp_codec_on_device(dtr_context *ctx, const dtr_comm *c, const dtr_dp_config *cfg) {
     return c->mem_ctx && !dtr__host_memory(ctx) && !cfg->zero &&
-           (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16);
+           (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16 ||
+            ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && ctx->backend->codec));
 }
 
 static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
@@ -25882,11 +25953,12 @@ int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0
 dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out) {
     size_t bytes;
     float *resid;
+    int dev;
     if (!dp || !out) return DTR_NULL_HANDLE;
-    resid = dtr__dpc_residual(dp->cz, &bytes);
+    resid = dtr__dpc_residual(dp->cz, &bytes, &dev);
     if (index == 0) return dtr__state_put(out, "no_sync", &dp->no_sync, sizeof dp->no_sync, 0);
     if (index == 1) return dtr__state_put(out, "steps", &dtr__dpc_stats(dp->cz)->steps, sizeof(int64_t), 0);
-    if (index == 2 && resid) return dtr__state_put(out, "residual", resid, bytes, 0);
+    if (index == 2 && resid) return dtr__state_put(out, "residual", resid, bytes, dev);
     return DTR_NOT_FOUND;
 }
 
@@ -25900,7 +25972,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25904 "dtrain.h"
+#line 25976 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26406,7 +26478,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26410 "dtrain.h"
+#line 26482 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -27955,7 +28027,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 27959 "dtrain.h"
+#line 28031 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28009,7 +28081,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28013 "dtrain.h"
+#line 28085 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29187,7 +29259,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29191 "dtrain.h"
+#line 29263 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30077,7 +30149,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30081 "dtrain.h"
+#line 30153 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31555,7 +31627,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31559 "dtrain.h"
+#line 31631 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -31939,7 +32011,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 31943 "dtrain.h"
+#line 32015 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32088,7 +32160,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32092 "dtrain.h"
+#line 32164 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

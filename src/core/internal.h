@@ -304,6 +304,25 @@ enum { DTR__VXENT_MAX, DTR__VXENT_SUMS, DTR__VXENT_LOSS, DTR__VXENT_GRAD };
 /** The CPU's vocab_xent (host memory). */
 DTR__PRIVATE dtr_result dtr__cpu_vocab_xent(dtr_context *ctx, const dtr__vxent_args *a, int phase);
 
+/** Gradient compression's int8 and top-k codecs on one bucket (dtr_backend.codec; the engine
+ *  around them: src/engine/compress.c), everything in the backend's memory.
+ *    encode (decode 0): payload = the code of g, `bytes` long (int8: [f32 scale = max |g| /
+ *      127][n int8, g / scale rounded to nearest even, NaN as 0]; top-k: [k int32 indices,
+ *      ascending][k f32 values], the k entries largest in magnitude, ties the first ones);
+ *      resid (may be NULL) = g - decoded(payload)
+ *    decode (1): g = (sum over the `world` payloads at payload + r * bytes, in rank order) /
+ *      world, in f32 (the same bits on every rank and every backend) */
+typedef struct dtr__codec_args {
+    int kind;               /* DTR_COMPRESS_INT8 or DTR_COMPRESS_TOPK */
+    int world;
+    int64_t n, k;           /* floats of the bucket; top-k: entries kept, 1 <= k <= n */
+    float *g, *resid;
+    unsigned char *payload;
+    size_t bytes;           /* one payload */
+} dtr__codec_args;
+/** The CPU's codec (host memory). */
+DTR__PRIVATE dtr_result dtr__cpu_codec(dtr_context *ctx, const dtr__codec_args *a, int decode);
+
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
 typedef struct dtr__kernel_pair {
@@ -420,6 +439,10 @@ struct dtr_backend {
        on the context's stream: over a group of the context's device memory the op runs on the
        device with it. NULL: a device backend runs the op on host images */
     dtr_result (*vocab_xent)(dtr_context *ctx, const dtr__vxent_args *a, int phase);
+    /* gradient compression's int8 and top-k codecs on a bucket (dtr__codec_args), queued on
+       the context's stream: with it the data-parallel engine compresses a device model's
+       gradients on the device over a group of its memory. NULL: through a host copy */
+    dtr_result (*codec)(dtr_context *ctx, const dtr__codec_args *a, int decode);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's

@@ -6,6 +6,7 @@
  * formulas (src/core/formulas.h).
  * ==========================================================================*/
 #include "../public/api.h"
+#include "../public/api_engine.h"
 #include "../core/internal.h"
 #include "../core/formulas.h"
 #include <cuda_runtime.h>

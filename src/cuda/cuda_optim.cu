@@ -1,8 +1,8 @@
 /* ============================================================================
  * The backend's non-op slots on the GPU: the fused optimizer update over the model's
  * contiguous buffers (SGD, Adam, AdamW, LAMB, with the element formulas the CPU uses),
- * sum of squares (gradient clipping), scale, and the element-wise reduction the collectives
- * apply to received buffers. Sums are two-pass trees in double with a fixed shape, so a run
+ * sum of squares (gradient clipping), scale, the element-wise reduction the collectives
+ * apply to received buffers, and gradient compression's int8 and top-k codecs. Sums are two-pass trees in double with a fixed shape, so a run
  * repeats bit for bit on one GPU.
  * ==========================================================================*/
 
@@ -172,4 +172,233 @@ static dtr_result dtr__cuda_optimizer(dtr_context *ctx, const dtr__opt_args *a) 
     default: return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: unknown optimizer kind %d", a->kind);
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), "optimizer kernel");
+}
+
+/* ---- gradient compression's int8 and top-k codecs (dtr_backend.codec, dtr__codec_args; the
+   engine: src/engine/compress.c). The CPU's arithmetic element by element, each rounding
+   explicit (no contraction into FMAs), so a decoded bucket has the CPU's bits on every rank.
+   Top-k selects as the CPU does: a radix select of the k-th largest magnitude on the bit
+   patterns (11 + 11 + 10 bits, histograms in shared memory), then every entry above it and
+   the first ties, written in index order (each block a contiguous chunk, scanned in tiles) ---- */
+
+#define DTR__CUDA_TOPK_BINS 2048
+
+/* top-k's state on the device (the codec's scratch) */
+typedef struct dtr__cuda_topk {
+    unsigned long long hist[DTR__CUDA_TOPK_BINS];
+    unsigned int prefix, mask;     /* the k-th largest's bits found so far */
+    long long k;                   /* its rank among the entries sharing the prefix */
+    long long quota, taken;        /* ties to take (k - entries above); entries taken */
+    long long blk[4 * DTR__CUDA_MAX_PARTIALS];   /* per block: above, ties, ties before, taken before */
+} dtr__cuda_topk;
+
+/* int8 pass 1: block b's largest |g| (NaN skipped) into partial[b] */
+__global__ static void dtr__cuda_absmax_k(const float *g, int64_t n, double *partial) {
+    float m = 0.0f;
+    DTR__CUDA_FOR(i, n) {
+        float a = fabsf(g[i]);
+        m = a > m ? a : m;
+    }
+    m = dtr__cuda_block_max(m);
+    if (threadIdx.x == 0) partial[blockIdx.x] = m;
+}
+
+/* int8 pass 2: scale = max / 127 from the partials, then each entry's code and residual */
+__global__ static void dtr__cuda_int8_encode_k(const float *g, int64_t n, const double *partial, int count, unsigned char *out,
+                                               float *resid) {
+    __shared__ float scale_sh;
+    int8_t *q = (int8_t *)(out + sizeof(float));
+    if (threadIdx.x == 0) {
+        float m = 0.0f;
+        for (int b = 0; b < count; b++) m = (float)partial[b] > m ? (float)partial[b] : m;
+        scale_sh = __fdiv_rn(m, 127.0f);
+    }
+    __syncthreads();
+    float scale = scale_sh;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *(float *)out = scale;
+    DTR__CUDA_FOR(i, n) {
+        float x = g[i], v = scale > 0.0f ? __fdiv_rn(x, scale) : 0.0f;
+        v = __fsub_rn(__fadd_rn(v, 12582912.0f), 12582912.0f);   /* to nearest even, as the CPU */
+        int8_t c = (int8_t)(v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v == v ? v : 0.0f);
+        q[i] = c;
+        if (resid) resid[i] = scale > 0.0f ? __fsub_rn(x, __fmul_rn((float)c, scale)) : x;
+    }
+}
+
+/* int8 decode: g = (sum over the ranks' payloads, in rank order) / world */
+__global__ static void dtr__cuda_int8_decode_k(float *g, int64_t n, const unsigned char *p, size_t bytes, int world) {
+    DTR__CUDA_FOR(i, n) {
+        float s = 0.0f;
+        for (int r = 0; r < world; r++) {
+            const unsigned char *pr = p + (size_t)r * bytes;
+            s = __fadd_rn(s, __fmul_rn(*(const float *)pr, (float)((const int8_t *)(pr + sizeof(float)))[i]));
+        }
+        g[i] = __fdiv_rn(s, (float)world);
+    }
+}
+
+/* top-k decode, one rank's payload: g[idx[j]] += val[j] (the indices ascend, so they differ,
+   but for the zero padding at the end, which the CPU adds to g[0] after the rest: thread 0
+   does that once) */
+__global__ static void dtr__cuda_topk_add_k(float *g, const unsigned char *p, int64_t k) {
+    const int32_t *idx = (const int32_t *)p;
+    const float *val = (const float *)(p + (size_t)k * sizeof(int32_t));
+    DTR__CUDA_FOR(j, k) {
+        if (j > 0 && idx[j] == 0) continue;
+        g[idx[j]] = __fadd_rn(g[idx[j]], val[j]);
+        if (j == 0 && k > 1 && idx[k - 1] == 0) g[0] = __fadd_rn(g[0], 0.0f);
+    }
+}
+
+__global__ static void dtr__cuda_div_k(float *g, int64_t n, float d) {
+    DTR__CUDA_FOR(i, n) g[i] = __fdiv_rn(g[i], d);
+}
+
+/* top-k: the state for a select of the k-th largest (one block) */
+__global__ static void dtr__cuda_topk_init_k(dtr__cuda_topk *st, int64_t k) {
+    for (int b = threadIdx.x; b < DTR__CUDA_TOPK_BINS; b += blockDim.x) st->hist[b] = 0;
+    if (threadIdx.x == 0) st->prefix = st->mask = 0, st->k = k;
+}
+
+/* top-k select, one pass: counts the magnitudes' bits [shift, shift + log2 nb) of the entries
+   that share the prefix found so far */
+__global__ static void dtr__cuda_topk_hist_k(const float *g, int64_t n, dtr__cuda_topk *st, int shift, int nb) {
+    __shared__ unsigned int h[DTR__CUDA_TOPK_BINS];
+    unsigned int prefix = st->prefix, mask = st->mask;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) h[b] = 0;
+    __syncthreads();
+    DTR__CUDA_FOR(i, n) {
+        unsigned int bits = __float_as_uint(g[i]) & 0x7fffffffu;
+        if ((bits & mask) == prefix) atomicAdd(&h[(bits >> shift) & (unsigned)(nb - 1)], 1u);
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < nb; b += blockDim.x)
+        if (h[b]) atomicAdd(&st->hist[b], (unsigned long long)h[b]);
+}
+
+/* the bin holding the k-th largest: its bits join the prefix (one thread, as the CPU), the
+   histogram cleared for the next pass (the block) */
+__global__ static void dtr__cuda_topk_pick_k(dtr__cuda_topk *st, int shift, int nb) {
+    if (threadIdx.x == 0) {
+        long long k = st->k;
+        int bin;
+        for (bin = nb - 1; bin > 0 && (long long)st->hist[bin] < k; bin--) k -= (long long)st->hist[bin];
+        st->k = k;
+        st->prefix |= (unsigned)bin << shift;
+        st->mask |= (unsigned)(nb - 1) << shift;
+    }
+    __syncthreads();
+    for (int b = threadIdx.x; b < DTR__CUDA_TOPK_BINS; b += blockDim.x) st->hist[b] = 0;
+}
+
+/* per block (a contiguous chunk): the entries above the threshold, and those equal to it */
+__global__ static void dtr__cuda_topk_count_k(const float *g, int64_t n, int64_t chunk, dtr__cuda_topk *st) {
+    float thr = __uint_as_float(st->prefix);
+    int64_t lo = (int64_t)blockIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    double above = 0.0, ties = 0.0;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float a = fabsf(g[i]);
+        above += a > thr;
+        ties += a == thr;
+    }
+    above = dtr__cuda_block_sum(above);
+    ties = dtr__cuda_block_sum(ties);
+    if (threadIdx.x == 0) st->blk[blockIdx.x] = (long long)above, st->blk[gridDim.x + blockIdx.x] = (long long)ties;
+}
+
+/* the ties to take (the first k - above), and where each block's ties and entries start */
+__global__ static void dtr__cuda_topk_plan_k(dtr__cuda_topk *st, int blocks, int64_t k) {
+    long long above = 0, tb = 0, tk = 0;
+    if (threadIdx.x || blockIdx.x) return;
+    for (int b = 0; b < blocks; b++) above += st->blk[b];
+    st->quota = k - above;
+    for (int b = 0; b < blocks; b++) {
+        long long ties = st->blk[blocks + b], left = st->quota - tb;
+        st->blk[2 * blocks + b] = tb, st->blk[3 * blocks + b] = tk;
+        tk += st->blk[b] + (left < 0 ? 0 : left < ties ? left : ties);
+        tb += ties;
+    }
+    st->taken = tk;
+}
+
+/* the block's flags before this thread's (blockDim.x a multiple of 32, every thread calling),
+   and in *total all of them */
+__device__ static int dtr__cuda_block_count_before(int flag, int *total) {
+    __shared__ int warp_n[32];
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5, bal;
+    int before = 0, all = 0;
+    bal = __ballot_sync(0xffffffffu, flag);
+    __syncthreads();   /* the previous call's reads of warp_n are done */
+    if (lane == 0) warp_n[warp] = __popc(bal);
+    __syncthreads();
+    for (unsigned w = 0; w < nw; w++) before += w < warp ? warp_n[w] : 0, all += warp_n[w];
+    *total = all;
+    return before + __popc(bal & ((1u << lane) - 1u));
+}
+
+/* the payload: the block's chosen entries in index order from its start; the residual */
+__global__ static void dtr__cuda_topk_write_k(const float *g, int64_t n, int64_t chunk, const dtr__cuda_topk *st, int64_t k,
+                                              unsigned char *out, float *resid) {
+    int32_t *idx = (int32_t *)out;
+    float *val = (float *)(out + (size_t)k * sizeof(int32_t)), thr = __uint_as_float(st->prefix);
+    int64_t lo = (int64_t)blockIdx.x * chunk, hi = lo + chunk < n ? lo + chunk : n;
+    long long tie_at = st->blk[2 * gridDim.x + blockIdx.x], pos = st->blk[3 * gridDim.x + blockIdx.x];
+    for (int64_t base = lo; base < hi; base += blockDim.x) {
+        int64_t i = base + threadIdx.x;
+        float v = i < hi ? g[i] : 0.0f;
+        int tie = i < hi && fabsf(v) == thr, ties, taken;
+        int tie_rank = dtr__cuda_block_count_before(tie, &ties);
+        int take = (i < hi && fabsf(v) > thr) || (tie && tie_at + tie_rank < st->quota);
+        int at = dtr__cuda_block_count_before(take, &taken);
+        if (take) idx[pos + at] = (int32_t)i, val[pos + at] = v;
+        if (i < hi && resid) resid[i] = take ? 0.0f : v;
+        tie_at += ties, pos += taken;
+    }
+}
+
+/* the slots past the entries taken (NaN magnitudes compare with nothing): index 0, value 0 */
+__global__ static void dtr__cuda_topk_pad_k(const dtr__cuda_topk *st, int64_t k, unsigned char *out) {
+    DTR__CUDA_FOR(j, k)
+        if (j >= st->taken) ((int32_t *)out)[j] = 0, ((float *)(out + (size_t)k * sizeof(int32_t)))[j] = 0.0f;
+}
+
+static dtr_result dtr__cuda_topk_encode(dtr_context *ctx, const dtr__codec_args *a) {
+    static const int shift[3] = {21, 10, 0};
+    cudaStream_t st = dtr__cuda_stream(ctx);
+    unsigned blocks = dtr__launch_blocks(a->n, DTR__CUDA_THREADS, DTR__CUDA_MAX_PARTIALS);
+    int64_t chunk = (a->n + blocks - 1) / blocks;
+    dtr__cuda_topk *s = (dtr__cuda_topk *)dtr__cuda_scratch(ctx, sizeof(dtr__cuda_topk));
+    if (!s) return ctx->status;
+    dtr__cuda_topk_init_k<<<1, DTR__CUDA_THREADS, 0, st>>>(s, a->k);
+    for (int p = 0; p < 3; p++) {
+        dtr__cuda_topk_hist_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, s, shift[p], p == 2 ? 1024 : 2048);
+        dtr__cuda_topk_pick_k<<<1, DTR__CUDA_THREADS, 0, st>>>(s, shift[p], p == 2 ? 1024 : 2048);
+    }
+    dtr__cuda_topk_count_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, chunk, s);
+    dtr__cuda_topk_plan_k<<<1, 1, 0, st>>>(s, (int)blocks, a->k);
+    dtr__cuda_topk_write_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, chunk, s, a->k, a->payload, a->resid);
+    dtr__cuda_topk_pad_k<<<dtr__cuda_grid(a->k), DTR__CUDA_THREADS, 0, st>>>(s, a->k, a->payload);
+    return dtr__cuda_check(ctx, cudaGetLastError(), "top-k codec");
+}
+
+static dtr_result dtr__cuda_codec(dtr_context *ctx, const dtr__codec_args *a, int decode) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    cudaStream_t st = s->stream;
+    unsigned blocks = dtr__launch_blocks(a->n, DTR__CUDA_THREADS, DTR__CUDA_MAX_PARTIALS);
+    if (a->n <= 0) return DTR_OK;
+    if (!decode && a->kind == DTR_COMPRESS_TOPK) return dtr__cuda_topk_encode(ctx, a);
+    if (!decode) {
+        dtr__cuda_absmax_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, s->partial);
+        dtr__cuda_int8_encode_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, s->partial, (int)blocks,
+                                                                                   a->payload, a->resid);
+    } else if (a->kind == DTR_COMPRESS_INT8) {
+        dtr__cuda_int8_decode_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, a->payload, a->bytes, a->world);
+    } else {
+        if (dtr__cuda_check(ctx, cudaMemsetAsync(a->g, 0, (size_t)a->n * sizeof(float), st), "top-k decode") != DTR_OK)
+            return ctx->status;
+        for (int r = 0; r < a->world; r++)
+            dtr__cuda_topk_add_k<<<dtr__cuda_grid(a->k), DTR__CUDA_THREADS, 0, st>>>(a->g, a->payload + (size_t)r * a->bytes, a->k);
+        dtr__cuda_div_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, (float)a->world);
+    }
+    return dtr__cuda_check(ctx, cudaGetLastError(), decode ? "codec decode" : "int8 codec");
 }

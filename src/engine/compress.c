@@ -11,9 +11,10 @@
  *                dtr_dp_finish P is orthonormalised, Q = M^T P (cols, r) all-reduced, and
  *                M ~ P Q^T. Q starts random (the same seed on every rank) and is reused by
  *                the next step (warm start), as PowerSGD (Vogels et al., 2019).
- * bf16 and fp16 of a device model over a group of device memory (NCCL) stay on the device:
- * the backend's cast kernel encodes into and decodes from a device buffer, the group
- * all-reduces it there. The others run on a host copy of the gradients (the engine's).
+ * A device model's bf16, fp16, int8 and top-k over a group of device memory (NCCL) stay on
+ * the device: the backend's cast kernel (16-bit) or codec slot (int8, top-k) encodes into and
+ * decodes from device buffers, the group reduces or gathers them there, the residual is
+ * device memory too. PowerSGD runs on a host copy of the gradients (the engine's).
  * The residual (one float per gradient float) keeps what the codec lost: int8 and top-k the
  * local difference acc - decoded(acc); PowerSGD acc - (averaged approximation), whose
  * average over the ranks is what the average lost (the approximation is linear in M).
@@ -44,7 +45,7 @@ struct dtr__dpc {
     dtr_dp_compress kind;
     float ratio;
     int rank_r, ef, world;
-    int dev;                /* bf16 / fp16 in the backend's memory (dtr__dpc_create's dev) */
+    int dev;                /* in the backend's memory (dtr__dpc_create's dev): buffers, residual */
     float *resid;           /* error feedback (numel floats) */
     dtr__cbucket *b;        /* one per parameter at most, made at the first start */
     int nb;
@@ -53,6 +54,23 @@ struct dtr__dpc {
 
 static int dtr__dpc_has_ef(const dtr__dpc *z) {
     return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
+}
+
+/* bytes of the codec's memory: the backend's (dev), else the context's allocator; zero: zeroed */
+static void *dtr__dpc_alloc(dtr__dpc *z, size_t bytes, int zero) {
+    void *p;
+    if (!z->dev) return zero ? dtr__calloc(&z->ctx->alloc, bytes) : dtr__malloc(&z->ctx->alloc, bytes);
+    p = z->ctx->backend->mem_alloc(z->ctx, bytes);
+    if (p && zero && z->ctx->backend->memset0(z->ctx, p, bytes) != DTR_OK) {
+        z->ctx->backend->mem_free(z->ctx, p);
+        return NULL;
+    }
+    return p;
+}
+
+static void dtr__dpc_free(dtr__dpc *z, void *p) {
+    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
+    else dtr__free(&z->ctx->alloc, p);
 }
 
 dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out) {
@@ -74,9 +92,9 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
-    z->dev = dev;
+    z->dev = dev && cfg->compress != DTR_COMPRESS_POWERSGD;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
-    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__calloc(&ctx->alloc, (numel + 1) * sizeof(float));
+    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__dpc_alloc(z, (numel + 1) * sizeof(float), 1);
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
         dtr__dpc_destroy(z);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
@@ -90,21 +108,21 @@ void dtr__dpc_destroy(dtr__dpc *z) {
     int i;
     if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
-        if (z->dev && z->b[i].send) z->ctx->backend->mem_free(z->ctx, z->b[i].send);
-        else dtr__free(&z->ctx->alloc, z->b[i].send);
-        dtr__free(&z->ctx->alloc, z->b[i].recv);
+        dtr__dpc_free(z, z->b[i].send);
+        dtr__dpc_free(z, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
         dtr__free(&z->ctx->alloc, z->b[i].q);
     }
     dtr__free(&z->ctx->alloc, z->b);
-    dtr__free(&z->ctx->alloc, z->resid);
+    dtr__dpc_free(z, z->resid);
     dtr__free(&z->ctx->alloc, z);
 }
 
 dtr_dp_stats *dtr__dpc_stats(dtr__dpc *z) { return &z->st; }
 
-float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes) {
+float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev) {
     *bytes = z->resid ? (size_t)dtr_model_numel(z->m) * sizeof(float) : 0;
+    *dev = z->dev;
     return z->resid;
 }
 
@@ -306,23 +324,41 @@ static void dtr__topk_encode(const float *g, int64_t n, int64_t k, unsigned char
 }
 
 /* g = (sum over ranks, in rank order, of the gathered payloads) / N */
-static void dtr__gather_decode(const dtr__dpc *z, const dtr__cbucket *b, float *g) {
+static void dtr__gather_decode(const dtr__codec_args *a) {
+    float *g = a->g;
     int r;
-    int64_t i, k = z->kind == DTR_COMPRESS_TOPK ? dtr__topk_count(z, b->n) : 0;
-    memset(g, 0, (size_t)b->n * sizeof(float));
-    for (r = 0; r < z->world; r++) {
-        const unsigned char *p = b->recv + (size_t)r * b->bytes;
+    int64_t i;
+    memset(g, 0, (size_t)a->n * sizeof(float));
+    for (r = 0; r < a->world; r++) {
+        const unsigned char *p = a->payload + (size_t)r * a->bytes;
         float scale;
-        if (z->kind == DTR_COMPRESS_TOPK) {
+        if (a->kind == DTR_COMPRESS_TOPK) {
             const int32_t *idx = (const int32_t *)p;
-            const float *val = (const float *)(p + (size_t)k * sizeof(int32_t));
-            for (i = 0; i < k; i++) g[idx[i]] += val[i];
+            const float *val = (const float *)(p + (size_t)a->k * sizeof(int32_t));
+            for (i = 0; i < a->k; i++) g[idx[i]] += val[i];
             continue;
         }
         memcpy(&scale, p, sizeof scale);
-        for (i = 0; i < b->n; i++) g[i] += scale * (float)((const int8_t *)(p + sizeof(float)))[i];
+        for (i = 0; i < a->n; i++) g[i] += scale * (float)((const int8_t *)(p + sizeof(float)))[i];
     }
-    for (i = 0; i < b->n; i++) g[i] /= (float)z->world;
+    for (i = 0; i < a->n; i++) g[i] /= (float)a->world;
+}
+
+dtr_result dtr__cpu_codec(dtr_context *ctx, const dtr__codec_args *a, int decode) {
+    (void)ctx;
+    if (decode) dtr__gather_decode(a);
+    else if (a->kind == DTR_COMPRESS_INT8) dtr__int8_encode(a->g, a->n, a->payload, a->resid);
+    else dtr__topk_encode(a->g, a->n, a->k, a->payload, a->resid);
+    return DTR_OK;
+}
+
+/* bucket b's codec arguments over g (its floats): encode from send, decode from recv */
+static dtr_result dtr__dpc_code(dtr__dpc *z, const dtr__cbucket *b, float *g, float *resid, int decode) {
+    dtr__codec_args a;
+    a.kind = (int)z->kind, a.world = z->world, a.n = b->n;
+    a.k = z->kind == DTR_COMPRESS_TOPK ? dtr__topk_count(z, b->n) : 0;
+    a.g = g, a.resid = resid, a.payload = decode ? b->recv : b->send, a.bytes = b->bytes;
+    return z->dev ? z->ctx->backend->codec(z->ctx, &a, decode) : dtr__cpu_codec(z->ctx, &a, decode);
 }
 
 /* ---- per bucket ---- */
@@ -333,10 +369,9 @@ static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
     if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
     if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
-    b->send = (unsigned char *)(z->dev ? z->ctx->backend->mem_alloc(z->ctx, b->bytes + 1)
-                                       : dtr__calloc(&z->ctx->alloc, b->bytes + 1));
+    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + 1, 0);
     if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
-        b->recv = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes * (size_t)z->world + 1);
+        b->recv = (unsigned char *)dtr__dpc_alloc(z, b->bytes * (size_t)z->world + 1, 0);
     return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
 }
 
@@ -355,7 +390,9 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
         b->n = end - begin;
         if (dtr__cbucket_alloc(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
     }
-    for (k = 0; rb && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
+    if (rb && z->dev && (r = z->ctx->backend->reduce(z->ctx, gb, gb, rb, (size_t)b->n, DTR_F32, DTR_REDUCE_SUM, 1)) != DTR_OK)
+        return r;
+    for (k = 0; rb && !z->dev && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
     z->st.wire_bytes += b->bytes;
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
@@ -364,8 +401,10 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
                    : dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
         if (r != DTR_OK) return r;
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
-    case DTR_COMPRESS_INT8: dtr__int8_encode(gb, b->n, b->send, rb); break;
-    case DTR_COMPRESS_TOPK: dtr__topk_encode(gb, b->n, dtr__topk_count(z, b->n), b->send, rb); break;
+    case DTR_COMPRESS_INT8:
+    case DTR_COMPRESS_TOPK:
+        if ((r = dtr__dpc_code(z, b, gb, rb, 0)) != DTR_OK) return r;
+        break;
     default:
         if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
         return dtr__psgd_start(z, b, gb, req);
@@ -381,6 +420,5 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
         return z->dev ? dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n)
                       : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
-    dtr__gather_decode(z, b, g + begin);
-    return DTR_OK;
+    return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }

@@ -22,9 +22,10 @@
  * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters, bf16 and fp16 compression (without ZeRO) encode and decode
- * on the device; with another codec (it runs on the host) the engine works on a host copy as
- * below and the group stages its host buffers to the device; with one of host memory
+ * averages the device parameters, bf16, fp16, int8 and top-k compression (without ZeRO)
+ * encode and decode on the device (int8 and top-k where the backend has the codec slot);
+ * with PowerSGD (it runs on the host) the engine works on a host copy as below and the group
+ * stages its host buffers to the device; with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -200,11 +201,13 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
     return DTR_OK;
 }
 
-/* bf16 / fp16 compression of a device model over a group of its device memory stays on the
-   device (no host copy); ZeRO's 16-bit slices and the other codecs run on a host copy */
+/* compression of a device model over a group of its device memory stays on the device (no
+   host copy): bf16 / fp16, and int8 / top-k where the backend has the codec slot; ZeRO's
+   16-bit slices and PowerSGD run on a host copy */
 static int dtr__dp_codec_on_device(dtr_context *ctx, const dtr_comm *c, const dtr_dp_config *cfg) {
     return c->mem_ctx && !dtr__host_memory(ctx) && !cfg->zero &&
-           (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16);
+           (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16 ||
+            ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && ctx->backend->codec));
 }
 
 static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
@@ -502,11 +505,12 @@ int dtr_dp_overlapped_buckets(const dtr_dp *dp) { return dp ? dp->overlapped : 0
 dtr_result dtr_dp_state(dtr_dp *dp, int index, dtr_state_entry *out) {
     size_t bytes;
     float *resid;
+    int dev;
     if (!dp || !out) return DTR_NULL_HANDLE;
-    resid = dtr__dpc_residual(dp->cz, &bytes);
+    resid = dtr__dpc_residual(dp->cz, &bytes, &dev);
     if (index == 0) return dtr__state_put(out, "no_sync", &dp->no_sync, sizeof dp->no_sync, 0);
     if (index == 1) return dtr__state_put(out, "steps", &dtr__dpc_stats(dp->cz)->steps, sizeof(int64_t), 0);
-    if (index == 2 && resid) return dtr__state_put(out, "residual", resid, bytes, 0);
+    if (index == 2 && resid) return dtr__state_put(out, "residual", resid, bytes, dev);
     return DTR_NOT_FOUND;
 }
 
