@@ -54,6 +54,10 @@
  *                         bit; a corrupt newest checkpoint fails dtr_ps_create on every rank,
  *                         naming the server; without it both servers resume from the newest
  *                         they share and again end on the 20-step job's weights
+ *   test_ps_checkpoint_replicas replicas with checkpoint_dir: a backup that took over
+ *                         checkpoints its range (one following its primary does not); a
+ *                         replicated job resuming from them, backups too, ends on one
+ *                         uninterrupted job's weights bit for bit
  *   test_ps_checkpoint_async ASYNC: a checkpoint that cannot be written is logged and counted
  *                         while serving goes on; the next job resumes each server from its
  *                         own newest (12, and below 12 for the one whose 12 was made incomplete)
@@ -1058,6 +1062,54 @@ static void test_ps_checkpoint(void) {
     rm_tree(dir);
 }
 
+/* the servers of j (primaries, and backups with replicas) and its workers end on full's
+   weights (a job without replicas) bit for bit */
+static void check_replicated_weights(ps_job *j, ps_job *full, const char *what) {
+    int s, i, NS = j->S * (1 + j->pc.replicas);
+    for (s = 0; s < NS; s++) {
+        int r = s % j->S;
+        int64_t b = j->numel * r / j->S / 16 * 16, e = r == j->S - 1 ? j->numel : j->numel * (r + 1) / j->S / 16 * 16;
+        CHECK_MSG(memcmp(j->params[s] + b, full->params[r] + b, (size_t)(e - b) * sizeof(float)) == 0,
+                  "%s: server rank %d's range %.3g from one job's", what, s, rel_err(j->params[s] + b, full->params[r] + b, e - b));
+    }
+    for (i = 0; i < j->W; i++)
+        CHECK_MSG(memcmp(j->params[NS + i], full->params[full->S + i], (size_t)j->numel * sizeof(float)) == 0,
+                  "%s: worker %d differs", what, i);
+}
+
+/* replicas with checkpoints (SYNC, 2 ranges x 2 workers, every 5 updates): primary 1 leaves
+   before serving, so its backup serves range 1 from the start and checkpoints it (the other
+   backup, following its primary, writes none); then a replicated job resumes at update 12
+   (the backups restoring too) and after 8 more steps every server rank and worker holds one
+   20-step job's weights bit for bit */
+static void test_ps_checkpoint_replicas(void) {
+    char dir[] = "/tmp/dtr_ps_ckpt_XXXXXX";
+    ps_job full = job_init(2, 2, DTR_PS_SYNC), a = full, b;
+    int s;
+    CHECK(mkdtemp(dir) != NULL);
+    a.isolate = 1, a.pc.replicas = 1, a.pc.checkpoint_dir = dir, a.pc.checkpoint_every = 5;
+    a.steps = 12, a.quit_server = 1;
+    b = a;
+    b.quit_server = -1, b.t0 = 12, b.steps = 8;
+    job_run(&full);
+    job_run(&a);
+    job_run(&b);
+    if (job_ok(&full) && job_ok(&a) && job_ok(&b)) {
+        CHECK_EQ_INT(a.st[3].failovers, 1);
+        CHECK_MSG(a.st[0].checkpoints >= 2 && a.st[3].checkpoints >= 2 && a.st[2].checkpoints == 0,
+                  "checkpoints: primary 0 %lld, backup 2 %lld, backup 3 (serving) %lld", (long long)a.st[0].checkpoints,
+                  (long long)a.st[2].checkpoints, (long long)a.st[3].checkpoints);
+        for (s = 0; s < 6; s++)
+            CHECK_MSG(b.st[s].resumed_updates == 12 && (s >= 4 || b.st[s].updates == 20), "rank %d: resumed at %lld, %lld updates",
+                      s, (long long)b.st[s].resumed_updates, (long long)b.st[s].updates);
+        check_replicated_weights(&b, &full, "replicas resumed at update 12");
+    }
+    job_free(&full);
+    job_free(&a);
+    job_free(&b);
+    rm_tree(dir);
+}
+
 #define RUN_IF(fn) do { if (argc < 2 || strcmp(argv[1], #fn) == 0) RUN(fn); } while (0)
 
 int main(int argc, char **argv) {
@@ -1078,6 +1130,7 @@ int main(int argc, char **argv) {
     RUN_IF(test_ps_device_workers);
     RUN_IF(test_ps_int8);
     RUN_IF(test_ps_checkpoint);
+    RUN_IF(test_ps_checkpoint_replicas);
     RUN_IF(test_ps_checkpoint_async);
     RUN_IF(test_ps_fmnist);
     if (g_data_ok > 0) dtr_mnist_destroy(&g_data);
