@@ -10291,53 +10291,86 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
 }
 
 /* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
- * backward recomputes them from the logits, which stay anyway, so the op holds R x 16 bytes
- * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary).
- * The logits are read in their own dtype (f32, bf16, f16: never widened, src/core/widen.c):
- * a GPT's 16-bit logits take no f32 copy of their size. */
-dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const void *X = dtr__data(x);
-    int dt = x->dtype;
-    const int32_t *t = dtr__i32(nd->in[1]);
+ * backward recomputes them from the logits, which stay anyway, so the op holds R x 24 bytes
+ * (the statistics and the row's loss) instead of R x K floats (the size of the logits again,
+ * 400 MB for a GPT's vocabulary). The logits are read in their own dtype (f32, bf16, f16:
+ * never widened, src/core/widen.c): a GPT's 16-bit logits take no f32 copy of their size.
+ * Rows run on the pool; the row losses are summed in row order (the same bits at any count
+ * of threads). */
+typedef struct dtr__xent_job {
+    const dtr__node *nd;
+    const void *X;
+    int dt;
+    int64_t K;
+    const int32_t *t;
     dtr__xent_row *st;
-    double loss = 0.0;
-    for (r = 0; r < R; r++)
-        if (t[r] < 0 || t[r] >= K)
-            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
-                             (long long)r, (int)t[r], (long long)K);
-    st = (dtr__xent_row *)dtr__node_save(ctx, nd, (size_t)(R ? R : 1) * sizeof(dtr__xent_row));
-    if (!st) return ctx->status;
-    nd->saved = st;
-    for (r = 0; r < R; r++) {
+    double *loss;       /* forward: each row's */
+    float c;            /* backward: dL/dy / R */
+} dtr__xent_job;
+
+static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
+    dtr__xent_job j;
+    const dtr_tensor *x = nd->in[0];
+    memset(&j, 0, sizeof j);
+    j.nd = nd, j.X = dtr__data(x), j.dt = x->dtype, j.K = x->shape[x->ndim - 1], j.t = dtr__i32(nd->in[1]);
+    return j;
+}
+
+/* rows at least 16K logits a task */
+static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
+
+static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__xent_job *j = (const dtr__xent_job *)arg;
+    int64_t r, k, K = j->K;
+    (void)w;
+    for (r = b; r < e; r++) {
         float mx = -INFINITY;
         double s = 0.0;
-        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(X, dt, r * K + k));
-        for (k = 0; k < K; k++) s += expf(dtr__f_load(X, dt, r * K + k) - mx);
-        st[r].max = mx;
-        st[r].sum = s;
-        loss += (double)mx + log(s) - dtr__f_load(X, dt, r * K + t[r]);
+        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
+        for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+        j->st[r].max = mx;
+        j->st[r].sum = s;
+        j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
     }
+}
+
+dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__xent_job j = dtr__xent_job_of(nd);
+    int64_t R = dtr__rows(nd->in[0]), r;
+    size_t rows = (size_t)(R ? R : 1);
+    double loss = 0.0;
+    for (r = 0; r < R; r++)
+        if (j.t[r] < 0 || j.t[r] >= j.K)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)j.t[r], (long long)j.K);
+    j.st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)));
+    if (!j.st) return ctx->status;
+    nd->saved = j.st;   /* the row statistics for backward, then the row losses */
+    j.loss = (double *)(j.st + rows);
+    dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_fwd_range, &j);
+    for (r = 0; r < R; r++) loss += j.loss[r];
     dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
     return DTR_OK;
 }
 
-dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const void *X = dtr__data(x);
-    int dt = x->dtype;
-    const int32_t *t = dtr__i32(nd->in[1]);
-    const dtr__xent_row *st = (const dtr__xent_row *)nd->saved;
-    float *gx = dtr__gradof(x), c;
-    (void)ctx;
-    if (!gx || !R) return DTR_OK;
-    c = nd->out->grad[0] / (float)R;
-    for (r = 0; r < R; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(dtr__f_load(X, dt, r * K + k), st[r]);
-        gx[r * K + t[r]] -= c;
+static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__xent_job *j = (const dtr__xent_job *)arg;
+    float *gx = dtr__gradof(j->nd->in[0]);
+    int64_t r, k, K = j->K;
+    (void)w;
+    for (r = b; r < e; r++) {
+        for (k = 0; k < K; k++) gx[r * K + k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), j->st[r]);
+        gx[r * K + j->t[r]] -= j->c;
     }
+}
+
+dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__xent_job j = dtr__xent_job_of(nd);
+    int64_t R = dtr__rows(nd->in[0]);
+    if (!dtr__gradof(nd->in[0]) || !R) return DTR_OK;
+    j.st = (dtr__xent_row *)nd->saved;
+    j.c = nd->out->grad[0] / (float)R;
+    dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_bwd_range, &j);
     return DTR_OK;
 }
 
@@ -10678,7 +10711,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10682 "dtrain.h"
+#line 10715 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11177,7 +11210,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11181 "dtrain.h"
+#line 11214 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11436,7 +11469,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11440 "dtrain.h"
+#line 11473 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11806,7 +11839,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11810 "dtrain.h"
+#line 11843 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11939,7 +11972,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_vocab_xent,
     dtr__cpu_codec
 };
-#line 11943 "dtrain.h"
+#line 11976 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12481,7 +12514,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12485 "dtrain.h"
+#line 12518 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12650,7 +12683,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12654 "dtrain.h"
+#line 12687 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12899,7 +12932,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12903 "dtrain.h"
+#line 12936 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13421,7 +13454,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13425 "dtrain.h"
+#line 13458 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13559,7 +13592,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13563 "dtrain.h"
+#line 13596 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13906,7 +13939,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13910 "dtrain.h"
+#line 13943 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -13972,7 +14005,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 13976 "dtrain.h"
+#line 14009 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14209,7 +14242,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14213 "dtrain.h"
+#line 14246 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14958,7 +14991,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14962 "dtrain.h"
+#line 14995 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15411,7 +15444,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15415 "dtrain.h"
+#line 15448 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15467,7 +15500,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15471 "dtrain.h"
+#line 15504 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16244,7 +16277,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16248 "dtrain.h"
+#line 16281 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16825,7 +16858,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16829 "dtrain.h"
+#line 16862 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17456,7 +17489,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17460 "dtrain.h"
+#line 17493 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18246,7 +18279,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18250 "dtrain.h"
+#line 18283 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18599,7 +18632,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18603 "dtrain.h"
+#line 18636 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18789,7 +18822,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18793 "dtrain.h"
+#line 18826 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -18970,7 +19003,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 18974 "dtrain.h"
+#line 19007 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19745,7 +19778,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19749 "dtrain.h"
+#line 19782 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20262,7 +20295,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20266 "dtrain.h"
+#line 20299 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21057,7 +21090,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21061 "dtrain.h"
+#line 21094 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22305,7 +22338,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22309 "dtrain.h"
+#line 22342 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22927,7 +22960,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22931 "dtrain.h"
+#line 22964 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23428,7 +23461,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23432 "dtrain.h"
+#line 23465 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24158,7 +24191,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24162 "dtrain.h"
+#line 24195 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24394,7 +24427,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24398 "dtrain.h"
+#line 24431 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24523,7 +24556,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24527 "dtrain.h"
+#line 24560 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24951,7 +24984,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
                       : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 24955 "dtrain.h"
+#line 24988 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25442,7 +25475,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25446 "dtrain.h"
+#line 25479 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25972,7 +26005,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 25976 "dtrain.h"
+#line 26009 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26478,7 +26511,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26482 "dtrain.h"
+#line 26515 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28027,7 +28060,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28031 "dtrain.h"
+#line 28064 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28081,7 +28114,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28085 "dtrain.h"
+#line 28118 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29259,7 +29292,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29263 "dtrain.h"
+#line 29296 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30149,7 +30182,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30153 "dtrain.h"
+#line 30186 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31627,7 +31660,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31631 "dtrain.h"
+#line 31664 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32011,7 +32044,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32015 "dtrain.h"
+#line 32048 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32160,7 +32193,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32164 "dtrain.h"
+#line 32197 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -139,53 +139,86 @@ dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *
 }
 
 /* Forward keeps each row's maximum and exp-sum (dtr__xent_row), not its probabilities: the
- * backward recomputes them from the logits, which stay anyway, so the op holds R x 16 bytes
- * instead of R x K floats (the size of the logits again, 400 MB for a GPT's vocabulary).
- * The logits are read in their own dtype (f32, bf16, f16: never widened, src/core/widen.c):
- * a GPT's 16-bit logits take no f32 copy of their size. */
-dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const void *X = dtr__data(x);
-    int dt = x->dtype;
-    const int32_t *t = dtr__i32(nd->in[1]);
+ * backward recomputes them from the logits, which stay anyway, so the op holds R x 24 bytes
+ * (the statistics and the row's loss) instead of R x K floats (the size of the logits again,
+ * 400 MB for a GPT's vocabulary). The logits are read in their own dtype (f32, bf16, f16:
+ * never widened, src/core/widen.c): a GPT's 16-bit logits take no f32 copy of their size.
+ * Rows run on the pool; the row losses are summed in row order (the same bits at any count
+ * of threads). */
+typedef struct dtr__xent_job {
+    const dtr__node *nd;
+    const void *X;
+    int dt;
+    int64_t K;
+    const int32_t *t;
     dtr__xent_row *st;
-    double loss = 0.0;
-    for (r = 0; r < R; r++)
-        if (t[r] < 0 || t[r] >= K)
-            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
-                             (long long)r, (int)t[r], (long long)K);
-    st = (dtr__xent_row *)dtr__node_save(ctx, nd, (size_t)(R ? R : 1) * sizeof(dtr__xent_row));
-    if (!st) return ctx->status;
-    nd->saved = st;
-    for (r = 0; r < R; r++) {
+    double *loss;       /* forward: each row's */
+    float c;            /* backward: dL/dy / R */
+} dtr__xent_job;
+
+static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
+    dtr__xent_job j;
+    const dtr_tensor *x = nd->in[0];
+    memset(&j, 0, sizeof j);
+    j.nd = nd, j.X = dtr__data(x), j.dt = x->dtype, j.K = x->shape[x->ndim - 1], j.t = dtr__i32(nd->in[1]);
+    return j;
+}
+
+/* rows at least 16K logits a task */
+static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
+
+static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__xent_job *j = (const dtr__xent_job *)arg;
+    int64_t r, k, K = j->K;
+    (void)w;
+    for (r = b; r < e; r++) {
         float mx = -INFINITY;
         double s = 0.0;
-        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(X, dt, r * K + k));
-        for (k = 0; k < K; k++) s += expf(dtr__f_load(X, dt, r * K + k) - mx);
-        st[r].max = mx;
-        st[r].sum = s;
-        loss += (double)mx + log(s) - dtr__f_load(X, dt, r * K + t[r]);
+        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
+        for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+        j->st[r].max = mx;
+        j->st[r].sum = s;
+        j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
     }
+}
+
+dtr_result dtr__cpu_cross_entropy_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__xent_job j = dtr__xent_job_of(nd);
+    int64_t R = dtr__rows(nd->in[0]), r;
+    size_t rows = (size_t)(R ? R : 1);
+    double loss = 0.0;
+    for (r = 0; r < R; r++)
+        if (j.t[r] < 0 || j.t[r] >= j.K)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_cross_entropy: target %lld is %d, outside [0, %lld)",
+                             (long long)r, (int)j.t[r], (long long)j.K);
+    j.st = (dtr__xent_row *)dtr__node_save(ctx, nd, rows * (sizeof(dtr__xent_row) + sizeof(double)));
+    if (!j.st) return ctx->status;
+    nd->saved = j.st;   /* the row statistics for backward, then the row losses */
+    j.loss = (double *)(j.st + rows);
+    dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_fwd_range, &j);
+    for (r = 0; r < R; r++) loss += j.loss[r];
     dtr__f32(nd->out)[0] = R ? (float)(loss / (double)R) : 0.0f;
     return DTR_OK;
 }
 
-dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t K = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const void *X = dtr__data(x);
-    int dt = x->dtype;
-    const int32_t *t = dtr__i32(nd->in[1]);
-    const dtr__xent_row *st = (const dtr__xent_row *)nd->saved;
-    float *gx = dtr__gradof(x), c;
-    (void)ctx;
-    if (!gx || !R) return DTR_OK;
-    c = nd->out->grad[0] / (float)R;
-    for (r = 0; r < R; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += c * dtr__f_xent_prob(dtr__f_load(X, dt, r * K + k), st[r]);
-        gx[r * K + t[r]] -= c;
+static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__xent_job *j = (const dtr__xent_job *)arg;
+    float *gx = dtr__gradof(j->nd->in[0]);
+    int64_t r, k, K = j->K;
+    (void)w;
+    for (r = b; r < e; r++) {
+        for (k = 0; k < K; k++) gx[r * K + k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), j->st[r]);
+        gx[r * K + j->t[r]] -= j->c;
     }
+}
+
+dtr_result dtr__cpu_cross_entropy_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__xent_job j = dtr__xent_job_of(nd);
+    int64_t R = dtr__rows(nd->in[0]);
+    if (!dtr__gradof(nd->in[0]) || !R) return DTR_OK;
+    j.st = (dtr__xent_row *)nd->saved;
+    j.c = nd->out->grad[0] / (float)R;
+    dtr__pool_run(ctx->pool, R, dtr__xent_grain(j.K), dtr__xent_bwd_range, &j);
     return DTR_OK;
 }
 
