@@ -25084,6 +25084,22 @@ static void dtr__zero_layout(dtr__zero *z, int whole) {
     z->shard[z->W] = total;
 }
 
+/* bytes of the group's memory: the backend's (dev), else zeroed host memory */
+static void *dtr__zero_alloc(dtr__zero *z, size_t bytes) {
+    return z->dev ? z->ctx->backend->mem_alloc(z->ctx, bytes) : dtr__calloc(&z->ctx->alloc, bytes);
+}
+
+static void dtr__zero_free(dtr__zero *z, void *p) {
+    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
+    else dtr__free(&z->ctx->alloc, p);
+}
+
+/* n values of dtype sd at src converted into dd at dst, in the group's memory (on the device:
+   the backend's cast kernel) */
+static dtr_result dtr__zero_convert(dtr__zero *z, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
+    return z->dev ? dtr__convert_on(z->ctx, dst, dd, src, sd, n) : dtr_convert(dst, dd, src, sd, (size_t)n);
+}
+
 dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, int dev, dtr__zero **out) {
     dtr_context *ctx = dtr_model_context(m);
     dtr__zero *z = (dtr__zero *)dtr__calloc(&ctx->alloc, sizeof(*z));
@@ -25091,6 +25107,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     *out = NULL;
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
+    z->dev = dev;   /* the gradients on the device (a device transport): the slots there too */
     z->discard_grads = dtr__zero_releases_grads(cfg);
     z->wire = cfg->compress == DTR_COMPRESS_BF16 ? DTR_BF16 : cfg->compress == DTR_COMPRESS_FP16 ? DTR_F16 : DTR_F32;
     z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
@@ -25110,12 +25127,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
-        z->dev = dev;   /* the gradients on the device (a device transport): the slots there too */
-        z->recv = (float *)(z->dev ? ctx->backend->mem_alloc(ctx, bytes) : dtr__calloc(&ctx->alloc, bytes));
+        z->recv = (float *)dtr__zero_alloc(z, bytes);
         ok = z->recv != NULL;
-        if (ok && z->wire != DTR_F32) {
-            z->out16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
-            z->in16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
+        if (ok && z->wire != DTR_F32) {   /* the 16-bit buffers where the slots are */
+            z->out16 = (uint16_t *)dtr__zero_alloc(z, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
+            z->in16 = (uint16_t *)dtr__zero_alloc(z, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
             ok = z->out16 && z->in16;
         }
     }
@@ -25157,10 +25173,9 @@ void dtr__zero_destroy(dtr__zero *z) {
     dtr__free(&a, z->u);
     dtr__free(&a, z->seq);
     dtr__free(&a, z->prev);
-    if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
-    else dtr__free(&a, z->recv);
-    dtr__free(&a, z->out16);
-    dtr__free(&a, z->in16);
+    dtr__zero_free(z, z->recv);
+    dtr__zero_free(z, z->out16);
+    dtr__zero_free(z, z->in16);
     dtr__free(&a, z->shard);
     dtr__free(&a, z);
 }
@@ -25202,8 +25217,8 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
         size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
-        if (o != z->me && z->out16) dtr_convert(z->out16 + lo, z->wire, g + lo, DTR_F32, (size_t)(hi - lo));
-        if (o != z->me) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
+        if (o != z->me && z->out16) r = dtr__zero_convert(z, z->out16 + lo, z->wire, g + lo, DTR_F32, hi - lo);
+        if (o != z->me && r == DTR_OK) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
             if (p != z->me)
                 r = dtr__zero_post(z, &z->rs, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
@@ -25248,7 +25263,8 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     if (r == DTR_OK) dtr__zero_grads_sent(z, grads, 1);   /* every slice sent */
     z->nbk = z->sent = 0;
     if (r != DTR_OK) return r;
-    if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
+    if (z->in16 && (r = dtr__zero_convert(z, z->recv, DTR_F32, z->in16, z->wire, (z->W - 1) * n)) != DTR_OK)   /* the 16-bit slots widened */
+        return r;
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
@@ -25475,7 +25491,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25479 "dtrain.h"
+#line 25495 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25503,8 +25519,8 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
  * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters, bf16, fp16, int8 and top-k compression (without ZeRO)
- * encode and decode on the device (int8 and top-k where the backend has the codec slot);
+ * averages the device parameters, bf16, fp16, int8 and top-k compression (and ZeRO's 16-bit
+ * slices) encode and decode on the device (int8 and top-k where the backend has the codec slot);
  * with PowerSGD (it runs on the host) the engine works on a host copy as below and the group
  * stages its host buffers to the device; with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
@@ -25683,10 +25699,10 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
 }
 
 /* compression of a device model over a group of its device memory stays on the device (no
-   host copy): bf16 / fp16, and int8 / top-k where the backend has the codec slot; ZeRO's
-   16-bit slices and PowerSGD run on a host copy */
+   host copy): bf16 / fp16 (ZeRO's 16-bit slices too: the backend's cast kernel), and int8 /
+   top-k where the backend has the codec slot; PowerSGD runs on a host copy */
 static int dtr__dp_codec_on_device(dtr_context *ctx, const dtr_comm *c, const dtr_dp_config *cfg) {
-    return c->mem_ctx && !dtr__host_memory(ctx) && !cfg->zero &&
+    return c->mem_ctx && !dtr__host_memory(ctx) &&
            (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16 ||
             ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && ctx->backend->codec));
 }
@@ -26005,7 +26021,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26009 "dtrain.h"
+#line 26025 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26511,7 +26527,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26515 "dtrain.h"
+#line 26531 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28060,7 +28076,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28064 "dtrain.h"
+#line 28080 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28114,7 +28130,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28118 "dtrain.h"
+#line 28134 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29292,7 +29308,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29296 "dtrain.h"
+#line 29312 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30182,7 +30198,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30186 "dtrain.h"
+#line 30202 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31660,7 +31676,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31664 "dtrain.h"
+#line 31680 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32044,7 +32060,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32048 "dtrain.h"
+#line 32064 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32193,7 +32209,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32197 "dtrain.h"
+#line 32213 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -94,6 +94,22 @@ static void dtr__zero_layout(dtr__zero *z, int whole) {
     z->shard[z->W] = total;
 }
 
+/* bytes of the group's memory: the backend's (dev), else zeroed host memory */
+static void *dtr__zero_alloc(dtr__zero *z, size_t bytes) {
+    return z->dev ? z->ctx->backend->mem_alloc(z->ctx, bytes) : dtr__calloc(&z->ctx->alloc, bytes);
+}
+
+static void dtr__zero_free(dtr__zero *z, void *p) {
+    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
+    else dtr__free(&z->ctx->alloc, p);
+}
+
+/* n values of dtype sd at src converted into dd at dst, in the group's memory (on the device:
+   the backend's cast kernel) */
+static dtr_result dtr__zero_convert(dtr__zero *z, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
+    return z->dev ? dtr__convert_on(z->ctx, dst, dd, src, sd, n) : dtr_convert(dst, dd, src, sd, (size_t)n);
+}
+
 dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, int dev, dtr__zero **out) {
     dtr_context *ctx = dtr_model_context(m);
     dtr__zero *z = (dtr__zero *)dtr__calloc(&ctx->alloc, sizeof(*z));
@@ -101,6 +117,7 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     *out = NULL;
     if (!z) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
     z->m = m, z->c = c, z->ctx = ctx, z->stage = cfg->zero;
+    z->dev = dev;   /* the gradients on the device (a device transport): the slots there too */
     z->discard_grads = dtr__zero_releases_grads(cfg);
     z->wire = cfg->compress == DTR_COMPRESS_BF16 ? DTR_BF16 : cfg->compress == DTR_COMPRESS_FP16 ? DTR_F16 : DTR_F32;
     z->W = dtr_comm_size(c), z->me = dtr_comm_rank(c);
@@ -120,12 +137,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
-        z->dev = dev;   /* the gradients on the device (a device transport): the slots there too */
-        z->recv = (float *)(z->dev ? ctx->backend->mem_alloc(ctx, bytes) : dtr__calloc(&ctx->alloc, bytes));
+        z->recv = (float *)dtr__zero_alloc(z, bytes);
         ok = z->recv != NULL;
-        if (ok && z->wire != DTR_F32) {
-            z->out16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
-            z->in16 = (uint16_t *)dtr__calloc(&ctx->alloc, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
+        if (ok && z->wire != DTR_F32) {   /* the 16-bit buffers where the slots are */
+            z->out16 = (uint16_t *)dtr__zero_alloc(z, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
+            z->in16 = (uint16_t *)dtr__zero_alloc(z, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
             ok = z->out16 && z->in16;
         }
     }
@@ -167,10 +183,9 @@ void dtr__zero_destroy(dtr__zero *z) {
     dtr__free(&a, z->u);
     dtr__free(&a, z->seq);
     dtr__free(&a, z->prev);
-    if (z->dev && z->recv) z->ctx->backend->mem_free(z->ctx, z->recv);
-    else dtr__free(&a, z->recv);
-    dtr__free(&a, z->out16);
-    dtr__free(&a, z->in16);
+    dtr__zero_free(z, z->recv);
+    dtr__zero_free(z, z->out16);
+    dtr__zero_free(z, z->in16);
     dtr__free(&a, z->shard);
     dtr__free(&a, z);
 }
@@ -212,8 +227,8 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
         size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
-        if (o != z->me && z->out16) dtr_convert(z->out16 + lo, z->wire, g + lo, DTR_F32, (size_t)(hi - lo));
-        if (o != z->me) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
+        if (o != z->me && z->out16) r = dtr__zero_convert(z, z->out16 + lo, z->wire, g + lo, DTR_F32, hi - lo);
+        if (o != z->me && r == DTR_OK) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
             if (p != z->me)
                 r = dtr__zero_post(z, &z->rs, 0, z->in16 ? (void *)(z->in16 + dtr__zero_at(z, p, lo)) : (void *)dtr__zero_slot(z, p, lo),
@@ -258,7 +273,8 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     if (r == DTR_OK) dtr__zero_grads_sent(z, grads, 1);   /* every slice sent */
     z->nbk = z->sent = 0;
     if (r != DTR_OK) return r;
-    if (z->in16) dtr_convert(z->recv, DTR_F32, z->in16, z->wire, (size_t)((z->W - 1) * n));   /* the 16-bit slots widened */
+    if (z->in16 && (r = dtr__zero_convert(z, z->recv, DTR_F32, z->in16, z->wire, (z->W - 1) * n)) != DTR_OK)   /* the 16-bit slots widened */
+        return r;
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
