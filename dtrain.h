@@ -4413,6 +4413,21 @@ typedef struct dtr__codec_args {
 /** The CPU's codec (host memory). */
 DTR__PRIVATE dtr_result dtr__cpu_codec(dtr_context *ctx, const dtr__codec_args *a, int decode);
 
+/** PowerSGD's work on one matrix M (rows, cols) of a bucket, rank r (dtr_backend.powersgd; the
+ *  engine around it: src/engine/compress.c), everything row-major in the backend's memory:
+ *    DTR__PSGD_P  p (rows, r) = M q
+ *    DTR__PSGD_Q  p's columns made orthonormal (modified Gram-Schmidt, each projection done
+ *                 twice, sums in double; a zero column stays zero), then q (cols, r) = M^T p
+ *    DTR__PSGD_M  M = p q^T, then resid (rows, cols; may be NULL) -= M */
+typedef struct dtr__psgd_args {
+    int64_t rows, cols;
+    int r;
+    float *m, *p, *q, *resid;
+} dtr__psgd_args;
+enum { DTR__PSGD_P, DTR__PSGD_Q, DTR__PSGD_M };
+/** The CPU's powersgd (host memory). */
+DTR__PRIVATE dtr_result dtr__cpu_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase);
+
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
 typedef struct dtr__kernel_pair {
@@ -4533,6 +4548,10 @@ struct dtr_backend {
        the context's stream: with it the data-parallel engine compresses a device model's
        gradients on the device over a group of its memory. NULL: through a host copy */
     dtr_result (*codec)(dtr_context *ctx, const dtr__codec_args *a, int decode);
+    /* PowerSGD's products on one matrix (dtr__psgd_args), queued on the context's stream: with
+       it (and codec) a device model's PowerSGD runs on the device over a group of its memory.
+       NULL: through a host copy */
+    dtr_result (*powersgd)(dtr_context *ctx, const dtr__psgd_args *a, int phase);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's
@@ -4849,7 +4868,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4853 "dtrain.h"
+#line 4872 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5130,7 +5149,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5134 "dtrain.h"
+#line 5153 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5192,7 +5211,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5196 "dtrain.h"
+#line 5215 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5571,7 +5590,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5575 "dtrain.h"
+#line 5594 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5614,7 +5633,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5618 "dtrain.h"
+#line 5637 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5648,7 +5667,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5652 "dtrain.h"
+#line 5671 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5707,7 +5726,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5711 "dtrain.h"
+#line 5730 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5781,7 +5800,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5785 "dtrain.h"
+#line 5804 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5849,7 +5868,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5853 "dtrain.h"
+#line 5872 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5924,7 +5943,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5928 "dtrain.h"
+#line 5947 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6276,7 +6295,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6280 "dtrain.h"
+#line 6299 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7067,7 +7086,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7071 "dtrain.h"
+#line 7090 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7726,7 +7745,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7730 "dtrain.h"
+#line 7749 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7797,7 +7816,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7801 "dtrain.h"
+#line 7820 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8279,7 +8298,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8283 "dtrain.h"
+#line 8302 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8534,7 +8553,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8538 "dtrain.h"
+#line 8557 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8765,7 +8784,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8769 "dtrain.h"
+#line 8788 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8884,7 +8903,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8888 "dtrain.h"
+#line 8907 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8940,7 +8959,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8944 "dtrain.h"
+#line 8963 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9087,6 +9106,10 @@ static dtr_result dtr__gs_codec(dtr_context *ctx, const dtr__codec_args *a, int 
     (void)a; (void)decode;
     return dtr__graph_refuse(ctx, "gradient compression (dtr_dp_finish)");
 }
+static dtr_result dtr__gs_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase) {
+    (void)a; (void)phase;
+    return dtr__graph_refuse(ctx, "gradient compression (dtr_dp_finish)");
+}
 
 /* each op's kernel family, from the op list: the families a replay cannot repeat are refused */
 #define DTR__GRAPH_FAMILY(id, name, k) #k,
@@ -9217,6 +9240,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     if (v->copy2d) v->copy2d = dtr__gs_copy2d;
     if (v->vocab_xent) v->vocab_xent = dtr__gs_vocab_xent;   /* (its op is refused before it runs) */
     if (v->codec) v->codec = dtr__gs_codec;
+    if (v->powersgd) v->powersgd = dtr__gs_powersgd;
 }
 
 /* ---- runs ---- */
@@ -9320,7 +9344,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9324 "dtrain.h"
+#line 9348 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9537,7 +9561,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9541 "dtrain.h"
+#line 9565 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9967,7 +9991,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9971 "dtrain.h"
+#line 9995 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10146,7 +10170,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10150 "dtrain.h"
+#line 10174 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10711,7 +10735,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10715 "dtrain.h"
+#line 10739 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11210,7 +11234,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11214 "dtrain.h"
+#line 11238 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11469,7 +11493,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11473 "dtrain.h"
+#line 11497 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11839,7 +11863,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11843 "dtrain.h"
+#line 11867 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11970,9 +11994,10 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL,                    /* copy2d: dtr__mem_copy2d copies row by row */
     dtr__cpu_vocab_xent,
-    dtr__cpu_codec
+    dtr__cpu_codec,
+    dtr__cpu_powersgd
 };
-#line 11976 "dtrain.h"
+#line 12001 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12514,7 +12539,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12518 "dtrain.h"
+#line 12543 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12683,7 +12708,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12687 "dtrain.h"
+#line 12712 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12932,7 +12957,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12936 "dtrain.h"
+#line 12961 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13454,7 +13479,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13458 "dtrain.h"
+#line 13483 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13592,7 +13617,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13596 "dtrain.h"
+#line 13621 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13939,7 +13964,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13943 "dtrain.h"
+#line 13968 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14005,7 +14030,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14009 "dtrain.h"
+#line 14034 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14242,7 +14267,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14246 "dtrain.h"
+#line 14271 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -14991,7 +15016,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 14995 "dtrain.h"
+#line 15020 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15444,7 +15469,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15448 "dtrain.h"
+#line 15473 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15500,7 +15525,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15504 "dtrain.h"
+#line 15529 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16277,7 +16302,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16281 "dtrain.h"
+#line 16306 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16858,7 +16883,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16862 "dtrain.h"
+#line 16887 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17489,7 +17514,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17493 "dtrain.h"
+#line 17518 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18279,7 +18304,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18283 "dtrain.h"
+#line 18308 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18632,7 +18657,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18636 "dtrain.h"
+#line 18661 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18822,7 +18847,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18826 "dtrain.h"
+#line 18851 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19003,7 +19028,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19007 "dtrain.h"
+#line 19032 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19778,7 +19803,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19782 "dtrain.h"
+#line 19807 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20295,7 +20320,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20299 "dtrain.h"
+#line 20324 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21090,7 +21115,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21094 "dtrain.h"
+#line 21119 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22338,7 +22363,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22342 "dtrain.h"
+#line 22367 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22960,7 +22985,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22964 "dtrain.h"
+#line 22989 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23461,7 +23486,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23465 "dtrain.h"
+#line 23490 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24191,7 +24216,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24195 "dtrain.h"
+#line 24220 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24427,7 +24452,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24431 "dtrain.h"
+#line 24456 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24556,7 +24581,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24560 "dtrain.h"
+#line 24585 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24654,7 +24679,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
-    z->dev = dev && cfg->compress != DTR_COMPRESS_POWERSGD;
+    z->dev = dev;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
     if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__dpc_alloc(z, (numel + 1) * sizeof(float), 1);
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
@@ -24673,7 +24698,7 @@ void dtr__dpc_destroy(dtr__dpc *z) {
         dtr__dpc_free(z, z->b[i].send);
         dtr__dpc_free(z, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
-        dtr__free(&z->ctx->alloc, z->b[i].q);
+        dtr__dpc_free(z, z->b[i].q);
     }
     dtr__free(&z->ctx->alloc, z->b);
     dtr__dpc_free(z, z->resid);
@@ -24710,21 +24735,37 @@ static dtr_result dtr__psgd_plan(dtr__dpc *z, dtr__cbucket *b, int64_t begin, in
     return DTR_OK;
 }
 
+/* floats of the bucket inside its matrices */
+static int64_t dtr__psgd_covered(const dtr__cbucket *b) {
+    int64_t c = 0;
+    int j;
+    for (j = 0; j < b->nmat; j++) c += b->mat[j].rows * b->mat[j].cols;
+    return c;
+}
+
 /* segment j (0 .. nmat) of the floats outside the matrices: start in *s, length returned */
 static int64_t dtr__psgd_gap(const dtr__cbucket *b, int j, int64_t *s) {
     *s = j == 0 ? 0 : b->mat[j - 1].off + b->mat[j - 1].rows * b->mat[j - 1].cols;
     return (j < b->nmat ? b->mat[j].off : b->n) - *s;
 }
 
+/* bytes from src to dst in the codec's memory (the backend's copy on the device) */
+static dtr_result dtr__dpc_copy(dtr__dpc *z, void *dst, const void *src, size_t bytes) {
+    if (z->dev) return dtr__mem_copy(z->ctx, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return DTR_OK;
+}
+
 /* copies the floats outside the matrices between the bucket g and rest (to_g: rest -> g) */
-static void dtr__psgd_rest(const dtr__cbucket *b, float *g, float *rest, int to_g) {
+static dtr_result dtr__psgd_rest(dtr__dpc *z, const dtr__cbucket *b, float *g, float *rest, int to_g) {
     int64_t s, len, k = 0;
+    dtr_result r = DTR_OK;
     int j;
-    for (j = 0; j <= b->nmat; j++, k += len) {
-        len = dtr__psgd_gap(b, j, &s);
-        if (to_g) memcpy(g + s, rest + k, (size_t)len * sizeof(float));
-        else memcpy(rest + k, g + s, (size_t)len * sizeof(float));
+    for (j = 0; j <= b->nmat && r == DTR_OK; j++, k += len) {
+        size_t bytes = (size_t)(len = dtr__psgd_gap(b, j, &s)) * sizeof(float);
+        if (len) r = to_g ? dtr__dpc_copy(z, g + s, rest + k, bytes) : dtr__dpc_copy(z, rest + k, g + s, bytes);
     }
+    return r;
 }
 
 /* makes the r columns of p (rows, r) orthonormal (modified Gram-Schmidt, projections done
@@ -24746,60 +24787,88 @@ static void dtr__orthonormalise(float *p, int64_t rows, int r) {
 }
 
 static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    size_t qb;
+    float *q;
     dtr_rng rng;
+    dtr_result r = DTR_OK;
     int64_t i;
     if (dtr__psgd_plan(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    qb = (size_t)(b->nq + 1) * sizeof(float);
     b->bytes = (size_t)b->np * sizeof(float);
-    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + sizeof(float));
-    b->q = (float *)dtr__calloc(&z->ctx->alloc, (size_t)(b->nq + 1) * sizeof(float));
-    if (!b->send || !b->q) return DTR_OUT_OF_MEMORY;
+    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + sizeof(float), 1);
+    b->q = (float *)dtr__dpc_alloc(z, qb, 1);
+    q = z->dev ? (float *)dtr__calloc(&z->ctx->alloc, qb) : b->q;   /* drawn on the host */
+    if (!b->send || !b->q || !q) r = DTR_OUT_OF_MEMORY;
     dtr_rng_seed(&rng, 0x9e3779b97f4a7c15ull, (uint64_t)begin);   /* the same Q on every rank */
-    for (i = 0; i < b->nq; i++) b->q[i] = dtr_rng_normal(&rng);
+    for (i = 0; r == DTR_OK && i < b->nq; i++) q[i] = dtr_rng_normal(&rng);
+    if (r == DTR_OK && z->dev) r = z->ctx->backend->from_host(z->ctx, b->q, q, qb);
+    if (q != b->q) dtr__free(&z->ctx->alloc, q);
+    return r;
+}
+
+/* bucket b's matrix j over g, with its P and Q (resid: the bucket's residual, may be NULL) */
+static dtr__psgd_args dtr__psgd_of(const dtr__dpc *z, const dtr__cbucket *b, int j, float *g, float *resid) {
+    dtr__psgd_args a;
+    const dtr__cmat *m = &b->mat[j];
+    int k;
+    a.rows = m->rows, a.cols = m->cols, a.r = z->rank_r;
+    a.m = g + m->off, a.resid = resid ? resid + m->off : NULL;
+    a.p = (float *)b->send, a.q = b->q;
+    for (k = 0; k < j; k++) a.p += b->mat[k].rows * z->rank_r, a.q += b->mat[k].cols * z->rank_r;
+    return a;
+}
+
+dtr_result dtr__cpu_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase) {
+    int64_t i, n = a->rows * a->cols;
+    if (phase == DTR__PSGD_P)
+        dtr__gemm(ctx->pool, a->rows, a->r, a->cols, 1.0f, a->m, a->cols, 1, a->q, a->r, 1, 0.0f, a->p, a->r);
+    if (phase == DTR__PSGD_Q) {
+        dtr__orthonormalise(a->p, a->rows, a->r);
+        dtr__gemm(ctx->pool, a->cols, a->r, a->rows, 1.0f, a->m, 1, a->cols, a->p, a->r, 1, 0.0f, a->q, a->r);
+    }
+    if (phase != DTR__PSGD_M) return DTR_OK;
+    dtr__gemm(ctx->pool, a->rows, a->cols, a->r, 1.0f, a->p, a->r, 1, a->q, 1, a->r, 0.0f, a->m, a->cols);
+    for (i = 0; a->resid && i < n; i++) a->resid[i] -= a->m[i];
     return DTR_OK;
 }
 
+/* one phase on every matrix of bucket b: the backend's on the device */
+static dtr_result dtr__psgd_each(dtr__dpc *z, const dtr__cbucket *b, float *g, float *resid, int phase) {
+    dtr_result r = DTR_OK;
+    int j;
+    for (j = 0; j < b->nmat && r == DTR_OK; j++) {
+        dtr__psgd_args a = dtr__psgd_of(z, b, j, g, resid);
+        r = z->dev ? z->ctx->backend->powersgd(z->ctx, &a, phase) : dtr__cpu_powersgd(z->ctx, &a, phase);
+    }
+    return r;
+}
+
+/* P (rows, r) = M (rows, cols) Q (cols, r) per matrix, the rest after them, all-reduced */
 static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_request **req) {
-    float *p = (float *)b->send, *q = b->q;
-    int j, r = z->rank_r;
-    for (j = 0; j < b->nmat; j++) {   /* P (rows, r) = M (rows, cols) Q (cols, r) */
-        const dtr__cmat *a = &b->mat[j];
-        dtr__gemm(z->ctx->pool, a->rows, r, a->cols, 1.0f, g + a->off, a->cols, 1, q, r, 1, 0.0f, p, r);
-        p += a->rows * z->rank_r;
-        q += a->cols * z->rank_r;
-    }
-    dtr__psgd_rest(b, g, p, 0);
-    return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
+    float *rest = (float *)b->send + (b->np - (b->n - dtr__psgd_covered(b)));
+    dtr_result r = dtr__psgd_each(z, b, g, NULL, DTR__PSGD_P);
+    if (r == DTR_OK) r = dtr__psgd_rest(z, b, g, rest, 0);
+    return r != DTR_OK ? r : dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
 }
 
-/* P averaged: Q = M^T P averaged (blocking), g = P Q^T, the rest from P's tail */
+/* P averaged: Q = M^T P (P orthonormalised) averaged (blocking), g = P Q^T, the rest from P's
+   tail; resid (held acc) -= the approximation, 0 where the rest was averaged exactly */
 static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float *resid) {
-    float *p = (float *)b->send, *q = b->q;
+    float *rest = (float *)b->send + (b->np - (b->n - dtr__psgd_covered(b)));
     int64_t s, len;
-    int j, r = z->rank_r;
-    dtr_result res;
-    for (j = 0; j < b->nmat; j++) {   /* Q (cols, r) = M^T P */
-        const dtr__cmat *a = &b->mat[j];
-        dtr__orthonormalise(p, a->rows, r);
-        dtr__gemm(z->ctx->pool, a->cols, r, a->rows, 1.0f, g + a->off, 1, a->cols, p, r, 1, 0.0f, q, r);
-        p += b->mat[j].rows * r;
-        q += b->mat[j].cols * r;
-    }
+    int j;
+    dtr_result r = dtr__psgd_each(z, b, g, NULL, DTR__PSGD_Q);
     z->st.wire_bytes += (uint64_t)b->nq * sizeof(float);
-    if ((res = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG)) != DTR_OK) return res;
-    dtr__psgd_rest(b, g, p, 1);
-    for (j = 0, p = (float *)b->send, q = b->q; j < b->nmat; j++) {   /* M ~ P Q^T */
-        const dtr__cmat *a = &b->mat[j];
-        dtr__gemm(z->ctx->pool, a->rows, a->cols, r, 1.0f, p, r, 1, q, 1, r, 0.0f, g + a->off, a->cols);
-        p += b->mat[j].rows * r;
-        q += b->mat[j].cols * r;
-    }
-    if (!resid) return DTR_OK;
-    for (s = 0; s < b->n; s++) resid[s] -= g[s];   /* resid held acc */
-    for (j = 0; j <= b->nmat; j++) {               /* the rest was averaged exactly */
+    if (r == DTR_OK) r = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG);
+    if (r == DTR_OK) r = dtr__psgd_rest(z, b, g, rest, 1);
+    if (r == DTR_OK) r = dtr__psgd_each(z, b, g, resid, DTR__PSGD_M);
+    for (j = 0; resid && j <= b->nmat && r == DTR_OK; j++) {
         len = dtr__psgd_gap(b, j, &s);
-        memset(resid + s, 0, (size_t)len * sizeof(float));
+        if (!len) continue;
+        if (z->dev) r = z->ctx->backend->memset0(z->ctx, resid + s, (size_t)len * sizeof(float));
+        else memset(resid + s, 0, (size_t)len * sizeof(float));
     }
-    return DTR_OK;
+    return r;
 }
 
 /* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
@@ -24968,7 +25037,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
         if ((r = dtr__dpc_code(z, b, gb, rb, 0)) != DTR_OK) return r;
         break;
     default:
-        if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
+        if (rb && (r = dtr__dpc_copy(z, rb, gb, (size_t)b->n * sizeof(float))) != DTR_OK) return r;
         return dtr__psgd_start(z, b, gb, req);
     }
     return dtr_comm_all_gather_async(z->c, b->send, b->recv, b->bytes, DTR_U8, req);
@@ -24984,7 +25053,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
                       : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 24988 "dtrain.h"
+#line 25057 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25491,7 +25560,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25495 "dtrain.h"
+#line 25564 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -25519,10 +25588,10 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
  * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters, bf16, fp16, int8 and top-k compression (and ZeRO's 16-bit
- * slices) encode and decode on the device (int8 and top-k where the backend has the codec slot);
- * with PowerSGD (it runs on the host) the engine works on a host copy as below and the group
- * stages its host buffers to the device; with one of host memory
+ * averages the device parameters, and every codec (and ZeRO's 16-bit slices) encodes and
+ * decodes on the device (int8, top-k and PowerSGD where the backend has the codec and
+ * powersgd slots; without them the engine works on a host copy as below and the group
+ * stages its host buffers to the device); with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -25699,12 +25768,14 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
 }
 
 /* compression of a device model over a group of its device memory stays on the device (no
-   host copy): bf16 / fp16 (ZeRO's 16-bit slices too: the backend's cast kernel), and int8 /
-   top-k where the backend has the codec slot; PowerSGD runs on a host copy */
+   host copy): bf16 / fp16 (ZeRO's 16-bit slices too: the backend's cast kernel), int8 / top-k
+   where the backend has the codec slot, PowerSGD where it has the powersgd slot */
 static int dtr__dp_codec_on_device(dtr_context *ctx, const dtr_comm *c, const dtr_dp_config *cfg) {
+    const dtr_backend *b = ctx->backend;
     return c->mem_ctx && !dtr__host_memory(ctx) &&
            (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16 ||
-            ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && ctx->backend->codec));
+            ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && b->codec) ||
+            (cfg->compress == DTR_COMPRESS_POWERSGD && b->powersgd));
 }
 
 static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
@@ -26021,7 +26092,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26025 "dtrain.h"
+#line 26096 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26527,7 +26598,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26531 "dtrain.h"
+#line 26602 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28076,7 +28147,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28080 "dtrain.h"
+#line 28151 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28130,7 +28201,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28134 "dtrain.h"
+#line 28205 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29308,7 +29379,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29312 "dtrain.h"
+#line 29383 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30198,7 +30269,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30202 "dtrain.h"
+#line 30273 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31676,7 +31747,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31680 "dtrain.h"
+#line 31751 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32060,7 +32131,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32064 "dtrain.h"
+#line 32135 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32209,7 +32280,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32213 "dtrain.h"
+#line 32284 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -281,6 +281,7 @@ DEVSIM_WRAP(reduce, (dtr_context *ctx, void *out, const void *a, const void *b, 
             (ctx, out, a, b, n, dt, op, div))
 DEVSIM_WRAP(vocab_xent, (dtr_context *ctx, const dtr__vxent_args *a, int phase), (ctx, a, phase))
 DEVSIM_WRAP(codec, (dtr_context *ctx, const dtr__codec_args *a, int decode), (ctx, a, decode))
+DEVSIM_WRAP(powersgd, (dtr_context *ctx, const dtr__psgd_args *a, int phase), (ctx, a, phase))
 #undef DEVSIM_WRAP
 
 /* as the CUDA backend's table: the tensor-parallel communication ops on host images (or, over
@@ -355,7 +356,7 @@ static const dtr_backend devsim__vt = {
     devsim__forward, devsim__backward, devsim__optimizer_update, devsim__sumsq, devsim__scale, devsim__reduce,
     devsim__event_record, devsim__event_wait, devsim__event_query, devsim__sync, devsim__host_alloc, devsim__host_free, devsim__to_host_async,
     devsim__from_host_async, devsim__owns_ptr, devsim__dcopy, NULL, NULL, NULL, NULL, devsim__dcopy2d, devsim__vocab_xent,
-    devsim__codec};
+    devsim__codec, devsim__powersgd};
 
 /** The simulated device backend (see the top of this file). */
 static const dtr_backend *devsim_backend(void) { return &devsim__vt; }

@@ -344,6 +344,7 @@ static int close_runs(const float *dev, const float *cpu, int64_t n) {
    AdamW, clipping by global norm, ZeRO stage `zero` or local SGD every `local_sgd` steps */
 typedef struct dp_case {
     int dev, zero, local_sgd;
+    int host_codec;       /* the backend without the codec slots: compression on a host copy */
     dtr_dp_compress compress;
     dtr_optimizer_kind kind;
     float out[4][NPAR];   /* each rank's parameters after the run */
@@ -378,7 +379,7 @@ static void rk_dp(rk *r) {
     if (dp && dc->compress >= DTR_COMPRESS_INT8) {   /* error feedback's residual: where the codec runs */
         dtr_state_entry st;
         RK_OK(r, dtr_dp_state(dp, 2, &st));
-        RK_CHECK(r, !strcmp(st.name, "residual") && st.device == (dc->dev && dc->compress != DTR_COMPRESS_POWERSGD));
+        RK_CHECK(r, !strcmp(st.name, "residual") && st.device == (dc->dev && !dc->host_codec));
     }
     RK_CHECK(r, dtr_model_numel(n.m) <= NPAR);
     RK_OK(r, dtr_model_read(n.m, dc->out[r->rank], dtr_model_numel(n.m)));
@@ -435,30 +436,35 @@ static void test_device_dp(void) {
 }
 
 /* every codec (bf16, int8 per bucket, top-k and PowerSGD with error feedback) and ZeRO-2 with
- * 16-bit slices over the device transport: bf16, fp16, ZeRO's fp16 slices, int8 and top-k
- * encode and decode on the device (the backend's cast kernel or codec slot; no gradient
- * reaches the host: the ranks copy to the host their final parameters and a few scalars a
- * step), PowerSGD on a host copy whose encoded buffers the group stages to the device; the
- * bits of CPU ranks over a host group */
+ * 16-bit slices over the device transport encode and decode on the device (the backend's cast
+ * kernel, codec and powersgd slots; the residual in device memory; no gradient reaches the
+ * host: the ranks copy to the host their final parameters and a few scalars a step); a
+ * backend without the codec slots compresses int8 and PowerSGD on a host copy (the gradients
+ * cross every step) whose encoded buffers the group stages to the device. The bits of CPU
+ * ranks over a host group, every time. */
 static void test_device_compress(void) {
     static dp_case dev, cpu;
-    static const dtr_dp_compress codecs[6] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8, DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD,
-                                              DTR_COMPRESS_FP16, DTR_COMPRESS_FP16};
+    static const dtr_dp_compress codecs[8] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8,     DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD,
+                                              DTR_COMPRESS_FP16, DTR_COMPRESS_FP16,     DTR_COMPRESS_INT8, DTR_COMPRESS_POWERSGD};
+    static dtr_backend slotless;
     int i;
     devt_setup();
-    for (i = 0; i < 6; i++) {
+    slotless = g_counting;
+    slotless.codec = NULL, slotless.powersgd = NULL;
+    for (i = 0; i < 8; i++) {
         long long params = 3LL * (IN * HID + HID + HID * OUT + OUT) * (long long)sizeof(float);   /* the final reads */
         memset(&dev, 0, sizeof dev);
-        dev.dev = 1, dev.kind = DTR_OPT_ADAMW, dev.compress = codecs[i], dev.zero = i == 4 ? 2 : 0;
+        dev.dev = 1, dev.kind = DTR_OPT_ADAMW, dev.compress = codecs[i], dev.zero = i == 4 ? 2 : 0, dev.host_codec = i >= 6;
         cpu = dev;
         cpu.dev = 0;
         g_to_host_bytes = 0;
-        CHECK_EQ_INT(run_rk_on(3, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
-        if (i != 3)   /* the parameters at the end, and a few scalars a step (loss, norms) */
+        CHECK_EQ_INT(run_rk_on(3, i >= 6 ? &slotless : &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
+        if (i < 6)   /* the parameters at the end, and a few scalars a step (loss, norms) */
             CHECK_MSG(g_to_host_bytes <= params + 3 * 8 * 64, "codec %d on the device: %lld bytes to the host (the "
                       "parameters: %lld)", (int)codecs[i], g_to_host_bytes, params);
         else   /* a host copy of the gradients every step */
-            CHECK_MSG(g_to_host_bytes >= 8 * params, "codec %d: %lld bytes to the host", (int)codecs[i], g_to_host_bytes);
+            CHECK_MSG(g_to_host_bytes >= 8 * params, "codec %d on a host copy: %lld bytes to the host", (int)codecs[i],
+                      g_to_host_bytes);
         CHECK_EQ_INT(run_rk(3, NULL, DTR_MEM_HOST, rk_dp, &cpu), 0);
         CHECK_MSG(close_runs(dev.out[0], cpu.out[0], OUT_FLOATS(dev)), "codec %d: %g off the CPU", (int)codecs[i],
                   rel_err(dev.out[0], cpu.out[0], NPAR));

@@ -125,5 +125,6 @@ const dtr_backend dtr__cpu_backend = {
     NULL, NULL, NULL, NULL,  /* graphs: dtr_graph_launch calls the step function again */
     NULL,                    /* copy2d: dtr__mem_copy2d copies row by row */
     dtr__cpu_vocab_xent,
-    dtr__cpu_codec
+    dtr__cpu_codec,
+    dtr__cpu_powersgd
 };

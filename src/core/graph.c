@@ -141,6 +141,10 @@ static dtr_result dtr__gs_codec(dtr_context *ctx, const dtr__codec_args *a, int 
     (void)a; (void)decode;
     return dtr__graph_refuse(ctx, "gradient compression (dtr_dp_finish)");
 }
+static dtr_result dtr__gs_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase) {
+    (void)a; (void)phase;
+    return dtr__graph_refuse(ctx, "gradient compression (dtr_dp_finish)");
+}
 
 /* each op's kernel family, from the op list: the families a replay cannot repeat are refused */
 #define DTR__GRAPH_FAMILY(id, name, k) #k,
@@ -271,6 +275,7 @@ static void dtr__graph_guard_init(dtr_graph *g) {
     if (v->copy2d) v->copy2d = dtr__gs_copy2d;
     if (v->vocab_xent) v->vocab_xent = dtr__gs_vocab_xent;   /* (its op is refused before it runs) */
     if (v->codec) v->codec = dtr__gs_codec;
+    if (v->powersgd) v->powersgd = dtr__gs_powersgd;
 }
 
 /* ---- runs ---- */

@@ -323,6 +323,21 @@ typedef struct dtr__codec_args {
 /** The CPU's codec (host memory). */
 DTR__PRIVATE dtr_result dtr__cpu_codec(dtr_context *ctx, const dtr__codec_args *a, int decode);
 
+/** PowerSGD's work on one matrix M (rows, cols) of a bucket, rank r (dtr_backend.powersgd; the
+ *  engine around it: src/engine/compress.c), everything row-major in the backend's memory:
+ *    DTR__PSGD_P  p (rows, r) = M q
+ *    DTR__PSGD_Q  p's columns made orthonormal (modified Gram-Schmidt, each projection done
+ *                 twice, sums in double; a zero column stays zero), then q (cols, r) = M^T p
+ *    DTR__PSGD_M  M = p q^T, then resid (rows, cols; may be NULL) -= M */
+typedef struct dtr__psgd_args {
+    int64_t rows, cols;
+    int r;
+    float *m, *p, *q, *resid;
+} dtr__psgd_args;
+enum { DTR__PSGD_P, DTR__PSGD_Q, DTR__PSGD_M };
+/** The CPU's powersgd (host memory). */
+DTR__PRIVATE dtr_result dtr__cpu_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase);
+
 /** A backend's dispatch table: kernels[op] for every id of the op list (NULL: none). */
 typedef dtr_result (*dtr__kernel)(dtr_context *, struct dtr__node *);
 typedef struct dtr__kernel_pair {
@@ -443,6 +458,10 @@ struct dtr_backend {
        the context's stream: with it the data-parallel engine compresses a device model's
        gradients on the device over a group of its memory. NULL: through a host copy */
     dtr_result (*codec)(dtr_context *ctx, const dtr__codec_args *a, int decode);
+    /* PowerSGD's products on one matrix (dtr__psgd_args), queued on the context's stream: with
+       it (and codec) a device model's PowerSGD runs on the device over a group of its memory.
+       NULL: through a host copy */
+    dtr_result (*powersgd)(dtr_context *ctx, const dtr__psgd_args *a, int phase);
 };
 
 /** Staging memory on the host: the backend's host_alloc (pinned on CUDA) or the context's

@@ -457,7 +457,8 @@ static const dtr_backend dtr__cuda_backend_vt = {
     dtr__cuda_graph_free,
     dtr__cuda_copy2d,
     dtr__cuda_vocab_xent,
-    dtr__cuda_codec
+    dtr__cuda_codec,
+    dtr__cuda_powersgd
 };
 
 /* ---- public entry points ---- */

@@ -2,7 +2,7 @@
  * The backend's non-op slots on the GPU: the fused optimizer update over the model's
  * contiguous buffers (SGD, Adam, AdamW, LAMB, with the element formulas the CPU uses),
  * sum of squares (gradient clipping), scale, the element-wise reduction the collectives
- * apply to received buffers, and gradient compression's int8 and top-k codecs. Sums are two-pass trees in double with a fixed shape, so a run
+ * apply to received buffers, and gradient compression's int8, top-k and PowerSGD work. Sums are two-pass trees in double with a fixed shape, so a run
  * repeats bit for bit on one GPU.
  * ==========================================================================*/
 
@@ -401,4 +401,51 @@ static dtr_result dtr__cuda_codec(dtr_context *ctx, const dtr__codec_args *a, in
         dtr__cuda_div_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, (float)a->world);
     }
     return dtr__cuda_check(ctx, cudaGetLastError(), decode ? "codec decode" : "int8 codec");
+}
+
+/* ---- PowerSGD's products on one matrix (dtr_backend.powersgd, dtr__psgd_args): cuBLAS on
+   the row-major matrices as column-major transposes, the orthonormalisation in one block
+   (the CPU's modified Gram-Schmidt, projections twice, sums in double) ---- */
+
+__global__ static void dtr__cuda_orthonormalise_k(float *p, int64_t rows, int r) {
+    for (int c = 0; c < r; c++) {
+        for (int d = 0; d < 2 * c; d++) {
+            double dot = 0.0;
+            for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) dot += (double)p[i * r + c] * p[i * r + d % c];
+            dot = dtr__cuda_block_sum(dot);
+            for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) p[i * r + c] -= (float)dot * p[i * r + d % c];
+            __syncthreads();
+        }
+        double norm = 0.0;
+        for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) norm += (double)p[i * r + c] * p[i * r + c];
+        norm = sqrt(dtr__cuda_block_sum(norm));
+        for (int64_t i = threadIdx.x; i < rows; i += blockDim.x) p[i * r + c] = norm > 1e-30 ? (float)(p[i * r + c] / norm) : 0.0f;
+        __syncthreads();
+    }
+}
+
+__global__ static void dtr__cuda_sub_k(float *y, const float *x, int64_t n) {
+    DTR__CUDA_FOR(i, n) y[i] -= x[i];
+}
+
+static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase) {
+    dtr__cuda_state *s = dtr__cuda(ctx);
+    const float one = 1.0f, zero = 0.0f;
+    int rows = (int)a->rows, cols = (int)a->cols, r = a->r;
+    cublasStatus_t st;
+    if (a->rows > INT32_MAX || a->cols > INT32_MAX)
+        return dtr__fail(ctx, DTR_UNSUPPORTED, "cuda: PowerSGD on a matrix of %lld x %lld (cuBLAS takes int sizes)",
+                         (long long)a->rows, (long long)a->cols);
+    if (phase == DTR__PSGD_P)   /* p^T (r, rows) = q^T (r, cols) M^T (cols, rows) */
+        st = cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_N, r, rows, cols, &one, a->q, r, a->m, cols, &zero, a->p, r);
+    else if (phase == DTR__PSGD_Q) {   /* q^T (r, cols) = p^T (r, rows) M (rows, cols) */
+        dtr__cuda_orthonormalise_k<<<1, 1024, 0, s->stream>>>(a->p, a->rows, r);
+        st = cublasSgemm(s->blas, CUBLAS_OP_N, CUBLAS_OP_T, r, cols, rows, &one, a->p, r, a->m, cols, &zero, a->q, r);
+    } else {   /* M^T (cols, rows) = q (cols, r) p^T (r, rows) */
+        st = cublasSgemm(s->blas, CUBLAS_OP_T, CUBLAS_OP_N, cols, rows, r, &one, a->q, r, a->p, r, &zero, a->m, cols);
+        if (st == CUBLAS_STATUS_SUCCESS && a->resid)
+            dtr__cuda_sub_k<<<dtr__cuda_grid(a->rows * a->cols), DTR__CUDA_THREADS, 0, s->stream>>>(a->resid, a->m, a->rows * a->cols);
+    }
+    if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
+    return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }

@@ -92,7 +92,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ratio = cfg->topk_ratio > 0.0f ? cfg->topk_ratio : 0.01f;
     z->rank_r = cfg->powersgd_rank > 0 ? cfg->powersgd_rank : 4;
     z->ef = !cfg->no_error_feedback;
-    z->dev = dev && cfg->compress != DTR_COMPRESS_POWERSGD;
+    z->dev = dev;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
     if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__dpc_alloc(z, (numel + 1) * sizeof(float), 1);
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
@@ -111,7 +111,7 @@ void dtr__dpc_destroy(dtr__dpc *z) {
         dtr__dpc_free(z, z->b[i].send);
         dtr__dpc_free(z, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
-        dtr__free(&z->ctx->alloc, z->b[i].q);
+        dtr__dpc_free(z, z->b[i].q);
     }
     dtr__free(&z->ctx->alloc, z->b);
     dtr__dpc_free(z, z->resid);
@@ -148,21 +148,37 @@ static dtr_result dtr__psgd_plan(dtr__dpc *z, dtr__cbucket *b, int64_t begin, in
     return DTR_OK;
 }
 
+/* floats of the bucket inside its matrices */
+static int64_t dtr__psgd_covered(const dtr__cbucket *b) {
+    int64_t c = 0;
+    int j;
+    for (j = 0; j < b->nmat; j++) c += b->mat[j].rows * b->mat[j].cols;
+    return c;
+}
+
 /* segment j (0 .. nmat) of the floats outside the matrices: start in *s, length returned */
 static int64_t dtr__psgd_gap(const dtr__cbucket *b, int j, int64_t *s) {
     *s = j == 0 ? 0 : b->mat[j - 1].off + b->mat[j - 1].rows * b->mat[j - 1].cols;
     return (j < b->nmat ? b->mat[j].off : b->n) - *s;
 }
 
+/* bytes from src to dst in the codec's memory (the backend's copy on the device) */
+static dtr_result dtr__dpc_copy(dtr__dpc *z, void *dst, const void *src, size_t bytes) {
+    if (z->dev) return dtr__mem_copy(z->ctx, dst, src, bytes);
+    memcpy(dst, src, bytes);
+    return DTR_OK;
+}
+
 /* copies the floats outside the matrices between the bucket g and rest (to_g: rest -> g) */
-static void dtr__psgd_rest(const dtr__cbucket *b, float *g, float *rest, int to_g) {
+static dtr_result dtr__psgd_rest(dtr__dpc *z, const dtr__cbucket *b, float *g, float *rest, int to_g) {
     int64_t s, len, k = 0;
+    dtr_result r = DTR_OK;
     int j;
-    for (j = 0; j <= b->nmat; j++, k += len) {
-        len = dtr__psgd_gap(b, j, &s);
-        if (to_g) memcpy(g + s, rest + k, (size_t)len * sizeof(float));
-        else memcpy(rest + k, g + s, (size_t)len * sizeof(float));
+    for (j = 0; j <= b->nmat && r == DTR_OK; j++, k += len) {
+        size_t bytes = (size_t)(len = dtr__psgd_gap(b, j, &s)) * sizeof(float);
+        if (len) r = to_g ? dtr__dpc_copy(z, g + s, rest + k, bytes) : dtr__dpc_copy(z, rest + k, g + s, bytes);
     }
+    return r;
 }
 
 /* makes the r columns of p (rows, r) orthonormal (modified Gram-Schmidt, projections done
@@ -184,60 +200,88 @@ static void dtr__orthonormalise(float *p, int64_t rows, int r) {
 }
 
 static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, int64_t end) {
+    size_t qb;
+    float *q;
     dtr_rng rng;
+    dtr_result r = DTR_OK;
     int64_t i;
     if (dtr__psgd_plan(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
+    qb = (size_t)(b->nq + 1) * sizeof(float);
     b->bytes = (size_t)b->np * sizeof(float);
-    b->send = (unsigned char *)dtr__calloc(&z->ctx->alloc, b->bytes + sizeof(float));
-    b->q = (float *)dtr__calloc(&z->ctx->alloc, (size_t)(b->nq + 1) * sizeof(float));
-    if (!b->send || !b->q) return DTR_OUT_OF_MEMORY;
+    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + sizeof(float), 1);
+    b->q = (float *)dtr__dpc_alloc(z, qb, 1);
+    q = z->dev ? (float *)dtr__calloc(&z->ctx->alloc, qb) : b->q;   /* drawn on the host */
+    if (!b->send || !b->q || !q) r = DTR_OUT_OF_MEMORY;
     dtr_rng_seed(&rng, 0x9e3779b97f4a7c15ull, (uint64_t)begin);   /* the same Q on every rank */
-    for (i = 0; i < b->nq; i++) b->q[i] = dtr_rng_normal(&rng);
+    for (i = 0; r == DTR_OK && i < b->nq; i++) q[i] = dtr_rng_normal(&rng);
+    if (r == DTR_OK && z->dev) r = z->ctx->backend->from_host(z->ctx, b->q, q, qb);
+    if (q != b->q) dtr__free(&z->ctx->alloc, q);
+    return r;
+}
+
+/* bucket b's matrix j over g, with its P and Q (resid: the bucket's residual, may be NULL) */
+static dtr__psgd_args dtr__psgd_of(const dtr__dpc *z, const dtr__cbucket *b, int j, float *g, float *resid) {
+    dtr__psgd_args a;
+    const dtr__cmat *m = &b->mat[j];
+    int k;
+    a.rows = m->rows, a.cols = m->cols, a.r = z->rank_r;
+    a.m = g + m->off, a.resid = resid ? resid + m->off : NULL;
+    a.p = (float *)b->send, a.q = b->q;
+    for (k = 0; k < j; k++) a.p += b->mat[k].rows * z->rank_r, a.q += b->mat[k].cols * z->rank_r;
+    return a;
+}
+
+dtr_result dtr__cpu_powersgd(dtr_context *ctx, const dtr__psgd_args *a, int phase) {
+    int64_t i, n = a->rows * a->cols;
+    if (phase == DTR__PSGD_P)
+        dtr__gemm(ctx->pool, a->rows, a->r, a->cols, 1.0f, a->m, a->cols, 1, a->q, a->r, 1, 0.0f, a->p, a->r);
+    if (phase == DTR__PSGD_Q) {
+        dtr__orthonormalise(a->p, a->rows, a->r);
+        dtr__gemm(ctx->pool, a->cols, a->r, a->rows, 1.0f, a->m, 1, a->cols, a->p, a->r, 1, 0.0f, a->q, a->r);
+    }
+    if (phase != DTR__PSGD_M) return DTR_OK;
+    dtr__gemm(ctx->pool, a->rows, a->cols, a->r, 1.0f, a->p, a->r, 1, a->q, 1, a->r, 0.0f, a->m, a->cols);
+    for (i = 0; a->resid && i < n; i++) a->resid[i] -= a->m[i];
     return DTR_OK;
 }
 
+/* one phase on every matrix of bucket b: the backend's on the device */
+static dtr_result dtr__psgd_each(dtr__dpc *z, const dtr__cbucket *b, float *g, float *resid, int phase) {
+    dtr_result r = DTR_OK;
+    int j;
+    for (j = 0; j < b->nmat && r == DTR_OK; j++) {
+        dtr__psgd_args a = dtr__psgd_of(z, b, j, g, resid);
+        r = z->dev ? z->ctx->backend->powersgd(z->ctx, &a, phase) : dtr__cpu_powersgd(z->ctx, &a, phase);
+    }
+    return r;
+}
+
+/* P (rows, r) = M (rows, cols) Q (cols, r) per matrix, the rest after them, all-reduced */
 static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_request **req) {
-    float *p = (float *)b->send, *q = b->q;
-    int j, r = z->rank_r;
-    for (j = 0; j < b->nmat; j++) {   /* P (rows, r) = M (rows, cols) Q (cols, r) */
-        const dtr__cmat *a = &b->mat[j];
-        dtr__gemm(z->ctx->pool, a->rows, r, a->cols, 1.0f, g + a->off, a->cols, 1, q, r, 1, 0.0f, p, r);
-        p += a->rows * z->rank_r;
-        q += a->cols * z->rank_r;
-    }
-    dtr__psgd_rest(b, g, p, 0);
-    return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
+    float *rest = (float *)b->send + (b->np - (b->n - dtr__psgd_covered(b)));
+    dtr_result r = dtr__psgd_each(z, b, g, NULL, DTR__PSGD_P);
+    if (r == DTR_OK) r = dtr__psgd_rest(z, b, g, rest, 0);
+    return r != DTR_OK ? r : dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
 }
 
-/* P averaged: Q = M^T P averaged (blocking), g = P Q^T, the rest from P's tail */
+/* P averaged: Q = M^T P (P orthonormalised) averaged (blocking), g = P Q^T, the rest from P's
+   tail; resid (held acc) -= the approximation, 0 where the rest was averaged exactly */
 static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float *resid) {
-    float *p = (float *)b->send, *q = b->q;
+    float *rest = (float *)b->send + (b->np - (b->n - dtr__psgd_covered(b)));
     int64_t s, len;
-    int j, r = z->rank_r;
-    dtr_result res;
-    for (j = 0; j < b->nmat; j++) {   /* Q (cols, r) = M^T P */
-        const dtr__cmat *a = &b->mat[j];
-        dtr__orthonormalise(p, a->rows, r);
-        dtr__gemm(z->ctx->pool, a->cols, r, a->rows, 1.0f, g + a->off, 1, a->cols, p, r, 1, 0.0f, q, r);
-        p += b->mat[j].rows * r;
-        q += b->mat[j].cols * r;
-    }
+    int j;
+    dtr_result r = dtr__psgd_each(z, b, g, NULL, DTR__PSGD_Q);
     z->st.wire_bytes += (uint64_t)b->nq * sizeof(float);
-    if ((res = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG)) != DTR_OK) return res;
-    dtr__psgd_rest(b, g, p, 1);
-    for (j = 0, p = (float *)b->send, q = b->q; j < b->nmat; j++) {   /* M ~ P Q^T */
-        const dtr__cmat *a = &b->mat[j];
-        dtr__gemm(z->ctx->pool, a->rows, a->cols, r, 1.0f, p, r, 1, q, 1, r, 0.0f, g + a->off, a->cols);
-        p += b->mat[j].rows * r;
-        q += b->mat[j].cols * r;
-    }
-    if (!resid) return DTR_OK;
-    for (s = 0; s < b->n; s++) resid[s] -= g[s];   /* resid held acc */
-    for (j = 0; j <= b->nmat; j++) {               /* the rest was averaged exactly */
+    if (r == DTR_OK) r = dtr_comm_all_reduce(z->c, b->q, b->q, (size_t)b->nq, DTR_F32, DTR_REDUCE_AVG);
+    if (r == DTR_OK) r = dtr__psgd_rest(z, b, g, rest, 1);
+    if (r == DTR_OK) r = dtr__psgd_each(z, b, g, resid, DTR__PSGD_M);
+    for (j = 0; resid && j <= b->nmat && r == DTR_OK; j++) {
         len = dtr__psgd_gap(b, j, &s);
-        memset(resid + s, 0, (size_t)len * sizeof(float));
+        if (!len) continue;
+        if (z->dev) r = z->ctx->backend->memset0(z->ctx, resid + s, (size_t)len * sizeof(float));
+        else memset(resid + s, 0, (size_t)len * sizeof(float));
     }
-    return DTR_OK;
+    return r;
 }
 
 /* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
@@ -406,7 +450,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
         if ((r = dtr__dpc_code(z, b, gb, rb, 0)) != DTR_OK) return r;
         break;
     default:
-        if (rb) memcpy(rb, gb, (size_t)b->n * sizeof(float));
+        if (rb && (r = dtr__dpc_copy(z, rb, gb, (size_t)b->n * sizeof(float))) != DTR_OK) return r;
         return dtr__psgd_start(z, b, gb, req);
     }
     return dtr_comm_all_gather_async(z->c, b->send, b->recv, b->bytes, DTR_U8, req);

@@ -22,10 +22,10 @@
  * gradients are final and at the step (in place of the gather).
  * Gradients in device memory (a GPU backend): with a transport of device memory (NCCL) the
  * buckets are reduced where they are, ZeRO's slices go from device to device and local SGD
- * averages the device parameters, bf16, fp16, int8 and top-k compression (and ZeRO's 16-bit
- * slices) encode and decode on the device (int8 and top-k where the backend has the codec slot);
- * with PowerSGD (it runs on the host) the engine works on a host copy as below and the group
- * stages its host buffers to the device; with one of host memory
+ * averages the device parameters, and every codec (and ZeRO's 16-bit slices) encodes and
+ * decodes on the device (int8, top-k and PowerSGD where the backend has the codec and
+ * powersgd slots; without them the engine works on a host copy as below and the group
+ * stages its host buffers to the device); with one of host memory
  * (libfabric, local) each bucket is copied to a host staging buffer when it starts, beside
  * the stream (dtr__to_host_async: backward's kernels go on), and everything above runs on
  * that copy once it has landed: the all-reduce or the codec's exchange, ZeRO's
@@ -202,12 +202,14 @@ static dtr_result dtr__dp_buckets(dtr_dp *dp) {
 }
 
 /* compression of a device model over a group of its device memory stays on the device (no
-   host copy): bf16 / fp16 (ZeRO's 16-bit slices too: the backend's cast kernel), and int8 /
-   top-k where the backend has the codec slot; PowerSGD runs on a host copy */
+   host copy): bf16 / fp16 (ZeRO's 16-bit slices too: the backend's cast kernel), int8 / top-k
+   where the backend has the codec slot, PowerSGD where it has the powersgd slot */
 static int dtr__dp_codec_on_device(dtr_context *ctx, const dtr_comm *c, const dtr_dp_config *cfg) {
+    const dtr_backend *b = ctx->backend;
     return c->mem_ctx && !dtr__host_memory(ctx) &&
            (cfg->compress == DTR_COMPRESS_BF16 || cfg->compress == DTR_COMPRESS_FP16 ||
-            ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && ctx->backend->codec));
+            ((cfg->compress == DTR_COMPRESS_INT8 || cfg->compress == DTR_COMPRESS_TOPK) && b->codec) ||
+            (cfg->compress == DTR_COMPRESS_POWERSGD && b->powersgd));
 }
 
 static dtr_result dtr__dp_check(dtr_context *ctx, dtr_comm *c, const dtr_dp_config *cfg) {
