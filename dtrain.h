@@ -4558,6 +4558,11 @@ struct dtr_backend {
  *  allocator. NULL when out of memory. Free with dtr__host_free. */
 DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
 DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
+/** `bytes` of zeros in ctx's backend memory (dev 1: mem_alloc and memset0) or from the
+ *  context's allocator (dev 0), for engine buffers that live where their group's memory is.
+ *  NULL when out of memory. Free with dtr__mem_free_on and the same dev (NULL is ignored). */
+DTR__PRIVATE void *dtr__mem_alloc_on(dtr_context *ctx, int dev, size_t bytes);
+DTR__PRIVATE void dtr__mem_free_on(dtr_context *ctx, int dev, void *p);
 /** The backend's to_host_async / from_host_async, or on a backend without them its
  *  synchronous to_host / from_host with *done NULL (complete). */
 DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);
@@ -4868,7 +4873,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4872 "dtrain.h"
+#line 4877 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5149,7 +5154,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5153 "dtrain.h"
+#line 5158 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5211,7 +5216,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5215 "dtrain.h"
+#line 5220 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5590,7 +5595,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5594 "dtrain.h"
+#line 5599 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5633,7 +5638,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5637 "dtrain.h"
+#line 5642 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5667,7 +5672,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5671 "dtrain.h"
+#line 5676 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5726,7 +5731,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5730 "dtrain.h"
+#line 5735 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5800,7 +5805,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5804 "dtrain.h"
+#line 5809 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5868,7 +5873,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5872 "dtrain.h"
+#line 5877 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5943,7 +5948,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5947 "dtrain.h"
+#line 5952 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6295,7 +6300,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6299 "dtrain.h"
+#line 6304 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7086,7 +7091,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7090 "dtrain.h"
+#line 7095 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7535,6 +7540,22 @@ void dtr__host_free(dtr_context *ctx, void *p) {
     else dtr__free(&ctx->alloc, p);
 }
 
+void *dtr__mem_alloc_on(dtr_context *ctx, int dev, size_t bytes) {
+    void *p;
+    if (!dev) return dtr__calloc(&ctx->alloc, bytes ? bytes : 1);
+    p = ctx->backend->mem_alloc(ctx, bytes ? bytes : 1);
+    if (p && ctx->backend->memset0(ctx, p, bytes) != DTR_OK) {
+        ctx->backend->mem_free(ctx, p);
+        return NULL;
+    }
+    return p;
+}
+
+void dtr__mem_free_on(dtr_context *ctx, int dev, void *p) {
+    if (dev && p) ctx->backend->mem_free(ctx, p);
+    else if (!dev) dtr__free(&ctx->alloc, p);
+}
+
 dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
     *done = NULL;
     if (ctx->backend->to_host_async) return ctx->backend->to_host_async(ctx, dst, src, bytes, done);
@@ -7745,7 +7766,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7749 "dtrain.h"
+#line 7770 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7816,7 +7837,7 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7820 "dtrain.h"
+#line 7841 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8298,7 +8319,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8302 "dtrain.h"
+#line 8323 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8553,7 +8574,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8557 "dtrain.h"
+#line 8578 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8784,7 +8805,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8788 "dtrain.h"
+#line 8809 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8903,7 +8924,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8907 "dtrain.h"
+#line 8928 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8959,7 +8980,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8963 "dtrain.h"
+#line 8984 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9344,7 +9365,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9348 "dtrain.h"
+#line 9369 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9561,7 +9582,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9565 "dtrain.h"
+#line 9586 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9991,7 +10012,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 9995 "dtrain.h"
+#line 10016 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10170,7 +10191,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10174 "dtrain.h"
+#line 10195 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10735,7 +10756,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10739 "dtrain.h"
+#line 10760 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11234,7 +11255,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11238 "dtrain.h"
+#line 11259 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11493,7 +11514,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11497 "dtrain.h"
+#line 11518 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11863,7 +11884,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11867 "dtrain.h"
+#line 11888 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -11997,7 +12018,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12001 "dtrain.h"
+#line 12022 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12539,7 +12560,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12543 "dtrain.h"
+#line 12564 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12708,7 +12729,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12712 "dtrain.h"
+#line 12733 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12957,7 +12978,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12961 "dtrain.h"
+#line 12982 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13479,7 +13500,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13483 "dtrain.h"
+#line 13504 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13617,7 +13638,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13621 "dtrain.h"
+#line 13642 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13964,7 +13985,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13968 "dtrain.h"
+#line 13989 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14030,7 +14051,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14034 "dtrain.h"
+#line 14055 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14267,7 +14288,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14271 "dtrain.h"
+#line 14292 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15016,7 +15037,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15020 "dtrain.h"
+#line 15041 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15469,7 +15490,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15473 "dtrain.h"
+#line 15494 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15525,7 +15546,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15529 "dtrain.h"
+#line 15550 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16302,7 +16323,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16306 "dtrain.h"
+#line 16327 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16883,7 +16904,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16887 "dtrain.h"
+#line 16908 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17514,7 +17535,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17518 "dtrain.h"
+#line 17539 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18304,7 +18325,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18308 "dtrain.h"
+#line 18329 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18657,7 +18678,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18661 "dtrain.h"
+#line 18682 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18847,7 +18868,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18851 "dtrain.h"
+#line 18872 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19028,7 +19049,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19032 "dtrain.h"
+#line 19053 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19803,7 +19824,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19807 "dtrain.h"
+#line 19828 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20320,7 +20341,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20324 "dtrain.h"
+#line 20345 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21115,7 +21136,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21119 "dtrain.h"
+#line 21140 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22363,7 +22384,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22367 "dtrain.h"
+#line 22388 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -22985,7 +23006,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 22989 "dtrain.h"
+#line 23010 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23486,7 +23507,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23490 "dtrain.h"
+#line 23511 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24216,7 +24237,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24220 "dtrain.h"
+#line 24241 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24452,7 +24473,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24456 "dtrain.h"
+#line 24477 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24581,7 +24602,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24585 "dtrain.h"
+#line 24606 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24643,23 +24664,6 @@ static int dtr__dpc_has_ef(const dtr__dpc *z) {
     return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
 }
 
-/* bytes of the codec's memory: the backend's (dev), else the context's allocator; zero: zeroed */
-static void *dtr__dpc_alloc(dtr__dpc *z, size_t bytes, int zero) {
-    void *p;
-    if (!z->dev) return zero ? dtr__calloc(&z->ctx->alloc, bytes) : dtr__malloc(&z->ctx->alloc, bytes);
-    p = z->ctx->backend->mem_alloc(z->ctx, bytes);
-    if (p && zero && z->ctx->backend->memset0(z->ctx, p, bytes) != DTR_OK) {
-        z->ctx->backend->mem_free(z->ctx, p);
-        return NULL;
-    }
-    return p;
-}
-
-static void dtr__dpc_free(dtr__dpc *z, void *p) {
-    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
-    else dtr__free(&z->ctx->alloc, p);
-}
-
 dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out) {
     dtr_context *ctx = dtr_model_context(m);
     size_t numel = (size_t)dtr_model_numel(m);
@@ -24681,7 +24685,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ef = !cfg->no_error_feedback;
     z->dev = dev;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
-    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__dpc_alloc(z, (numel + 1) * sizeof(float), 1);
+    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__mem_alloc_on(z->ctx, z->dev, (numel + 1) * sizeof(float));
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
         dtr__dpc_destroy(z);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
@@ -24695,13 +24699,13 @@ void dtr__dpc_destroy(dtr__dpc *z) {
     int i;
     if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
-        dtr__dpc_free(z, z->b[i].send);
-        dtr__dpc_free(z, z->b[i].recv);
+        dtr__mem_free_on(z->ctx, z->dev, z->b[i].send);
+        dtr__mem_free_on(z->ctx, z->dev, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
-        dtr__dpc_free(z, z->b[i].q);
+        dtr__mem_free_on(z->ctx, z->dev, z->b[i].q);
     }
     dtr__free(&z->ctx->alloc, z->b);
-    dtr__dpc_free(z, z->resid);
+    dtr__mem_free_on(z->ctx, z->dev, z->resid);
     dtr__free(&z->ctx->alloc, z);
 }
 
@@ -24795,8 +24799,8 @@ static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, i
     if (dtr__psgd_plan(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
     qb = (size_t)(b->nq + 1) * sizeof(float);
     b->bytes = (size_t)b->np * sizeof(float);
-    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + sizeof(float), 1);
-    b->q = (float *)dtr__dpc_alloc(z, qb, 1);
+    b->send = (unsigned char *)dtr__mem_alloc_on(z->ctx, z->dev, b->bytes + sizeof(float));
+    b->q = (float *)dtr__mem_alloc_on(z->ctx, z->dev, qb);
     q = z->dev ? (float *)dtr__calloc(&z->ctx->alloc, qb) : b->q;   /* drawn on the host */
     if (!b->send || !b->q || !q) r = DTR_OUT_OF_MEMORY;
     dtr_rng_seed(&rng, 0x9e3779b97f4a7c15ull, (uint64_t)begin);   /* the same Q on every rank */
@@ -25000,9 +25004,9 @@ static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
     if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
     if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
-    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + 1, 0);
+    b->send = (unsigned char *)dtr__mem_alloc_on(z->ctx, z->dev, b->bytes + 1);
     if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
-        b->recv = (unsigned char *)dtr__dpc_alloc(z, b->bytes * (size_t)z->world + 1, 0);
+        b->recv = (unsigned char *)dtr__mem_alloc_on(z->ctx, z->dev, b->bytes * (size_t)z->world + 1);
     return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
 }
 
@@ -25053,7 +25057,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
                       : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25057 "dtrain.h"
+#line 25061 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25153,16 +25157,6 @@ static void dtr__zero_layout(dtr__zero *z, int whole) {
     z->shard[z->W] = total;
 }
 
-/* bytes of the group's memory: the backend's (dev), else zeroed host memory */
-static void *dtr__zero_alloc(dtr__zero *z, size_t bytes) {
-    return z->dev ? z->ctx->backend->mem_alloc(z->ctx, bytes) : dtr__calloc(&z->ctx->alloc, bytes);
-}
-
-static void dtr__zero_free(dtr__zero *z, void *p) {
-    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
-    else dtr__free(&z->ctx->alloc, p);
-}
-
 /* n values of dtype sd at src converted into dd at dst, in the group's memory (on the device:
    the backend's cast kernel) */
 static dtr_result dtr__zero_convert(dtr__zero *z, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
@@ -25196,11 +25190,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
-        z->recv = (float *)dtr__zero_alloc(z, bytes);
+        z->recv = (float *)dtr__mem_alloc_on(z->ctx, z->dev, bytes);
         ok = z->recv != NULL;
         if (ok && z->wire != DTR_F32) {   /* the 16-bit buffers where the slots are */
-            z->out16 = (uint16_t *)dtr__zero_alloc(z, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
-            z->in16 = (uint16_t *)dtr__zero_alloc(z, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
+            z->out16 = (uint16_t *)dtr__mem_alloc_on(z->ctx, z->dev, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
+            z->in16 = (uint16_t *)dtr__mem_alloc_on(z->ctx, z->dev, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
             ok = z->out16 && z->in16;
         }
     }
@@ -25242,9 +25236,9 @@ void dtr__zero_destroy(dtr__zero *z) {
     dtr__free(&a, z->u);
     dtr__free(&a, z->seq);
     dtr__free(&a, z->prev);
-    dtr__zero_free(z, z->recv);
-    dtr__zero_free(z, z->out16);
-    dtr__zero_free(z, z->in16);
+    dtr__mem_free_on(z->ctx, z->dev, z->recv);
+    dtr__mem_free_on(z->ctx, z->dev, z->out16);
+    dtr__mem_free_on(z->ctx, z->dev, z->in16);
     dtr__free(&a, z->shard);
     dtr__free(&a, z);
 }
@@ -25560,7 +25554,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25564 "dtrain.h"
+#line 25558 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26092,7 +26086,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26096 "dtrain.h"
+#line 26090 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26598,7 +26592,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26602 "dtrain.h"
+#line 26596 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28147,7 +28141,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28151 "dtrain.h"
+#line 28145 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28201,7 +28195,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28205 "dtrain.h"
+#line 28199 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29379,7 +29373,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29383 "dtrain.h"
+#line 29377 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30269,7 +30263,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30273 "dtrain.h"
+#line 30267 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31747,7 +31741,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31751 "dtrain.h"
+#line 31745 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32131,7 +32125,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32135 "dtrain.h"
+#line 32129 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32280,7 +32274,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32284 "dtrain.h"
+#line 32278 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

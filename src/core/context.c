@@ -443,6 +443,22 @@ void dtr__host_free(dtr_context *ctx, void *p) {
     else dtr__free(&ctx->alloc, p);
 }
 
+void *dtr__mem_alloc_on(dtr_context *ctx, int dev, size_t bytes) {
+    void *p;
+    if (!dev) return dtr__calloc(&ctx->alloc, bytes ? bytes : 1);
+    p = ctx->backend->mem_alloc(ctx, bytes ? bytes : 1);
+    if (p && ctx->backend->memset0(ctx, p, bytes) != DTR_OK) {
+        ctx->backend->mem_free(ctx, p);
+        return NULL;
+    }
+    return p;
+}
+
+void dtr__mem_free_on(dtr_context *ctx, int dev, void *p) {
+    if (dev && p) ctx->backend->mem_free(ctx, p);
+    else if (!dev) dtr__free(&ctx->alloc, p);
+}
+
 dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {
     *done = NULL;
     if (ctx->backend->to_host_async) return ctx->backend->to_host_async(ctx, dst, src, bytes, done);

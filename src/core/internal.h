@@ -468,6 +468,11 @@ struct dtr_backend {
  *  allocator. NULL when out of memory. Free with dtr__host_free. */
 DTR__PRIVATE void *dtr__host_alloc(dtr_context *ctx, size_t bytes);
 DTR__PRIVATE void dtr__host_free(dtr_context *ctx, void *p);
+/** `bytes` of zeros in ctx's backend memory (dev 1: mem_alloc and memset0) or from the
+ *  context's allocator (dev 0), for engine buffers that live where their group's memory is.
+ *  NULL when out of memory. Free with dtr__mem_free_on and the same dev (NULL is ignored). */
+DTR__PRIVATE void *dtr__mem_alloc_on(dtr_context *ctx, int dev, size_t bytes);
+DTR__PRIVATE void dtr__mem_free_on(dtr_context *ctx, int dev, void *p);
 /** The backend's to_host_async / from_host_async, or on a backend without them its
  *  synchronous to_host / from_host with *done NULL (complete). */
 DTR__PRIVATE dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done);

@@ -56,23 +56,6 @@ static int dtr__dpc_has_ef(const dtr__dpc *z) {
     return z->ef && (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK || z->kind == DTR_COMPRESS_POWERSGD);
 }
 
-/* bytes of the codec's memory: the backend's (dev), else the context's allocator; zero: zeroed */
-static void *dtr__dpc_alloc(dtr__dpc *z, size_t bytes, int zero) {
-    void *p;
-    if (!z->dev) return zero ? dtr__calloc(&z->ctx->alloc, bytes) : dtr__malloc(&z->ctx->alloc, bytes);
-    p = z->ctx->backend->mem_alloc(z->ctx, bytes);
-    if (p && zero && z->ctx->backend->memset0(z->ctx, p, bytes) != DTR_OK) {
-        z->ctx->backend->mem_free(z->ctx, p);
-        return NULL;
-    }
-    return p;
-}
-
-static void dtr__dpc_free(dtr__dpc *z, void *p) {
-    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
-    else dtr__free(&z->ctx->alloc, p);
-}
-
 dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int dev, dtr__dpc **out) {
     dtr_context *ctx = dtr_model_context(m);
     size_t numel = (size_t)dtr_model_numel(m);
@@ -94,7 +77,7 @@ dtr_result dtr__dpc_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, 
     z->ef = !cfg->no_error_feedback;
     z->dev = dev;
     z->b = (dtr__cbucket *)dtr__calloc(&ctx->alloc, (size_t)(dtr_model_param_count(m) + 1) * sizeof(dtr__cbucket));
-    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__dpc_alloc(z, (numel + 1) * sizeof(float), 1);
+    if (z->b && dtr__dpc_has_ef(z)) z->resid = (float *)dtr__mem_alloc_on(z->ctx, z->dev, (numel + 1) * sizeof(float));
     if (!z->b || (dtr__dpc_has_ef(z) && !z->resid)) {
         dtr__dpc_destroy(z);
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_dp_create: out of memory");
@@ -108,13 +91,13 @@ void dtr__dpc_destroy(dtr__dpc *z) {
     int i;
     if (!z) return;
     for (i = 0; z->b && i < z->nb; i++) {
-        dtr__dpc_free(z, z->b[i].send);
-        dtr__dpc_free(z, z->b[i].recv);
+        dtr__mem_free_on(z->ctx, z->dev, z->b[i].send);
+        dtr__mem_free_on(z->ctx, z->dev, z->b[i].recv);
         dtr__free(&z->ctx->alloc, z->b[i].mat);
-        dtr__dpc_free(z, z->b[i].q);
+        dtr__mem_free_on(z->ctx, z->dev, z->b[i].q);
     }
     dtr__free(&z->ctx->alloc, z->b);
-    dtr__dpc_free(z, z->resid);
+    dtr__mem_free_on(z->ctx, z->dev, z->resid);
     dtr__free(&z->ctx->alloc, z);
 }
 
@@ -208,8 +191,8 @@ static dtr_result dtr__psgd_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin, i
     if (dtr__psgd_plan(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
     qb = (size_t)(b->nq + 1) * sizeof(float);
     b->bytes = (size_t)b->np * sizeof(float);
-    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + sizeof(float), 1);
-    b->q = (float *)dtr__dpc_alloc(z, qb, 1);
+    b->send = (unsigned char *)dtr__mem_alloc_on(z->ctx, z->dev, b->bytes + sizeof(float));
+    b->q = (float *)dtr__mem_alloc_on(z->ctx, z->dev, qb);
     q = z->dev ? (float *)dtr__calloc(&z->ctx->alloc, qb) : b->q;   /* drawn on the host */
     if (!b->send || !b->q || !q) r = DTR_OUT_OF_MEMORY;
     dtr_rng_seed(&rng, 0x9e3779b97f4a7c15ull, (uint64_t)begin);   /* the same Q on every rank */
@@ -413,9 +396,9 @@ static dtr_result dtr__cbucket_alloc(dtr__dpc *z, dtr__cbucket *b, int64_t begin
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16) b->bytes = half;
     if (z->kind == DTR_COMPRESS_INT8) b->bytes = (sizeof(float) + (size_t)b->n + 3) & ~(size_t)3;
     if (z->kind == DTR_COMPRESS_TOPK) b->bytes = (size_t)dtr__topk_count(z, b->n) * (sizeof(int32_t) + sizeof(float));
-    b->send = (unsigned char *)dtr__dpc_alloc(z, b->bytes + 1, 0);
+    b->send = (unsigned char *)dtr__mem_alloc_on(z->ctx, z->dev, b->bytes + 1);
     if (z->kind == DTR_COMPRESS_INT8 || z->kind == DTR_COMPRESS_TOPK)
-        b->recv = (unsigned char *)dtr__dpc_alloc(z, b->bytes * (size_t)z->world + 1, 0);
+        b->recv = (unsigned char *)dtr__mem_alloc_on(z->ctx, z->dev, b->bytes * (size_t)z->world + 1);
     return b->send && (b->recv || !b->bytes || b->bytes == half) ? DTR_OK : DTR_OUT_OF_MEMORY;
 }
 

@@ -94,16 +94,6 @@ static void dtr__zero_layout(dtr__zero *z, int whole) {
     z->shard[z->W] = total;
 }
 
-/* bytes of the group's memory: the backend's (dev), else zeroed host memory */
-static void *dtr__zero_alloc(dtr__zero *z, size_t bytes) {
-    return z->dev ? z->ctx->backend->mem_alloc(z->ctx, bytes) : dtr__calloc(&z->ctx->alloc, bytes);
-}
-
-static void dtr__zero_free(dtr__zero *z, void *p) {
-    if (z->dev && p) z->ctx->backend->mem_free(z->ctx, p);
-    else dtr__free(&z->ctx->alloc, p);
-}
-
 /* n values of dtype sd at src converted into dd at dst, in the group's memory (on the device:
    the backend's cast kernel) */
 static dtr_result dtr__zero_convert(dtr__zero *z, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
@@ -137,11 +127,11 @@ dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg,
     if (ok) {   /* the peers' slices of this rank's shard (stage 1: all at once, stage 2: by bucket) */
         int64_t len = z->shard[z->me + 1] - z->shard[z->me];
         size_t bytes = (size_t)((z->W - 1) * len + 1) * sizeof(float);
-        z->recv = (float *)dtr__zero_alloc(z, bytes);
+        z->recv = (float *)dtr__mem_alloc_on(z->ctx, z->dev, bytes);
         ok = z->recv != NULL;
         if (ok && z->wire != DTR_F32) {   /* the 16-bit buffers where the slots are */
-            z->out16 = (uint16_t *)dtr__zero_alloc(z, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
-            z->in16 = (uint16_t *)dtr__zero_alloc(z, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
+            z->out16 = (uint16_t *)dtr__mem_alloc_on(z->ctx, z->dev, (size_t)(dtr_model_numel(m) + 1) * sizeof(uint16_t));
+            z->in16 = (uint16_t *)dtr__mem_alloc_on(z->ctx, z->dev, (size_t)((z->W - 1) * len + 1) * sizeof(uint16_t));
             ok = z->out16 && z->in16;
         }
     }
@@ -183,9 +173,9 @@ void dtr__zero_destroy(dtr__zero *z) {
     dtr__free(&a, z->u);
     dtr__free(&a, z->seq);
     dtr__free(&a, z->prev);
-    dtr__zero_free(z, z->recv);
-    dtr__zero_free(z, z->out16);
-    dtr__zero_free(z, z->in16);
+    dtr__mem_free_on(z->ctx, z->dev, z->recv);
+    dtr__mem_free_on(z->ctx, z->dev, z->out16);
+    dtr__mem_free_on(z->ctx, z->dev, z->in16);
     dtr__free(&a, z->shard);
     dtr__free(&a, z);
 }
