@@ -11,10 +11,10 @@
  *                dtr_dp_finish P is orthonormalised, Q = M^T P (cols, r) all-reduced, and
  *                M ~ P Q^T. Q starts random (the same seed on every rank) and is reused by
  *                the next step (warm start), as PowerSGD (Vogels et al., 2019).
- * A device model's bf16, fp16, int8 and top-k over a group of device memory (NCCL) stay on
- * the device: the backend's cast kernel (16-bit) or codec slot (int8, top-k) encodes into and
- * decodes from device buffers, the group reduces or gathers them there, the residual is
- * device memory too. PowerSGD runs on a host copy of the gradients (the engine's).
+ * A device model's codecs over a group of device memory (NCCL) stay on the device: the
+ * backend's cast kernel (16-bit), codec slot (int8, top-k) or powersgd slot encodes into and
+ * decodes from device buffers, the group reduces or gathers them there, the residual (and
+ * PowerSGD's Q) is device memory too. A backend without those slots: the engine's host copy.
  * The residual (one float per gradient float) keeps what the codec lost: int8 and top-k the
  * local difference acc - decoded(acc); PowerSGD acc - (averaged approximation), whose
  * average over the ranks is what the average lost (the approximation is linear in M).
@@ -131,12 +131,12 @@ static dtr_result dtr__psgd_plan(dtr__dpc *z, dtr__cbucket *b, int64_t begin, in
     return DTR_OK;
 }
 
-/* floats of the bucket inside its matrices */
-static int64_t dtr__psgd_covered(const dtr__cbucket *b) {
-    int64_t c = 0;
+/* where the floats outside the matrices go in P's message: after every matrix's P */
+static float *dtr__psgd_tail(const dtr__cbucket *b) {
+    int64_t covered = 0;
     int j;
-    for (j = 0; j < b->nmat; j++) c += b->mat[j].rows * b->mat[j].cols;
-    return c;
+    for (j = 0; j < b->nmat; j++) covered += b->mat[j].rows * b->mat[j].cols;
+    return (float *)b->send + (b->np - (b->n - covered));
 }
 
 /* segment j (0 .. nmat) of the floats outside the matrices: start in *s, length returned */
@@ -241,7 +241,7 @@ static dtr_result dtr__psgd_each(dtr__dpc *z, const dtr__cbucket *b, float *g, f
 
 /* P (rows, r) = M (rows, cols) Q (cols, r) per matrix, the rest after them, all-reduced */
 static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_request **req) {
-    float *rest = (float *)b->send + (b->np - (b->n - dtr__psgd_covered(b)));
+    float *rest = dtr__psgd_tail(b);
     dtr_result r = dtr__psgd_each(z, b, g, NULL, DTR__PSGD_P);
     if (r == DTR_OK) r = dtr__psgd_rest(z, b, g, rest, 0);
     return r != DTR_OK ? r : dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->np, DTR_F32, DTR_REDUCE_AVG, req);
@@ -250,7 +250,7 @@ static dtr_result dtr__psgd_start(dtr__dpc *z, dtr__cbucket *b, float *g, dtr_re
 /* P averaged: Q = M^T P (P orthonormalised) averaged (blocking), g = P Q^T, the rest from P's
    tail; resid (held acc) -= the approximation, 0 where the rest was averaged exactly */
 static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float *resid) {
-    float *rest = (float *)b->send + (b->np - (b->n - dtr__psgd_covered(b)));
+    float *rest = dtr__psgd_tail(b);
     int64_t s, len;
     int j;
     dtr_result r = dtr__psgd_each(z, b, g, NULL, DTR__PSGD_Q);
@@ -406,7 +406,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     dtr__cbucket *b = &z->b[i];
     float *gb = g + begin, *rb = z->resid ? z->resid + begin : NULL;
     dtr_dtype half = z->kind == DTR_COMPRESS_BF16 ? DTR_BF16 : DTR_F16;
-    dtr_result r;
+    dtr_result r = DTR_OK;
     int64_t k;
     z->st.raw_bytes += (uint64_t)(end - begin) * sizeof(float);
     if (z->kind == DTR_COMPRESS_NONE) {
@@ -417,9 +417,9 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
         b->n = end - begin;
         if (dtr__cbucket_alloc(z, b, begin, end) != DTR_OK) return DTR_OUT_OF_MEMORY;
     }
-    if (rb && z->dev && (r = z->ctx->backend->reduce(z->ctx, gb, gb, rb, (size_t)b->n, DTR_F32, DTR_REDUCE_SUM, 1)) != DTR_OK)
-        return r;
-    for (k = 0; rb && !z->dev && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
+    if (rb && z->dev) r = z->ctx->backend->reduce(z->ctx, gb, gb, rb, (size_t)b->n, DTR_F32, DTR_REDUCE_SUM, 1);
+    else for (k = 0; rb && k < b->n; k++) gb[k] += rb[k];   /* error feedback: acc = g + residual */
+    if (r != DTR_OK) return r;
     z->st.wire_bytes += b->bytes;
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
