@@ -733,6 +733,10 @@ dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *c
 /** dst (dd) = src (sd), n dense elements of the context's backend memory, converted by the
  *  backend's CAST kernel on its stream (f32, bf16, f16). */
 DTR__PRIVATE dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n);
+/** dtr__convert_on in the backend's memory (dev 1), dtr_convert in host memory (dev 0): for
+ *  engine buffers that live where their group's memory is. */
+DTR__PRIVATE dtr_result dtr__convert_mem(dtr_context *ctx, int dev, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd,
+                                         int64_t n);
 /** The values of dense float tensor t as f32 in backend memory: its own for f32, else an f32
  *  copy in the current tape's widening scratch (valid until the next widened kernel), made by
  *  the backend's cast kernel on behalf of node n. NULL with the error set on failure. */

@@ -201,6 +201,10 @@ dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype dd, const void
     return dtr__cast_by(ctx->backend->forward, ctx, dst, dd, src, sd, n);
 }
 
+dtr_result dtr__convert_mem(dtr_context *ctx, int dev, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
+    return dev ? dtr__convert_on(ctx, dst, dd, src, sd, n) : dtr_convert(dst, dd, src, sd, (size_t)n);
+}
+
 const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tensor *t) {
     int64_t count = dtr_tensor_numel(t), floats = (count + 63) / 64 * 64;
     float *scratch;

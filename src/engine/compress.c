@@ -424,9 +424,7 @@ dtr_result dtr__dpc_start(dtr__dpc *z, int i, float *g, int64_t begin, int64_t e
     switch (z->kind) {
     case DTR_COMPRESS_BF16:
     case DTR_COMPRESS_FP16:
-        r = z->dev ? dtr__convert_on(z->ctx, b->send, half, gb, DTR_F32, b->n)
-                   : dtr_convert(b->send, half, gb, DTR_F32, (size_t)b->n);
-        if (r != DTR_OK) return r;
+        if ((r = dtr__convert_mem(z->ctx, z->dev, b->send, half, gb, DTR_F32, b->n)) != DTR_OK) return r;
         return dtr_comm_all_reduce_async(z->c, b->send, b->send, (size_t)b->n, half, DTR_REDUCE_AVG, req);
     case DTR_COMPRESS_INT8:
     case DTR_COMPRESS_TOPK:
@@ -445,7 +443,6 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
     if (z->kind == DTR_COMPRESS_NONE || !b->send) return DTR_OK;
     if (z->kind == DTR_COMPRESS_POWERSGD) return dtr__psgd_finish(z, b, g + begin, z->resid ? z->resid + begin : NULL);
     if (z->kind == DTR_COMPRESS_BF16 || z->kind == DTR_COMPRESS_FP16)
-        return z->dev ? dtr__convert_on(z->ctx, g + begin, DTR_F32, b->send, half, b->n)
-                      : dtr_convert(g + begin, DTR_F32, b->send, half, (size_t)b->n);
+        return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }

@@ -94,12 +94,6 @@ static void dtr__zero_layout(dtr__zero *z, int whole) {
     z->shard[z->W] = total;
 }
 
-/* n values of dtype sd at src converted into dd at dst, in the group's memory (on the device:
-   the backend's cast kernel) */
-static dtr_result dtr__zero_convert(dtr__zero *z, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n) {
-    return z->dev ? dtr__convert_on(z->ctx, dst, dd, src, sd, n) : dtr_convert(dst, dd, src, sd, (size_t)n);
-}
-
 dtr_result dtr__zero_create(dtr_model *m, dtr_comm *c, const dtr_dp_config *cfg, int nb, int dev, dtr__zero **out) {
     dtr_context *ctx = dtr_model_context(m);
     dtr__zero *z = (dtr__zero *)dtr__calloc(&ctx->alloc, sizeof(*z));
@@ -217,7 +211,8 @@ dtr_result dtr__zero_start(dtr__zero *z, float *g, int i, int64_t begin, int64_t
         size_t bytes = (size_t)(hi - lo) * dtr_dtype_size(z->wire);
         dtr_result r = DTR_OK;
         if (lo >= hi) continue;
-        if (o != z->me && z->out16) r = dtr__zero_convert(z, z->out16 + lo, z->wire, g + lo, DTR_F32, hi - lo);
+        if (o != z->me && z->out16)   /* the slice sent in 16 bits */
+            r = dtr__convert_mem(z->ctx, z->dev, z->out16 + lo, z->wire, g + lo, DTR_F32, hi - lo);
         if (o != z->me && r == DTR_OK) r = dtr__zero_post(z, &z->rs, 1, z->out16 ? (void *)(z->out16 + lo) : (void *)(g + lo), bytes, o, DTR__ZERO_TAG + i);
         for (p = 0; p < z->W && o == z->me && r == DTR_OK; p++)
             if (p != z->me)
@@ -263,8 +258,9 @@ dtr_result dtr__zero_reduce(dtr__zero *z, float *grads, dtr_dp_stats *st) {
     if (r == DTR_OK) dtr__zero_grads_sent(z, grads, 1);   /* every slice sent */
     z->nbk = z->sent = 0;
     if (r != DTR_OK) return r;
-    if (z->in16 && (r = dtr__zero_convert(z, z->recv, DTR_F32, z->in16, z->wire, (z->W - 1) * n)) != DTR_OK)   /* the 16-bit slots widened */
-        return r;
+    if (z->in16)   /* the 16-bit slots widened */
+        r = dtr__convert_mem(z->ctx, z->dev, z->recv, DTR_F32, z->in16, z->wire, (z->W - 1) * n);
+    if (r != DTR_OK) return r;
     /* sum in rank order: in the shard itself for rank 0, else in rank 0's slot (rank p > 0
        may still need its own gradients); the last addition divides and lands in the shard */
     acc = z->me == 0 ? g : dtr__zero_slot(z, 0, b);
