@@ -356,12 +356,13 @@ static dtr_result dtr__cuda_pass_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- dropout: the CPU's stream, draw i computed on its own by jumping ahead ---- */
 
-__global__ static void dtr__cuda_dropout_fwd_k(dtr_rng rng, float p, const float *x, float *y, float *mask, int64_t n) {
+/* x, y in their dtype (narrow); the mask f32 */
+__global__ static void dtr__cuda_dropout_fwd_k(dtr_rng rng, float p, dtr__cuda_mem x, dtr__cuda_mem y, float *mask, int64_t n) {
     DTR__CUDA_FOR(i, n) {
         uint64_t st = dtr__f_pcg_advance(rng.state, rng.inc, (uint64_t)i);
         float m = dtr__f_dropout_mask(dtr__f_pcg_next(&st, rng.inc), p);
         mask[i] = m;
-        y[i] = x[i] * m;
+        y.st(i, x.ld(i) * m);
     }
 }
 
@@ -376,7 +377,7 @@ static dtr_result dtr__cuda_dropout_fwd(dtr_context *ctx, dtr__node *nd) {
     nd->saved = m;
     if (n == 0) return DTR_OK;
     dtr__cuda_dropout_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->p.dropout.rng, nd->p.dropout.p, dtr__f32(nd->in[0]), dtr__f32(nd->out), m, n);
+        nd->p.dropout.rng, nd->p.dropout.p, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), m, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -396,42 +397,43 @@ static int64_t dtr__cuda_rows(const dtr_tensor *x) {
     return c ? dtr_tensor_numel(x) / c : 0;
 }
 
-/* x, y (R, C); causal: row r keeps its first (r % C) + 1 entries */
-__global__ static void dtr__cuda_softmax_fwd_k(int op, const float *x, float *y, int64_t C) {
-    int64_t r = blockIdx.x, valid = op == DTR_OP_SOFTMAX_CAUSAL ? (r % C) + 1 : C;
-    const float *xr = x + r * C;
-    float *yr = y + r * C, mx = -INFINITY;
+/* x, y (R, C) in their dtype (f32, bf16, f16: narrow); causal: row r keeps its first
+   (r % C) + 1 entries */
+__global__ static void dtr__cuda_softmax_fwd_k(int op, dtr__cuda_mem x, dtr__cuda_mem y, int64_t C) {
+    int64_t r = blockIdx.x, valid = op == DTR_OP_SOFTMAX_CAUSAL ? (r % C) + 1 : C, o = r * C;
+    float mx = -INFINITY;
     double s = 0.0;
-    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, xr[j]);
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) mx = fmaxf(mx, x.ld(o + j));
     mx = dtr__cuda_block_max(mx);
-    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += exp((double)(xr[j] - mx));
+    for (int64_t j = threadIdx.x; j < valid; j += blockDim.x) s += exp((double)(x.ld(o + j) - mx));
     s = dtr__cuda_block_sum(s);
     if (op == DTR_OP_LOG_SOFTMAX) {
         float lse = mx + (float)log(s);
-        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) yr[j] = j < valid ? xr[j] - lse : -INFINITY;
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) y.st(o + j, j < valid ? x.ld(o + j) - lse : -INFINITY);
     } else {
         float inv = (float)(1.0 / s);
-        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) yr[j] = j < valid ? expf(xr[j] - mx) * inv : 0.0f;
+        for (int64_t j = threadIdx.x; j < C; j += blockDim.x) y.st(o + j, j < valid ? expf(x.ld(o + j) - mx) * inv : 0.0f);
     }
 }
 
-__global__ static void dtr__cuda_softmax_bwd_k(int op, const float *y, const float *g, float *gx, int64_t C) {
-    int64_t r = blockIdx.x;
-    const float *yr = y + r * C, *gr = g + r * C;
-    float *gxr = gx + r * C;
+/* y in its dtype; g, gx f32 */
+__global__ static void dtr__cuda_softmax_bwd_k(int op, dtr__cuda_mem y, const float *g, float *gx, int64_t C) {
+    int64_t r = blockIdx.x, o = r * C;
+    const float *gr = g + o;
+    float *gxr = gx + o;
     double s = 0.0;
     int logp = op == DTR_OP_LOG_SOFTMAX;
-    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) s += logp ? (double)gr[k] : (double)gr[k] * yr[k];
+    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) s += logp ? (double)gr[k] : (double)gr[k] * y.ld(o + k);
     s = dtr__cuda_block_sum(s);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x)
-        gxr[k] += logp ? gr[k] - expf(yr[k]) * (float)s : yr[k] * (gr[k] - (float)s);
+        gxr[k] += logp ? gr[k] - expf(y.ld(o + k)) * (float)s : y.ld(o + k) * (gr[k] - (float)s);
 }
 
 static dtr_result dtr__cuda_softmax_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t R = dtr__cuda_rows(nd->in[0]), C = nd->in[0]->shape[nd->in[0]->ndim - 1];
     if (R == 0) return DTR_OK;
     dtr__cuda_softmax_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, dtr__f32(nd->in[0]), dtr__f32(nd->out), C);
+        nd->op, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), C);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -440,7 +442,7 @@ static dtr_result dtr__cuda_softmax_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]);
     if (!gx || R == 0) return DTR_OK;
     dtr__cuda_softmax_bwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, dtr__f32(nd->out), nd->out->grad, gx, C);
+        nd->op, dtr__cuda_mem_of(nd->out), nd->out->grad, gx, C);
     return dtr__cuda_launched(ctx, nd);
 }
 
