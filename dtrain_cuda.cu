@@ -1736,19 +1736,18 @@ __global__ static void dtr__cuda_absmax_k(const float *g, int64_t n, double *par
     if (threadIdx.x == 0) partial[blockIdx.x] = m;
 }
 
-/* int8 pass 2: scale = max / 127 from the partials, then each entry's code and residual */
-__global__ static void dtr__cuda_int8_encode_k(const float *g, int64_t n, const double *partial, int count, unsigned char *out,
-                                               float *resid) {
-    __shared__ float scale_sh;
+/* int8 pass 2: one block, the partials' largest; scale = max / 127 into the payload */
+__global__ static void dtr__cuda_int8_scale_k(const double *partial, int count, unsigned char *out) {
+    float m = 0.0f;
+    for (int b = threadIdx.x; b < count; b += blockDim.x) m = (float)partial[b] > m ? (float)partial[b] : m;
+    m = dtr__cuda_block_max(m);
+    if (threadIdx.x == 0) *(float *)out = __fdiv_rn(m, 127.0f);
+}
+
+/* int8 pass 3: each entry's code and residual */
+__global__ static void dtr__cuda_int8_encode_k(const float *g, int64_t n, unsigned char *out, float *resid) {
     int8_t *q = (int8_t *)(out + sizeof(float));
-    if (threadIdx.x == 0) {
-        float m = 0.0f;
-        for (int b = 0; b < count; b++) m = (float)partial[b] > m ? (float)partial[b] : m;
-        scale_sh = __fdiv_rn(m, 127.0f);
-    }
-    __syncthreads();
-    float scale = scale_sh;
-    if (blockIdx.x == 0 && threadIdx.x == 0) *(float *)out = scale;
+    float scale = *(const float *)out;
     DTR__CUDA_FOR(i, n) {
         float x = g[i], v = scale > 0.0f ? __fdiv_rn(x, scale) : 0.0f;
         v = __fsub_rn(__fadd_rn(v, 12582912.0f), 12582912.0f);   /* to nearest even, as the CPU */
@@ -1922,8 +1921,8 @@ static dtr_result dtr__cuda_codec(dtr_context *ctx, const dtr__codec_args *a, in
     if (!decode && a->kind == DTR_COMPRESS_TOPK) return dtr__cuda_topk_encode(ctx, a);
     if (!decode) {
         dtr__cuda_absmax_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, s->partial);
-        dtr__cuda_int8_encode_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, s->partial, (int)blocks,
-                                                                                   a->payload, a->resid);
+        dtr__cuda_int8_scale_k<<<1, 1024, 0, st>>>(s->partial, (int)blocks, a->payload);
+        dtr__cuda_int8_encode_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, a->payload, a->resid);
     } else if (a->kind == DTR_COMPRESS_INT8) {
         dtr__cuda_int8_decode_k<<<dtr__cuda_grid(a->n), DTR__CUDA_THREADS, 0, st>>>(a->g, a->n, a->payload, a->bytes, a->world);
     } else {
@@ -1982,7 +1981,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 1986 "dtrain_cuda.cu"
+#line 1985 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2181,7 +2180,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2185 "dtrain_cuda.cu"
+#line 2184 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2367,7 +2366,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 2371 "dtrain_cuda.cu"
+#line 2370 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2856,5 +2855,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2860 "dtrain_cuda.cu"
+#line 2859 "dtrain_cuda.cu"
 
