@@ -4820,6 +4820,9 @@ int dtr__needs_widening(const struct dtr__node *n, int bwd);
  *  after a forward (src/core/widen.c). The dispatch calls it for entries not `narrow`; a
  *  narrow kernel calls it for the cases it leaves to its f32 form. */
 dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, struct dtr__node *n, int bwd);
+/** The largest of `init` and x[0..n) (absval 1: of |x[i]|), NaN skipped as fmaxf does; 8
+ *  running maxima, which compilers vectorise (`a > m ? a : m` is maxps) (src/core/half.c). */
+DTR__PRIVATE float dtr__max_f32(const float *x, int64_t n, float init, int absval);
 /** dst (dd) = src (sd), n dense elements of the context's backend memory, converted by the
  *  backend's CAST kernel on its stream (f32, bf16, f16). */
 DTR__PRIVATE dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n);
@@ -4877,7 +4880,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4881 "dtrain.h"
+#line 4884 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5158,7 +5161,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5162 "dtrain.h"
+#line 5165 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5220,7 +5223,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5224 "dtrain.h"
+#line 5227 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5599,7 +5602,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5603 "dtrain.h"
+#line 5606 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5642,7 +5645,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5646 "dtrain.h"
+#line 5649 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5676,7 +5679,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5680 "dtrain.h"
+#line 5683 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5735,7 +5738,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5739 "dtrain.h"
+#line 5742 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5809,7 +5812,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5813 "dtrain.h"
+#line 5816 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5877,7 +5880,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5881 "dtrain.h"
+#line 5884 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5952,7 +5955,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5956 "dtrain.h"
+#line 5959 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6304,7 +6307,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6308 "dtrain.h"
+#line 6311 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7095,7 +7098,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7099 "dtrain.h"
+#line 7102 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7770,12 +7773,13 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7774 "dtrain.h"
+#line 7777 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
 /* ============================================================================
- * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even).
+ * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even); the
+ * largest value of an f32 array.
  * ==========================================================================*/
 
 
@@ -7841,7 +7845,26 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
 }
-#line 7845 "dtrain.h"
+
+float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
+    float m8[8], mx = init;
+    int64_t k = 0;
+    int i;
+    for (i = 0; i < 8; i++) m8[i] = init;
+    if (absval)
+        for (; k + 8 <= n; k += 8)
+            for (i = 0; i < 8; i++) m8[i] = fabsf(x[k + i]) > m8[i] ? fabsf(x[k + i]) : m8[i];
+    else
+        for (; k + 8 <= n; k += 8)
+            for (i = 0; i < 8; i++) m8[i] = x[k + i] > m8[i] ? x[k + i] : m8[i];
+    for (; k < n; k++) {
+        float a = absval ? fabsf(x[k]) : x[k];
+        mx = a > mx ? a : mx;
+    }
+    for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
+    return mx;
+}
+#line 7868 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8323,7 +8346,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8327 "dtrain.h"
+#line 8350 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8578,7 +8601,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8582 "dtrain.h"
+#line 8605 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8809,7 +8832,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8813 "dtrain.h"
+#line 8836 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8928,7 +8951,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8932 "dtrain.h"
+#line 8955 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -8984,7 +9007,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 8988 "dtrain.h"
+#line 9011 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9369,7 +9392,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9373 "dtrain.h"
+#line 9396 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9590,7 +9613,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9594 "dtrain.h"
+#line 9617 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10020,7 +10043,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10024 "dtrain.h"
+#line 10047 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10199,7 +10222,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10203 "dtrain.h"
+#line 10226 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10372,15 +10395,23 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
+/* each row's maximum, exp-sum and loss; f32 logits read as an array, 16-bit ones by dtype */
 static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__xent_job *j = (const dtr__xent_job *)arg;
+    const float *x32 = j->dt == DTR_F32 ? (const float *)j->X : NULL;
     int64_t r, k, K = j->K;
     (void)w;
     for (r = b; r < e; r++) {
         float mx = -INFINITY;
         double s = 0.0;
-        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
-        for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+        if (x32) {
+            const float *x = x32 + r * K;
+            mx = dtr__max_f32(x, K, -INFINITY, 0);
+            for (k = 0; k < K; k++) s += expf(x[k] - mx);
+        } else {
+            for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
+            for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+        }
         j->st[r].max = mx;
         j->st[r].sum = s;
         j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
@@ -10412,8 +10443,13 @@ static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     int64_t r, k, K = j->K;
     (void)w;
     for (r = b; r < e; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), j->st[r]);
-        gx[r * K + j->t[r]] -= j->c;
+        const dtr__xent_row st = j->st[r];
+        float *g = gx + r * K;
+        if (j->dt == DTR_F32)
+            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(((const float *)j->X)[r * K + k], st);
+        else
+            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st);
+        g[j->t[r]] -= j->c;
     }
 }
 
@@ -10764,7 +10800,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10768 "dtrain.h"
+#line 10804 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11263,7 +11299,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11267 "dtrain.h"
+#line 11303 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11522,7 +11558,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11526 "dtrain.h"
+#line 11562 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11892,7 +11928,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11896 "dtrain.h"
+#line 11932 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12026,7 +12062,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12030 "dtrain.h"
+#line 12066 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12568,7 +12604,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12572 "dtrain.h"
+#line 12608 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12737,7 +12773,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12741 "dtrain.h"
+#line 12777 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -12986,7 +13022,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 12990 "dtrain.h"
+#line 13026 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13508,7 +13544,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13512 "dtrain.h"
+#line 13548 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13646,7 +13682,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13650 "dtrain.h"
+#line 13686 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -13993,7 +14029,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 13997 "dtrain.h"
+#line 14033 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14059,7 +14095,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14063 "dtrain.h"
+#line 14099 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14296,7 +14332,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14300 "dtrain.h"
+#line 14336 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15045,7 +15081,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15049 "dtrain.h"
+#line 15085 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15498,7 +15534,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15502 "dtrain.h"
+#line 15538 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15554,7 +15590,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15558 "dtrain.h"
+#line 15594 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16331,7 +16367,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16335 "dtrain.h"
+#line 16371 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16912,7 +16948,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16916 "dtrain.h"
+#line 16952 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17543,7 +17579,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17547 "dtrain.h"
+#line 17583 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18333,7 +18369,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18337 "dtrain.h"
+#line 18373 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18686,7 +18722,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18690 "dtrain.h"
+#line 18726 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18876,7 +18912,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18880 "dtrain.h"
+#line 18916 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19057,7 +19093,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19061 "dtrain.h"
+#line 19097 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19832,7 +19868,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19836 "dtrain.h"
+#line 19872 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20349,7 +20385,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20353 "dtrain.h"
+#line 20389 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21144,7 +21180,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21148 "dtrain.h"
+#line 21184 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22392,7 +22428,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22396 "dtrain.h"
+#line 22432 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23014,7 +23050,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23018 "dtrain.h"
+#line 23054 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23515,7 +23551,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23519 "dtrain.h"
+#line 23555 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24245,7 +24281,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24249 "dtrain.h"
+#line 24285 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24481,7 +24517,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24485 "dtrain.h"
+#line 24521 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24610,7 +24646,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24614 "dtrain.h"
+#line 24650 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -24885,26 +24921,11 @@ static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float
 
 /* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
 
-/* the largest |g[i]| (NaN skipped), 8 running maxima (vectorised: `a > m ? a : m` is maxps) */
-static float dtr__max_abs(const float *g, int64_t n) {
-    float m8[8] = {0}, mx = 0.0f;
-    int64_t i = 0;
-    int j;
-    for (; i + 8 <= n; i += 8)
-        for (j = 0; j < 8; j++) {
-            float a = fabsf(g[i + j]);
-            m8[j] = a > m8[j] ? a : m8[j];
-        }
-    for (; i < n; i++) mx = fabsf(g[i]) > mx ? fabsf(g[i]) : mx;
-    for (j = 0; j < 8; j++) mx = m8[j] > mx ? m8[j] : mx;
-    return mx;
-}
-
 /* q = g / scale rounded to nearest even (adding and taking 1.5 * 2^23 rounds |v| < 2^22 as
    nearbyintf does, without a call), clamped to +-127, NaN as 0; resid = g - q * scale. The
    same bits as the scalar formula, element by element, so resid may be g itself. */
 void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid) {
-    float scale = dtr__max_abs(g, n) / 127.0f;
+    float scale = dtr__max_f32(g, n, 0.0f, 1) / 127.0f;
     int8_t *q = (int8_t *)(out + sizeof(float));
     memcpy(out, &scale, sizeof scale);
     if (!(scale > 0.0f)) {   /* all zero (or NaN): nothing to send */
@@ -25062,7 +25083,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25066 "dtrain.h"
+#line 25087 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25555,7 +25576,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25559 "dtrain.h"
+#line 25580 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26087,7 +26108,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26091 "dtrain.h"
+#line 26112 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26593,7 +26614,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26597 "dtrain.h"
+#line 26618 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28142,7 +28163,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28146 "dtrain.h"
+#line 28167 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28196,7 +28217,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28200 "dtrain.h"
+#line 28221 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29374,7 +29395,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29378 "dtrain.h"
+#line 29399 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30264,7 +30285,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30268 "dtrain.h"
+#line 30289 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31742,7 +31763,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31746 "dtrain.h"
+#line 31767 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32126,7 +32147,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32130 "dtrain.h"
+#line 32151 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32275,7 +32296,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32279 "dtrain.h"
+#line 32300 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -1,5 +1,6 @@
 /* ============================================================================
- * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even).
+ * dtypes: sizes, names, and f32 <-> bf16 / f16 conversion (round to nearest even); the
+ * largest value of an f32 array.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "internal.h"
@@ -64,4 +65,23 @@ dtr_result dtr_convert(void *dst, dtr_dtype dst_dtype, const void *src, dtr_dtyp
     }
     for (i = 0; i < n; i++) dtr__f_store(dst, dst_dtype, (int64_t)i, dtr__f_load(src, src_dtype, (int64_t)i));
     return DTR_OK;
+}
+
+float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
+    float m8[8], mx = init;
+    int64_t k = 0;
+    int i;
+    for (i = 0; i < 8; i++) m8[i] = init;
+    if (absval)
+        for (; k + 8 <= n; k += 8)
+            for (i = 0; i < 8; i++) m8[i] = fabsf(x[k + i]) > m8[i] ? fabsf(x[k + i]) : m8[i];
+    else
+        for (; k + 8 <= n; k += 8)
+            for (i = 0; i < 8; i++) m8[i] = x[k + i] > m8[i] ? x[k + i] : m8[i];
+    for (; k < n; k++) {
+        float a = absval ? fabsf(x[k]) : x[k];
+        mx = a > mx ? a : mx;
+    }
+    for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
+    return mx;
 }

@@ -730,6 +730,9 @@ int dtr__needs_widening(const struct dtr__node *n, int bwd);
  *  after a forward (src/core/widen.c). The dispatch calls it for entries not `narrow`; a
  *  narrow kernel calls it for the cases it leaves to its f32 form. */
 dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, struct dtr__node *n, int bwd);
+/** The largest of `init` and x[0..n) (absval 1: of |x[i]|), NaN skipped as fmaxf does; 8
+ *  running maxima, which compilers vectorise (`a > m ? a : m` is maxps) (src/core/half.c). */
+DTR__PRIVATE float dtr__max_f32(const float *x, int64_t n, float init, int absval);
 /** dst (dd) = src (sd), n dense elements of the context's backend memory, converted by the
  *  backend's CAST kernel on its stream (f32, bf16, f16). */
 DTR__PRIVATE dtr_result dtr__convert_on(dtr_context *ctx, void *dst, dtr_dtype dd, const void *src, dtr_dtype sd, int64_t n);

@@ -269,26 +269,11 @@ static dtr_result dtr__psgd_finish(dtr__dpc *z, dtr__cbucket *b, float *g, float
 
 /* ---- int8 and top-k: encode, all-gather, sum in rank order ---- */
 
-/* the largest |g[i]| (NaN skipped), 8 running maxima (vectorised: `a > m ? a : m` is maxps) */
-static float dtr__max_abs(const float *g, int64_t n) {
-    float m8[8] = {0}, mx = 0.0f;
-    int64_t i = 0;
-    int j;
-    for (; i + 8 <= n; i += 8)
-        for (j = 0; j < 8; j++) {
-            float a = fabsf(g[i + j]);
-            m8[j] = a > m8[j] ? a : m8[j];
-        }
-    for (; i < n; i++) mx = fabsf(g[i]) > mx ? fabsf(g[i]) : mx;
-    for (j = 0; j < 8; j++) mx = m8[j] > mx ? m8[j] : mx;
-    return mx;
-}
-
 /* q = g / scale rounded to nearest even (adding and taking 1.5 * 2^23 rounds |v| < 2^22 as
    nearbyintf does, without a call), clamped to +-127, NaN as 0; resid = g - q * scale. The
    same bits as the scalar formula, element by element, so resid may be g itself. */
 void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid) {
-    float scale = dtr__max_abs(g, n) / 127.0f;
+    float scale = dtr__max_f32(g, n, 0.0f, 1) / 127.0f;
     int8_t *q = (int8_t *)(out + sizeof(float));
     memcpy(out, &scale, sizeof scale);
     if (!(scale > 0.0f)) {   /* all zero (or NaN): nothing to send */

@@ -167,15 +167,23 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
+/* each row's maximum, exp-sum and loss; f32 logits read as an array, 16-bit ones by dtype */
 static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__xent_job *j = (const dtr__xent_job *)arg;
+    const float *x32 = j->dt == DTR_F32 ? (const float *)j->X : NULL;
     int64_t r, k, K = j->K;
     (void)w;
     for (r = b; r < e; r++) {
         float mx = -INFINITY;
         double s = 0.0;
-        for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
-        for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+        if (x32) {
+            const float *x = x32 + r * K;
+            mx = dtr__max_f32(x, K, -INFINITY, 0);
+            for (k = 0; k < K; k++) s += expf(x[k] - mx);
+        } else {
+            for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
+            for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+        }
         j->st[r].max = mx;
         j->st[r].sum = s;
         j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
@@ -207,8 +215,13 @@ static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     int64_t r, k, K = j->K;
     (void)w;
     for (r = b; r < e; r++) {
-        for (k = 0; k < K; k++) gx[r * K + k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), j->st[r]);
-        gx[r * K + j->t[r]] -= j->c;
+        const dtr__xent_row st = j->st[r];
+        float *g = gx + r * K;
+        if (j->dt == DTR_F32)
+            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(((const float *)j->X)[r * K + k], st);
+        else
+            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st);
+        g[j->t[r]] -= j->c;
     }
 }
 
