@@ -479,7 +479,8 @@ static void test_device_compress(void) {
  * (the backend's vocab_xent, the group's all-reduces of the rows' statistics): 6 SGD steps
  * of column -> gelu -> row -> (column gathered: MSE) + (column head: vocabulary-parallel
  * cross-entropy) on ranks of the simulated device end with the bits of CPU ranks over a host
- * group, and copy nothing to the host but the parameters read at the end */
+ * group, and copy nothing to the host but the parameters read at the end; a target outside
+ * the vocabulary fails every rank with DTR_INVALID_ARGUMENT */
 
 #define TPC 8
 #define TPV 16
@@ -526,6 +527,28 @@ static void rk_tp(rk *r) {
     if (!tc->dev) dtr_context_destroy(ctx);
 }
 
+/* a target outside the vocabulary on the device path: every rank gets DTR_INVALID_ARGUMENT
+   naming it (the CPU's phase at the op; CUDA's error word at the loss's read), no hang */
+static void rk_tp_bad_target(rk *r) {
+    dtr_model *m = NULL;
+    dtr_tp_linear head;
+    const int64_t xs[2] = {2, TPC}, ts[1] = {2};
+    const int32_t tgt[2] = {3, TPV};
+    float x[2 * TPC] = {0}, v = 0.0f;
+    dtr_tensor *loss;
+    dtr_result res;
+    RK_OK(r, dtr_model_create(r->ctx, 1, &m));
+    RK_OK(r, dtr_tp_column_linear_init(&head, m, r->c, "head", TPC, TPV, 0, DTR_INIT_TORCH_DEFAULT, 0));
+    RK_OK(r, dtr_model_build(m));
+    loss = dtr_vocab_parallel_cross_entropy(r->ctx, dtr_tp_linear_forward(r->ctx, &head, dtr_tensor_from(r->ctx, DTR_F32, 2, xs, x)),
+                                            dtr_tensor_from(r->ctx, DTR_I32, 1, ts, tgt), r->c);
+    res = loss ? dtr_tensor_read(loss, DTR_F32, &v, 1) : dtr_context_status(r->ctx);
+    RK_CHECK(r, res == DTR_INVALID_ARGUMENT && strstr(dtr_context_last_error(r->ctx), "outside") != NULL);
+    if (res != DTR_INVALID_ARGUMENT) fprintf(stderr, "  rank %d: %s\n", r->rank, dtr_context_last_error(r->ctx));
+    dtr_context_reset(r->ctx);
+    dtr_model_destroy(m);
+}
+
 static void test_device_tp(void) {
     static tp_case dev, cpu;
     int w;
@@ -550,6 +573,7 @@ static void test_device_tp(void) {
         CHECK(dev.numel > 0 && dev.numel == cpu.numel);
         CHECK_MSG(close_runs(dev.out[0], cpu.out[0], OUT_FLOATS(dev)), "world %d: %g off the CPU", w,
                   rel_err(dev.out[0], cpu.out[0], dev.numel));
+        CHECK_EQ_INT(run_rk_on(w, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_tp_bad_target, NULL), 0);
     }
     CHECK_EQ_INT(g_host_bufs, 0);
     CHECK_EQ_INT(devsim__violations, 0);
