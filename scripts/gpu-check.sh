@@ -14,29 +14,49 @@
 #      examples/fmnist_dp --gpu --graph (2 ranks, captured data-parallel steps), a few hundred
 #      steps each
 # Logs go to $OUT (default: build/gpu-check/); a step that fails does not stop the others; the
-# exit status is that of step 2. Usage: scripts/gpu-check.sh [--quick] (--quick: 5 bench steps)
+# exit status is that of step 2 (0 when it was not asked for).
+# Usage: scripts/gpu-check.sh [--quick] [--only LIST]
+#   --quick  5 bench steps (20 otherwise) and memcheck's programs 120 s each (300 otherwise)
+#   --only   a comma-separated subset of: tests (1-3), memcheck (4), bench (5), examples (6),
+#            so that a session with little device time splits the run over calls that each
+#            fit the device tool's limit: `--only tests` first (fix what it finds), then
+#            `--only bench,examples`, then `--only memcheck` (step 1 always runs: make is quick
+#            when nothing changed)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-build/gpu-check}
 mkdir -p "$out"
-steps=20
-[ "${1:-}" = "--quick" ] && steps=5
+: > "$out/summary.txt"
+steps=20 mc_limit=300 only=tests,memcheck,bench,examples
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) steps=5 mc_limit=120 ;;
+    --only) only=$2; shift ;;
+    *) echo "gpu-check: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+want() { case ",$only," in *",$1,"*) return 0 ;; esac; return 1; }
+rc=0
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
 make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/tests/gpu/test_graph_gpu build/bench/gpu build/bench/gpu_gemm build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
-echo "build: $?" | tee "$out/summary.txt"
-make test-gpu > "$out/test-gpu.log" 2>&1
-rc=$?
-echo "test-gpu: $rc" | tee -a "$out/summary.txt"
-tests/run.sh build/tests/test_nccl > "$out/test-nccl.log" 2>&1
-echo "test_nccl: $?" | tee -a "$out/summary.txt"
-if command -v compute-sanitizer >/dev/null 2>&1; then
+echo "build: $?" | tee -a "$out/summary.txt"
+if want tests; then
+  make test-gpu > "$out/test-gpu.log" 2>&1
+  rc=$?
+  echo "test-gpu: $rc" | tee -a "$out/summary.txt"
+  tests/run.sh build/tests/test_nccl > "$out/test-nccl.log" 2>&1
+  echo "test_nccl: $?" | tee -a "$out/summary.txt"
+fi
+if want memcheck && command -v compute-sanitizer >/dev/null 2>&1; then
   mc=0
   : > "$out/memcheck.log"
   for t in test_grad_gpu test_train_gpu test_tp_gpu test_comm_gpu test_graph_gpu; do
-    timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/$t >> "$out/memcheck.log" 2>&1 || mc=$?
+    timeout "$mc_limit" compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/$t >> "$out/memcheck.log" 2>&1 || mc=$?
   done
   echo "memcheck: $mc" | tee -a "$out/summary.txt"
 fi
+if want bench; then
 timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"
 echo "bench dtrain: $?" | tee -a "$out/summary.txt"
 timeout 300 python3 bench/gpu_torch.py --steps "$steps" > "$out/bench-torch.jsonl" 2> "$out/bench-torch.err"
@@ -59,8 +79,9 @@ for mode in "" --tf32 --bf16; do
 done
 # the same with bf16 activations: 16-bit operands as stored (cuda_gemm.cu, linear16); torch: the --bf16 lines
 timeout 120 build/bench/gpu_gemm --iters 10 --rounds 3 --bf16 --bf16-act >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+fi
 fm=${DTR_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
-if [ -d "$fm" ]; then
+if want examples && [ -d "$fm" ]; then
   timeout 120 build/examples/gpu/fmnist_ps "$fm" --gpu --epochs 1 --max-steps 100 > "$out/fmnist-ps-gpu.log" 2>&1
   echo "fmnist_ps --gpu: $?" | tee -a "$out/summary.txt"
   timeout 120 build/examples/gpu/fmnist_mlp "$fm" --gpu --epochs 1 > "$out/fmnist-mlp-gpu.log" 2>&1
@@ -72,5 +93,5 @@ if [ -d "$fm" ]; then
   timeout 120 build/examples/gpu/fmnist_dp "$fm" --gpu --graph --world 2 --epochs 1 > "$out/fmnist-dp-gpu-graph.log" 2>&1
   echo "fmnist_dp --gpu --graph: $?" | tee -a "$out/summary.txt"
 fi
-cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl"
+cat "$out/bench-dtrain.jsonl" "$out/bench-torch.jsonl" 2>/dev/null
 exit $rc
