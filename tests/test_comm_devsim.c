@@ -345,10 +345,44 @@ static int close_runs(const float *dev, const float *cpu, int64_t n) {
 typedef struct dp_case {
     int dev, zero, local_sgd;
     int host_codec;       /* the backend without the codec slots: compression on a host copy */
+    int ckpt;             /* the residual through a checkpoint at the end (resid_roundtrip) */
     dtr_dp_compress compress;
     dtr_optimizer_kind kind;
     float out[4][NPAR];   /* each rank's parameters after the run */
 } dp_case;
+
+/* the residual's bytes (device memory: the backend's copy) into host memory */
+static void resid_read(dtr_context *ctx, const dtr_state_entry *st, float *out) {
+    if (st->device) ctx->backend->to_host(ctx, out, st->data, st->bytes);
+    else memcpy(out, st->data, st->bytes);
+}
+
+/* error feedback's residual through a checkpoint (the rank's own, no group): saved, zeroed,
+   restored: the same bytes, not all zero */
+static void resid_roundtrip(rk *r, dtr_dp *dp, dtr_context *ctx) {
+    char dir[96];
+    dtr_ckpt_config cc = dtr_ckpt_config_init();
+    dtr_ckpt *ck = NULL;
+    dtr_state_entry st;
+    float *before, *after;
+    size_t i, nz = 0;
+    snprintf(dir, sizeof dir, "/tmp/dtr_devsim_ck_%d_%d", (int)getpid(), r->rank);
+    cc.dir = dir, cc.ctx = ctx, cc.dp = dp, cc.sync = 1;
+    RK_OK(r, dtr_dp_state(dp, 2, &st));
+    before = (float *)malloc(st.bytes), after = (float *)calloc(1, st.bytes);
+    resid_read(ctx, &st, before);
+    RK_OK(r, dtr_ckpt_create(&cc, &ck));
+    RK_OK(r, dtr_ckpt_save(ck, 8, NULL));
+    if (st.device) ctx->backend->from_host(ctx, st.data, after, st.bytes);   /* zeros */
+    else memset(st.data, 0, st.bytes);
+    RK_OK(r, dtr_ckpt_restore(ck, NULL, NULL));
+    resid_read(ctx, &st, after);
+    for (i = 0; i < st.bytes / sizeof(float); i++) nz += before[i] != 0.0f;
+    RK_CHECK(r, nz > 0 && memcmp(before, after, st.bytes) == 0);
+    dtr_ckpt_destroy(ck);
+    rm_tree(dir);
+    free(before), free(after);
+}
 
 static void rk_dp(rk *r) {
     dp_case *dc = (dp_case *)r->arg;
@@ -380,6 +414,7 @@ static void rk_dp(rk *r) {
         dtr_state_entry st;
         RK_OK(r, dtr_dp_state(dp, 2, &st));
         RK_CHECK(r, !strcmp(st.name, "residual") && st.device == (dc->dev && !dc->host_codec));
+        if (dc->ckpt) resid_roundtrip(r, dp, n.ctx);
     }
     RK_CHECK(r, dtr_model_numel(n.m) <= NPAR);
     RK_OK(r, dtr_model_read(n.m, dc->out[r->rank], dtr_model_numel(n.m)));
@@ -441,7 +476,8 @@ static void test_device_dp(void) {
  * host: the ranks copy to the host their final parameters and a few scalars a step); a
  * backend without the codec slots compresses int8 and PowerSGD on a host copy (the gradients
  * cross every step) whose encoded buffers the group stages to the device. The bits of CPU
- * ranks over a host group, every time. */
+ * ranks over a host group, every time. The device residual goes through a checkpoint and
+ * comes back. */
 static void test_device_compress(void) {
     static dp_case dev, cpu;
     static const dtr_dp_compress codecs[8] = {DTR_COMPRESS_BF16, DTR_COMPRESS_INT8,     DTR_COMPRESS_TOPK, DTR_COMPRESS_POWERSGD,
@@ -469,6 +505,9 @@ static void test_device_compress(void) {
         CHECK_MSG(close_runs(dev.out[0], cpu.out[0], OUT_FLOATS(dev)), "codec %d: %g off the CPU", (int)codecs[i],
                   rel_err(dev.out[0], cpu.out[0], NPAR));
     }
+    memset(&dev, 0, sizeof dev);   /* the device residual through a checkpoint */
+    dev.dev = 1, dev.kind = DTR_OPT_ADAMW, dev.compress = DTR_COMPRESS_INT8, dev.ckpt = 1;
+    CHECK_EQ_INT(run_rk_on(2, &g_counting, &g_devt, DTR_MEM_DEVICE, rk_dp, &dev), 0);
     CHECK_EQ_INT(g_host_bufs, 0);
     CHECK_EQ_INT(devsim__violations, 0);
 }
