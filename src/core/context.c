@@ -455,8 +455,8 @@ void *dtr__mem_alloc_on(dtr_context *ctx, int dev, size_t bytes) {
 }
 
 void dtr__mem_free_on(dtr_context *ctx, int dev, void *p) {
-    if (dev && p) ctx->backend->mem_free(ctx, p);
-    else if (!dev) dtr__free(&ctx->alloc, p);
+    if (!dev) dtr__free(&ctx->alloc, p);
+    else if (p) ctx->backend->mem_free(ctx, p);
 }
 
 dtr_result dtr__to_host_async(dtr_context *ctx, void *dst, const void *src, size_t bytes, dtr_event **done) {

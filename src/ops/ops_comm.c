@@ -94,13 +94,13 @@ static size_t dtr__comm_saved_bytes(const dtr__node *nd) {
 
 static dtr_result dtr__vxent_max(dtr_context *ctx, const dtr__vxent_args *a) {
     float *M = a->s;
-    int64_t r, k;
+    int64_t r;
     for (r = 0; r < a->R; r++)
         if (a->t[r] < 0 || a->t[r] >= a->V)
             return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_vocab_parallel_cross_entropy: target %lld is %d, outside [0, %lld)",
                              (long long)r, (int)a->t[r], (long long)a->V);
     for (r = 0; r < a->R; r++)
-        for (M[r] = -INFINITY, k = 0; k < a->K; k++) M[r] = a->x[r * a->K + k] > M[r] ? a->x[r * a->K + k] : M[r];
+        M[r] = dtr__max_f32(a->x + r * a->K, a->K, -INFINITY, 0);
     return DTR_OK;
 }
 

@@ -39,10 +39,9 @@ dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x) { return dtr__so
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
  * With logp set, writes log-probabilities instead. */
 static void dtr__softmax_row(const float *x, float *y, int64_t n, int64_t valid, int logp) {
-    float mx = -INFINITY;
+    float mx = dtr__max_f32(x, valid, -INFINITY, 0);
     double s = 0.0;
     int64_t j;
-    for (j = 0; j < valid; j++) if (x[j] > mx) mx = x[j];
     for (j = 0; j < valid; j++) s += exp((double)(x[j] - mx));
     if (logp) {
         float lse = mx + (float)log(s);
