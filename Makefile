@@ -187,7 +187,7 @@ ifneq ($(FLAGS_ID),$(shell cat $(FLAGS_STAMP) 2>/dev/null))
 $(shell mkdir -p $(BUILD) && echo '$(FLAGS_ID)' > $(FLAGS_STAMP))
 endif
 
-.PHONY: examples-gpu
+.PHONY: examples-gpu test-cuemu
 .PHONY: all lib tests examples bench bench-allreduce cuda cuda-check comm test check deps bench-deps demo comm-lib cuda-lib api-doc api-doc-check private-check \
         demo-run header-check header-only readme-check test-sanitize fuzz fuzz-build fuzz-smoke \
         fuzz-smoke-if-available cmake-consumer install uninstall clean help test-compress-full test-elastic-full soak
@@ -259,7 +259,7 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 # Without a GPU it says loudly that it skipped. The program is built by cuda-check (so CI
 # compiles and links the CUDA unit) and run here.
 GPU_TESTS := $(BUILD)/tests/gpu/test_grad_gpu $(BUILD)/tests/gpu/test_train_gpu $(BUILD)/tests/gpu/test_tp_gpu \
-             $(BUILD)/tests/gpu/test_comm_gpu $(BUILD)/tests/gpu/test_graph_gpu
+             $(BUILD)/tests/gpu/test_comm_gpu $(BUILD)/tests/gpu/test_graph_gpu $(BUILD)/tests/gpu/test_cuemu
 test-gpu: $(GPU_TESTS)
 	tests/run.sh $(GPU_TESTS)
 $(BUILD)/tests/gpu/test_grad_gpu: tests/test_grad.c $(CUDA_OBJ) $(LIBA)
@@ -277,10 +277,50 @@ $(BUILD)/tests/gpu/test_comm_gpu: tests/gpu/test_comm_gpu.c tests/test_comm_devs
 $(BUILD)/tests/gpu/test_graph_gpu: tests/gpu/test_graph_gpu.c tests/test_graph.c tests/test.h $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+# tests/cuemu/test_cuemu.cu on the device: the semantics the CPU executor of test-cuemu assumes.
+$(BUILD)/tests/gpu/test_cuemu: tests/cuemu/test_cuemu.cu $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -lcublas
 # tests/gpu/test_train_gpu.c: optimizers, the loss scaler and weights files on the GPU against the CPU.
 $(BUILD)/tests/gpu/test_train_gpu: tests/gpu/test_train_gpu.c tests/test.h $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+
+# test-cuemu: the GPU test programs with their CUDA kernels run on the CPU (tests/cuemu: the
+# CUDA runtime and cuBLAS stood in for by a fiber-per-thread executor and reference products;
+# dtrain_cuda.cu compiled by the host C++ compiler after tests/cuemu/launch.pl rewrote its
+# launches). No GPU or CUDA toolkit needed; never a substitute for test-gpu on a device, which
+# runs tests/cuemu/test_cuemu.cu too (the executor's assumptions, checked by the hardware).
+# `check` runs them with the unit tests (about 30 s).
+EMU_DIR      := $(BUILD)/cuemu
+EMU_OBJ      := $(EMU_DIR)/dtrain_cuda_emu.o $(EMU_DIR)/cuemu.o
+EMU_CXXFLAGS  = -std=c++17 -Wall -Wextra $(WERROR) -pthread -ffp-contract=off -Itests/cuemu -I. $(OPT) $(SANITIZE) $(DEFS)
+EMU_LIBS     := -lstdc++
+EMU_TESTS    := $(EMU_DIR)/test_cuemu $(EMU_DIR)/test_grad_emu $(EMU_DIR)/test_train_emu $(EMU_DIR)/test_graph_emu $(EMU_DIR)/test_tp_emu \
+                $(EMU_DIR)/test_comm_emu
+$(EMU_DIR)/dtrain_cuda_emu.cpp: dtrain_cuda.cu tests/cuemu/launch.pl
+	@mkdir -p $(@D)
+	perl tests/cuemu/launch.pl $< > $@
+$(EMU_DIR)/dtrain_cuda_emu.o: $(EMU_DIR)/dtrain_cuda_emu.cpp dtrain.h tests/cuemu/cuda_runtime.h tests/cuemu/cublas_v2.h $(FLAGS_STAMP)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU_DIR)/cuemu.o: tests/cuemu/cuemu.cpp tests/cuemu/cuda_runtime.h tests/cuemu/cublas_v2.h $(FLAGS_STAMP)
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+$(EMU_DIR)/test_cuemu: tests/cuemu/test_cuemu.cu $(EMU_DIR)/cuemu.o tests/cuemu/launch.pl
+	perl tests/cuemu/launch.pl $< > $@.cpp
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $@.cpp $(EMU_DIR)/cuemu.o
+$(EMU_DIR)/test_grad_emu: tests/test_grad.c $(EMU_OBJ) $(LIBA)
+	$(CC) $(CFLAGS) -DDTR_TEST_CUDA -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
+$(EMU_DIR)/test_tp_emu: tests/test_tensor_parallel.c tests/test.h $(EMU_OBJ) $(LIBA)
+	$(CC) $(CFLAGS) -D_DEFAULT_SOURCE -DDTRAIN_INTERNAL_API -DTP_CUDA -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
+$(EMU_DIR)/test_comm_emu: tests/gpu/test_comm_gpu.c tests/test_comm_devsim.c tests/staged_coll.h tests/test.h $(EMU_OBJ) $(LIBA)
+	$(CC) $(CFLAGS) -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
+$(EMU_DIR)/test_graph_emu: tests/gpu/test_graph_gpu.c tests/test_graph.c tests/test.h $(EMU_OBJ) $(LIBA)
+	$(CC) $(CFLAGS) -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
+$(EMU_DIR)/test_train_emu: tests/gpu/test_train_gpu.c tests/test.h $(EMU_OBJ) $(LIBA)
+	$(CC) $(CFLAGS) -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
+test-cuemu: $(EMU_TESTS)
+	tests/run.sh $(EMU_TESTS)
 
 # bench-gpu: bench/gpu.c (MLP, CNN, a small GPT and GPT-2 small's shape; JSON lines) on the
 # GPU, then bench/gpu_torch.py, PyTorch's eager and compiled runs of the same models, when
@@ -410,13 +450,13 @@ test: deps
 check:
 	./amalgamate --check
 	scripts/gen-api-doc --check --lint
-	@$(MAKE) --no-print-directory -j$(JOBS) all
+	@$(MAKE) --no-print-directory -j$(JOBS) all $(EMU_TESTS)
 	@$(MAKE) --no-print-directory header-check header-only readme-check
 	@$(MAKE) --no-print-directory cuda-check comm
 	@$(MAKE) --no-print-directory private-check
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
-	tests/run.sh $(TESTS)
+	tests/run.sh $(TESTS) $(EMU_TESTS)
 
 # soak: tests/test_fabric's SIGKILL of a rank in the middle of collectives over libfabric's shm
 # provider, SOAK_KILLS times (default 100): 0 hangs; prints one JSON line (kills, hangs, slowest

@@ -43,6 +43,7 @@ typedef struct dtr__cuda_state {
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
        by the host after each synchronisation (dtr__cuda_take_error) */
     int *err_host, *err_dev;
+    int err_found;                  /* 1: the word had an error, reported until the status is cleared */
     dtr__cuda_block cache[DTR__CUDA_CACHE];   /* freed blocks kept for reuse */
     int n_cache;
     size_t cached_bytes;
@@ -195,7 +196,7 @@ __device__ static double dtr__cuda_block_sum(double v) {
     __syncthreads();
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
+    v = (int)threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
     if (warp == 0)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     if (threadIdx.x == 0) sh[0] = v;
@@ -213,7 +214,7 @@ __device__ static float dtr__cuda_block_max(float v) {
     __syncthreads();
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+    v = (int)threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
     if (warp == 0)
         for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
     if (threadIdx.x == 0) sh[0] = v;
@@ -227,7 +228,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 231 "dtrain_cuda.cu"
+#line 232 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1127,7 +1128,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1131 "dtrain_cuda.cu"
+#line 1132 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1527,7 +1528,7 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1531 "dtrain_cuda.cu"
+#line 1532 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1981,7 +1982,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 1985 "dtrain_cuda.cu"
+#line 1986 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2180,7 +2181,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2184 "dtrain_cuda.cu"
+#line 2185 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2366,7 +2367,7 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
             return ctx->status;
     return DTR_OK;
 }
-#line 2370 "dtrain_cuda.cu"
+#line 2371 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2384,12 +2385,19 @@ static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- the device-side error word ---- */
 
 /* After a synchronisation: a data error a kernel recorded (an index out of range) becomes the
- * context's error, naming the op and the element, and the word is cleared. */
+ * context's error, naming the op and the element, and the word is cleared. It stays the answer
+ * of every synchronisation until the app clears the context's status: a caller that drops the
+ * result (a transport's copy of a buffer) does not lose it for the next reader. */
 static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     int op = s->err_host[0], at = s->err_host[1];
-    if (op == 0) return DTR_OK;
+    if (op == 0) {
+        if (s->err_found && ctx->status != DTR_OK) return ctx->status;
+        s->err_found = 0;
+        return DTR_OK;
+    }
     s->err_host[0] = s->err_host[1] = 0;
+    s->err_found = 1;
     return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
                      dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : "the target", at);
 }
@@ -2855,5 +2863,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2859 "dtrain_cuda.cu"
+#line 2867 "dtrain_cuda.cu"
 

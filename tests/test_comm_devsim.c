@@ -202,7 +202,9 @@ static dtr_result devt_post(void *state, void *buf, size_t bytes, int peer, uint
     q->ctx = devt_device(state, buf, bytes);
     q->bytes = bytes;
     if (q->ctx) q->bounce = malloc(bytes);
-    if (q->ctx && send) DEV_BACKEND()->to_host(q->ctx, q->bounce, buf, bytes);   /* the wire's own: not counted */
+    /* the wire's own copy (not counted); as NCCL it does not report what a kernel found on the
+       device (CUDA's error word): the rank's next synchronisation does (dtr__cuda_take_error) */
+    if (q->ctx && send) (void)DEV_BACKEND()->to_host(q->ctx, q->bounce, buf, bytes);
     if (q->ctx && !send) q->dev_dst = buf;
     r = send ? dtr_local_transport()->isend(state, q->ctx ? q->bounce : buf, bytes, peer, tag, &q->inner, err)
              : dtr_local_transport()->irecv(state, q->ctx ? q->bounce : buf, bytes, peer, tag, &q->inner, err);

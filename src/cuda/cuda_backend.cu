@@ -12,12 +12,19 @@
 /* ---- the device-side error word ---- */
 
 /* After a synchronisation: a data error a kernel recorded (an index out of range) becomes the
- * context's error, naming the op and the element, and the word is cleared. */
+ * context's error, naming the op and the element, and the word is cleared. It stays the answer
+ * of every synchronisation until the app clears the context's status: a caller that drops the
+ * result (a transport's copy of a buffer) does not lose it for the next reader. */
 static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     int op = s->err_host[0], at = s->err_host[1];
-    if (op == 0) return DTR_OK;
+    if (op == 0) {
+        if (s->err_found && ctx->status != DTR_OK) return ctx->status;
+        s->err_found = 0;
+        return DTR_OK;
+    }
     s->err_host[0] = s->err_host[1] = 0;
+    s->err_found = 1;
     return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
                      dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : "the target", at);
 }

@@ -36,6 +36,7 @@ typedef struct dtr__cuda_state {
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
        by the host after each synchronisation (dtr__cuda_take_error) */
     int *err_host, *err_dev;
+    int err_found;                  /* 1: the word had an error, reported until the status is cleared */
     dtr__cuda_block cache[DTR__CUDA_CACHE];   /* freed blocks kept for reuse */
     int n_cache;
     size_t cached_bytes;
@@ -188,7 +189,7 @@ __device__ static double dtr__cuda_block_sum(double v) {
     __syncthreads();
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
+    v = (int)threadIdx.x < nw ? sh[threadIdx.x] : 0.0;
     if (warp == 0)
         for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     if (threadIdx.x == 0) sh[0] = v;
@@ -206,7 +207,7 @@ __device__ static float dtr__cuda_block_max(float v) {
     __syncthreads();
     if (lane == 0) sh[warp] = v;
     __syncthreads();
-    v = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+    v = (int)threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
     if (warp == 0)
         for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
     if (threadIdx.x == 0) sh[0] = v;

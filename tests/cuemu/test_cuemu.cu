@@ -1,0 +1,187 @@
+/* tests/cuemu/test_cuemu.cu: the executor's own semantics, the same source for both builds:
+ * make test (cuemu: launch.pl, the host compiler, tests/cuemu) and nvcc on a GPU (make
+ * test-gpu), so the device confirms what the stand-in assumes: block barriers over shared
+ * memory, warp shuffles and ballots, __syncthreads_or, grid-stride indices over 2-D grids,
+ * launch-shape errors, a captured stream replayed by a graph, and cuBLAS's column-major
+ * products with transposes, leading dimensions, beta 0 not reading C, and argument errors. */
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <string.h>
+#include <math.h>
+
+static int g_fail, g_checks;
+#define CHECK(c)                                                                    \
+    do {                                                                            \
+        g_checks++;                                                                 \
+        if (!(c)) { g_fail++; printf("  FAIL %s:%d: %s\n", __FILE__, __LINE__, #c); } \
+    } while (0)
+
+/* out[b] = sum of in[b * blockDim ..] by a shared-memory tree (barriers between levels) */
+__global__ static void block_tree_k(const int *in, int *out) {
+    __shared__ int sh[256];
+    int t = threadIdx.x;
+    sh[t] = in[blockIdx.x * blockDim.x + t];
+    __syncthreads();
+    for (int s = blockDim.x / 2; s > 0; s >>= 1) {
+        if (t < s) sh[t] += sh[t + s];
+        __syncthreads();
+    }
+    if (t == 0) out[blockIdx.x] = sh[0];
+}
+
+/* warp sums by shuffles, ballots of odd values, and a block-wide "any" */
+__global__ static void warp_k(const int *in, int *sums, unsigned *ballots, int *any) {
+    int t = threadIdx.x, v = in[t];
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    if ((t & 31) == 0) sums[t >> 5] = v;
+    unsigned b = __ballot_sync(0xffffffffu, in[t] & 1);
+    if ((t & 31) == 0) ballots[t >> 5] = b;
+    int a = __syncthreads_or(in[t] == 77);
+    if (t == 0) *any = a;
+}
+
+/* every (x, y) of a 2-D grid of 2-D blocks writes its linear index once */
+__global__ static void grid2d_k(int *out, int w, int h) {
+    int x = blockIdx.x * blockDim.x + threadIdx.x, y = blockIdx.y * blockDim.y + threadIdx.y;
+    if (x < w && y < h) atomicAdd(&out[y * w + x], y * w + x + 1);
+}
+
+__global__ static void add_one_k(float *x, int n) {
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += blockDim.x * gridDim.x) x[i] += 1.0f;
+}
+
+static void test_barriers_and_warps(void) {
+    int h_in[1024], h_out[4], *in, *out, *sums, *any, h_sums[8], h_any = 0;
+    unsigned *ballots, h_ballots[8];
+    for (int i = 0; i < 1024; i++) h_in[i] = i == 200 ? 77 : i % 7;
+    cudaMalloc((void **)&in, sizeof h_in);
+    cudaMalloc((void **)&out, sizeof h_out);
+    cudaMalloc((void **)&sums, sizeof h_sums);
+    cudaMalloc((void **)&ballots, sizeof h_ballots);
+    cudaMalloc((void **)&any, sizeof(int));
+    cudaMemcpy(in, h_in, sizeof h_in, cudaMemcpyHostToDevice);
+    block_tree_k<<<4, 256>>>(in, out);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cudaMemcpy(h_out, out, sizeof h_out, cudaMemcpyDeviceToHost);
+    for (int b = 0; b < 4; b++) {
+        int want = 0;
+        for (int i = 0; i < 256; i++) want += h_in[b * 256 + i];
+        CHECK(h_out[b] == want);
+    }
+    warp_k<<<1, 256>>>(in, sums, ballots, any);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cudaMemcpy(h_sums, sums, sizeof h_sums, cudaMemcpyDeviceToHost);
+    cudaMemcpy(h_ballots, ballots, sizeof h_ballots, cudaMemcpyDeviceToHost);
+    cudaMemcpy(&h_any, any, sizeof(int), cudaMemcpyDeviceToHost);
+    for (int w = 0; w < 8; w++) {
+        int want = 0;
+        unsigned bits = 0;
+        for (int l = 0; l < 32; l++) want += h_in[w * 32 + l], bits |= (unsigned)(h_in[w * 32 + l] & 1) << l;
+        CHECK(h_sums[w] == want);
+        CHECK(h_ballots[w] == bits);
+    }
+    CHECK(h_any == 1);
+    cudaFree(in), cudaFree(out), cudaFree(sums), cudaFree(ballots), cudaFree(any);
+}
+
+static void test_grids_and_errors(void) {
+    int w = 37, h = 21, *out, host[37 * 21], ok = 1;
+    cudaMalloc((void **)&out, sizeof host);
+    cudaMemsetAsync(out, 0, sizeof host, 0);
+    grid2d_k<<<dim3(5, 3), dim3(8, 8)>>>(out, w, h);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cudaMemcpy(host, out, sizeof host, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < w * h; i++) ok &= host[i] == i + 1;
+    CHECK(ok);
+    grid2d_k<<<1, 2048>>>(out, w, h);                   /* over 1024 threads a block */
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    grid2d_k<<<dim3(1, 70000), 32>>>(out, w, h);        /* grid y over 65535 */
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    grid2d_k<<<0, 32>>>(out, w, h);                     /* an empty grid */
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    CHECK(cudaGetLastError() == cudaSuccess);           /* read once, then cleared */
+    cudaFree(out);
+}
+
+/* launches on a capturing stream run only when the graph is launched, every time */
+static void test_capture(void) {
+    cudaStream_t s;
+    cudaGraph_t g;
+    cudaGraphExec_t x;
+    float *d, host[100];
+    cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    cudaMalloc((void **)&d, sizeof host);
+    cudaMemsetAsync(d, 0, sizeof host, s);
+    cudaStreamSynchronize(s);
+    CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed) == cudaSuccess);
+    add_one_k<<<2, 32, 0, s>>>(d, 100);
+    CHECK(cudaStreamEndCapture(s, &g) == cudaSuccess);
+    CHECK(cudaGraphInstantiate(&x, g, 0) == cudaSuccess);
+    cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost);
+    CHECK(host[0] == 0.0f && host[99] == 0.0f);          /* not run at capture */
+    cudaGraphLaunch(x, s);
+    cudaGraphLaunch(x, s);
+    cudaStreamSynchronize(s);
+    cudaMemcpy(host, d, sizeof host, cudaMemcpyDeviceToHost);
+    CHECK(host[0] == 2.0f && host[99] == 2.0f);
+    cudaGraphExecDestroy(x);
+    cudaGraphDestroy(g);
+    cudaFree(d);
+    cudaStreamDestroy(s);
+}
+
+/* C (3 x 2) = A^T (3 x 4) B (4 x 2), column-major, A stored 4 x 3 with lda 5, C with ldc 4 */
+static void test_gemm(void) {
+    cublasHandle_t hb;
+    float A[5 * 3], B[4 * 2], C[4 * 2], *dA, *dB, *dC, one = 1.0f, zero = 0.0f;
+    for (int i = 0; i < 15; i++) A[i] = (float)(i % 5 == 4 ? 1e30 : i - 7);   /* row 4 is padding */
+    for (int i = 0; i < 8; i++) B[i] = (float)(i * 0.5 - 1);
+    for (int i = 0; i < 8; i++) C[i] = NAN;                                    /* beta 0: never read */
+    cudaMalloc((void **)&dA, sizeof A), cudaMalloc((void **)&dB, sizeof B), cudaMalloc((void **)&dC, sizeof C);
+    cudaMemcpy(dA, A, sizeof A, cudaMemcpyHostToDevice);
+    cudaMemcpy(dB, B, sizeof B, cudaMemcpyHostToDevice);
+    cudaMemcpy(dC, C, sizeof C, cudaMemcpyHostToDevice);
+    CHECK(cublasCreate(&hb) == CUBLAS_STATUS_SUCCESS);
+    CHECK(cublasSgemm(hb, CUBLAS_OP_T, CUBLAS_OP_N, 3, 2, 4, &one, dA, 5, dB, 4, &zero, dC, 4) == CUBLAS_STATUS_SUCCESS);
+    cudaDeviceSynchronize();
+    cudaMemcpy(C, dC, sizeof C, cudaMemcpyDeviceToHost);
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) {
+            double want = 0;
+            for (int p = 0; p < 4; p++) want += (double)A[p + i * 5] * B[p + j * 4];
+            CHECK(fabs(C[i + j * 4] - want) < 1e-4);
+        }
+    CHECK(isnan(C[3]) && isnan(C[7]));                                        /* past m rows: untouched */
+    CHECK(cublasSgemm(hb, CUBLAS_OP_N, CUBLAS_OP_N, 3, 2, 4, &one, dA, 2, dB, 4, &zero, dC, 4) == CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasSgemm(hb, CUBLAS_OP_N, CUBLAS_OP_N, -1, 2, 4, &one, dA, 5, dB, 4, &zero, dC, 4) == CUBLAS_STATUS_INVALID_VALUE);
+    cublasDestroy(hb);
+    cudaFree(dA), cudaFree(dB), cudaFree(dC);
+}
+
+static void test_pointers(void) {
+    float *d, *h, local = 0;
+    cudaPointerAttributes at;
+    cudaMalloc((void **)&d, 64);
+    cudaMallocHost((void **)&h, 64);
+    CHECK(cudaPointerGetAttributes(&at, d + 3) == cudaSuccess && at.type == cudaMemoryTypeDevice);
+    CHECK(cudaPointerGetAttributes(&at, h) == cudaSuccess && at.type == cudaMemoryTypeHost);
+    CHECK(cudaPointerGetAttributes(&at, &local) == cudaSuccess && at.type == cudaMemoryTypeUnregistered);
+    cudaFree(d);
+    cudaFreeHost(h);
+}
+
+int main(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("*** test_cuemu: no GPU: SKIPPED ***\n");
+        return 0;
+    }
+    test_barriers_and_warps();
+    test_grids_and_errors();
+    test_capture();
+    test_gemm();
+    test_pointers();
+    printf("test_cuemu.cu: %d passed, %d failed\n", g_checks - g_fail, g_fail);
+    return g_fail != 0;
+}
