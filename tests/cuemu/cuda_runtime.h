@@ -22,6 +22,7 @@
  * ==========================================================================*/
 #ifndef CUEMU_CUDA_RUNTIME_H
 #define CUEMU_CUDA_RUNTIME_H
+#define CUEMU 1   /* this is the CPU executor, not CUDA */
 
 #include <cmath>
 #include <cstddef>

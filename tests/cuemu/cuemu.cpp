@@ -3,7 +3,10 @@
  * fibers (ucontext) scheduled round-robin until each finishes or waits at a barrier. */
 #include "cuda_runtime.h"
 #include "cublas_v2.h"
+#include <deque>
 #include <map>
+#include <memory>
+#include <set>
 #include <mutex>
 #include <vector>
 #include <cstdio>
@@ -12,6 +15,7 @@
 #include <ucontext.h>
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define CUEMU_ASAN 1
 #else
@@ -42,7 +46,7 @@ struct block_run {
     int n;                                /* threads of the block */
     int cur;                              /* the running fiber */
     std::vector<fiber> f;
-    void *sched_sp;
+    void *sched_sp, *dead_sp;
     ucontext_t sched;
     const std::function<void()> *body;
     uint64_t slot[1024];                  /* the warp and block operations' values */
@@ -100,8 +104,7 @@ void fiber_main() {
     __sanitizer_start_switch_fiber(nullptr, nullptr, 0);   /* this fiber's stack is done with */
 #endif
 #if CUEMU_ASM_SWITCH
-    void *dead;
-    cuemu_switch(&dead, R.sched_sp);
+    cuemu_switch(&R.dead_sp, R.sched_sp);   /* no local: the frame leaves no redzone behind */
 #else
     setcontext(&R.sched);
 #endif
@@ -242,6 +245,9 @@ cudaError_t run_grid(const cuemu::config &c, const std::function<void()> &body) 
             for (unsigned x = 0; x < c.grid.x; x++) {
                 blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
                 if (!run_block()) {
+#if CUEMU_ASAN
+                    for (int t = 0; t < n; t++) __asan_unpoison_memory_region(R.f[t].stack, STACK);   /* frames left */
+#endif
                     fprintf(stderr, "cuemu: block (%u,%u,%u) of a (%u,%u,%u) x (%u,%u,%u) launch: its threads wait at "
                                     "different barriers\n", x, y, z, c.grid.x, c.grid.y, c.grid.z, c.block.x, c.block.y, c.block.z);
                     return cudaErrorLaunchFailure;
@@ -250,23 +256,65 @@ cudaError_t run_grid(const cuemu::config &c, const std::function<void()> &body) 
     return cudaSuccess;
 }
 
-/* ---- streams and graphs: work runs at once, or is recorded on a capturing stream ---- */
+/* ---- streams, events and graphs ----
+ * Work queued on a stream runs as late as CUDA allows: when the host synchronises with the
+ * stream (cudaStreamSynchronize, an event of it, a copy to pageable memory, cudaFree), or when
+ * another stream's work that waits on its event runs. So a host that reads results without
+ * waiting, or a stream that uses another's results without an event, gets stale memory here
+ * as it could on a GPU. The legacy stream (0) runs at once; a capturing stream records. */
 
 struct op_list { std::vector<std::function<void()>> ops; };
 
 }  // namespace
 
-struct cuemu_stream { bool capturing, invalidated; op_list *graph; };
-struct cuemu_event { int unused; };
+struct cuemu_stream {
+    std::deque<std::function<void()>> queue;
+    uint64_t queued, done;                /* ops ever queued, and run */
+    bool capturing, invalidated;
+    op_list *graph;
+};
+struct cuemu_event { cudaStream_t stream; uint64_t at; };   /* complete when stream has run `at` ops */
 struct cuemu_graph { op_list ops; };
 
 namespace {
 
-/* true: recorded into the stream's capture */
-bool captured(cudaStream_t s, const std::function<void()> &op) {
-    if (!s || !s->capturing) return false;
-    s->graph->ops.push_back(op);
-    return true;
+std::set<cudaStream_t> streams;
+cudaError_t async_error = cudaSuccess;    /* a failure of queued work, reported at a synchronisation */
+
+/* runs s's queued work until `upto` ops of it have run */
+void drain(cudaStream_t s, uint64_t upto) {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    while (s && s->done < upto && !s->queue.empty()) {
+        std::function<void()> op = std::move(s->queue.front());
+        s->queue.pop_front();
+        s->done++;
+        op();
+    }
+}
+
+void drain_all() {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    for (cudaStream_t s : streams) drain(s, s->queued);
+}
+
+/* queues op on s (records it when s captures; runs it now on the legacy stream) */
+void submit(cudaStream_t s, std::function<void()> op) {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    if (s && s->capturing) {
+        s->graph->ops.push_back(std::move(op));
+    } else if (s) {
+        s->queue.push_back(std::move(op));
+        s->queued++;
+    } else {
+        op();
+    }
+}
+
+cudaError_t take_async_error() {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    cudaError_t e = async_error;
+    async_error = cudaSuccess;
+    return e == cudaSuccess ? e : (last_error = e);
 }
 
 /* ---- memory ---- */
@@ -303,9 +351,10 @@ void cuemu::launch(const config &c, std::function<void()> body) {
         last_error = cudaErrorInvalidConfiguration;
         return;
     }
-    if (captured(c.stream, [c, body]() { run_grid(c, body); })) return;
-    cudaError_t e = run_grid(c, body);
-    if (e != cudaSuccess) last_error = e;
+    submit(c.stream, [c, body]() {
+        cudaError_t e = run_grid(c, body);
+        if (e != cudaSuccess) async_error = e;
+    });
 }
 
 /* ---- warp and block operations ---- */
@@ -372,14 +421,20 @@ cudaError_t cudaMalloc(void **p, size_t bytes) {
     *p = bytes ? mem_new(bytes, cudaMemoryTypeDevice) : nullptr;
     return bytes && !*p ? (last_error = cudaErrorMemoryAllocation) : cudaSuccess;
 }
-cudaError_t cudaFree(void *p) { return mem_delete(p, cudaMemoryTypeDevice); }
+cudaError_t cudaFree(void *p) {   /* synchronises the device, as CUDA's does */
+    drain_all();
+    return mem_delete(p, cudaMemoryTypeDevice);
+}
 cudaError_t cudaMallocHost(void **p, size_t bytes) {
     *p = mem_new(bytes, cudaMemoryTypeHost);
     return *p ? cudaSuccess : (last_error = cudaErrorMemoryAllocation);
 }
 cudaError_t cudaHostAlloc(void **p, size_t bytes, unsigned flags) { (void)flags; return cudaMallocHost(p, bytes); }
 cudaError_t cudaHostGetDevicePointer(void **dev, void *host, unsigned flags) { (void)flags; *dev = host; return cudaSuccess; }
-cudaError_t cudaFreeHost(void *p) { return mem_delete(p, cudaMemoryTypeHost); }
+cudaError_t cudaFreeHost(void *p) {
+    drain_all();
+    return mem_delete(p, cudaMemoryTypeHost);
+}
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const void *p) {
     std::lock_guard<std::mutex> g(mem_mu);
@@ -424,9 +479,27 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     return cudaSuccess;
 }
 
+namespace {
+bool pageable(const void *p) {
+    struct cudaPointerAttributes at;
+    cudaPointerGetAttributes(&at, p);
+    return at.type == cudaMemoryTypeUnregistered;
+}
+}  // namespace
+
+/* CUDA's rules for pageable host memory: a copy from it may be reused at return (its bytes are
+   taken now), a copy into it has landed at return (the stream runs up to it) */
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t bytes, enum cudaMemcpyKind kind, cudaStream_t s) {
-    if (captured(s, [=]() { cudaMemcpy(dst, src, bytes, kind); })) return cudaSuccess;
-    return cudaMemcpy(dst, src, bytes, kind);
+    if (bytes && !kind_ok(dst, src, kind)) return cudaMemcpy(dst, src, bytes, kind);   /* reports it */
+    if (!bytes) return cudaSuccess;
+    if (pageable(src) && !(s && s->capturing)) {
+        std::shared_ptr<std::vector<char>> copy = std::make_shared<std::vector<char>>((const char *)src, (const char *)src + bytes);
+        submit(s, [=]() { cudaMemcpy(dst, copy->data(), bytes, cudaMemcpyDefault); });
+    } else {
+        submit(s, [=]() { cudaMemcpy(dst, src, bytes, kind); });
+    }
+    if (pageable(dst) && s && !s->capturing) drain(s, s->queued);
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows,
@@ -435,7 +508,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     auto op = [=]() {
         for (size_t r = 0; r < rows; r++) cudaMemcpy((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind);
     };
-    if (!captured(s, op)) op();
+    submit(s, op);
+    if (pageable(dst) && s && !s->capturing) drain(s, s->queued);
     return cudaSuccess;
 }
 
@@ -444,17 +518,23 @@ cudaError_t cudaMemsetAsync(void *p, int value, size_t bytes, cudaStream_t s) {
         std::lock_guard<std::recursive_mutex> g(exec_mu);
         memset(p, value, bytes);
     };
-    if (!captured(s, op)) op();
+    submit(s, op);
     return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     (void)flags;
-    *s = new cuemu_stream{false, false, nullptr};
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    *s = new cuemu_stream{{}, 0, 0, false, false, nullptr};
+    streams.insert(*s);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    if (s) delete s->graph;
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    if (!s) return cudaSuccess;
+    drain(s, s->queued);   /* queued work still runs */
+    streams.erase(s);
+    delete s->graph;
     delete s;
     return cudaSuccess;
 }
@@ -464,14 +544,39 @@ static cudaError_t not_while_capturing(cudaStream_t s) {
     s->invalidated = true;
     return last_error = cudaErrorStreamCaptureUnsupported;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return not_while_capturing(s); }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
-cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) { (void)s, (void)e, (void)flags; return cudaSuccess; }
-cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) { (void)flags; *e = new cuemu_event{0}; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    if (not_while_capturing(s) != cudaSuccess) return cudaErrorStreamCaptureUnsupported;
+    if (s) drain(s, s->queued);
+    return take_async_error();
+}
+cudaError_t cudaDeviceSynchronize(void) {
+    drain_all();
+    return take_async_error();
+}
+/* s's later work runs after the event's stream has run up to the record */
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags) {
+    (void)flags;
+    if (!e->stream) return cudaSuccess;
+    cudaStream_t on = e->stream;
+    uint64_t at = e->at;
+    submit(s, [on, at]() { drain(on, at); });
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags) { (void)flags; *e = new cuemu_event{nullptr, 0}; return cudaSuccess; }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { delete e; return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e, (void)s; return cudaSuccess; }
-cudaError_t cudaEventQuery(cudaEvent_t e) { (void)e; return cudaSuccess; }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    if (s && s->capturing) return cudaSuccess;   /* a node of the graph: ordering only */
+    e->stream = s;
+    e->at = s ? s->queued : 0;
+    return cudaSuccess;
+}
+/* a query completes the work before the event (a GPU may have, any time) */
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    if (e->stream) drain(e->stream, e->at);
+    return take_async_error();
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
 
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
     (void)mode;
@@ -503,8 +608,7 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned lon
     return cudaSuccess;
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s) {
-    if (captured(s, [x]() { for (auto &op : x->ops.ops) op(); })) return cudaSuccess;
-    for (auto &op : x->ops.ops) op();
+    submit(s, [x]() { for (auto &op : x->ops.ops) op(); });
     return cudaSuccess;
 }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) { delete g; return cudaSuccess; }
@@ -601,7 +705,7 @@ cublasStatus_t gemm_run(cublasHandle_t h, const gemm_args &a, const void *const 
                      Bs ? Bs[b] : (const char *)B + (size_t)(b * sb) * elem(a.bt),
                      Cs ? Cs[b] : (char *)C + (size_t)(b * sc) * elem(a.ct));
     };
-    if (!captured(h->stream, op)) op();
+    submit(h->stream, op);
     return CUBLAS_STATUS_SUCCESS;
 }
 

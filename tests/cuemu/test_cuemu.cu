@@ -2,7 +2,9 @@
  * make test (cuemu: launch.pl, the host compiler, tests/cuemu) and nvcc on a GPU (make
  * test-gpu), so the device confirms what the stand-in assumes: block barriers over shared
  * memory, warp shuffles and ballots, __syncthreads_or, grid-stride indices over 2-D grids,
- * launch-shape errors, a captured stream replayed by a graph, and cuBLAS's column-major
+ * launch-shape errors, a captured stream replayed by a graph, events ordering two streams, and
+ * (the executor only: a GPU may be done sooner) work left undone until the host waits for it,
+ * and cuBLAS's column-major
  * products with transposes, leading dimensions, beta 0 not reading C, and argument errors. */
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
@@ -131,6 +133,40 @@ static void test_capture(void) {
     cudaStreamDestroy(s);
 }
 
+/* stream b copies what stream a computed, after a's event; the host reads after b's event */
+static void test_streams(void) {
+    cudaStream_t a, b;
+    cudaEvent_t done_a, done_b;
+    float *d, *pinned, zero[64] = {0};
+    int ok = 1;
+    cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking);
+    cudaStreamCreateWithFlags(&b, cudaStreamNonBlocking);
+    cudaEventCreateWithFlags(&done_a, cudaEventDisableTiming);
+    cudaEventCreateWithFlags(&done_b, cudaEventDisableTiming);
+    cudaMalloc((void **)&d, 64 * sizeof(float));
+    cudaMallocHost((void **)&pinned, 64 * sizeof(float));
+    memset(pinned, 0, 64 * sizeof(float));
+    cudaMemcpyAsync(d, zero, sizeof zero, cudaMemcpyHostToDevice, a);   /* pageable source: taken at the call */
+    zero[0] = 5.0f;
+    add_one_k<<<1, 64, 0, a>>>(d, 64);
+    cudaEventRecord(done_a, a);
+    cudaStreamWaitEvent(b, done_a, 0);
+    cudaMemcpyAsync(pinned, d, 64 * sizeof(float), cudaMemcpyDeviceToHost, b);
+    cudaEventRecord(done_b, b);
+#ifdef CUEMU
+    CHECK(pinned[0] == 0.0f);            /* nothing ran: the host has not waited */
+    CHECK(cudaEventQuery(done_a) == cudaSuccess);
+    CHECK(pinned[0] == 0.0f);            /* a's work only */
+#endif
+    CHECK(cudaEventSynchronize(done_b) == cudaSuccess);
+    for (int i = 0; i < 64; i++) ok &= pinned[i] == 1.0f;
+    CHECK(ok);
+    cudaFree(d);
+    cudaFreeHost(pinned);
+    cudaEventDestroy(done_a), cudaEventDestroy(done_b);
+    cudaStreamDestroy(a), cudaStreamDestroy(b);
+}
+
 /* C (3 x 2) = A^T (3 x 4) B (4 x 2), column-major, A stored 4 x 3 with lda 5, C with ldc 4 */
 static void test_gemm(void) {
     cublasHandle_t hb;
@@ -180,6 +216,7 @@ int main(void) {
     test_barriers_and_warps();
     test_grids_and_errors();
     test_capture();
+    test_streams();
     test_gemm();
     test_pointers();
     printf("test_cuemu.cu: %d passed, %d failed\n", g_checks - g_fail, g_fail);
