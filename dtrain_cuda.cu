@@ -1172,13 +1172,14 @@ static cublasStatus_t dtr__cuda_sgemm_strided(dtr__cuda_state *s, dtr__cuda_gemm
     return cublasGemmStridedBatchedEx(s->blas, opb, opa, n, m, k, alpha, B, t.ab, ldb, sb, A, t.ab, lda, sa, beta, Y, t.y, ldy, sy,
                                       count, dtr__cuda_compute(s, t), CUBLAS_GEMM_DEFAULT);
 }
-static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
-                                           const float *alpha, const float *const *pb, int ldb, const float *const *pa, int lda,
-                                           const float *beta, float *const *py, int ldy, int count) {
-    if (!s->fast16) return cublasSgemmBatched(s->blas, opb, opa, n, m, k, alpha, pb, ldb, pa, lda, beta, py, ldy, count);
-    return cublasGemmBatchedEx(s->blas, opb, opa, n, m, k, alpha, (const void *const *)pb, CUDA_R_32F, ldb,
-                               (const void *const *)pa, CUDA_R_32F, lda, beta, (void *const *)py, CUDA_R_32F, ldy, count,
-                               s->compute, CUBLAS_GEMM_DEFAULT);
+static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, dtr__cuda_gemm_t t, cublasOperation_t opb, cublasOperation_t opa,
+                                           int n, int m, int k, const float *alpha, const void *const *pb, int ldb,
+                                           const void *const *pa, int lda, const float *beta, void *const *py, int ldy, int count) {
+    if (t.ab == CUDA_R_32F && !s->fast16)
+        return cublasSgemmBatched(s->blas, opb, opa, n, m, k, alpha, (const float *const *)pb, ldb, (const float *const *)pa, lda,
+                                  beta, (float *const *)py, ldy, count);
+    return cublasGemmBatchedEx(s->blas, opb, opa, n, m, k, alpha, pb, t.ab, ldb, pa, t.ab, lda, beta, py, t.y, ldy, count,
+                               dtr__cuda_compute(s, t), CUBLAS_GEMM_DEFAULT);
 }
 
 /* A row-major matrix view (rows R, cols C, row stride rs, column stride cs) as cuBLAS sees
@@ -1229,40 +1230,47 @@ static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t
     return dtr__cuda_gemm_as(ctx, DTR__CUDA_F32, M, N, K, alpha, A, rsa, csa, sa, B, rsb, csb, sb, beta, Y, ldy, sy, count);
 }
 
-/* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride. */
-typedef struct dtr__cuda_bstride { int64_t outer, inner; } dtr__cuda_bstride;
+/* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride
+   elements of `bytes` each. */
+typedef struct dtr__cuda_bstride { int64_t outer, inner, bytes; } dtr__cuda_bstride;
 
-__global__ static void dtr__cuda_gemm_ptrs_k(const float **pa, const float *A, dtr__cuda_bstride sa, const float **pb, const float *B,
-                                             dtr__cuda_bstride sb, float **py, float *Y, dtr__cuda_bstride sy, int64_t inner,
+__device__ static void *dtr__cuda_item(const void *base, dtr__cuda_bstride s, int64_t o, int64_t i) {
+    return (char *)base + (o * s.outer + i * s.inner) * s.bytes;
+}
+
+__global__ static void dtr__cuda_gemm_ptrs_k(const void **pa, const void *A, dtr__cuda_bstride sa, const void **pb, const void *B,
+                                             dtr__cuda_bstride sb, void **py, void *Y, dtr__cuda_bstride sy, int64_t inner,
                                              int64_t count) {
     DTR__CUDA_FOR(z, count) {
         int64_t o = z / inner, i = z % inner;
-        pa[z] = A + o * sa.outer + i * sa.inner;
-        pb[z] = B + o * sb.outer + i * sb.inner;
-        py[z] = Y + o * sy.outer + i * sy.inner;
+        pa[z] = dtr__cuda_item(A, sa, o, i);
+        pb[z] = dtr__cuda_item(B, sb, o, i);
+        py[z] = dtr__cuda_item(Y, sy, o, i);
     }
 }
 
-/* dtr__cuda_gemm over outer x inner items whose strides do not collapse to one (batch items
+/* dtr__cuda_gemm_as over outer x inner items whose strides do not collapse to one (batch items
  * times heads): strided-batched when outer is 1, else one pointer-array batch. Its arrays go
  * to `ptrs` (3 * outer * inner device pointers), which the next call may reuse: the stream
  * runs this product before the next call's arrays are written. */
-static dtr_result dtr__cuda_gemm2(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
-                                  int64_t csa, dtr__cuda_bstride sa, const float *B, int64_t rsb, int64_t csb, dtr__cuda_bstride sb,
-                                  float beta, float *Y, int64_t ldy, dtr__cuda_bstride sy, int64_t outer, int64_t inner, void **ptrs) {
+static dtr_result dtr__cuda_gemm2(dtr_context *ctx, dtr__cuda_gemm_t t, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                                  int64_t rsa, int64_t csa, dtr__cuda_bstride sa, const void *B, int64_t rsb, int64_t csb,
+                                  dtr__cuda_bstride sb, float beta, void *Y, int64_t ldy, dtr__cuda_bstride sy, int64_t outer,
+                                  int64_t inner, void **ptrs) {
     cublasOperation_t opa, opb;
     int64_t lda, ldb, count = outer * inner;
-    const float **pa = (const float **)ptrs, **pb = pa + count;
-    float **py = (float **)(pb + count);
-    if (outer == 1) return dtr__cuda_gemm(ctx, M, N, K, alpha, A, rsa, csa, sa.inner, B, rsb, csb, sb.inner, beta, Y, ldy, sy.inner, inner);
+    const void **pa = (const void **)ptrs, **pb = pa + count;
+    void **py = (void **)(pb + count);
+    if (outer == 1)
+        return dtr__cuda_gemm_as(ctx, t, M, N, K, alpha, A, rsa, csa, sa.inner, B, rsb, csb, sb.inner, beta, Y, ldy, sy.inner, inner);
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
     if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     dtr__cuda_gemm_ptrs_k<<<dtr__cuda_grid(count), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(pa, A, sa, pb, B, sb, py, Y, sy, inner,
                                                                                               count);
     if (dtr__cuda_check(ctx, cudaGetLastError(), "gemm pointers") != DTR_OK) return ctx->status;
-    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), t, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
                                                     (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
-                          "sgemm (pointer batch)");
+                          "gemm (pointer batch)");
 }
 
 /* ---- matmul ---- */
@@ -1528,7 +1536,7 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1532 "dtrain_cuda.cu"
+#line 1540 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1982,7 +1990,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 1986 "dtrain_cuda.cu"
+#line 1994 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2181,7 +2189,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2185 "dtrain_cuda.cu"
+#line 2193 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2194,8 +2202,15 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
  * y = P v is a second GEMM. Backward recomputes P from lse: dP = dy v^T,
  * dS = P (dP - rowsum(dy y)) / sqrt(D), dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs.
  * Memory: two B x H x n x L tiles in the context's scratch, n <= DTR__ATT_TILE rows and at
- * most DTR__ATT_SCRATCH floats each, never T x T per head; the step keeps only lse. Sums are cuBLAS's and fixed trees: runs repeat bit for
- * bit; no atomics.
+ * most DTR__ATT_SCRATCH floats each, never T x T per head; the step keeps only lse. Sums are
+ * cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
+ * 16-bit (activations of the type of matmul_precision, as linear): q, k, v and y as stored, the
+ * products on 16-bit operands summed in f32 (cublasGemmEx, CUBLAS_COMPUTE_32F): scores in f32,
+ * P rounded to 16 bits for P v (as the f32 path's fast 16-bit compute rounds it inside cuBLAS),
+ * written over its own row of scores (a 16-bit row is the first half of the f32 row: the row
+ * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
+ * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
+ * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
  * ==========================================================================*/
 
 #define DTR__ATT_TILE 256              /* query rows per tile, at most */
@@ -2205,6 +2220,8 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
 typedef struct dtr__cuda_att {
     int64_t B, T, C, H, D, n;          /* n: rows per tile */
     float scale;
+    dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
+    int64_t es;                        /* bytes of one of them */
 } dtr__cuda_att;
 
 /* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n. Row i of item z = (b, h)
@@ -2213,52 +2230,83 @@ typedef struct dtr__cuda_att_tile {
     int64_t t0, n, L;
 } dtr__cuda_att_tile;
 
-/* S (B H, n, L) scores -> P in place (0 past the causal edge); lse (B, H, T) of each row */
+/* The tiles of one call: scores and their gradient in f32 (P and dS are written over them, in
+   the operands' type), dy in that type (16-bit: a rounded copy). */
+typedef struct dtr__cuda_att_bufs {
+    float *S, *dP;
+    const void *G;
+    void **ptrs;                       /* the products' pointer arrays */
+} dtr__cuda_att_bufs;
+
+/* f32 elements of a score row per element of the row written over it (1 for f32, 2 for 16 bits) */
+#define DTR__ATT_PACK(a) (4 / (a).es)
+
+/* S (B H, n, L) scores -> P over them (0 past the causal edge); lse (B, H, T) of each row */
 __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
     int64_t i = blockIdx.x, t = w.t0 + i;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        float *s = S + (z * w.n + i) * w.L;
+        int64_t row = (z * w.n + i) * w.L;
+        const float *s = S + row;
+        dtr__cuda_mem P = {S, (int)a.p};
         float mx = -INFINITY;
         double sum = 0.0;
         for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, s[j]);
         mx = dtr__cuda_block_max(mx);
         for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(s[j] - mx));
         sum = dtr__cuda_block_sum(sum);
-        for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) s[j] = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+        for (int64_t c = 0; c < w.L; c += blockDim.x) {   /* a chunk read, then written: the 16-bit row overlaps it */
+            int64_t j = c + threadIdx.x;
+            float p = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+            __syncthreads();
+            if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p);
+            __syncthreads();
+        }
         if (threadIdx.x == 0) lse[z * a.T + t] = mx + (float)log(sum);
     }
 }
 
-/* Backward: P = exp(S - lse) in S, then dS = P (dP - Drow) scale in dP (0 past the edge) */
+/* Backward: P = exp(S - lse) over S, then dS = P (dP - Drow) scale over dP (0 past the edge) */
 __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
                                              dtr__cuda_att_tile w) {
     int64_t i = blockIdx.x, t = w.t0 + i;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        float *s = S + (z * w.n + i) * w.L, *dp = dP + (z * w.n + i) * w.L, l = lse[z * a.T + t], dr = Drow[z * a.T + t];
-        for (int64_t j = threadIdx.x; j < w.L; j += blockDim.x) {
-            float p = j <= t ? expf(s[j] - l) : 0.0f;
-            s[j] = p;
-            dp[j] = p * (dp[j] - dr) * a.scale;
+        int64_t row = (z * w.n + i) * w.L;
+        float l = lse[z * a.T + t], dr = Drow[z * a.T + t];
+        dtr__cuda_mem P = {S, (int)a.p}, dS = {dP, (int)a.p};
+        for (int64_t c = 0; c < w.L; c += blockDim.x) {
+            int64_t j = c + threadIdx.x;
+            float p = j <= t ? expf(S[row + j] - l) : 0.0f, g = j < w.L ? dP[row + j] : 0.0f;
+            __syncthreads();
+            if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p), dS.st(row * DTR__ATT_PACK(a) + j, p * (g - dr) * a.scale);
+            __syncthreads();
         }
     }
 }
 
 /* Drow (B, H, T) = dy_t . y_t per head, one warp per row */
-__global__ static void dtr__cuda_att_drow_k(const float *Y, const float *G, float *Drow, dtr__cuda_att a) {
+__global__ static void dtr__cuda_att_drow_k(dtr__cuda_mem Y, const float *G, float *Drow, dtr__cuda_att a) {
     int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
     if (row >= a.B * a.H * a.T) return;
     int64_t b = row / (a.H * a.T), h = (row / a.T) % a.H, t = row % a.T, off = (b * a.T + t) * a.C + h * a.D;
     float acc = 0.0f;
-    for (int64_t d = lane; d < a.D; d += 32) acc += G[off + d] * Y[off + d];
+    for (int64_t d = lane; d < a.D; d += 32) acc += G[off + d] * Y.ld(off + d);
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
     if (lane == 0) Drow[row] = acc;
 }
 
-static void dtr__cuda_att_make(const dtr__node *nd, dtr__cuda_att *a) {
+/* 1 when node nd runs on its 16-bit tensors as stored: q, k, v and y of the products' type */
+static int dtr__cuda_att16(const dtr_context *ctx, const dtr__node *nd) {
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    return p != DTR_F32 && nd->in[0]->dtype == p && nd->in[1]->dtype == p && nd->in[2]->dtype == p && nd->out->dtype == p;
+}
+
+static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *a) {
     int64_t fit;
     a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
     a->H = nd->p.heads; a->D = a->C / a->H;
     a->scale = 1.0f / sqrtf((float)a->D);
+    a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
+    a->es = (int64_t)dtr_dtype_size(a->p);
     fit = DTR__ATT_SCRATCH / (a->B * a->H * (a->T ? a->T : 1));
     a->n = fit > DTR__ATT_TILE ? DTR__ATT_TILE : fit < 16 ? 16 : fit;
     if (a->n > a->T) a->n = a->T;
@@ -2275,99 +2323,139 @@ static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t 
     return w;
 }
 
-/* `tiles` score tiles (B H n T floats each), then the GEMMs' pointer arrays: the context's
-   scratch, not the step arena (only the op's own launches use them) */
-static float *dtr__cuda_att_scratch(dtr_context *ctx, const dtr__cuda_att *a, int tiles, void ***ptrs) {
-    size_t floats = (size_t)(tiles * a->B * a->H * a->n * a->T), np = (size_t)(3 * a->B * a->H);
-    char *p = (char *)dtr__cuda_scratch(ctx, (floats + 1) * sizeof(float) + np * sizeof(void *) + 16);
-    if (!p) return NULL;
-    *ptrs = (void **)(p + (((floats + 1) * sizeof(float) + 15) & ~(size_t)15));
-    return (float *)p;
+/* The call's buffers in the context's scratch (not the step arena: only the op's own launches
+   use them): f32 score tiles (1 forward, 2 backward), for 16 bits backward dy rounded, then
+   the products' pointer arrays. NULL S with the error set. */
+static dtr__cuda_att_bufs dtr__cuda_att_scratch(dtr_context *ctx, const dtr__cuda_att *a, int bwd) {
+    dtr__cuda_att_bufs b;
+    int64_t f32 = dtr__cuda_align256(a->B * a->H * a->n * a->T * 4);
+    int64_t g16 = a->p == DTR_F32 || !bwd ? 0 : dtr__cuda_align256(a->B * a->T * a->C * 2);
+    char *p = (char *)dtr__cuda_scratch(ctx, (size_t)((1 + bwd) * f32 + g16 + 3 * a->B * a->H * (int64_t)sizeof(void *)));
+    memset(&b, 0, sizeof b);
+    if (!p) return b;
+    b.S = (float *)p;
+    b.dP = bwd ? (float *)(p + f32) : NULL;
+    b.G = g16 ? (const void *)(p + (1 + bwd) * f32) : NULL;
+    b.ptrs = (void **)(p + (1 + bwd) * f32 + g16);
+    return b;
 }
 
-/* strides of (b, h) items: rows of x (B, T, C) head by head, and tiles of scores */
-static dtr__cuda_bstride dtr__cuda_att_x(const dtr__cuda_att *a) { dtr__cuda_bstride s = {a->T * a->C, a->D}; return s; }
-static dtr__cuda_bstride dtr__cuda_att_s(const dtr__cuda_att *a, dtr__cuda_att_tile w) {
-    dtr__cuda_bstride s = {a->H * w.n * w.L, w.n * w.L};
+/* strides of (b, h) items: rows of x (B, T, C) head by head in elements of `bytes`; tiles of
+   scores (f32) or of what is written over them (the operands' type: pack 2 for 16 bits, whose
+   rows are 2 L elements apart) */
+static dtr__cuda_bstride dtr__cuda_att_x(const dtr__cuda_att *a, int64_t bytes) {
+    dtr__cuda_bstride s = {a->T * a->C, a->D, bytes};
     return s;
+}
+static dtr__cuda_bstride dtr__cuda_att_s(const dtr__cuda_att *a, dtr__cuda_att_tile w, int packed) {
+    int64_t f = packed ? DTR__ATT_PACK(*a) : 1;
+    dtr__cuda_bstride s = {a->H * w.n * w.L * f, w.n * w.L * f, packed ? a->es : 4};
+    return s;
+}
+/* element e of a buffer of `bytes`-sized elements */
+static const void *dtr__cuda_att_at(const void *p, int64_t e, int64_t bytes) { return (const char *)p + e * bytes; }
+/* the products' types: operands of the call's type into f32 (scores, gradients) or into it (y) */
+static dtr__cuda_gemm_t dtr__cuda_att_t(const dtr__cuda_att *a, int to_p) {
+    dtr__cuda_gemm_t t = {dtr__cuda_blas_type(a->p), to_p ? dtr__cuda_blas_type(a->p) : CUDA_R_32F};
+    return t;
 }
 
 /* S (B H, n, L) = scale q[t0:t0+n] k[0:L]^T, every batch item and head */
-static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const float *Q, const float *K, float *S, const dtr__cuda_att *a,
-                                       dtr__cuda_att_tile w, void **ptrs) {
-    return dtr__cuda_gemm2(ctx, w.n, w.L, a->D, a->scale, Q + w.t0 * a->C, a->C, 1, dtr__cuda_att_x(a), K, 1, a->C,
-                           dtr__cuda_att_x(a), 0.0f, S, w.L, dtr__cuda_att_s(a, w), a->B, a->H, ptrs);
+static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w,
+                                       const dtr__cuda_att_bufs *b) {
+    const void *Q = dtr__data(nd->in[0]), *K = dtr__data(nd->in[1]);
+    return dtr__cuda_gemm2(ctx, dtr__cuda_att_t(a, 0), w.n, w.L, a->D, a->scale, dtr__cuda_att_at(Q, w.t0 * a->C, a->es), a->C, 1,
+                           dtr__cuda_att_x(a, a->es), K, 1, a->C, dtr__cuda_att_x(a, a->es), 0.0f, b->S, w.L, dtr__cuda_att_s(a, w, 0),
+                           a->B, a->H, b->ptrs);
 }
 
-static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
+static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
-    const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]);
-    float *Y = dtr__f32(nd->out), *lse, *S;
-    void **ptrs;
-    dtr__cuda_att_make(nd, &a);
+    dtr__cuda_att_bufs b;
+    float *lse;
+    dtr__cuda_att_make(ctx, nd, &a);
     lse = (float *)dtr__node_save(ctx, nd, (size_t)(a.B * a.H * a.T + 1) * sizeof(float)); /* row log-sum-exps */
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    if (!(S = dtr__cuda_att_scratch(ctx, &a, 1, &ptrs))) return ctx->status;
+    if (!(b = dtr__cuda_att_scratch(ctx, &a, 0)).S) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
         dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
-        if (dtr__cuda_att_scores(ctx, Q, K, S, &a, w, ptrs) != DTR_OK) return ctx->status;
-        dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(&a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(S, lse, a, w);
+        if (dtr__cuda_att_scores(ctx, nd, &a, w, &b) != DTR_OK) return ctx->status;
+        dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(&a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(b.S, lse, a, w);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
         /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D) */
-        if (dtr__cuda_gemm2(ctx, w.n, a.D, w.L, 1.0f, S, w.L, 1, dtr__cuda_att_s(&a, w), V, a.C, 1, dtr__cuda_att_x(&a), 0.0f,
-                            Y + t0 * a.C, a.C, dtr__cuda_att_x(&a), a.B, a.H, ptrs) != DTR_OK)
+        if (dtr__cuda_gemm2(ctx, dtr__cuda_att_t(&a, 1), w.n, a.D, w.L, 1.0f, b.S, w.L * DTR__ATT_PACK(a), 1, dtr__cuda_att_s(&a, w, 1),
+                            dtr__data(nd->in[2]), a.C, 1, dtr__cuda_att_x(&a, a.es), 0.0f, (void *)dtr__cuda_att_at(dtr__data(nd->out), t0 * a.C, a.es),
+                            a.C, dtr__cuda_att_x(&a, a.es), a.B, a.H, b.ptrs) != DTR_OK)
             return ctx->status;
     }
     return DTR_OK;
 }
 
-/* One tile's backward: P and dS from the recomputed scores, then dq, dk, dv (accumulated). */
-static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w, float *S,
-                                         float *dS, const float *Drow, void **ptrs) {
-    const float *Q = dtr__f32(nd->in[0]), *K = dtr__f32(nd->in[1]), *V = dtr__f32(nd->in[2]), *G = nd->out->grad;
+/* One tile's backward: P and dS from the recomputed scores, then dq, dk, dv (accumulated in f32). */
+static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w,
+                                         const dtr__cuda_att_bufs *b, const float *Drow) {
+    const void *Q = dtr__data(nd->in[0]), *K = dtr__data(nd->in[1]), *V = dtr__data(nd->in[2]);
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
-    int64_t D = a->D, C = a->C;
-    const float *Gt = G + w.t0 * C, *Qt = Q + w.t0 * C;
-    dtr__cuda_bstride x = dtr__cuda_att_x(a), sc = dtr__cuda_att_s(a, w);
-    if (dtr__cuda_att_scores(ctx, Q, K, S, a, w, ptrs) != DTR_OK) return ctx->status;
+    int64_t D = a->D, C = a->C, es = a->es;
+    const void *Gt = dtr__cuda_att_at(b->G, w.t0 * C, es), *Qt = dtr__cuda_att_at(Q, w.t0 * C, es);
+    int64_t ld = w.L * DTR__ATT_PACK(*a);   /* the row stride of P and dS */
+    dtr__cuda_bstride x = dtr__cuda_att_x(a, es), x32 = dtr__cuda_att_x(a, 4), sc = dtr__cuda_att_s(a, w, 1);
+    dtr__cuda_gemm_t t = dtr__cuda_att_t(a, 0);
+    if (dtr__cuda_att_scores(ctx, nd, a, w, b) != DTR_OK) return ctx->status;
     /* dP (n, L) = dy[t0:] (n, D) v[0:L]^T (D, L) */
-    if (dtr__cuda_gemm2(ctx, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, C, x, 0.0f, dS, w.L, sc, a->B, a->H, ptrs) != DTR_OK)
+    if (dtr__cuda_gemm2(ctx, t, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, C, x, 0.0f, b->dP, w.L, dtr__cuda_att_s(a, w, 0), a->B, a->H,
+                        b->ptrs) != DTR_OK)
         return ctx->status;
     dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        S, dS, (const float *)nd->saved, Drow, *a, w);
+        b->S, b->dP, (const float *)nd->saved, Drow, *a, w);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (GQ && dtr__cuda_gemm2(ctx, w.n, D, w.L, 1.0f, dS, w.L, 1, sc, K, C, 1, x, 1.0f, GQ + w.t0 * C, C, x, a->B, a->H, ptrs) != DTR_OK)
+    if (GQ && dtr__cuda_gemm2(ctx, t, w.n, D, w.L, 1.0f, b->dP, ld, 1, sc, K, C, 1, x, 1.0f, GQ + w.t0 * C, C, x32, a->B, a->H,
+                              b->ptrs) != DTR_OK)
         return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
-    if (GK && dtr__cuda_gemm2(ctx, w.L, D, w.n, 1.0f, dS, 1, w.L, sc, Qt, C, 1, x, 1.0f, GK, C, x, a->B, a->H, ptrs) != DTR_OK)
+    if (GK && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, C, 1, x, 1.0f, GK, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
         return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
-    if (GV && dtr__cuda_gemm2(ctx, w.L, D, w.n, 1.0f, S, 1, w.L, sc, Gt, C, 1, x, 1.0f, GV, C, x, a->B, a->H, ptrs) != DTR_OK)
+    if (GV && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->S, 1, ld, sc, Gt, C, 1, x, 1.0f, GV, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
         return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */
     return DTR_OK;
 }
 
-static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
+static dtr_result dtr__cuda_attention_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
-    float *Drow, *S;
-    void **ptrs;
+    dtr__cuda_att_bufs b;
+    float *Drow;
     int64_t rows;
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
-    dtr__cuda_att_make(nd, &a);
+    dtr__cuda_att_make(ctx, nd, &a);
     rows = a.B * a.H * a.T;
     if (rows == 0) return DTR_OK;
     Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float));
-    S = dtr__cuda_att_scratch(ctx, &a, 2, &ptrs);
-    if (!Drow || !S) return ctx->status;
+    b = dtr__cuda_att_scratch(ctx, &a, 1);
+    if (!Drow || !b.S) return ctx->status;
+    if (!b.G) {
+        b.G = nd->out->grad;   /* f32: dy as it is */
+    } else {
+        char *g = (char *)b.G;
+        if (!dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a.p, a.B * a.T * a.C, &g)) return ctx->status;
+    }
     dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->out), nd->out->grad, Drow, a);
+        dtr__cuda_mem_of(nd->out), nd->out->grad, Drow, a);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n)
-        if (dtr__cuda_att_bwd_tile(ctx, nd, &a, dtr__cuda_att_tile_at(&a, t0), S, S + a.B * a.H * a.n * a.T, Drow, ptrs) != DTR_OK)
-            return ctx->status;
+        if (dtr__cuda_att_bwd_tile(ctx, nd, &a, dtr__cuda_att_tile_at(&a, t0), &b, Drow) != DTR_OK) return ctx->status;
     return DTR_OK;
 }
-#line 2371 "dtrain_cuda.cu"
+
+/* attention's table entry (narrow: 16-bit tensors of the products' type as stored, others
+   widened into f32 copies here) */
+static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_fwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 0, dtr__cuda_attention_run_fwd);
+}
+static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
+}
+#line 2459 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2754,15 +2842,15 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
 
 /* The families whose kernels load and store 16-bit tensors themselves (dtr__cuda_mem:
  * element-wise, layer norm, embedding, softmax, dropout; cross-entropy reads its logits as they are on every
- * backend; linear takes 16-bit operands in 16-bit products and widens otherwise itself,
- * cuda_gemm.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
+ * backend; linear and attention take 16-bit operands in 16-bit products and widen otherwise
+ * themselves, cuda_gemm.cu, cuda_attention.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
  * Setting one to 0 falls back to the widened path, the same arithmetic. */
 static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
                      dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 1,
                      dtr__cuda_softmax_narrow = 1, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
                      dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 0,
                      dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,
-                     dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 0;
+                     dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
@@ -2863,5 +2951,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2867 "dtrain_cuda.cu"
+#line 2955 "dtrain_cuda.cu"
 

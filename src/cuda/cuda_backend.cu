@@ -381,15 +381,15 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
 
 /* The families whose kernels load and store 16-bit tensors themselves (dtr__cuda_mem:
  * element-wise, layer norm, embedding, softmax, dropout; cross-entropy reads its logits as they are on every
- * backend; linear takes 16-bit operands in 16-bit products and widens otherwise itself,
- * cuda_gemm.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
+ * backend; linear and attention take 16-bit operands in 16-bit products and widen otherwise
+ * themselves, cuda_gemm.cu, cuda_attention.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
  * Setting one to 0 falls back to the widened path, the same arithmetic. */
 static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
                      dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 1,
                      dtr__cuda_softmax_narrow = 1, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
                      dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 0,
                      dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,
-                     dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 0;
+                     dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {

@@ -38,13 +38,14 @@ static cublasStatus_t dtr__cuda_sgemm_strided(dtr__cuda_state *s, dtr__cuda_gemm
     return cublasGemmStridedBatchedEx(s->blas, opb, opa, n, m, k, alpha, B, t.ab, ldb, sb, A, t.ab, lda, sa, beta, Y, t.y, ldy, sy,
                                       count, dtr__cuda_compute(s, t), CUBLAS_GEMM_DEFAULT);
 }
-static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, cublasOperation_t opb, cublasOperation_t opa, int n, int m, int k,
-                                           const float *alpha, const float *const *pb, int ldb, const float *const *pa, int lda,
-                                           const float *beta, float *const *py, int ldy, int count) {
-    if (!s->fast16) return cublasSgemmBatched(s->blas, opb, opa, n, m, k, alpha, pb, ldb, pa, lda, beta, py, ldy, count);
-    return cublasGemmBatchedEx(s->blas, opb, opa, n, m, k, alpha, (const void *const *)pb, CUDA_R_32F, ldb,
-                               (const void *const *)pa, CUDA_R_32F, lda, beta, (void *const *)py, CUDA_R_32F, ldy, count,
-                               s->compute, CUBLAS_GEMM_DEFAULT);
+static cublasStatus_t dtr__cuda_sgemm_ptrs(dtr__cuda_state *s, dtr__cuda_gemm_t t, cublasOperation_t opb, cublasOperation_t opa,
+                                           int n, int m, int k, const float *alpha, const void *const *pb, int ldb,
+                                           const void *const *pa, int lda, const float *beta, void *const *py, int ldy, int count) {
+    if (t.ab == CUDA_R_32F && !s->fast16)
+        return cublasSgemmBatched(s->blas, opb, opa, n, m, k, alpha, (const float *const *)pb, ldb, (const float *const *)pa, lda,
+                                  beta, (float *const *)py, ldy, count);
+    return cublasGemmBatchedEx(s->blas, opb, opa, n, m, k, alpha, pb, t.ab, ldb, pa, t.ab, lda, beta, py, t.y, ldy, count,
+                               dtr__cuda_compute(s, t), CUBLAS_GEMM_DEFAULT);
 }
 
 /* A row-major matrix view (rows R, cols C, row stride rs, column stride cs) as cuBLAS sees
@@ -95,40 +96,47 @@ static dtr_result dtr__cuda_gemm(dtr_context *ctx, int64_t M, int64_t N, int64_t
     return dtr__cuda_gemm_as(ctx, DTR__CUDA_F32, M, N, K, alpha, A, rsa, csa, sa, B, rsb, csb, sb, beta, Y, ldy, sy, count);
 }
 
-/* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride. */
-typedef struct dtr__cuda_bstride { int64_t outer, inner; } dtr__cuda_bstride;
+/* A batch over two axes: item z sits at (z / inner) * outer_stride + (z % inner) * inner_stride
+   elements of `bytes` each. */
+typedef struct dtr__cuda_bstride { int64_t outer, inner, bytes; } dtr__cuda_bstride;
 
-__global__ static void dtr__cuda_gemm_ptrs_k(const float **pa, const float *A, dtr__cuda_bstride sa, const float **pb, const float *B,
-                                             dtr__cuda_bstride sb, float **py, float *Y, dtr__cuda_bstride sy, int64_t inner,
+__device__ static void *dtr__cuda_item(const void *base, dtr__cuda_bstride s, int64_t o, int64_t i) {
+    return (char *)base + (o * s.outer + i * s.inner) * s.bytes;
+}
+
+__global__ static void dtr__cuda_gemm_ptrs_k(const void **pa, const void *A, dtr__cuda_bstride sa, const void **pb, const void *B,
+                                             dtr__cuda_bstride sb, void **py, void *Y, dtr__cuda_bstride sy, int64_t inner,
                                              int64_t count) {
     DTR__CUDA_FOR(z, count) {
         int64_t o = z / inner, i = z % inner;
-        pa[z] = A + o * sa.outer + i * sa.inner;
-        pb[z] = B + o * sb.outer + i * sb.inner;
-        py[z] = Y + o * sy.outer + i * sy.inner;
+        pa[z] = dtr__cuda_item(A, sa, o, i);
+        pb[z] = dtr__cuda_item(B, sb, o, i);
+        py[z] = dtr__cuda_item(Y, sy, o, i);
     }
 }
 
-/* dtr__cuda_gemm over outer x inner items whose strides do not collapse to one (batch items
+/* dtr__cuda_gemm_as over outer x inner items whose strides do not collapse to one (batch items
  * times heads): strided-batched when outer is 1, else one pointer-array batch. Its arrays go
  * to `ptrs` (3 * outer * inner device pointers), which the next call may reuse: the stream
  * runs this product before the next call's arrays are written. */
-static dtr_result dtr__cuda_gemm2(dtr_context *ctx, int64_t M, int64_t N, int64_t K, float alpha, const float *A, int64_t rsa,
-                                  int64_t csa, dtr__cuda_bstride sa, const float *B, int64_t rsb, int64_t csb, dtr__cuda_bstride sb,
-                                  float beta, float *Y, int64_t ldy, dtr__cuda_bstride sy, int64_t outer, int64_t inner, void **ptrs) {
+static dtr_result dtr__cuda_gemm2(dtr_context *ctx, dtr__cuda_gemm_t t, int64_t M, int64_t N, int64_t K, float alpha, const void *A,
+                                  int64_t rsa, int64_t csa, dtr__cuda_bstride sa, const void *B, int64_t rsb, int64_t csb,
+                                  dtr__cuda_bstride sb, float beta, void *Y, int64_t ldy, dtr__cuda_bstride sy, int64_t outer,
+                                  int64_t inner, void **ptrs) {
     cublasOperation_t opa, opb;
     int64_t lda, ldb, count = outer * inner;
-    const float **pa = (const float **)ptrs, **pb = pa + count;
-    float **py = (float **)(pb + count);
-    if (outer == 1) return dtr__cuda_gemm(ctx, M, N, K, alpha, A, rsa, csa, sa.inner, B, rsb, csb, sb.inner, beta, Y, ldy, sy.inner, inner);
+    const void **pa = (const void **)ptrs, **pb = pa + count;
+    void **py = (void **)(pb + count);
+    if (outer == 1)
+        return dtr__cuda_gemm_as(ctx, t, M, N, K, alpha, A, rsa, csa, sa.inner, B, rsb, csb, sb.inner, beta, Y, ldy, sy.inner, inner);
     if (M == 0 || N == 0 || count == 0) return DTR_OK;
     if (dtr__cuda_gemm_ops(ctx, M, N, K, rsa, csa, rsb, csb, ldy, &opa, &lda, &opb, &ldb) != DTR_OK) return ctx->status;
     dtr__cuda_gemm_ptrs_k<<<dtr__cuda_grid(count), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(pa, A, sa, pb, B, sb, py, Y, sy, inner,
                                                                                               count);
     if (dtr__cuda_check(ctx, cudaGetLastError(), "gemm pointers") != DTR_OK) return ctx->status;
-    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
+    return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), t, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
                                                     (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
-                          "sgemm (pointer batch)");
+                          "gemm (pointer batch)");
 }
 
 /* ---- matmul ---- */
