@@ -17,7 +17,10 @@
 
 
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublas_v2.h>
+#include <mma.h>
 #include <pthread.h>
 
 #define DTR__CUDA_THREADS 256
@@ -228,7 +231,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 232 "dtrain_cuda.cu"
+#line 235 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1128,7 +1131,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1132 "dtrain_cuda.cu"
+#line 1135 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1536,7 +1539,7 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1540 "dtrain_cuda.cu"
+#line 1543 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1990,7 +1993,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 1994 "dtrain_cuda.cu"
+#line 1997 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2189,7 +2192,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2193 "dtrain_cuda.cu"
+#line 2196 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2369,6 +2372,156 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
                            a->B, a->H, b->ptrs);
 }
 
+/* ---- the fused forward (flash attention): 16-bit q, k, v, y of head width 64 ----
+ * One block of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. Per step of 64
+ * keys (up to the causal edge): the block loads the k and v tiles into shared memory, each
+ * warp computes its rows' scores q k^T with tensor cores (wmma, f32 sums) into shared f32 rows,
+ * updates its rows' running maximum and sum (online softmax, f32) and writes P in 16 bits over
+ * the k tile (every warp has read it), rescales its output rows (accumulators staged through
+ * its score rows) and adds P v. The end divides by the sums, writes y in 16 bits and the rows'
+ * log-sum-exps (what backward recomputes P from). Shared memory: 45.8 KB; the scores never
+ * leave the chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
+
+#define DTR__FA_ROWS 64     /* query rows of a block, 16 a warp */
+#define DTR__FA_KEYS 64     /* keys of a step */
+#define DTR__FA_D 64        /* the head width it takes */
+#define DTR__FA_LD 72       /* 16-bit tile row stride: a multiple of 8, padded against bank conflicts */
+#define DTR__FA_LS 68       /* f32 row stride */
+#define DTR__FA_THREADS 128
+static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled forward for every case */
+
+typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dtr__fa_acc;
+
+/* rows r0.. (64) of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T */
+__device__ static void dtr__cuda_fa_load(uint16_t *dst, const uint16_t *x, const dtr__cuda_att &a, int64_t b, int64_t h, int64_t r0) {
+    for (int e = threadIdx.x; e < DTR__FA_KEYS * DTR__FA_D; e += blockDim.x) {
+        int r = e / DTR__FA_D, d = e % DTR__FA_D;
+        int64_t t = r0 + r;
+        dst[r * DTR__FA_LD + d] = t < a.T ? x[(b * a.T + t) * a.C + h * DTR__FA_D + d] : (uint16_t)0;
+    }
+}
+
+/* the warp's 16 rows of scores (f32, unscaled) = q k^T */
+template <typename T> __device__ static void dtr__cuda_fa_scores(const uint16_t *sq, const uint16_t *sk, float *ss, int w16) {
+    for (int n = 0; n < DTR__FA_KEYS / 16; n++) {
+        dtr__fa_acc c;
+        nvcuda::wmma::fill_fragment(c, 0.0f);
+        for (int kk = 0; kk < DTR__FA_D / 16; kk++) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa;
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::col_major> fb;
+            nvcuda::wmma::load_matrix_sync(fa, (const T *)sq + w16 * DTR__FA_LD + kk * 16, DTR__FA_LD);
+            nvcuda::wmma::load_matrix_sync(fb, (const T *)sk + n * 16 * DTR__FA_LD + kk * 16, DTR__FA_LD);
+            nvcuda::wmma::mma_sync(c, fa, fb, c);
+        }
+        nvcuda::wmma::store_matrix_sync(ss + w16 * DTR__FA_LS + n * 16, c, DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    }
+}
+
+/* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
+   sum l, the factor alpha the earlier output is scaled by, P (16-bit) into sp's rows */
+__device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
+                                           int64_t q0, int64_t k0, int w16, int lane) {
+    int r = w16 + lane / 2, j0 = (lane & 1) * 32;
+    int64_t t = q0 + r;
+    float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
+    dtr__cuda_mem P = {sp, (int)a.p};
+    for (int j = j0; j < j0 + 32; j++)
+        if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * DTR__FA_LS + j] * a.scale);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    m_new = fmaxf(m_old, mx);
+    alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
+    for (int j = j0; j < j0 + 32; j++) {
+        float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * DTR__FA_LS + j] * a.scale - m_new) : 0.0f;
+        P.st(r * DTR__FA_LD + j, p);
+        sum += p;
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    if (!(lane & 1)) sm[r] = m_new, sl[r] = sl[r] * alpha + sum, sa[r] = alpha;
+}
+
+/* the warp's output rows times their alpha (staged through its f32 rows) */
+__device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
+    for (int n = 0; n < DTR__FA_D / 16; n++)
+        nvcuda::wmma::store_matrix_sync(ss + w16 * DTR__FA_LS + n * 16, o[n], DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * DTR__FA_D; e += 32) ss[(w16 + e / DTR__FA_D) * DTR__FA_LS + e % DTR__FA_D] *= sa[w16 + e / DTR__FA_D];
+    __syncwarp();
+    for (int n = 0; n < DTR__FA_D / 16; n++)
+        nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * DTR__FA_LS + n * 16, DTR__FA_LS, nvcuda::wmma::mem_row_major);
+}
+
+/* the warp's output rows += P v */
+template <typename T> __device__ static void dtr__cuda_fa_pv(dtr__fa_acc *o, const uint16_t *sp, const uint16_t *sv, int w16) {
+    for (int n = 0; n < DTR__FA_D / 16; n++)
+        for (int kk = 0; kk < DTR__FA_KEYS / 16; kk++) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa;
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major> fb;
+            nvcuda::wmma::load_matrix_sync(fa, (const T *)sp + w16 * DTR__FA_LD + kk * 16, DTR__FA_LD);
+            nvcuda::wmma::load_matrix_sync(fb, (const T *)sv + kk * 16 * DTR__FA_LD + n * 16, DTR__FA_LD);
+            nvcuda::wmma::mma_sync(o[n], fa, fb, o[n]);
+        }
+}
+
+/* y = output rows / l (16-bit), lse = m + log l, for the warp's rows inside T */
+__device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
+                                         const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
+    dtr__cuda_mem y = {Y, (int)a.p};
+    int64_t b = z / a.H, h = z % a.H;
+    for (int n = 0; n < DTR__FA_D / 16; n++)
+        nvcuda::wmma::store_matrix_sync(ss + w16 * DTR__FA_LS + n * 16, o[n], DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    __syncwarp();
+    for (int e = lane; e < 16 * DTR__FA_D; e += 32) {
+        int r = w16 + e / DTR__FA_D, d = e % DTR__FA_D;
+        if (q0 + r < a.T) y.st((b * a.T + q0 + r) * a.C + h * DTR__FA_D + d, ss[r * DTR__FA_LS + d] / sl[r]);
+    }
+    if (lane < 16 && q0 + w16 + lane < a.T) lse[z * a.T + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
+}
+
+/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads */
+template <typename T>
+__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
+                                                                            void *Y, float *lse, dtr__cuda_att a) {
+    __shared__ __align__(32) uint16_t sq[DTR__FA_ROWS * DTR__FA_LD], sk[DTR__FA_KEYS * DTR__FA_LD], sv[DTR__FA_KEYS * DTR__FA_LD];
+    __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LS];
+    __shared__ float sm[DTR__FA_ROWS], sl[DTR__FA_ROWS], sa[DTR__FA_ROWS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16;
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
+    for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        dtr__fa_acc o[DTR__FA_D / 16];
+        dtr__cuda_fa_load(sq, Q, a, z / a.H, z % a.H, q0);
+        if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
+        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
+        for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
+            dtr__cuda_fa_load(sk, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load(sv, V, a, z / a.H, z % a.H, k0);
+            __syncthreads();
+            dtr__cuda_fa_scores<T>(sq, sk, ss, w16);
+            __syncthreads();   /* every warp has read the k tile: P goes over it */
+            dtr__cuda_fa_softmax(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
+            __syncwarp();
+            dtr__cuda_fa_rescale(o, ss, sa, w16, lane);
+            dtr__cuda_fa_pv<T>(o, sk, sv, w16);
+            __syncthreads();   /* before the next tiles are loaded */
+        }
+        dtr__cuda_fa_store(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
+        __syncthreads();
+    }
+}
+
+/* 1 when the fused forward takes the node: 16-bit operands (tensor cores) and head width 64 */
+static int dtr__cuda_fa_takes(const dtr__cuda_att *a) { return dtr__cuda_flash && a->p != DTR_F32 && a->D == DTR__FA_D; }
+
+static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
+    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+    const uint16_t *Q = (const uint16_t *)dtr__data(nd->in[0]), *K = (const uint16_t *)dtr__data(nd->in[1]),
+                   *V = (const uint16_t *)dtr__data(nd->in[2]);
+    if (a->p == DTR_BF16)
+        dtr__cuda_fa_fwd_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
+    else
+        dtr__cuda_fa_fwd_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att a;
     dtr__cuda_att_bufs b;
@@ -2378,6 +2531,7 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
+    if (dtr__cuda_fa_takes(&a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 0)).S) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
         dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
@@ -2455,7 +2609,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2459 "dtrain_cuda.cu"
+#line 2613 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2951,5 +3105,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 2955 "dtrain_cuda.cu"
+#line 3109 "dtrain_cuda.cu"
 

@@ -404,6 +404,9 @@ static const op_case CASES[] = {
     {"causal self-attention, two tiles of queries", 3, {IN3(1, 40, 4), IN3(1, 40, 4), IN3(1, 40, 4)}, b_attention, K0, 0, NULL},
     /* more rows than a GPU tile (256): the backend parity check only (too long to difference) */
     {"causal self-attention, two GPU tiles", 3, {IN3(2, 300, 8), IN3(2, 300, 8), IN3(2, 300, 8)}, b_attention, K0, 1, NULL},
+    /* head width 64 over 150 rows: with 16-bit activations and products, CUDA's fused forward
+       (three blocks of 64 query rows, the last partial, up to three steps of 64 keys) */
+    {"causal self-attention, head width 64", 3, {IN3(1, 150, 128), IN3(1, 150, 128), IN3(1, 150, 128)}, b_attention, K0, 1, NULL},
     {"reshape", 1, {IN2(6, 4)}, b_views, KA(0), 0, NULL},
     {"permute + contiguous", 1, {IN2(6, 4)}, b_views, KA(1), 0, NULL},
     {"slice", 1, {IN2(6, 4)}, b_views, KA(2), 0, NULL},

@@ -10,7 +10,10 @@
 #include "../core/internal.h"
 #include "../core/formulas.h"
 #include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cublas_v2.h>
+#include <mma.h>
 #include <pthread.h>
 
 #define DTR__CUDA_THREADS 256

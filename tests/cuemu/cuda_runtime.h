@@ -38,6 +38,7 @@
 #define __forceinline__ inline
 #define __shared__ static
 #define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned x, y, z; };
 struct dim3 {
@@ -113,7 +114,19 @@ cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
 void __syncthreads(void);
 int __syncthreads_or(int pred);
 unsigned __ballot_sync(unsigned mask, int pred);
-namespace cuemu { uint64_t shfl_down(uint64_t mine, unsigned delta, int width); }
+#include <type_traits>
+void __syncwarp(unsigned mask = 0xffffffffu);
+namespace cuemu { uint64_t shfl_down(uint64_t mine, unsigned delta, int width); uint64_t shfl_xor(uint64_t mine, int lane_mask, int width); }
+template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    uint64_t mine = 0, got;
+    T r;
+    (void)mask;
+    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
+    memcpy(&mine, &v, sizeof(T));
+    got = cuemu::shfl_xor(mine, lane_mask, width);
+    memcpy(&r, &got, sizeof(T));
+    return r;
+}
 template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
     uint64_t mine = 0, got;
     T r;

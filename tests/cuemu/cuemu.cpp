@@ -369,6 +369,21 @@ uint64_t cuemu::shfl_down(uint64_t mine, unsigned delta, int width) {
     return v;
 }
 
+uint64_t cuemu::shfl_xor(uint64_t mine, int lane_mask, int width) {
+    int t = R.cur, lane = t & 31, src = lane ^ lane_mask, base = t & ~31;
+    uint64_t v = mine;
+    R.slot[t] = mine;
+    wait_at(F_WAIT_WARP);
+    if (src / width == lane / width && base + src < R.n && R.f[base + src].state != F_DONE) v = R.slot[base + src];
+    wait_at(F_WAIT_WARP);
+    return v;
+}
+
+void __syncwarp(unsigned mask) {
+    (void)mask;
+    wait_at(F_WAIT_WARP);
+}
+
 unsigned __ballot_sync(unsigned mask, int pred) {
     int t = R.cur, base = t & ~31;
     unsigned bits = 0;
