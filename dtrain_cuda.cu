@@ -21,6 +21,7 @@
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <mma.h>
+#include <type_traits>
 #include <pthread.h>
 
 #define DTR__CUDA_THREADS 256
@@ -231,7 +232,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 235 "dtrain_cuda.cu"
+#line 236 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1131,7 +1132,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1135 "dtrain_cuda.cu"
+#line 1136 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1539,7 +1540,7 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1543 "dtrain_cuda.cu"
+#line 1544 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1993,7 +1994,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 1997 "dtrain_cuda.cu"
+#line 1998 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2192,7 +2193,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2196 "dtrain_cuda.cu"
+#line 2197 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2392,29 +2393,43 @@ static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled forward for every ca
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dtr__fa_acc;
 
-/* rows r0.. (64) of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T */
-__device__ static void dtr__cuda_fa_load(uint16_t *dst, const uint16_t *x, const dtr__cuda_att &a, int64_t b, int64_t h, int64_t r0) {
-    for (int e = threadIdx.x; e < DTR__FA_KEYS * DTR__FA_D; e += blockDim.x) {
+/* `rows` rows r0.. of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T */
+__device__ static void dtr__cuda_fa_load(uint16_t *dst, int rows, const uint16_t *x, const dtr__cuda_att &a, int64_t b, int64_t h,
+                                        int64_t r0) {
+    for (int e = threadIdx.x; e < rows * DTR__FA_D; e += blockDim.x) {
         int r = e / DTR__FA_D, d = e % DTR__FA_D;
         int64_t t = r0 + r;
         dst[r * DTR__FA_LD + d] = t < a.T ? x[(b * a.T + t) * a.C + h * DTR__FA_D + d] : (uint16_t)0;
     }
 }
 
+/* acc[0..NT) (16 x 16 NT) += A (16 x 16 KT, row-major at a, stride la) B (16 KT x 16 NT): B
+   row-major at b (stride lb), or LB col_major: B's element (k, n) at b[n lb + k] (the
+   transpose of row-major rows) */
+template <typename T, typename LB, int NT, int KT>
+__device__ static void dtr__cuda_fa_mma(dtr__fa_acc *acc, const uint16_t *a, int la, const uint16_t *b, int lb) {
+    const bool rowb = std::is_same<LB, nvcuda::wmma::row_major>::value;
+    for (int n = 0; n < NT; n++)
+        for (int kk = 0; kk < KT; kk++) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa;
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, LB> fb;
+            nvcuda::wmma::load_matrix_sync(fa, (const T *)a + kk * 16, la);
+            nvcuda::wmma::load_matrix_sync(fb, (const T *)b + (rowb ? kk * 16 * lb + n * 16 : n * 16 * lb + kk * 16), lb);
+            nvcuda::wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        }
+}
+
+/* acc[0..NT) into f32 rows at dst (stride ld) */
+template <int NT> __device__ static void dtr__cuda_fa_stage(float *dst, int ld, const dtr__fa_acc *acc) {
+    for (int n = 0; n < NT; n++) nvcuda::wmma::store_matrix_sync(dst + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
+}
+
 /* the warp's 16 rows of scores (f32, unscaled) = q k^T */
 template <typename T> __device__ static void dtr__cuda_fa_scores(const uint16_t *sq, const uint16_t *sk, float *ss, int w16) {
-    for (int n = 0; n < DTR__FA_KEYS / 16; n++) {
-        dtr__fa_acc c;
-        nvcuda::wmma::fill_fragment(c, 0.0f);
-        for (int kk = 0; kk < DTR__FA_D / 16; kk++) {
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa;
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::col_major> fb;
-            nvcuda::wmma::load_matrix_sync(fa, (const T *)sq + w16 * DTR__FA_LD + kk * 16, DTR__FA_LD);
-            nvcuda::wmma::load_matrix_sync(fb, (const T *)sk + n * 16 * DTR__FA_LD + kk * 16, DTR__FA_LD);
-            nvcuda::wmma::mma_sync(c, fa, fb, c);
-        }
-        nvcuda::wmma::store_matrix_sync(ss + w16 * DTR__FA_LS + n * 16, c, DTR__FA_LS, nvcuda::wmma::mem_row_major);
-    }
+    dtr__fa_acc c[DTR__FA_KEYS / 16];
+    for (int n = 0; n < DTR__FA_KEYS / 16; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, DTR__FA_KEYS / 16, DTR__FA_D / 16>(c, sq + w16 * DTR__FA_LD, DTR__FA_LD, sk, DTR__FA_LD);
+    dtr__cuda_fa_stage<DTR__FA_KEYS / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, c);
 }
 
 /* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
@@ -2441,8 +2456,7 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
 
 /* the warp's output rows times their alpha (staged through its f32 rows) */
 __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
-    for (int n = 0; n < DTR__FA_D / 16; n++)
-        nvcuda::wmma::store_matrix_sync(ss + w16 * DTR__FA_LS + n * 16, o[n], DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    dtr__cuda_fa_stage<DTR__FA_D / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, o);
     __syncwarp();
     for (int e = lane; e < 16 * DTR__FA_D; e += 32) ss[(w16 + e / DTR__FA_D) * DTR__FA_LS + e % DTR__FA_D] *= sa[w16 + e / DTR__FA_D];
     __syncwarp();
@@ -2450,25 +2464,13 @@ __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const flo
         nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * DTR__FA_LS + n * 16, DTR__FA_LS, nvcuda::wmma::mem_row_major);
 }
 
-/* the warp's output rows += P v */
-template <typename T> __device__ static void dtr__cuda_fa_pv(dtr__fa_acc *o, const uint16_t *sp, const uint16_t *sv, int w16) {
-    for (int n = 0; n < DTR__FA_D / 16; n++)
-        for (int kk = 0; kk < DTR__FA_KEYS / 16; kk++) {
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa;
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, nvcuda::wmma::row_major> fb;
-            nvcuda::wmma::load_matrix_sync(fa, (const T *)sp + w16 * DTR__FA_LD + kk * 16, DTR__FA_LD);
-            nvcuda::wmma::load_matrix_sync(fb, (const T *)sv + kk * 16 * DTR__FA_LD + n * 16, DTR__FA_LD);
-            nvcuda::wmma::mma_sync(o[n], fa, fb, o[n]);
-        }
-}
 
 /* y = output rows / l (16-bit), lse = m + log l, for the warp's rows inside T */
 __device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
                                          const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
     dtr__cuda_mem y = {Y, (int)a.p};
     int64_t b = z / a.H, h = z % a.H;
-    for (int n = 0; n < DTR__FA_D / 16; n++)
-        nvcuda::wmma::store_matrix_sync(ss + w16 * DTR__FA_LS + n * 16, o[n], DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    dtr__cuda_fa_stage<DTR__FA_D / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, o);
     __syncwarp();
     for (int e = lane; e < 16 * DTR__FA_D; e += 32) {
         int r = w16 + e / DTR__FA_D, d = e % DTR__FA_D;
@@ -2488,19 +2490,21 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         dtr__fa_acc o[DTR__FA_D / 16];
-        dtr__cuda_fa_load(sq, Q, a, z / a.H, z % a.H, q0);
+        dtr__cuda_fa_load(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
         for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load(sk, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load(sv, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
             dtr__cuda_fa_scores<T>(sq, sk, ss, w16);
             __syncthreads();   /* every warp has read the k tile: P goes over it */
             dtr__cuda_fa_softmax(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
             __syncwarp();
             dtr__cuda_fa_rescale(o, ss, sa, w16, lane);
-            dtr__cuda_fa_pv<T>(o, sk, sv, w16);
+            /* the warp's output rows += P v */
+            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_KEYS / 16>(o, sk + w16 * DTR__FA_LD, DTR__FA_LD, sv,
+                                                                                          DTR__FA_LD);
             __syncthreads();   /* before the next tiles are loaded */
         }
         dtr__cuda_fa_store(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
@@ -2519,6 +2523,167 @@ static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__c
         dtr__cuda_fa_fwd_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
     else
         dtr__cuda_fa_fwd_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- the fused backward: dk, dv and dq of 16-bit attention with head width 64 ----
+ * Two kernels, no atomics (each gradient element has one writer, so runs repeat bit for bit):
+ * one block per 64 keys sums dk and dv over the query steps at or past them (causal), one
+ * block per 64 queries sums dq over the key steps up to them; both recompute the scores on
+ * tensor cores and P = exp(S - lse) from the forward's log-sum-exps, with dy rounded to 16
+ * bits once (dO) and Drow = rowsum(dy y) (the tiled path's). A step is 32 rows of the other
+ * side: each warp's 16 x 32 scores and dP in f32 shared rows, P and dS in 16 bits over them
+ * (read, __syncwarp, write). dS = P (dP - Drow) scale with P in f32; the products' operands P,
+ * dS, q, k, v and dO in 16 bits, their sums in f32 (the tiled path's roundings). */
+
+#define DTR__FA_STEP 32     /* rows of the other side per step of the backward */
+#define DTR__FA_LQ 36       /* f32 row stride of a step (16-bit rows over them: 72) */
+
+/* The scores (or dP) of the warp's 16 rows against a step's 32 rows: (16 x 64) (64 x 32) into
+   f32 rows at dst (stride DTR__FA_LQ). */
+template <typename T> __device__ static void dtr__cuda_fa_step(float *dst, const uint16_t *rows16, const uint16_t *step) {
+    dtr__fa_acc c[DTR__FA_STEP / 16];
+    for (int n = 0; n < DTR__FA_STEP / 16; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, DTR__FA_STEP / 16, DTR__FA_D / 16>(c, rows16, DTR__FA_LD, step, DTR__FA_LD);
+    dtr__cuda_fa_stage<DTR__FA_STEP / 16>(dst, DTR__FA_LQ, c);
+}
+
+/* f(row, col, value) over the warp's 16 x 32 f32 rows at src (lane = column), then written in
+   16 bits over the rows at dst (16-bit stride 2 DTR__FA_LQ): every lane reads its column
+   before any lane writes */
+template <typename F> __device__ static void dtr__cuda_fa_pack(float *dst, const float *src, int dt, int lane, F f) {
+    float v[16];
+    dtr__cuda_mem out = {dst, dt};
+    for (int i = 0; i < 16; i++) v[i] = f(i, lane, src[i * DTR__FA_LQ + lane]);
+    __syncwarp();
+    for (int i = 0; i < 16; i++) out.st(i * 2 * DTR__FA_LQ + lane, v[i]);
+    __syncwarp();
+}
+
+/* acc[0..4) (16 x 64, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
+   added, rows past T left alone; staged 32 columns at a time through the warp's f32 rows st */
+__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc *acc, float *st, const dtr__cuda_att &a, int64_t b, int64_t h,
+                                       int64_t r0, int lane) {
+    for (int half = 0; half < 2; half++) {
+        dtr__cuda_fa_stage<2>(st, DTR__FA_LQ, acc + 2 * half);
+        __syncwarp();
+        for (int i = 0; i < 16; i++)
+            if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * DTR__FA_D + half * 32 + lane] += st[i * DTR__FA_LQ + lane];
+        __syncwarp();
+    }
+}
+
+/* dk, dv of 64 keys k0.. (grid (key blocks, min(B H, 65535))) */
+template <typename T>
+__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
+                                                                            const uint16_t *G, const float *lse, const float *Drow,
+                                                                            float *GK, float *GV, dtr__cuda_att a) {
+    __shared__ __align__(32) uint16_t sk[DTR__FA_KEYS * DTR__FA_LD], sv[DTR__FA_KEYS * DTR__FA_LD], sq[DTR__FA_STEP * DTR__FA_LD],
+        sg[DTR__FA_STEP * DTR__FA_LD];
+    __shared__ __align__(32) float ss[DTR__FA_KEYS * DTR__FA_LQ], sp[DTR__FA_KEYS * DTR__FA_LQ];
+    __shared__ float sl[DTR__FA_STEP], sd[DTR__FA_STEP];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16, dt = (int)a.p;
+    int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
+    float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
+    for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        dtr__fa_acc dk[DTR__FA_D / 16], dv[DTR__FA_D / 16];
+        dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
+        for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
+            dtr__cuda_fa_load(sq, DTR__FA_STEP, Q, a, z / a.H, z % a.H, q0);
+            dtr__cuda_fa_load(sg, DTR__FA_STEP, G, a, z / a.H, z % a.H, q0);
+            if (threadIdx.x < DTR__FA_STEP) {
+                int64_t q = q0 + threadIdx.x;
+                sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
+                sd[threadIdx.x] = q < a.T ? Drow[z * a.T + q] : 0.0f;
+            }
+            __syncthreads();
+            int64_t key = k0 + w16;   /* the warp's first key; row i is key + i, column j query q0 + j */
+            auto live = [&](int i, int j) { return q0 + j >= key + i && q0 + j < a.T && key + i < a.T; };
+            auto prob = [&](int i, int j, float s) { return live(i, j) ? expf(s * a.scale - sl[j]) : 0.0f; };
+            dtr__cuda_fa_step<T>(s16, sk + w16 * DTR__FA_LD, sq);                          /* S^T = k q^T */
+            __syncwarp();
+            dtr__cuda_fa_pack(p16, s16, dt, lane, [&](int i, int j, float s) { return prob(i, j, s); });   /* P^T */
+            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg,
+                                                                                          DTR__FA_LD);   /* dv += P^T dO */
+            __syncwarp();
+            dtr__cuda_fa_step<T>(p16, sv + w16 * DTR__FA_LD, sg);                          /* dP^T = v dO^T */
+            __syncwarp();
+            /* dS^T = P^T (dP^T - Drow) scale over the scores */
+            for (int i = 0; i < 16; i++) p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) *
+                                                                    (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
+            __syncwarp();
+            dtr__cuda_fa_pack(s16, p16, dt, lane, [](int, int, float v) { return v; });
+            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq,
+                                                                                          DTR__FA_LD);   /* dk += dS^T q */
+            __syncthreads();   /* before the next step's tiles */
+        }
+        dtr__cuda_fa_add(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
+        __syncthreads();
+    }
+}
+/* dq of 64 queries q0.. (grid (query blocks, min(B H, 65535))) */
+template <typename T>
+__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
+                                                                           const uint16_t *G, const float *lse, const float *Drow,
+                                                                           float *GQ, dtr__cuda_att a) {
+    __shared__ __align__(32) uint16_t sq[DTR__FA_ROWS * DTR__FA_LD], sg[DTR__FA_ROWS * DTR__FA_LD], sk[DTR__FA_STEP * DTR__FA_LD],
+        sv[DTR__FA_STEP * DTR__FA_LD];
+    __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LQ], sp[DTR__FA_ROWS * DTR__FA_LQ];
+    __shared__ float sl[DTR__FA_ROWS], sd[DTR__FA_ROWS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16, dt = (int)a.p;
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T, query = q0 + w16;
+    float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
+    for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        dtr__fa_acc dq[DTR__FA_D / 16];
+        dtr__cuda_fa_load(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
+        dtr__cuda_fa_load(sg, DTR__FA_ROWS, G, a, z / a.H, z % a.H, q0);
+        if (threadIdx.x < DTR__FA_ROWS) {
+            int64_t q = q0 + threadIdx.x;
+            sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
+            sd[threadIdx.x] = q < a.T ? Drow[z * a.T + q] : 0.0f;
+        }
+        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
+        for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
+            dtr__cuda_fa_load(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
+            __syncthreads();
+            dtr__cuda_fa_step<T>(s16, sq + w16 * DTR__FA_LD, sk);   /* S = q k^T */
+            dtr__cuda_fa_step<T>(p16, sg + w16 * DTR__FA_LD, sv);   /* dP = dO v^T */
+            __syncwarp();
+            /* dS = P (dP - Drow) scale, row i query + i, column j key k0 + j */
+            dtr__cuda_fa_pack(s16, p16, dt, lane, [&](int i, int j, float dp) {
+                bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
+                return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[w16 + i]) * (dp - sd[w16 + i]) * a.scale : 0.0f;
+            });
+            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
+                                                                                          DTR__FA_LD);   /* dq += dS k */
+            __syncthreads();
+        }
+        dtr__cuda_fa_add(GQ, dq, s16, a, z / a.H, z % a.H, query, lane);
+        __syncthreads();
+    }
+}
+
+/* the fused backward of a node whose q, k and v all take gradients: dO = dy in 16 bits
+   (scratch), then the two kernels (Drow is computed) */
+static dtr_result dtr__cuda_fa_bwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, const float *Drow) {
+    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+    const uint16_t *Q = (const uint16_t *)dtr__data(nd->in[0]), *K = (const uint16_t *)dtr__data(nd->in[1]),
+                   *V = (const uint16_t *)dtr__data(nd->in[2]), *G;
+    const float *lse = (const float *)nd->saved;
+    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(a->B * a->T * a->C * 2));
+    if (!at || !(G = (const uint16_t *)dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a->p, a->B * a->T * a->C, &at))) return ctx->status;
+    if (a->p == DTR_BF16) {
+        dtr__cuda_fa_dkv_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
+        dtr__cuda_fa_dq_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GQ, *a);
+    } else {
+        dtr__cuda_fa_dkv_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
+        dtr__cuda_fa_dq_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GQ, *a);
+    }
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -2584,18 +2749,19 @@ static dtr_result dtr__cuda_attention_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att_make(ctx, nd, &a);
     rows = a.B * a.H * a.T;
     if (rows == 0) return DTR_OK;
-    Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float));
-    b = dtr__cuda_att_scratch(ctx, &a, 1);
-    if (!Drow || !b.S) return ctx->status;
+    if (!(Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float)))) return ctx->status;
+    dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->out), nd->out->grad, Drow, a);
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    if (dtr__cuda_fa_takes(&a) && dtr__gradof(nd->in[0]) && dtr__gradof(nd->in[1]) && dtr__gradof(nd->in[2]))
+        return dtr__cuda_fa_bwd(ctx, nd, &a, Drow);
+    if (!(b = dtr__cuda_att_scratch(ctx, &a, 1)).S) return ctx->status;
     if (!b.G) {
         b.G = nd->out->grad;   /* f32: dy as it is */
     } else {
         char *g = (char *)b.G;
         if (!dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a.p, a.B * a.T * a.C, &g)) return ctx->status;
     }
-    dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__cuda_mem_of(nd->out), nd->out->grad, Drow, a);
-    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n)
         if (dtr__cuda_att_bwd_tile(ctx, nd, &a, dtr__cuda_att_tile_at(&a, t0), &b, Drow) != DTR_OK) return ctx->status;
     return DTR_OK;
@@ -2609,7 +2775,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2613 "dtrain_cuda.cu"
+#line 2779 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3105,5 +3271,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3109 "dtrain_cuda.cu"
+#line 3275 "dtrain_cuda.cu"
 

@@ -14,6 +14,7 @@
 #include <cuda_fp16.h>
 #include <cublas_v2.h>
 #include <mma.h>
+#include <type_traits>
 #include <pthread.h>
 
 #define DTR__CUDA_THREADS 256
