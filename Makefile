@@ -144,7 +144,7 @@ DTRUN    := $(BUILD)/dtrun
 # Every tests/test_*.c, examples/*.c and bench/*.c is a program: new files need no edit here.
 TESTS    := $(patsubst tests/%.c,$(BUILD)/tests/%,$(wildcard tests/test_*.c))
 EXAMPLES := $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
-BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c bench/gpu.c bench/gpu_gemm.c,$(wildcard bench/*.c)))
+BENCHES  := $(patsubst bench/%.c,$(BUILD)/bench/%,$(filter-out bench/allreduce_mpi.c bench/gpu.c bench/gpu_gemm.c bench/gpu_attention.c,$(wildcard bench/*.c)))
 ifneq ($(HAVE_OPENBLAS),1)
 BENCHES  := $(filter-out $(BUILD)/bench/gemm,$(BENCHES))
 endif
@@ -333,11 +333,18 @@ $(BUILD)/bench/gpu: bench/gpu.c $(CUDA_OBJ) $(LIBA)
 $(BUILD)/bench/gpu_gemm: bench/gpu_gemm.c $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
-bench-gpu: $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm
+# bench/gpu_attention.c: the GPTs' causal attention (fused kernels with --bf16) beside
+# bench/gpu_attention_torch.py (scaled_dot_product_attention on the same shapes).
+$(BUILD)/bench/gpu_attention: bench/gpu_attention.c $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+bench-gpu: $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(BUILD)/bench/gpu_attention
 	$(BUILD)/bench/gpu $(BENCH_ARGS)
 	-python3 bench/gpu_torch.py $(BENCH_ARGS)
 	$(BUILD)/bench/gpu_gemm
 	-python3 bench/gpu_gemm_torch.py
+	$(BUILD)/bench/gpu_attention --bf16
+	-python3 bench/gpu_attention_torch.py --bf16
 
 # examples-gpu: the Fashion-MNIST MLP and CNN linked with dtrain_cuda.o; --gpu trains on the GPU.
 # fmnist_dp's ranks too (with dtrain_comm.o: --transport libfabric under dtrun).
@@ -358,7 +365,7 @@ $(BUILD)/examples/gpu/fmnist_ps: EXTRA_LIBS += $(COMM_LIBS)
 # it does not (used by check).
 cuda-check:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(GPU_EXAMPLES)
+	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(BUILD)/bench/gpu_attention $(GPU_EXAMPLES)
 else
 	@echo "*****************************************************************"
 	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"
