@@ -374,7 +374,47 @@ __device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc *acc, float 
     }
 }
 
-/* dk, dv of 64 keys k0.. (grid (key blocks, min(B H, 65535))) */
+/* `rows` query rows q0.. of item z: q and dO into 16-bit tiles, their log-sum-exps and Drow
+   (0 past T) */
+__device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *sl, float *sd, int rows, const uint16_t *Q,
+                                           const uint16_t *G, const float *lse, const float *Drow, const dtr__cuda_att &a,
+                                           int64_t z, int64_t q0) {
+    dtr__cuda_fa_load(sq, rows, Q, a, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load(sg, rows, G, a, z / a.H, z % a.H, q0);
+    if ((int)threadIdx.x < rows) {
+        int64_t q = q0 + threadIdx.x;
+        sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
+        sd[threadIdx.x] = q < a.T ? Drow[z * a.T + q] : 0.0f;
+    }
+}
+
+/* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv) against 32 queries q0..
+   (sq, sg, sl, sd): S^T = k q^T, P^T (16-bit, over p16), dv += P^T dO, dP^T = v dO^T (over p16),
+   dS^T = P^T (dP^T - Drow) scale (16-bit, over s16), dk += dS^T q. */
+template <typename T>
+__device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc *dk, dtr__fa_acc *dv, float *s16, float *p16, const uint16_t *sk,
+                                            const uint16_t *sv, const uint16_t *sq, const uint16_t *sg, const float *sl,
+                                            const float *sd, const dtr__cuda_att &a, int64_t key, int64_t q0, int lane) {
+    auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
+        return q0 + j >= key + i && q0 + j < a.T && key + i < a.T ? expf(s * a.scale - sl[j]) : 0.0f;
+    };
+    dtr__cuda_fa_step<T>(s16, sk, sq);
+    __syncwarp();
+    dtr__cuda_fa_pack(p16, s16, (int)a.p, lane, prob);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg,
+                                                                                  DTR__FA_LD);
+    __syncwarp();
+    dtr__cuda_fa_step<T>(p16, sv, sg);
+    __syncwarp();
+    for (int i = 0; i < 16; i++)
+        p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
+    __syncwarp();
+    dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [](int, int, float v) { return v; });
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq,
+                                                                                  DTR__FA_LD);
+}
+
+/* dk, dv of 64 keys k0.. over the query steps at or past them (grid (key blocks, min(B H, 65535))) */
 template <typename T>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                             const uint16_t *G, const float *lse, const float *Drow,
@@ -383,7 +423,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
         sg[DTR__FA_STEP * DTR__FA_LD];
     __shared__ __align__(32) float ss[DTR__FA_KEYS * DTR__FA_LQ], sp[DTR__FA_KEYS * DTR__FA_LQ];
     __shared__ float sl[DTR__FA_STEP], sd[DTR__FA_STEP];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16, dt = (int)a.p;
+    int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
@@ -392,32 +432,10 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
         dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
         for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
         for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load(sq, DTR__FA_STEP, Q, a, z / a.H, z % a.H, q0);
-            dtr__cuda_fa_load(sg, DTR__FA_STEP, G, a, z / a.H, z % a.H, q0);
-            if (threadIdx.x < DTR__FA_STEP) {
-                int64_t q = q0 + threadIdx.x;
-                sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
-                sd[threadIdx.x] = q < a.T ? Drow[z * a.T + q] : 0.0f;
-            }
+            dtr__cuda_fa_queries(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
             __syncthreads();
-            int64_t key = k0 + w16;   /* the warp's first key; row i is key + i, column j query q0 + j */
-            auto live = [&](int i, int j) { return q0 + j >= key + i && q0 + j < a.T && key + i < a.T; };
-            auto prob = [&](int i, int j, float s) { return live(i, j) ? expf(s * a.scale - sl[j]) : 0.0f; };
-            dtr__cuda_fa_step<T>(s16, sk + w16 * DTR__FA_LD, sq);                          /* S^T = k q^T */
-            __syncwarp();
-            dtr__cuda_fa_pack(p16, s16, dt, lane, [&](int i, int j, float s) { return prob(i, j, s); });   /* P^T */
-            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg,
-                                                                                          DTR__FA_LD);   /* dv += P^T dO */
-            __syncwarp();
-            dtr__cuda_fa_step<T>(p16, sv + w16 * DTR__FA_LD, sg);                          /* dP^T = v dO^T */
-            __syncwarp();
-            /* dS^T = P^T (dP^T - Drow) scale over the scores */
-            for (int i = 0; i < 16; i++) p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) *
-                                                                    (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
-            __syncwarp();
-            dtr__cuda_fa_pack(s16, p16, dt, lane, [](int, int, float v) { return v; });
-            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq,
-                                                                                          DTR__FA_LD);   /* dk += dS^T q */
+            dtr__cuda_fa_dkv_step<T>(dk, dv, s16, p16, sk + w16 * DTR__FA_LD, sv + w16 * DTR__FA_LD, sq, sg, sl, sd, a, k0 + w16, q0,
+                                     lane);
             __syncthreads();   /* before the next step's tiles */
         }
         dtr__cuda_fa_add(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
@@ -425,7 +443,26 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
         __syncthreads();
     }
 }
-/* dq of 64 queries q0.. (grid (query blocks, min(B H, 65535))) */
+
+/* One step of dq for the warp's 16 queries query.. (rows of sq, sg; sl, sd from row w16)
+   against 32 keys k0.. (sk, sv): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (16-bit,
+   over s16), dq += dS k. */
+template <typename T>
+__device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc *dq, float *s16, float *p16, const uint16_t *sq, const uint16_t *sg,
+                                           const uint16_t *sk, const uint16_t *sv, const float *sl, const float *sd,
+                                           const dtr__cuda_att &a, int64_t query, int64_t k0, int lane) {
+    dtr__cuda_fa_step<T>(s16, sq, sk);
+    dtr__cuda_fa_step<T>(p16, sg, sv);
+    __syncwarp();
+    dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
+        bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
+        return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
+    });
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
+                                                                                  DTR__FA_LD);
+}
+
+/* dq of 64 queries q0.. over the key steps up to them (grid (query blocks, min(B H, 65535))) */
 template <typename T>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                            const uint16_t *G, const float *lse, const float *Drow,
@@ -434,36 +471,22 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
         sv[DTR__FA_STEP * DTR__FA_LD];
     __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LQ], sp[DTR__FA_ROWS * DTR__FA_LQ];
     __shared__ float sl[DTR__FA_ROWS], sd[DTR__FA_ROWS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16, dt = (int)a.p;
-    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T, query = q0 + w16;
+    int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         dtr__fa_acc dq[DTR__FA_D / 16];
-        dtr__cuda_fa_load(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
-        dtr__cuda_fa_load(sg, DTR__FA_ROWS, G, a, z / a.H, z % a.H, q0);
-        if (threadIdx.x < DTR__FA_ROWS) {
-            int64_t q = q0 + threadIdx.x;
-            sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
-            sd[threadIdx.x] = q < a.T ? Drow[z * a.T + q] : 0.0f;
-        }
+        dtr__cuda_fa_queries(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
         for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
             dtr__cuda_fa_load(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
             dtr__cuda_fa_load(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_step<T>(s16, sq + w16 * DTR__FA_LD, sk);   /* S = q k^T */
-            dtr__cuda_fa_step<T>(p16, sg + w16 * DTR__FA_LD, sv);   /* dP = dO v^T */
-            __syncwarp();
-            /* dS = P (dP - Drow) scale, row i query + i, column j key k0 + j */
-            dtr__cuda_fa_pack(s16, p16, dt, lane, [&](int i, int j, float dp) {
-                bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
-                return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[w16 + i]) * (dp - sd[w16 + i]) * a.scale : 0.0f;
-            });
-            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
-                                                                                          DTR__FA_LD);   /* dq += dS k */
+            dtr__cuda_fa_dq_step<T>(dq, s16, p16, sq + w16 * DTR__FA_LD, sg + w16 * DTR__FA_LD, sk, sv, sl + w16, sd + w16, a, q0 + w16,
+                                    k0, lane);
             __syncthreads();
         }
-        dtr__cuda_fa_add(GQ, dq, s16, a, z / a.H, z % a.H, query, lane);
+        dtr__cuda_fa_add(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
         __syncthreads();
     }
 }

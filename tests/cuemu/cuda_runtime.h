@@ -116,26 +116,28 @@ int __syncthreads_or(int pred);
 unsigned __ballot_sync(unsigned mask, int pred);
 #include <type_traits>
 void __syncwarp(unsigned mask = 0xffffffffu);
-namespace cuemu { uint64_t shfl_down(uint64_t mine, unsigned delta, int width); uint64_t shfl_xor(uint64_t mine, int lane_mask, int width); }
-template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+namespace cuemu {
+enum { SHFL_DOWN, SHFL_XOR };
+/* the value of lane (lane + arg) (SHFL_DOWN) or (lane ^ arg) (SHFL_XOR) inside groups of
+   `width` lanes, this lane's own when that lane is outside its group or the block */
+uint64_t shfl(uint64_t mine, int kind, int arg, int width);
+template <class T> T shuffle(T v, int kind, int arg, int width) {
     uint64_t mine = 0, got;
     T r;
-    (void)mask;
     static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
     memcpy(&mine, &v, sizeof(T));
-    got = cuemu::shfl_xor(mine, lane_mask, width);
+    got = shfl(mine, kind, arg, width);
     memcpy(&r, &got, sizeof(T));
     return r;
 }
+}  // namespace cuemu
 template <class T> T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    uint64_t mine = 0, got;
-    T r;
     (void)mask;
-    static_assert(sizeof(T) <= 8, "shuffle of more than 8 bytes");
-    memcpy(&mine, &v, sizeof(T));
-    got = cuemu::shfl_down(mine, delta, width);
-    memcpy(&r, &got, sizeof(T));
-    return r;
+    return cuemu::shuffle(v, cuemu::SHFL_DOWN, (int)delta, width);
+}
+template <class T> T __shfl_xor_sync(unsigned mask, T v, int lane_mask, int width = 32) {
+    (void)mask;
+    return cuemu::shuffle(v, cuemu::SHFL_XOR, lane_mask, width);
 }
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
 inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }

@@ -359,23 +359,13 @@ void cuemu::launch(const config &c, std::function<void()> body) {
 
 /* ---- warp and block operations ---- */
 
-uint64_t cuemu::shfl_down(uint64_t mine, unsigned delta, int width) {
-    int t = R.cur, lane = t & 31, src = lane + (int)delta, base = t & ~31;
+uint64_t cuemu::shfl(uint64_t mine, int kind, int arg, int width) {
+    int t = R.cur, lane = t & 31, src = kind == SHFL_DOWN ? lane + arg : lane ^ arg, base = t & ~31;
     uint64_t v = mine;
     R.slot[t] = mine;
     wait_at(F_WAIT_WARP);
     if (src / width == lane / width && base + src < R.n && R.f[base + src].state != F_DONE) v = R.slot[base + src];
     wait_at(F_WAIT_WARP);   /* every lane has read before a lane writes again */
-    return v;
-}
-
-uint64_t cuemu::shfl_xor(uint64_t mine, int lane_mask, int width) {
-    int t = R.cur, lane = t & 31, src = lane ^ lane_mask, base = t & ~31;
-    uint64_t v = mine;
-    R.slot[t] = mine;
-    wait_at(F_WAIT_WARP);
-    if (src / width == lane / width && base + src < R.n && R.f[base + src].state != F_DONE) v = R.slot[base + src];
-    wait_at(F_WAIT_WARP);
     return v;
 }
 

@@ -32,11 +32,14 @@ __global__ static void block_tree_k(const int *in, int *out) {
     if (t == 0) out[blockIdx.x] = sh[0];
 }
 
-/* warp sums by shuffles, ballots of odd values, and a block-wide "any" */
+/* warp sums by shuffles (down: lane 0 has it; xor: every lane, lane 7's kept), ballots of odd
+   values, and a block-wide "any" */
 __global__ static void warp_k(const int *in, int *sums, unsigned *ballots, int *any) {
-    int t = threadIdx.x, v = in[t];
+    int t = threadIdx.x, v = in[t], x = in[t];
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
     if ((t & 31) == 0) sums[t >> 5] = v;
+    if ((t & 31) == 7) sums[8 + (t >> 5)] = x;
     unsigned b = __ballot_sync(0xffffffffu, in[t] & 1);
     if ((t & 31) == 0) ballots[t >> 5] = b;
     int a = __syncthreads_or(in[t] == 77);
@@ -54,7 +57,7 @@ __global__ static void add_one_k(float *x, int n) {
 }
 
 static void test_barriers_and_warps(void) {
-    int h_in[1024], h_out[4], *in, *out, *sums, *any, h_sums[8], h_any = 0;
+    int h_in[1024], h_out[4], *in, *out, *sums, *any, h_sums[16], h_any = 0;
     unsigned *ballots, h_ballots[8];
     for (int i = 0; i < 1024; i++) h_in[i] = i == 200 ? 77 : i % 7;
     cudaMalloc((void **)&in, sizeof h_in);
@@ -81,6 +84,7 @@ static void test_barriers_and_warps(void) {
         unsigned bits = 0;
         for (int l = 0; l < 32; l++) want += h_in[w * 32 + l], bits |= (unsigned)(h_in[w * 32 + l] & 1) << l;
         CHECK(h_sums[w] == want);
+        CHECK(h_sums[8 + w] == want);
         CHECK(h_ballots[w] == bits);
     }
     CHECK(h_any == 1);
