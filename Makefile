@@ -635,6 +635,7 @@ help:
 	@echo "  cuda, comm       $(BUILD)/dtrain_cuda.o (nvcc, sm_80+sm_90), $(BUILD)/dtrain_comm.o (libfabric), dtrain_comm_nccl.o (+ NCCL when found)"
 	@echo "  cuda-lib, comm-lib  the same as libraries: $(BUILD)/libdtrain_cuda.{a,so}, $(BUILD)/libdtrain_comm.{a,so}"
 	@echo "  test-gpu         on a GPU machine: every op and the training checks on the GPU against the CPU (skips loudly without one)"
+	@echo "  test-cuemu       the GPU tests with the CUDA kernels executed on the CPU (tests/cuemu; part of test)"
 	@echo "  examples-gpu     $(BUILD)/examples/gpu/{fmnist_mlp,fmnist_cnn,fmnist_dp}: the examples with --gpu (CUDA backend)"
 	@echo "  bench-gpu        bench/gpu beside bench/gpu_torch.py (BENCH_ARGS, e.g. --tf32)"
 	@echo "Run and check:"
