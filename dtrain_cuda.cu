@@ -2215,6 +2215,8 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
  * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
  * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
+ * 16-bit with head width 64 (the GPTs'): the fused kernels further down (flash attention,
+ * forward and backward on tensor cores), which keep no score tiles at all.
  * ==========================================================================*/
 
 #define DTR__ATT_TILE 256              /* query rows per tile, at most */
@@ -2798,7 +2800,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2802 "dtrain_cuda.cu"
+#line 2804 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3294,5 +3296,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3298 "dtrain_cuda.cu"
+#line 3300 "dtrain_cuda.cu"
 

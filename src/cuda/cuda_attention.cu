@@ -16,6 +16,8 @@
  * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
  * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
+ * 16-bit with head width 64 (the GPTs'): the fused kernels further down (flash attention,
+ * forward and backward on tensor cores), which keep no score tiles at all.
  * ==========================================================================*/
 
 #define DTR__ATT_TILE 256              /* query rows per tile, at most */
