@@ -647,11 +647,14 @@ static double narrow_against_f32(dtr_context *nar, const char *backend, dtr_dtyp
     return worst;
 }
 
-/* The same cases, 16-bit on another backend against 16-bit on the CPU (leaves cast too). */
-static void narrow_parity(dtr_context *other, const char *backend, dtr_dtype dt, double tol) {
+/* The same cases, 16-bit on another backend against 16-bit on the CPU (leaves cast too).
+   Attention's cases within tol / 5: the worst cases elsewhere (normalisations of rounded
+   values) set tol, and a few-percent error in attention's fused kernels must not hide under it. */
+static void narrow_parity(dtr_context *other, const char *backend, dtr_dtype dt, double tol_all) {
     int i;
     for (i = 0; i < N_CASES; i++) {
         dtr_context *ref = narrow_ctx(NULL, dt, 1);
+        double tol = strstr(CASES[i].name, "attention") ? tol_all / 5 : tol_all;
         run_result a, b;
         other->rng = ref->rng;
         g_leaf_dtype = dt;
