@@ -2426,12 +2426,13 @@ template <int NT> __device__ static void dtr__cuda_fa_stage(float *dst, int ld, 
     for (int n = 0; n < NT; n++) nvcuda::wmma::store_matrix_sync(dst + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
 }
 
-/* the warp's 16 rows of scores (f32, unscaled) = q k^T */
-template <typename T> __device__ static void dtr__cuda_fa_scores(const uint16_t *sq, const uint16_t *sk, float *ss, int w16) {
-    dtr__fa_acc c[DTR__FA_KEYS / 16];
-    for (int n = 0; n < DTR__FA_KEYS / 16; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, DTR__FA_KEYS / 16, DTR__FA_D / 16>(c, sq + w16 * DTR__FA_LD, DTR__FA_LD, sk, DTR__FA_LD);
-    dtr__cuda_fa_stage<DTR__FA_KEYS / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, c);
+/* The warp's 16 rows against 16 NT rows of another tile, (16 x 64) (64 x 16 NT): scores
+   (unscaled) or dP, into f32 rows at dst (stride ld). */
+template <typename T, int NT> __device__ static void dtr__cuda_fa_rows(float *dst, int ld, const uint16_t *rows16, const uint16_t *other) {
+    dtr__fa_acc c[NT];
+    for (int n = 0; n < NT; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, NT, DTR__FA_D / 16>(c, rows16, DTR__FA_LD, other, DTR__FA_LD);
+    dtr__cuda_fa_stage<NT>(dst, ld, c);
 }
 
 /* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
@@ -2466,7 +2467,6 @@ __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const flo
         nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * DTR__FA_LS + n * 16, DTR__FA_LS, nvcuda::wmma::mem_row_major);
 }
 
-
 /* y = output rows / l (16-bit), lse = m + log l, for the warp's rows inside T */
 __device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
                                          const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
@@ -2499,7 +2499,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
             dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
             dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_scores<T>(sq, sk, ss, w16);
+            dtr__cuda_fa_rows<T, DTR__FA_KEYS / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, sq + w16 * DTR__FA_LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
             dtr__cuda_fa_softmax(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
             __syncwarp();
@@ -2541,14 +2541,6 @@ static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__c
 #define DTR__FA_STEP 32     /* rows of the other side per step of the backward */
 #define DTR__FA_LQ 36       /* f32 row stride of a step (16-bit rows over them: 72) */
 
-/* The scores (or dP) of the warp's 16 rows against a step's 32 rows: (16 x 64) (64 x 32) into
-   f32 rows at dst (stride DTR__FA_LQ). */
-template <typename T> __device__ static void dtr__cuda_fa_step(float *dst, const uint16_t *rows16, const uint16_t *step) {
-    dtr__fa_acc c[DTR__FA_STEP / 16];
-    for (int n = 0; n < DTR__FA_STEP / 16; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, DTR__FA_STEP / 16, DTR__FA_D / 16>(c, rows16, DTR__FA_LD, step, DTR__FA_LD);
-    dtr__cuda_fa_stage<DTR__FA_STEP / 16>(dst, DTR__FA_LQ, c);
-}
 
 /* f(row, col, value) over the warp's 16 x 32 f32 rows at src (lane = column), then written in
    16 bits over the rows at dst (16-bit stride 2 DTR__FA_LQ): every lane reads its column
@@ -2599,13 +2591,13 @@ __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc *dk, dtr__fa_acc *dv, f
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
         return q0 + j >= key + i && q0 + j < a.T && key + i < a.T ? expf(s * a.scale - sl[j]) : 0.0f;
     };
-    dtr__cuda_fa_step<T>(s16, sk, sq);
+    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
     dtr__cuda_fa_pack(p16, s16, (int)a.p, lane, prob);
     dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg,
                                                                                   DTR__FA_LD);
     __syncwarp();
-    dtr__cuda_fa_step<T>(p16, sv, sg);
+    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
     __syncwarp();
     for (int i = 0; i < 16; i++)
         p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
@@ -2652,8 +2644,8 @@ template <typename T>
 __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc *dq, float *s16, float *p16, const uint16_t *sq, const uint16_t *sg,
                                            const uint16_t *sk, const uint16_t *sv, const float *sl, const float *sd,
                                            const dtr__cuda_att &a, int64_t query, int64_t k0, int lane) {
-    dtr__cuda_fa_step<T>(s16, sq, sk);
-    dtr__cuda_fa_step<T>(p16, sg, sv);
+    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
+    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
         bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
@@ -2800,7 +2792,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2804 "dtrain_cuda.cu"
+#line 2796 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3296,5 +3288,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3300 "dtrain_cuda.cu"
+#line 3292 "dtrain_cuda.cu"
 

@@ -457,11 +457,13 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const voi
 }
 
 namespace {
-bool on_device(const void *p) {
+enum cudaMemoryType kind_of(const void *p) {
     struct cudaPointerAttributes at;
     cudaPointerGetAttributes(&at, p);
-    return at.type == cudaMemoryTypeDevice;
+    return at.type;
 }
+bool on_device(const void *p) { return kind_of(p) == cudaMemoryTypeDevice; }
+bool pageable(const void *p) { return kind_of(p) == cudaMemoryTypeUnregistered; }
 /* the copy's kind against the pointers (cudaMemcpyDefault: any) */
 bool kind_ok(void *dst, const void *src, enum cudaMemcpyKind kind) {
     switch (kind) {
@@ -483,14 +485,6 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t bytes, enum cudaMemcpy
     if (bytes) memmove(dst, src, bytes);
     return cudaSuccess;
 }
-
-namespace {
-bool pageable(const void *p) {
-    struct cudaPointerAttributes at;
-    cudaPointerGetAttributes(&at, p);
-    return at.type == cudaMemoryTypeUnregistered;
-}
-}  // namespace
 
 /* CUDA's rules for pageable host memory: a copy from it may be reused at return (its bytes are
    taken now), a copy into it has landed at return (the stream runs up to it) */
