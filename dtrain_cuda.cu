@@ -43,6 +43,7 @@ typedef struct dtr__cuda_state {
     cublasHandle_t blas;
     int fast16;                     /* 1: f32 products through cublasGemmEx with `compute` (bf16 / fp16) */
     cublasComputeType_t compute;
+    unsigned fa_widths;             /* head widths of the fused attention kernels this device runs (bit D / 32) */
     /* the error word: kernels that check data (class targets, embedding ids) record the
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
        by the host after each synchronisation (dtr__cuda_take_error) */
@@ -232,7 +233,7 @@ __device__ static float dtr__cuda_block_max(float v) {
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
 static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
-#line 236 "dtrain_cuda.cu"
+#line 237 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
 #line 1 "src/cuda/cuda_ops.cu"
@@ -1132,13 +1133,13 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1136 "dtrain_cuda.cu"
+#line 1137 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
 /* ============================================================================
- * Matrix products on the GPU through cuBLAS: batched matmul (broadcast batch axes, any
- * view whose rows or columns are unit-stride) and linear (x w^T + b), forward and backward,
+ * Matrix products on the GPU through cuBLAS: linear (x w^T + b) and batched matmul (broadcast
+ * batch axes, any view whose rows or columns are unit-stride), forward and backward,
  * with the CPU's shapes (src/ops/ops_matmul.c):
  *   a (..., M, K), b (..., K, N) -> (..., M, N); x (R, in), w (out, in) -> (R, out).
  * cuBLAS is column-major: a row-major C = A B is computed as the column-major C^T = B^T A^T,
@@ -1275,126 +1276,6 @@ static dtr_result dtr__cuda_gemm2(dtr_context *ctx, dtr__cuda_gemm_t t, int64_t 
     return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), t, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
                                                     (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
                           "gemm (pointer batch)");
-}
-
-/* ---- matmul ---- */
-
-/* The batch axes of a and b broadcast together (as the CPU's dtr__batch): the output batch
- * shape, each operand's stride over it (0 where broadcast), and, when every batch axis of
- * each operand collapses to one stride, that stride (one strided-batched call does it). */
-typedef struct dtr__cuda_batch {
-    int nd;
-    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], count;
-    int64_t ua, ub;   /* the collapsed strides, when uniform */
-    int uniform;
-} dtr__cuda_batch;
-
-/* 1 when strides st over the batch shape are i * u for one stride u (set in *u). */
-static int dtr__cuda_collapse(const dtr__cuda_batch *bt, const int64_t *st, int64_t *u) {
-    int64_t expect = -1;
-    int d;
-    *u = 0;
-    for (d = bt->nd - 1; d >= 0; d--) {
-        if (bt->shape[d] == 1) continue;
-        if (expect < 0) *u = st[d];
-        else if (st[d] != expect) return 0;
-        expect = st[d] * bt->shape[d];
-    }
-    return 1;
-}
-
-static dtr__cuda_batch dtr__cuda_batch_make(const dtr_tensor *a, const dtr_tensor *b, int dense) {
-    dtr__cuda_batch bt;
-    int64_t ca[DTR_MAX_DIMS], cb[DTR_MAX_DIMS];
-    int na = a->ndim - 2, nb = b->ndim - 2, nd = na > nb ? na : nb, d;
-    const int64_t *sta = a->stride, *stb = b->stride;
-    if (dense) {   /* the gradients: dense strides of the same shapes */
-        dtr__contig_strides(a->ndim, a->shape, ca);
-        dtr__contig_strides(b->ndim, b->shape, cb);
-        sta = ca;
-        stb = cb;
-    }
-    memset(&bt, 0, sizeof bt);
-    bt.nd = nd;
-    bt.count = 1;
-    for (d = 0; d < nd; d++) {
-        int da = d - (nd - na), db = d - (nd - nb);
-        int64_t xa = da >= 0 ? a->shape[da] : 1, xb = db >= 0 ? b->shape[db] : 1;
-        bt.shape[d] = xa > xb ? xa : xb;
-        bt.sa[d] = (da >= 0 && xa != 1) ? sta[da] : 0;
-        bt.sb[d] = (db >= 0 && xb != 1) ? stb[db] : 0;
-        bt.count *= bt.shape[d];
-    }
-    bt.uniform = dtr__cuda_collapse(&bt, bt.sa, &bt.ua) && dtr__cuda_collapse(&bt, bt.sb, &bt.ub);
-    return bt;
-}
-
-static void dtr__cuda_batch_offsets(const dtr__cuda_batch *bt, int64_t i, int64_t *oa, int64_t *ob) {
-    int d;
-    *oa = *ob = 0;
-    for (d = bt->nd - 1; d >= 0; d--) {
-        int64_t k = i % bt->shape[d];
-        i /= bt->shape[d];
-        *oa += k * bt->sa[d];
-        *ob += k * bt->sb[d];
-    }
-}
-
-/* One product of the batch per call, in batch order: for batches that do not collapse and
- * for gradients of an operand broadcast over the batch (each call accumulates into it, so
- * the sum is taken in the CPU's order). `which`: 0 forward, 1 dA, 2 dB. */
-static dtr_result dtr__cuda_matmul_loop(dtr_context *ctx, dtr__node *nd, int which) {
-    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
-    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], i, oa, ob, ga, gbo;
-    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
-    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
-    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
-    dtr_result r = DTR_OK;
-    for (i = 0; i < bt.count && r == DTR_OK; i++) {
-        dtr__cuda_batch_offsets(&bt, i, &oa, &ob);
-        dtr__cuda_batch_offsets(&gb, i, &ga, &gbo);
-        if (which == 0)
-            r = dtr__cuda_gemm(ctx, M, N, K, 1.0f, A + oa, rsa, csa, 0, B + ob, rsb, csb, 0, 0.0f, dtr__f32(nd->out) + i * M * N, N, 0, 1);
-        else if (which == 1)   /* dA (M, K) += G (M, N) B^T (N, K) */
-            r = dtr__cuda_gemm(ctx, M, K, N, 1.0f, G + i * M * N, N, 1, 0, B + ob, csb, rsb, 0, 1.0f, dtr__gradof(a) + ga, K, 0, 1);
-        else                   /* dB (K, N) += A^T (K, M) G (M, N) */
-            r = dtr__cuda_gemm(ctx, K, N, M, 1.0f, A + oa, csa, rsa, 0, G + i * M * N, N, 1, 0, 1.0f, dtr__gradof(b) + gbo, N, 0, 1);
-    }
-    return r;
-}
-
-/* a (..., M, K), b (..., K, N) -> y (..., M, N) */
-static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
-    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
-    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0);
-    if (!bt.uniform) return dtr__cuda_matmul_loop(ctx, nd, 0);
-    return dtr__cuda_gemm(ctx, M, N, K, 1.0f, (const float *)a->storage + a->offset, a->stride[a->ndim - 2],
-                          a->stride[a->ndim - 1], bt.ua, (const float *)b->storage + b->offset, b->stride[b->ndim - 2],
-                          b->stride[b->ndim - 1], bt.ub, 0.0f, dtr__f32(nd->out), N, M * N, bt.count);
-}
-
-static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
-    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
-    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
-    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
-    float *GA = dtr__gradof(a), *GB = dtr__gradof(b);
-    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
-    int batched = bt.uniform && gb.uniform;
-    if (GA) {   /* dA (M, K) += G (M, N) B^T (N, K); a broadcast over the batch: one call per item */
-        dtr_result r = batched && (gb.ua != 0 || bt.count == 1)
-                           ? dtr__cuda_gemm(ctx, M, K, N, 1.0f, G, N, 1, M * N, B, csb, rsb, bt.ub, 1.0f, GA, K, gb.ua, bt.count)
-                           : dtr__cuda_matmul_loop(ctx, nd, 1);
-        if (r != DTR_OK) return r;
-    }
-    if (GB) {   /* dB (K, N) += A^T (K, M) G (M, N) */
-        dtr_result r = batched && (gb.ub != 0 || bt.count == 1)
-                           ? dtr__cuda_gemm(ctx, K, N, M, 1.0f, A, csa, rsa, bt.ua, G, N, 1, M * N, 1.0f, GB, N, gb.ub, bt.count)
-                           : dtr__cuda_matmul_loop(ctx, nd, 2);
-        if (r != DTR_OK) return r;
-    }
-    return DTR_OK;
 }
 
 /* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
@@ -1540,7 +1421,192 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
 }
-#line 1544 "dtrain_cuda.cu"
+
+/* ---- matmul ---- */
+
+/* The batch axes of a and b broadcast together (as the CPU's dtr__batch): the output batch
+ * shape, each operand's stride over it (0 where broadcast), and, when every batch axis of
+ * each operand collapses to one stride, that stride (one strided-batched call does it). */
+typedef struct dtr__cuda_batch {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], count;
+    int64_t ua, ub;   /* the collapsed strides, when uniform */
+    int uniform;
+} dtr__cuda_batch;
+
+/* 1 when strides st over the batch shape are i * u for one stride u (set in *u). */
+static int dtr__cuda_collapse(const dtr__cuda_batch *bt, const int64_t *st, int64_t *u) {
+    int64_t expect = -1;
+    int d;
+    *u = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        if (bt->shape[d] == 1) continue;
+        if (expect < 0) *u = st[d];
+        else if (st[d] != expect) return 0;
+        expect = st[d] * bt->shape[d];
+    }
+    return 1;
+}
+
+static dtr__cuda_batch dtr__cuda_batch_make(const dtr_tensor *a, const dtr_tensor *b, int dense) {
+    dtr__cuda_batch bt;
+    int64_t ca[DTR_MAX_DIMS], cb[DTR_MAX_DIMS];
+    int na = a->ndim - 2, nb = b->ndim - 2, nd = na > nb ? na : nb, d;
+    const int64_t *sta = a->stride, *stb = b->stride;
+    if (dense) {   /* the gradients: dense strides of the same shapes */
+        dtr__contig_strides(a->ndim, a->shape, ca);
+        dtr__contig_strides(b->ndim, b->shape, cb);
+        sta = ca;
+        stb = cb;
+    }
+    memset(&bt, 0, sizeof bt);
+    bt.nd = nd;
+    bt.count = 1;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - na), db = d - (nd - nb);
+        int64_t xa = da >= 0 ? a->shape[da] : 1, xb = db >= 0 ? b->shape[db] : 1;
+        bt.shape[d] = xa > xb ? xa : xb;
+        bt.sa[d] = (da >= 0 && xa != 1) ? sta[da] : 0;
+        bt.sb[d] = (db >= 0 && xb != 1) ? stb[db] : 0;
+        bt.count *= bt.shape[d];
+    }
+    bt.uniform = dtr__cuda_collapse(&bt, bt.sa, &bt.ua) && dtr__cuda_collapse(&bt, bt.sb, &bt.ub);
+    return bt;
+}
+
+static void dtr__cuda_batch_offsets(const dtr__cuda_batch *bt, int64_t i, int64_t *oa, int64_t *ob) {
+    int d;
+    *oa = *ob = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        int64_t k = i % bt->shape[d];
+        i /= bt->shape[d];
+        *oa += k * bt->sa[d];
+        *ob += k * bt->sb[d];
+    }
+}
+
+/* ---- matmul on operands as stored ----
+ * With 16-bit products (matmul_precision) on 16-bit a and b of that type, the products read
+ * them as stored (cublasGemmEx, f32 sums) and write y in 16 bits; backward rounds the f32
+ * output gradient to 16 bits once (scratch, the output's size) and sums dA and dB in f32 into
+ * their f32 buffers: the roundings of the f32 path's fast 16-bit compute, without the widened
+ * copies. Otherwise (f32 operands or products, a 16-bit operand beside an f32 one, a view
+ * with neither unit row nor unit column stride, an empty product) the f32 kernels, over
+ * widened copies where tensors are 16-bit. */
+
+/* A matmul node's operands as its products read them: a's and b's first elements, the output
+   gradient (dense; f32 or rounded), their element sizes, the forward's types (operands, y)
+   and the backward's (operands, f32 gradients). */
+typedef struct dtr__cuda_mm {
+    const char *A, *B, *G;
+    int64_t es, gs;
+    dtr__cuda_gemm_t t, tg;
+} dtr__cuda_mm;
+
+/* 1 when matmul node nd runs on its 16-bit operands as stored */
+static int dtr__cuda_matmul16(const dtr_context *ctx, const dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], ld;
+    cublasOperation_t op;
+    return p != DTR_F32 && nd->out->dtype == p && a->dtype == p && b->dtype == p && K > 0 && dtr_tensor_numel(nd->out) > 0 &&
+           dtr__cuda_blas_view(M, K, a->stride[a->ndim - 2], a->stride[a->ndim - 1], &op, &ld) &&
+           dtr__cuda_blas_view(K, N, b->stride[b->ndim - 2], b->stride[b->ndim - 1], &op, &ld);
+}
+
+/* the node's operands for the forward, or for backward (bwd: the output gradient, rounded to
+   16 bits into scratch on the 16-bit path) */
+static dtr_result dtr__cuda_mm_make(dtr_context *ctx, const dtr__node *nd, int bwd, dtr__cuda_mm *mm) {
+    dtr_dtype p = nd->out->dtype;
+    cudaDataType_t bt = dtr__cuda_blas_type(p);
+    int64_t n = dtr_tensor_numel(nd->out);
+    char *at;
+    mm->A = (const char *)dtr__data(nd->in[0]), mm->B = (const char *)dtr__data(nd->in[1]), mm->G = (const char *)nd->out->grad;
+    if (!dtr__cuda_matmul16(ctx, nd)) {
+        mm->es = mm->gs = 4, mm->t = mm->tg = DTR__CUDA_F32;
+        return DTR_OK;
+    }
+    mm->es = 2, mm->gs = 4, mm->t.ab = mm->t.y = mm->tg.ab = bt, mm->tg.y = CUDA_R_32F;
+    if (!bwd) return DTR_OK;
+    if (!(at = (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(n * 2))) ||
+        !(mm->G = (const char *)dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, p, n, &at)))
+        return ctx->status;
+    mm->gs = 2;
+    return DTR_OK;
+}
+
+/* One product of the batch per call, in batch order: for batches that do not collapse and
+ * for gradients of an operand broadcast over the batch (each call accumulates into it, so
+ * the sum is taken in the CPU's order). `which`: 0 forward, 1 dA, 2 dB. */
+static dtr_result dtr__cuda_matmul_loop(dtr_context *ctx, dtr__node *nd, const dtr__cuda_mm *mm, int which) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], i, oa, ob, ga, gbo;
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    dtr_result r = DTR_OK;
+    for (i = 0; i < bt.count && r == DTR_OK; i++) {
+        const char *A, *B, *G = mm->G + i * M * N * mm->gs;
+        dtr__cuda_batch_offsets(&bt, i, &oa, &ob);
+        dtr__cuda_batch_offsets(&gb, i, &ga, &gbo);
+        A = mm->A + oa * mm->es, B = mm->B + ob * mm->es;
+        if (which == 0)
+            r = dtr__cuda_gemm_as(ctx, mm->t, M, N, K, 1.0f, A, rsa, csa, 0, B, rsb, csb, 0, 0.0f,
+                                  (char *)dtr__data(nd->out) + i * M * N * mm->es, N, 0, 1);
+        else if (which == 1)   /* dA (M, K) += G (M, N) B^T (N, K) */
+            r = dtr__cuda_gemm_as(ctx, mm->tg, M, K, N, 1.0f, G, N, 1, 0, B, csb, rsb, 0, 1.0f, dtr__gradof(a) + ga, K, 0, 1);
+        else                   /* dB (K, N) += A^T (K, M) G (M, N) */
+            r = dtr__cuda_gemm_as(ctx, mm->tg, K, N, M, 1.0f, A, csa, rsa, 0, G, N, 1, 0, 1.0f, dtr__gradof(b) + gbo, N, 0, 1);
+    }
+    return r;
+}
+
+/* a (..., M, K), b (..., K, N) -> y (..., M, N) */
+static dtr_result dtr__cuda_matmul_run_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0);
+    dtr__cuda_mm mm;
+    dtr__cuda_mm_make(ctx, nd, 0, &mm);   /* (the forward's cannot fail) */
+    if (!bt.uniform) return dtr__cuda_matmul_loop(ctx, nd, &mm, 0);
+    return dtr__cuda_gemm_as(ctx, mm.t, M, N, K, 1.0f, mm.A, a->stride[a->ndim - 2], a->stride[a->ndim - 1], bt.ua, mm.B,
+                             b->stride[b->ndim - 2], b->stride[b->ndim - 1], bt.ub, 0.0f, dtr__data(nd->out), N, M * N, bt.count);
+}
+
+static dtr_result dtr__cuda_matmul_run_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    float *GA = dtr__gradof(a), *GB = dtr__gradof(b);
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    int batched = bt.uniform && gb.uniform;
+    dtr__cuda_mm mm;
+    if (!GA && !GB) return DTR_OK;
+    if (dtr__cuda_mm_make(ctx, nd, 1, &mm) != DTR_OK) return ctx->status;
+    if (GA) {   /* dA (M, K) += G (M, N) B^T (N, K); a broadcast over the batch: one call per item */
+        dtr_result r = batched && (gb.ua != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm_as(ctx, mm.tg, M, K, N, 1.0f, mm.G, N, 1, M * N, mm.B, csb, rsb, bt.ub, 1.0f, GA, K, gb.ua,
+                                               bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, &mm, 1);
+        if (r != DTR_OK) return r;
+    }
+    if (GB) {   /* dB (K, N) += A^T (K, M) G (M, N) */
+        dtr_result r = batched && (gb.ub != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm_as(ctx, mm.tg, K, N, M, 1.0f, mm.A, csa, rsa, bt.ua, mm.G, N, 1, M * N, 1.0f, GB, N, gb.ub,
+                                               bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, &mm, 2);
+        if (r != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+/* matmul's table entry (narrow: 16-bit operands as stored, or widened here) */
+static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_fwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 0, dtr__cuda_matmul_run_fwd);
+}
+static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
+}
+#line 1610 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1994,7 +2060,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 1998 "dtrain_cuda.cu"
+#line 2064 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2193,7 +2259,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2197 "dtrain_cuda.cu"
+#line 2263 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2215,7 +2281,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
  * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
  * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
- * 16-bit with head width 64 (the GPTs'): the fused kernels further down (flash attention,
+ * 16-bit with head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
  * forward and backward on tensor cores), which keep no score tiles at all.
  * ==========================================================================*/
 
@@ -2375,33 +2441,49 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
                            a->B, a->H, b->ptrs);
 }
 
-/* ---- the fused forward (flash attention): 16-bit q, k, v, y of head width 64 ----
+/* ---- the fused forward (flash attention): 16-bit q, k, v, y of head width D = 32, 64, 96, 128 ----
  * One block of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. Per step of 64
  * keys (up to the causal edge): the block loads the k and v tiles into shared memory, each
  * warp computes its rows' scores q k^T with tensor cores (wmma, f32 sums) into shared f32 rows,
  * updates its rows' running maximum and sum (online softmax, f32) and writes P in 16 bits over
  * the k tile (every warp has read it), rescales its output rows (accumulators staged through
  * its score rows) and adds P v. The end divides by the sums, writes y in 16 bits and the rows'
- * log-sum-exps (what backward recomputes P from). Shared memory: 45.8 KB; the scores never
- * leave the chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
+ * log-sum-exps (what backward recomputes P from). Shared memory (dynamic, dtr__fa<D>::fwd):
+ * 45.8 KB for D 32 and 64, 66.3 KB for 96, 86.8 KB for 128 (the limit above 48 KB is
+ * raised per device when the context is made, dtr__cuda_fa_setup). The scores never leave the
+ * chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
 
 #define DTR__FA_ROWS 64     /* query rows of a block, 16 a warp */
 #define DTR__FA_KEYS 64     /* keys of a step */
-#define DTR__FA_D 64        /* the head width it takes */
-#define DTR__FA_LD 72       /* 16-bit tile row stride: a multiple of 8, padded against bank conflicts */
-#define DTR__FA_LS 68       /* f32 row stride */
+#define DTR__FA_STEP 32     /* rows of the other side per step of the backward */
+#define DTR__FA_LQ 36       /* f32 row stride of a backward step (16-bit rows over them: 72) */
 #define DTR__FA_THREADS 128
-static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled forward for every case */
+#define DTR__FA_WIDTHS(X) X(32) X(64) X(96) X(128)   /* head widths with fused kernels */
+static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled kernels for every case */
+
+/* The tiles of head width D: 16-bit rows of LD elements (a multiple of 8, padded against bank
+   conflicts; at least a step's keys wide: the forward writes P's rows over the k tile), the
+   forward's f32 rows of LS (a step's scores, then the output rows staged), and the kernels'
+   shared memory in bytes (the backward's: the larger of its two kernels'). */
+template <int D> struct dtr__fa {
+    static constexpr int W = D > DTR__FA_KEYS ? D : DTR__FA_KEYS, LD = W + 8, LS = W + 4;
+    static constexpr int fwd = (DTR__FA_ROWS + 2 * DTR__FA_KEYS) * LD * 2 + DTR__FA_ROWS * (LS + 3) * 4;
+    static constexpr int bwd = (DTR__FA_ROWS + DTR__FA_STEP) * 2 * LD * 2 + DTR__FA_ROWS * (2 * DTR__FA_LQ + 2) * 4;
+};
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dtr__fa_acc;
 
-/* `rows` rows r0.. of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T */
+/* `rows` rows r0.. of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T. Eight
+   elements a load (dtr__cuda_fa_takes: x 16-byte aligned; C = H D, a multiple of 8). */
+template <int D>
 __device__ static void dtr__cuda_fa_load(uint16_t *dst, int rows, const uint16_t *x, const dtr__cuda_att &a, int64_t b, int64_t h,
                                         int64_t r0) {
-    for (int e = threadIdx.x; e < rows * DTR__FA_D; e += blockDim.x) {
-        int r = e / DTR__FA_D, d = e % DTR__FA_D;
+    for (int e = threadIdx.x; e < rows * D / 8; e += blockDim.x) {
+        int r = e / (D / 8), d = e % (D / 8) * 8;
         int64_t t = r0 + r;
-        dst[r * DTR__FA_LD + d] = t < a.T ? x[(b * a.T + t) * a.C + h * DTR__FA_D + d] : (uint16_t)0;
+        uint4 v = {0u, 0u, 0u, 0u};
+        if (t < a.T) v = *(const uint4 *)(x + (b * a.T + t) * a.C + h * D + d);
+        *(uint4 *)(dst + r * dtr__fa<D>::LD + d) = v;
     }
 }
 
@@ -2426,31 +2508,34 @@ template <int NT> __device__ static void dtr__cuda_fa_stage(float *dst, int ld, 
     for (int n = 0; n < NT; n++) nvcuda::wmma::store_matrix_sync(dst + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
 }
 
-/* The warp's 16 rows against 16 NT rows of another tile, (16 x 64) (64 x 16 NT): scores
+/* The warp's 16 rows against 16 NT rows of another tile, (16 x D) (D x 16 NT): scores
    (unscaled) or dP, into f32 rows at dst (stride ld). */
-template <typename T, int NT> __device__ static void dtr__cuda_fa_rows(float *dst, int ld, const uint16_t *rows16, const uint16_t *other) {
+template <typename T, int D, int NT>
+__device__ static void dtr__cuda_fa_rows(float *dst, int ld, const uint16_t *rows16, const uint16_t *other) {
     dtr__fa_acc c[NT];
     for (int n = 0; n < NT; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, NT, DTR__FA_D / 16>(c, rows16, DTR__FA_LD, other, DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, NT, D / 16>(c, rows16, dtr__fa<D>::LD, other, dtr__fa<D>::LD);
     dtr__cuda_fa_stage<NT>(dst, ld, c);
 }
 
 /* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
    sum l, the factor alpha the earlier output is scaled by, P (16-bit) into sp's rows */
+template <int D>
 __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
                                            int64_t q0, int64_t k0, int w16, int lane) {
+    const int LS = dtr__fa<D>::LS;
     int r = w16 + lane / 2, j0 = (lane & 1) * 32;
     int64_t t = q0 + r;
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
     dtr__cuda_mem P = {sp, (int)a.p};
     for (int j = j0; j < j0 + 32; j++)
-        if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * DTR__FA_LS + j] * a.scale);
+        if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     m_new = fmaxf(m_old, mx);
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
-        float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * DTR__FA_LS + j] * a.scale - m_new) : 0.0f;
-        P.st(r * DTR__FA_LD + j, p);
+        float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
+        P.st(r * dtr__fa<D>::LD + j, p);
         sum += p;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -2458,77 +2543,64 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
 }
 
 /* the warp's output rows times their alpha (staged through its f32 rows) */
-__device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
-    dtr__cuda_fa_stage<DTR__FA_D / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, o);
+template <int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
+    const int LS = dtr__fa<D>::LS;
+    dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
-    for (int e = lane; e < 16 * DTR__FA_D; e += 32) ss[(w16 + e / DTR__FA_D) * DTR__FA_LS + e % DTR__FA_D] *= sa[w16 + e / DTR__FA_D];
+    for (int e = lane; e < 16 * D; e += 32) ss[(w16 + e / D) * LS + e % D] *= sa[w16 + e / D];
     __syncwarp();
-    for (int n = 0; n < DTR__FA_D / 16; n++)
-        nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * DTR__FA_LS + n * 16, DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    for (int n = 0; n < D / 16; n++) nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * LS + n * 16, LS, nvcuda::wmma::mem_row_major);
 }
 
 /* y = output rows / l (16-bit), lse = m + log l, for the warp's rows inside T */
+template <int D>
 __device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
                                          const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
+    const int LS = dtr__fa<D>::LS;
     dtr__cuda_mem y = {Y, (int)a.p};
     int64_t b = z / a.H, h = z % a.H;
-    dtr__cuda_fa_stage<DTR__FA_D / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, o);
+    dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
-    for (int e = lane; e < 16 * DTR__FA_D; e += 32) {
-        int r = w16 + e / DTR__FA_D, d = e % DTR__FA_D;
-        if (q0 + r < a.T) y.st((b * a.T + q0 + r) * a.C + h * DTR__FA_D + d, ss[r * DTR__FA_LS + d] / sl[r]);
+    for (int e = lane; e < 16 * D; e += 32) {
+        int r = w16 + e / D, d = e % D;
+        if (q0 + r < a.T) y.st((b * a.T + q0 + r) * a.C + h * D + d, ss[r * LS + d] / sl[r]);
     }
     if (lane < 16 && q0 + w16 + lane < a.T) lse[z * a.T + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
 }
 
-/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads */
-template <typename T>
+/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads, dtr__fa<D>::fwd bytes */
+template <typename T, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                             void *Y, float *lse, dtr__cuda_att a) {
-    __shared__ __align__(32) uint16_t sq[DTR__FA_ROWS * DTR__FA_LD], sk[DTR__FA_KEYS * DTR__FA_LD], sv[DTR__FA_KEYS * DTR__FA_LD];
-    __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LS];
-    __shared__ float sm[DTR__FA_ROWS], sl[DTR__FA_ROWS], sa[DTR__FA_ROWS];
+    const int LD = dtr__fa<D>::LD, LS = dtr__fa<D>::LS;
+    extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
+    uint16_t *sq = (uint16_t *)dtr__fa_smem, *sk = sq + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_KEYS * LD;
+    float *ss = (float *)(sv + DTR__FA_KEYS * LD), *sm = ss + DTR__FA_ROWS * LS, *sl = sm + DTR__FA_ROWS, *sa = sl + DTR__FA_ROWS;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16;
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc o[DTR__FA_D / 16];
-        dtr__cuda_fa_load(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
+        dtr__fa_acc o[D / 16];
+        dtr__cuda_fa_load<D>(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
-        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
+        for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_rows<T, DTR__FA_KEYS / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, sq + w16 * DTR__FA_LD, sk);   /* q k^T */
+            dtr__cuda_fa_rows<T, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
-            dtr__cuda_fa_softmax(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
+            dtr__cuda_fa_softmax<D>(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
             __syncwarp();
-            dtr__cuda_fa_rescale(o, ss, sa, w16, lane);
-            /* the warp's output rows += P v */
-            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_KEYS / 16>(o, sk + w16 * DTR__FA_LD, DTR__FA_LD, sv,
-                                                                                          DTR__FA_LD);
+            dtr__cuda_fa_rescale<D>(o, ss, sa, w16, lane);
+            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_KEYS / 16>(o, sk + w16 * LD, LD, sv, LD);   /* += P v */
             __syncthreads();   /* before the next tiles are loaded */
         }
-        dtr__cuda_fa_store(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
+        dtr__cuda_fa_store<D>(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
         __syncthreads();
     }
 }
 
-/* 1 when the fused forward takes the node: 16-bit operands (tensor cores) and head width 64 */
-static int dtr__cuda_fa_takes(const dtr__cuda_att *a) { return dtr__cuda_flash && a->p != DTR_F32 && a->D == DTR__FA_D; }
-
-static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
-    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
-    const uint16_t *Q = (const uint16_t *)dtr__data(nd->in[0]), *K = (const uint16_t *)dtr__data(nd->in[1]),
-                   *V = (const uint16_t *)dtr__data(nd->in[2]);
-    if (a->p == DTR_BF16)
-        dtr__cuda_fa_fwd_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
-    else
-        dtr__cuda_fa_fwd_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
-    return dtr__cuda_launched(ctx, nd);
-}
-
-/* ---- the fused backward: dk, dv and dq of 16-bit attention with head width 64 ----
+/* ---- the fused backward: dk, dv and dq of 16-bit attention with head width D ----
  * Two kernels, no atomics (each gradient element has one writer, so runs repeat bit for bit):
  * one block per 64 keys sums dk and dv over the query steps at or past them (causal), one
  * block per 64 queries sums dq over the key steps up to them; both recompute the scores on
@@ -2536,11 +2608,8 @@ static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__c
  * bits once (dO) and Drow = rowsum(dy y) (the tiled path's). A step is 32 rows of the other
  * side: each warp's 16 x 32 scores and dP in f32 shared rows, P and dS in 16 bits over them
  * (read, __syncwarp, write). dS = P (dP - Drow) scale with P in f32; the products' operands P,
- * dS, q, k, v and dO in 16 bits, their sums in f32 (the tiled path's roundings). */
-
-#define DTR__FA_STEP 32     /* rows of the other side per step of the backward */
-#define DTR__FA_LQ 36       /* f32 row stride of a step (16-bit rows over them: 72) */
-
+ * dS, q, k, v and dO in 16 bits, their sums in f32 (the tiled path's roundings). Shared memory
+ * (dynamic, dtr__fa<D>::bwd): 46.6 KB for D 32 and 64, 58.9 KB for 96, 71.2 KB for 128. */
 
 /* f(row, col, value) over the warp's 16 x 32 f32 rows at src (lane = column), then written in
    16 bits over the rows at dst (16-bit stride 2 DTR__FA_LQ): every lane reads its column
@@ -2554,26 +2623,28 @@ template <typename F> __device__ static void dtr__cuda_fa_pack(float *dst, const
     __syncwarp();
 }
 
-/* acc[0..4) (16 x 64, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
+/* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
    added, rows past T left alone; staged 32 columns at a time through the warp's f32 rows st */
+template <int D>
 __device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc *acc, float *st, const dtr__cuda_att &a, int64_t b, int64_t h,
                                        int64_t r0, int lane) {
-    for (int half = 0; half < 2; half++) {
-        dtr__cuda_fa_stage<2>(st, DTR__FA_LQ, acc + 2 * half);
+    for (int c = 0; c < D / 32; c++) {
+        dtr__cuda_fa_stage<2>(st, DTR__FA_LQ, acc + 2 * c);
         __syncwarp();
         for (int i = 0; i < 16; i++)
-            if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * DTR__FA_D + half * 32 + lane] += st[i * DTR__FA_LQ + lane];
+            if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * D + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
         __syncwarp();
     }
 }
 
 /* `rows` query rows q0.. of item z: q and dO into 16-bit tiles, their log-sum-exps and Drow
    (0 past T) */
+template <int D>
 __device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *sl, float *sd, int rows, const uint16_t *Q,
                                            const uint16_t *G, const float *lse, const float *Drow, const dtr__cuda_att &a,
                                            int64_t z, int64_t q0) {
-    dtr__cuda_fa_load(sq, rows, Q, a, z / a.H, z % a.H, q0);
-    dtr__cuda_fa_load(sg, rows, G, a, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<D>(sq, rows, Q, a, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<D>(sg, rows, G, a, z / a.H, z % a.H, q0);
     if ((int)threadIdx.x < rows) {
         int64_t q = q0 + threadIdx.x;
         sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
@@ -2584,55 +2655,54 @@ __device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *s
 /* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv) against 32 queries q0..
    (sq, sg, sl, sd): S^T = k q^T, P^T (16-bit, over p16), dv += P^T dO, dP^T = v dO^T (over p16),
    dS^T = P^T (dP^T - Drow) scale (16-bit, over s16), dk += dS^T q. */
-template <typename T>
+template <typename T, int D>
 __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc *dk, dtr__fa_acc *dv, float *s16, float *p16, const uint16_t *sk,
                                             const uint16_t *sv, const uint16_t *sq, const uint16_t *sg, const float *sl,
                                             const float *sd, const dtr__cuda_att &a, int64_t key, int64_t q0, int lane) {
+    const int LD = dtr__fa<D>::LD;
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
         return q0 + j >= key + i && q0 + j < a.T && key + i < a.T ? expf(s * a.scale - sl[j]) : 0.0f;
     };
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
     dtr__cuda_fa_pack(p16, s16, (int)a.p, lane, prob);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg,
-                                                                                  DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg, LD);
     __syncwarp();
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
     __syncwarp();
     for (int i = 0; i < 16; i++)
         p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
     __syncwarp();
     dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [](int, int, float v) { return v; });
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq,
-                                                                                  DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq, LD);
 }
 
 /* dk, dv of 64 keys k0.. over the query steps at or past them (grid (key blocks, min(B H, 65535))) */
-template <typename T>
+template <typename T, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                             const uint16_t *G, const float *lse, const float *Drow,
                                                                             float *GK, float *GV, dtr__cuda_att a) {
-    __shared__ __align__(32) uint16_t sk[DTR__FA_KEYS * DTR__FA_LD], sv[DTR__FA_KEYS * DTR__FA_LD], sq[DTR__FA_STEP * DTR__FA_LD],
-        sg[DTR__FA_STEP * DTR__FA_LD];
-    __shared__ __align__(32) float ss[DTR__FA_KEYS * DTR__FA_LQ], sp[DTR__FA_KEYS * DTR__FA_LQ];
-    __shared__ float sl[DTR__FA_STEP], sd[DTR__FA_STEP];
+    const int LD = dtr__fa<D>::LD;
+    extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
+    uint16_t *sk = (uint16_t *)dtr__fa_smem, *sv = sk + DTR__FA_KEYS * LD, *sq = sv + DTR__FA_KEYS * LD, *sg = sq + DTR__FA_STEP * LD;
+    float *ss = (float *)(sg + DTR__FA_STEP * LD), *sp = ss + DTR__FA_KEYS * DTR__FA_LQ, *sl = sp + DTR__FA_KEYS * DTR__FA_LQ,
+          *sd = sl + DTR__FA_STEP;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc dk[DTR__FA_D / 16], dv[DTR__FA_D / 16];
-        dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
-        dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
-        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
+        dtr__fa_acc dk[D / 16], dv[D / 16];
+        dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+        for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
         for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
-            dtr__cuda_fa_queries(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
+            dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
             __syncthreads();
-            dtr__cuda_fa_dkv_step<T>(dk, dv, s16, p16, sk + w16 * DTR__FA_LD, sv + w16 * DTR__FA_LD, sq, sg, sl, sd, a, k0 + w16, q0,
-                                     lane);
+            dtr__cuda_fa_dkv_step<T, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, q0, lane);
             __syncthreads();   /* before the next step's tiles */
         }
-        dtr__cuda_fa_add(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
-        dtr__cuda_fa_add(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<D>(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<D>(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
         __syncthreads();
     }
 }
@@ -2640,67 +2710,133 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
 /* One step of dq for the warp's 16 queries query.. (rows of sq, sg; sl, sd from row w16)
    against 32 keys k0.. (sk, sv): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (16-bit,
    over s16), dq += dS k. */
-template <typename T>
+template <typename T, int D>
 __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc *dq, float *s16, float *p16, const uint16_t *sq, const uint16_t *sg,
                                            const uint16_t *sk, const uint16_t *sv, const float *sl, const float *sd,
                                            const dtr__cuda_att &a, int64_t query, int64_t k0, int lane) {
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
         bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
         return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
     });
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
-                                                                                  DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
+                                                                          dtr__fa<D>::LD);
 }
 
 /* dq of 64 queries q0.. over the key steps up to them (grid (query blocks, min(B H, 65535))) */
-template <typename T>
+template <typename T, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                            const uint16_t *G, const float *lse, const float *Drow,
                                                                            float *GQ, dtr__cuda_att a) {
-    __shared__ __align__(32) uint16_t sq[DTR__FA_ROWS * DTR__FA_LD], sg[DTR__FA_ROWS * DTR__FA_LD], sk[DTR__FA_STEP * DTR__FA_LD],
-        sv[DTR__FA_STEP * DTR__FA_LD];
-    __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LQ], sp[DTR__FA_ROWS * DTR__FA_LQ];
-    __shared__ float sl[DTR__FA_ROWS], sd[DTR__FA_ROWS];
+    const int LD = dtr__fa<D>::LD;
+    extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
+    uint16_t *sq = (uint16_t *)dtr__fa_smem, *sg = sq + DTR__FA_ROWS * LD, *sk = sg + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_STEP * LD;
+    float *ss = (float *)(sv + DTR__FA_STEP * LD), *sp = ss + DTR__FA_ROWS * DTR__FA_LQ, *sl = sp + DTR__FA_ROWS * DTR__FA_LQ,
+          *sd = sl + DTR__FA_ROWS;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc dq[DTR__FA_D / 16];
-        dtr__cuda_fa_queries(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
-        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
+        dtr__fa_acc dq[D / 16];
+        dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
+        for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_dq_step<T>(dq, s16, p16, sq + w16 * DTR__FA_LD, sg + w16 * DTR__FA_LD, sk, sv, sl + w16, sd + w16, a, q0 + w16,
-                                    k0, lane);
+            dtr__cuda_fa_dq_step<T, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
             __syncthreads();
         }
-        dtr__cuda_fa_add(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
+        dtr__cuda_fa_add<D>(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
         __syncthreads();
     }
+}
+
+/* ---- the host side of the fused kernels ---- */
+
+/* The launches, one instance per operand type and head width (dtr__cuda_fa_pick). */
+struct dtr__fa_fwd_launch {
+    template <typename T, int D>
+    static void run(dim3 grid, cudaStream_t s, const uint16_t *Q, const uint16_t *K, const uint16_t *V, void *Y, float *lse,
+                    const dtr__cuda_att *a) {
+        dtr__cuda_fa_fwd_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::fwd, s>>>(Q, K, V, Y, lse, *a);
+    }
+};
+struct dtr__fa_bwd_launch {
+    template <typename T, int D>
+    static void run(dim3 grid, cudaStream_t s, const uint16_t *Q, const uint16_t *K, const uint16_t *V, const uint16_t *G,
+                    const float *lse, const float *Drow, float *GQ, float *GK, float *GV, const dtr__cuda_att *a) {
+        dtr__cuda_fa_dkv_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::bwd, s>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
+        dtr__cuda_fa_dq_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::bwd, s>>>(Q, K, V, G, lse, Drow, GQ, *a);
+    }
+};
+/* raises the three kernels' shared-memory limits on the current device; 0 when refused */
+struct dtr__fa_limits {
+    template <typename T, int D> static void run(int *ok) {
+        *ok = cudaFuncSetAttribute(dtr__cuda_fa_fwd_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::fwd) == cudaSuccess &&
+              cudaFuncSetAttribute(dtr__cuda_fa_dkv_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::bwd) == cudaSuccess &&
+              cudaFuncSetAttribute(dtr__cuda_fa_dq_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::bwd) == cudaSuccess;
+    }
+};
+
+/* F::run<T, D>(args...) for 16-bit type p (bf16 or fp16) and head width D (one of DTR__FA_WIDTHS) */
+template <typename F, typename... A> static void dtr__cuda_fa_pick(dtr_dtype p, int64_t D, A... args) {
+#define DTR__FA_CASE(W)                                        \
+    case W:                                                    \
+        if (p == DTR_BF16)                                     \
+            F::template run<__nv_bfloat16, W>(args...);        \
+        else                                                   \
+            F::template run<__half, W>(args...);               \
+        break;
+    switch (D) { DTR__FA_WIDTHS(DTR__FA_CASE) default: break; }
+#undef DTR__FA_CASE
+}
+
+/** The head widths whose fused kernels this device runs (bit D / 32), on the current device:
+ *  their shared-memory limits raised. Called by the context's creation; a width the device
+ *  refuses takes the tiled kernels. */
+static unsigned dtr__cuda_fa_setup(void) {
+    unsigned widths = 0;
+    for (int d = 32; d <= 128; d += 32) {
+        int bf = 0, hf = 0;
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, d, &bf);
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, d, &hf);
+        if (bf && hf) widths |= 1u << (d / 32);
+    }
+    (void)cudaGetLastError();   /* a refusal is not the next launch's error */
+    return widths;
+}
+
+/* 1 when the fused kernels take the node: 16-bit operands (tensor cores), a head width of
+   theirs this device runs, 16-byte aligned q, k, v (the tiles' loads) */
+static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a) {
+    int aligned = 1;
+    for (int i = 0; i < 3; i++) aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0;
+    return dtr__cuda_flash && a->p != DTR_F32 && a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> (a->D / 32) & 1) &&
+           aligned;
+}
+
+static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
+    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+    dtr__cuda_fa_pick<dtr__fa_fwd_launch>(a->p, a->D, grid, dtr__cuda_stream(ctx), (const uint16_t *)dtr__data(nd->in[0]),
+                                          (const uint16_t *)dtr__data(nd->in[1]), (const uint16_t *)dtr__data(nd->in[2]),
+                                          dtr__data(nd->out), lse, a);
+    return dtr__cuda_launched(ctx, nd);
 }
 
 /* the fused backward of a node whose q, k and v all take gradients: dO = dy in 16 bits
    (scratch), then the two kernels (Drow is computed) */
 static dtr_result dtr__cuda_fa_bwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, const float *Drow) {
     dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
-    const uint16_t *Q = (const uint16_t *)dtr__data(nd->in[0]), *K = (const uint16_t *)dtr__data(nd->in[1]),
-                   *V = (const uint16_t *)dtr__data(nd->in[2]), *G;
-    const float *lse = (const float *)nd->saved;
-    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    const uint16_t *G;
     char *at = (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(a->B * a->T * a->C * 2));
     if (!at || !(G = (const uint16_t *)dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a->p, a->B * a->T * a->C, &at))) return ctx->status;
-    if (a->p == DTR_BF16) {
-        dtr__cuda_fa_dkv_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
-        dtr__cuda_fa_dq_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GQ, *a);
-    } else {
-        dtr__cuda_fa_dkv_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
-        dtr__cuda_fa_dq_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GQ, *a);
-    }
+    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(a->p, a->D, grid, dtr__cuda_stream(ctx), (const uint16_t *)dtr__data(nd->in[0]),
+                                          (const uint16_t *)dtr__data(nd->in[1]), (const uint16_t *)dtr__data(nd->in[2]), G,
+                                          (const float *)nd->saved, Drow, dtr__gradof(nd->in[0]), dtr__gradof(nd->in[1]),
+                                          dtr__gradof(nd->in[2]), a);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -2713,7 +2849,7 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    if (dtr__cuda_fa_takes(&a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
+    if (dtr__cuda_fa_takes(ctx, nd, &a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 0)).S) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
         dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
@@ -2770,7 +2906,7 @@ static dtr_result dtr__cuda_attention_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         dtr__cuda_mem_of(nd->out), nd->out->grad, Drow, a);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (dtr__cuda_fa_takes(&a) && dtr__gradof(nd->in[0]) && dtr__gradof(nd->in[1]) && dtr__gradof(nd->in[2]))
+    if (dtr__cuda_fa_takes(ctx, nd, &a) && dtr__gradof(nd->in[0]) && dtr__gradof(nd->in[1]) && dtr__gradof(nd->in[2]))
         return dtr__cuda_fa_bwd(ctx, nd, &a, Drow);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 1)).S) return ctx->status;
     if (!b.G) {
@@ -2792,7 +2928,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2796 "dtrain_cuda.cu"
+#line 2932 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -2851,6 +2987,7 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
         dtr__cuda_check(ctx, cudaMalloc((void **)&s->partial, DTR__CUDA_MAX_PARTIALS * sizeof(double)), "reduction scratch") != DTR_OK)
         return ctx->status;
     s->err_host[0] = s->err_host[1] = 0;
+    s->fa_widths = dtr__cuda_fa_setup();
     return DTR_OK;
 }
 
@@ -3183,7 +3320,7 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
  * themselves, cuda_gemm.cu, cuda_attention.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
  * Setting one to 0 falls back to the widened path, the same arithmetic. */
 static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
-                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 1,
+                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 1, dtr__cuda_linear_narrow = 1,
                      dtr__cuda_softmax_narrow = 1, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
                      dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 0,
                      dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,
@@ -3288,5 +3425,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3292 "dtrain_cuda.cu"
+#line 3429 "dtrain_cuda.cu"
 

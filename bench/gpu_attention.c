@@ -1,14 +1,15 @@
 /* bench/gpu_attention.c: causal self-attention of the GPTs of bench/gpu.c on a backend, as JSON
  * lines ("impl":"dtrain"; bench/gpu_attention_torch.py prints the same lines for PyTorch's
  * scaled_dot_product_attention on the same GPU):
- *   gpt2: batch 4, context 1024, 12 heads of 64 (GPT-2 small); gpt: batch 8, context 256, 6 heads of 64
+ *   gpt2: batch 4, context 1024, 12 heads of 64 (GPT-2 small); gpt: batch 8, context 256, 6 heads of 64;
+ *   d128: batch 2, context 2048, 16 heads of 128 (a 1B Llama's attention)
  * Per shape two lines: "pass":"fwd" (dtr_attention; 2 B H T^2 D flops, the causal half of the
  * two products) and "pass":"fwd_bwd" (forward, sum, backward: 7 B H T^2 D, backward's five
  * products counted as 2.5 forwards). q, k and v are f32 parameters cast to bf16 first with
  * --bf16 (bf16 activations and products: the fused kernels), as the GPT does; without it, f32
  * (the tiled kernels; --tf32 allows TF32). Each figure is the best of --rounds rounds of
  * --iters after a warm-up, the device synchronised by a read at the end of a round.
- * Usage: gpu_attention [--backend cuda|cpu] [--shape gpt2|gpt|all] [--iters N] [--rounds N] [--bf16] [--tf32]
+ * Usage: gpu_attention [--backend cuda|cpu] [--shape gpt2|gpt|d128|all] [--iters N] [--rounds N] [--bf16] [--tf32]
  * Build: make build/bench/gpu_attention (links dtrain_cuda.o). */
 #define _POSIX_C_SOURCE 200809L
 #include "../dtrain.h"
@@ -19,7 +20,7 @@
 
 typedef struct att_shape { const char *name; int64_t b, t, h, d; } att_shape;
 
-static const att_shape SHAPES[] = {{"gpt2", 4, 1024, 12, 64}, {"gpt", 8, 256, 6, 64}};
+static const att_shape SHAPES[] = {{"gpt2", 4, 1024, 12, 64}, {"gpt", 8, 256, 6, 64}, {"d128", 2, 2048, 16, 128}};
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 
 static double now_s(void) {
@@ -96,7 +97,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bf16")) g_bf16 = 1;
         else if (!strcmp(argv[i], "--tf32")) tf32 = 1;
         else {
-            fprintf(stderr, "usage: %s [--backend cuda|cpu] [--shape gpt2|gpt|all] [--iters N] [--rounds N] [--bf16] [--tf32]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--backend cuda|cpu] [--shape gpt2|gpt|d128|all] [--iters N] [--rounds N] [--bf16] [--tf32]\n", argv[0]);
             return 2;
         }
     }

@@ -6,12 +6,12 @@ with q, k and v requiring gradients), timed the same way, printed as JSON lines 
 "impl":"torch". --bf16: q, k, v are f32 leaves cast to bf16 first (as dtrain's --bf16), so
 PyTorch picks its flash kernel; otherwise f32 (TF32 with --tf32).
 Needs torch with CUDA; prints a skipped line otherwise.
-Usage: gpu_attention_torch.py [--shape gpt2|gpt|all] [--iters N] [--rounds N] [--bf16] [--tf32]"""
+Usage: gpu_attention_torch.py [--shape gpt2|gpt|d128|all] [--iters N] [--rounds N] [--bf16] [--tf32]"""
 import argparse
 import json
 import time
 
-SHAPES = [("gpt2", 4, 1024, 12, 64), ("gpt", 8, 256, 6, 64)]
+SHAPES = [("gpt2", 4, 1024, 12, 64), ("gpt", 8, 256, 6, 64), ("d128", 2, 2048, 16, 128)]
 
 
 def one(torch, qkv, heads, bwd, bf16):

@@ -16,7 +16,7 @@
  * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
  * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
- * 16-bit with head width 64 (the GPTs'): the fused kernels further down (flash attention,
+ * 16-bit with head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
  * forward and backward on tensor cores), which keep no score tiles at all.
  * ==========================================================================*/
 
@@ -176,33 +176,49 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
                            a->B, a->H, b->ptrs);
 }
 
-/* ---- the fused forward (flash attention): 16-bit q, k, v, y of head width 64 ----
+/* ---- the fused forward (flash attention): 16-bit q, k, v, y of head width D = 32, 64, 96, 128 ----
  * One block of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. Per step of 64
  * keys (up to the causal edge): the block loads the k and v tiles into shared memory, each
  * warp computes its rows' scores q k^T with tensor cores (wmma, f32 sums) into shared f32 rows,
  * updates its rows' running maximum and sum (online softmax, f32) and writes P in 16 bits over
  * the k tile (every warp has read it), rescales its output rows (accumulators staged through
  * its score rows) and adds P v. The end divides by the sums, writes y in 16 bits and the rows'
- * log-sum-exps (what backward recomputes P from). Shared memory: 45.8 KB; the scores never
- * leave the chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
+ * log-sum-exps (what backward recomputes P from). Shared memory (dynamic, dtr__fa<D>::fwd):
+ * 45.8 KB for D 32 and 64, 66.3 KB for 96, 86.8 KB for 128 (the limit above 48 KB is
+ * raised per device when the context is made, dtr__cuda_fa_setup). The scores never leave the
+ * chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
 
 #define DTR__FA_ROWS 64     /* query rows of a block, 16 a warp */
 #define DTR__FA_KEYS 64     /* keys of a step */
-#define DTR__FA_D 64        /* the head width it takes */
-#define DTR__FA_LD 72       /* 16-bit tile row stride: a multiple of 8, padded against bank conflicts */
-#define DTR__FA_LS 68       /* f32 row stride */
+#define DTR__FA_STEP 32     /* rows of the other side per step of the backward */
+#define DTR__FA_LQ 36       /* f32 row stride of a backward step (16-bit rows over them: 72) */
 #define DTR__FA_THREADS 128
-static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled forward for every case */
+#define DTR__FA_WIDTHS(X) X(32) X(64) X(96) X(128)   /* head widths with fused kernels */
+static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled kernels for every case */
+
+/* The tiles of head width D: 16-bit rows of LD elements (a multiple of 8, padded against bank
+   conflicts; at least a step's keys wide: the forward writes P's rows over the k tile), the
+   forward's f32 rows of LS (a step's scores, then the output rows staged), and the kernels'
+   shared memory in bytes (the backward's: the larger of its two kernels'). */
+template <int D> struct dtr__fa {
+    static constexpr int W = D > DTR__FA_KEYS ? D : DTR__FA_KEYS, LD = W + 8, LS = W + 4;
+    static constexpr int fwd = (DTR__FA_ROWS + 2 * DTR__FA_KEYS) * LD * 2 + DTR__FA_ROWS * (LS + 3) * 4;
+    static constexpr int bwd = (DTR__FA_ROWS + DTR__FA_STEP) * 2 * LD * 2 + DTR__FA_ROWS * (2 * DTR__FA_LQ + 2) * 4;
+};
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dtr__fa_acc;
 
-/* `rows` rows r0.. of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T */
+/* `rows` rows r0.. of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T. Eight
+   elements a load (dtr__cuda_fa_takes: x 16-byte aligned; C = H D, a multiple of 8). */
+template <int D>
 __device__ static void dtr__cuda_fa_load(uint16_t *dst, int rows, const uint16_t *x, const dtr__cuda_att &a, int64_t b, int64_t h,
                                         int64_t r0) {
-    for (int e = threadIdx.x; e < rows * DTR__FA_D; e += blockDim.x) {
-        int r = e / DTR__FA_D, d = e % DTR__FA_D;
+    for (int e = threadIdx.x; e < rows * D / 8; e += blockDim.x) {
+        int r = e / (D / 8), d = e % (D / 8) * 8;
         int64_t t = r0 + r;
-        dst[r * DTR__FA_LD + d] = t < a.T ? x[(b * a.T + t) * a.C + h * DTR__FA_D + d] : (uint16_t)0;
+        uint4 v = {0u, 0u, 0u, 0u};
+        if (t < a.T) v = *(const uint4 *)(x + (b * a.T + t) * a.C + h * D + d);
+        *(uint4 *)(dst + r * dtr__fa<D>::LD + d) = v;
     }
 }
 
@@ -227,31 +243,34 @@ template <int NT> __device__ static void dtr__cuda_fa_stage(float *dst, int ld, 
     for (int n = 0; n < NT; n++) nvcuda::wmma::store_matrix_sync(dst + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
 }
 
-/* The warp's 16 rows against 16 NT rows of another tile, (16 x 64) (64 x 16 NT): scores
+/* The warp's 16 rows against 16 NT rows of another tile, (16 x D) (D x 16 NT): scores
    (unscaled) or dP, into f32 rows at dst (stride ld). */
-template <typename T, int NT> __device__ static void dtr__cuda_fa_rows(float *dst, int ld, const uint16_t *rows16, const uint16_t *other) {
+template <typename T, int D, int NT>
+__device__ static void dtr__cuda_fa_rows(float *dst, int ld, const uint16_t *rows16, const uint16_t *other) {
     dtr__fa_acc c[NT];
     for (int n = 0; n < NT; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, NT, DTR__FA_D / 16>(c, rows16, DTR__FA_LD, other, DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, NT, D / 16>(c, rows16, dtr__fa<D>::LD, other, dtr__fa<D>::LD);
     dtr__cuda_fa_stage<NT>(dst, ld, c);
 }
 
 /* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
    sum l, the factor alpha the earlier output is scaled by, P (16-bit) into sp's rows */
+template <int D>
 __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
                                            int64_t q0, int64_t k0, int w16, int lane) {
+    const int LS = dtr__fa<D>::LS;
     int r = w16 + lane / 2, j0 = (lane & 1) * 32;
     int64_t t = q0 + r;
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
     dtr__cuda_mem P = {sp, (int)a.p};
     for (int j = j0; j < j0 + 32; j++)
-        if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * DTR__FA_LS + j] * a.scale);
+        if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     m_new = fmaxf(m_old, mx);
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
-        float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * DTR__FA_LS + j] * a.scale - m_new) : 0.0f;
-        P.st(r * DTR__FA_LD + j, p);
+        float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
+        P.st(r * dtr__fa<D>::LD + j, p);
         sum += p;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -259,77 +278,64 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
 }
 
 /* the warp's output rows times their alpha (staged through its f32 rows) */
-__device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
-    dtr__cuda_fa_stage<DTR__FA_D / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, o);
+template <int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
+    const int LS = dtr__fa<D>::LS;
+    dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
-    for (int e = lane; e < 16 * DTR__FA_D; e += 32) ss[(w16 + e / DTR__FA_D) * DTR__FA_LS + e % DTR__FA_D] *= sa[w16 + e / DTR__FA_D];
+    for (int e = lane; e < 16 * D; e += 32) ss[(w16 + e / D) * LS + e % D] *= sa[w16 + e / D];
     __syncwarp();
-    for (int n = 0; n < DTR__FA_D / 16; n++)
-        nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * DTR__FA_LS + n * 16, DTR__FA_LS, nvcuda::wmma::mem_row_major);
+    for (int n = 0; n < D / 16; n++) nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * LS + n * 16, LS, nvcuda::wmma::mem_row_major);
 }
 
 /* y = output rows / l (16-bit), lse = m + log l, for the warp's rows inside T */
+template <int D>
 __device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
                                          const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
+    const int LS = dtr__fa<D>::LS;
     dtr__cuda_mem y = {Y, (int)a.p};
     int64_t b = z / a.H, h = z % a.H;
-    dtr__cuda_fa_stage<DTR__FA_D / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, o);
+    dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
-    for (int e = lane; e < 16 * DTR__FA_D; e += 32) {
-        int r = w16 + e / DTR__FA_D, d = e % DTR__FA_D;
-        if (q0 + r < a.T) y.st((b * a.T + q0 + r) * a.C + h * DTR__FA_D + d, ss[r * DTR__FA_LS + d] / sl[r]);
+    for (int e = lane; e < 16 * D; e += 32) {
+        int r = w16 + e / D, d = e % D;
+        if (q0 + r < a.T) y.st((b * a.T + q0 + r) * a.C + h * D + d, ss[r * LS + d] / sl[r]);
     }
     if (lane < 16 && q0 + w16 + lane < a.T) lse[z * a.T + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
 }
 
-/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads */
-template <typename T>
+/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads, dtr__fa<D>::fwd bytes */
+template <typename T, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                             void *Y, float *lse, dtr__cuda_att a) {
-    __shared__ __align__(32) uint16_t sq[DTR__FA_ROWS * DTR__FA_LD], sk[DTR__FA_KEYS * DTR__FA_LD], sv[DTR__FA_KEYS * DTR__FA_LD];
-    __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LS];
-    __shared__ float sm[DTR__FA_ROWS], sl[DTR__FA_ROWS], sa[DTR__FA_ROWS];
+    const int LD = dtr__fa<D>::LD, LS = dtr__fa<D>::LS;
+    extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
+    uint16_t *sq = (uint16_t *)dtr__fa_smem, *sk = sq + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_KEYS * LD;
+    float *ss = (float *)(sv + DTR__FA_KEYS * LD), *sm = ss + DTR__FA_ROWS * LS, *sl = sm + DTR__FA_ROWS, *sa = sl + DTR__FA_ROWS;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16;
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc o[DTR__FA_D / 16];
-        dtr__cuda_fa_load(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
+        dtr__fa_acc o[D / 16];
+        dtr__cuda_fa_load<D>(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
-        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
+        for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_rows<T, DTR__FA_KEYS / 16>(ss + w16 * DTR__FA_LS, DTR__FA_LS, sq + w16 * DTR__FA_LD, sk);   /* q k^T */
+            dtr__cuda_fa_rows<T, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
-            dtr__cuda_fa_softmax(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
+            dtr__cuda_fa_softmax<D>(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
             __syncwarp();
-            dtr__cuda_fa_rescale(o, ss, sa, w16, lane);
-            /* the warp's output rows += P v */
-            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_KEYS / 16>(o, sk + w16 * DTR__FA_LD, DTR__FA_LD, sv,
-                                                                                          DTR__FA_LD);
+            dtr__cuda_fa_rescale<D>(o, ss, sa, w16, lane);
+            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_KEYS / 16>(o, sk + w16 * LD, LD, sv, LD);   /* += P v */
             __syncthreads();   /* before the next tiles are loaded */
         }
-        dtr__cuda_fa_store(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
+        dtr__cuda_fa_store<D>(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
         __syncthreads();
     }
 }
 
-/* 1 when the fused forward takes the node: 16-bit operands (tensor cores) and head width 64 */
-static int dtr__cuda_fa_takes(const dtr__cuda_att *a) { return dtr__cuda_flash && a->p != DTR_F32 && a->D == DTR__FA_D; }
-
-static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
-    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
-    const uint16_t *Q = (const uint16_t *)dtr__data(nd->in[0]), *K = (const uint16_t *)dtr__data(nd->in[1]),
-                   *V = (const uint16_t *)dtr__data(nd->in[2]);
-    if (a->p == DTR_BF16)
-        dtr__cuda_fa_fwd_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
-    else
-        dtr__cuda_fa_fwd_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, dtr__data(nd->out), lse, *a);
-    return dtr__cuda_launched(ctx, nd);
-}
-
-/* ---- the fused backward: dk, dv and dq of 16-bit attention with head width 64 ----
+/* ---- the fused backward: dk, dv and dq of 16-bit attention with head width D ----
  * Two kernels, no atomics (each gradient element has one writer, so runs repeat bit for bit):
  * one block per 64 keys sums dk and dv over the query steps at or past them (causal), one
  * block per 64 queries sums dq over the key steps up to them; both recompute the scores on
@@ -337,11 +343,8 @@ static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__c
  * bits once (dO) and Drow = rowsum(dy y) (the tiled path's). A step is 32 rows of the other
  * side: each warp's 16 x 32 scores and dP in f32 shared rows, P and dS in 16 bits over them
  * (read, __syncwarp, write). dS = P (dP - Drow) scale with P in f32; the products' operands P,
- * dS, q, k, v and dO in 16 bits, their sums in f32 (the tiled path's roundings). */
-
-#define DTR__FA_STEP 32     /* rows of the other side per step of the backward */
-#define DTR__FA_LQ 36       /* f32 row stride of a step (16-bit rows over them: 72) */
-
+ * dS, q, k, v and dO in 16 bits, their sums in f32 (the tiled path's roundings). Shared memory
+ * (dynamic, dtr__fa<D>::bwd): 46.6 KB for D 32 and 64, 58.9 KB for 96, 71.2 KB for 128. */
 
 /* f(row, col, value) over the warp's 16 x 32 f32 rows at src (lane = column), then written in
    16 bits over the rows at dst (16-bit stride 2 DTR__FA_LQ): every lane reads its column
@@ -355,26 +358,28 @@ template <typename F> __device__ static void dtr__cuda_fa_pack(float *dst, const
     __syncwarp();
 }
 
-/* acc[0..4) (16 x 64, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
+/* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
    added, rows past T left alone; staged 32 columns at a time through the warp's f32 rows st */
+template <int D>
 __device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc *acc, float *st, const dtr__cuda_att &a, int64_t b, int64_t h,
                                        int64_t r0, int lane) {
-    for (int half = 0; half < 2; half++) {
-        dtr__cuda_fa_stage<2>(st, DTR__FA_LQ, acc + 2 * half);
+    for (int c = 0; c < D / 32; c++) {
+        dtr__cuda_fa_stage<2>(st, DTR__FA_LQ, acc + 2 * c);
         __syncwarp();
         for (int i = 0; i < 16; i++)
-            if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * DTR__FA_D + half * 32 + lane] += st[i * DTR__FA_LQ + lane];
+            if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * D + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
         __syncwarp();
     }
 }
 
 /* `rows` query rows q0.. of item z: q and dO into 16-bit tiles, their log-sum-exps and Drow
    (0 past T) */
+template <int D>
 __device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *sl, float *sd, int rows, const uint16_t *Q,
                                            const uint16_t *G, const float *lse, const float *Drow, const dtr__cuda_att &a,
                                            int64_t z, int64_t q0) {
-    dtr__cuda_fa_load(sq, rows, Q, a, z / a.H, z % a.H, q0);
-    dtr__cuda_fa_load(sg, rows, G, a, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<D>(sq, rows, Q, a, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<D>(sg, rows, G, a, z / a.H, z % a.H, q0);
     if ((int)threadIdx.x < rows) {
         int64_t q = q0 + threadIdx.x;
         sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
@@ -385,55 +390,54 @@ __device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *s
 /* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv) against 32 queries q0..
    (sq, sg, sl, sd): S^T = k q^T, P^T (16-bit, over p16), dv += P^T dO, dP^T = v dO^T (over p16),
    dS^T = P^T (dP^T - Drow) scale (16-bit, over s16), dk += dS^T q. */
-template <typename T>
+template <typename T, int D>
 __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc *dk, dtr__fa_acc *dv, float *s16, float *p16, const uint16_t *sk,
                                             const uint16_t *sv, const uint16_t *sq, const uint16_t *sg, const float *sl,
                                             const float *sd, const dtr__cuda_att &a, int64_t key, int64_t q0, int lane) {
+    const int LD = dtr__fa<D>::LD;
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
         return q0 + j >= key + i && q0 + j < a.T && key + i < a.T ? expf(s * a.scale - sl[j]) : 0.0f;
     };
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
     dtr__cuda_fa_pack(p16, s16, (int)a.p, lane, prob);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg,
-                                                                                  DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg, LD);
     __syncwarp();
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
     __syncwarp();
     for (int i = 0; i < 16; i++)
         p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
     __syncwarp();
     dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [](int, int, float v) { return v; });
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq,
-                                                                                  DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq, LD);
 }
 
 /* dk, dv of 64 keys k0.. over the query steps at or past them (grid (key blocks, min(B H, 65535))) */
-template <typename T>
+template <typename T, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                             const uint16_t *G, const float *lse, const float *Drow,
                                                                             float *GK, float *GV, dtr__cuda_att a) {
-    __shared__ __align__(32) uint16_t sk[DTR__FA_KEYS * DTR__FA_LD], sv[DTR__FA_KEYS * DTR__FA_LD], sq[DTR__FA_STEP * DTR__FA_LD],
-        sg[DTR__FA_STEP * DTR__FA_LD];
-    __shared__ __align__(32) float ss[DTR__FA_KEYS * DTR__FA_LQ], sp[DTR__FA_KEYS * DTR__FA_LQ];
-    __shared__ float sl[DTR__FA_STEP], sd[DTR__FA_STEP];
+    const int LD = dtr__fa<D>::LD;
+    extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
+    uint16_t *sk = (uint16_t *)dtr__fa_smem, *sv = sk + DTR__FA_KEYS * LD, *sq = sv + DTR__FA_KEYS * LD, *sg = sq + DTR__FA_STEP * LD;
+    float *ss = (float *)(sg + DTR__FA_STEP * LD), *sp = ss + DTR__FA_KEYS * DTR__FA_LQ, *sl = sp + DTR__FA_KEYS * DTR__FA_LQ,
+          *sd = sl + DTR__FA_STEP;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc dk[DTR__FA_D / 16], dv[DTR__FA_D / 16];
-        dtr__cuda_fa_load(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
-        dtr__cuda_fa_load(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
-        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
+        dtr__fa_acc dk[D / 16], dv[D / 16];
+        dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+        for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
         for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
-            dtr__cuda_fa_queries(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
+            dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
             __syncthreads();
-            dtr__cuda_fa_dkv_step<T>(dk, dv, s16, p16, sk + w16 * DTR__FA_LD, sv + w16 * DTR__FA_LD, sq, sg, sl, sd, a, k0 + w16, q0,
-                                     lane);
+            dtr__cuda_fa_dkv_step<T, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, q0, lane);
             __syncthreads();   /* before the next step's tiles */
         }
-        dtr__cuda_fa_add(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
-        dtr__cuda_fa_add(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<D>(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<D>(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
         __syncthreads();
     }
 }
@@ -441,67 +445,133 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
 /* One step of dq for the warp's 16 queries query.. (rows of sq, sg; sl, sd from row w16)
    against 32 keys k0.. (sk, sv): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (16-bit,
    over s16), dq += dS k. */
-template <typename T>
+template <typename T, int D>
 __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc *dq, float *s16, float *p16, const uint16_t *sq, const uint16_t *sg,
                                            const uint16_t *sk, const uint16_t *sv, const float *sl, const float *sd,
                                            const dtr__cuda_att &a, int64_t query, int64_t k0, int lane) {
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
-    dtr__cuda_fa_rows<T, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
+    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
         bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
         return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
     });
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, DTR__FA_D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
-                                                                                  DTR__FA_LD);
+    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
+                                                                          dtr__fa<D>::LD);
 }
 
 /* dq of 64 queries q0.. over the key steps up to them (grid (query blocks, min(B H, 65535))) */
-template <typename T>
+template <typename T, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
                                                                            const uint16_t *G, const float *lse, const float *Drow,
                                                                            float *GQ, dtr__cuda_att a) {
-    __shared__ __align__(32) uint16_t sq[DTR__FA_ROWS * DTR__FA_LD], sg[DTR__FA_ROWS * DTR__FA_LD], sk[DTR__FA_STEP * DTR__FA_LD],
-        sv[DTR__FA_STEP * DTR__FA_LD];
-    __shared__ __align__(32) float ss[DTR__FA_ROWS * DTR__FA_LQ], sp[DTR__FA_ROWS * DTR__FA_LQ];
-    __shared__ float sl[DTR__FA_ROWS], sd[DTR__FA_ROWS];
+    const int LD = dtr__fa<D>::LD;
+    extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
+    uint16_t *sq = (uint16_t *)dtr__fa_smem, *sg = sq + DTR__FA_ROWS * LD, *sk = sg + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_STEP * LD;
+    float *ss = (float *)(sv + DTR__FA_STEP * LD), *sp = ss + DTR__FA_ROWS * DTR__FA_LQ, *sl = sp + DTR__FA_ROWS * DTR__FA_LQ,
+          *sd = sl + DTR__FA_ROWS;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc dq[DTR__FA_D / 16];
-        dtr__cuda_fa_queries(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
-        for (int n = 0; n < DTR__FA_D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
+        dtr__fa_acc dq[D / 16];
+        dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
+        for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_dq_step<T>(dq, s16, p16, sq + w16 * DTR__FA_LD, sg + w16 * DTR__FA_LD, sk, sv, sl + w16, sd + w16, a, q0 + w16,
-                                    k0, lane);
+            dtr__cuda_fa_dq_step<T, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
             __syncthreads();
         }
-        dtr__cuda_fa_add(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
+        dtr__cuda_fa_add<D>(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
         __syncthreads();
     }
+}
+
+/* ---- the host side of the fused kernels ---- */
+
+/* The launches, one instance per operand type and head width (dtr__cuda_fa_pick). */
+struct dtr__fa_fwd_launch {
+    template <typename T, int D>
+    static void run(dim3 grid, cudaStream_t s, const uint16_t *Q, const uint16_t *K, const uint16_t *V, void *Y, float *lse,
+                    const dtr__cuda_att *a) {
+        dtr__cuda_fa_fwd_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::fwd, s>>>(Q, K, V, Y, lse, *a);
+    }
+};
+struct dtr__fa_bwd_launch {
+    template <typename T, int D>
+    static void run(dim3 grid, cudaStream_t s, const uint16_t *Q, const uint16_t *K, const uint16_t *V, const uint16_t *G,
+                    const float *lse, const float *Drow, float *GQ, float *GK, float *GV, const dtr__cuda_att *a) {
+        dtr__cuda_fa_dkv_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::bwd, s>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
+        dtr__cuda_fa_dq_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::bwd, s>>>(Q, K, V, G, lse, Drow, GQ, *a);
+    }
+};
+/* raises the three kernels' shared-memory limits on the current device; 0 when refused */
+struct dtr__fa_limits {
+    template <typename T, int D> static void run(int *ok) {
+        *ok = cudaFuncSetAttribute(dtr__cuda_fa_fwd_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::fwd) == cudaSuccess &&
+              cudaFuncSetAttribute(dtr__cuda_fa_dkv_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::bwd) == cudaSuccess &&
+              cudaFuncSetAttribute(dtr__cuda_fa_dq_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::bwd) == cudaSuccess;
+    }
+};
+
+/* F::run<T, D>(args...) for 16-bit type p (bf16 or fp16) and head width D (one of DTR__FA_WIDTHS) */
+template <typename F, typename... A> static void dtr__cuda_fa_pick(dtr_dtype p, int64_t D, A... args) {
+#define DTR__FA_CASE(W)                                        \
+    case W:                                                    \
+        if (p == DTR_BF16)                                     \
+            F::template run<__nv_bfloat16, W>(args...);        \
+        else                                                   \
+            F::template run<__half, W>(args...);               \
+        break;
+    switch (D) { DTR__FA_WIDTHS(DTR__FA_CASE) default: break; }
+#undef DTR__FA_CASE
+}
+
+/** The head widths whose fused kernels this device runs (bit D / 32), on the current device:
+ *  their shared-memory limits raised. Called by the context's creation; a width the device
+ *  refuses takes the tiled kernels. */
+static unsigned dtr__cuda_fa_setup(void) {
+    unsigned widths = 0;
+    for (int d = 32; d <= 128; d += 32) {
+        int bf = 0, hf = 0;
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, d, &bf);
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, d, &hf);
+        if (bf && hf) widths |= 1u << (d / 32);
+    }
+    (void)cudaGetLastError();   /* a refusal is not the next launch's error */
+    return widths;
+}
+
+/* 1 when the fused kernels take the node: 16-bit operands (tensor cores), a head width of
+   theirs this device runs, 16-byte aligned q, k, v (the tiles' loads) */
+static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a) {
+    int aligned = 1;
+    for (int i = 0; i < 3; i++) aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0;
+    return dtr__cuda_flash && a->p != DTR_F32 && a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> (a->D / 32) & 1) &&
+           aligned;
+}
+
+static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
+    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+    dtr__cuda_fa_pick<dtr__fa_fwd_launch>(a->p, a->D, grid, dtr__cuda_stream(ctx), (const uint16_t *)dtr__data(nd->in[0]),
+                                          (const uint16_t *)dtr__data(nd->in[1]), (const uint16_t *)dtr__data(nd->in[2]),
+                                          dtr__data(nd->out), lse, a);
+    return dtr__cuda_launched(ctx, nd);
 }
 
 /* the fused backward of a node whose q, k and v all take gradients: dO = dy in 16 bits
    (scratch), then the two kernels (Drow is computed) */
 static dtr_result dtr__cuda_fa_bwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, const float *Drow) {
     dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
-    const uint16_t *Q = (const uint16_t *)dtr__data(nd->in[0]), *K = (const uint16_t *)dtr__data(nd->in[1]),
-                   *V = (const uint16_t *)dtr__data(nd->in[2]), *G;
-    const float *lse = (const float *)nd->saved;
-    float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
+    const uint16_t *G;
     char *at = (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(a->B * a->T * a->C * 2));
     if (!at || !(G = (const uint16_t *)dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a->p, a->B * a->T * a->C, &at))) return ctx->status;
-    if (a->p == DTR_BF16) {
-        dtr__cuda_fa_dkv_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
-        dtr__cuda_fa_dq_k<__nv_bfloat16><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GQ, *a);
-    } else {
-        dtr__cuda_fa_dkv_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
-        dtr__cuda_fa_dq_k<__half><<<grid, DTR__FA_THREADS, 0, dtr__cuda_stream(ctx)>>>(Q, K, V, G, lse, Drow, GQ, *a);
-    }
+    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(a->p, a->D, grid, dtr__cuda_stream(ctx), (const uint16_t *)dtr__data(nd->in[0]),
+                                          (const uint16_t *)dtr__data(nd->in[1]), (const uint16_t *)dtr__data(nd->in[2]), G,
+                                          (const float *)nd->saved, Drow, dtr__gradof(nd->in[0]), dtr__gradof(nd->in[1]),
+                                          dtr__gradof(nd->in[2]), a);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -514,7 +584,7 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.T == 0) return DTR_OK;
-    if (dtr__cuda_fa_takes(&a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
+    if (dtr__cuda_fa_takes(ctx, nd, &a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 0)).S) return ctx->status;
     for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
         dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
@@ -571,7 +641,7 @@ static dtr_result dtr__cuda_attention_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         dtr__cuda_mem_of(nd->out), nd->out->grad, Drow, a);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (dtr__cuda_fa_takes(&a) && dtr__gradof(nd->in[0]) && dtr__gradof(nd->in[1]) && dtr__gradof(nd->in[2]))
+    if (dtr__cuda_fa_takes(ctx, nd, &a) && dtr__gradof(nd->in[0]) && dtr__gradof(nd->in[1]) && dtr__gradof(nd->in[2]))
         return dtr__cuda_fa_bwd(ctx, nd, &a, Drow);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 1)).S) return ctx->status;
     if (!b.G) {

@@ -53,6 +53,7 @@ static dtr_result dtr__cuda_init_state(dtr_context *ctx, dtr__cuda_state *s) {
         dtr__cuda_check(ctx, cudaMalloc((void **)&s->partial, DTR__CUDA_MAX_PARTIALS * sizeof(double)), "reduction scratch") != DTR_OK)
         return ctx->status;
     s->err_host[0] = s->err_host[1] = 0;
+    s->fa_widths = dtr__cuda_fa_setup();
     return DTR_OK;
 }
 
@@ -385,7 +386,7 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
  * themselves, cuda_gemm.cu, cuda_attention.cu); the dispatch widens the others' 16-bit tensors into f32 scratch (src/core/widen.c).
  * Setting one to 0 falls back to the widened path, the same arithmetic. */
 static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
-                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 0, dtr__cuda_linear_narrow = 1,
+                     dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 1, dtr__cuda_linear_narrow = 1,
                      dtr__cuda_softmax_narrow = 1, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
                      dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 0,
                      dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,

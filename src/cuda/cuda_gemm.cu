@@ -1,6 +1,6 @@
 /* ============================================================================
- * Matrix products on the GPU through cuBLAS: batched matmul (broadcast batch axes, any
- * view whose rows or columns are unit-stride) and linear (x w^T + b), forward and backward,
+ * Matrix products on the GPU through cuBLAS: linear (x w^T + b) and batched matmul (broadcast
+ * batch axes, any view whose rows or columns are unit-stride), forward and backward,
  * with the CPU's shapes (src/ops/ops_matmul.c):
  *   a (..., M, K), b (..., K, N) -> (..., M, N); x (R, in), w (out, in) -> (R, out).
  * cuBLAS is column-major: a row-major C = A B is computed as the column-major C^T = B^T A^T,
@@ -137,126 +137,6 @@ static dtr_result dtr__cuda_gemm2(dtr_context *ctx, dtr__cuda_gemm_t t, int64_t 
     return dtr__cuda_blas(ctx, dtr__cuda_sgemm_ptrs(dtr__cuda(ctx), t, opb, opa, (int)N, (int)M, (int)(K ? K : 1), &alpha, pb,
                                                     (int)ldb, pa, (int)lda, &beta, py, (int)ldy, (int)count),
                           "gemm (pointer batch)");
-}
-
-/* ---- matmul ---- */
-
-/* The batch axes of a and b broadcast together (as the CPU's dtr__batch): the output batch
- * shape, each operand's stride over it (0 where broadcast), and, when every batch axis of
- * each operand collapses to one stride, that stride (one strided-batched call does it). */
-typedef struct dtr__cuda_batch {
-    int nd;
-    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], count;
-    int64_t ua, ub;   /* the collapsed strides, when uniform */
-    int uniform;
-} dtr__cuda_batch;
-
-/* 1 when strides st over the batch shape are i * u for one stride u (set in *u). */
-static int dtr__cuda_collapse(const dtr__cuda_batch *bt, const int64_t *st, int64_t *u) {
-    int64_t expect = -1;
-    int d;
-    *u = 0;
-    for (d = bt->nd - 1; d >= 0; d--) {
-        if (bt->shape[d] == 1) continue;
-        if (expect < 0) *u = st[d];
-        else if (st[d] != expect) return 0;
-        expect = st[d] * bt->shape[d];
-    }
-    return 1;
-}
-
-static dtr__cuda_batch dtr__cuda_batch_make(const dtr_tensor *a, const dtr_tensor *b, int dense) {
-    dtr__cuda_batch bt;
-    int64_t ca[DTR_MAX_DIMS], cb[DTR_MAX_DIMS];
-    int na = a->ndim - 2, nb = b->ndim - 2, nd = na > nb ? na : nb, d;
-    const int64_t *sta = a->stride, *stb = b->stride;
-    if (dense) {   /* the gradients: dense strides of the same shapes */
-        dtr__contig_strides(a->ndim, a->shape, ca);
-        dtr__contig_strides(b->ndim, b->shape, cb);
-        sta = ca;
-        stb = cb;
-    }
-    memset(&bt, 0, sizeof bt);
-    bt.nd = nd;
-    bt.count = 1;
-    for (d = 0; d < nd; d++) {
-        int da = d - (nd - na), db = d - (nd - nb);
-        int64_t xa = da >= 0 ? a->shape[da] : 1, xb = db >= 0 ? b->shape[db] : 1;
-        bt.shape[d] = xa > xb ? xa : xb;
-        bt.sa[d] = (da >= 0 && xa != 1) ? sta[da] : 0;
-        bt.sb[d] = (db >= 0 && xb != 1) ? stb[db] : 0;
-        bt.count *= bt.shape[d];
-    }
-    bt.uniform = dtr__cuda_collapse(&bt, bt.sa, &bt.ua) && dtr__cuda_collapse(&bt, bt.sb, &bt.ub);
-    return bt;
-}
-
-static void dtr__cuda_batch_offsets(const dtr__cuda_batch *bt, int64_t i, int64_t *oa, int64_t *ob) {
-    int d;
-    *oa = *ob = 0;
-    for (d = bt->nd - 1; d >= 0; d--) {
-        int64_t k = i % bt->shape[d];
-        i /= bt->shape[d];
-        *oa += k * bt->sa[d];
-        *ob += k * bt->sb[d];
-    }
-}
-
-/* One product of the batch per call, in batch order: for batches that do not collapse and
- * for gradients of an operand broadcast over the batch (each call accumulates into it, so
- * the sum is taken in the CPU's order). `which`: 0 forward, 1 dA, 2 dB. */
-static dtr_result dtr__cuda_matmul_loop(dtr_context *ctx, dtr__node *nd, int which) {
-    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
-    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], i, oa, ob, ga, gbo;
-    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
-    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
-    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
-    dtr_result r = DTR_OK;
-    for (i = 0; i < bt.count && r == DTR_OK; i++) {
-        dtr__cuda_batch_offsets(&bt, i, &oa, &ob);
-        dtr__cuda_batch_offsets(&gb, i, &ga, &gbo);
-        if (which == 0)
-            r = dtr__cuda_gemm(ctx, M, N, K, 1.0f, A + oa, rsa, csa, 0, B + ob, rsb, csb, 0, 0.0f, dtr__f32(nd->out) + i * M * N, N, 0, 1);
-        else if (which == 1)   /* dA (M, K) += G (M, N) B^T (N, K) */
-            r = dtr__cuda_gemm(ctx, M, K, N, 1.0f, G + i * M * N, N, 1, 0, B + ob, csb, rsb, 0, 1.0f, dtr__gradof(a) + ga, K, 0, 1);
-        else                   /* dB (K, N) += A^T (K, M) G (M, N) */
-            r = dtr__cuda_gemm(ctx, K, N, M, 1.0f, A + oa, csa, rsa, 0, G + i * M * N, N, 1, 0, 1.0f, dtr__gradof(b) + gbo, N, 0, 1);
-    }
-    return r;
-}
-
-/* a (..., M, K), b (..., K, N) -> y (..., M, N) */
-static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
-    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
-    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0);
-    if (!bt.uniform) return dtr__cuda_matmul_loop(ctx, nd, 0);
-    return dtr__cuda_gemm(ctx, M, N, K, 1.0f, (const float *)a->storage + a->offset, a->stride[a->ndim - 2],
-                          a->stride[a->ndim - 1], bt.ua, (const float *)b->storage + b->offset, b->stride[b->ndim - 2],
-                          b->stride[b->ndim - 1], bt.ub, 0.0f, dtr__f32(nd->out), N, M * N, bt.count);
-}
-
-static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
-    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
-    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
-    const float *A = (const float *)a->storage + a->offset, *B = (const float *)b->storage + b->offset, *G = nd->out->grad;
-    float *GA = dtr__gradof(a), *GB = dtr__gradof(b);
-    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
-    int batched = bt.uniform && gb.uniform;
-    if (GA) {   /* dA (M, K) += G (M, N) B^T (N, K); a broadcast over the batch: one call per item */
-        dtr_result r = batched && (gb.ua != 0 || bt.count == 1)
-                           ? dtr__cuda_gemm(ctx, M, K, N, 1.0f, G, N, 1, M * N, B, csb, rsb, bt.ub, 1.0f, GA, K, gb.ua, bt.count)
-                           : dtr__cuda_matmul_loop(ctx, nd, 1);
-        if (r != DTR_OK) return r;
-    }
-    if (GB) {   /* dB (K, N) += A^T (K, M) G (M, N) */
-        dtr_result r = batched && (gb.ub != 0 || bt.count == 1)
-                           ? dtr__cuda_gemm(ctx, K, N, M, 1.0f, A, csa, rsa, bt.ua, G, N, 1, M * N, 1.0f, GB, N, gb.ub, bt.count)
-                           : dtr__cuda_matmul_loop(ctx, nd, 2);
-        if (r != DTR_OK) return r;
-    }
-    return DTR_OK;
 }
 
 /* ---- linear: y (R, out) = x (R, in) w^T + b ---- */
@@ -401,4 +281,189 @@ static dtr_result dtr__cuda_linear_fwd(dtr_context *ctx, dtr__node *nd) {
 }
 static dtr_result dtr__cuda_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_linear16(ctx, nd) ? dtr__cuda_linear16_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_linear32_bwd);
+}
+
+/* ---- matmul ---- */
+
+/* The batch axes of a and b broadcast together (as the CPU's dtr__batch): the output batch
+ * shape, each operand's stride over it (0 where broadcast), and, when every batch axis of
+ * each operand collapses to one stride, that stride (one strided-batched call does it). */
+typedef struct dtr__cuda_batch {
+    int nd;
+    int64_t shape[DTR_MAX_DIMS], sa[DTR_MAX_DIMS], sb[DTR_MAX_DIMS], count;
+    int64_t ua, ub;   /* the collapsed strides, when uniform */
+    int uniform;
+} dtr__cuda_batch;
+
+/* 1 when strides st over the batch shape are i * u for one stride u (set in *u). */
+static int dtr__cuda_collapse(const dtr__cuda_batch *bt, const int64_t *st, int64_t *u) {
+    int64_t expect = -1;
+    int d;
+    *u = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        if (bt->shape[d] == 1) continue;
+        if (expect < 0) *u = st[d];
+        else if (st[d] != expect) return 0;
+        expect = st[d] * bt->shape[d];
+    }
+    return 1;
+}
+
+static dtr__cuda_batch dtr__cuda_batch_make(const dtr_tensor *a, const dtr_tensor *b, int dense) {
+    dtr__cuda_batch bt;
+    int64_t ca[DTR_MAX_DIMS], cb[DTR_MAX_DIMS];
+    int na = a->ndim - 2, nb = b->ndim - 2, nd = na > nb ? na : nb, d;
+    const int64_t *sta = a->stride, *stb = b->stride;
+    if (dense) {   /* the gradients: dense strides of the same shapes */
+        dtr__contig_strides(a->ndim, a->shape, ca);
+        dtr__contig_strides(b->ndim, b->shape, cb);
+        sta = ca;
+        stb = cb;
+    }
+    memset(&bt, 0, sizeof bt);
+    bt.nd = nd;
+    bt.count = 1;
+    for (d = 0; d < nd; d++) {
+        int da = d - (nd - na), db = d - (nd - nb);
+        int64_t xa = da >= 0 ? a->shape[da] : 1, xb = db >= 0 ? b->shape[db] : 1;
+        bt.shape[d] = xa > xb ? xa : xb;
+        bt.sa[d] = (da >= 0 && xa != 1) ? sta[da] : 0;
+        bt.sb[d] = (db >= 0 && xb != 1) ? stb[db] : 0;
+        bt.count *= bt.shape[d];
+    }
+    bt.uniform = dtr__cuda_collapse(&bt, bt.sa, &bt.ua) && dtr__cuda_collapse(&bt, bt.sb, &bt.ub);
+    return bt;
+}
+
+static void dtr__cuda_batch_offsets(const dtr__cuda_batch *bt, int64_t i, int64_t *oa, int64_t *ob) {
+    int d;
+    *oa = *ob = 0;
+    for (d = bt->nd - 1; d >= 0; d--) {
+        int64_t k = i % bt->shape[d];
+        i /= bt->shape[d];
+        *oa += k * bt->sa[d];
+        *ob += k * bt->sb[d];
+    }
+}
+
+/* ---- matmul on operands as stored ----
+ * With 16-bit products (matmul_precision) on 16-bit a and b of that type, the products read
+ * them as stored (cublasGemmEx, f32 sums) and write y in 16 bits; backward rounds the f32
+ * output gradient to 16 bits once (scratch, the output's size) and sums dA and dB in f32 into
+ * their f32 buffers: the roundings of the f32 path's fast 16-bit compute, without the widened
+ * copies. Otherwise (f32 operands or products, a 16-bit operand beside an f32 one, a view
+ * with neither unit row nor unit column stride, an empty product) the f32 kernels, over
+ * widened copies where tensors are 16-bit. */
+
+/* A matmul node's operands as its products read them: a's and b's first elements, the output
+   gradient (dense; f32 or rounded), their element sizes, the forward's types (operands, y)
+   and the backward's (operands, f32 gradients). */
+typedef struct dtr__cuda_mm {
+    const char *A, *B, *G;
+    int64_t es, gs;
+    dtr__cuda_gemm_t t, tg;
+} dtr__cuda_mm;
+
+/* 1 when matmul node nd runs on its 16-bit operands as stored */
+static int dtr__cuda_matmul16(const dtr_context *ctx, const dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], ld;
+    cublasOperation_t op;
+    return p != DTR_F32 && nd->out->dtype == p && a->dtype == p && b->dtype == p && K > 0 && dtr_tensor_numel(nd->out) > 0 &&
+           dtr__cuda_blas_view(M, K, a->stride[a->ndim - 2], a->stride[a->ndim - 1], &op, &ld) &&
+           dtr__cuda_blas_view(K, N, b->stride[b->ndim - 2], b->stride[b->ndim - 1], &op, &ld);
+}
+
+/* the node's operands for the forward, or for backward (bwd: the output gradient, rounded to
+   16 bits into scratch on the 16-bit path) */
+static dtr_result dtr__cuda_mm_make(dtr_context *ctx, const dtr__node *nd, int bwd, dtr__cuda_mm *mm) {
+    dtr_dtype p = nd->out->dtype;
+    cudaDataType_t bt = dtr__cuda_blas_type(p);
+    int64_t n = dtr_tensor_numel(nd->out);
+    char *at;
+    mm->A = (const char *)dtr__data(nd->in[0]), mm->B = (const char *)dtr__data(nd->in[1]), mm->G = (const char *)nd->out->grad;
+    if (!dtr__cuda_matmul16(ctx, nd)) {
+        mm->es = mm->gs = 4, mm->t = mm->tg = DTR__CUDA_F32;
+        return DTR_OK;
+    }
+    mm->es = 2, mm->gs = 4, mm->t.ab = mm->t.y = mm->tg.ab = bt, mm->tg.y = CUDA_R_32F;
+    if (!bwd) return DTR_OK;
+    if (!(at = (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(n * 2))) ||
+        !(mm->G = (const char *)dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, p, n, &at)))
+        return ctx->status;
+    mm->gs = 2;
+    return DTR_OK;
+}
+
+/* One product of the batch per call, in batch order: for batches that do not collapse and
+ * for gradients of an operand broadcast over the batch (each call accumulates into it, so
+ * the sum is taken in the CPU's order). `which`: 0 forward, 1 dA, 2 dB. */
+static dtr_result dtr__cuda_matmul_loop(dtr_context *ctx, dtr__node *nd, const dtr__cuda_mm *mm, int which) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1], i, oa, ob, ga, gbo;
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    dtr_result r = DTR_OK;
+    for (i = 0; i < bt.count && r == DTR_OK; i++) {
+        const char *A, *B, *G = mm->G + i * M * N * mm->gs;
+        dtr__cuda_batch_offsets(&bt, i, &oa, &ob);
+        dtr__cuda_batch_offsets(&gb, i, &ga, &gbo);
+        A = mm->A + oa * mm->es, B = mm->B + ob * mm->es;
+        if (which == 0)
+            r = dtr__cuda_gemm_as(ctx, mm->t, M, N, K, 1.0f, A, rsa, csa, 0, B, rsb, csb, 0, 0.0f,
+                                  (char *)dtr__data(nd->out) + i * M * N * mm->es, N, 0, 1);
+        else if (which == 1)   /* dA (M, K) += G (M, N) B^T (N, K) */
+            r = dtr__cuda_gemm_as(ctx, mm->tg, M, K, N, 1.0f, G, N, 1, 0, B, csb, rsb, 0, 1.0f, dtr__gradof(a) + ga, K, 0, 1);
+        else                   /* dB (K, N) += A^T (K, M) G (M, N) */
+            r = dtr__cuda_gemm_as(ctx, mm->tg, K, N, M, 1.0f, A, csa, rsa, 0, G, N, 1, 0, 1.0f, dtr__gradof(b) + gbo, N, 0, 1);
+    }
+    return r;
+}
+
+/* a (..., M, K), b (..., K, N) -> y (..., M, N) */
+static dtr_result dtr__cuda_matmul_run_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0);
+    dtr__cuda_mm mm;
+    dtr__cuda_mm_make(ctx, nd, 0, &mm);   /* (the forward's cannot fail) */
+    if (!bt.uniform) return dtr__cuda_matmul_loop(ctx, nd, &mm, 0);
+    return dtr__cuda_gemm_as(ctx, mm.t, M, N, K, 1.0f, mm.A, a->stride[a->ndim - 2], a->stride[a->ndim - 1], bt.ua, mm.B,
+                             b->stride[b->ndim - 2], b->stride[b->ndim - 1], bt.ub, 0.0f, dtr__data(nd->out), N, M * N, bt.count);
+}
+
+static dtr_result dtr__cuda_matmul_run_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *a = nd->in[0], *b = nd->in[1];
+    int64_t M = a->shape[a->ndim - 2], K = a->shape[a->ndim - 1], N = b->shape[b->ndim - 1];
+    int64_t rsa = a->stride[a->ndim - 2], csa = a->stride[a->ndim - 1], rsb = b->stride[b->ndim - 2], csb = b->stride[b->ndim - 1];
+    float *GA = dtr__gradof(a), *GB = dtr__gradof(b);
+    dtr__cuda_batch bt = dtr__cuda_batch_make(a, b, 0), gb = dtr__cuda_batch_make(a, b, 1);
+    int batched = bt.uniform && gb.uniform;
+    dtr__cuda_mm mm;
+    if (!GA && !GB) return DTR_OK;
+    if (dtr__cuda_mm_make(ctx, nd, 1, &mm) != DTR_OK) return ctx->status;
+    if (GA) {   /* dA (M, K) += G (M, N) B^T (N, K); a broadcast over the batch: one call per item */
+        dtr_result r = batched && (gb.ua != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm_as(ctx, mm.tg, M, K, N, 1.0f, mm.G, N, 1, M * N, mm.B, csb, rsb, bt.ub, 1.0f, GA, K, gb.ua,
+                                               bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, &mm, 1);
+        if (r != DTR_OK) return r;
+    }
+    if (GB) {   /* dB (K, N) += A^T (K, M) G (M, N) */
+        dtr_result r = batched && (gb.ub != 0 || bt.count == 1)
+                           ? dtr__cuda_gemm_as(ctx, mm.tg, K, N, M, 1.0f, mm.A, csa, rsa, bt.ua, mm.G, N, 1, M * N, 1.0f, GB, N, gb.ub,
+                                               bt.count)
+                           : dtr__cuda_matmul_loop(ctx, nd, &mm, 2);
+        if (r != DTR_OK) return r;
+    }
+    return DTR_OK;
+}
+
+/* matmul's table entry (narrow: 16-bit operands as stored, or widened here) */
+static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_fwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 0, dtr__cuda_matmul_run_fwd);
+}
+static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }

@@ -12,7 +12,8 @@
  * its column-major arguments, its argument checks and the rounding of its compute types.
  *
  * What it checks: the kernels' index arithmetic, launch shapes (a block over 1024 threads, a
- * grid axis over its limit: cudaErrorInvalidConfiguration), barrier use (a block whose threads
+ * grid axis over its limit: cudaErrorInvalidConfiguration; dynamic shared memory over the
+ * kernel's limit, 48 KB unless cudaFuncSetAttribute raised it: cudaErrorInvalidValue), barrier use (a block whose threads
  * wait at different barriers is reported as a launch failure), reductions and
  * math, graph capture (launches on a capturing stream are recorded, not run, and replayed
  * by cudaGraphLaunch), and with AddressSanitizer, out-of-bounds accesses of device buffers.
@@ -41,6 +42,7 @@
 #define __align__(n) __attribute__((aligned(n)))
 
 struct uint3 { unsigned x, y, z; };
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
 struct dim3 {
     unsigned x, y, z;
     dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
@@ -69,6 +71,8 @@ enum cudaMemoryType { cudaMemoryTypeUnregistered = 0, cudaMemoryTypeHost = 1, cu
                       cudaMemoryTypeManaged = 3 };
 struct cudaPointerAttributes { enum cudaMemoryType type; int device; void *devicePointer, *hostPointer; };
 typedef enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t;
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDeviceAttr { cudaDevAttrMaxSharedMemoryPerBlockOptin = 97 };
 #define cudaStreamDefault 0u
 #define cudaStreamNonBlocking 1u
 #define cudaEventDefault 0u
@@ -109,6 +113,13 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *x, cudaGraph_t g, unsigned lon
 cudaError_t cudaGraphLaunch(cudaGraphExec_t x, cudaStream_t s);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t x);
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device);
+namespace cuemu { cudaError_t set_attribute(const void *fn, enum cudaFuncAttribute attr, int value); }
+/* a kernel's limit of dynamic shared memory (48 KB until raised; at most the device's opt-in
+   limit, an H100's 227 KB) */
+template <class F> cudaError_t cudaFuncSetAttribute(F *fn, enum cudaFuncAttribute attr, int value) {
+    return cuemu::set_attribute(reinterpret_cast<const void *>(fn), attr, value);
+}
 
 /* ---- device functions ---- */
 void __syncthreads(void);
@@ -153,7 +164,11 @@ template <class T> T atomicMax(T *p, T v) { T o = *p; if (v > o) *p = v; return 
 
 /* ---- launches ---- */
 namespace cuemu {
-struct config { dim3 grid, block; size_t shmem; cudaStream_t stream; };
+struct config { dim3 grid, block; size_t shmem; cudaStream_t stream; const void *fn; };
+/* the running block's dynamic shared memory (`extern __shared__ T name[];` is rewritten by
+   launch.pl to `T *name = (T *)cuemu::dynamic_shared();`): `shmem` bytes, NaN bytes when the
+   block starts */
+void *dynamic_shared();
 /* runs body as every thread of every block of the grid, or records it on a capturing stream */
 void launch(const config &c, std::function<void()> body);
 
@@ -167,7 +182,7 @@ template <class... P> struct launch_of {
     }
 };
 template <class... P> launch_of<P...> launcher(void (*k)(P...), dim3 grid, dim3 block, size_t shmem = 0, cudaStream_t s = 0) {
-    launch_of<P...> l = {k, {grid, block, shmem, s}};
+    launch_of<P...> l = {k, {grid, block, shmem, s, reinterpret_cast<const void *>(k)}};
     return l;
 }
 }  // namespace cuemu

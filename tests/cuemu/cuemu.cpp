@@ -50,6 +50,8 @@ struct block_run {
     ucontext_t sched;
     const std::function<void()> *body;
     uint64_t slot[1024];                  /* the warp and block operations' values */
+    std::vector<double> dyn;              /* dynamic shared memory (doubles: aligned) */
+    size_t dyn_bytes;
     void *fake_stack;                     /* AddressSanitizer's bookkeeping of the switch */
 };
 
@@ -226,10 +228,19 @@ void ensure_fibers(int n) {
     }
 }
 
+const int SHARED_DEFAULT = 48 << 10, SHARED_OPTIN = 227 << 10;   /* an H100's limits per block */
+std::map<const void *, int> shared_limit;                         /* raised by cudaFuncSetAttribute */
+
 bool valid(const cuemu::config &c) {
     unsigned long long threads = (unsigned long long)c.block.x * c.block.y * c.block.z;
     return threads >= 1 && threads <= 1024 && c.block.z <= 64 && c.grid.x >= 1 && c.grid.x <= 0x7fffffffu && c.grid.y >= 1 &&
-           c.grid.y <= 65535 && c.grid.z >= 1 && c.grid.z <= 65535 && c.shmem <= 48 * 1024;
+           c.grid.y <= 65535 && c.grid.z >= 1 && c.grid.z <= 65535;
+}
+
+bool shared_fits(const cuemu::config &c) {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    auto it = shared_limit.find(c.fn);
+    return c.shmem <= (size_t)(it == shared_limit.end() ? SHARED_DEFAULT : it->second);
 }
 
 cudaError_t run_grid(const cuemu::config &c, const std::function<void()> &body) {
@@ -240,10 +251,13 @@ cudaError_t run_grid(const cuemu::config &c, const std::function<void()> &body) 
     R.body = &body;
     blockDim = c.block;
     gridDim = c.grid;
+    R.dyn.resize((c.shmem + 7) / 8);
+    R.dyn_bytes = c.shmem;
     for (unsigned z = 0; z < c.grid.z; z++)
         for (unsigned y = 0; y < c.grid.y; y++)
             for (unsigned x = 0; x < c.grid.x; x++) {
                 blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
+                if (R.dyn_bytes) memset(R.dyn.data(), 0xff, R.dyn_bytes);   /* what a block finds there is undefined */
                 if (!run_block()) {
 #if CUEMU_ASAN
                     for (int t = 0; t < n; t++) __asan_unpoison_memory_region(R.f[t].stack, STACK);   /* frames left */
@@ -347,8 +361,8 @@ cudaError_t mem_delete(void *p, cudaMemoryType type) {
 }  // namespace
 
 void cuemu::launch(const config &c, std::function<void()> body) {
-    if (!valid(c)) {
-        last_error = cudaErrorInvalidConfiguration;
+    if (!valid(c) || !shared_fits(c)) {
+        last_error = valid(c) ? cudaErrorInvalidValue : cudaErrorInvalidConfiguration;
         return;
     }
     submit(c.stream, [c, body]() {
@@ -417,6 +431,23 @@ cudaError_t cudaGetLastError(void) {
     cudaError_t e = last_error;
     last_error = cudaSuccess;
     return e;
+}
+
+void *cuemu::dynamic_shared() { return R.dyn.data(); }
+
+cudaError_t cuemu::set_attribute(const void *fn, enum cudaFuncAttribute attr, int value) {
+    std::lock_guard<std::recursive_mutex> g(exec_mu);
+    if (!fn || attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > SHARED_OPTIN)
+        return last_error = cudaErrorInvalidValue;
+    shared_limit[fn] = value;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
+    if (device != 0) return last_error = cudaErrorInvalidDevice;
+    if (attr != cudaDevAttrMaxSharedMemoryPerBlockOptin) return last_error = cudaErrorInvalidValue;
+    *value = SHARED_OPTIN;
+    return cudaSuccess;
 }
 
 cudaError_t cudaGetDeviceCount(int *n) { *n = 1; return cudaSuccess; }

@@ -2,7 +2,7 @@
  * make test (cuemu: launch.pl, the host compiler, tests/cuemu) and nvcc on a GPU (make
  * test-gpu), so the device confirms what the stand-in assumes: block barriers over shared
  * memory, warp shuffles and ballots, __syncthreads_or, grid-stride indices over 2-D grids,
- * launch-shape errors, a captured stream replayed by a graph, events ordering two streams, and
+ * launch-shape errors, dynamic shared memory over 48 KB once a kernel's limit is raised, a captured stream replayed by a graph, events ordering two streams, and
  * (the executor only: a GPU may be done sooner) work left undone until the host waits for it,
  * and cuBLAS's column-major
  * products with transposes, leading dimensions, beta 0 not reading C, and argument errors. */
@@ -107,6 +107,42 @@ static void test_grids_and_errors(void) {
     grid2d_k<<<0, 32>>>(out, w, h);                     /* an empty grid */
     CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
     CHECK(cudaGetLastError() == cudaSuccess);           /* read once, then cleared */
+    cudaFree(out);
+}
+
+/* dynamic shared memory: thread t writes slot t of n floats per thread-row, then (after a
+   barrier) reads its mirror's; out[t] = in[blockDim - 1 - t] */
+__global__ static void dyn_shared_k(const float *in, float *out, int n) {
+    extern __shared__ __align__(16) float dyn[];
+    int t = threadIdx.x, m = blockDim.x - 1 - t;
+    for (int i = 0; i < n; i++) dyn[i * blockDim.x + t] = in[t] + i;
+    __syncthreads();
+    out[t] = dyn[(n - 1) * blockDim.x + m] - (float)(n - 1);
+}
+
+/* over 48 KB only once the kernel's limit is raised; the device's opt-in limit caps that */
+static void test_dynamic_shared(void) {
+    float h_in[128], h_out[128], *in, *out;
+    int n = 160, optin = 0, ok = 1;                              /* 160 x 128 floats: 80 KB */
+    size_t bytes = (size_t)n * 128 * sizeof(float);
+    for (int i = 0; i < 128; i++) h_in[i] = (float)i * 0.5f;
+    cudaMalloc((void **)&in, sizeof h_in);
+    cudaMalloc((void **)&out, sizeof h_out);
+    cudaMemcpy(in, h_in, sizeof h_in, cudaMemcpyHostToDevice);
+    dyn_shared_k<<<1, 128, bytes>>>(in, out, n);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) == cudaSuccess && optin >= (int)bytes);
+    CHECK(cudaFuncSetAttribute(dyn_shared_k, cudaFuncAttributeMaxDynamicSharedMemorySize, optin + 1) == cudaErrorInvalidValue);
+    cudaGetLastError();
+    CHECK(cudaFuncSetAttribute(dyn_shared_k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) == cudaSuccess);
+    dyn_shared_k<<<1, 128, bytes>>>(in, out, n);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    cudaMemcpy(h_out, out, sizeof h_out, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 128; i++) ok &= h_out[i] == h_in[127 - i];
+    CHECK(ok);
+    dyn_shared_k<<<1, 128, bytes + 4096>>>(in, out, n);          /* over the raised limit */
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    cudaFree(in);
     cudaFree(out);
 }
 
@@ -219,6 +255,7 @@ int main(void) {
     }
     test_barriers_and_warps();
     test_grids_and_errors();
+    test_dynamic_shared();
     test_capture();
     test_streams();
     test_gemm();
