@@ -232,7 +232,7 @@ __device__ static float dtr__cuda_block_max(float v) {
 /* Declared here, defined with the reductions (src/cuda/cuda_optim.cu): the sum of f(i) over
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
-static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t n, double *out);
 #line 237 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_ops.cu ---- */
@@ -462,14 +462,14 @@ static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- reductions: sum / mean over an axis or over everything ---- */
 
 /* x viewed as (outer, len, inner) around the axis; y (outer, inner), each summed in double
- * in the CPU's order. */
-__global__ static void dtr__cuda_reduce_axis_k(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, int mean) {
+ * in the CPU's order (x and y f32 or 16-bit: the widened values, y rounded once). */
+__global__ static void dtr__cuda_reduce_axis_k(dtr__cuda_mem x, dtr__cuda_mem y, int64_t outer, int64_t len, int64_t inner, int mean) {
     DTR__CUDA_FOR(t, outer * inner) {
         int64_t o = t / inner, i = t % inner;
         double s = 0.0;
-        for (int64_t k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
+        for (int64_t k = 0; k < len; k++) s += x.ld((o * len + k) * inner + i);
         if (mean) s /= (double)len;
-        y[t] = (float)s;
+        y.st(t, (float)s);
     }
 }
 
@@ -486,8 +486,8 @@ static void dtr__cuda_axis_split(const dtr_tensor *x, int axis, int64_t *outer, 
     *len = x->shape[axis];
 }
 
-/* A sum over everything (f: plain, squares of a, squares of a - b) into y[0], / div. */
-static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, const float *a, const float *b,
+/* A sum over everything (kind: plain, squares of a, squares of a - b) into y[0] (f32), / div. */
+static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, dtr__cuda_mem a, dtr__cuda_mem b,
                                    int64_t n, float *y, double div) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (dtr__cuda_sum(ctx, kind, a, b, n, s->partial) != DTR_OK) return ctx->status;
@@ -496,12 +496,12 @@ static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int ki
 }
 
 static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
-    const float *x = dtr__f32(nd->in[0]);
-    float *y = dtr__f32(nd->out);
+    dtr__cuda_mem x = dtr__cuda_mem_of(nd->in[0]), y = dtr__cuda_mem_of(nd->out);
     int64_t outer, len, inner;
-    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {
+    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {   /* (an f32 output) */
         int64_t n = dtr_tensor_numel(nd->in[0]);
-        return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, NULL, n, y, nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
+        return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, dtr__cuda_mem_of(NULL), n, dtr__f32(nd->out),
+                                nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
     }
     dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     if (outer * inner == 0) return DTR_OK;
@@ -538,16 +538,17 @@ static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- mean squared error ---- */
 
+/* prediction and target f32 or 16-bit (their widened values), the loss f32 */
 static dtr_result dtr__cuda_mse_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->in[0]);
-    return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_SQDIFF, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), n, dtr__f32(nd->out),
-                            (double)n);
+    return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_SQDIFF, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), n,
+                            dtr__f32(nd->out), (double)n);
 }
 
-__global__ static void dtr__cuda_mse_bwd_k(const float *p, const float *t, const float *g, float *gp, float *gt, int64_t n) {
+__global__ static void dtr__cuda_mse_bwd_k(dtr__cuda_mem p, dtr__cuda_mem t, const float *g, float *gp, float *gt, int64_t n) {
     float c = n ? 2.0f * g[0] / (float)n : 0.0f;
     DTR__CUDA_FOR(i, n) {
-        float d = c * (p[i] - t[i]);
+        float d = c * (p.ld(i) - t.ld(i));
         if (gp) gp[i] += d;
         if (gt) gt[i] -= d;
     }
@@ -558,7 +559,7 @@ static dtr_result dtr__cuda_mse_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gp = dtr__gradof(nd->in[0]), *gt = dtr__gradof(nd->in[1]);
     if ((!gp && !gt) || n == 0) return DTR_OK;
     dtr__cuda_mse_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gp, gt, n);
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, gp, gt, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -1017,9 +1018,9 @@ __global__ static void dtr__cuda_gather_k(char *dst, const char *src, dtr__cuda_
     }
 }
 
-/* dst walked by wd = src walked by ws */
-__global__ static void dtr__cuda_copy_walk_k(float *dst, dtr__cuda_walk wd, const float *src, dtr__cuda_walk ws, int64_t n) {
-    DTR__CUDA_FOR(i, n) dst[dtr__cuda_walk_off(&wd, i)] = src[dtr__cuda_walk_off(&ws, i)];
+/* dst walked by wd = src walked by ws (f32 or 16-bit each: widened, rounded once) */
+__global__ static void dtr__cuda_copy_walk_k(dtr__cuda_mem dst, dtr__cuda_walk wd, dtr__cuda_mem src, dtr__cuda_walk ws, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst.st(dtr__cuda_walk_off(&wd, i), src.ld(dtr__cuda_walk_off(&ws, i)));
 }
 
 /* dst walked by w += src (dense); every walked offset is distinct (no race) */
@@ -1073,8 +1074,8 @@ static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
             int64_t n = dtr_tensor_numel(p);
             if (n > 0) {   /* the output's block (walked with its strides) = p (walked with its own) */
                 dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                    (float *)nd->out->storage, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base),
-                    (const float *)p->storage, dtr__cuda_walk_make(p->ndim, p->shape, p->stride, p->offset), n);
+                    dtr__cuda_storage_of(nd->out), dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base),
+                    dtr__cuda_storage_of(p), dtr__cuda_walk_make(p->ndim, p->shape, p->stride, p->offset), n);
                 if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
             }
             base += p->shape[axis] * nd->out->stride[axis];
@@ -1133,7 +1134,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1137 "dtrain_cuda.cu"
+#line 1138 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1606,7 +1607,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1610 "dtrain_cuda.cu"
+#line 1611 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -1620,14 +1621,14 @@ static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- deterministic sums ---- */
 
-__device__ static double dtr__cuda_term(int kind, const float *a, const float *b, int64_t i) {
-    double v = a[i];
-    if (kind == DTR__CUDA_SUM_SQDIFF) v -= b[i];
+__device__ static double dtr__cuda_term(int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t i) {
+    double v = a.ld(i);
+    if (kind == DTR__CUDA_SUM_SQDIFF) v -= b.ld(i);
     return kind == DTR__CUDA_SUM_PLAIN ? v : v * v;
 }
 
 /* pass 1: block k sums its grid-stride share into partial[k] */
-__global__ static void dtr__cuda_sum_k(int kind, const float *a, const float *b, int64_t n, double *partial) {
+__global__ static void dtr__cuda_sum_k(int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t n, double *partial) {
     double s = 0.0;
     DTR__CUDA_FOR(i, n) s += dtr__cuda_term(kind, a, b, i);
     s = dtr__cuda_block_sum(s);
@@ -1642,7 +1643,7 @@ __global__ static void dtr__cuda_sum_partials_k(double *partial, int count) {
     if (threadIdx.x == 0) partial[0] = s;
 }
 
-static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out) {
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t n, double *out) {
     unsigned blocks = dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_PARTIALS);
     cudaStream_t st = dtr__cuda_stream(ctx);
     dtr__cuda_sum_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(kind, a, b, n, out);
@@ -1653,7 +1654,8 @@ static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, cons
 static dtr_result dtr__cuda_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (n <= 0) { *out = 0.0; return DTR_OK; }
-    if (dtr__cuda_sum(ctx, DTR__CUDA_SUM_SQ, x, NULL, n, s->partial) != DTR_OK) return ctx->status;
+    dtr__cuda_mem xm = {(void *)x, DTR_F32}, none = {NULL, DTR_F32};
+    if (dtr__cuda_sum(ctx, DTR__CUDA_SUM_SQ, xm, none, n, s->partial) != DTR_OK) return ctx->status;
     if (dtr__cuda_check(ctx, cudaMemcpyAsync(s->sum_host, s->partial, sizeof(double), cudaMemcpyDeviceToHost, s->stream),
                         "sumsq result") != DTR_OK ||
         dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "sumsq") != DTR_OK)
@@ -2060,7 +2062,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2064 "dtrain_cuda.cu"
+#line 2066 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2073,6 +2075,12 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
  * gradient is a row sum per output channel, and col2im gathers instead of scattering (one
  * thread per input element sums the columns that read it), so nothing needs atomics and a run
  * repeats bit for bit.
+ * 16-bit (16-bit products, matmul_precision, and an output of that type): the columns are
+ * written and kept in 16 bits (half the f32 path's memory), the f32 weight is rounded into
+ * scratch on each call, the bias rounded before the product adds to it (as linear); backward
+ * rounds gy's transpose to 16 bits and sums dW and the column gradients in f32. These are the
+ * f32 path's roundings under fast 16-bit compute (cuBLAS rounds the operands). Pooling reads
+ * and writes 16-bit values as they are.
  * ==========================================================================*/
 
 typedef struct dtr__cuda_conv {
@@ -2094,14 +2102,14 @@ static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
     return g;
 }
 
-/* col (C*KH*KW, N, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
-__global__ static void dtr__cuda_im2col_k(const float *x, float *col, dtr__cuda_conv g) {
+/* col (C*KH*KW, N, Ho*Wo) from x (N, C, H, W); zero outside the padded input (each f32 or 16-bit) */
+__global__ static void dtr__cuda_im2col_k(dtr__cuda_mem x, dtr__cuda_mem col, dtr__cuda_conv g) {
     int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
     DTR__CUDA_FOR(t, g.N * ckk * P) {
         int64_t r = t / (g.N * P), n = (t / P) % g.N, p = t % P;
         int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
         int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
-        col[t] = (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x[((n * g.C + c) * g.H + ii) * g.W + jj] : 0.0f;
+        col.st(t, (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x.ld(((n * g.C + c) * g.H + ii) * g.W + jj) : 0.0f);
     }
 }
 
@@ -2130,75 +2138,127 @@ __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cud
     }
 }
 
-/* y (N, O, P) = bias[o] */
-__global__ static void dtr__cuda_conv_bias_k(float *y, const float *bias, int64_t N, int64_t O, int64_t P) {
-    DTR__CUDA_FOR(t, N * O * P) y[t] = bias[(t / P) % O];
+/* y (N, O, P) = bias[o] (rounded to y's type) */
+__global__ static void dtr__cuda_conv_bias_k(dtr__cuda_mem y, dtr__cuda_mem bias, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(t, N * O * P) y.st(t, bias.ld((t / P) % O));
 }
 
-/* gyt (O, N, P) from gy (N, O, P) */
-__global__ static void dtr__cuda_conv_gyt_k(const float *gy, float *gyt, int64_t N, int64_t O, int64_t P) {
+/* gyt (O, N, P) from gy (N, O, P) (gyt f32 or rounded to 16 bits) */
+__global__ static void dtr__cuda_conv_gyt_k(const float *gy, dtr__cuda_mem gyt, int64_t N, int64_t O, int64_t P) {
     DTR__CUDA_FOR(t, N * O * P) {
         int64_t o = t / (N * P), n = (t / P) % N, p = t % P;
-        gyt[t] = gy[(n * O + o) * P + p];
+        gyt.st(t, gy[(n * O + o) * P + p]);
     }
 }
 
-/* gb[o] += the sum of row o of gyt (O, NP): one block per channel, a fixed tree in double */
-__global__ static void dtr__cuda_conv_gb_k(const float *gyt, float *gb, int64_t NP) {
-    const float *row = gyt + (int64_t)blockIdx.x * NP;
+/* gb[o] += the sum of channel o of gy (N, O, P) in (n, p) order: one block per channel, a
+   fixed tree in double */
+__global__ static void dtr__cuda_conv_gb_k(const float *gy, float *gb, int64_t N, int64_t O, int64_t P) {
     double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < NP; i += blockDim.x) acc += row[i];
+    for (int64_t i = threadIdx.x; i < N * P; i += blockDim.x) acc += gy[(i / P * O + blockIdx.x) * P + i % P];
     acc = dtr__cuda_block_sum(acc);
     if (threadIdx.x == 0) gb[blockIdx.x] += (float)acc;
 }
 
-static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+/* The products of a convolution node: the columns' and the operands' element size and types
+   (f32, or 16-bit operands: the forward's output 16-bit, the backward's f32) */
+typedef struct dtr__cuda_conv_t {
+    dtr_dtype p;                 /* the operands' type */
+    int64_t es;                  /* its bytes */
+    dtr__cuda_gemm_t t, tg;
+} dtr__cuda_conv_t;
+
+/* 16-bit when the context's products are 16-bit and the output is of their type */
+static dtr__cuda_conv_t dtr__cuda_conv_types(const dtr_context *ctx, const dtr__node *nd) {
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    dtr__cuda_conv_t c = {DTR_F32, 4, DTR__CUDA_F32, DTR__CUDA_F32};
+    if (p == DTR_F32 || nd->out->dtype != p) return c;
+    c.p = p, c.es = 2, c.t.ab = c.t.y = c.tg.ab = dtr__cuda_blas_type(p), c.tg.y = CUDA_R_32F;
+    return c;
+}
+
+/* w (O, ckk) as the products read it: itself, or rounded to 16 bits at *at */
+static const void *dtr__cuda_conv_w(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_conv_t *c, int64_t n, char **at) {
+    return c->p == DTR_F32 ? dtr__data(nd->in[1]) : dtr__cuda_as16(ctx, dtr__data(nd->in[1]), nd->in[1]->dtype, c->p, n, at);
+}
+
+static dtr_result dtr__cuda_conv2d_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
     int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
-    const float *bias = nd->n_in > 2 && nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    float *col = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float)); /* kept for backward */
+    const dtr_tensor *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    char *col = (char *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * (size_t)c.es), *at; /* kept for backward */
+    const void *W;
+    dtr__cuda_mem colm = {col, (int)c.p};
     cudaStream_t st = dtr__cuda_stream(ctx);
     if (!col) return ctx->status;
     nd->saved = col;
     if (g.N * g.O * P == 0) return DTR_OK;
-    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->in[0]), col, g);
-    if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->out), bias, g.N, g.O, P);
+    at = c.p == DTR_F32 ? NULL : (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(g.O * ckk * 2));
+    if ((c.p != DTR_F32 && !at) || !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at))) return ctx->status;
+    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->in[0]), colm, g);
+    if (bias)
+        dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->out),
+                                                                                      dtr__cuda_mem_of(bias), g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     /* y_n (O, P) = W (O, ckk) col_n (ckk, P; row stride N P) (+ the bias already there) */
-    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f,
-                          dtr__f32(nd->out), P, g.O * P, g.N);
+    return dtr__cuda_gemm_as(ctx, c.t, g.O, P, ckk, 1.0f, W, ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f, dtr__data(nd->out), P,
+                             g.O * P, g.N);
 }
 
-static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
+static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
-    int64_t ckk = g.C * g.KH * g.KW, NP = g.N * g.Ho * g.Wo;
-    const float *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
-    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gyt;
+    dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, NP = g.N * P;
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gcol;
     cudaStream_t st = dtr__cuda_stream(ctx);
+    const void *W = NULL;
+    char *gyt, *at;
+    dtr__cuda_mem gytm;
     if (g.O * NP == 0) return DTR_OK;
-    /* temporaries in the context's scratch: gy transposed, then the column gradients */
-    if (!(gyt = (float *)dtr__cuda_scratch(ctx, (size_t)((g.O + (gx ? ckk : 0)) * NP) * sizeof(float)))) return ctx->status;
-    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gyt, g.N, g.O, g.Ho * g.Wo);
-    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(gyt, gb, NP);
+    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.O, P);
+    if ((gb && dtr__cuda_launched(ctx, nd) != DTR_OK) || (!gw && !gx)) return ctx->status;
+    /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
+    if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
+                                                            (gx ? dtr__cuda_align256(g.O * ckk * 2) + ckk * NP * 4 : 0)))))
+        return ctx->status;
+    gytm.p = gyt, gytm.dt = (int)c.p;
+    at += dtr__cuda_align256(g.O * NP * c.es);
+    if (gx && !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at))) return ctx->status;
+    gcol = (float *)at;   /* (past the rounded weight) */
+    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gytm, g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
-    if (gw && dtr__cuda_gemm(ctx, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, col, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK) return ctx->status;
+    if (gw && dtr__cuda_gemm_as(ctx, c.tg, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, nd->saved, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
+        return ctx->status;
     if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
-        float *gcol = gyt + g.O * NP;
-        if (dtr__cuda_gemm(ctx, ckk, NP, g.O, 1.0f, Wt, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK) return ctx->status;
+        if (dtr__cuda_gemm_as(ctx, c.tg, ckk, NP, g.O, 1.0f, W, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK)
+            return ctx->status;
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
     }
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* conv2d's table entry (narrow: 16-bit products on their type's output as stored, others
+   widened here) */
+static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_conv_types(ctx, nd).p != DTR_F32 ? dtr__cuda_conv2d_run_fwd(ctx, nd)
+                                                      : dtr__cuda_wide(ctx, nd, 0, dtr__cuda_conv2d_run_fwd);
+}
+static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_conv_types(ctx, nd).p != DTR_F32 ? dtr__cuda_conv2d_run_bwd(ctx, nd)
+                                                      : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_conv2d_run_bwd);
+}
+
 /* ---- pooling: one thread per output (forward) or per input element (backward) ---- */
 
-/* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule) */
-__global__ static void dtr__cuda_pool_fwd_k(int maxp, const float *X, float *Y, int32_t *arg, dtr__cuda_conv g) {
+/* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule); x
+   and y f32 or 16-bit (the widened values, y rounded once) */
+__global__ static void dtr__cuda_pool_fwd_k(int maxp, dtr__cuda_mem X, dtr__cuda_mem Y, int32_t *arg, dtr__cuda_conv g) {
     int64_t k = g.KH;
     DTR__CUDA_FOR(t, g.N * g.C * g.Ho * g.Wo) {
         int64_t c = t / (g.Ho * g.Wo), oi = (t / g.Wo) % g.Ho, oj = t % g.Wo;
-        const float *xc = X + c * g.H * g.W;
+        int64_t xc = c * g.H * g.W;
         float best = -INFINITY, s = 0.0f;
         int32_t bi = -1;
         for (int64_t a = 0; a < k; a++) {
@@ -2207,13 +2267,13 @@ __global__ static void dtr__cuda_pool_fwd_k(int maxp, const float *X, float *Y, 
             for (int64_t b = 0; b < k; b++) {
                 int64_t jj = oj * g.S - g.P + b;
                 if (jj < 0 || jj >= g.W) continue;
-                float v = xc[ii * g.W + jj];
+                float v = X.ld(xc + ii * g.W + jj);
                 s += v;
                 if (dtr__f_max_takes(v, best) || bi < 0) { best = v; bi = (int32_t)(ii * g.W + jj); }
             }
         }
-        if (maxp) { Y[t] = best; arg[t] = bi; }
-        else Y[t] = s / (float)(k * k);
+        if (maxp) { Y.st(t, best); arg[t] = bi; }
+        else Y.st(t, s / (float)(k * k));
     }
 }
 
@@ -2246,7 +2306,7 @@ static dtr_result dtr__cuda_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
     }
     if (n == 0) return DTR_OK;
     dtr__cuda_pool_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        maxp, dtr__f32(nd->in[0]), dtr__f32(nd->out), (int32_t *)nd->saved, g);
+        maxp, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), (int32_t *)nd->saved, g);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -2259,7 +2319,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2263 "dtrain_cuda.cu"
+#line 2323 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2928,7 +2988,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2932 "dtrain_cuda.cu"
+#line 2992 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3321,9 +3381,9 @@ static void dtr__cuda_graph_free(dtr_context *ctx, void *exec) {
  * Setting one to 0 falls back to the widened path, the same arithmetic. */
 static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dtr__cuda_layernorm_narrow = 1,
                      dtr__cuda_embedding_narrow = 1, dtr__cuda_matmul_narrow = 1, dtr__cuda_linear_narrow = 1,
-                     dtr__cuda_softmax_narrow = 1, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 0,
-                     dtr__cuda_reduce_narrow = 0, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 0,
-                     dtr__cuda_pool2d_narrow = 0, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 0,
+                     dtr__cuda_softmax_narrow = 1, dtr__cuda_cross_entropy_narrow = 0, dtr__cuda_mse_narrow = 1,
+                     dtr__cuda_reduce_narrow = 1, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 1,
+                     dtr__cuda_pool2d_narrow = 1, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 1,
                      dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
@@ -3425,5 +3485,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3429 "dtrain_cuda.cu"
+#line 3489 "dtrain_cuda.cu"
 

@@ -7,6 +7,12 @@
  * gradient is a row sum per output channel, and col2im gathers instead of scattering (one
  * thread per input element sums the columns that read it), so nothing needs atomics and a run
  * repeats bit for bit.
+ * 16-bit (16-bit products, matmul_precision, and an output of that type): the columns are
+ * written and kept in 16 bits (half the f32 path's memory), the f32 weight is rounded into
+ * scratch on each call, the bias rounded before the product adds to it (as linear); backward
+ * rounds gy's transpose to 16 bits and sums dW and the column gradients in f32. These are the
+ * f32 path's roundings under fast 16-bit compute (cuBLAS rounds the operands). Pooling reads
+ * and writes 16-bit values as they are.
  * ==========================================================================*/
 
 typedef struct dtr__cuda_conv {
@@ -28,14 +34,14 @@ static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
     return g;
 }
 
-/* col (C*KH*KW, N, Ho*Wo) from x (N, C, H, W); zero outside the padded input */
-__global__ static void dtr__cuda_im2col_k(const float *x, float *col, dtr__cuda_conv g) {
+/* col (C*KH*KW, N, Ho*Wo) from x (N, C, H, W); zero outside the padded input (each f32 or 16-bit) */
+__global__ static void dtr__cuda_im2col_k(dtr__cuda_mem x, dtr__cuda_mem col, dtr__cuda_conv g) {
     int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
     DTR__CUDA_FOR(t, g.N * ckk * P) {
         int64_t r = t / (g.N * P), n = (t / P) % g.N, p = t % P;
         int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
         int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
-        col[t] = (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x[((n * g.C + c) * g.H + ii) * g.W + jj] : 0.0f;
+        col.st(t, (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x.ld(((n * g.C + c) * g.H + ii) * g.W + jj) : 0.0f);
     }
 }
 
@@ -64,75 +70,127 @@ __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cud
     }
 }
 
-/* y (N, O, P) = bias[o] */
-__global__ static void dtr__cuda_conv_bias_k(float *y, const float *bias, int64_t N, int64_t O, int64_t P) {
-    DTR__CUDA_FOR(t, N * O * P) y[t] = bias[(t / P) % O];
+/* y (N, O, P) = bias[o] (rounded to y's type) */
+__global__ static void dtr__cuda_conv_bias_k(dtr__cuda_mem y, dtr__cuda_mem bias, int64_t N, int64_t O, int64_t P) {
+    DTR__CUDA_FOR(t, N * O * P) y.st(t, bias.ld((t / P) % O));
 }
 
-/* gyt (O, N, P) from gy (N, O, P) */
-__global__ static void dtr__cuda_conv_gyt_k(const float *gy, float *gyt, int64_t N, int64_t O, int64_t P) {
+/* gyt (O, N, P) from gy (N, O, P) (gyt f32 or rounded to 16 bits) */
+__global__ static void dtr__cuda_conv_gyt_k(const float *gy, dtr__cuda_mem gyt, int64_t N, int64_t O, int64_t P) {
     DTR__CUDA_FOR(t, N * O * P) {
         int64_t o = t / (N * P), n = (t / P) % N, p = t % P;
-        gyt[t] = gy[(n * O + o) * P + p];
+        gyt.st(t, gy[(n * O + o) * P + p]);
     }
 }
 
-/* gb[o] += the sum of row o of gyt (O, NP): one block per channel, a fixed tree in double */
-__global__ static void dtr__cuda_conv_gb_k(const float *gyt, float *gb, int64_t NP) {
-    const float *row = gyt + (int64_t)blockIdx.x * NP;
+/* gb[o] += the sum of channel o of gy (N, O, P) in (n, p) order: one block per channel, a
+   fixed tree in double */
+__global__ static void dtr__cuda_conv_gb_k(const float *gy, float *gb, int64_t N, int64_t O, int64_t P) {
     double acc = 0.0;
-    for (int64_t i = threadIdx.x; i < NP; i += blockDim.x) acc += row[i];
+    for (int64_t i = threadIdx.x; i < N * P; i += blockDim.x) acc += gy[(i / P * O + blockIdx.x) * P + i % P];
     acc = dtr__cuda_block_sum(acc);
     if (threadIdx.x == 0) gb[blockIdx.x] += (float)acc;
 }
 
-static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+/* The products of a convolution node: the columns' and the operands' element size and types
+   (f32, or 16-bit operands: the forward's output 16-bit, the backward's f32) */
+typedef struct dtr__cuda_conv_t {
+    dtr_dtype p;                 /* the operands' type */
+    int64_t es;                  /* its bytes */
+    dtr__cuda_gemm_t t, tg;
+} dtr__cuda_conv_t;
+
+/* 16-bit when the context's products are 16-bit and the output is of their type */
+static dtr__cuda_conv_t dtr__cuda_conv_types(const dtr_context *ctx, const dtr__node *nd) {
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    dtr__cuda_conv_t c = {DTR_F32, 4, DTR__CUDA_F32, DTR__CUDA_F32};
+    if (p == DTR_F32 || nd->out->dtype != p) return c;
+    c.p = p, c.es = 2, c.t.ab = c.t.y = c.tg.ab = dtr__cuda_blas_type(p), c.tg.y = CUDA_R_32F;
+    return c;
+}
+
+/* w (O, ckk) as the products read it: itself, or rounded to 16 bits at *at */
+static const void *dtr__cuda_conv_w(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_conv_t *c, int64_t n, char **at) {
+    return c->p == DTR_F32 ? dtr__data(nd->in[1]) : dtr__cuda_as16(ctx, dtr__data(nd->in[1]), nd->in[1]->dtype, c->p, n, at);
+}
+
+static dtr_result dtr__cuda_conv2d_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
+    dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
     int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
-    const float *bias = nd->n_in > 2 && nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    float *col = (float *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * sizeof(float)); /* kept for backward */
+    const dtr_tensor *bias = nd->n_in > 2 ? nd->in[2] : NULL;
+    char *col = (char *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * (size_t)c.es), *at; /* kept for backward */
+    const void *W;
+    dtr__cuda_mem colm = {col, (int)c.p};
     cudaStream_t st = dtr__cuda_stream(ctx);
     if (!col) return ctx->status;
     nd->saved = col;
     if (g.N * g.O * P == 0) return DTR_OK;
-    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->in[0]), col, g);
-    if (bias) dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__f32(nd->out), bias, g.N, g.O, P);
+    at = c.p == DTR_F32 ? NULL : (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(g.O * ckk * 2));
+    if ((c.p != DTR_F32 && !at) || !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at))) return ctx->status;
+    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->in[0]), colm, g);
+    if (bias)
+        dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->out),
+                                                                                      dtr__cuda_mem_of(bias), g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     /* y_n (O, P) = W (O, ckk) col_n (ckk, P; row stride N P) (+ the bias already there) */
-    return dtr__cuda_gemm(ctx, g.O, P, ckk, 1.0f, dtr__f32(nd->in[1]), ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f,
-                          dtr__f32(nd->out), P, g.O * P, g.N);
+    return dtr__cuda_gemm_as(ctx, c.t, g.O, P, ckk, 1.0f, W, ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f, dtr__data(nd->out), P,
+                             g.O * P, g.N);
 }
 
-static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
+static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
-    int64_t ckk = g.C * g.KH * g.KW, NP = g.N * g.Ho * g.Wo;
-    const float *col = (const float *)nd->saved, *Wt = dtr__f32(nd->in[1]);
-    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gyt;
+    dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, NP = g.N * P;
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gcol;
     cudaStream_t st = dtr__cuda_stream(ctx);
+    const void *W = NULL;
+    char *gyt, *at;
+    dtr__cuda_mem gytm;
     if (g.O * NP == 0) return DTR_OK;
-    /* temporaries in the context's scratch: gy transposed, then the column gradients */
-    if (!(gyt = (float *)dtr__cuda_scratch(ctx, (size_t)((g.O + (gx ? ckk : 0)) * NP) * sizeof(float)))) return ctx->status;
-    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gyt, g.N, g.O, g.Ho * g.Wo);
-    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(gyt, gb, NP);
+    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.O, P);
+    if ((gb && dtr__cuda_launched(ctx, nd) != DTR_OK) || (!gw && !gx)) return ctx->status;
+    /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
+    if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
+                                                            (gx ? dtr__cuda_align256(g.O * ckk * 2) + ckk * NP * 4 : 0)))))
+        return ctx->status;
+    gytm.p = gyt, gytm.dt = (int)c.p;
+    at += dtr__cuda_align256(g.O * NP * c.es);
+    if (gx && !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at))) return ctx->status;
+    gcol = (float *)at;   /* (past the rounded weight) */
+    dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gytm, g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
-    if (gw && dtr__cuda_gemm(ctx, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, col, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK) return ctx->status;
+    if (gw && dtr__cuda_gemm_as(ctx, c.tg, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, nd->saved, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
+        return ctx->status;
     if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
-        float *gcol = gyt + g.O * NP;
-        if (dtr__cuda_gemm(ctx, ckk, NP, g.O, 1.0f, Wt, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK) return ctx->status;
+        if (dtr__cuda_gemm_as(ctx, c.tg, ckk, NP, g.O, 1.0f, W, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK)
+            return ctx->status;
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
     }
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* conv2d's table entry (narrow: 16-bit products on their type's output as stored, others
+   widened here) */
+static dtr_result dtr__cuda_conv2d_fwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_conv_types(ctx, nd).p != DTR_F32 ? dtr__cuda_conv2d_run_fwd(ctx, nd)
+                                                      : dtr__cuda_wide(ctx, nd, 0, dtr__cuda_conv2d_run_fwd);
+}
+static dtr_result dtr__cuda_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
+    return dtr__cuda_conv_types(ctx, nd).p != DTR_F32 ? dtr__cuda_conv2d_run_bwd(ctx, nd)
+                                                      : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_conv2d_run_bwd);
+}
+
 /* ---- pooling: one thread per output (forward) or per input element (backward) ---- */
 
-/* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule) */
-__global__ static void dtr__cuda_pool_fwd_k(int maxp, const float *X, float *Y, int32_t *arg, dtr__cuda_conv g) {
+/* y, arg (N*C, Ho, Wo); max keeps the first largest value, and NaN wins (the CPU's rule); x
+   and y f32 or 16-bit (the widened values, y rounded once) */
+__global__ static void dtr__cuda_pool_fwd_k(int maxp, dtr__cuda_mem X, dtr__cuda_mem Y, int32_t *arg, dtr__cuda_conv g) {
     int64_t k = g.KH;
     DTR__CUDA_FOR(t, g.N * g.C * g.Ho * g.Wo) {
         int64_t c = t / (g.Ho * g.Wo), oi = (t / g.Wo) % g.Ho, oj = t % g.Wo;
-        const float *xc = X + c * g.H * g.W;
+        int64_t xc = c * g.H * g.W;
         float best = -INFINITY, s = 0.0f;
         int32_t bi = -1;
         for (int64_t a = 0; a < k; a++) {
@@ -141,13 +199,13 @@ __global__ static void dtr__cuda_pool_fwd_k(int maxp, const float *X, float *Y, 
             for (int64_t b = 0; b < k; b++) {
                 int64_t jj = oj * g.S - g.P + b;
                 if (jj < 0 || jj >= g.W) continue;
-                float v = xc[ii * g.W + jj];
+                float v = X.ld(xc + ii * g.W + jj);
                 s += v;
                 if (dtr__f_max_takes(v, best) || bi < 0) { best = v; bi = (int32_t)(ii * g.W + jj); }
             }
         }
-        if (maxp) { Y[t] = best; arg[t] = bi; }
-        else Y[t] = s / (float)(k * k);
+        if (maxp) { Y.st(t, best); arg[t] = bi; }
+        else Y.st(t, s / (float)(k * k));
     }
 }
 
@@ -180,7 +238,7 @@ static dtr_result dtr__cuda_pool2d_fwd(dtr_context *ctx, dtr__node *nd) {
     }
     if (n == 0) return DTR_OK;
     dtr__cuda_pool_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        maxp, dtr__f32(nd->in[0]), dtr__f32(nd->out), (int32_t *)nd->saved, g);
+        maxp, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), (int32_t *)nd->saved, g);
     return dtr__cuda_launched(ctx, nd);
 }
 

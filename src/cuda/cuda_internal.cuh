@@ -225,4 +225,4 @@ __device__ static float dtr__cuda_block_max(float v) {
 /* Declared here, defined with the reductions (src/cuda/cuda_optim.cu): the sum of f(i) over
  * [0, n) into *out (device), f one of DTR__CUDA_SUM_*: a deterministic two-pass reduction. */
 enum { DTR__CUDA_SUM_PLAIN = 0, DTR__CUDA_SUM_SQ = 1, DTR__CUDA_SUM_SQDIFF = 2 };
-static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out);
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t n, double *out);

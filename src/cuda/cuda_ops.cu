@@ -223,14 +223,14 @@ static dtr_result dtr__cuda_binary_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- reductions: sum / mean over an axis or over everything ---- */
 
 /* x viewed as (outer, len, inner) around the axis; y (outer, inner), each summed in double
- * in the CPU's order. */
-__global__ static void dtr__cuda_reduce_axis_k(const float *x, float *y, int64_t outer, int64_t len, int64_t inner, int mean) {
+ * in the CPU's order (x and y f32 or 16-bit: the widened values, y rounded once). */
+__global__ static void dtr__cuda_reduce_axis_k(dtr__cuda_mem x, dtr__cuda_mem y, int64_t outer, int64_t len, int64_t inner, int mean) {
     DTR__CUDA_FOR(t, outer * inner) {
         int64_t o = t / inner, i = t % inner;
         double s = 0.0;
-        for (int64_t k = 0; k < len; k++) s += x[(o * len + k) * inner + i];
+        for (int64_t k = 0; k < len; k++) s += x.ld((o * len + k) * inner + i);
         if (mean) s /= (double)len;
-        y[t] = (float)s;
+        y.st(t, (float)s);
     }
 }
 
@@ -247,8 +247,8 @@ static void dtr__cuda_axis_split(const dtr_tensor *x, int axis, int64_t *outer, 
     *len = x->shape[axis];
 }
 
-/* A sum over everything (f: plain, squares of a, squares of a - b) into y[0], / div. */
-static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, const float *a, const float *b,
+/* A sum over everything (kind: plain, squares of a, squares of a - b) into y[0] (f32), / div. */
+static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int kind, dtr__cuda_mem a, dtr__cuda_mem b,
                                    int64_t n, float *y, double div) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (dtr__cuda_sum(ctx, kind, a, b, n, s->partial) != DTR_OK) return ctx->status;
@@ -257,12 +257,12 @@ static dtr_result dtr__cuda_sum_to(dtr_context *ctx, const dtr__node *nd, int ki
 }
 
 static dtr_result dtr__cuda_reduce_fwd(dtr_context *ctx, dtr__node *nd) {
-    const float *x = dtr__f32(nd->in[0]);
-    float *y = dtr__f32(nd->out);
+    dtr__cuda_mem x = dtr__cuda_mem_of(nd->in[0]), y = dtr__cuda_mem_of(nd->out);
     int64_t outer, len, inner;
-    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {
+    if (nd->op == DTR_OP_SUM_ALL || nd->op == DTR_OP_MEAN_ALL) {   /* (an f32 output) */
         int64_t n = dtr_tensor_numel(nd->in[0]);
-        return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, NULL, n, y, nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
+        return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_PLAIN, x, dtr__cuda_mem_of(NULL), n, dtr__f32(nd->out),
+                                nd->op == DTR_OP_MEAN_ALL ? (double)n : 1.0);
     }
     dtr__cuda_axis_split(nd->in[0], nd->p.axis, &outer, &len, &inner);
     if (outer * inner == 0) return DTR_OK;
@@ -299,16 +299,17 @@ static dtr_result dtr__cuda_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- mean squared error ---- */
 
+/* prediction and target f32 or 16-bit (their widened values), the loss f32 */
 static dtr_result dtr__cuda_mse_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->in[0]);
-    return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_SQDIFF, dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), n, dtr__f32(nd->out),
-                            (double)n);
+    return dtr__cuda_sum_to(ctx, nd, DTR__CUDA_SUM_SQDIFF, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), n,
+                            dtr__f32(nd->out), (double)n);
 }
 
-__global__ static void dtr__cuda_mse_bwd_k(const float *p, const float *t, const float *g, float *gp, float *gt, int64_t n) {
+__global__ static void dtr__cuda_mse_bwd_k(dtr__cuda_mem p, dtr__cuda_mem t, const float *g, float *gp, float *gt, int64_t n) {
     float c = n ? 2.0f * g[0] / (float)n : 0.0f;
     DTR__CUDA_FOR(i, n) {
-        float d = c * (p[i] - t[i]);
+        float d = c * (p.ld(i) - t.ld(i));
         if (gp) gp[i] += d;
         if (gt) gt[i] -= d;
     }
@@ -319,7 +320,7 @@ static dtr_result dtr__cuda_mse_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gp = dtr__gradof(nd->in[0]), *gt = dtr__gradof(nd->in[1]);
     if ((!gp && !gt) || n == 0) return DTR_OK;
     dtr__cuda_mse_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        dtr__f32(nd->in[0]), dtr__f32(nd->in[1]), nd->out->grad, gp, gt, n);
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, gp, gt, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -778,9 +779,9 @@ __global__ static void dtr__cuda_gather_k(char *dst, const char *src, dtr__cuda_
     }
 }
 
-/* dst walked by wd = src walked by ws */
-__global__ static void dtr__cuda_copy_walk_k(float *dst, dtr__cuda_walk wd, const float *src, dtr__cuda_walk ws, int64_t n) {
-    DTR__CUDA_FOR(i, n) dst[dtr__cuda_walk_off(&wd, i)] = src[dtr__cuda_walk_off(&ws, i)];
+/* dst walked by wd = src walked by ws (f32 or 16-bit each: widened, rounded once) */
+__global__ static void dtr__cuda_copy_walk_k(dtr__cuda_mem dst, dtr__cuda_walk wd, dtr__cuda_mem src, dtr__cuda_walk ws, int64_t n) {
+    DTR__CUDA_FOR(i, n) dst.st(dtr__cuda_walk_off(&wd, i), src.ld(dtr__cuda_walk_off(&ws, i)));
 }
 
 /* dst walked by w += src (dense); every walked offset is distinct (no race) */
@@ -834,8 +835,8 @@ static dtr_result dtr__cuda_view_fwd(dtr_context *ctx, dtr__node *nd) {
             int64_t n = dtr_tensor_numel(p);
             if (n > 0) {   /* the output's block (walked with its strides) = p (walked with its own) */
                 dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-                    (float *)nd->out->storage, dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base),
-                    (const float *)p->storage, dtr__cuda_walk_make(p->ndim, p->shape, p->stride, p->offset), n);
+                    dtr__cuda_storage_of(nd->out), dtr__cuda_walk_make(p->ndim, p->shape, nd->out->stride, base),
+                    dtr__cuda_storage_of(p), dtr__cuda_walk_make(p->ndim, p->shape, p->stride, p->offset), n);
                 if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
             }
             base += p->shape[axis] * nd->out->stride[axis];

@@ -8,14 +8,14 @@
 
 /* ---- deterministic sums ---- */
 
-__device__ static double dtr__cuda_term(int kind, const float *a, const float *b, int64_t i) {
-    double v = a[i];
-    if (kind == DTR__CUDA_SUM_SQDIFF) v -= b[i];
+__device__ static double dtr__cuda_term(int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t i) {
+    double v = a.ld(i);
+    if (kind == DTR__CUDA_SUM_SQDIFF) v -= b.ld(i);
     return kind == DTR__CUDA_SUM_PLAIN ? v : v * v;
 }
 
 /* pass 1: block k sums its grid-stride share into partial[k] */
-__global__ static void dtr__cuda_sum_k(int kind, const float *a, const float *b, int64_t n, double *partial) {
+__global__ static void dtr__cuda_sum_k(int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t n, double *partial) {
     double s = 0.0;
     DTR__CUDA_FOR(i, n) s += dtr__cuda_term(kind, a, b, i);
     s = dtr__cuda_block_sum(s);
@@ -30,7 +30,7 @@ __global__ static void dtr__cuda_sum_partials_k(double *partial, int count) {
     if (threadIdx.x == 0) partial[0] = s;
 }
 
-static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, const float *b, int64_t n, double *out) {
+static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, dtr__cuda_mem a, dtr__cuda_mem b, int64_t n, double *out) {
     unsigned blocks = dtr__launch_blocks(n, DTR__CUDA_THREADS, DTR__CUDA_MAX_PARTIALS);
     cudaStream_t st = dtr__cuda_stream(ctx);
     dtr__cuda_sum_k<<<blocks, DTR__CUDA_THREADS, 0, st>>>(kind, a, b, n, out);
@@ -41,7 +41,8 @@ static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, const float *a, cons
 static dtr_result dtr__cuda_sumsq(dtr_context *ctx, const float *x, int64_t n, double *out) {
     dtr__cuda_state *s = dtr__cuda(ctx);
     if (n <= 0) { *out = 0.0; return DTR_OK; }
-    if (dtr__cuda_sum(ctx, DTR__CUDA_SUM_SQ, x, NULL, n, s->partial) != DTR_OK) return ctx->status;
+    dtr__cuda_mem xm = {(void *)x, DTR_F32}, none = {NULL, DTR_F32};
+    if (dtr__cuda_sum(ctx, DTR__CUDA_SUM_SQ, xm, none, n, s->partial) != DTR_OK) return ctx->status;
     if (dtr__cuda_check(ctx, cudaMemcpyAsync(s->sum_host, s->partial, sizeof(double), cudaMemcpyDeviceToHost, s->stream),
                         "sumsq result") != DTR_OK ||
         dtr__cuda_check(ctx, cudaStreamSynchronize(s->stream), "sumsq") != DTR_OK)
