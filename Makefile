@@ -291,13 +291,21 @@ $(BUILD)/tests/gpu/test_train_gpu: tests/gpu/test_train_gpu.c tests/test.h $(CUD
 # dtrain_cuda.cu compiled by the host C++ compiler after tests/cuemu/launch.pl rewrote its
 # launches). No GPU or CUDA toolkit needed; never a substitute for test-gpu on a device, which
 # runs tests/cuemu/test_cuemu.cu too (the executor's assumptions, checked by the hardware).
-# `check` runs them with the unit tests (about 30 s).
+# `check` runs them with the unit tests (about 40 s), and the kernel tests again under the
+# reversed schedule (EMU_REVERSED, about 40 s).
 EMU_DIR      := $(BUILD)/cuemu
 EMU_OBJ      := $(EMU_DIR)/dtrain_cuda_emu.o $(EMU_DIR)/cuemu.o
 EMU_CXXFLAGS  = -std=c++17 -Wall -Wextra $(WERROR) -pthread -ffp-contract=off -Itests/cuemu -I. $(OPT) $(SANITIZE) $(DEFS)
 EMU_LIBS     := -lstdc++
 EMU_TESTS    := $(EMU_DIR)/test_cuemu $(EMU_DIR)/test_grad_emu $(EMU_DIR)/test_train_emu $(EMU_DIR)/test_graph_emu $(EMU_DIR)/test_tp_emu \
                 $(EMU_DIR)/test_comm_emu
+# the kernel tests again under the reversed schedule (each warp alone up to a block barrier,
+# last to first; tests/cuemu/cuemu.cpp): a missing __syncthreads or __syncwarp changes results
+EMU_REVERSED := $(EMU_DIR)/test_grad_emu_reversed $(EMU_DIR)/test_train_emu_reversed $(EMU_DIR)/test_graph_emu_reversed \
+                $(EMU_DIR)/test_tp_emu_reversed $(EMU_DIR)/test_comm_emu_reversed $(EMU_DIR)/test_cuemu_reversed
+$(EMU_DIR)/%_reversed: $(EMU_DIR)/%
+	printf '#!/bin/sh\n# %s with CUEMU_SCHEDULE=reverse (made by the Makefile)\nCUEMU_SCHEDULE=reverse exec "$$(dirname "$$0")/%s" "$$@"\n' $* $* > $@
+	chmod +x $@
 $(EMU_DIR)/dtrain_cuda_emu.cpp: dtrain_cuda.cu tests/cuemu/launch.pl
 	@mkdir -p $(@D)
 	perl tests/cuemu/launch.pl $< > $@
@@ -319,8 +327,8 @@ $(EMU_DIR)/test_graph_emu: tests/gpu/test_graph_gpu.c tests/test_graph.c tests/t
 	$(CC) $(CFLAGS) -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
 $(EMU_DIR)/test_train_emu: tests/gpu/test_train_gpu.c tests/test.h $(EMU_OBJ) $(LIBA)
 	$(CC) $(CFLAGS) -o $@ $< $(EMU_OBJ) $(LIBA) $(EMU_LIBS) $(LDLIBS)
-test-cuemu: $(EMU_TESTS)
-	tests/run.sh $(EMU_TESTS)
+test-cuemu: $(EMU_TESTS) $(EMU_REVERSED)
+	tests/run.sh $(EMU_TESTS) $(EMU_REVERSED)
 
 # bench-gpu: bench/gpu.c (MLP, CNN, a small GPT and GPT-2 small's shape; JSON lines) on the
 # GPU, then bench/gpu_torch.py, PyTorch's eager and compiled runs of the same models, when
@@ -457,13 +465,13 @@ test: deps
 check:
 	./amalgamate --check
 	scripts/gen-api-doc --check --lint
-	@$(MAKE) --no-print-directory -j$(JOBS) all $(EMU_TESTS)
+	@$(MAKE) --no-print-directory -j$(JOBS) all $(EMU_TESTS) $(EMU_REVERSED)
 	@$(MAKE) --no-print-directory header-check header-only readme-check
 	@$(MAKE) --no-print-directory cuda-check comm
 	@$(MAKE) --no-print-directory private-check
 	@$(MAKE) --no-print-directory cmake-consumer
 	@$(MAKE) --no-print-directory fuzz-smoke-if-available
-	tests/run.sh $(TESTS) $(EMU_TESTS)
+	tests/run.sh $(TESTS) $(EMU_TESTS) $(EMU_REVERSED)
 
 # soak: tests/test_fabric's SIGKILL of a rank in the middle of collectives over libfabric's shm
 # provider, SOAK_KILLS times (default 100): 0 hangs; prints one JSON line (kills, hangs, slowest

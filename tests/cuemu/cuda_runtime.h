@@ -17,7 +17,10 @@
  * wait at different barriers is reported as a launch failure), reductions and
  * math, graph capture (launches on a capturing stream are recorded, not run, and replayed
  * by cudaGraphLaunch), and with AddressSanitizer, out-of-bounds accesses of device buffers.
- * What it cannot: races between threads (fibers switch only at barriers), timing, memory
+ * Races: fibers switch only at barriers and warp operations, so a missing barrier shows only
+ * as a result that changes with the schedule: CUEMU_SCHEDULE=reverse runs each warp alone up
+ * to a block barrier, last warp and lane first, blocks last to first (make test runs the kernel
+ * tests both ways). What it cannot: races the two schedules do not tell apart, timing, memory
  * bandwidth, the real cuBLAS's algorithms. It is a test tool, never linked into dtrain; the
  * device run (make test-gpu on a GPU) remains the check of record.
  * ==========================================================================*/

@@ -205,8 +205,19 @@ bool release() {
     return live == 0;
 }
 
-bool run_block() {
-    for (int t = 0; t < R.n; t++) fiber_prepare(t);
+/* CUEMU_SCHEDULE=reverse: a schedule as unlike the default as CUDA allows. Each warp runs
+   alone up to the next block barrier (its lanes together through warp operations), the last
+   warp first and its lanes last to first, and the blocks of a grid last to first. A kernel
+   whose result changes with the schedule reads what another thread writes without a barrier
+   between (a missing __syncthreads or __syncwarp), or its blocks race on global memory: the
+   same program run both ways shows it. */
+bool reversed() {
+    static const bool r = getenv("CUEMU_SCHEDULE") && !strcmp(getenv("CUEMU_SCHEDULE"), "reverse");
+    return r;
+}
+
+/* the default: every running thread in order, then whichever barrier all have reached */
+bool run_lockstep() {
     for (;;) {
         bool done = true;
         for (int t = 0; t < R.n; t++)
@@ -215,6 +226,46 @@ bool run_block() {
         if (done) return true;
         if (!release()) return false;
     }
+}
+
+/* warp w's lanes (last to first) until each is done or waits at a block barrier; false when
+   they wait at different barriers */
+bool run_warp(int w) {
+    int hi = w + 32 < R.n ? w + 32 : R.n;
+    for (;;) {
+        int live = 0, at_warp = 0;
+        for (int t = hi - 1; t >= w; t--)
+            if (R.f[t].state == F_RUN) resume(t);
+        for (int t = w; t < hi; t++) {
+            live += R.f[t].state != F_DONE && R.f[t].state != F_WAIT_BLOCK;
+            at_warp += R.f[t].state == F_WAIT_WARP;
+        }
+        if (live == 0) return true;
+        if (at_warp != live) return false;
+        for (int t = w; t < hi; t++)
+            if (R.f[t].state == F_WAIT_WARP) R.f[t].state = F_RUN;
+    }
+}
+
+bool run_reversed() {
+    for (;;) {
+        int live = 0, at_block = 0;
+        for (int w = (R.n - 1) / 32 * 32; w >= 0; w -= 32)
+            if (!run_warp(w)) return false;
+        for (int t = 0; t < R.n; t++) {
+            live += R.f[t].state != F_DONE;
+            at_block += R.f[t].state == F_WAIT_BLOCK;
+        }
+        if (live == 0) return true;
+        if (at_block != live) return false;
+        for (int t = 0; t < R.n; t++)
+            if (R.f[t].state == F_WAIT_BLOCK) R.f[t].state = F_RUN;
+    }
+}
+
+bool run_block() {
+    for (int t = 0; t < R.n; t++) fiber_prepare(t);
+    return reversed() ? run_reversed() : run_lockstep();
 }
 
 void ensure_fibers(int n) {
@@ -253,9 +304,11 @@ cudaError_t run_grid(const cuemu::config &c, const std::function<void()> &body) 
     gridDim = c.grid;
     R.dyn.resize((c.shmem + 7) / 8);
     R.dyn_bytes = c.shmem;
-    for (unsigned z = 0; z < c.grid.z; z++)
-        for (unsigned y = 0; y < c.grid.y; y++)
-            for (unsigned x = 0; x < c.grid.x; x++) {
+    for (unsigned zi = 0; zi < c.grid.z; zi++)
+        for (unsigned yi = 0; yi < c.grid.y; yi++)
+            for (unsigned xi = 0; xi < c.grid.x; xi++) {
+                bool rv = reversed();
+                unsigned x = rv ? c.grid.x - 1 - xi : xi, y = rv ? c.grid.y - 1 - yi : yi, z = rv ? c.grid.z - 1 - zi : zi;
                 blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
                 if (R.dyn_bytes) memset(R.dyn.data(), 0xff, R.dyn_bytes);   /* what a block finds there is undefined */
                 if (!run_block()) {

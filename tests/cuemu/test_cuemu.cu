@@ -2,13 +2,15 @@
  * make test (cuemu: launch.pl, the host compiler, tests/cuemu) and nvcc on a GPU (make
  * test-gpu), so the device confirms what the stand-in assumes: block barriers over shared
  * memory, warp shuffles and ballots, __syncthreads_or, grid-stride indices over 2-D grids,
- * launch-shape errors, dynamic shared memory over 48 KB once a kernel's limit is raised, a captured stream replayed by a graph, events ordering two streams, and
+ * launch-shape errors, dynamic shared memory over 48 KB once a kernel's limit is raised, (the
+ * executor only) its two schedules seen through a deliberate race, a captured stream replayed by a graph, events ordering two streams, and
  * (the executor only: a GPU may be done sooner) work left undone until the host waits for it,
  * and cuBLAS's column-major
  * products with transposes, leading dimensions, beta 0 not reading C, and argument errors. */
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <math.h>
 
@@ -146,6 +148,37 @@ static void test_dynamic_shared(void) {
     cudaFree(out);
 }
 
+/* A race on purpose: each thread writes its slot, then reads the slot 32 ahead (another
+   warp's) with no barrier between. What it reads depends on the schedule, so only cuemu's two
+   schedules are checked: by default (every thread up to its next barrier in order) thread 0
+   reads before thread 32 writes; reversed (each warp alone up to a block barrier, the last
+   first) the second warp has written when the first reads, and the first has not when the
+   second reads. */
+#ifdef CUEMU
+__global__ static void race_k(int *out) {
+    __shared__ int sh[64];
+    int t = threadIdx.x;
+    sh[t] = -1;
+    __syncthreads();
+    sh[t] = t;
+    out[t] = sh[(t + 32) % 64];
+}
+#endif
+
+static void test_schedule(void) {
+#ifdef CUEMU
+    int *out, h[64];
+    const char *sched = getenv("CUEMU_SCHEDULE");
+    int rev = sched && !strcmp(sched, "reverse");
+    cudaMalloc((void **)&out, sizeof h);
+    race_k<<<1, 64>>>(out);
+    cudaMemcpy(h, out, sizeof h, cudaMemcpyDeviceToHost);
+    CHECK(h[0] == (rev ? 32 : -1));
+    CHECK(h[32] == (rev ? -1 : 0));
+    cudaFree(out);
+#endif
+}
+
 /* launches on a capturing stream run only when the graph is launched, every time */
 static void test_capture(void) {
     cudaStream_t s;
@@ -256,6 +289,7 @@ int main(void) {
     test_barriers_and_warps();
     test_grids_and_errors();
     test_dynamic_shared();
+    test_schedule();
     test_capture();
     test_streams();
     test_gemm();
