@@ -2602,9 +2602,11 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
     if (!(lane & 1)) sm[r] = m_new, sl[r] = sl[r] * alpha + sum, sa[r] = alpha;
 }
 
-/* the warp's output rows times their alpha (staged through its f32 rows) */
+/* the warp's output rows times their alpha (staged through its f32 rows); nothing to do when
+   no row's maximum moved (every alpha 1: the product would be exact), as on most later steps */
 template <int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
     const int LS = dtr__fa<D>::LS;
+    if (!__ballot_sync(0xffffffffu, lane < 16 && sa[w16 + lane] != 1.0f)) return;
     dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
     for (int e = lane; e < 16 * D; e += 32) ss[(w16 + e / D) * LS + e % D] *= sa[w16 + e / D];
@@ -2988,7 +2990,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2992 "dtrain_cuda.cu"
+#line 2994 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3485,5 +3487,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3489 "dtrain_cuda.cu"
+#line 3491 "dtrain_cuda.cu"
 

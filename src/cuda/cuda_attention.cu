@@ -277,9 +277,11 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
     if (!(lane & 1)) sm[r] = m_new, sl[r] = sl[r] * alpha + sum, sa[r] = alpha;
 }
 
-/* the warp's output rows times their alpha (staged through its f32 rows) */
+/* the warp's output rows times their alpha (staged through its f32 rows); nothing to do when
+   no row's maximum moved (every alpha 1: the product would be exact), as on most later steps */
 template <int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
     const int LS = dtr__fa<D>::LS;
+    if (!__ballot_sync(0xffffffffu, lane < 16 && sa[w16 + lane] != 1.0f)) return;
     dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
     for (int e = lane; e < 16 * D; e += 32) ss[(w16 + e / D) * LS + e % D] *= sa[w16 + e / D];
