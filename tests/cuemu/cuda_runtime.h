@@ -8,8 +8,10 @@
  * runs its threads as fibers: __syncthreads and the warp operations (shuffles, ballots) switch
  * fibers, so the kernels' own source runs with CUDA's semantics of barriers and warps, one
  * block at a time. Device memory is host memory the runtime tracks (new allocations hold NaN
- * bytes, as uninitialised device memory may); cuBLAS's products are reference loops with
- * its column-major arguments, its argument checks and the rounding of its compute types.
+ * bytes, as uninitialised device memory may; so does a block's shared memory when it starts:
+ * launch.pl turns `__shared__` declarations into slots of the running block's); cuBLAS's
+ * products are reference loops with its column-major arguments, its argument checks and the
+ * rounding of its compute types.
  *
  * What it checks: the kernels' index arithmetic, launch shapes (a block over 1024 threads, a
  * grid axis over its limit: cudaErrorInvalidConfiguration; dynamic shared memory over the
@@ -40,7 +42,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__ static   /* (launch.pl rewrites the kernels' declarations into shared_slot's) */
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 
@@ -172,6 +174,10 @@ struct config { dim3 grid, block; size_t shmem; cudaStream_t stream; const void 
    launch.pl to `T *name = (T *)cuemu::dynamic_shared();`): `shmem` bytes, NaN bytes when the
    block starts */
 void *dynamic_shared();
+/* the running block's static shared memory declared at `site` (`__shared__ T name[N];` is
+   rewritten by launch.pl to a reference to it): `bytes` of NaN bytes the first time a thread
+   of the block reaches the declaration, the same memory for the block's other threads */
+void *shared_slot(const void *site, size_t bytes);
 /* runs body as every thread of every block of the grid, or records it on a capturing stream */
 void launch(const config &c, std::function<void()> body);
 

@@ -52,6 +52,9 @@ struct block_run {
     uint64_t slot[1024];                  /* the warp and block operations' values */
     std::vector<double> dyn;              /* dynamic shared memory (doubles: aligned) */
     size_t dyn_bytes;
+    alignas(128) unsigned char shared[48 << 10];   /* static shared memory (shared_slot) */
+    size_t shared_used;
+    std::vector<std::pair<const void *, size_t>> shared_sites;   /* declaration, offset */
     void *fake_stack;                     /* AddressSanitizer's bookkeeping of the switch */
 };
 
@@ -311,6 +314,7 @@ cudaError_t run_grid(const cuemu::config &c, const std::function<void()> &body) 
                 unsigned x = rv ? c.grid.x - 1 - xi : xi, y = rv ? c.grid.y - 1 - yi : yi, z = rv ? c.grid.z - 1 - zi : zi;
                 blockIdx.x = x, blockIdx.y = y, blockIdx.z = z;
                 if (R.dyn_bytes) memset(R.dyn.data(), 0xff, R.dyn_bytes);   /* what a block finds there is undefined */
+                R.shared_sites.clear(), R.shared_used = 0;
                 if (!run_block()) {
 #if CUEMU_ASAN
                     for (int t = 0; t < n; t++) __asan_unpoison_memory_region(R.f[t].stack, STACK);   /* frames left */
@@ -487,6 +491,20 @@ cudaError_t cudaGetLastError(void) {
 }
 
 void *cuemu::dynamic_shared() { return R.dyn.data(); }
+
+void *cuemu::shared_slot(const void *site, size_t bytes) {
+    size_t at = (R.shared_used + 127) & ~(size_t)127;
+    for (const auto &s : R.shared_sites)
+        if (s.first == site) return R.shared + s.second;
+    if (at + bytes > sizeof R.shared) {   /* nvcc refuses such a kernel */
+        fprintf(stderr, "cuemu: a block's static shared memory over %zu bytes\n", sizeof R.shared);
+        abort();
+    }
+    memset(R.shared + at, 0xff, bytes);   /* what a block finds there is undefined */
+    R.shared_sites.push_back({site, at});
+    R.shared_used = at + bytes;
+    return R.shared + at;
+}
 
 cudaError_t cuemu::set_attribute(const void *fn, enum cudaFuncAttribute attr, int value) {
     std::lock_guard<std::recursive_mutex> g(exec_mu);
