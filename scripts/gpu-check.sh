@@ -4,7 +4,8 @@
 #   1. build the CUDA unit, the GPU test program and bench/gpu (make -j, nvcc sm_80 + sm_90)
 #   2. make test-gpu: every op case forward and backward on the GPU against the CPU
 #   3. tests/test_nccl (the NCCL transport opens a world of one on the GPU)
-#   4. compute-sanitizer memcheck over the GPU test programs (when it is installed)
+#   4. compute-sanitizer memcheck over the GPU test programs, racecheck over the fused
+#      attention kernels (when it is installed)
 #   5. bench/gpu and bench/gpu_torch.py (JSON lines; PyTorch eager and compiled), the GPTs
 #      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, captured
 #      steps (--graph: CUDA graphs), bench/gpu_gemm beside bench/gpu_gemm_torch.py (the
@@ -56,6 +57,11 @@ if want memcheck && command -v compute-sanitizer >/dev/null 2>&1; then
     timeout "$mc_limit" compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/$t >> "$out/memcheck.log" 2>&1 || mc=$?
   done
   echo "memcheck: $mc" | tee -a "$out/summary.txt"
+  # racecheck (shared-memory hazards) over the fused attention kernels: forward and backward
+  # of the small GPT's shape (head width 64), bf16
+  timeout "$mc_limit" compute-sanitizer --tool racecheck --error-exitcode 9 build/bench/gpu_attention --bf16 --shape gpt \
+    --iters 1 --rounds 1 > "$out/racecheck.log" 2>&1
+  echo "racecheck: $?" | tee -a "$out/summary.txt"
 fi
 if want bench; then
 timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"
