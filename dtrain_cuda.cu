@@ -2216,8 +2216,11 @@ static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     char *gyt, *at;
     dtr__cuda_mem gytm;
     if (g.O * NP == 0) return DTR_OK;
-    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.O, P);
-    if ((gb && dtr__cuda_launched(ctx, nd) != DTR_OK) || (!gw && !gx)) return ctx->status;
+    if (gb) {   /* from gy as it is (f32) on both paths */
+        dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.O, P);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    if (!gw && !gx) return DTR_OK;
     /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
     if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
                                                             (gx ? dtr__cuda_align256(g.O * ckk * 2) + ckk * NP * 4 : 0)))))
@@ -2319,7 +2322,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2323 "dtrain_cuda.cu"
+#line 2326 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -2860,15 +2863,20 @@ template <typename F, typename... A> static void dtr__cuda_fa_pick(dtr_dtype p, 
  *  their shared-memory limits raised. Called by the context's creation; a width the device
  *  refuses takes the tiled kernels. */
 static unsigned dtr__cuda_fa_setup(void) {
-    unsigned widths = 0;
-    for (int d = 32; d <= 128; d += 32) {
+    static const int widths[] = {
+#define DTR__FA_LIST(W) W,
+        DTR__FA_WIDTHS(DTR__FA_LIST)
+#undef DTR__FA_LIST
+    };
+    unsigned ok = 0;
+    for (int i = 0; i < (int)(sizeof widths / sizeof widths[0]); i++) {
         int bf = 0, hf = 0;
-        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, d, &bf);
-        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, d, &hf);
-        if (bf && hf) widths |= 1u << (d / 32);
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, widths[i], &bf);
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, widths[i], &hf);
+        if (bf && hf) ok |= 1u << (widths[i] / 32);
     }
     (void)cudaGetLastError();   /* a refusal is not the next launch's error */
-    return widths;
+    return ok;
 }
 
 /* 1 when the fused kernels take the node: 16-bit operands (tensor cores), a head width of
@@ -2990,7 +2998,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 2994 "dtrain_cuda.cu"
+#line 3002 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3487,5 +3495,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3491 "dtrain_cuda.cu"
+#line 3499 "dtrain_cuda.cu"
 

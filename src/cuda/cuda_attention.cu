@@ -535,15 +535,20 @@ template <typename F, typename... A> static void dtr__cuda_fa_pick(dtr_dtype p, 
  *  their shared-memory limits raised. Called by the context's creation; a width the device
  *  refuses takes the tiled kernels. */
 static unsigned dtr__cuda_fa_setup(void) {
-    unsigned widths = 0;
-    for (int d = 32; d <= 128; d += 32) {
+    static const int widths[] = {
+#define DTR__FA_LIST(W) W,
+        DTR__FA_WIDTHS(DTR__FA_LIST)
+#undef DTR__FA_LIST
+    };
+    unsigned ok = 0;
+    for (int i = 0; i < (int)(sizeof widths / sizeof widths[0]); i++) {
         int bf = 0, hf = 0;
-        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, d, &bf);
-        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, d, &hf);
-        if (bf && hf) widths |= 1u << (d / 32);
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, widths[i], &bf);
+        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, widths[i], &hf);
+        if (bf && hf) ok |= 1u << (widths[i] / 32);
     }
     (void)cudaGetLastError();   /* a refusal is not the next launch's error */
-    return widths;
+    return ok;
 }
 
 /* 1 when the fused kernels take the node: 16-bit operands (tensor cores), a head width of

@@ -148,8 +148,11 @@ static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     char *gyt, *at;
     dtr__cuda_mem gytm;
     if (g.O * NP == 0) return DTR_OK;
-    if (gb) dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.O, P);
-    if ((gb && dtr__cuda_launched(ctx, nd) != DTR_OK) || (!gw && !gx)) return ctx->status;
+    if (gb) {   /* from gy as it is (f32) on both paths */
+        dtr__cuda_conv_gb_k<<<(unsigned)g.O, DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gb, g.N, g.O, P);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
+    if (!gw && !gx) return DTR_OK;
     /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
     if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
                                                             (gx ? dtr__cuda_align256(g.O * ckk * 2) + ckk * NP * 4 : 0)))))
