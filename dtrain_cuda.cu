@@ -1360,7 +1360,7 @@ static const void *dtr__cuda_as16(dtr_context *ctx, const void *src, dtr_dtype s
     char *dst = *at;
     if (sd == p) return src;
     dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(dst, p, src, sd, n);
-    if (dtr__cuda_check(ctx, cudaGetLastError(), "linear: 16-bit operand") != DTR_OK) return NULL;
+    if (dtr__cuda_check(ctx, cudaGetLastError(), "16-bit operand (product)") != DTR_OK) return NULL;
     *at += dtr__cuda_align256(n * 2);
     return dst;
 }
@@ -2223,7 +2223,7 @@ static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gw && !gx) return DTR_OK;
     /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
     if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
-                                                            (gx ? dtr__cuda_align256(g.O * ckk * 2) + ckk * NP * 4 : 0)))))
+                                                            (gx ? (c.es == 2 ? dtr__cuda_align256(g.O * ckk * 2) : 0) + ckk * NP * 4 : 0)))))
         return ctx->status;
     gytm.p = gyt, gytm.dt = (int)c.p;
     at += dtr__cuda_align256(g.O * NP * c.es);

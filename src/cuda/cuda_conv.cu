@@ -155,7 +155,7 @@ static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gw && !gx) return DTR_OK;
     /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
     if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
-                                                            (gx ? dtr__cuda_align256(g.O * ckk * 2) + ckk * NP * 4 : 0)))))
+                                                            (gx ? (c.es == 2 ? dtr__cuda_align256(g.O * ckk * 2) : 0) + ckk * NP * 4 : 0)))))
         return ctx->status;
     gytm.p = gyt, gytm.dt = (int)c.p;
     at += dtr__cuda_align256(g.O * NP * c.es);

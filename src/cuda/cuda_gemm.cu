@@ -220,7 +220,7 @@ static const void *dtr__cuda_as16(dtr_context *ctx, const void *src, dtr_dtype s
     char *dst = *at;
     if (sd == p) return src;
     dtr__cuda_cast_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(dst, p, src, sd, n);
-    if (dtr__cuda_check(ctx, cudaGetLastError(), "linear: 16-bit operand") != DTR_OK) return NULL;
+    if (dtr__cuda_check(ctx, cudaGetLastError(), "16-bit operand (product)") != DTR_OK) return NULL;
     *at += dtr__cuda_align256(n * 2);
     return dst;
 }
