@@ -531,7 +531,10 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
  *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
  *  query rows go in tiles through GEMMs with an exact softmax per row, and only each row's
  *  log-sum-exp is kept for backward, which recomputes the probabilities: memory grows with
- *  T, never with T x T per head. Results do not depend on the thread count.
+ *  T, never with T x T per head. Results do not depend on the thread count. q, k and v may
+ *  be views: those whose rows are dense (stride 1 along C, as the column slices
+ *  `dtr_slice(qkv, -1, ...)` of one (B, T, 3C) projection) are read where they lie, others
+ *  through a contiguous copy; the values are the same either way, bit for bit.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
@@ -4084,7 +4087,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4088 "dtrain.h"
+#line 4091 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4880,7 +4883,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4884 "dtrain.h"
+#line 4887 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5161,7 +5164,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5165 "dtrain.h"
+#line 5168 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5223,7 +5226,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5227 "dtrain.h"
+#line 5230 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5602,7 +5605,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5606 "dtrain.h"
+#line 5609 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5645,7 +5648,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5649 "dtrain.h"
+#line 5652 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5679,7 +5682,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5683 "dtrain.h"
+#line 5686 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5738,7 +5741,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5742 "dtrain.h"
+#line 5745 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5812,7 +5815,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5816 "dtrain.h"
+#line 5819 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5880,7 +5883,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5884 "dtrain.h"
+#line 5887 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -5955,7 +5958,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 5959 "dtrain.h"
+#line 5962 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6307,7 +6310,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6311 "dtrain.h"
+#line 6314 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7098,7 +7101,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7102 "dtrain.h"
+#line 7105 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7773,7 +7776,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7777 "dtrain.h"
+#line 7780 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7864,7 +7867,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 7868 "dtrain.h"
+#line 7871 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8346,7 +8349,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8350 "dtrain.h"
+#line 8353 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8601,7 +8604,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8605 "dtrain.h"
+#line 8608 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8832,7 +8835,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8836 "dtrain.h"
+#line 8839 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -8951,7 +8954,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 8955 "dtrain.h"
+#line 8958 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9007,7 +9010,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9011 "dtrain.h"
+#line 9014 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9392,15 +9395,16 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9396 "dtrain.h"
+#line 9399 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
 /* ============================================================================
  * 16-bit activations (dtr_context_config.activation_dtype): the kernels of the op list read
  * and write f32. For a node with a bf16 or fp16 input or output the dispatch
- * (dtr__table_run) widens each such input into f32 scratch from the step arena, points the
- * tensor at that scratch while the kernel runs, and after a forward rounds the kernel's f32
+ * (dtr__table_run) widens each such input into f32 scratch from the step arena (inputs that
+ * view one storage, as attention's q, k, v view one qkv, together: the span they cover, once),
+ * points the tensor at that scratch while the kernel runs, and after a forward rounds the kernel's f32
  * output into the tensor's own storage: one conversion each way, in the backend's memory,
  * through the backend's own CAST kernel, so every backend with a cast kernel takes 16-bit
  * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
@@ -9533,19 +9537,22 @@ static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t fl
     return t->wide;
 }
 
-/* Points t at f32 scratch holding its view's span (converted when `load`), recorded in w. */
-static dtr_result dtr__widen_one(dtr__kernel cast, dtr_context *ctx, dtr_tensor *t, float *scratch, int load, dtr__wide *w) {
+/* Points t at f32 scratch holding elements [lo, lo + n) of its storage (converted when
+ * `load`; its view's span at least), recorded in w. */
+static dtr_result dtr__widen_one(dtr__kernel cast, dtr_context *ctx, dtr_tensor *t, float *scratch, int64_t lo, int64_t n, int load,
+                                 dtr__wide *w) {
     dtr_result r;
     w->t = t;
     w->storage = t->storage;
     w->offset = t->offset;
     w->dtype = t->dtype;
-    w->n = dtr__view_span(t);
+    w->n = n;
     w->scratch = scratch;
-    if (load && (r = dtr__cast_by(cast, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK)
+    if (load && (r = dtr__cast_by(cast, ctx, scratch, DTR_F32, (char *)t->storage + lo * (int64_t)dtr_dtype_size(t->dtype), t->dtype,
+                                  n)) != DTR_OK)
         return r;
     t->storage = scratch;
-    t->offset = 0;
+    t->offset -= lo;
     t->dtype = DTR_F32;
     return DTR_OK;
 }
@@ -9560,31 +9567,68 @@ static dtr_result dtr__unwiden(dtr__kernel cast, dtr_context *ctx, dtr__wide *w,
     return dtr__cast_by(cast, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n);
 }
 
-/* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
+/* 1 when in[j] is widened and views `storage` (a widened tensor is f32: not again) */
+static int dtr__widens_with(const dtr__node *n, int j, const void *storage, int bwd) {
+    return dtr__widens(n, j, bwd) && n->in[j]->storage == storage;
+}
+
+/* 1 when in[i] is widened and no input before it is widened with the same storage: an input
+   twice, or views of one tensor (attention's q, k, v: the columns of one qkv), are widened
+   once, together */
 static int dtr__widens_input(const dtr__node *n, int i, int bwd) {
     int j;
     if (!dtr__widens(n, i, bwd)) return 0;
     for (j = 0; j < i; j++)
-        if (n->in[j] == n->in[i]) return 0;
+        if (dtr__widens_with(n, j, n->in[i]->storage, bwd)) return 0;
     return 1;
+}
+
+/* The elements [*lo, return) of in[i]'s storage that the widened inputs sharing it span */
+static int64_t dtr__wide_range(const dtr__node *n, int i, int bwd, int64_t *lo) {
+    int64_t hi = n->in[i]->offset;
+    int j;
+    *lo = hi;
+    for (j = i; j < n->n_in; j++)
+        if (dtr__widens_with(n, j, n->in[i]->storage, bwd)) {
+            const dtr_tensor *t = n->in[j];
+            *lo = t->offset < *lo ? t->offset : *lo;
+            hi = t->offset + dtr__view_span(t) > hi ? t->offset + dtr__view_span(t) : hi;
+        }
+    return hi;
+}
+
+/* Widens in[i] and the later inputs sharing its storage into one piece of scratch (records
+   from w[*k]); the floats it took */
+static dtr_result dtr__widen_group(dtr__kernel cast, dtr_context *ctx, dtr__node *n, int i, int bwd, float *scratch, dtr__wide *w,
+                                   int *k, int64_t *took) {
+    const void *base = n->in[i]->storage;
+    int64_t lo, hi = dtr__wide_range(n, i, bwd, &lo);
+    dtr_result r = dtr__widen_one(cast, ctx, n->in[i], scratch, lo, hi - lo, 1, &w[(*k)++]);
+    int j;
+    for (j = i + 1; r == DTR_OK && j < n->n_in; j++)
+        if (dtr__widens_with(n, j, base, bwd))   /* (in[i] again is f32 now) */
+            r = dtr__widen_one(cast, ctx, n->in[j], scratch, lo, 0, 0, &w[(*k)++]);
+    *took = (hi - lo + 63) / 64 * 64;   /* 256-byte aligned pieces: vector loads */
+    return r;
 }
 
 dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, dtr__node *n, int bwd) {
     dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
     dtr_result r = DTR_OK, r2;
-    int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0;
+    int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0, lo, took;
     float *scratch, *block;
     int i, k = 0, out_k = -1, own;
     for (i = 0; i < n->n_in; i++)
-        if (dtr__widens_input(n, i, bwd)) floats += dtr__wide_floats(n->in[i]);
+        if (dtr__widens_input(n, i, bwd)) floats += (dtr__wide_range(n, i, bwd, &lo) - lo + 63) / 64 * 64;
     if (!(block = scratch = dtr__wide_scratch(ctx, n, floats, &own))) return ctx->status;
     if (n->n_in + 1 > DTR__WIDE_INLINE &&
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
     for (i = 0; r == DTR_OK && i < n->n_in; i++)
-        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(cast, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK)
-            scratch += dtr__wide_floats(w[k++].t);   /* (its shape and strides are the view's still) */
-    if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(cast, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_group(cast, ctx, n, i, bwd, scratch, w, &k, &took)) == DTR_OK)
+            scratch += took;   /* (shapes and strides stay the views') */
+    if (r == DTR_OK && dtr__widens(n, -1, bwd) &&
+        (r = dtr__widen_one(cast, ctx, n->out, scratch, n->out->offset, dtr__view_span(n->out), bwd, &w[k])) == DTR_OK)
         out_k = k++;
     if (r == DTR_OK) r = kernel(ctx, n);
     while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */
@@ -9613,7 +9657,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9617 "dtrain.h"
+#line 9661 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10043,7 +10087,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10047 "dtrain.h"
+#line 10091 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10222,7 +10266,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10226 "dtrain.h"
+#line 10270 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10651,7 +10695,10 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 /* ---- causal self-attention, fused (flash-style) ----
- * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). Per
+ * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). q, k
+ * and v are read as they are where their rows are dense (stride 1 along C: the column slices
+ * of one qkv projection, whose rows are 3C apart), else through contiguous copies; y and the
+ * gradients (a view's own) are dense. Per
  * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
  * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
  * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
@@ -10659,6 +10706,11 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
  * worker's, in tile order, so results do not depend on the thread count. */
 
 #define DTR__ATT_TILE 32
+
+/* x as attention reads it: itself when its rows are dense (stride 1 along C), else a copy */
+static dtr_tensor *dtr__att_input(dtr_context *ctx, dtr_tensor *x) {
+    return x->stride[2] == 1 || x->shape[2] == 1 ? x : dtr_contiguous(ctx, x);
+}
 
 dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
     dtr__node *n;
@@ -10673,9 +10725,9 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
                           dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
     if (heads <= 0 || q->shape[2] % heads)
         return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
-    q = dtr__contig_input(ctx, q);
-    k = dtr__contig_input(ctx, k);
-    v = dtr__contig_input(ctx, v);
+    q = dtr__att_input(ctx, q);
+    k = dtr__att_input(ctx, k);
+    v = dtr__att_input(ctx, v);
     if (!q || !k || !v) return NULL;
     {
         dtr_tensor *in[3] = {q, k, v};
@@ -10692,6 +10744,7 @@ typedef struct dtr__att_job {
     const dtr__node *nd;
     dtr__pool *pool;
     int64_t B, T, C, H, D;
+    int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     float scale;
     float *lse;        /* (B, H, T) */
     float *scratch;    /* per worker: two TILE x T blocks */
@@ -10718,21 +10771,26 @@ static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, flo
     }
 }
 
+/* head h of batch item b (bh = b H + h) of input i (q, k, v): its first row's D values */
+static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
+    return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (bh % j->H) * j->D;
+}
+
 static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
     int64_t T = j->T, C = j->C, D = j->D, bh, t0;
     float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
     for (bh = b; bh < e; bh++) {
         int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
-        const float *Q = dtr__f32(j->nd->in[0]) + off, *K = dtr__f32(j->nd->in[1]) + off, *V = dtr__f32(j->nd->in[2]) + off;
+        const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
         for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
             int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, S, nk);
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
             dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
             /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
-            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, C, 1, 0.0f, Y + t0 * C, C);
+            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, j->sr[2], 1, 0.0f, Y + t0 * C, C);
         }
     }
 }
@@ -10745,36 +10803,38 @@ static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
     for (bh = b; bh < e; bh++) {
-        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
-        const float *Q = dtr__f32(nd->in[0]) + off, *K = dtr__f32(nd->in[1]) + off, *V = dtr__f32(nd->in[2]) + off;
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D, rq = j->sr[0], rk = j->sr[1];
+        const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
         for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
             int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, P, nk);
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
             dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
             /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
             if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
             if (!GQ && !GK) continue;
             /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, C, 0.0f, dP, nk);
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
             for (r = 0; r < rows; r++) {
                 double dy = 0.0;
                 for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
                 for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
             }
             /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
-            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, C, 1, 1.0f, GQ + off + t0 * C, C);
-            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * C, C, 1, 1.0f, GK + off, C);
+            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + off, C);
         }
     }
 }
 
 static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
+    int i;
     memset(j, 0, sizeof *j);
     j->nd = nd;
     j->pool = ctx->pool;
     j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
     j->H = nd->p.heads; j->D = j->C / j->H;
+    for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->scale = 1.0f / sqrtf((float)j->D);
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
                                                  sizeof(float), "dtr_attention");
@@ -10799,7 +10859,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10803 "dtrain.h"
+#line 10863 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11298,7 +11358,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11302 "dtrain.h"
+#line 11362 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11557,7 +11617,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11561 "dtrain.h"
+#line 11621 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -11927,7 +11987,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 11931 "dtrain.h"
+#line 11991 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12061,7 +12121,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12065 "dtrain.h"
+#line 12125 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12603,7 +12663,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12607 "dtrain.h"
+#line 12667 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12772,7 +12832,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12776 "dtrain.h"
+#line 12836 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13021,7 +13081,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13025 "dtrain.h"
+#line 13085 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13543,7 +13603,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13547 "dtrain.h"
+#line 13607 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13681,7 +13741,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13685 "dtrain.h"
+#line 13745 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14028,7 +14088,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14032 "dtrain.h"
+#line 14092 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14094,7 +14154,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14098 "dtrain.h"
+#line 14158 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14331,7 +14391,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14335 "dtrain.h"
+#line 14395 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15080,7 +15140,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15084 "dtrain.h"
+#line 15144 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15533,7 +15593,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15537 "dtrain.h"
+#line 15597 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15589,7 +15649,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15593 "dtrain.h"
+#line 15653 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16366,7 +16426,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16370 "dtrain.h"
+#line 16430 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -16947,7 +17007,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 16951 "dtrain.h"
+#line 17011 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17578,7 +17638,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17582 "dtrain.h"
+#line 17642 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18368,7 +18428,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18372 "dtrain.h"
+#line 18432 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18721,7 +18781,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18725 "dtrain.h"
+#line 18785 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18911,7 +18971,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18915 "dtrain.h"
+#line 18975 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19092,7 +19152,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19096 "dtrain.h"
+#line 19156 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19867,7 +19927,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19871 "dtrain.h"
+#line 19931 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20384,7 +20444,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20388 "dtrain.h"
+#line 20448 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21179,7 +21239,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21183 "dtrain.h"
+#line 21243 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22427,7 +22487,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22431 "dtrain.h"
+#line 22491 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23049,7 +23109,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23053 "dtrain.h"
+#line 23113 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23550,7 +23610,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23554 "dtrain.h"
+#line 23614 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24280,7 +24340,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24284 "dtrain.h"
+#line 24344 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24516,7 +24576,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24520 "dtrain.h"
+#line 24580 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24645,7 +24705,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24649 "dtrain.h"
+#line 24709 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25082,7 +25142,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25086 "dtrain.h"
+#line 25146 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25575,7 +25635,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25579 "dtrain.h"
+#line 25639 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26107,7 +26167,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26111 "dtrain.h"
+#line 26171 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26613,7 +26673,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26617 "dtrain.h"
+#line 26677 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28162,7 +28222,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28166 "dtrain.h"
+#line 28226 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28216,7 +28276,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28220 "dtrain.h"
+#line 28280 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29394,7 +29454,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29398 "dtrain.h"
+#line 29458 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30284,7 +30344,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30288 "dtrain.h"
+#line 30348 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31762,7 +31822,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31766 "dtrain.h"
+#line 31826 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32146,7 +32206,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32150 "dtrain.h"
+#line 32210 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32295,7 +32355,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32299 "dtrain.h"
+#line 32359 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

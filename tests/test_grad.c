@@ -283,6 +283,16 @@ static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
 
 static dtr_tensor *b_attention(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_attention(c, x[0], x[1], x[2], 2); }
 
+/* attention on views, read without copies where their rows are dense: 0, q, k, v the column
+   slices of one (B, T, 3C) qkv (rows 3C apart); 1, q dense, k a slice of (B, T, 2C), v a
+   transposed (B, C, T) (copied) */
+static dtr_tensor *b_attention_views(dtr_context *c, dtr_tensor **x, void *u) {
+    int64_t C = x[0]->shape[2] / (*(int *)u ? 1 : 3);
+    if (*(int *)u)
+        return dtr_attention(c, x[0], dtr_slice(c, x[1], -1, C, 2 * C), dtr_transpose(c, x[2], 1, 2), 2);
+    return dtr_attention(c, dtr_slice(c, x[0], -1, 0, C), dtr_slice(c, x[0], -1, C, 2 * C), dtr_slice(c, x[0], -1, 2 * C, 3 * C), 2);
+}
+
 static dtr_tensor *b_views(dtr_context *c, dtr_tensor **x, void *u) {
     int64_t shp[3] = {3, -1, 2};
     dtr_tensor *parts[3];
@@ -411,6 +421,11 @@ static const op_case CASES[] = {
     {"causal self-attention, head width 32", 3, {IN3(1, 150, 64), IN3(1, 150, 64), IN3(1, 150, 64)}, b_attention, K0, 1, NULL},
     {"causal self-attention, head width 96", 3, {IN3(1, 90, 192), IN3(1, 90, 192), IN3(1, 90, 192)}, b_attention, K0, 1, NULL},
     {"causal self-attention, head width 128", 3, {IN3(1, 150, 256), IN3(1, 150, 256), IN3(1, 150, 256)}, b_attention, K0, 1, NULL},
+    {"causal self-attention on slices of one qkv", 1, {IN3(2, 7, 12)}, b_attention_views, KA(0), 0, NULL},
+    {"causal self-attention on a slice and a transpose", 3, {IN3(2, 7, 4), IN3(2, 7, 8), IN3(2, 4, 7)}, b_attention_views, KA(1), 0,
+     NULL},
+    /* the fused kernels on slices (rows 3C apart; head width 64) */
+    {"causal self-attention on slices of one qkv, head width 64", 1, {IN3(1, 150, 384)}, b_attention_views, KA(0), 1, NULL},
     {"reshape", 1, {IN2(6, 4)}, b_views, KA(0), 0, NULL},
     {"permute + contiguous", 1, {IN2(6, 4)}, b_views, KA(1), 0, NULL},
     {"slice", 1, {IN2(6, 4)}, b_views, KA(2), 0, NULL},
@@ -825,6 +840,55 @@ static void test_op_coverage(void) {
     CHECK(missing == 0);
 }
 
+/* attention of qkv (2, 9, 24) in `dt` activations: its q, k, v the column slices (copy 0) or
+   contiguous copies of them (copy 1); y and qkv's gradient into out (144 + 432 floats) */
+static void attention_of_slices(dtr_dtype dt, int copy, float *out) {
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    int64_t shp[3] = {2, 9, 24}, i;
+    float v[432];
+    dtr_tensor *leaf, *qkv, *part[3], *y, *yf;
+    dtr_rng rng;
+    const dtr__node *n;
+    int contig = 0, p;
+    cfg.threads = 1;
+    cfg.activation_dtype = dt;
+    CHECK_EQ_INT(dtr_context_create(&cfg, &ctx), DTR_OK);
+    dtr_rng_seed(&rng, 7, 1);
+    for (i = 0; i < 432; i++) v[i] = dtr_rng_uniform(&rng) * 2.0f - 1.0f;
+    leaf = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shp, v));
+    qkv = dtr_cast(ctx, leaf, dt);
+    for (p = 0; p < 3; p++) {
+        part[p] = dtr_slice(ctx, qkv, -1, 8 * p, 8 * p + 8);
+        if (copy) part[p] = dtr_contiguous(ctx, part[p]);
+    }
+    y = dtr_attention(ctx, part[0], part[1], part[2], 2);
+    CHECK(y != NULL);
+    for (n = ctx->cur->head; n; n = n->prev) contig += n->op == DTR_OP_CONTIGUOUS;
+    CHECK_EQ_INT(contig, copy ? 3 : 0);
+    for (p = 0; p < 3; p++) CHECK(ctx->cur->head->in[p]->storage == (copy ? part[p] : qkv)->storage);
+    yf = dtr_cast(ctx, y, DTR_F32);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, yf, yf))));
+    CHECK_OK(ctx, dtr_tensor_read(yf, DTR_F32, out, 144));
+    memcpy(out + 144, dtr_tensor_grad(leaf), 432 * sizeof(float));
+    dtr_context_destroy(ctx);
+}
+
+/* attention reads the slices of one qkv as they are (no copies on the tape; widened together in
+   16 bits), with the same values and gradients as on contiguous copies, bit for bit */
+static void test_attention_reads_slices(void) {
+    static const dtr_dtype dts[] = {DTR_F32, DTR_BF16, DTR_F16};
+    int d, i;
+    for (d = 0; d < 3; d++) {
+        float a[576], b[576];
+        int same = 1;
+        attention_of_slices(dts[d], 0, a);
+        attention_of_slices(dts[d], 1, b);
+        for (i = 0; i < 576; i++) same &= a[i] == b[i];
+        CHECK_MSG(same, "%s: attention on slices differs from attention on copies", dtr_dtype_name(dts[d]));
+    }
+}
+
 /* cast: f32 -> bf16 -> f32 passes the gradient straight through */
 static void test_cast_straight_through(void) {
     dtr_context *ctx = test_ctx(1);
@@ -855,6 +919,7 @@ int main(void) {
         RUN(test_gradients);
     }
     RUN(test_cast_straight_through);
+    RUN(test_attention_reads_slices);
     RUN(test_backend_parity);
     RUN(test_narrow_activations);
     RUN(test_narrow_rounding);

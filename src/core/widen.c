@@ -1,8 +1,9 @@
 /* ============================================================================
  * 16-bit activations (dtr_context_config.activation_dtype): the kernels of the op list read
  * and write f32. For a node with a bf16 or fp16 input or output the dispatch
- * (dtr__table_run) widens each such input into f32 scratch from the step arena, points the
- * tensor at that scratch while the kernel runs, and after a forward rounds the kernel's f32
+ * (dtr__table_run) widens each such input into f32 scratch from the step arena (inputs that
+ * view one storage, as attention's q, k, v view one qkv, together: the span they cover, once),
+ * points the tensor at that scratch while the kernel runs, and after a forward rounds the kernel's f32
  * output into the tensor's own storage: one conversion each way, in the backend's memory,
  * through the backend's own CAST kernel, so every backend with a cast kernel takes 16-bit
  * tensors in every op. The arithmetic is the kernel's f32 arithmetic on the rounded inputs,
@@ -135,19 +136,22 @@ static float *dtr__wide_scratch(dtr_context *ctx, const dtr__node *n, int64_t fl
     return t->wide;
 }
 
-/* Points t at f32 scratch holding its view's span (converted when `load`), recorded in w. */
-static dtr_result dtr__widen_one(dtr__kernel cast, dtr_context *ctx, dtr_tensor *t, float *scratch, int load, dtr__wide *w) {
+/* Points t at f32 scratch holding elements [lo, lo + n) of its storage (converted when
+ * `load`; its view's span at least), recorded in w. */
+static dtr_result dtr__widen_one(dtr__kernel cast, dtr_context *ctx, dtr_tensor *t, float *scratch, int64_t lo, int64_t n, int load,
+                                 dtr__wide *w) {
     dtr_result r;
     w->t = t;
     w->storage = t->storage;
     w->offset = t->offset;
     w->dtype = t->dtype;
-    w->n = dtr__view_span(t);
+    w->n = n;
     w->scratch = scratch;
-    if (load && (r = dtr__cast_by(cast, ctx, scratch, DTR_F32, dtr__data(t), t->dtype, w->n)) != DTR_OK)
+    if (load && (r = dtr__cast_by(cast, ctx, scratch, DTR_F32, (char *)t->storage + lo * (int64_t)dtr_dtype_size(t->dtype), t->dtype,
+                                  n)) != DTR_OK)
         return r;
     t->storage = scratch;
-    t->offset = 0;
+    t->offset -= lo;
     t->dtype = DTR_F32;
     return DTR_OK;
 }
@@ -162,31 +166,68 @@ static dtr_result dtr__unwiden(dtr__kernel cast, dtr_context *ctx, dtr__wide *w,
     return dtr__cast_by(cast, ctx, dtr__data(t), t->dtype, w->scratch, DTR_F32, w->n);
 }
 
-/* 1 when in[i] is widened and not listed before i (an input twice is widened once) */
+/* 1 when in[j] is widened and views `storage` (a widened tensor is f32: not again) */
+static int dtr__widens_with(const dtr__node *n, int j, const void *storage, int bwd) {
+    return dtr__widens(n, j, bwd) && n->in[j]->storage == storage;
+}
+
+/* 1 when in[i] is widened and no input before it is widened with the same storage: an input
+   twice, or views of one tensor (attention's q, k, v: the columns of one qkv), are widened
+   once, together */
 static int dtr__widens_input(const dtr__node *n, int i, int bwd) {
     int j;
     if (!dtr__widens(n, i, bwd)) return 0;
     for (j = 0; j < i; j++)
-        if (n->in[j] == n->in[i]) return 0;
+        if (dtr__widens_with(n, j, n->in[i]->storage, bwd)) return 0;
     return 1;
+}
+
+/* The elements [*lo, return) of in[i]'s storage that the widened inputs sharing it span */
+static int64_t dtr__wide_range(const dtr__node *n, int i, int bwd, int64_t *lo) {
+    int64_t hi = n->in[i]->offset;
+    int j;
+    *lo = hi;
+    for (j = i; j < n->n_in; j++)
+        if (dtr__widens_with(n, j, n->in[i]->storage, bwd)) {
+            const dtr_tensor *t = n->in[j];
+            *lo = t->offset < *lo ? t->offset : *lo;
+            hi = t->offset + dtr__view_span(t) > hi ? t->offset + dtr__view_span(t) : hi;
+        }
+    return hi;
+}
+
+/* Widens in[i] and the later inputs sharing its storage into one piece of scratch (records
+   from w[*k]); the floats it took */
+static dtr_result dtr__widen_group(dtr__kernel cast, dtr_context *ctx, dtr__node *n, int i, int bwd, float *scratch, dtr__wide *w,
+                                   int *k, int64_t *took) {
+    const void *base = n->in[i]->storage;
+    int64_t lo, hi = dtr__wide_range(n, i, bwd, &lo);
+    dtr_result r = dtr__widen_one(cast, ctx, n->in[i], scratch, lo, hi - lo, 1, &w[(*k)++]);
+    int j;
+    for (j = i + 1; r == DTR_OK && j < n->n_in; j++)
+        if (dtr__widens_with(n, j, base, bwd))   /* (in[i] again is f32 now) */
+            r = dtr__widen_one(cast, ctx, n->in[j], scratch, lo, 0, 0, &w[(*k)++]);
+    *took = (hi - lo + 63) / 64 * 64;   /* 256-byte aligned pieces: vector loads */
+    return r;
 }
 
 dtr_result dtr__run_widened(dtr__kernel cast, dtr__kernel kernel, dtr_context *ctx, dtr__node *n, int bwd) {
     dtr__wide inl[DTR__WIDE_INLINE], *w = inl;
     dtr_result r = DTR_OK, r2;
-    int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0;
+    int64_t floats = dtr__widens(n, -1, bwd) ? dtr__wide_floats(n->out) : 0, lo, took;
     float *scratch, *block;
     int i, k = 0, out_k = -1, own;
     for (i = 0; i < n->n_in; i++)
-        if (dtr__widens_input(n, i, bwd)) floats += dtr__wide_floats(n->in[i]);
+        if (dtr__widens_input(n, i, bwd)) floats += (dtr__wide_range(n, i, bwd, &lo) - lo + 63) / 64 * 64;
     if (!(block = scratch = dtr__wide_scratch(ctx, n, floats, &own))) return ctx->status;
     if (n->n_in + 1 > DTR__WIDE_INLINE &&
         !(w = (dtr__wide *)dtr__arena_meta(ctx, (size_t)(n->n_in + 1) * sizeof(*w), dtr__op_name(n->op))))
         return ctx->status;
     for (i = 0; r == DTR_OK && i < n->n_in; i++)
-        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_one(cast, ctx, n->in[i], scratch, 1, &w[k])) == DTR_OK)
-            scratch += dtr__wide_floats(w[k++].t);   /* (its shape and strides are the view's still) */
-    if (r == DTR_OK && dtr__widens(n, -1, bwd) && (r = dtr__widen_one(cast, ctx, n->out, scratch, bwd, &w[k])) == DTR_OK)
+        if (dtr__widens_input(n, i, bwd) && (r = dtr__widen_group(cast, ctx, n, i, bwd, scratch, w, &k, &took)) == DTR_OK)
+            scratch += took;   /* (shapes and strides stay the views') */
+    if (r == DTR_OK && dtr__widens(n, -1, bwd) &&
+        (r = dtr__widen_one(cast, ctx, n->out, scratch, n->out->offset, dtr__view_span(n->out), bwd, &w[k])) == DTR_OK)
         out_k = k++;
     if (r == DTR_OK) r = kernel(ctx, n);
     while (k-- > 0) {   /* in reverse: the output first, rounded after a forward that ran */

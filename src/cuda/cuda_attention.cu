@@ -18,6 +18,8 @@
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
  * 16-bit with head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
  * forward and backward on tensor cores), which keep no score tiles at all.
+ * q, k, v are read with their own strides (dense rows: the CPU op copies others), so the column
+ * slices of one qkv projection are read where they lie; y, dy and the gradients are dense.
  * ==========================================================================*/
 
 #define DTR__ATT_TILE 256              /* query rows per tile, at most */
@@ -26,6 +28,8 @@
 
 typedef struct dtr__cuda_att {
     int64_t B, T, C, H, D, n;          /* n: rows per tile */
+    int64_t sb[4], sr[4];              /* elements between batch items, between rows: of q, k, v (their
+                                          rows 3C apart where they slice one qkv), then of y, dy (C) */
     float scale;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
     int64_t es;                        /* bytes of one of them */
@@ -111,6 +115,8 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     int64_t fit;
     a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
     a->H = nd->p.heads; a->D = a->C / a->H;
+    for (int i = 0; i < 3; i++) a->sb[i] = nd->in[i]->stride[0], a->sr[i] = nd->in[i]->stride[1];
+    a->sb[3] = a->T * a->C, a->sr[3] = a->C;
     a->scale = 1.0f / sqrtf((float)a->D);
     a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
     a->es = (int64_t)dtr_dtype_size(a->p);
@@ -154,6 +160,11 @@ static dtr__cuda_bstride dtr__cuda_att_x(const dtr__cuda_att *a, int64_t bytes) 
     dtr__cuda_bstride s = {a->T * a->C, a->D, bytes};
     return s;
 }
+/* of input i (q, k, v: their own batch strides) */
+static dtr__cuda_bstride dtr__cuda_att_in(const dtr__cuda_att *a, int i) {
+    dtr__cuda_bstride s = {a->sb[i], a->D, a->es};
+    return s;
+}
 static dtr__cuda_bstride dtr__cuda_att_s(const dtr__cuda_att *a, dtr__cuda_att_tile w, int packed) {
     int64_t f = packed ? DTR__ATT_PACK(*a) : 1;
     dtr__cuda_bstride s = {a->H * w.n * w.L * f, w.n * w.L * f, packed ? a->es : 4};
@@ -171,8 +182,8 @@ static dtr__cuda_gemm_t dtr__cuda_att_t(const dtr__cuda_att *a, int to_p) {
 static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w,
                                        const dtr__cuda_att_bufs *b) {
     const void *Q = dtr__data(nd->in[0]), *K = dtr__data(nd->in[1]);
-    return dtr__cuda_gemm2(ctx, dtr__cuda_att_t(a, 0), w.n, w.L, a->D, a->scale, dtr__cuda_att_at(Q, w.t0 * a->C, a->es), a->C, 1,
-                           dtr__cuda_att_x(a, a->es), K, 1, a->C, dtr__cuda_att_x(a, a->es), 0.0f, b->S, w.L, dtr__cuda_att_s(a, w, 0),
+    return dtr__cuda_gemm2(ctx, dtr__cuda_att_t(a, 0), w.n, w.L, a->D, a->scale, dtr__cuda_att_at(Q, w.t0 * a->sr[0], a->es), a->sr[0], 1,
+                           dtr__cuda_att_in(a, 0), K, 1, a->sr[1], dtr__cuda_att_in(a, 1), 0.0f, b->S, w.L, dtr__cuda_att_s(a, w, 0),
                            a->B, a->H, b->ptrs);
 }
 
@@ -208,16 +219,17 @@ template <int D> struct dtr__fa {
 
 typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dtr__fa_acc;
 
-/* `rows` rows r0.. of head h of item b of x (B, T, C) into a 16-bit tile; zeros past T. Eight
-   elements a load (dtr__cuda_fa_takes: x 16-byte aligned; C = H D, a multiple of 8). */
+/* `rows` rows r0.. of head h of item b of x (B, T, C; strides a.sb[i], a.sr[i]: q, k, v, dy)
+   into a 16-bit tile; zeros past T. Eight elements a load (dtr__cuda_fa_takes: x 16-byte
+   aligned, its strides multiples of 8). */
 template <int D>
-__device__ static void dtr__cuda_fa_load(uint16_t *dst, int rows, const uint16_t *x, const dtr__cuda_att &a, int64_t b, int64_t h,
-                                        int64_t r0) {
+__device__ static void dtr__cuda_fa_load(uint16_t *dst, int rows, const uint16_t *x, const dtr__cuda_att &a, int i, int64_t b,
+                                        int64_t h, int64_t r0) {
     for (int e = threadIdx.x; e < rows * D / 8; e += blockDim.x) {
         int r = e / (D / 8), d = e % (D / 8) * 8;
         int64_t t = r0 + r;
         uint4 v = {0u, 0u, 0u, 0u};
-        if (t < a.T) v = *(const uint4 *)(x + (b * a.T + t) * a.C + h * D + d);
+        if (t < a.T) v = *(const uint4 *)(x + b * a.sb[i] + t * a.sr[i] + h * D + d);
         *(uint4 *)(dst + r * dtr__fa<D>::LD + d) = v;
     }
 }
@@ -317,12 +329,12 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         dtr__fa_acc o[D / 16];
-        dtr__cuda_fa_load<D>(sq, DTR__FA_ROWS, Q, a, z / a.H, z % a.H, q0);
+        dtr__cuda_fa_load<D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
             __syncthreads();
             dtr__cuda_fa_rows<T, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
@@ -380,8 +392,8 @@ template <int D>
 __device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *sl, float *sd, int rows, const uint16_t *Q,
                                            const uint16_t *G, const float *lse, const float *Drow, const dtr__cuda_att &a,
                                            int64_t z, int64_t q0) {
-    dtr__cuda_fa_load<D>(sq, rows, Q, a, z / a.H, z % a.H, q0);
-    dtr__cuda_fa_load<D>(sg, rows, G, a, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<D>(sq, rows, Q, a, 0, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<D>(sg, rows, G, a, 3, z / a.H, z % a.H, q0);
     if ((int)threadIdx.x < rows) {
         int64_t q = q0 + threadIdx.x;
         sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
@@ -429,8 +441,8 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         dtr__fa_acc dk[D / 16], dv[D / 16];
-        dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, z / a.H, z % a.H, k0);
-        dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
         for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
             dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
@@ -480,8 +492,8 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
         dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load<D>(sk, DTR__FA_STEP, K, a, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load<D>(sv, DTR__FA_STEP, V, a, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H, k0);
             __syncthreads();
             dtr__cuda_fa_dq_step<T, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
             __syncthreads();
@@ -552,10 +564,11 @@ static unsigned dtr__cuda_fa_setup(void) {
 }
 
 /* 1 when the fused kernels take the node: 16-bit operands (tensor cores), a head width of
-   theirs this device runs, 16-byte aligned q, k, v (the tiles' loads) */
+   theirs this device runs, 16-byte aligned q, k, v with strides of whole 16 bytes (the tiles'
+   loads) */
 static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a) {
     int aligned = 1;
-    for (int i = 0; i < 3; i++) aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0;
+    for (int i = 0; i < 3; i++) aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0 && a->sb[i] % 8 == 0 && a->sr[i] % 8 == 0;
     return dtr__cuda_flash && a->p != DTR_F32 && a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> (a->D / 32) & 1) &&
            aligned;
 }
@@ -600,7 +613,7 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
         /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D) */
         if (dtr__cuda_gemm2(ctx, dtr__cuda_att_t(&a, 1), w.n, a.D, w.L, 1.0f, b.S, w.L * DTR__ATT_PACK(a), 1, dtr__cuda_att_s(&a, w, 1),
-                            dtr__data(nd->in[2]), a.C, 1, dtr__cuda_att_x(&a, a.es), 0.0f, (void *)dtr__cuda_att_at(dtr__data(nd->out), t0 * a.C, a.es),
+                            dtr__data(nd->in[2]), a.sr[2], 1, dtr__cuda_att_in(&a, 2), 0.0f, (void *)dtr__cuda_att_at(dtr__data(nd->out), t0 * a.C, a.es),
                             a.C, dtr__cuda_att_x(&a, a.es), a.B, a.H, b.ptrs) != DTR_OK)
             return ctx->status;
     }
@@ -613,22 +626,23 @@ static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const 
     const void *Q = dtr__data(nd->in[0]), *K = dtr__data(nd->in[1]), *V = dtr__data(nd->in[2]);
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
     int64_t D = a->D, C = a->C, es = a->es;
-    const void *Gt = dtr__cuda_att_at(b->G, w.t0 * C, es), *Qt = dtr__cuda_att_at(Q, w.t0 * C, es);
+    const void *Gt = dtr__cuda_att_at(b->G, w.t0 * C, es), *Qt = dtr__cuda_att_at(Q, w.t0 * a->sr[0], es);
     int64_t ld = w.L * DTR__ATT_PACK(*a);   /* the row stride of P and dS */
     dtr__cuda_bstride x = dtr__cuda_att_x(a, es), x32 = dtr__cuda_att_x(a, 4), sc = dtr__cuda_att_s(a, w, 1);
+    dtr__cuda_bstride xq = dtr__cuda_att_in(a, 0), xk = dtr__cuda_att_in(a, 1), xv = dtr__cuda_att_in(a, 2);
     dtr__cuda_gemm_t t = dtr__cuda_att_t(a, 0);
     if (dtr__cuda_att_scores(ctx, nd, a, w, b) != DTR_OK) return ctx->status;
     /* dP (n, L) = dy[t0:] (n, D) v[0:L]^T (D, L) */
-    if (dtr__cuda_gemm2(ctx, t, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, C, x, 0.0f, b->dP, w.L, dtr__cuda_att_s(a, w, 0), a->B, a->H,
+    if (dtr__cuda_gemm2(ctx, t, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, a->sr[2], xv, 0.0f, b->dP, w.L, dtr__cuda_att_s(a, w, 0), a->B, a->H,
                         b->ptrs) != DTR_OK)
         return ctx->status;
     dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         b->S, b->dP, (const float *)nd->saved, Drow, *a, w);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (GQ && dtr__cuda_gemm2(ctx, t, w.n, D, w.L, 1.0f, b->dP, ld, 1, sc, K, C, 1, x, 1.0f, GQ + w.t0 * C, C, x32, a->B, a->H,
+    if (GQ && dtr__cuda_gemm2(ctx, t, w.n, D, w.L, 1.0f, b->dP, ld, 1, sc, K, a->sr[1], 1, xk, 1.0f, GQ + w.t0 * C, C, x32, a->B, a->H,
                               b->ptrs) != DTR_OK)
         return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
-    if (GK && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, C, 1, x, 1.0f, GK, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
+    if (GK && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, a->sr[0], 1, xq, 1.0f, GK, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
         return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
     if (GV && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->S, 1, ld, sc, Gt, C, 1, x, 1.0f, GV, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
         return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */

@@ -423,7 +423,10 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 /* ---- causal self-attention, fused (flash-style) ----
- * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). Per
+ * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). q, k
+ * and v are read as they are where their rows are dense (stride 1 along C: the column slices
+ * of one qkv projection, whose rows are 3C apart), else through contiguous copies; y and the
+ * gradients (a view's own) are dense. Per
  * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
  * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
  * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
@@ -431,6 +434,11 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
  * worker's, in tile order, so results do not depend on the thread count. */
 
 #define DTR__ATT_TILE 32
+
+/* x as attention reads it: itself when its rows are dense (stride 1 along C), else a copy */
+static dtr_tensor *dtr__att_input(dtr_context *ctx, dtr_tensor *x) {
+    return x->stride[2] == 1 || x->shape[2] == 1 ? x : dtr_contiguous(ctx, x);
+}
 
 dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
     dtr__node *n;
@@ -445,9 +453,9 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
                           dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
     if (heads <= 0 || q->shape[2] % heads)
         return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
-    q = dtr__contig_input(ctx, q);
-    k = dtr__contig_input(ctx, k);
-    v = dtr__contig_input(ctx, v);
+    q = dtr__att_input(ctx, q);
+    k = dtr__att_input(ctx, k);
+    v = dtr__att_input(ctx, v);
     if (!q || !k || !v) return NULL;
     {
         dtr_tensor *in[3] = {q, k, v};
@@ -464,6 +472,7 @@ typedef struct dtr__att_job {
     const dtr__node *nd;
     dtr__pool *pool;
     int64_t B, T, C, H, D;
+    int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     float scale;
     float *lse;        /* (B, H, T) */
     float *scratch;    /* per worker: two TILE x T blocks */
@@ -490,21 +499,26 @@ static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, flo
     }
 }
 
+/* head h of batch item b (bh = b H + h) of input i (q, k, v): its first row's D values */
+static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
+    return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (bh % j->H) * j->D;
+}
+
 static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
     int64_t T = j->T, C = j->C, D = j->D, bh, t0;
     float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
     for (bh = b; bh < e; bh++) {
         int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
-        const float *Q = dtr__f32(j->nd->in[0]) + off, *K = dtr__f32(j->nd->in[1]) + off, *V = dtr__f32(j->nd->in[2]) + off;
+        const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
         for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
             int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, S, nk);
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
             dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
             /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
-            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, C, 1, 0.0f, Y + t0 * C, C);
+            dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, j->sr[2], 1, 0.0f, Y + t0 * C, C);
         }
     }
 }
@@ -517,36 +531,38 @@ static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
     for (bh = b; bh < e; bh++) {
-        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
-        const float *Q = dtr__f32(nd->in[0]) + off, *K = dtr__f32(nd->in[1]) + off, *V = dtr__f32(nd->in[2]) + off;
+        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D, rq = j->sr[0], rk = j->sr[1];
+        const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
         for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
             int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * C, C, 1, K, 1, C, 0.0f, P, nk);
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
             dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
             /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
             if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
             if (!GQ && !GK) continue;
             /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, C, 0.0f, dP, nk);
+            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
             for (r = 0; r < rows; r++) {
                 double dy = 0.0;
                 for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
                 for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
             }
             /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
-            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, C, 1, 1.0f, GQ + off + t0 * C, C);
-            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * C, C, 1, 1.0f, GK + off, C);
+            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + off, C);
         }
     }
 }
 
 static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
+    int i;
     memset(j, 0, sizeof *j);
     j->nd = nd;
     j->pool = ctx->pool;
     j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
     j->H = nd->p.heads; j->D = j->C / j->H;
+    for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->scale = 1.0f / sqrtf((float)j->D);
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
                                                  sizeof(float), "dtr_attention");

@@ -510,7 +510,10 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
  *  (B, T, C), softmax(q k^T / sqrt(D) + causal mask) v per head. One fused op (flash-style):
  *  query rows go in tiles through GEMMs with an exact softmax per row, and only each row's
  *  log-sum-exp is kept for backward, which recomputes the probabilities: memory grows with
- *  T, never with T x T per head. Results do not depend on the thread count.
+ *  T, never with T x T per head. Results do not depend on the thread count. q, k and v may
+ *  be views: those whose rows are dense (stride 1 along C, as the column slices
+ *  `dtr_slice(qkv, -1, ...)` of one (B, T, 3C) projection) are read where they lie, others
+ *  through a contiguous copy; the values are the same either way, bit for bit.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
