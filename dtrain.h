@@ -17732,6 +17732,7 @@ struct dtr_loader {
     int64_t cache_cap;
     size_t cache_stride;
     pthread_mutex_t cache_mu;
+    pthread_cond_t cache_cv;      /* a fill published */
     int cache_mu_ok;
     dtr_loader_stats stats;
     char msg[512];
@@ -17769,33 +17770,38 @@ static const int64_t *dtr__epoch_indices(dtr_loader *l, int64_t epoch) {
 
 /* ---- one sample ---- */
 
-/* Cache entry states: 0 empty, 1 being filled by one thread, 2 ready (immutable). claim
- * returns the state it found and turns 0 into 1 for the caller; publish sets 2 (or back 0
- * after a failure). Atomics where the compiler has them, the cache mutex otherwise. */
-static int dtr__cache_claim(dtr_loader *l, int64_t i) {
-#if defined(__GNUC__) || defined(__clang__)
-    unsigned char expect = 0;
-    if (DTR__ATOMIC_CAS(&l->cache_state[i], &expect, (unsigned char)1))
-        return 0;
-    return expect;
-#else
-    int state;
-    pthread_mutex_lock(&l->cache_mu);
-    state = l->cache_state[i];
-    if (state == 0) l->cache_state[i] = 1;
-    pthread_mutex_unlock(&l->cache_mu);
-    return state;
-#endif
-}
-
-static void dtr__cache_publish(dtr_loader *l, int64_t i, int state) {
+/* entry i's state to `state` (under the cache mutex; atomic where claim reads it without) */
+static void dtr__cache_set(dtr_loader *l, int64_t i, int state) {
 #if defined(__GNUC__) || defined(__clang__)
     DTR__ATOMIC_STORE(&l->cache_state[i], (unsigned char)state);
 #else
-    pthread_mutex_lock(&l->cache_mu);
     l->cache_state[i] = (unsigned char)state;
-    pthread_mutex_unlock(&l->cache_mu);
 #endif
+}
+
+/* Cache entry states: 0 empty, 1 being filled by one thread, 2 ready (immutable). claim
+ * returns the state of entry i once no thread fills it (a fill in flight is waited for, so a
+ * sample asked for twice at once is read from the dataset once) and turns 0 into 1 for the
+ * caller; publish sets 2 (or back 0 after a failure: a waiter then tries itself) and wakes the
+ * waiters. A thread waits only while it fills nothing, so waits never form a cycle. States
+ * change under the cache mutex; a ready entry is seen without it where atomics exist. */
+static int dtr__cache_claim(dtr_loader *l, int64_t i) {
+    int state;
+#if defined(__GNUC__) || defined(__clang__)
+    if (DTR__ATOMIC_LOAD(&l->cache_state[i]) == 2) return 2;
+#endif
+    pthread_mutex_lock(&l->cache_mu);
+    while ((state = l->cache_state[i]) == 1) pthread_cond_wait(&l->cache_cv, &l->cache_mu);
+    if (state == 0) dtr__cache_set(l, i, 1);
+    pthread_mutex_unlock(&l->cache_mu);
+    return state;
+}
+
+static void dtr__cache_publish(dtr_loader *l, int64_t i, int state) {
+    pthread_mutex_lock(&l->cache_mu);
+    dtr__cache_set(l, i, state);
+    pthread_cond_broadcast(&l->cache_cv);
+    pthread_mutex_unlock(&l->cache_mu);
 }
 
 /* Reads dataset sample i into x/y through the cache. *src receives the sample's features:
@@ -18017,7 +18023,7 @@ void dtr_loader_destroy(dtr_loader *l) {
         pthread_cond_destroy(&l->cv_work);
         pthread_cond_destroy(&l->cv_ready);
     }
-    if (l->cache_mu_ok) pthread_mutex_destroy(&l->cache_mu);
+    if (l->cache_mu_ok) pthread_mutex_destroy(&l->cache_mu), pthread_cond_destroy(&l->cache_cv);
     if (l->slots) {
         for (i = 0; i < l->depth; i++) {
             dtr__loader_settle(l, &l->slots[i]);
@@ -18167,6 +18173,11 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     }
     if (pthread_mutex_init(&l->cache_mu, NULL) != 0) {
         r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex");
+        goto fail;
+    }
+    if (pthread_cond_init(&l->cache_cv, NULL) != 0) {
+        pthread_mutex_destroy(&l->cache_mu);
+        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a condition");
         goto fail;
     }
     l->cache_mu_ok = 1;
@@ -18428,7 +18439,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18432 "dtrain.h"
+#line 18443 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18781,7 +18792,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18785 "dtrain.h"
+#line 18796 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -18971,7 +18982,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 18975 "dtrain.h"
+#line 18986 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19152,7 +19163,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19156 "dtrain.h"
+#line 19167 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -19927,7 +19938,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 19931 "dtrain.h"
+#line 19942 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20444,7 +20455,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20448 "dtrain.h"
+#line 20459 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21239,7 +21250,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21243 "dtrain.h"
+#line 21254 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22487,7 +22498,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22491 "dtrain.h"
+#line 22502 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23109,7 +23120,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23113 "dtrain.h"
+#line 23124 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23610,7 +23621,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23614 "dtrain.h"
+#line 23625 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24340,7 +24351,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24344 "dtrain.h"
+#line 24355 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24576,7 +24587,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24580 "dtrain.h"
+#line 24591 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24705,7 +24716,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24709 "dtrain.h"
+#line 24720 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25142,7 +25153,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25146 "dtrain.h"
+#line 25157 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25635,7 +25646,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25639 "dtrain.h"
+#line 25650 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26167,7 +26178,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26171 "dtrain.h"
+#line 26182 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26673,7 +26684,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26677 "dtrain.h"
+#line 26688 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28222,7 +28233,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28226 "dtrain.h"
+#line 28237 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28276,7 +28287,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28280 "dtrain.h"
+#line 28291 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29454,7 +29465,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29458 "dtrain.h"
+#line 29469 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30344,7 +30355,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30348 "dtrain.h"
+#line 30359 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31822,7 +31833,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31826 "dtrain.h"
+#line 31837 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32206,7 +32217,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32210 "dtrain.h"
+#line 32221 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32355,7 +32366,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32359 "dtrain.h"
+#line 32370 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

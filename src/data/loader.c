@@ -88,6 +88,7 @@ struct dtr_loader {
     int64_t cache_cap;
     size_t cache_stride;
     pthread_mutex_t cache_mu;
+    pthread_cond_t cache_cv;      /* a fill published */
     int cache_mu_ok;
     dtr_loader_stats stats;
     char msg[512];
@@ -125,33 +126,38 @@ static const int64_t *dtr__epoch_indices(dtr_loader *l, int64_t epoch) {
 
 /* ---- one sample ---- */
 
-/* Cache entry states: 0 empty, 1 being filled by one thread, 2 ready (immutable). claim
- * returns the state it found and turns 0 into 1 for the caller; publish sets 2 (or back 0
- * after a failure). Atomics where the compiler has them, the cache mutex otherwise. */
-static int dtr__cache_claim(dtr_loader *l, int64_t i) {
-#if defined(__GNUC__) || defined(__clang__)
-    unsigned char expect = 0;
-    if (DTR__ATOMIC_CAS(&l->cache_state[i], &expect, (unsigned char)1))
-        return 0;
-    return expect;
-#else
-    int state;
-    pthread_mutex_lock(&l->cache_mu);
-    state = l->cache_state[i];
-    if (state == 0) l->cache_state[i] = 1;
-    pthread_mutex_unlock(&l->cache_mu);
-    return state;
-#endif
-}
-
-static void dtr__cache_publish(dtr_loader *l, int64_t i, int state) {
+/* entry i's state to `state` (under the cache mutex; atomic where claim reads it without) */
+static void dtr__cache_set(dtr_loader *l, int64_t i, int state) {
 #if defined(__GNUC__) || defined(__clang__)
     DTR__ATOMIC_STORE(&l->cache_state[i], (unsigned char)state);
 #else
-    pthread_mutex_lock(&l->cache_mu);
     l->cache_state[i] = (unsigned char)state;
-    pthread_mutex_unlock(&l->cache_mu);
 #endif
+}
+
+/* Cache entry states: 0 empty, 1 being filled by one thread, 2 ready (immutable). claim
+ * returns the state of entry i once no thread fills it (a fill in flight is waited for, so a
+ * sample asked for twice at once is read from the dataset once) and turns 0 into 1 for the
+ * caller; publish sets 2 (or back 0 after a failure: a waiter then tries itself) and wakes the
+ * waiters. A thread waits only while it fills nothing, so waits never form a cycle. States
+ * change under the cache mutex; a ready entry is seen without it where atomics exist. */
+static int dtr__cache_claim(dtr_loader *l, int64_t i) {
+    int state;
+#if defined(__GNUC__) || defined(__clang__)
+    if (DTR__ATOMIC_LOAD(&l->cache_state[i]) == 2) return 2;
+#endif
+    pthread_mutex_lock(&l->cache_mu);
+    while ((state = l->cache_state[i]) == 1) pthread_cond_wait(&l->cache_cv, &l->cache_mu);
+    if (state == 0) dtr__cache_set(l, i, 1);
+    pthread_mutex_unlock(&l->cache_mu);
+    return state;
+}
+
+static void dtr__cache_publish(dtr_loader *l, int64_t i, int state) {
+    pthread_mutex_lock(&l->cache_mu);
+    dtr__cache_set(l, i, state);
+    pthread_cond_broadcast(&l->cache_cv);
+    pthread_mutex_unlock(&l->cache_mu);
 }
 
 /* Reads dataset sample i into x/y through the cache. *src receives the sample's features:
@@ -373,7 +379,7 @@ void dtr_loader_destroy(dtr_loader *l) {
         pthread_cond_destroy(&l->cv_work);
         pthread_cond_destroy(&l->cv_ready);
     }
-    if (l->cache_mu_ok) pthread_mutex_destroy(&l->cache_mu);
+    if (l->cache_mu_ok) pthread_mutex_destroy(&l->cache_mu), pthread_cond_destroy(&l->cache_cv);
     if (l->slots) {
         for (i = 0; i < l->depth; i++) {
             dtr__loader_settle(l, &l->slots[i]);
@@ -523,6 +529,11 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     }
     if (pthread_mutex_init(&l->cache_mu, NULL) != 0) {
         r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex");
+        goto fail;
+    }
+    if (pthread_cond_init(&l->cache_cv, NULL) != 0) {
+        pthread_mutex_destroy(&l->cache_mu);
+        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a condition");
         goto fail;
     }
     l->cache_mu_ok = 1;
