@@ -257,7 +257,7 @@ __device__ static float dtr__cuda_unary_f(int op, float x, float s) {
     case DTR_OP_SCALE: return s * x;
     case DTR_OP_RELU: return dtr__f_relu(x);
     case DTR_OP_GELU: return dtr__f_gelu(x);
-    case DTR_OP_TANH: return tanhf(x);
+    case DTR_OP_TANH: return dtr__f_tanh(x);
     case DTR_OP_ABS: return fabsf(x);
     case DTR_OP_GELU_ERF: return dtr__f_gelu_erf(x);
     default: return dtr__f_sigmoid(x);

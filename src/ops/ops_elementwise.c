@@ -180,33 +180,37 @@ dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ct
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
-/* ReLU, the hot activation of CNNs and MLPs, in blocks of 8 through a local array: the
- * compiler's basic-block (SLP) vectorizer turns each block into SIMD compares and selects,
- * even at -O2 and although the pointers may alias (a block is loaded before it is stored).
- * Per element the operations are those of the scalar loop, so the results are the same. */
-static void dtr__relu_fwd(const float *x, float *y, int64_t b, int64_t e) {
-    int64_t i = b;
-    int k;
-    for (; i + 8 <= e; i += 8) {
-        float t[8];
-        for (k = 0; k < 8; k++) t[k] = x[i + k];
-        for (k = 0; k < 8; k++) t[k] = dtr__f_relu(t[k]);
-        for (k = 0; k < 8; k++) y[i + k] = t[k];
-    }
-    for (; i < e; i++) y[i] = dtr__f_relu(x[i]);
-}
+/* y[i] = F(x[i]) for i in [b, e), in blocks of 8 through a local array: the compiler's
+ * basic-block (SLP) vectorizer turns each block into SIMD operations, even at -O2 and although
+ * the pointers may alias (a block is loaded before it is stored), where F has no branch (ReLU's
+ * compare and select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the
+ * operations are those of the scalar loop, so the results are the same. */
+#define DTR__MAP8(F, x, y, b, e)                                  \
+    do {                                                          \
+        int64_t i_ = (b);                                         \
+        int k_;                                                   \
+        for (; i_ + 8 <= (e); i_ += 8) {                          \
+            float t_[8];                                          \
+            for (k_ = 0; k_ < 8; k_++) t_[k_] = (x)[i_ + k_];     \
+            for (k_ = 0; k_ < 8; k_++) t_[k_] = F(t_[k_]);        \
+            for (k_ = 0; k_ < 8; k_++) (y)[i_ + k_] = t_[k_];     \
+        }                                                         \
+        for (; i_ < (e); i_++) (y)[i_] = F((x)[i_]);              \
+    } while (0)
 
-static void dtr__relu_bwd(const float *x, const float *g, float *gx, int64_t b, int64_t e) {
-    int64_t i = b;
-    int k;
-    for (; i + 8 <= e; i += 8) {
-        float tx[8], tg[8], tgx[8];
-        for (k = 0; k < 8; k++) { tx[k] = x[i + k]; tg[k] = g[i + k]; tgx[k] = gx[i + k]; }
-        for (k = 0; k < 8; k++) tgx[k] += tg[k] * dtr__f_relu_grad(tx[k]);
-        for (k = 0; k < 8; k++) gx[i + k] = tgx[k];
-    }
-    for (; i < e; i++) gx[i] += g[i] * dtr__f_relu_grad(x[i]);
-}
+/* gx[i] += g[i] * D(v[i]) for i in [b, e) (v: x or y, as the derivative D takes), likewise */
+#define DTR__GRAD8(D, v, g, gx, b, e)                                                          \
+    do {                                                                                       \
+        int64_t i_ = (b);                                                                      \
+        int k_;                                                                                \
+        for (; i_ + 8 <= (e); i_ += 8) {                                                       \
+            float tv_[8], tg_[8], tgx_[8];                                                     \
+            for (k_ = 0; k_ < 8; k_++) tv_[k_] = (v)[i_ + k_], tg_[k_] = (g)[i_ + k_], tgx_[k_] = (gx)[i_ + k_]; \
+            for (k_ = 0; k_ < 8; k_++) tgx_[k_] += tg_[k_] * D(tv_[k_]);                        \
+            for (k_ = 0; k_ < 8; k_++) (gx)[i_ + k_] = tgx_[k_];                               \
+        }                                                                                      \
+        for (; i_ < (e); i_++) (gx)[i_] += (g)[i_] * D((v)[i_]);                               \
+    } while (0)
 
 static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
@@ -216,12 +220,12 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     (void)w;
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
-    case DTR_OP_RELU: dtr__relu_fwd(x, y, b, e); break;
-    case DTR_OP_GELU: for (i = b; i < e; i++) y[i] = dtr__f_gelu(x[i]); break;
-    case DTR_OP_TANH: for (i = b; i < e; i++) y[i] = tanhf(x[i]); break;
+    case DTR_OP_RELU: DTR__MAP8(dtr__f_relu, x, y, b, e); break;
+    case DTR_OP_GELU: DTR__MAP8(dtr__f_gelu, x, y, b, e); break;
+    case DTR_OP_TANH: DTR__MAP8(dtr__f_tanh, x, y, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
-    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) y[i] = dtr__f_gelu_erf(x[i]); break;
-    default: for (i = b; i < e; i++) y[i] = dtr__f_sigmoid(x[i]); break;
+    case DTR_OP_GELU_ERF: DTR__MAP8(dtr__f_gelu_erf, x, y, b, e); break;
+    default: DTR__MAP8(dtr__f_sigmoid, x, y, b, e); break;
     }
 }
 
@@ -233,12 +237,12 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     (void)w;
     switch (nd->op) {
     case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
-    case DTR_OP_RELU: dtr__relu_bwd(x, g, gx, b, e); break;
-    case DTR_OP_GELU: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_grad(x[i]); break;
-    case DTR_OP_TANH: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_tanh_grad(y[i]); break;
+    case DTR_OP_RELU: DTR__GRAD8(dtr__f_relu_grad, x, g, gx, b, e); break;
+    case DTR_OP_GELU: DTR__GRAD8(dtr__f_gelu_grad, x, g, gx, b, e); break;
+    case DTR_OP_TANH: DTR__GRAD8(dtr__f_tanh_grad, y, g, gx, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
-    case DTR_OP_GELU_ERF: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_gelu_erf_grad(x[i]); break;
-    default: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_sigmoid_grad(y[i]); break;
+    case DTR_OP_GELU_ERF: DTR__GRAD8(dtr__f_gelu_erf_grad, x, g, gx, b, e); break;
+    default: DTR__GRAD8(dtr__f_sigmoid_grad, y, g, gx, b, e); break;
     }
 }
 

@@ -1,0 +1,85 @@
+/* bench/activations.c: element throughput of the activations (GELU tanh and erf forms, tanh,
+ * sigmoid; forward and backward through the ops, one thread) beside the same formulas on the C
+ * library's tanhf, erff and expf in a plain loop in the same process (what dtrain's kernels
+ * called before they had their own exp, tanh and erf: src/core/formulas.h).
+ *
+ * Prints one JSON line per activation:
+ *   {"bench":"activations","op":"gelu","n":4194304,"dtrain_fwd_ns":4.9,"dtrain_bwd_ns":7.6,
+ *    "libm_fwd_ns":25.8,"speedup_fwd":5.3}
+ * ns per element, best of --rounds rounds (the two alternate, so a noisy machine affects both).
+ * Usage: build/bench/activations [--n N] [--rounds R] */
+#define _POSIX_C_SOURCE 199309L
+#include "../dtrain.h"
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* the formulas on the C library's functions (GELU's constants as PyTorch's) */
+static float libm_act(int op, float x) {
+    switch (op) {
+    case 0: return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
+    case 1: return 0.5f * x * (1.0f + erff(x * 0.7071067812f));
+    case 2: return tanhf(x);
+    default: return 1.0f / (1.0f + expf(-x));
+    }
+}
+
+static dtr_tensor *dtr_act(dtr_context *ctx, int op, dtr_tensor *x) {
+    return op == 0 ? dtr_gelu(ctx, x) : op == 1 ? dtr_gelu_erf(ctx, x) : op == 2 ? dtr_tanh(ctx, x) : dtr_sigmoid(ctx, x);
+}
+
+int main(int argc, char **argv) {
+    static const char *names[] = {"gelu", "gelu_erf", "tanh", "sigmoid"};
+    dtr_context_config cfg = dtr_context_config_init();
+    dtr_context *ctx = NULL;
+    int64_t n = (int64_t)1 << 22, i;
+    int rounds = 5, op, r, a;
+    float *v, *out;
+    volatile float sink = 0.0f;
+    for (a = 1; a + 1 < argc; a += 2) {
+        if (!strcmp(argv[a], "--n")) n = atoll(argv[a + 1]);
+        else if (!strcmp(argv[a], "--rounds")) rounds = atoi(argv[a + 1]);
+    }
+    cfg.threads = 1;
+    v = (float *)malloc((size_t)n * sizeof(float));
+    out = (float *)malloc((size_t)n * sizeof(float));
+    if (!v || !out || n <= 0 || dtr_context_create(&cfg, &ctx) != DTR_OK) return 1;
+    srand(1);
+    for (i = 0; i < n; i++) v[i] = (float)rand() / (float)RAND_MAX * 8.0f - 4.0f;
+    for (op = 0; op < 4; op++) {
+        double fwd = 1e30, bwd = 1e30, ref = 1e30;
+        for (r = 0; r < rounds; r++) {
+            dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n, v)), *y, *l;
+            double t0 = now_s(), t1, t2, t3;
+            y = dtr_act(ctx, op, x);
+            t1 = now_s();
+            l = dtr_sum_all(ctx, y);
+            t2 = now_s();
+            if (!y || !l || dtr_backward(ctx, l) != DTR_OK) return 1;
+            t3 = now_s();
+            fwd = t1 - t0 < fwd ? t1 - t0 : fwd;
+            bwd = t3 - t2 < bwd ? t3 - t2 : bwd;
+            dtr_context_reset(ctx);
+            t0 = now_s();
+            for (i = 0; i < n; i++) out[i] = libm_act(op, v[i]);
+            t1 = now_s();
+            sink += out[n / 2];
+            ref = t1 - t0 < ref ? t1 - t0 : ref;
+        }
+        printf("{\"bench\":\"activations\",\"op\":\"%s\",\"n\":%lld,\"dtrain_fwd_ns\":%.2f,\"dtrain_bwd_ns\":%.2f,"
+               "\"libm_fwd_ns\":%.2f,\"speedup_fwd\":%.2f}\n",
+               names[op], (long long)n, fwd * 1e9 / (double)n, bwd * 1e9 / (double)n, ref * 1e9 / (double)n, ref / fwd);
+    }
+    dtr_context_destroy(ctx);
+    free(v);
+    free(out);
+    return sink == 12345.0f;
+}
