@@ -702,7 +702,7 @@ __global__ static void dtr__cuda_xent_fwd_k(const void *x, int dt, const int32_t
     }
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, dtr__f_load(x, dt, r * K + k));
     mx = dtr__cuda_block_max(mx);
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)expf(dtr__f_load(x, dt, r * K + k) - mx);
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) s += (double)dtr__f_xent_term(dtr__f_load(x, dt, r * K + k), mx);
     s = dtr__cuda_block_sum(s);
     if (threadIdx.x == 0) {
         st[r].max = mx;
@@ -781,7 +781,7 @@ __global__ static void dtr__cuda_vxent_rows_k(dtr__vxent_args a, int phase, int 
             continue;
         }
         double sum = 0.0;
-        for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sum += (double)expf(x[k] - M[r]);
+        for (int64_t k = threadIdx.x; k < a.K; k += blockDim.x) sum += (double)dtr__f_xent_term(x[k], M[r]);
         sum = dtr__cuda_block_sum(sum);
         if (threadIdx.x == 0) Z[r] = (float)sum, T[r] = own >= 0 && own < a.K ? x[own] : 0.0f;
     }
@@ -804,7 +804,7 @@ __global__ static void dtr__cuda_vxent_grad_k(dtr__vxent_args a) {
         int64_t own = (int64_t)a.t[r] - a.start;
         for (int64_t k = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; k < a.K; k += (int64_t)gridDim.x * blockDim.x) {
             int64_t i = r * a.K + k;
-            float v = a.gx[i] + c * (expf(a.x[i] - M[r]) / Z[r]);
+            float v = a.gx[i] + c * (dtr__f_xent_term(a.x[i], M[r]) / Z[r]);
             if (k == own) v -= c;
             a.gx[i] = v;
         }

@@ -39,8 +39,6 @@ typedef struct dtr__xent_row {
     float max;
 } dtr__xent_row;
 
-/** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
-DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)expf(x - st.max) / st.sum); }
 
 /* ---- dtype conversions ---- */
 
@@ -212,6 +210,11 @@ DTR__HD float dtr__f_erf(float x) {
               t * -3.635324174e-05f))))))));
     return dtr__f_odd_pick(x, ua < 0x3f600000u || ua > 0x7f800000u, p, 1.0f - dtr__f_exp(-(b * b)) * r);   /* 0.875, NaN */
 }
+
+/** A term of cross-entropy's row sum: exp(x - max) (the forward sums them in double). */
+DTR__HD float dtr__f_xent_term(float x, float max) { return dtr__f_exp(x - max); }
+/** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
+DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)dtr__f_xent_term(x, st.max) / st.sum); }
 
 DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + dtr__f_tanh(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
 DTR__HD float dtr__f_gelu_grad(float x) {

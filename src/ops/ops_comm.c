@@ -111,7 +111,7 @@ static void dtr__vxent_sums(const dtr__vxent_args *a) {
     for (r = 0; r < a->R; r++) {
         double s = 0.0;
         int64_t own = a->t[r] - a->start;
-        for (k = 0; k < a->K; k++) s += expf(a->x[r * a->K + k] - M[r]);
+        for (k = 0; k < a->K; k++) s += dtr__f_xent_term(a->x[r * a->K + k], M[r]);
         Z[r] = (float)s;
         T[r] = own >= 0 && own < a->K ? a->x[r * a->K + own] : 0.0f;
     }
@@ -123,7 +123,7 @@ static void dtr__vxent_grad(const dtr__vxent_args *a) {
     int64_t r, k;
     for (r = 0; r < a->R; r++) {
         int64_t own = a->t[r] - a->start;
-        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (expf(a->x[r * a->K + k] - M[r]) / Z[r]);
+        for (k = 0; k < a->K; k++) a->gx[r * a->K + k] += c * (dtr__f_xent_term(a->x[r * a->K + k], M[r]) / Z[r]);
         if (own >= 0 && own < a->K) a->gx[r * a->K + own] -= c;
     }
 }

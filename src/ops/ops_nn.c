@@ -166,6 +166,33 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
+/* sum of the terms exp(x[k] - mx) of a row of K f32 logits, in double, in order; the terms
+   eight at a time (a block the compiler vectorises, dtr__f_exp having no branch) */
+static double dtr__xent_sum(const float *x, int64_t K, float mx) {
+    double s = 0.0;
+    int64_t k = 0;
+    int i;
+    for (; k + 8 <= K; k += 8) {
+        float e[8];
+        for (i = 0; i < 8; i++) e[i] = dtr__f_xent_term(x[k + i], mx);
+        for (i = 0; i < 8; i++) s += e[i];
+    }
+    for (; k < K; k++) s += dtr__f_xent_term(x[k], mx);
+    return s;
+}
+
+/* g[k] += c p[k] over a row of K f32 logits, p its probabilities again, eight at a time */
+static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
+    int64_t k = 0;
+    int i;
+    for (; k + 8 <= K; k += 8) {
+        float p[8];
+        for (i = 0; i < 8; i++) p[i] = dtr__f_xent_prob(x[k + i], st);
+        for (i = 0; i < 8; i++) g[k + i] += c * p[i];
+    }
+    for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st);
+}
+
 /* each row's maximum, exp-sum and loss; f32 logits read as an array, 16-bit ones by dtype */
 static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__xent_job *j = (const dtr__xent_job *)arg;
@@ -178,10 +205,10 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         if (x32) {
             const float *x = x32 + r * K;
             mx = dtr__max_f32(x, K, -INFINITY, 0);
-            for (k = 0; k < K; k++) s += expf(x[k] - mx);
+            s = dtr__xent_sum(x, K, mx);
         } else {
             for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
-            for (k = 0; k < K; k++) s += expf(dtr__f_load(j->X, j->dt, r * K + k) - mx);
+            for (k = 0; k < K; k++) s += dtr__f_xent_term(dtr__f_load(j->X, j->dt, r * K + k), mx);
         }
         j->st[r].max = mx;
         j->st[r].sum = s;
@@ -217,7 +244,7 @@ static void dtr__xent_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         const dtr__xent_row st = j->st[r];
         float *g = gx + r * K;
         if (j->dt == DTR_F32)
-            for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(((const float *)j->X)[r * K + k], st);
+            dtr__xent_grad_row(g, (const float *)j->X + r * K, K, st, j->c);
         else
             for (k = 0; k < K; k++) g[k] += j->c * dtr__f_xent_prob(dtr__f_load(j->X, j->dt, r * K + k), st);
         g[j->t[r]] -= j->c;
