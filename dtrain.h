@@ -10366,20 +10366,41 @@ dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_l
 dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_LOG_SOFTMAX, "dtr_log_softmax", x); }
 dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_SOFTMAX_CAUSAL, "dtr_softmax_causal", x); }
 
+/* The sum of exp(x[k] - mx) over k < n, in double, in order; the f32 terms also to out when
+ * it is not NULL (out may be x). Terms eight at a time: a block the compiler vectorises, the
+ * own exp (dtr__f_exp, cross-entropy's term) having no branch. Softmax, attention and
+ * cross-entropy take their exponentials here. */
+static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
+    double s = 0.0;
+    int64_t k = 0;
+    int i;
+    for (; k + 8 <= n; k += 8) {
+        float e[8];
+        for (i = 0; i < 8; i++) e[i] = dtr__f_xent_term(x[k + i], mx);
+        for (i = 0; i < 8; i++) s += e[i];
+        if (out)
+            for (i = 0; i < 8; i++) out[k + i] = e[i];
+    }
+    for (; k < n; k++) {
+        float e = dtr__f_xent_term(x[k], mx);
+        s += e;
+        if (out) out[k] = e;
+    }
+    return s;
+}
+
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
  * With logp set, writes log-probabilities instead. */
 static void dtr__softmax_row(const float *x, float *y, int64_t n, int64_t valid, int logp) {
     float mx = dtr__max_f32(x, valid, -INFINITY, 0);
-    double s = 0.0;
     int64_t j;
-    for (j = 0; j < valid; j++) s += exp((double)(x[j] - mx));
     if (logp) {
-        float lse = mx + (float)log(s);
+        float lse = mx + (float)log(dtr__exp_sum(x, valid, mx, NULL));
         for (j = 0; j < valid; j++) y[j] = x[j] - lse;
         for (; j < n; j++) y[j] = -INFINITY;
     } else {
-        float inv = (float)(1.0 / s);
-        for (j = 0; j < valid; j++) y[j] = expf(x[j] - mx) * inv;
+        float inv = (float)(1.0 / dtr__exp_sum(x, valid, mx, y));
+        for (j = 0; j < valid; j++) y[j] *= inv;
         for (; j < n; j++) y[j] = 0.0f;
     }
 }
@@ -10496,21 +10517,6 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
-/* sum of the terms exp(x[k] - mx) of a row of K f32 logits, in double, in order; the terms
-   eight at a time (a block the compiler vectorises, dtr__f_exp having no branch) */
-static double dtr__xent_sum(const float *x, int64_t K, float mx) {
-    double s = 0.0;
-    int64_t k = 0;
-    int i;
-    for (; k + 8 <= K; k += 8) {
-        float e[8];
-        for (i = 0; i < 8; i++) e[i] = dtr__f_xent_term(x[k + i], mx);
-        for (i = 0; i < 8; i++) s += e[i];
-    }
-    for (; k < K; k++) s += dtr__f_xent_term(x[k], mx);
-    return s;
-}
-
 /* g[k] += c p[k] over a row of K f32 logits, p its probabilities again, eight at a time */
 static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
     int64_t k = 0;
@@ -10535,7 +10541,7 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         if (x32) {
             const float *x = x32 + r * K;
             mx = dtr__max_f32(x, K, -INFINITY, 0);
-            s = dtr__xent_sum(x, K, mx);
+            s = dtr__exp_sum(x, K, mx, NULL);
         } else {
             for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
             for (k = 0; k < K; k++) s += dtr__f_xent_term(dtr__f_load(j->X, j->dt, r * K + k), mx);
@@ -10840,17 +10846,17 @@ typedef struct dtr__att_job {
 static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
     int64_t r, j;
     for (r = 0; r < rows; r++) {
-        float *sr = S + r * nk, mx = -INFINITY;
+        float *sr = S + r * nk, mx;
         int64_t valid = t0 + r + 1;
-        double sum = 0.0;
+        double sum;
         for (j = 0; j < valid; j++) sr[j] *= scale;
         if (have_lse) {
-            for (j = 0; j < valid; j++) sr[j] = expf(sr[j] - lse[t0 + r]);
+            (void)dtr__exp_sum(sr, valid, lse[t0 + r], sr);
         } else {
-            for (j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
-            for (j = 0; j < valid; j++) sum += exp((double)(sr[j] - mx));
+            mx = dtr__max_f32(sr, valid, -INFINITY, 0);
+            sum = dtr__exp_sum(sr, valid, mx, sr);
             lse[t0 + r] = mx + (float)log(sum);
-            for (j = 0; j < valid; j++) sr[j] = (float)(exp((double)(sr[j] - mx)) / sum);
+            for (j = 0; j < valid; j++) sr[j] = (float)(sr[j] / sum);
         }
         for (j = valid; j < nk; j++) sr[j] = 0.0f;
     }
@@ -10944,7 +10950,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 10948 "dtrain.h"
+#line 10954 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11443,7 +11449,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11447 "dtrain.h"
+#line 11453 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11702,7 +11708,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11706 "dtrain.h"
+#line 11712 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12072,7 +12078,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12076 "dtrain.h"
+#line 12082 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12206,7 +12212,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12210 "dtrain.h"
+#line 12216 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12748,7 +12754,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12752 "dtrain.h"
+#line 12758 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12917,7 +12923,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12921 "dtrain.h"
+#line 12927 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13166,7 +13172,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13170 "dtrain.h"
+#line 13176 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13688,7 +13694,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13692 "dtrain.h"
+#line 13698 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13826,7 +13832,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13830 "dtrain.h"
+#line 13836 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14173,7 +14179,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14177 "dtrain.h"
+#line 14183 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14239,7 +14245,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14243 "dtrain.h"
+#line 14249 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14476,7 +14482,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14480 "dtrain.h"
+#line 14486 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15225,7 +15231,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15229 "dtrain.h"
+#line 15235 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15678,7 +15684,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15682 "dtrain.h"
+#line 15688 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15734,7 +15740,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15738 "dtrain.h"
+#line 15744 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16511,7 +16517,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16515 "dtrain.h"
+#line 16521 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17092,7 +17098,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17096 "dtrain.h"
+#line 17102 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17723,7 +17729,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17727 "dtrain.h"
+#line 17733 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18524,7 +18530,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18528 "dtrain.h"
+#line 18534 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18877,7 +18883,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18881 "dtrain.h"
+#line 18887 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19067,7 +19073,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19071 "dtrain.h"
+#line 19077 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19248,7 +19254,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19252 "dtrain.h"
+#line 19258 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20023,7 +20029,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20027 "dtrain.h"
+#line 20033 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20540,7 +20546,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20544 "dtrain.h"
+#line 20550 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21335,7 +21341,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21339 "dtrain.h"
+#line 21345 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22583,7 +22589,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22587 "dtrain.h"
+#line 22593 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23205,7 +23211,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23209 "dtrain.h"
+#line 23215 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23706,7 +23712,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23710 "dtrain.h"
+#line 23716 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24436,7 +24442,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24440 "dtrain.h"
+#line 24446 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24672,7 +24678,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24676 "dtrain.h"
+#line 24682 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24801,7 +24807,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24805 "dtrain.h"
+#line 24811 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25238,7 +25244,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25242 "dtrain.h"
+#line 25248 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25731,7 +25737,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25735 "dtrain.h"
+#line 25741 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26263,7 +26269,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26267 "dtrain.h"
+#line 26273 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26769,7 +26775,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26773 "dtrain.h"
+#line 26779 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28318,7 +28324,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28322 "dtrain.h"
+#line 28328 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28372,7 +28378,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28376 "dtrain.h"
+#line 28382 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29550,7 +29556,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29554 "dtrain.h"
+#line 29560 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30440,7 +30446,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30444 "dtrain.h"
+#line 30450 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31918,7 +31924,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31922 "dtrain.h"
+#line 31928 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32302,7 +32308,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32306 "dtrain.h"
+#line 32312 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32451,7 +32457,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32455 "dtrain.h"
+#line 32461 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

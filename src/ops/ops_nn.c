@@ -36,20 +36,41 @@ dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_l
 dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_LOG_SOFTMAX, "dtr_log_softmax", x); }
 dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_SOFTMAX_CAUSAL, "dtr_softmax_causal", x); }
 
+/* The sum of exp(x[k] - mx) over k < n, in double, in order; the f32 terms also to out when
+ * it is not NULL (out may be x). Terms eight at a time: a block the compiler vectorises, the
+ * own exp (dtr__f_exp, cross-entropy's term) having no branch. Softmax, attention and
+ * cross-entropy take their exponentials here. */
+static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
+    double s = 0.0;
+    int64_t k = 0;
+    int i;
+    for (; k + 8 <= n; k += 8) {
+        float e[8];
+        for (i = 0; i < 8; i++) e[i] = dtr__f_xent_term(x[k + i], mx);
+        for (i = 0; i < 8; i++) s += e[i];
+        if (out)
+            for (i = 0; i < 8; i++) out[k + i] = e[i];
+    }
+    for (; k < n; k++) {
+        float e = dtr__f_xent_term(x[k], mx);
+        s += e;
+        if (out) out[k] = e;
+    }
+    return s;
+}
+
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
  * With logp set, writes log-probabilities instead. */
 static void dtr__softmax_row(const float *x, float *y, int64_t n, int64_t valid, int logp) {
     float mx = dtr__max_f32(x, valid, -INFINITY, 0);
-    double s = 0.0;
     int64_t j;
-    for (j = 0; j < valid; j++) s += exp((double)(x[j] - mx));
     if (logp) {
-        float lse = mx + (float)log(s);
+        float lse = mx + (float)log(dtr__exp_sum(x, valid, mx, NULL));
         for (j = 0; j < valid; j++) y[j] = x[j] - lse;
         for (; j < n; j++) y[j] = -INFINITY;
     } else {
-        float inv = (float)(1.0 / s);
-        for (j = 0; j < valid; j++) y[j] = expf(x[j] - mx) * inv;
+        float inv = (float)(1.0 / dtr__exp_sum(x, valid, mx, y));
+        for (j = 0; j < valid; j++) y[j] *= inv;
         for (; j < n; j++) y[j] = 0.0f;
     }
 }
@@ -166,21 +187,6 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 /* rows at least 16K logits a task */
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
-/* sum of the terms exp(x[k] - mx) of a row of K f32 logits, in double, in order; the terms
-   eight at a time (a block the compiler vectorises, dtr__f_exp having no branch) */
-static double dtr__xent_sum(const float *x, int64_t K, float mx) {
-    double s = 0.0;
-    int64_t k = 0;
-    int i;
-    for (; k + 8 <= K; k += 8) {
-        float e[8];
-        for (i = 0; i < 8; i++) e[i] = dtr__f_xent_term(x[k + i], mx);
-        for (i = 0; i < 8; i++) s += e[i];
-    }
-    for (; k < K; k++) s += dtr__f_xent_term(x[k], mx);
-    return s;
-}
-
 /* g[k] += c p[k] over a row of K f32 logits, p its probabilities again, eight at a time */
 static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
     int64_t k = 0;
@@ -205,7 +211,7 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         if (x32) {
             const float *x = x32 + r * K;
             mx = dtr__max_f32(x, K, -INFINITY, 0);
-            s = dtr__xent_sum(x, K, mx);
+            s = dtr__exp_sum(x, K, mx, NULL);
         } else {
             for (k = 0; k < K; k++) mx = fmaxf(mx, dtr__f_load(j->X, j->dt, r * K + k));
             for (k = 0; k < K; k++) s += dtr__f_xent_term(dtr__f_load(j->X, j->dt, r * K + k), mx);
@@ -510,17 +516,17 @@ typedef struct dtr__att_job {
 static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
     int64_t r, j;
     for (r = 0; r < rows; r++) {
-        float *sr = S + r * nk, mx = -INFINITY;
+        float *sr = S + r * nk, mx;
         int64_t valid = t0 + r + 1;
-        double sum = 0.0;
+        double sum;
         for (j = 0; j < valid; j++) sr[j] *= scale;
         if (have_lse) {
-            for (j = 0; j < valid; j++) sr[j] = expf(sr[j] - lse[t0 + r]);
+            (void)dtr__exp_sum(sr, valid, lse[t0 + r], sr);
         } else {
-            for (j = 0; j < valid; j++) mx = sr[j] > mx ? sr[j] : mx;
-            for (j = 0; j < valid; j++) sum += exp((double)(sr[j] - mx));
+            mx = dtr__max_f32(sr, valid, -INFINITY, 0);
+            sum = dtr__exp_sum(sr, valid, mx, sr);
             lse[t0 + r] = mx + (float)log(sum);
-            for (j = 0; j < valid; j++) sr[j] = (float)(exp((double)(sr[j] - mx)) / sum);
+            for (j = 0; j < valid; j++) sr[j] = (float)(sr[j] / sum);
         }
         for (j = valid; j < nk; j++) sr[j] = 0.0f;
     }
