@@ -28,16 +28,18 @@ static float libm_act(int op, float x) {
     case 0: return 0.5f * x * (1.0f + tanhf(0.7978845608f * (x + 0.044715f * x * x * x)));
     case 1: return 0.5f * x * (1.0f + erff(x * 0.7071067812f));
     case 2: return tanhf(x);
-    default: return 1.0f / (1.0f + expf(-x));
+    case 3: return 1.0f / (1.0f + expf(-x));
+    default: return x < 0.0f ? 0.0f : x;
     }
 }
 
 static dtr_tensor *dtr_act(dtr_context *ctx, int op, dtr_tensor *x) {
-    return op == 0 ? dtr_gelu(ctx, x) : op == 1 ? dtr_gelu_erf(ctx, x) : op == 2 ? dtr_tanh(ctx, x) : dtr_sigmoid(ctx, x);
+    return op == 0 ? dtr_gelu(ctx, x) : op == 1 ? dtr_gelu_erf(ctx, x) : op == 2 ? dtr_tanh(ctx, x) : op == 3 ? dtr_sigmoid(ctx, x)
+                                                                                                       : dtr_relu(ctx, x);
 }
 
 int main(int argc, char **argv) {
-    static const char *names[] = {"gelu", "gelu_erf", "tanh", "sigmoid"};
+    static const char *names[] = {"gelu", "gelu_erf", "tanh", "sigmoid", "relu"};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;
     int64_t n = (int64_t)1 << 22, i;
@@ -54,7 +56,7 @@ int main(int argc, char **argv) {
     if (!v || !out || n <= 0 || dtr_context_create(&cfg, &ctx) != DTR_OK) return 1;
     srand(1);
     for (i = 0; i < n; i++) v[i] = (float)rand() / (float)RAND_MAX * 8.0f - 4.0f;
-    for (op = 0; op < 4; op++) {
+    for (op = 0; op < 5; op++) {
         double fwd = 1e30, bwd = 1e30, ref = 1e30;
         for (r = 0; r < rounds; r++) {
             dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n, v)), *y, *l;

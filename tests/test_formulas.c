@@ -139,6 +139,11 @@ static void test_activations(void) {
     CHECK_MSG(worst_g < 2e-5, "derivative error %.3g", worst_g);
     CHECK(dtr__f_relu(-1.0f) == 0.0f && dtr__f_relu(2.0f) == 2.0f && isnan(dtr__f_relu(NAN)));
     CHECK(dtr__f_relu_grad(0.0f) == 0.0f && dtr__f_relu_grad(1e-9f) == 1.0f);
+    {   /* x <= 0 ? 0 : 1 on special values: zeros, denormals, infinities, NaNs of both signs */
+        static const float xs[] = {0.0f, -0.0f, 1e-45f, -1e-45f, INFINITY, -INFINITY, NAN, -NAN, 3.0f, -3.0f, 3.4e38f, -3.4e38f};
+        for (k = 0; k < (int)(sizeof xs / sizeof xs[0]); k++)
+            CHECK_MSG(dtr__f_relu_grad(xs[k]) == (xs[k] <= 0.0f ? 0.0f : 1.0f), "relu' at %g", (double)xs[k]);
+    }
     CHECK(dtr__f_abs_grad(-3.0f) == -1.0f && dtr__f_abs_grad(0.0f) == 0.0f && dtr__f_abs_grad(NAN) == 0.0f);
 }
 

@@ -233,8 +233,12 @@ DTR__HD float dtr__f_sigmoid_grad(float y) { return y * (1.0f - y); }
 DTR__HD float dtr__f_tanh_grad(float y) { return 1.0f - y * y; }
 /** NaN and -0 pass through, as PyTorch. */
 DTR__HD float dtr__f_relu(float x) { return x < 0.0f ? 0.0f : x; }
-/** 0 at and below 0 (and at NaN), as PyTorch. */
-DTR__HD float dtr__f_relu_grad(float x) { return x <= 0.0f ? 0.0f : 1.0f; }
+/** 0 at and below 0, else 1 (NaN too: x <= 0 is false), as PyTorch's threshold_backward. On
+ *  the bits, with no compare of floats: the CPU's loops of eight vectorise. */
+DTR__HD float dtr__f_relu_grad(float x) {
+    uint32_t u = dtr__f_bits(x);   /* 1 .. 0x7fffffff: above +0 (NaN included); above 0xff800000: a negative NaN */
+    return dtr__f_from_bits(0x3f800000u & (0u - (uint32_t)((u - 1u < 0x7fffffffu) | (u > 0xff800000u))));
+}
 /** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
 DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
 
