@@ -38,21 +38,21 @@ dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x) { return dtr__so
 
 /* The sum of exp(x[k] - mx) over k < n, in double, in order; the f32 terms also to out when
  * it is not NULL (out may be x). Terms eight at a time: a block the compiler vectorises, the
- * own exp (dtr__f_exp, cross-entropy's term) having no branch. Softmax, attention and
- * cross-entropy take their exponentials here. */
+ * own exp (dtr__f_exp) having no branch. Softmax, attention and cross-entropy (whose term,
+ * dtr__f_xent_term, is the same exp) take their exponentials here. */
 static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
     double s = 0.0;
     int64_t k = 0;
     int i;
     for (; k + 8 <= n; k += 8) {
         float e[8];
-        for (i = 0; i < 8; i++) e[i] = dtr__f_xent_term(x[k + i], mx);
+        for (i = 0; i < 8; i++) e[i] = dtr__f_exp(x[k + i] - mx);
         for (i = 0; i < 8; i++) s += e[i];
         if (out)
             for (i = 0; i < 8; i++) out[k + i] = e[i];
     }
     for (; k < n; k++) {
-        float e = dtr__f_xent_term(x[k], mx);
+        float e = dtr__f_exp(x[k] - mx);
         s += e;
         if (out) out[k] = e;
     }
