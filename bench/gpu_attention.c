@@ -6,9 +6,10 @@
  * Per shape two lines: "pass":"fwd" (dtr_attention; 2 B H T^2 D flops, the causal half of the
  * two products) and "pass":"fwd_bwd" (forward, sum, backward: 7 B H T^2 D, backward's five
  * products counted as 2.5 forwards). q, k and v are f32 parameters cast to bf16 first with
- * --bf16 (bf16 activations and products: the fused kernels), as the GPT does; without it, f32
- * (the tiled kernels; --tf32 allows TF32). Each figure is the best of --rounds rounds of
- * --iters after a warm-up, the device synchronised by a read at the end of a round.
+ * --bf16 (bf16 activations and products), as the GPT does; without it, f32 (--tf32 allows TF32).
+ * The fused kernels take every shape here; DTR_CUDA_FLASH=0 in the environment takes the tiled
+ * ones ("kernels":"tiled" in the lines). Each figure is the best of --rounds rounds of --iters
+ * after a warm-up, the device synchronised by a read at the end of a round.
  * Usage: gpu_attention [--backend cuda|cpu] [--shape gpt2|gpt|d128|all] [--iters N] [--rounds N] [--bf16] [--tf32]
  * Build: make build/bench/gpu_attention (links dtrain_cuda.o). */
 #define _POSIX_C_SOURCE 200809L
@@ -30,6 +31,12 @@ static double now_s(void) {
 }
 
 static int g_bf16;
+
+/* 1 when DTR_CUDA_FLASH=0 makes the CUDA backend take its tiled attention kernels */
+static int tiled(void) {
+    const char *e = getenv("DTR_CUDA_FLASH");
+    return e && strcmp(e, "0") == 0;
+}
 
 static dtr_tensor *act(dtr_context *ctx, dtr_tensor *x) { return g_bf16 ? dtr_cast(ctx, x, DTR_BF16) : x; }
 
@@ -76,9 +83,10 @@ static int run_shape(dtr_context *ctx, const att_shape *s, const char *bname, in
     }
     for (pass = 0; pass < 2; pass++)
         printf("{\"bench\":\"gpu_attention\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"shape\":\"%s\",\"batch\":%lld,\"context\":%lld,"
-               "\"heads\":%lld,\"head_dim\":%lld,\"pass\":\"%s\",\"bf16\":%d,\"tf32\":%d,\"ms\":%.4f,\"tflops\":%.2f}\n",
+               "\"heads\":%lld,\"head_dim\":%lld,\"pass\":\"%s\",\"bf16\":%d,\"tf32\":%d,\"kernels\":\"%s\",\"ms\":%.4f,"
+               "\"tflops\":%.2f}\n",
                bname, s->name, (long long)s->b, (long long)s->t, (long long)s->h, (long long)s->d, pass ? "fwd_bwd" : "fwd", g_bf16,
-               tf32, t[pass] * 1e3, (pass ? 7.0 : 2.0) * f / t[pass] / 1e12);
+               tf32, tiled() ? "tiled" : "fused", t[pass] * 1e3, (pass ? 7.0 : 2.0) * f / t[pass] / 1e12);
     fflush(stdout);
     dtr_model_destroy(m);
     return 1;

@@ -86,9 +86,10 @@ for mode in "" --tf32 --bf16; do
 done
 # the same with bf16 activations: 16-bit operands as stored (cuda_gemm.cu, linear16); torch: the --bf16 lines
 timeout 120 build/bench/gpu_gemm --iters 10 --rounds 3 --bf16 --bf16-act >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
-# the GPTs' causal attention: bf16 (the fused kernels, cuda_attention.cu) and f32 / TF32 (tiled)
+# the GPTs' causal attention in bf16, f32 and TF32: the fused kernels (cuda_attention.cu), then the tiled ones
 for mode in --bf16 "" --tf32; do
   timeout 120 build/bench/gpu_attention --iters 10 --rounds 3 $mode >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+  DTR_CUDA_FLASH=0 timeout 120 build/bench/gpu_attention --iters 10 --rounds 3 $mode >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_attention_torch.py --iters 10 --rounds 3 $mode >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
 fi

@@ -570,6 +570,11 @@ static void test_backend_parity(void) {
         CHECK_MSG(dtr_context_create(&cc, &gpu) == DTR_OK, "cuda context: %s", gpu ? dtr_context_last_error(gpu) : "?");
         if (gpu) parity_on(gpu, "cuda", 2e-4);
         dtr_context_destroy(gpu);
+        /* TF32 products (10-bit mantissas, as fp16's): the GEMMs and the fused attention */
+        cc.matmul_precision = DTR_MATMUL_TF32;
+        CHECK(dtr_context_create(&cc, &gpu) == DTR_OK);
+        if (gpu) parity_on(gpu, "cuda (tf32 products)", 1e-2);
+        dtr_context_destroy(gpu);
         /* the products on 16-bit tensor cores (f32 sums): every case within the rounding of
            operands to 8 (bf16) or 11 (fp16) significant bits, against the CPU's f32 */
         cc.matmul_precision = DTR_MATMUL_BF16;

@@ -16,8 +16,10 @@
  * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
  * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
- * 16-bit with head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
- * forward and backward on tensor cores), which keep no score tiles at all.
+ * Head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
+ * forward and backward on tensor cores), which keep no score tiles at all: on 16-bit operands
+ * (16-bit tensors, or f32 ones with 16-bit products, rounded as they are loaded), TF32 (f32
+ * with allow_tf32 or TF32 products) or f32 (each product three TF32 products of split operands).
  * q, k, v are read with their own strides (dense rows: the CPU op copies others), so the column
  * slices of one qkv projection are read where they lie; y, dy and the gradients are dense.
  * ==========================================================================*/
@@ -26,6 +28,10 @@
 #define DTR__ATT_SCRATCH (1 << 24)     /* floats of one score tile, at most (64 MiB); 16 rows at least */
 #define DTR__ATT_THREADS 128           /* threads of a row kernel */
 
+/* the fused kernels' operands: bf16 or fp16 tiles, or f32 tiles with TF32 products (once, or
+   three on split operands: f32's precision) */
+enum { DTR__FA_BF16, DTR__FA_F16, DTR__FA_TF32, DTR__FA_F32, DTR__FA_KINDS };
+
 typedef struct dtr__cuda_att {
     int64_t B, T, C, H, D, n;          /* n: rows per tile */
     int64_t sb[4], sr[4];              /* elements between batch items, between rows: of q, k, v (their
@@ -33,6 +39,7 @@ typedef struct dtr__cuda_att {
     float scale;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
     int64_t es;                        /* bytes of one of them */
+    int fa;                            /* the fused kernels' operands (DTR__FA_BF16 ..) */
 } dtr__cuda_att;
 
 /* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n. Row i of item z = (b, h)
@@ -111,6 +118,14 @@ static int dtr__cuda_att16(const dtr_context *ctx, const dtr__node *nd) {
     return p != DTR_F32 && nd->in[0]->dtype == p && nd->in[1]->dtype == p && nd->in[2]->dtype == p && nd->out->dtype == p;
 }
 
+/* the fused kernels' operands of the context's products: 16-bit (matmul_precision), TF32
+   (allow_tf32, matmul_precision TF32) or f32 */
+static int dtr__cuda_fa_kind_of(const dtr_context *ctx) {
+    dtr_dtype p = dtr__cuda_product_dtype(ctx);
+    if (p != DTR_F32) return p == DTR_BF16 ? DTR__FA_BF16 : DTR__FA_F16;
+    return ctx->cfg.allow_tf32 || ctx->cfg.matmul_precision == DTR_MATMUL_TF32 ? DTR__FA_TF32 : DTR__FA_F32;
+}
+
 static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *a) {
     int64_t fit;
     a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
@@ -120,6 +135,7 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     a->scale = 1.0f / sqrtf((float)a->D);
     a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
     a->es = (int64_t)dtr_dtype_size(a->p);
+    a->fa = dtr__cuda_fa_kind_of(ctx);
     fit = DTR__ATT_SCRATCH / (a->B * a->H * (a->T ? a->T : 1));
     a->n = fit > DTR__ATT_TILE ? DTR__ATT_TILE : fit < 16 ? 16 : fit;
     if (a->n > a->T) a->n = a->T;
@@ -187,17 +203,18 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
                            a->B, a->H, b->ptrs);
 }
 
-/* ---- the fused forward (flash attention): 16-bit q, k, v, y of head width D = 32, 64, 96, 128 ----
+/* ---- the fused forward (flash attention): head width D = 32, 64, 96, 128 ----
  * One block of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. Per step of 64
  * keys (up to the causal edge): the block loads the k and v tiles into shared memory, each
  * warp computes its rows' scores q k^T with tensor cores (wmma, f32 sums) into shared f32 rows,
- * updates its rows' running maximum and sum (online softmax, f32) and writes P in 16 bits over
- * the k tile (every warp has read it), rescales its output rows (accumulators staged through
- * its score rows) and adds P v. The end divides by the sums, writes y in 16 bits and the rows'
- * log-sum-exps (what backward recomputes P from). Shared memory (dynamic, dtr__fa<D>::fwd):
- * 45.8 KB for D 32 and 64, 66.3 KB for 96, 86.8 KB for 128 (the limit above 48 KB is
- * raised per device when the context is made, dtr__cuda_fa_setup). The scores never leave the
- * chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
+ * updates its rows' running maximum and sum (online softmax, f32) and writes P in the tiles'
+ * type over the k tile (every warp has read it), rescales its output rows (accumulators staged
+ * through its score rows) and adds P v. The end divides by the sums, writes y and the rows'
+ * log-sum-exps (what backward recomputes P from). Shared memory (dynamic, dtr__fa<O, D>::fwd):
+ * 16-bit tiles 45.8 KB for D 32 and 64, 66.3 KB for 96, 86.8 KB for 128; f32 tiles 70.4, 70.4,
+ * 103.1 and 135.9 KB (the limit above 48 KB is raised per device when the context is made,
+ * dtr__cuda_fa_setup; a size the device refuses takes the tiled kernels). The scores never
+ * leave the chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
 
 #define DTR__FA_ROWS 64     /* query rows of a block, 16 a warp */
 #define DTR__FA_KEYS 64     /* keys of a step */
@@ -205,76 +222,112 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
 #define DTR__FA_LQ 36       /* f32 row stride of a backward step (16-bit rows over them: 72) */
 #define DTR__FA_THREADS 128
 #define DTR__FA_WIDTHS(X) X(32) X(64) X(96) X(128)   /* head widths with fused kernels */
-static constexpr int dtr__cuda_flash = 1;   /* 0: the tiled kernels for every case */
 
-/* The tiles of head width D: 16-bit rows of LD elements (a multiple of 8, padded against bank
-   conflicts; at least a step's keys wide: the forward writes P's rows over the k tile), the
-   forward's f32 rows of LS (a step's scores, then the output rows staged), and the kernels'
-   shared memory in bytes (the backward's: the larger of its two kernels'). */
-template <int D> struct dtr__fa {
-    static constexpr int W = D > DTR__FA_KEYS ? D : DTR__FA_KEYS, LD = W + 8, LS = W + 4;
-    static constexpr int fwd = (DTR__FA_ROWS + 2 * DTR__FA_KEYS) * LD * 2 + DTR__FA_ROWS * (LS + 3) * 4;
-    static constexpr int bwd = (DTR__FA_ROWS + DTR__FA_STEP) * 2 * LD * 2 + DTR__FA_ROWS * (2 * DTR__FA_LQ + 2) * 4;
+/* The operands of kind O (DTR__FA_BF16 ..): the tiles' element E and dtype dt, the wmma
+   element W and the k of one tensor-core product (16 for 16 bits, 8 for TF32). */
+template <int O> struct dtr__fa_op {
+    typedef typename std::conditional<O == DTR__FA_BF16, __nv_bfloat16,
+                                      typename std::conditional<O == DTR__FA_F16, __half, float>::type>::type E;
+    typedef typename std::conditional<(O >= DTR__FA_TF32), nvcuda::wmma::precision::tf32, E>::type W;
+    static constexpr int K = O >= DTR__FA_TF32 ? 8 : 16;
+    static constexpr int dt = O == DTR__FA_BF16 ? DTR_BF16 : O == DTR__FA_F16 ? DTR_F16 : DTR_F32;
 };
 
-typedef nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, 16, float> dtr__fa_acc;
+/* The tiles of kind O and head width D: rows of LD elements (16 bytes more than W against bank
+   conflicts; W at least a step's keys: the forward writes P's rows over the k tile), the
+   forward's f32 rows of LS (a step's scores, then the output rows staged), PL: the backward's
+   rows of E over its f32 rows, and the kernels' shared memory in bytes (the backward's: the
+   larger of its two kernels'). */
+template <int O, int D> struct dtr__fa {
+    typedef typename dtr__fa_op<O>::E E;
+    static constexpr int W = D > DTR__FA_KEYS ? D : DTR__FA_KEYS, LD = W + 16 / (int)sizeof(E), LS = W + 4;
+    static constexpr int PL = DTR__FA_LQ * 4 / (int)sizeof(E);
+    static constexpr int fwd = (DTR__FA_ROWS + 2 * DTR__FA_KEYS) * LD * (int)sizeof(E) + DTR__FA_ROWS * (LS + 3) * 4;
+    static constexpr int bwd = (DTR__FA_ROWS + DTR__FA_STEP) * 2 * LD * (int)sizeof(E) + DTR__FA_ROWS * (2 * DTR__FA_LQ + 2) * 4;
+};
 
-/* `rows` rows r0.. of head h of item b of x (B, T, C; strides a.sb[i], a.sr[i]: q, k, v, dy)
-   into a 16-bit tile; zeros past T. Eight elements a load (dtr__cuda_fa_takes: x 16-byte
-   aligned, its strides multiples of 8). */
-template <int D>
-__device__ static void dtr__cuda_fa_load(uint16_t *dst, int rows, const uint16_t *x, const dtr__cuda_att &a, int i, int64_t b,
-                                        int64_t h, int64_t r0) {
-    for (int e = threadIdx.x; e < rows * D / 8; e += blockDim.x) {
-        int r = e / (D / 8), d = e % (D / 8) * 8;
+template <int O> using dtr__fa_acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, dtr__fa_op<O>::K, float>;
+
+/* `rows` rows r0.. of head h of item b of x (B, T, C; strides a.sb[i], a.sr[i]: q, k, v, dy;
+   elements of the tiles' type) into a tile; zeros past T. 16 bytes a load
+   (dtr__cuda_fa_takes: x 16-byte aligned, its strides whole 16 bytes). */
+template <int O, int D>
+__device__ static void dtr__cuda_fa_load(typename dtr__fa_op<O>::E *dst, int rows, const void *x, const dtr__cuda_att &a, int i,
+                                        int64_t b, int64_t h, int64_t r0) {
+    typedef typename dtr__fa_op<O>::E E;
+    const int V = 16 / (int)sizeof(E);
+    for (int e = threadIdx.x; e < rows * D / V; e += blockDim.x) {
+        int r = e / (D / V), d = e % (D / V) * V;
         int64_t t = r0 + r;
         uint4 v = {0u, 0u, 0u, 0u};
-        if (t < a.T) v = *(const uint4 *)(x + b * a.sb[i] + t * a.sr[i] + h * D + d);
-        *(uint4 *)(dst + r * dtr__fa<D>::LD + d) = v;
+        if (t < a.T) v = *(const uint4 *)((const E *)x + b * a.sb[i] + t * a.sr[i] + h * D + d);
+        *(uint4 *)(dst + r * dtr__fa<O, D>::LD + d) = v;
     }
 }
 
-/* acc[0..NT) (16 x 16 NT) += A (16 x 16 KT, row-major at a, stride la) B (16 KT x 16 NT): B
+/* c += a b on tensor cores for kind O: 16-bit as they are; TF32 rounded to TF32 (the hardware
+   would drop the low bits); F32 as three TF32 products of x = big + small (both TF32):
+   small_a big_b + big_a small_b + big_a big_b, the small ones first (about f32's precision,
+   as PyTorch's f32 attention and cuBLAS's f32 GEMMs). */
+template <int O, typename FA, typename FB> __device__ static void dtr__cuda_fa_mma1(dtr__fa_acc<O> &c, FA &a, FB &b) {
+    if constexpr (O >= DTR__FA_TF32) {
+        FA as = a;
+        FB bs = b;
+        for (int t = 0; t < a.num_elements; t++) a.x[t] = nvcuda::wmma::__float_to_tf32(a.x[t]);
+        for (int t = 0; t < b.num_elements; t++) b.x[t] = nvcuda::wmma::__float_to_tf32(b.x[t]);
+        if constexpr (O == DTR__FA_F32) {
+            for (int t = 0; t < a.num_elements; t++) as.x[t] = nvcuda::wmma::__float_to_tf32(as.x[t] - a.x[t]);
+            for (int t = 0; t < b.num_elements; t++) bs.x[t] = nvcuda::wmma::__float_to_tf32(bs.x[t] - b.x[t]);
+            nvcuda::wmma::mma_sync(c, as, b, c);
+            nvcuda::wmma::mma_sync(c, a, bs, c);
+        }
+    }
+    nvcuda::wmma::mma_sync(c, a, b, c);
+}
+
+/* acc[0..NT) (16 x 16 NT) += A (16 x KD, row-major at a, stride la) B (KD x 16 NT): B
    row-major at b (stride lb), or LB col_major: B's element (k, n) at b[n lb + k] (the
    transpose of row-major rows) */
-template <typename T, typename LB, int NT, int KT>
-__device__ static void dtr__cuda_fa_mma(dtr__fa_acc *acc, const uint16_t *a, int la, const uint16_t *b, int lb) {
+template <int O, typename LB, int NT, int KD>
+__device__ static void dtr__cuda_fa_mma(dtr__fa_acc<O> *acc, const typename dtr__fa_op<O>::E *a, int la,
+                                       const typename dtr__fa_op<O>::E *b, int lb) {
+    typedef dtr__fa_op<O> P;
     const bool rowb = std::is_same<LB, nvcuda::wmma::row_major>::value;
     for (int n = 0; n < NT; n++)
-        for (int kk = 0; kk < KT; kk++) {
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, 16, T, nvcuda::wmma::row_major> fa;
-            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, 16, T, LB> fb;
-            nvcuda::wmma::load_matrix_sync(fa, (const T *)a + kk * 16, la);
-            nvcuda::wmma::load_matrix_sync(fb, (const T *)b + (rowb ? kk * 16 * lb + n * 16 : n * 16 * lb + kk * 16), lb);
-            nvcuda::wmma::mma_sync(acc[n], fa, fb, acc[n]);
+        for (int kk = 0; kk < KD / P::K; kk++) {
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, 16, 16, P::K, typename P::W, nvcuda::wmma::row_major> fa;
+            nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, 16, 16, P::K, typename P::W, LB> fb;
+            nvcuda::wmma::load_matrix_sync(fa, a + kk * P::K, la);
+            nvcuda::wmma::load_matrix_sync(fb, b + (rowb ? kk * P::K * lb + n * 16 : n * 16 * lb + kk * P::K), lb);
+            dtr__cuda_fa_mma1<O>(acc[n], fa, fb);
         }
 }
 
 /* acc[0..NT) into f32 rows at dst (stride ld) */
-template <int NT> __device__ static void dtr__cuda_fa_stage(float *dst, int ld, const dtr__fa_acc *acc) {
+template <int O, int NT> __device__ static void dtr__cuda_fa_stage(float *dst, int ld, const dtr__fa_acc<O> *acc) {
     for (int n = 0; n < NT; n++) nvcuda::wmma::store_matrix_sync(dst + n * 16, acc[n], ld, nvcuda::wmma::mem_row_major);
 }
 
 /* The warp's 16 rows against 16 NT rows of another tile, (16 x D) (D x 16 NT): scores
    (unscaled) or dP, into f32 rows at dst (stride ld). */
-template <typename T, int D, int NT>
-__device__ static void dtr__cuda_fa_rows(float *dst, int ld, const uint16_t *rows16, const uint16_t *other) {
-    dtr__fa_acc c[NT];
+template <int O, int D, int NT>
+__device__ static void dtr__cuda_fa_rows(float *dst, int ld, const typename dtr__fa_op<O>::E *rows, const typename dtr__fa_op<O>::E *other) {
+    dtr__fa_acc<O> c[NT];
     for (int n = 0; n < NT; n++) nvcuda::wmma::fill_fragment(c[n], 0.0f);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::col_major, NT, D / 16>(c, rows16, dtr__fa<D>::LD, other, dtr__fa<D>::LD);
-    dtr__cuda_fa_stage<NT>(dst, ld, c);
+    dtr__cuda_fa_mma<O, nvcuda::wmma::col_major, NT, D>(c, rows, dtr__fa<O, D>::LD, other, dtr__fa<O, D>::LD);
+    dtr__cuda_fa_stage<O, NT>(dst, ld, c);
 }
 
 /* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
-   sum l, the factor alpha the earlier output is scaled by, P (16-bit) into sp's rows */
-template <int D>
-__device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
+   sum l, the factor alpha the earlier output is scaled by, P (the tiles' type) into sp's rows */
+template <int O, int D>
+__device__ static void dtr__cuda_fa_softmax(const float *ss, void *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
                                            int64_t q0, int64_t k0, int w16, int lane) {
-    const int LS = dtr__fa<D>::LS;
+    const int LS = dtr__fa<O, D>::LS;
     int r = w16 + lane / 2, j0 = (lane & 1) * 32;
     int64_t t = q0 + r;
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
-    dtr__cuda_mem P = {sp, (int)a.p};
+    dtr__cuda_mem P = {sp, dtr__fa_op<O>::dt};
     for (int j = j0; j < j0 + 32; j++)
         if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
@@ -282,7 +335,7 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
         float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
-        P.st(r * dtr__fa<D>::LD + j, p);
+        P.st(r * dtr__fa<O, D>::LD + j, p);
         sum += p;
     }
     sum += __shfl_xor_sync(0xffffffffu, sum, 1);
@@ -291,24 +344,24 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, uint16_t *sp, float
 
 /* the warp's output rows times their alpha (staged through its f32 rows); nothing to do when
    no row's maximum moved (every alpha 1: the product would be exact), as on most later steps */
-template <int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc *o, float *ss, const float *sa, int w16, int lane) {
-    const int LS = dtr__fa<D>::LS;
+template <int O, int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc<O> *o, float *ss, const float *sa, int w16, int lane) {
+    const int LS = dtr__fa<O, D>::LS;
     if (!__ballot_sync(0xffffffffu, lane < 16 && sa[w16 + lane] != 1.0f)) return;
-    dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
+    dtr__cuda_fa_stage<O, D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
     for (int e = lane; e < 16 * D; e += 32) ss[(w16 + e / D) * LS + e % D] *= sa[w16 + e / D];
     __syncwarp();
     for (int n = 0; n < D / 16; n++) nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * LS + n * 16, LS, nvcuda::wmma::mem_row_major);
 }
 
-/* y = output rows / l (16-bit), lse = m + log l, for the warp's rows inside T */
-template <int D>
-__device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
+/* y = output rows / l (of a.p), lse = m + log l, for the warp's rows inside T */
+template <int O, int D>
+__device__ static void dtr__cuda_fa_store(dtr__fa_acc<O> *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
                                          const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
-    const int LS = dtr__fa<D>::LS;
+    const int LS = dtr__fa<O, D>::LS;
     dtr__cuda_mem y = {Y, (int)a.p};
     int64_t b = z / a.H, h = z % a.H;
-    dtr__cuda_fa_stage<D / 16>(ss + w16 * LS, LS, o);
+    dtr__cuda_fa_stage<O, D / 16>(ss + w16 * LS, LS, o);
     __syncwarp();
     for (int e = lane; e < 16 * D; e += 32) {
         int r = w16 + e / D, d = e % D;
@@ -317,68 +370,71 @@ __device__ static void dtr__cuda_fa_store(dtr__fa_acc *o, float *ss, const float
     if (lane < 16 && q0 + w16 + lane < a.T) lse[z * a.T + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
 }
 
-/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads, dtr__fa<D>::fwd bytes */
-template <typename T, int D>
-__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
-                                                                            void *Y, float *lse, dtr__cuda_att a) {
-    const int LD = dtr__fa<D>::LD, LS = dtr__fa<D>::LS;
+/* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads, dtr__fa<O, D>::fwd bytes */
+template <int O, int D>
+__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(const void *Q, const void *K, const void *V, void *Y,
+                                                                            float *lse, dtr__cuda_att a) {
+    typedef typename dtr__fa_op<O>::E E;
+    const int LD = dtr__fa<O, D>::LD, LS = dtr__fa<O, D>::LS;
     extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
-    uint16_t *sq = (uint16_t *)dtr__fa_smem, *sk = sq + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_KEYS * LD;
+    E *sq = (E *)dtr__fa_smem, *sk = sq + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_KEYS * LD;
     float *ss = (float *)(sv + DTR__FA_KEYS * LD), *sm = ss + DTR__FA_ROWS * LS, *sl = sm + DTR__FA_ROWS, *sa = sl + DTR__FA_ROWS;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16;
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc o[D / 16];
-        dtr__cuda_fa_load<D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0);
+        dtr__fa_acc<O> o[D / 16];
+        dtr__cuda_fa_load<O, D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_rows<T, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
+            dtr__cuda_fa_rows<O, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
-            dtr__cuda_fa_softmax<D>(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
+            dtr__cuda_fa_softmax<O, D>(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
             __syncwarp();
-            dtr__cuda_fa_rescale<D>(o, ss, sa, w16, lane);
-            dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_KEYS / 16>(o, sk + w16 * LD, LD, sv, LD);   /* += P v */
+            dtr__cuda_fa_rescale<O, D>(o, ss, sa, w16, lane);
+            dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_KEYS>(o, sk + w16 * LD, LD, sv, LD);   /* += P v */
             __syncthreads();   /* before the next tiles are loaded */
         }
-        dtr__cuda_fa_store<D>(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
+        dtr__cuda_fa_store<O, D>(o, ss, sm, sl, Y, lse, a, z, q0, w16, lane);
         __syncthreads();
     }
 }
 
-/* ---- the fused backward: dk, dv and dq of 16-bit attention with head width D ----
+/* ---- the fused backward: dk, dv and dq of attention with head width D ----
  * Two kernels, no atomics (each gradient element has one writer, so runs repeat bit for bit):
  * one block per 64 keys sums dk and dv over the query steps at or past them (causal), one
  * block per 64 queries sums dq over the key steps up to them; both recompute the scores on
- * tensor cores and P = exp(S - lse) from the forward's log-sum-exps, with dy rounded to 16
- * bits once (dO) and Drow = rowsum(dy y) (the tiled path's). A step is 32 rows of the other
- * side: each warp's 16 x 32 scores and dP in f32 shared rows, P and dS in 16 bits over them
- * (read, __syncwarp, write). dS = P (dP - Drow) scale with P in f32; the products' operands P,
- * dS, q, k, v and dO in 16 bits, their sums in f32 (the tiled path's roundings). Shared memory
- * (dynamic, dtr__fa<D>::bwd): 46.6 KB for D 32 and 64, 58.9 KB for 96, 71.2 KB for 128. */
+ * tensor cores and P = exp(S - lse) from the forward's log-sum-exps, with dy in the tiles'
+ * type (16 bits: rounded once, dO) and Drow = rowsum(dy y) (the tiled path's). A step is 32
+ * rows of the other side: each warp's 16 x 32 scores and dP in f32 shared rows, P and dS in
+ * the tiles' type over them (read, __syncwarp, write). dS = P (dP - Drow) scale with P in f32;
+ * the products' operands P, dS, q, k, v and dO in the tiles' type, their sums in f32 (the
+ * tiled path's roundings). Shared memory (dynamic, dtr__fa<O, D>::bwd): 16-bit tiles 46.6 KB
+ * for D 32 and 64, 58.9 KB for 96, 71.2 KB for 128; f32 tiles 71.2, 71.2, 95.8, 120.4 KB. */
 
 /* f(row, col, value) over the warp's 16 x 32 f32 rows at src (lane = column), then written in
-   16 bits over the rows at dst (16-bit stride 2 DTR__FA_LQ): every lane reads its column
-   before any lane writes */
-template <typename F> __device__ static void dtr__cuda_fa_pack(float *dst, const float *src, int dt, int lane, F f) {
+   the tiles' type over the rows at dst (stride dtr__fa<O, D>::PL of them): every lane reads its
+   column before any lane writes */
+template <int O, typename F> __device__ static void dtr__cuda_fa_pack(float *dst, const float *src, int lane, F f) {
+    const int PL = DTR__FA_LQ * 4 / (int)sizeof(typename dtr__fa_op<O>::E);
     float v[16];
-    dtr__cuda_mem out = {dst, dt};
+    dtr__cuda_mem out = {dst, dtr__fa_op<O>::dt};
     for (int i = 0; i < 16; i++) v[i] = f(i, lane, src[i * DTR__FA_LQ + lane]);
     __syncwarp();
-    for (int i = 0; i < 16; i++) out.st(i * 2 * DTR__FA_LQ + lane, v[i]);
+    for (int i = 0; i < 16; i++) out.st(i * PL + lane, v[i]);
     __syncwarp();
 }
 
 /* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
    added, rows past T left alone; staged 32 columns at a time through the warp's f32 rows st */
-template <int D>
-__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc *acc, float *st, const dtr__cuda_att &a, int64_t b, int64_t h,
+template <int O, int D>
+__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc<O> *acc, float *st, const dtr__cuda_att &a, int64_t b, int64_t h,
                                        int64_t r0, int lane) {
     for (int c = 0; c < D / 32; c++) {
-        dtr__cuda_fa_stage<2>(st, DTR__FA_LQ, acc + 2 * c);
+        dtr__cuda_fa_stage<O, 2>(st, DTR__FA_LQ, acc + 2 * c);
         __syncwarp();
         for (int i = 0; i < 16; i++)
             if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * D + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
@@ -386,14 +442,13 @@ __device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc *acc, float 
     }
 }
 
-/* `rows` query rows q0.. of item z: q and dO into 16-bit tiles, their log-sum-exps and Drow
-   (0 past T) */
-template <int D>
-__device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *sl, float *sd, int rows, const uint16_t *Q,
-                                           const uint16_t *G, const float *lse, const float *Drow, const dtr__cuda_att &a,
-                                           int64_t z, int64_t q0) {
-    dtr__cuda_fa_load<D>(sq, rows, Q, a, 0, z / a.H, z % a.H, q0);
-    dtr__cuda_fa_load<D>(sg, rows, G, a, 3, z / a.H, z % a.H, q0);
+/* `rows` query rows q0.. of item z: q and dO into tiles, their log-sum-exps and Drow (0 past T) */
+template <int O, int D>
+__device__ static void dtr__cuda_fa_queries(typename dtr__fa_op<O>::E *sq, typename dtr__fa_op<O>::E *sg, float *sl, float *sd,
+                                           int rows, const void *Q, const void *G, const float *lse, const float *Drow,
+                                           const dtr__cuda_att &a, int64_t z, int64_t q0) {
+    dtr__cuda_fa_load<O, D>(sq, rows, Q, a, 0, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<O, D>(sg, rows, G, a, 3, z / a.H, z % a.H, q0);
     if ((int)threadIdx.x < rows) {
         int64_t q = q0 + threadIdx.x;
         sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
@@ -402,150 +457,157 @@ __device__ static void dtr__cuda_fa_queries(uint16_t *sq, uint16_t *sg, float *s
 }
 
 /* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv) against 32 queries q0..
-   (sq, sg, sl, sd): S^T = k q^T, P^T (16-bit, over p16), dv += P^T dO, dP^T = v dO^T (over p16),
-   dS^T = P^T (dP^T - Drow) scale (16-bit, over s16), dk += dS^T q. */
-template <typename T, int D>
-__device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc *dk, dtr__fa_acc *dv, float *s16, float *p16, const uint16_t *sk,
-                                            const uint16_t *sv, const uint16_t *sq, const uint16_t *sg, const float *sl,
+   (sq, sg, sl, sd): S^T = k q^T, P^T (tiles' type, over p16), dv += P^T dO, dP^T = v dO^T
+   (over p16), dS^T = P^T (dP^T - Drow) scale (tiles' type, over s16), dk += dS^T q. */
+template <int O, int D>
+__device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> *dv, float *s16, float *p16,
+                                            const typename dtr__fa_op<O>::E *sk, const typename dtr__fa_op<O>::E *sv,
+                                            const typename dtr__fa_op<O>::E *sq, const typename dtr__fa_op<O>::E *sg, const float *sl,
                                             const float *sd, const dtr__cuda_att &a, int64_t key, int64_t q0, int lane) {
-    const int LD = dtr__fa<D>::LD;
+    typedef typename dtr__fa_op<O>::E E;
+    const int LD = dtr__fa<O, D>::LD, PL = dtr__fa<O, D>::PL;
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
         return q0 + j >= key + i && q0 + j < a.T && key + i < a.T ? expf(s * a.scale - sl[j]) : 0.0f;
     };
-    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
+    dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
-    dtr__cuda_fa_pack(p16, s16, (int)a.p, lane, prob);
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dv, (const uint16_t *)p16, 2 * DTR__FA_LQ, sg, LD);
+    dtr__cuda_fa_pack<O>(p16, s16, lane, prob);
+    dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dv, (const E *)p16, PL, sg, LD);
     __syncwarp();
-    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
+    dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sv, sg);
     __syncwarp();
     for (int i = 0; i < 16; i++)
         p16[i * DTR__FA_LQ + lane] = prob(i, lane, s16[i * DTR__FA_LQ + lane]) * (p16[i * DTR__FA_LQ + lane] - sd[lane]) * a.scale;
     __syncwarp();
-    dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [](int, int, float v) { return v; });
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dk, (const uint16_t *)s16, 2 * DTR__FA_LQ, sq, LD);
+    dtr__cuda_fa_pack<O>(s16, p16, lane, [](int, int, float v) { return v; });
+    dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dk, (const E *)s16, PL, sq, LD);
 }
 
 /* dk, dv of 64 keys k0.. over the query steps at or past them (grid (key blocks, min(B H, 65535))) */
-template <typename T, int D>
-__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
-                                                                            const uint16_t *G, const float *lse, const float *Drow,
-                                                                            float *GK, float *GV, dtr__cuda_att a) {
-    const int LD = dtr__fa<D>::LD;
+template <int O, int D>
+__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const void *Q, const void *K, const void *V, const void *G,
+                                                                            const float *lse, const float *Drow, float *GK, float *GV,
+                                                                            dtr__cuda_att a) {
+    typedef typename dtr__fa_op<O>::E E;
+    const int LD = dtr__fa<O, D>::LD;
     extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
-    uint16_t *sk = (uint16_t *)dtr__fa_smem, *sv = sk + DTR__FA_KEYS * LD, *sq = sv + DTR__FA_KEYS * LD, *sg = sq + DTR__FA_STEP * LD;
+    E *sk = (E *)dtr__fa_smem, *sv = sk + DTR__FA_KEYS * LD, *sq = sv + DTR__FA_KEYS * LD, *sg = sq + DTR__FA_STEP * LD;
     float *ss = (float *)(sg + DTR__FA_STEP * LD), *sp = ss + DTR__FA_KEYS * DTR__FA_LQ, *sl = sp + DTR__FA_KEYS * DTR__FA_LQ,
           *sd = sl + DTR__FA_STEP;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc dk[D / 16], dv[D / 16];
-        dtr__cuda_fa_load<D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
-        dtr__cuda_fa_load<D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
+        dtr__fa_acc<O> dk[D / 16], dv[D / 16];
+        dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
         for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
-            dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
+            dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
             __syncthreads();
-            dtr__cuda_fa_dkv_step<T, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, q0, lane);
+            dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, q0, lane);
             __syncthreads();   /* before the next step's tiles */
         }
-        dtr__cuda_fa_add<D>(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
-        dtr__cuda_fa_add<D>(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
         __syncthreads();
     }
 }
 
 /* One step of dq for the warp's 16 queries query.. (rows of sq, sg; sl, sd from row w16)
-   against 32 keys k0.. (sk, sv): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (16-bit,
-   over s16), dq += dS k. */
-template <typename T, int D>
-__device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc *dq, float *s16, float *p16, const uint16_t *sq, const uint16_t *sg,
-                                           const uint16_t *sk, const uint16_t *sv, const float *sl, const float *sd,
+   against 32 keys k0.. (sk, sv): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (tiles'
+   type, over s16), dq += dS k. */
+template <int O, int D>
+__device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc<O> *dq, float *s16, float *p16, const typename dtr__fa_op<O>::E *sq,
+                                           const typename dtr__fa_op<O>::E *sg, const typename dtr__fa_op<O>::E *sk,
+                                           const typename dtr__fa_op<O>::E *sv, const float *sl, const float *sd,
                                            const dtr__cuda_att &a, int64_t query, int64_t k0, int lane) {
-    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
-    dtr__cuda_fa_rows<T, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
+    dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
+    dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
-    dtr__cuda_fa_pack(s16, p16, (int)a.p, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
+    dtr__cuda_fa_pack<O>(s16, p16, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
         bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
         return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
     });
-    dtr__cuda_fa_mma<T, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP / 16>(dq, (const uint16_t *)s16, 2 * DTR__FA_LQ, sk,
-                                                                          dtr__fa<D>::LD);
+    dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dq, (const typename dtr__fa_op<O>::E *)s16, dtr__fa<O, D>::PL, sk,
+                                                                     dtr__fa<O, D>::LD);
 }
 
 /* dq of 64 queries q0.. over the key steps up to them (grid (query blocks, min(B H, 65535))) */
-template <typename T, int D>
-__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const uint16_t *Q, const uint16_t *K, const uint16_t *V,
-                                                                           const uint16_t *G, const float *lse, const float *Drow,
-                                                                           float *GQ, dtr__cuda_att a) {
-    const int LD = dtr__fa<D>::LD;
+template <int O, int D>
+__global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const void *Q, const void *K, const void *V, const void *G,
+                                                                           const float *lse, const float *Drow, float *GQ, dtr__cuda_att a) {
+    typedef typename dtr__fa_op<O>::E E;
+    const int LD = dtr__fa<O, D>::LD;
     extern __shared__ __align__(128) unsigned char dtr__fa_smem[];
-    uint16_t *sq = (uint16_t *)dtr__fa_smem, *sg = sq + DTR__FA_ROWS * LD, *sk = sg + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_STEP * LD;
+    E *sq = (E *)dtr__fa_smem, *sg = sq + DTR__FA_ROWS * LD, *sk = sg + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_STEP * LD;
     float *ss = (float *)(sv + DTR__FA_STEP * LD), *sp = ss + DTR__FA_ROWS * DTR__FA_LQ, *sl = sp + DTR__FA_ROWS * DTR__FA_LQ,
           *sd = sl + DTR__FA_ROWS;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        dtr__fa_acc dq[D / 16];
-        dtr__cuda_fa_queries<D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
+        dtr__fa_acc<O> dq[D / 16];
+        dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load<D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load<D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_dq_step<T, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
+            dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
             __syncthreads();
         }
-        dtr__cuda_fa_add<D>(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
         __syncthreads();
     }
 }
 
 /* ---- the host side of the fused kernels ---- */
 
-/* The launches, one instance per operand type and head width (dtr__cuda_fa_pick). */
+/* The launches, one instance per operand kind and head width (dtr__cuda_fa_pick). */
 struct dtr__fa_fwd_launch {
-    template <typename T, int D>
-    static void run(dim3 grid, cudaStream_t s, const uint16_t *Q, const uint16_t *K, const uint16_t *V, void *Y, float *lse,
-                    const dtr__cuda_att *a) {
-        dtr__cuda_fa_fwd_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::fwd, s>>>(Q, K, V, Y, lse, *a);
+    template <int O, int D>
+    static void run(dim3 grid, cudaStream_t s, const void *Q, const void *K, const void *V, void *Y, float *lse, const dtr__cuda_att *a) {
+        dtr__cuda_fa_fwd_k<O, D><<<grid, DTR__FA_THREADS, dtr__fa<O, D>::fwd, s>>>(Q, K, V, Y, lse, *a);
     }
 };
 struct dtr__fa_bwd_launch {
-    template <typename T, int D>
-    static void run(dim3 grid, cudaStream_t s, const uint16_t *Q, const uint16_t *K, const uint16_t *V, const uint16_t *G,
-                    const float *lse, const float *Drow, float *GQ, float *GK, float *GV, const dtr__cuda_att *a) {
-        dtr__cuda_fa_dkv_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::bwd, s>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
-        dtr__cuda_fa_dq_k<T, D><<<grid, DTR__FA_THREADS, dtr__fa<D>::bwd, s>>>(Q, K, V, G, lse, Drow, GQ, *a);
+    template <int O, int D>
+    static void run(dim3 grid, cudaStream_t s, const void *Q, const void *K, const void *V, const void *G, const float *lse,
+                    const float *Drow, float *GQ, float *GK, float *GV, const dtr__cuda_att *a) {
+        dtr__cuda_fa_dkv_k<O, D><<<grid, DTR__FA_THREADS, dtr__fa<O, D>::bwd, s>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
+        dtr__cuda_fa_dq_k<O, D><<<grid, DTR__FA_THREADS, dtr__fa<O, D>::bwd, s>>>(Q, K, V, G, lse, Drow, GQ, *a);
     }
 };
 /* raises the three kernels' shared-memory limits on the current device; 0 when refused */
 struct dtr__fa_limits {
-    template <typename T, int D> static void run(int *ok) {
-        *ok = cudaFuncSetAttribute(dtr__cuda_fa_fwd_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::fwd) == cudaSuccess &&
-              cudaFuncSetAttribute(dtr__cuda_fa_dkv_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::bwd) == cudaSuccess &&
-              cudaFuncSetAttribute(dtr__cuda_fa_dq_k<T, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<D>::bwd) == cudaSuccess;
+    template <int O, int D> static void run(int *ok) {
+        *ok = cudaFuncSetAttribute(dtr__cuda_fa_fwd_k<O, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<O, D>::fwd) == cudaSuccess &&
+              cudaFuncSetAttribute(dtr__cuda_fa_dkv_k<O, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<O, D>::bwd) == cudaSuccess &&
+              cudaFuncSetAttribute(dtr__cuda_fa_dq_k<O, D>, cudaFuncAttributeMaxDynamicSharedMemorySize, dtr__fa<O, D>::bwd) == cudaSuccess;
     }
 };
 
-/* F::run<T, D>(args...) for 16-bit type p (bf16 or fp16) and head width D (one of DTR__FA_WIDTHS) */
-template <typename F, typename... A> static void dtr__cuda_fa_pick(dtr_dtype p, int64_t D, A... args) {
-#define DTR__FA_CASE(W)                                        \
-    case W:                                                    \
-        if (p == DTR_BF16)                                     \
-            F::template run<__nv_bfloat16, W>(args...);        \
-        else                                                   \
-            F::template run<__half, W>(args...);               \
-        break;
+/* F::run<O, D>(args...) for operand kind o (DTR__FA_BF16 ..) and head width D (one of DTR__FA_WIDTHS) */
+template <typename F, int D, typename... A> static void dtr__cuda_fa_kind(int o, A... args) {
+    switch (o) {
+    case DTR__FA_BF16: F::template run<DTR__FA_BF16, D>(args...); break;
+    case DTR__FA_F16: F::template run<DTR__FA_F16, D>(args...); break;
+    case DTR__FA_TF32: F::template run<DTR__FA_TF32, D>(args...); break;
+    default: F::template run<DTR__FA_F32, D>(args...); break;
+    }
+}
+template <typename F, typename... A> static void dtr__cuda_fa_pick(int o, int64_t D, A... args) {
+#define DTR__FA_CASE(W) case W: dtr__cuda_fa_kind<F, W>(o, args...); break;
     switch (D) { DTR__FA_WIDTHS(DTR__FA_CASE) default: break; }
 #undef DTR__FA_CASE
 }
 
-/** The head widths whose fused kernels this device runs (bit D / 32), on the current device:
- *  their shared-memory limits raised. Called by the context's creation; a width the device
- *  refuses takes the tiled kernels. */
+/** The operand kinds and head widths whose fused kernels this device runs (bit
+ *  DTR__FA_BIT(kind, D)), on the current device: their shared-memory limits raised. Called by
+ *  the context's creation; a size the device refuses takes the tiled kernels, and so does every
+ *  case with the environment variable DTR_CUDA_FLASH=0 (benchmarks compare the two). */
+#define DTR__FA_BIT(o, D) ((o) * 8 + (int)(D) / 32)
 static unsigned dtr__cuda_fa_setup(void) {
     static const int widths[] = {
 #define DTR__FA_LIST(W) W,
@@ -553,45 +615,77 @@ static unsigned dtr__cuda_fa_setup(void) {
 #undef DTR__FA_LIST
     };
     unsigned ok = 0;
-    for (int i = 0; i < (int)(sizeof widths / sizeof widths[0]); i++) {
-        int bf = 0, hf = 0;
-        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_BF16, widths[i], &bf);
-        dtr__cuda_fa_pick<dtr__fa_limits>(DTR_F16, widths[i], &hf);
-        if (bf && hf) ok |= 1u << (widths[i] / 32);
-    }
+    const char *env = getenv("DTR_CUDA_FLASH");
+    if (env && strcmp(env, "0") == 0) return 0;
+    for (int o = 0; o < DTR__FA_KINDS; o++)
+        for (int i = 0; i < (int)(sizeof widths / sizeof widths[0]); i++) {
+            int yes = 0;
+            dtr__cuda_fa_pick<dtr__fa_limits>(o, widths[i], &yes);
+            if (yes) ok |= 1u << DTR__FA_BIT(o, widths[i]);
+        }
     (void)cudaGetLastError();   /* a refusal is not the next launch's error */
     return ok;
 }
 
-/* 1 when the fused kernels take the node: 16-bit operands (tensor cores), a head width of
-   theirs this device runs, 16-byte aligned q, k, v with strides of whole 16 bytes (the tiles'
-   loads) */
+/* the 16-bit type of kind o; f32 for TF32 and F32 */
+static dtr_dtype dtr__cuda_fa_dtype(int o) { return o == DTR__FA_BF16 ? DTR_BF16 : o == DTR__FA_F16 ? DTR_F16 : DTR_F32; }
+
+/* 1 when f32 q, k, v go to 16-bit tiles: rounded into dense copies first (dtr__cuda_fa_inputs) */
+static int dtr__cuda_fa_rounds(const dtr__cuda_att *a) { return a->p == DTR_F32 && a->fa < DTR__FA_TF32; }
+
+/* 1 when the fused kernels take the node: a kind and head width of theirs this device runs,
+   16-byte aligned q, k, v with strides of whole 16 bytes (the tiles' loads; rounded copies are) */
 static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a) {
     int aligned = 1;
-    for (int i = 0; i < 3; i++) aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0 && a->sb[i] % 8 == 0 && a->sr[i] % 8 == 0;
-    return dtr__cuda_flash && a->p != DTR_F32 && a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> (a->D / 32) & 1) &&
-           aligned;
+    int64_t v = 16 / a->es;   /* elements in 16 bytes */
+    for (int i = 0; i < 3 && !dtr__cuda_fa_rounds(a); i++)
+        aligned &= ((uintptr_t)dtr__data(nd->in[i]) & 15) == 0 && a->sb[i] % v == 0 && a->sr[i] % v == 0;
+    aligned &= ((uintptr_t)nd->out->grad & 15) == 0;   /* dy as it is (f32 tiles) */
+    return a->D % 32 == 0 && a->D <= 128 && (dtr__cuda(ctx)->fa_widths >> DTR__FA_BIT(a->fa, a->D) & 1) && aligned;
+}
+
+/* The fused kernels' q, k, v (x[0..3)) and, for backward, dy (x[3]) in the tiles' type: as they
+   are, or rounded from f32 into dense copies in the context's scratch, the strides in *k set to
+   theirs (as linear with 16-bit products on f32 tensors). NULL x[0] with the error set. */
+static void dtr__cuda_fa_inputs(dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *k, int bwd, const void **x) {
+    dtr_dtype t = dtr__cuda_fa_dtype(k->fa);
+    int64_t n = k->B * k->T * k->C, dense[3] = {k->T * k->C, k->C, 1}, each = dtr__cuda_align256(n * 2);
+    int copies = (dtr__cuda_fa_rounds(k) ? 3 : 0) + (bwd && t != DTR_F32);
+    char *at = copies ? (char *)dtr__cuda_scratch(ctx, (size_t)(copies * each)) : NULL;
+    for (int i = 0; i < 3; i++) x[i] = dtr__data(nd->in[i]);
+    x[3] = bwd ? nd->out->grad : NULL;
+    if (copies && !at) x[0] = NULL;
+    for (int i = 0; at && i < 3 && dtr__cuda_fa_rounds(k); i++, at += each) {   /* f32 q, k, v into 16 bits */
+        const dtr_tensor *s = nd->in[i];
+        dtr__cuda_mem to = {at, (int)t};
+        dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+            to, dtr__cuda_walk_make(3, s->shape, dense, 0), dtr__cuda_storage_of(s), dtr__cuda_walk_make(3, s->shape, s->stride, s->offset), n);
+        x[i] = at, k->sb[i] = dense[0], k->sr[i] = dense[1];
+    }
+    if (at && bwd && t != DTR_F32 && !(x[3] = dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, t, n, &at))) x[0] = NULL;
+    if (x[0] && copies && dtr__cuda_launched(ctx, nd) != DTR_OK) x[0] = NULL;
 }
 
 static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
     dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
-    dtr__cuda_fa_pick<dtr__fa_fwd_launch>(a->p, a->D, grid, dtr__cuda_stream(ctx), (const uint16_t *)dtr__data(nd->in[0]),
-                                          (const uint16_t *)dtr__data(nd->in[1]), (const uint16_t *)dtr__data(nd->in[2]),
-                                          dtr__data(nd->out), lse, a);
+    dtr__cuda_att k = *a;
+    const void *x[4];
+    dtr__cuda_fa_inputs(ctx, nd, &k, 0, x);
+    if (!x[0]) return ctx->status;
+    dtr__cuda_fa_pick<dtr__fa_fwd_launch>(k.fa, k.D, grid, dtr__cuda_stream(ctx), x[0], x[1], x[2], dtr__data(nd->out), lse, &k);
     return dtr__cuda_launched(ctx, nd);
 }
 
-/* the fused backward of a node whose q, k and v all take gradients: dO = dy in 16 bits
-   (scratch), then the two kernels (Drow is computed) */
+/* the fused backward of a node whose q, k and v all take gradients: the inputs and dO = dy in
+   the tiles' type, then the two kernels (Drow is computed) */
 static dtr_result dtr__cuda_fa_bwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, const float *Drow) {
     dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
-    const uint16_t *G;
-    char *at = (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(a->B * a->T * a->C * 2));
-    if (!at || !(G = (const uint16_t *)dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a->p, a->B * a->T * a->C, &at))) return ctx->status;
-    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(a->p, a->D, grid, dtr__cuda_stream(ctx), (const uint16_t *)dtr__data(nd->in[0]),
-                                          (const uint16_t *)dtr__data(nd->in[1]), (const uint16_t *)dtr__data(nd->in[2]), G,
-                                          (const float *)nd->saved, Drow, dtr__gradof(nd->in[0]), dtr__gradof(nd->in[1]),
-                                          dtr__gradof(nd->in[2]), a);
+    dtr__cuda_att k = *a;
+    const void *x[4];
+    dtr__cuda_fa_inputs(ctx, nd, &k, 1, x);
+    if (!x[0]) return ctx->status;
+    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(k.fa, k.D, grid, dtr__cuda_stream(ctx), x[0], x[1], x[2], x[3], (const float *)nd->saved, Drow,
+                                          dtr__gradof(nd->in[0]), dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]), &k);
     return dtr__cuda_launched(ctx, nd);
 }
 

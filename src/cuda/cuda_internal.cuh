@@ -36,7 +36,7 @@ typedef struct dtr__cuda_state {
     cublasHandle_t blas;
     int fast16;                     /* 1: f32 products through cublasGemmEx with `compute` (bf16 / fp16) */
     cublasComputeType_t compute;
-    unsigned fa_widths;             /* head widths of the fused attention kernels this device runs (bit D / 32) */
+    unsigned fa_widths;             /* operand kinds and head widths of the fused attention kernels this device runs (cuda_attention.cu: DTR__FA_BIT) */
     /* the error word: kernels that check data (class targets, embedding ids) record the
        first failure here: [0] the op id, [1] the element; mapped pinned host memory, read
        by the host after each synchronisation (dtr__cuda_take_error) */

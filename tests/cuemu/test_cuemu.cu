@@ -5,10 +5,13 @@
  * launch-shape errors, dynamic shared memory over 48 KB once a kernel's limit is raised, (the
  * executor only) its two schedules seen through a deliberate race, a captured stream replayed by a graph, events ordering two streams, and
  * (the executor only: a GPU may be done sooner) work left undone until the host waits for it,
- * and cuBLAS's column-major
- * products with transposes, leading dimensions, beta 0 not reading C, and argument errors. */
+ * cuBLAS's column-major
+ * products with transposes, leading dimensions, beta 0 not reading C, and argument errors, and
+ * warp matrix products on TF32 (wmma m16n16k8: __float_to_tf32 rounds to nearest, ties away
+ * from zero; products of TF32 values summed exactly where the sums fit f32). */
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
+#include <mma.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -268,6 +271,53 @@ static void test_gemm(void) {
     cudaFree(dA), cudaFree(dB), cudaFree(dC);
 }
 
+/* one warp: conv = TF32 of a (16 x 8), d (16 x 16, row-major) = TF32(a) b (b: 8 x 16, row-major,
+   TF32 already) */
+__global__ static void tf32_k(const float *a, const float *b, float *conv, float *d) {
+    using namespace nvcuda;
+    wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fa;
+    wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::row_major> fb;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> c;
+    for (int i = threadIdx.x; i < 128; i += 32) conv[i] = wmma::__float_to_tf32(a[i]);
+    wmma::load_matrix_sync(fa, a, 8);
+    wmma::load_matrix_sync(fb, b, 16);
+    for (int t = 0; t < fa.num_elements; t++) fa.x[t] = wmma::__float_to_tf32(fa.x[t]);
+    wmma::fill_fragment(c, 0.0f);
+    wmma::mma_sync(c, fa, fb, c);
+    wmma::store_matrix_sync(d, c, 16, wmma::mem_row_major);
+}
+
+/* what the fused attention's TF32 and f32 kinds rely on (src/cuda/cuda_attention.cu) */
+static void test_tf32(void) {
+    float a[128], b[128], conv[128], d[256], *da, *db, *dc, *dd;
+    const float u = 1.0f / 4096;   /* 2^-12: a quarter of TF32's unit at 1 */
+    for (int i = 0; i < 128; i++) {   /* 1 + k 2^-12, k = 0..7, both signs: below, at and past half a unit */
+        int k = i % 8;
+        a[i] = (i / 8 % 2 ? -1.0f : 1.0f) * (1.0f + k * u) * (float)(1 << (i / 16 % 4));   /* times 1, 2, 4, 8 */
+        b[i] = (float)(i % 5) - 2.0f;
+    }
+    cudaMalloc((void **)&da, sizeof a), cudaMalloc((void **)&db, sizeof b), cudaMalloc((void **)&dc, sizeof conv);
+    cudaMalloc((void **)&dd, sizeof d);
+    cudaMemcpy(da, a, sizeof a, cudaMemcpyHostToDevice);
+    cudaMemcpy(db, b, sizeof b, cudaMemcpyHostToDevice);
+    tf32_k<<<1, 32>>>(da, db, dc, dd);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    cudaMemcpy(conv, dc, sizeof conv, cudaMemcpyDeviceToHost);
+    cudaMemcpy(d, dd, sizeof d, cudaMemcpyDeviceToHost);
+    for (int i = 0; i < 128; i++) {   /* ties (k = 2, 6) away from zero: k 0, 1 down; 2..5 to 1 unit; 6, 7 to 2 */
+        int k = i % 8, units = k < 2 ? 0 : k < 6 ? 1 : 2;
+        float want = (i / 8 % 2 ? -1.0f : 1.0f) * (1.0f + units * 4 * u) * (float)(1 << (i / 16 % 4));
+        CHECK(conv[i] == want);
+    }
+    for (int r = 0; r < 16; r++)
+        for (int c = 0; c < 16; c++) {
+            double want = 0;
+            for (int k = 0; k < 8; k++) want += (double)conv[r * 8 + k] * b[k * 16 + c];
+            CHECK(d[r * 16 + c] == (float)want);   /* 12 significant bits at most: exact in f32 */
+        }
+    cudaFree(da), cudaFree(db), cudaFree(dc), cudaFree(dd);
+}
+
 static void test_pointers(void) {
     float *d, *h, local = 0;
     cudaPointerAttributes at;
@@ -294,6 +344,7 @@ int main(void) {
     test_streams();
     test_gemm();
     test_pointers();
+    test_tf32();
     printf("test_cuemu.cu: %d passed, %d failed\n", g_checks - g_fail, g_fail);
     return g_fail != 0;
 }
