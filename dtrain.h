@@ -18193,12 +18193,106 @@ static dtr_result dtr__loader_augment_init(dtr_loader *l, char *err, size_t errl
     return DTR_OK;
 }
 
+/* the sampler, and the batches per epoch it leaves each rank */
+static dtr_result dtr__loader_sampling(dtr_loader *l, char *err, size_t errlen) {
+    const dtr_loader_config *c = &l->cfg;
+    dtr_result r = dtr_sampler_init(&l->sampler, l->ds->count, c->rank, c->world, c->seed, c->shuffle, c->shard_drop_tail);
+    if (r != DTR_OK)
+        return dtr__errf(err, errlen, r, "loader: rank %d / world %d do not fit a dataset of %lld samples", c->rank, c->world,
+                         (long long)l->ds->count);
+    l->per_rank = dtr_sampler_count(&l->sampler);
+    l->batches = c->drop_last ? l->per_rank / l->B : (l->per_rank + l->B - 1) / l->B;
+    if (l->batches < 1)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "loader: %s: %lld samples per rank make no %sbatch of %lld",
+                         l->ds->name, (long long)l->per_rank, c->drop_last ? "complete " : "", (long long)l->B);
+    return DTR_OK;
+}
+
+/* the queue's depth, and the index arrays of the epochs that can be in flight at once
+   (batches head .. head + depth - 1) */
+static dtr_result dtr__loader_epochs(dtr_loader *l, char *err, size_t errlen) {
+    const dtr_loader_config *c = &l->cfg;
+    const dtr_allocation_callbacks *a = &l->alloc;
+    int i;
+    l->depth = c->threads == 0 ? 1 : (c->prefetch ? c->prefetch : (2 * c->threads > 2 ? 2 * c->threads : 2));
+    l->n_ep = (int)((l->depth + l->batches - 1) / l->batches) + 1;
+    l->ep_epoch = (int64_t *)dtr__malloc(a, (size_t)l->n_ep * sizeof(int64_t));
+    l->ep_idx = (int64_t **)dtr__calloc(a, (size_t)l->n_ep * sizeof(int64_t *));
+    l->perm = (int64_t *)dtr__malloc(a, (size_t)l->ds->count * sizeof(int64_t));
+    for (i = 0; l->ep_epoch && l->ep_idx && i < l->n_ep; i++) {
+        l->ep_epoch[i] = -1;
+        if (!(l->ep_idx[i] = (int64_t *)dtr__malloc(a, (size_t)l->per_rank * sizeof(int64_t)))) break;
+    }
+    if (!l->ep_epoch || !l->ep_idx || !l->perm || i < l->n_ep)
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %lld indices", (long long)l->ds->count);
+    return DTR_OK;
+}
+
+/* the cache (only for datasets whose get() does real work) and its lock and condition */
+static dtr_result dtr__loader_cache_init(dtr_loader *l, char *err, size_t errlen) {
+    size_t stride = l->x_bytes + l->y_bytes;
+    int64_t cap = l->cfg.cache_bytes > 0 && !l->ds->in_memory ? (int64_t)(l->cfg.cache_bytes / stride) : 0;
+    if (cap > l->ds->count) cap = l->ds->count;
+    if (cap > 0) {
+        l->cache = (unsigned char *)dtr__malloc(&l->alloc, (size_t)cap * stride);
+        l->cache_state = (unsigned char *)dtr__calloc(&l->alloc, (size_t)cap);
+        if (!l->cache || !l->cache_state)
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for a cache of %lld samples", (long long)cap);
+        l->cache_cap = cap;
+        l->cache_stride = stride;
+    }
+    if (pthread_mutex_init(&l->cache_mu, NULL) != 0) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex");
+    if (pthread_cond_init(&l->cache_cv, NULL) != 0) {
+        pthread_mutex_destroy(&l->cache_mu);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a condition");
+    }
+    l->cache_mu_ok = 1;
+    if (pthread_mutex_init(&l->mu, NULL) != 0 || pthread_cond_init(&l->cv_work, NULL) != 0 || pthread_cond_init(&l->cv_ready, NULL) != 0)
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex or condition");   /* (a partly created set is not destroyed: acceptable on this path) */
+    l->sync_ok = 1;
+    return DTR_OK;
+}
+
+/* the queue's slots (a batch's buffers each) and the workers' (one without threads) */
+static dtr_result dtr__loader_slots(dtr_loader *l, char *err, size_t errlen) {
+    const dtr_allocation_callbacks *a = &l->alloc;
+    int i, nw = l->nthreads ? l->nthreads : 1;
+    l->slots = (dtr__slot *)dtr__calloc(a, (size_t)l->depth * sizeof(dtr__slot));
+    l->workers = (dtr__worker *)dtr__calloc(a, (size_t)nw * sizeof(dtr__worker));
+    if (!l->slots || !l->workers) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
+    for (i = 0; i < l->depth; i++) {
+        dtr__slot *s = &l->slots[i];
+        s->seq = -1;
+        s->x = dtr__loader_buf(l, (size_t)l->B * l->x_bytes);
+        s->y = l->y_bytes ? dtr__loader_buf(l, (size_t)l->B * l->y_bytes) : NULL;
+        s->indices = (int64_t *)dtr__malloc(a, (size_t)l->B * sizeof(int64_t));
+        if (!s->x || (l->y_bytes && !s->y) || !s->indices)
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %d batches of %lld samples", l->depth,
+                             (long long)l->B);
+    }
+    for (i = 0; i < nw; i++) {
+        l->workers[i].l = l;
+        if ((l->crop || l->flip) && !(l->workers[i].tmp = (float *)dtr__malloc(a, l->x_bytes)))
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
+    }
+    return DTR_OK;
+}
+
+/* the prefetch threads */
+static dtr_result dtr__loader_start(dtr_loader *l, char *err, size_t errlen) {
+    int i;
+    for (i = 0; i < l->nthreads; i++) {
+        if (pthread_create(&l->workers[i].th, NULL, dtr__loader_thread, &l->workers[i]) != 0)
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot start prefetch thread %d of %d", i + 1, l->nthreads);
+        l->workers[i].started = 1;
+    }
+    return DTR_OK;
+}
+
 dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_loader **out, char *err, size_t errlen) {
     dtr_loader_config c = cfg ? *cfg : dtr_loader_config_init();
-    const dtr_allocation_callbacks *a = &c.alloc;
     dtr_loader *l;
     dtr_result r;
-    int i, nw;
     if (err && errlen) err[0] = '\0';
     if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_loader_create: out is NULL");
     *out = NULL;
@@ -18207,8 +18301,7 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     if (c.world == 0) c.world = 1;
     if (c.batch_size < 0 || c.threads < 0 || c.threads > 256 || c.prefetch < 0)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "loader: batch_size, threads (0..256) and prefetch must be >= 0");
-    l = (dtr_loader *)dtr__calloc(a, sizeof *l);
-    if (!l) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
+    if (!(l = (dtr_loader *)dtr__calloc(&c.alloc, sizeof *l))) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
     l->alloc = c.alloc;
     l->cfg = c;
     l->ds = ds;
@@ -18219,112 +18312,14 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     l->x_bytes = (size_t)ds->x_numel * 4;
     l->y_bytes = (size_t)ds->y_numel * 4;
     l->nthreads = c.threads;
-    a = &l->alloc;
-    if ((r = dtr_sampler_init(&l->sampler, ds->count, c.rank, c.world, c.seed, c.shuffle, c.shard_drop_tail)) != DTR_OK) {
-        r = dtr__errf(err, errlen, r, "loader: rank %d / world %d do not fit a dataset of %lld samples", c.rank, c.world,
-                      (long long)ds->count);
-        goto fail;
-    }
-    l->per_rank = dtr_sampler_count(&l->sampler);
-    l->batches = c.drop_last ? l->per_rank / l->B : (l->per_rank + l->B - 1) / l->B;
-    if (l->batches < 1) {
-        r = dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "loader: %s: %lld samples per rank make no %sbatch of %lld",
-                      ds->name, (long long)l->per_rank, c.drop_last ? "complete " : "", (long long)l->B);
-        goto fail;
-    }
-    if ((r = dtr__loader_augment_init(l, err, errlen)) != DTR_OK) goto fail;
-    /* queue depth, and the epochs that can be in flight at once: batches head .. head+depth-1 */
-    l->depth = c.threads == 0 ? 1 : (c.prefetch ? c.prefetch : (2 * c.threads > 2 ? 2 * c.threads : 2));
-    l->n_ep = (int)((l->depth + l->batches - 1) / l->batches) + 1;
-    l->ep_epoch = (int64_t *)dtr__malloc(a, (size_t)l->n_ep * sizeof(int64_t));
-    l->ep_idx = (int64_t **)dtr__calloc(a, (size_t)l->n_ep * sizeof(int64_t *));
-    l->perm = (int64_t *)dtr__malloc(a, (size_t)ds->count * sizeof(int64_t));
-    if (!l->ep_epoch || !l->ep_idx || !l->perm) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %lld indices", (long long)ds->count);
-        goto fail;
-    }
-    for (i = 0; i < l->n_ep; i++) {
-        l->ep_epoch[i] = -1;
-        l->ep_idx[i] = (int64_t *)dtr__malloc(a, (size_t)l->per_rank * sizeof(int64_t));
-        if (!l->ep_idx[i]) {
-            r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %lld indices", (long long)ds->count);
-            goto fail;
-        }
-    }
-    /* the cache (only for datasets whose get() does real work) */
-    if (c.cache_bytes > 0 && !ds->in_memory) {
-        size_t stride = l->x_bytes + l->y_bytes;
-        int64_t cap = (int64_t)(c.cache_bytes / stride);
-        if (cap > ds->count) cap = ds->count;
-        if (cap > 0) {
-            l->cache = (unsigned char *)dtr__malloc(a, (size_t)cap * stride);
-            l->cache_state = (unsigned char *)dtr__calloc(a, (size_t)cap);
-            if (!l->cache || !l->cache_state) {
-                r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for a cache of %lld samples", (long long)cap);
-                goto fail;
-            }
-            l->cache_cap = cap;
-            l->cache_stride = stride;
-        }
-    }
-    if (pthread_mutex_init(&l->cache_mu, NULL) != 0) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex");
-        goto fail;
-    }
-    if (pthread_cond_init(&l->cache_cv, NULL) != 0) {
-        pthread_mutex_destroy(&l->cache_mu);
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a condition");
-        goto fail;
-    }
-    l->cache_mu_ok = 1;
-    if (pthread_mutex_init(&l->mu, NULL) != 0 || pthread_cond_init(&l->cv_work, NULL) != 0 ||
-        pthread_cond_init(&l->cv_ready, NULL) != 0) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex or condition");
-        goto fail;   /* (a partly created set is not destroyed: acceptable on this path) */
-    }
-    l->sync_ok = 1;
-    /* slots and workers */
-    l->slots = (dtr__slot *)dtr__calloc(a, (size_t)l->depth * sizeof(dtr__slot));
-    nw = c.threads ? c.threads : 1;
-    l->workers = (dtr__worker *)dtr__calloc(a, (size_t)nw * sizeof(dtr__worker));
-    if (!l->slots || !l->workers) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
-        goto fail;
-    }
-    for (i = 0; i < l->depth; i++) {
-        dtr__slot *s = &l->slots[i];
-        s->seq = -1;
-        s->x = dtr__loader_buf(l, (size_t)l->B * l->x_bytes);
-        s->y = l->y_bytes ? dtr__loader_buf(l, (size_t)l->B * l->y_bytes) : NULL;
-        s->indices = (int64_t *)dtr__malloc(a, (size_t)l->B * sizeof(int64_t));
-        if (!s->x || (l->y_bytes && !s->y) || !s->indices) {
-            r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %d batches of %lld samples", l->depth,
-                          (long long)l->B);
-            goto fail;
-        }
-    }
-    for (i = 0; i < nw; i++) {
-        l->workers[i].l = l;
-        if (l->crop || l->flip) {
-            l->workers[i].tmp = (float *)dtr__malloc(a, l->x_bytes);
-            if (!l->workers[i].tmp) {
-                r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
-                goto fail;
-            }
-        }
-    }
-    for (i = 0; i < c.threads; i++) {
-        if (pthread_create(&l->workers[i].th, NULL, dtr__loader_thread, &l->workers[i]) != 0) {
-            r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot start prefetch thread %d of %d", i + 1, c.threads);
-            goto fail;
-        }
-        l->workers[i].started = 1;
+    if ((r = dtr__loader_sampling(l, err, errlen)) != DTR_OK || (r = dtr__loader_augment_init(l, err, errlen)) != DTR_OK ||
+        (r = dtr__loader_epochs(l, err, errlen)) != DTR_OK || (r = dtr__loader_cache_init(l, err, errlen)) != DTR_OK ||
+        (r = dtr__loader_slots(l, err, errlen)) != DTR_OK || (r = dtr__loader_start(l, err, errlen)) != DTR_OK) {
+        dtr_loader_destroy(l);
+        return r;
     }
     *out = l;
     return DTR_OK;
-fail:
-    dtr_loader_destroy(l);
-    return r;
 }
 
 int64_t dtr_loader_batches(const dtr_loader *l) { return l ? l->batches : 0; }
@@ -18535,7 +18530,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18539 "dtrain.h"
+#line 18534 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18888,7 +18883,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18892 "dtrain.h"
+#line 18887 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19078,7 +19073,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19082 "dtrain.h"
+#line 19077 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19259,7 +19254,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19263 "dtrain.h"
+#line 19258 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20034,7 +20029,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20038 "dtrain.h"
+#line 20033 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20551,7 +20546,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20555 "dtrain.h"
+#line 20550 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21346,7 +21341,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21350 "dtrain.h"
+#line 21345 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22594,7 +22589,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22598 "dtrain.h"
+#line 22593 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23216,7 +23211,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23220 "dtrain.h"
+#line 23215 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23717,7 +23712,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23721 "dtrain.h"
+#line 23716 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24447,7 +24442,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24451 "dtrain.h"
+#line 24446 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24683,7 +24678,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24687 "dtrain.h"
+#line 24682 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24812,7 +24807,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24816 "dtrain.h"
+#line 24811 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25249,7 +25244,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25253 "dtrain.h"
+#line 25248 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25742,7 +25737,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25746 "dtrain.h"
+#line 25741 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26274,7 +26269,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26278 "dtrain.h"
+#line 26273 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26780,7 +26775,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26784 "dtrain.h"
+#line 26779 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28329,7 +28324,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28333 "dtrain.h"
+#line 28328 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28383,7 +28378,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28387 "dtrain.h"
+#line 28382 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29561,7 +29556,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29565 "dtrain.h"
+#line 29560 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30451,7 +30446,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30455 "dtrain.h"
+#line 30450 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31929,7 +31924,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31933 "dtrain.h"
+#line 31928 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32313,7 +32308,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32317 "dtrain.h"
+#line 32312 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32462,7 +32457,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32466 "dtrain.h"
+#line 32461 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

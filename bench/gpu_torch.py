@@ -4,9 +4,10 @@ gpt2), the same batch shapes, AdamW, random data, timed the same way, printed as
 with "impl":"torch" and "mode":"eager" or "compile" (torch.compile). FP32 with TF32 matmuls
 off unless --tf32, as dtrain's FP32 GEMMs; --bf16 runs forward and loss under
 torch.autocast(bfloat16) (dtrain's --bf16 rounds only the matrix products' operands). Needs
-torch with CUDA; prints a skipped line otherwise.
-Usage: gpu_torch.py [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] [--peak-tflops F]
-                    [--tf32] [--bf16] [--no-compile]"""
+torch with CUDA, or --backend cpu (bench/gpu --backend cpu's peer; --threads N as its threads);
+prints a skipped line otherwise.
+Usage: gpu_torch.py [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
+                    [--peak-tflops F] [--threads N] [--tf32] [--bf16] [--no-compile]"""
 import argparse
 import json
 import math
@@ -62,7 +63,7 @@ def build(torch, spec):
 
 
 def run(torch, name, spec, args, compile_):
-    dev = "cuda"
+    dev = args.backend
     torch.manual_seed(1)
     model = build(torch, spec).to(dev)
     fwd = torch.compile(model) if compile_ else model
@@ -81,7 +82,7 @@ def run(torch, name, spec, args, compile_):
         ts = time.perf_counter()
         if s == args.warmup:
             t0 = ts
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.bf16):
+        with torch.autocast(dev, dtype=torch.bfloat16, enabled=args.bf16):
             out = fwd(x)
             loss = torch.nn.functional.cross_entropy(out.reshape(-1, out.shape[-1]), y)
         opt.zero_grad(set_to_none=True)
@@ -94,15 +95,16 @@ def run(torch, name, spec, args, compile_):
     per = (time.perf_counter() - t0) / args.steps
     params = sum(p.numel() for p in model.parameters())
     flops = 6 * params + 12 * spec.get("layers", 0) * spec.get("context", 0) * spec.get("dim", 0) if spec["kind"] == 2 else 0
-    line = {"bench": "gpu", "impl": "torch", "mode": "compile" if compile_ else "eager", "torch": torch.__version__,
-            "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "bf16": int(args.bf16), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
+    line = {"bench": "gpu", "impl": "torch", "backend": dev, "mode": "compile" if compile_ else "eager", "torch": torch.__version__,
+            "threads": torch.get_num_threads(), "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "bf16": int(args.bf16), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
             ("tokens_per_s" if spec["kind"] == 2 else "samples_per_s"): round(items / per, 1),
             "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
-            "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1)}
+            "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev == "cuda" else 0.0}
     print(json.dumps(line), flush=True)
     del model, opt, fwd
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
 
 
 def main():
@@ -114,7 +116,7 @@ def main():
     p.add_argument("--tf32", action="store_true")
     p.add_argument("--bf16", action="store_true")   # torch.autocast(bfloat16); dtrain: matmul_precision BF16
     p.add_argument("--no-compile", action="store_true")
-    p.add_argument("--backend", default="cuda")   # accepted for BENCH_ARGS shared with bench/gpu
+    p.add_argument("--backend", default="cuda", choices=["cuda", "cpu"])
     p.add_argument("--threads", type=int, default=0)
     args = p.parse_args()
     try:
@@ -122,9 +124,11 @@ def main():
     except ImportError:
         print(json.dumps({"bench": "gpu", "impl": "torch", "skipped": "torch is not installed"}))
         return
-    if not torch.cuda.is_available():
+    if args.backend == "cuda" and not torch.cuda.is_available():
         print(json.dumps({"bench": "gpu", "impl": "torch", "skipped": "no GPU visible to torch"}))
         return
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
     torch.backends.cuda.matmul.allow_tf32 = args.tf32
     torch.backends.cudnn.allow_tf32 = args.tf32
     for name, spec in MODELS.items():

@@ -691,6 +691,70 @@ static void test_cache_in_flight(void) {
 
 /* ---- bad samples ---- */
 
+/* An allocator that fails from the n-th allocation on (n < 0: never), counting live blocks. */
+typedef struct td_oom {
+    int n, done, live;
+} td_oom;
+static void *td_oom_malloc(size_t bytes, void *user) {
+    td_oom *o = (td_oom *)user;
+    void *p = o->n >= 0 && o->done >= o->n ? NULL : malloc(bytes);
+    o->done++;
+    o->live += p != NULL;
+    return p;
+}
+static void *td_oom_realloc(void *p, size_t bytes, void *user) {
+    td_oom *o = (td_oom *)user;
+    void *q = o->n >= 0 && o->done >= o->n ? NULL : realloc(p, bytes);
+    o->done++;
+    o->live += !p && q;
+    return q;
+}
+static void td_oom_free(void *p, void *user) {
+    ((td_oom *)user)->live -= p != NULL;
+    free(p);
+}
+
+/* Every allocation of dtr_loader_create failing in turn (with prefetch threads, the cache and
+ * augmentation: every part of it): DTR_OUT_OF_MEMORY with a message and nothing left
+ * allocated, until enough succeed; the loader made then gives the batches of one made with
+ * the C library's allocator. */
+static void test_create_out_of_memory(void) {
+    td_cb t;
+    dtr_dataset *ds;
+    dtr_loader_config c = dtr_loader_config_init();
+    dtr_loader *l = NULL, *ref = NULL;
+    td_oom o = {0, 0, 0};
+    td_rec a, r;
+    int n, made = 0;
+    memset(&t, 0, sizeof t);
+    if (!(ds = td_cb_make(&t, 30, 3, 3))) return;
+    c.batch_size = 7, c.shuffle = 1, c.threads = 2, c.augment.hflip = 1, c.cache_bytes = 1 << 20;
+    CHECK_OK(NULL, dtr_loader_create(ds, &c, &ref, g_err, sizeof g_err));
+    c.alloc.user = &o, c.alloc.malloc_fn = td_oom_malloc, c.alloc.realloc_fn = td_oom_realloc, c.alloc.free_fn = td_oom_free;
+    for (n = 0; n < 200 && !made; n++) {
+        dtr_result res;
+        o.n = n, o.done = 0, o.live = 0;
+        g_err[0] = '\0';
+        res = dtr_loader_create(ds, &c, &l, g_err, sizeof g_err);
+        made = res == DTR_OK;
+        CHECK_MSG(made || (res == DTR_OUT_OF_MEMORY && l == NULL && strstr(g_err, "loader") && o.live == 0),
+                  "allocation %d failing: %s (%s), %d blocks left", n, dtr_result_string(res), g_err, o.live);
+    }
+    CHECK_MSG(made && n > 5, "created after %d allocations", n);
+    if (made && ref) {
+        td_rec_init(&a, 400, 9);
+        td_rec_init(&r, 400, 9);
+        CHECK(td_take(ref, &r, 10) && td_take(l, &a, 10) && td_same(&r, &a));
+        td_rec_free(&a);
+        td_rec_free(&r);
+    }
+    dtr_loader_destroy(l);
+    CHECK_EQ_INT(o.live, 0);
+    dtr_loader_destroy(ref);
+    dtr_dataset_destroy(ds);
+    pthread_mutex_destroy(&t.mu);
+}
+
 static void test_bad_samples(void) {
     td_cb t;
     dtr_dataset *ds;
@@ -1009,6 +1073,7 @@ int main(void) {
     RUN(test_augment_values);
     RUN(test_cache);
     RUN(test_cache_in_flight);
+    RUN(test_create_out_of_memory);
     RUN(test_bad_samples);
     RUN(test_destroy_midway);
     RUN(test_token_batches);

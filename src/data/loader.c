@@ -453,12 +453,106 @@ static dtr_result dtr__loader_augment_init(dtr_loader *l, char *err, size_t errl
     return DTR_OK;
 }
 
+/* the sampler, and the batches per epoch it leaves each rank */
+static dtr_result dtr__loader_sampling(dtr_loader *l, char *err, size_t errlen) {
+    const dtr_loader_config *c = &l->cfg;
+    dtr_result r = dtr_sampler_init(&l->sampler, l->ds->count, c->rank, c->world, c->seed, c->shuffle, c->shard_drop_tail);
+    if (r != DTR_OK)
+        return dtr__errf(err, errlen, r, "loader: rank %d / world %d do not fit a dataset of %lld samples", c->rank, c->world,
+                         (long long)l->ds->count);
+    l->per_rank = dtr_sampler_count(&l->sampler);
+    l->batches = c->drop_last ? l->per_rank / l->B : (l->per_rank + l->B - 1) / l->B;
+    if (l->batches < 1)
+        return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "loader: %s: %lld samples per rank make no %sbatch of %lld",
+                         l->ds->name, (long long)l->per_rank, c->drop_last ? "complete " : "", (long long)l->B);
+    return DTR_OK;
+}
+
+/* the queue's depth, and the index arrays of the epochs that can be in flight at once
+   (batches head .. head + depth - 1) */
+static dtr_result dtr__loader_epochs(dtr_loader *l, char *err, size_t errlen) {
+    const dtr_loader_config *c = &l->cfg;
+    const dtr_allocation_callbacks *a = &l->alloc;
+    int i;
+    l->depth = c->threads == 0 ? 1 : (c->prefetch ? c->prefetch : (2 * c->threads > 2 ? 2 * c->threads : 2));
+    l->n_ep = (int)((l->depth + l->batches - 1) / l->batches) + 1;
+    l->ep_epoch = (int64_t *)dtr__malloc(a, (size_t)l->n_ep * sizeof(int64_t));
+    l->ep_idx = (int64_t **)dtr__calloc(a, (size_t)l->n_ep * sizeof(int64_t *));
+    l->perm = (int64_t *)dtr__malloc(a, (size_t)l->ds->count * sizeof(int64_t));
+    for (i = 0; l->ep_epoch && l->ep_idx && i < l->n_ep; i++) {
+        l->ep_epoch[i] = -1;
+        if (!(l->ep_idx[i] = (int64_t *)dtr__malloc(a, (size_t)l->per_rank * sizeof(int64_t)))) break;
+    }
+    if (!l->ep_epoch || !l->ep_idx || !l->perm || i < l->n_ep)
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %lld indices", (long long)l->ds->count);
+    return DTR_OK;
+}
+
+/* the cache (only for datasets whose get() does real work) and its lock and condition */
+static dtr_result dtr__loader_cache_init(dtr_loader *l, char *err, size_t errlen) {
+    size_t stride = l->x_bytes + l->y_bytes;
+    int64_t cap = l->cfg.cache_bytes > 0 && !l->ds->in_memory ? (int64_t)(l->cfg.cache_bytes / stride) : 0;
+    if (cap > l->ds->count) cap = l->ds->count;
+    if (cap > 0) {
+        l->cache = (unsigned char *)dtr__malloc(&l->alloc, (size_t)cap * stride);
+        l->cache_state = (unsigned char *)dtr__calloc(&l->alloc, (size_t)cap);
+        if (!l->cache || !l->cache_state)
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for a cache of %lld samples", (long long)cap);
+        l->cache_cap = cap;
+        l->cache_stride = stride;
+    }
+    if (pthread_mutex_init(&l->cache_mu, NULL) != 0) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex");
+    if (pthread_cond_init(&l->cache_cv, NULL) != 0) {
+        pthread_mutex_destroy(&l->cache_mu);
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a condition");
+    }
+    l->cache_mu_ok = 1;
+    if (pthread_mutex_init(&l->mu, NULL) != 0 || pthread_cond_init(&l->cv_work, NULL) != 0 || pthread_cond_init(&l->cv_ready, NULL) != 0)
+        return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex or condition");   /* (a partly created set is not destroyed: acceptable on this path) */
+    l->sync_ok = 1;
+    return DTR_OK;
+}
+
+/* the queue's slots (a batch's buffers each) and the workers' (one without threads) */
+static dtr_result dtr__loader_slots(dtr_loader *l, char *err, size_t errlen) {
+    const dtr_allocation_callbacks *a = &l->alloc;
+    int i, nw = l->nthreads ? l->nthreads : 1;
+    l->slots = (dtr__slot *)dtr__calloc(a, (size_t)l->depth * sizeof(dtr__slot));
+    l->workers = (dtr__worker *)dtr__calloc(a, (size_t)nw * sizeof(dtr__worker));
+    if (!l->slots || !l->workers) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
+    for (i = 0; i < l->depth; i++) {
+        dtr__slot *s = &l->slots[i];
+        s->seq = -1;
+        s->x = dtr__loader_buf(l, (size_t)l->B * l->x_bytes);
+        s->y = l->y_bytes ? dtr__loader_buf(l, (size_t)l->B * l->y_bytes) : NULL;
+        s->indices = (int64_t *)dtr__malloc(a, (size_t)l->B * sizeof(int64_t));
+        if (!s->x || (l->y_bytes && !s->y) || !s->indices)
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %d batches of %lld samples", l->depth,
+                             (long long)l->B);
+    }
+    for (i = 0; i < nw; i++) {
+        l->workers[i].l = l;
+        if ((l->crop || l->flip) && !(l->workers[i].tmp = (float *)dtr__malloc(a, l->x_bytes)))
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
+    }
+    return DTR_OK;
+}
+
+/* the prefetch threads */
+static dtr_result dtr__loader_start(dtr_loader *l, char *err, size_t errlen) {
+    int i;
+    for (i = 0; i < l->nthreads; i++) {
+        if (pthread_create(&l->workers[i].th, NULL, dtr__loader_thread, &l->workers[i]) != 0)
+            return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot start prefetch thread %d of %d", i + 1, l->nthreads);
+        l->workers[i].started = 1;
+    }
+    return DTR_OK;
+}
+
 dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_loader **out, char *err, size_t errlen) {
     dtr_loader_config c = cfg ? *cfg : dtr_loader_config_init();
-    const dtr_allocation_callbacks *a = &c.alloc;
     dtr_loader *l;
     dtr_result r;
-    int i, nw;
     if (err && errlen) err[0] = '\0';
     if (!out) return dtr__errf(err, errlen, DTR_NULL_HANDLE, "dtr_loader_create: out is NULL");
     *out = NULL;
@@ -467,8 +561,7 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     if (c.world == 0) c.world = 1;
     if (c.batch_size < 0 || c.threads < 0 || c.threads > 256 || c.prefetch < 0)
         return dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "loader: batch_size, threads (0..256) and prefetch must be >= 0");
-    l = (dtr_loader *)dtr__calloc(a, sizeof *l);
-    if (!l) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
+    if (!(l = (dtr_loader *)dtr__calloc(&c.alloc, sizeof *l))) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
     l->alloc = c.alloc;
     l->cfg = c;
     l->ds = ds;
@@ -479,112 +572,14 @@ dtr_result dtr_loader_create(dtr_dataset *ds, const dtr_loader_config *cfg, dtr_
     l->x_bytes = (size_t)ds->x_numel * 4;
     l->y_bytes = (size_t)ds->y_numel * 4;
     l->nthreads = c.threads;
-    a = &l->alloc;
-    if ((r = dtr_sampler_init(&l->sampler, ds->count, c.rank, c.world, c.seed, c.shuffle, c.shard_drop_tail)) != DTR_OK) {
-        r = dtr__errf(err, errlen, r, "loader: rank %d / world %d do not fit a dataset of %lld samples", c.rank, c.world,
-                      (long long)ds->count);
-        goto fail;
-    }
-    l->per_rank = dtr_sampler_count(&l->sampler);
-    l->batches = c.drop_last ? l->per_rank / l->B : (l->per_rank + l->B - 1) / l->B;
-    if (l->batches < 1) {
-        r = dtr__errf(err, errlen, DTR_INVALID_ARGUMENT, "loader: %s: %lld samples per rank make no %sbatch of %lld",
-                      ds->name, (long long)l->per_rank, c.drop_last ? "complete " : "", (long long)l->B);
-        goto fail;
-    }
-    if ((r = dtr__loader_augment_init(l, err, errlen)) != DTR_OK) goto fail;
-    /* queue depth, and the epochs that can be in flight at once: batches head .. head+depth-1 */
-    l->depth = c.threads == 0 ? 1 : (c.prefetch ? c.prefetch : (2 * c.threads > 2 ? 2 * c.threads : 2));
-    l->n_ep = (int)((l->depth + l->batches - 1) / l->batches) + 1;
-    l->ep_epoch = (int64_t *)dtr__malloc(a, (size_t)l->n_ep * sizeof(int64_t));
-    l->ep_idx = (int64_t **)dtr__calloc(a, (size_t)l->n_ep * sizeof(int64_t *));
-    l->perm = (int64_t *)dtr__malloc(a, (size_t)ds->count * sizeof(int64_t));
-    if (!l->ep_epoch || !l->ep_idx || !l->perm) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %lld indices", (long long)ds->count);
-        goto fail;
-    }
-    for (i = 0; i < l->n_ep; i++) {
-        l->ep_epoch[i] = -1;
-        l->ep_idx[i] = (int64_t *)dtr__malloc(a, (size_t)l->per_rank * sizeof(int64_t));
-        if (!l->ep_idx[i]) {
-            r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %lld indices", (long long)ds->count);
-            goto fail;
-        }
-    }
-    /* the cache (only for datasets whose get() does real work) */
-    if (c.cache_bytes > 0 && !ds->in_memory) {
-        size_t stride = l->x_bytes + l->y_bytes;
-        int64_t cap = (int64_t)(c.cache_bytes / stride);
-        if (cap > ds->count) cap = ds->count;
-        if (cap > 0) {
-            l->cache = (unsigned char *)dtr__malloc(a, (size_t)cap * stride);
-            l->cache_state = (unsigned char *)dtr__calloc(a, (size_t)cap);
-            if (!l->cache || !l->cache_state) {
-                r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for a cache of %lld samples", (long long)cap);
-                goto fail;
-            }
-            l->cache_cap = cap;
-            l->cache_stride = stride;
-        }
-    }
-    if (pthread_mutex_init(&l->cache_mu, NULL) != 0) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex");
-        goto fail;
-    }
-    if (pthread_cond_init(&l->cache_cv, NULL) != 0) {
-        pthread_mutex_destroy(&l->cache_mu);
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a condition");
-        goto fail;
-    }
-    l->cache_mu_ok = 1;
-    if (pthread_mutex_init(&l->mu, NULL) != 0 || pthread_cond_init(&l->cv_work, NULL) != 0 ||
-        pthread_cond_init(&l->cv_ready, NULL) != 0) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot create a mutex or condition");
-        goto fail;   /* (a partly created set is not destroyed: acceptable on this path) */
-    }
-    l->sync_ok = 1;
-    /* slots and workers */
-    l->slots = (dtr__slot *)dtr__calloc(a, (size_t)l->depth * sizeof(dtr__slot));
-    nw = c.threads ? c.threads : 1;
-    l->workers = (dtr__worker *)dtr__calloc(a, (size_t)nw * sizeof(dtr__worker));
-    if (!l->slots || !l->workers) {
-        r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
-        goto fail;
-    }
-    for (i = 0; i < l->depth; i++) {
-        dtr__slot *s = &l->slots[i];
-        s->seq = -1;
-        s->x = dtr__loader_buf(l, (size_t)l->B * l->x_bytes);
-        s->y = l->y_bytes ? dtr__loader_buf(l, (size_t)l->B * l->y_bytes) : NULL;
-        s->indices = (int64_t *)dtr__malloc(a, (size_t)l->B * sizeof(int64_t));
-        if (!s->x || (l->y_bytes && !s->y) || !s->indices) {
-            r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory for %d batches of %lld samples", l->depth,
-                          (long long)l->B);
-            goto fail;
-        }
-    }
-    for (i = 0; i < nw; i++) {
-        l->workers[i].l = l;
-        if (l->crop || l->flip) {
-            l->workers[i].tmp = (float *)dtr__malloc(a, l->x_bytes);
-            if (!l->workers[i].tmp) {
-                r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: out of memory");
-                goto fail;
-            }
-        }
-    }
-    for (i = 0; i < c.threads; i++) {
-        if (pthread_create(&l->workers[i].th, NULL, dtr__loader_thread, &l->workers[i]) != 0) {
-            r = dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "loader: cannot start prefetch thread %d of %d", i + 1, c.threads);
-            goto fail;
-        }
-        l->workers[i].started = 1;
+    if ((r = dtr__loader_sampling(l, err, errlen)) != DTR_OK || (r = dtr__loader_augment_init(l, err, errlen)) != DTR_OK ||
+        (r = dtr__loader_epochs(l, err, errlen)) != DTR_OK || (r = dtr__loader_cache_init(l, err, errlen)) != DTR_OK ||
+        (r = dtr__loader_slots(l, err, errlen)) != DTR_OK || (r = dtr__loader_start(l, err, errlen)) != DTR_OK) {
+        dtr_loader_destroy(l);
+        return r;
     }
     *out = l;
     return DTR_OK;
-fail:
-    dtr_loader_destroy(l);
-    return r;
 }
 
 int64_t dtr_loader_batches(const dtr_loader *l) { return l ? l->batches : 0; }
