@@ -697,7 +697,7 @@ __global__ static void dtr__cuda_xent_fwd_k(const void *x, int dt, const int32_t
     double s = 0.0;
     int32_t tr = t[r];
     if (tr < 0 || tr >= K) {
-        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; st[r].max = 0.0f; st[r].sum = 1.0; }
+        if (threadIdx.x == 0) { dtr__cuda_flag(err, DTR_OP_CROSS_ENTROPY, r); loss[r] = 0.0; st[r].max = 0.0f; st[r].inv = 1.0; }
         return;   /* the whole block leaves: no barrier is left waiting */
     }
     for (int64_t k = threadIdx.x; k < K; k += blockDim.x) mx = fmaxf(mx, dtr__f_load(x, dt, r * K + k));
@@ -706,7 +706,7 @@ __global__ static void dtr__cuda_xent_fwd_k(const void *x, int dt, const int32_t
     s = dtr__cuda_block_sum(s);
     if (threadIdx.x == 0) {
         st[r].max = mx;
-        st[r].sum = s;
+        st[r].inv = 1.0 / s;
         loss[r] = (double)mx + log(s) - dtr__f_load(x, dt, r * K + tr);
     }
 }

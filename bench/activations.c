@@ -1,7 +1,9 @@
 /* bench/activations.c: element throughput of the activations (GELU tanh and erf forms, tanh,
  * sigmoid; forward and backward through the ops, one thread) beside the same formulas on the C
  * library's tanhf, erff and expf in a plain loop in the same process (what dtrain's kernels
- * called before they had their own exp, tanh and erf: src/core/formulas.h).
+ * called before they had their own exp, tanh and erf: src/core/formulas.h), and of
+ * cross-entropy over rows of a GPT's 50257 logits ("op":"cross_entropy", ns per logit; its
+ * libm column: the row's maximum, its sum of expf in double and the loss in a plain loop).
  *
  * Prints one JSON line per activation:
  *   {"bench":"activations","op":"gelu","n":4194304,"dtrain_fwd_ns":4.9,"dtrain_bwd_ns":7.6,
@@ -36,6 +38,43 @@ static float libm_act(int op, float x) {
 static dtr_tensor *dtr_act(dtr_context *ctx, int op, dtr_tensor *x) {
     return op == 0 ? dtr_gelu(ctx, x) : op == 1 ? dtr_gelu_erf(ctx, x) : op == 2 ? dtr_tanh(ctx, x) : op == 3 ? dtr_sigmoid(ctx, x)
                                                                                                        : dtr_relu(ctx, x);
+}
+
+/* cross-entropy of n / 50257 rows of the logits v (random targets): one JSON line */
+static void bench_xent(dtr_context *ctx, const float *v, int64_t n, int rounds) {
+    int64_t K = 50257, R = n / K, shape[2] = {R, K}, i, k;
+    int32_t *t = (int32_t *)malloc((size_t)(R ? R : 1) * sizeof(int32_t));
+    double fwd = 1e30, bwd = 1e30, ref = 1e30;
+    volatile double loss = 0.0;
+    int r;
+    if (!t || R < 1) return;
+    for (i = 0; i < R; i++) t[i] = (int32_t)(rand() % K);
+    for (r = 0; r < rounds; r++) {
+        dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, shape, v)), *l;
+        double t0 = now_s(), t1, t2;
+        l = dtr_cross_entropy(ctx, x, dtr_tensor_from(ctx, DTR_I32, 1, &R, t));
+        t1 = now_s();
+        if (!l || dtr_backward(ctx, l) != DTR_OK) return;
+        t2 = now_s();
+        fwd = t1 - t0 < fwd ? t1 - t0 : fwd;
+        bwd = t2 - t1 < bwd ? t2 - t1 : bwd;
+        dtr_context_reset(ctx);
+        t0 = now_s();
+        for (i = 0; i < R; i++) {
+            const float *x = v + i * K;
+            float mx = -INFINITY;
+            double sum = 0.0;
+            for (k = 0; k < K; k++) mx = x[k] > mx ? x[k] : mx;
+            for (k = 0; k < K; k++) sum += expf(x[k] - mx);
+            loss += mx + log(sum) - x[t[i]];
+        }
+        t1 = now_s();
+        ref = t1 - t0 < ref ? t1 - t0 : ref;
+    }
+    printf("{\"bench\":\"activations\",\"op\":\"cross_entropy\",\"n\":%lld,\"dtrain_fwd_ns\":%.2f,\"dtrain_bwd_ns\":%.2f,"
+           "\"libm_fwd_ns\":%.2f,\"speedup_fwd\":%.2f}\n",
+           (long long)(R * K), fwd * 1e9 / (double)(R * K), bwd * 1e9 / (double)(R * K), ref * 1e9 / (double)(R * K), ref / fwd);
+    free(t);
 }
 
 int main(int argc, char **argv) {
@@ -80,6 +119,7 @@ int main(int argc, char **argv) {
                "\"libm_fwd_ns\":%.2f,\"speedup_fwd\":%.2f}\n",
                names[op], (long long)n, fwd * 1e9 / (double)n, bwd * 1e9 / (double)n, ref * 1e9 / (double)n, ref / fwd);
     }
+    bench_xent(ctx, v, n, rounds);
     dtr_context_destroy(ctx);
     free(v);
     free(out);

@@ -548,6 +548,60 @@ static void parity_on(dtr_context *other, const char *backend, double tol) {
     if (skipped) printf("*** %s: %d of %d cases SKIPPED (no kernel) ***\n", backend, skipped, N_CASES);
 }
 
+/* one cross-entropy over (3, 50257) logits with its gradient, and a softmax over (3, 1000): the
+   loss, the probabilities and the logits' gradient into out (3 * 50257 + 3 * 1000 + 1 floats) */
+static void big_softmaxes(float *out) {
+    static const int64_t sx[2] = {3, 50257}, ss[2] = {3, 1000}, st[1] = {3};
+    static float x[3 * 50257];
+    int32_t t[3] = {7, 50000, 123};
+    dtr_context *ctx = test_ctx(2);
+    dtr_tensor *lx, *l, *p;
+    int64_t i;
+    for (i = 0; i < 3 * 50257; i++) x[i] = (float)((i * 7919) % 20011) / 1000.0f - 10.0f;
+    lx = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 2, sx, x));
+    l = dtr_cross_entropy(ctx, lx, dtr_tensor_from(ctx, DTR_I32, 1, st, t));
+    p = dtr_softmax(ctx, dtr_tensor_from(ctx, DTR_F32, 2, ss, x));
+    CHECK(l && p && dtr_backward(ctx, l) == DTR_OK);
+    if (l && p) {
+        CHECK(dtr_tensor_read(l, DTR_F32, out, 1) == DTR_OK && dtr_tensor_read(p, DTR_F32, out + 1, 3000) == DTR_OK &&
+              dtr_tensor_read_grad(lx, out + 3001, 3 * 50257) == DTR_OK);
+    }
+    dtr_context_destroy(ctx);
+}
+
+/* The CPU's hot loops compiled for AVX2 (src/core/platform.h: exp sums, cross-entropy's
+   gradient) give the generic loops' bits: every op case, and rows long enough for their blocks
+   of eight, both ways. */
+static void test_simd_variants(void) {
+    static float a[3 * 50257 + 3001], b[3 * 50257 + 3001];
+    int i;
+    if (!dtr__simd_avx2()) {
+        printf("*** SIMD variants: this CPU (or DTRAIN_SIMD=generic) runs the generic loops only: SKIPPED ***\n");
+        return;
+    }
+    for (i = 0; i < N_CASES; i++) {
+        dtr_context *c1 = test_ctx(1), *c2 = test_ctx(1);
+        run_result x, y;
+        c2->rng = c1->rng;
+        dtr__simd_force(0);
+        x = run_case(c1, &CASES[i]);
+        dtr__simd_force(1);
+        y = run_case(c2, &CASES[i]);
+        CHECK_MSG(x.ok == y.ok && (!x.ok || (x.n_out == y.n_out && max_rel_diff(&x, &y) == 0.0)), "%s: AVX2 loops differ from the generic ones",
+                  CASES[i].name);
+        free(x.out);
+        free(y.out);
+        dtr_context_destroy(c1);
+        dtr_context_destroy(c2);
+    }
+    dtr__simd_force(0);
+    big_softmaxes(a);
+    dtr__simd_force(1);
+    big_softmaxes(b);
+    dtr__simd_force(-1);
+    CHECK_MSG(memcmp(a, b, sizeof a) == 0, "cross-entropy / softmax over long rows: AVX2 loops differ from the generic ones");
+}
+
 static void test_backend_parity(void) {
     dtr_context *cpu3 = test_ctx(3), *sim = NULL;
     dtr_context_config sc = dtr_context_config_init();
@@ -926,6 +980,7 @@ int main(void) {
     RUN(test_cast_straight_through);
     RUN(test_attention_reads_slices);
     RUN(test_backend_parity);
+    RUN(test_simd_variants);
     RUN(test_narrow_activations);
     RUN(test_narrow_rounding);
     RUN(test_narrow_memory);

@@ -34,10 +34,11 @@ DTR__HD float dtr__f_from_bits(uint32_t u) { float f; memcpy(&f, &u, 4); return 
 
 /* ---- cross-entropy ---- */
 
-/** What cross-entropy keeps of a row of logits for its backward: the maximum and the sum of
- *  exp(x - max) (f32 terms summed in double). 16 bytes a row instead of the row's probabilities. */
+/** What cross-entropy keeps of a row of logits for its backward: the maximum and 1 / the sum
+ *  of exp(x - max) (f32 terms summed in double; the backward multiplies by it rather than
+ *  dividing each term). 16 bytes a row instead of the row's probabilities. */
 typedef struct dtr__xent_row {
-    double sum;
+    double inv;   /* 1 / the row's sum of exp(x - max) */
     float max;
 } dtr__xent_row;
 
@@ -215,7 +216,7 @@ DTR__HD float dtr__f_erf(float x) {
 /** A term of cross-entropy's row sum: exp(x - max) (the forward sums them in double). */
 DTR__HD float dtr__f_xent_term(float x, float max) { return dtr__f_exp(x - max); }
 /** The probability of logit x in its row: the f32 softmax the forward's sum came from. */
-DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)dtr__f_xent_term(x, st.max) / st.sum); }
+DTR__HD float dtr__f_xent_prob(float x, dtr__xent_row st) { return (float)((double)dtr__f_xent_term(x, st.max) * st.inv); }
 
 DTR__HD float dtr__f_gelu(float x) { return 0.5f * x * (1.0f + dtr__f_tanh(DTR__GELU_K * (x + 0.044715f * x * x * x))); }
 DTR__HD float dtr__f_gelu_grad(float x) {

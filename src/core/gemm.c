@@ -521,6 +521,28 @@ static const dtr__gemm_kernel *dtr__gemm_pick(void) {
     return &dtr__gemm_kernels[idx];
 }
 
+static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the first call */
+
+#if DTR__HAVE_ATOMICS
+#define DTR__SIMD_GET() DTR__ATOMIC_LOAD_RELAXED(&dtr__simd_state)
+#define DTR__SIMD_SET(v) DTR__ATOMIC_STORE_RELAXED(&dtr__simd_state, (v))
+#else
+#define DTR__SIMD_GET() dtr__simd_state
+#define DTR__SIMD_SET(v) (dtr__simd_state = (v))
+#endif
+
+int dtr__simd_avx2(void) {
+    int s = DTR__SIMD_GET();
+    if (s < 0) {
+        const char *e = getenv("DTRAIN_SIMD");
+        s = DTR__X86_SIMD && dtr__gemm_supported(1) && !(e && strcmp(e, "generic") == 0);
+        DTR__SIMD_SET(s);   /* every thread that races here computes the same value */
+    }
+    return s;
+}
+
+void dtr__simd_force(int avx2) { DTR__SIMD_SET(avx2 < 0 ? -1 : avx2 && DTR__X86_SIMD && dtr__gemm_supported(1)); }
+
 const char *dtr__gemm_kernel_name(void) {
 #ifdef DTR_USE_CBLAS
     return "cblas";

@@ -62,6 +62,12 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
                   float beta, float *C, int64_t ldc);
 /** Name of the GEMM kernel picked at run time ("avx512", "avx2", "generic", "cblas"). */
 const char *dtr__gemm_kernel_name(void);
+/** 1 when the element loops' AVX2 variants run (DTR__TARGET_AVX2: the CPU has AVX2 and
+ *  DTRAIN_SIMD is not "generic"; read once). Thread safety: any thread. */
+int dtr__simd_avx2(void);
+/** Forces the element loops' variant: 1 AVX2 (where the CPU has it), 0 the generic one, -1
+ *  back to the default (tests compare the two). Thread safety: not while ops run. */
+void dtr__simd_force(int avx2);
 
 /* ---- arena ---- */
 

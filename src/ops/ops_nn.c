@@ -36,27 +36,36 @@ dtr_tensor *dtr_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_l
 dtr_tensor *dtr_log_softmax(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_LOG_SOFTMAX, "dtr_log_softmax", x); }
 dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x) { return dtr__softmax_like(ctx, DTR_OP_SOFTMAX_CAUSAL, "dtr_softmax_causal", x); }
 
-/* The sum of exp(x[k] - mx) over k < n, in double, in order; the f32 terms also to out when
- * it is not NULL (out may be x). Terms eight at a time: a block the compiler vectorises, the
- * own exp (dtr__f_exp) having no branch. Softmax, attention and cross-entropy (whose term,
- * dtr__f_xent_term, is the same exp) take their exponentials here. */
-static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
-    double s = 0.0;
+/* The sum of exp(x[k] - mx) over k < n, in double; the f32 terms also to out when it is not
+ * NULL (out may be x). Terms eight at a time: a block the compiler vectorises, the own exp
+ * (dtr__f_exp) having no branch, summed into eight running sums (term k into sum k % 8, so no
+ * chain of dependent additions bounds the loop), added pairwise at the end, then the tail in
+ * order: a fixed order for any n, whatever the thread count. Softmax, attention and
+ * cross-entropy (whose term, dtr__f_xent_term, is the same exp) take their exponentials here. */
+DTR__SIMD_BODY double dtr__exp_sum_body(const float *x, int64_t n, float mx, float *out) {
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t;
     int64_t k = 0;
     int i;
     for (; k + 8 <= n; k += 8) {
         float e[8];
         for (i = 0; i < 8; i++) e[i] = dtr__f_exp(x[k + i] - mx);
-        for (i = 0; i < 8; i++) s += e[i];
+        for (i = 0; i < 8; i++) s[i] += e[i];
         if (out)
             for (i = 0; i < 8; i++) out[k + i] = e[i];
     }
+    t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
     for (; k < n; k++) {
         float e = dtr__f_exp(x[k] - mx);
-        s += e;
+        t += e;
         if (out) out[k] = e;
     }
-    return s;
+    return t;
+}
+DTR__TARGET_AVX2 static double dtr__exp_sum_avx2(const float *x, int64_t n, float mx, float *out) {
+    return dtr__exp_sum_body(x, n, mx, out);
+}
+static double dtr__exp_sum(const float *x, int64_t n, float mx, float *out) {
+    return dtr__simd_avx2() ? dtr__exp_sum_avx2(x, n, mx, out) : dtr__exp_sum_body(x, n, mx, out);
 }
 
 /* Row softmax of x[0..n) into y; `valid` leading entries take part, the rest get 0.
@@ -188,7 +197,7 @@ static dtr__xent_job dtr__xent_job_of(const dtr__node *nd) {
 static int64_t dtr__xent_grain(int64_t K) { return K >= 16384 ? 1 : 16384 / (K ? K : 1); }
 
 /* g[k] += c p[k] over a row of K f32 logits, p its probabilities again, eight at a time */
-static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
+DTR__SIMD_BODY void dtr__xent_grad_body(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
     int64_t k = 0;
     int i;
     for (; k + 8 <= K; k += 8) {
@@ -197,6 +206,13 @@ static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_ro
         for (i = 0; i < 8; i++) g[k + i] += c * p[i];
     }
     for (; k < K; k++) g[k] += c * dtr__f_xent_prob(x[k], st);
+}
+DTR__TARGET_AVX2 static void dtr__xent_grad_avx2(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
+    dtr__xent_grad_body(g, x, K, st, c);
+}
+static void dtr__xent_grad_row(float *g, const float *x, int64_t K, dtr__xent_row st, float c) {
+    if (dtr__simd_avx2()) dtr__xent_grad_avx2(g, x, K, st, c);
+    else dtr__xent_grad_body(g, x, K, st, c);
 }
 
 /* each row's maximum, exp-sum and loss; f32 logits read as an array, 16-bit ones by dtype */
@@ -217,7 +233,7 @@ static void dtr__xent_fwd_range(void *arg, int64_t b, int64_t e, int w) {
             for (k = 0; k < K; k++) s += dtr__f_xent_term(dtr__f_load(j->X, j->dt, r * K + k), mx);
         }
         j->st[r].max = mx;
-        j->st[r].sum = s;
+        j->st[r].inv = 1.0 / s;
         j->loss[r] = (double)mx + log(s) - dtr__f_load(j->X, j->dt, r * K + j->t[r]);
     }
 }
