@@ -4048,14 +4048,14 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
         for (i = i_0_; i < i_n_; i++) { BODY; } \
     } while (0)
 
-/** Hot loops (the exp sums of softmax, attention and cross-entropy; cross-entropy's gradient)
- *  are compiled twice: as they are (SSE2 on x86-64) and for AVX2 (8 floats a vector: 1.7x on
- *  cross-entropy), the second picked at run time where the CPU has it (dtr__simd_avx2,
+/** Hot loops (the activations, forward and backward; the exp sums of softmax, attention and
+ *  cross-entropy; cross-entropy's gradient) are compiled twice: as they are (SSE2 on x86-64)
+ *  and for AVX2 (8 floats a vector: about 1.7-2x on them), the second picked at run time
+ *  where the CPU has it (dtr__simd_avx2,
  *  src/core/gemm.c; DTRAIN_SIMD=generic keeps the first). The loop's body is a DTR__SIMD_BODY
  *  function (always inlined, so it is compiled in its caller's instruction set) called by a
  *  plain function and by a DTR__TARGET_AVX2 one. No FMA: nothing is contracted into a
- *  multiply-add, so both give the same bits (test_grad checks every op case both ways). The
- *  activations' blocks of 8 stay SSE2: GCC's AVX2 code for them measured 1.5-2x slower.
+ *  multiply-add, so both give the same bits (test_grad checks every op case both ways).
  *  x86-64 with GCC or Clang; elsewhere, or with DTR_NO_SIMD, the AVX2 functions are plain
  *  ones and never picked. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DTR_NO_SIMD)
@@ -9951,39 +9951,16 @@ dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ct
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
-/* y[i] = F(x[i]) for i in [b, e), in blocks of 8 through a local array: the compiler's
- * basic-block (SLP) vectorizer turns each block into SIMD operations, even at -O2 and although
- * the pointers may alias (a block is loaded before it is stored), where F has no branch (ReLU's
- * compare and select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the
- * operations are those of the scalar loop, so the results are the same. */
-#define DTR__MAP8(F, x, y, b, e)                                  \
-    do {                                                          \
-        int64_t i_ = (b);                                         \
-        int k_;                                                   \
-        for (; i_ + 8 <= (e); i_ += 8) {                          \
-            float t_[8];                                          \
-            for (k_ = 0; k_ < 8; k_++) t_[k_] = (x)[i_ + k_];     \
-            for (k_ = 0; k_ < 8; k_++) t_[k_] = F(t_[k_]);        \
-            for (k_ = 0; k_ < 8; k_++) (y)[i_ + k_] = t_[k_];     \
-        }                                                         \
-        for (; i_ < (e); i_++) (y)[i_] = F((x)[i_]);              \
-    } while (0)
+/* y[i] = F(x[i]) for i in [b, e), and gx[i] += g[i] * D(v[i]) (v: x or y, as the derivative
+ * D takes), as DTR__ELEMENTWISE loops (blocks of 8 the loop vectorizer takes whole: y, gx never
+ * overlap what is read at other indices), where F and D have no branch (ReLU's compare and
+ * select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the operations are those
+ * of the scalar loop, so the results are the same, on SSE2 and on AVX2 (below). Through a
+ * block copied into a local array (before 2026-11-28) GCC's AVX2 code stalled on its stores. */
+#define DTR__MAP8(F, x, y, b, e) DTR__ELEMENTWISE(b, e, (y)[i] = F((x)[i]))
+#define DTR__GRAD8(D, v, g, gx, b, e) DTR__ELEMENTWISE(b, e, (gx)[i] += (g)[i] * D((v)[i]))
 
-/* gx[i] += g[i] * D(v[i]) for i in [b, e) (v: x or y, as the derivative D takes), likewise */
-#define DTR__GRAD8(D, v, g, gx, b, e)                                                          \
-    do {                                                                                       \
-        int64_t i_ = (b);                                                                      \
-        int k_;                                                                                \
-        for (; i_ + 8 <= (e); i_ += 8) {                                                       \
-            float tv_[8], tg_[8], tgx_[8];                                                     \
-            for (k_ = 0; k_ < 8; k_++) tv_[k_] = (v)[i_ + k_], tg_[k_] = (g)[i_ + k_], tgx_[k_] = (gx)[i_ + k_]; \
-            for (k_ = 0; k_ < 8; k_++) tgx_[k_] += tg_[k_] * D(tv_[k_]);                        \
-            for (k_ = 0; k_ < 8; k_++) (gx)[i_ + k_] = tgx_[k_];                               \
-        }                                                                                      \
-        for (; i_ < (e); i_++) (gx)[i_] += (g)[i_] * D((v)[i_]);                               \
-    } while (0)
-
-static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]);
     float *y = dtr__f32(nd->out);
@@ -10000,7 +9977,7 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     }
 }
 
-static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]), *y = dtr__f32(nd->out), *g = nd->out->grad;
     float *gx = dtr__gradof(nd->in[0]);
@@ -10017,10 +9994,16 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     }
 }
 
+/* the two bodies as they are and for AVX2 (src/core/platform.h) */
+static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
+static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__unary_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__unary_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
+
 dtr_result dtr__cpu_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__unary_fwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_fwd_avx2 : dtr__unary_fwd_range, &j);
     return DTR_OK;
 }
 
@@ -10028,7 +10011,7 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     if (!dtr__gradof(nd->in[0])) return DTR_OK;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__unary_bwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_bwd_avx2 : dtr__unary_bwd_range, &j);
     return DTR_OK;
 }
 
@@ -10199,7 +10182,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10203 "dtrain.h"
+#line 10186 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10378,7 +10361,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10382 "dtrain.h"
+#line 10365 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11020,7 +11003,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11024 "dtrain.h"
+#line 11007 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11519,7 +11502,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11523 "dtrain.h"
+#line 11506 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11778,7 +11761,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11782 "dtrain.h"
+#line 11765 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12148,7 +12131,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12152 "dtrain.h"
+#line 12135 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12282,7 +12265,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12286 "dtrain.h"
+#line 12269 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12824,7 +12807,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12828 "dtrain.h"
+#line 12811 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12993,7 +12976,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12997 "dtrain.h"
+#line 12980 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13242,7 +13225,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13246 "dtrain.h"
+#line 13229 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13764,7 +13747,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13768 "dtrain.h"
+#line 13751 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13902,7 +13885,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13906 "dtrain.h"
+#line 13889 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14249,7 +14232,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14253 "dtrain.h"
+#line 14236 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14315,7 +14298,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14319 "dtrain.h"
+#line 14302 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14552,7 +14535,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14556 "dtrain.h"
+#line 14539 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15301,7 +15284,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15305 "dtrain.h"
+#line 15288 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15754,7 +15737,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15758 "dtrain.h"
+#line 15741 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15810,7 +15793,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15814 "dtrain.h"
+#line 15797 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16587,7 +16570,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16591 "dtrain.h"
+#line 16574 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17168,7 +17151,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17172 "dtrain.h"
+#line 17155 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17799,7 +17782,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17803 "dtrain.h"
+#line 17786 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18595,7 +18578,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18599 "dtrain.h"
+#line 18582 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18948,7 +18931,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18952 "dtrain.h"
+#line 18935 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19138,7 +19121,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19142 "dtrain.h"
+#line 19125 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19319,7 +19302,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19323 "dtrain.h"
+#line 19306 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20094,7 +20077,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20098 "dtrain.h"
+#line 20081 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20611,7 +20594,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20615 "dtrain.h"
+#line 20598 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21406,7 +21389,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21410 "dtrain.h"
+#line 21393 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22654,7 +22637,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22658 "dtrain.h"
+#line 22641 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23276,7 +23259,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23280 "dtrain.h"
+#line 23263 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23777,7 +23760,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23781 "dtrain.h"
+#line 23764 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24507,7 +24490,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24511 "dtrain.h"
+#line 24494 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24743,7 +24726,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24747 "dtrain.h"
+#line 24730 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24872,7 +24855,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24876 "dtrain.h"
+#line 24859 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25309,7 +25292,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25313 "dtrain.h"
+#line 25296 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25802,7 +25785,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25806 "dtrain.h"
+#line 25789 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26334,7 +26317,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26338 "dtrain.h"
+#line 26321 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26840,7 +26823,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26844 "dtrain.h"
+#line 26827 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28389,7 +28372,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28393 "dtrain.h"
+#line 28376 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28443,7 +28426,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28447 "dtrain.h"
+#line 28430 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29621,7 +29604,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29625 "dtrain.h"
+#line 29608 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30511,7 +30494,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30515 "dtrain.h"
+#line 30498 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31989,7 +31972,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31993 "dtrain.h"
+#line 31976 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32373,7 +32356,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32377 "dtrain.h"
+#line 32360 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32522,7 +32505,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32526 "dtrain.h"
+#line 32509 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -180,39 +180,16 @@ dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ct
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
 
-/* y[i] = F(x[i]) for i in [b, e), in blocks of 8 through a local array: the compiler's
- * basic-block (SLP) vectorizer turns each block into SIMD operations, even at -O2 and although
- * the pointers may alias (a block is loaded before it is stored), where F has no branch (ReLU's
- * compare and select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the
- * operations are those of the scalar loop, so the results are the same. */
-#define DTR__MAP8(F, x, y, b, e)                                  \
-    do {                                                          \
-        int64_t i_ = (b);                                         \
-        int k_;                                                   \
-        for (; i_ + 8 <= (e); i_ += 8) {                          \
-            float t_[8];                                          \
-            for (k_ = 0; k_ < 8; k_++) t_[k_] = (x)[i_ + k_];     \
-            for (k_ = 0; k_ < 8; k_++) t_[k_] = F(t_[k_]);        \
-            for (k_ = 0; k_ < 8; k_++) (y)[i_ + k_] = t_[k_];     \
-        }                                                         \
-        for (; i_ < (e); i_++) (y)[i_] = F((x)[i_]);              \
-    } while (0)
+/* y[i] = F(x[i]) for i in [b, e), and gx[i] += g[i] * D(v[i]) (v: x or y, as the derivative
+ * D takes), as DTR__ELEMENTWISE loops (blocks of 8 the loop vectorizer takes whole: y, gx never
+ * overlap what is read at other indices), where F and D have no branch (ReLU's compare and
+ * select, GELU's and tanh's bit-mask pick: dtr__f_tanh). Per element the operations are those
+ * of the scalar loop, so the results are the same, on SSE2 and on AVX2 (below). Through a
+ * block copied into a local array (before 2026-11-28) GCC's AVX2 code stalled on its stores. */
+#define DTR__MAP8(F, x, y, b, e) DTR__ELEMENTWISE(b, e, (y)[i] = F((x)[i]))
+#define DTR__GRAD8(D, v, g, gx, b, e) DTR__ELEMENTWISE(b, e, (gx)[i] += (g)[i] * D((v)[i]))
 
-/* gx[i] += g[i] * D(v[i]) for i in [b, e) (v: x or y, as the derivative D takes), likewise */
-#define DTR__GRAD8(D, v, g, gx, b, e)                                                          \
-    do {                                                                                       \
-        int64_t i_ = (b);                                                                      \
-        int k_;                                                                                \
-        for (; i_ + 8 <= (e); i_ += 8) {                                                       \
-            float tv_[8], tg_[8], tgx_[8];                                                     \
-            for (k_ = 0; k_ < 8; k_++) tv_[k_] = (v)[i_ + k_], tg_[k_] = (g)[i_ + k_], tgx_[k_] = (gx)[i_ + k_]; \
-            for (k_ = 0; k_ < 8; k_++) tgx_[k_] += tg_[k_] * D(tv_[k_]);                        \
-            for (k_ = 0; k_ < 8; k_++) (gx)[i_ + k_] = tgx_[k_];                               \
-        }                                                                                      \
-        for (; i_ < (e); i_++) (gx)[i_] += (g)[i_] * D((v)[i_]);                               \
-    } while (0)
-
-static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]);
     float *y = dtr__f32(nd->out);
@@ -229,7 +206,7 @@ static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     }
 }
 
-static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]), *y = dtr__f32(nd->out), *g = nd->out->grad;
     float *gx = dtr__gradof(nd->in[0]);
@@ -246,10 +223,16 @@ static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     }
 }
 
+/* the two bodies as they are and for AVX2 (src/core/platform.h) */
+static void dtr__unary_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
+static void dtr__unary_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__unary_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__unary_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__unary_bwd_body(arg, b, e, w); }
+
 dtr_result dtr__cpu_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__unary_fwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_fwd_avx2 : dtr__unary_fwd_range, &j);
     return DTR_OK;
 }
 
@@ -257,7 +240,7 @@ dtr_result dtr__cpu_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__unary_job j;
     if (!dtr__gradof(nd->in[0])) return DTR_OK;
     j.nd = nd;
-    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__unary_bwd_range, &j);
+    dtr__pool_run(ctx->pool, dtr_tensor_numel(nd->out), 16384, dtr__simd_avx2() ? dtr__unary_bwd_avx2 : dtr__unary_bwd_range, &j);
     return DTR_OK;
 }
 
