@@ -10739,17 +10739,32 @@ dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_te
     return dtr__record(ctx, n, "dtr_layernorm");
 }
 
-dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+/* Layer norm on the CPU: rows on the pool (each row's arithmetic as one thread does it), the
+ * weight and bias gradients as column sums on the pool by columns, each column over the rows
+ * in order: the same bits at any thread count. */
+typedef struct dtr__ln_job {
+    const dtr__node *nd;
+    int64_t C;
+    const float *X, *W, *B, *G;
+    float *stat;   /* mean, rstd per row */
+} dtr__ln_job;
+
+static dtr__ln_job dtr__ln_job_of(const dtr__node *nd) {
+    dtr__ln_job j;
     const dtr_tensor *x = nd->in[0];
-    int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    float *Y = dtr__f32(nd->out);
-    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)R * 2 * sizeof(float)); /* mean, rstd per row */
-    if (!stat) return ctx->status;
-    nd->saved = stat;
-    for (r = 0; r < R; r++) {
-        const float *xr = X + r * C;
-        float *yr = Y + r * C;
+    j.nd = nd, j.C = x->shape[x->ndim - 1], j.X = dtr__f32(x);
+    j.W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, j.B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    j.G = nd->out->grad, j.stat = (float *)nd->saved;
+    return j;
+}
+
+static void dtr__ln_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__ln_job *j = (const dtr__ln_job *)arg;
+    int64_t r, k, C = j->C;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *xr = j->X + r * C;
+        float *yr = dtr__f32(j->nd->out) + r * C;
         double m = 0.0, v = 0.0;
         float mean, rstd;
         for (k = 0; k < C; k++) m += xr[k];
@@ -10757,44 +10772,70 @@ dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
         mean = (float)m;
-        rstd = (float)(1.0 / sqrt(v + nd->p.eps));
+        rstd = (float)(1.0 / sqrt(v + j->nd->p.eps));
         for (k = 0; k < C; k++) {
             float h = (xr[k] - mean) * rstd;
-            yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+            yr[k] = (j->W ? j->W[k] : 1.0f) * h + (j->B ? j->B[k] : 0.0f);
         }
-        stat[2 * r] = mean;
-        stat[2 * r + 1] = rstd;
+        j->stat[2 * r] = mean;
+        j->stat[2 * r + 1] = rstd;
     }
+}
+
+dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t R = dtr__rows(nd->in[0]);
+    dtr__ln_job j;
+    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)R * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    j = dtr__ln_job_of(nd);
+    dtr__pool_run(ctx->pool, R, 16, dtr__ln_fwd_range, &j);
     return DTR_OK;
 }
 
-dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *G = nd->out->grad;
-    const float *stat = (const float *)nd->saved;
-    float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
-    (void)ctx;
-    for (r = 0; r < R; r++) {
-        const float *xr = X + r * C, *gr = G + r * C;
-        float mean = stat[2 * r], rstd = stat[2 * r + 1];
+/* gx of rows [b, e) */
+static void dtr__ln_dx_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__ln_job *j = (const dtr__ln_job *)arg;
+    int64_t r, k, C = j->C;
+    float *gx = dtr__gradof(j->nd->in[0]);
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *xr = j->X + r * C, *gr = j->G + r * C;
+        float mean = j->stat[2 * r], rstd = j->stat[2 * r + 1], md, mdh, *gxr = gx + r * C;
         double sd = 0.0, sdh = 0.0;
         for (k = 0; k < C; k++) {
-            float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+            float h = (xr[k] - mean) * rstd, dh = gr[k] * (j->W ? j->W[k] : 1.0f);
             sd += dh;
             sdh += (double)dh * h;
-            if (gw) gw[k] += gr[k] * h;
-            if (gb) gb[k] += gr[k];
         }
-        if (gx) {
-            float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
-            float *gxr = gx + r * C;
-            for (k = 0; k < C; k++) {
-                float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
-                gxr[k] += rstd * (dh - md - h * mdh);
-            }
+        md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+        for (k = 0; k < C; k++) {
+            float h = (xr[k] - mean) * rstd, dh = gr[k] * (j->W ? j->W[k] : 1.0f);
+            gxr[k] += rstd * (dh - md - h * mdh);
         }
     }
+}
+
+/* the weight and bias gradients of columns [b, e), each over every row in order */
+static void dtr__ln_dwb_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__ln_job *j = (const dtr__ln_job *)arg;
+    int64_t r, k, C = j->C, R = dtr__rows(j->nd->in[0]);
+    float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
+    (void)w;
+    for (r = 0; r < R; r++) {
+        const float *xr = j->X + r * C, *gr = j->G + r * C;
+        float mean = j->stat[2 * r], rstd = j->stat[2 * r + 1];
+        if (gw)
+            for (k = b; k < e; k++) gw[k] += gr[k] * ((xr[k] - mean) * rstd);
+        if (gb)
+            for (k = b; k < e; k++) gb[k] += gr[k];
+    }
+}
+
+dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__ln_job j = dtr__ln_job_of(nd);
+    if (dtr__gradof(nd->in[0])) dtr__pool_run(ctx->pool, dtr__rows(nd->in[0]), 16, dtr__ln_dx_range, &j);
+    if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.C, 64, dtr__ln_dwb_range, &j);
     return DTR_OK;
 }
 
@@ -11007,7 +11048,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11011 "dtrain.h"
+#line 11052 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11506,7 +11547,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11510 "dtrain.h"
+#line 11551 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11765,7 +11806,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11769 "dtrain.h"
+#line 11810 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12135,7 +12176,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12139 "dtrain.h"
+#line 12180 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12269,7 +12310,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12273 "dtrain.h"
+#line 12314 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12811,7 +12852,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12815 "dtrain.h"
+#line 12856 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12980,7 +13021,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 12984 "dtrain.h"
+#line 13025 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13229,7 +13270,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13233 "dtrain.h"
+#line 13274 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13751,7 +13792,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13755 "dtrain.h"
+#line 13796 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13889,7 +13930,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13893 "dtrain.h"
+#line 13934 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14236,7 +14277,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14240 "dtrain.h"
+#line 14281 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14302,7 +14343,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14306 "dtrain.h"
+#line 14347 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14539,7 +14580,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14543 "dtrain.h"
+#line 14584 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15288,7 +15329,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15292 "dtrain.h"
+#line 15333 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15741,7 +15782,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15745 "dtrain.h"
+#line 15786 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15797,7 +15838,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15801 "dtrain.h"
+#line 15842 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16574,7 +16615,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16578 "dtrain.h"
+#line 16619 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17155,7 +17196,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17159 "dtrain.h"
+#line 17200 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17786,7 +17827,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17790 "dtrain.h"
+#line 17831 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18582,7 +18623,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18586 "dtrain.h"
+#line 18627 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18935,7 +18976,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18939 "dtrain.h"
+#line 18980 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19125,7 +19166,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19129 "dtrain.h"
+#line 19170 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19306,7 +19347,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19310 "dtrain.h"
+#line 19351 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20081,7 +20122,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20085 "dtrain.h"
+#line 20126 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20598,7 +20639,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20602 "dtrain.h"
+#line 20643 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21393,7 +21434,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21397 "dtrain.h"
+#line 21438 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22641,7 +22682,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22645 "dtrain.h"
+#line 22686 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23263,7 +23304,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23267 "dtrain.h"
+#line 23308 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23764,7 +23805,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23768 "dtrain.h"
+#line 23809 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24494,7 +24535,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24498 "dtrain.h"
+#line 24539 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24730,7 +24771,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24734 "dtrain.h"
+#line 24775 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24859,7 +24900,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24863 "dtrain.h"
+#line 24904 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25296,7 +25337,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25300 "dtrain.h"
+#line 25341 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25789,7 +25830,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25793 "dtrain.h"
+#line 25834 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26321,7 +26362,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26325 "dtrain.h"
+#line 26366 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26827,7 +26868,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26831 "dtrain.h"
+#line 26872 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28376,7 +28417,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28380 "dtrain.h"
+#line 28421 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28430,7 +28471,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28434 "dtrain.h"
+#line 28475 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29608,7 +29649,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29612 "dtrain.h"
+#line 29653 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30498,7 +30539,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30502 "dtrain.h"
+#line 30543 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -31976,7 +32017,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 31980 "dtrain.h"
+#line 32021 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32360,7 +32401,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32364 "dtrain.h"
+#line 32405 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32509,7 +32550,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32513 "dtrain.h"
+#line 32554 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -368,17 +368,32 @@ dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_te
     return dtr__record(ctx, n, "dtr_layernorm");
 }
 
-dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+/* Layer norm on the CPU: rows on the pool (each row's arithmetic as one thread does it), the
+ * weight and bias gradients as column sums on the pool by columns, each column over the rows
+ * in order: the same bits at any thread count. */
+typedef struct dtr__ln_job {
+    const dtr__node *nd;
+    int64_t C;
+    const float *X, *W, *B, *G;
+    float *stat;   /* mean, rstd per row */
+} dtr__ln_job;
+
+static dtr__ln_job dtr__ln_job_of(const dtr__node *nd) {
+    dtr__ln_job j;
     const dtr_tensor *x = nd->in[0];
-    int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
-    float *Y = dtr__f32(nd->out);
-    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)R * 2 * sizeof(float)); /* mean, rstd per row */
-    if (!stat) return ctx->status;
-    nd->saved = stat;
-    for (r = 0; r < R; r++) {
-        const float *xr = X + r * C;
-        float *yr = Y + r * C;
+    j.nd = nd, j.C = x->shape[x->ndim - 1], j.X = dtr__f32(x);
+    j.W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, j.B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    j.G = nd->out->grad, j.stat = (float *)nd->saved;
+    return j;
+}
+
+static void dtr__ln_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__ln_job *j = (const dtr__ln_job *)arg;
+    int64_t r, k, C = j->C;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *xr = j->X + r * C;
+        float *yr = dtr__f32(j->nd->out) + r * C;
         double m = 0.0, v = 0.0;
         float mean, rstd;
         for (k = 0; k < C; k++) m += xr[k];
@@ -386,44 +401,70 @@ dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
         mean = (float)m;
-        rstd = (float)(1.0 / sqrt(v + nd->p.eps));
+        rstd = (float)(1.0 / sqrt(v + j->nd->p.eps));
         for (k = 0; k < C; k++) {
             float h = (xr[k] - mean) * rstd;
-            yr[k] = (W ? W[k] : 1.0f) * h + (B ? B[k] : 0.0f);
+            yr[k] = (j->W ? j->W[k] : 1.0f) * h + (j->B ? j->B[k] : 0.0f);
         }
-        stat[2 * r] = mean;
-        stat[2 * r + 1] = rstd;
+        j->stat[2 * r] = mean;
+        j->stat[2 * r + 1] = rstd;
     }
+}
+
+dtr_result dtr__cpu_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t R = dtr__rows(nd->in[0]);
+    dtr__ln_job j;
+    float *stat = (float *)dtr__node_save(ctx, nd, (size_t)R * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    j = dtr__ln_job_of(nd);
+    dtr__pool_run(ctx->pool, R, 16, dtr__ln_fwd_range, &j);
     return DTR_OK;
 }
 
-dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
-    const dtr_tensor *x = nd->in[0];
-    int64_t C = x->shape[x->ndim - 1], R = dtr__rows(x), r, k;
-    const float *X = dtr__f32(x), *W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, *G = nd->out->grad;
-    const float *stat = (const float *)nd->saved;
-    float *gx = dtr__gradof(x), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
-    (void)ctx;
-    for (r = 0; r < R; r++) {
-        const float *xr = X + r * C, *gr = G + r * C;
-        float mean = stat[2 * r], rstd = stat[2 * r + 1];
+/* gx of rows [b, e) */
+static void dtr__ln_dx_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__ln_job *j = (const dtr__ln_job *)arg;
+    int64_t r, k, C = j->C;
+    float *gx = dtr__gradof(j->nd->in[0]);
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *xr = j->X + r * C, *gr = j->G + r * C;
+        float mean = j->stat[2 * r], rstd = j->stat[2 * r + 1], md, mdh, *gxr = gx + r * C;
         double sd = 0.0, sdh = 0.0;
         for (k = 0; k < C; k++) {
-            float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
+            float h = (xr[k] - mean) * rstd, dh = gr[k] * (j->W ? j->W[k] : 1.0f);
             sd += dh;
             sdh += (double)dh * h;
-            if (gw) gw[k] += gr[k] * h;
-            if (gb) gb[k] += gr[k];
         }
-        if (gx) {
-            float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
-            float *gxr = gx + r * C;
-            for (k = 0; k < C; k++) {
-                float h = (xr[k] - mean) * rstd, dh = gr[k] * (W ? W[k] : 1.0f);
-                gxr[k] += rstd * (dh - md - h * mdh);
-            }
+        md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+        for (k = 0; k < C; k++) {
+            float h = (xr[k] - mean) * rstd, dh = gr[k] * (j->W ? j->W[k] : 1.0f);
+            gxr[k] += rstd * (dh - md - h * mdh);
         }
     }
+}
+
+/* the weight and bias gradients of columns [b, e), each over every row in order */
+static void dtr__ln_dwb_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__ln_job *j = (const dtr__ln_job *)arg;
+    int64_t r, k, C = j->C, R = dtr__rows(j->nd->in[0]);
+    float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
+    (void)w;
+    for (r = 0; r < R; r++) {
+        const float *xr = j->X + r * C, *gr = j->G + r * C;
+        float mean = j->stat[2 * r], rstd = j->stat[2 * r + 1];
+        if (gw)
+            for (k = b; k < e; k++) gw[k] += gr[k] * ((xr[k] - mean) * rstd);
+        if (gb)
+            for (k = b; k < e; k++) gb[k] += gr[k];
+    }
+}
+
+dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__ln_job j = dtr__ln_job_of(nd);
+    if (dtr__gradof(nd->in[0])) dtr__pool_run(ctx->pool, dtr__rows(nd->in[0]), 16, dtr__ln_dx_range, &j);
+    if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.C, 64, dtr__ln_dwb_range, &j);
     return DTR_OK;
 }
 
