@@ -2346,8 +2346,9 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
  * Head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
  * forward and backward on tensor cores), which keep no score tiles at all: on 16-bit operands
- * (16-bit tensors, or f32 ones with 16-bit products, rounded as they are loaded), TF32 (f32
- * with allow_tf32 or TF32 products) or f32 (each product three TF32 products of split operands).
+ * (16-bit tensors, or f32 ones with 16-bit products, rounded into dense 16-bit copies first),
+ * TF32 (f32 with allow_tf32 or TF32 products) or f32 (each product three TF32 products of split
+ * operands).
  * q, k, v are read with their own strides (dense rows: the CPU op copies others), so the column
  * slices of one qkv projection are read where they lie; y, dy and the gradients are dense.
  * ==========================================================================*/
@@ -3106,7 +3107,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3110 "dtrain_cuda.cu"
+#line 3111 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3603,5 +3604,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3607 "dtrain_cuda.cu"
+#line 3608 "dtrain_cuda.cu"
 

@@ -18,8 +18,9 @@
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
  * Head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
  * forward and backward on tensor cores), which keep no score tiles at all: on 16-bit operands
- * (16-bit tensors, or f32 ones with 16-bit products, rounded as they are loaded), TF32 (f32
- * with allow_tf32 or TF32 products) or f32 (each product three TF32 products of split operands).
+ * (16-bit tensors, or f32 ones with 16-bit products, rounded into dense 16-bit copies first),
+ * TF32 (f32 with allow_tf32 or TF32 products) or f32 (each product three TF32 products of split
+ * operands).
  * q, k, v are read with their own strides (dense rows: the CPU op copies others), so the column
  * slices of one qkv projection are read where they lie; y, dy and the gradients are dense.
  * ==========================================================================*/
