@@ -57,11 +57,15 @@ if want memcheck && command -v compute-sanitizer >/dev/null 2>&1; then
     timeout "$mc_limit" compute-sanitizer --tool memcheck --error-exitcode 9 build/tests/gpu/$t >> "$out/memcheck.log" 2>&1 || mc=$?
   done
   echo "memcheck: $mc" | tee -a "$out/summary.txt"
+  : > "$out/racecheck.log"
   # racecheck (shared-memory hazards) over the fused attention kernels: forward and backward
-  # of the small GPT's shape (head width 64), bf16
-  timeout "$mc_limit" compute-sanitizer --tool racecheck --error-exitcode 9 build/bench/gpu_attention --bf16 --shape gpt \
-    --iters 1 --rounds 1 > "$out/racecheck.log" 2>&1
-  echo "racecheck: $?" | tee -a "$out/summary.txt"
+  # of the small GPT's shape (head width 64), bf16 tiles, then f32 tiles (three TF32 products)
+  rc=0
+  for mode in --bf16 ""; do
+    timeout "$mc_limit" compute-sanitizer --tool racecheck --error-exitcode 9 build/bench/gpu_attention $mode --shape gpt \
+      --iters 1 --rounds 1 >> "$out/racecheck.log" 2>&1 || rc=$?
+  done
+  echo "racecheck: $rc" | tee -a "$out/summary.txt"
 fi
 if want bench; then
 timeout 300 build/bench/gpu --steps "$steps" > "$out/bench-dtrain.jsonl" 2> "$out/bench-dtrain.err"
