@@ -2594,22 +2594,30 @@ __device__ static void dtr__cuda_fa_load(typename dtr__fa_op<O>::E *dst, int row
     }
 }
 
+/* a fragment x into TF32 (rounded) and what that leaves, small (TF32 too): x = big + small */
+template <typename F> __device__ static void dtr__cuda_fa_split(F &x, F &small) {
+    for (int t = 0; t < x.num_elements; t++) {
+        float v = x.x[t];
+        x.x[t] = nvcuda::wmma::__float_to_tf32(v);
+        small.x[t] = nvcuda::wmma::__float_to_tf32(v - x.x[t]);
+    }
+}
+
 /* c += a b on tensor cores for kind O: 16-bit as they are; TF32 rounded to TF32 (the hardware
    would drop the low bits); F32 as three TF32 products of x = big + small (both TF32):
    small_a big_b + big_a small_b + big_a big_b, the small ones first (about f32's precision,
    as PyTorch's f32 attention and cuBLAS's f32 GEMMs). */
 template <int O, typename FA, typename FB> __device__ static void dtr__cuda_fa_mma1(dtr__fa_acc<O> &c, FA &a, FB &b) {
-    if constexpr (O >= DTR__FA_TF32) {
-        FA as = a;
-        FB bs = b;
+    if constexpr (O == DTR__FA_F32) {
+        FA as;
+        FB bs;
+        dtr__cuda_fa_split(a, as);
+        dtr__cuda_fa_split(b, bs);
+        nvcuda::wmma::mma_sync(c, as, b, c);
+        nvcuda::wmma::mma_sync(c, a, bs, c);
+    } else if constexpr (O == DTR__FA_TF32) {
         for (int t = 0; t < a.num_elements; t++) a.x[t] = nvcuda::wmma::__float_to_tf32(a.x[t]);
         for (int t = 0; t < b.num_elements; t++) b.x[t] = nvcuda::wmma::__float_to_tf32(b.x[t]);
-        if constexpr (O == DTR__FA_F32) {
-            for (int t = 0; t < a.num_elements; t++) as.x[t] = nvcuda::wmma::__float_to_tf32(as.x[t] - a.x[t]);
-            for (int t = 0; t < b.num_elements; t++) bs.x[t] = nvcuda::wmma::__float_to_tf32(bs.x[t] - b.x[t]);
-            nvcuda::wmma::mma_sync(c, as, b, c);
-            nvcuda::wmma::mma_sync(c, a, bs, c);
-        }
     }
     nvcuda::wmma::mma_sync(c, a, b, c);
 }
@@ -3107,7 +3115,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3111 "dtrain_cuda.cu"
+#line 3119 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3604,5 +3612,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3608 "dtrain_cuda.cu"
+#line 3616 "dtrain_cuda.cu"
 

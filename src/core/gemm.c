@@ -531,17 +531,20 @@ static int dtr__simd_state = -1;   /* dtr__simd_avx2's answer; -1 until the firs
 #define DTR__SIMD_SET(v) (dtr__simd_state = (v))
 #endif
 
+/* 1 when AVX2 code is compiled in and this CPU runs it */
+static int dtr__simd_can(void) { return DTR__X86_SIMD && dtr__gemm_supported(1); }
+
 int dtr__simd_avx2(void) {
     int s = DTR__SIMD_GET();
     if (s < 0) {
         const char *e = getenv("DTRAIN_SIMD");
-        s = DTR__X86_SIMD && dtr__gemm_supported(1) && !(e && strcmp(e, "generic") == 0);
+        s = dtr__simd_can() && !(e && strcmp(e, "generic") == 0);
         DTR__SIMD_SET(s);   /* every thread that races here computes the same value */
     }
     return s;
 }
 
-void dtr__simd_force(int avx2) { DTR__SIMD_SET(avx2 < 0 ? -1 : avx2 && DTR__X86_SIMD && dtr__gemm_supported(1)); }
+void dtr__simd_force(int avx2) { DTR__SIMD_SET(avx2 < 0 ? -1 : avx2 && dtr__simd_can()); }
 
 const char *dtr__gemm_kernel_name(void) {
 #ifdef DTR_USE_CBLAS

@@ -39,13 +39,12 @@
 /** Hot loops (the activations, forward and backward; the exp sums of softmax, attention and
  *  cross-entropy; cross-entropy's gradient) are compiled twice: as they are (SSE2 on x86-64)
  *  and for AVX2 (8 floats a vector: about 1.7-2x on them), the second picked at run time
- *  where the CPU has it (dtr__simd_avx2,
- *  src/core/gemm.c; DTRAIN_SIMD=generic keeps the first). The loop's body is a DTR__SIMD_BODY
- *  function (always inlined, so it is compiled in its caller's instruction set) called by a
- *  plain function and by a DTR__TARGET_AVX2 one. No FMA: nothing is contracted into a
- *  multiply-add, so both give the same bits (test_grad checks every op case both ways).
- *  x86-64 with GCC or Clang; elsewhere, or with DTR_NO_SIMD, the AVX2 functions are plain
- *  ones and never picked. */
+ *  where the CPU has it (dtr__simd_avx2, src/core/gemm.c; DTRAIN_SIMD=generic keeps the
+ *  first). The loop's body is a DTR__SIMD_BODY function (always inlined, so it is compiled in
+ *  its caller's instruction set) called by a plain function and by a DTR__TARGET_AVX2 one. No
+ *  FMA: nothing is contracted into a multiply-add, so both give the same bits (test_grad
+ *  checks every op case both ways). x86-64 with GCC or Clang; elsewhere, or with
+ *  DTR_NO_SIMD, the AVX2 functions are plain ones and never picked. */
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(DTR_NO_SIMD)
 #define DTR__X86_SIMD 1
 #define DTR__TARGET_AVX2 __attribute__((target("avx2")))
