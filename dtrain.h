@@ -542,6 +542,31 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
+/** What dtr_attention_ex computes. Make one with dtr_attention_config_init(). */
+typedef struct dtr_attention_config {
+    int heads;     /**< heads H, dividing C: head h reads columns h*D .. h*D+D-1, D = C / H */
+    int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
+                        0: every query sees every key (encoders, cross-attention) */
+    float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
+} dtr_attention_config;
+
+/** heads, causal as given, scale 0 (1 / sqrt(D)). Thread safety: any thread. */
+DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
+
+/** Multi-head attention, causal or not, self or cross: q (B, Tq, C), k and v (B, Tk, C) ->
+ *  (B, Tq, C), per head softmax(scale q k^T [+ causal mask]) v (PyTorch's
+ *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal). The fused
+ *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
+ *  the config's choices; dtr_attention(q, k, v, heads) is this with
+ *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
+ *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B, C or k and v
+ *  differing, causal with Tq != Tk), DTR_INVALID_ARGUMENT (heads not dividing C, a scale that
+ *  is not finite), DTR_NULL_HANDLE (cfg NULL).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v,
+                                     const dtr_attention_config *cfg);
+
 /** Converts to another dtype. f32 <-> bf16/f16: the backward pass converts the gradient
  *  straight through.
  *  Thread safety: the context's thread. */
@@ -728,13 +753,19 @@ typedef struct dtr_conv2d_layer {
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
-/** Causal self-attention: parameters "<name>.qkv.weight" (3C, C), "<name>.qkv.bias" (3C),
+/** Self-attention, causal unless `causal` is set to 0 after init (a bidirectional encoder's:
+ *  every position sees every other): parameters "<name>.qkv.weight" (3C, C), "<name>.qkv.bias" (3C),
  *  "<name>.proj.weight" (C, C), "<name>.proj.bias" (C), stored as nn.Linear stores them
  *  (out, in). The rows of qkv.weight are q | k | v: rows 0..C-1 give q, C..2C-1 k, 2C..3C-1 v;
  *  head h of `heads` uses features h*C/heads .. (h+1)*C/heads-1 of each (GPT-2's layout).
  *  Scores are scaled by 1/sqrt(C/heads). Hugging Face GPT-2 keeps these as Conv1D weights
  *  (in, out): transpose c_attn.weight and c_proj.weight when porting (docs/guide.md). */
-typedef struct dtr_attention_layer { dtr_linear_layer qkv, proj; int64_t dim; int heads; } dtr_attention_layer;
+typedef struct dtr_attention_layer {
+    dtr_linear_layer qkv, proj;
+    int64_t dim;
+    int heads;
+    int causal;    /**< 1 (init's): query t sees positions 0..t; 0: every position (dtr_attention_ex) */
+} dtr_attention_layer;
 /** Pre-norm GPT block: x + attn(ln1(x)), then x + fc_proj(gelu(fc(ln2(x)))), GELU in its tanh
  *  form (dtr_gelu, GPT-2's). Parameters under "<name>.": ln1.weight/bias, attn.qkv.*,
  *  attn.proj.* (as dtr_attention_layer), ln2.weight/bias, fc.weight (4C, C), fc.bias (4C),
@@ -2645,13 +2676,14 @@ DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_co
  *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
 DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
 
-/** Causal self-attention with its heads split over the group: rank r computes heads
+/** Self-attention with its heads split over the group: rank r computes heads
  *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
- *  row-parallel proj. Parameters as dtr_attention_layer's. */
+ *  row-parallel proj. Parameters and `causal` as dtr_attention_layer's. */
 typedef struct dtr_tp_attention {
     dtr_tp_linear qkv, proj;
     int64_t dim;
     int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
+    int causal;                /**< 1 (init's): causal; 0: every position sees every other */
 } dtr_tp_attention;
 
 /** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
@@ -4110,7 +4142,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4114 "dtrain.h"
+#line 4146 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4327,12 +4359,18 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+typedef struct dtr__attention_params {
+    int heads;                        /* C = heads * D */
+    int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
+    float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
+} dtr__attention_params;
+
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
-    int heads;                        /* ATTENTION: the number of heads (C = heads * D) */
+    dtr__attention_params attention;  /* ATTENTION */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -4912,7 +4950,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4916 "dtrain.h"
+#line 4954 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5253,7 +5291,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5257 "dtrain.h"
+#line 5295 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5315,7 +5353,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5319 "dtrain.h"
+#line 5357 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5694,7 +5732,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5698 "dtrain.h"
+#line 5736 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5737,7 +5775,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5741 "dtrain.h"
+#line 5779 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5771,7 +5809,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5775 "dtrain.h"
+#line 5813 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5830,7 +5868,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5834 "dtrain.h"
+#line 5872 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5904,7 +5942,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5908 "dtrain.h"
+#line 5946 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -5972,7 +6010,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 5976 "dtrain.h"
+#line 6014 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6047,7 +6085,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6051 "dtrain.h"
+#line 6089 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6399,7 +6437,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6403 "dtrain.h"
+#line 6441 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7215,7 +7253,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7219 "dtrain.h"
+#line 7257 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7890,7 +7928,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7894 "dtrain.h"
+#line 7932 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -7981,7 +8019,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 7985 "dtrain.h"
+#line 8023 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8463,7 +8501,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8467 "dtrain.h"
+#line 8505 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8718,7 +8756,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8722 "dtrain.h"
+#line 8760 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8949,7 +8987,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8953 "dtrain.h"
+#line 8991 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9068,7 +9106,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9072 "dtrain.h"
+#line 9110 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9124,7 +9162,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9128 "dtrain.h"
+#line 9166 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9509,7 +9547,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9513 "dtrain.h"
+#line 9551 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9771,7 +9809,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9775 "dtrain.h"
+#line 9813 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10188,7 +10226,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10192 "dtrain.h"
+#line 10230 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10367,13 +10405,13 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10371 "dtrain.h"
+#line 10409 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
 /* ============================================================================
- * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and the
- * causal self-attention composite.
+ * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and fused
+ * attention (causal or not, self or cross).
  * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
  * ==========================================================================*/
 
@@ -10885,15 +10923,15 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- causal self-attention, fused (flash-style) ----
- * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). q, k
- * and v are read as they are where their rows are dense (stride 1 along C: the column slices
- * of one qkv projection, whose rows are 3C apart), else through contiguous copies; y and the
- * gradients (a view's own) are dense. Per
- * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
- * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
- * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
- * Memory per worker: two TILE x T blocks, never T x T per head. A (batch, head) is one
+/* ---- attention, fused (flash-style) ----
+ * q (B, Tq, C), k, v (B, Tk, C), y (B, Tq, C) with C = H * D, head h in columns h*D .. h*D+D-1
+ * (no permutes). q, k and v are read as they are where their rows are dense (stride 1 along
+ * C: the column slices of one qkv projection, whose rows are 3C apart), else through
+ * contiguous copies; y and the gradients (a view's own) are dense. Per (batch, head), query
+ * rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys it may see (S = scale
+ * q k^T; causal: keys 0..t, else all Tk), its softmax rows, then y = P v, all through GEMM;
+ * only the row log-sum-exps (B, H, Tq) are kept. Backward recomputes each tile's P from them.
+ * Memory per worker: two TILE x Tk blocks, never Tq x Tk per head. A (batch, head) is one
  * worker's, in tile order, so results do not depend on the thread count. */
 
 #define DTR__ATT_TILE 32
@@ -10903,19 +10941,39 @@ static dtr_tensor *dtr__att_input(dtr_context *ctx, dtr_tensor *x) {
     return x->stride[2] == 1 || x->shape[2] == 1 ? x : dtr_contiguous(ctx, x);
 }
 
-dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
-    dtr__node *n;
+dtr_attention_config dtr_attention_config_init(int heads, int causal) {
+    dtr_attention_config c;
+    memset(&c, 0, sizeof c);
+    c.heads = heads;
+    c.causal = causal;
+    return c;
+}
+
+/* DTR_OK when q, k, v and cfg make an attention (the error set otherwise) */
+static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dtr_tensor *k, const dtr_tensor *v,
+                                 const dtr_attention_config *cfg) {
     char s1[96], s2[96], s3[96];
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || q->shape[0] != k->shape[0] || q->shape[2] != k->shape[2] ||
+        memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) || (cfg->causal && q->shape[1] != k->shape[1]) ||
+        (q->shape[1] > 0 && k->shape[1] == 0))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, C), (B, Tk, C)%s",
+                         dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3),
+                         cfg->causal ? " with Tq = Tk (causal)" : " with Tk > 0");
+    if (cfg->heads <= 0 || q->shape[2] % cfg->heads)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", cfg->heads, (long long)q->shape[2]);
+    if (!isfinite(cfg->scale))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
+    return DTR_OK;
+}
+
+dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *cfg) {
+    dtr__node *n;
+    int64_t shape[3];
     if (!ctx) return NULL;
+    if (!cfg) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_ex: cfg is NULL");
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
-        !dtr__check_input(ctx, "dtr_attention", v, "v"))
+        !dtr__check_input(ctx, "dtr_attention", v, "v") || dtr__att_check(ctx, q, k, v, cfg) != DTR_OK)
         return NULL;
-    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || memcmp(q->shape, k->shape, 3 * sizeof(int64_t)) ||
-        memcmp(q->shape, v->shape, 3 * sizeof(int64_t)))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must all be (B, T, C)",
-                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
-    if (heads <= 0 || q->shape[2] % heads)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
     q = dtr__att_input(ctx, q);
     k = dtr__att_input(ctx, k);
     v = dtr__att_input(ctx, v);
@@ -10925,31 +10983,44 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
         n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
     }
     if (!n) return NULL;
-    n->p.heads = heads;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
+    n->p.attention.heads = cfg->heads;
+    n->p.attention.causal = cfg->causal != 0;
+    n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
+    memcpy(shape, q->shape, sizeof shape);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
+}
+
+dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
+    dtr_attention_config c = dtr_attention_config_init(heads, 1);
+    return dtr_attention_ex(ctx, q, k, v, &c);
 }
 
 typedef struct dtr__att_job {
     const dtr__node *nd;
     dtr__pool *pool;
-    int64_t B, T, C, H, D;
+    int64_t B, Tq, Tk, C, H, D;
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
+    int causal;
     float scale;
-    float *lse;        /* (B, H, T) */
-    float *scratch;    /* per worker: two TILE x T blocks */
+    float *lse;        /* (B, H, Tq) */
+    float *scratch;    /* per worker: two TILE x Tk blocks */
 } dtr__att_job;
 
-/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled causal scores S in place; the
- * row's log-sum-exp to lse (forward) or P from it (backward: have_lse). */
-static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
+/* the keys query tile [t0, t0 + rows) sees: 0 .. t0 + rows - 1 (causal) or every key */
+static int64_t dtr__att_keys(const dtr__att_job *j, int64_t t0, int64_t rows) { return j->causal ? t0 + rows : j->Tk; }
+
+/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled scores S in place (causal: row
+ * t's keys past t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
+ * have_lse). */
+static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int64_t nk, int64_t t0, float *lse, int have_lse) {
     int64_t r, j;
     for (r = 0; r < rows; r++) {
         float *sr = S + r * nk, mx;
-        int64_t valid = t0 + r + 1;
+        int64_t valid = jb->causal ? t0 + r + 1 : nk;
         double sum;
-        for (j = 0; j < valid; j++) sr[j] *= scale;
+        for (j = 0; j < valid; j++) sr[j] *= jb->scale;
         if (have_lse) {
             (void)dtr__exp_sum(sr, valid, lse[t0 + r], sr);
         } else {
@@ -10966,43 +11037,45 @@ static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, flo
 static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
     return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (bh % j->H) * j->D;
 }
+/* the first of head bh's D values in a dense (B, T, C) buffer (y and q's gradient: T = Tq; k's
+   and v's: Tk) */
+static int64_t dtr__att_off(const dtr__att_job *j, int64_t bh, int64_t T) { return (bh / j->H) * T * j->C + (bh % j->H) * j->D; }
 
 static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
-    int64_t T = j->T, C = j->C, D = j->D, bh, t0;
-    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
+    int64_t Tq = j->Tq, C = j->C, D = j->D, bh, t0;
+    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk;
     for (bh = b; bh < e; bh++) {
-        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
-        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
-            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+        float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, Tq), *lse = j->lse + bh * Tq;
+        for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
-            dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
+            dtr__att_softmax(j, S, rows, nk, t0, lse, 0);
             /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
             dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, j->sr[2], 1, 0.0f, Y + t0 * C, C);
         }
     }
 }
 
-/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) / sqrt(D). */
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) scale. */
 static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
     const dtr__node *nd = j->nd;
-    int64_t T = j->T, C = j->C, D = j->D, bh, t0, r, c;
-    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
+    int64_t Tq = j->Tq, C = j->C, D = j->D, bh, t0, r, c;
+    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk, *dP = P + DTR__ATT_TILE * j->Tk;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
     for (bh = b; bh < e; bh++) {
-        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D, rq = j->sr[0], rk = j->sr[1];
+        int64_t off = dtr__att_off(j, bh, Tq), offk = dtr__att_off(j, bh, j->Tk), rq = j->sr[0], rk = j->sr[1];
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
-        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
-            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
+        for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
-            dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
+            dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
             /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
-            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
+            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, C);
             if (!GQ && !GK) continue;
             /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
@@ -11013,7 +11086,7 @@ static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
             }
             /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
             if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
-            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + off, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, C);
         }
     }
 }
@@ -11023,11 +11096,12 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     memset(j, 0, sizeof *j);
     j->nd = nd;
     j->pool = ctx->pool;
-    j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
-    j->H = nd->p.heads; j->D = j->C / j->H;
+    j->B = nd->in[0]->shape[0]; j->Tq = nd->in[0]->shape[1]; j->Tk = nd->in[1]->shape[1]; j->C = nd->in[0]->shape[2];
+    j->H = nd->p.attention.heads; j->D = j->C / j->H;
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
-    j->scale = 1.0f / sqrtf((float)j->D);
-    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
+    j->causal = nd->p.attention.causal;
+    j->scale = nd->p.attention.scale;
+    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
                                                  sizeof(float), "dtr_attention");
     return j->scratch ? DTR_OK : ctx->status;
 }
@@ -11035,7 +11109,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
 dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__att_job j;
     if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
-    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.T + 1) * sizeof(float)); /* row log-sum-exps */
+    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.Tq + 1) * sizeof(float)); /* row log-sum-exps */
     if (!j.lse) return ctx->status;
     nd->saved = j.lse;
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_fwd_range, &j);
@@ -11050,7 +11124,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11054 "dtrain.h"
+#line 11128 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11549,7 +11623,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11553 "dtrain.h"
+#line 11627 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11808,7 +11882,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11812 "dtrain.h"
+#line 11886 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12178,7 +12252,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12182 "dtrain.h"
+#line 12256 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12312,7 +12386,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12316 "dtrain.h"
+#line 12390 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12854,7 +12928,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12858 "dtrain.h"
+#line 12932 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -12975,6 +13049,7 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
                          heads, (long long)dim);
     l->dim = dim;
     l->heads = heads;
+    l->causal = 1;
     snprintf(sub, sizeof(sub), "%s%sqkv", name ? name : "", name && *name ? "." : "");
     dtr_linear_layer_init(&l->qkv, m, sub, dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
     snprintf(sub, sizeof(sub), "%s%sproj", name ? name : "", name && *name ? "." : "");
@@ -12984,15 +13059,17 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
 
 dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
     dtr_tensor *qkv, *q, *k, *v;
+    dtr_attention_config cfg;
     int64_t C;
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_layer_forward: layer is NULL");
     C = l->dim;
+    cfg = dtr_attention_config_init(l->heads, l->causal);
     qkv = dtr_linear_layer_forward(ctx, &l->qkv, x);   /* (B, T, 3C) */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention(ctx, q, k, v, l->heads));
+    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
 }
 
 dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {
@@ -13023,7 +13100,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13027 "dtrain.h"
+#line 13104 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13165,7 +13242,7 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
                          "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
                          name ? name : "", heads, (long long)dim, tp);
-    a->dim = dim, a->heads = heads, a->local_heads = heads / tp;
+    a->dim = dim, a->heads = heads, a->local_heads = heads / tp, a->causal = 1;
     dtr__tp_linear_init(&a->qkv, m, comm, dtr__tp_sub(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
                         DTR_INIT_TORCH_DEFAULT, 0, 3);
     dtr_tp_row_linear_init(&a->proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
@@ -13174,15 +13251,17 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
 
 dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
     dtr_tensor *qkv, *q, *k, *v;
+    dtr_attention_config cfg;
     int64_t C;
     if (!ctx) return NULL;
     if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
     C = a->dim / a->heads * a->local_heads;   /* this rank's features */
+    cfg = dtr_attention_config_init(a->local_heads, a->causal);
     qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention(ctx, q, k, v, a->local_heads));
+    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
 }
 
 /* ---- embedding ---- */
@@ -13272,7 +13351,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13276 "dtrain.h"
+#line 13355 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13794,7 +13873,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13798 "dtrain.h"
+#line 13877 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -13932,7 +14011,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 13936 "dtrain.h"
+#line 14015 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14279,7 +14358,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14283 "dtrain.h"
+#line 14362 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14345,7 +14424,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14349 "dtrain.h"
+#line 14428 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14582,7 +14661,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14586 "dtrain.h"
+#line 14665 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15331,7 +15410,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15335 "dtrain.h"
+#line 15414 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15784,7 +15863,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15788 "dtrain.h"
+#line 15867 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15840,7 +15919,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15844 "dtrain.h"
+#line 15923 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16617,7 +16696,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16621 "dtrain.h"
+#line 16700 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17198,7 +17277,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17202 "dtrain.h"
+#line 17281 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17829,7 +17908,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17833 "dtrain.h"
+#line 17912 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18625,7 +18704,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18629 "dtrain.h"
+#line 18708 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -18978,7 +19057,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 18982 "dtrain.h"
+#line 19061 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19168,7 +19247,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19172 "dtrain.h"
+#line 19251 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19349,7 +19428,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19353 "dtrain.h"
+#line 19432 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20124,7 +20203,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20128 "dtrain.h"
+#line 20207 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20641,7 +20720,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20645 "dtrain.h"
+#line 20724 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21436,7 +21515,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21440 "dtrain.h"
+#line 21519 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22684,7 +22763,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22688 "dtrain.h"
+#line 22767 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23306,7 +23385,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23310 "dtrain.h"
+#line 23389 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23807,7 +23886,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23811 "dtrain.h"
+#line 23890 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24537,7 +24616,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24541 "dtrain.h"
+#line 24620 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24773,7 +24852,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24777 "dtrain.h"
+#line 24856 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24902,7 +24981,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24906 "dtrain.h"
+#line 24985 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25339,7 +25418,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25343 "dtrain.h"
+#line 25422 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25832,7 +25911,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25836 "dtrain.h"
+#line 25915 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26364,7 +26443,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26368 "dtrain.h"
+#line 26447 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26870,7 +26949,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26874 "dtrain.h"
+#line 26953 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28419,7 +28498,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28423 "dtrain.h"
+#line 28502 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28473,7 +28552,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28477 "dtrain.h"
+#line 28556 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29651,7 +29730,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29655 "dtrain.h"
+#line 29734 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30541,7 +30620,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30545 "dtrain.h"
+#line 30624 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32019,7 +32098,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32023 "dtrain.h"
+#line 32102 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32211,10 +32290,10 @@ static double dtr__obs_flops(const dtr__node *n) {
         const dtr_tensor *w = n->in[1];   /* (Cout, Cin, kh, kw) */
         return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
-    case DTR_OP_ATTENTION: {   /* q, k, v (B, T, C), H heads */
+    case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
-        double B = (double)q->shape[0], T = (double)q->shape[1], C = (double)q->shape[2];
-        return 4.0 * B * T * T * C + 2.0 * B * (double)n->p.heads * T * T;
+        double B = (double)q->shape[0], TT = (double)q->shape[1] * (double)n->in[1]->shape[1], C = (double)q->shape[2];
+        return 4.0 * B * TT * C + 2.0 * B * (double)n->p.attention.heads * TT;
     }
     case DTR_OP_RESHAPE: case DTR_OP_PERMUTE: case DTR_OP_SLICE: case DTR_OP_CONCAT: case DTR_OP_CONTIGUOUS:
     case DTR_OP_CAST: case DTR_OP_TP_COPY: case DTR_OP_TP_REDUCE: case DTR_OP_TP_GATHER: case DTR_OP_CHECKPOINT:
@@ -32403,7 +32482,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32407 "dtrain.h"
+#line 32486 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32552,7 +32631,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32556 "dtrain.h"
+#line 32635 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -2327,22 +2327,23 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
 /* ============================================================================
- * Fused causal attention on the GPU, the CPU op's shapes and math (src/ops/ops_nn.c):
- * q, k, v, y (B, T, C), C = H * D, head h in columns h*D.., lse (B, H, T) kept for backward.
+ * Fused attention on the GPU, the CPU op's shapes and math (src/ops/ops_nn.c): q, y (B, Tq,
+ * C), k, v (B, Tk, C), C = H * D, head h in columns h*D.., lse (B, H, Tq) kept for backward;
+ * causal (query t sees keys 0..t, Tq = Tk) or not (every key).
  * As the CPU does it, query rows go in tiles; a tile's scores against the keys it may see,
- * S = q k^T / sqrt(D) (n x L for every batch item and head at once: one batched cuBLAS GEMM),
- * a row kernel turns them into probabilities P (causal, with each row's log-sum-exp), and
- * y = P v is a second GEMM. Backward recomputes P from lse: dP = dy v^T,
- * dS = P (dP - rowsum(dy y)) / sqrt(D), dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs.
+ * S = scale q k^T (n x L for every batch item and head at once: one batched cuBLAS GEMM; L
+ * the keys the tile sees), a row kernel turns them into probabilities P (with each row's
+ * log-sum-exp), and y = P v is a second GEMM. Backward recomputes P from lse: dP = dy v^T,
+ * dS = P (dP - rowsum(dy y)) scale, dq += dS k, dk += dS^T q, dv += P^T dy, all GEMMs.
  * Memory: two B x H x n x L tiles in the context's scratch, n <= DTR__ATT_TILE rows and at
- * most DTR__ATT_SCRATCH floats each, never T x T per head; the step keeps only lse. Sums are
+ * most DTR__ATT_SCRATCH floats each, never Tq x Tk per head; the step keeps only lse. Sums are
  * cuBLAS's and fixed trees: runs repeat bit for bit; no atomics.
  * 16-bit (activations of the type of matmul_precision, as linear): q, k, v and y as stored, the
  * products on 16-bit operands summed in f32 (cublasGemmEx, CUBLAS_COMPUTE_32F): scores in f32,
  * P rounded to 16 bits for P v (as the f32 path's fast 16-bit compute rounds it inside cuBLAS),
  * written over its own row of scores (a 16-bit row is the first half of the f32 row: the row
  * kernels read a chunk of the row, wait at a barrier, then write it), so the tiles take the f32
- * path's memory; backward rounds dy to 16 bits once (B T C), and P and dS per tile the same
+ * path's memory; backward rounds dy to 16 bits once (B Tq C), and P and dS per tile the same
  * way, the gradients summed in f32. Otherwise 16-bit tensors are widened into f32 copies.
  * Head width 32, 64 (the GPTs'), 96 or 128: the fused kernels further down (flash attention,
  * forward and backward on tensor cores), which keep no score tiles at all: on 16-bit operands
@@ -2362,17 +2363,19 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
 enum { DTR__FA_BF16, DTR__FA_F16, DTR__FA_TF32, DTR__FA_F32, DTR__FA_KINDS };
 
 typedef struct dtr__cuda_att {
-    int64_t B, T, C, H, D, n;          /* n: rows per tile */
+    int64_t B, Tq, Tk, C, H, D, n;     /* q, y, dy (B, Tq, C), k, v (B, Tk, C); n: rows per tile */
     int64_t sb[4], sr[4];              /* elements between batch items, between rows: of q, k, v (their
                                           rows 3C apart where they slice one qkv), then of y, dy (C) */
+    int causal;                        /* 1: query t sees keys 0..t (Tq = Tk); 0: all Tk */
     float scale;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
     int64_t es;                        /* bytes of one of them */
     int fa;                            /* the fused kernels' operands (DTR__FA_BF16 ..) */
 } dtr__cuda_att;
 
-/* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n. Row i of item z = (b, h)
-   (block (i, z)) sees keys j <= t0 + i; its scores are S[(z n + i) L ..]. */
+/* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n (causal) or Tk. Row i of
+   item z = (b, h) (block (i, z)) sees keys j < dtr__cuda_att_seen(a, w, i); its scores are
+   S[(z n + i) L ..]. */
 typedef struct dtr__cuda_att_tile {
     int64_t t0, n, L;
 } dtr__cuda_att_tile;
@@ -2388,41 +2391,48 @@ typedef struct dtr__cuda_att_bufs {
 /* f32 elements of a score row per element of the row written over it (1 for f32, 2 for 16 bits) */
 #define DTR__ATT_PACK(a) (4 / (a).es)
 
-/* S (B H, n, L) scores -> P over them (0 past the causal edge); lse (B, H, T) of each row */
+/* the rows of x (B, rows, C): q, y, dy and q's gradient (input 0 or 3) Tq, k and v (1, 2) Tk */
+__host__ __device__ static int64_t dtr__cuda_att_len(const dtr__cuda_att &a, int i) { return i == 1 || i == 2 ? a.Tk : a.Tq; }
+/* the keys row i of tile w sees: 0 .. t0 + i (causal) or every key of the tile (L) */
+__device__ static int64_t dtr__cuda_att_seen(const dtr__cuda_att &a, const dtr__cuda_att_tile &w, int64_t i) {
+    return a.causal ? w.t0 + i + 1 : w.L;
+}
+
+/* S (B H, n, L) scores -> P over them (0 past the causal edge); lse (B, H, Tq) of each row */
 __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
-    int64_t i = blockIdx.x, t = w.t0 + i;
+    int64_t i = blockIdx.x, t = w.t0 + i, seen = dtr__cuda_att_seen(a, w, i);
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         int64_t row = (z * w.n + i) * w.L;
         const float *s = S + row;
         dtr__cuda_mem P = {S, (int)a.p};
         float mx = -INFINITY;
         double sum = 0.0;
-        for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) mx = fmaxf(mx, s[j]);
+        for (int64_t j = threadIdx.x; j < seen; j += blockDim.x) mx = fmaxf(mx, s[j]);
         mx = dtr__cuda_block_max(mx);
-        for (int64_t j = threadIdx.x; j <= t; j += blockDim.x) sum += exp((double)(s[j] - mx));
+        for (int64_t j = threadIdx.x; j < seen; j += blockDim.x) sum += exp((double)(s[j] - mx));
         sum = dtr__cuda_block_sum(sum);
         for (int64_t c = 0; c < w.L; c += blockDim.x) {   /* a chunk read, then written: the 16-bit row overlaps it */
             int64_t j = c + threadIdx.x;
-            float p = j <= t ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
+            float p = j < seen ? (float)(exp((double)(s[j] - mx)) / sum) : 0.0f;
             __syncthreads();
             if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p);
             __syncthreads();
         }
-        if (threadIdx.x == 0) lse[z * a.T + t] = mx + (float)log(sum);
+        if (threadIdx.x == 0) lse[z * a.Tq + t] = mx + (float)log(sum);
     }
 }
 
 /* Backward: P = exp(S - lse) over S, then dS = P (dP - Drow) scale over dP (0 past the edge) */
 __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
                                              dtr__cuda_att_tile w) {
-    int64_t i = blockIdx.x, t = w.t0 + i;
+    int64_t i = blockIdx.x, t = w.t0 + i, seen = dtr__cuda_att_seen(a, w, i);
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         int64_t row = (z * w.n + i) * w.L;
-        float l = lse[z * a.T + t], dr = Drow[z * a.T + t];
+        float l = lse[z * a.Tq + t], dr = Drow[z * a.Tq + t];
         dtr__cuda_mem P = {S, (int)a.p}, dS = {dP, (int)a.p};
         for (int64_t c = 0; c < w.L; c += blockDim.x) {
             int64_t j = c + threadIdx.x;
-            float p = j <= t ? expf(S[row + j] - l) : 0.0f, g = j < w.L ? dP[row + j] : 0.0f;
+            float p = j < seen ? expf(S[row + j] - l) : 0.0f, g = j < w.L ? dP[row + j] : 0.0f;
             __syncthreads();
             if (j < w.L) P.st(row * DTR__ATT_PACK(a) + j, p), dS.st(row * DTR__ATT_PACK(a) + j, p * (g - dr) * a.scale);
             __syncthreads();
@@ -2430,11 +2440,11 @@ __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *
     }
 }
 
-/* Drow (B, H, T) = dy_t . y_t per head, one warp per row */
+/* Drow (B, H, Tq) = dy_t . y_t per head, one warp per row */
 __global__ static void dtr__cuda_att_drow_k(dtr__cuda_mem Y, const float *G, float *Drow, dtr__cuda_att a) {
     int64_t row = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) / 32, lane = threadIdx.x % 32;
-    if (row >= a.B * a.H * a.T) return;
-    int64_t b = row / (a.H * a.T), h = (row / a.T) % a.H, t = row % a.T, off = (b * a.T + t) * a.C + h * a.D;
+    if (row >= a.B * a.H * a.Tq) return;
+    int64_t b = row / (a.H * a.Tq), h = (row / a.Tq) % a.H, t = row % a.Tq, off = (b * a.Tq + t) * a.C + h * a.D;
     float acc = 0.0f;
     for (int64_t d = lane; d < a.D; d += 32) acc += G[off + d] * Y.ld(off + d);
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_down_sync(0xffffffffu, acc, o);
@@ -2457,17 +2467,18 @@ static int dtr__cuda_fa_kind_of(const dtr_context *ctx) {
 
 static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *a) {
     int64_t fit;
-    a->B = nd->in[0]->shape[0]; a->T = nd->in[0]->shape[1]; a->C = nd->in[0]->shape[2];
-    a->H = nd->p.heads; a->D = a->C / a->H;
+    a->B = nd->in[0]->shape[0]; a->Tq = nd->in[0]->shape[1]; a->Tk = nd->in[1]->shape[1]; a->C = nd->in[0]->shape[2];
+    a->H = nd->p.attention.heads; a->D = a->C / a->H;
     for (int i = 0; i < 3; i++) a->sb[i] = nd->in[i]->stride[0], a->sr[i] = nd->in[i]->stride[1];
-    a->sb[3] = a->T * a->C, a->sr[3] = a->C;
-    a->scale = 1.0f / sqrtf((float)a->D);
+    a->sb[3] = a->Tq * a->C, a->sr[3] = a->C;
+    a->causal = nd->p.attention.causal;
+    a->scale = nd->p.attention.scale;
     a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
     a->es = (int64_t)dtr_dtype_size(a->p);
     a->fa = dtr__cuda_fa_kind_of(ctx);
-    fit = DTR__ATT_SCRATCH / (a->B * a->H * (a->T ? a->T : 1));
+    fit = DTR__ATT_SCRATCH / (a->B * a->H * (a->Tk ? a->Tk : 1));
     a->n = fit > DTR__ATT_TILE ? DTR__ATT_TILE : fit < 16 ? 16 : fit;
-    if (a->n > a->T) a->n = a->T;
+    if (a->n > a->Tq) a->n = a->Tq;
 }
 
 /* the row kernels' grid height: one (b, h) item per block row, looping past 65535 */
@@ -2476,8 +2487,8 @@ static unsigned dtr__cuda_att_ys(const dtr__cuda_att *a) { return (unsigned)(a->
 static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t t0) {
     dtr__cuda_att_tile w;
     w.t0 = t0;
-    w.n = a->T - t0 < a->n ? a->T - t0 : a->n;
-    w.L = t0 + w.n;
+    w.n = a->Tq - t0 < a->n ? a->Tq - t0 : a->n;
+    w.L = a->causal ? t0 + w.n : a->Tk;
     return w;
 }
 
@@ -2486,8 +2497,8 @@ static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t 
    the products' pointer arrays. NULL S with the error set. */
 static dtr__cuda_att_bufs dtr__cuda_att_scratch(dtr_context *ctx, const dtr__cuda_att *a, int bwd) {
     dtr__cuda_att_bufs b;
-    int64_t f32 = dtr__cuda_align256(a->B * a->H * a->n * a->T * 4);
-    int64_t g16 = a->p == DTR_F32 || !bwd ? 0 : dtr__cuda_align256(a->B * a->T * a->C * 2);
+    int64_t f32 = dtr__cuda_align256(a->B * a->H * a->n * a->Tk * 4);
+    int64_t g16 = a->p == DTR_F32 || !bwd ? 0 : dtr__cuda_align256(a->B * a->Tq * a->C * 2);
     char *p = (char *)dtr__cuda_scratch(ctx, (size_t)((1 + bwd) * f32 + g16 + 3 * a->B * a->H * (int64_t)sizeof(void *)));
     memset(&b, 0, sizeof b);
     if (!p) return b;
@@ -2501,8 +2512,8 @@ static dtr__cuda_att_bufs dtr__cuda_att_scratch(dtr_context *ctx, const dtr__cud
 /* strides of (b, h) items: rows of x (B, T, C) head by head in elements of `bytes`; tiles of
    scores (f32) or of what is written over them (the operands' type: pack 2 for 16 bits, whose
    rows are 2 L elements apart) */
-static dtr__cuda_bstride dtr__cuda_att_x(const dtr__cuda_att *a, int64_t bytes) {
-    dtr__cuda_bstride s = {a->T * a->C, a->D, bytes};
+static dtr__cuda_bstride dtr__cuda_att_x(const dtr__cuda_att *a, int64_t T, int64_t bytes) {
+    dtr__cuda_bstride s = {T * a->C, a->D, bytes};
     return s;
 }
 /* of input i (q, k, v: their own batch strides) */
@@ -2534,7 +2545,7 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
 
 /* ---- the fused forward (flash attention): head width D = 32, 64, 96, 128 ----
  * One block of 4 warps per 64 query rows of one (b, h); each warp owns 16 rows. Per step of 64
- * keys (up to the causal edge): the block loads the k and v tiles into shared memory, each
+ * keys (up to the causal edge, or all Tk): the block loads the k and v tiles into shared memory, each
  * warp computes its rows' scores q k^T with tensor cores (wmma, f32 sums) into shared f32 rows,
  * updates its rows' running maximum and sum (online softmax, f32) and writes P in the tiles'
  * type over the k tile (every warp has read it), rescales its output rows (accumulators staged
@@ -2543,7 +2554,8 @@ static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, co
  * 16-bit tiles 45.8 KB for D 32 and 64, 66.3 KB for 96, 86.8 KB for 128; f32 tiles 70.4, 70.4,
  * 103.1 and 135.9 KB (the limit above 48 KB is raised per device when the context is made,
  * dtr__cuda_fa_setup; a size the device refuses takes the tiled kernels). The scores never
- * leave the chip, nothing of T x T is stored. Rows and keys past T read zeros and are masked. */
+ * leave the chip, nothing of Tq x Tk is stored. Rows past Tq and keys past Tk read zeros and
+ * are masked. */
 
 #define DTR__FA_ROWS 64     /* query rows of a block, 16 a warp */
 #define DTR__FA_KEYS 64     /* keys of a step */
@@ -2578,7 +2590,7 @@ template <int O, int D> struct dtr__fa {
 template <int O> using dtr__fa_acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, dtr__fa_op<O>::K, float>;
 
 /* `rows` rows r0.. of head h of item b of x (B, T, C; strides a.sb[i], a.sr[i]: q, k, v, dy;
-   elements of the tiles' type) into a tile; zeros past T. 16 bytes a load
+   elements of the tiles' type) into a tile; zeros past its length (dtr__cuda_att_len). 16 bytes a load
    (dtr__cuda_fa_takes: x 16-byte aligned, its strides whole 16 bytes). */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_load(typename dtr__fa_op<O>::E *dst, int rows, const void *x, const dtr__cuda_att &a, int i,
@@ -2589,7 +2601,7 @@ __device__ static void dtr__cuda_fa_load(typename dtr__fa_op<O>::E *dst, int row
         int r = e / (D / V), d = e % (D / V) * V;
         int64_t t = r0 + r;
         uint4 v = {0u, 0u, 0u, 0u};
-        if (t < a.T) v = *(const uint4 *)((const E *)x + b * a.sb[i] + t * a.sr[i] + h * D + d);
+        if (t < dtr__cuda_att_len(a, i)) v = *(const uint4 *)((const E *)x + b * a.sb[i] + t * a.sr[i] + h * D + d);
         *(uint4 *)(dst + r * dtr__fa<O, D>::LD + d) = v;
     }
 }
@@ -2666,12 +2678,12 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, void *sp, float *sm
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
     dtr__cuda_mem P = {sp, dtr__fa_op<O>::dt};
     for (int j = j0; j < j0 + 32; j++)
-        if (k0 + j <= t && k0 + j < a.T) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
+        if ((!a.causal || k0 + j <= t) && k0 + j < a.Tk) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     m_new = fmaxf(m_old, mx);
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
-        float p = k0 + j <= t && k0 + j < a.T && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
+        float p = (!a.causal || k0 + j <= t) && k0 + j < a.Tk && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
         P.st(r * dtr__fa<O, D>::LD + j, p);
         sum += p;
     }
@@ -2691,7 +2703,7 @@ template <int O, int D> __device__ static void dtr__cuda_fa_rescale(dtr__fa_acc<
     for (int n = 0; n < D / 16; n++) nvcuda::wmma::load_matrix_sync(o[n], ss + w16 * LS + n * 16, LS, nvcuda::wmma::mem_row_major);
 }
 
-/* y = output rows / l (of a.p), lse = m + log l, for the warp's rows inside T */
+/* y = output rows / l (of a.p), lse = m + log l, for the warp's rows inside Tq */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_store(dtr__fa_acc<O> *o, float *ss, const float *sm, const float *sl, void *Y, float *lse,
                                          const dtr__cuda_att &a, int64_t z, int64_t q0, int w16, int lane) {
@@ -2702,9 +2714,14 @@ __device__ static void dtr__cuda_fa_store(dtr__fa_acc<O> *o, float *ss, const fl
     __syncwarp();
     for (int e = lane; e < 16 * D; e += 32) {
         int r = w16 + e / D, d = e % D;
-        if (q0 + r < a.T) y.st((b * a.T + q0 + r) * a.C + h * D + d, ss[r * LS + d] / sl[r]);
+        if (q0 + r < a.Tq) y.st((b * a.Tq + q0 + r) * a.C + h * D + d, ss[r * LS + d] / sl[r]);
     }
-    if (lane < 16 && q0 + w16 + lane < a.T) lse[z * a.T + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
+    if (lane < 16 && q0 + w16 + lane < a.Tq) lse[z * a.Tq + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
+}
+
+/* the keys query block q0.. sees: up to its last row (causal) or every key */
+__device__ static int64_t dtr__cuda_fa_kend(const dtr__cuda_att &a, int64_t q0) {
+    return !a.causal ? a.Tk : q0 + DTR__FA_ROWS < a.Tq ? q0 + DTR__FA_ROWS : a.Tq;
 }
 
 /* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads, dtr__fa<O, D>::fwd bytes */
@@ -2717,7 +2734,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
     E *sq = (E *)dtr__fa_smem, *sk = sq + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_KEYS * LD;
     float *ss = (float *)(sv + DTR__FA_KEYS * LD), *sm = ss + DTR__FA_ROWS * LS, *sl = sm + DTR__FA_ROWS, *sa = sl + DTR__FA_ROWS;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16;
-    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = dtr__cuda_fa_kend(a, q0);
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         dtr__fa_acc<O> o[D / 16];
         dtr__cuda_fa_load<O, D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0);
@@ -2768,18 +2785,18 @@ template <int O, typename F> __device__ static void dtr__cuda_fa_pack(float *dst
 /* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
    added, rows past T left alone; staged 32 columns at a time through the warp's f32 rows st */
 template <int O, int D>
-__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc<O> *acc, float *st, const dtr__cuda_att &a, int64_t b, int64_t h,
-                                       int64_t r0, int lane) {
+__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc<O> *acc, float *st, const dtr__cuda_att &a, int64_t T, int64_t b,
+                                       int64_t h, int64_t r0, int lane) {
     for (int c = 0; c < D / 32; c++) {
         dtr__cuda_fa_stage<O, 2>(st, DTR__FA_LQ, acc + 2 * c);
         __syncwarp();
         for (int i = 0; i < 16; i++)
-            if (r0 + i < a.T) g[(b * a.T + r0 + i) * a.C + h * D + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
+            if (r0 + i < T) g[(b * T + r0 + i) * a.C + h * D + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
         __syncwarp();
     }
 }
 
-/* `rows` query rows q0.. of item z: q and dO into tiles, their log-sum-exps and Drow (0 past T) */
+/* `rows` query rows q0.. of item z: q and dO into tiles, their log-sum-exps and Drow (0 past Tq) */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_queries(typename dtr__fa_op<O>::E *sq, typename dtr__fa_op<O>::E *sg, float *sl, float *sd,
                                            int rows, const void *Q, const void *G, const float *lse, const float *Drow,
@@ -2788,8 +2805,8 @@ __device__ static void dtr__cuda_fa_queries(typename dtr__fa_op<O>::E *sq, typen
     dtr__cuda_fa_load<O, D>(sg, rows, G, a, 3, z / a.H, z % a.H, q0);
     if ((int)threadIdx.x < rows) {
         int64_t q = q0 + threadIdx.x;
-        sl[threadIdx.x] = q < a.T ? lse[z * a.T + q] : 0.0f;
-        sd[threadIdx.x] = q < a.T ? Drow[z * a.T + q] : 0.0f;
+        sl[threadIdx.x] = q < a.Tq ? lse[z * a.Tq + q] : 0.0f;
+        sd[threadIdx.x] = q < a.Tq ? Drow[z * a.Tq + q] : 0.0f;
     }
 }
 
@@ -2804,7 +2821,7 @@ __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> 
     typedef typename dtr__fa_op<O>::E E;
     const int LD = dtr__fa<O, D>::LD, PL = dtr__fa<O, D>::PL;
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
-        return q0 + j >= key + i && q0 + j < a.T && key + i < a.T ? expf(s * a.scale - sl[j]) : 0.0f;
+        return (!a.causal || q0 + j >= key + i) && q0 + j < a.Tq && key + i < a.Tk ? expf(s * a.scale - sl[j]) : 0.0f;
     };
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
@@ -2820,7 +2837,8 @@ __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> 
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dk, (const E *)s16, PL, sq, LD);
 }
 
-/* dk, dv of 64 keys k0.. over the query steps at or past them (grid (key blocks, min(B H, 65535))) */
+/* dk, dv of 64 keys k0.. over the query steps that see them, at or past them (causal) or all
+   (grid (key blocks, min(B H, 65535))) */
 template <int O, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const void *Q, const void *K, const void *V, const void *G,
                                                                             const float *lse, const float *Drow, float *GK, float *GV,
@@ -2839,14 +2857,14 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
         dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
         dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
-        for (int64_t q0 = k0; q0 < a.T; q0 += DTR__FA_STEP) {
+        for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Tq; q0 += DTR__FA_STEP) {
             dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
             __syncthreads();
             dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, q0, lane);
             __syncthreads();   /* before the next step's tiles */
         }
-        dtr__cuda_fa_add<O, D>(GK, dk, s16, a, z / a.H, z % a.H, k0 + w16, lane);
-        dtr__cuda_fa_add<O, D>(GV, dv, p16, a, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GK, dk, s16, a, a.Tk, z / a.H, z % a.H, k0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GV, dv, p16, a, a.Tk, z / a.H, z % a.H, k0 + w16, lane);
         __syncthreads();
     }
 }
@@ -2863,14 +2881,14 @@ __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc<O> *dq, float *s16, floa
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack<O>(s16, p16, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
-        bool live = k0 + j <= query + i && query + i < a.T && k0 + j < a.T;
+        bool live = (!a.causal || k0 + j <= query + i) && query + i < a.Tq && k0 + j < a.Tk;
         return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
     });
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dq, (const typename dtr__fa_op<O>::E *)s16, dtr__fa<O, D>::PL, sk,
                                                                      dtr__fa<O, D>::LD);
 }
 
-/* dq of 64 queries q0.. over the key steps up to them (grid (query blocks, min(B H, 65535))) */
+/* dq of 64 queries q0.. over the key steps they see (grid (query blocks, min(B H, 65535))) */
 template <int O, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(const void *Q, const void *K, const void *V, const void *G,
                                                                            const float *lse, const float *Drow, float *GQ, dtr__cuda_att a) {
@@ -2881,7 +2899,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
     float *ss = (float *)(sv + DTR__FA_STEP * LD), *sp = ss + DTR__FA_ROWS * DTR__FA_LQ, *sl = sp + DTR__FA_ROWS * DTR__FA_LQ,
           *sd = sl + DTR__FA_ROWS;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
-    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = q0 + DTR__FA_ROWS < a.T ? q0 + DTR__FA_ROWS : a.T;
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = dtr__cuda_fa_kend(a, q0);
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         dtr__fa_acc<O> dq[D / 16];
@@ -2894,7 +2912,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
             dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
             __syncthreads();
         }
-        dtr__cuda_fa_add<O, D>(GQ, dq, s16, a, z / a.H, z % a.H, q0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GQ, dq, s16, a, a.Tq, z / a.H, z % a.H, q0 + w16, lane);
         __syncthreads();
     }
 }
@@ -2910,10 +2928,10 @@ struct dtr__fa_fwd_launch {
 };
 struct dtr__fa_bwd_launch {
     template <int O, int D>
-    static void run(dim3 grid, cudaStream_t s, const void *Q, const void *K, const void *V, const void *G, const float *lse,
+    static void run(dim3 gk, dim3 gq, cudaStream_t s, const void *Q, const void *K, const void *V, const void *G, const float *lse,
                     const float *Drow, float *GQ, float *GK, float *GV, const dtr__cuda_att *a) {
-        dtr__cuda_fa_dkv_k<O, D><<<grid, DTR__FA_THREADS, dtr__fa<O, D>::bwd, s>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
-        dtr__cuda_fa_dq_k<O, D><<<grid, DTR__FA_THREADS, dtr__fa<O, D>::bwd, s>>>(Q, K, V, G, lse, Drow, GQ, *a);
+        dtr__cuda_fa_dkv_k<O, D><<<gk, DTR__FA_THREADS, dtr__fa<O, D>::bwd, s>>>(Q, K, V, G, lse, Drow, GK, GV, *a);
+        dtr__cuda_fa_dq_k<O, D><<<gq, DTR__FA_THREADS, dtr__fa<O, D>::bwd, s>>>(Q, K, V, G, lse, Drow, GQ, *a);
     }
 };
 /* raises the three kernels' shared-memory limits on the current device; 0 when refused */
@@ -2986,7 +3004,7 @@ static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__
    theirs (as linear with 16-bit products on f32 tensors). NULL x[0] with the error set. */
 static void dtr__cuda_fa_inputs(dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *k, int bwd, const void **x) {
     dtr_dtype t = dtr__cuda_fa_dtype(k->fa);
-    int64_t n = k->B * k->T * k->C, dense[3] = {k->T * k->C, k->C, 1}, each = dtr__cuda_align256(n * 2);
+    int64_t each = dtr__cuda_align256(k->B * (k->Tq > k->Tk ? k->Tq : k->Tk) * k->C * 2);
     int copies = (dtr__cuda_fa_rounds(k) ? 3 : 0) + (bwd && t != DTR_F32);
     char *at = copies ? (char *)dtr__cuda_scratch(ctx, (size_t)(copies * each)) : NULL;
     for (int i = 0; i < 3; i++) x[i] = dtr__data(nd->in[i]);
@@ -2995,16 +3013,22 @@ static void dtr__cuda_fa_inputs(dtr_context *ctx, const dtr__node *nd, dtr__cuda
     for (int i = 0; at && i < 3 && dtr__cuda_fa_rounds(k); i++, at += each) {   /* f32 q, k, v into 16 bits */
         const dtr_tensor *s = nd->in[i];
         dtr__cuda_mem to = {at, (int)t};
+        int64_t n = dtr_tensor_numel(s), dense[3] = {s->shape[1] * k->C, k->C, 1};
         dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
             to, dtr__cuda_walk_make(3, s->shape, dense, 0), dtr__cuda_storage_of(s), dtr__cuda_walk_make(3, s->shape, s->stride, s->offset), n);
         x[i] = at, k->sb[i] = dense[0], k->sr[i] = dense[1];
     }
-    if (at && bwd && t != DTR_F32 && !(x[3] = dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, t, n, &at))) x[0] = NULL;
+    if (at && bwd && t != DTR_F32 && !(x[3] = dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, t, k->B * k->Tq * k->C, &at))) x[0] = NULL;
     if (x[0] && copies && dtr__cuda_launched(ctx, nd) != DTR_OK) x[0] = NULL;
 }
 
+/* the fused kernels' grid over T rows (queries or keys): blocks of 64, (b, h) items */
+static dim3 dtr__cuda_fa_grid(const dtr__cuda_att *a, int64_t T) {
+    return dim3((unsigned)((T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+}
+
 static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
-    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+    dim3 grid = dtr__cuda_fa_grid(a, a->Tq);
     dtr__cuda_att k = *a;
     const void *x[4];
     dtr__cuda_fa_inputs(ctx, nd, &k, 0, x);
@@ -3016,12 +3040,11 @@ static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__c
 /* the fused backward of a node whose q, k and v all take gradients: the inputs and dO = dy in
    the tiles' type, then the two kernels (Drow is computed) */
 static dtr_result dtr__cuda_fa_bwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, const float *Drow) {
-    dim3 grid((unsigned)((a->T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
     dtr__cuda_att k = *a;
     const void *x[4];
     dtr__cuda_fa_inputs(ctx, nd, &k, 1, x);
     if (!x[0]) return ctx->status;
-    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(k.fa, k.D, grid, dtr__cuda_stream(ctx), x[0], x[1], x[2], x[3], (const float *)nd->saved, Drow,
+    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(k.fa, k.D, dtr__cuda_fa_grid(a, a->Tk), dtr__cuda_fa_grid(a, a->Tq), dtr__cuda_stream(ctx), x[0], x[1], x[2], x[3], (const float *)nd->saved, Drow,
                                           dtr__gradof(nd->in[0]), dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]), &k);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -3031,13 +3054,13 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_att_bufs b;
     float *lse;
     dtr__cuda_att_make(ctx, nd, &a);
-    lse = (float *)dtr__node_save(ctx, nd, (size_t)(a.B * a.H * a.T + 1) * sizeof(float)); /* row log-sum-exps */
+    lse = (float *)dtr__node_save(ctx, nd, (size_t)(a.B * a.H * a.Tq + 1) * sizeof(float)); /* row log-sum-exps */
     if (!lse) return ctx->status;
     nd->saved = lse;
-    if (a.B * a.H * a.T == 0) return DTR_OK;
+    if (a.B * a.H * a.Tq == 0) return DTR_OK;
     if (dtr__cuda_fa_takes(ctx, nd, &a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 0)).S) return ctx->status;
-    for (int64_t t0 = 0; t0 < a.T; t0 += a.n) {
+    for (int64_t t0 = 0; t0 < a.Tq; t0 += a.n) {
         dtr__cuda_att_tile w = dtr__cuda_att_tile_at(&a, t0);
         if (dtr__cuda_att_scores(ctx, nd, &a, w, &b) != DTR_OK) return ctx->status;
         dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(&a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(b.S, lse, a, w);
@@ -3045,7 +3068,7 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
         /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D) */
         if (dtr__cuda_gemm2(ctx, dtr__cuda_att_t(&a, 1), w.n, a.D, w.L, 1.0f, b.S, w.L * DTR__ATT_PACK(a), 1, dtr__cuda_att_s(&a, w, 1),
                             dtr__data(nd->in[2]), a.sr[2], 1, dtr__cuda_att_in(&a, 2), 0.0f, (void *)dtr__cuda_att_at(dtr__data(nd->out), t0 * a.C, a.es),
-                            a.C, dtr__cuda_att_x(&a, a.es), a.B, a.H, b.ptrs) != DTR_OK)
+                            a.C, dtr__cuda_att_x(&a, a.Tq, a.es), a.B, a.H, b.ptrs) != DTR_OK)
             return ctx->status;
     }
     return DTR_OK;
@@ -3059,7 +3082,8 @@ static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const 
     int64_t D = a->D, C = a->C, es = a->es;
     const void *Gt = dtr__cuda_att_at(b->G, w.t0 * C, es), *Qt = dtr__cuda_att_at(Q, w.t0 * a->sr[0], es);
     int64_t ld = w.L * DTR__ATT_PACK(*a);   /* the row stride of P and dS */
-    dtr__cuda_bstride x = dtr__cuda_att_x(a, es), x32 = dtr__cuda_att_x(a, 4), sc = dtr__cuda_att_s(a, w, 1);
+    dtr__cuda_bstride x = dtr__cuda_att_x(a, a->Tq, es), x32 = dtr__cuda_att_x(a, a->Tq, 4), k32 = dtr__cuda_att_x(a, a->Tk, 4);
+    dtr__cuda_bstride sc = dtr__cuda_att_s(a, w, 1);
     dtr__cuda_bstride xq = dtr__cuda_att_in(a, 0), xk = dtr__cuda_att_in(a, 1), xv = dtr__cuda_att_in(a, 2);
     dtr__cuda_gemm_t t = dtr__cuda_att_t(a, 0);
     if (dtr__cuda_att_scores(ctx, nd, a, w, b) != DTR_OK) return ctx->status;
@@ -3073,9 +3097,9 @@ static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const 
     if (GQ && dtr__cuda_gemm2(ctx, t, w.n, D, w.L, 1.0f, b->dP, ld, 1, sc, K, a->sr[1], 1, xk, 1.0f, GQ + w.t0 * C, C, x32, a->B, a->H,
                               b->ptrs) != DTR_OK)
         return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
-    if (GK && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, a->sr[0], 1, xq, 1.0f, GK, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
+    if (GK && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, a->sr[0], 1, xq, 1.0f, GK, C, k32, a->B, a->H, b->ptrs) != DTR_OK)
         return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
-    if (GV && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->S, 1, ld, sc, Gt, C, 1, x, 1.0f, GV, C, x32, a->B, a->H, b->ptrs) != DTR_OK)
+    if (GV && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->S, 1, ld, sc, Gt, C, 1, x, 1.0f, GV, C, k32, a->B, a->H, b->ptrs) != DTR_OK)
         return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */
     return DTR_OK;
 }
@@ -3087,7 +3111,7 @@ static dtr_result dtr__cuda_attention_run_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t rows;
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
     dtr__cuda_att_make(ctx, nd, &a);
-    rows = a.B * a.H * a.T;
+    rows = a.B * a.H * a.Tq;
     if (rows == 0) return DTR_OK;
     if (!(Drow = (float *)dtr__node_save(ctx, nd, (size_t)rows * sizeof(float)))) return ctx->status;
     dtr__cuda_att_drow_k<<<dtr__launch_blocks(rows * 32, DTR__CUDA_THREADS, INT32_MAX), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
@@ -3100,9 +3124,9 @@ static dtr_result dtr__cuda_attention_run_bwd(dtr_context *ctx, dtr__node *nd) {
         b.G = nd->out->grad;   /* f32: dy as it is */
     } else {
         char *g = (char *)b.G;
-        if (!dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a.p, a.B * a.T * a.C, &g)) return ctx->status;
+        if (!dtr__cuda_as16(ctx, nd->out->grad, DTR_F32, a.p, a.B * a.Tq * a.C, &g)) return ctx->status;
     }
-    for (int64_t t0 = 0; t0 < a.T; t0 += a.n)
+    for (int64_t t0 = 0; t0 < a.Tq; t0 += a.n)
         if (dtr__cuda_att_bwd_tile(ctx, nd, &a, dtr__cuda_att_tile_at(&a, t0), &b, Drow) != DTR_OK) return ctx->status;
     return DTR_OK;
 }
@@ -3115,7 +3139,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3119 "dtrain_cuda.cu"
+#line 3143 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3612,5 +3636,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3616 "dtrain_cuda.cu"
+#line 3640 "dtrain_cuda.cu"
 

@@ -11,8 +11,11 @@
  *   test_abs_gelu_erf        dtr_abs, dtr_gelu_erf and dtr_gelu (tanh form) against PyTorch's numbers
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
- *   test_fused_attention     the fused attention op equals the composite of public ops; its arena
- *                            peak at T = 512 is a fraction of the composite's (no T x T per head)
+ *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
+ *                            not, cross-attention, a scale of the app's); its arena peak at
+ *                            T = 512 is a fraction of the composite's (no T x T per head)
+ *   test_attention_layer_causal  the attention layer is causal unless told (position 0 does not
+ *                            see the last one); with causal = 0 it does (an encoder's)
  *   test_release_activations a small GPT, 2 micro-batches accumulated: release_activations gives
  *                            the same gradient bits and loss with a lower arena peak (the second
  *                            micro-batch lives in the first one's blocks)
@@ -412,60 +415,133 @@ static void test_backend_caps(void) {
     dtr_context_destroy(ctx);
 }
 
-/* The fused attention op against the same math built from public ops (matmul,
- * softmax_causal, permute): outputs and the gradients of q, k, v agree to 1e-5 over three
- * tiles of queries; and its arena peak at T = 512 is far below the composite's, which holds
- * (B, H, T, T) scores and probabilities. */
-static dtr_tensor *attention_composite(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
+/* dtr_attention_layer: causal (init's), position 0's output does not move when the last
+ * position's input does; with causal = 0 (an encoder's) it does, and every position equals
+ * dtr_attention_ex with a config that is not causal on the layer's own slices. */
+static void attention_layer_outputs(int causal, float last, float *y0, float *yall) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_attention_layer l;
+    int64_t xs[3] = {1, 6, 8}, i;
+    float xv[48];
+    dtr_tensor *x, *y;
+    for (i = 0; i < 48; i++) xv[i] = (float)((i * 37) % 17) / 17.0f - 0.5f;
+    xv[47] = last;
+    CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
+    CHECK_OK(ctx, dtr_attention_layer_init(&l, m, "attn", 8, 2));
+    CHECK_EQ_INT(l.causal, 1);
+    CHECK_OK(ctx, dtr_model_build(m));
+    l.causal = causal;
+    x = dtr_tensor_from(ctx, DTR_F32, 3, xs, xv);
+    y = dtr_attention_layer_forward(ctx, &l, x);
+    CHECK(y != NULL);
+    if (y) CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, yall, 48));
+    memcpy(y0, yall, 8 * sizeof(float));
+    if (!causal && y) {   /* the same through dtr_attention_ex on the projection's slices */
+        dtr_attention_config cfg = dtr_attention_config_init(2, 0);
+        dtr_tensor *qkv = dtr_linear_layer_forward(ctx, &l.qkv, x);
+        dtr_tensor *a = dtr_attention_ex(ctx, dtr_slice(ctx, qkv, -1, 0, 8), dtr_slice(ctx, qkv, -1, 8, 16), dtr_slice(ctx, qkv, -1, 16, 24), &cfg);
+        float ref[48];
+        CHECK_OK(ctx, dtr_tensor_read(dtr_linear_layer_forward(ctx, &l.proj, a), DTR_F32, ref, 48));
+        CHECK(memcmp(ref, yall, sizeof ref) == 0);
+    }
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void test_attention_layer_causal(void) {
+    float a[8], b[8], all[48];
+    attention_layer_outputs(1, 0.25f, a, all);
+    attention_layer_outputs(1, -3.0f, b, all);
+    CHECK_MSG(memcmp(a, b, sizeof a) == 0, "causal: position 0 saw the last position");
+    attention_layer_outputs(0, 0.25f, a, all);
+    attention_layer_outputs(0, -3.0f, b, all);
+    CHECK_MSG(memcmp(a, b, sizeof a) != 0, "not causal: position 0 did not see the last position");
+}
+
+/* The fused attention op against the same math built from public ops (matmul, softmax or
+ * softmax_causal, scale, permute): outputs and the gradients of q, k, v agree to 1e-5 over
+ * three tiles of queries, causal, not causal, and cross-attention with fewer and more keys
+ * than queries and a scale of the app's; and its arena peak at T = 512 is far below the
+ * composite's, which holds (B, H, Tq, Tk) scores and probabilities. */
+static dtr_tensor *attention_heads(dtr_context *ctx, dtr_tensor *x, int heads) {
     static const int to_heads[4] = {0, 2, 1, 3};
-    int64_t B = q->shape[0], T = q->shape[1], C = q->shape[2], D = C / heads, shape[4];
-    dtr_tensor *qh, *kh, *vh, *att, *y;
-    shape[0] = B; shape[1] = T; shape[2] = heads; shape[3] = D;
-    qh = dtr_permute(ctx, dtr_reshape(ctx, q, 4, shape), to_heads);
-    kh = dtr_permute(ctx, dtr_reshape(ctx, k, 4, shape), to_heads);
-    vh = dtr_permute(ctx, dtr_reshape(ctx, v, 4, shape), to_heads);
-    att = dtr_softmax_causal(ctx, dtr_scale(ctx, dtr_matmul(ctx, qh, dtr_transpose(ctx, kh, 2, 3)), 1.0f / sqrtf((float)D)));
-    y = dtr_contiguous(ctx, dtr_permute(ctx, dtr_matmul(ctx, att, vh), to_heads));
-    shape[2] = C;
+    int64_t shape[4];
+    shape[0] = x->shape[0]; shape[1] = x->shape[1]; shape[2] = heads; shape[3] = x->shape[2] / heads;
+    return dtr_permute(ctx, dtr_reshape(ctx, x, 4, shape), to_heads);
+}
+static dtr_tensor *attention_composite(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *c) {
+    static const int to_heads[4] = {0, 2, 1, 3};
+    float scale = c->scale != 0.0f ? c->scale : 1.0f / sqrtf((float)(q->shape[2] / c->heads));
+    dtr_tensor *s = dtr_scale(ctx, dtr_matmul(ctx, attention_heads(ctx, q, c->heads), dtr_transpose(ctx, attention_heads(ctx, k, c->heads), 2, 3)), scale);
+    dtr_tensor *att = c->causal ? dtr_softmax_causal(ctx, s) : dtr_softmax(ctx, s);
+    dtr_tensor *y = dtr_contiguous(ctx, dtr_permute(ctx, dtr_matmul(ctx, att, attention_heads(ctx, v, c->heads)), to_heads));
+    int64_t shape[3];
+    memcpy(shape, q->shape, sizeof shape);
     return dtr_reshape(ctx, y, 3, shape);
 }
 
-static void attention_run(int fused, int64_t B, int64_t T, int64_t C, int heads, float *out, float *grads, size_t *peak) {
+/* one run: q (B, Tq, C), k and v (B, Tk, C) of fixed random values; y and the gradients of
+   sum(y * y) into out and grads (q's, then k's and v's) */
+static void attention_run(int fused, int64_t B, int64_t Tq, int64_t Tk, int64_t C, const dtr_attention_config *cfg, float *out,
+                          float *grads, size_t *peak) {
     dtr_context *ctx = test_ctx(2);
-    int64_t shape[3] = {B, T, C}, n = B * T * C, i;
-    float *data = (float *)malloc((size_t)n * 3 * sizeof(float));
+    int64_t len[3] = {Tq, Tk, Tk}, at = 0, i;
+    float *data = (float *)malloc((size_t)(B * (Tq + 2 * Tk) * C) * sizeof(float));
     dtr_tensor *x[3], *y, *loss;
     dtr_rng r;
     int k;
     dtr_rng_seed(&r, 21, 1);
-    for (i = 0; i < 3 * n; i++) data[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
-    for (k = 0; k < 3; k++) x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, data + k * n));
+    for (i = 0; i < B * (Tq + 2 * Tk) * C; i++) data[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
+    for (k = 0; k < 3; at += B * len[k] * C, k++) {
+        int64_t shape[3] = {B, len[k], C};
+        x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, data + at));
+    }
     dtr_context_arena_peak(ctx, 1);
-    y = fused ? dtr_attention(ctx, x[0], x[1], x[2], heads) : attention_composite(ctx, x[0], x[1], x[2], heads);
+    y = fused ? dtr_attention_ex(ctx, x[0], x[1], x[2], cfg) : attention_composite(ctx, x[0], x[1], x[2], cfg);
     loss = dtr_sum_all(ctx, dtr_mul(ctx, y, y));
     CHECK_OK(ctx, dtr_backward(ctx, loss));
     *peak = dtr_context_arena_peak(ctx, 0);
-    if (out) CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, out, (size_t)n));
-    for (k = 0; grads && k < 3; k++) memcpy(grads + k * n, dtr_tensor_grad(x[k]), (size_t)n * sizeof(float));
+    if (out) CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, out, (size_t)(B * Tq * C)));
+    for (k = 0, at = 0; grads && k < 3; at += B * len[k] * C, k++)
+        memcpy(grads + at, dtr_tensor_grad(x[k]), (size_t)(B * len[k] * C) * sizeof(float));
     free(data);
     dtr_context_destroy(ctx);
 }
 
-static void test_fused_attention(void) {
-    int64_t B = 2, T = 70, C = 8, n = B * T * C, i;
-    float *o1 = (float *)malloc((size_t)n * 8 * sizeof(float)), *o2 = o1 + n, *g1 = o2 + n, *g2 = g1 + 3 * n;
+/* largest |a - b| / (1 + |b|) of the fused op and the composite (outputs, gradients) */
+static double attention_gap(int64_t B, int64_t Tq, int64_t Tk, int64_t C, const dtr_attention_config *cfg) {
+    int64_t n = B * (2 * Tq + 2 * Tk) * C, i;   /* y, then the three gradients */
+    float *a = (float *)malloc((size_t)n * 2 * sizeof(float)), *b = a + n;
     double worst = 0.0;
+    size_t peak;
+    attention_run(1, B, Tq, Tk, C, cfg, a, a + B * Tq * C, &peak);
+    attention_run(0, B, Tq, Tk, C, cfg, b, b + B * Tq * C, &peak);
+    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)a[i] - b[i]) / (1.0 + fabs((double)b[i])));
+    free(a);
+    return worst;
+}
+
+static void test_fused_attention(void) {
+    static const struct { int causal; int64_t Tq, Tk; float scale; } cases[] = {
+        {1, 70, 70, 0.0f}, {0, 70, 70, 0.0f}, {0, 70, 45, 0.2f}, {0, 33, 90, 0.0f}, {1, 70, 70, 0.7f}};
     size_t p_fused, p_comp;
-    attention_run(1, B, T, C, 2, o1, g1, &p_fused);
-    attention_run(0, B, T, C, 2, o2, g2, &p_comp);
-    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)o1[i] - o2[i]) / (1.0 + fabs((double)o2[i])));
-    for (i = 0; i < 3 * n; i++) worst = fmax(worst, fabs((double)g1[i] - g2[i]) / (1.0 + fabs((double)g2[i])));
-    CHECK_MSG(worst < 1e-5, "fused attention differs from the composite by %.3g", worst);
-    attention_run(1, 1, 512, 32, 4, NULL, NULL, &p_fused);
-    attention_run(0, 1, 512, 32, 4, NULL, NULL, &p_comp);
+    int c;
+    for (c = 0; c < (int)(sizeof cases / sizeof cases[0]); c++) {
+        dtr_attention_config cfg = dtr_attention_config_init(2, cases[c].causal);
+        double worst;
+        cfg.scale = cases[c].scale;
+        worst = attention_gap(2, cases[c].Tq, cases[c].Tk, 8, &cfg);
+        CHECK_MSG(worst < 1e-5, "fused attention (causal %d, Tq %lld, Tk %lld, scale %g) differs from the composite by %.3g",
+                  cases[c].causal, (long long)cases[c].Tq, (long long)cases[c].Tk, (double)cases[c].scale, worst);
+    }
+    {
+        dtr_attention_config cfg = dtr_attention_config_init(4, 1);
+        attention_run(1, 1, 512, 512, 32, &cfg, NULL, NULL, &p_fused);
+        attention_run(0, 1, 512, 512, 32, &cfg, NULL, NULL, &p_comp);
+    }
     CHECK_MSG(p_fused * 4 < p_comp, "arena peak: fused %zu bytes, composite %zu", p_fused, p_comp);
     printf("attention at T = 512, 4 heads: arena peak %zu bytes fused, %zu composite\n", p_fused, p_comp);
-    free(o1);
 }
 
 /* ---- release_activations ---- */
@@ -673,6 +749,7 @@ int main(void) {
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);
+    RUN(test_attention_layer_causal);
     RUN(test_release_activations);
     RUN(test_spares_merge);
     RUN(test_released_errors);

@@ -626,6 +626,27 @@ static void test_shape_and_dtype_errors(void) {
     xs[1] = x;
     EXPECT_NULL(ctx, dtr_concat(ctx, xs, 2, 0), DTR_SHAPE_MISMATCH, "dtr_concat");
     EXPECT_NULL(ctx, dtr_concat(ctx, xs, 0, 0), DTR_INVALID_ARGUMENT, "dtr_concat");
+    /* attention: ranks, k and v differing, causal across lengths, no keys, heads, scale, no config */
+    {
+        int64_t sq[3] = {2, 5, 6}, sk[3] = {2, 7, 6};
+        dtr_tensor *q = tensor_of(ctx, 3, sq, 0, 0.1f), *k = tensor_of(ctx, 3, sk, 0, 0.1f);
+        dtr_attention_config cc = dtr_attention_config_init(2, 1), nc = dtr_attention_config_init(2, 0);
+        EXPECT_NULL(ctx, dtr_attention(ctx, t2(ctx, 5, 6), q, q, 2), DTR_SHAPE_MISMATCH, "dtr_attention");
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, q, &nc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* v of Tq rows */
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &cc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* causal, Tq != Tk */
+        CHECK(dtr_attention_ex(ctx, q, k, k, &nc) != NULL);
+        sk[1] = 0;
+        k = tensor_of(ctx, 3, sk, 0, 0.1f);
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &nc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* no keys */
+        sk[1] = 7; sk[2] = 4;
+        k = tensor_of(ctx, 3, sk, 0, 0.1f);
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &nc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* C differs */
+        EXPECT_NULL(ctx, dtr_attention(ctx, q, q, q, 4), DTR_INVALID_ARGUMENT, "dtr_attention");
+        EXPECT_NULL(ctx, dtr_attention(ctx, q, q, q, 0), DTR_INVALID_ARGUMENT, "dtr_attention");
+        nc.scale = NAN;
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, &nc), DTR_INVALID_ARGUMENT, "dtr_attention");
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, NULL), DTR_NULL_HANDLE, "dtr_attention_ex");
+    }
     /* others */
     EXPECT_NULL(ctx, dtr_softmax_causal(ctx, t2(ctx, 3, 4)), DTR_SHAPE_MISMATCH, "dtr_softmax_causal");
     EXPECT_NULL(ctx, dtr_sum(ctx, t2(ctx, 3, 4), 2, 0), DTR_INVALID_ARGUMENT, "dtr_sum");

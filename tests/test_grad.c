@@ -283,6 +283,15 @@ static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
 
 static dtr_tensor *b_attention(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_attention(c, x[0], x[1], x[2], 2); }
 
+/* dtr_attention_ex, arg {causal, heads (0: 2), scale in hundredths (0: 1 / sqrt(D))}: q (B, Tq,
+   C), k and v (B, Tk, C) */
+static dtr_tensor *b_attention_ex(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *a = (const int *)u;
+    dtr_attention_config cfg = dtr_attention_config_init(a[1] ? a[1] : 2, a[0]);
+    cfg.scale = (float)a[2] / 100.0f;
+    return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
+}
+
 /* attention on views, read without copies where their rows are dense: 0, q, k, v the column
    slices of one (B, T, 3C) qkv (rows 3C apart); 1, q dense, k a slice of (B, T, 2C), v a
    transposed (B, C, T) (copied) */
@@ -426,6 +435,22 @@ static const op_case CASES[] = {
      NULL},
     /* the fused kernels on slices (rows 3C apart; head width 64) */
     {"causal self-attention on slices of one qkv, head width 64", 1, {IN3(1, 150, 384)}, b_attention_views, KA(0), 1, NULL},
+    {"attention, not causal", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_ex, {0, 0, 0}, 0, NULL},
+    {"causal attention, 3 heads, scale 0.3", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_ex, {1, 3, 30}, 0, NULL},
+    {"cross-attention, 4 queries, 7 keys", 3, {IN3(2, 4, 6), IN3(2, 7, 6), IN3(2, 7, 6)}, b_attention_ex, {0, 0, 0}, 0, NULL},
+    {"cross-attention, 40 queries (two tiles), 3 keys", 3, {IN3(1, 40, 4), IN3(1, 3, 4), IN3(1, 3, 4)}, b_attention_ex, {0, 1, 0}, 0,
+     NULL},
+    /* the GPU's tiled kernels over two tiles of 256 queries, and the fused ones (head width 64):
+       fewer keys than queries and more, with blocks of 64 partial on both sides */
+    {"cross-attention, 300 queries, 70 keys", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_ex, {0, 0, 0}, 1, NULL},
+    {"attention, not causal, head width 64", 3, {IN3(1, 150, 128), IN3(1, 150, 128), IN3(1, 150, 128)}, b_attention_ex, {0, 0, 0}, 1,
+     NULL},
+    {"cross-attention, head width 64, 70 queries, 150 keys", 3, {IN3(2, 70, 128), IN3(2, 150, 128), IN3(2, 150, 128)}, b_attention_ex,
+     {0, 0, 0}, 1, NULL},
+    {"cross-attention, head width 32, 150 queries, 40 keys, scale 0.5", 3, {IN3(1, 150, 64), IN3(1, 40, 64), IN3(1, 40, 64)},
+     b_attention_ex, {0, 0, 50}, 1, NULL},
+    {"causal attention, head width 128, scale 0.05", 3, {IN3(1, 150, 256), IN3(1, 150, 256), IN3(1, 150, 256)}, b_attention_ex,
+     {1, 0, 5}, 1, NULL},
     {"reshape", 1, {IN2(6, 4)}, b_views, KA(0), 0, NULL},
     {"permute + contiguous", 1, {IN2(6, 4)}, b_views, KA(1), 0, NULL},
     {"slice", 1, {IN2(6, 4)}, b_views, KA(2), 0, NULL},

@@ -1,6 +1,7 @@
 /* tests/test_tensor_parallel.c: the tensor-parallel layers (src/nn/tensor_parallel.c) against
  * one rank training the single-device layers.
- *   test_tp_train_*   for each net (linear column -> row -> gathered column; attention; a
+ *   test_tp_train_*   for each net (linear column -> row -> gathered column; attention, not
+ *                     causal (the GPT block's is); a
  *                     vocabulary-parallel embedding, head and cross-entropy; a GPT block with
  *                     the vocabulary-parallel head and cross-entropy on top), TP 2 and 4 on thread ranks train 20 steps
  *                     (AdamW for the MLP and the embedding, SGD with attention: the k part of
@@ -79,9 +80,9 @@ static dtr_result declare(enum net kind, dtr_model *m, dtr_comm *c, net_layers *
         dtr_tp_column_linear_init(&L->t1, m, c, "l1", C, 2 * C, 1, DTR_INIT_TORCH_DEFAULT, 0);
         dtr_tp_row_linear_init(&L->t2, m, c, "l2", 2 * C, C, 1, DTR_INIT_TORCH_DEFAULT);
         dtr_tp_column_linear_init(&L->t3, m, c, "l3", C, C, 1, DTR_INIT_TORCH_DEFAULT, 1);
-    } else if (kind == NET_ATTN) {
-        if (c) dtr_tp_attention_init(&L->tattn, m, c, "attn", C, HEADS);
-        else dtr_attention_layer_init(&L->attn, m, "attn", C, HEADS);
+    } else if (kind == NET_ATTN) {   /* not causal (an encoder's); the GPT block's is */
+        if (c) dtr_tp_attention_init(&L->tattn, m, c, "attn", C, HEADS), L->tattn.causal = 0;
+        else dtr_attention_layer_init(&L->attn, m, "attn", C, HEADS), L->attn.causal = 0;
     } else {
         if (kind == NET_EMBED && c) dtr_tp_embedding_init(&L->temb, m, c, "wte", V, C);
         else if (kind == NET_EMBED) dtr_embedding_layer_init(&L->emb, m, "wte", V, C);

@@ -211,12 +211,18 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+typedef struct dtr__attention_params {
+    int heads;                        /* C = heads * D */
+    int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
+    float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
+} dtr__attention_params;
+
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
     float eps;                        /* LAYERNORM: added to the variance */
     int axis;                         /* SUM, MEAN: the reduced axis */
-    int heads;                        /* ATTENTION: the number of heads (C = heads * D) */
+    dtr__attention_params attention;  /* ATTENTION */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;

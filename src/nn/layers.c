@@ -115,6 +115,7 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
                          heads, (long long)dim);
     l->dim = dim;
     l->heads = heads;
+    l->causal = 1;
     snprintf(sub, sizeof(sub), "%s%sqkv", name ? name : "", name && *name ? "." : "");
     dtr_linear_layer_init(&l->qkv, m, sub, dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
     snprintf(sub, sizeof(sub), "%s%sproj", name ? name : "", name && *name ? "." : "");
@@ -124,15 +125,17 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
 
 dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
     dtr_tensor *qkv, *q, *k, *v;
+    dtr_attention_config cfg;
     int64_t C;
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_layer_forward: layer is NULL");
     C = l->dim;
+    cfg = dtr_attention_config_init(l->heads, l->causal);
     qkv = dtr_linear_layer_forward(ctx, &l->qkv, x);   /* (B, T, 3C) */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention(ctx, q, k, v, l->heads));
+    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
 }
 
 dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {

@@ -136,7 +136,7 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
         return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
                          "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
                          name ? name : "", heads, (long long)dim, tp);
-    a->dim = dim, a->heads = heads, a->local_heads = heads / tp;
+    a->dim = dim, a->heads = heads, a->local_heads = heads / tp, a->causal = 1;
     dtr__tp_linear_init(&a->qkv, m, comm, dtr__tp_sub(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
                         DTR_INIT_TORCH_DEFAULT, 0, 3);
     dtr_tp_row_linear_init(&a->proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
@@ -145,15 +145,17 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
 
 dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
     dtr_tensor *qkv, *q, *k, *v;
+    dtr_attention_config cfg;
     int64_t C;
     if (!ctx) return NULL;
     if (!a || !a->local_heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_attention_forward: layer is NULL or not initialised");
     C = a->dim / a->heads * a->local_heads;   /* this rank's features */
+    cfg = dtr_attention_config_init(a->local_heads, a->causal);
     qkv = dtr_tp_linear_forward(ctx, &a->qkv, x);   /* (B, T, 3C): its q | k | v */
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention(ctx, q, k, v, a->local_heads));
+    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
 }
 
 /* ---- embedding ---- */

@@ -186,10 +186,10 @@ static double dtr__obs_flops(const dtr__node *n) {
         const dtr_tensor *w = n->in[1];   /* (Cout, Cin, kh, kw) */
         return 2.0 * out * (double)(w->shape[1] * w->shape[2] * w->shape[3]) + (dtr__obs_has_bias(n) ? out : 0.0);
     }
-    case DTR_OP_ATTENTION: {   /* q, k, v (B, T, C), H heads */
+    case DTR_OP_ATTENTION: {   /* q (B, Tq, C), k, v (B, Tk, C), H heads: every score counted, causal or not */
         const dtr_tensor *q = n->in[0];
-        double B = (double)q->shape[0], T = (double)q->shape[1], C = (double)q->shape[2];
-        return 4.0 * B * T * T * C + 2.0 * B * (double)n->p.heads * T * T;
+        double B = (double)q->shape[0], TT = (double)q->shape[1] * (double)n->in[1]->shape[1], C = (double)q->shape[2];
+        return 4.0 * B * TT * C + 2.0 * B * (double)n->p.attention.heads * TT;
     }
     case DTR_OP_RESHAPE: case DTR_OP_PERMUTE: case DTR_OP_SLICE: case DTR_OP_CONCAT: case DTR_OP_CONTIGUOUS:
     case DTR_OP_CAST: case DTR_OP_TP_COPY: case DTR_OP_TP_REDUCE: case DTR_OP_TP_GATHER: case DTR_OP_CHECKPOINT:

@@ -1,6 +1,6 @@
 /* ============================================================================
- * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and the
- * causal self-attention composite.
+ * Neural-network ops: softmax family, cross-entropy, embedding, layer norm, dropout and fused
+ * attention (causal or not, self or cross).
  * Shapes: R rows of length C (all leading axes flattened), B batch, T time, H heads, D head dim.
  * ==========================================================================*/
 #include "../public/api.h"
@@ -512,15 +512,15 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- causal self-attention, fused (flash-style) ----
- * q, k, v, y (B, T, C) with C = H * D, head h in columns h*D .. h*D+D-1 (no permutes). q, k
- * and v are read as they are where their rows are dense (stride 1 along C: the column slices
- * of one qkv projection, whose rows are 3C apart), else through contiguous copies; y and the
- * gradients (a view's own) are dense. Per
- * (batch, head), query rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys
- * it may see (S = q k^T / sqrt(D), causal), its softmax rows, then y = P v, all through GEMM;
- * only the row log-sum-exps (B, H, T) are kept. Backward recomputes each tile's P from them.
- * Memory per worker: two TILE x T blocks, never T x T per head. A (batch, head) is one
+/* ---- attention, fused (flash-style) ----
+ * q (B, Tq, C), k, v (B, Tk, C), y (B, Tq, C) with C = H * D, head h in columns h*D .. h*D+D-1
+ * (no permutes). q, k and v are read as they are where their rows are dense (stride 1 along
+ * C: the column slices of one qkv projection, whose rows are 3C apart), else through
+ * contiguous copies; y and the gradients (a view's own) are dense. Per (batch, head), query
+ * rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys it may see (S = scale
+ * q k^T; causal: keys 0..t, else all Tk), its softmax rows, then y = P v, all through GEMM;
+ * only the row log-sum-exps (B, H, Tq) are kept. Backward recomputes each tile's P from them.
+ * Memory per worker: two TILE x Tk blocks, never Tq x Tk per head. A (batch, head) is one
  * worker's, in tile order, so results do not depend on the thread count. */
 
 #define DTR__ATT_TILE 32
@@ -530,19 +530,39 @@ static dtr_tensor *dtr__att_input(dtr_context *ctx, dtr_tensor *x) {
     return x->stride[2] == 1 || x->shape[2] == 1 ? x : dtr_contiguous(ctx, x);
 }
 
-dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
-    dtr__node *n;
+dtr_attention_config dtr_attention_config_init(int heads, int causal) {
+    dtr_attention_config c;
+    memset(&c, 0, sizeof c);
+    c.heads = heads;
+    c.causal = causal;
+    return c;
+}
+
+/* DTR_OK when q, k, v and cfg make an attention (the error set otherwise) */
+static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dtr_tensor *k, const dtr_tensor *v,
+                                 const dtr_attention_config *cfg) {
     char s1[96], s2[96], s3[96];
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || q->shape[0] != k->shape[0] || q->shape[2] != k->shape[2] ||
+        memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) || (cfg->causal && q->shape[1] != k->shape[1]) ||
+        (q->shape[1] > 0 && k->shape[1] == 0))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, C), (B, Tk, C)%s",
+                         dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3),
+                         cfg->causal ? " with Tq = Tk (causal)" : " with Tk > 0");
+    if (cfg->heads <= 0 || q->shape[2] % cfg->heads)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", cfg->heads, (long long)q->shape[2]);
+    if (!isfinite(cfg->scale))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
+    return DTR_OK;
+}
+
+dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *cfg) {
+    dtr__node *n;
+    int64_t shape[3];
     if (!ctx) return NULL;
+    if (!cfg) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_ex: cfg is NULL");
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
-        !dtr__check_input(ctx, "dtr_attention", v, "v"))
+        !dtr__check_input(ctx, "dtr_attention", v, "v") || dtr__att_check(ctx, q, k, v, cfg) != DTR_OK)
         return NULL;
-    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || memcmp(q->shape, k->shape, 3 * sizeof(int64_t)) ||
-        memcmp(q->shape, v->shape, 3 * sizeof(int64_t)))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must all be (B, T, C)",
-                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
-    if (heads <= 0 || q->shape[2] % heads)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", heads, (long long)q->shape[2]);
     q = dtr__att_input(ctx, q);
     k = dtr__att_input(ctx, k);
     v = dtr__att_input(ctx, v);
@@ -552,31 +572,44 @@ dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_te
         n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
     }
     if (!n) return NULL;
-    n->p.heads = heads;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
+    n->p.attention.heads = cfg->heads;
+    n->p.attention.causal = cfg->causal != 0;
+    n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
+    memcpy(shape, q->shape, sizeof shape);
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
+}
+
+dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads) {
+    dtr_attention_config c = dtr_attention_config_init(heads, 1);
+    return dtr_attention_ex(ctx, q, k, v, &c);
 }
 
 typedef struct dtr__att_job {
     const dtr__node *nd;
     dtr__pool *pool;
-    int64_t B, T, C, H, D;
+    int64_t B, Tq, Tk, C, H, D;
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
+    int causal;
     float scale;
-    float *lse;        /* (B, H, T) */
-    float *scratch;    /* per worker: two TILE x T blocks */
+    float *lse;        /* (B, H, Tq) */
+    float *scratch;    /* per worker: two TILE x Tk blocks */
 } dtr__att_job;
 
-/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled causal scores S in place; the
- * row's log-sum-exp to lse (forward) or P from it (backward: have_lse). */
-static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, float scale, float *lse, int have_lse) {
+/* the keys query tile [t0, t0 + rows) sees: 0 .. t0 + rows - 1 (causal) or every key */
+static int64_t dtr__att_keys(const dtr__att_job *j, int64_t t0, int64_t rows) { return j->causal ? t0 + rows : j->Tk; }
+
+/* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled scores S in place (causal: row
+ * t's keys past t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
+ * have_lse). */
+static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int64_t nk, int64_t t0, float *lse, int have_lse) {
     int64_t r, j;
     for (r = 0; r < rows; r++) {
         float *sr = S + r * nk, mx;
-        int64_t valid = t0 + r + 1;
+        int64_t valid = jb->causal ? t0 + r + 1 : nk;
         double sum;
-        for (j = 0; j < valid; j++) sr[j] *= scale;
+        for (j = 0; j < valid; j++) sr[j] *= jb->scale;
         if (have_lse) {
             (void)dtr__exp_sum(sr, valid, lse[t0 + r], sr);
         } else {
@@ -593,43 +626,45 @@ static void dtr__att_softmax(float *S, int64_t rows, int64_t nk, int64_t t0, flo
 static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
     return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (bh % j->H) * j->D;
 }
+/* the first of head bh's D values in a dense (B, T, C) buffer (y and q's gradient: T = Tq; k's
+   and v's: Tk) */
+static int64_t dtr__att_off(const dtr__att_job *j, int64_t bh, int64_t T) { return (bh / j->H) * T * j->C + (bh % j->H) * j->D; }
 
 static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
-    int64_t T = j->T, C = j->C, D = j->D, bh, t0;
-    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T;
+    int64_t Tq = j->Tq, C = j->C, D = j->D, bh, t0;
+    float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk;
     for (bh = b; bh < e; bh++) {
-        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D;
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        float *Y = dtr__f32(j->nd->out) + off, *lse = j->lse + bh * T;
-        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
-            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+        float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, Tq), *lse = j->lse + bh * Tq;
+        for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
-            dtr__att_softmax(S, rows, nk, t0, j->scale, lse, 0);
+            dtr__att_softmax(j, S, rows, nk, t0, lse, 0);
             /* Y_tile (rows, D) = P (rows, nk) V (nk, D) */
             dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, S, nk, 1, V, j->sr[2], 1, 0.0f, Y + t0 * C, C);
         }
     }
 }
 
-/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) / sqrt(D). */
+/* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) scale. */
 static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
     const dtr__node *nd = j->nd;
-    int64_t T = j->T, C = j->C, D = j->D, bh, t0, r, c;
-    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * T, *dP = P + DTR__ATT_TILE * T;
+    int64_t Tq = j->Tq, C = j->C, D = j->D, bh, t0, r, c;
+    float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk, *dP = P + DTR__ATT_TILE * j->Tk;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
     for (bh = b; bh < e; bh++) {
-        int64_t off = (bh / j->H) * T * C + (bh % j->H) * D, rq = j->sr[0], rk = j->sr[1];
+        int64_t off = dtr__att_off(j, bh, Tq), offk = dtr__att_off(j, bh, j->Tk), rq = j->sr[0], rk = j->sr[1];
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * T;
-        for (t0 = 0; t0 < T; t0 += DTR__ATT_TILE) {
-            int64_t rows = T - t0 < DTR__ATT_TILE ? T - t0 : DTR__ATT_TILE, nk = t0 + rows;
+        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
+        for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
-            dtr__att_softmax(P, rows, nk, t0, j->scale, (float *)lse, 1);
+            dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
             /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
-            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + off, C);
+            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, C);
             if (!GQ && !GK) continue;
             /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
@@ -640,7 +675,7 @@ static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
             }
             /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
             if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
-            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + off, C);
+            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, C);
         }
     }
 }
@@ -650,11 +685,12 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     memset(j, 0, sizeof *j);
     j->nd = nd;
     j->pool = ctx->pool;
-    j->B = nd->in[0]->shape[0]; j->T = nd->in[0]->shape[1]; j->C = nd->in[0]->shape[2];
-    j->H = nd->p.heads; j->D = j->C / j->H;
+    j->B = nd->in[0]->shape[0]; j->Tq = nd->in[0]->shape[1]; j->Tk = nd->in[1]->shape[1]; j->C = nd->in[0]->shape[2];
+    j->H = nd->p.attention.heads; j->D = j->C / j->H;
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
-    j->scale = 1.0f / sqrtf((float)j->D);
-    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->T ? j->T : 1)) *
+    j->causal = nd->p.attention.causal;
+    j->scale = nd->p.attention.scale;
+    j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
                                                  sizeof(float), "dtr_attention");
     return j->scratch ? DTR_OK : ctx->status;
 }
@@ -662,7 +698,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
 dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__att_job j;
     if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
-    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.T + 1) * sizeof(float)); /* row log-sum-exps */
+    j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.Tq + 1) * sizeof(float)); /* row log-sum-exps */
     if (!j.lse) return ctx->status;
     nd->saved = j.lse;
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_fwd_range, &j);

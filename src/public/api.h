@@ -517,6 +517,31 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
 
+/** What dtr_attention_ex computes. Make one with dtr_attention_config_init(). */
+typedef struct dtr_attention_config {
+    int heads;     /**< heads H, dividing C: head h reads columns h*D .. h*D+D-1, D = C / H */
+    int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
+                        0: every query sees every key (encoders, cross-attention) */
+    float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
+} dtr_attention_config;
+
+/** heads, causal as given, scale 0 (1 / sqrt(D)). Thread safety: any thread. */
+DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
+
+/** Multi-head attention, causal or not, self or cross: q (B, Tq, C), k and v (B, Tk, C) ->
+ *  (B, Tq, C), per head softmax(scale q k^T [+ causal mask]) v (PyTorch's
+ *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal). The fused
+ *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
+ *  the config's choices; dtr_attention(q, k, v, heads) is this with
+ *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
+ *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B, C or k and v
+ *  differing, causal with Tq != Tk), DTR_INVALID_ARGUMENT (heads not dividing C, a scale that
+ *  is not finite), DTR_NULL_HANDLE (cfg NULL).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v,
+                                     const dtr_attention_config *cfg);
+
 /** Converts to another dtype. f32 <-> bf16/f16: the backward pass converts the gradient
  *  straight through.
  *  Thread safety: the context's thread. */
@@ -703,13 +728,19 @@ typedef struct dtr_conv2d_layer {
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
-/** Causal self-attention: parameters "<name>.qkv.weight" (3C, C), "<name>.qkv.bias" (3C),
+/** Self-attention, causal unless `causal` is set to 0 after init (a bidirectional encoder's:
+ *  every position sees every other): parameters "<name>.qkv.weight" (3C, C), "<name>.qkv.bias" (3C),
  *  "<name>.proj.weight" (C, C), "<name>.proj.bias" (C), stored as nn.Linear stores them
  *  (out, in). The rows of qkv.weight are q | k | v: rows 0..C-1 give q, C..2C-1 k, 2C..3C-1 v;
  *  head h of `heads` uses features h*C/heads .. (h+1)*C/heads-1 of each (GPT-2's layout).
  *  Scores are scaled by 1/sqrt(C/heads). Hugging Face GPT-2 keeps these as Conv1D weights
  *  (in, out): transpose c_attn.weight and c_proj.weight when porting (docs/guide.md). */
-typedef struct dtr_attention_layer { dtr_linear_layer qkv, proj; int64_t dim; int heads; } dtr_attention_layer;
+typedef struct dtr_attention_layer {
+    dtr_linear_layer qkv, proj;
+    int64_t dim;
+    int heads;
+    int causal;    /**< 1 (init's): query t sees positions 0..t; 0: every position (dtr_attention_ex) */
+} dtr_attention_layer;
 /** Pre-norm GPT block: x + attn(ln1(x)), then x + fc_proj(gelu(fc(ln2(x)))), GELU in its tanh
  *  form (dtr_gelu, GPT-2's). Parameters under "<name>.": ln1.weight/bias, attn.qkv.*,
  *  attn.proj.* (as dtr_attention_layer), ln2.weight/bias, fc.weight (4C, C), fc.bias (4C),

@@ -142,13 +142,14 @@ DTR_API dtr_result dtr_tp_row_linear_init(dtr_tp_linear *l, dtr_model *m, dtr_co
  *  Thread safety: the context's thread; the group not used by another thread meanwhile. */
 DTR_API dtr_tensor *dtr_tp_linear_forward(dtr_context *ctx, const dtr_tp_linear *l, dtr_tensor *x);
 
-/** Causal self-attention with its heads split over the group: rank r computes heads
+/** Self-attention with its heads split over the group: rank r computes heads
  *  r * heads / tp .. with a column-parallel qkv (its rows of the q, k and v blocks) and a
- *  row-parallel proj. Parameters as dtr_attention_layer's. */
+ *  row-parallel proj. Parameters and `causal` as dtr_attention_layer's. */
 typedef struct dtr_tp_attention {
     dtr_tp_linear qkv, proj;
     int64_t dim;
     int heads, local_heads;    /**< all heads, and this rank's (heads / tp) */
+    int causal;                /**< 1 (init's): causal; 0: every position sees every other */
 } dtr_tp_attention;
 
 /** Declares the attention `name` on m. @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT
