@@ -548,21 +548,28 @@ typedef struct dtr_attention_config {
     int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
                         0: every query sees every key (encoders, cross-attention) */
     float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
+    dtr_tensor *key_lengths;   /**< NULL: every key. Else i32 (B): item b's keys are
+                                    0 .. key_lengths[b] - 1, the rest padding (masked for every
+                                    query, so their k and v get zero gradients); each in [1, Tk] */
 } dtr_attention_config;
 
-/** heads, causal as given, scale 0 (1 / sqrt(D)). Thread safety: any thread. */
+/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths. Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
-/** Multi-head attention, causal or not, self or cross: q (B, Tq, C), k and v (B, Tk, C) ->
- *  (B, Tq, C), per head softmax(scale q k^T [+ causal mask]) v (PyTorch's
- *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal). The fused
+/** Multi-head attention, causal or not, self or cross, with padded keys: q (B, Tq, C), k and
+ *  v (B, Tk, C) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
+ *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, and with
+ *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on). The fused
  *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
  *  the config's choices; dtr_attention(q, k, v, heads) is this with
  *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
  *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
  *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B, C or k and v
- *  differing, causal with Tq != Tk), DTR_INVALID_ARGUMENT (heads not dividing C, a scale that
- *  is not finite), DTR_NULL_HANDLE (cfg NULL).
+ *  differing, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH (key_lengths not
+ *  i32), DTR_INVALID_ARGUMENT (heads not dividing C, a scale that is not finite),
+ *  DTR_NULL_HANDLE (cfg NULL). A key length outside [1, Tk] is DTR_INVALID_ARGUMENT from the
+ *  forward pass (the CPU: when the op runs; a GPU: at the next synchronisation, as an
+ *  embedding's ids, with the padding masked as if the length were clamped into range).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v,
                                      const dtr_attention_config *cfg);
@@ -4142,7 +4149,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4146 "dtrain.h"
+#line 4153 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4950,7 +4957,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4954 "dtrain.h"
+#line 4961 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5291,7 +5298,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5295 "dtrain.h"
+#line 5302 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5353,7 +5360,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5357 "dtrain.h"
+#line 5364 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5732,7 +5739,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5736 "dtrain.h"
+#line 5743 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5775,7 +5782,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5779 "dtrain.h"
+#line 5786 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5809,7 +5816,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5813 "dtrain.h"
+#line 5820 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5868,7 +5875,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5872 "dtrain.h"
+#line 5879 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5942,7 +5949,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5946 "dtrain.h"
+#line 5953 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6010,7 +6017,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6014 "dtrain.h"
+#line 6021 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6085,7 +6092,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6089 "dtrain.h"
+#line 6096 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6437,7 +6444,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6441 "dtrain.h"
+#line 6448 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7253,7 +7260,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7257 "dtrain.h"
+#line 7264 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7928,7 +7935,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7932 "dtrain.h"
+#line 7939 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8019,7 +8026,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8023 "dtrain.h"
+#line 8030 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8501,7 +8508,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8505 "dtrain.h"
+#line 8512 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8756,7 +8763,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8760 "dtrain.h"
+#line 8767 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8987,7 +8994,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8991 "dtrain.h"
+#line 8998 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9106,7 +9113,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9110 "dtrain.h"
+#line 9117 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9162,7 +9169,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9166 "dtrain.h"
+#line 9173 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9547,7 +9554,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9551 "dtrain.h"
+#line 9558 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9809,7 +9816,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9813 "dtrain.h"
+#line 9820 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10226,7 +10233,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10230 "dtrain.h"
+#line 10237 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10405,7 +10412,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10409 "dtrain.h"
+#line 10416 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10963,12 +10970,19 @@ static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dt
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", cfg->heads, (long long)q->shape[2]);
     if (!isfinite(cfg->scale))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
+    if (cfg->key_lengths && cfg->key_lengths->dtype != DTR_I32)
+        return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_attention: key_lengths must be i32");
+    if (cfg->key_lengths && cfg->key_lengths->ctx != ctx)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: key_lengths belongs to another context");
+    if (cfg->key_lengths && (cfg->key_lengths->ndim != 1 || cfg->key_lengths->shape[0] != q->shape[0]))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: key_lengths %s must be (B) with B = %lld",
+                         dtr__shape_str(cfg->key_lengths, s1, sizeof s1), (long long)q->shape[0]);
     return DTR_OK;
 }
 
 dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *cfg) {
     dtr__node *n;
-    int64_t shape[3];
+    dtr_tensor *lens;
     if (!ctx) return NULL;
     if (!cfg) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_ex: cfg is NULL");
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
@@ -10977,17 +10991,17 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     q = dtr__att_input(ctx, q);
     k = dtr__att_input(ctx, k);
     v = dtr__att_input(ctx, v);
-    if (!q || !k || !v) return NULL;
+    lens = cfg->key_lengths ? dtr__contig_input(ctx, cfg->key_lengths) : NULL;
+    if (!q || !k || !v || (cfg->key_lengths && !lens)) return NULL;
     {
-        dtr_tensor *in[3] = {q, k, v};
-        n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
+        dtr_tensor *in[4] = {q, k, v, lens};
+        n = dtr__node_new(ctx, DTR_OP_ATTENTION, lens ? 4 : 3, in);
     }
     if (!n) return NULL;
     n->p.attention.heads = cfg->heads;
     n->p.attention.causal = cfg->causal != 0;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
-    memcpy(shape, q->shape, sizeof shape);
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, "dtr_attention");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
 }
@@ -11004,12 +11018,17 @@ typedef struct dtr__att_job {
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     int causal;
     float scale;
+    const int32_t *len;   /* key_lengths (B), or NULL: every key */
     float *lse;        /* (B, H, Tq) */
     float *scratch;    /* per worker: two TILE x Tk blocks */
 } dtr__att_job;
 
-/* the keys query tile [t0, t0 + rows) sees: 0 .. t0 + rows - 1 (causal) or every key */
-static int64_t dtr__att_keys(const dtr__att_job *j, int64_t t0, int64_t rows) { return j->causal ? t0 + rows : j->Tk; }
+/* the keys query tile [t0, t0 + rows) of head bh sees: 0 .. t0 + rows - 1 (causal) or every
+   key, and none past its item's key length */
+static int64_t dtr__att_keys(const dtr__att_job *j, int64_t bh, int64_t t0, int64_t rows) {
+    int64_t n = j->causal ? t0 + rows : j->Tk;
+    return j->len && j->len[bh / j->H] < n ? j->len[bh / j->H] : n;
+}
 
 /* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled scores S in place (causal: row
  * t's keys past t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
@@ -11018,7 +11037,7 @@ static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int
     int64_t r, j;
     for (r = 0; r < rows; r++) {
         float *sr = S + r * nk, mx;
-        int64_t valid = jb->causal ? t0 + r + 1 : nk;
+        int64_t valid = jb->causal && t0 + r + 1 < nk ? t0 + r + 1 : nk;
         double sum;
         for (j = 0; j < valid; j++) sr[j] *= jb->scale;
         if (have_lse) {
@@ -11049,7 +11068,7 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, Tq), *lse = j->lse + bh * Tq;
         for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
-            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
             dtr__att_softmax(j, S, rows, nk, t0, lse, 0);
@@ -11071,7 +11090,7 @@ static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
         for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
-            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
             dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
             /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
@@ -11101,6 +11120,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->causal = nd->p.attention.causal;
     j->scale = nd->p.attention.scale;
+    j->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
                                                  sizeof(float), "dtr_attention");
     return j->scratch ? DTR_OK : ctx->status;
@@ -11108,7 +11128,12 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
 
 dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__att_job j;
+    int64_t b;
     if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    for (b = 0; j.len && b < j.B; b++)
+        if (j.len[b] < 1 || j.len[b] > j.Tk)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: key_lengths[%lld] is %d, outside [1, %lld]", (long long)b,
+                             (int)j.len[b], (long long)j.Tk);
     j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.Tq + 1) * sizeof(float)); /* row log-sum-exps */
     if (!j.lse) return ctx->status;
     nd->saved = j.lse;
@@ -11124,7 +11149,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11128 "dtrain.h"
+#line 11153 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11623,7 +11648,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11627 "dtrain.h"
+#line 11652 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11882,7 +11907,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11886 "dtrain.h"
+#line 11911 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12252,7 +12277,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12256 "dtrain.h"
+#line 12281 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12386,7 +12411,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12390 "dtrain.h"
+#line 12415 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12928,7 +12953,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12932 "dtrain.h"
+#line 12957 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13100,7 +13125,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13104 "dtrain.h"
+#line 13129 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13351,7 +13376,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13355 "dtrain.h"
+#line 13380 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13873,7 +13898,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13877 "dtrain.h"
+#line 13902 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14011,7 +14036,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14015 "dtrain.h"
+#line 14040 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14358,7 +14383,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14362 "dtrain.h"
+#line 14387 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14424,7 +14449,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14428 "dtrain.h"
+#line 14453 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14661,7 +14686,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14665 "dtrain.h"
+#line 14690 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15410,7 +15435,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15414 "dtrain.h"
+#line 15439 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15863,7 +15888,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15867 "dtrain.h"
+#line 15892 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15919,7 +15944,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15923 "dtrain.h"
+#line 15948 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16696,7 +16721,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16700 "dtrain.h"
+#line 16725 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17277,7 +17302,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17281 "dtrain.h"
+#line 17306 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17908,7 +17933,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17912 "dtrain.h"
+#line 17937 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18704,7 +18729,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18708 "dtrain.h"
+#line 18733 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19057,7 +19082,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19061 "dtrain.h"
+#line 19086 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19247,7 +19272,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19251 "dtrain.h"
+#line 19276 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19428,7 +19453,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19432 "dtrain.h"
+#line 19457 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20203,7 +20228,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20207 "dtrain.h"
+#line 20232 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20720,7 +20745,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20724 "dtrain.h"
+#line 20749 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21515,7 +21540,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21519 "dtrain.h"
+#line 21544 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22763,7 +22788,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22767 "dtrain.h"
+#line 22792 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23385,7 +23410,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23389 "dtrain.h"
+#line 23414 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23886,7 +23911,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23890 "dtrain.h"
+#line 23915 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24616,7 +24641,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24620 "dtrain.h"
+#line 24645 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24852,7 +24877,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24856 "dtrain.h"
+#line 24881 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -24981,7 +25006,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 24985 "dtrain.h"
+#line 25010 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25418,7 +25443,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25422 "dtrain.h"
+#line 25447 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25911,7 +25936,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25915 "dtrain.h"
+#line 25940 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26443,7 +26468,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26447 "dtrain.h"
+#line 26472 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26949,7 +26974,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26953 "dtrain.h"
+#line 26978 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28498,7 +28523,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28502 "dtrain.h"
+#line 28527 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28552,7 +28577,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28556 "dtrain.h"
+#line 28581 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29730,7 +29755,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29734 "dtrain.h"
+#line 29759 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30620,7 +30645,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30624 "dtrain.h"
+#line 30649 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32098,7 +32123,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32102 "dtrain.h"
+#line 32127 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32482,7 +32507,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32486 "dtrain.h"
+#line 32511 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32631,7 +32656,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32635 "dtrain.h"
+#line 32660 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

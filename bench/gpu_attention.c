@@ -1,16 +1,18 @@
-/* bench/gpu_attention.c: causal self-attention of the GPTs of bench/gpu.c on a backend, as JSON
- * lines ("impl":"dtrain"; bench/gpu_attention_torch.py prints the same lines for PyTorch's
- * scaled_dot_product_attention on the same GPU):
+/* bench/gpu_attention.c: the self-attention of the GPTs of bench/gpu.c and of two encoders on a
+ * backend, as JSON lines ("impl":"dtrain"; bench/gpu_attention_torch.py prints the same lines
+ * for PyTorch's scaled_dot_product_attention on the same GPU):
  *   gpt2: batch 4, context 1024, 12 heads of 64 (GPT-2 small); gpt: batch 8, context 256, 6 heads of 64;
- *   d128: batch 2, context 2048, 16 heads of 128 (a 1B Llama's attention)
- * Per shape two lines: "pass":"fwd" (dtr_attention; 2 B H T^2 D flops, the causal half of the
- * two products) and "pass":"fwd_bwd" (forward, sum, backward: 7 B H T^2 D, backward's five
- * products counted as 2.5 forwards). q, k and v are f32 parameters cast to bf16 first with
+ *   d128: batch 2, context 2048, 16 heads of 128 (a 1B Llama's attention), all causal;
+ *   vit: batch 32, 197 tokens, 12 heads of 64 (ViT-B/16 on 224 x 224 images), bert: batch 8,
+ *   512 tokens, 12 heads of 64 (BERT-base), not causal (dtr_attention_ex, "causal":0)
+ * Per shape two lines: "pass":"fwd" (2 B H T^2 D flops causal, the causal half of the two
+ * products, 4 B H T^2 D not) and "pass":"fwd_bwd" (forward, sum, backward: 3.5 times the
+ * forward's, backward's five products counted as 2.5 forwards). q, k and v are f32 parameters cast to bf16 first with
  * --bf16 (bf16 activations and products), as the GPT does; without it, f32 (--tf32 allows TF32).
  * The fused kernels take every shape here; DTR_CUDA_FLASH=0 in the environment takes the tiled
  * ones ("kernels":"tiled" in the lines). Each figure is the best of --rounds rounds of --iters
  * after a warm-up, the device synchronised by a read at the end of a round.
- * Usage: gpu_attention [--backend cuda|cpu] [--shape gpt2|gpt|d128|all] [--iters N] [--rounds N] [--bf16] [--tf32]
+ * Usage: gpu_attention [--backend cuda|cpu] [--shape gpt2|gpt|d128|vit|bert|all] [--iters N] [--rounds N] [--bf16] [--tf32]
  * Build: make build/bench/gpu_attention (links dtrain_cuda.o). */
 #define _POSIX_C_SOURCE 200809L
 #include "../dtrain.h"
@@ -19,9 +21,10 @@
 #include <string.h>
 #include <time.h>
 
-typedef struct att_shape { const char *name; int64_t b, t, h, d; } att_shape;
+typedef struct att_shape { const char *name; int64_t b, t, h, d; int causal; } att_shape;
 
-static const att_shape SHAPES[] = {{"gpt2", 4, 1024, 12, 64}, {"gpt", 8, 256, 6, 64}, {"d128", 2, 2048, 16, 128}};
+static const att_shape SHAPES[] = {{"gpt2", 4, 1024, 12, 64, 1}, {"gpt", 8, 256, 6, 64, 1}, {"d128", 2, 2048, 16, 128, 1},
+                                   {"vit", 32, 197, 12, 64, 0}, {"bert", 8, 512, 12, 64, 0}};
 #define NSHAPES ((int)(sizeof SHAPES / sizeof SHAPES[0]))
 
 static double now_s(void) {
@@ -41,21 +44,22 @@ static int tiled(void) {
 static dtr_tensor *act(dtr_context *ctx, dtr_tensor *x) { return g_bf16 ? dtr_cast(ctx, x, DTR_BF16) : x; }
 
 /* one attention (fwd) or attention, sum and backward; the tape reset after */
-static dtr_result one(dtr_context *ctx, dtr_tensor **qkv, int heads, int bwd) {
-    dtr_tensor *y = dtr_attention(ctx, act(ctx, qkv[0]), act(ctx, qkv[1]), act(ctx, qkv[2]), heads);
+static dtr_result one(dtr_context *ctx, dtr_tensor **qkv, const att_shape *s, int bwd) {
+    dtr_attention_config cfg = dtr_attention_config_init((int)s->h, s->causal);
+    dtr_tensor *y = dtr_attention_ex(ctx, act(ctx, qkv[0]), act(ctx, qkv[1]), act(ctx, qkv[2]), &cfg);
     dtr_result r = y ? DTR_OK : dtr_context_status(ctx);
     if (r == DTR_OK && bwd) r = dtr_backward(ctx, dtr_sum_all(ctx, g_bf16 ? dtr_cast(ctx, y, DTR_F32) : y));
     dtr_context_reset(ctx);
     return r;
 }
 
-static dtr_result time_pass(dtr_context *ctx, dtr_tensor **qkv, int heads, int bwd, int iters, int rounds, double *best) {
-    dtr_result r = one(ctx, qkv, heads, bwd);   /* warm-up */
+static dtr_result time_pass(dtr_context *ctx, dtr_tensor **qkv, const att_shape *s, int bwd, int iters, int rounds, double *best) {
+    dtr_result r = one(ctx, qkv, s, bwd);   /* warm-up */
     int i, k;
     *best = 1e30;
     for (k = 0; r == DTR_OK && k < rounds; k++) {
         double t0 = now_s(), dt;
-        for (i = 0; r == DTR_OK && i < iters; i++) r = one(ctx, qkv, heads, bwd);
+        for (i = 0; r == DTR_OK && i < iters; i++) r = one(ctx, qkv, s, bwd);
         (void)dtr_tensor_get(qkv[0], 0);      /* waits for the stream */
         dt = (now_s() - t0) / iters;
         if (dt < *best) *best = dt;
@@ -69,12 +73,12 @@ static int run_shape(dtr_context *ctx, const att_shape *s, const char *bname, in
     dtr_tensor *qkv[3] = {NULL, NULL, NULL};
     dtr_model *m = NULL;
     dtr_result r = dtr_model_create(ctx, 1, &m);
-    double t[2] = {0, 0}, f = (double)s->b * s->h * s->t * s->t * s->d;
+    double t[2] = {0, 0}, f = (s->causal ? 1.0 : 2.0) * (double)s->b * s->h * s->t * s->t * s->d;
     int i, pass;
     for (i = 0; i < 3 && r == DTR_OK; i++)
         if (!(qkv[i] = dtr_model_param(m, names[i], 3, shape, DTR_INIT_UNIFORM, 1.0f))) r = dtr_context_status(ctx);
     if (r == DTR_OK) r = dtr_model_build(m);
-    for (pass = 0; pass < 2 && r == DTR_OK; pass++) r = time_pass(ctx, qkv, (int)s->h, pass, iters, rounds, &t[pass]);
+    for (pass = 0; pass < 2 && r == DTR_OK; pass++) r = time_pass(ctx, qkv, s, pass, iters, rounds, &t[pass]);
     if (r != DTR_OK) {
         printf("{\"bench\":\"gpu_attention\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"shape\":\"%s\",\"error\":\"%s\"}\n", bname,
                s->name, dtr_context_last_error(ctx));
@@ -83,9 +87,9 @@ static int run_shape(dtr_context *ctx, const att_shape *s, const char *bname, in
     }
     for (pass = 0; pass < 2; pass++)
         printf("{\"bench\":\"gpu_attention\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"shape\":\"%s\",\"batch\":%lld,\"context\":%lld,"
-               "\"heads\":%lld,\"head_dim\":%lld,\"pass\":\"%s\",\"bf16\":%d,\"tf32\":%d,\"kernels\":\"%s\",\"ms\":%.4f,"
-               "\"tflops\":%.2f}\n",
-               bname, s->name, (long long)s->b, (long long)s->t, (long long)s->h, (long long)s->d, pass ? "fwd_bwd" : "fwd", g_bf16,
+               "\"heads\":%lld,\"head_dim\":%lld,\"causal\":%d,\"pass\":\"%s\",\"bf16\":%d,\"tf32\":%d,\"kernels\":\"%s\","
+               "\"ms\":%.4f,\"tflops\":%.2f}\n",
+               bname, s->name, (long long)s->b, (long long)s->t, (long long)s->h, (long long)s->d, s->causal, pass ? "fwd_bwd" : "fwd", g_bf16,
                tf32, tiled() ? "tiled" : "fused", t[pass] * 1e3, (pass ? 7.0 : 2.0) * f / t[pass] / 1e12);
     fflush(stdout);
     dtr_model_destroy(m);
@@ -105,7 +109,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--bf16")) g_bf16 = 1;
         else if (!strcmp(argv[i], "--tf32")) tf32 = 1;
         else {
-            fprintf(stderr, "usage: %s [--backend cuda|cpu] [--shape gpt2|gpt|d128|all] [--iters N] [--rounds N] [--bf16] [--tf32]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--backend cuda|cpu] [--shape gpt2|gpt|d128|vit|bert|all] [--iters N] [--rounds N] [--bf16] [--tf32]\n", argv[0]);
             return 2;
         }
     }

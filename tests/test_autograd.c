@@ -522,6 +522,53 @@ static double attention_gap(int64_t B, int64_t Tq, int64_t Tk, int64_t C, const 
     return worst;
 }
 
+/* y (nq floats), then the gradients of x[0] (nq), x[1] and x[2] (nk each) into out */
+static void attention_outputs(dtr_tensor *y, dtr_tensor **x, float *out, int64_t nq, int64_t nk) {
+    CHECK(dtr_tensor_read(y, DTR_F32, out, (size_t)nq) == DTR_OK);
+    CHECK(dtr_tensor_read_grad(x[0], out + nq, (size_t)nq) == DTR_OK);
+    CHECK(dtr_tensor_read_grad(x[1], out + 2 * nq, (size_t)nk) == DTR_OK);
+    CHECK(dtr_tensor_read_grad(x[2], out + 2 * nq + nk, (size_t)nk) == DTR_OK);
+}
+
+/* Key lengths: the fused op with item b's keys cut at lens[b] (not causal) against the
+   composite of each item alone on its first lens[b] keys; the padding keys' gradients are 0.
+   q (B, Tq, C), k, v (B, Tk, C) of fixed random values, loss sum(y * y). */
+static double attention_lens_gap(int64_t B, int64_t Tq, int64_t Tk, int64_t C, const int32_t *lens) {
+    dtr_context *ctx = test_ctx(2);
+    int64_t sq[3] = {B, Tq, C}, sk[3] = {B, Tk, C}, nq = B * Tq * C, nk = B * Tk * C, i, b;
+    int64_t n = 2 * nq + 2 * nk;   /* y, then the gradients of q, k, v */
+    float *data = (float *)malloc((size_t)(nq + 2 * nk + 2 * n) * sizeof(float)), *fused = data + nq + 2 * nk, *comp = fused + n;
+    dtr_tensor *x[3], *y, *parts[8];
+    dtr_attention_config cfg = dtr_attention_config_init(2, 0);
+    dtr_rng r;
+    double worst = 0.0;
+    int k;
+    dtr_rng_seed(&r, 5, 1);
+    for (i = 0; i < nq + 2 * nk; i++) data[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
+    for (k = 0; k < 3; k++) x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, k ? sk : sq, data + (k ? nq + (k - 1) * nk : 0)));
+    cfg.key_lengths = dtr_tensor_from(ctx, DTR_I32, 1, &B, lens);
+    y = dtr_attention_ex(ctx, x[0], x[1], x[2], &cfg);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, y))));
+    attention_outputs(y, x, fused, nq, nk);
+    for (b = 0, k = 0; b < B; b++)   /* the padding keys' gradients: k counts those that are not 0 */
+        for (i = lens[b] * C; i < Tk * C; i++) k += fused[2 * nq + b * Tk * C + i] != 0.0f || fused[2 * nq + nk + b * Tk * C + i] != 0.0f;
+    CHECK_MSG(k == 0, "%d gradients of padding keys are not 0", k);
+    dtr_context_reset(ctx);
+    for (k = 0; k < 3; k++) x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, k ? sk : sq, data + (k ? nq + (k - 1) * nk : 0)));
+    cfg.key_lengths = NULL;
+    for (b = 0; b < B && b < 8; b++) {
+        dtr_tensor *qb = dtr_slice(ctx, x[0], 0, b, b + 1), *kb = dtr_slice(ctx, dtr_slice(ctx, x[1], 0, b, b + 1), 1, 0, lens[b]);
+        parts[b] = attention_composite(ctx, qb, kb, dtr_slice(ctx, dtr_slice(ctx, x[2], 0, b, b + 1), 1, 0, lens[b]), &cfg);
+    }
+    y = dtr_concat(ctx, parts, (int)B, 0);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, y))));
+    attention_outputs(y, x, comp, nq, nk);
+    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)fused[i] - comp[i]) / (1.0 + fabs((double)comp[i])));
+    free(data);
+    dtr_context_destroy(ctx);
+    return worst;
+}
+
 static void test_fused_attention(void) {
     static const struct { int causal; int64_t Tq, Tk; float scale; } cases[] = {
         {1, 70, 70, 0.0f}, {0, 70, 70, 0.0f}, {0, 70, 45, 0.2f}, {0, 33, 90, 0.0f}, {1, 70, 70, 0.7f}};
@@ -534,6 +581,11 @@ static void test_fused_attention(void) {
         worst = attention_gap(2, cases[c].Tq, cases[c].Tk, 8, &cfg);
         CHECK_MSG(worst < 1e-5, "fused attention (causal %d, Tq %lld, Tk %lld, scale %g) differs from the composite by %.3g",
                   cases[c].causal, (long long)cases[c].Tq, (long long)cases[c].Tk, (double)cases[c].scale, worst);
+    }
+    {
+        static const int32_t lens[3] = {45, 1, 20};
+        double worst = attention_lens_gap(3, 70, 45, 8, lens);
+        CHECK_MSG(worst < 1e-5, "fused attention with key lengths differs from the composite on the items' keys by %.3g", worst);
     }
     {
         dtr_attention_config cfg = dtr_attention_config_init(4, 1);

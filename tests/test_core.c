@@ -646,6 +646,23 @@ static void test_shape_and_dtype_errors(void) {
         nc.scale = NAN;
         EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, &nc), DTR_INVALID_ARGUMENT, "dtr_attention");
         EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, NULL), DTR_NULL_HANDLE, "dtr_attention_ex");
+        {   /* key lengths: f32, not (B), then values outside [1, Tk] (found when the op runs) */
+            int32_t lens[3] = {5, 0, 1};
+            int64_t two = 2, three = 3;
+            nc = dtr_attention_config_init(2, 0);
+            nc.key_lengths = tensor_of(ctx, 1, &two, 1, 0);
+            EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, &nc), DTR_DTYPE_MISMATCH, "key_lengths");
+            nc.key_lengths = dtr_tensor_from(ctx, DTR_I32, 1, &three, lens);
+            EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, &nc), DTR_SHAPE_MISMATCH, "key_lengths");
+            nc.key_lengths = dtr_tensor_from(ctx, DTR_I32, 1, &two, lens + 1);
+            EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, &nc), DTR_INVALID_ARGUMENT, "key_lengths[0] is 0, outside [1, 5]");
+            lens[1] = 6;
+            nc.key_lengths = dtr_tensor_from(ctx, DTR_I32, 1, &two, lens);
+            EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, q, q, &nc), DTR_INVALID_ARGUMENT, "key_lengths[1] is 6");
+            lens[1] = 5;
+            nc.key_lengths = dtr_tensor_from(ctx, DTR_I32, 1, &two, lens);
+            CHECK(dtr_attention_ex(ctx, q, q, q, &nc) != NULL);
+        }
     }
     /* others */
     EXPECT_NULL(ctx, dtr_softmax_causal(ctx, t2(ctx, 3, 4)), DTR_SHAPE_MISMATCH, "dtr_softmax_causal");

@@ -39,6 +39,7 @@ typedef struct dtr__cuda_att {
     int64_t sb[4], sr[4];              /* elements between batch items, between rows: of q, k, v (their
                                           rows 3C apart where they slice one qkv), then of y, dy (C) */
     int causal;                        /* 1: query t sees keys 0..t (Tq = Tk); 0: all Tk */
+    const int32_t *len;                /* key_lengths (B) on the device, or NULL: every key */
     float scale;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
     int64_t es;                        /* bytes of one of them */
@@ -46,7 +47,7 @@ typedef struct dtr__cuda_att {
 } dtr__cuda_att;
 
 /* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n (causal) or Tk. Row i of
-   item z = (b, h) (block (i, z)) sees keys j < dtr__cuda_att_seen(a, w, i); its scores are
+   item z = (b, h) (block (i, z)) sees keys j < dtr__cuda_att_seen(a, w, i, z); its scores are
    S[(z n + i) L ..]. */
 typedef struct dtr__cuda_att_tile {
     int64_t t0, n, L;
@@ -65,16 +66,30 @@ typedef struct dtr__cuda_att_bufs {
 
 /* the rows of x (B, rows, C): q, y, dy and q's gradient (input 0 or 3) Tq, k and v (1, 2) Tk */
 __host__ __device__ static int64_t dtr__cuda_att_len(const dtr__cuda_att &a, int i) { return i == 1 || i == 2 ? a.Tk : a.Tq; }
-/* the keys row i of tile w sees: 0 .. t0 + i (causal) or every key of the tile (L) */
-__device__ static int64_t dtr__cuda_att_seen(const dtr__cuda_att &a, const dtr__cuda_att_tile &w, int64_t i) {
-    return a.causal ? w.t0 + i + 1 : w.L;
+/* the keys of item z = (b, h): Tk, or its key length clamped into [1, Tk] (one outside is
+   flagged by dtr__cuda_att_lens_k) */
+__device__ static int64_t dtr__cuda_att_keys(const dtr__cuda_att &a, int64_t z) {
+    int64_t n = a.len ? a.len[z / a.H] : a.Tk;
+    return n < 1 ? 1 : n > a.Tk ? a.Tk : n;
+}
+/* the keys row i of tile w of item z sees: 0 .. t0 + i (causal) or every key of the tile (L),
+   none past the item's keys */
+__device__ static int64_t dtr__cuda_att_seen(const dtr__cuda_att &a, const dtr__cuda_att_tile &w, int64_t i, int64_t z) {
+    int64_t n = a.causal ? w.t0 + i + 1 : w.L, k = dtr__cuda_att_keys(a, z);
+    return n < k ? n : k;
+}
+
+/* flags (the context's error word) the first key length outside [1, Tk] */
+__global__ static void dtr__cuda_att_lens_k(dtr__cuda_att a, int *err) {
+    for (int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; b < a.B; b += (int64_t)gridDim.x * blockDim.x)
+        if (a.len[b] < 1 || a.len[b] > a.Tk) dtr__cuda_flag(err, DTR_OP_ATTENTION, b);
 }
 
 /* S (B H, n, L) scores -> P over them (0 past the causal edge); lse (B, H, Tq) of each row */
 __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_att a, dtr__cuda_att_tile w) {
-    int64_t i = blockIdx.x, t = w.t0 + i, seen = dtr__cuda_att_seen(a, w, i);
+    int64_t i = blockIdx.x, t = w.t0 + i;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        int64_t row = (z * w.n + i) * w.L;
+        int64_t row = (z * w.n + i) * w.L, seen = dtr__cuda_att_seen(a, w, i, z);
         const float *s = S + row;
         dtr__cuda_mem P = {S, (int)a.p};
         float mx = -INFINITY;
@@ -97,9 +112,9 @@ __global__ static void dtr__cuda_att_softmax_k(float *S, float *lse, dtr__cuda_a
 /* Backward: P = exp(S - lse) over S, then dS = P (dP - Drow) scale over dP (0 past the edge) */
 __global__ static void dtr__cuda_att_dscore_k(float *S, float *dP, const float *lse, const float *Drow, dtr__cuda_att a,
                                              dtr__cuda_att_tile w) {
-    int64_t i = blockIdx.x, t = w.t0 + i, seen = dtr__cuda_att_seen(a, w, i);
+    int64_t i = blockIdx.x, t = w.t0 + i;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        int64_t row = (z * w.n + i) * w.L;
+        int64_t row = (z * w.n + i) * w.L, seen = dtr__cuda_att_seen(a, w, i, z);
         float l = lse[z * a.Tq + t], dr = Drow[z * a.Tq + t];
         dtr__cuda_mem P = {S, (int)a.p}, dS = {dP, (int)a.p};
         for (int64_t c = 0; c < w.L; c += blockDim.x) {
@@ -144,6 +159,7 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     for (int i = 0; i < 3; i++) a->sb[i] = nd->in[i]->stride[0], a->sr[i] = nd->in[i]->stride[1];
     a->sb[3] = a->Tq * a->C, a->sr[3] = a->C;
     a->causal = nd->p.attention.causal;
+    a->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     a->scale = nd->p.attention.scale;
     a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
     a->es = (int64_t)dtr_dtype_size(a->p);
@@ -339,23 +355,23 @@ __device__ static void dtr__cuda_fa_rows(float *dst, int ld, const typename dtr_
     dtr__cuda_fa_stage<O, NT>(dst, ld, c);
 }
 
-/* Online softmax of the warp's rows, two lanes a row (32 keys each): the new maximum m and
-   sum l, the factor alpha the earlier output is scaled by, P (the tiles' type) into sp's rows */
+/* Online softmax of the warp's rows against keys k0.. (of nk), two lanes a row (32 keys each):
+   the new maximum m and sum l, the factor alpha the earlier output is scaled by, P (the tiles' type) into sp's rows */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_softmax(const float *ss, void *sp, float *sm, float *sl, float *sa, const dtr__cuda_att &a,
-                                           int64_t q0, int64_t k0, int w16, int lane) {
+                                           int64_t q0, int64_t k0, int64_t nk, int w16, int lane) {
     const int LS = dtr__fa<O, D>::LS;
     int r = w16 + lane / 2, j0 = (lane & 1) * 32;
     int64_t t = q0 + r;
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
     dtr__cuda_mem P = {sp, dtr__fa_op<O>::dt};
     for (int j = j0; j < j0 + 32; j++)
-        if ((!a.causal || k0 + j <= t) && k0 + j < a.Tk) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
+        if ((!a.causal || k0 + j <= t) && k0 + j < nk) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     m_new = fmaxf(m_old, mx);
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
-        float p = (!a.causal || k0 + j <= t) && k0 + j < a.Tk && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
+        float p = (!a.causal || k0 + j <= t) && k0 + j < nk && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
         P.st(r * dtr__fa<O, D>::LD + j, p);
         sum += p;
     }
@@ -391,9 +407,10 @@ __device__ static void dtr__cuda_fa_store(dtr__fa_acc<O> *o, float *ss, const fl
     if (lane < 16 && q0 + w16 + lane < a.Tq) lse[z * a.Tq + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
 }
 
-/* the keys query block q0.. sees: up to its last row (causal) or every key */
-__device__ static int64_t dtr__cuda_fa_kend(const dtr__cuda_att &a, int64_t q0) {
-    return !a.causal ? a.Tk : q0 + DTR__FA_ROWS < a.Tq ? q0 + DTR__FA_ROWS : a.Tq;
+/* the keys query block q0.. sees of an item's nk: up to its last row (causal) or all nk */
+__device__ static int64_t dtr__cuda_fa_kend(const dtr__cuda_att &a, int64_t q0, int64_t nk) {
+    int64_t e = !a.causal ? nk : q0 + DTR__FA_ROWS < a.Tq ? q0 + DTR__FA_ROWS : a.Tq;
+    return e < nk ? e : nk;
 }
 
 /* grid (query blocks, min(B H, 65535)), DTR__FA_THREADS threads, dtr__fa<O, D>::fwd bytes */
@@ -406,8 +423,9 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
     E *sq = (E *)dtr__fa_smem, *sk = sq + DTR__FA_ROWS * LD, *sv = sk + DTR__FA_KEYS * LD;
     float *ss = (float *)(sv + DTR__FA_KEYS * LD), *sm = ss + DTR__FA_ROWS * LS, *sl = sm + DTR__FA_ROWS, *sa = sl + DTR__FA_ROWS;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, w16 = warp * 16;
-    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = dtr__cuda_fa_kend(a, q0);
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        int64_t nk = dtr__cuda_att_keys(a, z), kend = dtr__cuda_fa_kend(a, q0, nk);
         dtr__fa_acc<O> o[D / 16];
         dtr__cuda_fa_load<O, D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
@@ -418,7 +436,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
             __syncthreads();
             dtr__cuda_fa_rows<O, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
-            dtr__cuda_fa_softmax<O, D>(ss, sk, sm, sl, sa, a, q0, k0, w16, lane);
+            dtr__cuda_fa_softmax<O, D>(ss, sk, sm, sl, sa, a, q0, k0, nk, w16, lane);
             __syncwarp();
             dtr__cuda_fa_rescale<O, D>(o, ss, sa, w16, lane);
             dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_KEYS>(o, sk + w16 * LD, LD, sv, LD);   /* += P v */
@@ -482,18 +500,18 @@ __device__ static void dtr__cuda_fa_queries(typename dtr__fa_op<O>::E *sq, typen
     }
 }
 
-/* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv) against 32 queries q0..
+/* One step of dk, dv for the warp's 16 keys key.. (rows of sk, sv; of the item's nk) against 32 queries q0..
    (sq, sg, sl, sd): S^T = k q^T, P^T (tiles' type, over p16), dv += P^T dO, dP^T = v dO^T
    (over p16), dS^T = P^T (dP^T - Drow) scale (tiles' type, over s16), dk += dS^T q. */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> *dv, float *s16, float *p16,
                                             const typename dtr__fa_op<O>::E *sk, const typename dtr__fa_op<O>::E *sv,
                                             const typename dtr__fa_op<O>::E *sq, const typename dtr__fa_op<O>::E *sg, const float *sl,
-                                            const float *sd, const dtr__cuda_att &a, int64_t key, int64_t q0, int lane) {
+                                            const float *sd, const dtr__cuda_att &a, int64_t key, int64_t nk, int64_t q0, int lane) {
     typedef typename dtr__fa_op<O>::E E;
     const int LD = dtr__fa<O, D>::LD, PL = dtr__fa<O, D>::PL;
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
-        return (!a.causal || q0 + j >= key + i) && q0 + j < a.Tq && key + i < a.Tk ? expf(s * a.scale - sl[j]) : 0.0f;
+        return (!a.causal || q0 + j >= key + i) && q0 + j < a.Tq && key + i < nk ? expf(s * a.scale - sl[j]) : 0.0f;
     };
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
@@ -525,14 +543,15 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
     int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        int64_t nk = dtr__cuda_att_keys(a, z);
         dtr__fa_acc<O> dk[D / 16], dv[D / 16];
         dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
         dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
-        for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Tq; q0 += DTR__FA_STEP) {
+        for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Tq && k0 < nk; q0 += DTR__FA_STEP) {   /* padding keys: 0 */
             dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
             __syncthreads();
-            dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, q0, lane);
+            dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, nk, q0, lane);
             __syncthreads();   /* before the next step's tiles */
         }
         dtr__cuda_fa_add<O, D>(GK, dk, s16, a, a.Tk, z / a.H, z % a.H, k0 + w16, lane);
@@ -542,18 +561,18 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
 }
 
 /* One step of dq for the warp's 16 queries query.. (rows of sq, sg; sl, sd from row w16)
-   against 32 keys k0.. (sk, sv): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (tiles'
+   against 32 keys k0.. (sk, sv; of the item's nk): S = q k^T, dP = dO v^T, dS = P (dP - Drow) scale (tiles'
    type, over s16), dq += dS k. */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc<O> *dq, float *s16, float *p16, const typename dtr__fa_op<O>::E *sq,
                                            const typename dtr__fa_op<O>::E *sg, const typename dtr__fa_op<O>::E *sk,
                                            const typename dtr__fa_op<O>::E *sv, const float *sl, const float *sd,
-                                           const dtr__cuda_att &a, int64_t query, int64_t k0, int lane) {
+                                           const dtr__cuda_att &a, int64_t query, int64_t k0, int64_t nk, int lane) {
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sq, sk);
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack<O>(s16, p16, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
-        bool live = (!a.causal || k0 + j <= query + i) && query + i < a.Tq && k0 + j < a.Tk;
+        bool live = (!a.causal || k0 + j <= query + i) && query + i < a.Tq && k0 + j < nk;
         return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
     });
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dq, (const typename dtr__fa_op<O>::E *)s16, dtr__fa<O, D>::PL, sk,
@@ -571,9 +590,10 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
     float *ss = (float *)(sv + DTR__FA_STEP * LD), *sp = ss + DTR__FA_ROWS * DTR__FA_LQ, *sl = sp + DTR__FA_ROWS * DTR__FA_LQ,
           *sd = sl + DTR__FA_ROWS;
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
-    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS, kend = dtr__cuda_fa_kend(a, q0);
+    int64_t q0 = (int64_t)blockIdx.x * DTR__FA_ROWS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
+        int64_t nk = dtr__cuda_att_keys(a, z), kend = dtr__cuda_fa_kend(a, q0, nk);
         dtr__fa_acc<O> dq[D / 16];
         dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
@@ -581,7 +601,7 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
             dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H, k0);
             dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H, k0);
             __syncthreads();
-            dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, lane);
+            dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, nk, lane);
             __syncthreads();
         }
         dtr__cuda_fa_add<O, D>(GQ, dq, s16, a, a.Tq, z / a.H, z % a.H, q0 + w16, lane);
@@ -730,6 +750,10 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
     if (!lse) return ctx->status;
     nd->saved = lse;
     if (a.B * a.H * a.Tq == 0) return DTR_OK;
+    if (a.len) {   /* a key length out of range: the error at the next synchronisation (the kernels clamp it) */
+        dtr__cuda_att_lens_k<<<dtr__cuda_grid(a.B), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(a, dtr__cuda(ctx)->err_dev);
+        if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
+    }
     if (dtr__cuda_fa_takes(ctx, nd, &a)) return dtr__cuda_fa_fwd(ctx, nd, &a, lse);
     if (!(b = dtr__cuda_att_scratch(ctx, &a, 0)).S) return ctx->status;
     for (int64_t t0 = 0; t0 < a.Tq; t0 += a.n) {

@@ -26,7 +26,7 @@ static dtr_result dtr__cuda_take_error(dtr_context *ctx) {
     s->err_host[0] = s->err_host[1] = 0;
     s->err_found = 1;
     return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "cuda: %s: %s of row %d is outside the valid range (found on the device)",
-                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : "the target", at);
+                     dtr__op_name(op), op == DTR_OP_EMBEDDING ? "the id" : op == DTR_OP_ATTENTION ? "the key length" : "the target", at);
 }
 
 static dtr_result dtr__cuda_sync(dtr_context *ctx) {

@@ -552,12 +552,19 @@ static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dt
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", cfg->heads, (long long)q->shape[2]);
     if (!isfinite(cfg->scale))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
+    if (cfg->key_lengths && cfg->key_lengths->dtype != DTR_I32)
+        return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_attention: key_lengths must be i32");
+    if (cfg->key_lengths && cfg->key_lengths->ctx != ctx)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: key_lengths belongs to another context");
+    if (cfg->key_lengths && (cfg->key_lengths->ndim != 1 || cfg->key_lengths->shape[0] != q->shape[0]))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: key_lengths %s must be (B) with B = %lld",
+                         dtr__shape_str(cfg->key_lengths, s1, sizeof s1), (long long)q->shape[0]);
     return DTR_OK;
 }
 
 dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, const dtr_attention_config *cfg) {
     dtr__node *n;
-    int64_t shape[3];
+    dtr_tensor *lens;
     if (!ctx) return NULL;
     if (!cfg) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_attention_ex: cfg is NULL");
     if (!dtr__check_input(ctx, "dtr_attention", q, "q") || !dtr__check_input(ctx, "dtr_attention", k, "k") ||
@@ -566,17 +573,17 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     q = dtr__att_input(ctx, q);
     k = dtr__att_input(ctx, k);
     v = dtr__att_input(ctx, v);
-    if (!q || !k || !v) return NULL;
+    lens = cfg->key_lengths ? dtr__contig_input(ctx, cfg->key_lengths) : NULL;
+    if (!q || !k || !v || (cfg->key_lengths && !lens)) return NULL;
     {
-        dtr_tensor *in[3] = {q, k, v};
-        n = dtr__node_new(ctx, DTR_OP_ATTENTION, 3, in);
+        dtr_tensor *in[4] = {q, k, v, lens};
+        n = dtr__node_new(ctx, DTR_OP_ATTENTION, lens ? 4 : 3, in);
     }
     if (!n) return NULL;
     n->p.attention.heads = cfg->heads;
     n->p.attention.causal = cfg->causal != 0;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
-    memcpy(shape, q->shape, sizeof shape);
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, shape, "dtr_attention");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_attention");
 }
@@ -593,12 +600,17 @@ typedef struct dtr__att_job {
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     int causal;
     float scale;
+    const int32_t *len;   /* key_lengths (B), or NULL: every key */
     float *lse;        /* (B, H, Tq) */
     float *scratch;    /* per worker: two TILE x Tk blocks */
 } dtr__att_job;
 
-/* the keys query tile [t0, t0 + rows) sees: 0 .. t0 + rows - 1 (causal) or every key */
-static int64_t dtr__att_keys(const dtr__att_job *j, int64_t t0, int64_t rows) { return j->causal ? t0 + rows : j->Tk; }
+/* the keys query tile [t0, t0 + rows) of head bh sees: 0 .. t0 + rows - 1 (causal) or every
+   key, and none past its item's key length */
+static int64_t dtr__att_keys(const dtr__att_job *j, int64_t bh, int64_t t0, int64_t rows) {
+    int64_t n = j->causal ? t0 + rows : j->Tk;
+    return j->len && j->len[bh / j->H] < n ? j->len[bh / j->H] : n;
+}
 
 /* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled scores S in place (causal: row
  * t's keys past t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
@@ -607,7 +619,7 @@ static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int
     int64_t r, j;
     for (r = 0; r < rows; r++) {
         float *sr = S + r * nk, mx;
-        int64_t valid = jb->causal ? t0 + r + 1 : nk;
+        int64_t valid = jb->causal && t0 + r + 1 < nk ? t0 + r + 1 : nk;
         double sum;
         for (j = 0; j < valid; j++) sr[j] *= jb->scale;
         if (have_lse) {
@@ -638,7 +650,7 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, Tq), *lse = j->lse + bh * Tq;
         for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
-            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * j->sr[0], j->sr[0], 1, K, 1, j->sr[1], 0.0f, S, nk);
             dtr__att_softmax(j, S, rows, nk, t0, lse, 0);
@@ -660,7 +672,7 @@ static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
         const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
         for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
-            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, t0, rows);
+            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
             dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
             dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
             /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
@@ -690,6 +702,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->causal = nd->p.attention.causal;
     j->scale = nd->p.attention.scale;
+    j->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
                                                  sizeof(float), "dtr_attention");
     return j->scratch ? DTR_OK : ctx->status;
@@ -697,7 +710,12 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
 
 dtr_result dtr__cpu_attention_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__att_job j;
+    int64_t b;
     if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
+    for (b = 0; j.len && b < j.B; b++)
+        if (j.len[b] < 1 || j.len[b] > j.Tk)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: key_lengths[%lld] is %d, outside [1, %lld]", (long long)b,
+                             (int)j.len[b], (long long)j.Tk);
     j.lse = (float *)dtr__node_save(ctx, nd, (size_t)(j.B * j.H * j.Tq + 1) * sizeof(float)); /* row log-sum-exps */
     if (!j.lse) return ctx->status;
     nd->saved = j.lse;
