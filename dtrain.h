@@ -475,6 +475,9 @@ DTR_API dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x);
  *  torch.nn.functional.gelu(x) (approximate='none'). dtr_gelu is the tanh approximation,
  *  gelu(x, approximate='tanh'), the form of GPT-2. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
+/** SiLU (swish): x * sigmoid(x), PyTorch's torch.nn.functional.silu (Llama's SwiGLU gate:
+ *  dtr_mul(ctx, dtr_silu(ctx, gate), up)). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
@@ -516,6 +519,10 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** RMS normalisation over the last axis (Llama's): x / sqrt(mean(x^2) + eps) * w, `w` (C) or
+ *  NULL; PyTorch's nn.RMSNorm. Errors as dtr_layernorm's (eps must be > 0).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_rmsnorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, float eps);
 /** Inverted dropout with probability p, from the context's seeded RNG; identity when the
  *  context is in evaluation mode or p == 0. */
 DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
@@ -541,6 +548,18 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
  *  through a contiguous copy; the values are the same either way, bit for bit.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
+
+/** Rotary position embedding (RoPE, Llama's) of x (B, T, C), C = heads * D with D even: in
+ *  each head of position t, pair j of its D/2 pairs is rotated by the angle t theta^(-2j/D)
+ *  (computed in double). The pairs are the elements (j, j + D/2) with interleaved 0 (Hugging
+ *  Face Llama's rotate_half), or (2j, 2j + 1) with interleaved 1 (Meta's Llama, GPT-J).
+ *  theta: 10000 (Llama 1 and 2), 500000 (Llama 3). Apply it to q and k before dtr_attention:
+ *  their scores then depend on the positions' difference only. x may be a view (q, k column
+ *  slices of one projection); the output is dense. Positions start at 0 for every item.
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (x not 3-D, heads not dividing C
+ *  into even widths), DTR_INVALID_ARGUMENT (heads <= 0, theta not > 0 and finite).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved);
 
 /** What dtr_attention_ex computes. Make one with dtr_attention_config_init(). */
 typedef struct dtr_attention_config {
@@ -758,6 +777,9 @@ typedef struct dtr_conv2d_layer {
 /** Layer norm over the last axis: weight (C) = 1, bias (C) = 0; eps 1e-5, PyTorch's
  *  nn.LayerNorm default (the layer's `eps` field may be changed after init). */
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
+/** RMS norm over the last axis: weight (C) = 1; eps 1e-6, Llama's (Hugging Face
+ *  LlamaRMSNorm's default; the `eps` field may be changed after init). */
+typedef struct dtr_rmsnorm_layer { dtr_tensor *weight; int64_t dim; float eps; } dtr_rmsnorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
 /** Self-attention, causal unless `causal` is set to 0 after init (a bidirectional encoder's:
@@ -796,6 +818,7 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
                                          dtr_init init);
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
+DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
 DTR_API dtr_result dtr_embedding_layer_init(dtr_embedding_layer *layer, dtr_model *m, const char *name,
                                             int64_t vocab, int64_t dim);
 DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_model *m, const char *name,
@@ -806,6 +829,7 @@ DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const 
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
 /** x (B, T, C) -> (B, T, C). */
 DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
@@ -4149,7 +4173,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4153 "dtrain.h"
+#line 4177 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4321,14 +4345,15 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(ABS, "abs", unary) X(GELU_ERF, "gelu_erf", unary)                                      \
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
-    X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)
+    X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)             \
+    X(SILU, "silu", unary) X(RMSNORM, "rmsnorm", layernorm) X(ROPE, "rope", rope)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 41
+#define DTR__OP_COUNT_EXPECTED 44
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -4366,6 +4391,12 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+typedef struct dtr__rope_params {
+    int heads;                        /* C = heads * D, D even */
+    int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
+    float theta;                      /* the frequencies' base */
+} dtr__rope_params;
+
 typedef struct dtr__attention_params {
     int heads;                        /* C = heads * D */
     int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
@@ -4375,9 +4406,10 @@ typedef struct dtr__attention_params {
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
     float scale;                      /* SCALE: the factor */
-    float eps;                        /* LAYERNORM: added to the variance */
+    float eps;                        /* LAYERNORM, RMSNORM: added to the variance (mean square) */
     int axis;                         /* SUM, MEAN: the reduced axis */
     dtr__attention_params attention;  /* ATTENTION */
+    dtr__rope_params rope;            /* ROPE */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -4957,7 +4989,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4961 "dtrain.h"
+#line 4993 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -4969,7 +5001,7 @@ extern const dtr_backend dtr__cpu_backend;
  *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
  *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
  *   - own exp, tanh and erf (branch-free: the CPU's loops vectorise), activations and their
- *     derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
+ *     derivatives (GELU tanh and erf forms, SiLU, sigmoid, tanh, ReLU, abs)
  *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
  *   - cross-entropy's row statistics, its exp terms and the probabilities its backward
  *     recomputes from them
@@ -5192,6 +5224,24 @@ DTR__HD float dtr__f_gelu_erf_grad(float x) {
     return 0.5f * (1.0f + dtr__f_erf(x * DTR__SQRT1_2)) + x * DTR__INV_SQRT_2PI * dtr__f_exp(-0.5f * x * x);
 }
 DTR__HD float dtr__f_sigmoid(float x) { return 1.0f / (1.0f + dtr__f_exp(-x)); }
+/** RoPE: the frequency of pair j of a head of D (j < D/2), theta^(-2j/D), in double; the pair's
+ *  elements in the head: (j, j + D/2) (rotate_half) or (2j, 2j + 1) (interleaved). */
+DTR__HD double dtr__f_rope_freq(int64_t j, int64_t D, double theta) { return pow(theta, -2.0 * (double)j / (double)D); }
+DTR__HD int64_t dtr__f_rope_first(int64_t j, int interleaved) { return interleaved ? 2 * j : j; }
+DTR__HD int64_t dtr__f_rope_second(int64_t j, int64_t D, int interleaved) { return interleaved ? 2 * j + 1 : j + D / 2; }
+/** The pair (a, b) rotated by the angle whose cosine and sine are c and s (backward: by its
+ *  negative, s negated): a c - b s, a s + b c. */
+DTR__HD void dtr__f_rope_rotate(float a, float b, float c, float s, float *ra, float *rb) {
+    *ra = a * c - b * s;
+    *rb = a * s + b * c;
+}
+
+/** SiLU (swish): x sigmoid(x), and its derivative s (1 + x (1 - s)) from x. */
+DTR__HD float dtr__f_silu(float x) { return x * dtr__f_sigmoid(x); }
+DTR__HD float dtr__f_silu_grad(float x) {
+    float s = dtr__f_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
 /** From the output y = sigmoid(x). */
 DTR__HD float dtr__f_sigmoid_grad(float y) { return y * (1.0f - y); }
 /** From the output y = tanh(x). */
@@ -5298,7 +5348,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5302 "dtrain.h"
+#line 5352 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5360,7 +5410,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5364 "dtrain.h"
+#line 5414 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5739,7 +5789,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5743 "dtrain.h"
+#line 5793 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5782,7 +5832,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5786 "dtrain.h"
+#line 5836 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5816,7 +5866,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5820 "dtrain.h"
+#line 5870 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5875,7 +5925,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5879 "dtrain.h"
+#line 5929 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5949,7 +5999,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 5953 "dtrain.h"
+#line 6003 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6017,7 +6067,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6021 "dtrain.h"
+#line 6071 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6092,7 +6142,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6096 "dtrain.h"
+#line 6146 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6444,7 +6494,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6448 "dtrain.h"
+#line 6498 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7260,7 +7310,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7264 "dtrain.h"
+#line 7314 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7935,7 +7985,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7939 "dtrain.h"
+#line 7989 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8026,7 +8076,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8030 "dtrain.h"
+#line 8080 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8508,7 +8558,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8512 "dtrain.h"
+#line 8562 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8763,7 +8813,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8767 "dtrain.h"
+#line 8817 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -8994,7 +9044,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 8998 "dtrain.h"
+#line 9048 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9113,7 +9163,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9117 "dtrain.h"
+#line 9167 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9169,7 +9219,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9173 "dtrain.h"
+#line 9223 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9554,7 +9604,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9558 "dtrain.h"
+#line 9608 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9608,7 +9658,7 @@ static int dtr__any_dtype_op(int op) {
 /* ops whose backward kernel reads no tensor data, only gradients, shapes and saved state */
 static int dtr__bwd_reads_no_data(int op) {
     return op == DTR_OP_ADD || op == DTR_OP_SUB || op == DTR_OP_SCALE || op == DTR_OP_SUM || op == DTR_OP_MEAN ||
-           op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT;
+           op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT || op == DTR_OP_ROPE;
 }
 
 /* ops whose backward kernel reads its output's values (tanh' and sigmoid' from y, softmax's and
@@ -9816,7 +9866,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9820 "dtrain.h"
+#line 9870 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -9998,6 +10048,7 @@ dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, D
 dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
 dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
 dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
+dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SILU, "dtr_silu", x, 0); }
 
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
@@ -10024,6 +10075,7 @@ DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) 
     case DTR_OP_TANH: DTR__MAP8(dtr__f_tanh, x, y, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__MAP8(dtr__f_gelu_erf, x, y, b, e); break;
+    case DTR_OP_SILU: DTR__MAP8(dtr__f_silu, x, y, b, e); break;
     default: DTR__MAP8(dtr__f_sigmoid, x, y, b, e); break;
     }
 }
@@ -10041,6 +10093,7 @@ DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) 
     case DTR_OP_TANH: DTR__GRAD8(dtr__f_tanh_grad, y, g, gx, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__GRAD8(dtr__f_gelu_erf_grad, x, g, gx, b, e); break;
+    case DTR_OP_SILU: DTR__GRAD8(dtr__f_silu_grad, x, g, gx, b, e); break;
     default: DTR__GRAD8(dtr__f_sigmoid_grad, y, g, gx, b, e); break;
     }
 }
@@ -10233,7 +10286,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10237 "dtrain.h"
+#line 10290 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10412,7 +10465,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10416 "dtrain.h"
+#line 10469 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10757,38 +10810,47 @@ dtr_result dtr__cpu_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- layer norm ---- */
+/* ---- layer norm and RMS norm ---- */
 
-dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
+/* the node of op (LAYERNORM, RMSNORM: no bias) named name over the last axis of x */
+static dtr_tensor *dtr__norm(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
     dtr__node *n;
     int64_t C;
     char s1[96], s2[96];
     if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_layernorm", x, "x")) return NULL;
-    if (w && !dtr__check_input(ctx, "dtr_layernorm", w, "weight")) return NULL;
-    if (b && !dtr__check_input(ctx, "dtr_layernorm", b, "bias")) return NULL;
-    if (x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_layernorm: x must have at least one axis");
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (w && !dtr__check_input(ctx, name, w, "weight")) return NULL;
+    if (b && !dtr__check_input(ctx, name, b, "bias")) return NULL;
+    if (x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x must have at least one axis", name);
     C = x->shape[x->ndim - 1];
     if ((w && (w->ndim != 1 || w->shape[0] != C)) || (b && (b->ndim != 1 || b->shape[0] != C)))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_layernorm: weight/bias %s must be (%lld) for x %s",
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: weight/bias %s must be (%lld) for x %s", name,
                           dtr__shape_str(w ? w : b, s1, sizeof s1), (long long)C, dtr__shape_str(x, s2, sizeof s2));
-    if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_layernorm: eps must be > 0");
+    if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: eps must be > 0", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     {
         dtr_tensor *in[3] = {x, w, b};
-        n = dtr__node_new(ctx, DTR_OP_LAYERNORM, 3, in);
+        n = dtr__node_new(ctx, op, 3, in);
     }
     if (!n) return NULL;
     n->p.eps = eps;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_layernorm");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_layernorm");
+    return dtr__record(ctx, n, name);
 }
 
-/* Layer norm on the CPU: rows on the pool (each row's arithmetic as one thread does it), the
- * weight and bias gradients as column sums on the pool by columns, each column over the rows
- * in order: the same bits at any thread count. */
+dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
+    return dtr__norm(ctx, DTR_OP_LAYERNORM, "dtr_layernorm", x, w, b, eps);
+}
+dtr_tensor *dtr_rmsnorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, float eps) {
+    return dtr__norm(ctx, DTR_OP_RMSNORM, "dtr_rmsnorm", x, w, NULL, eps);
+}
+
+/* Layer norm (and RMS norm: its mean 0, not subtracted, nor its mean of gradients) on the
+ * CPU: rows on the pool (each row's arithmetic as one thread does it), the weight and bias
+ * gradients as column sums on the pool by columns, each column over the rows in order: the
+ * same bits at any thread count. */
 typedef struct dtr__ln_job {
     const dtr__node *nd;
     int64_t C;
@@ -10814,7 +10876,7 @@ static void dtr__ln_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         float *yr = dtr__f32(j->nd->out) + r * C;
         double m = 0.0, v = 0.0;
         float mean, rstd;
-        for (k = 0; k < C; k++) m += xr[k];
+        for (k = 0; k < C && j->nd->op != DTR_OP_RMSNORM; k++) m += xr[k];
         m /= (double)C;
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
@@ -10855,7 +10917,7 @@ static void dtr__ln_dx_range(void *arg, int64_t b, int64_t e, int w) {
             sd += dh;
             sdh += (double)dh * h;
         }
-        md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+        md = j->nd->op == DTR_OP_RMSNORM ? 0.0f : (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
         for (k = 0; k < C; k++) {
             float h = (xr[k] - mean) * rstd, dh = gr[k] * (j->W ? j->W[k] : 1.0f);
             gxr[k] += rstd * (dh - md - h * mdh);
@@ -10928,6 +10990,78 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     (void)ctx;
     if (gx) for (i = 0; i < N; i++) gx[i] += g[i] * m[i];
     return DTR_OK;
+}
+
+/* ---- rotary position embedding ----
+ * x, y (B, T, C), C = H * D: row r = (b, t) at position t; per row the D/2 angles' cosines and
+ * sines (in double, rounded to f32), then every head's pairs rotated (dtr__f_rope_rotate).
+ * Backward rotates the gradient back (the transpose: the sines negated). Rows on the pool. */
+
+dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved) {
+    dtr__node *n;
+    char s1[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_rope", x, "x")) return NULL;
+    if (heads <= 0 || !(theta > 0.0f) || !isfinite(theta))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_rope: heads %d must be > 0 and theta %g > 0", heads, (double)theta);
+    if (x->ndim != 3 || x->shape[2] % heads || (x->shape[2] / heads) % 2)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_rope: x %s must be (B, T, C) with C = %d heads of an even width",
+                          dtr__shape_str(x, s1, sizeof s1), heads);
+    if (!(x = dtr__contig_input(ctx, x))) return NULL;
+    if (!(n = dtr__node_new(ctx, DTR_OP_ROPE, 1, &x))) return NULL;
+    n->p.rope.heads = heads;
+    n->p.rope.interleaved = interleaved != 0;
+    n->p.rope.theta = theta;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, x->shape, "dtr_rope");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_rope");
+}
+
+typedef struct dtr__rope_job {
+    const dtr__node *nd;
+    const float *src;   /* x (forward) or dy (backward) */
+    float *dst;         /* y, or x's gradient (added to) */
+    float sign;         /* 1 forward, -1 backward: the rotation's direction */
+    int64_t T, C, D;
+    float *cs;          /* per worker: D/2 cosines, then D/2 sines */
+} dtr__rope_job;
+
+static void dtr__rope_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__rope_job *j = (const dtr__rope_job *)arg;
+    const dtr__rope_params *p = &j->nd->p.rope;
+    int64_t half = j->D / 2, r, h, k;
+    float *cs = j->cs + (int64_t)w * j->D;
+    for (r = b; r < e; r++) {
+        for (k = 0; k < half; k++) {
+            double a = (double)(r % j->T) * dtr__f_rope_freq(k, j->D, p->theta);
+            cs[k] = (float)cos(a), cs[half + k] = j->sign * (float)sin(a);
+        }
+        for (h = 0; h < p->heads; h++)
+            for (k = 0; k < half; k++) {
+                int64_t o = r * j->C + h * j->D, i1 = o + dtr__f_rope_first(k, p->interleaved), i2 = o + dtr__f_rope_second(k, j->D, p->interleaved);
+                float ra, rb;
+                dtr__f_rope_rotate(j->src[i1], j->src[i2], cs[k], cs[half + k], &ra, &rb);
+                if (j->sign > 0) j->dst[i1] = ra, j->dst[i2] = rb;
+                else j->dst[i1] += ra, j->dst[i2] += rb;
+            }
+    }
+}
+
+static dtr_result dtr__rope_run(dtr_context *ctx, dtr__node *nd, const float *src, float *dst, float sign) {
+    dtr__rope_job j;
+    const dtr_tensor *x = nd->in[0];
+    j.nd = nd, j.src = src, j.dst = dst, j.sign = sign;
+    j.T = x->shape[1], j.C = x->shape[2], j.D = j.C / nd->p.rope.heads;
+    j.cs = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * (j.D ? j.D : 1)) * sizeof(float), "dtr_rope");
+    if (!j.cs) return ctx->status;
+    dtr__pool_run(ctx->pool, x->shape[0] * x->shape[1], 16, dtr__rope_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_rope_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__rope_run(ctx, nd, dtr__f32(nd->in[0]), dtr__f32(nd->out), 1.0f); }
+dtr_result dtr__cpu_rope_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    return gx ? dtr__rope_run(ctx, nd, nd->out->grad, gx, -1.0f) : DTR_OK;
 }
 
 /* ---- attention, fused (flash-style) ----
@@ -11149,7 +11283,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11153 "dtrain.h"
+#line 11287 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11648,7 +11782,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11652 "dtrain.h"
+#line 11786 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -11907,7 +12041,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 11911 "dtrain.h"
+#line 12045 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12277,7 +12411,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12281 "dtrain.h"
+#line 12415 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12411,7 +12545,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12415 "dtrain.h"
+#line 12549 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12953,7 +13087,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 12957 "dtrain.h"
+#line 13091 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13044,6 +13178,22 @@ dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_la
     return dtr_layernorm(ctx, x, l->weight, l->bias, l->eps);
 }
 
+dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *l, dtr_model *m, const char *name, int64_t dim) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_rmsnorm_layer_init: dim must be > 0");
+    l->dim = dim;
+    l->eps = 1e-6f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_rmsnorm_layer_forward: layer is NULL");
+    return dtr_rmsnorm(ctx, x, l->weight, l->eps);
+}
+
 dtr_result dtr_embedding_layer_init(dtr_embedding_layer *l, dtr_model *m, const char *name, int64_t vocab, int64_t dim) {
     int64_t s[2];
     if (!l || !m) return DTR_NULL_HANDLE;
@@ -13125,7 +13275,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13129 "dtrain.h"
+#line 13279 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13376,7 +13526,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13380 "dtrain.h"
+#line 13530 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -13898,7 +14048,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 13902 "dtrain.h"
+#line 14052 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14036,7 +14186,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14040 "dtrain.h"
+#line 14190 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14383,7 +14533,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14387 "dtrain.h"
+#line 14537 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14449,7 +14599,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14453 "dtrain.h"
+#line 14603 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14686,7 +14836,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14690 "dtrain.h"
+#line 14840 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15435,7 +15585,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15439 "dtrain.h"
+#line 15589 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -15888,7 +16038,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 15892 "dtrain.h"
+#line 16042 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -15944,7 +16094,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 15948 "dtrain.h"
+#line 16098 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16721,7 +16871,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16725 "dtrain.h"
+#line 16875 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17302,7 +17452,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17306 "dtrain.h"
+#line 17456 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -17933,7 +18083,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 17937 "dtrain.h"
+#line 18087 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18729,7 +18879,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18733 "dtrain.h"
+#line 18883 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19082,7 +19232,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19086 "dtrain.h"
+#line 19236 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19272,7 +19422,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19276 "dtrain.h"
+#line 19426 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19453,7 +19603,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19457 "dtrain.h"
+#line 19607 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20228,7 +20378,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20232 "dtrain.h"
+#line 20382 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20745,7 +20895,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20749 "dtrain.h"
+#line 20899 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21540,7 +21690,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21544 "dtrain.h"
+#line 21694 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22788,7 +22938,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22792 "dtrain.h"
+#line 22942 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23410,7 +23560,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23414 "dtrain.h"
+#line 23564 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -23911,7 +24061,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 23915 "dtrain.h"
+#line 24065 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24641,7 +24791,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24645 "dtrain.h"
+#line 24795 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -24877,7 +25027,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 24881 "dtrain.h"
+#line 25031 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25006,7 +25156,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25010 "dtrain.h"
+#line 25160 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25443,7 +25593,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25447 "dtrain.h"
+#line 25597 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -25936,7 +26086,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 25940 "dtrain.h"
+#line 26090 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26468,7 +26618,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26472 "dtrain.h"
+#line 26622 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -26974,7 +27124,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 26978 "dtrain.h"
+#line 27128 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28523,7 +28673,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28527 "dtrain.h"
+#line 28677 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28577,7 +28727,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28581 "dtrain.h"
+#line 28731 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29755,7 +29905,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29759 "dtrain.h"
+#line 29909 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30645,7 +30795,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30649 "dtrain.h"
+#line 30799 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32123,7 +32273,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32127 "dtrain.h"
+#line 32277 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32507,7 +32657,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32511 "dtrain.h"
+#line 32661 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32656,7 +32806,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32660 "dtrain.h"
+#line 32810 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -1,5 +1,5 @@
 /* bench/activations.c: element throughput of the activations (GELU tanh and erf forms, tanh,
- * sigmoid; forward and backward through the ops, one thread) beside the same formulas on the C
+ * sigmoid, ReLU, SiLU; forward and backward through the ops, one thread) beside the same formulas on the C
  * library's tanhf, erff and expf in a plain loop in the same process (what dtrain's kernels
  * called before they had their own exp, tanh and erf: src/core/formulas.h), and of
  * cross-entropy over rows of a GPT's 50257 logits ("op":"cross_entropy", ns per logit; its
@@ -31,13 +31,20 @@ static float libm_act(int op, float x) {
     case 1: return 0.5f * x * (1.0f + erff(x * 0.7071067812f));
     case 2: return tanhf(x);
     case 3: return 1.0f / (1.0f + expf(-x));
+    case 5: return x / (1.0f + expf(-x));
     default: return x < 0.0f ? 0.0f : x;
     }
 }
 
 static dtr_tensor *dtr_act(dtr_context *ctx, int op, dtr_tensor *x) {
-    return op == 0 ? dtr_gelu(ctx, x) : op == 1 ? dtr_gelu_erf(ctx, x) : op == 2 ? dtr_tanh(ctx, x) : op == 3 ? dtr_sigmoid(ctx, x)
-                                                                                                       : dtr_relu(ctx, x);
+    switch (op) {
+    case 0: return dtr_gelu(ctx, x);
+    case 1: return dtr_gelu_erf(ctx, x);
+    case 2: return dtr_tanh(ctx, x);
+    case 3: return dtr_sigmoid(ctx, x);
+    case 5: return dtr_silu(ctx, x);
+    default: return dtr_relu(ctx, x);
+    }
 }
 
 /* cross-entropy of n / 50257 rows of the logits v (random targets): one JSON line */
@@ -78,7 +85,7 @@ static void bench_xent(dtr_context *ctx, const float *v, int64_t n, int rounds) 
 }
 
 int main(int argc, char **argv) {
-    static const char *names[] = {"gelu", "gelu_erf", "tanh", "sigmoid", "relu"};
+    static const char *names[] = {"gelu", "gelu_erf", "tanh", "sigmoid", "relu", "silu"};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_context *ctx = NULL;
     int64_t n = (int64_t)1 << 22, i;
@@ -95,7 +102,7 @@ int main(int argc, char **argv) {
     if (!v || !out || n <= 0 || dtr_context_create(&cfg, &ctx) != DTR_OK) return 1;
     srand(1);
     for (i = 0; i < n; i++) v[i] = (float)rand() / (float)RAND_MAX * 8.0f - 4.0f;
-    for (op = 0; op < 5; op++) {
+    for (op = 0; op < 6; op++) {
         double fwd = 1e30, bwd = 1e30, ref = 1e30;
         for (r = 0; r < rounds; r++) {
             dtr_tensor *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n, v)), *y, *l;

@@ -14,6 +14,9 @@
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
  *                            not, cross-attention, a scale of the app's); its arena peak at
  *                            T = 512 is a fraction of the composite's (no T x T per head)
+ *   test_rmsnorm_silu        dtr_rmsnorm (and its layer) and dtr_silu against their definitions
+ *   test_rope                dtr_rope against its definition (both pairings); scores after it
+ *                            depend on the positions' difference only
  *   test_attention_layer_causal  the attention layer is causal unless told (position 0 does not
  *                            see the last one); with causal = 0 it does (an encoder's)
  *   test_release_activations a small GPT, 2 micro-batches accumulated: release_activations gives
@@ -360,7 +363,7 @@ static const char *const k_op_ids[] = {
     "sum", "mean", "sum_all", "mean_all", "embedding", "layernorm", "dropout", "conv2d",      /* 17..24 */
     "maxpool2d", "avgpool2d", "cast", "reshape", "permute", "slice", "concat", "contiguous",  /* 25..32 */
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
-    "checkpoint", "attention"                                                                 /* 39..40 */
+    "checkpoint", "attention", "silu", "rmsnorm", "rope"                                      /* 39..43 */
 };
 
 static void test_op_names(void) {
@@ -412,6 +415,87 @@ static void test_backend_caps(void) {
         CHECK_OK(ctx, ctx->backend->reduce(ctx, out, a, b, 3, DTR_F32, DTR_REDUCE_AVG, 2));
         CHECK(out[0] == 2.5f && out[1] == 3.5f && out[2] == 4.5f);
     }
+    dtr_context_destroy(ctx);
+}
+
+/* dtr_rmsnorm and dtr_silu against their definitions in double (PyTorch's nn.RMSNorm and
+ * F.silu): x / sqrt(mean(x^2) + eps) * w, x / (1 + exp(-x)); the layer's weight starts at 1
+ * and its eps is 1e-6. (Their gradients: test_grad's finite differences.) */
+static void test_rmsnorm_silu(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_rmsnorm_layer l;
+    int64_t xs[2] = {2, 5}, ws = 5, r, k;
+    float xv[10] = {0.5f, -1.25f, 2.0f, 0.0f, 3.5f, -0.1f, 0.2f, -0.3f, 0.05f, 0.4f}, wv[5] = {1.0f, 0.5f, -2.0f, 1.5f, 0.25f};
+    float y[10], s[10], yl[10];
+    double worst = 0.0;
+    dtr_tensor *x = dtr_tensor_from(ctx, DTR_F32, 2, xs, xv);
+    CHECK_OK(ctx, dtr_tensor_read(dtr_rmsnorm(ctx, x, dtr_tensor_from(ctx, DTR_F32, 1, &ws, wv), 1e-5f), DTR_F32, y, 10));
+    CHECK_OK(ctx, dtr_tensor_read(dtr_silu(ctx, x), DTR_F32, s, 10));
+    for (r = 0; r < 2; r++) {
+        double ms = 0.0;
+        for (k = 0; k < 5; k++) ms += (double)xv[r * 5 + k] * xv[r * 5 + k] / 5.0;
+        for (k = 0; k < 5; k++) {
+            double ref = xv[r * 5 + k] / sqrt(ms + 1e-5) * wv[k], sref = xv[r * 5 + k] / (1.0 + exp(-(double)xv[r * 5 + k]));
+            worst = fmax(worst, fabs(y[r * 5 + k] - ref) / (1.0 + fabs(ref)));
+            worst = fmax(worst, fabs(s[r * 5 + k] - sref) / (1.0 + fabs(sref)));
+        }
+    }
+    CHECK_MSG(worst < 1e-6, "rmsnorm / silu differ from their definitions by %.3g", worst);
+    CHECK_OK(ctx, dtr_model_create(ctx, 1, &m));
+    CHECK_OK(ctx, dtr_rmsnorm_layer_init(&l, m, "norm", 5));
+    CHECK(l.eps == 1e-6f);
+    CHECK_OK(ctx, dtr_tensor_read(dtr_rmsnorm_layer_forward(ctx, &l, x), DTR_F32, yl, 10));
+    {
+        double ms = 0.0;
+        for (k = 0; k < 5; k++) ms += (double)xv[k] * xv[k] / 5.0;
+        CHECK(fabs(yl[2] - xv[2] / sqrt(ms + 1e-6)) < 1e-6);
+    }
+    CHECK(dtr_rmsnorm(ctx, x, NULL, 0.0f) == NULL && dtr_context_status(ctx) == DTR_INVALID_ARGUMENT);
+    CHECK(strstr(dtr_context_last_error(ctx), "dtr_rmsnorm: eps must be > 0") != NULL);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* dtr_rope against its definition in double (both pairings), and its point: after RoPE the
+ * score of a query at position t1 and a key at t2 depends on t1 - t2 only (the same vectors
+ * placed at (7, 3) and (12, 8) score the same, to rounding; at (7, 4) they do not). */
+static void rope_at(dtr_context *ctx, const float *v, int64_t T, int interleaved, float *out) {
+    int64_t s[3] = {1, T, 8};
+    CHECK_OK(ctx, dtr_tensor_read(dtr_rope(ctx, dtr_tensor_from(ctx, DTR_F32, 3, s, v), 2, 10000.0f, interleaved), DTR_F32, out,
+                                  (size_t)(T * 8)));
+}
+static double rope_score(dtr_context *ctx, const float *q, const float *k, int64_t tq, int64_t tk) {
+    static float xq[16 * 8], xk[16 * 8], yq[16 * 8], yk[16 * 8];
+    double dot = 0.0;
+    int i;
+    memset(xq, 0, sizeof xq), memset(xk, 0, sizeof xk);
+    memcpy(xq + tq * 8, q, 8 * sizeof(float)), memcpy(xk + tk * 8, k, 8 * sizeof(float));
+    rope_at(ctx, xq, 16, 0, yq);
+    rope_at(ctx, xk, 16, 0, yk);
+    for (i = 0; i < 8; i++) dot += (double)yq[tq * 8 + i] * yk[tk * 8 + i];
+    return dot;
+}
+static void test_rope(void) {
+    dtr_context *ctx = test_ctx(2);
+    static const float q[8] = {0.3f, -1.2f, 0.7f, 0.5f, 2.0f, -0.4f, 0.1f, 1.1f}, k[8] = {-0.6f, 0.9f, 0.2f, -1.5f, 0.8f, 0.3f, -0.7f, 0.4f};
+    float x[5 * 8], y[5 * 8];
+    double worst = 0.0;
+    int il, t, h, j;
+    for (t = 0; t < 40; t++) x[t] = (float)((t * 29) % 13) / 6.5f - 1.0f;
+    for (il = 0; il < 2; il++) {
+        rope_at(ctx, x, 5, il, y);
+        for (t = 0; t < 5; t++)
+            for (h = 0; h < 2; h++)
+                for (j = 0; j < 2; j++) {   /* head width 4: two pairs */
+                    int a = t * 8 + h * 4 + (il ? 2 * j : j), b = t * 8 + h * 4 + (il ? 2 * j + 1 : j + 2);
+                    double ang = t * pow(10000.0, -2.0 * j / 4.0), ra = x[a] * cos(ang) - x[b] * sin(ang), rb = x[a] * sin(ang) + x[b] * cos(ang);
+                    worst = fmax(worst, fmax(fabs(y[a] - ra), fabs(y[b] - rb)));
+                }
+    }
+    CHECK_MSG(worst < 1e-6, "rope differs from its definition by %.3g", worst);
+    CHECK_NEAR(rope_score(ctx, q, k, 7, 3), rope_score(ctx, q, k, 12, 8), 1e-5);
+    CHECK(fabs(rope_score(ctx, q, k, 7, 3) - rope_score(ctx, q, k, 7, 4)) > 1e-2);
     dtr_context_destroy(ctx);
 }
 
@@ -802,6 +886,8 @@ int main(void) {
     RUN(test_backend_caps);
     RUN(test_fused_attention);
     RUN(test_attention_layer_causal);
+    RUN(test_rmsnorm_silu);
+    RUN(test_rope);
     RUN(test_release_activations);
     RUN(test_spares_merge);
     RUN(test_released_errors);

@@ -118,6 +118,7 @@ static void test_conversions(void) {
 static double gelu_d(double x) { return 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))); }
 static double gelu_erf_d(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
 static double sigmoid_d(double x) { return 1.0 / (1.0 + exp(-x)); }
+static double silu_d(double x) { return x / (1.0 + exp(-x)); }
 
 static void test_activations(void) {
     int k;
@@ -128,10 +129,12 @@ static void test_activations(void) {
         e = fabs(dtr__f_gelu(xf) - gelu_d(xf)) / (1.0 + fabs(gelu_d(xf)));
         e = fmax(e, fabs(dtr__f_gelu_erf(xf) - gelu_erf_d(xf)) / (1.0 + fabs(gelu_erf_d(xf))));
         e = fmax(e, fabs(dtr__f_sigmoid(xf) - sigmoid_d(xf)));
+        e = fmax(e, fabs(dtr__f_silu(xf) - silu_d(xf)) / (1.0 + fabs(silu_d(xf))));
         worst = fmax(worst, e);
         e = fabs(dtr__f_gelu_grad(xf) - (gelu_d(xf + h) - gelu_d(xf - h)) / (2 * h));
         e = fmax(e, fabs(dtr__f_gelu_erf_grad(xf) - (gelu_erf_d(xf + h) - gelu_erf_d(xf - h)) / (2 * h)));
         e = fmax(e, fabs(dtr__f_sigmoid_grad(dtr__f_sigmoid(xf)) - (sigmoid_d(xf + h) - sigmoid_d(xf - h)) / (2 * h)));
+        e = fmax(e, fabs(dtr__f_silu_grad(xf) - (silu_d(xf + h) - silu_d(xf - h)) / (2 * h)));
         e = fmax(e, fabs(dtr__f_tanh_grad(dtr__f_tanh(xf)) - (tanh(xf + h) - tanh(xf - h)) / (2 * h)));
         worst_g = fmax(worst_g, e);
     }

@@ -178,6 +178,7 @@ static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
     case 3: return dtr_tanh(c, x[0]);
     case 4: return dtr_sigmoid(c, x[0]);
     case 5: return dtr_abs(c, x[0]);
+    case 7: return dtr_silu(c, x[0]);
     default: return dtr_gelu_erf(c, x[0]);
     }
 }
@@ -250,6 +251,14 @@ static dtr_tensor *b_embedding_many(dtr_context *c, dtr_tensor **x, void *u) {
 static dtr_tensor *b_layernorm(dtr_context *c, dtr_tensor **x, void *u) {
     return *(int *)u ? dtr_layernorm(c, x[0], x[1], x[2], 1e-5f) : dtr_layernorm(c, x[0], NULL, NULL, 1e-5f);
 }
+/* RoPE, arg {heads, interleaved}, theta 10000; arg[2] 1: of the q slice of a (B, T, 3C) qkv */
+static dtr_tensor *b_rope(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *a = (const int *)u;
+    dtr_tensor *in = a[2] ? dtr_slice(c, x[0], -1, 0, x[0]->shape[2] / 3) : x[0];
+    return dtr_rope(c, in, a[0], 10000.0f, a[1]);
+}
+/* RMS norm, with a weight (arg 1) or without; rows of 200 (the GPU's row kernel: many threads) */
+static dtr_tensor *b_rmsnorm(dtr_context *c, dtr_tensor **x, void *u) { return dtr_rmsnorm(c, x[0], *(int *)u ? x[1] : NULL, 1e-6f); }
 
 static dtr_tensor *b_dropout(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_dropout(c, x[0], 0.3f); }
 
@@ -401,6 +410,7 @@ static const op_case CASES[] = {
     {"sigmoid", 1, {IN3(2, 3, 7)}, b_unary, KA(4), 0, NULL},
     {"abs", 1, {{3, {2, 3, 7}, 1}}, b_unary, KA(5), 0, NULL},
     {"gelu_erf", 1, {IN3(2, 3, 7)}, b_unary, KA(6), 0, NULL},
+    {"silu", 1, {IN3(2, 3, 7)}, b_unary, KA(7), 0, NULL},
     {"gelu of a permuted view", 1, {IN3(2, 3, 4)}, b_unary_view, K0, 0, NULL},
     {"matmul 2-D", 2, {IN2(5, 7), IN2(7, 3)}, b_matmul, K0, 0, NULL},
     {"matmul batched, shared b", 2, {IN4(2, 3, 4, 5), IN2(5, 6)}, b_matmul, K0, 0, NULL},
@@ -423,6 +433,13 @@ static const op_case CASES[] = {
     {"embedding, 1000 ids over 2 rows", 1, {IN2(2, 5)}, b_embedding_many, K0, 1, NULL},
     {"layernorm affine", 3, {IN3(2, 3, 8), IN1(8), IN1(8)}, b_layernorm, KA(1), 0, NULL},
     {"layernorm plain", 1, {IN3(2, 3, 8)}, b_layernorm, KA(0), 0, NULL},
+    {"rmsnorm with weight", 2, {IN3(2, 3, 8), IN1(8)}, b_rmsnorm, KA(1), 0, NULL},
+    {"rmsnorm plain", 1, {IN3(2, 3, 8)}, b_rmsnorm, KA(0), 0, NULL},
+    {"rope, rotate_half, 2 heads", 1, {IN3(2, 5, 8)}, b_rope, {2, 0, 0}, 0, NULL},
+    {"rope, interleaved, 1 head", 1, {IN3(2, 5, 8)}, b_rope, {1, 1, 0}, 0, NULL},
+    {"rope of the q slice of a qkv", 1, {IN3(2, 4, 12)}, b_rope, {2, 0, 1}, 0, NULL},
+    {"rope, 300 positions, 2 heads of 64", 1, {IN3(2, 300, 128)}, b_rope, {2, 0, 0}, 1, NULL},
+    {"rmsnorm with weight, rows of 200", 2, {IN2(3, 200), IN1(200)}, b_rmsnorm, KA(1), 0, NULL},
     {"dropout", 1, {IN2(6, 7)}, b_dropout, K0, 0, NULL},
     {"checkpoint (dropout inside)", 2, {IN2(3, 4), IN2(3, 4)}, b_checkpoint, K0, 0, NULL},
     {"conv2d stride 1 pad 1 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {1, 1, 1}, 0, NULL},

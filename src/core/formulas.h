@@ -6,7 +6,7 @@
  *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
  *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
  *   - own exp, tanh and erf (branch-free: the CPU's loops vectorise), activations and their
- *     derivatives (GELU tanh and erf forms, sigmoid, tanh, ReLU, abs)
+ *     derivatives (GELU tanh and erf forms, SiLU, sigmoid, tanh, ReLU, abs)
  *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
  *   - cross-entropy's row statistics, its exp terms and the probabilities its backward
  *     recomputes from them
@@ -229,6 +229,24 @@ DTR__HD float dtr__f_gelu_erf_grad(float x) {
     return 0.5f * (1.0f + dtr__f_erf(x * DTR__SQRT1_2)) + x * DTR__INV_SQRT_2PI * dtr__f_exp(-0.5f * x * x);
 }
 DTR__HD float dtr__f_sigmoid(float x) { return 1.0f / (1.0f + dtr__f_exp(-x)); }
+/** RoPE: the frequency of pair j of a head of D (j < D/2), theta^(-2j/D), in double; the pair's
+ *  elements in the head: (j, j + D/2) (rotate_half) or (2j, 2j + 1) (interleaved). */
+DTR__HD double dtr__f_rope_freq(int64_t j, int64_t D, double theta) { return pow(theta, -2.0 * (double)j / (double)D); }
+DTR__HD int64_t dtr__f_rope_first(int64_t j, int interleaved) { return interleaved ? 2 * j : j; }
+DTR__HD int64_t dtr__f_rope_second(int64_t j, int64_t D, int interleaved) { return interleaved ? 2 * j + 1 : j + D / 2; }
+/** The pair (a, b) rotated by the angle whose cosine and sine are c and s (backward: by its
+ *  negative, s negated): a c - b s, a s + b c. */
+DTR__HD void dtr__f_rope_rotate(float a, float b, float c, float s, float *ra, float *rb) {
+    *ra = a * c - b * s;
+    *rb = a * s + b * c;
+}
+
+/** SiLU (swish): x sigmoid(x), and its derivative s (1 + x (1 - s)) from x. */
+DTR__HD float dtr__f_silu(float x) { return x * dtr__f_sigmoid(x); }
+DTR__HD float dtr__f_silu_grad(float x) {
+    float s = dtr__f_sigmoid(x);
+    return s * (1.0f + x * (1.0f - s));
+}
 /** From the output y = sigmoid(x). */
 DTR__HD float dtr__f_sigmoid_grad(float y) { return y * (1.0f - y); }
 /** From the output y = tanh(x). */

@@ -21,6 +21,7 @@ __device__ static float dtr__cuda_unary_f(int op, float x, float s) {
     case DTR_OP_TANH: return dtr__f_tanh(x);
     case DTR_OP_ABS: return fabsf(x);
     case DTR_OP_GELU_ERF: return dtr__f_gelu_erf(x);
+    case DTR_OP_SILU: return dtr__f_silu(x);
     default: return dtr__f_sigmoid(x);
     }
 }
@@ -34,6 +35,7 @@ __device__ static float dtr__cuda_unary_df(int op, float x, float y, float s) {
     case DTR_OP_TANH: return dtr__f_tanh_grad(y);
     case DTR_OP_ABS: return dtr__f_abs_grad(x);
     case DTR_OP_GELU_ERF: return dtr__f_gelu_erf_grad(x);
+    case DTR_OP_SILU: return dtr__f_silu_grad(x);
     default: return dtr__f_sigmoid_grad(y);
     }
 }
@@ -699,14 +701,51 @@ static dtr_result dtr__cuda_col_sum(dtr_context *ctx, dtr__node *nd, const float
     return dtr__cuda_launched(ctx, nd);
 }
 
-/* ---- layer norm over the last axis: one block per row; weight/bias gradients by column ---- */
+/* ---- rotary position embedding: one thread per pair of a head; angles in double, as the
+ * CPU's (dtr__f_rope_freq); backward rotates dy back into x's gradient (added) ---- */
 
-/* x, y (R, C); stat (R, 2): mean, rstd */
+__global__ static void dtr__cuda_rope_k(dtr__cuda_mem src, dtr__cuda_mem dst, float *gx, int64_t rows, int64_t T, int64_t C, int64_t D,
+                                        dtr__rope_params p, float sign) {
+    int64_t half = D / 2;
+    DTR__CUDA_FOR(i, rows * C / 2) {
+        int64_t r = i / (C / 2), k = i % half, o = r * C + (i % (C / 2)) / half * D;
+        int64_t i1 = o + dtr__f_rope_first(k, p.interleaved), i2 = o + dtr__f_rope_second(k, D, p.interleaved);
+        double a = (double)(r % T) * dtr__f_rope_freq(k, D, p.theta);
+        float ra, rb;
+        dtr__f_rope_rotate(src.ld(i1), src.ld(i2), (float)cos(a), sign * (float)sin(a), &ra, &rb);
+        if (gx) gx[i1] += ra, gx[i2] += rb;
+        else dst.st(i1, ra), dst.st(i2, rb);
+    }
+}
+
+static dtr_result dtr__cuda_rope_fwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t rows = x->shape[0] * x->shape[1], C = x->shape[2];
+    if (rows * C == 0) return DTR_OK;
+    dtr__cuda_rope_k<<<dtr__cuda_grid(rows * C / 2), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(x), dtr__cuda_mem_of(nd->out), (float *)NULL, rows, x->shape[1], C, C / nd->p.rope.heads, nd->p.rope, 1.0f);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_rope_bwd(dtr_context *ctx, dtr__node *nd) {
+    const dtr_tensor *x = nd->in[0];
+    int64_t rows = x->shape[0] * x->shape[1], C = x->shape[2];
+    dtr__cuda_mem g = {nd->out->grad, DTR_F32};
+    if (!dtr__gradof(x) || rows * C == 0) return DTR_OK;
+    dtr__cuda_rope_k<<<dtr__cuda_grid(rows * C / 2), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        g, g, dtr__gradof(x), rows, x->shape[1], C, C / nd->p.rope.heads, nd->p.rope, -1.0f);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+/* ---- layer norm (and RMS norm) over the last axis: one block per row; weight/bias gradients
+ * by column ---- */
+
+/* x, y (R, C); stat (R, 2): mean, rstd; rms: RMS norm (the mean 0, not subtracted) */
 __global__ static void dtr__cuda_layernorm_fwd_k(dtr__cuda_mem X, dtr__cuda_mem W, dtr__cuda_mem B, dtr__cuda_mem Y, float *stat,
-                                                 int64_t C, float eps) {
+                                                 int64_t C, float eps, int rms) {
     int64_t r = blockIdx.x, o = r * C;
     double m = 0.0, v = 0.0;
-    for (int64_t k = threadIdx.x; k < C; k += blockDim.x) m += X.ld(o + k);
+    for (int64_t k = threadIdx.x; k < C && !rms; k += blockDim.x) m += X.ld(o + k);
     m = dtr__cuda_block_sum(m) / (double)C;
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) { double d = X.ld(o + k) - m; v += d * d; }
     v = dtr__cuda_block_sum(v) / (double)C;
@@ -719,7 +758,7 @@ __global__ static void dtr__cuda_layernorm_fwd_k(dtr__cuda_mem X, dtr__cuda_mem 
 }
 
 __global__ static void dtr__cuda_layernorm_bwd_x_k(dtr__cuda_mem X, dtr__cuda_mem W, const float *G, const float *stat,
-                                                   float *gx, int64_t C) {
+                                                   float *gx, int64_t C, int rms) {
     int64_t r = blockIdx.x, o = r * C;
     const float *gr = G + o;
     float mean = stat[2 * r], rstd = stat[2 * r + 1], *gxr = gx + o;
@@ -731,7 +770,7 @@ __global__ static void dtr__cuda_layernorm_bwd_x_k(dtr__cuda_mem X, dtr__cuda_me
     }
     sd = dtr__cuda_block_sum(sd);
     sdh = dtr__cuda_block_sum(sdh);
-    float md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+    float md = rms ? 0.0f : (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
     for (int64_t k = threadIdx.x; k < C; k += blockDim.x) {
         float h = (X.ld(o + k) - mean) * rstd, dh = gr[k] * (W.p ? W.ld(k) : 1.0f);
         gxr[k] += rstd * (dh - md - h * mdh);
@@ -747,7 +786,7 @@ static dtr_result dtr__cuda_layernorm_fwd(dtr_context *ctx, dtr__node *nd) {
     if (R == 0) return DTR_OK;
     dtr__cuda_layernorm_fwd_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
         dtr__cuda_mem_of(x), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->in[2]), dtr__cuda_mem_of(nd->out), stat, C,
-        nd->p.eps);
+        nd->p.eps, nd->op == DTR_OP_RMSNORM);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -760,7 +799,7 @@ static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     if (R == 0) return DTR_OK;
     if (gx) {
         dtr__cuda_layernorm_bwd_x_k<<<(unsigned)R, dtr__launch_row_threads(C), 0, dtr__cuda_stream(ctx)>>>(
-            X, W, nd->out->grad, stat, gx, C);
+            X, W, nd->out->grad, stat, gx, C, nd->op == DTR_OP_RMSNORM);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
     }
     if (gw && dtr__cuda_col_sum(ctx, nd, nd->out->grad, X, stat, R, C, gw) != DTR_OK) return ctx->status;

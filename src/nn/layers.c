@@ -85,6 +85,22 @@ dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_la
     return dtr_layernorm(ctx, x, l->weight, l->bias, l->eps);
 }
 
+dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *l, dtr_model *m, const char *name, int64_t dim) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_rmsnorm_layer_init: dim must be > 0");
+    l->dim = dim;
+    l->eps = 1e-6f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_rmsnorm_layer_forward: layer is NULL");
+    return dtr_rmsnorm(ctx, x, l->weight, l->eps);
+}
+
 dtr_result dtr_embedding_layer_init(dtr_embedding_layer *l, dtr_model *m, const char *name, int64_t vocab, int64_t dim) {
     int64_t s[2];
     if (!l || !m) return DTR_NULL_HANDLE;

@@ -176,6 +176,7 @@ dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, D
 dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
 dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
 dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
+dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SILU, "dtr_silu", x, 0); }
 
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
@@ -202,6 +203,7 @@ DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) 
     case DTR_OP_TANH: DTR__MAP8(dtr__f_tanh, x, y, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__MAP8(dtr__f_gelu_erf, x, y, b, e); break;
+    case DTR_OP_SILU: DTR__MAP8(dtr__f_silu, x, y, b, e); break;
     default: DTR__MAP8(dtr__f_sigmoid, x, y, b, e); break;
     }
 }
@@ -219,6 +221,7 @@ DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) 
     case DTR_OP_TANH: DTR__GRAD8(dtr__f_tanh_grad, y, g, gx, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__GRAD8(dtr__f_gelu_erf_grad, x, g, gx, b, e); break;
+    case DTR_OP_SILU: DTR__GRAD8(dtr__f_silu_grad, x, g, gx, b, e); break;
     default: DTR__GRAD8(dtr__f_sigmoid_grad, y, g, gx, b, e); break;
     }
 }

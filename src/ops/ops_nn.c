@@ -339,38 +339,47 @@ dtr_result dtr__cpu_embedding_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
-/* ---- layer norm ---- */
+/* ---- layer norm and RMS norm ---- */
 
-dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
+/* the node of op (LAYERNORM, RMSNORM: no bias) named name over the last axis of x */
+static dtr_tensor *dtr__norm(dtr_context *ctx, int op, const char *name, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
     dtr__node *n;
     int64_t C;
     char s1[96], s2[96];
     if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_layernorm", x, "x")) return NULL;
-    if (w && !dtr__check_input(ctx, "dtr_layernorm", w, "weight")) return NULL;
-    if (b && !dtr__check_input(ctx, "dtr_layernorm", b, "bias")) return NULL;
-    if (x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_layernorm: x must have at least one axis");
+    if (!dtr__check_input(ctx, name, x, "x")) return NULL;
+    if (w && !dtr__check_input(ctx, name, w, "weight")) return NULL;
+    if (b && !dtr__check_input(ctx, name, b, "bias")) return NULL;
+    if (x->ndim < 1) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: x must have at least one axis", name);
     C = x->shape[x->ndim - 1];
     if ((w && (w->ndim != 1 || w->shape[0] != C)) || (b && (b->ndim != 1 || b->shape[0] != C)))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_layernorm: weight/bias %s must be (%lld) for x %s",
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "%s: weight/bias %s must be (%lld) for x %s", name,
                           dtr__shape_str(w ? w : b, s1, sizeof s1), (long long)C, dtr__shape_str(x, s2, sizeof s2));
-    if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_layernorm: eps must be > 0");
+    if (!(eps > 0.0f)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "%s: eps must be > 0", name);
     x = dtr__contig_input(ctx, x);
     if (!x) return NULL;
     {
         dtr_tensor *in[3] = {x, w, b};
-        n = dtr__node_new(ctx, DTR_OP_LAYERNORM, 3, in);
+        n = dtr__node_new(ctx, op, 3, in);
     }
     if (!n) return NULL;
     n->p.eps = eps;
-    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_layernorm");
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
-    return dtr__record(ctx, n, "dtr_layernorm");
+    return dtr__record(ctx, n, name);
 }
 
-/* Layer norm on the CPU: rows on the pool (each row's arithmetic as one thread does it), the
- * weight and bias gradients as column sums on the pool by columns, each column over the rows
- * in order: the same bits at any thread count. */
+dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps) {
+    return dtr__norm(ctx, DTR_OP_LAYERNORM, "dtr_layernorm", x, w, b, eps);
+}
+dtr_tensor *dtr_rmsnorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, float eps) {
+    return dtr__norm(ctx, DTR_OP_RMSNORM, "dtr_rmsnorm", x, w, NULL, eps);
+}
+
+/* Layer norm (and RMS norm: its mean 0, not subtracted, nor its mean of gradients) on the
+ * CPU: rows on the pool (each row's arithmetic as one thread does it), the weight and bias
+ * gradients as column sums on the pool by columns, each column over the rows in order: the
+ * same bits at any thread count. */
 typedef struct dtr__ln_job {
     const dtr__node *nd;
     int64_t C;
@@ -396,7 +405,7 @@ static void dtr__ln_fwd_range(void *arg, int64_t b, int64_t e, int w) {
         float *yr = dtr__f32(j->nd->out) + r * C;
         double m = 0.0, v = 0.0;
         float mean, rstd;
-        for (k = 0; k < C; k++) m += xr[k];
+        for (k = 0; k < C && j->nd->op != DTR_OP_RMSNORM; k++) m += xr[k];
         m /= (double)C;
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
@@ -437,7 +446,7 @@ static void dtr__ln_dx_range(void *arg, int64_t b, int64_t e, int w) {
             sd += dh;
             sdh += (double)dh * h;
         }
-        md = (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
+        md = j->nd->op == DTR_OP_RMSNORM ? 0.0f : (float)(sd / (double)C), mdh = (float)(sdh / (double)C);
         for (k = 0; k < C; k++) {
             float h = (xr[k] - mean) * rstd, dh = gr[k] * (j->W ? j->W[k] : 1.0f);
             gxr[k] += rstd * (dh - md - h * mdh);
@@ -510,6 +519,78 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
     (void)ctx;
     if (gx) for (i = 0; i < N; i++) gx[i] += g[i] * m[i];
     return DTR_OK;
+}
+
+/* ---- rotary position embedding ----
+ * x, y (B, T, C), C = H * D: row r = (b, t) at position t; per row the D/2 angles' cosines and
+ * sines (in double, rounded to f32), then every head's pairs rotated (dtr__f_rope_rotate).
+ * Backward rotates the gradient back (the transpose: the sines negated). Rows on the pool. */
+
+dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved) {
+    dtr__node *n;
+    char s1[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_rope", x, "x")) return NULL;
+    if (heads <= 0 || !(theta > 0.0f) || !isfinite(theta))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_rope: heads %d must be > 0 and theta %g > 0", heads, (double)theta);
+    if (x->ndim != 3 || x->shape[2] % heads || (x->shape[2] / heads) % 2)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_rope: x %s must be (B, T, C) with C = %d heads of an even width",
+                          dtr__shape_str(x, s1, sizeof s1), heads);
+    if (!(x = dtr__contig_input(ctx, x))) return NULL;
+    if (!(n = dtr__node_new(ctx, DTR_OP_ROPE, 1, &x))) return NULL;
+    n->p.rope.heads = heads;
+    n->p.rope.interleaved = interleaved != 0;
+    n->p.rope.theta = theta;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, x->shape, "dtr_rope");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_rope");
+}
+
+typedef struct dtr__rope_job {
+    const dtr__node *nd;
+    const float *src;   /* x (forward) or dy (backward) */
+    float *dst;         /* y, or x's gradient (added to) */
+    float sign;         /* 1 forward, -1 backward: the rotation's direction */
+    int64_t T, C, D;
+    float *cs;          /* per worker: D/2 cosines, then D/2 sines */
+} dtr__rope_job;
+
+static void dtr__rope_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__rope_job *j = (const dtr__rope_job *)arg;
+    const dtr__rope_params *p = &j->nd->p.rope;
+    int64_t half = j->D / 2, r, h, k;
+    float *cs = j->cs + (int64_t)w * j->D;
+    for (r = b; r < e; r++) {
+        for (k = 0; k < half; k++) {
+            double a = (double)(r % j->T) * dtr__f_rope_freq(k, j->D, p->theta);
+            cs[k] = (float)cos(a), cs[half + k] = j->sign * (float)sin(a);
+        }
+        for (h = 0; h < p->heads; h++)
+            for (k = 0; k < half; k++) {
+                int64_t o = r * j->C + h * j->D, i1 = o + dtr__f_rope_first(k, p->interleaved), i2 = o + dtr__f_rope_second(k, j->D, p->interleaved);
+                float ra, rb;
+                dtr__f_rope_rotate(j->src[i1], j->src[i2], cs[k], cs[half + k], &ra, &rb);
+                if (j->sign > 0) j->dst[i1] = ra, j->dst[i2] = rb;
+                else j->dst[i1] += ra, j->dst[i2] += rb;
+            }
+    }
+}
+
+static dtr_result dtr__rope_run(dtr_context *ctx, dtr__node *nd, const float *src, float *dst, float sign) {
+    dtr__rope_job j;
+    const dtr_tensor *x = nd->in[0];
+    j.nd = nd, j.src = src, j.dst = dst, j.sign = sign;
+    j.T = x->shape[1], j.C = x->shape[2], j.D = j.C / nd->p.rope.heads;
+    j.cs = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * (j.D ? j.D : 1)) * sizeof(float), "dtr_rope");
+    if (!j.cs) return ctx->status;
+    dtr__pool_run(ctx->pool, x->shape[0] * x->shape[1], 16, dtr__rope_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_rope_fwd(dtr_context *ctx, dtr__node *nd) { return dtr__rope_run(ctx, nd, dtr__f32(nd->in[0]), dtr__f32(nd->out), 1.0f); }
+dtr_result dtr__cpu_rope_bwd(dtr_context *ctx, dtr__node *nd) {
+    float *gx = dtr__gradof(nd->in[0]);
+    return gx ? dtr__rope_run(ctx, nd, nd->out->grad, gx, -1.0f) : DTR_OK;
 }
 
 /* ---- attention, fused (flash-style) ----

@@ -450,6 +450,9 @@ DTR_API dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x);
  *  torch.nn.functional.gelu(x) (approximate='none'). dtr_gelu is the tanh approximation,
  *  gelu(x, approximate='tanh'), the form of GPT-2. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
+/** SiLU (swish): x * sigmoid(x), PyTorch's torch.nn.functional.silu (Llama's SwiGLU gate:
+ *  dtr_mul(ctx, dtr_silu(ctx, gate), up)). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
@@ -491,6 +494,10 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** RMS normalisation over the last axis (Llama's): x / sqrt(mean(x^2) + eps) * w, `w` (C) or
+ *  NULL; PyTorch's nn.RMSNorm. Errors as dtr_layernorm's (eps must be > 0).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_rmsnorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, float eps);
 /** Inverted dropout with probability p, from the context's seeded RNG; identity when the
  *  context is in evaluation mode or p == 0. */
 DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
@@ -516,6 +523,18 @@ DTR_API dtr_tensor *dtr_avgpool2d(dtr_context *ctx, dtr_tensor *x, int k, int st
  *  through a contiguous copy; the values are the same either way, bit for bit.
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v, int heads);
+
+/** Rotary position embedding (RoPE, Llama's) of x (B, T, C), C = heads * D with D even: in
+ *  each head of position t, pair j of its D/2 pairs is rotated by the angle t theta^(-2j/D)
+ *  (computed in double). The pairs are the elements (j, j + D/2) with interleaved 0 (Hugging
+ *  Face Llama's rotate_half), or (2j, 2j + 1) with interleaved 1 (Meta's Llama, GPT-J).
+ *  theta: 10000 (Llama 1 and 2), 500000 (Llama 3). Apply it to q and k before dtr_attention:
+ *  their scores then depend on the positions' difference only. x may be a view (q, k column
+ *  slices of one projection); the output is dense. Positions start at 0 for every item.
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (x not 3-D, heads not dividing C
+ *  into even widths), DTR_INVALID_ARGUMENT (heads <= 0, theta not > 0 and finite).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved);
 
 /** What dtr_attention_ex computes. Make one with dtr_attention_config_init(). */
 typedef struct dtr_attention_config {
@@ -733,6 +752,9 @@ typedef struct dtr_conv2d_layer {
 /** Layer norm over the last axis: weight (C) = 1, bias (C) = 0; eps 1e-5, PyTorch's
  *  nn.LayerNorm default (the layer's `eps` field may be changed after init). */
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
+/** RMS norm over the last axis: weight (C) = 1; eps 1e-6, Llama's (Hugging Face
+ *  LlamaRMSNorm's default; the `eps` field may be changed after init). */
+typedef struct dtr_rmsnorm_layer { dtr_tensor *weight; int64_t dim; float eps; } dtr_rmsnorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
 /** Self-attention, causal unless `causal` is set to 0 after init (a bidirectional encoder's:
@@ -771,6 +793,7 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
                                          dtr_init init);
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
+DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
 DTR_API dtr_result dtr_embedding_layer_init(dtr_embedding_layer *layer, dtr_model *m, const char *name,
                                             int64_t vocab, int64_t dim);
 DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_model *m, const char *name,
@@ -781,6 +804,7 @@ DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const 
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
 /** x (B, T, C) -> (B, T, C). */
 DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
