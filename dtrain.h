@@ -567,6 +567,10 @@ typedef struct dtr_attention_config {
     int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
                         0: every query sees every key (encoders, cross-attention) */
     float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
+    int kv_heads;  /**< grouped-query attention (Llama 2 70B, Llama 3, Mistral): k and v have
+                        kv_heads heads of width D, (B, Tk, kv_heads * D), each shared by
+                        heads / kv_heads consecutive q heads (q head h reads kv head
+                        h / (heads / kv_heads)); 1 is multi-query attention; 0 means heads */
     dtr_tensor *key_lengths;   /**< NULL: every key. Else i32 (B): item b's keys are
                                     0 .. key_lengths[b] - 1, the rest padding (masked for every
                                     query, so their k and v get zero gradients); each in [1, Tk] */
@@ -575,17 +579,19 @@ typedef struct dtr_attention_config {
 /** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths. Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
-/** Multi-head attention, causal or not, self or cross, with padded keys: q (B, Tq, C), k and
- *  v (B, Tk, C) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
- *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, and with
- *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on). The fused
+/** Multi-head attention, causal or not, self or cross, with padded keys and grouped-query
+ *  heads: q (B, Tq, C), k and v (B, Tk, C) (or (B, Tk, kv_heads * D)) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
+ *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, with
+ *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on, and with
+ *  kv_heads its enable_gqa=True). The fused
  *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
  *  the config's choices; dtr_attention(q, k, v, heads) is this with
  *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
  *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
- *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B, C or k and v
- *  differing, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH (key_lengths not
- *  i32), DTR_INVALID_ARGUMENT (heads not dividing C, a scale that is not finite),
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v
+ *  differing, k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)),
+ *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
+ *  kv_heads not dividing heads, a scale that is not finite),
  *  DTR_NULL_HANDLE (cfg NULL). A key length outside [1, Tk] is DTR_INVALID_ARGUMENT from the
  *  forward pass (the CPU: when the op runs; a GPU: at the next synchronisation, as an
  *  embedding's ids, with the padding masked as if the length were clamped into range).
@@ -4173,7 +4179,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4177 "dtrain.h"
+#line 4183 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4399,6 +4405,8 @@ typedef struct dtr__rope_params {
 
 typedef struct dtr__attention_params {
     int heads;                        /* C = heads * D */
+    int kv_heads;                     /* k and v's heads (dividing heads): q head h reads kv head
+                                         h / (heads / kv_heads) */
     int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
     float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
 } dtr__attention_params;
@@ -4989,7 +4997,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 4993 "dtrain.h"
+#line 5001 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5348,7 +5356,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5352 "dtrain.h"
+#line 5360 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5410,7 +5418,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5414 "dtrain.h"
+#line 5422 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5789,7 +5797,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5793 "dtrain.h"
+#line 5801 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5832,7 +5840,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5836 "dtrain.h"
+#line 5844 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5866,7 +5874,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5870 "dtrain.h"
+#line 5878 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5925,7 +5933,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5929 "dtrain.h"
+#line 5937 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -5999,7 +6007,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6003 "dtrain.h"
+#line 6011 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6067,7 +6075,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6071 "dtrain.h"
+#line 6079 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6142,7 +6150,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6146 "dtrain.h"
+#line 6154 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6494,7 +6502,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6498 "dtrain.h"
+#line 6506 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7310,7 +7318,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7314 "dtrain.h"
+#line 7322 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7985,7 +7993,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7989 "dtrain.h"
+#line 7997 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8076,7 +8084,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8080 "dtrain.h"
+#line 8088 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8558,7 +8566,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8562 "dtrain.h"
+#line 8570 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8813,7 +8821,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8817 "dtrain.h"
+#line 8825 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9044,7 +9052,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9048 "dtrain.h"
+#line 9056 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9163,7 +9171,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9167 "dtrain.h"
+#line 9175 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9219,7 +9227,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9223 "dtrain.h"
+#line 9231 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9604,7 +9612,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9608 "dtrain.h"
+#line 9616 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9866,7 +9874,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9870 "dtrain.h"
+#line 9878 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10286,7 +10294,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10290 "dtrain.h"
+#line 10298 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10465,7 +10473,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10469 "dtrain.h"
+#line 10477 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11094,14 +11102,19 @@ dtr_attention_config dtr_attention_config_init(int heads, int causal) {
 static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dtr_tensor *k, const dtr_tensor *v,
                                  const dtr_attention_config *cfg) {
     char s1[96], s2[96], s3[96];
-    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || q->shape[0] != k->shape[0] || q->shape[2] != k->shape[2] ||
-        memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) || (cfg->causal && q->shape[1] != k->shape[1]) ||
-        (q->shape[1] > 0 && k->shape[1] == 0))
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, C), (B, Tk, C)%s",
+    int kvh = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must be 3-D", dtr__shape_str(q, s1, sizeof s1),
+                         dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
+    if (cfg->heads <= 0 || q->shape[2] % cfg->heads || kvh <= 0 || cfg->heads % kvh)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads must divide C = %lld, and %d kv_heads the heads",
+                         cfg->heads, (long long)q->shape[2], kvh);
+    if (q->shape[0] != k->shape[0] || k->shape[2] != q->shape[2] / cfg->heads * kvh || memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) ||
+        (cfg->causal && q->shape[1] != k->shape[1]) || (q->shape[1] > 0 && k->shape[1] == 0))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH,
+                         "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, Ckv), (B, Tk, Ckv) with Ckv = %lld (%d kv heads)%s",
                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3),
-                         cfg->causal ? " with Tq = Tk (causal)" : " with Tk > 0");
-    if (cfg->heads <= 0 || q->shape[2] % cfg->heads)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", cfg->heads, (long long)q->shape[2]);
+                         (long long)(q->shape[2] / cfg->heads * kvh), kvh, cfg->causal ? ", Tq = Tk (causal)" : ", Tk > 0");
     if (!isfinite(cfg->scale))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
     if (cfg->key_lengths && cfg->key_lengths->dtype != DTR_I32)
@@ -11133,6 +11146,7 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     }
     if (!n) return NULL;
     n->p.attention.heads = cfg->heads;
+    n->p.attention.kv_heads = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
     n->p.attention.causal = cfg->causal != 0;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
@@ -11149,6 +11163,7 @@ typedef struct dtr__att_job {
     const dtr__node *nd;
     dtr__pool *pool;
     int64_t B, Tq, Tk, C, H, D;
+    int64_t Ck, rep;        /* k's and v's width (kv heads x D); q heads per kv head */
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     int causal;
     float scale;
@@ -11186,13 +11201,16 @@ static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int
     }
 }
 
-/* head h of batch item b (bh = b H + h) of input i (q, k, v): its first row's D values */
+/* head h of batch item b (bh = b H + h) of input i (q; k, v: the kv head h / rep): its first
+   row's D values */
 static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
-    return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (bh % j->H) * j->D;
+    return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (i ? (bh % j->H) / j->rep : bh % j->H) * j->D;
 }
-/* the first of head bh's D values in a dense (B, T, C) buffer (y and q's gradient: T = Tq; k's
-   and v's: Tk) */
-static int64_t dtr__att_off(const dtr__att_job *j, int64_t bh, int64_t T) { return (bh / j->H) * T * j->C + (bh % j->H) * j->D; }
+/* the first of head bh's D values in y or q's gradient (B, Tq, C) (q: 1), or in k's or v's
+   gradient (B, Tk, Ck) (its kv head's) */
+static int64_t dtr__att_off(const dtr__att_job *j, int64_t bh, int q) {
+    return q ? (bh / j->H) * j->Tq * j->C + (bh % j->H) * j->D : (bh / j->H) * j->Tk * j->Ck + (bh % j->H) / j->rep * j->D;
+}
 
 static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
@@ -11200,7 +11218,7 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk;
     for (bh = b; bh < e; bh++) {
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, Tq), *lse = j->lse + bh * Tq;
+        float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, 1), *lse = j->lse + bh * Tq;
         for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
             int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
@@ -11213,35 +11231,41 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
 }
 
 /* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) scale. */
-static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
-    const dtr__att_job *j = (const dtr__att_job *)arg;
+static void dtr__att_bwd_head(const dtr__att_job *j, int64_t bh, int w) {
     const dtr__node *nd = j->nd;
-    int64_t Tq = j->Tq, C = j->C, D = j->D, bh, t0, r, c;
+    int64_t Tq = j->Tq, C = j->C, Ck = j->Ck, D = j->D, t0, r, c;
+    int64_t off = dtr__att_off(j, bh, 1), offk = dtr__att_off(j, bh, 0), rq = j->sr[0], rk = j->sr[1];
     float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk, *dP = P + DTR__ATT_TILE * j->Tk;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
-    for (bh = b; bh < e; bh++) {
-        int64_t off = dtr__att_off(j, bh, Tq), offk = dtr__att_off(j, bh, j->Tk), rq = j->sr[0], rk = j->sr[1];
-        const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
-        for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
-            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
-            dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
-            /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
-            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, C);
-            if (!GQ && !GK) continue;
-            /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
-            for (r = 0; r < rows; r++) {
-                double dy = 0.0;
-                for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
-                for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
-            }
-            /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
-            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
-            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, C);
+    const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
+    const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
+    for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
+        int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
+        dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
+        dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
+        /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
+        if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, Ck);
+        if (!GQ && !GK) continue;
+        /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
+        dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
+        for (r = 0; r < rows; r++) {
+            double dy = 0.0;
+            for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
+            for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
         }
+        /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
+        if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
+        if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, Ck);
     }
+}
+
+/* the kv heads [b, e) of (batch, kv head) items: each of their q heads in order (one worker
+   adds every gradient a kv head gets, in a fixed order) */
+static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    int64_t g, r, Hk = j->H / j->rep;
+    for (g = b; g < e; g++)
+        for (r = 0; r < j->rep; r++) dtr__att_bwd_head(j, g / Hk * j->H + g % Hk * j->rep + r, w);
 }
 
 static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
@@ -11251,6 +11275,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     j->pool = ctx->pool;
     j->B = nd->in[0]->shape[0]; j->Tq = nd->in[0]->shape[1]; j->Tk = nd->in[1]->shape[1]; j->C = nd->in[0]->shape[2];
     j->H = nd->p.attention.heads; j->D = j->C / j->H;
+    j->Ck = nd->in[1]->shape[2], j->rep = j->H / nd->p.attention.kv_heads;
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->causal = nd->p.attention.causal;
     j->scale = nd->p.attention.scale;
@@ -11280,10 +11305,10 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
     if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
     j.lse = (float *)nd->saved;
-    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
+    dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11287 "dtrain.h"
+#line 11312 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11782,7 +11807,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11786 "dtrain.h"
+#line 11811 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12041,7 +12066,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12045 "dtrain.h"
+#line 12070 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12411,7 +12436,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12415 "dtrain.h"
+#line 12440 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12545,7 +12570,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12549 "dtrain.h"
+#line 12574 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13087,7 +13112,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13091 "dtrain.h"
+#line 13116 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13275,7 +13300,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13279 "dtrain.h"
+#line 13304 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13526,7 +13551,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13530 "dtrain.h"
+#line 13555 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14048,7 +14073,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14052 "dtrain.h"
+#line 14077 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14186,7 +14211,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14190 "dtrain.h"
+#line 14215 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14533,7 +14558,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14537 "dtrain.h"
+#line 14562 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14599,7 +14624,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14603 "dtrain.h"
+#line 14628 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14836,7 +14861,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14840 "dtrain.h"
+#line 14865 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15585,7 +15610,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15589 "dtrain.h"
+#line 15614 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16038,7 +16063,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16042 "dtrain.h"
+#line 16067 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16094,7 +16119,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16098 "dtrain.h"
+#line 16123 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16871,7 +16896,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16875 "dtrain.h"
+#line 16900 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17452,7 +17477,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17456 "dtrain.h"
+#line 17481 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18083,7 +18108,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18087 "dtrain.h"
+#line 18112 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18879,7 +18904,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18883 "dtrain.h"
+#line 18908 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19232,7 +19257,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19236 "dtrain.h"
+#line 19261 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19422,7 +19447,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19426 "dtrain.h"
+#line 19451 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19603,7 +19628,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19607 "dtrain.h"
+#line 19632 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20378,7 +20403,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20382 "dtrain.h"
+#line 20407 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20895,7 +20920,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20899 "dtrain.h"
+#line 20924 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21690,7 +21715,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21694 "dtrain.h"
+#line 21719 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22938,7 +22963,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22942 "dtrain.h"
+#line 22967 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23560,7 +23585,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23564 "dtrain.h"
+#line 23589 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24061,7 +24086,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24065 "dtrain.h"
+#line 24090 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24791,7 +24816,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24795 "dtrain.h"
+#line 24820 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25027,7 +25052,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25031 "dtrain.h"
+#line 25056 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25156,7 +25181,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25160 "dtrain.h"
+#line 25185 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25593,7 +25618,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25597 "dtrain.h"
+#line 25622 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26086,7 +26111,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26090 "dtrain.h"
+#line 26115 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26618,7 +26643,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26622 "dtrain.h"
+#line 26647 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27124,7 +27149,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27128 "dtrain.h"
+#line 27153 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28673,7 +28698,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28677 "dtrain.h"
+#line 28702 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28727,7 +28752,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28731 "dtrain.h"
+#line 28756 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29905,7 +29930,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29909 "dtrain.h"
+#line 29934 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30795,7 +30820,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30799 "dtrain.h"
+#line 30824 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32273,7 +32298,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32277 "dtrain.h"
+#line 32302 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32657,7 +32682,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32661 "dtrain.h"
+#line 32686 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32806,7 +32831,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32810 "dtrain.h"
+#line 32835 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

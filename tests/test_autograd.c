@@ -653,6 +653,39 @@ static double attention_lens_gap(int64_t B, int64_t Tq, int64_t Tk, int64_t C, c
     return worst;
 }
 
+/* Grouped-query attention: the fused op with kv_heads against the composite on k and v whose
+   heads are repeated (q head h reads kv head h / rep): outputs and gradients (k's and v's summed
+   over their group by the composite's autograd), causal, 6 heads over 2 and 3 kv heads. */
+static double attention_gqa_gap(int64_t B, int64_t T, int64_t D, int heads, int kv) {
+    dtr_context *ctx = test_ctx(2);
+    int64_t sq[3] = {B, T, heads * D}, sk[3] = {B, T, kv * D}, nq = B * T * heads * D, nk = B * T * kv * D, n = 2 * nq + 2 * nk, i;
+    float *data = (float *)malloc((size_t)(nq + 2 * nk + 2 * n) * sizeof(float)), *fused = data + nq + 2 * nk, *comp = fused + n;
+    dtr_tensor *x[3], *y, *rk[16], *rv[16];
+    dtr_attention_config cfg = dtr_attention_config_init(heads, 1);
+    dtr_rng r;
+    double worst = 0.0;
+    int k, pass, h;
+    dtr_rng_seed(&r, 9, 1);
+    for (i = 0; i < nq + 2 * nk; i++) data[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
+    for (pass = 0; pass < 2; pass++) {
+        for (k = 0; k < 3; k++) x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, k ? sk : sq, data + (k ? nq + (k - 1) * nk : 0)));
+        cfg.kv_heads = pass ? 0 : kv;
+        for (h = 0; pass && h < heads && h < 16; h++) {   /* the composite's k and v: kv head h / rep for q head h */
+            int g = h / (heads / kv);
+            rk[h] = dtr_slice(ctx, x[1], -1, g * D, (g + 1) * D), rv[h] = dtr_slice(ctx, x[2], -1, g * D, (g + 1) * D);
+        }
+        y = pass ? dtr_attention_ex(ctx, x[0], dtr_concat(ctx, rk, heads, -1), dtr_concat(ctx, rv, heads, -1), &cfg)
+                 : dtr_attention_ex(ctx, x[0], x[1], x[2], &cfg);
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, y))));
+        attention_outputs(y, x, pass ? comp : fused, nq, nk);
+        dtr_context_reset(ctx);
+    }
+    for (i = 0; i < n; i++) worst = fmax(worst, fabs((double)fused[i] - comp[i]) / (1.0 + fabs((double)comp[i])));
+    free(data);
+    dtr_context_destroy(ctx);
+    return worst;
+}
+
 static void test_fused_attention(void) {
     static const struct { int causal; int64_t Tq, Tk; float scale; } cases[] = {
         {1, 70, 70, 0.0f}, {0, 70, 70, 0.0f}, {0, 70, 45, 0.2f}, {0, 33, 90, 0.0f}, {1, 70, 70, 0.7f}};
@@ -666,6 +699,9 @@ static void test_fused_attention(void) {
         CHECK_MSG(worst < 1e-5, "fused attention (causal %d, Tq %lld, Tk %lld, scale %g) differs from the composite by %.3g",
                   cases[c].causal, (long long)cases[c].Tq, (long long)cases[c].Tk, (double)cases[c].scale, worst);
     }
+    CHECK_MSG(attention_gqa_gap(2, 40, 4, 6, 2) < 1e-5 && attention_gqa_gap(2, 40, 4, 6, 3) < 1e-5,
+              "grouped-query attention differs from the composite on repeated heads by %.3g / %.3g", attention_gqa_gap(2, 40, 4, 6, 2),
+              attention_gqa_gap(2, 40, 4, 6, 3));
     {
         static const int32_t lens[3] = {45, 1, 20};
         double worst = attention_lens_gap(3, 70, 45, 8, lens);

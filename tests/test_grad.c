@@ -303,10 +303,18 @@ static dtr_tensor *b_attention_ex(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
 }
 
+/* grouped-query attention, arg {causal, heads, kv heads}: q (B, Tq, C), k and v (B, Tk, C / heads * kv heads) */
+static dtr_tensor *b_attention_gqa(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *a = (const int *)u;
+    dtr_attention_config cfg = dtr_attention_config_init(a[1], a[0]);
+    cfg.kv_heads = a[2];
+    return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
+}
+
 /* dtr_attention_ex with key lengths, arg {causal, set}: 2 heads, the lengths of set (one per
    batch item) */
 static dtr_tensor *b_attention_lens(dtr_context *c, dtr_tensor **x, void *u) {
-    static const int32_t sets[][2] = {{3, 5}, {2, 5}, {6, 0}, {150, 37}, {100, 3}, {130, 64}, {70, 1}};
+    static const int32_t sets[][2] = {{3, 5}, {2, 5}, {6, 0}, {100, 37}, {70, 3}, {130, 64}, {70, 1}};
     const int *a = (const int *)u;
     int64_t B = x[0]->shape[0];
     dtr_attention_config cfg = dtr_attention_config_init(2, a[0]);
@@ -473,25 +481,36 @@ static const op_case CASES[] = {
     /* the GPU's tiled kernels over two tiles of 256 queries, and the fused ones (head width 64):
        fewer keys than queries and more, with blocks of 64 partial on both sides */
     {"cross-attention, 300 queries, 70 keys", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_ex, {0, 0, 0}, 1, NULL},
-    {"attention, not causal, head width 64", 3, {IN3(1, 150, 128), IN3(1, 150, 128), IN3(1, 150, 128)}, b_attention_ex, {0, 0, 0}, 1,
+    {"attention, not causal, head width 64", 3, {IN3(1, 100, 128), IN3(1, 100, 128), IN3(1, 100, 128)}, b_attention_ex, {0, 0, 0}, 1,
      NULL},
-    {"cross-attention, head width 64, 70 queries, 150 keys", 3, {IN3(2, 70, 128), IN3(2, 150, 128), IN3(2, 150, 128)}, b_attention_ex,
+    {"cross-attention, head width 64, 70 queries, 150 keys", 3, {IN3(1, 70, 128), IN3(1, 150, 128), IN3(1, 150, 128)}, b_attention_ex,
      {0, 0, 0}, 1, NULL},
-    {"cross-attention, head width 32, 150 queries, 40 keys, scale 0.5", 3, {IN3(1, 150, 64), IN3(1, 40, 64), IN3(1, 40, 64)},
+    {"cross-attention, head width 32, 100 queries, 40 keys, scale 0.5", 3, {IN3(1, 100, 64), IN3(1, 40, 64), IN3(1, 40, 64)},
      b_attention_ex, {0, 0, 50}, 1, NULL},
-    {"causal attention, head width 128, scale 0.05", 3, {IN3(1, 150, 256), IN3(1, 150, 256), IN3(1, 150, 256)}, b_attention_ex,
+    {"causal attention, head width 128, scale 0.05", 3, {IN3(1, 80, 256), IN3(1, 80, 256), IN3(1, 80, 256)}, b_attention_ex,
      {1, 0, 5}, 1, NULL},
+    /* grouped-query heads: 2 q heads a kv head, multi-query (one kv head), and on the GPU's fused
+       (head width 64) and tiled kernels */
+    {"grouped-query attention, 4 heads, 2 kv heads", 3, {IN3(2, 5, 8), IN3(2, 5, 4), IN3(2, 5, 4)}, b_attention_gqa, {0, 4, 2}, 0, NULL},
+    {"causal multi-query attention, 4 heads, 1 kv head", 3, {IN3(2, 6, 8), IN3(2, 6, 2), IN3(2, 6, 2)}, b_attention_gqa, {1, 4, 1}, 0,
+     NULL},
+    {"causal grouped-query attention, head width 64, 4 heads, 2 kv heads", 3, {IN3(1, 100, 256), IN3(1, 100, 128), IN3(1, 100, 128)},
+     b_attention_gqa, {1, 4, 2}, 1, NULL},
+    {"cross multi-query attention, head width 64, 70 queries, 130 keys", 3, {IN3(1, 70, 256), IN3(1, 130, 64), IN3(1, 130, 64)},
+     b_attention_gqa, {0, 4, 1}, 1, NULL},
+    {"grouped-query attention, 300 queries, 6 heads, 3 kv heads", 3, {IN3(2, 300, 12), IN3(2, 300, 6), IN3(2, 300, 6)}, b_attention_gqa,
+     {1, 6, 3}, 1, NULL},
     /* key lengths (padding masked): not causal, causal, cross over two tiles; then the GPU's
        fused kernels (a length inside a block of 64, one at a block's end, causal) and tiled ones
        (a length of 1) */
     {"attention, key lengths 3 and 5", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_lens, {0, 0, 0}, 0, NULL},
     {"causal attention, key lengths 2 and 5", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_lens, {1, 1, 0}, 0, NULL},
     {"cross-attention, 40 queries, key length 6 of 9", 3, {IN3(1, 40, 4), IN3(1, 9, 4), IN3(1, 9, 4)}, b_attention_lens, {0, 2, 0}, 0, NULL},
-    {"attention, head width 64, key lengths 150 and 37", 3, {IN3(2, 150, 128), IN3(2, 150, 128), IN3(2, 150, 128)}, b_attention_lens,
+    {"attention, head width 64, key lengths 100 and 37", 3, {IN3(2, 100, 128), IN3(2, 100, 128), IN3(2, 100, 128)}, b_attention_lens,
      {0, 3, 0}, 1, NULL},
-    {"causal attention, head width 64, key lengths 100 and 3", 3, {IN3(2, 150, 128), IN3(2, 150, 128), IN3(2, 150, 128)},
+    {"causal attention, head width 64, key lengths 70 and 3", 3, {IN3(2, 100, 128), IN3(2, 100, 128), IN3(2, 100, 128)},
      b_attention_lens, {1, 4, 0}, 1, NULL},
-    {"cross-attention, head width 32, 70 queries, key lengths 130 and 64 of 200", 3, {IN3(2, 70, 64), IN3(2, 200, 64), IN3(2, 200, 64)},
+    {"cross-attention, head width 32, 70 queries, key lengths 130 and 64 of 140", 3, {IN3(2, 70, 64), IN3(2, 140, 64), IN3(2, 140, 64)},
      b_attention_lens, {0, 5, 0}, 1, NULL},
     {"cross-attention, 300 queries, key lengths 70 and 1 of 70", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_lens, {0, 6, 0},
      1, NULL},

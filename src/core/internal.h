@@ -220,6 +220,8 @@ typedef struct dtr__rope_params {
 
 typedef struct dtr__attention_params {
     int heads;                        /* C = heads * D */
+    int kv_heads;                     /* k and v's heads (dividing heads): q head h reads kv head
+                                         h / (heads / kv_heads) */
     int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
     float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
 } dtr__attention_params;

@@ -35,7 +35,8 @@
 enum { DTR__FA_BF16, DTR__FA_F16, DTR__FA_TF32, DTR__FA_F32, DTR__FA_KINDS };
 
 typedef struct dtr__cuda_att {
-    int64_t B, Tq, Tk, C, H, D, n;     /* q, y, dy (B, Tq, C), k, v (B, Tk, C); n: rows per tile */
+    int64_t B, Tq, Tk, C, H, D, n;     /* q, y, dy (B, Tq, C), k, v (B, Tk, Ck); n: rows per tile */
+    int64_t Ck, Hk, rep;               /* k's and v's width and heads (Hk D); q heads per kv head */
     int64_t sb[4], sr[4];              /* elements between batch items, between rows: of q, k, v (their
                                           rows 3C apart where they slice one qkv), then of y, dy (C) */
     int causal;                        /* 1: query t sees keys 0..t (Tq = Tk); 0: all Tk */
@@ -156,6 +157,7 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     int64_t fit;
     a->B = nd->in[0]->shape[0]; a->Tq = nd->in[0]->shape[1]; a->Tk = nd->in[1]->shape[1]; a->C = nd->in[0]->shape[2];
     a->H = nd->p.attention.heads; a->D = a->C / a->H;
+    a->Ck = nd->in[1]->shape[2], a->Hk = nd->p.attention.kv_heads, a->rep = a->H / a->Hk;
     for (int i = 0; i < 3; i++) a->sb[i] = nd->in[i]->stride[0], a->sr[i] = nd->in[i]->stride[1];
     a->sb[3] = a->Tq * a->C, a->sr[3] = a->C;
     a->causal = nd->p.attention.causal;
@@ -169,8 +171,12 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     if (a->n > a->Tq) a->n = a->Tq;
 }
 
-/* the row kernels' grid height: one (b, h) item per block row, looping past 65535 */
-static unsigned dtr__cuda_att_ys(const dtr__cuda_att *a) { return (unsigned)(a->B * a->H < 65535 ? a->B * a->H : 65535); }
+/* the row kernels' grid height: one (b, h) item per block row (of `heads` a batch item), looping
+   past 65535 */
+static unsigned dtr__cuda_att_ys(const dtr__cuda_att *a, int64_t heads = 0) {
+    int64_t n = a->B * (heads ? heads : a->H);
+    return (unsigned)(n < 65535 ? n : 65535);
+}
 
 static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t t0) {
     dtr__cuda_att_tile w;
@@ -222,13 +228,35 @@ static dtr__cuda_gemm_t dtr__cuda_att_t(const dtr__cuda_att *a, int to_p) {
     return t;
 }
 
+/* dtr__cuda_gemm2 over the (b, h) items, a kv head's rep q heads one product after another:
+   the operands marked q-side (bits 1 A, 2 B, 4 Y) step through the group's q heads (base at
+   member r, items rep heads apart), the others sit at the kv head (items over b and Hk). With
+   rep 1 it is one product over every (b, h); the group's products add into a kv-side output
+   in order (no two items of one product write the same rows). */
+static dtr_result dtr__cuda_att_gemm(dtr_context *ctx, const dtr__cuda_att *a, int qside, dtr__cuda_gemm_t t, int64_t M, int64_t N,
+                                     int64_t K, float alpha, const void *A, int64_t rsa, int64_t csa, dtr__cuda_bstride sa, const void *B,
+                                     int64_t rsb, int64_t csb, dtr__cuda_bstride sb, float beta, void *Y, int64_t ldy,
+                                     dtr__cuda_bstride sy, void **ptrs) {
+    for (int64_t r = 0; r < a->rep; r++) {
+        dtr__cuda_bstride xa = sa, xb = sb, xy = sy;
+        const char *pa = (const char *)A, *pb = (const char *)B;
+        char *py = (char *)Y;
+        if (qside & 1) pa += r * sa.inner * sa.bytes, xa.inner *= a->rep;
+        if (qside & 2) pb += r * sb.inner * sb.bytes, xb.inner *= a->rep;
+        if (qside & 4) py += r * sy.inner * sy.bytes, xy.inner *= a->rep;
+        if (dtr__cuda_gemm2(ctx, t, M, N, K, alpha, pa, rsa, csa, xa, pb, rsb, csb, xb, beta, py, ldy, xy, a->B, a->Hk, ptrs) != DTR_OK)
+            return ctx->status;
+    }
+    return DTR_OK;
+}
+
 /* S (B H, n, L) = scale q[t0:t0+n] k[0:L]^T, every batch item and head */
 static dtr_result dtr__cuda_att_scores(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_att *a, dtr__cuda_att_tile w,
                                        const dtr__cuda_att_bufs *b) {
     const void *Q = dtr__data(nd->in[0]), *K = dtr__data(nd->in[1]);
-    return dtr__cuda_gemm2(ctx, dtr__cuda_att_t(a, 0), w.n, w.L, a->D, a->scale, dtr__cuda_att_at(Q, w.t0 * a->sr[0], a->es), a->sr[0], 1,
-                           dtr__cuda_att_in(a, 0), K, 1, a->sr[1], dtr__cuda_att_in(a, 1), 0.0f, b->S, w.L, dtr__cuda_att_s(a, w, 0),
-                           a->B, a->H, b->ptrs);
+    return dtr__cuda_att_gemm(ctx, a, 5, dtr__cuda_att_t(a, 0), w.n, w.L, a->D, a->scale, dtr__cuda_att_at(Q, w.t0 * a->sr[0], a->es),
+                              a->sr[0], 1, dtr__cuda_att_in(a, 0), K, 1, a->sr[1], dtr__cuda_att_in(a, 1), 0.0f, b->S, w.L,
+                              dtr__cuda_att_s(a, w, 0), b->ptrs);
 }
 
 /* ---- the fused forward (flash attention): head width D = 32, 64, 96, 128 ----
@@ -431,8 +459,8 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H / a.rep, k0);
+            dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H / a.rep, k0);
             __syncthreads();
             dtr__cuda_fa_rows<O, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
@@ -472,16 +500,17 @@ template <int O, typename F> __device__ static void dtr__cuda_fa_pack(float *dst
     __syncwarp();
 }
 
-/* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of head h of item b of g (B, T, C),
-   added, rows past T left alone; staged 32 columns at a time through the warp's f32 rows st */
+/* acc[0..D/16) (16 x D, f32) into the gradient rows r0.. of a head of g (B, T, C): its first
+   row's D values at head, rows C apart; added, rows past T left alone; staged 32 columns at a
+   time through the warp's f32 rows st */
 template <int O, int D>
-__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc<O> *acc, float *st, const dtr__cuda_att &a, int64_t T, int64_t b,
-                                       int64_t h, int64_t r0, int lane) {
+__device__ static void dtr__cuda_fa_add(float *g, const dtr__fa_acc<O> *acc, float *st, int64_t T, int64_t C, int64_t head, int64_t r0,
+                                       int lane) {
     for (int c = 0; c < D / 32; c++) {
         dtr__cuda_fa_stage<O, 2>(st, DTR__FA_LQ, acc + 2 * c);
         __syncwarp();
         for (int i = 0; i < 16; i++)
-            if (r0 + i < T) g[(b * T + r0 + i) * a.C + h * D + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
+            if (r0 + i < T) g[head + (r0 + i) * C + c * 32 + lane] += st[i * DTR__FA_LQ + lane];
         __syncwarp();
     }
 }
@@ -527,8 +556,8 @@ __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> 
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dk, (const E *)s16, PL, sq, LD);
 }
 
-/* dk, dv of 64 keys k0.. over the query steps that see them, at or past them (causal) or all
-   (grid (key blocks, min(B H, 65535))) */
+/* dk, dv of 64 keys k0.. of a kv head over its q heads' query steps that see them, at or past
+   them (causal) or all (grid (key blocks, min(B Hk, 65535))) */
 template <int O, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const void *Q, const void *K, const void *V, const void *G,
                                                                             const float *lse, const float *Drow, float *GK, float *GV,
@@ -542,20 +571,21 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
     int lane = threadIdx.x % 32, w16 = threadIdx.x / 32 * 16;
     int64_t k0 = (int64_t)blockIdx.x * DTR__FA_KEYS;
     float *s16 = ss + w16 * DTR__FA_LQ, *p16 = sp + w16 * DTR__FA_LQ;   /* the warp's rows */
-    for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
-        int64_t nk = dtr__cuda_att_keys(a, z);
+    for (int64_t z = blockIdx.y; z < a.B * a.Hk; z += gridDim.y) {   /* (b, kv head g), its q heads b H + g rep + r */
+        int64_t b = z / a.Hk, g = z % a.Hk, nk = dtr__cuda_att_keys(a, b * a.H);
         dtr__fa_acc<O> dk[D / 16], dv[D / 16];
-        dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H, k0);
-        dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H, k0);
+        dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, b, g, k0);
+        dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, b, g, k0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
-        for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Tq && k0 < nk; q0 += DTR__FA_STEP) {   /* padding keys: 0 */
-            dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, z, q0);
-            __syncthreads();
-            dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, nk, q0, lane);
-            __syncthreads();   /* before the next step's tiles */
-        }
-        dtr__cuda_fa_add<O, D>(GK, dk, s16, a, a.Tk, z / a.H, z % a.H, k0 + w16, lane);
-        dtr__cuda_fa_add<O, D>(GV, dv, p16, a, a.Tk, z / a.H, z % a.H, k0 + w16, lane);
+        for (int64_t r = 0; r < a.rep; r++)
+            for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Tq && k0 < nk; q0 += DTR__FA_STEP) {   /* padding keys: 0 */
+                dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, b * a.H + g * a.rep + r, q0);
+                __syncthreads();
+                dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, nk, q0, lane);
+                __syncthreads();   /* before the next step's tiles */
+            }
+        dtr__cuda_fa_add<O, D>(GK, dk, s16, a.Tk, a.Ck, b * a.Tk * a.Ck + g * D, k0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GV, dv, p16, a.Tk, a.Ck, b * a.Tk * a.Ck + g * D, k0 + w16, lane);
         __syncthreads();
     }
 }
@@ -598,13 +628,13 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
         dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H, k0);
-            dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H, k0);
+            dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H / a.rep, k0);
+            dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H / a.rep, k0);
             __syncthreads();
             dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, nk, lane);
             __syncthreads();
         }
-        dtr__cuda_fa_add<O, D>(GQ, dq, s16, a, a.Tq, z / a.H, z % a.H, q0 + w16, lane);
+        dtr__cuda_fa_add<O, D>(GQ, dq, s16, a.Tq, a.C, z / a.H * a.Tq * a.C + z % a.H * D, q0 + w16, lane);
         __syncthreads();
     }
 }
@@ -696,7 +726,7 @@ static int dtr__cuda_fa_takes(dtr_context *ctx, const dtr__node *nd, const dtr__
    theirs (as linear with 16-bit products on f32 tensors). NULL x[0] with the error set. */
 static void dtr__cuda_fa_inputs(dtr_context *ctx, const dtr__node *nd, dtr__cuda_att *k, int bwd, const void **x) {
     dtr_dtype t = dtr__cuda_fa_dtype(k->fa);
-    int64_t each = dtr__cuda_align256(k->B * (k->Tq > k->Tk ? k->Tq : k->Tk) * k->C * 2);
+    int64_t each = dtr__cuda_align256(k->B * (k->Tq * k->C > k->Tk * k->Ck ? k->Tq * k->C : k->Tk * k->Ck) * 2);
     int copies = (dtr__cuda_fa_rounds(k) ? 3 : 0) + (bwd && t != DTR_F32);
     char *at = copies ? (char *)dtr__cuda_scratch(ctx, (size_t)(copies * each)) : NULL;
     for (int i = 0; i < 3; i++) x[i] = dtr__data(nd->in[i]);
@@ -705,7 +735,7 @@ static void dtr__cuda_fa_inputs(dtr_context *ctx, const dtr__node *nd, dtr__cuda
     for (int i = 0; at && i < 3 && dtr__cuda_fa_rounds(k); i++, at += each) {   /* f32 q, k, v into 16 bits */
         const dtr_tensor *s = nd->in[i];
         dtr__cuda_mem to = {at, (int)t};
-        int64_t n = dtr_tensor_numel(s), dense[3] = {s->shape[1] * k->C, k->C, 1};
+        int64_t n = dtr_tensor_numel(s), dense[3] = {s->shape[1] * s->shape[2], s->shape[2], 1};
         dtr__cuda_copy_walk_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
             to, dtr__cuda_walk_make(3, s->shape, dense, 0), dtr__cuda_storage_of(s), dtr__cuda_walk_make(3, s->shape, s->stride, s->offset), n);
         x[i] = at, k->sb[i] = dense[0], k->sr[i] = dense[1];
@@ -714,9 +744,10 @@ static void dtr__cuda_fa_inputs(dtr_context *ctx, const dtr__node *nd, dtr__cuda
     if (x[0] && copies && dtr__cuda_launched(ctx, nd) != DTR_OK) x[0] = NULL;
 }
 
-/* the fused kernels' grid over T rows (queries or keys): blocks of 64, (b, h) items */
-static dim3 dtr__cuda_fa_grid(const dtr__cuda_att *a, int64_t T) {
-    return dim3((unsigned)((T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a));
+/* the fused kernels' grid over T rows (queries or keys): blocks of 64, (b, h) items of `heads`
+   heads (0: q's) */
+static dim3 dtr__cuda_fa_grid(const dtr__cuda_att *a, int64_t T, int64_t heads = 0) {
+    return dim3((unsigned)((T + DTR__FA_ROWS - 1) / DTR__FA_ROWS), dtr__cuda_att_ys(a, heads));
 }
 
 static dtr_result dtr__cuda_fa_fwd(dtr_context *ctx, dtr__node *nd, const dtr__cuda_att *a, float *lse) {
@@ -736,7 +767,7 @@ static dtr_result dtr__cuda_fa_bwd(dtr_context *ctx, dtr__node *nd, const dtr__c
     const void *x[4];
     dtr__cuda_fa_inputs(ctx, nd, &k, 1, x);
     if (!x[0]) return ctx->status;
-    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(k.fa, k.D, dtr__cuda_fa_grid(a, a->Tk), dtr__cuda_fa_grid(a, a->Tq), dtr__cuda_stream(ctx), x[0], x[1], x[2], x[3], (const float *)nd->saved, Drow,
+    dtr__cuda_fa_pick<dtr__fa_bwd_launch>(k.fa, k.D, dtr__cuda_fa_grid(a, a->Tk, a->Hk), dtr__cuda_fa_grid(a, a->Tq), dtr__cuda_stream(ctx), x[0], x[1], x[2], x[3], (const float *)nd->saved, Drow,
                                           dtr__gradof(nd->in[0]), dtr__gradof(nd->in[1]), dtr__gradof(nd->in[2]), &k);
     return dtr__cuda_launched(ctx, nd);
 }
@@ -762,9 +793,9 @@ static dtr_result dtr__cuda_attention_run_fwd(dtr_context *ctx, dtr__node *nd) {
         dtr__cuda_att_softmax_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(&a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(b.S, lse, a, w);
         if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
         /* y[t0:t0+n] (n, D) = P (n, L) v[0:L] (L, D) */
-        if (dtr__cuda_gemm2(ctx, dtr__cuda_att_t(&a, 1), w.n, a.D, w.L, 1.0f, b.S, w.L * DTR__ATT_PACK(a), 1, dtr__cuda_att_s(&a, w, 1),
-                            dtr__data(nd->in[2]), a.sr[2], 1, dtr__cuda_att_in(&a, 2), 0.0f, (void *)dtr__cuda_att_at(dtr__data(nd->out), t0 * a.C, a.es),
-                            a.C, dtr__cuda_att_x(&a, a.Tq, a.es), a.B, a.H, b.ptrs) != DTR_OK)
+        if (dtr__cuda_att_gemm(ctx, &a, 5, dtr__cuda_att_t(&a, 1), w.n, a.D, w.L, 1.0f, b.S, w.L * DTR__ATT_PACK(a), 1,
+                               dtr__cuda_att_s(&a, w, 1), dtr__data(nd->in[2]), a.sr[2], 1, dtr__cuda_att_in(&a, 2), 0.0f,
+                               (void *)dtr__cuda_att_at(dtr__data(nd->out), t0 * a.C, a.es), a.C, dtr__cuda_att_x(&a, a.Tq, a.es), b.ptrs) != DTR_OK)
             return ctx->status;
     }
     return DTR_OK;
@@ -778,24 +809,24 @@ static dtr_result dtr__cuda_att_bwd_tile(dtr_context *ctx, dtr__node *nd, const 
     int64_t D = a->D, C = a->C, es = a->es;
     const void *Gt = dtr__cuda_att_at(b->G, w.t0 * C, es), *Qt = dtr__cuda_att_at(Q, w.t0 * a->sr[0], es);
     int64_t ld = w.L * DTR__ATT_PACK(*a);   /* the row stride of P and dS */
-    dtr__cuda_bstride x = dtr__cuda_att_x(a, a->Tq, es), x32 = dtr__cuda_att_x(a, a->Tq, 4), k32 = dtr__cuda_att_x(a, a->Tk, 4);
+    dtr__cuda_bstride x = dtr__cuda_att_x(a, a->Tq, es), x32 = dtr__cuda_att_x(a, a->Tq, 4), k32 = {a->Tk * a->Ck, D, 4};
     dtr__cuda_bstride sc = dtr__cuda_att_s(a, w, 1);
     dtr__cuda_bstride xq = dtr__cuda_att_in(a, 0), xk = dtr__cuda_att_in(a, 1), xv = dtr__cuda_att_in(a, 2);
     dtr__cuda_gemm_t t = dtr__cuda_att_t(a, 0);
     if (dtr__cuda_att_scores(ctx, nd, a, w, b) != DTR_OK) return ctx->status;
     /* dP (n, L) = dy[t0:] (n, D) v[0:L]^T (D, L) */
-    if (dtr__cuda_gemm2(ctx, t, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, a->sr[2], xv, 0.0f, b->dP, w.L, dtr__cuda_att_s(a, w, 0), a->B, a->H,
-                        b->ptrs) != DTR_OK)
+    if (dtr__cuda_att_gemm(ctx, a, 5, t, w.n, w.L, D, 1.0f, Gt, C, 1, x, V, 1, a->sr[2], xv, 0.0f, b->dP, w.L, dtr__cuda_att_s(a, w, 0),
+                           b->ptrs) != DTR_OK)
         return ctx->status;
     dtr__cuda_att_dscore_k<<<dim3((unsigned)w.n, dtr__cuda_att_ys(a)), DTR__ATT_THREADS, 0, dtr__cuda_stream(ctx)>>>(
         b->S, b->dP, (const float *)nd->saved, Drow, *a, w);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    if (GQ && dtr__cuda_gemm2(ctx, t, w.n, D, w.L, 1.0f, b->dP, ld, 1, sc, K, a->sr[1], 1, xk, 1.0f, GQ + w.t0 * C, C, x32, a->B, a->H,
-                              b->ptrs) != DTR_OK)
+    if (GQ && dtr__cuda_att_gemm(ctx, a, 5, t, w.n, D, w.L, 1.0f, b->dP, ld, 1, sc, K, a->sr[1], 1, xk, 1.0f, GQ + w.t0 * C, C, x32,
+                                 b->ptrs) != DTR_OK)
         return ctx->status;   /* dq[t0:] += dS (n, L) k[0:L] (L, D) */
-    if (GK && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, a->sr[0], 1, xq, 1.0f, GK, C, k32, a->B, a->H, b->ptrs) != DTR_OK)
+    if (GK && dtr__cuda_att_gemm(ctx, a, 3, t, w.L, D, w.n, 1.0f, b->dP, 1, ld, sc, Qt, a->sr[0], 1, xq, 1.0f, GK, a->Ck, k32, b->ptrs) != DTR_OK)
         return ctx->status;   /* dk[0:L] += dS^T (L, n) q[t0:] (n, D) */
-    if (GV && dtr__cuda_gemm2(ctx, t, w.L, D, w.n, 1.0f, b->S, 1, ld, sc, Gt, C, 1, x, 1.0f, GV, C, k32, a->B, a->H, b->ptrs) != DTR_OK)
+    if (GV && dtr__cuda_att_gemm(ctx, a, 3, t, w.L, D, w.n, 1.0f, b->S, 1, ld, sc, Gt, C, 1, x, 1.0f, GV, a->Ck, k32, b->ptrs) != DTR_OK)
         return ctx->status;   /* dv[0:L] += P^T (L, n) dy[t0:] (n, D) */
     return DTR_OK;
 }

@@ -623,14 +623,19 @@ dtr_attention_config dtr_attention_config_init(int heads, int causal) {
 static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dtr_tensor *k, const dtr_tensor *v,
                                  const dtr_attention_config *cfg) {
     char s1[96], s2[96], s3[96];
-    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3 || q->shape[0] != k->shape[0] || q->shape[2] != k->shape[2] ||
-        memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) || (cfg->causal && q->shape[1] != k->shape[1]) ||
-        (q->shape[1] > 0 && k->shape[1] == 0))
-        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, C), (B, Tk, C)%s",
+    int kvh = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
+    if (q->ndim != 3 || k->ndim != 3 || v->ndim != 3)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_attention: q %s, k %s, v %s must be 3-D", dtr__shape_str(q, s1, sizeof s1),
+                         dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3));
+    if (cfg->heads <= 0 || q->shape[2] % cfg->heads || kvh <= 0 || cfg->heads % kvh)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads must divide C = %lld, and %d kv_heads the heads",
+                         cfg->heads, (long long)q->shape[2], kvh);
+    if (q->shape[0] != k->shape[0] || k->shape[2] != q->shape[2] / cfg->heads * kvh || memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) ||
+        (cfg->causal && q->shape[1] != k->shape[1]) || (q->shape[1] > 0 && k->shape[1] == 0))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH,
+                         "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, Ckv), (B, Tk, Ckv) with Ckv = %lld (%d kv heads)%s",
                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3),
-                         cfg->causal ? " with Tq = Tk (causal)" : " with Tk > 0");
-    if (cfg->heads <= 0 || q->shape[2] % cfg->heads)
-        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads do not divide C = %lld", cfg->heads, (long long)q->shape[2]);
+                         (long long)(q->shape[2] / cfg->heads * kvh), kvh, cfg->causal ? ", Tq = Tk (causal)" : ", Tk > 0");
     if (!isfinite(cfg->scale))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
     if (cfg->key_lengths && cfg->key_lengths->dtype != DTR_I32)
@@ -662,6 +667,7 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     }
     if (!n) return NULL;
     n->p.attention.heads = cfg->heads;
+    n->p.attention.kv_heads = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
     n->p.attention.causal = cfg->causal != 0;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
@@ -678,6 +684,7 @@ typedef struct dtr__att_job {
     const dtr__node *nd;
     dtr__pool *pool;
     int64_t B, Tq, Tk, C, H, D;
+    int64_t Ck, rep;        /* k's and v's width (kv heads x D); q heads per kv head */
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     int causal;
     float scale;
@@ -715,13 +722,16 @@ static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int
     }
 }
 
-/* head h of batch item b (bh = b H + h) of input i (q, k, v): its first row's D values */
+/* head h of batch item b (bh = b H + h) of input i (q; k, v: the kv head h / rep): its first
+   row's D values */
 static const float *dtr__att_head(const dtr__att_job *j, int i, int64_t bh) {
-    return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (bh % j->H) * j->D;
+    return dtr__f32(j->nd->in[i]) + (bh / j->H) * j->sb[i] + (i ? (bh % j->H) / j->rep : bh % j->H) * j->D;
 }
-/* the first of head bh's D values in a dense (B, T, C) buffer (y and q's gradient: T = Tq; k's
-   and v's: Tk) */
-static int64_t dtr__att_off(const dtr__att_job *j, int64_t bh, int64_t T) { return (bh / j->H) * T * j->C + (bh % j->H) * j->D; }
+/* the first of head bh's D values in y or q's gradient (B, Tq, C) (q: 1), or in k's or v's
+   gradient (B, Tk, Ck) (its kv head's) */
+static int64_t dtr__att_off(const dtr__att_job *j, int64_t bh, int q) {
+    return q ? (bh / j->H) * j->Tq * j->C + (bh % j->H) * j->D : (bh / j->H) * j->Tk * j->Ck + (bh % j->H) / j->rep * j->D;
+}
 
 static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__att_job *j = (const dtr__att_job *)arg;
@@ -729,7 +739,7 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     float *S = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk;
     for (bh = b; bh < e; bh++) {
         const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, Tq), *lse = j->lse + bh * Tq;
+        float *Y = dtr__f32(j->nd->out) + dtr__att_off(j, bh, 1), *lse = j->lse + bh * Tq;
         for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
             int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
             /* S (rows, nk) = Q_tile (rows, D) K^T (D, nk) */
@@ -742,35 +752,41 @@ static void dtr__att_fwd_range(void *arg, int64_t b, int64_t e, int w) {
 }
 
 /* dQ, dK, dV of one (batch, head), tile by tile; dS = P (dP - rowsum(dY * Y)) scale. */
-static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
-    const dtr__att_job *j = (const dtr__att_job *)arg;
+static void dtr__att_bwd_head(const dtr__att_job *j, int64_t bh, int w) {
     const dtr__node *nd = j->nd;
-    int64_t Tq = j->Tq, C = j->C, D = j->D, bh, t0, r, c;
+    int64_t Tq = j->Tq, C = j->C, Ck = j->Ck, D = j->D, t0, r, c;
+    int64_t off = dtr__att_off(j, bh, 1), offk = dtr__att_off(j, bh, 0), rq = j->sr[0], rk = j->sr[1];
     float *P = j->scratch + (int64_t)w * 2 * DTR__ATT_TILE * j->Tk, *dP = P + DTR__ATT_TILE * j->Tk;
     float *GQ = dtr__gradof(nd->in[0]), *GK = dtr__gradof(nd->in[1]), *GV = dtr__gradof(nd->in[2]);
-    for (bh = b; bh < e; bh++) {
-        int64_t off = dtr__att_off(j, bh, Tq), offk = dtr__att_off(j, bh, j->Tk), rq = j->sr[0], rk = j->sr[1];
-        const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
-        const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
-        for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
-            int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
-            dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
-            /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
-            if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, C);
-            if (!GQ && !GK) continue;
-            /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
-            dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
-            for (r = 0; r < rows; r++) {
-                double dy = 0.0;
-                for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
-                for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
-            }
-            /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
-            if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
-            if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, C);
+    const float *Q = dtr__att_head(j, 0, bh), *K = dtr__att_head(j, 1, bh), *V = dtr__att_head(j, 2, bh);
+    const float *Y = dtr__f32(nd->out) + off, *G = nd->out->grad + off, *lse = j->lse + bh * Tq;
+    for (t0 = 0; t0 < Tq; t0 += DTR__ATT_TILE) {
+        int64_t rows = Tq - t0 < DTR__ATT_TILE ? Tq - t0 : DTR__ATT_TILE, nk = dtr__att_keys(j, bh, t0, rows);
+        dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, Q + t0 * rq, rq, 1, K, 1, rk, 0.0f, P, nk);
+        dtr__att_softmax(j, P, rows, nk, t0, (float *)lse, 1);
+        /* dV (nk, D) += P^T (nk, rows) dY_tile (rows, D) */
+        if (GV) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, P, 1, nk, G + t0 * C, C, 1, 1.0f, GV + offk, Ck);
+        if (!GQ && !GK) continue;
+        /* dP (rows, nk) = dY_tile (rows, D) V^T (D, nk) */
+        dtr__gemm_on(j->pool, w, rows, nk, D, 1.0f, G + t0 * C, C, 1, V, 1, j->sr[2], 0.0f, dP, nk);
+        for (r = 0; r < rows; r++) {
+            double dy = 0.0;
+            for (c = 0; c < D; c++) dy += (double)G[(t0 + r) * C + c] * Y[(t0 + r) * C + c];
+            for (c = 0; c < nk; c++) dP[r * nk + c] = P[r * nk + c] * (dP[r * nk + c] - (float)dy) * j->scale;
         }
+        /* dQ_tile (rows, D) += dS (rows, nk) K (nk, D); dK (nk, D) += dS^T (nk, rows) Q_tile (rows, D) */
+        if (GQ) dtr__gemm_on(j->pool, w, rows, D, nk, 1.0f, dP, nk, 1, K, rk, 1, 1.0f, GQ + off + t0 * C, C);
+        if (GK) dtr__gemm_on(j->pool, w, nk, D, rows, 1.0f, dP, 1, nk, Q + t0 * rq, rq, 1, 1.0f, GK + offk, Ck);
     }
+}
+
+/* the kv heads [b, e) of (batch, kv head) items: each of their q heads in order (one worker
+   adds every gradient a kv head gets, in a fixed order) */
+static void dtr__att_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__att_job *j = (const dtr__att_job *)arg;
+    int64_t g, r, Hk = j->H / j->rep;
+    for (g = b; g < e; g++)
+        for (r = 0; r < j->rep; r++) dtr__att_bwd_head(j, g / Hk * j->H + g % Hk * j->rep + r, w);
 }
 
 static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_job *j) {
@@ -780,6 +796,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     j->pool = ctx->pool;
     j->B = nd->in[0]->shape[0]; j->Tq = nd->in[0]->shape[1]; j->Tk = nd->in[1]->shape[1]; j->C = nd->in[0]->shape[2];
     j->H = nd->p.attention.heads; j->D = j->C / j->H;
+    j->Ck = nd->in[1]->shape[2], j->rep = j->H / nd->p.attention.kv_heads;
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->causal = nd->p.attention.causal;
     j->scale = nd->p.attention.scale;
@@ -809,6 +826,6 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1]) && !dtr__gradof(nd->in[2])) return DTR_OK;
     if (dtr__att_job_make(ctx, nd, &j) != DTR_OK) return ctx->status;
     j.lse = (float *)nd->saved;
-    dtr__pool_run(ctx->pool, j.B * j.H, 1, dtr__att_bwd_range, &j);
+    dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }

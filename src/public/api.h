@@ -542,6 +542,10 @@ typedef struct dtr_attention_config {
     int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
                         0: every query sees every key (encoders, cross-attention) */
     float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
+    int kv_heads;  /**< grouped-query attention (Llama 2 70B, Llama 3, Mistral): k and v have
+                        kv_heads heads of width D, (B, Tk, kv_heads * D), each shared by
+                        heads / kv_heads consecutive q heads (q head h reads kv head
+                        h / (heads / kv_heads)); 1 is multi-query attention; 0 means heads */
     dtr_tensor *key_lengths;   /**< NULL: every key. Else i32 (B): item b's keys are
                                     0 .. key_lengths[b] - 1, the rest padding (masked for every
                                     query, so their k and v get zero gradients); each in [1, Tk] */
@@ -550,17 +554,19 @@ typedef struct dtr_attention_config {
 /** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths. Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
-/** Multi-head attention, causal or not, self or cross, with padded keys: q (B, Tq, C), k and
- *  v (B, Tk, C) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
- *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, and with
- *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on). The fused
+/** Multi-head attention, causal or not, self or cross, with padded keys and grouped-query
+ *  heads: q (B, Tq, C), k and v (B, Tk, C) (or (B, Tk, kv_heads * D)) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
+ *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, with
+ *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on, and with
+ *  kv_heads its enable_gqa=True). The fused
  *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
  *  the config's choices; dtr_attention(q, k, v, heads) is this with
  *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
  *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
- *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B, C or k and v
- *  differing, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH (key_lengths not
- *  i32), DTR_INVALID_ARGUMENT (heads not dividing C, a scale that is not finite),
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v
+ *  differing, k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)),
+ *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
+ *  kv_heads not dividing heads, a scale that is not finite),
  *  DTR_NULL_HANDLE (cfg NULL). A key length outside [1, Tk] is DTR_INVALID_ARGUMENT from the
  *  forward pass (the CPU: when the op runs; a GPU: at the next synchronisation, as an
  *  embedding's ids, with the padding masked as if the length were clamped into range).
