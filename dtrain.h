@@ -813,6 +813,24 @@ typedef struct dtr_gpt_block {
     dtr_linear_layer fc, fc_proj;
 } dtr_gpt_block;
 
+/** Llama block (Llama 2 and 3, Mistral's shape): x + o(attention(rope(q), rope(k), v)) over
+ *  rmsnorm(x), then x + down(silu(gate(h)) * up(h)) over rmsnorm(x): pre-norm RMS norms (eps
+ *  1e-6 unless changed), causal grouped-query attention with RoPE (rotate_half pairs, theta
+ *  `rope_theta`: 10000 from init, 500000 for Llama 3), the SwiGLU MLP, no biases. Parameters
+ *  under "<name>." with Hugging Face's LlamaDecoderLayer names, so a checkpoint's
+ *  "model.layers.<i>." tensors load by name: input_layernorm.weight (C),
+ *  self_attn.q_proj.weight (C, C), self_attn.k_proj.weight and self_attn.v_proj.weight
+ *  (kv_heads * D, C), self_attn.o_proj.weight (C, C), post_attention_layernorm.weight (C),
+ *  mlp.gate_proj.weight and mlp.up_proj.weight (hidden, C), mlp.down_proj.weight (C, hidden). */
+typedef struct dtr_llama_block {
+    dtr_rmsnorm_layer attn_norm, mlp_norm;   /**< input_layernorm, post_attention_layernorm */
+    dtr_linear_layer q, k, v, o;             /**< self_attn.q_proj, k_proj, v_proj, o_proj */
+    dtr_linear_layer gate, up, down;         /**< mlp.gate_proj, up_proj, down_proj */
+    int64_t dim, hidden;
+    int heads, kv_heads;
+    float rope_theta;                        /**< 10000 from init; may be changed after init */
+} dtr_llama_block;
+
 /** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill
  *  `layer`. `init` applies to weights (DTR_INIT_TORCH_DEFAULT matches PyTorch); biases follow
  *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error.
@@ -831,6 +849,11 @@ DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_mode
                                             int64_t dim, int heads);
 DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const char *name,
                                       int64_t dim, int heads);
+/** A Llama block of width dim, `heads` heads of dim / heads (even), `kv_heads` k and v heads
+ *  (dividing heads; heads for plain multi-head attention) and an MLP of `hidden` (Llama 2 7B:
+ *  4096, 32, 32, 11008). DTR_INVALID_ARGUMENT names what does not divide. */
+DTR_API dtr_result dtr_llama_block_init(dtr_llama_block *block, dtr_model *m, const char *name, int64_t dim, int heads,
+                                        int kv_heads, int64_t hidden);
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
@@ -840,6 +863,8 @@ DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embe
 /** x (B, T, C) -> (B, T, C). */
 DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
+/** x (B, T, C) -> (B, T, C), positions 0 .. T-1. */
+DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x);
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
@@ -4179,7 +4204,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4183 "dtrain.h"
+#line 4208 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4997,7 +5022,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5001 "dtrain.h"
+#line 5026 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5356,7 +5381,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5360 "dtrain.h"
+#line 5385 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5418,7 +5443,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5422 "dtrain.h"
+#line 5447 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5797,7 +5822,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5801 "dtrain.h"
+#line 5826 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5840,7 +5865,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5844 "dtrain.h"
+#line 5869 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5874,7 +5899,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5878 "dtrain.h"
+#line 5903 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5933,7 +5958,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5937 "dtrain.h"
+#line 5962 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6007,7 +6032,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6011 "dtrain.h"
+#line 6036 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6075,7 +6100,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6079 "dtrain.h"
+#line 6104 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6150,7 +6175,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6154 "dtrain.h"
+#line 6179 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6502,7 +6527,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6506 "dtrain.h"
+#line 6531 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7318,7 +7343,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7322 "dtrain.h"
+#line 7347 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -7993,7 +8018,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 7997 "dtrain.h"
+#line 8022 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8084,7 +8109,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8088 "dtrain.h"
+#line 8113 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8566,7 +8591,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8570 "dtrain.h"
+#line 8595 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8821,7 +8846,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8825 "dtrain.h"
+#line 8850 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9052,7 +9077,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9056 "dtrain.h"
+#line 9081 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9171,7 +9196,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9175 "dtrain.h"
+#line 9200 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9227,7 +9252,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9231 "dtrain.h"
+#line 9256 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9612,7 +9637,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9616 "dtrain.h"
+#line 9641 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9874,7 +9899,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9878 "dtrain.h"
+#line 9903 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10294,7 +10319,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10298 "dtrain.h"
+#line 10323 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10473,7 +10498,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10477 "dtrain.h"
+#line 10502 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11308,7 +11333,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11312 "dtrain.h"
+#line 11337 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11807,7 +11832,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11811 "dtrain.h"
+#line 11836 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12066,7 +12091,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12070 "dtrain.h"
+#line 12095 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12436,7 +12461,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12440 "dtrain.h"
+#line 12465 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12570,7 +12595,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12574 "dtrain.h"
+#line 12599 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13112,7 +13137,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13116 "dtrain.h"
+#line 13141 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13290,6 +13315,53 @@ dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, 
     return dtr__layer_status(m);
 }
 
+/* "<p>.<part>" into sub */
+static const char *dtr__sub(char *sub, size_t n, const char *p, const char *part) {
+    snprintf(sub, n, "%s%s%s", p ? p : "", p && *p ? "." : "", part);
+    return sub;
+}
+
+dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *name, int64_t dim, int heads, int kv_heads,
+                                int64_t hidden) {
+    char sub[256];
+    int64_t kvd;
+    if (!b || !m) return DTR_NULL_HANDLE;
+    memset(b, 0, sizeof(*b));
+    if (dim <= 0 || hidden <= 0 || heads <= 0 || kv_heads <= 0 || dim % heads || (dim / heads) % 2 || heads % kv_heads)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_llama_block_init: %d heads must divide dim %lld into even widths, %d kv_heads the heads, hidden %lld > 0",
+                         heads, (long long)dim, kv_heads, (long long)hidden);
+    b->dim = dim, b->hidden = hidden, b->heads = heads, b->kv_heads = kv_heads, b->rope_theta = 10000.0f;
+    kvd = dim / heads * kv_heads;
+    dtr_rmsnorm_layer_init(&b->attn_norm, m, dtr__sub(sub, sizeof sub, name, "input_layernorm"), dim);
+    dtr_linear_layer_init(&b->q, m, dtr__sub(sub, sizeof sub, name, "self_attn.q_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->k, m, dtr__sub(sub, sizeof sub, name, "self_attn.k_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->v, m, dtr__sub(sub, sizeof sub, name, "self_attn.v_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->o, m, dtr__sub(sub, sizeof sub, name, "self_attn.o_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_rmsnorm_layer_init(&b->mlp_norm, m, dtr__sub(sub, sizeof sub, name, "post_attention_layernorm"), dim);
+    dtr_linear_layer_init(&b->gate, m, dtr__sub(sub, sizeof sub, name, "mlp.gate_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->up, m, dtr__sub(sub, sizeof sub, name, "mlp.up_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->down, m, dtr__sub(sub, sizeof sub, name, "mlp.down_proj"), hidden, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x) {
+    dtr_tensor *h, *q, *k, *v;
+    dtr_attention_config cfg;
+    if (!ctx) return NULL;
+    if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
+    cfg = dtr_attention_config_init(b->heads, 1);
+    cfg.kv_heads = b->kv_heads;
+    h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
+    q = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0);
+    k = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0);
+    v = dtr_linear_layer_forward(ctx, &b->v, h);
+    x = dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->o, dtr_attention_ex(ctx, q, k, v, &cfg)));
+    h = dtr_rmsnorm_layer_forward(ctx, &b->mlp_norm, x);
+    h = dtr_mul(ctx, dtr_silu(ctx, dtr_linear_layer_forward(ctx, &b->gate, h)), dtr_linear_layer_forward(ctx, &b->up, h));
+    return dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->down, h));
+}
+
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     dtr_tensor *h;
     if (!ctx) return NULL;
@@ -13300,7 +13372,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13304 "dtrain.h"
+#line 13376 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13551,7 +13623,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13555 "dtrain.h"
+#line 13627 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14073,7 +14145,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14077 "dtrain.h"
+#line 14149 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14211,7 +14283,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14215 "dtrain.h"
+#line 14287 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14558,7 +14630,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14562 "dtrain.h"
+#line 14634 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14624,7 +14696,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14628 "dtrain.h"
+#line 14700 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14861,7 +14933,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14865 "dtrain.h"
+#line 14937 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15610,7 +15682,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15614 "dtrain.h"
+#line 15686 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16063,7 +16135,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16067 "dtrain.h"
+#line 16139 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16119,7 +16191,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16123 "dtrain.h"
+#line 16195 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16896,7 +16968,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16900 "dtrain.h"
+#line 16972 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17477,7 +17549,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17481 "dtrain.h"
+#line 17553 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18108,7 +18180,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18112 "dtrain.h"
+#line 18184 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18904,7 +18976,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18908 "dtrain.h"
+#line 18980 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19257,7 +19329,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19261 "dtrain.h"
+#line 19333 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19447,7 +19519,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19451 "dtrain.h"
+#line 19523 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19628,7 +19700,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19632 "dtrain.h"
+#line 19704 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20403,7 +20475,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20407 "dtrain.h"
+#line 20479 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20920,7 +20992,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20924 "dtrain.h"
+#line 20996 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21715,7 +21787,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21719 "dtrain.h"
+#line 21791 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -22963,7 +23035,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 22967 "dtrain.h"
+#line 23039 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23585,7 +23657,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23589 "dtrain.h"
+#line 23661 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24086,7 +24158,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24090 "dtrain.h"
+#line 24162 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24816,7 +24888,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24820 "dtrain.h"
+#line 24892 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25052,7 +25124,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25056 "dtrain.h"
+#line 25128 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25181,7 +25253,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25185 "dtrain.h"
+#line 25257 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25618,7 +25690,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25622 "dtrain.h"
+#line 25694 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26111,7 +26183,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26115 "dtrain.h"
+#line 26187 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26643,7 +26715,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26647 "dtrain.h"
+#line 26719 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27149,7 +27221,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27153 "dtrain.h"
+#line 27225 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28698,7 +28770,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28702 "dtrain.h"
+#line 28774 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28752,7 +28824,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28756 "dtrain.h"
+#line 28828 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -29930,7 +30002,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 29934 "dtrain.h"
+#line 30006 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30820,7 +30892,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30824 "dtrain.h"
+#line 30896 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32298,7 +32370,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32302 "dtrain.h"
+#line 32374 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32682,7 +32754,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32686 "dtrain.h"
+#line 32758 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32831,7 +32903,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32835 "dtrain.h"
+#line 32907 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

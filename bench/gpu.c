@@ -1,13 +1,15 @@
-/* bench/gpu.c: training throughput of four models on a backend, as JSON lines
+/* bench/gpu.c: training throughput of five models on a backend, as JSON lines
  * ("impl":"dtrain"; bench/gpu_torch.py prints the same lines for PyTorch on the same GPU).
  *   mlp      Fashion-MNIST's MLP shape: 784-256-128-10, batch 256 (random inputs)
  *   cnn      conv 1->16 k3 p1, pool 2, conv 16->32 k3 p1, pool 2, linear 1568->10, batch 256
  *   gpt      6 layers, width 384, 6 heads, context 256, vocabulary 50257, batch 8
  *   gpt2     GPT-2 small's shape: 12 layers, width 768, 12 heads, context 1024, batch 4
+ *   llama    a small Llama (dtr_llama_block): 8 layers, width 512, 8 heads over 2 kv heads,
+ *            SwiGLU of 1408, RoPE, context 512, vocabulary 32000, batch 8
  * Each model: AdamW steps after warm-up, the step time, samples (tokens) per second, and for
- * the GPTs the model FLOP utilisation against --peak-tflops (6 N per token plus attention's
+ * the language models the model FLOP utilisation against --peak-tflops (6 N per token plus attention's
  * 12 L T C per token, as llm.c counts). Random data: throughput, not learning.
- * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
+ * Usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N]
  *            [--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads]
  *            [--release-activations] [--graph] [--bf16-act]
  * --bf16: the matrix products on bf16 tensor cores (matmul_precision DTR_MATMUL_BF16; tensors
@@ -39,16 +41,20 @@ static double now_s(void) {
 
 typedef struct bench_model {
     const char *name;
-    int kind;                 /* 0 mlp, 1 cnn, 2 gpt */
-    int64_t batch, layers, dim, heads, context, vocab;
+    int kind;                 /* 0 mlp, 1 cnn, 2 gpt, 3 llama */
+    int64_t batch, layers, dim, heads, context, vocab, kv_heads, hidden;
 } bench_model;
 
 static const bench_model MODELS[] = {
-    {"mlp", 0, 256, 0, 0, 0, 0, 10},
-    {"cnn", 1, 256, 0, 0, 0, 0, 10},
-    {"gpt", 2, 8, 6, 384, 6, 256, 50257},
-    {"gpt2", 2, 4, 12, 768, 12, 1024, 50257},
+    {"mlp", 0, 256, 0, 0, 0, 0, 10, 0, 0},
+    {"cnn", 1, 256, 0, 0, 0, 0, 10, 0, 0},
+    {"gpt", 2, 8, 6, 384, 6, 256, 50257, 0, 0},
+    {"gpt2", 2, 4, 12, 768, 12, 1024, 50257, 0, 0},
+    {"llama", 3, 8, 8, 512, 8, 512, 32000, 2, 1408},
 };
+
+/* 1 for the language models (token ids in, a token's targets out) */
+static int is_lm(const bench_model *b) { return b->kind >= 2; }
 
 typedef struct net {
     dtr_model *m;
@@ -56,14 +62,16 @@ typedef struct net {
     dtr_conv2d_layer c1, c2;
     dtr_embedding_layer wte, wpe;
     dtr_gpt_block h[12];
+    dtr_llama_block lh[8];
     dtr_layernorm_layer ln_f;
+    dtr_rmsnorm_layer norm;
 } net;
 
 static dtr_result net_init(net *n, const bench_model *b) {
     dtr_model *m = n->m;
     dtr_result r = DTR_OK;
     int i;
-    char name[16];
+    char name[32];
     if (b->kind == 0) {
         r = dtr_linear_layer_init(&n->l1, m, "l1", 784, 256, 1, DTR_INIT_TORCH_DEFAULT);
         if (r == DTR_OK) r = dtr_linear_layer_init(&n->l2, m, "l2", 256, 128, 1, DTR_INIT_TORCH_DEFAULT);
@@ -77,6 +85,14 @@ static dtr_result net_init(net *n, const bench_model *b) {
         return r;
     }
     r = dtr_embedding_layer_init(&n->wte, m, "wte", b->vocab, b->dim);
+    for (i = 0; r == DTR_OK && b->kind == 3 && i < b->layers; i++) {
+        snprintf(name, sizeof name, "layers.%d", i);
+        r = dtr_llama_block_init(&n->lh[i], m, name, b->dim, (int)b->heads, (int)b->kv_heads, b->hidden);
+    }
+    if (b->kind == 3) {
+        if (r == DTR_OK) r = dtr_rmsnorm_layer_init(&n->norm, m, "norm", b->dim);
+        return r == DTR_OK ? dtr_linear_layer_init(&n->head, m, "head", b->dim, b->vocab, 0, DTR_INIT_TORCH_DEFAULT) : r;
+    }
     if (r == DTR_OK) r = dtr_embedding_layer_init(&n->wpe, m, "wpe", b->context, b->dim);
     for (i = 0; r == DTR_OK && i < b->layers; i++) {
         snprintf(name, sizeof name, "h.%d", i);
@@ -96,10 +112,10 @@ typedef struct batch {
 static batch batch_from(dtr_context *ctx, const bench_model *b, const float *x, const int32_t *ids, const int32_t *pos,
                         const int32_t *y) {
     int64_t B = b->batch, T = b->context;
-    int64_t xs[4] = {B, 784, 0, 0}, cs[4] = {B, 1, 28, 28}, is[2] = {B, T}, ys[1] = {b->kind == 2 ? B * T : B};
+    int64_t xs[4] = {B, 784, 0, 0}, cs[4] = {B, 1, 28, 28}, is[2] = {B, T}, ys[1] = {is_lm(b) ? B * T : B};
     batch t = {NULL, NULL, NULL, NULL};
-    if (b->kind != 2) t.x = b->kind == 0 ? dtr_tensor_from(ctx, DTR_F32, 2, xs, x) : dtr_tensor_from(ctx, DTR_F32, 4, cs, x);
-    if (b->kind == 2) t.ids = dtr_tensor_from(ctx, DTR_I32, 2, is, ids);
+    if (!is_lm(b)) t.x = b->kind == 0 ? dtr_tensor_from(ctx, DTR_F32, 2, xs, x) : dtr_tensor_from(ctx, DTR_F32, 4, cs, x);
+    if (is_lm(b)) t.ids = dtr_tensor_from(ctx, DTR_I32, 2, is, ids);
     if (b->kind == 2) t.pos = dtr_tensor_from(ctx, DTR_I32, 2, is, pos);
     t.y = dtr_tensor_from(ctx, DTR_I32, 1, ys, y);
     return t;
@@ -121,12 +137,12 @@ static dtr_tensor *net_loss(dtr_context *ctx, const net *n, const bench_model *b
     }
     {
         int64_t ls[2] = {B * T, b->vocab};
-        dtr_tensor *h = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &n->wte, t->ids),
-                                dtr_embedding_layer_forward(ctx, &n->wpe, t->pos));
+        dtr_tensor *h = dtr_embedding_layer_forward(ctx, &n->wte, t->ids);
         int i;
-        for (i = 0; i < b->layers; i++) h = dtr_gpt_block_forward(ctx, &n->h[i], h);
-        h = dtr_linear_layer_forward(ctx, &n->head, dtr_layernorm_layer_forward(ctx, &n->ln_f, h));
-        return dtr_cross_entropy(ctx, dtr_reshape(ctx, h, 2, ls), t->y);
+        if (b->kind == 2) h = dtr_add(ctx, h, dtr_embedding_layer_forward(ctx, &n->wpe, t->pos));
+        for (i = 0; i < b->layers; i++) h = b->kind == 3 ? dtr_llama_block_forward(ctx, &n->lh[i], h) : dtr_gpt_block_forward(ctx, &n->h[i], h);
+        h = b->kind == 3 ? dtr_rmsnorm_layer_forward(ctx, &n->norm, h) : dtr_layernorm_layer_forward(ctx, &n->ln_f, h);
+        return dtr_cross_entropy(ctx, dtr_reshape(ctx, dtr_linear_layer_forward(ctx, &n->head, h), 2, ls), t->y);
     }
 }
 
@@ -163,7 +179,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     captured cap;
     dtr_rng rng;
     net n;
-    int64_t nx = b->kind == 2 ? 0 : b->batch * 784, nt = b->kind == 2 ? b->batch * b->context : b->batch, i;
+    int64_t nx = is_lm(b) ? 0 : b->batch * 784, nt = is_lm(b) ? b->batch * b->context : b->batch, i;
     float *x = (float *)calloc((size_t)(nx ? nx : 1), sizeof(float));
     int32_t *ids = (int32_t *)calloc((size_t)nt, sizeof(int32_t)), *pos = (int32_t *)calloc((size_t)nt, sizeof(int32_t));
     int32_t *y = (int32_t *)calloc((size_t)nt, sizeof(int32_t));
@@ -183,7 +199,7 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     dtr_rng_seed(&rng, 7, 1);
     for (i = 0; i < nx; i++) x[i] = dtr_rng_uniform(&rng);
     for (i = 0; i < nt; i++) {
-        ids[i] = (int32_t)(dtr_rng_u32(&rng) % (uint32_t)(b->kind == 2 ? b->vocab : 10));
+        ids[i] = (int32_t)(dtr_rng_u32(&rng) % (uint32_t)(is_lm(b) ? b->vocab : 10));
         y[i] = (int32_t)(dtr_rng_u32(&rng) % (uint32_t)b->vocab);
         pos[i] = (int32_t)(b->kind == 2 ? i % b->context : 0);
     }
@@ -233,11 +249,11 @@ static int run_model(const bench_model *b, const dtr_backend *backend, const cha
     if (ok) {
         double total = now_s() - t0, per = total / steps, items = (double)nt;
         params = (double)dtr_model_numel(n.m);
-        if (b->kind == 2) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
+        if (is_lm(b)) flops_per_item = 6.0 * params + 12.0 * (double)(b->layers * b->context * b->dim);
         printf("{\"bench\":\"gpu\",\"impl\":\"dtrain\",\"backend\":\"%s\",\"model\":\"%s\",\"params\":%.0f,\"batch\":%lld,"
                "\"tf32\":%d,\"bf16\":%d,\"bf16_act\":%d,\"graph\":%d,\"retain_grads\":%d,\"release_activations\":%d,\"step_ms\":%.3f,\"best_step_ms\":%.3f,\"%s_per_s\":%.1f,\"mfu\":%.4f,"
                "\"peak_mem_mb\":%.1f,\"arena_peak_mb\":%.1f}\n",
-               bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, b->kind == 2 ? "tokens" : "samples",
+               bname, b->name, params, (long long)b->batch, g_tf32, g_bf16, g_bf16_act, g_graph, g_retain, g_release, per * 1e3, best * 1e3, is_lm(b) ? "tokens" : "samples",
                items / per, flops_per_item > 0 && peak_tflops > 0 ? flops_per_item * items / per / (peak_tflops * 1e12) : 0.0,
                (double)peak_bytes / 1048576.0, (double)dtr_context_arena_peak(ctx, 0) / 1048576.0);
     }
@@ -273,7 +289,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--graph")) g_graph = 1;
         else if (!strcmp(argv[i], "--bf16-act")) g_bf16_act = 1;
         else {
-            fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N] "
+            fprintf(stderr, "usage: gpu [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N] "
                             "[--peak-tflops F] [--threads N] [--trace PREFIX] [--tf32] [--bf16] [--retain-grads] [--release-activations] [--graph] [--bf16-act]\n");
             return 2;
         }

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""bench/gpu_torch.py: PyTorch's side of bench/gpu.c: the same four models (mlp, cnn, gpt,
-gpt2), the same batch shapes, AdamW, random data, timed the same way, printed as JSON lines
+"""bench/gpu_torch.py: PyTorch's side of bench/gpu.c: the same five models (mlp, cnn, gpt,
+gpt2, llama: RMSNorm, RoPE as rotate_half, scaled_dot_product_attention with enable_gqa,
+SwiGLU), the same batch shapes, AdamW, random data, timed the same way, printed as JSON lines
 with "impl":"torch" and "mode":"eager" or "compile" (torch.compile). FP32 with TF32 matmuls
 off unless --tf32, as dtrain's FP32 GEMMs; --bf16 runs forward and loss under
 torch.autocast(bfloat16) (dtrain's --bf16 rounds only the matrix products' operands). Needs
 torch with CUDA, or --backend cpu (bench/gpu --backend cpu's peer; --threads N as its threads);
 prints a skipped line otherwise.
-Usage: gpu_torch.py [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|all] [--steps N] [--warmup N]
+Usage: gpu_torch.py [--backend cuda|cpu] [--model mlp|cnn|gpt|gpt2|llama|all] [--steps N] [--warmup N]
                     [--peak-tflops F] [--threads N] [--tf32] [--bf16] [--no-compile]"""
 import argparse
 import json
@@ -18,6 +19,7 @@ MODELS = {
     "cnn": dict(kind=1, batch=256),
     "gpt": dict(kind=2, batch=8, layers=6, dim=384, heads=6, context=256, vocab=50257),
     "gpt2": dict(kind=2, batch=4, layers=12, dim=768, heads=12, context=1024, vocab=50257),
+    "llama": dict(kind=3, batch=8, layers=8, dim=512, heads=8, kv_heads=2, hidden=1408, context=512, vocab=32000),
 }
 
 
@@ -59,7 +61,50 @@ def build(torch, spec):
                 x = b(x)
             return self.head(self.ln_f(x))
 
-    return GPT(spec)
+    class LlamaBlock(nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            C, H, Hk, F = s["dim"], s["heads"], s["kv_heads"], s["hidden"]
+            D = C // H
+            self.n1, self.n2 = nn.RMSNorm(C, eps=1e-6), nn.RMSNorm(C, eps=1e-6)
+            self.q, self.k, self.v, self.o = (nn.Linear(C, C, bias=False), nn.Linear(C, Hk * D, bias=False),
+                                              nn.Linear(C, Hk * D, bias=False), nn.Linear(C, C, bias=False))
+            self.gate, self.up, self.down = nn.Linear(C, F, bias=False), nn.Linear(C, F, bias=False), nn.Linear(F, C, bias=False)
+            self.H, self.Hk, self.D = H, Hk, D
+
+        def rope(self, x):   # (B, heads, T, D), rotate_half pairs, theta 10000
+            T, D = x.shape[2], self.D
+            f = 10000.0 ** (-torch.arange(0, D, 2, device=x.device, dtype=torch.float32) / D)
+            a = torch.arange(T, device=x.device, dtype=torch.float32)[:, None] * f[None, :]
+            c, s_ = torch.cat([a.cos(), a.cos()], -1).to(x.dtype), torch.cat([a.sin(), a.sin()], -1).to(x.dtype)
+            x1, x2 = x[..., :D // 2], x[..., D // 2:]
+            return x * c + torch.cat([-x2, x1], -1) * s_
+
+        def forward(self, x):
+            B, T, C = x.shape
+            h = self.n1(x)
+            q = self.q(h).view(B, T, self.H, self.D).transpose(1, 2)
+            k = self.k(h).view(B, T, self.Hk, self.D).transpose(1, 2)
+            v = self.v(h).view(B, T, self.Hk, self.D).transpose(1, 2)
+            y = torch.nn.functional.scaled_dot_product_attention(self.rope(q), self.rope(k), v, is_causal=True, enable_gqa=True)
+            x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
+            h = self.n2(x)
+            return x + self.down(torch.nn.functional.silu(self.gate(h)) * self.up(h))
+
+    class Llama(nn.Module):
+        def __init__(self, s):
+            super().__init__()
+            self.emb = nn.Embedding(s["vocab"], s["dim"])
+            self.layers = nn.ModuleList([LlamaBlock(s) for _ in range(s["layers"])])
+            self.norm, self.head = nn.RMSNorm(s["dim"], eps=1e-6), nn.Linear(s["dim"], s["vocab"], bias=False)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            for b in self.layers:
+                x = b(x)
+            return self.head(self.norm(x))
+
+    return Llama(spec) if spec["kind"] == 3 else GPT(spec)
 
 
 def run(torch, name, spec, args, compile_):
@@ -69,7 +114,7 @@ def run(torch, name, spec, args, compile_):
     fwd = torch.compile(model) if compile_ else model
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     B = spec["batch"]
-    if spec["kind"] == 2:
+    if spec["kind"] >= 2:
         x = torch.randint(0, spec["vocab"], (B, spec["context"]), device=dev)
         y = torch.randint(0, spec["vocab"], (B * spec["context"],), device=dev)
         items = B * spec["context"]
@@ -94,10 +139,10 @@ def run(torch, name, spec, args, compile_):
             best = min(best, dt)
     per = (time.perf_counter() - t0) / args.steps
     params = sum(p.numel() for p in model.parameters())
-    flops = 6 * params + 12 * spec.get("layers", 0) * spec.get("context", 0) * spec.get("dim", 0) if spec["kind"] == 2 else 0
+    flops = 6 * params + 12 * spec.get("layers", 0) * spec.get("context", 0) * spec.get("dim", 0) if spec["kind"] >= 2 else 0
     line = {"bench": "gpu", "impl": "torch", "backend": dev, "mode": "compile" if compile_ else "eager", "torch": torch.__version__,
             "threads": torch.get_num_threads(), "model": name, "params": params, "batch": B, "tf32": int(args.tf32), "bf16": int(args.bf16), "step_ms": round(per * 1e3, 3), "best_step_ms": round(best * 1e3, 3),
-            ("tokens_per_s" if spec["kind"] == 2 else "samples_per_s"): round(items / per, 1),
+            ("tokens_per_s" if spec["kind"] >= 2 else "samples_per_s"): round(items / per, 1),
             "mfu": round(flops * items / per / (args.peak_tflops * 1e12), 4) if flops else 0.0,
             "peak_mem_mb": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev == "cuda" else 0.0}
     print(json.dumps(line), flush=True)

@@ -352,16 +352,20 @@ static dtr_tensor *b_views(dtr_context *c, dtr_tensor **x, void *u) {
 
 static dtr_model *g_gpt_model;
 static dtr_gpt_block g_gpt;
+static dtr_llama_block g_llama;   /* on the same model: 4 heads of 2 over 2 kv heads, MLP of 12 */
 
 static void gpt_setup(dtr_context *ctx) {
     dtr_model_create(ctx, 5, &g_gpt_model);
     dtr_gpt_block_init(&g_gpt, g_gpt_model, "h0", 8, 2);
+    dtr_llama_block_init(&g_llama, g_gpt_model, "layers.0", 8, 4, 2, 12);
 }
 
 static void gpt_teardown(void) { dtr_model_destroy(g_gpt_model); g_gpt_model = NULL; }
 static const gc_hooks gpt_hooks = {gpt_setup, gpt_teardown};
 
-static dtr_tensor *b_gpt(dtr_context *c, dtr_tensor **x, void *u) { (void)u; return dtr_gpt_block_forward(c, &g_gpt, x[0]); }
+static dtr_tensor *b_gpt(dtr_context *c, dtr_tensor **x, void *u) {
+    return *(int *)u ? dtr_llama_block_forward(c, &g_llama, x[0]) : dtr_gpt_block_forward(c, &g_gpt, x[0]);
+}
 
 /* cast f32 -> bf16 -> f32: not differentiable by finite differences (bf16 rounding); its
    gradient is checked exactly by test_cast_straight_through, its parity by the table */
@@ -520,6 +524,7 @@ static const op_case CASES[] = {
     {"concat", 2, {IN2(6, 4), IN2(2, 4)}, b_views, KA(3), 0, NULL},
     {"reshape of a transposed view", 1, {IN2(6, 4)}, b_views, KA(4), 0, NULL},
     {"gpt block (input gradient)", 1, {IN3(2, 4, 8)}, b_gpt, K0, 0, &gpt_hooks},
+    {"llama block (input gradient)", 1, {IN3(2, 4, 8)}, b_gpt, KA(1), 0, &gpt_hooks},
     {"cast f32 -> bf16 -> f32", 1, {IN2(3, 4)}, b_cast, K0, 1, NULL},
     {"tp_copy (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(0), 0, NULL},
     {"tp_reduce (1 rank)", 1, {IN2(3, 4)}, b_tp, KA(1), 0, NULL},
@@ -823,8 +828,8 @@ static double narrow_against_f32(dtr_context *nar, const char *backend, dtr_dtyp
    see 1 to 3 keys sum up to 300 rounded rows of dy into one key's dv: 2.0e-3 and 2.7e-3 with
    fp16 products through cuemu); exact (the CPU with threads, the simulated device): 0. */
 static double narrow_tol(const op_case *c, dtr_dtype dt, int exact, double prod) {
-    static const char *products[] = {"matmul", "linear", "conv2d", "gpt block", "causal self-attention", "attention", "causal attention",
-                                     "cross-attention"};
+    static const char *products[] = {"matmul", "linear", "conv2d", "gpt block", "llama block", "causal self-attention", "attention",
+                                     "causal attention", "cross-attention"};
     double eps = dt == DTR_BF16 ? 1.0 / 128 : 1.0 / 1024;
     int i, is_product = 0;
     for (i = 0; i < (int)(sizeof products / sizeof products[0]); i++)

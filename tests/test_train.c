@@ -14,7 +14,9 @@
  *   test_gpt_tiny        a 2-block GPT (width 32, 2 heads, context 16) with token and position
  *                        embeddings learns a repetitive text: cross-entropy from about
  *                        ln(vocab) to below 0.5 within 200 AdamW steps; test_gpt_tiny_bf16
- *                        the same with bf16 activations.
+ *                        the same with bf16 activations; test_llama_tiny with 2 Llama blocks
+ *                        (4 heads over 2 kv heads, RoPE, SwiGLU; Hugging Face's names).
+
  *   test_mlp_fmnist_bf16 the MLP, 1 epoch on 30000 images (10000 quick), with f32 and with bf16
  *                        activations: bf16 within a point of f32's test accuracy.
  *
@@ -340,22 +342,47 @@ static void test_conv_pool_kernels(void) {
 #define GPT_C 32
 
 typedef struct tiny_gpt {
+    int llama;                      /* 1: Llama blocks (RoPE, no position embedding) */
     dtr_embedding_layer tok, pos;
     dtr_gpt_block block[2];
+    dtr_llama_block lblock[2];
     dtr_layernorm_layer ln_f;
+    dtr_rmsnorm_layer norm;
     dtr_linear_layer head;
 } tiny_gpt;
 
 /* ids (B, T) -> logits (B, T, V). */
 static dtr_tensor *tiny_gpt_forward(dtr_context *ctx, const tiny_gpt *g, dtr_tensor *ids, dtr_tensor *pos_ids) {
-    dtr_tensor *x = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &g->tok, ids),   /* (B, T, C) */
-                            dtr_embedding_layer_forward(ctx, &g->pos, pos_ids));  /* + (T, C) */
+    dtr_tensor *x = dtr_embedding_layer_forward(ctx, &g->tok, ids);   /* (B, T, C) */
+    if (g->llama) {
+        x = dtr_llama_block_forward(ctx, &g->lblock[1], dtr_llama_block_forward(ctx, &g->lblock[0], x));
+        return dtr_linear_layer_forward(ctx, &g->head, dtr_rmsnorm_layer_forward(ctx, &g->norm, x));
+    }
+    x = dtr_add(ctx, x, dtr_embedding_layer_forward(ctx, &g->pos, pos_ids));  /* + (T, C) */
     x = dtr_gpt_block_forward(ctx, &g->block[0], x);
     x = dtr_gpt_block_forward(ctx, &g->block[1], x);
     return dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln_f, x));
 }
 
-static void gpt_tiny(dtr_dtype act) {
+/* the tiny model's layers on m: GPT-2's (token and position embeddings, 2 GPT blocks, layer
+   norm) or Llama's (token embedding, 2 Llama blocks of 4 heads over 2 kv heads and an MLP of
+   64, RMS norm), then the head */
+static void tiny_gpt_init(tiny_gpt *g, dtr_model *m, dtr_context *ctx, int vocab) {
+    CHECK_OK(ctx, dtr_embedding_layer_init(&g->tok, m, "tok", vocab, GPT_C));
+    if (g->llama) {
+        CHECK_OK(ctx, dtr_llama_block_init(&g->lblock[0], m, "layers.0", GPT_C, 4, 2, 64));
+        CHECK_OK(ctx, dtr_llama_block_init(&g->lblock[1], m, "layers.1", GPT_C, 4, 2, 64));
+        CHECK_OK(ctx, dtr_rmsnorm_layer_init(&g->norm, m, "norm", GPT_C));
+    } else {
+        CHECK_OK(ctx, dtr_embedding_layer_init(&g->pos, m, "pos", GPT_T, GPT_C));
+        CHECK_OK(ctx, dtr_gpt_block_init(&g->block[0], m, "h0", GPT_C, 2));
+        CHECK_OK(ctx, dtr_gpt_block_init(&g->block[1], m, "h1", GPT_C, 2));
+        CHECK_OK(ctx, dtr_layernorm_layer_init(&g->ln_f, m, "ln_f", GPT_C));
+    }
+    CHECK_OK(ctx, dtr_linear_layer_init(&g->head, m, "head", GPT_C, vocab, 1, DTR_INIT_TORCH_DEFAULT));
+}
+
+static void gpt_tiny(dtr_dtype act, int llama) {
     static const char sentence[] = "the quick brown fox jumps over the lazy dog. ";
     enum { TEXT = 1024, STEPS = 200 };
     dtr_context *ctx = train_ctx(act);
@@ -369,6 +396,7 @@ static void gpt_tiny(dtr_dtype act) {
     float first = 0.0f, last = 0.0f, tail = 0.0f;
     dtr_rng rng;
     memset(&g, 0, sizeof g);
+    g.llama = llama;
     for (i = 0; i < 256; i++) map[i] = -1;
     for (i = 0; i < TEXT; i++) {   /* the text as ids of a compact vocabulary */
         unsigned char ch = (unsigned char)sentence[i % (int)(sizeof sentence - 1)];
@@ -378,12 +406,12 @@ static void gpt_tiny(dtr_dtype act) {
     for (i = 0; i < GPT_T; i++) pos[i] = i;
     CHECK_OK(ctx, dtr_model_create(ctx, 3, &m));
     if (!m) goto done;
-    CHECK_OK(ctx, dtr_embedding_layer_init(&g.tok, m, "tok", vocab, GPT_C));
-    CHECK_OK(ctx, dtr_embedding_layer_init(&g.pos, m, "pos", GPT_T, GPT_C));
-    CHECK_OK(ctx, dtr_gpt_block_init(&g.block[0], m, "h0", GPT_C, 2));
-    CHECK_OK(ctx, dtr_gpt_block_init(&g.block[1], m, "h1", GPT_C, 2));
-    CHECK_OK(ctx, dtr_layernorm_layer_init(&g.ln_f, m, "ln_f", GPT_C));
-    CHECK_OK(ctx, dtr_linear_layer_init(&g.head, m, "head", GPT_C, vocab, 1, DTR_INIT_TORCH_DEFAULT));
+    tiny_gpt_init(&g, m, ctx, vocab);
+    if (llama) {   /* Hugging Face's names and shapes: k_proj of 2 kv heads of 8 */
+        dtr_tensor *kp = dtr_model_find(m, "layers.1.self_attn.k_proj.weight");
+        CHECK(kp && dtr_tensor_dim(kp, 0) == 16 && dtr_tensor_dim(kp, 1) == GPT_C);
+        CHECK(dtr_model_find(m, "layers.0.mlp.gate_proj.weight") && dtr_model_find(m, "layers.0.post_attention_layernorm.weight"));
+    }
     oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 1e-2f);
     oc.schedule.warmup_steps = 10;
     CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &opt));
@@ -411,7 +439,7 @@ static void gpt_tiny(dtr_dtype act) {
         CHECK_OK(ctx, dtr_context_reset(ctx));
         if (test__case_failed) goto done;
     }
-    printf("     GPT (%s activations): vocab %d, loss %.3f (ln V = %.3f) -> %.3f (mean of the last 10 steps)\n",
+    printf("     %s (%s activations): vocab %d, loss %.3f (ln V = %.3f) -> %.3f (mean of the last 10 steps)\n", llama ? "Llama" : "GPT",
            dtr_dtype_name(act), vocab, first, log((double)vocab), tail);
     CHECK_MSG(fabs(first - log((double)vocab)) < 0.5, "initial loss %.3f is not near ln(%d) = %.3f", first, vocab,
               log((double)vocab));
@@ -422,9 +450,11 @@ done:
     dtr_context_destroy(ctx);
 }
 
-static void test_gpt_tiny(void) { gpt_tiny(DTR_F32); }
+static void test_gpt_tiny(void) { gpt_tiny(DTR_F32, 0); }
 /* the same with bf16 activations (f32 parameters, gradients and AdamW moments) */
-static void test_gpt_tiny_bf16(void) { gpt_tiny(DTR_BF16); }
+static void test_gpt_tiny_bf16(void) { gpt_tiny(DTR_BF16, 0); }
+/* Llama blocks (RMS norm, RoPE, grouped-query attention, SwiGLU) learn the same text */
+static void test_llama_tiny(void) { gpt_tiny(DTR_F32, 1); }
 
 int main(void) {
     const char *q = getenv("DTR_TEST_QUICK");
@@ -433,6 +463,7 @@ int main(void) {
     RUN(test_threads_bitwise);
     RUN(test_gpt_tiny);
     RUN(test_gpt_tiny_bf16);
+    RUN(test_llama_tiny);
     RUN(test_mlp_fmnist);
     RUN(test_mlp_fmnist_bf16);
     RUN(test_cnn_fmnist);

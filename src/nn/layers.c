@@ -172,6 +172,53 @@ dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, 
     return dtr__layer_status(m);
 }
 
+/* "<p>.<part>" into sub */
+static const char *dtr__sub(char *sub, size_t n, const char *p, const char *part) {
+    snprintf(sub, n, "%s%s%s", p ? p : "", p && *p ? "." : "", part);
+    return sub;
+}
+
+dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *name, int64_t dim, int heads, int kv_heads,
+                                int64_t hidden) {
+    char sub[256];
+    int64_t kvd;
+    if (!b || !m) return DTR_NULL_HANDLE;
+    memset(b, 0, sizeof(*b));
+    if (dim <= 0 || hidden <= 0 || heads <= 0 || kv_heads <= 0 || dim % heads || (dim / heads) % 2 || heads % kv_heads)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_llama_block_init: %d heads must divide dim %lld into even widths, %d kv_heads the heads, hidden %lld > 0",
+                         heads, (long long)dim, kv_heads, (long long)hidden);
+    b->dim = dim, b->hidden = hidden, b->heads = heads, b->kv_heads = kv_heads, b->rope_theta = 10000.0f;
+    kvd = dim / heads * kv_heads;
+    dtr_rmsnorm_layer_init(&b->attn_norm, m, dtr__sub(sub, sizeof sub, name, "input_layernorm"), dim);
+    dtr_linear_layer_init(&b->q, m, dtr__sub(sub, sizeof sub, name, "self_attn.q_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->k, m, dtr__sub(sub, sizeof sub, name, "self_attn.k_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->v, m, dtr__sub(sub, sizeof sub, name, "self_attn.v_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->o, m, dtr__sub(sub, sizeof sub, name, "self_attn.o_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_rmsnorm_layer_init(&b->mlp_norm, m, dtr__sub(sub, sizeof sub, name, "post_attention_layernorm"), dim);
+    dtr_linear_layer_init(&b->gate, m, dtr__sub(sub, sizeof sub, name, "mlp.gate_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->up, m, dtr__sub(sub, sizeof sub, name, "mlp.up_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->down, m, dtr__sub(sub, sizeof sub, name, "mlp.down_proj"), hidden, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x) {
+    dtr_tensor *h, *q, *k, *v;
+    dtr_attention_config cfg;
+    if (!ctx) return NULL;
+    if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
+    cfg = dtr_attention_config_init(b->heads, 1);
+    cfg.kv_heads = b->kv_heads;
+    h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
+    q = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0);
+    k = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0);
+    v = dtr_linear_layer_forward(ctx, &b->v, h);
+    x = dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->o, dtr_attention_ex(ctx, q, k, v, &cfg)));
+    h = dtr_rmsnorm_layer_forward(ctx, &b->mlp_norm, x);
+    h = dtr_mul(ctx, dtr_silu(ctx, dtr_linear_layer_forward(ctx, &b->gate, h)), dtr_linear_layer_forward(ctx, &b->up, h));
+    return dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->down, h));
+}
+
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     dtr_tensor *h;
     if (!ctx) return NULL;

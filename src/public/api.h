@@ -788,6 +788,24 @@ typedef struct dtr_gpt_block {
     dtr_linear_layer fc, fc_proj;
 } dtr_gpt_block;
 
+/** Llama block (Llama 2 and 3, Mistral's shape): x + o(attention(rope(q), rope(k), v)) over
+ *  rmsnorm(x), then x + down(silu(gate(h)) * up(h)) over rmsnorm(x): pre-norm RMS norms (eps
+ *  1e-6 unless changed), causal grouped-query attention with RoPE (rotate_half pairs, theta
+ *  `rope_theta`: 10000 from init, 500000 for Llama 3), the SwiGLU MLP, no biases. Parameters
+ *  under "<name>." with Hugging Face's LlamaDecoderLayer names, so a checkpoint's
+ *  "model.layers.<i>." tensors load by name: input_layernorm.weight (C),
+ *  self_attn.q_proj.weight (C, C), self_attn.k_proj.weight and self_attn.v_proj.weight
+ *  (kv_heads * D, C), self_attn.o_proj.weight (C, C), post_attention_layernorm.weight (C),
+ *  mlp.gate_proj.weight and mlp.up_proj.weight (hidden, C), mlp.down_proj.weight (C, hidden). */
+typedef struct dtr_llama_block {
+    dtr_rmsnorm_layer attn_norm, mlp_norm;   /**< input_layernorm, post_attention_layernorm */
+    dtr_linear_layer q, k, v, o;             /**< self_attn.q_proj, k_proj, v_proj, o_proj */
+    dtr_linear_layer gate, up, down;         /**< mlp.gate_proj, up_proj, down_proj */
+    int64_t dim, hidden;
+    int heads, kv_heads;
+    float rope_theta;                        /**< 10000 from init; may be changed after init */
+} dtr_llama_block;
+
 /** Layer constructors declare parameters "<name>.weight" and "<name>.bias" on `m` and fill
  *  `layer`. `init` applies to weights (DTR_INIT_TORCH_DEFAULT matches PyTorch); biases follow
  *  PyTorch's default. `bias` 0 leaves the bias out. Return DTR_OK or the context's error.
@@ -806,6 +824,11 @@ DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_mode
                                             int64_t dim, int heads);
 DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const char *name,
                                       int64_t dim, int heads);
+/** A Llama block of width dim, `heads` heads of dim / heads (even), `kv_heads` k and v heads
+ *  (dividing heads; heads for plain multi-head attention) and an MLP of `hidden` (Llama 2 7B:
+ *  4096, 32, 32, 11008). DTR_INVALID_ARGUMENT names what does not divide. */
+DTR_API dtr_result dtr_llama_block_init(dtr_llama_block *block, dtr_model *m, const char *name, int64_t dim, int heads,
+                                        int kv_heads, int64_t hidden);
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
@@ -815,6 +838,8 @@ DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embe
 /** x (B, T, C) -> (B, T, C). */
 DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
+/** x (B, T, C) -> (B, T, C), positions 0 .. T-1. */
+DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x);
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.

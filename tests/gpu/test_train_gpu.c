@@ -11,8 +11,9 @@
  * does, with each bucket's copy to the host beside the stream; the model's buffers copy to and
  * from the host, FedProx on the device gives the CPU's gradients and a parameter server on the
  * device is refused; the loader's batches reach the device without a host wait and hold what
- * a plain loader hands out; a tiny GPT in bf16 (the fused attention kernels) trains on the
- * device as on the CPU. The device runs release activations during backward
+ * a plain loader hands out; a tiny GPT in bf16 (the fused attention kernels) and a Llama
+ * block in f32 (grouped-query fused attention, RoPE, RMS norm, SwiGLU) train on the device as
+ * on the CPU. The device runs release activations during backward
  * (release_activations), the CPU reference keeps them: the same parameters either way.
  * Without a GPU it says loudly that it skipped. */
 #define _DEFAULT_SOURCE   /* mkstemp, MAP_ANONYMOUS (tests/devsim.h) */
@@ -190,9 +191,24 @@ static void test_narrow_activations(void) {
 #define GV 32
 #define GC 128
 #define GT 70
-typedef struct tgpt { dtr_model *m; dtr_embedding_layer emb; dtr_gpt_block blk; dtr_layernorm_layer ln; dtr_linear_layer head; } tgpt;
+typedef struct tgpt {
+    dtr_model *m;
+    dtr_embedding_layer emb;
+    dtr_gpt_block blk;
+    dtr_llama_block lblk;   /* llama: this block (4 heads of 32 over 2 kv heads, RoPE, SwiGLU of 256) instead */
+    dtr_layernorm_layer ln;
+    dtr_linear_layer head;
+} tgpt;
 
-static int gpt_train(int gpu, float *out, int64_t *n_out, float *last_loss) {
+/* the block's layers on g.m, and its output for x */
+static int gpt_block_init(tgpt *g, int llama) {
+    return llama ? dtr_llama_block_init(&g->lblk, g->m, "blk", GC, 4, 2, 256) == DTR_OK : dtr_gpt_block_init(&g->blk, g->m, "blk", GC, 2) == DTR_OK;
+}
+static dtr_tensor *gpt_block(dtr_context *ctx, const tgpt *g, int llama, dtr_tensor *x) {
+    return llama ? dtr_llama_block_forward(ctx, &g->lblk, x) : dtr_gpt_block_forward(ctx, &g->blk, x);
+}
+
+static int gpt_train(int gpu, int llama, float *out, int64_t *n_out, float *last_loss) {
     dtr_context *ctx = make_ctx(gpu);
     dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.5f);   /* steps in proportion to the gradients */
     dtr_optimizer *opt = NULL;
@@ -203,12 +219,12 @@ static int gpt_train(int gpu, float *out, int64_t *n_out, float *last_loss) {
     memset(&g, 0, sizeof g);
     for (i = 0; i < 2 * GT; i++) ids[i] = (int32_t)((i * 7 + i / 5) % GV), tgt[i] = (int32_t)((i * 7 + 3) % GV);
     ok = ctx && dtr_model_create(ctx, 8, &g.m) == DTR_OK && dtr_embedding_layer_init(&g.emb, g.m, "emb", GV, GC) == DTR_OK &&
-         dtr_gpt_block_init(&g.blk, g.m, "blk", GC, 2) == DTR_OK && dtr_layernorm_layer_init(&g.ln, g.m, "ln", GC) == DTR_OK &&
+         gpt_block_init(&g, llama) && dtr_layernorm_layer_init(&g.ln, g.m, "ln", GC) == DTR_OK &&
          dtr_linear_layer_init(&g.head, g.m, "head", GC, GV, 0, DTR_INIT_TORCH_DEFAULT) == DTR_OK && dtr_model_build(g.m) == DTR_OK &&
          dtr_optimizer_create(g.m, &oc, &opt) == DTR_OK;
     for (s = 0; ok && s < 3; s++) {
         dtr_tensor *x = dtr_embedding_layer_forward(ctx, &g.emb, dtr_tensor_from(ctx, DTR_I32, 2, is, ids));
-        dtr_tensor *h = dtr_layernorm_layer_forward(ctx, &g.ln, dtr_gpt_block_forward(ctx, &g.blk, x));
+        dtr_tensor *h = dtr_layernorm_layer_forward(ctx, &g.ln, gpt_block(ctx, &g, llama, x));
         int64_t rows[2] = {2 * GT, GV};
         dtr_tensor *loss = dtr_cross_entropy(ctx, dtr_reshape(ctx, dtr_linear_layer_forward(ctx, &g.head, h), 2, rows),
                                              dtr_tensor_from(ctx, DTR_I32, 1, &ts, tgt));
@@ -234,9 +250,9 @@ static void test_gpt_bf16(void) {
     float *a = (float *)malloc(cap * sizeof(float)), *b = (float *)malloc(cap * sizeof(float)), la = 0, lb = 0;
     int64_t na = 0, nb = 0;
     g_act = DTR_BF16;
-    CHECK_MSG(gpt_train(0, a, &na, &la), "the GPT on the CPU (bf16 activations) did not run");
+    CHECK_MSG(gpt_train(0, 0, a, &na, &la), "the GPT on the CPU (bf16 activations) did not run");
     g_products = DTR_MATMUL_BF16;
-    CHECK_MSG(gpt_train(1, b, &nb, &lb), "the GPT on the device (bf16 activations and products) did not run");
+    CHECK_MSG(gpt_train(1, 0, b, &nb, &lb), "the GPT on the device (bf16 activations and products) did not run");
     g_act = DTR_F32;
     g_products = DTR_MATMUL_F32;
     CHECK_EQ_INT(na, nb);
@@ -244,6 +260,27 @@ static void test_gpt_bf16(void) {
     CHECK_MSG(max_rel(a, b, na) <= 1e-2, "GPT in bf16: device parameters differ from the CPU's bf16 run by %.3g", max_rel(a, b, na));
     CHECK_MSG(fabsf(la - lb) <= 1e-3f * fabsf(la), "GPT in bf16: last loss %g on the CPU, %g on the device", la, lb);
     printf("  GPT (1 block, 2 heads of 64, 70 rows) in bf16, 3 SGD steps: loss %.5f on the CPU, %.5f on the device, "
+           "parameters %.3g apart\n", la, lb, max_rel(a, b, na));
+    free(a);
+    free(b);
+}
+#endif
+
+#ifndef TRAIN_DEVSIM
+/* A Llama block (RMS norms, RoPE on q and k, grouped-query attention on the fused f32 kernels:
+   head width 32, 70 rows; SwiGLU) in f32: 3 SGD steps on the device end where the CPU's do,
+   within the f32 kernels' rounding. */
+static void test_llama_block(void) {
+    size_t cap = (size_t)(GV * GC * 2 + 12 * GC * GC + 16 * GC);
+    float *a = (float *)malloc(cap * sizeof(float)), *b = (float *)malloc(cap * sizeof(float)), la = 0, lb = 0;
+    int64_t na = 0, nb = 0;
+    CHECK_MSG(gpt_train(0, 1, a, &na, &la), "the Llama block on the CPU did not run");
+    CHECK_MSG(gpt_train(1, 1, b, &nb, &lb), "the Llama block on the device did not run");
+    CHECK_EQ_INT(na, nb);
+    CHECK(na > 0 && (size_t)na <= cap);
+    CHECK_MSG(max_rel(a, b, na) <= 1e-4, "Llama block: device parameters differ from the CPU's by %.3g", max_rel(a, b, na));
+    CHECK_MSG(fabsf(la - lb) <= 1e-5f * fabsf(la), "Llama block: last loss %g on the CPU, %g on the device", la, lb);
+    printf("  Llama block (4 heads of 32 over 2 kv heads, 70 rows) in f32, 3 SGD steps: loss %.6f on the CPU, %.6f on the device, "
            "parameters %.3g apart\n", la, lb, max_rel(a, b, na));
     free(a);
     free(b);
@@ -613,6 +650,7 @@ int main(void) {
     RUN(test_narrow_activations);
 #ifndef TRAIN_DEVSIM
     RUN(test_gpt_bf16);
+    RUN(test_llama_block);
 #endif
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
