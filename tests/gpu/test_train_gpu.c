@@ -245,45 +245,37 @@ static int gpt_train(int gpu, int llama, float *out, int64_t *n_out, float *last
     return ok;
 }
 
-static void test_gpt_bf16(void) {
+/* The block of `llama` trained on the CPU (cpu_act activations) and on the device (dev_act,
+   dev_products): the parameters within tol and the last losses within loss_tol (relative);
+   what it found printed after `label` */
+static void gpt_compare(int llama, dtr_dtype cpu_act, dtr_dtype dev_act, dtr_matmul_precision dev_products, double tol, float loss_tol,
+                        const char *label) {
     size_t cap = (size_t)(GV * GC * 2 + 12 * GC * GC + 16 * GC);
     float *a = (float *)malloc(cap * sizeof(float)), *b = (float *)malloc(cap * sizeof(float)), la = 0, lb = 0;
     int64_t na = 0, nb = 0;
-    g_act = DTR_BF16;
-    CHECK_MSG(gpt_train(0, 0, a, &na, &la), "the GPT on the CPU (bf16 activations) did not run");
-    g_products = DTR_MATMUL_BF16;
-    CHECK_MSG(gpt_train(1, 0, b, &nb, &lb), "the GPT on the device (bf16 activations and products) did not run");
-    g_act = DTR_F32;
-    g_products = DTR_MATMUL_F32;
+    g_act = cpu_act;
+    CHECK_MSG(gpt_train(0, llama, a, &na, &la), "%s on the CPU did not run", label);
+    g_act = dev_act, g_products = dev_products;
+    CHECK_MSG(gpt_train(1, llama, b, &nb, &lb), "%s on the device did not run", label);
+    g_act = DTR_F32, g_products = DTR_MATMUL_F32;
     CHECK_EQ_INT(na, nb);
     CHECK(na > 0 && (size_t)na <= cap);
-    CHECK_MSG(max_rel(a, b, na) <= 1e-2, "GPT in bf16: device parameters differ from the CPU's bf16 run by %.3g", max_rel(a, b, na));
-    CHECK_MSG(fabsf(la - lb) <= 1e-3f * fabsf(la), "GPT in bf16: last loss %g on the CPU, %g on the device", la, lb);
-    printf("  GPT (1 block, 2 heads of 64, 70 rows) in bf16, 3 SGD steps: loss %.5f on the CPU, %.5f on the device, "
-           "parameters %.3g apart\n", la, lb, max_rel(a, b, na));
+    CHECK_MSG(max_rel(a, b, na) <= tol, "%s: device parameters differ from the CPU's by %.3g", label, max_rel(a, b, na));
+    CHECK_MSG(fabsf(la - lb) <= loss_tol * fabsf(la), "%s: last loss %g on the CPU, %g on the device", label, la, lb);
+    printf("  %s, 3 SGD steps: loss %.6f on the CPU, %.6f on the device, parameters %.3g apart\n", label, la, lb, max_rel(a, b, na));
     free(a);
     free(b);
 }
-#endif
 
-#ifndef TRAIN_DEVSIM
+static void test_gpt_bf16(void) {
+    gpt_compare(0, DTR_BF16, DTR_BF16, DTR_MATMUL_BF16, 1e-2, 1e-3f, "GPT (1 block, 2 heads of 64, 70 rows) in bf16");
+}
+
 /* A Llama block (RMS norms, RoPE on q and k, grouped-query attention on the fused f32 kernels:
    head width 32, 70 rows; SwiGLU) in f32: 3 SGD steps on the device end where the CPU's do,
    within the f32 kernels' rounding. */
 static void test_llama_block(void) {
-    size_t cap = (size_t)(GV * GC * 2 + 12 * GC * GC + 16 * GC);
-    float *a = (float *)malloc(cap * sizeof(float)), *b = (float *)malloc(cap * sizeof(float)), la = 0, lb = 0;
-    int64_t na = 0, nb = 0;
-    CHECK_MSG(gpt_train(0, 1, a, &na, &la), "the Llama block on the CPU did not run");
-    CHECK_MSG(gpt_train(1, 1, b, &nb, &lb), "the Llama block on the device did not run");
-    CHECK_EQ_INT(na, nb);
-    CHECK(na > 0 && (size_t)na <= cap);
-    CHECK_MSG(max_rel(a, b, na) <= 1e-4, "Llama block: device parameters differ from the CPU's by %.3g", max_rel(a, b, na));
-    CHECK_MSG(fabsf(la - lb) <= 1e-5f * fabsf(la), "Llama block: last loss %g on the CPU, %g on the device", la, lb);
-    printf("  Llama block (4 heads of 32 over 2 kv heads, 70 rows) in f32, 3 SGD steps: loss %.6f on the CPU, %.6f on the device, "
-           "parameters %.3g apart\n", la, lb, max_rel(a, b, na));
-    free(a);
-    free(b);
+    gpt_compare(1, DTR_F32, DTR_F32, DTR_MATMUL_F32, 1e-4, 1e-5f, "Llama block (4 heads of 32 over 2 kv heads, 70 rows) in f32");
 }
 #endif
 
