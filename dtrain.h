@@ -580,21 +580,21 @@ typedef struct dtr_attention_config {
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
 /** Multi-head attention, causal or not, self or cross, with padded keys and grouped-query
- *  heads: q (B, Tq, C), k and v (B, Tk, C) (or (B, Tk, kv_heads * D)) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
- *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, with
- *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on, and with
- *  kv_heads its enable_gqa=True). The fused
- *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
- *  the config's choices; dtr_attention(q, k, v, heads) is this with
- *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
- *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
- *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v
- *  differing, k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)),
- *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
- *  kv_heads not dividing heads, a scale that is not finite),
- *  DTR_NULL_HANDLE (cfg NULL). A key length outside [1, Tk] is DTR_INVALID_ARGUMENT from the
- *  forward pass (the CPU: when the op runs; a GPU: at the next synchronisation, as an
- *  embedding's ids, with the padding masked as if the length were clamped into range).
+ *  heads: q (B, Tq, C), k and v (B, Tk, kv_heads * D) (C when kv_heads is 0) -> (B, Tq, C),
+ *  per head softmax(scale q k^T + mask) v: PyTorch's scaled_dot_product_attention on the
+ *  (B, H, T, D) views, is_causal as cfg->causal, cfg->key_lengths a boolean attn_mask hiding
+ *  item b's keys from key_lengths[b] on, kv_heads its enable_gqa=True. The fused op of
+ *  dtr_attention (whose doc says how it runs and which views it reads in place) with the
+ *  config's choices; dtr_attention(q, k, v, heads) is this with
+ *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 only when
+ *  Tq is 0 too (a row with no keys has no softmax).
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v differing,
+ *  k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH
+ *  (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C, kv_heads not dividing
+ *  heads, a scale that is not finite), DTR_NULL_HANDLE (cfg NULL). A key length outside
+ *  [1, Tk] is DTR_INVALID_ARGUMENT from the forward pass (the CPU: when the op runs; a GPU: at
+ *  the next synchronisation, as an embedding's ids, the padding masked meanwhile as if the
+ *  length were clamped into range).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v,
                                      const dtr_attention_config *cfg);
@@ -11098,15 +11098,17 @@ dtr_result dtr__cpu_rope_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 /* ---- attention, fused (flash-style) ----
- * q (B, Tq, C), k, v (B, Tk, C), y (B, Tq, C) with C = H * D, head h in columns h*D .. h*D+D-1
- * (no permutes). q, k and v are read as they are where their rows are dense (stride 1 along
+ * q (B, Tq, C), k, v (B, Tk, Ck), y (B, Tq, C) with C = H * D, Ck = Hk * D (grouped-query:
+ * q head h reads kv head h / (H / Hk)), head h in columns h*D .. h*D+D-1 (no permutes); keys
+ * past an item's key length are not seen. q, k and v are read as they are where their rows are dense (stride 1 along
  * C: the column slices of one qkv projection, whose rows are 3C apart), else through
  * contiguous copies; y and the gradients (a view's own) are dense. Per (batch, head), query
  * rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys it may see (S = scale
  * q k^T; causal: keys 0..t, else all Tk), its softmax rows, then y = P v, all through GEMM;
  * only the row log-sum-exps (B, H, Tq) are kept. Backward recomputes each tile's P from them.
  * Memory per worker: two TILE x Tk blocks, never Tq x Tk per head. A (batch, head) is one
- * worker's, in tile order, so results do not depend on the thread count. */
+ * worker's forward, a (batch, kv head) with its q heads in order one worker's backward, in
+ * tile order, so results do not depend on the thread count. */
 
 #define DTR__ATT_TILE 32
 
@@ -11333,7 +11335,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11337 "dtrain.h"
+#line 11339 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11832,7 +11834,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11836 "dtrain.h"
+#line 11838 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12091,7 +12093,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12095 "dtrain.h"
+#line 12097 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12461,7 +12463,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12465 "dtrain.h"
+#line 12467 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12595,7 +12597,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12599 "dtrain.h"
+#line 12601 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13137,7 +13139,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13141 "dtrain.h"
+#line 13143 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13372,7 +13374,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13376 "dtrain.h"
+#line 13378 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13623,7 +13625,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13627 "dtrain.h"
+#line 13629 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14145,7 +14147,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14149 "dtrain.h"
+#line 14151 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14283,7 +14285,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14287 "dtrain.h"
+#line 14289 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14630,7 +14632,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14634 "dtrain.h"
+#line 14636 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14696,7 +14698,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14700 "dtrain.h"
+#line 14702 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14933,7 +14935,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14937 "dtrain.h"
+#line 14939 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15682,7 +15684,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15686 "dtrain.h"
+#line 15688 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16135,7 +16137,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16139 "dtrain.h"
+#line 16141 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16191,7 +16193,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16195 "dtrain.h"
+#line 16197 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16968,7 +16970,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16972 "dtrain.h"
+#line 16974 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17549,7 +17551,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17553 "dtrain.h"
+#line 17555 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18180,7 +18182,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18184 "dtrain.h"
+#line 18186 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18976,7 +18978,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18980 "dtrain.h"
+#line 18982 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19329,7 +19331,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19333 "dtrain.h"
+#line 19335 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19519,7 +19521,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19523 "dtrain.h"
+#line 19525 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19700,7 +19702,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19704 "dtrain.h"
+#line 19706 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20475,7 +20477,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20479 "dtrain.h"
+#line 20481 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20992,7 +20994,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20996 "dtrain.h"
+#line 20998 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21787,7 +21789,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21791 "dtrain.h"
+#line 21793 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23035,7 +23037,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23039 "dtrain.h"
+#line 23041 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23657,7 +23659,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23661 "dtrain.h"
+#line 23663 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24158,7 +24160,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24162 "dtrain.h"
+#line 24164 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24888,7 +24890,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24892 "dtrain.h"
+#line 24894 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25124,7 +25126,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25128 "dtrain.h"
+#line 25130 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25253,7 +25255,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25257 "dtrain.h"
+#line 25259 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25690,7 +25692,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25694 "dtrain.h"
+#line 25696 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26183,7 +26185,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26187 "dtrain.h"
+#line 26189 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26715,7 +26717,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26719 "dtrain.h"
+#line 26721 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27221,7 +27223,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27225 "dtrain.h"
+#line 27227 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28770,7 +28772,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28774 "dtrain.h"
+#line 28776 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28824,7 +28826,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28828 "dtrain.h"
+#line 28830 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30002,7 +30004,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30006 "dtrain.h"
+#line 30008 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30892,7 +30894,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30896 "dtrain.h"
+#line 30898 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32370,7 +32372,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32374 "dtrain.h"
+#line 32376 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32754,7 +32756,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32758 "dtrain.h"
+#line 32760 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32903,7 +32905,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32907 "dtrain.h"
+#line 32909 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

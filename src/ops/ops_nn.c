@@ -594,15 +594,17 @@ dtr_result dtr__cpu_rope_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 /* ---- attention, fused (flash-style) ----
- * q (B, Tq, C), k, v (B, Tk, C), y (B, Tq, C) with C = H * D, head h in columns h*D .. h*D+D-1
- * (no permutes). q, k and v are read as they are where their rows are dense (stride 1 along
+ * q (B, Tq, C), k, v (B, Tk, Ck), y (B, Tq, C) with C = H * D, Ck = Hk * D (grouped-query:
+ * q head h reads kv head h / (H / Hk)), head h in columns h*D .. h*D+D-1 (no permutes); keys
+ * past an item's key length are not seen. q, k and v are read as they are where their rows are dense (stride 1 along
  * C: the column slices of one qkv projection, whose rows are 3C apart), else through
  * contiguous copies; y and the gradients (a view's own) are dense. Per (batch, head), query
  * rows go in tiles of DTR__ATT_TILE: the tile's scores against the keys it may see (S = scale
  * q k^T; causal: keys 0..t, else all Tk), its softmax rows, then y = P v, all through GEMM;
  * only the row log-sum-exps (B, H, Tq) are kept. Backward recomputes each tile's P from them.
  * Memory per worker: two TILE x Tk blocks, never Tq x Tk per head. A (batch, head) is one
- * worker's, in tile order, so results do not depend on the thread count. */
+ * worker's forward, a (batch, kv head) with its q heads in order one worker's backward, in
+ * tile order, so results do not depend on the thread count. */
 
 #define DTR__ATT_TILE 32
 

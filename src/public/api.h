@@ -555,21 +555,21 @@ typedef struct dtr_attention_config {
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
 /** Multi-head attention, causal or not, self or cross, with padded keys and grouped-query
- *  heads: q (B, Tq, C), k and v (B, Tk, C) (or (B, Tk, kv_heads * D)) -> (B, Tq, C), per head softmax(scale q k^T + mask) v (PyTorch's
- *  scaled_dot_product_attention on (B, H, T, D) views, is_causal as cfg->causal, with
- *  cfg->key_lengths a boolean attn_mask hiding item b's keys from key_lengths[b] on, and with
- *  kv_heads its enable_gqa=True). The fused
- *  op of dtr_attention (whose doc says how it runs and which views it reads in place) with
- *  the config's choices; dtr_attention(q, k, v, heads) is this with
- *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 for a
- *  non-causal config only when Tq is 0 too (a row with no keys has no softmax).
- *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v
- *  differing, k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)),
- *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
- *  kv_heads not dividing heads, a scale that is not finite),
- *  DTR_NULL_HANDLE (cfg NULL). A key length outside [1, Tk] is DTR_INVALID_ARGUMENT from the
- *  forward pass (the CPU: when the op runs; a GPU: at the next synchronisation, as an
- *  embedding's ids, with the padding masked as if the length were clamped into range).
+ *  heads: q (B, Tq, C), k and v (B, Tk, kv_heads * D) (C when kv_heads is 0) -> (B, Tq, C),
+ *  per head softmax(scale q k^T + mask) v: PyTorch's scaled_dot_product_attention on the
+ *  (B, H, T, D) views, is_causal as cfg->causal, cfg->key_lengths a boolean attn_mask hiding
+ *  item b's keys from key_lengths[b] on, kv_heads its enable_gqa=True. The fused op of
+ *  dtr_attention (whose doc says how it runs and which views it reads in place) with the
+ *  config's choices; dtr_attention(q, k, v, heads) is this with
+ *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 only when
+ *  Tq is 0 too (a row with no keys has no softmax).
+ *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v differing,
+ *  k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH
+ *  (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C, kv_heads not dividing
+ *  heads, a scale that is not finite), DTR_NULL_HANDLE (cfg NULL). A key length outside
+ *  [1, Tk] is DTR_INVALID_ARGUMENT from the forward pass (the CPU: when the op runs; a GPU: at
+ *  the next synchronisation, as an embedding's ids, the padding masked meanwhile as if the
+ *  length were clamped into range).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v,
                                      const dtr_attention_config *cfg);
