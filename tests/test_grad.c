@@ -399,7 +399,9 @@ typedef struct op_case {
     gc_input in[MAXIN];
     build_fn fn;
     int arg[3];               /* handed to fn as its user pointer */
-    int no_fd;                /* 1: no finite differences (covered by an exact test) */
+    int no_fd;                /* 1: no finite differences (covered by an exact test); 2: also a
+                                 large device case that quick runs (DTR_TEST_QUICK, the
+                                 sanitizers') check on a device in f32 only */
     const gc_hooks *hooks;    /* setup/teardown around the case's context, or NULL */
 } op_case;
 
@@ -450,7 +452,7 @@ static const op_case CASES[] = {
     {"rope, rotate_half, 2 heads", 1, {IN3(2, 5, 8)}, b_rope, {2, 0, 0}, 0, NULL},
     {"rope, interleaved, 1 head", 1, {IN3(2, 5, 8)}, b_rope, {1, 1, 0}, 0, NULL},
     {"rope of the q slice of a qkv", 1, {IN3(2, 4, 12)}, b_rope, {2, 0, 1}, 0, NULL},
-    {"rope, 300 positions, 2 heads of 64", 1, {IN3(2, 300, 128)}, b_rope, {2, 0, 0}, 1, NULL},
+    {"rope, 300 positions, 2 heads of 64", 1, {IN3(2, 300, 128)}, b_rope, {2, 0, 0}, 2, NULL},
     {"rmsnorm with weight, rows of 200", 2, {IN2(3, 200), IN1(200)}, b_rmsnorm, KA(1), 0, NULL},
     {"dropout", 1, {IN2(6, 7)}, b_dropout, K0, 0, NULL},
     {"checkpoint (dropout inside)", 2, {IN2(3, 4), IN2(3, 4)}, b_checkpoint, K0, 0, NULL},
@@ -484,26 +486,26 @@ static const op_case CASES[] = {
      NULL},
     /* the GPU's tiled kernels over two tiles of 256 queries, and the fused ones (head width 64):
        fewer keys than queries and more, with blocks of 64 partial on both sides */
-    {"cross-attention, 300 queries, 70 keys", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_ex, {0, 0, 0}, 1, NULL},
-    {"attention, not causal, head width 64", 3, {IN3(1, 100, 128), IN3(1, 100, 128), IN3(1, 100, 128)}, b_attention_ex, {0, 0, 0}, 1,
+    {"cross-attention, 300 queries, 70 keys", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_ex, {0, 0, 0}, 2, NULL},
+    {"attention, not causal, head width 64", 3, {IN3(1, 100, 128), IN3(1, 100, 128), IN3(1, 100, 128)}, b_attention_ex, {0, 0, 0}, 2,
      NULL},
     {"cross-attention, head width 64, 70 queries, 150 keys", 3, {IN3(1, 70, 128), IN3(1, 150, 128), IN3(1, 150, 128)}, b_attention_ex,
-     {0, 0, 0}, 1, NULL},
+     {0, 0, 0}, 2, NULL},
     {"cross-attention, head width 32, 100 queries, 40 keys, scale 0.5", 3, {IN3(1, 100, 64), IN3(1, 40, 64), IN3(1, 40, 64)},
-     b_attention_ex, {0, 0, 50}, 1, NULL},
+     b_attention_ex, {0, 0, 50}, 2, NULL},
     {"causal attention, head width 128, scale 0.05", 3, {IN3(1, 80, 256), IN3(1, 80, 256), IN3(1, 80, 256)}, b_attention_ex,
-     {1, 0, 5}, 1, NULL},
+     {1, 0, 5}, 2, NULL},
     /* grouped-query heads: 2 q heads a kv head, multi-query (one kv head), and on the GPU's fused
        (head width 64) and tiled kernels */
     {"grouped-query attention, 4 heads, 2 kv heads", 3, {IN3(2, 5, 8), IN3(2, 5, 4), IN3(2, 5, 4)}, b_attention_gqa, {0, 4, 2}, 0, NULL},
     {"causal multi-query attention, 4 heads, 1 kv head", 3, {IN3(2, 6, 8), IN3(2, 6, 2), IN3(2, 6, 2)}, b_attention_gqa, {1, 4, 1}, 0,
      NULL},
     {"causal grouped-query attention, head width 64, 4 heads, 2 kv heads", 3, {IN3(1, 100, 256), IN3(1, 100, 128), IN3(1, 100, 128)},
-     b_attention_gqa, {1, 4, 2}, 1, NULL},
+     b_attention_gqa, {1, 4, 2}, 2, NULL},
     {"cross multi-query attention, head width 64, 70 queries, 130 keys", 3, {IN3(1, 70, 256), IN3(1, 130, 64), IN3(1, 130, 64)},
-     b_attention_gqa, {0, 4, 1}, 1, NULL},
+     b_attention_gqa, {0, 4, 1}, 2, NULL},
     {"grouped-query attention, 300 queries, 6 heads, 3 kv heads", 3, {IN3(2, 300, 12), IN3(2, 300, 6), IN3(2, 300, 6)}, b_attention_gqa,
-     {1, 6, 3}, 1, NULL},
+     {1, 6, 3}, 2, NULL},
     /* key lengths (padding masked): not causal, causal, cross over two tiles; then the GPU's
        fused kernels (a length inside a block of 64, one at a block's end, causal) and tiled ones
        (a length of 1) */
@@ -511,13 +513,13 @@ static const op_case CASES[] = {
     {"causal attention, key lengths 2 and 5", 3, {IN3(2, 5, 6), IN3(2, 5, 6), IN3(2, 5, 6)}, b_attention_lens, {1, 1, 0}, 0, NULL},
     {"cross-attention, 40 queries, key length 6 of 9", 3, {IN3(1, 40, 4), IN3(1, 9, 4), IN3(1, 9, 4)}, b_attention_lens, {0, 2, 0}, 0, NULL},
     {"attention, head width 64, key lengths 100 and 37", 3, {IN3(2, 100, 128), IN3(2, 100, 128), IN3(2, 100, 128)}, b_attention_lens,
-     {0, 3, 0}, 1, NULL},
+     {0, 3, 0}, 2, NULL},
     {"causal attention, head width 64, key lengths 70 and 3", 3, {IN3(2, 100, 128), IN3(2, 100, 128), IN3(2, 100, 128)},
-     b_attention_lens, {1, 4, 0}, 1, NULL},
+     b_attention_lens, {1, 4, 0}, 2, NULL},
     {"cross-attention, head width 32, 70 queries, key lengths 130 and 64 of 140", 3, {IN3(2, 70, 64), IN3(2, 140, 64), IN3(2, 140, 64)},
-     b_attention_lens, {0, 5, 0}, 1, NULL},
+     b_attention_lens, {0, 5, 0}, 2, NULL},
     {"cross-attention, 300 queries, key lengths 70 and 1 of 70", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_lens, {0, 6, 0},
-     1, NULL},
+     2, NULL},
     {"reshape", 1, {IN2(6, 4)}, b_views, KA(0), 0, NULL},
     {"permute + contiguous", 1, {IN2(6, 4)}, b_views, KA(1), 0, NULL},
     {"slice", 1, {IN2(6, 4)}, b_views, KA(2), 0, NULL},
@@ -607,11 +609,15 @@ static double max_rel_diff(const run_result *a, const run_result *b) {
     return worst;
 }
 
+static int g_quick;   /* DTR_TEST_QUICK: large device cases (no_fd 2) in f32 only */
+
 static void parity_on(dtr_context *other, const char *backend, double tol) {
     int i, skipped = 0;
     for (i = 0; i < N_CASES; i++) {
-        dtr_context *ref = test_ctx(1);
+        dtr_context *ref;
         run_result a, b;
+        if (g_quick && CASES[i].no_fd == 2 && tol > 2e-4) continue;
+        ref = test_ctx(1);
         other->rng = ref->rng;   /* dropout draws from the context's stream: the same draws on both */
         a = run_case(ref, &CASES[i]);
         b = run_case(other, &CASES[i]);
@@ -844,9 +850,11 @@ static double narrow_tol(const op_case *c, dtr_dtype dt, int exact, double prod)
 static void narrow_parity(dtr_context *other, const char *backend, dtr_dtype dt, int exact, double prod) {
     int i;
     for (i = 0; i < N_CASES; i++) {
-        dtr_context *ref = narrow_ctx(NULL, dt, 1);
+        dtr_context *ref;
         double tol = narrow_tol(&CASES[i], dt, exact, prod);
         run_result a, b;
+        if (g_quick && CASES[i].no_fd == 2 && !exact) continue;
+        ref = narrow_ctx(NULL, dt, 1);
         other->rng = ref->rng;
         g_leaf_dtype = dt;
         a = run_case(ref, &CASES[i]);
@@ -1106,6 +1114,7 @@ int main(void) {
     dtr_local_world *w1 = NULL;
     int pass;
     if (dtr_local_world_create(1, NULL, &w1) != DTR_OK) return 2;
+    g_quick = getenv("DTR_TEST_QUICK") != NULL;
     cc.local.world = w1;
     if (dtr_comm_create(&cc, &g_comm1, NULL, 0) != DTR_OK) return 2;
     for (pass = 0; pass < 2; pass++) {
