@@ -530,13 +530,14 @@ cmake-consumer: lib
 	tests/cmake_consumer/check.sh $(BUILD)/cmake_consumer
 
 # test-sanitize: the tests (and the CUDA kernels through cuemu) built with AddressSanitizer and UBSan into build-asan/, run with
-# DTR_TEST_QUICK=1 (slow tests shrink their workloads).
+# DTR_TEST_QUICK=1 (slow tests shrink their workloads) and 1500 s a program (emulated GPU kernels under ASan: test_grad_emu
+# takes minutes).
 test-sanitize: deps
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan OPT="-O1 -g" \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" tests
 	@$(MAKE) --no-print-directory -j$(JOBS) BUILD=build-asan OPT="-O1 -g" \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer" $(patsubst $(BUILD)/%,build-asan/%,$(EMU_TESTS))
-	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 DTR_TEST_QUICK=1 \
+	UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 ASAN_OPTIONS=detect_leaks=1 DTR_TEST_QUICK=1 TEST_TIMEOUT=1500 \
 	    tests/run.sh $(patsubst $(BUILD)/%,build-asan/%,$(TESTS) $(EMU_TESTS))
 
 # fuzz: builds every tests/fuzz/fuzz_*.c with libFuzzer + ASan + UBSan and runs each for
