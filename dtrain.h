@@ -5001,6 +5001,8 @@ typedef struct dtr__shard {
 } dtr__shard;
 
 /** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+/** "<prefix>.<suffix>" (just suffix for an empty or NULL prefix) into buf; returns buf. */
+DTR__PRIVATE const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix);
 DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
                                           const int64_t *shape, dtr_init init, float arg);
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
@@ -5022,7 +5024,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5026 "dtrain.h"
+#line 5028 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5381,7 +5383,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5385 "dtrain.h"
+#line 5387 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5443,7 +5445,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5447 "dtrain.h"
+#line 5449 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5822,7 +5824,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5826 "dtrain.h"
+#line 5828 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5865,7 +5867,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5869 "dtrain.h"
+#line 5871 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5899,7 +5901,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5903 "dtrain.h"
+#line 5905 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5958,7 +5960,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5962 "dtrain.h"
+#line 5964 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6032,7 +6034,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6036 "dtrain.h"
+#line 6038 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6100,7 +6102,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6104 "dtrain.h"
+#line 6106 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6175,7 +6177,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6179 "dtrain.h"
+#line 6181 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6527,7 +6529,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6531 "dtrain.h"
+#line 6533 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7343,7 +7345,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7347 "dtrain.h"
+#line 7349 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8018,7 +8020,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8022 "dtrain.h"
+#line 8024 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8109,7 +8111,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8113 "dtrain.h"
+#line 8115 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8591,7 +8593,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8595 "dtrain.h"
+#line 8597 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8846,7 +8848,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8850 "dtrain.h"
+#line 8852 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9077,7 +9079,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9081 "dtrain.h"
+#line 9083 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9196,7 +9198,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9200 "dtrain.h"
+#line 9202 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9252,7 +9254,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9256 "dtrain.h"
+#line 9258 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9637,7 +9639,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9641 "dtrain.h"
+#line 9643 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9899,7 +9901,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9903 "dtrain.h"
+#line 9905 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10319,7 +10321,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10323 "dtrain.h"
+#line 10325 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10498,7 +10500,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10502 "dtrain.h"
+#line 10504 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -10903,13 +10905,14 @@ static dtr__ln_job dtr__ln_job_of(const dtr__node *nd) {
 static void dtr__ln_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__ln_job *j = (const dtr__ln_job *)arg;
     int64_t r, k, C = j->C;
+    int rms = j->nd->op == DTR_OP_RMSNORM;   /* RMS norm: the mean 0, not subtracted */
     (void)w;
     for (r = b; r < e; r++) {
         const float *xr = j->X + r * C;
         float *yr = dtr__f32(j->nd->out) + r * C;
         double m = 0.0, v = 0.0;
         float mean, rstd;
-        for (k = 0; k < C && j->nd->op != DTR_OP_RMSNORM; k++) m += xr[k];
+        for (k = 0; k < C && !rms; k++) m += xr[k];
         m /= (double)C;
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
@@ -11335,7 +11338,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11339 "dtrain.h"
+#line 11342 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11834,7 +11837,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11838 "dtrain.h"
+#line 11841 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12093,7 +12096,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12097 "dtrain.h"
+#line 12100 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12463,7 +12466,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12467 "dtrain.h"
+#line 12470 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12597,7 +12600,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12601 "dtrain.h"
+#line 12604 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13139,7 +13142,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13143 "dtrain.h"
+#line 13146 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13317,10 +13320,9 @@ dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, 
     return dtr__layer_status(m);
 }
 
-/* "<p>.<part>" into sub */
-static const char *dtr__sub(char *sub, size_t n, const char *p, const char *part) {
-    snprintf(sub, n, "%s%s%s", p ? p : "", p && *p ? "." : "", part);
-    return sub;
+const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix) {
+    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && *prefix ? "." : "", suffix);
+    return buf;
 }
 
 dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *name, int64_t dim, int heads, int kv_heads,
@@ -13335,15 +13337,15 @@ dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *na
                          heads, (long long)dim, kv_heads, (long long)hidden);
     b->dim = dim, b->hidden = hidden, b->heads = heads, b->kv_heads = kv_heads, b->rope_theta = 10000.0f;
     kvd = dim / heads * kv_heads;
-    dtr_rmsnorm_layer_init(&b->attn_norm, m, dtr__sub(sub, sizeof sub, name, "input_layernorm"), dim);
-    dtr_linear_layer_init(&b->q, m, dtr__sub(sub, sizeof sub, name, "self_attn.q_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->k, m, dtr__sub(sub, sizeof sub, name, "self_attn.k_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->v, m, dtr__sub(sub, sizeof sub, name, "self_attn.v_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->o, m, dtr__sub(sub, sizeof sub, name, "self_attn.o_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_rmsnorm_layer_init(&b->mlp_norm, m, dtr__sub(sub, sizeof sub, name, "post_attention_layernorm"), dim);
-    dtr_linear_layer_init(&b->gate, m, dtr__sub(sub, sizeof sub, name, "mlp.gate_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->up, m, dtr__sub(sub, sizeof sub, name, "mlp.up_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->down, m, dtr__sub(sub, sizeof sub, name, "mlp.down_proj"), hidden, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_rmsnorm_layer_init(&b->attn_norm, m, dtr__sub_name(sub, sizeof sub, name, "input_layernorm"), dim);
+    dtr_linear_layer_init(&b->q, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.q_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->k, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.k_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->v, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.v_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->o, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.o_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_rmsnorm_layer_init(&b->mlp_norm, m, dtr__sub_name(sub, sizeof sub, name, "post_attention_layernorm"), dim);
+    dtr_linear_layer_init(&b->gate, m, dtr__sub_name(sub, sizeof sub, name, "mlp.gate_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->up, m, dtr__sub_name(sub, sizeof sub, name, "mlp.up_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->down, m, dtr__sub_name(sub, sizeof sub, name, "mlp.down_proj"), hidden, dim, 0, DTR_INIT_TORCH_DEFAULT);
     return dtr__layer_status(m);
 }
 
@@ -13374,7 +13376,7 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13378 "dtrain.h"
+#line 13380 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13442,11 +13444,6 @@ static dtr_tensor *dtr__tp_param(dtr_model *m, dtr_comm *comm, const char *prefi
 }
 
 /* "prefix.suffix" into buf (as the single-device layers name their parts) */
-static const char *dtr__tp_sub(char *buf, size_t n, const char *prefix, const char *suffix) {
-    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && *prefix ? "." : "", suffix);
-    return buf;
-}
-
 static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
 
 /* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
@@ -13517,9 +13514,9 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
                          "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
                          name ? name : "", heads, (long long)dim, tp);
     a->dim = dim, a->heads = heads, a->local_heads = heads / tp, a->causal = 1;
-    dtr__tp_linear_init(&a->qkv, m, comm, dtr__tp_sub(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
+    dtr__tp_linear_init(&a->qkv, m, comm, dtr__sub_name(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
                         DTR_INIT_TORCH_DEFAULT, 0, 3);
-    dtr_tp_row_linear_init(&a->proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_tp_row_linear_init(&a->proj, m, comm, dtr__sub_name(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
     return dtr__tp_status(m);
 }
 
@@ -13605,13 +13602,13 @@ dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *co
     char sub[256];
     if (!b || !m) return DTR_NULL_HANDLE;
     memset(b, 0, sizeof(*b));
-    dtr_layernorm_layer_init(&b->ln1, m, dtr__tp_sub(sub, sizeof sub, name, "ln1"), dim);
-    if (dtr_tp_attention_init(&b->attn, m, comm, dtr__tp_sub(sub, sizeof sub, name, "attn"), dim, heads) != DTR_OK)
+    dtr_layernorm_layer_init(&b->ln1, m, dtr__sub_name(sub, sizeof sub, name, "ln1"), dim);
+    if (dtr_tp_attention_init(&b->attn, m, comm, dtr__sub_name(sub, sizeof sub, name, "attn"), dim, heads) != DTR_OK)
         return dtr__tp_status(m);
-    dtr_layernorm_layer_init(&b->ln2, m, dtr__tp_sub(sub, sizeof sub, name, "ln2"), dim);
-    dtr_tp_column_linear_init(&b->fc, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1,
+    dtr_layernorm_layer_init(&b->ln2, m, dtr__sub_name(sub, sizeof sub, name, "ln2"), dim);
+    dtr_tp_column_linear_init(&b->fc, m, comm, dtr__sub_name(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1,
                               DTR_INIT_TORCH_DEFAULT, 0);
-    dtr_tp_row_linear_init(&b->fc_proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1,
+    dtr_tp_row_linear_init(&b->fc_proj, m, comm, dtr__sub_name(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1,
                            DTR_INIT_TORCH_DEFAULT);
     return dtr__tp_status(m);
 }
@@ -13625,7 +13622,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13629 "dtrain.h"
+#line 13626 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14147,7 +14144,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14151 "dtrain.h"
+#line 14148 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14285,7 +14282,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14289 "dtrain.h"
+#line 14286 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14632,7 +14629,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14636 "dtrain.h"
+#line 14633 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14698,7 +14695,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14702 "dtrain.h"
+#line 14699 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14935,7 +14932,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14939 "dtrain.h"
+#line 14936 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15684,7 +15681,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15688 "dtrain.h"
+#line 15685 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16137,7 +16134,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16141 "dtrain.h"
+#line 16138 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16193,7 +16190,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16197 "dtrain.h"
+#line 16194 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16970,7 +16967,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16974 "dtrain.h"
+#line 16971 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17551,7 +17548,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17555 "dtrain.h"
+#line 17552 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18182,7 +18179,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18186 "dtrain.h"
+#line 18183 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18978,7 +18975,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18982 "dtrain.h"
+#line 18979 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19331,7 +19328,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19335 "dtrain.h"
+#line 19332 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19521,7 +19518,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19525 "dtrain.h"
+#line 19522 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19702,7 +19699,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19706 "dtrain.h"
+#line 19703 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20477,7 +20474,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20481 "dtrain.h"
+#line 20478 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20994,7 +20991,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20998 "dtrain.h"
+#line 20995 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21789,7 +21786,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21793 "dtrain.h"
+#line 21790 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23037,7 +23034,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23041 "dtrain.h"
+#line 23038 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23659,7 +23656,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23663 "dtrain.h"
+#line 23660 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24160,7 +24157,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24164 "dtrain.h"
+#line 24161 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24890,7 +24887,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24894 "dtrain.h"
+#line 24891 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25126,7 +25123,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25130 "dtrain.h"
+#line 25127 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25255,7 +25252,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25259 "dtrain.h"
+#line 25256 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25692,7 +25689,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25696 "dtrain.h"
+#line 25693 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26185,7 +26182,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26189 "dtrain.h"
+#line 26186 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26717,7 +26714,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26721 "dtrain.h"
+#line 26718 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27223,7 +27220,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27227 "dtrain.h"
+#line 27224 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28772,7 +28769,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28776 "dtrain.h"
+#line 28773 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28826,7 +28823,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28830 "dtrain.h"
+#line 28827 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30004,7 +30001,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30008 "dtrain.h"
+#line 30005 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30894,7 +30891,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30898 "dtrain.h"
+#line 30895 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32372,7 +32369,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32376 "dtrain.h"
+#line 32373 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32756,7 +32753,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32760 "dtrain.h"
+#line 32757 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32905,7 +32902,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32909 "dtrain.h"
+#line 32906 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -791,6 +791,8 @@ typedef struct dtr__shard {
 } dtr__shard;
 
 /** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
+/** "<prefix>.<suffix>" (just suffix for an empty or NULL prefix) into buf; returns buf. */
+DTR__PRIVATE const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix);
 DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
                                           const int64_t *shape, dtr_init init, float arg);
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a

@@ -172,10 +172,9 @@ dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, 
     return dtr__layer_status(m);
 }
 
-/* "<p>.<part>" into sub */
-static const char *dtr__sub(char *sub, size_t n, const char *p, const char *part) {
-    snprintf(sub, n, "%s%s%s", p ? p : "", p && *p ? "." : "", part);
-    return sub;
+const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix) {
+    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && *prefix ? "." : "", suffix);
+    return buf;
 }
 
 dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *name, int64_t dim, int heads, int kv_heads,
@@ -190,15 +189,15 @@ dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *na
                          heads, (long long)dim, kv_heads, (long long)hidden);
     b->dim = dim, b->hidden = hidden, b->heads = heads, b->kv_heads = kv_heads, b->rope_theta = 10000.0f;
     kvd = dim / heads * kv_heads;
-    dtr_rmsnorm_layer_init(&b->attn_norm, m, dtr__sub(sub, sizeof sub, name, "input_layernorm"), dim);
-    dtr_linear_layer_init(&b->q, m, dtr__sub(sub, sizeof sub, name, "self_attn.q_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->k, m, dtr__sub(sub, sizeof sub, name, "self_attn.k_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->v, m, dtr__sub(sub, sizeof sub, name, "self_attn.v_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->o, m, dtr__sub(sub, sizeof sub, name, "self_attn.o_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_rmsnorm_layer_init(&b->mlp_norm, m, dtr__sub(sub, sizeof sub, name, "post_attention_layernorm"), dim);
-    dtr_linear_layer_init(&b->gate, m, dtr__sub(sub, sizeof sub, name, "mlp.gate_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->up, m, dtr__sub(sub, sizeof sub, name, "mlp.up_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
-    dtr_linear_layer_init(&b->down, m, dtr__sub(sub, sizeof sub, name, "mlp.down_proj"), hidden, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_rmsnorm_layer_init(&b->attn_norm, m, dtr__sub_name(sub, sizeof sub, name, "input_layernorm"), dim);
+    dtr_linear_layer_init(&b->q, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.q_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->k, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.k_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->v, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.v_proj"), dim, kvd, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->o, m, dtr__sub_name(sub, sizeof sub, name, "self_attn.o_proj"), dim, dim, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_rmsnorm_layer_init(&b->mlp_norm, m, dtr__sub_name(sub, sizeof sub, name, "post_attention_layernorm"), dim);
+    dtr_linear_layer_init(&b->gate, m, dtr__sub_name(sub, sizeof sub, name, "mlp.gate_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->up, m, dtr__sub_name(sub, sizeof sub, name, "mlp.up_proj"), dim, hidden, 0, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->down, m, dtr__sub_name(sub, sizeof sub, name, "mlp.down_proj"), hidden, dim, 0, DTR_INIT_TORCH_DEFAULT);
     return dtr__layer_status(m);
 }
 

@@ -62,11 +62,6 @@ static dtr_tensor *dtr__tp_param(dtr_model *m, dtr_comm *comm, const char *prefi
 }
 
 /* "prefix.suffix" into buf (as the single-device layers name their parts) */
-static const char *dtr__tp_sub(char *buf, size_t n, const char *prefix, const char *suffix) {
-    snprintf(buf, n, "%s%s%s", prefix ? prefix : "", prefix && *prefix ? "." : "", suffix);
-    return buf;
-}
-
 static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
 
 /* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
@@ -137,9 +132,9 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
                          "dtr_tp_attention_init: '%s': %d heads must divide dim %lld and split evenly over %d ranks",
                          name ? name : "", heads, (long long)dim, tp);
     a->dim = dim, a->heads = heads, a->local_heads = heads / tp, a->causal = 1;
-    dtr__tp_linear_init(&a->qkv, m, comm, dtr__tp_sub(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
+    dtr__tp_linear_init(&a->qkv, m, comm, dtr__sub_name(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1,
                         DTR_INIT_TORCH_DEFAULT, 0, 3);
-    dtr_tp_row_linear_init(&a->proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_tp_row_linear_init(&a->proj, m, comm, dtr__sub_name(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
     return dtr__tp_status(m);
 }
 
@@ -225,13 +220,13 @@ dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *co
     char sub[256];
     if (!b || !m) return DTR_NULL_HANDLE;
     memset(b, 0, sizeof(*b));
-    dtr_layernorm_layer_init(&b->ln1, m, dtr__tp_sub(sub, sizeof sub, name, "ln1"), dim);
-    if (dtr_tp_attention_init(&b->attn, m, comm, dtr__tp_sub(sub, sizeof sub, name, "attn"), dim, heads) != DTR_OK)
+    dtr_layernorm_layer_init(&b->ln1, m, dtr__sub_name(sub, sizeof sub, name, "ln1"), dim);
+    if (dtr_tp_attention_init(&b->attn, m, comm, dtr__sub_name(sub, sizeof sub, name, "attn"), dim, heads) != DTR_OK)
         return dtr__tp_status(m);
-    dtr_layernorm_layer_init(&b->ln2, m, dtr__tp_sub(sub, sizeof sub, name, "ln2"), dim);
-    dtr_tp_column_linear_init(&b->fc, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1,
+    dtr_layernorm_layer_init(&b->ln2, m, dtr__sub_name(sub, sizeof sub, name, "ln2"), dim);
+    dtr_tp_column_linear_init(&b->fc, m, comm, dtr__sub_name(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1,
                               DTR_INIT_TORCH_DEFAULT, 0);
-    dtr_tp_row_linear_init(&b->fc_proj, m, comm, dtr__tp_sub(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1,
+    dtr_tp_row_linear_init(&b->fc_proj, m, comm, dtr__sub_name(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1,
                            DTR_INIT_TORCH_DEFAULT);
     return dtr__tp_status(m);
 }

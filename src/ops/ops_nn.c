@@ -399,13 +399,14 @@ static dtr__ln_job dtr__ln_job_of(const dtr__node *nd) {
 static void dtr__ln_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__ln_job *j = (const dtr__ln_job *)arg;
     int64_t r, k, C = j->C;
+    int rms = j->nd->op == DTR_OP_RMSNORM;   /* RMS norm: the mean 0, not subtracted */
     (void)w;
     for (r = b; r < e; r++) {
         const float *xr = j->X + r * C;
         float *yr = dtr__f32(j->nd->out) + r * C;
         double m = 0.0, v = 0.0;
         float mean, rstd;
-        for (k = 0; k < C && j->nd->op != DTR_OP_RMSNORM; k++) m += xr[k];
+        for (k = 0; k < C && !rms; k++) m += xr[k];
         m /= (double)C;
         for (k = 0; k < C; k++) { double d = xr[k] - m; v += d * d; }
         v /= (double)C;
