@@ -555,17 +555,24 @@ DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k
  *  Face Llama's rotate_half), or (2j, 2j + 1) with interleaved 1 (Meta's Llama, GPT-J).
  *  theta: 10000 (Llama 1 and 2), 500000 (Llama 3). Apply it to q and k before dtr_attention:
  *  their scores then depend on the positions' difference only. x may be a view (q, k column
- *  slices of one projection); the output is dense. Positions start at 0 for every item.
+ *  slices of one projection); the output is dense. Positions start at 0 for every item
+ *  (dtr_rope_at: elsewhere).
  *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (x not 3-D, heads not dividing C
  *  into even widths), DTR_INVALID_ARGUMENT (heads <= 0, theta not > 0 and finite).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved);
+/** dtr_rope with the rows at positions start .. start + T - 1 (every item): the new tokens of a
+ *  generation step after `start` cached ones (dtr_kv_cache) get the angles the whole sequence
+ *  would give them. dtr_rope is start 0. Errors: dtr_rope's, and DTR_INVALID_ARGUMENT for a
+ *  negative start. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_rope_at(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved, int64_t start);
 
 /** What dtr_attention_ex computes. Make one with dtr_attention_config_init(). */
 typedef struct dtr_attention_config {
     int heads;     /**< heads H, dividing C: head h reads columns h*D .. h*D+D-1, D = C / H */
-    int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
-                        0: every query sees every key (encoders, cross-attention) */
+    int causal;    /**< 1: query t sees keys 0 .. q_start + t (self-attention: q_start 0,
+                        Tq == Tk, as dtr_attention); 0: every query sees every key
+                        (encoders, cross-attention) */
     float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
     int kv_heads;  /**< grouped-query attention (Llama 2 70B, Llama 3, Mistral): k and v have
                         kv_heads heads of width D, (B, Tk, kv_heads * D), each shared by
@@ -574,9 +581,15 @@ typedef struct dtr_attention_config {
     dtr_tensor *key_lengths;   /**< NULL: every key. Else i32 (B): item b's keys are
                                     0 .. key_lengths[b] - 1, the rest padding (masked for every
                                     query, so their k and v get zero gradients); each in [1, Tk] */
+    int64_t q_start;   /**< causal only: the key position of query 0, 0 from init, with
+                            q_start + Tq <= Tk. Generating with a KV cache: the Tq new tokens'
+                            queries against the cache's keys (Tk its capacity), q_start the
+                            tokens cached before them; keys past q_start + Tq - 1 are never
+                            read (their contents do not matter) */
 } dtr_attention_config;
 
-/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths. Thread safety: any thread. */
+/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths, q_start 0.
+ *  Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
 /** Multi-head attention, causal or not, self or cross, with padded keys and grouped-query
@@ -586,12 +599,14 @@ DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
  *  item b's keys from key_lengths[b] on, kv_heads its enable_gqa=True. The fused op of
  *  dtr_attention (whose doc says how it runs and which views it reads in place) with the
  *  config's choices; dtr_attention(q, k, v, heads) is this with
- *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 only when
- *  Tq is 0 too (a row with no keys has no softmax).
+ *  dtr_attention_config_init(heads, 1). A causal config needs q_start + Tq <= Tk (with
+ *  q_start 0 and Tq < Tk it is PyTorch's is_causal, aligned at the first key). Tk may be 0
+ *  only when Tq is 0 too (a row with no keys has no softmax).
  *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v differing,
- *  k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH
- *  (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C, kv_heads not dividing
- *  heads, a scale that is not finite), DTR_NULL_HANDLE (cfg NULL). A key length outside
+ *  k's width not kv_heads * D, causal with q_start + Tq > Tk, key_lengths not (B)),
+ *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
+ *  kv_heads not dividing heads, a scale that is not finite, q_start negative or set on a
+ *  config that is not causal), DTR_NULL_HANDLE (cfg NULL). A key length outside
  *  [1, Tk] is DTR_INVALID_ARGUMENT from the forward pass (the CPU: when the op runs; a GPU: at
  *  the next synchronisation, as an embedding's ids, the padding masked meanwhile as if the
  *  length were clamped into range).
@@ -865,6 +880,90 @@ DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_atte
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
 /** x (B, T, C) -> (B, T, C), positions 0 .. T-1. */
 DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x);
+
+/* ---- generation: a key/value cache, and a sampler ----
+ * Generating from a causal model one token at a time, each step's forward pass feeds only the
+ * new tokens: the attention layers keep the keys and values of the earlier positions in a
+ * dtr_kv_cache and attend to them (a step then costs what one position costs, not what the whole
+ * sequence does). The loop (docs/guide.md, "Generating text"; examples/gpt.c --generate):
+ *
+ *     dtr_context_set_grad_enabled(ctx, 0);                   (a cache is for inference)
+ *     dtr_kv_cache_create(ctx, layers, B, capacity, kv_width, &kv);
+ *     h = embed(prompt, positions 0 .. P-1);                   (B, P, C): the prompt at once
+ *     for each layer i: h = dtr_gpt_block_forward_cached(ctx, &block[i], h, kv, i);
+ *     dtr_sample(ctx, head(h), &sc, &rng, next);               one token per item from the last row
+ *     dtr_context_reset(ctx);                                  (the cache outlives resets)
+ *     then for each new token: h = embed(next, position dtr_kv_cache_length(kv, 0)), (B, 1, C),
+ *     the blocks with the cache, sample, reset, until done or the cache is full.
+ *
+ * Every item of the batch is at the same position. */
+
+/** A key/value cache: per layer, keys and values (B, capacity, width) in the context's backend
+ *  memory, and the positions held. */
+typedef struct dtr_kv_cache dtr_kv_cache;
+
+/** Makes a cache of `layers` layers for `batch` sequences of up to `capacity` positions, keys and
+ *  values of `width` each (an attention layer's C; a Llama block's kv_heads * D), of the context's
+ *  activation dtype, zeroed, empty. Memory: 2 x layers x batch x capacity x width elements.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a count <= 0), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int64_t capacity, int64_t width,
+                                       dtr_kv_cache **out);
+/** Frees the cache (before its context). NULL is ignored. Thread safety: the context's thread. */
+DTR_API void dtr_kv_cache_destroy(dtr_kv_cache *c);
+/** Empties every layer (a new sequence); the memory stays. Thread safety: the context's thread. */
+DTR_API void dtr_kv_cache_reset(dtr_kv_cache *c);
+/** Positions layer `layer` holds: the next forward pass's first position. 0 for NULL or a layer
+ *  out of range. Thread safety: the context's thread. */
+DTR_API int64_t dtr_kv_cache_length(const dtr_kv_cache *c, int layer);
+/** For attention code of the app's: copies k and v (B, T, width; views with dense rows are read
+ *  in place) after the rows layer `layer` holds, and gives that layer's whole keys and values
+ *  (B, capacity, width) to attend to with a causal dtr_attention_ex whose q_start is the length
+ *  before the call (the layers below do exactly this). Not recorded for autograd.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (gradients on, or
+ *          inside a captured step), DTR_SHAPE_MISMATCH, DTR_DTYPE_MISMATCH (not the cache's
+ *          dtype), DTR_INVALID_ARGUMENT (layer out of range; T more positions do not fit: the
+ *          cache is unchanged).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_kv_cache_append(dtr_kv_cache *c, int layer, dtr_tensor *k, dtr_tensor *v, dtr_tensor **keys,
+                                       dtr_tensor **values);
+
+/** The forward passes with a cache: x holds the T new positions (B, T, C) that follow the
+ *  dtr_kv_cache_length(cache, layer) positions the cache holds for `layer`; their k and v are
+ *  appended, their queries attend to every position up to their own, and the result equals the
+ *  last T rows of the plain forward pass over the whole sequence (Llama's RoPE angles at the
+ *  positions too). cache NULL: the plain forward pass. Errors (NULL, the context's error set):
+ *  those of dtr_kv_cache_append, DTR_UNSUPPORTED for a layer that is not causal.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x,
+                                                       dtr_kv_cache *cache, int layer);
+DTR_API dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache,
+                                                 int layer);
+DTR_API dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x,
+                                                   dtr_kv_cache *cache, int layer);
+
+/** How dtr_sample picks a token. Make one with dtr_sample_config_init(). */
+typedef struct dtr_sample_config {
+    float temperature;   /**< logits / temperature before the softmax; 0: greedy (the largest
+                              logit, the first of equals), no random number drawn */
+    int top_k;           /**< only the top_k largest logits compete (0: all) */
+    float top_p;         /**< nucleus sampling: only the most likely tokens whose probabilities
+                              (after temperature and top_k) first reach top_p together (1: all) */
+} dtr_sample_config;
+
+/** temperature 1, top_k 0, top_p 1: plain sampling from softmax(logits). Thread safety: any thread. */
+DTR_API dtr_sample_config dtr_sample_config_init(void);
+
+/** One token per item from the last row of logits (B, V) or (B, T, V) (any float dtype, any
+ *  backend: the rows are read to the host) into tokens[0 .. B-1]. The random numbers come from
+ *  *rng, a state of the app's (any value seeds it; it advances by one draw per item), so a run
+ *  repeats with the same seed. NaN logits never win. Ties at the top_k-th logit all stay in.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_SHAPE_MISMATCH (not 2-D or
+ *          3-D), DTR_INVALID_ARGUMENT (temperature < 0 or not finite, top_k < 0, top_p not in
+ *          (0, 1], a row with no finite logit), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_config *cfg, uint64_t *rng,
+                              int32_t *tokens);
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
@@ -4204,7 +4303,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4208 "dtrain.h"
+#line 4307 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4426,14 +4525,16 @@ typedef struct dtr__rope_params {
     int heads;                        /* C = heads * D, D even */
     int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
     float theta;                      /* the frequencies' base */
+    int64_t start;                    /* the position of row t = 0 (t is at start + t) */
 } dtr__rope_params;
 
 typedef struct dtr__attention_params {
     int heads;                        /* C = heads * D */
     int kv_heads;                     /* k and v's heads (dividing heads): q head h reads kv head
                                          h / (heads / kv_heads) */
-    int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
+    int causal;                       /* 1: query t sees keys 0 .. q_start + t */
     float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
+    int64_t q_start;                  /* causal: the key position of query 0 (q_start + Tq <= Tk) */
 } dtr__attention_params;
 
 /** Parameters of a node, by op (ops not listed have none). */
@@ -5000,11 +5101,16 @@ typedef struct dtr__shard {
     int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
 } dtr__shard;
 
-/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
 /** "<prefix>.<suffix>" (just suffix for an empty or NULL prefix) into buf; returns buf. */
 DTR__PRIVATE const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix);
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
 DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
                                           const int64_t *shape, dtr_init init, float arg);
+/** A layer's attention: dtr_attention_ex(q, k, v, cfg) without a cache (c NULL); with one, k and
+ *  v appended to layer's rows and q against all of them, cfg->q_start set to the first new
+ *  position (src/nn/generate.c). */
+DTR__PRIVATE dtr_tensor *dtr__kv_attention(dtr_context *ctx, dtr_kv_cache *c, int layer, dtr_tensor *q, dtr_tensor *k,
+                                           dtr_tensor *v, dtr_attention_config *cfg);
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
  *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
 DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);
@@ -5024,7 +5130,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5028 "dtrain.h"
+#line 5134 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5383,7 +5489,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5387 "dtrain.h"
+#line 5493 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5445,7 +5551,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5449 "dtrain.h"
+#line 5555 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5824,7 +5930,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5828 "dtrain.h"
+#line 5934 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5867,7 +5973,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5871 "dtrain.h"
+#line 5977 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -5901,7 +6007,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 5905 "dtrain.h"
+#line 6011 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -5960,7 +6066,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 5964 "dtrain.h"
+#line 6070 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6034,7 +6140,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6038 "dtrain.h"
+#line 6144 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6102,7 +6208,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6106 "dtrain.h"
+#line 6212 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6177,7 +6283,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6181 "dtrain.h"
+#line 6287 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6529,7 +6635,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6533 "dtrain.h"
+#line 6639 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7345,7 +7451,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7349 "dtrain.h"
+#line 7455 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8020,7 +8126,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8024 "dtrain.h"
+#line 8130 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8111,7 +8217,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8115 "dtrain.h"
+#line 8221 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8593,7 +8699,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8597 "dtrain.h"
+#line 8703 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8848,7 +8954,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8852 "dtrain.h"
+#line 8958 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9079,7 +9185,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9083 "dtrain.h"
+#line 9189 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9198,7 +9304,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9202 "dtrain.h"
+#line 9308 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9254,7 +9360,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9258 "dtrain.h"
+#line 9364 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9639,7 +9745,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9643 "dtrain.h"
+#line 9749 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9901,7 +10007,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 9905 "dtrain.h"
+#line 10011 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10321,7 +10427,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10325 "dtrain.h"
+#line 10431 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10500,7 +10606,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10504 "dtrain.h"
+#line 10610 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11029,17 +11135,18 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 /* ---- rotary position embedding ----
- * x, y (B, T, C), C = H * D: row r = (b, t) at position t; per row the D/2 angles' cosines and
+ * x, y (B, T, C), C = H * D: row r = (b, t) at position start + t; per row the D/2 angles' cosines and
  * sines (in double, rounded to f32), then every head's pairs rotated (dtr__f_rope_rotate).
  * Backward rotates the gradient back (the transpose: the sines negated). Rows on the pool. */
 
-dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved) {
+dtr_tensor *dtr_rope_at(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved, int64_t start) {
     dtr__node *n;
     char s1[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_rope", x, "x")) return NULL;
-    if (heads <= 0 || !(theta > 0.0f) || !isfinite(theta))
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_rope: heads %d must be > 0 and theta %g > 0", heads, (double)theta);
+    if (heads <= 0 || !(theta > 0.0f) || !isfinite(theta) || start < 0)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_rope: heads %d must be > 0, theta %g > 0 and start %lld >= 0", heads,
+                          (double)theta, (long long)start);
     if (x->ndim != 3 || x->shape[2] % heads || (x->shape[2] / heads) % 2)
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_rope: x %s must be (B, T, C) with C = %d heads of an even width",
                           dtr__shape_str(x, s1, sizeof s1), heads);
@@ -11048,9 +11155,14 @@ dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, in
     n->p.rope.heads = heads;
     n->p.rope.interleaved = interleaved != 0;
     n->p.rope.theta = theta;
+    n->p.rope.start = start;
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, x->shape, "dtr_rope");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_rope");
+}
+
+dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved) {
+    return dtr_rope_at(ctx, x, heads, theta, interleaved, 0);
 }
 
 typedef struct dtr__rope_job {
@@ -11069,7 +11181,7 @@ static void dtr__rope_range(void *arg, int64_t b, int64_t e, int w) {
     float *cs = j->cs + (int64_t)w * j->D;
     for (r = b; r < e; r++) {
         for (k = 0; k < half; k++) {
-            double a = (double)(r % j->T) * dtr__f_rope_freq(k, j->D, p->theta);
+            double a = (double)(p->start + r % j->T) * dtr__f_rope_freq(k, j->D, p->theta);
             cs[k] = (float)cos(a), cs[half + k] = j->sign * (float)sin(a);
         }
         for (h = 0; h < p->heads; h++)
@@ -11140,13 +11252,17 @@ static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dt
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads must divide C = %lld, and %d kv_heads the heads",
                          cfg->heads, (long long)q->shape[2], kvh);
     if (q->shape[0] != k->shape[0] || k->shape[2] != q->shape[2] / cfg->heads * kvh || memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) ||
-        (cfg->causal && q->shape[1] != k->shape[1]) || (q->shape[1] > 0 && k->shape[1] == 0))
+        (cfg->causal && cfg->q_start >= 0 && cfg->q_start + q->shape[1] > k->shape[1]) || (q->shape[1] > 0 && k->shape[1] == 0))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH,
-                         "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, Ckv), (B, Tk, Ckv) with Ckv = %lld (%d kv heads)%s",
+                         "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, Ckv), (B, Tk, Ckv) with Ckv = %lld (%d kv heads)%s%lld",
                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3),
-                         (long long)(q->shape[2] / cfg->heads * kvh), kvh, cfg->causal ? ", Tq = Tk (causal)" : ", Tk > 0");
+                         (long long)(q->shape[2] / cfg->heads * kvh), kvh, cfg->causal ? ", Tq <= Tk - q_start (causal), q_start " : ", Tk > 0",
+                         cfg->causal ? (long long)cfg->q_start : 0LL);
     if (!isfinite(cfg->scale))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
+    if (cfg->q_start < 0 || (cfg->q_start && !cfg->causal))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: q_start %lld must be >= 0, and 0 unless causal",
+                         (long long)cfg->q_start);
     if (cfg->key_lengths && cfg->key_lengths->dtype != DTR_I32)
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_attention: key_lengths must be i32");
     if (cfg->key_lengths && cfg->key_lengths->ctx != ctx)
@@ -11178,6 +11294,7 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     n->p.attention.heads = cfg->heads;
     n->p.attention.kv_heads = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
     n->p.attention.causal = cfg->causal != 0;
+    n->p.attention.q_start = cfg->q_start;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
@@ -11196,27 +11313,28 @@ typedef struct dtr__att_job {
     int64_t Ck, rep;        /* k's and v's width (kv heads x D); q heads per kv head */
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     int causal;
+    int64_t q0;        /* causal: the key position of query 0 */
     float scale;
     const int32_t *len;   /* key_lengths (B), or NULL: every key */
     float *lse;        /* (B, H, Tq) */
     float *scratch;    /* per worker: two TILE x Tk blocks */
 } dtr__att_job;
 
-/* the keys query tile [t0, t0 + rows) of head bh sees: 0 .. t0 + rows - 1 (causal) or every
-   key, and none past its item's key length */
+/* the keys query tile [t0, t0 + rows) of head bh sees: 0 .. q0 + t0 + rows - 1 (causal) or
+   every key, and none past its item's key length */
 static int64_t dtr__att_keys(const dtr__att_job *j, int64_t bh, int64_t t0, int64_t rows) {
-    int64_t n = j->causal ? t0 + rows : j->Tk;
+    int64_t n = j->causal ? j->q0 + t0 + rows : j->Tk;
     return j->len && j->len[bh / j->H] < n ? j->len[bh / j->H] : n;
 }
 
 /* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled scores S in place (causal: row
- * t's keys past t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
+ * t's keys past q0 + t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
  * have_lse). */
 static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int64_t nk, int64_t t0, float *lse, int have_lse) {
     int64_t r, j;
     for (r = 0; r < rows; r++) {
         float *sr = S + r * nk, mx;
-        int64_t valid = jb->causal && t0 + r + 1 < nk ? t0 + r + 1 : nk;
+        int64_t valid = jb->causal && jb->q0 + t0 + r + 1 < nk ? jb->q0 + t0 + r + 1 : nk;
         double sum;
         for (j = 0; j < valid; j++) sr[j] *= jb->scale;
         if (have_lse) {
@@ -11308,6 +11426,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     j->Ck = nd->in[1]->shape[2], j->rep = j->H / nd->p.attention.kv_heads;
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->causal = nd->p.attention.causal;
+    j->q0 = nd->p.attention.q_start;
     j->scale = nd->p.attention.scale;
     j->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *
@@ -11338,7 +11457,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11342 "dtrain.h"
+#line 11461 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11837,7 +11956,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11841 "dtrain.h"
+#line 11960 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12096,7 +12215,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12100 "dtrain.h"
+#line 12219 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12466,7 +12585,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12470 "dtrain.h"
+#line 12589 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12600,7 +12719,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12604 "dtrain.h"
+#line 12723 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13142,7 +13261,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13146 "dtrain.h"
+#line 13265 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13287,7 +13406,8 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
     return dtr__layer_status(m);
 }
 
-dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
+dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x, dtr_kv_cache *cache,
+                                               int layer) {
     dtr_tensor *qkv, *q, *k, *v;
     dtr_attention_config cfg;
     int64_t C;
@@ -13299,7 +13419,11 @@ dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_la
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
+    return dtr_linear_layer_forward(ctx, &l->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+}
+
+dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
+    return dtr_attention_layer_forward_cached(ctx, l, x, NULL, 0);
 }
 
 dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {
@@ -13349,34 +13473,290 @@ dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *na
     return dtr__layer_status(m);
 }
 
-dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x) {
+dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x, dtr_kv_cache *cache,
+                                           int layer) {
     dtr_tensor *h, *q, *k, *v;
     dtr_attention_config cfg;
+    int64_t at = dtr_kv_cache_length(cache, layer);   /* the new rows' first position (0 without a cache) */
     if (!ctx) return NULL;
     if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
     cfg = dtr_attention_config_init(b->heads, 1);
     cfg.kv_heads = b->kv_heads;
     h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
-    q = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0);
-    k = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0);
+    q = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0, at);
+    k = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0, at);
     v = dtr_linear_layer_forward(ctx, &b->v, h);
-    x = dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->o, dtr_attention_ex(ctx, q, k, v, &cfg)));
+    x = dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->o, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg)));
     h = dtr_rmsnorm_layer_forward(ctx, &b->mlp_norm, x);
     h = dtr_mul(ctx, dtr_silu(ctx, dtr_linear_layer_forward(ctx, &b->gate, h)), dtr_linear_layer_forward(ctx, &b->up, h));
     return dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->down, h));
 }
 
-dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
+dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x) {
+    return dtr_llama_block_forward_cached(ctx, b, x, NULL, 0);
+}
+
+dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache, int layer) {
     dtr_tensor *h;
     if (!ctx) return NULL;
     if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gpt_block_forward: block is NULL");
-    h = dtr_attention_layer_forward(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x));
+    h = dtr_attention_layer_forward_cached(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
     x = dtr_add(ctx, x, h);
     h = dtr_layernorm_layer_forward(ctx, &b->ln2, x);
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
 }
-#line 13380 "dtrain.h"
+
+dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
+    return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
+}
+#line 13514 "dtrain.h"
+
+/* ---- src/nn/generate.c ---- */
+#line 1 "src/nn/generate.c"
+/* ============================================================================
+ * Generation: the key/value cache of the attention layers, and the token sampler.
+ * A cache holds, per layer, keys and values (B, capacity, width) in the backend's memory
+ * (zeroed, so rows never written are finite) and the positions written so far. Appending copies
+ * the step's k and v rows after them (row copies queued like any op, not recorded: a cache is
+ * for inference, and refuses a context that records gradients); the layer's attention then runs
+ * causal over the whole cache with q_start at the first new position, so it reads the keys
+ * written and no others.
+ * The sampler reads the last row of logits to the host and picks one token per item: greedy,
+ * or from softmax(logits / temperature) cut to the top k and the top p of the mass.
+ * ==========================================================================*/
+
+
+
+struct dtr_kv_cache {
+    dtr_context *ctx;
+    int layers;
+    int64_t batch, capacity, width;
+    dtr_dtype dtype;
+    void *mem;            /* the backend's: layers x (keys, values), each (B, capacity, width) */
+    dtr_tensor *t;        /* 2 x layers: layer l's keys at 2 l, its values at 2 l + 1 */
+    int64_t *len;         /* positions written, per layer */
+};
+
+dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int64_t capacity, int64_t width, dtr_kv_cache **out) {
+    dtr_kv_cache *c;
+    size_t es, each;
+    int i;
+    if (!ctx || !out) return DTR_NULL_HANDLE;
+    *out = NULL;
+    if (layers <= 0 || batch <= 0 || capacity <= 0 || width <= 0 || batch * capacity > ((int64_t)1 << 40) / width)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_kv_cache_create: layers %d, batch %lld, capacity %lld and width %lld "
+                         "must be > 0 (and their product not huge)", layers, (long long)batch, (long long)capacity, (long long)width);
+    c = (dtr_kv_cache *)dtr__calloc(&ctx->alloc, sizeof *c);
+    if (!c) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_kv_cache_create: out of memory");
+    c->ctx = ctx, c->layers = layers, c->batch = batch, c->capacity = capacity, c->width = width;
+    c->dtype = dtr__act_dtype(ctx);
+    es = dtr_dtype_size(c->dtype);
+    each = (size_t)(batch * capacity * width) * es;
+    c->t = (dtr_tensor *)dtr__calloc(&ctx->alloc, 2 * (size_t)layers * sizeof(dtr_tensor));
+    c->len = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)layers * sizeof(int64_t));
+    c->mem = c->t && c->len ? dtr__mem_alloc_on(ctx, 1, 2 * (size_t)layers * each) : NULL;
+    if (!c->mem) {
+        dtr_kv_cache_destroy(c);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_kv_cache_create: out of memory for %d layers of 2 x (%lld, %lld, %lld)", layers,
+                         (long long)batch, (long long)capacity, (long long)width);
+    }
+    for (i = 0; i < 2 * layers; i++) {   /* leaves of no tape: they outlive dtr_context_reset */
+        dtr_tensor *t = &c->t[i];
+        t->dtype = c->dtype, t->ndim = 3;
+        t->shape[0] = batch, t->shape[1] = capacity, t->shape[2] = width;
+        dtr__contig_strides(3, t->shape, t->stride);
+        t->storage = (char *)c->mem + (size_t)i * each;
+        t->ctx = ctx, t->flags = DTR__LEAF, t->param_index = -1, t->name = "";
+    }
+    *out = c;
+    return DTR_OK;
+}
+
+void dtr_kv_cache_destroy(dtr_kv_cache *c) {
+    if (!c) return;
+    if (c->mem) dtr__mem_free_on(c->ctx, 1, c->mem);
+    dtr__free(&c->ctx->alloc, c->t);
+    dtr__free(&c->ctx->alloc, c->len);
+    dtr__free(&c->ctx->alloc, c);
+}
+
+void dtr_kv_cache_reset(dtr_kv_cache *c) {
+    if (c) memset(c->len, 0, (size_t)c->layers * sizeof(int64_t));
+}
+
+int64_t dtr_kv_cache_length(const dtr_kv_cache *c, int layer) {
+    return c && layer >= 0 && layer < c->layers ? c->len[layer] : 0;
+}
+
+/* x (B, T, width) into rows start.. of the cache tensor dst (B, capacity, width): B blocks of T
+   rows, each row x's dense one (stride 1 along width; other views are copied dense first) */
+static dtr_result dtr__kv_write(dtr_context *ctx, dtr_tensor *dst, int64_t start, dtr_tensor *x) {
+    size_t es = dtr_dtype_size(dst->dtype), row = (size_t)dst->shape[2] * es;
+    dtr_result r = DTR_OK;
+    int64_t b;
+    if (x->stride[2] != 1 && x->shape[2] > 1 && !(x = dtr_contiguous(ctx, x))) return ctx->status;
+    for (b = 0; b < x->shape[0] && r == DTR_OK; b++)
+        r = dtr__mem_copy2d(ctx, (char *)dst->storage + (size_t)((b * dst->shape[1] + start) * dst->shape[2]) * es, row,
+                            (const char *)x->storage + (size_t)(x->offset + b * x->stride[0]) * es, (size_t)x->stride[1] * es, row,
+                            (size_t)x->shape[1]);
+    return r;
+}
+
+/* DTR_OK when k and v (B, T, width) fit after layer's rows (the error set otherwise) */
+static dtr_result dtr__kv_check(dtr_kv_cache *c, int layer, const dtr_tensor *k, const dtr_tensor *v) {
+    dtr_context *ctx = c->ctx;
+    char s1[96], s2[96];
+    if (layer < 0 || layer >= c->layers)
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_kv_cache_append: layer %d outside 0..%d", layer, c->layers - 1);
+    if (ctx->grad_enabled || ctx->capturing)
+        return dtr__fail(ctx, DTR_BAD_STATE, "dtr_kv_cache_append: a cache is for inference: %s",
+                         ctx->capturing ? "not inside a captured step (its position changes every call)"
+                                        : "turn gradients off first (dtr_context_set_grad_enabled(ctx, 0))");
+    if (!dtr__check_input(ctx, "dtr_kv_cache_append", k, "k") || !dtr__check_input(ctx, "dtr_kv_cache_append", v, "v"))
+        return ctx->status;
+    if (k->ndim != 3 || memcmp(k->shape, v->shape, sizeof k->shape) || k->shape[0] != c->batch || k->shape[2] != c->width)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_kv_cache_append: k %s and v %s must both be (%lld, T, %lld)",
+                         dtr__shape_str(k, s1, sizeof s1), dtr__shape_str(v, s2, sizeof s2), (long long)c->batch, (long long)c->width);
+    if (k->dtype != c->dtype || v->dtype != c->dtype)
+        return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_kv_cache_append: k %s and v %s into a cache of %s (the context's activations "
+                         "when it was made)", dtr_dtype_name(k->dtype), dtr_dtype_name(v->dtype), dtr_dtype_name(c->dtype));
+    if (k->shape[1] > c->capacity - c->len[layer])
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_kv_cache_append: layer %d holds %lld of %lld positions: %lld more do not "
+                         "fit (dtr_kv_cache_reset, or a larger cache)", layer, (long long)c->len[layer], (long long)c->capacity,
+                         (long long)k->shape[1]);
+    return DTR_OK;
+}
+
+dtr_result dtr_kv_cache_append(dtr_kv_cache *c, int layer, dtr_tensor *k, dtr_tensor *v, dtr_tensor **keys, dtr_tensor **values) {
+    dtr_context *ctx;
+    dtr_result r;
+    if (!c || !k || !v || !keys || !values) return DTR_NULL_HANDLE;
+    ctx = c->ctx;
+    *keys = *values = NULL;
+    if (ctx->status != DTR_OK) return ctx->status;
+    if ((r = dtr__kv_check(c, layer, k, v)) != DTR_OK) return r;
+    if ((r = dtr__kv_write(ctx, &c->t[2 * layer], c->len[layer], k)) != DTR_OK ||
+        (r = dtr__kv_write(ctx, &c->t[2 * layer + 1], c->len[layer], v)) != DTR_OK)
+        return ctx->status != DTR_OK ? ctx->status : dtr__fail(ctx, r, "dtr_kv_cache_append: the copy failed");
+    c->len[layer] += k->shape[1];
+    *keys = &c->t[2 * layer];
+    *values = &c->t[2 * layer + 1];
+    return DTR_OK;
+}
+
+dtr_tensor *dtr__kv_attention(dtr_context *ctx, dtr_kv_cache *c, int layer, dtr_tensor *q, dtr_tensor *k, dtr_tensor *v,
+                              dtr_attention_config *cfg) {
+    dtr_tensor *keys, *values;
+    if (!c) return dtr_attention_ex(ctx, q, k, v, cfg);
+    if (!q || !k || !v) return NULL;   /* (the error of the op that made them is set) */
+    if (!cfg->causal)
+        return dtr__failt(ctx, DTR_UNSUPPORTED, "dtr_kv_cache: an attention that is not causal (an encoder's) has no cache");
+    cfg->q_start = dtr_kv_cache_length(c, layer);
+    if (dtr_kv_cache_append(c, layer, k, v, &keys, &values) != DTR_OK) return NULL;
+    return dtr_attention_ex(ctx, q, keys, values, cfg);
+}
+
+/* ---- sampling ---- */
+
+dtr_sample_config dtr_sample_config_init(void) {
+    dtr_sample_config c;
+    memset(&c, 0, sizeof c);
+    c.temperature = 1.0f;
+    c.top_p = 1.0f;
+    return c;
+}
+
+typedef struct dtr__cand {
+    float logit;
+    int32_t token;
+} dtr__cand;
+
+/* the larger logit first, then the smaller token: one order on every platform */
+static int dtr__cand_cmp(const void *x, const void *y) {
+    const dtr__cand *a = (const dtr__cand *)x, *b = (const dtr__cand *)y;
+    if (a->logit != b->logit) return a->logit > b->logit ? -1 : 1;
+    return a->token < b->token ? -1 : a->token > b->token;
+}
+
+/* a uniform double in [0, 1) from the app's state (splitmix64) */
+static double dtr__sample_uniform(uint64_t *state) {
+    uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* the candidates of k sorted, cut to top_k (with ties) and the top_p of the mass: their count,
+   their weights exp((logit - max) / temperature) in w and their sum in *sum */
+static int64_t dtr__sample_keep(const dtr_sample_config *cfg, dtr__cand *k, int64_t n, double *w, double *sum) {
+    int64_t i, keep = n;
+    double s = 0.0, acc = 0.0;
+    qsort(k, (size_t)n, sizeof *k, dtr__cand_cmp);
+    if (cfg->top_k > 0 && cfg->top_k < n)
+        for (keep = cfg->top_k; keep < n && k[keep].logit == k[cfg->top_k - 1].logit;) keep++;
+    for (i = 0; i < keep; i++) s += w[i] = exp(((double)k[i].logit - k[0].logit) / cfg->temperature);
+    if (cfg->top_p < 1.0f) {
+        for (i = 0; i < keep && acc < cfg->top_p * s; i++) acc += w[i];
+        keep = i, s = acc;
+    }
+    *sum = s;
+    return keep;
+}
+
+/* one token of a row of V logits; -1 when none is finite */
+static int32_t dtr__sample_row(const dtr_sample_config *cfg, const float *row, int64_t V, dtr__cand *k, double *w, uint64_t *rng) {
+    int64_t i, n = 0, best = -1, keep;
+    double sum, u;
+    for (i = 0; i < V; i++) {
+        if (!isfinite(row[i])) continue;
+        if (best < 0 || row[i] > row[best]) best = i;
+        k[n].logit = row[i], k[n].token = (int32_t)i, n++;
+    }
+    if (best < 0 || cfg->temperature == 0.0f) return (int32_t)best;
+    keep = dtr__sample_keep(cfg, k, n, w, &sum);
+    u = dtr__sample_uniform(rng) * sum;
+    for (i = 0; i + 1 < keep && u >= w[i]; i++) u -= w[i];
+    return k[i].token;
+}
+
+static dtr_result dtr__sample_check(dtr_context *ctx, const dtr_tensor *logits, const dtr_sample_config *cfg) {
+    char s1[96];
+    if (logits->ndim != 2 && logits->ndim != 3)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_sample: logits %s must be (B, V) or (B, T, V)",
+                         dtr__shape_str(logits, s1, sizeof s1));
+    if (!(cfg->temperature >= 0.0f) || !isfinite(cfg->temperature) || cfg->top_k < 0 || !(cfg->top_p > 0.0f && cfg->top_p <= 1.0f))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_sample: temperature %g (>= 0), top_k %d (>= 0), top_p %g (in (0, 1])",
+                         (double)cfg->temperature, cfg->top_k, (double)cfg->top_p);
+    return DTR_OK;
+}
+
+dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_config *cfg, uint64_t *rng, int32_t *tokens) {
+    int64_t B, V, b;
+    dtr_tensor *last;
+    float *rows;
+    dtr__cand *k;
+    double *w;
+    dtr_result r;
+    if (!ctx || !logits || !cfg || !rng || !tokens) return DTR_NULL_HANDLE;
+    if (ctx->status != DTR_OK) return ctx->status;
+    if ((r = dtr__sample_check(ctx, logits, cfg)) != DTR_OK) return r;
+    B = logits->shape[0], V = logits->shape[logits->ndim - 1];
+    last = logits->ndim == 3 ? dtr_slice(ctx, logits, 1, logits->shape[1] - 1, logits->shape[1]) : logits;   /* (B, 1, V) */
+    if (!last) return ctx->status;
+    rows = (float *)dtr__malloc(&ctx->alloc, (size_t)(B * V + 1) * sizeof(float));
+    k = (dtr__cand *)dtr__malloc(&ctx->alloc, (size_t)(V + 1) * sizeof(dtr__cand));
+    w = (double *)dtr__malloc(&ctx->alloc, (size_t)(V + 1) * sizeof(double));
+    r = !rows || !k || !w ? dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_sample: out of memory") : dtr_tensor_read(last, DTR_F32, rows, (size_t)(B * V));
+    for (b = 0; r == DTR_OK && b < B; b++)
+        if ((tokens[b] = dtr__sample_row(cfg, rows + b * V, V, k, w, rng)) < 0)
+            r = dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_sample: row %lld has no finite logit", (long long)b);
+    dtr__free(&ctx->alloc, rows);
+    dtr__free(&ctx->alloc, k);
+    dtr__free(&ctx->alloc, w);
+    return r;
+}
+#line 13760 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13622,7 +14002,7 @@ dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
 }
-#line 13626 "dtrain.h"
+#line 14006 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14144,7 +14524,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14148 "dtrain.h"
+#line 14528 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14282,7 +14662,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14286 "dtrain.h"
+#line 14666 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -14629,7 +15009,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 14633 "dtrain.h"
+#line 15013 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -14695,7 +15075,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 14699 "dtrain.h"
+#line 15079 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -14932,7 +15312,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 14936 "dtrain.h"
+#line 15316 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -15681,7 +16061,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 15685 "dtrain.h"
+#line 16065 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16134,7 +16514,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16138 "dtrain.h"
+#line 16518 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16190,7 +16570,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16194 "dtrain.h"
+#line 16574 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -16967,7 +17347,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 16971 "dtrain.h"
+#line 17351 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17548,7 +17928,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17552 "dtrain.h"
+#line 17932 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18179,7 +18559,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18183 "dtrain.h"
+#line 18563 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -18975,7 +19355,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 18979 "dtrain.h"
+#line 19359 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19328,7 +19708,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19332 "dtrain.h"
+#line 19712 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19518,7 +19898,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19522 "dtrain.h"
+#line 19902 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -19699,7 +20079,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 19703 "dtrain.h"
+#line 20083 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20474,7 +20854,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20478 "dtrain.h"
+#line 20858 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -20991,7 +21371,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 20995 "dtrain.h"
+#line 21375 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -21786,7 +22166,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 21790 "dtrain.h"
+#line 22170 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23034,7 +23414,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23038 "dtrain.h"
+#line 23418 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -23656,7 +24036,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 23660 "dtrain.h"
+#line 24040 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24157,7 +24537,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24161 "dtrain.h"
+#line 24541 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -24887,7 +25267,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 24891 "dtrain.h"
+#line 25271 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25123,7 +25503,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25127 "dtrain.h"
+#line 25507 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25252,7 +25632,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25256 "dtrain.h"
+#line 25636 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -25689,7 +26069,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 25693 "dtrain.h"
+#line 26073 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26182,7 +26562,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26186 "dtrain.h"
+#line 26566 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -26714,7 +27094,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 26718 "dtrain.h"
+#line 27098 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27220,7 +27600,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27224 "dtrain.h"
+#line 27604 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -28769,7 +29149,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 28773 "dtrain.h"
+#line 29153 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -28823,7 +29203,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 28827 "dtrain.h"
+#line 29207 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30001,7 +30381,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30005 "dtrain.h"
+#line 30385 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30891,7 +31271,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 30895 "dtrain.h"
+#line 31275 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32369,7 +32749,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32373 "dtrain.h"
+#line 32753 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -32753,7 +33133,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 32757 "dtrain.h"
+#line 33137 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -32902,7 +33282,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 32906 "dtrain.h"
+#line 33286 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

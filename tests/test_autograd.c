@@ -12,7 +12,8 @@
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
- *                            not, cross-attention, a scale of the app's); its arena peak at
+ *                            not, cross-attention, a scale of the app's); queries from a key
+ *                            position on (q_start) equal those rows of the whole; its arena peak at
  *                            T = 512 is a fraction of the composite's (no T x T per head)
  *   test_rmsnorm_silu        dtr_rmsnorm (and its layer) and dtr_silu against their definitions
  *   test_rope                dtr_rope against its definition (both pairings); scores after it
@@ -686,6 +687,56 @@ static double attention_gqa_gap(int64_t B, int64_t T, int64_t D, int heads, int 
     return worst;
 }
 
+/* Queries from a key position on (a KV-cache step): Tq queries with q_start s against Tk keys
+   equal rows s .. s + Tq - 1 of causal self-attention over the first N = s + Tq positions, with
+   the loss on those rows only: outputs, dq, dk and dv of the N keys to 1e-6. Keys past N hold
+   NaN: never read (their gradients stay 0). */
+static double attention_at_gap(int64_t B, int64_t Tq, int64_t s, int64_t Tk, int64_t C) {
+    dtr_context *ctx = test_ctx(2);
+    int64_t N = s + Tq, sq[3] = {B, Tq, C}, sk[3] = {B, Tk, C}, sf[3] = {B, N, C}, nq = B * Tq * C, nk = B * Tk * C, i, b, t;
+    float *q = (float *)malloc((size_t)(B * N * C + 2 * nk + 2 * (2 * nq + 2 * nk)) * sizeof(float)), *kv = q + B * N * C;
+    float *win = kv + 2 * nk, *full = win + 2 * nq + 2 * nk;
+    dtr_tensor *x[3], *leaf[3], *y;
+    dtr_attention_config cfg = dtr_attention_config_init(2, 1);
+    dtr_rng r;
+    double worst = 0.0;
+    int k, bad = 0;
+    dtr_rng_seed(&r, 33, 1);
+    for (i = 0; i < B * N * C + 2 * nk; i++) q[i] = dtr_rng_uniform(&r) * 2.0f - 1.0f;
+    for (b = 0; b < 2 * B; b++)
+        for (i = N * C; i < Tk * C; i++) kv[b * Tk * C + i] = NAN;
+    for (b = 0; b < B; b++) memcpy(win + b * Tq * C, q + (b * N + s) * C, (size_t)(Tq * C) * sizeof(float));   /* the window's q */
+    x[0] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, sq, win));
+    for (k = 1; k < 3; k++) x[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, sk, kv + (k - 1) * nk));
+    cfg.q_start = s;
+    y = dtr_attention_ex(ctx, x[0], x[1], x[2], &cfg);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, y))));
+    attention_outputs(y, x, win, nq, nk);
+    for (i = 0; i < 2 * nk; i++) bad += (i % (Tk * C)) >= N * C && win[2 * nq + i] != 0.0f;
+    CHECK_MSG(bad == 0, "%d gradients of keys past the queries' reach are not 0", bad);
+    dtr_context_reset(ctx);
+    x[0] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, sf, q));
+    for (k = 1; k < 3; k++) {
+        leaf[k] = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, sk, kv + (k - 1) * nk));
+        x[k] = dtr_slice(ctx, leaf[k], 1, 0, N);
+    }
+    y = dtr_slice(ctx, dtr_attention(ctx, x[0], x[1], x[2], 2), 1, s, N);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, y))));
+    CHECK_OK(ctx, dtr_tensor_read(y, DTR_F32, full, (size_t)nq));
+    for (b = 0; b < B; b++)
+        for (t = 0; t < Tq; t++) memcpy(full + nq + (b * Tq + t) * C, dtr_tensor_grad(x[0]) + (b * N + s + t) * C, (size_t)C * sizeof(float));
+    for (k = 1; k < 3; k++)
+        for (b = 0; b < B; b++)   /* the keys' gradients: rows 0 .. N-1 of each item */
+            for (i = 0; i < N * C; i++) {
+                double a = win[2 * nq + (k - 1) * nk + b * Tk * C + i], e = dtr_tensor_grad(leaf[k])[b * Tk * C + i];
+                worst = fmax(worst, fabs(a - e) / (1.0 + fabs(e)));
+            }
+    for (i = 0; i < 2 * nq; i++) worst = fmax(worst, fabs((double)win[i] - full[i]) / (1.0 + fabs((double)full[i])));
+    free(q);
+    dtr_context_destroy(ctx);
+    return worst;
+}
+
 static void test_fused_attention(void) {
     static const struct { int causal; int64_t Tq, Tk; float scale; } cases[] = {
         {1, 70, 70, 0.0f}, {0, 70, 70, 0.0f}, {0, 70, 45, 0.2f}, {0, 33, 90, 0.0f}, {1, 70, 70, 0.7f}};
@@ -702,6 +753,14 @@ static void test_fused_attention(void) {
     CHECK_MSG(attention_gqa_gap(2, 40, 4, 6, 2) < 1e-5 && attention_gqa_gap(2, 40, 4, 6, 3) < 1e-5,
               "grouped-query attention differs from the composite on repeated heads by %.3g / %.3g", attention_gqa_gap(2, 40, 4, 6, 2),
               attention_gqa_gap(2, 40, 4, 6, 3));
+    {
+        static const int64_t at[][3] = {{1, 40, 48}, {70, 0, 75}, {35, 50, 90}, {3, 29, 40}};   /* Tq, q_start, Tk */
+        for (c = 0; c < 4; c++) {
+            double worst = attention_at_gap(2, at[c][0], at[c][1], at[c][2], 8);
+            CHECK_MSG(worst < 1e-6, "attention of %lld queries from key %lld of %lld differs from rows of the whole by %.3g",
+                      (long long)at[c][0], (long long)at[c][1], (long long)at[c][2], worst);
+        }
+    }
     {
         static const int32_t lens[3] = {45, 1, 20};
         double worst = attention_lens_gap(3, 70, 45, 8, lens);

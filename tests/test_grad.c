@@ -257,6 +257,11 @@ static dtr_tensor *b_rope(dtr_context *c, dtr_tensor **x, void *u) {
     dtr_tensor *in = a[2] ? dtr_slice(c, x[0], -1, 0, x[0]->shape[2] / 3) : x[0];
     return dtr_rope(c, in, a[0], 10000.0f, a[1]);
 }
+/* RoPE at positions start.. (a generation step's), arg {heads, interleaved, start} */
+static dtr_tensor *b_rope_at(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *a = (const int *)u;
+    return dtr_rope_at(c, x[0], a[0], 10000.0f, a[1], a[2]);
+}
 /* RMS norm, with a weight (arg 1) or without; rows of 200 (the GPU's row kernel: many threads) */
 static dtr_tensor *b_rmsnorm(dtr_context *c, dtr_tensor **x, void *u) { return dtr_rmsnorm(c, x[0], *(int *)u ? x[1] : NULL, 1e-6f); }
 
@@ -307,6 +312,16 @@ static dtr_tensor *b_attention_ex(dtr_context *c, dtr_tensor **x, void *u) {
 static dtr_tensor *b_attention_gqa(dtr_context *c, dtr_tensor **x, void *u) {
     const int *a = (const int *)u;
     dtr_attention_config cfg = dtr_attention_config_init(a[1], a[0]);
+    cfg.kv_heads = a[2];
+    return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
+}
+
+/* causal attention of queries from key position q_start on (a generation step against a KV
+   cache), arg {q_start, heads (0: 2), kv heads (0: heads)}: q (B, Tq, C), k and v (B, Tk, ...) */
+static dtr_tensor *b_attention_at(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *a = (const int *)u;
+    dtr_attention_config cfg = dtr_attention_config_init(a[1] ? a[1] : 2, 1);
+    cfg.q_start = a[0];
     cfg.kv_heads = a[2];
     return dtr_attention_ex(c, x[0], x[1], x[2], &cfg);
 }
@@ -453,6 +468,8 @@ static const op_case CASES[] = {
     {"rope, interleaved, 1 head", 1, {IN3(2, 5, 8)}, b_rope, {1, 1, 0}, 0, NULL},
     {"rope of the q slice of a qkv", 1, {IN3(2, 4, 12)}, b_rope, {2, 0, 1}, 0, NULL},
     {"rope, 300 positions, 2 heads of 64", 1, {IN3(2, 300, 128)}, b_rope, {2, 0, 0}, 2, NULL},
+    {"rope from position 7, 2 heads", 1, {IN3(2, 3, 8)}, b_rope_at, {2, 0, 7}, 0, NULL},
+    {"rope from position 1000, interleaved, 2 heads of 64", 1, {IN3(1, 2, 128)}, b_rope_at, {2, 1, 1000}, 0, NULL},
     {"rmsnorm with weight, rows of 200", 2, {IN2(3, 200), IN1(200)}, b_rmsnorm, KA(1), 0, NULL},
     {"dropout", 1, {IN2(6, 7)}, b_dropout, K0, 0, NULL},
     {"checkpoint (dropout inside)", 2, {IN2(3, 4), IN2(3, 4)}, b_checkpoint, K0, 0, NULL},
@@ -520,6 +537,21 @@ static const op_case CASES[] = {
      b_attention_lens, {0, 5, 0}, 2, NULL},
     {"cross-attention, 300 queries, key lengths 70 and 1 of 70", 3, {IN3(2, 300, 8), IN3(2, 70, 8), IN3(2, 70, 8)}, b_attention_lens, {0, 6, 0},
      2, NULL},
+    /* queries from a key position on (KV-cache steps): small ones with finite differences (a
+       decoding step of one query among them), two CPU tiles; then the GPU's fused kernels (key
+       blocks past the queries' reach, a decoding step, grouped-query) and tiled ones (head width 4) */
+    {"causal attention, 3 queries from key 4 of 9", 3, {IN3(2, 3, 6), IN3(2, 9, 6), IN3(2, 9, 6)}, b_attention_at, {4, 0, 0}, 0, NULL},
+    {"causal attention, 1 query at key 6 of 7", 3, {IN3(2, 1, 6), IN3(2, 7, 6), IN3(2, 7, 6)}, b_attention_at, {6, 3, 0}, 0, NULL},
+    {"causal attention, 40 queries from key 5 of 50", 3, {IN3(1, 40, 4), IN3(1, 50, 4), IN3(1, 50, 4)}, b_attention_at, {5, 1, 0}, 0,
+     NULL},
+    {"causal attention, head width 64, 70 queries from key 90 of 200", 3, {IN3(1, 70, 128), IN3(1, 200, 128), IN3(1, 200, 128)},
+     b_attention_at, {90, 2, 0}, 2, NULL},
+    {"causal attention, head width 64, 1 query at key 130 of 160", 3, {IN3(2, 1, 128), IN3(2, 160, 128), IN3(2, 160, 128)},
+     b_attention_at, {130, 2, 0}, 2, NULL},
+    {"causal grouped-query attention, head width 32, 50 queries from key 77 of 140", 3, {IN3(1, 50, 128), IN3(1, 140, 64),
+     IN3(1, 140, 64)}, b_attention_at, {77, 4, 2}, 2, NULL},
+    {"causal attention, 300 queries from key 20 of 330", 3, {IN3(2, 300, 8), IN3(2, 330, 8), IN3(2, 330, 8)}, b_attention_at,
+     {20, 2, 0}, 2, NULL},
     {"reshape", 1, {IN2(6, 4)}, b_views, KA(0), 0, NULL},
     {"permute + contiguous", 1, {IN2(6, 4)}, b_views, KA(1), 0, NULL},
     {"slice", 1, {IN2(6, 4)}, b_views, KA(2), 0, NULL},

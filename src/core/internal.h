@@ -216,14 +216,16 @@ typedef struct dtr__rope_params {
     int heads;                        /* C = heads * D, D even */
     int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
     float theta;                      /* the frequencies' base */
+    int64_t start;                    /* the position of row t = 0 (t is at start + t) */
 } dtr__rope_params;
 
 typedef struct dtr__attention_params {
     int heads;                        /* C = heads * D */
     int kv_heads;                     /* k and v's heads (dividing heads): q head h reads kv head
                                          h / (heads / kv_heads) */
-    int causal;                       /* 1: query t sees keys 0..t (q and k of one length) */
+    int causal;                       /* 1: query t sees keys 0 .. q_start + t */
     float scale;                      /* the scores' factor (1 / sqrt(D) unless the app chose) */
+    int64_t q_start;                  /* causal: the key position of query 0 (q_start + Tq <= Tk) */
 } dtr__attention_params;
 
 /** Parameters of a node, by op (ops not listed have none). */
@@ -790,11 +792,16 @@ typedef struct dtr__shard {
     int64_t full[DTR_MAX_DIMS];       /* the full tensor's shape */
 } dtr__shard;
 
-/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
 /** "<prefix>.<suffix>" (just suffix for an empty or NULL prefix) into buf; returns buf. */
 DTR__PRIVATE const char *dtr__sub_name(char *buf, size_t n, const char *prefix, const char *suffix);
+/** Declares parameter "prefix.suffix" (just suffix for an empty or NULL prefix) on m (src/nn/layers.c). */
 DTR__PRIVATE dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim,
                                           const int64_t *shape, dtr_init init, float arg);
+/** A layer's attention: dtr_attention_ex(q, k, v, cfg) without a cache (c NULL); with one, k and
+ *  v appended to layer's rows and q against all of them, cfg->q_start set to the first new
+ *  position (src/nn/generate.c). */
+DTR__PRIVATE dtr_tensor *dtr__kv_attention(dtr_context *ctx, dtr_kv_cache *c, int layer, dtr_tensor *q, dtr_tensor *k,
+                                           dtr_tensor *v, dtr_attention_config *cfg);
 /** Marks parameter `t` of m (declared with the shard's shape, before dtr_model_build) as a
  *  shard: build initialises the full tensor and keeps the slice, save gathers, load slices. */
 DTR__PRIVATE dtr_result dtr__model_set_shard(dtr_model *m, dtr_tensor *t, const dtr__shard *s);

@@ -1,7 +1,7 @@
 /* ============================================================================
  * Fused attention on the GPU, the CPU op's shapes and math (src/ops/ops_nn.c): q, y (B, Tq,
  * C), k, v (B, Tk, C), C = H * D, head h in columns h*D.., lse (B, H, Tq) kept for backward;
- * causal (query t sees keys 0..t, Tq = Tk) or not (every key).
+ * causal (query t sees keys 0 .. q_start + t, q_start + Tq <= Tk) or not (every key).
  * As the CPU does it, query rows go in tiles; a tile's scores against the keys it may see,
  * S = scale q k^T (n x L for every batch item and head at once: one batched cuBLAS GEMM; L
  * the keys the tile sees), a row kernel turns them into probabilities P (with each row's
@@ -39,7 +39,8 @@ typedef struct dtr__cuda_att {
     int64_t Ck, Hk, rep;               /* k's and v's width and heads (Hk D); q heads per kv head */
     int64_t sb[4], sr[4];              /* elements between batch items, between rows: of q, k, v (their
                                           rows 3C apart where they slice one qkv), then of y, dy (C) */
-    int causal;                        /* 1: query t sees keys 0..t (Tq = Tk); 0: all Tk */
+    int causal;                        /* 1: query t sees keys 0 .. qs + t (qs + Tq <= Tk); 0: all Tk */
+    int64_t qs;                        /* causal: the key position of query 0 (q_start) */
     const int32_t *len;                /* key_lengths (B) on the device, or NULL: every key */
     float scale;
     dtr_dtype p;                       /* q, k, v, y and the products' operands: f32 or 16-bit */
@@ -47,7 +48,7 @@ typedef struct dtr__cuda_att {
     int fa;                            /* the fused kernels' operands (DTR__FA_BF16 ..) */
 } dtr__cuda_att;
 
-/* One tile: query rows [t0, t0 + n) against keys [0, L), L = t0 + n (causal) or Tk. Row i of
+/* One tile: query rows [t0, t0 + n) against keys [0, L), L = qs + t0 + n (causal) or Tk. Row i of
    item z = (b, h) (block (i, z)) sees keys j < dtr__cuda_att_seen(a, w, i, z); its scores are
    S[(z n + i) L ..]. */
 typedef struct dtr__cuda_att_tile {
@@ -65,18 +66,16 @@ typedef struct dtr__cuda_att_bufs {
 /* f32 elements of a score row per element of the row written over it (1 for f32, 2 for 16 bits) */
 #define DTR__ATT_PACK(a) (4 / (a).es)
 
-/* the rows of x (B, rows, C): q, y, dy and q's gradient (input 0 or 3) Tq, k and v (1, 2) Tk */
-__host__ __device__ static int64_t dtr__cuda_att_len(const dtr__cuda_att &a, int i) { return i == 1 || i == 2 ? a.Tk : a.Tq; }
 /* the keys of item z = (b, h): Tk, or its key length clamped into [1, Tk] (one outside is
    flagged by dtr__cuda_att_lens_k) */
 __device__ static int64_t dtr__cuda_att_keys(const dtr__cuda_att &a, int64_t z) {
     int64_t n = a.len ? a.len[z / a.H] : a.Tk;
     return n < 1 ? 1 : n > a.Tk ? a.Tk : n;
 }
-/* the keys row i of tile w of item z sees: 0 .. t0 + i (causal) or every key of the tile (L),
-   none past the item's keys */
+/* the keys row i of tile w of item z sees: 0 .. qs + t0 + i (causal) or every key of the tile
+   (L), none past the item's keys */
 __device__ static int64_t dtr__cuda_att_seen(const dtr__cuda_att &a, const dtr__cuda_att_tile &w, int64_t i, int64_t z) {
-    int64_t n = a.causal ? w.t0 + i + 1 : w.L, k = dtr__cuda_att_keys(a, z);
+    int64_t n = a.causal ? a.qs + w.t0 + i + 1 : w.L, k = dtr__cuda_att_keys(a, z);
     return n < k ? n : k;
 }
 
@@ -161,6 +160,7 @@ static void dtr__cuda_att_make(const dtr_context *ctx, const dtr__node *nd, dtr_
     for (int i = 0; i < 3; i++) a->sb[i] = nd->in[i]->stride[0], a->sr[i] = nd->in[i]->stride[1];
     a->sb[3] = a->Tq * a->C, a->sr[3] = a->C;
     a->causal = nd->p.attention.causal;
+    a->qs = nd->p.attention.q_start;
     a->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     a->scale = nd->p.attention.scale;
     a->p = dtr__cuda_att16(ctx, nd) ? nd->out->dtype : DTR_F32;
@@ -182,7 +182,7 @@ static dtr__cuda_att_tile dtr__cuda_att_tile_at(const dtr__cuda_att *a, int64_t 
     dtr__cuda_att_tile w;
     w.t0 = t0;
     w.n = a->Tq - t0 < a->n ? a->Tq - t0 : a->n;
-    w.L = a->causal ? t0 + w.n : a->Tk;
+    w.L = a->causal ? a->qs + t0 + w.n : a->Tk;
     return w;
 }
 
@@ -306,18 +306,19 @@ template <int O, int D> struct dtr__fa {
 template <int O> using dtr__fa_acc = nvcuda::wmma::fragment<nvcuda::wmma::accumulator, 16, 16, dtr__fa_op<O>::K, float>;
 
 /* `rows` rows r0.. of head h of item b of x (B, T, C; strides a.sb[i], a.sr[i]: q, k, v, dy;
-   elements of the tiles' type) into a tile; zeros past its length (dtr__cuda_att_len). 16 bytes a load
+   elements of the tiles' type) into a tile; zeros from row `end` on (past Tq, or past the keys the
+   block sees: padding and unseen cache rows are never multiplied, whatever they hold). 16 bytes a load
    (dtr__cuda_fa_takes: x 16-byte aligned, its strides whole 16 bytes). */
 template <int O, int D>
 __device__ static void dtr__cuda_fa_load(typename dtr__fa_op<O>::E *dst, int rows, const void *x, const dtr__cuda_att &a, int i,
-                                        int64_t b, int64_t h, int64_t r0) {
+                                        int64_t b, int64_t h, int64_t r0, int64_t end) {
     typedef typename dtr__fa_op<O>::E E;
     const int V = 16 / (int)sizeof(E);
     for (int e = threadIdx.x; e < rows * D / V; e += blockDim.x) {
         int r = e / (D / V), d = e % (D / V) * V;
         int64_t t = r0 + r;
         uint4 v = {0u, 0u, 0u, 0u};
-        if (t < dtr__cuda_att_len(a, i)) v = *(const uint4 *)((const E *)x + b * a.sb[i] + t * a.sr[i] + h * D + d);
+        if (t < end) v = *(const uint4 *)((const E *)x + b * a.sb[i] + t * a.sr[i] + h * D + d);
         *(uint4 *)(dst + r * dtr__fa<O, D>::LD + d) = v;
     }
 }
@@ -394,12 +395,12 @@ __device__ static void dtr__cuda_fa_softmax(const float *ss, void *sp, float *sm
     float mx = -INFINITY, sum = 0.0f, m_old = sm[r], m_new, alpha;
     dtr__cuda_mem P = {sp, dtr__fa_op<O>::dt};
     for (int j = j0; j < j0 + 32; j++)
-        if ((!a.causal || k0 + j <= t) && k0 + j < nk) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
+        if ((!a.causal || k0 + j <= a.qs + t) && k0 + j < nk) mx = fmaxf(mx, ss[r * LS + j] * a.scale);
     mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
     m_new = fmaxf(m_old, mx);
     alpha = m_new == -INFINITY ? 1.0f : expf(m_old - m_new);
     for (int j = j0; j < j0 + 32; j++) {
-        float p = (!a.causal || k0 + j <= t) && k0 + j < nk && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
+        float p = (!a.causal || k0 + j <= a.qs + t) && k0 + j < nk && m_new != -INFINITY ? expf(ss[r * LS + j] * a.scale - m_new) : 0.0f;
         P.st(r * dtr__fa<O, D>::LD + j, p);
         sum += p;
     }
@@ -435,9 +436,9 @@ __device__ static void dtr__cuda_fa_store(dtr__fa_acc<O> *o, float *ss, const fl
     if (lane < 16 && q0 + w16 + lane < a.Tq) lse[z * a.Tq + q0 + w16 + lane] = sm[w16 + lane] + logf(sl[w16 + lane]);
 }
 
-/* the keys query block q0.. sees of an item's nk: up to its last row (causal) or all nk */
+/* the keys query block q0.. sees of an item's nk: up to its last row's (causal) or all nk */
 __device__ static int64_t dtr__cuda_fa_kend(const dtr__cuda_att &a, int64_t q0, int64_t nk) {
-    int64_t e = !a.causal ? nk : q0 + DTR__FA_ROWS < a.Tq ? q0 + DTR__FA_ROWS : a.Tq;
+    int64_t e = !a.causal ? nk : a.qs + (q0 + DTR__FA_ROWS < a.Tq ? q0 + DTR__FA_ROWS : a.Tq);
     return e < nk ? e : nk;
 }
 
@@ -455,12 +456,12 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_fwd_k(con
     for (int64_t z = blockIdx.y; z < a.B * a.H; z += gridDim.y) {
         int64_t nk = dtr__cuda_att_keys(a, z), kend = dtr__cuda_fa_kend(a, q0, nk);
         dtr__fa_acc<O> o[D / 16];
-        dtr__cuda_fa_load<O, D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0);
+        dtr__cuda_fa_load<O, D>(sq, DTR__FA_ROWS, Q, a, 0, z / a.H, z % a.H, q0, a.Tq);
         if (threadIdx.x < DTR__FA_ROWS) sm[threadIdx.x] = -INFINITY, sl[threadIdx.x] = 0.0f;
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(o[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_KEYS) {
-            dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H / a.rep, k0);
-            dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H / a.rep, k0);
+            dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, z / a.H, z % a.H / a.rep, k0, kend);
+            dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, z / a.H, z % a.H / a.rep, k0, kend);
             __syncthreads();
             dtr__cuda_fa_rows<O, D, DTR__FA_KEYS / 16>(ss + w16 * LS, LS, sq + w16 * LD, sk);   /* q k^T */
             __syncthreads();   /* every warp has read the k tile: P goes over it */
@@ -520,8 +521,8 @@ template <int O, int D>
 __device__ static void dtr__cuda_fa_queries(typename dtr__fa_op<O>::E *sq, typename dtr__fa_op<O>::E *sg, float *sl, float *sd,
                                            int rows, const void *Q, const void *G, const float *lse, const float *Drow,
                                            const dtr__cuda_att &a, int64_t z, int64_t q0) {
-    dtr__cuda_fa_load<O, D>(sq, rows, Q, a, 0, z / a.H, z % a.H, q0);
-    dtr__cuda_fa_load<O, D>(sg, rows, G, a, 3, z / a.H, z % a.H, q0);
+    dtr__cuda_fa_load<O, D>(sq, rows, Q, a, 0, z / a.H, z % a.H, q0, a.Tq);
+    dtr__cuda_fa_load<O, D>(sg, rows, G, a, 3, z / a.H, z % a.H, q0, a.Tq);
     if ((int)threadIdx.x < rows) {
         int64_t q = q0 + threadIdx.x;
         sl[threadIdx.x] = q < a.Tq ? lse[z * a.Tq + q] : 0.0f;
@@ -540,7 +541,7 @@ __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> 
     typedef typename dtr__fa_op<O>::E E;
     const int LD = dtr__fa<O, D>::LD, PL = dtr__fa<O, D>::PL;
     auto prob = [&](int i, int j, float s) {   /* row i is key + i, column j query q0 + j */
-        return (!a.causal || q0 + j >= key + i) && q0 + j < a.Tq && key + i < nk ? expf(s * a.scale - sl[j]) : 0.0f;
+        return (!a.causal || a.qs + q0 + j >= key + i) && q0 + j < a.Tq && key + i < nk ? expf(s * a.scale - sl[j]) : 0.0f;
     };
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(s16, DTR__FA_LQ, sk, sq);
     __syncwarp();
@@ -556,8 +557,8 @@ __device__ static void dtr__cuda_fa_dkv_step(dtr__fa_acc<O> *dk, dtr__fa_acc<O> 
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dk, (const E *)s16, PL, sq, LD);
 }
 
-/* dk, dv of 64 keys k0.. of a kv head over its q heads' query steps that see them, at or past
-   them (causal) or all (grid (key blocks, min(B Hk, 65535))) */
+/* dk, dv of 64 keys k0.. of a kv head over its q heads' query steps that see them, from query
+   k0 - qs on (causal) or all (grid (key blocks, min(B Hk, 65535))) */
 template <int O, int D>
 __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(const void *Q, const void *K, const void *V, const void *G,
                                                                             const float *lse, const float *Drow, float *GK, float *GV,
@@ -574,11 +575,11 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dkv_k(con
     for (int64_t z = blockIdx.y; z < a.B * a.Hk; z += gridDim.y) {   /* (b, kv head g), its q heads b H + g rep + r */
         int64_t b = z / a.Hk, g = z % a.Hk, nk = dtr__cuda_att_keys(a, b * a.H);
         dtr__fa_acc<O> dk[D / 16], dv[D / 16];
-        dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, b, g, k0);
-        dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, b, g, k0);
+        dtr__cuda_fa_load<O, D>(sk, DTR__FA_KEYS, K, a, 1, b, g, k0, nk);
+        dtr__cuda_fa_load<O, D>(sv, DTR__FA_KEYS, V, a, 2, b, g, k0, nk);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dk[n], 0.0f), nvcuda::wmma::fill_fragment(dv[n], 0.0f);
         for (int64_t r = 0; r < a.rep; r++)
-            for (int64_t q0 = a.causal ? k0 : 0; q0 < a.Tq && k0 < nk; q0 += DTR__FA_STEP) {   /* padding keys: 0 */
+            for (int64_t q0 = a.causal && k0 > a.qs ? k0 - a.qs : 0; q0 < a.Tq && k0 < nk; q0 += DTR__FA_STEP) {   /* padding keys: 0 */
                 dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_STEP, Q, G, lse, Drow, a, b * a.H + g * a.rep + r, q0);
                 __syncthreads();
                 dtr__cuda_fa_dkv_step<O, D>(dk, dv, s16, p16, sk + w16 * LD, sv + w16 * LD, sq, sg, sl, sd, a, k0 + w16, nk, q0, lane);
@@ -602,7 +603,7 @@ __device__ static void dtr__cuda_fa_dq_step(dtr__fa_acc<O> *dq, float *s16, floa
     dtr__cuda_fa_rows<O, D, DTR__FA_STEP / 16>(p16, DTR__FA_LQ, sg, sv);
     __syncwarp();
     dtr__cuda_fa_pack<O>(s16, p16, lane, [&](int i, int j, float dp) {   /* row i is query + i, column j key k0 + j */
-        bool live = (!a.causal || k0 + j <= query + i) && query + i < a.Tq && k0 + j < nk;
+        bool live = (!a.causal || k0 + j <= a.qs + query + i) && query + i < a.Tq && k0 + j < nk;
         return live ? expf(s16[i * DTR__FA_LQ + j] * a.scale - sl[i]) * (dp - sd[i]) * a.scale : 0.0f;
     });
     dtr__cuda_fa_mma<O, nvcuda::wmma::row_major, D / 16, DTR__FA_STEP>(dq, (const typename dtr__fa_op<O>::E *)s16, dtr__fa<O, D>::PL, sk,
@@ -628,8 +629,8 @@ __global__ static void __launch_bounds__(DTR__FA_THREADS) dtr__cuda_fa_dq_k(cons
         dtr__cuda_fa_queries<O, D>(sq, sg, sl, sd, DTR__FA_ROWS, Q, G, lse, Drow, a, z, q0);
         for (int n = 0; n < D / 16; n++) nvcuda::wmma::fill_fragment(dq[n], 0.0f);
         for (int64_t k0 = 0; k0 < kend; k0 += DTR__FA_STEP) {
-            dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H / a.rep, k0);
-            dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H / a.rep, k0);
+            dtr__cuda_fa_load<O, D>(sk, DTR__FA_STEP, K, a, 1, z / a.H, z % a.H / a.rep, k0, kend);
+            dtr__cuda_fa_load<O, D>(sv, DTR__FA_STEP, V, a, 2, z / a.H, z % a.H / a.rep, k0, kend);
             __syncthreads();
             dtr__cuda_fa_dq_step<O, D>(dq, s16, p16, sq + w16 * LD, sg + w16 * LD, sk, sv, sl + w16, sd + w16, a, q0 + w16, k0, nk, lane);
             __syncthreads();

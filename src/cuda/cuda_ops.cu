@@ -710,7 +710,7 @@ __global__ static void dtr__cuda_rope_k(dtr__cuda_mem src, dtr__cuda_mem dst, fl
     DTR__CUDA_FOR(i, rows * C / 2) {
         int64_t r = i / (C / 2), k = i % half, o = r * C + (i % (C / 2)) / half * D;
         int64_t i1 = o + dtr__f_rope_first(k, p.interleaved), i2 = o + dtr__f_rope_second(k, D, p.interleaved);
-        double a = (double)(r % T) * dtr__f_rope_freq(k, D, p.theta);
+        double a = (double)(p.start + r % T) * dtr__f_rope_freq(k, D, p.theta);
         float ra, rb;
         dtr__f_rope_rotate(src.ld(i1), src.ld(i2), (float)cos(a), sign * (float)sin(a), &ra, &rb);
         if (gx) gx[i1] += ra, gx[i2] += rb;

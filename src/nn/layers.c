@@ -139,7 +139,8 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
     return dtr__layer_status(m);
 }
 
-dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
+dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x, dtr_kv_cache *cache,
+                                               int layer) {
     dtr_tensor *qkv, *q, *k, *v;
     dtr_attention_config cfg;
     int64_t C;
@@ -151,7 +152,11 @@ dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_la
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_linear_layer_forward(ctx, &l->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
+    return dtr_linear_layer_forward(ctx, &l->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+}
+
+dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x) {
+    return dtr_attention_layer_forward_cached(ctx, l, x, NULL, 0);
 }
 
 dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {
@@ -201,30 +206,40 @@ dtr_result dtr_llama_block_init(dtr_llama_block *b, dtr_model *m, const char *na
     return dtr__layer_status(m);
 }
 
-dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x) {
+dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x, dtr_kv_cache *cache,
+                                           int layer) {
     dtr_tensor *h, *q, *k, *v;
     dtr_attention_config cfg;
+    int64_t at = dtr_kv_cache_length(cache, layer);   /* the new rows' first position (0 without a cache) */
     if (!ctx) return NULL;
     if (!b || !b->heads) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_llama_block_forward: block is NULL or not initialised");
     cfg = dtr_attention_config_init(b->heads, 1);
     cfg.kv_heads = b->kv_heads;
     h = dtr_rmsnorm_layer_forward(ctx, &b->attn_norm, x);
-    q = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0);
-    k = dtr_rope(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0);
+    q = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->q, h), b->heads, b->rope_theta, 0, at);
+    k = dtr_rope_at(ctx, dtr_linear_layer_forward(ctx, &b->k, h), b->kv_heads, b->rope_theta, 0, at);
     v = dtr_linear_layer_forward(ctx, &b->v, h);
-    x = dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->o, dtr_attention_ex(ctx, q, k, v, &cfg)));
+    x = dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->o, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg)));
     h = dtr_rmsnorm_layer_forward(ctx, &b->mlp_norm, x);
     h = dtr_mul(ctx, dtr_silu(ctx, dtr_linear_layer_forward(ctx, &b->gate, h)), dtr_linear_layer_forward(ctx, &b->up, h));
     return dtr_add(ctx, x, dtr_linear_layer_forward(ctx, &b->down, h));
 }
 
-dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
+dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x) {
+    return dtr_llama_block_forward_cached(ctx, b, x, NULL, 0);
+}
+
+dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache, int layer) {
     dtr_tensor *h;
     if (!ctx) return NULL;
     if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gpt_block_forward: block is NULL");
-    h = dtr_attention_layer_forward(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x));
+    h = dtr_attention_layer_forward_cached(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
     x = dtr_add(ctx, x, h);
     h = dtr_layernorm_layer_forward(ctx, &b->ln2, x);
     h = dtr_linear_layer_forward(ctx, &b->fc_proj, dtr_gelu(ctx, dtr_linear_layer_forward(ctx, &b->fc, h)));
     return dtr_add(ctx, x, h);
+}
+
+dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
+    return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }

@@ -523,17 +523,18 @@ dtr_result dtr__cpu_dropout_bwd(dtr_context *ctx, dtr__node *nd) {
 }
 
 /* ---- rotary position embedding ----
- * x, y (B, T, C), C = H * D: row r = (b, t) at position t; per row the D/2 angles' cosines and
+ * x, y (B, T, C), C = H * D: row r = (b, t) at position start + t; per row the D/2 angles' cosines and
  * sines (in double, rounded to f32), then every head's pairs rotated (dtr__f_rope_rotate).
  * Backward rotates the gradient back (the transpose: the sines negated). Rows on the pool. */
 
-dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved) {
+dtr_tensor *dtr_rope_at(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved, int64_t start) {
     dtr__node *n;
     char s1[96];
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_rope", x, "x")) return NULL;
-    if (heads <= 0 || !(theta > 0.0f) || !isfinite(theta))
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_rope: heads %d must be > 0 and theta %g > 0", heads, (double)theta);
+    if (heads <= 0 || !(theta > 0.0f) || !isfinite(theta) || start < 0)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_rope: heads %d must be > 0, theta %g > 0 and start %lld >= 0", heads,
+                          (double)theta, (long long)start);
     if (x->ndim != 3 || x->shape[2] % heads || (x->shape[2] / heads) % 2)
         return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_rope: x %s must be (B, T, C) with C = %d heads of an even width",
                           dtr__shape_str(x, s1, sizeof s1), heads);
@@ -542,9 +543,14 @@ dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, in
     n->p.rope.heads = heads;
     n->p.rope.interleaved = interleaved != 0;
     n->p.rope.theta = theta;
+    n->p.rope.start = start;
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, x->shape, "dtr_rope");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_rope");
+}
+
+dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved) {
+    return dtr_rope_at(ctx, x, heads, theta, interleaved, 0);
 }
 
 typedef struct dtr__rope_job {
@@ -563,7 +569,7 @@ static void dtr__rope_range(void *arg, int64_t b, int64_t e, int w) {
     float *cs = j->cs + (int64_t)w * j->D;
     for (r = b; r < e; r++) {
         for (k = 0; k < half; k++) {
-            double a = (double)(r % j->T) * dtr__f_rope_freq(k, j->D, p->theta);
+            double a = (double)(p->start + r % j->T) * dtr__f_rope_freq(k, j->D, p->theta);
             cs[k] = (float)cos(a), cs[half + k] = j->sign * (float)sin(a);
         }
         for (h = 0; h < p->heads; h++)
@@ -634,13 +640,17 @@ static dtr_result dtr__att_check(dtr_context *ctx, const dtr_tensor *q, const dt
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: %d heads must divide C = %lld, and %d kv_heads the heads",
                          cfg->heads, (long long)q->shape[2], kvh);
     if (q->shape[0] != k->shape[0] || k->shape[2] != q->shape[2] / cfg->heads * kvh || memcmp(k->shape, v->shape, 3 * sizeof(int64_t)) ||
-        (cfg->causal && q->shape[1] != k->shape[1]) || (q->shape[1] > 0 && k->shape[1] == 0))
+        (cfg->causal && cfg->q_start >= 0 && cfg->q_start + q->shape[1] > k->shape[1]) || (q->shape[1] > 0 && k->shape[1] == 0))
         return dtr__fail(ctx, DTR_SHAPE_MISMATCH,
-                         "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, Ckv), (B, Tk, Ckv) with Ckv = %lld (%d kv heads)%s",
+                         "dtr_attention: q %s, k %s, v %s must be (B, Tq, C), (B, Tk, Ckv), (B, Tk, Ckv) with Ckv = %lld (%d kv heads)%s%lld",
                          dtr__shape_str(q, s1, sizeof s1), dtr__shape_str(k, s2, sizeof s2), dtr__shape_str(v, s3, sizeof s3),
-                         (long long)(q->shape[2] / cfg->heads * kvh), kvh, cfg->causal ? ", Tq = Tk (causal)" : ", Tk > 0");
+                         (long long)(q->shape[2] / cfg->heads * kvh), kvh, cfg->causal ? ", Tq <= Tk - q_start (causal), q_start " : ", Tk > 0",
+                         cfg->causal ? (long long)cfg->q_start : 0LL);
     if (!isfinite(cfg->scale))
         return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: scale %g is not finite", (double)cfg->scale);
+    if (cfg->q_start < 0 || (cfg->q_start && !cfg->causal))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_attention: q_start %lld must be >= 0, and 0 unless causal",
+                         (long long)cfg->q_start);
     if (cfg->key_lengths && cfg->key_lengths->dtype != DTR_I32)
         return dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_attention: key_lengths must be i32");
     if (cfg->key_lengths && cfg->key_lengths->ctx != ctx)
@@ -672,6 +682,7 @@ dtr_tensor *dtr_attention_ex(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k, dtr
     n->p.attention.heads = cfg->heads;
     n->p.attention.kv_heads = cfg->kv_heads ? cfg->kv_heads : cfg->heads;
     n->p.attention.causal = cfg->causal != 0;
+    n->p.attention.q_start = cfg->q_start;
     n->p.attention.scale = cfg->scale != 0.0f ? cfg->scale : 1.0f / sqrtf((float)(q->shape[2] / cfg->heads));
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 3, q->shape, "dtr_attention");
     if (!n->out) return NULL;
@@ -690,27 +701,28 @@ typedef struct dtr__att_job {
     int64_t Ck, rep;        /* k's and v's width (kv heads x D); q heads per kv head */
     int64_t sb[3], sr[3];   /* q, k, v: elements between batch items, between rows */
     int causal;
+    int64_t q0;        /* causal: the key position of query 0 */
     float scale;
     const int32_t *len;   /* key_lengths (B), or NULL: every key */
     float *lse;        /* (B, H, Tq) */
     float *scratch;    /* per worker: two TILE x Tk blocks */
 } dtr__att_job;
 
-/* the keys query tile [t0, t0 + rows) of head bh sees: 0 .. t0 + rows - 1 (causal) or every
-   key, and none past its item's key length */
+/* the keys query tile [t0, t0 + rows) of head bh sees: 0 .. q0 + t0 + rows - 1 (causal) or
+   every key, and none past its item's key length */
 static int64_t dtr__att_keys(const dtr__att_job *j, int64_t bh, int64_t t0, int64_t rows) {
-    int64_t n = j->causal ? t0 + rows : j->Tk;
+    int64_t n = j->causal ? j->q0 + t0 + rows : j->Tk;
     return j->len && j->len[bh / j->H] < n ? j->len[bh / j->H] : n;
 }
 
 /* Rows t0.. of one tile: P (rows, nk) = softmax of the scaled scores S in place (causal: row
- * t's keys past t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
+ * t's keys past q0 + t are 0); the row's log-sum-exp to lse (forward) or P from it (backward:
  * have_lse). */
 static void dtr__att_softmax(const dtr__att_job *jb, float *S, int64_t rows, int64_t nk, int64_t t0, float *lse, int have_lse) {
     int64_t r, j;
     for (r = 0; r < rows; r++) {
         float *sr = S + r * nk, mx;
-        int64_t valid = jb->causal && t0 + r + 1 < nk ? t0 + r + 1 : nk;
+        int64_t valid = jb->causal && jb->q0 + t0 + r + 1 < nk ? jb->q0 + t0 + r + 1 : nk;
         double sum;
         for (j = 0; j < valid; j++) sr[j] *= jb->scale;
         if (have_lse) {
@@ -802,6 +814,7 @@ static dtr_result dtr__att_job_make(dtr_context *ctx, dtr__node *nd, dtr__att_jo
     j->Ck = nd->in[1]->shape[2], j->rep = j->H / nd->p.attention.kv_heads;
     for (i = 0; i < 3; i++) j->sb[i] = nd->in[i]->stride[0], j->sr[i] = nd->in[i]->stride[1];
     j->causal = nd->p.attention.causal;
+    j->q0 = nd->p.attention.q_start;
     j->scale = nd->p.attention.scale;
     j->len = nd->n_in > 3 && nd->in[3] ? (const int32_t *)dtr__data(nd->in[3]) : NULL;
     j->scratch = (float *)dtr__arena_data(ctx, (size_t)(dtr__pool_threads(ctx->pool) * 2 * DTR__ATT_TILE * (j->Tk ? j->Tk : 1)) *

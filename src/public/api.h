@@ -530,17 +530,24 @@ DTR_API dtr_tensor *dtr_attention(dtr_context *ctx, dtr_tensor *q, dtr_tensor *k
  *  Face Llama's rotate_half), or (2j, 2j + 1) with interleaved 1 (Meta's Llama, GPT-J).
  *  theta: 10000 (Llama 1 and 2), 500000 (Llama 3). Apply it to q and k before dtr_attention:
  *  their scores then depend on the positions' difference only. x may be a view (q, k column
- *  slices of one projection); the output is dense. Positions start at 0 for every item.
+ *  slices of one projection); the output is dense. Positions start at 0 for every item
+ *  (dtr_rope_at: elsewhere).
  *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (x not 3-D, heads not dividing C
  *  into even widths), DTR_INVALID_ARGUMENT (heads <= 0, theta not > 0 and finite).
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_rope(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved);
+/** dtr_rope with the rows at positions start .. start + T - 1 (every item): the new tokens of a
+ *  generation step after `start` cached ones (dtr_kv_cache) get the angles the whole sequence
+ *  would give them. dtr_rope is start 0. Errors: dtr_rope's, and DTR_INVALID_ARGUMENT for a
+ *  negative start. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_rope_at(dtr_context *ctx, dtr_tensor *x, int heads, float theta, int interleaved, int64_t start);
 
 /** What dtr_attention_ex computes. Make one with dtr_attention_config_init(). */
 typedef struct dtr_attention_config {
     int heads;     /**< heads H, dividing C: head h reads columns h*D .. h*D+D-1, D = C / H */
-    int causal;    /**< 1: query t sees keys 0..t (q and k of one length, as dtr_attention);
-                        0: every query sees every key (encoders, cross-attention) */
+    int causal;    /**< 1: query t sees keys 0 .. q_start + t (self-attention: q_start 0,
+                        Tq == Tk, as dtr_attention); 0: every query sees every key
+                        (encoders, cross-attention) */
     float scale;   /**< the scores' factor: softmax(scale q k^T) v; 0 means 1 / sqrt(D) */
     int kv_heads;  /**< grouped-query attention (Llama 2 70B, Llama 3, Mistral): k and v have
                         kv_heads heads of width D, (B, Tk, kv_heads * D), each shared by
@@ -549,9 +556,15 @@ typedef struct dtr_attention_config {
     dtr_tensor *key_lengths;   /**< NULL: every key. Else i32 (B): item b's keys are
                                     0 .. key_lengths[b] - 1, the rest padding (masked for every
                                     query, so their k and v get zero gradients); each in [1, Tk] */
+    int64_t q_start;   /**< causal only: the key position of query 0, 0 from init, with
+                            q_start + Tq <= Tk. Generating with a KV cache: the Tq new tokens'
+                            queries against the cache's keys (Tk its capacity), q_start the
+                            tokens cached before them; keys past q_start + Tq - 1 are never
+                            read (their contents do not matter) */
 } dtr_attention_config;
 
-/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths. Thread safety: any thread. */
+/** heads, causal as given, scale 0 (1 / sqrt(D)), no key lengths, q_start 0.
+ *  Thread safety: any thread. */
 DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
 
 /** Multi-head attention, causal or not, self or cross, with padded keys and grouped-query
@@ -561,12 +574,14 @@ DTR_API dtr_attention_config dtr_attention_config_init(int heads, int causal);
  *  item b's keys from key_lengths[b] on, kv_heads its enable_gqa=True. The fused op of
  *  dtr_attention (whose doc says how it runs and which views it reads in place) with the
  *  config's choices; dtr_attention(q, k, v, heads) is this with
- *  dtr_attention_config_init(heads, 1). A causal config needs Tq == Tk. Tk may be 0 only when
- *  Tq is 0 too (a row with no keys has no softmax).
+ *  dtr_attention_config_init(heads, 1). A causal config needs q_start + Tq <= Tk (with
+ *  q_start 0 and Tq < Tk it is PyTorch's is_causal, aligned at the first key). Tk may be 0
+ *  only when Tq is 0 too (a row with no keys has no softmax).
  *  Errors (NULL, the context's error set): DTR_SHAPE_MISMATCH (ranks, B or k and v differing,
- *  k's width not kv_heads * D, causal with Tq != Tk, key_lengths not (B)), DTR_DTYPE_MISMATCH
- *  (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C, kv_heads not dividing
- *  heads, a scale that is not finite), DTR_NULL_HANDLE (cfg NULL). A key length outside
+ *  k's width not kv_heads * D, causal with q_start + Tq > Tk, key_lengths not (B)),
+ *  DTR_DTYPE_MISMATCH (key_lengths not i32), DTR_INVALID_ARGUMENT (heads not dividing C,
+ *  kv_heads not dividing heads, a scale that is not finite, q_start negative or set on a
+ *  config that is not causal), DTR_NULL_HANDLE (cfg NULL). A key length outside
  *  [1, Tk] is DTR_INVALID_ARGUMENT from the forward pass (the CPU: when the op runs; a GPU: at
  *  the next synchronisation, as an embedding's ids, the padding masked meanwhile as if the
  *  length were clamped into range).
@@ -840,6 +855,90 @@ DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_atte
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
 /** x (B, T, C) -> (B, T, C), positions 0 .. T-1. */
 DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x);
+
+/* ---- generation: a key/value cache, and a sampler ----
+ * Generating from a causal model one token at a time, each step's forward pass feeds only the
+ * new tokens: the attention layers keep the keys and values of the earlier positions in a
+ * dtr_kv_cache and attend to them (a step then costs what one position costs, not what the whole
+ * sequence does). The loop (docs/guide.md, "Generating text"; examples/gpt.c --generate):
+ *
+ *     dtr_context_set_grad_enabled(ctx, 0);                   (a cache is for inference)
+ *     dtr_kv_cache_create(ctx, layers, B, capacity, kv_width, &kv);
+ *     h = embed(prompt, positions 0 .. P-1);                   (B, P, C): the prompt at once
+ *     for each layer i: h = dtr_gpt_block_forward_cached(ctx, &block[i], h, kv, i);
+ *     dtr_sample(ctx, head(h), &sc, &rng, next);               one token per item from the last row
+ *     dtr_context_reset(ctx);                                  (the cache outlives resets)
+ *     then for each new token: h = embed(next, position dtr_kv_cache_length(kv, 0)), (B, 1, C),
+ *     the blocks with the cache, sample, reset, until done or the cache is full.
+ *
+ * Every item of the batch is at the same position. */
+
+/** A key/value cache: per layer, keys and values (B, capacity, width) in the context's backend
+ *  memory, and the positions held. */
+typedef struct dtr_kv_cache dtr_kv_cache;
+
+/** Makes a cache of `layers` layers for `batch` sequences of up to `capacity` positions, keys and
+ *  values of `width` each (an attention layer's C; a Llama block's kv_heads * D), of the context's
+ *  activation dtype, zeroed, empty. Memory: 2 x layers x batch x capacity x width elements.
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (a count <= 0), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int64_t capacity, int64_t width,
+                                       dtr_kv_cache **out);
+/** Frees the cache (before its context). NULL is ignored. Thread safety: the context's thread. */
+DTR_API void dtr_kv_cache_destroy(dtr_kv_cache *c);
+/** Empties every layer (a new sequence); the memory stays. Thread safety: the context's thread. */
+DTR_API void dtr_kv_cache_reset(dtr_kv_cache *c);
+/** Positions layer `layer` holds: the next forward pass's first position. 0 for NULL or a layer
+ *  out of range. Thread safety: the context's thread. */
+DTR_API int64_t dtr_kv_cache_length(const dtr_kv_cache *c, int layer);
+/** For attention code of the app's: copies k and v (B, T, width; views with dense rows are read
+ *  in place) after the rows layer `layer` holds, and gives that layer's whole keys and values
+ *  (B, capacity, width) to attend to with a causal dtr_attention_ex whose q_start is the length
+ *  before the call (the layers below do exactly this). Not recorded for autograd.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_BAD_STATE (gradients on, or
+ *          inside a captured step), DTR_SHAPE_MISMATCH, DTR_DTYPE_MISMATCH (not the cache's
+ *          dtype), DTR_INVALID_ARGUMENT (layer out of range; T more positions do not fit: the
+ *          cache is unchanged).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_kv_cache_append(dtr_kv_cache *c, int layer, dtr_tensor *k, dtr_tensor *v, dtr_tensor **keys,
+                                       dtr_tensor **values);
+
+/** The forward passes with a cache: x holds the T new positions (B, T, C) that follow the
+ *  dtr_kv_cache_length(cache, layer) positions the cache holds for `layer`; their k and v are
+ *  appended, their queries attend to every position up to their own, and the result equals the
+ *  last T rows of the plain forward pass over the whole sequence (Llama's RoPE angles at the
+ *  positions too). cache NULL: the plain forward pass. Errors (NULL, the context's error set):
+ *  those of dtr_kv_cache_append, DTR_UNSUPPORTED for a layer that is not causal.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_attention_layer_forward_cached(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x,
+                                                       dtr_kv_cache *cache, int layer);
+DTR_API dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache,
+                                                 int layer);
+DTR_API dtr_tensor *dtr_llama_block_forward_cached(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x,
+                                                   dtr_kv_cache *cache, int layer);
+
+/** How dtr_sample picks a token. Make one with dtr_sample_config_init(). */
+typedef struct dtr_sample_config {
+    float temperature;   /**< logits / temperature before the softmax; 0: greedy (the largest
+                              logit, the first of equals), no random number drawn */
+    int top_k;           /**< only the top_k largest logits compete (0: all) */
+    float top_p;         /**< nucleus sampling: only the most likely tokens whose probabilities
+                              (after temperature and top_k) first reach top_p together (1: all) */
+} dtr_sample_config;
+
+/** temperature 1, top_k 0, top_p 1: plain sampling from softmax(logits). Thread safety: any thread. */
+DTR_API dtr_sample_config dtr_sample_config_init(void);
+
+/** One token per item from the last row of logits (B, V) or (B, T, V) (any float dtype, any
+ *  backend: the rows are read to the host) into tokens[0 .. B-1]. The random numbers come from
+ *  *rng, a state of the app's (any value seeds it; it advances by one draw per item), so a run
+ *  repeats with the same seed. NaN logits never win. Ties at the top_k-th logit all stay in.
+ *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_SHAPE_MISMATCH (not 2-D or
+ *          3-D), DTR_INVALID_ARGUMENT (temperature < 0 or not finite, top_k < 0, top_p not in
+ *          (0, 1], a row with no finite logit), DTR_OUT_OF_MEMORY.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_config *cfg, uint64_t *rng,
+                              int32_t *tokens);
 
 /** Saves every parameter to a safetensors file (F32, or BF16/F16 when `dt` says so), written
  *  to a temporary file and renamed into place. Returns DTR_IO_ERROR with the path on failure.
