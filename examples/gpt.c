@@ -26,6 +26,7 @@
  *            [--schedule gpipe|1f1b|interleaved] [--dp D] [--tp T] [--steps N] [--batch B]
  *            [--context T] [--dim C] [--heads H] [--layers L] [--lr LR] [--seed S]
  *            [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet]
+ *            [--generate N] [--prompt TEXT] [--temperature T] [--top-k K]
  *   --stages, --chunks  pipeline ranks, and model chunks per rank (interleaved schedule)
  *   --dp, --tp          data-parallel replicas; tensor-parallel ranks per stage (the
  *                       embedding, every block and the head split over them, the
@@ -34,6 +35,11 @@
  *                       less memory, one more forward of the blocks
  *   --batch             samples per step over all replicas (default 16), split into M
  *                       micro-batches per replica
+ *   --generate N        after training, world rank 0 writes --prompt (default "The ") and N
+ *                       bytes sampled from the model (--temperature, default 0.8; --top-k,
+ *                       default 40; 0: greedy), one forward pass of one position a byte through
+ *                       a KV cache (dtr_kv_cache); needs the whole model on a rank (--stages 1
+ *                       --tp 1) and stops when the context is full
  *   world = dp * stages * tp ranks: threads of this process (--transport local, default)
  *   or the launcher's processes. */
 #include "common.h"
@@ -42,10 +48,11 @@
 /* ---- options ---- */
 
 typedef struct gpt_opts {
-    const char *text, *transport, *provider;
+    const char *text, *transport, *provider, *prompt;
     int stages, chunks, microbatches, dp, tp, steps, batch, context, dim, heads, layers, threads, quiet, checkpoint;
+    int generate, top_k;
     dtr_pipe_schedule schedule;
-    float lr;
+    float lr, temperature;
     unsigned long seed;
 } gpt_opts;
 
@@ -58,6 +65,7 @@ static gpt_opts gpt_opts_default(void) {
     o.context = 64, o.dim = 64, o.heads = 4, o.layers = 4, o.threads = 1;
     o.schedule = DTR_PIPE_1F1B;
     o.lr = 3e-3f;
+    o.prompt = "The ", o.temperature = 0.8f, o.top_k = 40;
     o.seed = 1;
     return o;
 }
@@ -66,6 +74,7 @@ static gpt_opts gpt_opts_default(void) {
 
 #define GPT_VOCAB 256
 #define GPT_MAX_LAYERS 64
+#define GPT_MAX_CONTEXT 4096   /* --generate: the most positions a sequence may reach */
 
 typedef struct gpt_model gpt_model;
 typedef struct gpt_block_ref { gpt_model *g; int i; } gpt_block_ref;   /* a block, for dtr_checkpoint */
@@ -270,6 +279,41 @@ static int gpt_loop(gpt_model *g, dtr_context *ctx, const dtr_grid *grid, dtr_co
     return 1;
 }
 
+/* --generate: the prompt, then o->generate bytes each sampled from the logits of the last
+   position, fed back as the next position; the blocks keep the earlier positions' keys and
+   values in a cache, so each step runs one position through the model. 1 on success. */
+static int gpt_generate(gpt_model *g, dtr_context *ctx) {
+    const gpt_opts *o = g->o;
+    dtr_sample_config sc = dtr_sample_config_init();
+    dtr_kv_cache *kv = NULL;
+    int64_t n = (int64_t)strlen(o->prompt), at = 0, T, i, shape[2];
+    int32_t ids[GPT_MAX_CONTEXT], pos[GPT_MAX_CONTEXT], next = 0;
+    uint64_t rng = o->seed;
+    int made = 0, prev = dtr_context_set_grad_enabled(ctx, 0), ok = n > 0 && n < o->context && o->context <= GPT_MAX_CONTEXT;
+    sc.temperature = o->temperature, sc.top_k = o->top_k;
+    if (!ok) fprintf(stderr, "error: --prompt must be 1 to %d bytes (under --context, at most %d)\n", o->context - 1, GPT_MAX_CONTEXT);
+    ok = ok && dtr_kv_cache_create(ctx, o->layers, 1, o->context, o->dim, &kv) == DTR_OK;
+    for (i = 0; i < n; i++) ids[i] = (unsigned char)o->prompt[i];
+    if (ok) printf("%s", o->prompt);
+    for (T = n; ok && made < o->generate && at + T <= o->context; at += T, T = 1, ids[0] = next) {
+        dtr_tensor *x;
+        shape[0] = 1, shape[1] = T;
+        for (i = 0; i < T; i++) pos[i] = (int32_t)(at + i);
+        x = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &g->wte, dtr_tensor_from(ctx, DTR_I32, 2, shape, ids)),
+                    dtr_embedding_layer_forward(ctx, &g->wpe, dtr_tensor_from(ctx, DTR_I32, 2, shape, pos)));
+        for (i = 0; i < o->layers; i++) x = dtr_gpt_block_forward_cached(ctx, &g->h[i], x, kv, (int)i);
+        x = dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln_f, x));
+        ok = dtr_sample(ctx, x, &sc, &rng, &next) == DTR_OK;   /* from the last position's logits */
+        if (ok) putchar(next >= 32 && next < 127 ? next : next == '\n' ? '\n' : '?'), made++;
+        dtr_context_reset(ctx);
+    }
+    printf("%s\n", ok && made < o->generate ? " [context full]" : "");
+    if (!ok && kv) fprintf(stderr, "error: generate: %s\n", dtr_context_last_error(ctx));
+    dtr_kv_cache_destroy(kv);
+    dtr_context_set_grad_enabled(ctx, prev);
+    return ok;
+}
+
 static int gpt_rank(dtr_comm *world, void *user) {
     gpt_job *j = (gpt_job *)user;
     const gpt_opts *o = j->o;
@@ -290,6 +334,7 @@ static int gpt_rank(dtr_comm *world, void *user) {
     if (dtr_context_create(&cc, &ctx) != DTR_OK) { dtr_grid_destroy(&grid); return gpt_err(world, "context", NULL, "no memory"); }
     if (gpt_setup(&g, ctx, &grid, &dp, &opt) != DTR_OK) gpt_err(world, "setup", ctx, NULL);
     else ok = gpt_loop(&g, ctx, &grid, world, opt, &mine);
+    if (ok && o->generate > 0 && dtr_comm_rank(world) == 0) ok = gpt_generate(&g, ctx);
     if (ok && dtr_comm_rank(world) == 0) *j->res = mine, j->res->ok = 1;
     dtr_pipe_destroy(g.pipe);
     dtr_dp_destroy(dp);
@@ -325,6 +370,8 @@ static const char *gpt_check(const gpt_opts *o, long len) {
     if (o->batch % o->dp || o->batch / o->dp < o->microbatches) return "--batch must divide by --dp into >= M samples each";
     if (o->dim % o->heads || o->context < 2 || len < o->context + 2) return "--dim must divide by --heads; the text must be longer than --context";
     if (o->heads % o->tp || GPT_VOCAB % o->tp) return "--tp must divide --heads and the 256 byte values";
+    if (o->generate > 0 && (o->stages > 1 || o->tp > 1)) return "--generate needs the whole model on a rank: --stages 1 --tp 1";
+    if (o->generate < 0 || o->temperature < 0.0f || o->top_k < 0) return "--generate, --temperature and --top-k must be >= 0";
     return NULL;
 }
 
@@ -349,15 +396,17 @@ static int gpt_train(const gpt_opts *o, gpt_result *res) {
 /* the value of option a (1) into o; 0 when a is not one of them, -1 when v is bad */
 static int gpt_option(gpt_opts *o, const char *a, const char *v) {
     static const char *const names[] = {"--stages", "--chunks", "--microbatches", "--dp", "--tp", "--steps", "--batch",
-                                        "--context", "--dim", "--heads", "--layers", "--threads"};
+                                        "--context", "--dim", "--heads", "--layers", "--threads", "--generate", "--top-k"};
     int *fields[] = {&o->stages, &o->chunks, &o->microbatches, &o->dp, &o->tp, &o->steps, &o->batch,
-                     &o->context, &o->dim, &o->heads, &o->layers, &o->threads};
+                     &o->context, &o->dim, &o->heads, &o->layers, &o->threads, &o->generate, &o->top_k};
     char *end = NULL;
     size_t i;
     for (i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!strcmp(a, names[i])) { *fields[i] = (int)strtol(v, &end, 10); return end && !*end && end != v ? 1 : -1; }
     if (!strcmp(a, "--lr")) { o->lr = strtof(v, &end); return end && !*end && o->lr > 0 ? 1 : -1; }
     if (!strcmp(a, "--seed")) { o->seed = strtoul(v, &end, 10); return end && !*end ? 1 : -1; }
+    if (!strcmp(a, "--temperature")) { o->temperature = strtof(v, &end); return end && !*end && end != v ? 1 : -1; }
+    if (!strcmp(a, "--prompt")) { o->prompt = v; return 1; }
     if (!strcmp(a, "--transport")) { o->transport = v; return 1; }
     if (!strcmp(a, "--provider")) { o->provider = v; return 1; }
     if (!strcmp(a, "--schedule")) {
@@ -390,7 +439,8 @@ int main(int argc, char **argv) {
     if (argc > 1 && (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help"))) {
         printf("usage: %s [TEXT_FILE] [--stages P] [--chunks V] [--microbatches M] [--schedule gpipe|1f1b|interleaved] "
                "[--dp D] [--tp T] [--steps N] [--batch B] [--context T] [--dim C] [--heads H] [--layers L] [--lr LR] "
-               "[--seed S] [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet]\n", argv[0]);
+               "[--seed S] [--transport local|NAME] [--provider P] [--threads N] [--checkpoint] [--quiet] "
+               "[--generate N] [--prompt TEXT] [--temperature T] [--top-k K]\n", argv[0]);
         return 0;
     }
     if (!gpt_parse(argc, argv, &o)) return 2;

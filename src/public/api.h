@@ -932,7 +932,8 @@ DTR_API dtr_sample_config dtr_sample_config_init(void);
 /** One token per item from the last row of logits (B, V) or (B, T, V) (any float dtype, any
  *  backend: the rows are read to the host) into tokens[0 .. B-1]. The random numbers come from
  *  *rng, a state of the app's (any value seeds it; it advances by one draw per item), so a run
- *  repeats with the same seed. NaN logits never win. Ties at the top_k-th logit all stay in.
+ *  repeats with the same seed. NaN and infinite logits never win (-inf: a masked token). Ties
+ *  at the top_k-th logit all stay in.
  *  @return DTR_OK, DTR_NULL_HANDLE, the context's sticky error, DTR_SHAPE_MISMATCH (not 2-D or
  *          3-D), DTR_INVALID_ARGUMENT (temperature < 0 or not finite, top_k < 0, top_p not in
  *          (0, 1], a row with no finite logit), DTR_OUT_OF_MEMORY.

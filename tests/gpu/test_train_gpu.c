@@ -13,7 +13,8 @@
  * device is refused; the loader's batches reach the device without a host wait and hold what
  * a plain loader hands out; a tiny GPT in bf16 (the fused attention kernels) and a Llama
  * block in f32 (grouped-query fused attention, RoPE, RMS norm, SwiGLU) train on the device as
- * on the CPU. The device runs release activations during backward
+ * on the CPU, and both generate through a KV cache on the device with the CPU's logits. The
+ * device runs release activations during backward
  * (release_activations), the CPU reference keeps them: the same parameters either way.
  * Without a GPU it says loudly that it skipped. */
 #define _DEFAULT_SOURCE   /* mkstemp, MAP_ANONYMOUS (tests/devsim.h) */
@@ -276,6 +277,60 @@ static void test_gpt_bf16(void) {
    within the f32 kernels' rounding. */
 static void test_llama_block(void) {
     gpt_compare(1, DTR_F32, DTR_F32, DTR_MATMUL_F32, 1e-4, 1e-5f, "Llama block (4 heads of 32 over 2 kv heads, 70 rows) in f32");
+}
+
+/* Generation on the device: the block's model (GPT: the fused kernels of head width 64; Llama:
+   grouped-query heads of 32, RoPE) fed a prompt of GT positions, then one position a step, through
+   a KV cache in device memory gives the CPU's logits of the whole sequence (plain forward pass) at
+   every position (f32, 1e-4). out: (2, GN, GV). */
+#define GN (GT + 6)
+static int gen_logits(int gpu, int llama, int cached, float *out) {
+    dtr_context *ctx = make_ctx(gpu);
+    dtr_kv_cache *kv = NULL;
+    int32_t ids[2 * GN], piece[2 * GN];
+    int64_t at, T, b;
+    int ok;
+    tgpt g;
+    memset(&g, 0, sizeof g);
+    for (b = 0; b < 2 * GN; b++) ids[b] = (int32_t)((b * 7 + b / 5) % GV);
+    ok = ctx && dtr_model_create(ctx, 8, &g.m) == DTR_OK && dtr_embedding_layer_init(&g.emb, g.m, "emb", GV, GC) == DTR_OK &&
+         gpt_block_init(&g, llama) && dtr_layernorm_layer_init(&g.ln, g.m, "ln", GC) == DTR_OK &&
+         dtr_linear_layer_init(&g.head, g.m, "head", GC, GV, 0, DTR_INIT_TORCH_DEFAULT) == DTR_OK && dtr_model_build(g.m) == DTR_OK &&
+         dtr_kv_cache_create(ctx, 1, 2, GN + 2, llama ? GC / 2 : GC, &kv) == DTR_OK;
+    dtr_context_set_grad_enabled(ctx, 0);
+    for (at = 0; ok && at < GN; at += T) {
+        float part[2 * GT * GV];
+        dtr_tensor *x, *h;
+        int64_t is[2];
+        T = !cached ? GN : at ? 1 : GT;
+        is[0] = 2, is[1] = T;
+        for (b = 0; b < 2; b++) memcpy(piece + b * T, ids + b * GN + at, (size_t)T * sizeof(int32_t));
+        x = dtr_embedding_layer_forward(ctx, &g.emb, dtr_tensor_from(ctx, DTR_I32, 2, is, cached ? piece : ids));
+        h = llama ? dtr_llama_block_forward_cached(ctx, &g.lblk, x, cached ? kv : NULL, 0)
+                  : dtr_gpt_block_forward_cached(ctx, &g.blk, x, cached ? kv : NULL, 0);
+        h = dtr_linear_layer_forward(ctx, &g.head, dtr_layernorm_layer_forward(ctx, &g.ln, h));
+        ok = !cached ? dtr_tensor_read(h, DTR_F32, out, (size_t)(2 * GN * GV)) == DTR_OK
+                     : dtr_tensor_read(h, DTR_F32, part, (size_t)(2 * T * GV)) == DTR_OK;
+        for (b = 0; ok && cached && b < 2; b++) memcpy(out + (b * GN + at) * GV, part + b * T * GV, (size_t)(T * GV) * sizeof(float));
+        dtr_context_reset(ctx);
+    }
+    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", gpu ? "cuda" : "cpu", dtr_context_last_error(ctx));
+    dtr_kv_cache_destroy(kv);
+    dtr_model_destroy(g.m);
+    dtr_context_destroy(ctx);
+    return ok;
+}
+
+static void test_generate(void) {
+    static float whole[2 * GN * GV], dev[2 * GN * GV];
+    int llama;
+    for (llama = 0; llama < 2; llama++) {
+        CHECK(gen_logits(0, llama, 0, whole) && gen_logits(1, llama, 1, dev));
+        CHECK_MSG(max_rel(whole, dev, 2 * GN * GV) <= 1e-4, "%s: cached device logits differ from the CPU's by %.3g",
+                  llama ? "Llama" : "GPT", max_rel(whole, dev, 2 * GN * GV));
+        printf("  %s, a prompt of %d then 6 cached steps on the device: logits %.3g from the CPU's whole sequence\n",
+               llama ? "Llama" : "GPT", GT, max_rel(whole, dev, 2 * GN * GV));
+    }
 }
 #endif
 
@@ -643,6 +698,7 @@ int main(void) {
 #ifndef TRAIN_DEVSIM
     RUN(test_gpt_bf16);
     RUN(test_llama_block);
+    RUN(test_generate);
 #endif
     RUN(test_loss_scaler_overflow);
     RUN(test_save_load);
