@@ -346,13 +346,20 @@ $(BUILD)/bench/gpu_gemm: bench/gpu_gemm.c $(CUDA_OBJ) $(LIBA)
 $(BUILD)/bench/gpu_attention: bench/gpu_attention.c $(CUDA_OBJ) $(LIBA)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
-bench-gpu: $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(BUILD)/bench/gpu_attention
+# bench/generate.c with CUDA (-DGEN_CUDA): generation through a KV cache on the GPU, beside
+# bench/generate_torch.py --backend cuda.
+$(BUILD)/bench/gpu_generate: bench/generate.c $(CUDA_OBJ) $(LIBA)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DGEN_CUDA -o $@ $< $(CUDA_OBJ) $(LIBA) $(CUDA_LDLIBS) $(LDLIBS)
+bench-gpu: $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(BUILD)/bench/gpu_attention $(BUILD)/bench/gpu_generate
 	$(BUILD)/bench/gpu $(BENCH_ARGS)
 	-python3 bench/gpu_torch.py $(BENCH_ARGS)
 	$(BUILD)/bench/gpu_gemm
 	-python3 bench/gpu_gemm_torch.py
 	$(BUILD)/bench/gpu_attention --bf16
 	-python3 bench/gpu_attention_torch.py --bf16
+	$(BUILD)/bench/gpu_generate --backend cuda
+	-python3 bench/generate_torch.py --backend cuda
 
 # examples-gpu: the Fashion-MNIST MLP and CNN linked with dtrain_cuda.o; --gpu trains on the GPU.
 # fmnist_dp's ranks too (with dtrain_comm.o: --transport libfabric under dtrun).
@@ -373,7 +380,8 @@ $(BUILD)/examples/gpu/fmnist_ps: EXTRA_LIBS += $(COMM_LIBS)
 # it does not (used by check).
 cuda-check:
 ifneq ($(NVCC),)
-	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(BUILD)/bench/gpu_attention $(GPU_EXAMPLES)
+	@$(MAKE) --no-print-directory cuda $(GPU_TESTS) $(BUILD)/bench/gpu $(BUILD)/bench/gpu_gemm $(BUILD)/bench/gpu_attention \
+	    $(BUILD)/bench/gpu_generate $(GPU_EXAMPLES)
 else
 	@echo "*****************************************************************"
 	@echo "*** nvcc NOT FOUND: dtrain_cuda.cu was NOT compiled.           ***"

@@ -10,7 +10,8 @@
 #      with bf16 products (and bf16 activations: --bf16-act) beside torch.autocast, captured
 #      steps (--graph: CUDA graphs), bench/gpu_gemm beside bench/gpu_gemm_torch.py (the
 #      GPTs' linear layers) and bench/gpu_attention beside bench/gpu_attention_torch.py (their
-#      causal attention: the fused kernels in bf16 against scaled_dot_product_attention)
+#      causal attention: the fused kernels in bf16 against scaled_dot_product_attention),
+#      bench/gpu_generate beside bench/generate_torch.py (decoding through a KV cache)
 #   6. when Fashion-MNIST is there: examples/fmnist_ps --gpu (GPU workers, CPU servers),
 #      examples/fmnist_mlp --gpu (the loader's pinned batches; --graph, --bf16) and
 #      examples/fmnist_dp --gpu --graph (2 ranks, captured data-parallel steps), a few hundred
@@ -41,7 +42,7 @@ done
 want() { case ",$only," in *",$1,"*) return 0 ;; esac; return 1; }
 rc=0
 nvidia-smi > "$out/nvidia-smi.txt" 2>&1 || true
-make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/tests/gpu/test_graph_gpu build/tests/gpu/test_cuemu build/bench/gpu build/bench/gpu_gemm build/bench/gpu_attention build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
+make -j"$(nproc)" lib cuda build/tests/gpu/test_grad_gpu build/tests/gpu/test_train_gpu build/tests/gpu/test_tp_gpu build/tests/gpu/test_comm_gpu build/tests/gpu/test_graph_gpu build/tests/gpu/test_cuemu build/bench/gpu build/bench/gpu_gemm build/bench/gpu_attention build/bench/gpu_generate build/tests/test_nccl examples-gpu > "$out/build.log" 2>&1
 echo "build: $?" | tee -a "$out/summary.txt"
 if want tests; then
   make test-gpu > "$out/test-gpu.log" 2>&1
@@ -96,6 +97,9 @@ for mode in --bf16 "" --tf32; do
   DTR_CUDA_FLASH=0 timeout 120 build/bench/gpu_attention --iters 10 --rounds 3 $mode >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
   timeout 120 python3 bench/gpu_attention_torch.py --iters 10 --rounds 3 $mode >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 done
+# generation through the KV cache (and without one) beside PyTorch's cache of tensors
+timeout 180 build/bench/gpu_generate --backend cuda --repeat 2 >> "$out/bench-dtrain.jsonl" 2>> "$out/bench-dtrain.err"
+timeout 180 python3 bench/generate_torch.py --backend cuda --repeat 2 >> "$out/bench-torch.jsonl" 2>> "$out/bench-torch.err"
 fi
 fm=${DTR_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 if want examples && [ -d "$fm" ]; then
