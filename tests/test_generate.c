@@ -4,7 +4,8 @@
  *                           by position (1e-5); the cache outlives dtr_context_reset; reset reuses it
  *   test_cache_llama        the same for Llama blocks (grouped-query heads, RoPE at each position)
  *   test_cache_errors       gradients on, a full cache (left unchanged), wrong shapes and dtypes, a
- *                           layer out of range, an encoder's attention: clear errors, no crash
+ *                           layer out of range, a captured step, an encoder's attention: clear
+ *                           errors, no crash
  *   test_learn_and_generate a tiny GPT learns a sentence; greedy generation through the cache from
  *                           its first letters writes the rest (and equals sampling without a cache)
  *   test_sample_greedy      temperature 0 and top_k 1 give the first largest logit; NaN and -inf
@@ -108,6 +109,15 @@ static void cache_matches(int llama) {
 static void test_cache_gpt(void) { cache_matches(0); }
 static void test_cache_llama(void) { cache_matches(1); }
 
+/* a captured step that appends to the cache (refused: its position would change every launch) */
+typedef struct capture_arg { dtr_kv_cache *kv; dtr_tensor *k, *v; } capture_arg;
+static dtr_result append_step(dtr_context *ctx, void *user) {
+    capture_arg *a = (capture_arg *)user;
+    dtr_tensor *keys, *values;
+    (void)ctx;
+    return dtr_kv_cache_append(a->kv, 0, a->k, a->v, &keys, &values);
+}
+
 static void test_cache_errors(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_kv_cache *kv = NULL;
@@ -138,6 +148,14 @@ static void test_cache_errors(void) {
     CHECK(dtr_kv_cache_append(kv, 1, dtr_tensor_full(ctx, 3, one, 0.5f), dtr_tensor_full(ctx, 3, one, 0.5f), &keys, &values) == DTR_OK);
     CHECK(dtr_kv_cache_length(kv, 1) == 1 && dtr_kv_cache_length(kv, 0) == 3 && dtr_kv_cache_length(NULL, 0) == 0);
     CHECK(dtr_kv_cache_append(NULL, 0, k, v, &keys, &values) == DTR_NULL_HANDLE);
+    {
+        capture_arg ca;
+        dtr_graph *gr = NULL;
+        ca.kv = kv, ca.k = dtr_tensor_full(ctx, 3, one, 0.5f), ca.v = dtr_tensor_full(ctx, 3, one, 0.5f);
+        CHECK(dtr_graph_capture(ctx, append_step, &ca, &gr) == DTR_BAD_STATE && gr == NULL);
+        CHECK(strstr(dtr_context_last_error(ctx), "captured step") != NULL && dtr_kv_cache_length(kv, 0) == 3);
+        dtr_context_clear_error(ctx);
+    }
     dtr_kv_cache_destroy(kv);
     kv = NULL;
     gen_init(ctx, &g, 0);   /* an encoder's attention has no cache */
