@@ -626,14 +626,25 @@ static void test_shape_and_dtype_errors(void) {
     xs[1] = x;
     EXPECT_NULL(ctx, dtr_concat(ctx, xs, 2, 0), DTR_SHAPE_MISMATCH, "dtr_concat");
     EXPECT_NULL(ctx, dtr_concat(ctx, xs, 0, 0), DTR_INVALID_ARGUMENT, "dtr_concat");
-    /* attention: ranks, k and v differing, causal across lengths, no keys, heads, scale, no config */
+    /* attention: ranks, k and v differing, causal across lengths and q_start, no keys, heads, scale, no config */
     {
         int64_t sq[3] = {2, 5, 6}, sk[3] = {2, 7, 6};
         dtr_tensor *q = tensor_of(ctx, 3, sq, 0, 0.1f), *k = tensor_of(ctx, 3, sk, 0, 0.1f);
         dtr_attention_config cc = dtr_attention_config_init(2, 1), nc = dtr_attention_config_init(2, 0);
         EXPECT_NULL(ctx, dtr_attention(ctx, t2(ctx, 5, 6), q, q, 2), DTR_SHAPE_MISMATCH, "dtr_attention");
         EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, q, &nc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* v of Tq rows */
-        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &cc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* causal, Tq != Tk */
+        CHECK(dtr_attention_ex(ctx, q, k, k, &cc) != NULL);   /* causal, Tq < Tk: PyTorch's is_causal (from key 0) */
+        cc.q_start = 2;
+        CHECK(dtr_attention_ex(ctx, q, k, k, &cc) != NULL);   /* queries at keys 2 .. 6 */
+        cc.q_start = 3;
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &cc), DTR_SHAPE_MISMATCH, "Tq <= Tk - q_start (causal), q_start 3");
+        cc.q_start = -1;
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &cc), DTR_INVALID_ARGUMENT, "q_start -1 must be >= 0");
+        cc.q_start = 0;
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, k, q, q, &cc), DTR_SHAPE_MISMATCH, "dtr_attention");   /* causal, Tq > Tk */
+        nc.q_start = 1;
+        EXPECT_NULL(ctx, dtr_attention_ex(ctx, q, k, k, &nc), DTR_INVALID_ARGUMENT, "0 unless causal");
+        nc.q_start = 0;
         CHECK(dtr_attention_ex(ctx, q, k, k, &nc) != NULL);
         sk[1] = 0;
         k = tensor_of(ctx, 3, sk, 0, 0.1f);
