@@ -300,11 +300,13 @@ EMU_LIBS     := -lstdc++
 EMU_TESTS    := $(EMU_DIR)/test_cuemu $(EMU_DIR)/test_grad_emu $(EMU_DIR)/test_train_emu $(EMU_DIR)/test_graph_emu $(EMU_DIR)/test_tp_emu \
                 $(EMU_DIR)/test_comm_emu
 # the kernel tests again under the reversed schedule (each warp alone up to a block barrier,
-# last to first; tests/cuemu/cuemu.cpp): a missing __syncthreads or __syncwarp changes results
+# last to first; tests/cuemu/cuemu.cpp): a missing __syncthreads or __syncwarp changes results.
+# Quick (DTR_TEST_QUICK=1: test_grad's large device cases in f32 only; its small cases keep
+# every kind of operand, so every kernel template still runs reversed)
 EMU_REVERSED := $(EMU_DIR)/test_grad_emu_reversed $(EMU_DIR)/test_train_emu_reversed $(EMU_DIR)/test_graph_emu_reversed \
                 $(EMU_DIR)/test_tp_emu_reversed $(EMU_DIR)/test_comm_emu_reversed $(EMU_DIR)/test_cuemu_reversed
 $(EMU_DIR)/%_reversed: $(EMU_DIR)/%
-	printf '#!/bin/sh\n# %s with CUEMU_SCHEDULE=reverse (made by the Makefile)\nCUEMU_SCHEDULE=reverse exec "$$(dirname "$$0")/%s" "$$@"\n' $* $* > $@
+	printf '#!/bin/sh\n# %s with CUEMU_SCHEDULE=reverse, quick (made by the Makefile)\nCUEMU_SCHEDULE=reverse DTR_TEST_QUICK=1 exec "$$(dirname "$$0")/%s" "$$@"\n' $* $* > $@
 	chmod +x $@
 $(EMU_DIR)/dtrain_cuda_emu.cpp: dtrain_cuda.cu tests/cuemu/launch.pl
 	@mkdir -p $(@D)

@@ -3,11 +3,10 @@
  * rest is the CSV text (so the files of tests/fuzz/corpus/csv/ are one option byte followed
  * by a CSV file). Any input must either give a dataset whose every sample reads back
  * (finite features, class labels inside 0..num_classes-1, class names present) or fail with
- * a message; never crash, leak, hang or read out of bounds. One translation unit with the
- * whole library:
- *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_csv.c -lm -lpthread
+ * a message; never crash, leak, hang or read out of bounds. Linked with the implementation
+ * (lib/dtrain_impl.c, under the same sanitizers):
+ *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_csv.c lib/dtrain_impl.c -lm -lpthread
  *     ./a.out -max_total_time=60 tests/fuzz/corpus/csv */
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 #include <math.h>
 

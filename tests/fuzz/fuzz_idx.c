@@ -1,9 +1,9 @@
 /* tests/fuzz/fuzz_idx.c: libFuzzer target for the IDX reader (dtr_idx_parse). Any input
  * must either parse into numel converted elements or fail with a message; never crash,
- * leak or read out of bounds. One translation unit with the whole library:
- *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_idx.c -lm -lpthread
+ * leak or read out of bounds. Linked with the implementation (lib/dtrain_impl.c, under the same
+ * sanitizers):
+ *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_idx.c lib/dtrain_impl.c -lm -lpthread
  *     ./a.out -max_total_time=60 tests/fuzz/corpus/idx */
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

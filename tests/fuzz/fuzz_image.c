@@ -6,8 +6,9 @@
  * Any input must decode into finite values in [0, 1] or fail with a message; never crash,
  * leak or read out of bounds. Images are limited to 2^22 pixels here to keep the fuzzer's
  * memory small. Needs stb_image (libstb-dev); without it the target checks the
- * DTR_UNSUPPORTED path only. One translation unit with the whole library:
- *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_image.c -lm -lpthread
+ * DTR_UNSUPPORTED path only. Linked with the implementation (lib/dtrain_impl.c, under the same
+ * sanitizers):
+ *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_image.c lib/dtrain_impl.c -lm -lpthread
  *     ./a.out -max_total_time=60 tests/fuzz/corpus/image */
 #define DTR_IMAGE_MAX_PIXELS ((int64_t)1 << 22)
 #if !defined(DTR_USE_STB_IMAGE) && defined(__has_include)
@@ -15,7 +16,6 @@
 #define DTR_USE_STB_IMAGE
 #endif
 #endif
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

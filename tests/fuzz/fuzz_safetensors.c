@@ -1,10 +1,10 @@
 /* tests/fuzz/fuzz_safetensors.c: libFuzzer target for the safetensors reader (dtr_st_parse,
  * and with it the JSON reader). Any input must either parse into entries that all lie
  * inside the image and tile its data section, or fail with a message; never crash, leak
- * or read out of bounds. One translation unit with the whole library:
- *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_safetensors.c -lm -lpthread
+ * or read out of bounds. Linked with the implementation (lib/dtrain_impl.c, under the same
+ * sanitizers):
+ *     clang -g -O1 -fsanitize=fuzzer,address,undefined tests/fuzz/fuzz_safetensors.c lib/dtrain_impl.c -lm -lpthread
  *     ./a.out -max_total_time=60 tests/fuzz/corpus/safetensors */
-#define DTRAIN_IMPLEMENTATION
 #include "../../dtrain.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
