@@ -20,13 +20,18 @@ MODELS = {
 
 
 def attention(torch, q, k, v, q_start):
-    """q (B, H, Tq, D) at key positions q_start.., k and v (B, H, Tk, D): causal from q_start"""
-    Tq, Tk = q.shape[2], k.shape[2]
+    """q (B, H, Tq, D) at key positions q_start.., k and v (B, Hk, Tk, D) (Hk dividing H: q head h
+    reads kv head h // (H // Hk)): causal from q_start. Grouped heads without copies: SDPA's
+    enable_gqa (2.5 on), else q viewed (B, Hk, rep, Tq, D) against k and v broadcast over rep."""
+    B, H, Tq, D = q.shape
+    Hk, Tk = k.shape[1], k.shape[2]
     mask = torch.arange(Tk, device=q.device)[None, :] <= (q_start + torch.arange(Tq, device=q.device))[:, None]
-    if hasattr(torch.nn.functional, "scaled_dot_product_attention"):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    s = (q @ k.transpose(-1, -2)) / (q.shape[-1] ** 0.5)
-    return torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v
+    sdpa = getattr(torch.nn.functional, "scaled_dot_product_attention", None)
+    if sdpa is not None and (Hk == H or "enable_gqa" in (sdpa.__doc__ or "")):
+        return sdpa(q, k, v, attn_mask=mask, **({} if Hk == H else dict(enable_gqa=True)))
+    q5, k5, v5 = q.view(B, Hk, H // Hk, Tq, D), k.unsqueeze(2), v.unsqueeze(2)
+    s = (q5 @ k5.transpose(-1, -2)) / (D ** 0.5)
+    return (torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1) @ v5).view(B, H, Tq, D)
 
 
 def build(torch, spec, positions):
@@ -75,8 +80,6 @@ def build(torch, spec, positions):
                 cache[0][:, :, start:start + T] = k
                 cache[1][:, :, start:start + T] = v
                 k, v = cache[0][:, :, :start + T], cache[1][:, :, :start + T]
-            if Hk != H:
-                k, v = k.repeat_interleave(H // Hk, dim=1), v.repeat_interleave(H // Hk, dim=1)
             y = attention(torch, q, k, v, start if cache is not None else 0)
             x = x + self.o(y.transpose(1, 2).reshape(B, T, C))
             h = self.norm(x, 2)

@@ -1,7 +1,8 @@
 /* tests/test_generate.c: generation with a key/value cache, and the token sampler.
  *   test_cache_gpt          a tiny GPT fed through a cache (a prompt in two pieces, then one token
  *                           a step) gives the logits of the whole sequence's forward pass, position
- *                           by position (1e-5); the cache outlives dtr_context_reset; reset reuses it
+ *                           by position (1e-5; f32 and bf16 activations); the cache outlives
+ *                           dtr_context_reset; reset reuses it
  *   test_cache_llama        the same for Llama blocks (grouped-query heads, RoPE at each position)
  *   test_cache_errors       gradients on, a full cache (left unchanged), wrong shapes and dtypes, a
  *                           layer out of range, a captured step, an encoder's attention: clear
@@ -63,10 +64,11 @@ static dtr_tensor *gen_forward(dtr_context *ctx, gen_model *g, const int32_t *id
 /* The whole sequence (B 2, N 10) once, then through a cache: the prompt's 5 positions as 3 + 2,
    then a position a step, each step's logits against the whole's at its positions; after
    dtr_kv_cache_reset the same again (the cache's memory reused, nothing stale read). */
-static void cache_matches(int llama) {
+static void cache_matches(int llama, dtr_dtype act) {
     enum { B = 2, N = 10 };
     static const int64_t pieces[] = {3, 2, 1, 1, 1, 1, 1};
-    dtr_context *ctx = test_ctx(2);
+    dtr_context_config cc = dtr_context_config_init();
+    dtr_context *ctx = NULL;
     gen_model g;
     dtr_kv_cache *kv = NULL;
     int32_t ids[B * N], piece[B * N];
@@ -75,6 +77,8 @@ static void cache_matches(int llama) {
     int64_t at, i, b, t;
     int round, p;
     for (i = 0; i < B * N; i++) ids[i] = (int32_t)((i * 11 + 3) % G_V);
+    cc.threads = 2, cc.activation_dtype = act;
+    if (dtr_context_create(&cc, &ctx) != DTR_OK) { CHECK(0); free(whole); return; }
     gen_init(ctx, &g, llama);
     dtr_context_set_grad_enabled(ctx, 0);
     CHECK_OK(ctx, dtr_tensor_read(gen_forward(ctx, &g, ids, B, N, 0, NULL), DTR_F32, whole, B * N * G_V));
@@ -98,16 +102,19 @@ static void cache_matches(int llama) {
         dtr_kv_cache_reset(kv);
         CHECK_EQ_INT((int)dtr_kv_cache_length(kv, 0), 0);
     }
-    CHECK_MSG(worst < 1e-5, "%s: cached logits differ from the whole sequence's by %.3g", llama ? "llama" : "gpt", worst);
-    printf("  %s: cached steps against the whole sequence: largest difference %.3g\n", llama ? "llama" : "gpt", worst);
+    CHECK_MSG(worst < 1e-5, "%s (%s activations): cached logits differ from the whole sequence's by %.3g", llama ? "llama" : "gpt",
+              dtr_dtype_name(act), worst);
+    printf("  %s, %s activations: cached steps against the whole sequence: largest difference %.3g\n", llama ? "llama" : "gpt",
+           dtr_dtype_name(act), worst);
     dtr_kv_cache_destroy(kv);
     dtr_model_destroy(g.m);
     dtr_context_destroy(ctx);
     free(whole);
 }
 
-static void test_cache_gpt(void) { cache_matches(0); }
-static void test_cache_llama(void) { cache_matches(1); }
+/* f32, and bf16 activations (a bf16 cache: the layers' k and v as stored) */
+static void test_cache_gpt(void) { cache_matches(0, DTR_F32), cache_matches(0, DTR_BF16); }
+static void test_cache_llama(void) { cache_matches(1, DTR_F32), cache_matches(1, DTR_BF16); }
 
 /* a captured step that appends to the cache (refused: its position would change every launch) */
 typedef struct capture_arg { dtr_kv_cache *kv; dtr_tensor *k, *v; } capture_arg;
