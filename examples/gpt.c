@@ -38,8 +38,10 @@
  *   --generate N        after training, world rank 0 writes --prompt (default "The ") and N
  *                       bytes sampled from the model (--temperature, default 0.8; --top-k,
  *                       default 40; 0: greedy), one forward pass of one position a byte through
- *                       a KV cache (dtr_kv_cache); needs the whole model on a rank (--stages 1
- *                       --tp 1) and stops when the context is full
+ *                       a KV cache (dtr_kv_cache); needs the whole model on a stage (--stages
+ *                       1): with --tp each rank of the first replica caches its heads and
+ *                       the vocabulary-parallel logits are gathered; stops when the context
+ *                       is full
  *   world = dp * stages * tp ranks: threads of this process (--transport local, default)
  *   or the launcher's processes. */
 #include "common.h"
@@ -282,7 +284,7 @@ static int gpt_loop(gpt_model *g, dtr_context *ctx, const dtr_grid *grid, dtr_co
 /* --generate: the prompt, then o->generate bytes each sampled from the logits of the last
    position, fed back as the next position; the blocks keep the earlier positions' keys and
    values in a cache, so each step runs one position through the model. 1 on success. */
-static int gpt_generate(gpt_model *g, dtr_context *ctx) {
+static int gpt_generate(gpt_model *g, dtr_context *ctx, int lead) {
     const gpt_opts *o = g->o;
     dtr_sample_config sc = dtr_sample_config_init();
     dtr_kv_cache *kv = NULL;
@@ -292,22 +294,26 @@ static int gpt_generate(gpt_model *g, dtr_context *ctx) {
     int made = 0, prev = dtr_context_set_grad_enabled(ctx, 0), ok = n > 0 && n < o->context && o->context <= GPT_MAX_CONTEXT;
     sc.temperature = o->temperature, sc.top_k = o->top_k;
     if (!ok) fprintf(stderr, "error: --prompt must be 1 to %d bytes (under --context, at most %d)\n", o->context - 1, GPT_MAX_CONTEXT);
-    ok = ok && dtr_kv_cache_create(ctx, o->layers, 1, o->context, o->dim, &kv) == DTR_OK;
+    ok = ok && dtr_kv_cache_create(ctx, o->layers, 1, o->context, o->dim / o->tp, &kv) == DTR_OK;
     for (i = 0; i < n; i++) ids[i] = (unsigned char)o->prompt[i];
-    if (ok) printf("%s", o->prompt);
+    if (ok && lead) printf("%s", o->prompt);
     for (T = n; ok && made < o->generate && at + T <= o->context; at += T, T = 1, ids[0] = next) {
         dtr_tensor *x;
         shape[0] = 1, shape[1] = T;
         for (i = 0; i < T; i++) pos[i] = (int32_t)(at + i);
-        x = dtr_add(ctx, dtr_embedding_layer_forward(ctx, &g->wte, dtr_tensor_from(ctx, DTR_I32, 2, shape, ids)),
+        x = dtr_tensor_from(ctx, DTR_I32, 2, shape, ids);
+        x = dtr_add(ctx, g->tp ? dtr_tp_embedding_forward(ctx, &g->twte, x) : dtr_embedding_layer_forward(ctx, &g->wte, x),
                     dtr_embedding_layer_forward(ctx, &g->wpe, dtr_tensor_from(ctx, DTR_I32, 2, shape, pos)));
-        for (i = 0; i < o->layers; i++) x = dtr_gpt_block_forward_cached(ctx, &g->h[i], x, kv, (int)i);
-        x = dtr_linear_layer_forward(ctx, &g->head, dtr_layernorm_layer_forward(ctx, &g->ln_f, x));
-        ok = dtr_sample(ctx, x, &sc, &rng, &next) == DTR_OK;   /* from the last position's logits */
-        if (ok) putchar(next >= 32 && next < 127 ? next : next == '\n' ? '\n' : '?'), made++;
+        for (i = 0; i < o->layers; i++)
+            x = g->tp ? dtr_tp_gpt_block_forward_cached(ctx, &g->th[i], x, kv, (int)i) : dtr_gpt_block_forward_cached(ctx, &g->h[i], x, kv, (int)i);
+        x = dtr_layernorm_layer_forward(ctx, &g->ln_f, x);
+        x = g->tp ? dtr_tp_gather(ctx, dtr_tp_linear_forward(ctx, &g->thead, x), g->tp) : dtr_linear_layer_forward(ctx, &g->head, x);
+        ok = dtr_sample(ctx, x, &sc, &rng, &next) == DTR_OK;   /* from the last position's logits: the same on every rank */
+        if (ok && lead) putchar(next >= 32 && next < 127 ? next : next == '\n' ? '\n' : '?');
+        made += ok;
         dtr_context_reset(ctx);
     }
-    printf("%s\n", ok && made < o->generate ? " [context full]" : "");
+    if (lead) printf("%s\n", ok && made < o->generate ? " [context full]" : "");
     if (!ok && kv) fprintf(stderr, "error: generate: %s\n", dtr_context_last_error(ctx));
     dtr_kv_cache_destroy(kv);
     dtr_context_set_grad_enabled(ctx, prev);
@@ -334,7 +340,7 @@ static int gpt_rank(dtr_comm *world, void *user) {
     if (dtr_context_create(&cc, &ctx) != DTR_OK) { dtr_grid_destroy(&grid); return gpt_err(world, "context", NULL, "no memory"); }
     if (gpt_setup(&g, ctx, &grid, &dp, &opt) != DTR_OK) gpt_err(world, "setup", ctx, NULL);
     else ok = gpt_loop(&g, ctx, &grid, world, opt, &mine);
-    if (ok && o->generate > 0 && dtr_comm_rank(world) == 0) ok = gpt_generate(&g, ctx);
+    if (ok && o->generate > 0 && g.dp_rank == 0) ok = gpt_generate(&g, ctx, dtr_comm_rank(world) == 0);   /* the first replica */
     if (ok && dtr_comm_rank(world) == 0) *j->res = mine, j->res->ok = 1;
     dtr_pipe_destroy(g.pipe);
     dtr_dp_destroy(dp);
@@ -370,7 +376,7 @@ static const char *gpt_check(const gpt_opts *o, long len) {
     if (o->batch % o->dp || o->batch / o->dp < o->microbatches) return "--batch must divide by --dp into >= M samples each";
     if (o->dim % o->heads || o->context < 2 || len < o->context + 2) return "--dim must divide by --heads; the text must be longer than --context";
     if (o->heads % o->tp || GPT_VOCAB % o->tp) return "--tp must divide --heads and the 256 byte values";
-    if (o->generate > 0 && (o->stages > 1 || o->tp > 1)) return "--generate needs the whole model on a rank: --stages 1 --tp 1";
+    if (o->generate > 0 && o->stages > 1) return "--generate needs the whole model on one stage: --stages 1";
     if (o->generate < 0 || o->temperature < 0.0f || o->top_k < 0) return "--generate, --temperature and --top-k must be >= 0";
     return NULL;
 }

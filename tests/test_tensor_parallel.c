@@ -19,6 +19,8 @@
  *                     gives the same tensors, and the TP forward equals the single-device one.
  *   test_tp_errors    heads or vocabulary not divisible by tp, a NULL comm, a bad id or
  *                     target: the error code and a message that says so.
+ *   test_tp_generate  TP 2 and 4 GPT blocks generating through KV caches of their own heads
+ *                     give the single-device block's outputs over the whole sequence.
  * tests/test_tp_devsim.c runs all of it with the tensor-parallel ranks' contexts on the
  * simulated device (tests/devsim.h; the single-device reference stays on the CPU): the
  * communication ops then run on host images as on a GPU; build/tests/gpu/test_tp_gpu (make
@@ -436,6 +438,86 @@ static void test_tp_errors(void) {
     }
 }
 
+/* ---- generation ---- */
+
+#define GN 7   /* positions: 3 at once, then one a step */
+typedef struct gen_job {
+    pthread_t tid;
+    dtr_local_world *w;
+    int rank, ok;
+    const float *x;
+    float out[B * GN * C];
+    char msg[512];
+} gen_job;
+
+/* The GPT block's output for x (B, GN, C): the plain pass (c NULL), or the tensor-parallel one
+   through a KV cache of this rank's heads (width C / tp), fed 3 positions, then one a step. */
+static void generate_block(dtr_comm *c, gen_job *j) {
+    dtr_context *ctx = rank_ctx(c);
+    dtr_model *m = NULL;
+    dtr_kv_cache *kv = NULL;
+    net_layers L;
+    int64_t at, n = GN, b;
+    j->ok = ctx && dtr_model_create(ctx, SEED, &m) == DTR_OK && declare(NET_GPT, m, c, &L) == DTR_OK &&
+            dtr_kv_cache_create(ctx, 1, B, GN, c ? C / dtr_comm_size(c) : C, &kv) == DTR_OK;
+    if (ctx) dtr_context_set_grad_enabled(ctx, 0);
+    for (at = 0; j->ok && at < GN; at += n) {
+        float part[B * GN * C];
+        int64_t xs[3] = {B, 0, C};
+        dtr_tensor *y;
+        xs[1] = n = !c ? GN : at ? 1 : 3;
+        for (b = 0; b < B; b++) memcpy(part + b * n * C, j->x + (b * GN + at) * C, sizeof(float) * (size_t)(n * C));
+        y = c ? dtr_tp_gpt_block_forward_cached(ctx, &L.tblock, dtr_tensor_from(ctx, DTR_F32, 3, xs, part), kv, 0)
+              : dtr_gpt_block_forward(ctx, &L.block, dtr_tensor_from(ctx, DTR_F32, 3, xs, part));
+        j->ok = y && dtr_tensor_read(y, DTR_F32, part, (size_t)(B * n * C)) == DTR_OK;
+        for (b = 0; j->ok && b < B; b++) memcpy(j->out + (b * GN + at) * C, part + b * n * C, sizeof(float) * (size_t)(n * C));
+        dtr_context_reset(ctx);
+    }
+    if (!j->ok) snprintf(j->msg, sizeof j->msg, "%s", ctx ? dtr_context_last_error(ctx) : "no context");
+    dtr_kv_cache_destroy(kv);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void *gen_main(void *arg) {
+    gen_job *j = (gen_job *)arg;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    cfg.local.world = j->w, cfg.local.rank = j->rank, cfg.timeout_ms = 20000;
+    if (dtr_comm_create(&cfg, &c, j->msg, sizeof j->msg) == DTR_OK) generate_block(c, j);
+    dtr_comm_destroy(c);
+    return NULL;
+}
+
+/* Generation with the tensor-parallel block: TP 2 and 4, each rank caching its own heads, give
+   the single-device block's outputs over the whole sequence at every position (1e-5). */
+static void test_tp_generate(void) {
+    static gen_job ref, jobs[4];
+    float x[B * GN * C];
+    dtr_rng r;
+    int i, tp;
+    dtr_rng_seed(&r, 77, 1);
+    for (i = 0; i < B * GN * C; i++) x[i] = 2.0f * dtr_rng_uniform(&r) - 1.0f;
+    ref.x = x;
+    generate_block(NULL, &ref);
+    CHECK_MSG(ref.ok, "single device: %s", ref.msg);
+    for (tp = 2; tp <= 4; tp += 2) {
+        dtr_local_world *w = NULL;
+        double worst = 0.0;
+        if (dtr_local_world_create(tp, NULL, &w) != DTR_OK) { CHECK(0); return; }
+        for (i = 0; i < tp; i++) {
+            memset(&jobs[i], 0, sizeof jobs[i]);
+            jobs[i].w = w, jobs[i].rank = i, jobs[i].x = x;
+            pthread_create(&jobs[i].tid, NULL, gen_main, &jobs[i]);
+        }
+        for (i = 0; i < tp; i++) pthread_join(jobs[i].tid, NULL);
+        for (i = 0; i < tp; i++) CHECK_MSG(jobs[i].ok, "tp %d, rank %d: %s", tp, i, jobs[i].msg);
+        for (i = 0; i < B * GN * C; i++) worst = fmax(worst, fabs((double)jobs[tp - 1].out[i] - ref.out[i]) / (1.0 + fabs((double)ref.out[i])));
+        CHECK_MSG(worst < 1e-5, "tp %d through KV caches: %.3g from the whole sequence on one device", tp, worst);
+        dtr_local_world_destroy(w);
+    }
+}
+
 int main(void) {
 #ifdef TP_CUDA
     if (dtr_cuda_device_count() <= 0) {
@@ -451,6 +533,7 @@ int main(void) {
     RUN(test_tp_load);
     RUN(test_tp_grid);
     RUN(test_tp_errors);
+    RUN(test_tp_generate);
 #ifdef TP_DEVSIM
     CHECK_EQ_INT(devsim__violations, 0);
 #endif

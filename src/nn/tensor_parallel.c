@@ -138,7 +138,8 @@ dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_comm *co
     return dtr__tp_status(m);
 }
 
-dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
+dtr_tensor *dtr_tp_attention_forward_cached(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x, dtr_kv_cache *cache,
+                                            int layer) {
     dtr_tensor *qkv, *q, *k, *v;
     dtr_attention_config cfg;
     int64_t C;
@@ -150,7 +151,11 @@ dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a
     q = dtr_slice(ctx, qkv, -1, 0, C);
     k = dtr_slice(ctx, qkv, -1, C, 2 * C);
     v = dtr_slice(ctx, qkv, -1, 2 * C, 3 * C);
-    return dtr_tp_linear_forward(ctx, &a->proj, dtr_attention_ex(ctx, q, k, v, &cfg));
+    return dtr_tp_linear_forward(ctx, &a->proj, dtr__kv_attention(ctx, cache, layer, q, k, v, &cfg));
+}
+
+dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x) {
+    return dtr_tp_attention_forward_cached(ctx, a, x, NULL, 0);
 }
 
 /* ---- embedding ---- */
@@ -231,12 +236,17 @@ dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_comm *co
     return dtr__tp_status(m);
 }
 
-dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
+dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x, dtr_kv_cache *cache,
+                                            int layer) {
     dtr_tensor *h;
     if (!ctx) return NULL;
     if (!b) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_tp_gpt_block_forward: block is NULL");
-    h = dtr_tp_attention_forward(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x));
+    h = dtr_tp_attention_forward_cached(ctx, &b->attn, dtr_layernorm_layer_forward(ctx, &b->ln1, x), cache, layer);
     x = dtr_add(ctx, x, h);
     h = dtr_tp_linear_forward(ctx, &b->fc, dtr_layernorm_layer_forward(ctx, &b->ln2, x));
     return dtr_add(ctx, x, dtr_tp_linear_forward(ctx, &b->fc_proj, dtr_gelu(ctx, h)));
+}
+
+dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
+    return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }

@@ -160,6 +160,12 @@ DTR_API dtr_result dtr_tp_attention_init(dtr_tp_attention *a, dtr_model *m, dtr_
 /** x (B, T, C), the same on every rank -> (B, T, C), the same on every rank. Collective.
  *  Thread safety: as dtr_tp_linear_forward. */
 DTR_API dtr_tensor *dtr_tp_attention_forward(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x);
+/** dtr_tp_attention_forward through this rank's KV cache (generation, as
+ *  dtr_attention_layer_forward_cached): each rank caches its own heads' keys and values, so its
+ *  cache's width is dim / tp (dim / heads * local_heads). Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_attention_forward_cached(dtr_context *ctx, const dtr_tp_attention *a, dtr_tensor *x,
+                                                    dtr_kv_cache *cache, int layer);
 
 /** Vocabulary-parallel embedding: rank r holds table rows r * vocab / tp .. */
 typedef struct dtr_tp_embedding {
@@ -195,6 +201,11 @@ DTR_API dtr_result dtr_tp_gpt_block_init(dtr_tp_gpt_block *b, dtr_model *m, dtr_
 /** x (B, T, C) -> (B, T, C), as dtr_gpt_block_forward. Collective.
  *  Thread safety: as dtr_tp_linear_forward. */
 DTR_API dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x);
+/** dtr_tp_gpt_block_forward through this rank's KV cache (its heads' keys and values, width
+ *  dim / tp; as dtr_gpt_block_forward_cached). Collective.
+ *  Thread safety: as dtr_tp_linear_forward. */
+DTR_API dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x,
+                                                    dtr_kv_cache *cache, int layer);
 
 /* ---- data parallel ---- */
 
