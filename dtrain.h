@@ -13543,7 +13543,8 @@ dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_
  * causal over the whole cache with q_start at the first new position, so it reads the keys
  * written and no others.
  * The sampler reads the last row of logits to the host and picks one token per item: greedy,
- * or from softmax(logits / temperature) cut to the top k and the top p of the mass.
+ * or from softmax(logits / temperature) cut to the top k (by selection) and the top p of the
+ * mass (sorting only the tokens that can be in it): no full sort of the vocabulary.
  * ==========================================================================*/
 
 
@@ -13707,21 +13708,45 @@ static double dtr__sample_uniform(uint64_t *state) {
     return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* the candidates of k sorted, cut to top_k (with ties) and the top_p of the mass: their count,
-   their weights exp((logit - max) / temperature) in w and their sum in *sum */
-static int64_t dtr__sample_keep(const dtr_sample_config *cfg, dtr__cand *k, int64_t n, double *w, double *sum) {
-    int64_t i, keep = n;
-    double s = 0.0, acc = 0.0;
-    qsort(k, (size_t)n, sizeof *k, dtr__cand_cmp);
-    if (cfg->top_k > 0 && cfg->top_k < n)
-        for (keep = cfg->top_k; keep < n && k[keep].logit == k[cfg->top_k - 1].logit;) keep++;
-    for (i = 0; i < keep; i++) s += w[i] = exp(((double)k[i].logit - k[0].logit) / cfg->temperature);
-    if (cfg->top_p < 1.0f) {
-        for (i = 0; i < keep && acc < cfg->top_p * s; i++) acc += w[i];
-        keep = i, s = acc;
+/* moves the top candidates (dtr__cand_cmp's order) to k[0 .. top - 1] by selection, then those
+   whose logit equals the top-th's after them; their count */
+static int64_t dtr__sample_top_k(dtr__cand *k, int64_t n, int64_t top) {
+    int64_t lo = 0, hi = n - 1, i, keep;
+    dtr__cand t;
+    while (lo < hi) {   /* Hoare partitions until k[top - 1] is in its sorted place */
+        dtr__cand p = k[lo + (hi - lo) / 2];
+        int64_t a = lo, b = hi;
+        while (a <= b) {
+            while (dtr__cand_cmp(&k[a], &p) < 0) a++;
+            while (dtr__cand_cmp(&k[b], &p) > 0) b--;
+            if (a <= b) t = k[a], k[a] = k[b], k[b] = t, a++, b--;
+        }
+        if (top - 1 <= b) hi = b;
+        else if (top - 1 >= a) lo = a;
+        else break;
     }
-    *sum = s;
+    for (keep = top, i = top; i < n; i++)
+        if (k[i].logit == k[top - 1].logit) t = k[keep], k[keep++] = k[i], k[i] = t;
     return keep;
+}
+
+/* The candidates cut to top_k (with ties) and the top_p of the mass: their count, their weights
+   exp((logit - mx) / temperature) in w (in k's order) and their sum in *sum. Only top_p needs
+   an order: the candidates that can be in its nucleus (a weight over sum (1 - top_p) / count:
+   the tokens from one on hold more than 1 - top_p of the mass) are sorted, a few as a rule. */
+static int64_t dtr__sample_keep(const dtr_sample_config *cfg, dtr__cand *k, int64_t n, float mx, double *w, double *sum) {
+    int64_t i, live = 0, keep = cfg->top_k > 0 && cfg->top_k < n ? dtr__sample_top_k(k, n, cfg->top_k) : n;
+    double s = 0.0, acc = 0.0, cut;
+    for (i = 0; i < keep; i++) s += w[i] = exp(((double)k[i].logit - mx) / cfg->temperature);
+    *sum = s;
+    if (cfg->top_p >= 1.0f) return keep;
+    cut = s * (1.0 - cfg->top_p) / (double)keep * (1.0 - 1e-9);   /* (under the sums' rounding) */
+    for (i = 0; i < keep; i++)
+        if (w[i] > cut) k[live++] = k[i];
+    qsort(k, (size_t)live, sizeof *k, dtr__cand_cmp);
+    for (i = 0; i < live && acc < cfg->top_p * s; i++) acc += w[i] = exp(((double)k[i].logit - mx) / cfg->temperature);
+    *sum = acc;
+    return i;
 }
 
 /* one token of a row of V logits; -1 when none is finite */
@@ -13734,7 +13759,7 @@ static int32_t dtr__sample_row(const dtr_sample_config *cfg, const float *row, i
         k[n].logit = row[i], k[n].token = (int32_t)i, n++;
     }
     if (best < 0 || cfg->temperature == 0.0f) return (int32_t)best;
-    keep = dtr__sample_keep(cfg, k, n, w, &sum);
+    keep = dtr__sample_keep(cfg, k, n, row[best], w, &sum);
     u = dtr__sample_uniform(rng) * sum;
     for (i = 0; i + 1 < keep && u >= w[i]; i++) u -= w[i];
     return k[i].token;
@@ -13776,7 +13801,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 13780 "dtrain.h"
+#line 13805 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14032,7 +14057,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14036 "dtrain.h"
+#line 14061 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14554,7 +14579,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14558 "dtrain.h"
+#line 14583 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14692,7 +14717,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14696 "dtrain.h"
+#line 14721 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15039,7 +15064,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15043 "dtrain.h"
+#line 15068 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15105,7 +15130,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15109 "dtrain.h"
+#line 15134 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -15342,7 +15367,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 15346 "dtrain.h"
+#line 15371 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16091,7 +16116,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16095 "dtrain.h"
+#line 16120 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16544,7 +16569,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16548 "dtrain.h"
+#line 16573 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16600,7 +16625,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16604 "dtrain.h"
+#line 16629 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -17377,7 +17402,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 17381 "dtrain.h"
+#line 17406 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17958,7 +17983,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17962 "dtrain.h"
+#line 17987 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18589,7 +18614,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18593 "dtrain.h"
+#line 18618 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -19385,7 +19410,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 19389 "dtrain.h"
+#line 19414 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19738,7 +19763,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19742 "dtrain.h"
+#line 19767 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19928,7 +19953,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19932 "dtrain.h"
+#line 19957 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20109,7 +20134,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20113 "dtrain.h"
+#line 20138 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20884,7 +20909,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20888 "dtrain.h"
+#line 20913 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -21401,7 +21426,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 21405 "dtrain.h"
+#line 21430 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -22196,7 +22221,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 22200 "dtrain.h"
+#line 22225 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23444,7 +23469,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23448 "dtrain.h"
+#line 23473 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24066,7 +24091,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24070 "dtrain.h"
+#line 24095 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24567,7 +24592,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24571 "dtrain.h"
+#line 24596 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -25297,7 +25322,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 25301 "dtrain.h"
+#line 25326 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25533,7 +25558,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25537 "dtrain.h"
+#line 25562 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25662,7 +25687,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25666 "dtrain.h"
+#line 25691 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26099,7 +26124,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26103 "dtrain.h"
+#line 26128 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26592,7 +26617,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26596 "dtrain.h"
+#line 26621 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -27124,7 +27149,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 27128 "dtrain.h"
+#line 27153 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27630,7 +27655,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27634 "dtrain.h"
+#line 27659 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -29179,7 +29204,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 29183 "dtrain.h"
+#line 29208 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -29233,7 +29258,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 29237 "dtrain.h"
+#line 29262 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30411,7 +30436,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30415 "dtrain.h"
+#line 30440 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -31301,7 +31326,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 31305 "dtrain.h"
+#line 31330 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32779,7 +32804,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32783 "dtrain.h"
+#line 32808 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -33163,7 +33188,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 33167 "dtrain.h"
+#line 33192 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -33312,7 +33337,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 33316 "dtrain.h"
+#line 33341 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -12,7 +12,8 @@
  *   test_sample_greedy      temperature 0 and top_k 1 give the first largest logit; NaN and -inf
  *                           never win; a row with no finite logit is an error
  *   test_sample_distribution 40000 draws follow softmax(logits / T) (each share within 4 sigma),
- *                           top_k and top_p keep only the tokens they should, a seed repeats */
+ *                           top_k and top_p keep only the tokens they should (on 5 tokens and
+ *                           on a vocabulary of 600 with ties), a seed repeats */
 #include "test.h"
 
 enum { G_V = 31, G_C = 16, G_CAP = 32, G_LAYERS = 2 };
@@ -325,6 +326,41 @@ static void draws_follow(dtr_context *ctx, const float *row, int V, const dtr_sa
     free(tok);
 }
 
+/* a vocabulary of 600 (logits with ties): top_k 50 draws only tokens at or above the 50th
+   largest logit (ties in), top_p 0.5 only tokens of the nucleus (the fewest largest reaching
+   half the mass), each computed here by sorting; both draw the largest often */
+static int desc_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+static void cuts_of_a_vocabulary(dtr_context *ctx) {
+    enum { VV = 600, N = 4000 };
+    float *row = (float *)malloc(sizeof(float) * VV), *sorted = (float *)malloc(sizeof(float) * VV), *rows;
+    int32_t *tok = (int32_t *)malloc(sizeof(int32_t) * N);
+    dtr_sample_config sc = dtr_sample_config_init();
+    double sum = 0.0, acc = 0.0;
+    float kth, pth = 0.0f;
+    uint64_t rng = 11;
+    int i, pass, out = 0, top = 0;
+    for (i = 0; i < VV; i++) row[i] = (float)((i * 7919) % 97) / 10.0f;   /* 97 values, each about 6 times */
+    memcpy(sorted, row, sizeof(float) * VV);
+    qsort(sorted, VV, sizeof(float), desc_float);
+    kth = sorted[49];
+    for (i = 0; i < VV; i++) sum += exp(sorted[i] - sorted[0]);
+    for (i = 0; i < VV && acc < 0.5 * sum; i++) acc += exp(sorted[i] - sorted[0]), pth = sorted[i];
+    rows = (float *)malloc(sizeof(float) * VV * N);
+    for (i = 0; i < N; i++) memcpy(rows + (size_t)i * VV, row, sizeof(float) * VV);
+    for (pass = 0; pass < 2; pass++) {
+        int64_t shape[2] = {N, VV};
+        sc.top_k = pass ? 0 : 50, sc.top_p = pass ? 0.5f : 1.0f;
+        CHECK_OK(ctx, dtr_sample(ctx, dtr_tensor_from(ctx, DTR_F32, 2, shape, rows), &sc, &rng, tok));
+        for (i = 0; i < N; i++) out += row[tok[i]] < (pass ? pth : kth), top += row[tok[i]] == sorted[0];
+    }
+    CHECK_MSG(out == 0, "%d draws outside the top_k / top_p cut", out);
+    CHECK(top > N / 10);
+    free(row), free(sorted), free(rows), free(tok);
+}
+
 static void test_sample_distribution(void) {
     dtr_context *ctx = test_ctx(1);
     static const float row[5] = {1.0f, 0.0f, 2.0f, -1.0f, 0.5f};
@@ -356,6 +392,8 @@ static void test_sample_distribution(void) {
     CHECK_OK(ctx, dtr_sample(ctx, logits_of(ctx, rows, 4, 5), &sc, &r1, a));
     CHECK_OK(ctx, dtr_sample(ctx, logits_of(ctx, rows, 4, 5), &sc, &r2, b));
     CHECK(memcmp(a, b, sizeof a) == 0 && r1 == r2 && r1 != 42);   /* the same seed, the same tokens */
+    dtr_context_reset(ctx);
+    cuts_of_a_vocabulary(ctx);
     dtr_context_destroy(ctx);
 }
 

@@ -7,7 +7,8 @@
  * causal over the whole cache with q_start at the first new position, so it reads the keys
  * written and no others.
  * The sampler reads the last row of logits to the host and picks one token per item: greedy,
- * or from softmax(logits / temperature) cut to the top k and the top p of the mass.
+ * or from softmax(logits / temperature) cut to the top k (by selection) and the top p of the
+ * mass (sorting only the tokens that can be in it): no full sort of the vocabulary.
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
@@ -171,21 +172,45 @@ static double dtr__sample_uniform(uint64_t *state) {
     return (double)((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
 }
 
-/* the candidates of k sorted, cut to top_k (with ties) and the top_p of the mass: their count,
-   their weights exp((logit - max) / temperature) in w and their sum in *sum */
-static int64_t dtr__sample_keep(const dtr_sample_config *cfg, dtr__cand *k, int64_t n, double *w, double *sum) {
-    int64_t i, keep = n;
-    double s = 0.0, acc = 0.0;
-    qsort(k, (size_t)n, sizeof *k, dtr__cand_cmp);
-    if (cfg->top_k > 0 && cfg->top_k < n)
-        for (keep = cfg->top_k; keep < n && k[keep].logit == k[cfg->top_k - 1].logit;) keep++;
-    for (i = 0; i < keep; i++) s += w[i] = exp(((double)k[i].logit - k[0].logit) / cfg->temperature);
-    if (cfg->top_p < 1.0f) {
-        for (i = 0; i < keep && acc < cfg->top_p * s; i++) acc += w[i];
-        keep = i, s = acc;
+/* moves the top candidates (dtr__cand_cmp's order) to k[0 .. top - 1] by selection, then those
+   whose logit equals the top-th's after them; their count */
+static int64_t dtr__sample_top_k(dtr__cand *k, int64_t n, int64_t top) {
+    int64_t lo = 0, hi = n - 1, i, keep;
+    dtr__cand t;
+    while (lo < hi) {   /* Hoare partitions until k[top - 1] is in its sorted place */
+        dtr__cand p = k[lo + (hi - lo) / 2];
+        int64_t a = lo, b = hi;
+        while (a <= b) {
+            while (dtr__cand_cmp(&k[a], &p) < 0) a++;
+            while (dtr__cand_cmp(&k[b], &p) > 0) b--;
+            if (a <= b) t = k[a], k[a] = k[b], k[b] = t, a++, b--;
+        }
+        if (top - 1 <= b) hi = b;
+        else if (top - 1 >= a) lo = a;
+        else break;
     }
-    *sum = s;
+    for (keep = top, i = top; i < n; i++)
+        if (k[i].logit == k[top - 1].logit) t = k[keep], k[keep++] = k[i], k[i] = t;
     return keep;
+}
+
+/* The candidates cut to top_k (with ties) and the top_p of the mass: their count, their weights
+   exp((logit - mx) / temperature) in w (in k's order) and their sum in *sum. Only top_p needs
+   an order: the candidates that can be in its nucleus (a weight over sum (1 - top_p) / count:
+   the tokens from one on hold more than 1 - top_p of the mass) are sorted, a few as a rule. */
+static int64_t dtr__sample_keep(const dtr_sample_config *cfg, dtr__cand *k, int64_t n, float mx, double *w, double *sum) {
+    int64_t i, live = 0, keep = cfg->top_k > 0 && cfg->top_k < n ? dtr__sample_top_k(k, n, cfg->top_k) : n;
+    double s = 0.0, acc = 0.0, cut;
+    for (i = 0; i < keep; i++) s += w[i] = exp(((double)k[i].logit - mx) / cfg->temperature);
+    *sum = s;
+    if (cfg->top_p >= 1.0f) return keep;
+    cut = s * (1.0 - cfg->top_p) / (double)keep * (1.0 - 1e-9);   /* (under the sums' rounding) */
+    for (i = 0; i < keep; i++)
+        if (w[i] > cut) k[live++] = k[i];
+    qsort(k, (size_t)live, sizeof *k, dtr__cand_cmp);
+    for (i = 0; i < live && acc < cfg->top_p * s; i++) acc += w[i] = exp(((double)k[i].logit - mx) / cfg->temperature);
+    *sum = acc;
+    return i;
 }
 
 /* one token of a row of V logits; -1 when none is finite */
@@ -198,7 +223,7 @@ static int32_t dtr__sample_row(const dtr_sample_config *cfg, const float *row, i
         k[n].logit = row[i], k[n].token = (int32_t)i, n++;
     }
     if (best < 0 || cfg->temperature == 0.0f) return (int32_t)best;
-    keep = dtr__sample_keep(cfg, k, n, w, &sum);
+    keep = dtr__sample_keep(cfg, k, n, row[best], w, &sum);
     u = dtr__sample_uniform(rng) * sum;
     for (i = 0; i + 1 < keep && u >= w[i]; i++) u -= w[i];
     return k[i].token;
