@@ -13559,10 +13559,23 @@ struct dtr_kv_cache {
     int64_t *len;         /* positions written, per layer */
 };
 
+/* the 2 x layers tensors over c->mem, `each` bytes apart: leaves of no tape, so they outlive
+   dtr_context_reset */
+static void dtr__kv_tensors(dtr_kv_cache *c, size_t each) {
+    int i;
+    for (i = 0; i < 2 * c->layers; i++) {
+        dtr_tensor *t = &c->t[i];
+        t->dtype = c->dtype, t->ndim = 3;
+        t->shape[0] = c->batch, t->shape[1] = c->capacity, t->shape[2] = c->width;
+        dtr__contig_strides(3, t->shape, t->stride);
+        t->storage = (char *)c->mem + (size_t)i * each;
+        t->ctx = c->ctx, t->flags = DTR__LEAF, t->param_index = -1, t->name = "";
+    }
+}
+
 dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int64_t capacity, int64_t width, dtr_kv_cache **out) {
     dtr_kv_cache *c;
-    size_t es, each;
-    int i;
+    size_t each;
     if (!ctx || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     if (layers <= 0 || batch <= 0 || capacity <= 0 || width <= 0 || batch * capacity > ((int64_t)1 << 40) / width)
@@ -13572,8 +13585,7 @@ dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int6
     if (!c) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_kv_cache_create: out of memory");
     c->ctx = ctx, c->layers = layers, c->batch = batch, c->capacity = capacity, c->width = width;
     c->dtype = dtr__act_dtype(ctx);
-    es = dtr_dtype_size(c->dtype);
-    each = (size_t)(batch * capacity * width) * es;
+    each = (size_t)(batch * capacity * width) * dtr_dtype_size(c->dtype);
     c->t = (dtr_tensor *)dtr__calloc(&ctx->alloc, 2 * (size_t)layers * sizeof(dtr_tensor));
     c->len = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)layers * sizeof(int64_t));
     c->mem = c->t && c->len ? dtr__mem_alloc_on(ctx, 1, 2 * (size_t)layers * each) : NULL;
@@ -13582,14 +13594,7 @@ dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int6
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_kv_cache_create: out of memory for %d layers of 2 x (%lld, %lld, %lld)", layers,
                          (long long)batch, (long long)capacity, (long long)width);
     }
-    for (i = 0; i < 2 * layers; i++) {   /* leaves of no tape: they outlive dtr_context_reset */
-        dtr_tensor *t = &c->t[i];
-        t->dtype = c->dtype, t->ndim = 3;
-        t->shape[0] = batch, t->shape[1] = capacity, t->shape[2] = width;
-        dtr__contig_strides(3, t->shape, t->stride);
-        t->storage = (char *)c->mem + (size_t)i * each;
-        t->ctx = ctx, t->flags = DTR__LEAF, t->param_index = -1, t->name = "";
-    }
+    dtr__kv_tensors(c, each);
     *out = c;
     return DTR_OK;
 }
@@ -13801,7 +13806,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 13805 "dtrain.h"
+#line 13810 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14057,7 +14062,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14061 "dtrain.h"
+#line 14066 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14579,7 +14584,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14583 "dtrain.h"
+#line 14588 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14717,7 +14722,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14721 "dtrain.h"
+#line 14726 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15064,7 +15069,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15068 "dtrain.h"
+#line 15073 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15130,7 +15135,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15134 "dtrain.h"
+#line 15139 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -15367,7 +15372,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 15371 "dtrain.h"
+#line 15376 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16116,7 +16121,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16120 "dtrain.h"
+#line 16125 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16569,7 +16574,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16573 "dtrain.h"
+#line 16578 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16625,7 +16630,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16629 "dtrain.h"
+#line 16634 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -17402,7 +17407,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 17406 "dtrain.h"
+#line 17411 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17983,7 +17988,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17987 "dtrain.h"
+#line 17992 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18614,7 +18619,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18618 "dtrain.h"
+#line 18623 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -19410,7 +19415,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 19414 "dtrain.h"
+#line 19419 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19763,7 +19768,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19767 "dtrain.h"
+#line 19772 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19953,7 +19958,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19957 "dtrain.h"
+#line 19962 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20134,7 +20139,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20138 "dtrain.h"
+#line 20143 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20909,7 +20914,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20913 "dtrain.h"
+#line 20918 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -21426,7 +21431,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 21430 "dtrain.h"
+#line 21435 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -22221,7 +22226,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 22225 "dtrain.h"
+#line 22230 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23469,7 +23474,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23473 "dtrain.h"
+#line 23478 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24091,7 +24096,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24095 "dtrain.h"
+#line 24100 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24592,7 +24597,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24596 "dtrain.h"
+#line 24601 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -25322,7 +25327,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 25326 "dtrain.h"
+#line 25331 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25558,7 +25563,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25562 "dtrain.h"
+#line 25567 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25687,7 +25692,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25691 "dtrain.h"
+#line 25696 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26124,7 +26129,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26128 "dtrain.h"
+#line 26133 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26617,7 +26622,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26621 "dtrain.h"
+#line 26626 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -27149,7 +27154,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 27153 "dtrain.h"
+#line 27158 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27655,7 +27660,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27659 "dtrain.h"
+#line 27664 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -29204,7 +29209,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 29208 "dtrain.h"
+#line 29213 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -29258,7 +29263,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 29262 "dtrain.h"
+#line 29267 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30436,7 +30441,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30440 "dtrain.h"
+#line 30445 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -31326,7 +31331,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 31330 "dtrain.h"
+#line 31335 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32804,7 +32809,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32808 "dtrain.h"
+#line 32813 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -33188,7 +33193,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 33192 "dtrain.h"
+#line 33197 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -33337,7 +33342,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 33341 "dtrain.h"
+#line 33346 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -23,10 +23,23 @@ struct dtr_kv_cache {
     int64_t *len;         /* positions written, per layer */
 };
 
+/* the 2 x layers tensors over c->mem, `each` bytes apart: leaves of no tape, so they outlive
+   dtr_context_reset */
+static void dtr__kv_tensors(dtr_kv_cache *c, size_t each) {
+    int i;
+    for (i = 0; i < 2 * c->layers; i++) {
+        dtr_tensor *t = &c->t[i];
+        t->dtype = c->dtype, t->ndim = 3;
+        t->shape[0] = c->batch, t->shape[1] = c->capacity, t->shape[2] = c->width;
+        dtr__contig_strides(3, t->shape, t->stride);
+        t->storage = (char *)c->mem + (size_t)i * each;
+        t->ctx = c->ctx, t->flags = DTR__LEAF, t->param_index = -1, t->name = "";
+    }
+}
+
 dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int64_t capacity, int64_t width, dtr_kv_cache **out) {
     dtr_kv_cache *c;
-    size_t es, each;
-    int i;
+    size_t each;
     if (!ctx || !out) return DTR_NULL_HANDLE;
     *out = NULL;
     if (layers <= 0 || batch <= 0 || capacity <= 0 || width <= 0 || batch * capacity > ((int64_t)1 << 40) / width)
@@ -36,8 +49,7 @@ dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int6
     if (!c) return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_kv_cache_create: out of memory");
     c->ctx = ctx, c->layers = layers, c->batch = batch, c->capacity = capacity, c->width = width;
     c->dtype = dtr__act_dtype(ctx);
-    es = dtr_dtype_size(c->dtype);
-    each = (size_t)(batch * capacity * width) * es;
+    each = (size_t)(batch * capacity * width) * dtr_dtype_size(c->dtype);
     c->t = (dtr_tensor *)dtr__calloc(&ctx->alloc, 2 * (size_t)layers * sizeof(dtr_tensor));
     c->len = (int64_t *)dtr__calloc(&ctx->alloc, (size_t)layers * sizeof(int64_t));
     c->mem = c->t && c->len ? dtr__mem_alloc_on(ctx, 1, 2 * (size_t)layers * each) : NULL;
@@ -46,14 +58,7 @@ dtr_result dtr_kv_cache_create(dtr_context *ctx, int layers, int64_t batch, int6
         return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_kv_cache_create: out of memory for %d layers of 2 x (%lld, %lld, %lld)", layers,
                          (long long)batch, (long long)capacity, (long long)width);
     }
-    for (i = 0; i < 2 * layers; i++) {   /* leaves of no tape: they outlive dtr_context_reset */
-        dtr_tensor *t = &c->t[i];
-        t->dtype = c->dtype, t->ndim = 3;
-        t->shape[0] = batch, t->shape[1] = capacity, t->shape[2] = width;
-        dtr__contig_strides(3, t->shape, t->stride);
-        t->storage = (char *)c->mem + (size_t)i * each;
-        t->ctx = ctx, t->flags = DTR__LEAF, t->param_index = -1, t->name = "";
-    }
+    dtr__kv_tensors(c, each);
     *out = c;
     return DTR_OK;
 }
