@@ -13419,10 +13419,8 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
     l->dim = dim;
     l->heads = heads;
     l->causal = 1;
-    snprintf(sub, sizeof(sub), "%s%sqkv", name ? name : "", name && *name ? "." : "");
-    dtr_linear_layer_init(&l->qkv, m, sub, dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
-    snprintf(sub, sizeof(sub), "%s%sproj", name ? name : "", name && *name ? "." : "");
-    dtr_linear_layer_init(&l->proj, m, sub, dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&l->qkv, m, dtr__sub_name(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&l->proj, m, dtr__sub_name(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
     return dtr__layer_status(m);
 }
 
@@ -13448,19 +13446,13 @@ dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_la
 
 dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {
     char sub[256];
-    const char *p = name ? name : "", *dot = name && *name ? "." : "";
     if (!b || !m) return DTR_NULL_HANDLE;
     memset(b, 0, sizeof(*b));
-    snprintf(sub, sizeof(sub), "%s%sln1", p, dot);
-    dtr_layernorm_layer_init(&b->ln1, m, sub, dim);
-    snprintf(sub, sizeof(sub), "%s%sattn", p, dot);
-    dtr_attention_layer_init(&b->attn, m, sub, dim, heads);
-    snprintf(sub, sizeof(sub), "%s%sln2", p, dot);
-    dtr_layernorm_layer_init(&b->ln2, m, sub, dim);
-    snprintf(sub, sizeof(sub), "%s%sfc", p, dot);
-    dtr_linear_layer_init(&b->fc, m, sub, dim, 4 * dim, 1, DTR_INIT_TORCH_DEFAULT);
-    snprintf(sub, sizeof(sub), "%s%sfc_proj", p, dot);
-    dtr_linear_layer_init(&b->fc_proj, m, sub, 4 * dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_layernorm_layer_init(&b->ln1, m, dtr__sub_name(sub, sizeof sub, name, "ln1"), dim);
+    dtr_attention_layer_init(&b->attn, m, dtr__sub_name(sub, sizeof sub, name, "attn"), dim, heads);
+    dtr_layernorm_layer_init(&b->ln2, m, dtr__sub_name(sub, sizeof sub, name, "ln2"), dim);
+    dtr_linear_layer_init(&b->fc, m, dtr__sub_name(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->fc_proj, m, dtr__sub_name(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
     return dtr__layer_status(m);
 }
 
@@ -13530,7 +13522,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 13534 "dtrain.h"
+#line 13526 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -13806,7 +13798,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 13810 "dtrain.h"
+#line 13802 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -13873,7 +13865,6 @@ static dtr_tensor *dtr__tp_param(dtr_model *m, dtr_comm *comm, const char *prefi
     return t;
 }
 
-/* "prefix.suffix" into buf (as the single-device layers name their parts) */
 static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
 
 /* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
@@ -14062,7 +14053,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14066 "dtrain.h"
+#line 14057 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14584,7 +14575,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14588 "dtrain.h"
+#line 14579 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14722,7 +14713,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14726 "dtrain.h"
+#line 14717 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15069,7 +15060,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15073 "dtrain.h"
+#line 15064 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15135,7 +15126,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15139 "dtrain.h"
+#line 15130 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -15372,7 +15363,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 15376 "dtrain.h"
+#line 15367 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16121,7 +16112,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16125 "dtrain.h"
+#line 16116 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16574,7 +16565,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16578 "dtrain.h"
+#line 16569 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16630,7 +16621,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16634 "dtrain.h"
+#line 16625 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -17407,7 +17398,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 17411 "dtrain.h"
+#line 17402 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17988,7 +17979,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17992 "dtrain.h"
+#line 17983 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18619,7 +18610,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18623 "dtrain.h"
+#line 18614 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -19415,7 +19406,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 19419 "dtrain.h"
+#line 19410 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19768,7 +19759,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19772 "dtrain.h"
+#line 19763 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19958,7 +19949,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19962 "dtrain.h"
+#line 19953 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20139,7 +20130,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20143 "dtrain.h"
+#line 20134 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20914,7 +20905,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20918 "dtrain.h"
+#line 20909 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -21431,7 +21422,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 21435 "dtrain.h"
+#line 21426 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -22226,7 +22217,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 22230 "dtrain.h"
+#line 22221 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23474,7 +23465,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23478 "dtrain.h"
+#line 23469 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24096,7 +24087,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24100 "dtrain.h"
+#line 24091 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24597,7 +24588,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24601 "dtrain.h"
+#line 24592 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -25327,7 +25318,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 25331 "dtrain.h"
+#line 25322 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25563,7 +25554,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25567 "dtrain.h"
+#line 25558 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25692,7 +25683,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25696 "dtrain.h"
+#line 25687 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26129,7 +26120,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26133 "dtrain.h"
+#line 26124 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26622,7 +26613,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26626 "dtrain.h"
+#line 26617 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -27154,7 +27145,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 27158 "dtrain.h"
+#line 27149 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27660,7 +27651,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27664 "dtrain.h"
+#line 27655 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -29209,7 +29200,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 29213 "dtrain.h"
+#line 29204 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -29263,7 +29254,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 29267 "dtrain.h"
+#line 29258 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30441,7 +30432,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30445 "dtrain.h"
+#line 30436 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -31331,7 +31322,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 31335 "dtrain.h"
+#line 31326 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32809,7 +32800,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32813 "dtrain.h"
+#line 32804 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -33193,7 +33184,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 33197 "dtrain.h"
+#line 33188 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -33342,7 +33333,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 33346 "dtrain.h"
+#line 33337 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

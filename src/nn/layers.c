@@ -132,10 +132,8 @@ dtr_result dtr_attention_layer_init(dtr_attention_layer *l, dtr_model *m, const 
     l->dim = dim;
     l->heads = heads;
     l->causal = 1;
-    snprintf(sub, sizeof(sub), "%s%sqkv", name ? name : "", name && *name ? "." : "");
-    dtr_linear_layer_init(&l->qkv, m, sub, dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
-    snprintf(sub, sizeof(sub), "%s%sproj", name ? name : "", name && *name ? "." : "");
-    dtr_linear_layer_init(&l->proj, m, sub, dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&l->qkv, m, dtr__sub_name(sub, sizeof sub, name, "qkv"), dim, 3 * dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&l->proj, m, dtr__sub_name(sub, sizeof sub, name, "proj"), dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
     return dtr__layer_status(m);
 }
 
@@ -161,19 +159,13 @@ dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_la
 
 dtr_result dtr_gpt_block_init(dtr_gpt_block *b, dtr_model *m, const char *name, int64_t dim, int heads) {
     char sub[256];
-    const char *p = name ? name : "", *dot = name && *name ? "." : "";
     if (!b || !m) return DTR_NULL_HANDLE;
     memset(b, 0, sizeof(*b));
-    snprintf(sub, sizeof(sub), "%s%sln1", p, dot);
-    dtr_layernorm_layer_init(&b->ln1, m, sub, dim);
-    snprintf(sub, sizeof(sub), "%s%sattn", p, dot);
-    dtr_attention_layer_init(&b->attn, m, sub, dim, heads);
-    snprintf(sub, sizeof(sub), "%s%sln2", p, dot);
-    dtr_layernorm_layer_init(&b->ln2, m, sub, dim);
-    snprintf(sub, sizeof(sub), "%s%sfc", p, dot);
-    dtr_linear_layer_init(&b->fc, m, sub, dim, 4 * dim, 1, DTR_INIT_TORCH_DEFAULT);
-    snprintf(sub, sizeof(sub), "%s%sfc_proj", p, dot);
-    dtr_linear_layer_init(&b->fc_proj, m, sub, 4 * dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_layernorm_layer_init(&b->ln1, m, dtr__sub_name(sub, sizeof sub, name, "ln1"), dim);
+    dtr_attention_layer_init(&b->attn, m, dtr__sub_name(sub, sizeof sub, name, "attn"), dim, heads);
+    dtr_layernorm_layer_init(&b->ln2, m, dtr__sub_name(sub, sizeof sub, name, "ln2"), dim);
+    dtr_linear_layer_init(&b->fc, m, dtr__sub_name(sub, sizeof sub, name, "fc"), dim, 4 * dim, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&b->fc_proj, m, dtr__sub_name(sub, sizeof sub, name, "fc_proj"), 4 * dim, dim, 1, DTR_INIT_TORCH_DEFAULT);
     return dtr__layer_status(m);
 }
 

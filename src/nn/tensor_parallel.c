@@ -61,7 +61,6 @@ static dtr_tensor *dtr__tp_param(dtr_model *m, dtr_comm *comm, const char *prefi
     return t;
 }
 
-/* "prefix.suffix" into buf (as the single-device layers name their parts) */
 static dtr_result dtr__tp_status(dtr_model *m) { return dtr_context_status(dtr_model_context(m)); }
 
 /* The group's size, or 0 with DTR_NULL_HANDLE recorded for a NULL group. */
