@@ -454,6 +454,13 @@ DTR_API dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+/** Element-wise max(a, b) and min(a, b) with broadcasting, PyTorch's torch.maximum and
+ *  torch.minimum: NaN in either gives NaN; the gradient goes to the larger (smaller) input,
+ *  half to each at a tie, whole to both where one is NaN (a clipped objective, as PPO's:
+ *  dtr_minimum(ctx, dtr_mul(ctx, r, adv), dtr_mul(ctx, dtr_clamp(ctx, r, 0.8f, 1.2f), adv))).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_maximum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+DTR_API dtr_tensor *dtr_minimum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 /** s * x. */
 DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
 /** Activations, element-wise. gelu is the tanh approximation (as GPT-2).
@@ -478,6 +485,27 @@ DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
 /** SiLU (swish): x * sigmoid(x), PyTorch's torch.nn.functional.silu (Llama's SwiGLU gate:
  *  dtr_mul(ctx, dtr_silu(ctx, gate), up)). Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x);
+/** Leaky ReLU: x where x > 0, else slope * x (PyTorch's leaky_relu, whose default slope is
+ *  0.01); the gradient 1 above 0, slope at and below 0. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_leaky_relu(dtr_context *ctx, dtr_tensor *x, float slope);
+/** Softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's
+ *  nn.functional.softplus(x, beta, threshold); its defaults are 1 and 20). A smooth ReLU, and
+ *  a positive output (a standard deviation, a rate). beta not positive and finite is
+ *  DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_softplus(dtr_context *ctx, dtr_tensor *x, float beta, float threshold);
+/** exp(x) (the library's exp: within 1.3 units in the last place; 0 below -104, inf above
+ *  88.7); log(x) (-inf at 0, NaN below); sqrt(x) (NaN below 0); x^p for a constant p (powf:
+ *  NaN for a negative x and a p that is not whole). Gradients as PyTorch's: exp(x), 1 / x,
+ *  1 / (2 sqrt(x)) (inf at 0), p x^(p-1) (0 when p is 0). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_exp(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_log(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_sqrt(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_pow(dtr_context *ctx, dtr_tensor *x, float p);
+/** min(max(x, lo), hi), PyTorch's torch.clamp: -INFINITY or INFINITY leaves a side open; hi
+ *  everywhere when lo > hi; NaN stays NaN. The gradient passes on [lo, hi], ends included,
+ *  and is 0 outside (and at NaN). A NaN bound is DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_clamp(dtr_context *ctx, dtr_tensor *x, float lo, float hi);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
@@ -501,6 +529,18 @@ DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
+/** Binary cross-entropy of logits against targets in [0, 1] (0/1 labels or soft ones), same
+ *  shapes, the mean over every element: PyTorch's binary_cross_entropy_with_logits (no
+ *  weights), mean(log(1 + exp(x)) - x t), stable for any logit (no exp overflows). Multi-label
+ *  classification, a yes/no head, a discriminator. Scalar; gradients to both inputs.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_bce_with_logits(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *target);
+/** Huber loss, PyTorch's huber_loss(pred, target, delta=delta): per element d^2 / 2 where |d| =
+ *  |pred - target| <= delta, delta (|d| - delta / 2) beyond; the mean over every element. MSE
+ *  near the target, L1 far from it (outliers pull less). smooth_l1_loss(beta) is this with
+ *  delta = beta, divided by beta. delta not positive and finite is DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_huber_loss(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target, float delta);
 
 /** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. The mean over an
  *  axis of size 0 is NaN (0 / 0), as PyTorch's torch.mean; the sum of nothing is 0.
@@ -4315,7 +4355,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4319 "dtrain.h"
+#line 4359 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4488,14 +4528,18 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
     X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)             \
-    X(SILU, "silu", unary) X(RMSNORM, "rmsnorm", layernorm) X(ROPE, "rope", rope)
+    X(SILU, "silu", unary) X(RMSNORM, "rmsnorm", layernorm) X(ROPE, "rope", rope)           \
+    X(EXP, "exp", unary) X(LOG, "log", unary) X(SQRT, "sqrt", unary) X(POW, "pow", unary)    \
+    X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
+    X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
+    X(MINIMUM, "minimum", binary)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 44
+#define DTR__OP_COUNT_EXPECTED 53
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -4533,6 +4577,10 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+/* SCALE: a the factor; POW: a the exponent; CLAMP: [a, b]; LEAKY_RELU: a the slope below 0;
+   SOFTPLUS: a = beta, b = threshold (the others: none) */
+typedef struct dtr__unary_params { float a, b; } dtr__unary_params;
+
 typedef struct dtr__rope_params {
     int heads;                        /* C = heads * D, D even */
     int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
@@ -4551,7 +4599,7 @@ typedef struct dtr__attention_params {
 
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
-    float scale;                      /* SCALE: the factor */
+    dtr__unary_params unary;          /* the unary ops' constants */
     float eps;                        /* LAYERNORM, RMSNORM: added to the variance (mean square) */
     int axis;                         /* SUM, MEAN: the reduced axis */
     dtr__attention_params attention;  /* ATTENTION */
@@ -5142,7 +5190,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5146 "dtrain.h"
+#line 5194 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5154,7 +5202,8 @@ extern const dtr_backend dtr__cpu_backend;
  *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
  *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
  *   - own exp, tanh and erf (branch-free: the CPU's loops vectorise), activations and their
- *     derivatives (GELU tanh and erf forms, SiLU, sigmoid, tanh, ReLU, abs)
+ *     derivatives (GELU tanh and erf forms, SiLU, sigmoid, tanh, ReLU, abs, leaky ReLU, clamp,
+ *     softplus, pow, maximum and minimum)
  *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
  *   - cross-entropy's row statistics, its exp terms and the probabilities its backward
  *     recomputes from them
@@ -5410,6 +5459,38 @@ DTR__HD float dtr__f_relu_grad(float x) {
 /** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
 DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
 
+/** Leaky ReLU: x above 0, else slope x (NaN: slope NaN = NaN); its derivative 1 above 0, else
+ *  slope (PyTorch's leaky_relu_backward: `x > 0`). */
+DTR__HD float dtr__f_leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
+DTR__HD float dtr__f_leaky_relu_grad(float x, float slope) { return x > 0.0f ? 1.0f : slope; }
+/** clamp(x, lo, hi) = min(max(x, lo), hi), as PyTorch's: hi everywhere when lo > hi, NaN kept;
+ *  the derivative 1 on [lo, hi] (ends included), else 0 (NaN: 0). */
+DTR__HD float dtr__f_clamp(float x, float lo, float hi) {
+    float t = x < lo ? lo : x;
+    return t > hi ? hi : t;
+}
+DTR__HD float dtr__f_clamp_grad(float x, float lo, float hi) { return (x >= lo && x <= hi) ? 1.0f : 0.0f; }
+/** softplus(x) = log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's
+ *  nn.Softplus: beta 1, threshold 20); the derivative e / (e + 1), e = exp(beta x), else 1. */
+DTR__HD float dtr__f_softplus(float x, float beta, float thr) {
+    float z = x * beta;
+    return z > thr ? x : log1pf(dtr__f_exp(z)) / beta;
+}
+DTR__HD float dtr__f_softplus_grad(float x, float beta, float thr) {
+    float z = x * beta, e = dtr__f_exp(z);
+    return z > thr ? 1.0f : e / (e + 1.0f);
+}
+/** x^p (powf), and its derivative p x^(p-1); 0 for p = 0, as PyTorch's pow_backward. */
+DTR__HD float dtr__f_pow_grad(float x, float p) { return p == 0.0f ? 0.0f : p * powf(x, p - 1.0f); }
+/** The share of the gradient of maximum(a, b) (is_max) or minimum(a, b) that goes to a:
+ *  0 where b wins, half at a tie, all of it otherwise (NaN: all of it to both, as PyTorch's
+ *  `where(a == b, g / 2, g).masked_fill_(a < b, 0)`); b's share is this with a and b swapped. */
+DTR__HD float dtr__f_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
+DTR__HD float dtr__f_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
+DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
+    return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
+}
+
 /** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
  *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
 DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
@@ -5501,7 +5582,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5505 "dtrain.h"
+#line 5586 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5563,7 +5644,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5567 "dtrain.h"
+#line 5648 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -5942,7 +6023,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 5946 "dtrain.h"
+#line 6027 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -5985,7 +6066,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 5989 "dtrain.h"
+#line 6070 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6019,7 +6100,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6023 "dtrain.h"
+#line 6104 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6078,7 +6159,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6082 "dtrain.h"
+#line 6163 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6152,7 +6233,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6156 "dtrain.h"
+#line 6237 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6220,7 +6301,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6224 "dtrain.h"
+#line 6305 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6295,7 +6376,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6299 "dtrain.h"
+#line 6380 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6647,7 +6728,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6651 "dtrain.h"
+#line 6732 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7471,7 +7552,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7475 "dtrain.h"
+#line 7556 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8146,7 +8227,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8150 "dtrain.h"
+#line 8231 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8237,7 +8318,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8241 "dtrain.h"
+#line 8322 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8719,7 +8800,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8723 "dtrain.h"
+#line 8804 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -8974,7 +9055,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 8978 "dtrain.h"
+#line 9059 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9205,7 +9286,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9209 "dtrain.h"
+#line 9290 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9324,7 +9405,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9328 "dtrain.h"
+#line 9409 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9380,7 +9461,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9384 "dtrain.h"
+#line 9465 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9551,7 +9632,7 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes and a SCALE's factor; notes a read of the own tape */
+/* the node's op, its tensors' shapes and a unary op's constants (a SCALE's factor, ...); notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
     uint64_t h = 14695981039346656037ull;
@@ -9563,7 +9644,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
         if (!g->checking && n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;   /* the capture's */
     }
     h = dtr__fnv_tensor(h, n->out);
-    if (n->op == DTR_OP_SCALE) h = dtr__fnv(h, &n->p.scale, sizeof n->p.scale);
+    if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
     return dtr__graph_note(g, slot, n->op, h);
 }
 
@@ -9765,7 +9846,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9769 "dtrain.h"
+#line 9850 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -9822,12 +9903,12 @@ static int dtr__bwd_reads_no_data(int op) {
            op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT || op == DTR_OP_ROPE;
 }
 
-/* ops whose backward kernel reads its output's values (tanh' and sigmoid' from y, softmax's and
-   attention's backward; the tensor-parallel ops copy every tensor of the node) */
+/* ops whose backward kernel reads its output's values (tanh', sigmoid', exp' and sqrt' from y,
+   softmax's and attention's backward; the tensor-parallel ops copy every tensor of the node) */
 static int dtr__bwd_reads_out(int op) {
-    return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_SOFTMAX || op == DTR_OP_LOG_SOFTMAX ||
-           op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY || op == DTR_OP_TP_REDUCE ||
-           op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
+    return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_EXP || op == DTR_OP_SQRT || op == DTR_OP_SOFTMAX ||
+           op == DTR_OP_LOG_SOFTMAX || op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY ||
+           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
 }
 
 /* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */
@@ -10027,7 +10108,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10031 "dtrain.h"
+#line 10112 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10118,6 +10199,12 @@ dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr
 dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_SUB, "dtr_sub", a, b); }
 dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_MUL, "dtr_mul", a, b); }
 dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_DIV, "dtr_div", a, b); }
+dtr_tensor *dtr_maximum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
+    return dtr__binary(ctx, DTR_OP_MAXIMUM, "dtr_maximum", a, b);
+}
+dtr_tensor *dtr_minimum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
+    return dtr__binary(ctx, DTR_OP_MINIMUM, "dtr_minimum", a, b);
+}
 
 dtr_result dtr__cpu_binary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__bcast bc;
@@ -10142,6 +10229,8 @@ dtr_result dtr__cpu_binary_fwd(dtr_context *ctx, dtr__node *nd) {
             if (ia == 1 && ib == 1) { for (j = 0; j < n; j++) py[j] = pa[j] * pb[j]; }
             else { for (j = 0; j < n; j++) py[j] = pa[j * ia] * pb[j * ib]; }
             break;
+        case DTR_OP_MAXIMUM: for (j = 0; j < n; j++) py[j] = dtr__f_maximum(pa[j * ia], pb[j * ib]); break;
+        case DTR_OP_MINIMUM: for (j = 0; j < n; j++) py[j] = dtr__f_minimum(pa[j * ia], pb[j * ib]); break;
         default: for (j = 0; j < n; j++) py[j] = pa[j * ia] / pb[j * ib]; break;
         }
     });
@@ -10174,6 +10263,13 @@ dtr_result dtr__cpu_binary_bwd(dtr_context *ctx, dtr__node *nd) {
             if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] * pb[j * ib];
             if (qb) for (j = 0; j < n; j++) qb[j * igb] += g[j] * pa[j * ia];
             break;
+        case DTR_OP_MAXIMUM:
+        case DTR_OP_MINIMUM: {
+            int mx = op == DTR_OP_MAXIMUM;
+            if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] * dtr__f_pick_share(pa[j * ia], pb[j * ib], mx);
+            if (qb) for (j = 0; j < n; j++) qb[j * igb] += g[j] * dtr__f_pick_share(pb[j * ib], pa[j * ia], mx);
+            break;
+        }
         default:
             if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] / pb[j * ib];
             if (qb) for (j = 0; j < n; j++) {
@@ -10188,7 +10284,7 @@ dtr_result dtr__cpu_binary_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- unary ops ---- */
 
-static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_tensor *x, float arg) {
+static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_tensor *x, float a, float b) {
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
@@ -10196,20 +10292,39 @@ static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_te
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    if (op == DTR_OP_SCALE) n->p.scale = arg;
+    n->p.unary.a = a;
+    n->p.unary.b = b;
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
-dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s) { return dtr__unary(ctx, DTR_OP_SCALE, "dtr_scale", x, s); }
-dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_RELU, "dtr_relu", x, 0); }
-dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0); }
-dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0); }
-dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
-dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
-dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
-dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SILU, "dtr_silu", x, 0); }
+dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s) { return dtr__unary(ctx, DTR_OP_SCALE, "dtr_scale", x, s, 0); }
+dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_RELU, "dtr_relu", x, 0, 0); }
+dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0, 0); }
+dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0, 0); }
+dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0, 0); }
+dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0, 0); }
+dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0, 0); }
+dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SILU, "dtr_silu", x, 0, 0); }
+dtr_tensor *dtr_exp(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_EXP, "dtr_exp", x, 0, 0); }
+dtr_tensor *dtr_log(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_LOG, "dtr_log", x, 0, 0); }
+dtr_tensor *dtr_sqrt(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SQRT, "dtr_sqrt", x, 0, 0); }
+dtr_tensor *dtr_pow(dtr_context *ctx, dtr_tensor *x, float p) { return dtr__unary(ctx, DTR_OP_POW, "dtr_pow", x, p, 0); }
+dtr_tensor *dtr_leaky_relu(dtr_context *ctx, dtr_tensor *x, float slope) {
+    return dtr__unary(ctx, DTR_OP_LEAKY_RELU, "dtr_leaky_relu", x, slope, 0);
+}
+
+dtr_tensor *dtr_clamp(dtr_context *ctx, dtr_tensor *x, float lo, float hi) {
+    if (ctx && (lo != lo || hi != hi)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_clamp: a bound is NaN");
+    return dtr__unary(ctx, DTR_OP_CLAMP, "dtr_clamp", x, lo, hi);
+}
+
+dtr_tensor *dtr_softplus(dtr_context *ctx, dtr_tensor *x, float beta, float threshold) {
+    if (ctx && !(beta > 0.0f && beta < INFINITY))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_softplus: beta is %g (a positive finite number)", (double)beta);
+    return dtr__unary(ctx, DTR_OP_SOFTPLUS, "dtr_softplus", x, beta, threshold);
+}
 
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
@@ -10226,17 +10341,24 @@ typedef struct { const dtr__node *nd; } dtr__unary_job;
 DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]);
-    float *y = dtr__f32(nd->out);
+    float *y = dtr__f32(nd->out), pa = nd->p.unary.a, pb = nd->p.unary.b;
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
+    case DTR_OP_SCALE: for (i = b; i < e; i++) y[i] = pa * x[i]; break;
     case DTR_OP_RELU: DTR__MAP8(dtr__f_relu, x, y, b, e); break;
     case DTR_OP_GELU: DTR__MAP8(dtr__f_gelu, x, y, b, e); break;
     case DTR_OP_TANH: DTR__MAP8(dtr__f_tanh, x, y, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__MAP8(dtr__f_gelu_erf, x, y, b, e); break;
     case DTR_OP_SILU: DTR__MAP8(dtr__f_silu, x, y, b, e); break;
+    case DTR_OP_EXP: DTR__MAP8(dtr__f_exp, x, y, b, e); break;
+    case DTR_OP_LOG: for (i = b; i < e; i++) y[i] = logf(x[i]); break;
+    case DTR_OP_SQRT: for (i = b; i < e; i++) y[i] = sqrtf(x[i]); break;
+    case DTR_OP_POW: for (i = b; i < e; i++) y[i] = powf(x[i], pa); break;
+    case DTR_OP_CLAMP: for (i = b; i < e; i++) y[i] = dtr__f_clamp(x[i], pa, pb); break;
+    case DTR_OP_LEAKY_RELU: for (i = b; i < e; i++) y[i] = dtr__f_leaky_relu(x[i], pa); break;
+    case DTR_OP_SOFTPLUS: for (i = b; i < e; i++) y[i] = dtr__f_softplus(x[i], pa, pb); break;
     default: DTR__MAP8(dtr__f_sigmoid, x, y, b, e); break;
     }
 }
@@ -10244,17 +10366,24 @@ DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) 
 DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]), *y = dtr__f32(nd->out), *g = nd->out->grad;
-    float *gx = dtr__gradof(nd->in[0]);
+    float *gx = dtr__gradof(nd->in[0]), pa = nd->p.unary.a, pb = nd->p.unary.b;
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
+    case DTR_OP_SCALE: for (i = b; i < e; i++) gx[i] += pa * g[i]; break;
     case DTR_OP_RELU: DTR__GRAD8(dtr__f_relu_grad, x, g, gx, b, e); break;
     case DTR_OP_GELU: DTR__GRAD8(dtr__f_gelu_grad, x, g, gx, b, e); break;
     case DTR_OP_TANH: DTR__GRAD8(dtr__f_tanh_grad, y, g, gx, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__GRAD8(dtr__f_gelu_erf_grad, x, g, gx, b, e); break;
     case DTR_OP_SILU: DTR__GRAD8(dtr__f_silu_grad, x, g, gx, b, e); break;
+    case DTR_OP_EXP: for (i = b; i < e; i++) gx[i] += g[i] * y[i]; break;
+    case DTR_OP_LOG: for (i = b; i < e; i++) gx[i] += g[i] / x[i]; break;
+    case DTR_OP_SQRT: for (i = b; i < e; i++) gx[i] += g[i] / (2.0f * y[i]); break;
+    case DTR_OP_POW: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_pow_grad(x[i], pa); break;
+    case DTR_OP_CLAMP: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_clamp_grad(x[i], pa, pb); break;
+    case DTR_OP_LEAKY_RELU: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_leaky_relu_grad(x[i], pa); break;
+    case DTR_OP_SOFTPLUS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_softplus_grad(x[i], pa, pb); break;
     default: DTR__GRAD8(dtr__f_sigmoid_grad, y, g, gx, b, e); break;
     }
 }
@@ -10367,16 +10496,23 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- mean squared error ---- */
 
-dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
-    dtr__node *n;
+/* 1 when a loss's two inputs are there and of one shape; else 0, the context's error set */
+static int dtr__loss_inputs(dtr_context *ctx, const char *fn, dtr_tensor *pred, const char *pn, dtr_tensor *target) {
     char s1[96], s2[96];
     int d;
+    if (!dtr__check_input(ctx, fn, pred, pn) || !dtr__check_input(ctx, fn, target, "target")) return 0;
+    for (d = 0; pred->ndim == target->ndim && d < pred->ndim; d++)
+        if (pred->shape[d] != target->shape[d]) break;
+    if (pred->ndim == target->ndim && d == pred->ndim) return 1;
+    dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: %s %s and target %s differ", fn, pn, dtr__shape_str(pred, s1, sizeof s1),
+              dtr__shape_str(target, s2, sizeof s2));
+    return 0;
+}
+
+dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
+    dtr__node *n;
     if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_mse", pred, "pred") || !dtr__check_input(ctx, "dtr_mse", target, "target"))
-        return NULL;
-    if (pred->ndim != target->ndim) goto mismatch;
-    for (d = 0; d < pred->ndim; d++)
-        if (pred->shape[d] != target->shape[d]) goto mismatch;
+    if (!dtr__loss_inputs(ctx, "dtr_mse", pred, "pred", target)) return NULL;
     pred = dtr__contig_input(ctx, pred);
     target = dtr__contig_input(ctx, target);
     if (!pred || !target) return NULL;
@@ -10388,9 +10524,29 @@ dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_mse");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_mse");
-mismatch:
-    return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_mse: pred %s and target %s differ",
-                      dtr__shape_str(pred, s1, sizeof s1), dtr__shape_str(target, s2, sizeof s2));
+}
+
+/* mean(softplus(x) - x t): softplus keeps x where x > 20, so no exp overflows, and the terms are
+   PyTorch's max(x, 0) - x t + log(1 + exp(-|x|)) rearranged */
+dtr_tensor *dtr_bce_with_logits(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *target) {
+    if (!ctx) return NULL;
+    if (!dtr__loss_inputs(ctx, "dtr_bce_with_logits", logits, "logits", target)) return NULL;
+    return dtr_mean_all(ctx, dtr_sub(ctx, dtr_softplus(ctx, logits, 1.0f, 20.0f), dtr_mul(ctx, logits, target)));
+}
+
+/* mean(c^2 / 2 + delta (|d| - |c|)), d = pred - target, c = clamp(d, -delta, delta): d^2 / 2 where
+   |d| <= delta, delta (|d| - delta / 2) beyond; the gradient d there, delta sign(d) beyond */
+dtr_tensor *dtr_huber_loss(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target, float delta) {
+    dtr_tensor *d, *c, *quad, *lin;
+    if (!ctx) return NULL;
+    if (!(delta > 0.0f && delta < INFINITY))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_huber_loss: delta is %g (a positive finite number)", (double)delta);
+    if (!dtr__loss_inputs(ctx, "dtr_huber_loss", pred, "pred", target)) return NULL;
+    d = dtr_sub(ctx, pred, target);
+    c = dtr_clamp(ctx, d, -delta, delta);
+    quad = dtr_scale(ctx, dtr_mul(ctx, c, c), 0.5f);
+    lin = dtr_scale(ctx, dtr_sub(ctx, dtr_abs(ctx, d), dtr_abs(ctx, c)), delta);
+    return dtr_mean_all(ctx, dtr_add(ctx, quad, lin));
 }
 
 dtr_result dtr__cpu_mse_fwd(dtr_context *ctx, dtr__node *nd) {
@@ -10447,7 +10603,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10451 "dtrain.h"
+#line 10607 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10626,7 +10782,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10630 "dtrain.h"
+#line 10786 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11477,7 +11633,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11481 "dtrain.h"
+#line 11637 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -11976,7 +12132,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 11980 "dtrain.h"
+#line 12136 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12235,7 +12391,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12239 "dtrain.h"
+#line 12395 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12605,7 +12761,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12609 "dtrain.h"
+#line 12765 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12739,7 +12895,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12743 "dtrain.h"
+#line 12899 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13281,7 +13437,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13285 "dtrain.h"
+#line 13441 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13522,7 +13678,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 13526 "dtrain.h"
+#line 13682 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -13798,7 +13954,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 13802 "dtrain.h"
+#line 13958 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14053,7 +14209,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14057 "dtrain.h"
+#line 14213 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14575,7 +14731,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14579 "dtrain.h"
+#line 14735 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14713,7 +14869,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14717 "dtrain.h"
+#line 14873 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15060,7 +15216,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15064 "dtrain.h"
+#line 15220 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15126,7 +15282,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15130 "dtrain.h"
+#line 15286 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -15363,7 +15519,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 15367 "dtrain.h"
+#line 15523 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16112,7 +16268,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16116 "dtrain.h"
+#line 16272 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16565,7 +16721,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16569 "dtrain.h"
+#line 16725 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16621,7 +16777,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16625 "dtrain.h"
+#line 16781 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -17398,7 +17554,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 17402 "dtrain.h"
+#line 17558 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -17979,7 +18135,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 17983 "dtrain.h"
+#line 18139 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18610,7 +18766,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18614 "dtrain.h"
+#line 18770 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -19406,7 +19562,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 19410 "dtrain.h"
+#line 19566 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19759,7 +19915,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19763 "dtrain.h"
+#line 19919 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -19949,7 +20105,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 19953 "dtrain.h"
+#line 20109 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20130,7 +20286,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20134 "dtrain.h"
+#line 20290 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -20905,7 +21061,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 20909 "dtrain.h"
+#line 21065 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -21422,7 +21578,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 21426 "dtrain.h"
+#line 21582 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -22217,7 +22373,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 22221 "dtrain.h"
+#line 22377 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23465,7 +23621,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23469 "dtrain.h"
+#line 23625 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24087,7 +24243,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24091 "dtrain.h"
+#line 24247 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24588,7 +24744,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24592 "dtrain.h"
+#line 24748 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -25318,7 +25474,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 25322 "dtrain.h"
+#line 25478 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25554,7 +25710,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25558 "dtrain.h"
+#line 25714 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25683,7 +25839,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25687 "dtrain.h"
+#line 25843 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26120,7 +26276,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26124 "dtrain.h"
+#line 26280 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26613,7 +26769,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26617 "dtrain.h"
+#line 26773 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -27145,7 +27301,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 27149 "dtrain.h"
+#line 27305 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27651,7 +27807,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27655 "dtrain.h"
+#line 27811 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -29200,7 +29356,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 29204 "dtrain.h"
+#line 29360 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -29254,7 +29410,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 29258 "dtrain.h"
+#line 29414 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30432,7 +30588,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30436 "dtrain.h"
+#line 30592 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -31322,7 +31478,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 31326 "dtrain.h"
+#line 31482 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32800,7 +32956,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32804 "dtrain.h"
+#line 32960 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -33184,7 +33340,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 33188 "dtrain.h"
+#line 33344 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -33333,7 +33489,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 33337 "dtrain.h"
+#line 33493 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

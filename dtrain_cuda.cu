@@ -252,40 +252,55 @@ static dtr_result dtr__cuda_sum(dtr_context *ctx, int kind, dtr__cuda_mem a, dtr
 
 /* ---- unary: y = f(x), gx += g f'(x) ---- */
 
-__device__ static float dtr__cuda_unary_f(int op, float x, float s) {
+__device__ static float dtr__cuda_unary_f(int op, float x, dtr__unary_params p) {
     switch (op) {
-    case DTR_OP_SCALE: return s * x;
+    case DTR_OP_SCALE: return p.a * x;
     case DTR_OP_RELU: return dtr__f_relu(x);
     case DTR_OP_GELU: return dtr__f_gelu(x);
     case DTR_OP_TANH: return dtr__f_tanh(x);
     case DTR_OP_ABS: return fabsf(x);
     case DTR_OP_GELU_ERF: return dtr__f_gelu_erf(x);
     case DTR_OP_SILU: return dtr__f_silu(x);
+    case DTR_OP_EXP: return dtr__f_exp(x);
+    case DTR_OP_LOG: return logf(x);
+    case DTR_OP_SQRT: return sqrtf(x);
+    case DTR_OP_POW: return powf(x, p.a);
+    case DTR_OP_CLAMP: return dtr__f_clamp(x, p.a, p.b);
+    case DTR_OP_LEAKY_RELU: return dtr__f_leaky_relu(x, p.a);
+    case DTR_OP_SOFTPLUS: return dtr__f_softplus(x, p.a, p.b);
     default: return dtr__f_sigmoid(x);
     }
 }
 
-/* dy/dx from x and y (tanh and sigmoid use y, as the CPU does). */
-__device__ static float dtr__cuda_unary_df(int op, float x, float y, float s) {
+/* g dy/dx from x and y (tanh, sigmoid, exp and sqrt use y) in the CPU's arithmetic: log's and
+   sqrt's divide (g / x, g / (2 y)), the others multiply g by the derivative */
+__device__ static float dtr__cuda_unary_grad(int op, float g, float x, float y, dtr__unary_params p) {
     switch (op) {
-    case DTR_OP_SCALE: return s;
-    case DTR_OP_RELU: return dtr__f_relu_grad(x);
-    case DTR_OP_GELU: return dtr__f_gelu_grad(x);
-    case DTR_OP_TANH: return dtr__f_tanh_grad(y);
-    case DTR_OP_ABS: return dtr__f_abs_grad(x);
-    case DTR_OP_GELU_ERF: return dtr__f_gelu_erf_grad(x);
-    case DTR_OP_SILU: return dtr__f_silu_grad(x);
-    default: return dtr__f_sigmoid_grad(y);
+    case DTR_OP_SCALE: return p.a * g;
+    case DTR_OP_RELU: return g * dtr__f_relu_grad(x);
+    case DTR_OP_GELU: return g * dtr__f_gelu_grad(x);
+    case DTR_OP_TANH: return g * dtr__f_tanh_grad(y);
+    case DTR_OP_ABS: return g * dtr__f_abs_grad(x);
+    case DTR_OP_GELU_ERF: return g * dtr__f_gelu_erf_grad(x);
+    case DTR_OP_SILU: return g * dtr__f_silu_grad(x);
+    case DTR_OP_EXP: return g * y;
+    case DTR_OP_LOG: return g / x;
+    case DTR_OP_SQRT: return g / (2.0f * y);
+    case DTR_OP_POW: return g * dtr__f_pow_grad(x, p.a);
+    case DTR_OP_CLAMP: return g * dtr__f_clamp_grad(x, p.a, p.b);
+    case DTR_OP_LEAKY_RELU: return g * dtr__f_leaky_relu_grad(x, p.a);
+    case DTR_OP_SOFTPLUS: return g * dtr__f_softplus_grad(x, p.a, p.b);
+    default: return g * dtr__f_sigmoid_grad(y);
     }
 }
 
-__global__ static void dtr__cuda_unary_fwd_k(int op, float s, dtr__cuda_mem x, dtr__cuda_mem y, int64_t n) {
-    DTR__CUDA_FOR(i, n) y.st(i, dtr__cuda_unary_f(op, x.ld(i), s));
+__global__ static void dtr__cuda_unary_fwd_k(int op, dtr__unary_params p, dtr__cuda_mem x, dtr__cuda_mem y, int64_t n) {
+    DTR__CUDA_FOR(i, n) y.st(i, dtr__cuda_unary_f(op, x.ld(i), p));
 }
 
-__global__ static void dtr__cuda_unary_bwd_k(int op, float s, dtr__cuda_mem x, dtr__cuda_mem y, const float *g, float *gx,
-                                             int64_t n) {
-    DTR__CUDA_FOR(i, n) gx[i] += g[i] * dtr__cuda_unary_df(op, x.ld(i), y.ld(i), s);
+__global__ static void dtr__cuda_unary_bwd_k(int op, dtr__unary_params p, dtr__cuda_mem x, dtr__cuda_mem y, const float *g,
+                                             float *gx, int64_t n) {
+    DTR__CUDA_FOR(i, n) gx[i] += dtr__cuda_unary_grad(op, g[i], x.ld(i), y.ld(i), p);
 }
 
 /* x, y, gx: (N) */
@@ -293,7 +308,7 @@ static dtr_result dtr__cuda_unary_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t n = dtr_tensor_numel(nd->out);
     if (n == 0) return DTR_OK;
     dtr__cuda_unary_fwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, nd->p.scale, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), n);
+        nd->op, nd->p.unary, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -302,7 +317,7 @@ static dtr_result dtr__cuda_unary_bwd(dtr_context *ctx, dtr__node *nd) {
     float *gx = dtr__gradof(nd->in[0]);
     if (!gx || n == 0) return DTR_OK;
     dtr__cuda_unary_bwd_k<<<dtr__cuda_grid(n), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
-        nd->op, nd->p.scale, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), nd->out->grad, gx, n);
+        nd->op, nd->p.unary, dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->out), nd->out->grad, gx, n);
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -343,7 +358,21 @@ __device__ static float dtr__cuda_binary_f(int op, float a, float b) {
     case DTR_OP_ADD: return a + b;
     case DTR_OP_SUB: return a - b;
     case DTR_OP_MUL: return a * b;
+    case DTR_OP_MAXIMUM: return dtr__f_maximum(a, b);
+    case DTR_OP_MINIMUM: return dtr__f_minimum(a, b);
     default: return a / b;
+    }
+}
+
+/* what input `side` (0: a, 1: b) gets of the output's gradient g, as the CPU adds it */
+__device__ static float dtr__cuda_binary_grad(int op, int side, float g, float a, float b) {
+    switch (op) {
+    case DTR_OP_ADD: return g;
+    case DTR_OP_SUB: return side ? -g : g;
+    case DTR_OP_MUL: return g * (side ? a : b);
+    case DTR_OP_MAXIMUM:
+    case DTR_OP_MINIMUM: return g * (side ? dtr__f_pick_share(b, a, op == DTR_OP_MAXIMUM) : dtr__f_pick_share(a, b, op == DTR_OP_MAXIMUM));
+    default: return side ? -(g * a / (b * b)) : g / b;
     }
 }
 
@@ -391,13 +420,7 @@ __global__ static void dtr__cuda_binary_bwd_k(int op, int side, dtr__cuda_bcast 
                 oa += k * bc.sa[d];
                 ob += k * bc.sb[d];
             }
-            float g = G[o], a = A.ld(oa), b = B.ld(ob);
-            switch (op) {
-            case DTR_OP_ADD: acc += g; break;
-            case DTR_OP_SUB: acc += side ? -g : g; break;
-            case DTR_OP_MUL: acc += g * (side ? a : b); break;
-            default: acc += side ? -(g * a / (b * b)) : g / b; break;
-            }
+            acc += dtr__cuda_binary_grad(op, side, G[o], A.ld(oa), B.ld(ob));
         }
         GS[j] = acc;
     }
@@ -410,15 +433,7 @@ __global__ static void dtr__cuda_binary_dense_fwd_k(int op, dtr__cuda_mem A, dtr
 
 __global__ static void dtr__cuda_binary_dense_bwd_k(int op, int side, dtr__cuda_mem A, dtr__cuda_mem B, const float *G,
                                                     float *GS, int64_t n) {
-    DTR__CUDA_FOR(i, n) {
-        float g = G[i], a = A.ld(i), b = B.ld(i);
-        switch (op) {
-        case DTR_OP_ADD: GS[i] += g; break;
-        case DTR_OP_SUB: GS[i] += side ? -g : g; break;
-        case DTR_OP_MUL: GS[i] += g * (side ? a : b); break;
-        default: GS[i] += side ? -(g * a / (b * b)) : g / b; break;
-        }
-    }
+    DTR__CUDA_FOR(i, n) GS[i] += dtr__cuda_binary_grad(op, side, G[i], A.ld(i), B.ld(i));
 }
 
 /* 1 when a and b are dense and of the output's shape (no broadcasting) */
@@ -1173,7 +1188,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1177 "dtrain_cuda.cu"
+#line 1192 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1646,7 +1661,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1650 "dtrain_cuda.cu"
+#line 1665 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2101,7 +2116,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2105 "dtrain_cuda.cu"
+#line 2120 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2361,7 +2376,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2365 "dtrain_cuda.cu"
+#line 2380 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3234,7 +3249,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3238 "dtrain_cuda.cu"
+#line 3253 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3732,5 +3747,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3736 "dtrain_cuda.cu"
+#line 3751 "dtrain_cuda.cu"
 

@@ -9,6 +9,9 @@
  *   test_nan_maxpool_windows overlapping max-pool windows holding NaN: the gradient as PyTorch's
  *   test_empty_mean          mean, mean_all and mse of nothing are NaN (PyTorch)
  *   test_abs_gelu_erf        dtr_abs, dtr_gelu_erf and dtr_gelu (tanh form) against PyTorch's numbers
+ *   test_math_ops            exp, log, sqrt, pow, clamp, leaky_relu, softplus, maximum, minimum,
+ *                            bce_with_logits, huber_loss against PyTorch's numbers (NaN, infinities,
+ *                            ties and ends included), and their argument errors
  *   test_op_names            every op's stored id and name (written out), and errors that name the op
  *   test_backend_caps        the CPU backend's capabilities, supports_op, events, result names
  *   test_fused_attention     the fused attention op equals the composite of public ops (causal or
@@ -356,6 +359,128 @@ static void test_abs_gelu_erf(void) {
     dtr_context_destroy(ctx);
 }
 
+/* ---- exp, log, sqrt, pow, clamp, leaky ReLU, softplus, maximum, minimum and the two losses
+ * against PyTorch 1.13's numbers (y = op(x); y.sum().backward(); x.grad), special points included ---- */
+
+/* NaN where PyTorch has NaN, its infinity, else within 3e-7 relative */
+static int torch_same(float v, double ref) {
+    if (isnan(ref)) return isnan(v);
+    if (isinf(ref)) return (double)v == ref;
+    return fabs((double)v - ref) <= 3e-7 * (1.0 + fabs(ref));
+}
+
+typedef struct math_ref {
+    const char *what;
+    int which, n;
+    float x[7], x2[7];   /* x2: maximum's and minimum's b, the losses' targets */
+    double y[7], g[7], g2[7];
+} math_ref;
+
+static dtr_tensor *math_op(dtr_context *c, int which, dtr_tensor *a, dtr_tensor *b) {
+    switch (which) {
+    case 0: return dtr_exp(c, a);
+    case 1: return dtr_log(c, a);
+    case 2: return dtr_sqrt(c, a);
+    case 3: return dtr_pow(c, a, 2.5f);
+    case 4: return dtr_pow(c, a, 0.0f);
+    case 5: return dtr_pow(c, a, -1.0f);
+    case 6: return dtr_clamp(c, a, -0.5f, 0.3f);
+    case 7: return dtr_clamp(c, a, 0.5f, -0.5f);
+    case 8: return dtr_leaky_relu(c, a, 0.1f);
+    case 9: return dtr_softplus(c, a, 2.0f, 1.0f);
+    case 10: return dtr_softplus(c, a, 1.0f, 20.0f);
+    case 11: return dtr_maximum(c, a, b);
+    case 12: return dtr_minimum(c, a, b);
+    case 13: return dtr_bce_with_logits(c, a, b);
+    default: return dtr_huber_loss(c, a, b, 0.5f);
+    }
+}
+
+static const math_ref k_math[] = {
+    {"exp", 0, 6, {0, 1, -104, 89, NAN, -INFINITY}, {0}, {1, 2.7182817459106445, 0, INFINITY, NAN, 0},
+     {1, 2.7182817459106445, 0, INFINITY, NAN, 0}, {0}},
+    {"log", 1, 6, {1, 0, -1, INFINITY, NAN, 2}, {0}, {0, -INFINITY, NAN, INFINITY, NAN, 0.6931471824645996},
+     {1, INFINITY, -1, 0, NAN, 0.5}, {0}},
+    {"sqrt", 2, 5, {4, 0, -1, INFINITY, NAN}, {0}, {2, 0, NAN, INFINITY, NAN}, {0.25, INFINITY, NAN, 0, NAN}, {0}},
+    {"pow 2.5", 3, 4, {4, 0, -1, NAN}, {0}, {32, 0, NAN, NAN}, {20, 0, NAN, NAN}, {0}},
+    {"pow 0", 4, 3, {-2, 0, NAN}, {0}, {1, 1, 1}, {0, 0, 0}, {0}},
+    {"pow -1", 5, 3, {-2, 0, 2}, {0}, {-0.5, INFINITY, 0.5}, {-0.25, -INFINITY, -0.25}, {0}},
+    {"clamp", 6, 6, {-1, -0.5f, 0, 0.3f, 1, NAN}, {0}, {-0.5, -0.5, 0, 0.30000001192092896, 0.30000001192092896, NAN},
+     {0, 1, 1, 1, 0, 0}, {0}},
+    {"clamp, lo > hi", 7, 3, {-1, 0, 1}, {0}, {-0.5, -0.5, -0.5}, {0, 0, 0}, {0}},
+    {"leaky_relu", 8, 5, {-2, 0, -0.0f, 3, NAN}, {0}, {-0.20000000298023224, 0, 0, 3, NAN},
+     {0.10000000149011612, 0.10000000149011612, 0.10000000149011612, 1, 0.10000000149011612}, {0}},
+    {"softplus beta 2 threshold 1", 9, 7, {-100, -1, 0, 0.5f, 0.51f, 10, NAN}, {0},
+     {0, 0.06346400082111359, 0.3465735912322998, 0.65663081407547, 0.5099999904632568, 10, NAN},
+     {0, 0.11920291930437088, 0.5, 0.7310585975646973, 1, 1, NAN}, {0}},
+    {"softplus", 10, 4, {-100, 20, 20.5f, 100}, {0}, {3.783505853677006e-44, 20, 20.5, 100}, {3.783505853677006e-44, 1, 1, 1},
+     {0}},
+    {"maximum", 11, 5, {1, 2, 3, NAN, 1}, {2, 2, 1, 1, NAN}, {2, 2, 3, NAN, NAN}, {0, 0.5, 1, 1, 1}, {1, 0.5, 0, 1, 1}},
+    {"minimum", 12, 5, {1, 2, 3, NAN, 1}, {2, 2, 1, 1, NAN}, {1, 2, 1, NAN, NAN}, {1, 0.5, 0, 1, 1}, {0, 0.5, 1, 1, 1}},
+    {"bce_with_logits", 13, 6, {-30, -2, 0, 0.5f, 3, 40}, {1, 0, 0.5f, 1, 0, 1}, {5.723789215087891},
+     {-0.1666666716337204, 0.019867153838276863, 0, -0.06292343884706497, 0.1587623506784439, 0},
+     {5, 0.3333333432674408, 0, -0.0833333358168602, -0.5, -6.666666507720947}},
+    {"huber_loss delta 0.5", 14, 6, {0, 0.2f, -0.5f, 1, 2.5f, -3}, {0, 0, 0, 0.5f, 0, 0}, {0.46166667342185974},
+     {0, 0.03333333507180214, -0.0833333358168602, 0.0833333358168602, 0.0833333358168602, -0.0833333358168602},
+     {0, -0.03333333507180214, 0.0833333358168602, -0.0833333358168602, -0.0833333358168602, 0.0833333358168602}},
+};
+
+static void check_math_ref(dtr_context *ctx, const math_ref *r) {
+    int64_t n = r->n;
+    int two = r->which >= 11, i;
+    dtr_tensor *a = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n, r->x));
+    dtr_tensor *b = two ? dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 1, &n, r->x2)) : NULL;
+    dtr_tensor *y = math_op(ctx, r->which, a, b);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    for (i = 0; i < (int)dtr_tensor_numel(y); i++)
+        CHECK_MSG(torch_same(dtr_tensor_get(y, i), r->y[i]), "%s: y[%d] = %g, PyTorch %g", r->what, i,
+                  (double)dtr_tensor_get(y, i), r->y[i]);
+    for (i = 0; i < r->n; i++) {
+        CHECK_MSG(torch_same(dtr_tensor_grad(a)[i], r->g[i]), "%s: grad[%d] = %g, PyTorch %g", r->what, i,
+                  (double)dtr_tensor_grad(a)[i], r->g[i]);
+        CHECK_MSG(!two || torch_same(dtr_tensor_grad(b)[i], r->g2[i]), "%s: grad of b[%d] = %g, PyTorch %g", r->what, i,
+                  (double)dtr_tensor_grad(b)[i], r->g2[i]);
+    }
+    dtr_context_reset(ctx);
+}
+
+/* a bad argument of the new ops: a clear error code and no tensor (each from a clear context:
+   the error is sticky) */
+static dtr_tensor *math_bad(dtr_context *c, int i, dtr_tensor *x, dtr_tensor *w) {
+    switch (i) {
+    case 0: return dtr_clamp(c, x, NAN, 1.0f);
+    case 1: return dtr_softplus(c, x, 0.0f, 20.0f);
+    case 2: return dtr_huber_loss(c, x, x, -1.0f);
+    case 3: return dtr_huber_loss(c, x, w, 1.0f);
+    case 4: return dtr_bce_with_logits(c, x, w);
+    case 5: return dtr_maximum(c, x, w);
+    default: return dtr_minimum(c, x, NULL);
+    }
+}
+
+static void check_math_errors(dtr_context *ctx) {
+    static const dtr_result want[7] = {DTR_INVALID_ARGUMENT, DTR_INVALID_ARGUMENT, DTR_INVALID_ARGUMENT, DTR_SHAPE_MISMATCH,
+                                       DTR_SHAPE_MISMATCH, DTR_SHAPE_MISMATCH, DTR_NULL_HANDLE};
+    int64_t s3[1] = {3}, s4[1] = {4};
+    dtr_tensor *x = dtr_tensor_zeros(ctx, DTR_F32, 1, s3), *w = dtr_tensor_zeros(ctx, DTR_F32, 1, s4);
+    int i;
+    for (i = 0; i < 7; i++) {
+        dtr_tensor *t = math_bad(ctx, i, x, w);
+        CHECK_MSG(t == NULL, "case %d gave a tensor", i);
+        CHECK_MSG(dtr_context_status(ctx) == want[i], "case %d: %s (%s)", i, dtr_result_string(dtr_context_status(ctx)),
+                  dtr_context_last_error(ctx));
+        dtr_context_clear_error(ctx);
+    }
+}
+
+static void test_math_ops(void) {
+    dtr_context *ctx = test_ctx(1);
+    size_t i;
+    for (i = 0; i < sizeof k_math / sizeof k_math[0]; i++) check_math_ref(ctx, &k_math[i]);
+    check_math_errors(ctx);
+    dtr_context_destroy(ctx);
+}
+
 /* Every op's stored id and name, written out: traces and checkpoints keep the numbers, so
  * an entry of the op list moved or renamed fails here (a new op adds a line at the end). */
 static const char *const k_op_ids[] = {
@@ -364,7 +489,8 @@ static const char *const k_op_ids[] = {
     "sum", "mean", "sum_all", "mean_all", "embedding", "layernorm", "dropout", "conv2d",      /* 17..24 */
     "maxpool2d", "avgpool2d", "cast", "reshape", "permute", "slice", "concat", "contiguous",  /* 25..32 */
     "abs", "gelu_erf", "tp_copy", "tp_reduce", "vocab_cross_entropy", "tp_gather",            /* 33..38 */
-    "checkpoint", "attention", "silu", "rmsnorm", "rope"                                      /* 39..43 */
+    "checkpoint", "attention", "silu", "rmsnorm", "rope",                                     /* 39..43 */
+    "exp", "log", "sqrt", "pow", "clamp", "leaky_relu", "softplus", "maximum", "minimum"      /* 44..52 */
 };
 
 static void test_op_names(void) {
@@ -977,6 +1103,7 @@ int main(void) {
     RUN(test_nan_maxpool_windows);
     RUN(test_empty_mean);
     RUN(test_abs_gelu_erf);
+    RUN(test_math_ops);
     RUN(test_op_names);
     RUN(test_backend_caps);
     RUN(test_fused_attention);

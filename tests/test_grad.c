@@ -21,7 +21,9 @@
 typedef struct gc_input {
     int ndim;
     int64_t shape[DTR_MAX_DIMS];
-    int kind;          /* 0 normal, 1 away from zero (relu, div), 2 distinct spaced values (max) */
+    int kind;          /* 0 normal, 1 away from zero (relu, div), 2 distinct spaced values (max),
+                          3 positive (log, sqrt), 4 kind 2's values + 0.025 (never within 0.025
+                          of a kind 2 input: maximum, minimum) */
 } gc_input;
 
 typedef dtr_tensor *(*build_fn)(dtr_context *ctx, dtr_tensor **in, void *user);
@@ -36,16 +38,16 @@ static void mark_covered(const dtr_context *ctx) {
     for (n = ctx->cur->head; n; n = n->prev) g_covered[n->op] = 1;
 }
 
-/* Random inputs of a case: normal in [-1, 1), away from zero (kind 1), or a shuffled ramp of
- * values at least 0.05 apart (kind 2). */
+/* Random inputs of a case: normal in [-1, 1), away from zero (kind 1), a shuffled ramp of values
+ * at least 0.05 apart (kind 2; kind 4 shifted by 0.025), or in [0.5, 1.5) (kind 3). */
 static void gc_fill(float *x, int64_t n, int kind, dtr_rng *rng) {
     int64_t k;
     for (k = 0; k < n; k++) {
         float v = dtr_rng_uniform(rng) * 2.0f - 1.0f;
-        x[k] = kind == 1 ? (v < 0 ? -1.0f : 1.0f) * (0.5f + fabsf(v)) : v;
+        x[k] = kind == 1 ? (v < 0 ? -1.0f : 1.0f) * (0.5f + fabsf(v)) : kind == 3 ? 0.5f + fabsf(v) : v;
     }
-    if (kind != 2) return;
-    for (k = 0; k < n; k++) x[k] = -1.0f + 0.05f * (float)k;
+    if (kind != 2 && kind != 4) return;
+    for (k = 0; k < n; k++) x[k] = -1.0f + 0.05f * (float)k + (kind == 4 ? 0.025f : 0.0f);
     for (k = n - 1; k > 0; k--) {
         int64_t j = dtr_rng_u32(rng) % (uint32_t)(k + 1);
         float t = x[k]; x[k] = x[j]; x[j] = t;
@@ -179,8 +181,26 @@ static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
     case 4: return dtr_sigmoid(c, x[0]);
     case 5: return dtr_abs(c, x[0]);
     case 7: return dtr_silu(c, x[0]);
+    case 8: return dtr_exp(c, x[0]);
+    case 9: return dtr_log(c, x[0]);
+    case 10: return dtr_sqrt(c, x[0]);
+    case 11: return dtr_pow(c, x[0], 2.5f);
+    case 12: return dtr_pow(c, x[0], 3.0f);
+    case 13: return dtr_clamp(c, x[0], -0.52f, 0.33f);     /* ends between kind 2's values */
+    case 14: return dtr_clamp(c, x[0], -INFINITY, 0.33f);
+    case 15: return dtr_leaky_relu(c, x[0], 0.1f);
+    case 16: return dtr_softplus(c, x[0], 2.0f, 1.05f);    /* threshold at x = 0.525: kind 2 has 0.5, 0.55 */
+    case 17: return dtr_softplus(c, x[0], 1.0f, 20.0f);
     default: return dtr_gelu_erf(c, x[0]);
     }
+}
+
+static dtr_tensor *b_pick(dtr_context *c, dtr_tensor **x, void *u) {
+    return *(int *)u ? dtr_minimum(c, x[0], x[1]) : dtr_maximum(c, x[0], x[1]);
+}
+
+static dtr_tensor *b_loss(dtr_context *c, dtr_tensor **x, void *u) {
+    return *(int *)u ? dtr_huber_loss(c, x[0], x[1], 0.3f) : dtr_bce_with_logits(c, x[0], x[1]);
 }
 
 static dtr_tensor *b_unary_view(dtr_context *c, dtr_tensor **x, void *u) {
@@ -440,6 +460,22 @@ static const op_case CASES[] = {
     {"abs", 1, {{3, {2, 3, 7}, 1}}, b_unary, KA(5), 0, NULL},
     {"gelu_erf", 1, {IN3(2, 3, 7)}, b_unary, KA(6), 0, NULL},
     {"silu", 1, {IN3(2, 3, 7)}, b_unary, KA(7), 0, NULL},
+    {"exp", 1, {IN3(2, 3, 7)}, b_unary, KA(8), 0, NULL},
+    {"log", 1, {{3, {2, 3, 7}, 3}}, b_unary, KA(9), 0, NULL},
+    {"sqrt", 1, {{3, {2, 3, 7}, 3}}, b_unary, KA(10), 0, NULL},
+    {"pow 2.5", 1, {{3, {2, 3, 7}, 3}}, b_unary, KA(11), 0, NULL},
+    {"pow 3 of both signs", 1, {IN3(2, 3, 7)}, b_unary, KA(12), 0, NULL},
+    {"clamp", 1, {{2, {5, 8}, 2}}, b_unary, KA(13), 0, NULL},
+    {"clamp, open below", 1, {{2, {5, 8}, 2}}, b_unary, KA(14), 0, NULL},
+    {"leaky_relu", 1, {{3, {2, 3, 7}, 1}}, b_unary, KA(15), 0, NULL},
+    {"softplus beta 2, threshold 1.05", 1, {{2, {5, 8}, 2}}, b_unary, KA(16), 0, NULL},
+    {"softplus", 1, {IN3(2, 3, 7)}, b_unary, KA(17), 0, NULL},
+    {"maximum", 2, {{2, {5, 8}, 2}, {2, {5, 8}, 4}}, b_pick, KA(0), 0, NULL},
+    {"minimum", 2, {{2, {5, 8}, 2}, {2, {5, 8}, 4}}, b_pick, KA(1), 0, NULL},
+    {"maximum broadcast", 2, {{3, {3, 1, 4}, 2}, {2, {2, 4}, 4}}, b_pick, KA(0), 0, NULL},   /* -> (3, 2, 4) */
+    {"minimum broadcast", 2, {{2, {4, 1}, 4}, {2, {4, 6}, 2}}, b_pick, KA(1), 0, NULL},
+    {"bce_with_logits", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(0), 0, NULL},
+    {"huber_loss, delta 0.3", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(1), 0, NULL},
     {"gelu of a permuted view", 1, {IN3(2, 3, 4)}, b_unary_view, K0, 0, NULL},
     {"matmul 2-D", 2, {IN2(5, 7), IN2(7, 3)}, b_matmul, K0, 0, NULL},
     {"matmul batched, shared b", 2, {IN4(2, 3, 4, 5), IN2(5, 6)}, b_matmul, K0, 0, NULL},

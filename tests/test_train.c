@@ -17,6 +17,10 @@
  *                        the same with bf16 activations; test_llama_tiny with 2 Llama blocks
  *                        (4 heads over 2 kv heads, RoPE, SwiGLU; Hugging Face's names).
 
+ *   test_bce_huber_fit   a logistic regression learns a line's side with dtr_bce_with_logits
+ *                        (>= 97% accuracy); a line y = 3x + 1 with 10% of the targets moved by
+ *                        +40 fitted with dtr_huber_loss lands near (3, 1), where dtr_mse's fit
+ *                        is pulled off by the outliers.
  *   test_mlp_fmnist_bf16 the MLP, 1 epoch on 30000 images (10000 quick), with f32 and with bf16
  *                        activations: bf16 within a point of f32's test accuracy.
  *
@@ -456,6 +460,61 @@ static void test_gpt_tiny_bf16(void) { gpt_tiny(DTR_BF16, 0); }
 /* Llama blocks (RMS norm, RoPE, grouped-query attention, SwiGLU) learn the same text */
 static void test_llama_tiny(void) { gpt_tiny(DTR_F32, 1); }
 
+/* One full-batch SGD fit of y = w x + b (x (N, in)) with `loss` (0 BCE on logits, 1 Huber
+ * delta 1, 2 MSE); w[0] and b out. */
+static void fit_line(int loss, const float *x, const float *y, int n, int in, float *w_out, float *b_out) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m;
+    dtr_linear_layer fc;
+    dtr_optimizer *opt;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, loss == 2 ? 0.05f : 0.5f);
+    int64_t xs[2] = {n, in}, ys[2] = {n, 1};
+    int step;
+    dtr_model_create(ctx, 3, &m);
+    dtr_linear_layer_init(&fc, m, "fc", in, 1, 1, DTR_INIT_TORCH_DEFAULT);
+    oc.momentum = 0.9f;
+    CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &opt));
+    for (step = 0; step < 400; step++) {
+        dtr_tensor *p = dtr_linear_layer_forward(ctx, &fc, dtr_tensor_from(ctx, DTR_F32, 2, xs, x));
+        dtr_tensor *t = dtr_tensor_from(ctx, DTR_F32, 2, ys, y);
+        dtr_tensor *l = loss == 0 ? dtr_bce_with_logits(ctx, p, t) : loss == 1 ? dtr_huber_loss(ctx, p, t, 1.0f) : dtr_mse(ctx, p, t);
+        CHECK_OK(ctx, dtr_backward(ctx, l));
+        CHECK_OK(ctx, dtr_optimizer_step(opt, NULL));
+        dtr_context_reset(ctx);
+    }
+    dtr_tensor_read(fc.weight, DTR_F32, w_out, (size_t)in);
+    dtr_tensor_read(fc.bias, DTR_F32, b_out, 1);
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void test_bce_huber_fit(void) {
+    enum { N = 200 };
+    float x[2 * N], y[N], w[2], b, wm, bm;
+    dtr_rng rng;
+    int i, right = 0;
+    dtr_rng_seed(&rng, 11, 0);
+    for (i = 0; i < N; i++) {   /* the side of the line x0 - 2 x1 = 0.3 */
+        x[2 * i] = dtr_rng_uniform(&rng) * 2 - 1, x[2 * i + 1] = dtr_rng_uniform(&rng) * 2 - 1;
+        y[i] = x[2 * i] - 2 * x[2 * i + 1] > 0.3f ? 1.0f : 0.0f;
+    }
+    fit_line(0, x, y, N, 2, w, &b);
+    for (i = 0; i < N; i++) right += (w[0] * x[2 * i] + w[1] * x[2 * i + 1] + b > 0) == (y[i] > 0.5f);
+    printf("    logistic regression: %d of %d on the right side\n", right, N);
+    CHECK(right >= N * 97 / 100);
+    for (i = 0; i < N; i++) {   /* y = 3x + 1, every 10th target moved by +40 */
+        x[i] = dtr_rng_uniform(&rng) * 2 - 1;
+        y[i] = 3 * x[i] + 1 + (i % 10 == 0 ? 40.0f : 0.0f);
+    }
+    fit_line(1, x, y, N, 1, w, &b);
+    fit_line(2, x, y, N, 1, &wm, &bm);
+    printf("    line with outliers: Huber w %.3f b %.3f, MSE w %.3f b %.3f (true 3, 1)\n", (double)w[0], (double)b,
+           (double)wm, (double)bm);
+    CHECK(fabsf(w[0] - 3.0f) < 0.3f && fabsf(b - 1.0f) < 0.6f);
+    CHECK(fabsf(bm - 1.0f) > 3.0f);   /* MSE's intercept follows the outliers' mean (+4) */
+}
+
 int main(void) {
     const char *q = getenv("DTR_TEST_QUICK");
     g_quick = q && *q && strcmp(q, "0") != 0;
@@ -464,6 +523,7 @@ int main(void) {
     RUN(test_gpt_tiny);
     RUN(test_gpt_tiny_bf16);
     RUN(test_llama_tiny);
+    RUN(test_bce_huber_fit);
     RUN(test_mlp_fmnist);
     RUN(test_mlp_fmnist_bf16);
     RUN(test_cnn_fmnist);

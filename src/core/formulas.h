@@ -6,7 +6,8 @@
  *   - dtype conversions: f32 <-> bf16 / f16, round to nearest even, NaN kept quiet
  *   - the random stream: PCG32 step, jump ahead by n draws, uniform in [0, 1)
  *   - own exp, tanh and erf (branch-free: the CPU's loops vectorise), activations and their
- *     derivatives (GELU tanh and erf forms, SiLU, sigmoid, tanh, ReLU, abs)
+ *     derivatives (GELU tanh and erf forms, SiLU, sigmoid, tanh, ReLU, abs, leaky ReLU, clamp,
+ *     softplus, pow, maximum and minimum)
  *   - optimizer element updates (SGD with momentum / Nesterov, Adam / AdamW, LAMB's direction)
  *   - cross-entropy's row statistics, its exp terms and the probabilities its backward
  *     recomputes from them
@@ -261,6 +262,38 @@ DTR__HD float dtr__f_relu_grad(float x) {
 }
 /** sign(x), as PyTorch's: 0 at 0 and at NaN (torch.sign(nan) is 0). */
 DTR__HD float dtr__f_abs_grad(float x) { return x > 0.0f ? 1.0f : x < 0.0f ? -1.0f : 0.0f; }
+
+/** Leaky ReLU: x above 0, else slope x (NaN: slope NaN = NaN); its derivative 1 above 0, else
+ *  slope (PyTorch's leaky_relu_backward: `x > 0`). */
+DTR__HD float dtr__f_leaky_relu(float x, float slope) { return x > 0.0f ? x : x * slope; }
+DTR__HD float dtr__f_leaky_relu_grad(float x, float slope) { return x > 0.0f ? 1.0f : slope; }
+/** clamp(x, lo, hi) = min(max(x, lo), hi), as PyTorch's: hi everywhere when lo > hi, NaN kept;
+ *  the derivative 1 on [lo, hi] (ends included), else 0 (NaN: 0). */
+DTR__HD float dtr__f_clamp(float x, float lo, float hi) {
+    float t = x < lo ? lo : x;
+    return t > hi ? hi : t;
+}
+DTR__HD float dtr__f_clamp_grad(float x, float lo, float hi) { return (x >= lo && x <= hi) ? 1.0f : 0.0f; }
+/** softplus(x) = log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's
+ *  nn.Softplus: beta 1, threshold 20); the derivative e / (e + 1), e = exp(beta x), else 1. */
+DTR__HD float dtr__f_softplus(float x, float beta, float thr) {
+    float z = x * beta;
+    return z > thr ? x : log1pf(dtr__f_exp(z)) / beta;
+}
+DTR__HD float dtr__f_softplus_grad(float x, float beta, float thr) {
+    float z = x * beta, e = dtr__f_exp(z);
+    return z > thr ? 1.0f : e / (e + 1.0f);
+}
+/** x^p (powf), and its derivative p x^(p-1); 0 for p = 0, as PyTorch's pow_backward. */
+DTR__HD float dtr__f_pow_grad(float x, float p) { return p == 0.0f ? 0.0f : p * powf(x, p - 1.0f); }
+/** The share of the gradient of maximum(a, b) (is_max) or minimum(a, b) that goes to a:
+ *  0 where b wins, half at a tie, all of it otherwise (NaN: all of it to both, as PyTorch's
+ *  `where(a == b, g / 2, g).masked_fill_(a < b, 0)`); b's share is this with a and b swapped. */
+DTR__HD float dtr__f_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
+DTR__HD float dtr__f_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
+DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
+    return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
+}
 
 /** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
  *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */

@@ -165,7 +165,7 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes and a SCALE's factor; notes a read of the own tape */
+/* the node's op, its tensors' shapes and a unary op's constants (a SCALE's factor, ...); notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
     uint64_t h = 14695981039346656037ull;
@@ -177,7 +177,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
         if (!g->checking && n->in[i] && dtr__tape_owns(&ctx->own, n->in[i])) g->reads_own = 1;   /* the capture's */
     }
     h = dtr__fnv_tensor(h, n->out);
-    if (n->op == DTR_OP_SCALE) h = dtr__fnv(h, &n->p.scale, sizeof n->p.scale);
+    if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
     return dtr__graph_note(g, slot, n->op, h);
 }
 

@@ -167,14 +167,18 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(TP_COPY, "tp_copy", comm) X(TP_REDUCE, "tp_reduce", comm)                             \
     X(VOCAB_CROSS_ENTROPY, "vocab_cross_entropy", comm) X(TP_GATHER, "tp_gather", comm)      \
     X(CHECKPOINT, "checkpoint", checkpoint) X(ATTENTION, "attention", attention)             \
-    X(SILU, "silu", unary) X(RMSNORM, "rmsnorm", layernorm) X(ROPE, "rope", rope)
+    X(SILU, "silu", unary) X(RMSNORM, "rmsnorm", layernorm) X(ROPE, "rope", rope)           \
+    X(EXP, "exp", unary) X(LOG, "log", unary) X(SQRT, "sqrt", unary) X(POW, "pow", unary)    \
+    X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
+    X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
+    X(MINIMUM, "minimum", binary)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 44
+#define DTR__OP_COUNT_EXPECTED 53
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -212,6 +216,10 @@ typedef struct dtr__checkpoint_params {
                                          region's tape) that the kernel copies into out */
 } dtr__checkpoint_params;
 
+/* SCALE: a the factor; POW: a the exponent; CLAMP: [a, b]; LEAKY_RELU: a the slope below 0;
+   SOFTPLUS: a = beta, b = threshold (the others: none) */
+typedef struct dtr__unary_params { float a, b; } dtr__unary_params;
+
 typedef struct dtr__rope_params {
     int heads;                        /* C = heads * D, D even */
     int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
@@ -230,7 +238,7 @@ typedef struct dtr__attention_params {
 
 /** Parameters of a node, by op (ops not listed have none). */
 typedef union dtr__op_params {
-    float scale;                      /* SCALE: the factor */
+    dtr__unary_params unary;          /* the unary ops' constants */
     float eps;                        /* LAYERNORM, RMSNORM: added to the variance (mean square) */
     int axis;                         /* SUM, MEAN: the reduced axis */
     dtr__attention_params attention;  /* ATTENTION */

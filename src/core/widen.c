@@ -51,12 +51,12 @@ static int dtr__bwd_reads_no_data(int op) {
            op == DTR_OP_SUM_ALL || op == DTR_OP_MEAN_ALL || op == DTR_OP_CONCAT || op == DTR_OP_DROPOUT || op == DTR_OP_ROPE;
 }
 
-/* ops whose backward kernel reads its output's values (tanh' and sigmoid' from y, softmax's and
-   attention's backward; the tensor-parallel ops copy every tensor of the node) */
+/* ops whose backward kernel reads its output's values (tanh', sigmoid', exp' and sqrt' from y,
+   softmax's and attention's backward; the tensor-parallel ops copy every tensor of the node) */
 static int dtr__bwd_reads_out(int op) {
-    return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_SOFTMAX || op == DTR_OP_LOG_SOFTMAX ||
-           op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY || op == DTR_OP_TP_REDUCE ||
-           op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
+    return op == DTR_OP_TANH || op == DTR_OP_SIGMOID || op == DTR_OP_EXP || op == DTR_OP_SQRT || op == DTR_OP_SOFTMAX ||
+           op == DTR_OP_LOG_SOFTMAX || op == DTR_OP_SOFTMAX_CAUSAL || op == DTR_OP_ATTENTION || op == DTR_OP_TP_COPY ||
+           op == DTR_OP_TP_REDUCE || op == DTR_OP_TP_GATHER || op == DTR_OP_VOCAB_CROSS_ENTROPY;
 }
 
 /* 1 when t is 16-bit and the kernel (forward: bwd 0) reads or writes its values: in[i] (out: -1) */

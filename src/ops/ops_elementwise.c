@@ -85,6 +85,12 @@ dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr
 dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_SUB, "dtr_sub", a, b); }
 dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_MUL, "dtr_mul", a, b); }
 dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) { return dtr__binary(ctx, DTR_OP_DIV, "dtr_div", a, b); }
+dtr_tensor *dtr_maximum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
+    return dtr__binary(ctx, DTR_OP_MAXIMUM, "dtr_maximum", a, b);
+}
+dtr_tensor *dtr_minimum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b) {
+    return dtr__binary(ctx, DTR_OP_MINIMUM, "dtr_minimum", a, b);
+}
 
 dtr_result dtr__cpu_binary_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__bcast bc;
@@ -109,6 +115,8 @@ dtr_result dtr__cpu_binary_fwd(dtr_context *ctx, dtr__node *nd) {
             if (ia == 1 && ib == 1) { for (j = 0; j < n; j++) py[j] = pa[j] * pb[j]; }
             else { for (j = 0; j < n; j++) py[j] = pa[j * ia] * pb[j * ib]; }
             break;
+        case DTR_OP_MAXIMUM: for (j = 0; j < n; j++) py[j] = dtr__f_maximum(pa[j * ia], pb[j * ib]); break;
+        case DTR_OP_MINIMUM: for (j = 0; j < n; j++) py[j] = dtr__f_minimum(pa[j * ia], pb[j * ib]); break;
         default: for (j = 0; j < n; j++) py[j] = pa[j * ia] / pb[j * ib]; break;
         }
     });
@@ -141,6 +149,13 @@ dtr_result dtr__cpu_binary_bwd(dtr_context *ctx, dtr__node *nd) {
             if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] * pb[j * ib];
             if (qb) for (j = 0; j < n; j++) qb[j * igb] += g[j] * pa[j * ia];
             break;
+        case DTR_OP_MAXIMUM:
+        case DTR_OP_MINIMUM: {
+            int mx = op == DTR_OP_MAXIMUM;
+            if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] * dtr__f_pick_share(pa[j * ia], pb[j * ib], mx);
+            if (qb) for (j = 0; j < n; j++) qb[j * igb] += g[j] * dtr__f_pick_share(pb[j * ib], pa[j * ia], mx);
+            break;
+        }
         default:
             if (qa) for (j = 0; j < n; j++) qa[j * iga] += g[j] / pb[j * ib];
             if (qb) for (j = 0; j < n; j++) {
@@ -155,7 +170,7 @@ dtr_result dtr__cpu_binary_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- unary ops ---- */
 
-static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_tensor *x, float arg) {
+static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_tensor *x, float a, float b) {
     dtr__node *n;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, name, x, "x")) return NULL;
@@ -163,20 +178,39 @@ static dtr_tensor *dtr__unary(dtr_context *ctx, int op, const char *name, dtr_te
     if (!x) return NULL;
     n = dtr__node_new(ctx, op, 1, &x);
     if (!n) return NULL;
-    if (op == DTR_OP_SCALE) n->p.scale = arg;
+    n->p.unary.a = a;
+    n->p.unary.b = b;
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, name);
     if (!n->out) return NULL;
     return dtr__record(ctx, n, name);
 }
 
-dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s) { return dtr__unary(ctx, DTR_OP_SCALE, "dtr_scale", x, s); }
-dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_RELU, "dtr_relu", x, 0); }
-dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0); }
-dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0); }
-dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0); }
-dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0); }
-dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0); }
-dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SILU, "dtr_silu", x, 0); }
+dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s) { return dtr__unary(ctx, DTR_OP_SCALE, "dtr_scale", x, s, 0); }
+dtr_tensor *dtr_relu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_RELU, "dtr_relu", x, 0, 0); }
+dtr_tensor *dtr_gelu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU, "dtr_gelu", x, 0, 0); }
+dtr_tensor *dtr_tanh(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_TANH, "dtr_tanh", x, 0, 0); }
+dtr_tensor *dtr_sigmoid(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SIGMOID, "dtr_sigmoid", x, 0, 0); }
+dtr_tensor *dtr_abs(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_ABS, "dtr_abs", x, 0, 0); }
+dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_GELU_ERF, "dtr_gelu_erf", x, 0, 0); }
+dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SILU, "dtr_silu", x, 0, 0); }
+dtr_tensor *dtr_exp(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_EXP, "dtr_exp", x, 0, 0); }
+dtr_tensor *dtr_log(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_LOG, "dtr_log", x, 0, 0); }
+dtr_tensor *dtr_sqrt(dtr_context *ctx, dtr_tensor *x) { return dtr__unary(ctx, DTR_OP_SQRT, "dtr_sqrt", x, 0, 0); }
+dtr_tensor *dtr_pow(dtr_context *ctx, dtr_tensor *x, float p) { return dtr__unary(ctx, DTR_OP_POW, "dtr_pow", x, p, 0); }
+dtr_tensor *dtr_leaky_relu(dtr_context *ctx, dtr_tensor *x, float slope) {
+    return dtr__unary(ctx, DTR_OP_LEAKY_RELU, "dtr_leaky_relu", x, slope, 0);
+}
+
+dtr_tensor *dtr_clamp(dtr_context *ctx, dtr_tensor *x, float lo, float hi) {
+    if (ctx && (lo != lo || hi != hi)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_clamp: a bound is NaN");
+    return dtr__unary(ctx, DTR_OP_CLAMP, "dtr_clamp", x, lo, hi);
+}
+
+dtr_tensor *dtr_softplus(dtr_context *ctx, dtr_tensor *x, float beta, float threshold) {
+    if (ctx && !(beta > 0.0f && beta < INFINITY))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_softplus: beta is %g (a positive finite number)", (double)beta);
+    return dtr__unary(ctx, DTR_OP_SOFTPLUS, "dtr_softplus", x, beta, threshold);
+}
 
 
 typedef struct { const dtr__node *nd; } dtr__unary_job;
@@ -193,17 +227,24 @@ typedef struct { const dtr__node *nd; } dtr__unary_job;
 DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]);
-    float *y = dtr__f32(nd->out);
+    float *y = dtr__f32(nd->out), pa = nd->p.unary.a, pb = nd->p.unary.b;
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) y[i] = s * x[i]; } break;
+    case DTR_OP_SCALE: for (i = b; i < e; i++) y[i] = pa * x[i]; break;
     case DTR_OP_RELU: DTR__MAP8(dtr__f_relu, x, y, b, e); break;
     case DTR_OP_GELU: DTR__MAP8(dtr__f_gelu, x, y, b, e); break;
     case DTR_OP_TANH: DTR__MAP8(dtr__f_tanh, x, y, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) y[i] = fabsf(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__MAP8(dtr__f_gelu_erf, x, y, b, e); break;
     case DTR_OP_SILU: DTR__MAP8(dtr__f_silu, x, y, b, e); break;
+    case DTR_OP_EXP: DTR__MAP8(dtr__f_exp, x, y, b, e); break;
+    case DTR_OP_LOG: for (i = b; i < e; i++) y[i] = logf(x[i]); break;
+    case DTR_OP_SQRT: for (i = b; i < e; i++) y[i] = sqrtf(x[i]); break;
+    case DTR_OP_POW: for (i = b; i < e; i++) y[i] = powf(x[i], pa); break;
+    case DTR_OP_CLAMP: for (i = b; i < e; i++) y[i] = dtr__f_clamp(x[i], pa, pb); break;
+    case DTR_OP_LEAKY_RELU: for (i = b; i < e; i++) y[i] = dtr__f_leaky_relu(x[i], pa); break;
+    case DTR_OP_SOFTPLUS: for (i = b; i < e; i++) y[i] = dtr__f_softplus(x[i], pa, pb); break;
     default: DTR__MAP8(dtr__f_sigmoid, x, y, b, e); break;
     }
 }
@@ -211,17 +252,24 @@ DTR__SIMD_BODY void dtr__unary_fwd_body(void *arg, int64_t b, int64_t e, int w) 
 DTR__SIMD_BODY void dtr__unary_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__node *nd = ((dtr__unary_job *)arg)->nd;
     const float *x = dtr__f32(nd->in[0]), *y = dtr__f32(nd->out), *g = nd->out->grad;
-    float *gx = dtr__gradof(nd->in[0]);
+    float *gx = dtr__gradof(nd->in[0]), pa = nd->p.unary.a, pb = nd->p.unary.b;
     int64_t i;
     (void)w;
     switch (nd->op) {
-    case DTR_OP_SCALE: { float s = nd->p.scale; for (i = b; i < e; i++) gx[i] += s * g[i]; } break;
+    case DTR_OP_SCALE: for (i = b; i < e; i++) gx[i] += pa * g[i]; break;
     case DTR_OP_RELU: DTR__GRAD8(dtr__f_relu_grad, x, g, gx, b, e); break;
     case DTR_OP_GELU: DTR__GRAD8(dtr__f_gelu_grad, x, g, gx, b, e); break;
     case DTR_OP_TANH: DTR__GRAD8(dtr__f_tanh_grad, y, g, gx, b, e); break;
     case DTR_OP_ABS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_abs_grad(x[i]); break;
     case DTR_OP_GELU_ERF: DTR__GRAD8(dtr__f_gelu_erf_grad, x, g, gx, b, e); break;
     case DTR_OP_SILU: DTR__GRAD8(dtr__f_silu_grad, x, g, gx, b, e); break;
+    case DTR_OP_EXP: for (i = b; i < e; i++) gx[i] += g[i] * y[i]; break;
+    case DTR_OP_LOG: for (i = b; i < e; i++) gx[i] += g[i] / x[i]; break;
+    case DTR_OP_SQRT: for (i = b; i < e; i++) gx[i] += g[i] / (2.0f * y[i]); break;
+    case DTR_OP_POW: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_pow_grad(x[i], pa); break;
+    case DTR_OP_CLAMP: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_clamp_grad(x[i], pa, pb); break;
+    case DTR_OP_LEAKY_RELU: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_leaky_relu_grad(x[i], pa); break;
+    case DTR_OP_SOFTPLUS: for (i = b; i < e; i++) gx[i] += g[i] * dtr__f_softplus_grad(x[i], pa, pb); break;
     default: DTR__GRAD8(dtr__f_sigmoid_grad, y, g, gx, b, e); break;
     }
 }
@@ -334,16 +382,23 @@ dtr_result dtr__cpu_reduce_bwd(dtr_context *ctx, dtr__node *nd) {
 
 /* ---- mean squared error ---- */
 
-dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
-    dtr__node *n;
+/* 1 when a loss's two inputs are there and of one shape; else 0, the context's error set */
+static int dtr__loss_inputs(dtr_context *ctx, const char *fn, dtr_tensor *pred, const char *pn, dtr_tensor *target) {
     char s1[96], s2[96];
     int d;
+    if (!dtr__check_input(ctx, fn, pred, pn) || !dtr__check_input(ctx, fn, target, "target")) return 0;
+    for (d = 0; pred->ndim == target->ndim && d < pred->ndim; d++)
+        if (pred->shape[d] != target->shape[d]) break;
+    if (pred->ndim == target->ndim && d == pred->ndim) return 1;
+    dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: %s %s and target %s differ", fn, pn, dtr__shape_str(pred, s1, sizeof s1),
+              dtr__shape_str(target, s2, sizeof s2));
+    return 0;
+}
+
+dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
+    dtr__node *n;
     if (!ctx) return NULL;
-    if (!dtr__check_input(ctx, "dtr_mse", pred, "pred") || !dtr__check_input(ctx, "dtr_mse", target, "target"))
-        return NULL;
-    if (pred->ndim != target->ndim) goto mismatch;
-    for (d = 0; d < pred->ndim; d++)
-        if (pred->shape[d] != target->shape[d]) goto mismatch;
+    if (!dtr__loss_inputs(ctx, "dtr_mse", pred, "pred", target)) return NULL;
     pred = dtr__contig_input(ctx, pred);
     target = dtr__contig_input(ctx, target);
     if (!pred || !target) return NULL;
@@ -355,9 +410,29 @@ dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target) {
     n->out = dtr__tensor_alloc(ctx, DTR_F32, 0, NULL, "dtr_mse");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_mse");
-mismatch:
-    return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_mse: pred %s and target %s differ",
-                      dtr__shape_str(pred, s1, sizeof s1), dtr__shape_str(target, s2, sizeof s2));
+}
+
+/* mean(softplus(x) - x t): softplus keeps x where x > 20, so no exp overflows, and the terms are
+   PyTorch's max(x, 0) - x t + log(1 + exp(-|x|)) rearranged */
+dtr_tensor *dtr_bce_with_logits(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *target) {
+    if (!ctx) return NULL;
+    if (!dtr__loss_inputs(ctx, "dtr_bce_with_logits", logits, "logits", target)) return NULL;
+    return dtr_mean_all(ctx, dtr_sub(ctx, dtr_softplus(ctx, logits, 1.0f, 20.0f), dtr_mul(ctx, logits, target)));
+}
+
+/* mean(c^2 / 2 + delta (|d| - |c|)), d = pred - target, c = clamp(d, -delta, delta): d^2 / 2 where
+   |d| <= delta, delta (|d| - delta / 2) beyond; the gradient d there, delta sign(d) beyond */
+dtr_tensor *dtr_huber_loss(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target, float delta) {
+    dtr_tensor *d, *c, *quad, *lin;
+    if (!ctx) return NULL;
+    if (!(delta > 0.0f && delta < INFINITY))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_huber_loss: delta is %g (a positive finite number)", (double)delta);
+    if (!dtr__loss_inputs(ctx, "dtr_huber_loss", pred, "pred", target)) return NULL;
+    d = dtr_sub(ctx, pred, target);
+    c = dtr_clamp(ctx, d, -delta, delta);
+    quad = dtr_scale(ctx, dtr_mul(ctx, c, c), 0.5f);
+    lin = dtr_scale(ctx, dtr_sub(ctx, dtr_abs(ctx, d), dtr_abs(ctx, c)), delta);
+    return dtr_mean_all(ctx, dtr_add(ctx, quad, lin));
 }
 
 dtr_result dtr__cpu_mse_fwd(dtr_context *ctx, dtr__node *nd) {

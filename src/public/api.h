@@ -429,6 +429,13 @@ DTR_API dtr_tensor *dtr_add(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_sub(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_mul(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 DTR_API dtr_tensor *dtr_div(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+/** Element-wise max(a, b) and min(a, b) with broadcasting, PyTorch's torch.maximum and
+ *  torch.minimum: NaN in either gives NaN; the gradient goes to the larger (smaller) input,
+ *  half to each at a tie, whole to both where one is NaN (a clipped objective, as PPO's:
+ *  dtr_minimum(ctx, dtr_mul(ctx, r, adv), dtr_mul(ctx, dtr_clamp(ctx, r, 0.8f, 1.2f), adv))).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_maximum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
+DTR_API dtr_tensor *dtr_minimum(dtr_context *ctx, dtr_tensor *a, dtr_tensor *b);
 /** s * x. */
 DTR_API dtr_tensor *dtr_scale(dtr_context *ctx, dtr_tensor *x, float s);
 /** Activations, element-wise. gelu is the tanh approximation (as GPT-2).
@@ -453,6 +460,27 @@ DTR_API dtr_tensor *dtr_gelu_erf(dtr_context *ctx, dtr_tensor *x);
 /** SiLU (swish): x * sigmoid(x), PyTorch's torch.nn.functional.silu (Llama's SwiGLU gate:
  *  dtr_mul(ctx, dtr_silu(ctx, gate), up)). Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_silu(dtr_context *ctx, dtr_tensor *x);
+/** Leaky ReLU: x where x > 0, else slope * x (PyTorch's leaky_relu, whose default slope is
+ *  0.01); the gradient 1 above 0, slope at and below 0. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_leaky_relu(dtr_context *ctx, dtr_tensor *x, float slope);
+/** Softplus: log(1 + exp(beta x)) / beta, and x itself where beta x > threshold (PyTorch's
+ *  nn.functional.softplus(x, beta, threshold); its defaults are 1 and 20). A smooth ReLU, and
+ *  a positive output (a standard deviation, a rate). beta not positive and finite is
+ *  DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_softplus(dtr_context *ctx, dtr_tensor *x, float beta, float threshold);
+/** exp(x) (the library's exp: within 1.3 units in the last place; 0 below -104, inf above
+ *  88.7); log(x) (-inf at 0, NaN below); sqrt(x) (NaN below 0); x^p for a constant p (powf:
+ *  NaN for a negative x and a p that is not whole). Gradients as PyTorch's: exp(x), 1 / x,
+ *  1 / (2 sqrt(x)) (inf at 0), p x^(p-1) (0 when p is 0). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_exp(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_log(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_sqrt(dtr_context *ctx, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_pow(dtr_context *ctx, dtr_tensor *x, float p);
+/** min(max(x, lo), hi), PyTorch's torch.clamp: -INFINITY or INFINITY leaves a side open; hi
+ *  everywhere when lo > hi; NaN stays NaN. The gradient passes on [lo, hi], ends included,
+ *  and is 0 outside (and at NaN). A NaN bound is DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_clamp(dtr_context *ctx, dtr_tensor *x, float lo, float hi);
 
 /** Matrix product over the last two axes: (..., M, K) x (..., K, N) -> (..., M, N).
  *  Leading (batch) axes broadcast; a 2-D `b` is shared by every batch. Inputs may be
@@ -476,6 +504,18 @@ DTR_API dtr_tensor *dtr_softmax_causal(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_cross_entropy(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *targets);
 /** Mean squared error between same-shaped tensors; scalar. */
 DTR_API dtr_tensor *dtr_mse(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target);
+/** Binary cross-entropy of logits against targets in [0, 1] (0/1 labels or soft ones), same
+ *  shapes, the mean over every element: PyTorch's binary_cross_entropy_with_logits (no
+ *  weights), mean(log(1 + exp(x)) - x t), stable for any logit (no exp overflows). Multi-label
+ *  classification, a yes/no head, a discriminator. Scalar; gradients to both inputs.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_bce_with_logits(dtr_context *ctx, dtr_tensor *logits, dtr_tensor *target);
+/** Huber loss, PyTorch's huber_loss(pred, target, delta=delta): per element d^2 / 2 where |d| =
+ *  |pred - target| <= delta, delta (|d| - delta / 2) beyond; the mean over every element. MSE
+ *  near the target, L1 far from it (outliers pull less). smooth_l1_loss(beta) is this with
+ *  delta = beta, divided by beta. delta not positive and finite is DTR_INVALID_ARGUMENT.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_huber_loss(dtr_context *ctx, dtr_tensor *pred, dtr_tensor *target, float delta);
 
 /** Sum / mean over `axis` (negative allowed); keepdim keeps it as size 1. The mean over an
  *  axis of size 0 is NaN (0 / 0), as PyTorch's torch.mean; the sum of nothing is 0.
