@@ -559,6 +559,15 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
+ *  channels in `groups` groups of C / groups, each group of each sample normalised over its
+ *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
+ *  times `w` plus `b` (C) (either may be NULL): PyTorch's group_norm. No batch statistics, so
+ *  the result of a sample does not depend on the others or the batch size (a CNN's norm for
+ *  small batches and data parallelism); groups = C is instance norm, groups = 1 a layer norm
+ *  over (C, ...). C not divisible by groups is DTR_SHAPE_MISMATCH.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_group_norm(dtr_context *ctx, dtr_tensor *x, int groups, dtr_tensor *w, dtr_tensor *b, float eps);
 /** RMS normalisation over the last axis (Llama's): x / sqrt(mean(x^2) + eps) * w, `w` (C) or
  *  NULL; PyTorch's nn.RMSNorm. Errors as dtr_layernorm's (eps must be > 0).
  *  Thread safety: the context's thread. */
@@ -841,6 +850,9 @@ typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; flo
 /** RMS norm over the last axis: weight (C) = 1; eps 1e-6, Llama's (Hugging Face
  *  LlamaRMSNorm's default; the `eps` field may be changed after init). */
 typedef struct dtr_rmsnorm_layer { dtr_tensor *weight; int64_t dim; float eps; } dtr_rmsnorm_layer;
+/** Group norm (dtr_group_norm) over `channels` in `groups`: weight (C) = 1, bias (C) = 0, eps
+ *  1e-5 (PyTorch's nn.GroupNorm; the names "<name>.weight", "<name>.bias" are its). */
+typedef struct dtr_groupnorm_layer { dtr_tensor *weight, *bias; int64_t channels; int groups; float eps; } dtr_groupnorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
 /** Self-attention, causal unless `causal` is set to 0 after init (a bidirectional encoder's:
@@ -867,6 +879,23 @@ typedef struct dtr_gpt_block {
     dtr_attention_layer attn;
     dtr_linear_layer fc, fc_proj;
 } dtr_gpt_block;
+
+/** LSTM (PyTorch's nn.LSTMCell; a one-layer nn.LSTM's weight_ih_l0 ... are the same tensors):
+ *  parameters "<name>.weight_ih" (4H, I), "<name>.weight_hh" (4H, H), "<name>.bias_ih" (4H),
+ *  "<name>.bias_hh" (4H), every one U(-1/sqrt(H), 1/sqrt(H)) as PyTorch's; their rows hold
+ *  the gates i, f, g, o in that order: i, f, o = sigmoid, g = tanh of x W_ih^T + b_ih +
+ *  h W_hh^T + b_hh; c' = f c + i g; h' = o tanh(c'). */
+typedef struct dtr_lstm_layer {
+    dtr_tensor *weight_ih, *weight_hh, *bias_ih, *bias_hh;
+    int64_t in, hidden;
+} dtr_lstm_layer;
+/** GRU (PyTorch's nn.GRUCell): as dtr_lstm_layer with 3H rows, gates r, z, n: r, z = sigmoid of
+ *  x W_ih^T + b_ih + h W_hh^T + b_hh (their rows), n = tanh(x W_in^T + b_in + r (h W_hn^T +
+ *  b_hn)), h' = (1 - z) n + z h. */
+typedef struct dtr_gru_layer {
+    dtr_tensor *weight_ih, *weight_hh, *bias_ih, *bias_hh;
+    int64_t in, hidden;
+} dtr_gru_layer;
 
 /** Llama block (Llama 2 and 3, Mistral's shape): x + o(attention(rope(q), rope(k), v)) over
  *  rmsnorm(x), then x + down(silu(gate(h)) * up(h)) over rmsnorm(x): pre-norm RMS norms (eps
@@ -898,6 +927,9 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
 DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
+/** `channels` not a positive multiple of `groups` is DTR_INVALID_ARGUMENT. */
+DTR_API dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *layer, dtr_model *m, const char *name, int groups,
+                                           int64_t channels);
 DTR_API dtr_result dtr_embedding_layer_init(dtr_embedding_layer *layer, dtr_model *m, const char *name,
                                             int64_t vocab, int64_t dim);
 DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_model *m, const char *name,
@@ -909,17 +941,48 @@ DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const 
  *  4096, 32, 32, 11008). DTR_INVALID_ARGUMENT names what does not divide. */
 DTR_API dtr_result dtr_llama_block_init(dtr_llama_block *block, dtr_model *m, const char *name, int64_t dim, int heads,
                                         int kv_heads, int64_t hidden);
+/** An LSTM or a GRU layer of `in` inputs and `hidden` units. in or hidden <= 0 is
+ *  DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_lstm_layer_init(dtr_lstm_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
+DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
+/** x (N, C, ...) with the layer's C -> the same shape. */
+DTR_API dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
 /** x (B, T, C) -> (B, T, C). */
 DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
 /** x (B, T, C) -> (B, T, C), positions 0 .. T-1. */
 DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x);
+
+/** An LSTM over a sequence: x (B, T, I), the state before it h0, c0 (B, H) (NULL: zeros) ->
+ *  the hidden state after every step (B, T, H) (PyTorch's nn.LSTM(batch_first=True)'s output).
+ *  *h_out and *c_out (either may be NULL) get the last step's state (B, H): hand them to the
+ *  next call to go on with the sequence (truncated back-propagation through time: the
+ *  gradient stops at the start of each call's tape once the context is reset; keep a copy of
+ *  the state's values, dtr_tensor_read, to carry them over a reset). The input's part of
+ *  every step's gates is one product of B T rows; each step then adds h W_hh^T.
+ *  @return NULL with the context's error: DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (x not
+ *          (B, T, in), T = 0, a state not (B, H)).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                           dtr_tensor *c0, dtr_tensor **h_out, dtr_tensor **c_out);
+/** One LSTM step: x (B, I), h, c (B, H) (NULL: zeros) -> h' (B, H), and *c_out = c' (B, H):
+ *  a control loop's cell, one observation at a time (PyTorch's nn.LSTMCell). Errors as
+ *  dtr_lstm_layer_forward's. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_layer_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h,
+                                        dtr_tensor *c, dtr_tensor **c_out);
+/** A GRU over a sequence: x (B, T, I) from h0 (B, H) (NULL: zeros) -> (B, T, H); *h_out (may be
+ *  NULL) the last step's state. As dtr_lstm_layer_forward. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                          dtr_tensor **h_out);
+/** One GRU step: x (B, I), h (B, H) (NULL: zeros) -> h' (B, H) (PyTorch's nn.GRUCell).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h);
 
 /* ---- generation: a key/value cache, and a sampler ----
  * Generating from a causal model one token at a time, each step's forward pass feeds only the
@@ -4355,7 +4418,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4359 "dtrain.h"
+#line 4422 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5190,7 +5253,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5194 "dtrain.h"
+#line 5257 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5582,7 +5645,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5586 "dtrain.h"
+#line 5649 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5644,7 +5707,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5648 "dtrain.h"
+#line 5711 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6023,7 +6086,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6027 "dtrain.h"
+#line 6090 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6066,7 +6129,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6070 "dtrain.h"
+#line 6133 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6100,7 +6163,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6104 "dtrain.h"
+#line 6167 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6159,7 +6222,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6163 "dtrain.h"
+#line 6226 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6233,7 +6296,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6237 "dtrain.h"
+#line 6300 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6301,7 +6364,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6305 "dtrain.h"
+#line 6368 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6376,7 +6439,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6380 "dtrain.h"
+#line 6443 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6728,7 +6791,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6732 "dtrain.h"
+#line 6795 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7552,7 +7615,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7556 "dtrain.h"
+#line 7619 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8227,7 +8290,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8231 "dtrain.h"
+#line 8294 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8318,7 +8381,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8322 "dtrain.h"
+#line 8385 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8800,7 +8863,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8804 "dtrain.h"
+#line 8867 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9055,7 +9118,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9059 "dtrain.h"
+#line 9122 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9286,7 +9349,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9290 "dtrain.h"
+#line 9353 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9405,7 +9468,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9409 "dtrain.h"
+#line 9472 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9461,7 +9524,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9465 "dtrain.h"
+#line 9528 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9846,7 +9909,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9850 "dtrain.h"
+#line 9913 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10108,7 +10171,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10112 "dtrain.h"
+#line 10175 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10603,7 +10666,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10607 "dtrain.h"
+#line 10670 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10782,7 +10845,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10786 "dtrain.h"
+#line 10849 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11633,7 +11696,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11637 "dtrain.h"
+#line 11700 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12132,7 +12195,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12136 "dtrain.h"
+#line 12199 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12391,7 +12454,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12395 "dtrain.h"
+#line 12458 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12761,7 +12824,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12765 "dtrain.h"
+#line 12828 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12895,7 +12958,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12899 "dtrain.h"
+#line 12962 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13437,7 +13500,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13441 "dtrain.h"
+#line 13504 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13542,6 +13605,50 @@ dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer 
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_rmsnorm_layer_forward: layer is NULL");
     return dtr_rmsnorm(ctx, x, l->weight, l->eps);
+}
+
+/* ---- group norm ---- */
+
+dtr_tensor *dtr_group_norm(dtr_context *ctx, dtr_tensor *x, int groups, dtr_tensor *w, dtr_tensor *b, float eps) {
+    int64_t grouped[3], affine[DTR_MAX_DIMS];
+    dtr_tensor *y;
+    int d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_group_norm", x, "x")) return NULL;
+    if (x->ndim < 2 || groups <= 0 || x->shape[1] % groups)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_group_norm: x needs (N, C, ...) with C divisible by %d groups (C is %lld)",
+                          groups, (long long)(x->ndim >= 2 ? x->shape[1] : 0));
+    grouped[0] = x->shape[0], grouped[1] = groups, grouped[2] = -1;
+    y = dtr_reshape(ctx, dtr_layernorm(ctx, dtr_reshape(ctx, x, 3, grouped), NULL, NULL, eps), x->ndim, x->shape);
+    affine[0] = x->shape[1];   /* w, b (C) as (C, 1, ..., 1): one value a channel */
+    for (d = 2; d < x->ndim; d++) affine[d - 1] = 1;
+    if (w) y = dtr_mul(ctx, y, dtr_reshape(ctx, w, x->ndim - 1, affine));
+    if (b) y = dtr_add(ctx, y, dtr_reshape(ctx, b, x->ndim - 1, affine));
+    return y;
+}
+
+dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *l, dtr_model *m, const char *name, int groups, int64_t channels) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (groups <= 0 || channels <= 0 || channels % groups)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_groupnorm_layer_init: '%s': %lld channels do not split into %d groups", name ? name : "",
+                         (long long)channels, groups);
+    l->groups = groups;
+    l->channels = channels;
+    l->eps = 1e-5f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
+    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_groupnorm_layer_forward: layer is NULL");
+    if (x && x->ndim >= 2 && x->shape[1] != l->channels)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_groupnorm_layer_forward: x has %lld channels, the layer %lld",
+                          (long long)x->shape[1], (long long)l->channels);
+    return dtr_group_norm(ctx, x, l->groups, l->weight, l->bias, l->eps);
 }
 
 dtr_result dtr_embedding_layer_init(dtr_embedding_layer *l, dtr_model *m, const char *name, int64_t vocab, int64_t dim) {
@@ -13678,7 +13785,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 13682 "dtrain.h"
+#line 13789 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -13954,7 +14061,183 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 13958 "dtrain.h"
+#line 14065 "dtrain.h"
+
+/* ---- src/nn/recurrent.c ---- */
+#line 1 "src/nn/recurrent.c"
+/* ============================================================================
+ * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
+ * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
+ * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
+ * B T rows); each step then adds h W_hh^T and applies the gates. Shapes: x (B, T, I) or one
+ * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
+ * ==========================================================================*/
+
+
+#include <math.h>
+
+/* weight_ih (G H, I), weight_hh (G H, H), bias_ih, bias_hh (G H), all U(-1/sqrt(H), 1/sqrt(H)) */
+static dtr_result dtr__rnn_init(dtr_model *m, const char *name, const char *fn, int64_t in, int64_t hidden, int gates,
+                                dtr_tensor **w) {
+    int64_t ih[2], hh[2], gh = gates * hidden;
+    float bound;
+    if (in <= 0 || hidden <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs in, hidden > 0", fn, name ? name : "");
+    bound = (float)(1.0 / sqrt((double)hidden));
+    ih[0] = gh, ih[1] = in, hh[0] = gh, hh[1] = hidden;
+    w[0] = dtr__named_param(m, name, "weight_ih", 2, ih, DTR_INIT_UNIFORM, bound);
+    w[1] = dtr__named_param(m, name, "weight_hh", 2, hh, DTR_INIT_UNIFORM, bound);
+    w[2] = dtr__named_param(m, name, "bias_ih", 1, &gh, DTR_INIT_UNIFORM, bound);
+    w[3] = dtr__named_param(m, name, "bias_hh", 1, &gh, DTR_INIT_UNIFORM, bound);
+    return dtr_context_status(dtr_model_context(m));
+}
+
+dtr_result dtr_lstm_layer_init(dtr_lstm_layer *l, dtr_model *m, const char *name, int64_t in, int64_t hidden) {
+    dtr_tensor *w[4];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if ((r = dtr__rnn_init(m, name, "dtr_lstm_layer_init", in, hidden, 4, w)) != DTR_OK) return r;
+    l->weight_ih = w[0], l->weight_hh = w[1], l->bias_ih = w[2], l->bias_hh = w[3];
+    l->in = in, l->hidden = hidden;
+    return DTR_OK;
+}
+
+dtr_result dtr_gru_layer_init(dtr_gru_layer *l, dtr_model *m, const char *name, int64_t in, int64_t hidden) {
+    dtr_tensor *w[4];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if ((r = dtr__rnn_init(m, name, "dtr_gru_layer_init", in, hidden, 3, w)) != DTR_OK) return r;
+    l->weight_ih = w[0], l->weight_hh = w[1], l->bias_ih = w[2], l->bias_hh = w[3];
+    l->in = in, l->hidden = hidden;
+    return DTR_OK;
+}
+
+/* gate k of H columns of the pre-activations a (..., G H): a view, no copy */
+static dtr_tensor *dtr__gate(dtr_context *ctx, dtr_tensor *a, int k, int64_t H) {
+    return dtr_slice(ctx, a, -1, k * H, (k + 1) * H);
+}
+
+/* One LSTM step from the input's part of the gates gx (..., 4H) (x W_ih^T + b_ih) and h, c
+ * (..., H) or NULL (zeros): i, f, g, o = gx + h W_hh^T + b_hh; c' = sigmoid(f) c + sigmoid(i)
+ * tanh(g); h' = sigmoid(o) tanh(c'). */
+static dtr_tensor *dtr__lstm_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *gx, dtr_tensor *h, dtr_tensor *c,
+                                  dtr_tensor **c_out) {
+    int64_t H = l->hidden;
+    dtr_tensor *a = dtr_add(ctx, gx, h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh);
+    dtr_tensor *s = dtr_sigmoid(ctx, a), *cn;
+    cn = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr_tanh(ctx, dtr__gate(ctx, a, 2, H)));
+    if (c) cn = dtr_add(ctx, dtr_mul(ctx, dtr__gate(ctx, s, 1, H), c), cn);
+    *c_out = cn;
+    return dtr_mul(ctx, dtr__gate(ctx, s, 3, H), dtr_tanh(ctx, cn));
+}
+
+/* One GRU step from gx (..., 3H) and h (..., H) or NULL (zeros): r, z = sigmoid(gx + h W_hh^T +
+ * b_hh) of their gates; n = tanh(gx_n + r (h W_hn^T + b_hn)); h' = n + z (h - n). */
+static dtr_tensor *dtr__gru_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *gx, dtr_tensor *h) {
+    int64_t H = l->hidden;
+    dtr_tensor *gh = h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh;
+    dtr_tensor *s = dtr_sigmoid(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 0, 2 * H), dtr_slice(ctx, gh, -1, 0, 2 * H)));
+    dtr_tensor *z = dtr__gate(ctx, s, 1, H);
+    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H))));
+    return h ? dtr_add(ctx, n, dtr_mul(ctx, z, dtr_sub(ctx, h, n))) : dtr_sub(ctx, n, dtr_mul(ctx, z, n));
+}
+
+/* 1 when the state s is NULL or (B, H) for x (B, ...) */
+static int dtr__rnn_state_ok(const dtr_tensor *x, int64_t H, const dtr_tensor *s) {
+    return !s || (s->ndim == 2 && s->shape[0] == x->shape[0] && s->shape[1] == H);
+}
+
+/* 0 with the context's error set unless x is (B, [T,] in) and h, c (B, H) or NULL */
+static int dtr__rnn_check(dtr_context *ctx, const char *fn, dtr_tensor *x, int xdims, int64_t in, int64_t H, dtr_tensor *h,
+                          dtr_tensor *c) {
+    char s1[96];
+    if (!dtr__check_input(ctx, fn, x, "x") || (h && !dtr__check_input(ctx, fn, h, "h")) || (c && !dtr__check_input(ctx, fn, c, "c")))
+        return 0;
+    if (x->ndim != xdims || x->shape[xdims - 1] != in) {
+        dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: x is %s, not (B, %s%lld)", fn, dtr__shape_str(x, s1, sizeof s1),
+                  xdims == 3 ? "T, " : "", (long long)in);
+        return 0;
+    }
+    if (!dtr__rnn_state_ok(x, H, h) || !dtr__rnn_state_ok(x, H, c)) {
+        dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: the state is %s, not (%lld, %lld)", fn,
+                  dtr__shape_str(dtr__rnn_state_ok(x, H, h) ? c : h, s1, sizeof s1), (long long)x->shape[0], (long long)H);
+        return 0;
+    }
+    return 1;
+}
+
+dtr_tensor *dtr_lstm_layer_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
+                                dtr_tensor **c_out) {
+    dtr_tensor *cn = NULL, *hn;
+    if (!ctx) return NULL;
+    if (c_out) *c_out = NULL;
+    if (!l || !c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_step: layer or c_out is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_lstm_layer_step", x, 2, l->in, l->hidden, h, c)) return NULL;
+    hn = dtr__lstm_step(ctx, l, dtr_linear(ctx, x, l->weight_ih, l->bias_ih), h, c, &cn);
+    if (hn) *c_out = cn;
+    return hn;
+}
+
+dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_step: layer is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_gru_layer_step", x, 2, l->in, l->hidden, h, NULL)) return NULL;
+    return dtr__gru_step(ctx, l, dtr_linear(ctx, x, l->weight_ih, l->bias_ih), h);
+}
+
+/* (B, H) <-> (B, 1, H): a state as the caller holds it and in the sequence's layout */
+static dtr_tensor *dtr__rnn_row(dtr_context *ctx, dtr_tensor *s, int to_row) {
+    int64_t shape[3];
+    if (!s) return NULL;
+    shape[0] = s->shape[0], shape[1] = 1, shape[2] = s->shape[s->ndim - 1];
+    if (to_row) return dtr_reshape(ctx, s, 3, shape);
+    shape[1] = shape[2];
+    return dtr_reshape(ctx, s, 2, shape);
+}
+
+/* Runs the T steps of x (B, T, I) (lstm: 1, else GRU) and concatenates their h (B, T, H). */
+static dtr_tensor *dtr__rnn_run(dtr_context *ctx, const void *layer, int lstm, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
+                                dtr_tensor **h_out, dtr_tensor **c_out) {
+    const dtr_lstm_layer *ll = (const dtr_lstm_layer *)layer;
+    const dtr_gru_layer *gl = (const dtr_gru_layer *)layer;
+    int64_t T = x->shape[1], t;
+    dtr_tensor *gx = dtr_linear(ctx, x, lstm ? ll->weight_ih : gl->weight_ih, lstm ? ll->bias_ih : gl->bias_ih), **hs, *y;
+    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), lstm ? "dtr_lstm_layer_forward" : "dtr_gru_layer_forward");
+    if (!hs) return NULL;
+    h = dtr__rnn_row(ctx, h, 1), c = dtr__rnn_row(ctx, c, 1);
+    for (t = 0; t < T && ctx->status == DTR_OK; t++) {
+        dtr_tensor *gt = dtr_slice(ctx, gx, 1, t, t + 1);
+        h = hs[t] = lstm ? dtr__lstm_step(ctx, ll, gt, h, c, &c) : dtr__gru_step(ctx, gl, gt, h);
+    }
+    if (ctx->status != DTR_OK) return NULL;
+    y = dtr_concat(ctx, hs, (int)T, 1);
+    if (h_out) *h_out = dtr__rnn_row(ctx, h, 0);
+    if (c_out) *c_out = dtr__rnn_row(ctx, c, 0);
+    return ctx->status == DTR_OK ? y : NULL;
+}
+
+dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
+                                   dtr_tensor **h_out, dtr_tensor **c_out) {
+    if (!ctx) return NULL;
+    if (h_out) *h_out = NULL;
+    if (c_out) *c_out = NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_forward: layer is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_lstm_layer_forward", x, 3, l->in, l->hidden, h0, c0)) return NULL;
+    if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_layer_forward: a sequence of 0 steps");
+    return dtr__rnn_run(ctx, l, 1, x, h0, c0, h_out, c_out);
+}
+
+dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
+    if (!ctx) return NULL;
+    if (h_out) *h_out = NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
+    if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
+    return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
+}
+#line 14241 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14209,7 +14492,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14213 "dtrain.h"
+#line 14496 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -14731,7 +15014,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 14735 "dtrain.h"
+#line 15018 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -14869,7 +15152,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 14873 "dtrain.h"
+#line 15156 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15216,7 +15499,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15220 "dtrain.h"
+#line 15503 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15282,7 +15565,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15286 "dtrain.h"
+#line 15569 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -15519,7 +15802,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 15523 "dtrain.h"
+#line 15806 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16268,7 +16551,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16272 "dtrain.h"
+#line 16555 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -16721,7 +17004,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 16725 "dtrain.h"
+#line 17008 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -16777,7 +17060,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 16781 "dtrain.h"
+#line 17064 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -17554,7 +17837,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 17558 "dtrain.h"
+#line 17841 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -18135,7 +18418,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 18139 "dtrain.h"
+#line 18422 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -18766,7 +19049,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 18770 "dtrain.h"
+#line 19053 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -19562,7 +19845,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 19566 "dtrain.h"
+#line 19849 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -19915,7 +20198,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 19919 "dtrain.h"
+#line 20202 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -20105,7 +20388,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 20109 "dtrain.h"
+#line 20392 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20286,7 +20569,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20290 "dtrain.h"
+#line 20573 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -21061,7 +21344,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 21065 "dtrain.h"
+#line 21348 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -21578,7 +21861,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 21582 "dtrain.h"
+#line 21865 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -22373,7 +22656,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 22377 "dtrain.h"
+#line 22660 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23621,7 +23904,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23625 "dtrain.h"
+#line 23908 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24243,7 +24526,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24247 "dtrain.h"
+#line 24530 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -24744,7 +25027,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 24748 "dtrain.h"
+#line 25031 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -25474,7 +25757,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 25478 "dtrain.h"
+#line 25761 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25710,7 +25993,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25714 "dtrain.h"
+#line 25997 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -25839,7 +26122,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 25843 "dtrain.h"
+#line 26126 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26276,7 +26559,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26280 "dtrain.h"
+#line 26563 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -26769,7 +27052,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 26773 "dtrain.h"
+#line 27056 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -27301,7 +27584,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 27305 "dtrain.h"
+#line 27588 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -27807,7 +28090,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 27811 "dtrain.h"
+#line 28094 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -29356,7 +29639,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 29360 "dtrain.h"
+#line 29643 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -29410,7 +29693,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 29414 "dtrain.h"
+#line 29697 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30588,7 +30871,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30592 "dtrain.h"
+#line 30875 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -31478,7 +31761,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 31482 "dtrain.h"
+#line 31765 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -32956,7 +33239,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 32960 "dtrain.h"
+#line 33243 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -33340,7 +33623,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 33344 "dtrain.h"
+#line 33627 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -33489,7 +33772,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 33493 "dtrain.h"
+#line 33776 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

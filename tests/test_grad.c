@@ -195,6 +195,23 @@ static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
     }
 }
 
+static dtr_tensor *b_groupnorm(dtr_context *c, dtr_tensor **x, void *u) {
+    (void)u;
+    return dtr_group_norm(c, x[0], 3, x[1], x[2], 1e-5f);
+}
+
+/* an LSTM (arg 1) or a GRU over x[0] (B, T, 3) with weights x[1] (G 2, 3), x[2] (G 2, 2) and one
+   bias x[3] (G 2) as both bias_ih and bias_hh, hidden 2, from a zero state */
+static dtr_tensor *b_rnn(dtr_context *c, dtr_tensor **x, void *u) {
+    if (*(int *)u) {
+        dtr_lstm_layer l = {x[1], x[2], x[3], x[3], 3, 2};
+        return dtr_lstm_layer_forward(c, &l, x[0], NULL, NULL, NULL, NULL);
+    } else {
+        dtr_gru_layer l = {x[1], x[2], x[3], x[3], 3, 2};
+        return dtr_gru_layer_forward(c, &l, x[0], NULL, NULL);
+    }
+}
+
 static dtr_tensor *b_pick(dtr_context *c, dtr_tensor **x, void *u) {
     return *(int *)u ? dtr_minimum(c, x[0], x[1]) : dtr_maximum(c, x[0], x[1]);
 }
@@ -474,6 +491,9 @@ static const op_case CASES[] = {
     {"minimum", 2, {{2, {5, 8}, 2}, {2, {5, 8}, 4}}, b_pick, KA(1), 0, NULL},
     {"maximum broadcast", 2, {{3, {3, 1, 4}, 2}, {2, {2, 4}, 4}}, b_pick, KA(0), 0, NULL},   /* -> (3, 2, 4) */
     {"minimum broadcast", 2, {{2, {4, 1}, 4}, {2, {4, 6}, 2}}, b_pick, KA(1), 0, NULL},
+    {"group norm, 3 groups", 3, {IN4(2, 6, 2, 3), IN1(6), IN1(6)}, b_groupnorm, K0, 0, NULL},
+    {"lstm over 3 steps", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(1), 0, NULL},
+    {"gru over 3 steps", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(0), 0, NULL},
     {"bce_with_logits", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(0), 0, NULL},
     {"huber_loss, delta 0.3", 2, {IN3(2, 3, 5), IN3(2, 3, 5)}, b_loss, KA(1), 0, NULL},
     {"gelu of a permuted view", 1, {IN3(2, 3, 4)}, b_unary_view, K0, 0, NULL},

@@ -101,6 +101,50 @@ dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer 
     return dtr_rmsnorm(ctx, x, l->weight, l->eps);
 }
 
+/* ---- group norm ---- */
+
+dtr_tensor *dtr_group_norm(dtr_context *ctx, dtr_tensor *x, int groups, dtr_tensor *w, dtr_tensor *b, float eps) {
+    int64_t grouped[3], affine[DTR_MAX_DIMS];
+    dtr_tensor *y;
+    int d;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_group_norm", x, "x")) return NULL;
+    if (x->ndim < 2 || groups <= 0 || x->shape[1] % groups)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_group_norm: x needs (N, C, ...) with C divisible by %d groups (C is %lld)",
+                          groups, (long long)(x->ndim >= 2 ? x->shape[1] : 0));
+    grouped[0] = x->shape[0], grouped[1] = groups, grouped[2] = -1;
+    y = dtr_reshape(ctx, dtr_layernorm(ctx, dtr_reshape(ctx, x, 3, grouped), NULL, NULL, eps), x->ndim, x->shape);
+    affine[0] = x->shape[1];   /* w, b (C) as (C, 1, ..., 1): one value a channel */
+    for (d = 2; d < x->ndim; d++) affine[d - 1] = 1;
+    if (w) y = dtr_mul(ctx, y, dtr_reshape(ctx, w, x->ndim - 1, affine));
+    if (b) y = dtr_add(ctx, y, dtr_reshape(ctx, b, x->ndim - 1, affine));
+    return y;
+}
+
+dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *l, dtr_model *m, const char *name, int groups, int64_t channels) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (groups <= 0 || channels <= 0 || channels % groups)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT,
+                         "dtr_groupnorm_layer_init: '%s': %lld channels do not split into %d groups", name ? name : "",
+                         (long long)channels, groups);
+    l->groups = groups;
+    l->channels = channels;
+    l->eps = 1e-5f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
+    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_groupnorm_layer_forward: layer is NULL");
+    if (x && x->ndim >= 2 && x->shape[1] != l->channels)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_groupnorm_layer_forward: x has %lld channels, the layer %lld",
+                          (long long)x->shape[1], (long long)l->channels);
+    return dtr_group_norm(ctx, x, l->groups, l->weight, l->bias, l->eps);
+}
+
 dtr_result dtr_embedding_layer_init(dtr_embedding_layer *l, dtr_model *m, const char *name, int64_t vocab, int64_t dim) {
     int64_t s[2];
     if (!l || !m) return DTR_NULL_HANDLE;

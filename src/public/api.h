@@ -534,6 +534,15 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
+ *  channels in `groups` groups of C / groups, each group of each sample normalised over its
+ *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
+ *  times `w` plus `b` (C) (either may be NULL): PyTorch's group_norm. No batch statistics, so
+ *  the result of a sample does not depend on the others or the batch size (a CNN's norm for
+ *  small batches and data parallelism); groups = C is instance norm, groups = 1 a layer norm
+ *  over (C, ...). C not divisible by groups is DTR_SHAPE_MISMATCH.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_group_norm(dtr_context *ctx, dtr_tensor *x, int groups, dtr_tensor *w, dtr_tensor *b, float eps);
 /** RMS normalisation over the last axis (Llama's): x / sqrt(mean(x^2) + eps) * w, `w` (C) or
  *  NULL; PyTorch's nn.RMSNorm. Errors as dtr_layernorm's (eps must be > 0).
  *  Thread safety: the context's thread. */
@@ -816,6 +825,9 @@ typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; flo
 /** RMS norm over the last axis: weight (C) = 1; eps 1e-6, Llama's (Hugging Face
  *  LlamaRMSNorm's default; the `eps` field may be changed after init). */
 typedef struct dtr_rmsnorm_layer { dtr_tensor *weight; int64_t dim; float eps; } dtr_rmsnorm_layer;
+/** Group norm (dtr_group_norm) over `channels` in `groups`: weight (C) = 1, bias (C) = 0, eps
+ *  1e-5 (PyTorch's nn.GroupNorm; the names "<name>.weight", "<name>.bias" are its). */
+typedef struct dtr_groupnorm_layer { dtr_tensor *weight, *bias; int64_t channels; int groups; float eps; } dtr_groupnorm_layer;
 /** Embedding table (vocab, dim), N(0, 0.02^2) like GPT-2. */
 typedef struct dtr_embedding_layer { dtr_tensor *weight; int64_t vocab, dim; } dtr_embedding_layer;
 /** Self-attention, causal unless `causal` is set to 0 after init (a bidirectional encoder's:
@@ -842,6 +854,23 @@ typedef struct dtr_gpt_block {
     dtr_attention_layer attn;
     dtr_linear_layer fc, fc_proj;
 } dtr_gpt_block;
+
+/** LSTM (PyTorch's nn.LSTMCell; a one-layer nn.LSTM's weight_ih_l0 ... are the same tensors):
+ *  parameters "<name>.weight_ih" (4H, I), "<name>.weight_hh" (4H, H), "<name>.bias_ih" (4H),
+ *  "<name>.bias_hh" (4H), every one U(-1/sqrt(H), 1/sqrt(H)) as PyTorch's; their rows hold
+ *  the gates i, f, g, o in that order: i, f, o = sigmoid, g = tanh of x W_ih^T + b_ih +
+ *  h W_hh^T + b_hh; c' = f c + i g; h' = o tanh(c'). */
+typedef struct dtr_lstm_layer {
+    dtr_tensor *weight_ih, *weight_hh, *bias_ih, *bias_hh;
+    int64_t in, hidden;
+} dtr_lstm_layer;
+/** GRU (PyTorch's nn.GRUCell): as dtr_lstm_layer with 3H rows, gates r, z, n: r, z = sigmoid of
+ *  x W_ih^T + b_ih + h W_hh^T + b_hh (their rows), n = tanh(x W_in^T + b_in + r (h W_hn^T +
+ *  b_hn)), h' = (1 - z) n + z h. */
+typedef struct dtr_gru_layer {
+    dtr_tensor *weight_ih, *weight_hh, *bias_ih, *bias_hh;
+    int64_t in, hidden;
+} dtr_gru_layer;
 
 /** Llama block (Llama 2 and 3, Mistral's shape): x + o(attention(rope(q), rope(k), v)) over
  *  rmsnorm(x), then x + down(silu(gate(h)) * up(h)) over rmsnorm(x): pre-norm RMS norms (eps
@@ -873,6 +902,9 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
 DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
+/** `channels` not a positive multiple of `groups` is DTR_INVALID_ARGUMENT. */
+DTR_API dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *layer, dtr_model *m, const char *name, int groups,
+                                           int64_t channels);
 DTR_API dtr_result dtr_embedding_layer_init(dtr_embedding_layer *layer, dtr_model *m, const char *name,
                                             int64_t vocab, int64_t dim);
 DTR_API dtr_result dtr_attention_layer_init(dtr_attention_layer *layer, dtr_model *m, const char *name,
@@ -884,17 +916,48 @@ DTR_API dtr_result dtr_gpt_block_init(dtr_gpt_block *block, dtr_model *m, const 
  *  4096, 32, 32, 11008). DTR_INVALID_ARGUMENT names what does not divide. */
 DTR_API dtr_result dtr_llama_block_init(dtr_llama_block *block, dtr_model *m, const char *name, int64_t dim, int heads,
                                         int kv_heads, int64_t hidden);
+/** An LSTM or a GRU layer of `in` inputs and `hidden` units. in or hidden <= 0 is
+ *  DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_lstm_layer_init(dtr_lstm_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
+DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const char *name, int64_t in, int64_t hidden);
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
+/** x (N, C, ...) with the layer's C -> the same shape. */
+DTR_API dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
 /** x (B, T, C) -> (B, T, C). */
 DTR_API dtr_tensor *dtr_attention_layer_forward(dtr_context *ctx, const dtr_attention_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x);
 /** x (B, T, C) -> (B, T, C), positions 0 .. T-1. */
 DTR_API dtr_tensor *dtr_llama_block_forward(dtr_context *ctx, const dtr_llama_block *b, dtr_tensor *x);
+
+/** An LSTM over a sequence: x (B, T, I), the state before it h0, c0 (B, H) (NULL: zeros) ->
+ *  the hidden state after every step (B, T, H) (PyTorch's nn.LSTM(batch_first=True)'s output).
+ *  *h_out and *c_out (either may be NULL) get the last step's state (B, H): hand them to the
+ *  next call to go on with the sequence (truncated back-propagation through time: the
+ *  gradient stops at the start of each call's tape once the context is reset; keep a copy of
+ *  the state's values, dtr_tensor_read, to carry them over a reset). The input's part of
+ *  every step's gates is one product of B T rows; each step then adds h W_hh^T.
+ *  @return NULL with the context's error: DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (x not
+ *          (B, T, in), T = 0, a state not (B, H)).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                           dtr_tensor *c0, dtr_tensor **h_out, dtr_tensor **c_out);
+/** One LSTM step: x (B, I), h, c (B, H) (NULL: zeros) -> h' (B, H), and *c_out = c' (B, H):
+ *  a control loop's cell, one observation at a time (PyTorch's nn.LSTMCell). Errors as
+ *  dtr_lstm_layer_forward's. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_layer_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h,
+                                        dtr_tensor *c, dtr_tensor **c_out);
+/** A GRU over a sequence: x (B, T, I) from h0 (B, H) (NULL: zeros) -> (B, T, H); *h_out (may be
+ *  NULL) the last step's state. As dtr_lstm_layer_forward. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0,
+                                          dtr_tensor **h_out);
+/** One GRU step: x (B, I), h (B, H) (NULL: zeros) -> h' (B, H) (PyTorch's nn.GRUCell).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h);
 
 /* ---- generation: a key/value cache, and a sampler ----
  * Generating from a causal model one token at a time, each step's forward pass feeds only the

@@ -1,0 +1,172 @@
+/* ============================================================================
+ * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
+ * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
+ * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
+ * B T rows); each step then adds h W_hh^T and applies the gates. Shapes: x (B, T, I) or one
+ * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
+ * ==========================================================================*/
+#include "../public/api.h"
+#include "../core/internal.h"
+#include <math.h>
+
+/* weight_ih (G H, I), weight_hh (G H, H), bias_ih, bias_hh (G H), all U(-1/sqrt(H), 1/sqrt(H)) */
+static dtr_result dtr__rnn_init(dtr_model *m, const char *name, const char *fn, int64_t in, int64_t hidden, int gates,
+                                dtr_tensor **w) {
+    int64_t ih[2], hh[2], gh = gates * hidden;
+    float bound;
+    if (in <= 0 || hidden <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs in, hidden > 0", fn, name ? name : "");
+    bound = (float)(1.0 / sqrt((double)hidden));
+    ih[0] = gh, ih[1] = in, hh[0] = gh, hh[1] = hidden;
+    w[0] = dtr__named_param(m, name, "weight_ih", 2, ih, DTR_INIT_UNIFORM, bound);
+    w[1] = dtr__named_param(m, name, "weight_hh", 2, hh, DTR_INIT_UNIFORM, bound);
+    w[2] = dtr__named_param(m, name, "bias_ih", 1, &gh, DTR_INIT_UNIFORM, bound);
+    w[3] = dtr__named_param(m, name, "bias_hh", 1, &gh, DTR_INIT_UNIFORM, bound);
+    return dtr_context_status(dtr_model_context(m));
+}
+
+dtr_result dtr_lstm_layer_init(dtr_lstm_layer *l, dtr_model *m, const char *name, int64_t in, int64_t hidden) {
+    dtr_tensor *w[4];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if ((r = dtr__rnn_init(m, name, "dtr_lstm_layer_init", in, hidden, 4, w)) != DTR_OK) return r;
+    l->weight_ih = w[0], l->weight_hh = w[1], l->bias_ih = w[2], l->bias_hh = w[3];
+    l->in = in, l->hidden = hidden;
+    return DTR_OK;
+}
+
+dtr_result dtr_gru_layer_init(dtr_gru_layer *l, dtr_model *m, const char *name, int64_t in, int64_t hidden) {
+    dtr_tensor *w[4];
+    dtr_result r;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if ((r = dtr__rnn_init(m, name, "dtr_gru_layer_init", in, hidden, 3, w)) != DTR_OK) return r;
+    l->weight_ih = w[0], l->weight_hh = w[1], l->bias_ih = w[2], l->bias_hh = w[3];
+    l->in = in, l->hidden = hidden;
+    return DTR_OK;
+}
+
+/* gate k of H columns of the pre-activations a (..., G H): a view, no copy */
+static dtr_tensor *dtr__gate(dtr_context *ctx, dtr_tensor *a, int k, int64_t H) {
+    return dtr_slice(ctx, a, -1, k * H, (k + 1) * H);
+}
+
+/* One LSTM step from the input's part of the gates gx (..., 4H) (x W_ih^T + b_ih) and h, c
+ * (..., H) or NULL (zeros): i, f, g, o = gx + h W_hh^T + b_hh; c' = sigmoid(f) c + sigmoid(i)
+ * tanh(g); h' = sigmoid(o) tanh(c'). */
+static dtr_tensor *dtr__lstm_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *gx, dtr_tensor *h, dtr_tensor *c,
+                                  dtr_tensor **c_out) {
+    int64_t H = l->hidden;
+    dtr_tensor *a = dtr_add(ctx, gx, h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh);
+    dtr_tensor *s = dtr_sigmoid(ctx, a), *cn;
+    cn = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr_tanh(ctx, dtr__gate(ctx, a, 2, H)));
+    if (c) cn = dtr_add(ctx, dtr_mul(ctx, dtr__gate(ctx, s, 1, H), c), cn);
+    *c_out = cn;
+    return dtr_mul(ctx, dtr__gate(ctx, s, 3, H), dtr_tanh(ctx, cn));
+}
+
+/* One GRU step from gx (..., 3H) and h (..., H) or NULL (zeros): r, z = sigmoid(gx + h W_hh^T +
+ * b_hh) of their gates; n = tanh(gx_n + r (h W_hn^T + b_hn)); h' = n + z (h - n). */
+static dtr_tensor *dtr__gru_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *gx, dtr_tensor *h) {
+    int64_t H = l->hidden;
+    dtr_tensor *gh = h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh;
+    dtr_tensor *s = dtr_sigmoid(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 0, 2 * H), dtr_slice(ctx, gh, -1, 0, 2 * H)));
+    dtr_tensor *z = dtr__gate(ctx, s, 1, H);
+    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H))));
+    return h ? dtr_add(ctx, n, dtr_mul(ctx, z, dtr_sub(ctx, h, n))) : dtr_sub(ctx, n, dtr_mul(ctx, z, n));
+}
+
+/* 1 when the state s is NULL or (B, H) for x (B, ...) */
+static int dtr__rnn_state_ok(const dtr_tensor *x, int64_t H, const dtr_tensor *s) {
+    return !s || (s->ndim == 2 && s->shape[0] == x->shape[0] && s->shape[1] == H);
+}
+
+/* 0 with the context's error set unless x is (B, [T,] in) and h, c (B, H) or NULL */
+static int dtr__rnn_check(dtr_context *ctx, const char *fn, dtr_tensor *x, int xdims, int64_t in, int64_t H, dtr_tensor *h,
+                          dtr_tensor *c) {
+    char s1[96];
+    if (!dtr__check_input(ctx, fn, x, "x") || (h && !dtr__check_input(ctx, fn, h, "h")) || (c && !dtr__check_input(ctx, fn, c, "c")))
+        return 0;
+    if (x->ndim != xdims || x->shape[xdims - 1] != in) {
+        dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: x is %s, not (B, %s%lld)", fn, dtr__shape_str(x, s1, sizeof s1),
+                  xdims == 3 ? "T, " : "", (long long)in);
+        return 0;
+    }
+    if (!dtr__rnn_state_ok(x, H, h) || !dtr__rnn_state_ok(x, H, c)) {
+        dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: the state is %s, not (%lld, %lld)", fn,
+                  dtr__shape_str(dtr__rnn_state_ok(x, H, h) ? c : h, s1, sizeof s1), (long long)x->shape[0], (long long)H);
+        return 0;
+    }
+    return 1;
+}
+
+dtr_tensor *dtr_lstm_layer_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
+                                dtr_tensor **c_out) {
+    dtr_tensor *cn = NULL, *hn;
+    if (!ctx) return NULL;
+    if (c_out) *c_out = NULL;
+    if (!l || !c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_step: layer or c_out is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_lstm_layer_step", x, 2, l->in, l->hidden, h, c)) return NULL;
+    hn = dtr__lstm_step(ctx, l, dtr_linear(ctx, x, l->weight_ih, l->bias_ih), h, c, &cn);
+    if (hn) *c_out = cn;
+    return hn;
+}
+
+dtr_tensor *dtr_gru_layer_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_step: layer is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_gru_layer_step", x, 2, l->in, l->hidden, h, NULL)) return NULL;
+    return dtr__gru_step(ctx, l, dtr_linear(ctx, x, l->weight_ih, l->bias_ih), h);
+}
+
+/* (B, H) <-> (B, 1, H): a state as the caller holds it and in the sequence's layout */
+static dtr_tensor *dtr__rnn_row(dtr_context *ctx, dtr_tensor *s, int to_row) {
+    int64_t shape[3];
+    if (!s) return NULL;
+    shape[0] = s->shape[0], shape[1] = 1, shape[2] = s->shape[s->ndim - 1];
+    if (to_row) return dtr_reshape(ctx, s, 3, shape);
+    shape[1] = shape[2];
+    return dtr_reshape(ctx, s, 2, shape);
+}
+
+/* Runs the T steps of x (B, T, I) (lstm: 1, else GRU) and concatenates their h (B, T, H). */
+static dtr_tensor *dtr__rnn_run(dtr_context *ctx, const void *layer, int lstm, dtr_tensor *x, dtr_tensor *h, dtr_tensor *c,
+                                dtr_tensor **h_out, dtr_tensor **c_out) {
+    const dtr_lstm_layer *ll = (const dtr_lstm_layer *)layer;
+    const dtr_gru_layer *gl = (const dtr_gru_layer *)layer;
+    int64_t T = x->shape[1], t;
+    dtr_tensor *gx = dtr_linear(ctx, x, lstm ? ll->weight_ih : gl->weight_ih, lstm ? ll->bias_ih : gl->bias_ih), **hs, *y;
+    hs = (dtr_tensor **)dtr__arena_meta(ctx, (size_t)T * sizeof(*hs), lstm ? "dtr_lstm_layer_forward" : "dtr_gru_layer_forward");
+    if (!hs) return NULL;
+    h = dtr__rnn_row(ctx, h, 1), c = dtr__rnn_row(ctx, c, 1);
+    for (t = 0; t < T && ctx->status == DTR_OK; t++) {
+        dtr_tensor *gt = dtr_slice(ctx, gx, 1, t, t + 1);
+        h = hs[t] = lstm ? dtr__lstm_step(ctx, ll, gt, h, c, &c) : dtr__gru_step(ctx, gl, gt, h);
+    }
+    if (ctx->status != DTR_OK) return NULL;
+    y = dtr_concat(ctx, hs, (int)T, 1);
+    if (h_out) *h_out = dtr__rnn_row(ctx, h, 0);
+    if (c_out) *c_out = dtr__rnn_row(ctx, c, 0);
+    return ctx->status == DTR_OK ? y : NULL;
+}
+
+dtr_tensor *dtr_lstm_layer_forward(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor *c0,
+                                   dtr_tensor **h_out, dtr_tensor **c_out) {
+    if (!ctx) return NULL;
+    if (h_out) *h_out = NULL;
+    if (c_out) *c_out = NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_layer_forward: layer is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_lstm_layer_forward", x, 3, l->in, l->hidden, h0, c0)) return NULL;
+    if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_layer_forward: a sequence of 0 steps");
+    return dtr__rnn_run(ctx, l, 1, x, h0, c0, h_out, c_out);
+}
+
+dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_tensor *x, dtr_tensor *h0, dtr_tensor **h_out) {
+    if (!ctx) return NULL;
+    if (h_out) *h_out = NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_gru_layer_forward: layer is NULL");
+    if (!dtr__rnn_check(ctx, "dtr_gru_layer_forward", x, 3, l->in, l->hidden, h0, NULL)) return NULL;
+    if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
+    return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
+}

@@ -1,0 +1,317 @@
+/* Layers made of ops, against PyTorch 1.13's numbers (computed in double; the tolerances
+ * are f32's):
+ *   test_lstm_gru_torch   dtr_lstm_layer / dtr_gru_layer over a sequence (B 2, T 3, I 3, H 2)
+ *                         from a given state, with fixed weights: the outputs, the last state,
+ *                         and the gradients of sum(y * R) for x, weight_hh and bias_ih equal
+ *                         nn.LSTM's and nn.GRU's (batch_first); the step functions give the
+ *                         sequence's rows; a NULL state is zeros.
+ *   test_rnn_learns       an LSTM and a GRU learn to add two numbers shown at marked steps of
+ *                         a noisy sequence (a memory task a feed-forward net cannot do).
+ *   test_group_norm_torch dtr_group_norm and its layer against F.group_norm, with the
+ *                         gradients of x, weight and bias; groups = C (instance norm).
+ *   test_layer_errors     wrong shapes and counts: a clear error, no tensor. */
+#include "test.h"
+
+#define I_ 3
+#define H_ 2
+#define B_ 2
+#define T_ 3
+
+static void fill(float *x, int n, double a, double f, double ph, int cosine) {
+    int k;
+    for (k = 0; k < n; k++) x[k] = (float)(a * (cosine ? cos(f * k + ph) : sin(f * k + ph)));
+}
+
+typedef struct rnn_ref { const double *y, *hn, *cn, *gx, *gwhh, *gbih; } rnn_ref;
+
+static const double k_lstm_y[12] = {0.183872125, -0.0640050726, 0.118518845, -0.0876014379, -0.0272368799, 0.0193222333,
+                                    0.248909794, -0.0961583236, 0.145328894, -0.104764491, -0.0190352311, 0.00338488826};
+static const double k_lstm_hn[4] = {-0.0272368799, 0.0193222333, -0.0190352311, 0.00338488826};
+static const double k_lstm_cn[4] = {-0.0620594772, 0.0332678789, -0.0430557449, 0.00584265743};
+static const double k_lstm_gx[18] = {0.0778889192, 0.147834385, 0.0818615987, 0.040521901, 0.0823210464, 0.0484346014,
+                                     0.00299210162, 0.00732203787, 0.00492012626, -0.0397050897, -0.0513564991, -0.01579098,
+                                     -0.0392873723, -0.0561728899, -0.0214133115, 0.0150420481, 0.0533326958, 0.042589509};
+static const double k_lstm_gwhh[16] = {0.0254011041, 0.0170982517, -0.0178601226, -0.0249955097, -0.0088632868, 0.00649024244,
+                                       0.0160727281, -0.00528928242, 0.0530047828, 0.0936150624, -0.06736777, 0.102048142,
+                                       0.0108776044, 0.0104216028, -0.00330219365, -0.0135383359};
+static const double k_lstm_gbih[8] = {0.0670715876, 0.0225193697, -0.0448573753, 0.0705141374,
+                                      0.133194738, -0.545435863, 0.0472632908, 0.0154066552};
+static const double k_gru_y[12] = {0.303596211, -0.27662126, 0.21405732, -0.216193956, -0.17166192, -0.0430292539,
+                                   0.177971522, -0.420165466, 0.165170383, -0.291798769, -0.182123326, -0.0955949819};
+static const double k_gru_hn[4] = {-0.17166192, -0.0430292539, -0.182123326, -0.0955949819};
+static const double k_gru_gx[18] = {-0.0386515928, -0.108409596, -0.0784963161, 0.045336175, 0.0643672663, 0.0242193898,
+                                    0.0352290272, 0.0703850447, 0.0408293767, 0.0540463802, 0.155302253, 0.11377395,
+                                    -0.0267268881, 0.0270264718, 0.0559318182, -0.0910017936, -0.146127557, -0.066904318};
+static const double k_gru_gwhh[12] = {-0.00155998881, 0.0104546642, 0.00156155584, -0.0211518317, -0.0231454911, -0.0133271886,
+                                      0.0783434909, -0.026869735, 0.0722873343, 0.153264666, 0.00929958271, 0.233905036};
+static const double k_gru_gbih[6] = {-0.0276949358, 0.0488418918, -0.0260378314, 0.276711217, -0.155674018, -0.766778885};
+
+static void check_near(const char *what, const float *got, const double *want, int n) {
+    int i;
+    double worst = 0.0;
+    for (i = 0; i < n; i++) worst = fmax(worst, fabs(got[i] - want[i]) / (1.0 + fabs(want[i])));
+    CHECK_MSG(worst < 2e-6, "%s: worst relative difference %.3g from PyTorch", what, worst);
+}
+
+static void check_tensor(const char *what, dtr_tensor *t, const double *want, int n) {
+    float v[32];
+    CHECK_MSG(t && dtr_tensor_numel(t) == n, "%s: missing or of %lld elements", what, t ? (long long)dtr_tensor_numel(t) : -1LL);
+    if (!t || dtr_tensor_numel(t) != n) return;
+    dtr_tensor_read(t, DTR_F32, v, (size_t)n);
+    check_near(what, v, want, n);
+}
+
+/* the weights of the reference: weight_ih[k] = 0.3 sin(k + 1), weight_hh[k] = 0.3 cos(k + 1),
+   bias_ih[k] = 0.1 sin(2k + 1), bias_hh[k] = 0.1 cos(3k + 1) */
+static void set_weights(dtr_tensor *const *w, int G) {
+    float buf[64];
+    fill(buf, G * H_ * I_, 0.3, 1, 1, 0), dtr_tensor_write(w[0], DTR_F32, buf, (size_t)(G * H_ * I_));
+    fill(buf, G * H_ * H_, 0.3, 1, 1, 1), dtr_tensor_write(w[1], DTR_F32, buf, (size_t)(G * H_ * H_));
+    fill(buf, G * H_, 0.1, 2, 1, 0), dtr_tensor_write(w[2], DTR_F32, buf, (size_t)(G * H_));
+    fill(buf, G * H_, 0.1, 3, 1, 1), dtr_tensor_write(w[3], DTR_F32, buf, (size_t)(G * H_));
+}
+
+/* x[k] = sin(0.7k + 0.2) (B, T, I), h0[k] = 0.2 cos(k), c0[k] = 0.1 sin(k), R[k] = cos(0.3k) */
+static void check_rnn(int lstm, const rnn_ref *ref) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m;
+    dtr_lstm_layer ll;
+    dtr_gru_layer gl;
+    float xs[B_ * T_ * I_], h0s[B_ * H_], c0s[B_ * H_], rs[B_ * T_ * H_];
+    int64_t xshape[3] = {B_, T_, I_}, sshape[2] = {B_, H_}, yshape[3] = {B_, T_, H_};
+    dtr_tensor *x, *h0, *c0, *y, *hn = NULL, *cn = NULL, *w[4];
+    const char *what = lstm ? "lstm" : "gru";
+    dtr_model_create(ctx, 1, &m);
+    if (lstm) CHECK_OK(ctx, dtr_lstm_layer_init(&ll, m, "rnn", I_, H_));
+    else CHECK_OK(ctx, dtr_gru_layer_init(&gl, m, "rnn", I_, H_));
+    CHECK_OK(ctx, dtr_model_build(m));
+    w[0] = dtr_model_find(m, "rnn.weight_ih"), w[1] = dtr_model_find(m, "rnn.weight_hh");
+    w[2] = dtr_model_find(m, "rnn.bias_ih"), w[3] = dtr_model_find(m, "rnn.bias_hh");
+    CHECK(w[0] && w[1] && w[2] && w[3] && w[0] == (lstm ? ll.weight_ih : gl.weight_ih));
+    set_weights(w, lstm ? 4 : 3);
+    fill(xs, B_ * T_ * I_, 1, 0.7, 0.2, 0), fill(h0s, B_ * H_, 0.2, 1, 0, 1), fill(c0s, B_ * H_, 0.1, 1, 0, 0);
+    fill(rs, B_ * T_ * H_, 1, 0.3, 0, 1);
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, xshape, xs));
+    h0 = dtr_tensor_from(ctx, DTR_F32, 2, sshape, h0s), c0 = dtr_tensor_from(ctx, DTR_F32, 2, sshape, c0s);
+    y = lstm ? dtr_lstm_layer_forward(ctx, &ll, x, h0, c0, &hn, &cn) : dtr_gru_layer_forward(ctx, &gl, x, h0, &hn);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, dtr_tensor_from(ctx, DTR_F32, 3, yshape, rs)))));
+    CHECK_MSG(dtr_tensor_ndim(y) == 3 && dtr_tensor_dim(y, 1) == T_ && dtr_tensor_dim(y, 2) == H_, "%s: y's shape", what);
+    check_tensor(what, y, ref->y, 12);
+    check_tensor("last h", hn, ref->hn, 4);
+    if (lstm) check_tensor("last c", cn, ref->cn, 4);
+    check_near("x's gradient", dtr_tensor_grad(x), ref->gx, 18);
+    check_near("weight_hh's gradient", dtr_tensor_grad(w[1]), ref->gwhh, lstm ? 16 : 12);
+    check_near("bias_ih's gradient", dtr_tensor_grad(w[2]), ref->gbih, lstm ? 8 : 6);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* the step functions give the sequence's rows; NULL state = zeros */
+static void check_steps(int lstm) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m;
+    dtr_lstm_layer ll;
+    dtr_gru_layer gl;
+    float xs[B_ * T_ * I_], seq[B_ * T_ * H_], step[B_ * H_], zero[B_ * H_] = {0};
+    int64_t xshape[3] = {B_, T_, I_}, x1[2] = {B_, I_}, sshape[2] = {B_, H_};
+    dtr_tensor *h = NULL, *c = NULL, *hz, *cz;
+    int t, b, j;
+    dtr_model_create(ctx, 1, &m);
+    if (lstm) dtr_lstm_layer_init(&ll, m, "rnn", I_, H_);
+    else dtr_gru_layer_init(&gl, m, "rnn", I_, H_);
+    CHECK_OK(ctx, dtr_model_build(m));
+    fill(xs, B_ * T_ * I_, 1, 0.7, 0.2, 0);
+    dtr_tensor_read(lstm ? dtr_lstm_layer_forward(ctx, &ll, dtr_tensor_from(ctx, DTR_F32, 3, xshape, xs), NULL, NULL, NULL, NULL)
+                         : dtr_gru_layer_forward(ctx, &gl, dtr_tensor_from(ctx, DTR_F32, 3, xshape, xs), NULL, NULL),
+                    DTR_F32, seq, B_ * T_ * H_);
+    for (t = 0; t < T_; t++) {
+        float xt[B_ * I_];
+        dtr_tensor *xv, *hz2;
+        for (b = 0; b < B_; b++) memcpy(xt + b * I_, xs + (b * T_ + t) * I_, I_ * sizeof(float));
+        xv = dtr_tensor_from(ctx, DTR_F32, 2, x1, xt);
+        if (t == 0) {   /* zeros given explicitly = NULL */
+            hz = dtr_tensor_from(ctx, DTR_F32, 2, sshape, zero), cz = dtr_tensor_from(ctx, DTR_F32, 2, sshape, zero);
+            hz2 = lstm ? dtr_lstm_layer_step(ctx, &ll, xv, hz, cz, &cz) : dtr_gru_layer_step(ctx, &gl, xv, hz);
+        }
+        h = lstm ? dtr_lstm_layer_step(ctx, &ll, xv, h, c, &c) : dtr_gru_layer_step(ctx, &gl, xv, h);
+        CHECK_OK(ctx, dtr_context_status(ctx));
+        dtr_tensor_read(h, DTR_F32, step, B_ * H_);
+        for (b = 0; b < B_; b++)
+            for (j = 0; j < H_; j++)
+                CHECK_MSG(fabsf(step[b * H_ + j] - seq[(b * T_ + t) * H_ + j]) < 1e-6f, "%s step %d", lstm ? "lstm" : "gru", t);
+        if (t == 0) {
+            float zs[B_ * H_];
+            dtr_tensor_read(hz2, DTR_F32, zs, B_ * H_);
+            CHECK(memcmp(zs, step, sizeof zs) == 0);
+        }
+    }
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void test_lstm_gru_torch(void) {
+    rnn_ref lstm = {k_lstm_y, k_lstm_hn, k_lstm_cn, k_lstm_gx, k_lstm_gwhh, k_lstm_gbih};
+    rnn_ref gru = {k_gru_y, k_gru_hn, NULL, k_gru_gx, k_gru_gwhh, k_gru_gbih};
+    check_rnn(1, &lstm);
+    check_rnn(0, &gru);
+    check_steps(1);
+    check_steps(0);
+}
+
+/* ---- learning: the sum of the two values marked in a sequence of 12 noisy steps ---- */
+
+enum { SEQ = 12, BATCH = 32, HID = 16 };
+
+/* x (BATCH, SEQ, 2): (value, mark); the target is the sum of the two marked values */
+static void adding_batch(dtr_rng *rng, float *x, float *y) {
+    int b, t;
+    for (b = 0; b < BATCH; b++) {
+        int i = (int)(dtr_rng_u32(rng) % (SEQ / 2)), j = SEQ / 2 + (int)(dtr_rng_u32(rng) % (SEQ / 2));
+        for (t = 0; t < SEQ; t++) {
+            x[(b * SEQ + t) * 2] = dtr_rng_uniform(rng);
+            x[(b * SEQ + t) * 2 + 1] = (t == i || t == j) ? 1.0f : 0.0f;
+        }
+        y[b] = x[(b * SEQ + i) * 2] + x[(b * SEQ + j) * 2];
+    }
+}
+
+/* mean squared error of the last step's readout after `steps` Adam steps */
+static double train_adding(int lstm, int steps) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m;
+    dtr_lstm_layer ll;
+    dtr_gru_layer gl;
+    dtr_linear_layer out;
+    dtr_optimizer *opt;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.01f);
+    dtr_rng rng;
+    float x[BATCH * SEQ * 2], y[BATCH], loss = 0;
+    int64_t xs[3] = {BATCH, SEQ, 2}, ys[2] = {BATCH, 1};
+    int s;
+    dtr_model_create(ctx, 5, &m);
+    if (lstm) dtr_lstm_layer_init(&ll, m, "rnn", 2, HID);
+    else dtr_gru_layer_init(&gl, m, "rnn", 2, HID);
+    dtr_linear_layer_init(&out, m, "out", HID, 1, 1, DTR_INIT_TORCH_DEFAULT);
+    CHECK_OK(ctx, dtr_optimizer_create(m, &oc, &opt));
+    dtr_rng_seed(&rng, 9, 0);
+    for (s = 0; s < steps; s++) {
+        dtr_tensor *h = NULL, *l;
+        adding_batch(&rng, x, y);
+        if (lstm) dtr_lstm_layer_forward(ctx, &ll, dtr_tensor_from(ctx, DTR_F32, 2 + 1, xs, x), NULL, NULL, &h, NULL);
+        else dtr_gru_layer_forward(ctx, &gl, dtr_tensor_from(ctx, DTR_F32, 3, xs, x), NULL, &h);
+        l = dtr_mse(ctx, dtr_linear_layer_forward(ctx, &out, h), dtr_tensor_from(ctx, DTR_F32, 2, ys, y));
+        CHECK_OK(ctx, dtr_backward(ctx, l));
+        if (s >= steps - 20) loss += dtr_tensor_get(l, 0) / 20.0f;
+        dtr_optimizer_step(opt, NULL);
+        dtr_context_reset(ctx);
+    }
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return loss;
+}
+
+static void test_rnn_learns(void) {
+    double l = train_adding(1, 600), g = train_adding(0, 600);
+    /* predicting the mean (1.0) scores the variance of the sum, 1/6 = 0.167 */
+    printf("    adding task, MSE over the last 20 of 600 steps: LSTM %.4f, GRU %.4f (the mean's 0.167)\n", l, g);
+    CHECK(l < 0.02 && g < 0.02);
+}
+
+/* ---- group norm ---- */
+
+/* PyTorch 1.13: F.group_norm(x, 3, w, b, 1e-5) of x (2, 6, 2, 3), x[k] = sin(0.37k) + k / 40,
+   w[c] = 1 + 0.1c, b[c] = 0.05c - 0.1; (y R).sum().backward(), R[k] = cos(0.21k); y and x's
+   gradient at k_gn_at. Instance norm: F.group_norm(x2, 6) of x2 (2, 6, 5), x2[k] = cos(0.53k)
+   (1 + k / 30), at k_in_at. */
+static const int k_gn_at[8] = {0, 5, 13, 30, 41, 50, 66, 71};
+static const double k_gn_y[8] = {-0.972030479, 1.08643351, -1.64836062, -1.68773159, 0.456752219, -1.27392214, -0.624249484,
+                                 3.01034473};
+static const double k_gn_gx[8] = {1.94616636, -0.449997513, 0.184164892, 0.0874160711, -0.412407324, -0.229556294, -0.508730325,
+                                  -0.0349718676};
+static const double k_gn_gw[6] = {0.501228008, 7.7515989, 8.36941846, 1.13126546, -4.81788175, -3.75240619};
+static const double k_gn_gb[6] = {3.57709505, -6.79824745, -7.73513309, 2.06717848, 8.99948935, 3.43721354};
+static const int k_in_at[5] = {0, 7, 19, 33, 59};
+static const double k_in_y[5] = {1.07584163, -0.616567786, -0.445251736, 0.711382684, 1.22446236};
+
+static void pick(const float *all, const int *at, int n, float *out) {
+    int i;
+    for (i = 0; i < n; i++) out[i] = all[at[i]];
+}
+
+static void test_group_norm_torch(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m;
+    dtr_groupnorm_layer gn;
+    float xs[72], rs[72], ys[72], w[6], b[6], got[8], x2s[60];
+    int64_t shape[4] = {2, 6, 2, 3}, s2[3] = {2, 6, 5};
+    dtr_tensor *x, *y;
+    int k;
+    for (k = 0; k < 72; k++) xs[k] = (float)(sin(0.37 * k) + k / 40.0), rs[k] = (float)cos(0.21 * k);
+    for (k = 0; k < 6; k++) w[k] = (float)(1 + 0.1 * k), b[k] = (float)(0.05 * k - 0.1);
+    for (k = 0; k < 60; k++) x2s[k] = (float)(cos(0.53 * k) * (1 + k / 30.0));
+    dtr_model_create(ctx, 1, &m);
+    CHECK_OK(ctx, dtr_groupnorm_layer_init(&gn, m, "gn", 3, 6));
+    CHECK_OK(ctx, dtr_model_build(m));
+    dtr_tensor_write(gn.weight, DTR_F32, w, 6), dtr_tensor_write(gn.bias, DTR_F32, b, 6);
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, shape, xs));
+    y = dtr_groupnorm_layer_forward(ctx, &gn, x);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, dtr_tensor_from(ctx, DTR_F32, 4, shape, rs)))));
+    CHECK(dtr_tensor_ndim(y) == 4 && dtr_tensor_dim(y, 1) == 6 && dtr_tensor_dim(y, 3) == 3);
+    dtr_tensor_read(y, DTR_F32, ys, 72);
+    pick(ys, k_gn_at, 8, got), check_near("group norm", got, k_gn_y, 8);
+    pick(dtr_tensor_grad(x), k_gn_at, 8, got), check_near("group norm: x's gradient", got, k_gn_gx, 8);
+    check_near("group norm: weight's gradient", dtr_tensor_grad(gn.weight), k_gn_gw, 6);
+    check_near("group norm: bias's gradient", dtr_tensor_grad(gn.bias), k_gn_gb, 6);
+    y = dtr_group_norm(ctx, dtr_tensor_from(ctx, DTR_F32, 3, s2, x2s), 6, NULL, NULL, 1e-5f);   /* instance norm */
+    dtr_tensor_read(y, DTR_F32, ys, 60);
+    pick(ys, k_in_at, 5, got), check_near("instance norm", got, k_in_y, 5);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void test_layer_errors(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m;
+    dtr_lstm_layer ll;
+    dtr_gru_layer gl;
+    dtr_groupnorm_layer gn;
+    int64_t bad_x[3] = {2, 3, 5}, x2[2] = {2, 3}, hs[2] = {3, 4}, img[4] = {2, 6, 2, 2};
+    dtr_tensor *c = NULL, *x;
+    dtr_model_create(ctx, 1, &m);
+    CHECK(dtr_lstm_layer_init(&ll, m, "l", 0, 4) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_groupnorm_layer_init(&gn, m, "g", 4, 6) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    CHECK_OK(ctx, dtr_lstm_layer_init(&ll, m, "l", 3, 4));
+    CHECK_OK(ctx, dtr_gru_layer_init(&gl, m, "g", 3, 4));
+    CHECK_OK(ctx, dtr_groupnorm_layer_init(&gn, m, "n", 2, 4));
+    CHECK_OK(ctx, dtr_model_build(m));
+    x = dtr_tensor_zeros(ctx, DTR_F32, 3, bad_x);
+    CHECK(dtr_lstm_layer_forward(ctx, &ll, x, NULL, NULL, NULL, NULL) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH && strstr(dtr_context_last_error(ctx), "not (B, T, 3)"));
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_gru_layer_step(ctx, &gl, dtr_tensor_zeros(ctx, DTR_F32, 2, x2), dtr_tensor_zeros(ctx, DTR_F32, 2, hs)) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH && strstr(dtr_context_last_error(ctx), "not (2, 4)"));
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_lstm_layer_step(ctx, &ll, dtr_tensor_zeros(ctx, DTR_F32, 2, x2), NULL, NULL, NULL) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_NULL_HANDLE);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_lstm_layer_step(ctx, &ll, dtr_tensor_zeros(ctx, DTR_F32, 2, x2), NULL, NULL, &c) != NULL && c != NULL);
+    CHECK(dtr_groupnorm_layer_forward(ctx, &gn, dtr_tensor_zeros(ctx, DTR_F32, 4, img)) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_group_norm(ctx, dtr_tensor_zeros(ctx, DTR_F32, 4, img), 4, NULL, NULL, 1e-5f) == NULL);
+    CHECK(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH);
+    dtr_context_clear_error(ctx);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+int main(void) {
+    RUN(test_lstm_gru_torch);
+    RUN(test_rnn_learns);
+    RUN(test_group_norm_torch);
+    RUN(test_layer_errors);
+    return test_summary();
+}
