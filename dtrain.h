@@ -559,6 +559,20 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** Batch normalisation of x (N, C, ...) ((N, C) features, (N, C, L) sequences, (N, C, H, W)
+ *  images), PyTorch's F.batch_norm: per channel, (x - mean) / sqrt(var + eps) * w + b (w, b
+ *  (C), either may be NULL). training 1: mean and var are the batch's (over N and the
+ *  positions; var biased), and running_mean, running_var (C) (dense f32 without gradients:
+ *  model buffers; both or neither) move towards them by `momentum` (PyTorch's 0.1; the
+ *  variance unbiased), written by the op's kernel on its backend (a captured step's replay
+ *  updates them too; a dtr_checkpoint region's recomputation does not, so they move once a
+ *  step). training 0: the running statistics (required). Gradients for x, w and b either way.
+ *  @return NULL with the context's error: DTR_SHAPE_MISMATCH (x under 2 axes; a vector not
+ *          (C); training with one value a channel), DTR_INVALID_ARGUMENT (eps <= 0, momentum
+ *          outside [0, 1], running statistics missing, half given, or not dense f32 buffers).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *running_mean,
+                                   dtr_tensor *running_var, int training, float momentum, float eps);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
@@ -794,6 +808,19 @@ DTR_API void dtr_model_destroy(dtr_model *m);
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
                                     dtr_init init, float arg);
+/** Declares a buffer: state of the model that is not trained, as batch norm's running
+ *  statistics (PyTorch's register_buffer): f32, `value` in every element after build, found by
+ *  dtr_model_find, saved and loaded by dtr_model_save / dtr_model_load beside the parameters
+ *  (after them, by name), in the model's full state (entry "buffers") and so in checkpoints,
+ *  split by dtr_model_keep as the parameters are. It has no gradient, and optimizers, the
+ *  data-parallel and parameter-server engines never see it: buffers live in a block of their
+ *  own, outside dtr_model_params (dtr_model_numel counts parameters only); each rank keeps its
+ *  own. The ops that own a buffer write it (dtr_batch_norm); the app may write it with
+ *  dtr_tensor_write. Errors as dtr_model_param's. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_model_buffer(dtr_model *m, const char *name, int ndim, const int64_t *shape, float value);
+/** Number of buffers, and buffer i in declaration order (or NULL). Thread safety: any thread. */
+DTR_API int dtr_model_buffer_count(const dtr_model *m);
+DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
 /** Keeps only the parameters whose names start with one of the n `prefixes` (for example the
  *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}); call it after declaring the
  *  whole model and before dtr_model_build. Kept parameters start from the values they would
@@ -812,7 +839,7 @@ DTR_API int dtr_model_param_count(const dtr_model *m);
 DTR_API int64_t dtr_model_numel(const dtr_model *m);
 /** Parameter i in declaration order, or NULL. */
 DTR_API dtr_tensor *dtr_model_param_at(const dtr_model *m, int i);
-/** Parameter by name, or NULL. */
+/** Parameter or buffer by name, or NULL. */
 DTR_API dtr_tensor *dtr_model_find(const dtr_model *m, const char *name);
 /** Offset in elements of parameter i in the contiguous buffers. */
 DTR_API int64_t dtr_model_param_offset(const dtr_model *m, int i);
@@ -831,6 +858,14 @@ DTR_API float *dtr_model_grads(dtr_model *m);
 DTR_API dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n);
 DTR_API dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n);
 DTR_API dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n);
+/** The buffers' block (dtr_model_buffer), as the parameters': dtr_model_buffer_numel floats
+ *  (each buffer 16-float aligned, in declaration order; 0 without buffers), copied to or from
+ *  the host on any backend: to average batch norm's running statistics over data-parallel
+ *  ranks, or to serve them beside a snapshot's weights. Errors as dtr_model_read's.
+ *  Thread safety: the model's context thread. */
+DTR_API int64_t dtr_model_buffer_numel(const dtr_model *m);
+DTR_API dtr_result dtr_model_read_buffers(dtr_model *m, float *dst, int64_t n);
+DTR_API dtr_result dtr_model_write_buffers(dtr_model *m, const float *src, int64_t n);
 /** Zeroes the gradient buffer. */
 DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
 /** The context the model lives on. */
@@ -850,6 +885,16 @@ typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; flo
 /** RMS norm over the last axis: weight (C) = 1; eps 1e-6, Llama's (Hugging Face
  *  LlamaRMSNorm's default; the `eps` field may be changed after init). */
 typedef struct dtr_rmsnorm_layer { dtr_tensor *weight; int64_t dim; float eps; } dtr_rmsnorm_layer;
+/** Batch norm (dtr_batch_norm) over `channels`, PyTorch's nn.BatchNorm1d/2d: parameters
+ *  "<name>.weight" (C) = 1 and "<name>.bias" (C) = 0, buffers (dtr_model_buffer)
+ *  "<name>.running_mean" (C) = 0 and "<name>.running_var" (C) = 1; eps 1e-5, momentum 0.1
+ *  (fields; may be changed after init). PyTorch's num_batches_tracked is not kept (PyTorch
+ *  loads a file without it). */
+typedef struct dtr_batchnorm_layer {
+    dtr_tensor *weight, *bias, *running_mean, *running_var;
+    int64_t channels;
+    float eps, momentum;
+} dtr_batchnorm_layer;
 /** Group norm (dtr_group_norm) over `channels` in `groups`: weight (C) = 1, bias (C) = 0, eps
  *  1e-5 (PyTorch's nn.GroupNorm; the names "<name>.weight", "<name>.bias" are its). */
 typedef struct dtr_groupnorm_layer { dtr_tensor *weight, *bias; int64_t channels; int groups; float eps; } dtr_groupnorm_layer;
@@ -927,6 +972,8 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
 DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
+/** channels <= 0 is DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_batchnorm_layer_init(dtr_batchnorm_layer *layer, dtr_model *m, const char *name, int64_t channels);
 /** `channels` not a positive multiple of `groups` is DTR_INVALID_ARGUMENT. */
 DTR_API dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *layer, dtr_model *m, const char *name, int groups,
                                            int64_t channels);
@@ -950,6 +997,10 @@ DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
+/** x (N, C, ...) -> the same shape: the batch's statistics in training mode (moving the running
+ *  ones), the running ones in evaluation mode (dtr_context_set_training(ctx, 0)), as PyTorch's
+ *  train() / eval(). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_batchnorm_layer_forward(dtr_context *ctx, const dtr_batchnorm_layer *l, dtr_tensor *x);
 /** x (N, C, ...) with the layer's C -> the same shape. */
 DTR_API dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
@@ -1158,7 +1209,8 @@ DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, c
                                 int count, char *err, size_t errlen);
 
 /** Entry `index` of the model's state: "params" and "grads" (dtr_model_numel floats each,
- *  the contiguous buffers; device memory on a device backend). Builds the model first.
+ *  the contiguous buffers; device memory on a device backend), then "buffers" (the model
+ *  buffers' block) when it has any (dtr_model_buffer). Builds the model first.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE, or the build's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out);
@@ -3644,6 +3696,10 @@ typedef struct dtr_snapshot {
     uint32_t crc32c;                  /**< dtr_crc32c(0, params, numel * 4), computed at publication */
     float holdout_loss;               /**< guard: the loss on the held-out set at publication; NaN without */
     int slot;                         /**< which buffer (for dtr_trainer_release) */
+    const float *buffers;             /**< the model's buffers (batch norm's running statistics) at
+                                           publication: dtr_model_buffer_numel floats, the layout
+                                           of dtr_model_read_buffers (not in crc32c) */
+    int64_t buffer_numel;
 } dtr_snapshot;
 
 /** Takes the newest published snapshot and holds it until dtr_trainer_release: training
@@ -3655,9 +3711,10 @@ DTR_API dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out);
 DTR_API void dtr_trainer_release(dtr_trainer *tr, const dtr_snapshot *snap);
 
 /** Serving helper: when the newest published version differs from *version, copies it into
- *  `serving`'s parameters (a model of the same layout on the caller's own context) and sets
+ *  `serving`'s parameters and buffers (a model of the same layout on the caller's own
+ *  context: batch norm serves the running statistics published with the weights) and sets
  *  *version; otherwise does nothing. Never waits on training.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (another parameter count).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (another parameter or buffer count).
  *  Thread safety: any thread that owns `serving`; several at once with their own models. */
 DTR_API dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *version);
 
@@ -4418,7 +4475,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4422 "dtrain.h"
+#line 4479 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4595,14 +4652,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(EXP, "exp", unary) X(LOG, "log", unary) X(SQRT, "sqrt", unary) X(POW, "pow", unary)    \
     X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
-    X(MINIMUM, "minimum", binary)
+    X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 53
+#define DTR__OP_COUNT_EXPECTED 54
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -4644,6 +4701,11 @@ typedef struct dtr__checkpoint_params {
    SOFTPLUS: a = beta, b = threshold (the others: none) */
 typedef struct dtr__unary_params { float a, b; } dtr__unary_params;
 
+typedef struct dtr__batchnorm_params {
+    float eps;                        /* added to the batch's variance */
+    float momentum;                   /* running = (1 - momentum) running + momentum batch */
+} dtr__batchnorm_params;
+
 typedef struct dtr__rope_params {
     int heads;                        /* C = heads * D, D even */
     int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
@@ -4667,6 +4729,7 @@ typedef union dtr__op_params {
     int axis;                         /* SUM, MEAN: the reduced axis */
     dtr__attention_params attention;  /* ATTENTION */
     dtr__rope_params rope;            /* ROPE */
+    dtr__batchnorm_params batchnorm;  /* BATCHNORM */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -5000,6 +5063,8 @@ struct dtr_context {
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
+    int recomputing;              /* a region's recomputation in backward runs: batch norm
+                                     leaves its running statistics alone */
     int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
     struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
     struct dtr_graph *capturing;  /* the graph whose step runs now (src/core/graph.c; its guard is
@@ -5253,7 +5318,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5257 "dtrain.h"
+#line 5322 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5554,6 +5619,15 @@ DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
+/** Batch norm's running statistics after a batch of cnt values a channel with mean m and
+ *  biased variance v: each moves by momentum towards the batch's (the variance unbiased, v
+ *  cnt / (cnt - 1), as PyTorch's), in double, rounded once. */
+DTR__HD void dtr__f_bn_running(float *rm, float *rv, double m, double v, int64_t cnt, float momentum) {
+    double k = (double)momentum;
+    *rm = (float)((1.0 - k) * *rm + k * m);
+    *rv = (float)((1.0 - k) * *rv + k * v * (double)cnt / (double)(cnt - 1));
+}
+
 /** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
  *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
 DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }
@@ -5645,7 +5719,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5649 "dtrain.h"
+#line 5723 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5707,7 +5781,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5711 "dtrain.h"
+#line 5785 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6086,7 +6160,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6090 "dtrain.h"
+#line 6164 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6129,7 +6203,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6133 "dtrain.h"
+#line 6207 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6163,7 +6237,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6167 "dtrain.h"
+#line 6241 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6222,7 +6296,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6226 "dtrain.h"
+#line 6300 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6296,7 +6370,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6300 "dtrain.h"
+#line 6374 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6364,7 +6438,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6368 "dtrain.h"
+#line 6442 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6439,7 +6513,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6443 "dtrain.h"
+#line 6517 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6791,7 +6865,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6795 "dtrain.h"
+#line 6869 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7615,7 +7689,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7619 "dtrain.h"
+#line 7693 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8290,7 +8364,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8294 "dtrain.h"
+#line 8368 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8381,7 +8455,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8385 "dtrain.h"
+#line 8459 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8863,7 +8937,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8867 "dtrain.h"
+#line 8941 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9118,7 +9192,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9122 "dtrain.h"
+#line 9196 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9329,7 +9403,9 @@ dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n) {
     if (r != DTR_OK) return r;
     ctx->rng = p->rng;           /* the forward's stream: the same dropout masks */
     ctx->training = p->training;
+    ctx->recomputing++;
     y = dtr__region_run(ctx, p, n->in);
+    ctx->recomputing--;
     ctx->rng = rng;
     ctx->training = training;
     r = y ? dtr__region_backward(ctx, n, y) : ctx->status;
@@ -9349,7 +9425,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9353 "dtrain.h"
+#line 9429 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9468,7 +9544,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9472 "dtrain.h"
+#line 9548 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9524,7 +9600,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9528 "dtrain.h"
+#line 9604 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9909,7 +9985,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9913 "dtrain.h"
+#line 9989 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10171,7 +10247,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10175 "dtrain.h"
+#line 10251 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10666,7 +10742,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10670 "dtrain.h"
+#line 10746 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10845,7 +10921,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10849 "dtrain.h"
+#line 10925 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11329,6 +11405,171 @@ dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- batch norm ----
+ * x (N, C, S...) viewed as (N, C, S): channel c's N S values are x[(n C + c) S + s]. Training
+ * normalises each channel by its batch mean and (biased) variance, and moves the running
+ * statistics (unbiased variance, as PyTorch); evaluation uses the running ones (ops). */
+
+/* 1 when v is NULL or a (C) vector; `stat`: f32, dense and without a gradient (the op writes it) */
+static int dtr__bn_vec(dtr_context *ctx, const dtr_tensor *v, const char *what, int64_t C, int stat) {
+    char s1[96];
+    if (!v) return 1;
+    if (!dtr__check_input(ctx, "dtr_batch_norm", v, what)) return 0;
+    if (v->ndim != 1 || v->shape[0] != C)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_batch_norm: %s is %s, not (%lld)", what, dtr__shape_str(v, s1, sizeof s1),
+                         (long long)C), 0;
+    if (stat && (v->dtype != DTR_F32 || !dtr_tensor_is_contiguous(v) || (v->flags & DTR__REQUIRES_GRAD)))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_batch_norm: %s must be a dense f32 tensor without a gradient "
+                         "(a model buffer)", what), 0;
+    return 1;
+}
+
+/* evaluation: (x - running_mean) / sqrt(running_var + eps) * w + b, per channel */
+static dtr_tensor *dtr__bn_eval(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *rm, dtr_tensor *rv,
+                                float eps) {
+    int64_t shape[DTR_MAX_DIMS];
+    dtr_tensor *inv, *y;
+    int d;
+    shape[0] = x->shape[1];   /* (C, 1, ..., 1): a value a channel */
+    for (d = 2; d < x->ndim; d++) shape[d - 1] = 1;
+    inv = dtr_pow(ctx, dtr_add(ctx, rv, dtr_tensor_full(ctx, 0, NULL, eps)), -0.5f);
+    if (w) inv = dtr_mul(ctx, inv, w);
+    y = dtr_mul(ctx, dtr_sub(ctx, x, dtr_reshape(ctx, rm, x->ndim - 1, shape)), dtr_reshape(ctx, inv, x->ndim - 1, shape));
+    return b ? dtr_add(ctx, y, dtr_reshape(ctx, b, x->ndim - 1, shape)) : y;
+}
+
+dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *running_mean,
+                           dtr_tensor *running_var, int training, float momentum, float eps) {
+    dtr__node *n;
+    int64_t C;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_batch_norm", x, "x")) return NULL;
+    if (x->ndim < 2) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_batch_norm: x needs (N, C, ...), not %d axes", x->ndim);
+    C = x->shape[1];
+    if (!dtr__bn_vec(ctx, w, "weight", C, 0) || !dtr__bn_vec(ctx, b, "bias", C, 0) ||
+        !dtr__bn_vec(ctx, running_mean, "running_mean", C, 1) || !dtr__bn_vec(ctx, running_var, "running_var", C, 1))
+        return NULL;
+    if (!running_mean != !running_var || (!training && !running_mean))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_batch_norm: %s", !training ? "evaluation needs the running statistics"
+                                                                                      : "running_mean and running_var go together");
+    if (!(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_batch_norm: eps %g must be > 0 and momentum %g in [0, 1]", (double)eps,
+                          (double)momentum);
+    if (!training) return dtr__bn_eval(ctx, x, w, b, running_mean, running_var, eps);
+    if (C && dtr_tensor_numel(x) / C < 2)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_batch_norm: training needs more than one value a channel (x has %lld)",
+                          (long long)(dtr_tensor_numel(x) / C));
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    {
+        int upd = !ctx->recomputing;   /* a recomputed region's statistics were taken once already */
+        dtr_tensor *in[5] = {x, w, b, upd ? running_mean : NULL, upd ? running_var : NULL};
+        n = dtr__node_new(ctx, DTR_OP_BATCHNORM, 5, in);
+    }
+    if (!n) return NULL;
+    n->p.batchnorm.eps = eps;
+    n->p.batchnorm.momentum = momentum;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_batch_norm");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_batch_norm");
+}
+
+/* x viewed as (N, C, S) */
+static void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
+    *N = x->shape[0], *C = x->shape[1];
+    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
+}
+
+typedef struct dtr__bn_job {
+    const dtr__node *nd;
+    int64_t N, C, S;
+    const float *X, *W, *B, *G;
+    float *stat;   /* mean, rstd per channel */
+} dtr__bn_job;
+
+static dtr__bn_job dtr__bn_job_of(const dtr__node *nd) {
+    dtr__bn_job j;
+    dtr__bn_dims(nd->in[0], &j.N, &j.C, &j.S);
+    j.nd = nd, j.X = dtr__f32(nd->in[0]);
+    j.W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, j.B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    j.G = nd->out->grad, j.stat = (float *)nd->saved;
+    return j;
+}
+
+/* channels [b, e): statistics in double over n, then s, the output, the running statistics */
+static void dtr__bn_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__bn_job *j = (const dtr__bn_job *)arg;
+    const dtr__node *nd = j->nd;
+    int64_t c, n, s, S = j->S, cnt = j->N * j->S;
+    float *Y = dtr__f32(nd->out);
+    (void)w;
+    for (c = b; c < e; c++) {
+        double m = 0.0, v = 0.0;
+        float mean, rstd, wc = j->W ? j->W[c] : 1.0f, bc = j->B ? j->B[c] : 0.0f;
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) m += j->X[(n * j->C + c) * S + s];
+        m /= (double)cnt;
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) { double d = j->X[(n * j->C + c) * S + s] - m; v += d * d; }
+        v /= (double)cnt;
+        mean = (float)m, rstd = (float)(1.0 / sqrt(v + nd->p.batchnorm.eps));
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * j->C + c) * S + s;
+                Y[i] = wc * ((j->X[i] - mean) * rstd) + bc;
+            }
+        j->stat[2 * c] = mean, j->stat[2 * c + 1] = rstd;
+        if (nd->in[3]) dtr__f_bn_running(dtr__f32(nd->in[3]) + c, dtr__f32(nd->in[4]) + c, m, v, cnt, nd->p.batchnorm.momentum);
+    }
+}
+
+dtr_result dtr__cpu_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t N, C, S;
+    dtr__bn_job j;
+    float *stat;
+    dtr__bn_dims(nd->in[0], &N, &C, &S);
+    stat = (float *)dtr__node_save(ctx, nd, (size_t)(C ? C : 1) * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    j = dtr__bn_job_of(nd);
+    dtr__pool_run(ctx->pool, C, 1, dtr__bn_fwd_range, &j);
+    return DTR_OK;
+}
+
+/* channels [b, e): dx = rstd (dh - mean(dh) - h mean(dh h)), dh = g w, h the normalised x;
+   dw += sum(g h), db += sum(g), the sums in double */
+static void dtr__bn_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__bn_job *j = (const dtr__bn_job *)arg;
+    int64_t c, n, s, S = j->S, cnt = j->N * j->S;
+    float *gx = dtr__gradof(j->nd->in[0]), *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
+    (void)w;
+    for (c = b; c < e; c++) {
+        float mean = j->stat[2 * c], rstd = j->stat[2 * c + 1], wc = j->W ? j->W[c] : 1.0f, md, mdh;
+        double sg = 0.0, sgh = 0.0;
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * j->C + c) * S + s;
+                sg += j->G[i];
+                sgh += (double)j->G[i] * ((j->X[i] - mean) * rstd);
+            }
+        if (gw) gw[c] += (float)sgh;
+        if (gb) gb[c] += (float)sg;
+        if (!gx) continue;
+        md = (float)(sg * wc / (double)cnt), mdh = (float)(sgh * wc / (double)cnt);
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * j->C + c) * S + s;
+                gx[i] += rstd * (j->G[i] * wc - md - ((j->X[i] - mean) * rstd) * mdh);
+            }
+    }
+}
+
+dtr_result dtr__cpu_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__bn_job j = dtr__bn_job_of(nd);
+    if (dtr__gradof(nd->in[0]) || dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.C, 1, dtr__bn_bwd_range, &j);
+    return DTR_OK;
+}
+
 /* ---- dropout ---- */
 
 dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
@@ -11696,7 +11937,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11700 "dtrain.h"
+#line 11941 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12195,7 +12436,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12199 "dtrain.h"
+#line 12440 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12454,7 +12695,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12458 "dtrain.h"
+#line 12699 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -12824,7 +13065,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 12828 "dtrain.h"
+#line 13069 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -12958,7 +13199,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 12962 "dtrain.h"
+#line 13203 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -12991,6 +13232,13 @@ struct dtr_model {
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
     int64_t grad_lo, grad_hi;
+    /* buffers (dtr_model_buffer): state that is not trained, in a block of their own */
+    dtr_tensor **bufs;
+    float *buf_values;          /* each buffer's initial value */
+    int64_t *buf_offsets;
+    int nbuf, bufcap;
+    int64_t buf_total;
+    float *buf_data;            /* backend memory */
 };
 
 dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out) {
@@ -13020,6 +13268,11 @@ void dtr_model_destroy(dtr_model *m) {
     dtr__free(a, m->inits);
     dtr__free(a, m->init_args);
     dtr__free(a, m->offsets);
+    for (i = 0; i < m->nbuf; i++) { dtr__free(a, (void *)m->bufs[i]->name); dtr__free(a, m->bufs[i]); }
+    dtr__free(a, m->bufs);
+    dtr__free(a, m->buf_values);
+    dtr__free(a, m->buf_offsets);
+    if (m->buf_data) m->ctx->backend->mem_free(m->ctx, m->buf_data);
     if (m->data) m->ctx->backend->mem_free(m->ctx, m->data);
     if (m->grad) m->ctx->backend->mem_free(m->ctx, m->grad);
     dtr__free(a, m);
@@ -13045,44 +13298,57 @@ static int dtr__model_grow(dtr_model *m) {
     return 1;
 }
 
-dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape, dtr_init init, float arg) {
-    dtr_context *ctx;
-    dtr_tensor *t;
-    size_t len;
+/* 1 when a tensor named `name` of this shape may be declared now; else 0, the error set */
+static int dtr__model_declarable(dtr_model *m, const char *fn, const char *name, int ndim, const int64_t *shape) {
+    dtr_context *ctx = m->ctx;
     int i;
-    if (!m) return NULL;
-    ctx = m->ctx;
-    if (!name || !*name) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: a parameter needs a name");
-    len = strlen(name);
-    if (len >= 256) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: name '%.40s...' is longer than 255 bytes", name);
-    if (m->built) return dtr__failt(ctx, DTR_BAD_STATE, "dtr_model_param: '%s' declared after dtr_model_build", name);
+    if (!name || !*name) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: a tensor of a model needs a name", fn), 0;
+    if (strlen(name) >= 256) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: name '%.40s...' is longer than 255 bytes", fn, name), 0;
+    if (m->built) return dtr__fail(ctx, DTR_BAD_STATE, "%s: '%s' declared after dtr_model_build", fn, name), 0;
     if (ndim < 0 || ndim > DTR_MAX_DIMS || (ndim && !shape))
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has a bad shape", name);
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' has a bad shape", fn, name), 0;
     for (i = 0; i < ndim; i++)
         if (shape[i] < 0 || shape[i] > ((int64_t)1 << 32))
-            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' dimension %d is %lld", name, i, (long long)shape[i]);
-    if ((int)init < 0 || init > DTR_INIT_TORCH_DEFAULT)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has unknown initialiser %d", name, (int)init);
-    for (i = 0; i < m->count; i++)
-        if (!strcmp(m->names[i], name)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' declared twice", name);
-    if (m->count == m->cap && !dtr__model_grow(m)) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
-    t = (dtr_tensor *)dtr__calloc(&ctx->alloc, sizeof(*t));
-    m->names[m->count] = (char *)dtr__malloc(&ctx->alloc, len + 1);
-    if (!t || !m->names[m->count]) {
-        dtr__free(&ctx->alloc, t);
-        dtr__free(&ctx->alloc, m->names[m->count]);
-        return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' dimension %d is %lld", fn, name, i, (long long)shape[i]), 0;
+    if (dtr_model_find(m, name)) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' declared twice", fn, name), 0;
+    return 1;
+}
+
+/* a model tensor's struct: f32, dense, of the context, named (its own copy of name in *copy) */
+static dtr_tensor *dtr__model_tensor(dtr_model *m, const char *name, int ndim, const int64_t *shape, char **copy) {
+    dtr_tensor *t = (dtr_tensor *)dtr__calloc(&m->ctx->alloc, sizeof(*t));
+    size_t len = strlen(name);
+    int i;
+    *copy = (char *)dtr__malloc(&m->ctx->alloc, len + 1);
+    if (!t || !*copy) {
+        dtr__free(&m->ctx->alloc, t);
+        dtr__free(&m->ctx->alloc, *copy);
+        return NULL;
     }
-    memcpy(m->names[m->count], name, len + 1);
+    memcpy(*copy, name, len + 1);
     t->dtype = DTR_F32;
     t->ndim = ndim;
     for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
     dtr__contig_strides(ndim, shape, t->stride);
-    t->ctx = ctx;
+    t->ctx = m->ctx;
+    t->model = m;
+    t->name = *copy;
+    return t;
+}
+
+dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape, dtr_init init, float arg) {
+    dtr_context *ctx;
+    dtr_tensor *t;
+    if (!m) return NULL;
+    ctx = m->ctx;
+    if (!dtr__model_declarable(m, "dtr_model_param", name, ndim, shape)) return NULL;
+    if ((int)init < 0 || init > DTR_INIT_TORCH_DEFAULT)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has unknown initialiser %d", name, (int)init);
+    if (m->count == m->cap && !dtr__model_grow(m)) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
+    t = dtr__model_tensor(m, name, ndim, shape, &m->names[m->count]);
+    if (!t) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
     t->flags = DTR__PARAM | DTR__REQUIRES_GRAD | DTR__LEAF;
     t->param_index = m->count;
-    t->model = m;
-    t->name = m->names[m->count];
     m->params[m->count] = t;
     m->inits[m->count] = init;
     m->init_args[m->count] = arg;
@@ -13093,6 +13359,65 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->count++;
     return t;
 }
+
+/* ---- buffers ---- */
+
+static int dtr__model_grow_bufs(dtr_model *m) {
+    const dtr_allocation_callbacks *a = &m->ctx->alloc;
+    int cap = m->bufcap ? m->bufcap * 2 : 8;
+    void *p;
+    p = dtr__realloc(a, m->bufs, (size_t)cap * sizeof(*m->bufs)); if (!p) return 0; m->bufs = (dtr_tensor **)p;
+    p = dtr__realloc(a, m->buf_values, (size_t)cap * sizeof(*m->buf_values)); if (!p) return 0; m->buf_values = (float *)p;
+    p = dtr__realloc(a, m->buf_offsets, (size_t)cap * sizeof(*m->buf_offsets)); if (!p) return 0; m->buf_offsets = (int64_t *)p;
+    m->bufcap = cap;
+    return 1;
+}
+
+dtr_tensor *dtr_model_buffer(dtr_model *m, const char *name, int ndim, const int64_t *shape, float value) {
+    dtr_tensor *t;
+    char *copy;
+    if (!m) return NULL;
+    if (!dtr__model_declarable(m, "dtr_model_buffer", name, ndim, shape)) return NULL;
+    if (m->nbuf == m->bufcap && !dtr__model_grow_bufs(m)) return dtr__failt(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_buffer: out of memory");
+    t = dtr__model_tensor(m, name, ndim, shape, &copy);
+    if (!t) return dtr__failt(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_buffer: out of memory");
+    t->flags = DTR__LEAF;
+    t->param_index = -1;
+    m->bufs[m->nbuf] = t;
+    m->buf_values[m->nbuf] = value;
+    m->buf_offsets[m->nbuf] = m->buf_total;
+    m->buf_total += dtr__padded(t);
+    m->nbuf++;
+    return t;
+}
+
+/* the buffers' block, each buffer at its value */
+static dtr_result dtr__model_build_bufs(dtr_model *m) {
+    dtr_context *ctx = m->ctx;
+    size_t bytes = (size_t)(m->buf_total ? m->buf_total : 1) * sizeof(float);
+    float *host;
+    int i;
+    int64_t k;
+    if (!m->nbuf) return DTR_OK;
+    m->buf_data = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    host = (float *)dtr__calloc(&ctx->alloc, bytes);
+    if (!m->buf_data || !host) {
+        if (m->buf_data) ctx->backend->mem_free(ctx, m->buf_data);
+        m->buf_data = NULL;
+        dtr__free(&ctx->alloc, host);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for %lld buffer elements", (long long)m->buf_total);
+    }
+    for (i = 0; i < m->nbuf; i++)
+        for (k = 0; k < dtr_tensor_numel(m->bufs[i]); k++) host[m->buf_offsets[i] + k] = m->buf_values[i];
+    ctx->backend->from_host(ctx, m->buf_data, host, bytes);
+    dtr__free(&ctx->alloc, host);
+    for (i = 0; i < m->nbuf; i++) m->bufs[i]->storage = m->buf_data + m->buf_offsets[i];
+    return DTR_OK;
+}
+
+int dtr_model_buffer_count(const dtr_model *m) { return m ? m->nbuf : 0; }
+
+dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i) { return (m && i >= 0 && i < m->nbuf) ? m->bufs[i] : NULL; }
 
 /* ---- initialisers ---- */
 
@@ -13218,6 +13543,13 @@ dtr_result dtr_model_build(dtr_model *m) {
         m->params[i]->storage = m->data + m->offsets[i];
         m->params[i]->grad = m->grad + m->offsets[i];
     }
+    if (dtr__model_build_bufs(m) != DTR_OK) {   /* (the parameters' blocks are freed with the model) */
+        for (i = 0; i < m->count; i++) m->params[i]->storage = NULL, m->params[i]->grad = NULL;
+        ctx->backend->mem_free(ctx, m->data);
+        ctx->backend->mem_free(ctx, m->grad);
+        m->data = m->grad = NULL;
+        return ctx->status;
+    }
     m->built = 1;
     return DTR_OK;
 }
@@ -13231,14 +13563,32 @@ static int dtr__has_prefix(const char *name, const char *const *prefixes, int n)
     return 0;
 }
 
-/* moves parameter i to the dropped list (its struct stays valid: layers point at it) */
-static int dtr__model_drop(dtr_model *m, int i) {
+/* moves a parameter or buffer to the dropped list (its struct stays valid: layers point at it) */
+static int dtr__model_drop(dtr_model *m, dtr_tensor *t) {
     void *p = dtr__realloc(&m->ctx->alloc, m->dropped, (size_t)(m->n_dropped + 1) * sizeof(*m->dropped));
     if (!p) return 0;
     m->dropped = (dtr_tensor **)p;
-    m->dropped[m->n_dropped++] = m->params[i];
-    m->params[i]->param_index = -1;
+    m->dropped[m->n_dropped++] = t;
+    t->param_index = -1;
     return 1;
+}
+
+/* dtr_model_keep's filter over the buffers: those left out move to the dropped list */
+static dtr_result dtr__model_keep_bufs(dtr_model *m, const char *const *prefixes, int n) {
+    int i, kept = 0;
+    m->buf_total = 0;
+    for (i = 0; i < m->nbuf; i++) {
+        dtr_tensor *t = m->bufs[i];
+        if (!dtr__has_prefix(t->name, prefixes, n)) {
+            if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
+            continue;
+        }
+        m->bufs[kept] = t, m->buf_values[kept] = m->buf_values[i];
+        m->buf_offsets[kept++] = m->buf_total;
+        m->buf_total += dtr__padded(t);
+    }
+    m->nbuf = kept;
+    return DTR_OK;
 }
 
 dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
@@ -13250,7 +13600,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
         if (!dtr__has_prefix(t->name, prefixes, n)) {
-            if (!dtr__model_drop(m, i)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
+            if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
             continue;
         }
         m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
@@ -13260,7 +13610,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
         m->total += dtr__padded(t);
     }
     m->count = kept;
-    return DTR_OK;
+    return dtr__model_keep_bufs(m, prefixes, n);
 }
 
 /* ---- queries ---- */
@@ -13278,6 +13628,8 @@ dtr_tensor *dtr_model_find(const dtr_model *m, const char *name) {
     if (!m || !name) return NULL;
     for (i = 0; i < m->count; i++)
         if (!strcmp(m->names[i], name)) return m->params[i];
+    for (i = 0; i < m->nbuf; i++)
+        if (!strcmp(m->bufs[i]->name, name)) return m->bufs[i];
     return NULL;
 }
 
@@ -13297,18 +13649,21 @@ dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
 }
 
 /* the buffer `buf` (params or grads) to or from n host floats */
-static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
+/* copies a whole block (0 parameters, 1 gradients, 2 buffers) to or from n host floats */
+static dtr_result dtr__model_copy(dtr_model *m, int which, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
-    size_t bytes;
-    if (!m || !host) return DTR_NULL_HANDLE;
+    int64_t want;
+    float *block;
+    if (!m || (!host && n)) return DTR_NULL_HANDLE;
     if ((r = dtr_model_build(m)) != DTR_OK) return r;
-    if (!grads && (r = dtr__model_present(m, fn)) != DTR_OK) return r;
-    if (n != m->total)
-        return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n,
-                         (long long)m->total);
-    bytes = (size_t)n * sizeof(float);
-    if (write) return m->ctx->backend->from_host(m->ctx, m->data, host, bytes);
-    return m->ctx->backend->to_host(m->ctx, host, grads ? m->grad : m->data, bytes);
+    if (which == 0 && (r = dtr__model_present(m, fn)) != DTR_OK) return r;
+    want = which == 2 ? m->buf_total : m->total;
+    block = which == 2 ? m->buf_data : which ? m->grad : m->data;
+    if (n != want)
+        return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n, (long long)want);
+    if (n == 0) return DTR_OK;
+    if (write) return m->ctx->backend->from_host(m->ctx, block, host, (size_t)n * sizeof(float));
+    return m->ctx->backend->to_host(m->ctx, host, block, (size_t)n * sizeof(float));
 }
 
 dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n) { return dtr__model_copy(m, 0, dst, n, 0, "dtr_model_read"); }
@@ -13317,6 +13672,13 @@ dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n) {
 }
 dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n) {
     return dtr__model_copy(m, 1, dst, n, 0, "dtr_model_read_grads");
+}
+int64_t dtr_model_buffer_numel(const dtr_model *m) { return m ? m->buf_total : 0; }
+dtr_result dtr_model_read_buffers(dtr_model *m, float *dst, int64_t n) {
+    return dtr__model_copy(m, 2, dst, n, 0, "dtr_model_read_buffers");
+}
+dtr_result dtr_model_write_buffers(dtr_model *m, const float *src, int64_t n) {
+    return dtr__model_copy(m, 2, (float *)(uintptr_t)src, n, 1, "dtr_model_write_buffers");
 }
 
 void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
@@ -13337,27 +13699,34 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 /* ---- save and load (safetensors) ---- */
 
 /* Elements of parameter i in a file: the full tensor's for a shard. */
+/* Entry i of the model's file: parameter i, or buffer i - count (after the parameters). */
+static dtr_tensor *dtr__file_tensor(const dtr_model *m, int i) { return i < m->count ? m->params[i] : m->bufs[i - m->count]; }
+static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
+    static const dtr__shard whole;
+    return i < m->count ? &m->shards[i] : &whole;
+}
+
 static int64_t dtr__file_numel(const dtr_model *m, int i) {
-    const dtr__shard *s = &m->shards[i];
-    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(m->params[i]);
+    const dtr__shard *s = dtr__file_shard(m, i);
+    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(dtr__file_tensor(m, i));
 }
 
 /* Parameter i as the file holds it: its entry (name, dtype, full shape) and its values in dt
    at dst (a shard is gathered from its group first: collective). */
 static dtr_result dtr__save_param(dtr_model *m, int i, dtr_dtype dt, dtr_st_entry *e, void *dst) {
-    const dtr__shard *s = &m->shards[i];
-    const dtr_tensor *t = m->params[i];
+    const dtr__shard *s = dtr__file_shard(m, i);
+    const dtr_tensor *t = dtr__file_tensor(m, i);
     int64_t n = dtr__file_numel(m, i);
     float *full;
     dtr_result r;
     int d;
-    snprintf(e->name, sizeof(e->name), "%s", m->names[i]);
+    snprintf(e->name, sizeof(e->name), "%s", t->name);
     e->dtype = dt;
     e->ndim = s->comm ? s->ndim : t->ndim;
     for (d = 0; d < e->ndim; d++) e->shape[d] = s->comm ? s->full[d] : t->shape[d];
     if (!s->comm) return dtr_tensor_read(t, dt, dst, (size_t)n);
     full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
-    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", m->names[i]);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", t->name);
     r = dtr__shard_gather(m->ctx, s, t, full);
     if (r == DTR_OK) dtr_convert(dst, dt, full, DTR_F32, (size_t)n);
     dtr__free(&m->ctx->alloc, full);
@@ -13373,7 +13742,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     int64_t total = 0;
     char err[512];
     dtr_result r;
-    int i, writer = 1;
+    int i, nfile, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     if (!dtr__is_float(dt))
@@ -13383,21 +13752,22 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     if (r == DTR_OK) r = dtr__model_present(m, "dtr_model_save");
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
-    for (i = 0; i < m->count; i++) {
+    nfile = m->count + m->nbuf;
+    for (i = 0; i < nfile; i++) {
         total += dtr__file_numel(m, i);
-        if (m->shards[i].comm && m->shards[i].rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
+        if (dtr__file_shard(m, i)->comm && dtr__file_shard(m, i)->rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
     }
-    ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*ents));
-    data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*data));
+    ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(nfile ? nfile : 1) * sizeof(*ents));
+    data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(nfile ? nfile : 1) * sizeof(*data));
     conv = dtr__malloc(&ctx->alloc, (size_t)(total ? total : 1) * es);
     if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
-    for (i = 0; i < m->count; i++) {
+    for (i = 0; i < nfile; i++) {
         data[i] = (char *)conv + off;
         r = dtr__save_param(m, i, dt, &ents[i], (char *)conv + off);
         if (r != DTR_OK) goto done;
         off += (size_t)dtr__file_numel(m, i) * es;
     }
-    r = writer ? dtr_st_write(path, ents, data, m->count, err, sizeof(err)) : DTR_OK;
+    r = writer ? dtr_st_write(path, ents, data, nfile, err, sizeof(err)) : DTR_OK;
     if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
 done:
     dtr__free(&ctx->alloc, ents);
@@ -13408,8 +13778,8 @@ done:
 
 /* The shape parameter i has in a file: its own, or (in *buf) the full tensor's for a shard. */
 static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *buf) {
-    const dtr__shard *s = &m->shards[i];
-    if (!s->comm) return m->params[i];
+    const dtr__shard *s = dtr__file_shard(m, i);
+    if (!s->comm) return dtr__file_tensor(m, i);
     *buf = *m->params[i];
     buf->ndim = s->ndim;
     memcpy(buf->shape, s->full, sizeof buf->shape);
@@ -13418,7 +13788,7 @@ static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *
 
 /* Converts entry e (checked against the file shape) into parameter i's f32 values at x. */
 static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, float *x) {
-    const dtr__shard *s = &m->shards[i];
+    const dtr__shard *s = dtr__file_shard(m, i);
     int64_t n = dtr__file_numel(m, i);
     float *full;
     if (!s->comm) return dtr_convert(x, DTR_F32, e->data, e->dtype, (size_t)n);
@@ -13428,6 +13798,11 @@ static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, fl
     dtr__shard_copy(s, s->rank, full, x, 0);
     dtr__free(&m->ctx->alloc, full);
     return DTR_OK;
+}
+
+/* where entry i's f32 values go in dtr_model_load's staging copy */
+static int64_t dtr__stage_offset(const dtr_model *m, int i) {
+    return i < m->count ? m->offsets[i] : m->total + m->buf_offsets[i - m->count];
 }
 
 dtr_result dtr_model_load(dtr_model *m, const char *path) {
@@ -13444,25 +13819,27 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     if (r != DTR_OK) return r;
     r = dtr_st_open(path, &ctx->alloc, &f, err, sizeof(err));
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_model_load: %s", err);
-    /* convert everything into a staging copy first: on any error the model is untouched */
-    stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * sizeof(float));
+    /* convert everything into a staging copy first (the parameters, then the buffers): on any
+       error the model is untouched */
+    stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total + m->buf_total + 1) * sizeof(float));
     if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
-    for (i = 0; i < m->count; i++) {
+    for (i = 0; i < m->count + m->nbuf; i++) {
         dtr_tensor want;
         const dtr_tensor *t = dtr__file_shape(m, i, &want);
         const dtr_st_entry *e = NULL;
+        const char *name = dtr__file_tensor(m, i)->name;
         for (j = 0; j < f.count; j++)
-            if (!strcmp(f.entries[j].name, m->names[i])) { e = &f.entries[j]; break; }
-        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, m->names[i]); goto done; }
+            if (!strcmp(f.entries[j].name, name)) { e = &f.entries[j]; break; }
+        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name); goto done; }
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
             if (e->shape[d] != t->shape[d]) goto shape;
         if (e->foreign || !dtr__is_float(e->dtype)) {
             r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
-                          path, m->names[i], e->dtype_name);
+                          path, name, e->dtype_name);
             goto done;
         }
-        if ((r = dtr__load_param(m, i, e, stage + m->offsets[i])) != DTR_OK) goto done;
+        if ((r = dtr__load_param(m, i, e, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */
@@ -13470,13 +13847,13 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
         for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
         r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
-                      m->names[i], dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
+                      name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
         goto done;
     }
     }
-    for (i = 0; i < m->count; i++) {
-        r = ctx->backend->from_host(ctx, m->data + m->offsets[i], stage + m->offsets[i],
-                                    (size_t)dtr_tensor_numel(m->params[i]) * sizeof(float));
+    for (i = 0; i < m->count + m->nbuf; i++) {
+        dtr_tensor *t = dtr__file_tensor(m, i);
+        r = ctx->backend->from_host(ctx, t->storage, stage + dtr__stage_offset(m, i), (size_t)dtr_tensor_numel(t) * sizeof(float));
         if (r != DTR_OK) { dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path); goto done; }
     }
     r = DTR_OK;
@@ -13496,11 +13873,13 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
     bytes = (size_t)m->total * sizeof(float);
     if (index == 0) return dtr__state_put(out, "params", m->data, bytes, !dtr__host_memory(m->ctx));
     if (index == 1) return dtr__state_put(out, "grads", m->grad, bytes, !dtr__host_memory(m->ctx));
+    if (index == 2 && m->nbuf)
+        return dtr__state_put(out, "buffers", m->buf_data, (size_t)m->buf_total * sizeof(float), !dtr__host_memory(m->ctx));
     return DTR_NOT_FOUND;
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13504 "dtrain.h"
+#line 13883 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -13513,13 +13892,24 @@ dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_H
 
 #include <math.h>
 
+/* "<prefix>.<suffix>" (or suffix alone) in name[256]: 1, or 0 with the error set when too long */
+static int dtr__full_name(dtr_model *m, const char *prefix, const char *suffix, char *name) {
+    if (!prefix) prefix = "";
+    if ((size_t)snprintf(name, 256, "%s%s%s", prefix, *prefix ? "." : "", suffix) < 256) return 1;
+    dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "layer name '%.40s...' is too long", prefix);
+    return 0;
+}
+
 dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
                              dtr_init init, float arg) {
     char name[256];
-    if (!prefix) prefix = "";
-    if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", suffix) >= sizeof(name))
-        return dtr__failt(dtr_model_context(m), DTR_INVALID_ARGUMENT, "layer name '%.40s...' is too long", prefix);
-    return dtr_model_param(m, name, ndim, shape, init, arg);
+    return dtr__full_name(m, prefix, suffix, name) ? dtr_model_param(m, name, ndim, shape, init, arg) : NULL;
+}
+
+/* a buffer "<prefix>.<suffix>" of n elements at `value` */
+static dtr_tensor *dtr__named_buffer(dtr_model *m, const char *prefix, const char *suffix, int64_t n, float value) {
+    char name[256];
+    return dtr__full_name(m, prefix, suffix, name) ? dtr_model_buffer(m, name, 1, &n, value) : NULL;
 }
 
 static dtr_result dtr__layer_status(dtr_model *m) {
@@ -13605,6 +13995,30 @@ dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer 
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_rmsnorm_layer_forward: layer is NULL");
     return dtr_rmsnorm(ctx, x, l->weight, l->eps);
+}
+
+/* ---- batch norm ---- */
+
+dtr_result dtr_batchnorm_layer_init(dtr_batchnorm_layer *l, dtr_model *m, const char *name, int64_t channels) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (channels <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_batchnorm_layer_init: '%s' needs channels > 0",
+                         name ? name : "");
+    l->channels = channels;
+    l->eps = 1e-5f;
+    l->momentum = 0.1f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
+    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
+    l->running_mean = dtr__named_buffer(m, name, "running_mean", channels, 0.0f);
+    l->running_var = dtr__named_buffer(m, name, "running_var", channels, 1.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_batchnorm_layer_forward(dtr_context *ctx, const dtr_batchnorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_batchnorm_layer_forward: layer is NULL");
+    return dtr_batch_norm(ctx, x, l->weight, l->bias, l->running_mean, l->running_var, ctx->training, l->momentum, l->eps);
 }
 
 /* ---- group norm ---- */
@@ -13785,7 +14199,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 13789 "dtrain.h"
+#line 14203 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14061,7 +14475,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14065 "dtrain.h"
+#line 14479 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14237,7 +14651,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14241 "dtrain.h"
+#line 14655 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14492,7 +14906,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14496 "dtrain.h"
+#line 14910 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15014,7 +15428,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15018 "dtrain.h"
+#line 15432 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15152,7 +15566,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15156 "dtrain.h"
+#line 15570 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15499,7 +15913,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15503 "dtrain.h"
+#line 15917 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15565,7 +15979,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15569 "dtrain.h"
+#line 15983 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -15802,7 +16216,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 15806 "dtrain.h"
+#line 16220 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16551,7 +16965,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16555 "dtrain.h"
+#line 16969 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17004,7 +17418,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17008 "dtrain.h"
+#line 17422 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17060,7 +17474,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17064 "dtrain.h"
+#line 17478 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -17837,7 +18251,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 17841 "dtrain.h"
+#line 18255 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -18418,7 +18832,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 18422 "dtrain.h"
+#line 18836 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19049,7 +19463,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19053 "dtrain.h"
+#line 19467 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -19845,7 +20259,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 19849 "dtrain.h"
+#line 20263 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20198,7 +20612,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20202 "dtrain.h"
+#line 20616 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -20388,7 +20802,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 20392 "dtrain.h"
+#line 20806 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20569,7 +20983,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20573 "dtrain.h"
+#line 20987 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -21344,7 +21758,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 21348 "dtrain.h"
+#line 21762 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -21861,7 +22275,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 21865 "dtrain.h"
+#line 22279 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -22656,7 +23070,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 22660 "dtrain.h"
+#line 23074 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -23904,7 +24318,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 23908 "dtrain.h"
+#line 24322 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24526,7 +24940,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24530 "dtrain.h"
+#line 24944 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25027,7 +25441,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25031 "dtrain.h"
+#line 25445 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -25757,7 +26171,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 25761 "dtrain.h"
+#line 26175 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -25993,7 +26407,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 25997 "dtrain.h"
+#line 26411 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26122,7 +26536,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26126 "dtrain.h"
+#line 26540 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26559,7 +26973,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26563 "dtrain.h"
+#line 26977 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27052,7 +27466,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27056 "dtrain.h"
+#line 27470 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -27584,7 +27998,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 27588 "dtrain.h"
+#line 28002 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28090,7 +28504,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28094 "dtrain.h"
+#line 28508 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -29639,7 +30053,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 29643 "dtrain.h"
+#line 30057 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -29693,7 +30107,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 29697 "dtrain.h"
+#line 30111 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -30871,7 +31285,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 30875 "dtrain.h"
+#line 31289 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -30929,6 +31343,7 @@ struct dtr_trainer {
     dtr_optimizer *opt;
     dtr_feed *feed;
     int64_t numel, batch, x_numel, y_numel;
+    int64_t nbuf;                     /* the model's buffer floats: a slot holds them after the parameters */
     size_t x_bytes, y_bytes, fixed_bytes;
     dtr__tr_slot *slots;
     int nslots, current;
@@ -31123,6 +31538,12 @@ static int dtr__tr_free_slot(dtr_trainer *tr) {
     return -1;
 }
 
+/* A slot's image (the parameters, then the buffers: batch norm's statistics) into model m. */
+static dtr_result dtr__tr_put(dtr_trainer *tr, dtr_model *m, const float *image) {
+    dtr_result r = dtr_model_write(m, image, tr->numel);
+    return r == DTR_OK ? dtr_model_write_buffers(m, image + tr->numel, tr->nbuf) : r;
+}
+
 /* The guard: evaluates the candidate (the model's weights, also in `s`) and the current
  * snapshot on the same held-out samples. 1: publish; 0: refused. */
 static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
@@ -31135,8 +31556,8 @@ static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *
     if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
     /* the current snapshot's weights into the model, evaluated, then the candidate's back
        (dtr_model_write: through the backend on a device) */
-    if ((r = dtr_model_write(tr->cfg.model, tr->slots[cur].params, tr->numel)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
-    if ((r2 = dtr_model_write(tr->cfg.model, s->params, tr->numel)) != DTR_OK && r == DTR_OK) r = r2;
+    if ((r = dtr__tr_put(tr, tr->cfg.model, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
+    if ((r2 = dtr__tr_put(tr, tr->cfg.model, s->params)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
@@ -31169,7 +31590,9 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     }
     s = &tr->slots[i];
     DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
-    if ((r = dtr_model_read(tr->cfg.model, s->params, tr->numel)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
+    if ((r = dtr_model_read(tr->cfg.model, s->params, tr->numel)) != DTR_OK ||
+        (r = dtr_model_read_buffers(tr->cfg.model, s->params + tr->numel, tr->nbuf)) != DTR_OK)
+        return dtr__tr_fail(tr, r, "copying the weights");
     s->loss = NAN;
     if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
     if (!ok) {
@@ -31266,7 +31689,7 @@ static dtr_result dtr__tr_alloc(dtr_trainer *tr, char *err, size_t errlen) {
     tr->slots = (dtr__tr_slot *)dtr__calloc(a, (size_t)tr->nslots * sizeof *tr->slots);
     if (!tr->slots) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory");
     for (i = 0; i < tr->nslots; i++)
-        if (!(tr->slots[i].params = (float *)dtr__malloc(a, (size_t)tr->numel * 4 + 4)))
+        if (!(tr->slots[i].params = (float *)dtr__malloc(a, (size_t)(tr->numel + tr->nbuf) * 4 + 4)))
             return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory for %d snapshots", tr->nslots);
     if (!tr->cfg.guard.enabled) return DTR_OK;
     tr->hx = (unsigned char *)dtr__malloc(a, (size_t)tr->hcap * tr->x_bytes);
@@ -31284,7 +31707,7 @@ static size_t dtr__tr_bytes(const dtr_trainer *tr) {
     size_t sample = tr->x_bytes + tr->y_bytes + 8, moments = tr->cfg.optimizer.kind == DTR_OPT_SGD ? 1 : 2;
     int64_t cap = tr->cfg.feed.capacity ? tr->cfg.feed.capacity : 1024;
     int64_t mb = tr->cfg.feed.max_batch ? tr->cfg.feed.max_batch : 256;
-    size_t b = (size_t)tr->numel * 4 * (2 + moments + (size_t)tr->nslots);
+    size_t b = (size_t)tr->numel * 4 * (2 + moments + (size_t)tr->nslots) + (size_t)tr->nbuf * 4 * (size_t)tr->nslots;
     b += (size_t)(cap + mb) * sample;
     if (tr->cfg.guard.enabled) b += (size_t)tr->hcap * (tr->x_bytes + tr->y_bytes) * 2;
     return b;
@@ -31296,6 +31719,7 @@ static dtr_result dtr__tr_setup(dtr_trainer *tr, char *err, size_t errlen) {
     int pub;
     if ((r = dtr_model_build(c->model)) != DTR_OK) return dtr__errf(err, errlen, r, "trainer: building the model failed");
     tr->numel = dtr_model_numel(c->model);
+    tr->nbuf = dtr_model_buffer_numel(c->model);
     tr->x_numel = dtr_sample_layout_x_numel(&c->feed.layout);
     tr->y_numel = dtr_sample_layout_y_numel(&c->feed.layout);
     tr->x_bytes = (size_t)tr->x_numel * 4;
@@ -31655,6 +32079,8 @@ dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out) {
         if (DTR__ATOMIC_LOAD_SC(&tr->current) == c) {
             out->params = s->params;
             out->numel = tr->numel;
+            out->buffers = s->params + tr->numel;
+            out->buffer_numel = tr->nbuf;
             out->version = s->version;
             out->updates = s->updates;
             out->crc32c = s->crc;
@@ -31675,10 +32101,11 @@ dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *versio
     dtr_snapshot s;
     dtr_result r;
     if (!tr || !serving || !version) return DTR_NULL_HANDLE;
-    if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
+    if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving) ||
+        dtr_model_buffer_numel(serving) != tr->nbuf)
         return DTR_SHAPE_MISMATCH;
     if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
-    if (s.version != *version && (r = dtr_model_write(serving, s.params, tr->numel)) == DTR_OK)   /* on a device too */
+    if (s.version != *version && (r = dtr__tr_put(tr, serving, s.params)) == DTR_OK)   /* on a device too */
         *version = s.version;
     dtr_trainer_release(tr, &s);
     return r;
@@ -31761,7 +32188,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 31765 "dtrain.h"
+#line 32192 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33239,7 +33666,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33243 "dtrain.h"
+#line 33670 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -33623,7 +34050,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 33627 "dtrain.h"
+#line 34054 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -33772,7 +34199,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 33776 "dtrain.h"
+#line 34203 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

@@ -195,6 +195,17 @@ static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
     }
 }
 
+/* batch norm: training with running statistics (arg 0; weight and bias), training without
+   them or an affine part (1), evaluation from fixed running statistics (2; weight and bias) */
+static dtr_tensor *b_batchnorm(dtr_context *c, dtr_tensor **x, void *u) {
+    static const float rm[4] = {0.1f, -0.2f, 0.3f, 0.05f}, rv[4] = {0.5f, 1.5f, 0.8f, 2.0f};
+    int64_t C = dtr_tensor_dim(x[0], 1);   /* <= 4 */
+    int k = *(int *)u;
+    dtr_tensor *m = dtr_tensor_from(c, DTR_F32, 1, &C, rm), *v = dtr_tensor_from(c, DTR_F32, 1, &C, rv);
+    if (k == 1) return dtr_batch_norm(c, x[0], NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f);
+    return dtr_batch_norm(c, x[0], x[1], x[2], m, v, k == 0, 0.1f, 1e-5f);
+}
+
 static dtr_tensor *b_groupnorm(dtr_context *c, dtr_tensor **x, void *u) {
     (void)u;
     return dtr_group_norm(c, x[0], 3, x[1], x[2], 1e-5f);
@@ -491,6 +502,11 @@ static const op_case CASES[] = {
     {"minimum", 2, {{2, {5, 8}, 2}, {2, {5, 8}, 4}}, b_pick, KA(1), 0, NULL},
     {"maximum broadcast", 2, {{3, {3, 1, 4}, 2}, {2, {2, 4}, 4}}, b_pick, KA(0), 0, NULL},   /* -> (3, 2, 4) */
     {"minimum broadcast", 2, {{2, {4, 1}, 4}, {2, {4, 6}, 2}}, b_pick, KA(1), 0, NULL},
+    {"batch norm, training, (N, C, H, W)", 3, {IN4(3, 4, 2, 3), IN1(4), IN1(4)}, b_batchnorm, KA(0), 0, NULL},
+    {"batch norm, training, (N, C), no affine", 1, {IN2(6, 5)}, b_batchnorm, KA(1), 0, NULL},
+    {"batch norm, evaluation, (N, C, L)", 3, {IN3(3, 4, 5), IN1(4), IN1(4)}, b_batchnorm, KA(2), 0, NULL},
+    {"batch norm, training, 2 x 3 x 300 positions (blocks of 512 threads)", 3, {IN3(2, 3, 300), IN1(3), IN1(3)}, b_batchnorm,
+     KA(0), 1, NULL},
     {"group norm, 3 groups", 3, {IN4(2, 6, 2, 3), IN1(6), IN1(6)}, b_groupnorm, K0, 0, NULL},
     {"lstm over 3 steps", 4, {IN3(2, 3, 3), IN2(8, 3), IN2(8, 2), IN1(8)}, b_rnn, KA(1), 0, NULL},
     {"gru over 3 steps", 4, {IN3(2, 3, 3), IN2(6, 3), IN2(6, 2), IN1(6)}, b_rnn, KA(0), 0, NULL},

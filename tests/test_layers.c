@@ -9,6 +9,10 @@
  *                         a noisy sequence (a memory task a feed-forward net cannot do).
  *   test_group_norm_torch dtr_group_norm and its layer against F.group_norm, with the
  *                         gradients of x, weight and bias; groups = C (instance norm).
+ *   test_batch_norm_torch dtr_batchnorm_layer against nn.BatchNorm2d: a training step's output
+ *                         and gradients, the running statistics after two batches, evaluation
+ *                         mode; its running statistics are model buffers (found by name, no
+ *                         gradient, not in dtr_model_numel) saved and loaded by name.
  *   test_layer_errors     wrong shapes and counts: a clear error, no tensor. */
 #include "test.h"
 
@@ -270,6 +274,69 @@ static void test_group_norm_torch(void) {
     dtr_context_destroy(ctx);
 }
 
+/* ---- batch norm ---- */
+
+/* PyTorch 1.13, nn.BatchNorm2d(4), weight[c] = 1 + 0.2c, bias[c] = 0.1c - 0.15, x (3, 4, 2, 3),
+   x[k] = sin(0.41k) (1 + k / 50): a training step ((y R).sum().backward(), R[k] = cos(0.17k)),
+   a second forward of 1.5 x + 0.3, then eval() on x */
+static const int k_bn_at[6] = {0, 7, 19, 33, 50, 71};
+static const double k_bn_y[6] = {-0.434620651, 0.570943625, 1.72902667, 1.62220999, 1.24621376, -2.32853231};
+static const double k_bn_gx[6] = {0.8243073, 0.0843682088, -0.757425759, -0.0616616657, -0.475064197, 0.368226966};
+static const double k_bn_gw[4] = {-0.651217042, 11.4459816, 0.606518223, -7.06505203};
+static const double k_bn_gb[4] = {0.215660912, -0.760485401, -1.01168524, -0.298477818};
+static const double k_bn_rm[4] = {0.111022143, -0.0465098691, 0.0621851424, 0.0642467793};
+static const double k_bn_rv[4] = {1.27922722, 1.29597431, 1.25074997, 1.33186902};
+static const double k_bn_eval[6] = {-0.24815989, 0.321394015, 1.97024154, 1.43608369, 1.51452817, -2.42768054};
+
+static void check_bn_statistics(const dtr_batchnorm_layer *bn) {
+    float v[4];
+    dtr_tensor_read(bn->running_mean, DTR_F32, v, 4), check_near("running mean", v, k_bn_rm, 4);
+    dtr_tensor_read(bn->running_var, DTR_F32, v, 4), check_near("running var", v, k_bn_rv, 4);
+}
+
+static void test_batch_norm_torch(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m, *m2;
+    dtr_batchnorm_layer bn, bn2;
+    float xs[72], x2s[72], rs[72], ys[72], w[4], b[4], got[6];
+    int64_t shape[4] = {3, 4, 2, 3};
+    dtr_tensor *x, *y;
+    int k;
+    for (k = 0; k < 72; k++) xs[k] = (float)(sin(0.41 * k) * (1 + k / 50.0)), rs[k] = (float)cos(0.17 * k);
+    for (k = 0; k < 72; k++) x2s[k] = xs[k] * 1.5f + 0.3f;
+    for (k = 0; k < 4; k++) w[k] = (float)(1 + 0.2 * k), b[k] = (float)(0.1 * k - 0.15);
+    dtr_model_create(ctx, 1, &m);
+    CHECK_OK(ctx, dtr_batchnorm_layer_init(&bn, m, "bn", 4));
+    CHECK_OK(ctx, dtr_model_build(m));
+    CHECK_EQ_INT(dtr_model_buffer_count(m), 2);
+    CHECK(dtr_model_find(m, "bn.running_var") == bn.running_var && dtr_model_buffer_at(m, 0) == bn.running_mean);
+    CHECK_EQ_INT(dtr_model_numel(m), 2 * 16);   /* the parameters alone (16-float aligned) */
+    dtr_tensor_write(bn.weight, DTR_F32, w, 4), dtr_tensor_write(bn.bias, DTR_F32, b, 4);
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 4, shape, xs));
+    y = dtr_batchnorm_layer_forward(ctx, &bn, x);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, dtr_tensor_from(ctx, DTR_F32, 4, shape, rs)))));
+    dtr_tensor_read(y, DTR_F32, ys, 72);
+    pick(ys, k_bn_at, 6, got), check_near("batch norm", got, k_bn_y, 6);
+    pick(dtr_tensor_grad(x), k_bn_at, 6, got), check_near("batch norm: x's gradient", got, k_bn_gx, 6);
+    check_near("batch norm: weight's gradient", dtr_tensor_grad(bn.weight), k_bn_gw, 4);
+    check_near("batch norm: bias's gradient", dtr_tensor_grad(bn.bias), k_bn_gb, 4);
+    CHECK(dtr_tensor_grad(bn.running_mean) == NULL);
+    dtr_batchnorm_layer_forward(ctx, &bn, dtr_tensor_from(ctx, DTR_F32, 4, shape, x2s));
+    check_bn_statistics(&bn);
+    dtr_context_set_training(ctx, 0);
+    dtr_tensor_read(dtr_batchnorm_layer_forward(ctx, &bn, dtr_tensor_from(ctx, DTR_F32, 4, shape, xs)), DTR_F32, ys, 72);
+    pick(ys, k_bn_at, 6, got), check_near("batch norm, evaluation", got, k_bn_eval, 6);
+    CHECK_OK(ctx, dtr_model_save(m, "/tmp/dtrain_test_bn.safetensors", DTR_F32));   /* buffers saved and loaded by name */
+    dtr_model_create(ctx, 2, &m2);
+    dtr_batchnorm_layer_init(&bn2, m2, "bn", 4);
+    CHECK_OK(ctx, dtr_model_load(m2, "/tmp/dtrain_test_bn.safetensors"));
+    check_bn_statistics(&bn2);
+    remove("/tmp/dtrain_test_bn.safetensors");
+    dtr_model_destroy(m2);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
 static void test_layer_errors(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m;
@@ -312,6 +379,7 @@ int main(void) {
     RUN(test_lstm_gru_torch);
     RUN(test_rnn_learns);
     RUN(test_group_norm_torch);
+    RUN(test_batch_norm_torch);
     RUN(test_layer_errors);
     return test_summary();
 }

@@ -295,6 +295,15 @@ DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
+/** Batch norm's running statistics after a batch of cnt values a channel with mean m and
+ *  biased variance v: each moves by momentum towards the batch's (the variance unbiased, v
+ *  cnt / (cnt - 1), as PyTorch's), in double, rounded once. */
+DTR__HD void dtr__f_bn_running(float *rm, float *rv, double m, double v, int64_t cnt, float momentum) {
+    double k = (double)momentum;
+    *rm = (float)((1.0 - k) * *rm + k * m);
+    *rv = (float)((1.0 - k) * *rv + k * v * (double)cnt / (double)(cnt - 1));
+}
+
 /** Max pooling's rule: v replaces the window's best so far when larger, or when it is NaN
  *  (NaN propagates, and its index is the one backward uses, as in PyTorch). */
 DTR__HD int dtr__f_max_takes(float v, float best) { return v > best || v != v; }

@@ -171,14 +171,14 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(EXP, "exp", unary) X(LOG, "log", unary) X(SQRT, "sqrt", unary) X(POW, "pow", unary)    \
     X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
-    X(MINIMUM, "minimum", binary)
+    X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 53
+#define DTR__OP_COUNT_EXPECTED 54
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -220,6 +220,11 @@ typedef struct dtr__checkpoint_params {
    SOFTPLUS: a = beta, b = threshold (the others: none) */
 typedef struct dtr__unary_params { float a, b; } dtr__unary_params;
 
+typedef struct dtr__batchnorm_params {
+    float eps;                        /* added to the batch's variance */
+    float momentum;                   /* running = (1 - momentum) running + momentum batch */
+} dtr__batchnorm_params;
+
 typedef struct dtr__rope_params {
     int heads;                        /* C = heads * D, D even */
     int interleaved;                  /* pairs (2j, 2j + 1); 0: (j, j + D/2) */
@@ -243,6 +248,7 @@ typedef union dtr__op_params {
     int axis;                         /* SUM, MEAN: the reduced axis */
     dtr__attention_params attention;  /* ATTENTION */
     dtr__rope_params rope;            /* ROPE */
+    dtr__batchnorm_params batchnorm;  /* BATCHNORM */
     dtr__checkpoint_params checkpoint;
     dtr__conv2d_params conv2d;
     dtr__pool2d_params pool2d;
@@ -576,6 +582,8 @@ struct dtr_context {
        first use, where a region runs and is recomputed; empty between uses */
     dtr_tape *recompute[DTR__MAX_RECOMPUTE_DEPTH];
     int recompute_depth;          /* levels in use now */
+    int recomputing;              /* a region's recomputation in backward runs: batch norm
+                                     leaves its running statistics alone */
     int anomaly;                  /* anomaly mode (dtr_context_set_anomaly; src/core/anomaly.c) */
     struct dtr_metrics *obs;      /* metrics and timeline (src/obs/; NULL: off, one branch per hook) */
     struct dtr_graph *capturing;  /* the graph whose step runs now (src/core/graph.c; its guard is

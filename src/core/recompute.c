@@ -205,7 +205,9 @@ dtr_result dtr__checkpoint_backward(dtr_context *ctx, dtr__node *n) {
     if (r != DTR_OK) return r;
     ctx->rng = p->rng;           /* the forward's stream: the same dropout masks */
     ctx->training = p->training;
+    ctx->recomputing++;
     y = dtr__region_run(ctx, p, n->in);
+    ctx->recomputing--;
     ctx->rng = rng;
     ctx->training = training;
     r = y ? dtr__region_backward(ctx, n, y) : ctx->status;

@@ -821,6 +821,79 @@ static dtr_result dtr__cuda_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return gb ? dtr__cuda_col_sum(ctx, nd, nd->out->grad, none, NULL, R, C, gb) : DTR_OK;
 }
 
+/* ---- batch norm (training): one block per channel over its N S values ---- */
+
+/* x, y (N, C, S) f32 or 16-bit; stat (C, 2): mean, rstd; rm, rv (C) or NULL: moved by momentum */
+__global__ static void dtr__cuda_batchnorm_fwd_k(dtr__cuda_mem X, dtr__cuda_mem W, dtr__cuda_mem B, dtr__cuda_mem Y, float *stat,
+                                                 float *rm, float *rv, int64_t N, int64_t C, int64_t S, dtr__batchnorm_params p) {
+    int64_t c = blockIdx.x, cnt = N * S;
+    double m = 0.0, v = 0.0;
+    for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) m += X.ld((i / S * C + c) * S + i % S);
+    m = dtr__cuda_block_sum(m) / (double)cnt;
+    for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) { double d = X.ld((i / S * C + c) * S + i % S) - m; v += d * d; }
+    v = dtr__cuda_block_sum(v) / (double)cnt;
+    float mean = (float)m, rstd = (float)(1.0 / sqrt(v + p.eps)), wc = W.p ? W.ld(c) : 1.0f, bc = B.p ? B.ld(c) : 0.0f;
+    for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+        int64_t o = (i / S * C + c) * S + i % S;
+        Y.st(o, wc * ((X.ld(o) - mean) * rstd) + bc);
+    }
+    if (threadIdx.x != 0) return;
+    stat[2 * c] = mean, stat[2 * c + 1] = rstd;
+    if (rm) dtr__f_bn_running(rm + c, rv + c, m, v, cnt, p.momentum);
+}
+
+/* the CPU's formulas: dx = rstd (g w - mean(g w) - h mean(g w h)); dw += sum(g h), db += sum(g) */
+__global__ static void dtr__cuda_batchnorm_bwd_k(dtr__cuda_mem X, dtr__cuda_mem W, const float *G, const float *stat, float *gx,
+                                                 float *gw, float *gb, int64_t N, int64_t C, int64_t S) {
+    int64_t c = blockIdx.x, cnt = N * S;
+    float mean = stat[2 * c], rstd = stat[2 * c + 1], wc = W.p ? W.ld(c) : 1.0f;
+    double sg = 0.0, sgh = 0.0;
+    for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+        int64_t o = (i / S * C + c) * S + i % S;
+        sg += G[o];
+        sgh += (double)G[o] * ((X.ld(o) - mean) * rstd);
+    }
+    sg = dtr__cuda_block_sum(sg);
+    sgh = dtr__cuda_block_sum(sgh);
+    if (threadIdx.x == 0 && gw) gw[c] += (float)sgh;
+    if (threadIdx.x == 0 && gb) gb[c] += (float)sg;
+    if (!gx) return;
+    float md = (float)(sg * wc / (double)cnt), mdh = (float)(sgh * wc / (double)cnt);
+    for (int64_t i = threadIdx.x; i < cnt; i += blockDim.x) {
+        int64_t o = (i / S * C + c) * S + i % S;
+        gx[o] += rstd * (G[o] * wc - md - ((X.ld(o) - mean) * rstd) * mdh);
+    }
+}
+
+static void dtr__cuda_bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
+    *N = x->shape[0], *C = x->shape[1];
+    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
+}
+
+static dtr_result dtr__cuda_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t N, C, S;
+    float *stat;
+    dtr__cuda_bn_dims(nd->in[0], &N, &C, &S);
+    stat = (float *)dtr__node_save(ctx, nd, (size_t)(C ? C : 1) * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    if (N * C * S == 0) return DTR_OK;
+    dtr__cuda_batchnorm_fwd_k<<<(unsigned)C, dtr__launch_row_threads(N * S), 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->in[2]), dtr__cuda_mem_of(nd->out), stat,
+        nd->in[3] ? dtr__f32(nd->in[3]) : NULL, nd->in[4] ? dtr__f32(nd->in[4]) : NULL, N, C, S, nd->p.batchnorm);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t N, C, S;
+    float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
+    dtr__cuda_bn_dims(nd->in[0], &N, &C, &S);
+    if ((!gx && !gw && !gb) || N * C * S == 0) return DTR_OK;
+    dtr__cuda_batchnorm_bwd_k<<<(unsigned)C, dtr__launch_row_threads(N * S), 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, (const float *)nd->saved, gx, gw, gb, N, C, S);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- views: strided copies and their gradients ---- */
 
 /* dst (dense, es-byte elements) = src walked by w */

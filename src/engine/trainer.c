@@ -52,6 +52,7 @@ struct dtr_trainer {
     dtr_optimizer *opt;
     dtr_feed *feed;
     int64_t numel, batch, x_numel, y_numel;
+    int64_t nbuf;                     /* the model's buffer floats: a slot holds them after the parameters */
     size_t x_bytes, y_bytes, fixed_bytes;
     dtr__tr_slot *slots;
     int nslots, current;
@@ -246,6 +247,12 @@ static int dtr__tr_free_slot(dtr_trainer *tr) {
     return -1;
 }
 
+/* A slot's image (the parameters, then the buffers: batch norm's statistics) into model m. */
+static dtr_result dtr__tr_put(dtr_trainer *tr, dtr_model *m, const float *image) {
+    dtr_result r = dtr_model_write(m, image, tr->numel);
+    return r == DTR_OK ? dtr_model_write_buffers(m, image + tr->numel, tr->nbuf) : r;
+}
+
 /* The guard: evaluates the candidate (the model's weights, also in `s`) and the current
  * snapshot on the same held-out samples. 1: publish; 0: refused. */
 static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *ok) {
@@ -258,8 +265,8 @@ static dtr_result dtr__tr_guard(dtr_trainer *tr, dtr__tr_slot *s, int cur, int *
     if ((r = dtr__tr_eval(tr, n, &ln)) != DTR_OK) return r;
     /* the current snapshot's weights into the model, evaluated, then the candidate's back
        (dtr_model_write: through the backend on a device) */
-    if ((r = dtr_model_write(tr->cfg.model, tr->slots[cur].params, tr->numel)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
-    if ((r2 = dtr_model_write(tr->cfg.model, s->params, tr->numel)) != DTR_OK && r == DTR_OK) r = r2;
+    if ((r = dtr__tr_put(tr, tr->cfg.model, tr->slots[cur].params)) == DTR_OK) r = dtr__tr_eval(tr, n, &lo);
+    if ((r2 = dtr__tr_put(tr, tr->cfg.model, s->params)) != DTR_OK && r == DTR_OK) r = r2;
     if (r != DTR_OK) return r;
     s->loss = ln;
     *ok = ln <= lo + fabsf(lo) * tr->cfg.guard.tolerance;
@@ -292,7 +299,9 @@ static dtr_result dtr__tr_publish(dtr_trainer *tr, int *out) {
     }
     s = &tr->slots[i];
     DTR__ATOMIC_STORE_SC(&tr->publish_req, 0);
-    if ((r = dtr_model_read(tr->cfg.model, s->params, tr->numel)) != DTR_OK) return dtr__tr_fail(tr, r, "copying the weights");
+    if ((r = dtr_model_read(tr->cfg.model, s->params, tr->numel)) != DTR_OK ||
+        (r = dtr_model_read_buffers(tr->cfg.model, s->params + tr->numel, tr->nbuf)) != DTR_OK)
+        return dtr__tr_fail(tr, r, "copying the weights");
     s->loss = NAN;
     if (tr->cfg.guard.enabled && (r = dtr__tr_guard(tr, s, cur, &ok)) != DTR_OK) return r;
     if (!ok) {
@@ -389,7 +398,7 @@ static dtr_result dtr__tr_alloc(dtr_trainer *tr, char *err, size_t errlen) {
     tr->slots = (dtr__tr_slot *)dtr__calloc(a, (size_t)tr->nslots * sizeof *tr->slots);
     if (!tr->slots) return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory");
     for (i = 0; i < tr->nslots; i++)
-        if (!(tr->slots[i].params = (float *)dtr__malloc(a, (size_t)tr->numel * 4 + 4)))
+        if (!(tr->slots[i].params = (float *)dtr__malloc(a, (size_t)(tr->numel + tr->nbuf) * 4 + 4)))
             return dtr__errf(err, errlen, DTR_OUT_OF_MEMORY, "trainer: out of memory for %d snapshots", tr->nslots);
     if (!tr->cfg.guard.enabled) return DTR_OK;
     tr->hx = (unsigned char *)dtr__malloc(a, (size_t)tr->hcap * tr->x_bytes);
@@ -407,7 +416,7 @@ static size_t dtr__tr_bytes(const dtr_trainer *tr) {
     size_t sample = tr->x_bytes + tr->y_bytes + 8, moments = tr->cfg.optimizer.kind == DTR_OPT_SGD ? 1 : 2;
     int64_t cap = tr->cfg.feed.capacity ? tr->cfg.feed.capacity : 1024;
     int64_t mb = tr->cfg.feed.max_batch ? tr->cfg.feed.max_batch : 256;
-    size_t b = (size_t)tr->numel * 4 * (2 + moments + (size_t)tr->nslots);
+    size_t b = (size_t)tr->numel * 4 * (2 + moments + (size_t)tr->nslots) + (size_t)tr->nbuf * 4 * (size_t)tr->nslots;
     b += (size_t)(cap + mb) * sample;
     if (tr->cfg.guard.enabled) b += (size_t)tr->hcap * (tr->x_bytes + tr->y_bytes) * 2;
     return b;
@@ -419,6 +428,7 @@ static dtr_result dtr__tr_setup(dtr_trainer *tr, char *err, size_t errlen) {
     int pub;
     if ((r = dtr_model_build(c->model)) != DTR_OK) return dtr__errf(err, errlen, r, "trainer: building the model failed");
     tr->numel = dtr_model_numel(c->model);
+    tr->nbuf = dtr_model_buffer_numel(c->model);
     tr->x_numel = dtr_sample_layout_x_numel(&c->feed.layout);
     tr->y_numel = dtr_sample_layout_y_numel(&c->feed.layout);
     tr->x_bytes = (size_t)tr->x_numel * 4;
@@ -778,6 +788,8 @@ dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out) {
         if (DTR__ATOMIC_LOAD_SC(&tr->current) == c) {
             out->params = s->params;
             out->numel = tr->numel;
+            out->buffers = s->params + tr->numel;
+            out->buffer_numel = tr->nbuf;
             out->version = s->version;
             out->updates = s->updates;
             out->crc32c = s->crc;
@@ -798,10 +810,11 @@ dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *versio
     dtr_snapshot s;
     dtr_result r;
     if (!tr || !serving || !version) return DTR_NULL_HANDLE;
-    if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving))
+    if (dtr_model_build(serving) != DTR_OK || dtr_model_numel(serving) != tr->numel || !dtr_model_params(serving) ||
+        dtr_model_buffer_numel(serving) != tr->nbuf)
         return DTR_SHAPE_MISMATCH;
     if ((r = dtr_trainer_acquire(tr, &s)) != DTR_OK) return r;
-    if (s.version != *version && (r = dtr_model_write(serving, s.params, tr->numel)) == DTR_OK)   /* on a device too */
+    if (s.version != *version && (r = dtr__tr_put(tr, serving, s.params)) == DTR_OK)   /* on a device too */
         *version = s.version;
     dtr_trainer_release(tr, &s);
     return r;

@@ -7,13 +7,24 @@
 #include "../core/internal.h"
 #include <math.h>
 
+/* "<prefix>.<suffix>" (or suffix alone) in name[256]: 1, or 0 with the error set when too long */
+static int dtr__full_name(dtr_model *m, const char *prefix, const char *suffix, char *name) {
+    if (!prefix) prefix = "";
+    if ((size_t)snprintf(name, 256, "%s%s%s", prefix, *prefix ? "." : "", suffix) < 256) return 1;
+    dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "layer name '%.40s...' is too long", prefix);
+    return 0;
+}
+
 dtr_tensor *dtr__named_param(dtr_model *m, const char *prefix, const char *suffix, int ndim, const int64_t *shape,
                              dtr_init init, float arg) {
     char name[256];
-    if (!prefix) prefix = "";
-    if ((size_t)snprintf(name, sizeof(name), "%s%s%s", prefix, *prefix ? "." : "", suffix) >= sizeof(name))
-        return dtr__failt(dtr_model_context(m), DTR_INVALID_ARGUMENT, "layer name '%.40s...' is too long", prefix);
-    return dtr_model_param(m, name, ndim, shape, init, arg);
+    return dtr__full_name(m, prefix, suffix, name) ? dtr_model_param(m, name, ndim, shape, init, arg) : NULL;
+}
+
+/* a buffer "<prefix>.<suffix>" of n elements at `value` */
+static dtr_tensor *dtr__named_buffer(dtr_model *m, const char *prefix, const char *suffix, int64_t n, float value) {
+    char name[256];
+    return dtr__full_name(m, prefix, suffix, name) ? dtr_model_buffer(m, name, 1, &n, value) : NULL;
 }
 
 static dtr_result dtr__layer_status(dtr_model *m) {
@@ -99,6 +110,30 @@ dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer 
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_rmsnorm_layer_forward: layer is NULL");
     return dtr_rmsnorm(ctx, x, l->weight, l->eps);
+}
+
+/* ---- batch norm ---- */
+
+dtr_result dtr_batchnorm_layer_init(dtr_batchnorm_layer *l, dtr_model *m, const char *name, int64_t channels) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    if (channels <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_batchnorm_layer_init: '%s' needs channels > 0",
+                         name ? name : "");
+    l->channels = channels;
+    l->eps = 1e-5f;
+    l->momentum = 0.1f;
+    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
+    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
+    l->running_mean = dtr__named_buffer(m, name, "running_mean", channels, 0.0f);
+    l->running_var = dtr__named_buffer(m, name, "running_var", channels, 1.0f);
+    return dtr__layer_status(m);
+}
+
+dtr_tensor *dtr_batchnorm_layer_forward(dtr_context *ctx, const dtr_batchnorm_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_batchnorm_layer_forward: layer is NULL");
+    return dtr_batch_norm(ctx, x, l->weight, l->bias, l->running_mean, l->running_var, ctx->training, l->momentum, l->eps);
 }
 
 /* ---- group norm ---- */

@@ -27,6 +27,13 @@ struct dtr_model {
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
     int64_t grad_lo, grad_hi;
+    /* buffers (dtr_model_buffer): state that is not trained, in a block of their own */
+    dtr_tensor **bufs;
+    float *buf_values;          /* each buffer's initial value */
+    int64_t *buf_offsets;
+    int nbuf, bufcap;
+    int64_t buf_total;
+    float *buf_data;            /* backend memory */
 };
 
 dtr_result dtr_model_create(dtr_context *ctx, uint64_t seed, dtr_model **out) {
@@ -56,6 +63,11 @@ void dtr_model_destroy(dtr_model *m) {
     dtr__free(a, m->inits);
     dtr__free(a, m->init_args);
     dtr__free(a, m->offsets);
+    for (i = 0; i < m->nbuf; i++) { dtr__free(a, (void *)m->bufs[i]->name); dtr__free(a, m->bufs[i]); }
+    dtr__free(a, m->bufs);
+    dtr__free(a, m->buf_values);
+    dtr__free(a, m->buf_offsets);
+    if (m->buf_data) m->ctx->backend->mem_free(m->ctx, m->buf_data);
     if (m->data) m->ctx->backend->mem_free(m->ctx, m->data);
     if (m->grad) m->ctx->backend->mem_free(m->ctx, m->grad);
     dtr__free(a, m);
@@ -81,44 +93,57 @@ static int dtr__model_grow(dtr_model *m) {
     return 1;
 }
 
-dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape, dtr_init init, float arg) {
-    dtr_context *ctx;
-    dtr_tensor *t;
-    size_t len;
+/* 1 when a tensor named `name` of this shape may be declared now; else 0, the error set */
+static int dtr__model_declarable(dtr_model *m, const char *fn, const char *name, int ndim, const int64_t *shape) {
+    dtr_context *ctx = m->ctx;
     int i;
-    if (!m) return NULL;
-    ctx = m->ctx;
-    if (!name || !*name) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: a parameter needs a name");
-    len = strlen(name);
-    if (len >= 256) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: name '%.40s...' is longer than 255 bytes", name);
-    if (m->built) return dtr__failt(ctx, DTR_BAD_STATE, "dtr_model_param: '%s' declared after dtr_model_build", name);
+    if (!name || !*name) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: a tensor of a model needs a name", fn), 0;
+    if (strlen(name) >= 256) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: name '%.40s...' is longer than 255 bytes", fn, name), 0;
+    if (m->built) return dtr__fail(ctx, DTR_BAD_STATE, "%s: '%s' declared after dtr_model_build", fn, name), 0;
     if (ndim < 0 || ndim > DTR_MAX_DIMS || (ndim && !shape))
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has a bad shape", name);
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' has a bad shape", fn, name), 0;
     for (i = 0; i < ndim; i++)
         if (shape[i] < 0 || shape[i] > ((int64_t)1 << 32))
-            return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' dimension %d is %lld", name, i, (long long)shape[i]);
-    if ((int)init < 0 || init > DTR_INIT_TORCH_DEFAULT)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has unknown initialiser %d", name, (int)init);
-    for (i = 0; i < m->count; i++)
-        if (!strcmp(m->names[i], name)) return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' declared twice", name);
-    if (m->count == m->cap && !dtr__model_grow(m)) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
-    t = (dtr_tensor *)dtr__calloc(&ctx->alloc, sizeof(*t));
-    m->names[m->count] = (char *)dtr__malloc(&ctx->alloc, len + 1);
-    if (!t || !m->names[m->count]) {
-        dtr__free(&ctx->alloc, t);
-        dtr__free(&ctx->alloc, m->names[m->count]);
-        return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' dimension %d is %lld", fn, name, i, (long long)shape[i]), 0;
+    if (dtr_model_find(m, name)) return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "%s: '%s' declared twice", fn, name), 0;
+    return 1;
+}
+
+/* a model tensor's struct: f32, dense, of the context, named (its own copy of name in *copy) */
+static dtr_tensor *dtr__model_tensor(dtr_model *m, const char *name, int ndim, const int64_t *shape, char **copy) {
+    dtr_tensor *t = (dtr_tensor *)dtr__calloc(&m->ctx->alloc, sizeof(*t));
+    size_t len = strlen(name);
+    int i;
+    *copy = (char *)dtr__malloc(&m->ctx->alloc, len + 1);
+    if (!t || !*copy) {
+        dtr__free(&m->ctx->alloc, t);
+        dtr__free(&m->ctx->alloc, *copy);
+        return NULL;
     }
-    memcpy(m->names[m->count], name, len + 1);
+    memcpy(*copy, name, len + 1);
     t->dtype = DTR_F32;
     t->ndim = ndim;
     for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
     dtr__contig_strides(ndim, shape, t->stride);
-    t->ctx = ctx;
+    t->ctx = m->ctx;
+    t->model = m;
+    t->name = *copy;
+    return t;
+}
+
+dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape, dtr_init init, float arg) {
+    dtr_context *ctx;
+    dtr_tensor *t;
+    if (!m) return NULL;
+    ctx = m->ctx;
+    if (!dtr__model_declarable(m, "dtr_model_param", name, ndim, shape)) return NULL;
+    if ((int)init < 0 || init > DTR_INIT_TORCH_DEFAULT)
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_model_param: '%s' has unknown initialiser %d", name, (int)init);
+    if (m->count == m->cap && !dtr__model_grow(m)) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
+    t = dtr__model_tensor(m, name, ndim, shape, &m->names[m->count]);
+    if (!t) return dtr__failt(ctx, DTR_OUT_OF_MEMORY, "dtr_model_param: out of memory");
     t->flags = DTR__PARAM | DTR__REQUIRES_GRAD | DTR__LEAF;
     t->param_index = m->count;
-    t->model = m;
-    t->name = m->names[m->count];
     m->params[m->count] = t;
     m->inits[m->count] = init;
     m->init_args[m->count] = arg;
@@ -129,6 +154,65 @@ dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int6
     m->count++;
     return t;
 }
+
+/* ---- buffers ---- */
+
+static int dtr__model_grow_bufs(dtr_model *m) {
+    const dtr_allocation_callbacks *a = &m->ctx->alloc;
+    int cap = m->bufcap ? m->bufcap * 2 : 8;
+    void *p;
+    p = dtr__realloc(a, m->bufs, (size_t)cap * sizeof(*m->bufs)); if (!p) return 0; m->bufs = (dtr_tensor **)p;
+    p = dtr__realloc(a, m->buf_values, (size_t)cap * sizeof(*m->buf_values)); if (!p) return 0; m->buf_values = (float *)p;
+    p = dtr__realloc(a, m->buf_offsets, (size_t)cap * sizeof(*m->buf_offsets)); if (!p) return 0; m->buf_offsets = (int64_t *)p;
+    m->bufcap = cap;
+    return 1;
+}
+
+dtr_tensor *dtr_model_buffer(dtr_model *m, const char *name, int ndim, const int64_t *shape, float value) {
+    dtr_tensor *t;
+    char *copy;
+    if (!m) return NULL;
+    if (!dtr__model_declarable(m, "dtr_model_buffer", name, ndim, shape)) return NULL;
+    if (m->nbuf == m->bufcap && !dtr__model_grow_bufs(m)) return dtr__failt(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_buffer: out of memory");
+    t = dtr__model_tensor(m, name, ndim, shape, &copy);
+    if (!t) return dtr__failt(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_buffer: out of memory");
+    t->flags = DTR__LEAF;
+    t->param_index = -1;
+    m->bufs[m->nbuf] = t;
+    m->buf_values[m->nbuf] = value;
+    m->buf_offsets[m->nbuf] = m->buf_total;
+    m->buf_total += dtr__padded(t);
+    m->nbuf++;
+    return t;
+}
+
+/* the buffers' block, each buffer at its value */
+static dtr_result dtr__model_build_bufs(dtr_model *m) {
+    dtr_context *ctx = m->ctx;
+    size_t bytes = (size_t)(m->buf_total ? m->buf_total : 1) * sizeof(float);
+    float *host;
+    int i;
+    int64_t k;
+    if (!m->nbuf) return DTR_OK;
+    m->buf_data = (float *)ctx->backend->mem_alloc(ctx, bytes);
+    host = (float *)dtr__calloc(&ctx->alloc, bytes);
+    if (!m->buf_data || !host) {
+        if (m->buf_data) ctx->backend->mem_free(ctx, m->buf_data);
+        m->buf_data = NULL;
+        dtr__free(&ctx->alloc, host);
+        return dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_build: out of memory for %lld buffer elements", (long long)m->buf_total);
+    }
+    for (i = 0; i < m->nbuf; i++)
+        for (k = 0; k < dtr_tensor_numel(m->bufs[i]); k++) host[m->buf_offsets[i] + k] = m->buf_values[i];
+    ctx->backend->from_host(ctx, m->buf_data, host, bytes);
+    dtr__free(&ctx->alloc, host);
+    for (i = 0; i < m->nbuf; i++) m->bufs[i]->storage = m->buf_data + m->buf_offsets[i];
+    return DTR_OK;
+}
+
+int dtr_model_buffer_count(const dtr_model *m) { return m ? m->nbuf : 0; }
+
+dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i) { return (m && i >= 0 && i < m->nbuf) ? m->bufs[i] : NULL; }
 
 /* ---- initialisers ---- */
 
@@ -254,6 +338,13 @@ dtr_result dtr_model_build(dtr_model *m) {
         m->params[i]->storage = m->data + m->offsets[i];
         m->params[i]->grad = m->grad + m->offsets[i];
     }
+    if (dtr__model_build_bufs(m) != DTR_OK) {   /* (the parameters' blocks are freed with the model) */
+        for (i = 0; i < m->count; i++) m->params[i]->storage = NULL, m->params[i]->grad = NULL;
+        ctx->backend->mem_free(ctx, m->data);
+        ctx->backend->mem_free(ctx, m->grad);
+        m->data = m->grad = NULL;
+        return ctx->status;
+    }
     m->built = 1;
     return DTR_OK;
 }
@@ -267,14 +358,32 @@ static int dtr__has_prefix(const char *name, const char *const *prefixes, int n)
     return 0;
 }
 
-/* moves parameter i to the dropped list (its struct stays valid: layers point at it) */
-static int dtr__model_drop(dtr_model *m, int i) {
+/* moves a parameter or buffer to the dropped list (its struct stays valid: layers point at it) */
+static int dtr__model_drop(dtr_model *m, dtr_tensor *t) {
     void *p = dtr__realloc(&m->ctx->alloc, m->dropped, (size_t)(m->n_dropped + 1) * sizeof(*m->dropped));
     if (!p) return 0;
     m->dropped = (dtr_tensor **)p;
-    m->dropped[m->n_dropped++] = m->params[i];
-    m->params[i]->param_index = -1;
+    m->dropped[m->n_dropped++] = t;
+    t->param_index = -1;
     return 1;
+}
+
+/* dtr_model_keep's filter over the buffers: those left out move to the dropped list */
+static dtr_result dtr__model_keep_bufs(dtr_model *m, const char *const *prefixes, int n) {
+    int i, kept = 0;
+    m->buf_total = 0;
+    for (i = 0; i < m->nbuf; i++) {
+        dtr_tensor *t = m->bufs[i];
+        if (!dtr__has_prefix(t->name, prefixes, n)) {
+            if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
+            continue;
+        }
+        m->bufs[kept] = t, m->buf_values[kept] = m->buf_values[i];
+        m->buf_offsets[kept++] = m->buf_total;
+        m->buf_total += dtr__padded(t);
+    }
+    m->nbuf = kept;
+    return DTR_OK;
 }
 
 dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
@@ -286,7 +395,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
     for (i = 0; i < m->count; i++) {
         dtr_tensor *t = m->params[i];
         if (!dtr__has_prefix(t->name, prefixes, n)) {
-            if (!dtr__model_drop(m, i)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
+            if (!dtr__model_drop(m, t)) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_keep: out of memory");
             continue;
         }
         m->params[kept] = t, m->names[kept] = m->names[i], m->inits[kept] = m->inits[i];
@@ -296,7 +405,7 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
         m->total += dtr__padded(t);
     }
     m->count = kept;
-    return DTR_OK;
+    return dtr__model_keep_bufs(m, prefixes, n);
 }
 
 /* ---- queries ---- */
@@ -314,6 +423,8 @@ dtr_tensor *dtr_model_find(const dtr_model *m, const char *name) {
     if (!m || !name) return NULL;
     for (i = 0; i < m->count; i++)
         if (!strcmp(m->names[i], name)) return m->params[i];
+    for (i = 0; i < m->nbuf; i++)
+        if (!strcmp(m->bufs[i]->name, name)) return m->bufs[i];
     return NULL;
 }
 
@@ -333,18 +444,21 @@ dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
 }
 
 /* the buffer `buf` (params or grads) to or from n host floats */
-static dtr_result dtr__model_copy(dtr_model *m, int grads, float *host, int64_t n, int write, const char *fn) {
+/* copies a whole block (0 parameters, 1 gradients, 2 buffers) to or from n host floats */
+static dtr_result dtr__model_copy(dtr_model *m, int which, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
-    size_t bytes;
-    if (!m || !host) return DTR_NULL_HANDLE;
+    int64_t want;
+    float *block;
+    if (!m || (!host && n)) return DTR_NULL_HANDLE;
     if ((r = dtr_model_build(m)) != DTR_OK) return r;
-    if (!grads && (r = dtr__model_present(m, fn)) != DTR_OK) return r;
-    if (n != m->total)
-        return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n,
-                         (long long)m->total);
-    bytes = (size_t)n * sizeof(float);
-    if (write) return m->ctx->backend->from_host(m->ctx, m->data, host, bytes);
-    return m->ctx->backend->to_host(m->ctx, host, grads ? m->grad : m->data, bytes);
+    if (which == 0 && (r = dtr__model_present(m, fn)) != DTR_OK) return r;
+    want = which == 2 ? m->buf_total : m->total;
+    block = which == 2 ? m->buf_data : which ? m->grad : m->data;
+    if (n != want)
+        return dtr__fail(m->ctx, DTR_SHAPE_MISMATCH, "%s: %lld floats given, the model has %lld", fn, (long long)n, (long long)want);
+    if (n == 0) return DTR_OK;
+    if (write) return m->ctx->backend->from_host(m->ctx, block, host, (size_t)n * sizeof(float));
+    return m->ctx->backend->to_host(m->ctx, host, block, (size_t)n * sizeof(float));
 }
 
 dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n) { return dtr__model_copy(m, 0, dst, n, 0, "dtr_model_read"); }
@@ -353,6 +467,13 @@ dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n) {
 }
 dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n) {
     return dtr__model_copy(m, 1, dst, n, 0, "dtr_model_read_grads");
+}
+int64_t dtr_model_buffer_numel(const dtr_model *m) { return m ? m->buf_total : 0; }
+dtr_result dtr_model_read_buffers(dtr_model *m, float *dst, int64_t n) {
+    return dtr__model_copy(m, 2, dst, n, 0, "dtr_model_read_buffers");
+}
+dtr_result dtr_model_write_buffers(dtr_model *m, const float *src, int64_t n) {
+    return dtr__model_copy(m, 2, (float *)(uintptr_t)src, n, 1, "dtr_model_write_buffers");
 }
 
 void dtr__model_shard_grads(dtr_model *m, int on, int64_t lo, int64_t hi) {
@@ -373,27 +494,34 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 /* ---- save and load (safetensors) ---- */
 
 /* Elements of parameter i in a file: the full tensor's for a shard. */
+/* Entry i of the model's file: parameter i, or buffer i - count (after the parameters). */
+static dtr_tensor *dtr__file_tensor(const dtr_model *m, int i) { return i < m->count ? m->params[i] : m->bufs[i - m->count]; }
+static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
+    static const dtr__shard whole;
+    return i < m->count ? &m->shards[i] : &whole;
+}
+
 static int64_t dtr__file_numel(const dtr_model *m, int i) {
-    const dtr__shard *s = &m->shards[i];
-    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(m->params[i]);
+    const dtr__shard *s = dtr__file_shard(m, i);
+    return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(dtr__file_tensor(m, i));
 }
 
 /* Parameter i as the file holds it: its entry (name, dtype, full shape) and its values in dt
    at dst (a shard is gathered from its group first: collective). */
 static dtr_result dtr__save_param(dtr_model *m, int i, dtr_dtype dt, dtr_st_entry *e, void *dst) {
-    const dtr__shard *s = &m->shards[i];
-    const dtr_tensor *t = m->params[i];
+    const dtr__shard *s = dtr__file_shard(m, i);
+    const dtr_tensor *t = dtr__file_tensor(m, i);
     int64_t n = dtr__file_numel(m, i);
     float *full;
     dtr_result r;
     int d;
-    snprintf(e->name, sizeof(e->name), "%s", m->names[i]);
+    snprintf(e->name, sizeof(e->name), "%s", t->name);
     e->dtype = dt;
     e->ndim = s->comm ? s->ndim : t->ndim;
     for (d = 0; d < e->ndim; d++) e->shape[d] = s->comm ? s->full[d] : t->shape[d];
     if (!s->comm) return dtr_tensor_read(t, dt, dst, (size_t)n);
     full = (float *)dtr__malloc(&m->ctx->alloc, (size_t)n * sizeof(float) + 1);
-    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", m->names[i]);
+    if (!full) return dtr__fail(m->ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: out of memory gathering '%s'", t->name);
     r = dtr__shard_gather(m->ctx, s, t, full);
     if (r == DTR_OK) dtr_convert(dst, dt, full, DTR_F32, (size_t)n);
     dtr__free(&m->ctx->alloc, full);
@@ -409,7 +537,7 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     int64_t total = 0;
     char err[512];
     dtr_result r;
-    int i, writer = 1;
+    int i, nfile, writer = 1;
     if (!m || !path) return DTR_NULL_HANDLE;
     ctx = m->ctx;
     if (!dtr__is_float(dt))
@@ -419,21 +547,22 @@ dtr_result dtr_model_save(dtr_model *m, const char *path, dtr_dtype dt) {
     if (r == DTR_OK) r = dtr__model_present(m, "dtr_model_save");
     if (r != DTR_OK) return r;
     es = dtr_dtype_size(dt);
-    for (i = 0; i < m->count; i++) {
+    nfile = m->count + m->nbuf;
+    for (i = 0; i < nfile; i++) {
         total += dtr__file_numel(m, i);
-        if (m->shards[i].comm && m->shards[i].rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
+        if (dtr__file_shard(m, i)->comm && dtr__file_shard(m, i)->rank) writer = 0;   /* rank 0 of a tensor-parallel group writes */
     }
-    ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*ents));
-    data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(m->count ? m->count : 1) * sizeof(*data));
+    ents = (dtr_st_entry *)dtr__calloc(&ctx->alloc, (size_t)(nfile ? nfile : 1) * sizeof(*ents));
+    data = (const void **)dtr__calloc(&ctx->alloc, (size_t)(nfile ? nfile : 1) * sizeof(*data));
     conv = dtr__malloc(&ctx->alloc, (size_t)(total ? total : 1) * es);
     if (!ents || !data || !conv) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_save: %s: out of memory", path); goto done; }
-    for (i = 0; i < m->count; i++) {
+    for (i = 0; i < nfile; i++) {
         data[i] = (char *)conv + off;
         r = dtr__save_param(m, i, dt, &ents[i], (char *)conv + off);
         if (r != DTR_OK) goto done;
         off += (size_t)dtr__file_numel(m, i) * es;
     }
-    r = writer ? dtr_st_write(path, ents, data, m->count, err, sizeof(err)) : DTR_OK;
+    r = writer ? dtr_st_write(path, ents, data, nfile, err, sizeof(err)) : DTR_OK;
     if (r != DTR_OK) dtr__fail(ctx, r, "dtr_model_save: %s", err);
 done:
     dtr__free(&ctx->alloc, ents);
@@ -444,8 +573,8 @@ done:
 
 /* The shape parameter i has in a file: its own, or (in *buf) the full tensor's for a shard. */
 static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *buf) {
-    const dtr__shard *s = &m->shards[i];
-    if (!s->comm) return m->params[i];
+    const dtr__shard *s = dtr__file_shard(m, i);
+    if (!s->comm) return dtr__file_tensor(m, i);
     *buf = *m->params[i];
     buf->ndim = s->ndim;
     memcpy(buf->shape, s->full, sizeof buf->shape);
@@ -454,7 +583,7 @@ static const dtr_tensor *dtr__file_shape(const dtr_model *m, int i, dtr_tensor *
 
 /* Converts entry e (checked against the file shape) into parameter i's f32 values at x. */
 static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, float *x) {
-    const dtr__shard *s = &m->shards[i];
+    const dtr__shard *s = dtr__file_shard(m, i);
     int64_t n = dtr__file_numel(m, i);
     float *full;
     if (!s->comm) return dtr_convert(x, DTR_F32, e->data, e->dtype, (size_t)n);
@@ -464,6 +593,11 @@ static dtr_result dtr__load_param(dtr_model *m, int i, const dtr_st_entry *e, fl
     dtr__shard_copy(s, s->rank, full, x, 0);
     dtr__free(&m->ctx->alloc, full);
     return DTR_OK;
+}
+
+/* where entry i's f32 values go in dtr_model_load's staging copy */
+static int64_t dtr__stage_offset(const dtr_model *m, int i) {
+    return i < m->count ? m->offsets[i] : m->total + m->buf_offsets[i - m->count];
 }
 
 dtr_result dtr_model_load(dtr_model *m, const char *path) {
@@ -480,25 +614,27 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
     if (r != DTR_OK) return r;
     r = dtr_st_open(path, &ctx->alloc, &f, err, sizeof(err));
     if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_model_load: %s", err);
-    /* convert everything into a staging copy first: on any error the model is untouched */
-    stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total ? m->total : 1) * sizeof(float));
+    /* convert everything into a staging copy first (the parameters, then the buffers): on any
+       error the model is untouched */
+    stage = (float *)dtr__malloc(&ctx->alloc, (size_t)(m->total + m->buf_total + 1) * sizeof(float));
     if (!stage) { r = dtr__fail(ctx, DTR_OUT_OF_MEMORY, "dtr_model_load: %s: out of memory", path); goto done; }
-    for (i = 0; i < m->count; i++) {
+    for (i = 0; i < m->count + m->nbuf; i++) {
         dtr_tensor want;
         const dtr_tensor *t = dtr__file_shape(m, i, &want);
         const dtr_st_entry *e = NULL;
+        const char *name = dtr__file_tensor(m, i)->name;
         for (j = 0; j < f.count; j++)
-            if (!strcmp(f.entries[j].name, m->names[i])) { e = &f.entries[j]; break; }
-        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, m->names[i]); goto done; }
+            if (!strcmp(f.entries[j].name, name)) { e = &f.entries[j]; break; }
+        if (!e) { r = dtr__fail(ctx, DTR_NOT_FOUND, "dtr_model_load: %s has no tensor '%s'", path, name); goto done; }
         if (e->ndim != t->ndim) goto shape;
         for (d = 0; d < t->ndim; d++)
             if (e->shape[d] != t->shape[d]) goto shape;
         if (e->foreign || !dtr__is_float(e->dtype)) {
             r = dtr__fail(ctx, DTR_DTYPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s; weights must be F32, BF16 or F16",
-                          path, m->names[i], e->dtype_name);
+                          path, name, e->dtype_name);
             goto done;
         }
-        if ((r = dtr__load_param(m, i, e, stage + m->offsets[i])) != DTR_OK) goto done;
+        if ((r = dtr__load_param(m, i, e, stage + dtr__stage_offset(m, i))) != DTR_OK) goto done;
         continue;
     shape: {
         dtr_tensor fs; /* the file's shape, for the message */
@@ -506,13 +642,13 @@ dtr_result dtr_model_load(dtr_model *m, const char *path) {
         fs.ndim = e->ndim >= 0 && e->ndim <= DTR_MAX_DIMS ? e->ndim : 0;
         for (d = 0; d < fs.ndim; d++) fs.shape[d] = e->shape[d];
         r = dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_model_load: %s: tensor '%s' is %s in the file, %s in the model", path,
-                      m->names[i], dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
+                      name, dtr__shape_str(&fs, s2, sizeof s2), dtr__shape_str(t, s1, sizeof s1));
         goto done;
     }
     }
-    for (i = 0; i < m->count; i++) {
-        r = ctx->backend->from_host(ctx, m->data + m->offsets[i], stage + m->offsets[i],
-                                    (size_t)dtr_tensor_numel(m->params[i]) * sizeof(float));
+    for (i = 0; i < m->count + m->nbuf; i++) {
+        dtr_tensor *t = dtr__file_tensor(m, i);
+        r = ctx->backend->from_host(ctx, t->storage, stage + dtr__stage_offset(m, i), (size_t)dtr_tensor_numel(t) * sizeof(float));
         if (r != DTR_OK) { dtr__fail(ctx, r, "dtr_model_load: %s: copy to the device failed", path); goto done; }
     }
     r = DTR_OK;
@@ -532,6 +668,8 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
     bytes = (size_t)m->total * sizeof(float);
     if (index == 0) return dtr__state_put(out, "params", m->data, bytes, !dtr__host_memory(m->ctx));
     if (index == 1) return dtr__state_put(out, "grads", m->grad, bytes, !dtr__host_memory(m->ctx));
+    if (index == 2 && m->nbuf)
+        return dtr__state_put(out, "buffers", m->buf_data, (size_t)m->buf_total * sizeof(float), !dtr__host_memory(m->ctx));
     return DTR_NOT_FOUND;
 }
 

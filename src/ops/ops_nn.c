@@ -478,6 +478,171 @@ dtr_result dtr__cpu_layernorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- batch norm ----
+ * x (N, C, S...) viewed as (N, C, S): channel c's N S values are x[(n C + c) S + s]. Training
+ * normalises each channel by its batch mean and (biased) variance, and moves the running
+ * statistics (unbiased variance, as PyTorch); evaluation uses the running ones (ops). */
+
+/* 1 when v is NULL or a (C) vector; `stat`: f32, dense and without a gradient (the op writes it) */
+static int dtr__bn_vec(dtr_context *ctx, const dtr_tensor *v, const char *what, int64_t C, int stat) {
+    char s1[96];
+    if (!v) return 1;
+    if (!dtr__check_input(ctx, "dtr_batch_norm", v, what)) return 0;
+    if (v->ndim != 1 || v->shape[0] != C)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_batch_norm: %s is %s, not (%lld)", what, dtr__shape_str(v, s1, sizeof s1),
+                         (long long)C), 0;
+    if (stat && (v->dtype != DTR_F32 || !dtr_tensor_is_contiguous(v) || (v->flags & DTR__REQUIRES_GRAD)))
+        return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_batch_norm: %s must be a dense f32 tensor without a gradient "
+                         "(a model buffer)", what), 0;
+    return 1;
+}
+
+/* evaluation: (x - running_mean) / sqrt(running_var + eps) * w + b, per channel */
+static dtr_tensor *dtr__bn_eval(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *rm, dtr_tensor *rv,
+                                float eps) {
+    int64_t shape[DTR_MAX_DIMS];
+    dtr_tensor *inv, *y;
+    int d;
+    shape[0] = x->shape[1];   /* (C, 1, ..., 1): a value a channel */
+    for (d = 2; d < x->ndim; d++) shape[d - 1] = 1;
+    inv = dtr_pow(ctx, dtr_add(ctx, rv, dtr_tensor_full(ctx, 0, NULL, eps)), -0.5f);
+    if (w) inv = dtr_mul(ctx, inv, w);
+    y = dtr_mul(ctx, dtr_sub(ctx, x, dtr_reshape(ctx, rm, x->ndim - 1, shape)), dtr_reshape(ctx, inv, x->ndim - 1, shape));
+    return b ? dtr_add(ctx, y, dtr_reshape(ctx, b, x->ndim - 1, shape)) : y;
+}
+
+dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *running_mean,
+                           dtr_tensor *running_var, int training, float momentum, float eps) {
+    dtr__node *n;
+    int64_t C;
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_batch_norm", x, "x")) return NULL;
+    if (x->ndim < 2) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_batch_norm: x needs (N, C, ...), not %d axes", x->ndim);
+    C = x->shape[1];
+    if (!dtr__bn_vec(ctx, w, "weight", C, 0) || !dtr__bn_vec(ctx, b, "bias", C, 0) ||
+        !dtr__bn_vec(ctx, running_mean, "running_mean", C, 1) || !dtr__bn_vec(ctx, running_var, "running_var", C, 1))
+        return NULL;
+    if (!running_mean != !running_var || (!training && !running_mean))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_batch_norm: %s", !training ? "evaluation needs the running statistics"
+                                                                                      : "running_mean and running_var go together");
+    if (!(eps > 0.0f) || !(momentum >= 0.0f && momentum <= 1.0f))
+        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_batch_norm: eps %g must be > 0 and momentum %g in [0, 1]", (double)eps,
+                          (double)momentum);
+    if (!training) return dtr__bn_eval(ctx, x, w, b, running_mean, running_var, eps);
+    if (C && dtr_tensor_numel(x) / C < 2)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_batch_norm: training needs more than one value a channel (x has %lld)",
+                          (long long)(dtr_tensor_numel(x) / C));
+    x = dtr__contig_input(ctx, x);
+    if (!x) return NULL;
+    {
+        int upd = !ctx->recomputing;   /* a recomputed region's statistics were taken once already */
+        dtr_tensor *in[5] = {x, w, b, upd ? running_mean : NULL, upd ? running_var : NULL};
+        n = dtr__node_new(ctx, DTR_OP_BATCHNORM, 5, in);
+    }
+    if (!n) return NULL;
+    n->p.batchnorm.eps = eps;
+    n->p.batchnorm.momentum = momentum;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_batch_norm");
+    if (!n->out) return NULL;
+    return dtr__record(ctx, n, "dtr_batch_norm");
+}
+
+/* x viewed as (N, C, S) */
+static void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
+    *N = x->shape[0], *C = x->shape[1];
+    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
+}
+
+typedef struct dtr__bn_job {
+    const dtr__node *nd;
+    int64_t N, C, S;
+    const float *X, *W, *B, *G;
+    float *stat;   /* mean, rstd per channel */
+} dtr__bn_job;
+
+static dtr__bn_job dtr__bn_job_of(const dtr__node *nd) {
+    dtr__bn_job j;
+    dtr__bn_dims(nd->in[0], &j.N, &j.C, &j.S);
+    j.nd = nd, j.X = dtr__f32(nd->in[0]);
+    j.W = nd->in[1] ? dtr__f32(nd->in[1]) : NULL, j.B = nd->in[2] ? dtr__f32(nd->in[2]) : NULL;
+    j.G = nd->out->grad, j.stat = (float *)nd->saved;
+    return j;
+}
+
+/* channels [b, e): statistics in double over n, then s, the output, the running statistics */
+static void dtr__bn_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__bn_job *j = (const dtr__bn_job *)arg;
+    const dtr__node *nd = j->nd;
+    int64_t c, n, s, S = j->S, cnt = j->N * j->S;
+    float *Y = dtr__f32(nd->out);
+    (void)w;
+    for (c = b; c < e; c++) {
+        double m = 0.0, v = 0.0;
+        float mean, rstd, wc = j->W ? j->W[c] : 1.0f, bc = j->B ? j->B[c] : 0.0f;
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) m += j->X[(n * j->C + c) * S + s];
+        m /= (double)cnt;
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) { double d = j->X[(n * j->C + c) * S + s] - m; v += d * d; }
+        v /= (double)cnt;
+        mean = (float)m, rstd = (float)(1.0 / sqrt(v + nd->p.batchnorm.eps));
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * j->C + c) * S + s;
+                Y[i] = wc * ((j->X[i] - mean) * rstd) + bc;
+            }
+        j->stat[2 * c] = mean, j->stat[2 * c + 1] = rstd;
+        if (nd->in[3]) dtr__f_bn_running(dtr__f32(nd->in[3]) + c, dtr__f32(nd->in[4]) + c, m, v, cnt, nd->p.batchnorm.momentum);
+    }
+}
+
+dtr_result dtr__cpu_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t N, C, S;
+    dtr__bn_job j;
+    float *stat;
+    dtr__bn_dims(nd->in[0], &N, &C, &S);
+    stat = (float *)dtr__node_save(ctx, nd, (size_t)(C ? C : 1) * 2 * sizeof(float));
+    if (!stat) return ctx->status;
+    nd->saved = stat;
+    j = dtr__bn_job_of(nd);
+    dtr__pool_run(ctx->pool, C, 1, dtr__bn_fwd_range, &j);
+    return DTR_OK;
+}
+
+/* channels [b, e): dx = rstd (dh - mean(dh) - h mean(dh h)), dh = g w, h the normalised x;
+   dw += sum(g h), db += sum(g), the sums in double */
+static void dtr__bn_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__bn_job *j = (const dtr__bn_job *)arg;
+    int64_t c, n, s, S = j->S, cnt = j->N * j->S;
+    float *gx = dtr__gradof(j->nd->in[0]), *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
+    (void)w;
+    for (c = b; c < e; c++) {
+        float mean = j->stat[2 * c], rstd = j->stat[2 * c + 1], wc = j->W ? j->W[c] : 1.0f, md, mdh;
+        double sg = 0.0, sgh = 0.0;
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * j->C + c) * S + s;
+                sg += j->G[i];
+                sgh += (double)j->G[i] * ((j->X[i] - mean) * rstd);
+            }
+        if (gw) gw[c] += (float)sgh;
+        if (gb) gb[c] += (float)sg;
+        if (!gx) continue;
+        md = (float)(sg * wc / (double)cnt), mdh = (float)(sgh * wc / (double)cnt);
+        for (n = 0; n < j->N; n++)
+            for (s = 0; s < S; s++) {
+                int64_t i = (n * j->C + c) * S + s;
+                gx[i] += rstd * (j->G[i] * wc - md - ((j->X[i] - mean) * rstd) * mdh);
+            }
+    }
+}
+
+dtr_result dtr__cpu_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__bn_job j = dtr__bn_job_of(nd);
+    if (dtr__gradof(nd->in[0]) || dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.C, 1, dtr__bn_bwd_range, &j);
+    return DTR_OK;
+}
+
 /* ---- dropout ---- */
 
 dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {

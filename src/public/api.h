@@ -534,6 +534,20 @@ DTR_API dtr_tensor *dtr_mean_all(dtr_context *ctx, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding(dtr_context *ctx, dtr_tensor *table, dtr_tensor *ids);
 /** Layer normalisation over the last axis with gain `w` and bias `b` (C) (either may be NULL). */
 DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, float eps);
+/** Batch normalisation of x (N, C, ...) ((N, C) features, (N, C, L) sequences, (N, C, H, W)
+ *  images), PyTorch's F.batch_norm: per channel, (x - mean) / sqrt(var + eps) * w + b (w, b
+ *  (C), either may be NULL). training 1: mean and var are the batch's (over N and the
+ *  positions; var biased), and running_mean, running_var (C) (dense f32 without gradients:
+ *  model buffers; both or neither) move towards them by `momentum` (PyTorch's 0.1; the
+ *  variance unbiased), written by the op's kernel on its backend (a captured step's replay
+ *  updates them too; a dtr_checkpoint region's recomputation does not, so they move once a
+ *  step). training 0: the running statistics (required). Gradients for x, w and b either way.
+ *  @return NULL with the context's error: DTR_SHAPE_MISMATCH (x under 2 axes; a vector not
+ *          (C); training with one value a channel), DTR_INVALID_ARGUMENT (eps <= 0, momentum
+ *          outside [0, 1], running statistics missing, half given, or not dense f32 buffers).
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *running_mean,
+                                   dtr_tensor *running_var, int training, float momentum, float eps);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
@@ -769,6 +783,19 @@ DTR_API void dtr_model_destroy(dtr_model *m);
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_model_param(dtr_model *m, const char *name, int ndim, const int64_t *shape,
                                     dtr_init init, float arg);
+/** Declares a buffer: state of the model that is not trained, as batch norm's running
+ *  statistics (PyTorch's register_buffer): f32, `value` in every element after build, found by
+ *  dtr_model_find, saved and loaded by dtr_model_save / dtr_model_load beside the parameters
+ *  (after them, by name), in the model's full state (entry "buffers") and so in checkpoints,
+ *  split by dtr_model_keep as the parameters are. It has no gradient, and optimizers, the
+ *  data-parallel and parameter-server engines never see it: buffers live in a block of their
+ *  own, outside dtr_model_params (dtr_model_numel counts parameters only); each rank keeps its
+ *  own. The ops that own a buffer write it (dtr_batch_norm); the app may write it with
+ *  dtr_tensor_write. Errors as dtr_model_param's. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_model_buffer(dtr_model *m, const char *name, int ndim, const int64_t *shape, float value);
+/** Number of buffers, and buffer i in declaration order (or NULL). Thread safety: any thread. */
+DTR_API int dtr_model_buffer_count(const dtr_model *m);
+DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
 /** Keeps only the parameters whose names start with one of the n `prefixes` (for example the
  *  layers of one pipeline stage: {"h.2.", "h.3.", "ln_f."}); call it after declaring the
  *  whole model and before dtr_model_build. Kept parameters start from the values they would
@@ -787,7 +814,7 @@ DTR_API int dtr_model_param_count(const dtr_model *m);
 DTR_API int64_t dtr_model_numel(const dtr_model *m);
 /** Parameter i in declaration order, or NULL. */
 DTR_API dtr_tensor *dtr_model_param_at(const dtr_model *m, int i);
-/** Parameter by name, or NULL. */
+/** Parameter or buffer by name, or NULL. */
 DTR_API dtr_tensor *dtr_model_find(const dtr_model *m, const char *name);
 /** Offset in elements of parameter i in the contiguous buffers. */
 DTR_API int64_t dtr_model_param_offset(const dtr_model *m, int i);
@@ -806,6 +833,14 @@ DTR_API float *dtr_model_grads(dtr_model *m);
 DTR_API dtr_result dtr_model_read(dtr_model *m, float *dst, int64_t n);
 DTR_API dtr_result dtr_model_write(dtr_model *m, const float *src, int64_t n);
 DTR_API dtr_result dtr_model_read_grads(dtr_model *m, float *dst, int64_t n);
+/** The buffers' block (dtr_model_buffer), as the parameters': dtr_model_buffer_numel floats
+ *  (each buffer 16-float aligned, in declaration order; 0 without buffers), copied to or from
+ *  the host on any backend: to average batch norm's running statistics over data-parallel
+ *  ranks, or to serve them beside a snapshot's weights. Errors as dtr_model_read's.
+ *  Thread safety: the model's context thread. */
+DTR_API int64_t dtr_model_buffer_numel(const dtr_model *m);
+DTR_API dtr_result dtr_model_read_buffers(dtr_model *m, float *dst, int64_t n);
+DTR_API dtr_result dtr_model_write_buffers(dtr_model *m, const float *src, int64_t n);
 /** Zeroes the gradient buffer. */
 DTR_API dtr_result dtr_model_zero_grad(dtr_model *m);
 /** The context the model lives on. */
@@ -825,6 +860,16 @@ typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; flo
 /** RMS norm over the last axis: weight (C) = 1; eps 1e-6, Llama's (Hugging Face
  *  LlamaRMSNorm's default; the `eps` field may be changed after init). */
 typedef struct dtr_rmsnorm_layer { dtr_tensor *weight; int64_t dim; float eps; } dtr_rmsnorm_layer;
+/** Batch norm (dtr_batch_norm) over `channels`, PyTorch's nn.BatchNorm1d/2d: parameters
+ *  "<name>.weight" (C) = 1 and "<name>.bias" (C) = 0, buffers (dtr_model_buffer)
+ *  "<name>.running_mean" (C) = 0 and "<name>.running_var" (C) = 1; eps 1e-5, momentum 0.1
+ *  (fields; may be changed after init). PyTorch's num_batches_tracked is not kept (PyTorch
+ *  loads a file without it). */
+typedef struct dtr_batchnorm_layer {
+    dtr_tensor *weight, *bias, *running_mean, *running_var;
+    int64_t channels;
+    float eps, momentum;
+} dtr_batchnorm_layer;
 /** Group norm (dtr_group_norm) over `channels` in `groups`: weight (C) = 1, bias (C) = 0, eps
  *  1e-5 (PyTorch's nn.GroupNorm; the names "<name>.weight", "<name>.bias" are its). */
 typedef struct dtr_groupnorm_layer { dtr_tensor *weight, *bias; int64_t channels; int groups; float eps; } dtr_groupnorm_layer;
@@ -902,6 +947,8 @@ DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
 DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
+/** channels <= 0 is DTR_INVALID_ARGUMENT. Thread safety: the context's thread. */
+DTR_API dtr_result dtr_batchnorm_layer_init(dtr_batchnorm_layer *layer, dtr_model *m, const char *name, int64_t channels);
 /** `channels` not a positive multiple of `groups` is DTR_INVALID_ARGUMENT. */
 DTR_API dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *layer, dtr_model *m, const char *name, int groups,
                                            int64_t channels);
@@ -925,6 +972,10 @@ DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
+/** x (N, C, ...) -> the same shape: the batch's statistics in training mode (moving the running
+ *  ones), the running ones in evaluation mode (dtr_context_set_training(ctx, 0)), as PyTorch's
+ *  train() / eval(). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_batchnorm_layer_forward(dtr_context *ctx, const dtr_batchnorm_layer *l, dtr_tensor *x);
 /** x (N, C, ...) with the layer's C -> the same shape. */
 DTR_API dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_embedding_layer_forward(dtr_context *ctx, const dtr_embedding_layer *l, dtr_tensor *ids);
@@ -1133,7 +1184,8 @@ DTR_API dtr_result dtr_st_write(const char *path, const dtr_st_entry *entries, c
                                 int count, char *err, size_t errlen);
 
 /** Entry `index` of the model's state: "params" and "grads" (dtr_model_numel floats each,
- *  the contiguous buffers; device memory on a device backend). Builds the model first.
+ *  the contiguous buffers; device memory on a device backend), then "buffers" (the model
+ *  buffers' block) when it has any (dtr_model_buffer). Builds the model first.
  *  @return DTR_OK, DTR_NOT_FOUND past the last, DTR_NULL_HANDLE, or the build's error.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out);

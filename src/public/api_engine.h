@@ -845,6 +845,10 @@ typedef struct dtr_snapshot {
     uint32_t crc32c;                  /**< dtr_crc32c(0, params, numel * 4), computed at publication */
     float holdout_loss;               /**< guard: the loss on the held-out set at publication; NaN without */
     int slot;                         /**< which buffer (for dtr_trainer_release) */
+    const float *buffers;             /**< the model's buffers (batch norm's running statistics) at
+                                           publication: dtr_model_buffer_numel floats, the layout
+                                           of dtr_model_read_buffers (not in crc32c) */
+    int64_t buffer_numel;
 } dtr_snapshot;
 
 /** Takes the newest published snapshot and holds it until dtr_trainer_release: training
@@ -856,9 +860,10 @@ DTR_API dtr_result dtr_trainer_acquire(dtr_trainer *tr, dtr_snapshot *out);
 DTR_API void dtr_trainer_release(dtr_trainer *tr, const dtr_snapshot *snap);
 
 /** Serving helper: when the newest published version differs from *version, copies it into
- *  `serving`'s parameters (a model of the same layout on the caller's own context) and sets
+ *  `serving`'s parameters and buffers (a model of the same layout on the caller's own
+ *  context: batch norm serves the running statistics published with the weights) and sets
  *  *version; otherwise does nothing. Never waits on training.
- *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (another parameter count).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_SHAPE_MISMATCH (another parameter or buffer count).
  *  Thread safety: any thread that owns `serving`; several at once with their own models. */
 DTR_API dtr_result dtr_trainer_pull(dtr_trainer *tr, dtr_model *serving, int64_t *version);
 
