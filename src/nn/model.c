@@ -497,7 +497,7 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 /* Entry i of the model's file: parameter i, or buffer i - count (after the parameters). */
 static dtr_tensor *dtr__file_tensor(const dtr_model *m, int i) { return i < m->count ? m->params[i] : m->bufs[i - m->count]; }
 static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
-    static const dtr__shard whole;
+    static dtr__shard whole;   /* zeros: a whole tensor */
     return i < m->count ? &m->shards[i] : &whole;
 }
 
