@@ -13,7 +13,11 @@
  *                         and gradients, the running statistics after two batches, evaluation
  *                         mode; its running statistics are model buffers (found by name, no
  *                         gradient, not in dtr_model_numel) saved and loaded by name.
- *   test_layer_errors     wrong shapes and counts: a clear error, no tensor. */
+ *   test_buffers          buffers in the model's state ("buffers") and split by dtr_model_keep; a
+ *                         name taken; a batch norm inside dtr_checkpoint moves its statistics
+ *                         once a step (the recomputation in backward leaves them).
+ *   test_layer_errors     wrong shapes and counts, batch norm's bad arguments: a clear error, no
+ *                         tensor. */
 #include "test.h"
 
 #define I_ 3
@@ -337,6 +341,84 @@ static void test_batch_norm_torch(void) {
     dtr_context_destroy(ctx);
 }
 
+/* a region for dtr_checkpoint: batch norm of its input */
+static dtr_tensor *bn_region(void *user, dtr_context *ctx, dtr_tensor *const *in) {
+    return dtr_batchnorm_layer_forward(ctx, (const dtr_batchnorm_layer *)user, in[0]);
+}
+
+/* buffers in the model's state and in dtr_model_keep; a checkpointed region moves the running
+   statistics once a step (its recomputation in backward leaves them) */
+static void test_buffers(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m, *part;
+    dtr_batchnorm_layer a, b, pa, pb;
+    dtr_state_entry e;
+    const char *keep[1] = {"b."};
+    float xs[24], once[64], twice[64], fresh[64];
+    int64_t shape[3] = {4, 3, 2};
+    dtr_tensor *x, *y;
+    int k;
+    for (k = 0; k < 24; k++) xs[k] = (float)sin(0.9 * k) + 0.2f * (float)k;
+    dtr_model_create(ctx, 1, &m);
+    dtr_batchnorm_layer_init(&a, m, "a", 3), dtr_batchnorm_layer_init(&b, m, "b", 5);
+    CHECK_OK(ctx, dtr_model_state(m, 2, &e));
+    CHECK(strcmp(e.name, "buffers") == 0 && e.bytes == 4 * 16 * sizeof(float));
+    CHECK(dtr_model_state(m, 3, &e) == DTR_NOT_FOUND);
+    CHECK(dtr_model_buffer(m, "a.running_mean", 1, shape, 0.0f) == NULL);   /* a name taken */
+    CHECK(dtr_context_status(ctx) == DTR_BAD_STATE);   /* (the model is built by then) */
+    dtr_context_clear_error(ctx);
+    dtr_model_create(ctx, 1, &part);   /* a stage keeps its own buffers */
+    dtr_batchnorm_layer_init(&pa, part, "a", 3), dtr_batchnorm_layer_init(&pb, part, "b", 5);
+    CHECK_OK(ctx, dtr_model_keep(part, keep, 1));
+    CHECK_OK(ctx, dtr_model_build(part));
+    CHECK(dtr_model_buffer_count(part) == 2 && dtr_model_buffer_at(part, 0) == pb.running_mean);
+    CHECK(dtr_model_buffer_numel(part) == 32 && dtr_model_find(part, "a.running_mean") == NULL);
+    dtr_model_destroy(part);
+    /* the same step plain and inside a checkpoint: the same running statistics */
+    CHECK_OK(ctx, dtr_model_read_buffers(m, fresh, 64));
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, xs));
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_batchnorm_layer_forward(ctx, &a, x))));
+    CHECK_OK(ctx, dtr_model_read_buffers(m, once, 64));
+    dtr_context_reset(ctx);
+    CHECK_OK(ctx, dtr_model_write_buffers(m, fresh, 64));   /* as they were before the step */
+    x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, xs));
+    y = dtr_checkpoint(ctx, bn_region, &a, 1, &x);
+    CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, y)));
+    CHECK_OK(ctx, dtr_model_read_buffers(m, twice, 64));
+    CHECK_MSG(memcmp(once, twice, sizeof once) == 0 && once[0] != 0.0f, "running mean %g, %g in a checkpoint; var %g, %g", (double)once[0], (double)twice[0], (double)once[16], (double)twice[16]);
+    dtr_context_reset(ctx);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+/* dtr_batch_norm's argument errors */
+static dtr_tensor *bn_bad(dtr_context *c, int i, dtr_tensor *x, dtr_tensor *v3, dtr_tensor *v4, dtr_tensor *one) {
+    switch (i) {
+    case 0: return dtr_batch_norm(c, x, v4, NULL, NULL, NULL, 1, 0.1f, 1e-5f);     /* weight (4) for 3 channels */
+    case 1: return dtr_batch_norm(c, x, NULL, NULL, v3, NULL, 1, 0.1f, 1e-5f);     /* mean without var */
+    case 2: return dtr_batch_norm(c, x, NULL, NULL, NULL, NULL, 0, 0.1f, 1e-5f);   /* evaluation without statistics */
+    case 3: return dtr_batch_norm(c, x, NULL, NULL, NULL, NULL, 1, 1.5f, 1e-5f);   /* momentum */
+    case 4: return dtr_batch_norm(c, x, NULL, NULL, NULL, NULL, 1, 0.1f, 0.0f);    /* eps */
+    case 5: return dtr_batch_norm(c, one, NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f); /* one value a channel */
+    default: return dtr_batch_norm(c, x, NULL, NULL, dtr_tensor_requires_grad(v3), v3, 1, 0.1f, 1e-5f);   /* a trained tensor */
+    }
+}
+
+static void check_bn_errors(dtr_context *ctx) {
+    static const dtr_result want[7] = {DTR_SHAPE_MISMATCH, DTR_INVALID_ARGUMENT, DTR_INVALID_ARGUMENT, DTR_INVALID_ARGUMENT,
+                                       DTR_INVALID_ARGUMENT, DTR_SHAPE_MISMATCH, DTR_INVALID_ARGUMENT};
+    int64_t xs[3] = {2, 3, 4}, s3 = 3, s4 = 4, s1[2] = {1, 3};
+    int i;
+    for (i = 0; i < 7; i++) {
+        dtr_tensor *x = dtr_tensor_zeros(ctx, DTR_F32, 3, xs), *v3 = dtr_tensor_zeros(ctx, DTR_F32, 1, &s3);
+        dtr_tensor *t = bn_bad(ctx, i, x, v3, dtr_tensor_zeros(ctx, DTR_F32, 1, &s4), dtr_tensor_zeros(ctx, DTR_F32, 2, s1));
+        CHECK_MSG(t == NULL && dtr_context_status(ctx) == want[i], "batch norm case %d: %s (%s)", i,
+                  dtr_result_string(dtr_context_status(ctx)), dtr_context_last_error(ctx));
+        dtr_context_clear_error(ctx);
+        dtr_context_reset(ctx);
+    }
+}
+
 static void test_layer_errors(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m;
@@ -371,6 +453,7 @@ static void test_layer_errors(void) {
     CHECK(dtr_group_norm(ctx, dtr_tensor_zeros(ctx, DTR_F32, 4, img), 4, NULL, NULL, 1e-5f) == NULL);
     CHECK(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH);
     dtr_context_clear_error(ctx);
+    check_bn_errors(ctx);
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
 }
@@ -380,6 +463,7 @@ int main(void) {
     RUN(test_rnn_learns);
     RUN(test_group_norm_torch);
     RUN(test_batch_norm_torch);
+    RUN(test_buffers);
     RUN(test_layer_errors);
     return test_summary();
 }

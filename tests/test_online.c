@@ -20,6 +20,8 @@
  *   test_behind             the falling-behind report (samples lost, backlog) and push checks
  *   test_learning_drift     cooperative ticks on a rotating decision boundary: the served
  *                           weights' accuracy rises from chance and follows the drift
+ *   test_buffers_published  a model with batch norm: a snapshot holds the running statistics
+ *                           of its moment, and dtr_trainer_pull serves them
  *   test_pause_state        pause holds the background thread; the state entries restore the
  *                           published weights and counters into a fresh trainer; memory_cap
  *   test_device_model       the model on the simulated device (tests/devsim.h), the serving
@@ -567,6 +569,68 @@ done:
     tnet_free(&srv);
 }
 
+/* ---- a model with batch norm: its running statistics travel with the snapshots ---- */
+
+typedef struct bnnet { dtr_context *ctx; dtr_model *m; dtr_linear_layer l1, l2; dtr_batchnorm_layer bn; } bnnet;
+
+/* x (B, 2) normalised as (B, 1, 2): one channel of 2 values a sample, so that micro-batches of
+   one sample have statistics too; then 2 -> 16 tanh -> 2 */
+static dtr_tensor *bnnet_loss(void *user, dtr_context *ctx, dtr_tensor *x, dtr_tensor *y) {
+    bnnet *n = (bnnet *)user;
+    int64_t b = dtr_tensor_dim(x, 0), s3[3] = {b, 1, 2}, s2[2] = {b, 2};
+    dtr_tensor *h = dtr_reshape(ctx, dtr_batchnorm_layer_forward(ctx, &n->bn, dtr_reshape(ctx, x, 3, s3)), 2, s2);
+    return dtr_cross_entropy(ctx, dtr_linear_layer_forward(ctx, &n->l2, dtr_tanh(ctx, dtr_linear_layer_forward(ctx, &n->l1, h))), y);
+}
+
+static int bnnet_make(bnnet *n, uint64_t seed) {
+    memset(n, 0, sizeof *n);
+    n->ctx = test_ctx(1);
+    return dtr_model_create(n->ctx, seed, &n->m) == DTR_OK &&
+           dtr_linear_layer_init(&n->l1, n->m, "l1", 2, 16, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK &&
+           dtr_batchnorm_layer_init(&n->bn, n->m, "bn", 1) == DTR_OK &&
+           dtr_linear_layer_init(&n->l2, n->m, "l2", 16, 2, 1, DTR_INIT_TORCH_DEFAULT) == DTR_OK && dtr_model_build(n->m) == DTR_OK;
+}
+
+static void test_buffers_published(void) {
+    bnnet n, srv;
+    dtr_trainer_config c = dtr_trainer_config_init();
+    dtr_trainer *tr = NULL;
+    dtr_snapshot snap;
+    float x[64], live[32], served[32];
+    int32_t y[32];
+    uint32_t s = 21;
+    int64_t version = 0;
+    int k;
+    CHECK(bnnet_make(&n, 5) && bnnet_make(&srv, 6));
+    c.model = n.m;
+    c.loss = bnnet_loss;
+    c.loss_user = &n;
+    c.optimizer = dtr_optimizer_config_init(DTR_OPT_ADAM, 0.02f);
+    c.feed.layout.x_ndim = 1, c.feed.layout.x_shape[0] = 2;
+    c.feed.layout.y_dtype = DTR_I32, c.feed.layout.num_classes = 2;
+    c.batch_size = 16;
+    if (!(tr = tmake(&c))) goto done;
+    for (k = 0; k < 8; k++) {
+        tdata(&s, 0.3f, x, y, 16);
+        CHECK_OK(NULL, dtr_trainer_push(tr, x, y, 16, 0, NULL));
+        CHECK_OK(NULL, dtr_trainer_tick(tr, 1000000, NULL));
+    }
+    CHECK_OK(NULL, dtr_trainer_publish(tr));
+    CHECK_OK(NULL, dtr_trainer_tick(tr, 1000000, NULL));
+    CHECK_OK(n.ctx, dtr_model_read_buffers(n.m, live, 32));
+    CHECK_OK(NULL, dtr_trainer_acquire(tr, &snap));
+    CHECK(snap.buffer_numel == 32 && snap.version > 1 && memcmp(snap.buffers, live, sizeof live) == 0);
+    dtr_trainer_release(tr, &snap);
+    CHECK(live[0] != 0.0f && live[16] != 1.0f);   /* running mean and variance moved */
+    CHECK_OK(NULL, dtr_trainer_pull(tr, srv.m, &version));
+    CHECK_OK(srv.ctx, dtr_model_read_buffers(srv.m, served, 32));
+    CHECK(memcmp(served, live, sizeof live) == 0);
+    dtr_trainer_destroy(tr);
+done:
+    dtr_model_destroy(n.m), dtr_context_destroy(n.ctx);
+    dtr_model_destroy(srv.m), dtr_context_destroy(srv.ctx);
+}
+
 /* ---- pause, state, memory ---- */
 
 static void test_pause_state(void) {
@@ -719,6 +783,7 @@ int main(void) {
     RUN(test_guard);
     RUN(test_behind);
     RUN(test_learning_drift);
+    RUN(test_buffers_published);
     RUN(test_pause_state);
     RUN(test_device_model);
     return test_summary();

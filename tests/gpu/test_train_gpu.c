@@ -13,7 +13,8 @@
  * device is refused; the loader's batches reach the device without a host wait and hold what
  * a plain loader hands out; a tiny GPT in bf16 (the fused attention kernels) and a Llama
  * block in f32 (grouped-query fused attention, RoPE, RMS norm, SwiGLU) train on the device as
- * on the CPU, and both generate through a KV cache on the device with the CPU's logits. The
+ * on the CPU; a batch-norm layer's steps, running statistics and evaluation match the CPU's;
+ * and both generate through a KV cache on the device with the CPU's logits. The
  * device runs release activations during backward
  * (release_activations), the CPU reference keeps them: the same parameters either way.
  * Without a GPU it says loudly that it skipped. */
@@ -372,6 +373,50 @@ static void test_loss_scaler_overflow(void) {
 }
 
 /* weights saved from a GPU model load into a CPU model bit for bit */
+/* Batch norm on the device as on the CPU: 3 SGD steps of a batch-norm layer (x (4, 3, 5)),
+   then the weights, the running statistics (moved by the device's kernel) and the evaluation
+   output agree. */
+static int bn_run(int gpu, float *out) {   /* out: 2 x 16 parameters, 2 x 16 buffers, 60 outputs */
+    dtr_context *ctx = make_ctx(gpu);
+    dtr_model *m = NULL;
+    dtr_batchnorm_layer bn;
+    dtr_optimizer *opt = NULL;
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_SGD, 0.1f);
+    float x[60], r[60];
+    int64_t xs[3] = {4, 3, 5};
+    int s, i, ok;
+    for (i = 0; i < 60; i++) x[i] = (float)sin(0.37 * i) * (1.0f + (float)(i % 7)), r[i] = (float)cos(0.11 * i);
+    ok = ctx && dtr_model_create(ctx, 3, &m) == DTR_OK && dtr_batchnorm_layer_init(&bn, m, "bn", 3) == DTR_OK &&
+         dtr_optimizer_create(m, &oc, &opt) == DTR_OK;
+    for (s = 0; ok && s < 3; s++) {
+        dtr_tensor *y = dtr_batchnorm_layer_forward(ctx, &bn, dtr_tensor_from(ctx, DTR_F32, 3, xs, x));
+        ok = dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, y, dtr_tensor_from(ctx, DTR_F32, 3, xs, r)))) == DTR_OK &&
+             dtr_optimizer_step(opt, NULL) == DTR_OK;
+        for (i = 0; i < 60; i++) x[i] = x[i] * 0.9f + 0.1f;
+        dtr_context_reset(ctx);
+    }
+    dtr_context_set_training(ctx, 0);
+    ok = ok && dtr_model_read(m, out, 32) == DTR_OK && dtr_model_read_buffers(m, out + 32, 32) == DTR_OK &&
+         dtr_tensor_read(dtr_batchnorm_layer_forward(ctx, &bn, dtr_tensor_from(ctx, DTR_F32, 3, xs, x)), DTR_F32, out + 64, 60) ==
+             DTR_OK;
+    if (!ok && ctx) fprintf(stderr, "  (%s: %s)\n", gpu ? "device" : "cpu", dtr_context_last_error(ctx));
+    dtr_optimizer_destroy(opt);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return ok;
+}
+
+static void test_batch_norm(void) {
+    float cpu[124], dev[124];
+    int ok = bn_run(0, cpu) && bn_run(1, dev);
+    CHECK(ok);
+    if (!ok) return;
+    printf("    batch norm, device against the CPU: weights %.2g, running statistics %.2g, evaluation %.2g\n",
+           max_rel(cpu, dev, 32), max_rel(cpu + 32, dev + 32, 32), max_rel(cpu + 64, dev + 64, 60));
+    CHECK(max_rel(cpu, dev, 124) < 1e-5);
+    CHECK(cpu[32] != 0.0f && cpu[48] != 1.0f);   /* the running statistics moved */
+}
+
 static void test_save_load(void) {
     dtr_context *g = make_ctx(1), *c = make_ctx(0);
     tnet a, b;
@@ -701,6 +746,7 @@ int main(void) {
     RUN(test_generate);
 #endif
     RUN(test_loss_scaler_overflow);
+    RUN(test_batch_norm);
     RUN(test_save_load);
     RUN(test_checkpoint);
     RUN(test_device_engines);
