@@ -17,6 +17,7 @@
  *                          ranks' gradients differ), same weights as 1 rank with the whole
  *                          batch; dtr_dp_set_no_sync with buckets in flight is refused
  *   test_dp_broadcast      different initial weights: rank 0's win at dtr_dp_create
+ *   test_dp_average_buffers  3 ranks' different batch-norm statistics averaged on every rank
  *   test_dp_single         a group of 1: no hook, identical bits to plain training
  *   test_dp_fault          a rank stops: dtr_dp_finish on the other fails within the deadline
  *                          naming it */
@@ -372,6 +373,52 @@ static void t_dp_broadcast(void) {
     dp_free(&j);
 }
 
+/* dtr_dp_average_buffers: 3 ranks whose batch-norm statistics differ (rank r's running mean
+   r + 1, variance 2r + 1) end with their mean on every rank; the parameters are left alone */
+typedef struct buf_rank { dtr_local_world *w; int rank; float got[32]; dtr_result r; } buf_rank;
+
+static void *buf_rank_main(void *arg) {
+    buf_rank *b = (buf_rank *)arg;
+    dtr_comm_config cfg = dtr_comm_config_init();
+    dtr_comm *c = NULL;
+    dtr_dp *dp = NULL;
+    dtr_context *ctx = test_ctx(1);
+    dtr_model *m = NULL;
+    dtr_batchnorm_layer bn;
+    float v[32];
+    int k;
+    cfg.local.world = b->w;
+    cfg.local.rank = b->rank;
+    b->r = dtr_comm_create(&cfg, &c, NULL, 0);
+    if (b->r == DTR_OK) b->r = dtr_model_create(ctx, 1, &m);
+    if (b->r == DTR_OK) b->r = dtr_batchnorm_layer_init(&bn, m, "bn", 3);
+    if (b->r == DTR_OK) b->r = dtr_dp_create(m, c, NULL, &dp);
+    for (k = 0; k < 32; k++) v[k] = k < 16 ? (float)(b->rank + 1) : (float)(2 * b->rank + 1);
+    if (b->r == DTR_OK) b->r = dtr_model_write_buffers(m, v, 32);
+    if (b->r == DTR_OK) b->r = dtr_dp_average_buffers(dp);
+    if (b->r == DTR_OK) b->r = dtr_model_read_buffers(m, b->got, 32);
+    dtr_dp_destroy(dp);
+    dtr_comm_destroy(c);
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+    return NULL;
+}
+
+static void t_dp_average_buffers(void) {
+    pthread_t tid[3];
+    buf_rank br[3];
+    dtr_local_world *w = NULL;
+    int i;
+    CHECK_OK(NULL, dtr_local_world_create(3, NULL, &w));
+    for (i = 0; i < 3; i++) br[i].w = w, br[i].rank = i, pthread_create(&tid[i], NULL, buf_rank_main, &br[i]);
+    for (i = 0; i < 3; i++) pthread_join(tid[i], NULL);
+    for (i = 0; i < 3; i++) {
+        CHECK_MSG(br[i].r == DTR_OK, "rank %d: %s", i, dtr_result_string(br[i].r));
+        CHECK(br[i].got[0] == 2.0f && br[i].got[2] == 2.0f && br[i].got[16] == 3.0f && br[i].got[18] == 3.0f);
+    }
+    dtr_local_world_destroy(w);
+}
+
 static void t_dp_single(void) {
     dtr_local_world *w = NULL;
     dtr_comm_config cfg = dtr_comm_config_init();
@@ -425,6 +472,7 @@ int main(void) {
     RUN(t_dp_bf16);
     RUN(t_dp_no_sync);
     RUN(t_dp_broadcast);
+    RUN(t_dp_average_buffers);
     RUN(t_dp_single);
     RUN(t_dp_fault);
     return test_summary();

@@ -490,6 +490,23 @@ dtr_result dtr_dp_broadcast_params(dtr_dp *dp) {
     return DTR_OK;
 }
 
+dtr_result dtr_dp_average_buffers(dtr_dp *dp) {
+    int64_t n;
+    float *host;
+    dtr_result r;
+    if (!dp) return DTR_NULL_HANDLE;
+    n = dtr_model_buffer_numel(dp->m);
+    if (n == 0 || dtr_comm_size(dp->c) == 1) return DTR_OK;
+    host = (float *)dtr__malloc(&dp->ctx->alloc, (size_t)n * sizeof(float));
+    if (!host) return dtr__fail(dp->ctx, DTR_OUT_OF_MEMORY, "dtr_dp_average_buffers: out of memory");
+    r = dtr_model_read_buffers(dp->m, host, n);
+    if (r == DTR_OK && (r = dtr_comm_all_reduce(dp->c, host, host, (size_t)n, DTR_F32, DTR_REDUCE_AVG)) != DTR_OK)
+        dtr__fail(dp->ctx, r, "dtr_dp_average_buffers: %s", dtr_comm_last_error(dp->c));
+    if (r == DTR_OK) r = dtr_model_write_buffers(dp->m, host, n);
+    dtr__free(&dp->ctx->alloc, host);
+    return r;
+}
+
 int dtr_dp_bucket_count(const dtr_dp *dp) { return dp ? dp->nb : 0; }
 
 dtr_result dtr_dp_bucket_range(const dtr_dp *dp, int i, int64_t *begin, int64_t *end) {

@@ -393,6 +393,13 @@ DTR_API dtr_result dtr_dp_shard_optimizer(const dtr_dp *dp, dtr_optimizer_config
 DTR_API dtr_result dtr_dp_get_stats(const dtr_dp *dp, dtr_dp_stats *out);
 /** Broadcasts the parameters from the root again (e.g. after loading a checkpoint on it). */
 DTR_API dtr_result dtr_dp_broadcast_params(dtr_dp *dp);
+/** Averages the model's buffers (dtr_model_buffer: batch norm's running statistics) over the
+ *  group: each rank's follow its own batches, so call this before evaluating or saving (or
+ *  every N steps) for one set of statistics on every rank, from every rank's data (PyTorch's
+ *  DDP instead copies rank 0's at each forward). Collective; host staging, small.
+ *  @return DTR_OK (also with no buffers or one rank), DTR_NULL_HANDLE, DTR_OUT_OF_MEMORY, the
+ *          group's error (DTR_PEER_FAILED, DTR_TIMEOUT). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_dp_average_buffers(dtr_dp *dp);
 /** Number of gradient buckets, and the [begin, end) float range of bucket i in the gradient
  *  buffer (bucket 0 holds the last parameters). */
 DTR_API int dtr_dp_bucket_count(const dtr_dp *dp);
