@@ -11503,28 +11503,71 @@ static dtr__bn_job dtr__bn_job_of(const dtr__node *nd) {
     return j;
 }
 
-/* channels [b, e): statistics in double over n, then s, the output, the running statistics */
+/* Batch norm's sums over a row of n floats: f32 in 8 lanes over each block of 64 elements (the
+   loop vectorises), each block's lanes added in a fixed tree into a double total; the rest one
+   by one in double. sq 0: the sum of x - m; 1: of (x - m)^2. */
+static double dtr__bn_row_sum(const float *x, int64_t n, float m, int sq) {
+    double total = 0.0;
+    int64_t k = 0;
+    int b, l;
+    for (; k + 64 <= n; k += 64) {
+        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        if (sq)
+            for (b = 0; b < 64; b += 8) DTR__IVDEP for (l = 0; l < 8; l++) acc[l] += (x[k + b + l] - m) * (x[k + b + l] - m);
+        else
+            for (b = 0; b < 64; b += 8) DTR__IVDEP for (l = 0; l < 8; l++) acc[l] += x[k + b + l] - m;
+        total += ((double)(acc[0] + acc[1]) + (acc[2] + acc[3])) + ((double)(acc[4] + acc[5]) + (acc[6] + acc[7]));
+    }
+    for (; k < n; k++) {
+        double d = (double)x[k] - m;
+        total += sq ? d * d : d;
+    }
+    return total;
+}
+
+/* backward's sums over a row, as dtr__bn_row_sum's: of g (returned) and, into *gh, of g h,
+   h = (x - m) r */
+static double dtr__bn_row_grad_sums(const float *x, const float *g, int64_t n, float m, float r, double *gh) {
+    double sg = 0.0, sgh = 0.0;
+    int64_t k = 0;
+    int b, l;
+    for (; k + 64 <= n; k += 64) {
+        float a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (b = 0; b < 64; b += 8) {
+            DTR__IVDEP for (l = 0; l < 8; l++) {
+                a[l] += g[k + b + l];
+                t[l] += g[k + b + l] * ((x[k + b + l] - m) * r);
+            }
+        }
+        sg += ((double)(a[0] + a[1]) + (a[2] + a[3])) + ((double)(a[4] + a[5]) + (a[6] + a[7]));
+        sgh += ((double)(t[0] + t[1]) + (t[2] + t[3])) + ((double)(t[4] + t[5]) + (t[6] + t[7]));
+    }
+    for (; k < n; k++) sg += g[k], sgh += (double)g[k] * ((x[k] - m) * r);
+    *gh += sgh;
+    return sg;
+}
+
+/* channels [b, e): statistics in double (the mean, then the variance about it), the output,
+   the running statistics */
 static void dtr__bn_fwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__bn_job *j = (const dtr__bn_job *)arg;
     const dtr__node *nd = j->nd;
-    int64_t c, n, s, S = j->S, cnt = j->N * j->S;
+    int64_t c, n, S = j->S, cnt = j->N * j->S;
     float *Y = dtr__f32(nd->out);
     (void)w;
     for (c = b; c < e; c++) {
         double m = 0.0, v = 0.0;
         float mean, rstd, wc = j->W ? j->W[c] : 1.0f, bc = j->B ? j->B[c] : 0.0f;
-        for (n = 0; n < j->N; n++)
-            for (s = 0; s < S; s++) m += j->X[(n * j->C + c) * S + s];
+        for (n = 0; n < j->N; n++) m += dtr__bn_row_sum(j->X + (n * j->C + c) * S, S, 0.0f, 0);
         m /= (double)cnt;
-        for (n = 0; n < j->N; n++)
-            for (s = 0; s < S; s++) { double d = j->X[(n * j->C + c) * S + s] - m; v += d * d; }
+        for (n = 0; n < j->N; n++) v += dtr__bn_row_sum(j->X + (n * j->C + c) * S, S, (float)m, 1);
         v /= (double)cnt;
         mean = (float)m, rstd = (float)(1.0 / sqrt(v + nd->p.batchnorm.eps));
-        for (n = 0; n < j->N; n++)
-            for (s = 0; s < S; s++) {
-                int64_t i = (n * j->C + c) * S + s;
-                Y[i] = wc * ((j->X[i] - mean) * rstd) + bc;
-            }
+        for (n = 0; n < j->N; n++) {
+            const float *xr = j->X + (n * j->C + c) * S;
+            float *yr = Y + (n * j->C + c) * S;
+            DTR__ELEMENTWISE(0, S, yr[i] = wc * ((xr[i] - mean) * rstd) + bc);
+        }
         j->stat[2 * c] = mean, j->stat[2 * c + 1] = rstd;
         if (nd->in[3]) dtr__f_bn_running(dtr__f32(nd->in[3]) + c, dtr__f32(nd->in[4]) + c, m, v, cnt, nd->p.batchnorm.momentum);
     }
@@ -11547,27 +11590,25 @@ dtr_result dtr__cpu_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
    dw += sum(g h), db += sum(g), the sums in double */
 static void dtr__bn_bwd_range(void *arg, int64_t b, int64_t e, int w) {
     const dtr__bn_job *j = (const dtr__bn_job *)arg;
-    int64_t c, n, s, S = j->S, cnt = j->N * j->S;
+    int64_t c, n, S = j->S, cnt = j->N * j->S;
     float *gx = dtr__gradof(j->nd->in[0]), *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
     (void)w;
     for (c = b; c < e; c++) {
         float mean = j->stat[2 * c], rstd = j->stat[2 * c + 1], wc = j->W ? j->W[c] : 1.0f, md, mdh;
         double sg = 0.0, sgh = 0.0;
-        for (n = 0; n < j->N; n++)
-            for (s = 0; s < S; s++) {
-                int64_t i = (n * j->C + c) * S + s;
-                sg += j->G[i];
-                sgh += (double)j->G[i] * ((j->X[i] - mean) * rstd);
-            }
+        for (n = 0; n < j->N; n++) {
+            int64_t o = (n * j->C + c) * S;
+            sg += dtr__bn_row_grad_sums(j->X + o, j->G + o, S, mean, rstd, &sgh);
+        }
         if (gw) gw[c] += (float)sgh;
         if (gb) gb[c] += (float)sg;
         if (!gx) continue;
         md = (float)(sg * wc / (double)cnt), mdh = (float)(sgh * wc / (double)cnt);
-        for (n = 0; n < j->N; n++)
-            for (s = 0; s < S; s++) {
-                int64_t i = (n * j->C + c) * S + s;
-                gx[i] += rstd * (j->G[i] * wc - md - ((j->X[i] - mean) * rstd) * mdh);
-            }
+        for (n = 0; n < j->N; n++) {
+            const float *xr = j->X + (n * j->C + c) * S, *gr = j->G + (n * j->C + c) * S;
+            float *gxr = gx + (n * j->C + c) * S;
+            DTR__ELEMENTWISE(0, S, gxr[i] += rstd * (gr[i] * wc - md - ((xr[i] - mean) * rstd) * mdh));
+        }
     }
 }
 
@@ -11944,7 +11985,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11948 "dtrain.h"
+#line 11989 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12443,7 +12484,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12447 "dtrain.h"
+#line 12488 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12702,7 +12743,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12706 "dtrain.h"
+#line 12747 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13072,7 +13113,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13076 "dtrain.h"
+#line 13117 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13206,7 +13247,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13210 "dtrain.h"
+#line 13251 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13886,7 +13927,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13890 "dtrain.h"
+#line 13931 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14206,7 +14247,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14210 "dtrain.h"
+#line 14251 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14482,7 +14523,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14486 "dtrain.h"
+#line 14527 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14658,7 +14699,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14662 "dtrain.h"
+#line 14703 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14913,7 +14954,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14917 "dtrain.h"
+#line 14958 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15435,7 +15476,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15439 "dtrain.h"
+#line 15480 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15573,7 +15614,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15577 "dtrain.h"
+#line 15618 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15920,7 +15961,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15924 "dtrain.h"
+#line 15965 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -15986,7 +16027,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 15990 "dtrain.h"
+#line 16031 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16223,7 +16264,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16227 "dtrain.h"
+#line 16268 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -16972,7 +17013,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 16976 "dtrain.h"
+#line 17017 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17425,7 +17466,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17429 "dtrain.h"
+#line 17470 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17481,7 +17522,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17485 "dtrain.h"
+#line 17526 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18258,7 +18299,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18262 "dtrain.h"
+#line 18303 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -18839,7 +18880,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 18843 "dtrain.h"
+#line 18884 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19470,7 +19511,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19474 "dtrain.h"
+#line 19515 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20266,7 +20307,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20270 "dtrain.h"
+#line 20311 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20619,7 +20660,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20623 "dtrain.h"
+#line 20664 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -20809,7 +20850,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 20813 "dtrain.h"
+#line 20854 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -20990,7 +21031,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 20994 "dtrain.h"
+#line 21035 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -21765,7 +21806,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 21769 "dtrain.h"
+#line 21810 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22282,7 +22323,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22286 "dtrain.h"
+#line 22327 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23077,7 +23118,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23081 "dtrain.h"
+#line 23122 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24325,7 +24366,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24329 "dtrain.h"
+#line 24370 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24947,7 +24988,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24951 "dtrain.h"
+#line 24992 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25448,7 +25489,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25452 "dtrain.h"
+#line 25493 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26178,7 +26219,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26182 "dtrain.h"
+#line 26223 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26414,7 +26455,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26418 "dtrain.h"
+#line 26459 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26543,7 +26584,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26547 "dtrain.h"
+#line 26588 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -26980,7 +27021,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 26984 "dtrain.h"
+#line 27025 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27473,7 +27514,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27477 "dtrain.h"
+#line 27518 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28022,7 +28063,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28026 "dtrain.h"
+#line 28067 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28528,7 +28569,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28532 "dtrain.h"
+#line 28573 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30077,7 +30118,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30081 "dtrain.h"
+#line 30122 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30131,7 +30172,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30135 "dtrain.h"
+#line 30176 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31309,7 +31350,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31313 "dtrain.h"
+#line 31354 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32212,7 +32253,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32216 "dtrain.h"
+#line 32257 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33690,7 +33731,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33694 "dtrain.h"
+#line 33735 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34074,7 +34115,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34078 "dtrain.h"
+#line 34119 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34223,7 +34264,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34227 "dtrain.h"
+#line 34268 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

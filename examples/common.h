@@ -507,10 +507,11 @@ typedef struct fm_options {
     int gpu;             /* --gpu: the CUDA backend (builds with FM_CUDA: make examples-gpu) */
     int graph;           /* --graph: the step captured once and launched (fm_graph_run; fmnist_mlp, fmnist_cnn) */
     int bf16;            /* --bf16: bf16 activations, bf16 products on a GPU (fm_bf16; fmnist_mlp, fmnist_cnn) */
+    int bn;              /* --bn: batch norm after each convolution (fmnist_cnn) */
 } fm_options;
 
 #define FM_USAGE "[DATA_DIR] [--epochs E] [--threads T] [--batch B] [--lr LR] [--schedule cosine|constant] [--seed S]" \
-                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph] [--bf16]"
+                 " [--ckpt-dir DIR] [--ckpt-every N] [--metrics FILE] [--trace FILE] [--gpu] [--graph] [--bf16] [--bn]"
 
 /** path, or with ".rank<r>" before its extension when world > 1 (run.json -> run.rank1.json). */
 FM_FN const char *fm_rank_path(const char *path, int rank, int world, char *buf, size_t n) {
@@ -551,6 +552,7 @@ FM_FN int fm_parse_args(int argc, char **argv, fm_options *o) {
         if (strcmp(a, "--gpu") == 0) { o->gpu = 1; continue; }
         if (strcmp(a, "--graph") == 0) { o->graph = 1; continue; }
         if (strcmp(a, "--bf16") == 0) { o->bf16 = 1; continue; }
+        if (strcmp(a, "--bn") == 0) { o->bn = 1; continue; }
         if (!v) { fprintf(stderr, "error: %s needs a value\n", a); return 2; }
         i++;
         if (strcmp(a, "--schedule") == 0) {

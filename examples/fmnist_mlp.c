@@ -43,7 +43,7 @@ static dtr_tensor *mlp_forward(dtr_context *ctx, const void *net, dtr_tensor *x)
 }
 
 int main(int argc, char **argv) {
-    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0, 0};
+    fm_options o = {NULL, 2, 0, 64, 0.05f, 1, 1, NULL, 0, NULL, NULL, 0, 0, 0, 0};
     dtr_context_config cfg = dtr_context_config_init();
     dtr_optimizer_config oc;
     dtr_context *ctx = NULL;
