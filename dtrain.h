@@ -14012,15 +14012,20 @@ dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l
 
 /* ---- layer norm, embedding ---- */
 
+/* a norm's "<name>.weight" (C) = 1 and "<name>.bias" (C) = 0 (bias NULL: none) */
+static dtr_result dtr__norm_params(dtr_model *m, const char *name, int64_t C, dtr_tensor **weight, dtr_tensor **bias) {
+    *weight = dtr__named_param(m, name, "weight", 1, &C, DTR_INIT_ONES, 0.0f);
+    if (bias) *bias = dtr__named_param(m, name, "bias", 1, &C, DTR_INIT_ZEROS, 0.0f);
+    return dtr__layer_status(m);
+}
+
 dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *l, dtr_model *m, const char *name, int64_t dim) {
     if (!l || !m) return DTR_NULL_HANDLE;
     memset(l, 0, sizeof(*l));
     if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_layernorm_layer_init: dim must be > 0");
     l->dim = dim;
     l->eps = 1e-5f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &dim, DTR_INIT_ZEROS, 0.0f);
-    return dtr__layer_status(m);
+    return dtr__norm_params(m, name, dim, &l->weight, &l->bias);
 }
 
 dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x) {
@@ -14035,8 +14040,7 @@ dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *l, dtr_model *m, const char
     if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_rmsnorm_layer_init: dim must be > 0");
     l->dim = dim;
     l->eps = 1e-6f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
-    return dtr__layer_status(m);
+    return dtr__norm_params(m, name, dim, &l->weight, NULL);
 }
 
 dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x) {
@@ -14056,8 +14060,7 @@ dtr_result dtr_batchnorm_layer_init(dtr_batchnorm_layer *l, dtr_model *m, const 
     l->channels = channels;
     l->eps = 1e-5f;
     l->momentum = 0.1f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
+    dtr__norm_params(m, name, channels, &l->weight, &l->bias);
     l->running_mean = dtr__named_buffer(m, name, "running_mean", channels, 0.0f);
     l->running_var = dtr__named_buffer(m, name, "running_var", channels, 1.0f);
     return dtr__layer_status(m);
@@ -14099,9 +14102,7 @@ dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *l, dtr_model *m, const 
     l->groups = groups;
     l->channels = channels;
     l->eps = 1e-5f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
-    return dtr__layer_status(m);
+    return dtr__norm_params(m, name, channels, &l->weight, &l->bias);
 }
 
 dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x) {
@@ -14247,7 +14248,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14251 "dtrain.h"
+#line 14252 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14523,7 +14524,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14527 "dtrain.h"
+#line 14528 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14699,7 +14700,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14703 "dtrain.h"
+#line 14704 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14954,7 +14955,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14958 "dtrain.h"
+#line 14959 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15476,7 +15477,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15480 "dtrain.h"
+#line 15481 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15614,7 +15615,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15618 "dtrain.h"
+#line 15619 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15961,7 +15962,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15965 "dtrain.h"
+#line 15966 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16027,7 +16028,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16031 "dtrain.h"
+#line 16032 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16264,7 +16265,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16268 "dtrain.h"
+#line 16269 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17013,7 +17014,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17017 "dtrain.h"
+#line 17018 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17466,7 +17467,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17470 "dtrain.h"
+#line 17471 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17522,7 +17523,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17526 "dtrain.h"
+#line 17527 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18299,7 +18300,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18303 "dtrain.h"
+#line 18304 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -18880,7 +18881,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 18884 "dtrain.h"
+#line 18885 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19511,7 +19512,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19515 "dtrain.h"
+#line 19516 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20307,7 +20308,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20311 "dtrain.h"
+#line 20312 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20660,7 +20661,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20664 "dtrain.h"
+#line 20665 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -20850,7 +20851,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 20854 "dtrain.h"
+#line 20855 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21031,7 +21032,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21035 "dtrain.h"
+#line 21036 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -21806,7 +21807,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 21810 "dtrain.h"
+#line 21811 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22323,7 +22324,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22327 "dtrain.h"
+#line 22328 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23118,7 +23119,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23122 "dtrain.h"
+#line 23123 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24366,7 +24367,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24370 "dtrain.h"
+#line 24371 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24988,7 +24989,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24992 "dtrain.h"
+#line 24993 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25489,7 +25490,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25493 "dtrain.h"
+#line 25494 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26219,7 +26220,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26223 "dtrain.h"
+#line 26224 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26455,7 +26456,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26459 "dtrain.h"
+#line 26460 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26584,7 +26585,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26588 "dtrain.h"
+#line 26589 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27021,7 +27022,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27025 "dtrain.h"
+#line 27026 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27514,7 +27515,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27518 "dtrain.h"
+#line 27519 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28063,7 +28064,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28067 "dtrain.h"
+#line 28068 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28569,7 +28570,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28573 "dtrain.h"
+#line 28574 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30118,7 +30119,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30122 "dtrain.h"
+#line 30123 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30172,7 +30173,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30176 "dtrain.h"
+#line 30177 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31350,7 +31351,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31354 "dtrain.h"
+#line 31355 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32253,7 +32254,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32257 "dtrain.h"
+#line 32258 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33731,7 +33732,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33735 "dtrain.h"
+#line 33736 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34115,7 +34116,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34119 "dtrain.h"
+#line 34120 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34264,7 +34265,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34268 "dtrain.h"
+#line 34269 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

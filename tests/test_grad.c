@@ -199,10 +199,11 @@ static dtr_tensor *b_unary(dtr_context *c, dtr_tensor **x, void *u) {
    them or an affine part (1), evaluation from fixed running statistics (2; weight and bias) */
 static dtr_tensor *b_batchnorm(dtr_context *c, dtr_tensor **x, void *u) {
     static const float rm[4] = {0.1f, -0.2f, 0.3f, 0.05f}, rv[4] = {0.5f, 1.5f, 0.8f, 2.0f};
-    int64_t C = dtr_tensor_dim(x[0], 1);   /* <= 4 */
+    int64_t C = dtr_tensor_dim(x[0], 1);   /* <= 4 where the running statistics are used */
     int k = *(int *)u;
-    dtr_tensor *m = dtr_tensor_from(c, DTR_F32, 1, &C, rm), *v = dtr_tensor_from(c, DTR_F32, 1, &C, rv);
+    dtr_tensor *m, *v;
     if (k == 1) return dtr_batch_norm(c, x[0], NULL, NULL, NULL, NULL, 1, 0.1f, 1e-5f);
+    m = dtr_tensor_from(c, DTR_F32, 1, &C, rm), v = dtr_tensor_from(c, DTR_F32, 1, &C, rv);
     return dtr_batch_norm(c, x[0], x[1], x[2], m, v, k == 0, 0.1f, 1e-5f);
 }
 

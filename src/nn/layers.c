@@ -79,15 +79,20 @@ dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l
 
 /* ---- layer norm, embedding ---- */
 
+/* a norm's "<name>.weight" (C) = 1 and "<name>.bias" (C) = 0 (bias NULL: none) */
+static dtr_result dtr__norm_params(dtr_model *m, const char *name, int64_t C, dtr_tensor **weight, dtr_tensor **bias) {
+    *weight = dtr__named_param(m, name, "weight", 1, &C, DTR_INIT_ONES, 0.0f);
+    if (bias) *bias = dtr__named_param(m, name, "bias", 1, &C, DTR_INIT_ZEROS, 0.0f);
+    return dtr__layer_status(m);
+}
+
 dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *l, dtr_model *m, const char *name, int64_t dim) {
     if (!l || !m) return DTR_NULL_HANDLE;
     memset(l, 0, sizeof(*l));
     if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_layernorm_layer_init: dim must be > 0");
     l->dim = dim;
     l->eps = 1e-5f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &dim, DTR_INIT_ZEROS, 0.0f);
-    return dtr__layer_status(m);
+    return dtr__norm_params(m, name, dim, &l->weight, &l->bias);
 }
 
 dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x) {
@@ -102,8 +107,7 @@ dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *l, dtr_model *m, const char
     if (dim <= 0) return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_rmsnorm_layer_init: dim must be > 0");
     l->dim = dim;
     l->eps = 1e-6f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &dim, DTR_INIT_ONES, 0.0f);
-    return dtr__layer_status(m);
+    return dtr__norm_params(m, name, dim, &l->weight, NULL);
 }
 
 dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x) {
@@ -123,8 +127,7 @@ dtr_result dtr_batchnorm_layer_init(dtr_batchnorm_layer *l, dtr_model *m, const 
     l->channels = channels;
     l->eps = 1e-5f;
     l->momentum = 0.1f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
+    dtr__norm_params(m, name, channels, &l->weight, &l->bias);
     l->running_mean = dtr__named_buffer(m, name, "running_mean", channels, 0.0f);
     l->running_var = dtr__named_buffer(m, name, "running_var", channels, 1.0f);
     return dtr__layer_status(m);
@@ -166,9 +169,7 @@ dtr_result dtr_groupnorm_layer_init(dtr_groupnorm_layer *l, dtr_model *m, const 
     l->groups = groups;
     l->channels = channels;
     l->eps = 1e-5f;
-    l->weight = dtr__named_param(m, name, "weight", 1, &channels, DTR_INIT_ONES, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &channels, DTR_INIT_ZEROS, 0.0f);
-    return dtr__layer_status(m);
+    return dtr__norm_params(m, name, channels, &l->weight, &l->bias);
 }
 
 dtr_tensor *dtr_groupnorm_layer_forward(dtr_context *ctx, const dtr_groupnorm_layer *l, dtr_tensor *x) {
