@@ -6,18 +6,21 @@
 #include "../public/api.h"
 #include "../core/internal.h"
 
-/* Calls ROW for every element of a tensor of shape (nd, shape) in row-major order with
- * `off` = the offset given by `stride` (and `i` = the flat index). */
+/* Runs the body for every element of a tensor of shape (nd, shape) in row-major order with
+ * `off` = the offset given by `stride` from `base` (and `i` = the flat index): a tight loop
+ * along the last axis, the other axes counted once a row. */
 #define DTR__FOR_EACH(nd, shape, stride, base, ...)                                       \
     do {                                                                                  \
-        int64_t ix_[DTR_MAX_DIMS] = {0}, n_ = dtr__numel((nd), (shape)), i, off = (base); \
+        int64_t ix_[DTR_MAX_DIMS] = {0}, n_ = dtr__numel((nd), (shape)), i = 0, off;      \
+        int64_t row_ = (base), in_ = (nd) > 0 ? (shape)[(nd) - 1] : 1;                    \
+        int64_t st_ = (nd) > 0 ? (stride)[(nd) - 1] : 0, k_;                              \
         int d_;                                                                           \
-        for (i = 0; i < n_; i++) {                                                        \
-            __VA_ARGS__;                                                                  \
-            for (d_ = (nd) - 1; d_ >= 0; d_--) {                                          \
-                off += (stride)[d_];                                                      \
+        while (i < n_) {                                                                  \
+            for (k_ = 0, off = row_; k_ < in_; k_++, i++, off += st_) { __VA_ARGS__; }    \
+            for (d_ = (nd) - 2; d_ >= 0; d_--) {                                          \
+                row_ += (stride)[d_];                                                     \
                 if (++ix_[d_] < (shape)[d_]) break;                                       \
-                off -= (stride)[d_] * ix_[d_];                                            \
+                row_ -= (stride)[d_] * ix_[d_];                                           \
                 ix_[d_] = 0;                                                              \
             }                                                                             \
         }                                                                                 \
