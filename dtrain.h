@@ -831,6 +831,21 @@ DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
  *  (n < 0), DTR_BAD_STATE (already built), DTR_OUT_OF_MEMORY.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n);
+/** Freezes (trainable 0) or unfreezes (1) the parameters whose names start with one of the n
+ *  `prefixes` (n 0: every parameter): fine-tuning a loaded model's last layers, or training an
+ *  adapter beside frozen weights. A frozen parameter gets no gradient (backward skips its
+ *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
+ *  optimizers leave its values and state alone, weight decay included; its place in the
+ *  buffers stays (a gradient of zeros under data parallelism). Takes effect at the next
+ *  backward and optimizer step; unfreezing later is allowed (its moments start from zero).
+ *  Call it alike on every rank's model (data-parallel ranks, parameter servers, stages).
+ *  LAMB over a ZeRO shard refuses frozen parameters (DTR_UNSUPPORTED at the step).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
+ *          matched: a misspelt prefix). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
+/** 1 when parameter i is trainable (not frozen), 0 otherwise or out of range.
+ *  Thread safety: the model's context thread. */
+DTR_API int dtr_model_param_trainable(const dtr_model *m, int i);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
  *  Called automatically by the first forward use; calling it twice is harmless. */
 DTR_API dtr_result dtr_model_build(dtr_model *m);
@@ -4482,7 +4497,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4486 "dtrain.h"
+#line 4501 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -5279,6 +5294,13 @@ DTR__PRIVATE void dtr__grad_hook_defer(dtr_context *ctx, int id);
 /** Steps of the complete checkpoints under dir (dtr_ckpt's layout), newest first, up to cap;
  *  -1 when dir cannot be read (src/engine/checkpoint.c). */
 DTR__PRIVATE int dtr__ckpt_steps(const char *dir, int64_t *steps, int cap);
+/** The next run of trainable parameters from parameter *i on (start with *i = 0): the float
+ *  range [*begin, *end) of the model's buffers from a trainable parameter to the next frozen
+ *  one (the padding between included); 0 when none is left. A model with none frozen: one run,
+ *  the whole buffer. */
+DTR__PRIVATE int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end);
+/** How many of the model's parameters are frozen (dtr_model_set_trainable). */
+DTR__PRIVATE int dtr__model_frozen(const dtr_model *m);
 /** Gradient buffer of x when x takes part in backward, else NULL. */
 static inline float *dtr__gradof(const dtr_tensor *x) {
     return (x && (x->flags & DTR__REQUIRES_GRAD)) ? x->grad : NULL;
@@ -5325,7 +5347,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5329 "dtrain.h"
+#line 5351 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5726,7 +5748,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5730 "dtrain.h"
+#line 5752 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5788,7 +5810,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5792 "dtrain.h"
+#line 5814 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6167,7 +6189,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6171 "dtrain.h"
+#line 6193 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6210,7 +6232,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6214 "dtrain.h"
+#line 6236 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6244,7 +6266,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6248 "dtrain.h"
+#line 6270 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6303,7 +6325,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6307 "dtrain.h"
+#line 6329 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6377,7 +6399,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6381 "dtrain.h"
+#line 6403 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6445,7 +6467,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6449 "dtrain.h"
+#line 6471 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6520,7 +6542,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6524 "dtrain.h"
+#line 6546 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6872,7 +6894,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6876 "dtrain.h"
+#line 6898 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7696,7 +7718,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7700 "dtrain.h"
+#line 7722 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8371,7 +8393,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8375 "dtrain.h"
+#line 8397 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8462,7 +8484,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8466 "dtrain.h"
+#line 8488 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8944,7 +8966,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8948 "dtrain.h"
+#line 8970 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9199,7 +9221,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9203 "dtrain.h"
+#line 9225 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9432,7 +9454,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9436 "dtrain.h"
+#line 9458 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9551,7 +9573,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9555 "dtrain.h"
+#line 9577 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9607,7 +9629,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9611 "dtrain.h"
+#line 9633 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9992,7 +10014,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 9996 "dtrain.h"
+#line 10018 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10254,7 +10276,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10258 "dtrain.h"
+#line 10280 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10749,7 +10771,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10753 "dtrain.h"
+#line 10775 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10928,7 +10950,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10932 "dtrain.h"
+#line 10954 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11985,7 +12007,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 11989 "dtrain.h"
+#line 12011 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12484,7 +12506,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12488 "dtrain.h"
+#line 12510 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12746,7 +12768,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12750 "dtrain.h"
+#line 12772 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13116,7 +13138,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13120 "dtrain.h"
+#line 13142 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13250,7 +13272,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13254 "dtrain.h"
+#line 13276 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13279,6 +13301,7 @@ struct dtr_model {
     dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
     int n_dropped;
     int64_t total;        /* floats in each buffer, padding included */
+    int frozen;           /* parameters set not trainable (dtr_model_set_trainable) */
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
@@ -13664,6 +13687,48 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
     return dtr__model_keep_bufs(m, prefixes, n);
 }
 
+/* ---- trainable or frozen ---- */
+
+dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable) {
+    int i, matched = 0;
+    if (!m) return DTR_NULL_HANDLE;
+    if (n < 0 || (n && !prefixes)) return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "dtr_model_set_trainable: %d prefixes", n);
+    for (i = 0; i < m->count; i++) {
+        dtr_tensor *t = m->params[i];
+        int was = (t->flags & DTR__REQUIRES_GRAD) != 0;
+        if (n && !dtr__has_prefix(t->name, prefixes, n)) continue;
+        matched++;
+        if (was == !!trainable) continue;
+        t->flags = trainable ? t->flags | DTR__REQUIRES_GRAD : t->flags & ~(unsigned)DTR__REQUIRES_GRAD;
+        m->frozen += trainable ? -1 : 1;
+    }
+    if (!matched)
+        return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", prefixes[0],
+                         n > 1 ? " or the other prefixes" : "");
+    return DTR_OK;
+}
+
+int dtr_model_param_trainable(const dtr_model *m, int i) {
+    return (m && i >= 0 && i < m->count) ? (m->params[i]->flags & DTR__REQUIRES_GRAD) != 0 : 0;
+}
+
+int dtr__model_frozen(const dtr_model *m) { return m->frozen; }
+
+int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end) {
+    if (!m->frozen) {   /* everything: one run */
+        if (*i > 0) return 0;
+        *i = m->count ? m->count : 1;
+        *begin = 0, *end = m->total;
+        return 1;
+    }
+    while (*i < m->count && !(m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
+    if (*i >= m->count) return 0;
+    *begin = m->offsets[*i];
+    while (*i < m->count && (m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
+    *end = *i < m->count ? m->offsets[*i] : m->total;
+    return 1;
+}
+
 /* ---- queries ---- */
 
 int dtr_model_param_count(const dtr_model *m) { return m ? m->count : 0; }
@@ -13930,7 +13995,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13934 "dtrain.h"
+#line 13999 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14251,7 +14316,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14255 "dtrain.h"
+#line 14320 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14527,7 +14592,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14531 "dtrain.h"
+#line 14596 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14703,7 +14768,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14707 "dtrain.h"
+#line 14772 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -14958,7 +15023,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14962 "dtrain.h"
+#line 15027 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15336,6 +15401,30 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
+/* The update over [begin, end), one call a run of trainable parameters: frozen ones
+   (dtr_model_set_trainable) keep their values, weight decay included. */
+static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t begin, int64_t end) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int64_t rb, re;
+    int i = 0;
+    dtr_result r = DTR_OK;
+    if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
+        if (dtr__model_frozen(o->model))
+            return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
+                             "(dtr_model_set_trainable) is not supported; use Adam or AdamW");
+        r = dtr__lamb_sharded(o, a);
+        return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+    }
+    while (r == DTR_OK && dtr__model_trainable_run(o->model, &i, &rb, &re)) {
+        if (rb < begin) rb = begin;
+        if (re > end) re = end;
+        if (rb >= re) continue;
+        a->begin = rb - o->base, a->n = re - o->base;
+        r = ctx->backend->optimizer_update(ctx, a);
+    }
+    return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+}
+
 /* one update (the micro-batch count reached grad_accum_steps) */
 static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx = dtr_model_context(o->model);
@@ -15375,8 +15464,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
         norm *= a.grad_scale;
     }
     if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
-    r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
-    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+    if ((r = dtr__update_runs(o, &a, begin, end)) != DTR_OK) return r;
     o->steps++;
     if (updated) *updated = 1;
     return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);
@@ -15480,7 +15568,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15484 "dtrain.h"
+#line 15572 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15618,7 +15706,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15622 "dtrain.h"
+#line 15710 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -15965,7 +16053,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 15969 "dtrain.h"
+#line 16057 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16031,7 +16119,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16035 "dtrain.h"
+#line 16123 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16268,7 +16356,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16272 "dtrain.h"
+#line 16360 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17017,7 +17105,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17021 "dtrain.h"
+#line 17109 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17470,7 +17558,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17474 "dtrain.h"
+#line 17562 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17526,7 +17614,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17530 "dtrain.h"
+#line 17618 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18303,7 +18391,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18307 "dtrain.h"
+#line 18395 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -18884,7 +18972,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 18888 "dtrain.h"
+#line 18976 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19515,7 +19603,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19519 "dtrain.h"
+#line 19607 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20311,7 +20399,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20315 "dtrain.h"
+#line 20403 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20664,7 +20752,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20668 "dtrain.h"
+#line 20756 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -20854,7 +20942,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 20858 "dtrain.h"
+#line 20946 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21035,7 +21123,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21039 "dtrain.h"
+#line 21127 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -21810,7 +21898,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 21814 "dtrain.h"
+#line 21902 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22327,7 +22415,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22331 "dtrain.h"
+#line 22419 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23122,7 +23210,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23126 "dtrain.h"
+#line 23214 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24370,7 +24458,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24374 "dtrain.h"
+#line 24462 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -24992,7 +25080,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 24996 "dtrain.h"
+#line 25084 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25493,7 +25581,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25497 "dtrain.h"
+#line 25585 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26223,7 +26311,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26227 "dtrain.h"
+#line 26315 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26459,7 +26547,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26463 "dtrain.h"
+#line 26551 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26588,7 +26676,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26592 "dtrain.h"
+#line 26680 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27025,7 +27113,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27029 "dtrain.h"
+#line 27117 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27518,7 +27606,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27522 "dtrain.h"
+#line 27610 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28067,7 +28155,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28071 "dtrain.h"
+#line 28159 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28573,7 +28661,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28577 "dtrain.h"
+#line 28665 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30122,7 +30210,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30126 "dtrain.h"
+#line 30214 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30176,7 +30264,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30180 "dtrain.h"
+#line 30268 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31354,7 +31442,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31358 "dtrain.h"
+#line 31446 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32257,7 +32345,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32261 "dtrain.h"
+#line 32349 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33735,7 +33823,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33739 "dtrain.h"
+#line 33827 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34119,7 +34207,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34123 "dtrain.h"
+#line 34211 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34268,7 +34356,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34272 "dtrain.h"
+#line 34360 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

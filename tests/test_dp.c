@@ -17,6 +17,7 @@
  *                          ranks' gradients differ), same weights as 1 rank with the whole
  *                          batch; dtr_dp_set_no_sync with buckets in flight is refused
  *   test_dp_broadcast      different initial weights: rank 0's win at dtr_dp_create
+ *   test_dp_frozen         l1 frozen on 2 ranks: the 1-rank result, l1 untouched, no hang
  *   test_dp_average_buffers  3 ranks' different batch-norm statistics averaged on every rank
  *   test_dp_single         a group of 1: no hook, identical bits to plain training
  *   test_dp_fault          a rank stops: dtr_dp_finish on the other fails within the deadline
@@ -156,6 +157,7 @@ typedef struct dp_job {
     int stop_rank, stop_after;   /* fault test: this rank sleeps after that many steps */
     int seed_by_rank;            /* different initial weights per rank */
     dtr_dtype act;               /* the ranks' activation_dtype */
+    int freeze_l1;               /* l1 frozen (dtr_model_set_trainable) on every rank */
     dtr_local_world *w;
     /* results */
     float *params[8];
@@ -196,7 +198,11 @@ static void *dp_rank_main(void *arg) {
         return NULL;
     }
     dc.bucket_bytes = j->bucket_bytes;
-    r = dtr_dp_create(n.m, c, &dc, &dp);
+    if (j->freeze_l1) {
+        const char *l1[1] = {"l1."};
+        r = dtr_model_set_trainable(n.m, l1, 1, 0);
+    }
+    if (r == DTR_OK) r = dtr_dp_create(n.m, c, &dc, &dp);
     t0 = now_s();
     for (t = 0; t < j->steps && r == DTR_OK; t++) {
         int a;
@@ -309,6 +315,30 @@ static void t_dp_equivalence(void) {
         }
         dp_free(&ref);
     }
+}
+
+/* l1 frozen on every rank: 2 ranks (small buckets: l1's never complete in backward, finish
+   sends them) end where 1 rank with the whole batch does, l1 where it started */
+static void t_dp_frozen(void) {
+    dp_job ref = dp_job_init(1, 16, 20), j = dp_job_init(2, 8, 20);
+    mlp init;
+    int i;
+    ref.freeze_l1 = j.freeze_l1 = 1;
+    j.bucket_bytes = 512;
+    dp_run(&ref);
+    dp_run(&j);
+    CHECK(ref.fails == 0 && j.fails == 0);
+    for (i = 0; i < 2; i++) CHECK_MSG(j.result[i] == DTR_OK, "rank %d: %s", i, j.msg[i]);
+    if (j.params[0] && ref.params[0] && mlp_init(&init, 7, 1)) {
+        int64_t l1 = dtr_model_param_offset(init.m, 2);   /* l1.weight and l1.bias come first */
+        CHECK(rel_err(j.params[0], ref.params[0], j.numel) <= 1e-5);
+        CHECK(memcmp(j.params[1], j.params[0], (size_t)j.numel * sizeof(float)) == 0);
+        CHECK(memcmp(j.params[0], dtr_model_params(init.m), (size_t)l1 * sizeof(float)) == 0);
+        CHECK(memcmp(j.params[0] + l1, dtr_model_params(init.m) + l1, (size_t)(j.numel - l1) * sizeof(float)) != 0);
+        mlp_free(&init);
+    }
+    dp_free(&ref);
+    dp_free(&j);
 }
 
 /* bf16 activations: the engine reduces f32 gradients as ever, so 2 ranks end where 1 rank with
@@ -472,6 +502,7 @@ int main(void) {
     RUN(t_dp_bf16);
     RUN(t_dp_no_sync);
     RUN(t_dp_broadcast);
+    RUN(t_dp_frozen);
     RUN(t_dp_average_buffers);
     RUN(t_dp_single);
     RUN(t_dp_fault);

@@ -9,7 +9,8 @@
  * torch within a relative tolerance of 1e-5 (|a - b| <= 1e-5 * max(|b|, 1e-2)).
  * Also covered: gradient accumulation, clipping inside the optimizer, schedules seen through
  * dtr_optimizer_lr / dtr_optimizer_steps, dtr_optimizer_moments, invalid configurations and
- * NULL handles. */
+ * NULL handles; frozen parameters (test_frozen: no gradient, no update even by weight decay, the
+ * others as if the frozen ones were constants; unfreezing). */
 #include "test.h"
 #include "fixtures/optim_fixtures.h"
 
@@ -571,6 +572,88 @@ static void test_null_handles(void) {
     fx_close(&f);
 }
 
+/* ---- frozen parameters (dtr_model_set_trainable) ----
+ * A 3-layer MLP (l1 4->8 tanh, l2 8->8 tanh, l3 8->2) trained with AdamW (weight decay 0.1)
+ * with l2 frozen: l2 keeps its bits, gets no gradient, and l1 and l3 end exactly where a model
+ * holding only l1 and l3, with l2's values as constants, ends; unfreezing l2 moves it. */
+
+typedef struct fz_net { dtr_model *m; dtr_linear_layer l1, l2, l3; dtr_tensor *w2, *b2; } fz_net;
+
+static void fz_make(dtr_context *ctx, fz_net *n, int whole) {
+    memset(n, 0, sizeof *n);
+    dtr_model_create(ctx, 11, &n->m);
+    dtr_linear_layer_init(&n->l1, n->m, "l1", 4, 8, 1, DTR_INIT_TORCH_DEFAULT);
+    if (whole) dtr_linear_layer_init(&n->l2, n->m, "l2", 8, 8, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_linear_layer_init(&n->l3, n->m, "l3", 8, 2, 1, DTR_INIT_TORCH_DEFAULT);
+    dtr_model_build(n->m);
+}
+
+/* l2 as the whole model's layer, or (w2, b2 given) as constants of these values */
+static float fz_step(dtr_context *ctx, fz_net *n, dtr_optimizer *opt, const float *w2, const float *b2, int t) {
+    float x[16 * 4], y[16 * 2], loss;
+    int64_t xs[2] = {16, 4}, ys[2] = {16, 2}, ws[2] = {8, 8}, bs = 8;
+    dtr_tensor *h;
+    int k;
+    for (k = 0; k < 64; k++) x[k] = (float)sin(0.3 * k + t);
+    for (k = 0; k < 32; k++) y[k] = (float)cos(0.2 * k - t);
+    h = dtr_tanh(ctx, dtr_linear_layer_forward(ctx, &n->l1, dtr_tensor_from(ctx, DTR_F32, 2, xs, x)));
+    h = w2 ? dtr_linear(ctx, h, dtr_tensor_from(ctx, DTR_F32, 2, ws, w2), dtr_tensor_from(ctx, DTR_F32, 1, &bs, b2))
+           : dtr_linear_layer_forward(ctx, &n->l2, h);
+    h = dtr_linear_layer_forward(ctx, &n->l3, dtr_tanh(ctx, h));
+    h = dtr_mse(ctx, h, dtr_tensor_from(ctx, DTR_F32, 2, ys, y));
+    CHECK_OK(ctx, dtr_backward(ctx, h));
+    loss = dtr_tensor_get(h, 0);
+    CHECK_OK(ctx, dtr_optimizer_step(opt, NULL));
+    dtr_context_reset(ctx);
+    return loss;
+}
+
+static void fz_read(dtr_tensor *t, float *out, int n) { dtr_tensor_read(t, DTR_F32, out, (size_t)n); }
+
+static void test_frozen(void) {
+    dtr_context *ctx = test_ctx(1);
+    dtr_optimizer_config oc = dtr_optimizer_config_init(DTR_OPT_ADAMW, 0.05f);
+    dtr_optimizer *oa = NULL, *ob = NULL;
+    fz_net a, b;
+    const char *l2[1] = {"l2."}, *typo[1] = {"l9."};
+    float w2[64], b2[8], w2_after[64], b2_after[8], pa[32], pb[32], gz[64];
+    int t, k;
+    oc.weight_decay = 0.1f;
+    fz_make(ctx, &a, 1);
+    fz_make(ctx, &b, 0);
+    fz_read(a.l2.weight, w2, 64), fz_read(a.l2.bias, b2, 8);
+    fz_read(a.l1.weight, pa, 32), dtr_tensor_write(b.l1.weight, DTR_F32, pa, 32);   /* b starts where a does */
+    fz_read(a.l1.bias, pa, 8), dtr_tensor_write(b.l1.bias, DTR_F32, pa, 8);
+    fz_read(a.l3.weight, pa, 16), dtr_tensor_write(b.l3.weight, DTR_F32, pa, 16);
+    fz_read(a.l3.bias, pa, 2), dtr_tensor_write(b.l3.bias, DTR_F32, pa, 2);
+    CHECK_OK(ctx, dtr_model_set_trainable(a.m, l2, 1, 0));
+    CHECK(dtr_model_param_trainable(a.m, 0) && !dtr_model_param_trainable(a.m, 2) && !dtr_model_param_trainable(a.m, 3));
+    CHECK(dtr_model_set_trainable(a.m, typo, 1, 0) == DTR_NOT_FOUND && strstr(dtr_context_last_error(ctx), "'l9.'"));
+    dtr_context_clear_error(ctx);
+    CHECK_OK(ctx, dtr_optimizer_create(a.m, &oc, &oa));
+    CHECK_OK(ctx, dtr_optimizer_create(b.m, &oc, &ob));
+    for (t = 0; t < 5; t++) {
+        float la = fz_step(ctx, &a, oa, NULL, NULL, t), lb = fz_step(ctx, &b, ob, w2, b2, t);
+        CHECK_MSG(la == lb, "step %d: loss %.9g frozen, %.9g with constants", t, (double)la, (double)lb);
+    }
+    fz_read(a.l2.weight, w2_after, 64), fz_read(a.l2.bias, b2_after, 8);
+    CHECK(memcmp(w2, w2_after, sizeof w2) == 0 && memcmp(b2, b2_after, sizeof b2) == 0);   /* weight decay too */
+    memset(gz, 0, sizeof gz);
+    CHECK(memcmp(dtr_tensor_grad(a.l2.weight), gz, sizeof gz) == 0);
+    fz_read(a.l1.weight, pa, 32), fz_read(b.l1.weight, pb, 32);
+    CHECK(memcmp(pa, pb, sizeof pa) == 0);
+    fz_read(a.l3.weight, pa, 16), fz_read(b.l3.weight, pb, 16);
+    CHECK(memcmp(pa, pb, 16 * sizeof(float)) == 0);
+    CHECK_OK(ctx, dtr_model_set_trainable(a.m, NULL, 0, 1));   /* everything trainable again */
+    fz_step(ctx, &a, oa, NULL, NULL, 9);
+    fz_read(a.l2.weight, w2_after, 64);
+    for (k = 0; k < 64 && w2_after[k] == w2[k]; k++) {}
+    CHECK(k < 64);
+    dtr_optimizer_destroy(oa), dtr_optimizer_destroy(ob);
+    dtr_model_destroy(a.m), dtr_model_destroy(b.m);
+    dtr_context_destroy(ctx);
+}
+
 int main(void) {
     RUN(test_against_torch);
     RUN(test_padding_untouched);
@@ -581,6 +664,7 @@ int main(void) {
     RUN(test_optimizer_schedule);
     RUN(test_backward_then_step);
     RUN(test_lamb_zero_param);
+    RUN(test_frozen);
     RUN(test_config_defaults);
     RUN(test_invalid_configs);
     RUN(test_null_handles);

@@ -23,6 +23,7 @@ struct dtr_model {
     dtr_tensor **dropped; /* declared, then left out by dtr_model_keep (no storage) */
     int n_dropped;
     int64_t total;        /* floats in each buffer, padding included */
+    int frozen;           /* parameters set not trainable (dtr_model_set_trainable) */
     float *data, *grad;   /* backend memory */
     int built;
     int grad_sharded;           /* ZeRO-3: zero_grad keeps [grad_lo, grad_hi) and discards the rest */
@@ -406,6 +407,48 @@ dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n) {
     }
     m->count = kept;
     return dtr__model_keep_bufs(m, prefixes, n);
+}
+
+/* ---- trainable or frozen ---- */
+
+dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable) {
+    int i, matched = 0;
+    if (!m) return DTR_NULL_HANDLE;
+    if (n < 0 || (n && !prefixes)) return dtr__fail(m->ctx, DTR_INVALID_ARGUMENT, "dtr_model_set_trainable: %d prefixes", n);
+    for (i = 0; i < m->count; i++) {
+        dtr_tensor *t = m->params[i];
+        int was = (t->flags & DTR__REQUIRES_GRAD) != 0;
+        if (n && !dtr__has_prefix(t->name, prefixes, n)) continue;
+        matched++;
+        if (was == !!trainable) continue;
+        t->flags = trainable ? t->flags | DTR__REQUIRES_GRAD : t->flags & ~(unsigned)DTR__REQUIRES_GRAD;
+        m->frozen += trainable ? -1 : 1;
+    }
+    if (!matched)
+        return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", prefixes[0],
+                         n > 1 ? " or the other prefixes" : "");
+    return DTR_OK;
+}
+
+int dtr_model_param_trainable(const dtr_model *m, int i) {
+    return (m && i >= 0 && i < m->count) ? (m->params[i]->flags & DTR__REQUIRES_GRAD) != 0 : 0;
+}
+
+int dtr__model_frozen(const dtr_model *m) { return m->frozen; }
+
+int dtr__model_trainable_run(const dtr_model *m, int *i, int64_t *begin, int64_t *end) {
+    if (!m->frozen) {   /* everything: one run */
+        if (*i > 0) return 0;
+        *i = m->count ? m->count : 1;
+        *begin = 0, *end = m->total;
+        return 1;
+    }
+    while (*i < m->count && !(m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
+    if (*i >= m->count) return 0;
+    *begin = m->offsets[*i];
+    while (*i < m->count && (m->params[*i]->flags & DTR__REQUIRES_GRAD)) (*i)++;
+    *end = *i < m->count ? m->offsets[*i] : m->total;
+    return 1;
 }
 
 /* ---- queries ---- */

@@ -372,6 +372,30 @@ void dtr__optimizer_give_norm(dtr_optimizer *o, double norm) {
     o->norm_given = 1;
 }
 
+/* The update over [begin, end), one call a run of trainable parameters: frozen ones
+   (dtr_model_set_trainable) keep their values, weight decay included. */
+static dtr_result dtr__update_runs(dtr_optimizer *o, dtr__opt_args *a, int64_t begin, int64_t end) {
+    dtr_context *ctx = dtr_model_context(o->model);
+    int64_t rb, re;
+    int i = 0;
+    dtr_result r = DTR_OK;
+    if (a->kind == DTR_OPT_LAMB && o->cfg.shard_sum) {   /* its norms are collectives: one call over everything */
+        if (dtr__model_frozen(o->model))
+            return dtr__fail(ctx, DTR_UNSUPPORTED, "dtr_optimizer_step: LAMB over a ZeRO shard with frozen parameters "
+                             "(dtr_model_set_trainable) is not supported; use Adam or AdamW");
+        r = dtr__lamb_sharded(o, a);
+        return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+    }
+    while (r == DTR_OK && dtr__model_trainable_run(o->model, &i, &rb, &re)) {
+        if (rb < begin) rb = begin;
+        if (re > end) re = end;
+        if (rb >= re) continue;
+        a->begin = rb - o->base, a->n = re - o->base;
+        r = ctx->backend->optimizer_update(ctx, a);
+    }
+    return r == DTR_OK ? DTR_OK : dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+}
+
 /* one update (the micro-batch count reached grad_accum_steps) */
 static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t end, int *updated) {
     dtr_context *ctx = dtr_model_context(o->model);
@@ -411,8 +435,7 @@ static dtr_result dtr__optimizer_update(dtr_optimizer *o, int64_t begin, int64_t
         norm *= a.grad_scale;
     }
     if (ctx->obs) dtr__obs_optimizer(ctx->obs, a.lr, norm);
-    r = a.kind == DTR_OPT_LAMB && o->cfg.shard_sum ? dtr__lamb_sharded(o, &a) : ctx->backend->optimizer_update(ctx, &a);
-    if (r != DTR_OK) return dtr__fail(ctx, r, "dtr_optimizer_step: update failed");
+    if ((r = dtr__update_runs(o, &a, begin, end)) != DTR_OK) return r;
     o->steps++;
     if (updated) *updated = 1;
     return o->keep_grads ? DTR_OK : dtr_model_zero_grad(o->model);

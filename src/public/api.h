@@ -806,6 +806,21 @@ DTR_API dtr_tensor *dtr_model_buffer_at(const dtr_model *m, int i);
  *  (n < 0), DTR_BAD_STATE (already built), DTR_OUT_OF_MEMORY.
  *  Thread safety: the model's context thread. */
 DTR_API dtr_result dtr_model_keep(dtr_model *m, const char *const *prefixes, int n);
+/** Freezes (trainable 0) or unfreezes (1) the parameters whose names start with one of the n
+ *  `prefixes` (n 0: every parameter): fine-tuning a loaded model's last layers, or training an
+ *  adapter beside frozen weights. A frozen parameter gets no gradient (backward skips its
+ *  weight-gradient products, and records no op whose inputs are all frozen or constant) and
+ *  optimizers leave its values and state alone, weight decay included; its place in the
+ *  buffers stays (a gradient of zeros under data parallelism). Takes effect at the next
+ *  backward and optimizer step; unfreezing later is allowed (its moments start from zero).
+ *  Call it alike on every rank's model (data-parallel ranks, parameter servers, stages).
+ *  LAMB over a ZeRO shard refuses frozen parameters (DTR_UNSUPPORTED at the step).
+ *  @return DTR_OK, DTR_NULL_HANDLE, DTR_INVALID_ARGUMENT (n < 0), DTR_NOT_FOUND (no parameter
+ *          matched: a misspelt prefix). Thread safety: the model's context thread. */
+DTR_API dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, int n, int trainable);
+/** 1 when parameter i is trainable (not frozen), 0 otherwise or out of range.
+ *  Thread safety: the model's context thread. */
+DTR_API int dtr_model_param_trainable(const dtr_model *m, int i);
 /** Allocates the contiguous parameter and gradient buffers and runs the initialisers.
  *  Called automatically by the first forward use; calling it twice is harmless. */
 DTR_API dtr_result dtr_model_build(dtr_model *m);
