@@ -573,6 +573,13 @@ DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *running_mean,
                                    dtr_tensor *running_var, int training, float momentum, float eps);
+/** One LSTM cell step as one op: from the gates' pre-activations (..., 4H) (rows i, f, g, o:
+ *  x W_ih^T + b_ih + h W_hh^T + b_hh) and the cell before, c (..., H) (NULL: zeros), returns
+ *  h' = sigmoid(o) tanh(c') (..., H) and sets *c_out = c' = sigmoid(f) c + sigmoid(i) tanh(g),
+ *  both views of one (..., 2H) output; the gradients of both flow back into gates and c.
+ *  dtr_lstm_layer uses it (one kernel a step instead of a dozen ops). DTR_SHAPE_MISMATCH for
+ *  a last axis not 4H or c not (..., H). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dtr_tensor **c_out);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
@@ -4497,7 +4504,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4501 "dtrain.h"
+#line 4508 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4674,14 +4681,15 @@ static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->fl
     X(EXP, "exp", unary) X(LOG, "log", unary) X(SQRT, "sqrt", unary) X(POW, "pow", unary)    \
     X(CLAMP, "clamp", unary) X(LEAKY_RELU, "leaky_relu", unary)                              \
     X(SOFTPLUS, "softplus", unary) X(MAXIMUM, "maximum", binary)                             \
-    X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)
+    X(MINIMUM, "minimum", binary) X(BATCHNORM, "batchnorm", batchnorm)                      \
+    X(LSTM_CELL, "lstm_cell", lstm)
 
 #define DTR__OP_ENUM(id, name, kernels) DTR_OP_##id,
 /** Stable op ids (DTR_OP_NONE = 0 is no op). */
 typedef enum dtr__op { DTR_OP_NONE = 0, DTR__OP_LIST(DTR__OP_ENUM) DTR_OP_COUNT } dtr__op;
 #undef DTR__OP_ENUM
 /** The count, stated: a change here is a change of the stored ids' range, made on purpose. */
-#define DTR__OP_COUNT_EXPECTED 54
+#define DTR__OP_COUNT_EXPECTED 55
 typedef char dtr__op_count_check[(DTR_OP_COUNT == DTR__OP_COUNT_EXPECTED) ? 1 : -1];
 
 /* The CPU kernels of the list's entries (src/ops/), private to the implementation. */
@@ -5347,7 +5355,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5351 "dtrain.h"
+#line 5359 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5648,6 +5656,27 @@ DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
+/** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
+ *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the composite ops'
+ *  arithmetic, in their order). */
+DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
+    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
+    *c2 = f * c + i * g;
+    *h = o * dtr__f_tanh(*c2);
+}
+/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' into d[0..3] (i, f,
+ *  g, o) and the previous cell's into *dc_prev. */
+DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *d,
+                                   float *dc_prev) {
+    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
+    float c2 = f * c + i * g, t = dtr__f_tanh(c2), dc = gc + gh * o * dtr__f_tanh_grad(t);
+    d[0] = dc * g * dtr__f_sigmoid_grad(i);
+    d[1] = dc * c * dtr__f_sigmoid_grad(f);
+    d[2] = dc * i * dtr__f_tanh_grad(g);
+    d[3] = gh * t * dtr__f_sigmoid_grad(o);
+    *dc_prev = dc * f;
+}
+
 /** Batch norm's running statistics after a batch of cnt values a channel with mean m and
  *  biased variance v: each moves by momentum towards the batch's (the variance unbiased, v
  *  cnt / (cnt - 1), as PyTorch's), in double, rounded once. */
@@ -5748,7 +5777,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5752 "dtrain.h"
+#line 5781 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5810,7 +5839,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5814 "dtrain.h"
+#line 5843 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6189,7 +6218,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6193 "dtrain.h"
+#line 6222 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6232,7 +6261,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6236 "dtrain.h"
+#line 6265 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6266,7 +6295,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6270 "dtrain.h"
+#line 6299 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6325,7 +6354,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6329 "dtrain.h"
+#line 6358 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6399,7 +6428,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6403 "dtrain.h"
+#line 6432 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6467,7 +6496,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6471 "dtrain.h"
+#line 6500 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6542,7 +6571,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6546 "dtrain.h"
+#line 6575 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6894,7 +6923,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6898 "dtrain.h"
+#line 6927 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7718,7 +7747,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7722 "dtrain.h"
+#line 7751 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8393,7 +8422,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8397 "dtrain.h"
+#line 8426 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8484,7 +8513,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8488 "dtrain.h"
+#line 8517 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8966,7 +8995,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8970 "dtrain.h"
+#line 8999 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9221,7 +9250,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9225 "dtrain.h"
+#line 9254 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9454,7 +9483,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9458 "dtrain.h"
+#line 9487 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9573,7 +9602,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9577 "dtrain.h"
+#line 9606 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9629,7 +9658,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9633 "dtrain.h"
+#line 9662 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10014,7 +10043,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10018 "dtrain.h"
+#line 10047 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10276,7 +10305,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10280 "dtrain.h"
+#line 10309 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10771,7 +10800,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10775 "dtrain.h"
+#line 10804 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10950,7 +10979,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10954 "dtrain.h"
+#line 10983 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11640,6 +11669,96 @@ dtr_result dtr__cpu_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- LSTM cell: gates (..., 4H) and c (..., H) -> [h | c'] (..., 2H) ---- */
+
+dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dtr_tensor **c_out) {
+    int64_t shape[DTR_MAX_DIMS], H;
+    char s1[96], s2[96];
+    dtr__node *n;
+    dtr_tensor *out;
+    int d;
+    if (!ctx) return NULL;
+    if (c_out) *c_out = NULL;
+    if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_cell: c_out is NULL");
+    if (!dtr__check_input(ctx, "dtr_lstm_cell", gates, "gates") || (c && !dtr__check_input(ctx, "dtr_lstm_cell", c, "c")))
+        return NULL;
+    H = gates->ndim ? gates->shape[gates->ndim - 1] / 4 : 0;
+    for (d = 0; c && d < gates->ndim; d++)
+        if (c->ndim != gates->ndim || c->shape[d] != (d == gates->ndim - 1 ? H : gates->shape[d])) break;
+    if (!gates->ndim || H == 0 || gates->shape[gates->ndim - 1] != 4 * H || (c && d < gates->ndim))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_cell: gates %s must be (..., 4H) and c %s (..., H)",
+                          dtr__shape_str(gates, s1, sizeof s1), c ? dtr__shape_str(c, s2, sizeof s2) : "NULL");
+    gates = dtr__contig_input(ctx, gates);
+    if (c && !(c = dtr__contig_input(ctx, c))) return NULL;   /* (c NULL: zeros) */
+    if (!gates) return NULL;
+    {
+        dtr_tensor *in[2] = {gates, c};
+        n = dtr__node_new(ctx, DTR_OP_LSTM_CELL, 2, in);
+    }
+    if (!n) return NULL;
+    for (d = 0; d < gates->ndim; d++) shape[d] = gates->shape[d];
+    shape[gates->ndim - 1] = 2 * H;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), gates->ndim, shape, "dtr_lstm_cell");
+    if (!n->out || !(out = dtr__record(ctx, n, "dtr_lstm_cell"))) return NULL;
+    *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
+    return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
+}
+
+typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H; } dtr__lstm_job;
+
+/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit */
+static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
+    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL;
+    float *y = dtr__f32(j->nd->out);
+    int64_t r, k, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *ar = a + r * 4 * H;
+        for (k = 0; k < H; k++)
+            dtr__f_lstm_cell(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, &y[r * 2 * H + k],
+                             &y[r * 2 * H + H + k]);
+    }
+}
+
+static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
+    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL, *g = j->nd->out->grad;
+    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]), d[4], dc;
+    int64_t r, k, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *ar = a + r * 4 * H;
+        for (k = 0; k < H; k++) {
+            dtr__f_lstm_cell_grad(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, g[r * 2 * H + k],
+                                  g[r * 2 * H + H + k], d, &dc);
+            if (ga) ga[r * 4 * H + k] += d[0], ga[r * 4 * H + H + k] += d[1], ga[r * 4 * H + 2 * H + k] += d[2],
+                    ga[r * 4 * H + 3 * H + k] += d[3];
+            if (gc) gc[r * H + k] += dc;
+        }
+    }
+}
+
+static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
+    dtr__lstm_job j;
+    j.nd = nd;
+    j.H = nd->out->shape[nd->out->ndim - 1] / 2;
+    return j;
+}
+
+dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_job j = dtr__lstm_job_of(nd);
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_job j = dtr__lstm_job_of(nd);
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_bwd_range, &j);
+    return DTR_OK;
+}
+
 /* ---- dropout ---- */
 
 dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {
@@ -12007,7 +12126,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12011 "dtrain.h"
+#line 12130 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12506,7 +12625,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12510 "dtrain.h"
+#line 12629 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12768,7 +12887,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12772 "dtrain.h"
+#line 12891 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13138,7 +13257,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13142 "dtrain.h"
+#line 13261 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13272,7 +13391,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13276 "dtrain.h"
+#line 13395 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13995,7 +14114,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 13999 "dtrain.h"
+#line 14118 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14316,7 +14435,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14320 "dtrain.h"
+#line 14439 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14592,7 +14711,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14596 "dtrain.h"
+#line 14715 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14652,16 +14771,11 @@ static dtr_tensor *dtr__gate(dtr_context *ctx, dtr_tensor *a, int k, int64_t H) 
 
 /* One LSTM step from the input's part of the gates gx (..., 4H) (x W_ih^T + b_ih) and h, c
  * (..., H) or NULL (zeros): i, f, g, o = gx + h W_hh^T + b_hh; c' = sigmoid(f) c + sigmoid(i)
- * tanh(g); h' = sigmoid(o) tanh(c'). */
+ * tanh(g); h' = sigmoid(o) tanh(c') (dtr_lstm_cell: one op). */
 static dtr_tensor *dtr__lstm_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *gx, dtr_tensor *h, dtr_tensor *c,
                                   dtr_tensor **c_out) {
-    int64_t H = l->hidden;
     dtr_tensor *a = dtr_add(ctx, gx, h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh);
-    dtr_tensor *s = dtr_sigmoid(ctx, a), *cn;
-    cn = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr_tanh(ctx, dtr__gate(ctx, a, 2, H)));
-    if (c) cn = dtr_add(ctx, dtr_mul(ctx, dtr__gate(ctx, s, 1, H), c), cn);
-    *c_out = cn;
-    return dtr_mul(ctx, dtr__gate(ctx, s, 3, H), dtr_tanh(ctx, cn));
+    return dtr_lstm_cell(ctx, a, c, c_out);
 }
 
 /* One GRU step from gx (..., 3H) and h (..., H) or NULL (zeros): r, z = sigmoid(gx + h W_hh^T +
@@ -14768,7 +14882,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14772 "dtrain.h"
+#line 14886 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15023,7 +15137,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15027 "dtrain.h"
+#line 15141 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15568,7 +15682,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15572 "dtrain.h"
+#line 15686 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15706,7 +15820,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15710 "dtrain.h"
+#line 15824 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16053,7 +16167,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16057 "dtrain.h"
+#line 16171 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16119,7 +16233,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16123 "dtrain.h"
+#line 16237 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16356,7 +16470,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16360 "dtrain.h"
+#line 16474 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17105,7 +17219,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17109 "dtrain.h"
+#line 17223 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17558,7 +17672,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17562 "dtrain.h"
+#line 17676 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17614,7 +17728,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17618 "dtrain.h"
+#line 17732 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18391,7 +18505,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18395 "dtrain.h"
+#line 18509 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -18972,7 +19086,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 18976 "dtrain.h"
+#line 19090 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19603,7 +19717,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19607 "dtrain.h"
+#line 19721 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20399,7 +20513,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20403 "dtrain.h"
+#line 20517 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20752,7 +20866,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20756 "dtrain.h"
+#line 20870 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -20942,7 +21056,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 20946 "dtrain.h"
+#line 21060 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21123,7 +21237,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21127 "dtrain.h"
+#line 21241 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -21898,7 +22012,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 21902 "dtrain.h"
+#line 22016 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22415,7 +22529,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22419 "dtrain.h"
+#line 22533 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23210,7 +23324,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23214 "dtrain.h"
+#line 23328 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24458,7 +24572,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24462 "dtrain.h"
+#line 24576 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25080,7 +25194,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25084 "dtrain.h"
+#line 25198 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25581,7 +25695,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25585 "dtrain.h"
+#line 25699 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26311,7 +26425,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26315 "dtrain.h"
+#line 26429 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26547,7 +26661,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26551 "dtrain.h"
+#line 26665 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26676,7 +26790,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26680 "dtrain.h"
+#line 26794 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27113,7 +27227,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27117 "dtrain.h"
+#line 27231 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27606,7 +27720,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27610 "dtrain.h"
+#line 27724 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28155,7 +28269,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28159 "dtrain.h"
+#line 28273 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28661,7 +28775,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28665 "dtrain.h"
+#line 28779 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30210,7 +30324,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30214 "dtrain.h"
+#line 30328 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30264,7 +30378,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30268 "dtrain.h"
+#line 30382 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31442,7 +31556,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31446 "dtrain.h"
+#line 31560 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32345,7 +32459,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32349 "dtrain.h"
+#line 32463 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33823,7 +33937,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33827 "dtrain.h"
+#line 33941 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34207,7 +34321,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34211 "dtrain.h"
+#line 34325 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34356,7 +34470,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34360 "dtrain.h"
+#line 34474 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

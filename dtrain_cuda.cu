@@ -1133,6 +1133,47 @@ static dtr_result dtr__cuda_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- LSTM cell: gates a (R, 4H), c (R, H) or none -> y = [h | c'] (R, 2H); one thread a unit ---- */
+
+__global__ static void dtr__cuda_lstm_fwd_k(dtr__cuda_mem A, dtr__cuda_mem C, dtr__cuda_mem Y, int64_t R, int64_t H) {
+    DTR__CUDA_FOR(t, R * H) {
+        int64_t r = t / H, k = t % H, a = r * 4 * H + k;
+        float h, c2;
+        dtr__f_lstm_cell(A.ld(a), A.ld(a + H), A.ld(a + 2 * H), A.ld(a + 3 * H), C.p ? C.ld(t) : 0.0f, &h, &c2);
+        Y.st(r * 2 * H + k, h);
+        Y.st(r * 2 * H + H + k, c2);
+    }
+}
+
+__global__ static void dtr__cuda_lstm_bwd_k(dtr__cuda_mem A, dtr__cuda_mem C, const float *G, float *ga, float *gc, int64_t R,
+                                            int64_t H) {
+    DTR__CUDA_FOR(t, R * H) {
+        int64_t r = t / H, k = t % H, a = r * 4 * H + k;
+        float d[4], dc;
+        dtr__f_lstm_cell_grad(A.ld(a), A.ld(a + H), A.ld(a + 2 * H), A.ld(a + 3 * H), C.p ? C.ld(t) : 0.0f, G[r * 2 * H + k],
+                              G[r * 2 * H + H + k], d, &dc);
+        if (ga) ga[a] += d[0], ga[a + H] += d[1], ga[a + 2 * H] += d[2], ga[a + 3 * H] += d[3];
+        if (gc) gc[t] += dc;
+    }
+}
+
+static dtr_result dtr__cuda_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t H = nd->out->shape[nd->out->ndim - 1] / 2, R = H ? dtr_tensor_numel(nd->out) / (2 * H) : 0;
+    if (R * H == 0) return DTR_OK;
+    dtr__cuda_lstm_fwd_k<<<dtr__cuda_grid(R * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->out), R, H);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t H = nd->out->shape[nd->out->ndim - 1] / 2, R = H ? dtr_tensor_numel(nd->out) / (2 * H) : 0;
+    float *ga = dtr__gradof(nd->in[0]), *gc = dtr__gradof(nd->in[1]);
+    if ((!ga && !gc) || R * H == 0) return DTR_OK;
+    dtr__cuda_lstm_bwd_k<<<dtr__cuda_grid(R * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, ga, gc, R, H);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- views: strided copies and their gradients ---- */
 
 /* dst (dense, es-byte elements) = src walked by w */
@@ -1261,7 +1302,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1265 "dtrain_cuda.cu"
+#line 1306 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1734,7 +1775,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1738 "dtrain_cuda.cu"
+#line 1779 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2189,7 +2230,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2193 "dtrain_cuda.cu"
+#line 2234 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2449,7 +2490,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2453 "dtrain_cuda.cu"
+#line 2494 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3322,7 +3363,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3326 "dtrain_cuda.cu"
+#line 3367 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3719,7 +3760,7 @@ static constexpr int dtr__cuda_binary_narrow = 1, dtr__cuda_unary_narrow = 1, dt
                      dtr__cuda_reduce_narrow = 1, dtr__cuda_dropout_narrow = 1, dtr__cuda_conv2d_narrow = 1,
                      dtr__cuda_pool2d_narrow = 1, dtr__cuda_cast_narrow = 0, dtr__cuda_view_narrow = 1,
                      dtr__cuda_comm_narrow = 0, dtr__cuda_checkpoint_narrow = 0, dtr__cuda_attention_narrow = 1,
-                     dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1;
+                     dtr__cuda_rope_narrow = 1, dtr__cuda_batchnorm_narrow = 1, dtr__cuda_lstm_narrow = 1;
 
 #define DTR__CUDA_ENTRY(id, name, k) {dtr__cuda_##k##_fwd, dtr__cuda_##k##_bwd, dtr__cuda_##k##_narrow},
 static const dtr__kernel_pair dtr__cuda_kernels[DTR_OP_COUNT] = {
@@ -3820,5 +3861,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3824 "dtrain_cuda.cu"
+#line 3865 "dtrain_cuda.cu"
 

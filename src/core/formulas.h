@@ -295,6 +295,27 @@ DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
+/** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
+ *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the composite ops'
+ *  arithmetic, in their order). */
+DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
+    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
+    *c2 = f * c + i * g;
+    *h = o * dtr__f_tanh(*c2);
+}
+/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' into d[0..3] (i, f,
+ *  g, o) and the previous cell's into *dc_prev. */
+DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *d,
+                                   float *dc_prev) {
+    float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
+    float c2 = f * c + i * g, t = dtr__f_tanh(c2), dc = gc + gh * o * dtr__f_tanh_grad(t);
+    d[0] = dc * g * dtr__f_sigmoid_grad(i);
+    d[1] = dc * c * dtr__f_sigmoid_grad(f);
+    d[2] = dc * i * dtr__f_tanh_grad(g);
+    d[3] = gh * t * dtr__f_sigmoid_grad(o);
+    *dc_prev = dc * f;
+}
+
 /** Batch norm's running statistics after a batch of cnt values a channel with mean m and
  *  biased variance v: each moves by momentum towards the batch's (the variance unbiased, v
  *  cnt / (cnt - 1), as PyTorch's), in double, rounded once. */

@@ -894,6 +894,47 @@ static dtr_result dtr__cuda_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_launched(ctx, nd);
 }
 
+/* ---- LSTM cell: gates a (R, 4H), c (R, H) or none -> y = [h | c'] (R, 2H); one thread a unit ---- */
+
+__global__ static void dtr__cuda_lstm_fwd_k(dtr__cuda_mem A, dtr__cuda_mem C, dtr__cuda_mem Y, int64_t R, int64_t H) {
+    DTR__CUDA_FOR(t, R * H) {
+        int64_t r = t / H, k = t % H, a = r * 4 * H + k;
+        float h, c2;
+        dtr__f_lstm_cell(A.ld(a), A.ld(a + H), A.ld(a + 2 * H), A.ld(a + 3 * H), C.p ? C.ld(t) : 0.0f, &h, &c2);
+        Y.st(r * 2 * H + k, h);
+        Y.st(r * 2 * H + H + k, c2);
+    }
+}
+
+__global__ static void dtr__cuda_lstm_bwd_k(dtr__cuda_mem A, dtr__cuda_mem C, const float *G, float *ga, float *gc, int64_t R,
+                                            int64_t H) {
+    DTR__CUDA_FOR(t, R * H) {
+        int64_t r = t / H, k = t % H, a = r * 4 * H + k;
+        float d[4], dc;
+        dtr__f_lstm_cell_grad(A.ld(a), A.ld(a + H), A.ld(a + 2 * H), A.ld(a + 3 * H), C.p ? C.ld(t) : 0.0f, G[r * 2 * H + k],
+                              G[r * 2 * H + H + k], d, &dc);
+        if (ga) ga[a] += d[0], ga[a + H] += d[1], ga[a + 2 * H] += d[2], ga[a + 3 * H] += d[3];
+        if (gc) gc[t] += dc;
+    }
+}
+
+static dtr_result dtr__cuda_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t H = nd->out->shape[nd->out->ndim - 1] / 2, R = H ? dtr_tensor_numel(nd->out) / (2 * H) : 0;
+    if (R * H == 0) return DTR_OK;
+    dtr__cuda_lstm_fwd_k<<<dtr__cuda_grid(R * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), dtr__cuda_mem_of(nd->out), R, H);
+    return dtr__cuda_launched(ctx, nd);
+}
+
+static dtr_result dtr__cuda_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
+    int64_t H = nd->out->shape[nd->out->ndim - 1] / 2, R = H ? dtr_tensor_numel(nd->out) / (2 * H) : 0;
+    float *ga = dtr__gradof(nd->in[0]), *gc = dtr__gradof(nd->in[1]);
+    if ((!ga && !gc) || R * H == 0) return DTR_OK;
+    dtr__cuda_lstm_bwd_k<<<dtr__cuda_grid(R * H), DTR__CUDA_THREADS, 0, dtr__cuda_stream(ctx)>>>(
+        dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, ga, gc, R, H);
+    return dtr__cuda_launched(ctx, nd);
+}
+
 /* ---- views: strided copies and their gradients ---- */
 
 /* dst (dense, es-byte elements) = src walked by w */

@@ -54,16 +54,11 @@ static dtr_tensor *dtr__gate(dtr_context *ctx, dtr_tensor *a, int k, int64_t H) 
 
 /* One LSTM step from the input's part of the gates gx (..., 4H) (x W_ih^T + b_ih) and h, c
  * (..., H) or NULL (zeros): i, f, g, o = gx + h W_hh^T + b_hh; c' = sigmoid(f) c + sigmoid(i)
- * tanh(g); h' = sigmoid(o) tanh(c'). */
+ * tanh(g); h' = sigmoid(o) tanh(c') (dtr_lstm_cell: one op). */
 static dtr_tensor *dtr__lstm_step(dtr_context *ctx, const dtr_lstm_layer *l, dtr_tensor *gx, dtr_tensor *h, dtr_tensor *c,
                                   dtr_tensor **c_out) {
-    int64_t H = l->hidden;
     dtr_tensor *a = dtr_add(ctx, gx, h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh);
-    dtr_tensor *s = dtr_sigmoid(ctx, a), *cn;
-    cn = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr_tanh(ctx, dtr__gate(ctx, a, 2, H)));
-    if (c) cn = dtr_add(ctx, dtr_mul(ctx, dtr__gate(ctx, s, 1, H), c), cn);
-    *c_out = cn;
-    return dtr_mul(ctx, dtr__gate(ctx, s, 3, H), dtr_tanh(ctx, cn));
+    return dtr_lstm_cell(ctx, a, c, c_out);
 }
 
 /* One GRU step from gx (..., 3H) and h (..., H) or NULL (zeros): r, z = sigmoid(gx + h W_hh^T +

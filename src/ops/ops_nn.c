@@ -684,6 +684,96 @@ dtr_result dtr__cpu_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     return DTR_OK;
 }
 
+/* ---- LSTM cell: gates (..., 4H) and c (..., H) -> [h | c'] (..., 2H) ---- */
+
+dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dtr_tensor **c_out) {
+    int64_t shape[DTR_MAX_DIMS], H;
+    char s1[96], s2[96];
+    dtr__node *n;
+    dtr_tensor *out;
+    int d;
+    if (!ctx) return NULL;
+    if (c_out) *c_out = NULL;
+    if (!c_out) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_lstm_cell: c_out is NULL");
+    if (!dtr__check_input(ctx, "dtr_lstm_cell", gates, "gates") || (c && !dtr__check_input(ctx, "dtr_lstm_cell", c, "c")))
+        return NULL;
+    H = gates->ndim ? gates->shape[gates->ndim - 1] / 4 : 0;
+    for (d = 0; c && d < gates->ndim; d++)
+        if (c->ndim != gates->ndim || c->shape[d] != (d == gates->ndim - 1 ? H : gates->shape[d])) break;
+    if (!gates->ndim || H == 0 || gates->shape[gates->ndim - 1] != 4 * H || (c && d < gates->ndim))
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_lstm_cell: gates %s must be (..., 4H) and c %s (..., H)",
+                          dtr__shape_str(gates, s1, sizeof s1), c ? dtr__shape_str(c, s2, sizeof s2) : "NULL");
+    gates = dtr__contig_input(ctx, gates);
+    if (c && !(c = dtr__contig_input(ctx, c))) return NULL;   /* (c NULL: zeros) */
+    if (!gates) return NULL;
+    {
+        dtr_tensor *in[2] = {gates, c};
+        n = dtr__node_new(ctx, DTR_OP_LSTM_CELL, 2, in);
+    }
+    if (!n) return NULL;
+    for (d = 0; d < gates->ndim; d++) shape[d] = gates->shape[d];
+    shape[gates->ndim - 1] = 2 * H;
+    n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), gates->ndim, shape, "dtr_lstm_cell");
+    if (!n->out || !(out = dtr__record(ctx, n, "dtr_lstm_cell"))) return NULL;
+    *c_out = dtr_slice(ctx, out, -1, H, 2 * H);
+    return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
+}
+
+typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H; } dtr__lstm_job;
+
+/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit */
+static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
+    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL;
+    float *y = dtr__f32(j->nd->out);
+    int64_t r, k, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *ar = a + r * 4 * H;
+        for (k = 0; k < H; k++)
+            dtr__f_lstm_cell(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, &y[r * 2 * H + k],
+                             &y[r * 2 * H + H + k]);
+    }
+}
+
+static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+    const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
+    const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL, *g = j->nd->out->grad;
+    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]), d[4], dc;
+    int64_t r, k, H = j->H;
+    (void)w;
+    for (r = b; r < e; r++) {
+        const float *ar = a + r * 4 * H;
+        for (k = 0; k < H; k++) {
+            dtr__f_lstm_cell_grad(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, g[r * 2 * H + k],
+                                  g[r * 2 * H + H + k], d, &dc);
+            if (ga) ga[r * 4 * H + k] += d[0], ga[r * 4 * H + H + k] += d[1], ga[r * 4 * H + 2 * H + k] += d[2],
+                    ga[r * 4 * H + 3 * H + k] += d[3];
+            if (gc) gc[r * H + k] += dc;
+        }
+    }
+}
+
+static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
+    dtr__lstm_job j;
+    j.nd = nd;
+    j.H = nd->out->shape[nd->out->ndim - 1] / 2;
+    return j;
+}
+
+dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_job j = dtr__lstm_job_of(nd);
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_fwd_range, &j);
+    return DTR_OK;
+}
+
+dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
+    dtr__lstm_job j = dtr__lstm_job_of(nd);
+    if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_bwd_range, &j);
+    return DTR_OK;
+}
+
 /* ---- dropout ---- */
 
 dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p) {

@@ -548,6 +548,13 @@ DTR_API dtr_tensor *dtr_layernorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w
  *  Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *b, dtr_tensor *running_mean,
                                    dtr_tensor *running_var, int training, float momentum, float eps);
+/** One LSTM cell step as one op: from the gates' pre-activations (..., 4H) (rows i, f, g, o:
+ *  x W_ih^T + b_ih + h W_hh^T + b_hh) and the cell before, c (..., H) (NULL: zeros), returns
+ *  h' = sigmoid(o) tanh(c') (..., H) and sets *c_out = c' = sigmoid(f) c + sigmoid(i) tanh(g),
+ *  both views of one (..., 2H) output; the gradients of both flow back into gates and c.
+ *  dtr_lstm_layer uses it (one kernel a step instead of a dozen ops). DTR_SHAPE_MISMATCH for
+ *  a last axis not 4H or c not (..., H). Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dtr_tensor **c_out);
 /** Group normalisation of x (N, C, ...) (images (N, C, H, W), sequences (N, C, L)): the C
  *  channels in `groups` groups of C / groups, each group of each sample normalised over its
  *  channels and positions (mean 0, variance 1, eps added to the variance), then per channel
