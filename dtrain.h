@@ -5664,16 +5664,16 @@ DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, f
     *c2 = f * c + i * g;
     *h = o * dtr__f_tanh(*c2);
 }
-/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' into d[0..3] (i, f,
- *  g, o) and the previous cell's into *dc_prev. */
-DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *d,
-                                   float *dc_prev) {
+/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' (i, f, g, o) and
+ *  the previous cell's. */
+DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *di, float *df,
+                                   float *dg, float *dout, float *dc_prev) {
     float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
     float c2 = f * c + i * g, t = dtr__f_tanh(c2), dc = gc + gh * o * dtr__f_tanh_grad(t);
-    d[0] = dc * g * dtr__f_sigmoid_grad(i);
-    d[1] = dc * c * dtr__f_sigmoid_grad(f);
-    d[2] = dc * i * dtr__f_tanh_grad(g);
-    d[3] = gh * t * dtr__f_sigmoid_grad(o);
+    *di = dc * g * dtr__f_sigmoid_grad(i);
+    *df = dc * c * dtr__f_sigmoid_grad(f);
+    *dg = dc * i * dtr__f_tanh_grad(g);
+    *dout = gh * t * dtr__f_sigmoid_grad(o);
     *dc_prev = dc * f;
 }
 
@@ -11706,38 +11706,50 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
 
 typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H; } dtr__lstm_job;
 
-/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit */
-static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit, as element-wise
+   blocks (the loop vectorises; compiled again for AVX2 below) */
+DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
     const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL;
     float *y = dtr__f32(j->nd->out);
-    int64_t r, k, H = j->H;
+    int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ar = a + r * 4 * H;
-        for (k = 0; k < H; k++)
-            dtr__f_lstm_cell(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, &y[r * 2 * H + k],
-                             &y[r * 2 * H + H + k]);
+        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *cr = c ? c + r * H : NULL;
+        float *h = y + r * 2 * H, *c2 = h + H;
+        if (cr) DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i]));
+        else DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i]));
     }
 }
 
-static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+/* gates' gradients written into the dense scratch d (R, 4H), c's into dc (R, H), then added */
+DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
     const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL, *g = j->nd->out->grad;
-    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]), d[4], dc;
-    int64_t r, k, H = j->H;
+    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]);
+    int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ar = a + r * 4 * H;
-        for (k = 0; k < H; k++) {
-            dtr__f_lstm_cell_grad(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, g[r * 2 * H + k],
-                                  g[r * 2 * H + H + k], d, &dc);
-            if (ga) ga[r * 4 * H + k] += d[0], ga[r * 4 * H + H + k] += d[1], ga[r * 4 * H + 2 * H + k] += d[2],
-                    ga[r * 4 * H + 3 * H + k] += d[3];
-            if (gc) gc[r * H + k] += dc;
+        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *gh = g + r * 2 * H, *gcr = gh + H;
+        float di[64], df[64], dg[64], dout[64], dcp[64];
+        int64_t k0, k, n;
+        for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
+            n = H - k0 < 64 ? H - k0 : 64;
+            DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[r * H + k0 + i] : 0.0f,
+                                                         gh[k0 + i], gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
+            for (k = 0; ga && k < n; k++) {
+                float *q = ga + r * 4 * H + k0 + k;
+                q[0] += di[k], q[H] += df[k], q[2 * H] += dg[k], q[3 * H] += dout[k];
+            }
+            for (k = 0; gc && k < n; k++) gc[r * H + k0 + k] += dcp[k];
         }
     }
 }
+
+static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
+static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
 static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
     dtr__lstm_job j;
@@ -11748,14 +11760,16 @@ static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
 
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_fwd_range, &j);
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range,
+                  &j);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_bwd_range, &j);
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range,
+                  &j);
     return DTR_OK;
 }
 
@@ -12126,7 +12140,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12130 "dtrain.h"
+#line 12144 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12625,7 +12639,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12629 "dtrain.h"
+#line 12643 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12887,7 +12901,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12891 "dtrain.h"
+#line 12905 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13257,7 +13271,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13261 "dtrain.h"
+#line 13275 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13391,7 +13405,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13395 "dtrain.h"
+#line 13409 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14114,7 +14128,7 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14118 "dtrain.h"
+#line 14132 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
@@ -14435,7 +14449,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14439 "dtrain.h"
+#line 14453 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14711,7 +14725,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14715 "dtrain.h"
+#line 14729 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14882,7 +14896,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14886 "dtrain.h"
+#line 14900 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15137,7 +15151,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15141 "dtrain.h"
+#line 15155 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15682,7 +15696,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15686 "dtrain.h"
+#line 15700 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15820,7 +15834,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15824 "dtrain.h"
+#line 15838 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16167,7 +16181,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16171 "dtrain.h"
+#line 16185 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16233,7 +16247,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16237 "dtrain.h"
+#line 16251 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16470,7 +16484,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16474 "dtrain.h"
+#line 16488 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17219,7 +17233,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17223 "dtrain.h"
+#line 17237 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17672,7 +17686,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17676 "dtrain.h"
+#line 17690 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17728,7 +17742,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17732 "dtrain.h"
+#line 17746 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18505,7 +18519,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18509 "dtrain.h"
+#line 18523 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19086,7 +19100,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19090 "dtrain.h"
+#line 19104 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19717,7 +19731,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19721 "dtrain.h"
+#line 19735 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20513,7 +20527,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20517 "dtrain.h"
+#line 20531 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20866,7 +20880,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20870 "dtrain.h"
+#line 20884 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21056,7 +21070,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21060 "dtrain.h"
+#line 21074 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21237,7 +21251,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21241 "dtrain.h"
+#line 21255 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22012,7 +22026,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22016 "dtrain.h"
+#line 22030 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22529,7 +22543,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22533 "dtrain.h"
+#line 22547 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23324,7 +23338,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23328 "dtrain.h"
+#line 23342 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24572,7 +24586,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24576 "dtrain.h"
+#line 24590 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25194,7 +25208,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25198 "dtrain.h"
+#line 25212 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25695,7 +25709,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25699 "dtrain.h"
+#line 25713 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26425,7 +26439,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26429 "dtrain.h"
+#line 26443 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26661,7 +26675,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26665 "dtrain.h"
+#line 26679 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26790,7 +26804,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26794 "dtrain.h"
+#line 26808 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27227,7 +27241,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27231 "dtrain.h"
+#line 27245 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27720,7 +27734,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27724 "dtrain.h"
+#line 27738 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28269,7 +28283,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28273 "dtrain.h"
+#line 28287 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28775,7 +28789,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28779 "dtrain.h"
+#line 28793 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30324,7 +30338,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30328 "dtrain.h"
+#line 30342 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30378,7 +30392,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30382 "dtrain.h"
+#line 30396 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31556,7 +31570,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31560 "dtrain.h"
+#line 31574 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32459,7 +32473,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32463 "dtrain.h"
+#line 32477 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33937,7 +33951,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33941 "dtrain.h"
+#line 33955 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34321,7 +34335,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34325 "dtrain.h"
+#line 34339 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34470,7 +34484,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34474 "dtrain.h"
+#line 34488 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

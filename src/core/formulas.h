@@ -303,16 +303,16 @@ DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, f
     *c2 = f * c + i * g;
     *h = o * dtr__f_tanh(*c2);
 }
-/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' into d[0..3] (i, f,
- *  g, o) and the previous cell's into *dc_prev. */
-DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *d,
-                                   float *dc_prev) {
+/** Its gradients from gh (of h) and gc (of c'): the gates' pre-activations' (i, f, g, o) and
+ *  the previous cell's. */
+DTR__HD void dtr__f_lstm_cell_grad(float ai, float af, float ag, float ao, float c, float gh, float gc, float *di, float *df,
+                                   float *dg, float *dout, float *dc_prev) {
     float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
     float c2 = f * c + i * g, t = dtr__f_tanh(c2), dc = gc + gh * o * dtr__f_tanh_grad(t);
-    d[0] = dc * g * dtr__f_sigmoid_grad(i);
-    d[1] = dc * c * dtr__f_sigmoid_grad(f);
-    d[2] = dc * i * dtr__f_tanh_grad(g);
-    d[3] = gh * t * dtr__f_sigmoid_grad(o);
+    *di = dc * g * dtr__f_sigmoid_grad(i);
+    *df = dc * c * dtr__f_sigmoid_grad(f);
+    *dg = dc * i * dtr__f_tanh_grad(g);
+    *dout = gh * t * dtr__f_sigmoid_grad(o);
     *dc_prev = dc * f;
 }
 

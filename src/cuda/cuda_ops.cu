@@ -912,7 +912,7 @@ __global__ static void dtr__cuda_lstm_bwd_k(dtr__cuda_mem A, dtr__cuda_mem C, co
         int64_t r = t / H, k = t % H, a = r * 4 * H + k;
         float d[4], dc;
         dtr__f_lstm_cell_grad(A.ld(a), A.ld(a + H), A.ld(a + 2 * H), A.ld(a + 3 * H), C.p ? C.ld(t) : 0.0f, G[r * 2 * H + k],
-                              G[r * 2 * H + H + k], d, &dc);
+                              G[r * 2 * H + H + k], &d[0], &d[1], &d[2], &d[3], &dc);
         if (ga) ga[a] += d[0], ga[a + H] += d[1], ga[a + 2 * H] += d[2], ga[a + 3 * H] += d[3];
         if (gc) gc[t] += dc;
     }

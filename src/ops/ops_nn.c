@@ -721,38 +721,50 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
 
 typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H; } dtr__lstm_job;
 
-/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit */
-static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) {
+/* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit, as element-wise
+   blocks (the loop vectorises; compiled again for AVX2 below) */
+DTR__SIMD_BODY void dtr__lstm_fwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
     const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL;
     float *y = dtr__f32(j->nd->out);
-    int64_t r, k, H = j->H;
+    int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ar = a + r * 4 * H;
-        for (k = 0; k < H; k++)
-            dtr__f_lstm_cell(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, &y[r * 2 * H + k],
-                             &y[r * 2 * H + H + k]);
+        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *cr = c ? c + r * H : NULL;
+        float *h = y + r * 2 * H, *c2 = h + H;
+        if (cr) DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], cr[i], &h[i], &c2[i]));
+        else DTR__ELEMENTWISE(0, H, dtr__f_lstm_cell(ai[i], af[i], ag[i], ao[i], 0.0f, &h[i], &c2[i]));
     }
 }
 
-static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) {
+/* gates' gradients written into the dense scratch d (R, 4H), c's into dc (R, H), then added */
+DTR__SIMD_BODY void dtr__lstm_bwd_body(void *arg, int64_t b, int64_t e, int w) {
     const dtr__lstm_job *j = (const dtr__lstm_job *)arg;
     const float *a = dtr__f32(j->nd->in[0]), *c = j->nd->in[1] ? dtr__f32(j->nd->in[1]) : NULL, *g = j->nd->out->grad;
-    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]), d[4], dc;
-    int64_t r, k, H = j->H;
+    float *ga = dtr__gradof(j->nd->in[0]), *gc = dtr__gradof(j->nd->in[1]);
+    int64_t r, H = j->H;
     (void)w;
     for (r = b; r < e; r++) {
-        const float *ar = a + r * 4 * H;
-        for (k = 0; k < H; k++) {
-            dtr__f_lstm_cell_grad(ar[k], ar[H + k], ar[2 * H + k], ar[3 * H + k], c ? c[r * H + k] : 0.0f, g[r * 2 * H + k],
-                                  g[r * 2 * H + H + k], d, &dc);
-            if (ga) ga[r * 4 * H + k] += d[0], ga[r * 4 * H + H + k] += d[1], ga[r * 4 * H + 2 * H + k] += d[2],
-                    ga[r * 4 * H + 3 * H + k] += d[3];
-            if (gc) gc[r * H + k] += dc;
+        const float *ai = a + r * 4 * H, *af = ai + H, *ag = af + H, *ao = ag + H, *gh = g + r * 2 * H, *gcr = gh + H;
+        float di[64], df[64], dg[64], dout[64], dcp[64];
+        int64_t k0, k, n;
+        for (k0 = 0; k0 < H; k0 += 64) {   /* 64 units at a time through local arrays */
+            n = H - k0 < 64 ? H - k0 : 64;
+            DTR__ELEMENTWISE(0, n, dtr__f_lstm_cell_grad(ai[k0 + i], af[k0 + i], ag[k0 + i], ao[k0 + i], c ? c[r * H + k0 + i] : 0.0f,
+                                                         gh[k0 + i], gcr[k0 + i], &di[i], &df[i], &dg[i], &dout[i], &dcp[i]));
+            for (k = 0; ga && k < n; k++) {
+                float *q = ga + r * 4 * H + k0 + k;
+                q[0] += di[k], q[H] += df[k], q[2 * H] += dg[k], q[3 * H] += dout[k];
+            }
+            for (k = 0; gc && k < n; k++) gc[r * H + k0 + k] += dcp[k];
         }
     }
 }
+
+static void dtr__lstm_fwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
+static void dtr__lstm_bwd_range(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__lstm_fwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_fwd_body(arg, b, e, w); }
+DTR__TARGET_AVX2 static void dtr__lstm_bwd_avx2(void *arg, int64_t b, int64_t e, int w) { dtr__lstm_bwd_body(arg, b, e, w); }
 
 static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
     dtr__lstm_job j;
@@ -763,14 +775,16 @@ static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
 
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_fwd_range, &j);
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range,
+                  &j);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__lstm_bwd_range, &j);
+    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range,
+                  &j);
     return DTR_OK;
 }
 
