@@ -11665,7 +11665,8 @@ static void dtr__bn_bwd_range(void *arg, int64_t b, int64_t e, int w) {
 
 dtr_result dtr__cpu_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__bn_job j = dtr__bn_job_of(nd);
-    if (dtr__gradof(nd->in[0]) || dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.C, 1, dtr__bn_bwd_range, &j);
+    if (dtr__gradof(nd->in[0]) || dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
+        dtr__pool_run(ctx->pool, j.C, 1, dtr__bn_bwd_range, &j);
     return DTR_OK;
 }
 
@@ -11704,7 +11705,7 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
-typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H; } dtr__lstm_job;
+typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H, rows; } dtr__lstm_job;
 
 /* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit, as element-wise
    blocks (the loop vectorises; compiled again for AVX2 below) */
@@ -11755,21 +11756,20 @@ static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
     dtr__lstm_job j;
     j.nd = nd;
     j.H = nd->out->shape[nd->out->ndim - 1] / 2;
+    j.rows = j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0;
     return j;
 }
 
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range,
-                  &j);
+    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range, &j);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range,
-                  &j);
+    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range, &j);
     return DTR_OK;
 }
 
@@ -14732,7 +14732,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
 /* ============================================================================
  * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
- * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
+ * every backend; the LSTM's gates and cell as one op, dtr_lstm_cell). A sequence multiplies every step's input by weight_ih at once (one GEMM of
  * B T rows); each step then adds h W_hh^T and applies the gates. Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
@@ -14799,7 +14799,8 @@ static dtr_tensor *dtr__gru_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_t
     dtr_tensor *gh = h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh;
     dtr_tensor *s = dtr_sigmoid(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 0, 2 * H), dtr_slice(ctx, gh, -1, 0, 2 * H)));
     dtr_tensor *z = dtr__gate(ctx, s, 1, H);
-    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H))));
+    dtr_tensor *rh = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H));   /* r (h W_hn^T + b_hn) */
+    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), rh));
     return h ? dtr_add(ctx, n, dtr_mul(ctx, z, dtr_sub(ctx, h, n))) : dtr_sub(ctx, n, dtr_mul(ctx, z, n));
 }
 
@@ -14812,7 +14813,8 @@ static int dtr__rnn_state_ok(const dtr_tensor *x, int64_t H, const dtr_tensor *s
 static int dtr__rnn_check(dtr_context *ctx, const char *fn, dtr_tensor *x, int xdims, int64_t in, int64_t H, dtr_tensor *h,
                           dtr_tensor *c) {
     char s1[96];
-    if (!dtr__check_input(ctx, fn, x, "x") || (h && !dtr__check_input(ctx, fn, h, "h")) || (c && !dtr__check_input(ctx, fn, c, "c")))
+    if (!dtr__check_input(ctx, fn, x, "x") || (h && !dtr__check_input(ctx, fn, h, "h")) ||
+        (c && !dtr__check_input(ctx, fn, c, "c")))
         return 0;
     if (x->ndim != xdims || x->shape[xdims - 1] != in) {
         dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: x is %s, not (B, %s%lld)", fn, dtr__shape_str(x, s1, sizeof s1),
@@ -14896,7 +14898,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14900 "dtrain.h"
+#line 14902 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15151,7 +15153,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15155 "dtrain.h"
+#line 15157 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15696,7 +15698,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15700 "dtrain.h"
+#line 15702 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15834,7 +15836,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15838 "dtrain.h"
+#line 15840 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16181,7 +16183,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16185 "dtrain.h"
+#line 16187 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16247,7 +16249,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16251 "dtrain.h"
+#line 16253 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16484,7 +16486,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16488 "dtrain.h"
+#line 16490 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17233,7 +17235,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17237 "dtrain.h"
+#line 17239 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17686,7 +17688,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17690 "dtrain.h"
+#line 17692 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17742,7 +17744,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17746 "dtrain.h"
+#line 17748 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18519,7 +18521,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18523 "dtrain.h"
+#line 18525 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19100,7 +19102,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19104 "dtrain.h"
+#line 19106 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19731,7 +19733,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19735 "dtrain.h"
+#line 19737 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20527,7 +20529,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20531 "dtrain.h"
+#line 20533 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20880,7 +20882,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20884 "dtrain.h"
+#line 20886 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21070,7 +21072,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21074 "dtrain.h"
+#line 21076 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21251,7 +21253,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21255 "dtrain.h"
+#line 21257 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22026,7 +22028,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22030 "dtrain.h"
+#line 22032 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22543,7 +22545,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22547 "dtrain.h"
+#line 22549 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23338,7 +23340,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23342 "dtrain.h"
+#line 23344 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24586,7 +24588,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24590 "dtrain.h"
+#line 24592 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25208,7 +25210,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25212 "dtrain.h"
+#line 25214 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25709,7 +25711,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25713 "dtrain.h"
+#line 25715 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26439,7 +26441,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26443 "dtrain.h"
+#line 26445 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26675,7 +26677,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26679 "dtrain.h"
+#line 26681 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26804,7 +26806,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26808 "dtrain.h"
+#line 26810 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27241,7 +27243,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27245 "dtrain.h"
+#line 27247 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27734,7 +27736,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27738 "dtrain.h"
+#line 27740 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28283,7 +28285,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28287 "dtrain.h"
+#line 28289 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28789,7 +28791,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28793 "dtrain.h"
+#line 28795 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30338,7 +30340,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30342 "dtrain.h"
+#line 30344 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30392,7 +30394,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30396 "dtrain.h"
+#line 30398 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31570,7 +31572,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31574 "dtrain.h"
+#line 31576 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32473,7 +32475,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32477 "dtrain.h"
+#line 32479 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33951,7 +33953,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33955 "dtrain.h"
+#line 33957 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34335,7 +34337,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34339 "dtrain.h"
+#line 34341 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34484,7 +34486,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34488 "dtrain.h"
+#line 34490 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

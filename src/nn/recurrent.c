@@ -1,7 +1,7 @@
 /* ============================================================================
  * Recurrent layers: LSTM and GRU (PyTorch's nn.LSTMCell and nn.GRUCell: their parameter
  * names, gate order and formulas), one step or a whole sequence, made of ops (autograd,
- * every backend). A sequence multiplies every step's input by weight_ih at once (one GEMM of
+ * every backend; the LSTM's gates and cell as one op, dtr_lstm_cell). A sequence multiplies every step's input by weight_ih at once (one GEMM of
  * B T rows); each step then adds h W_hh^T and applies the gates. Shapes: x (B, T, I) or one
  * step's (B, I); h, c (B, H); gate pre-activations (..., G H) with G = 4 (LSTM) or 3 (GRU).
  * ==========================================================================*/
@@ -68,7 +68,8 @@ static dtr_tensor *dtr__gru_step(dtr_context *ctx, const dtr_gru_layer *l, dtr_t
     dtr_tensor *gh = h ? dtr_linear(ctx, h, l->weight_hh, l->bias_hh) : l->bias_hh;
     dtr_tensor *s = dtr_sigmoid(ctx, dtr_add(ctx, dtr_slice(ctx, gx, -1, 0, 2 * H), dtr_slice(ctx, gh, -1, 0, 2 * H)));
     dtr_tensor *z = dtr__gate(ctx, s, 1, H);
-    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H))));
+    dtr_tensor *rh = dtr_mul(ctx, dtr__gate(ctx, s, 0, H), dtr__gate(ctx, gh, 2, H));   /* r (h W_hn^T + b_hn) */
+    dtr_tensor *n = dtr_tanh(ctx, dtr_add(ctx, dtr__gate(ctx, gx, 2, H), rh));
     return h ? dtr_add(ctx, n, dtr_mul(ctx, z, dtr_sub(ctx, h, n))) : dtr_sub(ctx, n, dtr_mul(ctx, z, n));
 }
 
@@ -81,7 +82,8 @@ static int dtr__rnn_state_ok(const dtr_tensor *x, int64_t H, const dtr_tensor *s
 static int dtr__rnn_check(dtr_context *ctx, const char *fn, dtr_tensor *x, int xdims, int64_t in, int64_t H, dtr_tensor *h,
                           dtr_tensor *c) {
     char s1[96];
-    if (!dtr__check_input(ctx, fn, x, "x") || (h && !dtr__check_input(ctx, fn, h, "h")) || (c && !dtr__check_input(ctx, fn, c, "c")))
+    if (!dtr__check_input(ctx, fn, x, "x") || (h && !dtr__check_input(ctx, fn, h, "h")) ||
+        (c && !dtr__check_input(ctx, fn, c, "c")))
         return 0;
     if (x->ndim != xdims || x->shape[xdims - 1] != in) {
         dtr__fail(ctx, DTR_SHAPE_MISMATCH, "%s: x is %s, not (B, %s%lld)", fn, dtr__shape_str(x, s1, sizeof s1),

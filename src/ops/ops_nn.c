@@ -680,7 +680,8 @@ static void dtr__bn_bwd_range(void *arg, int64_t b, int64_t e, int w) {
 
 dtr_result dtr__cpu_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__bn_job j = dtr__bn_job_of(nd);
-    if (dtr__gradof(nd->in[0]) || dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2])) dtr__pool_run(ctx->pool, j.C, 1, dtr__bn_bwd_range, &j);
+    if (dtr__gradof(nd->in[0]) || dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
+        dtr__pool_run(ctx->pool, j.C, 1, dtr__bn_bwd_range, &j);
     return DTR_OK;
 }
 
@@ -719,7 +720,7 @@ dtr_tensor *dtr_lstm_cell(dtr_context *ctx, dtr_tensor *gates, dtr_tensor *c, dt
     return *c_out ? dtr_slice(ctx, out, -1, 0, H) : NULL;
 }
 
-typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H; } dtr__lstm_job;
+typedef struct dtr__lstm_job { const dtr__node *nd; int64_t H, rows; } dtr__lstm_job;
 
 /* rows [b, e) of the cell: the formulas of src/core/formulas.h at every unit, as element-wise
    blocks (the loop vectorises; compiled again for AVX2 below) */
@@ -770,21 +771,20 @@ static dtr__lstm_job dtr__lstm_job_of(const dtr__node *nd) {
     dtr__lstm_job j;
     j.nd = nd;
     j.H = nd->out->shape[nd->out->ndim - 1] / 2;
+    j.rows = j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0;
     return j;
 }
 
 dtr_result dtr__cpu_lstm_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range,
-                  &j);
+    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_fwd_avx2 : dtr__lstm_fwd_range, &j);
     return DTR_OK;
 }
 
 dtr_result dtr__cpu_lstm_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__lstm_job j = dtr__lstm_job_of(nd);
     if (!dtr__gradof(nd->in[0]) && !dtr__gradof(nd->in[1])) return DTR_OK;
-    dtr__pool_run(ctx->pool, j.H ? dtr_tensor_numel(nd->out) / (2 * j.H) : 0, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range,
-                  &j);
+    dtr__pool_run(ctx->pool, j.rows, 8, dtr__simd_avx2() ? dtr__lstm_bwd_avx2 : dtr__lstm_bwd_range, &j);
     return DTR_OK;
 }
 
