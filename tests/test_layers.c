@@ -13,12 +13,17 @@
  *                         and gradients, the running statistics after two batches, evaluation
  *                         mode; its running statistics are model buffers (found by name, no
  *                         gradient, not in dtr_model_numel) saved and loaded by name.
- *   test_buffers          buffers in the model's state ("buffers") and split by dtr_model_keep; a
+ *   test_buffers          buffers in the model's state ("buffers"), so in a full-state checkpoint
+ *                         (saved, overwritten, restored), and split by dtr_model_keep; a
  *                         name taken; a batch norm inside dtr_checkpoint moves its statistics
  *                         once a step (the recomputation in backward leaves them).
  *   test_layer_errors     wrong shapes and counts, batch norm's bad arguments: a clear error, no
  *                         tensor. */
+#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE
 #include "test.h"
+#include "test_util.h"
+#include "posix_util.h"
 
 #define I_ 3
 #define H_ 2
@@ -303,6 +308,7 @@ static void test_batch_norm_torch(void) {
     dtr_model *m, *m2;
     dtr_batchnorm_layer bn, bn2;
     float xs[72], x2s[72], rs[72], ys[72], w[4], b[4], got[6];
+    char path[512];
     int64_t shape[4] = {3, 4, 2, 3};
     dtr_tensor *x, *y;
     int k;
@@ -330,12 +336,13 @@ static void test_batch_norm_torch(void) {
     dtr_context_set_training(ctx, 0);
     dtr_tensor_read(dtr_batchnorm_layer_forward(ctx, &bn, dtr_tensor_from(ctx, DTR_F32, 4, shape, xs)), DTR_F32, ys, 72);
     pick(ys, k_bn_at, 6, got), check_near("batch norm, evaluation", got, k_bn_eval, 6);
-    CHECK_OK(ctx, dtr_model_save(m, "/tmp/dtrain_test_bn.safetensors", DTR_F32));   /* buffers saved and loaded by name */
+    tmp_path("dtr_layers", "bn.safetensors", path, sizeof path);
+    CHECK_OK(ctx, dtr_model_save(m, path, DTR_F32));   /* buffers saved and loaded by name */
     dtr_model_create(ctx, 2, &m2);
     dtr_batchnorm_layer_init(&bn2, m2, "bn", 4);
-    CHECK_OK(ctx, dtr_model_load(m2, "/tmp/dtrain_test_bn.safetensors"));
+    CHECK_OK(ctx, dtr_model_load(m2, path));
     check_bn_statistics(&bn2);
-    remove("/tmp/dtrain_test_bn.safetensors");
+    remove(path);
     dtr_model_destroy(m2);
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
@@ -380,6 +387,22 @@ static void test_buffers(void) {
     CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_batchnorm_layer_forward(ctx, &a, x))));
     CHECK_OK(ctx, dtr_model_read_buffers(m, once, 64));
     dtr_context_reset(ctx);
+    {   /* a full-state checkpoint holds the buffers: written back by a restore */
+        dtr_ckpt_config kc = dtr_ckpt_config_init();
+        dtr_ckpt *ck = NULL;
+        char dir[512];
+        float back[64];
+        CHECK(make_tmp_dir("dtr_layers_ckpt", dir, sizeof dir));
+        kc.dir = dir, kc.ctx = ctx, kc.model = m, kc.sync = 1;
+        CHECK(dtr_ckpt_create(&kc, &ck) == DTR_OK);
+        CHECK_OK(ctx, dtr_ckpt_save(ck, 1, NULL));
+        CHECK_OK(ctx, dtr_model_write_buffers(m, fresh, 64));
+        CHECK_OK(ctx, dtr_ckpt_restore(ck, NULL, NULL));
+        CHECK_OK(ctx, dtr_model_read_buffers(m, back, 64));
+        CHECK(memcmp(back, once, sizeof once) == 0);
+        dtr_ckpt_destroy(ck);
+        rm_tree(dir);
+    }
     CHECK_OK(ctx, dtr_model_write_buffers(m, fresh, 64));   /* as they were before the step */
     x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, 3, shape, xs));
     y = dtr_checkpoint(ctx, bn_region, &a, 1, &x);
