@@ -4644,6 +4644,12 @@ struct dtr_tensor {
 
 /** The tensor that owns t's storage (t itself unless t is a view). */
 static inline const dtr_tensor *dtr__owner(const dtr_tensor *t) { return t->base ? t->base : t; }
+/** Batch norm's x (N, C, ...) viewed as (N, C, S): the CPU's and CUDA's kernels alike. */
+static inline void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
+    int d;
+    *N = x->shape[0], *C = x->shape[1], *S = 1;
+    for (d = 2; d < x->ndim; d++) *S *= x->shape[d];
+}
 /** 1 when t's storage went back to the arena's spares (release_activations). */
 static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->flags & DTR__RELEASED) != 0; }
 
@@ -5355,7 +5361,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5359 "dtrain.h"
+#line 5365 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5647,18 +5653,19 @@ DTR__HD float dtr__f_softplus_grad(float x, float beta, float thr) {
 }
 /** x^p (powf), and its derivative p x^(p-1); 0 for p = 0, as PyTorch's pow_backward. */
 DTR__HD float dtr__f_pow_grad(float x, float p) { return p == 0.0f ? 0.0f : p * powf(x, p - 1.0f); }
+/** max(a, b) and min(a, b), NaN in either giving NaN (PyTorch's maximum and minimum). */
+DTR__HD float dtr__f_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
+DTR__HD float dtr__f_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
 /** The share of the gradient of maximum(a, b) (is_max) or minimum(a, b) that goes to a:
  *  0 where b wins, half at a tie, all of it otherwise (NaN: all of it to both, as PyTorch's
  *  `where(a == b, g / 2, g).masked_fill_(a < b, 0)`); b's share is this with a and b swapped. */
-DTR__HD float dtr__f_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
-DTR__HD float dtr__f_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
 DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
 /** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
- *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the composite ops'
- *  arithmetic, in their order). */
+ *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the arithmetic of
+ *  the sigmoid, tanh, mul and add ops, in that order). */
 DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
     float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
     *c2 = f * c + i * g;
@@ -5777,7 +5784,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5781 "dtrain.h"
+#line 5788 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5839,7 +5846,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5843 "dtrain.h"
+#line 5850 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6218,7 +6225,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6222 "dtrain.h"
+#line 6229 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6261,7 +6268,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6265 "dtrain.h"
+#line 6272 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6295,7 +6302,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6299 "dtrain.h"
+#line 6306 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6354,7 +6361,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6358 "dtrain.h"
+#line 6365 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6428,7 +6435,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6432 "dtrain.h"
+#line 6439 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6496,7 +6503,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6500 "dtrain.h"
+#line 6507 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6571,7 +6578,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6575 "dtrain.h"
+#line 6582 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6923,7 +6930,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6927 "dtrain.h"
+#line 6934 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7747,7 +7754,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7751 "dtrain.h"
+#line 7758 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8422,7 +8429,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8426 "dtrain.h"
+#line 8433 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8513,7 +8520,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8517 "dtrain.h"
+#line 8524 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -8995,7 +9002,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 8999 "dtrain.h"
+#line 9006 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9250,7 +9257,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9254 "dtrain.h"
+#line 9261 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9483,7 +9490,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9487 "dtrain.h"
+#line 9494 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9602,7 +9609,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9606 "dtrain.h"
+#line 9613 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9658,7 +9665,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9662 "dtrain.h"
+#line 9669 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -10043,7 +10050,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10047 "dtrain.h"
+#line 10054 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10305,7 +10312,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10309 "dtrain.h"
+#line 10316 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10800,7 +10807,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10804 "dtrain.h"
+#line 10811 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10979,7 +10986,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10983 "dtrain.h"
+#line 10990 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -11530,12 +11537,6 @@ dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_t
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), x->ndim, x->shape, "dtr_batch_norm");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_batch_norm");
-}
-
-/* x viewed as (N, C, S) */
-static void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
-    *N = x->shape[0], *C = x->shape[1];
-    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
 }
 
 typedef struct dtr__bn_job {
@@ -12140,7 +12141,7 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12144 "dtrain.h"
+#line 12145 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
@@ -12639,7 +12640,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12643 "dtrain.h"
+#line 12644 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12901,7 +12902,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12905 "dtrain.h"
+#line 12906 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13271,7 +13272,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13275 "dtrain.h"
+#line 13276 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13405,7 +13406,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13409 "dtrain.h"
+#line 13410 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -13836,7 +13837,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
         m->frozen += trainable ? -1 : 1;
     }
     if (!matched)
-        return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", prefixes[0],
+        return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", n ? prefixes[0] : "",
                          n > 1 ? " or the other prefixes" : "");
     return DTR_OK;
 }
@@ -13897,7 +13898,6 @@ dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
     return r;
 }
 
-/* the buffer `buf` (params or grads) to or from n host floats */
 /* copies a whole block (0 parameters, 1 gradients, 2 buffers) to or from n host floats */
 static dtr_result dtr__model_copy(dtr_model *m, int which, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
@@ -13947,7 +13947,6 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 
 /* ---- save and load (safetensors) ---- */
 
-/* Elements of parameter i in a file: the full tensor's for a shard. */
 /* Entry i of the model's file: parameter i, or buffer i - count (after the parameters). */
 static dtr_tensor *dtr__file_tensor(const dtr_model *m, int i) { return i < m->count ? m->params[i] : m->bufs[i - m->count]; }
 static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
@@ -13955,6 +13954,7 @@ static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
     return i < m->count ? &m->shards[i] : &whole;
 }
 
+/* Elements of entry i in a file: the full tensor's for a shard. */
 static int64_t dtr__file_numel(const dtr_model *m, int i) {
     const dtr__shard *s = dtr__file_shard(m, i);
     return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(dtr__file_tensor(m, i));

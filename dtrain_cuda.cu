@@ -1104,15 +1104,10 @@ __global__ static void dtr__cuda_batchnorm_bwd_k(dtr__cuda_mem X, dtr__cuda_mem 
     }
 }
 
-static void dtr__cuda_bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
-    *N = x->shape[0], *C = x->shape[1];
-    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
-}
-
 static dtr_result dtr__cuda_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t N, C, S;
     float *stat;
-    dtr__cuda_bn_dims(nd->in[0], &N, &C, &S);
+    dtr__bn_dims(nd->in[0], &N, &C, &S);
     stat = (float *)dtr__node_save(ctx, nd, (size_t)(C ? C : 1) * 2 * sizeof(float));
     if (!stat) return ctx->status;
     nd->saved = stat;
@@ -1126,7 +1121,7 @@ static dtr_result dtr__cuda_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t N, C, S;
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
-    dtr__cuda_bn_dims(nd->in[0], &N, &C, &S);
+    dtr__bn_dims(nd->in[0], &N, &C, &S);
     if ((!gx && !gw && !gb) || N * C * S == 0) return DTR_OK;
     dtr__cuda_batchnorm_bwd_k<<<(unsigned)C, dtr__launch_row_threads(N * S), 0, dtr__cuda_stream(ctx)>>>(
         dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, (const float *)nd->saved, gx, gw, gb, N, C, S);
@@ -1302,7 +1297,7 @@ static dtr_result dtr__cuda_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 static dtr_result dtr__cuda_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 1306 "dtrain_cuda.cu"
+#line 1301 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_gemm.cu ---- */
 #line 1 "src/cuda/cuda_gemm.cu"
@@ -1775,7 +1770,7 @@ static dtr_result dtr__cuda_matmul_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_matmul_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_matmul16(ctx, nd) ? dtr__cuda_matmul_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_matmul_run_bwd);
 }
-#line 1779 "dtrain_cuda.cu"
+#line 1774 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_optim.cu ---- */
 #line 1 "src/cuda/cuda_optim.cu"
@@ -2230,7 +2225,7 @@ static dtr_result dtr__cuda_powersgd(dtr_context *ctx, const dtr__psgd_args *a, 
     if (dtr__cuda_blas(ctx, st, "PowerSGD product") != DTR_OK) return ctx->status;
     return dtr__cuda_check(ctx, cudaGetLastError(), "PowerSGD");
 }
-#line 2234 "dtrain_cuda.cu"
+#line 2229 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_conv.cu ---- */
 #line 1 "src/cuda/cuda_conv.cu"
@@ -2490,7 +2485,7 @@ static dtr_result dtr__cuda_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
         nd->op == DTR_OP_MAXPOOL2D, nd->out->grad, (const int32_t *)nd->saved, gx, g);
     return dtr__cuda_launched(ctx, nd);
 }
-#line 2494 "dtrain_cuda.cu"
+#line 2489 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_attention.cu ---- */
 #line 1 "src/cuda/cuda_attention.cu"
@@ -3363,7 +3358,7 @@ static dtr_result dtr__cuda_attention_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     return dtr__cuda_att16(ctx, nd) ? dtr__cuda_attention_run_bwd(ctx, nd) : dtr__cuda_wide(ctx, nd, 1, dtr__cuda_attention_run_bwd);
 }
-#line 3367 "dtrain_cuda.cu"
+#line 3362 "dtrain_cuda.cu"
 
 /* ---- src/cuda/cuda_backend.cu ---- */
 #line 1 "src/cuda/cuda_backend.cu"
@@ -3861,5 +3856,5 @@ extern "C" int dtr_cuda_device_count(void) {
     if (cudaGetDeviceCount(&n) != cudaSuccess) return 0;
     return n;
 }
-#line 3865 "dtrain_cuda.cu"
+#line 3860 "dtrain_cuda.cu"
 

@@ -630,6 +630,13 @@ static void test_frozen(void) {
     CHECK(dtr_model_param_trainable(a.m, 0) && !dtr_model_param_trainable(a.m, 2) && !dtr_model_param_trainable(a.m, 3));
     CHECK(dtr_model_set_trainable(a.m, typo, 1, 0) == DTR_NOT_FOUND && strstr(dtr_context_last_error(ctx), "'l9.'"));
     dtr_context_clear_error(ctx);
+    {   /* every parameter of a model without any: nothing matched, no prefix to name */
+        dtr_model *none = NULL;
+        dtr_model_create(ctx, 1, &none);
+        CHECK(dtr_model_set_trainable(none, NULL, 0, 0) == DTR_NOT_FOUND);
+        dtr_context_clear_error(ctx);
+        dtr_model_destroy(none);
+    }
     CHECK_OK(ctx, dtr_optimizer_create(a.m, &oc, &oa));
     CHECK_OK(ctx, dtr_optimizer_create(b.m, &oc, &ob));
     for (t = 0; t < 5; t++) {

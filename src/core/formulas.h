@@ -286,18 +286,19 @@ DTR__HD float dtr__f_softplus_grad(float x, float beta, float thr) {
 }
 /** x^p (powf), and its derivative p x^(p-1); 0 for p = 0, as PyTorch's pow_backward. */
 DTR__HD float dtr__f_pow_grad(float x, float p) { return p == 0.0f ? 0.0f : p * powf(x, p - 1.0f); }
+/** max(a, b) and min(a, b), NaN in either giving NaN (PyTorch's maximum and minimum). */
+DTR__HD float dtr__f_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
+DTR__HD float dtr__f_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
 /** The share of the gradient of maximum(a, b) (is_max) or minimum(a, b) that goes to a:
  *  0 where b wins, half at a tie, all of it otherwise (NaN: all of it to both, as PyTorch's
  *  `where(a == b, g / 2, g).masked_fill_(a < b, 0)`); b's share is this with a and b swapped. */
-DTR__HD float dtr__f_maximum(float a, float b) { return (a > b || a != a) ? a : b; }
-DTR__HD float dtr__f_minimum(float a, float b) { return (a < b || a != a) ? a : b; }
 DTR__HD float dtr__f_pick_share(float a, float b, int is_max) {
     return a == b ? 0.5f : (is_max ? a < b : a > b) ? 0.0f : 1.0f;
 }
 
 /** An LSTM cell at one unit from its gates' pre-activations ai, af, ag, ao and the cell before,
- *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the composite ops'
- *  arithmetic, in their order). */
+ *  c: c' = sigmoid(f) c + sigmoid(i) tanh(g), h = sigmoid(o) tanh(c') (the arithmetic of
+ *  the sigmoid, tanh, mul and add ops, in that order). */
 DTR__HD void dtr__f_lstm_cell(float ai, float af, float ag, float ao, float c, float *h, float *c2) {
     float i = dtr__f_sigmoid(ai), f = dtr__f_sigmoid(af), g = dtr__f_tanh(ag), o = dtr__f_sigmoid(ao);
     *c2 = f * c + i * g;

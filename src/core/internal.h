@@ -134,6 +134,12 @@ struct dtr_tensor {
 
 /** The tensor that owns t's storage (t itself unless t is a view). */
 static inline const dtr_tensor *dtr__owner(const dtr_tensor *t) { return t->base ? t->base : t; }
+/** Batch norm's x (N, C, ...) viewed as (N, C, S): the CPU's and CUDA's kernels alike. */
+static inline void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
+    int d;
+    *N = x->shape[0], *C = x->shape[1], *S = 1;
+    for (d = 2; d < x->ndim; d++) *S *= x->shape[d];
+}
 /** 1 when t's storage went back to the arena's spares (release_activations). */
 static inline int dtr__released(const dtr_tensor *t) { return (dtr__owner(t)->flags & DTR__RELEASED) != 0; }
 

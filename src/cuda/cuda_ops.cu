@@ -865,15 +865,10 @@ __global__ static void dtr__cuda_batchnorm_bwd_k(dtr__cuda_mem X, dtr__cuda_mem 
     }
 }
 
-static void dtr__cuda_bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
-    *N = x->shape[0], *C = x->shape[1];
-    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
-}
-
 static dtr_result dtr__cuda_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
     int64_t N, C, S;
     float *stat;
-    dtr__cuda_bn_dims(nd->in[0], &N, &C, &S);
+    dtr__bn_dims(nd->in[0], &N, &C, &S);
     stat = (float *)dtr__node_save(ctx, nd, (size_t)(C ? C : 1) * 2 * sizeof(float));
     if (!stat) return ctx->status;
     nd->saved = stat;
@@ -887,7 +882,7 @@ static dtr_result dtr__cuda_batchnorm_fwd(dtr_context *ctx, dtr__node *nd) {
 static dtr_result dtr__cuda_batchnorm_bwd(dtr_context *ctx, dtr__node *nd) {
     int64_t N, C, S;
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = dtr__gradof(nd->in[2]);
-    dtr__cuda_bn_dims(nd->in[0], &N, &C, &S);
+    dtr__bn_dims(nd->in[0], &N, &C, &S);
     if ((!gx && !gw && !gb) || N * C * S == 0) return DTR_OK;
     dtr__cuda_batchnorm_bwd_k<<<(unsigned)C, dtr__launch_row_threads(N * S), 0, dtr__cuda_stream(ctx)>>>(
         dtr__cuda_mem_of(nd->in[0]), dtr__cuda_mem_of(nd->in[1]), nd->out->grad, (const float *)nd->saved, gx, gw, gb, N, C, S);

@@ -425,7 +425,7 @@ dtr_result dtr_model_set_trainable(dtr_model *m, const char *const *prefixes, in
         m->frozen += trainable ? -1 : 1;
     }
     if (!matched)
-        return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", prefixes[0],
+        return dtr__fail(m->ctx, DTR_NOT_FOUND, "dtr_model_set_trainable: no parameter starts with '%s'%s", n ? prefixes[0] : "",
                          n > 1 ? " or the other prefixes" : "");
     return DTR_OK;
 }
@@ -486,7 +486,6 @@ dtr_result dtr__model_present(const dtr_model *m, const char *fn) {
     return r;
 }
 
-/* the buffer `buf` (params or grads) to or from n host floats */
 /* copies a whole block (0 parameters, 1 gradients, 2 buffers) to or from n host floats */
 static dtr_result dtr__model_copy(dtr_model *m, int which, float *host, int64_t n, int write, const char *fn) {
     dtr_result r;
@@ -536,7 +535,6 @@ dtr_result dtr_model_zero_grad(dtr_model *m) {
 
 /* ---- save and load (safetensors) ---- */
 
-/* Elements of parameter i in a file: the full tensor's for a shard. */
 /* Entry i of the model's file: parameter i, or buffer i - count (after the parameters). */
 static dtr_tensor *dtr__file_tensor(const dtr_model *m, int i) { return i < m->count ? m->params[i] : m->bufs[i - m->count]; }
 static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
@@ -544,6 +542,7 @@ static const dtr__shard *dtr__file_shard(const dtr_model *m, int i) {
     return i < m->count ? &m->shards[i] : &whole;
 }
 
+/* Elements of entry i in a file: the full tensor's for a shard. */
 static int64_t dtr__file_numel(const dtr_model *m, int i) {
     const dtr__shard *s = dtr__file_shard(m, i);
     return s->comm ? dtr__numel(s->ndim, s->full) : dtr_tensor_numel(dtr__file_tensor(m, i));

@@ -547,12 +547,6 @@ dtr_tensor *dtr_batch_norm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_t
     return dtr__record(ctx, n, "dtr_batch_norm");
 }
 
-/* x viewed as (N, C, S) */
-static void dtr__bn_dims(const dtr_tensor *x, int64_t *N, int64_t *C, int64_t *S) {
-    *N = x->shape[0], *C = x->shape[1];
-    *S = (*N != 0 && *C != 0) ? dtr_tensor_numel(x) / (*N * *C) : 0;
-}
-
 typedef struct dtr__bn_job {
     const dtr__node *nd;
     int64_t N, C, S;
