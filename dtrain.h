@@ -597,10 +597,45 @@ DTR_API dtr_tensor *dtr_rmsnorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, 
  *  context is in evaluation mode or p == 0. */
 DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
 
-/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W').
- *  Thread safety: the context's thread. */
+/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W'),
+ *  H' = (H + 2 padding - KH) / stride + 1 (W' alike): PyTorch's conv2d (a cross-correlation).
+ *  Wrong ranks or channels, a kernel larger than the padded input: DTR_SHAPE_MISMATCH; stride
+ *  < 1 or padding < 0: DTR_INVALID_ARGUMENT. dtr_conv2d_ex adds per-axis geometry, dilation
+ *  and groups. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                int stride, int padding);
+
+/** A convolution's geometry, PyTorch's Conv2d arguments: per axis (index 0 height, 1 width)
+ *  the stride, the zero padding on both sides and the dilation (the kernel's taps `dilation`
+ *  apart: a 3-tap kernel with dilation 2 spans 5 inputs), and `groups` (C and O divisible by
+ *  it; group g's O / groups outputs see only its C / groups input channels, so w is
+ *  (O, C / groups, KH, KW); groups = C is a depthwise convolution, MobileNet's). */
+typedef struct dtr_conv_config {
+    int stride[2];                /**< >= 1; 1 from init */
+    int padding[2];               /**< >= 0; 0 from init */
+    int dilation[2];              /**< >= 1; 1 from init */
+    int groups;                   /**< >= 1; 1 from init */
+} dtr_conv_config;
+
+/** Stride 1, padding 0, dilation 1, groups 1 (dtr_conv2d's with stride 1, padding 0).
+ *  Thread safety: any thread. */
+DTR_API dtr_conv_config dtr_conv_config_init(void);
+/** 2-D convolution with the geometry of `cfg` (NULL: dtr_conv_config_init's): x (N, C, H, W),
+ *  w (O, C / groups, KH, KW), bias (O) or NULL -> (N, O, H', W') with
+ *  H' = (H + 2 padding[0] - dilation[0] (KH - 1) - 1) / stride[0] + 1 (W' alike with index 1).
+ *  Errors as dtr_conv2d's; C or O not divisible by groups, or w's second axis not
+ *  C / groups: DTR_SHAPE_MISMATCH; dilation or groups < 1: DTR_INVALID_ARGUMENT (groups:
+ *  DTR_SHAPE_MISMATCH). On the CPU and CUDA backends, every dtype dtr_conv2d takes.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                                  const dtr_conv_config *cfg);
+/** 1-D convolution over sequences: x (N, C, L), w (O, C / groups, K), bias (O) or NULL ->
+ *  (N, O, L'), L' = (L + 2 padding - dilation (K - 1) - 1) / stride + 1: PyTorch's conv1d
+ *  (the 2-D op over (N, C, 1, L); its errors, as dtr_conv2d_ex's). A causal convolution (a
+ *  temporal convolutional network's) pads dilation (K - 1) zeros on the left only: concatenate
+ *  them to x and pass padding 0. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                               int stride, int padding, int dilation, int groups);
 /** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
  *  Average pooling divides by k*k (padding counts as zeros). Max pooling propagates NaN as
  *  PyTorch's max_pool2d: a window holding a NaN gives NaN, and its gradient goes to the NaN.
@@ -895,12 +930,23 @@ DTR_API dtr_context *dtr_model_context(const dtr_model *m);
 
 /** Fully connected layer: weight (out, in), optional bias (out). */
 typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
-/** 2-D convolution layer: weight (out, in, k, k), bias (out). */
+/** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
+ *  convolves with `conv` (the geometry given to init; fields other than groups may change
+ *  after init). */
 typedef struct dtr_conv2d_layer {
     dtr_tensor *weight, *bias;
     int64_t in, out;
-    int k, stride, padding;
+    int kh, kw;
+    dtr_conv_config conv;
 } dtr_conv2d_layer;
+/** 1-D convolution layer: weight (out, in / groups, k), bias (out) or NULL; PyTorch's Conv1d
+ *  (stride, padding, dilation, groups may change after init, groups only to a divisor that
+ *  keeps the weight's shape). */
+typedef struct dtr_conv1d_layer {
+    dtr_tensor *weight, *bias;
+    int64_t in, out;
+    int k, stride, padding, dilation, groups;
+} dtr_conv1d_layer;
 /** Layer norm over the last axis: weight (C) = 1, bias (C) = 0; eps 1e-5, PyTorch's
  *  nn.LayerNorm default (the layer's `eps` field may be changed after init). */
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
@@ -991,6 +1037,18 @@ DTR_API dtr_result dtr_linear_layer_init(dtr_linear_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
                                          int64_t in, int64_t out, int k, int stride, int padding,
                                          dtr_init init);
+/** A convolution layer of any geometry: a kh x kw kernel, `cfg` as dtr_conv2d_ex's (NULL:
+ *  dtr_conv_config_init's), weight (out, in / groups, kh, kw); PyTorch's Conv2d with its
+ *  default init's bias bound 1 / sqrt(in / groups * kh * kw). in or out not divisible by
+ *  groups: DTR_INVALID_ARGUMENT. */
+DTR_API dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
+                                            int64_t in, int64_t out, int kh, int kw,
+                                            const dtr_conv_config *cfg, int bias, dtr_init init);
+/** PyTorch's Conv1d(in, out, k, stride, padding, dilation, groups, bias): weight
+ *  (out, in / groups, k). */
+DTR_API dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *layer, dtr_model *m, const char *name,
+                                         int64_t in, int64_t out, int k, int stride, int padding,
+                                         int dilation, int groups, int bias, dtr_init init);
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
 DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
@@ -1017,6 +1075,7 @@ DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const 
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_conv1d_layer_forward(dtr_context *ctx, const dtr_conv1d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
 /** x (N, C, ...) -> the same shape: the batch's statistics in training mode (moving the running
@@ -4504,7 +4563,7 @@ DTR_API dtr_result dtr_trace_merge(const char *const *inputs, int n, const char 
 #else
 #define DTR__THREAD_LOCAL
 #endif
-#line 4508 "dtrain.h"
+#line 4567 "dtrain.h"
 
 /* ---- src/core/internal.h ---- */
 #line 1 "src/core/internal.h"
@@ -4708,7 +4767,10 @@ const char *dtr__op_name(int op);
 
 /* ---- typed op parameters: what an op means, recorded by its builder ---- */
 
-typedef struct dtr__conv2d_params { int64_t stride, padding; } dtr__conv2d_params;   /* CONV2D */
+typedef struct dtr__conv2d_params {   /* CONV2D: per axis (height, width) */
+    int64_t stride[2], padding[2], dilation[2];
+    int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
+} dtr__conv2d_params;
 typedef struct dtr__pool2d_params { int64_t k, stride, padding; } dtr__pool2d_params; /* MAX/AVGPOOL2D */
 typedef struct dtr__dropout_params {
     float p;                          /* drop probability, in (0, 1) */
@@ -5361,7 +5423,7 @@ extern const dtr_backend dtr__cpu_backend;
 #ifdef __cplusplus
 }
 #endif
-#line 5365 "dtrain.h"
+#line 5427 "dtrain.h"
 
 /* ---- src/core/formulas.h ---- */
 #line 1 "src/core/formulas.h"
@@ -5784,7 +5846,7 @@ static inline dtr__opt_k dtr__opt_consts(const dtr__opt_args *a) {
 }
 
 #endif /* DTR__FORMULAS_H */
-#line 5788 "dtrain.h"
+#line 5850 "dtrain.h"
 
 /* ---- src/data/data_internal.h ---- */
 #line 1 "src/data/data_internal.h"
@@ -5846,7 +5908,7 @@ DTR__PRIVATE int64_t dtr__feed_validate(dtr_feed *s, const void *x, const void *
 #ifdef __cplusplus
 }
 #endif
-#line 5850 "dtrain.h"
+#line 5912 "dtrain.h"
 
 /* ---- src/comm/comm_internal.h ---- */
 #line 1 "src/comm/comm_internal.h"
@@ -6225,7 +6287,7 @@ DTR__PRIVATE int dtr__default_grace_ms(void);
 #ifdef __cplusplus
 }
 #endif
-#line 6229 "dtrain.h"
+#line 6291 "dtrain.h"
 
 /* ---- src/transport/nccl_watch.h ---- */
 #line 1 "src/transport/nccl_watch.h"
@@ -6268,7 +6330,7 @@ static inline int64_t dtr__nccl_nap(int64_t prev_ns, int64_t max_ns, int64_t now
 }
 
 #endif /* DTR__NCCL_WATCH_H */
-#line 6272 "dtrain.h"
+#line 6334 "dtrain.h"
 
 /* ---- src/engine/compress.h ---- */
 #line 1 "src/engine/compress.h"
@@ -6302,7 +6364,7 @@ DTR__PRIVATE float *dtr__dpc_residual(dtr__dpc *z, size_t *bytes, int *dev);
 /** int8 of n floats (n >= 1): payload [f32 scale = max |g| / 127][n int8, g / scale rounded to
  *  nearest, NaN as 0]; resid (may be NULL, may be g itself) = g - decoded. */
 DTR__PRIVATE void dtr__int8_encode(const float *g, int64_t n, unsigned char *out, float *resid);
-#line 6306 "dtrain.h"
+#line 6368 "dtrain.h"
 
 /* ---- src/engine/zero.h ---- */
 #line 1 "src/engine/zero.h"
@@ -6361,7 +6423,7 @@ DTR__PRIVATE void dtr__zero_grads_sent(dtr__zero *z, float *g, int all);
 static inline int dtr__zero_releases_grads(const dtr_dp_config *cfg) {
     return (cfg->zero == 3 && !cfg->zero3_keep_grads) || (cfg->zero == 2 && cfg->zero2_release_grads);
 }
-#line 6365 "dtrain.h"
+#line 6427 "dtrain.h"
 
 /* ---- src/obs/obs_internal.h ---- */
 #line 1 "src/obs/obs_internal.h"
@@ -6435,7 +6497,7 @@ DTR__PRIVATE void dtr__obs_phase_begin(dtr_context *ctx, int phase);
 DTR__PRIVATE void dtr__obs_phase_end(dtr_context *ctx, int phase);
 /** Sets the dtr_metrics a loader reports its waits to (src/data/loader.c). */
 DTR__PRIVATE void dtr__loader_set_obs(dtr_loader *l, struct dtr_metrics *m);
-#line 6439 "dtrain.h"
+#line 6501 "dtrain.h"
 
 /* ---- src/engine/ps.h ---- */
 #line 1 "src/engine/ps.h"
@@ -6503,7 +6565,7 @@ dtr_comm *dtr__ps_group(dtr_ps *ps);
 #define DTR__PS_TAG_REP ((1 << 29) + 2)
 #define DTR__PS_TAG_REPL ((1 << 29) + 3)       /* primary -> backup: forwarded messages */
 #define DTR__PS_TAG_REPL_ACK ((1 << 29) + 4)   /* backup -> primary: held */
-#line 6507 "dtrain.h"
+#line 6569 "dtrain.h"
 
 #endif /* DTRAIN_INTERNAL_H */
 #endif
@@ -6578,7 +6640,7 @@ dtr_result dtr__errf(char *err, size_t errlen, dtr_result code, const char *fmt,
     }
     return code;
 }
-#line 6582 "dtrain.h"
+#line 6644 "dtrain.h"
 
 /* ---- src/core/threadpool.c ---- */
 #line 1 "src/core/threadpool.c"
@@ -6930,7 +6992,7 @@ void *dtr__pool_scratch(dtr__pool *p, int worker, size_t bytes) {
     w->scratch_cap = cap;
     return w->scratch;
 }
-#line 6934 "dtrain.h"
+#line 6996 "dtrain.h"
 
 /* ---- src/core/gemm.c ---- */
 #line 1 "src/core/gemm.c"
@@ -7754,7 +7816,7 @@ void dtr__gemm_on(dtr__pool *p, int worker, int64_t M, int64_t N, int64_t K, flo
     }
     dtr__gemm_slab(&j, 0, M, 0, N, buf);
 }
-#line 7758 "dtrain.h"
+#line 7820 "dtrain.h"
 
 /* ---- src/core/context.c ---- */
 #line 1 "src/core/context.c"
@@ -8429,7 +8491,7 @@ float dtr_rng_normal(dtr_rng *rng) {
     if (u1 < 1e-7f) u1 = 1e-7f;
     return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530717958647692f * u2);
 }
-#line 8433 "dtrain.h"
+#line 8495 "dtrain.h"
 
 /* ---- src/core/half.c ---- */
 #line 1 "src/core/half.c"
@@ -8520,7 +8582,7 @@ float dtr__max_f32(const float *x, int64_t n, float init, int absval) {
     for (i = 0; i < 8; i++) mx = m8[i] > mx ? m8[i] : mx;
     return mx;
 }
-#line 8524 "dtrain.h"
+#line 8586 "dtrain.h"
 
 /* ---- src/core/tensor.c ---- */
 #line 1 "src/core/tensor.c"
@@ -9002,7 +9064,7 @@ int dtr__check_input(dtr_context *ctx, const char *op, const dtr_tensor *x, cons
 dtr_tensor *dtr__contig_input(dtr_context *ctx, dtr_tensor *x) {
     return dtr_tensor_is_contiguous(x) ? x : dtr_contiguous(ctx, x);
 }
-#line 9006 "dtrain.h"
+#line 9068 "dtrain.h"
 
 /* ---- src/core/autograd.c ---- */
 #line 1 "src/core/autograd.c"
@@ -9257,7 +9319,7 @@ dtr_result dtr_event_query(dtr_context *ctx, dtr_event *ev, int *done) {
     *done = 1;
     return ev ? ctx->backend->event_query(ctx, ev, done) : DTR_OK;
 }
-#line 9261 "dtrain.h"
+#line 9323 "dtrain.h"
 
 /* ---- src/core/recompute.c ---- */
 #line 1 "src/core/recompute.c"
@@ -9490,7 +9552,7 @@ dtr_result dtr__cpu_checkpoint_fwd(dtr_context *ctx, dtr__node *n) {
 }
 
 dtr_result dtr__cpu_checkpoint_bwd(dtr_context *ctx, dtr__node *n) { return dtr__checkpoint_backward(ctx, n); }
-#line 9494 "dtrain.h"
+#line 9556 "dtrain.h"
 
 /* ---- src/core/anomaly.c ---- */
 #line 1 "src/core/anomaly.c"
@@ -9609,7 +9671,7 @@ dtr_result dtr__anomaly_backward(dtr_context *ctx, const dtr__node *n) {
     }
     return DTR_OK;
 }
-#line 9613 "dtrain.h"
+#line 9675 "dtrain.h"
 
 /* ---- src/core/progress.c ---- */
 #line 1 "src/core/progress.c"
@@ -9665,7 +9727,7 @@ size_t dtr_progress_format(char *buf, size_t n, const dtr_progress_info *p) {
         dtr__eta(buf, n, &len, p->elapsed_s * (double)(total - done) / (double)done);
     return len;
 }
-#line 9669 "dtrain.h"
+#line 9731 "dtrain.h"
 
 /* ---- src/core/graph.c ---- */
 #line 1 "src/core/graph.c"
@@ -9836,7 +9898,8 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes and a unary op's constants (a SCALE's factor, ...); notes a read of the own tape */
+/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...) and a convolution's geometry;
+   notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
     uint64_t h = 14695981039346656037ull;
@@ -9849,6 +9912,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     }
     h = dtr__fnv_tensor(h, n->out);
     if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
+    if (n->op == DTR_OP_CONV2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
     return dtr__graph_note(g, slot, n->op, h);
 }
 
@@ -10050,7 +10114,7 @@ void dtr_graph_destroy(dtr_graph *g) {
     dtr__free(&ctx->alloc, g->trace);
     dtr__free(&ctx->alloc, g);
 }
-#line 10054 "dtrain.h"
+#line 10118 "dtrain.h"
 
 /* ---- src/core/widen.c ---- */
 #line 1 "src/core/widen.c"
@@ -10312,7 +10376,7 @@ const float *dtr__f32_view(dtr_context *ctx, const dtr__node *n, const dtr_tenso
     if (own) dtr__arena_give_back(ctx, scratch, (size_t)floats * sizeof(float));
     return dtr__convert_on(ctx, scratch, DTR_F32, dtr__data(t), t->dtype, count) == DTR_OK ? scratch : NULL;
 }
-#line 10316 "dtrain.h"
+#line 10380 "dtrain.h"
 
 /* ---- src/ops/ops_elementwise.c ---- */
 #line 1 "src/ops/ops_elementwise.c"
@@ -10807,7 +10871,7 @@ dtr_result dtr__cpu_cast_bwd(dtr_context *ctx, dtr__node *nd) {
     if (gx) for (i = 0; i < n; i++) gx[i] += g[i];
     return DTR_OK;
 }
-#line 10811 "dtrain.h"
+#line 10875 "dtrain.h"
 
 /* ---- src/ops/ops_matmul.c ---- */
 #line 1 "src/ops/ops_matmul.c"
@@ -10986,7 +11050,7 @@ dtr_result dtr__cpu_linear_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 10990 "dtrain.h"
+#line 11054 "dtrain.h"
 
 /* ---- src/ops/ops_nn.c ---- */
 #line 1 "src/ops/ops_nn.c"
@@ -12141,15 +12205,17 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, j.B * (j.H / j.rep), 1, dtr__att_bwd_range, &j);
     return DTR_OK;
 }
-#line 12145 "dtrain.h"
+#line 12209 "dtrain.h"
 
 /* ---- src/ops/ops_conv.c ---- */
 #line 1 "src/ops/ops_conv.c"
 /* ============================================================================
- * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C, KH, KW),
- * y (N, O, Ho, Wo) with Ho = (H + 2P - KH) / S + 1. Convolution is im2col + GEMM: the
- * column matrix of sample n is (C*KH*KW, Ho*Wo), kept for the backward pass when the op is
- * recorded on the tape; otherwise (inference, frozen layers) each worker reuses one.
+ * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C / G, KH, KW),
+ * y (N, O, Ho, Wo) with Ho = (H + 2 PH - DH (KH - 1) - 1) / SH + 1 (stride S, padding P,
+ * dilation D per axis, G groups; Wo alike). Convolution is im2col + GEMM: the column matrix
+ * of sample n is (C*KH*KW, Ho*Wo), group g's rows a block of it (C/G*KH*KW rows), kept for the
+ * backward pass when the op is recorded on the tape; otherwise (inference, frozen layers) each
+ * worker reuses one. 1-D convolution is the 2-D one over (N, C, 1, L).
  * ==========================================================================*/
 
 
@@ -12159,7 +12225,8 @@ dtr_result dtr__cpu_attention_bwd(dtr_context *ctx, dtr__node *nd) {
 /* ---- im2col / col2im ---- */
 
 typedef struct dtr__conv_geom {
-    int64_t N, C, H, W, O, KH, KW, Ho, Wo, S, P;
+    int64_t N, C, H, W, O, KH, KW, Ho, Wo;
+    int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
 
 /* Reference loops: any stride and padding. */
@@ -12170,11 +12237,11 @@ static void dtr__im2col_ref(const dtr__conv_geom *g, const float *x, float *col)
             for (kj = 0; kj < g->KW; kj++) {
                 float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->S - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     float *r = row + oi * g->Wo;
                     if (ii < 0 || ii >= g->H) { for (oj = 0; oj < g->Wo; oj++) r[oj] = 0.0f; continue; }
                     for (oj = 0; oj < g->Wo; oj++) {
-                        int64_t jj = oj * g->S - g->P + kj;
+                        int64_t jj = oj * g->SW - g->PW + kj * g->DW;
                         r[oj] = (jj >= 0 && jj < g->W) ? x[(c * g->H + ii) * g->W + jj] : 0.0f;
                     }
                 }
@@ -12188,22 +12255,22 @@ static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float
             for (kj = 0; kj < g->KW; kj++) {
                 const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->S - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     if (ii < 0 || ii >= g->H) continue;
                     for (oj = 0; oj < g->Wo; oj++) {
-                        int64_t jj = oj * g->S - g->P + kj;
+                        int64_t jj = oj * g->SW - g->PW + kj * g->DW;
                         if (jj >= 0 && jj < g->W) gx[(c * g->H + ii) * g->W + jj] += row[oi * g->Wo + oj];
                     }
                 }
             }
 }
 
-/* Stride 1 (any padding): for tap (ki, kj) output column oj reads input column oj - P + kj,
- * so each output row is one contiguous run of the input row between zero margins
- * [0, j0) and [j1, Wo). Same results as the reference loops (copies and the same order of
- * additions), without per-element bounds checks. */
+/* Stride 1 along the width (any padding, dilation, height stride): for tap (ki, kj) output
+ * column oj reads input column oj - PW + kj DW, so each output row is one contiguous run of
+ * the input row between zero margins [0, j0) and [j1, Wo). Same results as the reference
+ * loops (copies and the same order of additions), without per-element bounds checks. */
 static void dtr__conv_s1_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
-    int64_t a = g->P - kj, b = g->W + g->P - kj;   /* valid oj: a <= oj < b */
+    int64_t a = g->PW - kj * g->DW, b = g->W + g->PW - kj * g->DW;   /* valid oj: a <= oj < b */
     *j0 = a < 0 ? 0 : (a > g->Wo ? g->Wo : a);
     *j1 = b > g->Wo ? g->Wo : (b < *j0 ? *j0 : b);
 }
@@ -12236,18 +12303,18 @@ static void dtr__conv_add(float *d, const float *s, int64_t n) {
 
 static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
     int64_t c, ki, kj, oi, oj, j0, j1;
-    if (g->S != 1) { dtr__im2col_ref(g, x, col); return; }
+    if (g->SW != 1) { dtr__im2col_ref(g, x, col); return; }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 dtr__conv_s1_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     float *r = row + oi * g->Wo;
                     if (ii < 0 || ii >= g->H) { memset(r, 0, (size_t)g->Wo * sizeof(float)); continue; }
                     for (oj = 0; oj < j0; oj++) r[oj] = 0.0f;
-                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->P + kj), j1 - j0);
+                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW), j1 - j0);
                     for (oj = j1; oj < g->Wo; oj++) r[oj] = 0.0f;
                 }
             }
@@ -12255,18 +12322,18 @@ static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
 
 static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
     int64_t c, ki, kj, oi, j0, j1;
-    if (g->S != 1) { dtr__col2im_add_ref(g, col, gx); return; }
+    if (g->SW != 1) { dtr__col2im_add_ref(g, col, gx); return; }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 dtr__conv_s1_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     const float *r = row + oi * g->Wo + j0;
                     float *d;
                     if (ii < 0 || ii >= g->H || j1 <= j0) continue;
-                    d = gx + (c * g->H + ii) * g->W + (j0 - g->P + kj);   /* input column of output column j0 */
+                    d = gx + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW);   /* input column of output column j0 */
                     dtr__conv_add(d, r, j1 - j0);
                 }
             }
@@ -12276,32 +12343,73 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1];
     g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
     g->O = w->shape[0]; g->KH = w->shape[2]; g->KW = w->shape[3];
-    g->S = nd->p.conv2d.stride; g->P = nd->p.conv2d.padding;
+    g->SH = nd->p.conv2d.stride[0]; g->SW = nd->p.conv2d.stride[1];
+    g->PH = nd->p.conv2d.padding[0]; g->PW = nd->p.conv2d.padding[1];
+    g->DH = nd->p.conv2d.dilation[0]; g->DW = nd->p.conv2d.dilation[1];
+    g->G = nd->p.conv2d.groups;
     g->Ho = nd->out->shape[2]; g->Wo = nd->out->shape[3];
 }
 
 /* ---- conv2d ---- */
 
-dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
-    dtr__node *n;
-    int64_t shape[4], Ho, Wo;
+dtr_conv_config dtr_conv_config_init(void) {
+    dtr_conv_config c;
+    c.stride[0] = c.stride[1] = 1;
+    c.padding[0] = c.padding[1] = 0;
+    c.dilation[0] = c.dilation[1] = 1;
+    c.groups = 1;
+    return c;
+}
+
+/* the output's extent along an axis of `in` for a kernel of k taps; < 1 when it does not fit */
+static int64_t dtr__conv_out(int64_t in, int64_t k, int s, int p, int d) {
+    int64_t span = (int64_t)d * (k - 1) + 1;
+    return in + 2 * (int64_t)p < span ? 0 : (in + 2 * (int64_t)p - span) / s + 1;
+}
+
+/* the arguments' checks (DTR_OK or the context's error); *ho, *wo the output's extent */
+static dtr_result dtr__conv_check(dtr_context *ctx, const dtr_tensor *x, const dtr_tensor *w, const dtr_tensor *bias,
+                                  const dtr_conv_config *c, int64_t *ho, int64_t *wo) {
     char s1[96], s2[96];
+    int a;
+    for (a = 0; a < 2; a++)
+        if (c->stride[a] < 1 || c->padding[a] < 0 || c->dilation[a] < 1)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_conv2d: stride %d and dilation %d must be >= 1, padding %d >= 0",
+                             c->stride[a], c->dilation[a], c->padding[a]);
+    if (c->groups < 1 || x->ndim != 4 || w->ndim != 4 || x->shape[1] % c->groups || w->shape[0] % c->groups ||
+        x->shape[1] != w->shape[1] * c->groups)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: x %s and w %s must be (N, C, H, W) and (O, C / groups, KH, KW) "
+                         "with groups %d dividing C and O", dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2),
+                         c->groups);
+    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0]))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: bias %s must be (%lld)", dtr__shape_str(bias, s1, sizeof s1),
+                         (long long)w->shape[0]);
+    *ho = dtr__conv_out(x->shape[2], w->shape[2], c->stride[0], c->padding[0], c->dilation[0]);
+    *wo = dtr__conv_out(x->shape[3], w->shape[3], c->stride[1], c->padding[1], c->dilation[1]);
+    if (*ho < 1 || *wo < 1)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: kernel %s (dilated) larger than the padded input %s",
+                         dtr__shape_str(w, s1, sizeof s1), dtr__shape_str(x, s2, sizeof s2));
+    return DTR_OK;
+}
+
+static void dtr__conv_params(dtr__conv2d_params *p, const dtr_conv_config *c) {
+    int a;
+    for (a = 0; a < 2; a++) {
+        p->stride[a] = c->stride[a];
+        p->padding[a] = c->padding[a];
+        p->dilation[a] = c->dilation[a];
+    }
+    p->groups = c->groups;
+}
+
+dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
+    dtr__node *n;
+    dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
+    int64_t shape[4], Ho = 0, Wo = 0;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
     if (bias && !dtr__check_input(ctx, "dtr_conv2d", bias, "bias")) return NULL;
-    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1])
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: x %s and w %s must be (N, C, H, W) and (O, C, KH, KW)",
-                          dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2));
-    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0]))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: bias %s must be (%lld)", dtr__shape_str(bias, s1, sizeof s1),
-                          (long long)w->shape[0]);
-    if (stride < 1 || padding < 0)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
-    Ho = (x->shape[2] + 2 * padding - w->shape[2]) / stride + 1;
-    Wo = (x->shape[3] + 2 * padding - w->shape[3]) / stride + 1;
-    if (x->shape[2] + 2 * padding < w->shape[2] || x->shape[3] + 2 * padding < w->shape[3] || Ho < 1 || Wo < 1)
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: kernel %s larger than the padded input %s",
-                          dtr__shape_str(w, s1, sizeof s1), dtr__shape_str(x, s2, sizeof s2));
+    if (dtr__conv_check(ctx, x, w, bias, &c, &Ho, &Wo) != DTR_OK) return NULL;
     x = dtr__contig_input(ctx, x);
     w = dtr__contig_input(ctx, w);
     if (!x || !w) return NULL;
@@ -12311,11 +12419,39 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
         n = dtr__node_new(ctx, DTR_OP_CONV2D, bias ? 3 : 2, in);
     }
     if (!n) return NULL;
-    n->p.conv2d.stride = stride;
-    n->p.conv2d.padding = padding;
+    dtr__conv_params(&n->p.conv2d, &c);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
+}
+
+dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
+    dtr_conv_config c = dtr_conv_config_init();
+    c.stride[0] = c.stride[1] = stride;
+    c.padding[0] = c.padding[1] = padding;
+    return dtr_conv2d_ex(ctx, x, w, bias, &c);
+}
+
+/* 1-D: (N, C, L) as (N, C, 1, L), w (O, C / groups, K) as (O, C / groups, 1, K) */
+dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding, int dilation,
+                       int groups) {
+    dtr_conv_config c = dtr_conv_config_init();
+    int64_t xs[4], ws[4], ys[3];
+    dtr_tensor *y;
+    char s1[96], s2[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_conv1d", x, "x") || !dtr__check_input(ctx, "dtr_conv1d", w, "w")) return NULL;
+    if (x->ndim != 3 || w->ndim != 3)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv1d: x %s and w %s must be (N, C, L) and (O, C / groups, K)",
+                          dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2));
+    c.stride[1] = stride; c.padding[1] = padding; c.dilation[1] = dilation; c.groups = groups;
+    xs[0] = x->shape[0]; xs[1] = x->shape[1]; xs[2] = 1; xs[3] = x->shape[2];
+    ws[0] = w->shape[0]; ws[1] = w->shape[1]; ws[2] = 1; ws[3] = w->shape[2];
+    x = dtr_reshape(ctx, x, 4, xs);
+    w = x ? dtr_reshape(ctx, w, 4, ws) : NULL;
+    if (!w || !(y = dtr_conv2d_ex(ctx, x, w, bias, &c))) return NULL;
+    ys[0] = y->shape[0]; ys[1] = y->shape[1]; ys[2] = y->shape[3];
+    return dtr_reshape(ctx, y, 3, ys);
 }
 
 typedef struct {
@@ -12342,13 +12478,14 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
     const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
     float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->saved;
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
     for (n = b; n < e; n++) {
-        float *col = COL + (j->nd->taped ? n : worker) * ckk * P, *y = Y + n * g->O * P;
+        float *col = COL + (j->nd->taped ? n : worker) * g->G * ckk * P, *y = Y + n * g->O * P;
         dtr__im2col(g, X + n * g->C * g->H * g->W, col);
         for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
-        /* y (O, P) += W (O, ckk) col (ckk, P) */
-        dtr__gemm_on(j->pool, worker, g->O, P, ckk, 1.0f, Wt, ckk, 1, col, P, 1, 1.0f, y, P);
+        for (q = 0; q < g->G; q++)   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
+            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, Wt + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
+                         y + q * og * P, P);
     }
 }
 
@@ -12380,24 +12517,39 @@ static float dtr__conv_sum(const float *x, int64_t n) {
     return s;
 }
 
-/* dW and db. Each worker owns a slab of dW and sums over the samples in one fixed order, so
- * any split gives the same bits. The slab is a range of output channels (rows; every worker
- * packs all columns of each sample) or, when there are fewer output channels than C*KH*KW,
- * a range of columns (every worker packs the smaller gy instead). The bias rows are split
- * in proportion to the units. */
+/* dW and db. Each worker owns a slab of dW (O, ckk = C/G*KH*KW) and sums over the samples in
+ * one fixed order, so any split gives the same bits. The slab is a range of output channels
+ * (rows; every worker packs all columns of each sample) or, when there are fewer output
+ * channels than ckk, a range of columns of every group's block (every worker packs the
+ * smaller gy instead). The bias rows are split in proportion to the units. */
+static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, float *gw,
+                                   int64_t b, int64_t e) {
+    const dtr__conv_geom *g = &j->g;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, q, o0, o1;
+    for (q = 0; q < g->G; q++) {
+        const float *gq = gy + q * og * P, *cq = col + q * ckk * P;
+        float *wq = gw + q * og * ckk;
+        if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
+            dtr__gemm_on(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, cq + b * P, 1, P, 1.0f, wq + b, ckk);
+            continue;
+        }
+        o0 = b > q * og ? b - q * og : 0;   /* this group's rows of [b, e) */
+        o1 = e < (q + 1) * og ? e - q * og : og;
+        if (o1 > o0)   /* dW[q][o0:o1] (o1-o0, ckk) += gy[q][o0:o1] (o1-o0, P) col[q]^T (P, ckk) */
+            dtr__gemm_on(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, cq, 1, P, 1.0f, wq + o0 * ckk, ckk);
+    }
+}
+
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     const float *G = j->nd->out->grad, *COL = (const float *)j->nd->saved;
     float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
-        const float *gy = G + n * g->O * P, *col = COL + n * ckk * P;
-        if (gw && j->split_cols)   /* dW[:, b:e] (O, e-b) += gy (O, P) col[b:e]^T (P, e-b) */
-            dtr__gemm_on(j->pool, worker, g->O, e - b, P, 1.0f, gy, P, 1, col + b * P, 1, P, 1.0f, gw + b, ckk);
-        else if (gw)               /* dW[b:e] (e-b, ckk) += gy[b:e] (e-b, P) col^T (P, ckk) */
-            dtr__gemm_on(j->pool, worker, e - b, ckk, P, 1.0f, gy + b * P, P, 1, col, 1, P, 1.0f, gw + b * ckk, ckk);
+        const float *gy = G + n * g->O * P;
+        if (gw) dtr__conv_bwd_w_sample(j, worker, gy, COL + n * g->G * ckk * P, gw, b, e);
         if (gb)
             for (o = o0; o < o1; o++) gb[o] += dtr__conv_sum(gy + o * P, P);
     }
@@ -12409,11 +12561,12 @@ static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_geom *g = &j->g;
     const float *G = j->nd->out->grad, *Wt = dtr__f32(j->nd->in[1]);
     float *gx = dtr__gradof(j->nd->in[0]);
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n;
-    float *gcol = j->gcol + (int64_t)worker * ckk * P;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, q;
+    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * P;
     for (n = b; n < e; n++) {
-        /* gcol (ckk, P) = W^T (ckk, O) gy (O, P) */
-        dtr__gemm_on(j->pool, worker, ckk, P, g->O, 1.0f, Wt, 1, ckk, G + n * g->O * P, P, 1, 0.0f, gcol, P);
+        for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, P) = W[q]^T (ckk, og) gy[q] (og, P) */
+            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, Wt + q * og * ckk, 1, ckk, G + (n * g->O + q * og) * P, P, 1, 0.0f,
+                         gcol + q * ckk * P, P);
         dtr__col2im_add(g, gcol, gx + n * g->C * g->H * g->W);
     }
 }
@@ -12424,9 +12577,9 @@ dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
-    j.split_cols = j.g.O < j.g.C * j.g.KH * j.g.KW;
+    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
     if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
-        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
+        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C / j.g.G * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
     if (dtr__gradof(nd->in[0])) {
         size_t per = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo);
         j.gcol = (float *)dtr__arena_data(ctx, per * (size_t)dtr__pool_threads(ctx->pool) * sizeof(float), "dtr_conv2d backward");
@@ -12640,7 +12793,7 @@ dtr_result dtr__cpu_pool2d_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__pool_run(ctx->pool, planes, grain, dtr__pool2d_bwd_range, &j);
     return DTR_OK;
 }
-#line 12644 "dtrain.h"
+#line 12797 "dtrain.h"
 
 /* ---- src/ops/ops_view.c ---- */
 #line 1 "src/ops/ops_view.c"
@@ -12902,7 +13055,7 @@ dtr_result dtr__cpu_view_bwd(dtr_context *ctx, dtr__node *nd) {
     }
     return DTR_OK;
 }
-#line 12906 "dtrain.h"
+#line 13059 "dtrain.h"
 
 /* ---- src/ops/ops_comm.c ---- */
 #line 1 "src/ops/ops_comm.c"
@@ -13272,7 +13425,7 @@ dtr_result dtr__comm_staged_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__free(&ctx->alloc, im.block);
     return r;
 }
-#line 13276 "dtrain.h"
+#line 13429 "dtrain.h"
 
 /* ---- src/core/backend_cpu.c ---- */
 #line 1 "src/core/backend_cpu.c"
@@ -13406,7 +13559,7 @@ const dtr_backend dtr__cpu_backend = {
     dtr__cpu_codec,
     dtr__cpu_powersgd
 };
-#line 13410 "dtrain.h"
+#line 13563 "dtrain.h"
 
 /* ---- src/nn/model.c ---- */
 #line 1 "src/nn/model.c"
@@ -14128,13 +14281,13 @@ dtr_result dtr_model_state(dtr_model *m, int index, dtr_state_entry *out) {
 }
 
 dtr_result dtr_model_state_loaded(dtr_model *m) { return m ? DTR_OK : DTR_NULL_HANDLE; }
-#line 14132 "dtrain.h"
+#line 14285 "dtrain.h"
 
 /* ---- src/nn/layers.c ---- */
 #line 1 "src/nn/layers.c"
 /* ============================================================================
  * Layers: constructors that declare named parameters on a model, and forward passes made
- * of ops (so autograd covers them). Shapes: x (..., in) for linear, (N, C, H, W) for conv,
+ * of ops (so autograd covers them). Shapes: x (..., in) for linear, (N, C, H, W) for conv2d, (N, C, L) for conv1d,
  * (B, T, C) for attention and GPT blocks.
  * ==========================================================================*/
 
@@ -14188,27 +14341,73 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
     return dtr_linear(ctx, x, l->weight, l->bias);
 }
 
-/* ---- conv2d ---- */
+/* ---- convolution ---- */
+
+/* weight (out, in / groups, kernel...) and the bias (PyTorch's bound 1 / sqrt(fan in)) */
+static dtr_result dtr__conv_layer_params(dtr_model *m, const char *name, const char *fn, int64_t in, int64_t out, int nk,
+                                         const int *k, int groups, int bias, dtr_init init, dtr_tensor **w, dtr_tensor **b) {
+    int64_t ws[4], fan;
+    int i;
+    if (in <= 0 || out <= 0 || groups < 1 || in % groups || out % groups)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs in %lld, out %lld > 0 divisible by "
+                         "groups %d", fn, name ? name : "", (long long)in, (long long)out, groups);
+    ws[0] = out; ws[1] = fan = in / groups;
+    for (i = 0; i < nk; i++) {
+        if (k[i] <= 0)
+            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' has a kernel of %d", fn, name ? name : "", k[i]);
+        ws[2 + i] = k[i];
+        fan *= k[i];
+    }
+    *w = dtr__named_param(m, name, "weight", 2 + nk, ws, init, 0.0f);
+    if (bias) *b = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)fan)));
+    return dtr__layer_status(m);
+}
+
+dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int kh, int kw,
+                                    const dtr_conv_config *cfg, int bias, dtr_init init) {
+    int k[2], a;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    l->conv = cfg ? *cfg : dtr_conv_config_init();
+    l->in = in; l->out = out; l->kh = k[0] = kh; l->kw = k[1] = kw;
+    for (a = 0; a < 2; a++)
+        if (l->conv.stride[a] <= 0 || l->conv.padding[a] < 0 || l->conv.dilation[a] <= 0)
+            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has stride %d, padding %d, "
+                             "dilation %d", name ? name : "", l->conv.stride[a], l->conv.padding[a], l->conv.dilation[a]);
+    return dtr__conv_layer_params(m, name, "dtr_conv2d_layer_init", in, out, 2, k, l->conv.groups, bias, init, &l->weight,
+                                  &l->bias);
+}
 
 dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
                                  int stride, int padding, dtr_init init) {
-    int64_t ws[4];
-    if (!l || !m) return DTR_NULL_HANDLE;
-    memset(l, 0, sizeof(*l));
-    if (in <= 0 || out <= 0 || k <= 0 || stride <= 0 || padding < 0)
-        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has a bad geometry",
-                         name ? name : "");
-    ws[0] = out; ws[1] = in; ws[2] = k; ws[3] = k;
-    l->in = in; l->out = out; l->k = k; l->stride = stride; l->padding = padding;
-    l->weight = dtr__named_param(m, name, "weight", 4, ws, init, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)(in * k * k))));
-    return dtr__layer_status(m);
+    dtr_conv_config c = dtr_conv_config_init();
+    c.stride[0] = c.stride[1] = stride;
+    c.padding[0] = c.padding[1] = padding;
+    return dtr_conv2d_layer_init_ex(l, m, name, in, out, k, k, &c, 1, init);
 }
 
 dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x) {
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv2d_layer_forward: layer is NULL");
-    return dtr_conv2d(ctx, x, l->weight, l->bias, l->stride, l->padding);
+    return dtr_conv2d_ex(ctx, x, l->weight, l->bias, &l->conv);
+}
+
+dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
+                                 int stride, int padding, int dilation, int groups, int bias, dtr_init init) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    l->in = in; l->out = out; l->k = k;
+    l->stride = stride; l->padding = padding; l->dilation = dilation; l->groups = groups;
+    if (stride <= 0 || padding < 0 || dilation <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv1d_layer_init: '%s' has stride %d, padding %d, "
+                         "dilation %d", name ? name : "", stride, padding, dilation);
+    return dtr__conv_layer_params(m, name, "dtr_conv1d_layer_init", in, out, 1, &k, groups, bias, init, &l->weight, &l->bias);
+}
+
+dtr_tensor *dtr_conv1d_layer_forward(dtr_context *ctx, const dtr_conv1d_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv1d_layer_forward: layer is NULL");
+    return dtr_conv1d(ctx, x, l->weight, l->bias, l->stride, l->padding, l->dilation, l->groups);
 }
 
 /* ---- layer norm, embedding ---- */
@@ -14449,7 +14648,7 @@ dtr_tensor *dtr_gpt_block_forward_cached(dtr_context *ctx, const dtr_gpt_block *
 dtr_tensor *dtr_gpt_block_forward(dtr_context *ctx, const dtr_gpt_block *b, dtr_tensor *x) {
     return dtr_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 14453 "dtrain.h"
+#line 14652 "dtrain.h"
 
 /* ---- src/nn/generate.c ---- */
 #line 1 "src/nn/generate.c"
@@ -14725,7 +14924,7 @@ dtr_result dtr_sample(dtr_context *ctx, dtr_tensor *logits, const dtr_sample_con
     dtr__free(&ctx->alloc, w);
     return r;
 }
-#line 14729 "dtrain.h"
+#line 14928 "dtrain.h"
 
 /* ---- src/nn/recurrent.c ---- */
 #line 1 "src/nn/recurrent.c"
@@ -14898,7 +15097,7 @@ dtr_tensor *dtr_gru_layer_forward(dtr_context *ctx, const dtr_gru_layer *l, dtr_
     if (x->shape[1] == 0) return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_gru_layer_forward: a sequence of 0 steps");
     return dtr__rnn_run(ctx, l, 0, x, h0, NULL, h_out, NULL);
 }
-#line 14902 "dtrain.h"
+#line 15101 "dtrain.h"
 
 /* ---- src/nn/tensor_parallel.c ---- */
 #line 1 "src/nn/tensor_parallel.c"
@@ -15153,7 +15352,7 @@ dtr_tensor *dtr_tp_gpt_block_forward_cached(dtr_context *ctx, const dtr_tp_gpt_b
 dtr_tensor *dtr_tp_gpt_block_forward(dtr_context *ctx, const dtr_tp_gpt_block *b, dtr_tensor *x) {
     return dtr_tp_gpt_block_forward_cached(ctx, b, x, NULL, 0);
 }
-#line 15157 "dtrain.h"
+#line 15356 "dtrain.h"
 
 /* ---- src/optim/optim.c ---- */
 #line 1 "src/optim/optim.c"
@@ -15698,7 +15897,7 @@ void dtr__optimizer_keep_grads(dtr_optimizer *o) { if (o) o->keep_grads = 1; }
 void dtr__optimizer_restart_accum(dtr_optimizer *o) { if (o) o->micro = 0; }
 
 int dtr__optimizer_updates_next(const dtr_optimizer *o) { return o && o->micro + 1 >= o->cfg.grad_accum_steps; }
-#line 15702 "dtrain.h"
+#line 15901 "dtrain.h"
 
 /* ---- src/optim/loss_scale.c ---- */
 #line 1 "src/optim/loss_scale.c"
@@ -15836,7 +16035,7 @@ dtr_result dtr_loss_scaler_state_loaded(dtr_loss_scaler *ls) {
         return DTR_CORRUPT_FILE;
     return DTR_OK;
 }
-#line 15840 "dtrain.h"
+#line 16039 "dtrain.h"
 
 /* ---- src/io/json.c ---- */
 #line 1 "src/io/json.c"
@@ -16183,7 +16382,7 @@ static dtr_result dtr__json_validate(dtr__json *j) {
     j->pos = 0;
     return DTR_OK;
 }
-#line 16187 "dtrain.h"
+#line 16386 "dtrain.h"
 
 /* ---- src/io/checksum.c ---- */
 #line 1 "src/io/checksum.c"
@@ -16249,7 +16448,7 @@ uint32_t dtr_crc32c(uint32_t crc, const void *data, size_t n) {
     for (; n; n--) c = t[0][(c ^ *p++) & 0xFFu] ^ (c >> 8);
     return ~c;
 }
-#line 16253 "dtrain.h"
+#line 16452 "dtrain.h"
 
 /* ---- src/io/atomic.c ---- */
 #line 1 "src/io/atomic.c"
@@ -16486,7 +16685,7 @@ dtr_result dtr_write_file_atomic(const char *path, const void *data, size_t byte
     dtr__afile_write(f, data, bytes);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 16490 "dtrain.h"
+#line 16689 "dtrain.h"
 
 /* ---- src/io/safetensors.c ---- */
 #line 1 "src/io/safetensors.c"
@@ -17235,7 +17434,7 @@ done:
     dtr__free(NULL, nbytes);
     return r;
 }
-#line 17239 "dtrain.h"
+#line 17438 "dtrain.h"
 
 /* ---- src/data/idx.c ---- */
 #line 1 "src/data/idx.c"
@@ -17688,7 +17887,7 @@ void dtr_mnist_destroy(dtr_mnist *d) {
     dtr__free(d->alloc, d->test_y);
     memset(d, 0, sizeof *d);
 }
-#line 17692 "dtrain.h"
+#line 17891 "dtrain.h"
 
 /* ---- src/data/sampler.c ---- */
 #line 1 "src/data/sampler.c"
@@ -17744,7 +17943,7 @@ dtr_result dtr_sampler_epoch(const dtr_sampler *s, int64_t epoch, int64_t *out, 
     if (perm != scratch) dtr__free(alloc, perm);
     return DTR_OK;
 }
-#line 17748 "dtrain.h"
+#line 17947 "dtrain.h"
 
 /* ---- src/data/dataset.c ---- */
 #line 1 "src/data/dataset.c"
@@ -18521,7 +18720,7 @@ fail:
     dtr_dataset_destroy(ds);
     return r;
 }
-#line 18525 "dtrain.h"
+#line 18724 "dtrain.h"
 
 /* ---- src/data/csv.c ---- */
 #line 1 "src/data/csv.c"
@@ -19102,7 +19301,7 @@ dtr_result dtr_dataset_open_csv(const dtr_csv_config *cfg, dtr_dataset **out, ch
     dtr__free(&cfg->alloc, buf);
     return r;
 }
-#line 19106 "dtrain.h"
+#line 19305 "dtrain.h"
 
 /* ---- src/data/image.c ---- */
 #line 1 "src/data/image.c"
@@ -19733,7 +19932,7 @@ dtr_result dtr_dataset_open_image_folder(const dtr_image_folder_config *cfg, dtr
     return dtr__open_folder(cfg, ch, out, err, errlen);
 #endif
 }
-#line 19737 "dtrain.h"
+#line 19936 "dtrain.h"
 
 /* ---- src/data/loader.c ---- */
 #line 1 "src/data/loader.c"
@@ -20529,7 +20728,7 @@ dtr_result dtr_loader_state_loaded(dtr_loader *l) {
     if (!l) return DTR_NULL_HANDLE;
     return dtr_loader_set_cursor(l, &l->state_cursor);
 }
-#line 20533 "dtrain.h"
+#line 20732 "dtrain.h"
 
 /* ---- src/data/feed.c ---- */
 #line 1 "src/data/feed.c"
@@ -20882,7 +21081,7 @@ void dtr_feed_get_stats(dtr_feed *s, dtr_feed_stats *out) {
     out->size = s->size;
     pthread_mutex_unlock(&s->mu);
 }
-#line 20886 "dtrain.h"
+#line 21085 "dtrain.h"
 
 /* ---- src/rendezvous/sha256.c ---- */
 #line 1 "src/rendezvous/sha256.c"
@@ -21072,7 +21271,7 @@ static int dtr__ct_equal(const void *a, const void *b, size_t n) {
 #ifdef __cplusplus
 }
 #endif
-#line 21076 "dtrain.h"
+#line 21275 "dtrain.h"
 
 /* ---- src/rendezvous/env.c ---- */
 #line 1 "src/rendezvous/env.c"
@@ -21253,7 +21452,7 @@ dtr_result dtr_rendezvous_config_from_env(dtr_rendezvous_config *cfg, char *err,
 #ifdef __cplusplus
 }
 #endif
-#line 21257 "dtrain.h"
+#line 21456 "dtrain.h"
 
 /* ---- src/rendezvous/wire.c ---- */
 #line 1 "src/rendezvous/wire.c"
@@ -22028,7 +22227,7 @@ void dtr__rdzv_conn_feed(dtr__rdzv_server *s, dtr__rdzv_conn *c, const uint8_t *
 #endif
 
 #endif /* !_WIN32 */
-#line 22032 "dtrain.h"
+#line 22231 "dtrain.h"
 
 /* ---- src/rendezvous/server.c ---- */
 #line 1 "src/rendezvous/server.c"
@@ -22545,7 +22744,7 @@ static dtr_result dtr__rdzv_host_start(const dtr_rendezvous_config *cfg, dtr__rd
 #endif
 
 #endif /* !_WIN32 */
-#line 22549 "dtrain.h"
+#line 22748 "dtrain.h"
 
 /* ---- src/rendezvous/client.c ---- */
 #line 1 "src/rendezvous/client.c"
@@ -23340,7 +23539,7 @@ int dtr_store_port(const dtr_store *st) { return st ? st->port : 0; }
 #ifdef __cplusplus
 }
 #endif
-#line 23344 "dtrain.h"
+#line 23543 "dtrain.h"
 
 /* ---- src/comm/comm.c ---- */
 #line 1 "src/comm/comm.c"
@@ -24588,7 +24787,7 @@ done:
     dtr__free(&c->ep->alloc, all);
     return r;
 }
-#line 24592 "dtrain.h"
+#line 24791 "dtrain.h"
 
 /* ---- src/transport/local.c ---- */
 #line 1 "src/transport/local.c"
@@ -25210,7 +25409,7 @@ static const dtr_transport_vtable dtr__local_vtable = {
 };
 
 const dtr_transport_vtable *dtr_local_transport(void) { return &dtr__local_vtable; }
-#line 25214 "dtrain.h"
+#line 25413 "dtrain.h"
 
 /* ---- src/comm/collectives.c ---- */
 #line 1 "src/comm/collectives.c"
@@ -25711,7 +25910,7 @@ dtr_result dtr__coll_run(dtr_comm *c, const dtr__coll *a) {
     dtr__flight_end(c, id, r);
     return r;
 }
-#line 25715 "dtrain.h"
+#line 25914 "dtrain.h"
 
 /* ---- src/comm/shm.c ---- */
 #line 1 "src/comm/shm.c"
@@ -26441,7 +26640,7 @@ dtr_result dtr__shm_setup(dtr_comm *c) { (void)c; return DTR_OK; }
 void dtr__shm_free(dtr_comm *c) { (void)c; }
 int dtr__shm_run(dtr_comm *c, const dtr__coll *a, dtr_result *r) { (void)c, (void)a, (void)r; return 0; }
 #endif
-#line 26445 "dtrain.h"
+#line 26644 "dtrain.h"
 
 /* ---- src/comm/flight.c ---- */
 #line 1 "src/comm/flight.c"
@@ -26677,7 +26876,7 @@ void dtr__flight_failure(dtr_comm *c, dtr_result code) {
             c->log(c->log_user, DTR_LOG_ERROR, err);
     }
 }
-#line 26681 "dtrain.h"
+#line 26880 "dtrain.h"
 
 /* ---- src/comm/stage.c ---- */
 #line 1 "src/comm/stage.c"
@@ -26806,7 +27005,7 @@ dtr_result dtr__stage_out(dtr_comm *c, const dtr__coll *a, dtr__staged *s, dtr_r
                               c->stage_to_dev ? "device to host" : "host to device", dtr_context_last_error(c->stage_ctx));
     return r;
 }
-#line 26810 "dtrain.h"
+#line 27009 "dtrain.h"
 
 /* ---- src/engine/compress.c ---- */
 #line 1 "src/engine/compress.c"
@@ -27243,7 +27442,7 @@ dtr_result dtr__dpc_finish(dtr__dpc *z, int i, float *g, int64_t begin) {
         return dtr__convert_mem(z->ctx, z->dev, g + begin, DTR_F32, b->send, half, b->n);
     return dtr__dpc_code(z, b, g + begin, NULL, 1);
 }
-#line 27247 "dtrain.h"
+#line 27446 "dtrain.h"
 
 /* ---- src/engine/zero.c ---- */
 #line 1 "src/engine/zero.c"
@@ -27736,7 +27935,7 @@ dtr_result dtr__zero3_start(dtr__zero *z, int nu, const int *param_unit, int kee
     st->param_bytes_peak = (uint64_t)(z->shard[z->me + 1] - z->shard[z->me]) * sizeof(float);   /* from here on */
     return DTR_OK;
 }
-#line 27740 "dtrain.h"
+#line 27939 "dtrain.h"
 
 /* ---- src/engine/data_parallel.c ---- */
 #line 1 "src/engine/data_parallel.c"
@@ -28285,7 +28484,7 @@ dtr_result dtr_dp_state_loaded(dtr_dp *dp) {
     if (dp->z && dp->cfg.zero == 3) dtr__zero3_release_all(dp->z, 1);   /* the restore wrote whole parameters */
     return DTR_OK;
 }
-#line 28289 "dtrain.h"
+#line 28488 "dtrain.h"
 
 /* ---- src/engine/pipeline.c ---- */
 #line 1 "src/engine/pipeline.c"
@@ -28791,7 +28990,7 @@ dtr_result dtr_pipe_step(dtr_pipe *p, float *loss) {
     p->stats.bubble_theory = (double)(p->P - 1) / (double)(p->v * p->M + p->P - 1);
     return r;
 }
-#line 28795 "dtrain.h"
+#line 28994 "dtrain.h"
 
 /* ---- src/engine/ps.c ---- */
 #line 1 "src/engine/ps.c"
@@ -30340,7 +30539,7 @@ dtr_result dtr_ps_pull_rows(dtr_ps *ps, const dtr_tensor *param, const int64_t *
     ps->st.row_pulls++;
     return r;
 }
-#line 30344 "dtrain.h"
+#line 30543 "dtrain.h"
 
 /* ---- src/engine/grid.c ---- */
 #line 1 "src/engine/grid.c"
@@ -30394,7 +30593,7 @@ void dtr_grid_destroy(dtr_grid *g) {
     dtr_comm_destroy(g->tp);
     g->pp = g->dp = g->tp = NULL;
 }
-#line 30398 "dtrain.h"
+#line 30597 "dtrain.h"
 
 /* ---- src/engine/checkpoint.c ---- */
 #line 1 "src/engine/checkpoint.c"
@@ -31572,7 +31771,7 @@ void dtr_ckpt_destroy(dtr_ckpt *ck) {
     dtr__free(NULL, ck->dir);
     dtr__free(NULL, ck);
 }
-#line 31576 "dtrain.h"
+#line 31775 "dtrain.h"
 
 /* ---- src/engine/trainer.c ---- */
 #line 1 "src/engine/trainer.c"
@@ -32475,7 +32674,7 @@ dtr_result dtr_trainer_state_loaded(dtr_trainer *tr) {
     s->crc = dtr_crc32c(0, s->params, (size_t)tr->numel * 4);
     return DTR_OK;
 }
-#line 32479 "dtrain.h"
+#line 32678 "dtrain.h"
 
 /* ---- src/fed/federated.c ---- */
 #line 1 "src/fed/federated.c"
@@ -33953,7 +34152,7 @@ dtr_result dtr_fed_prox(dtr_model *m, const float *global, float mu) {
     }
     return r;
 }
-#line 33957 "dtrain.h"
+#line 34156 "dtrain.h"
 
 /* ---- src/obs/metrics.c ---- */
 #line 1 "src/obs/metrics.c"
@@ -34337,7 +34536,7 @@ dtr_result dtr_metrics_stragglers(dtr_metrics *m, dtr_comm *c, dtr_straggler_rep
     dtr__free(a, cnt);
     return r;
 }
-#line 34341 "dtrain.h"
+#line 34540 "dtrain.h"
 
 /* ---- src/obs/trace.c ---- */
 #line 1 "src/obs/trace.c"
@@ -34486,7 +34685,7 @@ dtr_result dtr_trace_merge(const char *const *inputs, int n, const char *output,
     dtr__afile_write(f, "\n]}\n", 4);
     return dtr__afile_commit(f, err, errlen);
 }
-#line 34490 "dtrain.h"
+#line 34689 "dtrain.h"
 
 #endif /* DTRAIN_IMPLEMENTATION_DONE */
 #endif /* DTRAIN_IMPLEMENTATION */

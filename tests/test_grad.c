@@ -335,6 +335,28 @@ static dtr_tensor *b_conv(dtr_context *c, dtr_tensor **x, void *u) {
     return dtr_conv2d(c, x[0], x[1], g[2] ? x[2] : NULL, g[0], g[1]);
 }
 
+/* dtr_conv2d_ex's geometries: {stride h, w, padding h, w, dilation h, w, groups}; the last two
+   are dtr_conv1d's (stride, padding, dilation, groups from the width's entries); the case's
+   arguments: {geometry, 1 with a bias (the third input)} */
+static const int k_conv_geom[][7] = {
+    {2, 1, 0, 2, 2, 1, 1},   /* per-axis stride and padding, dilated rows (width stride 1: the fast path) */
+    {1, 2, 1, 1, 1, 2, 2},   /* 2 groups, dilated columns, width stride 2 (the reference loops) */
+    {2, 2, 1, 1, 1, 1, 3},   /* depthwise */
+    {1, 1, 0, 1, 1, 1, 2},   /* 2 groups, more outputs than a group's columns: dW split by rows */
+    {1, 1, 0, 2, 1, 2, 2},   /* 1-D: dilation 2, 2 groups */
+    {1, 2, 0, 1, 1, 1, 1},   /* 1-D: stride 2 */
+};
+
+static dtr_tensor *b_conv_ex(dtr_context *c, dtr_tensor **x, void *u) {
+    const int *g = k_conv_geom[((const int *)u)[0]];
+    dtr_tensor *bias = ((const int *)u)[1] ? x[2] : NULL;
+    dtr_conv_config cfg = dtr_conv_config_init();
+    if (dtr_tensor_ndim(x[0]) == 3) return dtr_conv1d(c, x[0], x[1], bias, g[1], g[3], g[5], g[6]);
+    cfg.stride[0] = g[0], cfg.stride[1] = g[1], cfg.padding[0] = g[2], cfg.padding[1] = g[3];
+    cfg.dilation[0] = g[4], cfg.dilation[1] = g[5], cfg.groups = g[6];
+    return dtr_conv2d_ex(c, x[0], x[1], bias, &cfg);
+}
+
 static dtr_tensor *b_pool(dtr_context *c, dtr_tensor **x, void *u) {
     switch (*(int *)u) {
     case 0: return dtr_maxpool2d(c, x[0], 2, 0, 0);
@@ -549,6 +571,13 @@ static const op_case CASES[] = {
     {"conv2d stride 1 pad 1 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {1, 1, 1}, 0, NULL},
     {"conv2d stride 2 pad 0", 2, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3)}, b_conv, {2, 0, 0}, 0, NULL},
     {"conv2d stride 2 pad 2 bias", 3, {IN4(2, 3, 6, 5), IN4(4, 3, 3, 3), IN1(4)}, b_conv, {2, 2, 1}, 0, NULL},
+    {"conv2d stride (2, 1) pad (0, 2) dilation (2, 1) bias", 3, {IN4(2, 3, 7, 6), IN4(4, 3, 2, 3), IN1(4)}, b_conv_ex, {0, 1, 0}, 0,
+     NULL},
+    {"conv2d 2 groups, stride (1, 2), dilation (1, 2)", 2, {IN4(2, 4, 5, 7), IN4(6, 2, 3, 2)}, b_conv_ex, {1, 0, 0}, 0, NULL},
+    {"conv2d depthwise stride 2 pad 1 bias", 3, {IN4(2, 3, 6, 5), IN4(3, 1, 3, 3), IN1(3)}, b_conv_ex, {2, 1, 0}, 0, NULL},
+    {"conv2d 2 groups, 12 outputs of 4 columns, bias", 3, {IN4(2, 4, 3, 4), IN4(12, 2, 1, 2), IN1(12)}, b_conv_ex, {3, 1, 0}, 0, NULL},
+    {"conv1d dilation 2, 2 groups, pad 2, bias", 3, {IN3(2, 4, 9), IN3(6, 2, 3), IN1(6)}, b_conv_ex, {4, 1, 0}, 0, NULL},
+    {"conv1d stride 2", 2, {IN3(2, 3, 8), IN3(4, 3, 3)}, b_conv_ex, {5, 0, 0}, 0, NULL},
     {"maxpool 2", 1, {{4, {2, 2, 6, 7}, 2}}, b_pool, KA(0), 0, NULL},
     {"maxpool 3 stride 2 pad 1", 1, {{4, {2, 2, 6, 7}, 2}}, b_pool, KA(1), 0, NULL},
     {"avgpool 2", 1, {IN4(2, 2, 6, 7)}, b_pool, KA(2), 0, NULL},

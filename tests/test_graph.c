@@ -9,7 +9,8 @@
  *     them over, the context reset after every step;
  *   - the captured step's arena peak equals the eager step's (its tape recycles gradients);
  *   - host values copied in inside the step are the capture's on every launch;
- *   - a launch whose step differs from the capture (a changed scale factor, a changed shape)
+ *   - a launch whose step differs from the capture (a changed scale factor, a changed shape, a
+ *     convolution's changed dilation and padding with its shapes kept)
  *     fails with DTR_BAD_STATE, and the context works afterwards;
  *   - refused inside the step: reading a tensor, an optimizer step, clipping (a host sum),
  *     dtr_context_reset, dropout, the loss scaler's scaling, a nested capture; a context with a gradient hook of the app's; each with
@@ -476,6 +477,44 @@ static void test_graph_launch_detects_a_changed_step(void) {
     }
 }
 
+/* a convolution whose geometry changes after the capture with its shapes kept */
+typedef struct conv_probe { dtr_conv_config cfg; dtr_tensor *x, *w, *out; } conv_probe;
+
+static dtr_result conv_probe_step(dtr_context *ctx, void *user) {
+    conv_probe *p = (conv_probe *)user;
+    p->out = dtr_sum_all(ctx, dtr_conv2d_ex(ctx, p->x, p->w, NULL, &p->cfg));
+    return p->out ? DTR_OK : dtr_context_status(ctx);
+}
+
+static void test_graph_launch_detects_a_changed_conv(void) {
+    int bi;
+    for (bi = 0; bi < BACKENDS; bi++) {
+        dtr_context *ctx = new_ctx(bi);
+        conv_probe p;
+        int64_t xs[4] = {1, 1, 5, 5}, ws[4] = {1, 1, 3, 3};
+        dtr_graph *g = NULL;
+        p.cfg = dtr_conv_config_init();
+        p.cfg.padding[0] = p.cfg.padding[1] = 1;
+        p.x = dtr_tensor_full(ctx, 4, xs, 1.0f), p.w = dtr_tensor_full(ctx, 4, ws, 1.0f);
+        CHECK_OK(ctx, dtr_graph_capture(ctx, conv_probe_step, &p, &g));
+        if (!NATIVE) {   /* dilation 2, padding 2: the same (1, 1, 5, 5) output, another convolution */
+            p.cfg.padding[0] = p.cfg.padding[1] = p.cfg.dilation[0] = p.cfg.dilation[1] = 2;
+            CHECK_EQ_INT(dtr_graph_launch(g), DTR_BAD_STATE);
+            CHECK(strstr(dtr_context_last_error(ctx), "conv2d") != NULL);
+            dtr_context_clear_error(ctx);
+            p.cfg.padding[0] = p.cfg.padding[1] = 1, p.cfg.dilation[0] = p.cfg.dilation[1] = 1;
+        }
+        CHECK_OK(ctx, dtr_graph_launch(g));
+        {   /* each axis's windows hold 2, 3, 3, 3, 2 ones: 13 x 13 */
+            float v = -1.0f;
+            CHECK_OK(ctx, dtr_tensor_read(p.out, DTR_F32, &v, 1));
+            CHECK_NEAR(v, 169.0, 0.0);
+        }
+        dtr_graph_destroy(g);
+        dtr_context_destroy(ctx);
+    }
+}
+
 /* ---- refusals ---- */
 
 enum { R_READ, R_OPT, R_CLIP, R_RESET, R_DROPOUT, R_SCALER, R_NESTED, R_COUNT };
@@ -633,6 +672,7 @@ int main(void) {
     RUN(test_graph_arena_peak_equals_eager);
     RUN(test_graph_host_values_are_the_captures);
     RUN(test_graph_launch_detects_a_changed_step);
+    RUN(test_graph_launch_detects_a_changed_conv);
     RUN(test_graph_refusals);
     RUN(test_graph_data_parallel);
     RUN(test_graph_inputs_and_reset);

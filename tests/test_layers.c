@@ -17,8 +17,12 @@
  *                         (saved, overwritten, restored), and split by dtr_model_keep; a
  *                         name taken; a batch norm inside dtr_checkpoint moves its statistics
  *                         once a step (the recomputation in backward leaves them).
- *   test_layer_errors     wrong shapes and counts, batch norm's bad arguments: a clear error, no
- *                         tensor. */
+ *   test_conv_torch       dtr_conv2d_layer_init_ex (2 x 3 kernel, stride (2, 1), padding (1, 2),
+ *                         dilation (2, 1), 2 groups) against nn.Conv2d and a depthwise dilated
+ *                         dtr_conv1d_layer against nn.Conv1d: outputs and the gradients of x,
+ *                         weight and bias, at 1 and 2 threads.
+ *   test_layer_errors     wrong shapes and counts, batch norm's and convolution's bad
+ *                         arguments: a clear error, no tensor. */
 #define _POSIX_C_SOURCE 200809L
 #define _DEFAULT_SOURCE
 #include "test.h"
@@ -442,6 +446,140 @@ static void check_bn_errors(dtr_context *ctx) {
     }
 }
 
+/* ---- convolution ---- */
+
+/* PyTorch 1.13 in double: nn.Conv2d(4, 6, (2, 3), stride (2, 1), padding (1, 2), dilation (2, 1),
+   groups 2) on x (2, 4, 7, 6), x[k] = sin(0.31k) (1 + k / 60), weight[k] = 0.3 cos(0.23k),
+   bias[o] = 0.1o - 0.2, (y R).sum().backward() with R[k] = cos(0.17k); y (2, 6, 4, 8). Then
+   nn.Conv1d(4, 4, 3, padding 2, dilation 2, groups 4) on x (2, 4, 9), x[k] = cos(0.27k) + k / 50,
+   weight[k] = 0.5 - 0.07k, bias[o] = 0.05o, R[k] = sin(0.19k). x's row 0 is never read by the
+   2-D one (stride 2, dilation 2, padding 1 read the odd rows): its gradient is 0. */
+static const int k_c2_at_y[7] = {0, 9, 27, 50, 77, 120, 191};
+static const int k_c2_at_x[7] = {0, 6, 62, 119, 177, 286, 313};
+static const double k_c2_y[7] = {-0.396440638, 0.122699308, -0.680044181, 0.0783538857, 0.223965, 1.35843059, 0.417954784};
+static const double k_c2_gx[7] = {0, 0.0762433218, 0.617330137, 0.417043131, 0.105258237, 0.460146254, -0.127419281};
+static const double k_c2_gw[11] = {2.18800101, 9.40035696, -2.16736286, -5.93233614, -1.94025616, -9.22892962, -15.9204859,
+                                   -15.9063477, -19.0868321, 11.3485932, 16.930613};
+static const double k_c2_gb[6] = {-7.84646102, -5.83872938, 0.0799288625, 5.94504875, 7.82802668, 4.46759705};
+static const int k_c1_at[7] = {0, 5, 17, 30, 44, 61, 71};
+static const double k_c1_y[7] = {0.753175125, 0.449350291, 0.00659090478, -0.0135234589, 1.29985509, 0.12132961, -0.630098381};
+static const double k_c1_gx[7] = {0.185460235, 1.02961039, 0.0236974117, 0.358043672, 0.733258239, 0.0503412228, -0.299215326};
+static const double k_c1_gw[12] = {5.62383611, 6.69624645, 5.84746407, -2.55976697, -0.482534473, 1.21600856, -9.26948327,
+                                   -11.5843915, -8.79944101, 3.48221196, 1.88921062, -0.421447559};
+static const double k_c1_gb[4] = {13.1798591, 5.86078444, -14.80628, -1.75190746};
+
+/* y = the layer's forward of x (n values from xs), then backward of sum(y R) */
+static dtr_tensor *conv_step(dtr_context *ctx, const void *layer, int one_d, int nd, const int64_t *shape, const float *xs,
+                             dtr_tensor **x, int sine) {
+    float rs[400];
+    dtr_tensor *y;
+    *x = dtr_tensor_requires_grad(dtr_tensor_from(ctx, DTR_F32, nd, shape, xs));
+    y = one_d ? dtr_conv1d_layer_forward(ctx, (const dtr_conv1d_layer *)layer, *x)
+              : dtr_conv2d_layer_forward(ctx, (const dtr_conv2d_layer *)layer, *x);
+    CHECK(y != NULL && dtr_tensor_numel(y) <= 400);
+    if (!y) return NULL;
+    fill(rs, (int)dtr_tensor_numel(y), 1.0, sine ? 0.19 : 0.17, 0.0, !sine);
+    {
+        int64_t n = dtr_tensor_numel(y);
+        CHECK_OK(ctx, dtr_backward(ctx, dtr_sum_all(ctx, dtr_mul(ctx, dtr_reshape(ctx, y, 1, &n), dtr_tensor_from(ctx, DTR_F32, 1, &n, rs)))));
+    }
+    return y;
+}
+
+static void check_conv2d_torch(int threads) {
+    dtr_context *ctx = test_ctx(threads);
+    dtr_model *m;
+    dtr_conv2d_layer cv;
+    dtr_conv_config c = dtr_conv_config_init();
+    float xs[336], w[72], b[6], ys[384], got[11];
+    int64_t shape[4] = {2, 4, 7, 6};
+    dtr_tensor *x, *y;
+    int k;
+    for (k = 0; k < 336; k++) xs[k] = (float)(sin(0.31 * k) * (1 + k / 60.0));
+    for (k = 0; k < 72; k++) w[k] = (float)(0.3 * cos(0.23 * k));
+    for (k = 0; k < 6; k++) b[k] = (float)(0.1 * k - 0.2);
+    c.stride[0] = 2; c.padding[0] = 1; c.padding[1] = 2; c.dilation[0] = 2; c.groups = 2;
+    dtr_model_create(ctx, 1, &m);
+    CHECK_OK(ctx, dtr_conv2d_layer_init_ex(&cv, m, "conv", 4, 6, 2, 3, &c, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_model_build(m));
+    CHECK(dtr_tensor_dim(cv.weight, 1) == 2 && dtr_tensor_dim(cv.weight, 2) == 2 && dtr_tensor_dim(cv.weight, 3) == 3);
+    dtr_tensor_write(cv.weight, DTR_F32, w, 72), dtr_tensor_write(cv.bias, DTR_F32, b, 6);
+    y = conv_step(ctx, &cv, 0, 4, shape, xs, &x, 0);
+    CHECK(y && dtr_tensor_dim(y, 1) == 6 && dtr_tensor_dim(y, 2) == 4 && dtr_tensor_dim(y, 3) == 8);
+    if (y) {
+        dtr_tensor_read(y, DTR_F32, ys, 384);
+        pick(ys, k_c2_at_y, 7, got), check_near("conv2d", got, k_c2_y, 7);
+        pick(dtr_tensor_grad(x), k_c2_at_x, 7, got), check_near("conv2d: x's gradient", got, k_c2_gx, 7);
+        for (k = 0; k < 11; k++) got[k] = dtr_tensor_grad(cv.weight)[7 * k];
+        check_near("conv2d: weight's gradient", got, k_c2_gw, 11);
+        check_near("conv2d: bias's gradient", dtr_tensor_grad(cv.bias), k_c2_gb, 6);
+    }
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void check_conv1d_torch(int threads) {
+    dtr_context *ctx = test_ctx(threads);
+    dtr_model *m;
+    dtr_conv1d_layer cv;
+    float xs[72], w[12], b[4], ys[72], got[7];
+    int64_t shape[3] = {2, 4, 9};
+    dtr_tensor *x, *y;
+    int k;
+    for (k = 0; k < 72; k++) xs[k] = (float)(cos(0.27 * k) + k / 50.0);
+    for (k = 0; k < 12; k++) w[k] = (float)(0.5 - 0.07 * k);
+    for (k = 0; k < 4; k++) b[k] = (float)(0.05 * k);
+    dtr_model_create(ctx, 1, &m);
+    CHECK_OK(ctx, dtr_conv1d_layer_init(&cv, m, "tcn", 4, 4, 3, 1, 2, 2, 4, 1, DTR_INIT_TORCH_DEFAULT));
+    CHECK_OK(ctx, dtr_model_build(m));
+    dtr_tensor_write(cv.weight, DTR_F32, w, 12), dtr_tensor_write(cv.bias, DTR_F32, b, 4);
+    y = conv_step(ctx, &cv, 1, 3, shape, xs, &x, 1);
+    CHECK(y && dtr_tensor_ndim(y) == 3 && dtr_tensor_dim(y, 1) == 4 && dtr_tensor_dim(y, 2) == 9);
+    if (y) {
+        dtr_tensor_read(y, DTR_F32, ys, 72);
+        pick(ys, k_c1_at, 7, got), check_near("conv1d", got, k_c1_y, 7);
+        pick(dtr_tensor_grad(x), k_c1_at, 7, got), check_near("conv1d: x's gradient", got, k_c1_gx, 7);
+        check_near("conv1d: weight's gradient", dtr_tensor_grad(cv.weight), k_c1_gw, 12);
+        check_near("conv1d: bias's gradient", dtr_tensor_grad(cv.bias), k_c1_gb, 4);
+    }
+    dtr_model_destroy(m);
+    dtr_context_destroy(ctx);
+}
+
+static void test_conv_torch(void) {
+    int t;
+    for (t = 1; t <= 2; t++) check_conv2d_torch(t), check_conv1d_torch(t);
+}
+
+/* each call fails with `code` and gives no tensor */
+static void expect_fail(dtr_context *ctx, dtr_tensor *y, dtr_result code, const char *what) {
+    CHECK_MSG(y == NULL && dtr_context_status(ctx) == code, "%s: got %s", what, dtr_result_string(dtr_context_status(ctx)));
+    dtr_context_clear_error(ctx);
+}
+
+static void check_conv_errors(dtr_context *ctx, dtr_model *m) {
+    int64_t xs[4] = {1, 4, 5, 5}, ws[4] = {6, 2, 3, 3}, x1[3] = {1, 4, 5}, w1[3] = {4, 1, 3};
+    dtr_tensor *x = dtr_tensor_zeros(ctx, DTR_F32, 4, xs), *w = dtr_tensor_zeros(ctx, DTR_F32, 4, ws);
+    dtr_conv_config c = dtr_conv_config_init();
+    dtr_conv1d_layer l1;
+    expect_fail(ctx, dtr_conv2d_ex(ctx, x, w, NULL, &c), DTR_SHAPE_MISMATCH, "groups 1 with w (6, 2, 3, 3)");
+    c.groups = 3;
+    expect_fail(ctx, dtr_conv2d_ex(ctx, x, w, NULL, &c), DTR_SHAPE_MISMATCH, "groups 3 of 4 channels");
+    c.groups = 2, c.dilation[1] = 0;
+    expect_fail(ctx, dtr_conv2d_ex(ctx, x, w, NULL, &c), DTR_INVALID_ARGUMENT, "dilation 0");
+    c.dilation[1] = 3;   /* 3 taps 3 apart span 7 > 5 */
+    expect_fail(ctx, dtr_conv2d_ex(ctx, x, w, NULL, &c), DTR_SHAPE_MISMATCH, "a dilated kernel past the input");
+    c.padding[1] = 1;   /* now 7 <= 5 + 2: (1, 6, 3, 1) */
+    CHECK(dtr_conv2d_ex(ctx, x, w, NULL, &c) != NULL && dtr_tensor_dim(dtr_conv2d_ex(ctx, x, w, NULL, &c), 3) == 1);
+    expect_fail(ctx, dtr_conv1d(ctx, x, w, NULL, 1, 0, 1, 2), DTR_SHAPE_MISMATCH, "conv1d of a 4-D x");
+    expect_fail(ctx, dtr_conv1d(ctx, dtr_tensor_zeros(ctx, DTR_F32, 3, x1), dtr_tensor_zeros(ctx, DTR_F32, 3, w1), NULL, 0, 0, 1, 4),
+                DTR_INVALID_ARGUMENT, "conv1d stride 0");
+    CHECK(dtr_conv1d_layer_init(&l1, m, "c1", 4, 6, 3, 1, 0, 1, 4, 1, DTR_INIT_TORCH_DEFAULT) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+    CHECK(dtr_conv1d_layer_init(&l1, m, "c1", 4, 4, 3, 1, 0, 0, 4, 1, DTR_INIT_TORCH_DEFAULT) == DTR_INVALID_ARGUMENT);
+    dtr_context_clear_error(ctx);
+}
+
 static void test_layer_errors(void) {
     dtr_context *ctx = test_ctx(1);
     dtr_model *m;
@@ -477,6 +615,7 @@ static void test_layer_errors(void) {
     CHECK(dtr_context_status(ctx) == DTR_SHAPE_MISMATCH);
     dtr_context_clear_error(ctx);
     check_bn_errors(ctx);
+    check_conv_errors(ctx, m);
     dtr_model_destroy(m);
     dtr_context_destroy(ctx);
 }
@@ -487,6 +626,7 @@ int main(void) {
     RUN(test_group_norm_torch);
     RUN(test_batch_norm_torch);
     RUN(test_buffers);
+    RUN(test_conv_torch);
     RUN(test_layer_errors);
     return test_summary();
 }

@@ -165,7 +165,8 @@ static dtr_result dtr__graph_op_allowed(dtr_context *ctx, int op) {
     return DTR_OK;
 }
 
-/* the node's op, its tensors' shapes and a unary op's constants (a SCALE's factor, ...); notes a read of the own tape */
+/* the node's op, its tensors' shapes, a unary op's constants (a SCALE's factor, ...) and a convolution's geometry;
+   notes a read of the own tape */
 static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     dtr_graph *g = dtr__graph_of(ctx);
     uint64_t h = 14695981039346656037ull;
@@ -178,6 +179,7 @@ static dtr_result dtr__graph_node(dtr_context *ctx, dtr__node *n, int slot) {
     }
     h = dtr__fnv_tensor(h, n->out);
     if (!strcmp(dtr__graph_families[n->op], "unary")) h = dtr__fnv(h, &n->p.unary, sizeof n->p.unary);
+    if (n->op == DTR_OP_CONV2D) h = dtr__fnv(h, &n->p.conv2d, sizeof n->p.conv2d);   /* a layer's geometry may change */
     return dtr__graph_note(g, slot, n->op, h);
 }
 

@@ -198,7 +198,10 @@ const char *dtr__op_name(int op);
 
 /* ---- typed op parameters: what an op means, recorded by its builder ---- */
 
-typedef struct dtr__conv2d_params { int64_t stride, padding; } dtr__conv2d_params;   /* CONV2D */
+typedef struct dtr__conv2d_params {   /* CONV2D: per axis (height, width) */
+    int64_t stride[2], padding[2], dilation[2];
+    int64_t groups;                   /* C and O divide into groups; w (O, C / groups, KH, KW) */
+} dtr__conv2d_params;
 typedef struct dtr__pool2d_params { int64_t k, stride, padding; } dtr__pool2d_params; /* MAX/AVGPOOL2D */
 typedef struct dtr__dropout_params {
     float p;                          /* drop probability, in (0, 1) */

@@ -1,12 +1,13 @@
 /* ============================================================================
  * Convolution and pooling on the GPU, with the CPU's shapes and rules (src/ops/ops_conv.c):
- * x (N, C, H, W), w (O, C, KH, KW), y (N, O, Ho, Wo), Ho = (H + 2P - KH) / S + 1.
+ * x (N, C, H, W), w (O, C / G, KH, KW), y (N, O, Ho, Wo), Ho = (H + 2 PH - DH (KH - 1) - 1) / SH
+ * + 1 (stride, padding, dilation per axis; G groups).
  * Convolution is im2col + cuBLAS: the columns of all samples, col (C*KH*KW, N*Ho*Wo), are kept
- * for backward; y_n = W col_n is one strided-batched GEMM. Backward takes gy as (O, N*Ho*Wo)
- * (one transposing copy): dW += gy col^T and gcol = W^T gy are one GEMM each, the bias
- * gradient is a row sum per output channel, and col2im gathers instead of scattering (one
- * thread per input element sums the columns that read it), so nothing needs atomics and a run
- * repeats bit for bit.
+ * for backward; y_n = W col_n is one strided-batched GEMM per group (group g's rows of W, y and
+ * col are blocks). Backward takes gy as (O, N*Ho*Wo) (one transposing copy): dW += gy col^T and
+ * gcol = W^T gy are one GEMM each per group, the bias gradient is a row sum per output channel,
+ * and col2im gathers instead of scattering (one thread per input element sums the columns that
+ * read it), so nothing needs atomics and a run repeats bit for bit.
  * 16-bit (16-bit products, matmul_precision, and an output of that type): the columns are
  * written and kept in 16 bits (half the f32 path's memory), the f32 weight is rounded into
  * scratch on each call, the bias rounded before the product adds to it (as linear); backward
@@ -16,7 +17,8 @@
  * ==========================================================================*/
 
 typedef struct dtr__cuda_conv {
-    int64_t N, C, H, W, O, KH, KW, Ho, Wo, S, P;
+    int64_t N, C, H, W, O, KH, KW, Ho, Wo;
+    int64_t SH, SW, PH, PW, DH, DW, G;   /* per axis stride, padding, dilation; groups (pooling: square, D 1, G 1) */
 } dtr__cuda_conv;
 
 static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
@@ -24,12 +26,15 @@ static dtr__cuda_conv dtr__cuda_conv_of(const dtr__node *nd, int64_t k_pool) {
     dtr__cuda_conv g;
     g.N = x->shape[0]; g.C = x->shape[1]; g.H = x->shape[2]; g.W = x->shape[3];
     g.Ho = nd->out->shape[2]; g.Wo = nd->out->shape[3];
+    g.DH = g.DW = g.G = 1;
     if (k_pool) {
         g.O = g.C; g.KH = g.KW = k_pool;
-        g.S = nd->p.pool2d.stride; g.P = nd->p.pool2d.padding;
+        g.SH = g.SW = nd->p.pool2d.stride; g.PH = g.PW = nd->p.pool2d.padding;
     } else {
+        const dtr__conv2d_params *p = &nd->p.conv2d;
         g.O = nd->in[1]->shape[0]; g.KH = nd->in[1]->shape[2]; g.KW = nd->in[1]->shape[3];
-        g.S = nd->p.conv2d.stride; g.P = nd->p.conv2d.padding;
+        g.SH = p->stride[0]; g.SW = p->stride[1]; g.PH = p->padding[0]; g.PW = p->padding[1];
+        g.DH = p->dilation[0]; g.DW = p->dilation[1]; g.G = p->groups;
     }
     return g;
 }
@@ -40,14 +45,14 @@ __global__ static void dtr__cuda_im2col_k(dtr__cuda_mem x, dtr__cuda_mem col, dt
     DTR__CUDA_FOR(t, g.N * ckk * P) {
         int64_t r = t / (g.N * P), n = (t / P) % g.N, p = t % P;
         int64_t c = r / (g.KH * g.KW), ki = (r / g.KW) % g.KH, kj = r % g.KW;
-        int64_t ii = (p / g.Wo) * g.S - g.P + ki, jj = (p % g.Wo) * g.S - g.P + kj;
+        int64_t ii = (p / g.Wo) * g.SH - g.PH + ki * g.DH, jj = (p % g.Wo) * g.SW - g.PW + kj * g.DW;
         col.st(t, (ii >= 0 && ii < g.H && jj >= 0 && jj < g.W) ? x.ld(((n * g.C + c) * g.H + ii) * g.W + jj) : 0.0f);
     }
 }
 
-/* The output positions (oi range) whose window row a covers input row i: i = oi S - P + a. */
-__device__ static int dtr__cuda_window(int64_t i, int64_t a, int64_t S, int64_t P, int64_t Ho, int64_t *oi) {
-    int64_t q = i + P - a;
+/* The output position oi whose window's tap a (dilation D) covers input row i: i = oi S - P + a D. */
+__device__ static int dtr__cuda_window(int64_t i, int64_t a, int64_t S, int64_t P, int64_t D, int64_t Ho, int64_t *oi) {
+    int64_t q = i + P - a * D;
     if (q < 0 || q % S != 0) return 0;
     *oi = q / S;
     return *oi < Ho;
@@ -60,9 +65,9 @@ __global__ static void dtr__cuda_col2im_k(const float *gcol, float *gx, dtr__cud
         int64_t n = t / (g.C * g.H * g.W), c = (t / (g.H * g.W)) % g.C, i = (t / g.W) % g.H, j = t % g.W, oi, oj;
         float acc = gx[t];
         for (int64_t ki = 0; ki < g.KH; ki++) {
-            if (!dtr__cuda_window(i, ki, g.S, g.P, g.Ho, &oi)) continue;
+            if (!dtr__cuda_window(i, ki, g.SH, g.PH, g.DH, g.Ho, &oi)) continue;
             for (int64_t kj = 0; kj < g.KW; kj++) {
-                if (!dtr__cuda_window(j, kj, g.S, g.P, g.Wo, &oj)) continue;
+                if (!dtr__cuda_window(j, kj, g.SW, g.PW, g.DW, g.Wo, &oj)) continue;
                 acc += gcol[(((c * g.KH + ki) * g.KW + kj) * g.N + n) * P + oi * g.Wo + oj];
             }
         }
@@ -117,31 +122,47 @@ static const void *dtr__cuda_conv_w(dtr_context *ctx, const dtr__node *nd, const
 static dtr_result dtr__cuda_conv2d_run_fwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
     dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
-    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo;
+    int64_t ckk = g.C / g.G * g.KH * g.KW, og = g.O / g.G, P = g.Ho * g.Wo, w16 = c.p == DTR_F32 ? 0 : dtr__cuda_align256(g.O * ckk * 2);
     const dtr_tensor *bias = nd->n_in > 2 ? nd->in[2] : NULL;
-    char *col = (char *)dtr__node_save(ctx, nd, (size_t)(g.N * ckk * P + 1) * (size_t)c.es), *at; /* kept for backward */
+    char *col = (char *)dtr__node_save(ctx, nd, (size_t)(g.N * g.G * ckk * P + 1) * (size_t)c.es), *at; /* kept for backward */
     const void *W;
     dtr__cuda_mem colm = {col, (int)c.p};
     cudaStream_t st = dtr__cuda_stream(ctx);
     if (!col) return ctx->status;
     nd->saved = col;
     if (g.N * g.O * P == 0) return DTR_OK;
-    at = c.p == DTR_F32 ? NULL : (char *)dtr__cuda_scratch(ctx, (size_t)dtr__cuda_align256(g.O * ckk * 2));
-    if ((c.p != DTR_F32 && !at) || !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at))) return ctx->status;
-    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->in[0]), colm, g);
+    /* scratch: the rounded weight (16-bit), then the groups' pointer arrays */
+    if (!(at = (char *)dtr__cuda_scratch(ctx, (size_t)(w16 + 3 * g.G * g.N * (int64_t)sizeof(void *)))) ||
+        !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at)))
+        return ctx->status;
+    dtr__cuda_im2col_k<<<dtr__cuda_grid(g.N * g.G * ckk * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->in[0]), colm, g);
     if (bias)
         dtr__cuda_conv_bias_k<<<dtr__cuda_grid(g.N * g.O * P), DTR__CUDA_THREADS, 0, st>>>(dtr__cuda_mem_of(nd->out),
                                                                                       dtr__cuda_mem_of(bias), g.N, g.O, P);
     if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    /* y_n (O, P) = W (O, ckk) col_n (ckk, P; row stride N P) (+ the bias already there) */
-    return dtr__cuda_gemm_as(ctx, c.t, g.O, P, ckk, 1.0f, W, ckk, 1, 0, col, g.N * P, 1, P, bias ? 1.0f : 0.0f, dtr__data(nd->out), P,
-                             g.O * P, g.N);
+    {   /* y_n[q] (og, P) = W[q] (og, ckk) col_n[q] (ckk, P; row stride N P) (+ the bias already there): items (q, n) */
+        dtr__cuda_bstride sw = {og * ckk, 0, c.es}, sc = {ckk * g.N * P, P, c.es}, sy = {og * P, g.O * P, c.es};
+        return dtr__cuda_gemm2(ctx, c.t, og, P, ckk, 1.0f, W, ckk, 1, sw, col, g.N * P, 1, sc, bias ? 1.0f : 0.0f,
+                               dtr__data(nd->out), P, sy, g.G, g.N, (void **)at);   /* (at: past the rounded weight) */
+    }
+}
+
+/* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) and gcol (G ckk, NP) = W^T gy, one product per group */
+static dtr_result dtr__cuda_conv2d_products(dtr_context *ctx, const dtr__node *nd, const dtr__cuda_conv *g, const dtr__cuda_conv_t *c,
+                                            const char *gyt, const void *W, float *gw, float *gcol) {
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, NP = g->N * g->Ho * g->Wo;
+    if (gw && dtr__cuda_gemm_as(ctx, c->tg, og, ckk, NP, 1.0f, gyt, NP, 1, og * NP, nd->saved, 1, NP, ckk * NP, 1.0f, gw, ckk,
+                                og * ckk, g->G) != DTR_OK)
+        return ctx->status;
+    if (!gcol) return DTR_OK;
+    return dtr__cuda_gemm_as(ctx, c->tg, ckk, NP, og, 1.0f, W, 1, ckk, og * ckk, gyt, NP, 1, og * NP, 0.0f, gcol, NP, ckk * NP,
+                             g->G);
 }
 
 static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     dtr__cuda_conv g = dtr__cuda_conv_of(nd, 0);
     dtr__cuda_conv_t c = dtr__cuda_conv_types(ctx, nd);
-    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, NP = g.N * P;
+    int64_t ckk = g.C * g.KH * g.KW, P = g.Ho * g.Wo, NP = g.N * P;   /* ckk: all groups' rows */
     float *gx = dtr__gradof(nd->in[0]), *gw = dtr__gradof(nd->in[1]), *gb = nd->n_in > 2 ? dtr__gradof(nd->in[2]) : NULL, *gcol;
     cudaStream_t st = dtr__cuda_stream(ctx);
     const void *W = NULL;
@@ -155,22 +176,18 @@ static dtr_result dtr__cuda_conv2d_run_bwd(dtr_context *ctx, dtr__node *nd) {
     if (!gw && !gx) return DTR_OK;
     /* temporaries in the context's scratch: gy transposed, the rounded weight, the column gradients */
     if (!(gyt = at = (char *)dtr__cuda_scratch(ctx, (size_t)(dtr__cuda_align256(g.O * NP * c.es) +
-                                                            (gx ? (c.es == 2 ? dtr__cuda_align256(g.O * ckk * 2) : 0) + ckk * NP * 4 : 0)))))
+                                                            (gx ? (c.es == 2 ? dtr__cuda_align256(g.O * ckk / g.G * 2) : 0) +
+                                                                  ckk * NP * 4 : 0)))))
         return ctx->status;
     gytm.p = gyt, gytm.dt = (int)c.p;
     at += dtr__cuda_align256(g.O * NP * c.es);
-    if (gx && !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk, &at))) return ctx->status;
-    gcol = (float *)at;   /* (past the rounded weight) */
+    if (gx && !(W = dtr__cuda_conv_w(ctx, nd, &c, g.O * ckk / g.G, &at))) return ctx->status;
+    gcol = gx ? (float *)at : NULL;   /* (past the rounded weight) */
     dtr__cuda_conv_gyt_k<<<dtr__cuda_grid(g.O * NP), DTR__CUDA_THREADS, 0, st>>>(nd->out->grad, gytm, g.N, g.O, P);
-    if (dtr__cuda_launched(ctx, nd) != DTR_OK) return ctx->status;
-    /* dW (O, ckk) += gy (O, NP) col^T (NP, ckk) */
-    if (gw && dtr__cuda_gemm_as(ctx, c.tg, g.O, ckk, NP, 1.0f, gyt, NP, 1, 0, nd->saved, 1, NP, 0, 1.0f, gw, ckk, 0, 1) != DTR_OK)
+    if (dtr__cuda_launched(ctx, nd) != DTR_OK || dtr__cuda_conv2d_products(ctx, nd, &g, &c, gyt, W, gw, gcol) != DTR_OK)
         return ctx->status;
-    if (gx) {   /* gcol (ckk, NP) = W^T (ckk, O) gy (O, NP), then gathered back into gx */
-        if (dtr__cuda_gemm_as(ctx, c.tg, ckk, NP, g.O, 1.0f, W, 1, ckk, 0, gyt, NP, 1, 0, 0.0f, gcol, NP, 0, 1) != DTR_OK)
-            return ctx->status;
+    if (gx)   /* the column gradients gathered back into gx */
         dtr__cuda_col2im_k<<<dtr__cuda_grid(g.N * g.C * g.H * g.W), DTR__CUDA_THREADS, 0, st>>>(gcol, gx, g);
-    }
     return dtr__cuda_launched(ctx, nd);
 }
 
@@ -197,10 +214,10 @@ __global__ static void dtr__cuda_pool_fwd_k(int maxp, dtr__cuda_mem X, dtr__cuda
         float best = -INFINITY, s = 0.0f;
         int32_t bi = -1;
         for (int64_t a = 0; a < k; a++) {
-            int64_t ii = oi * g.S - g.P + a;
+            int64_t ii = oi * g.SH - g.PH + a;
             if (ii < 0 || ii >= g.H) continue;
             for (int64_t b = 0; b < k; b++) {
-                int64_t jj = oj * g.S - g.P + b;
+                int64_t jj = oj * g.SW - g.PW + b;
                 if (jj < 0 || jj >= g.W) continue;
                 float v = X.ld(xc + ii * g.W + jj);
                 s += v;
@@ -219,9 +236,9 @@ __global__ static void dtr__cuda_pool_bwd_k(int maxp, const float *G, const int3
         int64_t c = t / (g.H * g.W), i = (t / g.W) % g.H, j = t % g.W, oi, oj;
         float acc = gx[t];
         for (int64_t a = k - 1; a >= 0; a--) {   /* a descending: oi ascending */
-            if (!dtr__cuda_window(i, a, g.S, g.P, g.Ho, &oi)) continue;
+            if (!dtr__cuda_window(i, a, g.SH, g.PH, 1, g.Ho, &oi)) continue;
             for (int64_t b = k - 1; b >= 0; b--) {
-                if (!dtr__cuda_window(j, b, g.S, g.P, g.Wo, &oj)) continue;
+                if (!dtr__cuda_window(j, b, g.SW, g.PW, 1, g.Wo, &oj)) continue;
                 int64_t o = (c * g.Ho + oi) * g.Wo + oj;
                 if (!maxp) acc += G[o] / (float)(k * k);
                 else if (arg[o] == (int32_t)(i * g.W + j)) acc += G[o];

@@ -1,6 +1,6 @@
 /* ============================================================================
  * Layers: constructors that declare named parameters on a model, and forward passes made
- * of ops (so autograd covers them). Shapes: x (..., in) for linear, (N, C, H, W) for conv,
+ * of ops (so autograd covers them). Shapes: x (..., in) for linear, (N, C, H, W) for conv2d, (N, C, L) for conv1d,
  * (B, T, C) for attention and GPT blocks.
  * ==========================================================================*/
 #include "../public/api.h"
@@ -54,27 +54,73 @@ dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l
     return dtr_linear(ctx, x, l->weight, l->bias);
 }
 
-/* ---- conv2d ---- */
+/* ---- convolution ---- */
+
+/* weight (out, in / groups, kernel...) and the bias (PyTorch's bound 1 / sqrt(fan in)) */
+static dtr_result dtr__conv_layer_params(dtr_model *m, const char *name, const char *fn, int64_t in, int64_t out, int nk,
+                                         const int *k, int groups, int bias, dtr_init init, dtr_tensor **w, dtr_tensor **b) {
+    int64_t ws[4], fan;
+    int i;
+    if (in <= 0 || out <= 0 || groups < 1 || in % groups || out % groups)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' needs in %lld, out %lld > 0 divisible by "
+                         "groups %d", fn, name ? name : "", (long long)in, (long long)out, groups);
+    ws[0] = out; ws[1] = fan = in / groups;
+    for (i = 0; i < nk; i++) {
+        if (k[i] <= 0)
+            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "%s: '%s' has a kernel of %d", fn, name ? name : "", k[i]);
+        ws[2 + i] = k[i];
+        fan *= k[i];
+    }
+    *w = dtr__named_param(m, name, "weight", 2 + nk, ws, init, 0.0f);
+    if (bias) *b = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)fan)));
+    return dtr__layer_status(m);
+}
+
+dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int kh, int kw,
+                                    const dtr_conv_config *cfg, int bias, dtr_init init) {
+    int k[2], a;
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    l->conv = cfg ? *cfg : dtr_conv_config_init();
+    l->in = in; l->out = out; l->kh = k[0] = kh; l->kw = k[1] = kw;
+    for (a = 0; a < 2; a++)
+        if (l->conv.stride[a] <= 0 || l->conv.padding[a] < 0 || l->conv.dilation[a] <= 0)
+            return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has stride %d, padding %d, "
+                             "dilation %d", name ? name : "", l->conv.stride[a], l->conv.padding[a], l->conv.dilation[a]);
+    return dtr__conv_layer_params(m, name, "dtr_conv2d_layer_init", in, out, 2, k, l->conv.groups, bias, init, &l->weight,
+                                  &l->bias);
+}
 
 dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
                                  int stride, int padding, dtr_init init) {
-    int64_t ws[4];
-    if (!l || !m) return DTR_NULL_HANDLE;
-    memset(l, 0, sizeof(*l));
-    if (in <= 0 || out <= 0 || k <= 0 || stride <= 0 || padding < 0)
-        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv2d_layer_init: '%s' has a bad geometry",
-                         name ? name : "");
-    ws[0] = out; ws[1] = in; ws[2] = k; ws[3] = k;
-    l->in = in; l->out = out; l->k = k; l->stride = stride; l->padding = padding;
-    l->weight = dtr__named_param(m, name, "weight", 4, ws, init, 0.0f);
-    l->bias = dtr__named_param(m, name, "bias", 1, &out, DTR_INIT_UNIFORM, (float)(1.0 / sqrt((double)(in * k * k))));
-    return dtr__layer_status(m);
+    dtr_conv_config c = dtr_conv_config_init();
+    c.stride[0] = c.stride[1] = stride;
+    c.padding[0] = c.padding[1] = padding;
+    return dtr_conv2d_layer_init_ex(l, m, name, in, out, k, k, &c, 1, init);
 }
 
 dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x) {
     if (!ctx) return NULL;
     if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv2d_layer_forward: layer is NULL");
-    return dtr_conv2d(ctx, x, l->weight, l->bias, l->stride, l->padding);
+    return dtr_conv2d_ex(ctx, x, l->weight, l->bias, &l->conv);
+}
+
+dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *l, dtr_model *m, const char *name, int64_t in, int64_t out, int k,
+                                 int stride, int padding, int dilation, int groups, int bias, dtr_init init) {
+    if (!l || !m) return DTR_NULL_HANDLE;
+    memset(l, 0, sizeof(*l));
+    l->in = in; l->out = out; l->k = k;
+    l->stride = stride; l->padding = padding; l->dilation = dilation; l->groups = groups;
+    if (stride <= 0 || padding < 0 || dilation <= 0)
+        return dtr__fail(dtr_model_context(m), DTR_INVALID_ARGUMENT, "dtr_conv1d_layer_init: '%s' has stride %d, padding %d, "
+                         "dilation %d", name ? name : "", stride, padding, dilation);
+    return dtr__conv_layer_params(m, name, "dtr_conv1d_layer_init", in, out, 1, &k, groups, bias, init, &l->weight, &l->bias);
+}
+
+dtr_tensor *dtr_conv1d_layer_forward(dtr_context *ctx, const dtr_conv1d_layer *l, dtr_tensor *x) {
+    if (!ctx) return NULL;
+    if (!l) return dtr__failt(ctx, DTR_NULL_HANDLE, "dtr_conv1d_layer_forward: layer is NULL");
+    return dtr_conv1d(ctx, x, l->weight, l->bias, l->stride, l->padding, l->dilation, l->groups);
 }
 
 /* ---- layer norm, embedding ---- */

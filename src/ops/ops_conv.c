@@ -1,8 +1,10 @@
 /* ============================================================================
- * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C, KH, KW),
- * y (N, O, Ho, Wo) with Ho = (H + 2P - KH) / S + 1. Convolution is im2col + GEMM: the
- * column matrix of sample n is (C*KH*KW, Ho*Wo), kept for the backward pass when the op is
- * recorded on the tape; otherwise (inference, frozen layers) each worker reuses one.
+ * Convolution and pooling over images. Shapes: x (N, C, H, W), w (O, C / G, KH, KW),
+ * y (N, O, Ho, Wo) with Ho = (H + 2 PH - DH (KH - 1) - 1) / SH + 1 (stride S, padding P,
+ * dilation D per axis, G groups; Wo alike). Convolution is im2col + GEMM: the column matrix
+ * of sample n is (C*KH*KW, Ho*Wo), group g's rows a block of it (C/G*KH*KW rows), kept for the
+ * backward pass when the op is recorded on the tape; otherwise (inference, frozen layers) each
+ * worker reuses one. 1-D convolution is the 2-D one over (N, C, 1, L).
  * ==========================================================================*/
 #include "../public/api.h"
 #include "../core/internal.h"
@@ -12,7 +14,8 @@
 /* ---- im2col / col2im ---- */
 
 typedef struct dtr__conv_geom {
-    int64_t N, C, H, W, O, KH, KW, Ho, Wo, S, P;
+    int64_t N, C, H, W, O, KH, KW, Ho, Wo;
+    int64_t SH, SW, PH, PW, DH, DW, G;   /* stride, padding, dilation per axis; groups */
 } dtr__conv_geom;
 
 /* Reference loops: any stride and padding. */
@@ -23,11 +26,11 @@ static void dtr__im2col_ref(const dtr__conv_geom *g, const float *x, float *col)
             for (kj = 0; kj < g->KW; kj++) {
                 float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->S - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     float *r = row + oi * g->Wo;
                     if (ii < 0 || ii >= g->H) { for (oj = 0; oj < g->Wo; oj++) r[oj] = 0.0f; continue; }
                     for (oj = 0; oj < g->Wo; oj++) {
-                        int64_t jj = oj * g->S - g->P + kj;
+                        int64_t jj = oj * g->SW - g->PW + kj * g->DW;
                         r[oj] = (jj >= 0 && jj < g->W) ? x[(c * g->H + ii) * g->W + jj] : 0.0f;
                     }
                 }
@@ -41,22 +44,22 @@ static void dtr__col2im_add_ref(const dtr__conv_geom *g, const float *col, float
             for (kj = 0; kj < g->KW; kj++) {
                 const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi * g->S - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     if (ii < 0 || ii >= g->H) continue;
                     for (oj = 0; oj < g->Wo; oj++) {
-                        int64_t jj = oj * g->S - g->P + kj;
+                        int64_t jj = oj * g->SW - g->PW + kj * g->DW;
                         if (jj >= 0 && jj < g->W) gx[(c * g->H + ii) * g->W + jj] += row[oi * g->Wo + oj];
                     }
                 }
             }
 }
 
-/* Stride 1 (any padding): for tap (ki, kj) output column oj reads input column oj - P + kj,
- * so each output row is one contiguous run of the input row between zero margins
- * [0, j0) and [j1, Wo). Same results as the reference loops (copies and the same order of
- * additions), without per-element bounds checks. */
+/* Stride 1 along the width (any padding, dilation, height stride): for tap (ki, kj) output
+ * column oj reads input column oj - PW + kj DW, so each output row is one contiguous run of
+ * the input row between zero margins [0, j0) and [j1, Wo). Same results as the reference
+ * loops (copies and the same order of additions), without per-element bounds checks. */
 static void dtr__conv_s1_cols(const dtr__conv_geom *g, int64_t kj, int64_t *j0, int64_t *j1) {
-    int64_t a = g->P - kj, b = g->W + g->P - kj;   /* valid oj: a <= oj < b */
+    int64_t a = g->PW - kj * g->DW, b = g->W + g->PW - kj * g->DW;   /* valid oj: a <= oj < b */
     *j0 = a < 0 ? 0 : (a > g->Wo ? g->Wo : a);
     *j1 = b > g->Wo ? g->Wo : (b < *j0 ? *j0 : b);
 }
@@ -89,18 +92,18 @@ static void dtr__conv_add(float *d, const float *s, int64_t n) {
 
 static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
     int64_t c, ki, kj, oi, oj, j0, j1;
-    if (g->S != 1) { dtr__im2col_ref(g, x, col); return; }
+    if (g->SW != 1) { dtr__im2col_ref(g, x, col); return; }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 dtr__conv_s1_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     float *r = row + oi * g->Wo;
                     if (ii < 0 || ii >= g->H) { memset(r, 0, (size_t)g->Wo * sizeof(float)); continue; }
                     for (oj = 0; oj < j0; oj++) r[oj] = 0.0f;
-                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->P + kj), j1 - j0);
+                    if (j1 > j0) dtr__conv_copy(r + j0, x + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW), j1 - j0);
                     for (oj = j1; oj < g->Wo; oj++) r[oj] = 0.0f;
                 }
             }
@@ -108,18 +111,18 @@ static void dtr__im2col(const dtr__conv_geom *g, const float *x, float *col) {
 
 static void dtr__col2im_add(const dtr__conv_geom *g, const float *col, float *gx) {
     int64_t c, ki, kj, oi, j0, j1;
-    if (g->S != 1) { dtr__col2im_add_ref(g, col, gx); return; }
+    if (g->SW != 1) { dtr__col2im_add_ref(g, col, gx); return; }
     for (c = 0; c < g->C; c++)
         for (ki = 0; ki < g->KH; ki++)
             for (kj = 0; kj < g->KW; kj++) {
                 const float *row = col + ((c * g->KH + ki) * g->KW + kj) * g->Ho * g->Wo;
                 dtr__conv_s1_cols(g, kj, &j0, &j1);
                 for (oi = 0; oi < g->Ho; oi++) {
-                    int64_t ii = oi - g->P + ki;
+                    int64_t ii = oi * g->SH - g->PH + ki * g->DH;
                     const float *r = row + oi * g->Wo + j0;
                     float *d;
                     if (ii < 0 || ii >= g->H || j1 <= j0) continue;
-                    d = gx + (c * g->H + ii) * g->W + (j0 - g->P + kj);   /* input column of output column j0 */
+                    d = gx + (c * g->H + ii) * g->W + (j0 - g->PW + kj * g->DW);   /* input column of output column j0 */
                     dtr__conv_add(d, r, j1 - j0);
                 }
             }
@@ -129,32 +132,73 @@ static void dtr__conv_geom_of(const dtr__node *nd, dtr__conv_geom *g) {
     const dtr_tensor *x = nd->in[0], *w = nd->in[1];
     g->N = x->shape[0]; g->C = x->shape[1]; g->H = x->shape[2]; g->W = x->shape[3];
     g->O = w->shape[0]; g->KH = w->shape[2]; g->KW = w->shape[3];
-    g->S = nd->p.conv2d.stride; g->P = nd->p.conv2d.padding;
+    g->SH = nd->p.conv2d.stride[0]; g->SW = nd->p.conv2d.stride[1];
+    g->PH = nd->p.conv2d.padding[0]; g->PW = nd->p.conv2d.padding[1];
+    g->DH = nd->p.conv2d.dilation[0]; g->DW = nd->p.conv2d.dilation[1];
+    g->G = nd->p.conv2d.groups;
     g->Ho = nd->out->shape[2]; g->Wo = nd->out->shape[3];
 }
 
 /* ---- conv2d ---- */
 
-dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
-    dtr__node *n;
-    int64_t shape[4], Ho, Wo;
+dtr_conv_config dtr_conv_config_init(void) {
+    dtr_conv_config c;
+    c.stride[0] = c.stride[1] = 1;
+    c.padding[0] = c.padding[1] = 0;
+    c.dilation[0] = c.dilation[1] = 1;
+    c.groups = 1;
+    return c;
+}
+
+/* the output's extent along an axis of `in` for a kernel of k taps; < 1 when it does not fit */
+static int64_t dtr__conv_out(int64_t in, int64_t k, int s, int p, int d) {
+    int64_t span = (int64_t)d * (k - 1) + 1;
+    return in + 2 * (int64_t)p < span ? 0 : (in + 2 * (int64_t)p - span) / s + 1;
+}
+
+/* the arguments' checks (DTR_OK or the context's error); *ho, *wo the output's extent */
+static dtr_result dtr__conv_check(dtr_context *ctx, const dtr_tensor *x, const dtr_tensor *w, const dtr_tensor *bias,
+                                  const dtr_conv_config *c, int64_t *ho, int64_t *wo) {
     char s1[96], s2[96];
+    int a;
+    for (a = 0; a < 2; a++)
+        if (c->stride[a] < 1 || c->padding[a] < 0 || c->dilation[a] < 1)
+            return dtr__fail(ctx, DTR_INVALID_ARGUMENT, "dtr_conv2d: stride %d and dilation %d must be >= 1, padding %d >= 0",
+                             c->stride[a], c->dilation[a], c->padding[a]);
+    if (c->groups < 1 || x->ndim != 4 || w->ndim != 4 || x->shape[1] % c->groups || w->shape[0] % c->groups ||
+        x->shape[1] != w->shape[1] * c->groups)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: x %s and w %s must be (N, C, H, W) and (O, C / groups, KH, KW) "
+                         "with groups %d dividing C and O", dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2),
+                         c->groups);
+    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0]))
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: bias %s must be (%lld)", dtr__shape_str(bias, s1, sizeof s1),
+                         (long long)w->shape[0]);
+    *ho = dtr__conv_out(x->shape[2], w->shape[2], c->stride[0], c->padding[0], c->dilation[0]);
+    *wo = dtr__conv_out(x->shape[3], w->shape[3], c->stride[1], c->padding[1], c->dilation[1]);
+    if (*ho < 1 || *wo < 1)
+        return dtr__fail(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: kernel %s (dilated) larger than the padded input %s",
+                         dtr__shape_str(w, s1, sizeof s1), dtr__shape_str(x, s2, sizeof s2));
+    return DTR_OK;
+}
+
+static void dtr__conv_params(dtr__conv2d_params *p, const dtr_conv_config *c) {
+    int a;
+    for (a = 0; a < 2; a++) {
+        p->stride[a] = c->stride[a];
+        p->padding[a] = c->padding[a];
+        p->dilation[a] = c->dilation[a];
+    }
+    p->groups = c->groups;
+}
+
+dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, const dtr_conv_config *cfg) {
+    dtr__node *n;
+    dtr_conv_config c = cfg ? *cfg : dtr_conv_config_init();
+    int64_t shape[4], Ho = 0, Wo = 0;
     if (!ctx) return NULL;
     if (!dtr__check_input(ctx, "dtr_conv2d", x, "x") || !dtr__check_input(ctx, "dtr_conv2d", w, "w")) return NULL;
     if (bias && !dtr__check_input(ctx, "dtr_conv2d", bias, "bias")) return NULL;
-    if (x->ndim != 4 || w->ndim != 4 || x->shape[1] != w->shape[1])
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: x %s and w %s must be (N, C, H, W) and (O, C, KH, KW)",
-                          dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2));
-    if (bias && (bias->ndim != 1 || bias->shape[0] != w->shape[0]))
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: bias %s must be (%lld)", dtr__shape_str(bias, s1, sizeof s1),
-                          (long long)w->shape[0]);
-    if (stride < 1 || padding < 0)
-        return dtr__failt(ctx, DTR_INVALID_ARGUMENT, "dtr_conv2d: stride %d must be >= 1 and padding %d >= 0", stride, padding);
-    Ho = (x->shape[2] + 2 * padding - w->shape[2]) / stride + 1;
-    Wo = (x->shape[3] + 2 * padding - w->shape[3]) / stride + 1;
-    if (x->shape[2] + 2 * padding < w->shape[2] || x->shape[3] + 2 * padding < w->shape[3] || Ho < 1 || Wo < 1)
-        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv2d: kernel %s larger than the padded input %s",
-                          dtr__shape_str(w, s1, sizeof s1), dtr__shape_str(x, s2, sizeof s2));
+    if (dtr__conv_check(ctx, x, w, bias, &c, &Ho, &Wo) != DTR_OK) return NULL;
     x = dtr__contig_input(ctx, x);
     w = dtr__contig_input(ctx, w);
     if (!x || !w) return NULL;
@@ -164,11 +208,39 @@ dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tenso
         n = dtr__node_new(ctx, DTR_OP_CONV2D, bias ? 3 : 2, in);
     }
     if (!n) return NULL;
-    n->p.conv2d.stride = stride;
-    n->p.conv2d.padding = padding;
+    dtr__conv_params(&n->p.conv2d, &c);
     n->out = dtr__tensor_alloc(ctx, dtr__act_dtype(ctx), 4, shape, "dtr_conv2d");
     if (!n->out) return NULL;
     return dtr__record(ctx, n, "dtr_conv2d");
+}
+
+dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding) {
+    dtr_conv_config c = dtr_conv_config_init();
+    c.stride[0] = c.stride[1] = stride;
+    c.padding[0] = c.padding[1] = padding;
+    return dtr_conv2d_ex(ctx, x, w, bias, &c);
+}
+
+/* 1-D: (N, C, L) as (N, C, 1, L), w (O, C / groups, K) as (O, C / groups, 1, K) */
+dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias, int stride, int padding, int dilation,
+                       int groups) {
+    dtr_conv_config c = dtr_conv_config_init();
+    int64_t xs[4], ws[4], ys[3];
+    dtr_tensor *y;
+    char s1[96], s2[96];
+    if (!ctx) return NULL;
+    if (!dtr__check_input(ctx, "dtr_conv1d", x, "x") || !dtr__check_input(ctx, "dtr_conv1d", w, "w")) return NULL;
+    if (x->ndim != 3 || w->ndim != 3)
+        return dtr__failt(ctx, DTR_SHAPE_MISMATCH, "dtr_conv1d: x %s and w %s must be (N, C, L) and (O, C / groups, K)",
+                          dtr__shape_str(x, s1, sizeof s1), dtr__shape_str(w, s2, sizeof s2));
+    c.stride[1] = stride; c.padding[1] = padding; c.dilation[1] = dilation; c.groups = groups;
+    xs[0] = x->shape[0]; xs[1] = x->shape[1]; xs[2] = 1; xs[3] = x->shape[2];
+    ws[0] = w->shape[0]; ws[1] = w->shape[1]; ws[2] = 1; ws[3] = w->shape[2];
+    x = dtr_reshape(ctx, x, 4, xs);
+    w = x ? dtr_reshape(ctx, w, 4, ws) : NULL;
+    if (!w || !(y = dtr_conv2d_ex(ctx, x, w, bias, &c))) return NULL;
+    ys[0] = y->shape[0]; ys[1] = y->shape[1]; ys[2] = y->shape[3];
+    return dtr_reshape(ctx, y, 3, ys);
 }
 
 typedef struct {
@@ -195,13 +267,14 @@ static void dtr__conv_fwd_range(void *arg, int64_t b, int64_t e, int worker) {
     const float *X = dtr__f32(j->nd->in[0]), *Wt = dtr__f32(j->nd->in[1]);
     const float *bias = j->nd->in[2] ? dtr__f32(j->nd->in[2]) : NULL;
     float *Y = dtr__f32(j->nd->out), *COL = (float *)j->nd->saved;
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, o, q;
     for (n = b; n < e; n++) {
-        float *col = COL + (j->nd->taped ? n : worker) * ckk * P, *y = Y + n * g->O * P;
+        float *col = COL + (j->nd->taped ? n : worker) * g->G * ckk * P, *y = Y + n * g->O * P;
         dtr__im2col(g, X + n * g->C * g->H * g->W, col);
         for (o = 0; o < g->O; o++) dtr__conv_fill(y + o * P, P, bias ? bias[o] : 0.0f);
-        /* y (O, P) += W (O, ckk) col (ckk, P) */
-        dtr__gemm_on(j->pool, worker, g->O, P, ckk, 1.0f, Wt, ckk, 1, col, P, 1, 1.0f, y, P);
+        for (q = 0; q < g->G; q++)   /* group q: y[q] (og, P) += W[q] (og, ckk) col[q] (ckk, P) */
+            dtr__gemm_on(j->pool, worker, og, P, ckk, 1.0f, Wt + q * og * ckk, ckk, 1, col + q * ckk * P, P, 1, 1.0f,
+                         y + q * og * P, P);
     }
 }
 
@@ -233,24 +306,39 @@ static float dtr__conv_sum(const float *x, int64_t n) {
     return s;
 }
 
-/* dW and db. Each worker owns a slab of dW and sums over the samples in one fixed order, so
- * any split gives the same bits. The slab is a range of output channels (rows; every worker
- * packs all columns of each sample) or, when there are fewer output channels than C*KH*KW,
- * a range of columns (every worker packs the smaller gy instead). The bias rows are split
- * in proportion to the units. */
+/* dW and db. Each worker owns a slab of dW (O, ckk = C/G*KH*KW) and sums over the samples in
+ * one fixed order, so any split gives the same bits. The slab is a range of output channels
+ * (rows; every worker packs all columns of each sample) or, when there are fewer output
+ * channels than ckk, a range of columns of every group's block (every worker packs the
+ * smaller gy instead). The bias rows are split in proportion to the units. */
+static void dtr__conv_bwd_w_sample(const dtr__conv_job *j, int worker, const float *gy, const float *col, float *gw,
+                                   int64_t b, int64_t e) {
+    const dtr__conv_geom *g = &j->g;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, q, o0, o1;
+    for (q = 0; q < g->G; q++) {
+        const float *gq = gy + q * og * P, *cq = col + q * ckk * P;
+        float *wq = gw + q * og * ckk;
+        if (j->split_cols) {   /* dW[q][:, b:e] (og, e-b) += gy[q] (og, P) col[q][b:e]^T (P, e-b) */
+            dtr__gemm_on(j->pool, worker, og, e - b, P, 1.0f, gq, P, 1, cq + b * P, 1, P, 1.0f, wq + b, ckk);
+            continue;
+        }
+        o0 = b > q * og ? b - q * og : 0;   /* this group's rows of [b, e) */
+        o1 = e < (q + 1) * og ? e - q * og : og;
+        if (o1 > o0)   /* dW[q][o0:o1] (o1-o0, ckk) += gy[q][o0:o1] (o1-o0, P) col[q]^T (P, ckk) */
+            dtr__gemm_on(j->pool, worker, o1 - o0, ckk, P, 1.0f, gq + o0 * P, P, 1, cq, 1, P, 1.0f, wq + o0 * ckk, ckk);
+    }
+}
+
 static void dtr__conv_bwd_w_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_job *j = (const dtr__conv_job *)arg;
     const dtr__conv_geom *g = &j->g;
     const float *G = j->nd->out->grad, *COL = (const float *)j->nd->saved;
     float *gw = dtr__gradof(j->nd->in[1]), *gb = dtr__gradof(j->nd->in[2]);
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, P = g->Ho * g->Wo, n, o, o0 = b, o1 = e;
     if (j->split_cols) { o0 = b * g->O / ckk; o1 = e * g->O / ckk; }
     for (n = 0; n < g->N; n++) {
-        const float *gy = G + n * g->O * P, *col = COL + n * ckk * P;
-        if (gw && j->split_cols)   /* dW[:, b:e] (O, e-b) += gy (O, P) col[b:e]^T (P, e-b) */
-            dtr__gemm_on(j->pool, worker, g->O, e - b, P, 1.0f, gy, P, 1, col + b * P, 1, P, 1.0f, gw + b, ckk);
-        else if (gw)               /* dW[b:e] (e-b, ckk) += gy[b:e] (e-b, P) col^T (P, ckk) */
-            dtr__gemm_on(j->pool, worker, e - b, ckk, P, 1.0f, gy + b * P, P, 1, col, 1, P, 1.0f, gw + b * ckk, ckk);
+        const float *gy = G + n * g->O * P;
+        if (gw) dtr__conv_bwd_w_sample(j, worker, gy, COL + n * g->G * ckk * P, gw, b, e);
         if (gb)
             for (o = o0; o < o1; o++) gb[o] += dtr__conv_sum(gy + o * P, P);
     }
@@ -262,11 +350,12 @@ static void dtr__conv_bwd_x_range(void *arg, int64_t b, int64_t e, int worker) {
     const dtr__conv_geom *g = &j->g;
     const float *G = j->nd->out->grad, *Wt = dtr__f32(j->nd->in[1]);
     float *gx = dtr__gradof(j->nd->in[0]);
-    int64_t ckk = g->C * g->KH * g->KW, P = g->Ho * g->Wo, n;
-    float *gcol = j->gcol + (int64_t)worker * ckk * P;
+    int64_t ckk = g->C / g->G * g->KH * g->KW, og = g->O / g->G, P = g->Ho * g->Wo, n, q;
+    float *gcol = j->gcol + (int64_t)worker * g->G * ckk * P;
     for (n = b; n < e; n++) {
-        /* gcol (ckk, P) = W^T (ckk, O) gy (O, P) */
-        dtr__gemm_on(j->pool, worker, ckk, P, g->O, 1.0f, Wt, 1, ckk, G + n * g->O * P, P, 1, 0.0f, gcol, P);
+        for (q = 0; q < g->G; q++)   /* gcol[q] (ckk, P) = W[q]^T (ckk, og) gy[q] (og, P) */
+            dtr__gemm_on(j->pool, worker, ckk, P, og, 1.0f, Wt + q * og * ckk, 1, ckk, G + (n * g->O + q * og) * P, P, 1, 0.0f,
+                         gcol + q * ckk * P, P);
         dtr__col2im_add(g, gcol, gx + n * g->C * g->H * g->W);
     }
 }
@@ -277,9 +366,9 @@ dtr_result dtr__cpu_conv2d_bwd(dtr_context *ctx, dtr__node *nd) {
     j.nd = nd;
     j.pool = ctx->pool;
     dtr__conv_geom_of(nd, &j.g);
-    j.split_cols = j.g.O < j.g.C * j.g.KH * j.g.KW;
+    j.split_cols = j.g.O < j.g.C / j.g.G * j.g.KH * j.g.KW;
     if (dtr__gradof(nd->in[1]) || dtr__gradof(nd->in[2]))
-        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
+        dtr__pool_run(ctx->pool, j.split_cols ? j.g.C / j.g.G * j.g.KH * j.g.KW : j.g.O, 1, dtr__conv_bwd_w_range, &j);
     if (dtr__gradof(nd->in[0])) {
         size_t per = (size_t)(j.g.C * j.g.KH * j.g.KW * j.g.Ho * j.g.Wo);
         j.gcol = (float *)dtr__arena_data(ctx, per * (size_t)dtr__pool_threads(ctx->pool) * sizeof(float), "dtr_conv2d backward");

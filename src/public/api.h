@@ -572,10 +572,45 @@ DTR_API dtr_tensor *dtr_rmsnorm(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, 
  *  context is in evaluation mode or p == 0. */
 DTR_API dtr_tensor *dtr_dropout(dtr_context *ctx, dtr_tensor *x, float p);
 
-/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W').
- *  Thread safety: the context's thread. */
+/** 2-D convolution: x (N, C, H, W), w (O, C, KH, KW), bias (O) or NULL -> (N, O, H', W'),
+ *  H' = (H + 2 padding - KH) / stride + 1 (W' alike): PyTorch's conv2d (a cross-correlation).
+ *  Wrong ranks or channels, a kernel larger than the padded input: DTR_SHAPE_MISMATCH; stride
+ *  < 1 or padding < 0: DTR_INVALID_ARGUMENT. dtr_conv2d_ex adds per-axis geometry, dilation
+ *  and groups. Thread safety: the context's thread. */
 DTR_API dtr_tensor *dtr_conv2d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
                                int stride, int padding);
+
+/** A convolution's geometry, PyTorch's Conv2d arguments: per axis (index 0 height, 1 width)
+ *  the stride, the zero padding on both sides and the dilation (the kernel's taps `dilation`
+ *  apart: a 3-tap kernel with dilation 2 spans 5 inputs), and `groups` (C and O divisible by
+ *  it; group g's O / groups outputs see only its C / groups input channels, so w is
+ *  (O, C / groups, KH, KW); groups = C is a depthwise convolution, MobileNet's). */
+typedef struct dtr_conv_config {
+    int stride[2];                /**< >= 1; 1 from init */
+    int padding[2];               /**< >= 0; 0 from init */
+    int dilation[2];              /**< >= 1; 1 from init */
+    int groups;                   /**< >= 1; 1 from init */
+} dtr_conv_config;
+
+/** Stride 1, padding 0, dilation 1, groups 1 (dtr_conv2d's with stride 1, padding 0).
+ *  Thread safety: any thread. */
+DTR_API dtr_conv_config dtr_conv_config_init(void);
+/** 2-D convolution with the geometry of `cfg` (NULL: dtr_conv_config_init's): x (N, C, H, W),
+ *  w (O, C / groups, KH, KW), bias (O) or NULL -> (N, O, H', W') with
+ *  H' = (H + 2 padding[0] - dilation[0] (KH - 1) - 1) / stride[0] + 1 (W' alike with index 1).
+ *  Errors as dtr_conv2d's; C or O not divisible by groups, or w's second axis not
+ *  C / groups: DTR_SHAPE_MISMATCH; dilation or groups < 1: DTR_INVALID_ARGUMENT (groups:
+ *  DTR_SHAPE_MISMATCH). On the CPU and CUDA backends, every dtype dtr_conv2d takes.
+ *  Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_conv2d_ex(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                                  const dtr_conv_config *cfg);
+/** 1-D convolution over sequences: x (N, C, L), w (O, C / groups, K), bias (O) or NULL ->
+ *  (N, O, L'), L' = (L + 2 padding - dilation (K - 1) - 1) / stride + 1: PyTorch's conv1d
+ *  (the 2-D op over (N, C, 1, L); its errors, as dtr_conv2d_ex's). A causal convolution (a
+ *  temporal convolutional network's) pads dilation (K - 1) zeros on the left only: concatenate
+ *  them to x and pass padding 0. Thread safety: the context's thread. */
+DTR_API dtr_tensor *dtr_conv1d(dtr_context *ctx, dtr_tensor *x, dtr_tensor *w, dtr_tensor *bias,
+                               int stride, int padding, int dilation, int groups);
 /** Max and average pooling over (N, C, H, W) with a k x k window. stride 0 means k.
  *  Average pooling divides by k*k (padding counts as zeros). Max pooling propagates NaN as
  *  PyTorch's max_pool2d: a window holding a NaN gives NaN, and its gradient goes to the NaN.
@@ -870,12 +905,23 @@ DTR_API dtr_context *dtr_model_context(const dtr_model *m);
 
 /** Fully connected layer: weight (out, in), optional bias (out). */
 typedef struct dtr_linear_layer { dtr_tensor *weight, *bias; int64_t in, out; } dtr_linear_layer;
-/** 2-D convolution layer: weight (out, in, k, k), bias (out). */
+/** 2-D convolution layer: weight (out, in / groups, kh, kw), bias (out) or NULL; forward
+ *  convolves with `conv` (the geometry given to init; fields other than groups may change
+ *  after init). */
 typedef struct dtr_conv2d_layer {
     dtr_tensor *weight, *bias;
     int64_t in, out;
-    int k, stride, padding;
+    int kh, kw;
+    dtr_conv_config conv;
 } dtr_conv2d_layer;
+/** 1-D convolution layer: weight (out, in / groups, k), bias (out) or NULL; PyTorch's Conv1d
+ *  (stride, padding, dilation, groups may change after init, groups only to a divisor that
+ *  keeps the weight's shape). */
+typedef struct dtr_conv1d_layer {
+    dtr_tensor *weight, *bias;
+    int64_t in, out;
+    int k, stride, padding, dilation, groups;
+} dtr_conv1d_layer;
 /** Layer norm over the last axis: weight (C) = 1, bias (C) = 0; eps 1e-5, PyTorch's
  *  nn.LayerNorm default (the layer's `eps` field may be changed after init). */
 typedef struct dtr_layernorm_layer { dtr_tensor *weight, *bias; int64_t dim; float eps; } dtr_layernorm_layer;
@@ -966,6 +1012,18 @@ DTR_API dtr_result dtr_linear_layer_init(dtr_linear_layer *layer, dtr_model *m, 
 DTR_API dtr_result dtr_conv2d_layer_init(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
                                          int64_t in, int64_t out, int k, int stride, int padding,
                                          dtr_init init);
+/** A convolution layer of any geometry: a kh x kw kernel, `cfg` as dtr_conv2d_ex's (NULL:
+ *  dtr_conv_config_init's), weight (out, in / groups, kh, kw); PyTorch's Conv2d with its
+ *  default init's bias bound 1 / sqrt(in / groups * kh * kw). in or out not divisible by
+ *  groups: DTR_INVALID_ARGUMENT. */
+DTR_API dtr_result dtr_conv2d_layer_init_ex(dtr_conv2d_layer *layer, dtr_model *m, const char *name,
+                                            int64_t in, int64_t out, int kh, int kw,
+                                            const dtr_conv_config *cfg, int bias, dtr_init init);
+/** PyTorch's Conv1d(in, out, k, stride, padding, dilation, groups, bias): weight
+ *  (out, in / groups, k). */
+DTR_API dtr_result dtr_conv1d_layer_init(dtr_conv1d_layer *layer, dtr_model *m, const char *name,
+                                         int64_t in, int64_t out, int k, int stride, int padding,
+                                         int dilation, int groups, int bias, dtr_init init);
 DTR_API dtr_result dtr_layernorm_layer_init(dtr_layernorm_layer *layer, dtr_model *m, const char *name,
                                             int64_t dim);
 DTR_API dtr_result dtr_rmsnorm_layer_init(dtr_rmsnorm_layer *layer, dtr_model *m, const char *name, int64_t dim);
@@ -992,6 +1050,7 @@ DTR_API dtr_result dtr_gru_layer_init(dtr_gru_layer *layer, dtr_model *m, const 
 /** Forward passes of the layers (ops with autograd). */
 DTR_API dtr_tensor *dtr_linear_layer_forward(dtr_context *ctx, const dtr_linear_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_conv2d_layer_forward(dtr_context *ctx, const dtr_conv2d_layer *l, dtr_tensor *x);
+DTR_API dtr_tensor *dtr_conv1d_layer_forward(dtr_context *ctx, const dtr_conv1d_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_layernorm_layer_forward(dtr_context *ctx, const dtr_layernorm_layer *l, dtr_tensor *x);
 DTR_API dtr_tensor *dtr_rmsnorm_layer_forward(dtr_context *ctx, const dtr_rmsnorm_layer *l, dtr_tensor *x);
 /** x (N, C, ...) -> the same shape: the batch's statistics in training mode (moving the running
